@@ -1,0 +1,2 @@
+"""Everything that runs inside a hospital: ontology mapping, ingestion, graph building,
+models, local training, DP, update packaging, explanations."""

@@ -1,0 +1,77 @@
+"""The one exception tree of Clinograph.
+
+Every error a user can cause derives from :class:`ClinographError`, so embedding software can
+catch one class and the CLI can turn any of them into a clear message instead of a traceback.
+
+Messages name the input, what was found, what was expected and the fix. They never carry
+cell values, patient identifiers, keys, seeds, masks or plaintext updates (house style 11).
+"""
+
+from __future__ import annotations
+
+
+class ClinographError(Exception):
+    """Base of every error Clinograph raises on purpose."""
+
+
+class ConfigError(ClinographError):
+    """A configuration file or object is invalid (unknown key, bad value, insecure option in
+    production). Raised when a config is loaded or a component is built from it."""
+
+
+class SchemaError(ClinographError):
+    """A hospital table, site schema or feature dictionary does not fit the contract.
+
+    ``problems`` lists every problem found (a whole table is validated before raising), each
+    naming the column or row and the fix; ``str(error)`` joins them.
+    """
+
+    def __init__(self, problems: list[str] | str, *, title: str = "Input does not fit the schema"):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{title} ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class UnitError(SchemaError):
+    """A unit string is unknown or cannot be converted to the dictionary's canonical unit."""
+
+
+class PrivacyError(ClinographError):
+    """A request would weaken the privacy guarantee (e.g. full-graph training under DP)."""
+
+
+class PrivacyBudgetExceeded(PrivacyError):
+    """A round would take a hospital past its (epsilon, delta) budget; raised before training."""
+
+
+class ProtocolError(ClinographError):
+    """A protocol message is malformed, out of round, wrong-stage, replayed or too large, or a
+    protocol step cannot proceed (e.g. fewer survivors than the threshold)."""
+
+
+class IntegrityError(ClinographError):
+    """A signature, hash, audit chain or artefact does not verify."""
+
+
+class SecurityPolicyError(ConfigError):
+    """An option that weakens security was requested where policy forbids it (for example an
+    ``insecure_*`` option with ``environment = "production"``)."""
+
+
+class RegistryError(ConfigError):
+    """A name looked up in a registry (aggregator, secure mode, concept module) is unknown.
+    The message lists the registered names."""
+
+
+__all__ = [
+    "ClinographError",
+    "ConfigError",
+    "IntegrityError",
+    "PrivacyBudgetExceeded",
+    "PrivacyError",
+    "ProtocolError",
+    "RegistryError",
+    "SchemaError",
+    "SecurityPolicyError",
+    "UnitError",
+]

@@ -1,0 +1,18 @@
+"""Every purpose label and signature context of the protocol, in one place (house style 14).
+
+Changing any value here is a protocol version bump: old and new peers will no longer agree.
+"""
+
+PROTOCOL_VERSION = "clinograph/v1"
+
+# Signature contexts (prefixed to the exact bytes that are signed).
+SIG_MESSAGE = b"clinograph/v1/sig/message"
+SIG_AUDIT_ENTRY = b"clinograph/v1/sig/audit-entry"
+SIG_AUDIT_HEAD = b"clinograph/v1/sig/audit-head"
+SIG_ROUND_KEYS = b"clinograph/v1/sig/round-keys"
+
+# HKDF info labels.
+KDF_PAIRWISE_MASK = b"clinograph/v1/pairwise-mask"
+KDF_SELF_MASK = b"clinograph/v1/self-mask"
+KDF_SHARE_ENCRYPTION = b"clinograph/v1/share-encryption"
+KDF_CKKS_KEY_WRAP = b"clinograph/v1/ckks-key-wrap"

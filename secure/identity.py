@@ -1,0 +1,106 @@
+"""Long-term signing identities (Ed25519) of hospitals and of the server.
+
+Guarantees: the private key never appears in ``repr``/``str``, and an :class:`Identity`
+refuses to be pickled, so it cannot leak through logs or serialised objects. Keys are
+written to disk only by :meth:`Identity.save` with file mode 0600.
+Does not guarantee: protection of the key file at rest beyond file permissions.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .errors import ConfigError, IntegrityError
+
+
+class PublicIdentity:
+    """A verifying key with the name it is enrolled under."""
+
+    __slots__ = ("name", "_key", "_raw")
+
+    def __init__(self, name: str, raw: bytes):
+        if len(raw) != 32:
+            raise IntegrityError(f"Public key of {name!r} must be 32 bytes (Ed25519), got {len(raw)}.")
+        self.name = name
+        self._raw = raw
+        self._key = Ed25519PublicKey.from_public_bytes(raw)
+
+    @property
+    def raw(self) -> bytes:
+        """The 32 public-key bytes."""
+        return self._raw
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the public key, hex (first 16 chars are enough to show a human)."""
+        return hashlib.sha256(self._raw).hexdigest()
+
+    def b64(self) -> str:
+        """The public key, base64."""
+        return base64.b64encode(self._raw).decode()
+
+    def verify(self, signature: bytes, data: bytes, *, context: bytes) -> None:
+        """Raise :class:`IntegrityError` unless ``signature`` signs ``context || data``."""
+        try:
+            self._key.verify(signature, context + b"\x00" + data)
+        except InvalidSignature:
+            raise IntegrityError(f"Signature by {self.name!r} does not verify.") from None
+
+    def __repr__(self) -> str:
+        return f"PublicIdentity(name={self.name!r}, fingerprint={self.fingerprint[:16]})"
+
+
+class Identity:
+    """A named Ed25519 signing key. Redacted repr; refuses to pickle."""
+
+    __slots__ = ("name", "_key", "public")
+
+    def __init__(self, name: str, key: Ed25519PrivateKey):
+        self.name = name
+        self._key = key
+        raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.public = PublicIdentity(name, raw)
+
+    @classmethod
+    def generate(cls, name: str) -> Identity:
+        """A fresh key from the OS's cryptographic random source."""
+        return cls(name, Ed25519PrivateKey.generate())
+
+    def sign(self, data: bytes, *, context: bytes) -> bytes:
+        """Sign ``context || 0x00 || data``."""
+        return self._key.sign(context + b"\x00" + data)
+
+    def save(self, path: Path) -> None:
+        """Write the private key as PKCS#8 PEM with mode 0600 (refuses to overwrite)."""
+        pem = self._key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+
+    @classmethod
+    def load(cls, name: str, path: Path) -> Identity:
+        """Load a key written by :meth:`save`."""
+        try:
+            key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: {type(exc).__name__}. "
+                              "Create one with `clinograph keys init`.") from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ConfigError(f"Key file {path} is not an Ed25519 private key.")
+        return cls(name, key)
+
+    def __repr__(self) -> str:
+        return f"Identity(name={self.name!r}, public={self.public.fingerprint[:16]}, private=<redacted>)"
+
+    def __reduce__(self):  # noqa: D105
+        raise TypeError("Identity holds a private key and refuses to be pickled.")

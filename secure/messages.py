@@ -1,0 +1,121 @@
+"""Wire messages of one round (architecture.md, "One round, as data flows").
+
+Frozen, strict pydantic models, one per protocol stage, discriminated by ``kind`` and parsed
+only at the boundary (:mod:`clinograph.secure.wire`). Arrays travel as little-endian bytes
+(:mod:`clinograph.secure.codec`). The secure modes add their own stage messages beside these
+(``masking/messages.py``, ``ckks/messages.py``) on the same base class.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .spec import MODULE_NAME_PATTERN, ModelSpec
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+
+
+class WireMessage(BaseModel):
+    """Base of every message: frozen, strict, no extra keys, bytes as base64 in JSON."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", strict=True, ser_json_bytes="base64", val_json_bytes="base64"
+    )
+
+
+class DPPolicy(WireMessage):
+    """The federation's differential-privacy policy, part of every plan.
+
+    ``required`` means every update must carry a ledger entry within these bounds.
+    """
+
+    required: bool
+    max_epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+    min_noise_multiplier: float = Field(ge=0)
+    max_clip_norm: float = Field(gt=0)
+
+
+class RoundPlan(WireMessage):
+    """Server -> hospitals: what round ``round`` is, signed by the server."""
+
+    kind: Literal["round_plan"] = "round_plan"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    participants: tuple[str, ...] = Field(min_length=1, max_length=10_000)
+    spec: ModelSpec
+    dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    secure_mode: str = Field(max_length=64)
+    strategy: str = Field(max_length=64)
+    min_clients: int = Field(ge=1)
+    local_epochs: int = Field(ge=1, le=1000)
+    dp_policy: DPPolicy | None = None
+    global_state_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    options: dict[str, float | int | str | bool] = Field(default_factory=dict, max_length=64)
+
+
+class ModuleTensor(WireMessage):
+    """One module's values (a delta, an aggregate, or global parameters)."""
+
+    name: str = Field(pattern=MODULE_NAME_PATTERN, max_length=200)
+    dtype: Literal["<f4", "<f8"] = "<f4"
+    data: bytes
+
+
+class LedgerEntry(WireMessage):
+    """A hospital's privacy accounting for one round (issue 4), signed with its update."""
+
+    round: int = Field(ge=0)
+    noise_multiplier: float = Field(ge=0)
+    sample_rate: float = Field(gt=0, le=1)
+    steps: int = Field(ge=0)
+    clip_norm: float = Field(gt=0)
+    accountant: str = Field(max_length=32)
+    epsilon: float = Field(ge=0)
+    delta: float = Field(gt=0, lt=1)
+    budget_epsilon: float = Field(gt=0)
+
+
+class ClientUpdate(WireMessage):
+    """Hospital -> server, plaintext mode: deltas of the shared modules it trained.
+
+    ``weight`` is the aggregation weight (its sample count unless the plan says otherwise);
+    ``modules`` lists exactly the modules it trained -- the server averages each module over
+    its contributors only (F-CMs 4.2.3).
+    """
+
+    kind: Literal["client_update"] = "client_update"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    client: str = Field(pattern=ID_PATTERN)
+    spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    weight: float = Field(gt=0)
+    modules: tuple[ModuleTensor, ...] = Field(max_length=100_000)
+    metrics: dict[str, float] = Field(default_factory=dict, max_length=32)
+    ledger: LedgerEntry | None = None
+
+
+class GlobalModel(WireMessage):
+    """Server -> hospitals: the global shared modules after a round."""
+
+    kind: Literal["global_model"] = "global_model"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    spec: ModelSpec
+    modules: tuple[ModuleTensor, ...]
+
+
+class RoundResult(WireMessage):
+    """What a round produced: who contributed, which modules they covered."""
+
+    kind: Literal["round_result"] = "round_result"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    contributors: tuple[str, ...]
+    rejected: dict[str, str] = Field(default_factory=dict)
+    module_coverage: dict[str, int] = Field(default_factory=dict)
+    global_state_digest: str = Field(pattern=r"^[0-9a-f]{64}$")

@@ -1,0 +1,32 @@
+"""Secure by default; insecure only by name (house style 2).
+
+Every option that weakens privacy or integrity is spelled ``insecure_*``. Using one goes
+through :func:`require_allowed`: it warns every time, and refuses in production. The caller
+records it in the audit log (the federation manifest lists every insecure option in use).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+from .errors import SecurityPolicyError
+
+Environment = Literal["development", "production"]
+
+
+class InsecureOptionWarning(UserWarning):
+    """Warned each time an ``insecure_*`` option is used."""
+
+
+def require_allowed(option: str, *, environment: Environment, why: str) -> None:
+    """Warn about insecure ``option``; raise :class:`SecurityPolicyError` in production."""
+    if not option.startswith("insecure_"):
+        raise ValueError(f"{option!r} is not an insecure_* option")
+    if environment == "production":
+        raise SecurityPolicyError(
+            f"{option!r} is refused because environment = \"production\" ({why}). "
+            "Remove it from the config or use a secure mode."
+        )
+    warnings.warn(f"{option} is in use: {why}. The audit log marks this run insecure.",
+                  InsecureOptionWarning, stacklevel=2)
