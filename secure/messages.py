@@ -119,3 +119,18 @@ class RoundResult(WireMessage):
     rejected: dict[str, str] = Field(default_factory=dict)
     module_coverage: dict[str, int] = Field(default_factory=dict)
     global_state_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class ClientReport(WireMessage):
+    """Hospital -> server, beside every mode's first message: the privacy ledger entry and the
+    metrics the hospital chose to release. Signed; the server checks it against the DP policy
+    before it lets the hospital's update into the aggregate."""
+
+    kind: Literal["client_report"] = "client_report"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    client: str = Field(pattern=ID_PATTERN)
+    dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    ledger: LedgerEntry | None = None
+    metrics: dict[str, float] = Field(default_factory=dict, max_length=32)
+    feature_relevance: dict[str, float] | None = Field(default=None, max_length=10_000)

@@ -16,3 +16,14 @@ KDF_PAIRWISE_MASK = b"clinograph/v1/pairwise-mask"
 KDF_SELF_MASK = b"clinograph/v1/self-mask"
 KDF_SHARE_ENCRYPTION = b"clinograph/v1/share-encryption"
 KDF_CKKS_KEY_WRAP = b"clinograph/v1/ckks-key-wrap"
+
+# Masking (SecAgg+) -- appended for secure/masking.
+HASH_NEIGHBOUR_GRAPH = b"clinograph/v1/masking/neighbour-graph"
+KDF_SHARE_ENCRYPTION_DIRECTED = b"clinograph/v1/masking/share-encryption-directed"
+
+# Audit log (secure/audit) -- domain-separated entry hashing (RFC 6962 style prefixes).
+HASH_AUDIT_ENTRY = b"clinograph/v1/hash/audit-entry"
+
+# CKKS (secure/ckks) -- appended for the ckks mode.
+MAC_CKKS_CONTRIBUTOR_TAG = b"clinograph/v1/ckks/contributor-tag"
+HASH_CKKS_CONTEXT = b"clinograph/v1/ckks/context-digest"

@@ -1,0 +1,54 @@
+"""``clinograph keys``: create every key and certificate a Flower deployment needs.
+
+Mount with ``app.add_typer(keys.app, name="keys")``. See
+:mod:`clinograph.secure.transport.flower.keyset` for what goes where.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from clinograph.secure.errors import ClinographError
+
+app = typer.Typer(help="Create and inspect federation keys (CA, TLS, node authentication, signing identities).",
+                  no_args_is_help=True)
+
+
+@app.callback()
+def _keys() -> None:
+    """Create and inspect federation keys."""
+
+
+@app.command("init")
+def init(
+    out: Annotated[Path, typer.Option("--out", help="Empty directory to write the keys into.")],
+    federation_id: Annotated[str, typer.Option("--federation-id", help="Federation identifier.")],
+    hospital: Annotated[list[str], typer.Option("--hospital", help="Hospital name; repeat once per hospital.")],
+    host: Annotated[list[str], typer.Option(
+        "--host", help="DNS name or IP hospitals use to reach the SuperLink; repeat for several (TLS SAN).")],
+    port: Annotated[int, typer.Option("--port", help="SuperLink port hospitals connect to.")] = 9092,
+    server_name: Annotated[str, typer.Option("--server-name", help="Name of the server's signing identity.")] = "server",
+    valid_days: Annotated[int, typer.Option("--valid-days", help="Certificate validity in days.")] = 365,
+) -> None:
+    """Create the CA, the SuperLink TLS certificate, node-auth keys, signing keys and federation.toml."""
+    from clinograph.secure.transport.flower.keyset import init_keyset
+
+    try:
+        ks = init_keyset(out, federation_id=federation_id, hospitals=hospital, superlink_hosts=host,
+                         superlink_port=port, server_name=server_name, valid_days=valid_days)
+    except ClinographError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(f"Wrote keys for federation {federation_id!r} to {ks.root}")
+    typer.echo(f"  SuperLink machine : copy {ks.superlink_dir}/ (TLS cert+key, server signing key, ca.pem, federation.toml)")
+    for name, d in ks.hospital_dirs.items():
+        typer.echo(f"  hospital {name:<8} : copy {d}/ (signing key, node-auth key pair, ca.pem, federation.toml)")
+    typer.echo(f"  keep offline      : {ks.root / 'ca' / 'ca.key'}")
+    typer.echo("Register each hospital's node-auth key: flwr supernode register hospitals/<h>/<h>.node-auth.pub <connection>")
+
+
+if __name__ == "__main__":  # python -m clinograph.commands.keys init ...
+    app()

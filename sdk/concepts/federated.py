@@ -1,0 +1,240 @@
+"""An in-process F-CMs federation (Algorithm 1, appendix D.2) for the bnlearn benchmarks.
+
+Each round: sample ``|K_t|`` clients from the current pool (which grows at ``join_round``);
+sum their weighted DAG votes (:mod:`clinograph.secure.dag_voting`) and decide the shared DAG
+from the tally accumulated over rounds; adapt the architecture (E1/E2, warm start); every
+sampled client trains only the modules it supervises (eq. 2, random interventions); the
+server averages each module over its contributors (4.2.3).
+
+Both sums -- votes and module updates -- are :class:`~clinograph.secure.aggregation.ModuleSums`
+computed by :func:`aggregate_module_sums`, the one place a secure-aggregation mode would plug
+in (it adds up exactly what ``masked`` or ``ckks`` would reveal: per-module weighted sums).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from clinograph.secure.aggregation.base import LocalUpdate, ModuleSums
+from clinograph.secure.dag_voting import (
+    VOTE_MODULE,
+    DagOutcome,
+    decide_dag,
+    encode_vote,
+    tally_from_sum,
+)
+
+from .adapt import adapt_model, count_changed
+from .encoders import MLPEncoder
+from .graph import ConceptGraph
+from .model import ConceptModel, fcm_loss, random_interventions
+from .modules import GRAPH_BASED, ConceptHParams
+from .params import freeze_unsupervised, load_state_vectors, state_vectors
+from .views import ClientView
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """Hyper-parameters of one federated run (defaults after appendix D.3, shrunk in rounds)."""
+
+    kind: str
+    rounds: int = 40
+    clients_per_round: int = 10
+    n_initial: int = 10
+    join_round: int = 10
+    local_epochs: int = 2
+    batch_size: int = 512
+    lr: float = 3e-3
+    gamma: float = 0.8
+    p_intervention: float = 0.25
+    z_dim: int = 64
+    encoder_hidden: tuple[int, ...] = (128,)
+    hp: ConceptHParams = field(default_factory=ConceptHParams)
+    seed: int = 0
+
+
+@dataclass
+class ClientData:
+    """One hospital: inputs, its labels (``-1`` where missing; only its own nodes) and its view."""
+
+    name: str
+    x: torch.Tensor
+    labels: dict[str, torch.Tensor]
+    view: ClientView
+
+    @property
+    def n(self) -> int:  # noqa: D102
+        return int(self.x.shape[0])
+
+
+@dataclass
+class FederationResult:
+    """The selected model and what happened along the way."""
+
+    model: ConceptModel
+    outcome: DagOutcome | None
+    best_round: int
+    val_loss: list[float]
+    arch_changes: list[dict]
+    fraction_changed_all: float | None
+    fraction_changed_modules: float | None
+
+
+def aggregate_module_sums(updates: Mapping[str, LocalUpdate]) -> ModuleSums:
+    """Module-wise sums over contributors (plaintext, in-process): ``sum_k w_k d_k``, ``sum_k w_k``.
+
+    Same semantics as :meth:`AggregationServer.result` of any secure mode; swap this for a
+    real mode's driver to run the benchmark under masking or CKKS.
+    """
+    sums: dict[str, np.ndarray] = {}
+    weights: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for upd in updates.values():
+        for name, vec in upd.modules.items():
+            sums[name] = sums[name] + vec if name in sums else np.array(vec, dtype=np.float64)
+            weights[name] = weights.get(name, 0.0) + upd.weight
+            counts[name] = counts.get(name, 0) + 1
+    return ModuleSums(sums=sums, weights=weights, counts=counts, contributors=tuple(sorted(updates)))
+
+
+class FCMFederation:
+    """Server and clients of one F-CMs run, in one process."""
+
+    def __init__(self, *, config: FederationConfig, concepts: Sequence[str], task: str,
+                 cards: Mapping[str, int], clients: Sequence[ClientData], in_dim: int,
+                 val: tuple[torch.Tensor, dict[str, torch.Tensor]]):
+        self.cfg, self.concepts, self.task, self.cards = config, tuple(concepts), task, dict(cards)
+        self.clients, self.val = list(clients), val
+        torch.manual_seed(config.seed)
+        self.rng = np.random.default_rng(config.seed)
+        self.gen = torch.Generator().manual_seed(config.seed)
+        self.graph = ConceptGraph(nodes=(), cards=self.cards, parents={}, task=task)
+        encoder = MLPEncoder(in_dim, config.z_dim, config.encoder_hidden)
+        self.model = ConceptModel(kind=config.kind, encoder=encoder, graph=self.graph, z_dim=config.z_dim,
+                                  hp=config.hp)
+        self.tally = None
+        self.known: set[str] = set()
+        self.outcome: DagOutcome | None = None
+        self._global_vecs: dict[str, np.ndarray] | None = None
+        self._global_sd: dict[str, torch.Tensor] | None = None
+        self._scratch: ConceptModel | None = None
+
+    # -- server: structure ---------------------------------------------------------------
+    def vote(self, sampled: Sequence[ClientData], round_: int) -> ConceptGraph:
+        """Sum the sampled clients' votes, decide the DAG on the accumulated tally, build the graph."""
+        updates = {c.name: LocalUpdate(modules={VOTE_MODULE: encode_vote(
+            concepts=self.concepts, local_nodes=c.view.nodes, scores=c.view.adjacency(), weight=float(c.n))},
+            weight=float(c.n)) for c in sampled}
+        tally = tally_from_sum(concepts=self.concepts, summed=aggregate_module_sums(updates).sums[VOTE_MODULE])
+        self.tally = tally if self.tally is None else self.tally + tally
+        self.outcome = decide_dag(self.tally, task=self.task, seed=self.cfg.seed * 100_003 + round_,
+                                  round_=round_, known=self.known)
+        active = [c for c, a in zip(self.concepts, self.outcome.active, strict=True) if a]
+        self.known.update(active)
+        if self.cfg.kind in GRAPH_BASED:
+            return ConceptGraph.from_edges(nodes=active, edges=self.outcome.edges(), task=self.task, cards=self.cards)
+        return ConceptGraph.bipartite(concepts=[c for c in active if c != self.task], task=self.task,
+                                      cards=self.cards, with_task=self.task in active)
+
+    # -- client: module-specific local training -------------------------------------------
+    def local_update(self, client: ClientData) -> LocalUpdate:
+        """Train a copy of the global model on the client's supervision; return ``n_k * delta``."""
+        if self._scratch is None or self._scratch.graph != self.model.graph:
+            self._scratch = copy.deepcopy(self.model)  # one copy per architecture, reloaded per client
+        local = self._scratch
+        local.load_state_dict(self._global_sd if self._global_sd is not None else self.model.state_dict())
+        for p in local.parameters():
+            p.grad = None
+        supervised = set(client.view.nodes) - {self.task}
+        names = freeze_unsupervised(local, supervised=supervised, has_task=client.view.has_task)
+        opt = torch.optim.Adam([p for p in local.parameters() if p.requires_grad], lr=self.cfg.lr)
+        graph_nodes = set(local.graph.nodes)
+        for _ in range(self.cfg.local_epochs):
+            perm = torch.randperm(client.n, generator=self.gen)
+            for s in range(0, client.n, self.cfg.batch_size):
+                idx = perm[s:s + self.cfg.batch_size]
+                labels = {v: y[idx] for v, y in client.labels.items()}
+                iv = random_interventions(labels, nodes=sorted(supervised & graph_nodes), p=self.cfg.p_intervention,
+                                          generator=self.gen)
+                out = local(client.x[idx], interventions=iv)
+                loss = fcm_loss(out, labels, supervised=supervised, has_task=client.view.has_task,
+                                task=self.task, gamma=self.cfg.gamma)
+                if not loss.requires_grad:
+                    continue
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        w = float(client.n)
+        base = self._global_vecs if self._global_vecs is not None else state_vectors(self.model)
+        now = state_vectors(local)
+        mods = {n: w * (now[n] - base[n]) for n in names}
+        return LocalUpdate(modules=mods, weight=w)
+
+    # -- server: module-wise aggregation ----------------------------------------------------
+    def apply(self, sums: ModuleSums) -> None:
+        """``phi_j <- phi_j + sum_k n_k d_k / sum_k n_k`` over the contributors of each module."""
+        cur = state_vectors(self.model)
+        load_state_vectors(self.model, {n: cur[n] + sums.mean(n) for n in sums.sums})
+
+    @torch.no_grad()
+    def val_loss(self) -> float:
+        """Eq. (2) on the global validation set with every label (model selection).
+
+        A node the model does not predict yet is charged the cross-entropy of a uniform guess,
+        ``log(card)``, so a model cannot look better by predicting fewer variables.
+        """
+        x, labels = self.val
+        out = self.model(x) if self.model.graph.nodes else None
+        loss = 0.0 if out is None else float(fcm_loss(out, labels, supervised=set(self.concepts), has_task=True,
+                                                      task=self.task, gamma=self.cfg.gamma))
+        for v in self.concepts:
+            if v not in self.model.graph.nodes:
+                weight = (1.0 - self.cfg.gamma) if v == self.task else self.cfg.gamma
+                loss += weight * float(np.log(self.cards[v]))
+        return loss
+
+    def run(self) -> FederationResult:
+        """All rounds; the model with the lowest validation loss after the last join is selected."""
+        cfg = self.cfg
+        best, best_loss, best_round = None, float("inf"), -1
+        losses, changes = [], []
+        before_join = None
+        for t in range(cfg.rounds):
+            pool = self.clients[:cfg.n_initial] if t < cfg.join_round else self.clients
+            if t == cfg.join_round:
+                before_join = state_vectors(self.model)
+            k = min(cfg.clients_per_round, len(pool))
+            sampled = [pool[i] for i in sorted(self.rng.choice(len(pool), size=k, replace=False))]
+            graph = self.vote(sampled, t)
+            if graph != self.model.graph:
+                self.model, rep = adapt_model(self.model, graph)
+                if rep.changed:
+                    changes.append({"round": t, "added": rep.added, "rewired": rep.rewired,
+                                    "removed": rep.removed, "fraction_changed": rep.fraction_changed})
+            self._global_vecs = state_vectors(self.model)
+            self._global_sd = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            updates = {c.name: self.local_update(c) for c in sampled}
+            self.apply(aggregate_module_sums(updates))
+            losses.append(self.val_loss())
+            if t >= min(cfg.join_round, cfg.rounds - 1) and losses[-1] < best_loss:
+                best_loss, best_round = losses[-1], t
+                best = (self.model.graph, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        if best is not None:
+            graph, sd = best
+            best = ConceptModel(kind=cfg.kind, encoder=copy.deepcopy(self.model.encoder), graph=graph,
+                                z_dim=cfg.z_dim, hp=cfg.hp)
+            best.load_state_dict(sd)
+        frac_all = frac_mod = None
+        if before_join is not None and best is not None:
+            after = state_vectors(best)
+            tot, ch = count_changed(before_join, after)
+            frac_all = ch / tot
+            keep = [n for n in after if not n.startswith("encoder/")]
+            tot, ch = count_changed({n: before_join[n] for n in keep if n in before_join}, {n: after[n] for n in keep})
+            frac_mod = ch / tot if tot else 0.0
+        return FederationResult(best if best is not None else self.model, self.outcome, best_round, losses,
+                                changes, frac_all, frac_mod)

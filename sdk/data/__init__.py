@@ -1,0 +1,1 @@
+"""Reference and synthetic data sources (offline; nothing is downloaded at run time)."""

@@ -1,0 +1,100 @@
+"""Federation configs, loaded from TOML (``extra="forbid"``: an unknown key is an error that names it)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from clinograph.secure.errors import ConfigError
+
+from ..model.nsfl import NSFLConfig
+from ..training.local import TrainConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FederationSection(_Strict):
+    """[federation]: what the server runs."""
+
+    id: str = Field(default="clinograph-sim", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+    rounds: int = Field(default=10, ge=1, le=10_000)
+    secure_mode: str = "masked"
+    strategy: str = "fedsgd"
+    server_lr: float = Field(default=1.0, gt=0)
+    min_clients: int = Field(default=2, ge=1)
+    local_epochs: int = Field(default=2, ge=1)
+    environment: Literal["development", "production"] = "development"
+    seed: int = 0
+    masked_threshold: int | None = Field(default=None, ge=1, description="t; default: ceil(2n/3)")
+    masked_clip: float = Field(default=64.0, gt=0, description="|weighted delta| bound for fixed point")
+
+
+class GraphSection(_Strict):
+    """[graph]: how each hospital builds its knowledge graph."""
+
+    k_similar: int = Field(default=5, ge=0, le=100)
+
+
+class PrivacySection(_Strict):
+    """[privacy]: patient-level DP-SGD (issue 4); off here means the run has no DP guarantee."""
+
+    enabled: bool = False
+    epsilon_budget: float = Field(default=10.0, gt=0)
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    clip_norm: float = Field(default=1.0, gt=0)
+    noise_multiplier: float | None = Field(default=None, ge=0)
+    batch_size: int = Field(default=64, ge=1)
+    release_metrics: bool = False
+
+
+class HospitalEntry(_Strict):
+    """[[hospitals]]: one site's table and schema."""
+
+    site: str
+    table: Path
+    schema_file: Path = Field(alias="schema")
+
+
+class SimulationConfig(_Strict):
+    """A whole simulated federation."""
+
+    federation: FederationSection = Field(default_factory=FederationSection)
+    model: NSFLConfig = Field(default_factory=NSFLConfig)
+    training: TrainConfig = Field(default_factory=TrainConfig)
+    graph: GraphSection = Field(default_factory=GraphSection)
+    privacy: PrivacySection = Field(default_factory=PrivacySection)
+    dictionary: Path | None = None
+    hospitals: tuple[HospitalEntry, ...] = ()
+    output: Path = Path("runs/simulation")
+    test_fraction: float = Field(default=0.3, gt=0, lt=1)
+    publish_feature_relevance: bool = True
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> SimulationConfig:
+        """Load a config; relative paths are taken from the config's folder."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"Cannot read config {path}: {exc}.") from None
+        base = path.parent
+        for h in data.get("hospitals", []):
+            for key in ("table", "schema"):
+                if key in h and not Path(h[key]).is_absolute():
+                    h[key] = str(base / h[key])
+        if "dictionary" in data and not Path(data["dictionary"]).is_absolute():
+            data["dictionary"] = str(base / data["dictionary"])
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            lines = [f"Config {path} is invalid ({exc.error_count()} problem(s)):"]
+            for err in exc.errors():
+                loc = ".".join(str(x) for x in err["loc"])
+                msg = "unknown key (remove it or check the spelling)" if err["type"] == "extra_forbidden" else err["msg"]
+                lines.append(f"  - {loc}: {msg}")
+            raise ConfigError("\n".join(lines)) from None

@@ -1,0 +1,6 @@
+"""Ingestion of hospital tables (wide or long) into validated PatientTables."""
+
+from .table import IngestReport, PatientTable
+from .validate import ingest, read_table
+
+__all__ = ["IngestReport", "PatientTable", "ingest", "read_table"]

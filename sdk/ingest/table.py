@@ -1,0 +1,92 @@
+"""PatientTable: a hospital's validated observations in canonical units, ready for the graph.
+
+Holds local patient identifiers only in memory, for the hospital's own joins; reprs show
+counts, never values or identifiers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ontology.dictionary import FeatureDictionary
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What ingestion did: rows read, rows and columns dropped by an explicit policy, units converted."""
+
+    rows_read: int
+    patients: int
+    observations: int
+    dropped_patients_missing_label: int = 0
+    ignored_columns: tuple[str, ...] = ()
+    converted_columns: dict[str, str] = field(default_factory=dict)
+    features_present: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, repr=False)
+class PatientTable:
+    """Long-form observations over dictionary feature nodes.
+
+    Shapes:
+        patient[n_obs], node[n_obs], value[n_obs] (canonical unit), std_value[n_obs]
+        (public-range standardised), time[n_obs] (snapshot index, 0 for wide tables),
+        labels[n_patients] in {0, 1}.
+    """
+
+    dictionary: FeatureDictionary
+    site: str
+    patient_ids: tuple[str, ...]
+    patient: np.ndarray
+    node: np.ndarray
+    value: np.ndarray
+    std_value: np.ndarray
+    time: np.ndarray
+    labels: np.ndarray
+    report: IngestReport
+
+    @property
+    def n_patients(self) -> int:
+        """Number of patients."""
+        return len(self.patient_ids)
+
+    @property
+    def n_snapshots(self) -> int:
+        """Number of time snapshots (1 for a wide table)."""
+        return int(self.time.max()) + 1 if self.time.size else 1
+
+    def observed_nodes(self) -> np.ndarray:
+        """Sorted feature-node indices this hospital observes (its F_k, Theorem 1)."""
+        return np.unique(self.node)
+
+    def subset(self, patients: np.ndarray) -> PatientTable:
+        """The table restricted to the given patient indices (renumbered 0..k-1)."""
+        patients = np.asarray(patients, dtype=np.int64)
+        remap = -np.ones(self.n_patients, dtype=np.int64)
+        remap[patients] = np.arange(len(patients))
+        keep = remap[self.patient] >= 0
+        return PatientTable(
+            dictionary=self.dictionary, site=self.site,
+            patient_ids=tuple(self.patient_ids[i] for i in patients),
+            patient=remap[self.patient[keep]], node=self.node[keep], value=self.value[keep],
+            std_value=self.std_value[keep], time=self.time[keep], labels=self.labels[patients],
+            report=self.report,
+        )
+
+    def dense(self, snapshot: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(values [n_patients, n_nodes] standardised with NaN for missing, observed mask).
+
+        For time series the last observation at or before ``snapshot`` is used (all times if None).
+        """
+        n_nodes = len(self.dictionary.node_ids())
+        out = np.full((self.n_patients, n_nodes), np.nan)
+        sel = np.ones(self.patient.shape, dtype=bool) if snapshot is None else self.time <= snapshot
+        order = np.argsort(self.time[sel], kind="stable")
+        out[self.patient[sel][order], self.node[sel][order]] = self.std_value[sel][order]
+        return out, ~np.isnan(out)
+
+    def __repr__(self) -> str:
+        return (f"PatientTable(site={self.site!r}, patients={self.n_patients}, observations={self.patient.size}, "
+                f"snapshots={self.n_snapshots})")

@@ -1,0 +1,157 @@
+"""The NS-FL model: a 2-layer relation-aware attention GNN (NS-FL eqs. 1-4) with feature masks.
+
+Patients start from a fixed seeded random vector ε (shared by all patients, see below);
+feature nodes from h_f^(0) = m_f · Emb(f) with a learnable m_f ∈ [0, 1] (sigmoid of a logit);
+per layer h_u^(l+1) = ReLU(W_self h_u^(l) + Σ_r Σ_{v∈N_r(u)} α_uv^(r) m_uv^(r)) (eq. 1 plus
+RGCN's self-connection); ŷ = σ(W_out h_p^(2) + b) (eq. 4), trained with BCE.
+
+Two deliberate readings of the paper, both documented in docs/architecture.md:
+- ε is one vector for all patients (the paper writes ε_p ~ N(0, I)): a per-patient random
+  vector carries no information, and a shared one makes each patient's output depend only on
+  its own features and on ``similar_to`` neighbours -- which is what makes the star model equal
+  to the full graph without ``similar_to`` (tested) and patient-level DP possible.
+- The self-connection W_self (Schlichtkrull et al. 2018, which NS-FL cites): without it a
+  patient's layer-2 state would not see feature identities at all.
+
+Two forward paths on the same parameters: :meth:`forward_graph` (HeteroData, with
+``similar_to``) and :meth:`forward_star` (padded per-patient stars, Opacus-compatible).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from torch_geometric.data import HeteroData
+
+from ..graph.build import OF_PATIENT, SIMILAR_TO
+from ..graph.star import StarBatch
+from .layers import RelationAttention
+
+
+class NSFLConfig(BaseModel):
+    """Model hyper-parameters (the paper gives none; these defaults were chosen on the demo)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden: int = Field(default=32, ge=2, le=1024, description="d_h")
+    init_seed: int = Field(default=0, description="seed of the shared patient vector ε (same at every hospital)")
+    negative_slope: float = Field(default=0.2, ge=0, lt=1)
+    mask_init_logit: float = Field(default=2.0, description="m_f starts at sigmoid(2) ≈ 0.88")
+
+
+class NSFLModel(nn.Module):
+    """NS-FL over a dictionary of ``n_features`` feature nodes."""
+
+    def __init__(self, n_features: int, config: NSFLConfig | None = None):
+        super().__init__()
+        cfg = config or NSFLConfig()
+        d = cfg.hidden
+        self.config = cfg
+        self.n_features = n_features
+        gen = torch.Generator().manual_seed(cfg.init_seed)
+        self.register_buffer("epsilon", torch.randn(d, generator=gen))
+        self.embedding = nn.Embedding(n_features, d)
+        nn.init.normal_(self.embedding.weight, std=1.0, generator=gen)
+        self.mask_logit = nn.Embedding(n_features, 1)
+        nn.init.constant_(self.mask_logit.weight, cfg.mask_init_logit)
+        s = cfg.negative_slope
+        self.l1_of_patient = RelationAttention(d, valued=True, negative_slope=s)
+        self.l1_has_feature = RelationAttention(d, valued=False, negative_slope=s)
+        self.l1_similar_to = RelationAttention(d, valued=False, negative_slope=s)
+        self.l1_self_patient = nn.Linear(d, d)
+        self.l1_self_feature = nn.Linear(d, d)
+        self.l2_of_patient = RelationAttention(d, valued=True, negative_slope=s)
+        self.l2_similar_to = RelationAttention(d, valued=False, negative_slope=s)
+        self.l2_self_patient = nn.Linear(d, d)
+        self.head = nn.Linear(d, 1)
+        for name, p in sorted(self.named_parameters()):  # deterministic: every hospital starts alike
+            if name.startswith(("embedding.", "mask_logit.")):
+                continue
+            if p.dim() == 2:
+                nn.init.xavier_uniform_(p, generator=gen)
+            else:
+                nn.init.zeros_(p)
+
+    def feature_mask(self, index: torch.Tensor) -> torch.Tensor:
+        """m_f ∈ [0, 1] for dictionary node indices ``index``."""
+        return torch.sigmoid(self.mask_logit(index)).squeeze(-1)
+
+    def feature_init(self, index: torch.Tensor) -> torch.Tensor:
+        """h_f^(0) = m_f · Emb(f)."""
+        return self.feature_mask(index).unsqueeze(-1) * self.embedding(index)
+
+    # -- full graph ----------------------------------------------------------------------
+    def forward_graph(self, data: HeteroData, *, use_similar: bool = True) -> torch.Tensor:
+        """Logits for every patient node. Shapes: -> [n_patients]."""
+        n_p, n_f = data["patient"].num_nodes, data["feature"].num_nodes
+        h_p0 = self.epsilon.expand(n_p, -1)
+        h_f0 = self.feature_init(data["feature"].feature_index)
+        e_fp, x_fp = data[OF_PATIENT].edge_index, data[OF_PATIENT].edge_weight
+        e_pf = e_fp.flip(0)
+        sim = data[SIMILAR_TO] if use_similar and SIMILAR_TO in data.edge_types else None
+        agg = self.l1_of_patient.edges(h_f0, h_p0, e_fp, x_fp, n_p)
+        if sim is not None:
+            agg = agg + self.l1_similar_to.edges(h_p0, h_p0, sim.edge_index, sim.edge_weight, n_p)
+        h_p1 = torch.relu(self.l1_self_patient(h_p0) + agg)
+        h_f1 = torch.relu(self.l1_self_feature(h_f0) + self.l1_has_feature.edges(h_p0, h_f0, e_pf, None, n_f))
+        agg = self.l2_of_patient.edges(h_f1, h_p1, e_fp, x_fp, n_p)
+        if sim is not None:
+            agg = agg + self.l2_similar_to.edges(h_p1, h_p1, sim.edge_index, sim.edge_weight, n_p)
+        h_p2 = torch.relu(self.l2_self_patient(h_p1) + agg)
+        return self.head(h_p2).squeeze(-1)
+
+    # -- per-patient stars (+ similar_to neighbours) ----------------------------------------
+    def _sim1(self, h_p0: torch.Tensor, nb_weight: torch.Tensor | None, nb_mask: torch.Tensor | None) -> torch.Tensor:
+        """Layer-1 ``similar_to`` aggregate: neighbours all send s·W ε (their h^(0) is ε)."""
+        if nb_weight is None or nb_mask is None:
+            return torch.zeros_like(h_p0)
+        h_nb = h_p0.unsqueeze(1).expand(-1, nb_weight.shape[1], -1)
+        return self.l1_similar_to.dense(h_nb, h_p0, nb_weight, nb_mask)
+
+    def _layer1(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                nb_weight: torch.Tensor | None = None, nb_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h_p^(1) [B, d], h_f^(1) of the star's feature copies [B, K, d])."""
+        b = feature_index.shape[0]
+        h_p0 = self.epsilon.expand(b, -1)
+        h_f0 = self.feature_init(feature_index)
+        agg = self.l1_of_patient.dense(h_f0, h_p0, values, mask) + self._sim1(h_p0, nb_weight, nb_mask)
+        h_p1 = torch.relu(self.l1_self_patient(h_p0) + agg)
+        # Each feature copy has one patient neighbour here; on the full graph all of a feature's
+        # patients send the identical message W ε, so attention is uniform and the aggregate is W ε.
+        h_f1 = torch.relu(self.l1_self_feature(h_f0) + self.l1_has_feature.W(h_p0).unsqueeze(1))
+        return h_p1, h_f1
+
+    def forward_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Logits from padded stars, no ``similar_to`` (the DP path). Shapes: [B, K] x3 -> [B]."""
+        h_p1, h_f1 = self._layer1(feature_index, values, mask)
+        h_p2 = torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(h_f1, h_p1, values, mask))
+        return self.head(h_p2).squeeze(-1)
+
+    def forward_neighbourhood(self, stars: StarBatch, batch: torch.Tensor) -> torch.Tensor:
+        """Exact full-graph logits for patients ``batch``, computed from their stars and their
+        ``similar_to`` neighbours' stars only (the 2-hop receptive field). Shapes: [b] -> [b]."""
+        if stars.neighbours is None:
+            return self.forward_star(stars.feature_index[batch], stars.values[batch], stars.mask[batch])
+        nb, nw, nm = stars.neighbours[batch], stars.neighbour_weight[batch], stars.neighbour_mask[batch]
+        need, inverse = torch.unique(torch.cat([batch, nb.reshape(-1)]), return_inverse=True)
+        h_need, _ = self._layer1(stars.feature_index[need], stars.values[need], stars.mask[need],
+                                 stars.neighbour_weight[need], stars.neighbour_mask[need])
+        pos_b = inverse[: len(batch)]
+        pos_nb = inverse[len(batch):].reshape(nb.shape)
+        fi, x, m = stars.feature_index[batch], stars.values[batch], stars.mask[batch]
+        h_p1 = h_need[pos_b]
+        _, h_f1 = self._layer1(fi, x, m)
+        agg = self.l2_of_patient.dense(h_f1, h_p1, x, m) + self.l2_similar_to.dense(h_need[pos_nb], h_p1, nw, nm)
+        h_p2 = torch.relu(self.l2_self_patient(h_p1) + agg)
+        return self.head(h_p2).squeeze(-1)
+
+    def forward(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The star path (what Opacus wraps)."""
+        return self.forward_star(feature_index, values, mask)
+
+    def forward_batch(self, stars: StarBatch, batch: torch.Tensor | None = None, *, chunk: int = 512) -> torch.Tensor:
+        """Logits for ``batch`` (default: every patient), with ``similar_to`` if the stars carry neighbours."""
+        idx = torch.arange(len(stars)) if batch is None else batch
+        return torch.cat([self.forward_neighbourhood(stars, idx[i:i + chunk]) for i in range(0, len(idx), chunk)])

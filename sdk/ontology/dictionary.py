@@ -1,0 +1,163 @@
+"""The global feature dictionary F (NS-FL eq. 5): canonical features with fixed indices.
+
+Built before training and fixed for a run; its content hash travels in every message and a
+mismatch is refused. Each numeric feature carries a *public* clinical reference range used for
+standardisation (local means and variances would be a release of private statistics, see
+docs/privacy.md) and physical limits beyond which a value is impossible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from difflib import get_close_matches
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from clinograph.secure.errors import ConfigError
+
+FEATURE_ID = r"^[a-z][a-z0-9_]{0,63}$"
+
+
+class FeatureKind(str, Enum):
+    """How a feature's values are read."""
+
+    NUMERIC = "numeric"
+    BINARY = "binary"
+    CATEGORICAL = "categorical"
+
+
+class Feature(BaseModel):
+    """One canonical clinical feature."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(pattern=FEATURE_ID)
+    name: str = Field(min_length=1, max_length=200)
+    kind: FeatureKind
+    unit: str = "1"
+    analyte: str | None = None
+    aliases: tuple[str, ...] = ()
+    codes: dict[str, str] = Field(default_factory=dict)
+    reference_low: float | None = None
+    reference_high: float | None = None
+    physical_min: float | None = None
+    physical_max: float | None = None
+    levels: tuple[str, ...] = ()
+    group: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Feature:
+        if self.kind == FeatureKind.NUMERIC:
+            if self.reference_low is None or self.reference_high is None:
+                raise ValueError(f"numeric feature {self.id!r} needs reference_low and reference_high (public ranges)")
+            if not self.reference_low < self.reference_high:
+                raise ValueError(f"feature {self.id!r}: reference_low must be < reference_high")
+        if self.kind == FeatureKind.CATEGORICAL and len(self.levels) < 2:
+            raise ValueError(f"categorical feature {self.id!r} needs at least two levels")
+        if (self.physical_min is not None and self.physical_max is not None
+                and not self.physical_min < self.physical_max):
+            raise ValueError(f"feature {self.id!r}: physical_min must be < physical_max")
+        return self
+
+    def standardise(self, value: float) -> float:
+        """Public-range standardisation: (v − mid) / half-width, so the reference range maps to [−1, 1]."""
+        if self.kind != FeatureKind.NUMERIC:
+            return float(value)
+        lo, hi = self.reference_low, self.reference_high
+        return (float(value) - (lo + hi) / 2.0) / ((hi - lo) / 2.0)  # type: ignore[operator]
+
+    def node_ids(self) -> list[str]:
+        """Feature-node ids this feature contributes to the graph (one per level if categorical)."""
+        if self.kind == FeatureKind.CATEGORICAL:
+            return [f"{self.id}={lvl}" for lvl in self.levels]
+        return [self.id]
+
+
+class FeatureDictionary(BaseModel):
+    """Versioned, hashed list of canonical features; the order fixes the node indices."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    version: int = Field(ge=1)
+    features: tuple[Feature, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> FeatureDictionary:
+        ids = [f.id for f in self.features]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"feature ids must be unique; repeated: {dupes}")
+        return self
+
+    # -- lookups ---------------------------------------------------------------------------
+    def __contains__(self, feature_id: object) -> bool:
+        return any(f.id == feature_id for f in self.features)
+
+    def get(self, feature_id: str) -> Feature:
+        """The feature with id ``feature_id``; KeyError names the nearest ids."""
+        for f in self.features:
+            if f.id == feature_id:
+                return f
+        raise KeyError(f"Feature {feature_id!r} is not in dictionary {self.name} v{self.version} "
+                       f"(nearest: {self.nearest(feature_id)}).")
+
+    def nearest(self, text: str, n: int = 3) -> list[str]:
+        """Dictionary ids whose id, name or aliases are closest to ``text``."""
+        keys: dict[str, str] = {}
+        for f in self.features:
+            for k in (f.id, f.name.lower(), *[a.lower() for a in f.aliases]):
+                keys.setdefault(k, f.id)
+        hits = get_close_matches(text.lower().strip(), list(keys), n=n * 2, cutoff=0.4)
+        out: list[str] = []
+        for h in hits:
+            if keys[h] not in out:
+                out.append(keys[h])
+        return out[:n]
+
+    def resolve(self, column: str) -> Feature | None:
+        """The feature whose id or alias equals ``column`` (case-insensitive), else None."""
+        c = column.strip().lower()
+        for f in self.features:
+            if c == f.id or c in (a.lower() for a in f.aliases) or c == f.name.lower():
+                return f
+        return None
+
+    def node_ids(self) -> list[str]:
+        """Every feature-node id in fixed order (categorical features expand to levels)."""
+        return [nid for f in self.features for nid in f.node_ids()]
+
+    def node_index(self) -> dict[str, int]:
+        """Feature-node id -> row of the shared embedding table (NS-FL eq. 5)."""
+        return {nid: i for i, nid in enumerate(self.node_ids())}
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON (travels in every message)."""
+        body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(body.encode()).hexdigest()
+
+    # -- loading ---------------------------------------------------------------------------
+    @classmethod
+    def from_toml(cls, path: str | Path) -> FeatureDictionary:
+        """Load ``[[features]]`` tables from TOML; errors name the file and the key."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"Cannot read feature dictionary {path}: {exc}.") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_validation_message(f"Feature dictionary {path}", exc)) from None
+
+
+def _validation_message(what: str, exc: ValidationError) -> str:
+    lines = [f"{what} is invalid ({exc.error_count()} problem(s)):"]
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        lines.append(f"  - {loc}: {err['msg']}")
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""Local training of the NS-FL model at one hospital (NS-FL eq. 7), without DP.
+
+Minibatches of patients; each patient's logit is computed exactly as on the full graph from
+its star and its ``similar_to`` neighbours' stars (:meth:`NSFLModel.forward_neighbourhood`),
+transductively (held-out patients are in the graph, their labels are not used). DP training
+lives in :mod:`clinograph.sdk.privacy` and uses the star path without ``similar_to``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch.nn import functional as F  # noqa: N812
+
+from ..graph.star import StarBatch
+from ..model.nsfl import NSFLModel
+
+
+class TrainConfig(BaseModel):
+    """Local optimisation settings (documented defaults; the paper gives none)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lr: float = Field(default=0.01, gt=0, description="Adam learning rate")
+    batch_size: int = Field(default=64, ge=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    seed: int = 0
+
+
+def bce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy on logits (NS-FL: 'trained end-to-end using binary cross-entropy')."""
+    return F.binary_cross_entropy_with_logits(logits, y)
+
+
+def train_epochs(model: NSFLModel, *, epochs: int, train_idx: np.ndarray, config: TrainConfig,
+                 stars: StarBatch, round_: int = 0,
+                 proximal: tuple[float, Mapping[str, torch.Tensor]] | None = None) -> float:
+    """Run ``epochs`` epochs of minibatch Adam over ``train_idx``; returns the last epoch's mean loss.
+
+    ``proximal = (μ, θ_global)`` adds FedProx's (μ/2)·||θ − θ_global||² (Li et al. 2020).
+    """
+    gen = torch.Generator().manual_seed(config.seed * 100_003 + round_)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                           weight_decay=config.weight_decay)
+    idx = torch.as_tensor(train_idx, dtype=torch.long)
+    y_all = stars.labels
+    model.train()
+    last = 0.0
+    for _ in range(epochs):
+        perm = idx[torch.randperm(len(idx), generator=gen)]
+        losses = []
+        for start in range(0, len(perm), config.batch_size):
+            b = perm[start:start + config.batch_size]
+            logits = model.forward_batch(stars, b)
+            loss = bce(logits, y_all[b])
+            if proximal is not None:
+                mu, ref = proximal
+                named = dict(model.named_parameters())
+                loss = loss + 0.5 * mu * sum(((named[k] - v) ** 2).sum() for k, v in ref.items())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        last = float(np.mean(losses)) if losses else 0.0
+    return last
+
+
+@torch.no_grad()
+def predict(model: NSFLModel, stars: StarBatch) -> np.ndarray:
+    """Probabilities for every patient."""
+    model.eval()
+    return torch.sigmoid(model.forward_batch(stars)).numpy()

@@ -1,0 +1,232 @@
+"""The payload schema of every audit entry kind the server writes (docs/audit.md lists them).
+
+:meth:`AuditTrail.record` validates a payload against its kind's model here before writing it,
+and :func:`verify_audit_dir` validates it again, so what the report reads is what was meant.
+A kind not listed here may still be recorded (schema-free); the kinds written by the trail
+itself (``audit_open``, ``audit_reopen``, ``artefact``, ``envelope``) cannot be recorded by hand.
+
+Models are strict and forbid extra keys: add a field here before emitting it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+Key32 = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]{43}=$")]  # 32 bytes, standard base64
+
+
+class Payload(BaseModel):
+    """Base: frozen, strict, no extra keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class ServerInfo(Payload):
+    """The server's name and Ed25519 public key (base64)."""
+
+    name: Name
+    public_key: Key32
+
+
+class DPPolicyInfo(Payload):
+    """The federation's DP policy as in :class:`clinograph.secure.messages.DPPolicy`."""
+
+    required: bool
+    max_epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+    min_noise_multiplier: float = Field(ge=0)
+    max_clip_norm: float = Field(gt=0)
+
+
+class Manifest(Payload):
+    """``manifest``: who is enrolled with which key, under which rules. First thing a server
+    records; again whenever enrolment or policy changes (the latest one before an entry
+    applies to it). ``hospitals`` maps names to base64 Ed25519 keys: the verifier checks the
+    hospitals' stored envelopes with them. ``insecure_options`` lists every ``insecure_*``
+    option (or insecure mode) in use; the report shows them in red."""
+
+    federation_id: Name
+    server: ServerInfo
+    hospitals: dict[str, Key32]
+    dictionary_hash: Hex64
+    secure_mode: Name
+    strategy: Name
+    dp_policy: DPPolicyInfo | None
+    spec_digest: Hex64
+    insecure_options: list[str]
+    environment: Literal["development", "production"]
+
+
+class RoundPlanEntry(Payload):
+    """``round_plan``: the plan of one round (the signed plan itself is published as an artefact)."""
+
+    round: int = Field(ge=0)
+    participants: list[str]
+    plan_sha256: Hex64
+    secure_mode: Name
+    strategy: Name
+    weights: dict[str, float]
+    spec_version: int = Field(ge=0)
+
+
+class UpdateAccepted(Payload):
+    """``update_accepted``: a hospital's update (report) was let in; ``report_sha256`` is the
+    digest of its stored, signed envelope (``Envelope.digest()``)."""
+
+    round: int = Field(ge=0)
+    client: Name
+    report_sha256: Hex64
+
+
+class UpdateRejected(Payload):
+    """``update_rejected``: a hospital's message was refused; ``reason`` says why (no data)."""
+
+    round: int = Field(ge=0)
+    client: Name
+    reason: str = Field(max_length=4000)
+
+
+class RoundAborted(Payload):
+    """``round_aborted``: the round could not be aggregated (e.g. fewer survivors than t)."""
+
+    round: int = Field(ge=0)
+    reason: str = Field(max_length=4000)
+
+
+class Aggregate(Payload):
+    """``aggregate``: who contributed, how many contributors each module had, the new state."""
+
+    round: int = Field(ge=0)
+    contributors: list[str]
+    module_coverage: dict[str, int]
+    global_state_digest: Hex64
+    modules_updated: int = Field(ge=0)
+
+
+class Ledger(Payload):
+    """``ledger``: one hospital's privacy accounting for one round (cumulative epsilon)."""
+
+    client: Name
+    round: int = Field(ge=0)
+    epsilon: float = Field(ge=0)
+    delta: float = Field(gt=0, lt=1)
+    budget_epsilon: float = Field(gt=0)
+    noise_multiplier: float = Field(ge=0)
+    sample_rate: float | None = Field(default=None, gt=0, le=1)
+    steps: int | None = Field(default=None, ge=0)
+    clip_norm: float | None = Field(default=None, gt=0)
+    accountant: str | None = Field(default=None, max_length=32)
+
+
+class Metrics(Payload):
+    """``metrics``: the metrics hospitals chose to release, per client, for one round."""
+
+    round: int = Field(ge=0)
+    per_client: dict[str, dict[str, float]]
+
+
+class FeatureRelevance(Payload):
+    """``feature_relevance``: a site's published feature-mask relevance (only if it opted in)."""
+
+    client: Name
+    round: int | None = Field(default=None, ge=0)
+    features: dict[str, float]
+
+
+class DagOutcome(Payload):
+    """``dag_outcome``: the DAG vote of one round -- exactly
+    ``clinograph.secure.dag_voting.DagOutcome.model_dump(mode="json")``.
+    ``adjacency[i][j] = 1`` when the edge concepts[i] -> concepts[j] was adopted; ``tallies``
+    holds named matrices over the concepts (``strength``: weighted votes for i -> j, ``none``,
+    ``observers``: n x n; ``support``: 1 x n). The report labels edges with ``strength``."""
+
+    kind: Literal["dag_outcome"] | None = None
+    round: int = Field(ge=0)
+    concepts: list[str]
+    task: str | None = None
+    active: list[bool] | None = None
+    adjacency: list[list[int]]
+    dropped_cycle_edges: list[Annotated[list[str], Field(min_length=2, max_length=2)]] = Field(default_factory=list)
+    added_task_parent: Annotated[list[str], Field(min_length=2, max_length=2)] | None = None
+    tallies: dict[str, list[list[float]]]
+
+    @model_validator(mode="after")
+    def _square(self) -> DagOutcome:
+        n = len(self.concepts)
+        if len(self.adjacency) != n or any(len(r) != n for r in self.adjacency):
+            raise ValueError(f"adjacency must be {n}x{n} (one row and column per concept)")
+        if any(v not in (0, 1) for r in self.adjacency for v in r):
+            raise ValueError("adjacency entries must be 0 or 1")
+        if self.active is not None and len(self.active) != n:
+            raise ValueError(f"active must have {n} entries")
+        for name, rows in self.tallies.items():
+            if len(rows) not in (1, n) or any(len(r) != n for r in rows):
+                raise ValueError(f"tallies[{name!r}] must be {n}x{n} or 1x{n}")
+        return self
+
+
+class InsecureOption(Payload):
+    """``insecure_option``: an ``insecure_*`` option in use, and why (policy.require_allowed)."""
+
+    option: str = Field(pattern=r"^insecure_[a-z0-9_]+$")
+    why: str = Field(max_length=1000)
+
+
+class AuditOpen(Payload):
+    """``audit_open`` (entry 0) / ``audit_reopen``: written by the trail itself."""
+
+    format: Literal["clinograph-audit/1"]
+    server: ServerInfo
+    recovered_entries: int | None = Field(default=None, ge=1)
+
+
+class Artefact(Payload):
+    """``artefact``: written by :meth:`AuditTrail.publish` with the file ``artefacts/<sha256>``."""
+
+    name: Name
+    kind: Name
+    sha256: Hex64
+    size: int = Field(ge=0)
+    meta: dict[str, Any]
+
+
+class EnvelopeRef(Payload):
+    """``envelope``: written by :meth:`AuditTrail.store_envelope`. ``digest`` is the SHA-256 of
+    the envelope's payload (what other entries reference); ``sha256`` names the stored file;
+    ``signature`` is the sender-signature check at store time, re-done by the verifier."""
+
+    sender: Name
+    kind: Name
+    digest: Hex64
+    sha256: Hex64
+    size: int = Field(ge=0)
+    signature: Literal["valid", "invalid", "unknown_sender"]
+
+
+KINDS: dict[str, type[Payload]] = {
+    "manifest": Manifest, "round_plan": RoundPlanEntry, "update_accepted": UpdateAccepted,
+    "update_rejected": UpdateRejected, "round_aborted": RoundAborted, "aggregate": Aggregate,
+    "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
+    "dag_outcome": DagOutcome, "insecure_option": InsecureOption,
+    "audit_open": AuditOpen, "audit_reopen": AuditOpen, "artefact": Artefact, "envelope": EnvelopeRef,
+}
+RESERVED = frozenset({"audit_open", "audit_reopen", "artefact", "envelope"})
+
+
+def check_payload(kind: str, payload: dict[str, Any]) -> str | None:
+    """None if ``payload`` fits ``kind``'s schema (or the kind has none), else the problem."""
+    model = KINDS.get(kind)
+    if model is None:
+        return None
+    try:
+        model.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "(payload)"
+        return (f"payload does not fit the {kind!r} schema ({exc.error_count()} error(s), first: "
+                f"{loc}: {first['msg']}); see clinograph.secure.audit.kinds.{model.__name__}")
+    return None

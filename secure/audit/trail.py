@@ -1,0 +1,244 @@
+"""The server's audit trail and artefact store: the only way anything leaves the server.
+
+Layout of an audit directory (nothing else belongs there; the verifier flags extra files)::
+
+    audit.jsonl          append-only, hash-chained, signed entries (entry.py)
+    head.json            signed head naming the last entry (truncation is detected)
+    artefacts/<sha256>   published bytes, content addressed, each referenced by an entry
+
+Guarantees: every artefact is written (atomically, by rename) before the entry that
+references it, and the head is rewritten (atomically) after every entry, so a verified
+directory has no unlogged artefact and no unsigned tail. Payloads pass the PHI guard
+(canonical.to_plain) and, for known kinds, their schema (kinds.py) before anything is written.
+An exclusive lock stops two writers on one directory. Reopening verifies the existing chain
+first and refuses a broken one or a different server key; signed entries found after the
+head (a crash between appending a line and rewriting the head) are accepted on reopen and
+counted in the ``audit_reopen`` entry (``recovered_entries``).
+Does not guarantee: durability of entries written since the last :meth:`checkpoint` after
+a power loss (it fsyncs); a crash between an artefact and its entry leaves an extra file
+that the verifier reports.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import threading
+import time as _time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, IntegrityError, ProtocolError
+from ..identity import Identity, PublicIdentity
+from .canonical import plain_payload
+from .entry import GENESIS, KIND, AuditEntry, make_entry, make_head
+from .envelopes import keys_from, parse_stored, signature_status
+from .kinds import RESERVED, check_payload
+from .verify import ARTEFACTS, HEAD, LOG, scan_audit_dir
+
+FORMAT = "clinograph-audit/1"
+ARTEFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,199}$")
+
+
+def _atomic_write(path: Path, data: bytes, *, sync: bool) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class AuditTrail:
+    """Append-only signed audit log plus content-addressed artefact store (see module doc).
+
+    Args:
+        directory: created if missing; reopened (after full verification) if it holds a log.
+        identity: the server's signing identity; a reopened log must be signed by it.
+        clock: seconds since the epoch (injectable for tests).
+
+    Raises:
+        IntegrityError: an existing log does not verify, or another process holds the lock.
+        ConfigError: ``directory`` holds files that are not an audit log.
+    """
+
+    def __init__(self, directory: Path, *, identity: Identity, clock: Callable[[], float] = _time.time):
+        self._dir = Path(directory)
+        self._identity = identity
+        self._clock = clock
+        self._keys: dict[str, PublicIdentity] = {}
+        self._lock = threading.RLock()
+        self._dir.mkdir(parents=True, exist_ok=True)
+        log = self._dir / LOG
+        reopen = log.exists()
+        if reopen:
+            report, entries = scan_audit_dir(self._dir, trusted_server_key=identity.public.raw, allow_tail=True)
+            if not report.ok:
+                raise IntegrityError(f"Audit log in {self._dir} does not verify, refusing to append "
+                                     f"(first bad entry: {report.first_bad}): {report.problems[0]}")
+            self._last: AuditEntry | None = entries[-1]
+            head_entries = json.loads((self._dir / HEAD).read_bytes())["entries"]
+            recovered = len(entries) - int(head_entries)
+            for e in entries:
+                if e.kind in ("audit_open", "manifest"):
+                    self._keys = keys_from(e.payload)
+        else:
+            stray = sorted(p.name for p in self._dir.iterdir())
+            if stray:
+                raise ConfigError(f"{self._dir} is not empty ({', '.join(stray[:5])}) and holds no "
+                                  f"{LOG}: choose an empty or new directory for the audit trail.")
+            (self._dir / ARTEFACTS).mkdir()
+            self._last = None
+            recovered = 0
+        self._fh = open(log, "ab")  # noqa: SIM115 - held open for the trail's lifetime
+        try:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._fh.close()
+            raise IntegrityError(f"Another process is writing the audit log in {self._dir}.") from None
+        opened: dict[str, Any] = {"format": FORMAT, "server": {"name": identity.name,
+                                                               "public_key": identity.public.b64()}}
+        if recovered:
+            opened["recovered_entries"] = recovered  # signed entries found after the head (a crash)
+        self._append("audit_reopen" if reopen else "audit_open", opened)
+
+    # -- writing ------------------------------------------------------------------------
+    def _append(self, kind: str, payload: dict[str, Any]) -> AuditEntry:
+        with self._lock:
+            return self._append_locked(kind, payload)
+
+    def _append_locked(self, kind: str, payload: dict[str, Any]) -> AuditEntry:
+        if self._fh.closed:
+            raise ProtocolError(f"The audit trail in {self._dir} is closed; reopen it to append.")
+        keys = self._keys
+        if kind in ("audit_open", "manifest"):
+            try:
+                keys = keys_from(payload)
+            except (ValueError, IntegrityError) as exc:
+                raise ConfigError(f"Audit entry {kind!r} holds an invalid public key: {exc}") from None
+        now = float(self._clock())
+        if not math.isfinite(now):
+            raise ConfigError(f"The audit clock returned {now!r}; it must return finite seconds.")
+        seq = 0 if self._last is None else self._last.seq + 1
+        prev = GENESIS if self._last is None else self._last.hash
+        entry = make_entry(identity=self._identity, seq=seq, time=now, kind=kind,
+                           payload=payload, prev=prev)
+        self._fh.write(entry.line())
+        self._fh.flush()
+        self._last = entry
+        self._keys = keys
+        _atomic_write(self._dir / HEAD, make_head(identity=self._identity, last=entry,
+                                                  time=entry.time), sync=False)
+        return entry
+
+    def record(self, kind: str, payload: Mapping[str, Any]) -> AuditEntry:
+        """Append one entry. ``payload`` must be plain JSON data (arrays, DataFrames, bytes and
+        objects are refused: the PHI guard) and fit ``kind``'s schema in kinds.py, if any.
+
+        Raises:
+            TypeError / ValueError: the payload is not plain JSON data (names the path).
+            ConfigError: bad or reserved kind, or the payload does not fit the kind's schema.
+        """
+        if not isinstance(kind, str) or not KIND.match(kind):
+            raise ConfigError(f"Audit kind {kind!r} must match {KIND.pattern}.")
+        if kind in RESERVED:
+            raise ConfigError(f"Audit kind {kind!r} is written by the trail itself; use publish() "
+                              "for artefacts and store_envelope() for signed messages.")
+        plain = plain_payload(payload)
+        problem = check_payload(kind, plain)
+        if problem:
+            raise ConfigError(f"Audit entry {kind!r}: {problem}.")
+        return self._append(kind, plain)
+
+    def _store(self, data: bytes) -> str:
+        if not isinstance(data, bytes):
+            raise TypeError(f"Artefact data must be bytes, got {type(data).__name__}.")
+        sha = hashlib.sha256(data).hexdigest()
+        path = self._dir / ARTEFACTS / sha
+        if path.exists():
+            if hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+                raise IntegrityError(f"Stored artefact artefacts/{sha} was altered on disk.")
+        else:
+            _atomic_write(path, data, sync=False)
+        return sha
+
+    def publish(self, name: str, data: bytes, *, kind: str, meta: Mapping[str, Any] | None = None) -> str:
+        """Write ``data`` as ``artefacts/<sha256>`` and append its ``artefact`` entry
+        ``{name, kind, sha256, size, meta}``; returns the SHA-256 (hex)."""
+        if not isinstance(name, str) or not ARTEFACT_NAME.match(name) or ".." in name:
+            raise ConfigError(f"Artefact name {name!r} must match {ARTEFACT_NAME.pattern} without '..'.")
+        if not isinstance(kind, str) or not KIND.match(kind):
+            raise ConfigError(f"Artefact kind {kind!r} must match {KIND.pattern}.")
+        plain_meta = plain_payload(dict(meta or {}))
+        with self._lock:
+            sha = self._store(data)
+            self._append("artefact", {"name": name, "kind": kind, "sha256": sha, "size": len(data),
+                                      "meta": plain_meta})
+        return sha
+
+    def store_envelope(self, envelope_bytes: bytes, *, kind: str, sender: str) -> str:
+        """Keep a signed envelope (as received) as an artefact and log an ``envelope`` entry
+        with the result of checking its signature against the enrolled key (the verifier
+        re-checks it). Returns the envelope's digest (SHA-256 of its payload).
+
+        Raises:
+            IntegrityError: the bytes are not an envelope, or its sender/kind differ from the arguments.
+        """
+        env = parse_stored(envelope_bytes, what="store_envelope: the data")
+        if env.sender != sender or env.kind != kind:
+            raise IntegrityError(f"store_envelope: envelope is a {env.kind!r} from {env.sender!r}, "
+                                 f"expected a {kind!r} from {sender!r}.")
+        with self._lock:
+            status = signature_status(env, self._keys)
+            sha = self._store(envelope_bytes)
+            self._append("envelope", {"sender": sender, "kind": kind, "digest": env.digest(), "sha256": sha,
+                                      "size": len(envelope_bytes), "signature": status})
+        return env.digest()
+
+    def checkpoint(self) -> None:
+        """Make everything so far durable: fsync the log, rewrite and fsync the signed head."""
+        if self._fh.closed or self._last is None:
+            return
+        os.fsync(self._fh.fileno())
+        _atomic_write(self._dir / HEAD, make_head(identity=self._identity, last=self._last,
+                                                  time=self._last.time), sync=True)
+        dir_fd = os.open(self._dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def close(self) -> None:
+        """Checkpoint and release the log (idempotent)."""
+        if not self._fh.closed:
+            self.checkpoint()
+            self._fh.close()
+
+    # -- reading ------------------------------------------------------------------------
+    @property
+    def directory(self) -> Path:
+        """The audit directory."""
+        return self._dir
+
+    @property
+    def head(self) -> AuditEntry | None:
+        """The last entry written."""
+        return self._last
+
+    def __enter__(self) -> AuditTrail:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"AuditTrail(directory={str(self._dir)!r}, server={self._identity.name!r}, identity=<redacted>)"
+
+    def __reduce__(self) -> Any:  # noqa: D105
+        raise TypeError("AuditTrail holds the server's signing key and refuses to be pickled.")

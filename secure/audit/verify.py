@@ -1,0 +1,264 @@
+"""Verifying an audit directory: chain, signatures, head, artefacts, envelopes, schemas.
+
+Guarantees: :func:`verify_audit_dir` reports ``ok`` only if every line of ``audit.jsonl`` is
+canonical, correctly numbered, linked to its predecessor's hash, hashed and signed by the
+server key; ``head.json`` is signed and names the last entry (no truncation); every artefact
+file is referenced by an entry, exists, and hashes to its name and recorded size; every stored
+envelope parses, matches its entry, and its sender signature checks as recorded; every known
+kind's payload fits its schema (kinds.py). So any single-byte change, insertion or deletion
+anywhere in the directory, a truncated log, and a missing or extra file are all reported.
+Does not guarantee: that the server was honest when it wrote an entry, or (without
+``trusted_server_key``) that the log is the one the expected server wrote -- a forger can
+write a fresh, self-consistent log with its own key; pin the key. Rolling the whole
+directory back to an earlier valid state is caught only by comparing ``head_hash`` with a
+value published elsewhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import IntegrityError
+from ..identity import PublicIdentity
+from ..wire import MAGIC
+from .entry import AuditEntry, check_entry_signature, check_head, parse_entry
+from .envelopes import keys_from, parse_stored, signature_status
+from .kinds import check_payload
+
+LOG, HEAD, ARTEFACTS = "audit.jsonl", "head.json", "artefacts"
+MAX_PROBLEMS = 100
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Outcome of :func:`verify_audit_dir`. ``first_bad`` is the sequence number of the first
+    entry found wrong (None if the problems are not tied to an entry, e.g. an extra file)."""
+
+    ok: bool
+    entries: int
+    problems: list[str] = field(default_factory=list)
+    first_bad: int | None = None
+    head_hash: str | None = None
+    server_key_fingerprint: str | None = None
+
+
+@dataclass
+class _Scan:
+    directory: Path
+    trusted: bytes | None
+    entries: list[AuditEntry] = field(default_factory=list)
+    problems: list[tuple[int | None, str]] = field(default_factory=list)
+    key: PublicIdentity | None = None
+    keys: dict[str, PublicIdentity] = field(default_factory=dict)
+    referenced: set[str] = field(default_factory=set)
+    allow_tail: bool = False
+    tail: int = 0
+
+    def bad(self, seq: int | None, message: str) -> None:
+        self.problems.append((seq, message))
+
+
+def _check_artefact(scan: _Scan, entry: AuditEntry) -> bytes | None:
+    p = entry.payload
+    sha, size = p.get("sha256"), p.get("size")
+    if not isinstance(sha, str):
+        return None
+    scan.referenced.add(sha)
+    path = scan.directory / ARTEFACTS / sha
+    try:
+        data = path.read_bytes()
+    except OSError:
+        scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): "
+                            f"artefact file artefacts/{sha} is missing.")
+        return None
+    if hashlib.sha256(data).hexdigest() != sha or len(data) != size:
+        scan.bad(entry.seq, f"entry {entry.seq}: artefact file artefacts/{sha} does not match its "
+                            f"recorded SHA-256/size ({len(data)} bytes, recorded {size}); it was changed.")
+        return None
+    return data
+
+
+def _check_kind(scan: _Scan, entry: AuditEntry) -> None:
+    problem = check_payload(entry.kind, entry.payload)
+    if problem:
+        scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind}): {problem}")
+        return
+    p = entry.payload
+    if entry.kind in ("audit_open", "audit_reopen", "manifest"):
+        raw = base64.b64decode(p["server"]["public_key"])
+        if scan.key is not None and raw != scan.key.raw:
+            scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind}) names a server key other than the "
+                                "one that signs the log.")
+        if entry.kind == "manifest" or not scan.keys:
+            try:
+                scan.keys = keys_from(p)
+            except (ValueError, IntegrityError):
+                scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind}) holds a key that is not a valid "
+                                    "Ed25519 public key.")
+    elif entry.kind == "artefact":
+        data = _check_artefact(scan, entry)
+        if data is not None and data.startswith(MAGIC):
+            _check_embedded_envelope(scan, entry, data)
+    elif entry.kind == "envelope":
+        data = _check_artefact(scan, entry)
+        if data is None:
+            return
+        try:
+            env = parse_stored(data, what=f"entry {entry.seq}: artefacts/{p['sha256']}")
+        except IntegrityError as exc:
+            scan.bad(entry.seq, str(exc))
+            return
+        if (env.sender, env.kind, env.digest()) != (p["sender"], p["kind"], p["digest"]):
+            scan.bad(entry.seq, f"entry {entry.seq}: stored envelope's sender/kind/digest differ from the entry.")
+        status = signature_status(env, scan.keys)
+        if status != p["signature"]:
+            scan.bad(entry.seq, f"entry {entry.seq}: envelope from {env.sender!r} checks as {status!r}, "
+                                f"but the log recorded {p['signature']!r}.")
+
+
+def _check_embedded_envelope(scan: _Scan, entry: AuditEntry, data: bytes) -> None:
+    """A published artefact that is a signed envelope (e.g. a round plan) must verify."""
+    try:
+        env = parse_stored(data, what="artefact")
+    except IntegrityError:
+        return  # published data that merely looks like an envelope
+    if signature_status(env, scan.keys) == "invalid":
+        scan.bad(entry.seq, f"entry {entry.seq}: published envelope {entry.payload.get('name')!r} "
+                            f"carries an invalid signature by {env.sender!r}.")
+
+
+def _server_key(scan: _Scan, first: AuditEntry) -> PublicIdentity | None:
+    server: Any = first.payload.get("server") if first.kind == "audit_open" else None
+    if not isinstance(server, dict) or not isinstance(server.get("public_key"), str):
+        scan.bad(0, "entry 0 must be the trail's 'audit_open' entry naming the server key.")
+        return None
+    try:
+        key = PublicIdentity(str(server.get("name", "server")), base64.b64decode(server["public_key"]))
+    except (ValueError, IntegrityError):
+        scan.bad(0, "entry 0: the server key is not a valid Ed25519 public key.")
+        return None
+    if scan.trusted is not None and key.raw != scan.trusted:
+        scan.bad(0, f"the log is signed by key {key.fingerprint[:16]}, not by the trusted server key "
+                    f"{hashlib.sha256(scan.trusted).hexdigest()[:16]}.")
+    return key
+
+
+def _scan_log(scan: _Scan) -> None:
+    try:
+        data = (scan.directory / LOG).read_bytes()
+    except OSError:
+        scan.bad(None, f"{LOG} is missing or unreadable in {scan.directory}.")
+        return
+    if not data:
+        scan.bad(0, f"{LOG} is empty.")
+        return
+    lines = data.split(b"\n")
+    if lines[-1]:
+        scan.bad(len(lines) - 1, f"{LOG} does not end with a newline: the last line is incomplete.")
+    prev = "0" * 64
+    for index, line in enumerate(lines[:-1] if not lines[-1] else lines):
+        if len(scan.problems) >= MAX_PROBLEMS:
+            return
+        try:
+            entry = parse_entry(line, index=index)
+        except IntegrityError as exc:
+            scan.bad(index, str(exc))
+            prev = "?"
+            continue
+        if prev != "?" and entry.prev != prev:
+            scan.bad(index, f"entry {index} (kind {entry.kind!r}) does not link to entry {index - 1}'s hash "
+                            "(an entry was changed, inserted or removed before it).")
+        prev = entry.hash
+        if index == 0:
+            scan.key = _server_key(scan, entry)
+        if scan.key is not None:
+            try:
+                check_entry_signature(entry, scan.key)
+            except IntegrityError as exc:
+                scan.bad(index, str(exc))
+        scan.entries.append(entry)
+        try:
+            _check_kind(scan, entry)
+        except Exception as exc:  # a verifier reports, it never crashes on hostile input
+            scan.bad(index, f"entry {index} ({entry.kind}) could not be checked: {type(exc).__name__}.")
+
+
+def _scan_head(scan: _Scan, n_lines: int) -> str | None:
+    if scan.key is None:
+        return None
+    try:
+        head = check_head((scan.directory / HEAD).read_bytes(), key=scan.key)
+    except OSError:
+        scan.bad(n_lines, f"{HEAD} is missing: truncation of the log cannot be ruled out.")
+        return None
+    except IntegrityError as exc:
+        scan.bad(n_lines, str(exc))
+        return None
+    last = scan.entries[-1] if scan.entries else None
+    signed = head["seq"] < len(scan.entries) and scan.entries[head["seq"]].hash == head["hash"]
+    if scan.allow_tail and head["entries"] < n_lines and signed:
+        scan.tail = n_lines - head["entries"]  # signed entries written after the head (a crash)
+    elif head["entries"] != n_lines:
+        scan.bad(min(head["entries"], n_lines), f"the signed head says the log has {head['entries']} "
+                 f"entries, but {LOG} has {n_lines} (truncated or appended without a head).")
+    elif last is not None and (last.seq, last.hash) != (head["seq"], head["hash"]):
+        scan.bad(last.seq, f"the signed head names entry {head['seq']} hash {head['hash'][:16]}..., "
+                           "which is not the log's last entry.")
+    return str(head["hash"])
+
+
+def _scan_files(scan: _Scan) -> None:
+    for path in sorted(scan.directory.iterdir()):
+        if path.name not in (LOG, HEAD, ARTEFACTS):
+            scan.bad(None, f"unexpected file {path.name!r} in the audit directory (only {LOG}, "
+                           f"{HEAD} and {ARTEFACTS}/ belong there).")
+    art = scan.directory / ARTEFACTS
+    if not art.is_dir():
+        scan.bad(None, f"{ARTEFACTS}/ is missing.")
+        return
+    for path in sorted(art.iterdir()):
+        if path.name not in scan.referenced or not path.is_file():
+            scan.bad(None, f"extra file artefacts/{path.name}: no audit entry references it.")
+
+
+def scan_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None, allow_tail: bool = False
+                   ) -> tuple[VerifyReport, list[AuditEntry]]:
+    """:func:`verify_audit_dir` plus the entries that parsed (for the report).
+
+    ``allow_tail`` (for the writer reopening its own log only) accepts signed entries after
+    the head -- what a crash between appending a line and rewriting the head leaves.
+    """
+    scan = _Scan(directory=Path(directory), trusted=trusted_server_key, allow_tail=allow_tail)
+    head_hash = None
+    if not scan.directory.is_dir():
+        scan.bad(None, f"{scan.directory} is not a directory.")
+    else:
+        _scan_log(scan)
+        try:
+            n_lines = (scan.directory / LOG).read_bytes().count(b"\n")
+        except OSError:
+            n_lines = 0
+        head_hash = _scan_head(scan, n_lines)
+        _scan_files(scan)
+    seqs = [s for s, _ in scan.problems if s is not None]
+    report = VerifyReport(
+        ok=not scan.problems, entries=len(scan.entries), problems=[m for _, m in scan.problems],
+        first_bad=min(seqs) if seqs else None, head_hash=head_hash,
+        server_key_fingerprint=scan.key.fingerprint if scan.key else None)
+    return report, scan.entries
+
+
+def verify_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None) -> VerifyReport:
+    """Check everything in ``directory`` (see the module docstring for what is and is not
+    guaranteed). Never raises for a bad directory: every problem is listed in the report.
+
+    Args:
+        directory: an audit directory written by :class:`AuditTrail`.
+        trusted_server_key: the server's 32-byte Ed25519 public key, obtained out of band.
+            Without it the log is checked against the key it names itself.
+    """
+    return scan_audit_dir(directory, trusted_server_key=trusted_server_key)[0]

@@ -1,0 +1,37 @@
+"""Mask expansion: a full 32-byte seed -> uniform 32-bit words via the ChaCha20 keystream.
+
+Bonawitz et al. 2017, sec. 4: masks are ``PRG(seed)`` over Z_R; here R = 2^32 and PRG is the
+ChaCha20 keystream (RFC 8439) from ``cryptography``, counter 0, all-zero nonce. The all-zero
+nonce is safe because every seed is single-use: pairwise seeds are derived per round and per
+pair with HKDF, self-mask seeds are fresh per round. numpy's RNG is never used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+_NONCE = bytes(16)  # 4-byte little-endian block counter 0 || 12-byte nonce 0
+
+
+def expand_mask(seed: bytes, n_words: int) -> np.ndarray:
+    """``n_words`` little-endian uint32 words of the ChaCha20 keystream under key ``seed``.
+
+    Raises ValueError unless ``seed`` is exactly 32 bytes and ``n_words`` >= 0.
+    """
+    if len(seed) != 32:
+        raise ValueError(f"mask seed must be 32 bytes, got {len(seed)}")
+    if n_words < 0:
+        raise ValueError("n_words must be >= 0")
+    enc = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
+    stream = enc.update(bytes(4 * n_words))
+    return np.frombuffer(stream, dtype="<u4")
+
+
+def add_mask(acc: np.ndarray, seed: bytes, *, sign: int) -> None:
+    """``acc += sign * PRG(seed)`` in Z_{2^32}, in place (``acc`` is uint32)."""
+    mask = expand_mask(seed, acc.shape[0])
+    if sign > 0:
+        np.add(acc, mask, out=acc)
+    else:
+        np.subtract(acc, mask, out=acc)

@@ -1,0 +1,63 @@
+"""X25519 key agreement and HKDF-SHA256 seed derivation (raw primitives, hazmat).
+
+Only :mod:`clinograph.secure.masking` imports this. Every derivation takes a purpose label
+from :mod:`.labels` and a context that binds it to a federation, round and ordered pair, so a
+seed for one purpose, round or pair never equals a seed for another.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+SEED_BYTES = 32
+
+
+def encode_context(parts: Iterable[str | bytes | int]) -> bytes:
+    """Unambiguous, length-prefixed encoding of context fields (no concatenation collisions)."""
+    out = bytearray()
+    for p in parts:
+        raw = p.encode() if isinstance(p, str) else (p.to_bytes(8, "big") if isinstance(p, int) else p)
+        out += struct.pack(">I", len(raw)) + raw
+    return bytes(out)
+
+
+def generate_keypair() -> tuple[X25519PrivateKey, bytes]:
+    """A fresh X25519 private key (OS randomness) and its 32 raw public bytes."""
+    sk = X25519PrivateKey.generate()
+    return sk, public_bytes(sk)
+
+
+def public_bytes(sk: X25519PrivateKey) -> bytes:
+    """The 32 raw public-key bytes of ``sk``."""
+    return sk.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def private_bytes(sk: X25519PrivateKey) -> bytes:
+    """The 32 raw private-key bytes (only ever Shamir-shared, never logged or sent whole)."""
+    return sk.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                            serialization.NoEncryption())
+
+
+def private_from_bytes(raw: bytes) -> X25519PrivateKey:
+    """Rebuild a private key from 32 raw bytes."""
+    return X25519PrivateKey.from_private_bytes(raw)
+
+
+def hkdf(secret: bytes, *, label: bytes, context: bytes, length: int = SEED_BYTES) -> bytes:
+    """HKDF-SHA256 (RFC 5869) with ``info = label || 0x00 || context`` and no salt."""
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None,
+                info=label + b"\x00" + context).derive(secret)
+
+
+def agree(sk: X25519PrivateKey, peer_public: bytes, *, label: bytes, context: bytes) -> bytes:
+    """X25519(sk, peer) then HKDF with a purpose label: a 32-byte seed or key.
+
+    Raises ValueError if ``peer_public`` is malformed or a low-order point (all-zero secret).
+    """
+    shared = sk.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    return hkdf(shared, label=label, context=context)

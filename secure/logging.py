@@ -1,0 +1,193 @@
+"""Structured logs that cannot carry patient data or secrets (house style 11).
+
+:func:`configure_logging` sets up structlog with :class:`PHIGuard` as the last processor
+before rendering, so everything in an event -- arguments, bound context, context variables
+-- passes through it. The guard redacts (or, with ``on_violation="raise"``, refuses):
+
+* arrays and tensors, duck-typed as objects with ``.shape`` and ``.dtype``/``.dtypes``
+  (numpy, torch, pandas DataFrames/Series/Index); numpy *scalars* become plain numbers;
+* ``bytes``, ``bytearray`` and ``memoryview`` (keys, seeds, masks, ciphertexts, encoded rows);
+* lists, tuples and sets holding more than :data:`MAX_NUMBERS` numbers in total;
+* the value of any key named like ``patient_id``, ``mrn``, ``value(s)``, ``cell(s)``,
+  ``secret``, ``key(s)``, ``seed(s)``, ``mask(s)``, ``password`` or ``token`` (matched on
+  the words of the key, so ``private_key``, ``maskSeed`` and ``cell_value`` match too)
+  unless the key is whitelisted.
+
+What events may carry: column and feature names, shapes, counts, hashes, round and client
+ids, scalar metrics. Does not guarantee: that a free-text string (the event message, an
+exception text) holds no patient data -- callers must not format values into messages; the
+canary test (tests/canary.py) checks the whole federation's output for that.
+"""
+
+from __future__ import annotations
+
+import logging as _stdlib_logging
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from typing import IO, Any, Literal
+
+import structlog
+
+from .errors import PrivacyError
+
+MAX_NUMBERS = 16
+STANDARD_KEYS = frozenset({"event", "level", "timestamp", "logger", "exception", "stack"})
+SENSITIVE_WORDS = frozenset({"value", "values", "cell", "cells", "secret", "secrets", "key", "keys",
+                             "seed", "seeds", "mask", "masks", "password", "passwd", "token", "mrn", "ssn"})
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_PATIENT_ID = re.compile(r"patient_?ids?$|patient_?ids?_")
+
+
+class PHILogError(PrivacyError):
+    """A log event carried something that may be patient data or a secret (raise mode)."""
+
+
+def sensitive_key(key: str) -> bool:
+    """True if ``key`` is named like a value, identifier or secret (see module doc)."""
+    norm = _CAMEL.sub("_", key).lower()
+    words = [w for w in re.split(r"[^a-z0-9]+", norm) if w]
+    return bool(SENSITIVE_WORDS.intersection(words)) or bool(_PATIENT_ID.search(norm))
+
+
+def _count_numbers(items: Iterable[Any]) -> int:
+    total = 0
+    for item in items:
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            total += 1
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            total += _count_numbers(item)
+    return total
+
+
+class PHIGuard:
+    """structlog processor: redact or refuse what may be patient data or a secret."""
+
+    def __init__(self, *, on_violation: Literal["redact", "raise"], whitelist: Iterable[str] = ()):
+        if on_violation not in ("redact", "raise"):
+            raise ValueError(f"on_violation must be 'redact' or 'raise', got {on_violation!r}")
+        self.on_violation = on_violation
+        self.whitelist = frozenset(whitelist)
+
+    def _violation(self, path: str, what: str) -> str:
+        if self.on_violation == "raise":
+            raise PHILogError(f"Log field {path!r} holds {what}, which may be patient data or a secret. "
+                              "Log shapes, counts, names or hashes instead, or whitelist the key in "
+                              "configure_logging(whitelist=...) if it is neither.")
+        return f"<redacted: {what}>"
+
+    def clean(self, value: Any, path: str) -> Any:
+        """Return ``value`` with anything sensitive replaced (or raise, in raise mode)."""
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return self._violation(path, f"{type(value).__name__} of length {len(value)}")
+        shape = getattr(value, "shape", None)
+        if shape is not None and (hasattr(value, "dtype") or hasattr(value, "dtypes")):
+            if shape == () and hasattr(value, "item") and not hasattr(value, "dtypes"):
+                item = value.item()  # numpy / torch scalar
+                if isinstance(item, (int, float, bool)):
+                    return item
+            try:
+                shape_text = str(tuple(shape))
+            except TypeError:
+                shape_text = "?"
+            return self._violation(path, f"{type(value).__name__} with shape {shape_text}")
+        if isinstance(value, Mapping):
+            return {k: self.clean_item(str(k), v, f"{path}.{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple, set, frozenset)):
+            n = _count_numbers(value)
+            if n > MAX_NUMBERS:
+                return self._violation(path, f"{type(value).__name__} of {n} numbers")
+            return type(value)(self.clean(v, f"{path}[{i}]") for i, v in enumerate(value)) \
+                if not isinstance(value, (set, frozenset)) else [self.clean(v, path) for v in value]
+        return value
+
+    def clean_item(self, key: str, value: Any, path: str) -> Any:
+        """Clean one key/value pair (the key's name may make the value sensitive)."""
+        if key not in self.whitelist and key not in STANDARD_KEYS and sensitive_key(key):
+            if value is None:
+                return None
+            return self._violation(path, f"a field named {key!r}")
+        return self.clean(value, path)
+
+    def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        return {k: self.clean_item(k, v, k) for k, v in event_dict.items()}
+
+
+class _NamedWriteLogger(structlog.WriteLogger):
+    """A WriteLogger that knows the name it was created for."""
+
+    def __init__(self, file: IO[str], name: str):
+        super().__init__(file)
+        self.name = name
+
+
+def _add_logger_name(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    event_dict.setdefault("logger", getattr(logger, "name", "clinograph"))
+    return event_dict
+
+
+_active_guard: PHIGuard | None = None
+_base_factory: Any = None
+
+
+def _guarded_record_factory(*args: Any, **kwargs: Any) -> _stdlib_logging.LogRecord:
+    """Stdlib records from ``clinograph.*`` loggers get their %-args cleaned by the guard."""
+    record = _base_factory(*args, **kwargs)
+    guard = _active_guard
+    if guard is not None and record.name.startswith("clinograph") and record.args:
+        if isinstance(record.args, Mapping):
+            record.args = {k: guard.clean_item(str(k), v, str(k)) for k, v in record.args.items()}
+        else:
+            record.args = tuple(guard.clean(a, f"{record.name} arg {i}") for i, a in enumerate(record.args))
+    return record
+
+
+def configure_logging(*, level: str = "info", json: bool = True, stream: IO[str] | None = None,
+                      on_violation: Literal["redact", "raise"] = "redact",
+                      whitelist: Iterable[str] = ()) -> None:
+    """Configure structlog for Clinograph with the PHI guard in place.
+
+    Args:
+        level: minimum level (``debug``, ``info``, ``warning``, ``error``).
+        json: one JSON object a line (default) or the human console renderer.
+        stream: where to write (default ``sys.stderr``).
+        on_violation: ``"redact"`` (default: replace and keep logging) or ``"raise"``
+            (:class:`PHILogError`; use it in tests and development).
+        whitelist: key names that are known not to hold patient data or secrets.
+
+    Also guards the standard library's ``logging`` for loggers named ``clinograph.*``: the
+    %-style arguments of their records pass the same guard before any handler formats them
+    (a key-named check does not apply to positional arguments; the message text is not checked).
+    """
+    global _active_guard, _base_factory
+    levels = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+    if level not in levels:
+        raise ValueError(f"Unknown log level {level!r}; choose one of {', '.join(levels)}.")
+    guard = PHIGuard(on_violation=on_violation, whitelist=whitelist)
+    _active_guard = guard
+    if _base_factory is None:
+        _base_factory = _stdlib_logging.getLogRecordFactory()
+        _stdlib_logging.setLogRecordFactory(_guarded_record_factory)
+    renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            _add_logger_name,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            guard,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(levels[level]),
+        logger_factory=lambda *args: _NamedWriteLogger(stream or sys.stderr, str(args[0]) if args else "clinograph"),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(name: str) -> Any:
+    """A structlog logger bound to ``name``. Configures the guarded defaults if nothing has
+    configured structlog yet, so no Clinograph event is ever logged unguarded by default."""
+    if not structlog.is_configured():
+        configure_logging()
+    return structlog.get_logger(name)

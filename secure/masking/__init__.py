@@ -1,0 +1,17 @@
+"""``masked``: SecAgg+-style secure aggregation (Bonawitz et al. 2017; Bell et al. 2020).
+
+The server learns the per-module weighted sums, weight sums and contributor counts of the
+clients that survived the round, and nothing else in the clear. Importing this package
+registers the mode; build plan options with :func:`masked_plan_options`.
+"""
+
+from __future__ import annotations
+
+from ..aggregation import SecureMode, register_mode
+from .client import MaskingClient
+from .params import MaskingParams, masked_plan_options, neighbour_count
+from .server import MaskingServer
+
+register_mode(SecureMode("masked", MaskingServer, MaskingClient, server_sees_sum=True))
+
+__all__ = ["MaskingClient", "MaskingParams", "MaskingServer", "masked_plan_options", "neighbour_count"]

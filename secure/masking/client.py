@@ -1,0 +1,198 @@
+"""Client half of the ``masked`` mode (SecAgg+: Bonawitz et al. 2017, Bell et al. 2020).
+
+Guarantees, against an honest-but-curious server and against an active server that lies
+about who dropped: the server learns only the sum of the survivors' vectors (per-module
+weighted sums, weight sums and counts), provided fewer than t of a client's k+1 share holders
+collude with it. The client refuses to reveal shares when the server lists a neighbour both
+as surviving and as dropped. Does not guarantee: correctness against malicious clients (a
+client can send garbage or bad shares and spoil the sum; it cannot learn others' updates),
+or privacy of *which* clients took part (the server sees who sent messages).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ..aggregation.base import AggregationClient
+from ..errors import ConfigError, IntegrityError, ProtocolError
+from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, KDF_SHARE_ENCRYPTION, SIG_ROUND_KEYS
+from ..hazmat.masking_prg import add_mask
+from ..hazmat.shamir import split_secret
+from ..hazmat.x25519 import agree, generate_keypair, hkdf, private_bytes
+from ..messages import WireMessage
+from ..wire import open_envelope, parse_envelope, seal
+from .messages import (
+    AdvertiseKeys,
+    EncryptedShare,
+    ForwardShares,
+    KeyDirectory,
+    MaskedInput,
+    RevealedShare,
+    ShareKeys,
+    UnmaskRequest,
+    UnmaskResponse,
+)
+from .params import MaskingParams, neighbour_graph
+from .stages import (
+    Layout,
+    check_unmask_request,
+    check_update,
+    decrypt_share,
+    encode_update,
+    encrypt_share,
+    holders,
+    key_signing_bytes,
+    pair_context,
+    pairwise_sign,
+    round_context,
+)
+
+log = logging.getLogger(__name__)
+
+_EXPECT: dict[int, type[WireMessage]] = {1: KeyDirectory, 2: ForwardShares, 3: UnmaskRequest}
+_ABORTED = -1
+
+
+class MaskingClient(AggregationClient):
+    """One hospital's half of a masked round. Answers the plan, then three server messages."""
+
+    mode = "masked"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        if self.plan.secure_mode != self.mode:
+            raise ConfigError(f"RoundPlan.secure_mode is {self.plan.secure_mode!r}; MaskingClient needs 'masked'.")
+        if self.identity.name not in self.plan.participants:
+            raise ConfigError(f"{self.identity.name!r} is not a participant of round {self.plan.round}.")
+        self.params = MaskingParams.from_plan(self.plan)
+        self._layout = Layout.of(self.plan)
+        self._graph = neighbour_graph(self.plan, self.params.neighbours)
+        self._me = self.identity.name
+        self._stage = 0
+        self._spec_digest = self.plan.spec.digest()
+        self.clipped: dict[str, int] = {}
+        self._peer_keys: dict[str, tuple[bytes, bytes]] = {}
+        self._held: dict[str, tuple[int, bytes, bytes]] = {}
+        self._masked_with: frozenset[str] = frozenset()
+
+    def first_message(self) -> bytes:
+        """Stage 0: check the update (fails early if out of range), make and sign round keys.
+
+        The update is encoded only at stage 2, so a client holds no vector copy in between."""
+        if self._stage != 0:
+            raise ProtocolError("first_message() was already called for this round.")
+        self.clipped = check_update(self.update, layout=self._layout, params=self.params)
+        if self.clipped:
+            log.warning("masked: clipped %d value(s) to masked.clip in %d module(s) (round %d)",
+                        sum(self.clipped.values()), len(self.clipped), self.plan.round)
+        self._c_sk, c_pk = generate_keypair()
+        self._s_sk, s_pk = generate_keypair()
+        sig = self.identity.sign(key_signing_bytes(self.plan, self._me, c_pk, s_pk), context=SIG_ROUND_KEYS)
+        self._stage = 1
+        return seal(AdvertiseKeys(**self._header(), c_pk=c_pk, s_pk=s_pk, key_signature=sig), self.identity)
+
+    def handle(self, data: bytes) -> bytes | None:
+        """Answer the server message of the current stage; anything else is a ProtocolError."""
+        model = _EXPECT.get(self._stage)
+        if model is None:
+            raise ProtocolError(f"{self._me!r} expects no server message at this point (stage {self._stage}).")
+        msg = open_envelope(parse_envelope(data), sender=self.server, model=model)
+        if (msg.federation_id, msg.round, msg.recipient) != (self.plan.federation_id, self.plan.round, self._me):  # type: ignore[attr-defined]
+            raise ProtocolError(f"Server message is for {msg.recipient!r} in round {msg.round} of "  # type: ignore[attr-defined]
+                                f"{msg.federation_id!r}, not for {self._me!r} in round {self.plan.round}.")  # type: ignore[attr-defined]
+        try:
+            if isinstance(msg, KeyDirectory):
+                reply: WireMessage = self._share_keys(msg)
+            elif isinstance(msg, ForwardShares):
+                reply = self._masked_input(msg)
+            else:
+                reply = self._unmask(msg)  # type: ignore[arg-type]
+        except (ProtocolError, IntegrityError):
+            self._stage = _ABORTED  # a refused step ends this client's round: no second try for the server
+            raise
+        self._stage += 1
+        return seal(reply, self.identity)
+
+    # -- stages -------------------------------------------------------------------------
+
+    def _share_keys(self, msg: KeyDirectory) -> ShareKeys:
+        neighbours = self._graph[self._me]
+        for pk in msg.keys:
+            if pk.client not in neighbours or pk.client in self._peer_keys:
+                raise ProtocolError(f"Key directory lists {pk.client!r}, who is not a neighbour or is repeated.")
+            self.peers[pk.client].verify(pk.key_signature, key_signing_bytes(self.plan, pk.client, pk.c_pk, pk.s_pk),
+                                         context=SIG_ROUND_KEYS)
+            self._peer_keys[pk.client] = (pk.c_pk, pk.s_pk)
+        self._need(len(self._peer_keys) + 1, "neighbours with keys")
+        self._b = os.urandom(32)
+        order = holders(self._graph, self._me)
+        t = self.params.threshold
+        b_sh = split_secret(self._b, threshold=t, n_shares=len(order))
+        s_sh = split_secret(private_bytes(self._s_sk), threshold=t, n_shares=len(order))
+        out = []
+        for pos, h in enumerate(order):
+            idx, b_share = b_sh[pos]
+            s_share = s_sh[pos][1]
+            if h == self._me:
+                self._held[h] = (idx, b_share, s_share)
+            elif h in self._peer_keys:
+                key = self._pair_key(h)
+                out.append(EncryptedShare(peer=h, ciphertext=encrypt_share(
+                    key, plan=self.plan, sender=self._me, recipient=h, index=idx, b_share=b_share, s_share=s_share)))
+        return ShareKeys(**self._header(), shares=tuple(out))
+
+    def _masked_input(self, msg: ForwardShares) -> MaskedInput:
+        for es in msg.shares:
+            if es.peer not in self._peer_keys or es.peer in self._held:
+                raise ProtocolError(f"Forwarded share from {es.peer!r}, who is not a keyed neighbour or is repeated.")
+            idx, b_share, s_share = decrypt_share(self._pair_key(es.peer), plan=self.plan, sender=es.peer,
+                                                  recipient=self._me, ciphertext=es.ciphertext)
+            if idx != holders(self._graph, es.peer).index(self._me) + 1:
+                raise ProtocolError(f"Share from {es.peer!r} carries index {idx}, not this client's index.")
+            self._held[es.peer] = (idx, b_share, s_share)
+        self._masked_with = frozenset(self._held) - {self._me}
+        self._need(len(self._masked_with) + 1, "neighbours that shared")
+        y = encode_update(self.update, layout=self._layout, params=self.params)
+        add_mask(y, hkdf(self._b, label=KDF_SELF_MASK, context=round_context(self.plan, self._me)), sign=1)
+        for v in sorted(self._masked_with):
+            seed = agree(self._s_sk, self._peer_keys[v][1], label=KDF_PAIRWISE_MASK,
+                         context=pair_context(self.plan, self._me, v))
+            add_mask(y, seed, sign=pairwise_sign(self._me, v))
+        return MaskedInput(**self._header(), words=y.astype("<u4", copy=False).tobytes())
+
+    def _unmask(self, msg: UnmaskRequest) -> UnmaskResponse:
+        check_unmask_request(me=self._me, survivors=msg.survivors, dropped=msg.dropped,
+                             masked_with=self._masked_with, threshold=self.params.threshold)
+        return UnmaskResponse(**self._header(), shares=self._reveal(set(msg.survivors), set(msg.dropped)))
+
+    def _reveal(self, survivors: set[str], dropped: set[str]) -> tuple[RevealedShare, ...]:
+        """The shares for an (already checked) unmask request: b-shares of survivors, s_sk-shares of
+        the dropped. Private: only :meth:`_unmask` may call it, after the consistency check."""
+        out = []
+        for owner in sorted(self._masked_with | {self._me}):
+            idx, b_share, s_share = self._held[owner]
+            if owner in survivors:
+                out.append(RevealedShare(owner=owner, secret="self_mask", index=idx, share=b_share))  # noqa: S106
+            if owner in dropped:
+                out.append(RevealedShare(owner=owner, secret="pairwise_key", index=idx, share=s_share))  # noqa: S106
+        return tuple(out)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _pair_key(self, peer: str) -> bytes:
+        try:
+            return agree(self._c_sk, self._peer_keys[peer][0], label=KDF_SHARE_ENCRYPTION,
+                         context=pair_context(self.plan, self._me, peer))
+        except ValueError:
+            raise ProtocolError(f"Public key of {peer!r} is invalid (low-order point).") from None
+
+    def _need(self, have: int, what: str) -> None:
+        if have < self.params.threshold:
+            raise ProtocolError(f"Only {have} {what} (counting this client); threshold is {self.params.threshold}. "
+                                "This client cannot be unmasked safely and stops.")
+
+    def _header(self) -> dict:
+        p = self.plan
+        return {"federation_id": p.federation_id, "round": p.round, "client": self._me,
+                "spec_digest": self._spec_digest, "dictionary_hash": p.dictionary_hash}

@@ -1,0 +1,123 @@
+"""Wire messages of the ``masked`` mode: one frozen, strict model per stage (Bell et al. 2020).
+
+Stage 0  client -> server  :class:`AdvertiseKeys`     two X25519 public keys, signed
+Stage 1  server -> client  :class:`KeyDirectory`      the neighbours' keys and signatures
+         client -> server  :class:`ShareKeys`         encrypted Shamir shares for neighbours
+Stage 2  server -> client  :class:`ForwardShares`     the shares addressed to this client
+         client -> server  :class:`MaskedInput`       the masked vector, 4 bytes a word
+Stage 3  server -> client  :class:`UnmaskRequest`     who survived, who dropped
+         client -> server  :class:`UnmaskResponse`    the shares that may be revealed
+
+Every client message carries the plan's federation, round, ModelSpec digest and dictionary
+hash; every server message names its recipient. Sizes are bounded per field, and the server
+additionally bounds whole envelopes per stage (``MaskingServer.max_message_bytes``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..messages import ID_PATTERN, WireMessage
+
+HEX64 = r"^[0-9a-f]{64}$"
+MAX_PEERS = 10_000
+MAX_WORDS = 64 * 1024 * 1024
+
+
+class ClientHeader(WireMessage):
+    """Fields every client message repeats (checked with aggregation.checks.check_header)."""
+
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    client: str = Field(pattern=ID_PATTERN)
+    spec_digest: str = Field(pattern=HEX64)
+    dictionary_hash: str = Field(pattern=HEX64)
+
+
+class ServerHeader(WireMessage):
+    """Fields every server message carries."""
+
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    recipient: str = Field(pattern=ID_PATTERN)
+
+
+class AdvertiseKeys(ClientHeader):
+    """Stage 0: c_pk (share encryption) and s_pk (pairwise masks), signed with the client's
+    long-term Ed25519 identity under SIG_ROUND_KEYS so peers can check the server relayed them
+    unchanged."""
+
+    kind: Literal["masked_advertise_keys"] = "masked_advertise_keys"
+    c_pk: bytes = Field(min_length=32, max_length=32)
+    s_pk: bytes = Field(min_length=32, max_length=32)
+    key_signature: bytes = Field(min_length=64, max_length=64)
+
+
+class PeerKeys(WireMessage):
+    """One neighbour's advertised keys, as relayed by the server."""
+
+    client: str = Field(pattern=ID_PATTERN)
+    c_pk: bytes = Field(min_length=32, max_length=32)
+    s_pk: bytes = Field(min_length=32, max_length=32)
+    key_signature: bytes = Field(min_length=64, max_length=64)
+
+
+class KeyDirectory(ServerHeader):
+    """Stage 1, server -> client: keys of the client's neighbours that advertised."""
+
+    kind: Literal["masked_key_directory"] = "masked_key_directory"
+    keys: tuple[PeerKeys, ...] = Field(max_length=MAX_PEERS)
+
+
+class EncryptedShare(WireMessage):
+    """AEAD(ChaCha20-Poly1305) of (index, share of b, share of s_sk) for one holder."""
+
+    peer: str = Field(pattern=ID_PATTERN)
+    ciphertext: bytes = Field(min_length=12 + 66 + 16, max_length=12 + 66 + 16)
+
+
+class ShareKeys(ClientHeader):
+    """Stage 1, client -> server: one encrypted share per neighbour (peer = recipient)."""
+
+    kind: Literal["masked_share_keys"] = "masked_share_keys"
+    shares: tuple[EncryptedShare, ...] = Field(max_length=MAX_PEERS)
+
+
+class ForwardShares(ServerHeader):
+    """Stage 2, server -> client: shares addressed to the recipient (peer = sender)."""
+
+    kind: Literal["masked_forward_shares"] = "masked_forward_shares"
+    shares: tuple[EncryptedShare, ...] = Field(max_length=MAX_PEERS)
+
+
+class MaskedInput(ClientHeader):
+    """Stage 2, client -> server: y_u = x_u + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^32, as <u4 bytes."""
+
+    kind: Literal["masked_input"] = "masked_input"
+    words: bytes = Field(max_length=4 * MAX_WORDS)
+
+
+class UnmaskRequest(ServerHeader):
+    """Stage 3, server -> client: survivors (their masked input arrived) and dropped clients."""
+
+    kind: Literal["masked_unmask_request"] = "masked_unmask_request"
+    survivors: tuple[str, ...] = Field(max_length=MAX_PEERS)
+    dropped: tuple[str, ...] = Field(max_length=MAX_PEERS)
+
+
+class RevealedShare(WireMessage):
+    """One share revealed at unmasking: of b (survivor) or of s_sk (dropped client)."""
+
+    owner: str = Field(pattern=ID_PATTERN)
+    secret: Literal["self_mask", "pairwise_key"]
+    index: int = Field(ge=1, le=MAX_PEERS + 1)
+    share: bytes = Field(min_length=32, max_length=32)
+
+
+class UnmaskResponse(ClientHeader):
+    """Stage 3, client -> server."""
+
+    kind: Literal["masked_unmask_response"] = "masked_unmask_response"
+    shares: tuple[RevealedShare, ...] = Field(max_length=MAX_PEERS + 1)

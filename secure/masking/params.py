@@ -1,0 +1,122 @@
+"""Public parameters of the ``masked`` mode, carried in the signed RoundPlan's ``options``.
+
+Keys: ``masked.threshold`` (t), ``masked.neighbours`` (k), ``masked.clip`` (bound on every
+weighted value ``w_i * Delta_i``), ``masked.max_weight`` (bound on a client's weight),
+``masked.scale`` / ``masked.weight_scale`` (fixed-point scales, eq. (1) of
+:mod:`clinograph.secure.hazmat.fixedpoint`) and ``masked.out_of_range`` (``"error"`` or
+``"clip"``: an explicitly configured, counted clip).
+
+Neighbour graph (Bell et al. 2020, "SecAgg+"): a k-regular circulant (Harary) graph over
+the participants in an order fixed by hashing the plan, so every client computes its own
+neighbours from the signed plan. k = O(log n): the smallest even number >= log2(n), at
+least 2, capped at n-1 (then the graph is complete). Each client's secrets are shared among
+its k neighbours and itself (k+1 holders) with threshold t; we require (k+1)/2 < t <= k+1 so
+that no server can collect t shares of *both* of a client's secrets from honest holders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import ConfigError
+from ..hazmat.fixedpoint import scale_for, wrap_free
+from ..hazmat.labels import HASH_NEIGHBOUR_GRAPH
+from ..hazmat.x25519 import encode_context
+from ..messages import RoundPlan
+
+
+def neighbour_count(n_clients: int) -> int:
+    """k = O(log n): smallest even k >= log2(n), k >= 2, capped at n - 1."""
+    if n_clients < 2:
+        raise ConfigError(f"Masked aggregation needs at least 2 participants, got {n_clients}.")
+    k = max(2, math.ceil(math.log2(n_clients)))
+    k += k % 2
+    return min(k, n_clients - 1)
+
+
+def check_threshold(*, threshold: int, neighbours: int) -> None:
+    """Raise ConfigError unless (k+1)/2 < t <= k+1 (k neighbours plus the client itself hold shares)."""
+    holders = neighbours + 1
+    lo = holders // 2 + 1
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or not lo <= threshold <= holders:
+        raise ConfigError(
+            f"masked.threshold = {threshold!r} is invalid for {neighbours} neighbours: each secret has "
+            f"{holders} share holders, so the threshold must be in [{lo}, {holders}] (more than half, "
+            "so a server cannot rebuild both of a client's secrets). Pick a value in that range.")
+
+
+def masked_plan_options(*, n_clients: int, threshold: int, clip: float, max_weight: float | None = None,
+                        out_of_range: Literal["error", "clip"] = "error") -> dict[str, float | int | str | bool]:
+    """RoundPlan.options for the ``masked`` mode with n_clients participants.
+
+    ``threshold`` is a security decision and has no default. ``clip`` bounds every weighted
+    value ``w_i * Delta_i``; ``max_weight`` bounds weights (defaults to ``clip``).
+    """
+    k = neighbour_count(n_clients)
+    check_threshold(threshold=threshold, neighbours=k)
+    if not (isinstance(clip, int | float) and math.isfinite(clip) and clip > 0):
+        raise ConfigError(f"masked.clip must be a finite number > 0, got {clip!r}.")
+    mw = float(clip if max_weight is None else max_weight)
+    if not (math.isfinite(mw) and mw > 0):
+        raise ConfigError(f"masked.max_weight must be a finite number > 0, got {max_weight!r}.")
+    if out_of_range not in ("error", "clip"):
+        raise ConfigError(f"masked.out_of_range must be 'error' or 'clip', got {out_of_range!r}.")
+    return {"masked.threshold": threshold, "masked.neighbours": k, "masked.clip": float(clip),
+            "masked.max_weight": mw, "masked.scale": scale_for(n_clients=n_clients, bound=float(clip)),
+            "masked.weight_scale": scale_for(n_clients=n_clients, bound=mw), "masked.out_of_range": out_of_range}
+
+
+@dataclass(frozen=True)
+class MaskingParams:
+    """Validated mode parameters of one round, read from a plan."""
+
+    threshold: int
+    neighbours: int
+    clip: float
+    max_weight: float
+    scale: float
+    weight_scale: float
+    clip_out_of_range: bool
+
+    @classmethod
+    def from_plan(cls, plan: RoundPlan) -> MaskingParams:
+        """Read and validate ``plan.options``; a problem is a ConfigError naming the key."""
+        o = plan.options
+        missing = [k for k in ("masked.threshold", "masked.neighbours", "masked.clip", "masked.max_weight",
+                               "masked.scale", "masked.weight_scale") if k not in o]
+        if missing:
+            raise ConfigError(f"RoundPlan.options lacks {missing} for secure_mode 'masked'. "
+                              "Build the options with masked_plan_options(n_clients=, threshold=, clip=).")
+        n = len(plan.participants)
+        k, t = o["masked.neighbours"], o["masked.threshold"]
+        if not isinstance(k, int) or isinstance(k, bool) or not 2 <= k <= n - 1 or (k % 2 and k != n - 1):
+            raise ConfigError(f"masked.neighbours = {k!r} must be an even integer in [2, {n - 1}] or {n - 1}.")
+        check_threshold(threshold=t, neighbours=k)  # type: ignore[arg-type]
+        vals = {key: o[key] for key in ("masked.clip", "masked.max_weight", "masked.scale", "masked.weight_scale")}
+        for key, v in vals.items():
+            if not isinstance(v, float) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"{key} = {v!r} must be a finite float > 0.")
+        for bound, sc in (("masked.clip", "masked.scale"), ("masked.max_weight", "masked.weight_scale")):
+            if not wrap_free(n_clients=n, bound=vals[bound], scale=vals[sc]):  # type: ignore[arg-type]
+                raise ConfigError(f"{sc} is too large for {n} clients within {bound}: sums would wrap the "
+                                  "2^32 ring. Use masked_plan_options() to compute it.")
+        oor = o.get("masked.out_of_range", "error")
+        if oor not in ("error", "clip"):
+            raise ConfigError(f"masked.out_of_range must be 'error' or 'clip', got {oor!r}.")
+        return cls(threshold=t, neighbours=k, clip=vals["masked.clip"], max_weight=vals["masked.max_weight"],  # type: ignore[arg-type]
+                   scale=vals["masked.scale"], weight_scale=vals["masked.weight_scale"],  # type: ignore[arg-type]
+                   clip_out_of_range=oor == "clip")
+
+
+def neighbour_graph(plan: RoundPlan, k: int) -> dict[str, frozenset[str]]:
+    """Each participant's k neighbours: circulant graph over a plan-hashed order (complete if k = n-1)."""
+    people = sorted(plan.participants, key=lambda c: hashlib.sha256(
+        HASH_NEIGHBOUR_GRAPH + encode_context([plan.federation_id, plan.round, c])).digest())
+    n = len(people)
+    if k >= n - 1:
+        return {c: frozenset(people) - {c} for c in people}
+    half = k // 2
+    return {c: frozenset(people[(i + d) % n] for d in range(-half, half + 1) if d) for i, c in enumerate(people)}

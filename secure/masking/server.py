@@ -1,0 +1,252 @@
+"""Server half of the ``masked`` mode (SecAgg+: Bonawitz et al. 2017 sec. 4; Bell et al. 2020).
+
+The server relays keys and encrypted shares, streams the ring sum of masked vectors as they
+arrive (memory O(P), never n vectors), then removes the survivors' self-masks and the dropped
+clients' pairwise masks from t-of-(k+1) Shamir shares:
+
+    sum_{u in U3} y_u - sum_{u in U3} PRG(b_u)
+        - sum_{v in U2 minus U3} sum_{u in N(v) cap U3} sign(u, v) PRG(s_{u,v})  = sum_{u in U3} x_u  (mod 2^32)
+
+Stages close when the driver calls :meth:`next_stage` (its deadline); clients that did not
+answer count as dropped. Fewer than max(t, plan.min_clients) clients at any stage, or a secret
+with fewer than t revealed shares, aborts the round: :meth:`result` raises ProtocolError and
+nothing is published.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..aggregation.base import AggregationServer, ModuleSums
+from ..aggregation.checks import check_header
+from ..errors import ConfigError, IntegrityError, ProtocolError
+from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, SIG_ROUND_KEYS
+from ..hazmat.masking_prg import add_mask
+from ..hazmat.shamir import combine_shares
+from ..hazmat.x25519 import agree, hkdf, private_from_bytes, public_bytes
+from ..messages import WireMessage
+from ..wire import Envelope, open_envelope, parse_envelope, seal
+from .messages import (
+    AdvertiseKeys,
+    EncryptedShare,
+    ForwardShares,
+    KeyDirectory,
+    MaskedInput,
+    PeerKeys,
+    ShareKeys,
+    UnmaskRequest,
+    UnmaskResponse,
+)
+from .params import MaskingParams, neighbour_graph
+from .stages import (
+    STAGES,
+    Layout,
+    decode_sum,
+    holders,
+    key_signing_bytes,
+    pair_context,
+    pairwise_sign,
+    round_context,
+)
+
+_MODELS: dict[int, type[WireMessage]] = {0: AdvertiseKeys, 1: ShareKeys, 2: MaskedInput, 3: UnmaskResponse}
+
+
+class MaskingServer(AggregationServer):
+    """Server half of one masked round. See the module docstring for what it learns."""
+
+    mode = "masked"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        if self.plan.secure_mode != self.mode:
+            raise ConfigError(f"RoundPlan.secure_mode is {self.plan.secure_mode!r}; MaskingServer needs 'masked'.")
+        self.params = MaskingParams.from_plan(self.plan)
+        self._layout = Layout.of(self.plan)
+        self._graph = neighbour_graph(self.plan, self.params.neighbours)
+        self._stage = 0
+        self._waiting: set[str] = set(self.plan.participants)
+        self._accepted: set[str] = set()
+        self._alive: list[set[str]] = []  # U1..U4 of the paper: who completed stage 0..3
+        self._rejected: dict[str, str] = {}
+        self._keys: dict[str, AdvertiseKeys] = {}
+        self._outbox: dict[str, list[EncryptedShare]] = {}
+        self._sum: np.ndarray | None = None
+        self._revealed: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
+        self._result: ModuleSums | None = None
+        self._abort: str | None = None
+
+    @property
+    def expected(self) -> frozenset[str]:
+        return frozenset(self._waiting)
+
+    @property
+    def stage(self) -> str:
+        """Name of the current stage."""
+        return STAGES[self._stage]
+
+    @property
+    def max_message_bytes(self) -> int:
+        """Largest envelope accepted at the current stage (a masked vector is 4L bytes, base64 twice)."""
+        if self._stage == 2:
+            payload = 4 * -(-4 * self._layout.length // 3) + 2048
+            return 4 * -(-payload // 3) + 1024
+        return 64 * 1024 + 1024 * len(self.plan.participants)
+
+    def receive_bytes(self, sender: str, data: bytes) -> None:
+        """Parse raw bytes that arrived on ``sender``'s authenticated channel, then :meth:`receive`."""
+        try:
+            env = parse_envelope(data, max_bytes=self.max_message_bytes)
+            if env.sender != sender:
+                raise ProtocolError(f"Envelope claims sender {env.sender!r} but arrived from {sender!r}.")
+        except ProtocolError as exc:
+            self._refuse(sender, exc)
+            raise
+        self.receive(env)
+
+    def receive(self, envelope: Envelope) -> None:
+        sender = envelope.sender
+        try:
+            if sender not in self._waiting:
+                raise ProtocolError(f"Replayed or unexpected message from {sender!r} at stage "
+                                    f"'{self.stage}' of round {self.plan.round}.")
+            if sender not in self.peers:
+                raise ProtocolError(f"{sender!r} is not enrolled.")
+            if len(envelope.payload) > self.max_message_bytes:
+                raise ProtocolError(f"Message of {len(envelope.payload)} bytes exceeds the stage limit.")
+            msg = open_envelope(envelope, sender=self.peers[sender], model=_MODELS[self._stage])
+            check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,  # type: ignore[attr-defined]
+                         spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)  # type: ignore[attr-defined]
+            if msg.client != sender:  # type: ignore[attr-defined]
+                raise ProtocolError(f"Message names client {msg.client!r} but was sent by {sender!r}.")  # type: ignore[attr-defined]
+            self._accept(sender, msg)
+        except (ProtocolError, IntegrityError) as exc:
+            self._refuse(sender, exc)
+            raise
+        self._waiting.discard(sender)
+        self._accepted.add(sender)
+
+    def _refuse(self, sender: str, exc: Exception) -> None:
+        if sender in self._waiting:
+            self._waiting.discard(sender)
+            self._rejected[sender] = str(exc)
+        else:
+            self._rejected.setdefault(sender, str(exc))
+
+    def _accept(self, sender: str, msg: WireMessage) -> None:
+        if isinstance(msg, AdvertiseKeys):
+            self.peers[sender].verify(msg.key_signature, key_signing_bytes(self.plan, sender, msg.c_pk, msg.s_pk),
+                                      context=SIG_ROUND_KEYS)
+            self._keys[sender] = msg
+        elif isinstance(msg, ShareKeys):
+            keyed = self._graph[sender] & self._alive[0]
+            peers = [s.peer for s in msg.shares]
+            if sorted(peers) != sorted(keyed):
+                raise ProtocolError(f"{sender!r} sent shares for {len(peers)} peer(s); expected exactly one for "
+                                    f"each of its {len(keyed)} neighbour(s) with keys.")
+            for s in msg.shares:
+                self._outbox.setdefault(s.peer, []).append(EncryptedShare(peer=sender, ciphertext=s.ciphertext))
+        elif isinstance(msg, MaskedInput):
+            if len(msg.words) != 4 * self._layout.length:
+                raise ProtocolError(f"Masked vector from {sender!r} has {len(msg.words)} bytes; expected "
+                                    f"{4 * self._layout.length} (4 bytes x {self._layout.length} words).")
+            y = np.frombuffer(msg.words, dtype="<u4")
+            if self._sum is None:
+                self._sum = y.astype(np.uint32)
+            else:
+                np.add(self._sum, y, out=self._sum)
+        elif isinstance(msg, UnmaskResponse):
+            self._take_shares(sender, msg)
+
+    def _take_shares(self, sender: str, msg: UnmaskResponse) -> None:
+        survivors, shared = self._alive[2], self._alive[1]
+        seen, staged = set(), []
+        for r in msg.shares:
+            want = "self_mask" if r.owner in survivors else "pairwise_key" if r.owner in shared else None
+            if r.owner not in self._graph[sender] | {sender} or r.secret != want or r.owner in seen:
+                raise ProtocolError(f"{sender!r} revealed an unexpected or repeated share ({r.secret} of {r.owner!r}).")
+            if r.index != holders(self._graph, r.owner).index(sender) + 1:
+                raise ProtocolError(f"{sender!r} revealed a share of {r.owner!r} under the wrong index.")
+            seen.add(r.owner)
+            staged.append(r)
+        for r in staged:
+            self._revealed.setdefault((r.owner, r.secret), []).append((r.index, r.share))
+
+    def next_stage(self) -> dict[str, bytes] | None:
+        if self._stage >= 4:
+            return None
+        alive = set(self._accepted)
+        self._alive.append(alive)
+        self._accepted, self._waiting = set(), set()
+        need = max(self.params.threshold, self.plan.min_clients)
+        if len(alive) < need:
+            return self._stop(f"Only {len(alive)} client(s) completed stage '{self.stage}'; the round needs "
+                              f"{need} (max of masked.threshold and min_clients). Round aborted, nothing published.")
+        closing, self._stage = self._stage, self._stage + 1
+        p = self.plan
+        out: dict[str, WireMessage] = {}
+        if closing == 0:
+            for u in alive:
+                keys = tuple(PeerKeys(client=v, c_pk=self._keys[v].c_pk, s_pk=self._keys[v].s_pk,
+                                      key_signature=self._keys[v].key_signature)
+                             for v in sorted(self._graph[u] & alive))
+                out[u] = KeyDirectory(federation_id=p.federation_id, round=p.round, recipient=u, keys=keys)
+        elif closing == 1:
+            for u in alive:
+                fwd = tuple(s for s in self._outbox.get(u, ()) if s.peer in alive)
+                out[u] = ForwardShares(federation_id=p.federation_id, round=p.round, recipient=u, shares=fwd)
+            self._outbox.clear()
+        elif closing == 2:
+            dropped = tuple(sorted(self._alive[1] - alive))
+            for u in alive:
+                out[u] = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient=u,
+                                       survivors=tuple(sorted(alive)), dropped=dropped)
+        else:
+            try:
+                self._unmask()
+            except ProtocolError as exc:
+                return self._stop(str(exc))
+            return None
+        self._waiting = set(out)
+        return {u: seal(m, self.identity) for u, m in out.items()}
+
+    def _stop(self, reason: str) -> None:
+        self._abort, self._stage, self._sum = reason, 4, None
+        return None
+
+    def _secret(self, owner: str, kind: str) -> bytes:
+        shares = self._revealed.get((owner, kind), [])
+        t = self.params.threshold
+        if len(shares) < t:
+            raise ProtocolError(f"Only {len(shares)} share(s) of {owner!r}'s {kind.replace('_', ' ')} arrived; "
+                                f"{t} are needed. Round aborted, nothing published.")
+        return combine_shares(shares[:t])
+
+    def _unmask(self) -> None:
+        shared, survivors = self._alive[1], self._alive[2]
+        total = self._sum
+        if total is None:
+            raise ProtocolError("No masked vector arrived. Round aborted, nothing published.")
+        for v in sorted(survivors):
+            b = self._secret(v, "self_mask")
+            add_mask(total, hkdf(b, label=KDF_SELF_MASK, context=round_context(self.plan, v)), sign=-1)
+        for v in sorted(shared - survivors):
+            sk = private_from_bytes(self._secret(v, "pairwise_key"))
+            if public_bytes(sk) != self._keys[v].s_pk:
+                raise ProtocolError(f"The key rebuilt for dropped client {v!r} does not match its advertised key "
+                                    "(a holder revealed a bad share). Round aborted, nothing published.")
+            for u in sorted(self._graph[v] & survivors):
+                seed = agree(sk, self._keys[u].s_pk, label=KDF_PAIRWISE_MASK, context=pair_context(self.plan, u, v))
+                add_mask(total, seed, sign=-pairwise_sign(u, v))
+        self._result = decode_sum(total, layout=self._layout, params=self.params, contributors=survivors)
+        self._sum, self._revealed = None, {}
+
+    def result(self) -> ModuleSums:
+        if self._abort is not None:
+            raise ProtocolError(self._abort)
+        if self._result is None:
+            raise ProtocolError(f"The masked round is not finished (stage '{self.stage}').")
+        return self._result
+
+    def rejected(self) -> dict[str, str]:
+        return dict(self._rejected)

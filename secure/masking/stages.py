@@ -1,0 +1,205 @@
+"""What client and server halves of the ``masked`` mode share: vector layout, derivation
+contexts, share encryption and the unmask-request consistency check.
+
+Vector layout (module-wise, documented choice). Every client masks one vector of length
+``L = sum_m |m| + 2M`` over *all* M shared modules of ``plan.spec`` in spec order: the values
+``w_i * Delta_i,m`` of module m (zeros if it did not train m), then M weight slots (``w_i`` if
+it trained m, else 0) and M count slots (1 or 0). After unmasking the server holds
+per-module ``sum_i w_i Delta_i,m``, ``sum_i w_i`` and the contributor count -- and, because
+every vector has the same length and untrained modules are masked zeros, nothing about which
+client trained which module. The price is bandwidth for modules a client did not train.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from ..aggregation.base import LocalUpdate, ModuleSums
+from ..errors import ProtocolError
+from ..hazmat import fixedpoint
+from ..hazmat.labels import KDF_SHARE_ENCRYPTION_DIRECTED
+from ..hazmat.x25519 import encode_context, hkdf
+from ..messages import RoundPlan
+from .params import MaskingParams
+
+STAGES = ("advertise_keys", "share_keys", "masked_input", "unmask", "done")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Offsets of each shared module and of the weight / count slots in the masked vector."""
+
+    names: tuple[str, ...]
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, plan: RoundPlan) -> Layout:
+        """The layout for ``plan.spec``'s shared modules, in spec order."""
+        names, offs, sizes, pos = [], [], [], 0
+        for m in plan.spec.shared:
+            names.append(m.name)
+            offs.append(pos)
+            sizes.append(m.size)
+            pos += m.size
+        return cls(tuple(names), tuple(offs), tuple(sizes))
+
+    @property
+    def n_values(self) -> int:
+        """Number of parameter words (all shared modules)."""
+        return sum(self.sizes)
+
+    @property
+    def length(self) -> int:
+        """Total words: values, then one weight slot and one count slot per module."""
+        return self.n_values + 2 * len(self.names)
+
+
+def check_update(update: LocalUpdate, *, layout: Layout, params: MaskingParams) -> dict[str, int]:
+    """Validate an update against the plan without encoding it; return per-module clip counts.
+
+    Raises ProtocolError for an unknown module, a wrong size, a weight out of range, NaN or
+    infinity, or (unless the plan sets ``masked.out_of_range = "clip"``) a value outside
+    ``[-clip, clip]``. Messages carry counts and bounds, never values.
+    """
+    unknown = sorted(set(update.modules) - set(layout.names))
+    if unknown:
+        raise ProtocolError(f"Update has module(s) {unknown} that are not shared modules of the plan's ModelSpec.")
+    w = float(update.weight)
+    if not (np.isfinite(w) and 0 < w <= params.max_weight):
+        raise ProtocolError(f"Update weight is outside (0, {params.max_weight}] (masked.max_weight). Normalise "
+                            "weights, or raise masked.max_weight in masked_plan_options().")
+    clipped: dict[str, int] = {}
+    for name, size in zip(layout.names, layout.sizes, strict=True):
+        if name not in update.modules:
+            continue
+        vec = np.asarray(update.modules[name], dtype=np.float64).reshape(-1)
+        if vec.size != size:
+            raise ProtocolError(f"Module {name!r} has {vec.size} values; the ModelSpec says {size}.")
+        n_bad = int(np.count_nonzero(~np.isfinite(vec)))
+        n_out = int(np.count_nonzero(np.abs(vec) > params.clip)) if not n_bad else 0
+        if n_bad or (n_out and not params.clip_out_of_range):
+            what = f"{n_bad} value(s) are NaN or infinite" if n_bad else \
+                f"{n_out} of {size} value(s) are outside [-{params.clip}, {params.clip}]"
+            raise ProtocolError(f"Module {name!r}: {what} (masked.clip). Clip the update (DP clipping bounds it), "  # noqa: S608
+                                "raise masked.clip, or set out_of_range='clip' to clip and count.")
+        if n_out:
+            clipped[name] = n_out
+    return clipped
+
+
+def encode_update(update: LocalUpdate, *, layout: Layout, params: MaskingParams) -> np.ndarray:
+    """The client's plaintext ring vector x_u (values, weight slots, count slots), see module doc.
+
+    Raises ProtocolError as :func:`check_update` does.
+    """
+    check_update(update, layout=layout, params=params)
+    w = float(update.weight)
+    x = np.zeros(layout.length, dtype=np.uint32)
+    weights = np.zeros(len(layout.names))
+    counts = np.zeros(len(layout.names), dtype=np.int64)
+    for j, (name, off, size) in enumerate(zip(layout.names, layout.offsets, layout.sizes, strict=True)):
+        if name in update.modules:
+            x[off:off + size], _ = fixedpoint.encode(update.modules[name], scale=params.scale, bound=params.clip,
+                                                     clip=params.clip_out_of_range)
+            weights[j], counts[j] = w, 1
+    m = len(layout.names)
+    x[layout.n_values:layout.n_values + m], _ = fixedpoint.encode(weights, scale=params.weight_scale,
+                                                                  bound=params.max_weight, clip=False)
+    x[layout.n_values + m:] = fixedpoint.encode_int(counts)
+    return x
+
+
+def decode_sum(total: np.ndarray, *, layout: Layout, params: MaskingParams, contributors: Iterable[str]) -> ModuleSums:
+    """Unmasked ring sum -> per-module sums, weight sums and counts (modules with count 0 omitted)."""
+    m, nv = len(layout.names), layout.n_values
+    weights = fixedpoint.decode(total[nv:nv + m], scale=params.weight_scale)
+    counts = total[nv + m:].view(np.int32).astype(np.int64)
+    sums, wsum, cnt = {}, {}, {}
+    for j, (name, off, size) in enumerate(zip(layout.names, layout.offsets, layout.sizes, strict=True)):
+        if counts[j] <= 0:
+            continue
+        sums[name] = fixedpoint.decode(total[off:off + size], scale=params.scale)
+        wsum[name], cnt[name] = float(weights[j]), int(counts[j])
+    return ModuleSums(sums=sums, weights=wsum, counts=cnt, contributors=tuple(sorted(contributors)))
+
+
+def round_context(plan: RoundPlan, *parts: str | bytes) -> bytes:
+    """Context binding a derivation to this federation and round (and the given parts)."""
+    return encode_context([plan.federation_id, plan.round, *parts])
+
+
+def pair_context(plan: RoundPlan, a: str, b: str) -> bytes:
+    """Context of the unordered pair {a, b} (both ends derive the same seed)."""
+    lo, hi = sorted((a, b))
+    return round_context(plan, lo, hi)
+
+
+def pairwise_sign(u: str, v: str) -> int:
+    """Client u adds PRG(s_uv) if u < v and subtracts it otherwise, so each pair cancels."""
+    return 1 if u < v else -1
+
+
+def key_signing_bytes(plan: RoundPlan, client: str, c_pk: bytes, s_pk: bytes) -> bytes:
+    """What a client signs (under SIG_ROUND_KEYS) when it advertises its round keys."""
+    return round_context(plan, client, c_pk, s_pk)
+
+
+def holders(graph: Mapping[str, frozenset[str]], owner: str) -> list[str]:
+    """Share holders of ``owner``'s secrets in index order: its neighbours and itself."""
+    return sorted(graph[owner] | {owner})
+
+
+def _share_key(shared_secret: bytes, plan: RoundPlan, sender: str, recipient: str) -> bytes:
+    return hkdf(shared_secret, label=KDF_SHARE_ENCRYPTION_DIRECTED, context=round_context(plan, sender, recipient))
+
+
+def encrypt_share(shared_secret: bytes, *, plan: RoundPlan, sender: str, recipient: str,
+                  index: int, b_share: bytes, s_share: bytes) -> bytes:
+    """AEAD-encrypt one holder's shares under a key for the direction sender -> recipient."""
+    nonce = os.urandom(12)
+    ad = round_context(plan, sender, recipient)
+    body = struct.pack(">H", index) + b_share + s_share
+    return nonce + ChaCha20Poly1305(_share_key(shared_secret, plan, sender, recipient)).encrypt(nonce, body, ad)
+
+
+def decrypt_share(shared_secret: bytes, *, plan: RoundPlan, sender: str, recipient: str,
+                  ciphertext: bytes) -> tuple[int, bytes, bytes]:
+    """Inverse of :func:`encrypt_share`; ProtocolError if it does not authenticate."""
+    ad = round_context(plan, sender, recipient)
+    try:
+        body = ChaCha20Poly1305(_share_key(shared_secret, plan, sender, recipient)).decrypt(
+            ciphertext[:12], ciphertext[12:], ad)
+    except InvalidTag:
+        raise ProtocolError(f"Encrypted share from {sender!r} does not authenticate (tampered or misrouted).") from None
+    return struct.unpack(">H", body[:2])[0], body[2:34], body[34:66]
+
+
+def check_unmask_request(*, me: str, survivors: Iterable[str], dropped: Iterable[str],
+                         masked_with: Iterable[str], threshold: int) -> None:
+    """Refuse an unmask request that could reveal a live client's update (Bonawitz et al. 2017, 4.2).
+
+    A server that lists one client both as surviving and as dropped would get shares of its
+    self-mask seed b *and* of its pairwise key s_sk, i.e. its update in the clear. Also refused:
+    lists that omit this client, leave out a neighbour it masked with, or are shorter than t.
+    """
+    surv, drop = set(survivors), set(dropped)
+    both = sorted(surv & drop)
+    if both:
+        raise ProtocolError(f"Unmask request lists {both} as both surviving and dropped; revealing shares would "
+                            "expose their update. Refused (malicious or broken server).")
+    if me not in surv:
+        raise ProtocolError(f"Unmask request does not list {me!r} itself among survivors. Refused.")
+    if len(surv) < threshold:
+        raise ProtocolError(f"Unmask request lists {len(surv)} survivor(s), below the threshold {threshold}. Refused.")
+    unknown = sorted(set(masked_with) - surv - drop)
+    if unknown:
+        raise ProtocolError(f"Unmask request lists neighbour(s) {unknown} neither as surviving nor as dropped. "
+                            "Refused.")

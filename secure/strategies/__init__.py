@@ -1,0 +1,44 @@
+"""Server update rules, chosen by name in config (house style 6).
+
+A strategy turns a round's :class:`ModuleSums` into the next global state. In ``ckks`` mode
+the server never sees the sums, so every hospital applies the same strategy to the decrypted
+sums itself; strategies are therefore deterministic functions of (state, sums, their own state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import RegistryError
+from .base import Strategy
+from .fedavg import FedAvg, FedSGD
+
+_REGISTRY: dict[str, Callable[..., Strategy]] = {}
+
+
+def register_strategy(name: str, factory: Callable[..., Strategy]) -> None:
+    """Register a strategy factory under ``name``."""
+    _REGISTRY[name] = factory
+
+
+def create_strategy(name: str, **options: object) -> Strategy:
+    """Build the strategy registered as ``name``; a miss lists the registered names."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise RegistryError(f"Unknown aggregator {name!r}. Registered: {', '.join(sorted(_REGISTRY))}.") from None
+    try:
+        return factory(**options)
+    except TypeError as exc:
+        raise RegistryError(f"Bad options for aggregator {name!r}: {exc}.") from None
+
+
+def registered_strategies() -> list[str]:
+    """Every registered strategy name."""
+    return sorted(_REGISTRY)
+
+
+register_strategy("fedavg", FedAvg)
+register_strategy("fedsgd", FedSGD)
+
+__all__ = ["FedAvg", "FedSGD", "Strategy", "create_strategy", "register_strategy", "registered_strategies"]

@@ -1,0 +1,34 @@
+"""The strategy interface."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..aggregation.base import ModuleSums
+
+
+class Strategy(ABC):
+    """Turns aggregated module deltas into the next global state.
+
+    Deltas follow NS-FL's sign convention: Δθ_i = θ^(t) − θ'_i (eq. 7).
+    """
+
+    name: str = ""
+
+    def client_weights(self, *, round_: int, participants: tuple[str, ...]) -> dict[str, float]:
+        """Per-client aggregation weights fixed before upload (empty: each uses its sample count)."""
+        return {}
+
+    def plan_options(self) -> dict[str, float | int | str | bool]:
+        """Options the clients need (e.g. FedProx's μ), carried in the round plan."""
+        return {}
+
+    def observe(self, *, round_: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
+        """Metrics the clients reported this round (used by quality-weighted strategies)."""
+
+    @abstractmethod
+    def apply(self, state: Mapping[str, np.ndarray], sums: ModuleSums) -> dict[str, np.ndarray]:
+        """The next global state; modules nobody trained are returned unchanged."""

@@ -1,0 +1,180 @@
+"""The hospital inside the SuperNode process: one RoundParticipant per Flower run.
+
+A :class:`HospitalWorker` loads the hospital's signing identity, builds its
+:class:`~clinograph.secure.rounds.RoundParticipant` from the node config (data, state and key
+paths) with a factory the operator names, and answers each relayed stage, so the hospital's
+state persists across the messages of a round and across rounds of the same run. What it
+guarantees: only processes of the same uid can reach it (:mod:`.ipc`); an error sent back
+names the exception class and the Clinograph message (which by house style carries no
+patient data or secrets) -- other exceptions are reported by class name only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ...errors import ClinographError, ConfigError, ProtocolError
+from ...identity import Identity
+from ...rounds import RoundParticipant
+from ...wire import seal
+from .ipc import MAX_SOCKET_PATH, SOCKET_NAME, peer_uid, recv_frame, send_frame
+from .messages import NodeHello
+
+#: factory(node_config=..., run_config=..., run_id=..., identity=...) -> RoundParticipant
+ParticipantFactory = Callable[..., RoundParticipant]
+REQUIRED_NODE_KEYS = ("hospital", "state-dir", "key-file")
+_log = logging.getLogger(__name__)
+
+
+def load_factory(ref: str) -> ParticipantFactory:
+    """Import ``'package.module:function'``; ConfigError naming the reference on failure."""
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"Factory reference {ref!r} must look like 'package.module:function'.")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"Cannot import factory {ref!r}: {type(exc).__name__}: {exc}.") from None
+    if not callable(obj):
+        raise ConfigError(f"Factory {ref!r} is not callable.")
+    return obj
+
+
+def socket_path(state_dir: Path) -> Path:
+    """Where the worker of the hospital with this state directory listens."""
+    path = Path(state_dir).resolve() / SOCKET_NAME
+    if len(str(path)) > MAX_SOCKET_PATH:
+        raise ConfigError(f"State directory path is too long for a local socket ({len(str(path))} > "
+                          f"{MAX_SOCKET_PATH} characters): {state_dir}. Use a shorter path.")
+    return path
+
+
+def check_node_config(node_config: Mapping[str, Any]) -> None:
+    """ConfigError listing every missing key of the SuperNode's --node-config."""
+    missing = [k for k in REQUIRED_NODE_KEYS if not isinstance(node_config.get(k), str) or not node_config.get(k)]
+    if missing:
+        raise ConfigError(f"--node-config lacks {missing}. Example: --node-config \"hospital='h1' "
+                          "data-dir='/srv/h1/data' state-dir='/srv/h1/state' key-file='/srv/h1/keys/h1.ed25519.pem'\".")
+
+
+class HospitalWorker:
+    """Answers relayed Clinograph stages for one hospital (one participant per run)."""
+
+    def __init__(self, *, node_config: Mapping[str, Any], factory: ParticipantFactory):
+        check_node_config(node_config)
+        self.node_config = dict(node_config)
+        self.hospital = str(node_config["hospital"])
+        self.identity = Identity.load(self.hospital, Path(node_config["key-file"]))
+        self.factory = factory
+        self._federation_id: str | None = None
+        if node_config.get("federation-file"):  # if given, the hospital only greets its own federation
+            from .enrolment import load_federation
+
+            self._federation_id = load_federation(Path(str(node_config["federation-file"]))).federation_id
+        self._participants: dict[int, RoundParticipant] = {}
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- the protocol ------------------------------------------------------------------
+    def handle(self, header: Mapping[str, Any], parts: Mapping[str, bytes]) -> dict[str, bytes]:
+        """Answer one stage. Raises ClinographError on refusal."""
+        stage, run_id = header.get("stage"), header.get("run_id")
+        if not isinstance(run_id, int):
+            raise ProtocolError("Relayed message has no run id.")
+        with self._lock:
+            if stage == "hello":
+                return self._hello(run_id, header, parts)
+            participant = self._participants.get(run_id)
+            if participant is None:
+                raise ProtocolError(f"Hospital {self.hospital!r} got a {stage!r} message for run {run_id} "
+                                    "before the hello; the ServerApp must greet every node first.")
+            if stage == "plan":
+                if parts.get("model"):  # the previous round's global model rides with the plan
+                    participant.on_round_end(parts["model"])
+                report, first = participant.on_plan(parts["data"])
+                return {"report": report, "first": first}
+            if stage == "stage":
+                reply = participant.on_stage(parts["data"])
+                return {} if reply is None else {"reply": reply}
+            if stage == "end":
+                model = parts.get("data")
+                participant.on_round_end(model if model else None)
+                return {}
+        raise ProtocolError(f"Unknown stage {stage!r}.")
+
+    def _hello(self, run_id: int, header: Mapping[str, Any], parts: Mapping[str, bytes]) -> dict[str, bytes]:
+        if run_id not in self._participants:
+            self._participants.clear()  # one run at a time: drop the state of older runs
+            run_config = header.get("run_config") or {}
+            self._participants[run_id] = self.factory(node_config=self.node_config, run_config=dict(run_config),
+                                                      run_id=run_id, identity=self.identity)
+        federation_id = parts["federation"].decode()
+        if self._federation_id is not None and federation_id != self._federation_id:
+            raise ProtocolError(f"Hello for federation {federation_id!r}, but hospital {self.hospital!r} is enrolled "
+                                f"in {self._federation_id!r} (its federation-file). Refusing to answer.")
+        hello = NodeHello(federation_id=federation_id, hospital=self.hospital,
+                          node_id=int(header["node_id"]), run_id=run_id, nonce=parts["nonce"])
+        return {"hello": seal(hello, self.identity)}
+
+    # -- the local socket --------------------------------------------------------------
+    def start(self) -> Path:
+        """Listen on ``<state-dir>/flower-worker.sock`` in a daemon thread; returns the path."""
+        state_dir = Path(self.node_config["state-dir"])
+        state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(state_dir, 0o700)
+        path = socket_path(state_dir)
+        if path.exists():
+            path.unlink()  # a stale socket of a killed SuperNode
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        os.chmod(path, 0o600)
+        sock.listen(8)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, name=f"clinograph-worker-{self.hospital}", daemon=True)
+        self._thread.start()
+        return path
+
+    def stop(self) -> None:
+        """Stop listening (the thread ends at its next accept)."""
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+            self._sock = None
+
+    def _serve(self) -> None:
+        while self._sock is not None:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                if peer_uid(conn) != os.getuid():
+                    return
+                header, parts = recv_frame(conn)
+                try:
+                    out = self.handle(header, parts)
+                    send_frame(conn, {"ok": True}, out)
+                except ClinographError as exc:
+                    send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, {})
+                except Exception as exc:  # noqa: BLE001 -- reported by class only: no data in errors
+                    _log.error("hospital worker: %s at\n%s", type(exc).__name__,
+                               "".join(traceback.format_tb(exc.__traceback__)))
+                    send_frame(conn, {"ok": False, "error": f"{type(exc).__name__} in the hospital worker"}, {})
+            except (OSError, ProtocolError):
+                return

@@ -1,0 +1,78 @@
+"""`clinograph audit verify|report` through typer's CliRunner: exit codes, messages, no tracebacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.identity import Identity
+from typer.testing import CliRunner
+
+from clinograph.commands.audit import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def audit_dir(tmp_path) -> tuple[Path, Identity]:
+    server = Identity.generate("server")
+    d = tmp_path / "audit"
+    with AuditTrail(d, identity=server) as trail:
+        trail.record("ledger", {"client": "hosp-a", "round": 0, "epsilon": 1.5, "delta": 1e-5,
+                                "budget_epsilon": 4.0, "noise_multiplier": 1.1})
+        trail.publish("round-0000/global_model.json", b"{}", kind="global_model")
+    return d, server
+
+
+def test_verify_ok_with_and_without_pinned_key(audit_dir, tmp_path):
+    d, server = audit_dir
+    result = runner.invoke(app, ["verify", str(d)])
+    assert result.exit_code == 0, result.output
+    assert "OK: 3 entries verified" in result.stdout and "not pinned" in result.stdout
+    keyfile = tmp_path / "server.pub"
+    keyfile.write_text(server.public.b64() + "\n")
+    result = runner.invoke(app, ["verify", str(d), "--trusted-key", str(keyfile)])
+    assert result.exit_code == 0 and "not pinned" not in result.stdout
+
+
+def test_verify_tampered_names_problem_on_stderr_without_traceback(audit_dir):
+    d, _ = audit_dir
+    log = d / "audit.jsonl"
+    log.write_bytes(log.read_bytes().replace(b'"epsilon":1.5', b'"epsilon":0.5'))
+    result = runner.invoke(app, ["verify", str(d)])
+    assert result.exit_code == 1
+    assert "FAILED" in result.stderr and "first bad entry: 1" in result.stderr
+    assert "entry 1 (kind 'ledger'): content does not match its hash" in result.stderr
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an uncaught error
+
+
+def test_verify_wrong_key_missing_dir_and_bad_key_argument(audit_dir, tmp_path):
+    d, _ = audit_dir
+    other = Identity.generate("server").public.b64()
+    result = runner.invoke(app, ["verify", str(d), "--trusted-key", other])
+    assert result.exit_code == 1 and "not by the trusted server key" in result.stderr
+    result = runner.invoke(app, ["verify", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "is not a directory" in result.stderr
+    result = runner.invoke(app, ["verify", str(d), "--trusted-key", "not-base64!"])
+    assert result.exit_code == 2 and "32 bytes" in result.stderr
+    assert isinstance(result.exception, SystemExit)
+
+
+def test_report_writes_html_and_refuses_output_inside_the_audit_dir(audit_dir, tmp_path):
+    d, _ = audit_dir
+    out = tmp_path / "out" / "report.html"
+    result = runner.invoke(app, ["report", str(d), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    html = out.read_text()
+    assert 'id="img-privacy"' in html and 'id="verification-ok"' in html
+    result = runner.invoke(app, ["report", str(d), "--out", str(d / "report.html")])
+    assert result.exit_code == 1 and "inside the audit directory" in result.stderr
+    assert not (d / "report.html").exists()
+    (d / "artefacts" / ("00" * 32)).write_bytes(b"x")
+    result = runner.invoke(app, ["report", str(d), "--out", str(out)])
+    assert result.exit_code == 1 and "does not verify" in result.stderr
+    assert 'id="verification-failed"' in out.read_text()
+    result = runner.invoke(app, ["report", str(tmp_path / "nope")])
+    assert result.exit_code == 1 and "not a directory" in result.stderr

@@ -1,0 +1,59 @@
+"""`clinograph keys init`: every file in place, private ones 0600, the federation file loads."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from clinograph.secure.identity import Identity
+from clinograph.secure.pki import load_certificate, verify_server_certificate
+from clinograph.secure.transport.flower.enrolment import load_federation
+from typer.testing import CliRunner
+
+from clinograph.commands.keys import app
+
+
+def _init(tmp_path, *extra):
+    return CliRunner().invoke(app, ["init", "--out", str(tmp_path / "keys"), "--federation-id", "fed-a",
+                                    "--hospital", "h1", "--hospital", "h2", "--host", "10.0.0.5",
+                                    "--host", "superlink.example.org", "--port", "9092", *extra])
+
+
+def test_keys_init_writes_a_complete_keyset(tmp_path):
+    r = _init(tmp_path)
+    assert r.exit_code == 0, r.output
+    k = tmp_path / "keys"
+    fed = load_federation(k / "federation.toml")
+    assert fed.federation_id == "fed-a" and fed.superlink_address == "10.0.0.5:9092"
+    assert sorted(fed.hospitals) == ["h1", "h2"]
+    for h in ("h1", "h2"):  # the key on disk is the one enrolled
+        ident = Identity.load(h, k / "hospitals" / h / f"{h}.ed25519.pem")
+        assert fed.enrolled()[h].raw == ident.public.raw
+        pub = (k / "hospitals" / h / f"{h}.node-auth.pub").read_text().strip()
+        assert fed.hospitals[h].node_auth_public_key == pub
+    server = Identity.load("server", k / "superlink" / "server.ed25519.pem")
+    assert fed.server_public().raw == server.public.raw
+    cert = load_certificate(k / "superlink" / "server.pem")
+    for host in ("10.0.0.5", "superlink.example.org"):
+        verify_server_certificate(cert, ca=load_certificate(k / "hospitals" / "h1" / "ca.pem"), hostname=host)
+    private = sorted(str(p.relative_to(k)) for p in k.rglob("*")
+                     if p.is_file() and stat.S_IMODE(os.stat(p).st_mode) == 0o600)
+    assert private == ["ca/ca.key", "hospitals/h1/h1.ed25519.pem", "hospitals/h1/h1.node-auth",
+                       "hospitals/h2/h2.ed25519.pem", "hospitals/h2/h2.node-auth", "superlink/server.ed25519.pem",
+                       "superlink/server.key"]
+    for p in k.rglob("*"):  # everything else is public material, and no secret sits in a public file
+        if p.is_file() and str(p.relative_to(k)) not in private:
+            assert stat.S_IMODE(os.stat(p).st_mode) == 0o644
+            assert b"PRIVATE KEY" not in p.read_bytes(), p
+
+
+def test_keys_init_refuses_to_overwrite_and_bad_names(tmp_path):
+    assert _init(tmp_path).exit_code == 0
+    again = _init(tmp_path)
+    assert again.exit_code == 2 and "not empty" in again.output
+    bad = CliRunner().invoke(app, ["init", "--out", str(tmp_path / "k2"), "--federation-id", "f",
+                                   "--hospital", "bad name", "--hospital", "h1", "--hospital", "h1",
+                                   "--host", "127.0.0.1"])
+    assert bad.exit_code == 2
+    assert "'bad name' must match" in bad.output and "repeat" in bad.output
+    assert not (tmp_path / "k2").exists()

@@ -1,0 +1,203 @@
+"""Hospitals as separate processes over Flower, on loopback: the real deployment path.
+
+One SuperLink (TLS + SuperNode authentication), three SuperNodes each serving one hospital's
+data, state and key folders, ``flwr run`` of examples/flower_deployment/app, two rounds in
+masked mode. In round 1, hospital h3's SuperNode is SIGKILLed after it has shared its keys
+and seed shares (mid-round); the round completes with h1 and h2 through the masked mode's
+dropout recovery, and the audit directory verifies afterwards.
+
+Every wait is bounded; every process is started in its own process group and killed in
+``finally``. The only test double is ``make_hospital_that_hangs`` below: the real
+HospitalClient of h3 wrapped so that it stops answering at a known point of round 1, which is
+where the test kills its SuperNode (otherwise the kill would race the protocol).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = ROOT / "examples" / "flower_deployment" / "app"
+BIN = Path(sys.executable).parent
+HOSPITALS = ("h1", "h2", "h3")
+TOTAL_BUDGET = 235.0  # seconds; the test fails (and cleans up) rather than hang past this
+HANG_ROUND, HANG_AT_STAGE = 1, 2  # h3 answers the plan and stage 1 of round 1, then goes silent
+
+
+# -- the one test double (imported by h3's SuperNode through --participant-factory) --------
+class _HangsMidRound:
+    def __init__(self, inner, marker: Path):
+        self._c, self.name, self._marker = inner, inner.name, marker
+        self._round, self._stage = -1, 0
+
+    def on_plan(self, plan: bytes):
+        out = self._c.on_plan(plan)
+        self._round, self._stage = self._c._plan.round, 0
+        return out
+
+    def on_stage(self, data: bytes):
+        self._stage += 1
+        if self._round == HANG_ROUND and self._stage == HANG_AT_STAGE:
+            self._marker.write_text(f"round {self._round} stage {self._stage}")
+            time.sleep(120)  # bounded; the test SIGKILLs this SuperNode long before
+        return self._c.on_stage(data)
+
+    def decrypted_result(self):
+        return self._c.decrypted_result()
+
+    def on_round_end(self, global_model):
+        self._c.on_round_end(global_model)
+
+
+def make_hospital_that_hangs(*, node_config, run_config, run_id, identity):
+    """Participant factory for h3: the real HospitalClient, silent from a known stage."""
+    from clinograph_flower_app.hospital import make_hospital
+
+    inner = make_hospital(node_config=node_config, run_config=run_config, run_id=run_id, identity=identity)
+    return _HangsMidRound(inner, Path(str(node_config["state-dir"])) / "hung.marker")
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(cond, *, timeout: float, what: str, procs=()) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        for name, p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{name} exited with {p.returncode} while waiting for {what}")
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_path):
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.transport.flower.keyset import init_keyset
+
+    sys.path.insert(0, str(APP))
+    from clinograph_flower_app.prepare import prepare
+
+    started = time.monotonic()
+    remaining = lambda: TOTAL_BUDGET - (time.monotonic() - started)  # noqa: E731
+    link_port = _free_port()
+    keys = init_keyset(tmp_path / "keys", federation_id="fed-loopback", hospitals=list(HOSPITALS),
+                       superlink_hosts=["127.0.0.1", "localhost"], superlink_port=link_port)
+    flwr_home = tmp_path / "flwr"
+    flwr_home.mkdir()
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "127.0.0.1:{link_port}"\n'
+        f'root-certificates = "{keys.superlink_dir / "ca.pem"}"\n')
+    env = {**os.environ, "FLWR_HOME": str(flwr_home), "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join([str(APP), str(Path(__file__).parent)]), "FLWR_TELEMETRY_ENABLED": "0",
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # three hospitals train at once on two cores
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(name: str, cmd: list[str]) -> subprocess.Popen:
+        out = (logs / f"{name}.log").open("wb")
+        p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                             start_new_session=True)
+        procs.append((name, p))
+        return p
+
+    link = keys.superlink_dir
+    try:
+        start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"),
+                            "--ssl-certfile", str(link / "server.pem"), "--ssl-keyfile", str(link / "server.key"),
+                            "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(link_port),
+                            "--disable-runtime-dependency-installation"])
+        _wait(lambda: _port_open(link_port), timeout=min(60, remaining()), what="the SuperLink", procs=procs)
+        registering = [subprocess.Popen(  # the operator registers each hospital's node-auth public key
+            [str(BIN / "flwr"), "supernode", "register", str(keys.hospital_dirs[h] / f"{h}.node-auth.pub"),
+             "loopback", "--name", h], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True) for h in HOSPITALS]
+        # the hospitals' data (ALARM samples) are generated while the registrations run
+        prepare(tmp_path / "sites", hospitals=list(HOSPITALS), patients=200, dp=False, seed=0)
+        for p in registering:
+            out, _ = p.communicate(timeout=min(60, remaining()))
+            assert p.returncode == 0 and "registered successfully" in out, out[-2000:]
+        supernodes = {}
+        for h in HOSPITALS:
+            d = keys.hospital_dirs[h]
+            factory = "test_flower_deployment:make_hospital_that_hangs" if h == "h3" else \
+                "clinograph_flower_app.hospital:make_hospital"
+            node_config = (f"hospital='{h}' data-dir='{tmp_path / 'sites' / h / 'data'}' "
+                           f"state-dir='{tmp_path / 'sites' / h / 'state'}' key-file='{d / f'{h}.ed25519.pem'}' "
+                           f"federation-file='{d / 'federation.toml'}'")
+            supernodes[h] = start(f"supernode-{h}", [
+                sys.executable, "-m", "clinograph.secure.transport.flower.supernode",
+                "--participant-factory", factory, "--environment", "development", "--node-config", node_config,
+                "--superlink", f"127.0.0.1:{link_port}", "--root-certificates", str(d / "ca.pem"),
+                "--auth-supernode-private-key", str(d / f"{h}.node-auth"), "--port", str(_free_port()),
+                "--max-retries", "5", "--max-wait-time", "60"])
+        audit_dir, events = tmp_path / "audit", tmp_path / "events.jsonl"
+        run_config = " ".join([
+            "server-factory='clinograph_flower_app.server:make_server'",
+            f"federation-file='{link / 'federation.toml'}'", f"server-key='{link / 'server.ed25519.pem'}'",
+            f"deployment-config='{tmp_path / 'sites' / 'deployment.toml'}'", f"audit-dir='{audit_dir}'",
+            f"events-file='{events}'", "rounds=2", "min-nodes=3", "wait-timeout=60.0", "hello-timeout=40.0",
+            "plan-timeout=60.0", "stage-timeout=30.0", "end-timeout=30.0", "relay-timeout=60.0", "max-weight=200.0"])
+        start("flwr-run", [str(BIN / "flwr"), "run", str(APP), "loopback", "--run-config", run_config, "--stream"])
+        marker = tmp_path / "sites" / "h3" / "state" / "hung.marker"
+        _wait(marker.exists, timeout=max(1.0, remaining() - 45), what="h3 to reach the middle of round 1",
+              procs=procs)
+        os.killpg(supernodes["h3"].pid, signal.SIGKILL)  # mid-round: keys and shares sent, no masked input
+        _wait(lambda: any(e["event"] == "finished" for e in _events(events)), timeout=max(1, remaining() - 5),
+              what="the federation to finish", procs=[(n, p) for n, p in procs if n in ("superlink", "flwr-run")])
+        wall = time.monotonic() - started
+    finally:
+        for _, p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for _, p in procs:
+            p.wait(timeout=10)
+    ev = _events(events)
+    closed = [e for e in ev if e["event"] == "round_closed"]
+    assert [c["round"] for c in closed] == [0, 1]
+    assert closed[0]["contributors"] == ["h1", "h2", "h3"] and closed[0]["dropped"] == []
+    assert closed[1]["contributors"] == ["h1", "h2"] and closed[1]["dropped"] == ["h3"]
+    greeted = next(e for e in ev if e["event"] == "greeted")
+    assert greeted["hospitals"] == list(HOSPITALS)
+    from clinograph.secure.transport.flower.enrolment import load_federation
+
+    server_key = load_federation(keys.federation_file).server_public().raw
+    report = verify_audit_dir(audit_dir, trusted_server_key=server_key)  # signed by the enrolled server key
+    assert report.ok, report.problems
+    entries = [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
+    manifest = next(e["payload"] for e in entries if e["kind"] == "manifest")
+    assert manifest["secure_mode"] == "masked" and manifest["insecure_options"] == []
+    assert sorted(manifest["hospitals"]) == list(HOSPITALS)
+    aggregates = [e["payload"]["contributors"] for e in entries if e["kind"] == "aggregate"]
+    assert aggregates == [["h1", "h2", "h3"], ["h1", "h2"]]
+    print(f"flower deployment: wall time {wall:.1f} s (budget {TOTAL_BUDGET:g} s)")

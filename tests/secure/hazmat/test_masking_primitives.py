@@ -1,0 +1,122 @@
+"""Known answers and properties of the masking primitives (PRG, Shamir, fixed point, X25519)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from clinograph.secure.hazmat import fixedpoint
+from clinograph.secure.hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
+from clinograph.secure.hazmat.masking_prg import add_mask, expand_mask
+from clinograph.secure.hazmat.shamir import combine_shares, split_secret
+from clinograph.secure.hazmat.x25519 import agree, encode_context, generate_keypair
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+# RFC 8439 appendix A.1, test vector #1: key = 0^32, nonce = 0^12, block counter 0. Keystream
+# bytes 76 b8 e0 ad a0 f1 3d 90 40 5d 6a e5 53 86 bd 28 ..., read as little-endian uint32 words.
+RFC8439_A1_TV1_WORDS = [0xADE0B876, 0x903DF1A0, 0xE56A5D40, 0x28BD8653]
+
+
+def test_mask_prg_known_answer_rfc8439():
+    assert [int(w) for w in expand_mask(bytes(32), 4)] == RFC8439_A1_TV1_WORDS
+
+
+def test_mask_prg_pinned_vector_for_a_nonzero_seed():
+    # Pinned (regression): changing the PRG is a protocol version bump.
+    assert [int(w) for w in expand_mask(bytes(range(32)), 4)] == [0x7D2BFD39, 0x6A19C5D9, 0x7703BD8D, 0x494ADCB8]
+
+
+def test_mask_prg_is_a_prefix_stream_and_seed_dependent():
+    a = expand_mask(b"\x01" * 32, 1000)
+    assert np.array_equal(expand_mask(b"\x01" * 32, 10), a[:10])
+    assert not np.array_equal(expand_mask(b"\x02" * 32, 1000), a)
+    assert 0.45 < a.mean() / 2**32 < 0.55  # roughly uniform over Z_2^32
+
+
+@pytest.mark.parametrize("seed", [b"", b"\x00" * 16, b"\x00" * 31, b"\x00" * 33])
+def test_mask_prg_needs_a_full_32_byte_seed(seed):
+    with pytest.raises(ValueError, match="32 bytes"):
+        expand_mask(seed, 4)
+
+
+def test_add_mask_then_subtract_is_identity_mod_2_32():
+    x = np.arange(100, dtype=np.uint32)
+    y = x.copy()
+    add_mask(y, b"\x05" * 32, sign=1)
+    assert not np.array_equal(x, y)
+    add_mask(y, b"\x05" * 32, sign=-1)
+    assert np.array_equal(x, y)
+
+
+@settings(max_examples=30, deadline=None)
+@given(secret=st.binary(min_size=32, max_size=32), m=st.integers(2, 9), data=st.data())
+def test_shamir_any_t_shares_rebuild_the_secret(secret, m, data):
+    t = data.draw(st.integers(1, m))
+    shares = split_secret(secret, threshold=t, n_shares=m)
+    subset = data.draw(st.permutations(shares))[: data.draw(st.integers(t, m))]
+    assert combine_shares(subset) == secret
+    if t > 1:
+        assert combine_shares(subset[: t - 1]) != secret  # fewer than t: a wrong secret, not the real one
+
+
+def test_shamir_rejects_bad_input():
+    with pytest.raises(ValueError, match="32 bytes"):
+        split_secret(b"x" * 16, threshold=2, n_shares=3)
+    with pytest.raises(ValueError, match="threshold"):
+        split_secret(b"x" * 32, threshold=4, n_shares=3)
+    shares = split_secret(b"x" * 32, threshold=2, n_shares=3)
+    with pytest.raises(ValueError, match="distinct"):
+        combine_shares([shares[0], shares[0]])
+
+
+def test_x25519_agreement_is_symmetric_and_label_and_context_separated():
+    a_sk, a_pk = generate_keypair()
+    b_sk, b_pk = generate_keypair()
+    ctx = encode_context(["fed", 1, "a", "b"])
+    s_ab = agree(a_sk, b_pk, label=KDF_PAIRWISE_MASK, context=ctx)
+    assert s_ab == agree(b_sk, a_pk, label=KDF_PAIRWISE_MASK, context=ctx) and len(s_ab) == 32
+    assert s_ab != agree(a_sk, b_pk, label=KDF_SELF_MASK, context=ctx)
+    assert s_ab != agree(a_sk, b_pk, label=KDF_PAIRWISE_MASK, context=encode_context(["fed", 2, "a", "b"]))
+
+
+def test_context_encoding_is_unambiguous():
+    assert encode_context(["ab", "c"]) != encode_context(["a", "bc"])
+
+
+def test_x25519_refuses_a_low_order_peer_key():
+    sk, _ = generate_keypair()
+    with pytest.raises(ValueError):
+        agree(sk, bytes(32), label=KDF_PAIRWISE_MASK, context=b"")
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 10_000), bound=st.floats(1e-3, 1e6))
+def test_fixed_point_scale_never_wraps_at_the_extremes(n, bound):
+    scale = fixedpoint.scale_for(n_clients=n, bound=bound)
+    assert fixedpoint.wrap_free(n_clients=n, bound=bound, scale=scale)
+    assert not fixedpoint.wrap_free(n_clients=n, bound=bound, scale=scale * 1.01 + 1 / bound)
+    for v in (bound, -bound):
+        words, _ = fixedpoint.encode(np.array([v]), scale=scale, bound=bound, clip=False)
+        total = np.array([(int(words[0]) * n) % 2**32], dtype=np.uint32)  # n clients all at the extreme
+        got = fixedpoint.decode(total, scale=scale)[0]
+        assert np.sign(got) == np.sign(v) and abs(got - n * v) <= n * 0.5 / scale + 1e-12 * n * abs(v)
+
+
+def test_fixed_point_round_trip_error_is_half_a_step():
+    scale = fixedpoint.scale_for(n_clients=10, bound=1.0)
+    x = np.random.default_rng(0).uniform(-1, 1, 10_000)  # test data, not a secret
+    words, n_clip = fixedpoint.encode(x, scale=scale, bound=1.0, clip=False)
+    assert words.dtype == np.uint32 and n_clip == 0
+    assert np.max(np.abs(fixedpoint.decode(words, scale=scale) - x)) <= 0.5 / scale + 1e-15
+
+
+def test_fixed_point_out_of_range_is_an_error_or_a_counted_clip():
+    scale = fixedpoint.scale_for(n_clients=4, bound=1.0)
+    x = np.array([0.5, 1.5, -2.0, 1.0])
+    with pytest.raises(ValueError, match=r"2 of 4 value\(s\) are outside \[-1.0, 1.0\]"):
+        fixedpoint.encode(x, scale=scale, bound=1.0, clip=False)
+    words, n_clip = fixedpoint.encode(x, scale=scale, bound=1.0, clip=True)
+    assert n_clip == 2
+    np.testing.assert_allclose(fixedpoint.decode(words, scale=scale), [0.5, 1.0, -1.0, 1.0], atol=1e-8)
+    with pytest.raises(ValueError, match="NaN"):
+        fixedpoint.encode(np.array([np.nan]), scale=scale, bound=1.0, clip=True)

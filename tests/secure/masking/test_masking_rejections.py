@@ -1,0 +1,201 @@
+"""Boundary checks: every malformed, replayed or misdirected message is refused with its reason,
+and the round completes without that client."""
+
+from __future__ import annotations
+
+
+import pytest
+from clinograph.secure.errors import IntegrityError, ProtocolError
+from clinograph.secure.masking import MaskingClient, MaskingServer
+from clinograph.secure.masking.messages import AdvertiseKeys, KeyDirectory, MaskedInput
+from clinograph.secure.wire import parse_envelope, seal
+from masking_helpers import expected_sums, identities, identity, make_plan, make_updates, rel_err
+
+SERVER = identity("server")
+
+
+class Round:
+    """A hand-driven masked round whose client messages a test can tamper with."""
+
+    def __init__(self, n=5, threshold=3, client_plans=None, updates=None, **kw):
+        self.plan = make_plan(n, threshold=threshold, **kw)
+        self.updates = updates or make_updates(self.plan, seed=11)
+        ids = identities(self.plan)
+        peers = {c: ids[c].public for c in self.plan.participants}
+        self.server = MaskingServer(plan=self.plan, peers=peers, identity=SERVER)
+        plans = client_plans or {}
+        self.clients = {c: MaskingClient(plan=plans.get(c, self.plan), identity=ids[c], server=SERVER.public,
+                                         peers=peers, update=self.updates[c]) for c in self.plan.participants}
+        self.outgoing = {c: cl.first_message() for c, cl in self.clients.items()}
+        self.stage = 0
+        self.sent: dict[int, dict[str, bytes]] = {}
+
+    def deliver(self, tamper=None, answer=True):
+        """Deliver this stage's client messages (``tamper(client, data) -> list of bytes``)."""
+        self.sent[self.stage] = dict(self.outgoing)
+        for c, data in self.outgoing.items():
+            for d in (tamper(c, data) if tamper else [data]):
+                try:
+                    self.server.receive_bytes(c, d)
+                except (ProtocolError, IntegrityError):
+                    pass
+        msgs = self.server.next_stage()
+        self.stage += 1
+        self.outgoing = {}
+        for c, data in (msgs or {}).items() if answer else ():
+            try:
+                self.outgoing[c] = self.clients[c].handle(data)
+            except (ProtocolError, IntegrityError):
+                pass
+        return msgs
+
+    def finish(self, tamper_at=None, tamper=None):
+        while self.stage < 4:
+            self.deliver(tamper if self.stage == tamper_at else None)
+        return self.server.result()
+
+
+def only(victim, bad):
+    """A tamper function that replaces ``victim``'s message with ``bad(data)``."""
+    return lambda c, data: [bad(data)] if c == victim else [data]
+
+
+def assert_completed_without(rnd, res, victim):
+    assert victim not in res.contributors
+    for name, v in expected_sums(rnd.updates, res.contributors).items():
+        assert rel_err(res.sums[name], v) < 1e-6
+
+
+def flip_signature(data: bytes) -> bytes:
+    env = parse_envelope(data)
+    sig = bytes([env.signature[0] ^ 1]) + env.signature[1:]
+    return env.model_copy(update={"signature": sig}).to_bytes()
+
+
+def payload(data: bytes) -> bytes:
+    return parse_envelope(data).payload
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_bad_signature_is_refused_at_every_stage(stage):
+    rnd = Round()
+    res = rnd.finish(tamper_at=stage, tamper=only("hosp01", flip_signature))
+    assert "does not verify" in rnd.server.rejected()["hosp01"]
+    if stage < 3:
+        assert_completed_without(rnd, res, "hosp01")
+    else:  # its masked input is already in the sum: it still counts, its shares are not needed
+        assert "hosp01" in res.contributors
+
+
+def test_unsigned_message_is_refused():
+    def strip(data):
+        return data[:-64]  # the binary frame without its 64-byte signature
+
+    rnd = Round()
+    res = rnd.finish(tamper_at=0, tamper=only("hosp02", strip))
+    assert "Malformed envelope" in rnd.server.rejected()["hosp02"]
+    assert_completed_without(rnd, res, "hosp02")
+
+
+def test_message_signed_by_another_hospital_is_refused():
+    rnd = Round()
+    def impostor(data):
+        return seal(AdvertiseKeys.model_validate_json(payload(data)), identity("hosp03"))
+
+    rnd.deliver(tamper=only("hosp02", impostor))
+    assert "claims sender 'hosp03' but arrived from 'hosp02'" in rnd.server.rejected()["hosp02"]
+
+
+def test_truncated_message_is_refused():
+    rnd = Round()
+    res = rnd.finish(tamper_at=2, tamper=only("hosp00", lambda d: d[: len(d) // 2]))
+    assert "Malformed envelope" in rnd.server.rejected()["hosp00"]
+    assert_completed_without(rnd, res, "hosp00")
+
+
+def test_oversized_message_is_refused_before_parsing():
+    rnd = Round()
+    res = rnd.finish(tamper_at=2, tamper=only("hosp04", lambda d: d + b" " * rnd.server.max_message_bytes))
+    assert "exceeds the limit" in rnd.server.rejected()["hosp04"]
+    assert_completed_without(rnd, res, "hosp04")
+
+
+def test_masked_vector_of_the_wrong_length_is_refused():
+    rnd = Round()
+    rnd.deliver()
+    rnd.deliver()
+    c = rnd.clients["hosp03"]
+    bad = MaskedInput(**c._header(), words=b"\x00" * 8)
+    rnd.outgoing["hosp03"] = seal(bad, identity("hosp03"))
+    res = rnd.finish()
+    assert "expected" in rnd.server.rejected()["hosp03"] and "4 bytes x" in rnd.server.rejected()["hosp03"]
+    assert_completed_without(rnd, res, "hosp03")
+
+
+def test_replay_within_a_stage_is_refused_but_the_original_counts():
+    rnd = Round()
+    res = rnd.finish(tamper_at=2, tamper=lambda c, d: [d, d] if c == "hosp01" else [d])
+    assert "Replayed or unexpected" in rnd.server.rejected()["hosp01"]
+    assert "hosp01" in res.contributors  # the replay did not add its vector twice
+    for name, v in expected_sums(rnd.updates, res.contributors).items():
+        assert rel_err(res.sums[name], v) < 1e-6
+
+
+def test_replay_of_an_earlier_stage_is_refused_as_wrong_stage():
+    rnd = Round()
+    rnd.deliver()
+    res = rnd.finish(tamper_at=1, tamper=only("hosp02", lambda d: rnd.sent[0]["hosp02"]))
+    assert "Wrong stage" in rnd.server.rejected()["hosp02"]
+    assert_completed_without(rnd, res, "hosp02")
+
+
+def test_out_of_round_message_is_refused():
+    plan = make_plan(5, threshold=3)
+    rnd = Round(client_plans={"hosp04": make_plan(5, threshold=3, round_=plan.round + 1)})
+    res = rnd.finish()
+    assert "Out-of-round" in rnd.server.rejected()["hosp04"]
+    assert_completed_without(rnd, res, "hosp04")
+
+
+def test_wrong_dictionary_hash_is_refused():
+    other = make_plan(5, threshold=3).model_copy(update={"dictionary_hash": "e" * 64})
+    rnd = Round(client_plans={"hosp00": other})
+    res = rnd.finish()
+    assert "Wrong feature dictionary" in rnd.server.rejected()["hosp00"]
+    assert_completed_without(rnd, res, "hosp00")
+
+
+def test_message_from_a_non_participant_is_refused():
+    rnd = Round()
+    stranger = identity("stranger")
+    with pytest.raises(ProtocolError, match="Replayed or unexpected"):
+        rnd.server.receive_bytes("stranger", seal(MaskedInput(
+            federation_id="fed-test", round=7, client="stranger", spec_digest="0" * 64, dictionary_hash="d" * 64,
+            words=b""), stranger))
+    assert "stranger" in rnd.server.rejected()
+
+
+def test_client_refuses_a_relayed_key_the_peer_did_not_sign():
+    """A server that swaps a neighbour's round key (man in the middle) is caught by the client."""
+    victim = "hosp00"
+    rnd2 = Round()
+    for c, data in rnd2.outgoing.items():
+        rnd2.server.receive_bytes(c, data)
+    msgs = rnd2.server.next_stage()
+    directory = KeyDirectory.model_validate_json(parse_envelope(msgs[victim]).payload)
+    forged = directory.keys[0].model_copy(update={"s_pk": bytes(32 * [7])})
+    bad = directory.model_copy(update={"keys": (forged, *directory.keys[1:])})
+    with pytest.raises(IntegrityError, match="does not verify"):
+        rnd2.clients[victim].handle(seal(bad, SERVER))
+
+
+def test_client_refuses_server_messages_not_signed_by_the_server():
+    rnd = Round()
+    for c, data in rnd.outgoing.items():
+        rnd.server.receive_bytes(c, data)
+    msgs = rnd.server.next_stage()
+    directory = KeyDirectory.model_validate_json(parse_envelope(msgs["hosp01"]).payload)
+    with pytest.raises(IntegrityError):
+        rnd.clients["hosp01"].handle(seal(directory, identity("hosp02")).replace(b'"hosp02"', b'"server"', 1))
+    with pytest.raises(ProtocolError, match="not for 'hosp02'"):
+        rnd.clients["hosp02"].handle(msgs["hosp01"])

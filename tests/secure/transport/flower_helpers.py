@@ -1,0 +1,153 @@
+"""Helpers for the Flower adapter tests.
+
+``LoopbackGrid`` is a Flower ``Grid`` whose "network" is a function call: every message goes
+through the real ClientApp (``clinograph.secure.transport.flower.clientapp.app``), the real
+local-socket relay and a real ``HospitalWorker`` thread per node -- everything but Flower's
+SuperLink/SuperNode processes, which ``tests/integration/test_flower_deployment.py`` runs.
+
+``FakeHospital`` is a *test double* of the SDK's HospitalClient (RoundParticipant): it skips
+training and hands a fixed LocalUpdate to the plan's real secure-mode client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import SimpleNamespace
+from uuid import uuid4
+
+import numpy as np
+from clinograph.secure.aggregation import LocalUpdate, create_mode
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.identity import Identity, PublicIdentity
+from clinograph.secure.masking import masked_plan_options
+from clinograph.secure.messages import ClientReport, RoundPlan
+from clinograph.secure.server import FederationServer
+from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
+from clinograph.secure.strategies import create_strategy
+from clinograph.secure.transport.flower.clientapp import app as client_app
+from clinograph.secure.transport.flower.enrolment import load_federation
+from clinograph.secure.wire import open_envelope, parse_envelope, seal
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+
+SPEC = ModelSpec(version=1, modules=(
+    ModuleSpec(name="feature_embedding/heart_rate", shape=(6,), kind=ModuleKind.SHARED),
+    ModuleSpec(name="gnn/layer1/has_feature", shape=(4, 3), kind=ModuleKind.SHARED),
+    ModuleSpec(name="head/task", shape=(3,), kind=ModuleKind.PERSONAL),
+))
+DICTIONARY_HASH = "d" * 64
+
+
+def update_for(name: str) -> LocalUpdate:
+    """A deterministic per-hospital update (so two transports can be compared)."""
+    seed = sum(name.encode())
+    rng = np.random.default_rng(seed)
+    w = 0.5 + (seed % 5) / 10
+    return LocalUpdate(modules={m.name: w * rng.normal(0, 0.05, m.size) for m in SPEC.shared}, weight=w)
+
+
+class FakeHospital:
+    """Test double of HospitalClient: no training; real mode client over a fixed update."""
+
+    def __init__(self, *, identity: Identity, server: PublicIdentity, peers: dict[str, PublicIdentity],
+                 refuse_plan: bool = False):
+        self.name = identity.name
+        self.identity, self.server, self.peers = identity, server, peers
+        self.refuse_plan = refuse_plan
+        self.client = None
+        self.models: list[bytes | None] = []
+
+    def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
+        from clinograph.secure.errors import ProtocolError
+
+        p = open_envelope(parse_envelope(plan), sender=self.server, model=RoundPlan)
+        if self.refuse_plan:
+            raise ProtocolError(f"{self.name} refuses round {p.round} (test double)")
+        self.client = create_mode(p.secure_mode).client(plan=p, identity=self.identity, server=self.server,
+                                                        peers=self.peers, update=update_for(self.name))
+        report = ClientReport(federation_id=p.federation_id, round=p.round, client=self.name,
+                              dictionary_hash=p.dictionary_hash)
+        return seal(report, self.identity), self.client.first_message()
+
+    def on_stage(self, data: bytes) -> bytes | None:
+        return self.client.handle(data)
+
+    def decrypted_result(self):
+        return None
+
+    def on_round_end(self, global_model: bytes | None) -> None:
+        self.models.append(global_model)
+
+
+def make_participant(*, node_config, run_config, run_id, identity):
+    """ParticipantFactory for the worker: builds a FakeHospital from the federation file."""
+    fed = load_federation(Path(node_config["federation-file"]))
+    return FakeHospital(identity=identity, server=fed.server_public(), peers=fed.enrolled(),
+                        refuse_plan=node_config.get("refuse-plan", False))
+
+
+def make_server(*, run_config, federation, participants=None, secure_mode: str | None = None) -> FederationServer:
+    """ServerFactory for the ServerApp."""
+    mode = secure_mode or run_config.get("secure-mode", "masked")
+    n = len(participants or federation.hospitals)
+    ident = Identity.load(federation.server.name, Path(run_config["server-key"]))
+    options = masked_plan_options(n_clients=n, threshold=2, clip=1.0) if mode == "masked" else {}
+    return FederationServer(
+        federation_id=federation.federation_id, spec=SPEC,
+        initial_state={m.name: np.zeros(m.size) for m in SPEC.shared}, dictionary_hash=DICTIONARY_HASH,
+        identity=ident, enrolled=federation.enrolled(), secure_mode=mode, strategy=create_strategy("fedavg"),
+        min_clients=2, local_epochs=1, dp_policy=None,
+        audit=AuditTrail(Path(run_config["audit-dir"]), identity=ident), environment="development",
+        mode_options=options)
+
+
+class LoopbackGrid(Grid):
+    """A Grid that delivers each message by calling the real ClientApp of the target node."""
+
+    def __init__(self, *, run_id: int, node_configs: dict[int, dict], run_config: dict):
+        self._run = SimpleNamespace(run_id=run_id)
+        self.node_configs = node_configs
+        self.run_config = run_config
+        self.dead: set[int] = set()
+        self.on_deliver: Callable[[Message, int], None] | None = None
+        self.sent: list[tuple[int, str]] = []
+
+    def set_run(self, run) -> None:
+        self._run = run
+
+    @property
+    def run(self):
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.node_configs)
+
+    def push_messages(self, messages):
+        raise NotImplementedError("LoopbackGrid only implements send_and_receive")
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError("LoopbackGrid only implements send_and_receive")
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            msg.metadata.__dict__["_message_id"] = uuid4().hex
+            if self.on_deliver is not None:
+                self.on_deliver(msg, node)
+            stage = msg.content.config_records["clinograph"]["stage"]
+            self.sent.append((node, stage))
+            if node in self.dead:
+                continue  # a dead node never answers; the driver's timeout covers it
+            ctx = Context(run_id=self._run.run_id, node_id=node, node_config=self.node_configs[node],
+                          state=RecordDict(), run_config=self.run_config)
+            try:
+                reply = client_app(message=msg, context=ctx)
+            except Exception as exc:  # what flwr-clientapp does with an exception: an error reply
+                reply = Message(Error(code=1, reason=f"{type(exc).__name__}:<'{exc}'>"), reply_to=msg)
+            replies.append(reply)
+        return replies

@@ -1,0 +1,248 @@
+"""The Flower adapter without Flower's processes: real ClientApp, relay, workers and server.
+
+Hospitals are ``FakeHospital`` test doubles (flower_helpers.py) around the real secure-mode
+clients; the multi-process deployment is tests/integration/test_flower_deployment.py.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+sys.path.insert(0, str(Path(__file__).parent))
+import flower_helpers as fh  # noqa: E402
+from clinograph.secure.audit import verify_audit_dir  # noqa: E402
+from clinograph.secure.errors import ConfigError, ProtocolError, SecurityPolicyError  # noqa: E402
+from clinograph.secure.identity import Identity  # noqa: E402
+from clinograph.secure.policy import InsecureOptionWarning  # noqa: E402
+from clinograph.secure.rounds import run_round  # noqa: E402
+from clinograph.secure.transport.flower import check_flower_version  # noqa: E402
+from clinograph.secure.transport.flower.driver import Timeouts, greet_nodes, run_flower_round  # noqa: E402
+from clinograph.secure.transport.flower.enrolment import load_federation  # noqa: E402
+from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
+from clinograph.secure.transport.flower.records import from_content, to_content  # noqa: E402
+from clinograph.secure.transport.flower.serverapp import run_federation  # noqa: E402
+from clinograph.secure.transport.flower.supernode import check_transport  # noqa: E402
+from clinograph.secure.transport.flower.worker import HospitalWorker, load_factory  # noqa: E402
+
+HOSPITALS = ["h1", "h2", "h3"]
+RUN_ID = 4242
+TIMEOUTS = Timeouts(hello=5, plan=5, stage=5, end=5)
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Messages built outside a Flower runtime need the task identity Flower sets in its processes."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+@pytest.fixture()
+def deployment(tmp_path):
+    """Keys from init_keyset, one HospitalWorker per node (node ids 101..103), a LoopbackGrid."""
+    keys = init_keyset(tmp_path / "keys", federation_id="fed-flower", hospitals=HOSPITALS,
+                       superlink_hosts=["127.0.0.1"], superlink_port=19092)
+    workers, configs = [], {}
+    for i, name in enumerate(HOSPITALS):
+        cfg = {"hospital": name, "state-dir": str(tmp_path / name / "state"), "data-dir": str(tmp_path / name),
+               "key-file": str(keys.hospital_dirs[name] / f"{name}.ed25519.pem"),
+               "federation-file": str(keys.hospital_dirs[name] / "federation.toml")}
+        w = HospitalWorker(node_config=cfg, factory=fh.make_participant)
+        w.start()
+        workers.append(w)
+        configs[101 + i] = cfg
+    run_config = {"server-factory": "flower_helpers:make_server", "federation-file": str(keys.federation_file),
+                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "audit-dir": str(tmp_path / "audit"),
+                  "rounds": 2, "min-nodes": 3, "wait-timeout": 1, "hello-timeout": 5, "plan-timeout": 5, "stage-timeout": 5,
+                  "end-timeout": 5, "events-file": str(tmp_path / "events.jsonl"), "relay-timeout": 30}
+    grid = fh.LoopbackGrid(run_id=RUN_ID, node_configs=configs, run_config=run_config)
+    yield keys, workers, grid, run_config
+    for w in workers:
+        w.stop()
+
+
+def test_records_round_trip_bytes_exactly():
+    data = bytes(range(256)) * 3
+    stage, rnd, parts = from_content(to_content("stage", {"data": data}, round_=3), expected_stage="stage")
+    assert (stage, rnd, parts) == ("stage", 3, {"data": data})
+
+
+@pytest.mark.parametrize("content, match", [
+    (RecordDict({}), "no 'clinograph' ConfigRecord"),
+    (RecordDict({"clinograph": ConfigRecord({"stage": "evil", "round": 0})}), "stage 'evil'"),
+    (RecordDict({"clinograph": ConfigRecord({"stage": "plan", "round": 0, "data": "text"})}), "expected bytes"),
+    (RecordDict({"clinograph": ConfigRecord({"stage": "plan", "round": -1})}), "valid round"),
+])
+def test_records_refuse_malformed(content, match):
+    with pytest.raises(ProtocolError, match=match):
+        from_content(content)
+
+
+def test_records_refuse_wrong_stage_and_oversize():
+    with pytest.raises(ProtocolError, match="expected 'plan', got 'end'"):
+        from_content(to_content("end", {}, round_=0), expected_stage="plan")
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        from_content(to_content("plan", {"data": b"x" * 100}, round_=0), max_bytes=99)
+
+
+def test_version_pin():
+    assert check_flower_version().startswith("1.41")
+    for bad in ("1.42.0", "1.4.1", "2.41.0", "1.410.0"):
+        with pytest.raises(ConfigError, match="pinned to 1.41"):
+            check_flower_version(bad)
+
+
+def test_federation_over_flower_messages_matches_in_process(deployment, tmp_path):
+    keys, workers, grid, run_config = deployment
+    results = run_federation(grid, run_config)
+    assert [r.round for r in results] == [0, 1]
+    assert all(r.contributors == tuple(HOSPITALS) for r in results)
+    report = verify_audit_dir(tmp_path / "audit")
+    assert report.ok, report
+    # The same two rounds relayed in process give the same global model, byte for byte.
+    fed = load_federation(keys.federation_file)
+    ref = fh.make_server(run_config={**run_config, "audit-dir": str(tmp_path / "audit-ref")}, federation=fed)
+    hospitals = {n: fh.make_participant(node_config=grid.node_configs[101 + i], run_config={}, run_id=1,
+                                        identity=Identity.load(n, Path(grid.node_configs[101 + i]["key-file"])))
+                 for i, n in enumerate(HOSPITALS)}
+    for _ in range(2):
+        run_round(ref, hospitals, participants=tuple(HOSPITALS))
+    assert [r.global_state_digest for r in results] == [r.global_state_digest for r in ref.history]
+    assert results[-1].global_state_digest != "0" * 64
+    # every hospital received the signed global model after each round
+    stages = [s for _, s in grid.sent]
+    # (round 0's rode with round 1's plan; only the last round needs its own 'end' message)
+    assert stages.count("hello") == 3 and stages.count("plan") == 6 and stages.count("end") == 3
+    for i in range(len(HOSPITALS)):  # and loaded both global models (FakeHospital records them)
+        assert len(workers[i]._participants[RUN_ID].models) == 2
+
+
+def test_node_dying_mid_round_is_a_dropout_and_survivors_finish(deployment, tmp_path):
+    keys, workers, grid, run_config = deployment
+    fed = load_federation(keys.federation_file)
+    server = fh.make_server(run_config=run_config, federation=fed)
+    nodes, refused = greet_nodes(grid, federation_id=fed.federation_id, enrolled=fed.enrolled(),
+                                 node_ids=[101, 102, 103], timeout=5)
+    assert nodes == {"h1": 101, "h2": 102, "h3": 103} and not refused
+
+    def kill_h3_after_plan(msg, node):  # h3 answers the plan, then its SuperNode is gone
+        if msg.content.config_records["clinograph"]["stage"] == "stage":
+            grid.dead.add(103)
+    grid.on_deliver = kill_h3_after_plan
+    outcome = run_flower_round(grid, server, nodes=nodes, timeouts=TIMEOUTS).outcome
+    assert outcome.result.contributors == ("h1", "h2")
+    assert "h3" in outcome.dropped and "no reply" in outcome.dropped["h3"]
+    # the masked sum over the survivors equals the plain sum of their updates (FedAvg of 2)
+    state = server.state
+    for m in fh.SPEC.shared:
+        u1, u2 = fh.update_for("h1"), fh.update_for("h2")
+        expected = -(u1.modules[m.name] + u2.modules[m.name]) / (u1.weight + u2.weight)
+        np.testing.assert_allclose(state[m.name], expected, atol=1e-6)
+    server.audit.close()
+    assert verify_audit_dir(Path(run_config["audit-dir"])).ok
+
+
+def test_hello_with_a_key_not_enrolled_is_refused(deployment, tmp_path):
+    keys, workers, grid, run_config = deployment
+    impostor = tmp_path / "impostor.pem"
+    Identity.generate("h2").save(impostor)  # right name, wrong key
+    cfg = {**grid.node_configs[102], "key-file": str(impostor), "state-dir": str(tmp_path / "imp")}
+    workers[1].stop()
+    w = HospitalWorker(node_config=cfg, factory=fh.make_participant)
+    w.start()
+    grid.node_configs[102] = cfg
+    try:
+        fed = load_federation(keys.federation_file)
+        nodes, refused = greet_nodes(grid, federation_id=fed.federation_id, enrolled=fed.enrolled(),
+                                     node_ids=[101, 102, 103], timeout=5)
+    finally:
+        w.stop()
+    assert nodes == {"h1": 101, "h3": 103}
+    assert "does not verify" in refused[102]
+
+
+def test_hospital_refusal_is_reported_as_a_dropout(deployment):
+    keys, workers, grid, run_config = deployment
+    grid.node_configs[101]["refuse-plan"] = True
+    workers[0].node_config["refuse-plan"] = True
+    fed = load_federation(keys.federation_file)
+    server = fh.make_server(run_config=run_config, federation=fed)
+    nodes, _ = greet_nodes(grid, federation_id=fed.federation_id, enrolled=fed.enrolled(),
+                           node_ids=[101, 102, 103], timeout=5)
+    outcome = run_flower_round(grid, server, nodes=nodes, timeouts=TIMEOUTS).outcome
+    assert outcome.result.contributors == ("h2", "h3")
+    assert "refuses round 0" in outcome.dropped["h1"]
+
+
+def test_worker_greets_only_its_own_federation(deployment):
+    _, workers, _, _ = deployment
+    with pytest.raises(ProtocolError, match="enrolled in 'fed-flower'"):
+        workers[0].handle({"stage": "hello", "run_id": 9, "node_id": 101},
+                          {"nonce": b"n" * 32, "federation": b"other-federation"})
+
+
+def test_worker_refuses_stages_before_hello(deployment):
+    _, workers, _, _ = deployment
+    with pytest.raises(ProtocolError, match="before the hello"):
+        workers[0].handle({"stage": "plan", "run_id": 9}, {"data": b"{}"})
+
+
+def test_worker_socket_is_private(deployment):
+    _, workers, grid, _ = deployment
+    state = Path(grid.node_configs[101]["state-dir"])
+    assert stat.S_IMODE(os.stat(state).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(state / "flower-worker.sock").st_mode) == 0o600
+
+
+def test_factory_reference_errors_are_named():
+    with pytest.raises(ConfigError, match="must look like"):
+        load_factory("no_colon")
+    with pytest.raises(ConfigError, match="Cannot import factory 'nope.nope:f'"):
+        load_factory("nope.nope:f")
+
+
+def test_insecure_transport_only_by_name():
+    check_transport(["--root-certificates", "ca.pem"], insecure_transport=False, environment="production")
+    with pytest.raises(ConfigError, match="without TLS"):
+        check_transport(["--insecure"], insecure_transport=False, environment="development")
+    with pytest.raises(SecurityPolicyError, match="refused"):
+        check_transport(["--insecure"], insecure_transport=True, environment="production")
+    with pytest.warns(InsecureOptionWarning, match="insecure_transport"):
+        check_transport(["--insecure"], insecure_transport=True, environment="development")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_user_cannot_reach_the_worker(deployment):
+    _, _, grid, _ = deployment
+    path = Path(grid.node_configs[101]["state-dir"]) / "flower-worker.sock"
+    code = ("import os, socket, sys\nos.setgid(65534); os.setuid(65534)\ns = socket.socket(socket.AF_UNIX)\n"
+            f"try:\n    s.connect({str(path)!r})\nexcept PermissionError:\n    sys.exit(3)\nsys.exit(0)\n")
+    import subprocess
+
+    assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 3
+
+
+def test_too_few_survivors_aborts_the_round_and_says_so(deployment, tmp_path):
+    _, _, grid, run_config = deployment
+
+    def two_die(msg, node):
+        if msg.content.config_records["clinograph"]["stage"] == "stage":
+            grid.dead.update({102, 103})
+    grid.on_deliver = two_die
+    with pytest.raises(ProtocolError, match="Round aborted"):
+        run_federation(grid, run_config)
+    import json
+
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "round_aborted" and events[-1]["round"] == 0
+    assert not any(e["event"] == "round_closed" for e in events)
+    server_app_audit = (tmp_path / "audit" / "audit.jsonl").read_text()
+    assert '"round_aborted"' in server_app_audit and "global_model" not in server_app_audit  # nothing published
