@@ -204,7 +204,7 @@ def main() -> None:
                 base[c]["upload_ratio_vs_nvflare"] = base[c]["upload_bytes"] / base["nvflare_default_tenseal"]["upload_bytes"]
     result = dict(benchmark="secure_aggregation_ckks", quick=args.quick, machine=_machine(),
                   notes=("medians over reps; ours = CkksClient/CkksServer end to end incl. signing and the wire "
-                         "envelope (ciphertexts base64 twice, see upload_bytes vs upload_ciphertext_bytes); "
+                         "envelope (ciphertexts base64 in the JSON payload, binary envelope frame: compare upload_bytes with upload_ciphertext_bytes); "
                          "anchor = tenseal.ckks_vector with NVFLARE's default context, n_threads=1, no envelope; "
                          "round_s = encrypt_s + server_s + decrypt_s (hospitals in parallel)"),
                   rows=rows)

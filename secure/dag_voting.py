@@ -121,7 +121,7 @@ class DagTally:
     """
 
     def __init__(self, concepts: Sequence[str], support: np.ndarray, strength: np.ndarray,
-                 none: np.ndarray, observers: np.ndarray):
+                 none: np.ndarray, observers: np.ndarray) -> None:
         self.concepts = tuple(concepts)
         self.support, self.strength, self.none, self.observers = support, strength, none, observers
 
@@ -218,7 +218,7 @@ def _descendants(adj: np.ndarray, src: int) -> set[int]:
 
 
 def decide_dag(tally: DagTally, *, task: str | None, seed: int, round_: int = 0,
-               known: Collection[str] = ()) -> DagOutcome:
+               known: Collection[str] = (), tie_tolerance: float = 1e-6) -> DagOutcome:
     """Implements F-CMs section 4.2.1: argmax over {i->j, j->i, none}, then projection to a DAG.
 
     Nodes are the concepts with positive support plus ``known`` (concepts retained from
@@ -229,6 +229,9 @@ def decide_dag(tally: DagTally, *, task: str | None, seed: int, round_: int = 0,
     cycle edge with the smallest strength ``[S_bar]_ij`` (ties: the first in list order).
     If the task is active and ends with no parent, the non-descendant with the highest
     ``[S_bar]_{c,task}`` becomes its parent (ties seeded), so ``y`` is always predicted from a concept.
+
+    ``tie_tolerance`` treats outcomes within it as tied: the masked mode's fixed-point sums
+    carry errors around 1e-7, so exact ties in the votes stay ties after secure aggregation.
     """
     names = tally.concepts
     n = len(names)
@@ -239,7 +242,7 @@ def decide_dag(tally: DagTally, *, task: str | None, seed: int, round_: int = 0,
         if not (active[i] and active[j]) or tally.observers[i, j] <= 0:
             continue
         options = np.array([tally.strength[i, j], tally.strength[j, i], tally.none[i, j]])
-        best = np.flatnonzero(options >= options.max() - _TOL)
+        best = np.flatnonzero(options >= options.max() - tie_tolerance)
         choice = int(best[0]) if len(best) == 1 else int(rng.choice(best))
         if choice == 0:
             adj[i, j] = 1
@@ -263,7 +266,7 @@ def decide_dag(tally: DagTally, *, task: str | None, seed: int, round_: int = 0,
             if not [k for k in others if k not in desc]:
                 adj[t, :] = 0  # every concept hangs below the task: cut its outgoing edges
             scores = np.array([tally.strength[k, t] for k in cands])
-            best = [cands[i] for i in np.flatnonzero(scores >= scores.max() - _TOL)]
+            best = [cands[i] for i in np.flatnonzero(scores >= scores.max() - tie_tolerance)]
             parent = best[0] if len(best) == 1 else int(rng.choice(best))
             adj[parent, t] = 1
             added = (names[parent], task)

@@ -14,7 +14,8 @@ modules keep their house names such as ``gnn/layer1/has_feature``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,14 +50,19 @@ class EmbeddingAdapter(nn.Module):
         module: the embedding module (e.g. the NS-FL GNN); its output must be ``[B, out_dim]``.
         out_dim: ``d``.
         prefix: module-name prefix for its parameters when it has no ``clinograph_modules``.
+        embed: how to get the embeddings, ``embed(module, batch) -> [B, d]``; default
+            ``module(batch)``. For a model whose ``forward`` returns task logits, point this at
+            its patient-embedding method (e.g. the NS-FL layer-2 patient state ``h_p^(2)``).
     """
 
-    def __init__(self, module: nn.Module, out_dim: int, prefix: str = "encoder"):
+    def __init__(self, module: nn.Module, out_dim: int, prefix: str = "encoder",
+                 embed: Callable[[nn.Module, Any], torch.Tensor] | None = None):
         super().__init__()
         self.inner, self.out_dim, self.prefix = module, out_dim, prefix
+        self._embed = embed
 
     def forward(self, batch) -> torch.Tensor:  # noqa: D102
-        z = self.inner(batch)
+        z = self._embed(self.inner, batch) if self._embed is not None else self.inner(batch)
         if z.dim() != 2 or z.shape[1] != self.out_dim:
             from clinograph.secure.errors import ConfigError
 

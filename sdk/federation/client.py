@@ -8,7 +8,7 @@ head) never leave: they are not in any outgoing message (tested).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -33,7 +33,8 @@ class HospitalClient:
     def __init__(self, *, identity: Identity, server: PublicIdentity, peers: Mapping[str, PublicIdentity],
                  dictionary: FeatureDictionary, model: NSFLModel, modules: ModuleMap, trainer: Trainer,
                  num_samples: int, observed_nodes: np.ndarray, release_metrics: bool,
-                 publish_feature_relevance: bool, evaluate: object | None = None):
+                 publish_feature_relevance: bool, evaluate: Callable[[], Mapping[str, float]] | None = None,
+                 after_round: Callable[[HospitalClient], None] | None = None):
         self.name = identity.name
         self.identity = identity
         self.server = server
@@ -49,6 +50,7 @@ class HospitalClient:
         self.release_metrics = release_metrics
         self.publish_feature_relevance = publish_feature_relevance
         self._evaluate = evaluate
+        self.after_round = after_round  # e.g. local fine-tuning of personal modules (PFGL-Net Alg. 2)
         self._plan: RoundPlan | None = None
         self._mode_client = None
         self._global: dict[str, np.ndarray] = modules.state(ModuleKind.SHARED)
@@ -117,6 +119,8 @@ class HospitalClient:
             strategy = create_strategy(self._plan.strategy)
             self._global = strategy.apply(self._global, sums)
         self.modules.load(self._global)
+        if self.after_round is not None:
+            self.after_round(self)
 
     # -- helpers -----------------------------------------------------------------------------
     def _trained_modules(self, used_similar: bool) -> list[str]:
@@ -139,4 +143,4 @@ class HospitalClient:
         return {nid: float(m[i]) for i, nid in enumerate(node_ids) if nid in self.observed}
 
     def _metrics(self) -> dict[str, float]:
-        return dict(self._evaluate()) if callable(self._evaluate) else {}
+        return dict(self._evaluate()) if self._evaluate is not None else {}

@@ -2,9 +2,9 @@
 and one round (two stages). Frozen, strict, size-limited; always sent through
 :func:`clinograph.secure.wire.seal` (signed over the exact bytes).
 
-Size on the wire: ciphertext bytes travel base64-encoded inside the JSON payload, which the
-envelope base64-encodes again, so an envelope is ~16/9 of the SEAL bytes. The presets state
-SEAL bytes; the benchmark reports both.
+Size on the wire: ciphertext bytes travel base64-encoded inside the JSON payload (the envelope
+frame around it is binary), so an update is ~4/3 of the SEAL bytes. The presets state SEAL
+bytes; the benchmark reports both.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class CkksServer(AggregationServer):
         self.context = context
         self._layout = SlotLayout.from_plan(self.plan)
         self._n_ct = self._layout.ciphertext_count(context.preset.params.slot_count)
-        # Base64 twice (payload in JSON, payload in the envelope): 4/3 per level.
+        # Ciphertexts travel base64-encoded in the JSON payload (4/3); the envelope frame is binary.
         self._max_payload = int(self._n_ct * MAX_CIPHERTEXT_BYTES * 4 / 3) + _ENVELOPE_SLACK
         self._stage = "updates"
         self._waiting = set(self.plan.participants)

@@ -11,7 +11,10 @@ from collections.abc import Callable
 
 from ..errors import RegistryError
 from .base import Strategy
+from .dq import DQWeighted
 from .fedavg import FedAvg, FedSGD
+from .fedopt import FedAdam, FedOpt, FedYogi
+from .fedprox import FedProx
 
 _REGISTRY: dict[str, Callable[..., Strategy]] = {}
 
@@ -40,5 +43,11 @@ def registered_strategies() -> list[str]:
 
 register_strategy("fedavg", FedAvg)
 register_strategy("fedsgd", FedSGD)
+register_strategy("fedprox", FedProx)
+register_strategy("fedopt", FedOpt)
+register_strategy("fedadam", FedAdam)
+register_strategy("fedyogi", FedYogi)
+register_strategy("dq_weighted", DQWeighted)
 
-__all__ = ["FedAvg", "FedSGD", "Strategy", "create_strategy", "register_strategy", "registered_strategies"]
+__all__ = ["DQWeighted", "FedAdam", "FedAvg", "FedOpt", "FedProx", "FedSGD", "FedYogi", "Strategy", "create_strategy",
+           "register_strategy", "registered_strategies"]

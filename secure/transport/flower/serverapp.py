@@ -98,18 +98,20 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[Any]:
                             f"needs {server.min_clients}.")
     results = []
     pending: dict[str, bytes] = {}
-    for r in range(rounds):
-        try:
-            done = run_flower_round(grid, server, nodes=nodes, timeouts=timeouts, pending_model=pending,
-                                    deliver_model=(r == rounds - 1), on_event=events)
-        except ProtocolError as exc:  # e.g. fewer survivors than the threshold: nothing published
-            events("round_aborted", {"round": server.round, "reason": str(exc)})
-            raise
-        results.append(done.outcome.result)
-        pending = done.pending_model
-    close = getattr(server.audit, "close", None)
-    if callable(close):
-        close()
+    try:
+        for r in range(rounds):
+            try:
+                done = run_flower_round(grid, server, nodes=nodes, timeouts=timeouts, pending_model=pending,
+                                        deliver_model=(r == rounds - 1), on_event=events)
+            except ProtocolError as exc:  # e.g. fewer survivors than the threshold: nothing published
+                events("round_aborted", {"round": server.round, "reason": str(exc)})
+                raise
+            results.append(done.outcome.result)
+            pending = done.pending_model
+    finally:
+        close = getattr(server.audit, "close", None)
+        if callable(close):
+            close()
     events("finished", {"rounds": len(results)})
     return results
 

@@ -65,6 +65,13 @@ def check_node_config(node_config: Mapping[str, Any]) -> None:
                           "data-dir='/srv/h1/data' state-dir='/srv/h1/state' key-file='/srv/h1/keys/h1.ed25519.pem'\".")
 
 
+def _part(parts: Mapping[str, bytes], name: str, stage: str) -> bytes:
+    try:
+        return parts[name]
+    except KeyError:
+        raise ProtocolError(f"The {stage!r} message lacks its {name!r} part.") from None
+
+
 class HospitalWorker:
     """Answers relayed Clinograph stages for one hospital (one participant per run)."""
 
@@ -100,10 +107,10 @@ class HospitalWorker:
             if stage == "plan":
                 if parts.get("model"):  # the previous round's global model rides with the plan
                     participant.on_round_end(parts["model"])
-                report, first = participant.on_plan(parts["data"])
+                report, first = participant.on_plan(_part(parts, "data", "plan"))
                 return {"report": report, "first": first}
             if stage == "stage":
-                reply = participant.on_stage(parts["data"])
+                reply = participant.on_stage(_part(parts, "data", "stage"))
                 return {} if reply is None else {"reply": reply}
             if stage == "end":
                 model = parts.get("data")
@@ -112,17 +119,20 @@ class HospitalWorker:
         raise ProtocolError(f"Unknown stage {stage!r}.")
 
     def _hello(self, run_id: int, header: Mapping[str, Any], parts: Mapping[str, bytes]) -> dict[str, bytes]:
+        federation_id = _part(parts, "federation", "hello").decode(errors="replace")
+        if self._federation_id is not None and federation_id != self._federation_id:
+            raise ProtocolError(f"Hello for federation {federation_id!r}, but hospital {self.hospital!r} is enrolled "
+                                f"in {self._federation_id!r} (its federation-file). Refusing to answer.")
+        try:
+            hello = NodeHello(federation_id=federation_id, hospital=self.hospital,
+                              node_id=int(header["node_id"]), run_id=run_id, nonce=_part(parts, "nonce", "hello"))
+        except (KeyError, TypeError, ValueError):
+            raise ProtocolError("Malformed hello: it needs a node id, a 32-byte nonce and a federation id.") from None
         if run_id not in self._participants:
             self._participants.clear()  # one run at a time: drop the state of older runs
             run_config = header.get("run_config") or {}
             self._participants[run_id] = self.factory(node_config=self.node_config, run_config=dict(run_config),
                                                       run_id=run_id, identity=self.identity)
-        federation_id = parts["federation"].decode()
-        if self._federation_id is not None and federation_id != self._federation_id:
-            raise ProtocolError(f"Hello for federation {federation_id!r}, but hospital {self.hospital!r} is enrolled "
-                                f"in {self._federation_id!r} (its federation-file). Refusing to answer.")
-        hello = NodeHello(federation_id=federation_id, hospital=self.hospital,
-                          node_id=int(header["node_id"]), run_id=run_id, nonce=parts["nonce"])
         return {"hello": seal(hello, self.identity)}
 
     # -- the local socket --------------------------------------------------------------

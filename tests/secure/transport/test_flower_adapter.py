@@ -189,6 +189,16 @@ def test_worker_greets_only_its_own_federation(deployment):
                           {"nonce": b"n" * 32, "federation": b"other-federation"})
 
 
+def test_worker_refuses_malformed_relays(deployment):
+    _, workers, _, _ = deployment
+    with pytest.raises(ProtocolError, match="32-byte nonce"):
+        workers[0].handle({"stage": "hello", "run_id": 9, "node_id": 101},
+                          {"nonce": b"short", "federation": b"fed-flower"})
+    with pytest.raises(ProtocolError, match="lacks its 'federation' part"):
+        workers[0].handle({"stage": "hello", "run_id": 9, "node_id": 101}, {"nonce": b"n" * 32})
+    assert not workers[0]._participants  # nothing was built for a refused hello
+
+
 def test_worker_refuses_stages_before_hello(deployment):
     _, workers, _, _ = deployment
     with pytest.raises(ProtocolError, match="before the hello"):
@@ -246,3 +256,4 @@ def test_too_few_survivors_aborts_the_round_and_says_so(deployment, tmp_path):
     assert not any(e["event"] == "round_closed" for e in events)
     server_app_audit = (tmp_path / "audit" / "audit.jsonl").read_text()
     assert '"round_aborted"' in server_app_audit and "global_model" not in server_app_audit  # nothing published
+    assert verify_audit_dir(tmp_path / "audit").ok  # the trail was closed and still verifies

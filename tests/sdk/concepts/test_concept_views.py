@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from clinograph.sdk.concepts.views import _is_acyclic, make_client_views, perturb_edges
 from clinograph.secure.dag_voting import ancestor_matrix
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 NODES = ["asia", "smoke", "tub", "lung", "bronc", "either", "xray", "dysp"]
 EDGES = [("asia", "tub"), ("smoke", "lung"), ("smoke", "bronc"), ("tub", "either"), ("lung", "either"),

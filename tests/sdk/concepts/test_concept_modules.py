@@ -137,6 +137,9 @@ def test_adapter_wraps_any_embedding_module_and_unknown_kind_is_listed():
     m = ConceptModel(kind="cem", encoder=enc, graph=g, z_dim=12)
     assert [n for n, _ in list_modules(m)][:1] == ["encoder/0"]
     assert m(torch.randn(3, 7)).logits["y"].shape == (3, 2)
+    tupled = EmbeddingAdapter(inner, 12, embed=lambda mod, batch: mod(batch[0]) * batch[1])
+    m2 = ConceptModel(kind="cbm", encoder=tupled, graph=g, z_dim=12)
+    assert m2((torch.randn(3, 7), 2.0)).logits["a"].shape == (3, 2)
     with pytest.raises(ConfigError, match=r"expected \[B, 5\]"):
         EmbeddingAdapter(inner, 5)(torch.randn(3, 7))
     with pytest.raises(RegistryError, match="Registered: c2bm, cbm, cem, cgm"):

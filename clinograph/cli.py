@@ -1,0 +1,121 @@
+"""The ``clinograph`` command line.
+
+Every command turns a :class:`ClinographError` into a clear message on stderr and a non-zero
+exit; nothing ends in a bare traceback (set ``CLINOGRAPH_DEBUG=1`` to see one).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(name="clinograph", help="Federated learning across hospitals over a shared clinical ontology.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Map errors to messages and exit codes: 2 = bad input/config, 3 = internal error."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from clinograph.secure.errors import ClinographError
+
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except ClinographError as exc:
+            typer.secho(f"error: {exc}", err=True, fg="red")
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            if os.environ.get("CLINOGRAPH_DEBUG") == "1":
+                raise
+            typer.secho(f"internal error ({type(exc).__name__}); rerun with CLINOGRAPH_DEBUG=1 and report it.",
+                        err=True, fg="red")
+            raise typer.Exit(3) from None
+
+    return wrapper
+
+
+def _threads() -> None:
+    try:
+        import torch
+    except ModuleNotFoundError:
+        return
+    torch.set_num_threads(int(os.environ.get("CLINOGRAPH_TORCH_THREADS", "1")))
+
+
+@app.command()
+@guarded
+def demo(
+    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("runs/demo"),
+    rounds: Annotated[int, typer.Option(min=1, max=500)] = 15,
+    seed: Annotated[int, typer.Option()] = 0,
+    secure_mode: Annotated[str, typer.Option(help="masked (default), ckks or insecure_plaintext")] = "masked",
+    dp: Annotated[bool, typer.Option("--dp/--no-dp", help="Patient-level DP-SGD at every hospital.")] = False,
+) -> None:
+    """The main job: a 4-hospital federation from ALARM, NS-FL vs the paper's baselines."""
+    from .demo_view import run_demo_view
+
+    _threads()
+    run_demo_view(out=out, rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp)
+
+
+@app.command()
+@guarded
+def simulate(config: Annotated[Path, typer.Argument(help="Simulation config (TOML).")]) -> None:
+    """Run a simulated federation from a TOML config (hospital tables + site schemas)."""
+    from .demo_view import run_simulation_view
+
+    _threads()
+    run_simulation_view(config)
+
+
+@app.command()
+@guarded
+def bench(name: Annotated[str, typer.Argument(help="Benchmark name (file in benchmarks/ without .py).")],
+          quick: Annotated[bool, typer.Option("--quick")] = False) -> None:
+    """Run a benchmark script from benchmarks/ (writes JSON to benchmarks/results/)."""
+    import runpy
+
+    from clinograph.secure.errors import ConfigError
+
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    available = sorted(p.stem for p in root.glob("*.py") if not p.stem.startswith("_"))
+    if name not in available:
+        raise ConfigError(f"Unknown benchmark {name!r}. Available: {', '.join(available)}.")
+    _threads()
+    sys.argv = [str(root / f"{name}.py")] + (["--quick"] if quick else [])
+    runpy.run_path(str(root / f"{name}.py"), run_name="__main__")
+
+
+def _mount() -> None:
+    from .commands import audit
+
+    app.add_typer(audit.app, name="audit")
+    try:
+        from .commands import keys
+    except ModuleNotFoundError:
+        return
+    app.add_typer(keys.app, name="keys")
+
+
+_mount()
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""A hospital's privacy ledger: the accountant's history across rounds and runs, on disk.
+
+Each DP-SGD step is the Poisson-subsampled Gaussian mechanism with noise multiplier σ and
+sampling rate q. The hospital's ε is the composition over *every* step of *every* round and
+run that touched its data: the RDP accountant (Mironov 2017; Mironov, Talwar & Zhang 2019)
+sums the Rényi divergences α ↦ Σ_i T_i · RDP_α(q_i, σ_i) and converts with
+ε = min_α [RDP(α) + log((α−1)/α) − (log δ + log α)/(α−1)] (Balle et al. 2020, as in Opacus);
+the PRV accountant (Gopi et al. 2021) is the alternative. History entries are Opacus's
+``(σ, q, steps)`` tuples, merged like Opacus merges them.
+
+The state lives in ``<state_dir>/privacy_ledger.json`` (atomic writes), is restored before
+every round, and a round that would pass the budget is refused *before* training. ε values
+are cached by (accountant, δ, history) in memory and on disk, so accounting costs a dict
+lookup instead of seconds. One process per hospital writes its state dir (no file locking).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
+from clinograph.secure.messages import LedgerEntry
+
+FORMAT = "clinograph/privacy-ledger/v1"
+FILENAME = "privacy_ledger.json"
+ACCOUNTANTS = ("rdp", "prv")
+History = list[tuple[float, float, int]]
+
+
+def merge_step(history: History, *, noise_multiplier: float, sample_rate: float, steps: int) -> History:
+    """``history`` plus ``steps`` steps at (σ, q), merged into the last entry when equal (as Opacus does)."""
+    out = list(history)
+    if steps <= 0:
+        return out
+    if out and out[-1][0] == noise_multiplier and out[-1][1] == sample_rate:
+        out[-1] = (out[-1][0], out[-1][1], out[-1][2] + steps)
+    else:
+        out.append((float(noise_multiplier), float(sample_rate), int(steps)))
+    return out
+
+
+def normalise(history: list) -> History:
+    """Merge consecutive equal (σ, q) settings; the ε is unchanged, the cache key canonical."""
+    out: History = []
+    for sigma, q, steps in history:
+        out = merge_step(out, noise_multiplier=float(sigma), sample_rate=float(q), steps=int(steps))
+    return out
+
+
+def _atomic_write(path: Path, data: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ledger-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class PrivacyLedger:
+    """Persistent (ε, δ) accounting of one hospital.
+
+    Guarantees: the history on disk only grows (``commit`` appends what Opacus counted);
+    ``check_round`` refuses, before any training, a round whose projected total ε exceeds the
+    budget. Does not guarantee anything about jobs that bypass this ledger.
+
+    Args:
+        state_dir: the hospital's state directory (created if missing).
+        site: hospital name (checked against the file: one ledger per hospital).
+        budget_epsilon: the hospital's total ε budget. delta: δ for every ε here.
+        accountant: ``"rdp"`` (default) or ``"prv"``.
+    """
+
+    def __init__(self, state_dir: str | Path, *, site: str, budget_epsilon: float, delta: float,
+                 accountant: str = "rdp"):
+        if accountant not in ACCOUNTANTS:
+            raise PrivacyError(f"Unknown accountant {accountant!r}. Registered: {', '.join(ACCOUNTANTS)}.")
+        self.path = Path(state_dir) / FILENAME
+        self.site, self.budget_epsilon, self.delta, self.accountant = site, float(budget_epsilon), float(delta), accountant
+        self.computations = 0  # ε computations that missed the cache (tests count them)
+        self.history: History = []
+        self.entries: list[dict] = []
+        self._cache: dict[str, float] = {}
+        self._load()
+
+    # -- state --------------------------------------------------------------------------------
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        try:
+            state = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise PrivacyError(f"Privacy ledger {self.path} is unreadable ({type(exc).__name__}); refusing to "
+                               "train without the accountant's history. Restore it from backup.") from None
+        if state.get("format") != FORMAT or state.get("site") != self.site:
+            raise PrivacyError(f"Privacy ledger {self.path} is not a {FORMAT} ledger of hospital {self.site!r}. "
+                               "Point [privacy] state_dir at this hospital's own state directory.")
+        self.history = normalise(state.get("history", []))
+        self.entries = list(state.get("entries", []))
+        self._cache = {str(k): float(v) for k, v in state.get("epsilon_cache", {}).items()}
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        cache = dict(list(self._cache.items())[-64:])
+        state = {"format": FORMAT, "site": self.site, "history": [list(h) for h in self.history],
+                 "entries": self.entries, "epsilon_cache": cache}
+        _atomic_write(self.path, json.dumps(state, indent=1, sort_keys=True))
+
+    # -- accounting ---------------------------------------------------------------------------
+    def make_accountant(self, history: History | None = None):  # noqa: ANN201 - an opacus IAccountant
+        """An Opacus accountant with ``history`` (default: this hospital's) restored."""
+        from opacus.accountants import create_accountant
+
+        acc = create_accountant(self.accountant)
+        acc.history = list(self.history if history is None else history)
+        return acc
+
+    def epsilon(self, history: History | None = None) -> float:
+        """ε at this ledger's δ after ``history`` (default: everything so far); cached."""
+        hist = normalise(self.history if history is None else history)
+        if not hist:
+            return 0.0
+        key = json.dumps([self.accountant, repr(self.delta), [[repr(s), repr(q), t] for s, q, t in hist]])
+        if key not in self._cache:
+            self.computations += 1
+            self._cache[key] = float(self.make_accountant(hist).get_epsilon(delta=self.delta))
+        return self._cache[key]
+
+    def project(self, *, noise_multiplier: float, sample_rate: float, steps: int) -> float:
+        """Total ε if ``steps`` more steps at (σ, q) were taken."""
+        return self.epsilon(merge_step(self.history, noise_multiplier=noise_multiplier,
+                                       sample_rate=sample_rate, steps=steps))
+
+    def check_round(self, *, round_: int, noise_multiplier: float, sample_rate: float, steps: int) -> float:
+        """The projected total ε of round ``round_``, or :class:`PrivacyBudgetExceeded` before training."""
+        projected = self.project(noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
+        if projected > self.budget_epsilon:
+            raise PrivacyBudgetExceeded(
+                f"Hospital {self.site!r}: round {round_} would take ε from {self.epsilon():.3f} to "
+                f"{projected:.3f} (δ = {self.delta:g}, {steps} steps at σ = {noise_multiplier:g}, q = {sample_rate:.4g}), "
+                f"past its budget ε = {self.budget_epsilon:g}. Refused before training. Fix: this hospital "
+                "has spent its budget on this data; stop training here (raising [privacy] epsilon_budget "
+                "weakens the guarantee and needs your governance's approval).")
+        return projected
+
+    def commit(self, *, round_: int, history: list, noise_multiplier: float, sample_rate: float,
+               clip_norm: float) -> LedgerEntry:
+        """Record the accountant's history after a round (what Opacus counted) and return its entry."""
+        new = normalise(history)
+        steps = sum(t for *_, t in new) - sum(t for *_, t in self.history)
+        if steps < 0 or new[: max(len(self.history) - 1, 0)] != self.history[: max(len(self.history) - 1, 0)]:
+            raise PrivacyError(f"Hospital {self.site!r}: the accountant's history after round {round_} does not "
+                               "extend the stored one; refusing to record it. Restore the ledger before training.")
+        self.history = new
+        entry = LedgerEntry(round=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+                            clip_norm=clip_norm, accountant=self.accountant, epsilon=self.epsilon(), delta=self.delta,
+                            budget_epsilon=self.budget_epsilon)
+        self.entries.append(entry.model_dump(mode="json"))
+        self._save()
+        return entry
+
+    def __repr__(self) -> str:
+        return (f"PrivacyLedger(site={self.site!r}, accountant={self.accountant!r}, steps="
+                f"{sum(t for *_, t in self.history)}, budget_epsilon={self.budget_epsilon:g})")
