@@ -47,9 +47,19 @@ class PrivacySection(_Strict):
     epsilon_budget: float = Field(default=10.0, gt=0)
     delta: float = Field(default=1e-5, gt=0, lt=1)
     clip_norm: float = Field(default=1.0, gt=0)
-    noise_multiplier: float | None = Field(default=None, ge=0)
-    batch_size: int = Field(default=64, ge=1)
+    noise_multiplier: float | None = Field(default=None, ge=0, description="σ; None: calibrate from target_epsilon")
+    batch_size: int = Field(default=64, ge=1, description="expected Poisson batch size B (q = 1/ceil(n/B))")
     release_metrics: bool = False
+    target_epsilon: float | None = Field(default=None, gt=0, description="calibration target; default epsilon_budget")
+    planned_rounds: int | None = Field(default=None, ge=1, description="rounds σ is calibrated over; default federation.rounds")
+    accountant: Literal["rdp", "prv"] = "rdp"
+    state_dir: Path | None = Field(default=None, description="ledger folder; default <output>/privacy/<site>")
+    clipping: Literal["flat", "adaptive"] = "flat"
+    target_unclipped_quantile: float = Field(default=0.5, gt=0, lt=1, description="adaptive clipping only")
+    clipbound_learning_rate: float = Field(default=0.2, gt=0, description="adaptive clipping only")
+    max_clipbound: float = Field(default=1.0, gt=0, description="adaptive clipping only; reported as the clip norm")
+    min_clipbound: float = Field(default=0.01, gt=0, description="adaptive clipping only")
+    unclipped_num_std: float = Field(default=10.0, gt=0, description="adaptive clipping only (σ_b)")
 
 
 class HospitalEntry(_Strict):

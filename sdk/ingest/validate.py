@@ -17,7 +17,7 @@ from clinograph.secure.errors import ConfigError, SchemaError
 
 from ..ontology.dictionary import Feature, FeatureDictionary, FeatureKind
 from ..ontology.schema import SiteSchema
-from ..ontology.units import conversion
+from ..ontology.units import conversion, normalise_unit
 from .table import IngestReport, PatientTable
 
 _UNIT_IN_CELL = re.compile(r"^\s*[-+]?\d+(?:[.,]\d+)?\s*[A-Za-z/%°µμ][\w/%°µμ.]*\s*$")
@@ -114,6 +114,7 @@ def _labels(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
         problems.append(f"Label column {col!r}: {_rows(bad)} are not binary (expected 0/1, true/false or yes/no).")
     out = np.full(len(raw), np.nan)
     out[present & t], out[present & f] = 1.0, 0.0
+    out[bad] = -1.0  # reported above; not also counted as missing
     return out
 
 
@@ -215,7 +216,7 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     report = IngestReport(rows_read=len(df), patients=len(rows), observations=int(sum(len(p) for p in pats)),
                           dropped_patients_missing_label=int((~keep).sum()),
                           ignored_columns=tuple(c for c in df.columns if c in schema.ignore),
-                          converted_columns={c: f"{u} -> {f.unit}" for c, (f, u) in mapped.items() if u and u != f.unit},
+                          converted_columns={c: f"{u} -> {f.unit}" for c, (f, u) in mapped.items() if u and normalise_unit(u) != normalise_unit(f.unit)},
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})))
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(ids.to_numpy()[rows]),
                         patient=cat(pats, np.int64), node=cat(nodes, np.int64), value=cat(vals, np.float64),
@@ -277,7 +278,7 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
     std = np.array([node_feat[n].standardise(v) for n, v in zip(nodes[ok], values[ok], strict=True)])
     report = IngestReport(rows_read=len(df), patients=len(pid), observations=int(ok.sum()),
                           dropped_patients_missing_label=int((~keep_p).sum()),
-                          converted_columns={n: f"{u} -> {f.unit}" for n, (f, u) in mapped.items() if u and u != f.unit},
+                          converted_columns={n: f"{u} -> {f.unit}" for n, (f, u) in mapped.items() if u and normalise_unit(u) != normalise_unit(f.unit)},
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})))
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(uniq_ids[keep_p]),
                         patient=pat[ok], node=nodes[ok], value=values[ok], std_value=std.astype(np.float64),

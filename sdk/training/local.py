@@ -27,6 +27,7 @@ class TrainConfig(BaseModel):
     lr: float = Field(default=0.01, gt=0, description="Adam learning rate")
     batch_size: int = Field(default=64, ge=1)
     weight_decay: float = Field(default=0.0, ge=0)
+    mask_lr_factor: float = Field(default=10.0, gt=0, description="m_f learn this much faster, so they move")
     seed: int = 0
 
 
@@ -43,8 +44,10 @@ def train_epochs(model: NSFLModel, *, epochs: int, train_idx: np.ndarray, config
     ``proximal = (μ, θ_global)`` adds FedProx's (μ/2)·||θ − θ_global||² (Li et al. 2020).
     """
     gen = torch.Generator().manual_seed(config.seed * 100_003 + round_)
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=config.lr,
-                           weight_decay=config.weight_decay)
+    masks = [p for n, p in model.named_parameters() if n.startswith("mask_logit") and p.requires_grad]
+    rest = [p for n, p in model.named_parameters() if not n.startswith("mask_logit") and p.requires_grad]
+    opt = torch.optim.Adam([{"params": rest}, {"params": masks, "lr": config.lr * config.mask_lr_factor}],
+                           lr=config.lr, weight_decay=config.weight_decay)
     idx = torch.as_tensor(train_idx, dtype=torch.long)
     y_all = stars.labels
     model.train()

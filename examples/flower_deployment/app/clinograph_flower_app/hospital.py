@@ -26,20 +26,19 @@ from clinograph.sdk.model.nsfl import NSFLModel
 from clinograph.sdk.model.nsfl_modules import nsfl_modules
 from clinograph.sdk.ontology.dictionary import FeatureDictionary
 from clinograph.sdk.ontology.schema import SiteSchema
-from clinograph.secure.errors import ConfigError
 from clinograph.secure.identity import Identity
 from clinograph.secure.transport.flower.enrolment import load_federation
 
 
-def _trainer(table, train_idx, cfg: SimulationConfig):
+def _trainer(table, train_idx, cfg: SimulationConfig, *, site: str, state_dir: Path):
     if not cfg.privacy.enabled:
         return GraphTrainer(table, train_idx=train_idx, k_similar=cfg.graph.k_similar, config=cfg.training)
-    try:
-        from clinograph.sdk.privacy import make_dp_trainer  # patient-level DP-SGD (issue 4)
-    except ImportError:
-        raise ConfigError("privacy.enabled = true but this SDK has no DP trainer (clinograph.sdk.privacy). "
-                          "Upgrade the SDK or disable privacy in clinograph.toml.") from None
-    return make_dp_trainer(table, train_idx=train_idx, config=cfg)
+    # Patient-level DP-SGD (issue 4); the privacy ledger persists in this hospital's state dir,
+    # so epsilon composes across rounds and runs and survives a restart of the SuperNode.
+    from clinograph.sdk.privacy import dp_trainer_factory
+
+    return dp_trainer_factory(table=table, train_idx=train_idx, config=cfg, site=site,
+                              state_root=state_dir / "privacy")
 
 
 def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, Any], run_id: int,
@@ -55,7 +54,8 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     model = NSFLModel(len(dictionary.node_ids()), cfg.model)
     return HospitalClient(
         identity=identity, server=federation.server_public(), peers=federation.enrolled(), dictionary=dictionary,
-        model=model, modules=nsfl_modules(model, dictionary.node_ids()), trainer=_trainer(table, train_idx, cfg),
+        model=model, modules=nsfl_modules(model, dictionary.node_ids()),
+        trainer=_trainer(table, train_idx, cfg, site=identity.name, state_dir=Path(str(node_config["state-dir"]))),
         num_samples=len(train_idx), observed_nodes=table.observed_nodes(),
         release_metrics=cfg.privacy.release_metrics or not cfg.privacy.enabled,
         publish_feature_relevance=cfg.publish_feature_relevance)

@@ -30,6 +30,9 @@ seed = {seed}
 [model]
 hidden = 16
 
+[graph]
+k_similar = {k_similar}  # DP refuses similar_to edges (they couple patients)
+
 [training]
 batch_size = 64
 
@@ -56,7 +59,7 @@ def prepare(out: Path, *, hospitals: list[str], patients: int, dp: bool, seed: i
     """Write the demo folders."""
     specs = tuple(replace(DEFAULT_HOSPITALS[i % len(DEFAULT_HOSPITALS)], site=name, n_patients=patients)
                   for i, name in enumerate(hospitals))
-    settings = SETTINGS.format(seed=seed, dp="true" if dp else "false")
+    settings = SETTINGS.format(seed=seed, dp="true" if dp else "false", k_similar=0 if dp else 5)
     out.mkdir(parents=True, exist_ok=True)
     (out / "deployment.toml").write_text(settings)
     for (table, schema), name in zip(make_hospital_tables(seed=seed, hospitals=specs), hospitals, strict=True):

@@ -1,0 +1,108 @@
+"""Personal layers and local fine-tuning (PFGL-Net §3.3, Algorithm 2's K_personal).
+
+A declared set of modules is personal: it never leaves the hospital (``ModuleKind.PERSONAL``
+modules are not in any upload), is not aggregated, and after each round -- once the new
+global shared modules are loaded -- is fine-tuned on the hospital's own training patients
+with every shared module frozen. Default set: the task head (``head/task``); the NS-FL
+feature masks (``mask/<f>``) are always personal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from clinograph.secure.errors import ConfigError
+from clinograph.secure.spec import ModuleKind
+
+from .graph.star import StarBatch
+from .model.modules import ModuleMap
+from .model.nsfl import NSFLModel
+from .model.nsfl_modules import nsfl_modules
+from .training.local import TrainConfig, train_epochs
+
+if TYPE_CHECKING:
+    from .federation.client import HospitalClient
+
+DEFAULT_PERSONAL = ("head/task",)
+
+
+def personal_module_map(model: NSFLModel, node_ids: Sequence[str], *,
+                        personal: Sequence[str] = DEFAULT_PERSONAL) -> ModuleMap:
+    """The NS-FL module map with ``personal`` (exact names, or prefixes ending in ``/``) made
+    personal, plus the masks. Unknown names raise ConfigError listing the modules."""
+    base = nsfl_modules(model, node_ids, personal_head=False)
+    names = base.names()
+    unknown = [p for p in personal if not any(n == p or (p.endswith("/") and n.startswith(p)) for n in names)]
+    if unknown:
+        shown = sorted({n.split("/")[0] + "/" for n in names} | {n for n in names if not n.startswith(
+            ("feature_embedding/", "mask/"))})
+        raise ConfigError(f"Personal modules {unknown} are not in the model. Known: {', '.join(shown)}.")
+
+    def is_personal(n: str) -> bool:
+        return base.kind(n) == ModuleKind.PERSONAL or any(n == p or (p.endswith("/") and n.startswith(p))
+                                                          for p in personal)
+
+    out = ModuleMap()
+    for n in names:
+        out.add(n, ModuleKind.PERSONAL if is_personal(n) else ModuleKind.SHARED, base._modules[n][1])
+    return out
+
+
+def fine_tune_personal(model: NSFLModel, modules: ModuleMap, *, stars: StarBatch, train_idx: np.ndarray,
+                       epochs: int, config: TrainConfig, round_: int = 0) -> float:
+    """Train only the personal modules for ``epochs`` epochs; every shared value is unchanged.
+
+    Parameters with no personal piece are frozen; rows of a parameter that belong to shared
+    modules get a zero gradient; and the shared modules are written back afterwards, so the
+    guarantee holds exactly (tested). Returns the last epoch's mean loss.
+    """
+    shared_before = modules.state(ModuleKind.SHARED)
+    row_mask: dict[int, torch.Tensor] = {}
+    whole: set[int] = set()
+    params = {id(p): p for p in model.parameters()}
+    for n in modules.names(ModuleKind.PERSONAL):
+        for piece in modules._modules[n][1]:
+            if piece.row is None:
+                whole.add(id(piece.param))
+            else:
+                mask = row_mask.setdefault(id(piece.param), torch.zeros(piece.param.shape[0], 1))
+                mask[piece.row] = 1.0
+    saved = {k: p.requires_grad for k, p in params.items()}
+    hooks = []
+    try:
+        for k, p in params.items():
+            p.requires_grad_(k in whole or k in row_mask)
+            if k in row_mask and k not in whole:
+                m = row_mask[k].reshape((-1,) + (1,) * (p.dim() - 1))
+                hooks.append(p.register_hook(lambda g, m=m: g * m))
+        loss = train_epochs(model, epochs=epochs, train_idx=train_idx, config=config, stars=stars,
+                            round_=10_000 + round_)
+    finally:
+        for h in hooks:
+            h.remove()
+        for k, p in params.items():
+            p.requires_grad_(saved[k])
+        modules.load(shared_before)
+    return loss
+
+
+def personal_fine_tuner(*, stars: StarBatch, train_idx: np.ndarray, epochs: int,
+                        config: TrainConfig) -> Callable[[HospitalClient], None]:
+    """An ``after_round`` callable for :class:`HospitalClient`: fine-tune the personal modules
+    on the new global model (PFGL-Net's local fine-tuning). ``epochs = 0`` does nothing."""
+    if epochs < 0:
+        raise ConfigError(f"fine-tuning epochs must be >= 0, got {epochs}.")
+    counter = {"round": 0}
+
+    def after_round(client: HospitalClient) -> None:
+        if epochs == 0:
+            return
+        fine_tune_personal(client.model, client.modules, stars=stars, train_idx=train_idx, epochs=epochs,
+                           config=config, round_=counter["round"])
+        counter["round"] += 1
+
+    return after_round

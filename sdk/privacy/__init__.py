@@ -1,0 +1,30 @@
+"""Patient-level differential privacy for the NS-FL model (issue 4; docs/privacy.md).
+
+The unit is one patient: DP-SGD (Opacus, hooks mode, Poisson sampling) on each patient's
+star, no ``similar_to``, and a persistent per-hospital ledger composing ε over every step of
+every round.
+"""
+
+from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
+
+from .accountant import PrivacyLedger
+from .calibration import calibrate_noise_multiplier, poisson_plan
+from .guard import refuse_coupled_plan, refuse_coupled_training
+from .noise import install_secure_noise, secure_gaussian
+from .trainer import DPTrainer, dp_trainer_factory, star_loss, unused_star_parameters
+
+__all__ = [
+    "DPTrainer",
+    "PrivacyBudgetExceeded",
+    "PrivacyError",
+    "PrivacyLedger",
+    "calibrate_noise_multiplier",
+    "dp_trainer_factory",
+    "install_secure_noise",
+    "poisson_plan",
+    "refuse_coupled_plan",
+    "refuse_coupled_training",
+    "secure_gaussian",
+    "star_loss",
+    "unused_star_parameters",
+]

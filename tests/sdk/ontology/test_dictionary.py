@@ -1,0 +1,47 @@
+import pytest
+from clinograph.sdk.data.alarm_demo import load_dictionary
+from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind
+from clinograph.secure.errors import ConfigError
+from pydantic import ValidationError
+
+
+def test_indices_are_fixed_and_hash_is_stable():
+    d = load_dictionary()
+    assert d.node_index()["heart_rate"] == 0
+    assert d.digest() == load_dictionary().digest()
+    changed = d.model_copy(update={"version": d.version + 1})
+    assert changed.digest() != d.digest()
+
+
+def test_standardisation_uses_the_public_reference_range():
+    f = load_dictionary().get("heart_rate")
+    assert f.standardise(60.0) == pytest.approx(-1.0)
+    assert f.standardise(100.0) == pytest.approx(1.0)
+    assert f.standardise(80.0) == pytest.approx(0.0)
+
+
+def test_nearest_suggests_by_alias_and_name():
+    d = load_dictionary()
+    assert "heart_rate" in d.nearest("hart rate")
+    assert "paco2" in d.nearest("artco2")
+    with pytest.raises(KeyError, match=r"nearest: \["):
+        d.get("sodium")
+
+
+def test_categorical_features_expand_to_level_nodes():
+    d = FeatureDictionary(name="t", version=1, features=(
+        Feature(id="sex", name="Sex", kind=FeatureKind.CATEGORICAL, levels=("f", "m")),
+        Feature(id="hr", name="HR", kind=FeatureKind.NUMERIC, reference_low=60, reference_high=100)))
+    assert d.node_ids() == ["sex=f", "sex=m", "hr"]
+
+
+def test_numeric_feature_without_reference_range_is_refused():
+    with pytest.raises(ValidationError, match="reference_low and reference_high"):
+        Feature(id="na", name="Sodium", kind=FeatureKind.NUMERIC)
+
+
+def test_bad_dictionary_file_names_the_key(tmp_path):
+    p = tmp_path / "d.toml"
+    p.write_text('name = "x"\nversion = 1\n[[features]]\nid = "hr"\nname = "HR"\nkind = "numeric"\ncolour = "red"\n')
+    with pytest.raises(ConfigError, match=r"features\.0\.colour"):
+        FeatureDictionary.from_toml(p)

@@ -1,0 +1,97 @@
+"""Opacus's hooks-mode per-sample gradients on the DP (star) model equal a per-patient loop.
+
+privacy.md: PyG layers under Opacus fail or give wrong per-sample gradients silently; the DP
+model is correct only because this comparison passes, for every trainable parameter.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from clinograph.sdk.graph.star import star_batch
+from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
+from clinograph.sdk.privacy import star_loss, unused_star_parameters
+from opacus import GradSampleModule
+
+
+def _model(n_features: int) -> NSFLModel:
+    model = NSFLModel(n_features, NSFLConfig(hidden=8, init_seed=5)).double()
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():  # move off the deterministic init so no gradient is trivially symmetric
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    for name, p in model.named_parameters():
+        if name in unused_star_parameters(model):
+            p.requires_grad_(False)
+    return model
+
+
+def _batch(tables, n: int = 10):
+    stars = star_batch(tables[2])  # the hospital without blood gases: stars of several sizes
+    fi, x, m, y = stars.feature_index[:n], stars.values[:n].double(), stars.mask[:n].clone(), stars.labels[:n].double()
+    m[0] = False  # a patient with no observed feature at all
+    m[1, 3:] = False  # and a small star
+    return fi, x, m, y
+
+
+def test_opacus_per_sample_gradients_match_per_patient_loop(tables, dictionary):
+    model = _model(len(dictionary.node_ids()))
+    fi, x, m, y = _batch(tables)
+    reference = copy.deepcopy(model)
+    gsm = GradSampleModule(model, batch_first=True, loss_reduction="mean")
+    star_loss(gsm(fi, x, m), y).backward()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert len(trainable) >= 15  # embeddings, masks, every Linear of both layers and the head
+    ref_params = dict(reference.named_parameters())
+    for i in range(len(y)):
+        reference.zero_grad(set_to_none=True)
+        star_loss(reference(fi[i:i + 1], x[i:i + 1], m[i:i + 1]), y[i:i + 1]).backward()
+        for name, p in trainable:
+            assert p.grad_sample is not None, name
+            expected = ref_params[name].grad
+            expected = torch.zeros_like(p) if expected is None else expected
+            err = (p.grad_sample[i] - expected).abs().max().item()
+            assert err <= 1e-5, f"{name}, patient {i}: per-sample gradient off by {err:.2e}"
+    gsm._close()
+
+
+def test_comparison_can_fail_on_a_coupled_batch(tables, dictionary):
+    """Negative control: a batch-coupled loss (patients share a normaliser) breaks the match, so
+    the comparison above is able to detect wrong per-sample gradients."""
+    model = _model(len(dictionary.node_ids()))
+    fi, x, m, y = _batch(tables)
+    reference = copy.deepcopy(model)
+    gsm = GradSampleModule(model, batch_first=True, loss_reduction="mean")
+    logits = gsm(fi, x, m)
+    star_loss(logits - logits.mean(), y).backward()  # couples every patient to the batch
+    star_loss(reference(fi[2:3], x[2:3], m[2:3]), y[2:3]).backward()
+    name = "head.weight"
+    got = dict(model.named_parameters())[name].grad_sample[2]
+    want = dict(reference.named_parameters())[name].grad
+    assert (got - want).abs().max().item() > 1e-3
+    gsm._close()
+
+
+@pytest.mark.parametrize("k_similar", [0, 4])
+def test_star_model_equals_full_graph_without_similar_to(tables, dictionary, k_similar):
+    """Same weights: PyG HeteroData path (edge lists, segment softmax) without similar_to == stars."""
+    from clinograph.sdk.graph.build import build_graph
+
+    model = _model(len(dictionary.node_ids()))
+    for table in tables:
+        data = build_graph(table, k_similar=k_similar)
+        for store in data.stores:
+            for key, value in store.items():
+                if torch.is_tensor(value) and value.is_floating_point():
+                    store[key] = value.double()
+        stars = star_batch(table)
+        with torch.no_grad():
+            full = model.forward_graph(data, use_similar=False)
+            star = model.forward_star(stars.feature_index, stars.values.double(), stars.mask)
+            coupled = model.forward_graph(data, use_similar=True)
+        assert full.shape == star.shape == (table.n_patients,)
+        assert (full - star).abs().max().item() <= 1e-9
+        if k_similar > 0:  # control: with similar_to the outputs do differ
+            assert (coupled - star).abs().max().item() > 1e-6

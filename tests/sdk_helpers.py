@@ -1,0 +1,27 @@
+"""Small real hospitals for SDK tests (generated from ALARM; no downloads)."""
+
+from __future__ import annotations
+
+import functools
+
+from clinograph.sdk.data.alarm_demo import BLOOD_GAS, HospitalSpec, load_dictionary, make_hospital_tables
+from clinograph.sdk.ingest import ingest
+
+SMALL = (
+    HospitalSpec("north", 160, renames=(("heart_rate", "HR"), ("glucose", "GLU")), units=(("glucose", "mg/dL"),)),
+    HospitalSpec("south", 120, renames=(("paco2", "PaCO2 (kPa)"),), units=(("paco2", "kPa"),)),
+    HospitalSpec("east", 100, lacks=BLOOD_GAS),
+)
+
+
+@functools.cache
+def small_tables(seed: int = 0):
+    """Three small ingested hospitals (cached per seed)."""
+    d = load_dictionary()
+    return tuple(ingest(df, schema=s, dictionary=d) for df, s in make_hospital_tables(seed=seed, hospitals=SMALL))
+
+
+@functools.cache
+def raw_tables(seed: int = 0):
+    """The same hospitals as (DataFrame, SiteSchema) before ingestion."""
+    return tuple(make_hospital_tables(seed=seed, hospitals=SMALL))
