@@ -153,14 +153,16 @@ def main(argv=None) -> int:
     p.add_argument("--big-seeds", type=int, default=1, help="seeds for insurance, hailfinder")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--inputs", choices=["concepts", "all"], default="all")
+    p.add_argument("--rounds-after-join", type=int, default=20, help="rounds after the last join")
+    p.add_argument("--local-epochs", type=int, default=2)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "fcm_bnlearn.json"))
     args = p.parse_args(argv)
-    args.clients, args.per_round, args.local_epochs, args.lr = 20, 10, 2, 3e-3
+    args.clients, args.per_round, args.lr = 20, 10, 3e-3
     args.hidden, args.emb, args.perturb_clients, args.perturb_edges = 64, 16, 0.2, 0.3
     # Shrunk for ~20 min on 2 cores: the paper joins at round 10 (Asia, Sachs) / 20 (others) and
     # trains up to 200 rounds with early stopping; we join at 10 / 15 and stop 20 rounds later.
     args.join = {"asia": 10, "sachs": 10, "alarm": 15, "insurance": 15, "hailfinder": 15}
-    args.rounds_after_join, args.sample_frac, args.ae_epochs = 20, 1.0, 10
+    args.sample_frac, args.ae_epochs = 1.0, 10
     args.grid_clients, args.grid_edges, args.grid_pool = [0.0, 0.3, 0.6, 0.9], [0.3, 0.6, 0.9], 200
     if args.quick:
         args.networks, args.kinds, args.seeds = ["asia"], ["cbm", "c2bm"], 1

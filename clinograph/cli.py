@@ -24,6 +24,8 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from pydantic import ValidationError
+
         from clinograph.secure.errors import ClinographError
 
         try:
@@ -32,6 +34,11 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except ClinographError as exc:
             typer.secho(f"error: {exc}", err=True, fg="red")
+            raise typer.Exit(2) from None
+        except ValidationError as exc:
+            lines = [f"  - {'.'.join(str(x) for x in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in exc.errors()]
+            typer.secho("error: invalid settings:\n" + "\n".join(lines), err=True, fg="red")
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
@@ -62,12 +69,13 @@ def demo(
     seed: Annotated[int, typer.Option()] = 0,
     secure_mode: Annotated[str, typer.Option(help="masked (default), ckks or insecure_plaintext")] = "masked",
     dp: Annotated[bool, typer.Option("--dp/--no-dp", help="Patient-level DP-SGD at every hospital.")] = False,
+    scale: Annotated[float, typer.Option(min=0.01, max=10.0, help="Multiply hospital sizes (smoke tests).")] = 1.0,
 ) -> None:
     """The main job: a 4-hospital federation from ALARM, NS-FL vs the paper's baselines."""
     from .demo_view import run_demo_view
 
     _threads()
-    run_demo_view(out=out, rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp)
+    run_demo_view(out=out, rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp, scale=scale)
 
 
 @app.command()

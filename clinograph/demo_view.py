@@ -16,7 +16,7 @@ def _fmt(x: float) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
 
-def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bool) -> None:
+def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bool, scale: float = 1.0) -> None:
     """Run the demo with a progress bar and print the comparison table."""
     from clinograph.sdk.federation.demo import run_demo
 
@@ -34,7 +34,7 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
             progress.update(task, advance=1, description=f"round {r + 1}/{rounds}, mean AUROC {mean:.3f}")
 
         result = run_demo(out_dir=out, rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp,
-                          trainer_factory=trainer_factory, on_round=on_round,
+                          trainer_factory=trainer_factory, on_round=on_round, scale=scale,
                           on_stage=lambda s: progress.console.log(s))
     m = result.metrics
     table = Table(title=f"Test AUROC / AUPRC per hospital ({m['task']}; seed {seed})")

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.spec import ModuleKind
 

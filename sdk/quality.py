@@ -30,7 +30,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-
 from clinograph.secure.errors import ConfigError
 
 from .ingest.table import PatientTable

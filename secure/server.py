@@ -8,7 +8,7 @@ sees a personal module, and in ``masked`` mode never a single hospital's update.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,7 +21,7 @@ from .identity import Identity, PublicIdentity
 from .messages import ClientReport, DPPolicy, GlobalModel, RoundPlan, RoundResult
 from .policy import Environment, require_allowed
 from .spec import ModelSpec
-from .state import State, check_state, state_digest
+from .state import UNKNOWN_STATE, State, check_state, state_digest
 from .strategies import Strategy
 from .wire import Envelope, open_envelope, parse_envelope, seal
 
@@ -52,7 +52,8 @@ class FederationServer:
                  dictionary_hash: str, identity: Identity, enrolled: Mapping[str, PublicIdentity],
                  secure_mode: str, strategy: Strategy, min_clients: int, local_epochs: int,
                  dp_policy: DPPolicy | None, audit: AuditSink, environment: Environment,
-                 mode_options: Mapping[str, float | int | str | bool] | None = None):
+                 mode_options: Mapping[str, float | int | str | bool] | None = None,
+                 mode_server: Callable[..., AggregationServer] | None = None):
         self.mode = create_mode(secure_mode)
         if self.mode.insecure:
             require_allowed(secure_mode, environment=environment, why="the server sees every hospital's update")
@@ -71,6 +72,7 @@ class FederationServer:
         self.audit = audit
         self.environment = environment
         self.mode_options = dict(mode_options or {})
+        self._mode_server = mode_server or self.mode.server  # ckks: CkksServer.with_context(ctx)
         self.round = 0
         self.history: list[RoundResult] = []
         self._current: OpenRound | None = None
@@ -105,7 +107,7 @@ class FederationServer:
             dp_policy=self.dp_policy, global_state_digest=self._state_digest(), options=options,
         )
         plan_bytes = seal(plan, self.identity)
-        agg = self.mode.server(plan=plan, peers=self.enrolled, identity=self.identity)
+        agg = self._mode_server(plan=plan, peers=self.enrolled, identity=self.identity)
         self._current = OpenRound(plan=plan, plan_bytes=plan_bytes, aggregation=agg)
         self.audit.record("round_plan", {"round": plan.round, "participants": list(plan.participants),
                                          "plan_sha256": parse_envelope(plan_bytes).digest(),
@@ -222,7 +224,7 @@ class FederationServer:
 
     # -- helpers -------------------------------------------------------------------------
     def _state_digest(self) -> str:
-        return state_digest(self.state) if self.state is not None else "0" * 64
+        return state_digest(self.state) if self.state is not None else UNKNOWN_STATE
 
     def _peer(self, name: str) -> PublicIdentity:
         try:

@@ -12,6 +12,7 @@ from .errors import ProtocolError
 from .spec import ModelSpec
 
 State = dict[str, np.ndarray]
+UNKNOWN_STATE = "0" * 64  # the plan's digest when the server holds no plaintext model (ckks)
 
 
 def state_digest(state: Mapping[str, np.ndarray]) -> str:

@@ -22,6 +22,10 @@ def test_wheel_contains_every_subpackage(tmp_path):
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.relative_to(ROOT / folder).as_posix()
             expected.append(f"{prefix}/{rel}")
+    for folder in ("clinograph", "sdk", "secure"):
+        for d in (ROOT / folder).rglob("*"):
+            if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")):
+                assert (d / "__init__.py").exists(), f"{d} has modules but no __init__.py: it would not ship"
     missing = [e for e in expected if e not in names]
     assert not missing, missing
     assert len(expected) >= 15

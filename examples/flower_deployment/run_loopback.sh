@@ -2,17 +2,18 @@
 # The README's two-machine steps, scripted on one machine: one SuperLink (TLS + SuperNode
 # authentication), three hospital SuperNodes, `flwr run`, `clinograph audit verify`.
 # Everything lives in a temporary directory; every process is stopped on exit.
-#   examples/flower_deployment/run_loopback.sh [--dp] [--rounds N] [--keep]
+#   examples/flower_deployment/run_loopback.sh [--no-dp] [--rounds N] [--keep]
+# Hospitals train with patient-level DP-SGD unless --no-dp; aggregation is always masked.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 APP="$HERE/app"
 PY="${PYTHON:-$(command -v python3)}"
 BIN="$(dirname "$PY")"
-DP=""; ROUNDS=2; KEEP=0
+DP="--dp"; ROUNDS=2; KEEP=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --dp) DP="--dp" ;;
+    --no-dp) DP="" ;;
     --rounds) ROUNDS="$2"; shift ;;
     --keep) KEEP=1 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;

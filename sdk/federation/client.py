@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from clinograph.secure.aggregation import LocalUpdate, ModuleSums, create_mode
+from clinograph.secure.aggregation import AggregationClient, LocalUpdate, ModuleSums, create_mode
 from clinograph.secure.errors import ProtocolError
 from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.messages import ClientReport, GlobalModel, RoundPlan
 from clinograph.secure.spec import ModuleKind
-from clinograph.secure.state import state_digest
+from clinograph.secure.state import UNKNOWN_STATE, state_digest
 from clinograph.secure.strategies import create_strategy
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
 
@@ -34,7 +34,8 @@ class HospitalClient:
                  dictionary: FeatureDictionary, model: NSFLModel, modules: ModuleMap, trainer: Trainer,
                  num_samples: int, observed_nodes: np.ndarray, release_metrics: bool,
                  publish_feature_relevance: bool, evaluate: Callable[[], Mapping[str, float]] | None = None,
-                 after_round: Callable[[HospitalClient], None] | None = None):
+                 after_round: Callable[[HospitalClient], None] | None = None,
+                 mode_clients: Mapping[str, Callable[..., AggregationClient]] | None = None):
         self.name = identity.name
         self.identity = identity
         self.server = server
@@ -51,6 +52,8 @@ class HospitalClient:
         self.publish_feature_relevance = publish_feature_relevance
         self._evaluate = evaluate
         self.after_round = after_round  # e.g. local fine-tuning of personal modules (PFGL-Net Alg. 2)
+        # Modes that need key material (ckks: the hospital's keyring) are built by a factory.
+        self.mode_clients = dict(mode_clients or {})
         self._plan: RoundPlan | None = None
         self._mode_client = None
         self._global: dict[str, np.ndarray] = modules.state(ModuleKind.SHARED)
@@ -69,7 +72,8 @@ class HospitalClient:
         local_spec = self.modules.spec(version=p.spec.version)
         if local_spec.digest() != p.spec.digest():
             raise ProtocolError(f"Plan's ModelSpec v{p.spec.version} differs from this hospital's model; update the SDK.")
-        if state_digest(self._global) != p.global_state_digest:
+        server_blind = p.global_state_digest == UNKNOWN_STATE and not create_mode(p.secure_mode).server_sees_sum
+        if not server_blind and state_digest(self._global) != p.global_state_digest:
             raise ProtocolError(f"Round {p.round}: this hospital's global model does not match the plan's "
                                 "(missed a round?). Fetch the current global model before joining.")
         self._plan = p
@@ -82,7 +86,8 @@ class HospitalClient:
         metrics = self._metrics() if self.release_metrics else {}
         update = LocalUpdate(modules=deltas, weight=weight, metrics=metrics)
         mode = create_mode(p.secure_mode)
-        self._mode_client = mode.client(plan=p, identity=self.identity, server=self.server, peers=self.peers,
+        factory = self.mode_clients.get(p.secure_mode, mode.client)
+        self._mode_client = factory(plan=p, identity=self.identity, server=self.server, peers=self.peers,
                                         update=update)
         report = ClientReport(federation_id=p.federation_id, round=p.round, client=self.name,
                               dictionary_hash=self.dictionary_hash, ledger=outcome.ledger, metrics=metrics,

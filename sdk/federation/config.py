@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from clinograph.secure.errors import ConfigError
 
@@ -31,7 +31,26 @@ class FederationSection(_Strict):
     environment: Literal["development", "production"] = "development"
     seed: int = 0
     masked_threshold: int | None = Field(default=None, ge=1, description="t; default: ceil(2n/3)")
-    masked_clip: float = Field(default=64.0, gt=0, description="|weighted delta| bound for fixed point")
+    masked_clip: float = Field(default=4.0, gt=0, description="bound on |Δ| per parameter (× max weight = the "
+                               "fixed-point range of the masked mode)")
+
+    @field_validator("secure_mode")
+    @classmethod
+    def _known_mode(cls, v: str) -> str:
+        from clinograph.secure.aggregation import registered_modes
+
+        if v not in registered_modes():
+            raise ValueError(f"Unknown secure mode {v!r}. Registered: {', '.join(registered_modes())}.")
+        return v
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, v: str) -> str:
+        from clinograph.secure.strategies import registered_strategies
+
+        if v not in registered_strategies():
+            raise ValueError(f"Unknown aggregator {v!r}. Registered: {', '.join(registered_strategies())}.")
+        return v
 
 
 class GraphSection(_Strict):

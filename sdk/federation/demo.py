@@ -48,7 +48,7 @@ def demo_config(*, rounds: int, seed: int, secure_mode: str, dp: bool) -> Simula
     })
 
 
-def write_hospital_files(out: Path, seed: int) -> list[tuple[Path, Path]]:
+def write_hospital_files(out: Path, seed: int, scale: float = 1.0) -> list[tuple[Path, Path]]:
     """Each hospital's table (CSV, its own names and units) and site schema (TOML), as an
     integrator would have them."""
     import tomli_w
@@ -56,7 +56,12 @@ def write_hospital_files(out: Path, seed: int) -> list[tuple[Path, Path]]:
     folder = out / "hospitals"
     folder.mkdir(parents=True, exist_ok=True)
     files = []
-    for df, schema in make_hospital_tables(seed=seed):
+    from dataclasses import replace
+
+    from ..data.alarm_demo import DEFAULT_HOSPITALS
+
+    hospitals = tuple(replace(h, n_patients=max(60, int(h.n_patients * scale))) for h in DEFAULT_HOSPITALS)
+    for df, schema in make_hospital_tables(seed=seed, hospitals=hospitals):
         table_path = folder / f"{schema.site}.csv"
         schema_path = folder / f"{schema.site}_schema.toml"
         df.to_csv(table_path, index=False)
@@ -73,7 +78,7 @@ def _mean(d: dict[str, dict[str, float]], key: str) -> float:
 def run_demo(*, out_dir: Path, rounds: int = 15, seed: int = 0, secure_mode: str = "masked", dp: bool = False,
              trainer_factory: Callable[..., object] | None = None,
              on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
-             on_stage: Callable[[str], None] | None = None, report: bool = True) -> DemoResult:
+             on_stage: Callable[[str], None] | None = None, report: bool = True, scale: float = 1.0) -> DemoResult:
     """Run the demo end to end; returns paths and metrics (seeded: same seed, same numbers)."""
     from clinograph.secure.audit import render_report, verify_audit_dir
 
@@ -82,13 +87,13 @@ def run_demo(*, out_dir: Path, rounds: int = 15, seed: int = 0, secure_mode: str
     from .radar import feature_relevance_radar
 
     stage = on_stage or (lambda s: None)
+    config = demo_config(rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp)  # validate before any work
     out_dir.mkdir(parents=True, exist_ok=True)
     dictionary = load_dictionary()
     stage("writing hospital tables")
-    files = write_hospital_files(out_dir, seed)
+    files = write_hospital_files(out_dir, seed, scale)
     stage("validating and mapping tables onto the dictionary")
     tables = [ingest(read_table(t), schema=SiteSchema.from_toml(s), dictionary=dictionary) for t, s in files]
-    config = demo_config(rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp)
     audit_dir = out_dir / "audit"
     if audit_dir.exists():
         import shutil

@@ -17,15 +17,14 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
-
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.identity import Identity
 from clinograph.secure.rounds import run_round
 from clinograph.secure.server import FederationServer
 from clinograph.secure.spec import ModuleKind
-from clinograph.secure.strategies import create_strategy
+from clinograph.secure.strategies import Strategy, create_strategy
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
@@ -59,6 +58,20 @@ def score_test_split(hosp: Hospital, *, threshold: float = 0.5) -> dict[str, flo
     out = binary_metrics(y, p[hosp.test_idx])
     out["micro_f1"] = micro_f1(y, p[hosp.test_idx], threshold=threshold)
     out["f1"] = f1_positive(y, p[hosp.test_idx], threshold=threshold)
+    return out
+
+
+def pooled_test_metrics(hospitals: dict[str, Hospital], *, threshold: float = 0.5) -> dict[str, float]:
+    """Every hospital's test predictions (each with its own model) pooled, as PFGL-Net §4.1.4
+    aggregates the clients' confusion matrices: Micro-F1, positive-class F1, AUROC, AUPRC."""
+    ys, ps = [], []
+    for h in hospitals.values():
+        ys.append(h.table.labels[h.test_idx])
+        ps.append(h.trainer.predict(h.client.model)[h.test_idx])  # type: ignore[attr-defined]
+    y, p = np.concatenate(ys), np.concatenate(ps)
+    out = binary_metrics(y, p)
+    out["micro_f1"] = micro_f1(y, p, threshold=threshold)
+    out["f1"] = f1_positive(y, p, threshold=threshold)
     return out
 
 
@@ -119,7 +132,9 @@ def build_pfgl_federation(tables: Sequence[PatientTable], dictionary: FeatureDic
     first = next(iter(hospitals.values())).client
     spec = first.modules.spec(version=0)
     audit = AuditTrail(audit_dir, identity=server_id)
-    uses_counts = not strategy.client_weights(round_=-1, participants=())  # {} for sample-count strategies
+    # Strategies that fix weights in the plan (DQ: normalised, <= 1) get a tight fixed-point
+    # bound in masked mode; the others weight by sample count.
+    uses_counts = type(strategy).client_weights is Strategy.client_weights
     max_weight = float(max(len(h.train_idx) for h in hospitals.values())) if uses_counts else 1.0
     server = FederationServer(
         federation_id=fed.id, spec=spec, initial_state=first.modules.state(ModuleKind.SHARED),
@@ -136,6 +151,7 @@ class PFGLResult:
     """Per-round test metrics per hospital, the weights each round's plan fixed, timings."""
 
     rounds: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    pooled: list[dict[str, float]] = field(default_factory=list)
     weights: list[dict[str, float]] = field(default_factory=list)
     released: list[dict[str, dict[str, float]]] = field(default_factory=list)
     round_seconds: list[float] = field(default_factory=list)
@@ -164,6 +180,7 @@ def run_pfgl(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
             result.dropped.append(outcome.dropped)
             metrics = {n: score_test_split(h) for n, h in hospitals.items()}
             result.rounds.append(metrics)
+            result.pooled.append(pooled_test_metrics(hospitals))
             if on_round is not None:
                 on_round(r, metrics)
     finally:

@@ -116,6 +116,9 @@ def build_federation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
         hosp = Hospital(table.site, table, train_idx, test_idx, client, trainer)
         client._evaluate = hosp.evaluate
         hospitals[table.site] = hosp
+    mode_server = None
+    if fed.secure_mode == "ckks":
+        mode_server, ckks_options = _ckks_ceremony(fed.id, ids, hospitals)
     first = next(iter(hospitals.values())).client
     spec = first.modules.spec(version=0)
     initial = first.modules.state(ModuleKind.SHARED)
@@ -131,9 +134,38 @@ def build_federation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
         identity=server_id, enrolled=publics, secure_mode=fed.secure_mode,
         strategy=create_strategy(fed.strategy, **strategy_opts), min_clients=min(fed.min_clients, len(tables)),
         local_epochs=fed.local_epochs, dp_policy=dp_policy, audit=audit, environment=fed.environment,
-        mode_options=mode_options(config, len(tables), max_weight),
+        mode_options=mode_options(config, len(tables), max_weight) if mode_server is None else ckks_options,
+        mode_server=mode_server,
     )
     return server, hospitals, audit
+
+
+def _ckks_ceremony(federation_id: str, ids: dict[str, Identity], hospitals: dict[str, Hospital]):
+    """The CKKS key ceremony: the first hospital generates the key and wraps it for the others;
+    the server gets a context without any secret key."""
+    from clinograph.secure.ckks import (
+        CkksClient,
+        CkksKeyDealer,
+        CkksKeyring,
+        CkksPreset,
+        CkksRecipientKey,
+        CkksServer,
+        CkksServerContext,
+        ckks_plan_options,
+    )
+
+    names = sorted(ids)
+    dealer = CkksKeyDealer.create(preset=CkksPreset.ADD_ONLY_128, identity=ids[names[0]], federation_id=federation_id)
+    rings = {names[0]: dealer.keyring()}
+    for n in names[1:]:
+        rk = CkksRecipientKey.generate(identity=ids[n], federation_id=federation_id)
+        pkg = dealer.wrap_for(request=rk.request(), requester=ids[n].public)
+        rings[n] = CkksKeyring.unwrap(package=pkg, recipient_key=rk, dealer=ids[names[0]].public)
+    for n, h in hospitals.items():
+        h.client.mode_clients["ckks"] = CkksClient.with_keyring(rings[n])
+    ctx = CkksServerContext.load(data=dealer.public_context(), dealer=ids[names[0]].public,
+                                 federation_id=federation_id)
+    return CkksServer.with_context(ctx), ckks_plan_options(ctx)
 
 
 def run_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,

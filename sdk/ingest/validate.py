@@ -57,16 +57,16 @@ def _parse_cells(col: str, raw: pd.Series, feat: Feature, unit: str | None,
         if bad.any():
             unit_like = bad & text.str.match(_UNIT_IN_CELL).to_numpy()
             if unit_like.any():
-                problems.append(f"Column {col!r} ({feat.id}): {_rows(unit_like)} hold a number with a unit string "
+                problems.append(f"Column {col!r} ({feat.id}): {_rows(unit_like)}: number with a unit string "
                                 f"in the cell. Put the unit in the site schema ([columns].{col!r}.unit) and keep only "
                                 "numbers in the column.")
             other = bad & ~unit_like
             if other.any():
-                problems.append(f"Column {col!r} ({feat.id}): {_rows(other)} hold text where a number is expected. "
+                problems.append(f"Column {col!r} ({feat.id}): {_rows(other)}: text where a number is expected. "
                                 "Clean these cells or leave them empty for missing.")
         inf = present & np.isinf(num)
         if inf.any():
-            problems.append(f"Column {col!r} ({feat.id}): {_rows(inf)} are infinite. Replace with a value or leave empty.")
+            problems.append(f"Column {col!r} ({feat.id}): {_rows(inf)}: infinite value. Replace with a value or leave empty.")
         scale, offset = 1.0, 0.0
         if unit is not None:
             try:
@@ -79,7 +79,7 @@ def _parse_cells(col: str, raw: pd.Series, feat: Feature, unit: str | None,
         hi = feat.physical_max if feat.physical_max is not None else np.inf
         impossible = ok & ((vals < lo) | (vals > hi))
         if impossible.any():
-            problems.append(f"Column {col!r} ({feat.id}): {_rows(impossible)} are physically impossible after "
+            problems.append(f"Column {col!r} ({feat.id}): {_rows(impossible)}: physically impossible value after "
                             f"conversion to {feat.unit} (allowed {lo:g} to {hi:g}). Check the unit in the site "
                             "schema or correct the values.")
         out[ok & ~impossible] = vals[ok & ~impossible]
@@ -88,7 +88,7 @@ def _parse_cells(col: str, raw: pd.Series, feat: Feature, unit: str | None,
         t, f = low.isin(_TRUE).to_numpy(), low.isin(_FALSE).to_numpy()
         bad = present & ~(t | f)
         if bad.any():
-            problems.append(f"Column {col!r} ({feat.id}): {_rows(bad)} are not binary (expected 0/1, true/false or "
+            problems.append(f"Column {col!r} ({feat.id}): {_rows(bad)}: not binary (expected 0/1, true/false or "
                             "yes/no).")
         out[present & t] = 1.0
         out[present & f] = 0.0
@@ -97,7 +97,7 @@ def _parse_cells(col: str, raw: pd.Series, feat: Feature, unit: str | None,
         codes = text.str.lower().map(levels).to_numpy(dtype=float)
         bad = present & np.isnan(codes)
         if bad.any():
-            problems.append(f"Column {col!r} ({feat.id}): {_rows(bad)} are not one of the levels {list(feat.levels)}.")
+            problems.append(f"Column {col!r} ({feat.id}): {_rows(bad)}: not one of the levels {list(feat.levels)}.")
         out[present & ~np.isnan(codes)] = codes[present & ~np.isnan(codes)]
     if present.sum() == 0 or np.isnan(out).all():
         problems.append(f"Column {col!r} ({feat.id}) has no usable value at all. Remove it from [columns] or list it "
@@ -111,7 +111,7 @@ def _labels(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
     t, f = text.isin(_TRUE).to_numpy(), text.isin(_FALSE).to_numpy()
     bad = present & ~(t | f)
     if bad.any():
-        problems.append(f"Label column {col!r}: {_rows(bad)} are not binary (expected 0/1, true/false or yes/no).")
+        problems.append(f"Label column {col!r}: {_rows(bad)}: not binary (expected 0/1, true/false or yes/no).")
     out = np.full(len(raw), np.nan)
     out[present & t], out[present & f] = 1.0, 0.0
     out[bad] = -1.0  # reported above; not also counted as missing
@@ -174,7 +174,7 @@ def _finish(problems: list[str], schema: SiteSchema) -> None:
 def _apply_label_policy(labels: np.ndarray, schema: SiteSchema, problems: list[str]) -> np.ndarray:
     missing = np.isnan(labels)
     if missing.any() and schema.policy.missing_label == "error":
-        problems.append(f"Label column {schema.label!r}: {_rows(missing)} have no label. Fill them, or set "
+        problems.append(f"Label column {schema.label!r}: {_rows(missing)}: no label. Fill them, or set "
                         "[policy] missing_label = \"drop\" to drop (and count) those patients.")
     return ~missing
 
@@ -187,11 +187,11 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     if len(ids):
         dup = ids.duplicated(keep=False).to_numpy()
         if dup.any():
-            problems.append(f"Patient id column {schema.patient_id!r}: {_rows(dup)} repeat an id. A wide table has "
+            problems.append(f"Patient id column {schema.patient_id!r}: {_rows(dup)}: repeated id. A wide table has "
                             "one row a patient; use format = \"long\" for repeated measurements.")
         empty = (df[schema.patient_id].isna() | (ids.str.strip() == "")).to_numpy()
         if empty.any():
-            problems.append(f"Patient id column {schema.patient_id!r}: {_rows(empty)} have no id.")
+            problems.append(f"Patient id column {schema.patient_id!r}: {_rows(empty)}: no id.")
     parsed = {col: _parse_cells(col, df[col], feat, unit, problems) for col, (feat, unit) in mapped.items()}
     labels = _labels(df[schema.label], schema.label, problems) if schema.label in df.columns else np.zeros(len(df))
     keep = _apply_label_policy(labels, schema, problems)
@@ -267,7 +267,7 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
     times = df[lc.time] if lc.time is not None and lc.time in df.columns else pd.Series(np.zeros(len(df)))
     tnum = pd.to_numeric(times, errors="coerce")
     if tnum.isna().any():
-        problems.append(f"Time column {lc.time!r}: {_rows(tnum.isna().to_numpy())} are not numbers (use hours or an "
+        problems.append(f"Time column {lc.time!r}: {_rows(tnum.isna().to_numpy())}: not a number (use hours or an "
                         "index).")
     _finish(problems, schema)
     pid = {p: i for i, p in enumerate(uniq_ids[keep_p])}

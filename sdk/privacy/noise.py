@@ -53,13 +53,17 @@ def secure_gaussian(std: float, shape: torch.Size, dtype: torch.dtype) -> torch.
 
 
 def _add_secure_noise(self) -> None:  # noqa: ANN001 - bound to an Opacus DPOptimizer
-    """Drop-in for ``DPOptimizer.add_noise`` (same contract: p.grad = summed_grad + noise)."""
+    """Drop-in for ``DPOptimizer.add_noise`` (same contract: p.grad = summed_grad + noise), with
+    one CSPRNG draw for all parameters of the step."""
     from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
     std = self.noise_multiplier * self.max_grad_norm
-    for p in self.params:
+    sizes = [p.summed_grad.numel() for p in self.params]
+    flat = secure_gaussian(std, torch.Size([sum(sizes)]), torch.float64)
+    for p, chunk in zip(self.params, torch.split(flat, sizes), strict=True):
         _check_processed_flag(p.summed_grad)
-        p.grad = (p.summed_grad + secure_gaussian(std, p.summed_grad.shape, p.summed_grad.dtype)).view_as(p)
+        noise = chunk.to(p.summed_grad.dtype).reshape(p.summed_grad.shape)
+        p.grad = (p.summed_grad + noise).view_as(p)
         _mark_as_processed(p.summed_grad)
 
 

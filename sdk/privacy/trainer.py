@@ -15,15 +15,15 @@ carries the signed-report :class:`LedgerEntry` (σ, q, steps, C, accountant, ε 
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+from clinograph.secure.errors import PrivacyError
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
-
-from clinograph.secure.errors import PrivacyError
 
 from ..federation.trainer import TrainOutcome
 from ..graph.star import star_batch
@@ -87,6 +87,7 @@ class DPTrainer:
         idx = torch.as_tensor(self.train_idx, dtype=torch.long)
         s = self.stars
         self.last_empty_batches = 0
+        self.last_timings: dict[str, object] = {}
         self.dataset = TensorDataset(s.feature_index[idx], s.values[idx], s.mask[idx], s.labels[idx])
 
     def planned_steps(self, epochs: int) -> int:
@@ -97,6 +98,7 @@ class DPTrainer:
               plan_options: dict[str, float | int | str | bool]) -> TrainOutcome:
         from opacus import PrivacyEngine
 
+        t0 = time.perf_counter()
         refuse_coupled_plan(plan_options, site=self.ledger.site)
         self.ledger.check_round(round_=round_, noise_multiplier=self.noise_multiplier,
                                 sample_rate=self.sample_rate, steps=self.planned_steps(epochs))
@@ -124,10 +126,13 @@ class DPTrainer:
             install_secure_noise(dp_opt)
         losses: list[float] = []
         self.last_empty_batches = 0
+        epoch_seconds: list[float] = []
+        t_setup = time.perf_counter() - t0
         try:
             with warnings.catch_warnings():  # Opacus's hooks on a model whose inputs need no grad
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
                 for _ in range(epochs):
+                    t_epoch = time.perf_counter()
                     for fi, x, m, y in dp_loader:
                         self.last_empty_batches += int(y.shape[0] == 0)  # stepped all the same (noise only)
                         dp_opt.zero_grad(set_to_none=True)
@@ -135,13 +140,17 @@ class DPTrainer:
                         loss.backward()
                         dp_opt.step()
                         losses.append(float(loss.detach()))
+                    epoch_seconds.append(time.perf_counter() - t_epoch)
         finally:
             gsm._close()  # remove hooks and per-sample gradient attributes
             for p in frozen:
                 p.requires_grad_(True)
         clip = float(extra.get("max_clipbound", self.clip_norm))
+        t_acc = time.perf_counter()
         entry = self.ledger.commit(round_=round_, history=engine.accountant.history,
                                    noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, clip_norm=clip)
+        self.last_timings = {"setup_and_check_seconds": t_setup, "epoch_seconds": epoch_seconds,
+                             "commit_seconds": time.perf_counter() - t_acc}
         return TrainOutcome(loss=float(np.mean(losses)) if losses else 0.0, used_similar_to=False, ledger=entry,
                             extras={"epsilon": entry.epsilon, "empty_batches": float(self.last_empty_batches)})
 

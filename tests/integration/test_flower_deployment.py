@@ -2,7 +2,8 @@
 
 One SuperLink (TLS + SuperNode authentication), three SuperNodes each serving one hospital's
 data, state and key folders, ``flwr run`` of examples/flower_deployment/app, two rounds in
-masked mode. In round 1, hospital h3's SuperNode is SIGKILLed after it has shared its keys
+masked mode with patient-level DP (each hospital trains with DP-SGD, its privacy ledger in its
+state directory; the server's DP policy refuses updates without a ledger entry). In round 1, hospital h3's SuperNode is SIGKILLed after it has shared its keys
 and seed shares (mid-round); the round completes with h1 and h2 through the masked mode's
 dropout recovery, and the audit directory verifies afterwards.
 
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "examples" / "flower_deployment" / "app"
 BIN = Path(sys.executable).parent
 HOSPITALS = ("h1", "h2", "h3")
-TOTAL_BUDGET = 235.0  # seconds; the test fails (and cleans up) rather than hang past this
+TOTAL_BUDGET = 270.0  # seconds; the test fails (and cleans up) rather than hang past this
 HANG_ROUND, HANG_AT_STAGE = 1, 2  # h3 answers the plan and stage 1 of round 1, then goes silent
 
 
@@ -106,6 +108,12 @@ def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_
     from clinograph_flower_app.prepare import prepare
 
     started = time.monotonic()
+    milestones: list[tuple[str, float]] = []
+
+    def mark(what: str) -> None:
+        milestones.append((what, round(time.monotonic() - started, 1)))
+        print(f"[flower deployment] {milestones[-1][1]:6.1f} s  {what}", flush=True)
+
     remaining = lambda: TOTAL_BUDGET - (time.monotonic() - started)  # noqa: E731
     link_port = _free_port()
     keys = init_keyset(tmp_path / "keys", federation_id="fed-loopback", hospitals=list(HOSPITALS),
@@ -130,21 +138,30 @@ def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_
         return p
 
     link = keys.superlink_dir
+    prep_errors: list[BaseException] = []
+
+    def write_sites() -> None:  # the hospitals' data (ALARM samples, DP settings), while the processes start
+        try:
+            prepare(tmp_path / "sites", hospitals=list(HOSPITALS), patients=200, dp=True, seed=0)
+        except BaseException as exc:  # noqa: BLE001 -- reported by the main thread
+            prep_errors.append(exc)
+    preparing = threading.Thread(target=write_sites, daemon=True)
+    preparing.start()
     try:
         start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"),
                             "--ssl-certfile", str(link / "server.pem"), "--ssl-keyfile", str(link / "server.key"),
                             "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(link_port),
                             "--disable-runtime-dependency-installation"])
         _wait(lambda: _port_open(link_port), timeout=min(60, remaining()), what="the SuperLink", procs=procs)
+        mark("SuperLink up")
         registering = [subprocess.Popen(  # the operator registers each hospital's node-auth public key
             [str(BIN / "flwr"), "supernode", "register", str(keys.hospital_dirs[h] / f"{h}.node-auth.pub"),
              "loopback", "--name", h], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True) for h in HOSPITALS]
-        # the hospitals' data (ALARM samples) are generated while the registrations run
-        prepare(tmp_path / "sites", hospitals=list(HOSPITALS), patients=200, dp=False, seed=0)
         for p in registering:
             out, _ = p.communicate(timeout=min(60, remaining()))
             assert p.returncode == 0 and "registered successfully" in out, out[-2000:]
+        mark("node keys registered")
         supernodes = {}
         for h in HOSPITALS:
             d = keys.hospital_dirs[h]
@@ -159,20 +176,27 @@ def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_
                 "--superlink", f"127.0.0.1:{link_port}", "--root-certificates", str(d / "ca.pem"),
                 "--auth-supernode-private-key", str(d / f"{h}.node-auth"), "--port", str(_free_port()),
                 "--max-retries", "5", "--max-wait-time", "60"])
+        mark("supernodes started")
+        preparing.join(timeout=max(1.0, remaining() - 120))  # a hospital reads its data at the first hello
+        assert not preparing.is_alive() and not prep_errors, prep_errors
+        mark("data prepared")
         audit_dir, events = tmp_path / "audit", tmp_path / "events.jsonl"
         run_config = " ".join([
             "server-factory='clinograph_flower_app.server:make_server'",
             f"federation-file='{link / 'federation.toml'}'", f"server-key='{link / 'server.ed25519.pem'}'",
             f"deployment-config='{tmp_path / 'sites' / 'deployment.toml'}'", f"audit-dir='{audit_dir}'",
             f"events-file='{events}'", "rounds=2", "min-nodes=3", "wait-timeout=60.0", "hello-timeout=40.0",
-            "plan-timeout=60.0", "stage-timeout=30.0", "end-timeout=30.0", "relay-timeout=60.0", "max-weight=200.0"])
+            "plan-timeout=90.0", "stage-timeout=30.0", "end-timeout=30.0", "relay-timeout=60.0", "max-weight=200.0"])
+        mark("flwr run")
         start("flwr-run", [str(BIN / "flwr"), "run", str(APP), "loopback", "--run-config", run_config, "--stream"])
         marker = tmp_path / "sites" / "h3" / "state" / "hung.marker"
         _wait(marker.exists, timeout=max(1.0, remaining() - 45), what="h3 to reach the middle of round 1",
               procs=procs)
+        mark("h3 hung mid-round 1")
         os.killpg(supernodes["h3"].pid, signal.SIGKILL)  # mid-round: keys and shares sent, no masked input
         _wait(lambda: any(e["event"] == "finished" for e in _events(events)), timeout=max(1, remaining() - 5),
               what="the federation to finish", procs=[(n, p) for n, p in procs if n in ("superlink", "flwr-run")])
+        mark("federation finished")
         wall = time.monotonic() - started
     finally:
         for _, p in reversed(procs):
@@ -197,7 +221,12 @@ def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_
     entries = [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
     manifest = next(e["payload"] for e in entries if e["kind"] == "manifest")
     assert manifest["secure_mode"] == "masked" and manifest["insecure_options"] == []
+    assert manifest["dp_policy"]["required"] is True  # the server refuses updates without a DP ledger entry
+    ledgers = [e["payload"] for e in entries if e["kind"] == "ledger"]
+    assert sorted((lg["client"], lg["round"]) for lg in ledgers) == [
+        ("h1", 0), ("h1", 1), ("h2", 0), ("h2", 1), ("h3", 0), ("h3", 1)]  # h3's round-1 report came before it died
+    assert all(0 < lg["epsilon"] <= lg["budget_epsilon"] and lg["noise_multiplier"] > 0 for lg in ledgers)
     assert sorted(manifest["hospitals"]) == list(HOSPITALS)
     aggregates = [e["payload"]["contributors"] for e in entries if e["kind"] == "aggregate"]
     assert aggregates == [["h1", "h2", "h3"], ["h1", "h2"]]
-    print(f"flower deployment: wall time {wall:.1f} s (budget {TOTAL_BUDGET:g} s)")
+    print(f"flower deployment: wall time {wall:.1f} s (budget {TOTAL_BUDGET:g} s); milestones {milestones}")

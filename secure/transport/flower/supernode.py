@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from ...errors import ClinographError, ConfigError
 from ...policy import Environment, require_allowed
 from . import check_flower_version
-from .worker import HospitalWorker, load_factory
+from .worker import HospitalWorker, check_node_config, load_factory
 
 
 def check_transport(flower_args: Sequence[str], *, insecure_transport: bool, environment: Environment) -> None:
@@ -40,7 +40,8 @@ def check_transport(flower_args: Sequence[str], *, insecure_transport: bool, env
 def main(argv: list[str] | None = None) -> int:
     """Parse our options, start the worker, hand the rest to ``flower-supernode``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="clinograph-supernode", add_help=True)
+    # allow_abbrev=False: Flower's own --insecure must not be taken for our --insecure-transport
+    parser = argparse.ArgumentParser(prog="clinograph-supernode", add_help=True, allow_abbrev=False)
     parser.add_argument("--participant-factory", required=True, help="'package.module:function' building the hospital")
     parser.add_argument("--insecure-transport", action="store_true", help="allow flower-supernode --insecure")
     parser.add_argument("--environment", choices=["development", "production"], default="production")
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
         check_transport(rest, insecure_transport=ours.insecure_transport, environment=ours.environment)
         node_config = parse_config_args([ours.node_config])
+        check_node_config(node_config)
         worker = HospitalWorker(node_config=node_config, factory=load_factory(ours.participant_factory))
         worker.start()
     except ClinographError as exc:

@@ -98,3 +98,16 @@ def test_insecure_plaintext_warns_and_is_refused_in_production(tmp_path):
     with pytest.raises(SecurityPolicyError, match='refused because environment = "production"'):
         build_federation(tables, tables[0].dictionary, cfg("insecure_plaintext", environment="production"),
                          audit_dir=tmp_path / "p")
+
+
+def test_ckks_mode_gives_the_plaintext_auroc_and_the_server_holds_no_model(tmp_path):
+    a, c = run("insecure_plaintext", tmp_path), run("ckks", tmp_path)
+    for site in a.final:
+        assert a.final[site]["auroc"] == pytest.approx(c.final[site]["auroc"], abs=1e-3)
+    import json
+
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "ckks" / "audit.jsonl").read_text().splitlines()]
+    assert "aggregate" in kinds
+    artefacts = [json.loads(line)["payload"].get("name", "") for line in
+                 (tmp_path / "ckks" / "audit.jsonl").read_text().splitlines() if '"kind":"artefact"' in line]
+    assert not any("global_model" in a for a in artefacts)  # the server never had a plaintext model to publish

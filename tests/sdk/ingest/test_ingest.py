@@ -52,14 +52,14 @@ def test_every_problem_of_a_table_is_reported_at_once_without_cell_values():
         ingest(df, schema=schema(), dictionary=D)
     text = str(err.value)
     assert len(err.value.problems) >= 7
-    assert "Column 'HR' (heart_rate): row 1 hold a number with a unit string" in text
-    assert "Column 'HR' (heart_rate): row 2 hold text where a number is expected" in text
-    assert "row 4 are physically impossible" in text
-    assert "Column 'GLU' (glucose): row 3 are infinite" in text
+    assert "Column 'HR' (heart_rate): row 1: number with a unit string" in text
+    assert "Column 'HR' (heart_rate): row 2: text where a number is expected" in text
+    assert "row 4: physically impossible" in text
+    assert "Column 'GLU' (glucose): row 3: infinite value" in text
     assert "Column 'Na+' is not in the feature dictionary" in text and "Map it in the site schema" in text
-    assert "rows 1, 4 repeat an id" in text
-    assert "Label column 'y': row 3 are not binary" in text
-    assert "Label column 'y': row 2 have no label" in text and 'missing_label = "drop"' in text
+    assert "rows 1, 4: repeated id" in text
+    assert "Label column 'y': row 3: not binary" in text
+    assert "Label column 'y': row 2: no label" in text and 'missing_label = "drop"' in text
     for secret in ("tachy", "72 bpm", "1000"):
         assert secret not in text
 

@@ -29,7 +29,7 @@ from clinograph.secure.transport.flower.enrolment import load_federation  # noqa
 from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
 from clinograph.secure.transport.flower.records import from_content, to_content  # noqa: E402
 from clinograph.secure.transport.flower.serverapp import run_federation  # noqa: E402
-from clinograph.secure.transport.flower.supernode import check_transport  # noqa: E402
+from clinograph.secure.transport.flower.supernode import check_transport, main  # noqa: E402
 from clinograph.secure.transport.flower.worker import HospitalWorker, load_factory  # noqa: E402
 
 HOSPITALS = ["h1", "h2", "h3"]
@@ -257,3 +257,14 @@ def test_too_few_survivors_aborts_the_round_and_says_so(deployment, tmp_path):
     server_app_audit = (tmp_path / "audit" / "audit.jsonl").read_text()
     assert '"round_aborted"' in server_app_audit and "global_model" not in server_app_audit  # nothing published
     assert verify_audit_dir(tmp_path / "audit").ok  # the trail was closed and still verifies
+
+
+def test_supernode_launcher_refuses_before_starting_flower(capsys, tmp_path):
+    """Flower's --insecure is not mistaken for --insecure-transport (argparse abbreviations off),
+    and a node config without its paths is refused with the missing keys named."""
+    cfg = f"hospital='h1' state-dir='{tmp_path}' key-file='{tmp_path / 'k.pem'}'"
+    assert main(["--participant-factory", "flower_helpers:make_participant", "--node-config", cfg,
+                 "--superlink", "127.0.0.1:1", "--insecure"]) == 2
+    assert "without TLS" in capsys.readouterr().err
+    assert main(["--participant-factory", "flower_helpers:make_participant", "--node-config", "hospital='h1'"]) == 2
+    assert "lacks ['state-dir', 'key-file']" in capsys.readouterr().err

@@ -1,0 +1,1 @@
+"""Joining and simulating federations: the hospital client, configs, the in-process runner, the demo."""

@@ -1,0 +1,63 @@
+"""Ledger entries flow through a real simulated federation (masked secure aggregation)."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from clinograph.sdk.federation.config import (
+    FederationSection,
+    GraphSection,
+    PrivacySection,
+    SimulationConfig,
+)
+from clinograph.sdk.federation.simulation import run_simulation
+from clinograph.sdk.model.nsfl import NSFLConfig
+from clinograph.sdk.privacy import PrivacyLedger, dp_trainer_factory
+
+
+def _config(tmp_path) -> SimulationConfig:
+    return SimulationConfig(
+        federation=FederationSection(rounds=2, secure_mode="masked", local_epochs=1, min_clients=2),
+        model=NSFLConfig(hidden=8), graph=GraphSection(k_similar=0),
+        privacy=PrivacySection(enabled=True, epsilon_budget=20.0, noise_multiplier=1.0, clip_norm=1.0, batch_size=16),
+        output=tmp_path / "out")
+
+
+def _audit(audit_dir):
+    return [json.loads(x) for x in (audit_dir / "audit.jsonl").read_text().splitlines()]
+
+
+def test_server_records_one_ledger_entry_per_hospital_per_round(tables, dictionary, tmp_path):
+    cfg = _config(tmp_path)
+    factory = functools.partial(dp_trainer_factory, state_root=tmp_path / "state")
+    result = run_simulation(tables, dictionary, cfg, audit_dir=tmp_path / "audit", trainer_factory=factory)
+    ledgers = [e["payload"] for e in _audit(tmp_path / "audit") if e["kind"] == "ledger"]
+    sites = sorted(t.site for t in tables)
+    assert sorted((p["client"], p["round"]) for p in ledgers) == sorted((s, r) for s in sites for r in range(2))
+    assert not [e for e in _audit(tmp_path / "audit") if e["kind"] == "update_rejected"]
+    for s in sites:  # what the server recorded is what the hospital's own ledger says
+        mine = PrivacyLedger(tmp_path / "state" / s, site=s, budget_epsilon=20.0, delta=1e-5)
+        last = max((p for p in ledgers if p["client"] == s), key=lambda p: p["round"])
+        assert last["epsilon"] == mine.epsilon() > 0
+        assert [e["round"] for e in mine.entries] == [0, 1]
+    assert all(result.final[s] for s in sites)  # every hospital was evaluated after the last round
+
+
+def test_a_hospital_whose_ledger_breaks_the_policy_is_refused(tables, dictionary, tmp_path):
+    cfg = _config(tmp_path)
+
+    def factory(**kw):
+        tr = dp_trainer_factory(state_root=tmp_path / "state", **kw)
+        if kw["site"] == "gamma":
+            tr.clip_norm = 5.0  # a hospital clipping at 5 > the federation's max clip norm 1.0
+        return tr
+
+    run_simulation(tables, dictionary, cfg, audit_dir=tmp_path / "audit", trainer_factory=factory)
+    entries = _audit(tmp_path / "audit")
+    rejected = [e["payload"] for e in entries if e["kind"] == "update_rejected"]
+    assert sorted(p["round"] for p in rejected if p["client"] == "gamma") == [0, 1]
+    assert all("clip norm 5.0 exceeds the maximum 1.0" in p["reason"] for p in rejected if p["client"] == "gamma")
+    assert {p["client"] for p in rejected} == {"gamma"}
+    ledgers = [e["payload"] for e in entries if e["kind"] == "ledger"]
+    assert sorted((p["client"], p["round"]) for p in ledgers) == [("alpha", 0), ("alpha", 1), ("beta", 0), ("beta", 1)]

@@ -1,0 +1,111 @@
+"""DPTrainer: one round of DP-SGD on stars, the guards, empty Poisson batches, the noise source."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from clinograph.sdk.federation.config import GraphSection, PrivacySection, SimulationConfig
+from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
+from clinograph.sdk.privacy import (
+    DPTrainer,
+    PrivacyBudgetExceeded,
+    PrivacyError,
+    PrivacyLedger,
+    dp_trainer_factory,
+    secure_gaussian,
+)
+from clinograph.sdk.training.local import TrainConfig
+
+
+def _trainer(table, tmp_path, *, n_train=None, batch_size=16, budget=50.0, **kw):
+    ledger = PrivacyLedger(tmp_path, site=table.site, budget_epsilon=budget, delta=1e-5)
+    idx = np.arange(table.n_patients if n_train is None else n_train)
+    return DPTrainer(table, train_idx=idx, ledger=ledger, noise_multiplier=kw.pop("sigma", 1.0), clip_norm=1.0,
+                     batch_size=batch_size, train_config=TrainConfig(lr=0.01), **kw)
+
+
+def _model(dictionary):
+    return NSFLModel(len(dictionary.node_ids()), NSFLConfig(hidden=8))
+
+
+def test_one_round_trains_stars_only_and_returns_its_ledger_entry(tables, dictionary, tmp_path):
+    tr = _trainer(tables[0], tmp_path)
+    model = _model(dictionary)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out = tr.train(model, round_=0, epochs=2, plan_options={})
+    assert out.used_similar_to is False and np.isfinite(out.loss)
+    e = out.ledger
+    assert (e.round, e.steps, e.noise_multiplier, e.clip_norm) == (0, tr.planned_steps(2), 1.0, 1.0)
+    assert e.sample_rate == pytest.approx(1 / np.ceil(tables[0].n_patients / 16))
+    assert e.epsilon == pytest.approx(tr.ledger.epsilon()) and e.epsilon > 0
+    after = dict(model.named_parameters())
+    assert not torch.equal(before["head.weight"], after["head.weight"])  # trained
+    for name in ("l1_similar_to.W.weight", "l2_similar_to.a_src.weight"):  # frozen: no similar_to under DP
+        assert torch.equal(before[name], after[name])
+    assert all(p.requires_grad for p in model.parameters())  # restored
+    assert not any(hasattr(p, "grad_sample") and p.grad_sample is not None for p in model.parameters())
+    assert model._forward_hooks == {} and model.head._forward_hooks == {}  # Opacus hooks removed
+    p = tr.predict(model)
+    assert p.shape == (tables[0].n_patients,) and np.all((p >= 0) & (p <= 1))
+
+
+def test_empty_poisson_batches_are_stepped_not_skipped(tables, dictionary, tmp_path):
+    # q = 1/2 with two patients: P(empty batch) = 1/4 a step; 60 steps have one with prob. 1 - 3e-8
+    tr = _trainer(tables[1], tmp_path, n_train=2, batch_size=1, sigma=1.5)
+    out = tr.train(_model(dictionary), round_=0, epochs=30, plan_options={})
+    assert out.extras["empty_batches"] >= 1
+    assert out.ledger.steps == 60  # every step, empty or not, is accounted
+
+
+def test_budget_refusal_happens_before_any_training(tables, dictionary, tmp_path):
+    tr = _trainer(tables[1], tmp_path, budget=0.5)
+    model = _model(dictionary)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(PrivacyBudgetExceeded, match=r"Hospital 'beta': round 0 would take ε from 0\.000 to .* "
+                                                    r"past its budget ε = 0\.5\. Refused before training\."):
+        tr.train(model, round_=0, epochs=1, plan_options={})
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert tr.ledger.history == [] and not (tmp_path / "privacy_ledger.json").exists()
+
+
+def test_adaptive_clipping_runs_and_reports_its_maximum_clip(tables, dictionary, tmp_path):
+    tr = _trainer(tables[2], tmp_path, clipping="adaptive", adaptive={"max_clipbound": 1.0, "min_clipbound": 0.05})
+    out = tr.train(_model(dictionary), round_=0, epochs=1, plan_options={})
+    assert out.ledger.clip_norm == 1.0 and out.ledger.steps == tr.planned_steps(1)
+
+
+def test_full_graph_and_similar_to_are_refused_under_dp(tables, tmp_path):
+    with pytest.raises(PrivacyError, match=r"k_similar = 5\); refused: under patient-level DP every patient must be "
+                                           r"one independent training example"):
+        _trainer(tables[0], tmp_path, k_similar=5)
+    tr = _trainer(tables[0], tmp_path)
+    with pytest.raises(PrivacyError, match="asks for similar_to training under DP"):
+        tr.train(NSFLModel(5), round_=0, epochs=1, plan_options={"graph.similar_to": True})
+    with pytest.raises(PrivacyError, match="FedProx"):
+        tr.train(NSFLModel(5), round_=0, epochs=1, plan_options={"fedprox.mu": 0.1})
+    dp_on = PrivacySection(enabled=True, noise_multiplier=1.0)
+    cfg = SimulationConfig(privacy=dp_on, graph=GraphSection(k_similar=5))
+    with pytest.raises(PrivacyError, match="Fix: set \\[graph\\] k_similar = 0"):
+        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=cfg, site="alpha", state_root=tmp_path)
+    with pytest.raises(PrivacyError, match="enabled = true"):
+        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=SimulationConfig(graph=GraphSection(k_similar=0)),
+                           site="alpha", state_root=tmp_path)
+
+
+def test_factory_calibrates_sigma_when_none_is_given(tables, tmp_path):
+    cfg = SimulationConfig(privacy=PrivacySection(enabled=True, epsilon_budget=8.0, planned_rounds=3, batch_size=16),
+                           graph=GraphSection(k_similar=0))
+    tr = dp_trainer_factory(table=tables[0], train_idx=np.arange(80), config=cfg, site="alpha", state_root=tmp_path)
+    steps = 3 * cfg.federation.local_epochs * tr.steps_per_epoch
+    eps = tr.ledger.epsilon([(tr.noise_multiplier, tr.sample_rate, steps)])
+    assert 7.9 <= eps <= 8.0
+
+
+def test_secure_gaussian_is_gaussian_with_the_right_scale_and_fresh_each_call():
+    z = secure_gaussian(2.0, torch.Size([200_000]), torch.float64).numpy()
+    assert abs(z.mean()) < 0.03 and abs(z.std() - 2.0) < 0.02
+    kurtosis = ((z - z.mean()) ** 4).mean() / z.var() ** 2
+    assert abs(kurtosis - 3.0) < 0.1
+    assert not np.array_equal(secure_gaussian(1.0, torch.Size([8]), torch.float64),
+                              secure_gaussian(1.0, torch.Size([8]), torch.float64))
