@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint bench clean
+.PHONY: demo test setup lint bench clean browser
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,10 +17,15 @@ $(STAMP): pyproject.toml setup.py
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/clinograph demo
+	OMP_NUM_THREADS=1 $(BIN)/clinograph demo
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+# The report test opens report.html in a real headless Chromium (Debian packages).
+browser:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
+
+test: $(STAMP) browser
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
 	$(BIN)/ruff check clinograph sdk secure
