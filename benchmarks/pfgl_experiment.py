@@ -1,6 +1,6 @@
 """PFGL-Net's setup on ALARM: does DQ weighting + personal layers help here?
 
-    python benchmarks/pfgl_experiment.py            # 8 arms x 3 seeds (~15-20 min on 2 cores)
+    python benchmarks/pfgl_experiment.py            # 8 arms x 3 seeds, 10 rounds, 2000 patients (640 s here, load avg ~6)
     python benchmarks/pfgl_experiment.py --quick    # 2 arms x 1 seed, few rounds; prints, writes nothing
 
 The seed paper's setup (PFGL-Net §4.1) on our data: 10 hospitals cut from forward samples

@@ -100,11 +100,12 @@ def render_patients(states: pd.DataFrame, *, seed: int) -> pd.DataFrame:
     out["glucose"] = np.exp(np.log(6.0) + 0.2 * rng.standard_normal(n) + 0.25 * catechol)
     out["haemoglobin"] = 140 - 12 * hypo + 14 * rng.standard_normal(n)
     out["temperature"] = 37.0 + 0.5 * rng.standard_normal(n)
-    for k in ("sao2", "svo2"):
-        out[k] = np.clip(out[k], 1, 100)
-    out["fio2"] = np.clip(out["fio2"], 21, 100)
-    for k in ("minute_volume", "etco2", "airway_pressure", "cvp", "cardiac_output"):
-        out[k] = np.clip(out[k], 0 if k != "cvp" else -5, None)
+    dictionary = load_dictionary()
+    for k, v in out.items():  # a monitor never reports a physically impossible value
+        f = dictionary.get(k)
+        lo = -np.inf if f.physical_min is None else f.physical_min
+        hi = np.inf if f.physical_max is None else f.physical_max
+        out[k] = np.clip(v, lo, hi)
     df = pd.DataFrame(out)
     df["shunt"] = (states[TASK] == "HIGH").to_numpy(dtype=int)
     return df

@@ -30,7 +30,7 @@ from ..graph.star import star_batch
 from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
 from ..training.local import TrainConfig, predict
-from .accountant import PrivacyLedger
+from .accountant import PrivacyLedger, normalise
 from .calibration import calibrate_noise_multiplier, poisson_plan
 from .guard import refuse_coupled_plan, refuse_coupled_training
 from .noise import install_secure_noise, os_seeded_generator
@@ -102,7 +102,8 @@ class DPTrainer:
         refuse_coupled_plan(plan_options, site=self.ledger.site)
         self.ledger.check_round(round_=round_, noise_multiplier=self.noise_multiplier,
                                 sample_rate=self.sample_rate, steps=self.planned_steps(epochs))
-        frozen = [p for n, p in model.named_parameters() if n in set(unused_star_parameters(model))]
+        unused = set(unused_star_parameters(model))
+        frozen = [p for n, p in model.named_parameters() if n in unused]
         for p in frozen:
             p.requires_grad_(False)
         model.train()  # Opacus validates training mode
@@ -128,6 +129,7 @@ class DPTrainer:
         self.last_empty_batches = 0
         epoch_seconds: list[float] = []
         t_setup = time.perf_counter() - t0
+        completed = False
         try:
             with warnings.catch_warnings():  # Opacus's hooks on a model whose inputs need no grad
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -141,10 +143,15 @@ class DPTrainer:
                         dp_opt.step()
                         losses.append(float(loss.detach()))
                     epoch_seconds.append(time.perf_counter() - t_epoch)
+            completed = True
         finally:
             gsm._close()  # remove hooks and per-sample gradient attributes
             for p in frozen:
                 p.requires_grad_(True)
+            if not completed and normalise(engine.accountant.history) != self.ledger.history:
+                # steps taken before a failure changed the model (personal modules persist): they count
+                self.ledger.commit(round_=round_, history=engine.accountant.history, noise_multiplier=self.noise_multiplier,
+                                   sample_rate=self.sample_rate, clip_norm=self.clip_norm)
         clip = float(extra.get("max_clipbound", self.clip_norm))
         t_acc = time.perf_counter()
         entry = self.ledger.commit(round_=round_, history=engine.accountant.history,

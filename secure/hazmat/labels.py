@@ -27,3 +27,6 @@ HASH_AUDIT_ENTRY = b"clinograph/v1/hash/audit-entry"
 # CKKS (secure/ckks) -- appended for the ckks mode.
 MAC_CKKS_CONTRIBUTOR_TAG = b"clinograph/v1/ckks/contributor-tag"
 HASH_CKKS_CONTEXT = b"clinograph/v1/ckks/context-digest"
+
+# Masking consistency check (Bonawitz et al. 2017, round 4 "ConsistencyCheck") -- appended for secure/masking.
+SIG_MASKED_CONSISTENCY = b"clinograph/v1/sig/masked-consistency"

@@ -1,10 +1,13 @@
 """Client half of the ``masked`` mode (SecAgg+: Bonawitz et al. 2017, Bell et al. 2020).
 
-Guarantees, against an honest-but-curious server and against an active server that lies
-about who dropped: the server learns only the sum of the survivors' vectors (per-module
-weighted sums, weight sums and counts), provided fewer than t of a client's k+1 share holders
-collude with it. The client refuses to reveal shares when the server lists a neighbour both
-as surviving and as dropped. Does not guarantee: correctness against malicious clients (a
+Guarantees, against an honest-but-curious server: the server learns only the sum of the
+survivors' vectors (per-module weighted sums, weight sums and counts), provided fewer than t
+of a client's k+1 share holders collude with it. Against an active server that lies about who
+dropped: the client reveals nothing when the server lists a neighbour both as surviving and
+as dropped, or when the unmask request's survivor set U3 is not the one it signed at the
+consistency check and vouched for by >= t valid signatures from distinct members of U3
+(:mod:`.consistency`); each client reveals at most once a round. The bound against a lying
+server is then fewer than 2t - (k+1) colluding holders (see :mod:`.params`). Does not guarantee: correctness against malicious clients (a
 client can send garbage or bad shares and spoil the sum; it cannot learn others' updates),
 or privacy of *which* clients took part (the server sees who sent messages).
 """
@@ -16,14 +19,23 @@ import os
 
 from ..aggregation.base import AggregationClient
 from ..errors import ConfigError, IntegrityError, ProtocolError
-from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, KDF_SHARE_ENCRYPTION, SIG_ROUND_KEYS
+from ..hazmat.labels import (
+    KDF_PAIRWISE_MASK,
+    KDF_SELF_MASK,
+    KDF_SHARE_ENCRYPTION,
+    SIG_MASKED_CONSISTENCY,
+    SIG_ROUND_KEYS,
+)
 from ..hazmat.masking_prg import add_mask
 from ..hazmat.shamir import split_secret
 from ..hazmat.x25519 import agree, generate_keypair, hkdf, private_bytes
 from ..messages import WireMessage
 from ..wire import open_envelope, parse_envelope, seal
+from .consistency import check_signatures, check_survivor_set, signing_bytes
 from .messages import (
     AdvertiseKeys,
+    ConsistencyRequest,
+    ConsistencySignature,
     EncryptedShare,
     ForwardShares,
     KeyDirectory,
@@ -50,12 +62,13 @@ from .stages import (
 
 log = logging.getLogger(__name__)
 
-_EXPECT: dict[int, type[WireMessage]] = {1: KeyDirectory, 2: ForwardShares, 3: UnmaskRequest}
+_EXPECT: dict[int, type[WireMessage]] = {1: KeyDirectory, 2: ForwardShares, 3: ConsistencyRequest,
+                                         4: UnmaskRequest}
 _ABORTED = -1
 
 
 class MaskingClient(AggregationClient):
-    """One hospital's half of a masked round. Answers the plan, then three server messages."""
+    """One hospital's half of a masked round. Answers the plan, then four server messages."""
 
     mode = "masked"
 
@@ -75,6 +88,7 @@ class MaskingClient(AggregationClient):
         self._peer_keys: dict[str, tuple[bytes, bytes]] = {}
         self._held: dict[str, tuple[int, bytes, bytes]] = {}
         self._masked_with: frozenset[str] = frozenset()
+        self._signed_u3: tuple[str, ...] | None = None
 
     def first_message(self) -> bytes:
         """Stage 0: check the update (fails early if out of range), make and sign round keys.
@@ -106,6 +120,8 @@ class MaskingClient(AggregationClient):
                 reply: WireMessage = self._share_keys(msg)
             elif isinstance(msg, ForwardShares):
                 reply = self._masked_input(msg)
+            elif isinstance(msg, ConsistencyRequest):
+                reply = self._consistency(msg)
             else:
                 reply = self._unmask(msg)  # type: ignore[arg-type]
         except (ProtocolError, IntegrityError):
@@ -161,9 +177,21 @@ class MaskingClient(AggregationClient):
             add_mask(y, seed, sign=pairwise_sign(self._me, v))
         return MaskedInput(**self._header(), words=y.astype("<u4", copy=False).tobytes())
 
+    def _consistency(self, msg: ConsistencyRequest) -> ConsistencySignature:
+        """Stage 3: check and sign the survivor set U3 (once a round; Bonawitz et al. 2017, round 4)."""
+        u3 = check_survivor_set(me=self._me, survivors=msg.survivors, participants=self.plan.participants,
+                                threshold=self.params.threshold)
+        self._signed_u3 = u3
+        sig = self.identity.sign(signing_bytes(self.plan, u3), context=SIG_MASKED_CONSISTENCY)
+        return ConsistencySignature(**self._header(), signature=sig)
+
     def _unmask(self, msg: UnmaskRequest) -> UnmaskResponse:
         check_unmask_request(me=self._me, survivors=msg.survivors, dropped=msg.dropped,
                              masked_with=self._masked_with, threshold=self.params.threshold)
+        if self._signed_u3 is None:  # unreachable through handle(): stage 4 follows stage 3
+            raise ProtocolError("No survivor set was signed this round. Refused.")
+        check_signatures(plan=self.plan, signed=self._signed_u3, survivors=msg.survivors,
+                         signatures=msg.signatures, peers=self.peers, threshold=self.params.threshold)
         return UnmaskResponse(**self._header(), shares=self._reveal(set(msg.survivors), set(msg.dropped)))
 
     def _reveal(self, survivors: set[str], dropped: set[str]) -> tuple[RevealedShare, ...]:

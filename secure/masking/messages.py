@@ -5,8 +5,13 @@ Stage 1  server -> client  :class:`KeyDirectory`      the neighbours' keys and s
          client -> server  :class:`ShareKeys`         encrypted Shamir shares for neighbours
 Stage 2  server -> client  :class:`ForwardShares`     the shares addressed to this client
          client -> server  :class:`MaskedInput`       the masked vector, 4 bytes a word
-Stage 3  server -> client  :class:`UnmaskRequest`     who survived, who dropped
+Stage 3  server -> client  :class:`ConsistencyRequest` the survivor set U3 (masked input arrived)
+         client -> server  :class:`ConsistencySignature` Ed25519 signature over (federation, round, U3)
+Stage 4  server -> client  :class:`UnmaskRequest`     who survived, who dropped, the U3 signatures
          client -> server  :class:`UnmaskResponse`    the shares that may be revealed
+
+Stage 3 is the consistency check of Bonawitz et al. 2017 (round 4, "ConsistencyCheck"):
+see :mod:`clinograph.secure.masking.consistency` for what it does and does not guarantee.
 
 Every client message carries the plan's federation, round, ModelSpec digest and dictionary
 hash; every server message names its recipient. Sizes are bounded per field, and the server
@@ -99,12 +104,35 @@ class MaskedInput(ClientHeader):
     words: bytes = Field(max_length=4 * MAX_WORDS)
 
 
+class ConsistencyRequest(ServerHeader):
+    """Stage 3, server -> client: the survivor set U3 (clients whose masked input arrived)."""
+
+    kind: Literal["masked_consistency_request"] = "masked_consistency_request"
+    survivors: tuple[str, ...] = Field(max_length=MAX_PEERS)
+
+
+class ConsistencySignature(ClientHeader):
+    """Stage 3, client -> server: Ed25519 signature over (federation, round, sorted U3) under
+    SIG_MASKED_CONSISTENCY (bytes from :func:`~clinograph.secure.masking.consistency.signing_bytes`)."""
+
+    kind: Literal["masked_consistency_signature"] = "masked_consistency_signature"
+    signature: bytes = Field(min_length=64, max_length=64)
+
+
+class SurvivorSignature(WireMessage):
+    """One client's consistency signature on U3, as relayed by the server."""
+
+    client: str = Field(pattern=ID_PATTERN)
+    signature: bytes = Field(min_length=64, max_length=64)
+
+
 class UnmaskRequest(ServerHeader):
-    """Stage 3, server -> client: survivors (their masked input arrived) and dropped clients."""
+    """Stage 4, server -> client: survivors U3, dropped clients and the U3 signatures collected."""
 
     kind: Literal["masked_unmask_request"] = "masked_unmask_request"
     survivors: tuple[str, ...] = Field(max_length=MAX_PEERS)
     dropped: tuple[str, ...] = Field(max_length=MAX_PEERS)
+    signatures: tuple[SurvivorSignature, ...] = Field(max_length=MAX_PEERS)
 
 
 class RevealedShare(WireMessage):
@@ -117,7 +145,7 @@ class RevealedShare(WireMessage):
 
 
 class UnmaskResponse(ClientHeader):
-    """Stage 3, client -> server."""
+    """Stage 4, client -> server."""
 
     kind: Literal["masked_unmask_response"] = "masked_unmask_response"
     shares: tuple[RevealedShare, ...] = Field(max_length=MAX_PEERS + 1)

@@ -2,7 +2,13 @@
 
 The server relays keys and encrypted shares, streams the ring sum of masked vectors as they
 arrive (memory O(P), never n vectors), then removes the survivors' self-masks and the dropped
-clients' pairwise masks from t-of-(k+1) Shamir shares:
+clients' pairwise masks from t-of-(k+1) Shamir shares. Between the masked input and the
+unmasking it runs the consistency check of Bonawitz et al. 2017 (round 4): it sends every
+survivor the survivor set U3, verifies and collects their Ed25519 signatures on it, and
+forwards them with the unmask request (:mod:`.consistency`). A client silent or refused at
+the consistency check is dropped from the rest of the round (it gets no unmask request), but
+its masked input is already in the sum and is unmasked through its self-mask shares, as in
+the paper (U4 subset of U3); fewer than max(t, min_clients) signers aborts the round.
 
     sum_{u in U3} y_u - sum_{u in U3} PRG(b_u)
         - sum_{v in U2 minus U3} sum_{u in N(v) cap U3} sign(u, v) PRG(s_{u,v})  = sum_{u in U3} x_u  (mod 2^32)
@@ -20,20 +26,24 @@ import numpy as np
 from ..aggregation.base import AggregationServer, ModuleSums
 from ..aggregation.checks import check_header
 from ..errors import ConfigError, IntegrityError, ProtocolError
-from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, SIG_ROUND_KEYS
+from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, SIG_MASKED_CONSISTENCY, SIG_ROUND_KEYS
 from ..hazmat.masking_prg import add_mask
 from ..hazmat.shamir import combine_shares
 from ..hazmat.x25519 import agree, hkdf, private_from_bytes, public_bytes
 from ..messages import WireMessage
 from ..wire import Envelope, open_envelope, parse_envelope, seal
+from .consistency import signing_bytes
 from .messages import (
     AdvertiseKeys,
+    ConsistencyRequest,
+    ConsistencySignature,
     EncryptedShare,
     ForwardShares,
     KeyDirectory,
     MaskedInput,
     PeerKeys,
     ShareKeys,
+    SurvivorSignature,
     UnmaskRequest,
     UnmaskResponse,
 )
@@ -49,7 +59,9 @@ from .stages import (
     round_context,
 )
 
-_MODELS: dict[int, type[WireMessage]] = {0: AdvertiseKeys, 1: ShareKeys, 2: MaskedInput, 3: UnmaskResponse}
+_MODELS: dict[int, type[WireMessage]] = {0: AdvertiseKeys, 1: ShareKeys, 2: MaskedInput, 3: ConsistencySignature,
+                                         4: UnmaskResponse}
+_DONE = 5
 
 
 class MaskingServer(AggregationServer):
@@ -67,11 +79,12 @@ class MaskingServer(AggregationServer):
         self._stage = 0
         self._waiting: set[str] = set(self.plan.participants)
         self._accepted: set[str] = set()
-        self._alive: list[set[str]] = []  # U1..U4 of the paper: who completed stage 0..3
+        self._alive: list[set[str]] = []  # U1..U5 of the paper: who completed stage 0..4
         self._rejected: dict[str, str] = {}
         self._keys: dict[str, AdvertiseKeys] = {}
         self._outbox: dict[str, list[EncryptedShare]] = {}
         self._sum: np.ndarray | None = None
+        self._signatures: dict[str, bytes] = {}
         self._revealed: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
         self._result: ModuleSums | None = None
         self._abort: str | None = None
@@ -155,6 +168,10 @@ class MaskingServer(AggregationServer):
                 self._sum = y.astype(np.uint32)
             else:
                 np.add(self._sum, y, out=self._sum)
+        elif isinstance(msg, ConsistencySignature):
+            self.peers[sender].verify(msg.signature, signing_bytes(self.plan, self._alive[2]),
+                                      context=SIG_MASKED_CONSISTENCY)
+            self._signatures[sender] = msg.signature
         elif isinstance(msg, UnmaskResponse):
             self._take_shares(sender, msg)
 
@@ -173,7 +190,7 @@ class MaskingServer(AggregationServer):
             self._revealed.setdefault((r.owner, r.secret), []).append((r.index, r.share))
 
     def next_stage(self) -> dict[str, bytes] | None:
-        if self._stage >= 4:
+        if self._stage >= _DONE:
             return None
         alive = set(self._accepted)
         self._alive.append(alive)
@@ -197,10 +214,16 @@ class MaskingServer(AggregationServer):
                 out[u] = ForwardShares(federation_id=p.federation_id, round=p.round, recipient=u, shares=fwd)
             self._outbox.clear()
         elif closing == 2:
-            dropped = tuple(sorted(self._alive[1] - alive))
+            for u in alive:
+                out[u] = ConsistencyRequest(federation_id=p.federation_id, round=p.round, recipient=u,
+                                            survivors=tuple(sorted(alive)))
+        elif closing == 3:
+            survivors = self._alive[2]
+            dropped = tuple(sorted(self._alive[1] - survivors))
+            sigs = tuple(SurvivorSignature(client=c, signature=self._signatures[c]) for c in sorted(alive))
             for u in alive:
                 out[u] = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient=u,
-                                       survivors=tuple(sorted(alive)), dropped=dropped)
+                                       survivors=tuple(sorted(survivors)), dropped=dropped, signatures=sigs)
         else:
             try:
                 self._unmask()
@@ -211,7 +234,7 @@ class MaskingServer(AggregationServer):
         return {u: seal(m, self.identity) for u, m in out.items()}
 
     def _stop(self, reason: str) -> None:
-        self._abort, self._stage, self._sum = reason, 4, None
+        self._abort, self._stage, self._sum = reason, _DONE, None
         return None
 
     def _secret(self, owner: str, kind: str) -> bytes:

@@ -29,7 +29,7 @@ from ..hazmat.x25519 import encode_context, hkdf
 from ..messages import RoundPlan
 from .params import MaskingParams
 
-STAGES = ("advertise_keys", "share_keys", "masked_input", "unmask", "done")
+STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask", "done")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from clinograph.sdk.privacy import (
     PrivacyBudgetExceeded,
     PrivacyError,
     PrivacyLedger,
-    calibrate_noise_multiplier,
 )
 from clinograph.sdk.privacy.accountant import normalise
 from hypothesis import given, settings
@@ -29,7 +28,7 @@ def _run_round(ledger: PrivacyLedger, *, round_: int, sigma: float, q: float, st
 
 
 def test_epsilon_composes_over_every_step_of_every_round_and_run(tmp_path):
-    plan = [(1.1, 0.05, 20), (1.1, 0.05, 20), (0.9, 0.1, 10), (1.1, 0.05, 20), (1.3, 0.02, 50)]
+    plan = [(1.1, 0.05, 20), (1.1, 0.05, 20), (0.9, 0.1, 10), (1.3, 0.02, 50)]
     single = RDPAccountant()
     for r, (sigma, q, steps) in enumerate(plan):
         ledger = PrivacyLedger(tmp_path, site="alpha", budget_epsilon=100.0, delta=DELTA)  # a new run each round
@@ -98,23 +97,15 @@ def test_commit_refuses_a_history_that_does_not_extend_the_stored_one(tmp_path):
         ledger.commit(round_=1, history=[(1.0, 0.05, 3)], noise_multiplier=1.0, sample_rate=0.05, clip_norm=1.0)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([0.8, 1.2]), st.sampled_from([0.05, 0.2]), st.integers(1, 30)),
-                min_size=1, max_size=4))
+                min_size=1, max_size=3))
 def test_merging_history_never_changes_epsilon(plan):
     raw = RDPAccountant()
     raw.history = list(plan)
     merged = RDPAccountant()
     merged.history = normalise(plan)
     assert merged.get_epsilon(delta=DELTA) == pytest.approx(raw.get_epsilon(delta=DELTA), rel=1e-12)
-
-
-def test_calibrated_sigma_meets_the_target_over_the_planned_steps():
-    sigma = calibrate_noise_multiplier(target_epsilon=5.0, delta=DELTA, sample_rate=1 / 27, steps=10 * 2 * 27)
-    acc = RDPAccountant()
-    acc.history = [(sigma, 1 / 27, 540)]
-    eps = acc.get_epsilon(delta=DELTA)
-    assert 4.9 <= eps <= 5.0
 
 
 def test_state_file_is_plain_json_without_patient_data(tmp_path):

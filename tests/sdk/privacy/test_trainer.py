@@ -109,3 +109,22 @@ def test_secure_gaussian_is_gaussian_with_the_right_scale_and_fresh_each_call():
     assert abs(kurtosis - 3.0) < 0.1
     assert not np.array_equal(secure_gaussian(1.0, torch.Size([8]), torch.float64),
                               secure_gaussian(1.0, torch.Size([8]), torch.float64))
+
+
+class _FailsOnThirdBatch(NSFLModel):
+    calls = 0
+
+    def forward(self, feature_index, values, mask):
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("simulated crash mid-round")
+        return super().forward(feature_index, values, mask)
+
+
+def test_steps_taken_before_a_crash_are_still_accounted(tables, dictionary, tmp_path):
+    tr = _trainer(tables[0], tmp_path)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        tr.train(_FailsOnThirdBatch(len(dictionary.node_ids()), NSFLConfig(hidden=8)), round_=0, epochs=1,
+                 plan_options={})
+    reread = PrivacyLedger(tmp_path, site=tables[0].site, budget_epsilon=50.0, delta=1e-5)
+    assert sum(t for *_, t in reread.history) == 2 and reread.epsilon() > 0

@@ -36,15 +36,17 @@ def _to_unmask_stage():
     rnd = Round(n=5, threshold=3)
     rnd.deliver()
     rnd.deliver()
-    rnd.deliver(answer=False)  # masked inputs are in; honest unmask requests are not answered
+    rnd.deliver()  # masked inputs are in; every client signs the honest survivor set U3
+    msgs = rnd.deliver(answer=False)  # honest unmask requests (with the U3 signatures) are not answered
     victim_input = MaskedInput.model_validate_json(parse_envelope(rnd.sent[2][VICTIM]).payload)
+    rnd.signatures = UnmaskRequest.model_validate_json(parse_envelope(msgs[VICTIM]).payload).signatures
     return rnd, np.frombuffer(victim_input.words, dtype="<u4").copy()
 
 
 def _double_listing(rnd, recipient):
     everyone = tuple(rnd.plan.participants)
     return UnmaskRequest(federation_id=rnd.plan.federation_id, round=rnd.plan.round, recipient=recipient,
-                         survivors=everyone, dropped=(VICTIM,))
+                         survivors=everyone, dropped=(VICTIM,), signatures=rnd.signatures)
 
 
 def test_without_the_check_the_server_rebuilds_one_clients_update():
@@ -94,16 +96,19 @@ def test_other_inconsistent_unmask_requests_are_refused():
     ]
     for recipient, surv, dropped, match in cases:
         req = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient=recipient,
-                            survivors=surv, dropped=dropped)
+                            survivors=surv, dropped=dropped, signatures=rnd.signatures)
         with pytest.raises(ProtocolError, match=match):
             rnd.clients[recipient].handle(seal(req, SERVER))
 
 
 def test_an_honest_unmask_request_reveals_one_secret_per_owner():
-    rnd, _ = _to_unmask_stage()
-    p = rnd.plan
-    req = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient="hosp02",
-                        survivors=tuple(c for c in p.participants if c != VICTIM), dropped=(VICTIM,))
+    rnd = Round(n=5, threshold=3)
+    rnd.deliver()
+    rnd.deliver()
+    rnd.deliver(tamper=lambda c, d: [] if c == VICTIM else [d])  # the victim's masked input never arrives
+    msgs = rnd.deliver(answer=False)
+    req = UnmaskRequest.model_validate_json(parse_envelope(msgs["hosp02"]).payload)
+    assert (req.survivors, req.dropped) == (tuple(c for c in rnd.plan.participants if c != VICTIM), (VICTIM,))
     resp = UnmaskResponse.model_validate_json(parse_envelope(rnd.clients["hosp02"].handle(seal(req, SERVER))).payload)
     kinds = {r.owner: r.secret for r in resp.shares}
     assert len(kinds) == len(resp.shares) == 5

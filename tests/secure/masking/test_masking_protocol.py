@@ -62,14 +62,15 @@ def test_module_nobody_trained_is_absent_and_counts_are_per_module():
     assert "head/task" not in res.sums  # personal modules never enter the vector
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3, 4])
 def test_one_dropout_at_each_stage_gives_exactly_the_survivors_sum(stage):
     plan = make_plan(7, threshold=3)
     updates = make_updates(plan, seed=3)
     victim = plan.participants[2]
     res, _ = run(plan, updates, drop={victim: stage})
-    # A client that drops during unmasking (stage 3) already sent its masked input: it counts.
-    survivors = [c for c in plan.participants if c != victim or stage == 3]
+    # A client that drops at the consistency check (3) or during unmasking (4) already sent its
+    # masked input: it counts, and its self-mask is removed through the other holders' shares.
+    survivors = [c for c in plan.participants if c != victim or stage >= 3]
     assert res.contributors == tuple(sorted(survivors))
     exp = expected_sums(updates, survivors)
     for name, v in exp.items():
@@ -77,18 +78,20 @@ def test_one_dropout_at_each_stage_gives_exactly_the_survivors_sum(stage):
 
 
 def _protocol_model(plan, k, t, drop):
-    """Set-level model of the round (Bell et al. 2020): U1..U4, client self-checks, and whether
-    every needed secret has t live share holders. Returns (completes, U3)."""
+    """Set-level model of the round (Bell et al. 2020; Bonawitz et al. 2017 with the consistency
+    check): U1..U5, client self-checks, the >= t signers of U3, and whether every needed secret
+    has t share holders among the clients that answer the unmask request. Returns (completes, U3)."""
     g = neighbour_graph(plan, k)
     need = max(t, plan.min_clients)
     answers = lambda c, s: drop.get(c, 99) > s  # noqa: E731
     u1 = {c for c in plan.participants if answers(c, 0)}
     u2 = {c for c in u1 if answers(c, 1) and len(g[c] & u1) + 1 >= t}
     u3 = {c for c in u2 if answers(c, 2) and len(g[c] & u2) + 1 >= t}
-    u4 = {c for c in u3 if answers(c, 3)}
-    if min(len(u1), len(u2), len(u3), len(u4)) < need:
+    u4 = {c for c in u3 if answers(c, 3)}  # signed U3 at the consistency check
+    u5 = {c for c in u4 if answers(c, 4)}  # revealed shares (each saw >= t signatures: |U4| >= need >= t)
+    if min(len(u1), len(u2), len(u3), len(u4), len(u5)) < need:
         return False, u3
-    return all(len((g[v] | {v}) & u4) >= t for v in u2), u3
+    return all(len((g[v] | {v}) & u5) >= t for v in u2), u3
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -101,7 +104,7 @@ def test_masks_cancel_for_any_surviving_set_at_or_above_threshold(data):
     k = neighbour_count(n)
     t = data.draw(st.integers((k + 1) // 2 + 1, k + 1), label="t")
     plan = make_plan(n, threshold=t, min_clients=1)
-    drop = data.draw(st.dictionaries(st.sampled_from(names(n)), st.integers(0, 3), max_size=n), label="drop")
+    drop = data.draw(st.dictionaries(st.sampled_from(names(n)), st.integers(0, 4), max_size=n), label="drop")
     updates = make_updates(plan, seed=data.draw(st.integers(0, 2**16)))
     completes, u3 = _protocol_model(plan, k, t, drop)
     if completes:
@@ -128,9 +131,12 @@ def test_below_threshold_aborts_cleanly_and_publishes_nothing():
     updates = make_updates(plan, seed=4)
     with pytest.raises(ProtocolError, match=r"Only 3 client\(s\) completed stage 'masked_input'.*nothing published"):
         run(plan, updates, drop={"hosp00": 2, "hosp01": 2})
+    # Too few signers of U3 at the consistency check: nobody is asked to reveal anything.
+    with pytest.raises(ProtocolError, match=r"Only 3 client\(s\) completed stage 'consistency_check'"):
+        run(plan, updates, drop={"hosp00": 3, "hosp01": 3})
     # Dropping during unmasking leaves too few shares of somebody's secret.
     with pytest.raises(ProtocolError, match="aborted"):
-        run(plan, updates, drop={"hosp00": 3, "hosp01": 3})
+        run(plan, updates, drop={"hosp00": 4, "hosp01": 4})
 
 
 def test_min_clients_is_also_enforced():

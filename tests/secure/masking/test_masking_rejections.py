@@ -50,7 +50,7 @@ class Round:
         return msgs
 
     def finish(self, tamper_at=None, tamper=None):
-        while self.stage < 4:
+        while self.stage < 5:
             self.deliver(tamper if self.stage == tamper_at else None)
         return self.server.result()
 
@@ -76,7 +76,7 @@ def payload(data: bytes) -> bytes:
     return parse_envelope(data).payload
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3, 4])
 def test_bad_signature_is_refused_at_every_stage(stage):
     rnd = Round()
     res = rnd.finish(tamper_at=stage, tamper=only("hosp01", flip_signature))

@@ -1,0 +1,89 @@
+"""The signed consistency check of the ``masked`` mode (Bonawitz et al. 2017, round 4 "ConsistencyCheck").
+
+After the masked inputs are in, the server sends every survivor the survivor set U3. Each
+client checks U3 (:func:`check_survivor_set`), signs ``(federation id, round, sorted U3)`` with
+its long-term Ed25519 identity under ``SIG_MASKED_CONSISTENCY`` and remembers the U3 it signed;
+it signs at most one U3 per round. With the unmask request the server forwards the signatures
+it collected; before revealing any share a client requires (:func:`check_signatures`) the
+request's survivors to be exactly the U3 it signed and at least t valid signatures on that U3
+from distinct members of U3 -- any forged, foreign, repeated or out-of-U3 signature is refused.
+
+Guarantees: every honest client that reveals a share saw a U3 that at least t distinct
+participants signed, for this federation and round. Since an honest client signs one U3 per
+round, two honest clients can be made to reveal under *different* survivor sets only if at
+least 2t - |U3_a cup U3_b| >= 2t - n participants signed both, i.e. collude with the server
+(Bonawitz et al.'s condition t > (n + n_C)/2); and a client given a U3 that nobody else
+confirmed (too few signatures) reveals nothing.
+
+Does not guarantee: a collusion bound of t against a lying server. Each side of a split view
+can form its own quorum of t signers, so the bound on colluding share holders of one client
+stays c >= 2t - (k+1), as with the double-listing refusal alone (for a complete graph,
+n = k+1, the two bounds coincide; for a sparse SecAgg+ graph, 2t - n is weaker). See
+:mod:`clinograph.secure.masking.params` for the bounds that hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ..errors import IntegrityError, ProtocolError
+from ..hazmat.labels import SIG_MASKED_CONSISTENCY
+from ..identity import PublicIdentity
+from ..messages import RoundPlan
+from .messages import SurvivorSignature
+from .stages import round_context
+
+
+def signing_bytes(plan: RoundPlan, survivors: Iterable[str]) -> bytes:
+    """What a client signs (under SIG_MASKED_CONSISTENCY): length-prefixed (federation, round, sorted U3)."""
+    return round_context(plan, *sorted(survivors))
+
+
+def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Iterable[str],
+                       threshold: int) -> tuple[str, ...]:
+    """Return U3 sorted, or raise ProtocolError unless it is a set of >= t participants containing ``me``."""
+    u3 = tuple(survivors)
+    people = set(participants)
+    if len(set(u3)) != len(u3):
+        raise ProtocolError("Survivor set U3 repeats a client. Refused (malicious or broken server).")
+    strangers = sorted(set(u3) - people)
+    if strangers:
+        raise ProtocolError(f"Survivor set U3 names {len(strangers)} client(s) that are not participants of the "
+                            "round plan. Refused.")
+    if me not in u3:
+        raise ProtocolError(f"Survivor set U3 does not list {me!r} itself. Refused.")
+    if len(u3) < threshold:
+        raise ProtocolError(f"Survivor set U3 has {len(u3)} client(s), below the threshold {threshold}. Refused.")
+    return tuple(sorted(u3))
+
+
+def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Iterable[str],
+                     signatures: Iterable[SurvivorSignature], peers: Mapping[str, PublicIdentity],
+                     threshold: int) -> None:
+    """Refuse an unmask request whose U3 is not the one this client signed, or is not vouched for
+    by at least ``threshold`` valid signatures from distinct members of U3 (Bonawitz et al. 2017,
+    round 5 check). Every listed signature must verify; a bad one is refused, not skipped.
+
+    Raises:
+        ProtocolError: naming what was wrong (never a key or signature bytes).
+    """
+    if tuple(sorted(survivors)) != signed:
+        raise ProtocolError("Unmask request's survivor set differs from the survivor set U3 this client signed at "
+                            "the consistency check. Refused (the server shows clients different views).")
+    data, seen = signing_bytes(plan, signed), set()
+    members = set(signed)
+    for s in signatures:
+        if s.client in seen:
+            raise ProtocolError(f"Consistency signatures list {s.client!r} twice. Refused.")
+        if s.client not in members or s.client not in peers:
+            raise ProtocolError(f"Consistency signature from {s.client!r}, who is not in the survivor set U3 "
+                                "(or not enrolled). Refused.")
+        try:
+            peers[s.client].verify(s.signature, data, context=SIG_MASKED_CONSISTENCY)
+        except IntegrityError:
+            raise ProtocolError(f"Consistency signature of {s.client!r} does not verify on this federation, round "
+                                "and survivor set U3. Refused (forged or for another view).") from None
+        seen.add(s.client)
+    if len(seen) < threshold:
+        raise ProtocolError(f"Only {len(seen)} valid consistency signature(s) on U3; the threshold is {threshold}. "
+                            "Refused: too few clients confirmed this survivor set.")

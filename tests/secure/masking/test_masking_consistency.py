@@ -1,0 +1,191 @@
+"""The signed consistency check (Bonawitz et al. 2017, round 4): a server that shows clients
+different survivor sets, or forwards forged, foreign, repeated or too few signatures, gets no
+share; the honest path, with dropouts at the new stage, still equals the plaintext sum."""
+
+from __future__ import annotations
+
+import pytest
+from clinograph.secure.errors import ProtocolError
+from clinograph.secure.hazmat.labels import SIG_MASKED_CONSISTENCY, SIG_ROUND_KEYS
+from clinograph.secure.masking.consistency import signing_bytes
+from clinograph.secure.masking.messages import (
+    ConsistencyRequest,
+    ConsistencySignature,
+    SurvivorSignature,
+    UnmaskRequest,
+    UnmaskResponse,
+)
+from clinograph.secure.transport import run_aggregation
+from clinograph.secure.wire import parse_envelope, seal
+from masking_helpers import expected_sums, identities, identity, make_plan, make_updates, rel_err
+from test_masking_rejections import Round
+
+SERVER = identity("server")
+VICTIM = "hosp01"
+
+
+def to_consistency_stage(n=5, threshold=3):
+    """A round whose masked inputs are in; the server's own U3 requests are not delivered."""
+    rnd = Round(n=n, threshold=threshold)
+    rnd.deliver()
+    rnd.deliver()
+    rnd.deliver(answer=False)
+    return rnd
+
+
+def show(rnd, client, u3):
+    """The (lying) server shows ``client`` the survivor set ``u3``; returns its signature."""
+    req = ConsistencyRequest(federation_id=rnd.plan.federation_id, round=rnd.plan.round, recipient=client,
+                             survivors=tuple(u3))
+    reply = ConsistencySignature.model_validate_json(parse_envelope(rnd.clients[client].handle(seal(req, SERVER))).payload)
+    return SurvivorSignature(client=client, signature=reply.signature)
+
+
+def unmask(rnd, client, u3, sigs, dropped=()):
+    req = UnmaskRequest(federation_id=rnd.plan.federation_id, round=rnd.plan.round, recipient=client,
+                        survivors=tuple(sorted(u3)), dropped=tuple(dropped), signatures=tuple(sigs))
+    return rnd.clients[client].handle(seal(req, SERVER))
+
+
+def assert_stopped(rnd, client):
+    """A client that refused reveals nothing later in the round, even for an honest-looking request."""
+    with pytest.raises(ProtocolError, match="expects no server message"):
+        unmask(rnd, client, rnd.plan.participants, ())
+
+
+def honest_signatures(rnd):
+    u3 = rnd.plan.participants
+    return u3, [show(rnd, c, u3) for c in u3]
+
+
+def test_honest_consistency_round_reveals_shares():
+    """Positive control for the harness below: t signatures on the U3 a client signed are enough."""
+    rnd = to_consistency_stage()
+    u3, sigs = honest_signatures(rnd)
+    resp = UnmaskResponse.model_validate_json(parse_envelope(unmask(rnd, "hosp02", u3, sigs[:3])).payload)
+    assert {r.owner for r in resp.shares} == set(u3) and all(r.secret == "self_mask" for r in resp.shares)
+
+
+def test_server_showing_clients_different_survivor_sets_gets_no_share():
+    rnd = to_consistency_stage()
+    view_a = tuple(rnd.plan.participants)                   # the victim survived
+    view_b = tuple(c for c in view_a if c != VICTIM)        # the victim dropped
+    sigs_a = [show(rnd, c, view_a) for c in (VICTIM, "hosp02")]
+    sigs_b = [show(rnd, c, view_b) for c in ("hosp03", "hosp04")]
+    everything = sigs_a + sigs_b
+    with pytest.raises(ProtocolError, match=r"Only 2 valid consistency signature\(s\)"):
+        unmask(rnd, VICTIM, view_a, sigs_a)
+    with pytest.raises(ProtocolError, match="'hosp03' does not verify"):
+        unmask(rnd, "hosp02", view_a, everything)
+    with pytest.raises(ProtocolError, match=r"Only 2 valid consistency signature\(s\)"):
+        unmask(rnd, "hosp03", view_b, sigs_b, dropped=(VICTIM,))
+    with pytest.raises(ProtocolError, match="differs from the survivor set U3 this client signed"):
+        unmask(rnd, "hosp04", view_a, sigs_a)  # another client's view, with that view's signatures
+    for c in (VICTIM, "hosp02", "hosp03", "hosp04"):
+        assert_stopped(rnd, c)
+
+
+def test_a_view_other_clients_signed_is_refused_even_with_t_signatures():
+    """hosp02 signed U3 with the victim; t valid signatures on U3 without it do not move it."""
+    rnd = to_consistency_stage()
+    view_a = tuple(rnd.plan.participants)
+    view_b = tuple(c for c in view_a if c != VICTIM)
+    show(rnd, "hosp02", view_a)
+    sigs_b = [show(rnd, c, view_b) for c in ("hosp00", "hosp03", "hosp04")]
+    with pytest.raises(ProtocolError, match="differs from the survivor set U3 this client signed"):
+        unmask(rnd, "hosp02", view_b, sigs_b, dropped=(VICTIM,))
+    assert_stopped(rnd, "hosp02")
+
+
+def _flip(sig):
+    return sig.model_copy(update={"signature": bytes([sig.signature[0] ^ 1]) + sig.signature[1:]})
+
+
+@pytest.mark.parametrize(("tamper", "match"), [
+    (lambda s: [_flip(s[0]), *s[1:]], "'hosp00' does not verify"),
+    (lambda s: s[:2], r"Only 2 valid consistency signature\(s\) on U3; the threshold is 3"),
+    (lambda s: [s[0], s[1], s[0]], "lists 'hosp00' twice"),
+    (lambda s: [s[0], s[1], s[3].model_copy(update={"client": "hosp02"})], "'hosp02' does not verify"),
+    (lambda s: [*s[:2], SurvivorSignature(client="stranger", signature=identity("stranger").sign(
+        signing_bytes(make_plan(5, threshold=3), [f"hosp{i:02d}" for i in range(5)]),
+        context=SIG_MASKED_CONSISTENCY))], "'stranger', who is not in the survivor set U3"),
+], ids=["forged", "too_few", "duplicate", "misattributed", "outsider"])
+def test_bad_signature_sets_are_refused(tamper, match):
+    rnd = to_consistency_stage()
+    u3, sigs = honest_signatures(rnd)
+    with pytest.raises(ProtocolError, match=match):
+        unmask(rnd, "hosp02", u3, tamper(sigs))
+    assert_stopped(rnd, "hosp02")
+
+
+@pytest.mark.parametrize(("other", "context", "ok"), [
+    ({}, SIG_MASKED_CONSISTENCY, True),  # control: the forging harness itself is sound
+    ({"round": 8}, SIG_MASKED_CONSISTENCY, False),
+    ({"federation_id": "fed-other"}, SIG_MASKED_CONSISTENCY, False),
+    ({}, SIG_ROUND_KEYS, False),
+], ids=["same_round", "other_round", "other_federation", "other_context"])
+def test_signatures_for_another_round_federation_or_purpose_are_refused(other, context, ok):
+    rnd = to_consistency_stage()
+    u3, _ = honest_signatures(rnd)
+    plan = rnd.plan.model_copy(update=other)
+    sigs = [SurvivorSignature(client=c, signature=identity(c).sign(signing_bytes(plan, u3), context=context))
+            for c in u3]
+    if ok:
+        assert unmask(rnd, "hosp02", u3, sigs)
+    else:
+        with pytest.raises(ProtocolError, match="'hosp00' does not verify on this federation, round"):
+            unmask(rnd, "hosp02", u3, sigs)
+
+
+@pytest.mark.parametrize(("u3", "match"), [
+    (("hosp00", "hosp01", "hosp03", "hosp04"), "does not list 'hosp02' itself"),
+    (("hosp00", "hosp02"), "below the threshold 3"),
+    (("hosp00", "hosp02", "hosp02", "hosp03"), "repeats a client"),
+    (("hosp00", "hosp02", "hosp03", "stranger"), "1 client\\(s\\) that are not participants"),
+])
+def test_client_refuses_to_sign_a_bad_survivor_set(u3, match):
+    rnd = to_consistency_stage()
+    with pytest.raises(ProtocolError, match=match):
+        show(rnd, "hosp02", u3)
+    assert_stopped(rnd, "hosp02")
+
+
+def test_client_signs_one_survivor_set_per_round():
+    rnd = to_consistency_stage()
+    show(rnd, "hosp02", rnd.plan.participants)
+    with pytest.raises(ProtocolError):
+        show(rnd, "hosp02", tuple(c for c in rnd.plan.participants if c != VICTIM))
+    assert_stopped(rnd, "hosp02")
+
+
+def test_server_refuses_a_signature_on_another_survivor_set_and_completes_without_it():
+    rnd = Round()
+    rnd.deliver()
+    rnd.deliver()
+    msgs = rnd.deliver(answer=False)
+    for c, data in msgs.items():  # hosp03 signs a U3 without the victim; everybody else the honest one
+        rnd.outgoing[c] = rnd.clients[c].handle(data) if c != "hosp03" else seal(ConsistencySignature(
+            **rnd.clients[c]._header(), signature=identity(c).sign(
+                signing_bytes(rnd.plan, [x for x in rnd.plan.participants if x != VICTIM]),
+                context=SIG_MASKED_CONSISTENCY)), identity(c))
+    res = rnd.finish()
+    assert "does not verify" in rnd.server.rejected()["hosp03"]
+    assert res.contributors == tuple(rnd.plan.participants)  # hosp03's masked input still counts
+    for name, v in expected_sums(rnd.updates, res.contributors).items():
+        assert rel_err(res.sums[name], v) < 1e-6
+
+
+@pytest.mark.parametrize(("n", "t", "silent"), [(5, 3, ("hosp00", "hosp04")), (7, 3, ("hosp01", "hosp02", "hosp05"))])
+def test_dropouts_at_the_consistency_check_still_give_the_plaintext_sum(n, t, silent):
+    plan = make_plan(n, threshold=t)
+    updates = make_updates(plan, seed=21)
+    ids = identities(plan)
+    masked, _ = run_aggregation(mode="masked", plan=plan, server_identity=SERVER, client_identities=ids,
+                                updates=updates, drop=dict.fromkeys(silent, 3))
+    plain, _ = run_aggregation(mode="insecure_plaintext", plan=plan.model_copy(update={"secure_mode": "insecure_plaintext"}),
+                               server_identity=SERVER, client_identities=ids, updates=updates)
+    assert masked.contributors == plain.contributors == tuple(plan.participants)  # inputs were in before the check
+    assert masked.counts == plain.counts
+    for name in plain.sums:
+        assert rel_err(masked.sums[name], plain.sums[name]) < 1e-6
+        assert masked.weights[name] == pytest.approx(plain.weights[name], rel=1e-6)
