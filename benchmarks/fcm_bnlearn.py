@@ -97,8 +97,50 @@ def run_one(name: str, kind: str, seed: int, data, args) -> dict:
     voted = np.array(res.outcome.adjacency) if res.outcome else np.zeros_like(gt)
     out.update(diff_pairs=diff_pairs(voted, gt), best_round=res.best_round, seconds=time.perf_counter() - t0,
                fraction_changed_all=res.fraction_changed_all, fraction_changed_modules=res.fraction_changed_modules,
-               arch_changes=len(res.arch_changes))
+               arch_changes=len(res.arch_changes),
+               # E1/E2 step itself: share of parameters not carried over exactly when late clients' concepts arrive
+               adaptation_fraction_changed=max([c["fraction_changed"] for c in res.arch_changes if c["round"] >= join],
+                                               default=0.0))
     return out
+
+
+def adaptation_probe(name: str, kind: str, seed: int, args) -> float:
+    """E1/E2 fraction changed at the join, from structure alone (no training).
+
+    Replays ``run_one``'s client views, sampling and votes (the same RNG streams) and adapts an
+    untrained model; the count of parameters not carried over depends on shapes only, so it
+    equals the trained run's ``adaptation_fraction_changed``.
+    """
+    from clinograph.sdk.concepts.adapt import adapt_model
+
+    nodes, states = bnlearn.topological_nodes(name), bnlearn.network_states(name)
+    cards = {v: len(states[v]) for v in nodes}
+    task, edges = bnlearn.TASKS[name], bnlearn.network_edges(name)
+    tr, _, _ = bnlearn.split_indices(int(bnlearn.PAPER_SAMPLES[name] * args.sample_frac), seed)
+    rng = np.random.default_rng(seed)
+    concepts = [v for v in nodes if v != task]
+    held = list(rng.choice(concepts, size=max(1, int(0.3 * len(concepts))), replace=False))
+    views = make_client_views(nodes=nodes, edges=edges, task=task, n_clients=args.clients, rng=rng,
+                              held_out=held, n_initial=args.clients // 2,
+                              perturb_clients=args.perturb_clients, perturb_edges_frac=args.perturb_edges)
+    parts = np.array_split(rng.permutation(tr), args.clients)
+    d = bnlearn.LATENT_DIM[name]
+    clients = [ClientData(f"h{k:02d}", torch.zeros(len(p), d), {}, v) for k, (p, v) in enumerate(zip(parts, views, strict=True))]
+    join = args.join.get(name, 10)
+    cfg = FederationConfig(kind=kind, rounds=join + args.rounds_after_join, join_round=join, n_initial=args.clients // 2,
+                           clients_per_round=args.per_round, seed=seed, hp=ConceptHParams(hidden=args.hidden, emb=args.emb))
+    fed = FCMFederation(config=cfg, concepts=nodes, task=task, cards=cards, clients=clients, in_dim=d, val=(None, {}))
+    worst = 0.0
+    for t in range(cfg.rounds):
+        pool = fed.clients[:cfg.n_initial] if t < join else fed.clients
+        k = min(cfg.clients_per_round, len(pool))
+        sampled = [pool[i] for i in sorted(fed.rng.choice(len(pool), size=k, replace=False))]
+        graph = fed.vote(sampled, t)
+        if graph != fed.model.graph:
+            fed.model, rep = adapt_model(fed.model, graph)
+            if t >= join and rep.changed:
+                worst = max(worst, rep.fraction_changed)
+    return worst
 
 
 def _job(job):
@@ -155,6 +197,8 @@ def main(argv=None) -> int:
     p.add_argument("--inputs", choices=["concepts", "all"], default="all")
     p.add_argument("--rounds-after-join", type=int, default=20, help="rounds after the last join")
     p.add_argument("--local-epochs", type=int, default=2)
+    p.add_argument("--adaptation-only", action="store_true",
+                   help="add the E1/E2 adaptation fraction (structure only, no training) to an existing --out JSON")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "fcm_bnlearn.json"))
     args = p.parse_args(argv)
     args.clients, args.per_round, args.lr = 20, 10, 3e-3
@@ -173,6 +217,15 @@ def main(argv=None) -> int:
     report = {"benchmark": "fcm_bnlearn", "quick": args.quick, "python": platform.python_version(),
               "torch": torch.__version__, "settings": {k: v for k, v in vars(args).items() if k != "out"},
               "networks": {}}
+    if args.adaptation_only:
+        report = json.loads(Path(args.out).read_text())
+        for name, entry in report["networks"].items():
+            for kind, m in entry["models"].items():
+                m["adaptation_fraction_changed"] = summarise(
+                    [100 * adaptation_probe(name, kind, seed, args) for seed in range(entry["seeds"])])
+                print(name, kind, m["adaptation_fraction_changed"], file=sys.stderr)
+        Path(args.out).write_text(json.dumps(report, indent=1))
+        return 0
     t_all = time.perf_counter()
     big_first = sorted(args.networks, key=lambda n: -bnlearn.PAPER_SAMPLES[n] * len(bnlearn.topological_nodes(n)))
     jobs = [(name, seed, kind, args) for name in big_first for seed in range(args.seed_count[name])
@@ -197,6 +250,7 @@ def main(argv=None) -> int:
                 "diff_pairs": summarise([r["diff_pairs"] for r in rs]),
                 "fraction_changed_all": summarise([100 * r["fraction_changed_all"] for r in rs if r["fraction_changed_all"] is not None]),
                 "fraction_changed_concept_modules": summarise([100 * r["fraction_changed_modules"] for r in rs if r["fraction_changed_modules"] is not None]),
+                "adaptation_fraction_changed": summarise([100 * r.get("adaptation_fraction_changed", 0.0) for r in rs]),
                 "intervention_curve": [{"level": lv,
                                         "task_acc": summarise([100 * r["intervention_curve"][i]["task_acc"] for r in rs]),
                                         "label_acc": summarise([100 * r["intervention_curve"][i]["label_acc"] for r in rs])}

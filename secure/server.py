@@ -99,6 +99,7 @@ class FederationServer:
             raise ConfigError(f"Participants {unknown} are not enrolled. Enrolled: {sorted(self.enrolled)}.")
         weights = self.strategy.client_weights(round_=self.round, participants=participants)
         options: dict[str, float | int | str | bool] = {**self.mode_options, **self.strategy.plan_options()}
+        options.update({f"strategy.{k}": v for k, v in self.strategy.constructor_options().items()})
         options.update({f"weight/{c}": float(w) for c, w in weights.items()})
         plan = RoundPlan(
             federation_id=self.federation_id, round=self.round, participants=tuple(sorted(participants)),

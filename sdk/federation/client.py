@@ -121,13 +121,22 @@ class HospitalClient:
             sums = self.decrypted_result()
             if sums is None or self._plan is None:
                 raise ProtocolError("No global model and no decrypted aggregate at the end of the round.")
-            strategy = create_strategy(self._plan.strategy)
-            self._global = strategy.apply(self._global, sums)
+            self._global = self._strategy_for(self._plan).apply(self._global, sums)
         self.modules.load(self._global)
         if self.after_round is not None:
             self.after_round(self)
 
     # -- helpers -----------------------------------------------------------------------------
+    def _strategy_for(self, plan: RoundPlan):
+        """One strategy instance for the whole run (FedOpt keeps its moments across rounds),
+        built from the options the signed plan carries."""
+        opts = {k.removeprefix("strategy."): v for k, v in plan.options.items() if k.startswith("strategy.")}
+        key = (plan.strategy, tuple(sorted(opts.items())))
+        if getattr(self, "_strategy_key", None) != key:
+            self._strategy = create_strategy(plan.strategy, **opts)
+            self._strategy_key = key
+        return self._strategy
+
     def _trained_modules(self, used_similar: bool) -> list[str]:
         out = []
         for n in self.modules.names(ModuleKind.SHARED):

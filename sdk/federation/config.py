@@ -79,6 +79,7 @@ class PrivacySection(_Strict):
     max_clipbound: float = Field(default=1.0, gt=0, description="adaptive clipping only; reported as the clip norm")
     min_clipbound: float = Field(default=0.01, gt=0, description="adaptive clipping only")
     unclipped_num_std: float = Field(default=10.0, gt=0, description="adaptive clipping only (σ_b)")
+    grad_sample_mode: Literal["hooks", "ew"] = Field(default="hooks", description="Opacus per-sample gradients")
 
 
 class HospitalEntry(_Strict):

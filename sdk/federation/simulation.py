@@ -128,11 +128,13 @@ def build_federation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
         dp_policy = DPPolicy(required=True, max_epsilon=config.privacy.epsilon_budget, delta=config.privacy.delta,
                              min_noise_multiplier=0.3, max_clip_norm=config.privacy.clip_norm)
     strategy_opts = {"server_lr": fed.server_lr} if fed.strategy == "fedsgd" else {}
-    max_weight = float(max(len(h.train_idx) for h in hospitals.values()))
+    strategy = create_strategy(fed.strategy, **strategy_opts)
+    # Weights fixed by the strategy sum to 1; otherwise a hospital weighs by its sample count.
+    max_weight = 1.0 if strategy.normalised_weights else float(max(len(h.train_idx) for h in hospitals.values()))
     server = FederationServer(
         federation_id=fed.id, spec=spec, initial_state=initial, dictionary_hash=dictionary.digest(),
         identity=server_id, enrolled=publics, secure_mode=fed.secure_mode,
-        strategy=create_strategy(fed.strategy, **strategy_opts), min_clients=min(fed.min_clients, len(tables)),
+        strategy=strategy, min_clients=min(fed.min_clients, len(tables)),
         local_epochs=fed.local_epochs, dp_policy=dp_policy, audit=audit, environment=fed.environment,
         mode_options=mode_options(config, len(tables), max_weight) if mode_server is None else ckks_options,
         mode_server=mode_server,

@@ -17,6 +17,7 @@ lookup instead of seconds. One process per hospital writes its state dir (no fil
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -79,6 +80,9 @@ class PrivacyLedger:
 
     def __init__(self, state_dir: str | Path, *, site: str, budget_epsilon: float, delta: float,
                  accountant: str = "rdp"):
+        if not (math.isfinite(budget_epsilon) and budget_epsilon > 0) or not 0 < delta < 1:
+            raise PrivacyError(f"Hospital {site!r}: a privacy budget needs a finite ε > 0 and 0 < δ < 1, got "
+                               f"ε = {budget_epsilon!r}, δ = {delta!r}. Fix: set [privacy] epsilon_budget and delta.")
         if accountant not in ACCOUNTANTS:
             raise PrivacyError(f"Unknown accountant {accountant!r}. Registered: {', '.join(ACCOUNTANTS)}.")
         self.path = Path(state_dir) / FILENAME

@@ -74,10 +74,18 @@ class DPTrainer:
 
     def __init__(self, table: PatientTable, *, train_idx: np.ndarray, ledger: PrivacyLedger, noise_multiplier: float,
                  clip_norm: float, batch_size: int, train_config: TrainConfig, clipping: str = "flat",
-                 adaptive: dict[str, float] | None = None, k_similar: int = 0):
+                 adaptive: dict[str, float] | None = None, k_similar: int = 0, optimizer: str = "adam",
+                 lr: float | None = None, grad_sample_mode: str = "hooks"):
         refuse_coupled_training(k_similar=k_similar, site=ledger.site)
         if clipping not in ("flat", "adaptive"):
             raise PrivacyError(f"Unknown clipping {clipping!r}. Registered: flat, adaptive.")
+        if optimizer not in ("adam", "sgd"):
+            raise PrivacyError(f"Unknown optimizer {optimizer!r}. Registered: adam, sgd.")
+        if grad_sample_mode not in ("hooks", "ew"):
+            raise PrivacyError(f"Unknown grad_sample_mode {grad_sample_mode!r}. Registered: hooks, ew "
+                               "(both checked against a per-patient loop in tests).")
+        self.grad_sample_mode = grad_sample_mode
+        self.optimizer, self.lr = optimizer, float(lr if lr is not None else train_config.lr)
         self.table, self.ledger = table, ledger
         self.train_idx = np.asarray(train_idx)
         self.noise_multiplier, self.clip_norm, self.batch_size = float(noise_multiplier), float(clip_norm), batch_size
@@ -113,15 +121,16 @@ class DPTrainer:
         engine.accountant.history = list(self.ledger.history)  # restored before every round
         engine.secure_rng = os_seeded_generator()  # Poisson sampling: OS-seeded, not the seeded global RNG
         loader = DataLoader(self.dataset, batch_size=self.batch_size)
-        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=self.config.lr,
-                               weight_decay=self.config.weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        opt = (torch.optim.Adam(trainable, lr=self.lr, weight_decay=self.config.weight_decay) if self.optimizer == "adam"
+               else torch.optim.SGD(trainable, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
         extra: dict[str, float] = {}
         if self.clipping == "adaptive":
             extra = {"target_unclipped_quantile": 0.5, "clipbound_learning_rate": 0.2, "max_clipbound": self.clip_norm,
                      "min_clipbound": 0.01, "unclipped_num_std": 10.0, **self.adaptive}
         gsm, dp_opt, dp_loader = engine.make_private(
             module=model, optimizer=opt, data_loader=loader, noise_multiplier=self.noise_multiplier,
-            max_grad_norm=self.clip_norm, poisson_sampling=True, clipping=self.clipping, grad_sample_mode="hooks",
+            max_grad_norm=self.clip_norm, poisson_sampling=True, clipping=self.clipping, grad_sample_mode=self.grad_sample_mode,
             noise_generator=os_seeded_generator(), **extra)
         if self.clipping == "flat":
             install_secure_noise(dp_opt)
@@ -136,8 +145,14 @@ class DPTrainer:
                 for _ in range(epochs):
                     t_epoch = time.perf_counter()
                     for fi, x, m, y in dp_loader:
-                        self.last_empty_batches += int(y.shape[0] == 0)  # stepped all the same (noise only)
                         dp_opt.zero_grad(set_to_none=True)
+                        if y.shape[0] == 0:  # an empty Poisson batch is stepped all the same (noise only)
+                            self.last_empty_batches += 1
+                            if self.grad_sample_mode == "ew":  # torch's ExpandedWeights refuses batch size 0
+                                for p in dp_opt.params:
+                                    p.grad_sample = p.new_zeros((0, *p.shape))
+                                dp_opt.step()
+                                continue
                         loss = star_loss(gsm(fi, x, m), y)
                         loss.backward()
                         dp_opt.step()
@@ -201,4 +216,5 @@ def dp_trainer_factory(*, table: PatientTable, train_idx: np.ndarray, config: ob
                                               "min_clipbound", "unclipped_num_std")}
     return DPTrainer(table, train_idx=train_idx, ledger=ledger, noise_multiplier=sigma, clip_norm=priv.clip_norm,
                      batch_size=priv.batch_size, train_config=config.training, clipping=priv.clipping,  # type: ignore[attr-defined]
-                     adaptive=adaptive if priv.clipping == "adaptive" else None)
+                     adaptive=adaptive if priv.clipping == "adaptive" else None,
+                     grad_sample_mode=getattr(priv, "grad_sample_mode", "hooks"))

@@ -111,11 +111,11 @@ class MaskingClient(AggregationClient):
         model = _EXPECT.get(self._stage)
         if model is None:
             raise ProtocolError(f"{self._me!r} expects no server message at this point (stage {self._stage}).")
-        msg = open_envelope(parse_envelope(data), sender=self.server, model=model)
-        if (msg.federation_id, msg.round, msg.recipient) != (self.plan.federation_id, self.plan.round, self._me):  # type: ignore[attr-defined]
-            raise ProtocolError(f"Server message is for {msg.recipient!r} in round {msg.round} of "  # type: ignore[attr-defined]
-                                f"{msg.federation_id!r}, not for {self._me!r} in round {self.plan.round}.")  # type: ignore[attr-defined]
-        try:
+        try:  # any refused server message ends this client's round: no second try for the server
+            msg = open_envelope(parse_envelope(data), sender=self.server, model=model)
+            if (msg.federation_id, msg.round, msg.recipient) != (self.plan.federation_id, self.plan.round, self._me):  # type: ignore[attr-defined]
+                raise ProtocolError(f"Server message is for {msg.recipient!r} in round {msg.round} of "  # type: ignore[attr-defined]
+                                    f"{msg.federation_id!r}, not for {self._me!r} in round {self.plan.round}.")  # type: ignore[attr-defined]
             if isinstance(msg, KeyDirectory):
                 reply: WireMessage = self._share_keys(msg)
             elif isinstance(msg, ForwardShares):
@@ -125,7 +125,7 @@ class MaskingClient(AggregationClient):
             else:
                 reply = self._unmask(msg)  # type: ignore[arg-type]
         except (ProtocolError, IntegrityError):
-            self._stage = _ABORTED  # a refused step ends this client's round: no second try for the server
+            self._stage = _ABORTED
             raise
         self._stage += 1
         return seal(reply, self.identity)

@@ -12,6 +12,22 @@ neighbours from the signed plan. k = O(log n): the smallest even number >= log2(
 least 2, capped at n-1 (then the graph is complete). Each client's secrets are shared among
 its k neighbours and itself (k+1 holders) with threshold t; we require (k+1)/2 < t <= k+1 so
 that no server can collect t shares of *both* of a client's secrets from honest holders.
+
+Collusion bounds (c = colluding share holders of a client u, other than u; n participants):
+
+- Honest-but-curious server: u's update stays hidden unless c >= t (t shares of a secret are
+  needed; t-1 reveal nothing). This is the SecAgg+ bound.
+- Active server that lies about who dropped, including by sending *different* survivor sets
+  to different clients: an honest client refuses a request listing anyone as both surviving
+  and dropped, reveals at most once a round, and (signed consistency check, Bonawitz et al.
+  2017 round 4, :mod:`.consistency`) only for the U3 it signed, vouched for by >= t valid
+  signatures from distinct members of U3. Then: with c = 0 nobody is ever unmasked; two
+  honest clients end up revealing under different survivor sets only if >= 2t - n
+  participants signed both (collude); and u's update stays hidden exactly while
+  c < 2t - (k+1). The consistency check does **not** raise this to t: the colluders sign both
+  views, so each side of a split view gathers its own t signatures (a test demonstrates it
+  for n = 5, t = 3, c = 1). The bound reaches t only when t = k+1 (no dropout tolerance among
+  a client's holders); in general the lying-server bound is 2t - (k+1) < t.
 """
 
 from __future__ import annotations

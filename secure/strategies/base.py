@@ -17,6 +17,13 @@ class Strategy(ABC):
     """
 
     name: str = ""
+    #: True when client_weights() fixes weights that sum to 1 (the masked mode's weight bound is 1).
+    normalised_weights: bool = False
+
+    def constructor_options(self) -> dict[str, float | int | str | bool]:
+        """The options this strategy was built with; they travel in the plan as ``strategy.<k>``
+        so that hospitals can apply the same rule themselves when the server is blind (ckks)."""
+        return {}
 
     def client_weights(self, *, round_: int, participants: tuple[str, ...]) -> dict[str, float]:
         """Per-client aggregation weights fixed before upload (empty: each uses its sample count)."""

@@ -75,6 +75,7 @@ class DQWeighted(FedAvg):
     """
 
     name = "dq_weighted"
+    normalised_weights = True
 
     def __init__(self, **options: object) -> None:
         super().__init__()

@@ -26,6 +26,9 @@ class FedSGD(Strategy):
             raise ConfigError(f"server_lr must be > 0, got {server_lr}. Set [strategy] server_lr.")
         self.server_lr = float(server_lr)
 
+    def constructor_options(self) -> dict[str, float | int | str | bool]:
+        return {"server_lr": self.server_lr}
+
     def apply(self, state: Mapping[str, np.ndarray], sums: ModuleSums) -> dict[str, np.ndarray]:
         out = {k: np.array(v, dtype=np.float64, copy=True) for k, v in state.items()}
         for name in sums.sums:
@@ -42,3 +45,6 @@ class FedAvg(FedSGD):
 
     def __init__(self) -> None:
         super().__init__(server_lr=1.0)
+
+    def constructor_options(self) -> dict[str, float | int | str | bool]:
+        return {}

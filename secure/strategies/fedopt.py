@@ -52,6 +52,9 @@ class FedOpt(Strategy):
         self.m: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}
 
+    def constructor_options(self) -> dict[str, float | int | str | bool]:
+        return {"server_lr": self.server_lr, "beta1": self.beta1, "beta2": self.beta2, "tau": self.tau}
+
     def _second_moment(self, v: np.ndarray, g2: np.ndarray) -> np.ndarray:
         return self.beta2 * v + (1.0 - self.beta2) * g2
 

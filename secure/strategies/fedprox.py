@@ -29,3 +29,6 @@ class FedProx(FedAvg):
 
     def plan_options(self) -> dict[str, float | int | str | bool]:
         return {"fedprox.mu": self.mu}
+
+    def constructor_options(self) -> dict[str, float | int | str | bool]:
+        return {"mu": self.mu}

@@ -114,3 +114,15 @@ def test_state_file_is_plain_json_without_patient_data(tmp_path):
     state = json.loads((tmp_path / "privacy_ledger.json").read_text())
     assert set(state) == {"format", "site", "history", "entries", "epsilon_cache"}
     assert state["history"] == [[1.0, 0.05, 5]]
+
+
+@pytest.mark.parametrize(("budget", "delta"), [(float("inf"), DELTA), (0.0, DELTA), (float("nan"), DELTA), (5.0, 1.0)])
+def test_a_budget_must_be_finite_and_positive(tmp_path, budget, delta):
+    with pytest.raises(PrivacyError, match="needs a finite ε > 0 and 0 < δ < 1"):
+        PrivacyLedger(tmp_path, site="alpha", budget_epsilon=budget, delta=delta)
+
+
+def test_zero_noise_is_refused_as_infinite_epsilon(tmp_path):
+    ledger = PrivacyLedger(tmp_path, site="alpha", budget_epsilon=1e6, delta=DELTA)
+    with pytest.raises(PrivacyBudgetExceeded, match="to inf"):
+        ledger.check_round(round_=0, noise_multiplier=0.0, sample_rate=0.1, steps=1)

@@ -14,6 +14,7 @@ from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
 from clinograph.sdk.privacy import star_loss, unused_star_parameters
 from opacus import GradSampleModule
+from opacus.grad_sample import get_gsm_class
 
 
 def _model(n_features: int) -> NSFLModel:
@@ -36,11 +37,12 @@ def _batch(tables, n: int = 10):
     return fi, x, m, y
 
 
-def test_opacus_per_sample_gradients_match_per_patient_loop(tables, dictionary):
+@pytest.mark.parametrize("mode", ["hooks", "ew"])
+def test_opacus_per_sample_gradients_match_per_patient_loop(tables, dictionary, mode):
     model = _model(len(dictionary.node_ids()))
     fi, x, m, y = _batch(tables)
     reference = copy.deepcopy(model)
-    gsm = GradSampleModule(model, batch_first=True, loss_reduction="mean")
+    gsm = get_gsm_class(mode)(model, batch_first=True, loss_reduction="mean")
     star_loss(gsm(fi, x, m), y).backward()
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     assert len(trainable) >= 15  # embeddings, masks, every Linear of both layers and the head

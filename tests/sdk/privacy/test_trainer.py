@@ -29,8 +29,9 @@ def _model(dictionary):
     return NSFLModel(len(dictionary.node_ids()), NSFLConfig(hidden=8))
 
 
-def test_one_round_trains_stars_only_and_returns_its_ledger_entry(tables, dictionary, tmp_path):
-    tr = _trainer(tables[0], tmp_path)
+@pytest.mark.parametrize("mode", ["hooks", "ew"])
+def test_one_round_trains_stars_only_and_returns_its_ledger_entry(tables, dictionary, tmp_path, mode):
+    tr = _trainer(tables[0], tmp_path, grad_sample_mode=mode)
     model = _model(dictionary)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     out = tr.train(model, round_=0, epochs=2, plan_options={})
@@ -50,9 +51,10 @@ def test_one_round_trains_stars_only_and_returns_its_ledger_entry(tables, dictio
     assert p.shape == (tables[0].n_patients,) and np.all((p >= 0) & (p <= 1))
 
 
-def test_empty_poisson_batches_are_stepped_not_skipped(tables, dictionary, tmp_path):
+@pytest.mark.parametrize("mode", ["hooks", "ew"])
+def test_empty_poisson_batches_are_stepped_not_skipped(tables, dictionary, tmp_path, mode):
     # q = 1/2 with two patients: P(empty batch) = 1/4 a step; 60 steps have one with prob. 1 - 3e-8
-    tr = _trainer(tables[1], tmp_path, n_train=2, batch_size=1, sigma=1.5)
+    tr = _trainer(tables[1], tmp_path, n_train=2, batch_size=1, sigma=1.5, grad_sample_mode=mode)
     out = tr.train(_model(dictionary), round_=0, epochs=30, plan_options={})
     assert out.extras["empty_batches"] >= 1
     assert out.ledger.steps == 60  # every step, empty or not, is accounted

@@ -37,7 +37,9 @@ def test_measured_upload_size_is_pinned(preset):
     x = np.random.default_rng(0).normal(0, 0.05, n)
     blobs = ctx.encrypt(x)
     per_param = sum(map(len, blobs)) / n
-    assert per_param == pytest.approx(preset.upload_bytes_per_param, rel=0.01)
+    # SEAL compresses serialised ciphertexts (zstd) and the size varies with the random
+    # coefficients: measured spread ~±1.5 % for the 3-prime chain, so pin to 3 %.
+    assert per_param == pytest.approx(preset.upload_bytes_per_param, rel=0.03)
     assert (per_param <= 16.1) == (preset is not CkksPreset.NVFLARE_DEFAULT)
 
 

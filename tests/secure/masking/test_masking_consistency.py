@@ -104,7 +104,7 @@ def _flip(sig):
 @pytest.mark.parametrize(("tamper", "match"), [
     (lambda s: [_flip(s[0]), *s[1:]], "'hosp00' does not verify"),
     (lambda s: s[:2], r"Only 2 valid consistency signature\(s\) on U3; the threshold is 3"),
-    (lambda s: [s[0], s[1], s[0]], "lists 'hosp00' twice"),
+    (lambda s: [s[0], s[1], s[0]], "list 'hosp00' twice"),
     (lambda s: [s[0], s[1], s[3].model_copy(update={"client": "hosp02"})], "'hosp02' does not verify"),
     (lambda s: [*s[:2], SurvivorSignature(client="stranger", signature=identity("stranger").sign(
         signing_bytes(make_plan(5, threshold=3), [f"hosp{i:02d}" for i in range(5)]),
@@ -175,7 +175,7 @@ def test_server_refuses_a_signature_on_another_survivor_set_and_completes_withou
         assert rel_err(res.sums[name], v) < 1e-6
 
 
-@pytest.mark.parametrize(("n", "t", "silent"), [(5, 3, ("hosp00", "hosp04")), (7, 3, ("hosp01", "hosp02", "hosp05"))])
+@pytest.mark.parametrize(("n", "t", "silent"), [(5, 3, ("hosp00", "hosp04")), (7, 3, ("hosp01", "hosp05"))])
 def test_dropouts_at_the_consistency_check_still_give_the_plaintext_sum(n, t, silent):
     plan = make_plan(n, threshold=t)
     updates = make_updates(plan, seed=21)
@@ -189,3 +189,48 @@ def test_dropouts_at_the_consistency_check_still_give_the_plaintext_sum(n, t, si
     for name in plain.sums:
         assert rel_err(masked.sums[name], plain.sums[name]) < 1e-6
         assert masked.weights[name] == pytest.approx(plain.weights[name], rel=1e-6)
+
+
+def test_documented_limit_a_split_view_with_2t_minus_k_plus_1_colluders_still_unmasks():
+    """What the check does NOT give (params.py, SECURITY.md): with n = 5 (complete graph, k+1 = 5)
+    and t = 3, ONE colluding hospital (2t - (k+1) = 1) lets a lying server split the honest
+    clients into two camps that each collect t valid signatures on their own U3 -- so the
+    collusion bound against a lying server stays 2t - (k+1), not t."""
+    import numpy as np
+    from clinograph.secure.hazmat import fixedpoint
+    from clinograph.secure.hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
+    from clinograph.secure.hazmat.masking_prg import add_mask
+    from clinograph.secure.hazmat.shamir import combine_shares
+    from clinograph.secure.hazmat.x25519 import agree, hkdf, private_from_bytes
+    from clinograph.secure.masking.messages import MaskedInput
+    from clinograph.secure.masking.stages import pair_context, pairwise_sign, round_context
+
+    rnd = to_consistency_stage()
+    colluder = "hosp04"
+    camps = {(VICTIM, "hosp02"): ("hosp00", "hosp03"), ("hosp00", "hosp03"): (VICTIM, "hosp02")}
+    b_shares, s_shares = [], []
+    for camp, dropped in camps.items():
+        view = (*camp, colluder)
+        sigs = [show(rnd, c, view) for c in camp]
+        sigs.append(SurvivorSignature(client=colluder, signature=identity(colluder).sign(
+            signing_bytes(rnd.plan, view), context=SIG_MASKED_CONSISTENCY)))
+        for c in camp:
+            resp = UnmaskResponse.model_validate_json(parse_envelope(unmask(rnd, c, view, sigs, dropped)).payload)
+            for r in resp.shares:
+                if r.owner == VICTIM:
+                    (b_shares if r.secret == "self_mask" else s_shares).append((r.index, r.share))
+    idx, b_sh, s_sh = rnd.clients[colluder]._held[VICTIM]  # the colluder hands over what it holds
+    b_shares.append((idx, b_sh))
+    s_shares.append((idx, s_sh))
+    assert len(b_shares) == len(s_shares) == 3
+    y = np.frombuffer(MaskedInput.model_validate_json(parse_envelope(rnd.sent[2][VICTIM]).payload).words,
+                      dtype="<u4").copy()
+    b, sk = combine_shares(b_shares), private_from_bytes(combine_shares(s_shares))
+    add_mask(y, hkdf(b, label=KDF_SELF_MASK, context=round_context(rnd.plan, VICTIM)), sign=-1)
+    for v in rnd.plan.participants:
+        if v != VICTIM:
+            seed = agree(sk, rnd.server._keys[v].s_pk, label=KDF_PAIRWISE_MASK, context=pair_context(rnd.plan, VICTIM, v))
+            add_mask(y, seed, sign=-pairwise_sign(VICTIM, v))
+    first = rnd.plan.spec.shared[0]
+    np.testing.assert_allclose(fixedpoint.decode(y[:first.size], scale=rnd.server.params.scale),
+                               rnd.updates[VICTIM].modules[first.name], atol=1e-7)

@@ -3,7 +3,6 @@ and the round completes without that client."""
 
 from __future__ import annotations
 
-
 import pytest
 from clinograph.secure.errors import IntegrityError, ProtocolError
 from clinograph.secure.masking import MaskingClient, MaskingServer
