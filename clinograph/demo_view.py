@@ -22,9 +22,11 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
 
     trainer_factory = None
     if dp:
+        from functools import partial
+
         from clinograph.sdk.privacy import dp_trainer_factory  # issue 4
 
-        trainer_factory = dp_trainer_factory(state_root=out / "privacy_state")
+        trainer_factory = partial(dp_trainer_factory, state_root=out / "privacy_state")
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task("federated rounds", total=rounds)

@@ -59,6 +59,7 @@ class HospitalClient:
         self._global: dict[str, np.ndarray] = modules.state(ModuleKind.SHARED)
         self.outgoing: list[bytes] = []  # every byte this hospital sent (for audits and tests)
         self.last_loss: float | None = None
+        self.last_ledger = None  # this hospital's latest privacy-ledger entry (DP runs)
 
     # -- RoundParticipant ------------------------------------------------------------------
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
@@ -80,6 +81,7 @@ class HospitalClient:
         self.modules.load(self._global)
         outcome = self.trainer.train(self.model, round_=p.round, epochs=p.local_epochs, plan_options=dict(p.options))
         self.last_loss = outcome.loss
+        self.last_ledger = outcome.ledger
         trained = self._trained_modules(outcome.used_similar_to)
         weight = float(p.options.get(f"weight/{self.name}", self.num_samples))
         deltas = {n: weight * (self._global[n] - self.modules.get(n)) for n in trained}

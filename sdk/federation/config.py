@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from clinograph.secure.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..model.nsfl import NSFLConfig
 from ..training.local import TrainConfig
@@ -107,24 +104,15 @@ class SimulationConfig(_Strict):
     @classmethod
     def from_toml(cls, path: str | Path) -> SimulationConfig:
         """Load a config; relative paths are taken from the config's folder."""
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"Cannot read config {path}: {exc}.") from None
-        base = path.parent
-        for h in data.get("hospitals", []):
-            for key in ("table", "schema"):
-                if key in h and not Path(h[key]).is_absolute():
-                    h[key] = str(base / h[key])
-        if "dictionary" in data and not Path(data["dictionary"]).is_absolute():
-            data["dictionary"] = str(base / data["dictionary"])
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            lines = [f"Config {path} is invalid ({exc.error_count()} problem(s)):"]
-            for err in exc.errors():
-                loc = ".".join(str(x) for x in err["loc"])
-                msg = "unknown key (remove it or check the spelling)" if err["type"] == "extra_forbidden" else err["msg"]
-                lines.append(f"  - {loc}: {msg}")
-            raise ConfigError("\n".join(lines)) from None
+        from ..tomlio import load_toml_model
+
+        def relative_to_config(data: dict, p: Path) -> None:
+            base = p.parent
+            for h in data.get("hospitals", []):
+                for key in ("table", "schema"):
+                    if key in h and not Path(h[key]).is_absolute():
+                        h[key] = str(base / h[key])
+            if "dictionary" in data and not Path(data["dictionary"]).is_absolute():
+                data["dictionary"] = str(base / data["dictionary"])
+
+        return load_toml_model(cls, path, what="config", prepare=relative_to_config)

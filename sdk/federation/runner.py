@@ -45,8 +45,10 @@ def run_from_config(config: SimulationConfig, *, on_round: Callable[[int, dict],
         raise ConfigError(f"Audit directory {audit_dir} already holds a run; choose another `output` or move it.")
     config.output.mkdir(parents=True, exist_ok=True)
     if trainer_factory is None and config.privacy.enabled:
+        from functools import partial
+
         from ..privacy import dp_trainer_factory
 
-        trainer_factory = dp_trainer_factory(state_root=config.output / "privacy_state")
+        trainer_factory = partial(dp_trainer_factory, state_root=config.output / "privacy_state")
     return run_simulation(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round,
                           trainer_factory=trainer_factory)

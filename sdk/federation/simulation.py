@@ -191,6 +191,9 @@ def run_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary
             result.timings.setdefault("local_training_seconds", []).append(train_time)
             result.timings.setdefault("protocol_and_aggregation_seconds", []).append(total - train_time)
             result.dropped.append(outcome.dropped)
+            for n, h in hospitals.items():
+                if h.client.last_ledger is not None and n not in outcome.dropped:
+                    result.epsilons.setdefault(n, []).append(h.client.last_ledger.epsilon)
             metrics = {n: h.evaluate() for n, h in hospitals.items()}
             result.rounds.append(metrics)
             if on_round is not None:

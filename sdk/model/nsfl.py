@@ -123,11 +123,15 @@ class NSFLModel(nn.Module):
         h_f1 = torch.relu(self.l1_self_feature(h_f0) + self.l1_has_feature.W(h_p0).unsqueeze(1))
         return h_p1, h_f1
 
+    def embed_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The patient embedding h_p^(2) from padded stars, no ``similar_to`` -- what the F-CMs
+        concept modules take as their encoder output. Shapes: [B, K] x3 -> [B, d]."""
+        h_p1, h_f1 = self._layer1(feature_index, values, mask)
+        return torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(h_f1, h_p1, values, mask))
+
     def forward_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits from padded stars, no ``similar_to`` (the DP path). Shapes: [B, K] x3 -> [B]."""
-        h_p1, h_f1 = self._layer1(feature_index, values, mask)
-        h_p2 = torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(h_f1, h_p1, values, mask))
-        return self.head(h_p2).squeeze(-1)
+        return self.head(self.embed_star(feature_index, values, mask)).squeeze(-1)
 
     def forward_neighbourhood(self, stars: StarBatch, batch: torch.Tensor) -> torch.Tensor:
         """Exact full-graph logits for patients ``batch``, computed from their stars and their

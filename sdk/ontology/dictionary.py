@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from difflib import get_close_matches
 from enum import Enum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from clinograph.secure.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FEATURE_ID = r"^[a-z][a-z0-9_]{0,63}$"
 
@@ -144,20 +141,6 @@ class FeatureDictionary(BaseModel):
     @classmethod
     def from_toml(cls, path: str | Path) -> FeatureDictionary:
         """Load ``[[features]]`` tables from TOML; errors name the file and the key."""
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"Cannot read feature dictionary {path}: {exc}.") from None
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError(_validation_message(f"Feature dictionary {path}", exc)) from None
+        from ..tomlio import load_toml_model
 
-
-def _validation_message(what: str, exc: ValidationError) -> str:
-    lines = [f"{what} is invalid ({exc.error_count()} problem(s)):"]
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        lines.append(f"  - {loc}: {err['msg']}")
-    return "\n".join(lines)
+        return load_toml_model(cls, path, what="feature dictionary")

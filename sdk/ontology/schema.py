@@ -17,15 +17,13 @@ Unknown columns are an error that names them and suggests the nearest dictionary
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from clinograph.secure.errors import SchemaError
+from pydantic import BaseModel, ConfigDict, Field
 
-from clinograph.secure.errors import ConfigError, SchemaError
-
-from .dictionary import FeatureDictionary, FeatureKind, _validation_message
+from .dictionary import FeatureDictionary, FeatureKind
 from .units import conversion
 
 
@@ -75,15 +73,9 @@ class SiteSchema(BaseModel):
     @classmethod
     def from_toml(cls, path: str | Path) -> SiteSchema:
         """Load a schema; errors name the file and the key."""
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"Cannot read site schema {path}: {exc}.") from None
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError(_validation_message(f"Site schema {path}", exc)) from None
+        from ..tomlio import load_toml_model
+
+        return load_toml_model(cls, path, what="site schema")
 
     def check_against(self, dictionary: FeatureDictionary) -> None:
         """Every mapped feature exists and every unit converts; all problems at once."""
