@@ -68,7 +68,8 @@ def demo(
     rounds: Annotated[int, typer.Option(min=1, max=500)] = 15,
     seed: Annotated[int, typer.Option()] = 0,
     secure_mode: Annotated[str, typer.Option(help="masked (default), ckks or insecure_plaintext")] = "masked",
-    dp: Annotated[bool, typer.Option("--dp/--no-dp", help="Patient-level DP-SGD at every hospital.")] = False,
+    dp: Annotated[bool, typer.Option("--dp/--no-dp", help="Also train with patient-level DP-SGD at every "
+                                     "hospital and print each hospital's ε.")] = True,
     scale: Annotated[float, typer.Option(min=0.01, max=10.0, help="Multiply hospital sizes (smoke tests).")] = 1.0,
 ) -> None:
     """The main job: a 4-hospital federation from ALARM, NS-FL vs the paper's baselines."""

@@ -20,13 +20,6 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
     """Run the demo with a progress bar and print the comparison table."""
     from clinograph.sdk.federation.demo import run_demo
 
-    trainer_factory = None
-    if dp:
-        from functools import partial
-
-        from clinograph.sdk.privacy import dp_trainer_factory  # issue 4
-
-        trainer_factory = partial(dp_trainer_factory, state_root=out / "privacy_state")
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task("federated rounds", total=rounds)
@@ -36,27 +29,32 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
             progress.update(task, advance=1, description=f"round {r + 1}/{rounds}, mean AUROC {mean:.3f}")
 
         result = run_demo(out_dir=out, rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp,
-                          trainer_factory=trainer_factory, on_round=on_round, scale=scale,
+                          on_round=on_round, scale=scale,
                           on_stage=lambda s: progress.console.log(s))
     m = result.metrics
     table = Table(title=f"Test AUROC / AUPRC per hospital ({m['task']}; seed {seed})")
     table.add_column("hospital")
-    for name in ("Clinograph NS-FL", "standalone", "FedAvg (aligned)"):
-        table.add_column(name, justify="right")
     methods = m["methods"]
+    keys = ["clinograph_nsfl", "standalone", "fedavg_aligned"] + (["clinograph_nsfl_dp"] if "clinograph_nsfl_dp" in methods else [])
+    titles = {"clinograph_nsfl": "Clinograph NS-FL", "standalone": "standalone", "fedavg_aligned": "FedAvg (aligned)",
+              "clinograph_nsfl_dp": "NS-FL + DP"}
+    for k in keys:
+        table.add_column(titles[k], justify="right")
     for site in m["hospitals"]:
         row = [f"{site} ({m['hospitals'][site]['patients']} pts, {m['hospitals'][site]['features']} features)"]
-        for key in ("clinograph_nsfl", "standalone", "fedavg_aligned"):
+        for key in keys:
             v = methods[key][site]
             row.append(f"{_fmt(v['auroc'])} / {_fmt(v['auprc'])}")
         table.add_row(*row)
     table.add_row("[bold]mean", *[f"[bold]{_fmt(m['mean_auroc'][k])} / {_fmt(m['mean_auprc'][k])}"
-                                  for k in ("clinograph_nsfl", "standalone", "fedavg_aligned")])
+                                  for k in keys])
     console.print(table)
     if m.get("epsilon"):
         for site, eps in m["epsilon"].items():
-            console.print(f"ε({site}) after {len(eps)} rounds: {eps[-1]:.3f}")
-    console.print(f"audit: {'verified' if result.audit_ok else '[red]FAILED VERIFICATION'} ({out / 'audit'})")
+            console.print(f"ε({site}) after {len(eps)} DP rounds: {eps[-1]:.3f} (δ = 1e-5, budget "
+                          f"{m['dp_settings']['epsilon_budget']})")
+    console.print(f"audit: {'verified' if result.audit_ok else '[red]FAILED VERIFICATION'} ({out / 'audit'}"
+                  + (f", {out / 'audit_dp'})" if "clinograph_nsfl_dp" in methods else ")"))
     if result.report:
         console.print(f"report: {result.report}")
     console.print(f"metrics: {out / 'metrics.json'}")
