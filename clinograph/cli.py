@@ -107,6 +107,15 @@ def bench(name: Annotated[str, typer.Argument(help="Benchmark name (file in benc
     runpy.run_path(str(root / f"{name}.py"), run_name="__main__")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def supernode(ctx: typer.Context) -> None:
+    """A hospital's Flower SuperNode with the Clinograph hospital inside it (all options are
+    passed through; see examples/flower_deployment/README.md)."""
+    from clinograph.secure.transport.flower.supernode import main as supernode_main
+
+    raise typer.Exit(supernode_main(list(ctx.args)))
+
+
 def _mount() -> None:
     from .commands import audit
 
