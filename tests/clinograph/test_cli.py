@@ -61,12 +61,20 @@ def test_demo_runs_end_to_end_and_is_seeded(tmp_path):
     a = cli("demo", "--rounds", "2", "--scale", "0.15", "--out", str(tmp_path / "a"))
     assert a.returncode == 0, a.stderr[-3000:]
     m = json.loads((tmp_path / "a" / "metrics.json").read_text())
-    assert set(m["methods"]) == {"clinograph_nsfl", "standalone", "fedavg_aligned"}
+    assert set(m["methods"]) == {"clinograph_nsfl", "standalone", "fedavg_aligned", "clinograph_nsfl_dp"}
     assert set(m["hospitals"]) == {"north", "south", "east", "west"}
     assert m["secure_mode"] == "masked"
+    # DP is on by default: every hospital reports its ε, within the budget
+    assert set(m["epsilon"]) == set(m["hospitals"])
+    assert all(0 < eps[-1] <= m["dp_settings"]["epsilon_budget"] for eps in m["epsilon"].values())
+    assert "ε(north) after" in a.stdout
     assert "audit: verified" in a.stdout
     assert (tmp_path / "a" / "report.html").stat().st_size > 10_000
     assert (tmp_path / "a" / "feature_relevance_radar.png").exists()
-    b = cli("demo", "--rounds", "2", "--scale", "0.15", "--out", str(tmp_path / "b"))
-    assert b.returncode == 0
-    assert json.loads((tmp_path / "b" / "metrics.json").read_text())["methods"] == m["methods"]
+    # the non-DP federation and the baselines are seeded (DP noise is OS-random by design)
+    b = cli("demo", "--rounds", "2", "--scale", "0.15", "--no-dp", "--out", str(tmp_path / "b"))
+    assert b.returncode == 0, b.stderr[-3000:]
+    mb = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert "clinograph_nsfl_dp" not in mb["methods"]
+    for key in ("clinograph_nsfl", "standalone", "fedavg_aligned"):
+        assert mb["methods"][key] == m["methods"][key]
