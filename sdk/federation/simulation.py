@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.identity import Identity
 from clinograph.secure.messages import DPPolicy
@@ -145,29 +144,14 @@ def build_federation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
 def _ckks_ceremony(federation_id: str, ids: dict[str, Identity], hospitals: dict[str, Hospital]):
     """The CKKS key ceremony: the first hospital generates the key and wraps it for the others;
     the server gets a context without any secret key."""
-    from clinograph.secure.ckks import (
-        CkksClient,
-        CkksKeyDealer,
-        CkksKeyring,
-        CkksPreset,
-        CkksRecipientKey,
-        CkksServer,
-        CkksServerContext,
-        ckks_plan_options,
-    )
+    from clinograph.secure.ckks import CkksClient, CkksPreset, CkksServer, ckks_plan_options
+    from clinograph.secure.ckks.ceremony import in_process_ceremony
 
-    names = sorted(ids)
-    dealer = CkksKeyDealer.create(preset=CkksPreset.ADD_ONLY_128, identity=ids[names[0]], federation_id=federation_id)
-    rings = {names[0]: dealer.keyring()}
-    for n in names[1:]:
-        rk = CkksRecipientKey.generate(identity=ids[n], federation_id=federation_id)
-        pkg = dealer.wrap_for(request=rk.request(), requester=ids[n].public)
-        rings[n] = CkksKeyring.unwrap(package=pkg, recipient_key=rk, dealer=ids[names[0]].public)
+    cer = in_process_ceremony(identities=ids, dealer=sorted(ids)[0], federation_id=federation_id,
+                              preset=CkksPreset.ADD_ONLY_128)
     for n, h in hospitals.items():
-        h.client.mode_clients["ckks"] = CkksClient.with_keyring(rings[n])
-    ctx = CkksServerContext.load(data=dealer.public_context(), dealer=ids[names[0]].public,
-                                 federation_id=federation_id)
-    return CkksServer.with_context(ctx), ckks_plan_options(ctx)
+        h.client.mode_clients["ckks"] = CkksClient.with_keyring(cer.keyrings[n])
+    return CkksServer.with_context(cer.context), ckks_plan_options(cer.context)
 
 
 def run_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,

@@ -8,14 +8,12 @@ import numpy as np
 from clinograph.secure.aggregation import LocalUpdate, ModuleSums
 from clinograph.secure.ckks import (
     CkksClient,
-    CkksKeyDealer,
     CkksKeyring,
     CkksPreset,
-    CkksRecipientKey,
     CkksServer,
-    CkksServerContext,
     ckks_plan_options,
 )
+from clinograph.secure.ckks.ceremony import in_process_ceremony
 from clinograph.secure.errors import IntegrityError, ProtocolError
 from clinograph.secure.identity import Identity
 from clinograph.secure.messages import RoundPlan
@@ -47,15 +45,11 @@ class Ceremony:
     """The key ceremony for one federation: hosp00 deals; everyone else unwraps."""
 
     def __init__(self, hospitals: list[str], *, preset: CkksPreset = CkksPreset.ADD_ONLY_128, fed: str = FED):
-        dealer_name = hospitals[0]
-        self.dealer = CkksKeyDealer.create(preset=preset, identity=identity(dealer_name), federation_id=fed)
-        self.keyrings: dict[str, CkksKeyring] = {dealer_name: self.dealer.keyring()}
-        for h in hospitals[1:]:
-            rk = CkksRecipientKey.generate(identity=identity(h), federation_id=fed)
-            pkg = self.dealer.wrap_for(request=rk.request(), requester=identity(h).public)
-            self.keyrings[h] = CkksKeyring.unwrap(package=pkg, recipient_key=rk, dealer=identity(dealer_name).public)
-        self.context = CkksServerContext.load(data=self.dealer.public_context(),
-                                              dealer=identity(dealer_name).public, federation_id=fed)
+        cer = in_process_ceremony(identities={h: identity(h) for h in hospitals}, dealer=hospitals[0],
+                                  federation_id=fed, preset=preset)
+        self.dealer = cer.dealer
+        self.keyrings: dict[str, CkksKeyring] = dict(cer.keyrings)
+        self.context = cer.context
 
 
 @lru_cache(maxsize=None)
