@@ -88,7 +88,7 @@ def main(rounds: int) -> None:
             mode_options=masked_plan_options(n_clients=3, threshold=2, clip=500.0 * 4.0, max_weight=500.0))
         for r in range(rounds):
             out = run_round(server, hospitals, participants=tuple(sorted(hospitals)))
-            print(f"round {r}: contributors {out.result.contributors}, my AUROC {mine._metrics()['auroc']:.3f}")
+            print(f"round {r}: contributors {out.result.contributors}, my AUROC {mine.local_metrics()['auroc']:.3f}")
         audit.close()
         print("audit verifies:", verify_audit_dir(Path(tmp) / "audit").ok)
     relevance = mine.feature_relevance()

@@ -235,8 +235,6 @@ class FederationServer:
 
     @staticmethod
     def _parse(data: bytes) -> Envelope:
-        from .wire import parse_envelope
-
         return parse_envelope(data)
 
     def _check_dp(self, report: ClientReport) -> None:

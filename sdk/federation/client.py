@@ -85,7 +85,7 @@ class HospitalClient:
         trained = self._trained_modules(outcome.used_similar_to)
         weight = float(p.options.get(f"weight/{self.name}", self.num_samples))
         deltas = {n: weight * (self._global[n] - self.modules.get(n)) for n in trained}
-        metrics = self._metrics() if self.release_metrics else {}
+        metrics = self.local_metrics() if self.release_metrics else {}
         update = LocalUpdate(modules=deltas, weight=weight, metrics=metrics)
         mode = create_mode(p.secure_mode)
         factory = self.mode_clients.get(p.secure_mode, mode.client)
@@ -158,5 +158,6 @@ class HospitalClient:
             m = self.model.feature_mask(torch.arange(len(node_ids))).numpy()
         return {nid: float(m[i]) for i, nid in enumerate(node_ids) if nid in self.observed}
 
-    def _metrics(self) -> dict[str, float]:
+    def local_metrics(self) -> dict[str, float]:
+        """This hospital's own evaluation of the current model (stays local unless released)."""
         return dict(self._evaluate()) if self._evaluate is not None else {}
