@@ -39,10 +39,17 @@ from .views import ClientView
 
 @dataclass(frozen=True)
 class FederationConfig:
-    """Hyper-parameters of one federated run (defaults after appendix D.3, shrunk in rounds)."""
+    """Hyper-parameters of one federated run (defaults after appendix D.3).
+
+    ``rounds`` is the maximum; with ``patience`` set, training stops once the global
+    validation loss has not improved for ``patience`` rounds after the join (appendix D.3:
+    up to 200 rounds, patience 10). Before ``join_round`` it never stops, so late joiners
+    always arrive.
+    """
 
     kind: str
     rounds: int = 40
+    patience: int | None = None
     clients_per_round: int = 10
     n_initial: int = 10
     join_round: int = 10
@@ -198,7 +205,8 @@ class FCMFederation:
         return loss
 
     def run(self) -> FederationResult:
-        """All rounds; the model with the lowest validation loss after the last join is selected."""
+        """All rounds (or until early stopping); the model with the lowest validation loss
+        from the join onwards is selected."""
         cfg = self.cfg
         best, best_loss, best_round = None, float("inf"), -1
         losses, changes = [], []
@@ -223,6 +231,8 @@ class FCMFederation:
             if t >= min(cfg.join_round, cfg.rounds - 1) and losses[-1] < best_loss:
                 best_loss, best_round = losses[-1], t
                 best = (self.model.graph, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
+            elif cfg.patience is not None and t >= cfg.join_round and t - best_round >= cfg.patience:
+                break
         if best is not None:
             graph, sd = best
             best = ConceptModel(kind=cfg.kind, encoder=copy.deepcopy(self.model.encoder), graph=graph,

@@ -72,3 +72,26 @@ def test_two_round_federation_on_asia_improves(asia, kind):
     assert set(res.model.graph.nodes) == covered
     if kind == "c2bm":  # unperturbed votes recover the ground truth among covered nodes
         assert set(res.outcome.edges()) == {(a, b) for a, b in edges if a in covered and b in covered}
+
+
+def test_early_stopping_waits_for_the_join_then_stops_on_patience(asia):
+    """Appendix D.3: early stopping on the global validation loss, never before late joiners arrive."""
+    nodes, cards, x, codes = asia
+    rng = np.random.default_rng(1)
+    views = make_client_views(nodes=nodes, edges=bnlearn.network_edges("asia"), task="dysp", n_clients=4, rng=rng,
+                              task_drop=0.0)
+    parts = np.array_split(np.arange(2400), 4)
+    clients = [ClientData(f"h{k}", torch.from_numpy(x[p]), labels(codes, p, nodes, set(v.nodes)), v)
+               for k, (p, v) in enumerate(zip(parts, views, strict=True))]
+    val = np.arange(2400, 3000)
+    cfg = FederationConfig(kind="cbm", rounds=60, patience=2, clients_per_round=2, n_initial=2, join_round=6,
+                           local_epochs=1, batch_size=200, lr=3e-2, z_dim=16, encoder_hidden=(32,),
+                           hp=ConceptHParams(hidden=16, emb=4), seed=0)
+    res = FCMFederation(config=cfg, concepts=nodes, task="dysp", cards=cards, clients=clients, in_dim=x.shape[1],
+                        val=(torch.from_numpy(x[val]), labels(codes, val, nodes, set(nodes)))).run()
+    last = len(res.val_loss) - 1
+    assert last < 59, "a high learning rate should plateau well before 60 rounds"
+    assert last >= cfg.join_round
+    assert last - res.best_round == cfg.patience
+    after = res.val_loss[cfg.join_round:]
+    assert res.val_loss[res.best_round] == min(after)

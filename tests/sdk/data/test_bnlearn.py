@@ -48,3 +48,39 @@ def test_featurise_and_split():
 def test_unknown_network_is_listed():
     with pytest.raises(ConfigError, match="Available: alarm, asia, hailfinder, insurance, sachs"):
         bnlearn.load_network("asai")
+
+
+def test_mix_noise_signal_scale_sets_the_signal_to_noise_ratio():
+    z = np.random.default_rng(3).normal(0.0, 0.3, size=(4000, 4)) + 5.0
+
+    def corr(x):  # per-dimension correlation between the input and its latent
+        return np.mean([np.corrcoef(x[:, j], z[:, j])[0, 1] for j in range(z.shape[1])])
+
+    natural = bnlearn.mix_noise(z, seed=0)
+    weak, strong = (bnlearn.mix_noise(z, seed=0, signal_scale=s) for s in (0.3, 3.0))
+    # a unit-variance signal times s against unit noise: corr = s / sqrt(1 + s^2)
+    assert abs(corr(weak) - 0.3 / np.sqrt(1.09)) < 0.03
+    assert abs(corr(strong) - 3.0 / np.sqrt(10.0)) < 0.03
+    assert abs(corr(natural) - 0.3 / np.sqrt(1.09)) < 0.03  # z's own std is 0.3 here
+    for x in (natural, weak, strong):
+        np.testing.assert_allclose(x.std(0), 1, atol=1e-3)
+
+
+@pytest.mark.parametrize("kw", [{"signal_scale": 0.0}, {"signal_scale": -1.0}, {"noise_mix": 1.5}])
+def test_mix_noise_rejects_bad_settings(kw):
+    with pytest.raises(ConfigError, match="mix_noise needs"):
+        bnlearn.mix_noise(np.zeros((10, 2)), seed=0, **kw)
+
+
+def test_featurise_is_autoencode_then_mix_noise():
+    states = bnlearn.network_states("asia")
+    codes = bnlearn.encode_states(bnlearn.sample_network("asia", 300, 1), states)
+    z = bnlearn.autoencode(codes, [2] * codes.shape[1], latent_dim=4, seed=1, epochs=1)
+    np.testing.assert_array_equal(
+        bnlearn.featurise(codes, [2] * codes.shape[1], latent_dim=4, seed=1, epochs=1, signal_scale=0.5),
+        bnlearn.mix_noise(z, seed=1, signal_scale=0.5))
+
+
+def test_every_network_has_a_calibrated_signal_scale():
+    assert set(bnlearn.SIGNAL_SCALE) == set(bnlearn.TASKS)
+    assert all(0 < s < 5 for s in bnlearn.SIGNAL_SCALE.values())
