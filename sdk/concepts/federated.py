@@ -7,21 +7,25 @@ sampled client trains only the modules it supervises (eq. 2, random intervention
 server averages each module over its contributors (4.2.3).
 
 Both sums -- votes and module updates -- are :class:`~clinograph.secure.aggregation.ModuleSums`
-computed by :func:`aggregate_module_sums`, the one place a secure-aggregation mode would plug
-in (it adds up exactly what ``masked`` or ``ckks`` would reveal: per-module weighted sums).
+from one ``summer(purpose, spec, updates)``: :func:`plaintext_sums` by default (in process,
+exactly what a secure mode would reveal: per-module weighted sums), or
+:class:`~clinograph.sdk.concepts.secure_sums.SecureSums` to run every sum through the real
+``masked`` mode.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from clinograph.secure.aggregation.base import LocalUpdate, ModuleSums
+from clinograph.secure.spec import ModelSpec
 from clinograph.secure.dag_voting import (
     VOTE_MODULE,
+    vote_module_spec,
     DagOutcome,
     decide_dag,
     encode_vote,
@@ -33,7 +37,7 @@ from .encoders import MLPEncoder
 from .graph import ConceptGraph
 from .model import ConceptModel, fcm_loss, random_interventions
 from .modules import GRAPH_BASED, ConceptHParams
-from .params import freeze_unsupervised, load_state_vectors, state_vectors
+from .params import freeze_unsupervised, load_state_vectors, model_spec, state_vectors
 from .views import ClientView
 
 
@@ -108,12 +112,25 @@ def aggregate_module_sums(updates: Mapping[str, LocalUpdate]) -> ModuleSums:
     return ModuleSums(sums=sums, weights=weights, counts=counts, contributors=tuple(sorted(updates)))
 
 
+Summer = Callable[[str, ModelSpec, Mapping[str, LocalUpdate]], ModuleSums]
+
+
+def plaintext_sums(purpose: str, spec: ModelSpec, updates: Mapping[str, LocalUpdate]) -> ModuleSums:
+    """The default summer: :func:`aggregate_module_sums` (``purpose`` and ``spec`` unused)."""
+    return aggregate_module_sums(updates)
+
+
 class FCMFederation:
-    """Server and clients of one F-CMs run, in one process."""
+    """Server and clients of one F-CMs run, in one process.
+
+    ``summer`` adds up votes (``purpose="votes"``) and module updates (``"updates"``);
+    pass a :class:`~clinograph.sdk.concepts.secure_sums.SecureSums` to run them masked.
+    """
 
     def __init__(self, *, config: FederationConfig, concepts: Sequence[str], task: str,
                  cards: Mapping[str, int], clients: Sequence[ClientData], in_dim: int,
-                 val: tuple[torch.Tensor, dict[str, torch.Tensor]]):
+                 val: tuple[torch.Tensor, dict[str, torch.Tensor]], summer: Summer = plaintext_sums):
+        self.summer = summer
         self.cfg, self.concepts, self.task, self.cards = config, tuple(concepts), task, dict(cards)
         self.clients, self.val = list(clients), val
         torch.manual_seed(config.seed)
@@ -136,7 +153,8 @@ class FCMFederation:
         updates = {c.name: LocalUpdate(modules={VOTE_MODULE: encode_vote(
             concepts=self.concepts, local_nodes=c.view.nodes, scores=c.view.adjacency(), weight=float(c.n))},
             weight=float(c.n)) for c in sampled}
-        tally = tally_from_sum(concepts=self.concepts, summed=aggregate_module_sums(updates).sums[VOTE_MODULE])
+        spec = ModelSpec(version=round_, modules=(vote_module_spec(self.concepts),))
+        tally = tally_from_sum(concepts=self.concepts, summed=self.summer("votes", spec, updates).sums[VOTE_MODULE])
         self.tally = tally if self.tally is None else self.tally + tally
         self.outcome = decide_dag(self.tally, task=self.task, seed=self.cfg.seed * 100_003 + round_,
                                   round_=round_, known=self.known)
@@ -226,7 +244,7 @@ class FCMFederation:
             self._global_vecs = state_vectors(self.model)
             self._global_sd = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             updates = {c.name: self.local_update(c) for c in sampled}
-            self.apply(aggregate_module_sums(updates))
+            self.apply(self.summer("updates", model_spec(self.model, version=t), updates))
             losses.append(self.val_loss())
             if t >= min(cfg.join_round, cfg.rounds - 1) and losses[-1] < best_loss:
                 best_loss, best_round = losses[-1], t
