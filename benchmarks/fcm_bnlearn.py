@@ -30,10 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.sdk.concepts.federated import ClientData, FCMFederation, FederationConfig
+from clinograph.sdk.concepts.federated import ClientData, FCMFederation, FederationConfig, plaintext_sums
 from clinograph.sdk.concepts.metrics import evaluate
 from clinograph.sdk.concepts.modules import ConceptHParams
 from clinograph.sdk.concepts.opaque import train_centralised
+from clinograph.sdk.concepts.secure_sums import SecureSums
 from clinograph.sdk.concepts.views import make_client_views
 from clinograph.sdk.data import bnlearn
 from clinograph.secure.dag_voting import decide_dag, diff_pairs, encode_vote, tally_from_sum
@@ -83,7 +84,7 @@ def labels_of(codes, idx, nodes, keep=None):
             for j, v in enumerate(nodes) if keep is None or v in keep}
 
 
-def run_one(name: str, kind: str, seed: int, data, args) -> dict:
+def run_one(name: str, kind: str, seed: int, data, args, lr: float) -> dict:
     nodes, cards, x, codes, (tr, va, te) = data
     task, edges = bnlearn.TASKS[name], bnlearn.network_edges(name)
     rng = np.random.default_rng(seed)
@@ -98,20 +99,25 @@ def run_one(name: str, kind: str, seed: int, data, args) -> dict:
     join = args.join.get(name, 10)
     cfg = FederationConfig(kind=kind, rounds=args.max_rounds, patience=args.patience, join_round=join,
                            n_initial=args.clients // 2, clients_per_round=args.per_round,
-                           local_epochs=args.local_epochs, lr=args.lr, seed=seed,
+                           local_epochs=args.local_epochs, lr=lr, seed=seed,
                            hp=ConceptHParams(hidden=args.hidden, emb=args.emb))
+    summer = plaintext_sums
+    if args.secure == "masked":  # every vote tally and module sum through the real masked mode
+        summer = SecureSums(federation_id=f"{name}-{kind}-{seed}", max_weight=float(max(len(p) for p in parts)))
     fed = FCMFederation(config=cfg, concepts=nodes, task=task, cards=cards, clients=clients,
-                        in_dim=x.shape[1], val=(torch.from_numpy(x[va]), labels_of(codes, va, nodes)))
+                        in_dim=x.shape[1], val=(torch.from_numpy(x[va]), labels_of(codes, va, nodes)), summer=summer)
     t0 = time.perf_counter()
     res = fed.run()
     out = evaluate(res.model, torch.from_numpy(x[te]), labels_of(codes, te, nodes), task=task, cards=cards,
                    gt_edges=edges)
+    val_out = evaluate(res.model, torch.from_numpy(x[va]), labels_of(codes, va, nodes), task=task, cards=cards,
+                       gt_edges=edges)
     idx = {v: i for i, v in enumerate(nodes)}
     gt = np.zeros((len(nodes), len(nodes)), dtype=int)
     for a, b in edges:
         gt[idx[a], idx[b]] = 1
     voted = np.array(res.outcome.adjacency) if res.outcome else np.zeros_like(gt)
-    out.update(diff_pairs=diff_pairs(voted, gt), best_round=res.best_round, rounds_run=len(res.val_loss),
+    out.update(val_task_acc=val_out["task_acc"], diff_pairs=diff_pairs(voted, gt), best_round=res.best_round, rounds_run=len(res.val_loss),
                seconds=time.perf_counter() - t0,
                fraction_changed_all=res.fraction_changed_all, fraction_changed_modules=res.fraction_changed_modules,
                arch_changes=len(res.arch_changes),
@@ -172,7 +178,7 @@ def centralised_opaque(name: str, seed: int, data) -> dict:
 
 
 def _job(job):
-    name, seed, kind, args = job
+    name, seed, kind, args, lr = job
     torch.set_num_threads(1)
     data = prepare(name, seed=seed, n=int(bnlearn.PAPER_SAMPLES[name] * args.sample_frac),
                    ae_epochs=args.ae_epochs, inputs=args.inputs, data=args.data)
@@ -180,8 +186,9 @@ def _job(job):
         r = centralised_opaque(name, seed, data)
         print(f"{name:10s} {kind} seed={seed} task={r['task_acc']:.3f}", file=sys.stderr, flush=True)
         return name, seed, kind, r
-    r = run_one(name, kind, seed, data, args)
-    print(f"{name:10s} {kind:5s} seed={seed} task={r['task_acc']:.3f} concept={r['concept_acc']:.3f} "
+    r = run_one(name, kind, seed, data, args, lr)
+    r["lr"] = lr
+    print(f"{name:10s} {kind:5s} seed={seed} lr={lr:g} val_task={r['val_task_acc']:.3f} task={r['task_acc']:.3f} concept={r['concept_acc']:.3f} "
           f"cov={r['coverage']:.2f} dp={r['diff_pairs']} rounds={r['rounds_run']} t={r['seconds']:.0f}s",
           file=sys.stderr, flush=True)
     return name, seed, kind, r
@@ -214,6 +221,37 @@ def perturbation_grid(name: str, seed: int, args) -> list[dict]:
     return rows
 
 
+LR_GRID = (1e-3, 3e-3)
+DEFAULT_LR = 3e-3
+
+
+def chosen_learning_rates(args) -> dict[str, dict[str, float]]:
+    """``--lr`` as a number for every run, or the tuned rate per network/model (default where untuned)."""
+    if args.lr != "tuned":
+        return {n: dict.fromkeys(args.kinds, float(args.lr)) for n in args.networks}
+    tuned = json.loads(Path(args.tuning).read_text())["chosen_lr"] if Path(args.tuning).exists() else {}
+    return {n: {k: tuned.get(n, {}).get(k, DEFAULT_LR) for k in args.kinds} for n in args.networks}
+
+
+def tune(args, networks) -> int:
+    """Appendix D.3 tunes hyper-parameters on validation per dataset and model; we tune only the
+    learning rate over LR_GRID, on seed 0, by validation task accuracy (the test split is not read)."""
+    jobs = [(name, 0, kind, args, lr) for name in networks for kind in args.kinds for lr in LR_GRID]
+    with ProcessPoolExecutor(args.workers) as pool:
+        done = list(pool.map(_job, jobs))
+    out = json.loads(Path(args.tuning).read_text()) if Path(args.tuning).exists() else {"grid": {}, "chosen_lr": {}}
+    out.update(benchmark="fcm_tuning", lr_grid=list(LR_GRID), selection="validation task accuracy, seed 0")
+    for name, _seed, kind, r in done:
+        out["grid"].setdefault(name, {}).setdefault(kind, {})[str(r["lr"])] = r["val_task_acc"]
+    for name in networks:
+        for kind in args.kinds:
+            grid = out["grid"][name][kind]
+            out["chosen_lr"].setdefault(name, {})[kind] = float(max(grid, key=lambda k: (grid[k], -float(k))))
+    Path(args.tuning).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.tuning}", file=sys.stderr)
+    return 0
+
+
 def summarise(values):
     vals = [v for v in values if v is not None]
     return {"mean": float(np.mean(vals)), "std": float(np.std(vals)), "n": len(vals)} if vals else None
@@ -231,15 +269,24 @@ def main(argv=None) -> int:
     p.add_argument("--data", choices=["calibrated", "natural"], default="calibrated",
                    help="latent scale of the inputs (see benchmarks/fcm_calibration.py)")
     p.add_argument("--max-rounds", type=int, default=200)
+    p.add_argument("--append", action="store_true", help="merge these networks into an existing --out file")
+    p.add_argument("--secure", choices=["plaintext", "masked"], default="plaintext",
+                   help="masked: run every vote tally and module sum through the masked secure-aggregation mode")
     p.add_argument("--patience", type=int, default=10, help="early-stopping patience after the join (rounds)")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", default="tuned",
+                   help="a learning rate, or 'tuned': per network and model from --tuning (else 3e-3)")
+    p.add_argument("--tune", action="store_true",
+                   help="grid-search the learning rate on seed 0's validation task accuracy; write --tuning")
+    p.add_argument("--tuning", default=str(Path(__file__).parent / "results" / "fcm_tuning.json"))
+    p.add_argument("--hidden", type=int, default=64, help="node-module MLP width")
+    p.add_argument("--emb", type=int, default=16, help="concept-embedding size r (cem, cgm, c2bm)")
     p.add_argument("--local-epochs", type=int, default=2)
     p.add_argument("--adaptation-only", action="store_true",
                    help="add the E1/E2 adaptation fraction (structure only, no training) to an existing --out JSON")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "fcm_bnlearn.json"))
     args = p.parse_args(argv)
     args.clients, args.per_round = 20, 10
-    args.hidden, args.emb, args.perturb_clients, args.perturb_edges = 64, 16, 0.2, 0.3
+    args.perturb_clients, args.perturb_edges = 0.2, 0.3
     args.join = {"asia": 10, "sachs": 10, "alarm": 20, "insurance": 20, "hailfinder": 20}  # appendix D.3
     args.sample_frac, args.ae_epochs = 1.0, 10
     args.grid_clients, args.grid_edges, args.grid_pool = [0.0, 0.3, 0.6, 0.9], [0.3, 0.6, 0.9], 200
@@ -263,8 +310,11 @@ def main(argv=None) -> int:
         return 0
     t_all = time.perf_counter()
     big_first = sorted(args.networks, key=lambda n: -bnlearn.PAPER_SAMPLES[n] * len(bnlearn.topological_nodes(n)))
-    jobs = [(name, seed, kind, args) for name in big_first for seed in range(args.seed_count[name])
-            for kind in (*args.kinds, CENT)]
+    if args.tune:
+        return tune(args, big_first)
+    lrs = chosen_learning_rates(args)
+    jobs = [(name, seed, kind, args, lrs.get(name, {}).get(kind, 0.0)) for name in big_first
+            for seed in range(args.seed_count[name]) for kind in (*args.kinds, CENT)]
     results: dict = {}
     if args.workers > 1:
         with ProcessPoolExecutor(args.workers) as pool:
@@ -307,6 +357,15 @@ def main(argv=None) -> int:
         entry["perturbation"] = perturbation_grid(name, 0, args)
         report["networks"][name] = entry
     report["total_seconds"] = time.perf_counter() - t_all
+    report["learning_rates"] = lrs
+    if args.append and Path(args.out).exists():  # add these networks to an earlier run's file
+        old = json.loads(Path(args.out).read_text())
+        runs = old.get("runs") or [{"settings": old["settings"], "networks": sorted(old["networks"]),
+                                    "total_seconds": old.get("total_seconds"), "learning_rates": old.get("learning_rates")}]
+        runs.append({"settings": report["settings"], "networks": sorted(report["networks"]),
+                     "total_seconds": report["total_seconds"], "learning_rates": lrs})
+        old["networks"].update(report["networks"])
+        report = {**old, "runs": runs, "total_seconds": sum(r["total_seconds"] or 0 for r in runs)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out} in {report['total_seconds']:.0f}s", file=sys.stderr)

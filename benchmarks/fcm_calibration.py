@@ -43,6 +43,7 @@ def _accuracy(job) -> tuple[str, int, float | None, float, float]:
     df = bnlearn.sample_network(name, n, seed)
     codes = bnlearn.encode_states(df, states)
     cards = [len(states[c]) for c in df.columns]
+    # every column, task included: the benchmark's default --inputs all
     z = bnlearn.autoencode(codes, cards, latent_dim=bnlearn.LATENT_DIM[name], seed=seed, epochs=ae_epochs)
     x = torch.from_numpy(bnlearn.mix_noise(z, seed=seed, signal_scale=scale))
     y = torch.from_numpy(codes[:, list(df.columns).index(bnlearn.TASKS[name])])
