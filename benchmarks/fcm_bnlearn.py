@@ -78,7 +78,7 @@ def prepare(name: str, *, seed: int, n: int, ae_epochs: int, inputs: str = "conc
     codes = bnlearn.encode_states(df, states)
     cards = [len(states[c]) for c in df.columns]
     cols = [j for j, c in enumerate(df.columns) if inputs == "all" or c != bnlearn.TASKS[name]]
-    scale = bnlearn.SIGNAL_SCALE[name] if data == "calibrated" else None
+    scale = bnlearn.SIGNAL_SCALE[name] if data == "calibrated" else None if data == "natural" else float(data)
     x = bnlearn.featurise(codes[:, cols], [cards[j] for j in cols], latent_dim=bnlearn.LATENT_DIM[name],
                           seed=seed, epochs=ae_epochs, signal_scale=scale)
     tr, va, te = bnlearn.split_indices(n, seed)
@@ -294,6 +294,7 @@ def main(argv=None) -> int:
     p.add_argument("--inputs", choices=["concepts", "all"], default="all")
     p.add_argument("--data", choices=["calibrated", "natural"], default="calibrated",
                    help="latent scale of the inputs (see benchmarks/fcm_calibration.py)")
+    p.add_argument("--signal-scale", type=float, default=None, help="override --data with this latent scale")
     p.add_argument("--max-rounds", type=int, default=200)
     p.add_argument("--append", action="store_true", help="merge these networks into an existing --out file")
     p.add_argument("--centralised-cms", action="store_true",
@@ -315,6 +316,8 @@ def main(argv=None) -> int:
                    help="add the E1/E2 adaptation fraction (structure only, no training) to an existing --out JSON")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "fcm_bnlearn.json"))
     args = p.parse_args(argv)
+    if args.signal_scale is not None:
+        args.data = str(args.signal_scale)
     args.clients, args.per_round = 20, 10
     args.perturb_clients, args.perturb_edges = 0.2, 0.3
     args.join = {"asia": 10, "sachs": 10, "alarm": 20, "insurance": 20, "hailfinder": 20}  # appendix D.3

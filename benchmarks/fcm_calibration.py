@@ -36,15 +36,17 @@ PAPER_CENT_OPAQUE = {"asia": 80.6, "sachs": 77.5, "alarm": 73.6, "insurance": 76
 
 
 def _accuracy(job) -> tuple[str, int, float | None, float, float]:
-    name, seed, scale, ae_epochs = job
+    name, seed, scale, ae_epochs, inputs = job
     torch.set_num_threads(1)
     n = bnlearn.PAPER_SAMPLES[name]
     states = bnlearn.network_states(name)
     df = bnlearn.sample_network(name, n, seed)
     codes = bnlearn.encode_states(df, states)
     cards = [len(states[c]) for c in df.columns]
-    # every column, task included: the benchmark's default --inputs all
-    z = bnlearn.autoencode(codes, cards, latent_dim=bnlearn.LATENT_DIM[name], seed=seed, epochs=ae_epochs)
+    task_col = list(df.columns).index(bnlearn.TASKS[name])
+    cols = [j for j in range(len(cards)) if inputs == "all" or j != task_col]  # as fcm_bnlearn.prepare
+    z = bnlearn.autoencode(codes[:, cols], [cards[j] for j in cols], latent_dim=bnlearn.LATENT_DIM[name], seed=seed,
+                           epochs=ae_epochs)
     x = torch.from_numpy(bnlearn.mix_noise(z, seed=seed, signal_scale=scale))
     y = torch.from_numpy(codes[:, list(df.columns).index(bnlearn.TASKS[name])])
     tr, va, te = (torch.from_numpy(i) for i in bnlearn.split_indices(n, seed))
@@ -72,17 +74,19 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--ae-epochs", type=int, default=10)
+    p.add_argument("--inputs", choices=["all", "concepts"], default="all",
+                   help="columns fed to the autoencoder, as fcm_bnlearn.py --inputs")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "fcm_calibration.json"))
     args = p.parse_args(argv)
     grid = [0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0]
     if args.quick:
         args.networks, args.seeds, grid = ["asia"], 1, [0.2, 0.4, 0.8]
-    jobs = [(nm, seed, s, args.ae_epochs) for nm in args.networks for seed in range(args.seeds) for s in [None, *grid]]
+    jobs = [(nm, seed, s, args.ae_epochs, args.inputs) for nm in args.networks for seed in range(args.seeds) for s in [None, *grid]]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:
         done = list(pool.map(_accuracy, jobs))
     report = {"benchmark": "fcm_calibration", "quick": args.quick, "python": platform.python_version(),
-              "torch": torch.__version__, "settings": {"seeds": args.seeds, "ae_epochs": args.ae_epochs, "grid": grid,
+              "torch": torch.__version__, "settings": {"seeds": args.seeds, "ae_epochs": args.ae_epochs, "grid": grid, "inputs": args.inputs,
                                                        "noise_mix": 0.5, "selection": "validation accuracy"},
               "networks": {}}
     for nm in args.networks:
