@@ -78,7 +78,10 @@ def prepare(name: str, *, seed: int, n: int, ae_epochs: int, inputs: str = "conc
     codes = bnlearn.encode_states(df, states)
     cards = [len(states[c]) for c in df.columns]
     cols = [j for j, c in enumerate(df.columns) if inputs == "all" or c != bnlearn.TASKS[name]]
-    scale = bnlearn.SIGNAL_SCALE[name] if data == "calibrated" else None if data == "natural" else float(data)
+    table = bnlearn.SIGNAL_SCALE if inputs == "all" else bnlearn.SIGNAL_SCALE_CONCEPTS
+    if data == "calibrated" and name not in table:
+        raise SystemExit(f"{name} has no calibrated scale for --inputs {inputs}; pass --signal-scale or --data natural.")
+    scale = table[name] if data == "calibrated" else None if data == "natural" else float(data)
     x = bnlearn.featurise(codes[:, cols], [cards[j] for j in cols], latent_dim=bnlearn.LATENT_DIM[name],
                           seed=seed, epochs=ae_epochs, signal_scale=scale)
     tr, va, te = bnlearn.split_indices(n, seed)

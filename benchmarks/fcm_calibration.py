@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                    help="columns fed to the autoencoder, as fcm_bnlearn.py --inputs")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "fcm_calibration.json"))
     args = p.parse_args(argv)
-    grid = [0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0]
+    grid = [0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0, 1.2, 1.5]
     if args.quick:
         args.networks, args.seeds, grid = ["asia"], 1, [0.2, 0.4, 0.8]
     jobs = [(nm, seed, s, args.ae_epochs, args.inputs) for nm in args.networks for seed in range(args.seeds) for s in [None, *grid]]

@@ -83,4 +83,5 @@ def test_featurise_is_autoencode_then_mix_noise():
 
 def test_every_network_has_a_calibrated_signal_scale():
     assert set(bnlearn.SIGNAL_SCALE) == set(bnlearn.TASKS)
-    assert all(0 < s < 5 for s in bnlearn.SIGNAL_SCALE.values())
+    assert set(bnlearn.SIGNAL_SCALE_CONCEPTS) <= set(bnlearn.TASKS)
+    assert all(0 < s < 5 for s in [*bnlearn.SIGNAL_SCALE.values(), *bnlearn.SIGNAL_SCALE_CONCEPTS.values()])
