@@ -30,7 +30,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.sdk.concepts.federated import ClientData, FCMFederation, FederationConfig, plaintext_sums
+from clinograph.sdk.concepts.federated import (
+    ClientData,
+    FCMFederation,
+    FederationConfig,
+    plaintext_sums,
+)
 from clinograph.sdk.concepts.metrics import evaluate
 from clinograph.sdk.concepts.modules import ConceptHParams
 from clinograph.sdk.concepts.opaque import train_centralised

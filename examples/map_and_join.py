@@ -15,7 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from clinograph.sdk.data.alarm_demo import BLOOD_GAS, HospitalSpec, load_dictionary, make_hospital_tables
+from clinograph.sdk.data.alarm_demo import (
+    BLOOD_GAS,
+    HospitalSpec,
+    load_dictionary,
+    make_hospital_tables,
+)
 from clinograph.sdk.federation.join import prepare_hospital
 from clinograph.sdk.model import NSFLConfig
 from clinograph.sdk.ontology import ColumnMap, SiteSchema

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import functools
 
-from clinograph.sdk.data.alarm_demo import BLOOD_GAS, HospitalSpec, load_dictionary, make_hospital_tables
+from clinograph.sdk.data.alarm_demo import (
+    BLOOD_GAS,
+    HospitalSpec,
+    load_dictionary,
+    make_hospital_tables,
+)
 from clinograph.sdk.ingest import ingest
 
 SMALL = (

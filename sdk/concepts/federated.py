@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from clinograph.secure.aggregation.base import LocalUpdate, ModuleSums
-from clinograph.secure.spec import ModelSpec
 from clinograph.secure.dag_voting import (
     VOTE_MODULE,
-    vote_module_spec,
     DagOutcome,
     decide_dag,
     encode_vote,
     tally_from_sum,
+    vote_module_spec,
 )
+from clinograph.secure.spec import ModelSpec
 
 from .adapt import adapt_model, count_changed
 from .encoders import MLPEncoder

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import numpy as np
-
 from clinograph.secure.aggregation import AggregationClient, LocalUpdate, ModuleSums, create_mode
 from clinograph.secure.errors import ProtocolError
 from clinograph.secure.identity import Identity, PublicIdentity

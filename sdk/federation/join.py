@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pandas as pd
-
 from clinograph.secure.identity import Identity, PublicIdentity
 
 from ..ingest import PatientTable, ingest

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch_geometric.data import HeteroData
-
 from clinograph.secure.errors import ConfigError
+from torch_geometric.data import HeteroData
 
 from ..ingest.table import PatientTable
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from clinograph.secure.errors import ConfigError, SchemaError
 
 from ..ontology.dictionary import Feature, FeatureDictionary, FeatureKind

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
-
 from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
+from torch import nn
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,5 @@
 """The NS-FL graph encoder (patient embedding h_p^(2)) drives the F-CMs concept modules."""
 
-import torch
 from clinograph.sdk.concepts.encoders import EmbeddingAdapter
 from clinograph.sdk.concepts.graph import ConceptGraph
 from clinograph.sdk.concepts.model import ConceptModel, fcm_loss

@@ -1,6 +1,14 @@
 import numpy as np
 import torch
-from clinograph.sdk.graph import HAS_FEATURE, OF_PATIENT, SIMILAR_TO, build_graph, build_snapshots, knn_similarity, star_batch
+from clinograph.sdk.graph import (
+    HAS_FEATURE,
+    OF_PATIENT,
+    SIMILAR_TO,
+    build_graph,
+    build_snapshots,
+    knn_similarity,
+    star_batch,
+)
 from sdk_helpers import small_tables
 from sklearn.neighbors import NearestNeighbors
 
