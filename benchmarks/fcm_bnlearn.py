@@ -98,8 +98,9 @@ def labels_of(codes, idx, nodes, keep=None):
             for j, v in enumerate(nodes) if keep is None or v in keep}
 
 
-def run_one(name: str, kind: str, seed: int, data, args, lr: float) -> dict:
-    nodes, cards, x, codes, (tr, va, te) = data
+def client_split(name: str, nodes, tr, seed: int, args):
+    """Appendix D.1 client views (30% of concepts held out for late joiners) and each client's
+    training rows, from one RNG stream, so ``run_one`` and ``adaptation_probe`` get the same split."""
     task, edges = bnlearn.TASKS[name], bnlearn.network_edges(name)
     rng = np.random.default_rng(seed)
     concepts = [v for v in nodes if v != task]
@@ -107,7 +108,13 @@ def run_one(name: str, kind: str, seed: int, data, args, lr: float) -> dict:
     views = make_client_views(nodes=nodes, edges=edges, task=task, n_clients=args.clients, rng=rng,
                               held_out=held, n_initial=args.clients // 2,
                               perturb_clients=args.perturb_clients, perturb_edges_frac=args.perturb_edges)
-    parts = np.array_split(rng.permutation(tr), args.clients)
+    return views, np.array_split(rng.permutation(tr), args.clients)
+
+
+def run_one(name: str, kind: str, seed: int, data, args, lr: float) -> dict:
+    nodes, cards, x, codes, (tr, va, te) = data
+    task, edges = bnlearn.TASKS[name], bnlearn.network_edges(name)
+    views, parts = client_split(name, nodes, tr, seed, args)
     clients = [ClientData(f"h{k:02d}", torch.from_numpy(x[p]), labels_of(codes, p, nodes, set(v.nodes)), v)
                for k, (p, v) in enumerate(zip(parts, views, strict=True))]
     join = args.join.get(name, 10)
@@ -152,15 +159,9 @@ def adaptation_probe(name: str, kind: str, seed: int, args) -> float:
 
     nodes, states = bnlearn.topological_nodes(name), bnlearn.network_states(name)
     cards = {v: len(states[v]) for v in nodes}
-    task, edges = bnlearn.TASKS[name], bnlearn.network_edges(name)
+    task = bnlearn.TASKS[name]
     tr, _, _ = bnlearn.split_indices(int(bnlearn.PAPER_SAMPLES[name] * args.sample_frac), seed)
-    rng = np.random.default_rng(seed)
-    concepts = [v for v in nodes if v != task]
-    held = list(rng.choice(concepts, size=max(1, int(0.3 * len(concepts))), replace=False))
-    views = make_client_views(nodes=nodes, edges=edges, task=task, n_clients=args.clients, rng=rng,
-                              held_out=held, n_initial=args.clients // 2,
-                              perturb_clients=args.perturb_clients, perturb_edges_frac=args.perturb_edges)
-    parts = np.array_split(rng.permutation(tr), args.clients)
+    views, parts = client_split(name, nodes, tr, seed, args)
     d = bnlearn.LATENT_DIM[name]
     clients = [ClientData(f"h{k:02d}", torch.zeros(len(p), d), {}, v) for k, (p, v) in enumerate(zip(parts, views, strict=True))]
     join = args.join.get(name, 10)

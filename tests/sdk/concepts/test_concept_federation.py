@@ -51,15 +51,22 @@ def labels(codes, idx, nodes, keep):
     return {v: torch.from_numpy(codes[idx, j]) for j, v in enumerate(nodes) if v in keep}
 
 
+def four_clients(asia, *, seed: int, rows: int, task_drop: float):
+    """Four appendix D.1 views over Asia, each with an equal share of the first ``rows`` rows."""
+    nodes, _, x, codes = asia
+    views = make_client_views(nodes=nodes, edges=bnlearn.network_edges("asia"), task="dysp", n_clients=4,
+                              rng=np.random.default_rng(seed), task_drop=task_drop)
+    parts = np.array_split(np.arange(rows), 4)
+    clients = [ClientData(f"h{k}", torch.from_numpy(x[p]), labels(codes, p, nodes, set(v.nodes)), v)
+               for k, (p, v) in enumerate(zip(parts, views, strict=True))]
+    return views, clients
+
+
 @pytest.mark.parametrize("kind", ["cbm", "c2bm"])
 def test_two_round_federation_on_asia_improves(asia, kind):
     nodes, cards, x, codes = asia
     edges = bnlearn.network_edges("asia")
-    rng = np.random.default_rng(0)
-    views = make_client_views(nodes=nodes, edges=edges, task="dysp", n_clients=4, rng=rng, task_drop=0.0)
-    parts = np.array_split(np.arange(2400), 4)
-    clients = [ClientData(f"h{k}", torch.from_numpy(x[p]), labels(codes, p, nodes, set(v.nodes)), v)
-               for k, (p, v) in enumerate(zip(parts, views, strict=True))]
+    views, clients = four_clients(asia, seed=0, rows=2400, task_drop=0.0)
     val = np.arange(2400, 3000)
     cfg = FederationConfig(kind=kind, rounds=3, clients_per_round=4, n_initial=4, join_round=10, local_epochs=2,
                            batch_size=200, lr=5e-3, z_dim=16, encoder_hidden=(32,), hp=ConceptHParams(hidden=16, emb=4),
@@ -77,12 +84,7 @@ def test_two_round_federation_on_asia_improves(asia, kind):
 def test_early_stopping_waits_for_the_join_then_stops_on_patience(asia):
     """Appendix D.3: early stopping on the global validation loss, never before late joiners arrive."""
     nodes, cards, x, codes = asia
-    rng = np.random.default_rng(1)
-    views = make_client_views(nodes=nodes, edges=bnlearn.network_edges("asia"), task="dysp", n_clients=4, rng=rng,
-                              task_drop=0.0)
-    parts = np.array_split(np.arange(2400), 4)
-    clients = [ClientData(f"h{k}", torch.from_numpy(x[p]), labels(codes, p, nodes, set(v.nodes)), v)
-               for k, (p, v) in enumerate(zip(parts, views, strict=True))]
+    _, clients = four_clients(asia, seed=1, rows=2400, task_drop=0.0)
     val = np.arange(2400, 3000)
     cfg = FederationConfig(kind="cbm", rounds=60, patience=2, clients_per_round=2, n_initial=2, join_round=6,
                            local_epochs=1, batch_size=200, lr=3e-2, z_dim=16, encoder_hidden=(32,),
@@ -104,12 +106,7 @@ def test_masked_federation_matches_plaintext(asia):
     from clinograph.sdk.concepts.secure_sums import SecureSums
 
     nodes, cards, x, codes = asia
-    rng = np.random.default_rng(2)
-    views = make_client_views(nodes=nodes, edges=bnlearn.network_edges("asia"), task="dysp", n_clients=4, rng=rng,
-                              task_drop=0.5)
-    parts = np.array_split(np.arange(1200), 4)
-    clients = [ClientData(f"h{k}", torch.from_numpy(x[p]), labels(codes, p, nodes, set(v.nodes)), v)
-               for k, (p, v) in enumerate(zip(parts, views, strict=True))]
+    _, clients = four_clients(asia, seed=2, rows=1200, task_drop=0.5)
     val = np.arange(2400, 3000)
     cfg = FederationConfig(kind="c2bm", rounds=2, clients_per_round=4, n_initial=4, join_round=1, local_epochs=1,
                            batch_size=150, lr=5e-3, z_dim=8, encoder_hidden=(16,), hp=ConceptHParams(hidden=8, emb=4),
