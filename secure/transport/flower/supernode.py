@@ -27,9 +27,48 @@ from . import check_flower_version
 from .worker import HospitalWorker, check_node_config, load_factory
 
 
+INSECURE_FLAGS = ("--insecure", "--insecure-transport")
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def insecure_abbreviations(argv: Sequence[str]) -> list[str]:
+    """Arguments that abbreviate an insecure flag (``--insecur``, ``--ins``, ``--insecure-t``).
+
+    argparse (ours with its default, Flower's always) expands an unambiguous prefix to the full
+    option, so ``--insecur`` would start plain-text gRPC while a check for the literal
+    ``--insecure`` passed. Insecure options count only by their full name: a prefix is refused.
+    """
+    out = []
+    for arg in argv:
+        if arg == "--":
+            break
+        name = _flag_name(arg)
+        if len(name) > 2 and name.startswith("--") and name not in INSECURE_FLAGS and any(
+                flag.startswith(name) for flag in INSECURE_FLAGS):
+            out.append(name)
+    return out
+
+
+def refuse_abbreviations(argv: Sequence[str]) -> None:
+    """Raise ConfigError if any argument abbreviates an insecure option (see above)."""
+    abbreviated = insecure_abbreviations(argv)
+    if abbreviated:
+        raise ConfigError(f"Option {abbreviated[0]!r} abbreviates an insecure option ({', '.join(INSECURE_FLAGS)}). "
+                          "Insecure options are accepted only by their full name: write it out in full (and only "
+                          "with --environment development), or remove it and pass --root-certificates.")
+
+
 def check_transport(flower_args: Sequence[str], *, insecure_transport: bool, environment: Environment) -> None:
-    """Refuse ``--insecure`` unless named (``insecure_transport``); warns, refused in production."""
-    if "--insecure" not in flower_args:
+    """Refuse ``--insecure`` unless named (``insecure_transport``); warns, refused in production.
+
+    Any abbreviation of ``--insecure`` or ``--insecure-transport`` is refused outright: an
+    insecure option is accepted only by its full name.
+    """
+    refuse_abbreviations(flower_args)
+    if not any(_flag_name(a) == "--insecure" for a in flower_args):
         return
     if not insecure_transport:
         raise ConfigError("flower-supernode --insecure sends protocol messages without TLS. Remove it and pass "
@@ -46,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--insecure-transport", action="store_true", help="allow flower-supernode --insecure")
     parser.add_argument("--environment", choices=["development", "production"], default="production")
     parser.add_argument("--node-config", required=True)
+    try:  # on the raw argv, before parsing: no parser may expand a prefix of an insecure option
+        refuse_abbreviations(argv)
+    except ClinographError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     ours, rest = parser.parse_known_args(argv)
     try:
         check_flower_version()

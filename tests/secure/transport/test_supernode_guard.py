@@ -1,0 +1,38 @@
+"""`clinograph supernode`: insecure options count only by their full name (no argparse prefixes)."""
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from clinograph.secure.errors import ConfigError, SecurityPolicyError  # noqa: E402
+from clinograph.secure.transport.flower.supernode import (  # noqa: E402
+    check_transport,
+    insecure_abbreviations,
+    main,
+)
+
+BASE = ["--participant-factory", "nowhere:make", "--node-config", "hospital='h1'"]
+
+
+@pytest.mark.parametrize("flag", ["--insecur", "--insec", "--ins", "--insecure-t", "--insecure-transpor",
+                                  "--insecur=1"])
+def test_an_abbreviated_insecure_flag_is_refused_in_production(flag):
+    with pytest.raises(ConfigError, match=r"abbreviates an insecure option .*only by their full name"):
+        check_transport([flag], insecure_transport=False, environment="production")
+    with pytest.raises(ConfigError, match="abbreviates"):
+        check_transport([flag], insecure_transport=True, environment="development")
+
+
+@pytest.mark.parametrize("flag", ["--insecur", "--insecure-transp"])
+def test_main_refuses_an_abbreviation_before_anything_starts(flag, capsys):
+    assert main([*BASE, "--superlink", "127.0.0.1:1", flag]) == 2
+    assert "abbreviates an insecure option" in capsys.readouterr().err
+
+
+def test_full_names_and_unrelated_options_are_not_abbreviations():
+    assert insecure_abbreviations(["--insecure", "--insecure-transport", "--root-certificates", "ca.pem",
+                                   "--superlink", "x:1", "-i", "--", "--insecur"]) == []
+    with pytest.raises(SecurityPolicyError, match="refused"):
+        check_transport(["--insecure"], insecure_transport=True, environment="production")
+    with pytest.raises(ConfigError, match="without TLS"):
+        check_transport(["--insecure=true"], insecure_transport=False, environment="development")
