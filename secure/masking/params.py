@@ -9,14 +9,21 @@ weighted value ``w_i * Delta_i``), ``masked.max_weight`` (bound on a client's we
 Neighbour graph (Bell et al. 2020, "SecAgg+"): a k-regular circulant (Harary) graph over
 the participants in an order fixed by hashing the plan, so every client computes its own
 neighbours from the signed plan. k = O(log n): the smallest even number >= log2(n), at
-least 2, capped at n-1 (then the graph is complete). Each client's secrets are shared among
-its k neighbours and itself (k+1 holders) with threshold t; we require (k+1)/2 < t <= k+1 so
-that no server can collect t shares of *both* of a client's secrets from honest holders.
+least 2, capped at n-1 (then the graph is complete). So n = 2 gives k = 1 (the two clients
+are each other's only neighbour), n = 3 gives the triangle and n = 4 the 4-*cycle* (k = 2,
+not the complete graph); the graph is complete again for n = 5 (k = 4). Each client's
+secrets are shared among its k neighbours and itself (k+1 holders) with threshold t; we
+require (k+1)/2 < t <= k+1 so that no server can collect t shares of *both* of a client's
+secrets from honest holders.
 
-Collusion bounds (c = colluding share holders of a client u, other than u; n participants):
+Collusion bounds (c = colluding neighbours of a client u, i.e. share holders other than u; n
+participants). Independently of t, u's k neighbours together know every pairwise mask of u,
+and the server legitimately rebuilds u's self-mask when u survives, so **c = k always reveals
+u's update**. Hence:
 
-- Honest-but-curious server: u's update stays hidden unless c >= t (t shares of a secret are
-  needed; t-1 reveal nothing). This is the SecAgg+ bound.
+- Honest-but-curious server: u's update stays hidden while c < min(t, k) (t shares of a
+  secret are needed; t-1 reveal nothing; all k neighbours know all pairwise masks). This is
+  the SecAgg+ bound; with t = k+1 it is c < k, not c < k+1.
 - Active server that lies about who dropped, including by sending *different* survivor sets
   to different clients: an honest client refuses a request listing anyone as both surviving
   and dropped, reveals at most once a round, and (signed consistency check, Bonawitz et al.
@@ -24,10 +31,13 @@ Collusion bounds (c = colluding share holders of a client u, other than u; n par
   signatures from distinct members of U3. Then: with c = 0 nobody is ever unmasked; two
   honest clients end up revealing under different survivor sets only if >= 2t - n
   participants signed both (collude); and u's update stays hidden exactly while
-  c < 2t - (k+1). The consistency check does **not** raise this to t: the colluders sign both
-  views, so each side of a split view gathers its own t signatures (a test demonstrates it
-  for n = 5, t = 3, c = 1). The bound reaches t only when t = k+1 (no dropout tolerance among
-  a client's holders); in general the lying-server bound is 2t - (k+1) < t.
+  c < min(2t - (k+1), k). The consistency check does **not** raise this to t: the colluders
+  sign both views, so each side of a split view gathers its own t signatures (a test
+  demonstrates it for n = 5, t = 3, c = 1).
+- Liveness: a round completes iff no client loses more than k+1-t of its k+1 holders
+  (itself included) to dropouts; t = k+1 tolerates no dropout at all.
+
+:func:`masked_defaults` derives the default (k, t) from these bounds; see its docstring.
 """
 
 from __future__ import annotations
@@ -51,6 +61,83 @@ def neighbour_count(n_clients: int) -> int:
     k = max(2, math.ceil(math.log2(n_clients)))
     k += k % 2
     return min(k, n_clients - 1)
+
+
+@dataclass(frozen=True)
+class MaskedDefaults:
+    """The default masked-mode parameters for ``n_clients`` participants and what they buy.
+
+    ``max_colluders`` is the number of hospitals that may collude with an *active* server (one
+    that lies about dropouts) while every honest hospital's update stays hidden: the worst
+    case puts all colluders among one hospital's neighbours. ``tolerated_dropouts`` is how
+    many hospitals may drop out of a round, anywhere, while the round still completes.
+    ``reason`` states the argument in words (it goes into docs and logs; it holds no secret).
+    """
+
+    neighbours: int
+    threshold: int
+    tolerated_dropouts: int
+    max_colluders: int
+    reason: str
+
+
+def masked_defaults(n_clients: int) -> MaskedDefaults:
+    """Default neighbour count k and threshold t for the masked mode, from a stated argument.
+
+    The argument. With k neighbours, k+1 share holders and threshold t (module docstring):
+
+    * privacy against a server that lies about dropouts holds while fewer than
+      min(2t - (k+1), k) of a hospital's neighbours collude with it (honest-but-curious
+      server: min(t, k)); both grow with t;
+    * liveness: a round survives up to k+1-t dropouts among any hospital's holders; this
+      shrinks with t, and t = k+1 aborts the round whenever any one hospital goes offline.
+
+    A crashed or slow hospital is the expected failure of a federation (the deployment test
+    kills one mid-round), and a threshold that aborts on it invites operators to weaken the
+    configuration. So the default is **the largest t that still tolerates one dropout**:
+    t = k (for k >= 2). Any larger t aborts on one crash; any smaller t gives up collusion
+    resistance for dropout tolerance that was not asked for. It yields k+1-t = 1 tolerated
+    dropout and ``max_colluders`` = min(2t-(k+1), k) - 1 = k - 2 against a lying server
+    (k - 1 against an honest-but-curious one). For the 4-hospital demo (a 4-cycle, k = 2,
+    t = 2) that is 0 against a lying server and 1 against an honest-but-curious one; a
+    federation that needs more should have more hospitals (k grows as log2 n) -- it is not
+    reached by raising t on the 4-cycle without losing all dropout tolerance.
+
+    Two hospitals (k = 1, the complete graph, t = 2, the only valid threshold) work, but the
+    masking then hides each update from the server only: each hospital learns the aggregate,
+    and the aggregate minus its own update *is* the other hospital's update. No dropout is
+    tolerated (a one-hospital "sum" would be that hospital's update, so such a round aborts).
+
+    Args:
+        n_clients: participants in the round (>= 2).
+
+    Returns:
+        MaskedDefaults with ``neighbours`` = :func:`neighbour_count` and the threshold above;
+        both pass :func:`masked_plan_options`.
+
+    Raises:
+        ConfigError: fewer than 2 participants.
+    """
+    if isinstance(n_clients, bool) or not isinstance(n_clients, int):
+        raise ConfigError(f"n_clients must be an integer number of participants, got {type(n_clients).__name__}.")
+    k = neighbour_count(n_clients)
+    if k == 1:
+        return MaskedDefaults(
+            neighbours=1, threshold=2, tolerated_dropouts=0, max_colluders=0,
+            reason=("Two-party masking (k = 1, t = 2): the masks hide each hospital's update from the server, "
+                    "but not from the other hospital -- the aggregate minus your own update is the other "
+                    "hospital's update, so each of the two learns the other's. The server colluding with either "
+                    "hospital learns both. No dropout is tolerated: a round with one survivor aborts."))
+    t = k
+    lying = min(2 * t - (k + 1), k) - 1
+    curious = min(t, k) - 1
+    return MaskedDefaults(
+        neighbours=k, threshold=t, tolerated_dropouts=k + 1 - t, max_colluders=lying,
+        reason=(f"t = k = {t}: the largest threshold that still completes a round when one hospital drops out "
+                f"(k + 1 - t = {k + 1 - t}); with {n_clients} hospitals and k = {k} neighbours each, every "
+                f"update stays hidden while at most {lying} hospital(s) collude with a server that lies about "
+                f"dropouts ({curious} with an honest-but-curious server). All {k} neighbours of a hospital "
+                "together always reveal its update."))
 
 
 def check_threshold(*, threshold: int, neighbours: int) -> None:
@@ -85,6 +172,13 @@ def masked_plan_options(*, n_clients: int, threshold: int, clip: float, max_weig
             "masked.weight_scale": scale_for(n_clients=n_clients, bound=mw), "masked.out_of_range": out_of_range}
 
 
+def _valid_neighbours(k: object, n: int) -> bool:
+    """k == n-1 (complete graph, including k = 1 for two participants) or an even k in [2, n-1)."""
+    if not isinstance(k, int) or isinstance(k, bool) or n < 2:
+        return False
+    return k == n - 1 or (2 <= k < n - 1 and k % 2 == 0)
+
+
 @dataclass(frozen=True)
 class MaskingParams:
     """Validated mode parameters of one round, read from a plan."""
@@ -108,8 +202,11 @@ class MaskingParams:
                               "Build the options with masked_plan_options(n_clients=, threshold=, clip=).")
         n = len(plan.participants)
         k, t = o["masked.neighbours"], o["masked.threshold"]
-        if not isinstance(k, int) or isinstance(k, bool) or not 2 <= k <= n - 1 or (k % 2 and k != n - 1):
-            raise ConfigError(f"masked.neighbours = {k!r} must be an even integer in [2, {n - 1}] or {n - 1}.")
+        if not _valid_neighbours(k, n):
+            hint = "1 (two participants: each is the other's only neighbour)" if n == 2 else \
+                f"an even integer in [2, {n - 1}] or {n - 1} (the complete graph)"
+            raise ConfigError(f"masked.neighbours = {k!r} is invalid for {n} participants: it must be {hint}. "
+                              "Build the options with masked_plan_options(n_clients=, threshold=, clip=).")
         check_threshold(threshold=t, neighbours=k)  # type: ignore[arg-type]
         vals = {key: o[key] for key in ("masked.clip", "masked.max_weight", "masked.scale", "masked.weight_scale")}
         for key, v in vals.items():
