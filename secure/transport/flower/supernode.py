@@ -26,7 +26,6 @@ from ...policy import Environment, require_allowed
 from . import check_flower_version
 from .worker import HospitalWorker, check_node_config, load_factory
 
-
 INSECURE_FLAGS = ("--insecure", "--insecure-transport")
 
 
