@@ -11,7 +11,16 @@ before rendering, so everything in an event -- arguments, bound context, context
 * the value of any key named like ``patient_id``, ``mrn``, ``value(s)``, ``cell(s)``,
   ``secret``, ``key(s)``, ``seed(s)``, ``mask(s)``, ``password`` or ``token`` (matched on
   the words of the key, so ``private_key``, ``maskSeed`` and ``cell_value`` match too)
-  unless the key is whitelisted.
+  unless the key is whitelisted;
+* the keys of the EHR formats (OMOP, MIMIC, FHIR): record identifiers (``person_id``,
+  ``subject_id``, ``encounter_id``, ``visit_occurrence_id``, ``hadm_id``, ``stay_id``, ... and
+  FHIR's ``identifier``), personal names (``name``, ``given``, ``family``, ``first_name``,
+  ``last_name``, ...) and anything about birth (``birth_date``, ``birthDate``, ``dob``,
+  ``birth_datetime``, ``year_of_birth``, ...);
+* inside a dict or list under a patient-like key (``patient``, ``person``, ``subject``,
+  ``encounter``, ``visit``, ...), the nested ``id``/``ids``/``reference`` too: event values
+  are cleaned recursively, so ``{"subject": {"id": ...}}`` and ``[{"person_id": ...}]``
+  are caught at any depth.
 
 What events may carry: column and feature names, shapes, counts, hashes, round and client
 ids, scalar metrics. Does not guarantee: that a free-text string (the event message, an
@@ -37,17 +46,44 @@ SENSITIVE_WORDS = frozenset({"value", "values", "cell", "cells", "secret", "secr
                              "seed", "seeds", "mask", "masks", "password", "passwd", "token", "mrn", "ssn"})
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _PATIENT_ID = re.compile(r"patient_?ids?$|patient_?ids?_")
+# Record identifiers of the EHR formats: OMOP (person_id, visit_occurrence_id, visit_detail_id),
+# MIMIC (subject_id, hadm_id, stay_id, icustay_id), FHIR/HL7 (encounter_id, identifier).
+_RECORD_ID = re.compile(
+    r"(?:^|_)(?:patient|person|subject|encounter|visit|visit_occurrence|visit_detail|admission|hadm|"
+    r"icustay|stay|episode|member|medical_record|mrn|nhs|case)_?(?:id|ids|number|no|nr)(?:_|$)")
+IDENTIFIER_WORDS = frozenset({"identifier", "identifiers", "dob", "birth", "birthdate", "birthdates",
+                              "birthday", "birthtime", "surname", "surnames", "forename", "forenames"})
+NAME_KEYS = frozenset({"name", "names", "given", "family", "first_name", "last_name", "given_name",
+                       "family_name", "full_name", "middle_name", "maiden_name", "patient_name",
+                       "person_name", "firstname", "lastname", "givenname", "familyname", "fullname"})
+# Under these keys a nested ``id`` (or a FHIR ``reference``) identifies a patient or a stay.
+PATIENT_CONTEXT_WORDS = frozenset({"patient", "patients", "person", "persons", "subject", "subjects",
+                                   "encounter", "encounters", "visit", "visits", "visit_occurrence",
+                                   "admission", "admissions", "stay", "stays", "member", "beneficiary"})
+_NESTED_ID_KEYS = frozenset({"id", "ids", "reference", "references", "uuid"})
 
 
 class PHILogError(PrivacyError):
     """A log event carried something that may be patient data or a secret (raise mode)."""
 
 
+def _normalise(key: str) -> tuple[str, list[str]]:
+    words = [w for w in re.split(r"[^a-z0-9]+", _CAMEL.sub("_", key).lower()) if w]
+    return "_".join(words), words
+
+
 def sensitive_key(key: str) -> bool:
-    """True if ``key`` is named like a value, identifier or secret (see module doc)."""
-    norm = _CAMEL.sub("_", key).lower()
-    words = [w for w in re.split(r"[^a-z0-9]+", norm) if w]
-    return bool(SENSITIVE_WORDS.intersection(words)) or bool(_PATIENT_ID.search(norm))
+    """True if ``key`` is named like a value, identifier, personal name, birth date or secret
+    (see module doc)."""
+    norm, words = _normalise(key)
+    return (bool(SENSITIVE_WORDS.intersection(words)) or bool(IDENTIFIER_WORDS.intersection(words))
+            or bool(_PATIENT_ID.search(norm)) or bool(_RECORD_ID.search(norm)) or norm in NAME_KEYS)
+
+
+def patient_context_key(key: str) -> bool:
+    """True if values under ``key`` describe a patient or a stay (a nested ``id`` there is an identifier)."""
+    norm, words = _normalise(key)
+    return norm in PATIENT_CONTEXT_WORDS or bool(PATIENT_CONTEXT_WORDS.intersection(words[-1:]))
 
 
 def _count_numbers(items: Iterable[Any]) -> int:
@@ -76,8 +112,11 @@ class PHIGuard:
                               "configure_logging(whitelist=...) if it is neither.")
         return f"<redacted: {what}>"
 
-    def clean(self, value: Any, path: str) -> Any:
-        """Return ``value`` with anything sensitive replaced (or raise, in raise mode)."""
+    def clean(self, value: Any, path: str, *, in_patient: bool = False) -> Any:
+        """Return ``value`` with anything sensitive replaced (or raise, in raise mode).
+
+        ``in_patient``: ``value`` sits under a patient-like key, so a nested ``id`` is an identifier.
+        """
         if isinstance(value, (bytes, bytearray, memoryview)):
             return self._violation(path, f"{type(value).__name__} of length {len(value)}")
         shape = getattr(value, "shape", None)
@@ -92,22 +131,32 @@ class PHIGuard:
                 shape_text = "?"
             return self._violation(path, f"{type(value).__name__} with shape {shape_text}")
         if isinstance(value, Mapping):
-            return {k: self.clean_item(str(k), v, f"{path}.{k}") for k, v in value.items()}
+            return {k: self.clean_item(str(k), v, f"{path}.{k}", in_patient=in_patient) for k, v in value.items()}
         if isinstance(value, (list, tuple, set, frozenset)):
             n = _count_numbers(value)
             if n > MAX_NUMBERS:
                 return self._violation(path, f"{type(value).__name__} of {n} numbers")
-            return type(value)(self.clean(v, f"{path}[{i}]") for i, v in enumerate(value)) \
-                if not isinstance(value, (set, frozenset)) else [self.clean(v, path) for v in value]
+            if isinstance(value, (set, frozenset)):
+                return [self.clean(v, path, in_patient=in_patient) for v in value]
+            items = (self.clean(v, f"{path}[{i}]", in_patient=in_patient) for i, v in enumerate(value))
+            try:
+                return type(value)(items)
+            except TypeError:  # a namedtuple or another sequence type that takes positional fields
+                return list(items)
         return value
 
-    def clean_item(self, key: str, value: Any, path: str) -> Any:
-        """Clean one key/value pair (the key's name may make the value sensitive)."""
-        if key not in self.whitelist and key not in STANDARD_KEYS and sensitive_key(key):
-            if value is None:
-                return None
-            return self._violation(path, f"a field named {key!r}")
-        return self.clean(value, path)
+    def clean_item(self, key: str, value: Any, path: str, *, in_patient: bool = False) -> Any:
+        """Clean one key/value pair (the key's name may make the value sensitive).
+
+        ``in_patient``: the pair sits inside a value under a patient-like key (``patient``,
+        ``subject``, ``encounter``, ...), where ``id``/``ids``/``reference`` identify a person.
+        """
+        if key not in self.whitelist and key not in STANDARD_KEYS:
+            if sensitive_key(key) or (in_patient and _normalise(key)[0] in _NESTED_ID_KEYS):
+                if value is None:
+                    return None
+                return self._violation(path, f"a field named {key!r}")
+        return self.clean(value, path, in_patient=in_patient or patient_context_key(key))
 
     def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
         return {k: self.clean_item(k, v, k) for k, v in event_dict.items()}

@@ -203,3 +203,73 @@ def test_stdlib_logging_of_clinograph_modules_is_guarded_too(caplog):
         assert "123.456" not in text and "untouched" in text
     finally:
         structlog.reset_defaults()
+
+
+# -- EHR formats' keys (OMOP, MIMIC, FHIR) ---------------------------------------------------
+EHR_KEYS = ["person_id", "subject_id", "encounter_id", "visit_occurrence_id", "visitOccurrenceId", "hadm_id",
+            "stay_id", "name", "given", "family", "first_name", "last_name", "firstName", "birth_date",
+            "birthDate", "dob", "DOB", "birth_datetime", "year_of_birth", "identifier"]
+
+
+@pytest.mark.parametrize("key", EHR_KEYS)
+def test_ehr_keys_are_sensitive(key):
+    assert sensitive_key(key), key
+
+
+@pytest.mark.parametrize("key", EHR_KEYS)
+def test_ehr_keys_are_redacted_and_refused(log_lines, key):
+    get_logger("t").info("event", **{key: "ZZ-CANARY-1"})
+    (line,) = log_lines()
+    assert line[key] == f"<redacted: a field named {key!r}>"
+    stream = io.StringIO()
+    configure_logging(stream=stream, on_violation="raise")
+    try:
+        with pytest.raises(PHILogError, match=f"Log field '{key}' holds a field named"):
+            get_logger("t").info("e", **{key: "ZZ-CANARY-1"})
+        assert stream.getvalue() == ""
+    finally:
+        structlog.reset_defaults()
+
+
+def test_names_of_columns_features_and_modules_stay_loggable():
+    for key in ("module_name", "feature_name", "column_name", "client_id", "round_id", "federation_id",
+                "n_patients", "n_visits", "features"):
+        assert not sensitive_key(key), key
+
+
+def test_nested_ids_inside_event_values_are_redacted(log_lines):
+    event = {
+        "batch": [{"person_id": "ZZ-CANARY-2", "n": 3}, {"subject": {"id": "ZZ-CANARY-3", "reference": "Patient/ZZ-CANARY-4"}}],
+        "fhir": {"resourceType": "Patient", "name": [{"given": ["ZZ-CANARY-5"], "family": "ZZ-CANARY-6"}],
+                 "birthDate": "1970-01-01", "identifier": [{"system": "urn:mrn", "value": "ZZ-CANARY-7"}]},
+        "rows": ({"encounter": {"ids": ["ZZ-CANARY-8"]}},),
+        "patients": [{"id": "ZZ-CANARY-9"}],
+        "module": {"id": "gnn/layer1", "shape": [16, 8]},
+    }
+    get_logger("t").info("nested", **event)
+    (line,) = log_lines()
+    text = json.dumps(line)
+    assert "ZZ-CANARY" not in text and "1970-01-01" not in text
+    assert line["batch"][0]["n"] == 3 and line["fhir"]["resourceType"] == "Patient"
+    assert line["module"] == {"id": "gnn/layer1", "shape": [16, 8]}  # an id outside a patient context is kept
+
+
+def test_canary_in_ehr_shaped_events_stays_out_of_guarded_logs():
+    canary = _canary_module()
+    c = canary.plant()
+    s = c.strings
+    stream = io.StringIO()
+    configure_logging(stream=stream)
+    try:
+        log = get_logger("ingest")
+        log.info("omop person", person_id=s[0], birth_datetime=s[1], year_of_birth=1970,
+                 visit={"visit_occurrence_id": s[2], "visit_concept_id": 9201})
+        log.info("mimic stay", subject_id=s[3], hadm_id=s[0], stay_id=s[1])
+        log.info("fhir patient", resource={"subject": {"reference": f"Patient/{s[2]}"},
+                                           "name": [{"given": [s[3]], "family": s[0]}], "dob": s[1]})
+        log.bind(encounter_id=s[2]).warning("bound")
+    finally:
+        structlog.reset_defaults()
+    out = stream.getvalue().encode()
+    assert canary.scan(c, blobs={"log": out}) == []
+    assert b"omop person" in out and b"9201" in out
