@@ -2,11 +2,17 @@
 
 Every command turns a :class:`ClinographError` into a clear message on stderr and a non-zero
 exit; nothing ends in a bare traceback (set ``CLINOGRAPH_DEBUG=1`` to see one).
+
+Importing this module (and every ``clinograph.commands`` module) needs only the base install:
+torch and ``clinograph.sdk`` are imported inside the commands that use them, so a server
+install (``pip install 'clinograph[server]'``) runs ``clinograph audit ...`` and ``keys``.
+tests/test_import_contracts.py checks it.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -53,6 +59,30 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+HOSPITAL_MODULES = ("torch", "torch_geometric", "opacus", "pgmpy", "sklearn", "pandas", "pyarrow", "tomli_w")
+
+
+def _missing(modules: tuple[str, ...]) -> list[str]:
+    out = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def _needs_hospital(command: str) -> None:
+    """Exit 2 with the install to run if the hospital extra is missing (e.g. on a server)."""
+    missing = _missing(HOSPITAL_MODULES)
+    if missing:
+        typer.secho(f"error: clinograph {command} needs the hospital install: pip install 'clinograph[hospital]' "
+                    f"(missing: {', '.join(missing)}; see README, Install).", err=True, fg="red")
+        raise typer.Exit(2)
+
+
 def _threads() -> None:
     try:
         import torch
@@ -73,6 +103,7 @@ def demo(
     scale: Annotated[float, typer.Option(min=0.01, max=10.0, help="Multiply hospital sizes (smoke tests).")] = 1.0,
 ) -> None:
     """The main job: a 4-hospital federation from ALARM, NS-FL vs the paper's baselines."""
+    _needs_hospital("demo")
     from .demo_view import run_demo_view
 
     _threads()
@@ -83,25 +114,36 @@ def demo(
 @guarded
 def simulate(config: Annotated[Path, typer.Argument(help="Simulation config (TOML).")]) -> None:
     """Run a simulated federation from a TOML config (hospital tables + site schemas)."""
+    _needs_hospital("simulate")
     from .demo_view import run_simulation_view
 
     _threads()
     run_simulation_view(config)
 
 
+BENCH_MISSING = ("benchmarks/ ships with the source repository, not the wheel; run from a checkout "
+                 "or pass --dir")
+
+
 @app.command()
 @guarded
-def bench(name: Annotated[str, typer.Argument(help="Benchmark name (file in benchmarks/ without .py).")],
-          quick: Annotated[bool, typer.Option("--quick")] = False) -> None:
-    """Run a benchmark script from benchmarks/ (writes JSON to benchmarks/results/)."""
+def bench(name: Annotated[str, typer.Argument(help="Benchmark name (file in benchmarks/ without .py); "
+                                              "run_all runs every one.")],
+          quick: Annotated[bool, typer.Option("--quick", help="The benchmark's small, fast setting.")] = False,
+          directory: Annotated[Path | None, typer.Option(
+              "--dir", help="The benchmarks/ folder of a source checkout [default: ./benchmarks].")] = None) -> None:
+    """Run a benchmark script from a checkout's benchmarks/ (writes JSON to benchmarks/results/)."""
     import runpy
 
     from clinograph.secure.errors import ConfigError
 
-    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    root = (directory if directory is not None else Path.cwd() / "benchmarks").resolve()
+    if not root.is_dir() or not (root / "_common.py").is_file():
+        found = "does not exist" if not root.exists() else "is not a Clinograph benchmarks folder (no _common.py)"
+        raise ConfigError(f"{root} {found}: {BENCH_MISSING}.")
     available = sorted(p.stem for p in root.glob("*.py") if not p.stem.startswith("_"))
     if name not in available:
-        raise ConfigError(f"Unknown benchmark {name!r}. Available: {', '.join(available)}.")
+        raise ConfigError(f"Unknown benchmark {name!r} in {root}. Available: {', '.join(available)}.")
     _threads()
     sys.argv = [str(root / f"{name}.py")] + (["--quick"] if quick else [])
     runpy.run_path(str(root / f"{name}.py"), run_name="__main__")

@@ -13,8 +13,10 @@ from typing import Annotated
 
 import typer
 
-from clinograph.secure.audit import render_report, verify_audit_dir
 from clinograph.secure.errors import ClinographError
+
+# clinograph.secure.audit (and matplotlib, for the report) is imported by the commands that
+# use it, so that `clinograph --help` and the other commands start quickly.
 
 app = typer.Typer(name="audit", help="Verify audit logs and render audit reports.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -48,6 +50,8 @@ def verify(
         "out of band. Without it the log is checked against the key it names itself.")] = None,
 ) -> None:
     """Check chain, signatures, head and every artefact; exit 0 if all verify, 1 otherwise."""
+    from clinograph.secure.audit import verify_audit_dir
+
     key = _trusted_key(trusted_key)
     try:
         report = verify_audit_dir(directory, trusted_server_key=key)
@@ -73,6 +77,8 @@ def report(
                                       "(outside the audit directory).")] = Path("report.html"),
 ) -> None:
     """Render a self-contained HTML report (exit 1, report still written, if the log does not verify)."""
+    from clinograph.secure.audit import render_report, verify_audit_dir
+
     if not directory.is_dir():
         _fail(f"{directory} is not a directory: pass the audit directory (with audit.jsonl).")
     if out.resolve().is_relative_to(directory.resolve()):
