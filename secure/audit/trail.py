@@ -39,7 +39,15 @@ from .canonical import plain_payload
 from .entry import GENESIS, KIND, AuditEntry, make_entry, make_head
 from .envelopes import keys_from, parse_stored, signature_status
 from .kinds import RESERVED, check_payload
-from .verify import ARTEFACTS, HEAD, LOG, scan_audit_dir
+from .verify import (
+    ARTEFACTS,
+    HEAD,
+    LOG,
+    MAX_ARTEFACT_BYTES,
+    MAX_HEAD_BYTES,
+    read_regular_file,
+    scan_audit_dir,
+)
 
 FORMAT = "clinograph-audit/1"
 ARTEFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,199}$")
@@ -83,7 +91,7 @@ class AuditTrail:
                 raise IntegrityError(f"Audit log in {self._dir} does not verify, refusing to append "
                                      f"(first bad entry: {report.first_bad}): {report.problems[0]}")
             self._last: AuditEntry | None = entries[-1]
-            head_entries = json.loads((self._dir / HEAD).read_bytes())["entries"]
+            head_entries = json.loads(read_regular_file(self._dir / HEAD, limit=MAX_HEAD_BYTES))["entries"]
             recovered = len(entries) - int(head_entries)
             for e in entries:
                 if e.kind in ("audit_open", "manifest"):
@@ -162,7 +170,7 @@ class AuditTrail:
         sha = hashlib.sha256(data).hexdigest()
         path = self._dir / ARTEFACTS / sha
         if path.exists():
-            if hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+            if hashlib.sha256(read_regular_file(path, limit=MAX_ARTEFACT_BYTES)).hexdigest() != sha:
                 raise IntegrityError(f"Stored artefact artefacts/{sha} was altered on disk.")
         else:
             _atomic_write(path, data, sync=False)

@@ -12,18 +12,28 @@ Does not guarantee: that the server was honest when it wrote an entry, or (witho
 write a fresh, self-consistent log with its own key; pin the key. Rolling the whole
 directory back to an earlier valid state is caught only by comparing ``head_hash`` with a
 value published elsewhere.
+
+Bounded reads: the verifier opens only *regular* files (a FIFO, a device such as /dev/zero,
+a socket or a directory in place of a file -- directly or through a symlink -- is reported,
+never read) and reads at most :data:`MAX_LOG_BYTES` of ``audit.jsonl`` (1 GiB),
+:data:`MAX_HEAD_BYTES` of ``head.json`` (64 KiB) and :data:`MAX_ARTEFACT_BYTES` of each
+artefact (256 MiB, the largest protocol message); a larger file is reported with its name and
+the bound, so a hostile directory can neither hang the verifier nor exhaust its memory.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError
 from ..identity import PublicIdentity
+from ..messages import MAX_MESSAGE_BYTES
 from ..wire import MAGIC
 from .entry import AuditEntry, check_entry_signature, check_head, parse_entry
 from .envelopes import keys_from, parse_stored, signature_status
@@ -31,6 +41,46 @@ from .kinds import check_payload
 
 LOG, HEAD, ARTEFACTS = "audit.jsonl", "head.json", "artefacts"
 MAX_PROBLEMS = 100
+MAX_LOG_BYTES = 1024 ** 3
+MAX_HEAD_BYTES = 64 * 1024
+MAX_ARTEFACT_BYTES = MAX_MESSAGE_BYTES
+_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+def read_regular_file(path: Path, *, limit: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes.
+
+    Opens without blocking (a FIFO cannot stall the open), checks the opened descriptor (no
+    race between a check and the open) and never reads more than ``limit + 1`` bytes.
+
+    Raises:
+        FileNotFoundError / OSError: the file is missing or unreadable.
+        IntegrityError: not a regular file, or larger than ``limit``; names the file and bound.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise IntegrityError(f"{path} is {what}, not a regular file; the verifier reads only regular files. "
+                                 "Replace it with the file the audit trail wrote.")
+        if st.st_size > limit:
+            raise IntegrityError(f"{path} is {st.st_size} bytes, over the verifier's bound of {limit} bytes; "
+                                 "it was not read. An audit trail does not write files that large.")
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:
+            raise IntegrityError(f"{path} grew past the verifier's bound of {limit} bytes while being read; "
+                                 "it was not checked.")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -70,7 +120,10 @@ def _check_artefact(scan: _Scan, entry: AuditEntry) -> bytes | None:
     scan.referenced.add(sha)
     path = scan.directory / ARTEFACTS / sha
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path, limit=MAX_ARTEFACT_BYTES)
+    except IntegrityError as exc:
+        scan.bad(entry.seq, f"entry {entry.seq}: {exc}")
+        return None
     except OSError:
         scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): "
                             f"artefact file artefacts/{sha} is missing.")
@@ -147,12 +200,21 @@ def _server_key(scan: _Scan, first: AuditEntry) -> PublicIdentity | None:
     return key
 
 
-def _scan_log(scan: _Scan) -> None:
+def _scan_log(scan: _Scan) -> int:
+    """Check every line of the log; returns the number of lines (newlines) it holds."""
     try:
-        data = (scan.directory / LOG).read_bytes()
+        data = read_regular_file(scan.directory / LOG, limit=MAX_LOG_BYTES)
+    except IntegrityError as exc:
+        scan.bad(None, str(exc))
+        return 0
     except OSError:
         scan.bad(None, f"{LOG} is missing or unreadable in {scan.directory}.")
-        return
+        return 0
+    _check_lines(scan, data)
+    return data.count(b"\n")
+
+
+def _check_lines(scan: _Scan, data: bytes) -> None:
     if not data:
         scan.bad(0, f"{LOG} is empty.")
         return
@@ -191,7 +253,7 @@ def _scan_head(scan: _Scan, n_lines: int) -> str | None:
     if scan.key is None:
         return None
     try:
-        head = check_head((scan.directory / HEAD).read_bytes(), key=scan.key)
+        head = check_head(read_regular_file(scan.directory / HEAD, limit=MAX_HEAD_BYTES), key=scan.key)
     except OSError:
         scan.bad(n_lines, f"{HEAD} is missing: truncation of the log cannot be ruled out.")
         return None
@@ -237,11 +299,7 @@ def scan_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None, 
     if not scan.directory.is_dir():
         scan.bad(None, f"{scan.directory} is not a directory.")
     else:
-        _scan_log(scan)
-        try:
-            n_lines = (scan.directory / LOG).read_bytes().count(b"\n")
-        except OSError:
-            n_lines = 0
+        n_lines = _scan_log(scan)
         head_hash = _scan_head(scan, n_lines)
         _scan_files(scan)
     seqs = [s for s, _ in scan.problems if s is not None]
