@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from clinograph.sdk.data.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
+from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
 from clinograph.sdk.graph.star import star_batch  # noqa: E402
 from clinograph.sdk.ingest.validate import ingest  # noqa: E402
 from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel  # noqa: E402

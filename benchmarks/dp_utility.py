@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from clinograph.sdk.data.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
+from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
 from clinograph.sdk.federation.config import (  # noqa: E402
     FederationSection,
     GraphSection,

@@ -41,7 +41,7 @@ from clinograph.sdk.concepts.modules import ConceptHParams
 from clinograph.sdk.concepts.opaque import train_centralised
 from clinograph.sdk.concepts.secure_sums import SecureSums
 from clinograph.sdk.concepts.views import ClientView, make_client_views
-from clinograph.sdk.data import bnlearn
+from clinograph.sdk.research import bnlearn
 from clinograph.secure.dag_voting import decide_dag, diff_pairs, encode_vote, tally_from_sum
 
 KINDS = ("cbm", "cem", "cgm", "c2bm")

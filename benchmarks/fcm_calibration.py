@@ -12,7 +12,7 @@ times ``s``, then mixed 50/50 with N(0, I)), and interpolates the ``s`` at which
 the paper's Cent. OpaqNN row. Only that row is used as a target: the F-CMs rows the
 benchmark is judged against are never looked at. Writes
 benchmarks/results/fcm_calibration.json (the grid, the natural-scale accuracy and the
-chosen ``s``); :data:`clinograph.sdk.data.bnlearn.SIGNAL_SCALE` copies the chosen values.
+chosen ``s``); :data:`clinograph.sdk.research.bnlearn.SIGNAL_SCALE` copies the chosen values.
 Asserts nothing.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from clinograph.sdk.concepts.opaque import train_centralised
-from clinograph.sdk.data import bnlearn
+from clinograph.sdk.research import bnlearn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fcm_bnlearn import PAPER_CENT_OPAQUE  # noqa: E402  (Table 1, Cent. OpaqNN)

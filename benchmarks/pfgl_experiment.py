@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from clinograph.sdk.data.alarm_demo import load_dictionary, render_patients, sample_alarm
+from clinograph.sdk.research.alarm_demo import load_dictionary, render_patients, sample_alarm
 from clinograph.sdk.federation.config import SimulationConfig
 from clinograph.sdk.federation.pfgl import PFGLSection, run_pfgl
 from clinograph.sdk.ingest import PatientTable, ingest

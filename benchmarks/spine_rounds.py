@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median, write  # noqa: E402
-from clinograph.sdk.data.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
+from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
 from clinograph.sdk.federation.config import SimulationConfig  # noqa: E402
 from clinograph.sdk.federation.simulation import run_simulation  # noqa: E402
 from clinograph.sdk.graph import build_graph, star_batch  # noqa: E402

@@ -18,7 +18,7 @@ def _fmt(x: float) -> str:
 
 def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bool, scale: float = 1.0) -> None:
     """Run the demo with a progress bar and print the comparison table."""
-    from clinograph.sdk.federation.demo import run_demo
+    from clinograph.sdk.research.demo import run_demo
 
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
@@ -66,14 +66,14 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
 
 def run_simulation_view(config_path: Path) -> None:
     """`clinograph simulate CONFIG`: ingest every hospital, run, print per-round metrics."""
-    from clinograph.sdk.federation.config import SimulationConfig
-    from clinograph.sdk.federation.runner import run_from_config
+    from clinograph.sdk.config import SimulationConfig
+    from clinograph.sdk.federation.simulate import simulate_from_config
 
     cfg = SimulationConfig.from_toml(config_path)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task("rounds", total=cfg.federation.rounds)
-        result = run_from_config(cfg, on_round=lambda r, m: progress.update(task, advance=1))
+        result = simulate_from_config(cfg, on_round=lambda r, m: progress.update(task, advance=1))
     table = Table(title=f"Final test metrics ({cfg.federation.rounds} rounds, {cfg.federation.secure_mode})")
     table.add_column("hospital")
     table.add_column("AUROC", justify="right")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from clinograph.sdk.data.alarm_demo import (
+from clinograph.sdk.research.alarm_demo import (
     BLOOD_GAS,
     HospitalSpec,
     load_dictionary,

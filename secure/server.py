@@ -52,8 +52,13 @@ class FederationServer:
                  dictionary_hash: str, identity: Identity, enrolled: Mapping[str, PublicIdentity],
                  secure_mode: str, strategy: Strategy, min_clients: int, local_epochs: int,
                  dp_policy: DPPolicy | None, audit: AuditSink, environment: Environment,
-                 mode_options: Mapping[str, float | int | str | bool] | None = None,
+                 plan_options: Callable[[tuple[str, ...]], Mapping[str, float | int | str | bool]] | None = None,
                  mode_server: Callable[..., AggregationServer] | None = None):
+        """Use :func:`clinograph.secure.runtime.build_server`, which decides every parameter once.
+
+        ``plan_options(participants)`` gives the secure mode's public parameters for a round
+        with those participants (masked: neighbours, threshold and fixed-point scales).
+        """
         self.mode = create_mode(secure_mode)
         if self.mode.insecure:
             require_allowed(secure_mode, environment=environment, why="the server sees every hospital's update")
@@ -71,7 +76,7 @@ class FederationServer:
         self.dp_policy = dp_policy
         self.audit = audit
         self.environment = environment
-        self.mode_options = dict(mode_options or {})
+        self._plan_options = plan_options or (lambda participants: {})
         self._mode_server = mode_server or self.mode.server  # ckks: CkksServer.with_context(ctx)
         self.round = 0
         self.history: list[RoundResult] = []
@@ -98,7 +103,8 @@ class FederationServer:
         if unknown:
             raise ConfigError(f"Participants {unknown} are not enrolled. Enrolled: {sorted(self.enrolled)}.")
         weights = self.strategy.client_weights(round_=self.round, participants=participants)
-        options: dict[str, float | int | str | bool] = {**self.mode_options, **self.strategy.plan_options()}
+        options: dict[str, float | int | str | bool] = {**self._plan_options(tuple(sorted(participants))),
+                                                        **self.strategy.plan_options()}
         options.update({f"strategy.{k}": v for k, v in self.strategy.constructor_options().items()})
         options.update({f"weight/{c}": float(w) for c, w in weights.items()})
         plan = RoundPlan(
@@ -125,12 +131,17 @@ class FederationServer:
         return self._current
 
     # -- stage 2: reports and the mode's messages -------------------------------------------
-    def receive_report(self, data: bytes) -> bool:
-        """Check a hospital's signed report (ledger, released metrics). False = refused."""
+    def receive_report(self, data: bytes, *, channel: str | None = None) -> bool:
+        """Check a hospital's signed report (ledger, released metrics). False = refused.
+
+        ``channel`` is the hospital the transport received it from; an envelope naming anyone
+        else is refused under the channel's name, never the name it claims.
+        """
         rnd = self.current
-        sender = "?"
+        sender = channel or "?"
         try:
             env = self._parse(data)
+            self._check_channel(env, channel)
             sender = env.sender
             if sender in rnd.reports:
                 raise ProtocolError(f"Replayed report from {sender!r} in round {rnd.plan.round}.")
@@ -153,12 +164,13 @@ class FederationServer:
                                                     "features": report.feature_relevance})
         return True
 
-    def receive(self, data: bytes) -> bool:
+    def receive(self, data: bytes, *, channel: str | None = None) -> bool:
         """Feed one mode message to the aggregation; False = refused (the client is dropped)."""
         rnd = self.current
-        sender = "?"
+        sender = channel or "?"
         try:
             env = self._parse(data)
+            self._check_channel(env, channel)
             sender = env.sender
             if sender not in rnd.reports:
                 raise ProtocolError(f"{sender!r} sent an update without an accepted report this round.")
@@ -232,6 +244,11 @@ class FederationServer:
             return self.enrolled[name]
         except KeyError:
             raise ProtocolError(f"{name!r} is not enrolled in federation {self.federation_id!r}.") from None
+
+    @staticmethod
+    def _check_channel(env: Envelope, channel: str | None) -> None:
+        if channel is not None and env.sender != channel:
+            raise ProtocolError(f"Envelope names {env.sender[:64]!r} but arrived on {channel!r}'s channel.")
 
     @staticmethod
     def _parse(data: bytes) -> Envelope:

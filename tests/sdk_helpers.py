@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from clinograph.sdk.data.alarm_demo import (
+from clinograph.sdk.research.alarm_demo import (
     BLOOD_GAS,
     HospitalSpec,
     load_dictionary,

@@ -30,4 +30,4 @@ def test_wheel_contains_every_subpackage(tmp_path):
     assert not missing, missing
     assert len(expected) >= 15
     assert not any(n.startswith(("sdk/", "secure/")) for n in names)
-    assert "clinograph/sdk/data/alarm_dictionary.toml" in names
+    assert "clinograph/sdk/research/alarm_dictionary.toml" in names

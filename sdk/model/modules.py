@@ -7,7 +7,7 @@ concatenation of the pieces, flattened, as float64. The same mechanism serves ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +54,17 @@ class ModuleMap:
     def kind(self, name: str) -> ModuleKind:
         """Shared or personal."""
         return self._modules[name][0]
+
+    def pieces(self, name: str) -> list[Piece]:
+        """The parameter pieces of module ``name`` (a copy of the list)."""
+        return list(self._modules[name][1])
+
+    def with_kinds(self, kind_of: Callable[[str, ModuleKind], ModuleKind]) -> ModuleMap:
+        """A new map over the same pieces, each module's kind given by ``kind_of(name, kind)``."""
+        out = ModuleMap()
+        for n, (k, ps) in self._modules.items():
+            out.add(n, kind_of(n, k), ps)
+        return out
 
     def spec(self, version: int = 0) -> ModelSpec:
         """The ModelSpec the server holds (names, shapes, kinds)."""

@@ -20,24 +20,13 @@ Two forward paths on the same parameters: :meth:`forward_graph` (HeteroData, wit
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch_geometric.data import HeteroData
 
+from ..config import NSFLConfig
 from ..graph.build import OF_PATIENT, SIMILAR_TO
 from ..graph.star import StarBatch
 from .layers import RelationAttention
-
-
-class NSFLConfig(BaseModel):
-    """Model hyper-parameters (the paper gives none; these defaults were chosen on the demo)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    hidden: int = Field(default=32, ge=2, le=1024, description="d_h")
-    init_seed: int = Field(default=0, description="seed of the shared patient vector ε (same at every hospital)")
-    negative_slope: float = Field(default=0.2, ge=0, lt=1)
-    mask_init_logit: float = Field(default=2.0, description="m_f starts at sigmoid(2) ≈ 0.88")
 
 
 class NSFLModel(nn.Module):

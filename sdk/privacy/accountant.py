@@ -122,7 +122,8 @@ class PrivacyLedger:
         from opacus.accountants import create_accountant
 
         acc = create_accountant(self.accountant)
-        acc.history = list(self.history if history is None else history)
+        acc.load_state_dict({"history": list(self.history if history is None else history),
+                             "mechanism": acc.mechanism()})
         return acc
 
     def epsilon(self, history: History | None = None) -> float:

@@ -25,7 +25,8 @@ from clinograph.secure.errors import PrivacyError
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..federation.trainer import TrainOutcome
+from ..config import HospitalConfig
+from ..training.trainer import TrainOutcome
 from ..graph.star import star_batch
 from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
@@ -56,7 +57,7 @@ def unused_star_parameters(model: NSFLModel) -> list[str]:
 
 
 class DPTrainer:
-    """Trainer protocol (:mod:`clinograph.sdk.federation.trainer`) with patient-level DP.
+    """Trainer protocol (:mod:`clinograph.sdk.training.trainer`) with patient-level DP.
 
     Guarantees: the released model parameters are (ε, δ)-DP with respect to adding or removing
     one patient's star at this hospital, ε composed over every step of every round recorded
@@ -118,7 +119,9 @@ class DPTrainer:
         with warnings.catch_warnings():  # we install our own noise source below (see .noise)
             warnings.filterwarnings("ignore", message="Secure RNG turned off")
             engine = PrivacyEngine(accountant=self.ledger.accountant)
-        engine.accountant.history = list(self.ledger.history)  # restored before every round
+        # Restored before every round through Opacus's own interface (history + mechanism checked).
+        engine.accountant.load_state_dict({"history": list(self.ledger.history),
+                                           "mechanism": engine.accountant.mechanism()})
         engine.secure_rng = os_seeded_generator()  # Poisson sampling: OS-seeded, not the seeded global RNG
         loader = DataLoader(self.dataset, batch_size=self.batch_size)
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -163,13 +166,13 @@ class DPTrainer:
             gsm._close()  # remove hooks and per-sample gradient attributes
             for p in frozen:
                 p.requires_grad_(True)
-            if not completed and normalise(engine.accountant.history) != self.ledger.history:
+            if not completed and normalise(engine.accountant.state_dict()["history"]) != self.ledger.history:
                 # steps taken before a failure changed the model (personal modules persist): they count
-                self.ledger.commit(round_=round_, history=engine.accountant.history, noise_multiplier=self.noise_multiplier,
-                                   sample_rate=self.sample_rate, clip_norm=self.clip_norm)
+                self.ledger.commit(round_=round_, history=engine.accountant.state_dict()["history"],
+                                   noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, clip_norm=self.clip_norm)
         clip = float(extra.get("max_clipbound", self.clip_norm))
         t_acc = time.perf_counter()
-        entry = self.ledger.commit(round_=round_, history=engine.accountant.history,
+        entry = self.ledger.commit(round_=round_, history=engine.accountant.state_dict()["history"],
                                    noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, clip_norm=clip)
         self.last_timings = {"setup_and_check_seconds": t_setup, "epoch_seconds": epoch_seconds,
                              "commit_seconds": time.perf_counter() - t_acc}
@@ -185,36 +188,37 @@ class DPTrainer:
                 f"q={self.sample_rate:.4g}, clip={self.clip_norm:g}, clipping={self.clipping!r})")
 
 
-def dp_trainer_factory(*, table: PatientTable, train_idx: np.ndarray, config: object, site: str,
-                       state_root: str | Path | None = None) -> DPTrainer:
-    """``trainer_factory`` for :func:`clinograph.sdk.federation.simulation.run_simulation`.
+def dp_trainer_factory(*, table: PatientTable, train_idx: np.ndarray, config: HospitalConfig, site: str,
+                       state_dir: str | Path) -> DPTrainer:
+    """The DP trainer of a hospital built from its :class:`~clinograph.sdk.config.HospitalConfig`.
 
-    Reads ``config.privacy`` (a :class:`SimulationConfig`); σ is ``noise_multiplier`` or, if
-    unset, calibrated to ``target_epsilon`` (default ``epsilon_budget``) over ``planned_rounds``
-    (default ``federation.rounds``) × ``federation.local_epochs`` epochs. The ledger lives in
-    ``privacy.state_dir/<site>`` or ``<output>/privacy/<site>``.
+    σ is ``privacy.noise_multiplier`` or, if unset, calibrated to ``target_epsilon`` (default
+    ``epsilon_budget``) over ``planned_rounds`` × ``planned_local_epochs`` epochs. The ledger
+    lives in ``state_dir`` (one folder per hospital).
 
     Raises:
-        PrivacyError: DP is not enabled in the config, or ``[graph] k_similar > 0``.
+        PrivacyError: DP is not enabled, ``[graph] k_similar > 0``, or σ must be calibrated
+            but ``planned_rounds`` is unset.
     """
-    priv, fed = config.privacy, config.federation  # type: ignore[attr-defined]
+    priv = config.privacy
     if not priv.enabled:
         raise PrivacyError("dp_trainer_factory needs [privacy] enabled = true (it would otherwise claim a DP "
                            "guarantee the federation's policy does not check).")
-    refuse_coupled_training(k_similar=config.graph.k_similar, site=site)  # type: ignore[attr-defined]
-    root = Path(state_root) if state_root is not None else (priv.state_dir or Path(config.output) / "privacy")  # type: ignore[attr-defined]
-    ledger = PrivacyLedger(root / site, site=site, budget_epsilon=priv.epsilon_budget, delta=priv.delta,
+    refuse_coupled_training(k_similar=config.graph.k_similar, site=site)
+    ledger = PrivacyLedger(Path(state_dir), site=site, budget_epsilon=priv.epsilon_budget, delta=priv.delta,
                            accountant=priv.accountant)
     q, steps_epoch = poisson_plan(n_train=len(train_idx), batch_size=priv.batch_size)
     sigma = priv.noise_multiplier
     if sigma is None:
-        rounds = priv.planned_rounds or fed.rounds
+        if priv.planned_rounds is None:
+            raise PrivacyError(f"Hospital {site!r}: [privacy] needs noise_multiplier, or planned_rounds to calibrate "
+                               "σ to the ε budget over the run. Set one of them in the hospital config.")
+        epochs = priv.planned_rounds * (priv.planned_local_epochs or 1)
         sigma = calibrate_noise_multiplier(target_epsilon=priv.target_epsilon or priv.epsilon_budget, delta=priv.delta,
-                                           sample_rate=q, steps=rounds * fed.local_epochs * steps_epoch,
-                                           accountant=priv.accountant)
+                                           sample_rate=q, steps=epochs * steps_epoch, accountant=priv.accountant)
     adaptive = {k: getattr(priv, k) for k in ("target_unclipped_quantile", "clipbound_learning_rate", "max_clipbound",
                                               "min_clipbound", "unclipped_num_std")}
     return DPTrainer(table, train_idx=train_idx, ledger=ledger, noise_multiplier=sigma, clip_norm=priv.clip_norm,
-                     batch_size=priv.batch_size, train_config=config.training, clipping=priv.clipping,  # type: ignore[attr-defined]
+                     batch_size=priv.batch_size, train_config=config.training, clipping=priv.clipping,
                      adaptive=adaptive if priv.clipping == "adaptive" else None,
-                     grad_sample_mode=getattr(priv, "grad_sample_mode", "hooks"))
+                     grad_sample_mode=priv.grad_sample_mode)

@@ -12,23 +12,11 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch.nn import functional as F  # noqa: N812
 
+from ..config import TrainConfig
 from ..graph.star import StarBatch
 from ..model.nsfl import NSFLModel
-
-
-class TrainConfig(BaseModel):
-    """Local optimisation settings (documented defaults; the paper gives none)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    lr: float = Field(default=0.01, gt=0, description="Adam learning rate")
-    batch_size: int = Field(default=64, ge=1)
-    weight_decay: float = Field(default=0.0, ge=0)
-    mask_lr_factor: float = Field(default=10.0, gt=0, description="m_f learn this much faster, so they move")
-    seed: int = 0
 
 
 def bce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 Each hospital releases two numbers in its signed report: ``perf`` (validation-split
 performance, PFGL-Net eq. 1) and ``missing_rate`` (importance-weighted, eq. 2); see
-:mod:`clinograph.sdk.quality`. The server turns them into aggregation weights.
+:mod:`clinograph.sdk.training.quality`. The server turns them into aggregation weights.
 
 One-round lag: under masked secure aggregation a hospital multiplies its delta by its weight
 *before* masking, so the weights of round t are fixed in the round-t plan, from the metrics

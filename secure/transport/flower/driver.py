@@ -1,8 +1,7 @@
-"""Server side: discover which hospital each Flower node serves, then run rounds over a Grid.
+"""Server side: discover which hospital each Flower node serves, and carry stages over a Grid.
 
-:func:`run_flower_round` performs the steps of :func:`clinograph.secure.rounds.run_round`
-with each hop carried by Flower: the plan to every participant, each later stage of the
-secure mode to the clients it names, and the new global model to the survivors. Every wait is
+:class:`FlowerTransport` is the Flower implementation of the runtime's transport seam: the one
+round loop (:func:`clinograph.secure.runtime.run_round`) runs over it unchanged. Every wait is
 bounded (``grid.send_and_receive(..., timeout=...)`` and the message TTL); a node that does
 not answer in time, answers with a Flower error, or answers with something that does not
 parse counts as dropped at that stage -- the secure mode's dropout recovery does the rest.
@@ -11,7 +10,7 @@ parse counts as dropped at that stage -- the secure mode's dropout recovery does
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from flwr.app import Message
@@ -19,13 +18,10 @@ from flwr.serverapp import Grid
 
 from ...errors import ClinographError, ConfigError, ProtocolError
 from ...identity import PublicIdentity
-from ...rounds import RoundOutcome
-from ...server import FederationServer
 from ...wire import open_envelope, parse_envelope
 from .messages import NodeHello
 from .records import MESSAGE_TYPE, from_content, to_content
 
-EventSink = Callable[[str, Mapping[str, object]], None]
 
 
 @dataclass(frozen=True)
@@ -95,6 +91,8 @@ def greet_nodes(grid: Grid, *, federation_id: str, enrolled: Mapping[str, Public
             if env.sender not in enrolled:
                 raise ProtocolError(f"hospital {env.sender!r} is not enrolled in {federation_id!r}")
             hello = open_envelope(env, sender=enrolled[env.sender], model=NodeHello)
+            if hello.hospital != env.sender:  # a node may only speak for the hospital whose key signed
+                raise ProtocolError(f"hello names hospital {hello.hospital[:64]!r} but is signed by {env.sender!r}")
             if (hello.nonce, hello.node_id, hello.run_id, hello.federation_id) != (nonces[node], node, run_id,
                                                                                     federation_id):
                 raise ProtocolError("hello does not echo this nonce, node, run and federation")
@@ -107,76 +105,32 @@ def greet_nodes(grid: Grid, *, federation_id: str, enrolled: Mapping[str, Public
     return names, failed
 
 
-@dataclass(frozen=True)
-class FlowerRound:
-    """A round's outcome plus the global model still owed to each survivor (if not delivered)."""
+class FlowerTransport:
+    """The :class:`clinograph.secure.runtime.Transport` over a Flower Grid.
 
-    outcome: RoundOutcome
-    pending_model: dict[str, bytes]
-
-
-def run_flower_round(grid: Grid, server: FederationServer, *, nodes: Mapping[str, int], timeouts: Timeouts,
-                     pending_model: Mapping[str, bytes] | None = None, deliver_model: bool = True,
-                     on_event: EventSink | None = None) -> FlowerRound:
-    """Run one round over Flower with the hospitals in ``nodes`` (name -> Flower node id).
-
-    The global model of the previous round rides with this round's plan (``pending_model``:
-    only the previous round's survivors receive it, as in :func:`run_round`); with
-    ``deliver_model=False`` this round's model is returned as ``pending_model`` instead of
-    being sent in a separate exchange (each exchange costs Flower's polling delays).
+    ``nodes`` maps each greeted hospital to its Flower node id (from :func:`greet_nodes`, which
+    checked the hello under that hospital's enrolled key). Each exchange is one
+    ``grid.send_and_receive`` bounded by the stage's timeout; the global model rides with the
+    next plan (``defers_model``), which saves one exchange -- one polling delay -- a round.
     """
-    if not server.mode.server_sees_sum:
-        raise ConfigError(f"Secure mode {server.mode.name!r} is not supported over Flower yet (the aggregate is "
-                          "decrypted by the hospitals); use 'masked', or the in-process transport.")
-    event = on_event or (lambda kind, data: None)
-    participants = tuple(sorted(nodes))
-    round_ = server.round
-    plan = server.open_round(participants)
-    event("round_opened", {"round": round_, "participants": list(participants)})
-    dropped: dict[str, str] = {}
-    carried = dict(pending_model or {})
-    plans = {nodes[n]: {"data": plan, **({"model": carried[n]} if n in carried else {})} for n in participants}
-    answers, failed = exchange(grid, stage="plan", outgoing=plans, round_=round_, timeout=timeouts.plan)
-    for name in participants:
-        node = nodes[name]
-        if node in failed:
-            dropped[name] = failed[node]
-            continue
-        parts = answers[node]
-        if "report" not in parts or "first" not in parts:
-            dropped[name] = "plan reply lacks the report or the first message"
-            continue
-        if server.receive_report(parts["report"]):
-            server.receive(parts["first"])
-        event("stage_answered", {"round": round_, "stage": 0, "hospital": name})
-    stage = 1
-    while (outgoing := server.next_stage()) is not None:
-        live = {name: data for name, data in sorted(outgoing.items()) if name not in dropped and name in nodes}
-        for name in outgoing:
-            if name not in live:
-                dropped.setdefault(name, f"not reachable at stage {stage}")
-        event("stage_sent", {"round": round_, "stage": stage, "hospitals": sorted(live)})
-        answers, failed = exchange(grid, stage="stage", outgoing={nodes[n]: {"data": d} for n, d in live.items()},
-                                   round_=round_, timeout=timeouts.stage)
-        for name in live:
-            node = nodes[name]
-            if node in failed:
-                dropped[name] = failed[node]
-            elif "reply" in answers[node]:
-                server.receive(answers[node]["reply"])
-        stage += 1
-    for name, reason in dropped.items():
-        event("dropped", {"round": round_, "hospital": name, "reason": reason})
-    result = server.close_round()
-    model = server.global_model_bytes() if server.state is not None else b""
-    survivors = [n for n in participants if n not in dropped]
-    event("round_closed", {"round": round_, "contributors": list(result.contributors),
-                           "dropped": sorted(dropped)})
-    outcome = RoundOutcome(result=result, dropped=dropped)
-    if not deliver_model:
-        return FlowerRound(outcome=outcome, pending_model={n: model for n in survivors})
-    _, end_failed = exchange(grid, stage="end", outgoing={nodes[n]: {"data": model} for n in survivors}, round_=round_,
-                             timeout=timeouts.end)
-    for node, reason in end_failed.items():
-        event("end_not_delivered", {"round": round_, "node": node, "reason": reason})
-    return FlowerRound(outcome=outcome, pending_model={})
+
+    defers_model = True
+
+    def __init__(self, grid: Grid, *, nodes: Mapping[str, int], timeouts: Timeouts):
+        self.grid, self.nodes, self.timeouts = grid, dict(nodes), timeouts
+        self._names = {node: name for name, node in self.nodes.items()}
+
+    def hospitals(self) -> tuple[str, ...]:
+        return tuple(sorted(self.nodes))
+
+    def _timeout(self, stage: str) -> float:
+        return {"plan": self.timeouts.plan, "end": self.timeouts.end}.get(stage, self.timeouts.stage)
+
+    def exchange(self, stage: str, outgoing: Mapping[str, Mapping[str, bytes]], *,
+                 round_: int) -> tuple[dict[str, dict[str, bytes]], dict[str, str]]:
+        failed: dict[str, str] = {n: "not greeted on this run" for n in outgoing if n not in self.nodes}
+        by_node = {self.nodes[n]: parts for n, parts in outgoing.items() if n in self.nodes}
+        answers, node_failed = exchange(self.grid, stage=stage, outgoing=by_node, round_=round_,
+                                        timeout=self._timeout(stage))
+        failed.update({self._names[node]: reason for node, reason in node_failed.items()})
+        return {self._names[node]: parts for node, parts in answers.items()}, failed

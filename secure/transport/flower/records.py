@@ -16,7 +16,7 @@ from ...messages import MAX_MESSAGE_BYTES
 #: Flower message type of every Clinograph message: category ``query``, action ``clinograph``.
 MESSAGE_TYPE = "query.clinograph"
 RECORD = "clinograph"
-STAGES = ("hello", "plan", "stage", "end")
+STAGES = ("hello", "plan", "stage", "end", "setup")
 
 
 def to_content(stage: str, parts: Mapping[str, bytes], *, round_: int) -> RecordDict:

@@ -1,27 +1,27 @@
-"""The Flower ServerApp: builds the FederationServer and runs rounds over the Grid.
+"""The Flower ServerApp: greet the SuperNodes, build the server from ``server.toml``, run the rounds.
 
 Point ``[tool.flwr.app.components] serverapp`` at
-``clinograph.secure.transport.flower.serverapp:app``. Run config keys (``[tool.flwr.app.config]``,
-overridable with ``flwr run --run-config``):
+``clinograph.secure.transport.flower.serverapp:app``; no deployment code is needed. Run config
+keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 
 =====================  =====================================================================
-``server-factory``     ``'package.module:function'``; called once the nodes are greeted as
-                       ``f(run_config=..., federation=FederationFile, participants=(names...))
-                       -> FederationServer`` (mode parameters depend on the participant count)
-``federation-file``    path (on the SuperLink machine) of ``federation.toml``
-``rounds``             number of rounds
+``server-config``      path (on the SuperLink machine) of ``server.toml``
+                       (:class:`clinograph.secure.runtime.ServerConfig`: federation, DP
+                       policy, initial model file, audit directory)
+``federation-file``    path of ``federation.toml`` (who is enrolled, with which keys)
+``server-key``         path of the server's Ed25519 signing key
+``rounds``             optional: overrides ``[federation] rounds``
 ``min-nodes``          wait for this many connected SuperNodes before greeting them
 ``wait-timeout``       seconds to wait for them (then go on with those present)
 ``hello-timeout``      seconds for the signed hello
 ``plan-timeout``       seconds for the plan stage (includes local training)
 ``stage-timeout``      seconds for each later stage (a dead node costs one of these)
-``end-timeout``        seconds to deliver the global model
+``end-timeout``        seconds to deliver the last global model
 ``events-file``        optional JSON-lines progress log (names, stages, reasons -- no data)
 =====================  =====================================================================
 
-The hospitals that answered the hello are invited to every round of the run; one that has
-died drops out at the plan stage (after ``stage-timeout``), so each round's participant set
-stays the one the secure mode's parameters were computed for.
+The hospitals that answered the hello are invited to every round; the masked mode's
+parameters are recomputed for each round's participants.
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from ...audit import AuditTrail
 from ...errors import ConfigError, ProtocolError
-from ...server import FederationServer
+from ...identity import Identity
+from ...messages import RoundResult
+from ...runtime import ServerConfig, build_server, initial_model_from_bytes, run_ckks_ceremony, run_rounds
 from . import check_flower_version
-from .driver import Timeouts, greet_nodes, run_flower_round
+from .driver import FlowerTransport, Timeouts, greet_nodes
 from .enrolment import load_federation
-from .worker import load_factory
 
 app = ServerApp()
 
@@ -67,12 +69,23 @@ class _Events:
                 fh.write(json.dumps({"t": time.time(), "event": kind, **data}, sort_keys=True) + "\n")
 
 
-def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[Any]:
+def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResult]:
     """Everything the ServerApp does, callable with any Grid (tests use a loopback one)."""
     check_flower_version()
+    config = ServerConfig.from_toml(Path(_get(run_config, "server-config", str)))
     federation = load_federation(Path(_get(run_config, "federation-file", str)))
-    factory = load_factory(_get(run_config, "server-factory", str))
-    rounds = _get(run_config, "rounds", int)
+    fed = config.federation
+    if fed.id != federation.federation_id:
+        raise ConfigError(f"server.toml runs federation {fed.id!r} but the federation file enrols "
+                          f"{federation.federation_id!r}; make [federation] id match.")
+    if config.initial_model is None:
+        raise ConfigError("server.toml names no initial_model: write one with `clinograph model init` "
+                          "(hospital install) and set initial_model = \"initial_model.json\".")
+    try:
+        initial = initial_model_from_bytes(Path(config.initial_model).read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the initial model {config.initial_model}: {exc.strerror}.") from None
+    rounds = _get(run_config, "rounds", int, fed.rounds)
     min_nodes = _get(run_config, "min-nodes", int, len(federation.hospitals))
     wait = _get(run_config, "wait-timeout", float, 60.0)
     timeouts = Timeouts(hello=_get(run_config, "hello-timeout", float, 60.0),
@@ -80,40 +93,40 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[Any]:
                         stage=_get(run_config, "stage-timeout", float, 120.0),
                         end=_get(run_config, "end-timeout", float, 60.0))
     events = _Events(_get(run_config, "events-file", str, ""))
+    identity = Identity.load(federation.server.name, Path(_get(run_config, "server-key", str)))
     deadline = time.monotonic() + wait
     node_ids = sorted(grid.get_node_ids())
     while len(node_ids) < min_nodes and time.monotonic() < deadline:
         time.sleep(0.5)
         node_ids = sorted(grid.get_node_ids())
-    nodes, refused = greet_nodes(grid, federation_id=federation.federation_id, enrolled=federation.enrolled(),
+    enrolled = federation.enrolled()
+    nodes, refused = greet_nodes(grid, federation_id=federation.federation_id, enrolled=enrolled,
                                  node_ids=node_ids, timeout=timeouts.hello)
     events("greeted", {"hospitals": sorted(nodes), "refused": {str(k): v for k, v in refused.items()}})
-    if not nodes:
-        raise ProtocolError(f"No SuperNode proved it serves an enrolled hospital within {timeouts.hello:g} s "
-                            f"({len(node_ids)} node(s) connected). Check the SuperNodes' logs and key files.")
-    server: FederationServer = factory(run_config=dict(run_config), federation=federation,
-                                       participants=tuple(sorted(nodes)))
-    if len(nodes) < server.min_clients:
-        raise ProtocolError(f"Only {len(nodes)} hospital(s) reachable ({sorted(nodes)}); the federation "
-                            f"needs {server.min_clients}.")
-    results = []
-    pending: dict[str, bytes] = {}
+    if len(nodes) < min(fed.min_clients, len(enrolled)):
+        raise ProtocolError(f"Only {len(nodes)} hospital(s) proved they serve an enrolled hospital within "
+                            f"{timeouts.hello:g} s ({len(node_ids)} node(s) connected); the federation needs "
+                            f"{fed.min_clients}. Check the SuperNodes' logs and key files.")
+    transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts)
+    ckks_context = None
+    if fed.secure_mode == "ckks":
+        from ...ckks.presets import CkksPreset
+
+        ckks_context, holders = run_ckks_ceremony(transport, federation_id=fed.id, participants=tuple(sorted(nodes)),
+                                                  enrolled=enrolled, preset=CkksPreset(fed.ckks_preset),
+                                                  min_holders=min(fed.min_clients, len(nodes)))
+        events("ckks_keys", {"holders": list(holders)})
+        transport = FlowerTransport(grid, nodes={n: nodes[n] for n in holders}, timeouts=timeouts)
+    audit = AuditTrail(Path(config.audit_dir), identity=identity)
     try:
-        for r in range(rounds):
-            try:
-                done = run_flower_round(grid, server, nodes=nodes, timeouts=timeouts, pending_model=pending,
-                                        deliver_model=(r == rounds - 1), on_event=events)
-            except ProtocolError as exc:  # e.g. fewer survivors than the threshold: nothing published
-                events("round_aborted", {"round": server.round, "reason": str(exc)})
-                raise
-            results.append(done.outcome.result)
-            pending = done.pending_model
+        server = build_server(federation=fed, identity=identity, enrolled=enrolled, initial=initial, audit=audit,
+                              dp_policy=config.dp_policy.policy() if config.dp_policy else None,
+                              ckks_context=ckks_context)
+        outcomes = run_rounds(server, transport, rounds=rounds, on_event=events)
     finally:
-        close = getattr(server.audit, "close", None)
-        if callable(close):
-            close()
-    events("finished", {"rounds": len(results)})
-    return results
+        audit.close()
+    events("finished", {"rounds": len(outcomes)})
+    return [o.result for o in outcomes]
 
 
 @app.main()

@@ -23,7 +23,7 @@ from typing import Any
 
 from ...errors import ClinographError, ConfigError, ProtocolError
 from ...identity import Identity
-from ...rounds import RoundParticipant
+from ...runtime.participant import RoundParticipant, dispatch, part
 from ...wire import seal
 from .ipc import MAX_SOCKET_PATH, SOCKET_NAME, peer_uid, recv_frame, send_frame
 from .messages import NodeHello
@@ -65,13 +65,6 @@ def check_node_config(node_config: Mapping[str, Any]) -> None:
                           "data-dir='/srv/h1/data' state-dir='/srv/h1/state' key-file='/srv/h1/keys/h1.ed25519.pem'\".")
 
 
-def _part(parts: Mapping[str, bytes], name: str, stage: str) -> bytes:
-    try:
-        return parts[name]
-    except KeyError:
-        raise ProtocolError(f"The {stage!r} message lacks its {name!r} part.") from None
-
-
 class HospitalWorker:
     """Answers relayed Clinograph stages for one hospital (one participant per run)."""
 
@@ -104,28 +97,16 @@ class HospitalWorker:
             if participant is None:
                 raise ProtocolError(f"Hospital {self.hospital!r} got a {stage!r} message for run {run_id} "
                                     "before the hello; the ServerApp must greet every node first.")
-            if stage == "plan":
-                if parts.get("model"):  # the previous round's global model rides with the plan
-                    participant.on_round_end(parts["model"])
-                report, first = participant.on_plan(_part(parts, "data", "plan"))
-                return {"report": report, "first": first}
-            if stage == "stage":
-                reply = participant.on_stage(_part(parts, "data", "stage"))
-                return {} if reply is None else {"reply": reply}
-            if stage == "end":
-                model = parts.get("data")
-                participant.on_round_end(model if model else None)
-                return {}
-        raise ProtocolError(f"Unknown stage {stage!r}.")
+            return dispatch(participant, str(stage), parts)
 
     def _hello(self, run_id: int, header: Mapping[str, Any], parts: Mapping[str, bytes]) -> dict[str, bytes]:
-        federation_id = _part(parts, "federation", "hello").decode(errors="replace")
+        federation_id = part(parts, "federation", "hello").decode(errors="replace")
         if self._federation_id is not None and federation_id != self._federation_id:
             raise ProtocolError(f"Hello for federation {federation_id!r}, but hospital {self.hospital!r} is enrolled "
                                 f"in {self._federation_id!r} (its federation-file). Refusing to answer.")
         try:
             hello = NodeHello(federation_id=federation_id, hospital=self.hospital,
-                              node_id=int(header["node_id"]), run_id=run_id, nonce=_part(parts, "nonce", "hello"))
+                              node_id=int(header["node_id"]), run_id=run_id, nonce=part(parts, "nonce", "hello"))
         except (KeyError, TypeError, ValueError):
             raise ProtocolError("Malformed hello: it needs a node id, a 32-byte nonce and a federation id.") from None
         if run_id not in self._participants:

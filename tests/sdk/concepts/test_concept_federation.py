@@ -13,7 +13,7 @@ from clinograph.sdk.concepts.federated import (
 )
 from clinograph.sdk.concepts.modules import ConceptHParams
 from clinograph.sdk.concepts.views import make_client_views
-from clinograph.sdk.data import bnlearn
+from clinograph.sdk.research import bnlearn
 from clinograph.secure.aggregation.base import LocalUpdate
 
 

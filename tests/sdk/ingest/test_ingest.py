@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
-from clinograph.sdk.data.alarm_demo import load_dictionary
+from clinograph.sdk.research.alarm_demo import load_dictionary
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import ColumnMap, SiteSchema
 from clinograph.secure.errors import ConfigError, SchemaError

@@ -1,5 +1,5 @@
 import pytest
-from clinograph.sdk.data.alarm_demo import load_dictionary
+from clinograph.sdk.research.alarm_demo import load_dictionary
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind
 from clinograph.secure.errors import ConfigError
 from pydantic import ValidationError

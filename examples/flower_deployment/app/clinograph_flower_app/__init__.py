@@ -1,6 +1,6 @@
-"""Glue of the example deployment: how the server and each hospital are built from files.
+"""Demo data for the example deployment (no production code: the ServerApp, ClientApp and the
+hospital inside each SuperNode are Clinograph's own, configured by TOML files).
 
-:mod:`.server` -- the ServerApp's ``server-factory`` (runs on the SuperLink machine);
-:mod:`.hospital` -- the SuperNode's ``--participant-factory`` (runs on each hospital machine);
-:mod:`.prepare` -- writes demo hospital folders cut from the ALARM network (loopback demo).
+:mod:`.prepare` -- writes demo hospital folders cut from the ALARM network, the server's
+``server.toml`` and its initial model (loopback demo and tests).
 """

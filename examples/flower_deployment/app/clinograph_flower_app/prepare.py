@@ -1,37 +1,35 @@
-"""Write demo hospital folders (and the server's deployment.toml) cut from the ALARM network.
+"""Write demo hospital folders, the server's config and the initial model, cut from ALARM.
 
     python -m clinograph_flower_app.prepare --out /tmp/clinograph-demo --hospital h1 --hospital h2 \
-        --patients 300 [--dp]
+        --patients 300 [--dp] [--secure-mode masked|ckks]
 
-writes ``OUT/<h>/data/{table.csv,schema.toml,clinograph.toml}`` per hospital, each in its own
-column names and units, and ``OUT/deployment.toml`` for the server. Real hospitals write
-their own ``schema.toml`` and export their own ``table.csv`` instead.
+writes ``OUT/<h>/data/{table.csv,schema.toml,hospital.toml,dictionary.toml}`` per hospital, each
+table in its own column names and units, and ``OUT/server/{server.toml,initial_model.json}``
+for the server. Real hospitals export their own ``table.csv`` and write their own
+``schema.toml``; every file here is configuration, not code.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from clinograph.sdk.data.alarm_demo import DEFAULT_HOSPITALS, make_hospital_tables
+import tomli_w
+from clinograph.sdk.config import HospitalConfig
+from clinograph.sdk.federation.build import initial_model_for
+from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, DICTIONARY_PATH, load_dictionary, make_hospital_tables
 
-SETTINGS = """\
-# Settings (clinograph simulate format). On a hospital: its own model/training/privacy choices.
-[federation]
-secure_mode = "masked"
-strategy = "fedsgd"
-min_clients = 2
-local_epochs = 1
-environment = "development"
-seed = {seed}
+HOSPITAL = """\
+# This hospital's own choices (clinograph.sdk.config.HospitalConfig).
+dictionary = "dictionary.toml"   # the same file at every hospital and at `clinograph model init`
 
 [model]
 hidden = 16
 
 [graph]
-k_similar = {k_similar}  # DP refuses similar_to edges (they couple patients)
+k_similar = {k_similar}          # DP refuses similar_to edges (they couple patients)
 
 [training]
 batch_size = 64
@@ -43,31 +41,49 @@ delta = 1e-5
 clip_norm = 1.0
 noise_multiplier = 1.1
 batch_size = 64
+
+[release]
+metrics = "none"                 # nothing beyond the protocol's needs leaves this hospital
 """
 
+SERVER = """\
+# The server's choices (clinograph.secure.runtime.ServerConfig).
+initial_model = "initial_model.json"   # `clinograph model init --config hospital.toml --out ...`
+audit_dir = "{audit_dir}"
 
-def _schema_toml(schema) -> str:
-    lines = [f"site = {json.dumps(schema.site)}", f"patient_id = {json.dumps(schema.patient_id)}",
-             f"label = {json.dumps(schema.label)}", "", "[columns]"]
-    for col, cm in schema.columns.items():
-        unit = f", unit = {json.dumps(cm.unit)}" if cm.unit else ""
-        lines.append(f"{json.dumps(col)} = {{ feature = {json.dumps(cm.feature)}{unit} }}")
-    return "\n".join(lines) + "\n"
+[federation]
+id = "{federation_id}"
+rounds = 2
+secure_mode = "{secure_mode}"
+strategy = "fedsgd"
+min_clients = 2
+local_epochs = 1
+environment = "production"
+{dp_policy}"""
 
 
-def prepare(out: Path, *, hospitals: list[str], patients: int, dp: bool, seed: int = 0) -> None:
+def prepare(out: Path, *, hospitals: list[str], patients: int, dp: bool, seed: int = 0,
+            federation_id: str = "fed-loopback", secure_mode: str = "masked", audit_dir: Path | None = None) -> None:
     """Write the demo folders."""
     specs = tuple(replace(DEFAULT_HOSPITALS[i % len(DEFAULT_HOSPITALS)], site=name, n_patients=patients)
                   for i, name in enumerate(hospitals))
-    settings = SETTINGS.format(seed=seed, dp="true" if dp else "false", k_similar=0 if dp else 5)
+    hospital_toml = HOSPITAL.format(dp="true" if dp else "false", k_similar=0 if dp else 5)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "deployment.toml").write_text(settings)
     for (table, schema), name in zip(make_hospital_tables(seed=seed, hospitals=specs), hospitals, strict=True):
         data = out / name / "data"
         data.mkdir(parents=True, exist_ok=True)
         table.to_csv(data / "table.csv", index=False)
-        (data / "schema.toml").write_text(_schema_toml(schema))
-        (data / "clinograph.toml").write_text(settings)
+        (data / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+        (data / "hospital.toml").write_text(hospital_toml)
+        shutil.copyfile(DICTIONARY_PATH, data / "dictionary.toml")
+    server = out / "server"
+    server.mkdir(parents=True, exist_ok=True)
+    policy = "\n[dp_policy]\nmax_epsilon = 8.0\ndelta = 1e-5\nmax_clip_norm = 1.0\n" if dp else ""
+    (server / "server.toml").write_text(SERVER.format(audit_dir=audit_dir or server / "audit",
+                                                      federation_id=federation_id, secure_mode=secure_mode,
+                                                      dp_policy=policy))
+    config = HospitalConfig.from_toml(out / hospitals[0] / "data" / "hospital.toml")
+    (server / "initial_model.json").write_bytes(initial_model_for(config, dictionary=load_dictionary()).to_bytes())
 
 
 def main() -> None:
@@ -77,9 +93,12 @@ def main() -> None:
     p.add_argument("--hospital", action="append", required=True)
     p.add_argument("--patients", type=int, default=300)
     p.add_argument("--dp", action="store_true", help="patient-level DP-SGD at every hospital")
+    p.add_argument("--secure-mode", default="masked", choices=["masked", "ckks"])
+    p.add_argument("--federation-id", default="fed-loopback")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    prepare(a.out, hospitals=a.hospital, patients=a.patients, dp=a.dp, seed=a.seed)
+    prepare(a.out, hospitals=a.hospital, patients=a.patients, dp=a.dp, seed=a.seed, federation_id=a.federation_id,
+            secure_mode=a.secure_mode)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clinograph.sdk.data import bnlearn
+from clinograph.sdk.research import bnlearn
 from clinograph.secure.errors import ConfigError
 
 TABLE2 = {"asia": (8, 8), "sachs": (11, 17), "alarm": (37, 46), "insurance": (27, 52), "hailfinder": (56, 66)}

@@ -9,22 +9,17 @@ feature masks (``mask/<f>``) are always personal.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
+from collections.abc import Sequence
 import numpy as np
 import torch
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.spec import ModuleKind
 
-from .graph.star import StarBatch
-from .model.modules import ModuleMap
-from .model.nsfl import NSFLModel
-from .model.nsfl_modules import nsfl_modules
-from .training.local import TrainConfig, train_epochs
-
-if TYPE_CHECKING:
-    from .federation.client import HospitalClient
+from ..graph.star import StarBatch
+from ..model.modules import ModuleMap
+from ..model.nsfl import NSFLModel
+from ..model.nsfl_modules import nsfl_modules
+from .local import TrainConfig, train_epochs
 
 DEFAULT_PERSONAL = ("head/task",)
 
@@ -45,10 +40,7 @@ def personal_module_map(model: NSFLModel, node_ids: Sequence[str], *,
         return base.kind(n) == ModuleKind.PERSONAL or any(n == p or (p.endswith("/") and n.startswith(p))
                                                           for p in personal)
 
-    out = ModuleMap()
-    for n in names:
-        out.add(n, ModuleKind.PERSONAL if is_personal(n) else ModuleKind.SHARED, base._modules[n][1])
-    return out
+    return base.with_kinds(lambda n, k: ModuleKind.PERSONAL if is_personal(n) else ModuleKind.SHARED)
 
 
 def fine_tune_personal(model: NSFLModel, modules: ModuleMap, *, stars: StarBatch, train_idx: np.ndarray,
@@ -64,7 +56,7 @@ def fine_tune_personal(model: NSFLModel, modules: ModuleMap, *, stars: StarBatch
     whole: set[int] = set()
     params = {id(p): p for p in model.parameters()}
     for n in modules.names(ModuleKind.PERSONAL):
-        for piece in modules._modules[n][1]:
+        for piece in modules.pieces(n):
             if piece.row is None:
                 whole.add(id(piece.param))
             else:
@@ -87,21 +79,3 @@ def fine_tune_personal(model: NSFLModel, modules: ModuleMap, *, stars: StarBatch
             p.requires_grad_(saved[k])
         modules.load(shared_before)
     return loss
-
-
-def personal_fine_tuner(*, stars: StarBatch, train_idx: np.ndarray, epochs: int,
-                        config: TrainConfig) -> Callable[[HospitalClient], None]:
-    """An ``after_round`` callable for :class:`HospitalClient`: fine-tune the personal modules
-    on the new global model (PFGL-Net's local fine-tuning). ``epochs = 0`` does nothing."""
-    if epochs < 0:
-        raise ConfigError(f"fine-tuning epochs must be >= 0, got {epochs}.")
-    counter = {"round": 0}
-
-    def after_round(client: HospitalClient) -> None:
-        if epochs == 0:
-            return
-        fine_tune_personal(client.model, client.modules, stars=stars, train_idx=train_idx, epochs=epochs,
-                           config=config, round_=counter["round"])
-        counter["round"] += 1
-
-    return after_round

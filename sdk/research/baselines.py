@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .ingest.table import PatientTable
-from .training.local import TrainConfig, bce
-from .training.metrics import binary_metrics
+from ..ingest.table import PatientTable
+from ..training.local import TrainConfig, bce
+from ..training.metrics import binary_metrics
 
 
 def mlp_inputs(table: PatientTable, nodes: np.ndarray) -> torch.Tensor:

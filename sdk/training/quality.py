@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from clinograph.secure.errors import ConfigError
 
-from .ingest.table import PatientTable
-from .model.nsfl import NSFLModel
+from ..ingest.table import PatientTable
+from ..model.nsfl import NSFLModel
 
 Metric = Literal["f1", "micro_f1", "auroc"]
 

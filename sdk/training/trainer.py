@@ -15,7 +15,7 @@ from clinograph.secure.messages import LedgerEntry
 from ..graph.star import star_batch
 from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
-from ..training.local import TrainConfig, predict, train_epochs
+from .local import TrainConfig, predict, train_epochs
 
 
 @dataclass(frozen=True)

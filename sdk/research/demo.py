@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..baselines import fedavg_aligned, standalone
-from ..data.alarm_demo import load_dictionary, make_hospital_tables
+from ..config import SimulationConfig
+from ..federation.simulate import simulate
+from ..federation.split import hospital_split
 from ..ingest import ingest
-from .config import SimulationConfig
-from .simulation import run_simulation, stratified_split
+from .alarm_demo import DICTIONARY_PATH, load_dictionary, make_hospital_tables
+from .baselines import fedavg_aligned, standalone
 
 
 @dataclass
@@ -43,7 +44,10 @@ def demo_config(*, rounds: int, seed: int, secure_mode: str) -> SimulationConfig
                        "server_lr": 1.0, "min_clients": 3, "local_epochs": 2, "seed": seed},
         "model": {"hidden": 32, "init_seed": seed},
         "training": {"lr": 0.003, "batch_size": 64, "seed": seed},
+        "split": {"seed": seed},
         "graph": {"k_similar": 5},
+        "release": {"feature_relevance": True},  # the radar chart: an explicit, audited release
+        "dictionary": str(DICTIONARY_PATH),
     })
 
 
@@ -56,8 +60,10 @@ def demo_dp_config(*, rounds: int, seed: int, secure_mode: str, epsilon: float) 
                        "server_lr": 1.0, "min_clients": 3, "local_epochs": 2, "seed": seed},
         "model": {"hidden": 8, "init_seed": seed},
         "training": {"lr": 0.02, "seed": seed},
+        "split": {"seed": seed},
         "graph": {"k_similar": 0},
         "privacy": {"enabled": True, "epsilon_budget": epsilon, "delta": 1e-5, "clip_norm": 1.0, "batch_size": 512},
+        "dictionary": str(DICTIONARY_PATH),
     })
 
 
@@ -71,7 +77,7 @@ def write_hospital_files(out: Path, seed: int, scale: float = 1.0) -> list[tuple
     files = []
     from dataclasses import replace
 
-    from ..data.alarm_demo import DEFAULT_HOSPITALS
+    from .alarm_demo import DEFAULT_HOSPITALS
 
     hospitals = tuple(replace(h, n_patients=max(60, int(h.n_patients * scale))) for h in DEFAULT_HOSPITALS)
     for df, schema in make_hospital_tables(seed=seed, hospitals=hospitals):
@@ -121,18 +127,17 @@ def run_demo(*, out_dir: Path, rounds: int = 15, seed: int = 0, secure_mode: str
     audit_dir = out_dir / "audit"
     stage(f"federated training: NS-FL, {rounds} rounds, {secure_mode} aggregation")
     t0 = time.perf_counter()
-    sim = run_simulation(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round)
+    sim = simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round)
     fed_seconds = time.perf_counter() - t0
     sim_dp = None
     if dp_config is not None:
-        from functools import partial
-
-        from ..privacy import dp_trainer_factory
-
         stage(f"federated training with patient-level DP (ε budget {dp_epsilon}, δ = 1e-5): {dp_rounds} rounds")
-        sim_dp = run_simulation(tables, dictionary, dp_config, audit_dir=out_dir / "audit_dp",
-                                trainer_factory=partial(dp_trainer_factory, state_root=out_dir / "privacy_state"))
-    splits = [stratified_split(t.labels, test_fraction=config.test_fraction, seed=seed + i) for i, t in enumerate(tables)]
+        dp_config = dp_config.model_copy(update={"privacy": dp_config.privacy.model_copy(
+            update={"state_dir": out_dir / "privacy_state"})})
+        sim_dp = simulate(tables, dictionary, dp_config, audit_dir=out_dir / "audit_dp")
+    parts = [hospital_split(t.labels, site=t.site, test_fraction=config.split.test_fraction,
+                            validation_fraction=config.split.validation_fraction, seed=config.split.seed) for t in tables]
+    splits = [(p.train, p.test) for p in parts]
     stage("baselines: standalone per hospital, FedAvg on aligned features")
     epochs = rounds * config.federation.local_epochs
     alone = standalone(tables, splits, epochs=epochs, hidden=32, config=config.training, seed=seed)

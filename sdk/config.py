@@ -1,0 +1,185 @@
+"""Hospital and simulation configs, from TOML (strict: an unknown key is an error naming it).
+
+Torch-free, so a config can be checked -- and a server configured -- without the training stack.
+A hospital decides its own model, training, privacy and what it releases (``hospital.toml``);
+the server decides the federation (``[federation]``, :mod:`clinograph.secure.runtime.config`).
+``clinograph simulate`` reads both in one file (:class:`SimulationConfig`).
+
+Release policy (issue: "release only what the hospital chose"): by default nothing leaves a
+hospital beyond what the protocol needs (the masked or encrypted update, its weight, its DP
+ledger entry when DP is on). ``[release] metrics`` and ``[release] feature_relevance`` are
+explicit choices, recorded in every signed report and so in the audit trail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from clinograph.secure.runtime.config import DPPolicySection, FederationSection
+from clinograph.secure.tomlio import load_toml_model
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NSFLConfig(_Strict):
+    """[model]: NS-FL hyper-parameters (the paper gives none; these defaults were chosen on the demo)."""
+
+    hidden: int = Field(default=32, ge=2, le=1024, description="d_h")
+    init_seed: int = Field(default=0, ge=0, lt=2**63, description="seed of the shared patient vector ε and of the "
+                           "initial weights (same at every hospital)")
+    negative_slope: float = Field(default=0.2, ge=0, lt=1)
+    mask_init_logit: float = Field(default=2.0, ge=-20, le=20, description="m_f starts at sigmoid(2) ≈ 0.88")
+
+
+class TrainConfig(_Strict):
+    """[training]: local optimisation settings (documented defaults; the paper gives none)."""
+
+    lr: float = Field(default=0.01, gt=0, le=10, description="Adam learning rate")
+    batch_size: int = Field(default=64, ge=1, le=1_000_000)
+    weight_decay: float = Field(default=0.0, ge=0)
+    mask_lr_factor: float = Field(default=10.0, gt=0, description="m_f learn this much faster, so they move")
+    seed: int = Field(default=0, ge=0, lt=2**63)
+
+
+class GraphSection(_Strict):
+    """[graph]: how each hospital builds its knowledge graph."""
+
+    k_similar: int = Field(default=5, ge=0, le=100, description="similar_to neighbours (must be 0 under DP)")
+
+
+class PrivacySection(_Strict):
+    """[privacy]: patient-level DP-SGD at this hospital; off means the run has no DP guarantee."""
+
+    enabled: bool = False
+    epsilon_budget: float = Field(default=10.0, gt=0)
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    clip_norm: float = Field(default=1.0, gt=0)
+    noise_multiplier: float | None = Field(default=None, ge=0, description="σ; None: calibrate from target_epsilon")
+    batch_size: int = Field(default=64, ge=1, description="expected Poisson batch size B (q = 1/ceil(n/B))")
+    target_epsilon: float | None = Field(default=None, gt=0, description="calibration target; default epsilon_budget")
+    planned_rounds: int | None = Field(default=None, ge=1, le=100_000, description="rounds σ is calibrated over "
+                                       "(needed when noise_multiplier is unset; simulate fills in federation.rounds)")
+    planned_local_epochs: int | None = Field(default=None, ge=1, le=1000, description="epochs a round "
+                                             "(simulate fills in federation.local_epochs; default 1)")
+    accountant: Literal["rdp", "prv"] = "rdp"
+    state_dir: Path | None = Field(default=None, description="ledger folder; default <output>/privacy_state/<site>")
+    clipping: Literal["flat", "adaptive"] = "flat"
+    target_unclipped_quantile: float = Field(default=0.5, gt=0, lt=1, description="adaptive clipping only")
+    clipbound_learning_rate: float = Field(default=0.2, gt=0, description="adaptive clipping only")
+    max_clipbound: float = Field(default=1.0, gt=0, description="adaptive clipping only; reported as the clip norm")
+    min_clipbound: float = Field(default=0.01, gt=0, description="adaptive clipping only")
+    unclipped_num_std: float = Field(default=10.0, gt=0, description="adaptive clipping only (σ_b)")
+    grad_sample_mode: Literal["hooks", "ew"] = Field(default="hooks", description="Opacus per-sample gradients")
+
+
+class PersonalSection(_Strict):
+    """[personal]: PFGL-Net's personal layers and local fine-tuning (docs/strategies.md)."""
+
+    modules: tuple[str, ...] = Field(default=(), description="module names or prefixes ending in '/' kept personal "
+                                     "(e.g. 'head/task'); the feature masks always are")
+    fine_tune_epochs: int = Field(default=0, ge=0, le=100, description="after each round, train the personal "
+                                  "modules alone (0: off)")
+
+
+class ReleaseSection(_Strict):
+    """[release]: what this hospital lets leave beyond the protocol's needs. Default: nothing."""
+
+    metrics: Literal["none", "quality", "validation"] = Field(default="none", description="quality: the DQ "
+                                                              "strategy's perf and missing rate; validation: "
+                                                              "AUROC/AUPRC on the validation split")
+    quality_metric: Literal["f1", "micro_f1", "auroc"] = "f1"
+    feature_relevance: bool = Field(default=False, description="the learned feature masks m_f (NS-FL Fig. 4)")
+
+
+class SplitSection(_Strict):
+    """[split]: how a hospital's patients are split. Depends on the hospital's own name and
+    ``seed`` only, never on its position in a config (docs/quickstart.md)."""
+
+    test_fraction: float = Field(default=0.3, gt=0, lt=1)
+    validation_fraction: float = Field(default=0.0, ge=0, lt=1, description="of the training patients; "
+                                       "needed by [release] metrics")
+    seed: int = Field(default=0, ge=0, lt=2**63)
+
+
+class HospitalConfig(_Strict):
+    """``hospital.toml``: one hospital's own choices."""
+
+    task: Literal["nsfl"] = "nsfl"
+    model: NSFLConfig = Field(default_factory=NSFLConfig)
+    training: TrainConfig = Field(default_factory=TrainConfig)
+    graph: GraphSection = Field(default_factory=GraphSection)
+    privacy: PrivacySection = Field(default_factory=PrivacySection)
+    personal: PersonalSection = Field(default_factory=PersonalSection)
+    release: ReleaseSection = Field(default_factory=ReleaseSection)
+    split: SplitSection = Field(default_factory=SplitSection)
+    dictionary: Path | None = Field(default=None, description="feature dictionary TOML (required)")
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> HospitalConfig:
+        """Load a config; relative paths are taken from the config's folder."""
+        return load_toml_model(cls, path, what="hospital config", prepare=_relative("dictionary"))
+
+
+class HospitalEntry(_Strict):
+    """[[hospitals]]: one site's table and schema (simulation only)."""
+
+    site: str
+    table: Path
+    schema_file: Path = Field(alias="schema")
+
+
+class SimulationConfig(_Strict):
+    """A whole simulated federation: the server's [federation], every hospital's settings, the tables."""
+
+    federation: FederationSection = Field(default_factory=FederationSection)
+    model: NSFLConfig = Field(default_factory=NSFLConfig)
+    training: TrainConfig = Field(default_factory=TrainConfig)
+    graph: GraphSection = Field(default_factory=GraphSection)
+    privacy: PrivacySection = Field(default_factory=PrivacySection)
+    personal: PersonalSection = Field(default_factory=PersonalSection)
+    release: ReleaseSection = Field(default_factory=ReleaseSection)
+    split: SplitSection = Field(default_factory=SplitSection)
+    dictionary: Path | None = None
+    hospitals: tuple[HospitalEntry, ...] = ()
+    output: Path = Path("runs/simulation")
+
+    def hospital_config(self) -> HospitalConfig:
+        """The settings every simulated hospital uses (DP calibrated over this run's rounds)."""
+        privacy = self.privacy.model_copy(update={
+            "planned_rounds": self.privacy.planned_rounds or self.federation.rounds,
+            "planned_local_epochs": self.privacy.planned_local_epochs or self.federation.local_epochs,
+            "state_dir": self.privacy.state_dir or self.output / "privacy_state"})
+        return HospitalConfig(model=self.model, training=self.training, graph=self.graph, privacy=privacy,
+                              personal=self.personal, release=self.release, split=self.split,
+                              dictionary=self.dictionary)
+
+    def dp_policy(self) -> DPPolicySection | None:
+        """The policy the server checks: the hospitals' own DP settings, when DP is on."""
+        if not self.privacy.enabled:
+            return None
+        return DPPolicySection(max_epsilon=self.privacy.epsilon_budget, delta=self.privacy.delta,
+                               max_clip_norm=self.privacy.clip_norm)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> SimulationConfig:
+        """Load a config; relative paths are taken from the config's folder."""
+        return load_toml_model(cls, path, what="config", prepare=_relative("dictionary", hospitals=True))
+
+
+def _relative(*keys: str, hospitals: bool = False):
+    def prepare(data: dict, p: Path) -> None:
+        base = p.parent
+        for key in keys:
+            if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
+                data[key] = str(base / data[key])
+        if hospitals:
+            for h in data.get("hospitals", []):
+                for key in ("table", "schema"):
+                    if isinstance(h, dict) and isinstance(h.get(key), str) and not Path(h[key]).is_absolute():
+                        h[key] = str(base / h[key])
+
+    return prepare

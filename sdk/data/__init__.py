@@ -1,1 +1,0 @@
-"""Reference and synthetic data sources (offline; nothing is downloaded at run time)."""

@@ -1,0 +1,84 @@
+"""The one place that builds a hospital: its task, its client, its initial model.
+
+Every caller -- ``clinograph simulate``, the demo, the Flower SuperNode's ClientApp, an
+integrator's own code through ``clinograph.build_hospital`` -- goes through here, so a hospital
+is the same object everywhere: the same split rule, the same release policy, the same DP
+trainer and ledger location.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+from clinograph.secure.errors import ConfigError
+from clinograph.secure.identity import Identity, PublicIdentity
+from clinograph.secure.runtime.build import InitialModel
+from clinograph.secure.spec import ModuleKind
+
+from ..config import HospitalConfig
+from ..ingest import PatientTable, ingest
+from ..ontology import FeatureDictionary, SiteSchema
+from .client import HospitalClient
+from .nsfl_task import NSFLTask
+from .split import hospital_split
+from .task import Task
+
+
+def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig,
+               state_dir: Path | None = None) -> Task:
+    """The hospital's task for ``config.task`` over its ingested ``table``."""
+    split = hospital_split(table.labels, site=table.site, test_fraction=config.split.test_fraction,
+                           validation_fraction=config.split.validation_fraction, seed=config.split.seed)
+    if config.task == "nsfl":
+        return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir)
+    raise ConfigError(f"Unknown task {config.task!r}. Registered: nsfl.")  # pragma: no cover - Literal guards it
+
+
+def build_hospital(table: pd.DataFrame | PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig,
+                   identity: Identity, server: PublicIdentity, peers: Mapping[str, PublicIdentity],
+                   federation_id: str, schema: SiteSchema | None = None, state_dir: Path | None = None,
+                   task: Task | None = None) -> HospitalClient:
+    """Validate and map ``table`` (a SchemaError lists every problem), build the task and the
+    client that answers the server's rounds.
+
+    Args:
+        table: the hospital's own table (with ``schema``) or an already ingested PatientTable.
+        state_dir: where this hospital keeps state (its DP ledger); required under DP unless
+            ``[privacy] state_dir`` is set.
+        task: an already built task (e.g. a concept model); default: built from ``config``.
+    """
+    if isinstance(table, PatientTable):
+        pt = table
+    else:
+        if schema is None:
+            raise ConfigError("build_hospital needs the hospital's SiteSchema to map a raw table.")
+        pt = ingest(table, schema=schema, dictionary=dictionary)
+    if pt.site != identity.name:
+        raise ConfigError(f"The table belongs to site {pt.site!r} but the signing identity is {identity.name!r}; "
+                          "use the hospital's own key (its file name names the site).")
+    task = task or build_task(pt, dictionary=dictionary, config=config, state_dir=state_dir)
+    return HospitalClient(task=task, identity=identity, server=server, peers=peers,
+                          dictionary_hash=dictionary.digest(), federation_id=federation_id, release=config.release)
+
+
+def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) -> InitialModel:
+    """The initial model of a federation whose hospitals use ``config``'s task and model
+    settings, without any table (``clinograph model init``; what a lean server loads)."""
+    import torch
+
+    from ..model.nsfl import NSFLModel
+    from ..training.personal import personal_module_map
+
+    node_ids = dictionary.node_ids()
+    torch.manual_seed(config.model.init_seed)  # the same draw NSFLTask makes
+    modules = personal_module_map(NSFLModel(len(node_ids), config.model), node_ids, personal=config.personal.modules)
+    return InitialModel.create(task=config.task, dictionary_hash=dictionary.digest(), spec=modules.spec(version=0),
+                               state=modules.state(ModuleKind.SHARED))
+
+
+def initial_model(task: Task, *, dictionary: FeatureDictionary) -> InitialModel:
+    """The model a federation starts from (what the server holds; ``clinograph model init``)."""
+    return InitialModel.create(task=task.name, dictionary_hash=dictionary.digest(), spec=task.modules.spec(version=0),
+                               state=task.modules.state(ModuleKind.SHARED))

@@ -1,0 +1,167 @@
+"""A whole federation in one process: the real server, real hospitals, the in-process transport.
+
+Everything a deployment does happens here too -- signed plans, the secure-aggregation mode
+(with the CKKS key ceremony relayed like over Flower), module-wise strategy, the audit trail --
+and through the same builders (:func:`clinograph.secure.runtime.build_server`,
+:func:`.build.build_hospital`) and the same loop (:func:`clinograph.secure.runtime.run_round`).
+Only the transport is a function call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.ckks.presets import CkksPreset
+from clinograph.secure.errors import ConfigError
+from clinograph.secure.identity import Identity
+from clinograph.secure.runtime import InProcessTransport, build_server, run_ckks_ceremony, run_round
+from clinograph.secure.runtime.loop import RoundOutcome
+from clinograph.secure.server import FederationServer
+
+from ..config import SimulationConfig
+from ..ingest import ingest, read_table
+from ..ingest.table import PatientTable
+from ..ontology import FeatureDictionary, SiteSchema
+from .build import build_hospital, initial_model
+from .client import HospitalClient
+
+
+@dataclass
+class SimulatedFederation:
+    """The server, every hospital, the transport between them and the audit trail."""
+
+    server: FederationServer
+    hospitals: dict[str, HospitalClient]
+    transport: InProcessTransport
+    audit: AuditTrail
+
+    def run_round(self) -> RoundOutcome:
+        """One round with every hospital."""
+        return run_round(self.server, self.transport)
+
+    def evaluate(self, split: str = "test") -> dict[str, dict[str, float]]:
+        """Each hospital's metrics on its own ``split`` with its current model (global + personal)."""
+        return {n: h.task.evaluate(split) for n, h in sorted(self.hospitals.items())}
+
+
+@dataclass
+class SimulationResult:
+    """Per-round test metrics per hospital, final metrics, timings, dropouts, ε, the audit directory."""
+
+    rounds: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    final: dict[str, dict[str, float]] = field(default_factory=dict)
+    timings: dict[str, list[float]] = field(default_factory=dict)
+    dropped: list[dict[str, str]] = field(default_factory=list)
+    audit_dir: Path | None = None
+    epsilons: dict[str, list[float]] = field(default_factory=dict)
+
+
+def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
+                     audit_dir: Path) -> SimulatedFederation:
+    """Identities, hospitals, transport, key ceremony (ckks), server and audit trail."""
+    fed = config.federation
+    names = [t.site for t in tables]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"Two hospitals share a site name: {sorted(n for n in names if names.count(n) > 1)}.")
+    server_id = Identity.generate("server")
+    ids = {t.site: Identity.generate(t.site) for t in tables}
+    publics = {n: i.public for n, i in ids.items()}
+    hconf = config.hospital_config()
+    hospitals = {t.site: build_hospital(t, dictionary=dictionary, config=hconf, identity=ids[t.site],
+                                        server=server_id.public, peers=publics, federation_id=fed.id,
+                                        state_dir=Path(hconf.privacy.state_dir or config.output) / t.site)
+                 for t in tables}
+    transport = InProcessTransport(hospitals)
+    ckks_context = None
+    if fed.secure_mode == "ckks":
+        ckks_context, _ = run_ckks_ceremony(transport, federation_id=fed.id, participants=tuple(sorted(hospitals)),
+                                            enrolled=publics, preset=CkksPreset(fed.ckks_preset),
+                                            min_holders=min(fed.min_clients, len(hospitals)))
+    first = hospitals[sorted(hospitals)[0]]
+    policy = config.dp_policy()
+    audit = AuditTrail(audit_dir, identity=server_id)
+    try:
+        server = build_server(federation=fed, identity=server_id, enrolled=publics,
+                              initial=initial_model(first.task, dictionary=dictionary), audit=audit,
+                              dp_policy=policy.policy() if policy else None, ckks_context=ckks_context)
+    except BaseException:
+        audit.close()
+        raise
+    return SimulatedFederation(server=server, hospitals=hospitals, transport=transport, audit=audit)
+
+
+def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
+             audit_dir: Path, on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
+             drop_at: Mapping[int, Mapping[str, int]] | None = None) -> SimulationResult:
+    """Run ``config.federation.rounds`` rounds; evaluate every hospital's test split after each.
+
+    ``drop_at[r][name] = k``: hospital ``name`` goes silent in round ``r`` from its k-th exchange on.
+    """
+    sim = build_simulation(tables, dictionary, config, audit_dir=audit_dir)
+    for r, silent in (drop_at or {}).items():
+        sim.transport.drop_at(r, silent)
+    result = SimulationResult(audit_dir=audit_dir)
+    try:
+        for r in range(config.federation.rounds):
+            t0 = time.perf_counter()
+            outcome = sim.run_round()
+            total = time.perf_counter() - t0
+            train = sum(h.last_train_seconds for n, h in sim.hospitals.items() if n not in outcome.dropped)
+            result.timings.setdefault("round_seconds", []).append(total)
+            result.timings.setdefault("local_training_seconds", []).append(train)
+            result.timings.setdefault("protocol_and_aggregation_seconds", []).append(total - train)
+            result.dropped.append(outcome.dropped)
+            for n, h in sim.hospitals.items():
+                if h.last is not None and h.last.ledger is not None and n not in outcome.dropped:
+                    result.epsilons.setdefault(n, []).append(h.last.ledger.epsilon)
+            metrics = sim.evaluate("test")
+            result.rounds.append(metrics)
+            if on_round is not None:
+                on_round(r, metrics)
+        result.final = result.rounds[-1] if result.rounds else {}
+    finally:
+        sim.audit.close()
+    return result
+
+
+def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDictionary]:
+    """Ingest every hospital's table; the problems of all hospitals are reported together."""
+    from clinograph.secure.errors import SchemaError
+
+    if config.dictionary is None:
+        raise ConfigError("The config names no feature dictionary: set `dictionary = \"path/to/dictionary.toml\"` "
+                          "(the demo's is written by `clinograph demo` to runs/demo/dictionary.toml).")
+    dictionary = FeatureDictionary.from_toml(config.dictionary)
+    tables, problems = [], []
+    for h in config.hospitals:
+        try:
+            schema = SiteSchema.from_toml(h.schema_file)
+            if schema.site != h.site:
+                problems.append(f"[hospitals] site {h.site!r}: its schema {h.schema_file} says site {schema.site!r}.")
+                continue
+            tables.append(ingest(read_table(h.table), schema=schema, dictionary=dictionary))
+        except SchemaError as exc:
+            problems.extend(f"{h.site}: {p}" for p in exc.problems)
+    if problems:
+        raise SchemaError(problems, title="Hospital tables cannot be ingested")
+    if len(tables) < 2:
+        raise SchemaError([f"A federation needs at least 2 hospitals; the config lists {len(tables)}. "
+                           "Add [[hospitals]] entries."], title="Too few hospitals")
+    return tables, dictionary
+
+
+def simulate_from_config(config: SimulationConfig, *,
+                         on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None) -> SimulationResult:
+    """Ingest, build, run; the audit directory is ``<output>/audit`` (refused if it holds a run)."""
+    tables, dictionary = load_tables(config)
+    audit_dir = config.output / "audit"
+    if audit_dir.exists() and not audit_dir.is_dir():
+        raise ConfigError(f"Output {audit_dir} exists and is not a folder; choose another `output`.")
+    if audit_dir.exists() and any(audit_dir.iterdir()):
+        raise ConfigError(f"Audit directory {audit_dir} already holds a run; choose another `output` or move it.")
+    config.output.mkdir(parents=True, exist_ok=True)
+    return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round)

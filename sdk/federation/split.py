@@ -1,0 +1,65 @@
+"""How a hospital's patients are split into train, validation and test.
+
+The rule depends on the hospital's own name, its labels and a seed -- never on its position in
+a config or on which transport runs it -- so the same hospital gets the same split in
+``clinograph simulate``, the demo, the Flower ServerApp and an integrator's own code.
+Stratified: the class balance is kept in every part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+from clinograph.secure.errors import ConfigError
+
+
+@dataclass(frozen=True, repr=False)
+class Split:
+    """Sorted patient indices of each part (validation may be empty)."""
+
+    train: np.ndarray
+    validation: np.ndarray
+    test: np.ndarray
+
+    def __repr__(self) -> str:
+        return f"Split(train={len(self.train)}, validation={len(self.validation)}, test={len(self.test)})"
+
+
+def stratified_split(labels: np.ndarray, *, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) indices with the class balance kept in both."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for cls in np.unique(labels):
+        idx = np.flatnonzero(labels == cls)
+        rng.shuffle(idx)
+        k = int(round(len(idx) * test_fraction))
+        test.append(idx[:k])
+        train.append(idx[k:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def split_seed(site: str, seed: int) -> int:
+    """A 63-bit seed from the hospital's name and the configured seed."""
+    return int.from_bytes(hashlib.sha256(f"clinograph/split/{site}/{seed}".encode()).digest()[:8], "big") >> 1
+
+
+def hospital_split(labels: np.ndarray, *, site: str, test_fraction: float, validation_fraction: float,
+                   seed: int) -> Split:
+    """The split of hospital ``site`` (see the module docstring).
+
+    Raises:
+        ConfigError: a part would be empty.
+    """
+    labels = np.asarray(labels)
+    base = split_seed(site, seed)
+    train, test = stratified_split(labels, test_fraction=test_fraction, seed=base)
+    val = np.zeros(0, dtype=np.int64)
+    if validation_fraction > 0:
+        fit_pos, val_pos = stratified_split(labels[train], test_fraction=validation_fraction, seed=base + 1)
+        train, val = train[fit_pos], train[val_pos]
+    if len(train) == 0 or len(test) == 0 or (validation_fraction > 0 and len(val) == 0):
+        raise ConfigError(f"Hospital {site!r}: {len(labels)} patients give an empty part in the split "
+                          f"(train {len(train)}, validation {len(val)}, test {len(test)}); lower [split] fractions.")
+    return Split(train=train, validation=val, test=test)

@@ -1,0 +1,125 @@
+"""The server's configuration, from TOML (strict: an unknown key is an error naming it). Torch-free.
+
+``server.toml``::
+
+    initial_model = "initial_model.json"   # written by `clinograph model init` (hospital install)
+    audit_dir = "audit"
+
+    [federation]
+    id = "my-federation"
+    rounds = 20
+    secure_mode = "masked"                  # masked (default) | ckks | insecure_plaintext
+    strategy = "fedsgd"
+
+    [dp_policy]                              # optional: every hospital must run DP within these bounds
+    max_epsilon = 10.0
+    delta = 1e-5
+
+Every default below is documented where it is declared; :func:`clinograph.secure.runtime.build_server`
+is the one place that turns them into the plan's parameters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..messages import DPPolicy, ID_PATTERN
+
+#: Default bound on a hospital's aggregation weight (its training-patient count). A hospital
+#: with more patients still takes part, with weight ``max_weight`` (its influence is capped,
+#: never refused). The masked mode encodes weights and weighted deltas in fixed point inside
+#: +-``max_weight * masked_clip``; at 10 000 and n = 4 the resolution of a weighted value is
+#: 7.5e-5, i.e. 2.5e-7 on a delta of a 300-patient hospital (docs/deployment.md).
+DEFAULT_MAX_WEIGHT = 10_000.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FederationSection(_Strict):
+    """[federation]: what the server runs. Shared by ``server.toml`` and ``clinograph simulate``."""
+
+    id: str = Field(default="clinograph-sim", pattern=ID_PATTERN)
+    rounds: int = Field(default=10, ge=1, le=10_000)
+    secure_mode: str = "masked"
+    strategy: str = "fedsgd"
+    strategy_options: dict[str, float | int | str | bool] = Field(default_factory=dict, max_length=32)
+    server_lr: float = Field(default=1.0, gt=0, description="FedSGD's server learning rate (NS-FL eq. 6)")
+    min_clients: int = Field(default=2, ge=1, description="rounds with fewer participants are not started "
+                             "(capped at the number of participants)")
+    local_epochs: int = Field(default=2, ge=1, le=1000)
+    environment: Literal["development", "production"] = "development"
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    max_weight: float = Field(default=DEFAULT_MAX_WEIGHT, gt=0, le=1e9, description="cap on a hospital's weight "
+                              "(its training-patient count)")
+    masked_threshold: int | None = Field(default=None, ge=1, description="t; default: masked_defaults(n)")
+    masked_clip: float = Field(default=4.0, gt=0, le=1e6, description="bound on |Δ| per parameter; × max_weight "
+                               "is the fixed-point range of the masked mode")
+    ckks_preset: str = Field(default="add_only_128", description="a CkksPreset value")
+
+    @field_validator("secure_mode")
+    @classmethod
+    def _known_mode(cls, v: str) -> str:
+        from ..aggregation import registered_modes
+
+        if v not in registered_modes():
+            raise ValueError(f"Unknown secure mode {v!r}. Registered: {', '.join(registered_modes())}.")
+        return v
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, v: str) -> str:
+        from ..strategies import registered_strategies
+
+        if v not in registered_strategies():
+            raise ValueError(f"Unknown aggregator {v!r}. Registered: {', '.join(registered_strategies())}.")
+        return v
+
+    @field_validator("ckks_preset")
+    @classmethod
+    def _known_preset(cls, v: str) -> str:
+        from ..ckks.presets import CkksPreset
+
+        if v not in {p.value for p in CkksPreset}:
+            raise ValueError(f"Unknown CKKS preset {v!r}. Known: {', '.join(p.value for p in CkksPreset)}.")
+        return v
+
+
+class DPPolicySection(_Strict):
+    """[dp_policy]: bounds every hospital's DP ledger must meet (absent: DP not required)."""
+
+    max_epsilon: float = Field(default=10.0, gt=0, le=100)
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    min_noise_multiplier: float = Field(default=0.3, ge=0, description="σ below this is refused: a smaller σ "
+                                        "spends the budget within a few steps and usually means a mistake")
+    max_clip_norm: float = Field(default=1.0, gt=0)
+
+    def policy(self) -> DPPolicy:
+        """The wire form carried in every plan."""
+        return DPPolicy(required=True, max_epsilon=self.max_epsilon, delta=self.delta,
+                        min_noise_multiplier=self.min_noise_multiplier, max_clip_norm=self.max_clip_norm)
+
+
+class ServerConfig(_Strict):
+    """``server.toml``: everything the server decides (hospitals decide their own training)."""
+
+    federation: FederationSection = Field(default_factory=FederationSection)
+    dp_policy: DPPolicySection | None = None
+    initial_model: Path | None = Field(default=None, description="initial model file (`clinograph model init`)")
+    audit_dir: Path = Path("audit")
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> ServerConfig:
+        """Load a config; relative paths are taken from the config's folder."""
+        from ..tomlio import load_toml_model
+
+        def relative(data: dict, p: Path) -> None:
+            for key in ("initial_model", "audit_dir"):
+                if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
+                    data[key] = str(p.parent / data[key])
+
+        return load_toml_model(cls, path, what="server config", prepare=relative)

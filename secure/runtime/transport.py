@@ -1,0 +1,78 @@
+"""The transport seam: one method, ``exchange``, that carries one stage to some hospitals.
+
+A transport moves named byte parts; it never interprets them. Whatever it cannot deliver or
+get an answer to is reported per hospital as a reason, and the round loop treats that
+hospital as dropped at that stage (the secure mode's dropout recovery does the rest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from ..errors import ClinographError, ConfigError
+from .participant import RoundParticipant, dispatch
+
+Parts = dict[str, bytes]
+
+
+class Transport(Protocol):
+    """Carries one stage to hospitals and brings back their answers."""
+
+    #: True: a round's global model rides with the next plan instead of its own exchange.
+    defers_model: bool
+
+    def hospitals(self) -> tuple[str, ...]:
+        """The hospitals this transport can reach (in-process: all; Flower: the greeted nodes)."""
+
+    def exchange(self, stage: str, outgoing: Mapping[str, Mapping[str, bytes]], *,
+                 round_: int) -> tuple[dict[str, Parts], dict[str, str]]:
+        """Send ``outgoing[name]`` to each hospital; return (name -> answer, name -> reason it gave none)."""
+
+
+class InProcessTransport:
+    """Every hospital in this process: an exchange is a function call per hospital.
+
+    ``drop_at(round_, {name: k})`` makes hospital ``name`` go silent in that round from its
+    k-th exchange on (0 = it never answers the plan), which is how tests and simulations
+    exercise dropouts. A hospital that raises a ClinographError gave no answer, with that reason.
+    """
+
+    defers_model = False
+
+    def __init__(self, participants: Mapping[str, RoundParticipant]):
+        if not participants:
+            raise ConfigError("An in-process transport needs at least one hospital.")
+        for name, p in participants.items():
+            if p.name != name:
+                raise ConfigError(f"Hospital registered as {name!r} calls itself {p.name!r}.")
+        self.participants = dict(participants)
+        self._drops: dict[int, dict[str, int]] = {}
+        self._exchanges: dict[int, dict[str, int]] = {}
+
+    def hospitals(self) -> tuple[str, ...]:
+        return tuple(sorted(self.participants))
+
+    def drop_at(self, round_: int, silent_from: Mapping[str, int]) -> None:
+        """Schedule dropouts for ``round_`` (name -> index of its first unanswered exchange)."""
+        self._drops[round_] = dict(silent_from)
+
+    def exchange(self, stage: str, outgoing: Mapping[str, Mapping[str, bytes]], *,
+                 round_: int) -> tuple[dict[str, Parts], dict[str, str]]:
+        answers: dict[str, Parts] = {}
+        failed: dict[str, str] = {}
+        seen = self._exchanges.setdefault(round_, {})
+        for name, parts in sorted(outgoing.items()):
+            index = seen.get(name, 0)
+            seen[name] = index + 1
+            if name not in self.participants:
+                failed[name] = "not reachable in this process"
+                continue
+            if self._drops.get(round_, {}).get(name, 1 << 30) <= index:
+                failed[name] = f"silent from exchange {index} ({stage!r})"
+                continue
+            try:
+                answers[name] = dispatch(self.participants[name], stage, parts)
+            except ClinographError as exc:
+                failed[name] = f"refused the {stage!r} message: {type(exc).__name__}: {exc}"
+        return answers, failed
