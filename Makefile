@@ -1,17 +1,17 @@
-# Two commands on a fresh machine: `make demo` and `make test`.
+# Two commands on a fresh machine: `make demo` and `make test` (`make test-fast` skips the slow tests).
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint bench clean browser
+.PHONY: demo test test-fast setup lint lean bench clean browser
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: a looser spec would fetch a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[all,test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -24,14 +24,27 @@ browser:
 	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 
-test: $(STAMP) browser
+# The lean server install, .venv-server: `pip install -e '.[server]'` (no torch, PyG, Opacus,
+# pgmpy). tests/test_lean_install.py runs the server and `clinograph audit` from it. Rebuilt
+# from scratch only when pyproject.toml or setup.py change (tests/lean_env.py keeps a stamp).
+lean: $(STAMP)
+	$(BIN)/python tests/lean_env.py
+
+test: $(STAMP) browser lean
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
+# Everything not marked slow (no .venv-server, no browser install, no multi-process federations).
+test-fast: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+
+# ruff, then the import contracts in pyproject.toml (see tests/test_import_contracts.py).
 lint: $(STAMP)
 	$(BIN)/ruff check clinograph sdk secure
+	$(BIN)/python tests/test_import_contracts.py
 
+# Every benchmark with --quick (minutes); `make bench ARGS=--full` for the real runs (hours).
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run_all
+	OMP_NUM_THREADS=1 $(BIN)/python -m benchmarks.run_all $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs
+	rm -rf $(VENV) .venv-server build *.egg-info runs
