@@ -4,12 +4,11 @@ import warnings
 
 import numpy as np
 import pytest
-from clinograph.sdk.federation.config import SimulationConfig
-from clinograph.sdk.federation.simulation import build_federation, run_simulation
+from clinograph.sdk.config import SimulationConfig
+from clinograph.sdk.federation.simulate import build_simulation, simulate
 from clinograph.secure.errors import SecurityPolicyError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
-from clinograph.secure.rounds import run_round
 from clinograph.secure.wire import parse_envelope
 from sdk_helpers import small_tables
 
@@ -17,14 +16,15 @@ from sdk_helpers import small_tables
 def cfg(mode, rounds=2, **fed):
     return SimulationConfig.model_validate({
         "federation": {"rounds": rounds, "secure_mode": mode, "min_clients": 2, "local_epochs": 1, **fed},
-        "model": {"hidden": 8}, "graph": {"k_similar": 3}, "training": {"lr": 0.01, "batch_size": 32}})
+        "model": {"hidden": 8}, "graph": {"k_similar": 3}, "training": {"lr": 0.01, "batch_size": 32},
+        "release": {"feature_relevance": True}})
 
 
 def run(mode, tmp_path, rounds=2, **kw):
     tables = small_tables()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
-        return run_simulation(tables, tables[0].dictionary, cfg(mode, rounds), audit_dir=tmp_path / mode, **kw)
+        return simulate(tables, tables[0].dictionary, cfg(mode, rounds), audit_dir=tmp_path / mode, **kw)
 
 
 def test_masked_mode_gives_the_plaintext_model_and_auroc(tmp_path):
@@ -40,10 +40,10 @@ def test_global_state_of_masked_and_plaintext_agree_to_fixed_point_precision(tmp
     for mode in ("insecure_plaintext", "masked"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", InsecureOptionWarning)
-            server, hospitals, audit = build_federation(tables, tables[0].dictionary, cfg(mode), audit_dir=tmp_path / mode)
-        run_round(server, {n: h.client for n, h in hospitals.items()}, participants=tuple(sorted(hospitals)))
-        audit.close()
-        states.append(server.state)
+            sim = build_simulation(tables, tables[0].dictionary, cfg(mode), audit_dir=tmp_path / mode)
+        sim.run_round()
+        sim.audit.close()
+        states.append(sim.server.state)
     for name in states[0]:
         ref = states[0][name]
         assert np.max(np.abs(states[1][name] - ref)) <= 1e-6 * max(1.0, np.max(np.abs(ref))), name
@@ -53,14 +53,14 @@ def test_personal_modules_never_leave_a_hospital(tmp_path):
     tables = small_tables()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
-        server, hospitals, audit = build_federation(tables, tables[0].dictionary, cfg("insecure_plaintext"),
-                                                    audit_dir=tmp_path / "a")
-    run_round(server, {n: h.client for n, h in hospitals.items()}, participants=tuple(sorted(hospitals)))
-    audit.close()
-    for h in hospitals.values():
-        sent = h.client.outgoing
+        sim = build_simulation(tables, tables[0].dictionary, cfg("insecure_plaintext"), audit_dir=tmp_path / "a")
+    sim.run_round()
+    sim.audit.close()
+    server = sim.server
+    for h in sim.hospitals.values():
+        sent = h.outgoing
         assert sent, "nothing was sent"
-        masks = h.client.modules.state(kind=None)
+        masks = h.task.modules.state(kind=None)
         for data in sent:
             env = parse_envelope(data)
             assert b"mask/" not in env.payload
@@ -76,11 +76,10 @@ def test_personal_modules_never_leave_a_hospital(tmp_path):
 
 def test_hospital_with_another_dictionary_refuses_the_plan(tmp_path):
     tables = small_tables()
-    server, hospitals, audit = build_federation(tables, tables[0].dictionary, cfg("masked"), audit_dir=tmp_path / "d")
-    other = hospitals["east"].client
-    other.dictionary_hash = "0" * 64
-    out = run_round(server, {n: h.client for n, h in hospitals.items()}, participants=tuple(sorted(hospitals)))
-    audit.close()
+    sim = build_simulation(tables, tables[0].dictionary, cfg("masked"), audit_dir=tmp_path / "d")
+    sim.hospitals["east"].dictionary_hash = "0" * 64
+    out = sim.run_round()
+    sim.audit.close()
     assert "east" in out.dropped and "feature dictionary" in out.dropped["east"]
     assert out.result.contributors == ("north", "south")
 
@@ -93,10 +92,10 @@ def test_a_hospital_dropping_mid_round_leaves_the_survivors_aggregate(tmp_path):
 def test_insecure_plaintext_warns_and_is_refused_in_production(tmp_path):
     tables = small_tables()
     with pytest.warns(InsecureOptionWarning, match="insecure_plaintext is in use"):
-        _, _, audit = build_federation(tables, tables[0].dictionary, cfg("insecure_plaintext"), audit_dir=tmp_path / "w")
-    audit.close()
+        sim = build_simulation(tables, tables[0].dictionary, cfg("insecure_plaintext"), audit_dir=tmp_path / "w")
+    sim.audit.close()
     with pytest.raises(SecurityPolicyError, match='refused because environment = "production"'):
-        build_federation(tables, tables[0].dictionary, cfg("insecure_plaintext", environment="production"),
+        build_simulation(tables, tables[0].dictionary, cfg("insecure_plaintext", environment="production"),
                          audit_dir=tmp_path / "p")
 
 
@@ -111,3 +110,41 @@ def test_ckks_mode_gives_the_plaintext_auroc_and_the_server_holds_no_model(tmp_p
     artefacts = [json.loads(line)["payload"].get("name", "") for line in
                  (tmp_path / "ckks" / "audit.jsonl").read_text().splitlines() if '"kind":"artefact"' in line]
     assert not any("global_model" in a for a in artefacts)  # the server never had a plaintext model to publish
+
+
+def test_nothing_beyond_the_protocol_leaves_a_hospital_by_default(tmp_path):
+    """Release policy: no [release] section -> no metrics and no feature relevance in the audit."""
+    tables = small_tables()
+    config = SimulationConfig.model_validate({
+        "federation": {"rounds": 1, "secure_mode": "masked", "local_epochs": 1},
+        "model": {"hidden": 8}, "graph": {"k_similar": 3}})
+    simulate(tables, tables[0].dictionary, config, audit_dir=tmp_path / "a")
+    import json
+
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "a" / "audit.jsonl").read_text().splitlines()]
+    assert "aggregate" in kinds and "update_accepted" in kinds
+    assert "metrics" not in kinds and "feature_relevance" not in kinds
+
+
+def test_a_hospital_weight_is_capped_by_the_plan_not_refused(tmp_path):
+    """A hospital larger than max_weight takes part with weight max_weight (masked mode)."""
+    tables = small_tables()
+    config = SimulationConfig.model_validate({
+        "federation": {"rounds": 1, "secure_mode": "masked", "local_epochs": 1, "max_weight": 50.0},
+        "model": {"hidden": 8}, "graph": {"k_similar": 3}})
+    sim = build_simulation(tables, tables[0].dictionary, config, audit_dir=tmp_path / "a")
+    out = sim.run_round()
+    sim.audit.close()
+    assert not out.dropped and len(out.result.contributors) == 3
+    assert all(h.task.num_samples > 50 for h in sim.hospitals.values())  # every hospital was capped
+
+
+def test_split_depends_on_the_hospital_not_its_position(tmp_path):
+    from clinograph.sdk.federation.split import hospital_split
+
+    t = small_tables()[0]
+    a = hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.2, seed=0)
+    b = hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.2, seed=0)
+    c = hospital_split(t.labels, site="elsewhere", test_fraction=0.3, validation_fraction=0.2, seed=0)
+    assert np.array_equal(a.test, b.test) and not np.array_equal(a.test, c.test)
+    assert not set(a.train) & set(a.test) and not set(a.validation) & set(a.test)

@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import json
 
-from clinograph.sdk.federation.config import (
-    FederationSection,
-    GraphSection,
-    PrivacySection,
-    SimulationConfig,
-)
-from clinograph.sdk.federation.simulation import run_simulation
-from clinograph.sdk.model.nsfl import NSFLConfig
-from clinograph.sdk.privacy import PrivacyLedger, dp_trainer_factory
+from clinograph.sdk.config import GraphSection, NSFLConfig, PrivacySection, SimulationConfig
+from clinograph.sdk.federation.simulate import build_simulation, simulate
+from clinograph.sdk.privacy import PrivacyLedger
+from clinograph.secure.runtime.config import FederationSection
 
 
 def _config(tmp_path) -> SimulationConfig:
     return SimulationConfig(
         federation=FederationSection(rounds=2, secure_mode="masked", local_epochs=1, min_clients=2),
         model=NSFLConfig(hidden=8), graph=GraphSection(k_similar=0),
-        privacy=PrivacySection(enabled=True, epsilon_budget=20.0, noise_multiplier=1.0, clip_norm=1.0, batch_size=16),
+        privacy=PrivacySection(enabled=True, epsilon_budget=20.0, noise_multiplier=1.0, clip_norm=1.0, batch_size=16,
+                               state_dir=tmp_path / "state"),
         output=tmp_path / "out")
 
 
@@ -30,8 +25,7 @@ def _audit(audit_dir):
 
 def test_server_records_one_ledger_entry_per_hospital_per_round(tables, dictionary, tmp_path):
     cfg = _config(tmp_path)
-    factory = functools.partial(dp_trainer_factory, state_root=tmp_path / "state")
-    result = run_simulation(tables, dictionary, cfg, audit_dir=tmp_path / "audit", trainer_factory=factory)
+    result = simulate(tables, dictionary, cfg, audit_dir=tmp_path / "audit")
     ledgers = [e["payload"] for e in _audit(tmp_path / "audit") if e["kind"] == "ledger"]
     sites = sorted(t.site for t in tables)
     assert sorted((p["client"], p["round"]) for p in ledgers) == sorted((s, r) for s in sites for r in range(2))
@@ -46,14 +40,11 @@ def test_server_records_one_ledger_entry_per_hospital_per_round(tables, dictiona
 
 def test_a_hospital_whose_ledger_breaks_the_policy_is_refused(tables, dictionary, tmp_path):
     cfg = _config(tmp_path)
-
-    def factory(**kw):
-        tr = dp_trainer_factory(state_root=tmp_path / "state", **kw)
-        if kw["site"] == "gamma":
-            tr.clip_norm = 5.0  # a hospital clipping at 5 > the federation's max clip norm 1.0
-        return tr
-
-    run_simulation(tables, dictionary, cfg, audit_dir=tmp_path / "audit", trainer_factory=factory)
+    sim = build_simulation(tables, dictionary, cfg, audit_dir=tmp_path / "audit")
+    sim.hospitals["gamma"].task.trainer.clip_norm = 5.0  # a hospital clipping at 5 > the federation's max 1.0
+    for _ in range(2):
+        sim.run_round()
+    sim.audit.close()
     entries = _audit(tmp_path / "audit")
     rejected = [e["payload"] for e in entries if e["kind"] == "update_rejected"]
     assert sorted(p["round"] for p in rejected if p["client"] == "gamma") == [0, 1]

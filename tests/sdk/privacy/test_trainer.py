@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from clinograph.sdk.federation.config import GraphSection, PrivacySection, SimulationConfig
+from clinograph.sdk.config import GraphSection, HospitalConfig, PrivacySection
 from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
 from clinograph.sdk.privacy import (
     DPTrainer,
@@ -87,19 +87,22 @@ def test_full_graph_and_similar_to_are_refused_under_dp(tables, tmp_path):
     with pytest.raises(PrivacyError, match="FedProx"):
         tr.train(NSFLModel(5), round_=0, epochs=1, plan_options={"fedprox.mu": 0.1})
     dp_on = PrivacySection(enabled=True, noise_multiplier=1.0)
-    cfg = SimulationConfig(privacy=dp_on, graph=GraphSection(k_similar=5))
+    cfg = HospitalConfig(privacy=dp_on, graph=GraphSection(k_similar=5))
     with pytest.raises(PrivacyError, match="Fix: set \\[graph\\] k_similar = 0"):
-        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=cfg, site="alpha", state_root=tmp_path)
+        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=cfg, site="alpha", state_dir=tmp_path)
     with pytest.raises(PrivacyError, match="enabled = true"):
-        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=SimulationConfig(graph=GraphSection(k_similar=0)),
-                           site="alpha", state_root=tmp_path)
+        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=HospitalConfig(graph=GraphSection(k_similar=0)),
+                           site="alpha", state_dir=tmp_path)
+    with pytest.raises(PrivacyError, match="planned_rounds"):
+        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), site="alpha", state_dir=tmp_path,
+                           config=HospitalConfig(privacy=PrivacySection(enabled=True), graph=GraphSection(k_similar=0)))
 
 
 def test_factory_calibrates_sigma_when_none_is_given(tables, tmp_path):
-    cfg = SimulationConfig(privacy=PrivacySection(enabled=True, epsilon_budget=8.0, planned_rounds=3, batch_size=16),
-                           graph=GraphSection(k_similar=0))
-    tr = dp_trainer_factory(table=tables[0], train_idx=np.arange(80), config=cfg, site="alpha", state_root=tmp_path)
-    steps = 3 * cfg.federation.local_epochs * tr.steps_per_epoch
+    cfg = HospitalConfig(privacy=PrivacySection(enabled=True, epsilon_budget=8.0, planned_rounds=3,
+                                                planned_local_epochs=2, batch_size=16), graph=GraphSection(k_similar=0))
+    tr = dp_trainer_factory(table=tables[0], train_idx=np.arange(80), config=cfg, site="alpha", state_dir=tmp_path)
+    steps = 3 * 2 * tr.steps_per_epoch
     eps = tr.ledger.epsilon([(tr.noise_multiplier, tr.sample_rate, steps)])
     assert 7.9 <= eps <= 8.0
 

@@ -20,11 +20,9 @@ import numpy as np
 from clinograph.secure.aggregation import LocalUpdate, create_mode
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.identity import Identity, PublicIdentity
-from clinograph.secure.masking import masked_plan_options
 from clinograph.secure.messages import ClientReport, RoundPlan
 from clinograph.secure.server import FederationServer
 from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
-from clinograph.secure.strategies import create_strategy
 from clinograph.secure.transport.flower.clientapp import app as client_app
 from clinograph.secure.transport.flower.enrolment import load_federation
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
@@ -51,12 +49,19 @@ class FakeHospital:
     """Test double of HospitalClient: no training; real mode client over a fixed update."""
 
     def __init__(self, *, identity: Identity, server: PublicIdentity, peers: dict[str, PublicIdentity],
-                 refuse_plan: bool = False):
+                 refuse_plan: bool = False, federation_id: str = "fed-flower"):
+        from clinograph.secure.ckks.holder import CkksKeyHolder
+
         self.name = identity.name
         self.identity, self.server, self.peers = identity, server, peers
         self.refuse_plan = refuse_plan
         self.client = None
         self.models: list[bytes | None] = []
+        self.decrypted: list = []
+        self.ckks = CkksKeyHolder(identity=identity, peers=peers, federation_id=federation_id)
+
+    def on_setup(self, step, parts):
+        return self.ckks.on_setup(step, parts)
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
         from clinograph.secure.errors import ProtocolError
@@ -64,8 +69,14 @@ class FakeHospital:
         p = open_envelope(parse_envelope(plan), sender=self.server, model=RoundPlan)
         if self.refuse_plan:
             raise ProtocolError(f"{self.name} refuses round {p.round} (test double)")
-        self.client = create_mode(p.secure_mode).client(plan=p, identity=self.identity, server=self.server,
-                                                        peers=self.peers, update=update_for(self.name))
+        if p.secure_mode == "ckks":
+            from clinograph.secure.ckks import CkksClient
+
+            self.client = CkksClient(keyring=self.ckks.keyring, plan=p, identity=self.identity, server=self.server,
+                                     peers=self.peers, update=update_for(self.name))
+        else:
+            self.client = create_mode(p.secure_mode).client(plan=p, identity=self.identity, server=self.server,
+                                                            peers=self.peers, update=update_for(self.name))
         report = ClientReport(federation_id=p.federation_id, round=p.round, client=self.name,
                               dictionary_hash=p.dictionary_hash)
         return seal(report, self.identity), self.client.first_message()
@@ -78,28 +89,52 @@ class FakeHospital:
 
     def on_round_end(self, global_model: bytes | None) -> None:
         self.models.append(global_model)
+        if global_model is None:
+            self.decrypted.append(self.client.decrypted_result())
 
 
 def make_participant(*, node_config, run_config, run_id, identity):
     """ParticipantFactory for the worker: builds a FakeHospital from the federation file."""
     fed = load_federation(Path(node_config["federation-file"]))
     return FakeHospital(identity=identity, server=fed.server_public(), peers=fed.enrolled(),
-                        refuse_plan=node_config.get("refuse-plan", False))
+                        refuse_plan=node_config.get("refuse-plan", False), federation_id=fed.federation_id)
 
 
-def make_server(*, run_config, federation, participants=None, secure_mode: str | None = None) -> FederationServer:
-    """ServerFactory for the ServerApp."""
-    mode = secure_mode or run_config.get("secure-mode", "masked")
-    n = len(participants or federation.hospitals)
-    ident = Identity.load(federation.server.name, Path(run_config["server-key"]))
-    options = masked_plan_options(n_clients=n, threshold=2, clip=1.0) if mode == "masked" else {}
-    return FederationServer(
-        federation_id=federation.federation_id, spec=SPEC,
-        initial_state={m.name: np.zeros(m.size) for m in SPEC.shared}, dictionary_hash=DICTIONARY_HASH,
-        identity=ident, enrolled=federation.enrolled(), secure_mode=mode, strategy=create_strategy("fedavg"),
-        min_clients=2, local_epochs=1, dp_policy=None,
-        audit=AuditTrail(Path(run_config["audit-dir"]), identity=ident), environment="development",
-        mode_options=options)
+def federation_section(federation_id: str, mode: str = "masked"):
+    """The test federation: FedAvg, weights <= 1 and |Δ| <= 1 (tight fixed point for the test updates)."""
+    from clinograph.secure.runtime.config import FederationSection
+
+    return FederationSection(id=federation_id, secure_mode=mode, strategy="fedavg", min_clients=2, local_epochs=1,
+                             max_weight=1.0, masked_clip=1.0)
+
+
+def initial_model():
+    from clinograph.secure.runtime.build import InitialModel
+
+    return InitialModel.create(task="test", dictionary_hash=DICTIONARY_HASH, spec=SPEC,
+                               state={m.name: np.zeros(m.size) for m in SPEC.shared})
+
+
+def write_server_files(folder: Path, *, federation_id: str, mode: str = "masked") -> Path:
+    """server.toml + initial_model.json for the ServerApp; returns the server.toml path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "initial_model.json").write_bytes(initial_model().to_bytes())
+    (folder / "server.toml").write_text(
+        f'initial_model = "initial_model.json"\naudit_dir = "{folder / "audit"}"\n\n[federation]\n'
+        f'id = "{federation_id}"\nrounds = 2\nsecure_mode = "{mode}"\nstrategy = "fedavg"\nmin_clients = 2\n'
+        'local_epochs = 1\nmax_weight = 1.0\nmasked_clip = 1.0\n')
+    return folder / "server.toml"
+
+
+def make_server(*, federation, audit_dir: Path, server_key: Path, secure_mode: str = "masked",
+                ckks_context=None) -> FederationServer:
+    """The server of the test federation, through the one server builder."""
+    from clinograph.secure.runtime import build_server
+
+    ident = Identity.load(federation.server.name, Path(server_key))
+    return build_server(federation=federation_section(federation.federation_id, secure_mode), identity=ident,
+                        enrolled=federation.enrolled(), initial=initial_model(),
+                        audit=AuditTrail(Path(audit_dir), identity=ident), dp_policy=None, ckks_context=ckks_context)
 
 
 class LoopbackGrid(Grid):

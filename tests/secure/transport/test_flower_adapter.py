@@ -22,9 +22,9 @@ from clinograph.secure.audit import verify_audit_dir  # noqa: E402
 from clinograph.secure.errors import ConfigError, ProtocolError, SecurityPolicyError  # noqa: E402
 from clinograph.secure.identity import Identity  # noqa: E402
 from clinograph.secure.policy import InsecureOptionWarning  # noqa: E402
-from clinograph.secure.rounds import run_round  # noqa: E402
+from clinograph.secure.runtime import InProcessTransport, run_round, run_rounds  # noqa: E402
 from clinograph.secure.transport.flower import check_flower_version  # noqa: E402
-from clinograph.secure.transport.flower.driver import Timeouts, greet_nodes, run_flower_round  # noqa: E402
+from clinograph.secure.transport.flower.driver import FlowerTransport, Timeouts, greet_nodes  # noqa: E402
 from clinograph.secure.transport.flower.enrolment import load_federation  # noqa: E402
 from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
 from clinograph.secure.transport.flower.records import from_content, to_content  # noqa: E402
@@ -59,8 +59,9 @@ def deployment(tmp_path):
         w.start()
         workers.append(w)
         configs[101 + i] = cfg
-    run_config = {"server-factory": "flower_helpers:make_server", "federation-file": str(keys.federation_file),
-                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "audit-dir": str(tmp_path / "audit"),
+    server_toml = fh.write_server_files(tmp_path / "server", federation_id="fed-flower")
+    run_config = {"server-config": str(server_toml), "federation-file": str(keys.federation_file),
+                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"),
                   "rounds": 2, "min-nodes": 3, "wait-timeout": 1, "hello-timeout": 5, "plan-timeout": 5, "stage-timeout": 5,
                   "end-timeout": 5, "events-file": str(tmp_path / "events.jsonl"), "relay-timeout": 30}
     grid = fh.LoopbackGrid(run_id=RUN_ID, node_configs=configs, run_config=run_config)
@@ -105,16 +106,15 @@ def test_federation_over_flower_messages_matches_in_process(deployment, tmp_path
     results = run_federation(grid, run_config)
     assert [r.round for r in results] == [0, 1]
     assert all(r.contributors == tuple(HOSPITALS) for r in results)
-    report = verify_audit_dir(tmp_path / "audit")
+    report = verify_audit_dir(tmp_path / "server" / "audit")
     assert report.ok, report
-    # The same two rounds relayed in process give the same global model, byte for byte.
+    # The same two rounds over the in-process transport give the same global model, byte for byte.
     fed = load_federation(keys.federation_file)
-    ref = fh.make_server(run_config={**run_config, "audit-dir": str(tmp_path / "audit-ref")}, federation=fed)
+    ref = fh.make_server(federation=fed, audit_dir=tmp_path / "audit-ref", server_key=Path(run_config["server-key"]))
     hospitals = {n: fh.make_participant(node_config=grid.node_configs[101 + i], run_config={}, run_id=1,
                                         identity=Identity.load(n, Path(grid.node_configs[101 + i]["key-file"])))
                  for i, n in enumerate(HOSPITALS)}
-    for _ in range(2):
-        run_round(ref, hospitals, participants=tuple(HOSPITALS))
+    run_rounds(ref, InProcessTransport(hospitals), rounds=2)
     assert [r.global_state_digest for r in results] == [r.global_state_digest for r in ref.history]
     assert results[-1].global_state_digest != "0" * 64
     # every hospital received the signed global model after each round
@@ -128,7 +128,7 @@ def test_federation_over_flower_messages_matches_in_process(deployment, tmp_path
 def test_node_dying_mid_round_is_a_dropout_and_survivors_finish(deployment, tmp_path):
     keys, workers, grid, run_config = deployment
     fed = load_federation(keys.federation_file)
-    server = fh.make_server(run_config=run_config, federation=fed)
+    server = fh.make_server(federation=fed, audit_dir=tmp_path / "audit", server_key=Path(run_config["server-key"]))
     nodes, refused = greet_nodes(grid, federation_id=fed.federation_id, enrolled=fed.enrolled(),
                                  node_ids=[101, 102, 103], timeout=5)
     assert nodes == {"h1": 101, "h2": 102, "h3": 103} and not refused
@@ -137,7 +137,7 @@ def test_node_dying_mid_round_is_a_dropout_and_survivors_finish(deployment, tmp_
         if msg.content.config_records["clinograph"]["stage"] == "stage":
             grid.dead.add(103)
     grid.on_deliver = kill_h3_after_plan
-    outcome = run_flower_round(grid, server, nodes=nodes, timeouts=TIMEOUTS).outcome
+    outcome = run_round(server, FlowerTransport(grid, nodes=nodes, timeouts=TIMEOUTS))
     assert outcome.result.contributors == ("h1", "h2")
     assert "h3" in outcome.dropped and "no reply" in outcome.dropped["h3"]
     # the masked sum over the survivors equals the plain sum of their updates (FedAvg of 2)
@@ -147,7 +147,7 @@ def test_node_dying_mid_round_is_a_dropout_and_survivors_finish(deployment, tmp_
         expected = -(u1.modules[m.name] + u2.modules[m.name]) / (u1.weight + u2.weight)
         np.testing.assert_allclose(state[m.name], expected, atol=1e-6)
     server.audit.close()
-    assert verify_audit_dir(Path(run_config["audit-dir"])).ok
+    assert verify_audit_dir(tmp_path / "audit").ok
 
 
 def test_hello_with_a_key_not_enrolled_is_refused(deployment, tmp_path):
@@ -169,15 +169,15 @@ def test_hello_with_a_key_not_enrolled_is_refused(deployment, tmp_path):
     assert "does not verify" in refused[102]
 
 
-def test_hospital_refusal_is_reported_as_a_dropout(deployment):
+def test_hospital_refusal_is_reported_as_a_dropout(deployment, tmp_path):
     keys, workers, grid, run_config = deployment
     grid.node_configs[101]["refuse-plan"] = True
     workers[0].node_config["refuse-plan"] = True
     fed = load_federation(keys.federation_file)
-    server = fh.make_server(run_config=run_config, federation=fed)
+    server = fh.make_server(federation=fed, audit_dir=tmp_path / "audit", server_key=Path(run_config["server-key"]))
     nodes, _ = greet_nodes(grid, federation_id=fed.federation_id, enrolled=fed.enrolled(),
                            node_ids=[101, 102, 103], timeout=5)
-    outcome = run_flower_round(grid, server, nodes=nodes, timeouts=TIMEOUTS).outcome
+    outcome = run_round(server, FlowerTransport(grid, nodes=nodes, timeouts=TIMEOUTS))
     assert outcome.result.contributors == ("h2", "h3")
     assert "refuses round 0" in outcome.dropped["h1"]
 
@@ -254,9 +254,9 @@ def test_too_few_survivors_aborts_the_round_and_says_so(deployment, tmp_path):
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "round_aborted" and events[-1]["round"] == 0
     assert not any(e["event"] == "round_closed" for e in events)
-    server_app_audit = (tmp_path / "audit" / "audit.jsonl").read_text()
+    server_app_audit = (tmp_path / "server" / "audit" / "audit.jsonl").read_text()
     assert '"round_aborted"' in server_app_audit and "global_model" not in server_app_audit  # nothing published
-    assert verify_audit_dir(tmp_path / "audit").ok  # the trail was closed and still verifies
+    assert verify_audit_dir(tmp_path / "server" / "audit").ok  # the trail was closed and still verifies
 
 
 def test_supernode_launcher_refuses_before_starting_flower(capsys, tmp_path):
@@ -268,3 +268,48 @@ def test_supernode_launcher_refuses_before_starting_flower(capsys, tmp_path):
     assert "without TLS" in capsys.readouterr().err
     assert main(["--participant-factory", "flower_helpers:make_participant", "--node-config", "hospital='h1'"]) == 2
     assert "lacks ['state-dir', 'key-file']" in capsys.readouterr().err
+
+
+def test_ckks_over_flower_messages_key_ceremony_relayed_and_hospitals_decrypt_the_sum(deployment, tmp_path):
+    """CKKS over the Flower transport: the key ceremony is relayed as set-up messages, the server
+    holds only the public context, and every hospital decrypts the same aggregate -- the plain
+    weighted sum of the updates -- while the server never holds a plaintext model."""
+    keys, workers, grid, run_config = deployment
+    server_toml = fh.write_server_files(tmp_path / "ckks", federation_id="fed-flower", mode="ckks")
+    results = run_federation(grid, {**run_config, "server-config": str(server_toml), "rounds": 1})
+    assert [r.contributors for r in results] == [tuple(HOSPITALS)]
+    setups = [s for _, s in grid.sent if s == "setup"]
+    assert len(setups) == 1 + 2 + 1 + 2  # deal, 2 requests, wrap, 2 unwraps
+    sums = [workers[i]._participants[RUN_ID].decrypted[-1] for i in range(3)]
+    ups = [fh.update_for(n) for n in HOSPITALS]
+    for m in fh.SPEC.shared:
+        plain = sum(u.modules[m.name] for u in ups)
+        for s_ in sums:
+            np.testing.assert_allclose(s_.sums[m.name], plain, atol=1e-4)
+    log = (tmp_path / "ckks" / "audit" / "audit.jsonl").read_text()
+    assert "global_model" not in log and '"secure_mode":"ckks"' in log
+    assert verify_audit_dir(tmp_path / "ckks" / "audit").ok
+
+
+def test_a_node_cannot_greet_as_another_hospital(deployment, tmp_path):
+    """A hello signed by h1's key but naming h2 is refused (a node speaks only for its own key)."""
+    from clinograph.secure.transport.flower.messages import NodeHello
+    from clinograph.secure.wire import seal
+
+    keys, workers, grid, run_config = deployment
+    h1 = Identity.load("h1", Path(grid.node_configs[101]["key-file"]))
+    original = workers[0]._hello
+
+    def lying_hello(run_id, header, parts):
+        hello = NodeHello(federation_id="fed-flower", hospital="h2", node_id=int(header["node_id"]), run_id=run_id,
+                          nonce=parts["nonce"])
+        return {"hello": seal(hello, h1)}
+    workers[0]._hello = lying_hello
+    try:
+        fed = load_federation(keys.federation_file)
+        nodes, refused = greet_nodes(grid, federation_id=fed.federation_id, enrolled=fed.enrolled(),
+                                     node_ids=[101, 102, 103], timeout=5)
+    finally:
+        workers[0]._hello = original
+    assert nodes == {"h2": 102, "h3": 103}
+    assert "signed by 'h1'" in refused[101]

@@ -2,15 +2,14 @@
 
 import numpy as np
 import pytest
-from clinograph.sdk.federation.config import SimulationConfig
-from clinograph.sdk.federation.pfgl import PFGLSection, build_pfgl_federation, run_pfgl
+from clinograph.sdk.config import SimulationConfig
+from clinograph.sdk.federation.simulate import build_simulation
 from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
-from clinograph.sdk.personalization import fine_tune_personal, personal_module_map
+from clinograph.sdk.training.personal import fine_tune_personal, personal_module_map
 from clinograph.sdk.training.local import TrainConfig
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate
-from clinograph.secure.rounds import run_round
 from clinograph.secure.spec import ModuleKind
 from clinograph.secure.wire import parse_envelope
 from sdk_helpers import small_tables
@@ -53,43 +52,48 @@ def test_fine_tuning_changes_only_personal_modules(personal):
     assert [p.requires_grad for p in model.parameters()] == requires  # restored
 
 
-def _cfg(strategy, rounds=2):
+def _cfg(strategy, rounds=2, **extra):
     return SimulationConfig.model_validate({
         "federation": {"rounds": rounds, "secure_mode": "masked", "strategy": strategy, "min_clients": 2,
-                       "local_epochs": 1},
-        "model": {"hidden": 8}, "graph": {"k_similar": 0}, "training": {"lr": 0.01, "batch_size": 32},
-        "publish_feature_relevance": False})
+                       "local_epochs": 1, **extra.pop("federation", {})},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0}, "training": {"lr": 0.01, "batch_size": 32}, **extra})
+
+
+PFGL = {"personal": {"modules": ["head/task"], "fine_tune_epochs": 1}, "release": {"metrics": "quality"},
+        "split": {"validation_fraction": 0.2}}
 
 
 def test_pfgl_round_personal_modules_never_leave_and_dq_weights_lag_one_round(tmp_path):
     tables = small_tables()
-    fed = build_pfgl_federation(tables, tables[0].dictionary, _cfg("dq_weighted"),
-                                PFGLSection(fine_tune_epochs=1), audit_dir=tmp_path / "a")
-    clients = {n: h.client for n, h in fed.hospitals.items()}
+    fed = build_simulation(tables, tables[0].dictionary, _cfg("dq_weighted", **PFGL), audit_dir=tmp_path / "a")
+    clients = fed.hospitals
     parts = tuple(sorted(clients))
-    run_round(fed.server, clients, participants=parts)
-    plan0 = clients["north"]._plan
+    fed.run_round()
+    plan0 = clients["north"].plan
     assert {k: v for k, v in plan0.options.items() if k.startswith("weight/")} == pytest.approx(
         {f"weight/{c}": 1 / 3 for c in parts})  # round 0: no metrics yet -> uniform
     assert plan0.options["masked.max_weight"] == 1.0  # normalised weights: tight fixed-point bound
-    released0 = {n: dict(v) for n, v in fed.released.items()}
+    import json
+
+    entries = [json.loads(x) for x in (tmp_path / "a" / "audit.jsonl").read_text().splitlines()]
+    released0 = next(e["payload"]["per_client"] for e in entries if e["kind"] == "metrics")
     assert set(released0) == set(parts) and all(set(v) == {"perf", "missing_rate"} for v in released0.values())
     # after round 0 every hospital fine-tuned its head on the new global model: shared = global, head its own
-    heads = {n: c.modules.get("head/task") for n, c in clients.items()}
+    heads = {n: c.task.modules.get("head/task") for n, c in clients.items()}
     assert not np.array_equal(heads["north"], heads["south"])
     for c in clients.values():
         for n, v in fed.server.state.items():
-            assert np.allclose(c.modules.get(n), v)
-    run_round(fed.server, clients, participants=parts)
+            assert np.allclose(c.task.modules.get(n), v)
+    fed.run_round()
     fed.audit.close()
     # round-1 weights are exactly DQ from the metrics released in round 0 (eq. 3, first value, normalised)
     raw = {c: max(m["perf"] * (1 - m["missing_rate"]), 1e-3) for c, m in released0.items()}
     expected = {f"weight/{c}": raw[c] / sum(raw.values()) for c in parts}
-    plan1 = clients["north"]._plan
+    plan1 = clients["north"].plan
     assert {k: v for k, v in plan1.options.items() if k.startswith("weight/")} == pytest.approx(expected)
     assert fed.server.strategy.weights_used[1] == pytest.approx({c: expected[f"weight/{c}"] for c in parts})
     for c in clients.values():
-        personal = c.modules.state(ModuleKind.PERSONAL)
+        personal = c.task.modules.state(ModuleKind.PERSONAL)
         for data in c.outgoing:
             env = parse_envelope(data)
             assert b"head/task" not in env.payload and b"mask/" not in env.payload
@@ -100,17 +104,21 @@ def test_pfgl_round_personal_modules_never_leave_and_dq_weights_lag_one_round(tm
                 assert vec.astype("<f8").tobytes() not in env.payload
 
 
-def test_run_pfgl_records_weights_and_fedprox_mu_reaches_the_plan(tmp_path):
+def test_fedprox_mu_reaches_the_plan_and_weights_are_capped_sample_counts(tmp_path):
     tables = small_tables()
-    res = run_pfgl(tables, tables[0].dictionary, _cfg("fedprox", rounds=1),
-                   PFGLSection(strategy_options={"mu": 0.05}, personal=(), fine_tune_epochs=0),
-                   audit_dir=tmp_path / "p")
-    assert res.weights == [{}]  # FedProx: each hospital weights by its sample count
-    assert len(res.rounds) == 1 and set(res.pooled[0]) >= {"micro_f1", "f1", "auroc"}
-    fed = build_pfgl_federation(tables, tables[0].dictionary, _cfg("fedprox"),
-                                PFGLSection(strategy_options={"mu": 0.05}), audit_dir=tmp_path / "q")
+    fed = build_simulation(tables, tables[0].dictionary,
+                           _cfg("fedprox", federation={"strategy_options": {"mu": 0.05}}), audit_dir=tmp_path / "q")
     fed.server.open_round(tuple(sorted(fed.hospitals)))
     plan = fed.server.current.plan
     assert plan.options["fedprox.mu"] == 0.05
-    assert plan.options["masked.max_weight"] == max(len(h.train_idx) for h in fed.hospitals.values())
+    assert plan.options["weight.max"] == plan.options["masked.max_weight"] == 10_000.0
+    assert not any(k.startswith("weight/") for k in plan.options)  # each hospital weighs by its sample count
     fed.audit.close()
+
+
+def test_dp_with_fine_tuning_is_refused_at_configuration(tmp_path):
+    tables = small_tables()
+    config = _cfg("fedsgd", personal={"modules": ["head/task"], "fine_tune_epochs": 1},
+                  privacy={"enabled": True, "noise_multiplier": 1.0})
+    with pytest.raises(ConfigError, match="fine_tune_epochs > 0 with \\[privacy\\] enabled"):
+        build_simulation(tables, tables[0].dictionary, config, audit_dir=tmp_path / "x")

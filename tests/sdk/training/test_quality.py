@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from clinograph.sdk.model.nsfl import NSFLModel
-from clinograph.sdk.quality import (
+from clinograph.sdk.training.quality import (
     f1_positive,
     mask_importance,
     micro_f1,
