@@ -15,7 +15,13 @@ from ..ontology.dictionary import FeatureDictionary
 
 @dataclass(frozen=True)
 class IngestReport:
-    """What ingestion did: rows read, rows and columns dropped by an explicit policy, units converted."""
+    """What ingestion did: rows read, rows and columns dropped by an explicit policy, units converted.
+
+    ``encoding``: how the file was decoded (``utf-8``, ``utf-16``, ``latin-1``, ``parquet``; None
+    for a DataFrame given directly). ``duplicate_observations_dropped``: long-table rows that
+    repeat an observation exactly (same patient, time, feature and value; conflicting repeats
+    are an error). ``labelled``: False only for a schema declared ``unlabeled`` (labels are -1).
+    """
 
     rows_read: int
     patients: int
@@ -24,6 +30,9 @@ class IngestReport:
     ignored_columns: tuple[str, ...] = ()
     converted_columns: dict[str, str] = field(default_factory=dict)
     features_present: tuple[str, ...] = ()
+    encoding: str | None = None
+    duplicate_observations_dropped: int = 0
+    labelled: bool = True
 
 
 @dataclass(frozen=True, repr=False)
@@ -33,7 +42,7 @@ class PatientTable:
     Shapes:
         patient[n_obs], node[n_obs], value[n_obs] (canonical unit), std_value[n_obs]
         (public-range standardised), time[n_obs] (snapshot index, 0 for wide tables),
-        labels[n_patients] in {0, 1}.
+        labels[n_patients] in {0, 1} (all -1 if the site schema is declared unlabeled).
     """
 
     dictionary: FeatureDictionary

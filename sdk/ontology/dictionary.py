@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from difflib import get_close_matches
 from enum import Enum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .codes import normalise_code
 
 FEATURE_ID = r"^[a-z][a-z0-9_]{0,63}$"
 
@@ -48,6 +51,11 @@ class Feature(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Feature:
+        for bound in ("reference_low", "reference_high", "physical_min", "physical_max"):
+            v = getattr(self, bound)
+            if v is not None and not math.isfinite(v):
+                raise ValueError(f"feature {self.id!r}: {bound} is {'NaN' if math.isnan(v) else 'infinite'}; it must "
+                                 "be a finite number (leave a physical limit out if there is none)")
         if self.kind == FeatureKind.NUMERIC:
             if self.reference_low is None or self.reference_high is None:
                 raise ValueError(f"numeric feature {self.id!r} needs reference_low and reference_high (public ranges)")
@@ -55,6 +63,11 @@ class Feature(BaseModel):
                 raise ValueError(f"feature {self.id!r}: reference_low must be < reference_high")
         if self.kind == FeatureKind.CATEGORICAL and len(self.levels) < 2:
             raise ValueError(f"categorical feature {self.id!r} needs at least two levels")
+        norm = [normalise_code(lvl) for lvl in self.levels]
+        same = sorted({lvl for lvl, n in zip(self.levels, norm, strict=True) if norm.count(n) > 1})
+        if same or any(not n for n in norm):
+            raise ValueError(f"feature {self.id!r}: levels must be non-empty and distinct ignoring case, spaces "
+                             f"and number formatting; these coincide: {same}")
         if (self.physical_min is not None and self.physical_max is not None
                 and not self.physical_min < self.physical_max):
             raise ValueError(f"feature {self.id!r}: physical_min must be < physical_max")
@@ -89,6 +102,15 @@ class FeatureDictionary(BaseModel):
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"feature ids must be unique; repeated: {dupes}")
+        owners: dict[str, set[str]] = {}
+        for f in self.features:
+            for term in (f.id, f.name, *f.aliases):
+                owners.setdefault(term.strip().lower(), set()).add(f.id)
+        shared = {term: sorted(fs) for term, fs in sorted(owners.items()) if len(fs) > 1}
+        if shared:
+            listed = "; ".join(f"{term!r} -> {', '.join(fs)}" for term, fs in shared.items())
+            raise ValueError(f"an id, name or alias must belong to one feature; these belong to several: {listed}. "
+                             "Remove the alias from all but one feature")
         return self
 
     # -- lookups ---------------------------------------------------------------------------

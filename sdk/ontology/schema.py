@@ -11,8 +11,14 @@ Loaded from TOML, e.g.::
     [columns]
     "HR" = { feature = "heart_rate", unit = "bpm" }
     "PaCO2 (kPa)" = { feature = "paco2", unit = "kPa" }
+    "sex" = { feature = "sex", coding = { "F" = 0, "M" = 1 } }             # binary: code -> 0/1
+    "ward_type" = { feature = "ward", coding = { "1" = "icu", "2" = "general" } }  # categorical: code -> level
 
 Unknown columns are an error that names them and suggests the nearest dictionary entries.
+Binary columns accept 0/1, true/false and yes/no without a coding; any other code (``F``/``M``,
+``Y``/``N``) must be declared. Categorical columns accept the dictionary's levels; other codes
+need a level map. Codes compare ignoring case, surrounding spaces and number formatting
+(``"3"`` == ``"3.0"``). A schema must name its label column, or declare ``unlabeled = true``.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from pathlib import Path
 from typing import Literal
 
 from clinograph.secure.errors import SchemaError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .dictionary import FeatureDictionary, FeatureKind
+from .codes import normalise_code
+from .dictionary import Feature, FeatureDictionary, FeatureKind
 from .units import conversion
 
 
@@ -34,6 +41,19 @@ class ColumnMap(BaseModel):
 
     feature: str
     unit: str | None = None
+    coding: dict[str, int | str] | None = Field(
+        default=None, description="binary: local code -> 0/1; categorical: local code -> dictionary level")
+
+    def normalised_coding(self, feature: Feature) -> dict[str, float]:
+        """The coding as normalised code -> parsed value (0/1, or the level's index)."""
+        out: dict[str, float] = {}
+        levels = {normalise_code(lvl): i for i, lvl in enumerate(feature.levels)}
+        for code, target in (self.coding or {}).items():
+            if feature.kind == FeatureKind.BINARY and not isinstance(target, str) and target in (0, 1):
+                out[normalise_code(code)] = float(int(target))
+            elif feature.kind == FeatureKind.CATEGORICAL and normalise_code(target) in levels:
+                out[normalise_code(code)] = float(levels[normalise_code(target)])
+        return out  # entries check_against refuses are left out
 
 
 class LongColumns(BaseModel):
@@ -69,6 +89,17 @@ class SiteSchema(BaseModel):
     ignore: tuple[str, ...] = ()
     long: LongColumns = Field(default_factory=LongColumns)
     policy: MissingLabelPolicy = Field(default_factory=MissingLabelPolicy)
+    unlabeled: bool = False
+
+    @model_validator(mode="after")
+    def _label_declared(self) -> SiteSchema:
+        if self.label is None and not self.unlabeled:
+            raise ValueError("label is not set: without a label column every patient would silently get label 0. "
+                             "Set label = \"<your outcome column>\", or declare unlabeled = true for a table "
+                             "without outcomes")
+        if self.label is not None and self.unlabeled:
+            raise ValueError(f"unlabeled = true but label = {self.label!r}; remove one of them")
+        return self
 
     @classmethod
     def from_toml(cls, path: str | Path) -> SiteSchema:
@@ -87,6 +118,7 @@ class SiteSchema(BaseModel):
                                 "Fix the feature name under [columns].")
                 continue
             feat = dictionary.get(cm.feature)
+            problems.extend(_coding_problems(col, cm, feat))
             if cm.unit is not None and feat.kind == FeatureKind.NUMERIC:
                 try:
                     conversion(feature=feat.id, analyte=feat.analyte, source=cm.unit, target=feat.unit)
@@ -99,3 +131,33 @@ class SiteSchema(BaseModel):
             problems.append(f"Columns {cols} all map to feature {d!r}; map exactly one and list the others under ignore.")
         if problems:
             raise SchemaError(problems, title=f"Site schema {self.site!r} does not fit the dictionary")
+
+
+def _coding_problems(col: str, cm: ColumnMap, feat: Feature) -> list[str]:
+    """Everything wrong with one column's declared coding (empty if none is declared)."""
+    if cm.coding is None:
+        return []
+    where = f"Column {col!r} ({feat.id}, {feat.kind.value})"
+    if feat.kind == FeatureKind.NUMERIC:
+        return [f"{where}: a coding is only for binary or categorical features. Remove `coding` from "
+                f"[columns].{col!r}."]
+    problems = []
+    if not cm.coding:
+        problems.append(f"{where}: the coding is empty. Map each local code, or remove `coding`.")
+    norm = [normalise_code(c) for c in cm.coding]
+    clash = sorted({c for c, n in zip(cm.coding, norm, strict=True) if norm.count(n) > 1})
+    if clash:
+        problems.append(f"{where}: coding keys {clash} are the same code (case, spaces and number format are "
+                        "ignored). Keep one of them.")
+    if feat.kind == FeatureKind.BINARY:
+        bad = sorted(c for c, v in cm.coding.items() if isinstance(v, str) or v not in (0, 1))
+        if bad:
+            problems.append(f"{where}: coding values for {bad} must be 0 or 1, e.g. coding = {{ \"F\" = 0, "
+                            "\"M\" = 1 }.")
+    else:
+        levels = {normalise_code(lvl) for lvl in feat.levels}
+        bad = sorted(c for c, v in cm.coding.items() if normalise_code(v) not in levels)
+        if bad:
+            problems.append(f"{where}: coding for {bad} must map to one of the dictionary levels "
+                            f"{list(feat.levels)}.")
+    return problems

@@ -1,0 +1,160 @@
+"""Parsing one column's cells into canonical floats (NaN = missing), with every problem reported.
+
+Messages name the column, the feature, data-row numbers and the fix -- never a cell value. The
+one exception is the *codes* of a binary or categorical column, which are categories, not
+patient values: they are shown only as :func:`clinograph.sdk.ontology.codes.describe_codes`
+allows (seen in two or more rows, at most 20 characters, at most 10 of them).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+from clinograph.secure.errors import SchemaError
+
+from ..ontology.codes import describe_codes, normalise_code
+from ..ontology.dictionary import Feature, FeatureKind
+from ..ontology.units import conversion
+from .rows import rows_text
+
+_UNIT_IN_CELL = re.compile(r"^\s*[-+]?\d+(?:[.,]\d+)?\s*[A-Za-z/%°µμ][\w/%°µμ.]*\s*$")
+BINARY_DEFAULT = {"1": 1.0, "true": 1.0, "yes": 1.0, "0": 0.0, "false": 0.0, "no": 0.0}
+DEFAULT_CODES_TEXT = "0/1, true/false, yes/no"
+MAX_MAGNITUDE = 1e15  # for a feature the dictionary gives no physical limit
+
+
+def present_mask(raw: pd.Series) -> np.ndarray:
+    """True where a cell holds something (not NaN/None, not empty or whitespace)."""
+    return raw.notna().to_numpy() & (raw.astype(str).str.strip() != "").to_numpy()
+
+
+def _codes_seen(raw: pd.Series, bad: np.ndarray) -> str:
+    counts = raw[bad].astype(str).str.strip().value_counts()
+    return describe_codes({str(k): int(v) for k, v in counts.items()})
+
+
+def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit: str | None,
+             problems: list[str], key: str) -> np.ndarray:
+    where = f"Column {col!r} ({feat.id})"
+    text = raw.astype(str).str.strip()
+    num = pd.to_numeric(text.where(present, ""), errors="coerce").to_numpy(dtype=float)
+    bad = present & np.isnan(num)
+    if bad.any():
+        unit_like = bad & text.str.match(_UNIT_IN_CELL).to_numpy()
+        if unit_like.any():
+            problems.append(f"{where}: {rows_text(unit_like)}: number with a unit string in the cell. Put the unit "
+                            f"in the site schema ([columns].{key!r}.unit) and keep only numbers in the column.")
+        if (bad & ~unit_like).any():
+            problems.append(f"{where}: {rows_text(bad & ~unit_like)}: text where a number is expected. Clean these "
+                            "cells or leave them empty for missing.")
+    inf = present & np.isinf(num)
+    if inf.any():
+        problems.append(f"{where}: {rows_text(inf)}: infinite value. Replace with a value or leave empty.")
+    scale, offset = 1.0, 0.0
+    if unit is not None:
+        try:
+            scale, offset = conversion(feature=feat.id, analyte=feat.analyte, source=unit, target=feat.unit)
+        except SchemaError as exc:
+            problems.extend(f"Column {col!r}: {p}" for p in exc.problems)
+    with np.errstate(over="ignore", invalid="ignore"):
+        vals = num * scale + offset
+    finite_in = present & np.isfinite(num)
+    overflow = finite_in & ~np.isfinite(vals)
+    if overflow.any():
+        problems.append(f"{where}: {rows_text(overflow)}: the value overflows when converted to {feat.unit}. "
+                        "Check the unit in the site schema or correct the values.")
+    ok = finite_in & np.isfinite(vals)
+    if feat.physical_min is None and feat.physical_max is None:
+        huge = ok & (np.abs(vals) > MAX_MAGNITUDE)
+        if huge.any():
+            problems.append(f"{where}: {rows_text(huge)}: magnitude above {MAX_MAGNITUDE:g} after conversion to "
+                            f"{feat.unit}, and the dictionary sets no physical limits for {feat.id!r}. Correct the "
+                            "values, or set physical_min/physical_max for the feature in the dictionary.")
+            ok &= ~huge
+    lo = feat.physical_min if feat.physical_min is not None else -np.inf
+    hi = feat.physical_max if feat.physical_max is not None else np.inf
+    impossible = ok & ((vals < lo) | (vals > hi))
+    if impossible.any():
+        problems.append(f"{where}: {rows_text(impossible)}: physically impossible value after conversion to "
+                        f"{feat.unit} (allowed {lo:g} to {hi:g}). Check the unit in the site schema or correct "
+                        "the values.")
+    ok &= ~impossible
+    lo_r, hi_r = float(feat.reference_low), float(feat.reference_high)  # type: ignore[arg-type]
+    with np.errstate(over="ignore", invalid="ignore"):
+        std = (vals - (lo_r + hi_r) / 2.0) / ((hi_r - lo_r) / 2.0)
+    unstandardisable = ok & ~np.isfinite(std)
+    if unstandardisable.any():
+        problems.append(f"{where}: {rows_text(unstandardisable)}: the value cannot be standardised with the "
+                        f"reference range of {feat.id!r} (the result is not finite). Correct the values.")
+        ok &= ~unstandardisable
+    out = np.full(len(raw), np.nan)
+    out[ok] = vals[ok]
+    return out
+
+
+def _coded(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, coding: dict[str, float] | None,
+           problems: list[str], key: str) -> np.ndarray:
+    where = f"Column {col!r} ({feat.id})"
+    norm = raw.astype(str).map(normalise_code)
+    if coding is not None:
+        table = coding
+    elif feat.kind == FeatureKind.BINARY:
+        table = BINARY_DEFAULT
+    else:
+        table = {normalise_code(lvl): float(i) for i, lvl in enumerate(feat.levels)}
+    codes = norm.map(table).to_numpy(dtype=float)
+    bad = present & np.isnan(codes)
+    if bad.any():
+        seen = _codes_seen(raw, bad)
+        if coding is not None:
+            problems.append(f"{where}: {rows_text(bad)}: codes not in the coding declared for this column "
+                            f"(seen: {seen}). Add them to [columns].{key!r}.coding, or leave the cells empty.")
+        elif feat.kind == FeatureKind.BINARY:
+            problems.append(f"{where}: {rows_text(bad)}: codes {seen} are not a declared binary coding (without "
+                            f"a coding only {DEFAULT_CODES_TEXT} are read). Declare it in the site schema, e.g. "
+                            f"[columns.{key!r}] coding = {{ \"F\" = 0, \"M\" = 1 }}.")
+        else:
+            problems.append(f"{where}: {rows_text(bad)}: codes {seen} are not one of the levels "
+                            f"{list(feat.levels)}. Declare a level map in the site schema, e.g. "
+                            f"[columns.{key!r}] coding = {{ \"1\" = {feat.levels[0]!r} }}.")
+    out = np.full(len(raw), np.nan)
+    good = present & ~np.isnan(codes)
+    out[good] = codes[good]
+    return out
+
+
+def parse_cells(col: str, raw: pd.Series, feat: Feature, unit: str | None, problems: list[str], *,
+                coding: dict[str, float] | None = None, key: str | None = None) -> np.ndarray:
+    """Parse one column into canonical-unit floats (NaN = missing); append problems.
+
+    Binary cells become 0/1, categorical cells the level index. ``coding`` is the column's
+    declared coding (normalised code -> value); ``key`` the column's name in the site schema.
+    """
+    raw = raw.reset_index(drop=True)
+    present = present_mask(raw)
+    key = col if key is None else key
+    if feat.kind == FeatureKind.NUMERIC:
+        out = _numeric(col, raw, present, feat, unit, problems, key)
+    else:
+        out = _coded(col, raw, present, feat, coding, problems, key)
+    if present.sum() == 0 or np.isnan(out).all():
+        problems.append(f"Column {col!r} ({feat.id}) has no usable value at all. Remove it from [columns] or list it "
+                        "under ignore.")
+    return out
+
+
+def parse_labels(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
+    """Labels as 1/0, NaN for missing, -1 for a bad (reported) cell."""
+    raw = raw.reset_index(drop=True)
+    text = raw.astype(str).str.strip()
+    present = present_mask(raw) & (text.str.lower() != "nan").to_numpy()
+    codes = raw.astype(str).map(normalise_code).map(BINARY_DEFAULT).to_numpy(dtype=float)
+    bad = present & np.isnan(codes)
+    if bad.any():
+        problems.append(f"Label column {col!r}: {rows_text(bad)}: not binary (expected {DEFAULT_CODES_TEXT}).")
+    out = np.full(len(raw), np.nan)
+    out[present & ~bad] = codes[present & ~bad]
+    out[bad] = -1.0  # reported above; not also counted as missing
+    return out

@@ -1,0 +1,106 @@
+"""Checks on a table's column labels and their resolution onto the feature dictionary.
+
+A label is a header cell, which may be shown -- unless the "header" is really the first data
+row (a CSV exported without a header). Then no label is shown at all: the table is reported as
+having no header row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+from clinograph.secure.errors import SchemaError
+
+from ..ontology.dictionary import Feature, FeatureDictionary
+from ..ontology.schema import ColumnMap, SiteSchema
+
+
+def looks_like_data(label: object) -> bool:
+    """A column label that is a number or empty: a data cell rather than a name."""
+    text = str(label).strip()
+    if not text:
+        return True
+    try:
+        float(text.replace(",", "."))
+    except ValueError:
+        return False
+    return True
+
+
+def check_labels(df: pd.DataFrame, *, site: str, required: dict[str, str | None], known: set[str]) -> None:
+    """Refuse MultiIndex, non-text and repeated column labels (all problems at once)."""
+    cols = df.columns
+    title = f"Table for site {site!r} has unusable column labels"
+    if isinstance(cols, pd.MultiIndex):
+        raise SchemaError(f"The DataFrame has hierarchical (MultiIndex) column labels with {cols.nlevels} levels. "
+                          "Flatten them to one text label per column, e.g. "
+                          "df.columns = ['_'.join(map(str, c)) for c in df.columns].", title=title)
+    problems = []
+    positions = [i for i, c in enumerate(cols) if not isinstance(c, str)]
+    if positions and len(positions) == len(cols):
+        problems.append(f"All {len(cols)} column labels are not text (e.g. integers 0..{len(cols) - 1}): the table "
+                        "was read without a header row. Read it with its header (pd.read_csv(..., header=0)) or "
+                        "name the columns.")
+    elif positions:
+        shown = ", ".join(str(i + 1) for i in positions[:10])
+        problems.append(f"Columns at positions {shown} have labels that are not text "
+                        f"({', '.join(sorted({type(cols[i]).__name__ for i in positions}))}). Rename them.")
+    counts = pd.Series([str(c) for c in cols]).value_counts()
+    repeated = [str(c) for c, n in counts.items() if n > 1]
+    if repeated:
+        if any(looks_like_data(c) for c in repeated) or header_is_data(cols, required=required, known=known):
+            problems.append(f"{len(repeated)} column label(s) appear more than once and some look like data "
+                            "values: the file seems to have no header row. Add a header row naming each column.")
+        else:
+            problems.append(f"Column labels {sorted(repeated)} appear more than once. Give every column a "
+                            "distinct name.")
+    if problems:
+        raise SchemaError(problems, title=title)
+
+
+def header_is_data(columns: Iterable[str], *, required: dict[str, str | None], known: set[str]) -> bool:
+    """True if the header row looks like a data row: a required column is missing and some label is a
+    number/empty, or no label at all is a known name."""
+    cols = [str(c) for c in columns]
+    missing = any(col is not None and col not in cols for col in required.values())
+    return missing and (any(looks_like_data(c) for c in cols) or not (set(cols) & known))
+
+
+def no_header_message(columns: list[str], required: dict[str, str | None]) -> str:
+    """The one message for a table whose header row looks like data (no label is shown)."""
+    named = " or ".join(f"the {role} column {col!r}" for role, col in required.items() if col is not None)
+    n_data = sum(looks_like_data(c) for c in columns)
+    return (f"The table seems to have no header row: its first row does not name {named}, and "
+            f"{n_data} of its {len(columns)} fields look like numbers or are empty (not shown: they may be "
+            "patient data). Add a header row naming each column, or set the column names in the site schema.")
+
+
+def resolve(names: list[str], schema: SiteSchema, dictionary: FeatureDictionary
+            ) -> tuple[dict[str, tuple[Feature, ColumnMap | None]], list[str]]:
+    """(name -> (feature, its ColumnMap or None if matched by id/alias), unresolved names)."""
+    mapped: dict[str, tuple[Feature, ColumnMap | None]] = {}
+    unknown = []
+    for name in names:
+        if name in schema.columns:
+            cm = schema.columns[name]
+            if cm.feature in dictionary:
+                mapped[name] = (dictionary.get(cm.feature), cm)
+            continue  # schema.check_against reports the bad mapping
+        feat = dictionary.resolve(name)
+        if feat is not None:
+            mapped[name] = (feat, None)
+        else:
+            unknown.append(name)
+    return mapped, unknown
+
+
+def one_column_per_feature(mapped: dict[str, tuple[Feature, ColumnMap | None]], problems: list[str]) -> None:
+    """Two columns resolving to one feature (a mapped column plus an alias, ``hr`` plus ``HR``) is an error."""
+    by_feature: dict[str, list[str]] = {}
+    for col, (feat, _) in mapped.items():
+        by_feature.setdefault(feat.id, []).append(col)
+    for fid, cols in sorted(by_feature.items()):
+        if len(cols) > 1 and not all(mapped[c][1] is not None for c in cols):  # all-mapped: check_against reports
+            problems.append(f"Columns {sorted(cols)} all resolve to feature {fid!r} (by the site schema or a "
+                            "dictionary id/alias). Keep exactly one: list the others under ignore.")

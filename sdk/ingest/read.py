@@ -1,0 +1,148 @@
+"""Reading a hospital table file (CSV/TSV or Parquet) into a DataFrame of text cells.
+
+Whatever the file holds, the result is a DataFrame or a :class:`ClinographError`, and no error
+quotes a cell: only regular files are opened (a directory, FIFO or device is refused before any
+read); the encoding is taken from a byte-order mark (UTF-8, UTF-16, UTF-32), else UTF-8, else
+latin-1 (every byte is a latin-1 character, so a stray latin-1 byte in a column you ignore is
+accepted; the encoding used is recorded in ``df.attrs["encoding"]`` and in the ingest report);
+UTF-16/32 without a byte-order mark is refused with the fix. Rows with more or fewer fields than
+the header are reported (row numbers only), all at once.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from clinograph.secure.errors import ConfigError, SchemaError
+
+from .rows import rows_text
+
+# pandas' default missing-value spellings (read_csv keep_default_na=True).
+NA_STRINGS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+                        "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
+DELIMITERS = (",", ";", "\t", "|")
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a device",
+          stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
+
+
+def _read_regular(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ConfigError(f"Table {path} does not exist. Check the path.") from None
+    except OSError as exc:
+        raise ConfigError(f"Table {path} cannot be opened: {exc.strerror or type(exc).__name__}.") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise ConfigError(f"Table {path} is {kind}, not a regular file. Give the path of the exported "
+                              ".csv or .parquet file.")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise ConfigError(f"Table {path} cannot be read: {exc.strerror or type(exc).__name__}.") from None
+    finally:
+        os.close(fd)
+
+
+def decode(data: bytes, *, name: str) -> tuple[str, str]:
+    """(text, encoding) of a CSV file's bytes; see the module docstring for the rules."""
+    for bom, enc in _BOMS:
+        if data.startswith(bom):
+            try:
+                return data.decode(enc), enc.removesuffix("-sig")
+            except UnicodeDecodeError as exc:
+                raise SchemaError(f"Table {name} starts with a {enc.upper()} byte-order mark but is not valid "
+                                  f"{enc.upper()} (byte offset {exc.start}). Export it again as UTF-8.",
+                                  title="Table cannot be decoded") from None
+    if b"\x00" in data[:4096]:
+        raise SchemaError(f"Table {name} holds NUL bytes: it looks like UTF-16 or UTF-32 without a byte-order "
+                          "mark. Export it as UTF-8 (or UTF-16 with a byte-order mark).",
+                          title="Table cannot be decoded")
+    try:
+        return data.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return data.decode("latin-1"), "latin-1"
+
+
+def _delimiter(header_line: str) -> str:
+    if "," in header_line:
+        return ","
+    found = [d for d in DELIMITERS[1:] if d in header_line]
+    return found[0] if len(found) == 1 else ","
+
+
+def parse_csv(text: str, *, name: str, delimiter: str | None = None) -> pd.DataFrame:
+    """A DataFrame of text cells (NaN for pandas' missing spellings) from CSV text.
+
+    Raises:
+        SchemaError: empty file, no header, broken quoting or ragged rows (row numbers only).
+    """
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
+        raise SchemaError(f"Table {name} is empty or holds only whitespace. Export the data again, with a "
+                          "header row.", title="Table is empty")
+    first = text.lstrip("\r\n").splitlines()[0] if text.lstrip("\r\n") else ""
+    delim = delimiter or _delimiter(first)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim, strict=True)
+    try:  # blank and whitespace-only lines carry nothing (pandas skips them too)
+        rows = [r for r in reader if r and not (len(r) == 1 and not r[0].strip())]
+    except csv.Error:
+        raise SchemaError(f"Table {name} is not valid CSV near line {reader.line_num} (a quote is not closed, a "
+                          "stray quote sits inside a field, or a field is over the size limit). Export it again "
+                          "with standard quoting.", title="Table cannot be parsed") from None
+    if not rows:
+        raise SchemaError(f"Table {name} has no rows. Export the data again, with a header row.",
+                          title="Table is empty")
+    header, body = rows[0], rows[1:]
+    width = len(header)
+    lengths = np.array([len(r) for r in body], dtype=np.int64)
+    problems = []
+    for what, mask in (("more", lengths > width), ("fewer", lengths < width)):
+        if mask.any():
+            problems.append(f"Table {name}: data {rows_text(mask)} have {what} fields than the header "
+                            f"({width}). Check the delimiter {delim!r} and quoting, or fix those rows.")
+    if problems:
+        raise SchemaError(problems, title=f"Table {name} has ragged rows")
+    df = pd.DataFrame(body, columns=header, dtype=object) if body else pd.DataFrame(columns=header, dtype=object)
+    return df.where(~df.isin(NA_STRINGS), np.nan) if len(df) else df
+
+
+def read_table(path: str | Path, *, delimiter: str | None = None) -> pd.DataFrame:
+    """Read a CSV/TSV (by extension ``.csv``, ``.tsv``, ``.txt``) or Parquet table.
+
+    ``delimiter``: None detects it from the header line (``,``, else one of ``;``, tab, ``|``).
+
+    Raises:
+        ConfigError: the path does not exist, is not a regular file or has another extension.
+        SchemaError: the file cannot be decoded or parsed (no cell is quoted).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".tsv", ".txt", ".parquet", ".pq"):
+        if not path.exists():
+            raise ConfigError(f"Table {path} does not exist.")
+        raise ConfigError(f"Table {path}: unsupported extension {suffix!r}; use .csv or .parquet.")
+    data = _read_regular(path)
+    if suffix in (".parquet", ".pq"):
+        try:
+            df = pd.read_parquet(io.BytesIO(data))
+        except Exception:  # pyarrow raises several unrelated types for a bad file
+            raise SchemaError(f"Table {path} is not a readable Parquet file. Export it again, or use .csv.",
+                              title="Table cannot be parsed") from None
+        df.attrs["encoding"] = "parquet"
+        return df
+    text, encoding = decode(data, name=str(path))
+    df = parse_csv(text, name=str(path), delimiter=delimiter or ("\t" if suffix == ".tsv" else None))
+    df.attrs["encoding"] = encoding
+    return df
