@@ -31,3 +31,69 @@ def test_wheel_contains_every_subpackage(tmp_path):
     assert len(expected) >= 15
     assert not any(n.startswith(("sdk/", "secure/")) for n in names)
     assert "clinograph/sdk/research/alarm_dictionary.toml" in names
+
+
+# ---- The installs: base (auditor), [server], [hospital], [all] (pyproject.toml) ----------
+
+import ast  # noqa: E402
+import re  # noqa: E402
+import tomllib  # noqa: E402
+from importlib.metadata import packages_distributions  # noqa: E402
+
+HEAVY = {"torch", "torch-geometric", "opacus", "pgmpy", "scikit-learn"}
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0].strip().lower().replace("_", "-")
+
+
+def _deps() -> tuple[set[str], dict[str, set[str]]]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {_name(r) for r in project["dependencies"]}
+    extras = {k: {_name(r) for r in v} for k, v in project["optional-dependencies"].items()}
+    return base, extras
+
+
+def _external_imports(*folders: str) -> set[str]:
+    """Top-level names of every non-stdlib, non-clinograph module imported anywhere in ``folders``."""
+    names = set()
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    names |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "clinograph"}
+
+
+def test_server_install_has_no_torch_and_hospital_has_the_server():
+    base, extras = _deps()
+    assert not (base | extras["server"]) & (HEAVY | {"torch-geometric"}), base | extras["server"]
+    assert extras["server"] <= extras["hospital"], extras["server"] - extras["hospital"]
+    assert extras["hospital"] <= extras["all"], extras["hospital"] - extras["all"]
+    assert HEAVY <= extras["hospital"]
+    assert "import-linter" in extras["test"]
+
+
+def test_server_install_covers_what_the_server_and_the_cli_import():
+    # Every distribution that secure/ or the CLI package imports (any level: lazy imports run
+    # too) is in the base dependencies or the server extra; the CLI's hospital-only imports
+    # (torch, via demo/simulate) are the exception the CLI reports itself.
+    base, extras = _deps()
+    server = base | extras["server"]
+    dists = packages_distributions()
+    needed = {}
+    for module in _external_imports("secure", "clinograph") - {"torch"}:
+        for dist in dists.get(module, [module]):
+            needed[dist.lower().replace("_", "-")] = module
+    missing = {d: m for d, m in needed.items() if d not in server}
+    assert not missing, f"imported by the server/CLI but not in its install: {missing}"
+
+
+def test_makefile_installs_torch_pinned_before_the_extras():
+    make = (ROOT / "Makefile").read_text()
+    torch_at = make.index("pip install -q torch==2.13.0")
+    extras_at = min(make.find(s) for s in ("'.[all,test]'", "'.[hospital,test]'") if s in make)
+    assert torch_at < extras_at
+    assert re.search(r"^test: .*\blean\b", make, re.M) and "test-fast:" in make and '-m "not slow"' in make
