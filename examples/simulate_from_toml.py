@@ -11,24 +11,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from clinograph.sdk.federation.config import SimulationConfig
-from clinograph.sdk.federation.runner import run_from_config
-from clinograph.secure.audit import verify_audit_dir
+import clinograph as cg
 
 HERE = Path(__file__).parent
 
 
 def main(config_path: Path, rounds: int | None, out: Path | None) -> None:
-    config = SimulationConfig.from_toml(config_path)  # unknown keys are errors that name the key
+    config = cg.SimulationConfig.from_toml(config_path)  # unknown keys are errors that name the key
     updates = {}
     if rounds is not None:
         updates["federation"] = config.federation.model_copy(update={"rounds": rounds})
     if out is not None:
         updates["output"] = out
     config = config.model_copy(update=updates)
-    result = run_from_config(config, on_round=lambda r, m: print(
+    result = cg.simulate_from_config(config, on_round=lambda r, m: print(
         f"round {r}: " + ", ".join(f"{site} AUROC {v['auroc']:.3f}" for site, v in sorted(m.items()))))
-    verdict = verify_audit_dir(result.audit_dir)
+    verdict = cg.verify_audit_dir(result.audit_dir)
     print(f"audit directory {result.audit_dir}: {'verified' if verdict.ok else 'FAILED: ' + verdict.problems[0]}")
 
 
