@@ -25,20 +25,32 @@ DEFAULT_CODES_TEXT = "0/1, true/false, yes/no"
 MAX_MAGNITUDE = 1e15  # for a feature the dictionary gives no physical limit
 
 
+def _missing(x: object) -> bool:
+    try:
+        return bool(pd.isna(x))
+    except (TypeError, ValueError):  # array-like cell
+        return False
+
+
+def as_text(raw: pd.Series) -> pd.Series:
+    """Cells as text ("" for missing), whatever the column's dtype."""
+    return pd.Series(["" if _missing(x) else str(x) for x in raw], index=raw.index, dtype=object)
+
+
 def present_mask(raw: pd.Series) -> np.ndarray:
     """True where a cell holds something (not NaN/None, not empty or whitespace)."""
-    return raw.notna().to_numpy() & (raw.astype(str).str.strip() != "").to_numpy()
+    return (as_text(raw).str.strip() != "").to_numpy(dtype=bool)
 
 
 def _codes_seen(raw: pd.Series, bad: np.ndarray) -> str:
-    counts = raw[bad].astype(str).str.strip().value_counts()
+    counts = as_text(raw[bad]).str.strip().value_counts()
     return describe_codes({str(k): int(v) for k, v in counts.items()})
 
 
 def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit: str | None,
              problems: list[str], key: str) -> np.ndarray:
     where = f"Column {col!r} ({feat.id})"
-    text = raw.astype(str).str.strip()
+    text = as_text(raw).str.strip()
     num = pd.to_numeric(text.where(present, ""), errors="coerce").to_numpy(dtype=float)
     bad = present & np.isnan(num)
     if bad.any():
@@ -97,7 +109,7 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
 def _coded(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, coding: dict[str, float] | None,
            problems: list[str], key: str) -> np.ndarray:
     where = f"Column {col!r} ({feat.id})"
-    norm = raw.astype(str).map(normalise_code)
+    norm = as_text(raw).map(normalise_code)
     if coding is not None:
         table = coding
     elif feat.kind == FeatureKind.BINARY:
@@ -112,12 +124,12 @@ def _coded(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, coding:
             problems.append(f"{where}: {rows_text(bad)}: codes not in the coding declared for this column "
                             f"(seen: {seen}). Add them to [columns].{key!r}.coding, or leave the cells empty.")
         elif feat.kind == FeatureKind.BINARY:
-            problems.append(f"{where}: {rows_text(bad)}: codes {seen} are not a declared binary coding (without "
-                            f"a coding only {DEFAULT_CODES_TEXT} are read). Declare it in the site schema, e.g. "
+            problems.append(f"{where}: {rows_text(bad)}: codes that are not a declared binary coding (seen: {seen}); "
+                            f"without a coding only {DEFAULT_CODES_TEXT} are read. Declare it in the site schema, e.g. "
                             f"[columns.{key!r}] coding = {{ \"F\" = 0, \"M\" = 1 }}.")
         else:
-            problems.append(f"{where}: {rows_text(bad)}: codes {seen} are not one of the levels "
-                            f"{list(feat.levels)}. Declare a level map in the site schema, e.g. "
+            problems.append(f"{where}: {rows_text(bad)}: codes that are not levels {list(feat.levels)} of the "
+                            f"dictionary (seen: {seen}). Declare a level map in the site schema, e.g. "
                             f"[columns.{key!r}] coding = {{ \"1\" = {feat.levels[0]!r} }}.")
     out = np.full(len(raw), np.nan)
     good = present & ~np.isnan(codes)
@@ -148,9 +160,9 @@ def parse_cells(col: str, raw: pd.Series, feat: Feature, unit: str | None, probl
 def parse_labels(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
     """Labels as 1/0, NaN for missing, -1 for a bad (reported) cell."""
     raw = raw.reset_index(drop=True)
-    text = raw.astype(str).str.strip()
+    text = as_text(raw).str.strip()
     present = present_mask(raw) & (text.str.lower() != "nan").to_numpy()
-    codes = raw.astype(str).map(normalise_code).map(BINARY_DEFAULT).to_numpy(dtype=float)
+    codes = as_text(raw).map(normalise_code).map(BINARY_DEFAULT).to_numpy(dtype=float)
     bad = present & np.isnan(codes)
     if bad.any():
         problems.append(f"Label column {col!r}: {rows_text(bad)}: not binary (expected {DEFAULT_CODES_TEXT}).")

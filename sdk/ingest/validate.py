@@ -19,7 +19,7 @@ from clinograph.secure.errors import SchemaError
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.schema import SiteSchema
 from ..ontology.units import KNOWN_UNITS, normalise_unit
-from .cells import parse_cells, parse_labels, present_mask
+from .cells import as_text, parse_cells, parse_labels, present_mask
 from .columns import (
     check_labels,
     header_is_data,
@@ -57,13 +57,13 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     if schema.format == "wide":
         known |= {str(c) for c in df.columns if isinstance(c, str) and dictionary.resolve(c) is not None}
     check_labels(df, site=schema.site, required=required, known=known)
+    if header_is_data(df.columns, required=required, known=known):
+        problems.append(no_header_message([str(c) for c in df.columns], required))
+        _finish(problems, schema)
     if len(df) == 0:
         raise SchemaError([f"The table for site {schema.site!r} is empty (0 rows). Export the data again."],
                           title="Table is empty")
     df = df.reset_index(drop=True)
-    if header_is_data(df.columns, required=required, known=known):
-        problems.append(no_header_message([str(c) for c in df.columns], required))
-        _finish(problems, schema)
     _check_required(df, required, problems)
     if schema.format == "wide":
         return _ingest_wide(df, schema, dictionary, problems)
@@ -87,9 +87,9 @@ def _ids(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
     present = present_mask(raw)
     if (~present).any():
         problems.append(f"Patient id column {col!r}: {rows_text(~present)}: no id. Fill them or remove those rows.")
-    ids = raw.astype(str).str.strip().to_numpy(dtype=object)
+    ids = as_text(raw).str.strip().to_numpy(dtype=object)
     squashed = pd.Series([_SPACE.sub("", i) for i in ids])
-    spellings = pd.DataFrame({"k": squashed, "raw": raw.astype(str).to_numpy()})[present].groupby("k")["raw"].nunique()
+    spellings = pd.DataFrame({"k": squashed, "raw": as_text(raw).to_numpy()})[present].groupby("k")["raw"].nunique()
     clash = present & (squashed.map(spellings).fillna(0).to_numpy() > 1)
     if clash.any():
         problems.append(f"Patient id column {col!r}: {rows_text(clash)}: ids that differ from another id only by "
@@ -183,7 +183,7 @@ def _long_ids_and_codes(df, schema, dictionary, problems):
     if (~has_code).any():
         problems.append(f"Feature column {lc.feature!r}: {rows_text(~has_code)}: no feature code. Fill them or "
                         "remove those rows.")
-    codes = codes_raw.astype(str).str.strip().to_numpy(dtype=object)
+    codes = as_text(codes_raw).str.strip().to_numpy(dtype=object)
     names = sorted({c for c, h in zip(codes, has_code, strict=True) if h})
     mapped, unknown = resolve(names, schema, dictionary)
     if unknown:
@@ -203,7 +203,7 @@ def _row_unit(df, rows, name, feat, cm, schema, problems):
         return unit
     cells = df.loc[rows, lc.unit]
     present = present_mask(cells)
-    text = cells.astype(str).str.strip()
+    text = as_text(cells).str.strip()
     known = present & text.map(lambda u: normalise_unit(u) in KNOWN_UNITS).to_numpy()
     if (present & ~known).any():
         problems.append(f"Unit column {lc.unit!r} for feature code {name!r} ({feat.id}): "
@@ -263,7 +263,7 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
             nodes[rows] = index[feat.id]
             values[rows] = v
     times = df[lc.time] if lc.time is not None and lc.time in df.columns else pd.Series(np.zeros(len(df)))
-    tnum = pd.to_numeric(times.astype(str).str.strip(), errors="coerce").to_numpy(dtype=float) \
+    tnum = pd.to_numeric(as_text(times).str.strip(), errors="coerce").to_numpy(dtype=float) \
         if times.dtype == object else pd.to_numeric(times, errors="coerce").to_numpy(dtype=float)
     bad_t = ~np.isfinite(tnum)
     if bad_t.any():

@@ -1,0 +1,276 @@
+"""Hardening of ingestion: no cell value in a message, nothing changed silently, no traceback."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from clinograph.sdk.ingest import ingest, read_table
+from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
+from clinograph.secure.errors import ClinographError, ConfigError, SchemaError
+from pydantic import ValidationError
+from tables_helpers import CANARY, ColumnMap, D, long, wide
+
+
+def _csv(tmp_path, text: str | bytes, name="t.csv"):
+    p = tmp_path / name
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return p
+
+
+# -- 11. never a cell value in a message -------------------------------------------------
+def test_csv_without_header_row_says_so_without_echoing_the_first_patient(tmp_path):
+    p = _csv(tmp_path, f"{CANARY}-007,72.5,1\np2,80,0\n")
+    with pytest.raises(SchemaError, match="seems to have no header row") as err:
+        ingest(read_table(p), schema=wide(), dictionary=D)
+    assert CANARY not in str(err.value) and "72.5" not in str(err.value)
+
+
+def test_text_only_first_row_without_header_is_not_echoed(tmp_path):
+    p = _csv(tmp_path, f"{CANARY}a,{CANARY}b,yes\n")
+    with pytest.raises(SchemaError, match="no header row") as err:
+        ingest(read_table(p), schema=wide(), dictionary=D)
+    assert CANARY not in str(err.value)
+
+
+def test_long_unknown_feature_codes_are_counted_not_quoted():
+    df = pd.DataFrame({"pid": ["a"] * 9, "t": range(9), "y": [1] * 9, "unit": [None] * 9,
+                       "code": ["hr", "hr", "hr", f"{CANARY}1", f"{CANARY}2", f"{CANARY}3", f"{CANARY}1", "hr",
+                                f"{CANARY}3"], "v": [70] * 9})
+    with pytest.raises(SchemaError, match=r"Feature column 'code': 3 distinct feature code\(s\) in rows 4, 5, 6, 7, "
+                                          r"9 are not in the feature dictionary") as err:
+        ingest(df, schema=long(), dictionary=D)
+    assert CANARY not in str(err.value)
+
+
+def test_long_unit_cells_are_named_only_if_they_are_known_units():
+    df = pd.DataFrame({"pid": ["a", "a", "b"], "t": [0, 1, 0], "y": [1, 1, 0], "code": ["paco2"] * 3,
+                       "v": [5.0, 5.1, 4.9], "unit": [f"{CANARY}u", "kPa", "kPa"]})
+    with pytest.raises(SchemaError, match="1 unit string\\(s\\) are not known units") as err:
+        ingest(df, schema=long(), dictionary=D)
+    assert CANARY not in str(err.value)
+    df["unit"] = ["kPa", "mmHg", "kPa"]
+    with pytest.raises(SchemaError, match=r"recorded in several units \['kPa', 'mmHg'\]"):
+        ingest(df, schema=long(), dictionary=D)
+    df["unit"] = ["kPa"] * 3
+    t = ingest(df, schema=long(), dictionary=D)
+    assert t.report.converted_columns == {"paco2": "kPa -> mmHg"}
+
+
+# -- 12. nothing changed silently -----------------------------------------------------------
+def test_long_rows_without_patient_id_are_an_error():
+    df = pd.DataFrame({"pid": ["a", None, " "], "t": [0, 0, 0], "y": [1, 1, 1], "code": ["hr"] * 3, "v": [70, 71, 72],
+                       "unit": [None] * 3})
+    with pytest.raises(SchemaError, match=r"Patient id column 'pid': rows 2, 3: no id"):
+        ingest(df, schema=long(), dictionary=D)
+
+
+def test_unit_conversion_overflow_is_an_error_not_missing():
+    df = pd.DataFrame({"pid": ["a", "b"], "PaCO2": ["1e308", "5"], "y": [0, 1]})
+    s = wide(columns={"PaCO2": ColumnMap(feature="paco2", unit="kPa")})
+    with pytest.raises(SchemaError, match=r"Column 'PaCO2' \(paco2\): row 1: the value overflows when converted"):
+        ingest(df, schema=s, dictionary=D)
+
+
+def test_value_without_physical_limit_has_a_sane_magnitude_bound():
+    df = pd.DataFrame({"pid": ["a", "b"], "crp": ["1e300", "3"], "y": [0, 1]})
+    with pytest.raises(SchemaError, match=r"row 1: magnitude above 1e\+15 .*sets no physical limits for 'crp'"):
+        ingest(df, schema=wide(), dictionary=D)
+
+
+def test_two_columns_resolving_to_one_feature_are_an_error():
+    df = pd.DataFrame({"pid": ["a", "b"], "hr": [70, 80], "HR": [71, 81], "y": [0, 1]})
+    with pytest.raises(SchemaError, match=r"Columns \['HR', 'hr'\] all resolve to feature 'heart_rate'"):
+        ingest(df, schema=wide(), dictionary=D)
+    df = pd.DataFrame({"pid": ["a", "b"], "pulse": [70, 80], "Heart": [71, 81], "y": [0, 1]})
+    with pytest.raises(SchemaError, match=r"Columns \['Heart', 'pulse'\] all resolve"):
+        ingest(df, schema=wide(columns={"Heart": ColumnMap(feature="heart_rate")}), dictionary=D)
+
+
+def test_conflicting_duplicate_long_observations_are_an_error_and_exact_repeats_counted():
+    df = pd.DataFrame({"pid": ["a", "a", "a", "b"], "t": [0, 0, 1, 0], "y": [1, 1, 1, 0], "code": ["hr"] * 4,
+                       "v": [70, 70, 75, 80], "unit": [None] * 4})
+    t = ingest(df, schema=long(), dictionary=D)
+    assert t.report.duplicate_observations_dropped == 1 and t.report.observations == 3
+    df.loc[1, "v"] = 99
+    with pytest.raises(SchemaError, match=r"rows 1, 2: the same patient, time and feature is recorded more than once"):
+        ingest(df, schema=long(), dictionary=D)
+
+
+@pytest.mark.parametrize("fmt", ["wide", "long"])
+def test_ids_that_differ_only_by_whitespace_are_an_error(fmt):
+    if fmt == "wide":
+        df = pd.DataFrame({"pid": ["p1", " p1", "p2"], "hr": [70, 80, 90], "y": [0, 1, 0]})
+        schema = wide()
+    else:
+        df = pd.DataFrame({"pid": ["p1", "p1 ", "p 2", "p2"], "t": [0, 1, 0, 0], "y": [0, 0, 1, 1],
+                           "code": ["hr"] * 4, "v": [70, 71, 72, 73], "unit": [None] * 4})
+        schema = long()
+    with pytest.raises(SchemaError, match="differ from another id only by whitespace") as err:
+        ingest(df, schema=schema, dictionary=D)
+    assert "p1" not in str(err.value).replace("'pid'", "")
+
+
+def test_dictionary_alias_of_two_features_infinite_bound_and_nan_limit_are_refused():
+    hr = dict(id="hr2", name="HR two", kind=FeatureKind.NUMERIC, reference_low=60, reference_high=100)
+    with pytest.raises(ValidationError, match=r"belong to several: 'pulse' -> heart_rate, hr2"):
+        FeatureDictionary(name="x", version=1, features=(D.get("heart_rate"), Feature(**hr, aliases=("Pulse",))))
+    with pytest.raises(ValidationError, match="reference_high is infinite"):
+        Feature(**{**hr, "reference_high": float("inf")})
+    with pytest.raises(ValidationError, match="physical_max is NaN"):
+        Feature(**hr, physical_max=float("nan"))
+
+
+def test_schema_without_label_is_an_error_unless_declared_unlabeled():
+    with pytest.raises(ValidationError, match="label is not set: without a label column every patient would"):
+        SiteSchema(site="h1", label=None)
+    s = SiteSchema(site="h1", patient_id="pid", label=None, unlabeled=True)
+    t = ingest(pd.DataFrame({"pid": ["a", "b"], "hr": [70, 80]}), schema=s, dictionary=D)
+    assert list(t.labels) == [-1, -1] and t.report.labelled is False
+    with pytest.raises(ValidationError, match="unlabeled = true but label"):
+        SiteSchema(site="h1", label="y", unlabeled=True)
+
+
+# -- 13. no tracebacks ------------------------------------------------------------------------
+GOOD = "pid,hr,y\np1,70,0\np2,80,1\n"
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig", "utf-32"])
+def test_files_with_a_byte_order_mark_are_decoded(tmp_path, encoding):
+    t = ingest(read_table(_csv(tmp_path, GOOD.encode(encoding))), schema=wide(), dictionary=D)
+    assert t.n_patients == 2 and t.report.encoding == encoding.removesuffix("-sig")
+
+
+def test_utf16_without_bom_is_a_clear_error(tmp_path):
+    with pytest.raises(SchemaError, match="looks like UTF-16 or UTF-32 without a byte-order mark. Export it as UTF-8"):
+        read_table(_csv(tmp_path, GOOD.encode("utf-16-le")))
+
+
+def test_latin1_byte_in_an_ignored_column_is_accepted(tmp_path):
+    p = _csv(tmp_path, "pid,hr,note,y\np1,70,S\xf6ren,0\np2,80,x,1\n".encode("latin-1"))
+    t = ingest(read_table(p), schema=wide(ignore=("note",)), dictionary=D)
+    assert t.n_patients == 2 and t.report.encoding == "latin-1" and t.report.ignored_columns == ("note",)
+
+
+def test_ragged_rows_are_reported_by_row_number(tmp_path):
+    p = _csv(tmp_path, f"pid,hr,y\np1,70,0,{CANARY}\np2,80\np3,90,1\n")
+    with pytest.raises(SchemaError) as err:
+        read_table(p)
+    text = str(err.value)
+    assert "data row 1 have more fields than the header (3)" in text
+    assert "data row 2 have fewer fields than the header (3)" in text and CANARY not in text
+
+
+@pytest.mark.parametrize("content", [b"", b"   \n\t\n", b"\xef\xbb\xbf"])
+def test_empty_or_whitespace_only_files(tmp_path, content):
+    with pytest.raises(SchemaError, match="is empty or holds only whitespace"):
+        read_table(_csv(tmp_path, content))
+
+
+def test_header_only_file_is_an_empty_table(tmp_path):
+    with pytest.raises(SchemaError, match="is empty \\(0 rows\\)"):
+        ingest(read_table(_csv(tmp_path, "pid,hr,y\n")), schema=wide(), dictionary=D)
+
+
+def test_directory_and_fifo_are_refused_before_opening(tmp_path):
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(ConfigError, match="is a directory, not a regular file"):
+        read_table(tmp_path / "dir.csv")
+    os.mkfifo(tmp_path / "pipe.csv")
+    with pytest.raises(ConfigError, match="is a FIFO \\(named pipe\\), not a regular file"):
+        read_table(tmp_path / "pipe.csv")
+
+
+def test_semicolon_and_tab_delimiters_are_detected(tmp_path):
+    for name, text in (("s.csv", GOOD.replace(",", ";")), ("t.tsv", GOOD.replace(",", "\t"))):
+        assert ingest(read_table(_csv(tmp_path, text, name)), schema=wide(), dictionary=D).n_patients == 2
+
+
+def test_broken_parquet_and_quoting(tmp_path):
+    with pytest.raises(SchemaError, match="not a readable Parquet file"):
+        read_table(_csv(tmp_path, b"PAR1 not really", "t.parquet"))
+    with pytest.raises(SchemaError, match="not valid CSV near line"):
+        read_table(_csv(tmp_path, 'pid,hr,y\np1,"70,0\n'))
+
+
+@pytest.mark.parametrize("columns, message", [
+    (pd.MultiIndex.from_tuples([("a", "pid"), ("a", "hr"), ("b", "y")]), "hierarchical \\(MultiIndex\\)"),
+    ([0, 1, 2], "All 3 column labels are not text"),
+    (["pid", 5, "y"], "Columns at positions 2 have labels that are not text \\(int\\)"),
+    (["pid", "hr", "hr", "y"], "Column labels \\['hr'\\] appear more than once"),
+])
+def test_dataframes_with_unusable_column_labels(columns, message):
+    df = pd.DataFrame(np.array([["p1"] + ["1"] * (len(columns) - 1)]), columns=columns)
+    with pytest.raises(SchemaError, match=message):
+        ingest(df, schema=wide(), dictionary=D)
+
+
+def test_non_dataframe_input_is_a_schema_error():
+    with pytest.raises(ClinographError, match="needs a pandas DataFrame"):
+        ingest(None, schema=wide(), dictionary=D)  # type: ignore[arg-type]
+
+
+# -- 16. declared codings -----------------------------------------------------------------------
+def _sex(codes, coding=None):
+    df = pd.DataFrame({"pid": [f"p{i}" for i in range(len(codes))], "sex": codes, "y": [0] * len(codes)})
+    return ingest(df, schema=wide(columns={"sex": ColumnMap(feature="sex", coding=coding)}), dictionary=D)
+
+
+def test_undeclared_binary_coding_is_an_error_naming_the_codes():
+    with pytest.raises(SchemaError, match=r"Column 'sex' \(sex\): rows 1, 2, 3, 4: codes that are not a declared "
+                                          r"binary coding \(seen: 'F', 'M'\).*coding = \{ \"F\" = 0, \"M\" = 1 \}"):
+        _sex(["F", "M", "F", "M"])
+
+
+def test_declared_binary_coding_is_applied():
+    t = _sex(["F", "M", " f ", "m"], coding={"F": 0, "M": 1})
+    assert list(t.value) == [0.0, 1.0, 0.0, 1.0]
+    with pytest.raises(SchemaError, match=r"row 3: codes not in the coding declared"):
+        _sex(["F", "M", "X"], coding={"F": 0, "M": 1})
+
+
+def test_codes_seen_are_capped_and_one_off_text_is_never_shown():
+    codes = [f"c{i}" for i in range(12) for _ in range(2)] + [f"{CANARY}-unique", "x" * 25, "x" * 25]
+    with pytest.raises(SchemaError) as err:
+        _sex(codes)
+    text = str(err.value)
+    assert CANARY not in text and "x" * 21 not in text
+    assert text.count("'c") == 10 and "4 other code(s) not shown" in text
+
+
+def test_categorical_level_map_and_numeric_looking_levels():
+    df = pd.DataFrame({"pid": ["a", "b", "c", "d"], "ward": ["1", "2.0", "3.0", " 2 "], "y": [0, 1, 0, 1]})
+    s = wide(columns={"ward": ColumnMap(feature="ward", coding={"1": "icu", "2": "general", "3": "3"})})
+    t = ingest(df, schema=s, dictionary=D)
+    idx = D.node_index()
+    assert list(t.node) == [idx["ward=icu"], idx["ward=general"], idx["ward=3"], idx["ward=general"]]
+    df["ward"] = ["ICU", "general", "3.0", "4"]
+    with pytest.raises(SchemaError, match=r"row 4: codes that are not levels \['icu', 'general', '3'\] of the dictionary \(seen: 1 other code"):
+        ingest(df, schema=wide(), dictionary=D)
+
+
+def test_bad_codings_in_the_schema_are_reported_together():
+    s = wide(columns={"sex": ColumnMap(feature="sex", coding={"F": 0, "f ": 1, "M": 2}),
+                      "ward": ColumnMap(feature="ward", coding={"1": "nowhere"}),
+                      "hr": ColumnMap(feature="heart_rate", coding={"a": 1})})
+    df = pd.DataFrame({"pid": ["a"], "sex": ["F"], "ward": ["1"], "hr": [70], "y": [0]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=s, dictionary=D)
+    text = str(err.value)
+    assert "coding keys ['F', 'f '] are the same code" in text
+    assert "coding values for ['M'] must be 0 or 1" in text
+    assert "coding for ['1'] must map to one of the dictionary levels" in text
+    assert "a coding is only for binary or categorical features" in text
+
+
+def test_coding_in_toml(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text('site = "h1"\npatient_id = "pid"\nlabel = "y"\n[columns.sex]\nfeature = "sex"\n'
+                 'coding = { "F" = 0, "M" = 1 }\n')
+    s = SiteSchema.from_toml(p)
+    assert s.columns["sex"].coding == {"F": 0, "M": 1}
+    p.write_text('site = "h1"\nlabel = "y"\nunlabeled = true\n')
+    with pytest.raises(ConfigError, match="unlabeled = true but label"):
+        SiteSchema.from_toml(p)
