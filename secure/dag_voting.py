@@ -300,3 +300,26 @@ def diff_pairs(adj: np.ndarray, reference: np.ndarray) -> int:
     rel_a = np.where(a[iu, ju], 1, np.where(a[ju, iu], 2, 0))
     rel_r = np.where(r[iu, ju], 1, np.where(r[ju, iu], 2, 0))
     return int(np.sum(rel_a != rel_r))
+
+
+#: Grid the ``dag_voting`` strategy rounds a tally to before deciding. Votes are sums of
+#: integer sample-count weights, so exact ties and exact orders are integers apart; the masked
+#: mode's fixed-point sums are within ~1e-4 of them at the default bounds (n/(2·scale) with
+#: scale = 2^31/(n·max_weight·clip)). Rounding to this grid makes the decision under masking
+#: identical to the plaintext one.
+TALLY_RESOLUTION = 1e-3
+
+
+def decide_from_sum(*, concepts: Sequence[str], summed: np.ndarray, task: str | None, seed: int, round_: int,
+                    resolution: float = TALLY_RESOLUTION) -> DagOutcome:
+    """The decision of round ``round_`` of a ``dag_voting`` federation on the accumulated tally
+    ``summed`` (rounded to multiples of ``resolution``), with tie-break seed ``seed·100003 + round_``.
+
+    The server's strategy and every hospital (from the tally in the signed global model) call
+    this, so both reach the same DAG.
+    """
+    v = np.asarray(summed, dtype=np.float64)
+    if resolution > 0:
+        v = np.round(v / resolution) * resolution
+    return decide_dag(tally_from_sum(concepts=concepts, summed=v), task=task, seed=seed * 100_003 + round_,
+                      round_=round_)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .aggregation import AggregationServer, ModuleSums, create_mode
 from .aggregation.checks import check_header, encode_modules
+from .audit.canonical import canonical_json
 from .errors import ConfigError, ProtocolError
 from .identity import Identity, PublicIdentity
 from .messages import ClientReport, DPPolicy, GlobalModel, RoundPlan, RoundResult
@@ -220,6 +221,7 @@ class FederationServer:
                                         "modules_updated": len(coverage)})
         if metrics:
             self.audit.record("metrics", {"round": rnd.plan.round, "per_client": metrics})
+        self._record_strategy(rnd.plan.round)
         if self.state is not None:
             self.audit.publish(f"round-{rnd.plan.round:04d}/global_model.json", self.global_model_bytes(),
                                kind="global_model", meta={"round": rnd.plan.round, "state_sha256": digest})
@@ -236,6 +238,20 @@ class FederationServer:
         return seal(msg, self.identity)
 
     # -- helpers -------------------------------------------------------------------------
+    def _record_strategy(self, round_: int) -> None:
+        """The strategy's audit hook: a strategy may define ``audit_records(round_)`` returning
+        ``(kind, payload)`` pairs about the round it just applied (``dag_voting``: its
+        ``dag_outcome``). Each is recorded (validated against its kind's schema) and published
+        as the artefact ``round-<r>/<kind>.json`` (canonical JSON of the payload). Nothing is
+        recorded in modes where the server does not see the sum (the strategy did not run here)."""
+        hook = getattr(self.strategy, "audit_records", None)
+        if not callable(hook):
+            return
+        for kind, payload in hook(round_):
+            self.audit.record(kind, payload)
+            self.audit.publish(f"round-{round_:04d}/{kind}.json", canonical_json(payload), kind=kind,
+                               meta={"round": round_})
+
     def _state_digest(self) -> str:
         return state_digest(self.state) if self.state is not None else UNKNOWN_STATE
 

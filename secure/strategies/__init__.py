@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from ..errors import RegistryError
 from .base import Strategy
+from .dag import DagVoting
 from .dq import DQWeighted
 from .fedavg import FedAvg, FedSGD
 from .fedopt import FedAdam, FedOpt, FedYogi
@@ -48,6 +49,7 @@ register_strategy("fedopt", FedOpt)
 register_strategy("fedadam", FedAdam)
 register_strategy("fedyogi", FedYogi)
 register_strategy("dq_weighted", DQWeighted)
+register_strategy("dag_voting", DagVoting)
 
-__all__ = ["DQWeighted", "FedAdam", "FedAvg", "FedOpt", "FedProx", "FedSGD", "FedYogi", "Strategy", "create_strategy",
+__all__ = ["DQWeighted", "DagVoting", "FedAdam", "FedAvg", "FedOpt", "FedProx", "FedSGD", "FedYogi", "Strategy", "create_strategy",
            "register_strategy", "registered_strategies"]

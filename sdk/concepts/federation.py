@@ -1,0 +1,183 @@
+"""An F-CMs federation over the runtime: DAG voting rounds, then the concept model's rounds.
+
+Both phases run the one round loop (:func:`clinograph.secure.runtime.run_rounds`), with real
+signed plans, the configured secure mode (``masked`` by default) and one audit trail:
+
+1. **Voting** (spec = the vote module only, strategy ``dag_voting``): each hospital's
+   weighted vote is summed by the secure mode; the server decides the DAG on the tally and
+   records a ``dag_outcome`` entry (and artefact) per round.
+2. **Training** (spec = the concept model, strategy from the config, fedavg/fedsgd): every
+   hospital builds the same initial model from the voted DAG -- read from the tally in the
+   signed global model of phase 1, decided with the same public rule the server used -- and
+   trains only the modules it supervises (F-CMs eq. 2, 4.2.3).
+
+What of F-CMs Algorithm 1 this does **not** run inside the protocol: the server's ModelSpec
+is fixed per federation, so the architecture is decided once, after the vote; late joiners,
+re-voting during training and E1/E2 adaptation with warm start mid-run stay in the research
+loop (:mod:`clinograph.sdk.research.fcm_federation`, the bnlearn benchmark). A concept that
+no voter supervises is not in the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.dag_voting import VOTE_MODULE, DagOutcome, decide_from_sum
+from clinograph.secure.errors import ConfigError
+from clinograph.secure.identity import Identity
+from clinograph.secure.runtime import InProcessTransport, build_server, run_rounds
+from clinograph.secure.runtime.build import InitialModel
+from clinograph.secure.runtime.config import FederationSection
+from clinograph.secure.server import FederationServer
+from clinograph.secure.spec import ModuleKind
+from torch import nn
+
+from ..config import ReleaseSection
+from ..federation.client import HospitalClient
+from .graph import ConceptGraph
+from .model import ConceptModel
+from .modules import GRAPH_BASED, ConceptHParams
+from .task import ConceptTask, ConceptTraining, ConceptVote
+
+
+@dataclass(frozen=True, repr=False)
+class ConceptSite:
+    """One hospital's data for a concept federation.
+
+    ``labels`` holds only the nodes this hospital has (its concept columns and the task),
+    ``-1`` where a patient's label is missing; ``nodes``/``edges`` are its DAG proposal.
+    """
+
+    name: str
+    inputs: torch.Tensor | Callable[[torch.Tensor], Any]
+    labels: Mapping[str, torch.Tensor]
+    split: Any
+    nodes: tuple[str, ...]
+    edges: tuple[tuple[str, str], ...]
+
+    def __repr__(self) -> str:
+        return f"ConceptSite(name={self.name!r}, nodes={len(self.nodes)}, edges={len(self.edges)})"
+
+
+@dataclass
+class ConceptFederation:
+    """What a run leaves: the voted DAG, the graph the model was built on, both servers and the
+    trained hospitals (each holds the final global model)."""
+
+    outcome: DagOutcome
+    graph: ConceptGraph
+    vote_server: FederationServer
+    server: FederationServer
+    hospitals: dict[str, HospitalClient]
+    round_losses: list[dict[str, float]] = field(default_factory=list)
+
+
+def graph_from_outcome(outcome: DagOutcome, *, kind: str, cards: Mapping[str, int]) -> ConceptGraph:
+    """The model's graph for the voted DAG: the DAG itself for graph-based kinds (cgm, c2bm),
+    the bipartite concepts -> task graph for cbm/cem, over the active (supervised) nodes."""
+    task = outcome.task or ""
+    active = [c for c, a in zip(outcome.concepts, outcome.active, strict=True) if a]
+    if kind in GRAPH_BASED:
+        return ConceptGraph.from_edges(nodes=active, edges=outcome.edges(), task=task, cards=cards)
+    return ConceptGraph.bipartite(concepts=[c for c in active if c != task], task=task, cards=cards,
+                                  with_task=task in active)
+
+
+def _phase(federation: FederationSection, **update: Any) -> FederationSection:
+    return federation.model_copy(update=update)
+
+
+def _clients(tasks: Mapping[str, ConceptTask], ids: Mapping[str, Identity], server: Identity, *,
+             dictionary_hash: str, federation_id: str, release: ReleaseSection) -> dict[str, HospitalClient]:
+    publics = {n: i.public for n, i in ids.items()}
+    return {n: HospitalClient(task=t, identity=ids[n], server=server.public, peers=publics,
+                              dictionary_hash=dictionary_hash, federation_id=federation_id, release=release)
+            for n, t in tasks.items()}
+
+
+def _server(federation: FederationSection, *, identity: Identity, ids: Mapping[str, Identity], task: ConceptTask,
+            dictionary_hash: str, audit: AuditTrail, first_round: int) -> FederationServer:
+    initial = InitialModel.create(task=task.name, dictionary_hash=dictionary_hash, spec=task.modules.spec(version=0),
+                                  state=task.modules.state(ModuleKind.SHARED))
+    server = build_server(federation=federation, identity=identity, enrolled={n: i.public for n, i in ids.items()},
+                          initial=initial, audit=audit, dp_policy=None)
+    server.round = first_round  # one audit trail, round numbers continue across the phases
+    return server
+
+
+def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[str], task: str,
+                           cards: Mapping[str, int], kind: str, encoder: Callable[[], nn.Module], z_dim: int,
+                           federation: FederationSection, audit: AuditTrail, server_identity: Identity,
+                           dictionary_hash: str, vote_rounds: int = 1, hp: ConceptHParams | None = None,
+                           training: ConceptTraining | None = None, release: ReleaseSection | None = None,
+                           on_round: Callable[[int, dict[str, HospitalClient]], None] | None = None,
+                           ) -> ConceptFederation:
+    """Vote, decide, build, train (see the module docstring); ``federation.rounds`` training rounds.
+
+    ``encoder()`` builds the encoder (called once per hospital after ``torch.manual_seed
+    (federation.seed)``, so every hospital starts from the same weights).
+
+    Raises:
+        ConfigError: ``ckks`` (the audited DAG needs a server that sees the tally), an unknown
+            concept in a site's proposal, or a site name used twice.
+    """
+    if federation.secure_mode == "ckks":
+        raise ConfigError("A concept federation with DAG voting runs in 'masked' (or insecure_plaintext) mode: "
+                          "under ckks the server never sees the tally it must audit.")
+    names = [s.name for s in sites]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"Two concept sites share a name: {sorted({n for n in names if names.count(n) > 1})}.")
+    concepts = tuple(concepts)
+    release = release or ReleaseSection()
+    ids = {s.name: Identity.generate(s.name) for s in sites}
+    votes = {s.name: ConceptVote(concepts=concepts, nodes=tuple(s.nodes), edges=tuple(s.edges)) for s in sites}
+
+    # Phase 1: voting rounds, spec = the vote module alone.
+    vote_fed = _phase(federation, rounds=vote_rounds, strategy="dag_voting",
+                      strategy_options={"concepts": ",".join(concepts), "task": task, "seed": federation.seed})
+    vote_tasks = {s.name: ConceptTask(model=None, inputs=s.inputs, labels=s.labels, task=task, split=s.split,
+                                      vote=votes[s.name]) for s in sites}
+    voters = _clients(vote_tasks, ids, server_identity, dictionary_hash=dictionary_hash, federation_id=federation.id,
+                      release=release)
+    vote_server = _server(vote_fed, identity=server_identity, ids=ids, task=next(iter(vote_tasks.values())),
+                          dictionary_hash=dictionary_hash, audit=audit, first_round=0)
+    run_rounds(vote_server, InProcessTransport(voters), rounds=vote_rounds)
+
+    # Each hospital decides the DAG from the tally in the signed global model it loaded.
+    decided = {}
+    for name, client in voters.items():
+        if client.plan is None:
+            raise ConfigError(f"Hospital {name!r} took part in no voting round; it cannot build the model.")
+        decided[name] = decide_from_sum(concepts=concepts, summed=client.task.modules.get(VOTE_MODULE), task=task,
+                                        seed=federation.seed, round_=client.plan.round)
+    outcome = next(iter(decided.values()))
+    if any(o.adjacency != outcome.adjacency for o in decided.values()):
+        raise ConfigError("Hospitals decided different DAGs from the same tally; the federation is inconsistent.")
+    graph = graph_from_outcome(outcome, kind=kind, cards=cards)
+
+    # Phase 2: the concept model built from the voted DAG, trained module-wise over the runtime.
+    tasks = {}
+    for s in sites:
+        torch.manual_seed(federation.seed)  # identical initial weights at every hospital
+        model = ConceptModel(kind=kind, encoder=encoder(), graph=graph, z_dim=z_dim, hp=hp)
+        tasks[s.name] = ConceptTask(model=model, inputs=s.inputs, labels=s.labels, task=task, split=s.split,
+                                    training=training)
+    hospitals = _clients(tasks, ids, server_identity, dictionary_hash=dictionary_hash, federation_id=federation.id,
+                         release=release)
+    server = _server(federation, identity=server_identity, ids=ids, task=next(iter(tasks.values())),
+                     dictionary_hash=dictionary_hash, audit=audit, first_round=vote_server.round)
+    result = ConceptFederation(outcome=outcome, graph=graph, vote_server=vote_server, server=server,
+                               hospitals=hospitals)
+
+    def after(r: int, _outcome: Any) -> None:
+        result.round_losses.append({n: float(h.last.loss) for n, h in hospitals.items() if h.last is not None})
+        if on_round is not None:
+            on_round(r, hospitals)
+
+    run_rounds(server, InProcessTransport(hospitals), rounds=federation.rounds, on_round=after)
+    return result
+
