@@ -159,9 +159,10 @@ def supernode(ctx: typer.Context) -> None:
 
 
 def _mount() -> None:
-    from .commands import audit
+    from .commands import audit, model
 
     app.add_typer(audit.app, name="audit")
+    app.add_typer(model.app, name="model")
     try:
         from .commands import keys
     except ModuleNotFoundError:

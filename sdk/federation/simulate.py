@@ -134,7 +134,8 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
 
     if config.dictionary is None:
         raise ConfigError("The config names no feature dictionary: set `dictionary = \"path/to/dictionary.toml\"` "
-                          "(the demo's is written by `clinograph demo` to runs/demo/dictionary.toml).")
+                          "(the same file every hospital uses; examples/data/dictionary.toml is the demo's). "
+                          "There is no default: a silent default would map your tables onto the demo's ontology.")
     dictionary = FeatureDictionary.from_toml(config.dictionary)
     tables, problems = [], []
     for h in config.hospitals:

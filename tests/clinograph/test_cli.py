@@ -31,6 +31,7 @@ def test_bad_table_lists_every_problem(tmp_path):
     bad.write_text("\n".join([header] + [line + ",140" for line in text[1:]]))
     cfg = tmp_path / "c.toml"
     cfg.write_text(f"""
+dictionary = "{data / 'dictionary.toml'}"
 [federation]
 rounds = 1
 [[hospitals]]
@@ -78,3 +79,18 @@ def test_demo_runs_end_to_end_and_is_seeded(tmp_path):
     assert "clinograph_nsfl_dp" not in mb["methods"]
     for key in ("clinograph_nsfl", "standalone", "fedavg_aligned"):
         assert mb["methods"][key] == m["methods"][key]
+
+
+def test_a_config_without_a_dictionary_is_refused_not_defaulted(tmp_path):
+    data = ROOT / "examples" / "data"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"""
+[federation]
+rounds = 1
+[[hospitals]]
+site = "north"
+table = "{data / 'north.csv'}"
+schema = "{data / 'north_schema.toml'}"
+""")
+    out = cli("simulate", str(cfg))
+    assert out.returncode == 2 and "names no feature dictionary" in out.stderr and "Traceback" not in out.stderr

@@ -3,7 +3,6 @@
 Usage (every argument after the factory goes to ``flower-supernode`` unchanged)::
 
     python -m clinograph.secure.transport.flower.supernode \
-        --participant-factory mypkg.hospital:make_participant \
         --superlink superlink.example.org:9092 --root-certificates keys/ca.pem \
         --auth-supernode-private-key keys/h1.node-auth \
         --node-config "hospital='h1' data-dir='/srv/h1/data' state-dir='/srv/h1/state' key-file='keys/h1.ed25519.pem'"
@@ -25,6 +24,9 @@ from ...errors import ClinographError, ConfigError
 from ...policy import Environment, require_allowed
 from . import check_flower_version
 from .worker import HospitalWorker, check_node_config, load_factory
+
+#: The hospital built from files (a string reference: ``secure`` never imports ``sdk`` statically).
+DEFAULT_FACTORY = "clinograph.sdk.federation.node:make_hospital"
 
 INSECURE_FLAGS = ("--insecure", "--insecure-transport")
 
@@ -80,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # allow_abbrev=False: Flower's own --insecure must not be taken for our --insecure-transport
     parser = argparse.ArgumentParser(prog="clinograph-supernode", add_help=True, allow_abbrev=False)
-    parser.add_argument("--participant-factory", required=True, help="'package.module:function' building the hospital")
+    parser.add_argument("--participant-factory", default=DEFAULT_FACTORY,
+                        help="'package.module:function' building the hospital (default: Clinograph's own, from "
+                             "the node's data-dir files: table.csv, schema.toml, hospital.toml)")
     parser.add_argument("--insecure-transport", action="store_true", help="allow flower-supernode --insecure")
     parser.add_argument("--environment", choices=["development", "production"], default="production")
     parser.add_argument("--node-config", required=True)

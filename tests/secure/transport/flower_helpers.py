@@ -162,10 +162,18 @@ class LoopbackGrid(Grid):
         return list(self.node_configs)
 
     def push_messages(self, messages):
-        raise NotImplementedError("LoopbackGrid only implements send_and_receive")
+        """Deliver at once; the replies wait for pull_messages (as on a SuperLink)."""
+        self._waiting = getattr(self, "_waiting", {})
+        replies = self.send_and_receive(messages)
+        by_id = {r.metadata.reply_to_message_id: r for r in replies}
+        ids = [m.metadata.message_id for m in messages]
+        for i in ids:
+            if i in by_id:
+                self._waiting[i] = by_id[i]
+        return ids
 
     def pull_messages(self, message_ids):
-        raise NotImplementedError("LoopbackGrid only implements send_and_receive")
+        return [self._waiting.pop(i) for i in list(message_ids) if i in self._waiting]
 
     def send_and_receive(self, messages, *, timeout=None):
         replies = []
