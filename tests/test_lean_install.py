@@ -1,7 +1,8 @@
 """The server is a lean install: no torch, PyG, Opacus, pgmpy or clinograph.sdk.
 
-Two tiers. The fast test blocks those imports inside the full install and imports every
-clinograph.secure module. The slow tests use the real thing, ``.venv-server`` built with
+Two tiers. The fast tests block imports inside the full install: every clinograph.secure
+module imports without those, and ``clinograph audit`` runs on the base dependencies alone
+(an auditor's install: no Flower, TenSEAL or pycryptodome either). The slow tests use the real thing, ``.venv-server`` built with
 ``pip install -e '.[server]'`` (fixture ``lean_server_python`` from tests/lean_env.py, which
 also checks that torch, torch_geometric, opacus and pgmpy fail to import there): every
 server module imports there, and ``clinograph audit verify`` / ``audit report`` run there on
@@ -148,6 +149,32 @@ def test_hospital_commands_name_the_missing_extra_in_the_server_install(lean_ser
     assert out.returncode == 2, out.stdout + out.stderr
     assert "clinograph demo needs the hospital install: pip install 'clinograph[hospital]'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+AUDITOR_CLI = textwrap.dedent("""
+    import sys
+    BLOCKED = ("torch", "torch_geometric", "opacus", "pgmpy", "sklearn", "pandas", "flwr", "grpc", "tenseal",
+               "Crypto")
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED or name.startswith("clinograph.sdk"):
+                raise ModuleNotFoundError(f"blocked: {name}", name=name)
+            return None
+    sys.meta_path.insert(0, Block())
+    from clinograph.cli import main
+    sys.argv = ["clinograph", *sys.argv[1:]]
+    main()
+""")
+
+
+def test_audit_commands_need_only_the_base_install(tmp_path):
+    """Fast: an auditor's bare `pip install clinograph` (no server extra: no Flower, TenSEAL,
+    pycryptodome) verifies and renders; simulated by blocking those in the full install."""
+    audit = write_audit_dir(tmp_path / "audit")
+    for args in (["audit", "verify", str(audit)], ["audit", "report", str(audit), "--out", str(tmp_path / "r.html")]):
+        out = subprocess.run([sys.executable, "-c", AUDITOR_CLI, *args], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert (tmp_path / "r.html").stat().st_size > 10_000
 
 
 # ---- Reserved: "the lean server serves a federation to full-install hospitals" goes here.
