@@ -2,11 +2,12 @@
 
 Two tiers. The fast tests block imports inside the full install: every clinograph.secure
 module imports without those, and ``clinograph audit`` runs on the base dependencies alone
-(an auditor's install: no Flower, TenSEAL or pycryptodome either). The slow tests use the real thing, ``.venv-server`` built with
-``pip install -e '.[server]'`` (fixture ``lean_server_python`` from tests/lean_env.py, which
-also checks that torch, torch_geometric, opacus and pgmpy fail to import there): every
-server module imports there, and ``clinograph audit verify`` / ``audit report`` run there on
-an audit directory that this (full) install wrote.
+(an auditor's install: no Flower, TenSEAL or pycryptodome either). The slow tests use the
+real thing, ``.venv-server`` built with ``pip install -e '.[server]'`` (fixture
+``lean_server_python`` from tests/lean_env.py, which also checks that torch, torch_geometric,
+opacus and pgmpy fail to import there): every server module imports there, and
+``clinograph audit verify`` / ``audit report`` run there on an audit directory that this
+(full) install wrote.
 """
 
 from __future__ import annotations
