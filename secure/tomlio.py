@@ -1,11 +1,16 @@
 """Loading strict pydantic models from TOML: one place for the read-validate-explain steps.
 
 Errors name the file, every bad key (``extra="forbid"`` makes a misspelt key an error) and
-what was expected.
+what was expected. Whatever the file holds, loading ends in a model or a :class:`ConfigError`:
+only regular files are opened (a directory, FIFO or device is refused before any read), files
+over :data:`MAX_TOML_BYTES` are refused, bytes that are not UTF-8 and nesting too deep for the
+parser are explained rather than raised as ``UnicodeDecodeError``/``RecursionError``.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +21,45 @@ from pydantic import BaseModel, ValidationError
 from .errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+MAX_TOML_BYTES = 16 * 1024 * 1024
+_NOT_REGULAR = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a device",
+                stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
+
+
+def read_toml_text(path: Path, *, what: str) -> str:
+    """The text of a TOML file: a regular file, at most MAX_TOML_BYTES, valid UTF-8 (a BOM is allowed).
+
+    Raises:
+        ConfigError: missing, unreadable, not a regular file, too large or not UTF-8; names the file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ConfigError(f"Cannot read {what} {path}: the file does not exist. Check the path.") from None
+    except OSError as exc:
+        raise ConfigError(f"Cannot read {what} {path}: {exc.strerror or type(exc).__name__}.") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _NOT_REGULAR.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise ConfigError(f"Cannot read {what} {path}: it is {kind}, not a regular file. Give the path of "
+                              "the TOML file itself.")
+        if st.st_size > MAX_TOML_BYTES:
+            raise ConfigError(f"Cannot read {what} {path}: {st.st_size} bytes is over the limit of "
+                              f"{MAX_TOML_BYTES} bytes for a TOML file. Check that this is the right file.")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(MAX_TOML_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"Cannot read {what} {path}: {exc.strerror or type(exc).__name__}.") from None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"Cannot read {what} {path}: it is not valid UTF-8 (first bad byte at line {line}, "
+                          f"byte offset {exc.start}). TOML files must be UTF-8: re-save it as UTF-8 (for a "
+                          "latin-1 file: iconv -f latin1 -t utf-8).") from None
 
 
 def validation_message(what: str, exc: ValidationError) -> str:
@@ -36,13 +80,19 @@ def load_toml_model(model: type[M], path: str | Path, *, what: str,
         ConfigError: unreadable file, bad TOML, or any validation problem (all listed).
     """
     path = Path(path)
+    text = read_toml_text(path, what=what)
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"Cannot read {what} {path}: {exc}.") from None
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"Cannot read {what} {path}: invalid TOML: {exc}. Fix the syntax at that line.") from None
+    except RecursionError:
+        raise ConfigError(f"Cannot read {what} {path}: arrays or tables are nested too deeply to parse. "
+                          "A configuration needs only a few levels; check the file.") from None
     if prepare is not None:
         prepare(data, path)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_message(f"{what.capitalize()} {path}", exc)) from None
+    except RecursionError:
+        raise ConfigError(f"{what.capitalize()} {path} is nested too deeply to validate; check the file.") from None

@@ -1,11 +1,14 @@
 """Hospitals as separate processes over Flower, on loopback: the real deployment path.
 
 One SuperLink (TLS + SuperNode authentication), three SuperNodes each serving one hospital's
-data, state and key folders, ``flwr run`` of examples/flower_deployment/app, two rounds in
-masked mode with patient-level DP (each hospital trains with DP-SGD, its privacy ledger in its
-state directory; the server's DP policy refuses updates without a ledger entry). In round 1, hospital h3's SuperNode is SIGKILLed after it has shared its keys
-and seed shares (mid-round); the round completes with h1 and h2 through the masked mode's
-dropout recovery, and the audit directory verifies afterwards.
+data, state and key folders, ``flwr run`` of examples/flower_deployment/app (Clinograph's own
+ServerApp and ClientApp, configured only by server.toml and each hospital's hospital.toml),
+two rounds with patient-level DP (each hospital trains with DP-SGD, its privacy ledger in its
+state directory; the server's DP policy refuses updates without a ledger entry), in each
+secure mode: masked, and CKKS with the key ceremony relayed over Flower. In round 1, hospital
+h3's SuperNode is SIGKILLed mid-round (masked: after it shared its keys and seed shares; ckks:
+after it sent its ciphertext); the round completes with h1 and h2, and the audit directory
+verifies afterwards.
 
 Every wait is bounded; every process is started in its own process group and killed in
 ``finally``. The only test double is ``make_hospital_that_hangs`` below: the real
@@ -31,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "examples" / "flower_deployment" / "app"
 BIN = Path(sys.executable).parent
 HOSPITALS = ("h1", "h2", "h3")
-TOTAL_BUDGET = 270.0  # seconds; the test fails (and cleans up) rather than hang past this
+TOTAL_BUDGET = 240.0  # seconds; the test fails (and cleans up) rather than hang past this
 HANG_ROUND, HANG_AT_STAGE = 1, 2  # h3 answers the plan and stage 1 of round 1, then goes silent
 
 
@@ -41,14 +44,18 @@ class _HangsMidRound:
         self._c, self.name, self._marker = inner, inner.name, marker
         self._round, self._stage = -1, 0
 
+    def on_setup(self, step, parts):
+        return self._c.on_setup(step, parts)
+
     def on_plan(self, plan: bytes):
         out = self._c.on_plan(plan)
-        self._round, self._stage = self._c._plan.round, 0
+        self._round, self._stage = self._c.plan.round, 0
+        self._hang_at = 1 if self._c.plan.secure_mode == "ckks" else HANG_AT_STAGE  # ckks: after its ciphertext
         return out
 
     def on_stage(self, data: bytes):
         self._stage += 1
-        if self._round == HANG_ROUND and self._stage == HANG_AT_STAGE:
+        if self._round == HANG_ROUND and self._stage == self._hang_at:
             self._marker.write_text(f"round {self._round} stage {self._stage}")
             time.sleep(120)  # bounded; the test SIGKILLs this SuperNode long before
         return self._c.on_stage(data)
@@ -62,7 +69,7 @@ class _HangsMidRound:
 
 def make_hospital_that_hangs(*, node_config, run_config, run_id, identity):
     """Participant factory for h3: the real HospitalClient, silent from a known stage."""
-    from clinograph_flower_app.hospital import make_hospital
+    from clinograph.sdk.federation.node import make_hospital
 
     inner = make_hospital(node_config=node_config, run_config=run_config, run_id=run_id, identity=identity)
     return _HangsMidRound(inner, Path(str(node_config["state-dir"])) / "hung.marker")
@@ -100,7 +107,8 @@ def _events(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_path):
+@pytest.mark.parametrize("mode", ["masked", "ckks"])
+def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, mode):
     from clinograph.secure.audit import verify_audit_dir
     from clinograph.secure.transport.flower.keyset import init_keyset
 
@@ -142,7 +150,8 @@ def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_
 
     def write_sites() -> None:  # the hospitals' data (ALARM samples, DP settings), while the processes start
         try:
-            prepare(tmp_path / "sites", hospitals=list(HOSPITALS), patients=200, dp=True, seed=0)
+            prepare(tmp_path / "sites", hospitals=list(HOSPITALS), patients=200, dp=True, seed=0,
+                    federation_id="fed-loopback", secure_mode=mode, audit_dir=tmp_path / "audit")
         except BaseException as exc:  # noqa: BLE001 -- reported by the main thread
             prep_errors.append(exc)
     preparing = threading.Thread(target=write_sites, daemon=True)
@@ -165,14 +174,13 @@ def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_
         supernodes = {}
         for h in HOSPITALS:
             d = keys.hospital_dirs[h]
-            factory = "test_flower_deployment:make_hospital_that_hangs" if h == "h3" else \
-                "clinograph_flower_app.hospital:make_hospital"
+            factory = ["--participant-factory", "test_flower_deployment:make_hospital_that_hangs"] if h == "h3" else []
             node_config = (f"hospital='{h}' data-dir='{tmp_path / 'sites' / h / 'data'}' "
                            f"state-dir='{tmp_path / 'sites' / h / 'state'}' key-file='{d / f'{h}.ed25519.pem'}' "
                            f"federation-file='{d / 'federation.toml'}'")
             supernodes[h] = start(f"supernode-{h}", [
                 sys.executable, "-m", "clinograph.secure.transport.flower.supernode",
-                "--participant-factory", factory, "--environment", "development", "--node-config", node_config,
+                *factory, "--environment", "production", "--node-config", node_config,
                 "--superlink", f"127.0.0.1:{link_port}", "--root-certificates", str(d / "ca.pem"),
                 "--auth-supernode-private-key", str(d / f"{h}.node-auth"), "--port", str(_free_port()),
                 "--max-retries", "5", "--max-wait-time", "60"])
@@ -182,11 +190,10 @@ def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_
         mark("data prepared")
         audit_dir, events = tmp_path / "audit", tmp_path / "events.jsonl"
         run_config = " ".join([
-            "server-factory='clinograph_flower_app.server:make_server'",
+            f"server-config='{tmp_path / 'sites' / 'server' / 'server.toml'}'",
             f"federation-file='{link / 'federation.toml'}'", f"server-key='{link / 'server.ed25519.pem'}'",
-            f"deployment-config='{tmp_path / 'sites' / 'deployment.toml'}'", f"audit-dir='{audit_dir}'",
             f"events-file='{events}'", "rounds=2", "min-nodes=3", "wait-timeout=60.0", "hello-timeout=40.0",
-            "plan-timeout=90.0", "stage-timeout=30.0", "end-timeout=30.0", "relay-timeout=60.0", "max-weight=200.0"])
+            "plan-timeout=90.0", "stage-timeout=20.0", "end-timeout=30.0", "relay-timeout=60.0"])
         mark("flwr run")
         start("flwr-run", [str(BIN / "flwr"), "run", str(APP), "loopback", "--run-config", run_config, "--stream"])
         marker = tmp_path / "sites" / "h3" / "state" / "hung.marker"
@@ -210,7 +217,10 @@ def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_
     closed = [e for e in ev if e["event"] == "round_closed"]
     assert [c["round"] for c in closed] == [0, 1]
     assert closed[0]["contributors"] == ["h1", "h2", "h3"] and closed[0]["dropped"] == []
-    assert closed[1]["contributors"] == ["h1", "h2"] and closed[1]["dropped"] == ["h3"]
+    # masked: h3's masked input never came, the survivors' sum is unmasked; ckks: h3's ciphertext is in
+    # the sum (it contributed), it died before decrypting
+    survivors = ["h1", "h2"] if mode == "masked" else list(HOSPITALS)
+    assert closed[1]["contributors"] == survivors and closed[1]["dropped"] == ["h3"]
     greeted = next(e for e in ev if e["event"] == "greeted")
     assert greeted["hospitals"] == list(HOSPITALS)
     from clinograph.secure.transport.flower.enrolment import load_federation
@@ -220,13 +230,16 @@ def test_two_rounds_over_flower_tls_nodeauth_masked_with_a_supernode_killed(tmp_
     assert report.ok, report.problems
     entries = [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
     manifest = next(e["payload"] for e in entries if e["kind"] == "manifest")
-    assert manifest["secure_mode"] == "masked" and manifest["insecure_options"] == []
+    assert manifest["secure_mode"] == mode and manifest["insecure_options"] == []
     assert manifest["dp_policy"]["required"] is True  # the server refuses updates without a DP ledger entry
     ledgers = [e["payload"] for e in entries if e["kind"] == "ledger"]
     assert sorted((lg["client"], lg["round"]) for lg in ledgers) == [
         ("h1", 0), ("h1", 1), ("h2", 0), ("h2", 1), ("h3", 0), ("h3", 1)]  # h3's round-1 report came before it died
+    if mode == "ckks":  # the server never held a plaintext model; the key ceremony reached every hospital
+        assert not any(e["kind"] == "artefact" and "global_model" in e["payload"].get("name", "") for e in entries)
+        assert next(e for e in ev if e["event"] == "ckks_keys")["holders"] == list(HOSPITALS)
     assert all(0 < lg["epsilon"] <= lg["budget_epsilon"] and lg["noise_multiplier"] > 0 for lg in ledgers)
     assert sorted(manifest["hospitals"]) == list(HOSPITALS)
     aggregates = [e["payload"]["contributors"] for e in entries if e["kind"] == "aggregate"]
-    assert aggregates == [["h1", "h2", "h3"], ["h1", "h2"]]
+    assert aggregates == [["h1", "h2", "h3"], survivors]
     print(f"flower deployment: wall time {wall:.1f} s (budget {TOTAL_BUDGET:g} s); milestones {milestones}")
