@@ -131,7 +131,7 @@ def bench(name: Annotated[str, typer.Argument(help="Benchmark name (file in benc
                                               "run_all runs every one.")],
           quick: Annotated[bool, typer.Option("--quick", help="The benchmark's small, fast setting.")] = False,
           directory: Annotated[Path | None, typer.Option(
-              "--dir", help="The benchmarks/ folder of a source checkout [default: ./benchmarks].")] = None) -> None:
+              "--dir", help="The benchmarks/ folder of a source checkout (default: ./benchmarks).")] = None) -> None:
     """Run a benchmark script from a checkout's benchmarks/ (writes JSON to benchmarks/results/)."""
     import runpy
 
