@@ -30,18 +30,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.sdk.concepts.federated import (
-    ClientData,
-    FCMFederation,
-    FederationConfig,
-    plaintext_sums,
-)
 from clinograph.sdk.concepts.metrics import evaluate
 from clinograph.sdk.concepts.modules import ConceptHParams
 from clinograph.sdk.concepts.opaque import train_centralised
-from clinograph.sdk.concepts.secure_sums import SecureSums
 from clinograph.sdk.concepts.views import ClientView, make_client_views
 from clinograph.sdk.research import bnlearn
+from clinograph.sdk.research.fcm_federation import ClientData, FCMFederation, FederationConfig
 from clinograph.secure.dag_voting import decide_dag, diff_pairs, encode_vote, tally_from_sum
 
 KINDS = ("cbm", "cem", "cgm", "c2bm")
@@ -122,11 +116,10 @@ def run_one(name: str, kind: str, seed: int, data, args, lr: float) -> dict:
                            n_initial=args.clients // 2, clients_per_round=args.per_round,
                            local_epochs=args.local_epochs, lr=lr, seed=seed,
                            hp=ConceptHParams(hidden=args.hidden, emb=args.emb))
-    summer = plaintext_sums
-    if args.secure == "masked":  # every vote tally and module sum through the real masked mode
-        summer = SecureSums(federation_id=f"{name}-{kind}-{seed}", max_weight=float(max(len(p) for p in parts)))
+    # Research loop (plaintext, in process): the protocol's path is run_concept_federation
+    # (sdk/concepts/federation.py); see docs/concepts.md, "What runs inside the protocol".
     fed = FCMFederation(config=cfg, concepts=nodes, task=task, cards=cards, clients=clients,
-                        in_dim=x.shape[1], val=(torch.from_numpy(x[va]), labels_of(codes, va, nodes)), summer=summer)
+                        in_dim=x.shape[1], val=(torch.from_numpy(x[va]), labels_of(codes, va, nodes)))
     t0 = time.perf_counter()
     res = fed.run()
     out = evaluate(res.model, torch.from_numpy(x[te]), labels_of(codes, te, nodes), task=task, cards=cards,
@@ -310,8 +303,6 @@ def main(argv=None) -> int:
                    help="also train each concept model centrally (Table 1's Cent. rows) on the same data")
     p.add_argument("--centralised-only", action="store_true",
                    help="only the centralised rows (OpaqNN and each concept model); use a separate --out")
-    p.add_argument("--secure", choices=["plaintext", "masked"], default="plaintext",
-                   help="masked: run every vote tally and module sum through the masked secure-aggregation mode")
     p.add_argument("--patience", type=int, default=10, help="early-stopping patience after the join (rounds)")
     p.add_argument("--lr", default="tuned",
                    help="a learning rate, or 'tuned': per network and model from --tuning (else 3e-3)")

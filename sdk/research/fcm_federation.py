@@ -1,16 +1,21 @@
-"""An in-process F-CMs federation (Algorithm 1, appendix D.2) for the bnlearn benchmarks.
+"""Research code: the F-CMs benchmark loop (Algorithm 1, appendix D.2), in one process.
 
-Each round: sample ``|K_t|`` clients from the current pool (which grows at ``join_round``);
-sum their weighted DAG votes (:mod:`clinograph.secure.dag_voting`) and decide the shared DAG
-from the tally accumulated over rounds; adapt the architecture (E1/E2, warm start); every
-sampled client trains only the modules it supervises (eq. 2, random interventions); the
-server averages each module over its contributors (4.2.3).
+**Not the federation runtime.** This loop reproduces the paper's bnlearn protocol
+(benchmarks/fcm_bnlearn.py, numbers in docs/concepts.md): client sampling from a pool that
+grows at ``join_round`` (late joiners), re-voting every round on the accumulated tally,
+architecture adaptation E1/E2 with warm start, early stopping on a global validation set.
+Those need the model's spec to change mid-run, which the runtime's server does not do; it
+adds in plaintext, in process, with no signatures, no secure mode and no audit. Hospitals
+federate concept models through :func:`clinograph.sdk.concepts.federation.run_concept_federation`
+(:class:`~clinograph.sdk.concepts.task.ConceptTask` + the ``dag_voting`` strategy over the
+one round loop, masked by default, audited).
 
-Both sums -- votes and module updates -- are :class:`~clinograph.secure.aggregation.ModuleSums`
-from one ``summer(purpose, spec, updates)``: :func:`plaintext_sums` by default (in process,
-exactly what a secure mode would reveal: per-module weighted sums), or
-:class:`~clinograph.sdk.concepts.secure_sums.SecureSums` to run every sum through the real
-``masked`` mode.
+Each round: sample ``|K_t|`` clients from the current pool; sum their weighted DAG votes
+(:mod:`clinograph.secure.dag_voting`) and decide the shared DAG from the accumulated tally;
+adapt the architecture (E1/E2, warm start); every sampled client trains only the modules it
+supervises (eq. 2, random interventions) and sends ``n_k · Δ`` with the project's sign
+convention ``Δ = θ_global − θ_local`` (NS-FL eq. 7); the server subtracts the weighted mean
+of each module over its contributors (4.2.3), as FedAvg does in the runtime.
 """
 
 from __future__ import annotations
@@ -32,13 +37,13 @@ from clinograph.secure.dag_voting import (
 )
 from clinograph.secure.spec import ModelSpec
 
-from .adapt import adapt_model, count_changed
-from .encoders import MLPEncoder
-from .graph import ConceptGraph
-from .model import ConceptModel, fcm_loss, random_interventions
-from .modules import GRAPH_BASED, ConceptHParams
-from .params import freeze_unsupervised, load_state_vectors, model_spec, state_vectors
-from .views import ClientView
+from ..concepts.adapt import adapt_model, count_changed
+from ..concepts.encoders import MLPEncoder
+from ..concepts.graph import ConceptGraph
+from ..concepts.model import ConceptModel, fcm_loss, random_interventions
+from ..concepts.modules import GRAPH_BASED, ConceptHParams
+from ..concepts.params import freeze_unsupervised, load_state_vectors, model_spec, state_vectors
+from ..concepts.views import ClientView
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,7 @@ class FederationResult:
 def aggregate_module_sums(updates: Mapping[str, LocalUpdate]) -> ModuleSums:
     """Module-wise sums over contributors (plaintext, in-process): ``sum_k w_k d_k``, ``sum_k w_k``.
 
-    Same semantics as :meth:`AggregationServer.result` of any secure mode; swap this for a
-    real mode's driver to run the benchmark under masking or CKKS.
+    Same semantics as :meth:`AggregationServer.result` of any secure mode.
     """
     sums: dict[str, np.ndarray] = {}
     weights: dict[str, float] = {}
@@ -112,7 +116,7 @@ def aggregate_module_sums(updates: Mapping[str, LocalUpdate]) -> ModuleSums:
     return ModuleSums(sums=sums, weights=weights, counts=counts, contributors=tuple(sorted(updates)))
 
 
-Summer = Callable[[str, ModelSpec, Mapping[str, LocalUpdate]], ModuleSums]
+Summer = Callable[[str, ModelSpec, Mapping[str, LocalUpdate]], ModuleSums]  # (purpose, spec, updates)
 
 
 def plaintext_sums(purpose: str, spec: ModelSpec, updates: Mapping[str, LocalUpdate]) -> ModuleSums:
@@ -123,8 +127,8 @@ def plaintext_sums(purpose: str, spec: ModelSpec, updates: Mapping[str, LocalUpd
 class FCMFederation:
     """Server and clients of one F-CMs run, in one process.
 
-    ``summer`` adds up votes (``purpose="votes"``) and module updates (``"updates"``);
-    pass a :class:`~clinograph.sdk.concepts.secure_sums.SecureSums` to run them masked.
+    ``summer`` adds up votes (``purpose="votes"``) and module updates (``"updates"``); the
+    default is :func:`plaintext_sums` (research code: no secure mode here, see the module docstring).
     """
 
     def __init__(self, *, config: FederationConfig, concepts: Sequence[str], task: str,
@@ -167,7 +171,8 @@ class FCMFederation:
 
     # -- client: module-specific local training -------------------------------------------
     def local_update(self, client: ClientData) -> LocalUpdate:
-        """Train a copy of the global model on the client's supervision; return ``n_k * delta``."""
+        """Train a copy of the global model on the client's supervision; return ``n_k · Δ`` with
+        ``Δ = θ_global − θ_local`` (NS-FL eq. 7, the project's convention)."""
         if self._scratch is None or self._scratch.graph != self.model.graph:
             self._scratch = copy.deepcopy(self.model)  # one copy per architecture, reloaded per client
         local = self._scratch
@@ -196,14 +201,15 @@ class FCMFederation:
         w = float(client.n)
         base = self._global_vecs if self._global_vecs is not None else state_vectors(self.model)
         now = state_vectors(local)
-        mods = {n: w * (now[n] - base[n]) for n in names}
+        mods = {n: w * (base[n] - now[n]) for n in names}
         return LocalUpdate(modules=mods, weight=w)
 
     # -- server: module-wise aggregation ----------------------------------------------------
     def apply(self, sums: ModuleSums) -> None:
-        """``phi_j <- phi_j + sum_k n_k d_k / sum_k n_k`` over the contributors of each module."""
+        """FedAvg module-wise: ``phi_j <- phi_j − sum_k n_k Δ_k / sum_k n_k`` over the contributors
+        of each module (``Δ = global − local``, so this is the weighted mean of the local models)."""
         cur = state_vectors(self.model)
-        load_state_vectors(self.model, {n: cur[n] + sums.mean(n) for n in sums.sums})
+        load_state_vectors(self.model, {n: cur[n] - sums.mean(n) for n in sums.sums})
 
     @torch.no_grad()
     def val_loss(self) -> float:

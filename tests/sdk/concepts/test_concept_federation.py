@@ -1,19 +1,21 @@
-"""A tiny F-CMs federation on Asia, and module-wise aggregation over contributors (4.2.3)."""
+"""The research F-CMs loop (sdk/research/fcm_federation.py, the benchmark's) on tiny Asia, and
+module-wise aggregation over contributors (4.2.3). The protocol path (masked, audited) is
+tested in test_concept_task.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from clinograph.sdk.concepts.federated import (
+from clinograph.sdk.concepts.modules import ConceptHParams
+from clinograph.sdk.concepts.views import make_client_views
+from clinograph.sdk.research import bnlearn
+from clinograph.sdk.research.fcm_federation import (
     ClientData,
     FCMFederation,
     FederationConfig,
     aggregate_module_sums,
 )
-from clinograph.sdk.concepts.modules import ConceptHParams
-from clinograph.sdk.concepts.views import make_client_views
-from clinograph.sdk.research import bnlearn
 from clinograph.secure.aggregation.base import LocalUpdate
 
 
@@ -98,44 +100,3 @@ def test_early_stopping_waits_for_the_join_then_stops_on_patience(asia):
     after = res.val_loss[cfg.join_round:]
     assert res.val_loss[res.best_round] == min(after)
 
-
-def test_masked_federation_matches_plaintext(asia):
-    """Votes and module updates through the real masked mode give the plaintext run's DAG and
-    (to fixed-point precision) its parameters."""
-    from clinograph.sdk.concepts.params import state_vectors
-    from clinograph.sdk.concepts.secure_sums import SecureSums
-
-    nodes, cards, x, codes = asia
-    _, clients = four_clients(asia, seed=2, rows=1200, task_drop=0.5)
-    val = np.arange(2400, 3000)
-    cfg = FederationConfig(kind="c2bm", rounds=2, clients_per_round=4, n_initial=4, join_round=1, local_epochs=1,
-                           batch_size=150, lr=5e-3, z_dim=8, encoder_hidden=(16,), hp=ConceptHParams(hidden=8, emb=4),
-                           seed=0)
-
-    def run(summer):
-        kw = {} if summer is None else {"summer": summer}
-        return FCMFederation(config=cfg, concepts=nodes, task="dysp", cards=cards, clients=clients,
-                             in_dim=x.shape[1], val=(torch.from_numpy(x[val]), labels(codes, val, nodes, set(nodes))),
-                             **kw).run()
-
-    secure = SecureSums(federation_id="fcm-test", max_weight=400.0)
-    plain, masked = run(None), run(secure)
-    assert secure.rounds == 4  # votes and updates, two rounds
-    assert masked.outcome.edges() == plain.outcome.edges()
-    a, b = state_vectors(plain.model), state_vectors(masked.model)
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_allclose(b[name], a[name], atol=1e-5)
-
-
-def test_secure_sums_refuse_values_beyond_the_public_bound():
-    from clinograph.sdk.concepts.secure_sums import SecureSums
-    from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
-
-    spec = ModelSpec(version=0, modules=(ModuleSpec(name="encoder/mlp", shape=(3,), kind=ModuleKind.SHARED),))
-    ups = {c: LocalUpdate(modules={"encoder/mlp": np.full(3, 50.0)}, weight=10.0) for c in ("a", "b", "c")}
-    from clinograph.secure.errors import ProtocolError
-
-    # every client half refuses a value outside the bound, so the round aborts: no partial sum
-    with pytest.raises(ProtocolError, match="Round aborted, nothing published"):
-        SecureSums(federation_id="f", max_weight=10.0, delta_bound=1.0)("updates", spec, ups)
