@@ -6,8 +6,8 @@ import os
 import threading
 
 import pytest
-from clinograph.sdk import tomlio
 from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
+from clinograph.secure import tomlio  # the one loader; clinograph.sdk.tomlio re-exports it
 from clinograph.secure.errors import ConfigError
 
 
