@@ -122,7 +122,7 @@ def _converted(mapped: dict, units: dict[str, str | None]) -> dict[str, str]:
 
 
 def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
-    reserved = {schema.patient_id, schema.label}
+    reserved = {schema.patient_id, schema.label, *(schema.concepts or ())}
     names = [c for c in df.columns if c not in reserved and c not in schema.ignore]
     mapped, unknown = resolve(names, schema, dictionary)
     for col in unknown:

@@ -90,6 +90,9 @@ class SiteSchema(BaseModel):
     long: LongColumns = Field(default_factory=LongColumns)
     policy: MissingLabelPolicy = Field(default_factory=MissingLabelPolicy)
     unlabeled: bool = False
+    #: F-CMs concept-label columns (wide tables): kept out of the features, like the label; a
+    #: concept task reads them with clinograph.sdk.concepts.labels.concept_labels. None: no concepts.
+    concepts: tuple[str, ...] | None = None
 
     @model_validator(mode="after")
     def _label_declared(self) -> SiteSchema:
