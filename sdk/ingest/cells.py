@@ -78,13 +78,13 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
         problems.append(f"{where}: {rows_text(overflow)}: the value overflows when converted to {feat.unit}. "
                         "Check the unit in the site schema or correct the values.")
     ok = finite_in & np.isfinite(vals)
-    if feat.physical_min is None and feat.physical_max is None:
-        huge = ok & (np.abs(vals) > MAX_MAGNITUDE)
-        if huge.any():
-            problems.append(f"{where}: {rows_text(huge)}: magnitude above {MAX_MAGNITUDE:g} after conversion to "
-                            f"{feat.unit}, and the dictionary sets no physical limits for {feat.id!r}. Correct the "
-                            "values, or set physical_min/physical_max for the feature in the dictionary.")
-            ok &= ~huge
+    huge = ok & (((vals > MAX_MAGNITUDE) & (feat.physical_max is None))
+                 | ((vals < -MAX_MAGNITUDE) & (feat.physical_min is None)))
+    if huge.any():
+        problems.append(f"{where}: {rows_text(huge)}: magnitude above {MAX_MAGNITUDE:g} after conversion to "
+                        f"{feat.unit}, and the dictionary sets no physical limit on that side for {feat.id!r}. "
+                        "Correct the values, or set physical_min/physical_max for the feature in the dictionary.")
+        ok &= ~huge
     lo = feat.physical_min if feat.physical_min is not None else -np.inf
     hi = feat.physical_max if feat.physical_max is not None else np.inf
     impossible = ok & ((vals < lo) | (vals > hi))

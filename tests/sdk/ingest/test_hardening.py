@@ -76,8 +76,12 @@ def test_unit_conversion_overflow_is_an_error_not_missing():
 
 def test_value_without_physical_limit_has_a_sane_magnitude_bound():
     df = pd.DataFrame({"pid": ["a", "b"], "crp": ["1e300", "3"], "y": [0, 1]})
-    with pytest.raises(SchemaError, match=r"row 1: magnitude above 1e\+15 .*sets no physical limits for 'crp'"):
+    with pytest.raises(SchemaError, match=r"row 1: magnitude above 1e\+15 .*no physical limit on that side for 'crp'"):
         ingest(df, schema=wide(), dictionary=D)
+    only_min = FeatureDictionary(name="m", version=1, features=(
+        Feature(id="crp", name="CRP", kind=FeatureKind.NUMERIC, reference_low=0, reference_high=5, physical_min=0),))
+    with pytest.raises(SchemaError, match=r"row 1: magnitude above 1e\+15"):
+        ingest(df, schema=wide(), dictionary=only_min)
 
 
 def test_two_columns_resolving_to_one_feature_are_an_error():
