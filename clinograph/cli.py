@@ -101,13 +101,33 @@ def demo(
     dp: Annotated[bool, typer.Option("--dp/--no-dp", help="Also train with patient-level DP-SGD at every "
                                      "hospital and print each hospital's ε.")] = True,
     scale: Annotated[float, typer.Option(min=0.01, max=10.0, help="Multiply hospital sizes (smoke tests).")] = 1.0,
+    concepts: Annotated[bool, typer.Option("--concepts", help="The second job instead: a concept model (CGM) "
+                                           "over the same hospitals with DAG voting, masked and audited; writes "
+                                           "OUT/audit and OUT/concepts_report.html.")] = False,
 ) -> None:
     """The main job: a 4-hospital federation from ALARM, NS-FL vs the paper's baselines."""
     _needs_hospital("demo")
+    if concepts:
+        _concepts_demo(out=out, rounds=rounds, seed=seed, secure_mode=secure_mode, scale=scale)
+        return
     from .demo_view import run_demo_view
 
     _threads()
     run_demo_view(out=out, rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp, scale=scale)
+
+
+def _concepts_demo(*, out: Path, rounds: int, seed: int, secure_mode: str, scale: float) -> None:
+    from clinograph.sdk.research.concepts_demo import run_concepts_demo
+
+    _threads()
+    res = run_concepts_demo(out_dir=out, rounds=rounds, seed=seed, secure_mode=secure_mode, scale=scale)
+    typer.echo("voted DAG: " + ", ".join(f"{a} -> {b}" for a, b in res.edges))
+    typer.echo("ALARM DAG: " + ", ".join(f"{a} -> {b}" for a, b in res.truth))
+    for name, m in res.metrics.items():
+        typer.echo(f"  {name:6s} " + "  ".join(f"{k}={v:.3f}" for k, v in sorted(m.items())))
+    typer.echo(f"audit {res.audit_dir}: {'verified' if res.audit_ok else 'VERIFICATION FAILED'}; report {res.report}")
+    if not res.audit_ok:
+        raise typer.Exit(1)
 
 
 @app.command()
