@@ -17,9 +17,10 @@ from .params import (
     state_vectors,
     trainable_modules,
 )
+from .task import ConceptTask, ConceptTraining, ConceptVote
 
 __all__ = ["GRAPH_BASED", "TASK_MODULE", "AdaptReport", "ConceptGraph", "ConceptHParams", "ConceptModel",
-           "ConceptOutput", "EmbeddingAdapter", "MLPEncoder", "adapt_model", "count_changed",
+           "ConceptOutput", "ConceptTask", "ConceptTraining", "ConceptVote", "EmbeddingAdapter", "MLPEncoder", "adapt_model", "count_changed",
            "create_node_module", "fcm_loss", "fraction_changed", "freeze_unsupervised", "get_module_vector",
            "list_modules", "model_spec", "module_parameters", "random_interventions", "set_module_vector",
            "state_vectors", "trainable_modules"]
