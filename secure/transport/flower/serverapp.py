@@ -10,7 +10,7 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
                        policy, initial model file, audit directory)
 ``federation-file``    path of ``federation.toml`` (who is enrolled, with which keys)
 ``server-key``         path of the server's Ed25519 signing key
-``rounds``             optional: overrides ``[federation] rounds``
+``rounds``             optional: overrides ``[federation] rounds`` (0: use server.toml's)
 ``min-nodes``          wait for this many connected SuperNodes before greeting them
 ``wait-timeout``       seconds to wait for them (then go on with those present)
 ``hello-timeout``      seconds for the signed hello
@@ -85,7 +85,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
         initial = initial_model_from_bytes(Path(config.initial_model).read_bytes())
     except OSError as exc:
         raise ConfigError(f"Cannot read the initial model {config.initial_model}: {exc.strerror}.") from None
-    rounds = _get(run_config, "rounds", int, fed.rounds)
+    rounds = _get(run_config, "rounds", int, 0) or fed.rounds
     min_nodes = _get(run_config, "min-nodes", int, len(federation.hospitals))
     wait = _get(run_config, "wait-timeout", float, 60.0)
     timeouts = Timeouts(hello=_get(run_config, "hello-timeout", float, 60.0),
