@@ -26,11 +26,11 @@ from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..config import HospitalConfig
-from ..training.trainer import TrainOutcome
 from ..graph.star import star_batch
 from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
 from ..training.local import TrainConfig, predict
+from ..training.trainer import TrainOutcome
 from .accountant import PrivacyLedger, normalise
 from .calibration import calibrate_noise_multiplier, poisson_plan
 from .guard import refuse_coupled_plan, refuse_coupled_training

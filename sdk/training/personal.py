@@ -10,6 +10,7 @@ feature masks (``mask/<f>``) are always personal.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 import torch
 from clinograph.secure.errors import ConfigError

@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..messages import DPPolicy, ID_PATTERN
+from ..messages import ID_PATTERN, DPPolicy
 
 #: Default bound on a hospital's aggregation weight (its training-patient count). A hospital
 #: with more patients still takes part, with weight ``max_weight`` (its influence is capped,

@@ -33,7 +33,7 @@ class Strategy(ABC):
         """Options the clients need (e.g. FedProx's μ), carried in the round plan."""
         return {}
 
-    def observe(self, *, round_: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
+    def observe(self, *, round_: int, metrics: Mapping[str, Mapping[str, float]]) -> None:  # noqa: B027 - optional hook
         """Metrics the clients reported this round (used by quality-weighted strategies)."""
 
     @abstractmethod

@@ -24,7 +24,6 @@ from .messages import NodeHello
 from .records import MESSAGE_TYPE, from_content, to_content
 
 
-
 @dataclass(frozen=True)
 class Timeouts:
     """Seconds each exchange may take: ``plan`` includes local training; ``stage`` is each later

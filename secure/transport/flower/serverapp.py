@@ -39,7 +39,13 @@ from ...audit import AuditTrail
 from ...errors import ConfigError, ProtocolError
 from ...identity import Identity
 from ...messages import RoundResult
-from ...runtime import ServerConfig, build_server, initial_model_from_bytes, run_ckks_ceremony, run_rounds
+from ...runtime import (
+    ServerConfig,
+    build_server,
+    initial_model_from_bytes,
+    run_ckks_ceremony,
+    run_rounds,
+)
 from . import check_flower_version
 from .driver import FlowerTransport, Timeouts, greet_nodes
 from .enrolment import load_federation
