@@ -4,7 +4,7 @@
     python benchmarks/dp_utility.py --quick         # 2 rounds, small hospitals; prints JSON, writes nothing
 
 The F-CMs paper's DP setting: δ = 1e-5, clip norm C = 1.0, ε ∈ {10, 5, 1}. Every run is a full
-:func:`clinograph.sdk.federation.simulation.run_simulation` (masked secure aggregation,
+:func:`clinograph.sdk.federation.simulate.simulate` (masked secure aggregation,
 FedSGD, signed plans, audit trail) on :data:`DEFAULT_HOSPITALS`. Under DP each hospital's σ is
 calibrated (Opacus ``get_noise_multiplier``, RDP accountant) so that its ε after the planned
 R rounds × E local epochs equals the target; ``similar_to`` is off (k = 0). Two non-DP
@@ -17,7 +17,6 @@ benchmarks/results/dp_utility.json. Asserts nothing.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -33,15 +32,15 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
-from clinograph.sdk.federation.config import (  # noqa: E402
-    FederationSection,
+from clinograph.sdk.config import (  # noqa: E402
     GraphSection,
     PrivacySection,
     SimulationConfig,
 )
-from clinograph.sdk.federation.simulation import run_simulation  # noqa: E402
+from clinograph.sdk.federation.simulate import simulate  # noqa: E402
+from clinograph.secure.runtime.config import FederationSection  # noqa: E402
 from clinograph.sdk.ingest.validate import ingest  # noqa: E402
-from clinograph.sdk.privacy import PrivacyLedger, dp_trainer_factory  # noqa: E402
+from clinograph.sdk.privacy import PrivacyLedger  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "dp_utility.json"
 DELTA, CLIP = 1e-5, 1.0
@@ -49,12 +48,12 @@ DELTA, CLIP = 1e-5, 1.0
 
 def _run(tables, dictionary, *, rounds: int, epochs: int, k_similar: int, epsilon: float | None, work: Path) -> dict:
     privacy = PrivacySection(enabled=epsilon is not None, epsilon_budget=epsilon or 10.0, target_epsilon=epsilon,
-                             planned_rounds=rounds, delta=DELTA, clip_norm=CLIP, batch_size=64)
+                             planned_rounds=rounds, planned_local_epochs=epochs, delta=DELTA, clip_norm=CLIP,
+                             batch_size=64, state_dir=work / "state")
     cfg = SimulationConfig(federation=FederationSection(rounds=rounds, local_epochs=epochs, secure_mode="masked"),
                            graph=GraphSection(k_similar=k_similar), privacy=privacy, output=work)
-    factory = functools.partial(dp_trainer_factory, state_root=work / "state") if epsilon is not None else None
     t = time.perf_counter()
-    res = run_simulation(tables, dictionary, cfg, audit_dir=work / "audit", trainer_factory=factory)
+    res = simulate(tables, dictionary, cfg, audit_dir=work / "audit")
     out: dict = {"seconds": time.perf_counter() - t,
                  "auroc": {s: m["auroc"] for s, m in res.final.items()},
                  "auprc": {s: m["auprc"] for s, m in res.final.items()},

@@ -35,6 +35,7 @@ import platform
 import statistics
 import sys
 import tempfile
+from types import SimpleNamespace
 import time
 import warnings
 from importlib.metadata import version
@@ -44,8 +45,10 @@ import numpy as np
 import pandas as pd
 import torch
 from clinograph.sdk.research.alarm_demo import load_dictionary, render_patients, sample_alarm
-from clinograph.sdk.federation.config import SimulationConfig
-from clinograph.sdk.federation.pfgl import PFGLSection, run_pfgl
+from clinograph.sdk.config import SimulationConfig
+from clinograph.sdk.federation.simulate import build_simulation
+from clinograph.sdk.training.metrics import binary_metrics
+from clinograph.sdk.training.quality import f1_positive, micro_f1
 from clinograph.sdk.ingest import PatientTable, ingest
 from clinograph.sdk.ontology.schema import ColumnMap, SiteSchema
 
@@ -115,6 +118,40 @@ def convergence_round(curve: list[float], *, tol: float) -> int:
     return len(curve)
 
 
+def _scores(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
+    out = binary_metrics(y, p)
+    out["micro_f1"], out["f1"] = micro_f1(y, p), f1_positive(y, p)
+    return out
+
+
+def _run_pfgl(tables, dictionary, config, *, audit_dir: Path) -> SimpleNamespace:
+    """The federation on the one runtime; after each round, each hospital's test split scored with
+    its own model (global shared + personal), and all test predictions pooled (PFGL-Net 4.1.4)."""
+    sim = build_simulation(tables, dictionary, config, audit_dir=audit_dir)
+    res = SimpleNamespace(rounds=[], pooled=[], weights=[], released=[], round_seconds=[])
+    try:
+        for _ in range(config.federation.rounds):
+            t = time.perf_counter()
+            sim.run_round()
+            res.round_seconds.append(time.perf_counter() - t)
+            plan = next(iter(sim.hospitals.values())).plan
+            res.weights.append({k.split("/", 1)[1]: float(v) for k, v in plan.options.items() if k.startswith("weight/")})
+            res.released.append({n: h.task.quality() for n, h in sim.hospitals.items()}
+                                if config.release.metrics == "quality" else {})
+            ys, ps, per = [], [], {}
+            for n, h in sorted(sim.hospitals.items()):
+                test = h.task.split.test
+                y, p = h.task.table.labels[test], h.task.predict()[test]
+                per[n] = _scores(y, p)
+                ys.append(y)
+                ps.append(p)
+            res.rounds.append(per)
+            res.pooled.append(_scores(np.concatenate(ys), np.concatenate(ps)))
+    finally:
+        sim.audit.close()
+    return res
+
+
 def run_arm(arm: str, tables: list[PatientTable], dictionary, *, rounds: int, seed: int, tol: float,
             local_epochs: int, batch_size: int) -> dict:
     strategy, options, personal, ft = ARMS[arm]
@@ -122,11 +159,14 @@ def run_arm(arm: str, tables: list[PatientTable], dictionary, *, rounds: int, se
         "federation": {"id": f"pfgl-{arm}", "rounds": rounds, "secure_mode": "masked", "strategy": strategy,
                        "min_clients": len(tables), "local_epochs": local_epochs, "seed": seed},
         "model": {"hidden": 32}, "training": {"lr": 0.005, "batch_size": batch_size, "seed": seed},
-        "graph": {"k_similar": 0}, "publish_feature_relevance": False})
-    pfgl = PFGLSection(strategy_options=options, personal=personal, fine_tune_epochs=ft)
+        "graph": {"k_similar": 0}, "personal": {"modules": list(personal), "fine_tune_epochs": ft},
+        "release": {"metrics": "quality" if strategy == "dq_weighted" else "none"},
+        "split": {"validation_fraction": 0.2, "seed": seed}})
+    config = config.model_copy(update={"federation": config.federation.model_copy(
+        update={"strategy_options": dict(options)})})
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        res = run_pfgl(tables, dictionary, config, pfgl, audit_dir=Path(tmp) / "audit")
+        res = _run_pfgl(tables, dictionary, config, audit_dir=Path(tmp) / "audit")
     seconds = time.perf_counter() - t0
     curves = {m: [float(rnd[m]) for rnd in res.pooled] for m in METRICS}
     mean_curves = {m: [float(np.nanmean([h[m] for h in rnd.values()])) for rnd in res.rounds] for m in METRICS}

@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median, write  # noqa: E402
 from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
-from clinograph.sdk.federation.config import SimulationConfig  # noqa: E402
-from clinograph.sdk.federation.simulation import run_simulation  # noqa: E402
+from clinograph.sdk.config import SimulationConfig  # noqa: E402
+from clinograph.sdk.federation.simulate import simulate  # noqa: E402
 from clinograph.sdk.graph import build_graph, star_batch  # noqa: E402
 from clinograph.sdk.ingest import ingest  # noqa: E402
 
@@ -49,7 +49,7 @@ def main(quick: bool) -> None:
             cfg = SimulationConfig.model_validate({"federation": {"rounds": rounds, "secure_mode": mode,
                                                                   "min_clients": 3}})
             with tempfile.TemporaryDirectory() as tmp:
-                res = run_simulation(tables, d, cfg, audit_dir=Path(tmp) / "audit")
+                res = simulate(tables, d, cfg, audit_dir=Path(tmp) / "audit")
             per_mode[mode]["round"] += res.timings["round_seconds"]
             per_mode[mode]["training"] += res.timings["local_training_seconds"]
             per_mode[mode]["protocol_and_aggregation"] += res.timings["protocol_and_aggregation_seconds"]
