@@ -169,6 +169,19 @@ class DagOutcome(Payload):
         return self
 
 
+class ModelSelected(Payload):
+    """``model_selected``: the round whose global model the federation kept, chosen by the
+    federated validation loss (sum over hospitals of loss x validation count, summed by the
+    secure mode; no hospital's own figure appears here), and why the run stopped."""
+
+    round: int = Field(ge=0)
+    validation_loss: float
+    rounds_evaluated: int = Field(ge=1)
+    patience: int = Field(ge=0)
+    stopped_early: bool
+    losses: list[float]
+
+
 class InsecureOption(Payload):
     """``insecure_option``: an ``insecure_*`` option in use, and why (policy.require_allowed)."""
 
@@ -212,6 +225,7 @@ KINDS: dict[str, type[Payload]] = {
     "update_rejected": UpdateRejected, "round_aborted": RoundAborted, "aggregate": Aggregate,
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption,
+    "model_selected": ModelSelected,
     "audit_open": AuditOpen, "audit_reopen": AuditOpen, "artefact": Artefact, "envelope": EnvelopeRef,
 }
 RESERVED = frozenset({"audit_open", "audit_reopen", "artefact", "envelope"})
