@@ -39,6 +39,22 @@ def _quiet(kind: str, data: Mapping[str, Any]) -> None:
     return None
 
 
+def relay_stages(next_stage: Callable[[], Mapping[str, bytes] | None], receive: Callable[[bytes, str], object],
+                 transport: Transport, *, round_: int, dropped: dict[str, str]) -> None:
+    """The secure mode's later stages: each stage's messages to the hospitals it names, their
+    replies back to ``receive(data, channel)``; silence or refusal adds to ``dropped``."""
+    stage = 1
+    while (messages := next_stage()) is not None:
+        live = {n: {"data": d} for n, d in sorted(messages.items()) if n not in dropped}
+        answers, failed = transport.exchange("stage", live, round_=round_)
+        for name, reason in failed.items():
+            dropped.setdefault(name, f"stage {stage}: {reason}")
+        for name, parts in answers.items():
+            if "reply" in parts:
+                receive(parts["reply"], name)
+        stage += 1
+
+
 def run_round(server: FederationServer, transport: Transport, *, participants: tuple[str, ...] | None = None,
               pending_model: Mapping[str, bytes] | None = None, on_event: EventSink | None = None) -> RoundOutcome:
     """Run one round with ``participants`` (default: every enrolled hospital the transport reaches).
@@ -65,16 +81,8 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
             continue
         if server.receive_report(parts["report"], channel=name):
             server.receive(parts["first"], channel=name)
-    stage = 1
-    while (messages := server.next_stage()) is not None:
-        live = {n: {"data": d} for n, d in sorted(messages.items()) if n not in dropped}
-        answers, failed = transport.exchange("stage", live, round_=round_)
-        for name, reason in failed.items():
-            dropped.setdefault(name, f"stage {stage}: {reason}")
-        for name, parts in answers.items():
-            if "reply" in parts:
-                server.receive(parts["reply"], channel=name)
-        stage += 1
+    relay_stages(server.next_stage, lambda data, name: server.receive(data, channel=name), transport,
+                 round_=round_, dropped=dropped)
     for name, reason in sorted(dropped.items()):
         event("dropped", {"round": round_, "hospital": name, "reason": reason})
     result = server.close_round()

@@ -1,12 +1,12 @@
-"""In-process transport: run one secure-aggregation round with every party in this process.
+"""One secure-aggregation round of a mode alone, in process -- the mode-level harness.
 
-Used by tests and simulations. It relays each stage's sealed messages between the server half
-and the client halves of a registered mode, and models dropouts and deadlines: a client listed
-in ``drop`` with stage index s stops answering from stage s on (0 = the answer to the plan),
-and each stage closes as soon as every live client has answered (the deadline has then passed
-for the silent ones, who count as dropped). A client half that raises ProtocolError or
-IntegrityError while handling a message is treated as dropped, and so is one whose first
-message cannot be built.
+Tests and benchmarks of a secure mode need its two halves without a federation server (no
+strategy, no audit). :func:`run_aggregation` runs them over the runtime's own pieces: the
+first messages, then :func:`clinograph.secure.runtime.loop.relay_stages` over an
+:class:`~clinograph.secure.runtime.InProcessTransport`, so the stage relay is the one the
+federation's round loop uses. A client listed in ``drop`` with stage index s stops answering
+from stage s on (0 = the answer to the plan); a client half that raises while handling a
+message is treated as dropped, with the reason prefixed ``client:``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..aggregation import ModuleSums, create_mode
-from ..aggregation.base import AggregationServer, LocalUpdate
-from ..errors import ConfigError, IntegrityError, ProtocolError
+from ..aggregation.base import AggregationClient, AggregationServer, LocalUpdate
+from ..errors import ClinographError, ConfigError, IntegrityError, ProtocolError
 from ..identity import Identity
 from ..messages import MAX_MESSAGE_BYTES, RoundPlan
+from ..runtime.loop import relay_stages
+from ..runtime.transport import InProcessTransport
 from ..wire import parse_envelope
+
+
+class _ModeHalf:
+    """A client half as a runtime participant (only later stages go through the transport)."""
+
+    def __init__(self, name: str, client: AggregationClient, traffic: dict[str, int] | None):
+        self.name, self.client, self.traffic = name, client, traffic
+
+    def on_stage(self, data: bytes) -> bytes | None:
+        try:
+            reply = self.client.handle(data)
+        except ClinographError as exc:
+            raise ProtocolError(f"client: {exc}") from None
+        if reply is not None and self.traffic is not None:
+            self.traffic[self.name] = self.traffic.get(self.name, 0) + len(reply)
+        return reply
 
 
 def _deliver(server: AggregationServer, sender: str, data: bytes, transport_rejected: dict[str, str]) -> None:
@@ -30,14 +48,10 @@ def _deliver(server: AggregationServer, sender: str, data: bytes, transport_reje
         env = parse_envelope(data, max_bytes=MAX_MESSAGE_BYTES)
         if env.sender != sender:
             raise ProtocolError(f"Envelope claims sender {env.sender!r} but arrived from {sender!r}.")
+        server.receive(env)
     except (ProtocolError, IntegrityError) as exc:
         if receive_bytes is None:
             transport_rejected.setdefault(sender, str(exc))
-        return
-    try:
-        server.receive(env)
-    except (ProtocolError, IntegrityError):
-        return  # the server records the reason; the client is dropped for this round
 
 
 def run_aggregation(*, mode: str, plan: RoundPlan, server_identity: Identity,
@@ -55,11 +69,6 @@ def run_aggregation(*, mode: str, plan: RoundPlan, server_identity: Identity,
         drop: client -> stage index from which it stops answering (0: it never answers).
         traffic: if given, filled with the bytes each client uploaded (all stages).
 
-    Returns:
-        The :class:`ModuleSums` the mode reveals to the server, and client -> reason for every
-        message refused (server side, plus client halves that stopped with an error, prefixed
-        ``client:``).
-
     Raises:
         ProtocolError: the round aborted (e.g. fewer survivors than the threshold).
         ConfigError: updates or identities do not match the plan's participants.
@@ -74,40 +83,24 @@ def run_aggregation(*, mode: str, plan: RoundPlan, server_identity: Identity,
     server = secure_mode.server(plan=plan, peers=peers, identity=server_identity)
     clients = {c: secure_mode.client(plan=plan, identity=client_identities[c], server=server_identity.public,
                                      peers=peers, update=u) for c, u in updates.items()}
-    failed: dict[str, str] = {}
+    dropped: dict[str, str] = {}
     transport_rejected: dict[str, str] = {}
-
-    def live(c: str, stage: int) -> bool:
-        return c in clients and c not in failed and drop.get(c, stage + 1) > stage
-
-    def upload(c: str, data: bytes | None) -> None:
-        # Delivered at once: no more than one client message is in flight (memory O(P)).
-        if data is None:
-            return
+    for c, client in clients.items():  # stage 0: the answer to the plan
+        if drop.get(c, 1) <= 0:
+            dropped[c] = "silent from stage 0"
+            continue
+        try:
+            data = client.first_message()
+        except (ProtocolError, IntegrityError) as exc:
+            dropped[c] = f"client: {exc}"
+            continue
         if traffic is not None:
             traffic[c] = traffic.get(c, 0) + len(data)
         _deliver(server, c, data, transport_rejected)
-
-    for c, client in clients.items():
-        if live(c, 0):
-            try:
-                data = client.first_message()
-            except (ProtocolError, IntegrityError) as exc:
-                failed[c] = f"client: {exc}"
-                continue
-            upload(c, data)
-    stage = 0
-    while (messages := server.next_stage()) is not None:
-        stage += 1
-        for c in list(messages):
-            data = messages.pop(c)
-            if not live(c, stage):
-                continue
-            try:
-                reply = clients[c].handle(data)
-            except (ProtocolError, IntegrityError) as exc:
-                failed[c] = f"client: {exc}"
-                continue
-            upload(c, reply)
-    rejected = {**failed, **transport_rejected, **server.rejected()}
-    return server.result(), rejected
+    transport = InProcessTransport({c: _ModeHalf(c, cl, traffic) for c, cl in clients.items()})
+    transport.drop_at(plan.round, {c: s - 1 for c, s in drop.items() if s >= 1})  # exchange k = stage k + 1
+    relay_stages(server.next_stage, lambda data, name: _deliver(server, name, data, transport_rejected), transport,
+                 round_=plan.round, dropped=dropped)
+    failed = {c: r.split("ProtocolError: ", 1)[1] for c, r in dropped.items() if "ProtocolError: client: " in r}
+    failed.update({c: r for c, r in dropped.items() if r.startswith("client: ")})
+    return server.result(), {**failed, **transport_rejected, **server.rejected()}
