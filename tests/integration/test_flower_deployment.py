@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lean_env import lean_server_python  # noqa: F401 -- the fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "examples" / "flower_deployment" / "app"
@@ -108,7 +109,9 @@ def _events(path: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["masked", "ckks"])
-def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, mode):
+def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, mode, lean_server_python):
+    """The SuperLink and so the ServerApp run from the lean server install (no torch, PyG, Opacus,
+    pgmpy: tests/lean_env.py), the hospitals from the full install."""
     from clinograph.secure.audit import verify_audit_dir
     from clinograph.secure.transport.flower.keyset import init_keyset
 
@@ -137,10 +140,12 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
     logs = tmp_path / "logs"
     logs.mkdir()
     procs: list[tuple[str, subprocess.Popen]] = []
+    lean_bin = Path(lean_server_python).parent
+    lean_env = {**env, "PATH": f"{lean_bin}:{os.environ.get('PATH', '')}"}  # flwr-serverapp from the lean venv
 
-    def start(name: str, cmd: list[str]) -> subprocess.Popen:
+    def start(name: str, cmd: list[str], environ: dict | None = None) -> subprocess.Popen:
         out = (logs / f"{name}.log").open("wb")
-        p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+        p = subprocess.Popen(cmd, env=environ or env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
                              start_new_session=True)
         procs.append((name, p))
         return p
@@ -157,10 +162,10 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
     preparing = threading.Thread(target=write_sites, daemon=True)
     preparing.start()
     try:
-        start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"),
+        start("superlink", [str(lean_bin / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"),
                             "--ssl-certfile", str(link / "server.pem"), "--ssl-keyfile", str(link / "server.key"),
                             "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(link_port),
-                            "--disable-runtime-dependency-installation"])
+                            "--disable-runtime-dependency-installation"], environ=lean_env)
         _wait(lambda: _port_open(link_port), timeout=min(60, remaining()), what="the SuperLink", procs=procs)
         mark("SuperLink up")
         registering = [subprocess.Popen(  # the operator registers each hospital's node-auth public key
@@ -221,6 +226,9 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
     # the sum (it contributed), it died before decrypting
     survivors = ["h1", "h2"] if mode == "masked" else list(HOSPITALS)
     assert closed[1]["contributors"] == survivors and closed[1]["dropped"] == ["h3"]
+    started = next(e for e in ev if e["event"] == "started")
+    assert Path(started["python"]).resolve() == lean_bin.parent.resolve()  # the ServerApp ran in the lean venv
+    assert started["torch_installed"] is False
     greeted = next(e for e in ev if e["event"] == "greeted")
     assert greeted["hospitals"] == list(HOSPITALS)
     from clinograph.secure.transport.flower.enrolment import load_federation

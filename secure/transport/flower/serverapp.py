@@ -99,6 +99,11 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
                         stage=_get(run_config, "stage-timeout", float, 120.0),
                         end=_get(run_config, "end-timeout", float, 60.0))
     events = _Events(_get(run_config, "events-file", str, ""))
+    import importlib.util
+    import sys
+
+    events("started", {"federation": fed.id, "secure_mode": fed.secure_mode, "python": sys.prefix,
+                       "torch_installed": importlib.util.find_spec("torch") is not None})
     identity = Identity.load(federation.server.name, Path(_get(run_config, "server-key", str)))
     deadline = time.monotonic() + wait
     node_ids = sorted(grid.get_node_ids())
