@@ -8,14 +8,23 @@ only at the boundary (:mod:`clinograph.secure.wire`). Arrays travel as little-en
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .spec import MODULE_NAME_PATTERN, ModelSpec
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: Largest client report envelope the server parses (metrics, ledger, feature relevance).
+MAX_REPORT_BYTES = 2 * 1024 * 1024
+#: Feature relevance, as audited, stays well inside the audit's 1 MiB payload limit.
+MAX_RELEVANCE_CHARS = 512 * 1024
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+
+#: A finite float: NaN and infinity are refused at the boundary (JSON ``NaN``/``Infinity`` too).
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+MetricName = Annotated[str, Field(min_length=1, max_length=64)]
+FeatureName = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class WireMessage(BaseModel):
@@ -68,15 +77,15 @@ class ModuleTensor(WireMessage):
 class LedgerEntry(WireMessage):
     """A hospital's privacy accounting for one round (issue 4), signed with its update."""
 
-    round: int = Field(ge=0)
-    noise_multiplier: float = Field(ge=0)
-    sample_rate: float = Field(gt=0, le=1)
-    steps: int = Field(ge=0)
-    clip_norm: float = Field(gt=0)
+    round: int = Field(ge=0, lt=2**31)
+    noise_multiplier: float = Field(ge=0, allow_inf_nan=False)
+    sample_rate: float = Field(gt=0, le=1, allow_inf_nan=False)
+    steps: int = Field(ge=0, lt=2**40)
+    clip_norm: float = Field(gt=0, allow_inf_nan=False)
     accountant: str = Field(max_length=32)
-    epsilon: float = Field(ge=0)
-    delta: float = Field(gt=0, lt=1)
-    budget_epsilon: float = Field(gt=0)
+    epsilon: float = Field(ge=0, allow_inf_nan=False)
+    delta: float = Field(gt=0, lt=1, allow_inf_nan=False)
+    budget_epsilon: float = Field(gt=0, allow_inf_nan=False)
 
 
 class ClientUpdate(WireMessage):
@@ -93,9 +102,9 @@ class ClientUpdate(WireMessage):
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
-    weight: float = Field(gt=0)
+    weight: float = Field(gt=0, allow_inf_nan=False)
     modules: tuple[ModuleTensor, ...] = Field(max_length=100_000)
-    metrics: dict[str, float] = Field(default_factory=dict, max_length=32)
+    metrics: dict[MetricName, Finite] = Field(default_factory=dict, max_length=32)
     ledger: LedgerEntry | None = None
 
 
@@ -124,7 +133,12 @@ class RoundResult(WireMessage):
 class ClientReport(WireMessage):
     """Hospital -> server, beside every mode's first message: the privacy ledger entry and the
     metrics the hospital chose to release. Signed; the server checks it against the DP policy
-    before it lets the hospital's update into the aggregate."""
+    before it lets the hospital's update into the aggregate.
+
+    Bounded at the boundary so that whatever parses can be audited: finite floats only, at
+    most 32 metrics with names of <= 64 characters, feature names of <= 128 characters and
+    at most :data:`MAX_RELEVANCE_CHARS` of feature relevance (the envelope itself is bounded
+    by :data:`MAX_REPORT_BYTES`)."""
 
     kind: Literal["client_report"] = "client_report"
     federation_id: str = Field(pattern=ID_PATTERN)
@@ -132,5 +146,12 @@ class ClientReport(WireMessage):
     client: str = Field(pattern=ID_PATTERN)
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     ledger: LedgerEntry | None = None
-    metrics: dict[str, float] = Field(default_factory=dict, max_length=32)
-    feature_relevance: dict[str, float] | None = Field(default=None, max_length=10_000)
+    metrics: dict[MetricName, Finite] = Field(default_factory=dict, max_length=32)
+    feature_relevance: dict[FeatureName, Finite] | None = Field(default=None, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _bounded_relevance(self) -> ClientReport:
+        chars = sum(len(k) + 32 for k in self.feature_relevance or {})
+        if chars > MAX_RELEVANCE_CHARS:
+            raise ValueError(f"feature_relevance takes {chars} characters; at most {MAX_RELEVANCE_CHARS}")
+        return self

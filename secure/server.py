@@ -8,23 +8,49 @@ sees a personal module, and in ``masked`` mode never a single hospital's update.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .aggregation import AggregationServer, ModuleSums, create_mode
-from .aggregation.checks import check_header, encode_modules
+from .aggregation.checks import Unattributed, authenticate, check_header, encode_modules
 from .audit.canonical import canonical_json
-from .errors import ConfigError, ProtocolError
+from .audit.kinds import UpdateRejected
+from .errors import ConfigError, IntegrityError, ProtocolError
 from .identity import Identity, PublicIdentity
-from .messages import ClientReport, DPPolicy, GlobalModel, RoundPlan, RoundResult
+from .messages import (
+    MAX_MESSAGE_BYTES,
+    MAX_REPORT_BYTES,
+    ClientReport,
+    DPPolicy,
+    GlobalModel,
+    RoundPlan,
+    RoundResult,
+)
 from .policy import Environment, require_allowed
 from .spec import ModelSpec
 from .state import UNKNOWN_STATE, State, check_state, state_digest
 from .strategies import Strategy
-from .wire import Envelope, open_envelope, parse_envelope, seal
+from .wire import Envelope, parse_envelope, seal, verify_envelope
+
+#: ``update_rejected`` entries written per authenticated sender per round; later refusals of
+#: the same sender are counted in the round's ``unattributed_refusals`` entry (``suppressed``).
+MAX_REJECTIONS_PER_SENDER = 8
+#: Longest refusal reason the audit takes (``update_rejected.reason``); longer ones are cut.
+MAX_REASON_CHARS = next(m.max_length for m in UpdateRejected.model_fields["reason"].metadata
+                        if hasattr(m, "max_length"))
+
+
+class _Header(BaseModel):
+    """Federation and round of any client message (to tell a replay from a hospital's mistake)."""
+
+    model_config = ConfigDict(extra="ignore")
+    federation_id: str
+    round: int
 
 
 class AuditSink(Protocol):
@@ -44,6 +70,12 @@ class OpenRound:
     aggregation: AggregationServer
     reports: dict[str, ClientReport] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)  # whose report was refused: out of this round
+    report_digests: set[str] = field(default_factory=set)
+    unattributed: Counter[str] = field(default_factory=Counter)
+    audited: Counter[str] = field(default_factory=Counter)  # update_rejected entries per sender
+    suppressed: Counter[str] = field(default_factory=Counter)
+    abort: str | None = None
 
 
 class FederationServer:
@@ -135,27 +167,41 @@ class FederationServer:
     def receive_report(self, data: bytes, *, channel: str | None = None) -> bool:
         """Check a hospital's signed report (ledger, released metrics). False = refused.
 
-        ``channel`` is the hospital the transport received it from; an envelope naming anyone
-        else is refused under the channel's name, never the name it claims.
+        ``channel`` is the hospital the transport received it from. A message that does not
+        authenticate as the channel's hospital's report for this round (see
+        :func:`~clinograph.secure.aggregation.checks.authenticate`) is only counted; it changes
+        nobody's state. An authenticated report that breaks a rule is refused with an audited
+        reason and its sender takes no further part in the round. Never raises for bad input.
         """
         rnd = self.current
-        sender = channel or "?"
         try:
-            env = self._parse(data)
-            self._check_channel(env, channel)
-            sender = env.sender
+            env = self._open(data, channel=channel, max_bytes=MAX_REPORT_BYTES)
+            report = authenticate(rnd.plan, env, peers=self.enrolled, model=ClientReport,
+                                  max_bytes=MAX_REPORT_BYTES, seen=rnd.report_digests)
+        except Unattributed as exc:
+            rnd.unattributed[exc.reason_class] += 1
+            return False
+        except Exception as exc:  # noqa: BLE001 - a signed but malformed report: the sender's
+            self._refuse_report(env.sender, exc)
+            return False
+        sender = env.sender
+        try:
+            if sender in rnd.refused:
+                raise ProtocolError(f"{sender!r} already had a report refused in round {rnd.plan.round}.")
             if sender in rnd.reports:
-                raise ProtocolError(f"Replayed report from {sender!r} in round {rnd.plan.round}.")
-            report = open_envelope(env, sender=self._peer(sender), model=ClientReport)
+                self._reject(sender, ProtocolError(f"Second, different report from {sender!r} in round "
+                                                   f"{rnd.plan.round}; the first was kept."))
+                return False
             check_header(rnd.plan, sender=sender, federation_id=report.federation_id, round_=report.round,
                          dictionary_hash=report.dictionary_hash)
             if report.client != sender:
                 raise ProtocolError(f"Report names {report.client!r} but was signed by {sender!r}.")
             self._check_dp(report)
-        except Exception as exc:
-            self._reject(sender, exc)
+        except Exception as exc:  # noqa: BLE001 - every refusal is audited, none escapes the round
+            self._refuse_report(sender, exc)
             return False
         rnd.reports[sender] = report
+        rnd.report_digests.add(env.digest())
         digest = self.audit.store_envelope(data, kind="client_report", sender=sender)
         self.audit.record("update_accepted", {"round": rnd.plan.round, "client": sender, "report_sha256": digest})
         if report.ledger is not None:
@@ -166,24 +212,43 @@ class FederationServer:
         return True
 
     def receive(self, data: bytes, *, channel: str | None = None) -> bool:
-        """Feed one mode message to the aggregation; False = refused (the client is dropped)."""
+        """Feed one mode message to the aggregation; False = refused.
+
+        As for reports: a message that does not authenticate as the channel's hospital's
+        message for this round and stage is counted and changes nothing (the secure mode
+        checks stage and duplicates); an authenticated one that breaks a rule is refused with
+        an audited reason and the mode drops its sender. Never raises for bad input.
+        """
         rnd = self.current
-        sender = channel or "?"
+        limit = int(getattr(rnd.aggregation, "max_message_bytes", MAX_MESSAGE_BYTES))
         try:
-            env = self._parse(data)
-            self._check_channel(env, channel)
-            sender = env.sender
-            if sender not in rnd.reports:
-                raise ProtocolError(f"{sender!r} sent an update without an accepted report this round.")
+            env = self._open(data, channel=channel, max_bytes=limit)
+            if env.sender not in rnd.reports:
+                self._check_authentic(env)
+                raise ProtocolError(f"{env.sender!r} sent an update without an accepted report this round.")
             rnd.aggregation.receive(env)
-        except Exception as exc:
-            self._reject(sender, exc)
+        except Unattributed as exc:
+            rnd.unattributed[exc.reason_class] += 1
+            return False
+        except Exception as exc:  # noqa: BLE001 - every refusal is audited, none escapes the round
+            self._reject(env.sender, exc)
             return False
         return True
 
     def next_stage(self) -> dict[str, bytes] | None:
-        """The mode's next per-client messages, or None when aggregation is complete."""
-        return self.current.aggregation.next_stage()
+        """The mode's next per-client messages, or None when aggregation is complete.
+
+        A mode that aborts here (too few survivors) ends the stages; :meth:`close_round` then
+        audits the abort and raises it, so the round never stays open.
+        """
+        rnd = self.current
+        if rnd.abort is not None:
+            return None
+        try:
+            return rnd.aggregation.next_stage()
+        except ProtocolError as exc:
+            rnd.abort = str(exc)
+            return None
 
     # -- stage 3: close --------------------------------------------------------------------
     def close_round(self, *, decrypted: ModuleSums | None = None) -> RoundResult:
@@ -195,12 +260,18 @@ class FederationServer:
         rnd = self.current
         self._current = None
         for client, reason in rnd.aggregation.rejected().items():
-            rnd.rejected.setdefault(client, reason)
-            self.audit.record("update_rejected", {"round": rnd.plan.round, "client": client, "reason": reason})
+            if client not in rnd.rejected:
+                self._record_rejection(rnd, client, reason)
+        if rnd.unattributed or rnd.suppressed:
+            self.audit.record("unattributed_refusals", {
+                "round": rnd.plan.round, "total": sum(rnd.unattributed.values()),
+                "counts": dict(sorted(rnd.unattributed.items())), "suppressed": dict(sorted(rnd.suppressed.items()))})
         try:
+            if rnd.abort is not None:
+                raise ProtocolError(rnd.abort)
             sums = rnd.aggregation.result() if self.mode.server_sees_sum else None
         except ProtocolError as exc:
-            self.audit.record("round_aborted", {"round": rnd.plan.round, "reason": str(exc)})
+            self.audit.record("round_aborted", {"round": rnd.plan.round, "reason": str(exc)[:MAX_REASON_CHARS]})
             raise
         metrics = {c: dict(r.metrics) for c, r in rnd.reports.items() if r.metrics}
         self.strategy.observe(round_=rnd.plan.round, metrics=metrics)
@@ -262,13 +333,37 @@ class FederationServer:
             raise ProtocolError(f"{name!r} is not enrolled in federation {self.federation_id!r}.") from None
 
     @staticmethod
-    def _check_channel(env: Envelope, channel: str | None) -> None:
+    def _open(data: bytes, *, channel: str | None, max_bytes: int) -> Envelope:
+        """The envelope, if it is one and names the channel's hospital; else Unattributed."""
+        if len(data) > max_bytes:
+            raise Unattributed("oversized", f"Message of {len(data)} bytes exceeds the limit of {max_bytes}.")
+        try:
+            env = parse_envelope(data, max_bytes=max_bytes)
+        except ProtocolError as exc:
+            raise Unattributed("malformed_envelope", str(exc)) from None
         if channel is not None and env.sender != channel:
-            raise ProtocolError(f"Envelope names {env.sender[:64]!r} but arrived on {channel!r}'s channel.")
+            raise Unattributed("channel_mismatch", f"Envelope names {env.sender!r} but arrived on {channel!r}'s "
+                               "channel.")
+        return env
 
-    @staticmethod
-    def _parse(data: bytes) -> Envelope:
-        return parse_envelope(data)
+    def _check_authentic(self, env: Envelope) -> None:
+        """Unattributed unless ``env`` is signed by its sender for this federation and round."""
+        key = self.enrolled.get(env.sender)
+        if key is None:
+            raise Unattributed("unknown_sender", f"{env.sender!r} is not enrolled.")
+        try:
+            verify_envelope(env, sender=key)
+        except IntegrityError:
+            raise Unattributed("bad_signature", f"Envelope naming {env.sender!r} is not signed by it.") from None
+        try:
+            head = _Header.model_validate_json(env.payload)
+        except ValidationError:
+            return  # signed garbage: the sender's own doing
+        plan = self.current.plan
+        if head.federation_id != plan.federation_id:
+            raise Unattributed("other_federation", f"Message from {env.sender!r} is for another federation.")
+        if head.round != plan.round:
+            raise Unattributed("stale_round", f"Message from {env.sender!r} is for round {head.round} (a replay).")
 
     def _check_dp(self, report: ClientReport) -> None:
         policy = self.dp_policy
@@ -291,8 +386,19 @@ class FederationServer:
         if problems:
             raise ProtocolError("Update breaks the DP policy: " + "; ".join(problems) + ".")
 
+    def _refuse_report(self, sender: str, exc: Exception) -> None:
+        self.current.refused.add(sender)
+        self._reject(sender, exc)
+
     def _reject(self, sender: str, exc: Exception) -> None:
-        rnd = self.current
-        reason = f"{type(exc).__name__}: {exc}"
-        rnd.rejected[sender] = reason
+        self._record_rejection(self.current, sender, f"{type(exc).__name__}: {exc}")
+
+    def _record_rejection(self, rnd: OpenRound, sender: str, reason: str) -> None:
+        """Keep the first reason per sender; audit at most MAX_REJECTIONS_PER_SENDER a round."""
+        reason = reason if len(reason) <= MAX_REASON_CHARS else reason[:MAX_REASON_CHARS - 1] + "…"
+        rnd.rejected.setdefault(sender, reason)
+        if rnd.audited[sender] >= MAX_REJECTIONS_PER_SENDER:
+            rnd.suppressed[sender] += 1
+            return
+        rnd.audited[sender] += 1
         self.audit.record("update_rejected", {"round": rnd.plan.round, "client": sender, "reason": reason})

@@ -90,6 +90,21 @@ class UpdateRejected(Payload):
     reason: str = Field(max_length=4000)
 
 
+class UnattributedRefusals(Payload):
+    """``unattributed_refusals``: one per round, the messages refused *without* an
+    ``update_rejected`` entry. ``counts`` is by reason class of messages that did not
+    authenticate as their channel's hospital's message for this round and stage (forged,
+    malformed, replayed, on another hospital's channel, exact re-sends; see
+    ``clinograph.secure.aggregation.checks.UNATTRIBUTED_CLASSES``): nobody is blamed for them.
+    ``suppressed`` counts, per authenticated sender, refusals beyond the per-sender cap of
+    ``update_rejected`` entries a round (``FederationServer.MAX_REJECTIONS_PER_SENDER``)."""
+
+    round: int = Field(ge=0)
+    total: int = Field(ge=0)
+    counts: dict[Annotated[str, Field(max_length=32)], Annotated[int, Field(ge=0)]] = Field(max_length=32)
+    suppressed: dict[Name, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
+
+
 class RoundAborted(Payload):
     """``round_aborted``: the round could not be aggregated (e.g. fewer survivors than t)."""
 
@@ -222,7 +237,8 @@ class EnvelopeRef(Payload):
 
 KINDS: dict[str, type[Payload]] = {
     "manifest": Manifest, "round_plan": RoundPlanEntry, "update_accepted": UpdateAccepted,
-    "update_rejected": UpdateRejected, "round_aborted": RoundAborted, "aggregate": Aggregate,
+    "update_rejected": UpdateRejected, "unattributed_refusals": UnattributedRefusals,
+    "round_aborted": RoundAborted, "aggregate": Aggregate,
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption,
     "model_selected": ModelSelected,

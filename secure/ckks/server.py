@@ -25,10 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..aggregation.base import AggregationServer, ModuleSums
-from ..aggregation.checks import check_header
+from ..aggregation.checks import authenticate, check_header
 from ..errors import ConfigError, ProtocolError
 from ..hazmat.ckks_context import dump_ciphertext
-from ..wire import Envelope, open_envelope, seal
+from ..wire import Envelope, seal
 from .keys import CkksServerContext, check_plan_options
 from .layout import SlotLayout
 from .messages import MAX_CIPHERTEXT_BYTES, CkksAggregate, CkksUpdate
@@ -57,6 +57,7 @@ class CkksServer(AggregationServer):
         self._accepted: list[str] = []
         self._sum: list[Any] | None = None
         self._rejected: dict[str, str] = {}
+        self._digests: set[str] = set()
 
     @classmethod
     def with_context(cls, context: CkksServerContext) -> Callable[..., CkksServer]:
@@ -74,25 +75,24 @@ class CkksServer(AggregationServer):
 
     def receive(self, envelope: Envelope) -> None:
         """Accept one :class:`CkksUpdate`; raise (and record) ProtocolError/IntegrityError
-        for a replayed, out-of-round, wrong-stage, foreign-dictionary, badly signed,
-        oversized, truncated or foreign-context message."""
+        for a wrong-stage, foreign-dictionary, oversized, truncated or foreign-context update.
+
+        A message that is not its sender's update for this round (forged, replayed from an
+        earlier round, an exact re-send) raises
+        :class:`~clinograph.secure.aggregation.checks.Unattributed` before any state changes."""
         sender = envelope.sender
+        msg = authenticate(self.plan, envelope, peers=self.peers, model=CkksUpdate, max_bytes=self._max_payload,
+                           seen=self._digests)
         if sender in self._accepted:
-            # Keep the first update; a replay must not knock an honest hospital out.
-            reason = f"Replayed update from {sender!r} in round {self.plan.round} (its first update was kept)."
-            self._rejected[sender] = reason
+            # Keep the first update; a second one must not knock an honest hospital out.
+            reason = f"Second, different update from {sender!r} in round {self.plan.round} (the first was kept)."
+            self._rejected.setdefault(sender, reason)
             raise ProtocolError(reason)
         try:
             if self._stage != "updates":
                 raise ProtocolError(f"Wrong stage: the ckks round is {self._stage!r}, no update is accepted now.")
             if sender not in self._waiting:
                 raise ProtocolError(f"Unexpected update from {sender!r}: not awaited in round {self.plan.round}.")
-            if sender not in self.peers:
-                raise ProtocolError(f"{sender!r} is not enrolled.")
-            if len(envelope.payload) > self._max_payload:
-                raise ProtocolError(f"Oversized ckks update from {sender!r}: {len(envelope.payload)} bytes, at most "
-                                    f"{self._max_payload} for {self._n_ct} ciphertexts.")
-            msg = open_envelope(envelope, sender=self.peers[sender], model=CkksUpdate)
             check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,
                          spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)
             if msg.client != sender:
@@ -122,6 +122,7 @@ class CkksServer(AggregationServer):
             for acc, ct in zip(self._sum, cts, strict=True):
                 self.context.evaluator.add_inplace(acc, ct)
         self._accepted.append(sender)
+        self._digests.add(envelope.digest())
 
     def next_stage(self) -> dict[str, bytes] | None:
         """First call: close the update stage and return the signed aggregate for each

@@ -24,14 +24,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..aggregation.base import AggregationServer, ModuleSums
-from ..aggregation.checks import check_header
+from ..aggregation.checks import Unattributed, authenticate, check_header
 from ..errors import ConfigError, IntegrityError, ProtocolError
 from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, SIG_MASKED_CONSISTENCY, SIG_ROUND_KEYS
 from ..hazmat.masking_prg import add_mask
 from ..hazmat.shamir import combine_shares
 from ..hazmat.x25519 import agree, hkdf, private_from_bytes, public_bytes
 from ..messages import WireMessage
-from ..wire import Envelope, open_envelope, parse_envelope, seal
+from ..wire import Envelope, parse_envelope, seal
 from .consistency import signing_bytes
 from .messages import (
     AdvertiseKeys,
@@ -85,6 +85,7 @@ class MaskingServer(AggregationServer):
         self._outbox: dict[str, list[EncryptedShare]] = {}
         self._sum: np.ndarray | None = None
         self._signatures: dict[str, bytes] = {}
+        self._digests: set[str] = set()  # payload digests of accepted messages (exact re-sends)
         self._revealed: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
         self._result: ModuleSums | None = None
         self._abort: str | None = None
@@ -107,27 +108,35 @@ class MaskingServer(AggregationServer):
         return 64 * 1024 + 1024 * len(self.plan.participants)
 
     def receive_bytes(self, sender: str, data: bytes) -> None:
-        """Parse raw bytes that arrived on ``sender``'s authenticated channel, then :meth:`receive`."""
+        """Parse raw bytes that arrived on ``sender``'s authenticated channel, then :meth:`receive`.
+
+        Bytes that are no envelope, or name another hospital, raise :class:`Unattributed` and
+        change nothing.
+        """
         try:
             env = parse_envelope(data, max_bytes=self.max_message_bytes)
-            if env.sender != sender:
-                raise ProtocolError(f"Envelope claims sender {env.sender!r} but arrived from {sender!r}.")
         except ProtocolError as exc:
-            self._refuse(sender, exc)
-            raise
+            raise Unattributed("malformed_envelope", str(exc)) from None
+        if env.sender != sender:
+            raise Unattributed("channel_mismatch", f"Envelope claims sender {env.sender!r} but arrived from "
+                               f"{sender!r}.")
         self.receive(env)
 
     def receive(self, envelope: Envelope) -> None:
+        """Accept one client message of the current stage.
+
+        A message that is not its sender's, for this round and stage (forged, replayed from
+        another round or stage, an exact re-send) raises :class:`Unattributed` *before* any
+        state changes: it cannot knock the hospital it names out of the round. An authenticated
+        message that breaks a rule drops its sender (ProtocolError / IntegrityError, recorded).
+        """
         sender = envelope.sender
+        msg = authenticate(self.plan, envelope, peers=self.peers, model=_MODELS[self._stage],
+                           max_bytes=self.max_message_bytes, seen=self._digests)
         try:
             if sender not in self._waiting:
-                raise ProtocolError(f"Replayed or unexpected message from {sender!r} at stage "
-                                    f"'{self.stage}' of round {self.plan.round}.")
-            if sender not in self.peers:
-                raise ProtocolError(f"{sender!r} is not enrolled.")
-            if len(envelope.payload) > self.max_message_bytes:
-                raise ProtocolError(f"Message of {len(envelope.payload)} bytes exceeds the stage limit.")
-            msg = open_envelope(envelope, sender=self.peers[sender], model=_MODELS[self._stage])
+                raise ProtocolError(f"Unexpected message from {sender!r} at stage '{self.stage}' of round "
+                                    f"{self.plan.round} (already answered, dropped or not asked).")
             check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,  # type: ignore[attr-defined]
                          spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)  # type: ignore[attr-defined]
             if msg.client != sender:  # type: ignore[attr-defined]
@@ -138,6 +147,7 @@ class MaskingServer(AggregationServer):
             raise
         self._waiting.discard(sender)
         self._accepted.add(sender)
+        self._digests.add(envelope.digest())
 
     def _refuse(self, sender: str, exc: Exception) -> None:
         if sender in self._waiting:

@@ -1,0 +1,165 @@
+"""A small real federation (FederationServer + the one round loop + real secure-mode clients)
+and the hostile pieces the hardening tests put into it.
+
+``Hospital`` is a test double of the SDK's HospitalClient: no training, a fixed LocalUpdate
+handed to the plan's real secure-mode client. ``report`` / ``mode_client`` let a test make one
+hospital hostile while it still runs the real protocol. ``InjectingTransport`` delivers extra
+bytes on a hospital's channel (what a network attacker, or a broken transport, can do) and can
+replace a hospital's answer at a given exchange.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from clinograph.secure.aggregation import LocalUpdate, create_mode
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.identity import Identity
+from clinograph.secure.messages import ClientReport, DPPolicy, RoundPlan
+from clinograph.secure.runtime import InProcessTransport
+from clinograph.secure.server import FederationServer
+from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
+from clinograph.secure.wire import open_envelope, parse_envelope, seal
+
+SPEC = ModelSpec(version=1, modules=(
+    ModuleSpec(name="feature_embedding/heart_rate", shape=(6,), kind=ModuleKind.SHARED),
+    ModuleSpec(name="gnn/layer1/has_feature", shape=(4, 3), kind=ModuleKind.SHARED),
+    ModuleSpec(name="head/task", shape=(3,), kind=ModuleKind.PERSONAL),
+))
+DICTIONARY_HASH = "d" * 64
+FEDERATION = "fed-hostile"
+
+
+@lru_cache(maxsize=None)
+def identity(name: str) -> Identity:
+    return Identity.generate(name)
+
+
+def update_for(name: str, round_: int = 0) -> LocalUpdate:
+    """A deterministic small update (weights in [0.5, 0.9], |w Δ| far below the clip of 1)."""
+    seed = sum(name.encode()) + 1000 * round_
+    rng = np.random.default_rng(seed)
+    w = 0.5 + (seed % 5) / 10
+    return LocalUpdate(modules={m.name: w * rng.normal(0, 0.05, m.size) for m in SPEC.shared}, weight=w)
+
+
+ReportFn = Callable[["Hospital", RoundPlan], ClientReport]
+
+
+class Hospital:
+    """Runs the real secure-mode client over a fixed update; optionally hostile."""
+
+    def __init__(self, name: str, *, server: Identity, names: list[str], report: ReportFn | None = None,
+                 mode_client: type | None = None, mode_client_kw: Mapping | None = None):
+        self.name = name
+        self.identity = identity(name)
+        self.server = server.public
+        self.peers = {n: identity(n).public for n in names}
+        self.report_fn = report
+        self.mode_client = mode_client
+        self.mode_client_kw = dict(mode_client_kw or {})
+        self.client = None
+        self.sent: list[bytes] = []  # every envelope this hospital sent, in order
+        self.models: list[bytes | None] = []
+
+    def on_setup(self, step, parts):
+        return {}
+
+    def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
+        p = open_envelope(parse_envelope(plan), sender=self.server, model=RoundPlan)
+        cls = self.mode_client or create_mode(p.secure_mode).client
+        self.client = cls(plan=p, identity=self.identity, server=self.server, peers=self.peers,
+                          update=update_for(self.name, p.round), **self.mode_client_kw)
+        report = (self.report_fn(self, p) if self.report_fn else
+                  ClientReport(federation_id=p.federation_id, round=p.round, client=self.name,
+                               dictionary_hash=p.dictionary_hash))
+        out = (report if isinstance(report, bytes) else seal(report, self.identity), self.client.first_message())
+        self.sent.extend(out)
+        return out
+
+    def on_stage(self, data: bytes) -> bytes | None:
+        reply = self.client.handle(data)
+        if reply is not None:
+            self.sent.append(reply)
+        return reply
+
+    def decrypted_result(self):
+        return None
+
+    def on_round_end(self, global_model: bytes | None) -> None:
+        self.models.append(global_model)
+
+
+class InjectingTransport(InProcessTransport):
+    """InProcessTransport that can deliver extra bytes on a channel, or replace an answer.
+
+    ``inject(stage_index, name) -> list of (part, bytes)``: delivered to the server on
+    ``name``'s channel *before* that hospital's genuine answer of exchange ``stage_index``
+    (0 = the answer to the plan: part "report" or "first"; k >= 1: stage k, part "reply").
+    ``replace(stage_index, name, part, data) -> bytes``: what the server receives instead of
+    the genuine part.
+    """
+
+    def __init__(self, participants, *, server: FederationServer, inject=None, replace=None):
+        super().__init__(participants)
+        self.server = server
+        self.inject = inject
+        self.replace = replace
+        self._index: dict[int, int] = {}
+
+    def exchange(self, stage, outgoing, *, round_):
+        answers, failed = super().exchange(stage, outgoing, round_=round_)
+        if stage == "end":
+            return answers, failed
+        idx = self._index.get(round_, 0)
+        self._index[round_] = idx + 1
+        for name in sorted(answers):
+            if self.inject is not None:
+                for part, data in self.inject(idx, name):
+                    if part == "report":
+                        self.server.receive_report(data, channel=name)
+                    else:
+                        self.server.receive(data, channel=name)
+            if self.replace is not None:
+                answers[name] = {part: self.replace(idx, name, part, data) for part, data in answers[name].items()}
+        return answers, failed
+
+
+def federation(tmp_path: Path, *, n: int = 4, mode: str = "masked", dp_policy: DPPolicy | None = None,
+               strategy: str = "fedavg", hospitals: Mapping[str, dict] | None = None, inject=None, replace=None,
+               min_clients: int = 2) -> tuple[FederationServer, InjectingTransport, dict[str, Hospital]]:
+    """A server through the one server builder, n hospitals, an injecting in-process transport.
+
+    ``hospitals[name]`` holds Hospital keyword arguments (report=, mode_client=) for hostile ones.
+    """
+    from clinograph.secure.runtime import build_server
+    from clinograph.secure.runtime.build import InitialModel
+    from clinograph.secure.runtime.config import FederationSection
+
+    names = [f"h{i}" for i in range(n)]
+    server_id = identity("server")
+    audit = AuditTrail(tmp_path / "audit", identity=server_id)
+    initial = InitialModel.create(task="test", dictionary_hash=DICTIONARY_HASH, spec=SPEC,
+                                  state={m.name: np.zeros(m.size) for m in SPEC.shared})
+    section = FederationSection(id=FEDERATION, secure_mode=mode, strategy=strategy, min_clients=min_clients,
+                                local_epochs=1, max_weight=1.0, masked_clip=1.0)
+    server = build_server(federation=section, identity=server_id, enrolled={c: identity(c).public for c in names},
+                          initial=initial, audit=audit, dp_policy=dp_policy)
+    parts = {c: Hospital(c, server=server_id, names=names, **dict((hospitals or {}).get(c, {}))) for c in names}
+    transport = InjectingTransport(parts, server=server, inject=inject, replace=replace)
+    return server, transport, parts
+
+
+def audit_entries(tmp_path: Path) -> list[dict]:
+    log = tmp_path / "audit" / "audit.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def honest_mean(names, round_: int = 0) -> dict[str, np.ndarray]:
+    """FedAvg of the given hospitals' fixed updates (module means, every module trained)."""
+    ups = [update_for(c, round_) for c in names]
+    return {m.name: sum(u.modules[m.name] for u in ups) / sum(u.weight for u in ups) for m in SPEC.shared}
