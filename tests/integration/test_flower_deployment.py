@@ -135,7 +135,7 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
         f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "127.0.0.1:{link_port}"\n'
         f'root-certificates = "{keys.superlink_dir / "ca.pem"}"\n')
     env = {**os.environ, "FLWR_HOME": str(flwr_home), "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join([str(APP), str(Path(__file__).parent)]), "FLWR_TELEMETRY_ENABLED": "0",
+           "PYTHONPATH": os.pathsep.join([str(APP), str(Path(__file__).parent), str(Path(__file__).parents[1])]), "FLWR_TELEMETRY_ENABLED": "0",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # three hospitals train at once on two cores
     logs = tmp_path / "logs"
     logs.mkdir()
