@@ -4,7 +4,7 @@ Every error a user can cause derives from :class:`ClinographError`, so embedding
 catch one class and the CLI can turn any of them into a clear message instead of a traceback.
 
 Messages name the input, what was found, what was expected and the fix. They never carry
-cell values, patient identifiers, keys, seeds, masks or plaintext updates (house style 11).
+cell values, patient identifiers, keys, seeds, masks or plaintext updates.
 """
 
 from __future__ import annotations

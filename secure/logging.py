@@ -1,4 +1,4 @@
-"""Structured logs that cannot carry patient data or secrets (house style 11).
+"""Structured logs that cannot carry patient data or secrets.
 
 :func:`configure_logging` sets up structlog with :class:`PHIGuard` as the last processor
 before rendering, so everything in an event -- arguments, bound context, context variables

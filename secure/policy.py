@@ -1,4 +1,4 @@
-"""Secure by default; insecure only by name (house style 2).
+"""Secure by default; insecure only by name.
 
 Every option that weakens privacy or integrity is spelled ``insecure_*``. Using one goes
 through :func:`require_allowed`: it warns every time, and refuses in production. The caller

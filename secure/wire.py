@@ -1,7 +1,7 @@
 """Signed envelopes: the only way a message crosses the boundary.
 
 ``seal`` serialises a message once and signs those exact bytes; ``open_envelope`` checks the
-size, the signature over the bytes received (never a re-serialisation, house style 8), the
+size, the signature over the bytes received (never a re-serialisation), the
 sender and the kind, and only then parses the payload with the expected strict model.
 
 Framing is binary, so the payload is not base64-encoded a second time::

@@ -3,7 +3,7 @@
 Every audit line is the canonical JSON of its fields: keys sorted, no whitespace, ASCII only,
 no NaN/Infinity. The verifier re-serialises what it parsed and demands the same bytes, so a
 change to any byte of a line -- even one that keeps the JSON meaning -- is detected, and the
-hashes cover exactly the bytes on disk (house style 8).
+hashes cover exactly the bytes on disk.
 
 :func:`to_plain` is the PHI guard at the door of the log: payloads must be plain JSON data
 (``None``, ``bool``, ``int``, finite ``float``, ``str``, lists and string-keyed mappings).

@@ -1,4 +1,4 @@
-"""Named CKKS parameter sets (house style 3: presets, not knobs).
+"""Named CKKS parameter sets (presets, not knobs).
 
 Every preset satisfies the HomomorphicEncryption.org standard's 128-bit classical security
 bound for its ring degree (N = 8192: total coefficient modulus <= 218 bits); SEAL enforces it

@@ -1,4 +1,4 @@
-"""Every purpose label and signature context of the protocol, in one place (house style 14).
+"""Every purpose label and signature context of the protocol, in one place.
 
 Changing any value here is a protocol version bump: old and new peers will no longer agree.
 """

@@ -1,4 +1,4 @@
-"""Server update rules, chosen by name in config (house style 6).
+"""Server update rules, chosen by name in config.
 
 A strategy turns a round's :class:`ModuleSums` into the next global state. In ``ckks`` mode
 the server never sees the sums, so every hospital applies the same strategy to the decrypted
