@@ -33,6 +33,14 @@ class NSFLConfig(_Strict):
                            "initial weights (same at every hospital)")
     negative_slope: float = Field(default=0.2, ge=0, lt=1)
     mask_init_logit: float = Field(default=2.0, ge=-20, le=20, description="m_f starts at sigmoid(2) ≈ 0.88")
+    linear_path: bool = Field(default=True, description="wide & deep: a per-feature linear term on the "
+                              "standardised values and observed indicators added to the logit (shared modules "
+                              "``linear/<f>``); measured in docs/model_quality.md")
+    value_clip: float = Field(default=5.0, gt=0, le=1e6, description="standardised values are clipped to "
+                              "±value_clip (reference range = [-1, 1]) before entering the model")
+    selection_module: bool = Field(default=True, description="the 2-value shared module ``metric/validation`` "
+                                   "that carries Σ loss·n_val and Σ n_val through the secure mode for model "
+                                   "selection ([selection]); part of the ModelSpec, so the same at every hospital")
 
 
 class TrainConfig(_Strict):
@@ -43,6 +51,29 @@ class TrainConfig(_Strict):
     weight_decay: float = Field(default=0.0, ge=0)
     mask_lr_factor: float = Field(default=10.0, gt=0, description="m_f learn this much faster, so they move")
     seed: int = Field(default=0, ge=0, lt=2**63)
+
+
+class SelectionSection(_Strict):
+    """[selection]: keep the best global model by federated validation loss, with early stopping.
+
+    Each round a hospital scores the global model it received (with its personal layers) on its
+    validation split and adds (Σ loss, n_val) to the shared module ``metric/validation``, so the
+    secure mode sums them: only Σ_k loss_k·n_k and Σ_k n_k become known, never one hospital's
+    figure. Needs a strategy linear in the sums (fedavg, fedsgd, fedprox, dq_weighted), not fedopt.
+    """
+
+    enabled: bool | None = Field(default=None, description="None: on unless [privacy] is enabled (the "
+                                 "validation sums are not covered by the DP accountant)")
+    patience: int = Field(default=5, ge=0, le=10_000, description="stop after this many evaluated rounds "
+                          "without improvement (0: never stop early)")
+    min_delta: float = Field(default=1e-4, ge=0, description="an improvement smaller than this does not count")
+
+
+class CalibrationSection(_Strict):
+    """[calibration]: Platt scaling of the final model's logits on this hospital's own validation
+    split (personal: two numbers a hospital, never released)."""
+
+    method: Literal["none", "platt"] = "platt"
 
 
 class GraphSection(_Strict):
@@ -74,6 +105,16 @@ class PrivacySection(_Strict):
     min_clipbound: float = Field(default=0.01, gt=0, description="adaptive clipping only")
     unclipped_num_std: float = Field(default=10.0, gt=0, description="adaptive clipping only (σ_b)")
     grad_sample_mode: Literal["hooks", "ew"] = Field(default="hooks", description="Opacus per-sample gradients")
+    # -- distributed DP (additive; docs/privacy.md "Distributed DP") -------------------------------
+    mode: Literal["local", "distributed"] = Field(default="local", description="local: this hospital adds the "
+                                                  "whole noise (DP-SGD alone); distributed: one DP-SGD step a "
+                                                  "round over all hospitals, each adding a Skellam share inside "
+                                                  "the masked sum (needs secure_mode = 'masked')")
+    mechanism: Literal["skellam"] = Field(default="skellam", description="distributed only")
+    sample_rate: float | None = Field(default=None, gt=0, le=1, description="distributed only: the federation's "
+                                      "Poisson rate q (the same at every hospital)")
+    min_honest: int | None = Field(default=None, ge=2, description="distributed only: h, the honest surviving "
+                                   "hospitals the guarantee relies on; this hospital adds μ/h")
 
 
 class PersonalSection(_Strict):
@@ -100,8 +141,9 @@ class SplitSection(_Strict):
     ``seed`` only, never on its position in a config (docs/quickstart.md)."""
 
     test_fraction: float = Field(default=0.3, gt=0, lt=1)
-    validation_fraction: float = Field(default=0.0, ge=0, lt=1, description="of the training patients; "
-                                       "needed by [release] metrics")
+    validation_fraction: float = Field(default=0.2, ge=0, lt=1, description="of the training patients; "
+                                       "used for model selection, calibration and [release] metrics "
+                                       "(0: none, selection and calibration off)")
     seed: int = Field(default=0, ge=0, lt=2**63)
 
 
@@ -116,7 +158,14 @@ class HospitalConfig(_Strict):
     personal: PersonalSection = Field(default_factory=PersonalSection)
     release: ReleaseSection = Field(default_factory=ReleaseSection)
     split: SplitSection = Field(default_factory=SplitSection)
+    selection: SelectionSection = Field(default_factory=SelectionSection)
+    calibration: CalibrationSection = Field(default_factory=CalibrationSection)
     dictionary: Path | None = Field(default=None, description="feature dictionary TOML (required)")
+
+    def selection_active(self) -> bool:
+        """Whether this hospital reports its validation loss for model selection."""
+        on = self.selection.enabled if self.selection.enabled is not None else not self.privacy.enabled
+        return bool(on and self.model.selection_module and self.split.validation_fraction > 0)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> HospitalConfig:
@@ -143,6 +192,8 @@ class SimulationConfig(_Strict):
     personal: PersonalSection = Field(default_factory=PersonalSection)
     release: ReleaseSection = Field(default_factory=ReleaseSection)
     split: SplitSection = Field(default_factory=SplitSection)
+    selection: SelectionSection = Field(default_factory=SelectionSection)
+    calibration: CalibrationSection = Field(default_factory=CalibrationSection)
     dictionary: Path | None = None
     hospitals: tuple[HospitalEntry, ...] = ()
     output: Path = Path("runs/simulation")
@@ -155,7 +206,14 @@ class SimulationConfig(_Strict):
             "state_dir": self.privacy.state_dir or self.output / "privacy_state"})
         return HospitalConfig(model=self.model, training=self.training, graph=self.graph, privacy=privacy,
                               personal=self.personal, release=self.release, split=self.split,
+                              selection=self._selection(), calibration=self.calibration,
                               dictionary=self.dictionary)
+
+    def _selection(self) -> SelectionSection:
+        """FedOpt's adaptive step is not linear in the summed module: selection cannot decode it."""
+        if self.federation.strategy == "fedopt" and self.selection.enabled is None:
+            return self.selection.model_copy(update={"enabled": False})
+        return self.selection
 
     def dp_policy(self) -> DPPolicySection | None:
         """The policy the server checks: the hospitals' own DP settings, when DP is on."""

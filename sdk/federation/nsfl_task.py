@@ -1,8 +1,14 @@
 """NS-FL as a task: the relation-aware attention GNN over one hospital's knowledge graph.
 
-Personal layers, local fine-tuning (PFGL-Net Alg. 2), patient-level DP (Opacus) and the DQ
-quality metrics are configuration of this one task (:class:`~clinograph.sdk.config.HospitalConfig`),
-not separate loops.
+Personal layers, local fine-tuning (PFGL-Net Alg. 2), patient-level DP (Opacus), the DQ
+quality metrics, model selection by federated validation loss
+(:mod:`clinograph.sdk.training.selection`) and Platt calibration
+(:mod:`clinograph.sdk.training.calibration`) are configuration of this one task
+(:class:`~clinograph.sdk.config.HospitalConfig`), not separate loops.
+
+Lifecycle: rounds (``train`` / ``after_round``), then :meth:`NSFLTask.finish` -- keep the
+selected model, fit the hospital's Platt scaling on its validation split -- then
+:meth:`NSFLTask.predict_table` for new patients or :func:`clinograph.sdk.model.export.export_model`.
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ from clinograph.secure.spec import ModuleKind
 from ..config import HospitalConfig
 from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
+from ..model.nsfl_modules import SELECTION_MODULE
 from ..ontology.dictionary import FeatureDictionary
+from ..training.calibration import Platt, fit_platt, logit
 from ..training.metrics import binary_metrics
 from ..training.personal import fine_tune_personal, personal_module_map
 from ..training.quality import quality_evaluator
+from ..training.selection import ModelSelection, decode_validation, encode_validation, value_bound
 from ..training.trainer import GraphTrainer, TrainOutcome
 from .split import Split
 
@@ -56,6 +65,16 @@ class NSFLTask:
             self.trainer = GraphTrainer(table, train_idx=split.train, k_similar=config.graph.k_similar,
                                         config=config.training)
         self._rounds_done = 0
+        #: the federation's model selection as this hospital decodes it (None: selection off)
+        self.selection: ModelSelection | None = None
+        if config.selection_active() and SELECTION_MODULE in self.modules.names() and len(split.validation):
+            self.selection = ModelSelection(patience=config.selection.patience,
+                                            min_delta=config.selection.min_delta)
+        self._metric_before: np.ndarray | None = None
+        #: set by the driver for a last round that only scores the current global model
+        self.evaluate_only = False
+        #: the hospital's Platt scaling (personal), fitted by :meth:`finish`
+        self.calibration: Platt | None = None
         self._quality = None
         if config.release.metrics == "quality":
             if len(split.validation) == 0:
@@ -72,27 +91,98 @@ class NSFLTask:
         return int(len(self.split.train))
 
     def train(self, *, round_: int, epochs: int, plan_options: Mapping[str, float | int | str | bool]) -> TrainOutcome:
-        return self.trainer.train(self.model, round_=round_, epochs=epochs, plan_options=dict(plan_options))
+        self._metric_before = None
+        if self.selection is not None:
+            self._score_global(plan_options)
+        if self.evaluate_only:
+            return TrainOutcome(loss=float("nan"), used_similar_to=False, extras={"evaluate_only": 1.0})
+        out = self.trainer.train(self.model, round_=round_, epochs=epochs, plan_options=dict(plan_options))
+        if self._metric_before is not None:  # training never touches it; write the encoded value back
+            self.modules.set(SELECTION_MODULE, self._metric_local)
+        return out
+
+    def _score_global(self, plan_options: Mapping[str, float | int | str | bool]) -> None:
+        """Score the model just loaded (global + personal) on the validation split and encode
+        (Σ loss, n_val) into ``metric/validation`` (see :mod:`clinograph.sdk.training.selection`)."""
+        if self.selection is None:
+            return
+        idx = self.split.validation
+        p = np.clip(self._predict_raw()[idx], 1e-7, 1 - 1e-7)
+        y = self.table.labels[idx].astype(float)
+        loss_sum = float(-np.sum(y * np.log(p) + (1 - y) * np.log(1 - p)))
+        fixed = plan_options.get(f"weight/{self.table.site}")  # the weight HospitalClient will use
+        weight = float(fixed) if fixed is not None else float(min(self.num_samples,
+                                                                  float(plan_options.get("weight.max", np.inf))))
+        before = self.modules.get(SELECTION_MODULE)
+        self.selection.offer(round_=self._rounds_done, state=self.model.state_dict())
+        self._metric_before = before
+        self._metric_local = encode_validation(global_value=before, loss_sum=loss_sum, count=len(idx), weight=weight,
+                                               bound=value_bound(plan_options))
+        self.modules.set(SELECTION_MODULE, self._metric_local)
 
     def trained_modules(self, outcome: TrainOutcome) -> list[str]:
+        metric = [SELECTION_MODULE] if self._metric_before is not None else []
+        if self.evaluate_only:
+            return metric
         out = []
         for n in self.modules.names(ModuleKind.SHARED):
-            if n.startswith("feature_embedding/") and n.split("/", 1)[1] not in self.observed:
+            if n == SELECTION_MODULE:
+                continue
+            if n.startswith(("feature_embedding/", "linear/")) and n.split("/", 1)[1] not in self.observed:
                 continue  # NS-FL Theorem 1: zero gradient; the hospital does not touch it
             if n.endswith("/similar_to") and not outcome.used_similar_to:
                 continue
             out.append(n)
-        return out
+        return out + metric
 
     def after_round(self) -> None:
+        if self.selection is not None and self._metric_before is not None:
+            loss = decode_validation(before=self._metric_before, after=self.modules.get(SELECTION_MODULE))
+            self.selection.observe(loss)
+            self._metric_before = None
+        if self.evaluate_only:
+            return
         epochs = self.config.personal.fine_tune_epochs
         if epochs and self.modules.names(ModuleKind.PERSONAL):
             fine_tune_personal(self.model, self.modules, stars=self.trainer.stars, train_idx=self.split.train,
                                epochs=epochs, config=self.config.training, round_=self._rounds_done)
         self._rounds_done += 1
 
-    def predict(self) -> np.ndarray:
+    def finish(self) -> dict[str, float | int | None]:
+        """After the last round: keep the selected model (global + this hospital's personal
+        modules) and fit this hospital's Platt scaling on its validation split. Returns the kept
+        round (None: no selection, the last model is kept) and the calibration."""
+        kept = None
+        if self.selection is not None and self.selection.best_state is not None:
+            self.model.load_state_dict(self.selection.best_state)
+            kept = self.selection.best_round
+        self.calibration = None
+        idx = self.split.validation
+        if self.config.calibration.method == "platt" and len(idx):
+            self.calibration = fit_platt(logit(self._predict_raw()[idx]), self.table.labels[idx])
+        cal = self.calibration or Platt()
+        return {"round": kept, "platt_a": cal.a, "platt_b": cal.b}
+
+    def _predict_raw(self) -> np.ndarray:
         return self.trainer.predict(self.model)
+
+    def predict(self) -> np.ndarray:
+        """Risk for every patient of this hospital's table (calibrated once :meth:`finish` ran)."""
+        p = self._predict_raw()
+        return self.calibration.apply_to_probabilities(p) if self.calibration is not None else p
+
+    def predict_table(self, table: PatientTable) -> np.ndarray:
+        """Risk for each patient of ``table`` -- new patients of this hospital, ingested with
+        its schema onto the same dictionary -- from the star path (no ``similar_to``: new
+        patients are not in the training graph), with the personal layers and the hospital's
+        calibration. Shapes: -> [table.n_patients], in ``table.patient_ids`` order.
+
+        Raises:
+            SchemaError: ``table`` is mapped onto another dictionary than the model's.
+        """
+        from ..model.export import star_risk
+
+        return star_risk(self.model, table, dictionary=self.table.dictionary, calibration=self.calibration)
 
     def evaluate(self, split: str) -> dict[str, float]:
         idx = {"test": self.split.test, "validation": self.split.validation}.get(split)

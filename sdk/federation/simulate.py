@@ -5,6 +5,13 @@ Everything a deployment does happens here too -- signed plans, the secure-aggreg
 and through the same builders (:func:`clinograph.secure.runtime.build_server`,
 :func:`.build.build_hospital`) and the same loop (:func:`clinograph.secure.runtime.run_round`).
 Only the transport is a function call.
+
+Model selection (``[selection]``, on by default without DP): every round also sums the
+hospitals' validation losses through the secure mode (:mod:`clinograph.sdk.training.selection`);
+the run stops early after ``patience`` rounds without improvement, one last round scores the
+final global model (it trains nothing), every hospital keeps the selected model and fits its
+Platt scaling, and the audit trail records a ``model_selected`` entry. ``SimulationResult.final``
+holds the selected model's test metrics; ``rounds`` keeps the per-round curves.
 """
 
 from __future__ import annotations
@@ -50,9 +57,13 @@ class SimulatedFederation:
 
 @dataclass
 class SimulationResult:
-    """Per-round test metrics per hospital, final metrics, timings, dropouts, ε, the audit directory."""
+    """Per-round test metrics per hospital, final metrics (the selected, calibrated model),
+    timings, dropouts, ε, the audit directory, and ``selection``: the kept round, the federated
+    validation loss curve, whether the run stopped early, each hospital's calibration and its
+    uncalibrated test metrics."""
 
     rounds: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    selection: dict = field(default_factory=dict)
     final: dict[str, dict[str, float]] = field(default_factory=dict)
     timings: dict[str, list[float]] = field(default_factory=dict)
     dropped: list[dict[str, str]] = field(default_factory=list)
@@ -122,10 +133,54 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
             result.rounds.append(metrics)
             if on_round is not None:
                 on_round(r, metrics)
-        result.final = result.rounds[-1] if result.rounds else {}
+            if _should_stop(sim):
+                break
+        _select(sim, result, patience=config.selection.patience)
     finally:
         sim.audit.close()
     return result
+
+
+def _selections(sim: SimulatedFederation) -> list:
+    return [s for h in sim.hospitals.values() if (s := getattr(h.task, "selection", None)) is not None]
+
+
+def _should_stop(sim: SimulatedFederation) -> bool:
+    sel = _selections(sim)
+    return bool(sel) and sel[0].should_stop  # every hospital decoded the same losses
+
+
+def _select(sim: SimulatedFederation, result: SimulationResult, *, patience: int) -> None:
+    """Score the last global model (an evaluation-only round), keep the selected model at every
+    hospital, calibrate, record ``model_selected``; ``result.final`` = selected test metrics."""
+    sel = _selections(sim)
+    if sel and result.rounds:
+        stopped = sel[0].should_stop
+        for h in sim.hospitals.values():
+            h.task.evaluate_only = True
+        try:
+            sim.run_round()
+        finally:
+            for h in sim.hospitals.values():
+                h.task.evaluate_only = False
+    finishes = {n: h.task.finish() for n, h in sorted(sim.hospitals.items()) if hasattr(h.task, "finish")}
+    if not sel or sel[0].best_round is None:
+        result.final = sim.evaluate("test") if finishes else (result.rounds[-1] if result.rounds else {})
+        return
+    s = sel[0]
+    uncalibrated = {}
+    for n, h in sorted(sim.hospitals.items()):
+        cal, h.task.calibration = h.task.calibration, None
+        uncalibrated[n] = h.task.evaluate("test")
+        h.task.calibration = cal
+    result.final = sim.evaluate("test")
+    result.selection = {"round": s.best_round, "validation_loss": s.best_loss, "rounds_evaluated": list(s.rounds),
+                        "validation_losses": list(s.losses), "stopped_early": bool(stopped), "patience": patience,
+                        "calibration": {n: {"a": f["platt_a"], "b": f["platt_b"]} for n, f in finishes.items()},
+                        "uncalibrated": uncalibrated}
+    sim.audit.record("model_selected", {"round": int(s.best_round), "validation_loss": float(s.best_loss),
+                                        "rounds_evaluated": len(s.rounds), "patience": int(patience),
+                                        "stopped_early": bool(stopped), "losses": [float(x) for x in s.losses]})
 
 
 def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDictionary]:

@@ -13,6 +13,14 @@ Two deliberate readings of the paper, both documented in docs/architecture.md:
 - The self-connection W_self (Schlichtkrull et al. 2018, which NS-FL cites): without it a
   patient's layer-2 state would not see feature identities at all.
 
+Wide & deep (``[model] linear_path``, on by default; docs/model_quality.md measures why): a
+per-feature linear term on the star's standardised values and observed indicators,
+z_lin = Σ_{f∈star} (a_f · x_f + c_f), is added to the logit -- a skip connection from the
+features to the output that the GNN need not learn. On small tables the GNN alone only tied a
+logistic regression; with the linear path it starts as one and learns the rest. The rows
+``linear/<f>`` are per feature like the embeddings, so Theorem 1 still holds (a hospital that
+never observes f never changes a_f, c_f). Standardised values are clipped to ±``value_clip``.
+
 Two forward paths on the same parameters: :meth:`forward_graph` (HeteroData, with
 ``similar_to``) and :meth:`forward_star` (padded per-patient stars, Opacus-compatible).
 """
@@ -54,13 +62,31 @@ class NSFLModel(nn.Module):
         self.l2_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l2_self_patient = nn.Linear(d, d)
         self.head = nn.Linear(d, 1)
+        self.value_clip = float(cfg.value_clip)
+        #: wide & deep: [a_f, c_f] per dictionary feature (zero-initialised: the GNN alone at round 0)
+        self.linear = nn.Embedding(n_features, 2) if cfg.linear_path else None
         for name, p in sorted(self.named_parameters()):  # deterministic: every hospital starts alike
+            if name.startswith("linear."):
+                nn.init.zeros_(p)
+                continue
             if name.startswith(("embedding.", "mask_logit.")):
                 continue
             if p.dim() == 2:
                 nn.init.xavier_uniform_(p, generator=gen)
             else:
                 nn.init.zeros_(p)
+
+    def _clip(self, values: torch.Tensor) -> torch.Tensor:
+        return values.clamp(-self.value_clip, self.value_clip)
+
+    def linear_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The wide part z_lin = Σ_f (a_f · x_f + c_f) over each star (0 without a linear path).
+
+        Shapes: [B, K] x3 -> [B]."""
+        if self.linear is None:
+            return torch.zeros(feature_index.shape[0], dtype=values.dtype)
+        w = self.linear(feature_index)
+        return ((w[..., 0] * values + w[..., 1]) * mask.to(values.dtype)).sum(-1)
 
     def feature_mask(self, index: torch.Tensor) -> torch.Tensor:
         """m_f ∈ [0, 1] for dictionary node indices ``index``."""
@@ -76,7 +102,7 @@ class NSFLModel(nn.Module):
         n_p, n_f = data["patient"].num_nodes, data["feature"].num_nodes
         h_p0 = self.epsilon.expand(n_p, -1)
         h_f0 = self.feature_init(data["feature"].feature_index)
-        e_fp, x_fp = data[OF_PATIENT].edge_index, data[OF_PATIENT].edge_weight
+        e_fp, x_fp = data[OF_PATIENT].edge_index, self._clip(data[OF_PATIENT].edge_weight)
         e_pf = e_fp.flip(0)
         sim = data[SIMILAR_TO] if use_similar and SIMILAR_TO in data.edge_types else None
         agg = self.l1_of_patient.edges(h_f0, h_p0, e_fp, x_fp, n_p)
@@ -88,7 +114,11 @@ class NSFLModel(nn.Module):
         if sim is not None:
             agg = agg + self.l2_similar_to.edges(h_p1, h_p1, sim.edge_index, sim.edge_weight, n_p)
         h_p2 = torch.relu(self.l2_self_patient(h_p1) + agg)
-        return self.head(h_p2).squeeze(-1)
+        out = self.head(h_p2).squeeze(-1)
+        if self.linear is not None:
+            w = self.linear(data["feature"].feature_index[e_fp[0]])
+            out = out.index_add(0, e_fp[1], w[:, 0] * x_fp.to(w.dtype) + w[:, 1])
+        return out
 
     # -- per-patient stars (+ similar_to neighbours) ----------------------------------------
     def _sim1(self, h_p0: torch.Tensor, nb_weight: torch.Tensor | None, nb_mask: torch.Tensor | None) -> torch.Tensor:
@@ -103,6 +133,7 @@ class NSFLModel(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(h_p^(1) [B, d], h_f^(1) of the star's feature copies [B, K, d])."""
         b = feature_index.shape[0]
+        values = self._clip(values)
         h_p0 = self.epsilon.expand(b, -1)
         h_f0 = self.feature_init(feature_index)
         agg = self.l1_of_patient.dense(h_f0, h_p0, values, mask) + self._sim1(h_p0, nb_weight, nb_mask)
@@ -116,11 +147,13 @@ class NSFLModel(nn.Module):
         """The patient embedding h_p^(2) from padded stars, no ``similar_to`` -- what the F-CMs
         concept modules take as their encoder output. Shapes: [B, K] x3 -> [B, d]."""
         h_p1, h_f1 = self._layer1(feature_index, values, mask)
+        values = self._clip(values)
         return torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(h_f1, h_p1, values, mask))
 
     def forward_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits from padded stars, no ``similar_to`` (the DP path). Shapes: [B, K] x3 -> [B]."""
-        return self.head(self.embed_star(feature_index, values, mask)).squeeze(-1)
+        return (self.head(self.embed_star(feature_index, values, mask)).squeeze(-1)
+                + self.linear_star(feature_index, self._clip(values), mask))
 
     def forward_neighbourhood(self, stars: StarBatch, batch: torch.Tensor) -> torch.Tensor:
         """Exact full-graph logits for patients ``batch``, computed from their stars and their
@@ -136,9 +169,10 @@ class NSFLModel(nn.Module):
         fi, x, m = stars.feature_index[batch], stars.values[batch], stars.mask[batch]
         h_p1 = h_need[pos_b]
         _, h_f1 = self._layer1(fi, x, m)
-        agg = self.l2_of_patient.dense(h_f1, h_p1, x, m) + self.l2_similar_to.dense(h_need[pos_nb], h_p1, nw, nm)
+        xc = self._clip(x)
+        agg = self.l2_of_patient.dense(h_f1, h_p1, xc, m) + self.l2_similar_to.dense(h_need[pos_nb], h_p1, nw, nm)
         h_p2 = torch.relu(self.l2_self_patient(h_p1) + agg)
-        return self.head(h_p2).squeeze(-1)
+        return self.head(h_p2).squeeze(-1) + self.linear_star(fi, xc, m)
 
     def forward(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The star path (what Opacus wraps)."""

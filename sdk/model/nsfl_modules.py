@@ -9,10 +9,14 @@ from clinograph.secure.spec import ModuleKind
 from .modules import ModuleMap, Piece
 from .nsfl import NSFLModel
 
+#: the shared module through which hospitals sum (Σ loss, n_val) for model selection
+SELECTION_MODULE = "metric/validation"
+
 
 def nsfl_modules(model: NSFLModel, node_ids: Sequence[str], *, personal_head: bool = False) -> ModuleMap:
     """``feature_embedding/<f>`` (shared), ``mask/<f>`` (personal: never leaves the hospital),
-    ``gnn/layer<l>/<relation>`` (shared), ``head/task`` (shared unless ``personal_head``)."""
+    ``gnn/layer<l>/<relation>`` (shared), ``head/task`` (shared unless ``personal_head``),
+    ``linear/<f>`` (shared, with the linear path)."""
     if len(node_ids) != model.n_features:
         raise ValueError(f"model has {model.n_features} feature nodes, dictionary has {len(node_ids)}")
     mm = ModuleMap()
@@ -26,6 +30,10 @@ def nsfl_modules(model: NSFLModel, node_ids: Sequence[str], *, personal_head: bo
     ):
         mm.add_submodule(f"gnn/layer{layer}/{rel}", ModuleKind.SHARED, sub)
     mm.add_submodule("head/task", ModuleKind.PERSONAL if personal_head else ModuleKind.SHARED, model.head)
+    if model.linear is not None:  # wide & deep: per feature, so Theorem 1 holds for it too
+        for i, nid in enumerate(node_ids):
+            mm.add(f"linear/{nid}", ModuleKind.SHARED, [Piece(model.linear.weight, i)])
+
     for i, nid in enumerate(node_ids):
         mm.add(f"mask/{nid}", ModuleKind.PERSONAL, [Piece(model.mask_logit.weight, i)])
     return mm

@@ -17,9 +17,9 @@ from clinograph.secure.errors import ConfigError
 from clinograph.secure.spec import ModuleKind
 
 from ..graph.star import StarBatch
-from ..model.modules import ModuleMap
+from ..model.modules import ModuleMap, Piece
 from ..model.nsfl import NSFLModel
-from ..model.nsfl_modules import nsfl_modules
+from ..model.nsfl_modules import SELECTION_MODULE, nsfl_modules
 from .local import TrainConfig, train_epochs
 
 DEFAULT_PERSONAL = ("head/task",)
@@ -28,7 +28,8 @@ DEFAULT_PERSONAL = ("head/task",)
 def personal_module_map(model: NSFLModel, node_ids: Sequence[str], *,
                         personal: Sequence[str] = DEFAULT_PERSONAL) -> ModuleMap:
     """The NS-FL module map with ``personal`` (exact names, or prefixes ending in ``/``) made
-    personal, plus the masks. Unknown names raise ConfigError listing the modules."""
+    personal, plus the masks, plus the shared ``metric/validation`` module when
+    ``[model] selection_module`` (model selection, :class:`~clinograph.sdk.config.SelectionSection`). Unknown names raise ConfigError listing the modules."""
     base = nsfl_modules(model, node_ids, personal_head=False)
     names = base.names()
     unknown = [p for p in personal if not any(n == p or (p.endswith("/") and n.startswith(p)) for n in names)]
@@ -41,7 +42,16 @@ def personal_module_map(model: NSFLModel, node_ids: Sequence[str], *,
         return base.kind(n) == ModuleKind.PERSONAL or any(n == p or (p.endswith("/") and n.startswith(p))
                                                           for p in personal)
 
-    return base.with_kinds(lambda n, k: ModuleKind.PERSONAL if is_personal(n) else ModuleKind.SHARED)
+    out = base.with_kinds(lambda n, k: ModuleKind.PERSONAL if is_personal(n) else ModuleKind.SHARED)
+    if model.config.selection_module:
+        out.add(SELECTION_MODULE, ModuleKind.SHARED, [Piece(selection_parameter())])
+    return out
+
+
+def selection_parameter() -> torch.nn.Parameter:
+    """The 2 values of ``metric/validation`` (Σ loss·n_val, Σ n_val): float64, outside the
+    model (no optimiser, DP engine or encoder ever sees it), never trained."""
+    return torch.nn.Parameter(torch.zeros(2, dtype=torch.float64), requires_grad=False)
 
 
 def fine_tune_personal(model: NSFLModel, modules: ModuleMap, *, stars: StarBatch, train_idx: np.ndarray,

@@ -1,0 +1,107 @@
+"""Model selection by federated validation loss, with early stopping (issue: "the SDK reports
+the last round, no validation").
+
+Each round a hospital scores the global model it just received (with its personal layers) on
+its own validation patients and contributes the vector v_k = (Σ_i loss_i, n_k) -- its
+validation loss times its validation count, and the count -- as the update of the shared
+module ``metric/validation``. The client sends w_k · (global − local); the task sets
+local = global − c · v_k / w_k (c a public scale that keeps the values inside the masked mode's
+fixed-point range, :func:`encode_validation`), so the summed update is c · Σ_k v_k and the secure mode (masked by
+default) reveals the sum only, never one hospital's figure. With a strategy linear in the sums
+(fedavg, fedsgd with any server learning rate, fedprox, dq_weighted) the global module moves by
+−η · Σ_k v_k / Σ_k w_k; the ratio of its two components is the federated validation loss
+L = Σ_k loss_k n_k / Σ_k n_k, independent of η and of the weights. Every hospital decodes the
+same L from the signed global model, so all keep the same round.
+
+What it does not do: make the validation sums differentially private (selection is off by
+default under DP), or work with fedopt (Adam on the summed module is not linear).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+#: a hospital's mean validation loss is capped here before encoding, so a diverged model cannot
+#: push its update out of the masked mode's fixed-point range
+MAX_LOSS = 10.0
+#: public bound on a hospital's validation count (larger counts are capped, not refused)
+MAX_COUNT = 100_000
+
+
+def value_bound(plan_options: Mapping[str, float | int | str | bool]) -> float:
+    """The bound B on a weighted value the round accepts: ``masked.clip`` when masked, else
+    4 · ``weight.max`` (1 when unbounded)."""
+    if "masked.clip" in plan_options:
+        return float(plan_options["masked.clip"])
+    w = float(plan_options.get("weight.max", np.inf))
+    return 4.0 * w if np.isfinite(w) else 1.0
+
+
+def encode_validation(*, global_value: np.ndarray, loss_sum: float, count: int, weight: float,
+                      bound: float = 1.0) -> np.ndarray:
+    """The local value of ``metric/validation`` whose weighted delta is c · (loss_sum, count),
+    with the public scale c = bound / (MAX_LOSS · MAX_COUNT) -- the same at every hospital, so
+    it cancels in the ratio, and every weighted value stays within ``bound``."""
+    g = np.asarray(global_value, dtype=np.float64)
+    if weight <= 0 or count <= 0:
+        return g.copy()
+    n = min(int(count), MAX_COUNT)
+    mean = min(float(loss_sum) / count, MAX_LOSS)
+    c = float(bound) / (MAX_LOSS * MAX_COUNT)
+    return g - c * np.array([mean * n, float(n)]) / weight
+
+
+def decode_validation(*, before: np.ndarray, after: np.ndarray) -> float | None:
+    """The federated validation loss Σ loss·n / Σ n from the module's move (None: nobody reported)."""
+    d = np.asarray(before, dtype=np.float64) - np.asarray(after, dtype=np.float64)
+    if not d[1] > 1e-12:
+        return None
+    return float(d[0] / d[1])
+
+
+@dataclass
+class ModelSelection:
+    """A hospital's record of the federation's selection: the best model so far (a full copy,
+    shared and personal modules) and the early-stopping counter.
+
+    ``losses[i]`` is the federated validation loss of the global model after ``rounds[i]``
+    completed rounds (0: the initial model).
+    """
+
+    patience: int
+    min_delta: float
+    rounds: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    best_round: int | None = None
+    best_loss: float = float("inf")
+    best_state: dict[str, torch.Tensor] | None = None
+    _candidate: tuple[int, dict[str, torch.Tensor]] | None = None
+    _bad: int = 0
+
+    def offer(self, *, round_: int, state: dict[str, torch.Tensor]) -> None:
+        """The model about to be scored (a copy is kept until its loss is known)."""
+        self._candidate = (round_, {k: v.detach().clone() for k, v in state.items()})
+
+    def observe(self, loss: float | None) -> None:
+        """The federated validation loss of the last offered model."""
+        if self._candidate is None or loss is None or not np.isfinite(loss):
+            self._candidate = None
+            return
+        round_, state = self._candidate
+        self._candidate = None
+        self.rounds.append(round_)
+        self.losses.append(float(loss))
+        if loss < self.best_loss - self.min_delta or self.best_state is None:
+            self.best_round, self.best_loss, self.best_state = round_, float(loss), state
+            self._bad = 0
+        else:
+            self._bad += 1
+
+    @property
+    def should_stop(self) -> bool:
+        """Early stopping: ``patience`` evaluated rounds in a row without improvement."""
+        return self.patience > 0 and self._bad >= self.patience
