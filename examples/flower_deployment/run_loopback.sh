@@ -45,7 +45,7 @@ echo "== 2. keys (CA, TLS for 127.0.0.1, node-auth, signing keys, federation.tom
 "$PY" -m clinograph.commands.keys init --out "$WORK/keys" --federation-id loopback-demo \
   --hospital h1 --hospital h2 --hospital h3 --host 127.0.0.1 --host localhost --port "$PORT"
 "$PY" -m clinograph_flower_app.prepare --out "$WORK/sites" --hospital h1 --hospital h2 --hospital h3 \
-  --patients 200 $DP 2>/dev/null
+  --patients 200 --federation-id loopback-demo $DP 2>/dev/null
 LINK="$WORK/keys/superlink"
 
 echo "== 3. SuperLink on 127.0.0.1:$PORT (TLS, --enable-supernode-auth)"
@@ -73,7 +73,7 @@ echo "== 5. one SuperNode per hospital (the hospital lives inside it)"
 for h in "${HOSPITALS[@]}"; do
   K="$WORK/keys/hospitals/$h"
   setsid "$PY" -m clinograph.secure.transport.flower.supernode \
-    --participant-factory clinograph_flower_app.hospital:make_hospital --environment development \
+    --environment production \
     --superlink "127.0.0.1:$PORT" --root-certificates "$K/ca.pem" \
     --auth-supernode-private-key "$K/$h.node-auth" --port "$(free_port)" \
     --node-config "hospital='$h' data-dir='$WORK/sites/$h/data' state-dir='$WORK/sites/$h/state' key-file='$K/$h.ed25519.pem' federation-file='$K/federation.toml'" \
@@ -83,7 +83,7 @@ done
 
 echo "== 6. flwr run ($ROUNDS rounds, masked${DP:+, DP})"
 timeout 900 flwr run "$APP" loopback --stream --run-config \
-  "federation-file='$LINK/federation.toml' server-key='$LINK/server.ed25519.pem' deployment-config='$WORK/sites/deployment.toml' audit-dir='$WORK/audit' events-file='$WORK/events.jsonl' rounds=$ROUNDS min-nodes=3 wait-timeout=90.0 hello-timeout=60.0 plan-timeout=120.0 stage-timeout=60.0 end-timeout=60.0 max-weight=200.0" \
+  "server-config='$WORK/sites/server/server.toml' federation-file='$LINK/federation.toml' server-key='$LINK/server.ed25519.pem' events-file='$WORK/events.jsonl' rounds=$ROUNDS min-nodes=3 wait-timeout=90.0 hello-timeout=60.0 plan-timeout=120.0 stage-timeout=60.0 end-timeout=60.0" \
   >"$WORK/flwr-run.log" 2>&1 &
 RUN=$!
 wait_for 900 "the federation to finish" grep -q '"finished"' "$WORK/events.jsonl" 2>/dev/null
@@ -95,6 +95,6 @@ echo "== 7. verify the audit directory"
 import sys
 from pathlib import Path
 from clinograph.secure.audit import verify_audit_dir
-r = verify_audit_dir(Path('$WORK/audit'))
+r = verify_audit_dir(Path('$WORK/sites/server/audit'))
 print('audit verifies:', r.ok, f'({r.entries} entries)')
 sys.exit(0 if r.ok else 1)"
