@@ -51,6 +51,7 @@ from .params import MaskingParams, neighbour_graph
 from .stages import (
     STAGES,
     Layout,
+    check_total,
     decode_sum,
     holders,
     key_signing_bytes,
@@ -271,6 +272,7 @@ class MaskingServer(AggregationServer):
             for u in sorted(self._graph[v] & survivors):
                 seed = agree(sk, self._keys[u].s_pk, label=KDF_PAIRWISE_MASK, context=pair_context(self.plan, u, v))
                 add_mask(total, seed, sign=-pairwise_sign(u, v))
+        check_total(total, layout=self._layout, params=self.params, plan=self.plan, survivors=survivors)
         self._result = decode_sum(total, layout=self._layout, params=self.params, contributors=survivors)
         self._sum, self._revealed = None, {}
 

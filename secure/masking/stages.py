@@ -131,6 +131,64 @@ def decode_sum(total: np.ndarray, *, layout: Layout, params: MaskingParams, cont
     return ModuleSums(sums=sums, weights=wsum, counts=cnt, contributors=tuple(sorted(contributors)))
 
 
+def check_total(total: np.ndarray, *, layout: Layout, params: MaskingParams, plan: RoundPlan,
+                survivors: Iterable[str]) -> None:
+    """Refuse an unmasked ring sum that no set of plan-abiding survivors can produce.
+
+    Only the sender enforces its own bounds (check_update), and the server never sees one
+    vector, so a hospital running the real protocol can put anything into its slots. This
+    checks everything the plan lets the server check, per module m with count c_m and weight
+    sum W_m (n survivors, fixed-point tolerances of one unit per contributor):
+
+    * counts: 0 <= c_m <= n;
+    * weights: c_m = 0 implies W_m = 0; otherwise W_m lies between the sums of the c_m smallest
+      and the c_m largest weights the plan publishes for the survivors (``weight/<name>``;
+      exactly their sum when c_m = n), or, without published weights, in (0, c_m * weight.max];
+    * values: every |sum_i w_i Delta_i| <= c_m * clip (so ||sum||_2 <= c_m * clip * sqrt(|m|)),
+      and all zero when c_m = 0.
+
+    What still goes through: any aggregate inside these bounds (SECURITY.md, "Masked-mode poisoning").
+
+    Raises:
+        ProtocolError: naming the module and the slot that is out of bounds (never values); the
+            round aborts, as the culprit cannot be named without seeing single updates.
+    """
+    who = sorted(survivors)
+    n, m, nv = len(who), len(layout.names), layout.n_values
+    weights = fixedpoint.decode(total[nv:nv + m], scale=params.weight_scale)
+    counts = total[nv + m:].view(np.int32).astype(np.int64)
+    w_tol, v_tol = n / params.weight_scale, n / params.scale
+    cap = min(params.max_weight, float(plan.options.get("weight.max", params.max_weight)))
+    published = [plan.options.get(f"weight/{c}") for c in who]
+    fixed = sorted(float(w) for w in published) if all(isinstance(w, float) for w in published) else None
+    problems = []
+    for j, (name, off, size) in enumerate(zip(layout.names, layout.offsets, layout.sizes, strict=True)):
+        c, w = int(counts[j]), float(weights[j])
+        if not 0 <= c <= n:
+            problems.append(f"module {name!r}: contributor count slot is {c}, outside [0, {n}] (survivors)")
+            continue
+        if c == 0:
+            lo = hi = 0.0
+        elif fixed is not None:
+            lo, hi = sum(fixed[:c]), sum(fixed[-c:])
+        else:
+            lo, hi = 0.0, c * cap
+        if c > 0 and w <= w_tol:
+            problems.append(f"module {name!r}: weight sum is not positive ({c} contributor(s))")
+        elif not lo - w_tol <= w <= hi + w_tol:
+            how = "the weights the plan publishes" if fixed is not None and c else "weight.max"
+            problems.append(f"module {name!r}: weight sum {w:.6g} is outside [{lo:.6g}, {hi:.6g}] for {c} "
+                            f"contributor(s) ({how})")
+        peak = float(np.abs(fixedpoint.decode(total[off:off + size], scale=params.scale)).max())
+        if peak > c * params.clip + v_tol:
+            problems.append(f"module {name!r}: a summed value exceeds {c} contributor(s) x masked.clip = "
+                            f"{c * params.clip:.6g}")
+    if problems:
+        raise ProtocolError(f"The unmasked aggregate breaks the plan's bounds ({len(problems)} problem(s): "
+                            + "; ".join(problems[:8]) + "). A participant put out-of-bound values into its "
+                            "masked vector; the round is aborted and nothing is applied or published.")
+
+
 def round_context(plan: RoundPlan, *parts: str | bytes) -> bytes:
     """Context binding a derivation to this federation and round (and the given parts)."""
     return encode_context([plan.federation_id, plan.round, *parts])

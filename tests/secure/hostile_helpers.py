@@ -72,8 +72,13 @@ class Hospital:
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
         p = open_envelope(parse_envelope(plan), sender=self.server, model=RoundPlan)
         cls = self.mode_client or create_mode(p.secure_mode).client
+        update = update_for(self.name, p.round)
+        fixed = p.options.get(f"weight/{self.name}")
+        if fixed is not None:  # the strategy published this hospital's weight (as HospitalClient uses it)
+            r = float(fixed) / update.weight
+            update = LocalUpdate(modules={k: r * v for k, v in update.modules.items()}, weight=float(fixed))
         self.client = cls(plan=p, identity=self.identity, server=self.server, peers=self.peers,
-                          update=update_for(self.name, p.round), **self.mode_client_kw)
+                          update=update, **self.mode_client_kw)
         report = (self.report_fn(self, p) if self.report_fn else
                   ClientReport(federation_id=p.federation_id, round=p.round, client=self.name,
                                dictionary_hash=p.dictionary_hash))
