@@ -2,23 +2,27 @@
 
 The unit is one patient: DP-SGD (Opacus, hooks mode, Poisson sampling) on each patient's
 star, no ``similar_to``, and a persistent per-hospital ledger composing ε over every step of
-every round.
+every round. ``[privacy] mode = "distributed"`` (:mod:`.distributed`): one DP-SGD step a round
+over all hospitals, each adding a Skellam share of the noise inside the masked sum.
 """
 
 from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
 
 from .accountant import PrivacyLedger
 from .calibration import calibrate_noise_multiplier, poisson_plan
+from .distributed import DistributedLedger, distributed_step
 from .guard import refuse_coupled_plan, refuse_coupled_training
 from .noise import install_secure_noise, secure_gaussian
 from .trainer import DPTrainer, dp_trainer_factory, star_loss, unused_star_parameters
 
 __all__ = [
     "DPTrainer",
+    "DistributedLedger",
     "PrivacyBudgetExceeded",
     "PrivacyError",
     "PrivacyLedger",
     "calibrate_noise_multiplier",
+    "distributed_step",
     "dp_trainer_factory",
     "install_secure_noise",
     "poisson_plan",

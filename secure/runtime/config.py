@@ -97,6 +97,35 @@ class DPPolicySection(_Strict):
     min_noise_multiplier: float = Field(default=0.3, ge=0, description="σ below this is refused: a smaller σ "
                                         "spends the budget within a few steps and usually means a mistake")
     max_clip_norm: float = Field(default=1.0, gt=0)
+    # -- distributed DP (additive; docs/privacy.md "Distributed DP"): the mechanism the hospitals'
+    # noise shares add up to inside the masked sum, and the trust assumption it rests on.
+    mode: Literal["local", "distributed"] = Field(default="local", description="local: each hospital adds the "
+                                                  "whole noise; distributed: each adds a share of one noise")
+    mechanism: Literal["skellam"] = Field(default="skellam", description="distributed only: the noise shares")
+    noise_multiplier: float | None = Field(default=None, gt=0, le=1000, description="distributed only: σ of the "
+                                           "aggregate over the honest set, relative to the clip norm")
+    sample_rate: float | None = Field(default=None, gt=0, le=1, description="distributed only: every hospital's "
+                                      "Poisson rate q")
+    min_honest: int | None = Field(default=None, ge=1, description="distributed only: h, the hospitals that must "
+                                   "add their share honestly and survive; each adds μ/h")
+    rounds: int | None = Field(default=None, ge=1, le=100_000, description="distributed only: rounds the ε "
+                               "promise covers")
+
+    def distributed(self):  # noqa: ANN201 - clinograph.secure.dp.DistributedPolicy (imported lazily)
+        """The distributed-DP policy this section declares (ConfigError naming the missing keys)."""
+        from ..dp import DistributedPolicy
+        from ..errors import ConfigError
+
+        if self.mode != "distributed":
+            raise ConfigError("[dp_policy] mode is 'local'; there is no distributed-DP policy to build.")
+        missing = [k for k in ("noise_multiplier", "sample_rate", "min_honest", "rounds") if getattr(self, k) is None]
+        if missing:
+            raise ConfigError(f"[dp_policy] mode = 'distributed' needs {', '.join(missing)}: the mechanism's "
+                              "parameters are public and the same at every hospital. Set them in [dp_policy].")
+        return DistributedPolicy(mechanism=self.mechanism, noise_multiplier=float(self.noise_multiplier),  # type: ignore[arg-type]
+                                 clip_norm=self.max_clip_norm, sample_rate=float(self.sample_rate),  # type: ignore[arg-type]
+                                 min_honest=int(self.min_honest), rounds=int(self.rounds),  # type: ignore[arg-type]
+                                 max_epsilon=self.max_epsilon, delta=self.delta)
 
     def policy(self) -> DPPolicy:
         """The wire form carried in every plan."""

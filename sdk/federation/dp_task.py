@@ -1,0 +1,243 @@
+"""NS-FL under distributed DP: the task a hospital runs in ``[privacy] mode = "distributed"``.
+
+Implements NS-FL eq. (6) (FedSGD with a server learning rate) as one DP-SGD step a round over
+the federation's patients (:mod:`clinograph.sdk.privacy.distributed`): each hospital's
+"local model" is θ − z/(s·w), where z is its noisy integer sum, s the masked ring's scale and
+w = q·n its expected batch, so :class:`HospitalClient`'s weighted delta w·(θ − θ_local) is
+z/s and the masked mode encodes z exactly. The server's FedSGD then applies
+θ ← θ − η·Σ_k z_k / (s·Σ_k q·n_k).
+
+The personal feature masks are frozen at their initial value (no personal training under
+distributed DP: it would use the patients outside the accountant). ``similar_to`` is never
+built (stars only), as in local DP.
+
+:func:`build_distributed_simulation` builds a whole federation in process with these tasks
+(the same server builder, transport and loop as :func:`.simulate.build_simulation`; see the
+hook note there) after checking the policy with :func:`clinograph.secure.dp.check_configuration`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.dp import DistributedPolicy, check_configuration
+from clinograph.secure.errors import ConfigError, PrivacyError
+from clinograph.secure.hazmat import fixedpoint
+from clinograph.secure.identity import Identity
+from clinograph.secure.runtime import InProcessTransport, build_server
+from clinograph.secure.runtime.build import masked_options, weight_bound
+from clinograph.secure.runtime.config import DPPolicySection
+from clinograph.secure.spec import ModuleKind
+
+from ..config import HospitalConfig, SimulationConfig
+from ..graph.star import star_batch
+from ..ingest.table import PatientTable
+from ..model.modules import ModuleMap
+from ..model.nsfl import NSFLModel
+from ..ontology.dictionary import FeatureDictionary
+from ..privacy.distributed import Columns, DistributedLedger, distributed_step
+from ..training.local import predict
+from ..training.metrics import binary_metrics
+from ..training.personal import personal_module_map
+from ..training.trainer import TrainOutcome
+from .build import build_hospital, initial_model
+from .simulate import SimulatedFederation
+from .split import Split, hospital_split
+
+
+class _ExactLocal(ModuleMap):
+    """The task's module map, whose released modules read as the exact float64 local model
+    θ − z/(s·w) during a round (a float32 torch copy would not give z back in the ring)."""
+
+    def __init__(self, base: ModuleMap):
+        super().__init__()
+        self._modules = base._modules
+        self.pending: dict[str, np.ndarray] = {}
+
+    def get(self, name: str) -> np.ndarray:
+        return self.pending[name].copy() if name in self.pending else super().get(name)
+
+    def load(self, state: Mapping[str, np.ndarray]) -> None:
+        self.pending = {}
+        self.global64 = {n: np.asarray(v, dtype=np.float64).copy() for n, v in state.items()}
+        super().load(state)
+
+
+class DistributedDPTask:
+    """One hospital's NS-FL task in distributed-DP mode (implements :class:`.task.Task`)."""
+
+    name = "nsfl"
+
+    def __init__(self, table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
+                 policy: DistributedPolicy, state_dir: Path):
+        priv = config.privacy
+        if not priv.enabled or priv.mode != "distributed":
+            raise ConfigError("DistributedDPTask needs [privacy] enabled = true and mode = 'distributed'.")
+        if config.graph.k_similar:
+            raise PrivacyError(f"Hospital {table.site!r}: [graph] k_similar = {config.graph.k_similar} couples "
+                               "patients; distributed DP trains on stars only. Set k_similar = 0.")
+        mine = (priv.mechanism, priv.noise_multiplier, priv.clip_norm, priv.sample_rate, priv.min_honest, priv.delta)
+        theirs = (policy.mechanism, policy.noise_multiplier, policy.clip_norm, policy.sample_rate, policy.min_honest,
+                  policy.delta)
+        if mine != theirs:
+            raise PrivacyError(f"Hospital {table.site!r}: its [privacy] (mechanism, σ, C, q, h, δ) = {mine} differs "
+                               f"from the federation's [dp_policy] {theirs}. Copy the federation's values.")
+        self.table, self.config, self.split, self.policy = table, config, split, policy
+        node_ids = dictionary.node_ids()
+        torch.manual_seed(config.model.init_seed)  # identical initial weights at every hospital
+        self.model = NSFLModel(len(node_ids), config.model)
+        self.modules = _ExactLocal(personal_module_map(self.model, node_ids, personal=config.personal.modules))
+        self.columns = Columns.of(self.model, self.modules, self.modules.names(ModuleKind.SHARED))
+        self.ledger = DistributedLedger(state_dir, site=table.site, budget_epsilon=priv.epsilon_budget,
+                                        delta=priv.delta)
+        self.stars = star_batch(table, k_similar=0)
+        self._train = torch.as_tensor(np.asarray(split.train), dtype=torch.long)
+        self.last_batch = 0
+
+    def __repr__(self) -> str:
+        return f"DistributedDPTask(site={self.table.site!r}, {self.split!r})"
+
+    @property
+    def num_samples(self) -> float:  # type: ignore[override]
+        """The expected Poisson batch q·n (the weight FedSGD divides by)."""
+        return self.policy.sample_rate * len(self.split.train)
+
+    def train(self, *, round_: int, epochs: int, plan_options: Mapping[str, float | int | str | bool]) -> TrainOutcome:
+        site = self.table.site
+        if epochs != 1:
+            raise PrivacyError(f"Hospital {site!r}: a distributed-DP round is one DP-SGD step (NS-FL eq. 6); the "
+                               f"plan asks for {epochs} local epochs. Set [federation] local_epochs = 1.")
+        if "masked.scale" not in plan_options:
+            raise PrivacyError(f"Hospital {site!r}: distributed DP needs secure_mode = 'masked' (the noise shares "
+                               "add up only inside the masked sum).")
+        if f"weight/{site}" in plan_options:
+            raise PrivacyError(f"Hospital {site!r}: the strategy fixes weights; distributed DP needs FedSGD's "
+                               "weights = expected batch. Use strategy = 'fedsgd'.")
+        threshold = int(plan_options["masked.threshold"])  # type: ignore[arg-type]
+        if threshold < self.policy.min_honest:
+            raise PrivacyError(f"Hospital {site!r}: the round's masked threshold {threshold} is below min_honest "
+                               f"{self.policy.min_honest}; it could release a sum with too few noise shares.")
+        scale, bound = float(plan_options["masked.scale"]), float(plan_options["masked.clip"])  # type: ignore[arg-type]
+        weight = self.num_samples
+        if weight > float(plan_options.get("weight.max", np.inf)):  # type: ignore[arg-type]
+            raise PrivacyError(f"Hospital {site!r}: expected batch {weight:g} exceeds the plan's weight.max.")
+        record = {"round": round_, "mechanism": self.policy.mechanism, "noise_multiplier": self.policy.noise_multiplier,
+                  "noise_multiplier_alone": self.policy.noise_multiplier / np.sqrt(self.policy.min_honest),
+                  "sample_rate": self.policy.sample_rate, "clip_norm": self.policy.clip_norm, "scale": scale,
+                  "dim": self.columns.dim, "min_honest": self.policy.min_honest,
+                  "share_variance": self.policy.share_variance(scale)}
+        self.ledger.check_round(record)
+        s = self.stars
+        step = distributed_step(self.model, self.columns, policy=self.policy, scale=scale,
+                                feature_index=s.feature_index[self._train], values=s.values[self._train],
+                                mask=s.mask[self._train], labels=s.labels[self._train])
+        if np.abs(step.z).max(initial=0) / scale > bound:
+            raise PrivacyError(f"Hospital {site!r}: its noisy sum leaves the masked range (masked.clip = {bound:g}); "
+                               "nothing is sent this round. Raise [federation] masked_clip.")
+        self._set_local(step.z, scale=scale, weight=weight)
+        self.last_batch = step.batch
+        entry = self.ledger.commit(record)
+        return TrainOutcome(loss=0.0, used_similar_to=False, ledger=entry, extras={"epsilon": entry.epsilon})
+
+    def _set_local(self, z: np.ndarray, *, scale: float, weight: float) -> None:
+        """θ_local = θ − z/(s·w) in float64, checked to give z back exactly through
+        HospitalClient's delta w·(θ − θ_local) and the masked encoder's rint(x·s)."""
+        glob = self.modules.global64 if hasattr(self.modules, "global64") else self.modules.state(ModuleKind.SHARED)
+        pending = {}
+        for name, zm in self.columns.split(z.astype(np.float64)).items():
+            local = glob[name] - zm / (scale * weight)
+            back = np.rint((weight * (glob[name] - local)) * scale)
+            if not np.array_equal(back, zm):
+                raise PrivacyError("The noisy sum does not survive the fixed-point encoding exactly (global model "
+                                   "values too large for the ring scale); nothing is sent this round.")
+            pending[name] = local
+        self.modules.pending = pending
+
+    def trained_modules(self, outcome: TrainOutcome) -> list[str]:
+        """Every released module, at every hospital (each adds noise to every coordinate)."""
+        return list(self.columns.modules)
+
+    def after_round(self) -> None:
+        self.modules.pending = {}
+
+    def predict(self) -> np.ndarray:
+        return predict(self.model, self.stars)
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        idx = {"test": self.split.test, "validation": self.split.validation}.get(split)
+        if idx is None:
+            raise ConfigError(f"Unknown split {split!r}; expected 'validation' or 'test'.")
+        if len(idx) == 0:
+            raise ConfigError(f"Hospital {self.table.site!r} has no {split} patients.")
+        return binary_metrics(self.table.labels[idx], self.predict()[idx])
+
+    def quality(self) -> dict[str, float]:
+        raise ConfigError("Quality metrics are not released under distributed DP (the DP accountant does not "
+                          "cover them).")
+
+    def feature_relevance(self) -> dict[str, float]:
+        return {}  # the masks are frozen at their initial value: nothing learned to show
+
+
+def distributed_policy(config: SimulationConfig) -> DPPolicySection:
+    """The server's [dp_policy] for a simulation whose hospitals share ``config.privacy``."""
+    p = config.privacy
+    return DPPolicySection(max_epsilon=p.epsilon_budget, delta=p.delta, max_clip_norm=p.clip_norm,
+                           min_noise_multiplier=0.0, mode="distributed", mechanism=p.mechanism,
+                           noise_multiplier=p.noise_multiplier, sample_rate=p.sample_rate, min_honest=p.min_honest,
+                           rounds=config.federation.rounds)
+
+
+def check_simulation(config: SimulationConfig, tables: Sequence[PatientTable], *, dim: int) -> float:
+    """The configuration-time check of the federation's policy (:func:`check_configuration`);
+    returns the promised ε. What build_server should run (hook: see docs/privacy.md)."""
+    fed = config.federation
+    if fed.secure_mode != "masked" or fed.strategy != "fedsgd":
+        raise ConfigError("Distributed DP needs secure_mode = 'masked' and strategy = 'fedsgd'.")
+    from clinograph.secure.runtime.build import build_strategy
+
+    n = len(tables)
+    max_weight = weight_bound(build_strategy(fed), fed)
+    opts = masked_options(fed, n=n, max_weight=max_weight)
+    policy = distributed_policy(config).distributed()
+    if not fixedpoint.wrap_free(n_clients=n, bound=float(opts["masked.clip"]), scale=float(opts["masked.scale"])):
+        raise ConfigError("masked scale not wrap-free")  # pragma: no cover - masked_options guarantees it
+    return check_configuration(policy, n_hospitals=n, masked_threshold=int(opts["masked.threshold"]),
+                               scale=float(opts["masked.scale"]), hospital_bound=float(opts["masked.clip"]),
+                               max_batch=max_weight, dim=dim)
+
+
+def build_distributed_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary,
+                                 config: SimulationConfig, *, audit_dir: Path) -> SimulatedFederation:
+    """A federation in distributed-DP mode: policy checked, then the same pieces as build_simulation."""
+    fed = config.federation
+    hconf = config.hospital_config()
+    policy = distributed_policy(config).distributed()
+    server_id = Identity.generate("server")
+    ids = {t.site: Identity.generate(t.site) for t in tables}
+    publics = {n: i.public for n, i in ids.items()}
+    root = Path(hconf.privacy.state_dir or config.output)
+    tasks = {t.site: DistributedDPTask(t, dictionary=dictionary, config=hconf, policy=policy, state_dir=root / t.site,
+                                       split=hospital_split(t.labels, site=t.site,
+                                                            test_fraction=hconf.split.test_fraction,
+                                                            validation_fraction=hconf.split.validation_fraction,
+                                                            seed=hconf.split.seed))
+             for t in tables}
+    check_simulation(config, tables, dim=next(iter(tasks.values())).columns.dim)
+    hospitals = {n: build_hospital(tables[i], dictionary=dictionary, config=hconf, identity=ids[n],
+                                   server=server_id.public, peers=publics, federation_id=fed.id, task=tasks[n])
+                 for i, n in enumerate(t.site for t in tables)}
+    first = hospitals[sorted(hospitals)[0]]
+    audit = AuditTrail(audit_dir, identity=server_id)
+    try:
+        server = build_server(federation=fed, identity=server_id, enrolled=publics,
+                              initial=initial_model(first.task, dictionary=dictionary), audit=audit,
+                              dp_policy=distributed_policy(config).policy())
+    except BaseException:
+        audit.close()
+        raise
+    return SimulatedFederation(server=server, hospitals=hospitals, transport=InProcessTransport(hospitals), audit=audit)

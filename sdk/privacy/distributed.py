@@ -1,0 +1,260 @@
+"""Distributed DP at one hospital: one DP-SGD step a round, its noise a share of the federation's.
+
+Implements NS-FL eq. (6) (FedSGD) as distributed DP-SGD (docs/privacy.md, "Distributed DP"):
+
+1. Poisson-sample the hospital's training patients at the federation's rate q (CSPRNG coins,
+   :mod:`clinograph.secure.hazmat.discrete_noise`).
+2. Per-patient gradients of the star model (Opacus ``GradSampleModule``, hooks mode, the
+   machinery the local-DP trainer uses and tests against a per-patient loop), over the shared
+   modules the star path trains; each patient's vector clipped to L2 norm C.
+3. Each clipped vector scaled by the masked ring's fixed-point scale s and rounded *randomly*
+   to integers (unbiased); the integer vectors summed.
+4. A Skellam share Sk(μ/h), μ = (σ·C·s)², added to every coordinate: h honest shares carry the
+   whole noise of the aggregate mechanism (:mod:`clinograph.secure.dp`).
+
+The integer vector z is what the masked mode sums: the hospital hands ``z / s`` as its weighted
+update with weight w = q·n (its expected batch), so the mode's ``rint(x·s)`` gives back z
+exactly (checked before anything leaves), and FedSGD's weighted mean is Σz/s / Σ q·n_k: the
+noisy sum over the expected batch of the whole federation. The server applies it with its
+learning rate. Nobody but the hospital sees z; the server sees only the noisy sum.
+
+:class:`DistributedLedger` keeps, per round, the guarantee the hospital relies on (the
+aggregate mechanism, its parameters and the minimum honest set, ε composed over rounds) and
+what it would have alone (its own share as the only noise, ε composed the same way).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from clinograph.secure.dp import (
+    DistributedPolicy,
+    ShareDeclaration,
+    SkellamRound,
+    check_share,
+    epsilon,
+)
+from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
+from clinograph.secure.hazmat.discrete_noise import CsprngUniform, bernoulli, skellam
+from clinograph.secure.messages import LedgerEntry
+
+from ..model.modules import ModuleMap
+from ..model.nsfl import NSFLModel
+from .trainer import star_loss, unused_star_parameters
+
+FORMAT = "clinograph/distributed-ledger/v1"
+FILENAME = "distributed_ledger.json"
+
+
+# -- which coordinates a round releases ---------------------------------------------------------
+@dataclass(frozen=True)
+class Columns:
+    """The released coordinates: shared modules the star path trains, in spec order, as
+    (module, param, row) pieces. The same at every hospital (found from the model's structure
+    with a synthetic probe, never from data), so every hospital adds noise to every coordinate."""
+
+    modules: tuple[str, ...]
+    pieces: tuple[tuple[str, torch.nn.Parameter, int | None], ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def dim(self) -> int:
+        return int(sum(self.sizes))
+
+    @classmethod
+    def of(cls, model: NSFLModel, modules: ModuleMap, shared: Sequence[str]) -> Columns:
+        unused = set(unused_star_parameters(model))
+        trainable = {id(p) for n, p in model.named_parameters() if p.requires_grad and n not in unused}
+        names, pieces, sizes = [], [], []
+        for name in shared:
+            ps = modules.pieces(name)
+            if not any(id(pc.param) in trainable for pc in ps):
+                continue  # nothing of it is on the star path (similar_to, metric/validation)
+            names.append(name)
+            for pc in ps:
+                pieces.append((name, pc.param, pc.row))
+                sizes.append(pc.numel)
+        return cls(tuple(names), tuple(pieces), tuple(sizes))
+
+    def split(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """A flat [dim] vector -> module name -> vector (module vectors are their pieces concatenated)."""
+        out: dict[str, list[np.ndarray]] = {}
+        pos = 0
+        for (name, _, _), size in zip(self.pieces, self.sizes, strict=True):
+            out.setdefault(name, []).append(flat[pos:pos + size])
+            pos += size
+        return {n: np.concatenate(v) for n, v in out.items()}
+
+
+def per_patient_gradients(model: NSFLModel, columns: Columns, *, feature_index: torch.Tensor, values: torch.Tensor,
+                          mask: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+    """Each patient's gradient of its own BCE loss over ``columns``. Shapes: [B, K] x3, [B] -> [B, dim].
+
+    Opacus hooks-mode per-sample gradients on the star forward (exact for this model: tested
+    against a per-patient loop). Parameters off the star path or personal are frozen meanwhile.
+    """
+    from opacus import GradSampleModule
+
+    b = int(labels.shape[0])
+    if b == 0:
+        return np.zeros((0, columns.dim))
+    wanted = {id(p) for _, p, _ in columns.pieces}
+    saved = {n: p.requires_grad for n, p in model.named_parameters()}
+    for _, p in model.named_parameters():
+        p.requires_grad_(id(p) in wanted and p.requires_grad)
+    model.train()
+    gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            star_loss(gsm(feature_index, values, mask), labels).mul(b).backward()  # sum of per-patient losses
+        cols = []
+        for _, p, row in columns.pieces:
+            gs = getattr(p, "grad_sample", None)
+            g = torch.zeros((b, *p.shape), dtype=torch.float64) if gs is None else gs.detach().double()
+            cols.append((g if row is None else g[:, row]).reshape(b, -1))
+        return torch.cat(cols, dim=1).numpy()
+    finally:
+        gsm._close()
+        for n, p in model.named_parameters():
+            p.requires_grad_(saved[n])
+            p.grad = None
+
+
+def clip_rows(g: np.ndarray, clip: float) -> np.ndarray:
+    """Each row scaled to L2 norm <= ``clip`` (rows already within are unchanged)."""
+    norms = np.linalg.norm(g, axis=1, keepdims=True)
+    return g * np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+
+
+def randomised_round(x: np.ndarray, *, source: CsprngUniform | None = None) -> np.ndarray:
+    """Unbiased randomised rounding to int64: floor(x) + 1 with probability x − floor(x)."""
+    lo = np.floor(x)
+    return (lo + bernoulli(x - lo, source=source)).astype(np.int64)
+
+
+def noisy_integer_sum(clipped: np.ndarray, *, scale: float, share_variance: float,
+                      source: CsprngUniform | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ_p round(s·g_p) + Sk(share_variance), the noise-free integer sum) over the rows of ``clipped``."""
+    src = source or CsprngUniform()
+    dim = clipped.shape[1]
+    signal = randomised_round(clipped * scale, source=src).sum(axis=0) if clipped.shape[0] else np.zeros(dim, np.int64)
+    return signal + skellam(share_variance, dim, source=src), signal
+
+
+def poisson_sample(n: int, rate: float, *, source: CsprngUniform | None = None) -> np.ndarray:
+    """Indices in [0, n) each kept with probability ``rate`` (CSPRNG coins)."""
+    return np.flatnonzero(bernoulli(rate, n, source=source))
+
+
+# -- the ledger ---------------------------------------------------------------------------------
+def _atomic_write(path: Path, data: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".dledger-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class DistributedLedger:
+    """One hospital's distributed-DP ledger on disk (``<state_dir>/distributed_ledger.json``).
+
+    Every round records the guarantee the hospital relies on -- ``mechanism``, σ, q, C, the
+    ring scale, the dimension, ``min_honest``, and ``epsilon`` composed over its rounds -- and
+    what it would have alone: ``noise_multiplier_alone`` = σ/sqrt(h), the noise it added by
+    itself, and ``epsilon_alone`` composed the same way. The report should show both columns.
+    A round that would pass the budget is refused before training.
+    """
+
+    def __init__(self, state_dir: str | Path, *, site: str, budget_epsilon: float, delta: float):
+        if not (math.isfinite(budget_epsilon) and budget_epsilon > 0) or not 0 < delta < 1:
+            raise PrivacyError(f"Hospital {site!r}: a privacy budget needs a finite ε > 0 and 0 < δ < 1. "
+                               "Fix: set [privacy] epsilon_budget and delta.")
+        self.path = Path(state_dir) / FILENAME
+        self.site, self.budget_epsilon, self.delta = site, float(budget_epsilon), float(delta)
+        self.entries: list[dict] = []
+        if self.path.exists():
+            try:
+                state = json.loads(self.path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise PrivacyError(f"Distributed-DP ledger {self.path} is unreadable ({type(exc).__name__}); "
+                                   "refusing to train without it. Restore it from backup.") from None
+            if state.get("format") != FORMAT or state.get("site") != site:
+                raise PrivacyError(f"{self.path} is not a {FORMAT} ledger of hospital {site!r}.")
+            self.entries = list(state["entries"])
+
+    @staticmethod
+    def _rounds(entries: list[dict], *, alone: bool) -> list[tuple[SkellamRound, int]]:
+        return [(SkellamRound(e["sample_rate"], e["noise_multiplier_alone" if alone else "noise_multiplier"],
+                              e["clip_norm"], e["scale"], e["dim"]), 1) for e in entries]
+
+    def epsilons(self, extra: dict | None = None) -> tuple[float, float]:
+        """(ε relied on, ε alone) after every recorded round (plus ``extra``)."""
+        entries = self.entries + ([extra] if extra else [])
+        return (epsilon(self._rounds(entries, alone=False), delta=self.delta),
+                epsilon(self._rounds(entries, alone=True), delta=self.delta))
+
+    def check_round(self, record: dict) -> float:
+        """The projected ε of a round, or PrivacyBudgetExceeded before training."""
+        projected, _ = self.epsilons(record)
+        if projected > self.budget_epsilon:
+            raise PrivacyBudgetExceeded(
+                f"Hospital {self.site!r}: round {record['round']} would take the federation's guarantee for its "
+                f"patients to ε = {projected:.3f} (δ = {self.delta:g}), past its budget {self.budget_epsilon:g}. "
+                "Refused before training. Fix: stop training on this data (raising [privacy] epsilon_budget "
+                "weakens the guarantee and needs your governance's approval).")
+        return projected
+
+    def commit(self, record: dict) -> LedgerEntry:
+        """Append a round's record (with both ε) and return the signed report's entry."""
+        eps, alone = self.epsilons(record)
+        self.entries.append({**record, "epsilon": eps, "epsilon_alone": alone, "delta": self.delta})
+        _atomic_write(self.path, json.dumps({"format": FORMAT, "site": self.site, "entries": self.entries},
+                                            indent=1, sort_keys=True))
+        return LedgerEntry(round=record["round"], noise_multiplier=record["noise_multiplier"],
+                           sample_rate=record["sample_rate"], steps=1, clip_norm=record["clip_norm"],
+                           accountant=f"{record['mechanism']}-h{record['min_honest']}", epsilon=eps,
+                           delta=self.delta, budget_epsilon=self.budget_epsilon)
+
+
+# -- one round ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DPStep:
+    """What one distributed-DP round produced at a hospital (z stays here; the masked mode sums it)."""
+
+    z: np.ndarray  # int64 [dim]: noisy integer sum
+    batch: int  # patients in the Poisson batch (local only)
+    declaration: ShareDeclaration
+
+
+def distributed_step(model: NSFLModel, columns: Columns, *, policy: DistributedPolicy, scale: float,
+                     feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+                     source: CsprngUniform | None = None) -> DPStep:
+    """Steps 1-4 of the module docstring over the hospital's training stars (all of them; the
+    Poisson sample is drawn here)."""
+    src = source or CsprngUniform()
+    idx = torch.as_tensor(poisson_sample(int(labels.shape[0]), policy.sample_rate, source=src), dtype=torch.long)
+    g = per_patient_gradients(model, columns, feature_index=feature_index[idx], values=values[idx],
+                              mask=mask[idx], labels=labels[idx])
+    share = policy.share_variance(scale)
+    z, _ = noisy_integer_sum(clip_rows(g, policy.clip_norm), scale=scale, share_variance=share, source=src)
+    decl = ShareDeclaration(mechanism=policy.mechanism, noise_multiplier=policy.noise_multiplier,
+                            min_honest=policy.min_honest, clip_norm=policy.clip_norm, sample_rate=policy.sample_rate,
+                            scale=scale, share_variance=share)
+    check_share(policy, decl)
+    return DPStep(z=z, batch=int(idx.numel()), declaration=decl)

@@ -1,0 +1,151 @@
+"""Distributed DP at the hospital: exact per-patient clipping, unbiased rounding, exact masked sums."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from clinograph.sdk.config import SimulationConfig
+from clinograph.sdk.federation.dp_task import build_distributed_simulation
+from clinograph.sdk.graph.star import star_batch
+from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
+from clinograph.sdk.model.nsfl_modules import nsfl_modules
+from clinograph.sdk.privacy import star_loss
+from clinograph.sdk.privacy.distributed import (
+    Columns,
+    clip_rows,
+    per_patient_gradients,
+    randomised_round,
+)
+from clinograph.secure.errors import PrivacyError
+from clinograph.secure.hazmat.discrete_noise import CsprngUniform, skellam
+from clinograph.secure.spec import ModuleKind
+from clinograph.secure.strategies.fedavg import FedSGD
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def _model(n_features: int) -> NSFLModel:
+    model = NSFLModel(n_features, NSFLConfig(hidden=8, init_seed=5))
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dtype == torch.float32:
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def test_clipped_per_patient_sum_equals_a_per_patient_loop(tables, dictionary):
+    model = _model(len(dictionary.node_ids()))
+    mm = nsfl_modules(model, dictionary.node_ids())
+    cols = Columns.of(model, mm, mm.names(ModuleKind.SHARED))
+    assert "gnn/layer1/similar_to" not in cols.modules and cols.dim > 100
+    stars = star_batch(tables[2])
+    fi, x, m, y = stars.feature_index[:12], stars.values[:12], stars.mask[:12].clone(), stars.labels[:12]
+    m[0] = False  # a patient without any observed feature
+    got = clip_rows(per_patient_gradients(model, cols, feature_index=fi, values=x, mask=m, labels=y), 0.05).sum(0)
+    reference = copy.deepcopy(model)
+    ref_mm = nsfl_modules(reference, dictionary.node_ids())
+    ref_cols = Columns.of(reference, ref_mm, ref_mm.names(ModuleKind.SHARED))
+    want = np.zeros(cols.dim)
+    for i in range(len(y)):
+        reference.zero_grad(set_to_none=True)
+        star_loss(reference.forward_star(fi[i:i + 1], x[i:i + 1], m[i:i + 1]), y[i:i + 1]).backward()
+        g = np.concatenate([(torch.zeros(p.shape) if p.grad is None else p.grad if row is None else p.grad[row])
+                            .detach().double().reshape(-1).numpy() for _, p, row in ref_cols.pieces])
+        want += g * min(1.0, 0.05 / max(np.linalg.norm(g), 1e-300))
+    assert np.abs(got - want).max() < 1e-6
+    assert all(p.grad is None and not hasattr(p, "grad_sample") for p in model.parameters())
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=8), st.binary(min_size=32, max_size=32))
+def test_randomised_rounding_is_unbiased(values, key):
+    x = np.repeat(np.asarray(values)[None, :], 4000, axis=0)
+    r = randomised_round(x, source=CsprngUniform(_key=key))
+    assert np.all((r == np.floor(x)) | (r == np.floor(x) + 1))
+    frac = x[0] - np.floor(x[0])
+    # mean of 4000 Bernoulli(frac): within 6 standard errors of frac
+    assert np.all(np.abs(r.mean(0) - x[0]) <= 6 * np.sqrt(frac * (1 - frac) / 4000) + 1e-9)
+
+
+def test_skellam_shares_have_the_declared_variance():
+    s = skellam(4.0e6, 20000, source=CsprngUniform(_key=bytes(range(32))))
+    assert s.dtype == np.int64 and abs(s.mean()) < 6 * 2000 / np.sqrt(20000)
+    assert s.var() == pytest.approx(4.0e6, rel=0.05)
+
+
+def _config(tmp_path, **privacy) -> SimulationConfig:
+    return SimulationConfig.model_validate({
+        "federation": {"rounds": 2, "secure_mode": "masked", "local_epochs": 1, "min_clients": 2},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0},
+        "privacy": {"enabled": True, "mode": "distributed", "epsilon_budget": 20.0, "noise_multiplier": 1.0,
+                    "clip_norm": 1.0, "sample_rate": 0.2, "min_honest": 2, "state_dir": str(tmp_path / "state"),
+                    **privacy},
+        "output": str(tmp_path / "out")})
+
+
+class _Recording(FedSGD):
+    def apply(self, state, sums):
+        self.sums = sums
+        return super().apply(state, sums)
+
+
+def test_masked_noisy_sum_is_exactly_the_sum_of_the_hospitals_integer_vectors(tables, dictionary, tmp_path):
+    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim.server.strategy = _Recording(server_lr=1.0)
+    zs = {}
+    for h in sim.hospitals.values():  # keep each hospital's z (a test-only view of local state)
+        original = h.task._set_local
+
+        def keep(z, *, scale, weight, _name=h.name, _orig=original):
+            zs[_name] = (z.copy(), scale)
+            _orig(z, scale=scale, weight=weight)
+
+        h.task._set_local = keep
+    out = sim.run_round()
+    sim.audit.close()
+    assert not out.dropped and len(zs) == len(tables)
+    scale = next(iter(zs.values()))[1]
+    cols = next(iter(sim.hospitals.values())).task.columns
+    total = cols.split(sum(z for z, _ in zs.values()).astype(np.float64))
+    sums = sim.server.strategy.sums
+    assert set(sums.sums) == set(cols.modules)
+    for name, vec in total.items():
+        assert np.array_equal(np.rint(sums.sums[name] * scale), vec), name
+    weights = {t.site: 0.2 * len(sim.hospitals[t.site].task.split.train) for t in tables}
+    assert sums.weights[cols.modules[0]] == pytest.approx(sum(weights.values()))
+
+
+def test_ledgers_record_the_guarantee_and_what_the_hospital_would_have_alone(tables, dictionary, tmp_path):
+    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    for _ in range(2):
+        sim.run_round()
+    sim.audit.close()
+    entries = [json.loads(x) for x in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
+    assert not [e for e in entries if e["kind"] == "update_rejected"]
+    led = json.loads((tmp_path / "state" / "alpha" / "distributed_ledger.json").read_text())["entries"]
+    assert [e["round"] for e in led] == [0, 1]
+    last = led[-1]
+    assert last["mechanism"] == "skellam" and last["min_honest"] == 2
+    assert last["noise_multiplier_alone"] == pytest.approx(1.0 / np.sqrt(2))
+    assert 0 < led[0]["epsilon"] < last["epsilon"] < last["epsilon_alone"]
+    audited = [e["payload"] for e in entries if e["kind"] == "ledger" and e["payload"]["client"] == "alpha"]
+    assert audited[-1]["epsilon"] == last["epsilon"] and audited[-1]["accountant"] == "skellam-h2"
+
+
+def test_a_hospital_whose_privacy_differs_from_the_policy_refuses_to_start(tables, dictionary, tmp_path):
+    from clinograph.sdk.federation.dp_task import DistributedDPTask, distributed_policy
+    from clinograph.sdk.federation.split import hospital_split
+
+    cfg = _config(tmp_path)
+    policy = distributed_policy(cfg).distributed()
+    bad = cfg.hospital_config().model_copy(update={"privacy": cfg.privacy.model_copy(update={"clip_norm": 2.0})})
+    t = tables[0]
+    with pytest.raises(PrivacyError, match="differs from the federation's"):
+        DistributedDPTask(t, dictionary=dictionary, config=bad, policy=policy, state_dir=tmp_path / "x",
+                          split=hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.0,
+                                              seed=0))
