@@ -54,6 +54,7 @@ class HospitalClient:
         self._strategy: tuple[tuple, Strategy] | None = None
         self._global: dict[str, np.ndarray] = task.modules.state(ModuleKind.SHARED)
         self.outgoing: list[bytes] = []  # every byte this hospital sent (for audits and tests)
+        self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
 
     def __repr__(self) -> str:
         return f"HospitalClient(name={self.name!r}, task={self.task.name!r})"
@@ -65,7 +66,9 @@ class HospitalClient:
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
         p = open_envelope(parse_envelope(plan), sender=self.server, model=RoundPlan)
+        self._check_fresh(p)
         self._check_plan(p)
+        self._trained[p.federation_id] = p.round  # before training: a failed round is not retried either
         self.plan = p
         modules = self.task.modules
         modules.load(self._global)
@@ -128,6 +131,15 @@ class HospitalClient:
         self.task.after_round()
 
     # -- helpers -----------------------------------------------------------------------------
+    def _check_fresh(self, p: RoundPlan) -> None:
+        """Round numbers strictly advance per federation: a replayed or old plan would train
+        (and spend privacy budget) again for a round this hospital already trained."""
+        last = self._trained.get(p.federation_id)
+        if last is not None and p.round <= last:
+            raise ProtocolError(f"Plan for round {p.round} of federation {p.federation_id!r} refused: this hospital "
+                                f"already trained for round {last} (a replayed or old plan). Nothing was trained; "
+                                "the next plan must be for a later round.")
+
     def _check_plan(self, p: RoundPlan) -> None:
         if self.name not in p.participants:
             raise ProtocolError(f"Plan for round {p.round} does not list {self.name!r}.")
