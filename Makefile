@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast setup lint lean bench clean browser
+.PHONY: demo test test-fast setup lint lean bench clean browser postgres
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,13 +24,18 @@ browser:
 	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 
+# The OMOP tests start their own PostgreSQL server in a temporary cluster (Debian package).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql)
+
 # The lean server install, .venv-server: `pip install -e '.[server]'` (no torch, PyG, Opacus,
 # pgmpy). tests/test_lean_install.py runs the server and `clinograph audit` from it. Rebuilt
 # from scratch only when pyproject.toml or setup.py change (tests/lean_env.py keeps a stamp).
 lean: $(STAMP)
 	$(BIN)/python tests/lean_env.py
 
-test: $(STAMP) browser lean
+test: $(STAMP) browser postgres lean
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 # Everything not marked slow (no .venv-server, no browser install, no multi-process federations).
