@@ -20,6 +20,7 @@ from .aggregation import AggregationServer, ModuleSums, create_mode
 from .aggregation.checks import Unattributed, authenticate, check_header, encode_modules
 from .audit.canonical import canonical_json
 from .audit.kinds import UpdateRejected
+from .dp_checks import LedgerTrack, check_ledger
 from .errors import ConfigError, IntegrityError, ProtocolError
 from .identity import Identity, PublicIdentity
 from .messages import (
@@ -114,6 +115,7 @@ class FederationServer:
         self.round = 0
         self.history: list[RoundResult] = []
         self._current: OpenRound | None = None
+        self._ledgers: dict[str, LedgerTrack] = {}  # last accepted ledger per hospital (dp_checks)
         audit.record("manifest", {
             "federation_id": federation_id,
             "server": {"name": identity.name, "public_key": identity.public.b64()},
@@ -196,11 +198,13 @@ class FederationServer:
                          dictionary_hash=report.dictionary_hash)
             if report.client != sender:
                 raise ProtocolError(f"Report names {report.client!r} but was signed by {sender!r}.")
-            self._check_dp(report)
+            track = self._check_dp(sender, report)
         except Exception as exc:  # noqa: BLE001 - every refusal is audited, none escapes the round
             self._refuse_report(sender, exc)
             return False
         rnd.reports[sender] = report
+        if track is not None:
+            self._ledgers[sender] = track
         rnd.report_digests.add(env.digest())
         digest = self.audit.store_envelope(data, kind="client_report", sender=sender)
         self.audit.record("update_accepted", {"round": rnd.plan.round, "client": sender, "report_sha256": digest})
@@ -365,10 +369,13 @@ class FederationServer:
         if head.round != plan.round:
             raise Unattributed("stale_round", f"Message from {env.sender!r} is for round {head.round} (a replay).")
 
-    def _check_dp(self, report: ClientReport) -> None:
+    def _check_dp(self, sender: str, report: ClientReport) -> LedgerTrack | None:
+        """ProtocolError if the report breaks the DP policy or its ledger is inconsistent with
+        the hospital's earlier ones (:mod:`clinograph.secure.dp_checks`); else the ledger track
+        to keep once the report is accepted."""
         policy = self.dp_policy
         if policy is None or not policy.required:
-            return
+            return None
         entry = report.ledger
         if entry is None:
             raise ProtocolError("The federation requires DP, but the report carries no ledger entry.")
@@ -383,8 +390,11 @@ class FederationServer:
             problems.append(f"clip norm {entry.clip_norm} exceeds the maximum {policy.max_clip_norm}")
         if entry.round != report.round:
             problems.append(f"ledger entry is for round {entry.round}, not {report.round}")
+        ledger_problems, track = check_ledger(entry, previous=self._ledgers.get(sender), policy=policy)
+        problems.extend(p for p in ledger_problems if p not in problems)
         if problems:
             raise ProtocolError("Update breaks the DP policy: " + "; ".join(problems) + ".")
+        return track
 
     def _refuse_report(self, sender: str, exc: Exception) -> None:
         self.current.refused.add(sender)

@@ -1,0 +1,155 @@
+"""Server-side checks of the privacy ledgers hospitals sign into their reports (no torch).
+
+What the server can check without trusting a hospital's arithmetic, per hospital across rounds:
+
+* the declared budget is within the federation's policy, and ε within the declared budget;
+* cumulative ε never decreases, δ never changes, ledger rounds advance, and ε rises only with
+  steps (``steps > 0``);
+* for the RDP accountant: ε is at least what the RDP bound gives for the (σ, q, steps) the
+  hospital declared in *this* federation, recomputed here -- the Poisson-subsampled Gaussian
+  mechanism of Mironov, Talwar & Zhang 2019 (sec. 3.3, integer and fractional orders), RDP
+  summed over steps and rounds, converted with Balle et al. 2020 (Thm. 21), over Opacus's
+  default orders. Steps taken elsewhere only raise the true ε, so this is a lower bound.
+
+Does not check: that the declared σ, q and steps are what the hospital ran (a hospital can
+lie about its noise), nor ε of the ``prv`` accountant against RDP (PRV is tighter; only the
+monotonicity checks apply to it).
+
+numpy and the standard library only: the server install has neither torch (Opacus) nor scipy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .messages import DPPolicy, LedgerEntry
+
+#: Opacus's RDPAccountant.DEFAULT_ALPHAS.
+ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + [float(a) for a in range(12, 64)])
+_REL_TOL = 1e-6
+
+
+def _log_add(a: float, b: float) -> float:
+    hi, lo = max(a, b), min(a, b)
+    return hi if lo == -math.inf else math.log1p(math.exp(lo - hi)) + hi
+
+
+def _log_sub(a: float, b: float) -> float:
+    if b == -math.inf:
+        return a
+    if a <= b:
+        return -math.inf  # numerically zero (Opacus raises for a < b; terms here are tiny)
+    try:
+        return math.log(math.expm1(a - b)) + b
+    except OverflowError:
+        return a
+
+
+def _log_erfc(x: float) -> float:
+    """log(erfc(x)), with the asymptotic series where erfc underflows."""
+    if x < 25.0:
+        return math.log(math.erfc(x))
+    x2 = x * x
+    return -x2 - math.log(x) - 0.5 * math.log(math.pi) + math.log1p(-1 / (2 * x2) + 3 / (4 * x2 * x2))
+
+
+def _log_a_int(q: float, sigma: float, alpha: int) -> float:
+    log_a = -math.inf
+    for i in range(alpha + 1):
+        log_coef = (math.lgamma(alpha + 1) - math.lgamma(i + 1) - math.lgamma(alpha - i + 1)
+                    + i * math.log(q) + (alpha - i) * math.log1p(-q))
+        log_a = _log_add(log_a, log_coef + (i * i - i) / (2 * sigma**2))
+    return log_a
+
+
+def _log_a_frac(q: float, sigma: float, alpha: float) -> float:
+    log_a0 = log_a1 = -math.inf
+    z0 = sigma**2 * math.log(1 / q - 1) + 0.5
+    coef, i = 1.0, 0
+    while True:
+        j = alpha - i
+        log_coef = math.log(abs(coef))
+        log_t0 = log_coef + i * math.log(q) + j * math.log1p(-q)
+        log_t1 = log_coef + j * math.log(q) + i * math.log1p(-q)
+        log_e0 = math.log(0.5) + _log_erfc((i - z0) / (math.sqrt(2) * sigma))
+        log_e1 = math.log(0.5) + _log_erfc((z0 - j) / (math.sqrt(2) * sigma))
+        log_s0 = log_t0 + (i * i - i) / (2 * sigma**2) + log_e0
+        log_s1 = log_t1 + (j * j - j) / (2 * sigma**2) + log_e1
+        if coef > 0:
+            log_a0, log_a1 = _log_add(log_a0, log_s0), _log_add(log_a1, log_s1)
+        else:
+            log_a0, log_a1 = _log_sub(log_a0, log_s0), _log_sub(log_a1, log_s1)
+        coef *= (alpha - i) / (i + 1)
+        i += 1
+        if max(log_s0, log_s1) < -30 or i > 10_000:
+            break
+    return _log_add(log_a0, log_a1)
+
+
+@lru_cache(maxsize=256)
+def rdp_per_step(*, q: float, sigma: float) -> tuple[float, ...]:
+    """RDP of one step of the Poisson-subsampled Gaussian mechanism at each of :data:`ORDERS`
+    (Mironov, Talwar & Zhang 2019, sec. 3.3). Infinite without noise."""
+    if q == 0:
+        return tuple(0.0 for _ in ORDERS)
+    if sigma == 0:
+        return tuple(math.inf for _ in ORDERS)
+    if q == 1.0:
+        return tuple(a / (2 * sigma**2) for a in ORDERS)
+    return tuple((_log_a_int(q, sigma, int(a)) if float(a).is_integer() else _log_a_frac(q, sigma, a)) / (a - 1)
+                 for a in ORDERS)
+
+
+def epsilon_from_rdp(rdp: np.ndarray, *, delta: float) -> float:
+    """ε at ``delta`` from RDP values at :data:`ORDERS` (Balle et al. 2020, Thm. 21; as Opacus)."""
+    orders = np.asarray(ORDERS)
+    with np.errstate(invalid="ignore"):
+        eps = rdp - (np.log(delta) + np.log(orders)) / (orders - 1) + np.log((orders - 1) / orders)
+    return math.inf if np.isnan(eps).all() else float(np.nanmin(eps))
+
+
+@dataclass(frozen=True)
+class LedgerTrack:
+    """The last accepted ledger entry of one hospital and the RDP of every step it declared here."""
+
+    last: LedgerEntry
+    rdp: np.ndarray
+
+
+def check_ledger(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DPPolicy) -> tuple[list[str], LedgerTrack]:
+    """Problems with ``entry`` given the hospital's previous accepted one (see the module docstring).
+
+    Returns:
+        (problems, the track to keep if the report is accepted). Problems name numbers the
+        hospital declared, never data.
+    """
+    problems: list[str] = []
+    tol = 1e-9
+    if entry.budget_epsilon > policy.max_epsilon:
+        problems.append(f"declared budget ε = {entry.budget_epsilon:g} exceeds the federation's maximum "
+                        f"{policy.max_epsilon:g}")
+    if entry.epsilon > entry.budget_epsilon * (1 + _REL_TOL) + tol:
+        problems.append(f"ε = {entry.epsilon:.4g} exceeds the hospital's own declared budget {entry.budget_epsilon:g}")
+    if previous is not None:
+        last = previous.last
+        if entry.round <= last.round:
+            problems.append(f"ledger entry is for round {entry.round}, not after the last accepted round {last.round}")
+        if entry.delta != last.delta:
+            problems.append(f"δ changed from {last.delta:g} to {entry.delta:g} (ε values are no longer comparable)")
+        if entry.epsilon < last.epsilon * (1 - _REL_TOL) - tol:
+            problems.append(f"cumulative ε went down from {last.epsilon:.4g} to {entry.epsilon:.4g}")
+        elif entry.steps == 0 and entry.epsilon > last.epsilon * (1 + _REL_TOL) + tol:
+            problems.append(f"ε rose from {last.epsilon:.4g} to {entry.epsilon:.4g} with zero steps")
+    rdp = (previous.rdp if previous is not None else np.zeros(len(ORDERS)))
+    if entry.steps:
+        rdp = rdp + entry.steps * np.asarray(rdp_per_step(q=entry.sample_rate, sigma=entry.noise_multiplier))
+    if entry.accountant == "rdp" and bool(np.any(rdp > 0)):
+        floor = epsilon_from_rdp(rdp, delta=entry.delta)
+        if entry.epsilon < floor * (1 - _REL_TOL) - tol:
+            problems.append(f"ε = {entry.epsilon:.4g} is below {floor:.4g}, the RDP bound (Mironov et al. 2019) for "
+                            "the noise multipliers, sample rates and steps it declared in this federation")
+    return problems, LedgerTrack(last=entry, rdp=rdp)
