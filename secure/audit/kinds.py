@@ -197,6 +197,89 @@ class ModelSelected(Payload):
     losses: list[float]
 
 
+Stage = Annotated[str, Field(pattern=r"^(hello|setup|plan|stage( [0-9]{1,4})?|end)$")]
+Reason = Annotated[str, Field(max_length=4000)]
+
+
+class Drop(Payload):
+    """Where a hospital fell out of a round and why (the transport's words, with the wait)."""
+
+    stage: Stage
+    reason: Reason
+
+
+class Refusal(Payload):
+    """A hospital's own refusal: at which stage, why, whether it was signed (a
+    ``hospital_refusal`` envelope, see :mod:`clinograph.secure.refusals`) and whether it is
+    final for the run (e.g. its privacy budget is spent)."""
+
+    stage: Stage
+    reason: Reason
+    signed: bool
+    final: bool = False
+
+
+class RoundParticipation(Payload):
+    """``round_participation``: who did what in one round, by name, written by the round loop
+    after the round closed or aborted. ``invited``: the plan's participants; ``answered``: sent
+    a report and the mode's first message; ``contributed``: in the aggregate (empty if the
+    round aborted; per-module counts are in ``aggregate.module_coverage``); ``dropped``: went
+    silent or failed at a stage (a hospital may have contributed and then dropped: in masked
+    mode its update stays in the sum); ``refused``: the hospital said no itself;
+    ``rejected``: the server refused its message (``update_rejected`` has every entry)."""
+
+    round: int = Field(ge=0)
+    secure_mode: Name
+    outcome: Literal["aggregated", "aborted"]
+    invited: list[Name]
+    answered: list[Name]
+    contributed: list[Name]
+    dropped: dict[Name, Drop]
+    refused: dict[Name, Refusal]
+    rejected: dict[Name, Reason]
+    abort_reason: Reason | None = None
+
+
+class HospitalRefused(Payload):
+    """``hospital_refused``: a hospital (or a Flower node that could not be tied to one: the
+    hello) refused a message. ``signed``: the hospital signed a ``HospitalRefusal`` (stored as
+    an ``envelope`` entry, ``refusal_sha256`` is its digest) that the server checked against
+    the enrolled key, this round and the message it sent; unsigned reasons are the
+    transport's (a Flower error reply). ``final``: the hospital will not take part again in
+    this run (its privacy budget is spent)."""
+
+    round: int | None = Field(default=None, ge=0)
+    stage: Stage
+    client: Name | None = None
+    node: int | None = Field(default=None, ge=0)
+    reason: Reason
+    signed: bool
+    final: bool = False
+    refusal_sha256: Hex64 | None = None
+
+
+class RunEnded(Payload):
+    """``run_ended``: the last entry of a run, with why it ended. ``completed``: every planned
+    round ran; ``too_few_hospitals``: fewer than ``min_clients`` hospitals could take part
+    (e.g. budgets spent), a planned end; ``failed``: a round aborted or an error stopped it."""
+
+    status: Literal["completed", "too_few_hospitals", "failed"]
+    reason: Reason
+    rounds_completed: int = Field(ge=0)
+    rounds_planned: int = Field(ge=0)
+
+
+class Release(Payload):
+    """``release``: the model this run released, at its end. ``model_sha256`` is the SHA-256
+    of the published ``global_model`` artefact (None in modes where the server holds no
+    plaintext model: the hospitals hold the decrypted aggregate)."""
+
+    round: int = Field(ge=0)
+    secure_mode: Name
+    global_state_digest: Hex64
+    model_sha256: Hex64 | None
+
+
 class InsecureOption(Payload):
     """``insecure_option``: an ``insecure_*`` option in use, and why (policy.require_allowed)."""
 
@@ -207,9 +290,11 @@ class InsecureOption(Payload):
 class AuditOpen(Payload):
     """``audit_open`` (entry 0) / ``audit_reopen``: written by the trail itself."""
 
-    format: Literal["clinograph-audit/1"]
+    format: Literal["clinograph-audit/1", "clinograph-audit/2"]
     server: ServerInfo
     recovered_entries: int | None = Field(default=None, ge=1)
+    #: format 2: the run this opening starts (every entry of the run carries it as ``run``).
+    run_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
 
 
 class Artefact(Payload):
@@ -242,6 +327,8 @@ KINDS: dict[str, type[Payload]] = {
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption,
     "model_selected": ModelSelected,
+    "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
+    "run_ended": RunEnded, "release": Release,
     "audit_open": AuditOpen, "audit_reopen": AuditOpen, "artefact": Artefact, "envelope": EnvelopeRef,
 }
 RESERVED = frozenset({"audit_open", "audit_reopen", "artefact", "envelope"})
