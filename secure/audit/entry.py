@@ -2,9 +2,15 @@
 
 Entry (one line of ``audit.jsonl``, canonical JSON, ``\\n``-terminated)::
 
-    {"hash": h_n, "kind": ..., "payload": {...}, "prev": h_{n-1}, "seq": n, "sig": ..., "time": t}
+    {"hash": h_n, "kind": ..., "payload": {...}, "prev": h_{n-1}, "run": r, "seq": n, "sig": ..., "time": t}
 
-    h_n = SHA-256(HASH_AUDIT_ENTRY || 0x00 || canonical({kind, payload, prev, seq, time}))
+    h_n = SHA-256(HASH_AUDIT_ENTRY || 0x00 || canonical({kind, payload, prev, run, seq, time}))
+
+``run`` (format ``clinograph-audit/2``) is the random id of the run the entry belongs to: each
+opening of the trail (``audit_open``, ``audit_reopen``) starts a run and names its id in its
+payload, and every entry until the next opening carries it, inside the hash -- so runs in one
+directory are never merged and an entry cannot be moved from one run to another. Entries of
+format 1 (written before run ids) have no ``run`` field and hash without it.
     sig = Ed25519(SIG_AUDIT_ENTRY || 0x00 || h_n)          (by the server's Identity)
     h_{-1} = 64 zeros
 
@@ -39,7 +45,9 @@ from .canonical import b64_strict, canonical_json, parse_canonical
 GENESIS = "0" * 64
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-ENTRY_FIELDS = frozenset({"hash", "kind", "payload", "prev", "seq", "sig", "time"})
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+ENTRY_FIELDS_V1 = frozenset({"hash", "kind", "payload", "prev", "seq", "sig", "time"})
+ENTRY_FIELDS = ENTRY_FIELDS_V1 | {"run"}
 HEAD_FIELDS = frozenset({"entries", "hash", "seq", "server_key", "sig", "time"})
 
 
@@ -55,26 +63,30 @@ class AuditEntry(BaseModel):
     prev: str
     hash: str
     sig: str
+    run: str | None = None  # None: a format-1 entry (no run id)
 
     def line(self) -> bytes:
         """The entry's exact bytes on disk, newline included."""
-        return canonical_json(self.model_dump()) + b"\n"
+        return canonical_json(self.model_dump(exclude={"run"} if self.run is None else None)) + b"\n"
 
 
-def entry_hash(*, seq: int, time: float, kind: str, payload: dict[str, Any], prev: str) -> str:
-    """h_n of the module docstring, hex."""
-    body = canonical_json({"kind": kind, "payload": payload, "prev": prev, "seq": seq, "time": time})
-    return hashlib.sha256(HASH_AUDIT_ENTRY + b"\x00" + body).hexdigest()
+def entry_hash(*, seq: int, time: float, kind: str, payload: dict[str, Any], prev: str,
+               run: str | None = None) -> str:
+    """h_n of the module docstring, hex (without ``run`` for a format-1 entry)."""
+    fields: dict[str, Any] = {"kind": kind, "payload": payload, "prev": prev, "seq": seq, "time": time}
+    if run is not None:
+        fields["run"] = run
+    return hashlib.sha256(HASH_AUDIT_ENTRY + b"\x00" + canonical_json(fields)).hexdigest()
 
 
 def make_entry(*, identity: Identity, seq: int, time: float, kind: str,
-               payload: dict[str, Any], prev: str) -> AuditEntry:
-    """Hash and sign a new entry (payload must already be plain, see canonical.to_plain)."""
+               payload: dict[str, Any], prev: str, run: str) -> AuditEntry:
+    """Hash and sign a new entry of run ``run`` (payload must already be plain, see canonical.to_plain)."""
     time = float(time)
-    digest = entry_hash(seq=seq, time=time, kind=kind, payload=payload, prev=prev)
+    digest = entry_hash(seq=seq, time=time, kind=kind, payload=payload, prev=prev, run=run)
     sig = identity.sign(bytes.fromhex(digest), context=SIG_AUDIT_ENTRY)
     return AuditEntry(seq=seq, time=time, kind=kind, payload=payload, prev=prev, hash=digest,
-                      sig=base64.b64encode(sig).decode("ascii"))
+                      sig=base64.b64encode(sig).decode("ascii"), run=run)
 
 
 def parse_entry(line: bytes, *, index: int) -> AuditEntry:
@@ -84,8 +96,11 @@ def parse_entry(line: bytes, *, index: int) -> AuditEntry:
     """
     what = f"entry {index}"
     obj = parse_canonical(line, what=what)
-    if set(obj) != ENTRY_FIELDS:
+    if set(obj) not in (ENTRY_FIELDS, ENTRY_FIELDS_V1):
         raise IntegrityError(f"{what} has fields {sorted(obj)}, expected {sorted(ENTRY_FIELDS)}.")
+    run = obj.get("run")
+    if run is not None and (not isinstance(run, str) or not RUN_ID.match(run)):
+        raise IntegrityError(f"{what}: run must be 32 lowercase hex digits.")
     seq, time, kind = obj["seq"], obj["time"], obj["kind"]
     if type(seq) is not int or seq != index:
         raise IntegrityError(f"{what} carries sequence number {seq!r}; entries must be numbered "
@@ -101,10 +116,11 @@ def parse_entry(line: bytes, *, index: int) -> AuditEntry:
             raise IntegrityError(f"{what}: {name} must be 64 lowercase hex digits.")
     b64_strict(obj["sig"], size=64, what=f"{what} signature")
     entry = AuditEntry(seq=seq, time=float(time), kind=kind, payload=obj["payload"], prev=obj["prev"],
-                       hash=obj["hash"], sig=obj["sig"])
+                       hash=obj["hash"], sig=obj["sig"], run=run)
     if entry.line()[:-1] != line:  # int time written as float, for instance
         raise IntegrityError(f"{what} is not in canonical form.")
-    recomputed = entry_hash(seq=seq, time=entry.time, kind=kind, payload=entry.payload, prev=entry.prev)
+    recomputed = entry_hash(seq=seq, time=entry.time, kind=kind, payload=entry.payload, prev=entry.prev,
+                            run=entry.run)
     if recomputed != entry.hash:
         raise IntegrityError(f"{what} (kind {kind!r}): content does not match its hash "
                              "(the entry was modified after it was written).")

@@ -14,6 +14,9 @@ An exclusive lock stops two writers on one directory. Reopening verifies the exi
 first and refuses a broken one or a different server key; signed entries found after the
 head (a crash between appending a line and rewriting the head) are accepted on reopen and
 counted in the ``audit_reopen`` entry (``recovered_entries``).
+Runs: each opening (``audit_open`` or ``audit_reopen``) starts a new run with a fresh random
+id (128 bits, :attr:`AuditTrail.run_id`), named in the opening's payload and carried by every
+entry of the run (entry.py), so several runs in one directory stay apart.
 Does not guarantee: durability of entries written since the last :meth:`checkpoint` after
 a power loss (it fsyncs); a crash between an artefact and its entry leaves an extra file
 that the verifier reports.
@@ -27,6 +30,7 @@ import json
 import math
 import os
 import re
+import secrets
 import threading
 import time as _time
 from collections.abc import Callable, Mapping
@@ -49,7 +53,7 @@ from .verify import (
     scan_audit_dir,
 )
 
-FORMAT = "clinograph-audit/1"
+FORMAT = "clinograph-audit/2"
 ARTEFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,199}$")
 
 
@@ -81,6 +85,7 @@ class AuditTrail:
         self._identity = identity
         self._clock = clock
         self._keys: dict[str, PublicIdentity] = {}
+        self._run = secrets.token_hex(16)
         self._lock = threading.RLock()
         self._dir.mkdir(parents=True, exist_ok=True)
         log = self._dir / LOG
@@ -110,8 +115,8 @@ class AuditTrail:
         except OSError:
             self._fh.close()
             raise IntegrityError(f"Another process is writing the audit log in {self._dir}.") from None
-        opened: dict[str, Any] = {"format": FORMAT, "server": {"name": identity.name,
-                                                               "public_key": identity.public.b64()}}
+        opened: dict[str, Any] = {"format": FORMAT, "run_id": self._run,
+                                  "server": {"name": identity.name, "public_key": identity.public.b64()}}
         if recovered:
             opened["recovered_entries"] = recovered  # signed entries found after the head (a crash)
         self._append("audit_reopen" if reopen else "audit_open", opened)
@@ -136,7 +141,7 @@ class AuditTrail:
         seq = 0 if self._last is None else self._last.seq + 1
         prev = GENESIS if self._last is None else self._last.hash
         entry = make_entry(identity=self._identity, seq=seq, time=now, kind=kind,
-                           payload=payload, prev=prev)
+                           payload=payload, prev=prev, run=self._run)
         self._fh.write(entry.line())
         self._fh.flush()
         self._last = entry
@@ -233,6 +238,11 @@ class AuditTrail:
     def directory(self) -> Path:
         """The audit directory."""
         return self._dir
+
+    @property
+    def run_id(self) -> str:
+        """The id of the run this opening of the trail started (32 hex digits)."""
+        return self._run
 
     @property
     def head(self) -> AuditEntry | None:

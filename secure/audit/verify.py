@@ -5,11 +5,13 @@ canonical, correctly numbered, linked to its predecessor's hash, hashed and sign
 server key; ``head.json`` is signed and names the last entry (no truncation); every artefact
 file is referenced by an entry, exists, and hashes to its name and recorded size; every stored
 envelope parses, matches its entry, and its sender signature checks as recorded; every known
-kind's payload fits its schema (kinds.py). So any single-byte change, insertion or deletion
+kind's payload fits its schema (kinds.py); every entry carries the run id its run's opening
+(``audit_open``/``audit_reopen``) declared, and no run id repeats. So any single-byte change, insertion or deletion
 anywhere in the directory, a truncated log, and a missing or extra file are all reported.
 Does not guarantee: that the server was honest when it wrote an entry, or (without
 ``trusted_server_key``) that the log is the one the expected server wrote -- a forger can
-write a fresh, self-consistent log with its own key; pin the key. Rolling the whole
+write a fresh, self-consistent log with its own key; pin the key (``VerifyReport.trusted``
+says whether it was pinned and matched). Rolling the whole
 directory back to an earlier valid state is caught only by comparing ``head_hash`` with a
 value published elsewhere.
 
@@ -94,6 +96,11 @@ class VerifyReport:
     first_bad: int | None = None
     head_hash: str | None = None
     server_key_fingerprint: str | None = None
+    #: True only if a trusted server key was given and the log is signed by it. False: the log
+    #: was checked against the key it names itself ("self-consistent", not "from this server").
+    trusted: bool = False
+    #: The run ids in the order the runs were opened (None for a format-1 run without one).
+    runs: list[str | None] = field(default_factory=list)
 
 
 @dataclass
@@ -107,6 +114,8 @@ class _Scan:
     referenced: set[str] = field(default_factory=set)
     allow_tail: bool = False
     tail: int = 0
+    run: str | None = None
+    runs: list[str | None] = field(default_factory=list)
 
     def bad(self, seq: int | None, message: str) -> None:
         self.problems.append((seq, message))
@@ -242,11 +251,31 @@ def _check_lines(scan: _Scan, data: bytes) -> None:
                 check_entry_signature(entry, scan.key)
             except IntegrityError as exc:
                 scan.bad(index, str(exc))
+        _check_run(scan, entry)
         scan.entries.append(entry)
         try:
             _check_kind(scan, entry)
         except Exception as exc:  # a verifier reports, it never crashes on hostile input
             scan.bad(index, f"entry {index} ({entry.kind}) could not be checked: {type(exc).__name__}.")
+
+
+def _check_run(scan: _Scan, entry: AuditEntry) -> None:
+    """An opening starts a run (format 2: with a fresh run id); every other entry carries it."""
+    if entry.kind in ("audit_open", "audit_reopen"):
+        declared = entry.payload.get("run_id")
+        v2 = entry.payload.get("format") == "clinograph-audit/2"
+        if v2 and (not isinstance(declared, str) or declared != entry.run):
+            scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind}) opens run {declared!r} but carries run "
+                                f"{entry.run!r}.")
+        elif not v2 and (declared is not None or entry.run is not None):
+            scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind}) is format 1 but carries a run id.")
+        elif declared is not None and declared in scan.runs:
+            scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind}) reuses run id {declared}: runs must not be merged.")
+        scan.run = entry.run
+        scan.runs.append(entry.run)
+    elif entry.run != scan.run:
+        scan.bad(entry.seq, f"entry {entry.seq} (kind {entry.kind!r}) carries run {entry.run!r}, but the run "
+                            f"opened before it is {scan.run!r} (an entry was moved between runs).")
 
 
 def _scan_head(scan: _Scan, n_lines: int) -> str | None:
@@ -306,7 +335,9 @@ def scan_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None, 
     report = VerifyReport(
         ok=not scan.problems, entries=len(scan.entries), problems=[m for _, m in scan.problems],
         first_bad=min(seqs) if seqs else None, head_hash=head_hash,
-        server_key_fingerprint=scan.key.fingerprint if scan.key else None)
+        server_key_fingerprint=scan.key.fingerprint if scan.key else None,
+        trusted=scan.trusted is not None and scan.key is not None and scan.key.raw == scan.trusted,
+        runs=list(scan.runs))
     return report, scan.entries
 
 

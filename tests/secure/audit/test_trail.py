@@ -33,7 +33,7 @@ def test_entries_are_chained_numbered_and_signed(federation_dir):
         assert b["seq"] == i + 1 and b["prev"] == a["hash"]
     last = lines[-1]
     assert last["hash"] == entry_hash(seq=last["seq"], time=last["time"], kind=last["kind"],
-                                      payload=last["payload"], prev=last["prev"])
+                                      payload=last["payload"], prev=last["prev"], run=last["run"])
     head = json.loads((federation_dir.directory / "head.json").read_text())
     assert (head["seq"], head["hash"]) == (last["seq"], last["hash"])
     report = verify_audit_dir(federation_dir.directory, trusted_server_key=federation_dir.server.public.raw)
