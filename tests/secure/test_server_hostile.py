@@ -16,7 +16,7 @@ import pytest
 from clinograph.secure.audit import verify_audit_dir
 from clinograph.secure.hazmat.labels import SIG_MESSAGE
 from clinograph.secure.runtime import run_round
-from clinograph.secure.wire import Envelope
+from clinograph.secure.wire import Envelope, parse_envelope
 from hostile_helpers import FEDERATION, audit_entries, federation, honest_mean
 
 HONEST = ("h0", "h1", "h2")
@@ -192,3 +192,86 @@ def _peek_plan(server):
         round = server.round
         dictionary_hash = server.dictionary_hash
     return P
+
+
+# -- property: hostile bytes at every stage ---------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+HOSTILE_VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.text(max_size=6000),
+    st.none(), st.booleans(), st.lists(st.integers(-5, 5), max_size=5),
+    st.dictionaries(st.text(max_size=300), st.floats(allow_nan=True), max_size=40),
+)
+MUTATIONS = st.one_of(
+    st.tuples(st.just("random"), st.binary(max_size=3000)),
+    st.tuples(st.just("truncate"), st.floats(0, 1)),
+    st.tuples(st.just("flip"), st.floats(0, 1), st.integers(0, 7)),
+    st.tuples(st.just("field"), st.integers(0, 50), HOSTILE_VALUES),   # validly signed by h3
+    st.tuples(st.just("extra_key"), st.text(min_size=1, max_size=6000), HOSTILE_VALUES),  # validly signed by h3
+)
+SIGNED = ("field", "extra_key")
+
+
+def mutate(data: bytes, mutation) -> bytes:
+    from hostile_helpers import identity
+
+    how = mutation[0]
+    if how == "random":
+        return mutation[1]
+    if how == "truncate":
+        return data[: int(len(data) * mutation[1])]
+    if how == "flip":
+        i = min(int(len(data) * mutation[1]), len(data) - 1)
+        return data[:i] + bytes([data[i] ^ (1 << mutation[2])]) + data[i + 1:]
+    env = parse_envelope(data)
+    body = json.loads(env.payload)
+    if how == "field":
+        keys = sorted(body)
+        body[keys[mutation[1] % len(keys)]] = mutation[2]
+    else:
+        body[mutation[1]] = mutation[2]
+    return signed_raw(identity(env.sender), env.kind, json.dumps(body).encode())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(stage=st.integers(0, 4), first=st.booleans(), inject=st.booleans(), mutation=MUTATIONS)
+def test_hostile_messages_at_any_stage_never_break_the_round(tmp_path_factory, stage, first, inject, mutation):
+    """run_round raises nothing but the documented abort (ProtocolError), the audit verifies,
+    and the honest hospitals' contributions are aggregated."""
+    from clinograph.secure.errors import ProtocolError
+
+    tmp = tmp_path_factory.mktemp("prop")
+    part = ("first" if first else "report") if stage == 0 else "reply"
+
+    def target(idx, name, p):
+        return idx == stage and name == "h3" and p == part
+
+    def injector(idx, name):
+        if not inject or not target(idx, name, part):
+            return []
+        genuine = transport.participants["h3"].sent[-1 if stage else (1 if first else 0)]
+        return [(part, mutate(genuine, mutation))]
+
+    def replacer(idx, name, p, data):
+        return mutate(data, mutation) if not inject and target(idx, name, p) else data
+
+    server, transport, _ = federation(tmp, inject=injector, replace=replacer)
+    try:
+        outcome = run_round(server, transport)
+    except ProtocolError:
+        kinds = [e["kind"] for e in audit_entries(tmp)]
+        assert "round_aborted" in kinds and "aggregate" not in kinds
+        assert verify_audit_dir(tmp / "audit").ok
+        return
+    assert server._current is None and server.round == 1
+    assert verify_audit_dir(tmp / "audit").ok
+    contributors = outcome.result.contributors
+    assert set(HONEST) <= set(contributors)
+    if "h3" not in contributors or (inject and mutation[0] not in SIGNED):
+        for name, mean in honest_mean(contributors).items():
+            np.testing.assert_allclose(-server.state[name], mean, atol=1e-6)
+    for e in audit_entries(tmp):
+        if e["kind"] == "update_rejected":
+            assert e["payload"]["client"] == "h3" and len(e["payload"]["reason"]) <= 4000
