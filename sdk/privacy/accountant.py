@@ -9,24 +9,40 @@ the PRV accountant (Gopi et al. 2021) is the alternative. History entries are Op
 ``(σ, q, steps)`` tuples, merged like Opacus merges them.
 
 The state lives in ``<state_dir>/privacy_ledger.json`` (atomic writes), is restored before
-every round, and a round that would pass the budget is refused *before* training. ε values
-are cached by (accountant, δ, history) in memory and on disk, so accounting costs a dict
-lookup instead of seconds. One process per hospital writes its state dir (no file locking).
+every round, and a round that would pass the budget is refused *before* training. ε is always
+recomputed from the stored history (never read from the file: an edited number there would
+admit a round past the budget); values are cached by (accountant, δ, history) in memory only.
+
+Integrity: given the hospital's signing identity (``signer=``), the file carries an Ed25519
+signature over its canonical JSON (label :data:`SIG_PRIVACY_LEDGER`); a missing or invalid
+signature is a PrivacyError naming the file. Writers are serialised with an exclusive
+``fcntl`` lock on ``privacy_ledger.json.lock``, and a commit re-reads the file under the lock:
+a history another process extended since this ledger loaded is never overwritten.
+Does not protect against deleting the whole state directory (a fresh ledger starts at ε = 0).
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import fcntl
 import json
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
+from clinograph.secure.errors import IntegrityError, PrivacyBudgetExceeded, PrivacyError
+from clinograph.secure.identity import Identity
 from clinograph.secure.messages import LedgerEntry
 
 FORMAT = "clinograph/privacy-ledger/v1"
 FILENAME = "privacy_ledger.json"
+LOCKNAME = "privacy_ledger.json.lock"
+# Signature context of the ledger file. Belongs with the others in secure/hazmat/labels.py
+# (house style 14); kept here until that file can take it.
+SIG_PRIVACY_LEDGER = b"clinograph/v1/sig/privacy-ledger"
 ACCOUNTANTS = ("rdp", "prv")
 History = list[tuple[float, float, int]]
 
@@ -49,6 +65,10 @@ def normalise(history: list) -> History:
     for sigma, q, steps in history:
         out = merge_step(out, noise_multiplier=float(sigma), sample_rate=float(q), steps=int(steps))
     return out
+
+
+def _canonical(state: dict) -> bytes:
+    return json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _atomic_write(path: Path, data: str) -> None:
@@ -79,7 +99,7 @@ class PrivacyLedger:
     """
 
     def __init__(self, state_dir: str | Path, *, site: str, budget_epsilon: float, delta: float,
-                 accountant: str = "rdp"):
+                 accountant: str = "rdp", signer: Identity | None = None):
         if not (math.isfinite(budget_epsilon) and budget_epsilon > 0) or not 0 < delta < 1:
             raise PrivacyError(f"Hospital {site!r}: a privacy budget needs a finite ε > 0 and 0 < δ < 1, got "
                                f"ε = {budget_epsilon!r}, δ = {delta!r}. Fix: set [privacy] epsilon_budget and delta.")
@@ -87,33 +107,65 @@ class PrivacyLedger:
             raise PrivacyError(f"Unknown accountant {accountant!r}. Registered: {', '.join(ACCOUNTANTS)}.")
         self.path = Path(state_dir) / FILENAME
         self.site, self.budget_epsilon, self.delta, self.accountant = site, float(budget_epsilon), float(delta), accountant
+        self.signer = signer
         self.computations = 0  # ε computations that missed the cache (tests count them)
         self.history: History = []
         self.entries: list[dict] = []
         self._cache: dict[str, float] = {}
-        self._load()
+        with self._locked(exclusive=False):
+            self.history, self.entries = self._read()
 
     # -- state --------------------------------------------------------------------------------
-    def _load(self) -> None:
+    @contextlib.contextmanager
+    def _locked(self, *, exclusive: bool) -> Iterator[None]:
+        """fcntl lock on the ledger's lock file (shared to read, exclusive to write)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.parent / LOCKNAME, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _read(self) -> tuple[History, list[dict]]:
+        """The stored (history, entries), verified; empty if there is no ledger yet."""
         if not self.path.exists():
-            return
+            return [], []
         try:
             state = json.loads(self.path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            if not isinstance(state, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError) as exc:
             raise PrivacyError(f"Privacy ledger {self.path} is unreadable ({type(exc).__name__}); refusing to "
                                "train without the accountant's history. Restore it from backup.") from None
         if state.get("format") != FORMAT or state.get("site") != self.site:
             raise PrivacyError(f"Privacy ledger {self.path} is not a {FORMAT} ledger of hospital {self.site!r}. "
                                "Point [privacy] state_dir at this hospital's own state directory.")
-        self.history = normalise(state.get("history", []))
-        self.entries = list(state.get("entries", []))
-        self._cache = {str(k): float(v) for k, v in state.get("epsilon_cache", {}).items()}
+        signature = state.pop("signature", None)
+        if self.signer is not None:
+            try:
+                if not isinstance(signature, str):
+                    raise IntegrityError("no signature")
+                self.signer.public.verify(base64.b64decode(signature, validate=True), _canonical(state),
+                                          context=SIG_PRIVACY_LEDGER)
+            except (IntegrityError, ValueError):
+                raise PrivacyError(
+                    f"Privacy ledger {self.path} was modified outside Clinograph (its signature by hospital "
+                    f"{self.site!r} is {'missing' if signature is None else 'invalid'}); refusing to train on an "
+                    "accountant history that may understate the privacy spent. Fix: restore the file from "
+                    "backup; never edit it by hand.") from None
+        try:
+            history = normalise(state.get("history", []))
+        except (TypeError, ValueError):
+            raise PrivacyError(f"Privacy ledger {self.path} holds a malformed history. Restore it from backup.") from None
+        return history, list(state.get("entries", []))
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        cache = dict(list(self._cache.items())[-64:])
-        state = {"format": FORMAT, "site": self.site, "history": [list(h) for h in self.history],
-                 "entries": self.entries, "epsilon_cache": cache}
+        state: dict = {"format": FORMAT, "site": self.site, "history": [list(h) for h in self.history],
+                       "entries": self.entries}
+        if self.signer is not None:
+            sig = self.signer.sign(_canonical(state), context=SIG_PRIVACY_LEDGER)
+            state["signature"] = base64.b64encode(sig).decode()
         _atomic_write(self.path, json.dumps(state, indent=1, sort_keys=True))
 
     # -- accounting ---------------------------------------------------------------------------
@@ -158,16 +210,22 @@ class PrivacyLedger:
                clip_norm: float) -> LedgerEntry:
         """Record the accountant's history after a round (what Opacus counted) and return its entry."""
         new = normalise(history)
-        steps = sum(t for *_, t in new) - sum(t for *_, t in self.history)
-        if steps < 0 or new[: max(len(self.history) - 1, 0)] != self.history[: max(len(self.history) - 1, 0)]:
-            raise PrivacyError(f"Hospital {self.site!r}: the accountant's history after round {round_} does not "
-                               "extend the stored one; refusing to record it. Restore the ledger before training.")
-        self.history = new
-        entry = LedgerEntry(round=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
-                            clip_norm=clip_norm, accountant=self.accountant, epsilon=self.epsilon(), delta=self.delta,
-                            budget_epsilon=self.budget_epsilon)
-        self.entries.append(entry.model_dump(mode="json"))
-        self._save()
+        with self._locked(exclusive=True):
+            stored, entries = self._read()
+            if stored != self.history:
+                raise PrivacyError(f"Privacy ledger {self.path} changed since this process loaded it (another "
+                                   f"process recorded steps for hospital {self.site!r}); refusing to overwrite it. "
+                                   "Fix: run one training process per hospital state directory.")
+            steps = sum(t for *_, t in new) - sum(t for *_, t in self.history)
+            if steps < 0 or new[: max(len(self.history) - 1, 0)] != self.history[: max(len(self.history) - 1, 0)]:
+                raise PrivacyError(f"Hospital {self.site!r}: the accountant's history after round {round_} does not "
+                                   "extend the stored one; refusing to record it. Restore the ledger before training.")
+            self.history = new
+            entry = LedgerEntry(round=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+                                clip_norm=clip_norm, accountant=self.accountant, epsilon=self.epsilon(),
+                                delta=self.delta, budget_epsilon=self.budget_epsilon)
+            self.entries = [*entries, entry.model_dump(mode="json")]
+            self._save()
         return entry
 
     def __repr__(self) -> str:
