@@ -26,6 +26,7 @@ from clinograph.secure.ckks.presets import CkksPreset
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.identity import Identity
 from clinograph.secure.runtime import InProcessTransport, build_server, run_ckks_ceremony, run_round
+from clinograph.secure.runtime.liveness import Liveness
 from clinograph.secure.runtime.loop import RoundOutcome
 from clinograph.secure.server import FederationServer
 
@@ -45,10 +46,17 @@ class SimulatedFederation:
     hospitals: dict[str, HospitalClient]
     transport: InProcessTransport
     audit: AuditTrail
+    liveness: Liveness | None = None
 
     def run_round(self) -> RoundOutcome:
-        """One round with every hospital."""
-        return run_round(self.server, self.transport)
+        """One round with every live hospital (suspended ones only when due a retry)."""
+        if self.liveness is None:
+            return run_round(self.server, self.transport)
+        invited = self.liveness.invited(self.server.round, self.hospitals)
+        outcome = run_round(self.server, self.transport, participants=invited)
+        for kind, payload in self.liveness.observe(outcome.result.round, invited, outcome.result.contributors):
+            self.server.audit.record(kind, payload)
+        return outcome
 
     def evaluate(self, split: str = "test") -> dict[str, dict[str, float]]:
         """Each hospital's metrics on its own ``split`` with its current model (global + personal)."""
@@ -102,7 +110,9 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
     except BaseException:
         audit.close()
         raise
-    return SimulatedFederation(server=server, hospitals=hospitals, transport=transport, audit=audit)
+    liveness = Liveness(suspend_after=fed.suspend_after_missed, retry_every=fed.retry_every)
+    return SimulatedFederation(server=server, hospitals=hospitals, transport=transport, audit=audit,
+                               liveness=liveness)
 
 
 def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,

@@ -60,6 +60,10 @@ class FederationSection(_Strict):
     masked_clip: float = Field(default=4.0, gt=0, le=1e6, description="bound on |Δ| per parameter; × max_weight "
                                "is the fixed-point range of the masked mode")
     ckks_preset: str = Field(default="add_only_128", description="a CkksPreset value")
+    suspend_after_missed: int = Field(default=3, ge=0, le=1000, description="suspend a hospital after this many "
+                                      "consecutive rounds without its contribution (0: never); audited")
+    retry_every: int = Field(default=5, ge=1, le=1000, description="rounds between invitations of a suspended "
+                             "hospital; it is back as soon as it contributes")
 
     @field_validator("secure_mode")
     @classmethod

@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import ProtocolError
 from ..messages import RoundResult
 from ..server import FederationServer
+from .liveness import Liveness
 from .transport import Transport
 
 EventSink = Callable[[str, Mapping[str, Any]], None]
@@ -101,25 +102,34 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
 def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
                participants: tuple[str, ...] | None = None,
                on_round: Callable[[int, RoundOutcome], None] | None = None,
-               on_event: EventSink | None = None) -> list[RoundOutcome]:
+               on_event: EventSink | None = None, liveness: Liveness | None = None) -> list[RoundOutcome]:
     """Run ``rounds`` rounds; the last global model is delivered before returning.
 
-    An aborted round (ProtocolError) is audited by the server and re-raised after the models
-    owed to hospitals are delivered.
+    With ``liveness``, hospitals that keep missing rounds are suspended and retried
+    (:mod:`.liveness`); suspensions and rejoins are audited. An aborted round (ProtocolError)
+    is audited by the server and re-raised after the models owed to hospitals are delivered.
     """
     event = on_event or _quiet
     outcomes: list[RoundOutcome] = []
     pending: dict[str, bytes] = {}
     try:
         for r in range(rounds):
+            invited = participants
+            if liveness is not None:
+                available = participants or tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
+                invited = liveness.invited(server.round, available)
             try:
-                outcome = run_round(server, transport, participants=participants, pending_model=pending,
+                outcome = run_round(server, transport, participants=invited, pending_model=pending,
                                     on_event=event)
             except ProtocolError as exc:
                 event("round_aborted", {"round": server.round, "reason": str(exc)[:500]})
                 raise
             pending = outcome.pending_model
             outcomes.append(outcome)
+            if liveness is not None and invited is not None:
+                for kind, payload in liveness.observe(outcome.result.round, invited, outcome.result.contributors):
+                    server.audit.record(kind, payload)
+                    event(kind, payload)
             if on_round is not None:
                 on_round(r, outcome)
     finally:
