@@ -18,7 +18,7 @@ from clinograph.secure.errors import SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.schema import SiteSchema
-from ..ontology.units import KNOWN_UNITS, normalise_unit
+from ..ontology.units import EXAMPLE_UNITS, conversion, is_known_unit, normalise_unit, same_unit
 from .cells import as_text, parse_cells, parse_labels, present_mask
 from .columns import (
     check_labels,
@@ -47,8 +47,9 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     problems: list[str] = []
     try:
         schema.check_against(dictionary)
-    except SchemaError as exc:
-        problems.extend(exc.problems)
+    except SchemaError as exc:  # units are checked below, with the dictionary's molar masses
+        problems.extend(p for p in exc.problems if ": cannot convert unit " not in p)
+    problems.extend(schema_unit_problems(schema, dictionary))
     lc = schema.long
     required = ({"patient_id": schema.patient_id, "label": schema.label} if schema.format == "wide" else
                 {"long.patient": lc.patient, "long.feature": lc.feature, "long.value": lc.value, "long.time": lc.time,
@@ -70,6 +71,23 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     return _ingest_long(df, schema, dictionary, problems)
 
 
+def schema_unit_problems(schema: SiteSchema, dictionary: FeatureDictionary) -> list[str]:
+    """Every schema unit that does not convert to its feature's canonical unit, once each."""
+    out = []
+    for col, cm in schema.columns.items():
+        if cm.unit is None or cm.feature not in dictionary:
+            continue
+        feat = dictionary.get(cm.feature)
+        if feat.kind != FeatureKind.NUMERIC:
+            continue
+        try:
+            conversion(feature=feat.id, analyte=feat.analyte, source=cm.unit, target=feat.unit,
+                       molar_mass=feat.molar_mass)
+        except SchemaError as exc:
+            out.extend(f"Column {col!r}: {p}" for p in exc.problems)
+    return out
+
+
 def _check_required(df: pd.DataFrame, cols: dict[str, str | None], problems: list[str]) -> None:
     for role, col in cols.items():
         if col is not None and col not in df.columns:
@@ -78,8 +96,8 @@ def _check_required(df: pd.DataFrame, cols: dict[str, str | None], problems: lis
 
 
 def _finish(problems: list[str], schema: SiteSchema) -> None:
-    if problems:
-        raise SchemaError(problems, title=f"Table for site {schema.site!r} cannot be ingested")
+    if problems:  # each problem once: a schema unit is checked up front and again for its cells
+        raise SchemaError(list(dict.fromkeys(problems)), title=f"Table for site {schema.site!r} cannot be ingested")
 
 
 def _ids(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
@@ -118,7 +136,7 @@ def _cat(xs: list[np.ndarray], dtype: type) -> np.ndarray:
 
 def _converted(mapped: dict, units: dict[str, str | None]) -> dict[str, str]:
     return {n: f"{u} -> {f.unit}" for n, (f, _) in mapped.items()
-            if (u := units.get(n)) and normalise_unit(u) != normalise_unit(f.unit)}
+            if (u := units.get(n)) and not same_unit(u, f.unit)}
 
 
 def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
@@ -204,14 +222,17 @@ def _row_unit(df, rows, name, feat, cm, schema, problems):
     cells = df.loc[rows, lc.unit]
     present = present_mask(cells)
     text = as_text(cells).str.strip()
-    known = present & text.map(lambda u: normalise_unit(u) in KNOWN_UNITS).to_numpy()
+    known = present & text.map(is_known_unit).to_numpy()
     if (present & ~known).any():
         problems.append(f"Unit column {lc.unit!r} for feature code {name!r} ({feat.id}): "
                         f"{int(text[present & ~known].nunique())} unit string(s) are not known units (not shown: "
-                        f"cell contents). Known units: {', '.join(KNOWN_UNITS)}. Fix the unit cells, or set the unit "
-                        f"in the site schema ([columns].{name!r}.unit).")
+                        f"cell contents). Write units in UCUM, e.g. {', '.join(EXAMPLE_UNITS)}. Fix the unit cells, "
+                        f"or set the unit in the site schema ([columns].{name!r}.unit).")
         return unit
-    units = sorted({normalise_unit(u) for u in text[present]})
+    units = []  # distinct units, a spelling of one unit counted once (mg/dl == mg/dL, cells/mm3 == cells/uL)
+    for u in sorted({normalise_unit(u) for u in text[present]}):
+        if not any(same_unit(u, v) for v in units):
+            units.append(u)
     if len(units) > 1:
         problems.append(f"Feature code {name!r} ({feat.id}) is recorded in several units {units}; convert to one "
                         "unit before ingestion.")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .codes import normalise_code
 
 FEATURE_ID = r"^[a-z][a-z0-9_]{0,63}$"
+_OPTIONAL_LATER = ("omop_concept_id", "molar_mass")
 
 
 class FeatureKind(str, Enum):
@@ -48,6 +49,11 @@ class Feature(BaseModel):
     physical_max: float | None = None
     levels: tuple[str, ...] = ()
     group: str | None = None
+    #: OMOP CDM standard concept id (``measurement_concept_id`` / ``observation_concept_id``);
+    #: LOINC and other vocabularies go in ``codes`` (``codes = { loinc = "2345-7" }``).
+    omop_concept_id: int | None = Field(default=None, gt=0)
+    #: Molar mass of the analyte in g/mol: allows mass <-> molar concentrations (mg/dL <-> mmol/L).
+    molar_mass: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _consistent(self) -> Feature:
@@ -72,6 +78,17 @@ class Feature(BaseModel):
                 and not self.physical_min < self.physical_max):
             raise ValueError(f"feature {self.id!r}: physical_min must be < physical_max")
         return self
+
+    def code_keys(self) -> set[str]:
+        """Codes that name this feature in exchange formats, normalised as ``SYSTEM/CODE``.
+
+        ``codes = { loinc = "2345-7" }`` gives ``LOINC/2345-7``; ``omop_concept_id`` gives
+        ``OMOP/<id>``. The OMOP, MEDS and FHIR readers map codes through these.
+        """
+        keys = {f"{system.strip().upper()}/{code.strip()}" for system, code in self.codes.items()}
+        if self.omop_concept_id is not None:
+            keys.add(f"OMOP/{self.omop_concept_id}")
+        return keys
 
     def standardise(self, value: float) -> float:
         """Public-range standardisation: (v − mid) / half-width, so the reference range maps to [−1, 1]."""
@@ -111,6 +128,15 @@ class FeatureDictionary(BaseModel):
             listed = "; ".join(f"{term!r} -> {', '.join(fs)}" for term, fs in shared.items())
             raise ValueError(f"an id, name or alias must belong to one feature; these belong to several: {listed}. "
                              "Remove the alias from all but one feature")
+        code_owners: dict[str, list[str]] = {}
+        for f in self.features:
+            for key in f.code_keys():
+                code_owners.setdefault(key, []).append(f.id)
+        shared_codes = {k: fs for k, fs in sorted(code_owners.items()) if len(fs) > 1}
+        if shared_codes:
+            listed = "; ".join(f"{k} -> {', '.join(fs)}" for k, fs in shared_codes.items())
+            raise ValueError(f"a code (codes or omop_concept_id) must belong to one feature; these belong to several: "
+                             f"{listed}. Keep each code on one feature")
         return self
 
     # -- lookups ---------------------------------------------------------------------------
@@ -150,13 +176,22 @@ class FeatureDictionary(BaseModel):
         """Every feature-node id in fixed order (categorical features expand to levels)."""
         return [nid for f in self.features for nid in f.node_ids()]
 
+    def by_code(self) -> dict[str, Feature]:
+        """``SYSTEM/CODE`` (``LOINC/2345-7``, ``OMOP/3004501``) -> feature; see :meth:`Feature.code_keys`."""
+        return {key: f for f in self.features for key in f.code_keys()}
+
     def node_index(self) -> dict[str, int]:
         """Feature-node id -> row of the shared embedding table (NS-FL eq. 5)."""
         return {nid: i for i, nid in enumerate(self.node_ids())}
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON (travels in every message)."""
-        body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        dump = self.model_dump(mode="json")
+        for f in dump["features"]:  # fields added later hash only when set: old digests stay valid
+            for key in _OPTIONAL_LATER:
+                if f.get(key) is None:
+                    f.pop(key, None)
+        body = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(body.encode()).hexdigest()
 
     # -- loading ---------------------------------------------------------------------------
