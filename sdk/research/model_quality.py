@@ -1,0 +1,99 @@
+"""The model-quality harness: NS-FL federated (masked, selected, calibrated), NS-FL local-only,
+and the references of :mod:`.baselines`, on the same hospitals and the same splits.
+
+Used by ``benchmarks/real_tables.py`` (real cohorts, docs/model_quality.md) and by the demo.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..config import HospitalConfig, SimulationConfig
+from ..federation.nsfl_task import NSFLTask
+from ..federation.simulate import simulate
+from ..federation.split import Split, hospital_split
+from ..ingest.table import PatientTable
+from ..ontology.dictionary import FeatureDictionary
+from ..training.metrics import log_loss
+from ..training.selection import ModelSelection
+from .baselines import fedavg_lr, pooled_gbm, pooled_lr, standalone_lr
+
+#: NS-FL settings of the benchmark, chosen on validation (docs/model_quality.md, ablation table)
+NSFL_DEFAULTS: dict = {
+    "federation": {"rounds": 40, "secure_mode": "masked", "strategy": "fedsgd", "server_lr": 1.0,
+                   "min_clients": 2, "local_epochs": 1},
+    "model": {"hidden": 16, "linear_path": True},
+    "training": {"lr": 0.01, "batch_size": 32, "weight_decay": 1e-4},
+    "graph": {"k_similar": 0},
+    "selection": {"patience": 8},
+}
+
+
+def _merge(base: Mapping, over: Mapping) -> dict:
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
+    for k, v in over.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, Mapping) else v
+    return out
+
+
+def nsfl_config(*, seed: int, dictionary_id: str = "bench", **overrides) -> SimulationConfig:
+    """The benchmark's NS-FL federation for ``seed`` (init, training and split seeds)."""
+    data = _merge(NSFL_DEFAULTS, overrides)
+    data = _merge(data, {"federation": {"id": f"{dictionary_id}-{seed}", "seed": seed},
+                         "model": {"init_seed": seed}, "training": {"seed": seed}, "split": {"seed": seed}})
+    return SimulationConfig.model_validate(data)
+
+
+def splits_for(tables: Sequence[PatientTable], config: SimulationConfig | HospitalConfig) -> list[Split]:
+    """Each hospital's split under ``config`` (the rule every runtime uses)."""
+    s = config.split
+    return [hospital_split(t.labels, site=t.site, test_fraction=s.test_fraction,
+                           validation_fraction=s.validation_fraction, seed=s.seed) for t in tables]
+
+
+def federated(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig,
+              audit_dir: Path | None = None) -> dict:
+    """NS-FL over the real protocol; returns ``{"final", "selection", "rounds_run"}``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        res = simulate(tables, dictionary, config, audit_dir=audit_dir or Path(tmp) / "audit")
+    return {"final": res.final, "selection": {k: v for k, v in res.selection.items() if k != "calibration"},
+            "rounds_run": len(res.rounds), "round1_test": res.rounds[0] if res.rounds else {}}
+
+
+def local_only(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig
+               ) -> dict[str, dict[str, float]]:
+    """The same NS-FL model trained at each hospital alone, with the same selection (its own
+    validation loss, same patience) and calibration."""
+    hconf = config.hospital_config()
+    out = {}
+    for t, split in zip(tables, splits_for(tables, hconf), strict=True):
+        task = NSFLTask(t, dictionary=dictionary, config=hconf, split=split)
+        sel = ModelSelection(patience=hconf.selection.patience, min_delta=hconf.selection.min_delta)
+        for r in range(config.federation.rounds + 1):
+            idx = split.validation
+            sel.offer(round_=r, state=task.model.state_dict())
+            sel.observe(log_loss(t.labels[idx], task.predict()[idx]))
+            if sel.should_stop or r == config.federation.rounds:
+                break
+            task.trainer.train(task.model, round_=r, epochs=config.federation.local_epochs, plan_options={})
+        task.selection = sel
+        task.finish()
+        out[t.site] = task.evaluate("test")
+    return out
+
+
+def baselines(tables: Sequence[PatientTable], splits: Sequence[Split], *, seed: int) -> dict[str, dict]:
+    """The linear and tree references on the same splits."""
+    return {"lr_standalone": standalone_lr(tables, splits), "lr_fedavg_aligned": fedavg_lr(tables, splits, seed=seed),
+            "lr_pooled": pooled_lr(tables, splits), "gbm_pooled": pooled_gbm(tables, splits, seed=seed)}
+
+
+def mean_over_hospitals(per_hospital: Mapping[str, Mapping[str, float]], key: str) -> float:
+    """Mean of ``key`` over hospitals (NaN entries skipped)."""
+    vals = [v[key] for v in per_hospital.values() if not math.isnan(v[key])]
+    return float(np.mean(vals)) if vals else float("nan")

@@ -1,0 +1,200 @@
+"""Real clinical tables cut into hospitals: the real-data benchmark's federations.
+
+Two cohorts that ``lifelines`` ships offline (Davidson-Pilon, lifelines; the data are public):
+
+- ``lung``: NCCTG advanced lung cancer (Loprinzi et al. 1994), 228 patients from 18
+  institutions. The institution column ``inst`` decides the hospital (institutions dealt to 3
+  hospitals by size, largest first, round robin). Label: death within 365 days.
+- ``gbsg2``: German Breast Cancer Study Group 2 (Schumacher et al. 1994), 686 patients, no
+  centre column: cut into 4 hospitals of different size with an age-dependent referral pattern
+  (older patients go to the larger centres more often). Label: recurrence or death within 3
+  years (1095 days).
+
+Censoring is handled honestly: a patient censored *before* the horizon has an unknown label and
+is dropped (counted in :attr:`CohortTables.censored_before_horizon`); a patient followed past it
+is a negative even if censored later; an event before it is a positive.
+
+Each hospital has its own column names, codings (yes/no vs 1/0, I/II/III vs 1/2/3), units where
+the dictionary converts them (Karnofsky score as a percentage or a fraction) and missing blocks
+(a hospital without receptor assays, one without tumour grading, one without the patient
+questionnaire). The feature dictionary and the site schemas are generated here, in code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..ontology.dictionary import Feature, FeatureDictionary
+from ..ontology.schema import ColumnMap, SiteSchema
+
+COHORTS = ("lung", "gbsg2")
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """One hospital: its name, local column names, units, codings and the features it lacks."""
+
+    site: str
+    renames: tuple[tuple[str, str], ...] = ()
+    units: tuple[tuple[str, str], ...] = ()
+    codings: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
+    lacks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CohortTables:
+    """A cohort cut into hospitals: the dictionary, each (local table, site schema), and the
+    label definition's bookkeeping."""
+
+    name: str
+    task: str
+    dictionary: FeatureDictionary
+    hospitals: tuple[tuple[pd.DataFrame, SiteSchema], ...]
+    patients: int
+    censored_before_horizon: int
+    positives: int
+
+
+def _num(fid: str, name: str, unit: str, lo: float, hi: float, pmin: float, pmax: float, **kw) -> Feature:
+    return Feature(id=fid, name=name, kind="numeric", unit=unit, reference_low=lo, reference_high=hi,
+                   physical_min=pmin, physical_max=pmax, **kw)
+
+
+def lung_dictionary() -> FeatureDictionary:
+    """Canonical features of the NCCTG lung cohort (reference ranges: clinical conventions)."""
+    return FeatureDictionary(name="clinograph-lifelines-lung", version=1, features=(
+        _num("age", "Age", "years", 40, 80, 0, 120),
+        Feature(id="female", name="Female sex", kind="binary"),
+        _num("ecog_physician", "ECOG performance score (physician)", "1", 0, 2, 0, 5),
+        _num("karnofsky_physician", "Karnofsky score (physician)", "%", 50, 100, 0, 100),
+        _num("karnofsky_patient", "Karnofsky score (patient)", "%", 50, 100, 0, 100),
+        _num("meal_calories", "Calories consumed at meals", "kcal", 500, 2000, 0, 10000),
+        _num("weight_loss", "Weight loss in the last six months", "lb", -10, 30, -100, 200),
+    ))
+
+
+def gbsg2_dictionary() -> FeatureDictionary:
+    """Canonical features of the GBSG2 breast-cancer cohort."""
+    return FeatureDictionary(name="clinograph-lifelines-gbsg2", version=1, features=(
+        _num("age", "Age", "years", 30, 70, 0, 120),
+        Feature(id="hormone_therapy", name="Hormonal therapy", kind="binary"),
+        Feature(id="postmenopausal", name="Postmenopausal", kind="binary"),
+        _num("tumour_size", "Tumour size", "mm", 10, 50, 0, 200),
+        Feature(id="tumour_grade", name="Tumour grade", kind="categorical", levels=("I", "II", "III")),
+        _num("positive_nodes", "Positive lymph nodes", "1", 0, 10, 0, 100),
+        _num("progesterone_receptor", "Progesterone receptor", "fmol/mg", 0, 200, 0, 10000),
+        _num("oestrogen_receptor", "Oestrogen receptor", "fmol/mg", 0, 200, 0, 10000),
+    ))
+
+
+def _label(time: np.ndarray, event: np.ndarray, horizon: float) -> tuple[np.ndarray, np.ndarray]:
+    """(keep, label): drop patients censored before ``horizon``; label = event before it."""
+    keep = (time >= horizon) | event
+    return keep, (event & (time < horizon)).astype(int)
+
+
+def _lung() -> tuple[pd.DataFrame, np.ndarray, str, int]:
+    from lifelines.datasets import load_lung
+
+    df = load_lung().dropna(subset=["inst"]).reset_index(drop=True)
+    keep, y = _label(df["time"].to_numpy(float), (df["status"] == 1).to_numpy(), 365)
+    canon = pd.DataFrame({
+        "age": df["age"].astype(float), "female": (df["sex"] == 2).astype(float),
+        "ecog_physician": df["ph.ecog"], "karnofsky_physician": df["ph.karno"],
+        "karnofsky_patient": df["pat.karno"], "meal_calories": df["meal.cal"], "weight_loss": df["wt.loss"],
+        "label": y})
+    sizes = df.loc[keep, "inst"].value_counts()
+    order = sorted(sizes.index, key=lambda i: (-sizes[i], i))
+    which = {inst: k % 3 for k, inst in enumerate(order)}
+    site = df["inst"].map(which).to_numpy()
+    return canon[keep].reset_index(drop=True), site[keep], "death within 365 days", int((~keep).sum())
+
+
+def _gbsg2() -> tuple[pd.DataFrame, np.ndarray, str, int]:
+    from lifelines.datasets import load_gbsg2
+
+    df = load_gbsg2()
+    keep, y = _label(df["time"].to_numpy(float), (df["cens"] == 1).to_numpy(), 1095)
+    canon = pd.DataFrame({
+        "age": df["age"].astype(float), "hormone_therapy": (df["horTh"] == "yes").astype(float),
+        "postmenopausal": (df["menostat"] == "Post").astype(float), "tumour_size": df["tsize"].astype(float),
+        "tumour_grade": df["tgrade"].astype(str), "positive_nodes": df["pnodes"].astype(float),
+        "progesterone_receptor": df["progrec"].astype(float), "oestrogen_receptor": df["estrec"].astype(float),
+        "label": y})
+    rng = np.random.default_rng(20_240_601)  # the cut is part of the data set: fixed
+    score = (df["age"].to_numpy(float) - 53) / 10 + rng.standard_normal(len(df))
+    site = np.digitize(score, np.quantile(score, [0.15, 0.35, 0.6]))  # sizes 15/20/25/40 %
+    return canon[keep].reset_index(drop=True), site[keep], "recurrence or death within 3 years", int((~keep).sum())
+
+
+LUNG_SITES = (
+    SiteSpec("ncctg_mayo", renames=(("age", "Age"), ("female", "Sex"), ("ecog_physician", "ECOG")),
+             codings=(("female", (("F", 1), ("M", 0))),), lacks=("meal_calories",)),
+    SiteSpec("ncctg_north", renames=(("karnofsky_physician", "KPS_md"), ("karnofsky_patient", "KPS_pt")),
+             units=(("karnofsky_physician", "1"), ("karnofsky_patient", "1"))),
+    SiteSpec("ncctg_south", renames=(("weight_loss", "wtloss_lb"), ("meal_calories", "kcal")),
+             lacks=("karnofsky_patient",)),
+)
+GBSG2_SITES = (
+    SiteSpec("gbsg_small", renames=(("tumour_size", "tsize_mm"), ("positive_nodes", "nodes")),
+             lacks=("progesterone_receptor", "oestrogen_receptor")),
+    SiteSpec("gbsg_district", renames=(("hormone_therapy", "horTh"), ("postmenopausal", "menostat")),
+             codings=(("hormone_therapy", (("yes", 1), ("no", 0))), ("postmenopausal", (("Post", 1), ("Pre", 0)))),
+             lacks=("tumour_grade",)),
+    SiteSpec("gbsg_regional", renames=(("tumour_grade", "grade"), ("progesterone_receptor", "PR")),
+             codings=(("tumour_grade", (("1", "I"), ("2", "II"), ("3", "III"))),)),
+    SiteSpec("gbsg_university", renames=(("oestrogen_receptor", "ER_fmol"), ("age", "age_years"))),
+)
+_COHORTS: dict[str, tuple[Callable[[], FeatureDictionary], Callable, tuple[SiteSpec, ...]]] = {
+    "lung": (lung_dictionary, _lung, LUNG_SITES), "gbsg2": (gbsg2_dictionary, _gbsg2, GBSG2_SITES)}
+
+
+def _local_values(values: pd.Series, feat: Feature, spec: SiteSpec) -> pd.Series:
+    """Express a canonical column in the hospital's unit and codes."""
+    from ..ontology.units import conversion
+
+    units, codings = dict(spec.units), {k: dict(v) for k, v in spec.codings}
+    if feat.id in units:
+        scale, offset = conversion(feature=feat.id, analyte=feat.analyte, source=feat.unit, target=units[feat.id])
+        return values * scale + offset
+    if feat.id in codings:
+        inverse = {v: k for k, v in codings[feat.id].items()}
+        return values.map(lambda v: inverse.get(v if isinstance(v, str) else int(v), v) if pd.notna(v) else v)
+    return values
+
+
+def cohort_tables(name: str) -> CohortTables:
+    """The cohort ``name`` (one of :data:`COHORTS`) as hospital tables with their site schemas.
+
+    Raises:
+        ConfigError: an unknown cohort name (the message lists them).
+    """
+    from clinograph.secure.errors import ConfigError
+
+    if name not in _COHORTS:
+        raise ConfigError(f"Unknown cohort {name!r}. Registered: {', '.join(COHORTS)}.")
+    make_dictionary, load, sites = _COHORTS[name]
+    dictionary = make_dictionary()
+    canon, site_of, task, censored = load()
+    out = []
+    for k, spec in enumerate(sites):
+        part = canon[site_of == k].reset_index(drop=True)
+        table = pd.DataFrame({"patient_id": [f"{spec.site}-{i:04d}" for i in range(len(part))]})
+        columns: dict[str, ColumnMap] = {}
+        renames, units, codings = dict(spec.renames), dict(spec.units), {k: dict(v) for k, v in spec.codings}
+        for feat in dictionary.features:
+            if feat.id in spec.lacks:
+                continue
+            col = renames.get(feat.id, feat.id)
+            table[col] = _local_values(part[feat.id], feat, spec).to_numpy()
+            columns[col] = ColumnMap(feature=feat.id, unit=units.get(feat.id, feat.unit if feat.kind == "numeric"
+                                                                      else None),
+                                     coding=codings.get(feat.id))
+        table["outcome"] = part["label"].to_numpy()
+        out.append((table, SiteSchema(site=spec.site, patient_id="patient_id", label="outcome", columns=columns)))
+    return CohortTables(name=name, task=task, dictionary=dictionary, hospitals=tuple(out), patients=len(canon),
+                        censored_before_horizon=censored, positives=int(canon["label"].sum()))
