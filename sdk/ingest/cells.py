@@ -17,6 +17,7 @@ from clinograph.secure.errors import SchemaError
 from ..ontology.codes import describe_codes, normalise_code
 from ..ontology.dictionary import Feature, FeatureKind
 from ..ontology.units import conversion
+from .dialect import decimal_comma_cells
 from .rows import rows_text
 
 _UNIT_IN_CELL = re.compile(r"^\s*[-+]?\d+(?:[.,]\d+)?\s*[A-Za-z/%°µμ][\w/%°µμ.]*\s*$")
@@ -58,9 +59,14 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
         if unit_like.any():
             problems.append(f"{where}: {rows_text(unit_like)}: number with a unit string in the cell. Put the unit "
                             f"in the site schema ([columns].{key!r}.unit) and keep only numbers in the column.")
-        if (bad & ~unit_like).any():
-            problems.append(f"{where}: {rows_text(bad & ~unit_like)}: text where a number is expected. Clean these "
-                            "cells or leave them empty for missing.")
+        comma = bad & ~unit_like & decimal_comma_cells(text)
+        if comma.any():
+            problems.append(f"{where}: {rows_text(comma)}: numbers written with a decimal comma. Read the file with "
+                            "read_table(..., decimal=\",\") (German/French Excel exports), or export it with "
+                            "decimal points.")
+        if (bad & ~unit_like & ~comma).any():
+            problems.append(f"{where}: {rows_text(bad & ~unit_like & ~comma)}: text where a number is expected. "
+                            "Clean these cells or leave them empty for missing.")
     inf = present & np.isinf(num)
     if inf.any():
         problems.append(f"{where}: {rows_text(inf)}: infinite value. Replace with a value or leave empty.")

@@ -6,7 +6,9 @@ read); the encoding is taken from a byte-order mark (UTF-8, UTF-16, UTF-32), els
 latin-1 (every byte is a latin-1 character, so a stray latin-1 byte in a column you ignore is
 accepted; the encoding used is recorded in ``df.attrs["encoding"]`` and in the ingest report);
 UTF-16/32 without a byte-order mark is refused with the fix. Rows with more or fewer fields than
-the header are reported (row numbers only), all at once.
+the header are reported (row numbers only), all at once. The CSV dialect -- field delimiter and
+decimal separator -- is declared or detected (:mod:`.dialect`: German Excel's semicolons and
+decimal commas read correctly); when a file looks like another dialect, the error says so.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import numpy as np
 import pandas as pd
 from clinograph.secure.errors import ConfigError, SchemaError
 
+from .dialect import DECIMALS, apply_decimal_comma, detect_decimal, detect_delimiter, dialect_hint
+from .dialect import name as delimiter_name
 from .rows import rows_text
 
 # pandas' default missing-value spellings (read_csv keep_default_na=True).
 NA_STRINGS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
                         "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
-DELIMITERS = (",", ";", "\t", "|")
+DELIMITERS = (",", ";", "\t", "|")  # also .dialect.DELIMITERS
 _BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a device",
@@ -75,13 +79,6 @@ def decode(data: bytes, *, name: str) -> tuple[str, str]:
         return data.decode("latin-1"), "latin-1"
 
 
-def _delimiter(header_line: str) -> str:
-    if "," in header_line:
-        return ","
-    found = [d for d in DELIMITERS[1:] if d in header_line]
-    return found[0] if len(found) == 1 else ","
-
-
 def parse_csv(text: str, *, name: str, delimiter: str | None = None) -> pd.DataFrame:
     """A DataFrame of text cells (NaN for pandas' missing spellings) from CSV text.
 
@@ -92,8 +89,7 @@ def parse_csv(text: str, *, name: str, delimiter: str | None = None) -> pd.DataF
     if not text.strip():
         raise SchemaError(f"Table {name} is empty or holds only whitespace. Export the data again, with a "
                           "header row.", title="Table is empty")
-    first = text.lstrip("\r\n").splitlines()[0] if text.lstrip("\r\n") else ""
-    delim = delimiter or _delimiter(first)
+    delim = delimiter or detect_delimiter(text)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delim, strict=True)
     try:  # blank and whitespace-only lines carry nothing (pandas skips them too)
         rows = [r for r in reader if r and not (len(r) == 1 and not r[0].strip())]
@@ -111,23 +107,39 @@ def parse_csv(text: str, *, name: str, delimiter: str | None = None) -> pd.DataF
     for what, mask in (("more", lengths > width), ("fewer", lengths < width)):
         if mask.any():
             problems.append(f"Table {name}: data {rows_text(mask)} have {what} fields than the header "
-                            f"({width}). Check the delimiter {delim!r} and quoting, or fix those rows.")
+                            f"({width}). Check the delimiter {delim!r} and quoting, or fix those rows."
+                            f"{dialect_hint(text, delim)}")
+    if width == 1 and (hint := dialect_hint(text, delim)):
+        problems.append(f"Table {name} has a single column when split at {delimiter_name(delim)}s.{hint}")
     if problems:
-        raise SchemaError(problems, title=f"Table {name} has ragged rows")
+        raise SchemaError(problems, title=f"Table {name} cannot be parsed in this dialect" if width == 1
+                          else f"Table {name} has ragged rows")
     df = pd.DataFrame(body, columns=header, dtype=object) if body else pd.DataFrame(columns=header, dtype=object)
     return df.where(~df.isin(NA_STRINGS), np.nan) if len(df) else df
 
 
-def read_table(path: str | Path, *, delimiter: str | None = None) -> pd.DataFrame:
+def read_table(path: str | Path, *, delimiter: str | None = None, decimal: str | None = None) -> pd.DataFrame:
     """Read a CSV/TSV (by extension ``.csv``, ``.tsv``, ``.txt``) or Parquet table.
 
-    ``delimiter``: None detects it from the header line (``,``, else one of ``;``, tab, ``|``).
+    ``delimiter``: None detects it (the candidate of ``,`` ``;`` tab ``|`` that splits the first
+    lines consistently). ``decimal``: ``"."`` or ``","``; None detects decimal commas in a file
+    not separated by commas whose numbers are all written with commas. What was used is in
+    ``df.attrs["delimiter"]`` and ``df.attrs["decimal"]``.
 
     Raises:
-        ConfigError: the path does not exist, is not a regular file or has another extension.
+        ConfigError: the path does not exist, is not a regular file or has another extension; an
+            unknown delimiter or decimal separator.
         SchemaError: the file cannot be decoded or parsed (no cell is quoted).
     """
     path = Path(path)
+    bad = []
+    if delimiter is not None and (len(delimiter) != 1 or delimiter in "\r\n\"'"):
+        bad.append(f"delimiter {delimiter!r} is not one character other than a quote or a line break; use one of "
+                   "',', ';', '\\t', '|' (or leave it unset to detect it)")
+    if decimal is not None and decimal not in DECIMALS:
+        bad.append(f"decimal {decimal!r} is not one of {list(DECIMALS)} (or leave it unset to detect it)")
+    if bad:
+        raise ConfigError(f"read_table({path.name}): " + "; ".join(bad) + ".")
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".tsv", ".txt", ".parquet", ".pq"):
         if not path.exists():
@@ -143,6 +155,10 @@ def read_table(path: str | Path, *, delimiter: str | None = None) -> pd.DataFram
         df.attrs["encoding"] = "parquet"
         return df
     text, encoding = decode(data, name=str(path))
-    df = parse_csv(text, name=str(path), delimiter=delimiter or ("\t" if suffix == ".tsv" else None))
-    df.attrs["encoding"] = encoding
+    delim = delimiter or ("\t" if suffix == ".tsv" else None) or detect_delimiter(text)
+    df = parse_csv(text, name=str(path), delimiter=delim)
+    dec = decimal or ("." if delim == "," else detect_decimal(df))
+    if dec == ",":
+        df = apply_decimal_comma(df)
+    df.attrs.update(encoding=encoding, delimiter=delim, decimal=dec)
     return df

@@ -1,0 +1,117 @@
+"""CSV dialects: the field delimiter and the decimal separator, declared or detected.
+
+Spreadsheets export CSV in their locale: German, French or Dutch Excel writes semicolons
+between fields and decimal commas (``72,5``). :func:`detect_delimiter` picks the candidate
+(``,`` ``;`` tab ``|``) that splits the first lines into the same number (> 1) of fields;
+:func:`detect_decimal` reads decimal commas when the delimiter is not a comma and the numbers
+of the file are written only with commas. A declared delimiter or decimal separator is used
+as given; when the file looks like another dialect, :func:`dialect_hint` says which, without
+quoting a cell.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+
+import numpy as np
+import pandas as pd
+
+DELIMITERS = (",", ";", "\t", "|")
+DECIMALS = (".", ",")
+_NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
+_COMMA_NUMBER = re.compile(r"^\s*[-+]?(?:\d{1,3}(?:\.\d{3})+|\d+),\d+(?:[eE][-+]?\d+)?\s*$")
+_DOT_NUMBER = re.compile(r"^\s*[-+]?\d*\.\d+(?:[eE][-+]?\d+)?\s*$")
+_SAMPLE_LINES = 20
+
+
+def name(delimiter: str) -> str:
+    """``';'`` -> ``"semicolon"`` (for messages)."""
+    return _NAMES.get(delimiter, repr(delimiter))
+
+
+def _field_counts(lines: list[str], delimiter: str) -> list[int]:
+    try:
+        return [len(r) for r in csv.reader(io.StringIO("\n".join(lines)), delimiter=delimiter) if r]
+    except csv.Error:
+        return []
+
+
+def _consistent(lines: list[str]) -> list[str]:
+    """Delimiters that split every sampled line into the same number (> 1) of fields."""
+    out = []
+    for d in DELIMITERS:
+        counts = _field_counts(lines, d)
+        if counts and counts[0] > 1 and len(set(counts)) == 1:
+            out.append(d)
+    return out
+
+
+def sample(text: str) -> list[str]:
+    """The first non-blank lines of a CSV text (header first)."""
+    return [ln for ln in text.splitlines()[: _SAMPLE_LINES * 3] if ln.strip()][:_SAMPLE_LINES]
+
+
+def detect_delimiter(text: str) -> str:
+    """The delimiter that splits the first lines consistently; else the header rule.
+
+    The header rule (no consistent candidate, e.g. ragged rows): a comma if the header holds
+    one, else the one other candidate it holds, else a comma.
+    """
+    lines = sample(text)
+    if not lines:
+        return ","
+    good = _consistent(lines)
+    if len(good) == 1:
+        return good[0]
+    if good:  # several split consistently: the one giving the most fields
+        return max(good, key=lambda d: (_field_counts(lines[:1], d)[0], d == ","))
+    header = lines[0]
+    if "," in header:
+        return ","
+    found = [d for d in DELIMITERS[1:] if d in header]
+    return found[0] if len(found) == 1 else ","
+
+
+def dialect_hint(text: str, used: str) -> str:
+    """A sentence naming the dialect the file looks like, if not the one ``used``; else ``""``."""
+    lines = sample(text)
+    good = [d for d in _consistent(lines) if d != used]
+    if not good or used in _consistent(lines):
+        return ""
+    d = good[0]
+    locale = " (as German or French Excel writes it)" if d == ";" else ""
+    return (f" The file looks {name(d)}-separated{locale}, not {name(used)}-separated: read it with "
+            f"delimiter={d!r}, or leave the delimiter unset to detect it.")
+
+
+def detect_decimal(df: pd.DataFrame) -> str:
+    """``","`` if the table's numbers are written only with decimal commas, else ``"."``."""
+    commas = dots = 0
+    for i in range(df.shape[1]):  # by position: labels may repeat (reported later by ingest)
+        cells = df.iloc[:, i].dropna().astype(str)
+        commas += int(cells.str.match(_COMMA_NUMBER).sum())
+        dots += int(cells.str.match(_DOT_NUMBER).sum())
+    return "," if commas and not dots else "."
+
+
+def apply_decimal_comma(df: pd.DataFrame) -> pd.DataFrame:
+    """Numbers written with a decimal comma (``72,5``, ``1.234,5``) rewritten with a point.
+
+    Only cells that are wholly such a number change; codes and text stay as they are.
+    """
+    out = df.copy()
+    for i in range(out.shape[1]):  # by position: labels may repeat (reported later by ingest)
+        cells = out.iloc[:, i]
+        text = cells.astype(str)
+        hit = cells.notna().to_numpy() & text.str.match(_COMMA_NUMBER).to_numpy()
+        if hit.any():
+            fixed = text.str.strip().str.replace(".", "", regex=False).str.replace(",", ".", regex=False)
+            out.iloc[:, i] = cells.astype(object).where(~hit, fixed)
+    return out
+
+
+def decimal_comma_cells(text: pd.Series) -> np.ndarray:
+    """True where a cell is a number written with a decimal comma."""
+    return text.astype(str).str.match(_COMMA_NUMBER).to_numpy(dtype=bool)

@@ -1,0 +1,68 @@
+"""CSV dialects: German Excel (semicolons, decimal commas) declared or detected; wrong dialects named."""
+
+import pytest
+from clinograph.sdk.ingest import ingest, read_table
+from clinograph.sdk.ontology import ColumnMap
+from clinograph.secure.errors import ConfigError, SchemaError
+from tables_helpers import CANARY, D, wide
+
+GERMAN = "pid;hr;PaCO2;ward;y\na;72,5;5,3;3,0;1\nb;80;4,9;icu;0\nc;;1.234,5;3;0\n"
+SCHEMA = wide(columns={"PaCO2": ColumnMap(feature="paco2", unit="kPa")})
+
+
+def _write(tmp_path, text, name="t.csv", encoding="utf-8"):
+    path = tmp_path / name
+    path.write_bytes(text.encode(encoding))
+    return path
+
+
+def test_german_excel_is_detected(tmp_path):
+    df = read_table(_write(tmp_path, GERMAN, encoding="latin-1"))
+    assert (df.attrs["delimiter"], df.attrs["decimal"]) == (";", ",")
+    assert df["hr"].tolist()[:2] == ["72.5", "80"]
+    assert df["PaCO2"].tolist()[2] == "1234.5"
+    assert df["ward"].tolist() == ["3.0", "icu", "3"]  # a numeric-looking level, normalised below
+    with pytest.raises(SchemaError, match="physically impossible"):  # 1234.5 kPa is read as a number
+        ingest(df, schema=SCHEMA, dictionary=D)
+
+
+def test_german_excel_declared_reads_the_same(tmp_path):
+    text = GERMAN.replace("1.234,5", "5,1")
+    detected = ingest(read_table(_write(tmp_path, text)), schema=SCHEMA, dictionary=D)
+    declared = ingest(read_table(_write(tmp_path, text), delimiter=";", decimal=","), schema=SCHEMA, dictionary=D)
+    assert detected.value.tolist() == declared.value.tolist()
+    ward = [n for n in D.node_ids() if n.startswith("ward=")]
+    nodes = [D.node_ids()[i] for i in detected.node]
+    assert nodes.count("ward=3") == 2 and "ward=icu" in nodes and len(ward) == 3  # "3,0" == "3"
+    assert 72.5 in detected.value.tolist()
+
+
+def test_a_declared_dialect_that_does_not_fit_says_what_the_file_looks_like(tmp_path):
+    path = _write(tmp_path, GERMAN)
+    with pytest.raises(SchemaError, match=r"single column when split at commas.*looks semicolon-separated.*"
+                                          r"delimiter=';'") as err:
+        read_table(path, delimiter=",")
+    assert "72" not in str(err.value)
+
+
+def test_decimal_commas_without_the_declaration_are_named_not_quoted(tmp_path):
+    text = f"pid;hr;y\na;72,5;1\nb;80.5;0\nc;{CANARY};0\n"  # mixed: not detected
+    df = read_table(_write(tmp_path, text))
+    assert df.attrs["decimal"] == "."
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    text = str(err.value)
+    assert "row 1: numbers written with a decimal comma. Read the file with read_table(..., decimal=\",\")" in text
+    assert "row 3: text where a number is expected" in text
+    assert CANARY not in text and "72" not in text
+
+
+def test_unknown_dialect_options_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"delimiter '::'.*decimal ';' is not one of"):
+        read_table(_write(tmp_path, GERMAN), delimiter="::", decimal=";")
+
+
+def test_comma_files_are_unchanged(tmp_path):
+    df = read_table(_write(tmp_path, "pid,hr,y\na,\"72,5\",1\nb,80.5,0\n"))
+    assert (df.attrs["delimiter"], df.attrs["decimal"]) == (",", ".")
+    assert df["hr"].tolist() == ["72,5", "80.5"]
