@@ -10,6 +10,13 @@ One round (architecture.md, "One round, as data flows"):
 3. close: the server applies the strategy module-wise, audits, publishes the model.
 4. ``end``: survivors load the new global model (or apply the aggregate they decrypted, in
    modes where the server never sees it) -- immediately, or with the next plan.
+
+What the loop audits (:mod:`.participation`): a ``round_participation`` entry per round (who
+was invited, answered, contributed, dropped where and why, refused and why), a
+``hospital_refused`` entry per signed hospital refusal, and at the end of :func:`run_rounds`
+the run's ``release`` and ``run_ended``. A refusal that is final for the run (a spent privacy
+budget) takes the hospital out of later rounds; when fewer than ``min_clients`` hospitals can
+take part the run ends as planned (``run_ended`` status ``too_few_hospitals``), not as a crash.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from ..errors import ProtocolError
 from ..messages import RoundResult
 from ..server import FederationServer
 from .liveness import Liveness
+from .participation import RoundBook, end_run
 from .transport import Transport
 
 EventSink = Callable[[str, Mapping[str, Any]], None]
@@ -34,6 +42,18 @@ class RoundOutcome:
     result: RoundResult
     dropped: dict[str, str]
     pending_model: dict[str, bytes] = field(default_factory=dict)
+    #: hospitals whose signed refusal is final for the run (privacy budget spent) -> reason
+    final_refusals: dict[str, str] = field(default_factory=dict)
+
+
+class RoundAborted(ProtocolError):
+    """The round aborted (audited as ``round_aborted`` and ``round_participation``).
+    ``final_refusals``: hospitals whose refusal in it ends their part in the run."""
+
+    def __init__(self, message: str, *, round_: int, final_refusals: Mapping[str, str]):
+        super().__init__(message)
+        self.round = round_
+        self.final_refusals = dict(final_refusals)
 
 
 def _quiet(kind: str, data: Mapping[str, Any]) -> None:
@@ -41,13 +61,17 @@ def _quiet(kind: str, data: Mapping[str, Any]) -> None:
 
 
 def relay_stages(next_stage: Callable[[], Mapping[str, bytes] | None], receive: Callable[[bytes, str], object],
-                 transport: Transport, *, round_: int, dropped: dict[str, str]) -> None:
+                 transport: Transport, *, round_: int, dropped: dict[str, str],
+                 book: RoundBook | None = None) -> None:
     """The secure mode's later stages: each stage's messages to the hospitals it names, their
-    replies back to ``receive(data, channel)``; silence or refusal adds to ``dropped``."""
+    replies back to ``receive(data, channel)``; silence or refusal adds to ``dropped`` (and,
+    with a ``book``, signed refusals are checked and audited)."""
     stage = 1
     while (messages := next_stage()) is not None:
         live = {n: {"data": d} for n, d in sorted(messages.items()) if n not in dropped}
         answers, failed = transport.exchange("stage", live, round_=round_)
+        if book is not None:
+            book.screen("stage", f"stage {stage}", answers, failed, live)
         for name, reason in failed.items():
             dropped.setdefault(name, f"stage {stage}: {reason}")
         for name, parts in answers.items():
@@ -69,34 +93,53 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
         participants = tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
     round_ = server.round
     plan = server.open_round(participants)
-    event("round_opened", {"round": round_, "participants": list(participants)})
+    event("round_opened", {"round": round_, "participants": list(participants), "secure_mode": server.mode.name})
+    dropped: dict[str, str] = {}
+    book = RoundBook(server=server, round=round_, invited=tuple(participants), event=event, legacy=dropped)
     carried = dict(pending_model or {})
     outgoing = {n: {"data": plan, **({"model": carried[n]} if n in carried else {})} for n in participants}
-    answers, dropped = transport.exchange("plan", outgoing, round_=round_)
+    answers, failed = transport.exchange("plan", outgoing, round_=round_)
+    book.screen("plan", "plan", answers, failed, outgoing)
     for name in participants:
         if name in dropped:
             continue
         parts = answers[name]
         if "report" not in parts or "first" not in parts:
-            dropped[name] = "answer to the plan lacks the report or the first message"
+            book.drop(name, "plan", "answer to the plan lacks the report or the first message")
             continue
+        book.answered.append(name)
         if server.receive_report(parts["report"], channel=name):
             server.receive(parts["first"], channel=name)
     relay_stages(server.next_stage, lambda data, name: server.receive(data, channel=name), transport,
-                 round_=round_, dropped=dropped)
+                 round_=round_, dropped=dropped, book=book)
     for name, reason in sorted(dropped.items()):
-        event("dropped", {"round": round_, "hospital": name, "reason": reason})
-    result = server.close_round()
+        if name not in book.refused:
+            event("dropped", {"round": round_, "hospital": name, "reason": reason})
+    rnd = server.current
+    epsilon = {n: {"epsilon": r.ledger.epsilon, "budget": r.ledger.budget_epsilon}
+               for n, r in sorted(rnd.reports.items()) if r.ledger is not None}
+    try:
+        result = server.close_round()
+    except ProtocolError as exc:
+        book.record(contributed=(), rejected=rnd.rejected, abort=str(exc))
+        raise RoundAborted(str(exc), round_=round_, final_refusals=book.final) from exc
+    book.record(contributed=result.contributors, rejected=result.rejected, abort=None)
     # Empty bytes = "apply the aggregate you decrypted" (the server holds no plaintext model).
     model = server.global_model_bytes() if server.state is not None else b""
     survivors = [n for n in participants if n not in dropped]
-    event("round_closed", {"round": round_, "contributors": list(result.contributors), "dropped": sorted(dropped)})
+    event("round_closed", {"round": round_, "contributors": list(result.contributors), "dropped": sorted(dropped),
+                           "refused": sorted(book.refused), "epsilon": epsilon})
     if transport.defers_model:
-        return RoundOutcome(result=result, dropped=dropped, pending_model={n: model for n in survivors})
-    _, end_failed = transport.exchange("end", {n: {"model": model} for n in survivors}, round_=round_)
+        return RoundOutcome(result=result, dropped=dropped, pending_model={n: model for n in survivors},
+                            final_refusals=book.final)
+    end_out = {n: {"model": model} for n in survivors}
+    end_answers, end_failed = transport.exchange("end", end_out, round_=round_)
+    for name in sorted(end_answers):
+        if "refusal" in end_answers[name]:  # audited like any refusal; the round itself is closed
+            book.screen("end", "end", {name: end_answers[name]}, {}, end_out)
     for name, reason in end_failed.items():
         event("end_not_delivered", {"round": round_, "hospital": name, "reason": reason})
-    return RoundOutcome(result=result, dropped=dropped)
+    return RoundOutcome(result=result, dropped=dropped, final_refusals=book.final)
 
 
 def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
@@ -106,35 +149,67 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     """Run ``rounds`` rounds; the last global model is delivered before returning.
 
     With ``liveness``, hospitals that keep missing rounds are suspended and retried
-    (:mod:`.liveness`); suspensions and rejoins are audited. An aborted round (ProtocolError)
-    is audited by the server and re-raised after the models owed to hospitals are delivered.
+    (:mod:`.liveness`); suspensions and rejoins are audited. A hospital whose signed refusal is
+    final (privacy budget spent) is not invited again; when fewer than ``min_clients`` remain
+    the run stops early as planned. An aborted round (:class:`RoundAborted`, a ProtocolError)
+    is audited and re-raised after the models owed to hospitals are delivered. Whatever
+    happens, the run's ``release`` (if a round aggregated) and ``run_ended`` entries are
+    written last.
     """
     event = on_event or _quiet
     outcomes: list[RoundOutcome] = []
     pending: dict[str, bytes] = {}
+    retired: dict[str, str] = {}  # out of the run: their refusal was final (privacy budget spent)
+    status, reason = "completed", f"all {rounds} planned round(s) ran"
+    failure: BaseException | None = None
     try:
         for r in range(rounds):
-            invited = participants
-            if liveness is not None:
-                available = participants or tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
-                invited = liveness.invited(server.round, available)
+            pool = participants or tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
+            pool = tuple(n for n in pool if n not in retired)
+            if retired and len(pool) < server.min_clients:
+                status, reason = "too_few_hospitals", _too_few(server, pool, retired)
+                break
+            invited = pool if liveness is None else liveness.invited(server.round, pool)
             try:
                 outcome = run_round(server, transport, participants=invited, pending_model=pending,
                                     on_event=event)
-            except ProtocolError as exc:
-                event("round_aborted", {"round": server.round, "reason": str(exc)[:500]})
+            except RoundAborted as exc:
+                event("round_aborted", {"round": exc.round, "reason": str(exc)[:500]})
+                retired.update(exc.final_refusals)
+                left = [n for n in pool if n not in retired]
+                if exc.final_refusals and len(left) < server.min_clients:
+                    status, reason = "too_few_hospitals", _too_few(server, tuple(left), retired)
+                    break
+                status, reason = "failed", f"round {exc.round} aborted: {exc}"
                 raise
             pending = outcome.pending_model
             outcomes.append(outcome)
-            if liveness is not None and invited is not None:
+            retired.update(outcome.final_refusals)
+            if liveness is not None:
                 for kind, payload in liveness.observe(outcome.result.round, invited, outcome.result.contributors):
                     server.audit.record(kind, payload)
                     event(kind, payload)
             if on_round is not None:
                 on_round(r, outcome)
+    except BaseException as exc:
+        failure = exc
+        if status == "completed":
+            status, reason = "failed", f"{type(exc).__name__}: {exc}"
+        raise
     finally:
         if pending:
             _, failed = transport.exchange("end", {n: {"model": m} for n, m in pending.items()}, round_=server.round)
-            for name, reason in failed.items():
-                event("end_not_delivered", {"round": server.round, "hospital": name, "reason": reason})
+            for name, why in failed.items():
+                event("end_not_delivered", {"round": server.round, "hospital": name, "reason": why})
+        try:
+            end_run(server, status=status, reason=reason, rounds_completed=len(outcomes), rounds_planned=rounds)
+        except Exception:
+            if failure is None:
+                raise  # else the run's own failure is the error to report
     return outcomes
+
+
+def _too_few(server: FederationServer, pool: tuple[str, ...], retired: Mapping[str, str]) -> str:
+    out = "; ".join(f"{n}: {why}" for n, why in sorted(retired.items()))
+    return (f"{len(pool)} hospital(s) can still take part ({', '.join(pool) or 'none'}), fewer than min_clients = "
+            f"{server.min_clients}. Out of the run: {out}")

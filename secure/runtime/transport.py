@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from ..errors import ClinographError, ConfigError
+from ..identity import Identity
+from ..refusals import REFUSABLE_STAGES, REFUSAL_PART, seal_refusal
 from .participant import RoundParticipant, dispatch
 
 Parts = dict[str, bytes]
@@ -35,7 +37,10 @@ class InProcessTransport:
 
     ``drop_at(round_, {name: k})`` makes hospital ``name`` go silent in that round from its
     k-th exchange on (0 = it never answers the plan), which is how tests and simulations
-    exercise dropouts. A hospital that raises a ClinographError gave no answer, with that reason.
+    exercise dropouts. A hospital that raises a ClinographError at ``plan``, ``stage`` or
+    ``end`` answers with its signed refusal (``{"refusal": HospitalRefusal envelope}``, see
+    :mod:`clinograph.secure.refusals`) if it has an ``identity`` to sign with, as the Flower
+    worker does; otherwise (and at ``setup``) it gave no answer, with that reason.
     """
 
     defers_model = False
@@ -71,8 +76,14 @@ class InProcessTransport:
             if self._drops.get(round_, {}).get(name, 1 << 30) <= index:
                 failed[name] = f"silent from exchange {index} ({stage!r})"
                 continue
+            participant = self.participants[name]
             try:
-                answers[name] = dispatch(self.participants[name], stage, parts)
+                answers[name] = dispatch(participant, stage, parts)
             except ClinographError as exc:
-                failed[name] = f"refused the {stage!r} message: {type(exc).__name__}: {exc}"
+                identity = getattr(participant, "identity", None)
+                if stage in REFUSABLE_STAGES and isinstance(identity, Identity):
+                    answers[name] = {REFUSAL_PART: seal_refusal(identity, round_=round_, stage=stage, parts=parts,
+                                                                exc=exc)}
+                else:
+                    failed[name] = f"refused the {stage!r} message: {type(exc).__name__}: {exc}"
         return answers, failed
