@@ -2,8 +2,10 @@
 
 Flower 1.41 starts a fresh ``flwr-clientapp`` process per message; this handler only moves
 bytes between the Flower message and the hospital worker of its SuperNode (:mod:`.worker`),
-found through ``state-dir`` in the node config. A refusal by the hospital is raised, so
-Flower returns an error reply, which the server counts as a dropout with that reason.
+found through ``state-dir`` in the node config. A hospital's refusal of a round message comes
+back as its signed ``refusal`` part in an ordinary reply (audited by the server as
+``hospital_refused``); any other failure is raised, so Flower returns an error reply, which
+the server counts as a dropout with that reason.
 
 Point ``[tool.flwr.app.components] clientapp`` at
 ``clinograph.secure.transport.flower.clientapp:app``.

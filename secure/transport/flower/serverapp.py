@@ -22,11 +22,24 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 
 The hospitals that answered the hello are invited to every round; the masked mode's
 parameters are recomputed for each round's participants.
+
+What the operator sees: every progress event (greeting with each hospital's Flower node id,
+each round's participants by name, dropouts with their stage and the actual wait, refusals,
+ε per hospital, the run's end) is also one line on the ``clinograph.secure.transport.flower.
+serverapp`` logger. The ServerApp sends it to stdout, which Flower 1.41's ``flwr-serverapp``
+mirrors into the run's log (``flwr log RUN_ID``, ``flwr run --stream``). A failed run is
+logged, audited (``run_ended`` status ``failed``) and re-raised, so Flower marks the run
+``finished:failed`` and ``flwr-serverapp`` exits non-zero; ``flwr run --stream`` itself exits
+0 once the log stream ends whatever the run's status (check ``flwr ls --run-id RUN_ID``). A
+run that stops because too few hospitals can still take part (privacy budgets spent) is a
+planned end: logged as a warning, audited (``too_few_hospitals``), not an error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,6 +64,7 @@ from .driver import FlowerTransport, Timeouts, greet_nodes
 from .enrolment import load_federation
 
 app = ServerApp()
+_log = logging.getLogger(__name__)
 
 
 def _get(cfg: Mapping[str, Any], key: str, kind: type, default: Any = None) -> Any:
@@ -66,13 +80,70 @@ def _get(cfg: Mapping[str, Any], key: str, kind: type, default: Any = None) -> A
 
 
 class _Events:
+    """The progress sink: JSON lines to ``events-file`` (if set) and one log line per event."""
+
     def __init__(self, path: str):
         self.path = Path(path) if path else None
+        self.nodes: dict[str, int] = {}  # hospital -> Flower node id, once greeted
 
     def __call__(self, kind: str, data: Mapping[str, object]) -> None:
         if self.path is not None:
             with self.path.open("a") as fh:
                 fh.write(json.dumps({"t": time.time(), "event": kind, **data}, sort_keys=True) + "\n")
+        level, line = progress_line(kind, data, nodes=self.nodes)
+        if line:
+            _log.log(level, "%s", line)
+
+
+def _who(name: object, nodes: Mapping[str, int]) -> str:
+    return f"{name} (node {nodes[str(name)]})" if str(name) in nodes else str(name)
+
+
+def _names(names: object, nodes: Mapping[str, int]) -> str:
+    items = list(names) if isinstance(names, list | tuple) else []
+    return ", ".join(_who(n, nodes) for n in items) or "none"
+
+
+def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int]) -> tuple[int, str]:
+    """The operator's one-line account of a progress event (level, text); text '' = not logged."""
+    r = data.get("round")
+    if kind == "started":
+        return logging.INFO, f"federation {data.get('federation')!r}, secure mode {data.get('secure_mode')}: started"
+    if kind == "greeted":
+        mapped = ", ".join(f"{n} = node {i}" for n, i in sorted(dict(data.get("nodes") or {}).items()))
+        refused = "; ".join(f"node {k} refused: {v}" for k, v in dict(data.get("refused") or {}).items())
+        return logging.INFO, f"greeted hospitals: {mapped or 'none'}" + (f"; {refused}" if refused else "")
+    if kind == "ckks_keys":
+        return logging.INFO, f"CKKS key ceremony done; key holders: {_names(data.get('holders'), nodes)}"
+    if kind == "round_opened":
+        return logging.INFO, (f"round {r} ({data.get('secure_mode', '?')}): invited "
+                              f"{_names(data.get('participants'), nodes)}")
+    if kind == "dropped":
+        return logging.WARNING, f"round {r}: {_who(data.get('hospital'), nodes)} dropped: {data.get('reason')}"
+    if kind == "refused":
+        final = " -- out of the run" if data.get("final") else ""
+        return logging.WARNING, (f"round {r}: {_who(data.get('hospital'), nodes)} refused at {data.get('stage')}: "
+                                 f"{data.get('reason')}{final}")
+    if kind == "round_closed":
+        eps = dict(data.get("epsilon") or {})
+        eps_text = ", ".join(f"{n} {v['epsilon']:.3g}/{v['budget']:g}" for n, v in sorted(eps.items()))
+        return logging.INFO, (f"round {r} closed: contributors {_names(data.get('contributors'), nodes)}; dropped "
+                              f"{_names(data.get('dropped'), nodes)}; refused {_names(data.get('refused'), nodes)}"
+                              + (f"; ε/budget {eps_text}" if eps_text else ""))
+    if kind == "round_aborted":
+        return logging.ERROR, f"round {r} aborted: {data.get('reason')}"
+    if kind == "end_not_delivered":
+        return logging.WARNING, (f"round {r}: global model not delivered to {_who(data.get('hospital'), nodes)}: "
+                                 f"{data.get('reason')}")
+    if kind in ("hospital_suspended", "hospital_rejoined"):
+        return logging.WARNING, f"round {r}: {_who(data.get('hospital'), nodes)} {kind.split('_')[1]}"
+    if kind == "run_ended":
+        level = logging.INFO if data.get("status") == "completed" else logging.WARNING
+        return level, (f"run ended ({data.get('status')}) after {data.get('rounds_completed')} of "
+                       f"{data.get('rounds_planned')} round(s): {data.get('reason')}")
+    if kind == "finished":
+        return logging.INFO, f"finished: {data.get('rounds')} round(s)"
+    return logging.DEBUG, f"{kind}: {dict(data)}"
 
 
 def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResult]:
@@ -100,11 +171,33 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
                         end=_get(run_config, "end-timeout", float, 60.0))
     events = _Events(_get(run_config, "events-file", str, ""))
     import importlib.util
-    import sys
 
     events("started", {"federation": fed.id, "secure_mode": fed.secure_mode, "python": sys.prefix,
                        "torch_installed": importlib.util.find_spec("torch") is not None})
     identity = Identity.load(federation.server.name, Path(_get(run_config, "server-key", str)))
+    audit = AuditTrail(Path(config.audit_dir), identity=identity)
+    _log.info("audit run %s in %s", audit.run_id, config.audit_dir)
+    try:
+        outcomes = _run(grid, audit=audit, config=config, federation=federation, identity=identity,
+                        initial=initial, rounds=rounds, min_nodes=min_nodes, wait=wait, timeouts=timeouts,
+                        events=events)
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        head = audit.head
+        if head is None or head.kind != "run_ended":
+            audit.record("run_ended", {"status": "failed", "reason": reason[:4000], "rounds_completed": 0,
+                                       "rounds_planned": rounds})
+        _log.error("run failed (audit run %s): %s", audit.run_id, reason)
+        raise
+    finally:
+        audit.close()
+    events("finished", {"rounds": len(outcomes)})
+    return [o.result for o in outcomes]
+
+
+def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any, identity: Identity,
+         initial: Any, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: _Events) -> list[Any]:
+    fed = config.federation
     deadline = time.monotonic() + wait
     node_ids = sorted(grid.get_node_ids())
     while len(node_ids) < min_nodes and time.monotonic() < deadline:
@@ -113,7 +206,12 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
     enrolled = federation.enrolled()
     nodes, refused = greet_nodes(grid, federation_id=federation.federation_id, enrolled=enrolled,
                                  node_ids=node_ids, timeout=timeouts.hello)
-    events("greeted", {"hospitals": sorted(nodes), "refused": {str(k): v for k, v in refused.items()}})
+    events.nodes.update(nodes)
+    events("greeted", {"hospitals": sorted(nodes), "nodes": dict(sorted(nodes.items())),
+                       "refused": {str(k): v for k, v in refused.items()}})
+    for node, reason in sorted(refused.items()):
+        audit.record("hospital_refused", {"stage": "hello", "node": int(node), "reason": reason[:4000],
+                                          "signed": False, "final": False})
     if len(nodes) < min(fed.min_clients, len(enrolled)):
         raise ProtocolError(f"Only {len(nodes)} hospital(s) proved they serve an enrolled hospital within "
                             f"{timeouts.hello:g} s ({len(node_ids)} node(s) connected); the federation needs "
@@ -128,18 +226,29 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
                                                   min_holders=min(fed.min_clients, len(nodes)))
         events("ckks_keys", {"holders": list(holders)})
         transport = FlowerTransport(grid, nodes={n: nodes[n] for n in holders}, timeouts=timeouts)
-    audit = AuditTrail(Path(config.audit_dir), identity=identity)
-    try:
-        server = build_server(federation=fed, identity=identity, enrolled=enrolled, initial=initial, audit=audit,
-                              dp_policy=config.dp_policy.policy() if config.dp_policy else None,
-                              ckks_context=ckks_context)
-        outcomes = run_rounds(server, transport, rounds=rounds, on_event=events)
-    finally:
-        audit.close()
-    events("finished", {"rounds": len(outcomes)})
-    return [o.result for o in outcomes]
+    server = build_server(federation=fed, identity=identity, enrolled=enrolled, initial=initial, audit=audit,
+                          dp_policy=config.dp_policy.policy() if config.dp_policy else None,
+                          ckks_context=ckks_context)
+    outcomes = run_rounds(server, transport, rounds=rounds, on_event=events)
+    head = audit.head
+    if head is not None and head.kind == "run_ended":
+        events("run_ended", head.payload)
+    return outcomes
+
+
+def _log_to_stdout() -> None:
+    """Send this module's progress lines to stdout, which flwr-serverapp mirrors into the run's
+    log (``flwr log``, ``flwr run --stream``); once, and not also through the root logger."""
+    if not any(getattr(h, "_clinograph_progress", False) for h in _log.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(levelname)s clinograph: %(message)s"))
+        handler._clinograph_progress = True  # type: ignore[attr-defined]
+        _log.addHandler(handler)
+    _log.setLevel(logging.INFO)
+    _log.propagate = False
 
 
 @app.main()
 def _main(grid: Grid, context: Context) -> None:
-    run_federation(grid, context.run_config)
+    _log_to_stdout()
+    run_federation(grid, context.run_config)  # raises on a failed run: Flower marks it failed

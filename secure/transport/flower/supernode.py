@@ -12,11 +12,19 @@ state directory's local socket, then runs Flower's own SuperNode main in this pr
 ``--insecure`` (plain-text gRPC) it refuses unless ``--insecure-transport`` is also given,
 which goes through :func:`clinograph.secure.policy.require_allowed` (warns; refused in
 production).
+
+Logging (:func:`configure_hospital_logging`): one handler on the root logger, at ``INFO``
+unless ``--log-level debug``, and Flower's own logger kept to its console handler. Without
+this every Flower line was printed twice and ~60 DEBUG lines a minute appeared on an idle
+node: importing Opacus (the hospital's DP training) calls ``logging.basicConfig`` on the
+root logger, which Flower's ``flwr`` logger (level DEBUG) propagates to. A root handler set up
+first makes that call a no-op.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -77,6 +85,25 @@ def check_transport(flower_args: Sequence[str], *, insecure_transport: bool, env
     require_allowed("insecure_transport", environment=environment, why="Flower messages travel without TLS")
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_hospital_logging(level: str = "info", *, stream: object | None = None) -> None:
+    """Each line once, DEBUG off unless asked: see the module docstring."""
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    logging.getLogger("flwr").propagate = False  # Flower prints through its own console handler
+    if level.lower() == "debug":
+        from flwr.common.logger import update_console_handler
+
+        update_console_handler(level="DEBUG", timestamps=True, colored=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse our options, start the worker, hand the rest to ``flower-supernode``."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -88,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--insecure-transport", action="store_true", help="allow flower-supernode --insecure")
     parser.add_argument("--environment", choices=["development", "production"], default="production")
     parser.add_argument("--node-config", required=True)
+    parser.add_argument("--log-level", choices=["debug", "info", "warning"], default="info",
+                        help="the hospital's log level (default info; debug also turns on Flower's DEBUG lines)")
     try:  # on the raw argv, before parsing: no parser may expand a prefix of an insecure option
         refuse_abbreviations(argv)
     except ClinographError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ours, rest = parser.parse_known_args(argv)
+    configure_hospital_logging(ours.log_level)
     try:
         check_flower_version()
         from flwr.common.config import parse_config_args

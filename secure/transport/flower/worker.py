@@ -4,9 +4,17 @@ A :class:`HospitalWorker` loads the hospital's signing identity, builds its
 :class:`~clinograph.secure.rounds.RoundParticipant` from the node config (data, state and key
 paths) with a factory the operator names, and answers each relayed stage, so the hospital's
 state persists across the messages of a round and across rounds of the same run. What it
-guarantees: only processes of the same uid can reach it (:mod:`.ipc`); an error sent back
-names the exception class and the Clinograph message (which by house style carries no
-patient data or secrets) -- other exceptions are reported by class name only.
+guarantees: only processes of the same uid can reach it (:mod:`.ipc`); a refusal of a
+``plan``, ``stage`` or ``end`` message goes back as the hospital's signed
+:class:`~clinograph.secure.refusals.HospitalRefusal` (the server audits it as
+``hospital_refused``); any other error sent back names the exception class and the
+Clinograph message (which by house style carries no patient data or secrets) -- other
+exceptions are reported by class name only.
+
+The hospital's log (logger ``clinograph.secure.transport.flower.worker``, INFO) says, once a
+line: which Flower node serves which hospital in which run, each round's answer with the ε
+the hospital reports (``round 3: answered the plan (ε = 2.41 of budget 8)``), each refusal
+and its reason, and each global model loaded. No data, no keys.
 """
 
 from __future__ import annotations
@@ -23,8 +31,10 @@ from typing import Any
 
 from ...errors import ClinographError, ConfigError, ProtocolError
 from ...identity import Identity
+from ...messages import ClientReport
+from ...refusals import REFUSABLE_STAGES, REFUSAL_PART, seal_refusal
 from ...runtime.participant import RoundParticipant, dispatch, part
-from ...wire import seal
+from ...wire import parse_envelope, seal
 from .ipc import MAX_SOCKET_PATH, SOCKET_NAME, peer_uid, recv_frame, send_frame
 from .messages import NodeHello
 
@@ -65,6 +75,17 @@ def check_node_config(node_config: Mapping[str, Any]) -> None:
                           "data-dir='/srv/h1/data' state-dir='/srv/h1/state' key-file='/srv/h1/keys/h1.ed25519.pem'\".")
 
 
+def _epsilon(report: bytes | None) -> str:
+    """`` (ε = 1.23 of budget 8)`` from the hospital's own report, or '' without a ledger."""
+    try:
+        ledger = ClientReport.model_validate_json(parse_envelope(report or b"").payload).ledger
+    except (ClinographError, ValueError):
+        return ""
+    if ledger is None:
+        return " (no DP ledger)"
+    return f" (ε = {ledger.epsilon:.3g} of budget {ledger.budget_epsilon:g}, δ = {ledger.delta:g})"
+
+
 class HospitalWorker:
     """Answers relayed Clinograph stages for one hospital (one participant per run)."""
 
@@ -97,7 +118,29 @@ class HospitalWorker:
             if participant is None:
                 raise ProtocolError(f"Hospital {self.hospital!r} got a {stage!r} message for run {run_id} "
                                     "before the hello; the ServerApp must greet every node first.")
-            return dispatch(participant, str(stage), parts)
+            round_ = header.get("round")
+            round_ = round_ if isinstance(round_, int) and round_ >= 0 else 0
+            try:
+                out = dispatch(participant, str(stage), parts)
+            except ClinographError as exc:
+                if stage not in REFUSABLE_STAGES:
+                    raise
+                _log.warning("round %d: refused the %s message: %s: %s", round_, stage, type(exc).__name__, exc)
+                return {REFUSAL_PART: seal_refusal(self.identity, round_=round_, stage=str(stage), parts=parts,
+                                                   exc=exc)}
+            self._log_progress(str(stage), round_, parts, out)
+            return out
+
+    @staticmethod
+    def _log_progress(stage: str, round_: int, parts: Mapping[str, bytes], out: Mapping[str, bytes]) -> None:
+        """One line per round event: the model loaded, the plan answered (with ε), a stage answered."""
+        if "model" in parts:
+            which = "the aggregate it decrypted" if not parts["model"] else "the new global model"
+            _log.info("round %d closed: loaded %s", round_ - 1 if stage == "plan" else round_, which)
+        if stage == "plan":
+            _log.info("round %d: answered the plan%s", round_, _epsilon(out.get("report")))
+        elif stage == "stage":
+            _log.debug("round %d: answered a stage message", round_)
 
     def _hello(self, run_id: int, header: Mapping[str, Any], parts: Mapping[str, bytes]) -> dict[str, bytes]:
         federation_id = part(parts, "federation", "hello").decode(errors="replace")
@@ -110,6 +153,8 @@ class HospitalWorker:
         except (KeyError, TypeError, ValueError):
             raise ProtocolError("Malformed hello: it needs a node id, a 32-byte nonce and a federation id.") from None
         if run_id not in self._participants:
+            _log.info("Flower node %s serves hospital %r in run %d of federation %r", header.get("node_id"),
+                      self.hospital, run_id, federation_id)
             self._participants.clear()  # one run at a time: drop the state of older runs
             run_config = header.get("run_config") or {}
             self._participants[run_id] = self.factory(node_config=self.node_config, run_config=dict(run_config),

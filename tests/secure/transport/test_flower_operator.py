@@ -1,0 +1,152 @@
+"""The operator's view of a Flower run: progress lines by name, refusals signed and audited,
+failed runs non-zero, hospital logs once a line without DEBUG noise."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+from flwr.supercore.task_identity import TaskIdentity
+
+sys.path.insert(0, str(Path(__file__).parent))
+import flower_helpers as fh  # noqa: E402
+from clinograph.secure.audit import verify_audit_dir  # noqa: E402
+from clinograph.secure.errors import ProtocolError  # noqa: E402
+from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
+from clinograph.secure.transport.flower.serverapp import progress_line, run_federation  # noqa: E402
+from clinograph.secure.transport.flower.supernode import configure_hospital_logging  # noqa: E402
+from clinograph.secure.transport.flower.worker import HospitalWorker  # noqa: E402
+
+HOSPITALS = ["h1", "h2", "h3"]
+SERVERAPP = "clinograph.secure.transport.flower.serverapp"
+WORKER = "clinograph.secure.transport.flower.worker"
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 4242, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def _deploy(tmp_path, *, refuse=()):
+    keys = init_keyset(tmp_path / "keys", federation_id="fed-flower", hospitals=HOSPITALS,
+                       superlink_hosts=["127.0.0.1"], superlink_port=19092)
+    workers, configs = [], {}
+    for i, name in enumerate(HOSPITALS):
+        cfg = {"hospital": name, "state-dir": str(tmp_path / name / "state"), "data-dir": str(tmp_path / name),
+               "key-file": str(keys.hospital_dirs[name] / f"{name}.ed25519.pem"),
+               "federation-file": str(keys.hospital_dirs[name] / "federation.toml")}
+        if name in refuse:
+            cfg["refuse-plan"] = True
+        w = HospitalWorker(node_config=cfg, factory=fh.make_participant)
+        w.start()
+        workers.append(w)
+        configs[101 + i] = cfg
+    server_toml = fh.write_server_files(tmp_path / "server", federation_id="fed-flower")
+    run_config = {"server-config": str(server_toml), "federation-file": str(keys.federation_file),
+                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "rounds": 2, "min-nodes": 3,
+                  "wait-timeout": 1, "hello-timeout": 5, "plan-timeout": 5, "stage-timeout": 5, "end-timeout": 5,
+                  "events-file": str(tmp_path / "events.jsonl"), "relay-timeout": 30}
+    return workers, fh.LoopbackGrid(run_id=4242, node_configs=configs, run_config=run_config), run_config
+
+
+def _entries(d):
+    return [json.loads(x) for x in (d / "audit.jsonl").read_text().splitlines()]
+
+
+def test_a_hospital_refusal_travels_signed_and_the_operator_sees_names_nodes_and_epsilon(tmp_path, caplog):
+    workers, grid, run_config = _deploy(tmp_path, refuse=("h3",))
+    caplog.set_level(logging.INFO)
+    try:
+        results = run_federation(grid, run_config)
+    finally:
+        for w in workers:
+            w.stop()
+    assert [r.contributors for r in results] == [("h1", "h2"), ("h1", "h2")]
+    audit = tmp_path / "server" / "audit"
+    entries = _entries(audit)
+    refused = [e["payload"] for e in entries if e["kind"] == "hospital_refused"]
+    assert [(r["client"], r["round"], r["stage"], r["signed"], r["final"]) for r in refused] == [
+        ("h3", 0, "plan", True, False), ("h3", 1, "plan", True, False)]
+    assert refused[0]["reason"] == "ProtocolError: h3 refuses round 0 (test double)"
+    part = [e["payload"] for e in entries if e["kind"] == "round_participation"]
+    assert part[0]["refused"]["h3"]["signed"] and part[0]["contributed"] == ["h1", "h2"]
+    assert entries[-1]["kind"] == "run_ended" and entries[-1]["payload"]["status"] == "completed"
+    assert entries[-2]["kind"] == "release"
+    assert verify_audit_dir(audit).ok
+    server_lines = [r.getMessage() for r in caplog.records if r.name == SERVERAPP]
+    assert "greeted hospitals: h1 = node 101, h2 = node 102, h3 = node 103" in server_lines
+    assert "round 0 (masked): invited h1 (node 101), h2 (node 102), h3 (node 103)" in server_lines
+    assert ("round 0: h3 (node 103) refused at plan: ProtocolError: h3 refuses round 0 (test double)"
+            in server_lines)
+    assert any(x.startswith("round 1 closed: contributors h1 (node 101), h2 (node 102); dropped h3 (node 103); "
+                            "refused h3 (node 103)") for x in server_lines)
+    assert any(x.startswith("run ended (completed) after 2 of 2 round(s)") for x in server_lines)
+    hospital_lines = [r.getMessage() for r in caplog.records if r.name == WORKER]
+    assert "Flower node 101 serves hospital 'h1' in run 4242 of federation 'fed-flower'" in hospital_lines
+    assert "round 0: answered the plan (no DP ledger)" in hospital_lines
+    assert "round 0 closed: loaded the new global model" in hospital_lines
+    assert "round 1: refused the plan message: ProtocolError: h3 refuses round 1 (test double)" in hospital_lines
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert next(e for e in events if e["event"] == "greeted")["nodes"] == {"h1": 101, "h2": 102, "h3": 103}
+    assert [e["event"] for e in events][-2:] == ["run_ended", "finished"]
+
+
+def test_a_failed_run_is_logged_audited_and_raised(tmp_path, caplog):
+    workers, grid, run_config = _deploy(tmp_path)
+
+    def two_die(msg, node):
+        if msg.content.config_records["clinograph"]["stage"] == "stage":
+            grid.dead.update({102, 103})
+    grid.on_deliver = two_die
+    caplog.set_level(logging.INFO)
+    try:
+        with pytest.raises(ProtocolError):
+            run_federation(grid, run_config)
+    finally:
+        for w in workers:
+            w.stop()
+    entries = _entries(tmp_path / "server" / "audit")
+    assert entries[-1]["kind"] == "run_ended" and entries[-1]["payload"]["status"] == "failed"
+    errors = [r.getMessage() for r in caplog.records if r.name == SERVERAPP and r.levelno == logging.ERROR]
+    assert any(x.startswith("round 0 aborted") for x in errors)
+    assert any(x.startswith("run failed (audit run ") for x in errors)
+    drops = [r.getMessage() for r in caplog.records if r.name == SERVERAPP and "dropped:" in r.getMessage()]
+    assert any("h2 (node 102) dropped: stage 1: no reply to 'stage' within" in x and "(timeout 5 s)" in x
+               for x in drops)
+
+
+def test_progress_lines_name_hospitals_and_their_nodes():
+    nodes = {"h1": 7}
+    assert progress_line("dropped", {"round": 2, "hospital": "h1", "reason": "stage 2: no reply"}, nodes=nodes) == (
+        logging.WARNING, "round 2: h1 (node 7) dropped: stage 2: no reply")
+    level, line = progress_line("run_ended", {"status": "too_few_hospitals", "reason": "budgets spent",
+                                              "rounds_completed": 3, "rounds_planned": 5}, nodes=nodes)
+    assert level == logging.WARNING and line == "run ended (too_few_hospitals) after 3 of 5 round(s): budgets spent"
+
+
+def test_hospital_log_lines_appear_once_and_debug_is_off_by_default():
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level, logging.getLogger("flwr").propagate)
+    try:
+        configure_hospital_logging("info", stream=stream)
+        # what importing opacus does: a no-op now that the root logger has a handler
+        logging.basicConfig(format="%(asctime)s:%(levelname)s:%(message)s", stream=stream)
+        logging.getLogger("flwr").debug("Runtime.AcquireTask")
+        logging.getLogger("flwr").info("Received successfully")
+        logging.getLogger(WORKER).info("round 0: answered the plan")
+        logging.getLogger(WORKER).debug("round 0: answered a stage message")
+        text = stream.getvalue()
+        assert text.count("round 0: answered the plan") == 1
+        assert "Runtime.AcquireTask" not in text and "answered a stage message" not in text
+        assert "Received successfully" not in text  # Flower prints its own lines, through its own handler, once
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.getLogger("flwr").propagate = saved[2]
