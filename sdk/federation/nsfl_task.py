@@ -184,6 +184,16 @@ class NSFLTask:
 
         return star_risk(self.model, table, dictionary=self.table.dictionary, calibration=self.calibration)
 
+    def export(self, path: str | Path) -> tuple[Path, Path]:
+        """Write this hospital's model (global + personal, calibrated) as TorchScript of the star
+        path, with a sidecar JSON (dictionary hash, features, kept round); see
+        :func:`clinograph.sdk.model.export.export_model`."""
+        from ..model.export import export_model
+
+        kept = self.selection.best_round if self.selection is not None else None
+        return export_model(self.model, path, dictionary=self.table.dictionary, calibration=self.calibration,
+                            meta={"site": self.table.site, "selected_round": kept})
+
     def evaluate(self, split: str) -> dict[str, float]:
         idx = {"test": self.split.test, "validation": self.split.validation}.get(split)
         if idx is None:

@@ -1,0 +1,85 @@
+"""Use a trained model: NSFLTask.predict_table, export to TorchScript + sidecar, and
+`clinograph predict` on new patients (no label column), with the dictionary checked."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import tomli_w
+from clinograph.sdk.config import HospitalConfig
+from clinograph.sdk.federation.build import build_task
+from clinograph.sdk.ingest import ingest
+from clinograph.sdk.model.export import load_exported, predict_exported
+from clinograph.sdk.research.alarm_demo import DICTIONARY_PATH
+from clinograph.secure.errors import SchemaError
+from sdk_helpers import raw_tables, small_tables
+from typer.testing import CliRunner
+
+from clinograph.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def trained():
+    t = small_tables()[0]
+    cfg = HospitalConfig.model_validate({"model": {"hidden": 8}, "graph": {"k_similar": 0},
+                                         "personal": {"modules": ["head/task"]}})
+    task = build_task(t, dictionary=t.dictionary, config=cfg)
+    task.train(round_=0, epochs=2, plan_options={})
+    task.finish()
+    return task
+
+
+def test_predict_table_gives_the_task_risks_for_the_same_patients(trained):
+    got = trained.predict_table(trained.table)
+    assert got.shape == (trained.table.n_patients,)
+    np.testing.assert_allclose(got, trained.predict(), atol=1e-5)  # k_similar = 0: star path = training path
+
+
+def test_export_loads_without_the_federation_and_matches(tmp_path, trained):
+    path, sidecar = trained.export(tmp_path / "model.pt")
+    info = json.loads(sidecar.read_text())
+    assert info["dictionary_hash"] == trained.table.dictionary.digest()
+    assert info["features"] == trained.table.dictionary.node_ids() and info["site"] == trained.table.site
+    module, info2 = load_exported(path)
+    np.testing.assert_allclose(predict_exported(module, info2, trained.table), trained.predict_table(trained.table),
+                               atol=1e-6)
+
+
+def test_cli_predict_writes_risks_for_unlabelled_new_patients(tmp_path, trained):
+    path, _ = trained.export(tmp_path / "model.pt")
+    df, schema = raw_tables()[0]
+    new = df.drop(columns=[schema.label]).head(25)
+    new.to_csv(tmp_path / "new.csv", index=False)
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+    res = runner.invoke(app, ["predict", "--model", str(path), "--table", str(tmp_path / "new.csv"),
+                              "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(DICTIONARY_PATH),
+                              "--out", str(tmp_path / "risks.csv")])
+    assert res.exit_code == 0, res.output
+    out = pd.read_csv(tmp_path / "risks.csv")
+    assert list(out.columns) == ["patient_id", "risk"] and len(out) == 25
+    expected = trained.predict_table(ingest(df.head(25), schema=schema, dictionary=trained.table.dictionary))
+    np.testing.assert_allclose(out["risk"].to_numpy(), expected, atol=1e-5)
+
+
+def test_cli_predict_refuses_another_dictionary(tmp_path, trained):
+    path, _ = trained.export(tmp_path / "model.pt")
+    other = tmp_path / "dictionary.toml"
+    other.write_text(DICTIONARY_PATH.read_text().replace('version = 1', 'version = 2', 1))
+    df, schema = raw_tables()[0]
+    df.to_csv(tmp_path / "new.csv", index=False)
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+    res = runner.invoke(app, ["predict", "--model", str(path), "--table", str(tmp_path / "new.csv"),
+                              "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(other),
+                              "--out", str(tmp_path / "risks.csv")])
+    assert res.exit_code == 2 and "Dictionary mismatch" in res.output and "Traceback" not in res.output
+
+
+def test_predict_table_refuses_a_table_on_another_dictionary(trained):
+    other = small_tables()[0]
+    from clinograph.sdk.research.real_tables import lung_dictionary
+
+    with pytest.raises(SchemaError, match="Dictionary mismatch"):
+        trained.predict_table(type(other)(**{**other.__dict__, "dictionary": lung_dictionary()}))
