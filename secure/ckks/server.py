@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..aggregation.base import AggregationServer, ModuleSums
-from ..aggregation.checks import authenticate, check_header
+from ..aggregation.checks import Unattributed, authenticate, check_header
 from ..errors import ConfigError, ProtocolError
 from ..hazmat.ckks_context import dump_ciphertext
 from ..wire import Envelope, seal
@@ -81,8 +81,15 @@ class CkksServer(AggregationServer):
         earlier round, an exact re-send) raises
         :class:`~clinograph.secure.aggregation.checks.Unattributed` before any state changes."""
         sender = envelope.sender
-        msg = authenticate(self.plan, envelope, peers=self.peers, model=CkksUpdate, max_bytes=self._max_payload,
-                           seen=self._digests)
+        try:
+            msg = authenticate(self.plan, envelope, peers=self.peers, model=CkksUpdate, max_bytes=self._max_payload,
+                               seen=self._digests)
+        except Unattributed:
+            raise
+        except ProtocolError as exc:  # validly signed by the sender for this stage, but malformed: its own doing
+            self._waiting.discard(sender)
+            self._rejected[sender] = str(exc)
+            raise
         if sender in self._accepted:
             # Keep the first update; a second one must not knock an honest hospital out.
             reason = f"Second, different update from {sender!r} in round {self.plan.round} (the first was kept)."

@@ -132,8 +132,15 @@ class MaskingServer(AggregationServer):
         message that breaks a rule drops its sender (ProtocolError / IntegrityError, recorded).
         """
         sender = envelope.sender
-        msg = authenticate(self.plan, envelope, peers=self.peers, model=_MODELS[self._stage],
-                           max_bytes=self.max_message_bytes, seen=self._digests)
+        try:
+            msg = authenticate(self.plan, envelope, peers=self.peers, model=_MODELS[self._stage],
+                               max_bytes=self.max_message_bytes, seen=self._digests)
+        except Unattributed:
+            raise
+        except ProtocolError as exc:  # validly signed for this stage but malformed: the sender's own doing
+            if sender in self._waiting:
+                self._refuse(sender, exc)
+            raise
         try:
             if sender not in self._waiting:
                 raise ProtocolError(f"Unexpected message from {sender!r} at stage '{self.stage}' of round "
