@@ -22,19 +22,82 @@ app = typer.Typer(name="audit", help="Verify audit logs and render audit reports
                   pretty_exceptions_enable=False)
 
 
+KEY_HELP = ("The server's Ed25519 public key, obtained out of band: the file server.pub that `clinograph keys "
+            "init` wrote (one line of base64), a PEM public key file, or the base64 itself. Without it the log "
+            "is only checked against the key it names itself (self-consistent, not proven to be the server's).")
+_PATHLIKE = (".pub", ".pem", ".txt", ".key", ".b64")
+
+
+def _usage(message: str) -> None:
+    typer.echo(f"--trusted-key: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _key_from_text(text: str, *, source: str) -> bytes:
+    """32 raw bytes from base64 text, or a usage error naming what was found."""
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        _usage(f"{source} is not base64 (nor a PEM file). Expected one line of base64 of the server's Ed25519 "
+               "public key (32 bytes), as in server.pub from `clinograph keys init`.")
+    if len(raw) != 32:
+        _usage(f"{source} decodes to {len(raw)} byte(s); an Ed25519 public key is 32 bytes. Pass server.pub "
+               "from `clinograph keys init`.")
+    return raw
+
+
+def _key_from_pem(data: bytes, *, source: str) -> bytes:
+    if b"PRIVATE KEY" in data.split(b"\n", 1)[0]:
+        _usage(f"{source} is a PEM *private* key. Never hand a private key to a verifier: pass the public key "
+               "server.pub that `clinograph keys init` wrote.")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    try:
+        key = serialization.load_pem_public_key(data)
+    except ValueError:
+        _usage(f"{source} is a PEM file but not a public key. Pass server.pub from `clinograph keys init`.")
+    if not isinstance(key, Ed25519PublicKey):
+        _usage(f"{source} holds a {type(key).__name__.lstrip('_')}, not an Ed25519 public key.")
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
 def _trusted_key(value: str | None) -> bytes | None:
+    """The trusted key's 32 bytes; distinct usage errors (exit 2) for a missing file, a file in
+    the wrong format (PEM private key, not base64, wrong length) and a bad inline value."""
     if value is None:
         return None
-    text = Path(value).read_text().strip() if Path(value).is_file() else value.strip()
-    try:
-        raw = base64.b64decode(text, validate=True)
+    path = Path(value)
+    if path.is_file():
+        with path.open("rb") as fh:
+            data = fh.read(65536)
+        if data.lstrip().startswith(b"-----BEGIN"):
+            return _key_from_pem(data.lstrip(), source=f"file {value}")
+        try:
+            text = data.decode("ascii")
+        except UnicodeDecodeError:
+            _usage(f"file {value} is binary, not base64 text. Pass server.pub from `clinograph keys init`.")
+        return _key_from_text(text, source=f"file {value}")
+    if path.exists():
+        _usage(f"{value} is not a regular file.")
+    try:  # base64 may contain '/', so a 32-byte key given inline wins over a path-like look
+        inline = base64.b64decode(value.strip(), validate=True)
     except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 32:
-        typer.echo(f"--trusted-key must be the server's Ed25519 public key as base64 (32 bytes), "
-                   f"or a file holding it; got {len(raw)} byte(s).", err=True)
-        raise typer.Exit(2)
-    return raw
+        inline = b""
+    if len(inline) == 32:
+        return inline
+    if "/" in value or value.endswith(_PATHLIKE):
+        _usage(f"no such file: {value}. Pass the path of server.pub (written by `clinograph keys init` next to "
+               "federation.toml) or the key itself as base64.")
+    return _key_from_text(value, source="the value given")
+
+
+def _trust_line(report: object, key: bytes | None) -> str:
+    fp = getattr(report, "server_key_fingerprint", None)
+    if key is not None and getattr(report, "trusted", False):
+        return f"signer checked: the log is signed by the trusted server key (fingerprint {fp})"
+    return (f"signer NOT checked: no --trusted-key given, so 'verified' means the log is self-consistent under "
+            f"the key it names itself (fingerprint {fp}), not that the expected server wrote it")
 
 
 def _fail(message: str) -> None:
@@ -45,11 +108,12 @@ def _fail(message: str) -> None:
 @app.command()
 def verify(
     directory: Annotated[Path, typer.Argument(help="The audit directory (audit.jsonl, head.json, artefacts/).")],
-    trusted_key: Annotated[str | None, typer.Option(
-        "--trusted-key", help="The server's public key (base64, or a file holding it), obtained "
-        "out of band. Without it the log is checked against the key it names itself.")] = None,
+    trusted_key: Annotated[str | None, typer.Option("--trusted-key", help=KEY_HELP)] = None,
 ) -> None:
-    """Check chain, signatures, head and every artefact; exit 0 if all verify, 1 otherwise."""
+    """Check chain, signatures, head and every artefact; exit 0 if all verify, 1 otherwise.
+
+    Exit 2: a bad --trusted-key argument (missing file, wrong format). A log signed by another
+    key than the trusted one fails with "WRONG KEY" (exit 1)."""
     from clinograph.secure.audit import verify_audit_dir
 
     key = _trusted_key(trusted_key)
@@ -63,10 +127,15 @@ def verify(
         return
     if not report.ok:
         lines = "\n".join(f"  - {p}" for p in report.problems)
-        _fail(f"FAILED: {directory} does not verify (first bad entry: {report.first_bad}; "
+        wrong = key is not None and any("not by the trusted server key" in p for p in report.problems)
+        _fail(("WRONG KEY: the log is not signed by the trusted server key.\n" if wrong else "")
+              + f"FAILED: {directory} does not verify (first bad entry: {report.first_bad}; "
               f"{len(report.problems)} problem(s)):\n{lines}")
+    runs = ", ".join(r or "(format 1, no id)" for r in report.runs)
     typer.echo(f"OK: {report.entries} entries verified in {directory}\n"
-               f"head hash: {report.head_hash}\nserver key fingerprint: {report.server_key_fingerprint}"
+               f"runs: {len(report.runs)} ({runs})\n"
+               f"head hash: {report.head_hash}\nserver key fingerprint: {report.server_key_fingerprint} "
+               f"(SHA-256 of the 32-byte Ed25519 public key)\n{_trust_line(report, key)}"
                + ("" if key else "\n(server key not pinned: pass --trusted-key to check who wrote the log)"))
 
 
@@ -75,25 +144,31 @@ def report(
     directory: Annotated[Path, typer.Argument(help="The audit directory.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the HTML report "
                                       "(outside the audit directory).")] = Path("report.html"),
+    trusted_key: Annotated[str | None, typer.Option("--trusted-key", help=KEY_HELP)] = None,
 ) -> None:
-    """Render a self-contained HTML report (exit 1, report still written, if the log does not verify)."""
-    from clinograph.secure.audit import render_report, verify_audit_dir
+    """Render a self-contained HTML report (exit 1, report still written, if the log does not verify).
 
+    The report states whether the signer was checked against a trusted key."""
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.audit.report import render_report
+
+    key = _trusted_key(trusted_key)
     if not directory.is_dir():
         _fail(f"{directory} is not a directory: pass the audit directory (with audit.jsonl).")
     if out.resolve().is_relative_to(directory.resolve()):
         _fail(f"--out {out} is inside the audit directory; write the report elsewhere (any extra file "
               "there fails verification).")
     try:
-        path = render_report(directory, out=out)
-        ok = verify_audit_dir(directory).ok
+        path = render_report(directory, out=out, trusted_server_key=key)
+        checked = verify_audit_dir(directory, trusted_server_key=key)
+        ok = checked.ok
     except (ClinographError, OSError) as exc:
         _fail(f"Cannot render the report for {directory}: {exc}")
         return
     except Exception as exc:  # never a traceback at the CLI
         _fail(f"Internal error while rendering {directory} ({type(exc).__name__}); please report it.")
         return
-    typer.echo(f"Report written to {path}")
+    typer.echo(f"Report written to {path}\n{_trust_line(checked, key)}")
     if not ok:
         _fail(f"WARNING: {directory} does not verify; the report shows the problems at its top. "
               f"Run `clinograph audit verify {directory}` for details.")

@@ -47,6 +47,9 @@ def init(
     for name, d in ks.hospital_dirs.items():
         typer.echo(f"  hospital {name:<8} : copy {d}/ (signing key, node-auth key pair, ca.pem, federation.toml)")
     typer.echo(f"  keep offline      : {ks.root / 'ca' / 'ca.key'}")
+    typer.echo(f"  auditors          : {ks.server_pub} (the server's audit-signing public key; fingerprint "
+               f"{ks.server_fingerprint} = SHA-256 of its 32 bytes)")
+    typer.echo(f"                      clinograph audit verify AUDIT_DIR --trusted-key {ks.server_pub}")
     typer.echo("Register each hospital's node-auth key: flwr supernode register hospitals/<h>/<h>.node-auth.pub <connection>")
 
 

@@ -1,7 +1,13 @@
 """The report's figures: matplotlib (Agg) drawn to PNG and returned as base64 strings.
 
 Each function takes already-extracted, plain data (see report.py) and returns the PNG as
-base64 text for a ``data:image/png`` URI, so the page needs nothing but itself.
+base64 text for a ``data:image/png`` URI, so the page needs nothing but itself. The report
+puts a text version (a table) of every figure beside it; the figures are for seeing trends.
+
+Legibility rules: whole counts get whole-number ticks and a discrete colour scale; series are
+told apart by marker and line style as well as by colour (Okabe-Ito, safe for colour-blind
+readers); reference lines (budgets) are neutral grey and labelled in text, never drawn in a
+series' colour; polar tick labels sit away from the data labels.
 
 Every string from the log (hospital, metric, module, concept and feature names) is drawn as
 literal text: :func:`literal` escapes ``$`` so matplotlib's mathtext never parses it, and
@@ -21,15 +27,27 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 MAX_MODULES = 60
 _RC = {"text.usetex": False}
+#: Okabe & Ito (2008), distinguishable with the common colour-vision deficiencies.
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+LINESTYLES = ["-", "--", "-.", ":"]
+NEUTRAL = "#555555"
 
 
 def literal(text: object) -> str:
     """``text`` as matplotlib draws it literally: every ``$`` escaped (no mathtext)."""
     return str(text).replace("$", r"\$")
+
+
+def style(i: int) -> dict[str, Any]:
+    """Colour, marker and line style of series ``i`` (all three differ between neighbours)."""
+    return {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)],
+            "linestyle": LINESTYLES[(i // len(PALETTE)) % len(LINESTYLES)]}
 
 
 def _literal_text(fn: Callable[..., str]) -> Callable[..., str]:
@@ -52,57 +70,88 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-@_literal_text
-def participation(rounds: list[int], accepted: list[int], rejected: list[int], absent: list[int]) -> str:
-    """Stacked bars per round: accepted, rejected, invited but silent."""
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.bar(rounds, accepted, color="#2a9d8f", label="accepted")
-    ax.bar(rounds, rejected, bottom=accepted, color="#e76f51", label="rejected")
-    ax.bar(rounds, absent, bottom=[a + r for a, r in zip(accepted, rejected, strict=True)],
-           color="#cccccc", label="invited, no update")
+def _round_axis(ax: Any, rounds: list[int]) -> None:
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(rounds) <= 20:
+        ax.set_xticks(rounds)
+
+
+#: Participation categories, bottom to top: label, colour, hatch (the hatch tells them apart in grey).
+PARTICIPATION = [("contributed", "#009E73", ""), ("rejected by the server", "#D55E00", "//"),
+                 ("refused by the hospital", "#CC79A7", "xx"), ("dropped", "#E69F00", ".."),
+                 ("invited, no answer", "#BBBBBB", "")]
+
+
+@_literal_text
+def participation(rounds: list[int], counts: dict[str, list[int]]) -> str:
+    """Stacked bars per round, one block per category of :data:`PARTICIPATION` (whole hospitals)."""
+    fig, ax = plt.subplots(figsize=(7, 3))
+    bottom = [0] * len(rounds)
+    for label, color, hatch in PARTICIPATION:
+        values = counts.get(label, [0] * len(rounds))
+        ax.bar(rounds, values, bottom=bottom, color=color, hatch=hatch, edgecolor="#333333", linewidth=0.5,
+               label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("hospitals")
-    ax.set_xticks(rounds)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(0, max(bottom + [1]) + 0.5)
+    _round_axis(ax, rounds)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return _png(fig)
 
 
 @_literal_text
 def coverage(rounds: list[int], modules: list[str], counts: list[list[int]]) -> str:
-    """Heatmap: contributors per module (rows) per round (columns)."""
+    """Heatmap: contributors per module (rows) per round (columns), a discrete colour per count,
+    each cell labelled with its count."""
+    top = max([max(row) for row in counts if row] + [1])
     fig, ax = plt.subplots(figsize=(7, max(2.0, 0.22 * len(modules) + 1)))
-    im = ax.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
+    cmap = ListedColormap(plt.get_cmap("viridis", top + 1)(range(top + 1)))
+    norm = BoundaryNorm([v - 0.5 for v in range(top + 2)], cmap.N)
+    im = ax.imshow(counts, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
     ax.set_xticks(range(len(rounds)), [str(r) for r in rounds])
     ax.set_yticks(range(len(modules)), [literal(m) for m in modules], fontsize=7)
     ax.set_xlabel("round")
-    fig.colorbar(im, ax=ax, label="contributors")
+    if len(rounds) * len(modules) <= 400:
+        for i, row in enumerate(counts):
+            for j, v in enumerate(row):
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=7,
+                        color="white" if v < top * 0.6 else "black")
+    bar = fig.colorbar(im, ax=ax, label="contributors", ticks=range(top + 1))
+    bar.ax.tick_params(labelsize=7)
     return _png(fig)
 
 
 @_literal_text
 def privacy(series: dict[str, tuple[list[int], list[float], float]]) -> str:
-    """Cumulative epsilon per hospital over rounds, with its budget as a dashed line."""
+    """Cumulative ε per hospital over rounds; budgets as grey dashed lines labelled in text."""
     fig, ax = plt.subplots(figsize=(7, 3.2))
+    budgets: dict[float, list[str]] = {}
     for i, (client, (rounds, eps, budget)) in enumerate(sorted(series.items())):
-        color = f"C{i % 10}"
-        ax.plot(rounds, eps, marker="o", color=color, label=literal(f"{client} (budget {budget:g})"))
-        ax.axhline(budget, color=color, linestyle="--", linewidth=1)
-    ax.set_xlabel("round")
+        ax.plot(rounds, eps, label=literal(client), **style(i))
+        budgets.setdefault(budget, []).append(client)
+    last = max((r for rounds, _, _ in series.values() for r in rounds), default=0)
+    for budget, clients in sorted(budgets.items()):
+        ax.axhline(budget, color=NEUTRAL, linestyle=(0, (4, 3)), linewidth=1)
+        ax.annotate(literal(f"budget {budget:g}: {', '.join(clients)}"), xy=(1.0, budget),
+                    xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=7, color=NEUTRAL)
     ax.set_ylabel("cumulative ε")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    _round_axis(ax, sorted({r for rounds, _, _ in series.values() for r in rounds}) or [last])
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, -0.18), fontsize=8, ncol=4)
     return _png(fig)
 
 
 @_literal_text
-def metrics(metric: str, series: dict[str, tuple[list[int], list[float]]]) -> str:
+def metrics(metric: str, series: dict[str, tuple[list[int], list[float]]], *, ylabel: str | None = None) -> str:
     """One metric per hospital over rounds."""
     fig, ax = plt.subplots(figsize=(7, 3))
     for i, (client, (rounds, values)) in enumerate(sorted(series.items())):
-        ax.plot(rounds, values, marker="o", color=f"C{i % 10}", label=literal(client))
-    ax.set_xlabel("round")
-    ax.set_ylabel(literal(metric))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.plot(rounds, values, label=literal(client), **style(i))
+    _round_axis(ax, sorted({r for rounds, _ in series.values() for r in rounds}))
+    ax.set_ylabel(literal(ylabel or metric))
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return _png(fig)
 
@@ -119,7 +168,7 @@ def dag(concepts: list[str], adjacency: list[list[int]], tallies: list[list[floa
                 (x0, y0), (x1, y1) = pos[i], pos[j]
                 ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
                             arrowprops={"arrowstyle": "-|>", "color": "#264653", "shrinkA": 16, "shrinkB": 16})
-                ax.text((x0 + x1) / 2, (y0 + y1) / 2, f"{tallies[i][j]:g}", fontsize=9, color="#e76f51")
+                ax.text((x0 + x1) / 2, (y0 + y1) / 2, f"{tallies[i][j]:g}", fontsize=9, color="#A3320B")
     for (x, y), name in zip(pos, concepts, strict=True):
         ax.scatter([x], [y], s=900, color="#8ecae6", zorder=3)
         ax.text(x, y, literal(name), ha="center", va="center", fontsize=7, zorder=4)
@@ -132,7 +181,9 @@ def dag(concepts: list[str], adjacency: list[list[int]], tallies: list[list[floa
 @_literal_text
 def radar(per_client: dict[str, dict[str, float]]) -> str:
     """Feature-relevance radar: one polygon per site over the union of published features,
-    each site's |relevance| scaled to its own maximum (profiles compare; scales may not)."""
+    each site's |relevance| scaled to its own maximum (profiles compare; scales may not).
+    The radial scale (0.25 .. 1) is labelled between the first two spokes, away from the
+    feature names, which sit outside the circle."""
     features = sorted({f for feats in per_client.values() for f in feats})
     angles = [2 * math.pi * i / len(features) for i in range(len(features))]
     fig = plt.figure(figsize=(6, 6))
@@ -140,8 +191,14 @@ def radar(per_client: dict[str, dict[str, float]]) -> str:
     for i, (client, feats) in enumerate(sorted(per_client.items())):
         top = max((abs(v) for v in feats.values()), default=0.0) or 1.0
         values = [abs(feats.get(f, 0.0)) / top for f in features]
-        ax.plot(angles + angles[:1], values + values[:1], color=f"C{i % 10}", label=literal(client))
-        ax.fill(angles + angles[:1], values + values[:1], color=f"C{i % 10}", alpha=0.08)
+        s = style(i)
+        ax.plot(angles + angles[:1], values + values[:1], label=literal(client), **s)
+        ax.fill(angles + angles[:1], values + values[:1], color=s["color"], alpha=0.08)
+    ax.set_ylim(0, 1.0)
+    ax.set_yticks([0.25, 0.5, 0.75, 1.0], ["0.25", "0.5", "0.75", "1"], fontsize=6, color=NEUTRAL)
+    between = math.degrees(angles[1] / 2) if len(angles) > 1 else 45.0
+    ax.set_rlabel_position(between)
     ax.set_xticks(angles, [literal(f) for f in features], fontsize=7)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.05, 1.05), fontsize=8)
+    ax.tick_params(axis="x", pad=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.1, 1.05), fontsize=8)
     return _png(fig)

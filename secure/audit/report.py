@@ -1,11 +1,17 @@
 """The auditor's report: one self-contained HTML page rendered from an audit directory.
 
-The page is verified first (its verdict heads the page) and then read only through the
-entries that parsed. Figures are PNGs embedded as ``data:`` URIs; there is no script, no
-external resource, and a Content-Security-Policy forbids loading any. Every section has a
-stable id (``verification``, ``manifest``, ``insecure``, ``participation``, ``coverage``,
-``privacy``, ``dag``, ``metrics``, ``feature-relevance``, ``artefacts``) and says so when the
-log holds no data for it rather than disappearing. All text from the log is HTML-escaped.
+The page is verified first (its verdict heads the page, and says plainly whether the signer
+was checked against a trusted key or the log is only self-consistent) and then read only
+through the entries that parsed, **run by run** (:mod:`.runs`): several runs in one directory
+are never merged. Figures are PNGs embedded as ``data:`` URIs, each with a descriptive alt
+text and a table holding the same numbers (the text version); there is no script, no
+external resource, and a Content-Security-Policy forbids loading any.
+
+Stable ids: ``verification``, ``runs``, and per run the sections ``manifest``, ``insecure``,
+``participation``, ``refusals``, ``coverage``, ``privacy``, ``dag``, ``metrics``,
+``feature-relevance``, ``release``, ``artefacts`` -- plain for the latest run, prefixed
+``run<k>-`` for earlier runs (run 1 is the first). A section without data says so rather
+than disappearing. All text from the log is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -13,204 +19,380 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections import defaultdict
+from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from . import plots
-from .entry import AuditEntry
-from .kinds import check_payload
+from .runs import Run, split_runs
 from .verify import VerifyReport, scan_audit_dir
 
-CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}
-h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-.ok{background:#e6f4ea;border-left:6px solid #2a9d8f;padding:.6em}.bad{background:#fdecea;border-left:6px solid #c0392b;padding:.6em}
-.empty{color:#777;font-style:italic}code{font-size:.85em}img{max-width:100%}"""
+CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222;line-height:1.4}
+h1{font-size:1.6em}h2,h3{border-bottom:1px solid #767676;padding-bottom:.2em;margin-top:1.6em}
+article{border-top:4px solid #0072B2;margin-top:2.5em}
+table{border-collapse:collapse;font-size:.85em;margin:.4em 0}td,th{border:1px solid #767676;padding:3px 8px;
+text-align:left;vertical-align:top}caption{text-align:left;font-weight:600;padding:.2em 0}
+th[scope=row]{background:#f2f2f2}
+.ok{background:#e6f4ea;border-left:6px solid #1b7a6e;padding:.6em}.bad{background:#fdecea;border-left:6px solid #c0392b;padding:.6em}
+.warn{background:#fff4e0;border-left:6px solid #8a5a00;padding:.6em}
+.empty{color:#555;font-style:italic}code{font-size:.85em;word-break:break-all}img{max-width:100%}"""
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+FINGERPRINT = ("The fingerprint of a key is the SHA-256 of its 32 raw Ed25519 public-key bytes, in hex "
+               "(the short form is its first 16 digits).")
+#: What each metric name the SDK releases means ("val_" = measured on the validation split).
+METRIC_DEFINITIONS = {
+    "auroc": "area under the ROC curve: 0.5 is chance, 1 is perfect ranking (higher is better)",
+    "auprc": "area under the precision-recall curve, average precision (higher is better)",
+    "brier": "Brier score: mean squared error of the predicted probabilities (lower is better)",
+    "ece": "expected calibration error: mean gap between predicted and observed risk, by bins (lower is better)",
+    "loss": "log loss (binary cross-entropy) of the predicted probabilities (lower is better)",
+    "n": "number of patients evaluated",
+    "positives": "number of positive patients evaluated",
+    "f1": "F1 score: harmonic mean of precision and recall at the decision threshold (higher is better)",
+    "micro_f1": "micro-averaged F1 over all labels (higher is better)",
+}
+
+
+def _ts(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _img(ident: str, png_b64: str, alt: str) -> str:
-    return f'<img id="{ident}" alt="{escape(alt)}" src="data:image/png;base64,{png_b64}">'
+    return (f'<img id="{ident}" alt="{escape(alt)}" src="data:image/png;base64,{png_b64}" '
+            f'aria-describedby="{ident}-data">')
 
 
-def _empty(section: str, what: str) -> str:
-    return f'<p class="empty" id="{section}-empty">{escape(what)}</p>'
+def _empty(ident: str, what: str) -> str:
+    return f'<p class="empty" id="{ident}-empty">{escape(what)}</p>'
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+def _table(header: list[str], rows: list[list[Any]], *, caption: str = "", ident: str = "") -> str:
+    """A data table: a caption, column headers (scope=col), the first cell of a row as its header."""
+    cap = f"<caption>{escape(caption)}</caption>" if caption else ""
+    head = "".join(f'<th scope="col">{escape(str(h))}</th>' for h in header)
+    body = "".join("<tr>" + "".join(
+        (f'<th scope="row">{escape(str(c))}</th>' if i == 0 else f"<td>{escape(str(c))}</td>")
+        for i, c in enumerate(r)) + "</tr>" for r in rows)
+    idattr = f' id="{ident}"' if ident else ""
+    return f"<table{idattr}>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _section(ident: str, title: str, body: str) -> str:
-    return f'<section id="{ident}"><h2>{escape(title)}</h2>{body}</section>'
+def _facts(rows: list[tuple[str, Any]], *, caption: str) -> str:
+    """A two-column table of named facts: each name is its row's header (no empty header row)."""
+    body = "".join(f'<tr><th scope="row">{escape(k)}</th><td>{escape(str(v))}</td></tr>' for k, v in rows)
+    return f"<table><caption>{escape(caption)}</caption><tbody>{body}</tbody></table>"
 
 
-def _by_kind(entries: list[AuditEntry]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for e in entries:
-        if check_payload(e.kind, e.payload) is None:  # a broken log may hold malformed payloads
-            out[e.kind].append(e.payload)
-    return out
+class _Page:
+    """Section builder for one run (ids prefixed for all but the latest run)."""
+
+    def __init__(self, run: Run, *, prefix: str):
+        self.run, self.k, self.prefix = run, run.kinds, prefix
+
+    def id(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def section(self, name: str, title: str, body: str) -> str:
+        return f'<section id="{self.id(name)}"><h3>{escape(title)}</h3>{body}</section>'
+
+    def chart(self, name: str, png: str, alt: str, header: list[str], rows: list[list[Any]], caption: str) -> str:
+        ident = self.id(f"img-{name}")
+        return _img(ident, png, alt) + _table(header, rows, caption=f"Text version: {caption}", ident=f"{ident}-data")
+
+    # -- sections ------------------------------------------------------------------------------
+    def manifest(self) -> tuple[str, str]:
+        m = self.run.manifest
+        if m is None:
+            manifest = _empty(self.id("manifest"), "No federation manifest recorded in this run.")
+        else:
+            rows = [[name, hashlib.sha256(base64.b64decode(key)).hexdigest()[:16]]
+                    for name, key in sorted(m["hospitals"].items())]
+            dp = m.get("dp_policy") or {}
+            facts = [("federation", m["federation_id"]), ("secure mode (manifest)", m["secure_mode"]),
+                     ("strategy", m["strategy"]), ("environment", m["environment"]),
+                     ("dictionary hash", m["dictionary_hash"]), ("spec digest", m["spec_digest"]),
+                     ("DP policy", ", ".join(f"{a}={b}" for a, b in dp.items()) or "none")]
+            manifest = _facts(facts, caption="Federation") + _table(
+                ["hospital", "key fingerprint (short)"], rows, caption="Enrolled hospitals")
+        options = sorted({o for m in self.k["manifest"] for o in m.get("insecure_options", [])}
+                         | {p["option"] for p in self.k["insecure_option"]})
+        insecure = (f'<div class="bad">This run used insecure options: {escape(", ".join(options))}.</div>'
+                    if options else _empty(self.id("insecure"), "No insecure option was in use."))
+        return (self.section("manifest", "Federation manifest", manifest),
+                self.section("insecure", "Insecure options", insecure))
+
+    def participation(self) -> str:
+        rows = self._participation_rows()
+        if not rows:
+            return self.section("participation", "Participation per round",
+                                _empty(self.id("participation"), "No round recorded in this run."))
+        rounds = [r["round"] for r in rows]
+        counts = {label: [len(r[key]) for r in rows] for label, key in
+                  (("contributed", "contributed"), ("rejected by the server", "rejected"),
+                   ("refused by the hospital", "refused"), ("dropped", "dropped"),
+                   ("invited, no answer", "silent"))}
+        alt = "Stacked bars, hospitals per round: " + "; ".join(
+            f"round {r['round']}: {len(r['contributed'])} contributed, {len(r['rejected'])} rejected, "
+            f"{len(r['refused'])} refused, {len(r['dropped'])} dropped, {len(r['silent'])} invited without answer"
+            for r in rows[:20]) + ("; ..." if len(rows) > 20 else "") + ". Names are in the table below."
+        table = [[r["round"], r["mode"], r["outcome"], ", ".join(r["invited"]), ", ".join(r["contributed"]) or "none",
+                  "; ".join(f"{n} at {v['stage']}: {v['reason']}" for n, v in r["dropped"].items()) or "none",
+                  "; ".join(f"{n} at {v['stage']}: {v['reason']}{' (signed)' if v.get('signed') else ''}"
+                            for n, v in r["refused"].items()) or "none",
+                  "; ".join(f"{n}: {why}" for n, why in r["rejected"].items()) or "none"] for r in rows]
+        body = self.chart("participation", plots.participation(rounds, counts), alt,
+                          ["round", "secure mode", "outcome", "invited", "contributed", "dropped (stage: reason)",
+                           "refused by the hospital", "rejected by the server"], table,
+                          "who took part in each round, by name")
+        note = "" if self.k["round_participation"] else (
+            '<p class="warn">This run has no round_participation entries (written before they existed): '
+            "contributed is read from the aggregates; drops and refusals are not known.</p>")
+        return self.section("participation", "Participation per round", note + body)
+
+    def _participation_rows(self) -> list[dict[str, Any]]:
+        if self.k["round_participation"]:
+            return [{"round": p["round"], "mode": p["secure_mode"], "outcome": p["outcome"], "invited": p["invited"],
+                     "contributed": p["contributed"], "dropped": p["dropped"], "refused": p["refused"],
+                     "rejected": p["rejected"],
+                     "silent": sorted(set(p["invited"]) - set(p["answered"]) - set(p["dropped"]) - set(p["refused"]))}
+                    for p in sorted(self.k["round_participation"], key=lambda p: p["round"])]
+        plans = {p["round"]: p for p in self.k["round_plan"]}
+        aggs = {p["round"]: p for p in self.k["aggregate"]}
+        rej: dict[int, dict[str, str]] = defaultdict(dict)
+        for p in self.k["update_rejected"]:
+            rej[p["round"]].setdefault(p["client"], p["reason"])
+        out = []
+        for r in sorted(set(plans) | set(aggs) | set(rej)):
+            invited = plans[r]["participants"] if r in plans else []
+            contributed = aggs[r]["contributors"] if r in aggs else []
+            out.append({"round": r, "mode": plans[r]["secure_mode"] if r in plans else "?",
+                        "outcome": "aggregated" if r in aggs else "aborted", "invited": invited,
+                        "contributed": contributed, "dropped": {}, "refused": {}, "rejected": rej[r],
+                        "silent": sorted(set(invited) - set(contributed) - set(rej[r]))})
+        return out
+
+    def refusals(self) -> str:
+        refused = [[p.get("round") if p.get("round") is not None else "-", p["stage"],
+                    p.get("client") or f"node {p.get('node')}", p["reason"],
+                    "signed by the hospital" if p["signed"] else "transport's words (unsigned)",
+                    "yes" if p.get("final") else "no"] for p in self.k["hospital_refused"]]
+        rejected = [[p["round"], p["client"], p["reason"]] for p in self.k["update_rejected"]]
+        body = "<h4>Refused by hospitals</h4>" + (
+            _table(["round", "stage", "hospital", "reason", "signature", "out of the run"], refused,
+                   caption="Messages hospitals refused, and why") if refused
+            else "<p>No hospital refused a message in this run.</p>")
+        body += "<h4>Rejected by the server</h4>" + (
+            _table(["round", "hospital", "reason"], rejected, caption="Hospital messages the server refused")
+            if rejected else "<p>The server rejected no hospital's message in this run.</p>")
+        return self.section("refusals", "Refusals and rejections", body)
+
+    def coverage(self) -> str:
+        aggs = sorted(self.k["aggregate"], key=lambda p: p["round"])
+        modules = sorted({m for p in aggs for m in p["module_coverage"]})
+        if not modules:
+            return self.section("coverage", "Module coverage", _empty(self.id("coverage"), "No aggregate recorded."))
+        note = ""
+        if len(modules) > plots.MAX_MODULES:
+            note = f"<p>Showing the first {plots.MAX_MODULES} of {len(modules)} modules.</p>"
+            modules = modules[:plots.MAX_MODULES]
+        counts = [[p["module_coverage"].get(m, 0) for p in aggs] for m in modules]
+        rounds = [p["round"] for p in aggs]
+        alt = (f"Heatmap of contributors per module and round, {len(modules)} modules by {len(rounds)} rounds, "
+               f"counts from {min(min(c) for c in counts)} to {max(max(c) for c in counts)}; "
+               "every count is in the table below.")
+        body = self.chart("coverage", plots.coverage(rounds, modules, counts), alt,
+                          ["module"] + [f"round {r}" for r in rounds], [[m] + c for m, c in zip(modules, counts,
+                                                                                                 strict=True)],
+                          "contributors per module per round")
+        return self.section("coverage", "Module coverage", note + body)
+
+    def privacy(self) -> str:
+        series: dict[str, tuple[list[int], list[float], float]] = {}
+        for p in sorted(self.k["ledger"], key=lambda p: p["round"]):
+            rounds, eps, _ = series.get(p["client"], ([], [], 0.0))
+            series[p["client"]] = (rounds + [p["round"]], eps + [p["epsilon"]], p["budget_epsilon"])
+        title = "Privacy ledger (ε per hospital, this run)"
+        if not series:
+            return self.section("privacy", title, _empty(self.id("privacy"), "No ledger entry recorded."))
+        rows = [[c, f"{e[-1]:.3f}", r[-1], f"{b:g}", "OVER BUDGET" if e[-1] > b else "within budget"]
+                for c, (r, e, b) in sorted(series.items())]
+        alt = "Line chart of cumulative ε per hospital over rounds, budgets as grey dashed lines: " + "; ".join(
+            f"{c} reaches ε {e[-1]:.3g} by round {r[-1]} of budget {b:g}" for c, (r, e, b) in sorted(series.items()))
+        per_round = sorted({r for rounds, _, _ in series.values() for r in rounds})
+        table = [[c] + [next((f"{x:.3f}" for rr, x in zip(r, e, strict=True) if rr == q), "-") for q in per_round]
+                 for c, (r, e, _) in sorted(series.items())]
+        body = (_img(self.id("img-privacy"), plots.privacy(series), alt)
+                + _table(["hospital"] + [f"round {q}" for q in per_round], table,
+                         caption="Text version: cumulative ε per hospital per round", ident=self.id("img-privacy-data"))
+                + _table(["hospital", "latest ε", "at round", "budget", "status"], rows,
+                         caption="Latest ε in this run"))
+        return self.section("privacy", title, body)
+
+    def dag(self) -> str:
+        if not self.k["dag_outcome"]:
+            return self.section("dag", "DAG vote", _empty(self.id("dag"), "No DAG vote recorded."))
+        d = max(self.k["dag_outcome"], key=lambda p: p["round"])
+        c, adj, n = d["concepts"], d["adjacency"], len(d["concepts"])
+        square = {name: m for name, m in d["tallies"].items() if len(m) == n}
+        votes = square.get("strength") or next(iter(square.values()), [[0.0] * n for _ in range(n)])
+        names = sorted(square)
+        edges = [[c[i], c[j], "adopted" if adj[i][j] else "not adopted"] + [f"{square[m][i][j]:g}" for m in names]
+                 for i in range(n) for j in range(n) if adj[i][j] or votes[i][j]]
+        notes = [f"Round {d['round']}."]
+        if d.get("task"):
+            notes.append(f"Task: {d['task']}.")
+        if d.get("dropped_cycle_edges"):
+            notes.append("Dropped to break cycles: " + ", ".join(f"{a} -> {b}" for a, b in d["dropped_cycle_edges"]) + ".")
+        if d.get("added_task_parent"):
+            notes.append("Added as task parent: {} -> {}.".format(*d["added_task_parent"]))
+        adopted = [f"{c[i]} -> {c[j]}" for i in range(n) for j in range(n) if adj[i][j]]
+        alt = f"Directed graph of {n} concepts with {len(adopted)} adopted edges: {', '.join(adopted) or 'none'}."
+        body = (f"<p>{escape(' '.join(notes))} Edge labels: {'strength' if 'strength' in square else 'tally'}.</p>"
+                + self.chart("dag", plots.dag(c, adj, votes), alt, ["from", "to", "outcome"] + names, edges,
+                             "edges voted on"))
+        return self.section("dag", "DAG vote", body)
+
+    def metrics(self) -> str:
+        by_metric: dict[str, dict[str, tuple[list[int], list[float]]]] = defaultdict(dict)
+        for p in sorted(self.k["metrics"], key=lambda p: p["round"]):
+            for client, values in p["per_client"].items():
+                for name, value in values.items():
+                    rounds, vals = by_metric[name].get(client, ([], []))
+                    by_metric[name][client] = (rounds + [p["round"]], vals + [value])
+        if not by_metric:
+            return self.section("metrics", "Metrics per hospital", _empty(self.id("metrics"), "No metrics released."))
+        body = "<p>Metrics each hospital chose to release, measured on its own data.</p>"
+        for i, (m, s) in enumerate(sorted(by_metric.items())):
+            meaning = describe_metric(m)
+            rounds = sorted({r for rr, _ in s.values() for r in rr})
+            rows = [[c] + [next((f"{v:.4g}" for q, v in zip(rr, vv, strict=True) if q == r), "-") for r in rounds]
+                    for c, (rr, vv) in sorted(s.items())]
+            alt = f"Line chart of {m} ({meaning}) per hospital over rounds: " + "; ".join(
+                f"{c} from {vv[0]:.3g} to {vv[-1]:.3g}" for c, (_, vv) in sorted(s.items())) + "."
+            body += (f"<h4>{escape(m)}</h4><p>{escape(meaning)}.</p>"
+                     + self.chart(f"metrics-{i}", plots.metrics(m, s), alt, ["hospital"] + [f"round {r}" for r in rounds],
+                                  rows, f"{m} per hospital per round"))
+        return self.section("metrics", "Metrics per hospital", body)
+
+    def relevance(self) -> str:
+        title = "Feature relevance (sites that published their masks)"
+        latest = {p["client"]: p["features"] for p in sorted(self.k["feature_relevance"],
+                                                            key=lambda p: p.get("round") or 0)}
+        latest = {c: f for c, f in latest.items() if f}
+        if not latest:
+            return self.section("feature-relevance", title,
+                                _empty(self.id("feature-relevance"), "No site published its feature relevance."))
+        features = sorted({f for feats in latest.values() for f in feats})
+        rows = [[f] + [f"{abs(latest[c].get(f, 0.0)) / (max(abs(v) for v in latest[c].values()) or 1.0):.2f}"
+                       for c in sorted(latest)] for f in features]
+        alt = (f"Radar chart of {len(latest)} sites over {len(features)} features, each site's |relevance| scaled "
+               "to its own maximum; values in the table below.")
+        body = ("<p>Latest published relevance per site; each site's |relevance| is scaled to its own "
+                "maximum (1 = that site's most relevant feature), so the radar compares profiles.</p>"
+                + self.chart("feature-relevance", plots.radar(latest), alt, ["feature"] + sorted(latest), rows,
+                             "scaled |relevance| per feature and site"))
+        return self.section("feature-relevance", title, body)
+
+    def release(self) -> str:
+        rel, end = self.run.release, self.run.ended
+        facts: list[tuple[str, Any]] = []
+        if rel is not None:
+            facts += [("released model: round", rel["round"]), ("secure mode", rel["secure_mode"]),
+                      ("global state digest", rel["global_state_digest"]),
+                      ("released model SHA-256", rel["model_sha256"] or
+                       "none: the server holds no plaintext model in this mode")]
+        if end is not None:
+            facts += [("run ended", end["status"]), ("why", end["reason"]),
+                      ("rounds", f"{end['rounds_completed']} of {end['rounds_planned']} planned")]
+        body = (_facts(facts, caption="What this run released and how it ended") if facts else
+                _empty(self.id("release"), "This run recorded no release and no end (it may still be running, "
+                                           "have crashed, or predate release entries)."))
+        return self.section("release", "Released model and end of run", body)
+
+    def artefacts(self) -> str:
+        rows = [[p["name"], p["kind"], p["size"], p["sha256"][:16]] for p in self.k["artefact"]]
+        rows += [[f"envelope from {p['sender']}", p["kind"], p["size"], p["sha256"][:16]] for p in self.k["envelope"]]
+        body = (_table(["name", "kind", "bytes", "sha256 (short)"], rows, caption="Artefacts of this run") if rows
+                else _empty(self.id("artefacts"), "No artefact published."))
+        return self.section("artefacts", "Published artefacts", body)
+
+    def render(self, *, of: int, latest: bool) -> str:
+        manifest, insecure = self.manifest()
+        parts = [manifest, insecure, self.participation(), self.refusals(), self.coverage(), self.privacy(),
+                 self.dag(), self.metrics(), self.relevance(), self.release(), self.artefacts()]
+        label = f"Run {self.run.index} of {of}" + (" (latest)" if latest else "")
+        return (f'<article id="run-{self.run.index}"><h2>{escape(label)}: '
+                f"<code>{escape(self.run.run_id or 'format 1, no run id')}</code></h2>"
+                f"<p>Opened {escape(_ts(self.run.opened))}; secure mode per round: "
+                f"{escape(', '.join(self.run.secure_modes()) or 'no round')}.</p>{''.join(parts)}</article>")
 
 
-def _verification(report: VerifyReport) -> str:
+def describe_metric(name: str) -> str:
+    """What a released metric name means (``val_`` = on the validation split)."""
+    base = name.removeprefix("val_")
+    meaning = METRIC_DEFINITIONS.get(base, "a metric the hospitals' release settings name; Clinograph does not "
+                                           "define it")
+    return meaning + (", on the validation split" if name.startswith("val_") else "")
+
+
+def _verification(report: VerifyReport, *, pinned: bool) -> str:
     if report.ok:
-        body = (f'<div class="ok" id="verification-ok">Verified: {report.entries} entries, chain, '
-                f"signatures, head and every artefact check.</div>")
+        body = (f'<div class="ok" id="verification-ok">Verified: {report.entries} entries, chain, signatures, head '
+                f"and every artefact check.</div>")
     else:
         items = "".join(f"<li>{escape(p)}</li>" for p in report.problems)
         body = (f'<div class="bad" id="verification-failed">Verification FAILED (first bad entry: '
                 f"{report.first_bad}). Do not trust what follows.<ul>{items}</ul></div>")
-    body += (f"<p>Head hash: <code>{escape(str(report.head_hash))}</code><br>Server key fingerprint: "
-             f"<code>{escape(str(report.server_key_fingerprint))}</code></p>")
-    return _section("verification", "Verification", body)
-
-
-def _manifest(k: dict[str, list[dict[str, Any]]]) -> tuple[str, str]:
-    if not k["manifest"]:
-        manifest = _empty("manifest", "No federation manifest recorded.")
+    fp = escape(str(report.server_key_fingerprint))
+    if report.trusted:
+        trust = (f'<div class="ok" id="signer-trusted">Signer checked: the log is signed by the trusted server key '
+                 f"given to this report (fingerprint <code>{fp}</code>).</div>")
+    elif pinned:
+        trust = ('<div class="bad" id="signer-wrong">Signer check FAILED: the log is not signed by the trusted '
+                 "server key given to this report.</div>")
     else:
-        m = k["manifest"][-1]
-        rows = [[name, hashlib.sha256(base64.b64decode(key)).hexdigest()[:16]]
-                for name, key in sorted(m["hospitals"].items())]
-        dp = m.get("dp_policy") or {}
-        facts = [["federation", m["federation_id"]], ["secure mode", m["secure_mode"]],
-                 ["strategy", m["strategy"]], ["environment", m["environment"]],
-                 ["dictionary hash", m["dictionary_hash"]], ["spec digest", m["spec_digest"]],
-                 ["DP policy", ", ".join(f"{a}={b}" for a, b in dp.items()) or "none"]]
-        manifest = _table(["", ""], facts) + "<h3>Enrolled hospitals</h3>" + _table(
-            ["hospital", "key fingerprint"], rows)
-    options = sorted({o for m in k["manifest"] for o in m.get("insecure_options", [])}
-                     | {p["option"] for p in k["insecure_option"]})
-    insecure = (f'<div class="bad">This run used insecure options: {escape(", ".join(options))}.</div>'
-                if options else _empty("insecure", "No insecure option was in use."))
-    return _section("manifest", "Federation manifest", manifest), _section("insecure", "Insecure options", insecure)
+        trust = ('<div class="warn" id="signer-unchecked">Signer NOT checked: no trusted server key was given, so '
+                 "“verified” only means the log is self-consistent under the key it names itself (fingerprint "
+                 f"<code>{fp}</code>). Anyone can write a self-consistent log with their own key. Compare this "
+                 "fingerprint with the server's, or render with <code>clinograph audit report --trusted-key "
+                 "server.pub</code>.</div>")
+    body += trust + _facts([("head hash", report.head_hash), ("server key fingerprint", report.server_key_fingerprint),
+                            ("runs in this directory", len(report.runs))], caption="Identifiers")
+    body += f"<p>{escape(FINGERPRINT)} Compare the head hash with one published elsewhere to rule out a rollback.</p>"
+    return f'<section id="verification"><h2>Verification</h2>{body}</section>'
 
 
-def _participation(k: dict[str, list[dict[str, Any]]]) -> str:
-    invited: dict[int, set[str]] = defaultdict(set)
-    acc: dict[int, set[str]] = defaultdict(set)
-    rej: dict[int, set[str]] = defaultdict(set)
-    for p in k["round_plan"]:
-        invited[p["round"]].update(p["participants"])
-    for p in k["update_accepted"]:
-        acc[p["round"]].add(p["client"])
-    for p in k["update_rejected"]:
-        rej[p["round"]].add(p["client"])
-    rounds = sorted(set(invited) | set(acc) | set(rej))
-    if not rounds:
-        return _section("participation", "Participation per round", _empty("participation", "No round recorded."))
-    a = [len(acc[r] - rej[r]) for r in rounds]
-    j = [len(rej[r]) for r in rounds]
-    s = [len(invited[r] - acc[r] - rej[r]) for r in rounds]
-    reasons = [[p["round"], p["client"], p["reason"]] for p in k["update_rejected"]]
-    body = _img("img-participation", plots.participation(rounds, a, j, s), "participation per round")
-    body += "<h3>Rejected updates</h3>" + (_table(["round", "hospital", "reason"], reasons) if reasons
-                                            else "<p>None.</p>")
-    return _section("participation", "Participation per round", body)
+def _runs(runs: list[Run]) -> str:
+    rows = []
+    for run in runs:
+        end, rel = run.ended, run.release
+        rows.append([run.index, run.run_id or "(format 1)", _ts(run.opened), ", ".join(run.secure_modes()) or "-",
+                     len(run.rounds()), f"{end['status']}: {end['reason']}" if end else "not recorded",
+                     (rel["model_sha256"] or "no plaintext model")[:16] if rel else "none"])
+    body = ("<p>Each opening of the audit trail is a run with its own id; runs are shown separately below, the "
+            "latest last. Round numbers restart in every run.</p>"
+            + _table(["run", "run id", "opened", "secure mode", "rounds", "end", "released model (sha256, short)"],
+                     rows, caption="Runs in this directory"))
+    return f'<section id="runs"><h2>Runs</h2>{body}</section>'
 
 
-def _coverage(k: dict[str, list[dict[str, Any]]]) -> str:
-    aggs = sorted(k["aggregate"], key=lambda p: p["round"])
-    modules = sorted({m for p in aggs for m in p["module_coverage"]})
-    if not modules:
-        return _section("coverage", "Module coverage", _empty("coverage", "No aggregate recorded."))
-    note = ""
-    if len(modules) > plots.MAX_MODULES:
-        note = f"<p>Showing the first {plots.MAX_MODULES} of {len(modules)} modules.</p>"
-        modules = modules[:plots.MAX_MODULES]
-    counts = [[p["module_coverage"].get(m, 0) for p in aggs] for m in modules]
-    img = plots.coverage([p["round"] for p in aggs], modules, counts)
-    return _section("coverage", "Module coverage", note + _img("img-coverage", img, "module coverage"))
-
-
-def _privacy(k: dict[str, list[dict[str, Any]]]) -> str:
-    series: dict[str, tuple[list[int], list[float], float]] = {}
-    for p in sorted(k["ledger"], key=lambda p: p["round"]):
-        rounds, eps, _ = series.get(p["client"], ([], [], 0.0))
-        series[p["client"]] = (rounds + [p["round"]], eps + [p["epsilon"]], p["budget_epsilon"])
-    if not series:
-        return _section("privacy", "Privacy ledger (ε per hospital)", _empty("privacy", "No ledger entry recorded."))
-    rows = [[c, f"{e[-1]:.3f}", f"{b:g}", "OVER BUDGET" if e[-1] > b else "within budget"]
-            for c, (_, e, b) in sorted(series.items())]
-    body = _img("img-privacy", plots.privacy(series), "epsilon per hospital") + _table(
-        ["hospital", "latest ε", "budget", "status"], rows)
-    return _section("privacy", "Privacy ledger (ε per hospital)", body)
-
-
-def _dag(k: dict[str, list[dict[str, Any]]]) -> str:
-    if not k["dag_outcome"]:
-        return _section("dag", "DAG vote", _empty("dag", "No DAG vote recorded."))
-    d = max(k["dag_outcome"], key=lambda p: p["round"])
-    c, adj, n = d["concepts"], d["adjacency"], len(d["concepts"])
-    square = {name: m for name, m in d["tallies"].items() if len(m) == n}
-    votes = square.get("strength") or next(iter(square.values()), [[0.0] * n for _ in range(n)])
-    names = sorted(square)
-    edges = [[c[i], c[j], "adopted" if adj[i][j] else "not adopted"] + [f"{square[m][i][j]:g}" for m in names]
-             for i in range(n) for j in range(n) if adj[i][j] or votes[i][j]]
-    notes = [f"Round {d['round']}."]
-    if d.get("task"):
-        notes.append(f"Task: {d['task']}.")
-    if d.get("dropped_cycle_edges"):
-        notes.append("Dropped to break cycles: " + ", ".join(f"{a} -> {b}" for a, b in d["dropped_cycle_edges"]) + ".")
-    if d.get("added_task_parent"):
-        notes.append("Added as task parent: {} -> {}.".format(*d["added_task_parent"]))
-    body = (f"<p>{escape(' '.join(notes))} Edge labels: {'strength' if 'strength' in square else 'tally'}.</p>"
-            + _img("img-dag", plots.dag(c, adj, votes), "voted DAG")
-            + _table(["from", "to", "outcome"] + names, edges))
-    return _section("dag", "DAG vote", body)
-
-
-def _metrics(k: dict[str, list[dict[str, Any]]]) -> str:
-    by_metric: dict[str, dict[str, tuple[list[int], list[float]]]] = defaultdict(dict)
-    for p in sorted(k["metrics"], key=lambda p: p["round"]):
-        for client, values in p["per_client"].items():
-            for name, value in values.items():
-                rounds, vals = by_metric[name].get(client, ([], []))
-                by_metric[name][client] = (rounds + [p["round"]], vals + [value])
-    if not by_metric:
-        return _section("metrics", "Metrics per hospital", _empty("metrics", "No metrics released."))
-    body = "".join(f"<h3>{escape(m)}</h3>" + _img(f"img-metrics-{i}", plots.metrics(m, s), m)
-                   for i, (m, s) in enumerate(sorted(by_metric.items())))
-    return _section("metrics", "Metrics per hospital", body)
-
-
-def _relevance(k: dict[str, list[dict[str, Any]]]) -> str:
-    latest = {p["client"]: p["features"] for p in sorted(k["feature_relevance"], key=lambda p: p.get("round") or 0)}
-    latest = {c: f for c, f in latest.items() if f}
-    if not latest:
-        return _section("feature-relevance", "Feature relevance (sites that published their masks)",
-                        _empty("feature-relevance", "No site published its feature relevance."))
-    body = ("<p>Latest published relevance per site; each site's |relevance| is scaled to its own "
-            "maximum, so the radar compares profiles.</p>"
-            + _img("img-feature-relevance", plots.radar(latest), "feature relevance radar"))
-    return _section("feature-relevance", "Feature relevance (sites that published their masks)", body)
-
-
-def _artefacts(k: dict[str, list[dict[str, Any]]]) -> str:
-    rows = [[p["name"], p["kind"], p["size"], p["sha256"][:16]] for p in k["artefact"]]
-    rows += [[f"envelope from {p['sender']}", p["kind"], p["size"], p["sha256"][:16]] for p in k["envelope"]]
-    body = _table(["name", "kind", "bytes", "sha256"], rows) if rows else _empty("artefacts", "No artefact published.")
-    return _section("artefacts", "Published artefacts", body)
-
-
-def render_report(directory: Path, *, out: Path) -> Path:
-    """Verify ``directory`` and write the report to ``out`` (a file outside the audit
-    directory: the verifier treats any extra file there as tampering). Returns ``out``."""
-    report, entries = scan_audit_dir(Path(directory))
-    k = _by_kind(entries)
-    fed = k["manifest"][-1]["federation_id"] if k["manifest"] else "(no manifest)"
-    manifest, insecure = _manifest(k)
-    parts = [_verification(report), manifest, insecure, _participation(k), _coverage(k), _privacy(k),
-             _dag(k), _metrics(k), _relevance(k), _artefacts(k)]
+def render_report(directory: Path, *, out: Path, trusted_server_key: bytes | None = None) -> Path:
+    """Verify ``directory`` (against ``trusted_server_key`` if given) and write the report to
+    ``out`` (a file outside the audit directory: the verifier treats any extra file there as
+    tampering). Returns ``out``."""
+    report, entries = scan_audit_dir(Path(directory), trusted_server_key=trusted_server_key)
+    runs = split_runs(entries)
+    feds = sorted({m["federation_id"] for r in runs for m in r.kinds["manifest"]})
+    fed = ", ".join(feds) or "(no manifest)"
+    articles = "".join(_Page(run, prefix="" if run is runs[-1] else f"run{run.index}-").render(
+        of=len(runs), latest=run is runs[-1]) for run in runs)
     html = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f"<title>Clinograph audit report: {escape(fed)}</title><style>{CSS}</style></head><body>"
-            f"<h1>Clinograph audit report: {escape(fed)}</h1><p>{report.entries} entries in "
-            f"<code>{escape(str(directory))}</code></p>{''.join(parts)}</body></html>")
+            f"<title>Clinograph audit report: {escape(fed)}</title><style>{CSS}</style></head><body><main>"
+            f"<h1>Clinograph audit report: {escape(fed)}</h1><p>{report.entries} entries in {len(runs)} run(s) in "
+            f"<code>{escape(str(directory))}</code></p>{_verification(report, pinned=trusted_server_key is not None)}"
+            f"{_runs(runs)}{articles}</main></body></html>")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html, encoding="utf-8")

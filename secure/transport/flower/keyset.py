@@ -3,6 +3,8 @@
 ::
 
     OUT/federation.toml                      public; to the SuperLink machine and every hospital
+    OUT/server.pub                           public; the server's audit-signing key for auditors
+                                             (``clinograph audit verify|report --trusted-key``)
     OUT/ca/ca.pem, ca.key                    the CA; ca.key stays offline with the operator
     OUT/superlink/server.pem, server.key     the SuperLink's TLS certificate and key
     OUT/superlink/server.ed25519.pem         the ServerApp's signing key (plans, global models)
@@ -13,6 +15,12 @@
 
 Each ``superlink/`` and ``hospitals/<h>/`` folder is self-contained: copy it, and only it, to
 that machine. Private keys are written with mode 0600 and never overwritten.
+
+``server.pub`` is one line: the base64 of the server's 32-byte Ed25519 public key (the key
+that signs plans, global models and every audit entry). Its *fingerprint* is the SHA-256 of
+those 32 raw bytes in hex (:attr:`clinograph.secure.identity.PublicIdentity.fingerprint`),
+the value ``clinograph audit verify`` and the report print. Hand the file to auditors through
+a channel the server operator does not control alone.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ class KeySet:
     federation_file: Path
     superlink_dir: Path
     hospital_dirs: dict[str, Path]
+    server_pub: Path
+    server_fingerprint: str
 
 
 def init_keyset(out: Path, *, federation_id: str, hospitals: Sequence[str], superlink_hosts: Sequence[str],
@@ -75,6 +85,7 @@ def init_keyset(out: Path, *, federation_id: str, hospitals: Sequence[str], supe
     write_private(link / "server.key", tls.key_pem())
     server = Identity.generate(server_name)
     server.save(link / "server.ed25519.pem")
+    write_public(out / "server.pub", (server.public.b64() + "\n").encode())
     enrolled: dict[str, EnrolledHospital] = {}
     dirs: dict[str, Path] = {}
     for name in hospitals:
@@ -97,4 +108,5 @@ def init_keyset(out: Path, *, federation_id: str, hospitals: Sequence[str], supe
     write_public(link / "federation.toml", text)
     for d in dirs.values():
         write_public(d / "federation.toml", text)
-    return KeySet(root=out, federation_file=out / "federation.toml", superlink_dir=link, hospital_dirs=dirs)
+    return KeySet(root=out, federation_file=out / "federation.toml", superlink_dir=link, hospital_dirs=dirs,
+                  server_pub=out / "server.pub", server_fingerprint=server.public.fingerprint)
