@@ -35,9 +35,11 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
     table = Table(title=f"Test AUROC / AUPRC per hospital ({m['task']}; seed {seed})")
     table.add_column("hospital")
     methods = m["methods"]
-    keys = ["clinograph_nsfl", "standalone", "fedavg_aligned"] + (["clinograph_nsfl_dp"] if "clinograph_nsfl_dp" in methods else [])
-    titles = {"clinograph_nsfl": "Clinograph NS-FL", "standalone": "standalone", "fedavg_aligned": "FedAvg (aligned)",
-              "clinograph_nsfl_dp": "NS-FL + DP"}
+    keys = [k for k in ("clinograph_nsfl", "clinograph_nsfl_dp", "standalone", "fedavg_aligned", "lr_standalone",
+                        "lr_fedavg_aligned", "lr_pooled", "gbm_pooled") if k in methods]
+    titles = {"clinograph_nsfl": "Clinograph NS-FL", "standalone": "MLP alone", "fedavg_aligned": "MLP FedAvg",
+              "clinograph_nsfl_dp": "NS-FL + DP", "lr_standalone": "LR alone", "lr_fedavg_aligned": "LR FedAvg",
+              "lr_pooled": "LR pooled*", "gbm_pooled": "GBM pooled*"}
     for k in keys:
         table.add_column(titles[k], justify="right")
     for site in m["hospitals"]:
@@ -49,6 +51,13 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
     table.add_row("[bold]mean", *[f"[bold]{_fmt(m['mean_auroc'][k])} / {_fmt(m['mean_auprc'][k])}"
                                   for k in keys])
     console.print(table)
+    console.print("* pooled: trained on every hospital's patients in one place -- a ceiling reference, not "
+                  "something a federation may do.")
+    sel = m.get("model_selection") or {}
+    if sel:
+        console.print(f"model selection: kept round {sel['round']} of {sel['rounds_evaluated'][-1]} by federated "
+                      f"validation loss {sel['validation_loss']:.4f}" + (" (stopped early)" if sel["stopped_early"]
+                                                                          else ""))
     if m.get("epsilon"):
         for site, eps in m["epsilon"].items():
             console.print(f"ε({site}) after {len(eps)} DP rounds: {eps[-1]:.3f} (δ = 1e-5, budget "

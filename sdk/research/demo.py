@@ -3,7 +3,9 @@
 Hospitals differ in size, in local column names and units, and two lack the blood-gas block.
 It trains Clinograph NS-FL over the real protocol (masked secure aggregation by default),
 compares it with the NS-FL paper's baselines (a standalone network per hospital, FedAvg of an
-MLP on the features every hospital has), writes ``metrics.json``, a feature-relevance radar,
+MLP on the features every hospital has) and with linear and tree references (logistic
+regression standalone, FedAvg on aligned features and pooled; pooled gradient boosting as a
+ceiling), writes ``metrics.json``, a feature-relevance radar,
 and ends by verifying its own audit directory and rendering the auditor's report.
 """
 
@@ -138,7 +140,7 @@ def run_demo(*, out_dir: Path, rounds: int = 15, seed: int = 0, secure_mode: str
     parts = [hospital_split(t.labels, site=t.site, test_fraction=config.split.test_fraction,
                             validation_fraction=config.split.validation_fraction, seed=config.split.seed) for t in tables]
     splits = [(p.train, p.test) for p in parts]
-    stage("baselines: standalone per hospital, FedAvg on aligned features")
+    stage("baselines: standalone per hospital, FedAvg on aligned features, pooled references")
     epochs = rounds * config.federation.local_epochs
     alone = standalone(tables, splits, epochs=epochs, hidden=32, config=config.training, seed=seed)
     fedavg, aligned = fedavg_aligned(tables, splits, rounds=rounds, local_epochs=config.federation.local_epochs,
@@ -148,7 +150,10 @@ def run_demo(*, out_dir: Path, rounds: int = 15, seed: int = 0, secure_mode: str
         entry = json.loads(line)
         if entry["kind"] == "feature_relevance":
             relevance[entry["payload"]["client"]] = entry["payload"]["features"]
-    methods = {"clinograph_nsfl": sim.final, "standalone": alone, "fedavg_aligned": fedavg}
+    from .model_quality import baselines
+
+    methods = {"clinograph_nsfl": sim.final, "standalone": alone, "fedavg_aligned": fedavg,
+               **baselines(tables, parts, seed=seed)}
     if sim_dp is not None:
         methods["clinograph_nsfl_dp"] = sim_dp.final
     metrics = {
@@ -162,6 +167,7 @@ def run_demo(*, out_dir: Path, rounds: int = 15, seed: int = 0, secure_mode: str
         "mean_auroc": {k: _mean(v, "auroc") for k, v in methods.items()},
         "mean_auprc": {k: _mean(v, "auprc") for k, v in methods.items()},
         "nsfl_auroc_by_round": [{k: v["auroc"] for k, v in r.items()} for r in sim.rounds],
+        "model_selection": {k: v for k, v in sim.selection.items() if k != "uncalibrated"},
         "epsilon": sim_dp.epsilons if sim_dp is not None else {},
         "dp_settings": dp_config.privacy.model_dump(mode="json") if dp_config is not None else None,
         "timings_seconds": {k: [round(x, 4) for x in v] for k, v in sim.timings.items()},

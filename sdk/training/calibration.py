@@ -51,7 +51,10 @@ def fit_platt(z: np.ndarray, y: np.ndarray, *, l2: float = 1e-2, steps: int = 10
         p = expit(x @ theta)
         grad = x.T @ (p - y) / n + l2 * (theta - np.array([1.0, 0.0]))
         hess = (x * (p * (1 - p))[:, None]).T @ x / n + l2 * np.eye(2)
-        step = np.linalg.solve(hess, grad)
+        try:
+            step = np.linalg.solve(hess, grad)
+        except np.linalg.LinAlgError:  # separable without l2: the fit diverges
+            break
         theta = theta - step
         if np.abs(step).max() < 1e-10:
             break
