@@ -1,0 +1,133 @@
+"""What the EHR readers (OMOP, MEDS, FHIR) share: codes -> features, times -> snapshots, the long table.
+
+Each reader turns its source into *events* -- one row per patient, hours since the patient's
+index time, code (``SYSTEM/CODE``: ``OMOP/3004501``, ``LOINC/2345-7``, ``ALARM/HRBP``), value
+and unit -- plus a label per patient. :func:`to_long` maps codes through the dictionary
+(:meth:`FeatureDictionary.by_code`), bins hours into snapshots of ``snapshot_hours`` (the last
+value of a feature in a snapshot is kept, the others counted) and returns an :class:`EhrExtract`:
+the long table :func:`clinograph.sdk.ingest.ingest` takes, its site schema, and a report of
+what was read, mapped and refused. Codes not in the dictionary are counted, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..ontology.codes import describe_codes
+from ..ontology.dictionary import FeatureDictionary
+from ..ontology.schema import LongColumns, SiteSchema
+from .table import PatientTable
+
+LONG_COLUMNS = LongColumns(patient="patient_id", time="time", feature="feature", value="value", unit="unit")
+EVENT_COLUMNS = ("patient_id", "hours", "code", "value", "unit")
+
+
+@dataclass(frozen=True)
+class ExtractReport:
+    """What a reader did. Counts and vocabulary codes only -- no values, no patient ids.
+
+    ``unmapped_codes``: distinct codes of the source that no dictionary feature carries (shown
+    as :func:`describe_codes` allows); ``collapsed``: repeated values of a feature within one
+    snapshot, of which the last was kept.
+    """
+
+    source: str
+    patients: int
+    events_read: int
+    events_mapped: int
+    by_feature: dict[str, int] = field(default_factory=dict)
+    unmapped_rows: int = 0
+    unmapped_codes: str = ""
+    collapsed: int = 0
+    patients_without_label: int = 0
+    patients_without_events: int = 0
+    notes: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        """The report as text lines (for ``clinograph check``)."""
+        out = [f"source: {self.source}", f"patients: {self.patients}",
+               f"events read: {self.events_read}, mapped to the dictionary: {self.events_mapped}"]
+        if self.unmapped_rows:
+            out.append(f"not in the dictionary: {self.unmapped_rows} event(s) ({self.unmapped_codes})")
+        if self.collapsed:
+            out.append(f"repeated within a snapshot (last kept): {self.collapsed}")
+        if self.patients_without_label:
+            out.append(f"patients without a label: {self.patients_without_label}")
+        if self.patients_without_events:
+            out.append(f"patients without any mapped event (absent from the table): {self.patients_without_events}")
+        return out + list(self.notes)
+
+
+@dataclass(frozen=True, repr=False)
+class EhrExtract:
+    """A long table for :func:`ingest`, its site schema, and the reader's report."""
+
+    table: pd.DataFrame
+    schema: SiteSchema
+    report: ExtractReport
+
+    def ingest(self, dictionary: FeatureDictionary) -> PatientTable:
+        """Validate and ingest the extract (every problem at once, as :func:`ingest` does)."""
+        from .validate import ingest
+
+        return ingest(self.table, schema=self.schema, dictionary=dictionary)
+
+    def __repr__(self) -> str:
+        return (f"EhrExtract(source={self.report.source!r}, rows={len(self.table)}, "
+                f"patients={self.report.patients})")
+
+
+def long_schema(site: str, *, labelled: bool) -> SiteSchema:
+    """The site schema of an extract: features are already dictionary ids."""
+    if labelled:
+        return SiteSchema(site=site, format="long", label="label", long=LONG_COLUMNS)
+    return SiteSchema(site=site, format="long", label=None, unlabeled=True, long=LONG_COLUMNS)
+
+
+def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[str], dictionary: FeatureDictionary,
+            site: str, source: str, snapshot_hours: float, notes: tuple[str, ...] = (),
+            unmapped: dict[str, int] | None = None) -> EhrExtract:
+    """Map ``events`` (columns :data:`EVENT_COLUMNS`) onto the dictionary and build the extract.
+
+    ``labels``: patient id -> 1/0 (NaN: no label); None for an unlabeled extract.
+    ``patients``: every patient of the cohort (those without events are counted).
+    ``unmapped``: code -> rows a reader counted without reading them (not in the dictionary).
+    """
+    if not snapshot_hours > 0:
+        raise ValueError("snapshot_hours must be > 0")
+    counted = dict(unmapped or {})
+    by_code = {k: f.id for k, f in dictionary.by_code().items()}
+    ev = events.loc[:, list(EVENT_COLUMNS)].reset_index(drop=True)
+    feature = ev["code"].map(by_code)
+    refused = feature.isna().to_numpy()
+    counts = ev.loc[refused, "code"].astype(str).value_counts().to_dict()
+    for code, n in counted.items():
+        counts[code] = counts.get(code, 0) + n
+    ev = ev.assign(feature=feature)[~refused]
+    hours = pd.to_numeric(ev["hours"], errors="coerce").fillna(0.0).to_numpy(dtype=float)
+    ev = ev.assign(time=np.floor(hours / snapshot_hours).astype(np.int64), _h=hours)
+    ev = ev.sort_values(["patient_id", "time", "feature", "_h"], kind="stable")
+    last = ~ev.duplicated(["patient_id", "time", "feature"], keep="last")
+    collapsed = int((~last).sum())
+    ev = ev[last.to_numpy()]
+    out = pd.DataFrame({"patient_id": ev["patient_id"].astype(str).to_numpy(), "time": ev["time"].to_numpy(),
+                        "feature": ev["feature"].to_numpy(), "value": ev["value"].to_numpy(),
+                        "unit": ev["unit"].to_numpy()})
+    if labels is not None:
+        out["label"] = out["patient_id"].map(labels).to_numpy()
+    present = set(out["patient_id"])
+    report = ExtractReport(
+        source=source, patients=len(patients), events_read=len(events) + sum(counted.values()),
+        events_mapped=int((~refused).sum()),
+        by_feature={str(k): int(v) for k, v in out["feature"].value_counts().sort_index().items()},
+        unmapped_rows=int(sum(counts.values())),
+        unmapped_codes=describe_codes({str(k): int(v) for k, v in counts.items()}),
+        collapsed=collapsed,
+        patients_without_label=int(sum(1 for p in patients if p in present and pd.isna(labels.get(p, np.nan))))
+        if labels is not None else 0,
+        patients_without_events=sum(1 for p in patients if p not in present), notes=notes)
+    return EhrExtract(table=out.reset_index(drop=True), schema=long_schema(site, labelled=labels is not None),
+                      report=report)

@@ -1,0 +1,118 @@
+"""OMOP CDM v5.4 through SQLAlchemy on embedded DuckDB: cohorts, labels, windows, snapshots, errors."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import sqlalchemy as sa
+from clinograph.sdk.ingest import ingest
+from clinograph.sdk.ingest.omop import OmopCohort, OmopLabel, OmopSource, omop_engine, read_omop
+from clinograph.sdk.research.omop_demo import (
+    DISTRACTOR_MEASUREMENT,
+    ICU_VISIT,
+    SHUNT_CONDITION,
+    demo_source,
+    omop_tables,
+    write_omop,
+)
+from clinograph.secure.errors import ConfigError, SchemaError
+from ehr_helpers import D, assert_same, demo_hospitals
+from pydantic import ValidationError
+
+
+@pytest.fixture(scope="module")
+def north_db(tmp_path_factory):
+    table, schema = demo_hospitals()[0]
+    path = tmp_path_factory.mktemp("omop") / "north.duckdb"
+    engine = sa.create_engine(f"duckdb:///{path}")
+    write_omop(engine, table, schema, D)
+    engine.dispose()
+    return path
+
+
+def test_omop_duckdb_reads_what_the_csv_holds(north_db):
+    table, schema = demo_hospitals()[0]
+    extract = read_omop(omop_engine(north_db), source=demo_source("north"), dictionary=D)
+    assert_same(ingest(table, schema=schema, dictionary=D), extract.ingest(D))
+    r = extract.report
+    assert r.unmapped_codes == f"'OMOP/{DISTRACTOR_MEASUREMENT}'" and r.unmapped_rows > 0
+    assert any("outside the feature window" in n for n in r.notes)
+    assert r.by_feature["glucose"] > 0 and r.patients == len(table)
+
+
+def test_cohort_by_sql_equals_cohort_by_concept_set(north_db):
+    by_set = read_omop(omop_engine(north_db), source=demo_source("north"), dictionary=D).ingest(D)
+    by_sql = read_omop(omop_engine(north_db), source=demo_source("north", cohort_sql=True), dictionary=D).ingest(D)
+    assert_same(by_set, by_sql)
+
+
+def test_label_window_and_observation_labels(north_db):
+    table, _ = demo_hospitals()[0]
+    wide = read_omop(omop_engine(north_db), source=demo_source("north").model_copy(
+        update={"label": OmopLabel(condition_concept_ids=(SHUNT_CONDITION,), window_days=60.0)}), dictionary=D)
+    narrow = read_omop(omop_engine(north_db), source=demo_source("north"), dictionary=D)
+    n_late = sum(1 for i, y in enumerate(table["outcome"]) if y == 0 and (i + 1) % 11 == 0)
+    assert wide.table.groupby("patient_id")["label"].first().sum() == \
+        narrow.table.groupby("patient_id")["label"].first().sum() + n_late
+
+
+def test_a_folder_of_table_files_is_read_through_duckdb(tmp_path):
+    table, schema = demo_hospitals()[3]
+    for name, df in omop_tables(table, schema, D).items():
+        if name == "measurement":
+            df.to_parquet(tmp_path / "measurement.parquet", index=False)
+        else:
+            df.to_csv(tmp_path / f"{name}.csv", index=False)
+    extract = read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
+    assert_same(ingest(table, schema=schema, dictionary=D), extract.ingest(D))
+
+
+def test_measurement_datetimes_become_snapshots(tmp_path):
+    table, schema = demo_hospitals()[3]
+    tables = omop_tables(table.iloc[:3], schema, D)
+    m = tables["measurement"]
+    later = m.copy()
+    later["measurement_id"] += 10_000
+    later["measurement_datetime"] = later["measurement_datetime"] + pd.Timedelta(hours=30)
+    tables["measurement"] = pd.concat([m, later], ignore_index=True)
+    engine = sa.create_engine(f"duckdb:///{tmp_path / 'ts.duckdb'}")
+    with engine.begin() as conn:
+        for name, df in tables.items():
+            df.to_sql(name, conn, index=False)
+    source = demo_source("west").model_copy(update={"after_days": 2.0, "snapshot_hours": 24.0})
+    t = read_omop(engine, source=source, dictionary=D).ingest(D)
+    assert t.n_snapshots == 2 and sorted(set(t.time.tolist())) == [0, 1]
+
+
+def test_missing_tables_and_columns_are_all_named(tmp_path):
+    engine = sa.create_engine(f"duckdb:///{tmp_path / 'bad.duckdb'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE person (person_id BIGINT)")
+        conn.exec_driver_sql("CREATE TABLE measurement (person_id BIGINT, measurement_concept_id INT)")
+    with pytest.raises(SchemaError) as err:
+        read_omop(engine, source=demo_source("x"), dictionary=D)
+    text = str(err.value)
+    for table in ("visit_occurrence", "condition_occurrence", "observation"):
+        assert f"OMOP table {table!r} is missing" in text
+    assert "'person' lacks column(s) ['person_source_value']" in text
+    assert "'measurement' lacks column(s) ['measurement_date'" in text
+
+
+def test_a_bad_cohort_query_is_named_without_data(north_db):
+    bad = demo_source("north").model_copy(update={"cohort": OmopCohort(sql="SELECT person_id FROM person")})
+    with pytest.raises(SchemaError, match=r"returns no column\(s\) \['index_datetime'\]"):
+        read_omop(omop_engine(north_db), source=bad, dictionary=D)
+    broken = demo_source("north").model_copy(update={"cohort": OmopCohort(sql="SELECT nonsense FROM nowhere")})
+    with pytest.raises(SchemaError, match="cohort query of site 'north' failed"):
+        read_omop(omop_engine(north_db), source=broken, dictionary=D)
+
+
+def test_source_configuration_is_strict():
+    with pytest.raises(ValidationError, match="define the cohort one way"):
+        OmopCohort(sql="SELECT 1", visit_concept_ids=(ICU_VISIT,))
+    with pytest.raises(ValidationError, match="needs condition_concept_ids or observation_concept_ids"):
+        OmopLabel(window_days=1.0)
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        OmopSource.model_validate({"site": "a", "cohort": {"visit_concept_ids": [1]}, "label": None, "typo": 1})
+    with pytest.raises(ConfigError, match="does not exist"):
+        omop_engine("/nonexistent/omop")
