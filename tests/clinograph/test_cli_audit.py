@@ -76,3 +76,50 @@ def test_report_writes_html_and_refuses_output_inside_the_audit_dir(audit_dir, t
     assert 'id="verification-failed"' in out.read_text()
     result = runner.invoke(app, ["report", str(tmp_path / "nope")])
     assert result.exit_code == 1 and "not a directory" in result.stderr
+
+
+def test_trusted_key_errors_are_distinct(audit_dir, tmp_path):
+    """A missing file, a PEM private key, a non-base64 file and a wrong-length key each say what
+    they are (exit 2); a valid key of another server is WRONG KEY (exit 1); a PEM public key works."""
+    from cryptography.hazmat.primitives import serialization
+
+    d, server = audit_dir
+    missing = runner.invoke(app, ["verify", str(d), "--trusted-key", str(tmp_path / "keys" / "server.pub")])
+    assert missing.exit_code == 2 and "no such file" in missing.stderr
+    server.save(tmp_path / "server.ed25519.pem")
+    private = runner.invoke(app, ["verify", str(d), "--trusted-key", str(tmp_path / "server.ed25519.pem")])
+    assert private.exit_code == 2 and "PEM *private* key" in private.stderr
+    (tmp_path / "junk.pub").write_text("hello world\n")
+    junk = runner.invoke(app, ["verify", str(d), "--trusted-key", str(tmp_path / "junk.pub")])
+    assert junk.exit_code == 2 and "is not base64" in junk.stderr
+    (tmp_path / "short.pub").write_text("c2hvcnQ=\n")
+    short = runner.invoke(app, ["verify", str(d), "--trusted-key", str(tmp_path / "short.pub")])
+    assert short.exit_code == 2 and "decodes to 5 byte(s)" in short.stderr
+    assert len({missing.stderr, private.stderr, junk.stderr, short.stderr}) == 4
+    other = tmp_path / "other.pub"
+    other.write_text(Identity.generate("server").public.b64() + "\n")
+    wrong = runner.invoke(app, ["verify", str(d), "--trusted-key", str(other)])
+    assert wrong.exit_code == 1 and wrong.stderr.startswith("WRONG KEY")
+    raw_pem = serialization.load_pem_private_key((tmp_path / "server.ed25519.pem").read_bytes(), None)
+    (tmp_path / "server_pub.pem").write_bytes(raw_pem.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    ok = runner.invoke(app, ["verify", str(d), "--trusted-key", str(tmp_path / "server_pub.pem")])
+    assert ok.exit_code == 0 and "signer checked" in ok.stdout
+
+
+def test_report_says_whether_the_signer_was_checked(audit_dir, tmp_path):
+    d, server = audit_dir
+    out = tmp_path / "r.html"
+    plain = runner.invoke(app, ["report", str(d), "--out", str(out)])
+    assert plain.exit_code == 0 and "signer NOT checked" in plain.stdout
+    assert 'id="signer-unchecked"' in out.read_text()
+    key = tmp_path / "server.pub"
+    key.write_text(server.public.b64() + "\n")
+    pinned = runner.invoke(app, ["report", str(d), "--out", str(out), "--trusted-key", str(key)])
+    assert pinned.exit_code == 0 and "signer checked" in pinned.stdout
+    html = out.read_text()
+    assert 'id="signer-trusted"' in html and server.public.fingerprint in html
+    assert "SHA-256 of its 32 raw Ed25519 public-key bytes" in html
+    key.write_text(Identity.generate("x").public.b64() + "\n")
+    wrong = runner.invoke(app, ["report", str(d), "--out", str(out), "--trusted-key", str(key)])
+    assert wrong.exit_code == 1 and 'id="signer-wrong"' in out.read_text()

@@ -57,3 +57,22 @@ def test_keys_init_refuses_to_overwrite_and_bad_names(tmp_path):
     assert bad.exit_code == 2
     assert "'bad name' must match" in bad.output and "repeat" in bad.output
     assert not (tmp_path / "k2").exists()
+
+
+def test_keys_init_writes_server_pub_for_auditors_and_verify_pins_it(tmp_path):
+    """docs/audit.md's `audit verify ... --trusted-key server.pub` works with what keys init wrote."""
+    from clinograph.secure.audit import AuditTrail
+
+    from clinograph.commands.audit import app as audit_app
+
+    r = _init(tmp_path)
+    assert r.exit_code == 0, r.output
+    k = tmp_path / "keys"
+    server = Identity.load("server", k / "superlink" / "server.ed25519.pem")
+    assert (k / "server.pub").read_text() == server.public.b64() + "\n"
+    assert f"fingerprint {server.public.fingerprint}" in r.output and "server.pub" in r.output
+    with AuditTrail(tmp_path / "audit", identity=server) as trail:
+        trail.record("note", {"x": 1})
+    ok = CliRunner().invoke(audit_app, ["verify", str(tmp_path / "audit"), "--trusted-key", str(k / "server.pub")])
+    assert ok.exit_code == 0, ok.output
+    assert "signer checked" in ok.stdout and server.public.fingerprint in ok.stdout
