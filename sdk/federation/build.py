@@ -27,12 +27,14 @@ from .task import Task
 
 
 def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig,
-               state_dir: Path | None = None) -> Task:
-    """The hospital's task for ``config.task`` over its ingested ``table``."""
+               state_dir: Path | None = None, identity: Identity | None = None) -> Task:
+    """The hospital's task for ``config.task`` over its ingested ``table``; with ``identity``, its DP
+    ledger file is signed by the hospital (a tampered ledger is refused)."""
     split = hospital_split(table.labels, site=table.site, test_fraction=config.split.test_fraction,
                            validation_fraction=config.split.validation_fraction, seed=config.split.seed)
     if config.task == "nsfl":
-        return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir)
+        return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir,
+                        signer=identity)
     raise ConfigError(f"Unknown task {config.task!r}. Registered: nsfl.")  # pragma: no cover - Literal guards it
 
 
@@ -58,7 +60,7 @@ def build_hospital(table: pd.DataFrame | PatientTable, *, dictionary: FeatureDic
     if pt.site != identity.name:
         raise ConfigError(f"The table belongs to site {pt.site!r} but the signing identity is {identity.name!r}; "
                           "use the hospital's own key (its file name names the site).")
-    task = task or build_task(pt, dictionary=dictionary, config=config, state_dir=state_dir)
+    task = task or build_task(pt, dictionary=dictionary, config=config, state_dir=state_dir, identity=identity)
     return HospitalClient(task=task, identity=identity, server=server, peers=peers,
                           dictionary_hash=dictionary.digest(), federation_id=federation_id, release=config.release)
 

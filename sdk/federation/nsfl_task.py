@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from clinograph.secure.errors import ConfigError
+from clinograph.secure.identity import Identity
 from clinograph.secure.spec import ModuleKind
 
 from ..config import HospitalConfig
@@ -41,7 +42,7 @@ class NSFLTask:
     name = "nsfl"
 
     def __init__(self, table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
-                 state_dir: Path | None = None):
+                 state_dir: Path | None = None, signer: Identity | None = None):
         if config.privacy.enabled and config.personal.fine_tune_epochs:
             raise ConfigError("[personal] fine_tune_epochs > 0 with [privacy] enabled: fine-tuning would train on "
                               "patients outside the DP accountant. Set fine_tune_epochs = 0 under DP.")
@@ -60,7 +61,7 @@ class NSFLTask:
                                   "ledger: set [privacy] state_dir (or pass state_dir).")
             root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else Path(state_dir)  # type: ignore[arg-type]
             self.trainer = dp_trainer_factory(table=table, train_idx=split.train, config=config, site=table.site,
-                                              state_dir=root)
+                                              state_dir=root, signer=signer)
         else:
             self.trainer = GraphTrainer(table, train_idx=split.train, k_similar=config.graph.k_similar,
                                         config=config.training)

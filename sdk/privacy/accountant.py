@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from clinograph.secure.errors import IntegrityError, PrivacyBudgetExceeded, PrivacyError
+from clinograph.secure.hazmat.labels import SIG_PRIVACY_LEDGER
 from clinograph.secure.identity import Identity
 from clinograph.secure.messages import LedgerEntry
 
@@ -42,7 +43,6 @@ FILENAME = "privacy_ledger.json"
 LOCKNAME = "privacy_ledger.json.lock"
 # Signature context of the ledger file. Belongs with the others in secure/hazmat/labels.py
 # (house style 14); kept here until that file can take it.
-SIG_PRIVACY_LEDGER = b"clinograph/v1/sig/privacy-ledger"
 ACCOUNTANTS = ("rdp", "prv")
 History = list[tuple[float, float, int]]
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from clinograph.secure.errors import PrivacyError
+from clinograph.secure.identity import Identity
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -189,7 +190,7 @@ class DPTrainer:
 
 
 def dp_trainer_factory(*, table: PatientTable, train_idx: np.ndarray, config: HospitalConfig, site: str,
-                       state_dir: str | Path) -> DPTrainer:
+                       state_dir: str | Path, signer: Identity | None = None) -> DPTrainer:
     """The DP trainer of a hospital built from its :class:`~clinograph.sdk.config.HospitalConfig`.
 
     σ is ``privacy.noise_multiplier`` or, if unset, calibrated to ``target_epsilon`` (default
@@ -206,7 +207,7 @@ def dp_trainer_factory(*, table: PatientTable, train_idx: np.ndarray, config: Ho
                            "guarantee the federation's policy does not check).")
     refuse_coupled_training(k_similar=config.graph.k_similar, site=site)
     ledger = PrivacyLedger(Path(state_dir), site=site, budget_epsilon=priv.epsilon_budget, delta=priv.delta,
-                           accountant=priv.accountant)
+                           accountant=priv.accountant, signer=signer)  # signer: the ledger file is signed
     q, steps_epoch = poisson_plan(n_train=len(train_idx), batch_size=priv.batch_size)
     sigma = priv.noise_multiplier
     if sigma is None:

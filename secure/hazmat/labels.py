@@ -10,6 +10,7 @@ SIG_MESSAGE = b"clinograph/v1/sig/message"
 SIG_AUDIT_ENTRY = b"clinograph/v1/sig/audit-entry"
 SIG_AUDIT_HEAD = b"clinograph/v1/sig/audit-head"
 SIG_ROUND_KEYS = b"clinograph/v1/sig/round-keys"
+SIG_PRIVACY_LEDGER = b"clinograph/v1/sig/privacy-ledger"  # a hospital signs its own DP ledger file
 
 # HKDF info labels.
 KDF_PAIRWISE_MASK = b"clinograph/v1/pairwise-mask"

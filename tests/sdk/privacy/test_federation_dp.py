@@ -52,3 +52,21 @@ def test_a_hospital_whose_ledger_breaks_the_policy_is_refused(tables, dictionary
     assert {p["client"] for p in rejected} == {"gamma"}
     ledgers = [e["payload"] for e in entries if e["kind"] == "ledger"]
     assert sorted((p["client"], p["round"]) for p in ledgers) == [("alpha", 0), ("alpha", 1), ("beta", 0), ("beta", 1)]
+
+
+def test_a_hospitals_ledger_file_is_signed_and_an_edit_is_refused(tables, dictionary, tmp_path):
+    import pytest
+    from clinograph.secure.errors import PrivacyError
+
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim.run_round()
+    sim.audit.close()
+    site = sorted(sim.hospitals)[0]
+    path = tmp_path / "state" / site / "privacy_ledger.json"
+    state = json.loads(path.read_text())
+    assert "signature" in json.dumps(state)  # signed by the hospital's own key
+    state["history"] = [[h[0], h[1], 0] for h in state["history"]]  # "forget" the steps taken
+    path.write_text(json.dumps(state))
+    with pytest.raises(PrivacyError, match="privacy_ledger.json"):
+        PrivacyLedger(tmp_path / "state" / site, site=site, budget_epsilon=20.0, delta=1e-5,
+                      signer=sim.hospitals[site].identity)
