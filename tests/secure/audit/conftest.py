@@ -96,3 +96,46 @@ def write_federation(directory: Path, *, rounds: int = 3) -> Federation:
 def federation_dir(tmp_path_factory) -> Federation:
     """A pristine audit directory; copy it before changing anything."""
     return write_federation(tmp_path_factory.mktemp("audit") / "run")
+
+
+def write_second_run(directory: Path, fed: Federation) -> str:
+    """Reopen ``directory`` as a second run (ckks mode) with what the round loop writes: a drop
+    with its wait, a signed refusal, participation, release and the run's end. Returns the run id."""
+    tick = iter(range(10_000))
+    trail = AuditTrail(directory, identity=fed.server, clock=lambda: 1_700_100_000.0 + next(tick))
+    trail.record("manifest", manifest(fed.server, fed.hospitals, secure_mode="ckks"))
+    names = sorted(fed.hospitals)
+    for r in range(2):
+        trail.record("round_plan", {"round": r, "participants": names, "plan_sha256": hashlib.sha256(bytes([r])).hexdigest(),
+                                    "secure_mode": "ckks", "strategy": "fedavg", "weights": {n: 1.0 for n in names},
+                                    "spec_version": 0})
+        contributed = ["hosp-a", "hosp-b"] if r == 0 else ["hosp-a"]
+        for i, name in enumerate(contributed):
+            trail.record("ledger", {"client": name, "round": r, "epsilon": 0.5 * (r + 1) + 0.1 * i, "delta": 1e-5,
+                                    "budget_epsilon": 2.0, "noise_multiplier": 1.0})
+        refused = {"hosp-c": {"stage": "plan", "reason": "PrivacyBudgetExceeded: budget spent", "signed": True,
+                              "final": True}}
+        dropped = {} if r == 0 else {"hosp-b": {"stage": "stage 1",
+                                                "reason": "no reply to 'stage' within 60 s (timeout 60 s)"}}
+        trail.record("hospital_refused", {"round": r, "stage": "plan", "client": "hosp-c",
+                                          "reason": "PrivacyBudgetExceeded: budget spent", "signed": True,
+                                          "final": True, "refusal_sha256": "c" * 64})
+        trail.record("aggregate", {"round": r, "contributors": contributed, "module_coverage": {},
+                                   "global_state_digest": "0" * 64, "modules_updated": 0})
+        trail.record("round_participation", {
+            "round": r, "secure_mode": "ckks", "outcome": "aggregated", "invited": names,
+            "answered": [n for n in names if n != "hosp-c"], "contributed": contributed, "dropped": dropped,
+            "refused": refused, "rejected": {}})
+    trail.record("release", {"round": 1, "secure_mode": "ckks", "global_state_digest": "0" * 64, "model_sha256": None})
+    trail.record("run_ended", {"status": "too_few_hospitals", "reason": "1 hospital(s) can still take part",
+                               "rounds_completed": 2, "rounds_planned": 5})
+    run = trail.run_id
+    trail.close()
+    return run
+
+
+@pytest.fixture(scope="session")
+def two_runs_dir(tmp_path_factory) -> tuple[Federation, str]:
+    """The pristine federation directory plus a second run (see write_second_run)."""
+    fed = write_federation(tmp_path_factory.mktemp("audit2") / "run")
+    return fed, write_second_run(fed.directory, fed)

@@ -87,3 +87,96 @@ def test_report_renders_in_headless_chromium(full_report, tmp_path):
                 shutil.copyfile(shot, docs)
         finally:
             driver.quit()
+
+
+@pytest.fixture(scope="module")
+def two_runs_report(two_runs_dir, tmp_path_factory) -> Path:
+    from clinograph.secure.audit.report import render_report as render
+
+    fed, _ = two_runs_dir
+    return render(fed.directory, out=tmp_path_factory.mktemp("report2") / "report.html",
+                         trusted_server_key=fed.server.public.raw)
+
+
+def test_runs_are_shown_separately_with_their_own_mode_participation_and_epsilon(two_runs_dir, two_runs_report):
+    _, second = two_runs_dir
+    html = two_runs_report.read_text()
+    assert '<section id="runs">' in html and second in html
+    assert '<article id="run-1">' in html and '<article id="run-2">' in html
+    for section in SECTIONS[2:] + ["refusals", "release"]:
+        assert f'<section id="{section}">' in html and f'<section id="run1-{section}">' in html
+    run1, run2 = html.split('<article id="run-2">')
+    assert "secure mode per round: masked" in run1 and "secure mode per round: ckks" in run2
+    # run 2's latest ε is its own (1.0 at round 1), not run 1's larger figures
+    assert "<tr><th scope=\"row\">hosp-a</th><td>1.000</td><td>1</td><td>2</td>" in run2
+    assert "hosp-b at stage 1: no reply to &#x27;stage&#x27; within 60 s (timeout 60 s)" in run2
+    assert "PrivacyBudgetExceeded: budget spent" in run2 and "signed by the hospital" in run2
+    assert "too_few_hospitals" in run2 and "none: the server holds no plaintext model" in run2
+    assert 'id="signer-trusted"' in html
+
+
+def test_every_chart_has_a_text_version_a_real_alt_and_no_empty_headers(full_report, two_runs_report):
+    for page in (full_report, two_runs_report):
+        html = page.read_text()
+        images = re.findall(r'<img id="([^"]+)" alt="([^"]*)"', html)
+        assert images
+        for ident, alt in images:
+            assert f'<table id="{ident}-data">' in html, ident
+            assert len(alt) > 40 and any(ch.isdigit() for ch in alt), (ident, alt)
+        assert '<th scope="col"></th>' not in html and "<th></th>" not in html
+        assert "<caption>" in html
+
+
+def _luminance(hex_colour: str) -> float:
+    rgb = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def test_text_colours_reach_wcag_aa_contrast():
+    from clinograph.secure.audit.report import CSS
+
+    for colour in re.findall(r"(?<![-\w])color:(#[0-9a-fA-F]{6})", CSS):
+        ratio = (1.05) / (_luminance(colour) + 0.05)  # on white
+        assert ratio >= 4.5, (colour, ratio)
+
+
+def test_metric_names_are_defined():
+    from clinograph.secure.audit.report import describe_metric
+
+    assert describe_metric("auroc").startswith("area under the ROC curve")
+    assert describe_metric("val_brier").endswith("on the validation split")
+    assert "does not define it" in describe_metric("my_score")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not (CHROMIUM and DRIVER),
+                    reason="chromium/chromedriver not installed (apt-get install -y chromium chromium-driver)")
+def test_new_sections_render_in_headless_chromium(two_runs_report):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    with tempfile.TemporaryDirectory() as profile:
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                     "--disable-dev-shm-usage", "--no-first-run", f"--user-data-dir={profile}",
+                     "--window-size=1100,1400"):
+            options.add_argument(flag)
+        driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+        try:
+            driver.get(two_runs_report.as_uri())
+            for ident in ("runs", "run-1", "run-2", "refusals", "run1-refusals", "release", "run1-participation",
+                          "img-participation-data", "img-privacy-data", "signer-trusted"):
+                assert driver.find_element("id", ident).is_displayed(), ident
+            for img in ("img-participation", "img-privacy", "run1-img-coverage", "run1-img-feature-relevance"):
+                width = driver.execute_script(
+                    "const i = document.getElementById(arguments[0]); return i.complete ? i.naturalWidth : 0;", img)
+                assert width > 0, f"{img} did not load"
+            assert "PrivacyBudgetExceeded" in driver.find_element("id", "refusals").text
+            assert "Run 2 of 2 (latest)" in driver.find_element("id", "run-2").text
+            # nothing was fetched from outside the page
+            resources = driver.execute_script("return performance.getEntriesByType('resource').map(r => r.name)")
+            assert all(r.startswith("data:") for r in resources), resources
+        finally:
+            driver.quit()
