@@ -276,6 +276,9 @@ class FederationServer:
             sums = rnd.aggregation.result() if self.mode.server_sees_sum else None
         except ProtocolError as exc:
             self.audit.record("round_aborted", {"round": rnd.plan.round, "reason": str(exc)[:MAX_REASON_CHARS]})
+            # The round number is spent: hospitals that trained in it refuse a second plan for it
+            # (replay protection), so the next plan is for the next round, from the same state.
+            self.round += 1
             raise
         metrics = {c: dict(r.metrics) for c, r in rnd.reports.items() if r.metrics}
         self.strategy.observe(round_=rnd.plan.round, metrics=metrics)
