@@ -178,7 +178,7 @@ def test_audit_commands_need_only_the_base_install(tmp_path):
     assert (tmp_path / "r.html").stat().st_size > 10_000
 
 
-# ---- Reserved: "the lean server serves a federation to full-install hospitals" goes here.
-# Take the `lean_server_python` fixture (the server's SuperLink/ServerApp run from
-# Path(lean_server_python).parent, hospitals from this interpreter, sys.executable) and mark
-# the test slow.
+# The lean server serving a federation to full-install hospitals, with real processes, is
+# tests/integration/test_flower_deployment.py: its SuperLink and ServerApp run from this
+# fixture's venv (checked through the ServerApp's "started" event: that install, no torch), the
+# SuperNodes from the full install, for masked and for CKKS, with a hospital killed mid-round.
