@@ -1,0 +1,131 @@
+"""MEDS datasets -> the long table :func:`ingest` takes.
+
+A MEDS dataset (Medical Event Data Standard; schema from the ``meds`` package) is a folder
+whose ``data/`` holds Parquet shards of events ``subject_id, time, code, numeric_value``
+(``text_value`` optional, extra columns allowed). Codes are ``SYSTEM/CODE`` (``LOINC/2345-7``)
+and map through the dictionary's codes; a unit is read from an extra ``unit`` column, else from
+a last ``//``-separated part of the code (``LOINC/2345-7//mg/dL``, as MEDS ETLs write labs),
+else the dictionary's canonical unit is assumed. Labels come from a MEDS label file
+(``subject_id, prediction_time, boolean_value``): features are the events at or before the
+prediction time (``lookback_hours`` before it at most), binned into snapshots of
+``snapshot_hours`` counted back from it; static events (no time) join snapshot 0. Without
+labels, times count from each subject's first event and the extract is unlabeled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from clinograph.secure.errors import ConfigError, SchemaError
+
+from ..ontology.dictionary import FeatureDictionary
+from .extract import EhrExtract, to_long
+
+
+def _read_shards(root: Path) -> pd.DataFrame:
+    import meds
+    import pyarrow.parquet as pq
+
+    data = root / meds.data_subdirectory
+    shards = sorted(data.rglob("*.parquet")) if data.is_dir() else []
+    if not shards:
+        raise ConfigError(f"MEDS dataset {root} has no Parquet shards under {meds.data_subdirectory}/. Give the "
+                          "dataset's root folder (the one holding data/ and metadata/).")
+    frames, problems = [], []
+    for shard in shards:
+        try:
+            table = pq.read_table(shard)
+        except Exception:  # pyarrow raises several unrelated types for a bad file
+            problems.append(f"MEDS shard {shard.relative_to(root)} is not a readable Parquet file.")
+            continue
+        try:
+            table = meds.DataSchema.align(table)
+        except Exception as exc:  # the meds schema names the missing or mistyped columns
+            problems.append(f"MEDS shard {shard.relative_to(root)} does not fit the MEDS data schema "
+                            f"({type(exc).__name__}: {_schema_reason(exc)}). Required: subject_id int64, time "
+                            "timestamp[us], code string, numeric_value float32.")
+            continue
+        frames.append(table.to_pandas())
+    if problems:
+        raise SchemaError(problems, title=f"MEDS dataset {root} cannot be read")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _schema_reason(exc: Exception) -> str:
+    """The schema error's first line, cut: it names columns and types, not values."""
+    return str(exc).splitlines()[0][:200] if str(exc) else "schema mismatch"
+
+
+def _labels(path: Path) -> pd.DataFrame:
+    import meds
+    import pyarrow.parquet as pq
+
+    try:
+        table = meds.LabelSchema.align(pq.read_table(path))
+    except FileNotFoundError:
+        raise ConfigError(f"MEDS label file {path} does not exist.") from None
+    except Exception as exc:
+        raise SchemaError(f"MEDS label file {path} does not fit the MEDS label schema ({_schema_reason(exc)}). "
+                          "It needs subject_id, prediction_time and boolean_value.",
+                          title="MEDS labels cannot be read") from None
+    df = table.to_pandas()
+    if df["boolean_value"].isna().all():
+        raise SchemaError(f"MEDS label file {path} has no boolean_value set. Clinograph's tasks are binary: write "
+                          "the outcome as boolean_value.", title="MEDS labels cannot be read")
+    return df
+
+
+def split_code(code: str) -> tuple[str, str | None]:
+    """``"LOINC/2345-7//mg/dL"`` -> (``"LOINC/2345-7"``, ``"mg/dL"``); the system upper-cased."""
+    base, _, unit = code.partition("//")
+    system, sep, rest = base.partition("/")
+    return (f"{system.strip().upper()}{sep}{rest.strip()}", unit.strip() or None)
+
+
+def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, labels: str | Path | None,
+              snapshot_hours: float = 24.0, lookback_hours: float | None = None) -> EhrExtract:
+    """A MEDS dataset as an :class:`EhrExtract` (long table + schema + report).
+
+    ``labels``: a MEDS label Parquet file (one prediction time per subject), or None for an
+    unlabeled extract. Patient ids are the subject ids, as text.
+
+    Raises:
+        ConfigError: the folder or label file does not exist.
+        SchemaError: shards or labels do not fit the MEDS schema (all shards named at once), or a
+            subject has several prediction times.
+    """
+    root = Path(root)
+    events = _read_shards(root)
+    sid = events["subject_id"].astype(np.int64)
+    parts = [split_code(str(c)) for c in events["code"]]
+    unit_col = events["unit"] if "unit" in events.columns else pd.Series([None] * len(events))
+    unit = [u if isinstance(u, str) and u.strip() else cu for u, (_, cu) in zip(unit_col, parts, strict=True)]
+    t = pd.to_datetime(events["time"])
+    if labels is not None:
+        lab = _labels(Path(labels))
+        repeated = lab["subject_id"].duplicated(keep=False)
+        if repeated.any():
+            raise SchemaError(f"MEDS label file {labels}: {int(lab.loc[repeated, 'subject_id'].nunique())} subject(s) "
+                              "have several prediction times. Keep one per subject (one task row a patient).",
+                              title="MEDS labels cannot be read")
+        origin = pd.Series(pd.to_datetime(lab["prediction_time"]).to_numpy(), index=lab["subject_id"].astype(np.int64))
+        y = pd.Series(lab["boolean_value"].astype(float).to_numpy(), index=[str(s) for s in lab["subject_id"]])
+        subjects = [str(s) for s in origin.index]
+    else:
+        origin = t.groupby(sid).min()
+        y, subjects = None, [str(s) for s in sorted(set(sid))]
+    hours = ((t - sid.map(origin)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+    static = t.isna().to_numpy()
+    hours[static] = 0.0
+    in_cohort = sid.isin(origin.index).to_numpy()
+    keep = in_cohort & (static | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
+    if lookback_hours is not None and labels is not None:
+        keep &= static | (hours >= -lookback_hours)
+    value = events["numeric_value"].astype(float).to_numpy()
+    frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": [c for c, _ in parts],
+                          "value": value, "unit": unit})[keep]
+    notes = (f"events outside the cohort or after the prediction time: {int((~keep).sum())}",)
+    return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
+                   snapshot_hours=snapshot_hours, notes=notes)

@@ -1,0 +1,90 @@
+"""MEDS datasets (meds package schema, Parquet): codes through the dictionary, units, labels, errors."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from clinograph.sdk.ingest.meds import read_meds, split_code
+from clinograph.sdk.research.ehr_demo import write_meds
+from clinograph.secure.errors import ConfigError, SchemaError
+from ehr_helpers import D, demo_hospitals
+
+
+def _shard(root, rows, **extra):
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    cols = {"subject_id": pa.array([r[0] for r in rows], pa.int64()),
+            "time": pa.array([r[1] for r in rows], pa.timestamp("us")),
+            "code": pa.array([r[2] for r in rows], pa.string()),
+            "numeric_value": pa.array([r[3] for r in rows], pa.float32())}
+    cols.update(extra)
+    pq.write_table(pa.table(cols), root / "data" / "0.parquet")
+
+
+def _labels(path, subjects, when):
+    pq.write_table(pa.table({"subject_id": pa.array(subjects, pa.int64()),
+                             "prediction_time": pa.array([when] * len(subjects), pa.timestamp("us")),
+                             "boolean_value": pa.array([True, False][: len(subjects)])}), path)
+    return path
+
+
+T0 = dt.datetime(2024, 1, 2, 12)
+
+
+def test_codes_units_snapshots_and_the_prediction_time(tmp_path):
+    rows = [(1, T0, "LOINC/2345-7//mg/dL", 90.078), (1, T0 - dt.timedelta(hours=30), "LOINC/8867-4", 70.0),
+            (1, T0 + dt.timedelta(hours=1), "LOINC/8867-4", 150.0),   # after the prediction time: not read
+            (1, None, "ALARM/HISTORY", 1.0),                          # static: snapshot of the prediction time
+            (2, T0, "ICD10/J98", None), (2, T0, "loinc/8867-4", 80.0)]
+    _shard(tmp_path, rows)
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=_labels(tmp_path / "l.parquet", [1, 2], T0))
+    t = ex.ingest(D)
+    assert t.n_snapshots == 2 and t.labels.tolist() == [1, 0]
+    glucose = t.value[t.node == D.node_index()["glucose"]]
+    assert glucose.tolist() == pytest.approx([5.0], rel=1e-6)       # mg/dL from the code, molar mass of glucose
+    assert ex.report.unmapped_rows == 1 and "1 other code(s) not shown" in ex.report.unmapped_codes  # one row
+    assert "after the prediction time: 1" in ex.report.notes[0]
+
+
+def test_split_code():
+    assert split_code("loinc/2345-7//mg/dL") == ("LOINC/2345-7", "mg/dL")
+    assert split_code("ALARM/HRBP") == ("ALARM/HRBP", None)
+
+
+def test_a_unit_column_wins_and_unlabeled_datasets(tmp_path):
+    _shard(tmp_path, [(1, T0, "LOINC/8310-5", 98.6)], unit=pa.array(["[degF]"]))
+    t = read_meds(tmp_path, dictionary=D, site="s", labels=None).ingest(D)
+    assert t.value.tolist() == pytest.approx([37.0], rel=1e-4) and t.labels.tolist() == [-1]
+
+
+def test_shards_that_do_not_fit_the_schema_are_all_named(tmp_path):
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.table({"subject_id": pa.array([1]), "code": pa.array(["x"])}), tmp_path / "data" / "a.parquet")
+    (tmp_path / "data" / "b.parquet").write_bytes(b"not parquet")
+    with pytest.raises(SchemaError) as err:
+        read_meds(tmp_path, dictionary=D, site="s", labels=None)
+    text = str(err.value)
+    assert "data/a.parquet does not fit the MEDS data schema" in text and "data/b.parquet is not a readable" in text
+    with pytest.raises(ConfigError, match="has no Parquet shards under data/"):
+        read_meds(tmp_path / "none", dictionary=D, site="s", labels=None)
+
+
+def test_one_prediction_time_a_subject(tmp_path):
+    _shard(tmp_path, [(1, T0, "LOINC/8867-4", 70.0)])
+    pq.write_table(pa.table({"subject_id": pa.array([1, 1], pa.int64()),
+                             "prediction_time": pa.array([T0, T0], pa.timestamp("us")),
+                             "boolean_value": pa.array([True, False])}), tmp_path / "l.parquet")
+    with pytest.raises(SchemaError, match="1 subject\\(s\\) have several prediction times"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=tmp_path / "l.parquet")
+
+
+def test_the_demo_writer_fits_the_meds_schema(tmp_path):
+    import meds
+
+    table, schema = demo_hospitals()[1]
+    write_meds(tmp_path, table, schema, D)
+    shard = pq.read_table(tmp_path / "data" / "0.parquet")
+    assert shard.schema.field("numeric_value").type == pa.float32()
+    meds.DataSchema.validate(shard)
