@@ -1,0 +1,60 @@
+"""Done-criterion test: each demo hospital read from CSV, OMOP (DuckDB and PostgreSQL), MEDS and
+FHIR ingests to the same table (MEDS values to float32 precision, MEDS patients renamed from
+subject ids). The PostgreSQL server is started here, in a temporary cluster, and stopped."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from clinograph.sdk.ingest import ingest, read_table
+from clinograph.sdk.ingest.fhir import read_fhir
+from clinograph.sdk.ingest.meds import read_meds
+from clinograph.sdk.ingest.omop import omop_engine, read_omop
+from clinograph.sdk.research.ehr_demo import LABEL_CODE, write_fhir, write_meds
+from clinograph.sdk.research.omop_demo import demo_source, write_omop
+from ehr_helpers import HOSPITALS, D, assert_same, demo_hospitals
+from pg_server import pg_bin, postgres_server
+
+
+@pytest.fixture(scope="module")
+def pg_url():
+    if pg_bin() is None:
+        pytest.skip("PostgreSQL server binaries are absent (Debian package `postgresql`; `make postgres` installs "
+                    "them)")
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.mark.parametrize("which", range(4), ids=[h.site for h in HOSPITALS])
+def test_csv_omop_meds_and_fhir_give_the_same_table(tmp_path, which):
+    table, schema = demo_hospitals()[which]
+    site = schema.site
+    table.to_csv(tmp_path / "h.csv", index=False)
+    from_csv = ingest(read_table(tmp_path / "h.csv"), schema=schema, dictionary=D)
+    assert_same(ingest(table, schema=schema, dictionary=D), from_csv)
+
+    engine = sa.create_engine(f"duckdb:///{tmp_path / 'omop.duckdb'}")
+    write_omop(engine, table, schema, D)
+    engine.dispose()
+    assert_same(from_csv, read_omop(omop_engine(tmp_path / "omop.duckdb"), source=demo_source(site),
+                                    dictionary=D).ingest(D))
+
+    labels = write_meds(tmp_path / "meds", table, schema, D)
+    subject = {str(i): p for i, p in enumerate(table[schema.patient_id])}
+    assert_same(from_csv, read_meds(tmp_path / "meds", dictionary=D, site=site, labels=labels).ingest(D),
+                ids_b=subject, rtol=1e-6)
+
+    write_fhir(tmp_path / "fhir", table, schema, D)
+    assert_same(from_csv, read_fhir(tmp_path / "fhir", dictionary=D, site=site, label_code=LABEL_CODE).ingest(D))
+
+
+def test_omop_on_a_real_postgresql_server(pg_url):
+    engine = sa.create_engine(pg_url)
+    for table, schema in demo_hospitals():
+        write_omop(engine, table, schema, D, cdm_schema=f"cdm_{schema.site}")
+    for table, schema in demo_hospitals():
+        from_csv = ingest(table, schema=schema, dictionary=D)
+        for by_sql in (False, True):
+            source = demo_source(schema.site, cdm_schema=f"cdm_{schema.site}", cohort_sql=by_sql)
+            assert_same(from_csv, read_omop(omop_engine(pg_url), source=source, dictionary=D).ingest(D))
+    engine.dispose()
