@@ -32,6 +32,18 @@ def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: Ho
     ledger file is signed by the hospital (a tampered ledger is refused)."""
     split = hospital_split(table.labels, site=table.site, test_fraction=config.split.test_fraction,
                            validation_fraction=config.split.validation_fraction, seed=config.split.seed)
+    if config.task == "nsfl" and config.privacy.enabled and config.privacy.mode == "distributed":
+        from .dp_task import (  # distributed DP: one DP-SGD step a round
+            DistributedDPTask,
+            hospital_policy,
+        )
+
+        root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else state_dir
+        if root is None:
+            raise ConfigError(f"Hospital {table.site!r} trains with distributed DP but has no state directory for "
+                              "its ledger: set [privacy] state_dir (or pass state_dir).")
+        return DistributedDPTask(table, dictionary=dictionary, config=config, split=split,
+                                 policy=hospital_policy(config), state_dir=Path(root))
     if config.task == "nsfl":
         return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir,
                         signer=identity)

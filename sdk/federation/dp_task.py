@@ -23,12 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.secure.audit import AuditTrail
 from clinograph.secure.dp import DistributedPolicy, check_configuration
 from clinograph.secure.errors import ConfigError, PrivacyError
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.secure.identity import Identity
-from clinograph.secure.runtime import InProcessTransport, build_server
 from clinograph.secure.runtime.build import masked_options, weight_bound
 from clinograph.secure.runtime.config import DPPolicySection
 from clinograph.secure.spec import ModuleKind
@@ -44,9 +41,8 @@ from ..training.local import predict
 from ..training.metrics import binary_metrics
 from ..training.personal import personal_module_map
 from ..training.trainer import TrainOutcome
-from .build import build_hospital, initial_model
 from .simulate import SimulatedFederation
-from .split import Split, hospital_split
+from .split import Split
 
 
 class _ExactLocal(ModuleMap):
@@ -211,33 +207,22 @@ def check_simulation(config: SimulationConfig, tables: Sequence[PatientTable], *
                                max_batch=max_weight, dim=dim)
 
 
+def hospital_policy(config: HospitalConfig) -> DistributedPolicy:
+    """The distributed-DP policy a hospital holds itself to: its own [privacy] values (the server
+    checks every round that they equal the federation's [dp_policy])."""
+    p = config.privacy
+    missing = [k for k in ("noise_multiplier", "sample_rate", "min_honest", "planned_rounds") if getattr(p, k) is None]
+    if missing:
+        raise ConfigError(f"[privacy] mode = 'distributed' needs {missing} (copy the federation's [dp_policy]).")
+    return DistributedPolicy(mechanism=p.mechanism, noise_multiplier=float(p.noise_multiplier),  # type: ignore[arg-type]
+                             clip_norm=p.clip_norm, sample_rate=float(p.sample_rate),  # type: ignore[arg-type]
+                             min_honest=int(p.min_honest), rounds=int(p.planned_rounds),  # type: ignore[arg-type]
+                             max_epsilon=p.epsilon_budget, delta=p.delta)
+
+
 def build_distributed_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary,
                                  config: SimulationConfig, *, audit_dir: Path) -> SimulatedFederation:
-    """A federation in distributed-DP mode: policy checked, then the same pieces as build_simulation."""
-    fed = config.federation
-    hconf = config.hospital_config()
-    policy = distributed_policy(config).distributed()
-    server_id = Identity.generate("server")
-    ids = {t.site: Identity.generate(t.site) for t in tables}
-    publics = {n: i.public for n, i in ids.items()}
-    root = Path(hconf.privacy.state_dir or config.output)
-    tasks = {t.site: DistributedDPTask(t, dictionary=dictionary, config=hconf, policy=policy, state_dir=root / t.site,
-                                       split=hospital_split(t.labels, site=t.site,
-                                                            test_fraction=hconf.split.test_fraction,
-                                                            validation_fraction=hconf.split.validation_fraction,
-                                                            seed=hconf.split.seed))
-             for t in tables}
-    check_simulation(config, tables, dim=next(iter(tasks.values())).columns.dim)
-    hospitals = {n: build_hospital(tables[i], dictionary=dictionary, config=hconf, identity=ids[n],
-                                   server=server_id.public, peers=publics, federation_id=fed.id, task=tasks[n])
-                 for i, n in enumerate(t.site for t in tables)}
-    first = hospitals[sorted(hospitals)[0]]
-    audit = AuditTrail(audit_dir, identity=server_id)
-    try:
-        server = build_server(federation=fed, identity=server_id, enrolled=publics,
-                              initial=initial_model(first.task, dictionary=dictionary), audit=audit,
-                              dp_policy=distributed_policy(config).policy())
-    except BaseException:
-        audit.close()
-        raise
-    return SimulatedFederation(server=server, hospitals=hospitals, transport=InProcessTransport(hospitals), audit=audit)
+    """A federation in distributed-DP mode: :func:`~.simulate.build_simulation` does it (kept as a name)."""
+    from .simulate import build_simulation
+
+    return build_simulation(tables, dictionary, config, audit_dir=audit_dir)

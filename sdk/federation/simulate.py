@@ -102,6 +102,11 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
                                             min_holders=min(fed.min_clients, len(hospitals)))
     first = hospitals[sorted(hospitals)[0]]
     policy = config.dp_policy()
+    if config.privacy.enabled and config.privacy.mode == "distributed":
+        from .dp_task import check_simulation, distributed_policy
+
+        policy = distributed_policy(config)
+        check_simulation(config, tables, dim=first.task.columns.dim)  # refused here if it cannot keep its promise
     audit = AuditTrail(audit_dir, identity=server_id)
     try:
         server = build_server(federation=fed, identity=server_id, enrolled=publics,
