@@ -35,6 +35,27 @@ class WireMessage(BaseModel):
     )
 
 
+class DistributedDP(WireMessage):
+    """The federation's distributed-DP mechanism (docs/privacy.md): public, in every plan, and
+    what every hospital's declared share must equal."""
+
+    mechanism: Literal["skellam"]
+    noise_multiplier: float = Field(gt=0, le=1000, allow_inf_nan=False)
+    sample_rate: float = Field(gt=0, le=1, allow_inf_nan=False)
+    min_honest: int = Field(ge=1, le=10_000)
+    rounds: int = Field(ge=1, le=100_000)
+
+
+class DistributedShare(WireMessage):
+    """A hospital's declaration of the noise share it added in one round (inside its ledger entry)."""
+
+    mechanism: str = Field(max_length=32)
+    min_honest: int = Field(ge=1, le=10_000)
+    scale: float = Field(gt=0, allow_inf_nan=False)
+    share_variance: float = Field(ge=0, allow_inf_nan=False)
+    epsilon_alone: float = Field(ge=0, allow_inf_nan=True, description="ε this hospital's own share gives alone")
+
+
 class DPPolicy(WireMessage):
     """The federation's differential-privacy policy, part of every plan.
 
@@ -46,6 +67,7 @@ class DPPolicy(WireMessage):
     delta: float = Field(gt=0, lt=1)
     min_noise_multiplier: float = Field(ge=0)
     max_clip_norm: float = Field(gt=0)
+    distributed: DistributedDP | None = None
 
 
 class RoundPlan(WireMessage):
@@ -75,7 +97,8 @@ class ModuleTensor(WireMessage):
 
 
 class LedgerEntry(WireMessage):
-    """A hospital's privacy accounting for one round (issue 4), signed with its update."""
+    """A hospital's privacy accounting for one round, signed with its update. ``share``: in
+    distributed-DP mode, the noise share it added (checked against the plan's mechanism)."""
 
     round: int = Field(ge=0, lt=2**31)
     noise_multiplier: float = Field(ge=0, allow_inf_nan=False)
@@ -86,6 +109,7 @@ class LedgerEntry(WireMessage):
     epsilon: float = Field(ge=0, allow_inf_nan=False)
     delta: float = Field(gt=0, lt=1, allow_inf_nan=False)
     budget_epsilon: float = Field(gt=0, allow_inf_nan=False)
+    share: DistributedShare | None = None
 
 
 class ClientUpdate(WireMessage):

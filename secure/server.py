@@ -29,6 +29,7 @@ from .messages import (
     ClientReport,
     DPPolicy,
     GlobalModel,
+    LedgerEntry,
     RoundPlan,
     RoundResult,
 )
@@ -393,11 +394,31 @@ class FederationServer:
             problems.append(f"clip norm {entry.clip_norm} exceeds the maximum {policy.max_clip_norm}")
         if entry.round != report.round:
             problems.append(f"ledger entry is for round {entry.round}, not {report.round}")
+        if policy.distributed is not None:
+            problems.extend(self._share_problems(entry, policy))
         ledger_problems, track = check_ledger(entry, previous=self._ledgers.get(sender), policy=policy)
         problems.extend(p for p in ledger_problems if p not in problems)
         if problems:
             raise ProtocolError("Update breaks the DP policy: " + "; ".join(problems) + ".")
         return track
+
+    @staticmethod
+    def _share_problems(entry: LedgerEntry, policy: DPPolicy) -> list[str]:
+        """Distributed DP: the declared noise share must be the federation's (mechanism, σ, q, C, h, μ/h)."""
+        from .dp import DistributedPolicy, ShareDeclaration, share_problems
+
+        d = policy.distributed
+        if entry.share is None:
+            return ["the federation runs distributed DP, but the ledger entry declares no noise share"]
+        mine = DistributedPolicy(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,  # type: ignore[union-attr]
+                                 clip_norm=policy.max_clip_norm, sample_rate=d.sample_rate,  # type: ignore[union-attr]
+                                 min_honest=d.min_honest, rounds=d.rounds,  # type: ignore[union-attr]
+                                 max_epsilon=policy.max_epsilon, delta=policy.delta)
+        declared = ShareDeclaration(mechanism=entry.share.mechanism, noise_multiplier=entry.noise_multiplier,
+                                    min_honest=entry.share.min_honest, clip_norm=entry.clip_norm,
+                                    sample_rate=entry.sample_rate, scale=entry.share.scale,
+                                    share_variance=entry.share.share_variance)
+        return share_problems(mine, declared)
 
     def _refuse_report(self, sender: str, exc: Exception) -> None:
         self.current.refused.add(sender)

@@ -45,7 +45,7 @@ from clinograph.secure.dp import (
 )
 from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
 from clinograph.secure.hazmat.discrete_noise import CsprngUniform, bernoulli, skellam
-from clinograph.secure.messages import LedgerEntry
+from clinograph.secure.messages import DistributedShare, LedgerEntry
 
 from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
@@ -226,10 +226,12 @@ class DistributedLedger:
         self.entries.append({**record, "epsilon": eps, "epsilon_alone": alone, "delta": self.delta})
         _atomic_write(self.path, json.dumps({"format": FORMAT, "site": self.site, "entries": self.entries},
                                             indent=1, sort_keys=True))
+        share = DistributedShare(mechanism=record["mechanism"], min_honest=record["min_honest"],
+                                 scale=record["scale"], share_variance=record["share_variance"], epsilon_alone=alone)
         return LedgerEntry(round=record["round"], noise_multiplier=record["noise_multiplier"],
                            sample_rate=record["sample_rate"], steps=1, clip_norm=record["clip_norm"],
                            accountant=f"{record['mechanism']}-h{record['min_honest']}", epsilon=eps,
-                           delta=self.delta, budget_epsilon=self.budget_epsilon)
+                           delta=self.delta, budget_epsilon=self.budget_epsilon, share=share)
 
 
 # -- one round ---------------------------------------------------------------------------------

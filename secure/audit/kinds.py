@@ -32,6 +32,16 @@ class ServerInfo(Payload):
     public_key: Key32
 
 
+class DistributedDPInfo(Payload):
+    """Distributed DP: the federation's mechanism (:class:`clinograph.secure.messages.DistributedDP`)."""
+
+    mechanism: str = Field(max_length=32)
+    noise_multiplier: float = Field(gt=0)
+    sample_rate: float = Field(gt=0, le=1)
+    min_honest: int = Field(ge=1)
+    rounds: int = Field(ge=1)
+
+
 class DPPolicyInfo(Payload):
     """The federation's DP policy as in :class:`clinograph.secure.messages.DPPolicy`."""
 
@@ -40,6 +50,7 @@ class DPPolicyInfo(Payload):
     delta: float = Field(gt=0, lt=1)
     min_noise_multiplier: float = Field(ge=0)
     max_clip_norm: float = Field(gt=0)
+    distributed: DistributedDPInfo | None = None
 
 
 class Manifest(Payload):
@@ -122,6 +133,17 @@ class Aggregate(Payload):
     modules_updated: int = Field(ge=0)
 
 
+class DistributedShareInfo(Payload):
+    """Distributed DP: the noise share a hospital declared for the round, and the ε its own share
+    alone would give (the report shows both guarantees)."""
+
+    mechanism: str = Field(max_length=32)
+    min_honest: int = Field(ge=1)
+    scale: float = Field(gt=0)
+    share_variance: float = Field(ge=0)
+    epsilon_alone: float = Field(ge=0)
+
+
 class Ledger(Payload):
     """``ledger``: one hospital's privacy accounting for one round (cumulative epsilon)."""
 
@@ -135,6 +157,7 @@ class Ledger(Payload):
     steps: int | None = Field(default=None, ge=0)
     clip_norm: float | None = Field(default=None, gt=0)
     accountant: str | None = Field(default=None, max_length=32)
+    share: DistributedShareInfo | None = None
 
 
 class Metrics(Payload):

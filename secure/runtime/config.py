@@ -133,8 +133,16 @@ class DPPolicySection(_Strict):
 
     def policy(self) -> DPPolicy:
         """The wire form carried in every plan."""
+        distributed = None
+        if self.mode == "distributed":
+            from ..messages import DistributedDP
+
+            d = self.distributed()
+            distributed = DistributedDP(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,
+                                        sample_rate=d.sample_rate, min_honest=d.min_honest, rounds=d.rounds)
         return DPPolicy(required=True, max_epsilon=self.max_epsilon, delta=self.delta,
-                        min_noise_multiplier=self.min_noise_multiplier, max_clip_norm=self.max_clip_norm)
+                        min_noise_multiplier=self.min_noise_multiplier, max_clip_norm=self.max_clip_norm,
+                        distributed=distributed)
 
 
 class ServerConfig(_Strict):

@@ -149,3 +149,20 @@ def test_a_hospital_whose_privacy_differs_from_the_policy_refuses_to_start(table
         DistributedDPTask(t, dictionary=dictionary, config=bad, policy=policy, state_dir=tmp_path / "x",
                           split=hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.0,
                                               seed=0))
+
+
+def test_the_server_refuses_a_hospital_that_adds_less_noise_than_the_policy(tables, dictionary, tmp_path):
+    """A hospital that declares (and adds) half the noise share is refused, audited, every round."""
+    import dataclasses
+
+    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    cheat = sim.hospitals["alpha"].task
+    cheat.policy = dataclasses.replace(cheat.policy, noise_multiplier=cheat.policy.noise_multiplier / 2)
+    sim.run_round()
+    sim.audit.close()
+    entries = [json.loads(x) for x in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
+    rejected = [e["payload"] for e in entries if e["kind"] == "update_rejected"]
+    assert [p["client"] for p in rejected] == ["alpha"]
+    assert "noise multiplier" in rejected[0]["reason"] and "is not the federation's" in rejected[0]["reason"]
+    shares = [e["payload"]["share"] for e in entries if e["kind"] == "ledger"]
+    assert shares and all(s["mechanism"] == "skellam" and s["epsilon_alone"] > 0 for s in shares)
