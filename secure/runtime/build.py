@@ -116,6 +116,23 @@ def masked_options(federation: FederationSection, *, n: int, max_weight: float) 
                                       max_weight=max_weight)
 
 
+def _check_distributed(policy: DPPolicy, *, federation: FederationSection, opts: Mapping[str, float | int | str | bool],
+                       n: int, max_weight: float, dim: int) -> None:
+    """Refuse a distributed-DP configuration that cannot keep its promise (every reason at once)."""
+    from ..dp import DistributedPolicy, check_configuration
+
+    d = policy.distributed
+    if federation.strategy != "fedsgd":
+        raise ConfigError("Distributed DP is one DP-SGD step a round: it needs strategy = 'fedsgd'.")
+    check_configuration(DistributedPolicy(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,  # type: ignore[union-attr]
+                                          clip_norm=policy.max_clip_norm, sample_rate=d.sample_rate,  # type: ignore[union-attr]
+                                          min_honest=d.min_honest, rounds=d.rounds,  # type: ignore[union-attr]
+                                          max_epsilon=policy.max_epsilon, delta=policy.delta),
+                        n_hospitals=n, masked_threshold=int(opts["masked.threshold"]),
+                        scale=float(opts["masked.scale"]), hospital_bound=float(opts["masked.clip"]),
+                        max_batch=max_weight, dim=dim)
+
+
 def build_server(*, federation: FederationSection, identity: Identity, enrolled: Mapping[str, PublicIdentity],
                  initial: InitialModel, audit: AuditSink, dp_policy: DPPolicy | None,
                  ckks_context: object | None = None) -> FederationServer:
@@ -139,7 +156,13 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
         mode_server = CkksServer.with_context(ckks_context)
         static.update(ckks_plan_options(ckks_context))
     if federation.secure_mode == "masked":
-        masked_options(federation, n=len(enrolled), max_weight=max_weight)  # refuse a bad config now
+        opts = masked_options(federation, n=len(enrolled), max_weight=max_weight)  # refuse a bad config now
+        if dp_policy is not None and dp_policy.distributed is not None:
+            _check_distributed(dp_policy, federation=federation, opts=opts, n=len(enrolled), max_weight=max_weight,
+                               dim=sum(m.size for m in initial.spec.shared))
+    elif dp_policy is not None and dp_policy.distributed is not None:
+        raise ConfigError(f"Distributed DP needs secure_mode = 'masked' (the noise shares add up inside the masked "
+                          f"sum); this federation runs {federation.secure_mode!r}.")
 
     def plan_options(participants: tuple[str, ...]) -> dict[str, float | int | str | bool]:
         if mode.name == "masked":

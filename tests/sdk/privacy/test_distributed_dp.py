@@ -166,3 +166,33 @@ def test_the_server_refuses_a_hospital_that_adds_less_noise_than_the_policy(tabl
     assert "noise multiplier" in rejected[0]["reason"] and "is not the federation's" in rejected[0]["reason"]
     shares = [e["payload"]["share"] for e in entries if e["kind"] == "ledger"]
     assert shares and all(s["mechanism"] == "skellam" and s["epsilon_alone"] > 0 for s in shares)
+
+
+def test_build_server_refuses_a_distributed_policy_that_cannot_keep_its_promise(tables, dictionary, tmp_path):
+    """The server builder (every deployment goes through it) checks the promise, not only simulations."""
+    from clinograph.sdk.federation.build import initial_model_for
+    from clinograph.secure.audit import AuditTrail
+    from clinograph.secure.errors import ConfigError
+    from clinograph.secure.identity import Identity
+    from clinograph.secure.runtime import build_server
+    from clinograph.secure.runtime.config import DPPolicySection, FederationSection
+
+    cfg = _config(tmp_path)
+    ids = {t.site: Identity.generate(t.site).public for t in tables}
+    server_id = Identity.generate("server")
+    initial = initial_model_for(cfg.hospital_config(), dictionary=dictionary)
+    messages = []
+    for h, sigma in ((len(tables) + 1, 1.0), (2, 0.3)):  # h above the hospitals; a σ too small for ε = 1
+        policy = DPPolicySection(max_epsilon=1.0, delta=1e-5, max_clip_norm=1.0, min_noise_multiplier=0.0,
+                                 mode="distributed", mechanism="skellam", noise_multiplier=sigma, sample_rate=0.5,
+                                 min_honest=h, rounds=100)
+        audit = AuditTrail(tmp_path / f"a{h}", identity=server_id)
+        try:
+            with pytest.raises(ConfigError) as err:
+                build_server(federation=FederationSection(secure_mode="masked", strategy="fedsgd"),
+                             identity=server_id, enrolled=ids, initial=initial, audit=audit, dp_policy=policy.policy())
+        finally:
+            audit.close()
+        messages.append(str(err.value))
+    assert "min_honest = 4 must be between" in messages[0]
+    assert "ε" in messages[1]
