@@ -207,6 +207,40 @@ class DagOutcome(Payload):
         return self
 
 
+class RuleRow(Payload):
+    """One rule of a ``rules`` entry: its stable string form and body, its probability under the
+    new prior and under the mixture of the hospitals' posteriors, and the pooled (fuzzy) support
+    of ``body ∧ head``, coverage of ``body`` and confidence = support / coverage."""
+
+    rule: Annotated[str, Field(min_length=1, max_length=500)]
+    body: list[Name]
+    prior: float = Field(ge=0, le=1)
+    posterior: float = Field(ge=0, le=1)
+    support: float = Field(ge=0, le=1)
+    coverage: float = Field(ge=0, le=1)
+    confidence: float | None = Field(default=None, ge=0, le=1.000001)
+
+
+class RuleHead(Payload):
+    """The top rules of one head."""
+
+    head: Name
+    rules: list[RuleRow]
+
+
+class Rules(Payload):
+    """``rules``: FedNSL's learned rule prior after one round (strategy ``fednsl_rules``), top
+    rules per head. Only aggregates: the mixture of the posteriors and the pooled support are
+    sums over the contributing hospitals (masked mode), never one hospital's."""
+
+    round: int = Field(ge=0)
+    generator: Name
+    rule_space_sha256: Hex64
+    n_bodies: int = Field(ge=1)
+    contributors: int = Field(ge=0)
+    heads: list[RuleHead]
+
+
 class ModelSelected(Payload):
     """``model_selected``: the round whose global model the federation kept, chosen by the
     federated validation loss (sum over hospitals of loss x validation count, summed by the
@@ -348,7 +382,7 @@ KINDS: dict[str, type[Payload]] = {
     "update_rejected": UpdateRejected, "unattributed_refusals": UnattributedRefusals,
     "round_aborted": RoundAborted, "aggregate": Aggregate,
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
-    "dag_outcome": DagOutcome, "insecure_option": InsecureOption,
+    "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
     "model_selected": ModelSelected,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release,

@@ -16,6 +16,7 @@ from .dq import DQWeighted
 from .fedavg import FedAvg, FedSGD
 from .fedopt import FedAdam, FedOpt, FedYogi
 from .fedprox import FedProx
+from .rules import FedNSLRules
 
 _REGISTRY: dict[str, Callable[..., Strategy]] = {}
 
@@ -50,6 +51,7 @@ register_strategy("fedadam", FedAdam)
 register_strategy("fedyogi", FedYogi)
 register_strategy("dq_weighted", DQWeighted)
 register_strategy("dag_voting", DagVoting)
+register_strategy("fednsl_rules", FedNSLRules)
 
-__all__ = ["DQWeighted", "DagVoting", "FedAdam", "FedAvg", "FedOpt", "FedProx", "FedSGD", "FedYogi", "Strategy", "create_strategy",
+__all__ = ["DQWeighted", "DagVoting", "FedAdam", "FedAvg", "FedNSLRules", "FedOpt", "FedProx", "FedSGD", "FedYogi", "Strategy", "create_strategy",
            "register_strategy", "registered_strategies"]
