@@ -184,6 +184,7 @@ def _mount() -> None:
     app.add_typer(audit.app, name="audit")
     app.add_typer(model.app, name="model")
     app.command("predict")(__import__("clinograph.commands.predict", fromlist=["predict"]).predict)
+    app.command("check")(__import__("clinograph.commands.check", fromlist=["check"]).check)
     try:
         from .commands import keys
     except ModuleNotFoundError:

@@ -51,7 +51,7 @@ _SQL_NOTE = None
 class OmopCohort(BaseModel):
     """Who is in the cohort and when each person's index time is: ``sql`` or a concept set."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     sql: str | None = Field(default=None, min_length=1, max_length=20_000,
                             description="SELECT returning person_id and index_datetime")
@@ -70,7 +70,7 @@ class OmopCohort(BaseModel):
 class OmopLabel(BaseModel):
     """The label: 1 if a condition or observation of these concepts starts within the window."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     condition_concept_ids: tuple[int, ...] = ()
     observation_concept_ids: tuple[int, ...] = ()
@@ -86,7 +86,7 @@ class OmopLabel(BaseModel):
 class OmopSource(BaseModel):
     """How one hospital's OMOP CDM becomes a long table (strict: unknown keys are errors)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     site: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
     cohort: OmopCohort

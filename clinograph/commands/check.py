@@ -1,0 +1,115 @@
+"""``clinograph check SCHEMA TABLE``: what a hospital table becomes, before anything leaves.
+
+Reads and ingests locally, then prints the features mapped (and from which column or code),
+the unit conversions, the counts (patients, observations per feature, snapshots, labels) and
+what was refused (columns ignored, codes not in the dictionary, patients dropped) -- or every
+problem at once. Nothing is sent anywhere and no cell value or patient id is printed.
+
+``SCHEMA`` is a site schema (``site_schema.toml``; then ``TABLE`` is a CSV/Parquet file) or an
+EHR source file with ``[omop]``, ``[meds]`` or ``[fhir]`` (then ``TABLE`` is the source's
+location: a .duckdb file, a folder, a database URL, a MEDS root or a FHIR export); see
+docs/ehr_formats.md. Mount with ``app.command("check")(check)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from clinograph.secure.errors import ClinographError
+
+
+def check(
+    schema: Annotated[Path, typer.Argument(help="site_schema.toml, or an EHR source file ([omop]/[meds]/[fhir]).")],
+    table: Annotated[str, typer.Argument(help="CSV/Parquet table, or the EHR source's location (file, folder, URL).")],
+    dictionary: Annotated[Path, typer.Option("--dictionary", help="The federation's feature dictionary (TOML).")],
+    delimiter: Annotated[str | None, typer.Option("--delimiter", help="CSV field delimiter (default: detected).")] = None,
+    decimal: Annotated[str | None, typer.Option("--decimal", help="CSV decimal separator '.' or ',' (default: "
+                                                                  "detected).")] = None,
+) -> None:
+    """Preview what TABLE becomes under SCHEMA: features mapped, converted, counted, refused. Sends nothing."""
+    try:
+        lines = preview(schema, table, dictionary=dictionary, delimiter=delimiter, decimal=decimal)
+    except ClinographError as exc:
+        typer.echo(f"refused: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    for line in lines:
+        typer.echo(line)
+    typer.echo("Nothing was sent: this is a local preview.")
+
+
+def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str | None = None,
+            decimal: str | None = None) -> list[str]:
+    """The preview's lines (see :func:`check`).
+
+    Raises:
+        ClinographError: the schema, dictionary or table cannot be read, or the table does not
+            ingest (every problem listed).
+    """
+    import tomllib
+
+    from clinograph.sdk.ingest import ingest, read_table
+    from clinograph.sdk.ingest.sources import EhrSourceConfig, is_source_file, read_source
+    from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
+    from clinograph.secure.tomlio import read_toml_text
+
+    d = FeatureDictionary.from_toml(dictionary)
+    try:
+        raw = tomllib.loads(read_toml_text(schema_path, what="schema"))
+    except tomllib.TOMLDecodeError:
+        raw = {}  # load_toml_model below reports the syntax error with its line
+    lines = [f"dictionary: {d.name} v{d.version} ({len(d.features)} features)"]
+    if is_source_file(raw):
+        config = EhrSourceConfig.from_toml(schema_path)
+        extract = read_source(config, table, dictionary=d, base=schema_path.parent)
+        lines += [f"site: {config.site} ({config.kind})", *extract.report.lines()]
+        result = extract.ingest(d)
+        mapping = {f: f"codes of {f}" for f in extract.report.by_feature}
+    else:
+        site = SiteSchema.from_toml(schema_path)
+        df = read_table(table, delimiter=delimiter, decimal=decimal)
+        lines += [f"site: {site.site} ({site.format} table)", f"rows read: {len(df)}"]
+        if "delimiter" in df.attrs:
+            lines.append(f"dialect: delimiter {df.attrs['delimiter']!r}, decimal {df.attrs['decimal']!r}, "
+                         f"encoding {df.attrs['encoding']}")
+        result = ingest(df, schema=site, dictionary=d)
+        mapping = {cm.feature: f"column {col!r}" for col, cm in site.columns.items()}
+    return lines + _summary(result, d, mapping)
+
+
+def _summary(t, d, mapping: dict[str, str]) -> list[str]:
+    import numpy as np
+
+    r = t.report
+    node_ids = d.node_ids()
+    counts: dict[str, int] = {}
+    for node, n in zip(*np.unique(t.node, return_counts=True), strict=True):
+        fid = node_ids[int(node)].split("=")[0]
+        counts[fid] = counts.get(fid, 0) + int(n)
+    out = [f"patients: {t.n_patients}, observations: {r.observations}, snapshots: {t.n_snapshots}"]
+    if r.labelled:
+        out.append(f"labels: {int((t.labels == 1).sum())} positive, {int((t.labels == 0).sum())} negative")
+    else:
+        out.append("labels: none (schema declared unlabeled)")
+    out.append("features mapped:")
+    for f in d.features:
+        if f.id in counts:
+            conv = next((c for col, c in r.converted_columns.items() if mapping.get(f.id) == f"column {col!r}"), None)
+            unit = f", converted {conv}" if conv else (f", in {f.unit}" if f.kind.value == "numeric" else "")
+            src = mapping.get(f.id, "its id or alias")
+            out.append(f"  {f.id:<24} {counts[f.id]:>7} observation(s){unit}  <- {src}")
+    absent = [f.id for f in d.features if f.id not in counts]
+    if absent:
+        out.append(f"features this hospital does not observe ({len(absent)}): {', '.join(absent)}")
+    if r.converted_columns:
+        out.append("unit conversions: " + "; ".join(f"{c}: {u}" for c, u in r.converted_columns.items()))
+    refused = []
+    if r.ignored_columns:
+        refused.append(f"columns ignored: {', '.join(r.ignored_columns)}")
+    if r.dropped_patients_missing_label:
+        refused.append(f"patients dropped without a label: {r.dropped_patients_missing_label}")
+    if r.duplicate_observations_dropped:
+        refused.append(f"exact duplicate observations dropped: {r.duplicate_observations_dropped}")
+    return out + (["refused:", *(f"  {x}" for x in refused)] if refused else ["refused: nothing"])

@@ -1,0 +1,126 @@
+"""One TOML file per EHR source: which reader, and how -- loaded strictly, read into an extract.
+
+A source file names its site and exactly one of ``[omop]``, ``[meds]`` or ``[fhir]``::
+
+    site = "north"
+
+    [omop]                       # OmopSource without `site` (clinograph.sdk.ingest.omop)
+    cohort = { visit_concept_ids = [32037] }
+    label = { condition_concept_ids = [2000000100], window_days = 2.0 }
+    patient_id = "person_source_value"
+
+    [meds]                       # labels: a MEDS label file, relative to this file
+    labels = "labels.parquet"
+
+    [fhir]
+    label_code = "ALARM/SHUNT"
+    systems = { "https://clinograph.org/fhir/CodeSystem/alarm" = "ALARM" }
+
+The location (a .duckdb file, a folder, a database URL, a MEDS root, a FHIR export) is given
+apart, on the command line or in code: the same source file serves a test copy and production.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..ontology.dictionary import FeatureDictionary
+from .extract import EhrExtract
+from .omop import OmopCohort, OmopLabel, OmopSource
+
+SITE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+
+
+class OmopOptions(BaseModel):
+    """``[omop]``: :class:`OmopSource` without the site."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cohort: OmopCohort
+    label: OmopLabel | None = None
+    cdm_schema: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+    patient_id: Literal["person_id", "person_source_value"] = "person_id"
+    lookback_days: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    after_days: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    snapshot_hours: float = Field(default=24.0, gt=0, allow_inf_nan=False)
+
+
+class MedsOptions(BaseModel):
+    """``[meds]``: the label file (None: unlabeled) and the time binning."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    labels: str | None = None
+    snapshot_hours: float = Field(default=24.0, gt=0, allow_inf_nan=False)
+    lookback_hours: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+class FhirOptions(BaseModel):
+    """``[fhir]``: the label's code (None: unlabeled), extra coding systems, patient ids."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label_code: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]+/.+$")
+    systems: dict[str, str] = Field(default_factory=dict)
+    patient_id: Literal["id", "identifier"] = "id"
+    snapshot_hours: float = Field(default=24.0, gt=0, allow_inf_nan=False)
+
+
+class EhrSourceConfig(BaseModel):
+    """A source file (see the module docstring). Strict: unknown keys are errors that name them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    site: str = Field(pattern=SITE)
+    omop: OmopOptions | None = None
+    meds: MedsOptions | None = None
+    fhir: FhirOptions | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> EhrSourceConfig:
+        given = [k for k in ("omop", "meds", "fhir") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a source file has exactly one of [omop], [meds], [fhir]; found {given or 'none'}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """``omop``, ``meds`` or ``fhir``."""
+        return next(k for k in ("omop", "meds", "fhir") if getattr(self, k) is not None)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> EhrSourceConfig:
+        """Load a source file; errors name the file and the key."""
+        from ..tomlio import load_toml_model
+
+        return load_toml_model(cls, path, what="EHR source file")
+
+
+def is_source_file(data: dict) -> bool:
+    """True if a parsed TOML document is a source file rather than a site schema."""
+    return any(k in data for k in ("omop", "meds", "fhir"))
+
+
+def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: FeatureDictionary,
+                base: Path | None = None) -> EhrExtract:
+    """Read ``location`` as ``config`` says. ``base``: the folder relative paths are taken from."""
+    if config.omop is not None:
+        from .omop import omop_engine, read_omop
+
+        source = OmopSource(site=config.site, **config.omop.model_dump(exclude_none=False))
+        return read_omop(omop_engine(location), source=source, dictionary=dictionary)
+    if config.meds is not None:
+        from .meds import read_meds
+
+        labels = None if config.meds.labels is None else (base or Path(".")) / config.meds.labels
+        return read_meds(location, dictionary=dictionary, site=config.site, labels=labels,
+                         snapshot_hours=config.meds.snapshot_hours, lookback_hours=config.meds.lookback_hours)
+    from .fhir import read_fhir
+
+    f = config.fhir
+    assert f is not None
+    return read_fhir(location, dictionary=dictionary, site=config.site, label_code=f.label_code, systems=f.systems,
+                     patient_id=f.patient_id, snapshot_hours=f.snapshot_hours)

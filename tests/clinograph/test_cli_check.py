@@ -1,0 +1,85 @@
+"""`clinograph check SCHEMA TABLE`: a local preview of what a table becomes -- CSV and EHR sources."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import sqlalchemy as sa
+import tomli_w
+from clinograph.sdk.research.alarm_demo import DICTIONARY_PATH
+from clinograph.sdk.research.ehr_demo import LABEL_CODE, write_fhir, write_meds
+from clinograph.sdk.research.omop_demo import ICU_VISIT, SHUNT_CONDITION, write_omop
+from typer.testing import CliRunner
+
+from clinograph.cli import app
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sdk" / "ingest"))
+from ehr_helpers import D, demo_hospitals  # noqa: E402
+
+
+def _run(*args):
+    return CliRunner().invoke(app, ["check", *map(str, args), "--dictionary", str(DICTIONARY_PATH)])
+
+
+def _schema_file(tmp_path, schema):
+    path = tmp_path / "site_schema.toml"
+    path.write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+    return path
+
+
+def test_check_previews_a_csv_without_values_or_ids(tmp_path):
+    table, schema = demo_hospitals()[0]
+    table.to_csv(tmp_path / "north.csv", index=False, sep=";", decimal=",")
+    r = _run(_schema_file(tmp_path, schema), tmp_path / "north.csv")
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "dialect: delimiter ';', decimal ','" in out
+    assert f"patients: {len(table)}" in out
+    assert "glucose" in out and "converted mg/dL -> mmol/L" in out and "<- column 'GLU'" in out
+    assert "features this hospital does not observe" not in out  # north has every feature
+    assert "Nothing was sent" in out
+    assert "north-0000" not in out  # no patient id
+
+
+def test_check_names_every_problem_and_refuses(tmp_path):
+    table, schema = demo_hospitals()[0]
+    table = table.assign(GLU=table["GLU"].astype(object))
+    table.loc[0, "GLU"] = "ZQXCANARY"
+    table.to_csv(tmp_path / "north.csv", index=False)
+    r = _run(_schema_file(tmp_path, schema.model_copy(update={"ignore": ()})), tmp_path / "north.csv")
+    assert r.exit_code == 2
+    assert "refused:" in r.output and "Column 'GLU' (glucose): row 1: text where a number is expected" in r.output
+    assert "ZQXCANARY" not in r.output
+
+
+def test_check_previews_omop_meds_and_fhir_sources(tmp_path):
+    table, schema = demo_hospitals()[3]
+    engine = sa.create_engine(f"duckdb:///{tmp_path / 'omop.duckdb'}")
+    write_omop(engine, table, schema, D)
+    engine.dispose()
+    (tmp_path / "omop.toml").write_text(tomli_w.dumps({"site": "west", "omop": {
+        "cohort": {"visit_concept_ids": [ICU_VISIT]}, "patient_id": "person_source_value",
+        "label": {"condition_concept_ids": [SHUNT_CONDITION], "window_days": 2.0}}}))
+    r = _run(tmp_path / "omop.toml", tmp_path / "omop.duckdb")
+    assert r.exit_code == 0, r.output
+    assert "source: OMOP CDM v5.4" in r.output and "not in the dictionary" in r.output and "'OMOP/3012888'" in r.output
+
+    write_meds(tmp_path / "meds", table, schema, D)
+    (tmp_path / "meds.toml").write_text(tomli_w.dumps({"site": "west", "meds": {"labels": "meds/labels.parquet"}}))
+    r = _run(tmp_path / "meds.toml", tmp_path / "meds")
+    assert r.exit_code == 0, r.output
+    assert "source: MEDS" in r.output and f"patients: {len(table)}" in r.output
+
+    write_fhir(tmp_path / "fhir", table, schema, D)
+    (tmp_path / "fhir.toml").write_text(tomli_w.dumps({"site": "west", "fhir": {"label_code": LABEL_CODE}}))
+    r = _run(tmp_path / "fhir.toml", tmp_path / "fhir")
+    assert r.exit_code == 0, r.output
+    assert "source: FHIR R4" in r.output and "heart_rate" in r.output
+
+
+def test_a_source_file_is_strict(tmp_path):
+    (tmp_path / "bad.toml").write_text(tomli_w.dumps({"site": "w", "omop": {"cohort": {"visit_concept_ids": [1]}},
+                                                      "meds": {}}))
+    r = _run(tmp_path / "bad.toml", tmp_path)
+    assert r.exit_code == 2 and "exactly one of [omop], [meds], [fhir]" in r.output
