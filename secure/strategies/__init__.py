@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import RegistryError
+from .attention import AgatSecureAttention, InsecureAttention
 from .base import Strategy
 from .dag import DagVoting
 from .dq import DQWeighted
@@ -51,7 +52,9 @@ register_strategy("fedadam", FedAdam)
 register_strategy("fedyogi", FedYogi)
 register_strategy("dq_weighted", DQWeighted)
 register_strategy("dag_voting", DagVoting)
+register_strategy("insecure_attention", InsecureAttention)
+register_strategy("agat_secure_attention", AgatSecureAttention)
 register_strategy("fednsl_rules", FedNSLRules)
 
-__all__ = ["DQWeighted", "DagVoting", "FedAdam", "FedAvg", "FedNSLRules", "FedOpt", "FedProx", "FedSGD", "FedYogi", "Strategy", "create_strategy",
+__all__ = ["AgatSecureAttention", "DQWeighted", "DagVoting", "FedAdam", "FedAvg", "FedNSLRules", "FedOpt", "FedProx", "FedSGD", "FedYogi", "InsecureAttention", "Strategy", "create_strategy",
            "register_strategy", "registered_strategies"]
