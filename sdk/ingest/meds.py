@@ -8,7 +8,7 @@ a last ``//``-separated part of the code (``LOINC/2345-7//mg/dL``, as MEDS ETLs 
 else the dictionary's canonical unit is assumed. Labels come from a MEDS label file
 (``subject_id, prediction_time, boolean_value``): features are the events at or before the
 prediction time (``lookback_hours`` before it at most), binned into snapshots of
-``snapshot_hours`` counted back from it; static events (no time) join snapshot 0. Without
+``snapshot_hours`` counted back from it; static events (no time) join the prediction time's snapshot. Without
 labels, times count from each subject's first event and the extract is unlabeled.
 """
 
