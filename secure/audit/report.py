@@ -253,6 +253,25 @@ class _Page:
                              "edges voted on"))
         return self.section("dag", "DAG vote", body)
 
+    def rules(self) -> str:
+        """FedNSL's learned rules (``rules`` entries, latest round): per head, a table a clinician can read."""
+        if not self.k["rules"]:
+            return self.section("rules", "Learned rules (FedNSL)", _empty(self.id("rules"), "No rules recorded."))
+        d = max(self.k["rules"], key=lambda p: p["round"])
+        body = (f"<p>Round {d['round']}, generator {escape(d['generator'])}, {d['contributors']} contributing "
+                f"hospital(s), {d['n_bodies']} candidate bodies per head. Prior: the federation's learned probability "
+                "of the rule among all bodies for its head; posterior: the same under the mixture of the hospitals' "
+                "posteriors (summed by secure aggregation); support: fraction of the federation's labelled patients "
+                "for whom body and head both hold (fuzzy); coverage: fraction for whom the body holds; confidence: "
+                "support / coverage.</p>")
+        for h in d["heads"]:
+            rows = [[r["rule"], f"{r['prior']:.4f}", f"{r['posterior']:.4f}", f"{r['support']:.3f}",
+                     f"{r['coverage']:.3f}", "-" if r.get("confidence") is None else f"{r['confidence']:.2f}"]
+                    for r in h["rules"]]
+            body += _table(["rule", "prior", "posterior", "support", "coverage", "confidence"], rows,
+                           caption=f"Top rules for {h['head']}")
+        return self.section("rules", "Learned rules (FedNSL)", body)
+
     def metrics(self) -> str:
         by_metric: dict[str, dict[str, tuple[list[int], list[float]]]] = defaultdict(dict)
         for p in sorted(self.k["metrics"], key=lambda p: p["round"]):
@@ -320,7 +339,7 @@ class _Page:
     def render(self, *, of: int, latest: bool) -> str:
         manifest, insecure = self.manifest()
         parts = [manifest, insecure, self.participation(), self.refusals(), self.coverage(), self.privacy(),
-                 self.dag(), self.metrics(), self.relevance(), self.release(), self.artefacts()]
+                 self.dag(), self.rules(), self.metrics(), self.relevance(), self.release(), self.artefacts()]
         label = f"Run {self.run.index} of {of}" + (" (latest)" if latest else "")
         return (f'<article id="run-{self.run.index}"><h2>{escape(label)}: '
                 f"<code>{escape(self.run.run_id or 'format 1, no run id')}</code></h2>"
