@@ -67,12 +67,14 @@ def _empty(ident: str, what: str) -> str:
     return f'<p class="empty" id="{ident}-empty">{escape(what)}</p>'
 
 
-def _table(header: list[str], rows: list[list[Any]], *, caption: str = "", ident: str = "") -> str:
-    """A data table: a caption, column headers (scope=col), the first cell of a row as its header."""
+def _table(header: list[str], rows: list[list[Any]], *, caption: str = "", ident: str = "",
+           row_headers: bool = True) -> str:
+    """A data table: a caption, column headers (scope=col), the first cell of a row as its header
+    (unless ``row_headers`` is False: rows such as edges have no single naming cell)."""
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""
     head = "".join(f'<th scope="col">{escape(str(h))}</th>' for h in header)
     body = "".join("<tr>" + "".join(
-        (f'<th scope="row">{escape(str(c))}</th>' if i == 0 else f"<td>{escape(str(c))}</td>")
+        (f'<th scope="row">{escape(str(c))}</th>' if i == 0 and row_headers else f"<td>{escape(str(c))}</td>")
         for i, c in enumerate(r)) + "</tr>" for r in rows)
     idattr = f' id="{ident}"' if ident else ""
     return f"<table{idattr}>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -96,9 +98,11 @@ class _Page:
     def section(self, name: str, title: str, body: str) -> str:
         return f'<section id="{self.id(name)}"><h3>{escape(title)}</h3>{body}</section>'
 
-    def chart(self, name: str, png: str, alt: str, header: list[str], rows: list[list[Any]], caption: str) -> str:
+    def chart(self, name: str, png: str, alt: str, header: list[str], rows: list[list[Any]], caption: str,
+              *, row_headers: bool = True) -> str:
         ident = self.id(f"img-{name}")
-        return _img(ident, png, alt) + _table(header, rows, caption=f"Text version: {caption}", ident=f"{ident}-data")
+        return _img(ident, png, alt) + _table(header, rows, caption=f"Text version: {caption}", ident=f"{ident}-data",
+                                              row_headers=row_headers)
 
     # -- sections ------------------------------------------------------------------------------
     def manifest(self) -> tuple[str, str]:
@@ -250,7 +254,7 @@ class _Page:
         alt = f"Directed graph of {n} concepts with {len(adopted)} adopted edges: {', '.join(adopted) or 'none'}."
         body = (f"<p>{escape(' '.join(notes))} Edge labels: {'strength' if 'strength' in square else 'tally'}.</p>"
                 + self.chart("dag", plots.dag(c, adj, votes), alt, ["from", "to", "outcome"] + names, edges,
-                             "edges voted on"))
+                             "edges voted on", row_headers=False))
         return self.section("dag", "DAG vote", body)
 
     def rules(self) -> str:
