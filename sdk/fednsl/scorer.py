@@ -1,0 +1,116 @@
+"""The hospital's E-step for one rule head: score candidates, learn w_i under the KL constraint,
+form the posterior (FedNSL eqs. 2, 7-11; Algorithm 1 lines 5-8).
+
+Given the prior ``T_θ(· | head)`` restricted to this round's J candidate bodies and the fuzzy
+body values ``F[p, j] = max_{G_i} ∏_k x(r_kj)`` of every candidate for every training
+patient (eq. 8's inner term, :class:`~.graph.HospitalGraph`):
+
+- score (eq. 9, the per-rule term of its appendix form eq. 19):
+  ``H_j = ½ · w_j · ē_j + log T_θ(b_j | head)`` with ``ē_j = Σ_p y_p F[p, j] / Σ_p F[p, j]`` the
+  rule's signed evidence here (``y = ±1``, class-balanced weights; in [−1, 1], 0 when the body
+  never holds here); the paper's ``1/J`` factor is a constant absorbed into ``w``;
+- posterior (eq. 10): ``p_w(b_j) = softmax_j(H_j)`` over the candidates (the multinomial's
+  probabilities; its ``N!/∏ n_j!`` factor does not depend on ``w``);
+- likelihood (eqs. 7-8): ``log σ(y_p · (s · E_{j ~ p_w}[F[p, j]] + b))`` -- the expectation over the
+  variational posterior of eq. 7 taken explicitly, with a positive scale ``s`` and an
+  intercept ``b`` learned beside ``w`` (the paper's rule weights alone cannot express "no
+  rule fires, so the head is false"). We use ``log σ`` itself, not its Taylor form ``½(·)``;
+- objective (eq. 2): ``−likelihood + λ · D_KL(p_w ‖ T_θ)`` (eq. 11 substitutes the two
+  multinomials), minimised over ``(w, s, b)`` by Adam.
+
+Without the KL term (``λ = 0``, the paper's "W/O. KL" ablation) the posterior drifts to the
+rules this hospital's patients support and drops the rest; with it, rules the federation's
+prior holds keep their mass here even when no local patient ever fired them.
+
+Shapes:
+    F: (n_patients, J); y: (n_patients,) in {0, 1}; log_prior: (J,)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class ScorerSettings:
+    """E-step settings. ``kl_weight`` is λ of eq. (2) (0 = the no-KL ablation)."""
+
+    kl_weight: float = 1.0
+    steps: int = 150
+    lr: float = 0.1
+    class_balance: bool = True
+
+
+@dataclass(frozen=True, repr=False)
+class HeadPosterior:
+    """One head's fitted E-step: candidates (body indices), rule weights, posterior, predictor."""
+
+    candidates: np.ndarray
+    w: np.ndarray
+    posterior: np.ndarray
+    scale: float
+    bias: float
+    kl: float
+
+    def __repr__(self) -> str:
+        return f"HeadPosterior(candidates={len(self.candidates)}, kl={self.kl:.3g})"
+
+    def predict(self, values: np.ndarray) -> np.ndarray:
+        """P(head) for patients whose candidate body values are ``values`` (n, J)."""
+        z = self.scale * (np.asarray(values) @ self.posterior) + self.bias
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
+
+
+def sample_candidates(prior: np.ndarray, *, draws: int, seed: int) -> np.ndarray:
+    """Algorithm 1 line 5: the J unique bodies among ``draws`` samples of the prior (sorted).
+
+    ``seed`` is public (the federation's seed and the round), so every hospital scores the same
+    candidates and their posteriors share one support.
+    """
+    p = np.asarray(prior, dtype=np.float64).clip(0)
+    rng = np.random.default_rng(seed)
+    return np.unique(rng.choice(len(p), size=draws, p=p / p.sum()))
+
+
+def fit_head(values: np.ndarray, y: np.ndarray, log_prior: np.ndarray, *, candidates: np.ndarray,
+             settings: ScorerSettings, seed: int = 0) -> HeadPosterior:
+    """The E-step for one head (module docstring). ``log_prior`` is over the candidates and
+    need not be normalised; it is renormalised here."""
+    torch.manual_seed(seed)
+    F = torch.as_tensor(np.asarray(values), dtype=torch.float64)
+    yy = torch.as_tensor(2.0 * np.asarray(y, dtype=np.float64) - 1.0)
+    lp = torch.as_tensor(np.asarray(log_prior, dtype=np.float64))
+    lp = lp - torch.logsumexp(lp, 0)
+    pos = float((yy > 0).double().mean()) if len(yy) else 0.5
+    if settings.class_balance and 0 < pos < 1:
+        weight = torch.where(yy > 0, 0.5 / pos, 0.5 / (1 - pos)).double()
+    else:
+        weight = torch.ones_like(yy)
+    fired = weight @ F if len(yy) else torch.zeros(F.shape[1], dtype=torch.float64)
+    evidence = torch.where(fired > 1e-9, (weight * yy) @ F / fired.clamp_min(1e-9), torch.zeros_like(fired))
+    w = torch.zeros(F.shape[1], dtype=torch.float64, requires_grad=True)
+    raw_s = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(0.0, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([w, raw_s, b], lr=settings.lr)
+
+    def posterior() -> torch.Tensor:
+        return torch.softmax(0.5 * w * evidence + lp, 0)  # eqs. (9)-(10)
+
+    for _ in range(settings.steps if len(yy) else 0):
+        pi = posterior()
+        z = torch.nn.functional.softplus(raw_s) * (F @ pi) + b
+        nll = -(weight * torch.nn.functional.logsigmoid(yy * z)).sum() / weight.sum()  # eq. (8)
+        kl = (pi * (torch.log(pi + 1e-300) - lp)).sum()  # eqs. (2), (11)
+        loss = nll + settings.kl_weight * kl
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        pi = posterior()
+        kl = float((pi * (torch.log(pi + 1e-300) - lp)).sum())
+        return HeadPosterior(candidates=np.asarray(candidates), w=w.detach().numpy().copy(),
+                             posterior=pi.numpy().copy(), scale=float(torch.nn.functional.softplus(raw_s)),
+                             bias=float(b), kl=kl)
