@@ -157,11 +157,26 @@ class SplitSection(_Strict):
     seed: int = Field(default=0, ge=0, lt=2**63)
 
 
+class AGATSection(_Strict):
+    """[agat]: AGAT's network (Molaei et al. 2024, appendix B), used when ``task = "agat"``.
+    Local optimisation takes ``[training]`` (lr, batch size, seed) like every task."""
+
+    hidden: int = Field(default=128, ge=2, le=1024, description="GATConv width (appendix B: 128)")
+    heads: int = Field(default=1, ge=1, le=16, description="attention heads (appendix B: 1)")
+    dropout: float = Field(default=0.25, ge=0, lt=1, description="after the first GAT layer (appendix B: 0.25)")
+    k_neighbours: int = Field(default=5, ge=1, le=100, description="k of the kNN patient graph (the paper "
+                              "gives none)")
+    temporal_hidden: int = Field(default=32, ge=2, le=1024, description="width of the eq. (7) MLP")
+    value_clip: float = Field(default=5.0, gt=0, le=1e6, description="standardised values are clipped to "
+                              "±value_clip before augmentation")
+
+
 class HospitalConfig(_Strict):
     """``hospital.toml``: one hospital's own choices."""
 
-    task: Literal["nsfl"] = "nsfl"
+    task: Literal["nsfl", "agat"] = "nsfl"
     model: NSFLConfig = Field(default_factory=NSFLConfig)
+    agat: AGATSection = Field(default_factory=AGATSection)
     training: TrainConfig = Field(default_factory=TrainConfig)
     graph: GraphSection = Field(default_factory=GraphSection)
     privacy: PrivacySection = Field(default_factory=PrivacySection)
@@ -195,7 +210,9 @@ class SimulationConfig(_Strict):
     """A whole simulated federation: the server's [federation], every hospital's settings, the tables."""
 
     federation: FederationSection = Field(default_factory=FederationSection)
+    task: Literal["nsfl", "agat"] = "nsfl"
     model: NSFLConfig = Field(default_factory=NSFLConfig)
+    agat: AGATSection = Field(default_factory=AGATSection)
     training: TrainConfig = Field(default_factory=TrainConfig)
     graph: GraphSection = Field(default_factory=GraphSection)
     privacy: PrivacySection = Field(default_factory=PrivacySection)
@@ -214,7 +231,8 @@ class SimulationConfig(_Strict):
             "planned_rounds": self.privacy.planned_rounds or self.federation.rounds,
             "planned_local_epochs": self.privacy.planned_local_epochs or self.federation.local_epochs,
             "state_dir": self.privacy.state_dir or self.output / "privacy_state"})
-        return HospitalConfig(model=self.model, training=self.training, graph=self.graph, privacy=privacy,
+        return HospitalConfig(task=self.task, model=self.model, agat=self.agat, training=self.training,
+                              graph=self.graph, privacy=privacy,
                               personal=self.personal, release=self.release, split=self.split,
                               selection=self._selection(), calibration=self.calibration,
                               dictionary=self.dictionary)

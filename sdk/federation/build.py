@@ -47,7 +47,11 @@ def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: Ho
     if config.task == "nsfl":
         return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir,
                         signer=identity)
-    raise ConfigError(f"Unknown task {config.task!r}. Registered: nsfl.")  # pragma: no cover - Literal guards it
+    if config.task == "agat":
+        from ..agat import AGATTask  # AGAT (Molaei et al. 2024): sdk/agat, docs/agat.md
+
+        return AGATTask(table, dictionary=dictionary, config=config, split=split)
+    raise ConfigError(f"Unknown task {config.task!r}. Registered: nsfl, agat.")  # pragma: no cover - Literal guards it
 
 
 def build_hospital(table: pd.DataFrame | PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig,
