@@ -115,16 +115,6 @@ class PrivacySection(_Strict):
                                       "Poisson rate q (the same at every hospital)")
     min_honest: int | None = Field(default=None, ge=2, description="distributed only: h, the honest surviving "
                                    "hospitals the guarantee relies on; this hospital adds μ/h")
-    # -- distributed DP (additive; docs/privacy.md "Distributed DP") -------------------------------
-    mode: Literal["local", "distributed"] = Field(default="local", description="local: this hospital adds the "
-                                                  "whole noise (DP-SGD alone); distributed: one DP-SGD step a "
-                                                  "round over all hospitals, each adding a Skellam share inside "
-                                                  "the masked sum (needs secure_mode = 'masked')")
-    mechanism: Literal["skellam"] = Field(default="skellam", description="distributed only")
-    sample_rate: float | None = Field(default=None, gt=0, le=1, description="distributed only: the federation's "
-                                      "Poisson rate q (the same at every hospital)")
-    min_honest: int | None = Field(default=None, ge=2, description="distributed only: h, the honest surviving "
-                                   "hospitals the guarantee relies on; this hospital adds μ/h")
 
 
 class PersonalSection(_Strict):
