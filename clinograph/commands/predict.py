@@ -29,7 +29,7 @@ def predict(
 
 
 def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path) -> None:
-    import pandas as pd
+    import csv
 
     from clinograph.sdk.ingest import ingest, read_table
     from clinograph.sdk.model.export import load_exported, predict_exported
@@ -51,6 +51,9 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
     pt = ingest(df, schema=s, dictionary=d)
     risk = predict_exported(module, info, pt)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({"patient_id": list(pt.patient_ids), "risk": risk}).to_csv(out, index=False)
+    with out.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["patient_id", "risk"])
+        writer.writerows(zip(pt.patient_ids, (float(r) for r in risk), strict=True))
     typer.echo(f"{len(risk)} risks written to {out} (model {model.name}, calibration "
                f"{info.get('calibration', {}).get('method', 'none')})")

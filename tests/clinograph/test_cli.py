@@ -62,7 +62,8 @@ def test_demo_runs_end_to_end_and_is_seeded(tmp_path):
     a = cli("demo", "--rounds", "2", "--scale", "0.15", "--out", str(tmp_path / "a"))
     assert a.returncode == 0, a.stderr[-3000:]
     m = json.loads((tmp_path / "a" / "metrics.json").read_text())
-    assert set(m["methods"]) == {"clinograph_nsfl", "standalone", "fedavg_aligned", "clinograph_nsfl_dp"}
+    assert set(m["methods"]) == {"clinograph_nsfl", "standalone", "fedavg_aligned", "clinograph_nsfl_dp",
+                                 "lr_standalone", "lr_fedavg_aligned", "lr_pooled", "gbm_pooled"}  # + the simple baselines
     assert set(m["hospitals"]) == {"north", "south", "east", "west"}
     assert m["secure_mode"] == "masked"
     # DP is on by default: every hospital reports its ε, within the budget
