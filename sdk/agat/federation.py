@@ -15,11 +15,20 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from clinograph.secure.strategies.attention import InsecureAttention, PlaintextUpdateTap, check_secure_mode
+from clinograph.secure.strategies.attention import (
+    InsecureAttention,
+    PlaintextUpdateTap,
+    check_secure_mode,
+)
 
 from ..config import SimulationConfig
-from ..federation.simulate import SimulatedFederation, SimulationResult, build_simulation
-from ..federation.simulate import _select, _should_stop  # the one selection rule, not a copy
+from ..federation.simulate import (  # the one selection rule, not a copy
+    SimulatedFederation,
+    SimulationResult,
+    _select,
+    _should_stop,
+    build_simulation,
+)
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary
 

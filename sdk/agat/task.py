@@ -30,7 +30,11 @@ import numpy as np
 import torch
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.spec import ModuleKind
-from clinograph.secure.strategies.attention import ATTENTION_OPTION, MAX_LOGIT_OPTION, attention_weight
+from clinograph.secure.strategies.attention import (
+    ATTENTION_OPTION,
+    MAX_LOGIT_OPTION,
+    attention_weight,
+)
 
 from ..config import HospitalConfig
 from ..federation.split import Split

@@ -36,6 +36,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +49,9 @@ from ..policy import InsecureOptionWarning
 from ..wire import open_envelope, parse_envelope
 from .base import Strategy
 from .fedavg import FedSGD
+
+if TYPE_CHECKING:  # runtime imports strategies; only the annotation needs the transport
+    from ..runtime.transport import Parts, Transport
 
 #: plan option naming the rule hospitals weight themselves by (value: "fedatt")
 ATTENTION_OPTION = "attention.rule"
@@ -209,7 +213,7 @@ class PlaintextUpdateTap:
             (:func:`check_secure_mode`), or the strategy is not ``insecure_attention``.
     """
 
-    def __init__(self, inner, *, strategy: Strategy, secure_mode: str, server: PublicIdentity,  # noqa: ANN001
+    def __init__(self, inner: Transport, *, strategy: Strategy, secure_mode: str, server: PublicIdentity,
                  enrolled: Mapping[str, PublicIdentity]):
         check_secure_mode(InsecureAttention.name, secure_mode)
         if not isinstance(strategy, InsecureAttention):
@@ -223,10 +227,11 @@ class PlaintextUpdateTap:
     def hospitals(self) -> tuple[str, ...]:
         return self.inner.hospitals()
 
-    def __getattr__(self, name: str):  # noqa: ANN204 - e.g. InProcessTransport.drop_at
+    def __getattr__(self, name: str) -> Any:  # e.g. InProcessTransport.drop_at
         return getattr(self.inner, name)
 
-    def exchange(self, stage: str, outgoing, *, round_: int):  # noqa: ANN001, ANN201 - Transport protocol
+    def exchange(self, stage: str, outgoing: Mapping[str, Mapping[str, bytes]], *,
+                 round_: int) -> tuple[dict[str, Parts], dict[str, str]]:
         answers, failed = self.inner.exchange(stage, outgoing, round_=round_)
         if stage == "plan":
             for name, parts in answers.items():
