@@ -124,7 +124,8 @@ class SiteSchema(BaseModel):
             problems.extend(_coding_problems(col, cm, feat))
             if cm.unit is not None and feat.kind == FeatureKind.NUMERIC:
                 try:
-                    conversion(feature=feat.id, analyte=feat.analyte, source=cm.unit, target=feat.unit)
+                    conversion(feature=feat.id, analyte=feat.analyte, source=cm.unit, target=feat.unit,
+                               molar_mass=feat.molar_mass)
                 except SchemaError as exc:
                     problems.extend(f"Column {col!r}: {p}" for p in exc.problems)
         targets = [cm.feature for cm in self.columns.values()]

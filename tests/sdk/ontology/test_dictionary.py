@@ -45,3 +45,14 @@ def test_bad_dictionary_file_names_the_key(tmp_path):
     p.write_text('name = "x"\nversion = 1\n[[features]]\nid = "hr"\nname = "HR"\nkind = "numeric"\ncolour = "red"\n')
     with pytest.raises(ConfigError, match=r"features\.0\.colour"):
         FeatureDictionary.from_toml(p)
+
+
+def test_schema_check_uses_the_dictionarys_molar_mass():
+    """A mass unit onto a molar canonical unit converts when the dictionary gives the molar mass."""
+    from clinograph.sdk.ontology import ColumnMap, SiteSchema
+
+    d = FeatureDictionary(name="t", version=1, features=(
+        Feature(id="lac", name="Lactate", kind=FeatureKind.NUMERIC, unit="mmol/L", molar_mass=90.08,
+                reference_low=0.5, reference_high=2.0),))
+    SiteSchema(site="s", patient_id="pid", label="y", columns={"Lac": ColumnMap(feature="lac", unit="mg/dL")}
+               ).check_against(d)  # raises a SchemaError without the molar mass
