@@ -13,8 +13,10 @@ state directory's local socket, then runs Flower's own SuperNode main in this pr
 which goes through :func:`clinograph.secure.policy.require_allowed` (warns; refused in
 production).
 
-Logging (:func:`configure_hospital_logging`): one handler on the root logger, at ``INFO``
-unless ``--log-level debug``, and Flower's own logger kept to its console handler. Without
+Logging (:func:`configure_hospital_logging`): one handler on the root logger; Clinograph's
+loggers at ``INFO`` (``--log-level``), other libraries at ``WARNING`` (httpx would log every
+3-second poll), everything at ``DEBUG`` with ``--log-level debug``; Flower's own logger kept
+to its console handler. Without
 this every Flower line was printed twice and ~60 DEBUG lines a minute appeared on an idle
 node: importing Opacus (the hospital's DP training) calls ``logging.basicConfig`` on the
 root logger, which Flower's ``flwr`` logger (level DEBUG) propagates to. A root handler set up
@@ -96,9 +98,11 @@ def configure_hospital_logging(level: str = "info", *, stream: object | None = N
     handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root.addHandler(handler)
-    root.setLevel(level.upper())
+    debug = level.lower() == "debug"
+    root.setLevel(logging.DEBUG if debug else logging.WARNING)  # httpx/alembic INFO lines: polling noise
+    logging.getLogger("clinograph").setLevel(level.upper())
     logging.getLogger("flwr").propagate = False  # Flower prints through its own console handler
-    if level.lower() == "debug":
+    if debug:
         from flwr.common.logger import update_console_handler
 
         update_console_handler(level="DEBUG", timestamps=True, colored=False)
