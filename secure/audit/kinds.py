@@ -116,6 +116,23 @@ class UnattributedRefusals(Payload):
     suppressed: dict[Name, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
 
 
+class HospitalSuspended(Payload):
+    """``hospital_suspended``: a hospital missed ``missed_rounds`` consecutive rounds and is no longer
+    invited, except once every ``retry_every`` rounds (secure/runtime/liveness.py)."""
+
+    round: int = Field(ge=0)
+    hospital: Name
+    missed_rounds: int = Field(ge=1)
+    retry_every: int = Field(ge=1)
+
+
+class HospitalRejoined(Payload):
+    """``hospital_rejoined``: a suspended hospital contributed again and is invited to every round."""
+
+    round: int = Field(ge=0)
+    hospital: Name
+
+
 class RoundAborted(Payload):
     """``round_aborted``: the round could not be aggregated (e.g. fewer survivors than t)."""
 
@@ -386,6 +403,7 @@ KINDS: dict[str, type[Payload]] = {
     "model_selected": ModelSelected,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release,
+    "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,
     "audit_open": AuditOpen, "audit_reopen": AuditOpen, "artefact": Artefact, "envelope": EnvelopeRef,
 }
 RESERVED = frozenset({"audit_open", "audit_reopen", "artefact", "envelope"})
