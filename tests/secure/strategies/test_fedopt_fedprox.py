@@ -73,8 +73,9 @@ def test_fedprox_carries_mu_in_the_plan_and_averages_like_fedavg():
 
 def test_every_strategy_is_registered_and_a_miss_lists_them():
     assert {"fedavg", "fedsgd", "fedprox", "fedopt", "fedadam", "fedyogi", "dq_weighted"} <= set(registered_strategies())
-    with pytest.raises(RegistryError, match=r"Unknown aggregator 'fedavgg'\. Registered: dag_voting, dq_weighted, fedadam"):
+    with pytest.raises(RegistryError, match=r"Unknown aggregator 'fedavgg'\. Registered: .*dag_voting, dq_weighted, fedadam"):
         create_strategy("fedavgg")
     required = {"dag_voting": {"concepts": ["a", "b"]}}  # DAG voting needs its concept list (no silent default)
-    for name in registered_strategies():
+    needs_files = {"fednsl_rules"}  # built from a pinned rule-space file: tests/sdk/fednsl covers it
+    for name in sorted(set(registered_strategies()) - needs_files):
         assert create_strategy(name, **required.get(name, {})).name == name  # constructible by name
