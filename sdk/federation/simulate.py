@@ -28,6 +28,7 @@ from clinograph.secure.identity import Identity
 from clinograph.secure.runtime import InProcessTransport, build_server, run_ckks_ceremony, run_round
 from clinograph.secure.runtime.liveness import Liveness
 from clinograph.secure.runtime.loop import RoundOutcome
+from clinograph.secure.runtime.participation import end_run
 from clinograph.secure.server import FederationServer
 
 from ..config import SimulationConfig
@@ -131,6 +132,7 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     for r, silent in (drop_at or {}).items():
         sim.transport.drop_at(r, silent)
     result = SimulationResult(audit_dir=audit_dir)
+    status, reason = "completed", f"all {config.federation.rounds} planned round(s) ran"
     try:
         for r in range(config.federation.rounds):
             t0 = time.perf_counter()
@@ -149,10 +151,18 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
             if on_round is not None:
                 on_round(r, metrics)
             if _should_stop(sim):
+                status, reason = "completed", f"stopped early after round {r} (validation loss, patience)"
                 break
         _select(sim, result, patience=config.selection.patience)
+    except BaseException as exc:
+        status, reason = "failed", f"{type(exc).__name__}: {exc}"
+        raise
     finally:
-        sim.audit.close()
+        try:  # the run's release and run_ended entries, as run_rounds writes them
+            end_run(sim.server, status=status, reason=reason, rounds_completed=len(result.rounds),
+                    rounds_planned=config.federation.rounds)
+        finally:
+            sim.audit.close()
     return result
 
 

@@ -148,3 +148,13 @@ def test_split_depends_on_the_hospital_not_its_position(tmp_path):
     c = hospital_split(t.labels, site="elsewhere", test_fraction=0.3, validation_fraction=0.2, seed=0)
     assert np.array_equal(a.test, b.test) and not np.array_equal(a.test, c.test)
     assert not set(a.train) & set(a.test) and not set(a.validation) & set(a.test)
+
+
+def test_a_simulation_ends_with_its_release_and_run_ended_entries(tmp_path):
+    import json
+
+    res = run("masked", tmp_path, rounds=1)
+    entries = [json.loads(x) for x in (res.audit_dir / "audit.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in entries]
+    assert kinds.index("release") < kinds.index("run_ended") and kinds[-1] == "run_ended"
+    assert entries[-1]["payload"]["status"] == "completed"
