@@ -109,6 +109,10 @@ def _fail(message: str) -> None:
 def verify(
     directory: Annotated[Path, typer.Argument(help="The audit directory (audit.jsonl, head.json, artefacts/).")],
     trusted_key: Annotated[str | None, typer.Option("--trusted-key", help=KEY_HELP)] = None,
+    expect_head: Annotated[str | None, typer.Option("--expect-head", help="An entry hash noted out of band "
+                                                    "earlier (the 'head hash' printed by a previous verify): "
+                                                    "the log must still contain it (detects a rolled-back "
+                                                    "directory).")] = None,
 ) -> None:
     """Check chain, signatures, head and every artefact; exit 0 if all verify, 1 otherwise.
 
@@ -118,7 +122,7 @@ def verify(
 
     key = _trusted_key(trusted_key)
     try:
-        report = verify_audit_dir(directory, trusted_server_key=key)
+        report = verify_audit_dir(directory, trusted_server_key=key, expect_head=expect_head)
     except (ClinographError, OSError) as exc:
         _fail(f"Cannot verify {directory}: {exc}")
         return

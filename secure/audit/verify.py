@@ -12,8 +12,8 @@ Does not guarantee: that the server was honest when it wrote an entry, or (witho
 ``trusted_server_key``) that the log is the one the expected server wrote -- a forger can
 write a fresh, self-consistent log with its own key; pin the key (``VerifyReport.trusted``
 says whether it was pinned and matched). Rolling the whole
-directory back to an earlier valid state is caught only by comparing ``head_hash`` with a
-value published elsewhere.
+directory back to an earlier valid state is caught only by comparing against a head taken
+elsewhere: ``verify_audit_dir(..., expect_head=)`` / ``clinograph audit verify --expect-head``.
 
 Bounded reads: the verifier opens only *regular* files (a FIFO, a device such as /dev/zero,
 a socket or a directory in place of a file -- directly or through a symlink -- is reported,
@@ -26,6 +26,7 @@ the bound, so a hostile directory can neither hang the verifier nor exhaust its 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import os
 import stat
@@ -341,7 +342,8 @@ def scan_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None, 
     return report, scan.entries
 
 
-def verify_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None) -> VerifyReport:
+def verify_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None,
+                     expect_head: str | None = None) -> VerifyReport:
     """Check everything in ``directory`` (see the module docstring for what is and is not
     guaranteed). Never raises for a bad directory: every problem is listed in the report.
 
@@ -349,5 +351,19 @@ def verify_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None
         directory: an audit directory written by :class:`AuditTrail`.
         trusted_server_key: the server's 32-byte Ed25519 public key, obtained out of band.
             Without it the log is checked against the key it names itself.
+        expect_head: an entry hash taken out of band earlier (e.g. the ``head hash`` an auditor or
+            a hospital noted at the end of a run). The log must contain that entry: a directory
+            rolled back to an earlier valid state -- which verifies on its own -- fails here.
     """
-    return scan_audit_dir(directory, trusted_server_key=trusted_server_key)[0]
+    report, entries = scan_audit_dir(directory, trusted_server_key=trusted_server_key)
+    if expect_head is None:
+        return report
+    want = expect_head.strip().lower()
+    if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
+        problem = f"--expect-head must be a 64-hex-digit entry hash, got {len(want)} character(s)."
+    elif any(e.hash == want for e in entries):
+        return report
+    else:
+        problem = (f"Rolled back or a different log: no entry has the expected head hash {want[:16]}… "
+                   f"(this log ends at {str(report.head_hash)[:16]}… after {report.entries} entries).")
+    return dataclasses.replace(report, ok=False, problems=[*report.problems, problem])

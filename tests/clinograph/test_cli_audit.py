@@ -123,3 +123,29 @@ def test_report_says_whether_the_signer_was_checked(audit_dir, tmp_path):
     key.write_text(Identity.generate("x").public.b64() + "\n")
     wrong = runner.invoke(app, ["report", str(d), "--out", str(out), "--trusted-key", str(key)])
     assert wrong.exit_code == 1 and 'id="signer-wrong"' in out.read_text()
+
+
+def test_expect_head_detects_a_directory_rolled_back_to_an_earlier_valid_state(tmp_path):
+    """A copy of the directory taken earlier verifies on its own; with the head noted later it fails."""
+    import re
+    import shutil
+
+    server = Identity.generate("server")
+    d = tmp_path / "audit"
+    with AuditTrail(d, identity=server) as trail:
+        trail.record("ledger", {"client": "hosp-a", "round": 0, "epsilon": 1.5, "delta": 1e-5,
+                                "budget_epsilon": 4.0, "noise_multiplier": 1.1})
+    shutil.copytree(d, tmp_path / "earlier")
+    with AuditTrail(d, identity=server) as trail:  # the run goes on
+        trail.record("ledger", {"client": "hosp-a", "round": 1, "epsilon": 2.5, "delta": 1e-5,
+                                "budget_epsilon": 4.0, "noise_multiplier": 1.1})
+    later = runner.invoke(app, ["verify", str(d)])
+    head = re.search(r"head hash: ([0-9a-f]{64})", later.stdout).group(1)
+    assert runner.invoke(app, ["verify", str(d), "--expect-head", head]).exit_code == 0
+    shutil.rmtree(d)
+    shutil.copytree(tmp_path / "earlier", d)  # the server rolls the directory back
+    assert runner.invoke(app, ["verify", str(d)]).exit_code == 0  # valid on its own
+    rolled = runner.invoke(app, ["verify", str(d), "--expect-head", head])
+    assert rolled.exit_code == 1 and "Rolled back" in rolled.stderr and "Traceback" not in rolled.output
+    bad = runner.invoke(app, ["verify", str(d), "--expect-head", "xyz"])
+    assert bad.exit_code == 1 and "64-hex-digit" in bad.stderr
