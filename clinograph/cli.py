@@ -96,7 +96,7 @@ def _threads() -> None:
 def demo(
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("runs/demo"),
     rounds: Annotated[int, typer.Option(min=1, max=500)] = 15,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Seed of the tables, splits and models.")] = 0,
     secure_mode: Annotated[str, typer.Option(help="masked (default), ckks or insecure_plaintext")] = "masked",
     dp: Annotated[bool, typer.Option("--dp/--no-dp", help="Also train with patient-level DP-SGD at every "
                                      "hospital and print each hospital's ε.")] = True,

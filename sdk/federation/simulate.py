@@ -35,6 +35,7 @@ from ..config import SimulationConfig
 from ..ingest import ingest, read_table
 from ..ingest.table import PatientTable
 from ..ontology import FeatureDictionary, SiteSchema
+from ..outdir import output_folder
 from .build import build_hospital, initial_model
 from .client import HospitalClient
 
@@ -239,10 +240,10 @@ def simulate_from_config(config: SimulationConfig, *,
                          on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None) -> SimulationResult:
     """Ingest, build, run; the audit directory is ``<output>/audit`` (refused if it holds a run)."""
     tables, dictionary = load_tables(config)
+    output_folder(config.output, what="The config's `output`")
     audit_dir = config.output / "audit"
     if audit_dir.exists() and not audit_dir.is_dir():
         raise ConfigError(f"Output {audit_dir} exists and is not a folder; choose another `output`.")
     if audit_dir.exists() and any(audit_dir.iterdir()):
         raise ConfigError(f"Audit directory {audit_dir} already holds a run; choose another `output` or move it.")
-    config.output.mkdir(parents=True, exist_ok=True)
     return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round)

@@ -25,6 +25,7 @@ from ..config import SimulationConfig
 from ..federation.simulate import simulate
 from ..federation.split import hospital_split
 from ..ingest import ingest
+from ..outdir import output_folder
 from .alarm_demo import DICTIONARY_PATH, load_dictionary, make_hospital_tables
 from .baselines import fedavg_aligned, standalone
 
@@ -116,7 +117,7 @@ def run_demo(*, out_dir: Path, rounds: int = 15, seed: int = 0, secure_mode: str
     stage = on_stage or (lambda s: None)
     config = demo_config(rounds=rounds, seed=seed, secure_mode=secure_mode)  # validate before any work
     dp_config = demo_dp_config(rounds=dp_rounds, seed=seed, secure_mode=secure_mode, epsilon=dp_epsilon) if dp else None
-    out_dir.mkdir(parents=True, exist_ok=True)
+    output_folder(out_dir, what="--out")
     dictionary = load_dictionary()
     stage("writing hospital tables")
     files = write_hospital_files(out_dir, seed, scale)

@@ -95,3 +95,12 @@ schema = "{data / 'north_schema.toml'}"
 """)
     out = cli("simulate", str(cfg))
     assert out.returncode == 2 and "names no feature dictionary" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_output_path_that_is_a_file_and_a_20_digit_seed_are_clear_errors(tmp_path):
+    afile = tmp_path / "not-a-folder"
+    afile.write_text("x")
+    out = cli("demo", "--out", str(afile), "--no-dp", "--rounds", "1", "--scale", "0.05")
+    assert out.returncode == 2 and "exists and is not a folder" in out.stderr and "Traceback" not in out.stderr
+    out = cli("demo", "--seed", "12345678901234567890", "--no-dp")
+    assert out.returncode == 2 and "--seed" in out.stderr and "Traceback" not in out.stderr
