@@ -148,7 +148,11 @@ def main() -> None:
     logging.disable(logging.WARNING)
     from clinograph.sdk.federation.split import hospital_split
     from clinograph.sdk.ingest import ingest
-    from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables
+    from clinograph.sdk.research.alarm_demo import (
+        DEFAULT_HOSPITALS,
+        load_dictionary,
+        make_hospital_tables,
+    )
 
     seeds = [0] if args.quick else list(range(args.seeds))
     rounds = 3 if args.quick else args.rounds

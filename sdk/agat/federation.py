@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from clinograph.secure.runtime.participation import end_run
 from clinograph.secure.strategies.attention import (
     InsecureAttention,
     PlaintextUpdateTap,
@@ -56,14 +57,23 @@ def run_agat_simulation(tables: Sequence[PatientTable], dictionary: FeatureDicti
     selected and calibrated model) over :func:`agat_simulation`."""
     sim = agat_simulation(tables, dictionary, config, audit_dir=audit_dir)
     result = SimulationResult(audit_dir=audit_dir)
+    status, reason = "completed", f"all {config.federation.rounds} planned round(s) ran"
     try:
-        for _ in range(config.federation.rounds):
+        for r in range(config.federation.rounds):
             outcome = sim.run_round()
             result.dropped.append(outcome.dropped)
             result.rounds.append(sim.evaluate("test"))
             if _should_stop(sim):
+                status, reason = "completed", f"stopped early after round {r} (validation loss, patience)"
                 break
         _select(sim, result, patience=config.selection.patience)
+    except BaseException as exc:
+        status, reason = "failed", f"{type(exc).__name__}: {exc}"
+        raise
     finally:
-        sim.audit.close()
+        try:  # the run's release and run_ended entries, as simulate() and run_rounds write them
+            end_run(sim.server, status=status, reason=reason, rounds_completed=len(result.rounds),
+                    rounds_planned=config.federation.rounds)
+        finally:
+            sim.audit.close()
     return result

@@ -114,3 +114,17 @@ def test_insecure_attention_built_without_the_tap_refuses_at_its_first_aggregate
     with pytest.raises(ConfigError, match="insecure_attention.*only aggregated sums"):
         sim.run_round()
     sim.audit.close()
+
+
+def test_a_plaintext_attention_run_ends_its_audit_and_verifies(tmp_path):
+    from clinograph.sdk.agat.federation import run_agat_simulation
+    from clinograph.secure.audit import verify_audit_dir
+
+    tables = small_tables()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        res = run_agat_simulation(tables, tables[0].dictionary, cfg("insecure_plaintext", "insecure_attention", rounds=2),
+                                  audit_dir=tmp_path / "audit")
+    assert len(res.rounds) == 2 and set(res.final) == {t.site for t in tables}
+    assert verify_audit_dir(tmp_path / "audit").ok
+    assert '"run_ended"' in (tmp_path / "audit" / "audit.jsonl").read_text()
