@@ -234,7 +234,8 @@ def mutate(data: bytes, mutation) -> bytes:
     return signed_raw(identity(env.sender), env.kind, json.dumps(body).encode())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=int(os.environ.get("CLINOGRAPH_FUZZ_EXAMPLES", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(stage=st.integers(0, 4), first=st.booleans(), inject=st.booleans(), mutation=MUTATIONS)
 def test_hostile_messages_at_any_stage_never_break_the_round(tmp_path_factory, stage, first, inject, mutation):

@@ -8,6 +8,7 @@ canary string, and any canary in a message must be one of the header's cells.
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -71,7 +72,8 @@ SCHEMAS = {
 
 
 @given(tables())
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=int(os.environ.get("CLINOGRAPH_FUZZ_EXAMPLES", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                     HealthCheck.too_slow])
 def test_random_csv_bytes_end_in_a_table_or_a_clinograph_error_without_cell_values(tmp_path_factory, table):
     data, header_cells, which = table
