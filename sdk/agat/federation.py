@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from clinograph.secure.runtime.participation import end_run
 from clinograph.secure.strategies.attention import (
     InsecureAttention,
     PlaintextUpdateTap,
@@ -23,12 +22,11 @@ from clinograph.secure.strategies.attention import (
 )
 
 from ..config import SimulationConfig
-from ..federation.simulate import (  # the one selection rule, not a copy
+from ..federation.simulate import (
     SimulatedFederation,
     SimulationResult,
-    _select,
-    _should_stop,
     build_simulation,
+    run_simulation,
 )
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary
@@ -53,27 +51,6 @@ def agat_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionar
 
 def run_agat_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
                         audit_dir: Path) -> SimulationResult:
-    """:func:`clinograph.sdk.federation.simulate.simulate`'s loop (rounds, early stopping, the
-    selected and calibrated model) over :func:`agat_simulation`."""
-    sim = agat_simulation(tables, dictionary, config, audit_dir=audit_dir)
-    result = SimulationResult(audit_dir=audit_dir)
-    status, reason = "completed", f"all {config.federation.rounds} planned round(s) ran"
-    try:
-        for r in range(config.federation.rounds):
-            outcome = sim.run_round()
-            result.dropped.append(outcome.dropped)
-            result.rounds.append(sim.evaluate("test"))
-            if _should_stop(sim):
-                status, reason = "completed", f"stopped early after round {r} (validation loss, patience)"
-                break
-        _select(sim, result, patience=config.selection.patience)
-    except BaseException as exc:
-        status, reason = "failed", f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        try:  # the run's release and run_ended entries, as simulate() and run_rounds write them
-            end_run(sim.server, status=status, reason=reason, rounds_completed=len(result.rounds),
-                    rounds_planned=config.federation.rounds)
-        finally:
-            sim.audit.close()
-    return result
+    """:func:`clinograph.sdk.federation.simulate.run_simulation` (rounds, early stopping, the
+    selected and calibrated model, the run's end) over :func:`agat_simulation`."""
+    return run_simulation(agat_simulation(tables, dictionary, config, audit_dir=audit_dir), config)

@@ -49,6 +49,7 @@ class SimulatedFederation:
     transport: InProcessTransport
     audit: AuditTrail
     liveness: Liveness | None = None
+    audit_dir: Path | None = None
 
     def run_round(self) -> RoundOutcome:
         """One round with every live hospital (suspended ones only when due a retry)."""
@@ -85,6 +86,9 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
                      audit_dir: Path) -> SimulatedFederation:
     """Identities, hospitals, transport, key ceremony (ckks), server and audit trail."""
     fed = config.federation
+    from clinograph.secure.strategies.attention import check_secure_mode
+
+    check_secure_mode(fed.strategy, fed.secure_mode)  # refused before anything is written
     names = [t.site for t in tables]
     if len(set(names)) != len(names):
         raise ConfigError(f"Two hospitals share a site name: {sorted(n for n in names if names.count(n) > 1)}.")
@@ -119,7 +123,7 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
         raise
     liveness = Liveness(suspend_after=fed.suspend_after_missed, retry_every=fed.retry_every)
     return SimulatedFederation(server=server, hospitals=hospitals, transport=transport, audit=audit,
-                               liveness=liveness)
+                               liveness=liveness, audit_dir=Path(audit_dir))
 
 
 def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
@@ -132,7 +136,14 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     sim = build_simulation(tables, dictionary, config, audit_dir=audit_dir)
     for r, silent in (drop_at or {}).items():
         sim.transport.drop_at(r, silent)
-    result = SimulationResult(audit_dir=audit_dir)
+    return run_simulation(sim, config, on_round=on_round)
+
+
+def run_simulation(sim: SimulatedFederation, config: SimulationConfig, *,
+                   on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None) -> SimulationResult:
+    """The rounds of an already built federation (early stopping on the federated validation
+    loss, the selected and calibrated model, the run's end entries); closes its audit trail."""
+    result = SimulationResult(audit_dir=sim.audit_dir)
     status, reason = "completed", f"all {config.federation.rounds} planned round(s) ran"
     try:
         for r in range(config.federation.rounds):

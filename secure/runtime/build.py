@@ -142,6 +142,9 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
         ConfigError: CKKS without a ceremony context, an insecure mode in production, too few
             hospitals for the mode.
     """
+    from ..strategies.attention import check_secure_mode
+
+    check_secure_mode(federation.strategy, federation.secure_mode)  # a plaintext-only rule under a secure mode
     strategy = build_strategy(federation)
     max_weight = weight_bound(strategy, federation)
     mode = create_mode(federation.secure_mode)

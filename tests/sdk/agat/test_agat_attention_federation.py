@@ -105,15 +105,14 @@ def test_insecure_attention_is_refused_before_anything_is_built(mode, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_insecure_attention_built_without_the_tap_refuses_at_its_first_aggregate(tmp_path):
+def test_the_one_server_builder_refuses_insecure_attention_under_a_secure_mode(tmp_path):
+    """Every path to a server (simulation, ServerApp) goes through build_server, which refuses it."""
     tables = small_tables()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
-        sim = build_simulation(tables, tables[0].dictionary, cfg("masked", "insecure_attention"),
-                               audit_dir=tmp_path / "y")
-    with pytest.raises(ConfigError, match="insecure_attention.*only aggregated sums"):
-        sim.run_round()
-    sim.audit.close()
+        with pytest.raises(ConfigError, match="'insecure_attention' is refused under secure_mode = 'masked'"):
+            build_simulation(tables, tables[0].dictionary, cfg("masked", "insecure_attention"), audit_dir=tmp_path / "y")
+    assert not (tmp_path / "y").exists()  # refused before any audit directory is written
 
 
 def test_a_plaintext_attention_run_ends_its_audit_and_verifies(tmp_path):
