@@ -38,12 +38,12 @@ from clinograph.secure.strategies.attention import (
 
 from ..config import HospitalConfig
 from ..federation.split import Split
+from ..federation.task_base import SelectedCalibrated
 from ..ingest.table import PatientTable
 from ..model.nsfl_modules import SELECTION_MODULE
 from ..ontology.dictionary import FeatureDictionary
-from ..training.calibration import Platt, fit_platt, logit
+from ..training.calibration import Platt
 from ..training.local import bce
-from ..training.metrics import binary_metrics
 from ..training.selection import ModelSelection, decode_validation, encode_validation, value_bound
 from ..training.trainer import TrainOutcome
 from .graph import knn_graph
@@ -57,7 +57,7 @@ def _draw_seed(site: str, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"clinograph/agat/augment/{site}/{seed}".encode()).digest()[:8], "big") >> 1
 
 
-class AGATTask:
+class AGATTask(SelectedCalibrated):
     """AGAT at one hospital (see the module docstring)."""
 
     name = "agat"
@@ -201,37 +201,11 @@ class AGATTask:
         if not self.evaluate_only:
             self._rounds_done += 1
 
-    def finish(self) -> dict[str, float | int | None]:
-        """Keep the selected model and fit Platt scaling on the validation split (as NSFLTask)."""
-        kept = None
-        if self.selection is not None and self.selection.best_state is not None:
-            self.model.load_state_dict(self.selection.best_state)
-            kept = self.selection.best_round
-        self.calibration = None
-        idx = self.split.validation
-        if self.config.calibration.method == "platt" and len(idx):
-            self.calibration = fit_platt(logit(self._predict_raw()[idx]), self.table.labels[idx])
-        cal = self.calibration or Platt()
-        return {"round": kept, "platt_a": cal.a, "platt_b": cal.b}
-
     @torch.no_grad()
     def _predict_raw(self) -> np.ndarray:
         self.model.eval()
         current, previous, edges = self._inputs()
         return torch.sigmoid(self.model(current, previous, edges)).double().numpy()
-
-    def predict(self) -> np.ndarray:
-        """Risk for every patient of this hospital's table (calibrated once :meth:`finish` ran)."""
-        p = self._predict_raw()
-        return self.calibration.apply_to_probabilities(p) if self.calibration is not None else p
-
-    def evaluate(self, split: str) -> dict[str, float]:
-        idx = {"test": self.split.test, "validation": self.split.validation}.get(split)
-        if idx is None:
-            raise ConfigError(f"Unknown split {split!r}; expected 'validation' or 'test'.")
-        if len(idx) == 0:
-            raise ConfigError(f"Hospital {self.table.site!r} has no {split} patients.")
-        return binary_metrics(self.table.labels[idx], self.predict()[idx])
 
     def quality(self) -> dict[str, float]:
         raise ConfigError("task = 'agat' releases no DQ quality metrics; use [release] metrics = 'none' or "

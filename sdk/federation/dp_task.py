@@ -38,11 +38,11 @@ from ..model.nsfl import NSFLModel
 from ..ontology.dictionary import FeatureDictionary
 from ..privacy.distributed import Columns, DistributedLedger, distributed_step
 from ..training.local import predict
-from ..training.metrics import binary_metrics
 from ..training.personal import personal_module_map
 from ..training.trainer import TrainOutcome
 from .simulate import SimulatedFederation
 from .split import Split
+from .task_base import SplitEvaluation
 
 
 class _ExactLocal(ModuleMap):
@@ -63,7 +63,7 @@ class _ExactLocal(ModuleMap):
         super().load(state)
 
 
-class DistributedDPTask:
+class DistributedDPTask(SplitEvaluation):
     """One hospital's NS-FL task in distributed-DP mode (implements :class:`.task.Task`)."""
 
     name = "nsfl"
@@ -162,14 +162,6 @@ class DistributedDPTask:
 
     def predict(self) -> np.ndarray:
         return predict(self.model, self.stars)
-
-    def evaluate(self, split: str) -> dict[str, float]:
-        idx = {"test": self.split.test, "validation": self.split.validation}.get(split)
-        if idx is None:
-            raise ConfigError(f"Unknown split {split!r}; expected 'validation' or 'test'.")
-        if len(idx) == 0:
-            raise ConfigError(f"Hospital {self.table.site!r} has no {split} patients.")
-        return binary_metrics(self.table.labels[idx], self.predict()[idx])
 
     def quality(self) -> dict[str, float]:
         raise ConfigError("Quality metrics are not released under distributed DP (the DP accountant does not "

@@ -27,16 +27,16 @@ from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
 from ..model.nsfl_modules import SELECTION_MODULE
 from ..ontology.dictionary import FeatureDictionary
-from ..training.calibration import Platt, fit_platt, logit
-from ..training.metrics import binary_metrics
+from ..training.calibration import Platt
 from ..training.personal import fine_tune_personal, personal_module_map
 from ..training.quality import quality_evaluator
 from ..training.selection import ModelSelection, decode_validation, encode_validation, value_bound
 from ..training.trainer import GraphTrainer, TrainOutcome
 from .split import Split
+from .task_base import SelectedCalibrated
 
 
-class NSFLTask:
+class NSFLTask(SelectedCalibrated):
     """NS-FL at one hospital (implements :class:`~clinograph.sdk.federation.task.Task`)."""
 
     name = "nsfl"
@@ -149,28 +149,8 @@ class NSFLTask:
                                epochs=epochs, config=self.config.training, round_=self._rounds_done)
         self._rounds_done += 1
 
-    def finish(self) -> dict[str, float | int | None]:
-        """After the last round: keep the selected model (global + this hospital's personal
-        modules) and fit this hospital's Platt scaling on its validation split. Returns the kept
-        round (None: no selection, the last model is kept) and the calibration."""
-        kept = None
-        if self.selection is not None and self.selection.best_state is not None:
-            self.model.load_state_dict(self.selection.best_state)
-            kept = self.selection.best_round
-        self.calibration = None
-        idx = self.split.validation
-        if self.config.calibration.method == "platt" and len(idx):
-            self.calibration = fit_platt(logit(self._predict_raw()[idx]), self.table.labels[idx])
-        cal = self.calibration or Platt()
-        return {"round": kept, "platt_a": cal.a, "platt_b": cal.b}
-
     def _predict_raw(self) -> np.ndarray:
         return self.trainer.predict(self.model)
-
-    def predict(self) -> np.ndarray:
-        """Risk for every patient of this hospital's table (calibrated once :meth:`finish` ran)."""
-        p = self._predict_raw()
-        return self.calibration.apply_to_probabilities(p) if self.calibration is not None else p
 
     def predict_table(self, table: PatientTable) -> np.ndarray:
         """Risk for each patient of ``table`` -- new patients of this hospital, ingested with
@@ -194,14 +174,6 @@ class NSFLTask:
         kept = self.selection.best_round if self.selection is not None else None
         return export_model(self.model, path, dictionary=self.table.dictionary, calibration=self.calibration,
                             meta={"site": self.table.site, "selected_round": kept})
-
-    def evaluate(self, split: str) -> dict[str, float]:
-        idx = {"test": self.split.test, "validation": self.split.validation}.get(split)
-        if idx is None:
-            raise ConfigError(f"Unknown split {split!r}; expected 'validation' or 'test'.")
-        if len(idx) == 0:
-            raise ConfigError(f"Hospital {self.table.site!r} has no {split} patients.")
-        return binary_metrics(self.table.labels[idx], self.predict()[idx])
 
     def quality(self) -> dict[str, float]:
         if self._quality is None:

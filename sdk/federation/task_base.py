@@ -1,0 +1,62 @@
+"""What every task's hospital-side evaluation shares: splits, the selected model, calibration.
+
+A task that keeps ``self.table``, ``self.split`` and ``self.config`` and implements
+``_predict_raw()`` (uncalibrated risk for every patient) gets, from :class:`SplitEvaluation`,
+``evaluate(split)``; from :class:`SelectedCalibrated` also ``predict()`` (calibrated once
+:meth:`SelectedCalibrated.finish` ran) and ``finish()``: keep the model the federation selected
+by validation loss (``self.selection``) and fit this hospital's Platt scaling on its
+validation split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from clinograph.secure.errors import ConfigError
+
+from ..training.calibration import Platt, fit_platt, logit
+from ..training.metrics import binary_metrics
+
+
+class SplitEvaluation:
+    """``evaluate(split)`` on this hospital's own validation or test patients (stays local)."""
+
+    def predict(self) -> np.ndarray:  # pragma: no cover - implemented by every task
+        raise NotImplementedError
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        idx = {"test": self.split.test, "validation": self.split.validation}.get(split)  # type: ignore[attr-defined]
+        if idx is None:
+            raise ConfigError(f"Unknown split {split!r}; expected 'validation' or 'test'.")
+        if len(idx) == 0:
+            raise ConfigError(f"Hospital {self.table.site!r} has no {split} patients.")  # type: ignore[attr-defined]
+        return binary_metrics(self.table.labels[idx], self.predict()[idx])  # type: ignore[attr-defined]
+
+
+class SelectedCalibrated(SplitEvaluation):
+    """The selected model and the hospital's calibration (module docstring)."""
+
+    calibration: Platt | None = None
+
+    def _predict_raw(self) -> np.ndarray:  # pragma: no cover - implemented by every task
+        raise NotImplementedError
+
+    def predict(self) -> np.ndarray:
+        """Risk for every patient of this hospital's table (calibrated once :meth:`finish` ran)."""
+        p = self._predict_raw()
+        return self.calibration.apply_to_probabilities(p) if self.calibration is not None else p
+
+    def finish(self) -> dict[str, float | int | None]:
+        """After the last round: keep the selected model (global + this hospital's personal
+        modules) and fit this hospital's Platt scaling on its validation split. Returns the kept
+        round (None: no selection, the last model is kept) and the calibration."""
+        kept = None
+        selection = getattr(self, "selection", None)
+        if selection is not None and selection.best_state is not None:
+            self.model.load_state_dict(selection.best_state)  # type: ignore[attr-defined]
+            kept = selection.best_round
+        self.calibration = None
+        idx = self.split.validation  # type: ignore[attr-defined]
+        if self.config.calibration.method == "platt" and len(idx):  # type: ignore[attr-defined]
+            self.calibration = fit_platt(logit(self._predict_raw()[idx]), self.table.labels[idx])  # type: ignore[attr-defined]
+        cal = self.calibration or Platt()
+        return {"round": kept, "platt_a": cal.a, "platt_b": cal.b}
