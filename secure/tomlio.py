@@ -9,8 +9,6 @@ parser are explained rather than raised as ``UnicodeDecodeError``/``RecursionErr
 
 from __future__ import annotations
 
-import os
-import stat
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -19,12 +17,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError
+from .fileio import NotRegularFile, TooLarge, read_regular
 
 M = TypeVar("M", bound=BaseModel)
 MAX_TOML_BYTES = 16 * 1024 * 1024
-_NOT_REGULAR = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a device",
-                stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
-
 
 def read_toml_text(path: Path, *, what: str) -> str:
     """The text of a TOML file: a regular file, at most MAX_TOML_BYTES, valid UTF-8 (a BOM is allowed).
@@ -33,26 +29,17 @@ def read_toml_text(path: Path, *, what: str) -> str:
         ConfigError: missing, unreadable, not a regular file, too large or not UTF-8; names the file.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        data = read_regular(path, limit=MAX_TOML_BYTES)
     except FileNotFoundError:
         raise ConfigError(f"Cannot read {what} {path}: the file does not exist. Check the path.") from None
+    except NotRegularFile as exc:
+        raise ConfigError(f"Cannot read {what} {path}: it is {exc.kind}, not a regular file. Give the path of "
+                          "the TOML file itself.") from None
+    except TooLarge as exc:
+        raise ConfigError(f"Cannot read {what} {path}: {exc.size} bytes is over the limit of "
+                          f"{MAX_TOML_BYTES} bytes for a TOML file. Check that this is the right file.") from None
     except OSError as exc:
         raise ConfigError(f"Cannot read {what} {path}: {exc.strerror or type(exc).__name__}.") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = _NOT_REGULAR.get(stat.S_IFMT(st.st_mode), "not a regular file")
-            raise ConfigError(f"Cannot read {what} {path}: it is {kind}, not a regular file. Give the path of "
-                              "the TOML file itself.")
-        if st.st_size > MAX_TOML_BYTES:
-            raise ConfigError(f"Cannot read {what} {path}: {st.st_size} bytes is over the limit of "
-                              f"{MAX_TOML_BYTES} bytes for a TOML file. Check that this is the right file.")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read(MAX_TOML_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"Cannot read {what} {path}: {exc.strerror or type(exc).__name__}.") from None
-    finally:
-        os.close(fd)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

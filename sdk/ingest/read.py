@@ -16,13 +16,12 @@ from __future__ import annotations
 import codecs
 import csv
 import io
-import os
-import stat
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from clinograph.secure.errors import ConfigError, SchemaError
+from clinograph.secure.fileio import NotRegularFile, read_regular
 
 from .dialect import DECIMALS, apply_decimal_comma, detect_decimal, detect_delimiter, dialect_hint
 from .dialect import name as delimiter_name
@@ -34,29 +33,17 @@ NA_STRINGS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-
 DELIMITERS = (",", ";", "\t", "|")  # also .dialect.DELIMITERS
 _BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a device",
-          stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
-
 
 def _read_regular(path: Path) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        return read_regular(path)
     except FileNotFoundError:
         raise ConfigError(f"Table {path} does not exist. Check the path.") from None
-    except OSError as exc:
-        raise ConfigError(f"Table {path} cannot be opened: {exc.strerror or type(exc).__name__}.") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-            raise ConfigError(f"Table {path} is {kind}, not a regular file. Give the path of the exported "
-                              ".csv or .parquet file.")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read()
+    except NotRegularFile as exc:
+        raise ConfigError(f"Table {path} is {exc.kind}, not a regular file. Give the path of the exported "
+                          ".csv or .parquet file.") from None
     except OSError as exc:
         raise ConfigError(f"Table {path} cannot be read: {exc.strerror or type(exc).__name__}.") from None
-    finally:
-        os.close(fd)
 
 
 def decode(data: bytes, *, name: str) -> tuple[str, str]:

@@ -28,13 +28,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError
+from ..fileio import NotRegularFile, TooLarge, read_regular
 from ..identity import PublicIdentity
 from ..messages import MAX_MESSAGE_BYTES
 from ..wire import MAGIC
@@ -47,43 +46,22 @@ MAX_PROBLEMS = 100
 MAX_LOG_BYTES = 1024 ** 3
 MAX_HEAD_BYTES = 64 * 1024
 MAX_ARTEFACT_BYTES = MAX_MESSAGE_BYTES
-_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
-
-
 def read_regular_file(path: Path, *, limit: int) -> bytes:
-    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes.
-
-    Opens without blocking (a FIFO cannot stall the open), checks the opened descriptor (no
-    race between a check and the open) and never reads more than ``limit + 1`` bytes.
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes
+    (:func:`clinograph.secure.fileio.read_regular`).
 
     Raises:
         FileNotFoundError / OSError: the file is missing or unreadable.
         IntegrityError: not a regular file, or larger than ``limit``; names the file and bound.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            what = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-            raise IntegrityError(f"{path} is {what}, not a regular file; the verifier reads only regular files. "
-                                 "Replace it with the file the audit trail wrote.")
-        if st.st_size > limit:
-            raise IntegrityError(f"{path} is {st.st_size} bytes, over the verifier's bound of {limit} bytes; "
-                                 "it was not read. An audit trail does not write files that large.")
-        chunks, total = [], 0
-        while total <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:
-            raise IntegrityError(f"{path} grew past the verifier's bound of {limit} bytes while being read; "
-                                 "it was not checked.")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        return read_regular(path, limit=limit)
+    except NotRegularFile as exc:
+        raise IntegrityError(f"{path} is {exc.kind}, not a regular file; the verifier reads only regular files. "
+                             "Replace it with the file the audit trail wrote.") from None
+    except TooLarge as exc:
+        raise IntegrityError(f"{path} is {exc.size} bytes, over the verifier's bound of {limit} bytes; "
+                             "it was not read. An audit trail does not write files that large.") from None
 
 
 @dataclass(frozen=True)
