@@ -71,7 +71,9 @@ def _canonical(state: dict) -> bytes:
     return json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def _atomic_write(path: Path, data: str) -> None:
+def atomic_write(path: Path, data: str) -> None:
+    """Write ``data`` to ``path`` atomically and durably (temp file, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ledger-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
@@ -166,7 +168,7 @@ class PrivacyLedger:
         if self.signer is not None:
             sig = self.signer.sign(_canonical(state), context=SIG_PRIVACY_LEDGER)
             state["signature"] = base64.b64encode(sig).decode()
-        _atomic_write(self.path, json.dumps(state, indent=1, sort_keys=True))
+        atomic_write(self.path, json.dumps(state, indent=1, sort_keys=True))
 
     # -- accounting ---------------------------------------------------------------------------
     def make_accountant(self, history: History | None = None):  # noqa: ANN201 - an opacus IAccountant

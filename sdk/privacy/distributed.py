@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ from clinograph.secure.messages import DistributedShare, LedgerEntry
 
 from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
+from .accountant import atomic_write
 from .trainer import star_loss, unused_star_parameters
 
 FORMAT = "clinograph/distributed-ledger/v1"
@@ -157,20 +156,6 @@ def poisson_sample(n: int, rate: float, *, source: CsprngUniform | None = None) 
 
 
 # -- the ledger ---------------------------------------------------------------------------------
-def _atomic_write(path: Path, data: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".dledger-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class DistributedLedger:
     """One hospital's distributed-DP ledger on disk (``<state_dir>/distributed_ledger.json``).
 
@@ -224,7 +209,7 @@ class DistributedLedger:
         """Append a round's record (with both ε) and return the signed report's entry."""
         eps, alone = self.epsilons(record)
         self.entries.append({**record, "epsilon": eps, "epsilon_alone": alone, "delta": self.delta})
-        _atomic_write(self.path, json.dumps({"format": FORMAT, "site": self.site, "entries": self.entries},
+        atomic_write(self.path, json.dumps({"format": FORMAT, "site": self.site, "entries": self.entries},
                                             indent=1, sort_keys=True))
         share = DistributedShare(mechanism=record["mechanism"], min_honest=record["min_honest"],
                                  scale=record["scale"], share_variance=record["share_variance"], epsilon_alone=alone)
