@@ -196,22 +196,11 @@ class HospitalEntry(_Strict):
     schema_file: Path = Field(alias="schema")
 
 
-class SimulationConfig(_Strict):
-    """A whole simulated federation: the server's [federation], every hospital's settings, the tables."""
+class SimulationConfig(HospitalConfig):
+    """A whole simulated federation: the server's [federation], the tables, and every hospital's
+    settings (the fields of :class:`HospitalConfig`, shared by all simulated hospitals)."""
 
     federation: FederationSection = Field(default_factory=FederationSection)
-    task: Literal["nsfl", "agat"] = "nsfl"
-    model: NSFLConfig = Field(default_factory=NSFLConfig)
-    agat: AGATSection = Field(default_factory=AGATSection)
-    training: TrainConfig = Field(default_factory=TrainConfig)
-    graph: GraphSection = Field(default_factory=GraphSection)
-    privacy: PrivacySection = Field(default_factory=PrivacySection)
-    personal: PersonalSection = Field(default_factory=PersonalSection)
-    release: ReleaseSection = Field(default_factory=ReleaseSection)
-    split: SplitSection = Field(default_factory=SplitSection)
-    selection: SelectionSection = Field(default_factory=SelectionSection)
-    calibration: CalibrationSection = Field(default_factory=CalibrationSection)
-    dictionary: Path | None = None
     hospitals: tuple[HospitalEntry, ...] = ()
     output: Path = Path("runs/simulation")
 
@@ -221,11 +210,8 @@ class SimulationConfig(_Strict):
             "planned_rounds": self.privacy.planned_rounds or self.federation.rounds,
             "planned_local_epochs": self.privacy.planned_local_epochs or self.federation.local_epochs,
             "state_dir": self.privacy.state_dir or self.output / "privacy_state"})
-        return HospitalConfig(task=self.task, model=self.model, agat=self.agat, training=self.training,
-                              graph=self.graph, privacy=privacy,
-                              personal=self.personal, release=self.release, split=self.split,
-                              selection=self._selection(), calibration=self.calibration,
-                              dictionary=self.dictionary)
+        own = {name: getattr(self, name) for name in HospitalConfig.model_fields}
+        return HospitalConfig(**{**own, "privacy": privacy, "selection": self._selection()})
 
     def _selection(self) -> SelectionSection:
         """FedOpt's adaptive step is not linear in the summed module: selection cannot decode it."""
@@ -241,7 +227,7 @@ class SimulationConfig(_Strict):
                                max_clip_norm=self.privacy.clip_norm)
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> SimulationConfig:
+    def from_toml(cls, path: str | Path) -> SimulationConfig:  # type: ignore[override]
         """Load a config; relative paths are taken from the config's folder."""
         return load_toml_model(cls, path, what="config", prepare=_relative("dictionary", hospitals=True))
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from clinograph.secure.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..ontology.dictionary import FeatureDictionary
@@ -121,6 +122,7 @@ def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: Fe
     from .fhir import read_fhir
 
     f = config.fhir
-    assert f is not None
+    if f is None:  # the source model guarantees one of [omop], [meds], [fhir]; never silently assume
+        raise ConfigError("The source file has no [omop], [meds] or [fhir] section; add the one your data uses.")
     return read_fhir(location, dictionary=dictionary, site=config.site, label_code=f.label_code, systems=f.systems,
                      patient_id=f.patient_id, snapshot_hours=f.snapshot_hours)
