@@ -90,8 +90,15 @@ def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) 
     from ..training.personal import personal_module_map
 
     node_ids = dictionary.node_ids()
-    torch.manual_seed(config.model.init_seed)  # the same draw NSFLTask makes
-    modules = personal_module_map(NSFLModel(len(node_ids), config.model), node_ids, personal=config.personal.modules)
+    torch.manual_seed(config.model.init_seed)  # the same draw the task makes
+    if config.task == "agat":
+        from ..agat.model import AGATModel, agat_modules
+
+        modules = agat_modules(AGATModel(len(node_ids), config.agat), node_ids, personal=config.personal.modules,
+                               selection=config.model.selection_module)
+    else:
+        modules = personal_module_map(NSFLModel(len(node_ids), config.model), node_ids,
+                                      personal=config.personal.modules)
     return InitialModel.create(task=config.task, dictionary_hash=dictionary.digest(), spec=modules.spec(version=0),
                                state=modules.state(ModuleKind.SHARED))
 

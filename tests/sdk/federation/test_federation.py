@@ -158,3 +158,20 @@ def test_a_simulation_ends_with_its_release_and_run_ended_entries(tmp_path):
     kinds = [e["kind"] for e in entries]
     assert kinds.index("release") < kinds.index("run_ended") and kinds[-1] == "run_ended"
     assert entries[-1]["payload"]["status"] == "completed"
+
+
+@pytest.mark.parametrize("task", ["nsfl", "agat"])
+def test_model_init_without_a_table_equals_what_every_hospital_builds(task, tmp_path):
+    """`clinograph model init` (no table) and a hospital's own task start from the same model:
+    otherwise the lean server's first plan would not match any hospital's state digest."""
+    from clinograph.sdk.config import HospitalConfig
+    from clinograph.sdk.federation.build import build_task, initial_model, initial_model_for
+    from clinograph.secure.state import state_digest
+
+    tables = small_tables()
+    config = HospitalConfig.model_validate({"task": task, "model": {"hidden": 8}, "graph": {"k_similar": 0}})
+    fresh = initial_model_for(config, dictionary=tables[0].dictionary)
+    for t in tables:
+        built = initial_model(build_task(t, dictionary=t.dictionary, config=config), dictionary=t.dictionary)
+        assert built.spec.digest() == fresh.spec.digest()
+        assert state_digest(built.state()) == state_digest(fresh.state())
