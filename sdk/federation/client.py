@@ -20,7 +20,7 @@ import numpy as np
 from clinograph.secure.aggregation import AggregationClient, LocalUpdate, ModuleSums, create_mode
 from clinograph.secure.aggregation.checks import decode_modules
 from clinograph.secure.ckks.holder import CkksKeyHolder
-from clinograph.secure.errors import ProtocolError
+from clinograph.secure.errors import ConfigError, ProtocolError
 from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.messages import ClientReport, GlobalModel, RoundPlan
 from clinograph.secure.spec import ModuleKind
@@ -129,6 +129,15 @@ class HospitalClient:
         self._global = new
         self.task.modules.load(self._global)
         self.task.after_round()
+
+    # -- using the model at the hospital ------------------------------------------------------
+    def predict_table(self, table):  # noqa: ANN001, ANN201 - a PatientTable -> np.ndarray
+        """Per-patient risks for new patients of this hospital (personal layers and calibration
+        included); nothing leaves the hospital. Needs a task with ``predict_table`` (NS-FL)."""
+        predict = getattr(self.task, "predict_table", None)
+        if predict is None:
+            raise ConfigError(f"Task {self.task.name!r} cannot score new patients (no predict_table); use task = 'nsfl'.")
+        return predict(table)
 
     # -- helpers -----------------------------------------------------------------------------
     def _check_fresh(self, p: RoundPlan) -> None:

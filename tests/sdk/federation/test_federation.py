@@ -175,3 +175,12 @@ def test_model_init_without_a_table_equals_what_every_hospital_builds(task, tmp_
         built = initial_model(build_task(t, dictionary=t.dictionary, config=config), dictionary=t.dictionary)
         assert built.spec.digest() == fresh.spec.digest()
         assert state_digest(built.state()) == state_digest(fresh.state())
+
+
+def test_a_hospital_scores_new_patients_locally(tmp_path):
+    tables = small_tables()
+    sim = build_simulation(tables, tables[0].dictionary, cfg("masked", rounds=1), audit_dir=tmp_path / "p")
+    sim.run_round()
+    sim.audit.close()
+    risks = sim.hospitals["north"].predict_table(tables[0])
+    assert risks.shape == (tables[0].n_patients,) and np.all((risks >= 0) & (risks <= 1)) and np.std(risks) > 0
