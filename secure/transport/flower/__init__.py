@@ -2,7 +2,7 @@
 
 Flower (``flwr`` 1.41: SuperLink, SuperNodes, ServerApp/ClientApp, Grid) carries every hop
 between machines over TLS with node authentication; Clinograph is the protocol. Each stage of
-:func:`clinograph.secure.rounds.run_round` becomes one Flower ``Message`` whose content is a
+:func:`clinograph.secure.runtime.run_round` (over :class:`.driver.FlowerTransport`) becomes one Flower ``Message`` whose content is a
 ``RecordDict`` with one ``ConfigRecord`` holding the stage name and the exact bytes.
 
 The adapter is pinned to one Flower minor version: :func:`check_flower_version` refuses any

@@ -1,7 +1,7 @@
 """The hospital inside the SuperNode process: one RoundParticipant per Flower run.
 
 A :class:`HospitalWorker` loads the hospital's signing identity, builds its
-:class:`~clinograph.secure.rounds.RoundParticipant` from the node config (data, state and key
+:class:`~clinograph.secure.runtime.RoundParticipant` from the node config (data, state and key
 paths) with a factory the operator names, and answers each relayed stage, so the hospital's
 state persists across the messages of a round and across rounds of the same run. What it
 guarantees: only processes of the same uid can reach it (:mod:`.ipc`); a refusal of a
