@@ -31,3 +31,7 @@ HASH_CKKS_CONTEXT = b"clinograph/v1/ckks/context-digest"
 
 # Masking consistency check (Bonawitz et al. 2017, round 4 "ConsistencyCheck") -- appended for secure/masking.
 SIG_MASKED_CONSISTENCY = b"clinograph/v1/sig/masked-consistency"
+
+# Envelopes with binary attachments (secure/wire.py): the signature covers kind, payload and
+# the SHA-256 of every attachment, under its own context so the two frame versions never collide.
+SIG_MESSAGE_ATTACHED = b"clinograph/v1/sig/message-attached"
