@@ -15,7 +15,7 @@ import pandas as pd
 from clinograph.secure.errors import SchemaError
 
 from ..ontology.codes import describe_codes, normalise_code
-from ..ontology.dictionary import Feature, FeatureKind
+from ..ontology.dictionary import TRANSFORM_DOMAIN, Feature, FeatureKind, transform_domain
 from ..ontology.units import conversion
 from .dialect import decimal_comma_cells
 from .rows import rows_text
@@ -100,9 +100,14 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
                         f"{feat.unit} (allowed {lo:g} to {hi:g}). Check the unit in the site schema or correct "
                         "the values.")
     ok &= ~impossible
-    lo_r, hi_r = float(feat.reference_low), float(feat.reference_high)  # type: ignore[arg-type]
-    with np.errstate(over="ignore", invalid="ignore"):
-        std = (vals - (lo_r + hi_r) / 2.0) / ((hi_r - lo_r) / 2.0)
+    outside = ok & ~transform_domain(feat.transform, vals)
+    if outside.any():
+        problems.append(f"{where}: {rows_text(outside)}: outside the domain of transform = "
+                        f"{feat.transform.value!r} declared for {feat.id!r} in the dictionary (needs values "
+                        f"{TRANSFORM_DOMAIN[feat.transform]} in {feat.unit}). Correct the values or leave them empty "
+                        "for missing; for labs with zeros use transform = \"log1p\".")
+        ok &= ~outside
+    std = feat.standardise_array(np.where(ok, vals, np.nan))
     unstandardisable = ok & ~np.isfinite(std)
     if unstandardisable.any():
         problems.append(f"{where}: {rows_text(unstandardisable)}: the value cannot be standardised with the "

@@ -4,6 +4,14 @@ Built before training and fixed for a run; its content hash travels in every mes
 mismatch is refused. Each numeric feature carries a *public* clinical reference range used for
 standardisation (local means and variances would be a release of private statistics, see
 docs/privacy.md) and physical limits beyond which a value is impossible.
+
+Scaling of a numeric value (docs/model_quality.md, "Scaling: reference ranges, transforms and
+federated quantiles"): ``z = (T(v) − c) / h`` with ``T`` the feature's declared ``transform``
+(``log``, ``log1p``, ``logit`` or none, for skewed labs) and, by default, ``c`` and ``h`` the
+midpoint and half-width of the *transformed* reference range, so the reference range maps to
+[−1, 1] whatever the transform. ``scale_center`` / ``scale_half_width`` replace them when set
+(in transformed units): the federation's robust statistics from securely summed histograms
+(:mod:`clinograph.sdk.federation.scaling`) are applied this way.
 """
 
 from __future__ import annotations
@@ -15,12 +23,15 @@ from difflib import get_close_matches
 from enum import Enum
 from pathlib import Path
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .codes import normalise_code
 
 FEATURE_ID = r"^[a-z][a-z0-9_]{0,63}$"
-_OPTIONAL_LATER = ("omop_concept_id", "molar_mass")
+#: fields added later hash only when they differ from their default, so old digests stay valid
+_OPTIONAL_LATER = {"omop_concept_id": None, "molar_mass": None, "transform": "none", "scale_center": None,
+                   "scale_half_width": None}
 
 
 class FeatureKind(str, Enum):
@@ -29,6 +40,54 @@ class FeatureKind(str, Enum):
     NUMERIC = "numeric"
     BINARY = "binary"
     CATEGORICAL = "categorical"
+
+
+class Transform(str, Enum):
+    """A monotone transform applied to a numeric value (canonical unit) before scaling.
+
+    ``log``: ln v, needs v > 0; ``log1p``: ln(1 + v), needs v > −1 (labs with zeros);
+    ``logit``: ln(v / (1 − v)), needs 0 < v < 1 (fractions such as SpO2 as 0–1).
+    """
+
+    NONE = "none"
+    LOG = "log"
+    LOG1P = "log1p"
+    LOGIT = "logit"
+
+
+#: what each transform needs of a value, for messages
+TRANSFORM_DOMAIN = {Transform.NONE: "any finite value", Transform.LOG: "> 0", Transform.LOG1P: "> -1",
+                    Transform.LOGIT: "strictly between 0 and 1"}
+
+
+def transform_domain(transform: Transform, values: np.ndarray) -> np.ndarray:
+    """True where ``values`` lie in the domain of ``transform`` (finite values only)."""
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        if transform == Transform.LOG:
+            return np.isfinite(v) & (v > 0)
+        if transform == Transform.LOG1P:
+            return np.isfinite(v) & (v > -1)
+        if transform == Transform.LOGIT:
+            return np.isfinite(v) & (v > 0) & (v < 1)
+    return np.isfinite(v)
+
+
+def apply_transform(transform: Transform, values: np.ndarray) -> np.ndarray:
+    """``T(values)``; NaN outside the domain (callers check :func:`transform_domain` first and
+    report every bad cell, so a NaN never reaches the model)."""
+    v = np.asarray(values, dtype=np.float64)
+    ok = transform_domain(transform, v)
+    out = np.full(v.shape, np.nan)
+    if transform == Transform.LOG:
+        out[ok] = np.log(v[ok])
+    elif transform == Transform.LOG1P:
+        out[ok] = np.log1p(v[ok])
+    elif transform == Transform.LOGIT:
+        out[ok] = np.log(v[ok]) - np.log1p(-v[ok])
+    else:
+        out[ok] = v[ok]
+    return out
 
 
 class Feature(BaseModel):
@@ -54,6 +113,13 @@ class Feature(BaseModel):
     omop_concept_id: int | None = Field(default=None, gt=0)
     #: Molar mass of the analyte in g/mol: allows mass <-> molar concentrations (mg/dL <-> mmol/L).
     molar_mass: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    #: applied to the canonical-unit value before scaling (numeric features only); the reference
+    #: range stays in canonical units and is transformed with the value
+    transform: Transform = Transform.NONE
+    #: robust scaling statistics in *transformed* units, replacing the reference range's midpoint
+    #: and half-width when set (both or neither); written by federated quantile scaling
+    scale_center: float | None = Field(default=None, allow_inf_nan=False)
+    scale_half_width: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _consistent(self) -> Feature:
@@ -67,6 +133,16 @@ class Feature(BaseModel):
                 raise ValueError(f"numeric feature {self.id!r} needs reference_low and reference_high (public ranges)")
             if not self.reference_low < self.reference_high:
                 raise ValueError(f"feature {self.id!r}: reference_low must be < reference_high")
+            bounds = np.array([self.reference_low, self.reference_high])
+            if not transform_domain(self.transform, bounds).all():
+                raise ValueError(f"feature {self.id!r}: transform = {self.transform.value!r} needs values "
+                                 f"{TRANSFORM_DOMAIN[self.transform]}, but the reference range is not; use a range "
+                                 "inside that domain (in the canonical unit) or another transform")
+        elif self.transform != Transform.NONE or self.scale_center is not None or self.scale_half_width is not None:
+            raise ValueError(f"feature {self.id!r} is {self.kind.value}: transform and scale_center/"
+                             "scale_half_width apply to numeric features only; remove them")
+        if (self.scale_center is None) != (self.scale_half_width is None):
+            raise ValueError(f"feature {self.id!r}: set both scale_center and scale_half_width, or neither")
         if self.kind == FeatureKind.CATEGORICAL and len(self.levels) < 2:
             raise ValueError(f"categorical feature {self.id!r} needs at least two levels")
         norm = [normalise_code(lvl) for lvl in self.levels]
@@ -90,12 +166,28 @@ class Feature(BaseModel):
             keys.add(f"OMOP/{self.omop_concept_id}")
         return keys
 
-    def standardise(self, value: float) -> float:
-        """Public-range standardisation: (v − mid) / half-width, so the reference range maps to [−1, 1]."""
+    def scaling(self) -> tuple[float, float]:
+        """(centre c, half-width h) in transformed units: ``scale_center``/``scale_half_width``
+        when set, else the transformed reference range's midpoint and half-width."""
+        if self.scale_center is not None and self.scale_half_width is not None:
+            return float(self.scale_center), float(self.scale_half_width)
+        lo, hi = apply_transform(self.transform, np.array([self.reference_low, self.reference_high]))
+        return float((lo + hi) / 2.0), float((hi - lo) / 2.0)
+
+    def standardise_array(self, values: np.ndarray) -> np.ndarray:
+        """``(T(v) − c) / h`` elementwise (NaN outside the transform's domain); non-numeric
+        features pass through."""
+        v = np.asarray(values, dtype=np.float64)
         if self.kind != FeatureKind.NUMERIC:
-            return float(value)
-        lo, hi = self.reference_low, self.reference_high
-        return (float(value) - (lo + hi) / 2.0) / ((hi - lo) / 2.0)  # type: ignore[operator]
+            return v.copy()
+        c, h = self.scaling()
+        with np.errstate(over="ignore", invalid="ignore"):
+            return (apply_transform(self.transform, v) - c) / h
+
+    def standardise(self, value: float) -> float:
+        """Scaling of one value: ``(T(v) − c) / h``; with the default scaling the (transformed)
+        reference range maps to [−1, 1]."""
+        return float(self.standardise_array(np.array([value]))[0])
 
     def node_ids(self) -> list[str]:
         """Feature-node ids this feature contributes to the graph (one per level if categorical)."""
@@ -188,8 +280,8 @@ class FeatureDictionary(BaseModel):
         """SHA-256 of the canonical JSON (travels in every message)."""
         dump = self.model_dump(mode="json")
         for f in dump["features"]:  # fields added later hash only when set: old digests stay valid
-            for key in _OPTIONAL_LATER:
-                if f.get(key) is None:
+            for key, default in _OPTIONAL_LATER.items():
+                if f.get(key) == default:
                     f.pop(key, None)
         body = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(body.encode()).hexdigest()
