@@ -18,7 +18,7 @@ from typing import Literal
 
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection
 from clinograph.secure.tomlio import load_toml_model
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
@@ -161,6 +161,43 @@ class AGATSection(_Strict):
                               "±value_clip before augmentation")
 
 
+class TargetSection(_Strict):
+    """[target]: what the model predicts. ``binary`` (default): a 0/1 label, BCE. ``survival``: a
+    time-to-event label (site schema ``[survival]``: time + event), a discrete-time hazard over
+    the intervals ending at ``breaks`` (Gensheimer & Narasimhan 2019), trained with its
+    likelihood; censored patients contribute their survival terms (sdk/training/survival.py).
+    ``breaks`` and ``horizon`` are public settings (the same at every hospital), in ``time_unit``."""
+
+    kind: Literal["binary", "survival"] = "binary"
+    time_unit: str = Field(default="d", description="unit of breaks and horizon (UCUM: d, wk, mo, a)")
+    breaks: tuple[float, ...] = Field(default=(), description="survival: the K interval ends "
+                                      "0 < b_1 < ... < b_K; follow-up past b_K is censored at b_K")
+    horizon: float | None = Field(default=None, gt=0, description="survival: the time t of the reported risk "
+                                  "P(T ≤ t) and of the horizon AUROC; default the last break")
+
+    @model_validator(mode="after")
+    def _survival_settings(self) -> TargetSection:
+        if self.kind != "survival":
+            return self
+        b = self.breaks
+        if not b:
+            raise ValueError("[target] kind = 'survival' needs breaks: the ends of the K hazard intervals in "
+                             "time_unit, e.g. breaks = [90, 180, 365, 730] (public, the same at every hospital)")
+        if b[0] <= 0 or any(y <= x for x, y in zip(b, b[1:], strict=False)):
+            raise ValueError(f"[target] breaks {list(b)} must be positive and strictly increasing")
+        if len(b) > 200:
+            raise ValueError(f"[target] breaks has {len(b)} intervals; use at most 200")
+        if self.horizon is not None and self.horizon > b[-1]:
+            raise ValueError(f"[target] horizon {self.horizon} lies past the last break {b[-1]}: the model has no "
+                             "hazard there. Lower the horizon or add a break")
+        return self
+
+    @property
+    def outputs(self) -> int:
+        """Width of the model's output layer: 1 (binary) or K hazard intervals (survival)."""
+        return len(self.breaks) if self.kind == "survival" else 1
+
+
 class HospitalConfig(_Strict):
     """``hospital.toml``: one hospital's own choices."""
 
@@ -175,6 +212,7 @@ class HospitalConfig(_Strict):
     split: SplitSection = Field(default_factory=SplitSection)
     selection: SelectionSection = Field(default_factory=SelectionSection)
     calibration: CalibrationSection = Field(default_factory=CalibrationSection)
+    target: TargetSection = Field(default_factory=TargetSection)
     dictionary: Path | None = Field(default=None, description="feature dictionary TOML (required)")
 
     def selection_active(self) -> bool:

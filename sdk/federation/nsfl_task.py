@@ -24,7 +24,7 @@ from clinograph.secure.spec import ModuleKind
 
 from ..config import HospitalConfig
 from ..ingest.table import PatientTable
-from ..model.nsfl import NSFLModel
+from ..model.heads import nsfl_model
 from ..model.nsfl_modules import SELECTION_MODULE
 from ..ontology.dictionary import FeatureDictionary
 from ..training.calibration import Platt
@@ -49,11 +49,26 @@ class NSFLTask(SelectedCalibrated):
         self.table, self.config, self.split = table, config, split
         node_ids = dictionary.node_ids()
         torch.manual_seed(config.model.init_seed)  # identical initial weights at every hospital
-        self.model = NSFLModel(len(node_ids), config.model)
+        self.model = nsfl_model(len(node_ids), config)  # binary head, or the survival head ([target])
         self.modules = personal_module_map(self.model, node_ids, personal=config.personal.modules)
         self._node_ids = node_ids
         self.observed = {node_ids[i] for i in np.asarray(table.observed_nodes())}
-        if config.privacy.enabled:
+        #: survival target (interval ends and horizon in days) or None for a binary label
+        self.survival_target: tuple[np.ndarray, float] | None = None
+        if config.target.kind == "survival":
+            if config.privacy.enabled:
+                raise ConfigError("[target] kind = 'survival' with [privacy] enabled: the DP trainer has no "
+                                  "survival head yet (the hazard likelihood is per patient, so it can have one). "
+                                  "Disable [privacy] or use kind = 'binary' with a horizon label.")
+            from ..ingest.survival import days_per
+            from ..training.survival import SurvivalTrainer
+
+            scale = days_per(config.target.time_unit)
+            breaks = np.asarray(config.target.breaks, float) * scale
+            self.survival_target = (breaks, float(config.target.horizon or config.target.breaks[-1]) * scale)
+            self.trainer = SurvivalTrainer(table, train_idx=split.train, k_similar=config.graph.k_similar,
+                                           config=config.training, breaks=breaks)
+        elif config.privacy.enabled:
             from ..privacy import dp_trainer_factory
 
             if state_dir is None and config.privacy.state_dir is None:
@@ -108,9 +123,14 @@ class NSFLTask(SelectedCalibrated):
         if self.selection is None:
             return
         idx = self.split.validation
-        p = np.clip(self._predict_raw()[idx], 1e-7, 1 - 1e-7)
-        y = self.table.labels[idx].astype(float)
-        loss_sum = float(-np.sum(y * np.log(p) + (1 - y) * np.log(1 - p)))
+        if self.survival_target is not None:  # the hazard likelihood (sdk/training/survival.py)
+            from ..training.survival import hazard_nll_sum
+
+            loss_sum = hazard_nll_sum(self.trainer.predict(self.model)[idx], self.trainer.s[idx], self.trainer.e[idx])
+        else:
+            p = np.clip(self._predict_raw()[idx], 1e-7, 1 - 1e-7)
+            y = self.table.labels[idx].astype(float)
+            loss_sum = float(-np.sum(y * np.log(p) + (1 - y) * np.log(1 - p)))
         fixed = plan_options.get(f"weight/{self.table.site}")  # the weight HospitalClient will use
         weight = float(fixed) if fixed is not None else float(min(self.num_samples,
                                                                   float(plan_options.get("weight.max", np.inf))))
@@ -150,7 +170,59 @@ class NSFLTask(SelectedCalibrated):
         self._rounds_done += 1
 
     def _predict_raw(self) -> np.ndarray:
+        if self.survival_target is not None:  # risk 1 − S(t) at the horizon
+            from ..training.survival import risk_at
+
+            return risk_at(self.trainer.predict(self.model), *self.survival_target)
         return self.trainer.predict(self.model)
+
+    # -- survival target ([target] kind = "survival"; sdk/training/survival.py) ---------------
+    def evaluate(self, split: str) -> dict[str, float]:
+        """As for a binary label; with a survival target, :func:`~clinograph.sdk.training.survival.survival_metrics`
+        at the horizon (C-index, horizon AUROC/AUPRC/Brier; ``auroc`` is the horizon AUROC)."""
+        if self.survival_target is None:
+            return super().evaluate(split)
+        from ..training.survival import survival_metrics
+
+        idx = {"test": self.split.test, "validation": self.split.validation}.get(split)
+        if idx is None or len(idx) == 0:
+            return super().evaluate(split)  # the same errors
+        sv = self.table.survival
+        return survival_metrics(sv.time[idx], sv.event[idx], self.predict()[idx], horizon=self.survival_target[1])
+
+    def finish(self) -> dict[str, float | int | None]:
+        """As for a binary label; a survival head is not Platt-scaled (its risk is a survival curve)."""
+        if self.survival_target is None:
+            return super().finish()
+        kept = None
+        if self.selection is not None and self.selection.best_state is not None:
+            self.model.load_state_dict(self.selection.best_state)
+            kept = self.selection.best_round
+        self.calibration = None
+        return {"round": kept, "platt_a": 1.0, "platt_b": 0.0}
+
+    @torch.no_grad()
+    def predict_survival_table(self, table: PatientTable) -> np.ndarray:
+        """Survival curves S(b_k) of new patients (survival target only), star path, personal layers.
+        Shapes: -> [table.n_patients, K], columns at ``[target] breaks``.
+
+        Raises:
+            ConfigError: the task predicts a binary label.
+            SchemaError: ``table`` is mapped onto another dictionary than the model's.
+        """
+        from ..training.survival import survival_curves
+
+        if self.survival_target is None:
+            raise ConfigError("predict_survival_table needs [target] kind = 'survival'; use predict_table.")
+        return survival_curves(self._hazard_logits_table(table))
+
+    @torch.no_grad()
+    def _hazard_logits_table(self, table: PatientTable) -> np.ndarray:
+        from ..model.export import _check_dictionary, star_inputs
+
+        _check_dictionary(table, self.table.dictionary.digest())
+        self.model.eval()
+        return self.model.forward_star(*star_inputs(table)).double().numpy()
 
     def predict_table(self, table: PatientTable) -> np.ndarray:
         """Risk for each patient of ``table`` -- new patients of this hospital, ingested with
@@ -163,6 +235,10 @@ class NSFLTask(SelectedCalibrated):
         """
         from ..model.export import star_risk
 
+        if self.survival_target is not None:  # risk 1 − S(t) at the horizon
+            from ..training.survival import risk_at
+
+            return risk_at(self._hazard_logits_table(table), *self.survival_target)
         return star_risk(self.model, table, dictionary=self.table.dictionary, calibration=self.calibration)
 
     def export(self, path: str | Path) -> tuple[Path, Path]:
@@ -171,6 +247,9 @@ class NSFLTask(SelectedCalibrated):
         :func:`clinograph.sdk.model.export.export_model`."""
         from ..model.export import export_model
 
+        if self.survival_target is not None:
+            raise ConfigError("Model export covers the binary head only; a survival model is used through "
+                              "predict_table / predict_survival_table for now.")
         kept = self.selection.best_round if self.selection is not None else None
         return export_model(self.model, path, dictionary=self.table.dictionary, calibration=self.calibration,
                             meta={"site": self.table.site, "selected_round": kept})

@@ -36,6 +36,22 @@ class IngestReport:
 
 
 @dataclass(frozen=True, repr=False)
+class SurvivalTarget:
+    """A time-to-event label per patient: follow-up ``time`` in days (float, ≥ 0) and ``event``
+    (1 observed, 0 censored at ``time``). Shapes: time[n_patients], event[n_patients]."""
+
+    time: np.ndarray
+    event: np.ndarray
+
+    def subset(self, patients: np.ndarray) -> SurvivalTarget:
+        """The targets of the given patient indices."""
+        return SurvivalTarget(time=self.time[patients], event=self.event[patients])
+
+    def __repr__(self) -> str:
+        return f"SurvivalTarget(patients={len(self.time)}, events={int(np.sum(self.event))})"
+
+
+@dataclass(frozen=True, repr=False)
 class PatientTable:
     """Long-form observations over dictionary feature nodes.
 
@@ -55,6 +71,8 @@ class PatientTable:
     time: np.ndarray
     labels: np.ndarray
     report: IngestReport
+    #: time-to-event label when the site schema declares [survival] (labels are then the events)
+    survival: SurvivalTarget | None = None
 
     @property
     def n_patients(self) -> int:
@@ -81,7 +99,7 @@ class PatientTable:
             patient_ids=tuple(self.patient_ids[i] for i in patients),
             patient=remap[self.patient[keep]], node=self.node[keep], value=self.value[keep],
             std_value=self.std_value[keep], time=self.time[keep], labels=self.labels[patients],
-            report=self.report,
+            report=self.report, survival=None if self.survival is None else self.survival.subset(patients),
         )
 
     def dense(self, snapshot: int | None = None) -> tuple[np.ndarray, np.ndarray]:

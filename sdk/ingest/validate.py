@@ -44,6 +44,10 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     if not isinstance(df, pd.DataFrame):
         raise SchemaError(f"ingest() needs a pandas DataFrame, got {type(df).__name__}. Read the file with "
                           "read_table() first.", title="Table is not a DataFrame")
+    if schema.survival is not None:  # time-to-event label: time + event columns (sdk/ingest/survival.py)
+        from .survival import ingest_survival
+
+        return ingest_survival(df, schema=schema, dictionary=dictionary)
     problems: list[str] = []
     try:
         schema.check_against(dictionary)

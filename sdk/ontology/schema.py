@@ -76,6 +76,23 @@ class MissingLabelPolicy(BaseModel):
     missing_label: Literal["error", "drop"] = "error"
 
 
+class SurvivalColumns(BaseModel):
+    """A time-to-event label (``[survival]`` of a site schema): follow-up time and event columns.
+
+    ``time`` is the follow-up (to the event, or to the last contact when censored) in
+    ``time_unit`` (UCUM via pint: ``d``, ``wk``, ``mo``, ``a``/``year``; converted to days on
+    ingestion). ``event`` holds 1 (event observed) or 0 (censored); ``event_codes`` maps other
+    local codes (e.g. ``{"dead" = 1, "alive" = 0}``). The event column is the table's label.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    time: str
+    event: str
+    time_unit: str = "d"
+    event_codes: dict[str, int] | None = None
+
+
 class SiteSchema(BaseModel):
     """A hospital's column mapping. Strict: an unknown key is an error that names it."""
 
@@ -93,9 +110,16 @@ class SiteSchema(BaseModel):
     #: F-CMs concept-label columns (wide tables): kept out of the features, like the label; a
     #: concept task reads them with clinograph.sdk.concepts.labels.concept_labels. None: no concepts.
     concepts: tuple[str, ...] | None = None
+    #: time-to-event label (time + event columns, time unit); the event column is the label
+    survival: SurvivalColumns | None = None
 
     @model_validator(mode="after")
     def _label_declared(self) -> SiteSchema:
+        if self.survival is not None and self.label not in (None, "label", self.survival.event):
+            raise ValueError(f"[survival] event = {self.survival.event!r} is the label, but label = {self.label!r} "
+                             "names another column; remove label (or set it to the event column)")
+        if self.survival is not None:
+            return self
         if self.label is None and not self.unlabeled:
             raise ValueError("label is not set: without a label column every patient would silently get label 0. "
                              "Set label = \"<your outcome column>\", or declare unlabeled = true for a table "

@@ -10,9 +10,16 @@ Two cohorts that ``lifelines`` ships offline (Davidson-Pilon, lifelines; the dat
   (older patients go to the larger centres more often). Label: recurrence or death within 3
   years (1095 days).
 
-Censoring is handled honestly: a patient censored *before* the horizon has an unknown label and
-is dropped (counted in :attr:`CohortTables.censored_before_horizon`); a patient followed past it
-is a negative even if censored later; an event before it is a positive.
+Two forms of each cohort (``cohort_tables(name, form=...)``):
+
+- ``binary`` (horizon form): censoring is handled honestly: a patient censored *before* the
+  horizon has an unknown label and is dropped (counted in
+  :attr:`CohortTables.censored_before_horizon`); a patient followed past it is a negative even if
+  censored later; an event before it is a positive.
+- ``survival`` (time-to-event form): every patient is kept; each hospital's site schema declares
+  ``[survival]`` with its own time and event column names and its own time unit (days, weeks,
+  months or years, converted by the unit machinery), and some code the event their own way.
+  :data:`SURVIVAL_TARGETS` gives the public hazard intervals and horizon of each cohort.
 
 Each hospital has its own column names, codings (yes/no vs 1/0, I/II/III vs 1/2/3), units where
 the dictionary converts them (Karnofsky score as a percentage or a fraction) and missing blocks
@@ -29,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from ..ontology.dictionary import Feature, FeatureDictionary
-from ..ontology.schema import ColumnMap, SiteSchema
+from ..ontology.schema import ColumnMap, SiteSchema, SurvivalColumns
 
 COHORTS = ("lung", "gbsg2")
 
@@ -57,6 +64,7 @@ class CohortTables:
     patients: int
     censored_before_horizon: int
     positives: int
+    form: str = "binary"
 
 
 def _num(fid: str, name: str, unit: str, lo: float, hi: float, pmin: float, pmax: float, **kw) -> Feature:
@@ -91,13 +99,30 @@ def gbsg2_dictionary() -> FeatureDictionary:
     ))
 
 
+#: ``[target]`` of the survival form: interval ends and horizon (days), chosen before looking at
+#: any model result (quarters of the first year, then half-years; yearly for GBSG2)
+SURVIVAL_TARGETS: dict[str, dict] = {
+    "lung": {"kind": "survival", "time_unit": "d", "breaks": (91.0, 182.0, 273.0, 365.0, 547.0, 730.0, 1100.0),
+             "horizon": 365.0},
+    "gbsg2": {"kind": "survival", "time_unit": "d", "breaks": (365.0, 730.0, 1095.0, 1460.0, 1825.0, 2190.0, 2700.0),
+              "horizon": 1095.0},
+}
+#: per cohort and hospital: (time column, time unit, event column, event codes or None)
+SURVIVAL_COLUMNS: dict[str, tuple[tuple[str, str, str, dict[str, int] | None], ...]] = {
+    "lung": (("futime_days", "d", "dead", {"yes": 1, "no": 0}), ("followup_months", "mo", "status", None),
+             ("fu_weeks", "wk", "death", None)),
+    "gbsg2": (("rfs_days", "d", "event", None), ("rfs_months", "mo", "recurrence_or_death", {"Y": 1, "N": 0}),
+              ("rfs_years", "a", "cens", None), ("time", "d", "status", None)),
+}
+
+
 def _label(time: np.ndarray, event: np.ndarray, horizon: float) -> tuple[np.ndarray, np.ndarray]:
     """(keep, label): drop patients censored before ``horizon``; label = event before it."""
     keep = (time >= horizon) | event
     return keep, (event & (time < horizon)).astype(int)
 
 
-def _lung() -> tuple[pd.DataFrame, np.ndarray, str, int]:
+def _lung(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
     from lifelines.datasets import load_lung
 
     df = load_lung().dropna(subset=["inst"]).reset_index(drop=True)
@@ -106,15 +131,18 @@ def _lung() -> tuple[pd.DataFrame, np.ndarray, str, int]:
         "age": df["age"].astype(float), "female": (df["sex"] == 2).astype(float),
         "ecog_physician": df["ph.ecog"], "karnofsky_physician": df["ph.karno"],
         "karnofsky_patient": df["pat.karno"], "meal_calories": df["meal.cal"], "weight_loss": df["wt.loss"],
-        "label": y})
+        "label": y, "time": df["time"].astype(float), "event": (df["status"] == 1).astype(int)})
     sizes = df.loc[keep, "inst"].value_counts()
     order = sorted(sizes.index, key=lambda i: (-sizes[i], i))
+    order += sorted(set(df["inst"]) - set(order))  # institutions without a kept patient (survival form)
     which = {inst: k % 3 for k, inst in enumerate(order)}
     site = df["inst"].map(which).to_numpy()
+    if form == "survival":
+        return canon, site, "death (time to event)", 0
     return canon[keep].reset_index(drop=True), site[keep], "death within 365 days", int((~keep).sum())
 
 
-def _gbsg2() -> tuple[pd.DataFrame, np.ndarray, str, int]:
+def _gbsg2(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
     from lifelines.datasets import load_gbsg2
 
     df = load_gbsg2()
@@ -124,10 +152,12 @@ def _gbsg2() -> tuple[pd.DataFrame, np.ndarray, str, int]:
         "postmenopausal": (df["menostat"] == "Post").astype(float), "tumour_size": df["tsize"].astype(float),
         "tumour_grade": df["tgrade"].astype(str), "positive_nodes": df["pnodes"].astype(float),
         "progesterone_receptor": df["progrec"].astype(float), "oestrogen_receptor": df["estrec"].astype(float),
-        "label": y})
+        "label": y, "time": df["time"].astype(float), "event": (df["cens"] == 1).astype(int)})
     rng = np.random.default_rng(20_240_601)  # the cut is part of the data set: fixed
     score = (df["age"].to_numpy(float) - 53) / 10 + rng.standard_normal(len(df))
     site = np.digitize(score, np.quantile(score, [0.15, 0.35, 0.6]))  # sizes 15/20/25/40 %
+    if form == "survival":
+        return canon, site, "recurrence or death (time to event)", 0
     return canon[keep].reset_index(drop=True), site[keep], "recurrence or death within 3 years", int((~keep).sum())
 
 
@@ -167,19 +197,36 @@ def _local_values(values: pd.Series, feat: Feature, spec: SiteSpec) -> pd.Series
     return values
 
 
-def cohort_tables(name: str) -> CohortTables:
-    """The cohort ``name`` (one of :data:`COHORTS`) as hospital tables with their site schemas.
+def _survival_columns(part: pd.DataFrame, cohort: str, k: int) -> tuple[dict[str, np.ndarray], SurvivalColumns]:
+    """The hospital's own time (in its unit) and event columns, and its ``[survival]`` declaration."""
+    from ..ingest.survival import days_per
+
+    time_col, unit, event_col, codes = SURVIVAL_COLUMNS[cohort][k]
+    t = part["time"].to_numpy(float) / days_per(unit)
+    ev = part["event"].to_numpy(int)
+    if codes is not None:
+        inverse = {v: c for c, v in codes.items()}
+        ev = np.array([inverse[int(v)] for v in ev], dtype=object)
+    return ({time_col: np.round(t, 4), event_col: ev},
+            SurvivalColumns(time=time_col, event=event_col, time_unit=unit, event_codes=codes))
+
+
+def cohort_tables(name: str, form: str = "binary") -> CohortTables:
+    """The cohort ``name`` (one of :data:`COHORTS`) as hospital tables with their site schemas,
+    in the ``binary`` (horizon label) or ``survival`` (time + event) form (module docstring).
 
     Raises:
-        ConfigError: an unknown cohort name (the message lists them).
+        ConfigError: an unknown cohort name or form (the message lists them).
     """
     from clinograph.secure.errors import ConfigError
 
     if name not in _COHORTS:
         raise ConfigError(f"Unknown cohort {name!r}. Registered: {', '.join(COHORTS)}.")
+    if form not in ("binary", "survival"):
+        raise ConfigError(f"Unknown form {form!r} of cohort {name!r}; use 'binary' or 'survival'.")
     make_dictionary, load, sites = _COHORTS[name]
     dictionary = make_dictionary()
-    canon, site_of, task, censored = load()
+    canon, site_of, task, censored = load(form)
     out = []
     for k, spec in enumerate(sites):
         part = canon[site_of == k].reset_index(drop=True)
@@ -194,7 +241,15 @@ def cohort_tables(name: str) -> CohortTables:
             columns[col] = ColumnMap(feature=feat.id, unit=units.get(feat.id, feat.unit if feat.kind == "numeric"
                                                                       else None),
                                      coding=codings.get(feat.id))
+        if form == "survival":
+            cols, surv = _survival_columns(part, name, k)
+            for c, v in cols.items():
+                table[c] = v
+            out.append((table, SiteSchema(site=spec.site, patient_id="patient_id", label=None, survival=surv,
+                                          columns=columns)))
+            continue
         table["outcome"] = part["label"].to_numpy()
         out.append((table, SiteSchema(site=spec.site, patient_id="patient_id", label="outcome", columns=columns)))
+    positives = int(canon["event"].sum()) if form == "survival" else int(canon["label"].sum())
     return CohortTables(name=name, task=task, dictionary=dictionary, hospitals=tuple(out), patients=len(canon),
-                        censored_before_horizon=censored, positives=int(canon["label"].sum()))
+                        censored_before_horizon=censored, positives=positives, form=form)

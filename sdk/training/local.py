@@ -8,7 +8,7 @@ lives in :mod:`clinograph.sdk.privacy` and uses the star path without ``similar_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -26,10 +26,14 @@ def bce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def train_epochs(model: NSFLModel, *, epochs: int, train_idx: np.ndarray, config: TrainConfig,
                  stars: StarBatch, round_: int = 0,
-                 proximal: tuple[float, Mapping[str, torch.Tensor]] | None = None) -> float:
+                 proximal: tuple[float, Mapping[str, torch.Tensor]] | None = None,
+                 objective: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> float:
     """Run ``epochs`` epochs of minibatch Adam over ``train_idx``; returns the last epoch's mean loss.
 
     ``proximal = (μ, θ_global)`` adds FedProx's (μ/2)·||θ − θ_global||² (Li et al. 2020).
+    ``objective(outputs, batch)``: the loss of the model's outputs for patient indices ``batch``
+    (default: BCE against the binary labels; the survival head's is
+    :func:`clinograph.sdk.training.survival.hazard_objective`).
     """
     gen = torch.Generator().manual_seed(config.seed * 100_003 + round_)
     masks = [p for n, p in model.named_parameters() if n.startswith("mask_logit") and p.requires_grad]
@@ -46,7 +50,7 @@ def train_epochs(model: NSFLModel, *, epochs: int, train_idx: np.ndarray, config
         for start in range(0, len(perm), config.batch_size):
             b = perm[start:start + config.batch_size]
             logits = model.forward_batch(stars, b)
-            loss = bce(logits, y_all[b])
+            loss = bce(logits, y_all[b]) if objective is None else objective(logits, b)
             if proximal is not None:
                 mu, ref = proximal
                 named = dict(model.named_parameters())

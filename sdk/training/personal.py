@@ -31,6 +31,8 @@ def personal_module_map(model: NSFLModel, node_ids: Sequence[str], *,
     personal, plus the masks, plus the shared ``metric/validation`` module when
     ``[model] selection_module`` (model selection, :class:`~clinograph.sdk.config.SelectionSection`). Unknown names raise ConfigError listing the modules."""
     base = nsfl_modules(model, node_ids, personal_head=False)
+    if getattr(model, "hazard_baseline", None) is not None:  # survival head (sdk/model/heads.py)
+        base.add_submodule("head/hazard_baseline", ModuleKind.SHARED, model.hazard_baseline)
     names = base.names()
     unknown = [p for p in personal if not any(n == p or (p.endswith("/") and n.startswith(p)) for n in names)]
     if unknown:

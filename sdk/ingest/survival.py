@@ -1,0 +1,129 @@
+"""Time-to-event labels on ingestion: a site schema's ``[survival]`` (time + event columns).
+
+The follow-up time is read in the schema's ``time_unit`` and converted to days with the unit
+machinery (pint, :func:`clinograph.sdk.ontology.units.conversion`), so one hospital may record
+days, another months or years. The event column becomes the table's label (1 event, 0
+censored) and :attr:`PatientTable.survival` carries (time in days, event). Censored patients
+are kept: they contribute their survival terms to the loss (:mod:`clinograph.sdk.training.survival`).
+
+Refused, with every problem listed (row numbers, never values): a missing time column or
+event column, a missing or non-numeric time, a negative time, an event that is not 0/1 (or
+a declared code), and a hospital at which every patient is censored (no event to learn a
+hazard from -- usually an inverted event coding). ``[policy] missing_label = "drop"`` drops
+and counts patients without a time or an event instead of refusing them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+from clinograph.secure.errors import SchemaError
+
+from ..ontology.codes import normalise_code
+from ..ontology.dictionary import FeatureDictionary
+from ..ontology.schema import SiteSchema, SurvivalColumns
+from ..ontology.units import conversion
+from .cells import as_text, present_mask
+from .rows import rows_text
+from .table import PatientTable, SurvivalTarget
+
+#: canonical unit of follow-up time
+TIME_UNIT = "d"
+
+
+def days_per(unit: str) -> float:
+    """How many days one ``unit`` is (``d`` 1, ``wk`` 7, ``mo`` 30.44, ``a`` 365.25)."""
+    scale, _ = conversion(feature="survival time", analyte=None, source=unit, target=TIME_UNIT)
+    return float(scale)
+
+
+def _events(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems: list[str]) -> np.ndarray:
+    codes = {normalise_code(k): int(v) for k, v in (spec.event_codes or {}).items()}
+    codes = codes or {normalise_code(k): v for k, v in (("0", 0), ("1", 1), ("false", 0), ("true", 1))}
+    out = np.full(len(raw), np.nan)
+    text = as_text(raw).str.strip()
+    for i in np.flatnonzero(present):
+        v = codes.get(normalise_code(text.iloc[i]))
+        if v in (0, 1):
+            out[i] = v
+    bad = present & np.isnan(out)
+    if bad.any():
+        shown = ", ".join(sorted({str(x) for x in text[bad].unique()})[:5])
+        problems.append(f"Event column {spec.event!r}: {rows_text(bad)}: not 0/1 (codes seen: {shown}). Code the "
+                        "event as 1 (observed) or 0 (censored), or declare event_codes under [survival].")
+    return out
+
+
+def _times(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems: list[str]) -> np.ndarray:
+    t = pd.to_numeric(raw.where(present), errors="coerce").to_numpy(dtype=float)
+    bad = present & ~np.isfinite(t)
+    if bad.any():
+        problems.append(f"Time column {spec.time!r}: {rows_text(bad)}: not a number. Write the follow-up as a "
+                        f"number of {spec.time_unit!r}.")
+    neg = np.isfinite(t) & (t < 0)
+    if neg.any():
+        problems.append(f"Time column {spec.time!r}: {rows_text(neg)}: negative follow-up time. Follow-up runs from "
+                        "the index date to the event or the last contact; check the dates it was computed from.")
+    return t
+
+
+def ingest_survival(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionary) -> PatientTable:
+    """Ingest a table whose schema declares ``[survival]``: features as :func:`ingest` does,
+    the event as the label, and :attr:`PatientTable.survival` (time in days, event).
+
+    Raises:
+        SchemaError: every problem of the time and event columns at once (module docstring).
+    """
+    from .validate import ingest
+
+    spec = schema.survival
+    assert spec is not None
+    title = f"Time-to-event label of site {schema.site!r} cannot be ingested"
+    missing = [f"{what} column {col!r} is not in the table (columns: {', '.join(map(str, df.columns[:12]))}). "
+               f"Fix [survival] {what.lower()} in the site schema."
+               for what, col in (("Time", spec.time), ("Event", spec.event)) if col not in df.columns]
+    if missing:
+        raise SchemaError(missing, title=title)
+    try:
+        scale = days_per(spec.time_unit)
+    except SchemaError as exc:
+        raise SchemaError([f"[survival] time_unit {spec.time_unit!r}: {p}" for p in exc.problems], title=title) from None
+    problems: list[str] = []
+    has_t, has_e = present_mask(df[spec.time]), present_mask(df[spec.event])
+    drop = schema.policy.missing_label == "drop"
+    if not drop and (~has_t).any():
+        problems.append(f"Time column {spec.time!r}: {rows_text(~has_t)}: no follow-up time. Fill it (the time of "
+                        "the last contact for a censored patient) or set [policy] missing_label = \"drop\".")
+    if not drop and (~has_e).any():
+        problems.append(f"Event column {spec.event!r}: {rows_text(~has_e)}: no event status. Fill it (1 event, "
+                        "0 censored) or set [policy] missing_label = \"drop\".")
+    time = _times(df[spec.time], spec, has_t, problems)
+    event = _events(df[spec.event], spec, has_e, problems)
+    if problems:
+        raise SchemaError(problems, title=title)
+    usable = has_t & has_e
+    if usable.any() and not (event[usable] == 1).any():
+        raise SchemaError([f"Event column {spec.event!r}: every one of the {int(usable.sum())} patients is censored "
+                           "(no event). A hazard cannot be learned without events; check the coding (1 = event "
+                           "observed, 0 = censored) or leave this hospital out of the time-to-event task."],
+                          title=title)
+    label = "__survival_event__"
+    local = df.drop(columns=[spec.event]).assign(**{label: np.where(usable, event, np.nan)})
+    plain = schema.model_copy(update={"survival": None, "label": label,
+                                      "ignore": tuple(schema.ignore) + (spec.time,)})
+    table = ingest(local, schema=plain, dictionary=dictionary)
+    ids = as_text(df[schema.patient_id if schema.format == "wide" else schema.long.patient]).str.strip()
+    days = pd.DataFrame({"id": ids.to_numpy(), "t": time * scale, "e": event})[usable]
+    per = days.groupby("id", sort=False).agg(t=("t", "first"), e=("e", "first"), nt=("t", "nunique"),
+                                            ne=("e", "nunique"))
+    clash = per.index[(per["nt"] > 1) | (per["ne"] > 1)]
+    if len(clash):
+        raise SchemaError([f"{len(clash)} patient(s) have more than one follow-up time or event status across "
+                           "their rows. A time-to-event label is one (time, event) a patient."], title=title)
+    per = per.reindex(list(table.patient_ids))
+    target = SurvivalTarget(time=per["t"].to_numpy(np.float64), event=per["e"].to_numpy().astype(np.int64))
+    report = dataclasses.replace(table.report, ignored_columns=tuple(c for c in table.report.ignored_columns
+                                                                      if c != spec.time))
+    return dataclasses.replace(table, survival=target, report=report)
