@@ -143,6 +143,7 @@ class FederationServer:
                                                         **self.strategy.plan_options()}
         options.update({f"strategy.{k}": v for k, v in self.strategy.constructor_options().items()})
         options.update({f"weight/{c}": float(w) for c, w in weights.items()})
+        options.update(self._audit_head())
         plan = RoundPlan(
             federation_id=self.federation_id, round=self.round, participants=tuple(sorted(participants)),
             spec=self.spec, dictionary_hash=self.dictionary_hash, secure_mode=self.mode.name,
@@ -316,7 +317,38 @@ class FederationServer:
                           modules=encode_modules(self.state, "<f8"))
         return seal(msg, self.identity)
 
+    # -- crash journal (clinograph.secure.runtime.journal) ------------------------------
+    def ledger_view(self) -> dict[str, dict[str, Any]]:
+        """The DP ledgers' server view (last accepted entry and declared RDP per hospital) as JSON data."""
+        return {n: {"last": t.last.model_dump(mode="json"), "rdp": [float(x) for x in t.rdp]}
+                for n, t in sorted(self._ledgers.items())}
+
+    def restore(self, *, round_: int, state: Mapping[str, np.ndarray] | None, history: list[RoundResult],
+                ledgers: Mapping[str, Mapping[str, Any]]) -> None:
+        """Resume from a journalled boundary: next round number, global state (None: a mode where
+        the server holds no plaintext model), closed rounds' results and the DP ledgers' view.
+
+        Raises:
+            ProtocolError: a round is open (restore only a fresh server).
+        """
+        if self._current is not None:
+            raise ProtocolError("Cannot restore a server with an open round.")
+        self.round = int(round_)
+        self.state = check_state(self.spec, state) if state is not None else None
+        self.history = list(history)
+        self._ledgers = {n: LedgerTrack(last=LedgerEntry.model_validate(v["last"]),
+                                        rdp=np.asarray(v["rdp"], dtype=np.float64))
+                         for n, v in ledgers.items()}
+
     # -- helpers -------------------------------------------------------------------------
+    def _audit_head(self) -> dict[str, int | str]:
+        """The audit trail's head as signed plan options (``audit.seq``, ``audit.head``): hospitals
+        keep the latest they saw and refuse a server that presents an older one (rollback)."""
+        head = getattr(self.audit, "head", None)
+        if head is None or not isinstance(getattr(head, "seq", None), int):
+            return {}
+        return {"audit.seq": int(head.seq), "audit.head": str(head.hash)}
+
     def _record_strategy(self, round_: int) -> None:
         """The strategy's audit hook: a strategy may define ``audit_records(round_)`` returning
         ``(kind, payload)`` pairs about the round it just applied (``dag_voting``: its

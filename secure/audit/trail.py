@@ -96,6 +96,7 @@ class AuditTrail:
                 raise IntegrityError(f"Audit log in {self._dir} does not verify, refusing to append "
                                      f"(first bad entry: {report.first_bad}): {report.problems[0]}")
             self._last: AuditEntry | None = entries[-1]
+            self._hashes = [e.hash for e in entries]
             head_entries = json.loads(read_regular_file(self._dir / HEAD, limit=MAX_HEAD_BYTES))["entries"]
             recovered = len(entries) - int(head_entries)
             for e in entries:
@@ -108,6 +109,7 @@ class AuditTrail:
                                   f"{LOG}: choose an empty or new directory for the audit trail.")
             (self._dir / ARTEFACTS).mkdir()
             self._last = None
+            self._hashes = []
             recovered = 0
         self._fh = open(log, "ab")  # noqa: SIM115 - held open for the trail's lifetime
         try:
@@ -145,6 +147,7 @@ class AuditTrail:
         self._fh.write(entry.line())
         self._fh.flush()
         self._last = entry
+        self._hashes.append(entry.hash)
         self._keys = keys
         _atomic_write(self._dir / HEAD, make_head(identity=self._identity, last=entry,
                                                   time=entry.time), sync=False)
@@ -243,6 +246,11 @@ class AuditTrail:
     def run_id(self) -> str:
         """The id of the run this opening of the trail started (32 hex digits)."""
         return self._run
+
+    def hash_at(self, seq: int) -> str | None:
+        """The hash of entry ``seq`` of this log (None if it has no such entry); the crash
+        journal checks with it that the trail still holds the head it journalled."""
+        return self._hashes[seq] if 0 <= seq < len(self._hashes) else None
 
     @property
     def head(self) -> AuditEntry | None:

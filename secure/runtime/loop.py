@@ -28,11 +28,17 @@ from typing import Any
 from ..errors import ProtocolError
 from ..messages import RoundResult
 from ..server import FederationServer
+from .journal import Journal
 from .liveness import Liveness
 from .participation import RoundBook, end_run
+from .resume import RunState, check_journalable, resume, save
 from .transport import Transport
 
 EventSink = Callable[[str, Mapping[str, Any]], None]
+#: ``on_boundary(stage, info)`` after each stage of a round: ``plan``, ``stage <k>``, ``close``
+#: (info: ``result``, ``invited``, ``pending`` = the model owed to each survivor, ``final``),
+#: ``aborted`` (info: ``final``) and, when the loop delivers the model itself, ``end``.
+BoundarySink = Callable[[str, Mapping[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ def _quiet(kind: str, data: Mapping[str, Any]) -> None:
 
 def relay_stages(next_stage: Callable[[], Mapping[str, bytes] | None], receive: Callable[[bytes, str], object],
                  transport: Transport, *, round_: int, dropped: dict[str, str],
-                 book: RoundBook | None = None) -> None:
+                 book: RoundBook | None = None, on_stage: Callable[[int], None] | None = None) -> None:
     """The secure mode's later stages: each stage's messages to the hospitals it names, their
     replies back to ``receive(data, channel)``; silence or refusal adds to ``dropped`` (and,
     with a ``book``, signed refusals are checked and audited)."""
@@ -77,18 +83,25 @@ def relay_stages(next_stage: Callable[[], Mapping[str, bytes] | None], receive: 
         for name, parts in answers.items():
             if "reply" in parts:
                 receive(parts["reply"], name)
+        if on_stage is not None:
+            on_stage(stage)
         stage += 1
 
 
 def run_round(server: FederationServer, transport: Transport, *, participants: tuple[str, ...] | None = None,
-              pending_model: Mapping[str, bytes] | None = None, on_event: EventSink | None = None) -> RoundOutcome:
+              pending_model: Mapping[str, bytes] | None = None, on_event: EventSink | None = None,
+              on_boundary: BoundarySink | None = None) -> RoundOutcome:
     """Run one round with ``participants`` (default: every enrolled hospital the transport reaches).
+
+    ``on_boundary`` is called after each stage (see :data:`BoundarySink`); :func:`run_rounds`
+    journals the server there.
 
     Raises:
         ProtocolError: the round aborted (too few survivors for the secure mode); it is audited
             as ``round_aborted`` and nothing of it is published.
     """
     event = on_event or _quiet
+    boundary = on_boundary or _quiet
     if participants is None:
         participants = tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
     round_ = server.round
@@ -110,8 +123,9 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
         book.answered.append(name)
         if server.receive_report(parts["report"], channel=name):
             server.receive(parts["first"], channel=name)
+    boundary("plan", {})
     relay_stages(server.next_stage, lambda data, name: server.receive(data, channel=name), transport,
-                 round_=round_, dropped=dropped, book=book)
+                 round_=round_, dropped=dropped, book=book, on_stage=lambda k: boundary(f"stage {k}", {}))
     for name, reason in sorted(dropped.items()):
         if name not in book.refused:
             event("dropped", {"round": round_, "hospital": name, "reason": reason})
@@ -122,6 +136,7 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
         result = server.close_round()
     except ProtocolError as exc:
         book.record(contributed=(), rejected=rnd.rejected, abort=str(exc))
+        boundary("aborted", {"final": dict(book.final)})
         raise RoundAborted(str(exc), round_=round_, final_refusals=book.final) from exc
     book.record(contributed=result.contributors, rejected=result.rejected, abort=None)
     # Empty bytes = "apply the aggregate you decrypted" (the server holds no plaintext model).
@@ -129,6 +144,8 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     survivors = [n for n in participants if n not in dropped]
     event("round_closed", {"round": round_, "contributors": list(result.contributors), "dropped": sorted(dropped),
                            "refused": sorted(book.refused), "epsilon": epsilon})
+    boundary("close", {"result": result, "invited": tuple(participants), "pending": {n: model for n in survivors},
+                       "final": dict(book.final)})
     if transport.defers_model:
         return RoundOutcome(result=result, dropped=dropped, pending_model={n: model for n in survivors},
                             final_refusals=book.final)
@@ -139,13 +156,15 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
             book.screen("end", "end", {name: end_answers[name]}, {}, end_out)
     for name, reason in end_failed.items():
         event("end_not_delivered", {"round": round_, "hospital": name, "reason": reason})
+    boundary("end", {})
     return RoundOutcome(result=result, dropped=dropped, final_refusals=book.final)
 
 
 def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
                participants: tuple[str, ...] | None = None,
                on_round: Callable[[int, RoundOutcome], None] | None = None,
-               on_event: EventSink | None = None, liveness: Liveness | None = None) -> list[RoundOutcome]:
+               on_event: EventSink | None = None, liveness: Liveness | None = None,
+               journal: Journal | None = None) -> list[RoundOutcome]:
     """Run ``rounds`` rounds; the last global model is delivered before returning.
 
     With ``liveness``, hospitals that keep missing rounds are suspended and retried
@@ -155,40 +174,66 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     is audited and re-raised after the models owed to hospitals are delivered. Whatever
     happens, the run's ``release`` (if a round aggregated) and ``run_ended`` entries are
     written last.
+
+    With a ``journal`` (:mod:`.journal`), the server and the loop are journalled after every
+    stage, and a journal that already holds boundaries is resumed first: the run goes on where
+    it stopped (``rounds`` counts the whole run's completed rounds, before and after the
+    restart; the returned outcomes are this call's). A round open when the server stopped is
+    aborted and audited (reason ``server restart``) and re-run under a new round number.
     """
     event = on_event or _quiet
     outcomes: list[RoundOutcome] = []
-    pending: dict[str, bytes] = {}
-    retired: dict[str, str] = {}  # out of the run: their refusal was final (privacy budget spent)
+    run = RunState(liveness=liveness)
+    if journal is not None:
+        check_journalable(server)
+        resume(journal, server, run, event=event)
     status, reason = "completed", f"all {rounds} planned round(s) ran"
     failure: BaseException | None = None
+    invited: tuple[str, ...] = ()
+
+    def on_boundary(stage: str, info: Mapping[str, Any]) -> None:
+        open_round: int | None = server.round
+        if stage == "plan":
+            run.pending = {}  # delivered with the plan (deferring transports) or not owed any more
+        elif stage == "close":
+            result: RoundResult = info["result"]
+            run.completed += 1
+            run.pending = dict(info["pending"])
+            run.retired.update(info["final"])
+            if liveness is not None:
+                for kind, payload in liveness.observe(result.round, info["invited"], result.contributors):
+                    server.audit.record(kind, payload)
+                    event(kind, payload)
+            open_round = None
+        elif stage == "aborted":
+            run.retired.update(info["final"])
+            open_round = None
+        elif stage == "end":
+            run.pending = {}
+            open_round = None
+        if journal is not None:
+            save(journal, server, run, stage=stage, open_round=open_round)
+
     try:
-        for r in range(rounds):
+        for r in range(run.completed, rounds):
             pool = participants or tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
-            pool = tuple(n for n in pool if n not in retired)
-            if retired and len(pool) < server.min_clients:
-                status, reason = "too_few_hospitals", _too_few(server, pool, retired)
+            pool = tuple(n for n in pool if n not in run.retired)
+            if run.retired and len(pool) < server.min_clients:
+                status, reason = "too_few_hospitals", _too_few(server, pool, run.retired)
                 break
             invited = pool if liveness is None else liveness.invited(server.round, pool)
             try:
-                outcome = run_round(server, transport, participants=invited, pending_model=pending,
-                                    on_event=event)
+                outcome = run_round(server, transport, participants=invited, pending_model=run.pending,
+                                    on_event=event, on_boundary=on_boundary)
             except RoundAborted as exc:
                 event("round_aborted", {"round": exc.round, "reason": str(exc)[:500]})
-                retired.update(exc.final_refusals)
-                left = [n for n in pool if n not in retired]
+                left = [n for n in pool if n not in run.retired]
                 if exc.final_refusals and len(left) < server.min_clients:
-                    status, reason = "too_few_hospitals", _too_few(server, tuple(left), retired)
+                    status, reason = "too_few_hospitals", _too_few(server, tuple(left), run.retired)
                     break
                 status, reason = "failed", f"round {exc.round} aborted: {exc}"
                 raise
-            pending = outcome.pending_model
             outcomes.append(outcome)
-            retired.update(outcome.final_refusals)
-            if liveness is not None:
-                for kind, payload in liveness.observe(outcome.result.round, invited, outcome.result.contributors):
-                    server.audit.record(kind, payload)
-                    event(kind, payload)
             if on_round is not None:
                 on_round(r, outcome)
     except BaseException as exc:
@@ -197,15 +242,19 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
             status, reason = "failed", f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        if pending:
-            _, failed = transport.exchange("end", {n: {"model": m} for n, m in pending.items()}, round_=server.round)
+        if run.pending:
+            _, failed = transport.exchange("end", {n: {"model": m} for n, m in run.pending.items()},
+                                           round_=server.round)
             for name, why in failed.items():
                 event("end_not_delivered", {"round": server.round, "hospital": name, "reason": why})
+            run.pending = {}
         try:
-            end_run(server, status=status, reason=reason, rounds_completed=len(outcomes), rounds_planned=rounds)
+            end_run(server, status=status, reason=reason, rounds_completed=run.completed, rounds_planned=rounds)
         except Exception:
             if failure is None:
                 raise  # else the run's own failure is the error to report
+        if journal is not None and failure is None:
+            save(journal, server, run, stage="run_ended", open_round=None, run_ended=True)
     return outcomes
 
 

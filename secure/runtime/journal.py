@@ -1,0 +1,204 @@
+"""The server's crash journal: its state at every stage boundary, in SQLite beside the audit trail.
+
+A federation server keeps its state in memory; this journal makes a restarted server resume
+the run instead of starting over. :func:`~.loop.run_rounds` (given ``journal=``) writes one
+:class:`Boundary` after each stage of every round -- the plan exchange, each secure-mode stage,
+the close, the model delivery (``end``) -- and when the run ends. Each boundary is one SQLite
+transaction (stdlib :mod:`sqlite3`, WAL, ``synchronous = FULL``), so a SIGKILL leaves either the
+previous boundary or the new one, never half of one.
+
+What is persisted (and why it is enough):
+
+- the server's next round number, its global state (float64, exact) or none (modes where the
+  server never sees the sum), the closed rounds' results, and the DP ledgers' server view
+  (each hospital's last accepted ledger entry and declared RDP, :mod:`clinograph.secure.dp_checks`);
+- the loop's own state: how many rounds completed, hospitals out of the run (final refusals),
+  liveness counters, and the models still owed to each hospital (deferred delivery);
+- the audit trail's head (sequence number and entry hash) at the boundary, checked on resume;
+- which round was open and at which stage -- but **not** the open round's secure-mode state
+  (masking seeds and shares, CKKS ciphertexts).
+
+Recovery rule (the simplest correct one): a round that was open when the server died is
+aborted -- audited as ``round_aborted`` with reason ``server restart`` -- and its number is spent;
+the run goes on with a new round (new round id) from the last closed round's state. So an
+interrupted round is never counted and no update is applied twice: its updates were never
+added to the journalled state. A round whose close was journalled is complete; its model is
+delivered (again, if need be) before the next plan. Hospitals refuse a second plan for a round
+they trained (replay guard), so they train afresh for the new round, their DP ledgers having
+counted the aborted round's steps (that privacy was spent) and counting the new round's once.
+
+Guarantees: the resumed run's audit chain is the same chain (the trail reopens, verifies and
+appends ``audit_reopen``); a journal whose audit head is not in the trail (the audit directory
+was replaced or rolled back behind the journal) is refused. Does not guarantee: that the
+journal itself was not rolled back together with the audit directory -- that is what the
+hospitals' anchors are for (:mod:`clinograph.sdk.federation.anchor`); entries the audit trail
+wrote after the last boundary stay in the chain (they are followed by the ``round_aborted``
+entry that voids the round). Strategies that keep server-side state between rounds (FedOpt's
+moments, DAG voting) are only journalled if they expose ``state_dict()`` / ``load_state_dict()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import ConfigError, IntegrityError
+
+FORMAT = "clinograph-journal/1"
+#: Strategies whose whole server-side state is the global model (nothing else to journal).
+STATELESS_STRATEGIES = frozenset({"fedavg", "fedsgd", "fedprox"})
+#: Called after each boundary is committed with (stage, round) -- tests inject crashes here.
+SavedHook = Callable[[str, int], None]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS boundary (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    round INTEGER NOT NULL,
+    stage TEXT NOT NULL,
+    meta TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS blob (
+    sha256 TEXT PRIMARY KEY,
+    data BLOB NOT NULL
+);
+"""
+
+
+class Boundary(BaseModel):
+    """The server's state at one stage boundary (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    format: Literal["clinograph-journal/1"] = FORMAT
+    federation_id: str
+    spec_digest: str
+    #: plan, stage <k>, close, aborted, end, run_ended
+    stage: str = Field(max_length=32)
+    #: the server's next round number
+    round: int = Field(ge=0)
+    #: the round open at this boundary (None: between rounds)
+    open_round: int | None = None
+    #: sha256 of the global state blob (None: the server holds no plaintext model)
+    state: str | None = None
+    history: list[str] = Field(default_factory=list)  # RoundResult JSON, in order
+    ledgers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    strategy: dict[str, Any] | None = None
+    completed: int = Field(ge=0, default=0)
+    retired: dict[str, str] = Field(default_factory=dict)
+    liveness: dict[str, dict[str, int]] | None = None
+    pending: dict[str, str] = Field(default_factory=dict)  # hospital -> sha256 of the model owed
+    audit_seq: int | None = None
+    audit_hash: str | None = None
+    run_ended: bool = False
+
+
+def encode_state(names: list[str], state: Mapping[str, np.ndarray]) -> bytes:
+    """Modules in ``names`` order as one JSON header line plus little-endian float64 bytes."""
+    sizes = [int(np.asarray(state[n]).size) for n in names]
+    head = json.dumps({"names": names, "sizes": sizes}).encode() + b"\n"
+    return head + b"".join(np.ascontiguousarray(state[n], dtype="<f8").reshape(-1).tobytes() for n in names)
+
+
+def decode_state(data: bytes) -> dict[str, np.ndarray]:
+    """The inverse of :func:`encode_state` (IntegrityError when the blob does not add up)."""
+    head, _, body = data.partition(b"\n")
+    try:
+        meta = json.loads(head)
+        names, sizes = list(meta["names"]), [int(s) for s in meta["sizes"]]
+    except (ValueError, KeyError, TypeError):
+        raise IntegrityError("Journal state blob has no valid header; the journal is damaged.") from None
+    if len(body) != 8 * sum(sizes) or len(names) != len(sizes):
+        raise IntegrityError(f"Journal state blob holds {len(body)} bytes, not the {8 * sum(sizes)} its header "
+                             "declares; the journal is damaged.")
+    out, at = {}, 0
+    flat = np.frombuffer(body, dtype="<f8")
+    for name, size in zip(names, sizes, strict=True):
+        out[name] = flat[at:at + size].astype(np.float64)
+        at += size
+    return out
+
+
+class Journal:
+    """The SQLite journal file (one per federation server; beside its audit directory).
+
+    Args:
+        path: the database file (created if missing).
+        on_saved: called with (stage, round) after each boundary is committed (crash tests).
+    """
+
+    def __init__(self, path: Path, *, on_saved: SavedHook | None = None):
+        self.path = Path(path)
+        self.on_saved = on_saved
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"Journal {self.path} is not a Clinograph journal (SQLite said: {exc}). Point the "
+                              "server at its own journal file or move this one away.") from None
+
+    def save(self, boundary: Boundary, *, blobs: Mapping[str, bytes] = ()) -> None:  # type: ignore[assignment]
+        """Write ``boundary`` and the blobs it references in one transaction; drop blobs no
+        longer referenced by the newest boundary."""
+        blobs = dict(blobs)
+        for sha, data in blobs.items():
+            if hashlib.sha256(data).hexdigest() != sha:
+                raise IntegrityError("Journal blob does not match its digest.")
+        keep = {boundary.state, *boundary.pending.values()} - {None}
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for sha, data in blobs.items():
+                db.execute("INSERT OR IGNORE INTO blob (sha256, data) VALUES (?, ?)", (sha, data))
+            db.execute("INSERT INTO boundary (round, stage, meta) VALUES (?, ?, ?)",
+                       (boundary.round, boundary.stage, boundary.model_dump_json()))
+            marks = ",".join("?" * len(keep))
+            db.execute(f"DELETE FROM blob WHERE sha256 NOT IN ({marks})", tuple(keep))  # noqa: S608 - placeholders
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        if self.on_saved is not None:
+            self.on_saved(boundary.stage, boundary.round)
+
+    def latest(self) -> Boundary | None:
+        """The last committed boundary (None for a new journal)."""
+        row = self._db.execute("SELECT meta FROM boundary ORDER BY seq DESC LIMIT 1").fetchone()
+        if row is None:
+            return None
+        try:
+            return Boundary.model_validate_json(row[0])
+        except ValueError:
+            raise IntegrityError(f"Journal {self.path}: the last boundary does not parse; the journal is damaged "
+                                 "or from another Clinograph version.") from None
+
+    def blob(self, sha256: str) -> bytes:
+        """A blob the latest boundary references (IntegrityError when missing or altered)."""
+        row = self._db.execute("SELECT data FROM blob WHERE sha256 = ?", (sha256,)).fetchone()
+        if row is None or hashlib.sha256(row[0]).hexdigest() != sha256:
+            raise IntegrityError(f"Journal {self.path} lacks or altered blob {sha256[:12]}…; it is damaged.")
+        return bytes(row[0])
+
+    def stages(self) -> list[tuple[int, str]]:
+        """Every boundary written, as (round, stage), oldest first (for audits and tests)."""
+        return [(int(r), str(s)) for r, s in self._db.execute("SELECT round, stage FROM boundary ORDER BY seq")]
+
+    def close(self) -> None:
+        """Checkpoint the WAL into the database file and close (idempotent)."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.ProgrammingError:
+            return  # already closed
+        self._db.close()
+
+    def __repr__(self) -> str:
+        return f"Journal(path={str(self.path)!r})"

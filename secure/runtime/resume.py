@@ -1,0 +1,133 @@
+"""What the round loop journals at each stage boundary, and how a restarted server resumes.
+
+:mod:`.journal` is the store and states the recovery rule; this module maps the live objects
+(:class:`~clinograph.secure.server.FederationServer`, the loop's :class:`RunState`) to a
+:class:`~.journal.Boundary` and back. :func:`~.loop.run_rounds` calls :func:`save` after every
+stage and :func:`resume` once before its first round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError, IntegrityError
+from ..messages import RoundResult
+from ..server import FederationServer
+from .journal import STATELESS_STRATEGIES, Boundary, Journal, decode_state, encode_state
+from .liveness import Liveness
+
+EventSink = Callable[[str, Mapping[str, Any]], None]
+RESTART_REASON = "server restart"
+
+
+@dataclass
+class RunState:
+    """The round loop's own state across rounds (journalled with the server's)."""
+
+    liveness: Liveness | None = None
+    completed: int = 0
+    retired: dict[str, str] = field(default_factory=dict)  # out of the run: final refusals
+    pending: dict[str, bytes] = field(default_factory=dict)  # models still owed to hospitals
+    _state_cache: tuple[int, str, bytes] | None = None  # (id of the state object, sha256, blob)
+
+
+def check_journalable(server: FederationServer) -> None:
+    """ConfigError unless every piece of server state between rounds can be journalled."""
+    strategy = server.strategy
+    if strategy.name not in STATELESS_STRATEGIES and not (
+            callable(getattr(strategy, "state_dict", None)) and callable(getattr(strategy, "load_state_dict", None))):
+        raise ConfigError(f"Strategy {strategy.name!r} keeps server-side state between rounds that the crash journal "
+                          f"cannot save (no state_dict/load_state_dict). Journalled strategies: "
+                          f"{', '.join(sorted(STATELESS_STRATEGIES))}; run without a journal or use one of them.")
+
+
+def _state_blob(server: FederationServer, run: RunState) -> tuple[str | None, dict[str, bytes]]:
+    state = server.state
+    if state is None:
+        return None, {}
+    cached = run._state_cache
+    if cached is None or cached[0] != id(state):
+        data = encode_state([m.name for m in server.spec.shared], state)
+        cached = (id(state), hashlib.sha256(data).hexdigest(), data)
+        run._state_cache = cached
+    return cached[1], {cached[1]: cached[2]}
+
+
+def save(journal: Journal, server: FederationServer, run: RunState, *, stage: str, open_round: int | None,
+         run_ended: bool = False) -> None:
+    """Journal the server and loop state at a boundary (one transaction)."""
+    sha, blobs = _state_blob(server, run)
+    pending: dict[str, str] = {}
+    for name, model in sorted(run.pending.items()):
+        digest = hashlib.sha256(model).hexdigest()
+        pending[name] = digest
+        blobs[digest] = model
+    head = getattr(server.audit, "head", None)
+    strategy = server.strategy.state_dict() if callable(getattr(server.strategy, "state_dict", None)) else None
+    live = run.liveness
+    journal.save(Boundary(
+        federation_id=server.federation_id, spec_digest=server.spec.digest(), stage=stage, round=server.round,
+        open_round=open_round, state=sha, history=[r.model_dump_json() for r in server.history],
+        ledgers=server.ledger_view(), strategy=strategy, completed=run.completed, retired=dict(run.retired),
+        liveness=None if live is None else {"missed": dict(live.missed), "suspended": dict(live.suspended)},
+        pending=pending, audit_seq=None if head is None else int(head.seq),
+        audit_hash=None if head is None else str(head.hash), run_ended=run_ended), blobs=blobs)
+
+
+def resume(journal: Journal, server: FederationServer, run: RunState, *, event: EventSink) -> Boundary | None:
+    """Restore ``server`` and ``run`` from the journal's last boundary (None: a new journal).
+
+    A round open at that boundary is aborted and audited (``round_aborted``, reason ``server
+    restart``); its number is spent. The abort is journalled at once, so a second crash does not
+    audit it twice.
+
+    Raises:
+        ConfigError: the journal belongs to another federation or model, or its run has ended.
+        IntegrityError: the audit trail does not hold the audit head the journal recorded.
+    """
+    b = journal.latest()
+    if b is None:
+        return None
+    if b.federation_id != server.federation_id or b.spec_digest != server.spec.digest():
+        raise ConfigError(f"Journal {journal.path} is for federation {b.federation_id!r} with another model spec or "
+                          f"id than this server's ({server.federation_id!r}); give each run its own journal file.")
+    if b.run_ended:
+        raise ConfigError(f"Journal {journal.path}: its run has ended ({b.completed} round(s)); nothing to resume. "
+                          "Start a new run with a new journal file (keep this one with the run's audit).")
+    _check_audit(journal, server, b)
+    state = decode_state(journal.blob(b.state)) if b.state is not None else None
+    server.restore(round_=b.round, state=state, history=[RoundResult.model_validate_json(h) for h in b.history],
+                   ledgers=b.ledgers)
+    if b.strategy is not None:
+        server.strategy.load_state_dict(b.strategy)  # type: ignore[attr-defined]
+    run.completed, run.retired = b.completed, dict(b.retired)
+    run.pending = {n: journal.blob(sha) for n, sha in b.pending.items()}
+    if run.liveness is not None and b.liveness is not None:
+        run.liveness.missed = dict(b.liveness["missed"])
+        run.liveness.suspended = dict(b.liveness["suspended"])
+    if b.open_round is not None:
+        reason = (f"{RESTART_REASON}: round {b.open_round} was open (last boundary: {b.stage}) when the server "
+                  "stopped; nothing of it was applied and it is not counted. The run goes on with a new round "
+                  "from the last closed round's state.")
+        server.audit.record("round_aborted", {"round": b.open_round, "reason": reason})
+        event("round_aborted", {"round": b.open_round, "reason": reason})
+        server.round = b.open_round + 1  # the number is spent: hospitals refuse a second plan for it
+        save(journal, server, run, stage="aborted", open_round=None)
+    event("resumed", {"round": server.round, "rounds_completed": run.completed, "stage": b.stage})
+    return b
+
+
+def _check_audit(journal: Journal, server: FederationServer, b: Boundary) -> None:
+    hash_at = getattr(server.audit, "hash_at", None)
+    if b.audit_seq is None or not callable(hash_at):
+        return
+    found = hash_at(b.audit_seq)
+    if found != b.audit_hash:
+        raise IntegrityError(
+            f"Journal {journal.path} was written at audit entry {b.audit_seq} ({str(b.audit_hash)[:12]}…), which this "
+            f"audit trail {'holds with another hash' if found else 'does not reach'}: the audit directory was "
+            "replaced or rolled back behind the journal. Restore the audit directory that belongs to this journal, "
+            "or start a new run with a new journal and audit directory.")
