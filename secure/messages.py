@@ -8,9 +8,20 @@ only at the boundary (:mod:`clinograph.secure.wire`). Arrays travel as little-en
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import base64
+import binascii
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    ValidationInfo,
+    WrapSerializer,
+    model_validator,
+)
 
 from .spec import MODULE_NAME_PATTERN, ModelSpec
 
@@ -25,6 +36,46 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 MetricName = Annotated[str, Field(min_length=1, max_length=64)]
 FeatureName = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+#: Key of the serialisation / validation context through which :mod:`clinograph.secure.wire`
+#: moves :data:`Blob` fields into and out of envelope attachments.
+ATTACHMENTS = "attachments"
+
+
+def _blob_out(value: bytes, handler: Any, info: SerializationInfo) -> Any:
+    blobs = (info.context or {}).get(ATTACHMENTS) if info.mode_is_json() else None
+    if blobs is None:
+        return handler(value)
+    blobs.append(value)
+    return {"attachment": len(blobs) - 1}
+
+
+def _blob_in(value: Any, info: ValidationInfo) -> Any:
+    if info.mode != "json":
+        return value
+    if isinstance(value, str):  # no attachments (e.g. a message stored as plain JSON): base64
+        try:
+            return base64.urlsafe_b64decode(value.replace("+", "-").replace("/", "_").encode("ascii"))
+        except (binascii.Error, UnicodeEncodeError, ValueError):
+            raise ValueError("not valid base64") from None
+    if not isinstance(value, dict):
+        return value  # the strict bytes check refuses it
+    blobs = (info.context or {}).get(ATTACHMENTS)
+    index = value.get("attachment")
+    if blobs is None or set(value) != {"attachment"} or not isinstance(index, int) or isinstance(index, bool) \
+            or not 0 <= index < len(blobs):
+        raise ValueError("not a reference to one of the envelope's attachments")
+    used: set[int] = info.context.setdefault("used", set())  # type: ignore[union-attr]
+    if index in used:
+        raise ValueError(f"attachment {index} is referenced twice")
+    used.add(index)
+    return blobs[index]
+
+
+#: Bytes that travel as a raw envelope attachment instead of base64 inside the JSON payload
+#: (:mod:`clinograph.secure.wire`); outside an envelope they serialise as base64 like ``bytes``.
+Blob = Annotated[bytes, WrapSerializer(_blob_out), BeforeValidator(_blob_in)]
 
 
 class WireMessage(BaseModel):
@@ -93,7 +144,7 @@ class ModuleTensor(WireMessage):
 
     name: str = Field(pattern=MODULE_NAME_PATTERN, max_length=200)
     dtype: Literal["<f4", "<f8"] = "<f4"
-    data: bytes
+    data: Blob
 
 
 class LedgerEntry(WireMessage):

@@ -4,9 +4,26 @@
 size, the signature over the bytes received (never a re-serialisation), the
 sender and the kind, and only then parses the payload with the expected strict model.
 
-Framing is binary, so the payload is not base64-encoded a second time::
+Framing is binary, so the payload is not base64-encoded a second time. A message without
+:data:`~clinograph.secure.messages.Blob` fields travels as a v1 frame::
 
     b"CGE1" | u8 len | sender | u8 len | kind | u32 len | payload (JSON) | signature (64)
+
+    signed: SIG_MESSAGE || kind || 0x00 || payload
+
+A message with Blob fields (masked vectors, plaintext tensors, CKKS ciphertexts) travels as a
+v2 frame: the JSON header names each blob by its attachment index (``{"attachment": i}``) and
+the raw bytes follow, so an array costs its own size on the wire, not 4/3 of it::
+
+    b"CGE2" | u8 len | sender | u8 len | kind | u32 len | payload (JSON)
+            | u16 count | count x (u32 len | attachment bytes) | signature (64)
+
+    signed: SIG_MESSAGE_ATTACHED || kind || 0x00 || payload || 0x00 || u16 count
+            || SHA-256(attachment 0) || ... || SHA-256(attachment count-1)
+
+The signature covers every attachment through its hash, computed over the bytes received:
+a swapped, truncated, altered or reordered attachment fails verification, and an attachment
+the payload does not reference is refused when the payload is parsed.
 """
 
 from __future__ import annotations
@@ -15,85 +32,155 @@ import hashlib
 import struct
 from typing import TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, PrivateAttr, ValidationError
 
 from .errors import IntegrityError, ProtocolError
-from .hazmat.labels import SIG_MESSAGE
+from .hazmat.labels import SIG_MESSAGE, SIG_MESSAGE_ATTACHED
 from .identity import Identity, PublicIdentity
-from .messages import ID_PATTERN, MAX_MESSAGE_BYTES, WireMessage
+from .messages import ATTACHMENTS, ID_PATTERN, MAX_MESSAGE_BYTES, WireMessage
 
 M = TypeVar("M", bound=WireMessage)
 
+MAGIC = b"CGE1"
+MAGIC_ATTACHED = b"CGE2"
+#: Most attachments one envelope may carry.
+MAX_ATTACHMENTS = 65_535
+
 
 class Envelope(WireMessage):
-    """``payload`` is the message's JSON bytes; ``signature`` covers kind and payload."""
+    """``payload`` is the message's JSON bytes, ``attachments`` its raw blobs; ``signature``
+    covers kind, payload and the attachments' hashes (module docstring)."""
 
     sender: str = Field(pattern=ID_PATTERN)
     kind: str = Field(max_length=64)
     payload: bytes
+    attachments: tuple[bytes, ...] = Field(default=(), max_length=MAX_ATTACHMENTS)
     signature: bytes = Field(min_length=64, max_length=64)
+    _hashes: tuple[bytes, ...] | None = PrivateAttr(default=None)
+
+    @property
+    def size(self) -> int:
+        """Payload plus attachment bytes (what size limits apply to)."""
+        return len(self.payload) + sum(len(a) for a in self.attachments)
+
+    def attachment_hashes(self) -> tuple[bytes, ...]:
+        """SHA-256 of each attachment, computed once over the bytes held."""
+        if self._hashes is None:
+            self._hashes = tuple(hashlib.sha256(a).digest() for a in self.attachments)
+        return self._hashes
 
     def digest(self) -> str:
-        """SHA-256 of the payload bytes (what the audit log references)."""
-        return hashlib.sha256(self.payload).hexdigest()
+        """What the audit log and replay checks reference: SHA-256 of the payload bytes (v1), or of
+        the payload and the attachments' hashes (v2)."""
+        if not self.attachments:
+            return hashlib.sha256(self.payload).hexdigest()
+        return hashlib.sha256(self.payload + b"\x00" + b"".join(self.attachment_hashes())).hexdigest()
 
     def to_bytes(self) -> bytes:
         """The binary frame (see module docstring)."""
         s, k = self.sender.encode(), self.kind.encode()
-        return (MAGIC + struct.pack(">B", len(s)) + s + struct.pack(">B", len(k)) + k
-                + struct.pack(">I", len(self.payload)) + self.payload + self.signature)
+        head = struct.pack(">B", len(s)) + s + struct.pack(">B", len(k)) + k + struct.pack(">I", len(self.payload))
+        if not self.attachments:
+            return b"".join((MAGIC, head, self.payload, self.signature))
+        parts = [MAGIC_ATTACHED, head, self.payload, struct.pack(">H", len(self.attachments))]
+        for a in self.attachments:
+            parts += (struct.pack(">I", len(a)), a)
+        parts.append(self.signature)
+        return b"".join(parts)
 
 
-MAGIC = b"CGE1"
+def signed_bytes(kind: str, payload: bytes, hashes: tuple[bytes, ...] | None = None) -> tuple[bytes, bytes]:
+    """(signature context, bytes signed) for ``kind``, ``payload`` and the attachments' hashes.
 
-
-def _signed_bytes(kind: str, payload: bytes) -> bytes:
-    return kind.encode() + b"\x00" + payload
+    ``hashes`` None or empty: a v1 envelope (no attachments)."""
+    if not hashes:
+        return SIG_MESSAGE, kind.encode() + b"\x00" + payload
+    return SIG_MESSAGE_ATTACHED, b"".join((kind.encode(), b"\x00", payload, b"\x00",
+                                           struct.pack(">H", len(hashes)), *hashes))
 
 
 def seal(message: WireMessage, identity: Identity) -> bytes:
-    """Serialise ``message``, sign it as ``identity`` and return the envelope's bytes."""
+    """Serialise ``message`` (Blob fields as attachments), sign it as ``identity`` and return
+    the envelope's bytes."""
     kind = getattr(message, "kind", None)
     if not isinstance(kind, str):
         raise TypeError(f"{type(message).__name__} has no 'kind' and cannot be sent")
-    payload = message.model_dump_json().encode()
-    sig = identity.sign(_signed_bytes(kind, payload), context=SIG_MESSAGE)
-    return Envelope(sender=identity.name, kind=kind, payload=payload, signature=sig).to_bytes()
+    blobs: list[bytes] = []
+    payload = message.model_dump_json(context={ATTACHMENTS: blobs}).encode()
+    if len(blobs) > MAX_ATTACHMENTS:
+        raise ProtocolError(f"{kind!r} message has {len(blobs)} blobs; an envelope carries at most {MAX_ATTACHMENTS}.")
+    context, data = signed_bytes(kind, payload, tuple(hashlib.sha256(b).digest() for b in blobs))
+    sig = identity.sign(data, context=context)
+    return Envelope(sender=identity.name, kind=kind, payload=payload, attachments=tuple(blobs),
+                    signature=sig).to_bytes()
+
+
+def _take(data: bytes, pos: int, fmt: str) -> tuple[bytes, int]:
+    size = struct.calcsize(fmt)
+    (n,) = struct.unpack(fmt, data[pos:pos + size])
+    pos += size
+    if pos + n > len(data):
+        raise struct.error("short")
+    return data[pos:pos + n], pos + n
 
 
 def parse_envelope(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Envelope:
     """Parse the outer envelope (no signature check yet); truncation and trailing bytes are errors."""
     if len(data) > max_bytes:
         raise ProtocolError(f"Message of {len(data)} bytes exceeds the limit of {max_bytes} bytes.")
-    if data[:4] != MAGIC:
+    magic = bytes(data[:4])
+    if magic not in (MAGIC, MAGIC_ATTACHED):
         raise ProtocolError("Malformed envelope: not a Clinograph v1 envelope (bad magic).")
+    view = memoryview(data)
     pos = 4
     fields: list[bytes] = []
+    attachments: list[bytes] = []
     try:
         for fmt in (">B", ">B", ">I"):
-            size = struct.calcsize(fmt)
-            (n,) = struct.unpack(fmt, data[pos:pos + size])
-            pos += size
-            if pos + n > len(data):
-                raise struct.error("short")
-            fields.append(data[pos:pos + n])
-            pos += n
+            chunk, pos = _take(view, pos, fmt)
+            fields.append(bytes(chunk))
+        if magic == MAGIC_ATTACHED:
+            (count,) = struct.unpack(">H", view[pos:pos + 2])
+            pos += 2
+            if count == 0:
+                raise ProtocolError("Malformed envelope: a v2 frame with no attachments.")
+            for _ in range(count):
+                chunk, pos = _take(view, pos, ">I")
+                attachments.append(bytes(chunk))
     except struct.error:
         raise ProtocolError(f"Malformed envelope: truncated ({len(data)} bytes).") from None
-    signature = data[pos:]
+    signature = bytes(view[pos:])
     if len(signature) != 64:
         raise ProtocolError(f"Malformed envelope: truncated or trailing bytes (signature of {len(signature)} bytes).")
     try:
-        return Envelope(sender=fields[0].decode(), kind=fields[1].decode(), payload=fields[2], signature=signature)
+        return Envelope(sender=fields[0].decode(), kind=fields[1].decode(), payload=fields[2],
+                        attachments=tuple(attachments), signature=signature)
     except (UnicodeDecodeError, ValidationError) as exc:
         raise ProtocolError(f"Malformed envelope header: {type(exc).__name__}.") from None
 
 
 def verify_envelope(envelope: Envelope, *, sender: PublicIdentity) -> None:
-    """Raise IntegrityError unless ``sender`` signed this envelope's kind and payload bytes."""
+    """Raise IntegrityError unless ``sender`` signed this envelope's kind, payload and attachments."""
     if envelope.sender != sender.name:
         raise IntegrityError(f"Envelope claims sender {envelope.sender!r} but is checked against {sender.name!r}.")
-    sender.verify(envelope.signature, _signed_bytes(envelope.kind, envelope.payload), context=SIG_MESSAGE)
+    context, data = signed_bytes(envelope.kind, envelope.payload, envelope.attachment_hashes())
+    sender.verify(envelope.signature, data, context=context)
+
+
+def load_payload(envelope: Envelope, model: type[M]) -> M:
+    """Parse ``envelope``'s payload as ``model``, resolving attachment references (no signature check).
+
+    Raises:
+        ValidationError: the payload does not parse as ``model``.
+        ProtocolError: an attachment is not referenced by the payload (every one must be used once).
+    """
+    context: dict = {ATTACHMENTS: envelope.attachments}
+    msg = model.model_validate_json(envelope.payload, context=context)
+    used = context.get("used", set())
+    if len(used) != len(envelope.attachments):
+        raise ProtocolError(f"Malformed {envelope.kind[:64]!r} envelope: {len(envelope.attachments) - len(used)} of "
+                            f"{len(envelope.attachments)} attachment(s) are not referenced by its payload.")
+    return msg
 
 
 def open_envelope(envelope: Envelope, *, sender: PublicIdentity, model: type[M]) -> M:
@@ -103,7 +190,7 @@ def open_envelope(envelope: Envelope, *, sender: PublicIdentity, model: type[M])
     if envelope.kind != expected:
         raise ProtocolError(f"Wrong stage: expected a {expected!r} message, got {envelope.kind!r}.")
     try:
-        msg = model.model_validate_json(envelope.payload)
+        msg = load_payload(envelope, model)
     except ValidationError as exc:
         raise ProtocolError(f"Malformed {expected!r} payload: {exc.error_count()} error(s), first: "
                             f"{exc.errors()[0]['loc']} {exc.errors()[0]['msg']}.") from None

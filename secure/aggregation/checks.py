@@ -17,7 +17,7 @@ from ..errors import IntegrityError, ProtocolError
 from ..identity import PublicIdentity
 from ..messages import ModuleTensor, RoundPlan, WireMessage
 from ..spec import ModuleKind
-from ..wire import Envelope, verify_envelope
+from ..wire import Envelope, load_payload, verify_envelope
 
 M = TypeVar("M", bound=WireMessage)
 
@@ -96,8 +96,8 @@ def authenticate(plan: RoundPlan, envelope: Envelope, *, peers: Mapping[str, Pub
     failures are attributable to the sender.
     """
     sender = envelope.sender
-    if len(envelope.payload) > max_bytes:
-        raise Unattributed("oversized", f"Message of {len(envelope.payload)} bytes naming {sender!r} exceeds the "
+    if envelope.size > max_bytes:
+        raise Unattributed("oversized", f"Message of {envelope.size} bytes naming {sender!r} exceeds the "
                            f"stage limit of {max_bytes} bytes.")
     key = peers.get(sender)
     if key is None:
@@ -113,7 +113,7 @@ def authenticate(plan: RoundPlan, envelope: Envelope, *, peers: Mapping[str, Pub
         raise Unattributed("duplicate", f"Replayed message: an exact re-send of {sender!r}'s accepted {expected!r} "
                            "message (the first was kept).")
     try:
-        msg = model.model_validate_json(envelope.payload)
+        msg = load_payload(envelope, model)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p)[:64] for p in first["loc"])

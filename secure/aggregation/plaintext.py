@@ -25,7 +25,7 @@ class PlaintextClient(AggregationClient):
         upd = ClientUpdate(
             federation_id=self.plan.federation_id, round=self.plan.round, client=self.identity.name,
             spec_digest=self.plan.spec.digest(), dictionary_hash=self.plan.dictionary_hash,
-            weight=float(self.update.weight), modules=encode_modules(self.update.modules, "<f8"),
+            weight=float(self.update.weight), modules=encode_modules(self.update.modules, "<f4"),
             metrics=dict(self.update.metrics),
         )
         return seal(upd, self.identity)

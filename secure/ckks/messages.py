@@ -2,9 +2,10 @@
 and one round (two stages). Frozen, strict, size-limited; always sent through
 :func:`clinograph.secure.wire.seal` (signed over the exact bytes).
 
-Size on the wire: ciphertext bytes travel base64-encoded inside the JSON payload (the envelope
-frame around it is binary), so an update is ~4/3 of the SEAL bytes. The presets state SEAL
-bytes; the benchmark reports both.
+Size on the wire: every ciphertext is a :data:`~clinograph.secure.messages.Blob`, a raw
+envelope attachment (:mod:`clinograph.secure.wire`), so an update costs its SEAL bytes plus
+a small JSON header and 4 bytes of framing per ciphertext. The presets state SEAL bytes; the
+benchmark reports both.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..messages import ID_PATTERN, WireMessage
+from ..messages import ID_PATTERN, Blob, WireMessage
 
 HEX64 = r"^[0-9a-f]{64}$"
 KEY_ID = r"^[0-9a-f]{32}$"
@@ -22,7 +23,7 @@ MAX_CIPHERTEXT_BYTES = 300_000
 #: 100 000 ciphertexts = 409.6 M slots at N = 8192.
 MAX_CIPHERTEXTS = 100_000
 
-Ciphertext = Annotated[bytes, Field(min_length=1, max_length=MAX_CIPHERTEXT_BYTES)]
+Ciphertext = Annotated[Blob, Field(min_length=1, max_length=MAX_CIPHERTEXT_BYTES)]
 
 
 class CkksKeyRequest(WireMessage):

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..messages import ID_PATTERN, WireMessage
+from ..messages import ID_PATTERN, Blob, WireMessage
 
 HEX64 = r"^[0-9a-f]{64}$"
 MAX_PEERS = 10_000
@@ -101,7 +101,7 @@ class MaskedInput(ClientHeader):
     """Stage 2, client -> server: y_u = x_u + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^32, as <u4 bytes."""
 
     kind: Literal["masked_input"] = "masked_input"
-    words: bytes = Field(max_length=4 * MAX_WORDS)
+    words: Blob = Field(max_length=4 * MAX_WORDS)
 
 
 class ConsistencyRequest(ServerHeader):

@@ -16,7 +16,7 @@ from clinograph.secure.masking import MaskingClient
 from clinograph.secure.masking.messages import MaskedInput, UnmaskRequest, UnmaskResponse
 from clinograph.secure.masking.stages import pair_context, pairwise_sign, round_context
 from clinograph.secure.transport import run_aggregation
-from clinograph.secure.wire import parse_envelope, seal
+from clinograph.secure.wire import load_payload, parse_envelope, seal
 from masking_helpers import (
     SPEC,
     expected_sums,
@@ -38,8 +38,8 @@ def _to_unmask_stage():
     rnd.deliver()
     rnd.deliver()  # masked inputs are in; every client signs the honest survivor set U3
     msgs = rnd.deliver(answer=False)  # honest unmask requests (with the U3 signatures) are not answered
-    victim_input = MaskedInput.model_validate_json(parse_envelope(rnd.sent[2][VICTIM]).payload)
-    rnd.signatures = UnmaskRequest.model_validate_json(parse_envelope(msgs[VICTIM]).payload).signatures
+    victim_input = load_payload(parse_envelope(rnd.sent[2][VICTIM]), MaskedInput)
+    rnd.signatures = load_payload(parse_envelope(msgs[VICTIM]), UnmaskRequest).signatures
     return rnd, np.frombuffer(victim_input.words, dtype="<u4").copy()
 
 
@@ -107,9 +107,9 @@ def test_an_honest_unmask_request_reveals_one_secret_per_owner():
     rnd.deliver()
     rnd.deliver(tamper=lambda c, d: [] if c == VICTIM else [d])  # the victim's masked input never arrives
     msgs = rnd.deliver(answer=False)
-    req = UnmaskRequest.model_validate_json(parse_envelope(msgs["hosp02"]).payload)
+    req = load_payload(parse_envelope(msgs["hosp02"]), UnmaskRequest)
     assert (req.survivors, req.dropped) == (tuple(c for c in rnd.plan.participants if c != VICTIM), (VICTIM,))
-    resp = UnmaskResponse.model_validate_json(parse_envelope(rnd.clients["hosp02"].handle(seal(req, SERVER))).payload)
+    resp = load_payload(parse_envelope(rnd.clients["hosp02"].handle(seal(req, SERVER))), UnmaskResponse)
     kinds = {r.owner: r.secret for r in resp.shares}
     assert len(kinds) == len(resp.shares) == 5
     assert kinds[VICTIM] == "pairwise_key" and all(k == "self_mask" for o, k in kinds.items() if o != VICTIM)

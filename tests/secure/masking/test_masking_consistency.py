@@ -16,7 +16,7 @@ from clinograph.secure.masking.messages import (
     UnmaskResponse,
 )
 from clinograph.secure.transport import run_aggregation
-from clinograph.secure.wire import parse_envelope, seal
+from clinograph.secure.wire import load_payload, parse_envelope, seal
 from masking_helpers import expected_sums, identities, identity, make_plan, make_updates, rel_err
 from test_masking_rejections import Round
 
@@ -37,7 +37,7 @@ def show(rnd, client, u3):
     """The (lying) server shows ``client`` the survivor set ``u3``; returns its signature."""
     req = ConsistencyRequest(federation_id=rnd.plan.federation_id, round=rnd.plan.round, recipient=client,
                              survivors=tuple(u3))
-    reply = ConsistencySignature.model_validate_json(parse_envelope(rnd.clients[client].handle(seal(req, SERVER))).payload)
+    reply = load_payload(parse_envelope(rnd.clients[client].handle(seal(req, SERVER))), ConsistencySignature)
     return SurvivorSignature(client=client, signature=reply.signature)
 
 
@@ -62,7 +62,7 @@ def test_honest_consistency_round_reveals_shares():
     """Positive control for the harness below: t signatures on the U3 a client signed are enough."""
     rnd = to_consistency_stage()
     u3, sigs = honest_signatures(rnd)
-    resp = UnmaskResponse.model_validate_json(parse_envelope(unmask(rnd, "hosp02", u3, sigs[:3])).payload)
+    resp = load_payload(parse_envelope(unmask(rnd, "hosp02", u3, sigs[:3])), UnmaskResponse)
     assert {r.owner for r in resp.shares} == set(u3) and all(r.secret == "self_mask" for r in resp.shares)
 
 
@@ -215,7 +215,7 @@ def test_documented_limit_a_split_view_with_2t_minus_k_plus_1_colluders_still_un
         sigs.append(SurvivorSignature(client=colluder, signature=identity(colluder).sign(
             signing_bytes(rnd.plan, view), context=SIG_MASKED_CONSISTENCY)))
         for c in camp:
-            resp = UnmaskResponse.model_validate_json(parse_envelope(unmask(rnd, c, view, sigs, dropped)).payload)
+            resp = load_payload(parse_envelope(unmask(rnd, c, view, sigs, dropped)), UnmaskResponse)
             for r in resp.shares:
                 if r.owner == VICTIM:
                     (b_shares if r.secret == "self_mask" else s_shares).append((r.index, r.share))
@@ -223,7 +223,7 @@ def test_documented_limit_a_split_view_with_2t_minus_k_plus_1_colluders_still_un
     b_shares.append((idx, b_sh))
     s_shares.append((idx, s_sh))
     assert len(b_shares) == len(s_shares) == 3
-    y = np.frombuffer(MaskedInput.model_validate_json(parse_envelope(rnd.sent[2][VICTIM]).payload).words,
+    y = np.frombuffer(load_payload(parse_envelope(rnd.sent[2][VICTIM]), MaskedInput).words,
                       dtype="<u4").copy()
     b, sk = combine_shares(b_shares), private_from_bytes(combine_shares(s_shares))
     add_mask(y, hkdf(b, label=KDF_SELF_MASK, context=round_context(rnd.plan, VICTIM)), sign=-1)

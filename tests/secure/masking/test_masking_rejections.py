@@ -13,7 +13,7 @@ from clinograph.secure.aggregation.checks import Unattributed
 from clinograph.secure.errors import IntegrityError, ProtocolError
 from clinograph.secure.masking import MaskingClient, MaskingServer
 from clinograph.secure.masking.messages import AdvertiseKeys, KeyDirectory, MaskedInput
-from clinograph.secure.wire import parse_envelope, seal
+from clinograph.secure.wire import load_payload, parse_envelope, seal
 from masking_helpers import expected_sums, identities, identity, make_plan, make_updates, rel_err
 
 SERVER = identity("server")
@@ -213,7 +213,7 @@ def test_client_refuses_a_relayed_key_the_peer_did_not_sign():
     for c, data in rnd2.outgoing.items():
         rnd2.server.receive_bytes(c, data)
     msgs = rnd2.server.next_stage()
-    directory = KeyDirectory.model_validate_json(parse_envelope(msgs[victim]).payload)
+    directory = load_payload(parse_envelope(msgs[victim]), KeyDirectory)
     forged = directory.keys[0].model_copy(update={"s_pk": bytes(32 * [7])})
     bad = directory.model_copy(update={"keys": (forged, *directory.keys[1:])})
     with pytest.raises(IntegrityError, match="does not verify"):
@@ -225,7 +225,7 @@ def test_client_refuses_server_messages_not_signed_by_the_server():
     for c, data in rnd.outgoing.items():
         rnd.server.receive_bytes(c, data)
     msgs = rnd.server.next_stage()
-    directory = KeyDirectory.model_validate_json(parse_envelope(msgs["hosp01"]).payload)
+    directory = load_payload(parse_envelope(msgs["hosp01"]), KeyDirectory)
     with pytest.raises(IntegrityError):
         rnd.clients["hosp01"].handle(seal(directory, identity("hosp02")).replace(b'"hosp02"', b'"server"', 1))
     with pytest.raises(ProtocolError, match="not for 'hosp02'"):
