@@ -86,7 +86,7 @@ def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) 
     settings, without any table (``clinograph model init``; what a lean server loads)."""
     import torch
 
-    from ..model.nsfl import NSFLModel
+    from ..model.heads import nsfl_model
     from ..training.personal import personal_module_map
 
     node_ids = dictionary.node_ids()
@@ -97,7 +97,7 @@ def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) 
         modules = agat_modules(AGATModel(len(node_ids), config.agat), node_ids, personal=config.personal.modules,
                                selection=config.model.selection_module)
     else:
-        modules = personal_module_map(NSFLModel(len(node_ids), config.model), node_ids,
+        modules = personal_module_map(nsfl_model(len(node_ids), config), node_ids,
                                       personal=config.personal.modules)
     return InitialModel.create(task=config.task, dictionary_hash=dictionary.digest(), spec=modules.spec(version=0),
                                state=modules.state(ModuleKind.SHARED))
