@@ -73,9 +73,13 @@ def _blob_in(value: Any, info: ValidationInfo) -> Any:
     return blobs[index]
 
 
+#: The serialiser and validator that make ``bytes`` a :data:`Blob`; put size constraints before
+#: them (``Annotated[bytes, Field(max_length=...), *BLOB_CODEC]``) so they check the bytes.
+BLOB_CODEC = (WrapSerializer(_blob_out), BeforeValidator(_blob_in))
+
 #: Bytes that travel as a raw envelope attachment instead of base64 inside the JSON payload
 #: (:mod:`clinograph.secure.wire`); outside an envelope they serialise as base64 like ``bytes``.
-Blob = Annotated[bytes, WrapSerializer(_blob_out), BeforeValidator(_blob_in)]
+Blob = Annotated[bytes, *BLOB_CODEC]
 
 
 class WireMessage(BaseModel):

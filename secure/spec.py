@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from enum import Enum
+from functools import lru_cache
 from math import prod
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -84,6 +85,13 @@ class ModelSpec(BaseModel):
         return [m for m in self.modules if m.kind == ModuleKind.SHARED]
 
     def digest(self) -> str:
-        """SHA-256 over the canonical JSON of the spec (hex)."""
-        body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(body.encode()).hexdigest()
+        """SHA-256 over the canonical JSON of the spec (hex); memoised per equal spec (frozen)."""
+        return _digest(self)
+
+
+@lru_cache(maxsize=256)
+def _digest(spec: ModelSpec) -> str:
+    """Every message of a round checks the spec digest; a frozen spec hashes by value, so equal
+    specs share one entry and a changed spec is a different key."""
+    body = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()

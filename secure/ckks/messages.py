@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..messages import ID_PATTERN, Blob, WireMessage
+from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
 
 HEX64 = r"^[0-9a-f]{64}$"
 KEY_ID = r"^[0-9a-f]{32}$"
@@ -23,7 +23,7 @@ MAX_CIPHERTEXT_BYTES = 300_000
 #: 100 000 ciphertexts = 409.6 M slots at N = 8192.
 MAX_CIPHERTEXTS = 100_000
 
-Ciphertext = Annotated[Blob, Field(min_length=1, max_length=MAX_CIPHERTEXT_BYTES)]
+Ciphertext = Annotated[bytes, Field(min_length=1, max_length=MAX_CIPHERTEXT_BYTES), *BLOB_CODEC]
 
 
 class CkksKeyRequest(WireMessage):

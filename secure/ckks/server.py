@@ -50,8 +50,8 @@ class CkksServer(AggregationServer):
         self.context = context
         self._layout = SlotLayout.from_plan(self.plan)
         self._n_ct = self._layout.ciphertext_count(context.preset.params.slot_count)
-        # Ciphertexts travel base64-encoded in the JSON payload (4/3); the envelope frame is binary.
-        self._max_payload = int(self._n_ct * MAX_CIPHERTEXT_BYTES * 4 / 3) + _ENVELOPE_SLACK
+        # Ciphertexts travel as raw envelope attachments (secure/wire.py): SEAL bytes plus a small header.
+        self._max_payload = self._n_ct * MAX_CIPHERTEXT_BYTES + _ENVELOPE_SLACK
         self._stage = "updates"
         self._waiting = set(self.plan.participants)
         self._accepted: list[str] = []

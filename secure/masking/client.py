@@ -86,6 +86,7 @@ class MaskingClient(AggregationClient):
         self._spec_digest = self.plan.spec.digest()
         self.clipped: dict[str, int] = {}
         self._peer_keys: dict[str, tuple[bytes, bytes]] = {}
+        self._pair_keys: dict[str, bytes] = {}
         self._held: dict[str, tuple[int, bytes, bytes]] = {}
         self._masked_with: frozenset[str] = frozenset()
         self._signed_u3: tuple[str, ...] | None = None
@@ -209,11 +210,16 @@ class MaskingClient(AggregationClient):
     # -- helpers --------------------------------------------------------------------------
 
     def _pair_key(self, peer: str) -> bytes:
+        """The share-encryption secret shared with ``peer`` (one X25519 agreement a peer and round)."""
+        key = self._pair_keys.get(peer)
+        if key is not None:
+            return key
         try:
-            return agree(self._c_sk, self._peer_keys[peer][0], label=KDF_SHARE_ENCRYPTION,
+            key = self._pair_keys[peer] = agree(self._c_sk, self._peer_keys[peer][0], label=KDF_SHARE_ENCRYPTION,
                          context=pair_context(self.plan, self._me, peer))
         except ValueError:
             raise ProtocolError(f"Public key of {peer!r} is invalid (low-order point).") from None
+        return key
 
     def _need(self, have: int, what: str) -> None:
         if have < self.params.threshold:

@@ -20,11 +20,12 @@ additionally bounds whole envelopes per stage (``MaskingServer.max_message_bytes
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ..messages import ID_PATTERN, Blob, WireMessage
+from ..hazmat.shamir import SHARE_BYTES
+from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
 
 HEX64 = r"^[0-9a-f]{64}$"
 MAX_PEERS = 10_000
@@ -80,7 +81,7 @@ class EncryptedShare(WireMessage):
     """AEAD(ChaCha20-Poly1305) of (index, share of b, share of s_sk) for one holder."""
 
     peer: str = Field(pattern=ID_PATTERN)
-    ciphertext: bytes = Field(min_length=12 + 66 + 16, max_length=12 + 66 + 16)
+    ciphertext: bytes = Field(min_length=12 + 2 + 2 * SHARE_BYTES + 16, max_length=12 + 2 + 2 * SHARE_BYTES + 16)
 
 
 class ShareKeys(ClientHeader):
@@ -101,7 +102,7 @@ class MaskedInput(ClientHeader):
     """Stage 2, client -> server: y_u = x_u + PRG(b_u) + sum_v +-PRG(s_uv) mod 2^32, as <u4 bytes."""
 
     kind: Literal["masked_input"] = "masked_input"
-    words: Blob = Field(max_length=4 * MAX_WORDS)
+    words: Annotated[bytes, Field(max_length=4 * MAX_WORDS), *BLOB_CODEC]
 
 
 class ConsistencyRequest(ServerHeader):
@@ -141,7 +142,7 @@ class RevealedShare(WireMessage):
     owner: str = Field(pattern=ID_PATTERN)
     secret: Literal["self_mask", "pairwise_key"]
     index: int = Field(ge=1, le=MAX_PEERS + 1)
-    share: bytes = Field(min_length=32, max_length=32)
+    share: bytes = Field(min_length=SHARE_BYTES, max_length=SHARE_BYTES)
 
 
 class UnmaskResponse(ClientHeader):

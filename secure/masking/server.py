@@ -76,6 +76,7 @@ class MaskingServer(AggregationServer):
             raise ConfigError(f"RoundPlan.secure_mode is {self.plan.secure_mode!r}; MaskingServer needs 'masked'.")
         self.params = MaskingParams.from_plan(self.plan)
         self._layout = Layout.of(self.plan)
+        self._word_bytes = 4
         self._graph = neighbour_graph(self.plan, self.params.neighbours)
         self._stage = 0
         self._waiting: set[str] = set(self.plan.participants)
@@ -102,10 +103,10 @@ class MaskingServer(AggregationServer):
 
     @property
     def max_message_bytes(self) -> int:
-        """Largest envelope accepted at the current stage (a masked vector is 4L bytes, base64 twice)."""
+        """Largest envelope accepted at the current stage (a masked vector is one raw attachment
+        of its word bytes, plus a small JSON header)."""
         if self._stage == 2:
-            payload = 4 * -(-4 * self._layout.length // 3) + 2048
-            return 4 * -(-payload // 3) + 1024
+            return self._word_bytes * self._layout.length + 4096
         return 64 * 1024 + 1024 * len(self.plan.participants)
 
     def receive_bytes(self, sender: str, data: bytes) -> None:
@@ -261,7 +262,11 @@ class MaskingServer(AggregationServer):
         if len(shares) < t:
             raise ProtocolError(f"Only {len(shares)} share(s) of {owner!r}'s {kind.replace('_', ' ')} arrived; "
                                 f"{t} are needed. Round aborted, nothing published.")
-        return combine_shares(shares[:t])
+        try:
+            return combine_shares(shares[:t])
+        except ValueError:
+            raise ProtocolError(f"The shares of {owner!r}'s {kind.replace('_', ' ')} do not rebuild a secret (a holder "
+                                "revealed a bad share). Round aborted, nothing published.") from None
 
     def _unmask(self) -> None:
         shared, survivors = self._alive[1], self._alive[2]

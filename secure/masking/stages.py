@@ -25,6 +25,7 @@ from ..aggregation.base import LocalUpdate, ModuleSums
 from ..errors import ProtocolError
 from ..hazmat import fixedpoint
 from ..hazmat.labels import KDF_SHARE_ENCRYPTION_DIRECTED
+from ..hazmat.shamir import SHARE_BYTES
 from ..hazmat.x25519 import encode_context, hkdf
 from ..messages import RoundPlan
 from .params import MaskingParams
@@ -237,7 +238,9 @@ def decrypt_share(shared_secret: bytes, *, plan: RoundPlan, sender: str, recipie
             ciphertext[:12], ciphertext[12:], ad)
     except InvalidTag:
         raise ProtocolError(f"Encrypted share from {sender!r} does not authenticate (tampered or misrouted).") from None
-    return struct.unpack(">H", body[:2])[0], body[2:34], body[34:66]
+    if len(body) != 2 + 2 * SHARE_BYTES:
+        raise ProtocolError(f"Encrypted share from {sender!r} holds {len(body)} bytes, not {2 + 2 * SHARE_BYTES}.")
+    return struct.unpack(">H", body[:2])[0], body[2:2 + SHARE_BYTES], body[2 + SHARE_BYTES:]
 
 
 def check_unmask_request(*, me: str, survivors: Iterable[str], dropped: Iterable[str],
