@@ -76,6 +76,23 @@ class CalibrationSection(_Strict):
     method: Literal["none", "platt"] = "platt"
 
 
+class ScalingSection(_Strict):
+    """[scaling]: how numeric values are scaled before the model (docs/model_quality.md, "Scaling").
+
+    ``dictionary`` (default): each feature's (transformed) public reference range maps to
+    [−1, 1]. ``federated``: a set-up round before training sums every hospital's histogram of
+    each numeric feature over public bins through the secure mode (masked) and scales with the
+    federation's median and inter-quantile range (sdk/federation/scaling.py); no hospital's
+    distribution is revealed, only the sum. The same at every hospital."""
+
+    source: Literal["dictionary", "federated"] = "dictionary"
+    quantiles: Literal["iqr", "p05_p95"] = Field(default="iqr", description="federated: half-width = half the "
+                                                 "25-75 % (iqr) or 5-95 % range; centre = median")
+    bins: int = Field(default=200, ge=10, le=5000, description="federated: public bins per feature")
+    span: float = Field(default=5.0, gt=0, le=100, description="federated: bins cover the transformed reference "
+                        "centre ± span reference half-widths (cut to the physical limits)")
+
+
 class GraphSection(_Strict):
     """[graph]: how each hospital builds its knowledge graph."""
 
@@ -206,6 +223,7 @@ class HospitalConfig(_Strict):
     agat: AGATSection = Field(default_factory=AGATSection)
     training: TrainConfig = Field(default_factory=TrainConfig)
     graph: GraphSection = Field(default_factory=GraphSection)
+    scaling: ScalingSection = Field(default_factory=ScalingSection)
     privacy: PrivacySection = Field(default_factory=PrivacySection)
     personal: PersonalSection = Field(default_factory=PersonalSection)
     release: ReleaseSection = Field(default_factory=ReleaseSection)

@@ -50,6 +50,8 @@ class SimulatedFederation:
     audit: AuditTrail
     liveness: Liveness | None = None
     audit_dir: Path | None = None
+    #: the dictionary the hospitals train with (derived by [scaling] source = 'federated', else the given one)
+    dictionary: FeatureDictionary | None = None
 
     def run_round(self) -> RoundOutcome:
         """One round with every live hospital (suspended ones only when due a retry)."""
@@ -96,6 +98,21 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
     ids = {t.site: Identity.generate(t.site) for t in tables}
     publics = {n: i.public for n, i in ids.items()}
     hconf = config.hospital_config()
+    audit, first_round = None, 0
+    if config.scaling.source == "federated":  # set-up round: robust scaling from securely summed histograms
+        from .scaling import federated_scaling
+
+        if config.privacy.enabled:
+            raise ConfigError("[scaling] source = 'federated' is not covered by the DP accountant (the summed "
+                              "histograms are exact); use source = 'dictionary' under [privacy].")
+        audit = AuditTrail(audit_dir, identity=server_id)
+        try:
+            dictionary, tables, first_round = federated_scaling(
+                tables, dictionary, scaling=config.scaling, federation=fed, server_identity=server_id,
+                identities=ids, audit=audit)
+        except BaseException:
+            audit.close()
+            raise
     hospitals = {t.site: build_hospital(t, dictionary=dictionary, config=hconf, identity=ids[t.site],
                                         server=server_id.public, peers=publics, federation_id=fed.id,
                                         state_dir=Path(hconf.privacy.state_dir or config.output) / t.site)
@@ -113,7 +130,7 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
 
         policy = distributed_policy(config)
         check_simulation(config, tables, dim=first.task.columns.dim)  # refused here if it cannot keep its promise
-    audit = AuditTrail(audit_dir, identity=server_id)
+    audit = audit or AuditTrail(audit_dir, identity=server_id)
     try:
         server = build_server(federation=fed, identity=server_id, enrolled=publics,
                               initial=initial_model(first.task, dictionary=dictionary), audit=audit,
@@ -121,9 +138,10 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
     except BaseException:
         audit.close()
         raise
+    server.round = first_round  # one audit trail: training rounds continue after the set-up round
     liveness = Liveness(suspend_after=fed.suspend_after_missed, retry_every=fed.retry_every)
     return SimulatedFederation(server=server, hospitals=hospitals, transport=transport, audit=audit,
-                               liveness=liveness, audit_dir=Path(audit_dir))
+                               liveness=liveness, audit_dir=Path(audit_dir), dictionary=dictionary)
 
 
 def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
