@@ -27,6 +27,9 @@ MECHANISMS = ("skellam",)
 TAIL_STDS = 12.0
 #: relative tolerance of the share comparisons (floats travel as JSON numbers)
 RTOL = 1e-9
+#: largest δ a distributed-DP promise may carry: δ is the probability the ε bound may fail
+#: outright, and must stay far below 1/patients (the usual δ is 1e-5)
+MAX_DELTA = 1e-3
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def ring_headroom(*, policy: DistributedPolicy, scale: float, hospital_bound: fl
 
 
 def check_configuration(policy: DistributedPolicy, *, n_hospitals: int, masked_threshold: int, scale: float,
-                        hospital_bound: float, max_batch: float, dim: int) -> float:
+                        hospital_bound: float, max_batch: float, dim: int, planned_rounds: int | None = None) -> float:
     """Refuse (ConfigError, every reason at once) a configuration that cannot give the promised
     guarantee; return the promised ε over ``policy.rounds`` rounds.
 
@@ -127,8 +130,20 @@ def check_configuration(policy: DistributedPolicy, *, n_hospitals: int, masked_t
         hospital_bound: masked.clip, the bound on one hospital's weighted values (float units).
         max_batch: a public bound on any hospital's Poisson batch (e.g. the weight cap).
         dim: coordinates released per round.
+        planned_rounds: the rounds the federation will run ([federation] rounds), if known; more
+            than ``policy.rounds`` would outrun the ε promise.
     """
     problems = []
+    if not (math.isfinite(policy.max_epsilon) and policy.max_epsilon > 0):
+        problems.append(f"max_epsilon = {policy.max_epsilon!r} must be a finite number > 0")
+    if not 0 < policy.delta <= MAX_DELTA:
+        problems.append(f"δ = {policy.delta:g} must be in (0, {MAX_DELTA:g}]: δ is the probability that the ε bound "
+                        "fails outright and must stay far below 1/patients (use 1e-5 or less)")
+    if policy.rounds < 1:
+        problems.append(f"rounds = {policy.rounds} must be >= 1")
+    if planned_rounds is not None and planned_rounds > policy.rounds:
+        problems.append(f"the federation plans {planned_rounds} rounds but the ε promise covers [dp_policy] rounds = "
+                        f"{policy.rounds}; set rounds >= {planned_rounds} there (and recheck ε) or plan fewer rounds")
     if policy.mechanism not in MECHANISMS:
         problems.append(f"mechanism {policy.mechanism!r} is not implemented (registered: {', '.join(MECHANISMS)})")
     if not 1 <= policy.min_honest <= n_hospitals:
@@ -155,6 +170,11 @@ def check_configuration(policy: DistributedPolicy, *, n_hospitals: int, masked_t
             problems.append(f"the 2^32 ring is too small: a hospital's noisy sum may reach {use:.2f}x its masked "
                             f"range (masked.clip = {hospital_bound:g}); raise [federation] masked_clip or lower "
                             "max_weight")
+        inflation = math.sqrt(dim) / (policy.clip_norm * scale)
+        if inflation > 0.1:
+            problems.append(f"the ring's scale s = {scale:.4g} is too coarse for C = {policy.clip_norm:g} over {dim} "
+                            f"coordinates: rounding adds {100 * inflation:.0f}% to the sensitivity (sqrt(d)/(C·s) "
+                            "must be <= 0.1); lower [federation] masked_clip or max_weight, or raise the clip")
         if scale * hospital_bound * n_hospitals >= HALF:
             problems.append("the masked scale lets the hospitals' sum wrap the ring")
     if problems:

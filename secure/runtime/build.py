@@ -130,7 +130,7 @@ def _check_distributed(policy: DPPolicy, *, federation: FederationSection, opts:
                                           max_epsilon=policy.max_epsilon, delta=policy.delta),
                         n_hospitals=n, masked_threshold=int(opts["masked.threshold"]),
                         scale=float(opts["masked.scale"]), hospital_bound=float(opts["masked.clip"]),
-                        max_batch=max_weight, dim=dim)
+                        max_batch=max_weight, dim=dim, planned_rounds=federation.rounds)
 
 
 def build_server(*, federation: FederationSection, identity: Identity, enrolled: Mapping[str, PublicIdentity],

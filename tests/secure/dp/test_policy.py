@@ -76,3 +76,18 @@ def test_dp_policy_section_builds_the_policy_or_names_what_is_missing():
     with pytest.raises(ConfigError, match="needs sample_rate, min_honest, rounds"):
         DPPolicySection(mode="distributed", noise_multiplier=1.0).distributed()
     assert DPPolicySection().mode == "local"  # additive: the default is today's local DP
+
+
+@pytest.mark.parametrize(("policy_change", "kw", "message"), [
+    ({"delta": 0.01}, {}, r"δ = 0.01 must be in \(0, 0.001\]: δ is the probability that the ε bound fails outright"),
+    ({"max_epsilon": float("inf")}, {}, "max_epsilon = inf must be a finite number > 0"),
+    ({}, {"planned_rounds": 80}, "the federation plans 80 rounds but the ε promise covers \\[dp_policy\\] rounds = 50"),
+    ({}, {"scale": 50.0, "hospital_bound": 40000.0}, r"the ring's scale s = 50 is too coarse .* rounding adds 57%"),
+])
+def test_more_configurations_that_cannot_keep_the_promise_are_refused(policy_change, kw, message):
+    with pytest.raises(ConfigError, match=message):
+        _check(dataclasses.replace(POLICY, **policy_change), **kw)
+
+
+def test_planned_rounds_within_the_promise_pass():
+    assert _check(planned_rounds=50) == _check()

@@ -1,0 +1,40 @@
+"""build_server refuses distributed-DP configurations whose promise the federation would outrun."""
+
+from __future__ import annotations
+
+import pytest
+from clinograph.sdk.config import HospitalConfig
+from clinograph.sdk.federation.build import initial_model_for
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.errors import ConfigError
+from clinograph.secure.identity import Identity
+from clinograph.secure.runtime import build_server
+from clinograph.secure.runtime.config import DPPolicySection, FederationSection
+
+
+def _build(tables, dictionary, tmp_path, *, rounds: int, delta: float = 1e-5):
+    cfg = HospitalConfig.model_validate({"model": {"hidden": 8}, "graph": {"k_similar": 0}})
+    ids = {t.site: Identity.generate(t.site).public for t in tables}
+    server_id = Identity.generate("server")
+    policy = DPPolicySection(max_epsilon=3.0, delta=delta, max_clip_norm=1.0, min_noise_multiplier=0.0,
+                             mode="distributed", mechanism="skellam", noise_multiplier=20.0, sample_rate=1.0,
+                             min_honest=2, rounds=30)
+    audit = AuditTrail(tmp_path / f"audit-{rounds}-{delta}", identity=server_id)
+    try:
+        return build_server(federation=FederationSection(secure_mode="masked", strategy="fedsgd", rounds=rounds),
+                            identity=server_id, enrolled=ids, initial=initial_model_for(cfg, dictionary=dictionary),
+                            audit=audit, dp_policy=policy.policy())
+    finally:
+        audit.close()
+
+
+def test_a_federation_planning_more_rounds_than_the_promise_covers_is_refused(tables, dictionary, tmp_path):
+    assert _build(tables, dictionary, tmp_path, rounds=30) is not None  # full batch, σ = 20, 30 rounds: ε < 3
+    with pytest.raises(ConfigError, match=r"the federation plans 31 rounds but the ε promise covers \[dp_policy\] "
+                                          r"rounds = 30"):
+        _build(tables, dictionary, tmp_path, rounds=31)
+
+
+def test_a_delta_too_large_for_a_guarantee_is_refused(tables, dictionary, tmp_path):
+    with pytest.raises(ConfigError, match=r"δ = 0.01 must be in \(0, 0.001\]"):
+        _build(tables, dictionary, tmp_path, rounds=30, delta=0.01)
