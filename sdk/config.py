@@ -41,6 +41,14 @@ class NSFLConfig(_Strict):
     selection_module: bool = Field(default=True, description="the 2-value shared module ``metric/validation`` "
                                    "that carries Σ loss·n_val and Σ n_val through the secure mode for model "
                                    "selection ([selection]); part of the ModelSpec, so the same at every hospital")
+    # -- NS-FL over time (additive; sdk/model/temporal.py, docs/timeseries.md) ---------------------
+    temporal: Literal["none", "attention"] = Field(default="none", description="none: the static model on the "
+                                                   "last observations; attention: the shared GNN on every "
+                                                   "snapshot's star, attention over the snapshots (long tables)")
+    temporal_window: int = Field(default=12, ge=1, le=512, description="snapshots before the prediction time "
+                                 "the temporal model reads (the same at every hospital)")
+    temporal_carry_forward: bool = Field(default=True, description="a snapshot's graph keeps each feature's last "
+                                         "observation (False: only what was measured at that step)")
 
 
 class TrainConfig(_Strict):

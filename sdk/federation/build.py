@@ -63,8 +63,8 @@ def build_hospital(table: pd.DataFrame | PatientTable, *, dictionary: FeatureDic
 
     Args:
         table: the hospital's own table (with ``schema``) or an already ingested PatientTable.
-        state_dir: where this hospital keeps state (its DP ledger); required under DP unless
-            ``[privacy] state_dir`` is set.
+        state_dir: where this hospital keeps state (its DP ledger, its audit anchor and last
+            global model: :mod:`.anchor`); required under DP unless ``[privacy] state_dir`` is set.
         task: an already built task (e.g. a concept model); default: built from ``config``.
     """
     if isinstance(table, PatientTable):
@@ -78,7 +78,8 @@ def build_hospital(table: pd.DataFrame | PatientTable, *, dictionary: FeatureDic
                           "use the hospital's own key (its file name names the site).")
     task = task or build_task(pt, dictionary=dictionary, config=config, state_dir=state_dir, identity=identity)
     return HospitalClient(task=task, identity=identity, server=server, peers=peers,
-                          dictionary_hash=dictionary.digest(), federation_id=federation_id, release=config.release)
+                          dictionary_hash=dictionary.digest(), federation_id=federation_id, release=config.release,
+                          state_dir=state_dir)
 
 
 def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) -> InitialModel:
@@ -97,8 +98,12 @@ def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) 
         modules = agat_modules(AGATModel(len(node_ids), config.agat), node_ids, personal=config.personal.modules,
                                selection=config.model.selection_module)
     else:
-        modules = personal_module_map(nsfl_model(len(node_ids), config), node_ids,
-                                      personal=config.personal.modules)
+        from ..model.temporal import add_temporal_modules, temporal_task_model
+
+        model = temporal_task_model(len(node_ids), config) if config.model.temporal != "none" else \
+            nsfl_model(len(node_ids), config)
+        modules = add_temporal_modules(personal_module_map(model, node_ids, personal=config.personal.modules),
+                                       model, node_ids)
     return InitialModel.create(task=config.task, dictionary_hash=dictionary.digest(), spec=modules.spec(version=0),
                                state=modules.state(ModuleKind.SHARED))
 

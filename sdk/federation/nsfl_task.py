@@ -50,7 +50,14 @@ class NSFLTask(SelectedCalibrated):
         node_ids = dictionary.node_ids()
         torch.manual_seed(config.model.init_seed)  # identical initial weights at every hospital
         self.model = nsfl_model(len(node_ids), config)  # binary head, or the survival head ([target])
+        if config.model.temporal != "none":  # NS-FL over time (sdk/model/temporal.py)
+            from ..model.temporal import temporal_task_model
+
+            self.model = temporal_task_model(len(node_ids), config)
         self.modules = personal_module_map(self.model, node_ids, personal=config.personal.modules)
+        from ..model.temporal import add_temporal_modules
+
+        add_temporal_modules(self.modules, self.model, node_ids)  # no-op for the static model
         self._node_ids = node_ids
         self.observed = {node_ids[i] for i in np.asarray(table.observed_nodes())}
         #: survival target (interval ends and horizon in days) or None for a binary label
@@ -80,6 +87,10 @@ class NSFLTask(SelectedCalibrated):
         else:
             self.trainer = GraphTrainer(table, train_idx=split.train, k_similar=config.graph.k_similar,
                                         config=config.training)
+        if config.model.temporal != "none":  # each patient's sequence of snapshot stars is one example
+            from ..training.temporal import use_snapshots
+
+            use_snapshots(self.trainer, table, train_idx=split.train, config=config.model)
         self._rounds_done = 0
         #: the federation's model selection as this hospital decodes it (None: selection off)
         self.selection: ModelSelection | None = None
@@ -149,10 +160,12 @@ class NSFLTask(SelectedCalibrated):
         for n in self.modules.names(ModuleKind.SHARED):
             if n == SELECTION_MODULE:
                 continue
-            if n.startswith(("feature_embedding/", "linear/")) and n.split("/", 1)[1] not in self.observed:
+            if n.startswith(("feature_embedding/", "linear/", "trend/")) and n.split("/", 1)[1] not in self.observed:
                 continue  # NS-FL Theorem 1: zero gradient; the hospital does not touch it
             if n.endswith("/similar_to") and not outcome.used_similar_to:
                 continue
+            if n == "temporal/attention" and self.table.n_snapshots == 1:
+                continue  # one snapshot: attention over it has exactly zero gradient
             out.append(n)
         return out + metric
 
