@@ -56,7 +56,7 @@ class Envelope(WireMessage):
     payload: bytes
     attachments: tuple[bytes, ...] = Field(default=(), max_length=MAX_ATTACHMENTS)
     signature: bytes = Field(min_length=64, max_length=64)
-    _hashes: tuple[bytes, ...] | None = PrivateAttr(default=None)
+    _hashes: tuple[tuple[bytes, ...], tuple[bytes, ...]] | None = PrivateAttr(default=None)
 
     @property
     def size(self) -> int:
@@ -64,10 +64,11 @@ class Envelope(WireMessage):
         return len(self.payload) + sum(len(a) for a in self.attachments)
 
     def attachment_hashes(self) -> tuple[bytes, ...]:
-        """SHA-256 of each attachment, computed once over the bytes held."""
-        if self._hashes is None:
-            self._hashes = tuple(hashlib.sha256(a).digest() for a in self.attachments)
-        return self._hashes
+        """SHA-256 of each attachment, computed once over the bytes held (a copy with other
+        attachments recomputes them)."""
+        if self._hashes is None or self._hashes[0] is not self.attachments:
+            self._hashes = (self.attachments, tuple(hashlib.sha256(a).digest() for a in self.attachments))
+        return self._hashes[1]
 
     def digest(self) -> str:
         """What the audit log and replay checks reference: SHA-256 of the payload bytes (v1), or of

@@ -1,0 +1,131 @@
+"""Envelopes with binary attachments (secure/wire.py): Blob fields travel raw, their hashes signed.
+
+Negative tests: a swapped, truncated, altered, reordered, added or unreferenced attachment,
+and a re-framed v1 envelope, are all refused; v1 envelopes (no blobs) are unchanged.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from clinograph.secure.errors import IntegrityError, ProtocolError
+from clinograph.secure.identity import Identity
+from clinograph.secure.masking.messages import MaskedInput
+from clinograph.secure.messages import ClientUpdate, ModuleTensor
+from clinograph.secure.wire import (
+    MAGIC,
+    MAGIC_ATTACHED,
+    Envelope,
+    open_envelope,
+    parse_envelope,
+    seal,
+    signed_bytes,
+)
+
+ALICE = Identity.generate("alice")
+MALLORY = Identity.generate("mallory")
+HDR = {"federation_id": "fed", "round": 3, "client": "alice", "spec_digest": "a" * 64, "dictionary_hash": "b" * 64}
+
+
+def update(values: list[np.ndarray]) -> ClientUpdate:
+    mods = tuple(ModuleTensor(name=f"m{i}", dtype="<f4", data=v.astype("<f4").tobytes()) for i, v in enumerate(values))
+    return ClientUpdate(**HDR, weight=1.0, modules=mods)
+
+
+def two_blobs() -> tuple[ClientUpdate, Envelope]:
+    msg = update([np.arange(10, dtype=np.float32), -np.arange(7, dtype=np.float32)])
+    return msg, parse_envelope(seal(msg, ALICE))
+
+
+def reframe(env: Envelope, **changes) -> bytes:
+    """The envelope's frame with fields replaced but the original signature (a tampering network)."""
+    return env.model_copy(update=changes).to_bytes()
+
+
+def test_blobs_travel_raw_and_round_trip():
+    words = np.arange(1000, dtype="<u4").tobytes()
+    data = seal(MaskedInput(**HDR, words=words), ALICE)
+    assert data[:4] == MAGIC_ATTACHED
+    assert len(data) < len(words) + 400  # raw bytes plus a small header: no base64
+    env = parse_envelope(data)
+    assert env.attachments == (words,) and b"attachment" in env.payload and len(env.payload) < 400
+    assert open_envelope(env, sender=ALICE.public, model=MaskedInput).words == words
+    msg, env2 = two_blobs()
+    assert len(env2.attachments) == 2 and open_envelope(env2, sender=ALICE.public, model=ClientUpdate) == msg
+
+
+def test_message_without_blobs_is_a_v1_frame():
+    from clinograph.secure.messages import ClientReport
+
+    data = seal(ClientReport(federation_id="fed", round=1, client="alice", dictionary_hash="b" * 64), ALICE)
+    env = parse_envelope(data)
+    assert data[:4] == MAGIC and env.attachments == ()
+    assert signed_bytes(env.kind, env.payload)[1] == env.kind.encode() + b"\x00" + env.payload
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda e: {"attachments": e.attachments[::-1]},                                    # swapped
+    lambda e: {"attachments": (e.attachments[0][:-4], e.attachments[1])},              # one truncated
+    lambda e: {"attachments": (bytes([e.attachments[0][0] ^ 1]) + e.attachments[0][1:], e.attachments[1])},
+    lambda e: {"attachments": (e.attachments[0],)},                                    # one removed
+    lambda e: {"attachments": (*e.attachments, b"extra")},                             # one added
+    lambda e: {"attachments": (e.attachments[0], e.attachments[0])},                   # hash mismatch (a copy)
+], ids=["swapped", "truncated", "flipped_bit", "removed", "added", "hash_mismatch"])
+def test_changed_attachments_break_the_signature(tamper):
+    _, env = two_blobs()
+    bad = parse_envelope(reframe(env, **tamper(env)))
+    with pytest.raises(IntegrityError):
+        open_envelope(bad, sender=ALICE.public, model=ClientUpdate)
+
+
+def test_frame_truncated_inside_an_attachment_or_with_trailing_bytes_is_refused():
+    _, env = two_blobs()
+    data = env.to_bytes()
+    for cut in (len(data) - 65, len(data) - 100, len(data) // 2):
+        with pytest.raises(ProtocolError, match="truncated"):
+            parse_envelope(data[:cut])
+    with pytest.raises(ProtocolError, match="trailing"):
+        parse_envelope(data + b"\x00")
+
+
+def test_attachment_length_field_lying_is_refused():
+    _, env = two_blobs()
+    data = bytearray(env.to_bytes())
+    head = 4 + 1 + len(env.sender) + 1 + len(env.kind) + 4 + len(env.payload) + 2
+    (n,) = struct.unpack(">I", data[head:head + 4])
+    data[head:head + 4] = struct.pack(">I", n + 8)  # the first attachment swallows 8 bytes of the next
+    with pytest.raises((ProtocolError, IntegrityError)):
+        open_envelope(parse_envelope(bytes(data)), sender=ALICE.public, model=ClientUpdate)
+
+
+def test_validly_signed_but_unreferenced_or_doubly_referenced_attachments_are_refused():
+    _, env = two_blobs()
+    payload = env.payload.replace(b'{"attachment":1}', b'{"attachment":0}')
+    for atts, pl, match in ((env.attachments, payload, "referenced twice"),
+                            ((*env.attachments, b"junk"), env.payload, "not referenced")):
+        hashes = tuple(__import__("hashlib").sha256(a).digest() for a in atts)
+        ctx, data = signed_bytes(env.kind, pl, hashes)
+        forged = Envelope(sender="alice", kind=env.kind, payload=pl, attachments=atts,
+                          signature=ALICE.sign(data, context=ctx))
+        with pytest.raises(ProtocolError, match=match):
+            open_envelope(parse_envelope(forged.to_bytes()), sender=ALICE.public, model=ClientUpdate)
+
+
+def test_v2_body_reframed_as_v1_or_signed_by_another_key_is_refused():
+    _, env = two_blobs()
+    as_v1 = Envelope(sender="alice", kind=env.kind, payload=env.payload, signature=env.signature)
+    with pytest.raises(IntegrityError):
+        open_envelope(parse_envelope(as_v1.to_bytes()), sender=ALICE.public, model=ClientUpdate)
+    with pytest.raises(IntegrityError):
+        open_envelope(parse_envelope(seal(update([np.zeros(3)]), MALLORY)), sender=ALICE.public, model=ClientUpdate)
+
+
+def test_digest_covers_the_attachments():
+    _, env = two_blobs()
+    before = env.digest()
+    other = env.model_copy(update={"attachments": env.attachments[::-1]})  # after the hashes were cached
+    assert env.digest() == before
+    assert env.digest() != other.digest()
+    assert parse_envelope(env.to_bytes()).digest() == env.digest()
