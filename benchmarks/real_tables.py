@@ -8,8 +8,16 @@ Brier, ECE on the hospital's test split. NS-FL settings are chosen on the federa
 weight decay, width, value clipping, learning rate) on seeds 100.. (never the reported seeds)
 and records each variant's validation loss beside its test AUROC.
 
-    python benchmarks/real_tables.py                # 5 seeds, both cohorts
+Survival form (``--forms binary,survival``, the default runs both): the same cohorts with a
+time-to-event label (every patient kept, censored ones included), NS-FL with the discrete-time
+hazard head (``[target] kind = "survival"``, federated, masked, selected on the federated
+validation hazard likelihood) against Cox PH per hospital and pooled (lifelines), and the
+binary horizon form on the same test patients (LR standalone, FedAvg LR, pooled LR, pooled
+GBM). Per hospital: C-index, horizon AUROC (known-status and IPCW), AUPRC, Brier.
+
+    python benchmarks/real_tables.py                # 5 seeds, both cohorts, both forms
     python benchmarks/real_tables.py --ablation     # + the ablation study
+    python benchmarks/real_tables.py --forms survival --seeds 2 --quick   # a quick look
 Writes benchmarks/results/real_tables.json. Asserts nothing.
 """
 
@@ -28,6 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import RESULTS, machine, write  # noqa: E402
 
 METRICS = ("auroc", "auprc", "brier", "ece")
+SURVIVAL_METRICS = ("cindex", "auroc", "auroc_ipcw", "auprc", "brier")
+SURVIVAL_ABLATIONS: dict[str, dict] = {
+    "default": {},
+    "no_linear_path": {"model": {"linear_path": False}},
+    "personal_baseline_hazard": {"personal": {"modules": ["head/hazard_baseline"]}},
+    "lr_0.03": {"training": {"lr": 0.03}},
+    "weight_decay_1e-2": {"training": {"weight_decay": 1e-2}},
+}
 ABLATIONS: dict[str, dict] = {
     "default": {},
     "no_linear_path": {"model": {"linear_path": False}},
@@ -59,18 +75,25 @@ def pooled_ece(per_hospital: dict) -> float:
     return float(sum(v["ece"] * v["n"] for v in per_hospital.values()) / n)
 
 
-def summarise(runs: list[dict]) -> dict:
-    """Mean and std over seeds of each hospital's metrics and of the per-hospital mean."""
+def summarise(runs: list[dict], metrics: tuple[str, ...] = METRICS) -> dict:
+    """Mean and std over seeds of each hospital's metrics and of the per-hospital mean (a metric
+    a method does not report is NaN)."""
     sites = sorted(runs[0])
     out: dict = {"per_hospital": {}, "mean_over_hospitals": {}}
-    for s in sites:
-        out["per_hospital"][s] = {m: {"mean": float(np.nanmean([r[s][m] for r in runs])),
-                                      "std": float(np.nanstd([r[s][m] for r in runs]))} for m in METRICS}
-    for m in METRICS:
-        per_seed = [float(np.nanmean([r[s][m] for s in sites])) for r in runs]
-        out["mean_over_hospitals"][m] = {"mean": float(np.mean(per_seed)), "std": float(np.std(per_seed)),
-                                         "per_seed": per_seed}
-    out["mean_over_hospitals"]["ece_size_weighted"] = {"mean": float(np.mean([pooled_ece(r) for r in runs]))}
+    get = lambda r, s, m: r[s].get(m, float("nan"))  # noqa: E731
+    with np.errstate(all="ignore"):
+        import warnings
+
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for s in sites:
+            out["per_hospital"][s] = {m: {"mean": float(np.nanmean([get(r, s, m) for r in runs])),
+                                          "std": float(np.nanstd([get(r, s, m) for r in runs]))} for m in metrics}
+        for m in metrics:
+            per_seed = [float(np.nanmean([get(r, s, m) for s in sites])) for r in runs]
+            out["mean_over_hospitals"][m] = {"mean": float(np.mean(per_seed)), "std": float(np.std(per_seed)),
+                                             "per_seed": per_seed}
+    if "ece" in metrics:
+        out["mean_over_hospitals"]["ece_size_weighted"] = {"mean": float(np.mean([pooled_ece(r) for r in runs]))}
     return out
 
 
@@ -113,6 +136,91 @@ def run_cohort(cohort: str, seeds: list[int]) -> dict:
             "seeds": seeds, "methods": {k: summarise(v) for k, v in per.items()}, "nsfl_run": extra}
 
 
+def load_survival(cohort: str):
+    from clinograph.sdk.ingest import ingest
+    from clinograph.sdk.research.real_tables import cohort_tables
+
+    c = cohort_tables(cohort, form="survival")
+    return c, [ingest(df, schema=s, dictionary=c.dictionary) for df, s in c.hospitals]
+
+
+def survival_config(cohort: str, seed: int, quick: bool = False, **overrides):
+    from clinograph.sdk.research.model_quality import _merge, nsfl_config
+    from clinograph.sdk.research.real_tables import SURVIVAL_TARGETS
+
+    over = _merge({"target": SURVIVAL_TARGETS[cohort]}, overrides)
+    if quick:
+        over = _merge(over, {"federation": {"rounds": 8}, "selection": {"patience": 3}})
+    return nsfl_config(seed=seed, dictionary_id=f"{cohort}-surv", **over)
+
+
+def _mean_auroc(per: dict) -> float:
+    return float(np.nanmean([v["auroc"] for v in per.values()]))
+
+
+def run_survival(cohort: str, seeds: list[int], quick: bool = False) -> dict:
+    """The survival form of ``cohort`` (module docstring)."""
+    from clinograph.sdk.research.model_quality import federated, splits_for
+    from clinograph.sdk.research.real_tables import SURVIVAL_TARGETS
+    from clinograph.sdk.research.survival_baselines import (
+        cox_pooled,
+        cox_standalone,
+        horizon_baselines,
+    )
+
+    c, tables = load_survival(cohort)
+    horizon = SURVIVAL_TARGETS[cohort]["horizon"]  # days
+    per: dict[str, list[dict]] = {}
+    extra: dict[str, list] = {"selected_round": [], "rounds_run": [], "round1_test_auroc": [],
+                              "selected_test_auroc": [], "validation_loss_round0_1_selected": [], "seconds": []}
+    for seed in seeds:
+        cfg = survival_config(cohort, seed, quick)
+        t0 = time.perf_counter()
+        fed = federated(tables, c.dictionary, cfg)
+        extra["seconds"].append(round(time.perf_counter() - t0, 2))
+        per.setdefault("nsfl_survival_federated", []).append(fed["final"])
+        sel = fed["selection"]
+        extra["selected_round"].append(sel.get("round"))
+        extra["rounds_run"].append(fed["rounds_run"])
+        extra["round1_test_auroc"].append(_mean_auroc(fed["round1_test"]) if fed["round1_test"] else None)
+        extra["selected_test_auroc"].append(_mean_auroc(fed["final"]))
+        losses = sel.get("validation_losses", [])
+        extra["validation_loss_round0_1_selected"].append([losses[0], losses[1], sel["validation_loss"]]
+                                                          if len(losses) > 1 else None)
+        splits = splits_for(tables, cfg)
+        per.setdefault("cox_standalone", []).append(cox_standalone(tables, splits, horizon=horizon))
+        per.setdefault("cox_pooled", []).append(cox_pooled(tables, splits, horizon=horizon))
+        for k, v in horizon_baselines(tables, splits, horizon=horizon, seed=seed).items():
+            per.setdefault(k, []).append(v)
+        print(f"{cohort} survival seed {seed}: " + ", ".join(
+            f"{k} {_mean_auroc(v[-1]):.3f}" for k, v in per.items()), flush=True)
+    return {"task": c.task, "target": SURVIVAL_TARGETS[cohort], "patients": c.patients, "events": c.positives,
+            "hospitals": {t.site: {"patients": t.n_patients, "events": int(t.survival.event.sum()),
+                                   "features": len(t.observed_nodes())} for t in tables},
+            "seeds": seeds, "quick": quick, "methods": {k: summarise(v, SURVIVAL_METRICS) for k, v in per.items()},
+            "nsfl_run": extra}
+
+
+def run_survival_ablation(cohort: str, seeds: list[int], quick: bool = False) -> dict:
+    """One factor at a time on the survival head, seeds 100.. (never the reported seeds)."""
+    from clinograph.sdk.research.model_quality import federated
+
+    c, tables = load_survival(cohort)
+    out = {}
+    for name, over in SURVIVAL_ABLATIONS.items():
+        vals, aucs, cidx = [], [], []
+        for seed in seeds:
+            fed = federated(tables, c.dictionary, survival_config(cohort, seed, quick, **over))
+            vals.append(fed["selection"].get("validation_loss", float("nan")))
+            aucs.append(_mean_auroc(fed["final"]))
+            cidx.append(float(np.nanmean([v["cindex"] for v in fed["final"].values()])))
+        out[name] = {"validation_loss": float(np.nanmean(vals)), "test_auroc": float(np.mean(aucs)),
+                     "test_cindex": float(np.mean(cidx)), "overrides": over}
+        print(f"survival ablation {cohort} {name}: val {out[name]['validation_loss']:.4f} test AUROC "
+              f"{out[name]['test_auroc']:.3f} C {out[name]['test_cindex']:.3f}", flush=True)
+    return out
+
+
 def run_ablation(cohort: str, seeds: list[int]) -> dict:
     from clinograph.sdk.research.model_quality import federated, mean_over_hospitals, nsfl_config
 
@@ -137,20 +245,33 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--cohorts", default="gbsg2,lung")
     ap.add_argument("--ablation", action="store_true")
+    ap.add_argument("--forms", default="binary,survival", help="binary (horizon label), survival (time + event)")
+    ap.add_argument("--quick", action="store_true", help="survival form: 8 rounds, patience 3 (development only)")
+    ap.add_argument("--out", default="real_tables", help="result name under benchmarks/results/")
     a = ap.parse_args()
     from clinograph.sdk.research.model_quality import NSFL_DEFAULTS
 
     cohorts = [x for x in a.cohorts.split(",") if x]
+    forms = [x for x in a.forms.split(",") if x]
+    old = json.loads((RESULTS / f"{a.out}.json").read_text()) if (RESULTS / f"{a.out}.json").exists() else {}
     payload = {"machine": machine(), "nsfl_settings": NSFL_DEFAULTS,
-               "cohorts": {k: run_cohort(k, list(range(a.seeds))) for k in cohorts}}
-    if a.ablation:
+               "cohorts": ({k: run_cohort(k, list(range(a.seeds))) for k in cohorts} if "binary" in forms
+                           else old.get("cohorts", {}))}
+    if "survival" in forms:
+        payload["survival"] = {k: run_survival(k, list(range(a.seeds)), a.quick) for k in cohorts}
+        if a.ablation:
+            payload["survival_ablation"] = {"seeds": [100, 101, 102], "cohorts": {
+                k: run_survival_ablation(k, [100, 101, 102], a.quick) for k in cohorts}}
+        elif "survival_ablation" in old:
+            payload["survival_ablation"] = old["survival_ablation"]
+    elif "survival" in old:
+        payload["survival"] = old["survival"]
+    if a.ablation and "binary" in forms:
         payload["ablation"] = {"seeds": [100, 101, 102],
                                "cohorts": {k: run_ablation(k, [100, 101, 102]) for k in cohorts}}
-    elif (RESULTS / "real_tables.json").exists():  # keep the last ablation study
-        old = json.loads((RESULTS / "real_tables.json").read_text())
-        if "ablation" in old:
-            payload["ablation"] = old["ablation"]
-    print(write("real_tables", payload))
+    elif "ablation" in old:  # keep the last ablation study
+        payload["ablation"] = old["ablation"]
+    print(write(a.out, payload))
 
 
 if __name__ == "__main__":

@@ -56,3 +56,35 @@ def test_references_run_on_the_splits():
     for per in out.values():
         assert set(per) == {t.site for t in tables}
         assert all(0.5 < v["auroc"] <= 1 and np.isfinite(v["brier"]) for v in per.values())
+
+
+@pytest.mark.parametrize("name", ["lung", "gbsg2"])
+def test_survival_form_keeps_censored_patients_in_days(name):
+    from lifelines.datasets import load_gbsg2, load_lung
+
+    c = cohort_tables(name, form="survival")
+    tables = [ingest(df, schema=s, dictionary=c.dictionary) for df, s in c.hospitals]
+    raw = load_lung().dropna(subset=["inst"]) if name == "lung" else load_gbsg2()
+    assert sum(t.n_patients for t in tables) == c.patients == len(raw)  # nobody dropped for censoring
+    times = np.sort(np.concatenate([t.survival.time for t in tables]))
+    np.testing.assert_allclose(times, np.sort(raw["time"].to_numpy(float)), atol=0.05)  # d/wk/mo/a -> days
+    assert sum(int(t.survival.event.sum()) for t in tables) == c.positives
+    assert len({s.survival.time_unit for _, s in c.hospitals}) >= 3  # each hospital its own unit
+
+
+def test_survival_references_run_on_the_same_splits():
+    from clinograph.sdk.research.model_quality import splits_for
+    from clinograph.sdk.research.survival_baselines import cox_pooled, cox_standalone, horizon_form
+
+    c = cohort_tables("lung", form="survival")
+    tables = [ingest(df, schema=s, dictionary=c.dictionary) for df, s in c.hospitals]
+    from clinograph.sdk.config import HospitalConfig
+
+    splits = splits_for(tables, HospitalConfig())
+    for per in (cox_pooled(tables, splits, horizon=365.0), cox_standalone(tables, splits, horizon=365.0)):
+        assert set(per) == {t.site for t in tables}
+        assert all(0 <= m["cindex"] <= 1 for m in per.values())
+    ht, hs = horizon_form(tables, splits, horizon=365.0)
+    for t, h, s, hsplit in zip(tables, ht, splits, hs, strict=True):
+        known = (t.survival.time > 365) | (t.survival.event == 1)
+        assert h.n_patients == known.sum() and len(hsplit.test) == known[s.test].sum()
