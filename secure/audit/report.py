@@ -230,8 +230,31 @@ class _Page:
                 + _table(["hospital"] + [f"round {q}" for q in per_round], table,
                          caption="Text version: cumulative ε per hospital per round", ident=self.id("img-privacy-data"))
                 + _table(["hospital", "latest ε", "at round", "budget", "status"], rows,
-                         caption="Latest ε in this run"))
+                         caption="Latest ε in this run")
+                + self._trust_models())
         return self.section("privacy", title, body)
+
+    def _trust_models(self) -> str:
+        """Distributed DP (docs/privacy.md): each hospital's latest ε under the federation's trust
+        model (at least h honest hospitals add their noise share and survive the round) and the ε
+        its own share alone would give if the others' noise were absent. Empty without shares."""
+        latest: dict[str, dict] = {}
+        for p in sorted(self.k["ledger"], key=lambda p: p["round"]):
+            if isinstance(p.get("share"), dict):
+                latest[p["client"]] = p
+        if not latest:
+            return ""
+        def num(x: object) -> str:
+            return f"{x:.3f}" if isinstance(x, int | float) and not isinstance(x, bool) else "?"
+
+        rows = [[c, str(p["share"].get("mechanism", "?")), str(p["share"].get("min_honest", "?")),
+                 num(p.get("epsilon")), num(p["share"].get("epsilon_alone")), p["round"]]
+                for c, p in sorted(latest.items())]
+        return _table(["hospital", "mechanism", "minimum honest set h",
+                       "ε, distributed (while ≥ h hospitals add their share)",
+                       "ε if the others' noise were absent (own share only)", "at round"], rows,
+                      caption="ε per hospital under each trust model (distributed DP, δ as in the ledger)",
+                      ident=self.id("privacy-trust"))
 
     def dag(self) -> str:
         if not self.k["dag_outcome"]:
