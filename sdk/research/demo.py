@@ -29,6 +29,9 @@ from ..outdir import output_folder
 from .alarm_demo import DICTIONARY_PATH, load_dictionary, make_hospital_tables
 from .baselines import fedavg_aligned, standalone
 
+#: rounds of the demo's non-DP federation (early stopping on the federated validation loss may end it sooner)
+DEMO_ROUNDS = 15
+
 
 @dataclass
 class DemoResult:
@@ -97,7 +100,7 @@ def _mean(d: dict[str, dict[str, float]], key: str) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
-def run_demo(*, out_dir: Path, rounds: int = 15, seed: int = 0, secure_mode: str = "masked", dp: bool = True,
+def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_mode: str = "masked", dp: bool = True,
              dp_rounds: int = 8, dp_epsilon: float = 10.0,
              on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
              on_stage: Callable[[str], None] | None = None, report: bool = True, scale: float = 1.0) -> DemoResult:

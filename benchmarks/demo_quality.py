@@ -1,0 +1,184 @@
+"""Demo model quality: NS-FL (the demo's non-DP federation, masked, selected, calibrated) against
+logistic regression (standalone, FedAvg on aligned features, pooled) and pooled gradient
+boosting, on the demo's 4 ALARM hospitals (issue 15, demo goals).
+
+Per seed (data, split, initialisation, training), per hospital: AUROC, AUPRC, Brier, ECE on the
+hospital's test split; means over hospitals and over seeds. ``--ablation`` runs one-factor-at-
+a-time variants of the demo's NS-FL settings (scaling incl. federated quantiles, dictionary
+transforms, linear path, width, weight decay, rounds, learning rate, personal layers, similar_to)
+and records each variant's *federated validation loss* (what the choice is made on) beside its
+test AUROC (reported, never used to choose).
+
+    python benchmarks/demo_quality.py                          # 3 seeds, demo settings
+    python benchmarks/demo_quality.py --ablation               # + the ablation study
+    python benchmarks/demo_quality.py --quick                  # 1 seed, quarter-size tables
+Writes benchmarks/results/demo_quality.json (``--out`` to change). Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks._common import RESULTS, machine, write  # noqa: E402
+
+METRICS = ("auroc", "auprc", "brier", "ece")
+#: dictionary features whose demo values are log-normal (sdk/research/alarm_demo.py render_patients)
+LOG_FEATURES = ("creatinine", "urea", "glucose")
+ABLATIONS: dict[str, dict] = {
+    "default": {},
+    "scaling_federated_iqr": {"scaling": {"source": "federated", "quantiles": "iqr"}},
+    "scaling_federated_p05_p95": {"scaling": {"source": "federated", "quantiles": "p05_p95"}},
+    "transform_log_labs": {"_transforms": LOG_FEATURES},
+    "no_linear_path": {"model": {"linear_path": False}},
+    "hidden_16": {"model": {"hidden": 16}},
+    "hidden_64": {"model": {"hidden": 64}},
+    "weight_decay_1e-4": {"training": {"weight_decay": 1e-4}},
+    "weight_decay_1e-3": {"training": {"weight_decay": 1e-3}},
+    "lr_0.001": {"training": {"lr": 0.001}},
+    "lr_0.01": {"training": {"lr": 0.01}},
+    "rounds_30": {"federation": {"rounds": 30}},
+    "k_similar_0": {"graph": {"k_similar": 0}},
+    "personal_head": {"personal": {"modules": ["head/task"]}},
+}
+
+
+def demo_tables(seed: int, scale: float, transforms: tuple[str, ...] = ()):
+    """The demo's hospital tables for ``seed`` (as `clinograph demo` writes and ingests them)."""
+    from clinograph.sdk.ingest import ingest, read_table
+    from clinograph.sdk.ontology import SiteSchema
+    from clinograph.sdk.research.alarm_demo import load_dictionary
+    from clinograph.sdk.research.demo import write_hospital_files
+
+    d = load_dictionary()
+    if transforms:
+        d = d.model_validate({**d.model_dump(), "features": [
+            {**f.model_dump(), **({"transform": "log"} if f.id in transforms else {})} for f in d.features]})
+    with tempfile.TemporaryDirectory() as tmp:
+        files = write_hospital_files(Path(tmp), seed, scale)
+        tables = [ingest(read_table(t), schema=SiteSchema.from_toml(s), dictionary=d) for t, s in files]
+    return d, tables
+
+
+def config_for(seed: int, overrides: dict, rounds: int):
+    from clinograph.sdk.config import SimulationConfig
+    from clinograph.sdk.research.demo import demo_config
+    from clinograph.sdk.research.model_quality import _merge
+
+    base = demo_config(rounds=rounds, seed=seed, secure_mode="masked").model_dump(mode="json", exclude_none=True)
+    base.pop("hospitals", None)
+    base["release"] = {}  # the radar's release is not part of model quality
+    over = {k: v for k, v in overrides.items() if not k.startswith("_")}
+    return SimulationConfig.model_validate(_merge(base, over))
+
+
+def summary(per_hospital: dict) -> dict:
+    from clinograph.sdk.research.model_quality import mean_over_hospitals
+
+    return {m: mean_over_hospitals(per_hospital, m) for m in METRICS}
+
+
+def run_nsfl(seed: int, overrides: dict, *, scale: float, rounds: int) -> dict:
+    from clinograph.sdk.research.model_quality import federated
+
+    d, tables = demo_tables(seed, scale, tuple(overrides.get("_transforms", ())))
+    cfg = config_for(seed, overrides, rounds)
+    t0 = time.perf_counter()
+    res = federated(tables, d, cfg)
+    sel = res["selection"]
+    return {"per_hospital": res["final"], "mean": summary(res["final"]), "seconds": time.perf_counter() - t0,
+            "selected_round": sel.get("round"), "rounds_run": res["rounds_run"],
+            "validation_loss": sel.get("validation_loss"),
+            "uncalibrated_mean": summary(sel["uncalibrated"]) if sel.get("uncalibrated") else None}
+
+
+def run_baselines(seed: int, *, scale: float, rounds: int) -> dict:
+    from clinograph.sdk.research.model_quality import baselines, splits_for
+
+    _, tables = demo_tables(seed, scale)
+    cfg = config_for(seed, {}, rounds)
+    out = baselines(tables, splits_for(tables, cfg), seed=seed)
+    return {k: {"per_hospital": v, "mean": summary(v)} for k, v in out.items()}
+
+
+def agg(values: list[float]) -> dict:
+    v = np.array([x for x in values if x is not None and np.isfinite(x)], float)
+    return {"mean": float(v.mean()) if v.size else float("nan"), "std": float(v.std()) if v.size else float("nan"),
+            "per_seed": [float(x) for x in values]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--rounds", type=int, default=None, help="default: the demo's (run_demo's default)")
+    ap.add_argument("--scale", type=float, default=1.0, help="hospital sizes x scale")
+    ap.add_argument("--ablation", action="store_true")
+    ap.add_argument("--variants", nargs="*", default=None, help="ablation variants to run (default: all)")
+    ap.add_argument("--no-main", action="store_true", help="skip the main comparison (ablation only)")
+    ap.add_argument("--quick", action="store_true", help="1 seed, quarter-size tables, 5 rounds")
+    ap.add_argument("--out", default="demo_quality")
+    a = ap.parse_args()
+    from clinograph.sdk.research.demo import DEMO_ROUNDS
+
+    rounds = a.rounds or DEMO_ROUNDS
+    if a.quick:
+        a.seeds, a.scale, rounds = a.seeds[:1], 0.25, 5
+    payload: dict = {"benchmark": "demo_quality", "seeds": a.seeds, "scale": a.scale, "rounds": rounds,
+                     "machine": machine(), "command": " ".join(sys.argv)}
+    if not a.no_main:
+        methods: dict[str, list[dict]] = {}
+        for seed in a.seeds:
+            methods.setdefault("clinograph_nsfl", []).append(run_nsfl(seed, {}, scale=a.scale, rounds=rounds))
+            for k, v in run_baselines(seed, scale=a.scale, rounds=rounds).items():
+                methods.setdefault(k, []).append(v)
+            print(f"seed {seed}: " + ", ".join(f"{k} {v[-1]['mean']['auroc']:.3f}" for k, v in methods.items()),
+                  flush=True)
+        table = {}
+        for k, runs in methods.items():
+            sites = sorted(runs[0]["per_hospital"])
+            table[k] = {"mean_over_hospitals": {m: agg([r["mean"][m] for r in runs]) for m in METRICS},
+                        "per_hospital": {s: {m: agg([r["per_hospital"][s][m] for r in runs]) for m in METRICS}
+                                         for s in sites}}
+            if k == "clinograph_nsfl":
+                table[k]["selected_round"] = [r["selected_round"] for r in runs]
+                table[k]["rounds_run"] = [r["rounds_run"] for r in runs]
+                table[k]["uncalibrated_mean_ece"] = [r["uncalibrated_mean"]["ece"] if r["uncalibrated_mean"]
+                                                     else None for r in runs]
+        payload["methods"] = table
+        nsfl = table["clinograph_nsfl"]["mean_over_hospitals"]
+        gbm = table["gbm_pooled"]["mean_over_hospitals"]
+        payload["goals"] = {
+            "nsfl_auroc_ge_pooled_gbm": bool(nsfl["auroc"]["mean"] >= gbm["auroc"]["mean"]),
+            "nsfl_auroc_minus_pooled_gbm": nsfl["auroc"]["mean"] - gbm["auroc"]["mean"],
+            "nsfl_ece_le_0.05": bool(nsfl["ece"]["mean"] <= 0.05), "nsfl_ece": nsfl["ece"]["mean"]}
+    if a.ablation:
+        names = a.variants or list(ABLATIONS)
+        study = {}
+        for name in names:
+            runs = [run_nsfl(seed, ABLATIONS[name], scale=a.scale, rounds=rounds) for seed in a.seeds]
+            study[name] = {"overrides": ABLATIONS[name],
+                           "validation_loss": agg([r["validation_loss"] for r in runs]),
+                           "test_auroc": agg([r["mean"]["auroc"] for r in runs]),
+                           "test_ece": agg([r["mean"]["ece"] for r in runs]),
+                           "selected_round": [r["selected_round"] for r in runs],
+                           "seconds": agg([r["seconds"] for r in runs])}
+            print(f"{name}: val loss {study[name]['validation_loss']['mean']:.4f} "
+                  f"test AUROC {study[name]['test_auroc']['mean']:.3f}", flush=True)
+        payload["ablation"] = study
+        payload["ablation_chosen_by_validation"] = min(study, key=lambda k: study[k]["validation_loss"]["mean"])
+    out = write(a.out, payload)
+    print(f"wrote {out.relative_to(RESULTS.parent.parent)}")
+    if "methods" in payload:
+        print(json.dumps({k: round(v["mean_over_hospitals"]["auroc"]["mean"], 4)
+                          for k, v in payload["methods"].items()}))
+
+
+if __name__ == "__main__":
+    main()
