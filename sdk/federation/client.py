@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 from clinograph.secure.aggregation import AggregationClient, LocalUpdate, ModuleSums, create_mode
@@ -30,6 +31,7 @@ from clinograph.secure.wire import open_envelope, parse_envelope, seal
 
 from ..config import ReleaseSection
 from ..training.trainer import TrainOutcome
+from .anchor import HospitalAnchor
 from .task import Task
 
 
@@ -38,7 +40,10 @@ class HospitalClient:
 
     def __init__(self, *, task: Task, identity: Identity, server: PublicIdentity,
                  peers: Mapping[str, PublicIdentity], dictionary_hash: str, federation_id: str,
-                 release: ReleaseSection):
+                 release: ReleaseSection, state_dir: Path | None = None):
+        """``state_dir``: where the hospital keeps its audit anchor and last global model
+        (:mod:`.anchor`); with it, a restarted hospital resumes where it stopped and refuses a
+        rolled-back server. None: nothing is kept (in-memory replay guard only)."""
         self.name = identity.name
         self.task = task
         self.identity = identity
@@ -55,6 +60,9 @@ class HospitalClient:
         self._global: dict[str, np.ndarray] = task.modules.state(ModuleKind.SHARED)
         self.outgoing: list[bytes] = []  # every byte this hospital sent (for audits and tests)
         self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
+        self.anchor = HospitalAnchor(state_dir, server=server) if state_dir is not None else None
+        if self.anchor is not None:
+            self._resume(federation_id)
 
     def __repr__(self) -> str:
         return f"HospitalClient(name={self.name!r}, task={self.task.name!r})"
@@ -66,9 +74,13 @@ class HospitalClient:
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
         p = open_envelope(parse_envelope(plan), sender=self.server, model=RoundPlan)
+        if self.anchor is not None:
+            self.anchor.check(p)  # a rolled-back server (older audit head) is refused first, by name
         self._check_fresh(p)
         self._check_plan(p)
         self._trained[p.federation_id] = p.round  # before training: a failed round is not retried either
+        if self.anchor is not None:
+            self.anchor.keep(p, plan)  # write-ahead: survives this hospital's restart
         self.plan = p
         modules = self.task.modules
         modules.load(self._global)
@@ -118,9 +130,11 @@ class HospitalClient:
             raise ProtocolError("End of a round this hospital did not take part in.")
         if global_model is not None:
             msg = open_envelope(parse_envelope(global_model), sender=self.server, model=GlobalModel)
-            if msg.round != plan.round + 1:
-                raise ProtocolError("Global model is not the one following this hospital's last round.")
             new = {n: v.astype(np.float64) for n, v in decode_modules(plan, msg.modules, sender="server").items()}
+            if msg.round != plan.round + 1:
+                if msg.round <= plan.round and state_digest(new) == state_digest(self._global):
+                    return  # a model this hospital already loaded, delivered again by a restarted server
+                raise ProtocolError("Global model is not the one following this hospital's last round.")
         else:
             sums = self.decrypted_result()
             if sums is None:
@@ -128,6 +142,8 @@ class HospitalClient:
             new = self._strategy_for(plan).apply(self._global, sums)
         self._global = new
         self.task.modules.load(self._global)
+        if self.anchor is not None:
+            self.anchor.keep_model(plan.federation_id, self._global)
         self.task.after_round()
 
     # -- using the model at the hospital ------------------------------------------------------
@@ -140,6 +156,18 @@ class HospitalClient:
         return predict(table)
 
     # -- helpers -----------------------------------------------------------------------------
+    def _resume(self, federation_id: str) -> None:
+        """After a restart: the anchored plan (replay guard, round end) and global model, if any."""
+        last = self.anchor.get(federation_id) if self.anchor is not None else None
+        if last is None:
+            return
+        self.plan = open_envelope(parse_envelope(last.plan), sender=self.server, model=RoundPlan)
+        self._trained[federation_id] = self.plan.round
+        kept = self.anchor.model(federation_id, names=self.task.modules.names(ModuleKind.SHARED))
+        if kept is not None:
+            self._global = kept
+            self.task.modules.load(kept)
+
     def _check_fresh(self, p: RoundPlan) -> None:
         """Round numbers strictly advance per federation: a replayed or old plan would train
         (and spend privacy budget) again for a round this hospital already trained."""

@@ -1,0 +1,174 @@
+"""A hospital's anchor on the server's history: the latest signed plan (audit head, round) it saw.
+
+``clinograph audit verify`` proves an audit directory is one unbroken, server-signed chain, but
+not that it is the *latest* one: an operator (or an attacker with the server's disk) can put
+back an earlier valid copy of the audit directory and the crash journal, and the server would
+replay rounds -- hospitals would train and spend privacy budget again on rounds already run.
+Hospitals see every plan, and each plan carries, signed by the server, the audit trail's head
+at the time (``audit.seq``, ``audit.head``: :meth:`clinograph.secure.server.FederationServer.open_round`).
+So each hospital keeps the latest verified plan in ``<state_dir>/audit_anchor.json`` (atomic
+writes, one record per federation and server key) and refuses -- with its signed refusal
+(:mod:`clinograph.secure.refusals`) -- a plan that presents an older head, a different entry
+at the same position, or no head after one was seen. Rounds are the replay guard's
+(:meth:`HospitalClient._check_fresh`), which the anchor seeds after a hospital restart.
+
+The anchor is written *before* training (write-ahead): a hospital that trained for a round the
+server then lost (a crash, an aborted round) has that round on record and refuses to train for
+the same number again, across its own restarts too. The kept plan is the server's signed
+statement; an operator can hand it to ``audit verify`` as an out-of-band head.
+
+Guarantees: a server rolled back behind any hospital's last plan is refused by that hospital
+with a reason naming both heads. Does not guarantee: detection of a rollback no hospital has
+seen past (roll back before any plan was sent after the copy), or anything if the hospital's
+own state directory is rolled back with it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from clinograph.secure.errors import IntegrityError, ProtocolError
+from clinograph.secure.identity import PublicIdentity
+from clinograph.secure.messages import RoundPlan
+from clinograph.secure.runtime.journal import decode_state, encode_state
+
+FILENAME = "audit_anchor.json"
+FORMAT = "clinograph-anchor/1"
+
+
+class RollbackDetected(ProtocolError):
+    """The server presents an older history than this hospital has seen (rolled back or forked)."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """The latest plan a hospital verified for one federation and server key."""
+
+    round: int
+    audit_seq: int | None
+    audit_head: str | None
+    plan: bytes  # the signed plan envelope, as received
+
+
+def _key(federation_id: str, server: PublicIdentity) -> str:
+    return f"{federation_id}/{server.b64()}"
+
+
+def _head(plan: RoundPlan) -> tuple[int | None, str | None]:
+    seq, head = plan.options.get("audit.seq"), plan.options.get("audit.head")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not isinstance(head, str):
+        return None, None
+    return seq, head
+
+
+class HospitalAnchor:
+    """The anchors in one hospital's state directory (see the module docstring)."""
+
+    def __init__(self, state_dir: Path, *, server: PublicIdentity):
+        self.path = Path(state_dir) / FILENAME
+        self.server = server
+        self._records: dict[str, dict] = {}
+        if self.path.exists():
+            try:
+                data = json.loads(self.path.read_text())
+                if data.get("format") != FORMAT or not isinstance(data.get("anchors"), dict):
+                    raise ValueError("format")
+                self._records = dict(data["anchors"])
+            except (OSError, ValueError):
+                raise IntegrityError(f"Audit anchor {self.path} is not a Clinograph anchor file; it was altered or "
+                                     "is from another version. Restore it from the hospital's backup (deleting it "
+                                     "gives up rollback detection for past rounds).") from None
+
+    def get(self, federation_id: str) -> Anchor | None:
+        """The latest plan this hospital verified for ``federation_id`` from this server key."""
+        rec = self._records.get(_key(federation_id, self.server))
+        if rec is None:
+            return None
+        return Anchor(round=int(rec["round"]), audit_seq=rec.get("audit_seq"), audit_head=rec.get("audit_head"),
+                      plan=base64.b64decode(rec["plan"]))
+
+    def check(self, plan: RoundPlan) -> None:
+        """RollbackDetected unless ``plan`` (verified) comes after the anchored one."""
+        last = self.get(plan.federation_id)
+        if last is None:
+            return
+        seq, head = _head(plan)
+        fix = ("Refused; nothing was trained. Fix (server operator): restore the server's latest audit directory and "
+               "journal -- this hospital's audit_anchor.json holds the server-signed plan it last saw; check a copy "
+               "with `clinograph audit verify`.")
+        seen = f"round {last.round} at audit entry {last.audit_seq} ({(last.audit_head or '')[:12]}…)"
+        if last.audit_seq is not None and seq is None:
+            raise RollbackDetected(f"Plan for round {plan.round} of federation {plan.federation_id!r} carries no audit "
+                                   f"head, but this hospital saw {seen}. {fix}")
+        if seq is not None and last.audit_seq is not None:
+            if seq < last.audit_seq or (seq == last.audit_seq and head != last.audit_head):
+                raise RollbackDetected(
+                    f"Plan for round {plan.round} of federation {plan.federation_id!r} presents audit entry {seq} "
+                    f"({(head or '')[:12]}…), but this hospital already saw {seen}: the server's audit trail was "
+                    f"rolled back to an earlier copy (or forked). {fix}")
+
+    def keep(self, plan: RoundPlan, plan_bytes: bytes) -> None:
+        """Anchor ``plan`` (call after :meth:`check`, before training); atomic and durable."""
+        seq, head = _head(plan)
+        key = _key(plan.federation_id, self.server)
+        old = self._records.get(key, {})
+        self._records[key] = {"round": plan.round, "audit_seq": seq, "audit_head": head,
+                              "plan": base64.b64encode(plan_bytes).decode("ascii"),
+                              **{k: old[k] for k in ("model", "model_sha256") if k in old}}
+        self._write(self.path, json.dumps({"format": FORMAT, "anchors": self._records}, indent=1,
+                                          sort_keys=True).encode())
+
+    def keep_model(self, federation_id: str, state: Mapping[str, np.ndarray]) -> None:
+        """Keep the global model this hospital just loaded (resumed after a restart)."""
+        key = _key(federation_id, self.server)
+        if key not in self._records:
+            return
+        data = encode_state(sorted(state), state)
+        name = f"global_model.{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+        self._write(self.path.parent / name, data)
+        self._records[key].update(model=name, model_sha256=hashlib.sha256(data).hexdigest())
+        self._write(self.path, json.dumps({"format": FORMAT, "anchors": self._records}, indent=1,
+                                          sort_keys=True).encode())
+
+    def model(self, federation_id: str, *, names: list[str]) -> dict[str, np.ndarray] | None:
+        """The kept global model (None if none was kept); IntegrityError if it was altered."""
+        rec = self._records.get(_key(federation_id, self.server), {})
+        if "model" not in rec:
+            return None
+        try:
+            data = (self.path.parent / str(rec["model"])).read_bytes()
+        except OSError:
+            data = b""
+        if hashlib.sha256(data).hexdigest() != rec.get("model_sha256"):
+            raise IntegrityError(f"The global model kept in {self.path.parent} is missing or altered. Restore the "
+                                 "hospital's state directory from its backup.")
+        state = decode_state(data)
+        if sorted(state) != sorted(names):
+            raise IntegrityError(f"The global model kept in {self.path.parent} has other modules than this "
+                                 "hospital's model; the state directory belongs to another model version.")
+        return state
+
+    @staticmethod
+    def _write(path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".anchor-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def __repr__(self) -> str:
+        return f"HospitalAnchor(path={str(self.path)!r}, federations={len(self._records)})"
