@@ -1,7 +1,10 @@
-"""Mask expansion: a full 32-byte seed -> uniform 32-bit words via the ChaCha20 keystream.
+"""Mask expansion: a full 32-byte seed -> uniform ring words via the ChaCha20 keystream.
 
-Bonawitz et al. 2017, sec. 4: masks are ``PRG(seed)`` over Z_R; here R = 2^32 and PRG is the
-ChaCha20 keystream (RFC 8439) from ``cryptography``, counter 0, all-zero nonce. The all-zero
+Bonawitz et al. 2017, sec. 4: masks are ``PRG(seed)`` over Z_R; here R = 2^32 (or 2^16 for
+the values of the quantised mode) and PRG is the ChaCha20 keystream (RFC 8439) from
+``cryptography``, counter 0, all-zero nonce. A masked vector made of several parts (16-bit
+values, then 32-bit weight and count slots) takes consecutive slices of one keystream, so
+every byte of the stream is used once. The all-zero
 nonce is safe because every seed is single-use: pairwise seeds are derived per round and per
 pair with HKDF, self-mask seeds are fresh per round. numpy's RNG is never used.
 """
@@ -35,3 +38,23 @@ def add_mask(acc: np.ndarray, seed: bytes, *, sign: int) -> None:
         np.add(acc, mask, out=acc)
     else:
         np.subtract(acc, mask, out=acc)
+
+
+def add_mask_parts(parts: list[np.ndarray], seed: bytes, *, sign: int) -> None:
+    """``part += sign * PRG(seed)`` for consecutive slices of one keystream, in place.
+
+    Each part is uint16 (ring 2^16) or uint32 (ring 2^32); with one uint32 part this is
+    :func:`add_mask`. Raises ValueError for any other dtype.
+    """
+    if any(p.dtype not in (np.uint16, np.uint32) for p in parts):
+        raise ValueError("mask parts must be uint16 or uint32 arrays")
+    total = sum(p.nbytes for p in parts)
+    stream = expand_mask(seed, -(-total // 4)).view(np.uint8)
+    pos = 0
+    for p in parts:
+        mask = stream[pos:pos + p.nbytes].view("<u2" if p.dtype == np.uint16 else "<u4")
+        pos += p.nbytes
+        if sign > 0:
+            np.add(p, mask, out=p)
+        else:
+            np.subtract(p, mask, out=p)

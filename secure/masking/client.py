@@ -26,7 +26,7 @@ from ..hazmat.labels import (
     SIG_MASKED_CONSISTENCY,
     SIG_ROUND_KEYS,
 )
-from ..hazmat.masking_prg import add_mask
+from ..hazmat.masking_prg import add_mask_parts
 from ..hazmat.shamir import split_secret
 from ..hazmat.x25519 import agree, generate_keypair, hkdf, private_bytes
 from ..messages import WireMessage
@@ -58,6 +58,7 @@ from .stages import (
     pair_context,
     pairwise_sign,
     round_context,
+    to_words,
 )
 
 log = logging.getLogger(__name__)
@@ -170,13 +171,13 @@ class MaskingClient(AggregationClient):
             self._held[es.peer] = (idx, b_share, s_share)
         self._masked_with = frozenset(self._held) - {self._me}
         self._need(len(self._masked_with) + 1, "neighbours that shared")
-        y = encode_update(self.update, layout=self._layout, params=self.params)
-        add_mask(y, hkdf(self._b, label=KDF_SELF_MASK, context=round_context(self.plan, self._me)), sign=1)
+        y = encode_update(self.update, layout=self._layout, params=self.params, checked=True)
+        add_mask_parts(y, hkdf(self._b, label=KDF_SELF_MASK, context=round_context(self.plan, self._me)), sign=1)
         for v in sorted(self._masked_with):
             seed = agree(self._s_sk, self._peer_keys[v][1], label=KDF_PAIRWISE_MASK,
                          context=pair_context(self.plan, self._me, v))
-            add_mask(y, seed, sign=pairwise_sign(self._me, v))
-        return MaskedInput(**self._header(), words=y.astype("<u4", copy=False).tobytes())
+            add_mask_parts(y, seed, sign=pairwise_sign(self._me, v))
+        return MaskedInput(**self._header(), words=to_words(y))
 
     def _consistency(self, msg: ConsistencyRequest) -> ConsistencySignature:
         """Stage 3: check and sign the survivor set U3 (once a round; Bonawitz et al. 2017, round 4)."""

@@ -3,8 +3,26 @@
 Keys: ``masked.threshold`` (t), ``masked.neighbours`` (k), ``masked.clip`` (bound on every
 weighted value ``w_i * Delta_i``), ``masked.max_weight`` (bound on a client's weight),
 ``masked.scale`` / ``masked.weight_scale`` (fixed-point scales, eq. (1) of
-:mod:`clinograph.secure.hazmat.fixedpoint`) and ``masked.out_of_range`` (``"error"`` or
-``"clip"``: an explicitly configured, counted clip).
+:mod:`clinograph.secure.hazmat.fixedpoint`), ``masked.out_of_range`` (``"error"`` or
+``"clip"``: an explicitly configured, counted clip) and, only when quantised,
+``masked.word_bits = 16``.
+
+Quantised mode (``word_bits = 16``, off by default). The parameter values travel in the ring
+Z_{2^16} (2 bytes a parameter on the wire; weight and count slots stay 32-bit), with the
+scale of eq. (1) for a 16-bit ring,
+
+    scale16 = (2^15 - 1 - n) / (n * clip),                                   (2)
+
+so the sum of n in-range values never wraps (same argument as eq. (1)). The price is
+precision: each hospital's value is rounded to the nearest 1/scale16, so every coordinate of
+the decoded sum is off by at most
+
+    n / (2 * scale16) = n^2 * clip / (2 * (2^15 - 1 - n))                    (3)
+
+(:func:`quantisation_error_bound`; e.g. 1.5e-3 for n = 10, clip = 1, against 2.3e-8 in the
+32-bit ring). Configurations where a hospital's whole range [-clip, clip] would be fewer than
+two quantisation steps (scale16 * clip < 1, i.e. n > ~2^14) are refused with a ConfigError
+when the plan options are built, as is any plan whose 16-bit scale would let the sum wrap.
 
 Neighbour graph (Bell et al. 2020, "SecAgg+"): a k-regular circulant (Harary) graph over
 the participants in an order fixed by hashing the plan, so every client computes its own
@@ -47,11 +65,17 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..hazmat.fixedpoint import scale_for, wrap_free
 from ..hazmat.labels import HASH_NEIGHBOUR_GRAPH
 from ..hazmat.x25519 import encode_context
 from ..messages import RoundPlan
+
+#: Ring sizes of the parameter values: 2^32 (default) or 2^16 (the quantised mode).
+WORD_BITS = (32, 16)
+HALF16 = 1 << 15
 
 
 def neighbour_count(n_clients: int) -> int:
@@ -151,13 +175,43 @@ def check_threshold(*, threshold: int, neighbours: int) -> None:
             "so a server cannot rebuild both of a client's secrets). Pick a value in that range.")
 
 
+def scale16_for(*, n_clients: int, bound: float) -> float:
+    """The largest wrap-free scale for n values in [-bound, bound] in the ring 2^16, eq. (2).
+
+    Raises ConfigError when the ring cannot give one hospital's range two quantisation steps."""
+    scale = (HALF16 - 1 - n_clients) / (n_clients * bound)
+    if not scale * bound >= 1:
+        raise ConfigError(f"masked.word_bits = 16 cannot hold the sum of {n_clients} values in [-{bound:g}, {bound:g}]: "
+                          f"one hospital's range would get {max(scale * bound, 0):.3g} quantisation steps (ring 2^16). "
+                          "Use word_bits = 32 (the default) or fewer hospitals per round.")
+    return scale
+
+
+def wrap_free16(*, n_clients: int, bound: float, scale: float) -> bool:
+    """Whether n encoded values in [-bound, bound] sum without wrapping the ring 2^16."""
+    return n_clients * (bound * scale + 0.5) < HALF16
+
+
+def quantisation_error_bound(*, n_clients: int, clip: float, word_bits: int = 32) -> float:
+    """Largest error of one coordinate of the decoded masked sum, eq. (3) (and eq. (1) of
+    fixedpoint for 32 bits): n / (2 * scale) with the scale masked_plan_options() chooses."""
+    scale = scale16_for(n_clients=n_clients, bound=clip) if word_bits == 16 else \
+        scale_for(n_clients=n_clients, bound=clip)
+    return n_clients / (2 * scale)
+
+
 def masked_plan_options(*, n_clients: int, threshold: int, clip: float, max_weight: float | None = None,
-                        out_of_range: Literal["error", "clip"] = "error") -> dict[str, float | int | str | bool]:
+                        out_of_range: Literal["error", "clip"] = "error",
+                        word_bits: int = 32) -> dict[str, float | int | str | bool]:
     """RoundPlan.options for the ``masked`` mode with n_clients participants.
 
     ``threshold`` is a security decision and has no default. ``clip`` bounds every weighted
     value ``w_i * Delta_i``; ``max_weight`` bounds weights (defaults to ``clip``).
+    ``word_bits = 16`` selects the quantised mode (module docstring, eqs. (2)-(3)); an
+    overflowing or meaningless 16-bit configuration is a ConfigError here.
     """
+    if word_bits not in WORD_BITS:
+        raise ConfigError(f"masked.word_bits must be 32 or 16, got {word_bits!r}.")
     k = neighbour_count(n_clients)
     check_threshold(threshold=threshold, neighbours=k)
     if not (isinstance(clip, int | float) and math.isfinite(clip) and clip > 0):
@@ -167,9 +221,15 @@ def masked_plan_options(*, n_clients: int, threshold: int, clip: float, max_weig
         raise ConfigError(f"masked.max_weight must be a finite number > 0, got {max_weight!r}.")
     if out_of_range not in ("error", "clip"):
         raise ConfigError(f"masked.out_of_range must be 'error' or 'clip', got {out_of_range!r}.")
-    return {"masked.threshold": threshold, "masked.neighbours": k, "masked.clip": float(clip),
-            "masked.max_weight": mw, "masked.scale": scale_for(n_clients=n_clients, bound=float(clip)),
-            "masked.weight_scale": scale_for(n_clients=n_clients, bound=mw), "masked.out_of_range": out_of_range}
+    scale = scale16_for(n_clients=n_clients, bound=float(clip)) if word_bits == 16 else \
+        scale_for(n_clients=n_clients, bound=float(clip))
+    opts: dict[str, float | int | str | bool] = {
+        "masked.threshold": threshold, "masked.neighbours": k, "masked.clip": float(clip), "masked.max_weight": mw,
+        "masked.scale": scale, "masked.weight_scale": scale_for(n_clients=n_clients, bound=mw),
+        "masked.out_of_range": out_of_range}
+    if word_bits == 16:
+        opts["masked.word_bits"] = 16
+    return opts
 
 
 def _valid_neighbours(k: object, n: int) -> bool:
@@ -190,6 +250,12 @@ class MaskingParams:
     scale: float
     weight_scale: float
     clip_out_of_range: bool
+    word_bits: int = 32
+
+    @property
+    def value_dtype(self) -> type[np.unsignedinteger]:
+        """Ring word of the parameter values: uint32, or uint16 in the quantised mode."""
+        return np.uint16 if self.word_bits == 16 else np.uint32
 
     @classmethod
     def from_plan(cls, plan: RoundPlan) -> MaskingParams:
@@ -212,6 +278,12 @@ class MaskingParams:
         for key, v in vals.items():
             if not isinstance(v, float) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{key} = {v!r} must be a finite float > 0.")
+        bits = o.get("masked.word_bits", 32)
+        if isinstance(bits, bool) or bits not in WORD_BITS:
+            raise ConfigError(f"masked.word_bits must be 32 or 16, got {bits!r}.")
+        if bits == 16 and not wrap_free16(n_clients=n, bound=vals["masked.clip"], scale=vals["masked.scale"]):  # type: ignore[arg-type]
+            raise ConfigError(f"masked.scale is too large for {n} clients within masked.clip: sums would wrap the "
+                              "2^16 ring of masked.word_bits = 16. Use masked_plan_options() to compute it.")
         for bound, sc in (("masked.clip", "masked.scale"), ("masked.max_weight", "masked.weight_scale")):
             if not wrap_free(n_clients=n, bound=vals[bound], scale=vals[sc]):  # type: ignore[arg-type]
                 raise ConfigError(f"{sc} is too large for {n} clients within {bound}: sums would wrap the "
@@ -221,7 +293,7 @@ class MaskingParams:
             raise ConfigError(f"masked.out_of_range must be 'error' or 'clip', got {oor!r}.")
         return cls(threshold=t, neighbours=k, clip=vals["masked.clip"], max_weight=vals["masked.max_weight"],  # type: ignore[arg-type]
                    scale=vals["masked.scale"], weight_scale=vals["masked.weight_scale"],  # type: ignore[arg-type]
-                   clip_out_of_range=oor == "clip")
+                   clip_out_of_range=oor == "clip", word_bits=int(bits))  # type: ignore[arg-type]
 
 
 def neighbour_graph(plan: RoundPlan, k: int) -> dict[str, frozenset[str]]:

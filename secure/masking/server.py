@@ -27,7 +27,7 @@ from ..aggregation.base import AggregationServer, ModuleSums
 from ..aggregation.checks import Unattributed, authenticate, check_header
 from ..errors import ConfigError, IntegrityError, ProtocolError
 from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, SIG_MASKED_CONSISTENCY, SIG_ROUND_KEYS
-from ..hazmat.masking_prg import add_mask
+from ..hazmat.masking_prg import add_mask_parts
 from ..hazmat.shamir import combine_shares
 from ..hazmat.x25519 import agree, hkdf, private_from_bytes, public_bytes
 from ..messages import WireMessage
@@ -53,11 +53,13 @@ from .stages import (
     Layout,
     check_total,
     decode_sum,
+    from_words,
     holders,
     key_signing_bytes,
     pair_context,
     pairwise_sign,
     round_context,
+    word_bytes,
 )
 
 _MODELS: dict[int, type[WireMessage]] = {0: AdvertiseKeys, 1: ShareKeys, 2: MaskedInput, 3: ConsistencySignature,
@@ -76,7 +78,6 @@ class MaskingServer(AggregationServer):
             raise ConfigError(f"RoundPlan.secure_mode is {self.plan.secure_mode!r}; MaskingServer needs 'masked'.")
         self.params = MaskingParams.from_plan(self.plan)
         self._layout = Layout.of(self.plan)
-        self._word_bytes = 4
         self._graph = neighbour_graph(self.plan, self.params.neighbours)
         self._stage = 0
         self._waiting: set[str] = set(self.plan.participants)
@@ -85,7 +86,7 @@ class MaskingServer(AggregationServer):
         self._rejected: dict[str, str] = {}
         self._keys: dict[str, AdvertiseKeys] = {}
         self._outbox: dict[str, list[EncryptedShare]] = {}
-        self._sum: np.ndarray | None = None
+        self._sum: list[np.ndarray] | None = None
         self._signatures: dict[str, bytes] = {}
         self._digests: set[str] = set()  # payload digests of accepted messages (exact re-sends)
         self._revealed: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
@@ -106,7 +107,7 @@ class MaskingServer(AggregationServer):
         """Largest envelope accepted at the current stage (a masked vector is one raw attachment
         of its word bytes, plus a small JSON header)."""
         if self._stage == 2:
-            return self._word_bytes * self._layout.length + 4096
+            return word_bytes(self._layout, self.params) + 4096
         return 64 * 1024 + 1024 * len(self.plan.participants)
 
     def receive_bytes(self, sender: str, data: bytes) -> None:
@@ -179,14 +180,12 @@ class MaskingServer(AggregationServer):
             for s in msg.shares:
                 self._outbox.setdefault(s.peer, []).append(EncryptedShare(peer=sender, ciphertext=s.ciphertext))
         elif isinstance(msg, MaskedInput):
-            if len(msg.words) != 4 * self._layout.length:
-                raise ProtocolError(f"Masked vector from {sender!r} has {len(msg.words)} bytes; expected "
-                                    f"{4 * self._layout.length} (4 bytes x {self._layout.length} words).")
-            y = np.frombuffer(msg.words, dtype="<u4")
+            parts = from_words(msg.words, layout=self._layout, params=self.params, sender=sender)
             if self._sum is None:
-                self._sum = y.astype(np.uint32)
+                self._sum = [p.astype(p.dtype.newbyteorder("=")) for p in parts]
             else:
-                np.add(self._sum, y, out=self._sum)
+                for acc, p in zip(self._sum, parts, strict=True):
+                    np.add(acc, p, out=acc)
         elif isinstance(msg, ConsistencySignature):
             self.peers[sender].verify(msg.signature, signing_bytes(self.plan, self._alive[2]),
                                       context=SIG_MASKED_CONSISTENCY)
@@ -275,7 +274,7 @@ class MaskingServer(AggregationServer):
             raise ProtocolError("No masked vector arrived. Round aborted, nothing published.")
         for v in sorted(survivors):
             b = self._secret(v, "self_mask")
-            add_mask(total, hkdf(b, label=KDF_SELF_MASK, context=round_context(self.plan, v)), sign=-1)
+            add_mask_parts(total, hkdf(b, label=KDF_SELF_MASK, context=round_context(self.plan, v)), sign=-1)
         for v in sorted(shared - survivors):
             sk = private_from_bytes(self._secret(v, "pairwise_key"))
             if public_bytes(sk) != self._keys[v].s_pk:
@@ -283,7 +282,7 @@ class MaskingServer(AggregationServer):
                                     "(a holder revealed a bad share). Round aborted, nothing published.")
             for u in sorted(self._graph[v] & survivors):
                 seed = agree(sk, self._keys[u].s_pk, label=KDF_PAIRWISE_MASK, context=pair_context(self.plan, u, v))
-                add_mask(total, seed, sign=-pairwise_sign(u, v))
+                add_mask_parts(total, seed, sign=-pairwise_sign(u, v))
         check_total(total, layout=self._layout, params=self.params, plan=self.plan, survivors=survivors)
         self._result = decode_sum(total, layout=self._layout, params=self.params, contributors=survivors)
         self._sum, self._revealed = None, {}

@@ -96,43 +96,79 @@ def check_update(update: LocalUpdate, *, layout: Layout, params: MaskingParams) 
     return clipped
 
 
-def encode_update(update: LocalUpdate, *, layout: Layout, params: MaskingParams) -> np.ndarray:
-    """The client's plaintext ring vector x_u (values, weight slots, count slots), see module doc.
+def encode_update(update: LocalUpdate, *, layout: Layout, params: MaskingParams,
+                  checked: bool = False) -> list[np.ndarray]:
+    """The client's plaintext ring vector x_u as its two parts: the values (uint32, or uint16 in
+    the quantised mode) and the weight and count slots (uint32), see module doc.
 
+    ``checked``: the caller already ran :func:`check_update` on this update (no second pass).
     Raises ProtocolError as :func:`check_update` does.
     """
-    check_update(update, layout=layout, params=params)
+    if not checked:
+        check_update(update, layout=layout, params=params)
     w = float(update.weight)
-    x = np.zeros(layout.length, dtype=np.uint32)
-    weights = np.zeros(len(layout.names))
-    counts = np.zeros(len(layout.names), dtype=np.int64)
+    values = np.zeros(layout.n_values, dtype=params.value_dtype)
+    m = len(layout.names)
+    slots = np.zeros(2 * m, dtype=np.uint32)
+    weights = np.zeros(m)
+    counts = np.zeros(m, dtype=np.int64)
     for j, (name, off, size) in enumerate(zip(layout.names, layout.offsets, layout.sizes, strict=True)):
         if name in update.modules:
-            x[off:off + size], _ = fixedpoint.encode(update.modules[name], scale=params.scale, bound=params.clip,
-                                                     clip=params.clip_out_of_range)
+            q, _ = fixedpoint.encode(update.modules[name], scale=params.scale, bound=params.clip,
+                                     clip=params.clip_out_of_range)
+            values[off:off + size] = q.astype(params.value_dtype)  # mod 2^16 in the quantised mode
             weights[j], counts[j] = w, 1
+    slots[:m], _ = fixedpoint.encode(weights, scale=params.weight_scale, bound=params.max_weight, clip=False)
+    slots[m:] = fixedpoint.encode_int(counts)
+    return [values, slots]
+
+
+def to_words(parts: list[np.ndarray]) -> bytes:
+    """The masked vector's wire bytes: little-endian values, then slots."""
+    return b"".join(p.astype(p.dtype.newbyteorder("<"), copy=False).tobytes() for p in parts)
+
+
+def from_words(words: bytes, *, layout: Layout, params: MaskingParams, sender: str) -> list[np.ndarray]:
+    """Inverse of :func:`to_words` (read-only views); a wrong length is a ProtocolError."""
+    vb = np.dtype(params.value_dtype).itemsize
+    expected = vb * layout.n_values + 4 * 2 * len(layout.names)
+    if len(words) != expected:
+        raise ProtocolError(f"Masked vector from {sender!r} has {len(words)} bytes; expected {expected} "
+                            f"({vb} bytes x {layout.n_values} values + 4 bytes x {2 * len(layout.names)} slots).")
+    cut = vb * layout.n_values
+    return [np.frombuffer(words, dtype="<u2" if vb == 2 else "<u4", count=layout.n_values),
+            np.frombuffer(words, dtype="<u4", offset=cut)]
+
+
+def word_bytes(layout: Layout, params: MaskingParams) -> int:
+    """Bytes of one masked vector on the wire."""
+    return np.dtype(params.value_dtype).itemsize * layout.n_values + 8 * len(layout.names)
+
+
+def _signed_values(values: np.ndarray, *, scale: float) -> np.ndarray:
+    """Signed reading of ring values (16- or 32-bit two's complement) divided by ``scale``."""
+    signed = values.view(np.int16) if values.dtype == np.uint16 else values.view(np.int32)
+    return signed.astype(np.float64) / scale
+
+
+def decode_sum(total: list[np.ndarray], *, layout: Layout, params: MaskingParams,
+               contributors: Iterable[str]) -> ModuleSums:
+    """Unmasked ring sum (values, slots) -> per-module sums, weight sums and counts (modules
+    with count 0 omitted)."""
+    values, slots = total
     m = len(layout.names)
-    x[layout.n_values:layout.n_values + m], _ = fixedpoint.encode(weights, scale=params.weight_scale,
-                                                                  bound=params.max_weight, clip=False)
-    x[layout.n_values + m:] = fixedpoint.encode_int(counts)
-    return x
-
-
-def decode_sum(total: np.ndarray, *, layout: Layout, params: MaskingParams, contributors: Iterable[str]) -> ModuleSums:
-    """Unmasked ring sum -> per-module sums, weight sums and counts (modules with count 0 omitted)."""
-    m, nv = len(layout.names), layout.n_values
-    weights = fixedpoint.decode(total[nv:nv + m], scale=params.weight_scale)
-    counts = total[nv + m:].view(np.int32).astype(np.int64)
+    weights = fixedpoint.decode(slots[:m], scale=params.weight_scale)
+    counts = slots[m:].view(np.int32).astype(np.int64)
     sums, wsum, cnt = {}, {}, {}
     for j, (name, off, size) in enumerate(zip(layout.names, layout.offsets, layout.sizes, strict=True)):
         if counts[j] <= 0:
             continue
-        sums[name] = fixedpoint.decode(total[off:off + size], scale=params.scale)
+        sums[name] = _signed_values(values[off:off + size], scale=params.scale)
         wsum[name], cnt[name] = float(weights[j]), int(counts[j])
     return ModuleSums(sums=sums, weights=wsum, counts=cnt, contributors=tuple(sorted(contributors)))
 
 
-def check_total(total: np.ndarray, *, layout: Layout, params: MaskingParams, plan: RoundPlan,
+def check_total(total: list[np.ndarray], *, layout: Layout, params: MaskingParams, plan: RoundPlan,
                 survivors: Iterable[str]) -> None:
     """Refuse an unmasked ring sum that no set of plan-abiding survivors can produce.
 
@@ -155,9 +191,10 @@ def check_total(total: np.ndarray, *, layout: Layout, params: MaskingParams, pla
             round aborts, as the culprit cannot be named without seeing single updates.
     """
     who = sorted(survivors)
-    n, m, nv = len(who), len(layout.names), layout.n_values
-    weights = fixedpoint.decode(total[nv:nv + m], scale=params.weight_scale)
-    counts = total[nv + m:].view(np.int32).astype(np.int64)
+    values, slots = total
+    n, m = len(who), len(layout.names)
+    weights = fixedpoint.decode(slots[:m], scale=params.weight_scale)
+    counts = slots[m:].view(np.int32).astype(np.int64)
     w_tol, v_tol = n / params.weight_scale, n / params.scale
     cap = min(params.max_weight, float(plan.options.get("weight.max", params.max_weight)))
     published = [plan.options.get(f"weight/{c}") for c in who]
@@ -180,7 +217,7 @@ def check_total(total: np.ndarray, *, layout: Layout, params: MaskingParams, pla
             how = "the weights the plan publishes" if fixed is not None and c else "weight.max"
             problems.append(f"module {name!r}: weight sum {w:.6g} is outside [{lo:.6g}, {hi:.6g}] for {c} "
                             f"contributor(s) ({how})")
-        peak = float(np.abs(fixedpoint.decode(total[off:off + size], scale=params.scale)).max())
+        peak = float(np.abs(_signed_values(values[off:off + size], scale=params.scale)).max())
         if peak > c * params.clip + v_tol:
             problems.append(f"module {name!r}: a summed value exceeds {c} contributor(s) x masked.clip = "
                             f"{c * params.clip:.6g}")

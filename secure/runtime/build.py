@@ -113,7 +113,7 @@ def masked_options(federation: FederationSection, *, n: int, max_weight: float) 
     else:
         threshold = params.masked_defaults(n).threshold
     return params.masked_plan_options(n_clients=n, threshold=threshold, clip=max_weight * federation.masked_clip,
-                                      max_weight=max_weight)
+                                      max_weight=max_weight, word_bits=federation.masked_word_bits)
 
 
 def _check_distributed(policy: DPPolicy, *, federation: FederationSection, opts: Mapping[str, float | int | str | bool],
@@ -122,6 +122,8 @@ def _check_distributed(policy: DPPolicy, *, federation: FederationSection, opts:
     from ..dp import DistributedPolicy, check_configuration
 
     d = policy.distributed
+    if federation.masked_word_bits != 32:
+        raise ConfigError("Distributed DP needs the 32-bit masked ring: set [federation] masked_word_bits = 32.")
     if federation.strategy != "fedsgd":
         raise ConfigError("Distributed DP is one DP-SGD step a round: it needs strategy = 'fedsgd'.")
     check_configuration(DistributedPolicy(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,  # type: ignore[union-attr]

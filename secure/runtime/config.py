@@ -59,6 +59,12 @@ class FederationSection(_Strict):
     masked_threshold: int | None = Field(default=None, ge=1, description="t; default: masked_defaults(n)")
     masked_clip: float = Field(default=4.0, gt=0, le=1e6, description="bound on |Δ| per parameter; × max_weight "
                                "is the fixed-point range of the masked mode")
+    masked_word_bits: Literal[32, 16] = Field(default=32, description="ring of the masked parameter values: 32 "
+                                              "(4 bytes a parameter) or 16, the quantised mode (2 bytes a parameter; "
+                                              "each summed coordinate off by at most n^2 x clip / (2 (2^15 - 1 - n)), "
+                                              "clip = max_weight x masked_clip; a configuration whose sum could "
+                                              "overflow is refused when the plan is built; not with distributed DP). "
+                                              "SECURITY.md, masked aggregation")
     ckks_preset: str = Field(default="add_only_128", description="a CkksPreset value")
     suspend_after_missed: int = Field(default=3, ge=0, le=1000, description="suspend a hospital after this many "
                                       "consecutive rounds without its contribution (0: never); audited")
