@@ -43,6 +43,10 @@ SURVIVAL_ABLATIONS: dict[str, dict] = {
     "personal_baseline_hazard": {"personal": {"modules": ["head/hazard_baseline"]}},
     "lr_0.03": {"training": {"lr": 0.03}},
     "weight_decay_1e-2": {"training": {"weight_decay": 1e-2}},
+    "hidden_8": {"model": {"hidden": 8}},
+    "hidden_32": {"model": {"hidden": 32}},
+    "lr_0.003": {"training": {"lr": 0.003}},
+    "no_value_clip": {"model": {"value_clip": 1e6}},
 }
 ABLATIONS: dict[str, dict] = {
     "default": {},
@@ -240,6 +244,54 @@ def run_ablation(cohort: str, seeds: list[int]) -> dict:
     return out
 
 
+SURVIVAL_LABELS = {
+    "nsfl_survival_federated": "NS-FL survival head, federated (masked, selected)",
+    "cox_standalone": "Cox PH standalone", "cox_pooled": "Cox PH pooled (ceiling ref.)",
+    "lr_standalone_horizon": "LR standalone (horizon form)", "lr_fedavg_aligned_horizon": "LR FedAvg (horizon form)",
+    "lr_pooled_horizon": "LR pooled (horizon form, ceiling ref.)",
+    "gbm_pooled_horizon": "GBM pooled (horizon form, ceiling ref.)"}
+
+
+def survival_markdown(payload: dict) -> str:
+    """The survival section's tables of docs/model_quality.md from a result file."""
+    lines = []
+    fmt = lambda v: "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"  # noqa: E731
+    for cohort, res in payload.get("survival", {}).items():
+        t = res["target"]
+        lines += [f"### {cohort} (survival form): {res['task']}, {res['patients']} patients, {res['events']} events, "
+                  f"horizon {t['horizon']:g} {t['time_unit']}, {len(t['breaks'])} intervals", "",
+                  f"Mean over hospitals (mean ± std over seeds {', '.join(map(str, res['seeds']))}):", "",
+                  "| method | C-index | horizon AUROC | AUROC (IPCW) | AUPRC | Brier |", "|---|---|---|---|---|---|"]
+        for k, lab in SURVIVAL_LABELS.items():
+            m = res["methods"][k]["mean_over_hospitals"]
+            cells = [f"{fmt(m[x]['mean'])} ± {fmt(m[x]['std'])}" if not math.isnan(m[x]["mean"]) else "n/a"
+                     for x in ("cindex", "auroc", "auroc_ipcw", "auprc", "brier")]
+            lines.append(f"| {lab} | " + " | ".join(cells) + " |")
+        sites = sorted(res["hospitals"])
+        lines += ["", "Per hospital, horizon AUROC / C-index (mean over seeds):", "",
+                  "| method | " + " | ".join(f"{s} ({res['hospitals'][s]['patients']})" for s in sites) + " |",
+                  "|---|" + "---|" * len(sites)]
+        for k, lab in SURVIVAL_LABELS.items():
+            ph = res["methods"][k]["per_hospital"]
+            lines.append(f"| {lab} | " + " | ".join(
+                f"{fmt(ph[s]['auroc']['mean'])} / {fmt(ph[s]['cindex']['mean'])}" for s in sites) + " |")
+        run = res["nsfl_run"]
+        lines += ["", f"NS-FL run: selected rounds {run['selected_round']}, rounds run {run['rounds_run']}, mean test "
+                  f"AUROC after round 1 {[round(x, 3) for x in run['round1_test_auroc']]} vs selected "
+                  f"{[round(x, 3) for x in run['selected_test_auroc']]}", ""]
+    abl = payload.get("survival_ablation")
+    if abl:
+        cohorts = list(abl["cohorts"])
+        lines += [f"### Survival ablation (seeds {', '.join(map(str, abl['seeds']))}; chosen on validation loss)", "",
+                  "| variant | " + " | ".join(f"{c} val loss | {c} AUROC | {c} C-index" for c in cohorts) + " |",
+                  "|---|" + "---|---|---|" * len(cohorts)]
+        for name in abl["cohorts"][cohorts[0]]:
+            lines.append(f"| {name} | " + " | ".join(
+                f"{abl['cohorts'][c][name]['validation_loss']:.4f} | {abl['cohorts'][c][name]['test_auroc']:.3f} | "
+                f"{abl['cohorts'][c][name]['test_cindex']:.3f}" for c in cohorts) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -248,7 +300,11 @@ def main() -> None:
     ap.add_argument("--forms", default="binary,survival", help="binary (horizon label), survival (time + event)")
     ap.add_argument("--quick", action="store_true", help="survival form: 8 rounds, patience 3 (development only)")
     ap.add_argument("--out", default="real_tables", help="result name under benchmarks/results/")
+    ap.add_argument("--markdown", action="store_true", help="print the survival tables of the result file and exit")
     a = ap.parse_args()
+    if a.markdown:
+        print(survival_markdown(json.loads((RESULTS / f"{a.out}.json").read_text())))
+        return
     from clinograph.sdk.research.model_quality import NSFL_DEFAULTS
 
     cohorts = [x for x in a.cohorts.split(",") if x]
@@ -264,8 +320,8 @@ def main() -> None:
                 k: run_survival_ablation(k, [100, 101, 102], a.quick) for k in cohorts}}
         elif "survival_ablation" in old:
             payload["survival_ablation"] = old["survival_ablation"]
-    elif "survival" in old:
-        payload["survival"] = old["survival"]
+    else:  # keep the last survival results
+        payload.update({k: old[k] for k in ("survival", "survival_ablation") if k in old})
     if a.ablation and "binary" in forms:
         payload["ablation"] = {"seeds": [100, 101, 102],
                                "cohorts": {k: run_ablation(k, [100, 101, 102]) for k in cohorts}}
