@@ -102,8 +102,16 @@ def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) 
 
         model = temporal_task_model(len(node_ids), config) if config.model.temporal != "none" else \
             nsfl_model(len(node_ids), config)
+        if config.model.modalities:  # modality nodes (sdk/model/modalities.py)
+            from ..model.modalities import ModalityNSFL
+
+            model = ModalityNSFL(len(node_ids), config.model, modalities=config.model.modalities)
         modules = add_temporal_modules(personal_module_map(model, node_ids, personal=config.personal.modules),
                                        model, node_ids)
+        if config.model.modalities:
+            from ..model.modalities import add_modality_modules
+
+            add_modality_modules(modules, model)
     return InitialModel.create(task=config.task, dictionary_hash=dictionary.digest(), spec=modules.spec(version=0),
                                state=modules.state(ModuleKind.SHARED))
 
