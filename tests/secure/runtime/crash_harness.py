@@ -1,0 +1,174 @@
+"""A small masked (or CKKS) federation in one process, journalled, that a test can SIGKILL.
+
+Run as a script (``python crash_harness.py WORKDIR --mode masked --rounds 2 [--kill STAGE]``):
+it builds four real :class:`HospitalClient` s over a tiny deterministic task (full-batch
+gradient descent on fixed synthetic data, a real privacy ledger counting one step a round),
+the server through ``build_server``, and runs ``run_rounds(..., journal=...)``. Keys, the audit
+directory, the journal and every hospital's state directory live in WORKDIR, so a second run
+resumes the first. ``--kill STAGE`` is the test hook: the process SIGKILLs itself right after
+the first journal boundary named STAGE (``plan``, ``stage 1``, ``close``, ``end``, ...) that
+this process writes. At the end it writes ``WORKDIR/result.json`` (the final model, exact as
+float hex; each hospital's ledger rounds; the server's ledger view).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from clinograph.sdk.config import ReleaseSection
+from clinograph.sdk.federation.client import HospitalClient
+from clinograph.sdk.model.modules import ModuleMap
+from clinograph.sdk.privacy.accountant import PrivacyLedger, merge_step
+from clinograph.sdk.training.trainer import TrainOutcome
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.identity import Identity
+from clinograph.secure.messages import DPPolicy
+from clinograph.secure.runtime import (
+    InProcessTransport,
+    build_server,
+    run_ckks_ceremony,
+    run_rounds,
+)
+from clinograph.secure.runtime.build import InitialModel
+from clinograph.secure.runtime.config import FederationSection
+from clinograph.secure.runtime.journal import Journal
+from clinograph.secure.spec import ModuleKind
+
+HOSPITALS = ("h1", "h2", "h3", "h4")
+FEDERATION = "fed-crash"
+DICTIONARY_HASH = "c" * 64
+SIGMA, RATE = 1.0, 0.1
+
+
+class LineTask:
+    """Linear regression by full-batch gradient descent: the update depends only on the global
+    model it starts from (no randomness), so an aborted-and-rerun round trains the same."""
+
+    name = "toy"
+
+    def __init__(self, site: str, state_dir: Path):
+        torch.set_num_threads(1)
+        self.model = torch.nn.Linear(4, 1)
+        with torch.no_grad():
+            self.model.weight.zero_()
+            self.model.bias.zero_()
+        self.modules = ModuleMap()
+        self.modules.add_submodule("head", ModuleKind.SHARED, self.model)
+        rng = np.random.default_rng(sum(site.encode()))  # the hospital's fixed data (not a secret)
+        x = rng.normal(size=(32, 4))
+        self.x = torch.tensor(x, dtype=torch.float32)
+        self.y = torch.tensor(x @ np.array([0.5, -0.3, 0.2, 0.1]) + 0.05 * rng.normal(size=32),
+                              dtype=torch.float32).reshape(-1, 1)
+        self.ledger = PrivacyLedger(state_dir, site=site, budget_epsilon=1e6, delta=1e-5)
+
+    @property
+    def num_samples(self) -> int:
+        return 32
+
+    def train(self, *, round_, epochs, plan_options):
+        self.ledger.check_round(round_=round_, noise_multiplier=SIGMA, sample_rate=RATE, steps=1)
+        opt = torch.optim.SGD(self.model.parameters(), lr=0.05)
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(self.model(self.x), self.y)
+            loss.backward()
+            opt.step()
+        entry = self.ledger.commit(round_=round_, history=merge_step(self.ledger.history, noise_multiplier=SIGMA,
+                                                                     sample_rate=RATE, steps=1),
+                                   noise_multiplier=SIGMA, sample_rate=RATE, clip_norm=1.0)
+        return TrainOutcome(loss=float(loss), used_similar_to=False, ledger=entry)
+
+    def trained_modules(self, outcome):
+        return self.modules.names(ModuleKind.SHARED)
+
+    def after_round(self):
+        return None
+
+    def evaluate(self, split):
+        return {}
+
+    def quality(self):
+        return {}
+
+    def feature_relevance(self):
+        return {}
+
+
+def identities(work: Path) -> dict[str, Identity]:
+    keys = work / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name in ("server", *HOSPITALS):
+        path = keys / f"{name}.pem"
+        if not path.exists():
+            Identity.generate(name).save(path)
+        out[name] = Identity.load(name, path)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("work", type=Path)
+    ap.add_argument("--mode", default="masked")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--kill", default=None, help="SIGKILL this process after the first journal boundary so named")
+    ap.add_argument("--no-journal", action="store_true")
+    args = ap.parse_args(argv)
+    work: Path = args.work
+    ids = identities(work)
+    publics = {n: ids[n].public for n in HOSPITALS}
+    hospitals = {n: HospitalClient(task=LineTask(n, work / "state" / n), identity=ids[n], server=ids["server"].public,
+                                   peers=publics, dictionary_hash=DICTIONARY_HASH, federation_id=FEDERATION,
+                                   release=ReleaseSection(), state_dir=work / "state" / n)
+                 for n in HOSPITALS}
+    transport = InProcessTransport(hospitals)
+    section = FederationSection(id=FEDERATION, secure_mode=args.mode, strategy="fedavg", min_clients=3,
+                                local_epochs=1, max_weight=1.0, masked_clip=1.0)
+    ckks_context = None
+    if args.mode == "ckks":
+        from clinograph.secure.ckks.presets import CkksPreset
+
+        ckks_context, _ = run_ckks_ceremony(transport, federation_id=FEDERATION, participants=HOSPITALS,
+                                            enrolled=publics, preset=CkksPreset(section.ckks_preset), min_holders=3)
+    first = hospitals["h1"].task
+    initial = InitialModel.create(task="toy", dictionary_hash=DICTIONARY_HASH, spec=first.modules.spec(version=1),
+                                  state=LineTask("h0", work / "scratch").modules.state(ModuleKind.SHARED))
+    policy = DPPolicy(required=True, max_epsilon=1e6, delta=1e-5, min_noise_multiplier=0.5, max_clip_norm=1.0)
+    audit = AuditTrail(work / "audit", identity=ids["server"])
+
+    def kill(stage: str, round_: int) -> None:
+        if stage == args.kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    journal = None if args.no_journal else Journal(work / "journal.sqlite", on_saved=kill)
+    server = build_server(federation=section, identity=ids["server"], enrolled=publics, initial=initial, audit=audit,
+                          dp_policy=policy, ckks_context=ckks_context)
+    try:
+        run_rounds(server, transport, rounds=args.rounds, journal=journal)
+    finally:
+        audit.close()
+        if journal is not None:
+            journal.close()
+    h1 = hospitals["h1"]
+    result = {
+        "global": {n: [float(x).hex() for x in v] for n, v in sorted(h1._global.items())},
+        "hospital_globals_equal": all(all(np.array_equal(h._global[n], h1._global[n]) for n in h1._global)
+                                      for h in hospitals.values()),
+        "ledger_rounds": {n: [e["round"] for e in h.task.ledger.entries] for n, h in hospitals.items()},
+        "ledger_steps": {n: sum(t for *_, t in h.task.ledger.history) for n, h in hospitals.items()},
+        "server_ledger_rounds": {n: v["last"]["round"] for n, v in server.ledger_view().items()},
+        "server_round": server.round,
+        "history": [r.round for r in server.history],
+    }
+    (work / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
