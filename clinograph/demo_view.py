@@ -58,7 +58,14 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
         console.print(f"model selection: kept round {sel['round']} of {sel['rounds_evaluated'][-1]} by federated "
                       f"validation loss {sel['validation_loss']:.4f}" + (" (stopped early)" if sel["stopped_early"]
                                                                           else ""))
-    if m.get("epsilon"):
+    if m.get("dp_guarantees"):
+        console.print(f"distributed DP after {m['dp_rounds']} rounds (Skellam noise shares inside the masked sum; "
+                      f"budget ε = {m['dp_settings']['epsilon_budget']}, δ = {m['dp_settings']['delta']:g}):")
+        for site, g in sorted(m["dp_guarantees"].items()):
+            console.print(f"  {site}: ε = {g['epsilon']:.3f} while at least {g['min_honest']} hospitals add their "
+                          f"share and survive; ε = {g['epsilon_alone']:.3f} if the others' noise were absent "
+                          "(its own share alone)")
+    elif m.get("epsilon"):
         for site, eps in m["epsilon"].items():
             console.print(f"ε({site}) after {len(eps)} DP rounds: {eps[-1]:.3f} (δ = 1e-5, budget "
                           f"{m['dp_settings']['epsilon_budget']})")

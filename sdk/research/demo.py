@@ -73,6 +73,44 @@ def demo_dp_config(*, rounds: int, seed: int, secure_mode: str, epsilon: float) 
     })
 
 
+#: the demo's distributed-DP run (benchmarks/dp_trust_models.py chose these on validation at ε = 3:
+#: full-batch rounds, q = 1, where the Skellam accountant equals the Gaussian's)
+DP_ROUNDS, DP_SERVER_LR, DP_HIDDEN, DP_MIN_HONEST = 15, 1.0, 8, 2
+
+
+def demo_distributed_config(*, rounds: int, seed: int, epsilon: float,
+                            noise_multiplier: float = 1.0) -> SimulationConfig:
+    """The demo's DP federation: distributed DP (docs/privacy.md), one full-batch DP-SGD step a
+    round over every hospital's patients, Skellam noise shares inside the masked sum, the
+    guarantee resting on at least ``DP_MIN_HONEST`` honest hospitals. ``noise_multiplier`` is
+    the aggregate σ; :func:`run_demo` calibrates it to ``epsilon`` over ``rounds``."""
+    return SimulationConfig.model_validate({
+        "federation": {"id": "alarm-demo-dp", "rounds": rounds, "secure_mode": "masked", "strategy": "fedsgd",
+                       "server_lr": DP_SERVER_LR, "min_clients": 3, "local_epochs": 1, "seed": seed},
+        "model": {"hidden": DP_HIDDEN, "init_seed": seed},
+        "split": {"seed": seed},
+        "graph": {"k_similar": 0},
+        "privacy": {"enabled": True, "mode": "distributed", "epsilon_budget": epsilon, "delta": 1e-5,
+                    "noise_multiplier": noise_multiplier, "clip_norm": 1.0, "sample_rate": 1.0,
+                    "min_honest": DP_MIN_HONEST},
+        "dictionary": str(DICTIONARY_PATH),
+    })
+
+
+def dp_guarantees(audit_dir: Path) -> dict[str, dict[str, float | int | str]]:
+    """Each hospital's latest distributed-DP guarantee from its ledger entries in ``audit_dir``:
+    the federation's ε (while at least h hospitals add their share) and ε of its own share alone."""
+    out: dict[str, dict[str, float | int | str]] = {}
+    for line in (audit_dir / "audit.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        p = entry["payload"]
+        if entry["kind"] == "ledger" and isinstance(p.get("share"), dict):
+            out[p["client"]] = {"round": p["round"], "epsilon": p["epsilon"], "delta": p["delta"],
+                                "epsilon_alone": p["share"]["epsilon_alone"], "min_honest": p["share"]["min_honest"],
+                                "mechanism": p["share"]["mechanism"]}
+    return out
+
+
 def write_hospital_files(out: Path, seed: int, scale: float = 1.0) -> list[tuple[Path, Path]]:
     """Each hospital's table (CSV, its own names and units) and site schema (TOML), as an
     integrator would have them."""
@@ -101,15 +139,18 @@ def _mean(d: dict[str, dict[str, float]], key: str) -> float:
 
 
 def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_mode: str = "masked", dp: bool = True,
-             dp_rounds: int = 8, dp_epsilon: float = 10.0,
+             dp_rounds: int | None = None, dp_epsilon: float = 10.0,
              on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
              on_stage: Callable[[str], None] | None = None, report: bool = True, scale: float = 1.0) -> DemoResult:
     """Run the demo end to end; returns paths and metrics.
 
     The non-DP federation and the baselines are seeded (same seed, same numbers). With ``dp``
     a second federation trains with patient-level DP; its noise comes from the OS's
-    cryptographic source, so its numbers vary from run to run by design. The audited run
-    whose report is rendered is the DP one when ``dp`` is on.
+    cryptographic source, so its numbers vary from run to run by design. Under masked
+    aggregation it is distributed DP (:func:`demo_distributed_config`, ``dp_rounds`` default
+    ``DP_ROUNDS``, σ calibrated to ``dp_epsilon``) and ``metrics["dp_guarantees"]`` holds both
+    guarantees per hospital; under other modes, local DP (:func:`demo_dp_config`, 8 rounds).
+    The audited run whose report is rendered is the DP one when ``dp`` is on.
     """
     from clinograph.secure.audit import render_report, verify_audit_dir
 
@@ -119,7 +160,14 @@ def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_
 
     stage = on_stage or (lambda s: None)
     config = demo_config(rounds=rounds, seed=seed, secure_mode=secure_mode)  # validate before any work
-    dp_config = demo_dp_config(rounds=dp_rounds, seed=seed, secure_mode=secure_mode, epsilon=dp_epsilon) if dp else None
+    distributed = dp and secure_mode == "masked"
+    if distributed:
+        dp_rounds = dp_rounds or DP_ROUNDS
+        dp_config = demo_distributed_config(rounds=dp_rounds, seed=seed, epsilon=dp_epsilon)
+    else:
+        dp_rounds = dp_rounds or 8
+        dp_config = demo_dp_config(rounds=dp_rounds, seed=seed, secure_mode=secure_mode, epsilon=dp_epsilon) if dp \
+            else None
     output_folder(out_dir, what="--out")
     dictionary = load_dictionary()
     stage("writing hospital tables")
@@ -137,9 +185,18 @@ def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_
     fed_seconds = time.perf_counter() - t0
     sim_dp = None
     if dp_config is not None:
-        stage(f"federated training with patient-level DP (ε budget {dp_epsilon}, δ = 1e-5): {dp_rounds} rounds")
-        dp_config = dp_config.model_copy(update={"privacy": dp_config.privacy.model_copy(
-            update={"state_dir": out_dir / "privacy_state"})})
+        update: dict = {"state_dir": out_dir / "privacy_state"}
+        if distributed:
+            from ..privacy.calibration import distributed_noise_multiplier
+
+            update["noise_multiplier"] = distributed_noise_multiplier(dp_config, dictionary=dictionary,
+                                                                      n_hospitals=len(tables), target_epsilon=dp_epsilon)
+            stage(f"federated training with distributed DP (Skellam shares inside the masked sum, σ = "
+                  f"{update['noise_multiplier']:.3g}; ε ≤ {dp_epsilon:g}, δ = 1e-5 while at least {DP_MIN_HONEST} "
+                  f"hospitals add their share): {dp_rounds} rounds")
+        else:
+            stage(f"federated training with patient-level DP (ε budget {dp_epsilon}, δ = 1e-5): {dp_rounds} rounds")
+        dp_config = dp_config.model_copy(update={"privacy": dp_config.privacy.model_copy(update=update)})
         sim_dp = simulate(tables, dictionary, dp_config, audit_dir=out_dir / "audit_dp")
     parts = [hospital_split(t.labels, site=t.site, test_fraction=config.split.test_fraction,
                             validation_fraction=config.split.validation_fraction, seed=config.split.seed) for t in tables]
@@ -174,6 +231,8 @@ def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_
         "model_selection": {k: v for k, v in sim.selection.items() if k != "uncalibrated"},
         "epsilon": sim_dp.epsilons if sim_dp is not None else {},
         "dp_settings": dp_config.privacy.model_dump(mode="json") if dp_config is not None else None,
+        "dp_rounds": dp_rounds if dp_config is not None else 0,
+        "dp_guarantees": dp_guarantees(out_dir / "audit_dp") if distributed else {},
         "timings_seconds": {k: [round(x, 4) for x in v] for k, v in sim.timings.items()},
         "federated_training_seconds": round(fed_seconds, 2),
         "dropped": sim.dropped,

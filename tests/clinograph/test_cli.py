@@ -69,7 +69,10 @@ def test_demo_runs_end_to_end_and_is_seeded(tmp_path):
     # DP is on by default: every hospital reports its ε, within the budget
     assert set(m["epsilon"]) == set(m["hospitals"])
     assert all(0 < eps[-1] <= m["dp_settings"]["epsilon_budget"] for eps in m["epsilon"].values())
-    assert "ε(north) after" in a.stdout
+    # the DP run is distributed DP and prints both guarantees per hospital
+    g = m["dp_guarantees"]
+    assert set(g) == set(m["hospitals"]) and all(0 < x["epsilon"] < x["epsilon_alone"] for x in g.values())
+    assert "north: ε = " in a.stdout and "if the others' noise were absent" in a.stdout
     assert "audit: verified" in a.stdout
     assert (tmp_path / "a" / "report.html").stat().st_size > 10_000
     assert (tmp_path / "a" / "feature_relevance_radar.png").exists()
