@@ -16,8 +16,10 @@
   the same computation: FedSGD's weighted mean of per-hospital gradient sums is the pooled sum).
 
 Hyper-parameters of the DP-SGD step (lr, q, rounds; C = 1) are chosen on the validation
-split (seed 0, ``central`` at ε = 3, the grid below) and then used for every ε, seed and for
-``distributed``; the non-DP run gets its own lr chosen on validation. δ = 1e-5; AUROC and
+split (seed 0, ε = 3, the grid below) for each trust model with its own accountant: ``central``
+with Opacus's σ, ``distributed`` with the Skellam accountant's σ (selection runs the pooled
+step with that σ: the same noise variance, without the runtime); each choice is then used for
+every ε and seed. The non-DP run gets its own lr chosen on validation. δ = 1e-5; AUROC and
 AUPRC on each hospital's test split, mean over hospitals. Writes
 benchmarks/results/dp_trust_models.json. Asserts nothing.
 """
@@ -65,7 +67,10 @@ from clinograph.secure.spec import ModuleKind  # noqa: E402
 from benchmarks._common import RESULTS, machine  # noqa: E402
 
 DELTA, CLIP, HIDDEN, VAL = 1e-5, 1.0, 8, 0.2
-GRID = [{"lr": lr, "sample_rate": q, "rounds": t} for lr in (1.0, 3.0) for q, t in ((0.02, 150), (0.05, 100))]
+#: q = 0.05 (the earlier grid's best) and full-batch rounds (q = 1), where the distributed
+#: accountant needs no amplification bound and equals the Gaussian's (secure/dp/skellam.py)
+GRID = ([{"lr": lr, "sample_rate": 0.05, "rounds": 100} for lr in (1.0, 3.0)]
+        + [{"lr": lr, "sample_rate": 1.0, "rounds": t} for lr in (1.0, 3.0, 10.0) for t in (15, 40)])
 
 
 def tables_for(seed: int, scale: float):
@@ -157,6 +162,14 @@ def sigma_for(eps, *, q, rounds, scale, dim):
                                       scale=scale, dim=dim)
 
 
+def _ring_scale(n: int) -> float:
+    """The masked ring's fixed-point scale of the distributed run (its federation defaults)."""
+    from clinograph.secure.runtime.build import masked_options
+
+    fed = SimulationConfig.model_validate({"federation": {"min_clients": 3}}).federation
+    return float(masked_options(fed, n=n, max_weight=fed.max_weight)["masked.scale"])
+
+
 def gaussian_sigma(eps, *, q, rounds):
     from opacus.accountants.utils import get_noise_multiplier
 
@@ -174,18 +187,25 @@ def main() -> None:
     scale = 0.15 if a.quick else 1.0
     seeds = [0] if a.quick else list(range(a.seeds))
     epsilons = [3.0] if a.quick else [1.0, 3.0, 10.0]
-    grid = [dict(g, rounds=min(g["rounds"], 10)) for g in GRID[:2]] if a.quick else GRID
+    grid = [dict(g, rounds=min(g["rounds"], 10)) for g in (GRID[0], GRID[2])] if a.quick else GRID
     t0 = time.time()
     tables, d = tables_for(0, scale)
-    # -- selection on validation (seed 0): central at ε = 3 for the DP step, its own lr for non-DP
-    sel = []
-    for g in grid:
-        sig = gaussian_sigma(3.0, q=g["sample_rate"], rounds=g["rounds"])
-        val, _ = pooled(tables, d, seed=0, sigma=sig, clip=CLIP, split_name="validation", **g)
-        sel.append({**g, "val_auroc": _mean(val, "auroc")})
-        print("select dp", sel[-1], flush=True)
-    best = max(sel, key=lambda r: -1.0 if math.isnan(r["val_auroc"]) else r["val_auroc"])
-    hp = {k: best[k] for k in ("lr", "sample_rate", "rounds")}
+    _, dim0 = pooled(tables, d, seed=0, sigma=None, clip=CLIP, lr=0.0, sample_rate=0.01, rounds=0)
+    ring = _ring_scale(len(tables))
+    # -- selection on validation (seed 0, ε = 3): per trust model with its own accountant's σ
+    sel, hps = {"central": [], "distributed": []}, {}
+    for model in sel:
+        for g in grid:
+            if model == "central":
+                sig = gaussian_sigma(3.0, q=g["sample_rate"], rounds=g["rounds"])
+            else:
+                sig = sigma_for(3.0, q=g["sample_rate"], rounds=g["rounds"], scale=ring, dim=dim0)
+            val, _ = pooled(tables, d, seed=0, sigma=sig, clip=CLIP, split_name="validation", **g)
+            sel[model].append({**g, "sigma": sig, "val_auroc": _mean(val, "auroc")})
+            print("select", model, sel[model][-1], flush=True)
+        best = max(sel[model], key=lambda r: -1.0 if math.isnan(r["val_auroc"]) else r["val_auroc"])
+        hps[model] = {k: best[k] for k in ("lr", "sample_rate", "rounds")}
+    hp = hps["central"]
     sel_none = []
     for lr in (0.3, 1.0, 3.0):
         val, _ = pooled(tables, d, seed=0, sigma=None, clip=CLIP, split_name="validation", **dict(hp, lr=lr))
@@ -199,20 +219,18 @@ def main() -> None:
                      "auprc": _mean(none, "auprc"), "per_hospital": none})
         n = len(tables)
         for eps in epsilons:
-            cfg_probe = SimulationConfig.model_validate({"federation": {"min_clients": 3}})
-            from clinograph.secure.runtime.build import masked_options
-
-            ring = float(masked_options(cfg_probe.federation, n=n, max_weight=cfg_probe.federation.max_weight)[
-                "masked.scale"])
-            sig_d = sigma_for(eps, q=hp["sample_rate"], rounds=hp["rounds"], scale=ring, dim=dim)
+            ring = _ring_scale(n)
+            hd = hps["distributed"]
+            sig_d = sigma_for(eps, q=hd["sample_rate"], rounds=hd["rounds"], scale=ring, dim=dim)
             with tempfile.TemporaryDirectory() as tmp:
-                res, e, e_alone = distributed(tables, d, seed=seed, sigma=sig_d, h=a.min_honest, workdir=Path(tmp), **hp)
+                res, e, e_alone = distributed(tables, d, seed=seed, sigma=sig_d, h=a.min_honest, workdir=Path(tmp), **hd)
             runs.append({"model": "distributed", "seed": seed, "epsilon": eps, "epsilon_spent": e,
-                         "epsilon_alone": e_alone, "sigma": sig_d, "min_honest": a.min_honest,
+                         "epsilon_alone": e_alone, "sigma": sig_d, "min_honest": a.min_honest, **hd,
                          "auroc": _mean(res, "auroc"), "auprc": _mean(res, "auprc"), "per_hospital": res})
+            print({k: v for k, v in runs[-1].items() if k != "per_hospital"}, flush=True)
             sig_c = gaussian_sigma(eps, q=hp["sample_rate"], rounds=hp["rounds"])
             res, _ = pooled(tables, d, seed=seed, sigma=sig_c, clip=CLIP, **hp)
-            runs.append({"model": "central", "seed": seed, "epsilon": eps, "sigma": sig_c,
+            runs.append({"model": "central", "seed": seed, "epsilon": eps, "sigma": sig_c, **hp,
                          "auroc": _mean(res, "auroc"), "auprc": _mean(res, "auprc"), "per_hospital": res})
             if not a.skip_local:
                 with tempfile.TemporaryDirectory() as tmp:
@@ -229,7 +247,7 @@ def main() -> None:
     summary = {k: {m: {"mean": float(np.mean(v)), "std": float(np.std(v)), "n": len(v)} for m, v in x.items()}
                for k, x in table.items()}
     out = {"benchmark": "dp_trust_models", "delta": DELTA, "clip": CLIP, "hidden": HIDDEN, "seeds": seeds,
-           "hyperparameters": hp, "non_dp_lr": lr_none, "selection": sel, "selection_non_dp": sel_none,
+           "hyperparameters": hps, "non_dp_lr": lr_none, "selection": sel, "selection_non_dp": sel_none,
            "min_honest": a.min_honest, "summary": summary, "runs": runs, "seconds": round(time.time() - t0, 1),
            "machine": machine(), "quick": a.quick}
     text = json.dumps(out, indent=2, sort_keys=True, default=float)
