@@ -100,6 +100,7 @@ def test_ckks_run_killed_mid_round_ends_within_precision(tmp_path):
     _verify(work)
 
 
+@pytest.mark.slow
 def test_a_run_resumed_after_it_ended_is_refused(tmp_path):
     from clinograph.secure.errors import ConfigError
 
