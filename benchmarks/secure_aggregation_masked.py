@@ -1,28 +1,30 @@
-"""The ``masked`` mode against ``insecure_plaintext`` and Flower 1.41's own SecAgg+.
+"""The ``masked`` mode (32-bit and 16-bit quantised) against ``insecure_plaintext`` and Flower 1.41's own SecAgg+.
 
-    python benchmarks/secure_aggregation_masked.py           # n in {5,10,20}, P in {1e5,1e6}, 3 reps + n=100 scaling
-    python benchmarks/secure_aggregation_masked.py --quick   # small sizes; prints JSON, writes nothing
+    python benchmarks/secure_aggregation_masked.py           # the cases of issue 19 (below), 3 reps
+    python benchmarks/secure_aggregation_masked.py --quick   # n in {5, 10}, P = 1e4; prints JSON, writes nothing
 
+Cases (n, P): (10, 1e4), (5|10|20|50|100, 1e5), (10, 1e6); Flower only for n <= 20.
 What is measured, per (n, P), interleaved in one process, median over the repetitions:
 
-- ``insecure_plaintext`` and ``masked``: one whole round through
-  :func:`clinograph.secure.transport.run_aggregation` (every client and the server in this
-  process, clients one after another; signed envelopes, strict parsing, all four masked stages).
+- ``insecure_plaintext``, ``masked`` and ``masked16`` (``masked.word_bits = 16``): one whole
+  round through :func:`clinograph.secure.transport.run_aggregation` (every client and the
+  server in this process, clients one after another; signed envelopes, strict parsing, all
+  four masked stages). Plaintext ships binary float32 through the same envelope attachments
+  as the masked vectors (secure/wire.py), so neither side pays for JSON or base64.
 - ``flower_secaggplus``: Flower 1.41's real ``SecAggPlusWorkflow`` (server) driving its real
   ``secaggplus_mod`` (clients) through a minimal in-process ``Grid`` that round-trips every
   message through Flower's protobuf wire encoding (``message_to_proto`` /
   ``SerializeToString`` / ``message_from_proto``), FedAvg strategy, same vectors, the same
   number of share holders (num_shares = k + 1) and the same threshold t.
 
-Also: bytes uploaded per client (all stages, whole envelopes / protobuf messages); peak
-traced memory of one round (tracemalloc, a separate untimed run of the whole
-in-process round, all simulated clients included: numpy and Python allocations, not Rust-side
-buffers inside pydantic-core); and a scaling run of the masked mode to n = 100 simulated
-clients at modest P measuring the *server's* memory alone (what allocations under
-masking/server.py retain once all vectors are summed, plus the largest transient of one
-server call): it stays flat in n because the server streams the sum. Hospitals work in
+Bytes: uploaded per client (all stages, whole envelopes / protobuf messages), and the one
+message that carries the vector (``vector_upload``): our envelope, and the same envelope inside
+the Flower message our Flower transport sends (``secure/transport/flower/records.py``, a
+``ConfigRecord`` of bytes serialised with Flower's own ``message_to_proto``), per parameter.
+Also the peak traced memory of one round (tracemalloc, a separate untimed run, all simulated
+clients included). Server memory against n is in ``benchmarks/scale.py``. Hospitals work in
 parallel in reality, so these serial in-process round times overstate a real round's latency
-for all three alike. Writes benchmarks/results/secure_aggregation_masked.json. Asserts nothing.
+for all sides alike. Writes benchmarks/results/secure_aggregation_masked.json. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -80,14 +82,18 @@ class _Ours:
                         for c, d, w in zip(self.names, deltas, weights, strict=True)}
 
     def plan(self, mode: str) -> RoundPlan:
-        opts = masked_plan_options(n_clients=len(self.names), threshold=self.t, clip=1.0) if mode == "masked" else {}
+        bits = 16 if mode == "masked16" else 32
+        opts = masked_plan_options(n_clients=len(self.names), threshold=self.t, clip=1.0, word_bits=bits) \
+            if mode.startswith("masked") else {}
         return RoundPlan(federation_id="bench", round=1, participants=tuple(self.names), spec=self.spec,
-                         dictionary_hash="a" * 64, secure_mode=mode, strategy="fedavg", min_clients=2,
-                         local_epochs=1, global_state_digest="b" * 64, options=opts)
+                         dictionary_hash="a" * 64, secure_mode=mode[:6] if mode.startswith("masked") else mode,
+                         strategy="fedavg", min_clients=2, local_epochs=1, global_state_digest="b" * 64,
+                         options=opts)
 
     def run(self, mode: str):
         traffic: dict[str, int] = {}
-        res, rejected = run_aggregation(mode=mode, plan=self.plan(mode), server_identity=self.server,
+        plan = self.plan(mode)
+        res, rejected = run_aggregation(mode=plan.secure_mode, plan=plan, server_identity=self.server,
                                         client_identities=self.ids, updates=self.updates, traffic=traffic)
         if rejected:
             raise RuntimeError(f"benchmark round rejected messages: {rejected}")
@@ -207,14 +213,53 @@ def _peak(fn) -> int:
         tracemalloc.stop()
 
 
-def bench_case(n: int, p: int, reps: int) -> dict:
+def flower_message_bytes(envelope: bytes) -> int:
+    """Bytes of the protobuf Flower message our Flower transport sends for one reply carrying
+    ``envelope`` (secure/transport/flower: clientapp.py wraps it with records.to_content)."""
+    from clinograph.secure.transport.flower.records import MESSAGE_TYPE, to_content
+    from flwr.app import Message
+    from flwr.common.serde import message_to_proto
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    query = Message(to_content("stage", {"data": b"x"}, round_=1), dst_node_id=101, message_type=MESSAGE_TYPE)
+    reply = Message(to_content("stage", {"reply": envelope}, round_=1), reply_to=query)
+    return len(message_to_proto(reply).SerializeToString())
+
+
+def vector_upload_bytes(ours: _Ours, mode: str) -> dict:
+    """The one upload that carries the vector: our envelope and the Flower message around it."""
+    from clinograph.secure.aggregation.plaintext import PlaintextClient
+    from clinograph.secure.masking import MaskingParams
+    from clinograph.secure.masking.messages import MaskedInput
+    from clinograph.secure.masking.stages import Layout, word_bytes
+    from clinograph.secure.wire import seal
+
+    plan, c = ours.plan(mode), ours.names[0]
+    if mode == "insecure_plaintext":
+        env = PlaintextClient(plan=plan, identity=ours.ids[c], server=ours.server.public,
+                              peers={n: i.public for n, i in ours.ids.items()}, update=ours.updates[c]).first_message()
+    else:
+        size = word_bytes(Layout.of(plan), MaskingParams.from_plan(plan))
+        env = seal(MaskedInput(federation_id=plan.federation_id, round=plan.round, client=c,
+                               spec_digest=plan.spec.digest(), dictionary_hash=plan.dictionary_hash,
+                               words=bytes(size)), ours.ids[c])
+    p = sum(m.size for m in plan.spec.shared)
+    fl = flower_message_bytes(env)
+    return {"envelope_bytes": len(env), "flower_message_bytes": fl, "envelope_bytes_per_parameter": len(env) / p,
+            "flower_message_bytes_per_parameter": fl / p}
+
+
+def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
     deltas, weights = make_case(n, p)
     ours = _Ours(n, p, deltas, weights)
     flower = _Flower(deltas, weights, ours.k, ours.t)
     exact = sum(w * d.astype(np.float64) for d, w in zip(deltas, weights, strict=True)) / sum(weights)
     exact_fl = sum(m * d.astype(np.float64) for d, m in zip(deltas, flower.nums, strict=True)) / sum(flower.nums)
     sides = {"insecure_plaintext": lambda: ours.run("insecure_plaintext"), "masked": lambda: ours.run("masked"),
-             "flower_secaggplus": flower.run}
+             "masked16": lambda: ours.run("masked16")}
+    if with_flower:
+        sides["flower_secaggplus"] = flower.run
     times: dict[str, list[float]] = {s: [] for s in sides}
     uploads, errors = {}, {}
     for _ in range(reps):  # interleaved
@@ -225,80 +270,22 @@ def bench_case(n: int, p: int, reps: int) -> dict:
             ref = exact_fl if side == "flower_secaggplus" else exact
             errors[side] = float(np.linalg.norm(mean - ref) / np.linalg.norm(ref))
     med = {s: statistics.median(v) for s, v in times.items()}
-    peaks = {s: _peak(fn) for s, fn in sides.items()}
-    return {
+    peaks = {s: _peak(fn) for s, fn in sides.items()} if p <= 100_000 or n <= 10 else {}
+    row = {
         "n": n, "P": p, "neighbours_k": ours.k, "threshold_t": ours.t, "flower_num_shares": ours.k + 1,
         "seconds_per_round_median": med, "seconds_per_round_all": times,
         "ratio_masked_over_plaintext": med["masked"] / med["insecure_plaintext"],
-        "ratio_flower_over_plaintext": med["flower_secaggplus"] / med["insecure_plaintext"],
-        "ratio_masked_over_flower": med["masked"] / med["flower_secaggplus"],
-        "bytes_uploaded_per_client": uploads,
-        "bytes_uploaded_per_parameter": {s: b / p for s, b in uploads.items()},
+        "ratio_masked16_over_plaintext": med["masked16"] / med["insecure_plaintext"],
+        "bytes_uploaded_per_client_all_stages": uploads,
+        "bytes_uploaded_per_parameter_all_stages": {s: b / p for s, b in uploads.items()},
+        "vector_upload": {m: vector_upload_bytes(ours, m) for m in ("insecure_plaintext", "masked", "masked16")},
         "peak_traced_bytes_per_round": peaks,
         "relative_error_of_mean": errors,
     }
-
-
-def server_memory(ours: _Ours) -> dict:
-    """Memory attributable to the masked *server* during one round (clients excluded).
-
-    Relays the round like run_aggregation does, with tracemalloc on: ``retained`` is what
-    allocations made under ``masking/server.py`` still hold once every masked vector has been
-    summed (its largest point before unmasking); ``transient`` is the largest extra memory one
-    server call (receive one message, or close a stage) needs on top of what was live before it.
-    """
-    from clinograph.secure.masking import MaskingClient, MaskingServer
-
-    plan = ours.plan("masked")
-    peers = {c: ours.ids[c].public for c in ours.names}
-    tracemalloc.start(40)
-    try:
-        server = MaskingServer(plan=plan, peers=peers, identity=ours.server)
-        clients = {c: MaskingClient(plan=plan, identity=ours.ids[c], server=ours.server.public, peers=peers,
-                                    update=ours.updates[c]) for c in ours.names}
-        transient = retained = 0
-
-        def server_call(fn, *args):
-            nonlocal transient
-            before = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            out = fn(*args)
-            transient = max(transient, tracemalloc.get_traced_memory()[1] - before)
-            return out
-
-        for c, cl in clients.items():
-            server_call(server.receive_bytes, c, cl.first_message())
-        stage = 0
-        while (msgs := server_call(server.next_stage)) is not None:
-            stage += 1
-            if stage == 3:  # every masked vector is in the running sum: the server's largest state
-                snap = tracemalloc.take_snapshot().filter_traces(
-                    [tracemalloc.Filter(True, "*masking/server.py", all_frames=True)])
-                retained = sum(t.size for t in snap.traces)
-            for c in list(msgs):
-                server_call(server.receive_bytes, c, clients[c].handle(msgs.pop(c)))
-        server.result()
-    finally:
-        tracemalloc.stop()
-    return {"server_retained_bytes": retained, "server_max_transient_bytes": transient}
-
-
-def scaling_run(ns: list[int], p: int) -> list[dict]:
-    """Masked round at growing n and fixed P: the server's memory should not grow with n."""
-    rows = []
-    for n in ns:
-        deltas, weights = make_case(n, p, seed=n)
-        ours = _Ours(n, p, deltas, weights)
-        dt, _ = _timed(lambda ours=ours: ours.run("masked"))
-        mem = server_memory(ours)
-        vec_bytes = 4 * (p + 2 * N_MODULES)
-        rows.append({"n": n, "P": p, "neighbours_k": ours.k, "threshold_t": ours.t, "seconds_per_round": dt, **mem,
-                     "server_bytes_over_one_vector": (mem["server_retained_bytes"] + mem["server_max_transient_bytes"])
-                     / vec_bytes,
-                     "masked_vector_bytes": vec_bytes, "holding_n_vectors_would_need_bytes": n * vec_bytes})
-        print(f"scaling n={n}: {dt:.2f} s, server retained {mem['server_retained_bytes'] / 1e6:.2f} MB, "
-              f"transient {mem['server_max_transient_bytes'] / 1e6:.2f} MB", file=sys.stderr)
-    return rows
+    if with_flower:
+        row["ratio_flower_over_plaintext"] = med["flower_secaggplus"] / med["insecure_plaintext"]
+        row["ratio_masked_over_flower"] = med["masked"] / med["flower_secaggplus"]
+    return row
 
 
 def machine() -> dict:
@@ -316,24 +303,26 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="small sizes; print JSON, write nothing")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--no-flower", action="store_true", help="skip Flower's SecAgg+ (faster)")
     args = ap.parse_args(argv)
-    ns, ps = ([5, 10], [10_000]) if args.quick else ([5, 10, 20], [100_000, 1_000_000])
-    scale_ns, scale_p = ([10, 30], 5_000) if args.quick else ([10, 25, 50, 100], 100_000)
+    grid = [(5, 10_000), (10, 10_000)] if args.quick else \
+        [(10, 10_000), (5, 100_000), (10, 100_000), (20, 100_000), (50, 100_000), (100, 100_000), (10, 1_000_000)]
     cases = []
-    for p in ps:
-        for n in ns:
-            row = bench_case(n, p, args.reps)
-            cases.append(row)
-            m = row["seconds_per_round_median"]
-            print(f"n={n} P={p}: plaintext {m['insecure_plaintext']:.3f} s, masked {m['masked']:.3f} s, "
-                  f"flower {m['flower_secaggplus']:.3f} s", file=sys.stderr)
+    for n, p in grid:
+        reps = max(args.reps, 5) if p <= 10_000 else args.reps
+        row = bench_case(n, p, reps, with_flower=n <= 20 and not args.no_flower)
+        cases.append(row)
+        m = row["seconds_per_round_median"]
+        print(f"n={n} P={p}: " + ", ".join(f"{s} {v:.3f} s" for s, v in m.items())
+              + f"; masked/plaintext {row['ratio_masked_over_plaintext']:.2f}", file=sys.stderr)
     result = {"benchmark": "secure_aggregation_masked", "quick": args.quick, "reps": args.reps,
               "machine": machine(),
               "parameters": {"clip": 1.0, "modules": N_MODULES, "deltas": "N(0, 0.05) float32",
                              "weights": "U(0.2, 1); Flower gets num_examples = round(100 w), max_weight 100",
+                             "threshold": "t = k // 2 + 1 (as Flower's default reconstruction threshold)",
                              "flower": "SecAggPlusWorkflow(num_shares=k+1, reconstruction_threshold=t, "
                                        "clipping_range=8, quantization 2^22, modulus 2^32)"},
-              "cases": cases, "scaling": scaling_run(scale_ns, scale_p)}
+              "cases": cases}
     text = json.dumps(result, indent=2)
     out = args.out or (None if args.quick else OUT)
     if out is not None:
