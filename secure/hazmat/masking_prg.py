@@ -33,28 +33,35 @@ def expand_mask(seed: bytes, n_words: int) -> np.ndarray:
 
 def add_mask(acc: np.ndarray, seed: bytes, *, sign: int) -> None:
     """``acc += sign * PRG(seed)`` in Z_{2^32}, in place (``acc`` is uint32)."""
-    mask = expand_mask(seed, acc.shape[0])
-    if sign > 0:
-        np.add(acc, mask, out=acc)
-    else:
-        np.subtract(acc, mask, out=acc)
+    add_mask_parts([acc], seed, sign=sign)
 
 
-def add_mask_parts(parts: list[np.ndarray], seed: bytes, *, sign: int) -> None:
+#: Keystream is produced and added this many bytes at a time, so masking a vector of P words
+#: needs no P-sized temporary (server memory stays O(one vector), docs: SECURITY.md).
+CHUNK_BYTES = 1 << 20
+
+
+def add_mask_parts(parts: list[np.ndarray], seed: bytes, *, sign: int, chunk_bytes: int = CHUNK_BYTES) -> None:
     """``part += sign * PRG(seed)`` for consecutive slices of one keystream, in place.
 
-    Each part is uint16 (ring 2^16) or uint32 (ring 2^32); with one uint32 part this is
-    :func:`add_mask`. Raises ValueError for any other dtype.
+    Each part is a contiguous uint16 (ring 2^16) or uint32 (ring 2^32) array; with one uint32
+    part this is :func:`add_mask`. The keystream is generated ``chunk_bytes`` at a time (a
+    multiple of 4); the result does not depend on it. Raises ValueError for any other input.
     """
-    if any(p.dtype not in (np.uint16, np.uint32) for p in parts):
-        raise ValueError("mask parts must be uint16 or uint32 arrays")
-    total = sum(p.nbytes for p in parts)
-    stream = expand_mask(seed, -(-total // 4)).view(np.uint8)
-    pos = 0
+    if len(seed) != 32:
+        raise ValueError(f"mask seed must be 32 bytes, got {len(seed)}")
+    if any(p.dtype not in (np.uint16, np.uint32) or not p.flags.c_contiguous for p in parts):
+        raise ValueError("mask parts must be contiguous uint16 or uint32 arrays")
+    if chunk_bytes <= 0 or chunk_bytes % 4:
+        raise ValueError("chunk_bytes must be a positive multiple of 4")
+    enc = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
+    zeros = memoryview(bytes(chunk_bytes))
+    op = np.add if sign > 0 else np.subtract
     for p in parts:
-        mask = stream[pos:pos + p.nbytes].view("<u2" if p.dtype == np.uint16 else "<u4")
-        pos += p.nbytes
-        if sign > 0:
-            np.add(p, mask, out=p)
-        else:
-            np.subtract(p, mask, out=p)
+        flat = p.reshape(-1)
+        size = p.dtype.itemsize
+        step = chunk_bytes // size
+        for lo in range(0, flat.shape[0], step):
+            seg = flat[lo:lo + step]
+            mask = np.frombuffer(enc.update(zeros[:seg.nbytes]), dtype="<u2" if size == 2 else "<u4")
+            op(seg, mask, out=seg)

@@ -145,10 +145,16 @@ def word_bytes(layout: Layout, params: MaskingParams) -> int:
     return np.dtype(params.value_dtype).itemsize * layout.n_values + 8 * len(layout.names)
 
 
+def _signed(values: np.ndarray) -> np.ndarray:
+    """Signed (two's complement) view of ring values, 16- or 32-bit; no copy."""
+    return values.view(np.int16) if values.dtype == np.uint16 else values.view(np.int32)
+
+
 def _signed_values(values: np.ndarray, *, scale: float) -> np.ndarray:
-    """Signed reading of ring values (16- or 32-bit two's complement) divided by ``scale``."""
-    signed = values.view(np.int16) if values.dtype == np.uint16 else values.view(np.int32)
-    return signed.astype(np.float64) / scale
+    """Signed reading of ring values divided by ``scale`` (float64; one allocation, the result)."""
+    out = _signed(values).astype(np.float64)
+    out /= scale
+    return out
 
 
 def decode_sum(total: list[np.ndarray], *, layout: Layout, params: MaskingParams,
@@ -217,7 +223,8 @@ def check_total(total: list[np.ndarray], *, layout: Layout, params: MaskingParam
             how = "the weights the plan publishes" if fixed is not None and c else "weight.max"
             problems.append(f"module {name!r}: weight sum {w:.6g} is outside [{lo:.6g}, {hi:.6g}] for {c} "
                             f"contributor(s) ({how})")
-        peak = float(np.abs(_signed_values(values[off:off + size], scale=params.scale)).max())
+        seg = _signed(values[off:off + size])
+        peak = max(int(seg.max()), -int(seg.min())) / params.scale if size else 0.0  # no P-sized temporary
         if peak > c * params.clip + v_tol:
             problems.append(f"module {name!r}: a summed value exceeds {c} contributor(s) x masked.clip = "
                             f"{c * params.clip:.6g}")

@@ -120,3 +120,34 @@ def test_fixed_point_out_of_range_is_an_error_or_a_counted_clip():
     np.testing.assert_allclose(fixedpoint.decode(words, scale=scale), [0.5, 1.0, -1.0, 1.0], atol=1e-8)
     with pytest.raises(ValueError, match="NaN"):
         fixedpoint.encode(np.array([np.nan]), scale=scale, bound=1.0, clip=True)
+
+
+def test_shamir_known_answer_and_field():
+    from clinograph.secure.hazmat.shamir import PRIME, SHARE_BYTES
+
+    assert PRIME == 2**256 + 297 and all(pow(a, PRIME - 1, PRIME) == 1 for a in (2, 3, 5, 7))  # Fermat witnesses
+    s = int.from_bytes(b"\xff" * 32, "big")  # the largest secret is a field element
+    shares = [(x, ((s + 5 * x + 7 * x * x) % PRIME).to_bytes(SHARE_BYTES, "big")) for x in (1, 2, 3)]
+    assert combine_shares(shares) == b"\xff" * 32  # f(x) = s + 5x + 7x^2, eq. (1)
+    with pytest.raises(ValueError, match="field element"):
+        combine_shares([(1, (PRIME + 1).to_bytes(SHARE_BYTES, "big")), shares[1]])
+    bad = [shares[0], (2, bytes(SHARE_BYTES)), shares[2]]
+    try:  # a wrong share: a wrong secret or, if it leaves 2^256, a ValueError -- never the secret
+        assert combine_shares(bad) != b"\xff" * 32
+    except ValueError:
+        pass
+
+
+def test_chunked_masks_equal_one_keystream_for_mixed_parts():
+    from clinograph.secure.hazmat.masking_prg import add_mask_parts
+
+    seed = bytes(range(32))
+    values, slots = np.zeros(1001, np.uint16), np.zeros(9, np.uint32)
+    add_mask_parts([values, slots], seed, sign=1, chunk_bytes=64)
+    stream = expand_mask(seed, 600).view(np.uint8)
+    assert np.array_equal(values, stream[:2002].view("<u2"))
+    assert np.array_equal(slots, stream[2002:2038].view("<u4"))
+    add_mask_parts([values, slots], seed, sign=-1)  # another chunk size undoes it exactly
+    assert not values.any() and not slots.any()
+    with pytest.raises(ValueError, match="uint16 or uint32"):
+        add_mask_parts([np.zeros(4, np.int64)], seed, sign=1)
