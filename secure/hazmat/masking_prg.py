@@ -55,7 +55,7 @@ def add_mask_parts(parts: list[np.ndarray], seed: bytes, *, sign: int, chunk_byt
     if chunk_bytes <= 0 or chunk_bytes % 4:
         raise ValueError("chunk_bytes must be a positive multiple of 4")
     enc = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
-    zeros = memoryview(bytes(chunk_bytes))
+    zeros = memoryview(bytes(min(chunk_bytes, sum(p.nbytes for p in parts))))
     op = np.add if sign > 0 else np.subtract
     for p in parts:
         flat = p.reshape(-1)
