@@ -2,8 +2,9 @@
 
 A federation server keeps its state in memory; this journal makes a restarted server resume
 the run instead of starting over. :func:`~.loop.run_rounds` (given ``journal=``) writes one
-:class:`Boundary` after each stage of every round -- the plan exchange, each secure-mode stage,
-the close, the model delivery (``end``) -- and when the run ends. Each boundary is one SQLite
+:class:`Boundary` at each stage boundary of every round -- the plan signed but not yet sent
+(``open``), the plan exchange, each secure-mode stage, the close, the model delivery (``end``)
+-- and when the run ends. Each boundary is one SQLite
 transaction (stdlib :mod:`sqlite3`, WAL, ``synchronous = FULL``), so a SIGKILL leaves either the
 previous boundary or the new one, never half of one.
 
@@ -79,7 +80,7 @@ class Boundary(BaseModel):
     format: Literal["clinograph-journal/1"] = FORMAT
     federation_id: str
     spec_digest: str
-    #: plan, stage <k>, close, aborted, end, run_ended
+    #: open, plan, stage <k>, close, aborted, end, run_ended
     stage: str = Field(max_length=32)
     #: the server's next round number
     round: int = Field(ge=0)

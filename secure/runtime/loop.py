@@ -35,7 +35,8 @@ from .resume import RunState, check_journalable, resume, save
 from .transport import Transport
 
 EventSink = Callable[[str, Mapping[str, Any]], None]
-#: ``on_boundary(stage, info)`` after each stage of a round: ``plan``, ``stage <k>``, ``close``
+#: ``on_boundary(stage, info)`` after each stage of a round: ``open`` (the plan is signed, not yet
+#: sent), ``plan``, ``stage <k>``, ``close``
 #: (info: ``result``, ``invited``, ``pending`` = the model owed to each survivor, ``final``),
 #: ``aborted`` (info: ``final``) and, when the loop delivers the model itself, ``end``.
 BoundarySink = Callable[[str, Mapping[str, Any]], None]
@@ -106,6 +107,7 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
         participants = tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
     round_ = server.round
     plan = server.open_round(participants)
+    boundary("open", {})  # before any hospital sees the plan: a crash from here on aborts this round
     event("round_opened", {"round": round_, "participants": list(participants), "secure_mode": server.mode.name})
     dropped: dict[str, str] = {}
     book = RoundBook(server=server, round=round_, invited=tuple(participants), event=event, legacy=dropped)

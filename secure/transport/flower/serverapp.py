@@ -18,7 +18,17 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 ``stage-timeout``      seconds for each later stage (a dead node costs one of these)
 ``end-timeout``        seconds to deliver the last global model
 ``events-file``        optional JSON-lines progress log (names, stages, reasons -- no data)
+``journal``            optional path of the crash journal (SQLite, beside -- not inside -- the
+                       audit directory): the server's state at every stage boundary; when
+                       it exists the run resumes (:mod:`clinograph.secure.runtime.journal`)
 =====================  =====================================================================
+
+Crash and resume: with ``journal`` set, a ServerApp (or SuperLink) killed mid-run is resumed
+by starting the same run again (``flwr run`` with the same run config): the new ServerApp
+reopens the audit trail, restores the server from the journal, aborts and audits the round
+that was open (reason ``server restart``) and runs the remaining rounds under new round
+numbers. The hospitals' SuperNodes build a fresh participant for the new Flower run, which
+resumes from the hospital's state directory (:mod:`clinograph.sdk.federation.anchor`).
 
 The hospitals that answered the hello are invited to every round; the masked mode's
 parameters are recomputed for each round's participants.
@@ -59,6 +69,7 @@ from ...runtime import (
     run_ckks_ceremony,
     run_rounds,
 )
+from ...runtime.journal import Journal
 from . import check_flower_version
 from .driver import FlowerTransport, Timeouts, greet_nodes
 from .enrolment import load_federation
@@ -137,6 +148,9 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
                                  f"{data.get('reason')}")
     if kind in ("hospital_suspended", "hospital_rejoined"):
         return logging.WARNING, f"round {r}: {_who(data.get('hospital'), nodes)} {kind.split('_')[1]}"
+    if kind == "resumed":
+        return logging.WARNING, (f"resumed from the journal after a restart: {data.get('rounds_completed')} round(s) "
+                                 f"completed, next round {r} (last boundary: {data.get('stage')})")
     if kind == "run_ended":
         level = logging.INFO if data.get("status") == "completed" else logging.WARNING
         return level, (f"run ended ({data.get('status')}) after {data.get('rounds_completed')} of "
@@ -175,12 +189,18 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
     events("started", {"federation": fed.id, "secure_mode": fed.secure_mode, "python": sys.prefix,
                        "torch_installed": importlib.util.find_spec("torch") is not None})
     identity = Identity.load(federation.server.name, Path(_get(run_config, "server-key", str)))
+    journal_path = _get(run_config, "journal", str, "")
+    if journal_path and Path(journal_path).resolve().is_relative_to(Path(config.audit_dir).resolve()):
+        raise ConfigError(f"Run config 'journal' = {journal_path!r} lies inside the audit directory "
+                          f"{config.audit_dir}, which holds only the audit trail; put it beside it "
+                          f"(e.g. journal='{Path(config.audit_dir).with_suffix('.journal.sqlite')}').")
     audit = AuditTrail(Path(config.audit_dir), identity=identity)
     _log.info("audit run %s in %s", audit.run_id, config.audit_dir)
+    journal = Journal(Path(journal_path)) if journal_path else None
     try:
         outcomes = _run(grid, audit=audit, config=config, federation=federation, identity=identity,
                         initial=initial, rounds=rounds, min_nodes=min_nodes, wait=wait, timeouts=timeouts,
-                        events=events)
+                        events=events, journal=journal)
     except BaseException as exc:
         reason = f"{type(exc).__name__}: {exc}"
         head = audit.head
@@ -191,12 +211,15 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
         raise
     finally:
         audit.close()
+        if journal is not None:
+            journal.close()
     events("finished", {"rounds": len(outcomes)})
     return [o.result for o in outcomes]
 
 
 def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any, identity: Identity,
-         initial: Any, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: _Events) -> list[Any]:
+         initial: Any, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: _Events,
+         journal: Journal | None = None) -> list[Any]:
     fed = config.federation
     deadline = time.monotonic() + wait
     node_ids = sorted(grid.get_node_ids())
@@ -229,7 +252,7 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
     server = build_server(federation=fed, identity=identity, enrolled=enrolled, initial=initial, audit=audit,
                           dp_policy=config.dp_policy.policy() if config.dp_policy else None,
                           ckks_context=ckks_context)
-    outcomes = run_rounds(server, transport, rounds=rounds, on_event=events)
+    outcomes = run_rounds(server, transport, rounds=rounds, on_event=events, journal=journal)
     head = audit.head
     if head is not None and head.kind == "run_ended":
         events("run_ended", head.payload)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 
 import crash_harness  # noqa: E402
 
-MASKED_KILLS = ("plan", "stage 1", "stage 2", "stage 3", "stage 4", "close", "end")
+MASKED_KILLS = ("open", "plan", "stage 1", "stage 2", "stage 3", "stage 4", "close", "end")
 
 
 def _run(work: Path, *args: str) -> int:
@@ -77,7 +77,7 @@ def test_masked_run_killed_at_every_stage_boundary_ends_with_the_uninterrupted_m
     for stage in MASKED_KILLS:
         assert _run(work, "--rounds", "2", "--kill", stage) == -signal.SIGKILL, stage
     assert _run(work, "--rounds", "2") == 0
-    result = _check_run(work, aborted=5, rounds=2)  # plan and the four masked stages interrupted a round
+    result = _check_run(work, aborted=6, rounds=2)  # open, plan and the four masked stages interrupted a round
     assert result["global"] == reference["global"]  # exact, bit for bit
     kinds = [e["kind"] for e in _entries(work)]
     assert kinds.count("audit_reopen") == len(MASKED_KILLS) and kinds[-1] == "run_ended"
