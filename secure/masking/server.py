@@ -59,6 +59,7 @@ from .stages import (
     pair_context,
     pairwise_sign,
     round_context,
+    split_modules,
     word_bytes,
 )
 
@@ -180,7 +181,8 @@ class MaskingServer(AggregationServer):
             for s in msg.shares:
                 self._outbox.setdefault(s.peer, []).append(EncryptedShare(peer=sender, ciphertext=s.ciphertext))
         elif isinstance(msg, MaskedInput):
-            parts = from_words(msg.words, layout=self._layout, params=self.params, sender=sender)
+            parts = split_modules(from_words(msg.words, layout=self._layout, params=self.params, sender=sender),
+                                  layout=self._layout)  # kept per module: decode_sum frees each in turn
             if self._sum is None:
                 self._sum = [p.astype(p.dtype.newbyteorder("=")) for p in parts]
             else:
@@ -284,8 +286,10 @@ class MaskingServer(AggregationServer):
                 seed = agree(sk, self._keys[u].s_pk, label=KDF_PAIRWISE_MASK, context=pair_context(self.plan, u, v))
                 add_mask_parts(total, seed, sign=-pairwise_sign(u, v))
         check_total(total, layout=self._layout, params=self.params, plan=self.plan, survivors=survivors)
-        self._result = decode_sum(total, layout=self._layout, params=self.params, contributors=survivors)
-        self._sum, self._revealed = None, {}
+        self._sum = None
+        self._result = decode_sum(total, layout=self._layout, params=self.params, contributors=survivors,
+                                  consume=True)
+        self._revealed = {}
 
     def result(self) -> ModuleSums:
         if self._abort is not None:

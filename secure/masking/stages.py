@@ -157,20 +157,39 @@ def _signed_values(values: np.ndarray, *, scale: float) -> np.ndarray:
     return out
 
 
+def split_modules(parts: list[np.ndarray], *, layout: Layout) -> list[np.ndarray]:
+    """(values, slots) -> one array per module, then the slots (views; the same keystream order)."""
+    values, slots = parts
+    return [values[off:off + size] for off, size in zip(layout.offsets, layout.sizes, strict=True)] + [slots]
+
+
+def _modules(total: list[np.ndarray], layout: Layout) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per-module arrays and slots of a ring vector given as (values, slots) or per module."""
+    if len(total) == len(layout.names) + 1:
+        return total[:-1], total[-1]
+    return split_modules(total, layout=layout)[:-1], total[-1]
+
+
 def decode_sum(total: list[np.ndarray], *, layout: Layout, params: MaskingParams,
-               contributors: Iterable[str]) -> ModuleSums:
-    """Unmasked ring sum (values, slots) -> per-module sums, weight sums and counts (modules
-    with count 0 omitted)."""
-    values, slots = total
+               contributors: Iterable[str], consume: bool = False) -> ModuleSums:
+    """Unmasked ring sum -> per-module sums, weight sums and counts (modules with count 0 omitted).
+
+    ``total`` is (values, slots) or one array per module then the slots. ``consume`` (per-module
+    form only): drop each module's ring array from ``total`` once decoded, so the float64 result
+    never coexists with the whole ring sum (server memory stays under 3 vectors).
+    """
+    modules, slots = _modules(total, layout)
+    per_module = len(total) == len(layout.names) + 1
     m = len(layout.names)
     weights = fixedpoint.decode(slots[:m], scale=params.weight_scale)
     counts = slots[m:].view(np.int32).astype(np.int64)
     sums, wsum, cnt = {}, {}, {}
-    for j, (name, off, size) in enumerate(zip(layout.names, layout.offsets, layout.sizes, strict=True)):
-        if counts[j] <= 0:
-            continue
-        sums[name] = _signed_values(values[off:off + size], scale=params.scale)
-        wsum[name], cnt[name] = float(weights[j]), int(counts[j])
+    for j, name in enumerate(layout.names):
+        if counts[j] > 0:
+            sums[name] = _signed_values(modules[j], scale=params.scale)
+            wsum[name], cnt[name] = float(weights[j]), int(counts[j])
+        if consume and per_module:
+            modules[j] = total[j] = None  # type: ignore[call-overload]
     return ModuleSums(sums=sums, weights=wsum, counts=cnt, contributors=tuple(sorted(contributors)))
 
 
@@ -197,7 +216,7 @@ def check_total(total: list[np.ndarray], *, layout: Layout, params: MaskingParam
             round aborts, as the culprit cannot be named without seeing single updates.
     """
     who = sorted(survivors)
-    values, slots = total
+    modules, slots = _modules(total, layout)
     n, m = len(who), len(layout.names)
     weights = fixedpoint.decode(slots[:m], scale=params.weight_scale)
     counts = slots[m:].view(np.int32).astype(np.int64)
@@ -206,7 +225,7 @@ def check_total(total: list[np.ndarray], *, layout: Layout, params: MaskingParam
     published = [plan.options.get(f"weight/{c}") for c in who]
     fixed = sorted(float(w) for w in published) if all(isinstance(w, float) for w in published) else None
     problems = []
-    for j, (name, off, size) in enumerate(zip(layout.names, layout.offsets, layout.sizes, strict=True)):
+    for j, (name, size) in enumerate(zip(layout.names, layout.sizes, strict=True)):
         c, w = int(counts[j]), float(weights[j])
         if not 0 <= c <= n:
             problems.append(f"module {name!r}: contributor count slot is {c}, outside [0, {n}] (survivors)")
@@ -223,7 +242,7 @@ def check_total(total: list[np.ndarray], *, layout: Layout, params: MaskingParam
             how = "the weights the plan publishes" if fixed is not None and c else "weight.max"
             problems.append(f"module {name!r}: weight sum {w:.6g} is outside [{lo:.6g}, {hi:.6g}] for {c} "
                             f"contributor(s) ({how})")
-        seg = _signed(values[off:off + size])
+        seg = _signed(modules[j])
         peak = max(int(seg.max()), -int(seg.min())) / params.scale if size else 0.0  # no P-sized temporary
         if peak > c * params.clip + v_tol:
             problems.append(f"module {name!r}: a summed value exceeds {c} contributor(s) x masked.clip = "
