@@ -7,7 +7,8 @@ Per (n, P) and configuration, interleaved in one process, medians over the repet
 seconds a hospital spends encrypting (and sealing) its update, seconds the server spends
 deserialising and summing all n updates (streamed: one update in memory at a time), seconds
 a hospital spends verifying, deserialising and decrypting the aggregate; bytes uploaded per
-client (wire envelope and raw SEAL ciphertext bytes) and per parameter; bytes downloaded.
+client (wire envelope, the Flower message around it, and raw SEAL ciphertext bytes) and per
+parameter; bytes downloaded. Ciphertexts travel as raw envelope attachments (secure/wire.py).
 
 Configurations: our mode end to end (CkksClient/CkksServer) with ADD_ONLY_128 and
 ADD_ONLY_128_COMPACT, and the anchor: ``tenseal.ckks_vector`` with NVFLARE's default context
@@ -93,6 +94,7 @@ class Ours:
             data = cl.first_message()
             enc.append(time.perf_counter() - t)
             up = len(data)
+            flower = _flower_message_bytes(data)
             t = time.perf_counter()  # the wire's share of the server's work (parse, verify, validate)
             env = parse_envelope(data)
             raw = sum(map(len, open_envelope(env, sender=peers[c], model=CkksUpdate).ciphertexts))
@@ -113,7 +115,22 @@ class Ours:
                   for m in spec.modules)
         return dict(encrypt_s=statistics.median(enc), server_s=srv, decrypt_s=dec,
                     server_envelope_s_per_client=statistics.median(env_s), upload_bytes=up,
-                    upload_ciphertext_bytes=raw, download_bytes=len(out[first]), max_abs_error=err)
+                    upload_ciphertext_bytes=raw, upload_flower_message_bytes=flower,
+                    download_bytes=len(out[first]), max_abs_error=err)
+
+
+def _flower_message_bytes(envelope: bytes) -> int:
+    """Bytes of the protobuf Flower message our Flower transport sends for the update's envelope
+    (secure/transport/flower/records.py: a ConfigRecord of bytes, Flower's own serialisation)."""
+    from clinograph.secure.transport.flower.records import MESSAGE_TYPE, to_content
+    from flwr.app import Message
+    from flwr.common.serde import message_to_proto
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    query = Message(to_content("plan", {"data": b"x"}, round_=1), dst_node_id=101, message_type=MESSAGE_TYPE)
+    reply = Message(to_content("plan", {"report": b"", "first": envelope}, round_=1), reply_to=query)
+    return len(message_to_proto(reply).SerializeToString())
 
 
 class Nvflare:
@@ -152,7 +169,7 @@ class Nvflare:
                   for m in spec.modules)
         return dict(encrypt_s=statistics.median(enc), server_s=srv, decrypt_s=dt,
                     server_envelope_s_per_client=0.0, upload_bytes=up,
-                    upload_ciphertext_bytes=up, download_bytes=sum(map(len, sums.values())), max_abs_error=err)
+                    upload_ciphertext_bytes=up, upload_flower_message_bytes=0, download_bytes=sum(map(len, sums.values())), max_abs_error=err)
 
 
 def _machine() -> dict:
@@ -196,6 +213,7 @@ def main() -> None:
                 med["round_s"] = med["encrypt_s"] + med["server_s"] + med["decrypt_s"]
                 med["upload_bytes_per_param"] = med["upload_bytes"] / p
                 med["upload_ciphertext_bytes_per_param"] = med["upload_ciphertext_bytes"] / p
+                med["upload_flower_message_bytes_per_param"] = med["upload_flower_message_bytes"] / p
                 med["download_bytes_per_param"] = med["download_bytes"] / p
                 rows.append(dict(config=c, n=n, P=p, reps=args.reps, **med))
             base = {r["config"]: r for r in rows if r["n"] == n and r["P"] == p}
@@ -204,7 +222,9 @@ def main() -> None:
                 base[c]["upload_ratio_vs_nvflare"] = base[c]["upload_bytes"] / base["nvflare_default_tenseal"]["upload_bytes"]
     result = dict(benchmark="secure_aggregation_ckks", quick=args.quick, machine=_machine(),
                   notes=("medians over reps; ours = CkksClient/CkksServer end to end incl. signing and the wire "
-                         "envelope (ciphertexts base64 in the JSON payload, binary envelope frame: compare upload_bytes with upload_ciphertext_bytes); "
+                         "envelope (ciphertexts as raw envelope attachments, secure/wire.py: compare upload_bytes with "
+                         "upload_ciphertext_bytes; upload_flower_message_bytes is the same envelope inside the Flower "
+                         "message our Flower transport sends, 0 for the anchor); "
                          "anchor = tenseal.ckks_vector with NVFLARE's default context, n_threads=1, no envelope; "
                          "round_s = encrypt_s + server_s + decrypt_s (hospitals in parallel)"),
                   rows=rows)
