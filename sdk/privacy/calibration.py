@@ -39,14 +39,15 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
                            f"at q = {sample_rate:.4g}: {exc}. Fix: raise the target ε or plan fewer rounds.") from None
 
 
-def distributed_noise_multiplier(config, *, dictionary, n_hospitals: int, target_epsilon: float) -> float:  # noqa: ANN001
+def distributed_noise_multiplier(config, *, dim: int, n_hospitals: int, target_epsilon: float) -> float:  # noqa: ANN001
     """σ of the aggregate Skellam mechanism (over the honest set) whose ``[federation] rounds``
     rounds give ε ≤ ``target_epsilon`` at ``[privacy] delta`` (:mod:`clinograph.secure.dp`).
 
     ``config`` is a :class:`~clinograph.sdk.config.SimulationConfig` in distributed mode (its σ is
     ignored). Calibrated exactly as the server checks it (``build_server``): the masked ring's
-    scale for ``n_hospitals`` and the dimension of every shared module of the spec (the
-    hospitals release fewer, so their ledgers read the same ε or less). Only public quantities.
+    scale for ``n_hospitals``; ``dim`` should be what build_server uses, the size of every shared
+    module of the spec (``sum(m.size for m in initial.spec.shared)``; the hospitals release
+    fewer, so their ledgers read the same ε or less). Only public quantities.
 
     Raises:
         PrivacyError: the target cannot be met.
@@ -54,13 +55,10 @@ def distributed_noise_multiplier(config, *, dictionary, n_hospitals: int, target
     from clinograph.secure.dp import calibrate_noise_multiplier as skellam_sigma
     from clinograph.secure.runtime.build import build_strategy, masked_options, weight_bound
 
-    from ..federation.build import initial_model_for
-
     fed, priv = config.federation, config.privacy
     if priv.sample_rate is None:
         raise PrivacyError("Distributed DP needs [privacy] sample_rate to calibrate σ.")
     opts = masked_options(fed, n=n_hospitals, max_weight=weight_bound(build_strategy(fed), fed))
-    dim = sum(m.size for m in initial_model_for(config.hospital_config(), dictionary=dictionary).spec.shared)
     try:
         return skellam_sigma(target_epsilon=target_epsilon, delta=priv.delta, rounds=fed.rounds,
                              sample_rate=priv.sample_rate, clip=priv.clip_norm, scale=float(opts["masked.scale"]),

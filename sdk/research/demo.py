@@ -187,10 +187,12 @@ def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_
     if dp_config is not None:
         update: dict = {"state_dir": out_dir / "privacy_state"}
         if distributed:
+            from ..federation.build import initial_model_for
             from ..privacy.calibration import distributed_noise_multiplier
 
-            update["noise_multiplier"] = distributed_noise_multiplier(dp_config, dictionary=dictionary,
-                                                                      n_hospitals=len(tables), target_epsilon=dp_epsilon)
+            spec = initial_model_for(dp_config.hospital_config(), dictionary=dictionary).spec
+            update["noise_multiplier"] = distributed_noise_multiplier(
+                dp_config, dim=sum(m.size for m in spec.shared), n_hospitals=len(tables), target_epsilon=dp_epsilon)
             stage(f"federated training with distributed DP (Skellam shares inside the masked sum, σ = "
                   f"{update['noise_multiplier']:.3g}; ε ≤ {dp_epsilon:g}, δ = 1e-5 while at least {DP_MIN_HONEST} "
                   f"hospitals add their share): {dp_rounds} rounds")
