@@ -162,7 +162,8 @@ class DistributedLedger:
     Every round records the guarantee the hospital relies on -- ``mechanism``, σ, q, C, the
     ring scale, the dimension, ``min_honest``, and ``epsilon`` composed over its rounds -- and
     what it would have alone: ``noise_multiplier_alone`` = σ/sqrt(h), the noise it added by
-    itself, and ``epsilon_alone`` composed the same way. The report should show both columns.
+    itself, and ``epsilon_alone`` composed the same way. The audit report's privacy section shows
+    both per hospital (:mod:`clinograph.secure.audit.report`, table ``privacy-trust``).
     A round that would pass the budget is refused before training.
     """
 
