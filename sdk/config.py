@@ -132,7 +132,9 @@ class PrivacySection(_Strict):
     max_clipbound: float = Field(default=1.0, gt=0, description="adaptive clipping only; reported as the clip norm")
     min_clipbound: float = Field(default=0.01, gt=0, description="adaptive clipping only")
     unclipped_num_std: float = Field(default=10.0, gt=0, description="adaptive clipping only (σ_b)")
-    grad_sample_mode: Literal["hooks", "ew"] = Field(default="hooks", description="Opacus per-sample gradients")
+    grad_sample_mode: Literal["star", "hooks", "ew"] = Field(default="star", description="per-patient gradients: "
+                                                             "star (book-keeping, sdk/privacy/per_patient.py) "
+                                                             "or Opacus hooks / ew")
     # -- distributed DP (additive; docs/privacy.md "Distributed DP") -------------------------------
     mode: Literal["local", "distributed"] = Field(default="local", description="local: this hospital adds the "
                                                   "whole noise (DP-SGD alone); distributed: one DP-SGD step a "

@@ -1,16 +1,30 @@
-"""DPTrainer: patient-level DP-SGD on the NS-FL star model (issue 4, privacy.md).
+"""DPTrainer: patient-level DP-SGD on the NS-FL star model (issue 4, issue 14 item 6, privacy.md).
 
 One training example per patient: its star (its own feature copies and values) as padded
 dense tensors through :meth:`NSFLModel.forward_star`, built only from ``nn.Linear`` and
-``nn.Embedding`` leaves, so Opacus's hooks-mode per-sample gradients are exact (tested
-against a per-patient loop). ``similar_to`` is never built; asking for it raises
+``nn.Embedding`` leaves, so per-patient gradients are exact (tested against a per-patient
+loop). ``similar_to`` is never built; asking for it raises
 :class:`~clinograph.secure.errors.PrivacyError`.
 
-Per round: restore the accountant's history from the hospital's ledger, refuse the round if
-its projected ε passes the budget, then DP-SGD (Abadi et al. 2016): Poisson sampling at
-q = 1/⌈n/B⌉, per-patient clipping to C, Gaussian noise σ·C (CSPRNG, :mod:`.noise`), Adam on
-the noised mean; empty Poisson batches are stepped (noise only), never skipped. The outcome
-carries the signed-report :class:`LedgerEntry` (σ, q, steps, C, accountant, ε so far, δ).
+DP-SGD (Abadi et al. 2016, Algorithm 1): Poisson sampling at q = 1/⌈n/B⌉ from a CSPRNG
+(ChaCha20 under an ``os.urandom`` key, :class:`~clinograph.secure.hazmat.discrete_noise.CsprngUniform`;
+never torch's or numpy's generators), per-patient clipping to C, Gaussian noise σ·C (CSPRNG,
+:mod:`.noise`), the noised sum divided by the expected batch ⌊q·n⌋, then Adam; empty Poisson
+batches are stepped (noise only), never skipped.
+
+Per-patient gradients (``grad_sample_mode``): ``"star"`` (default) is the one-backward
+book-keeping engine of :mod:`.per_patient`; ``"hooks"`` / ``"ew"`` are Opacus's
+``GradSampleModule`` (kept for comparison and for adaptive clipping, which always uses Opacus's
+``AdaClipDPOptimizer``).
+
+Lifecycle: everything is built once per hospital run, on the first round -- the sampler, the
+per-patient engine (or Opacus's ``GradSampleModule`` and ``DPOptimizer``), the optimizer and the
+accountant -- and carried across rounds (rebuilt only if a different model object comes in;
+:attr:`DPTrainer.builds` counts it). The accountant steps once per DP-SGD step and is
+checked against the hospital's ledger before every round; a round whose projected ε passes the
+budget is refused before training. The optimizer object is kept, its moments are reset at
+the start of each round (the round starts from the newly loaded global model, as before).
+The outcome carries the signed-report :class:`LedgerEntry` (σ, q, steps, C, accountant, ε, δ).
 """
 
 from __future__ import annotations
@@ -22,9 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from clinograph.secure.errors import PrivacyError
+from clinograph.secure.hazmat.discrete_noise import CsprngUniform, bernoulli
 from clinograph.secure.identity import Identity
 from torch.nn import functional as F  # noqa: N812
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from ..config import HospitalConfig
 from ..graph.star import star_batch
@@ -35,13 +50,21 @@ from ..training.trainer import TrainOutcome
 from .accountant import PrivacyLedger, normalise
 from .calibration import calibrate_noise_multiplier, poisson_plan
 from .guard import refuse_coupled_plan, refuse_coupled_training
-from .noise import install_secure_noise, os_seeded_generator
+from .noise import install_secure_noise, os_seeded_generator, secure_gaussian
+from .per_patient import PerPatientClipper, star_probe
+
+GRAD_SAMPLE_MODES = ("star", "hooks", "ew")
 
 
 def star_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean BCE that is 0 (not NaN) on an empty Poisson batch; Opacus's ``loss_reduction="mean"``
     rescales per-sample gradients by the actual batch size, so per-patient terms are exact."""
     return F.binary_cross_entropy_with_logits(logits, y, reduction="sum") / max(int(y.shape[0]), 1)
+
+
+def poisson_indices(n: int, sample_rate: float, source: CsprngUniform) -> torch.Tensor:
+    """Positions in [0, n) each kept independently with probability q (CSPRNG coins, one per patient)."""
+    return torch.from_numpy(np.flatnonzero(bernoulli(sample_rate, n, source=source)))
 
 
 def unused_star_parameters(model: NSFLModel) -> list[str]:
@@ -72,21 +95,23 @@ class DPTrainer:
         batch_size: expected Poisson batch size B. train_config: optimiser settings (Adam lr, seed).
         clipping: ``"flat"`` or ``"adaptive"`` (Andrew et al. 2021, Opacus ``AdaClipDPOptimizer``).
         adaptive: keyword arguments of Opacus's adaptive clipping. k_similar: must be 0.
+        grad_sample_mode: ``"star"`` (book-keeping engine), ``"hooks"`` or ``"ew"`` (Opacus).
     """
 
     def __init__(self, table: PatientTable, *, train_idx: np.ndarray, ledger: PrivacyLedger, noise_multiplier: float,
                  clip_norm: float, batch_size: int, train_config: TrainConfig, clipping: str = "flat",
                  adaptive: dict[str, float] | None = None, k_similar: int = 0, optimizer: str = "adam",
-                 lr: float | None = None, grad_sample_mode: str = "hooks"):
+                 lr: float | None = None, grad_sample_mode: str = "star"):
         refuse_coupled_training(k_similar=k_similar, site=ledger.site)
         if clipping not in ("flat", "adaptive"):
             raise PrivacyError(f"Unknown clipping {clipping!r}. Registered: flat, adaptive.")
         if optimizer not in ("adam", "sgd"):
             raise PrivacyError(f"Unknown optimizer {optimizer!r}. Registered: adam, sgd.")
-        if grad_sample_mode not in ("hooks", "ew"):
-            raise PrivacyError(f"Unknown grad_sample_mode {grad_sample_mode!r}. Registered: hooks, ew "
-                               "(both checked against a per-patient loop in tests).")
-        self.grad_sample_mode = grad_sample_mode
+        if grad_sample_mode not in GRAD_SAMPLE_MODES:
+            raise PrivacyError(f"Unknown grad_sample_mode {grad_sample_mode!r}. Registered: "
+                               f"{', '.join(GRAD_SAMPLE_MODES)} (each checked against a per-patient loop in tests).")
+        # adaptive clipping is Opacus's AdaClipDPOptimizer: it needs Opacus's per-sample gradients
+        self.grad_sample_mode = "hooks" if (clipping == "adaptive" and grad_sample_mode == "star") else grad_sample_mode
         self.optimizer, self.lr = optimizer, float(lr if lr is not None else train_config.lr)
         self.table, self.ledger = table, ledger
         self.train_idx = np.asarray(train_idx)
@@ -94,50 +119,131 @@ class DPTrainer:
         self.config, self.clipping, self.adaptive = train_config, clipping, dict(adaptive or {})
         self.stars = star_batch(table, k_similar=0)
         self.sample_rate, self.steps_per_epoch = poisson_plan(n_train=len(self.train_idx), batch_size=batch_size)
+        #: Opacus's normaliser (loss_reduction = "mean"): the noised sum is divided by ⌊q·n⌋
+        self.expected_batch = max(int(len(self.train_idx) * self.sample_rate), 1)
         idx = torch.as_tensor(self.train_idx, dtype=torch.long)
         s = self.stars
+        #: one row a patient (sdk/training/temporal.py swaps in snapshot sequences)
+        self.dataset = TensorDataset(s.feature_index[idx], s.values[idx], s.mask[idx], s.labels[idx])
         self.last_empty_batches = 0
         self.last_timings: dict[str, object] = {}
-        self.dataset = TensorDataset(s.feature_index[idx], s.values[idx], s.mask[idx], s.labels[idx])
+        #: Poisson coins for the whole run: ChaCha20 keystream under a fresh os.urandom key
+        self.sampler = CsprngUniform()
+        #: the accountant, carried across rounds (restored from the ledger once, checked every round)
+        self.accountant = ledger.make_accountant()
+        #: how many times the per-patient engine / optimizer were built (1 for a whole run)
+        self.builds = 0
+        self._model: NSFLModel | None = None
+        self._frozen_names: set[str] = set()
 
     def planned_steps(self, epochs: int) -> int:
-        """Steps one round of ``epochs`` epochs takes (Opacus: ⌈n/B⌉ Poisson batches an epoch)."""
+        """Steps one round of ``epochs`` epochs takes (⌈n/B⌉ Poisson batches an epoch, as Opacus)."""
         return epochs * self.steps_per_epoch
+
+    # -- built once per run ---------------------------------------------------------------------
+    def _build(self, model: NSFLModel) -> None:
+        """The per-patient engine (or Opacus's wrapper and DP optimizer) and the optimizer, for ``model``."""
+        self._frozen_names = set(unused_star_parameters(model))
+        frozen = self._freeze(model)
+        try:
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            opt = (torch.optim.Adam(trainable, lr=self.lr, weight_decay=self.config.weight_decay)
+                   if self.optimizer == "adam" else
+                   torch.optim.SGD(trainable, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
+            self._opt = opt
+            if self.grad_sample_mode == "star":
+                fi, x, m = star_probe(model.n_features, row_shape=tuple(self.dataset.tensors[0].shape[1:]))
+                self._clipper = PerPatientClipper(model, probe=(fi, x.to(trainable[0].dtype), m))
+                self._gsm, self._dp_opt = None, None
+            else:
+                from opacus.grad_sample import get_gsm_class
+                from opacus.optimizers import DPOptimizer
+                from opacus.optimizers.adaclipoptimizer import AdaClipDPOptimizer
+
+                self._clipper = None
+                self._gsm = get_gsm_class(self.grad_sample_mode)(model, batch_first=True, loss_reduction="mean")
+                if self.clipping == "adaptive":
+                    extra = {"target_unclipped_quantile": 0.5, "clipbound_learning_rate": 0.2,
+                             "max_clipbound": self.clip_norm, "min_clipbound": 0.01, "unclipped_num_std": 10.0,
+                             **self.adaptive}
+                    self._dp_opt = AdaClipDPOptimizer(opt, noise_multiplier=self.noise_multiplier,
+                                                      max_grad_norm=self.clip_norm,
+                                                      expected_batch_size=self.expected_batch,
+                                                      generator=os_seeded_generator(), **extra)
+                else:
+                    self._dp_opt = DPOptimizer(opt, noise_multiplier=self.noise_multiplier, max_grad_norm=self.clip_norm,
+                                               expected_batch_size=self.expected_batch)
+                    install_secure_noise(self._dp_opt)
+                self._unhook()
+        finally:
+            self._unfreeze(frozen)
+        self._model = model
+        self.builds += 1
+
+    def _freeze(self, model: NSFLModel) -> list[torch.nn.Parameter]:
+        frozen = [p for n, p in model.named_parameters() if n in self._frozen_names and p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(False)
+        return frozen
+
+    @staticmethod
+    def _unfreeze(frozen: list[torch.nn.Parameter]) -> None:
+        for p in frozen:
+            p.requires_grad_(True)
+
+    def _hook(self) -> None:
+        if self.grad_sample_mode == "hooks":
+            self._gsm.add_hooks(loss_reduction="mean", batch_first=True)
+
+    def _unhook(self) -> None:
+        if self.grad_sample_mode == "hooks":
+            self._gsm.remove_hooks()
+        if self.grad_sample_mode != "star":  # no per-sample gradient stays on the model between rounds
+            for p in self._gsm.parameters():
+                if hasattr(p, "grad_sample"):
+                    p.grad_sample = None
+
+    # -- one DP-SGD step ---------------------------------------------------------------------------
+    def _star_step(self, fi: torch.Tensor, x: torch.Tensor, m: torch.Tensor, y: torch.Tensor) -> float | None:
+        clipper = self._clipper
+        out = clipper.clipped_sum(fi, x, m, labels=y, clip_norm=self.clip_norm)
+        noise = secure_gaussian(self.noise_multiplier * self.clip_norm, torch.Size([clipper.dim]), torch.float64)
+        clipper.assign((out.summed + noise.to(out.summed.dtype)) / self.expected_batch)
+        self._opt.step()
+        return out.loss if y.shape[0] else None
+
+    def _opacus_step(self, fi: torch.Tensor, x: torch.Tensor, m: torch.Tensor, y: torch.Tensor) -> float | None:
+        dp_opt = self._dp_opt
+        dp_opt.zero_grad(set_to_none=True)
+        if y.shape[0] == 0 and self.grad_sample_mode == "ew":  # torch's ExpandedWeights refuses batch size 0
+            for p in dp_opt.params:
+                p.grad_sample = p.new_zeros((0, *p.shape))
+            dp_opt.step()
+            return None
+        loss = star_loss(self._gsm(fi, x, m), y)
+        loss.backward()
+        dp_opt.step()
+        return float(loss.detach()) if y.shape[0] else None
 
     def train(self, model: NSFLModel, *, round_: int, epochs: int,
               plan_options: dict[str, float | int | str | bool]) -> TrainOutcome:
-        from opacus import PrivacyEngine
-
         t0 = time.perf_counter()
         refuse_coupled_plan(plan_options, site=self.ledger.site)
+        if normalise(self.accountant.history) != self.ledger.history:
+            # the ledger is the source of truth (e.g. a failed commit): carry its history on
+            self.accountant = self.ledger.make_accountant()
         self.ledger.check_round(round_=round_, noise_multiplier=self.noise_multiplier,
                                 sample_rate=self.sample_rate, steps=self.planned_steps(epochs))
-        unused = set(unused_star_parameters(model))
-        frozen = [p for n, p in model.named_parameters() if n in unused]
-        for p in frozen:
-            p.requires_grad_(False)
-        model.train()  # Opacus validates training mode
-        with warnings.catch_warnings():  # we install our own noise source below (see .noise)
-            warnings.filterwarnings("ignore", message="Secure RNG turned off")
-            engine = PrivacyEngine(accountant=self.ledger.accountant)
-        # Restored before every round through Opacus's own interface (history + mechanism checked).
-        engine.accountant.load_state_dict({"history": list(self.ledger.history),
-                                           "mechanism": engine.accountant.mechanism()})
-        engine.secure_rng = os_seeded_generator()  # Poisson sampling: OS-seeded, not the seeded global RNG
-        loader = DataLoader(self.dataset, batch_size=self.batch_size)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        opt = (torch.optim.Adam(trainable, lr=self.lr, weight_decay=self.config.weight_decay) if self.optimizer == "adam"
-               else torch.optim.SGD(trainable, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
-        extra: dict[str, float] = {}
-        if self.clipping == "adaptive":
-            extra = {"target_unclipped_quantile": 0.5, "clipbound_learning_rate": 0.2, "max_clipbound": self.clip_norm,
-                     "min_clipbound": 0.01, "unclipped_num_std": 10.0, **self.adaptive}
-        gsm, dp_opt, dp_loader = engine.make_private(
-            module=model, optimizer=opt, data_loader=loader, noise_multiplier=self.noise_multiplier,
-            max_grad_norm=self.clip_norm, poisson_sampling=True, clipping=self.clipping, grad_sample_mode=self.grad_sample_mode,
-            noise_generator=os_seeded_generator(), **extra)
-        if self.clipping == "flat":
-            install_secure_noise(dp_opt)
+        if self._model is not model:
+            self._build(model)
+        frozen = self._freeze(model)
+        model.train()
+        for state in self._opt.state.values():  # a new round starts from the newly loaded global model
+            state.clear()
+        self._hook()
+        step = self._star_step if self.grad_sample_mode == "star" else self._opacus_step
+        fi_all, x_all, m_all, y_all = self.dataset.tensors
+        n = int(y_all.shape[0])
         losses: list[float] = []
         self.last_empty_batches = 0
         epoch_seconds: list[float] = []
@@ -148,32 +254,29 @@ class DPTrainer:
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
                 for _ in range(epochs):
                     t_epoch = time.perf_counter()
-                    for fi, x, m, y in dp_loader:
-                        dp_opt.zero_grad(set_to_none=True)
-                        if y.shape[0] == 0:  # an empty Poisson batch is stepped all the same (noise only)
+                    for _ in range(self.steps_per_epoch):
+                        idx = poisson_indices(n, self.sample_rate, self.sampler)
+                        if idx.numel() == 0:  # an empty Poisson batch is stepped all the same (noise only)
                             self.last_empty_batches += 1
-                            if self.grad_sample_mode == "ew":  # torch's ExpandedWeights refuses batch size 0
-                                for p in dp_opt.params:
-                                    p.grad_sample = p.new_zeros((0, *p.shape))
-                                dp_opt.step()
-                                continue
-                        loss = star_loss(gsm(fi, x, m), y)
-                        loss.backward()
-                        dp_opt.step()
-                        losses.append(float(loss.detach()))
+                        loss = step(fi_all[idx], x_all[idx], m_all[idx], y_all[idx])
+                        self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+                        if loss is not None:
+                            losses.append(loss)
                     epoch_seconds.append(time.perf_counter() - t_epoch)
             completed = True
         finally:
-            gsm._close()  # remove hooks and per-sample gradient attributes
-            for p in frozen:
-                p.requires_grad_(True)
-            if not completed and normalise(engine.accountant.state_dict()["history"]) != self.ledger.history:
+            self._unhook()
+            self._unfreeze(frozen)
+            for p in model.parameters():
+                p.grad = None
+            if not completed and normalise(self.accountant.history) != self.ledger.history:
                 # steps taken before a failure changed the model (personal modules persist): they count
-                self.ledger.commit(round_=round_, history=engine.accountant.state_dict()["history"],
-                                   noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, clip_norm=self.clip_norm)
-        clip = float(extra.get("max_clipbound", self.clip_norm))
+                self.ledger.commit(round_=round_, history=self.accountant.history,
+                                   noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
+                                   clip_norm=self.clip_norm)
+        clip = float(self.adaptive.get("max_clipbound", self.clip_norm)) if self.clipping == "adaptive" else self.clip_norm
         t_acc = time.perf_counter()
-        entry = self.ledger.commit(round_=round_, history=engine.accountant.state_dict()["history"],
+        entry = self.ledger.commit(round_=round_, history=self.accountant.history,
                                    noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, clip_norm=clip)
         self.last_timings = {"setup_and_check_seconds": t_setup, "epoch_seconds": epoch_seconds,
                              "commit_seconds": time.perf_counter() - t_acc}
@@ -186,7 +289,8 @@ class DPTrainer:
 
     def __repr__(self) -> str:
         return (f"DPTrainer(site={self.ledger.site!r}, patients={len(self.train_idx)}, sigma={self.noise_multiplier:g}, "
-                f"q={self.sample_rate:.4g}, clip={self.clip_norm:g}, clipping={self.clipping!r})")
+                f"q={self.sample_rate:.4g}, clip={self.clip_norm:g}, clipping={self.clipping!r}, "
+                f"grad_sample_mode={self.grad_sample_mode!r})")
 
 
 def dp_trainer_factory(*, table: PatientTable, train_idx: np.ndarray, config: HospitalConfig, site: str,

@@ -29,7 +29,7 @@ def _model(dictionary):
     return NSFLModel(len(dictionary.node_ids()), NSFLConfig(hidden=8))
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ew"])
+@pytest.mark.parametrize("mode", ["star", "hooks", "ew"])
 def test_one_round_trains_stars_only_and_returns_its_ledger_entry(tables, dictionary, tmp_path, mode):
     tr = _trainer(tables[0], tmp_path, grad_sample_mode=mode)
     model = _model(dictionary)
@@ -51,7 +51,7 @@ def test_one_round_trains_stars_only_and_returns_its_ledger_entry(tables, dictio
     assert p.shape == (tables[0].n_patients,) and np.all((p >= 0) & (p <= 1))
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ew"])
+@pytest.mark.parametrize("mode", ["star", "hooks", "ew"])
 def test_empty_poisson_batches_are_stepped_not_skipped(tables, dictionary, tmp_path, mode):
     # q = 1/2 with two patients: P(empty batch) = 1/4 a step; 60 steps have one with prob. 1 - 3e-8
     tr = _trainer(tables[1], tmp_path, n_train=2, batch_size=1, sigma=1.5, grad_sample_mode=mode)
@@ -117,19 +117,24 @@ def test_secure_gaussian_is_gaussian_with_the_right_scale_and_fresh_each_call():
 
 
 class _FailsOnThirdBatch(NSFLModel):
+    armed = False
     calls = 0
 
     def forward(self, feature_index, values, mask):
-        self.calls += 1
-        if self.calls == 3:
-            raise RuntimeError("simulated crash mid-round")
+        if self.armed:
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("simulated crash mid-round")
         return super().forward(feature_index, values, mask)
 
 
-def test_steps_taken_before_a_crash_are_still_accounted(tables, dictionary, tmp_path):
-    tr = _trainer(tables[0], tmp_path)
+@pytest.mark.parametrize("mode", ["star", "hooks"])
+def test_steps_taken_before_a_crash_are_still_accounted(tables, dictionary, tmp_path, mode):
+    tr = _trainer(tables[0], tmp_path, grad_sample_mode=mode)
+    model = _FailsOnThirdBatch(len(dictionary.node_ids()), NSFLConfig(hidden=8))
+    tr.train(model, round_=0, epochs=1, plan_options={})  # a full round first: the crash is in a later one
+    model.armed = True
     with pytest.raises(RuntimeError, match="simulated crash"):
-        tr.train(_FailsOnThirdBatch(len(dictionary.node_ids()), NSFLConfig(hidden=8)), round_=0, epochs=1,
-                 plan_options={})
+        tr.train(model, round_=1, epochs=1, plan_options={})
     reread = PrivacyLedger(tmp_path, site=tables[0].site, budget_epsilon=50.0, delta=1e-5)
-    assert sum(t for *_, t in reread.history) == 2 and reread.epsilon() > 0
+    assert sum(t for *_, t in reread.history) == tr.steps_per_epoch + 2 and reread.epsilon() > 0
