@@ -22,6 +22,8 @@ import json
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +87,7 @@ def summary(per_hospital: dict) -> dict:
     return {m: mean_over_hospitals(per_hospital, m) for m in METRICS}
 
 
-def run_nsfl(seed: int, overrides: dict, *, scale: float, rounds: int) -> dict:
+def run_nsfl(seed: int, *, overrides: dict, scale: float, rounds: int) -> dict:
     from clinograph.sdk.research.model_quality import federated
 
     d, tables = demo_tables(seed, scale, tuple(overrides.get("_transforms", ())))
@@ -124,6 +126,7 @@ def main() -> None:
     ap.add_argument("--no-main", action="store_true", help="skip the main comparison (ablation only)")
     ap.add_argument("--quick", action="store_true", help="1 seed, quarter-size tables, 5 rounds")
     ap.add_argument("--out", default="demo_quality")
+    ap.add_argument("--jobs", type=int, default=1, help="processes (one seed each)")
     a = ap.parse_args()
     from clinograph.sdk.research.demo import DEMO_ROUNDS
 
@@ -132,14 +135,20 @@ def main() -> None:
         a.seeds, a.scale, rounds = a.seeds[:1], 0.25, 5
     payload: dict = {"benchmark": "demo_quality", "seeds": a.seeds, "scale": a.scale, "rounds": rounds,
                      "machine": machine(), "command": " ".join(sys.argv)}
+    pool = ProcessPoolExecutor(max_workers=a.jobs) if a.jobs > 1 else None
+
+    def nsfl_runs(overrides: dict) -> list[dict]:
+        if pool is None:
+            return [run_nsfl(seed, overrides=overrides, scale=a.scale, rounds=rounds) for seed in a.seeds]
+        return list(pool.map(partial(run_nsfl, overrides=overrides, scale=a.scale, rounds=rounds), a.seeds))
+
     if not a.no_main:
-        methods: dict[str, list[dict]] = {}
+        methods: dict[str, list[dict]] = {"clinograph_nsfl": nsfl_runs({})}
         for seed in a.seeds:
-            methods.setdefault("clinograph_nsfl", []).append(run_nsfl(seed, {}, scale=a.scale, rounds=rounds))
             for k, v in run_baselines(seed, scale=a.scale, rounds=rounds).items():
                 methods.setdefault(k, []).append(v)
-            print(f"seed {seed}: " + ", ".join(f"{k} {v[-1]['mean']['auroc']:.3f}" for k, v in methods.items()),
-                  flush=True)
+            print(f"seed {seed}: " + ", ".join(f"{k} {v[len(methods[k]) - 1]['mean']['auroc']:.3f}"
+                                              for k, v in methods.items()), flush=True)
         table = {}
         for k, runs in methods.items():
             sites = sorted(runs[0]["per_hospital"])
@@ -149,6 +158,7 @@ def main() -> None:
             if k == "clinograph_nsfl":
                 table[k]["selected_round"] = [r["selected_round"] for r in runs]
                 table[k]["rounds_run"] = [r["rounds_run"] for r in runs]
+                table[k]["validation_loss"] = agg([r["validation_loss"] for r in runs])
                 table[k]["uncalibrated_mean_ece"] = [r["uncalibrated_mean"]["ece"] if r["uncalibrated_mean"]
                                                      else None for r in runs]
         payload["methods"] = table
@@ -158,21 +168,25 @@ def main() -> None:
             "nsfl_auroc_ge_pooled_gbm": bool(nsfl["auroc"]["mean"] >= gbm["auroc"]["mean"]),
             "nsfl_auroc_minus_pooled_gbm": nsfl["auroc"]["mean"] - gbm["auroc"]["mean"],
             "nsfl_ece_le_0.05": bool(nsfl["ece"]["mean"] <= 0.05), "nsfl_ece": nsfl["ece"]["mean"]}
+        write(a.out, payload)
     if a.ablation:
         names = a.variants or list(ABLATIONS)
-        study = {}
+        study: dict = {}
+        payload["ablation"] = study
         for name in names:
-            runs = [run_nsfl(seed, ABLATIONS[name], scale=a.scale, rounds=rounds) for seed in a.seeds]
+            runs = nsfl_runs(ABLATIONS[name])
             study[name] = {"overrides": ABLATIONS[name],
                            "validation_loss": agg([r["validation_loss"] for r in runs]),
                            "test_auroc": agg([r["mean"]["auroc"] for r in runs]),
+                           "test_auprc": agg([r["mean"]["auprc"] for r in runs]),
                            "test_ece": agg([r["mean"]["ece"] for r in runs]),
                            "selected_round": [r["selected_round"] for r in runs],
+                           "rounds_run": [r["rounds_run"] for r in runs],
                            "seconds": agg([r["seconds"] for r in runs])}
+            payload["ablation_chosen_by_validation"] = min(study, key=lambda k: study[k]["validation_loss"]["mean"])
+            write(a.out, payload)  # after every variant: a stopped study keeps what it measured
             print(f"{name}: val loss {study[name]['validation_loss']['mean']:.4f} "
                   f"test AUROC {study[name]['test_auroc']['mean']:.3f}", flush=True)
-        payload["ablation"] = study
-        payload["ablation_chosen_by_validation"] = min(study, key=lambda k: study[k]["validation_loss"]["mean"])
     out = write(a.out, payload)
     print(f"wrote {out.relative_to(RESULTS.parent.parent)}")
     if "methods" in payload:
