@@ -85,7 +85,8 @@ class ConceptModel(nn.Module):
             iv = interventions.get(v)
             if iv is not None:
                 mask = iv >= 0
-                hard = F.one_hot(iv.clamp(min=0), self.graph.cards[v]).to(p.dtype)
+                # one-hot by comparison (F.one_hot checks its input's max: not vmap-able, sdk/concepts/dp.py)
+                hard = (iv.clamp(min=0)[:, None] == torch.arange(self.graph.cards[v])).to(p.dtype)
                 p = torch.where(mask[:, None], hard, p)
             logits[v], probs[v] = out.logits, p
             feats[v] = mod.feature(out, p)

@@ -16,11 +16,35 @@ adapt the architecture (E1/E2, warm start); every sampled client trains only the
 supervises (eq. 2, random interventions) and sends ``n_k · Δ`` with the project's sign
 convention ``Δ = θ_global − θ_local`` (NS-FL eq. 7); the server subtracts the weighted mean
 of each module over its contributors (4.2.3), as FedAvg does in the runtime.
+
+Differential privacy (``FederationConfig.dp``, benchmarks/fcm_dp.py, docs/concepts.md):
+
+- ``mode="local"`` -- F-CMs appendix E.4: every local step of every client is a DP-SGD step
+  (Poisson batch at rate q, per-patient clip C, Gaussian noise σ·C, :func:`~clinograph.sdk.concepts.dp.dp_sgd_step`);
+  σ is calibrated by the caller for the client's planned steps.
+- ``mode="distributed"`` -- issue 14: one DP-SGD step a round (FedSGD, NS-FL eq. 6). Each
+  sampled client Poisson-samples its patients, clips each patient's gradient over the whole
+  model (zeros on modules it does not train), scales by the ring's fixed-point scale s,
+  rounds to integers and adds a Skellam share Sk(μ/h), μ = (σ·C·s)²
+  (:func:`~clinograph.sdk.privacy.distributed.noisy_integer_sum` for the share). Research-loop
+  shortcut: the client's clipped SUM (ghost clipping, :func:`~clinograph.sdk.concepts.dp.clipped_sum`)
+  is rounded to the nearest integer, not each patient's vector randomly as in the NS-FL path
+  (per-patient vectors and CSPRNG coins for ~3e7 coordinates a client-round were the
+  bottleneck). The accountant's sensitivity bound (S) of :mod:`clinograph.secure.dp.skellam`
+  still holds: rounding errors lie in [−½, ½], so two neighbouring rounded sums differ by the
+  patient's scaled clipped vector plus at most 1 per coordinate. Bias ≤ ½/s per coordinate. The integer vectors are
+  summed (what the masked mode computes exactly; the masking itself is not run here); the
+  server divides each module by Σ q·n_k of its contributors and takes an Adam step.
+
+``kind="opaqnn"``: the opaque baseline in the same loop -- the shared encoder and an MLP head on
+the task (a C2BM task node with no parents, :mod:`clinograph.sdk.concepts.opaque`'s network
+shape), trained by the clients that have task labels; concepts are not predicted.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -38,12 +62,34 @@ from clinograph.secure.dag_voting import (
 from clinograph.secure.spec import ModelSpec
 
 from ..concepts.adapt import adapt_model, count_changed
+from ..concepts.dp import clipped_sum, dp_sgd_step, poisson_rows, set_gradients, trainable_names
 from ..concepts.encoders import MLPEncoder
 from ..concepts.graph import ConceptGraph
 from ..concepts.model import ConceptModel, fcm_loss, random_interventions
 from ..concepts.modules import GRAPH_BASED, ConceptHParams
 from ..concepts.params import freeze_unsupervised, load_state_vectors, model_spec, state_vectors
 from ..concepts.views import ClientView
+
+
+@dataclass(frozen=True)
+class ConceptDP:
+    """Patient-level DP of a run (see the module docstring). σ is relative to ``clip``.
+
+    ``sample_rate``: local -- each client's Poisson rate per local step (⌈1/q⌉ steps an epoch);
+    distributed -- the rate per round. ``min_honest``/``scale``/``server_lr``: distributed only.
+    """
+
+    mode: str
+    noise_multiplier: float
+    clip: float = 1.0
+    sample_rate: float = 1.0
+    min_honest: int = 2
+    scale: float = 2.0 ** 12
+    server_lr: float = 3e-3
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("local", "distributed"):
+            raise ValueError(f"Unknown DP mode {self.mode!r}. Registered: local, distributed.")
 
 
 @dataclass(frozen=True)
@@ -71,6 +117,12 @@ class FederationConfig:
     encoder_hidden: tuple[int, ...] = (128,)
     hp: ConceptHParams = field(default_factory=ConceptHParams)
     seed: int = 0
+    dp: ConceptDP | None = None
+
+    @property
+    def model_kind(self) -> str:
+        """The ConceptModel instantiation (``opaqnn`` is a parent-free C2BM task node)."""
+        return "c2bm" if self.kind == "opaqnn" else self.kind
 
 
 @dataclass
@@ -142,7 +194,7 @@ class FCMFederation:
         self.gen = torch.Generator().manual_seed(config.seed)
         self.graph = ConceptGraph(nodes=(), cards=self.cards, parents={}, task=task)
         encoder = MLPEncoder(in_dim, config.z_dim, config.encoder_hidden)
-        self.model = ConceptModel(kind=config.kind, encoder=encoder, graph=self.graph, z_dim=config.z_dim,
+        self.model = ConceptModel(kind=config.model_kind, encoder=encoder, graph=self.graph, z_dim=config.z_dim,
                                   hp=config.hp)
         self.tally = None
         self.known: set[str] = set()
@@ -150,6 +202,7 @@ class FCMFederation:
         self._global_vecs: dict[str, np.ndarray] | None = None
         self._global_sd: dict[str, torch.Tensor] | None = None
         self._scratch: ConceptModel | None = None
+        self._server_opt: torch.optim.Optimizer | None = None  # distributed DP: the server's Adam
 
     # -- server: structure ---------------------------------------------------------------
     def vote(self, sampled: Sequence[ClientData], round_: int) -> ConceptGraph:
@@ -164,6 +217,9 @@ class FCMFederation:
                                   round_=round_, known=self.known)
         active = [c for c, a in zip(self.concepts, self.outcome.active, strict=True) if a]
         self.known.update(active)
+        if self.cfg.kind == "opaqnn":
+            return ConceptGraph.from_edges(nodes=[self.task] if self.task in active else [], edges=[], task=self.task,
+                                           cards=self.cards)
         if self.cfg.kind in GRAPH_BASED:
             return ConceptGraph.from_edges(nodes=active, edges=self.outcome.edges(), task=self.task, cards=self.cards)
         return ConceptGraph.bipartite(concepts=[c for c in active if c != self.task], task=self.task,
@@ -183,7 +239,18 @@ class FCMFederation:
         names = freeze_unsupervised(local, supervised=supervised, has_task=client.view.has_task)
         opt = torch.optim.Adam([p for p in local.parameters() if p.requires_grad], lr=self.cfg.lr)
         graph_nodes = set(local.graph.nodes)
-        for _ in range(self.cfg.local_epochs):
+        dp = self.cfg.dp
+        if dp is not None and self._has_signal(client, graph_nodes):  # F-CMs E.4: every local step is DP-SGD
+            names_p = trainable_names(local)
+            for _ in range(self.cfg.local_epochs * math.ceil(1.0 / dp.sample_rate)):
+                idx = torch.as_tensor(poisson_rows(client.n, dp.sample_rate), dtype=torch.long)
+                labels = {v: y[idx] for v, y in client.labels.items()}
+                iv = random_interventions(labels, nodes=sorted(supervised & graph_nodes), p=self.cfg.p_intervention,
+                                          generator=self.gen)
+                dp_sgd_step(local, opt, names_p, client.x[idx], labels, iv, noise_multiplier=dp.noise_multiplier,
+                            clip=dp.clip, expected_batch=dp.sample_rate * client.n, supervised=supervised,
+                            has_task=client.view.has_task, task=self.task, gamma=self.cfg.gamma)
+        for _ in range(0 if dp is not None else self.cfg.local_epochs):
             perm = torch.randperm(client.n, generator=self.gen)
             for s in range(0, client.n, self.cfg.batch_size):
                 idx = perm[s:s + self.cfg.batch_size]
@@ -203,6 +270,65 @@ class FCMFederation:
         now = state_vectors(local)
         mods = {n: w * (base[n] - now[n]) for n in names}
         return LocalUpdate(modules=mods, weight=w)
+
+    def _has_signal(self, client: ClientData, graph_nodes: set[str]) -> bool:
+        """Whether the client supervises any node of the current model (else it has nothing to train)."""
+        return bool((set(client.view.nodes) - {self.task}) & graph_nodes) or (
+            client.view.has_task and self.task in graph_nodes)
+
+    # -- distributed DP: one DP-SGD step a round -----------------------------------------------
+    def distributed_round(self, sampled: Sequence[ClientData]) -> None:
+        """Every sampled client's noisy integer sum over the whole model; the server applies the
+        module-wise mean of the noisy sum with Adam (see the module docstring)."""
+        from ..privacy.distributed import noisy_integer_sum
+
+        dp = self.cfg.dp
+        assert dp is not None  # noqa: S101 - called only with dp set
+        model = self.model
+        all_names = [n for n, _ in model.named_parameters()]
+        sizes = {n: p.numel() for n, p in model.named_parameters()}
+        offsets, at = {}, 0
+        for n in all_names:
+            offsets[n] = at
+            at += sizes[n]
+        share = (dp.noise_multiplier * dp.clip * dp.scale) ** 2 / dp.min_honest
+        total = np.zeros(at, dtype=np.int64)
+        denom = dict.fromkeys(all_names, 0.0)
+        graph_nodes = set(model.graph.nodes)
+        for c in sampled:
+            supervised = set(c.view.nodes) - {self.task}
+            freeze_unsupervised(model, supervised=supervised, has_task=c.view.has_task)
+            names = trainable_names(model) if self._has_signal(c, graph_nodes) else []
+            idx = torch.as_tensor(poisson_rows(c.n, dp.sample_rate), dtype=torch.long)
+            labels = {v: y[idx] for v, y in c.labels.items()}
+            iv = random_interventions(labels, nodes=sorted(supervised & graph_nodes), p=self.cfg.p_intervention,
+                                      generator=self.gen)
+            cols = np.concatenate([np.arange(offsets[n], offsets[n] + sizes[n]) for n in names]) if names else \
+                np.zeros(0, dtype=np.int64)
+            rest = np.setdiff1d(np.arange(at), cols)
+            z = np.zeros(len(cols), dtype=np.int64)
+            if names:  # the clipped sum at the ring scale, rounded to nearest (see the module docstring)
+                z = np.rint(dp.scale * clipped_sum(model, names, c.x[idx], labels, iv, clip=dp.clip,
+                                                   supervised=supervised, has_task=c.view.has_task, task=self.task,
+                                                   gamma=self.cfg.gamma).numpy()).astype(np.int64)
+            z += noisy_integer_sum(np.zeros((0, len(cols))), scale=dp.scale, share_variance=share)[0]
+            total[cols] += z  # the client's share covers every coordinate, trained or not
+            total[rest] += noisy_integer_sum(np.zeros((0, len(rest))), scale=dp.scale, share_variance=share)[0]
+            for n in names:
+                denom[n] += dp.sample_rate * c.n
+        for p in model.parameters():
+            p.requires_grad_(True)
+        flat = torch.from_numpy(total / dp.scale)
+        for n in all_names:  # module-wise mean over the expected batch of its contributors
+            flat[offsets[n]:offsets[n] + sizes[n]] /= denom[n] if denom[n] > 0 else math.inf
+        if self._server_opt is None:
+            self._server_opt = torch.optim.Adam(model.parameters(), lr=dp.server_lr)
+        self._server_opt.zero_grad(set_to_none=True)
+        set_gradients(model, all_names, flat)
+        for n, p in model.named_parameters():
+            if denom[n] == 0:
+                p.grad = None  # nobody trained it this round: Adam leaves it as it is
+        self._server_opt.step()
 
     # -- server: module-wise aggregation ----------------------------------------------------
     def apply(self, sums: ModuleSums) -> None:
@@ -243,14 +369,18 @@ class FCMFederation:
             sampled = [pool[i] for i in sorted(self.rng.choice(len(pool), size=k, replace=False))]
             graph = self.vote(sampled, t)
             if graph != self.model.graph:
+                self._server_opt = None  # a new architecture: the server optimiser starts afresh
                 self.model, rep = adapt_model(self.model, graph)
                 if rep.changed:
                     changes.append({"round": t, "added": rep.added, "rewired": rep.rewired,
                                     "removed": rep.removed, "fraction_changed": rep.fraction_changed})
-            self._global_vecs = state_vectors(self.model)
-            self._global_sd = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            updates = {c.name: self.local_update(c) for c in sampled}
-            self.apply(self.summer("updates", model_spec(self.model, version=t), updates))
+            if cfg.dp is not None and cfg.dp.mode == "distributed":
+                self.distributed_round(sampled)
+            else:
+                self._global_vecs = state_vectors(self.model)
+                self._global_sd = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                updates = {c.name: self.local_update(c) for c in sampled}
+                self.apply(self.summer("updates", model_spec(self.model, version=t), updates))
             losses.append(self.val_loss())
             if t >= min(cfg.join_round, cfg.rounds - 1) and losses[-1] < best_loss:
                 best_loss, best_round = losses[-1], t
@@ -259,7 +389,7 @@ class FCMFederation:
                 break
         if best is not None:
             graph, sd = best
-            best = ConceptModel(kind=cfg.kind, encoder=copy.deepcopy(self.model.encoder), graph=graph,
+            best = ConceptModel(kind=cfg.model_kind, encoder=copy.deepcopy(self.model.encoder), graph=graph,
                                 z_dim=cfg.z_dim, hp=cfg.hp)
             best.load_state_dict(sd)
         frac_all = frac_mod = None
