@@ -36,7 +36,7 @@ from ..ingest.table import PatientTable
 from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
 from ..ontology.dictionary import FeatureDictionary
-from ..privacy.distributed import Columns, DistributedLedger, distributed_step
+from ..privacy.distributed import Columns, DistributedLedger, columns_clipper, distributed_step
 from ..training.local import predict
 from ..training.personal import personal_module_map
 from ..training.trainer import TrainOutcome
@@ -88,6 +88,8 @@ class DistributedDPTask(SplitEvaluation):
         self.model = NSFLModel(len(node_ids), config.model)
         self.modules = _ExactLocal(personal_module_map(self.model, node_ids, personal=config.personal.modules))
         self.columns = Columns.of(self.model, self.modules, self.modules.names(ModuleKind.SHARED))
+        #: the per-patient engine, built once for the whole run (not per round)
+        self.clipper = columns_clipper(self.model, self.columns)
         self.ledger = DistributedLedger(state_dir, site=table.site, budget_epsilon=priv.epsilon_budget,
                                         delta=priv.delta)
         self.stars = star_batch(table, k_similar=0)
@@ -130,7 +132,7 @@ class DistributedDPTask(SplitEvaluation):
         s = self.stars
         step = distributed_step(self.model, self.columns, policy=self.policy, scale=scale,
                                 feature_index=s.feature_index[self._train], values=s.values[self._train],
-                                mask=s.mask[self._train], labels=s.labels[self._train])
+                                mask=s.mask[self._train], labels=s.labels[self._train], clipper=self.clipper)
         if np.abs(step.z).max(initial=0) / scale > bound:
             raise PrivacyError(f"Hospital {site!r}: its noisy sum leaves the masked range (masked.clip = {bound:g}); "
                                "nothing is sent this round. Raise [federation] masked_clip.")

@@ -4,9 +4,9 @@ Implements NS-FL eq. (6) (FedSGD) as distributed DP-SGD (docs/privacy.md, "Distr
 
 1. Poisson-sample the hospital's training patients at the federation's rate q (CSPRNG coins,
    :mod:`clinograph.secure.hazmat.discrete_noise`).
-2. Per-patient gradients of the star model (Opacus ``GradSampleModule``, hooks mode, the
-   machinery the local-DP trainer uses and tests against a per-patient loop), over the shared
-   modules the star path trains; each patient's vector clipped to L2 norm C.
+2. Per-patient gradients of the star model (the book-keeping engine of :mod:`.per_patient`,
+   the one the local-DP trainer uses, tested against a per-patient loop; built once per run),
+   over the shared modules the star path trains; each patient's whole vector clipped to L2 norm C.
 3. Each clipped vector scaled by the masked ring's fixed-point scale s and rounded *randomly*
    to integers (unbiased); the integer vectors summed.
 4. A Skellam share Sk(μ/h), μ = (σ·C·s)², added to every coordinate: h honest shares carry the
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,8 @@ from clinograph.secure.messages import DistributedShare, LedgerEntry
 from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
 from .accountant import atomic_write
-from .trainer import star_loss, unused_star_parameters
+from .per_patient import PerPatientClipper, star_probe
+from .trainer import unused_star_parameters
 
 FORMAT = "clinograph/distributed-ledger/v1"
 FILENAME = "distributed_ledger.json"
@@ -94,39 +94,60 @@ class Columns:
         return {n: np.concatenate(v) for n, v in out.items()}
 
 
+def columns_clipper(model: NSFLModel, columns: Columns) -> PerPatientClipper:
+    """The per-patient engine over ``columns``' parameters, built once per hospital run (its
+    synthetic-probe self-check included) and passed to :func:`distributed_step` every round."""
+    with _only_columns(model, columns):
+        row_shape = (model.n_features,)
+        fi, x, m = star_probe(model.n_features, row_shape=row_shape)
+        dtype = next(p.dtype for _, p, _ in columns.pieces) if columns.pieces else torch.float32
+        return PerPatientClipper(model, probe=(fi, x.to(dtype), m))
+
+
+class _only_columns:  # noqa: N801 - a context manager
+    """Parameters outside ``columns`` (off the star path, or personal) frozen meanwhile."""
+
+    def __init__(self, model: NSFLModel, columns: Columns):
+        self.model, self.wanted = model, {id(p) for _, p, _ in columns.pieces}
+
+    def __enter__(self) -> None:
+        self.saved = {n: p.requires_grad for n, p in self.model.named_parameters()}
+        for _, p in self.model.named_parameters():
+            p.requires_grad_(id(p) in self.wanted and p.requires_grad)
+        self.model.train()
+
+    def __exit__(self, *exc: object) -> None:
+        for n, p in self.model.named_parameters():
+            p.requires_grad_(self.saved[n])
+            p.grad = None
+
+
 def per_patient_gradients(model: NSFLModel, columns: Columns, *, feature_index: torch.Tensor, values: torch.Tensor,
-                          mask: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+                          mask: torch.Tensor, labels: torch.Tensor,
+                          clipper: PerPatientClipper | None = None) -> np.ndarray:
     """Each patient's gradient of its own BCE loss over ``columns``. Shapes: [B, K] x3, [B] -> [B, dim].
 
-    Opacus hooks-mode per-sample gradients on the star forward (exact for this model: tested
-    against a per-patient loop). Parameters off the star path or personal are frozen meanwhile.
+    The book-keeping engine of :mod:`.per_patient` (``clipper``: built once by
+    :func:`columns_clipper`; built here if not given), exact for this model (tested against a
+    per-patient loop). Parameters off the star path or personal are frozen meanwhile.
     """
-    from opacus import GradSampleModule
-
     b = int(labels.shape[0])
     if b == 0:
         return np.zeros((0, columns.dim))
-    wanted = {id(p) for _, p, _ in columns.pieces}
-    saved = {n: p.requires_grad for n, p in model.named_parameters()}
-    for _, p in model.named_parameters():
-        p.requires_grad_(id(p) in wanted and p.requires_grad)
-    model.train()
-    gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            star_loss(gsm(feature_index, values, mask), labels).mul(b).backward()  # sum of per-patient losses
+    with _only_columns(model, columns):
+        engine = clipper if clipper is not None else PerPatientClipper(model)
+        if {id(p) for p in engine.params} != {id(p) for _, p, _ in columns.pieces if p.requires_grad}:
+            raise PrivacyError("The per-patient engine was built for other parameters than the released "
+                               "columns; build it with columns_clipper(model, columns).")
+        grads, _ = engine.per_sample(feature_index, values, mask, labels=labels)
+        index = {id(p): i for i, p in enumerate(engine.params)}
         cols = []
         for _, p, row in columns.pieces:
-            gs = getattr(p, "grad_sample", None)
+            i = index.get(id(p))
+            gs = grads[i] if i is not None else None
             g = torch.zeros((b, *p.shape), dtype=torch.float64) if gs is None else gs.detach().double()
             cols.append((g if row is None else g[:, row]).reshape(b, -1))
         return torch.cat(cols, dim=1).numpy()
-    finally:
-        gsm._close()
-        for n, p in model.named_parameters():
-            p.requires_grad_(saved[n])
-            p.grad = None
 
 
 def clip_rows(g: np.ndarray, clip: float) -> np.ndarray:
@@ -232,13 +253,13 @@ class DPStep:
 
 def distributed_step(model: NSFLModel, columns: Columns, *, policy: DistributedPolicy, scale: float,
                      feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
-                     source: CsprngUniform | None = None) -> DPStep:
+                     source: CsprngUniform | None = None, clipper: PerPatientClipper | None = None) -> DPStep:
     """Steps 1-4 of the module docstring over the hospital's training stars (all of them; the
-    Poisson sample is drawn here)."""
+    Poisson sample is drawn here). ``clipper``: the engine built once by :func:`columns_clipper`."""
     src = source or CsprngUniform()
     idx = torch.as_tensor(poisson_sample(int(labels.shape[0]), policy.sample_rate, source=src), dtype=torch.long)
     g = per_patient_gradients(model, columns, feature_index=feature_index[idx], values=values[idx],
-                              mask=mask[idx], labels=labels[idx])
+                              mask=mask[idx], labels=labels[idx], clipper=clipper)
     share = policy.share_variance(scale)
     z, _ = noisy_integer_sum(clip_rows(g, policy.clip_norm), scale=scale, share_variance=share, source=src)
     decl = ShareDeclaration(mechanism=policy.mechanism, noise_multiplier=policy.noise_multiplier,

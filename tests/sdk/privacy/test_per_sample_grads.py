@@ -1,4 +1,5 @@
-"""Opacus's hooks-mode per-sample gradients on the DP (star) model equal a per-patient loop.
+"""Per-sample gradients on the DP (star) model equal a per-patient loop: Opacus's hooks/ew modes
+and the book-keeping engine of sdk/privacy/per_patient.py (clipped sums too).
 
 privacy.md: PyG layers under Opacus fail or give wrong per-sample gradients silently; the DP
 model is correct only because this comparison passes, for every trainable parameter.
@@ -13,6 +14,8 @@ import torch
 from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
 from clinograph.sdk.privacy import star_loss, unused_star_parameters
+from clinograph.sdk.privacy.per_patient import PerPatientClipper, star_probe
+from clinograph.secure.errors import PrivacyError
 from opacus import GradSampleModule
 from opacus.grad_sample import get_gsm_class
 
@@ -97,3 +100,80 @@ def test_star_model_equals_full_graph_without_similar_to(tables, dictionary, k_s
         assert (full - star).abs().max().item() <= 1e-9
         if k_similar > 0:  # control: with similar_to the outputs do differ
             assert (coupled - star).abs().max().item() > 1e-6
+
+
+# -- the book-keeping engine of the local and distributed DP paths (sdk/privacy/per_patient.py) --
+def _loop_clipped_sum(reference, params, fi, x, m, y, clip):
+    """Σ_i clip(g_i) from one backward pass per patient (the definition)."""
+    ref = dict(reference.named_parameters())
+    total, per = None, []
+    for i in range(len(y)):
+        reference.zero_grad(set_to_none=True)
+        star_loss(reference(fi[i:i + 1], x[i:i + 1], m[i:i + 1]), y[i:i + 1]).backward()
+        g = torch.cat([(ref[n].grad if ref[n].grad is not None else torch.zeros_like(ref[n])).reshape(-1)
+                       for n in params])
+        per.append(g)
+        c = g * min(1.0, clip / (float(g.norm()) + 1e-6))
+        total = c if total is None else total + c
+    return torch.stack(per), total
+
+
+@pytest.mark.parametrize("clip", [0.05, 1e6])  # clipping active / inactive
+def test_star_engine_per_patient_gradients_and_clipped_sum_equal_a_per_patient_loop(tables, dictionary, clip):
+    model = _model(len(dictionary.node_ids()))
+    fi, x, m, y = _batch(tables, n=12)
+    reference = copy.deepcopy(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    probe = star_probe(model.n_features)
+    engine = PerPatientClipper(model, probe=(probe[0], probe[1].double(), probe[2]))
+    assert [id(p) for p in engine.params] == [id(p) for n, p in model.named_parameters() if p.requires_grad]
+    grads, _ = engine.per_sample(fi, x, m, labels=y)
+    per, want = _loop_clipped_sum(reference, names, fi, x, m, y, clip)
+    got_per = engine.flat(grads, len(y), torch.float64)
+    assert (got_per - per).abs().max().item() <= 1e-9
+    out = engine.clipped_sum(fi, x, m, labels=y, clip_norm=clip)
+    assert (out.summed - want).abs().max().item() <= 1e-9
+    assert torch.allclose(out.norms, per.norm(dim=1), rtol=1e-9, atol=1e-12)
+    assert all(p.grad is None for p in model.parameters())  # nothing left on the model
+
+
+def test_star_engine_on_snapshot_sequences_equals_a_per_patient_loop(tables, dictionary):
+    """[B, T, K] rows (the temporal model: a patient's whole sequence is one unit)."""
+    from clinograph.sdk.model.temporal import TemporalNSFL
+
+    model = TemporalNSFL(len(dictionary.node_ids()), NSFLConfig(hidden=8, init_seed=5, temporal="attention",
+                                                                temporal_window=3)).double()
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    for name in unused_star_parameters(model):
+        dict(model.named_parameters())[name].requires_grad_(False)
+    fi, x, m, y = _batch(tables, n=8)
+    fi, x, m = (t.unsqueeze(1).repeat(1, 3, 1) for t in (fi, x, m))
+    x = x * torch.tensor([0.5, 1.0, 1.5], dtype=x.dtype).reshape(1, 3, 1)  # values change over time
+    m[2, 0] = False  # an empty early snapshot
+    reference = copy.deepcopy(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    probe = star_probe(model.n_features, row_shape=(3, 6))
+    engine = PerPatientClipper(model, probe=(probe[0], probe[1].double(), probe[2]))
+    per, want = _loop_clipped_sum(reference, names, fi, x, m, y, 0.1)
+    grads, _ = engine.per_sample(fi, x, m, labels=y)
+    assert (engine.flat(grads, len(y), torch.float64) - per).abs().max().item() <= 1e-9
+    assert (engine.clipped_sum(fi, x, m, labels=y, clip_norm=0.1).summed - want).abs().max().item() <= 1e-9
+
+
+class _UsesAWeightOutsideItsLayer(NSFLModel):
+    def forward(self, feature_index, values, mask):
+        return super().forward(feature_index, values, mask) + 0.1 * self.head.weight.sum()
+
+
+def test_star_engine_refuses_a_model_it_would_get_wrong(dictionary):
+    """Negative control: a parameter used outside its Linear makes Σ_i g_i differ from the batch
+    gradient on the synthetic probe, and the engine refuses to be built."""
+    model = _UsesAWeightOutsideItsLayer(len(dictionary.node_ids()), NSFLConfig(hidden=8))
+    for name in unused_star_parameters(model):
+        dict(model.named_parameters())[name].requires_grad_(False)
+    with pytest.raises(PrivacyError, match="do not add up to the batch gradient"):
+        PerPatientClipper(model, probe=star_probe(model.n_features))
+    PerPatientClipper(NSFLModel(len(dictionary.node_ids()), NSFLConfig(hidden=8)))  # no probe: not checked

@@ -138,3 +138,48 @@ def test_steps_taken_before_a_crash_are_still_accounted(tables, dictionary, tmp_
         tr.train(model, round_=1, epochs=1, plan_options={})
     reread = PrivacyLedger(tmp_path, site=tables[0].site, budget_epsilon=50.0, delta=1e-5)
     assert sum(t for *_, t in reread.history) == tr.steps_per_epoch + 2 and reread.epsilon() > 0
+
+
+@pytest.mark.parametrize("mode", ["star", "hooks"])
+def test_engine_optimizer_and_accountant_are_built_once_and_carried_across_rounds(tables, dictionary, tmp_path, mode):
+    tr = _trainer(tables[1], tmp_path, grad_sample_mode=mode)
+    model = _model(dictionary)
+    accountant = tr.accountant
+    epochs = (1, 2, 1)
+    for r, e in enumerate(epochs):
+        out = tr.train(model, round_=r, epochs=e, plan_options={})
+        assert out.ledger.steps == tr.planned_steps(e)
+        if r == 0:
+            wrapped = (tr._opt, tr._clipper, tr._gsm, tr._dp_opt)
+    assert tr.builds == 1 and tr.accountant is accountant
+    assert (tr._opt, tr._clipper, tr._gsm, tr._dp_opt) == wrapped
+    total = sum(tr.planned_steps(e) for e in epochs)
+    assert sum(t for *_, t in accountant.history) == total == sum(t for *_, t in tr.ledger.history)
+    reread = PrivacyLedger(tmp_path, site=tables[1].site, budget_epsilon=50.0, delta=1e-5)
+    assert reread.epsilon() == pytest.approx(tr.ledger.epsilon()) and reread.epsilon() > 0
+    assert model._forward_hooks == {} and model.head._forward_hooks == {}  # nothing left on the model between rounds
+    tr.train(_model(dictionary), round_=3, epochs=1, plan_options={})  # another model object: rebuilt for it
+    assert tr.builds == 2
+
+
+def test_poisson_sampling_comes_from_the_csprng_not_torch_or_numpy(tables, dictionary, tmp_path):
+    from clinograph.sdk.privacy.trainer import poisson_indices
+    from clinograph.secure.hazmat.discrete_noise import CsprngUniform
+
+    draws = []
+    for run in range(2):  # the same torch and numpy seeds: different patients sampled
+        torch.manual_seed(0)
+        np.random.seed(0)
+        tr = _trainer(tables[0], tmp_path / str(run), batch_size=16)
+        assert isinstance(tr.sampler, CsprngUniform)
+        draws.append([poisson_indices(tables[0].n_patients, tr.sample_rate, tr.sampler).tolist()
+                      for _ in range(5)])
+    assert draws[0] != draws[1]
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    q, n, steps = 0.2, 500, 40
+    sizes = [len(poisson_indices(n, q, CsprngUniform())) for _ in range(steps)]
+    assert torch.equal(torch.get_rng_state(), state)  # torch's generator is never consumed
+    se = np.sqrt(q * (1 - q) / (n * steps))
+    assert abs(np.mean(sizes) / n - q) < 6 * se  # each patient joins with probability q
+    assert np.std(sizes) > 0  # batch sizes vary (Poisson, not fixed-size)
