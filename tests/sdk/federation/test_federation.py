@@ -9,7 +9,7 @@ from clinograph.sdk.federation.simulate import build_simulation, simulate
 from clinograph.secure.errors import SecurityPolicyError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
-from clinograph.secure.wire import parse_envelope
+from clinograph.secure.wire import load_payload, parse_envelope
 from sdk_helpers import small_tables
 
 
@@ -65,13 +65,13 @@ def test_personal_modules_never_leave_a_hospital(tmp_path):
             env = parse_envelope(data)
             assert b"mask/" not in env.payload
             if env.kind == "client_update":
-                upd = ClientUpdate.model_validate_json(env.payload)
+                upd = load_payload(env, ClientUpdate)
                 assert all(not t.name.startswith("mask/") for t in upd.modules)
                 assert {t.name for t in upd.modules} <= set(server.spec.names())
             for name, vec in masks.items():
                 if name.startswith("mask/"):
-                    assert vec.astype("<f4").tobytes() not in env.payload
-                    assert vec.astype("<f8").tobytes() not in env.payload
+                    assert vec.astype("<f4").tobytes() not in data  # payload and binary attachments
+                    assert vec.astype("<f8").tobytes() not in data
 
 
 def test_hospital_with_another_dictionary_refuses_the_plan(tmp_path):
