@@ -181,13 +181,42 @@ def summarise(runs: list[dict]) -> dict:
             for k, v in out.items()}
 
 
+def merge(a) -> None:
+    """One JSON from the partial ones of parallel ``--seed-list`` processes (same selection)."""
+    parts = [json.loads(Path(f).read_text()) for f in a.merge]
+    out = dict(parts[0])
+    out["runs"] = [r for p in parts for r in p["runs"]]
+    out["test_seeds"] = sorted(s for p in parts for s in p["test_seeds"])
+    out["summary"] = summarise(out["runs"])
+    out["seconds"] = sum(p["seconds"] for p in parts)
+    out["seconds_note"] = "sum over the parallel processes (each re-read the selection)"
+    ref = RESULTS / "agat_vs_nsfl.json"
+    if ref.exists():
+        nsfl = json.loads(ref.read_text())["summary"]["nsfl"]["mean_over_hospitals"]
+        out["demo_nsfl_no_dp_reference"] = {"source": "benchmarks/results/agat_vs_nsfl.json (demo_config, 15 rounds, "
+                                                      "seeds 0-2)", "auroc": nsfl["auroc"], "auprc": nsfl["auprc"]}
+    Path(a.out).write_text(json.dumps(out, indent=2, sort_keys=True, default=float))
+    print(json.dumps({k: {m: v[m] for m in ("auroc_mean", "auroc_std", "auprc_mean")} for k, v in out["summary"].items()},
+                     indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--selection-seed", type=int, default=100)
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--selection-from", default=None,
+                    help="a log of earlier ε = 10 selection runs (one dict a line, as this script prints them after "
+                         "'select '): reuse them, search no further, and use the ε = 10 choice at every ε")
+    ap.add_argument("--seed-list", nargs="*", type=int, default=None, help="test only these seeds (partial JSON)")
+    ap.add_argument("--skip-demo-nodp", action="store_true",
+                    help="do not re-run the demo's no-DP NS-FL (cite benchmarks/results/agat_vs_nsfl.json)")
+    ap.add_argument("--out", default=str(RESULTS / "dp_local_tuning.json"))
+    ap.add_argument("--merge", nargs="*", default=None, help="partial JSONs of --seed-list runs to merge into --out")
     a = ap.parse_args()
+    if a.merge:
+        return merge(a)
     t0 = time.time()
     scale = 0.15 if a.quick else 1.0
     epsilons = [10.0, 3.0] if a.quick else [10.0, 3.0, 1.0]
@@ -201,9 +230,20 @@ def main() -> None:
     log: list[dict] = []
     chosen: dict[str, dict] = {}
     s10 = Search(sel_tables, d, seed=a.selection_seed, epsilon=10.0, log=log)
-    chosen["10.0"] = coordinate_descent(s10, start, axes, passes=1 if a.quick else a.passes)
+    hp_keys = ("lr", "clip", "batch_size", "hidden", "rounds", "local_epochs")
+    if a.selection_from:
+        import ast
+
+        for line in Path(a.selection_from).read_text().splitlines():
+            r = ast.literal_eval(line.strip())
+            log.append(r)
+            s10.seen[hp_key({k: r[k] for k in hp_keys})] = r["val_auroc"]
+        for eps in epsilons:
+            chosen[str(eps)] = s10.ranked()[0]
+    else:
+        chosen["10.0"] = coordinate_descent(s10, start, axes, passes=1 if a.quick else a.passes)
     top = s10.ranked()[:3]
-    for eps in epsilons[1:]:
+    for eps in ([] if a.selection_from else epsilons[1:]):
         s = Search(sel_tables, d, seed=a.selection_seed, epsilon=eps, log=log)
         cands = top + ([] if a.quick else [with_axis(top[0], "batch_size", b) for b in (1024, 2048)])
         for hp in cands:
@@ -228,14 +268,19 @@ def main() -> None:
                      "seconds": r.get("seconds")})
         print({k: v for k, v in runs[-1].items() if k != "per_hospital"}, flush=True)
 
+    if a.seed_list is not None:
+        test_seeds = a.seed_list
     for seed in test_seeds:
         tables, d = tables_for(seed, scale)
         for eps in epsilons:
             for method, hp in (("local_dp_tuned", chosen[str(eps)]), ("local_dp_demo_default", start)):
+                if method == "local_dp_demo_default" and a.selection_from and eps != 10.0:
+                    continue  # the default at ε = 3, 1 is in dp_trust_models.json ("local")
                 add(method, seed, eps, run(tables, d, local_config(hp, seed=seed, epsilon=eps)), hp)
         add("no_dp_same_model", seed, None, run(tables, d, local_config(hp_none, seed=seed, epsilon=None)), hp_none)
-        demo = demo_config(rounds=2 if a.quick else 15, seed=seed, secure_mode="masked")
-        add("no_dp_demo_nsfl", seed, None, run(tables, d, demo))
+        if not a.skip_demo_nodp:
+            demo = demo_config(rounds=2 if a.quick else 15, seed=seed, secure_mode="masked")
+            add("no_dp_demo_nsfl", seed, None, run(tables, d, demo))
         splits = [hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.2, seed=seed)
                   for t in tables]
         for name, per in (("lr_standalone", standalone_lr(tables, splits)), ("lr_pooled", pooled_lr(tables, splits))):
@@ -246,10 +291,12 @@ def main() -> None:
            "start": start, "axes": {k: [list(x) if isinstance(x, tuple) else x for x in v] for k, v in axes.items()},
            "chosen": chosen, "chosen_no_dp": hp_none, "selection": log, "selection_no_dp": s_none_log,
            "summary": summary, "runs": runs, "seconds": round(time.time() - t0, 1), "commit": commit,
+           "selection_note": ("ε = 10 coordinate descent stopped early (machine load); its runs reused, the "
+                              "ε = 10 choice used at every ε") if a.selection_from else "",
            "machine": machine(), "quick": a.quick}
     text = json.dumps(out, indent=2, sort_keys=True, default=float)
     if not a.quick:
-        (RESULTS / "dp_local_tuning.json").write_text(text)
+        Path(a.out).write_text(text)
     print(json.dumps({k: {m: v[m] for m in ("auroc_mean", "auroc_std", "auprc_mean")} for k, v in summary.items()},
                      indent=2))
 

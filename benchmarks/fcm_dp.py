@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--min-honest", type=int, default=5, help="distributed: h of the 10 sampled clients")
     ap.add_argument("--scale", type=float, default=2.0 ** 16, help="distributed: ring fixed-point scale s")
     ap.add_argument("--out", default=str(RESULTS / "fcm_dp.json"))
+    ap.add_argument("--seed-list", nargs="*", type=int, default=None, help="run only these seeds (partial JSON)")
+    ap.add_argument("--merge", nargs="*", default=None, help="partial JSONs of --seed-list runs to merge into --out")
     a = ap.parse_args()
     args = SimpleNamespace(clients=20, per_round=10, perturb_clients=0.2, perturb_edges=0.3, join=10,
                            local_epochs=2, **{k: getattr(a, k) for k in ("rounds", "dist_rounds", "batch", "lr",
@@ -168,9 +170,15 @@ def main() -> None:
     if a.quick:
         n, ae_epochs, seeds, args.join = 3000, 2, [0], 2
         args.rounds, args.dist_rounds = 4, 4
+    if a.seed_list is not None:
+        seeds = a.seed_list
     t0 = time.time()
     runs = []
-    for seed in seeds:
+    partials = [json.loads(Path(f).read_text()) for f in (a.merge or [])]
+    if partials:  # runs made by separate --seed-list processes (in parallel), summarised together
+        seeds = sorted(s for p in partials for s in p["seeds"])
+        runs = [r for p in partials for r in p["runs"]]
+    for seed in ([] if partials else seeds):
         data = prepare(NETWORK, seed=seed, n=n, ae_epochs=ae_epochs, inputs="all", data="calibrated")
         for kind in a.kinds:
             for mode in a.modes:
@@ -194,10 +202,12 @@ def main() -> None:
         non_dp_reference = {"source": "benchmarks/results/fcm_bnlearn.json (early stopping, up to 200 rounds)",
                             "c2bm_task_acc": asia.get("models", {}).get("c2bm", {}).get("task_acc"),
                             "centralised_opaqnn_task_acc": asia.get("centralised_opaqnn", {}).get("task_acc")}
+    seconds = sum(p["seconds"] for p in partials) if partials else round(time.time() - t0, 1)
     out = {"benchmark": "fcm_dp", "network": NETWORK, "task": bnlearn.TASKS[NETWORK], "delta": DELTA, "clip": CLIP,
            "seeds": seeds, "settings": vars(args), "paper_table5": PAPER, "paper_table1_asia_fcms": PAPER_NO_DP,
            "non_dp_reference": non_dp_reference, "summary": summary, "runs": runs,
-           "seconds": round(time.time() - t0, 1), "machine": machine(), "quick": a.quick}
+           "seconds": seconds, "seconds_note": "sum over the parallel processes" if partials else "",
+           "machine": machine(), "quick": a.quick}
     text = json.dumps(out, indent=2, sort_keys=True, default=float)
     if not a.quick:
         Path(a.out).write_text(text)
