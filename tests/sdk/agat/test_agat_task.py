@@ -20,7 +20,7 @@ from clinograph.secure.audit import verify_audit_dir
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
-from clinograph.secure.wire import parse_envelope
+from clinograph.secure.wire import load_payload, parse_envelope
 from sdk_helpers import small_tables
 
 AGAT = {"hidden": 16, "k_neighbours": 4, "temporal_hidden": 8}
@@ -111,7 +111,7 @@ def test_a_hospital_without_a_feature_sends_nothing_for_its_augmentation_module(
         for data in h.outgoing:
             env = parse_envelope(data)
             if env.kind == "client_update":
-                sent[name] = {t.name for t in ClientUpdate.model_validate_json(env.payload).modules}
+                sent[name] = {t.name for t in load_payload(env, ClientUpdate).modules}
     for gas in BLOOD_GAS:
         assert f"augmentation/{gas}" not in sent["east"]
         assert f"augmentation/{gas}" in sent["north"] and f"augmentation/{gas}" in sent["south"]

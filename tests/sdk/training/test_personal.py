@@ -11,7 +11,7 @@ from clinograph.sdk.training.local import TrainConfig
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.spec import ModuleKind
-from clinograph.secure.wire import parse_envelope
+from clinograph.secure.wire import load_payload, parse_envelope
 from sdk_helpers import small_tables
 
 
@@ -98,10 +98,11 @@ def test_pfgl_round_personal_modules_never_leave_and_dq_weights_lag_one_round(tm
             env = parse_envelope(data)
             assert b"head/task" not in env.payload and b"mask/" not in env.payload
             if env.kind == "client_update":
-                names = {t.name for t in ClientUpdate.model_validate_json(env.payload).modules}
+                names = {t.name for t in load_payload(env, ClientUpdate).modules}
                 assert names <= set(fed.server.spec.names()) and "head/task" not in names
             for vec in personal.values():
-                assert vec.astype("<f8").tobytes() not in env.payload
+                assert vec.astype("<f8").tobytes() not in data  # payload and binary attachments
+                assert vec.astype("<f4").tobytes() not in data
 
 
 def test_fedprox_mu_reaches_the_plan_and_weights_are_capped_sample_counts(tmp_path):
