@@ -80,6 +80,8 @@ class Boundary(BaseModel):
     format: Literal["clinograph-journal/1"] = FORMAT
     federation_id: str
     spec_digest: str
+    secure_mode: str = Field(max_length=64)
+    strategy_name: str = Field(max_length=64)
     #: open, plan, stage <k>, close, aborted, end, run_ended
     stage: str = Field(max_length=32)
     #: the server's next round number

@@ -69,7 +69,8 @@ def save(journal: Journal, server: FederationServer, run: RunState, *, stage: st
     strategy = server.strategy.state_dict() if callable(getattr(server.strategy, "state_dict", None)) else None
     live = run.liveness
     journal.save(Boundary(
-        federation_id=server.federation_id, spec_digest=server.spec.digest(), stage=stage, round=server.round,
+        federation_id=server.federation_id, spec_digest=server.spec.digest(), secure_mode=server.mode.name,
+        strategy_name=server.strategy.name, stage=stage, round=server.round,
         open_round=open_round, state=sha, history=[r.model_dump_json() for r in server.history],
         ledgers=server.ledger_view(), strategy=strategy, completed=run.completed, retired=dict(run.retired),
         liveness=None if live is None else {"missed": dict(live.missed), "suspended": dict(live.suspended)},
@@ -91,9 +92,14 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
     b = journal.latest()
     if b is None:
         return None
-    if b.federation_id != server.federation_id or b.spec_digest != server.spec.digest():
-        raise ConfigError(f"Journal {journal.path} is for federation {b.federation_id!r} with another model spec or "
-                          f"id than this server's ({server.federation_id!r}); give each run its own journal file.")
+    mine = (server.federation_id, server.spec.digest(), server.mode.name, server.strategy.name)
+    theirs = (b.federation_id, b.spec_digest, b.secure_mode, b.strategy_name)
+    if mine != theirs:
+        names = ("federation id", "model spec", "secure mode", "strategy")
+        diff = ", ".join(f"{n} {t!r} (this server: {m!r})" for n, m, t in zip(names, mine, theirs, strict=True)
+                         if m != t)
+        raise ConfigError(f"Journal {journal.path} belongs to another run: its {diff}. Resume with the run's own "
+                          "server.toml, or give a new run its own journal file.")
     if b.run_ended:
         raise ConfigError(f"Journal {journal.path}: its run has ended ({b.completed} round(s)); nothing to resume. "
                           "Start a new run with a new journal file (keep this one with the run's audit).")
