@@ -177,16 +177,44 @@ def gaussian_sigma(eps, *, q, rounds):
                                       accountant="rdp", epsilon_tolerance=0.01))
 
 
+def add_baselines(path: Path) -> None:
+    """The simple baselines on the benchmark's own splits (seeds as recorded), merged into ``path``."""
+    from clinograph.sdk.research.model_quality import baselines
+
+    out = json.loads(path.read_text())
+    rows = []
+    for seed in out["seeds"]:
+        tables, _ = tables_for(seed, 0.15 if out.get("quick") else 1.0)
+        sp = splits(tables, seed)
+        for name, per in baselines(tables, [sp[t.site] for t in tables], seed=seed).items():
+            rows.append({"model": name, "seed": seed, "epsilon": None, "auroc": _mean(per, "auroc"),
+                         "auprc": _mean(per, "auprc"), "per_hospital": per})
+    out["baselines"] = rows
+    for name in sorted({r["model"] for r in rows}):
+        v = [r for r in rows if r["model"] == name]
+        out["summary"][f"{name}@None"] = {m: {"mean": float(np.mean([r[m] for r in v])),
+                                              "std": float(np.std([r[m] for r in v])), "n": len(v)}
+                                          for m in ("auroc", "auprc")}
+    path.write_text(json.dumps(out, indent=2, sort_keys=True, default=float))
+    print(json.dumps({k: v for k, v in out["summary"].items() if k.endswith("@None")}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--min-honest", type=int, default=2)
     ap.add_argument("--skip-local", action="store_true")
+    ap.add_argument("--add-baselines", action="store_true",
+                    help="add logistic regression standalone / pooled (and FedAvg LR, pooled GBM) on the same "
+                         "splits to the existing results JSON, per seed, and exit")
     ap.add_argument("--select-per-epsilon", action="store_true",
                     help="choose (lr, q, rounds) on validation at every ε (default: at ε = 3 only); the non-DP "
                          "reference then also chooses (q, rounds) as well as its lr")
     a = ap.parse_args()
+    if a.add_baselines:
+        add_baselines(RESULTS / "dp_trust_models.json")
+        return
     scale = 0.15 if a.quick else 1.0
     seeds = [0] if a.quick else list(range(a.seeds))
     epsilons = [3.0] if a.quick else [1.0, 3.0, 10.0]
