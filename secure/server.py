@@ -319,8 +319,9 @@ class FederationServer:
 
     # -- crash journal (clinograph.secure.runtime.journal) ------------------------------
     def ledger_view(self) -> dict[str, dict[str, Any]]:
-        """The DP ledgers' server view (last accepted entry and declared RDP per hospital) as JSON data."""
-        return {n: {"last": t.last.model_dump(mode="json"), "rdp": [float(x) for x in t.rdp]}
+        """The DP ledgers' server view (last accepted entry and declared RDP per hospital, as exact
+        float hex strings) as JSON data."""
+        return {n: {"last": t.last.model_dump(mode="json"), "rdp": [float(x).hex() for x in t.rdp]}
                 for n, t in sorted(self._ledgers.items())}
 
     def restore(self, *, round_: int, state: Mapping[str, np.ndarray] | None, history: list[RoundResult],
@@ -337,7 +338,7 @@ class FederationServer:
         self.state = check_state(self.spec, state) if state is not None else None
         self.history = list(history)
         self._ledgers = {n: LedgerTrack(last=LedgerEntry.model_validate(v["last"]),
-                                        rdp=np.asarray(v["rdp"], dtype=np.float64))
+                                        rdp=np.array([float.fromhex(x) for x in v["rdp"]], dtype=np.float64))
                          for n, v in ledgers.items()}
 
     # -- helpers -------------------------------------------------------------------------

@@ -31,7 +31,7 @@ class RunState:
     completed: int = 0
     retired: dict[str, str] = field(default_factory=dict)  # out of the run: final refusals
     pending: dict[str, bytes] = field(default_factory=dict)  # models still owed to hospitals
-    _state_cache: tuple[int, str, bytes] | None = None  # (id of the state object, sha256, blob)
+    _state_cache: tuple[object, str, bytes] | None = None  # (the state object itself, sha256, blob)
 
 
 def check_journalable(server: FederationServer) -> None:
@@ -49,9 +49,9 @@ def _state_blob(server: FederationServer, run: RunState) -> tuple[str | None, di
     if state is None:
         return None, {}
     cached = run._state_cache
-    if cached is None or cached[0] != id(state):
+    if cached is None or cached[0] is not state:  # the server replaces its state object at each close
         data = encode_state([m.name for m in server.spec.shared], state)
-        cached = (id(state), hashlib.sha256(data).hexdigest(), data)
+        cached = (state, hashlib.sha256(data).hexdigest(), data)
         run._state_cache = cached
     return cached[1], {cached[1]: cached[2]}
 
