@@ -162,20 +162,33 @@ class PerPatientClipper:
     def clipped_sum(self, *inputs: torch.Tensor, labels: torch.Tensor, clip_norm: float) -> ClippedSum:
         """Σ_i g_i · min(1, C/(‖g_i‖ + 1e-6)) (Opacus's flat-clipping factor), flat [P].
 
-        ‖g_i‖² is summed parameter by parameter and the clipped sum taken per parameter
-        (a matrix-vector product each), so the [B, P] matrix is never built."""
+        The per-patient gradients are copied into one reused [B, P] buffer, so the norms and the
+        clipped sum are one operation each over all parameters."""
         b = int(labels.shape[0])
         dtype = self.params[0].dtype if self.params else torch.float32
         if b == 0:
             return ClippedSum(torch.zeros(self.dim, dtype=dtype), torch.zeros(0, dtype=dtype), 0.0)
         grads, loss = self.per_sample(*inputs, labels=labels)
-        rows = [g.reshape(b, -1) if g is not None else None for g in grads]
-        sq = torch.stack([r.pow(2).sum(1) for r in rows if r is not None]).sum(0)
-        norms = sq.sqrt()
-        factor = (clip_norm / (norms + 1e-6)).clamp(max=1.0)
-        parts = [factor @ r if r is not None else torch.zeros(n, dtype=dtype)
-                 for r, n in zip(rows, self.sizes, strict=True)]
-        return ClippedSum(torch.cat(parts), norms, loss)
+        with torch.no_grad():
+            g = self._matrix(grads, b, dtype)
+            norms = torch.linalg.vector_norm(g, dim=1)
+            factor = (clip_norm / (norms + 1e-6)).clamp(max=1.0)
+            return ClippedSum(factor @ g, norms, loss)
+
+    def _matrix(self, grads: Sequence[torch.Tensor | None], b: int, dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`flat` into a buffer kept between steps (grown when a Poisson batch is larger)."""
+        buf = getattr(self, "_buf", None)
+        if buf is None or buf.shape[0] < b or buf.dtype != dtype:
+            buf = self._buf = torch.empty((max(b, 2 * (buf.shape[0] if buf is not None else 0)), self.dim), dtype=dtype)
+        g = buf[:b]
+        off = 0
+        for gi, n in zip(grads, self.sizes, strict=True):
+            if gi is None:
+                g[:, off:off + n].zero_()
+            else:
+                g[:, off:off + n].copy_(gi.reshape(b, n))
+            off += n
+        return g
 
     def assign(self, flat: torch.Tensor) -> None:
         """Set every parameter's ``.grad`` to its slice of ``flat`` [P]."""

@@ -192,6 +192,10 @@ class DPTrainer:
             p.requires_grad_(True)
 
     def _hook(self) -> None:
+        if self.grad_sample_mode != "star":
+            for p in self._gsm.parameters():  # Opacus's per-parameter state (another wrapper may have removed it)
+                if p.requires_grad and not hasattr(p, "_forward_counter"):
+                    p._forward_counter = 0
         if self.grad_sample_mode == "hooks":
             self._gsm.add_hooks(loss_reduction="mean", batch_first=True)
 
