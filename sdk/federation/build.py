@@ -33,6 +33,10 @@ def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: Ho
     split = hospital_split(table.labels, site=table.site, test_fraction=config.split.test_fraction,
                            validation_fraction=config.split.validation_fraction, seed=config.split.seed)
     if config.task == "nsfl" and config.privacy.enabled and config.privacy.mode == "distributed":
+        if config.model.temporal != "none":
+            raise ConfigError("[model] temporal with [privacy] mode = 'distributed': the distributed DP task "
+                              "trains the static star model. Use mode = 'local' (the sequence is one DP sample) "
+                              "or temporal = 'none'.")
         from .dp_task import (  # distributed DP: one DP-SGD step a round
             DistributedDPTask,
             hospital_policy,

@@ -252,6 +252,10 @@ class NSFLTask(SelectedCalibrated):
             from ..training.survival import risk_at
 
             return risk_at(self._hazard_logits_table(table), *self.survival_target)
+        if self.config.model.temporal != "none":  # each new patient's sequence of snapshot stars
+            from ..model.temporal import sequence_risk
+
+            return sequence_risk(self.model, table, dictionary=self.table.dictionary, calibration=self.calibration)
         return star_risk(self.model, table, dictionary=self.table.dictionary, calibration=self.calibration)
 
     def export(self, path: str | Path) -> tuple[Path, Path]:
@@ -263,6 +267,9 @@ class NSFLTask(SelectedCalibrated):
         if self.survival_target is not None:
             raise ConfigError("Model export covers the binary head only; a survival model is used through "
                               "predict_table / predict_survival_table for now.")
+        if self.config.model.temporal != "none":
+            raise ConfigError("Model export writes the star path (one snapshot); a temporal model ([model] temporal) "
+                              "is used through predict_table for now.")
         kept = self.selection.best_round if self.selection is not None else None
         return export_model(self.model, path, dictionary=self.table.dictionary, calibration=self.calibration,
                             meta={"site": self.table.site, "selected_round": kept})

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from clinograph.secure.spec import ModuleKind
 from torch import nn
@@ -195,3 +196,26 @@ def temporal_task_model(n_features: int, config) -> TemporalNSFL:
                           f"{config.graph.k_similar}: per-snapshot similar_to edges are not built (the temporal "
                           "model runs on each patient's sequence of stars). Set [graph] k_similar = 0.")
     return TemporalNSFL(n_features, config.model)
+
+
+@torch.no_grad()
+def sequence_risk(model: TemporalNSFL, table, *, dictionary, calibration=None) -> np.ndarray:  # noqa: ANN001
+    """Risk per patient of ``table`` (``table.patient_ids`` order) from each patient's sequence of
+    snapshot stars (the window and carry-forward of ``model.config``), Platt-calibrated when
+    ``calibration`` is given -- the temporal counterpart of
+    :func:`clinograph.sdk.model.export.star_risk`.
+
+    Raises:
+        SchemaError: ``table`` is mapped onto another dictionary than the model's.
+    """
+    from ..graph.temporal import snapshot_batch
+    from .export import _check_dictionary
+
+    _check_dictionary(table, dictionary.digest())
+    cfg = model.config
+    batch = snapshot_batch(table, window=cfg.temporal_window, carry_forward=cfg.temporal_carry_forward)
+    model.eval()
+    z = model.forward_batch(batch).double()
+    if calibration is not None:
+        z = calibration.a * z + calibration.b
+    return torch.sigmoid(z).numpy()

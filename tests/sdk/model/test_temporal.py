@@ -193,3 +193,17 @@ def test_temporal_task_trains_under_patient_level_dp(tables, tmp_path):
     out = task.train(round_=0, epochs=1, plan_options={})
     assert out.ledger is not None and out.ledger.epsilon > 0
     assert not np.allclose(before, task.modules.get("temporal/combine"))
+
+
+def test_predict_table_scores_new_patients_from_their_sequences(tables, tmp_path):
+    cfg = HospitalConfig(model=NSFLConfig(hidden=8, temporal="attention", temporal_window=WINDOW),
+                         graph={"k_similar": 0})
+    t = tables[0]
+    task = build_task(t, dictionary=t.dictionary, config=cfg)
+    task.train(round_=0, epochs=1, plan_options={})
+    task.finish()
+    assert np.allclose(task.predict_table(t), task.predict(), atol=1e-6)  # the same patients, the same risks
+    later = t.subset(np.arange(10))
+    assert np.allclose(task.predict_table(later), task.predict()[:10], atol=1e-6)
+    with pytest.raises(ConfigError, match="temporal model"):
+        task.export(tmp_path / "m.pt")

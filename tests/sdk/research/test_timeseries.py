@@ -54,8 +54,8 @@ def test_hospitals_have_their_own_names_units_layout_and_sampling():
         raw = sites[[s.schema.site for s in sites].index(site)].table
         assert raw.loc[raw.iloc[:, 2] == "temp_f"].iloc[:, 3].min() > 90
     assert node["lactate"] not in set(by["ward_h"].node) and node["wbc"] not in set(by["ward_i"].node)
-    again = ts.make_timeseries_sites(seed=3, hospitals=small)
-    assert all(a.table.equals(b.table) for a, b in zip(sites, again, strict=True))
+    again = ts.make_timeseries_sites(seed=3, hospitals=small[:2])
+    assert all(a.table.equals(b.table) for a, b in zip(sites[:2], again, strict=True))
     assert not sites[0].table.equals(ts.make_timeseries_sites(seed=4, hospitals=small[:1])[0].table)
 
 
