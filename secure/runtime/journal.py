@@ -145,6 +145,7 @@ class Journal:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            self._stored = {str(r[0]) for r in self._db.execute("SELECT sha256 FROM blob")}
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"Journal {self.path} is not a Clinograph journal (SQLite said: {exc}). Point the "
                               "server at its own journal file or move this one away.") from None
@@ -152,7 +153,7 @@ class Journal:
     def save(self, boundary: Boundary, *, blobs: Mapping[str, bytes] = ()) -> None:  # type: ignore[assignment]
         """Write ``boundary`` and the blobs it references in one transaction; drop blobs no
         longer referenced by the newest boundary."""
-        blobs = dict(blobs)
+        blobs = {sha: data for sha, data in dict(blobs).items() if sha not in self._stored}  # state: once per close
         for sha, data in blobs.items():
             if hashlib.sha256(data).hexdigest() != sha:
                 raise IntegrityError("Journal blob does not match its digest.")
@@ -170,6 +171,7 @@ class Journal:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        self._stored = set(keep)
         if self.on_saved is not None:
             self.on_saved(boundary.stage, boundary.round)
 
