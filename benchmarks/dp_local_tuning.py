@@ -226,7 +226,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
     # -- selection (validation only, selection seed) ------------------------------------------------
-    sel_tables, d = tables_for(a.selection_seed, scale)
+    sel_tables, d = (None, None) if a.selection_from else tables_for(a.selection_seed, scale)
     log: list[dict] = []
     chosen: dict[str, dict] = {}
     s10 = Search(sel_tables, d, seed=a.selection_seed, epsilon=10.0, log=log)
@@ -252,12 +252,13 @@ def main() -> None:
     # the same federation without DP: its own lr on validation (the rest of the ε = 10 choice)
     s_none_log: list[dict] = []
     none_scores = {}
-    for lr in ([0.02] if a.quick else [0.01, 0.02, 0.05]):
+    for lr in ([] if a.selection_from else [0.02] if a.quick else [0.01, 0.02, 0.05]):
         hp = {**chosen["10.0"], "lr": lr}
         r = run(sel_tables, d, local_config(hp, seed=a.selection_seed, epsilon=None))
         none_scores[lr] = r["val_auroc"]
         s_none_log.append({**hp, "val_auroc": r["val_auroc"]})
-    hp_none = {**chosen["10.0"], "lr": max(none_scores, key=lambda k: -1 if math.isnan(none_scores[k]) else none_scores[k])}
+    hp_none = {**chosen["10.0"], "lr": max(none_scores, key=lambda k: -1 if math.isnan(none_scores[k]) else none_scores[k])
+               } if none_scores else None  # --selection-from: chosen per test seed on its validation split
     print("chosen", chosen, "no-DP", hp_none, flush=True)
     # -- test (fresh seeds) ------------------------------------------------------------------------
     runs = []
@@ -266,7 +267,7 @@ def main() -> None:
         runs.append({"method": method, "seed": seed, "epsilon": eps, "auroc": r["auroc"], "auprc": r["auprc"],
                      "per_hospital": r["test"], "epsilon_spent": r.get("epsilon_spent"), "hp": hp,
                      "seconds": r.get("seconds")})
-        print({k: v for k, v in runs[-1].items() if k != "per_hospital"}, flush=True)
+        print("run", json.dumps(runs[-1], default=float), flush=True)  # a log a merge can read if the run is cut
 
     if a.seed_list is not None:
         test_seeds = a.seed_list
@@ -277,7 +278,14 @@ def main() -> None:
                 if method == "local_dp_demo_default" and a.selection_from and eps != 10.0:
                     continue  # the default at ε = 3, 1 is in dp_trust_models.json ("local")
                 add(method, seed, eps, run(tables, d, local_config(hp, seed=seed, epsilon=eps)), hp)
-        add("no_dp_same_model", seed, None, run(tables, d, local_config(hp_none, seed=seed, epsilon=None)), hp_none)
+        if hp_none is not None:
+            add("no_dp_same_model", seed, None, run(tables, d, local_config(hp_none, seed=seed, epsilon=None)), hp_none)
+        else:  # lr on this seed's validation split (never its test split)
+            cands = [({**chosen["10.0"], "lr": lr}) for lr in (0.005, 0.02)]
+            res = [run(tables, d, local_config(hp, seed=seed, epsilon=None)) for hp in cands]
+            k = int(np.argmax([-1.0 if math.isnan(r["val_auroc"]) else r["val_auroc"] for r in res]))
+            s_none_log.append({"seed": seed, "candidates": cands, "val_auroc": [r["val_auroc"] for r in res]})
+            add("no_dp_same_model", seed, None, res[k], cands[k])
         if not a.skip_demo_nodp:
             demo = demo_config(rounds=2 if a.quick else 15, seed=seed, secure_mode="masked")
             add("no_dp_demo_nsfl", seed, None, run(tables, d, demo))
