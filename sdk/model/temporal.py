@@ -169,14 +169,6 @@ def add_temporal_modules(mm: ModuleMap, model: NSFLModel, node_ids: Sequence[str
     return mm
 
 
-def nsfl_module_map(model: NSFLModel, node_ids: Sequence[str], *, personal: Sequence[str]) -> ModuleMap:
-    """:func:`~clinograph.sdk.training.personal.personal_module_map` plus the temporal modules
-    (what both the task and ``clinograph model init`` build, so the specs agree)."""
-    from ..training.personal import personal_module_map
-
-    return add_temporal_modules(personal_module_map(model, node_ids, personal=personal), model, node_ids)
-
-
 def temporal_task_model(n_features: int, config) -> TemporalNSFL:
     """The temporal model of a hospital's ``config`` (a :class:`~clinograph.sdk.config.HospitalConfig`).
 
