@@ -162,6 +162,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "fcm_dp.json"))
     ap.add_argument("--seed-list", nargs="*", type=int, default=None, help="run only these seeds (partial JSON)")
     ap.add_argument("--merge", nargs="*", default=None, help="partial JSONs of --seed-list runs to merge into --out")
+    ap.add_argument("--merge-logs", nargs="*", default=None,
+                    help="stdout logs of runs (one printed dict a run, values rounded to 3 decimals) to merge into --out")
     a = ap.parse_args()
     args = SimpleNamespace(clients=20, per_round=10, perturb_clients=0.2, perturb_edges=0.3, join=10,
                            local_epochs=2, **{k: getattr(a, k) for k in ("rounds", "dist_rounds", "batch", "lr",
@@ -175,8 +177,15 @@ def main() -> None:
     t0 = time.time()
     runs = []
     partials = [json.loads(Path(f).read_text()) for f in (a.merge or [])]
+    if a.merge_logs:
+        import ast
+
+        logged = [ast.literal_eval(line) for f in a.merge_logs for line in Path(f).read_text().splitlines()
+                  if line.startswith("{'kind'")]
+        partials.append({"seeds": sorted({r["seed"] for r in logged}), "runs": logged,
+                         "seconds": sum(r["seconds"] for r in logged)})
     if partials:  # runs made by separate --seed-list processes (in parallel), summarised together
-        seeds = sorted(s for p in partials for s in p["seeds"])
+        seeds = sorted({s for p in partials for s in p["seeds"]})
         runs = [r for p in partials for r in p["runs"]]
     for seed in ([] if partials else seeds):
         data = prepare(NETWORK, seed=seed, n=n, ae_epochs=ae_epochs, inputs="all", data="calibrated")
