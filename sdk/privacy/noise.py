@@ -11,9 +11,11 @@ What it is not: a constant-time or exact discrete Gaussian sampler. Box-Muller i
 still a floating-point approximation; the four-sum is a mitigation, not a proof.
 
 :func:`install_secure_noise` replaces ``add_noise`` on one Opacus ``DPOptimizer`` instance
-(flat clipping). :func:`os_seeded_generator` gives a torch generator seeded from
-``os.urandom`` (Mersenne Twister: OS-seeded, **not** cryptographically secure), used for
-Poisson sampling and for adaptive clipping's noise; docs/privacy.md says so.
+(flat clipping); :class:`~clinograph.sdk.privacy.DPTrainer` calls :func:`secure_gaussian`
+directly in its default engine. :func:`os_seeded_generator` gives a torch generator seeded from
+``os.urandom`` (Mersenne Twister: OS-seeded, **not** cryptographically secure), used only for
+Opacus's adaptive clipping's noise; Poisson sampling uses the ChaCha20 ``CsprngUniform``
+(docs/privacy.md says so).
 """
 
 from __future__ import annotations
