@@ -64,8 +64,10 @@ def federated_config(*, arm: str, rounds: int, seed: int):
         "graph": {"k_similar": 0},
         "dictionary": str(DICTIONARY_PATH),
     }
-    if arm == "nsfl_temporal":
+    if arm.startswith("nsfl_temporal"):
         data["model"].update(temporal="attention", temporal_window=12)
+    if arm == "nsfl_temporal_no_trend":  # ablation: attention over the GNN's snapshot embeddings only
+        data["model"].update(temporal_trend=False)
     if arm.startswith("agat"):
         data["task"] = "agat"
         data["agat"] = {"hidden": 128, "heads": 1, "dropout": 0.25, "k_neighbours": 5}
@@ -212,7 +214,7 @@ def main() -> None:
                                  validation_fraction=cfg.split.validation_fraction, seed=cfg.split.seed)
                   for t in tables]
         results, info = {}, {}
-        for arm in FEDERATED:
+        for arm in FEDERATED + ("nsfl_temporal_no_trend",):
             if arm not in arms:
                 continue
             results[arm], info[arm] = run_federated(arm, tables, dictionary, rounds=rounds, seed=seed)
@@ -230,6 +232,15 @@ def main() -> None:
                                             "validation": int(len(s.validation)),
                                             "features": len(t.observed_nodes())}
                                    for t, s in zip(tables, splits, strict=True)}})
+    if arms == ["nsfl_temporal_no_trend"] and not args.quick:  # the ablation: its own file
+        vals = [float(np.nanmean([v["auroc"] for v in s["nsfl_temporal_no_trend"].values()])) for s in per_seed]
+        print("nsfl_temporal_no_trend mean AUROC", vals)
+        print("wrote", write("timeseries_ablation", {"setup": "benchmarks/timeseries.py --arms nsfl_temporal_no_trend: "
+                                                     "NS-FL temporal without the trend term (attention over the "
+                                                     "GNN's snapshot embeddings + the static wide path)",
+                                                     "seeds": seeds, "rounds": rounds, "per_seed": per_seed,
+                                                     "mean_auroc_per_seed": vals, "runs": runs, "machine": machine()}))
+        return
     if set(ARMS) - set(per_seed[0]):
         print("subset of arms: no summary")
         return

@@ -49,6 +49,8 @@ class NSFLConfig(_Strict):
                                  "the temporal model reads (the same at every hospital)")
     temporal_carry_forward: bool = Field(default=True, description="a snapshot's graph keeps each feature's last "
                                          "observation (False: only what was measured at that step)")
+    temporal_trend: bool = Field(default=True, description="temporal: the per-feature trend term (latest minus "
+                                 "earliest standardised value in the window) on the wide path; needs linear_path")
     modalities: tuple[str, ...] = Field(default=(), description="the federation's extra modalities (e.g. "
                                         "['waveform']): each a typed node after an encoder federated only among "
                                         "the hospitals that have it (sdk/model/modalities.py)")

@@ -24,7 +24,7 @@ W_now = I and W_ctx = 0, d = 0 at initialisation the model *is* the static NS-FL
 latest snapshot (carry-forward makes it the static star), so it starts where the static model
 is and learns what time adds.
 
-Modules (:func:`temporal_module_map`): the NS-FL modules, plus ``temporal/attention``
+Modules (:func:`add_temporal_modules`): the NS-FL modules, plus ``temporal/attention``
 (P, W_a, v), ``temporal/combine`` (W_now, W_ctx) and ``trend/<f>`` (shared). A hospital with a
 single snapshot does not train or send ``temporal/attention`` (its gradient is exactly zero).
 """
@@ -71,7 +71,7 @@ class TemporalNSFL(NSFLModel):
         self.t_score = nn.Linear(d, 1, bias=False)
         self.t_now = nn.Linear(d, d)
         self.t_context = nn.Linear(d, d, bias=False)
-        self.trend = nn.Embedding(n_features, 1) if cfg.linear_path else None
+        self.trend = nn.Embedding(n_features, 1) if cfg.linear_path and cfg.temporal_trend else None
         with torch.no_grad():
             nn.init.normal_(self.t_position.weight, std=0.1, generator=gen)
             nn.init.xavier_uniform_(self.t_key.weight, generator=gen)
