@@ -69,7 +69,7 @@ def _wait(cond, *, timeout: float, what: str, procs) -> None:
     raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def run(n: int, tmp: Path, budget: float) -> dict:
+def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0, 120.0)) -> dict:
     import flower_helpers as fh
     from clinograph.secure.transport.flower.keyset import init_keyset
 
@@ -81,8 +81,12 @@ def run(n: int, tmp: Path, budget: float) -> dict:
     def mark(what: str) -> None:
         milestones.append((what, round(time.monotonic() - started, 1)))
         print(f"[flower_scale n={n}] {milestones[-1][1]:7.1f} s  {what}", file=sys.stderr, flush=True)
+        closed = [e for e in _events(events) if e["event"] == "round_closed"]
+        print(f"[flower_scale n={n}] rounds closed so far: {[e.get('round') for e in closed]}", file=sys.stderr,
+              flush=True)
 
     remaining = lambda: budget - (time.monotonic() - started)  # noqa: E731
+    events = tmp / "events.jsonl"
     port = _free_port()
     keys = init_keyset(tmp / "keys", federation_id="fed-scale", hospitals=hospitals,
                        superlink_hosts=["127.0.0.1", "localhost"], superlink_port=port)
@@ -105,7 +109,7 @@ def run(n: int, tmp: Path, budget: float) -> dict:
         procs.append((name, p))
         return p
 
-    link, events = keys.superlink_dir, tmp / "events.jsonl"
+    link = keys.superlink_dir
     result: dict = {"n": n, "victim": victim}
     try:
         start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"),
@@ -128,8 +132,9 @@ def run(n: int, tmp: Path, budget: float) -> dict:
         run_config = " ".join([
             f"server-config='{server_toml}'", f"federation-file='{link / 'federation.toml'}'",
             f"server-key='{link / 'server.ed25519.pem'}'", f"events-file='{events}'", "rounds=2",
-            f"min-nodes={n}", "wait-timeout=240.0", "hello-timeout=120.0", "plan-timeout=120.0",
-            "stage-timeout=60.0", "end-timeout=60.0", "relay-timeout=120.0"])  # the dead node costs one plan-timeout
+            f"min-nodes={n}", f"wait-timeout={timeouts[0]}", f"hello-timeout={timeouts[0]}",
+            f"plan-timeout={timeouts[1]}", f"stage-timeout={timeouts[1]}", f"end-timeout={timeouts[1]}",
+            f"relay-timeout={timeouts[0]}"])  # the dead node costs one plan-timeout
         start("flwr-run", [str(BIN / "flwr"), "run", str(APP), "loopback", "--run-config", run_config, "--stream"])
         mark("flwr run")
         _wait(lambda: any(e["event"] == "greeted" for e in _events(events)), timeout=max(1, remaining() - 60),
@@ -179,11 +184,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="4 SuperNodes; print JSON, write nothing")
     ap.add_argument("-n", type=int, default=None, help="SuperNodes (default 20; 4 with --quick)")
     ap.add_argument("--budget", type=float, default=900.0, help="seconds before giving up")
+    ap.add_argument("--keep", type=Path, default=None, help="work in this new folder and keep it (logs)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     n = args.n or (4 if args.quick else 20)
-    with TemporaryDirectory(prefix="flower_scale_") as tmp:
-        row = run(n, Path(tmp), args.budget)
+    timeouts = (max(240.0, 30.0 * n), max(120.0, 15.0 * n))  # every node starts a ClientApp process a message
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=False)
+        row = run(n, args.keep, args.budget, timeouts)
+    else:
+        with TemporaryDirectory(prefix="flower_scale_") as tmp:
+            row = run(n, Path(tmp), args.budget, timeouts)
     result = {"benchmark": "flower_scale", "quick": args.quick, "machine": machine(), **row}
     text = json.dumps(result, indent=2)
     out = args.out or (None if args.quick else OUT)
