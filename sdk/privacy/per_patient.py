@@ -190,6 +190,11 @@ class PerPatientClipper:
             off += n
         return g
 
+    def release(self) -> None:
+        """Drop the [B, P] buffer (it holds the last step's per-patient gradients); called at
+        the end of every round."""
+        self._buf = None
+
     def assign(self, flat: torch.Tensor) -> None:
         """Set every parameter's ``.grad`` to its slice of ``flat`` [P]."""
         for p, g in zip(self.params, torch.split(flat, self.sizes), strict=True):

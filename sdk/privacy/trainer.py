@@ -270,6 +270,8 @@ class DPTrainer:
             completed = True
         finally:
             self._unhook()
+            if self._clipper is not None:
+                self._clipper.release()
             self._unfreeze(frozen)
             for p in model.parameters():
                 p.grad = None
