@@ -25,8 +25,19 @@ import numpy as np
 import pandas as pd
 
 from ..ingest.table import PatientTable
-from ..training.survival import horizon_labels, survival_metrics
-from .baselines import _nodes, _xs, fedavg_lr, pooled_gbm, pooled_lr, standalone_lr
+from ..training.survival import concordance, horizon_labels, survival_metrics
+from .baselines import (
+    GBM_GRID,
+    LR_GRID,
+    _fit_lr,
+    _nodes,
+    _val_loss,
+    _xs,
+    fedavg_lr,
+    pooled_gbm,
+    pooled_lr,
+    standalone_lr,
+)
 
 COX_PENALTIES = (0.01, 0.1, 1.0)
 
@@ -113,9 +124,58 @@ def horizon_form(tables: Sequence[PatientTable], splits: Sequence, *, horizon: f
     return out_t, out_s
 
 
+def _cindex_standalone_lr(tables, splits, ht, hs) -> dict[str, float]:
+    """C-index over *all* test patients (censored ones included) of the standalone LR that
+    :func:`standalone_lr` selects (the same deterministic fits and choice)."""
+    out = {}
+    for t, s, h, q in zip(tables, splits, ht, hs, strict=True):
+        nodes = h.observed_nodes()
+        xh, y, x = _xs([h], nodes)[0], h.labels, _xs([t], nodes)[0]
+        if len(np.unique(y[q.train])) < 2:
+            out[t.site] = float("nan")
+            continue
+        fits = [_fit_lr(xh[q.train], y[q.train], c) for c in LR_GRID]
+        best = min(fits, key=lambda m: _val_loss(y[q.validation], m.predict_proba(xh[q.validation])[:, 1]))
+        out[t.site] = concordance(t.survival.time[s.test], t.survival.event[s.test],
+                                  best.predict_proba(x[s.test])[:, 1])
+    return out
+
+
+def _cindex_pooled(tables, splits, ht, hs, *, seed: int) -> dict[str, dict[str, float]]:
+    """C-index over all test patients of the pooled LR and pooled GBM that :func:`pooled_lr` and
+    :func:`pooled_gbm` select (same fits, same choice on the pooled validation loss)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    nodes = _nodes(ht, "union")
+    xh, xf = _xs(ht, nodes), _xs(tables, nodes)
+    cat = lambda xs, part: np.concatenate([x[getattr(q, part)] for x, q in zip(xs, hs, strict=True)])  # noqa: E731
+    yt = np.concatenate([h.labels[q.train] for h, q in zip(ht, hs, strict=True)])
+    yv = np.concatenate([h.labels[q.validation] for h, q in zip(ht, hs, strict=True)])
+    lr = min((_fit_lr(cat(xh, "train"), yt, c) for c in LR_GRID),
+             key=lambda m: _val_loss(yv, m.predict_proba(cat(xh, "validation"))[:, 1]))
+    k = len(nodes)
+    for x in (*xh, *xf):  # trees take missing as NaN natively
+        x[:, :k][x[:, k:] == 0] = np.nan
+    gbm = min((HistGradientBoostingClassifier(learning_rate=a, max_leaf_nodes=b, max_iter=c, random_state=seed,
+                                              early_stopping=False).fit(cat(xh, "train"), yt) for a, b, c in GBM_GRID),
+              key=lambda m: _val_loss(yv, m.predict_proba(cat(xh, "validation"))[:, 1]))
+    xl = _xs(tables, nodes)
+    return {name: {t.site: concordance(t.survival.time[s.test], t.survival.event[s.test],
+                                       model.predict_proba(x[s.test])[:, 1])
+                   for t, s, x in zip(tables, splits, xs, strict=True)}
+            for name, model, xs in (("lr", lr, xl), ("gbm", gbm, xf))}
+
+
 def horizon_baselines(tables: Sequence[PatientTable], splits: Sequence, *, horizon: float, seed: int
                       ) -> dict[str, dict]:
-    """LR standalone, FedAvg LR, pooled LR and pooled GBM on the binary horizon form."""
+    """LR standalone, FedAvg LR, pooled LR and pooled GBM on the binary horizon form; the
+    standalone and pooled ones also with the C-index of their risk over all test patients."""
     ht, hs = horizon_form(tables, splits, horizon=horizon)
-    return {"lr_standalone_horizon": standalone_lr(ht, hs), "lr_fedavg_aligned_horizon": fedavg_lr(ht, hs, seed=seed),
-            "lr_pooled_horizon": pooled_lr(ht, hs), "gbm_pooled_horizon": pooled_gbm(ht, hs, seed=seed)}
+    out = {"lr_standalone_horizon": standalone_lr(ht, hs), "lr_fedavg_aligned_horizon": fedavg_lr(ht, hs, seed=seed),
+           "lr_pooled_horizon": pooled_lr(ht, hs), "gbm_pooled_horizon": pooled_gbm(ht, hs, seed=seed)}
+    pooled = _cindex_pooled(tables, splits, ht, hs, seed=seed)
+    for key, cidx in (("lr_standalone_horizon", _cindex_standalone_lr(tables, splits, ht, hs)),
+                      ("lr_pooled_horizon", pooled["lr"]), ("gbm_pooled_horizon", pooled["gbm"])):
+        for site, c in cidx.items():
+            out[key][site]["cindex"] = c
+    return out

@@ -74,7 +74,12 @@ def test_survival_form_keeps_censored_patients_in_days(name):
 
 def test_survival_references_run_on_the_same_splits():
     from clinograph.sdk.research.model_quality import splits_for
-    from clinograph.sdk.research.survival_baselines import cox_pooled, cox_standalone, horizon_form
+    from clinograph.sdk.research.survival_baselines import (
+        _cindex_pooled,
+        cox_pooled,
+        cox_standalone,
+        horizon_form,
+    )
 
     c = cohort_tables("lung", form="survival")
     tables = [ingest(df, schema=s, dictionary=c.dictionary) for df, s in c.hospitals]
@@ -85,6 +90,8 @@ def test_survival_references_run_on_the_same_splits():
         assert set(per) == {t.site for t in tables}
         assert all(0 <= m["cindex"] <= 1 for m in per.values())
     ht, hs = horizon_form(tables, splits, horizon=365.0)
+    cidx = _cindex_pooled(tables, splits, ht, hs, seed=0)  # risk scored on all test patients, censored included
+    assert all(0 <= c <= 1 for c in [*cidx["lr"].values(), *cidx["gbm"].values()])
     for t, h, s, hsplit in zip(tables, ht, splits, hs, strict=True):
         known = (t.survival.time > 365) | (t.survival.event == 1)
         assert h.n_patients == known.sum() and len(hsplit.test) == known[s.test].sum()
