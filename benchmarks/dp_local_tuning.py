@@ -210,6 +210,7 @@ def main() -> None:
                     help="a log of earlier ε = 10 selection runs (one dict a line, as this script prints them after "
                          "'select '): reuse them, search no further, and use the ε = 10 choice at every ε")
     ap.add_argument("--seed-list", nargs="*", type=int, default=None, help="test only these seeds (partial JSON)")
+    ap.add_argument("--epsilons", nargs="*", type=float, default=None, help="test only these ε (with --selection-from)")
     ap.add_argument("--skip-demo-nodp", action="store_true",
                     help="do not re-run the demo's no-DP NS-FL (cite benchmarks/results/agat_vs_nsfl.json)")
     ap.add_argument("--out", default=str(RESULTS / "dp_local_tuning.json"))
@@ -273,7 +274,7 @@ def main() -> None:
         test_seeds = a.seed_list
     for seed in test_seeds:
         tables, d = tables_for(seed, scale)
-        for eps in epsilons:
+        for eps in (a.epsilons or epsilons):
             for method, hp in (("local_dp_tuned", chosen[str(eps)]), ("local_dp_demo_default", start)):
                 if method == "local_dp_demo_default" and a.selection_from and eps != 10.0:
                     continue  # the default at ε = 3, 1 is in dp_trust_models.json ("local")
