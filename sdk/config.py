@@ -248,6 +248,22 @@ class HospitalConfig(_Strict):
     target: TargetSection = Field(default_factory=TargetSection)
     dictionary: Path | None = Field(default=None, description="feature dictionary TOML (required)")
 
+    @model_validator(mode="after")
+    def _survival_supported(self) -> HospitalConfig:
+        """A survival target is trained by the static NS-FL task without DP (sdk/training/survival.py)."""
+        if self.target.kind != "survival":
+            return self
+        refused = [what for what, bad in (
+            (f"task = {self.task!r} (only 'nsfl' has a survival head)", self.task != "nsfl"),
+            ("[privacy] enabled: the DP trainers have no survival head yet (the hazard likelihood is per "
+             "patient, so they can have one)", self.privacy.enabled),
+            (f"[model] temporal = {self.model.temporal!r}", self.model.temporal != "none"),
+            (f"[model] modalities = {list(self.model.modalities)}", bool(self.model.modalities))) if bad]
+        if refused:
+            raise ValueError("[target] kind = 'survival' is not supported with " + "; ".join(refused) +
+                             ". Use kind = 'binary' with a horizon label, or drop the other setting")
+        return self
+
     def selection_active(self) -> bool:
         """Whether this hospital reports its validation loss for model selection."""
         on = self.selection.enabled if self.selection.enabled is not None else not self.privacy.enabled

@@ -80,8 +80,10 @@ def test_unsupported_combinations_are_refused():
     d, tables = lung()
     t = tables[0]
     split = hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.2, seed=0)
-    with pytest.raises(ConfigError, match="no survival head yet"):
-        NSFLTask(t, dictionary=d, config=HospitalConfig(target=TARGET, privacy={"enabled": True}), split=split)
+    with pytest.raises(ValueError, match="no survival head yet"):
+        HospitalConfig(target=TARGET, privacy={"enabled": True})
+    with pytest.raises(ValueError, match="only 'nsfl' has a survival head"):
+        HospitalConfig(target=TARGET, task="agat")
     df, schema = _binary()
     binary_table = ingest(df, schema=schema, dictionary=d)
     with pytest.raises(ConfigError, match="has no time-to-event label"):
