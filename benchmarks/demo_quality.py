@@ -144,11 +144,11 @@ def main() -> None:
 
     if not a.no_main:
         methods: dict[str, list[dict]] = {"clinograph_nsfl": nsfl_runs({})}
-        for seed in a.seeds:
+        for i, seed in enumerate(a.seeds):
             for k, v in run_baselines(seed, scale=a.scale, rounds=rounds).items():
                 methods.setdefault(k, []).append(v)
-            print(f"seed {seed}: " + ", ".join(f"{k} {v[len(methods[k]) - 1]['mean']['auroc']:.3f}"
-                                              for k, v in methods.items()), flush=True)
+            print(f"seed {seed}: " + ", ".join(f"{k} {v[i]['mean']['auroc']:.3f}" for k, v in methods.items()),
+                  flush=True)
         table = {}
         for k, runs in methods.items():
             sites = sorted(runs[0]["per_hospital"])
