@@ -95,7 +95,9 @@ def _threads() -> None:
 @guarded
 def demo(
     out: Annotated[Path, typer.Option(help="Output folder.")] = Path("runs/demo"),
-    rounds: Annotated[int, typer.Option(min=1, max=500)] = 15,
+    rounds: Annotated[int | None, typer.Option(min=1, max=500, help="Planned rounds (early stopping on the "
+                                               "federated validation loss may keep an earlier one); default 30 "
+                                               "for the NS-FL demo, 10 with --concepts.")] = None,
     seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Seed of the tables, splits and models.")] = 0,
     secure_mode: Annotated[str, typer.Option(help="masked (default), ckks or insecure_plaintext")] = "masked",
     dp: Annotated[bool, typer.Option("--dp/--no-dp", help="Also train with patient-level DP-SGD at every "
@@ -108,12 +110,16 @@ def demo(
     """The main job: a 4-hospital federation from ALARM, NS-FL vs the paper's baselines."""
     _needs_hospital("demo")
     if concepts:
-        _concepts_demo(out=out, rounds=rounds, seed=seed, secure_mode=secure_mode, scale=scale)
+        _concepts_demo(out=out, rounds=10 if rounds is None else rounds, seed=seed, secure_mode=secure_mode,
+                       scale=scale)
         return
     from .demo_view import run_demo_view
 
     _threads()
-    run_demo_view(out=out, rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp, scale=scale)
+    from clinograph.sdk.research.demo import DEMO_ROUNDS
+
+    run_demo_view(out=out, rounds=DEMO_ROUNDS if rounds is None else rounds, seed=seed, secure_mode=secure_mode,
+                  dp=dp, scale=scale)
 
 
 def _concepts_demo(*, out: Path, rounds: int, seed: int, secure_mode: str, scale: float) -> None:
