@@ -59,6 +59,7 @@ from clinograph.sdk.research.fcm_federation import (  # noqa: E402
     ConceptDP,
     FCMFederation,
     FederationConfig,
+    local_dp_steps_per_epoch,
 )
 from clinograph.sdk.training.metrics import binary_metrics  # noqa: E402
 from clinograph.secure.dp import calibrate_noise_multiplier as skellam_sigma  # noqa: E402
@@ -99,10 +100,13 @@ def one_run(kind: str, seed: int, mode: str, eps: float | None, data, args) -> d
     if mode == "local":
         n_min = min(c.n for c in clients)
         q = min(1.0, args.batch / n_min)
-        steps = rounds * args.local_epochs * math.ceil(1.0 / q)
+        steps = rounds * args.local_epochs * local_dp_steps_per_epoch(q)
         sigma = calibrate_noise_multiplier(target_epsilon=eps, delta=DELTA, sample_rate=q, steps=steps)
         dp = ConceptDP(mode="local", noise_multiplier=sigma, clip=CLIP, sample_rate=q)
-        info = {"sigma": sigma, "sample_rate": q, "steps": steps, "accountant": "rdp (Opacus)"}
+        dim = model_dim(kind, nodes, cards, task, x.shape[1], hp)
+        # per step: the clipped mean has norm <= C; the noise on it has norm ~ σ·C·sqrt(d)/B
+        info = {"sigma": sigma, "sample_rate": q, "steps": steps, "accountant": "rdp (Opacus)",
+                "dim_bound": dim, "noise_norm_over_clip_per_step": sigma * math.sqrt(dim) / (q * n_min)}
     elif mode == "distributed":
         dim = model_dim(kind, nodes, cards, task, x.shape[1], hp)
         sigma = skellam_sigma(target_epsilon=eps, delta=DELTA, rounds=rounds, sample_rate=1.0, clip=CLIP,
@@ -112,14 +116,21 @@ def one_run(kind: str, seed: int, mode: str, eps: float | None, data, args) -> d
         info = {"sigma": sigma, "sample_rate": 1.0, "rounds": rounds, "dim_bound": dim, "min_honest": args.min_honest,
                 "scale": args.scale, "server_lr": args.server_lr, "accountant": "skellam (secure.dp)",
                 "total_noise_over_sigma": math.sqrt(args.per_round / args.min_honest)}
+    lr = args.dp_lr if mode == "local" else args.lr
     cfg = FederationConfig(kind=kind, rounds=rounds, patience=None, join_round=args.join, n_initial=args.clients // 2,
-                           clients_per_round=args.per_round, local_epochs=args.local_epochs, lr=args.lr, seed=seed,
+                           clients_per_round=args.per_round, local_epochs=args.local_epochs, lr=lr, seed=seed,
                            hp=hp, dp=dp)
     fed = FCMFederation(config=cfg, concepts=nodes, task=task, cards=cards, clients=clients, in_dim=x.shape[1],
                         val=(torch.from_numpy(x[va]), labels_of(codes, va, nodes)))
     t0 = time.perf_counter()
     res = fed.run()
     seconds = time.perf_counter() - t0
+    if mode == "local":  # the accountant counted every step taken (sound), and no more were taken
+        info["max_steps_taken"] = max(fed.dp_steps.values(), default=0)
+        if info["max_steps_taken"] > steps:
+            raise RuntimeError(f"a client took {info['max_steps_taken']} DP-SGD steps, the accountant counted {steps}")
+    info["lr"] = lr
+    info["val_loss_first_best_last"] = [res.val_loss[0], min(res.val_loss), res.val_loss[-1]]
     if mode == "distributed":
         final_dim = sum(p.numel() for p in res.model.parameters())
         info["largest_dim_checked"] = final_dim <= info["dim_bound"]
@@ -156,6 +167,7 @@ def main() -> None:
     ap.add_argument("--dist-rounds", type=int, default=60, help="rounds (DP-SGD steps) of the distributed runs")
     ap.add_argument("--batch", type=int, default=512, help="expected Poisson batch B of local DP (appendix D.3)")
     ap.add_argument("--lr", type=float, default=1e-3, help="client Adam lr (fcm_tuning.json: Asia 1e-3)")
+    ap.add_argument("--dp-lr", type=float, default=1e-3, help="local DP: the client Adam lr (tuned on validation)")
     ap.add_argument("--server-lr", type=float, default=3e-3, help="distributed: the server's Adam lr")
     ap.add_argument("--min-honest", type=int, default=5, help="distributed: h of the 10 sampled clients")
     ap.add_argument("--scale", type=float, default=2.0 ** 16, help="distributed: ring fixed-point scale s")
@@ -166,7 +178,7 @@ def main() -> None:
                     help="stdout logs of runs (one printed dict a run, values rounded to 3 decimals) to merge into --out")
     a = ap.parse_args()
     args = SimpleNamespace(clients=20, per_round=10, perturb_clients=0.2, perturb_edges=0.3, join=10,
-                           local_epochs=2, **{k: getattr(a, k) for k in ("rounds", "dist_rounds", "batch", "lr",
+                           local_epochs=2, **{k: getattr(a, k) for k in ("rounds", "dist_rounds", "batch", "lr", "dp_lr",
                                                                          "server_lr", "min_honest", "scale")})
     n, ae_epochs, seeds = bnlearn.PAPER_SAMPLES[NETWORK], 10, list(range(a.seeds))
     if a.quick:

@@ -71,11 +71,20 @@ from ..concepts.params import freeze_unsupervised, load_state_vectors, model_spe
 from ..concepts.views import ClientView
 
 
+def local_dp_steps_per_epoch(sample_rate: float) -> int:
+    """DP-SGD steps a local epoch at Poisson rate q: ``max(1, round(1/q))`` (one expected pass
+    over the client's data). Was ``⌈1/q⌉``, which at B = 512, n_k = 525 (q ≈ 0.975) took 2 steps
+    an epoch -- twice the intended steps and privacy. The caller's accountant must count
+    ``rounds × local_epochs ×`` this (:attr:`FCMFederation.dp_steps` records the steps taken)."""
+    return max(1, round(1.0 / sample_rate))
+
+
 @dataclass(frozen=True)
 class ConceptDP:
     """Patient-level DP of a run (see the module docstring). σ is relative to ``clip``.
 
-    ``sample_rate``: local -- each client's Poisson rate per local step (⌈1/q⌉ steps an epoch);
+    ``sample_rate``: local -- each client's Poisson rate per local step
+    (:func:`local_dp_steps_per_epoch` steps an epoch);
     distributed -- the rate per round. ``min_honest``/``scale``/``server_lr``: distributed only.
     """
 
@@ -203,6 +212,8 @@ class FCMFederation:
         self._global_sd: dict[str, torch.Tensor] | None = None
         self._scratch: ConceptModel | None = None
         self._server_opt: torch.optim.Optimizer | None = None  # distributed DP: the server's Adam
+        #: local DP: DP-SGD steps each client actually took (for checking the accountant's plan)
+        self.dp_steps: dict[str, int] = {}
 
     # -- server: structure ---------------------------------------------------------------
     def vote(self, sampled: Sequence[ClientData], round_: int) -> ConceptGraph:
@@ -242,7 +253,8 @@ class FCMFederation:
         dp = self.cfg.dp
         if dp is not None and self._has_signal(client, graph_nodes):  # F-CMs E.4: every local step is DP-SGD
             names_p = trainable_names(local)
-            for _ in range(self.cfg.local_epochs * math.ceil(1.0 / dp.sample_rate)):
+            for _ in range(self.cfg.local_epochs * local_dp_steps_per_epoch(dp.sample_rate)):
+                self.dp_steps[client.name] = self.dp_steps.get(client.name, 0) + 1
                 idx = torch.as_tensor(poisson_rows(client.n, dp.sample_rate), dtype=torch.long)
                 labels = {v: y[idx] for v, y in client.labels.items()}
                 iv = random_interventions(labels, nodes=sorted(supervised & graph_nodes), p=self.cfg.p_intervention,

@@ -14,6 +14,7 @@ from clinograph.sdk.research.fcm_federation import (
     ConceptDP,
     FCMFederation,
     FederationConfig,
+    local_dp_steps_per_epoch,
 )
 
 
@@ -61,6 +62,17 @@ def test_distributed_dp_refuses_an_unknown_mode():
 
 def test_opaque_baseline_predicts_the_task_only_and_learns_under_local_dp(asia):
     dp = ConceptDP(mode="local", noise_multiplier=0.05, clip=1.0, sample_rate=1.0)
-    res = federation(asia, kind="opaqnn", dp=dp, rounds=4).run()
+    fed = federation(asia, kind="opaqnn", dp=dp, rounds=4)
+    res = fed.run()
+    # every client is sampled every round (4 of 4), 1 local epoch at q = 1: exactly 1 step a round
+    assert fed.dp_steps == {f"h{k}": 4 for k in range(4)}, fed.dp_steps
     assert list(res.model.graph.nodes) == ["dysp"]
     assert res.val_loss[-1] < res.val_loss[0], res.val_loss
+
+
+def test_local_dp_takes_one_expected_pass_an_epoch_not_ceil_of_one_over_q():
+    # B = 512 on n_k = 525 patients: q ~ 0.975 is ONE step an epoch (ceil(1/q) = 2 doubled the privacy spent)
+    assert local_dp_steps_per_epoch(512 / 525) == 1
+    assert local_dp_steps_per_epoch(1.0) == 1
+    assert local_dp_steps_per_epoch(0.1) == 10
+    assert local_dp_steps_per_epoch(0.3) == 3
