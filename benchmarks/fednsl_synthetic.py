@@ -14,7 +14,9 @@ hidden). Nothing is tuned on test points (hyper-parameters are the fixed ones be
 Methods (all with A.6's 2-64-3 network, same rounds and local steps):
 
 - ``local``: each client alone;
-- ``fedavg`` (global model), ``fedprox`` (μ = 0.01, global model);
+- ``fedavg``, ``fedprox`` (μ = 0.01): global model; personalised = + STEPS local fine-tuning steps;
+- ``fedavg_ft_val``: FedAvg whose fine-tuning length (FT_CANDIDATES) each client chooses on a 20 %
+  validation split of its training points;
 - ``per_fedavg``: first-order Per-FedAvg (MAML step α = 0.01), evaluated after one local step;
 - ``pfedme``: implemented (personal θ_i, Moreau-envelope pull λ/2‖θ_i − w‖², λ = 15, K = 5) but
   left out of METHODS: our simplified version did not train (seen accuracy 0.75 in a 1-seed
@@ -23,7 +25,9 @@ Methods (all with A.6's 2-64-3 network, same rounds and local steps):
 
 pFedBayes and pFedGP are not run (Bayesian networks / GP trees: not implemented here).
 This is a research loop in one process (plain sums): the server sees only sums of statistics
-either way. Writes benchmarks/results/fednsl_synthetic.json.
+either way. Both data protocols run: 600 points drawn per client (``make_clients``, the main summary)
+and A.5's single shared 600-point pool (``shared_pool_clients``). Writes
+benchmarks/results/fednsl_synthetic.json.
 """
 
 from __future__ import annotations
