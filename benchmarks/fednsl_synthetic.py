@@ -13,6 +13,8 @@ FedAvg / FedProx are fine-tuned locally for STEPS steps from the final global mo
 hidden). Nothing is tuned on test points (hyper-parameters are the fixed ones below).
 Methods (all with A.6's 2-64-3 network, same rounds and local steps):
 
+- ``logreg_local`` / ``logreg_pooled``: logistic regression per client / on both clients' pooled
+  training sets (pooled is a non-federated reference, not counted as a baseline in the margins);
 - ``local``: each client alone;
 - ``fedavg``, ``fedprox`` (μ = 0.01): global model; personalised = + STEPS local fine-tuning steps;
 - ``fedavg_ft_val``: FedAvg whose fine-tuning length (FT_CANDIDATES) each client chooses on a 20 %
@@ -49,6 +51,7 @@ from clinograph.sdk.fednsl.gmm import (
     mlp,
     tensor,
 )
+from sklearn.linear_model import LogisticRegression
 from torch import nn
 
 from benchmarks._common import machine, write
@@ -141,10 +144,25 @@ def _finetune_validated(glob: nn.Module, data, seed: int) -> tuple[list[nn.Modul
     return models, chosen
 
 
+class _Logistic:
+    """A fitted scikit-learn logistic regression behind the classifiers' call interface."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.clf = LogisticRegression(max_iter=2000).fit(x.numpy(), y.numpy())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.as_tensor(self.clf.predict_proba(x.numpy()))
+
+
 def run_method(method: str, seed: int, *, pool: str = "per_client") -> dict:
     clients = make_clients(seed) if pool == "per_client" else shared_pool_clients(seed)
     data = [(tensor(c.x_train), torch.as_tensor(c.y_train)) for c in clients]
     weights = [float(len(c.y_train)) for c in clients]
+    if method == "logreg_local":  # the simple baselines: logistic regression standalone ...
+        return {"personalised": _evaluate([_Logistic(x, y) for x, y in data], clients), "global_model": None}
+    if method == "logreg_pooled":  # ... and on the pooled training sets (no federation: an upper reference)
+        pooled = _Logistic(torch.cat([x for x, _ in data]), torch.cat([y for _, y in data]))
+        return {"personalised": _evaluate([pooled, pooled], clients), "global_model": None}
     if method == "local":
         models = [mlp(seed) for _ in clients]
         for m, (x, y) in zip(models, data, strict=True):
@@ -220,7 +238,7 @@ def run_method(method: str, seed: int, *, pool: str = "per_client") -> dict:
     raise ValueError(f"Unknown method {method!r}")
 
 
-METHODS = ("local", "fedavg", "fedavg_ft_val", "fedprox", "per_fedavg", "fednsl_no_kl", "fednsl")  # pfedme: see module doc
+METHODS = ("logreg_local", "logreg_pooled", "local", "fedavg", "fedavg_ft_val", "fedprox", "per_fedavg", "fednsl_no_kl", "fednsl")  # pfedme: see module doc
 
 
 METRICS = ("train_all", "seen_train", "unseen_test")
@@ -243,7 +261,7 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
     """Both views; the margins use the personalised view (each client's own model, the paper's reading)."""
     out = {view: {m: _rows(per_seed, view) for m, per_seed in runs.items()} for view in ("personalised", "global_model")}
     pers = out["personalised"]
-    baselines = [m for m in pers if not m.startswith("fednsl")]
+    baselines = [m for m in pers if not m.startswith(("fednsl", "logreg_pooled"))]  # pooled is not federated
     margins = {}
     for metric in METRICS:
         best = max(baselines, key=lambda m: pers[m][f"average_{metric}"]["mean"])
