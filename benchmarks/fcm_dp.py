@@ -13,8 +13,10 @@ clients, 10 a round, late joiners at round 10 (appendix D.1/D.3), C2BM and the o
 - ``local`` (the paper's DP, E.4): every local step of every client is DP-SGD -- Poisson batch
   (expected size B = 512, appendix D.3, so q = B/n_k), per-patient clip C = 1.0 (eq. 4),
   Gaussian noise σ·C; σ from Opacus's RDP accountant for the client's planned steps
-  (rounds × 2 local epochs × ⌈1/q⌉), counting EVERY round as one the client takes part in
-  (no amplification by client sampling: conservative).
+  (rounds × 2 local epochs × max(1, round(1/q)); the steps taken are checked against it),
+  counting EVERY round as one the client takes part in (no amplification by client
+  sampling: conservative). Client lr (--dp-lr) and rounds chosen on validation
+  (docs/concepts.md; the grid and the choice are in the JSON's ``local_dp_tuning``).
 - ``distributed`` (issue 14): one DP-SGD step a round (FedSGD), q = 1 (the operating point of
   docs/privacy.md), each sampled client adds a Skellam share Sk(μ/h) to its randomly rounded
   clipped gradient sum at the ring scale s; at least h of the 10 sampled clients are honest.
