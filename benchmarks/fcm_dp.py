@@ -2,6 +2,7 @@
 
     python benchmarks/fcm_dp.py --quick     # 1 seed, few rounds, small data; prints JSON only
     python benchmarks/fcm_dp.py             # Asia, ε ∈ {10, 5, 1}, δ = 1e-5, 3 seeds
+    python benchmarks/fcm_dp.py --tuned --rounds 30   # the docs/concepts.md table's settings
 
 Setting: Table 5 does not name its dataset; its task accuracies (OpaqNN 80.0, C2BM 79.4 at
 ε = 10) match the Asia column of Table 1's F-CMs rows (80.0, 80.4), so Asia (task ``dysp``,
@@ -73,6 +74,14 @@ NETWORK, DELTA, CLIP = "asia", 1e-5, 1.0
 #: F-CMs Table 5 (task accuracy, concept accuracy) at ε = 10 / 5 / 1
 PAPER = {"opaqnn": {"10": (80.03, 90.37), "5": (79.19, 89.43), "1": (77.31, 89.15)},
          "c2bm": {"10": (79.37, 86.89), "5": (79.20, 86.89), "1": (76.22, 85.81)}}
+#: (lr, rounds) chosen on seed-0 validation loss (JSON ``local_dp_tuning``/``distributed_dp_tuning``):
+#: local -- the client's Adam lr; distributed -- the server's. Used with --tuned.
+TUNED = {("c2bm", "local", 10.0): (1e-2, 60), ("c2bm", "local", 5.0): (1e-2, 30), ("c2bm", "local", 1.0): (3e-2, 30),
+         ("opaqnn", "local", 10.0): (3e-2, 60), ("opaqnn", "local", 5.0): (3e-2, 30),
+         ("opaqnn", "local", 1.0): (3e-2, 60),
+         ("c2bm", "distributed", 10.0): (1e-2, 40), ("c2bm", "distributed", 5.0): (1e-2, 40),
+         ("c2bm", "distributed", 1.0): (1e-2, 20), ("opaqnn", "distributed", 10.0): (1e-2, 20),
+         ("opaqnn", "distributed", 5.0): (1e-2, 40), ("opaqnn", "distributed", 1.0): (3e-2, 20)}
 #: F-CMs Table 1, Asia, F-CMs rows (no DP)
 PAPER_NO_DP = {"opaqnn": 80.0, "c2bm": 80.4}
 
@@ -98,6 +107,10 @@ def one_run(kind: str, seed: int, mode: str, eps: float | None, data, args) -> d
                for k, (p, v) in enumerate(zip(parts, views, strict=True))]
     hp = ConceptHParams(hidden=64, emb=16)
     rounds = args.dist_rounds if mode == "distributed" else args.rounds
+    dp_lr, server_lr = args.dp_lr, args.server_lr
+    if args.tuned and (kind, mode, eps) in TUNED:
+        tuned_lr, rounds = TUNED[(kind, mode, eps)]
+        dp_lr, server_lr = (tuned_lr, server_lr) if mode == "local" else (dp_lr, tuned_lr)
     dp, info = None, {}
     if mode == "local":
         n_min = min(c.n for c in clients)
@@ -114,11 +127,11 @@ def one_run(kind: str, seed: int, mode: str, eps: float | None, data, args) -> d
         sigma = skellam_sigma(target_epsilon=eps, delta=DELTA, rounds=rounds, sample_rate=1.0, clip=CLIP,
                               scale=args.scale, dim=dim)
         dp = ConceptDP(mode="distributed", noise_multiplier=sigma, clip=CLIP, sample_rate=1.0,
-                       min_honest=args.min_honest, scale=args.scale, server_lr=args.server_lr)
+                       min_honest=args.min_honest, scale=args.scale, server_lr=server_lr)
         info = {"sigma": sigma, "sample_rate": 1.0, "rounds": rounds, "dim_bound": dim, "min_honest": args.min_honest,
-                "scale": args.scale, "server_lr": args.server_lr, "accountant": "skellam (secure.dp)",
+                "scale": args.scale, "server_lr": server_lr, "accountant": "skellam (secure.dp)",
                 "total_noise_over_sigma": math.sqrt(args.per_round / args.min_honest)}
-    lr = args.dp_lr if mode == "local" else args.lr
+    lr = dp_lr if mode == "local" else args.lr
     cfg = FederationConfig(kind=kind, rounds=rounds, patience=None, join_round=args.join, n_initial=args.clients // 2,
                            clients_per_round=args.per_round, local_epochs=args.local_epochs, lr=lr, seed=seed,
                            hp=hp, dp=dp)
@@ -170,6 +183,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512, help="expected Poisson batch B of local DP (appendix D.3)")
     ap.add_argument("--lr", type=float, default=1e-3, help="client Adam lr (fcm_tuning.json: Asia 1e-3)")
     ap.add_argument("--dp-lr", type=float, default=1e-3, help="local DP: the client Adam lr (tuned on validation)")
+    ap.add_argument("--tuned", action="store_true", help="lr and rounds of each DP row from TUNED (the table's)")
     ap.add_argument("--server-lr", type=float, default=3e-3, help="distributed: the server's Adam lr")
     ap.add_argument("--min-honest", type=int, default=5, help="distributed: h of the 10 sampled clients")
     ap.add_argument("--scale", type=float, default=2.0 ** 16, help="distributed: ring fixed-point scale s")
@@ -180,7 +194,7 @@ def main() -> None:
                     help="stdout logs of runs (one printed dict a run, values rounded to 3 decimals) to merge into --out")
     a = ap.parse_args()
     args = SimpleNamespace(clients=20, per_round=10, perturb_clients=0.2, perturb_edges=0.3, join=10,
-                           local_epochs=2, **{k: getattr(a, k) for k in ("rounds", "dist_rounds", "batch", "lr", "dp_lr",
+                           local_epochs=2, **{k: getattr(a, k) for k in ("rounds", "dist_rounds", "batch", "lr", "dp_lr", "tuned",
                                                                          "server_lr", "min_honest", "scale")})
     n, ae_epochs, seeds = bnlearn.PAPER_SAMPLES[NETWORK], 10, list(range(a.seeds))
     if a.quick:
