@@ -79,7 +79,11 @@ def ingest_survival(df: pd.DataFrame, *, schema: SiteSchema, dictionary: Feature
     from .validate import ingest
 
     spec = schema.survival
-    assert spec is not None
+    if spec is None:
+        raise SchemaError(f"Site schema of {schema.site!r} has no [survival] section, so there is no time or event "
+                          "column to read. Declare [survival] time, event and time_unit in the site schema, or "
+                          "ingest the table with ingest() for a binary label.",
+                          title="Time-to-event label cannot be ingested")
     title = f"Time-to-event label of site {schema.site!r} cannot be ingested"
     missing = [f"{what} column {col!r} is not in the table (columns: {', '.join(map(str, df.columns[:12]))}). "
                f"Fix [survival] {what.lower()} in the site schema."

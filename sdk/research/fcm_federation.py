@@ -59,6 +59,7 @@ from clinograph.secure.dag_voting import (
     tally_from_sum,
     vote_module_spec,
 )
+from clinograph.secure.errors import ConfigError
 from clinograph.secure.spec import ModelSpec
 
 from ..concepts.adapt import adapt_model, count_changed
@@ -295,7 +296,9 @@ class FCMFederation:
         from ..privacy.distributed import noisy_integer_sum
 
         dp = self.cfg.dp
-        assert dp is not None  # noqa: S101 - called only with dp set
+        if dp is None:
+            raise ConfigError("distributed_round needs FederationConfig.dp (mode 'distributed'); this federation "
+                              "has no DP settings. Set FederationConfig(dp=ConceptDP(mode='distributed', noise_multiplier=...)) or run a plain round.")
         model = self.model
         all_names = [n for n, _ in model.named_parameters()]
         sizes = {n: p.numel() for n, p in model.named_parameters()}

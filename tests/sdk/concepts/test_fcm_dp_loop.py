@@ -76,3 +76,11 @@ def test_local_dp_takes_one_expected_pass_an_epoch_not_ceil_of_one_over_q():
     assert local_dp_steps_per_epoch(1.0) == 1
     assert local_dp_steps_per_epoch(0.1) == 10
     assert local_dp_steps_per_epoch(0.3) == 3
+
+
+def test_a_distributed_round_without_dp_settings_is_a_config_error(asia):
+    from clinograph.secure.errors import ConfigError
+
+    fed = federation(asia, kind="c2bm", dp=None, rounds=1)
+    with pytest.raises(ConfigError, match="distributed_round needs FederationConfig.dp"):
+        fed.distributed_round([])

@@ -65,3 +65,11 @@ def test_missing_time_can_be_dropped_by_policy():
     t = ingest(table(fu=[1.0, None, 0.5, 3.0]), schema=s, dictionary=D)
     assert t.n_patients == 3 and t.report.dropped_patients_missing_label == 1
     np.testing.assert_array_equal(t.survival.event, [1, 1, 0])
+
+
+def test_ingest_survival_without_a_survival_section_is_a_schema_error():
+    from clinograph.sdk.ingest.survival import ingest_survival
+
+    plain = SiteSchema(site="h1", patient_id="pid", label="dead")
+    with pytest.raises(SchemaError, match=r"no \[survival\] section"):
+        ingest_survival(table(), schema=plain, dictionary=D)
