@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
@@ -59,3 +60,29 @@ def read_regular(path: str | Path, *, limit: int | None = None) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def atomic_write(path: str | Path, data: bytes | str, *, sync: bool = True, private: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically: a temporary file in the same directory, then
+    ``os.replace``; with ``sync`` the data is fsync'ed before the rename (durable across a power
+    loss, not only a crash). A reader sees the old file or the new one, never a torn write. The
+    temporary file is removed if anything fails. ``str`` data is written as UTF-8. ``private``
+    files (ledgers, anchors) are readable by their owner only (0600); published ones (the audit
+    trail an auditor copies) are 0644.
+    """
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        if not private:
+            os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

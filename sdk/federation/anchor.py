@@ -28,14 +28,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from clinograph.secure.errors import IntegrityError, ProtocolError
+from clinograph.secure.fileio import atomic_write
 from clinograph.secure.identity import PublicIdentity
 from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.journal import decode_state, encode_state
@@ -123,7 +122,7 @@ class HospitalAnchor:
         self._records[key] = {"round": plan.round, "audit_seq": seq, "audit_head": head,
                               "plan": base64.b64encode(plan_bytes).decode("ascii"),
                               **{k: old[k] for k in ("model", "model_sha256") if k in old}}
-        self._write(self.path, json.dumps({"format": FORMAT, "anchors": self._records}, indent=1,
+        atomic_write(self.path, json.dumps({"format": FORMAT, "anchors": self._records}, indent=1,
                                           sort_keys=True).encode())
 
     def keep_model(self, federation_id: str, state: Mapping[str, np.ndarray]) -> None:
@@ -133,9 +132,9 @@ class HospitalAnchor:
             return
         data = encode_state(sorted(state), state)
         name = f"global_model.{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
-        self._write(self.path.parent / name, data)
+        atomic_write(self.path.parent / name, data)
         self._records[key].update(model=name, model_sha256=hashlib.sha256(data).hexdigest())
-        self._write(self.path, json.dumps({"format": FORMAT, "anchors": self._records}, indent=1,
+        atomic_write(self.path, json.dumps({"format": FORMAT, "anchors": self._records}, indent=1,
                                           sort_keys=True).encode())
 
     def model(self, federation_id: str, *, names: list[str]) -> dict[str, np.ndarray] | None:
@@ -155,20 +154,6 @@ class HospitalAnchor:
             raise IntegrityError(f"The global model kept in {self.path.parent} has other modules than this "
                                  "hospital's model; the state directory belongs to another model version.")
         return state
-
-    @staticmethod
-    def _write(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".anchor-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     def __repr__(self) -> str:
         return f"HospitalAnchor(path={str(self.path)!r}, federations={len(self._records)})"

@@ -30,11 +30,11 @@ import functools
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from clinograph.secure.errors import IntegrityError, PrivacyBudgetExceeded, PrivacyError
+from clinograph.secure.fileio import atomic_write  # noqa: F401 (re-exported: distributed.py)
 from clinograph.secure.hazmat.labels import SIG_PRIVACY_LEDGER
 from clinograph.secure.identity import Identity
 from clinograph.secure.messages import LedgerEntry
@@ -94,21 +94,6 @@ def normalise(history: list) -> History:
 
 def _canonical(state: dict) -> bytes:
     return json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def atomic_write(path: Path, data: str) -> None:
-    """Write ``data`` to ``path`` atomically and durably (temp file, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ledger-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class PrivacyLedger:

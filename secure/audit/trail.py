@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, IntegrityError, ProtocolError
+from ..fileio import atomic_write
 from ..identity import Identity, PublicIdentity
 from .canonical import plain_payload
 from .entry import GENESIS, KIND, AuditEntry, make_entry, make_head
@@ -55,16 +56,6 @@ from .verify import (
 
 FORMAT = "clinograph-audit/2"
 ARTEFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,199}$")
-
-
-def _atomic_write(path: Path, data: bytes, *, sync: bool) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        if sync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class AuditTrail:
@@ -149,8 +140,8 @@ class AuditTrail:
         self._last = entry
         self._hashes.append(entry.hash)
         self._keys = keys
-        _atomic_write(self._dir / HEAD, make_head(identity=self._identity, last=entry,
-                                                  time=entry.time), sync=False)
+        atomic_write(self._dir / HEAD, make_head(identity=self._identity, last=entry,
+                                                  time=entry.time), sync=False, private=False)
         return entry
 
     def record(self, kind: str, payload: Mapping[str, Any]) -> AuditEntry:
@@ -181,7 +172,7 @@ class AuditTrail:
             if hashlib.sha256(read_regular_file(path, limit=MAX_ARTEFACT_BYTES)).hexdigest() != sha:
                 raise IntegrityError(f"Stored artefact artefacts/{sha} was altered on disk.")
         else:
-            _atomic_write(path, data, sync=False)
+            atomic_write(path, data, sync=False, private=False)
         return sha
 
     def publish(self, name: str, data: bytes, *, kind: str, meta: Mapping[str, Any] | None = None) -> str:
@@ -222,8 +213,8 @@ class AuditTrail:
         if self._fh.closed or self._last is None:
             return
         os.fsync(self._fh.fileno())
-        _atomic_write(self._dir / HEAD, make_head(identity=self._identity, last=self._last,
-                                                  time=self._last.time), sync=True)
+        atomic_write(self._dir / HEAD, make_head(identity=self._identity, last=self._last,
+                                                  time=self._last.time), sync=True, private=False)
         dir_fd = os.open(self._dir, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
