@@ -88,6 +88,10 @@ class FedNSLRules(Strategy):
         self.heads, self.bodies = load_rule_space(rule_space, sha256=rule_space_sha256)
         self._path, self._sha = str(rule_space), str(rule_space_sha256)
         self.seed, self.smoothing = int(seed), float(smoothing)
+        # Public randomness, not a secret: the seed is in the signed plan and the M-step's input
+        # (the mixture) is published in the audit trail, so numpy's PCG64 is acceptable here (as in
+        # secure/dag_voting.py's tie-breaks). Its stream may change across numpy releases, so an
+        # auditor recomputing the prior must use the numpy version recorded in the run's manifest.
         self._rng = np.random.default_rng(self.seed)
         self._m_step: MStep | None = None
         self._counts = np.zeros((len(self.heads), len(self.bodies)))
