@@ -369,6 +369,10 @@ class AuditOpen(Payload):
     recovered_entries: int | None = Field(default=None, ge=1)
     #: format 2: the run this opening starts (every entry of the run carries it as ``run``).
     run_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    #: the server's software (package -> version), so an auditor recomputing a public step (a
+    #: seeded M-step, a DAG vote's tie-break) uses the same libraries.
+    software: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")],
+                   Annotated[str, Field(max_length=64)]] | None = Field(default=None, max_length=32)
 
 
 class Artefact(Payload):

@@ -29,11 +29,13 @@ import hashlib
 import json
 import math
 import os
+import platform
 import re
 import secrets
 import threading
 import time as _time
 from collections.abc import Callable, Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,20 @@ from .verify import (
 
 FORMAT = "clinograph-audit/2"
 ARTEFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,199}$")
+
+
+SOFTWARE = ("clinograph", "numpy", "cryptography", "pydantic", "flwr", "tenseal")
+
+
+def software_versions() -> dict[str, str]:
+    """Installed versions of the packages whose behaviour a recomputation depends on (and Python)."""
+    out = {"python": platform.python_version()}
+    for name in SOFTWARE:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
 
 
 class AuditTrail:
@@ -110,6 +126,7 @@ class AuditTrail:
             raise IntegrityError(f"Another process is writing the audit log in {self._dir}.") from None
         opened: dict[str, Any] = {"format": FORMAT, "run_id": self._run,
                                   "server": {"name": identity.name, "public_key": identity.public.b64()}}
+        opened["software"] = software_versions()
         if recovered:
             opened["recovered_entries"] = recovered  # signed entries found after the head (a crash)
         self._append("audit_reopen" if reopen else "audit_open", opened)

@@ -187,3 +187,9 @@ def test_any_json_payload_round_trips_and_verifies(tmp_path_factory, payloads, c
     assert report.ok, report.problems
     assert [json.loads(x)["payload"] for x in (d / "audit.jsonl").read_text().splitlines()[1:]] == \
         [e.payload for e in written]
+
+
+def test_opening_records_the_software_an_auditor_needs_to_recompute(federation_dir):
+    software = _lines(federation_dir.directory)[0]["payload"]["software"]
+    assert software["numpy"] == np.__version__
+    assert software["python"].count(".") == 2
