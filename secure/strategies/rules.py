@@ -91,7 +91,7 @@ class FedNSLRules(Strategy):
         # Public randomness, not a secret: the seed is in the signed plan and the M-step's input
         # (the mixture) is published in the audit trail, so numpy's PCG64 is acceptable here (as in
         # secure/dag_voting.py's tie-breaks). Its stream may change across numpy releases, so an
-        # auditor recomputing the prior must use the numpy version recorded in the run's manifest.
+        # auditor recomputing the prior must use the numpy version the audit opening records (``software``).
         self._rng = np.random.default_rng(self.seed)
         self._m_step: MStep | None = None
         self._counts = np.zeros((len(self.heads), len(self.bodies)))
