@@ -9,6 +9,8 @@ import statistics
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -35,4 +37,25 @@ def write(name: str, payload: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps(payload, indent=2, sort_keys=True))
+    return out
+
+
+def summarise_arms(per_seed: list[dict], arms, metrics=("auroc", "auprc")) -> dict:
+    """Per arm and hospital: mean, sd and per-seed values over seeds of each metric, plus
+    ``mean_over_hospitals`` (the per-seed mean over hospitals, NaN-skipping). ``per_seed[s][arm][site]``
+    is a dict of metrics."""
+    out: dict = {}
+    for arm in arms:
+        sites = sorted(per_seed[0][arm])
+        out[arm] = {}
+        for site in sites + ["mean_over_hospitals"]:
+            out[arm][site] = {}
+            for metric in metrics:
+                if site == "mean_over_hospitals":
+                    vals = [float(np.nanmean([s[arm][h][metric] for h in sites])) for s in per_seed]
+                else:
+                    vals = [s[arm][site][metric] for s in per_seed]
+                out[arm][site][metric] = {"mean": float(np.nanmean(vals)),
+                                          "sd": float(statistics.stdev(vals)) if len(vals) > 1 else 0.0,
+                                          "per_seed": vals}
     return out

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks._common import machine, write  # noqa: E402
+from benchmarks._common import machine, summarise_arms, write  # noqa: E402
 
 ARMS = ("nsfl", "agat_plaintext", "agat_secure", "fedavg_mlp_aligned", "standalone_mlp")
 
@@ -106,25 +105,6 @@ def run_baselines(tables, splits, *, rounds: int, seed: int) -> dict[str, dict]:
             "standalone_mlp": (strip(alone), {"epochs_selected": chosen})}
 
 
-def summarise(per_seed: list[dict]) -> dict:
-    """Per arm and hospital: mean and sd over seeds of AUROC and AUPRC; mean over hospitals."""
-    out: dict = {}
-    for arm in ARMS:
-        sites = sorted(per_seed[0][arm])
-        out[arm] = {}
-        for site in sites + ["mean_over_hospitals"]:
-            out[arm][site] = {}
-            for metric in ("auroc", "auprc"):
-                if site == "mean_over_hospitals":
-                    vals = [float(np.nanmean([s[arm][h][metric] for h in sites])) for s in per_seed]
-                else:
-                    vals = [s[arm][site][metric] for s in per_seed]
-                out[arm][site][metric] = {"mean": float(np.mean(vals)),
-                                          "sd": float(statistics.stdev(vals)) if len(vals) > 1 else 0.0,
-                                          "per_seed": vals}
-    return out
-
-
 def goals(summary: dict) -> dict:
     sites = [s for s in summary["nsfl"] if s != "mean_over_hospitals"]
     m = lambda arm, site: summary[arm][site]["auroc"]["mean"]  # noqa: E731
@@ -184,7 +164,7 @@ def main() -> None:
                                             "test_positives": int(t.labels[s.test].sum()),
                                             "validation": int(len(s.validation)),
                                             "features": len(t.observed_nodes())} for t, s in zip(tables, splits, strict=True)}})
-    summary = summarise(per_seed)
+    summary = summarise_arms(per_seed, ARMS)
     payload = {"setup": __doc__.split("Writes")[0].strip(), "seeds": seeds, "rounds": rounds, "local_epochs": 2,
                "summary": summary, "goals": goals(summary), "runs": runs, "per_seed": per_seed,
                "total_seconds": round(time.perf_counter() - t0, 1), "machine": machine()}

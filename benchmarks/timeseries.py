@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks._common import machine, write  # noqa: E402
+from benchmarks._common import machine, summarise_arms, write  # noqa: E402
 
 FEDERATED = ("nsfl_static", "nsfl_temporal", "agat_plaintext", "agat_secure")
 ARMS = FEDERATED + ("fedavg_mlp_aligned", "standalone_mlp", "standalone_lr", "pooled_lr", "pooled_lr_trend")
@@ -142,25 +141,6 @@ def run_baselines(tables, splits, *, rounds: int, seed: int) -> dict[str, tuple[
     return out
 
 
-def summarise(per_seed: list[dict]) -> dict:
-    """Per arm and hospital: mean and sd over seeds of AUROC and AUPRC; mean over hospitals."""
-    out: dict = {}
-    for arm in ARMS:
-        sites = sorted(per_seed[0][arm])
-        out[arm] = {}
-        for site in sites + ["mean_over_hospitals"]:
-            out[arm][site] = {}
-            for metric in ("auroc", "auprc"):
-                if site == "mean_over_hospitals":
-                    vals = [float(np.nanmean([s[arm][h][metric] for h in sites])) for s in per_seed]
-                else:
-                    vals = [s[arm][site][metric] for s in per_seed]
-                out[arm][site][metric] = {"mean": float(np.nanmean(vals)),
-                                          "sd": float(statistics.stdev(vals)) if len(vals) > 1 else 0.0,
-                                          "per_seed": vals}
-    return out
-
-
 def goals(summary: dict) -> dict:
     sites = [s for s in summary["nsfl_static"] if s != "mean_over_hospitals"]
     m = lambda arm, site: summary[arm][site]["auroc"]["mean"]  # noqa: E731
@@ -244,7 +224,7 @@ def main() -> None:
     if set(ARMS) - set(per_seed[0]):
         print("subset of arms: no summary")
         return
-    summary = summarise(per_seed)
+    summary = summarise_arms(per_seed, ARMS)
     payload = {"setup": __doc__.split("Writes")[0].strip(), "seeds": seeds, "rounds": rounds, "local_epochs": 2,
                "summary": summary, "goals": goals(summary), "runs": runs, "per_seed": per_seed,
                "total_seconds": round(time.perf_counter() - t0, 1), "machine": machine()}
