@@ -258,15 +258,24 @@ class NSFLTask(SelectedCalibrated):
             return sequence_risk(self.model, table, dictionary=self.table.dictionary, calibration=self.calibration)
         return star_risk(self.model, table, dictionary=self.table.dictionary, calibration=self.calibration)
 
-    def export(self, path: str | Path) -> tuple[Path, Path]:
+    def export(self, path: str | Path, *, horizons: list[float] | None = None) -> tuple[Path, Path]:
         """Write this hospital's model (global + personal, calibrated) as TorchScript of the star
         path, with a sidecar JSON (dictionary hash, features, kept round); see
-        :func:`clinograph.sdk.model.export.export_model`."""
+        :func:`clinograph.sdk.model.export.export_model`. A survival model exports hazards,
+        S(b_k) and the risk at ``horizons`` (``[target] time_unit``; default every break and
+        the configured horizon): :func:`clinograph.sdk.model.export.export_survival_model`."""
         from ..model.export import export_model
 
         if self.survival_target is not None:
-            raise ConfigError("Model export covers the binary head only; a survival model is used through "
-                              "predict_table / predict_survival_table for now.")
+            from ..model.export import export_survival_model
+
+            tgt = self.config.target
+            hs = sorted({*tgt.breaks, float(tgt.horizon or tgt.breaks[-1])}) if horizons is None else list(horizons)
+            kept = self.selection.best_round if self.selection is not None else None
+            return export_survival_model(self.model, path, dictionary=self.table.dictionary, breaks=list(tgt.breaks),
+                                         horizons=hs, time_unit=tgt.time_unit,
+                                         meta={"site": self.table.site, "selected_round": kept,
+                                               "horizon": float(tgt.horizon or tgt.breaks[-1])})
         if self.config.model.temporal != "none":
             raise ConfigError("Model export writes the star path (one snapshot); a temporal model ([model] temporal) "
                               "is used through predict_table for now.")

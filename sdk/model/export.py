@@ -8,6 +8,13 @@ feature dictionary by its content hash and lists its feature ids in node order, 
 refuse a table mapped onto another dictionary. Inputs are what
 :func:`clinograph.sdk.graph.star.star_batch` builds from an ingested table.
 
+A survival model (``[target] kind = "survival"``, :mod:`clinograph.sdk.model.heads`) exports as
+:class:`StarSurvival` under its own format (``clinograph-nsfl-survival/1``): the module gives the
+hazard h_k per interval, S(b_k) at the interval ends and the risk 1 − S(t) at each horizon t
+(Gensheimer & Narasimhan 2019, eq. 1; log-linear inside an interval, as
+:func:`clinograph.sdk.training.survival.risk_at`), in float64; the sidecar adds the interval
+grid, the horizons, their time unit and the names of the risk columns.
+
 What the file does not hold: patient data, the training table, the federation's keys.
 """
 
@@ -27,6 +34,8 @@ from ..ontology.dictionary import FeatureDictionary
 from .nsfl import NSFLModel
 
 FORMAT = "clinograph-nsfl-star/1"
+SURVIVAL_FORMAT = "clinograph-nsfl-survival/1"
+FORMATS = (FORMAT, SURVIVAL_FORMAT)
 
 
 class StarRisk(nn.Module):
@@ -41,6 +50,45 @@ class StarRisk(nn.Module):
     def forward(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         z = self.model.forward_star(feature_index, values, mask)
         return torch.sigmoid(self.a * z + self.b)
+
+
+class StarSurvival(nn.Module):
+    """Hazards, survival and horizon risks from the star path's hazard logits z (float64):
+    h_k = σ(z_k); S(b_k) = Π_{j≤k}(1 − h_j) (Gensheimer & Narasimhan eq. 1); 1 − S(t) at each
+    horizon with a constant hazard inside an interval.
+
+    Args:
+        model: a survival model (:class:`~clinograph.sdk.model.heads.SurvivalNSFLModel`).
+        breaks: interval ends b_1 < ... < b_K. horizons: the times t of the risks (same unit,
+            0 < t ≤ b_K).
+
+    Shapes: [B, Kf] x3 -> (hazard [B, K], survival [B, K], risk [B, H]).
+    """
+
+    def __init__(self, model: nn.Module, *, breaks: np.ndarray, horizons: np.ndarray):
+        super().__init__()
+        self.model = model
+        ends = np.asarray(breaks, float)
+        starts = np.concatenate([[0.0], ends])
+        hs = np.asarray(horizons, float)
+        k = np.clip(np.searchsorted(ends, hs, side="left"), 0, len(ends) - 1)
+        frac = np.clip((hs - starts[k]) / (ends[k] - starts[k]), 0.0, 1.0)
+        self.register_buffer("k_lo", torch.as_tensor(k, dtype=torch.long))
+        self.register_buffer("k_hi", torch.as_tensor(k + 1, dtype=torch.long))
+        self.register_buffer("frac", torch.as_tensor(frac, dtype=torch.float64))
+
+    def forward(self, feature_index: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        z = self.model.forward_star(feature_index, values, mask).double()
+        log_s = torch.cumsum(-torch.logaddexp(torch.zeros_like(z), z), dim=1)  # log(1 − σ(z)) = −log(1 + e^z)
+        log_s0 = torch.cat([torch.zeros_like(z[:, :1]), log_s], dim=1)
+        lo, hi = log_s0[:, self.k_lo], log_s0[:, self.k_hi]
+        return torch.sigmoid(z), torch.exp(log_s), 1.0 - torch.exp(lo + self.frac * (hi - lo))
+
+
+def risk_columns(horizons: np.ndarray | list[float], time_unit: str) -> list[str]:
+    """CSV column names of the horizon risks: ``risk_12mo``, ``risk_365d``."""
+    return [f"risk_{float(h):g}{time_unit}" for h in horizons]
 
 
 def _check_dictionary(table: PatientTable, digest: str) -> None:
@@ -73,22 +121,59 @@ def export_model(model: NSFLModel, path: str | Path, *, dictionary: FeatureDicti
     Returns:
         (model file, sidecar file).
     """
-    path = Path(path)
     a, b = (calibration.a, calibration.b) if calibration is not None else (1.0, 0.0)
     model.eval()
-    wrapped = StarRisk(model, a=a, b=b).eval()
+    return _write(StarRisk(model, a=a, b=b).eval(), path, {
+        "format": FORMAT, "dictionary_hash": dictionary.digest(), "features": list(dictionary.node_ids()),
+        "calibration": {"method": "platt" if calibration is not None else "none", "a": a, "b": b},
+        "inputs": INPUTS, **(meta or {})})
+
+
+INPUTS = "feature_index [B, K] int64, values [B, K] float32 (public-range standardised), mask [B, K] bool"
+
+
+def _write(wrapped: nn.Module, path: str | Path, info: dict) -> tuple[Path, Path]:
+    path = Path(path)
     example = (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool))
     with torch.no_grad():
         traced = torch.jit.trace(wrapped, example, check_trace=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     traced.save(str(path))
     sidecar = path.with_name(path.name + ".json")
-    sidecar.write_text(json.dumps({
-        "format": FORMAT, "dictionary_hash": dictionary.digest(), "features": list(dictionary.node_ids()),
-        "calibration": {"method": "platt" if calibration is not None else "none", "a": a, "b": b},
-        "inputs": "feature_index [B, K] int64, values [B, K] float32 (public-range standardised), mask [B, K] bool",
-        **(meta or {})}, indent=2, sort_keys=True))
+    sidecar.write_text(json.dumps(info, indent=2, sort_keys=True))
     return path, sidecar
+
+
+def export_survival_model(model: nn.Module, path: str | Path, *, dictionary: FeatureDictionary,
+                          breaks: list[float] | tuple[float, ...], horizons: list[float] | tuple[float, ...],
+                          time_unit: str, meta: dict | None = None) -> tuple[Path, Path]:
+    """Write a survival model as TorchScript of :class:`StarSurvival` to ``path`` and its sidecar
+    (format, dictionary hash, features, ``breaks``, ``horizons``, ``time_unit``, risk columns)
+    to ``path + '.json'``. ``breaks`` and ``horizons`` are in ``time_unit``, as in ``[target]``.
+
+    Returns:
+        (model file, sidecar file).
+
+    Raises:
+        ConfigError: a horizon outside (0, b_K], or breaks that are not increasing.
+    """
+    from clinograph.secure.errors import ConfigError
+
+    ends, hs = np.asarray(breaks, float), np.asarray(horizons, float)
+    if len(ends) == 0 or ends[0] <= 0 or np.any(np.diff(ends) <= 0):
+        raise ConfigError(f"Survival export: breaks {list(ends)} must be positive and strictly increasing.")
+    bad = [float(h) for h in hs if not 0 < h <= ends[-1]]
+    if len(hs) == 0 or bad:
+        raise ConfigError(f"Survival export: horizons {bad or '[]'} must be non-empty and lie in (0, {ends[-1]:g}] "
+                          f"{time_unit} (the model has no hazard past the last break). Pick horizons within the "
+                          "[target] breaks.")
+    model.eval()
+    return _write(StarSurvival(model, breaks=ends, horizons=hs).eval(), path, {
+        "format": SURVIVAL_FORMAT, "dictionary_hash": dictionary.digest(), "features": list(dictionary.node_ids()),
+        "time_unit": time_unit, "breaks": [float(x) for x in ends], "horizons": [float(x) for x in hs],
+        "risk_columns": risk_columns(hs, time_unit), "inputs": INPUTS,
+        "outputs": "hazard [B, K] per interval, survival S(b_k) [B, K], risk 1 - S(t) [B, H] at the horizons",
+        **(meta or {})})
 
 
 def load_exported(path: str | Path) -> tuple[torch.jit.ScriptModule, dict]:
@@ -98,15 +183,47 @@ def load_exported(path: str | Path) -> tuple[torch.jit.ScriptModule, dict]:
     if not sidecar.exists():
         raise SchemaError([f"{sidecar} is missing: an exported model travels with its sidecar JSON "
                            "(dictionary hash, features)."], title="Model sidecar missing")
-    info = json.loads(sidecar.read_text())
-    if info.get("format") != FORMAT:
-        raise SchemaError([f"{sidecar}: format {info.get('format')!r}, expected {FORMAT!r}."],
-                          title="Unknown model format")
-    return torch.jit.load(str(path)), info
+    try:
+        info = json.loads(sidecar.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        info = None
+    if not isinstance(info, dict) or info.get("format") not in FORMATS:
+        found = info.get("format") if isinstance(info, dict) else "not a JSON object"
+        raise SchemaError([f"{sidecar}: format {found!r}, expected one of {', '.join(FORMATS)}. Give the "
+                           "sidecar written with the model by NSFLTask.export."], title="Unknown model format")
+    try:
+        return torch.jit.load(str(path)), info
+    except RuntimeError:
+        raise SchemaError([f"{path} is not a TorchScript file. Give the .pt written by NSFLTask.export."],
+                          title="Unreadable model file") from None
 
 
 @torch.no_grad()
 def predict_exported(module: torch.jit.ScriptModule, info: dict, table: PatientTable) -> np.ndarray:
-    """Risks for ``table`` from a loaded export (the dictionary hash is checked)."""
+    """Risks for ``table`` from a loaded binary export (the dictionary hash is checked).
+
+    Raises:
+        SchemaError: another dictionary, or a survival export (use :func:`predict_survival_exported`).
+    """
+    if info.get("format") == SURVIVAL_FORMAT:
+        raise SchemaError(["This export is a survival model: it gives a risk per horizon. Use "
+                           "predict_survival_exported."], title="Survival model")
     _check_dictionary(table, str(info["dictionary_hash"]))
     return module(*star_inputs(table)).double().numpy()
+
+
+@torch.no_grad()
+def predict_survival_exported(module: torch.jit.ScriptModule, info: dict,
+                              table: PatientTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(hazard [n, K], survival S(b_k) [n, K], risk 1 − S(t) [n, H] at ``info['horizons']``) for
+    ``table`` from a loaded survival export (the dictionary hash is checked).
+
+    Raises:
+        SchemaError: another dictionary, or a binary export (use :func:`predict_exported`).
+    """
+    if info.get("format") != SURVIVAL_FORMAT:
+        raise SchemaError([f"This export is {info.get('format')!r}, not a survival model. Use predict_exported."],
+                          title="Not a survival model")
+    _check_dictionary(table, str(info["dictionary_hash"]))
+    hazard, survival, risk = module(*star_inputs(table))
+    return hazard.numpy(), survival.numpy(), risk.numpy()
