@@ -69,6 +69,7 @@ from clinograph.secure.dp import calibrate_noise_multiplier as skellam_sigma  # 
 
 from benchmarks._common import RESULTS, machine  # noqa: E402
 from benchmarks.fcm_bnlearn import client_split, labels_of, prepare  # noqa: E402
+from benchmarks.fcm_lr import lr_rows  # noqa: E402
 
 NETWORK, DELTA, CLIP = "asia", 1e-5, 1.0
 #: F-CMs Table 5 (task accuracy, concept accuracy) at ε = 10 / 5 / 1
@@ -166,6 +167,22 @@ def one_run(kind: str, seed: int, mode: str, eps: float | None, data, args) -> d
     return r
 
 
+def baseline_rows(seed: int, data, args, epsilons) -> list[dict]:
+    """The logistic-regression rows of benchmarks/fcm_lr.py on this seed's data and clients."""
+    nodes, _cards, x, codes, splits = data
+    views, parts = client_split(NETWORK, nodes, splits[0], seed, args)
+    return lr_rows(x=x, codes=codes, task_col=nodes.index(bnlearn.TASKS[NETWORK]), splits=splits, parts=parts,
+                   has_task=[v.has_task for v in views], epsilons=epsilons, delta=DELTA, batch=args.batch,
+                   clip=CLIP, seed=seed)
+
+
+def baseline_summary(rows: list[dict]) -> dict:
+    keys = sorted({(r["baseline"], r["epsilon"]) for r in rows}, key=lambda k: (k[0], -(k[1] or 0)))
+    return {b + ("" if e is None else f"@{e:g}"): summarise([r["task_acc"] for r in rows
+                                                            if r["baseline"] == b and r["epsilon"] == e])
+            for b, e in keys}
+
+
 def summarise(vals):
     v = [x for x in vals if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return {"mean": float(np.mean(v)), "std": float(np.std(v)), "n": len(v)} if v else None
@@ -188,6 +205,8 @@ def main() -> None:
     ap.add_argument("--min-honest", type=int, default=5, help="distributed: h of the 10 sampled clients")
     ap.add_argument("--scale", type=float, default=2.0 ** 16, help="distributed: ring fixed-point scale s")
     ap.add_argument("--out", default=str(RESULTS / "fcm_dp.json"))
+    ap.add_argument("--baselines-only", action="store_true",
+                    help="only the logistic-regression rows (benchmarks/fcm_lr.py); merged into an existing --out")
     ap.add_argument("--seed-list", nargs="*", type=int, default=None, help="run only these seeds (partial JSON)")
     ap.add_argument("--merge", nargs="*", default=None, help="partial JSONs of --seed-list runs to merge into --out")
     ap.add_argument("--merge-logs", nargs="*", default=None,
@@ -203,7 +222,20 @@ def main() -> None:
     if a.seed_list is not None:
         seeds = a.seed_list
     t0 = time.time()
-    runs = []
+    if a.baselines_only:
+        rows = []
+        for seed in seeds:
+            data = prepare(NETWORK, seed=seed, n=n, ae_epochs=ae_epochs, inputs="all", data="calibrated")
+            rows += baseline_rows(seed, data, args, a.epsilons)
+        block = {"source": "benchmarks/fcm_lr.py", "seeds": seeds, "summary": baseline_summary(rows), "runs": rows,
+                 "seconds": round(time.time() - t0, 1)}
+        print(json.dumps(block["summary"], indent=1))
+        if not a.quick:
+            old = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
+            old["baselines"] = block
+            Path(a.out).write_text(json.dumps(old, indent=2, sort_keys=True, default=float))
+        return
+    runs, baselines = [], []
     partials = [json.loads(Path(f).read_text()) for f in (a.merge or [])]
     if a.merge_logs:
         import ast
@@ -217,6 +249,7 @@ def main() -> None:
         runs = [r for p in partials for r in p["runs"]]
     for seed in ([] if partials else seeds):
         data = prepare(NETWORK, seed=seed, n=n, ae_epochs=ae_epochs, inputs="all", data="calibrated")
+        baselines += baseline_rows(seed, data, args, a.epsilons)
         for kind in a.kinds:
             for mode in a.modes:
                 for eps in ([None] if mode == "none" else a.epsilons):
@@ -243,6 +276,8 @@ def main() -> None:
     out = {"benchmark": "fcm_dp", "network": NETWORK, "task": bnlearn.TASKS[NETWORK], "delta": DELTA, "clip": CLIP,
            "seeds": seeds, "settings": vars(args), "paper_table5": PAPER, "paper_table1_asia_fcms": PAPER_NO_DP,
            "non_dp_reference": non_dp_reference, "summary": summary, "runs": runs,
+           "baselines": {"source": "benchmarks/fcm_lr.py", "summary": baseline_summary(baselines), "runs": baselines}
+           if baselines else None,
            "seconds": seconds, "seconds_note": "sum over the parallel processes" if partials else "",
            "machine": machine(), "quick": a.quick}
     text = json.dumps(out, indent=2, sort_keys=True, default=float)
