@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from ..aggregation.base import LocalUpdate, ModuleSums
 from ..errors import ProtocolError
 from ..hazmat import fixedpoint
 from ..hazmat.labels import KDF_SHARE_ENCRYPTION_DIRECTED
+from ..hazmat.masking_prg import MASK_PRG
 from ..hazmat.shamir import SHARE_BYTES
 from ..hazmat.x25519 import encode_context, hkdf
 from ..messages import RoundPlan
@@ -84,8 +86,9 @@ def check_update(update: LocalUpdate, *, layout: Layout, params: MaskingParams) 
         vec = np.asarray(update.modules[name], dtype=np.float64).reshape(-1)
         if vec.size != size:
             raise ProtocolError(f"Module {name!r} has {vec.size} values; the ModelSpec says {size}.")
-        n_bad = int(np.count_nonzero(~np.isfinite(vec)))
-        n_out = int(np.count_nonzero(np.abs(vec) > params.clip)) if not n_bad else 0
+        n_in = int(np.count_nonzero(np.abs(vec) <= params.clip))  # NaN compares False: one pass
+        n_bad = int(np.count_nonzero(~np.isfinite(vec))) if n_in < size else 0
+        n_out = size - n_in if not n_bad else 0
         if n_bad or (n_out and not params.clip_out_of_range):
             what = f"{n_bad} value(s) are NaN or infinite" if n_bad else \
                 f"{n_out} of {size} value(s) are outside [-{params.clip}, {params.clip}]"
@@ -107,9 +110,11 @@ def encode_update(update: LocalUpdate, *, layout: Layout, params: MaskingParams,
     if not checked:
         check_update(update, layout=layout, params=params)
     w = float(update.weight)
-    values = np.zeros(layout.n_values, dtype=params.value_dtype)
     m = len(layout.names)
-    slots = np.zeros(2 * m, dtype=np.uint32)
+    cut = np.dtype(params.value_dtype).itemsize * layout.n_values
+    frame = np.zeros(cut + 8 * m, dtype=np.uint8)  # one buffer: to_words copies it once
+    values = frame[:cut].view(params.value_dtype)
+    slots = frame[cut:].view(np.uint32)
     weights = np.zeros(m)
     counts = np.zeros(m, dtype=np.int64)
     for j, (name, off, size) in enumerate(zip(layout.names, layout.offsets, layout.sizes, strict=True)):
@@ -136,7 +141,17 @@ def _encode_checked(vec: np.ndarray, *, out: np.ndarray, params: MaskingParams) 
 
 
 def to_words(parts: list[np.ndarray]) -> bytes:
-    """The masked vector's wire bytes: little-endian values, then slots."""
+    """The masked vector's wire bytes: little-endian values, then slots.
+
+    Parts made by :func:`encode_update` are consecutive views of one buffer: on a
+    little-endian host that buffer is copied once (no per-part copy and join)."""
+    base = parts[0].base
+    if sys.byteorder == "little" and isinstance(base, np.ndarray) and base.dtype == np.uint8 \
+            and base.flags.c_contiguous and all(p.base is base for p in parts) \
+            and sum(p.nbytes for p in parts) == base.nbytes \
+            and [p.__array_interface__["data"][0] for p in parts] == \
+            [base.__array_interface__["data"][0] + off for off in np.cumsum([0] + [p.nbytes for p in parts[:-1]])]:
+        return base.tobytes()
     return b"".join(p.astype(p.dtype.newbyteorder("<"), copy=False).tobytes() for p in parts)
 
 
@@ -281,9 +296,17 @@ def pairwise_sign(u: str, v: str) -> int:
     return 1 if u < v else -1
 
 
+#: Masking protocol version, bound into every round-key signature: ``masked/2`` masks with
+#: AES-256-CTR (``masked/1``, unlabelled, used ChaCha20). Peers of different versions refuse
+#: each other's keys at the first stage (the signature does not verify) rather than summing
+#: incompatible masks into garbage.
+MASKING_VERSION = f"masked/2:{MASK_PRG}"
+
+
 def key_signing_bytes(plan: RoundPlan, client: str, c_pk: bytes, s_pk: bytes) -> bytes:
-    """What a client signs (under SIG_ROUND_KEYS) when it advertises its round keys."""
-    return round_context(plan, client, c_pk, s_pk)
+    """What a client signs (under SIG_ROUND_KEYS) when it advertises its round keys: this
+    federation and round, the client, both keys and :data:`MASKING_VERSION`."""
+    return round_context(plan, client, c_pk, s_pk, MASKING_VERSION)
 
 
 def holders(graph: Mapping[str, frozenset[str]], owner: str) -> list[str]:

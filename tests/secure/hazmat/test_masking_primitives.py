@@ -6,24 +6,35 @@ import numpy as np
 import pytest
 from clinograph.secure.hazmat import fixedpoint
 from clinograph.secure.hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
-from clinograph.secure.hazmat.masking_prg import add_mask, expand_mask
+from clinograph.secure.hazmat.masking_prg import MASK_PRG, add_mask, expand_mask
 from clinograph.secure.hazmat.shamir import combine_shares, split_secret
 from clinograph.secure.hazmat.x25519 import agree, encode_context, generate_keypair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-# RFC 8439 appendix A.1, test vector #1: key = 0^32, nonce = 0^12, block counter 0. Keystream
-# bytes 76 b8 e0 ad a0 f1 3d 90 40 5d 6a e5 53 86 bd 28 ..., read as little-endian uint32 words.
-RFC8439_A1_TV1_WORDS = [0xADE0B876, 0x903DF1A0, 0xE56A5D40, 0x28BD8653]
+# AES-256 of the all-zero block under the all-zero key (the first counter block of the mask
+# PRG, masking protocol masked/2): dc95c078 a2408989 ad48a214 92842087, read as little-endian
+# uint32 words. The same value as an AES-256 ECB known answer, so the counter starts at 0.
+AES256_ZERO_KEY_BLOCK0_WORDS = [0x78C095DC, 0x898940A2, 0x14A248AD, 0x87208492]
 
 
-def test_mask_prg_known_answer_rfc8439():
-    assert [int(w) for w in expand_mask(bytes(32), 4)] == RFC8439_A1_TV1_WORDS
+def test_mask_prg_known_answer_aes256_ctr():
+    assert [int(w) for w in expand_mask(bytes(32), 4)] == AES256_ZERO_KEY_BLOCK0_WORDS
+    assert MASK_PRG == "aes256-ctr"
+
+
+def test_mask_prg_is_aes256_ctr_with_a_big_endian_counter_from_zero():
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    seed = bytes(range(32))
+    blocks = b"".join(i.to_bytes(16, "big") for i in range(5))
+    ecb = Cipher(algorithms.AES(seed), modes.ECB()).encryptor().update(blocks)  # noqa: S305 (reference only)
+    assert expand_mask(seed, 20).tobytes() == ecb
 
 
 def test_mask_prg_pinned_vector_for_a_nonzero_seed():
-    # Pinned (regression): changing the PRG is a protocol version bump.
-    assert [int(w) for w in expand_mask(bytes(range(32)), 4)] == [0x7D2BFD39, 0x6A19C5D9, 0x7703BD8D, 0x494ADCB8]
+    # Pinned (regression): changing the PRG is a masking protocol version bump (MASK_PRG).
+    assert [int(w) for w in expand_mask(bytes(range(32)), 4)] == [0xB60090F2, 0xD09F492A, 0x6A9AF3A9, 0x80772EDD]
 
 
 def test_mask_prg_is_a_prefix_stream_and_seed_dependent():
