@@ -5,6 +5,10 @@ A hospital exports its selected, calibrated model (``NSFLTask.export``: TorchScr
 star path plus a sidecar JSON with the dictionary hash and feature list). This command maps a
 new table through the hospital's own site schema onto the dictionary the model names, refuses
 another dictionary, and writes ``patient_id,risk``. The label column may be absent.
+
+A survival export (``[target] kind = "survival"``) writes ``patient_id`` and one column a
+horizon, named by it (``risk_12mo``: P(T ≤ 12 months) = 1 − S(12 mo)); the new table needs no
+follow-up time or event columns (present ones are ignored, never used as features).
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ def predict(
     table: Annotated[Path, typer.Option("--table", help="New patients: CSV or Parquet in the hospital's own columns.")],
     schema: Annotated[Path, typer.Option("--schema", help="The hospital's site schema (TOML).")],
     dictionary: Annotated[Path, typer.Option("--dictionary", help="The feature dictionary (TOML) the model uses.")],
-    out: Annotated[Path, typer.Option("--out", help="Where to write patient_id,risk (CSV).")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write patient_id,risk (CSV); a survival model writes "
+                                       "patient_id and one risk_<horizon> column a horizon.")],
 ) -> None:
     """Write each patient's risk from an exported model."""
     from ..cli import guarded
@@ -32,12 +37,24 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
     import csv
 
     from clinograph.sdk.ingest import ingest, read_table
-    from clinograph.sdk.model.export import load_exported, predict_exported
+    from clinograph.sdk.model.export import (
+        SURVIVAL_FORMAT,
+        load_exported,
+        predict_exported,
+        predict_survival_exported,
+    )
     from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
     from clinograph.secure.errors import ConfigError, SchemaError
 
-    if not model.is_file():
-        raise ConfigError(f"--model {model} is not a file; give the .pt written by NSFLTask.export.")
+    problems = [f"--{what} {p} is not a file; {fix}" for what, p, fix in (
+        ("model", model, "give the .pt written by NSFLTask.export."),
+        ("table", table, "give the new patients' CSV or Parquet file."),
+        ("schema", schema, "give the hospital's site schema (TOML)."),
+        ("dictionary", dictionary, "give the federation's feature dictionary (TOML).")) if not p.is_file()]
+    if problems:
+        raise ConfigError(" ".join(problems))
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'risks.csv'}.")
     module, info = load_exported(model)
     d = FeatureDictionary.from_toml(dictionary)
     if d.digest() != info["dictionary_hash"]:
@@ -46,14 +63,22 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
                           title="Dictionary mismatch")
     s = SiteSchema.from_toml(schema)
     df = read_table(table)
-    if s.label is not None and s.label not in df.columns:  # new patients: no outcome yet
+    if s.survival is not None:  # new patients: no follow-up yet; time/event columns are never features
+        seen = tuple(c for c in (s.survival.time, s.survival.event) if c in df.columns)
+        s = s.model_copy(update={"survival": None, "label": None, "unlabeled": True, "ignore": tuple(s.ignore) + seen})
+    elif s.label is not None and s.label not in df.columns:  # new patients: no outcome yet
         s = s.model_copy(update={"label": None, "unlabeled": True})
     pt = ingest(df, schema=s, dictionary=d)
-    risk = predict_exported(module, info, pt)
+    if info["format"] == SURVIVAL_FORMAT:
+        header = ["patient_id", *info["risk_columns"]]
+        risks = [list(r) for r in predict_survival_exported(module, info, pt)[2]]
+        what = f"{len(header) - 1} horizons ({', '.join(header[1:])})"
+    else:
+        header, risks, what = ["patient_id", "risk"], [[r] for r in predict_exported(module, info, pt)], \
+            f"calibration {info.get('calibration', {}).get('method', 'none')}"
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["patient_id", "risk"])
-        writer.writerows(zip(pt.patient_ids, (float(r) for r in risk), strict=True))
-    typer.echo(f"{len(risk)} risks written to {out} (model {model.name}, calibration "
-               f"{info.get('calibration', {}).get('method', 'none')})")
+        writer.writerow(header)
+        writer.writerows([pid, *(float(x) for x in r)] for pid, r in zip(pt.patient_ids, risks, strict=True))
+    typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {what})")
