@@ -49,6 +49,8 @@ ABLATIONS: dict[str, dict] = {
     "rounds_30": {"federation": {"rounds": 30}},
     "k_similar_0": {"graph": {"k_similar": 0}},
     "personal_head": {"personal": {"modules": ["head/task"]}},
+    "linear_shape": {"model": {"linear_shape": True}},
+    "linear_shape_lr_0.01": {"model": {"linear_shape": True}, "training": {"lr": 0.01}},
 }
 
 

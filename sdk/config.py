@@ -36,6 +36,10 @@ class NSFLConfig(_Strict):
     linear_path: bool = Field(default=True, description="wide & deep: a per-feature linear term on the "
                               "standardised values and observed indicators added to the logit (shared modules "
                               "``linear/<f>``); measured in docs/model_quality.md")
+    linear_shape: bool = Field(default=False, description="the wide path also learns a per-feature shape "
+                               "function (piecewise linear over the fixed knots SHAPE_KNOTS of the standardised "
+                               "value, sdk/model/nsfl.py) beside a_f·x_f + c_f: a federated GAM in the rows "
+                               "``linear/<f>``; needs linear_path; measured in docs/model_quality.md")
     value_clip: float = Field(default=5.0, gt=0, le=1e6, description="standardised values are clipped to "
                               "±value_clip (reference range = [-1, 1]) before entering the model")
     selection_module: bool = Field(default=True, description="the 2-value shared module ``metric/validation`` "

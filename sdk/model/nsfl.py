@@ -21,6 +21,14 @@ logistic regression; with the linear path it starts as one and learns the rest. 
 ``linear/<f>`` are per feature like the embeddings, so Theorem 1 still holds (a hospital that
 never observes f never changes a_f, c_f). Standardised values are clipped to ±``value_clip``.
 
+Shape functions (``[model] linear_shape``): the wide term becomes a GAM (Hastie & Tibshirani
+1986), z_lin = Σ_{f∈star} (a_f · x_f + c_f + Σ_k w_fk · B_k(x_f)), with B_k the piecewise-linear
+"hat" basis over the fixed public knots :data:`SHAPE_KNOTS` (reference range = [-1, 1]; the
+outer hats stay 1 beyond the last knot). ALARM's variables are discrete states rendered as
+values, so risk is U-shaped or stepped in a value (SaO2 low vs normal vs high): a linear term
+cannot fit that and the GNN fits it only slowly. The weights w_fk sit in the same rows
+``linear/<f>`` (zero at round 0), so Theorem 1 and the module names are unchanged.
+
 Two forward paths on the same parameters: :meth:`forward_graph` (HeteroData, with
 ``similar_to``) and :meth:`forward_star` (padded per-patient stars, Opacus-compatible).
 """
@@ -35,6 +43,20 @@ from ..config import NSFLConfig
 from ..graph.build import OF_PATIENT, SIMILAR_TO
 from ..graph.star import StarBatch
 from .layers import RelationAttention
+
+#: knots of the shape functions, in standardised units (reference range = [-1, 1]); public, fixed
+SHAPE_KNOTS: tuple[float, ...] = (-4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+
+
+def hat_basis(values: torch.Tensor, knots: torch.Tensor) -> torch.Tensor:
+    """B_k(x): piecewise-linear interpolation weights of ``values`` on ``knots`` t_0 < ... < t_{M-1}
+    (each row sums to 1; B_0 and B_{M-1} stay 1 beyond the outer knots). Shapes: [...], [M] -> [..., M]."""
+    x = values.unsqueeze(-1)
+    gaps = knots[1:] - knots[:-1]
+    far = torch.full_like(x, 2.0)  # > 1: no bound on that side
+    rise = torch.cat([far, (x - knots[:-1]) / gaps], -1)  # (x - t_{k-1}) / (t_k - t_{k-1})
+    fall = torch.cat([(knots[1:] - x) / gaps, far], -1)  # (t_{k+1} - x) / (t_{k+1} - t_k)
+    return torch.minimum(rise, fall).clamp(0.0, 1.0)
 
 
 class NSFLModel(nn.Module):
@@ -63,8 +85,10 @@ class NSFLModel(nn.Module):
         self.l2_self_patient = nn.Linear(d, d)
         self.head = nn.Linear(d, 1)
         self.value_clip = float(cfg.value_clip)
-        #: wide & deep: [a_f, c_f] per dictionary feature (zero-initialised: the GNN alone at round 0)
-        self.linear = nn.Embedding(n_features, 2) if cfg.linear_path else None
+        #: wide & deep: [a_f, c_f (, w_f1..w_fM)] per dictionary feature (zero-initialised: the GNN alone at round 0)
+        shape = cfg.linear_path and cfg.linear_shape
+        self.shape_knots: tuple[float, ...] = SHAPE_KNOTS if shape else ()  # not a buffer: state_dict unchanged
+        self.linear = nn.Embedding(n_features, 2 + len(self.shape_knots)) if cfg.linear_path else None
         for name, p in sorted(self.named_parameters()):  # deterministic: every hospital starts alike
             if name.startswith("linear."):
                 nn.init.zeros_(p)
@@ -85,8 +109,14 @@ class NSFLModel(nn.Module):
         Shapes: [B, K] x3 -> [B]."""
         if self.linear is None:
             return torch.zeros(feature_index.shape[0], dtype=values.dtype)
-        w = self.linear(feature_index)
-        return ((w[..., 0] * values + w[..., 1]) * mask.to(values.dtype)).sum(-1)
+        return (self._wide(self.linear(feature_index), values) * mask.to(values.dtype)).sum(-1)
+
+    def _wide(self, w: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """a_f · x + c_f (+ Σ_k w_fk B_k(x) with shape functions). Shapes: [..., 2+M], [...] -> [...]."""
+        out = w[..., 0] * values + w[..., 1]
+        if len(self.shape_knots):
+            out = out + (w[..., 2:] * hat_basis(values, torch.tensor(self.shape_knots, dtype=values.dtype))).sum(-1)
+        return out
 
     def feature_mask(self, index: torch.Tensor) -> torch.Tensor:
         """m_f ∈ [0, 1] for dictionary node indices ``index``."""
@@ -117,7 +147,7 @@ class NSFLModel(nn.Module):
         out = self.head(h_p2).squeeze(-1)
         if self.linear is not None:
             w = self.linear(data["feature"].feature_index[e_fp[0]])
-            out = out.index_add(0, e_fp[1], w[:, 0] * x_fp.to(w.dtype) + w[:, 1])
+            out = out.index_add(0, e_fp[1], self._wide(w, x_fp.to(w.dtype)))
         return out
 
     # -- per-patient stars (+ similar_to neighbours) ----------------------------------------
