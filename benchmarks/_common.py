@@ -14,17 +14,37 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def machine() -> dict:
-    """What the numbers were measured on."""
+def machine(extra_packages: tuple[str, ...] = ()) -> dict:
+    """What the numbers were measured on (``extra_packages``: more versions to record)."""
     versions = {}
-    for pkg in ("torch", "torch_geometric", "opacus", "tenseal", "flwr", "cryptography", "numpy"):
+    for pkg in ("torch", "torch_geometric", "opacus", "tenseal", "flwr", "cryptography", "numpy", *extra_packages):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "load_average_at_start": load, "versions": versions}
+            "cpu": _cpu_model(), "load_average_at_start": load, "versions": versions}
+
+
+def _cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def emit(result: dict, *, out: Path | None) -> None:
+    """Write ``result`` as JSON to ``out`` (folders made), or print it when ``out`` is None
+    (``--quick`` runs print and write nothing)."""
+    text = json.dumps(result, indent=2)
+    if out is None:
+        print(text)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
 
 
 def median(xs: list[float]) -> float:

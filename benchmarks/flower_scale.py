@@ -34,7 +34,7 @@ from tempfile import TemporaryDirectory
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "tests" / "secure" / "transport"))
-from _common import machine  # noqa: E402
+from _common import emit, machine  # noqa: E402
 
 APP = ROOT / "examples" / "flower_deployment" / "app"
 BIN = Path(sys.executable).parent
@@ -196,13 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
         with TemporaryDirectory(prefix="flower_scale_") as tmp:
             row = run(n, Path(tmp), args.budget, timeouts)
     result = {"benchmark": "flower_scale", "quick": args.quick, "machine": machine(), **row}
-    text = json.dumps(result, indent=2)
-    out = args.out or (None if args.quick else OUT)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    else:
-        print(text)
+    emit(result, out=args.out or (None if args.quick else OUT))
     return result
 
 

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine  # noqa: E402
+from _common import emit, machine  # noqa: E402
 from clinograph.secure.masking import MaskingClient, MaskingServer  # noqa: E402
 from clinograph.secure.masking.params import masked_defaults, neighbour_graph  # noqa: E402
 from clinograph.secure.transport import run_aggregation  # noqa: E402
@@ -143,13 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [case(n, p) for p in ps if p <= args.max_p for n in ns]
     result = {"benchmark": "scale", "quick": args.quick, "machine": machine(), "rows": rows,
               "note": "one round per (n, P); clients run serially in this process"}
-    text = json.dumps(result, indent=2)
-    out = args.out or (None if args.quick else OUT)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    else:
-        print(text)
+    emit(result, out=args.out or (None if args.quick else OUT))
     return result
 
 
