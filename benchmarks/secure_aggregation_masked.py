@@ -17,6 +17,18 @@ What is measured, per (n, P), interleaved in one process, median over the repeti
   ``SerializeToString`` / ``message_from_proto``), FedAvg strategy, same vectors, the same
   number of share holders (num_shares = k + 1) and the same threshold t.
 
+Per party (``per_party_seconds_per_round_median``): the same round driven by hand with every
+call charged to the party that makes it -- server seconds a round, and each client's seconds
+(median and slowest client). Hospitals run in parallel, so a real round's compute latency is
+about the server's time plus the slowest client's; Bonawitz et al. 2017 (sec. 7) report
+client and server costs separately for the same reason.
+
+Floor (``floor``): the protocol-required operations of one round of each mode, counted while
+it runs (Ed25519 signs and verifies, X25519 key generations and agreements, mask PRG bytes,
+SHA-256 bytes of attachments), times their unit cost measured in the same process
+(``unit_seconds``). ``ratio_floor`` is the masked/plaintext ratio if nothing but these
+operations cost extra: a ratio target below it cannot be met without dropping protocol steps.
+
 Bytes: uploaded per client (all stages, whole envelopes / protobuf messages), and the one
 message that carries the vector (``vector_upload``): our envelope, and the same envelope inside
 the Flower message our Flower transport sends (``secure/transport/flower/records.py``, a
@@ -30,24 +42,33 @@ for all sides alike. Writes benchmarks/results/secure_aggregation_masked.json. A
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
-import json
+import hashlib
 import logging
-import platform
+import os
 import statistics
 import sys
 import time
 import tracemalloc
-from importlib.metadata import version
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from clinograph.secure.aggregation import LocalUpdate
-from clinograph.secure.identity import Identity
-from clinograph.secure.masking import masked_plan_options, neighbour_count
-from clinograph.secure.messages import RoundPlan
-from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
-from clinograph.secure.transport import run_aggregation
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, machine  # noqa: E402
+from clinograph.secure import wire  # noqa: E402
+from clinograph.secure.aggregation import LocalUpdate, create_mode  # noqa: E402
+from clinograph.secure.hazmat import x25519  # noqa: E402
+from clinograph.secure.hazmat.masking_prg import MASK_PRG, add_mask_parts  # noqa: E402
+from clinograph.secure.identity import Identity, PublicIdentity  # noqa: E402
+from clinograph.secure.masking import client as masking_client  # noqa: E402
+from clinograph.secure.masking import masked_plan_options, neighbour_count  # noqa: E402
+from clinograph.secure.masking import server as masking_server  # noqa: E402
+from clinograph.secure.messages import MAX_MESSAGE_BYTES, RoundPlan  # noqa: E402
+from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec  # noqa: E402
+from clinograph.secure.transport import run_aggregation  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "secure_aggregation_masked.json"
 N_MODULES = 4
@@ -250,7 +271,147 @@ def vector_upload_bytes(ours: _Ours, mode: str) -> dict:
             "flower_message_bytes_per_parameter": fl / p}
 
 
-def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
+def party_seconds(ours: _Ours, mode: str) -> dict:
+    """One round driven by hand, every call timed and charged to the party that makes it: the
+    server (parsing, checks, sums, unmasking, its signatures) and each client (encoding,
+    masking, its signatures and checks). No drops, so it is :func:`run_aggregation`'s round;
+    hospitals run in parallel in reality, so a round's latency is about the server's time
+    plus the slowest client's per stage (Bonawitz et al. 2017 report the two separately)."""
+    plan = ours.plan(mode)
+    secure_mode = create_mode(plan.secure_mode)
+    peers = {c: ours.ids[c].public for c in ours.names}
+    spent: dict[str, float] = dict.fromkeys([*ours.names, "server"], 0.0)
+
+    def timed(party, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        spent[party] += time.perf_counter() - t0
+        return out
+
+    def deliver(sender, data):
+        receive_bytes = getattr(server, "receive_bytes", None)
+        if receive_bytes is not None:
+            receive_bytes(sender, data)
+        else:
+            server.receive(wire.parse_envelope(data, max_bytes=MAX_MESSAGE_BYTES))
+
+    gc.collect()
+    server = timed("server", lambda: secure_mode.server(plan=plan, peers=peers, identity=ours.server))
+    clients = {c: timed(c, lambda c=c: secure_mode.client(plan=plan, identity=ours.ids[c], server=ours.server.public,
+                                                          peers=peers, update=ours.updates[c])) for c in ours.names}
+    for c, cl in clients.items():
+        timed("server", deliver, c, timed(c, cl.first_message))
+    while (msgs := timed("server", server.next_stage)) is not None:
+        for c, data in msgs.items():
+            reply = timed(c, clients[c].handle, data)
+            if reply is not None:
+                timed("server", deliver, c, reply)
+    res = timed("server", server.result)
+    if sorted(res.contributors) != sorted(ours.names):
+        raise RuntimeError(f"hand-driven {mode} round lost contributors: {res.contributors}")
+    per_client = [spent[c] for c in ours.names]
+    return {"server": spent["server"], "client_median": statistics.median(per_client), "client_max": max(per_client)}
+
+
+@contextlib.contextmanager
+def counting():
+    """Count the protocol's costly operations while the block runs: Ed25519 signs and
+    verifies, X25519 key generations and agreements (with their HKDF), mask PRG bytes (with
+    the ring addition) and SHA-256 bytes of envelope attachments. Wraps the names the
+    protocol code calls and restores them afterwards (benchmark bookkeeping only)."""
+    n: Counter = Counter()
+    saved = []
+
+    def wrap(owner, name, key, size=None):
+        orig = getattr(owner, name)
+        saved.append((owner, name, orig))
+
+        def counted(*a, **k):
+            n[key] += size(*a, **k) if size else 1
+            return orig(*a, **k)
+
+        setattr(owner, name, counted)
+
+    wrap(Identity, "sign", "ed25519_sign")
+    wrap(PublicIdentity, "verify", "ed25519_verify")
+    for mod in (masking_client, masking_server):
+        wrap(mod, "agree", "x25519_agree")
+        wrap(mod, "add_mask_parts", "prg_bytes", lambda parts, *a, **k: sum(p.nbytes for p in parts))
+    wrap(masking_client, "generate_keypair", "x25519_keygen")
+    real_hashlib = wire.hashlib
+
+    class _Hashlib:
+        @staticmethod
+        def sha256(data=b""):
+            if sys._getframe(1).f_code.co_name == "<genexpr>":  # attachment hashes (seal, verify), not digest()
+                n["sha256_attachment_bytes"] += len(data)
+            return real_hashlib.sha256(data)
+
+    wire.hashlib = _Hashlib  # type: ignore[assignment]
+    try:
+        yield n
+    finally:
+        wire.hashlib = real_hashlib
+        for owner, name, orig in reversed(saved):
+            setattr(owner, name, orig)
+
+
+def unit_costs(reps: int = 200) -> dict:
+    """Seconds per operation counted by :func:`counting`, measured here (median of batches)."""
+    me = Identity.generate("unit")
+    msg = os.urandom(300)  # about one JSON payload
+    sig = me.sign(msg, context=b"bench")
+    sk, _ = x25519.generate_keypair()
+    _, pk = x25519.generate_keypair()
+    big = np.zeros(1 << 20, dtype=np.uint32)  # 4 MB, as at P = 1e6
+    blob = os.urandom(4 << 20)
+
+    def per_op(fn, n):
+        batches = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            batches.append((time.perf_counter() - t0) / n)
+        return statistics.median(batches)
+
+    return {
+        "ed25519_sign": per_op(lambda: me.sign(msg, context=b"bench"), reps),
+        "ed25519_verify": per_op(lambda: me.public.verify(sig, msg, context=b"bench"), reps),
+        "x25519_keygen": per_op(x25519.generate_keypair, reps),
+        "x25519_agree": per_op(lambda: x25519.agree(sk, pk, label=b"bench", context=b""), reps),
+        "prg_bytes": per_op(lambda: add_mask_parts([big], b"\x01" * 32, sign=1), 5) / big.nbytes,
+        "sha256_attachment_bytes": per_op(lambda: hashlib.sha256(blob).digest(), 5) / len(blob),
+    }
+
+
+def floor(ours: _Ours, units: dict, plain_seconds: float) -> dict:
+    """The cost of the operations each mode cannot do without, in this process.
+
+    Counts come from one round of each mode (:func:`counting`); times are counts x
+    :func:`unit_costs`. ``ratio_floor`` = (measured plaintext round + masked floor - plaintext
+    floor) / measured plaintext round: the masked/plaintext ratio if everything besides these
+    operations cost nothing extra. A target below it is out of reach without removing
+    protocol steps (signatures, key agreements, masks) or faster primitives.
+    """
+    out: dict = {"unit_seconds": units}
+    for mode in ("insecure_plaintext", "masked"):
+        with counting() as n:
+            ours.run(mode)
+        ops = dict(n)
+        out[mode] = {"operations": ops, "seconds": {k: v * units[k] for k, v in ops.items()},
+                     "total_seconds": sum(v * units[k] for k, v in ops.items())}
+    extra = out["masked"]["total_seconds"] - out["insecure_plaintext"]["total_seconds"]
+    out["masked_extra_seconds"] = extra
+    out["ratio_floor"] = (plain_seconds + extra) / plain_seconds
+    return out
+
+
+
+OURS = ("insecure_plaintext", "masked", "masked16")
+
+
+def bench_case(n: int, p: int, reps: int, *, units: dict, with_flower: bool = True) -> dict:
     deltas, weights = make_case(n, p)
     ours = _Ours(n, p, deltas, weights)
     flower = _Flower(deltas, weights, ours.k, ours.t)
@@ -261,6 +422,7 @@ def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
     if with_flower:
         sides["flower_secaggplus"] = flower.run
     times: dict[str, list[float]] = {s: [] for s in sides}
+    parties: dict[str, list[dict]] = {s: [] for s in OURS}
     uploads, errors = {}, {}
     for _ in range(reps):  # interleaved
         for side, fn in sides.items():
@@ -269,13 +431,21 @@ def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
             uploads[side] = int(up)
             ref = exact_fl if side == "flower_secaggplus" else exact
             errors[side] = float(np.linalg.norm(mean - ref) / np.linalg.norm(ref))
+        for side in OURS:
+            parties[side].append(party_seconds(ours, side))
     med = {s: statistics.median(v) for s, v in times.items()}
+    per_party = {s: {k: statistics.median(r[k] for r in rows) for k in ("server", "client_median", "client_max")}
+                 for s, rows in parties.items()}
     peaks = {s: _peak(fn) for s, fn in sides.items()} if p <= 100_000 or n <= 10 else {}
     row = {
         "n": n, "P": p, "neighbours_k": ours.k, "threshold_t": ours.t, "flower_num_shares": ours.k + 1,
         "seconds_per_round_median": med, "seconds_per_round_all": times,
         "ratio_masked_over_plaintext": med["masked"] / med["insecure_plaintext"],
         "ratio_masked16_over_plaintext": med["masked16"] / med["insecure_plaintext"],
+        "per_party_seconds_per_round_median": per_party,
+        "per_party_ratio_masked_over_plaintext": {
+            k: per_party["masked"][k] / per_party["insecure_plaintext"][k] for k in ("server", "client_max")},
+        "floor": floor(ours, units, med["insecure_plaintext"]),
         "bytes_uploaded_per_client_all_stages": uploads,
         "bytes_uploaded_per_parameter_all_stages": {s: b / p for s, b in uploads.items()},
         "vector_upload": {m: vector_upload_bytes(ours, m) for m in ("insecure_plaintext", "masked", "masked16")},
@@ -288,16 +458,6 @@ def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
     return row
 
 
-def machine() -> dict:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    import os
-
-    return {"platform": platform.platform(), "python": sys.version.split()[0], "cpu": cpu,
-            "cpu_count": os.cpu_count(),
-            "versions": {pkg: version(pkg) for pkg in ("numpy", "cryptography", "pycryptodome", "pydantic", "flwr")}}
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes; print JSON, write nothing")
@@ -308,28 +468,25 @@ def main(argv: list[str] | None = None) -> dict:
     grid = [(5, 10_000), (10, 10_000)] if args.quick else \
         [(10, 10_000), (5, 100_000), (10, 100_000), (20, 100_000), (50, 100_000), (100, 100_000), (10, 1_000_000)]
     cases = []
+    units = unit_costs()
     for n, p in grid:
         reps = max(args.reps, 5) if p <= 10_000 else args.reps
-        row = bench_case(n, p, reps, with_flower=n <= 20 and not args.no_flower)
+        row = bench_case(n, p, reps, units=units, with_flower=n <= 20 and not args.no_flower)
         cases.append(row)
-        m = row["seconds_per_round_median"]
+        m, pp = row["seconds_per_round_median"], row["per_party_ratio_masked_over_plaintext"]
         print(f"n={n} P={p}: " + ", ".join(f"{s} {v:.3f} s" for s, v in m.items())
-              + f"; masked/plaintext {row['ratio_masked_over_plaintext']:.2f}", file=sys.stderr)
+              + f"; masked/plaintext {row['ratio_masked_over_plaintext']:.2f} (floor {row['floor']['ratio_floor']:.2f}; "
+              f"server {pp['server']:.2f}, slowest client {pp['client_max']:.2f})", file=sys.stderr)
     result = {"benchmark": "secure_aggregation_masked", "quick": args.quick, "reps": args.reps,
-              "machine": machine(),
+              "machine": machine(("pydantic", "pycryptodome")), "mask_prg": MASK_PRG,
+              "note": "serial in-process rounds on a 2-core machine shared with other jobs; see machine.load_average_at_start",
               "parameters": {"clip": 1.0, "modules": N_MODULES, "deltas": "N(0, 0.05) float32",
                              "weights": "U(0.2, 1); Flower gets num_examples = round(100 w), max_weight 100",
                              "threshold": "t = k // 2 + 1 (as Flower's default reconstruction threshold)",
                              "flower": "SecAggPlusWorkflow(num_shares=k+1, reconstruction_threshold=t, "
                                        "clipping_range=8, quantization 2^22, modulus 2^32)"},
-              "cases": cases}
-    text = json.dumps(result, indent=2)
-    out = args.out or (None if args.quick else OUT)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    else:
-        print(text)
+              "unit_seconds": units, "cases": cases}
+    emit(result, out=args.out or (None if args.quick else OUT))
     return result
 
 
