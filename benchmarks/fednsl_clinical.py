@@ -6,16 +6,25 @@ the monitors as a high pulmonary artery pressure) and one-sided intubation. ``no
 PE patient at all; ``south`` is enriched in PE; ``east`` has the ordinary mix. North's unseen
 subgroup is a held-out set of PE patients no hospital trained on.
 
-Arms (same predicates, same split; north's personalised model is evaluated):
+Each hospital's own patients are split 60 / 15 / 25 % into train / validation / test. FedNSL runs over
+the runtime in ``masked`` mode for every (λ, KL direction) of ``GRID``: λ = 0 (the paper's "W/O. KL"
+ablation) and λ ∈ {0.1, 1, 10} (λ weighs the KL against the hospital's *summed* log-likelihood, eq. 3)
+with eq. (2)'s ``D_KL(p_w ‖ p_θ)`` or eq. (11)'s prior-weighted ``D_KL(p_θ ‖ p_w)``.
 
-- ``fednsl_kl``: FedNSL over the runtime in ``masked`` mode, λ = 1 (eq. 2's KL to the prior);
-- ``fednsl_kl_0.1``: the same with λ = 0.1 (the paper's Fig. 2 b3: the coefficient matters);
-- ``fednsl_no_kl``: the same with λ = 0 (the paper's "W/O. KL" ablation);
+Arms (same predicates, same split; north's model is evaluated):
+
+- ``fednsl_kl``: the (λ > 0, direction) with the best *cross-hospital validation* accuracy -- every
+  hospital's personalised model on the other hospitals' validation splits (their own seen patients;
+  never the unseen PE patients, never a test split);
+- ``fednsl_no_kl``: λ = 0;
+- ``fednsl_own_val``: what north would pick from the whole grid on its own validation split alone;
 - ``fedavg``: FedAvg of a logistic regression on the same fuzzy predicate values (global model);
-- ``local``: north's logistic regression alone.
+- ``local``: north's logistic regression alone; ``pooled_lr``: one on all hospitals' training sets.
 
-Accuracy at 0.5 on north's unseen PE subgroup and on its own (seen) test split; AUROC on the
-seen split. Writes benchmarks/results/fednsl_clinical.json.
+Metrics: accuracy at 0.5 on north's unseen PE subgroup (89 % shunt, so "always shunt" scores 0.89)
+and on its seen test split, seen AUROC, the predicted-positive rate on the subgroup, balanced accuracy
+on north after the PE patients arrive (seen test ∪ PE), and the AUROC of PE patients with shunt
+against north's seen patients without it. Writes benchmarks/results/fednsl_clinical.json.
 """
 
 from __future__ import annotations
@@ -106,61 +115,126 @@ def _lr_predict(m, x):
 
 
 def _metrics(p_seen, y_seen, p_unseen, y_unseen) -> dict:
+    """Accuracy at 0.5 on the unseen PE subgroup (89 % shunt: "always shunt" scores that) and on north's seen
+    test split, plus two threshold-honest views of the transfer: ``arrival_balanced_acc`` -- balanced accuracy
+    on north's population after the PE patients arrive (seen test ∪ unseen PE), and ``pe_vs_seen_neg_auroc``
+    -- do unseen PE patients with shunt rank above north's seen patients without it?"""
+    y_all = np.concatenate([y_seen, y_unseen]) == 1
+    hit = np.concatenate([p_seen, p_unseen]) >= 0.5
+    neg = p_seen[y_seen == 0]
+    pos = p_unseen[y_unseen == 1]
     return {"seen_acc": float(((p_seen >= 0.5) == (y_seen == 1)).mean()),
             "seen_auroc": float(roc_auc_score(y_seen, p_seen)),
             "unseen_acc": float(((p_unseen >= 0.5) == (y_unseen == 1)).mean()),
-            "unseen_positive_rate": float(y_unseen.mean())}
+            "unseen_positive_rate": float(y_unseen.mean()),
+            "unseen_predicted_positive": float((p_unseen >= 0.5).mean()),
+            "arrival_balanced_acc": float(0.5 * (hit[y_all].mean() + (~hit[~y_all]).mean())),
+            "pe_vs_seen_neg_auroc": float(roc_auc_score(np.r_[np.ones(len(pos)), np.zeros(len(neg))],
+                                                        np.r_[pos, neg]))}
 
 
-def run_seed(seed: int, *, rounds: int, workdir: Path) -> dict:
+GRID = ((0.0, "posterior_prior"),
+        *((lam, d) for d in ("posterior_prior", "prior_posterior") for lam in (0.01, 0.1, 1.0)))
+
+
+def _tag(lam: float, direction: str) -> str:
+    return "no_kl" if lam == 0 else f"{'kl2' if direction == 'posterior_prior' else 'kl11'}_{lam:g}"
+
+
+def _acc(p: np.ndarray, y: np.ndarray) -> float:
+    return float(((p >= 0.5) == (y == 1)).mean())
+
+
+def _pap_mass(space: RuleSpace, idx: np.ndarray, p: np.ndarray) -> float:
+    """Probability mass on bodies containing ``pap_high`` (the PE rules)."""
+    return float(sum(p[k] for k, j in enumerate(idx) if "pap_high" in space.bodies[int(j)]))
+
+
+def run_seed(seed: int, *, rounds: int, workdir: Path, grid=GRID) -> dict:
+    """One seed: every (λ, KL direction) of ``grid`` over the runtime, λ chosen on validation, and the LR baselines."""
     dictionary = load_dictionary()
     frames, unseen_df = cohorts(seed)
     preds = predicate_names(dictionary, normal=False)
     space = RuleSpace.enumerate(heads=("shunt",), predicates=preds, max_len=2)
     tables = {s: to_table(df, s, dictionary) for s, df in frames.items()}
-    # north's graph includes the unseen patients as unlabelled nodes (they arrive at north; never trained on)
+    # training graphs hold each hospital's own patients only; the unseen PE patients join north's graph
+    # only for evaluation (they arrive after training), so their features never shape training values
+    graphs = {s: HospitalGraph.build(t, preds, k=5) for s, t in tables.items()}
     north_all = to_table(pd.concat([frames["north"], unseen_df], ignore_index=True), "north", dictionary)
-    tables_graph = {**tables, "north": north_all}
-    rng = np.random.default_rng(seed)
-    splits = {}
-    for s, t in tables.items():
-        perm = rng.permutation(t.n_patients)
-        splits[s] = (perm[: int(0.7 * len(perm))], perm[int(0.7 * len(perm)):])
+    eval_graph = HospitalGraph.build(north_all, preds, k=5)
     unseen_rows = np.arange(tables["north"].n_patients, north_all.n_patients)
     y_unseen = north_all.labels[unseen_rows]
+    rng = np.random.default_rng(seed)
+    splits = {}  # train 60 % / validation 15 % / test 25 % of each hospital's own patients
+    for s, t in tables.items():
+        perm = rng.permutation(t.n_patients)
+        a, b = int(0.6 * len(perm)), int(0.75 * len(perm))
+        splits[s] = (perm[:a], perm[a:b], perm[b:])
     results = {"n_pe_train": {s: int(PE_SHARE[s] * SITES[s]) if PE_SHARE[s] is not None else None for s in SITES},
-               "shunt_rate": {s: float(t.labels.mean()) for s, t in tables.items()}}
-    for arm, lam in (("fednsl_kl", 1.0), ("fednsl_kl_0.1", 0.1), ("fednsl_no_kl", 0.0)):
-        hospitals, tests = {}, {}
-        for s, t in tables_graph.items():
-            labels = t.labels.copy()
-            if s == "north":
-                labels[unseen_rows] = -1  # unlabelled at north: never in training
-            hospitals[s] = HospitalRules(space=space, graph=HospitalGraph.build(t, preds, k=5), labels={"shunt": labels},
-                                         train=splits[s][0],
-                                         settings=EStepSettings(draws=256, scorer=ScorerSettings(kl_weight=lam)))
-            tests[s] = splits[s][1]
+               "shunt_rate": {s: float(t.labels.mean()) for s, t in tables.items()},
+               "pap_high_mean": {"north_train": float(graphs["north"].body_values([("pap_high",)], graph_search=False,
+                                                                                    rows=splits["north"][0]).mean()),
+                                 "unseen": float(eval_graph.body_values([("pap_high",)], graph_search=False,
+                                                                        rows=unseen_rows).mean())},
+               "grid": {}}
+    for lam, direction in grid:
+        hospitals = {s: HospitalRules(space=space, graph=graphs[s], labels={"shunt": tables[s].labels},
+                                      train=splits[s][0],
+                                      settings=EStepSettings(draws=256, scorer=ScorerSettings(
+                                          kl_weight=lam, kl_direction=direction)))
+                     for s in tables}
+        tag = _tag(lam, direction)
         sid = Identity.generate("server")
-        run_dir = workdir / f"{arm}-{seed}"
+        run_dir = workdir / f"{tag}-{seed}"
         audit = AuditTrail(run_dir / "audit", identity=sid)
         gen = RuleGenerator(space, preset=GeneratorPreset(epochs=10, samples_per_head=512), seed=seed)
-        res = run_rules_federation(hospitals=hospitals, tests=tests, space=space, audit=audit, server_identity=sid,
-                                   federation=FederationSection(id=f"fednsl-{arm}", rounds=rounds, secure_mode="masked",
-                                                                seed=seed),
+        res = run_rules_federation(hospitals=hospitals, tests={s: splits[s][2] for s in tables}, space=space,
+                                   audit=audit, server_identity=sid,
+                                   federation=FederationSection(id=f"fednsl-{tag}", rounds=rounds,
+                                                                secure_mode="masked", seed=seed),
                                    dictionary_hash=dictionary.digest(), workdir=run_dir, generator=gen)
         audit.close()
-        north = res.tasks["north"].rules
-        seen_rows = splits["north"][1]
-        m = _metrics(north.predict("shunt", seen_rows), tables["north"].labels[seen_rows],
-                     north.predict("shunt", unseen_rows), y_unseen)
+        fits = {s: res.tasks[s].rules.fits["shunt"] for s in tables}
+
+        def model_p(owner: str, graph: HospitalGraph, rows: np.ndarray, fits=fits, space=space) -> np.ndarray:
+            f = fits[owner]
+            vals = graph.body_values([space.bodies[int(j)] for j in f.candidates], graph_search=True, rows=rows)
+            return f.predict(vals)
+
+        # validation (never the unseen PE patients, never a test split): each hospital's model on its own
+        # validation split ("own") and on the other hospitals' validation splits ("cross")
+        own = {s: _acc(model_p(s, graphs[s], splits[s][1]), tables[s].labels[splits[s][1]]) for s in tables}
+        cross = [_acc(model_p(s, graphs[o], splits[o][1]), tables[o].labels[splits[o][1]])
+                 for s in tables for o in tables if o != s]
+        te = splits["north"][2]
+        p_seen, p_unseen = model_p("north", graphs["north"], te), model_p("north", eval_graph, unseen_rows)
+        m = _metrics(p_seen, tables["north"].labels[te], p_unseen, y_unseen)
         prior = res.priors[-1][0]
-        m["top_rules"] = [[str(space.rule(0, j)), float(prior[j])] for j in np.argsort(-prior)[:5]]
-        fit = north.fits["shunt"]
-        m["north_posterior_top"] = [[str(space.rule(0, int(fit.candidates[j]))), float(fit.posterior[j])]
-                                    for j in np.argsort(-fit.posterior)[:5]]
-        m["audit_verified"] = bool(verify_audit_dir(run_dir / "audit").ok)
-        results[arm] = m
-    # FedAvg / local logistic regression on the same fuzzy predicate values
+        fit = fits["north"]
+        m.update(kl_weight=lam, kl_direction=direction, val_own_north=own["north"],
+                 val_own_mean=float(np.mean(list(own.values()))), val_cross_mean=float(np.mean(cross)),
+                 prior_pap_mass=_pap_mass(space, np.arange(space.n_bodies), prior),
+                 north_posterior_pap_mass=_pap_mass(space, fit.candidates, fit.posterior),
+                 north_prior_pap_mass_on_candidates=_pap_mass(space, fit.candidates,
+                                                               prior[fit.candidates] / prior[fit.candidates].sum()),
+                 north_posterior_max=float(fit.posterior.max()), north_kl=fit.kl,
+                 top_rules=[[str(space.rule(0, j)), float(prior[j])] for j in np.argsort(-prior)[:5]],
+                 north_posterior_top=[[str(space.rule(0, int(fit.candidates[j]))), float(fit.posterior[j])]
+                                      for j in np.argsort(-fit.posterior)[:5]],
+                 audit_verified=bool(verify_audit_dir(run_dir / "audit").ok))
+        results["grid"][tag] = m
+    # the KL arm: (λ > 0, direction) with the best cross-hospital validation accuracy (ties: the smaller λ)
+    kl_tags = [t for t in results["grid"] if t != "no_kl"]
+    best = max(kl_tags, key=lambda t: (results["grid"][t]["val_cross_mean"], -results["grid"][t]["kl_weight"]))
+    results["kl_selected"] = best
+    results["fednsl_kl"] = results["grid"][best]
+    results["fednsl_no_kl"] = results["grid"]["no_kl"]
+    # secondary: what north alone would pick on its own seen validation split (λ = 0 included)
+    results["own_val_selected"] = max(results["grid"], key=lambda t: (results["grid"][t]["val_own_north"],
+                                                                      -results["grid"][t]["kl_weight"]))
+    results["fednsl_own_val"] = results["grid"][results["own_val_selected"]]
+    # logistic-regression baselines on the same fuzzy predicate values (seeded initialisation)
+    torch.manual_seed(seed)
     xs = {s: fuzzy_values(t, preds) for s, t in tables.items()}
     x_unseen = fuzzy_values(north_all, preds)[unseen_rows]
     glob = None
@@ -174,41 +248,67 @@ def run_seed(seed: int, *, rounds: int, workdir: Path) -> dict:
         glob = {k: sum(w * st[k] for st, w in zip(states, ws, strict=True)) / sum(ws) for k in states[0]}
     fedavg = torch.nn.Linear(len(preds), 1).double()
     fedavg.load_state_dict(glob)
-    tr, te = splits["north"]
-    results["fedavg"] = _metrics(_lr_predict(fedavg, xs["north"][te]), tables["north"].labels[te],
-                                 _lr_predict(fedavg, x_unseen), y_unseen)
+    tr, te = splits["north"][0], splits["north"][2]
+    y_te = tables["north"].labels[te]
+    results["fedavg"] = _metrics(_lr_predict(fedavg, xs["north"][te]), y_te, _lr_predict(fedavg, x_unseen), y_unseen)
     local = _lr(xs["north"][tr], tables["north"].labels[tr], steps=300)
-    results["local"] = _metrics(_lr_predict(local, xs["north"][te]), tables["north"].labels[te],
-                                _lr_predict(local, x_unseen), y_unseen)
+    results["local"] = _metrics(_lr_predict(local, xs["north"][te]), y_te, _lr_predict(local, x_unseen), y_unseen)
+    pooled = _lr(np.concatenate([xs[s][splits[s][0]] for s in tables]),
+                 np.concatenate([tables[s].labels[splits[s][0]] for s in tables]), steps=300)
+    results["pooled_lr"] = _metrics(_lr_predict(pooled, xs["north"][te]), y_te, _lr_predict(pooled, x_unseen),
+                                    y_unseen)
+    results["always_shunt_unseen_acc"] = float(y_unseen.mean())
     return results
 
 
-ARMS = ("fednsl_kl", "fednsl_kl_0.1", "fednsl_no_kl", "fedavg", "local")
+ARMS = ("fednsl_kl", "fednsl_no_kl", "fednsl_own_val", "fedavg", "local", "pooled_lr")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--quick", action="store_true", help="1 seed, 3 rounds, λ ∈ {0, 0.1} (eq. 2): a smoke run")
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
+    grid = ((0.0, "posterior_prior"), (0.1, "posterior_prior")) if args.quick else GRID
+    seeds, rounds = (1, 3) if args.quick else (args.seeds, args.rounds)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        per_seed = [run_seed(s, rounds=args.rounds, workdir=Path(tmp)) for s in range(args.seeds)]
+        per_seed = []
+        for s in range(seeds):
+            per_seed.append(run_seed(s, rounds=rounds, workdir=Path(tmp), grid=grid))
+            r = per_seed[-1]
+            print(f"seed {s}: KL[{r['kl_selected']}] {r['fednsl_kl']['unseen_acc']:.3f}  "
+                  f"no-KL {r['fednsl_no_kl']['unseen_acc']:.3f}  FedAvg {r['fedavg']['unseen_acc']:.3f}  "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+    keys = ("seen_acc", "seen_auroc", "unseen_acc", "arrival_balanced_acc", "pe_vs_seen_neg_auroc")
     summary = {arm: {k: {"mean": float(np.mean([r[arm][k] for r in per_seed])),
-                         "sd": float(np.std([r[arm][k] for r in per_seed]))}
-                     for k in ("seen_acc", "seen_auroc", "unseen_acc")} for arm in ARMS}
+                         "sd": float(np.std([r[arm][k] for r in per_seed]))} for k in keys} for arm in ARMS}
+    tags = list(per_seed[0]["grid"])
+    grid_summary = {t: {k: {"mean": float(np.mean([r["grid"][t][k] for r in per_seed])),
+                            "sd": float(np.std([r["grid"][t][k] for r in per_seed]))}
+                        for k in (*keys, "val_cross_mean", "val_own_north", "prior_pap_mass",
+                                  "north_posterior_pap_mass")} for t in tags}
     u = {a: summary[a]["unseen_acc"]["mean"] for a in ARMS}
+    wins = [r["fednsl_kl"]["unseen_acc"] > r["fednsl_no_kl"]["unseen_acc"] > r["fedavg"]["unseen_acc"]
+            for r in per_seed]
     payload = {"experiment": "FedNSL clinical rule transfer (ALARM demo, shunt, PE phenotype unseen at north)",
-               "seeds": args.seeds, "rounds": args.rounds, "summary": summary,
+               "seeds": seeds, "rounds": rounds, "grid": [list(g) for g in grid],
+               "selection": "KL arm: the (λ > 0, direction) with the best mean accuracy of every hospital's model on "
+                            "the other hospitals' validation splits (15 % of their own patients); never the unseen "
+                            "PE patients or a test split",
+               "summary": summary, "grid_summary": grid_summary,
                "goal_kl_gt_nokl_gt_fedavg": bool(u["fednsl_kl"] > u["fednsl_no_kl"] > u["fedavg"]),
-               "goal_best_kl_gt_nokl_gt_fedavg": bool(max(u["fednsl_kl"], u["fednsl_kl_0.1"]) > u["fednsl_no_kl"] > u["fedavg"]),
+               "goal_seeds_met": int(sum(wins)),
                "per_seed": per_seed, "seconds": time.time() - t0, "machine": machine()}
-    print(write("fednsl_clinical", payload))
+    print(write("fednsl_clinical_quick" if args.quick else "fednsl_clinical", payload))
     for a in ARMS:
-        print(f"{a:14s} " + "  ".join(f"{k}={v['mean']:.3f}±{v['sd']:.3f}" for k, v in summary[a].items()))
-    print("goal:", payload["goal_kl_gt_nokl_gt_fedavg"])
+        print(f"{a:15s} " + "  ".join(f"{k}={v['mean']:.3f}±{v['sd']:.3f}" for k, v in summary[a].items()))
+    for t in tags:
+        print(f"  {t:12s} " + "  ".join(f"{k}={v['mean']:.3f}" for k, v in grid_summary[t].items()))
+    print("goal:", payload["goal_kl_gt_nokl_gt_fedavg"], "seeds met:", payload["goal_seeds_met"])
 
 
 if __name__ == "__main__":

@@ -29,19 +29,42 @@ Shapes:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
+from clinograph.secure.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class ScorerSettings:
-    """E-step settings. ``kl_weight`` is λ of eq. (2) (0 = the no-KL ablation)."""
+    """E-step settings. ``kl_weight`` is λ of eq. (2) (0 = the no-KL ablation), weighed against the
+    hospital's *total* log-likelihood (the sum of eq. 8 over its N labelled training patients, as in
+    eq. 3's ``log p(a_{1:n} | ...)``: the KL counts once per hospital, not once per patient), so
+    λ = 1 is the ELBO's own weight. (Before this was fixed, λ multiplied the KL against the
+    per-patient *mean*, i.e. an effective λ·N ≈ 500 at the clinical benchmark's hospitals.)
+
+    ``kl_direction``: ``"posterior_prior"`` is eq. (2)'s and section 3.4.3's
+    ``D_KL(p_w ‖ p_θ)`` (mode-seeking: dropping a prior rule costs little);
+    ``"prior_posterior"`` follows eq. (11) as printed, which weights by the prior
+    (``Mu_θ log(Mu_w / Mu_θ)``, the negative of ``D_KL(p_θ ‖ p_w)``; we penalise
+    ``D_KL(p_θ ‖ p_w)``) (mass-covering: a rule the prior holds cannot lose its posterior mass
+    cheaply, which is what keeps the rules of a subgroup this hospital never saw).
+    """
 
     kl_weight: float = 1.0
+    kl_direction: Literal["posterior_prior", "prior_posterior"] = "posterior_prior"
     steps: int = 150
     lr: float = 0.1
     class_balance: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kl_direction not in ("posterior_prior", "prior_posterior"):
+            raise ConfigError(f"ScorerSettings.kl_direction is {self.kl_direction!r}; expected 'posterior_prior' "
+                              "(eq. 2, the default) or 'prior_posterior' (eq. 11 as printed).")
+        if not self.kl_weight >= 0:
+            raise ConfigError(f"ScorerSettings.kl_weight (λ of eq. 2) is {self.kl_weight}; expected λ ≥ 0 "
+                              "(0 is the no-KL ablation).")
 
 
 @dataclass(frozen=True, repr=False)
@@ -75,6 +98,14 @@ def sample_candidates(prior: np.ndarray, *, draws: int, seed: int) -> np.ndarray
     return np.unique(rng.choice(len(p), size=draws, p=p / p.sum()))
 
 
+def _kl(pi: torch.Tensor, log_prior: torch.Tensor, direction: str) -> torch.Tensor:
+    """``D_KL(p_w ‖ p_θ)`` (eq. 2) or ``D_KL(p_θ ‖ p_w)`` (eq. 11 as printed) over the candidates."""
+    log_pi = torch.log(pi + 1e-300)
+    if direction == "posterior_prior":
+        return (pi * (log_pi - log_prior)).sum()
+    return (torch.exp(log_prior) * (log_prior - log_pi)).sum()
+
+
 def fit_head(values: np.ndarray, y: np.ndarray, log_prior: np.ndarray, *, candidates: np.ndarray,
              settings: ScorerSettings, seed: int = 0) -> HeadPosterior:
     """The E-step for one head (module docstring). ``log_prior`` is over the candidates and
@@ -103,14 +134,14 @@ def fit_head(values: np.ndarray, y: np.ndarray, log_prior: np.ndarray, *, candid
         pi = posterior()
         z = torch.nn.functional.softplus(raw_s) * (F @ pi) + b
         nll = -(weight * torch.nn.functional.logsigmoid(yy * z)).sum() / weight.sum()  # eq. (8)
-        kl = (pi * (torch.log(pi + 1e-300) - lp)).sum()  # eqs. (2), (11)
-        loss = nll + settings.kl_weight * kl
+        kl = _kl(pi, lp, settings.kl_direction)  # eqs. (2), (11)
+        loss = nll + settings.kl_weight * kl / len(yy)  # = (Σ_p NLL_p + λ KL) / N: λ against the sum (eq. 3)
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
         pi = posterior()
-        kl = float((pi * (torch.log(pi + 1e-300) - lp)).sum())
+        kl = float(_kl(pi, lp, settings.kl_direction))
         return HeadPosterior(candidates=np.asarray(candidates), w=w.detach().numpy().copy(),
                              posterior=pi.numpy().copy(), scale=float(torch.nn.functional.softplus(raw_s)),
                              bias=float(b), kl=kl)
