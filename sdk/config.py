@@ -254,13 +254,17 @@ class HospitalConfig(_Strict):
 
     @model_validator(mode="after")
     def _survival_supported(self) -> HospitalConfig:
-        """A survival target is trained by the static NS-FL task without DP (sdk/training/survival.py)."""
+        """A survival target is trained by the static NS-FL task, with local patient-level DP or
+        without (sdk/training/survival.py, sdk/training/survival_dp.py)."""
         if self.target.kind != "survival":
             return self
+        dp = self.privacy.enabled
         refused = [what for what, bad in (
             (f"task = {self.task!r} (only 'nsfl' has a survival head)", self.task != "nsfl"),
-            ("[privacy] enabled: the DP trainers have no survival head yet (the hazard likelihood is per "
-             "patient, so they can have one)", self.privacy.enabled),
+            ("[privacy] mode = 'distributed' (the distributed DP task has no survival head; use mode = 'local')",
+             dp and self.privacy.mode == "distributed"),
+            ("[privacy] grad_sample_mode = 'ew' (ExpandedWeights takes no custom module; use 'star' or 'hooks')",
+             dp and self.privacy.grad_sample_mode == "ew"),
             (f"[model] temporal = {self.model.temporal!r}", self.model.temporal != "none"),
             (f"[model] modalities = {list(self.model.modalities)}", bool(self.model.modalities))) if bad]
         if refused:

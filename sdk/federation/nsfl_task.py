@@ -62,26 +62,30 @@ class NSFLTask(SelectedCalibrated):
         self.observed = {node_ids[i] for i in np.asarray(table.observed_nodes())}
         #: survival target (interval ends and horizon in days) or None for a binary label
         self.survival_target: tuple[np.ndarray, float] | None = None
+        root: Path | None = None
+        if config.privacy.enabled:
+            if state_dir is None and config.privacy.state_dir is None:
+                raise ConfigError(f"Hospital {table.site!r} trains with DP but has no state directory for its privacy "
+                                  "ledger: set [privacy] state_dir (or pass state_dir).")
+            root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else Path(state_dir)  # type: ignore[arg-type]
         if config.target.kind == "survival":
-            if config.privacy.enabled:
-                raise ConfigError("[target] kind = 'survival' with [privacy] enabled: the DP trainer has no "
-                                  "survival head yet (the hazard likelihood is per patient, so it can have one). "
-                                  "Disable [privacy] or use kind = 'binary' with a horizon label.")
             from ..ingest.survival import days_per
             from ..training.survival import SurvivalTrainer
 
             scale = days_per(config.target.time_unit)
             breaks = np.asarray(config.target.breaks, float) * scale
             self.survival_target = (breaks, float(config.target.horizon or config.target.breaks[-1]) * scale)
-            self.trainer = SurvivalTrainer(table, train_idx=split.train, k_similar=config.graph.k_similar,
-                                           config=config.training, breaks=breaks)
-        elif config.privacy.enabled:
+            if root is not None:  # patient-level DP on the hazard likelihood (sdk/training/survival_dp.py)
+                from ..training.survival_dp import survival_dp_trainer
+
+                self.trainer = survival_dp_trainer(table=table, train_idx=split.train, config=config, site=table.site,
+                                                   state_dir=root, signer=signer, breaks=breaks)
+            else:
+                self.trainer = SurvivalTrainer(table, train_idx=split.train, k_similar=config.graph.k_similar,
+                                               config=config.training, breaks=breaks)
+        elif root is not None:
             from ..privacy import dp_trainer_factory
 
-            if state_dir is None and config.privacy.state_dir is None:
-                raise ConfigError(f"Hospital {table.site!r} trains with DP but has no state directory for its privacy "
-                                  "ledger: set [privacy] state_dir (or pass state_dir).")
-            root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else Path(state_dir)  # type: ignore[arg-type]
             self.trainer = dp_trainer_factory(table=table, train_idx=split.train, config=config, site=table.site,
                                               state_dir=root, signer=signer)
         else:

@@ -78,8 +78,8 @@ def test_unsupported_combinations_are_refused():
     d, tables = lung()
     t = tables[0]
     split = hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.2, seed=0)
-    with pytest.raises(ValueError, match="no survival head yet"):
-        HospitalConfig(target=TARGET, privacy={"enabled": True})
+    with pytest.raises(ValueError, match="distributed DP task has no survival head"):
+        HospitalConfig(target=TARGET, privacy={"enabled": True, "mode": "distributed"})
     with pytest.raises(ValueError, match="only 'nsfl' has a survival head"):
         HospitalConfig(target=TARGET, task="agat")
     df, schema = _binary()
