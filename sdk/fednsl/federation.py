@@ -127,6 +127,7 @@ def insecure_per_hospital_posteriors(*, hospitals: Mapping[str, HospitalRules], 
         audit.record("insecure_option", {"option": "insecure_per_hospital_posteriors", "why": why})
     prior = _initial_prior(space, generator)
     tasks = {n: RulesTask(rules=h, prior=prior, test=tests[n], seed=seed) for n, h in hospitals.items()}
+    # public-seeded sampling of rules from posteriors the server already sees in this variant: not a secret
     priors, rng = [prior], np.random.default_rng(seed)
     counts = np.zeros_like(prior)
     for r in range(rounds):

@@ -83,7 +83,7 @@ class RuleGenerator:
         self._bodies = torch.tensor([[self._pred_tok[p] for p in b] + [EOS] + [PAD] * (width - len(b))
                                      for b in space.bodies], dtype=torch.long)
         self.pool: list[tuple[int, int]] = []  # (head index, body index) samples, eq. (6)'s z̄
-        self._gen = torch.Generator().manual_seed(seed)
+        self._gen = torch.Generator().manual_seed(seed)  # batch order only; public seed, nothing secret
 
     def __repr__(self) -> str:
         return f"RuleGenerator(heads={len(self.space.heads)}, bodies={self.space.n_bodies}, pool={len(self.pool)})"
@@ -123,6 +123,7 @@ class RuleGenerator:
             total = row.clip(0).sum()
             if total <= 0:
                 continue
+            # rules drawn from the public mixture (the server sees it) with a public-seeded rng: not a secret
             draws = rng.choice(self.space.n_bodies, size=self.preset.samples_per_head, p=row.clip(0) / total)
             self.pool.extend((h, int(j)) for j in draws)
         return self.fit(self.pool)

@@ -50,7 +50,7 @@ class ClientData:
 
 def make_clients(seed: int, *, per_class: int = 200, relabelled: int = 150) -> list[ClientData]:
     """The two clients of A.5 (see the module docstring)."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # synthetic data from a public seed: nothing secret is drawn (style 13)
     out = []
     for unseen in (2, 0):
         xs = [rng.multivariate_normal(MEANS[c], COVS[c], size=per_class) for c in range(3)]
