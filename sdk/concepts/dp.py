@@ -27,7 +27,7 @@ account ε (the caller calibrates σ) nor hide anything outside the gradients.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -194,15 +194,17 @@ def set_gradients(model: ConceptModel, names: Sequence[str], flat: torch.Tensor)
 def dp_sgd_step(model: ConceptModel, optimizer: torch.optim.Optimizer, names: Sequence[str], x: torch.Tensor,
                 labels: Mapping[str, torch.Tensor], interventions: Mapping[str, torch.Tensor], *,
                 noise_multiplier: float, clip: float, expected_batch: float, supervised: Collection[str],
-                has_task: bool, task: str, gamma: float) -> None:
+                has_task: bool, task: str, gamma: float, noise: Callable | None = None) -> None:
     """One DP-SGD step (F-CMs E.4 as Opacus does it): the clipped sum plus N(0, σ²C²) from the
-    CSPRNG (:func:`clinograph.sdk.privacy.noise.secure_gaussian`), divided by the EXPECTED
-    Poisson batch size (so an empty batch still steps on noise alone), then ``optimizer.step()``."""
+    CSPRNG (:func:`clinograph.sdk.privacy.noise.secure_gaussian`; ``noise`` replaces it in tests
+    only), divided by the EXPECTED Poisson batch size (so an empty batch still steps on noise
+    alone), then ``optimizer.step()``."""
     from ..privacy.noise import secure_gaussian
 
     s = clipped_sum(model, names, x, labels, interventions, clip=clip, supervised=supervised, has_task=has_task,
                     task=task, gamma=gamma)
-    noisy = (s + secure_gaussian(noise_multiplier * clip, s.shape, torch.float64)) / max(expected_batch, 1e-12)
+    draw = noise or secure_gaussian
+    noisy = (s + draw(noise_multiplier * clip, s.shape, torch.float64)) / max(expected_batch, 1e-12)
     optimizer.zero_grad(set_to_none=True)
     set_gradients(model, names, noisy)
     optimizer.step()

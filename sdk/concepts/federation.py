@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,13 +32,14 @@ from clinograph.secure.errors import ConfigError
 from clinograph.secure.identity import Identity
 from clinograph.secure.runtime import InProcessTransport, build_server, run_rounds
 from clinograph.secure.runtime.build import InitialModel
-from clinograph.secure.runtime.config import FederationSection
+from clinograph.secure.runtime.config import DPPolicySection, FederationSection
 from clinograph.secure.server import FederationServer
 from clinograph.secure.spec import ModuleKind
 from torch import nn
 
-from ..config import ReleaseSection
+from ..config import PrivacySection, ReleaseSection
 from ..federation.client import HospitalClient
+from .dp_training import concept_dp_trainer
 from .graph import ConceptGraph
 from .model import ConceptModel
 from .modules import GRAPH_BASED, ConceptHParams
@@ -100,11 +102,12 @@ def _clients(tasks: Mapping[str, ConceptTask], ids: Mapping[str, Identity], serv
 
 
 def _server(federation: FederationSection, *, identity: Identity, ids: Mapping[str, Identity], task: ConceptTask,
-            dictionary_hash: str, audit: AuditTrail, first_round: int) -> FederationServer:
+            dictionary_hash: str, audit: AuditTrail, first_round: int,
+            dp_policy: DPPolicySection | None = None) -> FederationServer:
     initial = InitialModel.create(task=task.name, dictionary_hash=dictionary_hash, spec=task.modules.spec(version=0),
                                   state=task.modules.state(ModuleKind.SHARED))
     server = build_server(federation=federation, identity=identity, enrolled={n: i.public for n, i in ids.items()},
-                          initial=initial, audit=audit, dp_policy=None)
+                          initial=initial, audit=audit, dp_policy=dp_policy.policy() if dp_policy else None)
     server.round = first_round  # one audit trail, round numbers continue across the phases
     return server
 
@@ -115,16 +118,26 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
                            dictionary_hash: str, vote_rounds: int = 1, hp: ConceptHParams | None = None,
                            training: ConceptTraining | None = None, release: ReleaseSection | None = None,
                            on_round: Callable[[int, dict[str, HospitalClient]], None] | None = None,
+                           privacy: PrivacySection | None = None, state_dir: Path | None = None,
                            ) -> ConceptFederation:
     """Vote, decide, build, train (see the module docstring); ``federation.rounds`` training rounds.
+
+    With ``privacy`` enabled every hospital trains with patient-level DP-SGD
+    (:mod:`.dp_training`; its ledger in ``state_dir/<site>``) and the training server requires a
+    ledger entry within ``[dp_policy]`` (max ε = ``epsilon_budget``, δ, max clip = ``clip_norm``)
+    in every report, as NS-FL's simulation does. The vote is not covered by the accountant.
 
     ``encoder()`` builds the encoder (called once per hospital after ``torch.manual_seed
     (federation.seed)``, so every hospital starts from the same weights).
 
     Raises:
         ConfigError: ``ckks`` (the audited DAG needs a server that sees the tally), an unknown
-            concept in a site's proposal, or a site name used twice.
+            concept in a site's proposal, a site name used twice, or DP without ``state_dir``.
     """
+    dp = privacy if privacy is not None and privacy.enabled else None
+    if dp is not None and state_dir is None and dp.state_dir is None:
+        raise ConfigError("A concept federation with [privacy] enabled needs a state directory for the hospitals' "
+                          "privacy ledgers: set [privacy] state_dir (or pass state_dir).")
     if federation.secure_mode == "ckks":
         raise ConfigError("A concept federation with DAG voting runs in 'masked' (or insecure_plaintext) mode: "
                           "under ckks the server never sees the tally it must audit.")
@@ -164,12 +177,19 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
     for s in sites:
         torch.manual_seed(federation.seed)  # identical initial weights at every hospital
         model = ConceptModel(kind=kind, encoder=encoder(), graph=graph, z_dim=z_dim, hp=hp)
+        trainer = None
+        if dp is not None:
+            root = Path(dp.state_dir or state_dir) / s.name  # type: ignore[arg-type]
+            trainer = concept_dp_trainer(privacy=dp, n_train=len(s.split.train), site=s.name, state_dir=root,
+                                         signer=ids[s.name])
         tasks[s.name] = ConceptTask(model=model, inputs=s.inputs, labels=s.labels, task=task, split=s.split,
-                                    training=training)
+                                    training=training, privacy=trainer)
     hospitals = _clients(tasks, ids, server_identity, dictionary_hash=dictionary_hash, federation_id=federation.id,
                          release=release)
     server = _server(federation, identity=server_identity, ids=ids, task=next(iter(tasks.values())),
-                     dictionary_hash=dictionary_hash, audit=audit, first_round=vote_server.round)
+                     dictionary_hash=dictionary_hash, audit=audit, first_round=vote_server.round,
+                     dp_policy=DPPolicySection(max_epsilon=dp.epsilon_budget, delta=dp.delta, max_clip_norm=dp.clip_norm)
+                     if dp is not None else None)
     result = ConceptFederation(outcome=outcome, graph=graph, vote_server=vote_server, server=server,
                                hospitals=hospitals)
 

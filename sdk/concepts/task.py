@@ -10,6 +10,10 @@ modules of the concepts it has labels for, and the task head if it has task labe
 other module is frozen (no gradient) and :meth:`ConceptTask.trained_modules` leaves it out,
 so nothing is sent for it and the server averages each module over its contributors only.
 
+Patient-level DP (F-CMs appendix E.4): with ``privacy=`` (:mod:`.dp_training`, built from the
+``[privacy]`` section NS-FL uses) every local step is DP-SGD on those same modules and the round's
+ledger entry goes into the signed report.
+
 DAG voting (section 4.2.1): with ``vote=True`` the task's module map holds one more shared
 module, :data:`~clinograph.secure.dag_voting.VOTE_MODULE` (float64, never trained by the
 optimiser), whose global value is the accumulated tally kept by the ``dag_voting`` strategy.
@@ -37,6 +41,7 @@ from torch import nn
 
 from ..model.modules import ModuleMap, Piece
 from ..training.trainer import TrainOutcome
+from .dp_training import ConceptDPTrainer
 from .model import ConceptModel, fcm_loss, random_interventions
 from .params import freeze_unsupervised, module_parameters, trainable_modules
 
@@ -98,17 +103,20 @@ class ConceptTask:
         split: train / validation / test row indices.
         vote: the hospital's DAG proposal, or None to send no vote.
         training: local training settings.
+        privacy: patient-level DP-SGD (:func:`.dp_training.concept_dp_trainer` from ``[privacy]``),
+            or None to train without DP (no guarantee).
     """
 
     name = "concepts"
 
     def __init__(self, *, model: ConceptModel | None, inputs: torch.Tensor | Callable[[torch.Tensor], Any],
                  labels: Mapping[str, torch.Tensor], task: str, split: Any, vote: ConceptVote | None = None,
-                 training: ConceptTraining | None = None):
+                 training: ConceptTraining | None = None, privacy: ConceptDPTrainer | None = None):
         if model is None and vote is None:
             raise ConfigError("A ConceptTask needs a model, a vote, or both.")
         self.model, self.task, self.split = model, task, split
         self.training = training or ConceptTraining()
+        self.privacy = privacy
         self.labels = {v: torch.as_tensor(y, dtype=torch.long) for v, y in labels.items()}
         self._inputs = inputs
         self.vote = vote
@@ -137,10 +145,19 @@ class ConceptTask:
             cfg, model = self.training, self.model
             concepts = self.supervised - {self.task}
             freeze_unsupervised(model, supervised=concepts, has_task=self.has_task)
-            params = [p for p in model.parameters() if p.requires_grad]
-            opt = torch.optim.Adam(params, lr=cfg.lr)
             train = torch.as_tensor(np.asarray(self.split.train), dtype=torch.long)
             nodes = sorted(concepts & set(model.graph.nodes))
+            if self.privacy is not None:  # DP-SGD on the same modules (F-CMs E.4, .dp_training)
+                outcome = self.privacy.train(
+                    model=model, batch=self._batch, labels=self.labels, train_idx=train, lr=cfg.lr,
+                    interventions=lambda lab: random_interventions(lab, nodes=nodes, p=cfg.p_intervention,
+                                                                   generator=self._gen),
+                    supervised=concepts, has_task=self.has_task, task=self.task, gamma=cfg.gamma, round_=round_,
+                    epochs=epochs, plan_options=plan_options)
+                self._send_vote()
+                return outcome
+            params = [p for p in model.parameters() if p.requires_grad]
+            opt = torch.optim.Adam(params, lr=cfg.lr)
             model.train()
             for _ in range(epochs):
                 perm = train[torch.randperm(len(train), generator=self._gen)]
@@ -157,10 +174,13 @@ class ConceptTask:
                     loss.backward()
                     opt.step()
                     loss_sum, steps = loss_sum + float(loss.detach()), steps + 1
+        self._send_vote()
+        return TrainOutcome(loss=loss_sum / max(steps, 1), used_similar_to=False)
+
+    def _send_vote(self) -> None:
         if self.vote is not None and self._vote_param is not None:
             with torch.no_grad():  # local = tally − vote, so w · (global − local) = encode_vote(weight=w)
                 self._vote_param.sub_(torch.from_numpy(self.vote.unit_vote()))
-        return TrainOutcome(loss=loss_sum / max(steps, 1), used_similar_to=False)
 
     def trained_modules(self, outcome: TrainOutcome) -> list[str]:
         """The encoder, the supervised concepts' modules, the task head if labelled, the vote."""
