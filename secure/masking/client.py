@@ -19,19 +19,13 @@ import os
 
 from ..aggregation.base import AggregationClient
 from ..errors import ConfigError, IntegrityError, ProtocolError
-from ..hazmat.labels import (
-    KDF_PAIRWISE_MASK,
-    KDF_SELF_MASK,
-    KDF_SHARE_ENCRYPTION,
-    SIG_MASKED_CONSISTENCY,
-    SIG_ROUND_KEYS,
-)
+from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, KDF_SHARE_ENCRYPTION
 from ..hazmat.masking_prg import add_mask_parts
 from ..hazmat.shamir import split_secret
 from ..hazmat.x25519 import agree, generate_keypair, hkdf, private_bytes
 from ..messages import WireMessage
 from ..wire import open_envelope, parse_envelope, seal
-from .consistency import check_signatures, check_survivor_set, signing_bytes
+from .consistency import check_signatures, check_survivor_set, survivors_digest
 from .messages import (
     AdvertiseKeys,
     ConsistencyRequest,
@@ -47,6 +41,7 @@ from .messages import (
 )
 from .params import MaskingParams, neighbour_graph
 from .stages import (
+    MASKING_VERSION,
     Layout,
     check_unmask_request,
     check_update,
@@ -54,7 +49,7 @@ from .stages import (
     encode_update,
     encrypt_share,
     holders,
-    key_signing_bytes,
+    open_relayed,
     pair_context,
     pairwise_sign,
     round_context,
@@ -104,9 +99,8 @@ class MaskingClient(AggregationClient):
                         sum(self.clipped.values()), len(self.clipped), self.plan.round)
         self._c_sk, c_pk = generate_keypair()
         self._s_sk, s_pk = generate_keypair()
-        sig = self.identity.sign(key_signing_bytes(self.plan, self._me, c_pk, s_pk), context=SIG_ROUND_KEYS)
-        self._stage = 1
-        return seal(AdvertiseKeys(**self._header(), c_pk=c_pk, s_pk=s_pk, key_signature=sig), self.identity)
+        self._stage = 1  # the envelope signature is the key signature (consistency.py: one signature, not two)
+        return seal(AdvertiseKeys(**self._header(), version=MASKING_VERSION, c_pk=c_pk, s_pk=s_pk), self.identity)
 
     def handle(self, data: bytes) -> bytes | None:
         """Answer the server message of the current stage; anything else is a ProtocolError."""
@@ -139,9 +133,9 @@ class MaskingClient(AggregationClient):
         for pk in msg.keys:
             if pk.client not in neighbours or pk.client in self._peer_keys:
                 raise ProtocolError(f"Key directory lists {pk.client!r}, who is not a neighbour or is repeated.")
-            self.peers[pk.client].verify(pk.key_signature, key_signing_bytes(self.plan, pk.client, pk.c_pk, pk.s_pk),
-                                         context=SIG_ROUND_KEYS)
-            self._peer_keys[pk.client] = (pk.c_pk, pk.s_pk)
+            adv = open_relayed(self.plan, client=pk.client, payload=pk.payload, signature=pk.signature,
+                               key=self.peers[pk.client], model=AdvertiseKeys)
+            self._peer_keys[pk.client] = (adv.c_pk, adv.s_pk)
         self._need(len(self._peer_keys) + 1, "neighbours with keys")
         self._b = os.urandom(32)
         order = holders(self._graph, self._me)
@@ -183,9 +177,8 @@ class MaskingClient(AggregationClient):
         """Stage 3: check and sign the survivor set U3 (once a round; Bonawitz et al. 2017, round 4)."""
         u3 = check_survivor_set(me=self._me, survivors=msg.survivors, participants=self.plan.participants,
                                 threshold=self.params.threshold)
-        self._signed_u3 = u3
-        sig = self.identity.sign(signing_bytes(self.plan, u3), context=SIG_MASKED_CONSISTENCY)
-        return ConsistencySignature(**self._header(), signature=sig)
+        self._signed_u3 = u3  # the reply's envelope signature is the consistency signature
+        return ConsistencySignature(**self._header(), survivors_digest=survivors_digest(self.plan, u3))
 
     def _unmask(self, msg: UnmaskRequest) -> UnmaskResponse:
         check_unmask_request(me=self._me, survivors=msg.survivors, dropped=msg.dropped,

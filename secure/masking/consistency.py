@@ -1,12 +1,28 @@
 """The signed consistency check of the ``masked`` mode (Bonawitz et al. 2017, round 4 "ConsistencyCheck").
 
 After the masked inputs are in, the server sends every survivor the survivor set U3. Each
-client checks U3 (:func:`check_survivor_set`), signs ``(federation id, round, sorted U3)`` with
-its long-term Ed25519 identity under ``SIG_MASKED_CONSISTENCY`` and remembers the U3 it signed;
-it signs at most one U3 per round. With the unmask request the server forwards the signatures
-it collected; before revealing any share a client requires (:func:`check_signatures`) the
-request's survivors to be exactly the U3 it signed and at least t valid signatures on that U3
-from distinct members of U3 -- any forged, foreign, repeated or out-of-U3 signature is refused.
+client checks U3 (:func:`check_survivor_set`), answers with a :class:`~.messages.ConsistencySignature`
+naming ``survivors_digest(federation, round, sorted U3)`` in its signed envelope, and
+remembers the U3 it signed; it signs at most one U3 per round. With the unmask request the
+server forwards, for every signer, that envelope's payload bytes and signature as received;
+before revealing any share a client requires (:func:`check_signatures`) the request's
+survivors to be exactly the U3 it signed and at least t valid signatures on that U3 from
+distinct members of U3 -- any forged, foreign, repeated or out-of-U3 signature is refused.
+
+One signature, not two (masked/2). Earlier versions signed (federation, round, U3) under
+their own context *and* the envelope around it, and the server verified both. Now the
+envelope signature is the consistency signature. It is the same guarantee: the envelope
+signature covers ``SIG_MESSAGE || 0x00 || kind || 0x00 || payload`` (``secure/wire.py``), the
+kind ``masked_consistency_signature`` is signed by a client only at stage 3, once a round,
+and the payload is parsed strictly and must name the signer, this federation and round (and
+ModelSpec and dictionary) and the SHA-256 digest of the domain-separated (federation, round,
+sorted U3) (:func:`~.stages.open_relayed`). So a valid relayed signature exists only if that
+client signed that U3 for this federation and round -- the statement the separate signature
+made -- under Ed25519's unforgeability plus SHA-256's collision resistance (the digest; Ed25519
+itself hashes with SHA-512). Kinds never contain 0x00, so no other message a client signs can
+be read as one of these. The same argument makes the :class:`~.messages.AdvertiseKeys`
+envelope the key signature of round 0 (its payload names the client, round and both keys).
+Saved: one signature per client and one verification per client at the server, twice a round.
 
 Guarantees: every honest client that reveals a share saw a U3 that at least t distinct
 participants signed, for this federation and round. Since an honest client signs one U3 per
@@ -24,19 +40,26 @@ n = k+1, the two bounds coincide; for a sparse SecAgg+ graph, 2t - n is weaker).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 
 from ..errors import IntegrityError, ProtocolError
 from ..hazmat.labels import SIG_MASKED_CONSISTENCY
 from ..identity import PublicIdentity
 from ..messages import RoundPlan
-from .messages import SurvivorSignature
-from .stages import round_context
+from .messages import ConsistencySignature, SurvivorSignature
+from .stages import open_relayed, round_context
 
 
 def signing_bytes(plan: RoundPlan, survivors: Iterable[str]) -> bytes:
-    """What a client signs (under SIG_MASKED_CONSISTENCY): length-prefixed (federation, round, sorted U3)."""
+    """Length-prefixed (federation, round, sorted U3): what :func:`survivors_digest` hashes."""
     return round_context(plan, *sorted(survivors))
+
+
+def survivors_digest(plan: RoundPlan, survivors: Iterable[str]) -> str:
+    """SHA-256 (hex) of ``SIG_MASKED_CONSISTENCY || 0x00 || signing_bytes``: the U3 a
+    :class:`~.messages.ConsistencySignature` vouches for (its envelope signature signs it)."""
+    return hashlib.sha256(SIG_MASKED_CONSISTENCY + b"\x00" + signing_bytes(plan, survivors)).hexdigest()
 
 
 def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Iterable[str],
@@ -74,7 +97,7 @@ def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Ite
     if tuple(sorted(survivors)) != signed:
         raise ProtocolError("Unmask request's survivor set differs from the survivor set U3 this client signed at "
                             "the consistency check. Refused (the server shows clients different views).")
-    data, seen = signing_bytes(plan, signed), set()
+    digest, seen = survivors_digest(plan, signed), set()
     members = set(signed)
     for s in signatures:
         if s.client in seen:
@@ -82,12 +105,16 @@ def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Ite
         if s.client not in members or s.client not in peers:
             raise ProtocolError(f"Consistency signature from {s.client!r}, who is not in the survivor set U3 "
                                 "(or not enrolled). Refused.")
-        try:
-            if len(seen) < threshold:
-                peers[s.client].verify(s.signature, data, context=SIG_MASKED_CONSISTENCY)
-        except IntegrityError:
-            raise ProtocolError(f"Consistency signature of {s.client!r} does not verify on this federation, round "
-                                "and survivor set U3. Refused (forged or for another view).") from None
+        if len(seen) < threshold:
+            try:
+                vouched = open_relayed(plan, client=s.client, payload=s.payload, signature=s.signature,
+                                       key=peers[s.client], model=ConsistencySignature)
+                ok = vouched.survivors_digest == digest
+            except (IntegrityError, ProtocolError):
+                ok = False
+            if not ok:
+                raise ProtocolError(f"Consistency signature of {s.client!r} does not verify on this federation, "
+                                    "round and survivor set U3. Refused (forged or for another view).")
         seen.add(s.client)
     if len(seen) < threshold:
         raise ProtocolError(f"Only {len(seen)} valid consistency signature(s) on U3; the threshold is {threshold}. "

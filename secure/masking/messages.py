@@ -1,13 +1,13 @@
 """Wire messages of the ``masked`` mode: one frozen, strict model per stage (Bell et al. 2020).
 
-Stage 0  client -> server  :class:`AdvertiseKeys`     two X25519 public keys, signed
-Stage 1  server -> client  :class:`KeyDirectory`      the neighbours' keys and signatures
+Stage 0  client -> server  :class:`AdvertiseKeys`     two X25519 public keys and the version
+Stage 1  server -> client  :class:`KeyDirectory`      the neighbours' signed AdvertiseKeys, as received
          client -> server  :class:`ShareKeys`         encrypted Shamir shares for neighbours
 Stage 2  server -> client  :class:`ForwardShares`     the shares addressed to this client
          client -> server  :class:`MaskedInput`       the masked vector, 4 bytes a word
 Stage 3  server -> client  :class:`ConsistencyRequest` the survivor set U3 (masked input arrived)
-         client -> server  :class:`ConsistencySignature` Ed25519 signature over (federation, round, U3)
-Stage 4  server -> client  :class:`UnmaskRequest`     who survived, who dropped, the U3 signatures
+         client -> server  :class:`ConsistencySignature` the digest of (federation, round, U3), signed
+Stage 4  server -> client  :class:`UnmaskRequest`     who survived, who dropped, the signed U3 digests
          client -> server  :class:`UnmaskResponse`    the shares that may be revealed
 
 Stage 3 is the consistency check of Bonawitz et al. 2017 (round 4, "ConsistencyCheck"):
@@ -30,6 +30,13 @@ from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
 HEX64 = r"^[0-9a-f]{64}$"
 MAX_PEERS = 10_000
 MAX_WORDS = 64 * 1024 * 1024
+#: Largest relayed client payload (an AdvertiseKeys or ConsistencySignature header is ~0.5 kB).
+MAX_VOUCHED_PAYLOAD = 2048
+#: Masking protocol version, carried (and so signed) in every AdvertiseKeys: ``masked/2``
+#: masks with AES-256-CTR (:data:`~clinograph.secure.hazmat.masking_prg.MASK_PRG`) and lets
+#: envelope signatures serve as key and consistency signatures; ``masked/1`` (no version
+#: field) used ChaCha20 and separate inner signatures. Each refuses the other's messages.
+MASKING_VERSION = "masked/2:aes256-ctr"
 
 
 class ClientHeader(WireMessage):
@@ -51,23 +58,24 @@ class ServerHeader(WireMessage):
 
 
 class AdvertiseKeys(ClientHeader):
-    """Stage 0: c_pk (share encryption) and s_pk (pairwise masks), signed with the client's
-    long-term Ed25519 identity under SIG_ROUND_KEYS so peers can check the server relayed them
-    unchanged."""
+    """Stage 0: c_pk (share encryption) and s_pk (pairwise masks) for this round, and the
+    masking protocol version. Its envelope signature (the client's long-term Ed25519 identity)
+    is the key signature of Bonawitz et al. 2017 round 0: the server relays the envelope's
+    payload and signature unchanged (:class:`PeerKeys`) and each peer verifies them itself."""
 
     kind: Literal["masked_advertise_keys"] = "masked_advertise_keys"
+    version: Literal["masked/2:aes256-ctr"]
     c_pk: bytes = Field(min_length=32, max_length=32)
     s_pk: bytes = Field(min_length=32, max_length=32)
-    key_signature: bytes = Field(min_length=64, max_length=64)
 
 
 class PeerKeys(WireMessage):
-    """One neighbour's advertised keys, as relayed by the server."""
+    """One neighbour's :class:`AdvertiseKeys`, relayed as received: the exact JSON payload
+    bytes of its envelope and the envelope's signature (``clinograph.secure.wire``)."""
 
     client: str = Field(pattern=ID_PATTERN)
-    c_pk: bytes = Field(min_length=32, max_length=32)
-    s_pk: bytes = Field(min_length=32, max_length=32)
-    key_signature: bytes = Field(min_length=64, max_length=64)
+    payload: bytes = Field(max_length=MAX_VOUCHED_PAYLOAD)
+    signature: bytes = Field(min_length=64, max_length=64)
 
 
 class KeyDirectory(ServerHeader):
@@ -113,17 +121,21 @@ class ConsistencyRequest(ServerHeader):
 
 
 class ConsistencySignature(ClientHeader):
-    """Stage 3, client -> server: Ed25519 signature over (federation, round, sorted U3) under
-    SIG_MASKED_CONSISTENCY (bytes from :func:`~clinograph.secure.masking.consistency.signing_bytes`)."""
+    """Stage 3, client -> server: the digest of (federation, round, sorted U3)
+    (:func:`~clinograph.secure.masking.consistency.survivors_digest`). Its envelope signature
+    is the client's consistency signature (Bonawitz et al. 2017 round 4), relayed to the
+    other survivors as :class:`SurvivorSignature`."""
 
     kind: Literal["masked_consistency_signature"] = "masked_consistency_signature"
-    signature: bytes = Field(min_length=64, max_length=64)
+    survivors_digest: str = Field(pattern=HEX64)
 
 
 class SurvivorSignature(WireMessage):
-    """One client's consistency signature on U3, as relayed by the server."""
+    """One client's :class:`ConsistencySignature`, relayed as received: the exact JSON payload
+    bytes of its envelope and the envelope's signature."""
 
     client: str = Field(pattern=ID_PATTERN)
+    payload: bytes = Field(max_length=MAX_VOUCHED_PAYLOAD)
     signature: bytes = Field(min_length=64, max_length=64)
 
 

@@ -26,13 +26,13 @@ import numpy as np
 from ..aggregation.base import AggregationServer, ModuleSums
 from ..aggregation.checks import Unattributed, authenticate, check_header
 from ..errors import ConfigError, IntegrityError, ProtocolError
-from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, SIG_MASKED_CONSISTENCY, SIG_ROUND_KEYS
+from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 from ..hazmat.masking_prg import add_mask_parts
 from ..hazmat.shamir import combine_shares
 from ..hazmat.x25519 import agree, hkdf, private_from_bytes, public_bytes
 from ..messages import WireMessage
 from ..wire import Envelope, parse_envelope, seal
-from .consistency import signing_bytes
+from .consistency import survivors_digest
 from .messages import (
     AdvertiseKeys,
     ConsistencyRequest,
@@ -55,7 +55,6 @@ from .stages import (
     decode_sum,
     from_words,
     holders,
-    key_signing_bytes,
     pair_context,
     pairwise_sign,
     round_context,
@@ -88,7 +87,8 @@ class MaskingServer(AggregationServer):
         self._keys: dict[str, AdvertiseKeys] = {}
         self._outbox: dict[str, list[EncryptedShare]] = {}
         self._sum: list[np.ndarray] | None = None
-        self._signatures: dict[str, bytes] = {}
+        self._vouched: dict[str, tuple[bytes, bytes]] = {}  # AdvertiseKeys envelopes (payload, signature)
+        self._signatures: dict[str, tuple[bytes, bytes]] = {}  # ConsistencySignature envelopes, likewise
         self._digests: set[str] = set()  # payload digests of accepted messages (exact re-sends)
         self._revealed: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
         self._result: ModuleSums | None = None
@@ -152,7 +152,7 @@ class MaskingServer(AggregationServer):
                          spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)  # type: ignore[attr-defined]
             if msg.client != sender:  # type: ignore[attr-defined]
                 raise ProtocolError(f"Message names client {msg.client!r} but was sent by {sender!r}.")  # type: ignore[attr-defined]
-            self._accept(sender, msg)
+            self._accept(sender, msg, envelope)
         except (ProtocolError, IntegrityError) as exc:
             self._refuse(sender, exc)
             raise
@@ -167,11 +167,10 @@ class MaskingServer(AggregationServer):
         else:
             self._rejected.setdefault(sender, str(exc))
 
-    def _accept(self, sender: str, msg: WireMessage) -> None:
-        if isinstance(msg, AdvertiseKeys):
-            self.peers[sender].verify(msg.key_signature, key_signing_bytes(self.plan, sender, msg.c_pk, msg.s_pk),
-                                      context=SIG_ROUND_KEYS)
+    def _accept(self, sender: str, msg: WireMessage, envelope: Envelope) -> None:
+        if isinstance(msg, AdvertiseKeys):  # its envelope signature, verified, is the key signature
             self._keys[sender] = msg
+            self._vouched[sender] = (envelope.payload, envelope.signature)
         elif isinstance(msg, ShareKeys):
             keyed = self._graph[sender] & self._alive[0]
             peers = [s.peer for s in msg.shares]
@@ -188,10 +187,11 @@ class MaskingServer(AggregationServer):
             else:
                 for acc, p in zip(self._sum, parts, strict=True):
                     np.add(acc, p, out=acc)
-        elif isinstance(msg, ConsistencySignature):
-            self.peers[sender].verify(msg.signature, signing_bytes(self.plan, self._alive[2]),
-                                      context=SIG_MASKED_CONSISTENCY)
-            self._signatures[sender] = msg.signature
+        elif isinstance(msg, ConsistencySignature):  # its envelope signature is the consistency signature
+            if msg.survivors_digest != survivors_digest(self.plan, self._alive[2]):
+                raise ProtocolError(f"{sender!r} signed a survivor set U3 other than the one it was sent; its "
+                                    "consistency signature does not verify on this round's U3.")
+            self._signatures[sender] = (envelope.payload, envelope.signature)
         elif isinstance(msg, UnmaskResponse):
             self._take_shares(sender, msg)
 
@@ -224,8 +224,7 @@ class MaskingServer(AggregationServer):
         out: dict[str, WireMessage] = {}
         if closing == 0:
             for u in alive:
-                keys = tuple(PeerKeys(client=v, c_pk=self._keys[v].c_pk, s_pk=self._keys[v].s_pk,
-                                      key_signature=self._keys[v].key_signature)
+                keys = tuple(PeerKeys(client=v, payload=self._vouched[v][0], signature=self._vouched[v][1])
                              for v in sorted(self._graph[u] & alive))
                 out[u] = KeyDirectory(federation_id=p.federation_id, round=p.round, recipient=u, keys=keys)
         elif closing == 1:
@@ -240,7 +239,8 @@ class MaskingServer(AggregationServer):
         elif closing == 3:
             survivors = self._alive[2]
             dropped = tuple(sorted(self._alive[1] - survivors))
-            sigs = tuple(SurvivorSignature(client=c, signature=self._signatures[c]) for c in sorted(alive))
+            sigs = tuple(SurvivorSignature(client=c, payload=self._signatures[c][0], signature=self._signatures[c][1])
+                         for c in sorted(alive))
             for u in alive:
                 out[u] = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient=u,
                                        survivors=tuple(sorted(survivors)), dropped=dropped, signatures=sigs)

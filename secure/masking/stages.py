@@ -17,20 +17,26 @@ import struct
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from pydantic import ValidationError
 
 from ..aggregation.base import LocalUpdate, ModuleSums
 from ..errors import ProtocolError
 from ..hazmat import fixedpoint
 from ..hazmat.labels import KDF_SHARE_ENCRYPTION_DIRECTED
-from ..hazmat.masking_prg import MASK_PRG
 from ..hazmat.shamir import SHARE_BYTES
 from ..hazmat.x25519 import encode_context, hkdf
-from ..messages import RoundPlan
+from ..identity import PublicIdentity
+from ..messages import RoundPlan, WireMessage
+from ..wire import Envelope, open_envelope
+from .messages import MASKING_VERSION as MASKING_VERSION  # re-exported: it lives with the messages
 from .params import MaskingParams
+
+M = TypeVar("M", bound=WireMessage)
 
 STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask", "done")
 
@@ -296,17 +302,34 @@ def pairwise_sign(u: str, v: str) -> int:
     return 1 if u < v else -1
 
 
-#: Masking protocol version, bound into every round-key signature: ``masked/2`` masks with
-#: AES-256-CTR (``masked/1``, unlabelled, used ChaCha20). Peers of different versions refuse
-#: each other's keys at the first stage (the signature does not verify) rather than summing
-#: incompatible masks into garbage.
-MASKING_VERSION = f"masked/2:{MASK_PRG}"
+def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: bytes, key: PublicIdentity,
+                 model: type[M]) -> M:
+    """Open a client message the server relayed as received (``payload`` and ``signature`` of the
+    client's own envelope): the signature is verified over those exact bytes under the
+    envelope's context and the message's kind, the payload is parsed strictly as ``model`` and
+    must name ``client``, this federation and round, and the plan's ModelSpec and dictionary.
 
+    This is what makes an envelope signature serve as the protocol's key signature
+    (:class:`~.messages.AdvertiseKeys`, Bonawitz et al. 2017 round 0) and consistency signature
+    (:class:`~.messages.ConsistencySignature`, round 4): see :mod:`.consistency` for why it is
+    the same guarantee as a separate signature.
 
-def key_signing_bytes(plan: RoundPlan, client: str, c_pk: bytes, s_pk: bytes) -> bytes:
-    """What a client signs (under SIG_ROUND_KEYS) when it advertises its round keys: this
-    federation and round, the client, both keys and :data:`MASKING_VERSION`."""
-    return round_context(plan, client, c_pk, s_pk, MASKING_VERSION)
+    Raises:
+        IntegrityError: the signature does not verify (forged, altered, another kind or key).
+        ProtocolError: the payload does not parse, or names another client, federation, round,
+            ModelSpec or dictionary.
+    """
+    kind = model.model_fields["kind"].default
+    try:
+        env = Envelope(sender=client, kind=kind, payload=payload, signature=signature)
+    except ValidationError:
+        raise ProtocolError(f"Relayed {kind!r} message of {client!r} is malformed.") from None
+    msg = open_envelope(env, sender=key, model=model)
+    got = (msg.client, msg.federation_id, msg.round, msg.spec_digest, msg.dictionary_hash)  # type: ignore[attr-defined]
+    if got != (client, plan.federation_id, plan.round, plan.spec.digest(), plan.dictionary_hash):
+        raise ProtocolError(f"Relayed {kind!r} message of {client!r} is for another client, federation, round, "
+                            "ModelSpec or dictionary. Refused (replayed or misrouted by the server).")
+    return msg
 
 
 def holders(graph: Mapping[str, frozenset[str]], owner: str) -> list[str]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 from clinograph.secure.errors import ProtocolError
-from clinograph.secure.hazmat.labels import SIG_MASKED_CONSISTENCY, SIG_ROUND_KEYS
-from clinograph.secure.masking.consistency import signing_bytes
+from clinograph.secure.hazmat.labels import SIG_MESSAGE
+from clinograph.secure.masking.consistency import survivors_digest
 from clinograph.secure.masking.messages import (
     ConsistencyRequest,
     ConsistencySignature,
@@ -37,8 +37,21 @@ def show(rnd, client, u3):
     """The (lying) server shows ``client`` the survivor set ``u3``; returns its signature."""
     req = ConsistencyRequest(federation_id=rnd.plan.federation_id, round=rnd.plan.round, recipient=client,
                              survivors=tuple(u3))
-    reply = load_payload(parse_envelope(rnd.clients[client].handle(seal(req, SERVER))), ConsistencySignature)
-    return SurvivorSignature(client=client, signature=reply.signature)
+    env = parse_envelope(rnd.clients[client].handle(seal(req, SERVER)))
+    assert load_payload(env, ConsistencySignature).survivors_digest == survivors_digest(rnd.plan, u3)
+    return SurvivorSignature(client=client, payload=env.payload, signature=env.signature)
+
+
+def vouch(plan, client, u3, *, kind=None):
+    """``client``'s consistency signature on ``u3`` for ``plan``'s federation and round, made
+    directly (a colluder's, or a forgery harness); ``kind``: sign it as another message kind."""
+    msg = ConsistencySignature(federation_id=plan.federation_id, round=plan.round, client=client,
+                               spec_digest=plan.spec.digest(), dictionary_hash=plan.dictionary_hash,
+                               survivors_digest=survivors_digest(plan, u3))
+    env = parse_envelope(seal(msg, identity(client)))
+    sig = env.signature if kind is None else identity(client).sign(kind.encode() + b"\x00" + env.payload,
+                                                                     context=SIG_MESSAGE)
+    return SurvivorSignature(client=client, payload=env.payload, signature=sig)
 
 
 def unmask(rnd, client, u3, sigs, dropped=()):
@@ -106,9 +119,8 @@ def _flip(sig):
     (lambda s: s[:2], r"Only 2 valid consistency signature\(s\) on U3; the threshold is 3"),
     (lambda s: [s[0], s[1], s[0]], "list 'hosp00' twice"),
     (lambda s: [s[0], s[1], s[3].model_copy(update={"client": "hosp02"})], "'hosp02' does not verify"),
-    (lambda s: [*s[:2], SurvivorSignature(client="stranger", signature=identity("stranger").sign(
-        signing_bytes(make_plan(5, threshold=3), [f"hosp{i:02d}" for i in range(5)]),
-        context=SIG_MASKED_CONSISTENCY))], "'stranger', who is not in the survivor set U3"),
+    (lambda s: [*s[:2], vouch(make_plan(5, threshold=3), "stranger", [f"hosp{i:02d}" for i in range(5)])],
+     "'stranger', who is not in the survivor set U3"),
 ], ids=["forged", "too_few", "duplicate", "misattributed", "outsider"])
 def test_bad_signature_sets_are_refused(tamper, match):
     rnd = to_consistency_stage()
@@ -118,18 +130,17 @@ def test_bad_signature_sets_are_refused(tamper, match):
     assert_stopped(rnd, "hosp02")
 
 
-@pytest.mark.parametrize(("other", "context", "ok"), [
-    ({}, SIG_MASKED_CONSISTENCY, True),  # control: the forging harness itself is sound
-    ({"round": 8}, SIG_MASKED_CONSISTENCY, False),
-    ({"federation_id": "fed-other"}, SIG_MASKED_CONSISTENCY, False),
-    ({}, SIG_ROUND_KEYS, False),
-], ids=["same_round", "other_round", "other_federation", "other_context"])
-def test_signatures_for_another_round_federation_or_purpose_are_refused(other, context, ok):
+@pytest.mark.parametrize(("other", "kind", "ok"), [
+    ({}, None, True),  # control: the forging harness itself is sound
+    ({"round": 8}, None, False),
+    ({"federation_id": "fed-other"}, None, False),
+    ({}, "masked_advertise_keys", False),  # the same bytes signed as another message kind
+], ids=["same_round", "other_round", "other_federation", "other_kind"])
+def test_signatures_for_another_round_federation_or_purpose_are_refused(other, kind, ok):
     rnd = to_consistency_stage()
     u3, _ = honest_signatures(rnd)
     plan = rnd.plan.model_copy(update=other)
-    sigs = [SurvivorSignature(client=c, signature=identity(c).sign(signing_bytes(plan, u3), context=context))
-            for c in u3]
+    sigs = [vouch(plan, c, u3, kind=kind) for c in u3]
     if ok:
         assert unmask(rnd, "hosp02", u3, sigs)
     else:
@@ -165,9 +176,8 @@ def test_server_refuses_a_signature_on_another_survivor_set_and_completes_withou
     msgs = rnd.deliver(answer=False)
     for c, data in msgs.items():  # hosp03 signs a U3 without the victim; everybody else the honest one
         rnd.outgoing[c] = rnd.clients[c].handle(data) if c != "hosp03" else seal(ConsistencySignature(
-            **rnd.clients[c]._header(), signature=identity(c).sign(
-                signing_bytes(rnd.plan, [x for x in rnd.plan.participants if x != VICTIM]),
-                context=SIG_MASKED_CONSISTENCY)), identity(c))
+            **rnd.clients[c]._header(), survivors_digest=survivors_digest(
+                rnd.plan, [x for x in rnd.plan.participants if x != VICTIM])), identity(c))
     res = rnd.finish()
     assert "does not verify" in rnd.server.rejected()["hosp03"]
     assert res.contributors == tuple(rnd.plan.participants)  # hosp03's masked input still counts
@@ -212,8 +222,7 @@ def test_documented_limit_a_split_view_with_2t_minus_k_plus_1_colluders_still_un
     for camp, dropped in camps.items():
         view = (*camp, colluder)
         sigs = [show(rnd, c, view) for c in camp]
-        sigs.append(SurvivorSignature(client=colluder, signature=identity(colluder).sign(
-            signing_bytes(rnd.plan, view), context=SIG_MASKED_CONSISTENCY)))
+        sigs.append(vouch(rnd.plan, colluder, view))
         for c in camp:
             resp = load_payload(parse_envelope(unmask(rnd, c, view, sigs, dropped)), UnmaskResponse)
             for r in resp.shares:

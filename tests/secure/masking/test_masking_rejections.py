@@ -214,7 +214,9 @@ def test_client_refuses_a_relayed_key_the_peer_did_not_sign():
         rnd2.server.receive_bytes(c, data)
     msgs = rnd2.server.next_stage()
     directory = load_payload(parse_envelope(msgs[victim]), KeyDirectory)
-    forged = directory.keys[0].model_copy(update={"s_pk": bytes(32 * [7])})
+    relayed = directory.keys[0]
+    swapped = AdvertiseKeys.model_validate_json(relayed.payload).model_copy(update={"s_pk": bytes(32 * [7])})
+    forged = relayed.model_copy(update={"payload": swapped.model_dump_json().encode()})  # the peer's signature kept
     bad = directory.model_copy(update={"keys": (forged, *directory.keys[1:])})
     with pytest.raises(IntegrityError, match="does not verify"):
         rnd2.clients[victim].handle(seal(bad, SERVER))
@@ -230,3 +232,26 @@ def test_client_refuses_server_messages_not_signed_by_the_server():
         rnd.clients["hosp01"].handle(seal(directory, identity("hosp02")).replace(b'"hosp02"', b'"server"', 1))
     with pytest.raises(ProtocolError, match="not for 'hosp02'"):
         rnd.clients["hosp02"].handle(msgs["hosp01"])
+
+
+@pytest.mark.parametrize("how", ["other_round", "other_peer"])
+def test_client_refuses_a_relayed_advertisement_from_another_round_or_peer(how):
+    """The envelope signature serves as the key signature (consistency.py): a server replaying a
+    neighbour's genuine advertisement from an earlier round, or relaying one neighbour's as
+    another's, is refused like a forged key."""
+    victim = "hosp00"
+    rnd = Round()
+    for c, data in rnd.outgoing.items():
+        rnd.server.receive_bytes(c, data)
+    directory = load_payload(parse_envelope(rnd.server.next_stage()[victim]), KeyDirectory)
+    first, second = directory.keys[0], directory.keys[1]
+    if how == "other_round":
+        earlier = Round(round_=6)
+        env = parse_envelope(earlier.outgoing[first.client])
+        relayed, err, match = first.model_copy(update={"payload": env.payload, "signature": env.signature}), \
+            ProtocolError, "for another client, federation, round"
+    else:
+        relayed, err, match = second.model_copy(update={"client": first.client}), IntegrityError, "does not verify"
+    bad = directory.model_copy(update={"keys": (relayed, *directory.keys[1:])})
+    with pytest.raises(err, match=match):
+        rnd.clients[victim].handle(seal(bad, SERVER))

@@ -1,38 +1,60 @@
-"""Masking protocol versions (masked/2: AES-256-CTR masks) refuse each other at the first stage.
+"""Masking protocol versions refuse each other at the first stage (masked/2: AES-256-CTR masks,
+envelope signatures as key and consistency signatures).
 
-A hospital still on masked/1 (ChaCha20 masks) signs its round keys without the version label;
-a masked/2 server refuses that advertisement (attributed: it is that hospital's own, validly
-enveloped message), so incompatible masks never reach the sum, and the round completes
-without it."""
+A hospital still on masked/1 (ChaCha20 masks) advertises its keys without the version field
+and with a separate key signature; a masked/2 server refuses that advertisement as malformed
+(attributed: it is that hospital's own, validly enveloped message), so incompatible masks
+never reach the sum, and the round completes without it. A masked/2 client refuses a relayed
+advertisement of another version the same way."""
 
 from __future__ import annotations
 
-from clinograph.secure.hazmat.labels import SIG_ROUND_KEYS
+import json
+
+import pytest
+from clinograph.secure.errors import ProtocolError
 from clinograph.secure.hazmat.masking_prg import MASK_PRG
-from clinograph.secure.masking.messages import AdvertiseKeys
-from clinograph.secure.masking.stages import MASKING_VERSION, key_signing_bytes, round_context
-from clinograph.secure.wire import seal
+from clinograph.secure.masking.messages import MASKING_VERSION, KeyDirectory
+from clinograph.secure.wire import Envelope, load_payload, parse_envelope, seal
 from masking_helpers import expected_sums, identity, rel_err
-from test_masking_rejections import Round, only, payload
+from test_masking_rejections import SERVER, Round, only
+
+_V1 = {"key_signature": "A" * 86 + "=="}  # 64 bytes, base64: the masked/1 field
 
 
-def test_version_label_names_the_prg_and_is_signed():
-    rnd = Round()
+def as_masked_1(data: bytes) -> bytes:
+    """The same advertisement as a masked/1 client sends it: no version, a key_signature."""
+    env = parse_envelope(data)
+    fields = {k: v for k, v in json.loads(env.payload).items() if k != "version"} | _V1
+    payload = json.dumps(fields).encode()
+    from clinograph.secure.hazmat.labels import SIG_MESSAGE
+
+    sig = identity(env.sender).sign(env.kind.encode() + b"\x00" + payload, context=SIG_MESSAGE)
+    return Envelope(sender=env.sender, kind=env.kind, payload=payload, signature=sig).to_bytes()
+
+
+def test_version_names_the_prg_and_travels_in_every_advertisement():
     assert MASKING_VERSION == f"masked/2:{MASK_PRG}" == "masked/2:aes256-ctr"
-    signed = key_signing_bytes(rnd.plan, "hosp01", b"c" * 32, b"s" * 32)
-    assert signed.endswith(MASKING_VERSION.encode())
-    assert signed != round_context(rnd.plan, "hosp01", b"c" * 32, b"s" * 32)  # masked/1 bytes
+    rnd = Round()
+    assert all(json.loads(parse_envelope(d).payload)["version"] == MASKING_VERSION for d in rnd.outgoing.values())
 
 
 def test_a_masked_1_hospital_is_refused_and_the_round_completes_without_it():
-    def old_version(data):
-        msg = AdvertiseKeys.model_validate_json(payload(data))
-        v1 = identity("hosp02").sign(round_context(rnd.plan, "hosp02", msg.c_pk, msg.s_pk), context=SIG_ROUND_KEYS)
-        return seal(msg.model_copy(update={"key_signature": v1}), identity("hosp02"))
-
     rnd = Round()
-    res = rnd.finish(tamper_at=0, tamper=only("hosp02", old_version))
-    assert "'hosp02' does not verify" in rnd.server.rejected()["hosp02"]
+    res = rnd.finish(tamper_at=0, tamper=only("hosp02", as_masked_1))
+    assert "Malformed 'masked_advertise_keys' payload signed by 'hosp02'" in rnd.server.rejected()["hosp02"]
     assert "hosp02" not in res.contributors
     for name, v in expected_sums(rnd.updates, res.contributors).items():
         assert rel_err(res.sums[name], v) < 1e-6
+
+
+def test_a_masked_2_client_refuses_a_relayed_masked_1_advertisement():
+    rnd = Round()
+    for c, data in rnd.outgoing.items():
+        rnd.server.receive_bytes(c, data)
+    directory = load_payload(parse_envelope(rnd.server.next_stage()["hosp00"]), KeyDirectory)
+    old = parse_envelope(as_masked_1(rnd.outgoing[directory.keys[0].client]))
+    relayed = directory.keys[0].model_copy(update={"payload": old.payload, "signature": old.signature})
+    bad = directory.model_copy(update={"keys": (relayed, *directory.keys[1:])})
+    with pytest.raises(ProtocolError, match="Malformed 'masked_advertise_keys' payload"):
+        rnd.clients["hosp00"].handle(seal(bad, SERVER))
