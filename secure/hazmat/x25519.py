@@ -7,7 +7,6 @@ seed for one purpose, round or pair never equals a seed for another.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
 
 from cryptography.hazmat.primitives import hashes, serialization
@@ -19,11 +18,11 @@ SEED_BYTES = 32
 
 def encode_context(parts: Iterable[str | bytes | int]) -> bytes:
     """Unambiguous, length-prefixed encoding of context fields (no concatenation collisions)."""
-    out = bytearray()
+    out: list[bytes] = []
     for p in parts:
         raw = p.encode() if isinstance(p, str) else (p.to_bytes(8, "big") if isinstance(p, int) else p)
-        out += struct.pack(">I", len(raw)) + raw
-    return bytes(out)
+        out += (len(raw).to_bytes(4, "big"), raw)  # u32 big-endian length, then the bytes
+    return b"".join(out)
 
 
 def generate_keypair() -> tuple[X25519PrivateKey, bytes]:
