@@ -143,7 +143,7 @@ def _encode_checked(vec: np.ndarray, *, out: np.ndarray, params: MaskingParams) 
         x = np.clip(x, -params.clip, params.clip)
     t = np.multiply(x, params.scale)
     np.rint(t, out=t)
-    out[:] = t.astype(np.int16 if out.dtype == np.uint16 else np.int32).view(out.dtype)
+    np.copyto(out.view(np.int16 if out.dtype == np.uint16 else np.int32), t, casting="unsafe")  # exact: integral, in range
 
 
 def to_words(parts: list[np.ndarray]) -> bytes:
