@@ -1,6 +1,6 @@
 """Survival under patient-level local DP: the NS-FL survival head (discrete-time hazard,
 ``[target] kind = "survival"``) federated (masked) with DP-SGD at each hospital
-(:mod:`clinograph.sdk.training.survival_dp`), against the same model without DP and the simple
+(:mod:`clinograph.sdk.privacy.survival`), against the same model without DP and the simple
 references on the same test patients: Cox PH and logistic regression (horizon form) standalone
 and pooled (:mod:`clinograph.sdk.research.survival_baselines`).
 

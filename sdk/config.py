@@ -255,7 +255,7 @@ class HospitalConfig(_Strict):
     @model_validator(mode="after")
     def _survival_supported(self) -> HospitalConfig:
         """A survival target is trained by the static NS-FL task, with local patient-level DP or
-        without (sdk/training/survival.py, sdk/training/survival_dp.py)."""
+        without (sdk/training/survival.py, sdk/privacy/survival.py)."""
         if self.target.kind != "survival":
             return self
         dp = self.privacy.enabled

@@ -75,8 +75,8 @@ class NSFLTask(SelectedCalibrated):
             scale = days_per(config.target.time_unit)
             breaks = np.asarray(config.target.breaks, float) * scale
             self.survival_target = (breaks, float(config.target.horizon or config.target.breaks[-1]) * scale)
-            if root is not None:  # patient-level DP on the hazard likelihood (sdk/training/survival_dp.py)
-                from ..training.survival_dp import survival_dp_trainer
+            if root is not None:  # patient-level DP on the hazard likelihood (sdk/privacy/survival.py)
+                from ..privacy.survival import survival_dp_trainer
 
                 self.trainer = survival_dp_trainer(table=table, train_idx=split.train, config=config, site=table.site,
                                                    state_dir=root, signer=signer, breaks=breaks)

@@ -30,9 +30,9 @@ from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
 
 from ..model.heads import HazardBaseline
-from ..privacy.per_patient import PerPatientClipper, star_probe
-from ..privacy.trainer import DPTrainer, unused_star_parameters
-from .survival import interval_targets
+from ..training.survival import interval_targets
+from .per_patient import PerPatientClipper, star_probe
+from .trainer import DPTrainer, unused_star_parameters
 
 
 def hazard_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -179,7 +179,7 @@ def survival_dp_trainer(*, table, train_idx: np.ndarray, config, site: str, stat
                         breaks: np.ndarray) -> SurvivalDPTrainer:
     """The survival DP trainer of a hospital: σ, clipping, ledger and accountant exactly as
     :func:`clinograph.sdk.privacy.trainer.dp_trainer_factory` sets them from ``[privacy]``."""
-    from ..privacy.trainer import dp_trainer_factory
+    from .trainer import dp_trainer_factory
 
     base = dp_trainer_factory(table=table, train_idx=train_idx, config=config, site=site, state_dir=state_dir,
                               signer=signer)

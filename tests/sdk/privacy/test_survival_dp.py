@@ -1,4 +1,4 @@
-"""Survival under patient-level local DP (sdk/training/survival_dp.py): the hazard likelihood is
+"""Survival under patient-level local DP (sdk/privacy/survival.py): the hazard likelihood is
 one term a patient, so per-patient gradients of the survival head (star engine and Opacus hooks)
 equal a per-patient loop for every trainable parameter, including the baseline hazard β; a DP
 round through the NS-FL task records ε in the hospital's ledger; distributed DP is refused."""
@@ -20,12 +20,12 @@ from clinograph.sdk.model.heads import SurvivalNSFLModel
 from clinograph.sdk.model.nsfl import NSFLConfig
 from clinograph.sdk.privacy import unused_star_parameters
 from clinograph.sdk.privacy.per_patient import star_probe
-from clinograph.sdk.training.survival import interval_targets
-from clinograph.sdk.training.survival_dp import (
+from clinograph.sdk.privacy.survival import (
     HazardClipper,
     _register_opacus_sampler,
     hazard_loss_sum,
 )
+from clinograph.sdk.training.survival import interval_targets
 
 pytest.importorskip("lifelines")
 
