@@ -107,9 +107,15 @@ def _keeper(store: dict[int, torch.Tensor], key: int):  # noqa: ANN202 - a tenso
 
 def clipped_sum(model: ConceptModel, names: Sequence[str], x: torch.Tensor, labels: Mapping[str, torch.Tensor],
                 interventions: Mapping[str, torch.Tensor], *, clip: float, supervised: Collection[str],
-                has_task: bool, task: str, gamma: float) -> torch.Tensor:
+                has_task: bool, task: str, gamma: float,
+                groups: Sequence[Collection[str]] | None = None) -> torch.Tensor:
     """Σ_i clip(g_i) over the rows, the parameters ``names`` in order: one patient moves it by
     at most ``clip`` in L2. Shapes: (Σ numel,) float64.
+
+    ``groups`` (a partition of ``names``, e.g. one group a module): per-group clipping
+    (McMahan et al. 2018's per-layer clipping, Opacus ``clipping="per_layer"``): each row's
+    gradient restricted to group j is clipped to ``clip/√G`` (G groups), so the whole row still
+    moves the sum by at most ``clip``; one reweighted backward a group.
 
     Ghost clipping (Goodfellow 2015; Li et al. 2022; Opacus's ``ghost`` mode): every trainable
     parameter sits in an ``nn.Linear`` applied once per forward, so the per-row gradient norm
@@ -154,7 +160,11 @@ def clipped_sum(model: ConceptModel, names: Sequence[str], x: torch.Tensor, labe
     for p in model.parameters():
         p.grad = None
     losses.sum().backward(retain_graph=True)
-    norm2 = torch.zeros(int(x.shape[0]), dtype=torch.float64)
+    parts = [set(names)] if groups is None else [set(g) for g in groups]
+    if groups is not None and (sorted(n for g in parts for n in g) != sorted(names)):
+        raise ValueError("clipped_sum: groups must partition names exactly.")
+    group_of = {id(named[n]): j for j, g in enumerate(parts) for n in g}
+    norm2 = torch.zeros((len(parts), int(x.shape[0])), dtype=torch.float64)
     for m in linears:
         d = grads.get(id(m))
         if d is None:
@@ -167,18 +177,22 @@ def clipped_sum(model: ConceptModel, names: Sequence[str], x: torch.Tensor, labe
             w2 = torch.einsum("bti,bto->boi", a, d).pow(2).sum((1, 2))
             b2 = d.sum(1).pow(2).sum(1)
         if id(m.weight) in wanted and not getattr(m, "empty_in", False):
-            norm2 = norm2 + w2
+            norm2[group_of[id(m.weight)]] += w2
         if m.bias is not None and id(m.bias) in wanted:
-            norm2 = norm2 + b2
-    factor = torch.clamp(clip / norm2.sqrt().clamp_min(1e-300), max=1.0)
+            norm2[group_of[id(m.bias)]] += b2
+    bound = clip / (len(parts) ** 0.5)
+    factors = torch.clamp(bound / norm2.sqrt().clamp_min(1e-300), max=1.0)
+    out = {}
+    for j, part in enumerate(parts):
+        for p in model.parameters():
+            p.grad = None
+        (losses * factors[j].to(losses.dtype)).sum().backward(retain_graph=j + 1 < len(parts))
+        for n in part:
+            g = named[n].grad
+            out[n] = (g if g is not None else torch.zeros_like(named[n])).reshape(-1).double().clone()
     for p in model.parameters():
         p.grad = None
-    (losses * factor.to(losses.dtype)).sum().backward()
-    out = torch.cat([(named[n].grad if named[n].grad is not None else torch.zeros_like(named[n])).reshape(-1).double()
-                     for n in names])
-    for p in model.parameters():
-        p.grad = None
-    return out
+    return torch.cat([out[n] for n in names])
 
 
 def set_gradients(model: ConceptModel, names: Sequence[str], flat: torch.Tensor) -> None:
@@ -194,7 +208,8 @@ def set_gradients(model: ConceptModel, names: Sequence[str], flat: torch.Tensor)
 def dp_sgd_step(model: ConceptModel, optimizer: torch.optim.Optimizer, names: Sequence[str], x: torch.Tensor,
                 labels: Mapping[str, torch.Tensor], interventions: Mapping[str, torch.Tensor], *,
                 noise_multiplier: float, clip: float, expected_batch: float, supervised: Collection[str],
-                has_task: bool, task: str, gamma: float, noise: Callable | None = None) -> None:
+                has_task: bool, task: str, gamma: float, noise: Callable | None = None,
+                groups: Sequence[Collection[str]] | None = None) -> None:
     """One DP-SGD step (F-CMs E.4 as Opacus does it): the clipped sum plus N(0, σ²C²) from the
     CSPRNG (:func:`clinograph.sdk.privacy.noise.secure_gaussian`; ``noise`` replaces it in tests
     only), divided by the EXPECTED Poisson batch size (so an empty batch still steps on noise
@@ -202,12 +217,23 @@ def dp_sgd_step(model: ConceptModel, optimizer: torch.optim.Optimizer, names: Se
     from ..privacy.noise import secure_gaussian
 
     s = clipped_sum(model, names, x, labels, interventions, clip=clip, supervised=supervised, has_task=has_task,
-                    task=task, gamma=gamma)
+                    task=task, gamma=gamma, groups=groups)
     draw = noise or secure_gaussian
     noisy = (s + draw(noise_multiplier * clip, s.shape, torch.float64)) / max(expected_batch, 1e-12)
     optimizer.zero_grad(set_to_none=True)
     set_gradients(model, names, noisy)
     optimizer.step()
+
+
+def module_groups(model: ConceptModel, names: Sequence[str]) -> list[list[str]]:
+    """``names`` grouped by concept-model module (``encoder/...``, ``concept/<c>``, ``head/task``;
+    :func:`.params.module_parameters`), for per-module clipping; empty groups dropped."""
+    from .params import module_parameters
+
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    wanted = set(names)
+    groups = [[by_id[id(p)] for p in ps if by_id[id(p)] in wanted] for ps in module_parameters(model).values()]
+    return [g for g in groups if g]
 
 
 def trainable_names(model: ConceptModel) -> list[str]:

@@ -63,7 +63,14 @@ from clinograph.secure.errors import ConfigError
 from clinograph.secure.spec import ModelSpec
 
 from ..concepts.adapt import adapt_model, count_changed
-from ..concepts.dp import clipped_sum, dp_sgd_step, poisson_rows, set_gradients, trainable_names
+from ..concepts.dp import (
+    clipped_sum,
+    dp_sgd_step,
+    module_groups,
+    poisson_rows,
+    set_gradients,
+    trainable_names,
+)
 from ..concepts.encoders import MLPEncoder
 from ..concepts.graph import ConceptGraph
 from ..concepts.model import ConceptModel, fcm_loss, random_interventions
@@ -87,6 +94,9 @@ class ConceptDP:
     ``sample_rate``: local -- each client's Poisson rate per local step
     (:func:`local_dp_steps_per_epoch` steps an epoch);
     distributed -- the rate per round. ``min_honest``/``scale``/``server_lr``: distributed only.
+    ``clipping``: local only -- ``"flat"`` (eq. 4, the paper's) or ``"per_module"`` (each
+    module's part of a patient's gradient clipped to C/√G over the G modules the client trains:
+    the same sensitivity C; :func:`~clinograph.sdk.concepts.dp.clipped_sum` ``groups``).
     """
 
     mode: str
@@ -96,10 +106,13 @@ class ConceptDP:
     min_honest: int = 2
     scale: float = 2.0 ** 12
     server_lr: float = 3e-3
+    clipping: str = "flat"
 
     def __post_init__(self) -> None:
         if self.mode not in ("local", "distributed"):
             raise ValueError(f"Unknown DP mode {self.mode!r}. Registered: local, distributed.")
+        if self.clipping not in ("flat", "per_module"):
+            raise ValueError(f"Unknown clipping {self.clipping!r}. Registered: flat, per_module.")
 
 
 @dataclass(frozen=True)
@@ -254,6 +267,7 @@ class FCMFederation:
         dp = self.cfg.dp
         if dp is not None and self._has_signal(client, graph_nodes):  # F-CMs E.4: every local step is DP-SGD
             names_p = trainable_names(local)
+            groups = module_groups(local, names_p) if dp.clipping == "per_module" else None
             for _ in range(self.cfg.local_epochs * local_dp_steps_per_epoch(dp.sample_rate)):
                 self.dp_steps[client.name] = self.dp_steps.get(client.name, 0) + 1
                 idx = torch.as_tensor(poisson_rows(client.n, dp.sample_rate), dtype=torch.long)
@@ -262,7 +276,7 @@ class FCMFederation:
                                           generator=self.gen)
                 dp_sgd_step(local, opt, names_p, client.x[idx], labels, iv, noise_multiplier=dp.noise_multiplier,
                             clip=dp.clip, expected_batch=dp.sample_rate * client.n, supervised=supervised,
-                            has_task=client.view.has_task, task=self.task, gamma=self.cfg.gamma)
+                            has_task=client.view.has_task, task=self.task, gamma=self.cfg.gamma, groups=groups)
         for _ in range(0 if dp is not None else self.cfg.local_epochs):
             perm = torch.randperm(client.n, generator=self.gen)
             for s in range(0, client.n, self.cfg.batch_size):

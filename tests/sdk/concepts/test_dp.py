@@ -102,3 +102,30 @@ def test_frozen_modules_get_no_update_and_noise_reaches_trained_ones():
     after = dict(m.named_parameters())
     assert all(torch.equal(before[n], after[n]) for n in before if n.startswith("nodes.n_b"))
     assert any(not torch.equal(before[n], after[n]) for n in names)
+
+
+@pytest.mark.parametrize("kind", ["c2bm", "cem"])
+def test_per_module_clipping_equals_clipping_each_patients_module_parts(kind):
+    """groups=module_groups(...): each patient's gradient restricted to a module is clipped to
+    C/√G (per_sample_gradients sliced by module), and one patient still moves the sum by ≤ C."""
+    from clinograph.sdk.concepts.dp import module_groups
+
+    m = model_of(kind)
+    x, labels, iv = batch()
+    names = trainable_names(m)
+    groups = module_groups(m, names)
+    assert len(groups) >= 3 and sorted(n for g in groups for n in g) == sorted(names)
+    clip = 0.05
+    g = per_sample_gradients(m, names, x, labels, iv, **kw())
+    sizes = dict((n, p.numel()) for n, p in m.named_parameters())
+    at, cols = 0, {}
+    for n in names:
+        cols[n] = slice(at, at + sizes[n])
+        at += sizes[n]
+    expected = torch.zeros(g.shape[1], dtype=torch.float64)
+    for grp in groups:
+        idx = torch.cat([torch.arange(cols[n].start, cols[n].stop) for n in grp])
+        expected[idx] = clip_rows(g[:, idx], clip / len(groups) ** 0.5).sum(0)
+    got = clipped_sum(m, names, x, labels, iv, clip=clip, groups=groups, **kw())
+    assert torch.allclose(got, expected, atol=1e-10)
+    assert not torch.allclose(got, clipped_sum(m, names, x, labels, iv, clip=clip, **kw()), atol=1e-6)
