@@ -15,13 +15,22 @@
 - ``none``: the same FedSGD run as ``distributed`` without clipping or noise (pooled, which is
   the same computation: FedSGD's weighted mean of per-hospital gradient sums is the pooled sum).
 
-Hyper-parameters of the DP-SGD step (lr, q, rounds; C = 1) are chosen on the validation
-split (seed 0, ε = 3, the grid below) for each trust model with its own accountant: ``central``
-with Opacus's σ, ``distributed`` with the Skellam accountant's σ (selection runs the pooled
-step with that σ: the same noise variance, without the runtime); each choice is then used for
-every ε and seed. The non-DP run gets its own lr chosen on validation. δ = 1e-5; AUROC and
-AUPRC on each hospital's test split, mean over hospitals. Writes
-benchmarks/results/dp_trust_models.json. Asserts nothing.
+Hyper-parameters of the DP-SGD step (lr, rounds, clip C; q = 1, full-batch rounds) are chosen
+on VALIDATION only: score = mean over the seeds of the mean-over-hospitals validation AUROC
+(each seed's own tables, split and init; never a test split), at every ε (``--select-at 3``:
+at ε = 3 only, used at every ε). The selection runs the pooled step with the
+distributed accountant's σ (the same noise variance, without the runtime); at q = 1 the
+central Gaussian σ is the same to within 1 % (secure/dp/skellam.py), so one selection serves
+both DP trust models. The non-DP run chooses (rounds, lr) on validation the same way. The
+grid fixes C in advance from public quantities ({1, 3}: about 0.15x and 0.5x the median
+per-patient gradient norm of the initial model, 6.6, measured once on seed 0 and not re-used
+per run) and the clip-relative step lr·C = 3. δ = 1e-5; AUROC and AUPRC on each
+hospital's test split, mean over hospitals. Writes benchmarks/results/dp_trust_models.json.
+Asserts nothing.
+
+Server momentum and server Adam on the noisy aggregate (post-processing, free in ε) were
+measured on validation with the pooled step and lost to plain FedSGD at every setting tried
+(``--optimizers``; docs/privacy.md), so the runtime keeps FedSGD.
 """
 
 from __future__ import annotations
@@ -67,11 +76,13 @@ from clinograph.secure.spec import ModuleKind  # noqa: E402
 from benchmarks._common import RESULTS, machine  # noqa: E402
 
 DELTA, CLIP, HIDDEN, VAL = 1e-5, 1.0, 8, 0.2
-#: q = 0.05 (the earlier grid's best) and full-batch rounds (q = 1), where the distributed
-#: accountant needs no amplification bound and equals the Gaussian's (secure/dp/skellam.py)
-GRID = ([{"lr": lr, "sample_rate": 0.05, "rounds": 100} for lr in (1.0, 3.0)]
-        + [{"lr": lr, "sample_rate": 1.0, "rounds": 15} for lr in (1.0, 3.0)]
-        + [{"lr": 1.0, "sample_rate": 1.0, "rounds": 40}])
+#: full-batch rounds (q = 1: no amplification bound, the distributed accountant equals the
+#: Gaussian's); rounds x (clip C, clip-relative step lr·C) (the earlier grids' q = 0.05 lost at every ε)
+GRID = [{"lr": step / clip, "sample_rate": 1.0, "rounds": rounds, "clip": clip}
+        for rounds in (15, 30, 60, 100) for clip, step in ((1.0, 3.0), (3.0, 3.0))]
+#: the non-DP run: the same shapes, no clip, its own lr (the gradients are ~6.6 in norm at the start)
+NONE_GRID = [{"lr": lr, "sample_rate": 1.0, "rounds": rounds, "clip": CLIP}
+             for rounds in (15, 30, 60, 100) for lr in (0.3, 0.6)]
 
 
 def tables_for(seed: int, scale: float):
@@ -90,8 +101,16 @@ def _mean(per: dict, key: str) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
-def pooled(tables, dictionary, *, seed, lr, sample_rate, rounds, sigma, clip, split_name="test"):
-    """FedSGD = DP-SGD on the pooled star patients; sigma None: no clip, no noise (non-DP)."""
+def pooled(tables, dictionary, *, seed, lr, sample_rate, rounds, sigma, clip, split_name="test",
+           server="sgd", beta=0.9):
+    """FedSGD = DP-SGD on the pooled star patients; sigma None: no clip, no noise (non-DP).
+
+    ``server``: the server's rule on the noisy mean gradient ḡ (post-processing of the DP
+    release, so free in ε): ``sgd`` θ −= lr·ḡ (NS-FL eq. 6); ``momentum`` m = β·m + ḡ,
+    θ −= lr·m (FedAvgM, Hsu et al. 2019; DP-FedAvg with server momentum, McMahan et al. 2018);
+    ``adam`` Reddi et al. 2020 Algorithm 2 (β1 0.9, β2 0.99, τ 1e-3, as secure/strategies/fedopt.py).
+    ``split_name``: one split or a tuple of splits (one metrics dict each).
+    """
     sp = splits(tables, seed)
     torch.manual_seed(seed)
     model = NSFLModel(len(dictionary.node_ids()), NSFLConfig(hidden=HIDDEN, init_seed=seed))
@@ -112,6 +131,7 @@ def pooled(tables, dictionary, *, seed, lr, sample_rate, rounds, sigma, clip, sp
     fi, x, m, y = cat("feature_index"), cat("values"), cat("mask"), cat("labels")
     n = int(y.shape[0])
     gen = np.random.default_rng(seed + 99)  # benchmark only: the reference's sampling needs no CSPRNG
+    mom, second = np.zeros(cols.dim), np.full(cols.dim, 1e-6)
     for _ in range(rounds):
         idx = torch.as_tensor(np.flatnonzero(gen.random(n) < sample_rate), dtype=torch.long)
         g = per_patient_gradients(model, cols, feature_index=fi[idx], values=x[idx], mask=m[idx], labels=y[idx])
@@ -119,25 +139,38 @@ def pooled(tables, dictionary, *, seed, lr, sample_rate, rounds, sigma, clip, sp
             s = g.sum(0)
         else:
             s = clip_rows(g, clip).sum(0) + gen.normal(0, sigma * clip, cols.dim)
-        for name, vec in cols.split(-lr * s / (sample_rate * n)).items():
+        gbar = s / (sample_rate * n)
+        if server == "momentum":
+            mom = beta * mom + gbar
+            step = mom
+        elif server == "adam":
+            mom = 0.9 * mom + 0.1 * gbar
+            second = 0.99 * second + 0.01 * gbar * gbar
+            step = mom / (np.sqrt(second) + 1e-3)
+        else:
+            step = gbar
+        for name, vec in cols.split(-lr * step).items():
             mm.set(name, mm.get(name) + vec)
-    out = {}
-    for t in tables:
-        idx = getattr(sp[t.site], split_name)
-        p = predict(model, stars[t.site])[idx]
-        out[t.site] = binary_metrics(t.labels[idx], p) if np.all(np.isfinite(p)) else \
-            {"auroc": float("nan"), "auprc": float("nan")}  # diverged (selection skips it)
-    return out, cols.dim
+    outs = []
+    for name in (split_name if isinstance(split_name, tuple) else (split_name,)):
+        out = {}
+        for t in tables:
+            idx = getattr(sp[t.site], name)
+            p = predict(model, stars[t.site])[idx]
+            out[t.site] = binary_metrics(t.labels[idx], p) if np.all(np.isfinite(p)) else \
+                {"auroc": float("nan"), "auprc": float("nan")}  # diverged (selection skips it)
+        outs.append(out)
+    return (tuple(outs) if isinstance(split_name, tuple) else outs[0]), cols.dim
 
 
-def distributed(tables, dictionary, *, seed, lr, sample_rate, rounds, sigma, h, workdir):
+def distributed(tables, dictionary, *, seed, lr, sample_rate, rounds, sigma, clip, h, workdir):
     cfg = SimulationConfig.model_validate({
         "federation": {"id": "dp-trust", "rounds": rounds, "secure_mode": "masked", "strategy": "fedsgd",
                        "server_lr": lr, "min_clients": 3, "local_epochs": 1, "seed": seed},
         "model": {"hidden": HIDDEN, "init_seed": seed}, "graph": {"k_similar": 0},
         "split": {"seed": seed, "validation_fraction": VAL},
         "privacy": {"enabled": True, "mode": "distributed", "epsilon_budget": 100.0, "delta": DELTA,
-                    "noise_multiplier": sigma, "clip_norm": CLIP, "sample_rate": sample_rate, "min_honest": h,
+                    "noise_multiplier": sigma, "clip_norm": clip, "sample_rate": sample_rate, "min_honest": h,
                     "state_dir": str(workdir / "state")},
         "output": str(workdir / "out")})
     sim = build_distributed_simulation(tables, dictionary, cfg, audit_dir=workdir / "audit")
@@ -158,8 +191,8 @@ def local(tables, dictionary, *, seed, epsilon, rounds, workdir):
     return res.final, max(v[-1] for v in res.epsilons.values())
 
 
-def sigma_for(eps, *, q, rounds, scale, dim):
-    return calibrate_noise_multiplier(target_epsilon=eps, delta=DELTA, rounds=rounds, sample_rate=q, clip=CLIP,
+def sigma_for(eps, *, q, rounds, scale, dim, clip=CLIP):
+    return calibrate_noise_multiplier(target_epsilon=eps, delta=DELTA, rounds=rounds, sample_rate=q, clip=clip,
                                       scale=scale, dim=dim)
 
 
@@ -200,6 +233,10 @@ def add_baselines(path: Path) -> None:
     print(json.dumps({k: v for k, v in out["summary"].items() if k.endswith("@None")}, indent=1))
 
 
+def _score(r: dict) -> float:
+    return -1.0 if math.isnan(r["val_auroc"]) else r["val_auroc"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -210,9 +247,16 @@ def main() -> None:
     ap.add_argument("--add-baselines", action="store_true",
                     help="add logistic regression standalone / pooled (and FedAvg LR, pooled GBM) on the same "
                          "splits to the existing results JSON, per seed, and exit")
-    ap.add_argument("--select-per-epsilon", action="store_true",
-                    help="choose (lr, q, rounds) on validation at every ε (default: at ε = 3 only); the non-DP "
-                         "reference then also chooses (q, rounds) as well as its lr")
+    ap.add_argument("--select-at", type=float, default=None,
+                    help="choose the DP hyper-parameters at this ε only and use them at every ε (default: "
+                         "chosen at every ε)")
+    ap.add_argument("--optimizers", action="store_true",
+                    help="also score server momentum (β 0.5, 0.9) and server Adam on the ε = 3 choice "
+                         "(validation only; recorded, never chosen automatically)")
+    ap.add_argument("--selection-from", default=None,
+                    help="a JSON of earlier validation scores (keys distributed@<ε>, non_dp, server_optimizers; "
+                         "e.g. benchmarks/results/dp_trust_models_selection_eps3.json): reused, not re-run")
+    ap.add_argument("--clips", default="1,3", help="the grid's clip norms C for selections run here")
     a = ap.parse_args()
     if a.add_baselines:
         add_baselines(RESULTS / a.out)
@@ -220,92 +264,107 @@ def main() -> None:
     scale = 0.15 if a.quick else 1.0
     seeds = [0] if a.quick else list(range(a.seeds))
     epsilons = [3.0] if a.quick else [1.0, 3.0, 10.0]
-    grid = [dict(g, rounds=min(g["rounds"], 10)) for g in (GRID[0], GRID[2])] if a.quick else GRID
+    clips = {float(c) for c in a.clips.split(",")}
+    grid = [g for g in GRID if g["clip"] in clips]
+    grid = [g for g in grid if g["rounds"] == 15 and g["lr"] * g["clip"] == 3.0] if a.quick else grid
+    prior = json.loads(Path(a.selection_from).read_text()) if a.selection_from else {}
+    none_grid = [g for g in NONE_GRID if g["rounds"] == 15][:2] if a.quick else NONE_GRID
     t0 = time.time()
-    tables, d = tables_for(0, scale)
+    data = {seed: tables_for(seed, scale) for seed in seeds}
+    tables, d = data[seeds[0]]
     _, dim0 = pooled(tables, d, seed=0, sigma=None, clip=CLIP, lr=0.0, sample_rate=0.01, rounds=0)
     ring = _ring_scale(len(tables))
-    # -- selection on validation (seed 0): per trust model with its own accountant's σ, at ε = 3
-    # (or at every ε with --select-per-epsilon)
-    sel_eps = epsilons if a.select_per_epsilon else [3.0]
+
+    def val_score(g: dict, *, sigma: float | None, **server) -> dict:
+        """Mean over the seeds of the mean-over-hospitals VALIDATION AUROC (test never read)."""
+        per = []
+        for seed in seeds:
+            t, dd = data[seed]
+            val, _ = pooled(t, dd, seed=seed, sigma=sigma, split_name="validation", **g, **server)
+            per.append(_mean(val, "auroc"))
+        v = [x for x in per if not math.isnan(x)]
+        return {**g, **server, "sigma": sigma, "val_auroc_per_seed": per,
+                "val_auroc": float(np.mean(v)) if len(v) == len(per) else float("nan")}
+
+    # -- selection on validation: the distributed accountant's σ (= central's at q = 1, within 1 %)
+    sel_eps = [a.select_at] if a.select_at else epsilons
     sel, hps = {}, {}
-    for model in ("central", "distributed"):
-        for se in sel_eps:
-            key = f"{model}@{se}"
-            sel[key] = []
-            for g in grid:
-                if model == "central":
-                    sig = gaussian_sigma(se, q=g["sample_rate"], rounds=g["rounds"])
-                else:
-                    sig = sigma_for(se, q=g["sample_rate"], rounds=g["rounds"], scale=ring, dim=dim0)
-                val, _ = pooled(tables, d, seed=0, sigma=sig, clip=CLIP, split_name="validation", **g)
-                sel[key].append({**g, "sigma": sig, "val_auroc": _mean(val, "auroc")})
-                print("select", key, sel[key][-1], flush=True)
-            best = max(sel[key], key=lambda r: -1.0 if math.isnan(r["val_auroc"]) else r["val_auroc"])
-            hps[key] = {k: best[k] for k in ("lr", "sample_rate", "rounds")}
+    for se in sel_eps:
+        key = f"distributed@{se}"
+        sel[key] = list(prior.get(key, []))
+        for g in ([] if key in prior else grid):
+            sig = sigma_for(se, q=g["sample_rate"], rounds=g["rounds"], scale=ring, dim=dim0, clip=g["clip"])
+            sel[key].append(val_score(g, sigma=sig))
+            print("select", key, sel[key][-1], flush=True)
+        best = max(sel[key], key=_score)
+        hps[key] = {k: best[k] for k in ("lr", "sample_rate", "rounds", "clip")}
 
-    def hp_for(model: str, eps: float) -> dict:
-        return hps[f"{model}@{eps if a.select_per_epsilon else 3.0}"]
+    def hp_for(eps: float) -> dict:
+        return hps[f"distributed@{a.select_at or eps}"]
 
-    hp = hp_for("central", 3.0)
-    if a.select_per_epsilon:
-        shapes = sorted({(g["sample_rate"], g["rounds"]) for g in grid})
-        none_grid = [{"lr": lr, "sample_rate": q, "rounds": t} for q, t in shapes for lr in (0.3, 1.0, 3.0)]
-    else:
-        none_grid = [dict(hp, lr=lr) for lr in (0.3, 1.0, 3.0)]
-    sel_none = []
-    for g in none_grid:
-        val, _ = pooled(tables, d, seed=0, sigma=None, clip=CLIP, split_name="validation", **g)
-        sel_none.append({**g, "val_auroc": _mean(val, "auroc")})
-    best_none = max(sel_none, key=lambda r: -1.0 if math.isnan(r["val_auroc"]) else r["val_auroc"])
+    sel_opt = list(prior.get("server_optimizers", []))
+    if a.optimizers and not sel_opt:  # server momentum / Adam on the ε = 3 choice: post-processing, same σ
+        hd = hp_for(3.0)
+        sig = sigma_for(3.0, q=hd["sample_rate"], rounds=hd["rounds"], scale=ring, dim=dim0, clip=hd["clip"])
+        for beta in (0.5, 0.9):
+            sel_opt.append(val_score(dict(hd, lr=hd["lr"] * (1 - beta)), sigma=sig, server="momentum", beta=beta))
+            print("select optimizer", sel_opt[-1], flush=True)
+        for lr in (0.003, 0.01, 0.03):
+            sel_opt.append(val_score(dict(hd, lr=lr), sigma=sig, server="adam"))
+            print("select optimizer", sel_opt[-1], flush=True)
+    sel_none = list(prior.get("non_dp", []))
+    for g in ([] if sel_none else none_grid):
+        sel_none.append(val_score(g, sigma=None))
+        print("select none", sel_none[-1], flush=True)
+    best_none = max(sel_none, key=_score)
     hp_none = {k: best_none[k] for k in ("lr", "sample_rate", "rounds")}
-    lr_none = hp_none["lr"]
     runs = []
     for seed in seeds:
-        tables, d = tables_for(seed, scale)
+        tables, d = data[seed]
         none, dim = pooled(tables, d, seed=seed, sigma=None, clip=CLIP, **hp_none)
-        runs.append({"model": "none", "seed": seed, "epsilon": None, "auroc": _mean(none, "auroc"),
+        runs.append({"model": "none", "seed": seed, "epsilon": None, **hp_none, "auroc": _mean(none, "auroc"),
                      "auprc": _mean(none, "auprc"), "per_hospital": none})
+        print({k: v for k, v in runs[-1].items() if k != "per_hospital"}, flush=True)
         n = len(tables)
         for eps in epsilons:
             ring = _ring_scale(n)
-            hd, hp = hp_for("distributed", eps), hp_for("central", eps)
-            sig_d = sigma_for(eps, q=hd["sample_rate"], rounds=hd["rounds"], scale=ring, dim=dim)
+            hd = hp_for(eps)
+            sig_d = sigma_for(eps, q=hd["sample_rate"], rounds=hd["rounds"], scale=ring, dim=dim, clip=hd["clip"])
             with tempfile.TemporaryDirectory() as tmp:
                 res, e, e_alone = distributed(tables, d, seed=seed, sigma=sig_d, h=a.min_honest, workdir=Path(tmp), **hd)
             runs.append({"model": "distributed", "seed": seed, "epsilon": eps, "epsilon_spent": e,
                          "epsilon_alone": e_alone, "sigma": sig_d, "min_honest": a.min_honest, **hd,
                          "auroc": _mean(res, "auroc"), "auprc": _mean(res, "auprc"), "per_hospital": res})
             print({k: v for k, v in runs[-1].items() if k != "per_hospital"}, flush=True)
-            sig_c = gaussian_sigma(eps, q=hp["sample_rate"], rounds=hp["rounds"])
-            res, _ = pooled(tables, d, seed=seed, sigma=sig_c, clip=CLIP, **hp)
-            runs.append({"model": "central", "seed": seed, "epsilon": eps, "sigma": sig_c, **hp,
+            sig_c = gaussian_sigma(eps, q=hd["sample_rate"], rounds=hd["rounds"])
+            res, _ = pooled(tables, d, seed=seed, sigma=sig_c, **hd)
+            runs.append({"model": "central", "seed": seed, "epsilon": eps, "sigma": sig_c, **hd,
                          "auroc": _mean(res, "auroc"), "auprc": _mean(res, "auprc"), "per_hospital": res})
+            print({k: v for k, v in runs[-1].items() if k != "per_hospital"}, flush=True)
             if not a.skip_local:
                 with tempfile.TemporaryDirectory() as tmp:
                     res, e = local(tables, d, seed=seed, epsilon=eps, rounds=2 if a.quick else 8, workdir=Path(tmp))
                 runs.append({"model": "local", "seed": seed, "epsilon": eps, "epsilon_spent": e,
                              "auroc": _mean(res, "auroc"), "auprc": _mean(res, "auprc"), "per_hospital": res})
-            print({k: v for k, v in runs[-1].items() if k != "per_hospital"}, flush=True)
+                print({k: v for k, v in runs[-1].items() if k != "per_hospital"}, flush=True)
     table = {}
     for r in runs:
         key = f"{r['model']}@{r['epsilon']}"
         table.setdefault(key, {"auroc": [], "auprc": []})
         table[key]["auroc"].append(r["auroc"])
         table[key]["auprc"].append(r["auprc"])
-    summary = {k: {m: {"mean": float(np.mean(v)), "std": float(np.std(v)), "n": len(v)} for m, v in x.items()}
-               for k, x in table.items()}
-    out = {"benchmark": "dp_trust_models", "delta": DELTA, "clip": CLIP, "hidden": HIDDEN, "seeds": seeds,
-           "hyperparameters": hps, "non_dp_lr": lr_none, "non_dp_hyperparameters": hp_none,
-           "select_per_epsilon": a.select_per_epsilon, "selection": sel, "selection_non_dp": sel_none,
+    summary = {k: {m: {"mean": float(np.mean(v)), "std": float(np.std(v)), "n": len(v), "per_seed": v}
+                   for m, v in x.items()} for k, x in table.items()}
+    out = {"benchmark": "dp_trust_models", "delta": DELTA, "hidden": HIDDEN, "seeds": seeds,
+           "selection_metric": "mean over seeds of the mean-over-hospitals validation AUROC",
+           "hyperparameters": hps, "non_dp_hyperparameters": hp_none, "select_at": a.select_at,
+           "selection": sel, "selection_from": a.selection_from, "selection_non_dp": sel_none, "selection_server_optimizers": sel_opt,
            "min_honest": a.min_honest, "summary": summary, "runs": runs, "seconds": round(time.time() - t0, 1),
            "machine": machine(), "quick": a.quick}
     text = json.dumps(out, indent=2, sort_keys=True, default=float)
-    if a.quick:
-        print(json.dumps(summary, indent=2))
-    else:
+    if not a.quick:
         (RESULTS / a.out).write_text(text)
-        print(json.dumps(summary, indent=2))
+    print(json.dumps({k: {m: round(v[m]["mean"], 4) for m in v} for k, v in summary.items()}, indent=1))
 
 
 if __name__ == "__main__":
