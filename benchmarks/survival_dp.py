@@ -151,13 +151,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cohorts", default="gbsg2,lung")
     ap.add_argument("--epsilons", default="10,1")
+    ap.add_argument("--grid-lr", default=None, help="comma-separated DP learning rates (default: GRID)")
+    ap.add_argument("--grid-rounds", default=None, help="comma-separated DP round counts (default: GRID)")
+    ap.add_argument("--out", default=None, help="result name under benchmarks/results/ (default survival_dp)")
     ap.add_argument("--rerun-no-dp", action="store_true", help="rerun the non-DP survival head (default: read "
                     "seeds 0-2 from benchmarks/results/real_tables.json, same settings and splits)")
     args = ap.parse_args()
     cohorts = ["lung"] if args.quick else args.cohorts.split(",")
     epsilons = [10.0] if args.quick else [float(x) for x in args.epsilons.split(",")]
     seeds = [0] if args.quick else [0, 1, 2]
-    grid = QUICK_GRID if args.quick else GRID
+    grid = dict(QUICK_GRID if args.quick else GRID)
+    if args.grid_lr:
+        grid["lr"] = tuple(float(x) for x in args.grid_lr.split(","))
+    if args.grid_rounds:
+        grid["rounds"] = tuple(int(x) for x in args.grid_rounds.split(","))
     t0 = time.perf_counter()
     payload = {"machine": machine(("lifelines",)), "seeds": seeds, "tuning_seed": TUNING_SEED, "grid": grid,
                "epsilons": epsilons, "delta": 1e-5, "quick": args.quick,
@@ -165,7 +172,7 @@ def main() -> None:
                                       rerun_no_dp=args.rerun_no_dp or args.quick)
                            for c in cohorts}}
     payload["seconds"] = round(time.perf_counter() - t0, 1)
-    print(f"wrote {write('survival_dp_quick' if args.quick else 'survival_dp', payload)}")
+    print(f"wrote {write(args.out or ('survival_dp_quick' if args.quick else 'survival_dp'), payload)}")
 
 
 if __name__ == "__main__":
