@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks._common import RESULTS, machine, write  # noqa: E402
+from benchmarks._common import machine, write  # noqa: E402
 
 METRICS = ("auroc", "auprc", "brier", "ece")
 #: dictionary features whose demo values are log-normal (sdk/research/alarm_demo.py render_patients)
@@ -51,6 +51,9 @@ ABLATIONS: dict[str, dict] = {
     "personal_head": {"personal": {"modules": ["head/task"]}},
     "linear_shape": {"model": {"linear_shape": True}},
     "linear_shape_lr_0.01": {"model": {"linear_shape": True}, "training": {"lr": 0.01}},
+    "linear_shape_patience_10": {"model": {"linear_shape": True}, "selection": {"patience": 10}},
+    "linear_shape_wide_lr_x3": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 3.0}},
+    "linear_shape_wide_lr_x10": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 10.0}},
 }
 
 
@@ -190,7 +193,7 @@ def main() -> None:
             print(f"{name}: val loss {study[name]['validation_loss']['mean']:.4f} "
                   f"test AUROC {study[name]['test_auroc']['mean']:.3f}", flush=True)
     out = write(a.out, payload)
-    print(f"wrote {out.relative_to(RESULTS.parent.parent)}")
+    print(f"wrote {out}")
     if "methods" in payload:
         print(json.dumps({k: round(v["mean_over_hospitals"]["auroc"]["mean"], 4)
                           for k, v in payload["methods"].items()}))

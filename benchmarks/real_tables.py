@@ -67,6 +67,7 @@ ABLATIONS: dict[str, dict] = {
     "no_selection_last_round": {"selection": {"enabled": False}},
     "gnn_only_no_clip_no_selection": {"model": {"linear_path": False, "value_clip": 1e6},
                                       "selection": {"enabled": False}},
+    "linear_shape": {"model": {"linear_shape": True}},
 }
 
 

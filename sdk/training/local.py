@@ -36,9 +36,12 @@ def train_epochs(model: NSFLModel, *, epochs: int, train_idx: np.ndarray, config
     :func:`clinograph.sdk.training.survival.hazard_objective`).
     """
     gen = torch.Generator().manual_seed(config.seed * 100_003 + round_)
-    masks = [p for n, p in model.named_parameters() if n.startswith("mask_logit") and p.requires_grad]
-    rest = [p for n, p in model.named_parameters() if not n.startswith("mask_logit") and p.requires_grad]
-    opt = torch.optim.Adam([{"params": rest}, {"params": masks, "lr": config.lr * config.mask_lr_factor}],
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    masks = [p for n, p in named if n.startswith("mask_logit")]
+    wide = [p for n, p in named if n.startswith("linear.")]
+    rest = [p for n, p in named if not n.startswith(("mask_logit", "linear."))]
+    opt = torch.optim.Adam([{"params": rest}, {"params": masks, "lr": config.lr * config.mask_lr_factor},
+                            {"params": wide, "lr": config.lr * config.wide_lr_factor}],
                            lr=config.lr, weight_decay=config.weight_decay)
     idx = torch.as_tensor(train_idx, dtype=torch.long)
     y_all = stars.labels
