@@ -134,7 +134,7 @@ def _metrics(p_seen, y_seen, p_unseen, y_unseen) -> dict:
 
 
 GRID = ((0.0, "posterior_prior"),
-        *((lam, d) for d in ("posterior_prior", "prior_posterior") for lam in (0.01, 0.1, 1.0)))
+        *((lam, d) for d in ("posterior_prior", "prior_posterior") for lam in (0.1, 1.0, 10.0)))
 
 
 def _tag(lam: float, direction: str) -> str:
