@@ -29,6 +29,7 @@ the payload does not reference is refused when the payload is parsed.
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from typing import TypeVar
 
@@ -41,6 +42,7 @@ from .messages import ATTACHMENTS, ID_PATTERN, MAX_MESSAGE_BYTES, WireMessage
 
 M = TypeVar("M", bound=WireMessage)
 
+_ID = re.compile(ID_PATTERN)
 MAGIC = b"CGE1"
 MAGIC_ATTACHED = b"CGE2"
 #: Most attachments one envelope may carry.
@@ -79,15 +81,20 @@ class Envelope(WireMessage):
 
     def to_bytes(self) -> bytes:
         """The binary frame (see module docstring)."""
-        s, k = self.sender.encode(), self.kind.encode()
-        head = struct.pack(">B", len(s)) + s + struct.pack(">B", len(k)) + k + struct.pack(">I", len(self.payload))
-        if not self.attachments:
-            return b"".join((MAGIC, head, self.payload, self.signature))
-        parts = [MAGIC_ATTACHED, head, self.payload, struct.pack(">H", len(self.attachments))]
-        for a in self.attachments:
-            parts += (struct.pack(">I", len(a)), a)
-        parts.append(self.signature)
-        return b"".join(parts)
+        return _frame(self.sender, self.kind, self.payload, self.attachments, self.signature)
+
+
+def _frame(sender: str, kind: str, payload: bytes, attachments: tuple[bytes, ...], signature: bytes) -> bytes:
+    """The v1 or v2 binary frame of the module docstring, joined once."""
+    s, k = sender.encode(), kind.encode()
+    head = struct.pack(">B", len(s)) + s + struct.pack(">B", len(k)) + k + struct.pack(">I", len(payload))
+    if not attachments:
+        return b"".join((MAGIC, head, payload, signature))
+    parts = [MAGIC_ATTACHED, head, payload, struct.pack(">H", len(attachments))]
+    for a in attachments:
+        parts += (struct.pack(">I", len(a)), a)
+    parts.append(signature)
+    return b"".join(parts)
 
 
 def signed_bytes(kind: str, payload: bytes, hashes: tuple[bytes, ...] | None = None) -> tuple[bytes, bytes]:
@@ -110,10 +117,11 @@ def seal(message: WireMessage, identity: Identity) -> bytes:
     payload = message.model_dump_json(context={ATTACHMENTS: blobs}).encode()
     if len(blobs) > MAX_ATTACHMENTS:
         raise ProtocolError(f"{kind!r} message has {len(blobs)} blobs; an envelope carries at most {MAX_ATTACHMENTS}.")
+    if not _ID.fullmatch(identity.name) or len(kind) > 64:  # what Envelope would refuse, without building one
+        raise ProtocolError(f"Cannot seal a {kind[:64]!r} message as {identity.name[:64]!r}: invalid sender or kind.")
     context, data = signed_bytes(kind, payload, tuple(hashlib.sha256(b).digest() for b in blobs))
     sig = identity.sign(data, context=context)
-    return Envelope(sender=identity.name, kind=kind, payload=payload, attachments=tuple(blobs),
-                    signature=sig).to_bytes()
+    return _frame(identity.name, kind, payload, tuple(blobs), sig)
 
 
 def _take(data: bytes, pos: int, fmt: str) -> tuple[bytes, int]:
