@@ -129,3 +129,11 @@ def test_digest_covers_the_attachments():
     assert env.digest() == before
     assert env.digest() != other.digest()
     assert parse_envelope(env.to_bytes()).digest() == env.digest()
+
+
+@pytest.mark.parametrize("name", ["bad name", "-leading-dash", "x" * 65, "new\nline"])
+def test_seal_refuses_a_sender_name_no_envelope_may_carry(name):
+    msg = MaskedInput(federation_id="fed", round=1, client="hosp-a", spec_digest="0" * 64,
+                      dictionary_hash="d" * 64, words=b"\x00" * 8)
+    with pytest.raises(ProtocolError, match="invalid sender or kind"):
+        seal(msg, Identity.generate(name))
