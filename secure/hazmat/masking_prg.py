@@ -15,9 +15,10 @@ expansion costs 0.59 ms against 0.92 ms for ChaCha20 (AES-128-CTR: 0.51 ms, not 
 would use half the seed). At P = 1e6 a round expands (k + 1) x n + n such streams, so this is
 the largest masked-only cost. Both are PRFs under standard assumptions; on a CPU without AES
 instructions ChaCha20 would be the faster choice. Changing the PRG is a masking protocol
-version bump: :data:`MASK_PRG` is bound into every round-key signature
-(:func:`clinograph.secure.masking.stages.key_signing_bytes`), so peers of different versions
-refuse each other at the first stage instead of summing incompatible masks.
+version bump: :data:`MASK_PRG` is part of the masking protocol version that every signed
+``AdvertiseKeys`` carries (:data:`clinograph.secure.masking.messages.MASKING_VERSION`), so
+peers of different versions refuse each other at the first stage instead of summing
+incompatible masks.
 """
 
 from __future__ import annotations
