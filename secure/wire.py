@@ -68,9 +68,16 @@ class Envelope(WireMessage):
     def attachment_hashes(self) -> tuple[bytes, ...]:
         """SHA-256 of each attachment, computed once over the bytes held (a copy with other
         attachments recomputes them)."""
-        if self._hashes is None or self._hashes[0] is not self.attachments:
-            self._hashes = (self.attachments, tuple(hashlib.sha256(a).digest() for a in self.attachments))
-        return self._hashes[1]
+        attachments = self.attachments
+        if not attachments:
+            return ()
+        private = self.__pydantic_private__  # the cache slot, without pydantic's per-access hooks
+        cached = private.get("_hashes") if private is not None else None
+        if cached is None or cached[0] is not attachments:
+            cached = (attachments, tuple(hashlib.sha256(a).digest() for a in attachments))
+            if private is not None:
+                private["_hashes"] = cached
+        return cached[1]
 
     def digest(self) -> str:
         """What the audit log and replay checks reference: SHA-256 of the payload bytes (v1), or of

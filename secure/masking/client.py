@@ -134,7 +134,7 @@ class MaskingClient(AggregationClient):
             if pk.client not in neighbours or pk.client in self._peer_keys:
                 raise ProtocolError(f"Key directory lists {pk.client!r}, who is not a neighbour or is repeated.")
             adv = open_relayed(self.plan, client=pk.client, payload=pk.payload, signature=pk.signature,
-                               key=self.peers[pk.client], model=AdvertiseKeys)
+                               key=self.peers[pk.client], model=AdvertiseKeys, spec_digest=self._spec_digest)
             self._peer_keys[pk.client] = (adv.c_pk, adv.s_pk)
         self._need(len(self._peer_keys) + 1, "neighbours with keys")
         self._b = os.urandom(32)

@@ -97,7 +97,7 @@ def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Ite
     if tuple(sorted(survivors)) != signed:
         raise ProtocolError("Unmask request's survivor set differs from the survivor set U3 this client signed at "
                             "the consistency check. Refused (the server shows clients different views).")
-    digest, seen = survivors_digest(plan, signed), set()
+    digest, spec_digest, seen = survivors_digest(plan, signed), plan.spec.digest(), set()
     members = set(signed)
     for s in signatures:
         if s.client in seen:
@@ -108,7 +108,7 @@ def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Ite
         if len(seen) < threshold:
             try:
                 vouched = open_relayed(plan, client=s.client, payload=s.payload, signature=s.signature,
-                                       key=peers[s.client], model=ConsistencySignature)
+                                       key=peers[s.client], model=ConsistencySignature, spec_digest=spec_digest)
                 ok = vouched.survivors_digest == digest
             except (IntegrityError, ProtocolError):
                 ok = False

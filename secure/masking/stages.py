@@ -303,11 +303,12 @@ def pairwise_sign(u: str, v: str) -> int:
 
 
 def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: bytes, key: PublicIdentity,
-                 model: type[M]) -> M:
+                 model: type[M], spec_digest: str | None = None) -> M:
     """Open a client message the server relayed as received (``payload`` and ``signature`` of the
     client's own envelope): the signature is verified over those exact bytes under the
     envelope's context and the message's kind, the payload is parsed strictly as ``model`` and
-    must name ``client``, this federation and round, and the plan's ModelSpec and dictionary.
+    must name ``client``, this federation and round, and the plan's ModelSpec and dictionary
+    (``spec_digest``: ``plan.spec.digest()`` if the caller already has it).
 
     This is what makes an envelope signature serve as the protocol's key signature
     (:class:`~.messages.AdvertiseKeys`, Bonawitz et al. 2017 round 0) and consistency signature
@@ -326,7 +327,7 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
         raise ProtocolError(f"Relayed {kind!r} message of {client!r} is malformed.") from None
     msg = open_envelope(env, sender=key, model=model)
     got = (msg.client, msg.federation_id, msg.round, msg.spec_digest, msg.dictionary_hash)  # type: ignore[attr-defined]
-    if got != (client, plan.federation_id, plan.round, plan.spec.digest(), plan.dictionary_hash):
+    if got != (client, plan.federation_id, plan.round, spec_digest or plan.spec.digest(), plan.dictionary_hash):
         raise ProtocolError(f"Relayed {kind!r} message of {client!r} is for another client, federation, round, "
                             "ModelSpec or dictionary. Refused (replayed or misrouted by the server).")
     return msg
