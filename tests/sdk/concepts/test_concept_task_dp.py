@@ -120,6 +120,7 @@ def _site(name: str, k: int) -> ConceptSite:
                        edges=(("a", "b"), ("b", "y")))
 
 
+@pytest.mark.slow
 def test_runtime_federation_carries_each_hospitals_ledger(tmp_path):
     sites = [_site(f"h{k}", k) for k in range(3)]
     fed = FederationSection(id="concepts-dp", rounds=2, secure_mode="masked", strategy="fedavg", local_epochs=1,
