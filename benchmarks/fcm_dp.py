@@ -3,6 +3,7 @@
     python benchmarks/fcm_dp.py --quick     # 1 seed, few rounds, small data; prints JSON only
     python benchmarks/fcm_dp.py             # Asia, ε ∈ {10, 5, 1}, δ = 1e-5, 3 seeds
     python benchmarks/fcm_dp.py --tuned --rounds 30   # the docs/concepts.md table's settings
+    python benchmarks/fcm_dp.py --baselines-only      # only the LR rows (benchmarks/fcm_lr.py), merged into the JSON
 
 Setting: Table 5 does not name its dataset; its task accuracies (OpaqNN 80.0, C2BM 79.4 at
 ε = 10) match the Asia column of Table 1's F-CMs rows (80.0, 80.4), so Asia (task ``dysp``,
@@ -27,7 +28,8 @@ clients, 10 a round, late joiners at round 10 (appendix D.1/D.3), C2BM and the o
 Model selection: the round with the lowest global validation loss after the join (as
 benchmarks/fcm_bnlearn.py; post-processing of released models on held-out data). Metrics on
 the test split: task accuracy, concept accuracy (C2BM; the opaque NN predicts the task only),
-task AUROC. Beside the paper's Table 5 and the non-DP figures of fcm_bnlearn.json. Writes
+task AUROC. Beside the paper's Table 5, the non-DP figures of fcm_bnlearn.json and logistic
+regression standalone / pooled, with and without DP at the same ε (``baselines``). Writes
 benchmarks/results/fcm_dp.json. Asserts nothing.
 """
 
