@@ -223,7 +223,6 @@ def merge(a) -> None:
 CANDIDATES = [
     {"lr": 0.005, "clip": 1.0, "batch_size": 256, "hidden": 16, "rounds": 8, "local_epochs": 2},
     {"lr": 0.005, "clip": 3.0, "batch_size": 256, "hidden": 16, "rounds": 8, "local_epochs": 2},
-    {"lr": 0.01, "clip": 3.0, "batch_size": 256, "hidden": 16, "rounds": 8, "local_epochs": 2},
 ]
 
 
@@ -234,7 +233,7 @@ def candidates(a) -> None:
     ``--no-dp-lrs``: also the same model without DP at those lrs (C plays no part without DP, so
     one no-DP run serves every candidate that differs from the first only in C)."""
     t0 = time.time()
-    seeds = list(range(a.seeds))
+    seeds = a.seed_list if a.seed_list is not None else list(range(a.seeds))
     data = {seed: tables_for(seed, 0.15 if a.quick else 1.0) for seed in seeds}
     eps_list = a.epsilons or [10.0]
     cands = CANDIDATES[:2] if a.quick else CANDIDATES
@@ -253,8 +252,20 @@ def candidates(a) -> None:
                              "seconds": r["seconds"]})
                 print("run", json.dumps({k: v for k, v in rows[-1].items() if k != "per_hospital"}, default=float),
                       flush=True)
+    out = {"benchmark": "dp_local_tuning", "mode": "candidates", "delta": DELTA, "seeds": seeds,
+           "selection_metric": "mean over seeds of the mean-over-hospitals validation AUROC",
+           "summary": candidate_summary(rows), "runs": rows, "seconds": round(time.time() - t0, 1),
+           "machine": machine(), "quick": a.quick}
+    if not a.quick:
+        Path(a.out).write_text(json.dumps(out, indent=2, sort_keys=True, default=float))
+    print(json.dumps({e: {"chosen": v["chosen"]["hp"], "auroc": v["chosen"]["auroc"], "val": v["chosen"]["val_auroc"]}
+                      for e, v in out["summary"].items()}, indent=1, default=float))
+
+
+def candidate_summary(rows: list[dict]) -> dict:
+    """Per ε: each candidate's means over seeds, and the one with the best mean validation AUROC."""
     summary = {}
-    for eps in [*eps_list, *no_dp]:
+    for eps in sorted({r["epsilon"] for r in rows}, key=lambda e: -1.0 if e is None else e):
         by = {}
         for r in rows:
             if r["epsilon"] == eps:
@@ -264,14 +275,20 @@ def candidates(a) -> None:
                   "auprc": float(np.mean([r["auprc"] for r in v])), "auroc_per_seed": [r["auroc"] for r in v]}
                  for v in by.values()]
         summary[str(eps)] = {"candidates": table, "chosen": max(table, key=lambda x: x["val_auroc"])}
-    out = {"benchmark": "dp_local_tuning", "mode": "candidates", "delta": DELTA, "seeds": seeds,
-           "selection_metric": "mean over seeds of the mean-over-hospitals validation AUROC",
-           "summary": summary, "runs": rows, "seconds": round(time.time() - t0, 1), "machine": machine(),
-           "quick": a.quick}
-    if not a.quick:
-        Path(a.out).write_text(json.dumps(out, indent=2, sort_keys=True, default=float))
+    return summary
+
+
+def merge_candidates(parts: list[str], out: str) -> None:
+    """One ``--candidates`` JSON from per-seed ones (``--seed-list``), the summary recomputed."""
+    docs = [json.loads(Path(p).read_text()) for p in parts]
+    merged = dict(docs[0])
+    merged["runs"] = [r for d in docs for r in d["runs"]]
+    merged["seeds"] = sorted({r["seed"] for r in merged["runs"]})
+    merged["seconds"] = sum(d["seconds"] for d in docs)
+    merged["summary"] = candidate_summary(merged["runs"])
+    Path(out).write_text(json.dumps(merged, indent=2, sort_keys=True, default=float))
     print(json.dumps({e: {"chosen": v["chosen"]["hp"], "auroc": v["chosen"]["auroc"], "val": v["chosen"]["val_auroc"]}
-                      for e, v in summary.items()}, indent=1, default=float))
+                      for e, v in merged["summary"].items()}, indent=1, default=float))
 
 
 def main() -> None:
@@ -295,6 +312,8 @@ def main() -> None:
     ap.add_argument("--candidates", action="store_true", help="score CANDIDATES on the test seeds' validation "
                     "splits and report the chosen one's test numbers (writes --out)")
     a = ap.parse_args()
+    if a.candidates and a.merge:
+        return merge_candidates(a.merge, a.out)
     if a.candidates:
         return candidates(a)
     if a.merge or a.merge_logs:

@@ -77,12 +77,15 @@ from benchmarks._common import RESULTS, machine  # noqa: E402
 
 DELTA, CLIP, HIDDEN, VAL = 1e-5, 1.0, 8, 0.2
 #: full-batch rounds (q = 1: no amplification bound, the distributed accountant equals the
-#: Gaussian's); rounds x (clip C, clip-relative step lr·C) (the earlier grids' q = 0.05 lost at every ε)
+#: Gaussian's); rounds x (clip C, clip-relative step lr·C) (the earlier grids' q = 0.05 lost at every ε).
+#: Rounds are capped at MAX_ROUNDS for cost (the demo runs the chosen schedule; 100 rounds scored
+#: higher on validation at ε = 3, for DP and non-DP alike: dp_trust_models_selection_eps3.json)
+MAX_ROUNDS = 60
 GRID = [{"lr": step / clip, "sample_rate": 1.0, "rounds": rounds, "clip": clip}
-        for rounds in (15, 30, 60, 100) for clip, step in ((1.0, 3.0), (3.0, 3.0))]
+        for rounds in (15, 30, 60) for clip, step in ((1.0, 3.0), (3.0, 3.0))]
 #: the non-DP run: the same shapes, no clip, its own lr (the gradients are ~6.6 in norm at the start)
 NONE_GRID = [{"lr": lr, "sample_rate": 1.0, "rounds": rounds, "clip": CLIP}
-             for rounds in (15, 30, 60, 100) for lr in (0.3, 0.6)]
+             for rounds in (15, 30, 60) for lr in (0.3, 0.6)]
 
 
 def tables_for(seed: int, scale: float):
@@ -247,9 +250,12 @@ def main() -> None:
     ap.add_argument("--add-baselines", action="store_true",
                     help="add logistic regression standalone / pooled (and FedAvg LR, pooled GBM) on the same "
                          "splits to the existing results JSON, per seed, and exit")
-    ap.add_argument("--select-at", type=float, default=None,
-                    help="choose the DP hyper-parameters at this ε only and use them at every ε (default: "
-                         "chosen at every ε)")
+    ap.add_argument("--select-eps", default="1,3,10",
+                    help="the ε at which the DP hyper-parameters are chosen; any other ε takes the choice at the "
+                         "largest of these not above it (the rule of sdk/privacy/schedule.py)")
+    ap.add_argument("--seed-list", default=None, help="test only these seeds, e.g. '1,2' (merge with --merge)")
+    ap.add_argument("--select-only", action="store_true", help="run the selection, write it to --out, no test runs")
+    ap.add_argument("--merge", nargs="*", default=None, help="JSONs of --seed-list runs to merge into --out")
     ap.add_argument("--optimizers", action="store_true",
                     help="also score server momentum (β 0.5, 0.9) and server Adam on the ε = 3 choice "
                          "(validation only; recorded, never chosen automatically)")
@@ -261,6 +267,9 @@ def main() -> None:
     if a.add_baselines:
         add_baselines(RESULTS / a.out)
         return
+    if a.merge:
+        merge([RESULTS / f for f in a.merge], RESULTS / a.out)
+        return
     scale = 0.15 if a.quick else 1.0
     seeds = [0] if a.quick else list(range(a.seeds))
     epsilons = [3.0] if a.quick else [1.0, 3.0, 10.0]
@@ -268,6 +277,9 @@ def main() -> None:
     grid = [g for g in GRID if g["clip"] in clips]
     grid = [g for g in grid if g["rounds"] == 15 and g["lr"] * g["clip"] == 3.0] if a.quick else grid
     prior = json.loads(Path(a.selection_from).read_text()) if a.selection_from else {}
+    if "selection" in prior:  # a --select-only output of this script
+        prior = {**prior["selection"], "non_dp": prior["selection_non_dp"],
+                 "server_optimizers": prior["selection_server_optimizers"]}
     none_grid = [g for g in NONE_GRID if g["rounds"] == 15][:2] if a.quick else NONE_GRID
     t0 = time.time()
     data = {seed: tables_for(seed, scale) for seed in seeds}
@@ -287,20 +299,28 @@ def main() -> None:
                 "val_auroc": float(np.mean(v)) if len(v) == len(per) else float("nan")}
 
     # -- selection on validation: the distributed accountant's σ (= central's at q = 1, within 1 %)
-    sel_eps = [a.select_at] if a.select_at else epsilons
+    sel_eps = [e for e in (float(x) for x in a.select_eps.split(",")) if e in epsilons] or [epsilons[0]]
     sel, hps = {}, {}
+
+    def seen(rows: list, g: dict) -> bool:
+        return any(all(r.get(k) == g[k] for k in ("lr", "rounds", "clip", "sample_rate")) for r in rows)
+
+    def capped(rows: list) -> list:
+        return [r for r in rows if r["rounds"] <= MAX_ROUNDS and not r.get("server")]
+
     for se in sel_eps:
         key = f"distributed@{se}"
         sel[key] = list(prior.get(key, []))
-        for g in ([] if key in prior else grid):
+        for g in [g for g in grid if not seen(sel[key], g)]:
             sig = sigma_for(se, q=g["sample_rate"], rounds=g["rounds"], scale=ring, dim=dim0, clip=g["clip"])
             sel[key].append(val_score(g, sigma=sig))
             print("select", key, sel[key][-1], flush=True)
-        best = max(sel[key], key=_score)
+        best = max(capped(sel[key]), key=_score)
         hps[key] = {k: best[k] for k in ("lr", "sample_rate", "rounds", "clip")}
 
     def hp_for(eps: float) -> dict:
-        return hps[f"distributed@{a.select_at or eps}"]
+        fits = [e for e in sel_eps if e <= eps] or [min(sel_eps)]
+        return hps[f"distributed@{max(fits)}"]
 
     sel_opt = list(prior.get("server_optimizers", []))
     if a.optimizers and not sel_opt:  # server momentum / Adam on the ε = 3 choice: post-processing, same σ
@@ -313,13 +333,14 @@ def main() -> None:
             sel_opt.append(val_score(dict(hd, lr=lr), sigma=sig, server="adam"))
             print("select optimizer", sel_opt[-1], flush=True)
     sel_none = list(prior.get("non_dp", []))
-    for g in ([] if sel_none else none_grid):
+    for g in [g for g in none_grid if not seen(sel_none, g)]:
         sel_none.append(val_score(g, sigma=None))
         print("select none", sel_none[-1], flush=True)
-    best_none = max(sel_none, key=_score)
+    best_none = max(capped(sel_none), key=_score)
     hp_none = {k: best_none[k] for k in ("lr", "sample_rate", "rounds")}
     runs = []
-    for seed in seeds:
+    test_seeds = [] if a.select_only else [int(x) for x in a.seed_list.split(",")] if a.seed_list else seeds
+    for seed in test_seeds:
         tables, d = data[seed]
         none, dim = pooled(tables, d, seed=seed, sigma=None, clip=CLIP, **hp_none)
         runs.append({"model": "none", "seed": seed, "epsilon": None, **hp_none, "auroc": _mean(none, "auroc"),
@@ -347,24 +368,40 @@ def main() -> None:
                 runs.append({"model": "local", "seed": seed, "epsilon": eps, "epsilon_spent": e,
                              "auroc": _mean(res, "auroc"), "auprc": _mean(res, "auprc"), "per_hospital": res})
                 print({k: v for k, v in runs[-1].items() if k != "per_hospital"}, flush=True)
+    out = {"benchmark": "dp_trust_models", "delta": DELTA, "hidden": HIDDEN, "seeds": seeds,
+           "selection_metric": "mean over seeds of the mean-over-hospitals validation AUROC",
+           "hyperparameters": hps, "non_dp_hyperparameters": hp_none, "select_eps": sel_eps, "max_rounds": MAX_ROUNDS,
+           "selection": sel, "selection_from": a.selection_from, "selection_non_dp": sel_none,
+           "selection_server_optimizers": sel_opt, "min_honest": a.min_honest, "runs": runs,
+           "seconds": round(time.time() - t0, 1), "machine": machine(), "quick": a.quick}
+    out["summary"] = summarise(runs)
+    if not a.quick:
+        (RESULTS / a.out).write_text(json.dumps(out, indent=2, sort_keys=True, default=float))
+    print(json.dumps({k: {m: round(v[m]["mean"], 4) for m in v} for k, v in out["summary"].items()}, indent=1))
+
+
+def summarise(runs: list) -> dict:
     table = {}
     for r in runs:
         key = f"{r['model']}@{r['epsilon']}"
         table.setdefault(key, {"auroc": [], "auprc": []})
         table[key]["auroc"].append(r["auroc"])
         table[key]["auprc"].append(r["auprc"])
-    summary = {k: {m: {"mean": float(np.mean(v)), "std": float(np.std(v)), "n": len(v), "per_seed": v}
-                   for m, v in x.items()} for k, x in table.items()}
-    out = {"benchmark": "dp_trust_models", "delta": DELTA, "hidden": HIDDEN, "seeds": seeds,
-           "selection_metric": "mean over seeds of the mean-over-hospitals validation AUROC",
-           "hyperparameters": hps, "non_dp_hyperparameters": hp_none, "select_at": a.select_at,
-           "selection": sel, "selection_from": a.selection_from, "selection_non_dp": sel_none, "selection_server_optimizers": sel_opt,
-           "min_honest": a.min_honest, "summary": summary, "runs": runs, "seconds": round(time.time() - t0, 1),
-           "machine": machine(), "quick": a.quick}
-    text = json.dumps(out, indent=2, sort_keys=True, default=float)
-    if not a.quick:
-        (RESULTS / a.out).write_text(text)
-    print(json.dumps({k: {m: round(v[m]["mean"], 4) for m in v} for k, v in summary.items()}, indent=1))
+    return {k: {m: {"mean": float(np.mean(v)), "std": float(np.std(v)), "n": len(v), "per_seed": v}
+                for m, v in x.items()} for k, x in table.items()}
+
+
+def merge(parts: list, path: Path) -> None:
+    """One JSON from ``--seed-list`` runs that share one selection (their runs concatenated)."""
+    docs = [json.loads(p.read_text()) for p in parts]
+    out = dict(docs[0])
+    out["runs"] = sorted((r for d in docs for r in d["runs"]), key=lambda r: (r["seed"], str(r["epsilon"]), r["model"]))
+    out["seconds"] = sum(d["seconds"] for d in docs)
+    out["seconds_note"] = "sum over the parallel --seed-list processes (each re-read the selection)"
+    out["merged_from"] = [p.name for p in parts]
+    out["summary"] = summarise(out["runs"])
+    path.write_text(json.dumps(out, indent=2, sort_keys=True, default=float))
+    print(json.dumps({k: {m: round(v[m]["mean"], 4) for m in v} for k, v in out["summary"].items()}, indent=1))
 
 
 if __name__ == "__main__":

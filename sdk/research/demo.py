@@ -76,9 +76,10 @@ def demo_dp_config(*, rounds: int, seed: int, secure_mode: str, epsilon: float) 
     })
 
 
-#: the demo's distributed-DP run (benchmarks/dp_trust_models.py chose these on validation at ε = 3:
-#: full-batch rounds, q = 1, where the Skellam accountant equals the Gaussian's)
-DP_ROUNDS, DP_SERVER_LR, DP_HIDDEN, DP_MIN_HONEST = 15, 1.0, 8, 2
+#: the demo's distributed-DP run: model width and honest set; its schedule (rounds, server lr,
+#: clip, q = 1) is the preset chosen on validation at the target ε
+#: (:func:`clinograph.sdk.privacy.schedule.distributed_schedule`, benchmarks/dp_trust_models.py)
+DP_HIDDEN, DP_MIN_HONEST = 8, 2
 
 
 def demo_distributed_config(*, rounds: int, seed: int, epsilon: float,
@@ -86,15 +87,20 @@ def demo_distributed_config(*, rounds: int, seed: int, epsilon: float,
     """The demo's DP federation: distributed DP (docs/privacy.md), one full-batch DP-SGD step a
     round over every hospital's patients, Skellam noise shares inside the masked sum, the
     guarantee resting on at least ``DP_MIN_HONEST`` honest hospitals. ``noise_multiplier`` is
-    the aggregate σ; :func:`run_demo` calibrates it to ``epsilon`` over ``rounds``."""
+    the aggregate σ; :func:`run_demo` calibrates it to ``epsilon`` over ``rounds``. Server lr,
+    clip and q: the schedule preset for ``epsilon`` (:func:`.privacy.schedule.distributed_schedule`)."""
+    from ..privacy.schedule import distributed_schedule
+
+    schedule = distributed_schedule(epsilon)
     return SimulationConfig.model_validate({
         "federation": {"id": "alarm-demo-dp", "rounds": rounds, "secure_mode": "masked", "strategy": "fedsgd",
-                       "server_lr": DP_SERVER_LR, "min_clients": 3, "local_epochs": 1, "seed": seed},
+                       "server_lr": schedule.server_lr, "min_clients": 3, "local_epochs": 1, "seed": seed},
         "model": {"hidden": DP_HIDDEN, "init_seed": seed},
         "split": {"seed": seed},
         "graph": {"k_similar": 0},
         "privacy": {"enabled": True, "mode": "distributed", "epsilon_budget": epsilon, "delta": 1e-5,
-                    "noise_multiplier": noise_multiplier, "clip_norm": 1.0, "sample_rate": 1.0,
+                    "noise_multiplier": noise_multiplier, "clip_norm": schedule.clip_norm,
+                    "sample_rate": schedule.sample_rate,
                     "min_honest": DP_MIN_HONEST},
         "dictionary": str(DICTIONARY_PATH),
     })
@@ -151,7 +157,7 @@ def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_
     a second federation trains with patient-level DP; its noise comes from the OS's
     cryptographic source, so its numbers vary from run to run by design. Under masked
     aggregation it is distributed DP (:func:`demo_distributed_config`, ``dp_rounds`` default
-    ``DP_ROUNDS``, σ calibrated to ``dp_epsilon``) and ``metrics["dp_guarantees"]`` holds both
+    the schedule preset's rounds for ``dp_epsilon``, σ calibrated to ``dp_epsilon``) and ``metrics["dp_guarantees"]`` holds both
     guarantees per hospital; under other modes, local DP (:func:`demo_dp_config`, 8 rounds).
     The audited run whose report is rendered is the DP one when ``dp`` is on.
     """
@@ -165,7 +171,9 @@ def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_
     config = demo_config(rounds=rounds, seed=seed, secure_mode=secure_mode)  # validate before any work
     distributed = dp and secure_mode == "masked"
     if distributed:
-        dp_rounds = dp_rounds or DP_ROUNDS
+        from ..privacy.schedule import distributed_schedule
+
+        dp_rounds = dp_rounds or distributed_schedule(dp_epsilon).rounds
         dp_config = demo_distributed_config(rounds=dp_rounds, seed=seed, epsilon=dp_epsilon)
     else:
         dp_rounds = dp_rounds or 8

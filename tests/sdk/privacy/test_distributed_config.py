@@ -52,8 +52,9 @@ def test_the_demo_calibration_is_what_build_server_accepts(tables, dictionary, t
     ids = {t.site: Identity.generate(t.site).public for t in tables}
     server_id = Identity.generate("server")
     for s, ok in ((sigma, True), (0.9 * sigma, False)):
-        policy = DPPolicySection(max_epsilon=3.0, delta=1e-5, max_clip_norm=1.0, min_noise_multiplier=0.0,
-                                 mode="distributed", noise_multiplier=s, sample_rate=1.0, min_honest=2, rounds=15)
+        policy = DPPolicySection(max_epsilon=3.0, delta=1e-5, max_clip_norm=cfg.privacy.clip_norm,
+                                 min_noise_multiplier=0.0, mode="distributed", noise_multiplier=s,
+                                 sample_rate=cfg.privacy.sample_rate, min_honest=2, rounds=15)
         audit = AuditTrail(tmp_path / f"calib-{ok}", identity=server_id)
         try:
             def build(p=policy, a=audit):
