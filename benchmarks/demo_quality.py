@@ -49,11 +49,15 @@ ABLATIONS: dict[str, dict] = {
     "rounds_30": {"federation": {"rounds": 30}},
     "k_similar_0": {"graph": {"k_similar": 0}},
     "personal_head": {"personal": {"modules": ["head/task"]}},
-    "linear_shape": {"model": {"linear_shape": True}},
-    "linear_shape_lr_0.01": {"model": {"linear_shape": True}, "training": {"lr": 0.01}},
-    "linear_shape_patience_10": {"model": {"linear_shape": True}, "selection": {"patience": 10}},
+    # since the demo plans linear_shape with wide_lr_factor 0.3, the rows below are relative to that
+    "no_linear_shape": {"model": {"linear_shape": False}, "training": {"wide_lr_factor": 1.0}},
+    "linear_shape": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 1.0}},
+    "linear_shape_lr_0.01": {"model": {"linear_shape": True}, "training": {"lr": 0.01, "wide_lr_factor": 1.0}},
+    "linear_shape_patience_10": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 1.0},
+                                 "selection": {"patience": 10}},
     "linear_shape_wide_lr_x3": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 3.0}},
     "linear_shape_wide_lr_x10": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 10.0}},
+    "linear_shape_wide_lr_x0.3": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 0.3}},
 }
 
 
@@ -115,6 +119,49 @@ def run_baselines(seed: int, *, scale: float, rounds: int) -> dict:
     return {k: {"per_hospital": v, "mean": summary(v)} for k, v in out.items()}
 
 
+def pooled_references(seed: int, *, scale: float, rounds: int) -> dict:
+    """Diagnosis: pooled (not federated) model families on the baselines' canonical features, each
+    tuned on the pooled validation log loss -- separates a model-family gap from a federation gap."""
+    from clinograph.sdk.research.baselines import _nodes, _val_loss, _xs
+    from clinograph.sdk.research.model_quality import splits_for
+    from clinograph.sdk.training.metrics import binary_metrics
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.preprocessing import SplineTransformer
+
+    _, tables = demo_tables(seed, scale)
+    splits = splits_for(tables, config_for(seed, {}, rounds))
+    nodes = _nodes(tables, "union")
+    k = len(nodes)
+    xs, ys = _xs(tables, nodes), [t.labels for t in tables]
+
+    def part(xs_, name):
+        return (np.concatenate([x[getattr(s, name)] for x, s in zip(xs_, splits, strict=True)]),
+                np.concatenate([y[getattr(s, name)] for y, s in zip(ys, splits, strict=True)]))
+
+    def best(xs_, models):
+        (xt, yt), (xv, yv) = part(xs_, "train"), part(xs_, "validation")
+        m = min((m.fit(xt, yt) for m in models), key=lambda m: _val_loss(yv, m.predict_proba(xv)[:, 1]))
+        return {t.site: binary_metrics(ys[i][s.test], m.predict_proba(xs_[i][s.test])[:, 1])
+                for i, (t, s) in enumerate(zip(tables, splits, strict=True))}
+
+    nan_xs = [x.copy() for x in xs]
+    for x in nan_xs:
+        x[:, :k][x[:, k:] == 0] = np.nan
+    out = {}
+    for knots in (4, 6):
+        st = SplineTransformer(n_knots=knots, degree=3).fit(part(xs, "train")[0][:, :k])
+        sx = [np.hstack([st.transform(x[:, :k]), x[:, k:]]) for x in xs]
+        out[f"gam_spline{knots}_pooled"] = best(sx, [LogisticRegression(C=c, max_iter=3000) for c in (0.01, 0.1, 1.0)])
+    out["gbm_additive_pooled"] = best(nan_xs, [HistGradientBoostingClassifier(
+        learning_rate=lr, max_depth=1, max_iter=it, random_state=seed, early_stopping=False)
+        for lr, it in ((0.05, 200), (0.1, 300), (0.05, 600))])
+    out["mlp_pooled"] = best(xs, [MLPClassifier(hidden_layer_sizes=(h, h), alpha=a, max_iter=300, early_stopping=True,
+                                                random_state=seed) for h in (32, 64) for a in (1e-3, 1e-1)])
+    return {k_: {"per_hospital": v, "mean": summary(v)} for k_, v in out.items()}
+
+
 def agg(values: list[float]) -> dict:
     v = np.array([x for x in values if x is not None and np.isfinite(x)], float)
     return {"mean": float(v.mean()) if v.size else float("nan"), "std": float(v.std()) if v.size else float("nan"),
@@ -129,6 +176,8 @@ def main() -> None:
     ap.add_argument("--ablation", action="store_true")
     ap.add_argument("--variants", nargs="*", default=None, help="ablation variants to run (default: all)")
     ap.add_argument("--no-main", action="store_true", help="skip the main comparison (ablation only)")
+    ap.add_argument("--pooled-references", action="store_true", help="diagnosis only: pooled GAM, additive "
+                    "GBM and MLP (not federated) per seed; writes <out>_pooled.json")
     ap.add_argument("--quick", action="store_true", help="1 seed, quarter-size tables, 5 rounds")
     ap.add_argument("--out", default="demo_quality")
     ap.add_argument("--jobs", type=int, default=1, help="processes (one seed each)")
@@ -147,6 +196,18 @@ def main() -> None:
             return [run_nsfl(seed, overrides=overrides, scale=a.scale, rounds=rounds) for seed in a.seeds]
         return list(pool.map(partial(run_nsfl, overrides=overrides, scale=a.scale, rounds=rounds), a.seeds))
 
+    if a.pooled_references:
+        refs: dict[str, list[dict]] = {}
+        for seed in a.seeds:
+            for k, v in pooled_references(seed, scale=a.scale, rounds=rounds).items():
+                refs.setdefault(k, []).append(v)
+            print(f"seed {seed}: " + ", ".join(f"{k} {v[-1]['mean']['auroc']:.3f}" for k, v in refs.items()), flush=True)
+        payload["pooled_references"] = {k: {"mean_over_hospitals": {m: agg([r["mean"][m] for r in runs]) for m in METRICS},
+                                             "per_hospital": {s: {m: agg([r["per_hospital"][s][m] for r in runs])
+                                                                  for m in METRICS} for s in sorted(runs[0]["per_hospital"])}}
+                                         for k, runs in refs.items()}
+        print(f"wrote {write(a.out + '_pooled', payload)}")
+        return
     if not a.no_main:
         methods: dict[str, list[dict]] = {"clinograph_nsfl": nsfl_runs({})}
         for i, seed in enumerate(a.seeds):
