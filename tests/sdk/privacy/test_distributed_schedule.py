@@ -1,4 +1,4 @@
-"""The distributed-DP schedule presets: what the benchmark chose on validation, and what the demo runs."""
+"""The DP presets: what the benchmarks chose on validation, and what the demo runs."""
 
 from __future__ import annotations
 
@@ -41,3 +41,15 @@ def test_the_demo_runs_the_preset_for_its_epsilon():
         assert (cfg.federation.server_lr, cfg.privacy.clip_norm, cfg.privacy.sample_rate) == (
             s.server_lr, s.clip_norm, s.sample_rate)
         assert cfg.privacy.mode == "distributed" and cfg.federation.strategy == "fedsgd"
+
+
+def test_the_demo_local_dp_run_is_the_configuration_chosen_on_validation():
+    from clinograph.sdk.research.demo import demo_dp_config
+
+    path = RESULTS.parent / "dp_local_tuning_candidates.json"
+    hp = json.loads(path.read_text())["summary"]["10.0"]["chosen"]["hp"]
+    cfg = demo_dp_config(rounds=hp["rounds"], seed=0, secure_mode="masked", epsilon=10.0)
+    assert (cfg.training.lr, cfg.privacy.clip_norm, cfg.privacy.batch_size, cfg.model.hidden,
+            cfg.federation.local_epochs, cfg.federation.rounds) == (
+        hp["lr"], hp["clip"], hp["batch_size"], hp["hidden"], hp["local_epochs"], hp["rounds"])
+    assert cfg.privacy.enabled and cfg.privacy.mode == "local"
