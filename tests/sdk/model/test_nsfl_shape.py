@@ -68,3 +68,14 @@ def test_theorem1_unobserved_features_shape_rows_get_exactly_zero_gradient():
     for name in ("sao2", "svo2", "paco2"):
         assert torch.count_nonzero(m.linear.weight.grad[idx[name]]) == 0
     assert torch.count_nonzero(m.linear.weight.grad[idx["heart_rate"], 2:]) > 0
+
+
+def test_exported_star_model_keeps_the_shape_functions(tmp_path):
+    from clinograph.sdk.model.export import export_model, load_exported, predict_exported, star_risk
+
+    t = small_tables()[0]
+    m = shaped(t).float()
+    path, _ = export_model(m, tmp_path / "m.pt", dictionary=t.dictionary)
+    module, info = load_exported(path)
+    np.testing.assert_allclose(predict_exported(module, info, t), star_risk(m, t, dictionary=t.dictionary),
+                               rtol=1e-5, atol=1e-6)
