@@ -17,20 +17,27 @@
 
 Hyper-parameters of the DP-SGD step (lr, rounds, clip C; q = 1, full-batch rounds) are chosen
 on VALIDATION only: score = mean over the seeds of the mean-over-hospitals validation AUROC
-(each seed's own tables, split and init; never a test split), at every ε (``--select-at 3``:
-at ε = 3 only, used at every ε). The selection runs the pooled step with the
+(each seed's own tables, split and init; never a test split), at each ε of ``--select-eps``
+(default 1, 3, 10; any other ε takes the choice at the largest selected ε not above it, the
+rule of sdk/privacy/schedule.py). Rounds are capped at MAX_ROUNDS = 60 for cost. The
+selection runs the pooled step with the
 distributed accountant's σ (the same noise variance, without the runtime); at q = 1 the
 central Gaussian σ is the same to within 1 % (secure/dp/skellam.py), so one selection serves
 both DP trust models. The non-DP run chooses (rounds, lr) on validation the same way. The
-grid fixes C in advance from public quantities ({1, 3}: about 0.15x and 0.5x the median
-per-patient gradient norm of the initial model, 6.6, measured once on seed 0 and not re-used
-per run) and the clip-relative step lr·C = 3. δ = 1e-5; AUROC and AUPRC on each
+grid fixes C in advance ({1, 3}: about 0.15x and 0.5x the median per-patient gradient norm of
+the initial model, 6.6, measured once on seed 0 to place the grid and not re-used per run) and
+the clip-relative step lr·C = 3. δ = 1e-5; AUROC and AUPRC on each
 hospital's test split, mean over hospitals. Writes benchmarks/results/dp_trust_models.json.
 Asserts nothing.
 
 Server momentum and server Adam on the noisy aggregate (post-processing, free in ε) were
-measured on validation with the pooled step and lost to plain FedSGD at every setting tried
-(``--optimizers``; docs/privacy.md), so the runtime keeps FedSGD.
+measured on validation with the pooled step (15 rounds, ε = 3) and lost to plain FedSGD at
+every setting tried (``--optimizers``; dp_trust_models_selection_eps3.json; docs/privacy.md),
+so the runtime keeps FedSGD.
+
+The run recorded in dp_trust_models.json: ``--skip-local --select-eps 1,3 --selection-from
+benchmarks/results/dp_trust_models_selection_eps3.json --seed-list <s>`` for s = 0, 1, 2 in
+three processes, ``--merge`` of the three, then ``--add-baselines``.
 """
 
 from __future__ import annotations
