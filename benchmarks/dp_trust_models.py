@@ -261,6 +261,7 @@ def main() -> None:
                     help="the ε at which the DP hyper-parameters are chosen; any other ε takes the choice at the "
                          "largest of these not above it (the rule of sdk/privacy/schedule.py)")
     ap.add_argument("--seed-list", default=None, help="test only these seeds, e.g. '1,2' (merge with --merge)")
+    ap.add_argument("--epsilons", default="1,3,10", help="the target ε values tested")
     ap.add_argument("--select-only", action="store_true", help="run the selection, write it to --out, no test runs")
     ap.add_argument("--merge", nargs="*", default=None, help="JSONs of --seed-list runs to merge into --out")
     ap.add_argument("--optimizers", action="store_true",
@@ -279,7 +280,7 @@ def main() -> None:
         return
     scale = 0.15 if a.quick else 1.0
     seeds = [0] if a.quick else list(range(a.seeds))
-    epsilons = [3.0] if a.quick else [1.0, 3.0, 10.0]
+    epsilons = [3.0] if a.quick else [float(e) for e in a.epsilons.split(",")]
     clips = {float(c) for c in a.clips.split(",")}
     grid = [g for g in GRID if g["clip"] in clips]
     grid = [g for g in grid if g["rounds"] == 15 and g["lr"] * g["clip"] == 3.0] if a.quick else grid
