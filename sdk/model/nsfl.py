@@ -87,7 +87,9 @@ class NSFLModel(nn.Module):
         self.value_clip = float(cfg.value_clip)
         #: wide & deep: [a_f, c_f (, w_f1..w_fM)] per dictionary feature (zero-initialised: the GNN alone at round 0)
         shape = cfg.linear_path and cfg.linear_shape
-        self.shape_knots: tuple[float, ...] = SHAPE_KNOTS if shape else ()  # not a buffer: state_dict unchanged
+        self.shape_knots: tuple[float, ...] = SHAPE_KNOTS if shape else ()
+        # non-persistent: the state_dict (and so every saved model and module map) is unchanged
+        self.register_buffer("knots", torch.tensor(self.shape_knots, dtype=torch.float32), persistent=False)
         self.linear = nn.Embedding(n_features, 2 + len(self.shape_knots)) if cfg.linear_path else None
         for name, p in sorted(self.named_parameters()):  # deterministic: every hospital starts alike
             if name.startswith("linear."):
@@ -115,7 +117,7 @@ class NSFLModel(nn.Module):
         """a_f · x + c_f (+ Σ_k w_fk B_k(x) with shape functions). Shapes: [..., 2+M], [...] -> [...]."""
         out = w[..., 0] * values + w[..., 1]
         if len(self.shape_knots):
-            out = out + (w[..., 2:] * hat_basis(values, torch.tensor(self.shape_knots, dtype=values.dtype))).sum(-1)
+            out = out + (w[..., 2:] * hat_basis(values, self.knots.to(values.dtype))).sum(-1)
         return out
 
     def feature_mask(self, index: torch.Tensor) -> torch.Tensor:
