@@ -287,6 +287,33 @@ class NSFLTask(SelectedCalibrated):
         return export_model(self.model, path, dictionary=self.table.dictionary, calibration=self.calibration,
                             meta={"site": self.table.site, "selected_round": kept})
 
+    @property
+    def exportable(self) -> bool:
+        """Whether :meth:`export` can write this model (a temporal model is scored in the SDK)."""
+        return self.config.model.temporal == "none"
+
+    def export_kept(self, path: str | Path) -> tuple[Path, Path] | None:
+        """Export the model this hospital would keep if the run ended now -- :meth:`finish`'s
+        choice: the round selected on validation so far, calibrated on validation -- and put
+        the training state back, so the next round trains on exactly what it would have.
+        What a deployed hospital writes after every round (:class:`~.client.HospitalClient`);
+        returns None without writing when the kept round has not changed since the last export
+        to ``path`` (the file already holds it)."""
+        kept = self.selection.best_round if self.selection is not None else None
+        key = (str(path), kept)
+        if kept is not None and key == getattr(self, "_exported", None) and Path(path).exists():
+            return None
+        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        calibration = self.calibration
+        try:
+            self.finish()
+            written = self.export(path)
+            self._exported = key
+            return written
+        finally:
+            self.model.load_state_dict(state)
+            self.calibration = calibration
+
     def quality(self) -> dict[str, float]:
         if self._quality is None:
             raise ConfigError("Quality metrics need [release] metrics = 'quality'.")

@@ -20,12 +20,14 @@ What the file does not hold: patient data, the training table, the federation's 
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from clinograph.secure.errors import SchemaError
+from clinograph.secure.fileio import atomic_write
 from torch import nn
 
 from ..graph.star import star_batch
@@ -138,9 +140,13 @@ def _write(wrapped: nn.Module, path: str | Path, info: dict) -> tuple[Path, Path
     with torch.no_grad():
         traced = torch.jit.trace(wrapped, example, check_trace=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    traced.save(str(path))
+    buf = io.BytesIO()
+    torch.jit.save(traced, buf)
     sidecar = path.with_name(path.name + ".json")
-    sidecar.write_text(json.dumps(info, indent=2, sort_keys=True))
+    # Each file replaced atomically, the model first: a reader (or a hospital killed mid-export)
+    # never sees a torn file; the sidecar names the dictionary hash that load_exported checks.
+    atomic_write(path, buf.getvalue())
+    atomic_write(sidecar, json.dumps(info, indent=2, sort_keys=True))
     return path, sidecar
 
 
