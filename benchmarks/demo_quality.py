@@ -49,7 +49,8 @@ ABLATIONS: dict[str, dict] = {
     "rounds_30": {"federation": {"rounds": 30}},
     "k_similar_0": {"graph": {"k_similar": 0}},
     "personal_head": {"personal": {"modules": ["head/task"]}},
-    # since the demo plans linear_shape with wide_lr_factor 0.3, the rows below are relative to that
+    # every row is relative to demo_config (which since issue 15 plans linear_shape, wide_lr_factor 0.3);
+    # demo_quality_ablation_{a,b,c}.json were measured before that, demo_quality_ablation_d.json too
     "no_linear_shape": {"model": {"linear_shape": False}, "training": {"wide_lr_factor": 1.0}},
     "linear_shape": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 1.0}},
     "linear_shape_lr_0.01": {"model": {"linear_shape": True}, "training": {"lr": 0.01, "wide_lr_factor": 1.0}},
