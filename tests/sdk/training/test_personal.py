@@ -6,8 +6,8 @@ from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation
 from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
-from clinograph.sdk.training.personal import fine_tune_personal, personal_module_map
 from clinograph.sdk.training.local import TrainConfig
+from clinograph.sdk.training.personal import fine_tune_personal, personal_module_map
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.spec import ModuleKind
