@@ -217,7 +217,9 @@ def run_seed(seed: int, *, rounds: int, workdir: Path, grid=GRID) -> dict:
                  north_posterior_pap_mass=_pap_mass(space, fit.candidates, fit.posterior),
                  north_prior_pap_mass_on_candidates=_pap_mass(space, fit.candidates,
                                                                prior[fit.candidates] / prior[fit.candidates].sum()),
-                 north_posterior_max=float(fit.posterior.max()), north_kl=fit.kl,
+                 north_posterior_max=float(fit.posterior.max()), north_kl=fit.kl, north_scale=fit.scale,
+                 north_logit_sd_train=float(fit.scale * np.std(graphs['north'].body_values(
+                     [space.bodies[int(j)] for j in fit.candidates], rows=splits['north'][0]) @ fit.posterior)),
                  top_rules=[[str(space.rule(0, j)), float(prior[j])] for j in np.argsort(-prior)[:5]],
                  north_posterior_top=[[str(space.rule(0, int(fit.candidates[j]))), float(fit.posterior[j])]
                                       for j in np.argsort(-fit.posterior)[:5]],
@@ -290,7 +292,7 @@ def main() -> None:
     grid_summary = {t: {k: {"mean": float(np.mean([r["grid"][t][k] for r in per_seed])),
                             "sd": float(np.std([r["grid"][t][k] for r in per_seed]))}
                         for k in (*keys, "val_cross_mean", "val_own_north", "prior_pap_mass",
-                                  "north_posterior_pap_mass")} for t in tags}
+                                  "north_posterior_pap_mass", "north_scale", "north_logit_sd_train")} for t in tags}
     u = {a: summary[a]["unseen_acc"]["mean"] for a in ARMS}
     wins = [r["fednsl_kl"]["unseen_acc"] > r["fednsl_no_kl"]["unseen_acc"] > r["fedavg"]["unseen_acc"]
             for r in per_seed]
