@@ -59,6 +59,7 @@ ABLATIONS: dict[str, dict] = {
     "linear_shape_wide_lr_x3": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 3.0}},
     "linear_shape_wide_lr_x10": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 10.0}},
     "linear_shape_wide_lr_x0.3": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 0.3}},
+    "patience_10": {"selection": {"patience": 10}},
 }
 
 
