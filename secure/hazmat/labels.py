@@ -9,7 +9,7 @@ PROTOCOL_VERSION = "clinograph/v1"
 SIG_MESSAGE = b"clinograph/v1/sig/message"
 SIG_AUDIT_ENTRY = b"clinograph/v1/sig/audit-entry"
 SIG_AUDIT_HEAD = b"clinograph/v1/sig/audit-head"
-SIG_ROUND_KEYS = b"clinograph/v1/sig/round-keys"
+SIG_ROUND_KEYS = b"clinograph/v1/sig/round-keys"  # masked/1 only; retired in masked/2 (the envelope signs the keys): never reuse
 SIG_PRIVACY_LEDGER = b"clinograph/v1/sig/privacy-ledger"  # a hospital signs its own DP ledger file
 
 # HKDF info labels.
