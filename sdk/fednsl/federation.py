@@ -99,8 +99,9 @@ def run_rules_federation(*, hospitals: Mapping[str, HospitalRules], tests: Mappi
     server = build_server(federation=fed, identity=server_identity, enrolled=publics, initial=initial, audit=audit,
                           dp_policy=None)
     if generator is not None:
-        def m_step(mixture: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-            generator.m_step(mixture, rng=rng)
+        def m_step(mixture: np.ndarray, public_seed: int) -> np.ndarray:
+            # the round's public seed (secure.strategies.rules.round_seed): public sampling, not a secret
+            generator.m_step(mixture, rng=np.random.default_rng(public_seed))
             return generator.prior()
 
         server.strategy.attach_m_step(m_step, generator="transformer")  # type: ignore[attr-defined]

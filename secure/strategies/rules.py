@@ -48,7 +48,35 @@ SUPPORT_MODULE = "rules/support"
 #: Top rules per head published in the ``rules`` artefact.
 TOP_RULES = 10
 
-MStep = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+#: ``m_step(mixture, public_seed) -> prior``: ``public_seed`` is this round's public seed
+#: (:func:`round_seed`), so an attached M-step draws the same samples on any machine and after a
+#: server restart.
+MStep = Callable[[np.ndarray, int], np.ndarray]
+#: Domain label of the public sampling stream (not a secret: seed and mixture are public).
+PUBLIC_SAMPLING = b"clinograph/v1/fednsl/public-m-step-sampling"
+#: Samples drawn per head by the built-in categorical M-step.
+SAMPLES_PER_HEAD = 512
+
+
+def round_seed(seed: int, round_: int) -> int:
+    """The public 64-bit seed of round ``round_``'s M-step, from the strategy's public seed."""
+    digest = hashlib.sha256(PUBLIC_SAMPLING + b"\x00seed\x00" + f"{int(seed)}:{int(round_)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def public_uniforms(seed: int, *, label: str, n: int) -> np.ndarray:
+    """``n`` public uniforms in [0, 1) from SHAKE-256 over (domain, seed, label): a stream fixed by
+    its definition (an auditor reproduces it with any library), unlike numpy's generators, whose
+    streams may change across releases. Public randomness only -- never for a secret."""
+    raw = hashlib.shake_256(PUBLIC_SAMPLING + b"\x00" + f"{int(seed)}:{label}".encode()).digest(8 * n)
+    return (np.frombuffer(raw, dtype=">u8") >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def categorical_counts(probabilities: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """Counts of ``len(uniforms)`` draws from ``probabilities`` by inverse-CDF (a multinomial draw)."""
+    cdf = np.cumsum(probabilities / probabilities.sum())
+    idx = np.minimum(np.searchsorted(cdf, uniforms, side="right"), len(cdf) - 1)
+    return np.bincount(idx, minlength=len(cdf)).astype(np.float64)
 
 
 def load_rule_space(path: str | Path, *, sha256: str) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
@@ -88,11 +116,6 @@ class FedNSLRules(Strategy):
         self.heads, self.bodies = load_rule_space(rule_space, sha256=rule_space_sha256)
         self._path, self._sha = str(rule_space), str(rule_space_sha256)
         self.seed, self.smoothing = int(seed), float(smoothing)
-        # Public randomness, not a secret: the seed is in the signed plan and the M-step's input
-        # (the mixture) is published in the audit trail, so numpy's PCG64 is acceptable here (as in
-        # secure/dag_voting.py's tie-breaks). Its stream may change across numpy releases, so an
-        # auditor recomputing the prior must use the numpy version the audit opening records (``software``).
-        self._rng = np.random.default_rng(self.seed)
         self._m_step: MStep | None = None
         self._counts = np.zeros((len(self.heads), len(self.bodies)))
         self._round = 0
@@ -103,18 +126,20 @@ class FedNSLRules(Strategy):
                 "smoothing": self.smoothing}
 
     def attach_m_step(self, m_step: MStep, *, generator: str) -> None:
-        """Use ``m_step(mixture, rng) -> prior`` (e.g. the SDK's transformer) instead of the
-        categorical M-step; ``generator`` names it in the audit entry."""
+        """Use ``m_step(mixture, public_seed) -> prior`` (e.g. the SDK's transformer) instead of
+        the categorical M-step; ``generator`` names it in the audit entry."""
         self._m_step, self._generator = m_step, generator
 
     def observe(self, *, round_: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
         self._round = int(round_)
 
-    def _categorical_m_step(self, mixture: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Eq. (6) for a categorical generator: the MLE of the pooled samples, smoothed."""
+    def _categorical_m_step(self, mixture: np.ndarray, public_seed: int) -> np.ndarray:
+        """Eq. (6) for a categorical generator: the MLE of the pooled samples, smoothed. The
+        samples come from the public stream of :func:`public_uniforms` (per round and head)."""
         for h, row in enumerate(mixture):
             if row.sum() > 0:
-                self._counts[h] += rng.multinomial(512, row / row.sum())
+                u = public_uniforms(public_seed, label=f"head:{h}", n=SAMPLES_PER_HEAD)
+                self._counts[h] += categorical_counts(row, u)
         c = self._counts + self.smoothing
         return c / c.sum(axis=1, keepdims=True)
 
@@ -131,7 +156,7 @@ class FedNSLRules(Strategy):
         support = np.clip(sums.mean(SUPPORT_MODULE).reshape((2, *shape)), 0.0, None) \
             if sums.weights.get(SUPPORT_MODULE, 0.0) > 0 else np.zeros((2, *shape))
         m_step = self._m_step or self._categorical_m_step
-        prior = np.asarray(m_step(mixture, self._rng), dtype=np.float64).reshape(shape)
+        prior = np.asarray(m_step(mixture, round_seed(self.seed, self._round)), dtype=np.float64).reshape(shape)
         out[POSTERIOR_MODULE] = mixture.reshape(out[POSTERIOR_MODULE].shape)
         out[SUPPORT_MODULE] = support.reshape(out[SUPPORT_MODULE].shape)
         out[PRIOR_MODULE] = prior.reshape(out[PRIOR_MODULE].shape)
