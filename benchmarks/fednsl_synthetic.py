@@ -41,9 +41,7 @@ import time
 import numpy as np
 import torch
 from clinograph.sdk.fednsl.gmm import (
-    COVS,
     GMM,
-    MEANS,
     ClientData,
     accuracy,
     client_round,
@@ -108,18 +106,7 @@ def shared_pool_clients(seed: int, *, per_class: int = 200, relabelled: int = 15
     """A.5 read literally: ONE pool of 600 points; client 1 = classes 0, 1 clean + 150 class-2 points
     relabelled at random (other 50: its unseen test), client 2 = classes 1, 2 clean (all 200 class-2
     points, so the ones client 1 sees relabelled) + 150 class-0 points relabelled (other 50: test)."""
-    rng = np.random.default_rng(seed)
-    xs = [rng.multivariate_normal(MEANS[c], COVS[c], size=per_class) for c in range(3)]
-    out = []
-    for unseen in (2, 0):
-        seen = [c for c in range(3) if c != unseen]
-        perm = rng.permutation(per_class)
-        noisy, test = xs[unseen][perm[:relabelled]], xs[unseen][perm[relabelled:]]
-        x = np.concatenate([xs[seen[0]], xs[seen[1]], noisy])
-        y = np.concatenate([np.full(per_class, seen[0]), np.full(per_class, seen[1]), rng.integers(0, 3, relabelled)])
-        mask = np.concatenate([np.ones(2 * per_class, bool), np.zeros(relabelled, bool)])
-        out.append(ClientData(x, y, mask, test, np.full(len(test), unseen), unseen))
-    return out
+    return make_clients(seed, per_class=per_class, relabelled=relabelled, shared_pool=True)
 
 
 def _finetune_validated(glob: nn.Module, data, seed: int) -> tuple[list[nn.Module], list[int]]:

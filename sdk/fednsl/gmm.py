@@ -48,12 +48,16 @@ class ClientData:
     unseen_class: int
 
 
-def make_clients(seed: int, *, per_class: int = 200, relabelled: int = 150) -> list[ClientData]:
-    """The two clients of A.5 (see the module docstring)."""
+def make_clients(seed: int, *, per_class: int = 200, relabelled: int = 150,
+                 shared_pool: bool = False) -> list[ClientData]:
+    """The two clients of A.5 (see the module docstring). ``shared_pool``: A.5 read literally --
+    ONE pool of ``3 × per_class`` points that both clients draw from (client 1's relabelled
+    class-2 points are among client 2's clean ones), instead of a fresh sample per client."""
     rng = np.random.default_rng(seed)  # synthetic data from a public seed: nothing secret is drawn (style 13)
+    pool = [rng.multivariate_normal(MEANS[c], COVS[c], size=per_class) for c in range(3)] if shared_pool else None
     out = []
     for unseen in (2, 0):
-        xs = [rng.multivariate_normal(MEANS[c], COVS[c], size=per_class) for c in range(3)]
+        xs = pool or [rng.multivariate_normal(MEANS[c], COVS[c], size=per_class) for c in range(3)]
         seen = [c for c in range(3) if c != unseen]
         perm = rng.permutation(per_class)
         noisy, test = xs[unseen][perm[:relabelled]], xs[unseen][perm[relabelled:]]
