@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 
+from clinograph.sdk.ingest import ingest
 from clinograph.sdk.research.alarm_demo import (
     BLOOD_GAS,
     HospitalSpec,
     load_dictionary,
     make_hospital_tables,
 )
-from clinograph.sdk.ingest import ingest
 
 SMALL = (
     HospitalSpec("north", 160, renames=(("heart_rate", "HR"), ("glucose", "GLU")), units=(("glucose", "mg/dL"),)),
@@ -30,3 +30,16 @@ def small_tables(seed: int = 0):
 def raw_tables(seed: int = 0):
     """The same hospitals as (DataFrame, SiteSchema) before ingestion."""
     return tuple(make_hospital_tables(seed=seed, hospitals=SMALL))
+
+
+#: The survival target the lung-cohort tests train on (months, public breaks).
+SURVIVAL_TARGET = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36], "horizon": 12}
+
+
+@functools.cache
+def lung_survival():
+    """The lung cohort in survival form: (dictionary, its hospitals' ingested tables). Needs lifelines."""
+    from clinograph.sdk.research.real_tables import cohort_tables
+
+    c = cohort_tables("lung", form="survival")
+    return c.dictionary, tuple(ingest(df, schema=s, dictionary=c.dictionary) for df, s in c.hospitals)

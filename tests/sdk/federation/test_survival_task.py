@@ -3,7 +3,6 @@ head ([target] kind = "survival"), federated (masked) like the binary head, sele
 federated validation (hazard) loss, scoring C-index and horizon AUROC; predict_table gives the
 risk at the horizon, predict_survival_table the curves; clear errors for what is not supported."""
 
-import functools
 
 import numpy as np
 import pytest
@@ -13,18 +12,12 @@ from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest import ingest
 from clinograph.secure.errors import ConfigError
+from sdk_helpers import SURVIVAL_TARGET, lung_survival
 
 pytest.importorskip("lifelines")
 
-TARGET = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36], "horizon": 12}
-
-
-@functools.cache
-def lung():
-    from clinograph.sdk.research.real_tables import cohort_tables
-
-    c = cohort_tables("lung", form="survival")
-    return c.dictionary, tuple(ingest(df, schema=s, dictionary=c.dictionary) for df, s in c.hospitals)
+TARGET = SURVIVAL_TARGET
+lung = lung_survival
 
 
 def cfg(rounds=3, **over):

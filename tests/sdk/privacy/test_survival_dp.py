@@ -6,7 +6,6 @@ round through the NS-FL task records ε in the hospital's ledger; distributed DP
 from __future__ import annotations
 
 import copy
-import functools
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ from clinograph.sdk.config import HospitalConfig, SimulationConfig
 from clinograph.sdk.federation.nsfl_task import NSFLTask
 from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.graph.star import star_batch
-from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.heads import SurvivalNSFLModel
 from clinograph.sdk.model.nsfl import NSFLConfig
 from clinograph.sdk.privacy import unused_star_parameters
@@ -26,18 +24,12 @@ from clinograph.sdk.privacy.survival import (
     hazard_loss_sum,
 )
 from clinograph.sdk.training.survival import interval_targets
+from sdk_helpers import SURVIVAL_TARGET, lung_survival
 
 pytest.importorskip("lifelines")
 
-TARGET = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36], "horizon": 12}
-
-
-@functools.cache
-def lung():
-    from clinograph.sdk.research.real_tables import cohort_tables
-
-    c = cohort_tables("lung", form="survival")
-    return c.dictionary, tuple(ingest(df, schema=s, dictionary=c.dictionary) for df, s in c.hospitals)
+TARGET = SURVIVAL_TARGET
+lung = lung_survival
 
 
 def _model_and_batch(n: int = 9):
