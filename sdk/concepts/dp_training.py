@@ -34,10 +34,10 @@ from clinograph.secure.identity import Identity
 
 from ..config import PrivacySection
 from ..privacy.accountant import PrivacyLedger, normalise
-from ..privacy.calibration import calibrate_noise_multiplier, poisson_plan
+from ..privacy.calibration import poisson_plan
 from ..privacy.guard import refuse_coupled_plan
 from ..privacy.noise import secure_gaussian
-from ..privacy.trainer import poisson_indices
+from ..privacy.trainer import ledger_and_sigma, poisson_indices
 from ..training.trainer import TrainOutcome
 from .dp import dp_sgd_step, trainable_names
 
@@ -132,17 +132,6 @@ def concept_dp_trainer(*, privacy: PrivacySection, n_train: int, site: str, stat
     if privacy.clipping != "flat":
         raise ConfigError(f"Hospital {site!r}: [privacy] clipping = {privacy.clipping!r} is not implemented for "
                           "concept tasks. Fix: set clipping = 'flat'.")
-    ledger = PrivacyLedger(Path(state_dir), site=site, budget_epsilon=privacy.epsilon_budget, delta=privacy.delta,
-                           accountant=privacy.accountant, signer=signer)
-    q, per_epoch = poisson_plan(n_train=n_train, batch_size=privacy.batch_size)
-    sigma = privacy.noise_multiplier
-    if sigma is None:
-        if privacy.planned_rounds is None:
-            raise PrivacyError(f"Hospital {site!r}: [privacy] needs noise_multiplier, or planned_rounds to calibrate "
-                               "σ to the ε budget over the run. Set one of them in the hospital config.")
-        steps = privacy.planned_rounds * (privacy.planned_local_epochs or 1) * per_epoch
-        sigma = calibrate_noise_multiplier(target_epsilon=privacy.target_epsilon or privacy.epsilon_budget,
-                                           delta=privacy.delta, sample_rate=q, steps=steps,
-                                           accountant=privacy.accountant)
+    ledger, sigma = ledger_and_sigma(privacy, site=site, state_dir=state_dir, n_train=n_train, signer=signer)
     return ConceptDPTrainer(ledger=ledger, n_train=n_train, noise_multiplier=float(sigma),
                             clip_norm=privacy.clip_norm, batch_size=privacy.batch_size)

@@ -32,7 +32,7 @@ from torch.utils.data import TensorDataset
 from ..model.heads import HazardBaseline
 from ..training.survival import interval_targets
 from .per_patient import PerPatientClipper, star_probe
-from .trainer import DPTrainer, unused_star_parameters
+from .trainer import DPTrainer, dp_trainer_factory, unused_star_parameters
 
 
 def hazard_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -179,12 +179,5 @@ def survival_dp_trainer(*, table, train_idx: np.ndarray, config, site: str, stat
                         breaks: np.ndarray) -> SurvivalDPTrainer:
     """The survival DP trainer of a hospital: σ, clipping, ledger and accountant exactly as
     :func:`clinograph.sdk.privacy.trainer.dp_trainer_factory` sets them from ``[privacy]``."""
-    from .trainer import dp_trainer_factory
-
-    base = dp_trainer_factory(table=table, train_idx=train_idx, config=config, site=site, state_dir=state_dir,
-                              signer=signer)
-    return SurvivalDPTrainer(table, breaks=breaks, train_idx=train_idx, ledger=base.ledger,
-                             noise_multiplier=base.noise_multiplier, clip_norm=base.clip_norm,
-                             batch_size=base.batch_size, train_config=base.config, clipping=base.clipping,
-                             adaptive=base.adaptive or None, optimizer=base.optimizer, lr=base.lr,
-                             grad_sample_mode=config.privacy.grad_sample_mode)
+    return dp_trainer_factory(table=table, train_idx=train_idx, config=config, site=site, state_dir=state_dir,
+                              signer=signer, trainer_cls=SurvivalDPTrainer, breaks=breaks)

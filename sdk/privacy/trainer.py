@@ -41,7 +41,7 @@ from clinograph.secure.identity import Identity
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
 
-from ..config import HospitalConfig
+from ..config import HospitalConfig, PrivacySection
 from ..graph.star import star_batch
 from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
@@ -299,13 +299,39 @@ class DPTrainer:
                 f"grad_sample_mode={self.grad_sample_mode!r})")
 
 
+def ledger_and_sigma(privacy: PrivacySection, *, site: str, state_dir: str | Path, n_train: int,
+                     signer: Identity | None = None) -> tuple[PrivacyLedger, float]:
+    """A hospital's ledger (in ``state_dir``, signed by ``signer``) and σ: ``noise_multiplier``
+    or, if unset, calibrated to ``target_epsilon`` (default ``epsilon_budget``) over
+    ``planned_rounds`` × ``planned_local_epochs`` epochs of ⌈n/B⌉ Poisson steps. Every local-DP
+    trainer (NS-FL, survival, concept models) starts here.
+
+    Raises:
+        PrivacyError: σ must be calibrated but ``planned_rounds`` is unset.
+    """
+    ledger = PrivacyLedger(Path(state_dir), site=site, budget_epsilon=privacy.epsilon_budget, delta=privacy.delta,
+                           accountant=privacy.accountant, signer=signer)  # signer: the ledger file is signed
+    sigma = privacy.noise_multiplier
+    if sigma is None:
+        if privacy.planned_rounds is None:
+            raise PrivacyError(f"Hospital {site!r}: [privacy] needs noise_multiplier, or planned_rounds to calibrate "
+                               "σ to the ε budget over the run. Set one of them in the hospital config.")
+        q, steps_epoch = poisson_plan(n_train=n_train, batch_size=privacy.batch_size)
+        epochs = privacy.planned_rounds * (privacy.planned_local_epochs or 1)
+        sigma = calibrate_noise_multiplier(target_epsilon=privacy.target_epsilon or privacy.epsilon_budget,
+                                           delta=privacy.delta, sample_rate=q, steps=epochs * steps_epoch,
+                                           accountant=privacy.accountant)
+    return ledger, float(sigma)
+
+
 def dp_trainer_factory(*, table: PatientTable, train_idx: np.ndarray, config: HospitalConfig, site: str,
-                       state_dir: str | Path, signer: Identity | None = None) -> DPTrainer:
+                       state_dir: str | Path, signer: Identity | None = None,
+                       trainer_cls: type[DPTrainer] | None = None, **extra) -> DPTrainer:
     """The DP trainer of a hospital built from its :class:`~clinograph.sdk.config.HospitalConfig`.
 
-    σ is ``privacy.noise_multiplier`` or, if unset, calibrated to ``target_epsilon`` (default
-    ``epsilon_budget``) over ``planned_rounds`` × ``planned_local_epochs`` epochs. The ledger
-    lives in ``state_dir`` (one folder per hospital).
+    σ and the ledger as :func:`ledger_and_sigma` (the ledger lives in ``state_dir``, one folder
+    per hospital). ``trainer_cls`` (default :class:`DPTrainer`) and ``extra`` keyword arguments
+    build a subclass on the same settings (the survival head's trainer).
 
     Raises:
         PrivacyError: DP is not enabled, ``[graph] k_similar > 0``, or σ must be calibrated
@@ -316,20 +342,11 @@ def dp_trainer_factory(*, table: PatientTable, train_idx: np.ndarray, config: Ho
         raise PrivacyError("dp_trainer_factory needs [privacy] enabled = true (it would otherwise claim a DP "
                            "guarantee the federation's policy does not check).")
     refuse_coupled_training(k_similar=config.graph.k_similar, site=site)
-    ledger = PrivacyLedger(Path(state_dir), site=site, budget_epsilon=priv.epsilon_budget, delta=priv.delta,
-                           accountant=priv.accountant, signer=signer)  # signer: the ledger file is signed
-    q, steps_epoch = poisson_plan(n_train=len(train_idx), batch_size=priv.batch_size)
-    sigma = priv.noise_multiplier
-    if sigma is None:
-        if priv.planned_rounds is None:
-            raise PrivacyError(f"Hospital {site!r}: [privacy] needs noise_multiplier, or planned_rounds to calibrate "
-                               "σ to the ε budget over the run. Set one of them in the hospital config.")
-        epochs = priv.planned_rounds * (priv.planned_local_epochs or 1)
-        sigma = calibrate_noise_multiplier(target_epsilon=priv.target_epsilon or priv.epsilon_budget, delta=priv.delta,
-                                           sample_rate=q, steps=epochs * steps_epoch, accountant=priv.accountant)
+    ledger, sigma = ledger_and_sigma(priv, site=site, state_dir=state_dir, n_train=len(train_idx), signer=signer)
     adaptive = {k: getattr(priv, k) for k in ("target_unclipped_quantile", "clipbound_learning_rate", "max_clipbound",
                                               "min_clipbound", "unclipped_num_std")}
-    return DPTrainer(table, train_idx=train_idx, ledger=ledger, noise_multiplier=sigma, clip_norm=priv.clip_norm,
-                     batch_size=priv.batch_size, train_config=config.training, clipping=priv.clipping,
-                     adaptive=adaptive if priv.clipping == "adaptive" else None,
-                     grad_sample_mode=priv.grad_sample_mode)
+    return (trainer_cls or DPTrainer)(table, train_idx=train_idx, ledger=ledger, noise_multiplier=sigma,
+                                      clip_norm=priv.clip_norm, batch_size=priv.batch_size,
+                                      train_config=config.training, clipping=priv.clipping,
+                                      adaptive=adaptive if priv.clipping == "adaptive" else None,
+                                      grad_sample_mode=priv.grad_sample_mode, **extra)
