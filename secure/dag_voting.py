@@ -21,7 +21,9 @@ number of hospitals that supervise each concept and that observe each pair.
 The decision (:func:`decide_dag`) is public post-processing of the tally: argmax over the
 three outcomes with a seeded random tie-break, projection to a DAG by repeatedly dropping
 the weakest edge of a cycle, and at least one parent for the task.  The tie-break seed is
-not secret; ``numpy.random`` is used for it only.
+not secret; the draws come from the public SHAKE-256 stream of
+:mod:`clinograph.secure.public_random` (domain :data:`PUBLIC_TIE_BREAK`), which an auditor can
+recompute with any library -- not from numpy's generators, whose streams may change.
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ProtocolError, SchemaError
+from .public_random import public_index
 from .spec import ModuleKind, ModuleSpec
 
 #: Name of the vote module in the ModelSpec (summed like any shared module).
 VOTE_MODULE = "vote/dag"
 _SLOTS = 4  # S_ij, S_ji, S_none, observed-both
+#: Domain label of the public tie-break stream (not a secret: the seed and the tally are public).
+PUBLIC_TIE_BREAK = b"clinograph/v1/dag-voting/public-tie-break"
 _TOL = 1e-9
 
 
@@ -224,8 +229,9 @@ def decide_dag(tally: DagTally, *, task: str | None, seed: int, round_: int = 0,
     Nodes are the concepts with positive support plus ``known`` (concepts retained from
     earlier rounds).  Pairs no hospital observed get no edge (the paper's tally is all zeros
     there; we do not draw a random edge between never co-observed nodes).  Ties among the
-    maximal outcomes are broken uniformly with ``numpy.random.default_rng(seed)`` (public
-    post-processing; deterministic per seed).  Cycles are resolved by repeatedly removing the
+    maximal outcomes are broken uniformly by :func:`public_index` on the public stream
+    (``seed``, labelled by the pair or by ``parent``; deterministic per seed, reproducible on any
+    machine).  Cycles are resolved by repeatedly removing the
     cycle edge with the smallest strength ``[S_bar]_ij`` (ties: the first in list order).
     If the task is active and ends with no parent, the non-descendant with the highest
     ``[S_bar]_{c,task}`` becomes its parent (ties seeded), so ``y`` is always predicted from a concept.
@@ -235,7 +241,6 @@ def decide_dag(tally: DagTally, *, task: str | None, seed: int, round_: int = 0,
     """
     names = tally.concepts
     n = len(names)
-    rng = np.random.default_rng(seed)
     active = (tally.support > 0) | np.array([c in set(known) for c in names], dtype=bool)
     adj = np.zeros((n, n), dtype=np.int64)
     for i, j in zip(*_pairs(n), strict=True):
@@ -243,7 +248,8 @@ def decide_dag(tally: DagTally, *, task: str | None, seed: int, round_: int = 0,
             continue
         options = np.array([tally.strength[i, j], tally.strength[j, i], tally.none[i, j]])
         best = np.flatnonzero(options >= options.max() - tie_tolerance)
-        choice = int(best[0]) if len(best) == 1 else int(rng.choice(best))
+        choice = int(best[0]) if len(best) == 1 else int(best[public_index(
+            PUBLIC_TIE_BREAK, seed, label=f"pair:{names[i]}:{names[j]}", k=len(best))])
         if choice == 0:
             adj[i, j] = 1
         elif choice == 1:
@@ -267,7 +273,8 @@ def decide_dag(tally: DagTally, *, task: str | None, seed: int, round_: int = 0,
                 adj[t, :] = 0  # every concept hangs below the task: cut its outgoing edges
             scores = np.array([tally.strength[k, t] for k in cands])
             best = [cands[i] for i in np.flatnonzero(scores >= scores.max() - tie_tolerance)]
-            parent = best[0] if len(best) == 1 else int(rng.choice(best))
+            parent = best[0] if len(best) == 1 else best[public_index(
+                PUBLIC_TIE_BREAK, seed, label=f"parent:{task}", k=len(best))]
             adj[parent, t] = 1
             added = (names[parent], task)
     def mat(a: np.ndarray) -> tuple[tuple[float, ...], ...]:

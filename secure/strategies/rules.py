@@ -40,6 +40,7 @@ import numpy as np
 
 from ..aggregation.base import ModuleSums
 from ..errors import ConfigError
+from ..public_random import public_uniforms as _public_uniforms
 from .base import Strategy
 
 PRIOR_MODULE = "rules/prior"
@@ -65,11 +66,10 @@ def round_seed(seed: int, round_: int) -> int:
 
 
 def public_uniforms(seed: int, *, label: str, n: int) -> np.ndarray:
-    """``n`` public uniforms in [0, 1) from SHAKE-256 over (domain, seed, label): a stream fixed by
-    its definition (an auditor reproduces it with any library), unlike numpy's generators, whose
+    """``n`` public uniforms in [0, 1) of the M-step's stream (:mod:`clinograph.secure.public_random`
+    under :data:`PUBLIC_SAMPLING`): fixed by its definition, unlike numpy's generators, whose
     streams may change across releases. Public randomness only -- never for a secret."""
-    raw = hashlib.shake_256(PUBLIC_SAMPLING + b"\x00" + f"{int(seed)}:{label}".encode()).digest(8 * n)
-    return (np.frombuffer(raw, dtype=">u8") >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return _public_uniforms(PUBLIC_SAMPLING, seed, label=label, n=n)
 
 
 def categorical_counts(probabilities: np.ndarray, uniforms: np.ndarray) -> np.ndarray:

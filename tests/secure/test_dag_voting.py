@@ -218,3 +218,20 @@ def test_votes_through_masked_aggregation_give_the_same_dag():
     assert masked_dag.edges() == plain_dag.edges()
     # lung-dysp: 0.9 for lung->dysp, 0.4 for dysp->lung, 1.0 (h2) for no edge: no edge wins
     assert set(plain_dag.edges()) == {("smoke", "lung"), ("smoke", "bronc"), ("bronc", "dysp")}
+
+
+def test_tie_break_follows_the_public_stream():
+    """The auditor's recomputation: the tie-break is public_index on the documented domain and label."""
+    from clinograph.secure.dag_voting import PUBLIC_TIE_BREAK
+    from clinograph.secure.public_random import public_index
+
+    concepts = ("a", "b", "y")
+    a_b = np.array([[0, 1, 1], [0, 0, 1], [0, 0, 0]], dtype=float)
+    b_a = np.array([[0, 0, 1], [1, 0, 1], [0, 0, 0]], dtype=float)
+    total = (encode_vote(concepts=concepts, local_nodes=concepts, scores=a_b, weight=1.0)
+             + encode_vote(concepts=concepts, local_nodes=concepts, scores=b_a, weight=1.0))
+    tally = tally_from_sum(concepts=concepts, summed=total)
+    for seed in range(12):
+        # options are (a->b, b->a, none) = (1, 1, 0): the tie is among the first two
+        expect = ("a", "b") if public_index(PUBLIC_TIE_BREAK, seed, label="pair:a:b", k=2) == 0 else ("b", "a")
+        assert expect in decide_dag(tally, task="y", seed=seed).edges()
