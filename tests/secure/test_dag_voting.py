@@ -97,13 +97,18 @@ def test_decision_is_a_dag_and_task_keeps_a_parent(data, seed):
     assert again == out, "tie-break not deterministic per seed"
 
 
-def test_tie_break_is_seeded_and_random():
+def _tied_pair_tally():
+    """Two voters on (a, b, y): a->b and b->a tied at 1, "none" at 0; both point at y."""
     concepts = ("a", "b", "y")
     a_b = np.array([[0, 1, 1], [0, 0, 1], [0, 0, 0]], dtype=float)
     b_a = np.array([[0, 0, 1], [1, 0, 1], [0, 0, 0]], dtype=float)
     total = (encode_vote(concepts=concepts, local_nodes=concepts, scores=a_b, weight=1.0)
              + encode_vote(concepts=concepts, local_nodes=concepts, scores=b_a, weight=1.0))
-    tally = tally_from_sum(concepts=concepts, summed=total)
+    return tally_from_sum(concepts=concepts, summed=total)
+
+
+def test_tie_break_is_seeded_and_random():
+    tally = _tied_pair_tally()
     # a->b, b->a tied at 1, "none" at 0: both orientations must appear across seeds
     seen = {tuple(decide_dag(tally, task="y", seed=s).edges()) for s in range(40)}
     assert len(seen) == 2
@@ -225,12 +230,7 @@ def test_tie_break_follows_the_public_stream():
     from clinograph.secure.dag_voting import PUBLIC_TIE_BREAK
     from clinograph.secure.public_random import public_index
 
-    concepts = ("a", "b", "y")
-    a_b = np.array([[0, 1, 1], [0, 0, 1], [0, 0, 0]], dtype=float)
-    b_a = np.array([[0, 0, 1], [1, 0, 1], [0, 0, 0]], dtype=float)
-    total = (encode_vote(concepts=concepts, local_nodes=concepts, scores=a_b, weight=1.0)
-             + encode_vote(concepts=concepts, local_nodes=concepts, scores=b_a, weight=1.0))
-    tally = tally_from_sum(concepts=concepts, summed=total)
+    tally = _tied_pair_tally()
     for seed in range(12):
         # options are (a->b, b->a, none) = (1, 1, 0): the tie is among the first two
         expect = ("a", "b") if public_index(PUBLIC_TIE_BREAK, seed, label="pair:a:b", k=2) == 0 else ("b", "a")
