@@ -33,7 +33,7 @@ from clinograph.secure.hazmat.discrete_noise import CsprngUniform
 from clinograph.secure.identity import Identity
 
 from ..config import PrivacySection
-from ..privacy.accountant import PrivacyLedger, normalise
+from ..privacy.accountant import PrivacyLedger
 from ..privacy.calibration import poisson_plan
 from ..privacy.guard import refuse_coupled_plan
 from ..privacy.noise import secure_gaussian
@@ -77,10 +77,8 @@ class ConceptDPTrainer:
               plan_options: Mapping[str, float | int | str | bool]) -> TrainOutcome:
         """One round: ``epochs`` × ⌈n/B⌉ DP-SGD steps on the currently trainable modules."""
         refuse_coupled_plan(plan_options, site=self.ledger.site)
-        if normalise(self.accountant.history) != self.ledger.history:
-            self.accountant = self.ledger.make_accountant()  # the ledger is the source of truth
-        self.ledger.check_round(round_=round_, noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
-                                steps=self.planned_steps(epochs))
+        self.accountant = self.ledger.begin_round(self.accountant, round_=round_, noise_multiplier=self.noise_multiplier,
+                                                  sample_rate=self.sample_rate, steps=self.planned_steps(epochs))
         names = trainable_names(model)
         opt = self._optimizer([p for p in model.parameters() if p.requires_grad], lr=lr)
         n = int(len(train_idx))
@@ -102,10 +100,9 @@ class ConceptDPTrainer:
         finally:
             for p in model.parameters():
                 p.grad = None
-            if not completed and normalise(self.accountant.history) != self.ledger.history:
-                self.ledger.commit(round_=round_, history=self.accountant.history,
-                                   noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
-                                   clip_norm=self.clip_norm)  # steps taken before a failure count
+            if not completed:  # steps taken before a failure count
+                self.ledger.commit_interrupted(self.accountant, round_=round_, noise_multiplier=self.noise_multiplier,
+                                               sample_rate=self.sample_rate, clip_norm=self.clip_norm)
         entry = self.ledger.commit(round_=round_, history=self.accountant.history,
                                    noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
                                    clip_norm=self.clip_norm)

@@ -219,6 +219,25 @@ class PrivacyLedger:
                 "weakens the guarantee and needs your governance's approval).")
         return projected
 
+    def begin_round(self, accountant, *, round_: int, noise_multiplier: float, sample_rate: float,  # noqa: ANN001, ANN201
+                    steps: int):
+        """Start a round: the accountant to count it with and :meth:`check_round`'s refusal.
+
+        The ledger is the source of truth: an accountant whose history differs from the stored one
+        (e.g. after a failed commit) is replaced by one restored from the ledger."""
+        if normalise(accountant.history) != self.history:
+            accountant = self.make_accountant()
+        self.check_round(round_=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
+        return accountant
+
+    def commit_interrupted(self, accountant, *, round_: int, noise_multiplier: float,  # noqa: ANN001
+                           sample_rate: float, clip_norm: float) -> None:
+        """After a round that failed part-way: the steps already taken changed the model (personal
+        modules persist), so they are recorded; nothing is written if no step was taken."""
+        if normalise(accountant.history) != self.history:
+            self.commit(round_=round_, history=accountant.history, noise_multiplier=noise_multiplier,
+                        sample_rate=sample_rate, clip_norm=clip_norm)
+
     def commit(self, *, round_: int, history: list, noise_multiplier: float, sample_rate: float,
                clip_norm: float) -> LedgerEntry:
         """Record the accountant's history after a round (what Opacus counted) and return its entry."""

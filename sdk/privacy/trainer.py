@@ -47,7 +47,7 @@ from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
 from ..training.local import TrainConfig, predict
 from ..training.trainer import TrainOutcome
-from .accountant import PrivacyLedger, normalise
+from .accountant import PrivacyLedger
 from .calibration import calibrate_noise_multiplier, poisson_plan
 from .guard import refuse_coupled_plan, refuse_coupled_training
 from .noise import install_secure_noise, os_seeded_generator, secure_gaussian
@@ -233,11 +233,8 @@ class DPTrainer:
               plan_options: dict[str, float | int | str | bool]) -> TrainOutcome:
         t0 = time.perf_counter()
         refuse_coupled_plan(plan_options, site=self.ledger.site)
-        if normalise(self.accountant.history) != self.ledger.history:
-            # the ledger is the source of truth (e.g. a failed commit): carry its history on
-            self.accountant = self.ledger.make_accountant()
-        self.ledger.check_round(round_=round_, noise_multiplier=self.noise_multiplier,
-                                sample_rate=self.sample_rate, steps=self.planned_steps(epochs))
+        self.accountant = self.ledger.begin_round(self.accountant, round_=round_, noise_multiplier=self.noise_multiplier,
+                                                  sample_rate=self.sample_rate, steps=self.planned_steps(epochs))
         if self._model is not model:
             self._build(model)
         frozen = self._freeze(model)
@@ -275,11 +272,9 @@ class DPTrainer:
             self._unfreeze(frozen)
             for p in model.parameters():
                 p.grad = None
-            if not completed and normalise(self.accountant.history) != self.ledger.history:
-                # steps taken before a failure changed the model (personal modules persist): they count
-                self.ledger.commit(round_=round_, history=self.accountant.history,
-                                   noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
-                                   clip_norm=self.clip_norm)
+            if not completed:
+                self.ledger.commit_interrupted(self.accountant, round_=round_, noise_multiplier=self.noise_multiplier,
+                                               sample_rate=self.sample_rate, clip_norm=self.clip_norm)
         clip = float(self.adaptive.get("max_clipbound", self.clip_norm)) if self.clipping == "adaptive" else self.clip_norm
         t_acc = time.perf_counter()
         entry = self.ledger.commit(round_=round_, history=self.accountant.history,

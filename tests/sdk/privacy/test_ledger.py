@@ -127,3 +127,21 @@ def test_zero_noise_is_refused_as_infinite_epsilon(tmp_path):
     ledger = PrivacyLedger(tmp_path, site="alpha", budget_epsilon=1e6, delta=DELTA)
     with pytest.raises(PrivacyBudgetExceeded, match="to inf"):
         ledger.check_round(round_=0, noise_multiplier=0.0, sample_rate=0.1, steps=1)
+
+
+def test_begin_round_restores_a_stale_accountant_and_interrupted_rounds_count(tmp_path):
+    ledger = PrivacyLedger(tmp_path, site="alpha", budget_epsilon=100.0, delta=DELTA)
+    _run_round(ledger, round_=0, sigma=1.0, q=0.1, steps=5)
+    stale = ledger.make_accountant([])  # e.g. an accountant left behind by a failed commit
+    acc = ledger.begin_round(stale, round_=1, noise_multiplier=1.0, sample_rate=0.1, steps=5)
+    assert acc is not stale and normalise(acc.history) == ledger.history
+    current = ledger.make_accountant()
+    assert ledger.begin_round(current, round_=1, noise_multiplier=1.0, sample_rate=0.1, steps=5) is current
+    before = (tmp_path / "privacy_ledger.json").read_bytes()
+    ledger.commit_interrupted(acc, round_=1, noise_multiplier=1.0, sample_rate=0.1, clip_norm=1.0)
+    assert (tmp_path / "privacy_ledger.json").read_bytes() == before, "no step taken: nothing to record"
+    for _ in range(3):  # the round fails after 3 of its 5 steps
+        acc.step(noise_multiplier=1.0, sample_rate=0.1)
+    ledger.commit_interrupted(acc, round_=1, noise_multiplier=1.0, sample_rate=0.1, clip_norm=1.0)
+    assert sum(t for *_, t in ledger.history) == 8
+    assert PrivacyLedger(tmp_path, site="alpha", budget_epsilon=100.0, delta=DELTA).entries[-1]["steps"] == 3
