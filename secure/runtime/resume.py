@@ -42,6 +42,8 @@ def check_journalable(server: FederationServer) -> None:
         raise ConfigError(f"Strategy {strategy.name!r} keeps server-side state between rounds that the crash journal "
                           f"cannot save (no state_dict/load_state_dict). Journalled strategies: "
                           f"{', '.join(sorted(STATELESS_STRATEGIES))}; run without a journal or use one of them.")
+    if strategy.name not in STATELESS_STRATEGIES:
+        strategy.state_dict()  # type: ignore[attr-defined]  # a strategy may refuse (ConfigError) before round 1
 
 
 def _state_blob(server: FederationServer, run: RunState) -> tuple[str | None, dict[str, bytes]]:

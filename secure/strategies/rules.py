@@ -133,6 +133,27 @@ class FedNSLRules(Strategy):
     def observe(self, *, round_: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
         self._round = int(round_)
 
+    # -- crash journal (secure/runtime/resume.py) ----------------------------------------------
+    def state_dict(self) -> dict:
+        """The built-in M-step's pooled sample counts (eq. 6 over all rounds' samples, A.10) and round.
+
+        Refused with an attached M-step: its generator (e.g. the SDK's transformer) keeps state of
+        its own that this server cannot save, and a resume without it would silently change the prior."""
+        if self._m_step is not None:
+            raise ConfigError(f"fednsl_rules with the attached M-step {self._generator!r} cannot be journalled: the "
+                              "generator's own state is not the server's to save. Run without a journal, or use "
+                              "the built-in categorical M-step (no attach_m_step).")
+        return {"rule_space_sha256": self._sha, "round": self._round, "counts": self._counts.tolist()}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore :meth:`state_dict`; refuses a state of another rule space or shape."""
+        counts = np.asarray(state.get("counts", []), dtype=np.float64)
+        if state.get("rule_space_sha256") != self._sha or counts.shape != self._counts.shape \
+                or not np.all(np.isfinite(counts)) or np.any(counts < 0):
+            raise ConfigError("The journal's fednsl_rules state is not for this rule space (digest or shape differ, "
+                              "or counts are not finite and ≥ 0). Resume with the rule space the run started with.")
+        self._counts, self._round = counts, int(state.get("round", 0))
+
     def _categorical_m_step(self, mixture: np.ndarray, public_seed: int) -> np.ndarray:
         """Eq. (6) for a categorical generator: the MLE of the pooled samples, smoothed. The
         samples come from the public stream of :func:`public_uniforms` (per round and head)."""
