@@ -68,7 +68,7 @@ class TrainConfig(_Strict):
     weight_decay: float = Field(default=0.0, ge=0)
     mask_lr_factor: float = Field(default=10.0, gt=0, description="m_f learn this much faster, so they move")
     wide_lr_factor: float = Field(default=1.0, gt=0, description="the wide path's rows ``linear/<f>`` learn this "
-                                  "much faster than the GNN (wide & deep; non-DP local training only)")
+                                  "much faster than the GNN (wide & deep; local training, with or without local DP)")
     seed: int = Field(default=0, ge=0, lt=2**63)
 
 

@@ -147,9 +147,15 @@ class DPTrainer:
         frozen = self._freeze(model)
         try:
             trainable = [p for p in model.parameters() if p.requires_grad]
-            opt = (torch.optim.Adam(trainable, lr=self.lr, weight_decay=self.config.weight_decay)
+            # the wide rows at wide_lr_factor × lr, as in non-DP training: a per-group step size is
+            # post-processing of the noised gradient, so the guarantee is unchanged
+            wide = {id(p) for n, p in model.named_parameters() if p.requires_grad and n.startswith("linear.")}
+            groups = [{"params": [p for p in trainable if id(p) not in wide]},
+                      {"params": [p for p in trainable if id(p) in wide], "lr": self.lr * self.config.wide_lr_factor}]
+            groups = [g for g in groups if g["params"]]
+            opt = (torch.optim.Adam(groups, lr=self.lr, weight_decay=self.config.weight_decay)
                    if self.optimizer == "adam" else
-                   torch.optim.SGD(trainable, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
+                   torch.optim.SGD(groups, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
             self._opt = opt
             if self.grad_sample_mode == "star":
                 fi, x, m = star_probe(model.n_features, row_shape=tuple(self.dataset.tensors[0].shape[1:]))

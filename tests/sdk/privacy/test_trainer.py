@@ -183,3 +183,22 @@ def test_poisson_sampling_comes_from_the_csprng_not_torch_or_numpy(tables, dicti
     se = np.sqrt(q * (1 - q) / (n * steps))
     assert abs(np.mean(sizes) / n - q) < 6 * se  # each patient joins with probability q
     assert np.std(sizes) > 0  # batch sizes vary (Poisson, not fixed-size)
+
+
+@pytest.mark.parametrize("mode", ["star", "hooks"])
+def test_dp_training_honours_the_wide_rows_learning_rate(tables, dictionary, tmp_path, mode):
+    """[training] wide_lr_factor is not silently dropped under DP: Adam moves each row by at most about
+    its lr a step, so at factor 1e-3 the wide rows move < 2·lr·1e-3·steps while the rest moves freely."""
+    moved = {}
+    for factor in (1.0, 1e-3):
+        ledger = PrivacyLedger(tmp_path / str(factor), site=tables[0].site, budget_epsilon=50.0, delta=1e-5)
+        tr = DPTrainer(tables[0], train_idx=np.arange(tables[0].n_patients), ledger=ledger, noise_multiplier=1.0,
+                       clip_norm=1.0, batch_size=16, grad_sample_mode=mode,
+                       train_config=TrainConfig(lr=0.01, wide_lr_factor=factor))
+        model = NSFLModel(len(dictionary.node_ids()), NSFLConfig(hidden=8, linear_shape=True))
+        before = model.linear.weight.detach().clone()
+        tr.train(model, round_=0, epochs=1, plan_options={})
+        moved[factor] = float((model.linear.weight.detach() - before).abs().max())
+        steps = tr.planned_steps(1)
+    assert moved[1e-3] < 2 * 0.01 * 1e-3 * steps
+    assert moved[1.0] > 10 * 2 * 0.01 * 1e-3 * steps
