@@ -110,6 +110,11 @@ class DPTrainer:
         if grad_sample_mode not in GRAD_SAMPLE_MODES:
             raise PrivacyError(f"Unknown grad_sample_mode {grad_sample_mode!r}. Registered: "
                                f"{', '.join(GRAD_SAMPLE_MODES)} (each checked against a per-patient loop in tests).")
+        if "mask_lr_factor" in train_config.model_fields_set:
+            warnings.warn(f"Hospital {ledger.site!r}: [training] mask_lr_factor applies to non-DP training only; under "
+                          "local DP the feature masks m_f learn at the base lr (the setting the DP presets were tuned "
+                          "with). Remove mask_lr_factor from this hospital's config to silence this.", UserWarning,
+                          stacklevel=2)
         # adaptive clipping is Opacus's AdaClipDPOptimizer: it needs Opacus's per-sample gradients
         self.grad_sample_mode = "hooks" if (clipping == "adaptive" and grad_sample_mode == "star") else grad_sample_mode
         self.optimizer, self.lr = optimizer, float(lr if lr is not None else train_config.lr)

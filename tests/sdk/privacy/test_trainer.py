@@ -202,3 +202,10 @@ def test_dp_training_honours_the_wide_rows_learning_rate(tables, dictionary, tmp
         steps = tr.planned_steps(1)
     assert moved[1e-3] < 2 * 0.01 * 1e-3 * steps
     assert moved[1.0] > 10 * 2 * 0.01 * 1e-3 * steps
+
+
+def test_an_explicit_mask_lr_factor_under_dp_is_not_silently_ignored(tables, tmp_path):
+    ledger = PrivacyLedger(tmp_path, site=tables[0].site, budget_epsilon=50.0, delta=1e-5)
+    with pytest.warns(UserWarning, match="mask_lr_factor applies to non-DP training only"):
+        DPTrainer(tables[0], train_idx=np.arange(10), ledger=ledger, noise_multiplier=1.0, clip_norm=1.0,
+                  batch_size=4, train_config=TrainConfig(lr=0.01, mask_lr_factor=3.0))
