@@ -1,7 +1,9 @@
 """One relation's attention at one layer, NS-FL eqs. (1)-(3), on edge lists or dense stars.
 
 Only ``nn.Linear`` and ``nn.Embedding`` leaves, so Opacus computes exact per-sample gradients
-in hooks mode for the dense (star) path (privacy.md).
+in hooks mode for the dense (star) path (privacy.md). The piecewise value encoding keeps that:
+its basis B_k(x) is a fixed function of the edge value (no parameters) that scales the outputs
+of one more ``nn.Linear``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,17 @@ from torch.nn import functional as F  # noqa: N812
 from torch_geometric.utils import softmax as segment_softmax
 
 
+def hat_basis(values: torch.Tensor, knots: torch.Tensor) -> torch.Tensor:
+    """B_k(x): piecewise-linear interpolation weights of ``values`` on ``knots`` t_0 < ... < t_{M-1}
+    (each row sums to 1; B_0 and B_{M-1} stay 1 beyond the outer knots). Shapes: [...], [M] -> [..., M]."""
+    x = values.unsqueeze(-1)
+    gaps = knots[1:] - knots[:-1]
+    far = torch.full_like(x, 2.0)  # > 1: no bound on that side
+    rise = torch.cat([far, (x - knots[:-1]) / gaps], -1)  # (x - t_{k-1}) / (t_k - t_{k-1})
+    fall = torch.cat([(knots[1:] - x) / gaps, far], -1)  # (t_{k+1} - x) / (t_{k+1} - t_k)
+    return torch.minimum(rise, fall).clamp(0.0, 1.0)
+
+
 class RelationAttention(nn.Module):
     """Messages and attention of relation r.
 
@@ -20,12 +33,28 @@ class RelationAttention(nn.Module):
     ``similar_to`` (similarity weight) and m_uv = W^(r) h_v + x_uv · V^(r) h_v for valued
     relations (the observed value x_uv on the edge: value-scaled channel plus a presence channel,
     so a reference-midpoint value is not confused with an absent feature).
+
+    With ``value_knots`` (a valued relation, ``[model] value_encoding = "piecewise"``) the message
+    is also non-linear in the value: m_uv = W h_v + x_uv · V h_v + Σ_k B_k(x_uv) · U_k h_v, B_k the
+    piecewise-linear hat basis on the fixed public knots (:func:`hat_basis`; the piecewise-linear
+    encoding of Gorishniy et al. 2022, "On Embeddings for Numerical Features in Tabular Deep
+    Learning", sec. 3.2, with hats instead of ramps: the same span). h_v of a feature node carries
+    the feature's identity (its embedding), so U_k h_v is a per-feature vector at knot k and the
+    message a per-feature piecewise-linear curve in x; the per-feature parameters stay in the
+    feature's own embedding row (NS-FL Theorem 1), U is shared like W and V.
     """
 
-    def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2):
+    def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2,
+                 value_knots: tuple[float, ...] = ()):
         super().__init__()
+        if value_knots and not valued:
+            raise ValueError("value_knots needs a valued relation")
         self.W = nn.Linear(hidden, hidden, bias=False)
         self.V = nn.Linear(hidden, hidden, bias=False) if valued else None
+        self.n_knots = len(value_knots)
+        self.U = nn.Linear(hidden, self.n_knots * hidden, bias=False) if value_knots else None
+        # non-persistent: public constants, not state (the state_dict holds only U's weight)
+        self.register_buffer("value_knots", torch.tensor(value_knots, dtype=torch.float32), persistent=False)
         self.a_dst = nn.Linear(hidden, 1, bias=False)
         self.a_src = nn.Linear(hidden, 1, bias=False)
         self.negative_slope = negative_slope
@@ -37,6 +66,11 @@ class RelationAttention(nn.Module):
             if x is None:
                 raise ValueError("valued relation needs edge values")
             m = m + x.unsqueeze(-1) * self.V(h_src)
+            if self.U is not None:
+                u = self.U(h_src)
+                u = u.reshape(u.shape[:-1] + (self.n_knots, -1))  # [..., M, d]: U_k h_v
+                b = hat_basis(x, self.value_knots.to(x.dtype))  # [..., M]
+                m = m + (b.unsqueeze(-1) * u).sum(-2)
         elif x is not None:
             m = x.unsqueeze(-1) * m
         return m

@@ -29,6 +29,13 @@ values, so risk is U-shaped or stepped in a value (SaO2 low vs normal vs high): 
 cannot fit that and the GNN fits it only slowly. The weights w_fk sit in the same rows
 ``linear/<f>`` (zero at round 0), so Theorem 1 and the module names are unchanged.
 
+Value encoding in the messages (``[model] value_encoding = "piecewise"``): the valued relation
+``of_patient`` of both layers adds Σ_k B_k(x) · U_k h_f to its message (the same knots; see
+:class:`~clinograph.sdk.model.layers.RelationAttention`), so the GNN too sees each value through a
+per-feature piecewise-linear curve instead of linearly (Gorishniy et al. 2022). U starts at zero
+(the model at round 0 is the linear-encoding model) and sits in the shared modules
+``gnn/layer<l>/of_patient``; no per-feature parameter is added, so Theorem 1 is unchanged.
+
 Two forward paths on the same parameters: :meth:`forward_graph` (HeteroData, with
 ``similar_to``) and :meth:`forward_star` (padded per-patient stars, Opacus-compatible).
 """
@@ -42,21 +49,10 @@ from torch_geometric.data import HeteroData
 from ..config import NSFLConfig
 from ..graph.build import OF_PATIENT, SIMILAR_TO
 from ..graph.star import StarBatch
-from .layers import RelationAttention
+from .layers import RelationAttention, hat_basis
 
 #: knots of the shape functions, in standardised units (reference range = [-1, 1]); public, fixed
 SHAPE_KNOTS: tuple[float, ...] = (-4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
-
-
-def hat_basis(values: torch.Tensor, knots: torch.Tensor) -> torch.Tensor:
-    """B_k(x): piecewise-linear interpolation weights of ``values`` on ``knots`` t_0 < ... < t_{M-1}
-    (each row sums to 1; B_0 and B_{M-1} stay 1 beyond the outer knots). Shapes: [...], [M] -> [..., M]."""
-    x = values.unsqueeze(-1)
-    gaps = knots[1:] - knots[:-1]
-    far = torch.full_like(x, 2.0)  # > 1: no bound on that side
-    rise = torch.cat([far, (x - knots[:-1]) / gaps], -1)  # (x - t_{k-1}) / (t_k - t_{k-1})
-    fall = torch.cat([(knots[1:] - x) / gaps, far], -1)  # (t_{k+1} - x) / (t_{k+1} - t_k)
-    return torch.minimum(rise, fall).clamp(0.0, 1.0)
 
 
 class NSFLModel(nn.Module):
@@ -75,12 +71,13 @@ class NSFLModel(nn.Module):
         self.mask_logit = nn.Embedding(n_features, 1)
         nn.init.constant_(self.mask_logit.weight, cfg.mask_init_logit)
         s = cfg.negative_slope
-        self.l1_of_patient = RelationAttention(d, valued=True, negative_slope=s)
+        vk = SHAPE_KNOTS if cfg.value_encoding == "piecewise" else ()
+        self.l1_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk)
         self.l1_has_feature = RelationAttention(d, valued=False, negative_slope=s)
         self.l1_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l1_self_patient = nn.Linear(d, d)
         self.l1_self_feature = nn.Linear(d, d)
-        self.l2_of_patient = RelationAttention(d, valued=True, negative_slope=s)
+        self.l2_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk)
         self.l2_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l2_self_patient = nn.Linear(d, d)
         self.head = nn.Linear(d, 1)
@@ -92,8 +89,8 @@ class NSFLModel(nn.Module):
         self.register_buffer("knots", torch.tensor(self.shape_knots, dtype=torch.float32), persistent=False)
         self.linear = nn.Embedding(n_features, 2 + len(self.shape_knots)) if cfg.linear_path else None
         for name, p in sorted(self.named_parameters()):  # deterministic: every hospital starts alike
-            if name.startswith("linear."):
-                nn.init.zeros_(p)
+            if name.startswith("linear.") or name.endswith("_of_patient.U.weight"):
+                nn.init.zeros_(p)  # zero: every other weight is drawn exactly as without them
                 continue
             if name.startswith(("embedding.", "mask_logit.")):
                 continue
