@@ -60,6 +60,17 @@ ABLATIONS: dict[str, dict] = {
     "linear_shape_wide_lr_x10": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 10.0}},
     "linear_shape_wide_lr_x0.3": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 0.3}},
     "patience_10": {"selection": {"patience": 10}},
+    # issue 15, session 6: value encoding inside the GNN messages (sdk/model/layers.py), then training length
+    "value_encoding_piecewise": {"model": {"value_encoding": "piecewise"}},
+    "value_encoding_piecewise_lr_0.001": {"model": {"value_encoding": "piecewise"}, "training": {"lr": 0.001}},
+    "value_encoding_piecewise_rounds_60": {"model": {"value_encoding": "piecewise"}, "federation": {"rounds": 60}},
+    "value_encoding_piecewise_local_epochs_3": {"model": {"value_encoding": "piecewise"},
+                                                "federation": {"local_epochs": 3}},
+    "value_encoding_piecewise_hidden_16": {"model": {"value_encoding": "piecewise", "hidden": 16}},
+    "value_encoding_piecewise_weight_decay_1e-4": {"model": {"value_encoding": "piecewise"},
+                                                   "training": {"weight_decay": 1e-4}},
+    "rounds_60": {"federation": {"rounds": 60}},
+    "local_epochs_3": {"federation": {"local_epochs": 3}},
 }
 
 
