@@ -40,11 +40,11 @@ class NSFLConfig(_Strict):
                                "function (piecewise linear over the fixed knots SHAPE_KNOTS of the standardised "
                                "value, sdk/model/nsfl.py) beside a_f·x_f + c_f: a federated GAM in the rows "
                                "``linear/<f>``; needs linear_path; measured in docs/model_quality.md")
-    value_encoding: Literal["linear", "piecewise"] = Field(default="linear", description="how the GNN's valued "
-                                                           "messages read a value: linear (x · V h_f) or piecewise "
-                                                           "(also Σ_k B_k(x) · U_k h_f over the knots SHAPE_KNOTS: a "
-                                                           "per-feature curve, Gorishniy et al. 2022; "
-                                                           "sdk/model/layers.py); measured in docs/model_quality.md")
+    value_encoding: Literal["linear", "piecewise", "piecewise_gated"] = Field(
+        default="linear", description="how the GNN's valued messages read a value: linear (x · V h_f), piecewise "
+        "(also Σ_k B_k(x) · U_k h_f over the knots SHAPE_KNOTS: a per-feature curve, Gorishniy et al. 2022) or "
+        "piecewise_gated (also G B(x) ⊙ h_f: the cheap factorised form); sdk/model/layers.py, measured in "
+        "docs/model_quality.md")
     value_clip: float = Field(default=5.0, gt=0, le=1e6, description="standardised values are clipped to "
                               "±value_clip (reference range = [-1, 1]) before entering the model")
     selection_module: bool = Field(default=True, description="the 2-value shared module ``metric/validation`` "

@@ -35,6 +35,8 @@ Value encoding in the messages (``[model] value_encoding = "piecewise"``): the v
 per-feature piecewise-linear curve instead of linearly (Gorishniy et al. 2022). U starts at zero
 (the model at round 0 is the linear-encoding model) and sits in the shared modules
 ``gnn/layer<l>/of_patient``; no per-feature parameter is added, so Theorem 1 is unchanged.
+``"piecewise_gated"`` is the factorised, cheaper form (G B(x) ⊙ h_f: d shared curves, each
+feature reading them through its own state).
 
 Two forward paths on the same parameters: :meth:`forward_graph` (HeteroData, with
 ``similar_to``) and :meth:`forward_star` (padded per-patient stars, Opacus-compatible).
@@ -71,13 +73,14 @@ class NSFLModel(nn.Module):
         self.mask_logit = nn.Embedding(n_features, 1)
         nn.init.constant_(self.mask_logit.weight, cfg.mask_init_logit)
         s = cfg.negative_slope
-        vk = SHAPE_KNOTS if cfg.value_encoding == "piecewise" else ()
-        self.l1_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk)
+        vk = SHAPE_KNOTS if cfg.value_encoding in ("piecewise", "piecewise_gated") else ()
+        vg = cfg.value_encoding == "piecewise_gated"
+        self.l1_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg)
         self.l1_has_feature = RelationAttention(d, valued=False, negative_slope=s)
         self.l1_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l1_self_patient = nn.Linear(d, d)
         self.l1_self_feature = nn.Linear(d, d)
-        self.l2_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk)
+        self.l2_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg)
         self.l2_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l2_self_patient = nn.Linear(d, d)
         self.head = nn.Linear(d, 1)

@@ -1,4 +1,5 @@
-"""NS-FL's piecewise value encoding in the GNN messages ([model] value_encoding = "piecewise"):
+"""NS-FL's piecewise value encoding in the GNN messages ([model] value_encoding = "piecewise" and
+its factorised form "piecewise_gated"):
 the message is non-linear in the value, round 0 equals the linear encoding, both forward paths
 agree, Theorem 1 still holds, per-sample gradients stay exact (Opacus and the book-keeping
 engine) and the TorchScript export matches the SDK's prediction."""
@@ -62,13 +63,35 @@ def test_piecewise_message_is_a_per_feature_curve_in_the_value():
         RelationAttention(4, valued=False, value_knots=(0.0, 1.0))
 
 
-def test_round_zero_equals_the_linear_encoding_and_the_default_is_unchanged():
+def test_gated_message_scales_shared_curves_by_the_feature_state():
+    rel = RelationAttention(4, valued=True, value_knots=(-1.0, 0.0, 1.0), value_gated=True).double()
+    assert rel.U.weight.shape == (4, 3)  # G: one curve per channel, M values each
+    with torch.no_grad():
+        for p in rel.parameters():
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3), dtype=p.dtype))
+        h = torch.randn(2, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+        xs = torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64)
+        base = [rel.W(h) + x * rel.V(h) for x in xs]
+        for k, x in enumerate(xs):  # at knot k: + G[:, k] ⊙ h_v
+            np.testing.assert_allclose((rel.message(h, x.expand(2)) - base[k]).numpy(),
+                                       (rel.U.weight[:, k] * h).numpy(), atol=1e-12)
+        mid = rel.message(h, torch.full((2,), 0.5, dtype=torch.float64))  # halfway between knots 1 and 2
+        np.testing.assert_allclose(mid.numpy(), ((rel.message(h, xs[1].expand(2)) + rel.message(
+            h, xs[2].expand(2))) / 2).numpy(), atol=1e-12)
+
+
+ENCODINGS = ["piecewise", "piecewise_gated"]
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_round_zero_equals_the_linear_encoding_and_the_default_is_unchanged(encoding):
     t = small_tables()[0]
-    lin, pw = encoded(t, encoding="linear", perturb=False), encoded(t, perturb=False)
+    lin, pw = encoded(t, encoding="linear", perturb=False), encoded(t, encoding=encoding, perturb=False)
     assert NSFLConfig().value_encoding == "linear"
     extra = set(pw.state_dict()) - set(lin.state_dict())
     assert extra == {"l1_of_patient.U.weight", "l2_of_patient.U.weight"}
-    assert pw.l1_of_patient.U.weight.shape == (8 * len(SHAPE_KNOTS), 8)
+    n = len(SHAPE_KNOTS)
+    assert pw.l1_of_patient.U.weight.shape == ((8, n) if encoding == "piecewise_gated" else (8 * n, 8))
     for k, v in lin.state_dict().items():  # the same draws for every other weight
         assert torch.equal(v, pw.state_dict()[k]), k
     stars = star_batch(t)
@@ -83,9 +106,10 @@ def test_round_zero_equals_the_linear_encoding_and_the_default_is_unchanged():
     assert torch.count_nonzero(pw.l1_of_patient.U.weight.grad) > 0  # it learns from round 1
 
 
-def test_star_path_equals_full_graph_with_piecewise_encoding(f64):
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_star_path_equals_full_graph_with_piecewise_encoding(f64, encoding):
     t = small_tables()[1]
-    m = encoded(t, shape=True)
+    m = encoded(t, shape=True, encoding=encoding)
     ref = encoded(t, encoding="linear", shape=True)
     star = m.forward_batch(star_batch(t))
     full = m.forward_graph(build_graph(t, k_similar=0), use_similar=False)
@@ -96,9 +120,10 @@ def test_star_path_equals_full_graph_with_piecewise_encoding(f64):
     assert torch.allclose(full[[0, 5, 17, 50]], part, atol=1e-10)
 
 
-def test_theorem1_unobserved_features_rows_get_exactly_zero_gradient_with_piecewise_encoding(f64):
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_theorem1_unobserved_features_rows_get_exactly_zero_gradient_with_piecewise_encoding(f64, encoding):
     t = small_tables()[2]  # lacks the blood-gas block
-    m = encoded(t, shape=True)
+    m = encoded(t, shape=True, encoding=encoding)
     g, gc = build_graph(t, k_similar=3), build_graph(t, k_similar=3, complete_schema=True)
     y = g["patient"].y.double()
     grads = []
@@ -115,8 +140,8 @@ def test_theorem1_unobserved_features_rows_get_exactly_zero_gradient_with_piecew
     assert torch.count_nonzero(grads[0]["embedding.weight"][idx["heart_rate"]]) > 0
 
 
-def _dp_model(t):
-    m = encoded(t)
+def _dp_model(t, encoding):
+    m = encoded(t, encoding=encoding)
     for name in unused_star_parameters(m):
         dict(m.named_parameters())[name].requires_grad_(False)
     return m
@@ -141,9 +166,10 @@ def _loop(reference, names, fi, x, m, y):
     return per
 
 
-def test_per_sample_gradients_stay_exact_with_piecewise_encoding():
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_per_sample_gradients_stay_exact_with_piecewise_encoding(encoding):
     t = small_tables()[2]
-    model = _dp_model(t)
+    model = _dp_model(t, encoding)
     fi, x, m, y = _batch(t)
     reference = copy.deepcopy(model)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -160,7 +186,7 @@ def test_per_sample_gradients_stay_exact_with_piecewise_encoding():
     assert per[2]["l2_of_patient.U.weight"].abs().max() > 0
     gsm._close()
     # the book-keeping engine (local and distributed DP)
-    model = _dp_model(t)
+    model = _dp_model(t, encoding)
     probe = star_probe(model.n_features)
     engine = PerPatientClipper(model, probe=(probe[0], probe[1].double(), probe[2]))
     grads, _ = engine.per_sample(fi, x, m, labels=y)
@@ -169,11 +195,12 @@ def test_per_sample_gradients_stay_exact_with_piecewise_encoding():
     assert (got - want).abs().max().item() <= 1e-9
 
 
-def test_exported_star_model_keeps_the_piecewise_encoding(tmp_path):
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_exported_star_model_keeps_the_piecewise_encoding(tmp_path, encoding):
     from clinograph.sdk.model.export import export_model, load_exported, predict_exported, star_risk
 
     t = small_tables()[0]
-    m = encoded(t, shape=True).float()
+    m = encoded(t, shape=True, encoding=encoding).float()
     path, _ = export_model(m, tmp_path / "m.pt", dictionary=t.dictionary)
     module, info = load_exported(path)
     got = predict_exported(module, info, t)
