@@ -272,7 +272,7 @@ def conversion(*, feature: str, analyte: str | None, source: str, target: str,
         return _affine(src, tgt, molar_mass)
     except ValueError:
         pass
-    ratio = dict((src / tgt).dimensionality)
+    ratio = dict(src.dimensionality / tgt.dimensionality)  # not src / tgt: pint refuses that for degC
     if ratio in ({"[mass]": 1, "[substance]": -1}, {"[mass]": -1, "[substance]": 1}) and molar_mass is None:
         what = f" ({analyte})" if analyte else ""
         hint = (f": one is a mass and the other a molar quantity{what}. Mass/molar conversions need the analyte's "

@@ -109,3 +109,10 @@ def test_unknown_unit_names_the_feature_and_the_fix():
         conversion(feature="heart_rate", analyte=None, source="qwerty", target="/min")
     with pytest.raises(UnitError, match=r"UCUM special unit '\[pH\]' has no conversion here"):
         conversion(feature="ph", analyte=None, source="[pH]", target="1")
+
+
+@pytest.mark.parametrize(("src", "dst"), [("mg/dL", "degC"), ("degC", "mg/dL"), ("degF", "mmol/L"), ("Cel", "/min")])
+def test_offset_unit_against_another_kind_is_a_unit_error_not_a_pint_crash(src, dst):
+    # pint refuses to divide a quantity by degC (OffsetUnitCalculusError); that used to escape as a traceback
+    with pytest.raises(UnitError, match="Use a unit of the same kind"):
+        conversion(feature="t", analyte=None, source=src, target=dst)
