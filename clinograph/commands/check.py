@@ -30,6 +30,12 @@ def check(
                                                                   "detected).")] = None,
 ) -> None:
     """Preview what TABLE becomes under SCHEMA: features mapped, converted, counted, refused. Sends nothing."""
+    from ..cli import guarded  # a non-ClinographError: exit 3, no traceback (it could quote a cell)
+
+    guarded(_check)(schema, table, dictionary=dictionary, delimiter=delimiter, decimal=decimal)
+
+
+def _check(schema: Path, table: str, *, dictionary: Path, delimiter: str | None, decimal: str | None) -> None:
     try:
         lines = preview(schema, table, dictionary=dictionary, delimiter=delimiter, decimal=decimal)
     except ClinographError as exc:

@@ -13,6 +13,7 @@ follow-up time or event columns (present ones are ignored, never used as feature
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -77,8 +78,25 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
         header, risks, what = ["patient_id", "risk"], [[r] for r in predict_exported(module, info, pt)], \
             f"calibration {info.get('calibration', {}).get('method', 'none')}"
     out.parent.mkdir(parents=True, exist_ok=True)
+    ids = [spreadsheet_safe(pid) for pid in pt.patient_ids]
     with out.open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(header)
-        writer.writerows([pid, *(float(x) for x in r)] for pid, r in zip(pt.patient_ids, risks, strict=True))
-    typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {what})")
+        writer.writerows([pid, *(float(x) for x in r)] for pid, r in zip(ids, risks, strict=True))
+    escaped = sum(a != b for a, b in zip(ids, pt.patient_ids, strict=True))
+    note = (f"; {escaped} patient id(s) starting with = + - @ or a tab were written with a leading ' so that a "
+            "spreadsheet shows them as text instead of running them as a formula") if escaped else ""
+    typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {what}){note}")
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_PLAIN_NUMBER = re.compile(r"^[+-]?\d+(?:\.\d+)?$")
+
+
+def spreadsheet_safe(cell: str) -> str:
+    """``cell`` with a leading ``'`` if a spreadsheet would read it as a formula (CSV injection,
+    OWASP "CSV Injection"): it starts with ``= + - @``, a tab or a carriage return and is not a
+    plain number such as ``-12``."""
+    if cell.startswith(_FORMULA_START) and not _PLAIN_NUMBER.match(cell):
+        return "'" + cell
+    return cell

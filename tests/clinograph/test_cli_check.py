@@ -83,3 +83,16 @@ def test_a_source_file_is_strict(tmp_path):
                                                       "meds": {}}))
     r = _run(tmp_path / "bad.toml", tmp_path)
     assert r.exit_code == 2 and "exactly one of [omop], [meds], [fhir]" in r.output
+
+
+def test_check_turns_an_unexpected_error_into_exit_3_without_a_traceback(tmp_path, monkeypatch):
+    import clinograph.commands.check as check_cmd
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("ZQXCANARY-007 72.5")  # e.g. a library error quoting a cell
+
+    monkeypatch.setattr(check_cmd, "preview", boom)
+    monkeypatch.delenv("CLINOGRAPH_DEBUG", raising=False)
+    r = _run(tmp_path / "s.toml", tmp_path / "t.csv")
+    assert r.exit_code == 3 and "internal error (RuntimeError)" in r.output
+    assert "ZQXCANARY" not in r.output and not isinstance(r.exception, RuntimeError)

@@ -83,3 +83,19 @@ def test_predict_table_refuses_a_table_on_another_dictionary(trained):
 
     with pytest.raises(SchemaError, match="Dictionary mismatch"):
         trained.predict_table(type(other)(**{**other.__dict__, "dictionary": lung_dictionary()}))
+
+
+def test_cli_predict_escapes_ids_a_spreadsheet_would_run_as_formulas(tmp_path, trained):
+    path, _ = trained.export(tmp_path / "model.pt")
+    df, schema = raw_tables()[0]
+    new = df.drop(columns=[schema.label]).head(4).copy()
+    new[schema.patient_id] = ["=cmd|' /C calc'!A0", "-12", "@SUM(A1)", "p4"]
+    new.to_csv(tmp_path / "new.csv", index=False)
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+    res = runner.invoke(app, ["predict", "--model", str(path), "--table", str(tmp_path / "new.csv"),
+                              "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(DICTIONARY_PATH),
+                              "--out", str(tmp_path / "risks.csv")])
+    assert res.exit_code == 0, res.output
+    assert "2 patient id(s) starting with" in res.output
+    ids = pd.read_csv(tmp_path / "risks.csv", dtype=str)["patient_id"].tolist()
+    assert ids == ["'=cmd|' /C calc'!A0", "-12", "'@SUM(A1)", "p4"]
