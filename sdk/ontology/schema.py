@@ -119,13 +119,45 @@ class SiteSchema(BaseModel):
             raise ValueError(f"[survival] event = {self.survival.event!r} is the label, but label = {self.label!r} "
                              "names another column; remove label (or set it to the event column)")
         if self.survival is not None:
-            return self
+            return self._roles_distinct()
         if self.label is None and not self.unlabeled:
             raise ValueError("label is not set: without a label column every patient would silently get label 0. "
                              "Set label = \"<your outcome column>\", or declare unlabeled = true for a table "
                              "without outcomes")
         if self.label is not None and self.unlabeled:
             raise ValueError(f"unlabeled = true but label = {self.label!r}; remove one of them")
+        return self._roles_distinct()
+
+    def _roles_distinct(self) -> SiteSchema:
+        """One job a column: the patient id, label, time, ... columns are distinct and none of them is
+        also mapped as a feature or ignored (else one role would silently win). All conflicts at once."""
+        if self.format == "long":
+            lc = self.long
+            roles = {"long.patient": lc.patient, "long.time": lc.time, "long.feature": lc.feature,
+                     "long.value": lc.value, "long.unit": lc.unit, "label": self.label}
+        else:
+            roles = {"patient_id": self.patient_id, "label": self.label}
+            roles |= {f"concepts[{i}]": c for i, c in enumerate(self.concepts or ())}
+        if self.survival is not None:
+            roles |= {"survival.time": self.survival.time, "survival.event": self.survival.event}
+        by_col: dict[str, list[str]] = {}
+        for role, col in roles.items():
+            if col is not None:
+                by_col.setdefault(col, []).append(role)
+        problems = [f"column {col!r} is named by {' and '.join(rs)}; each role needs its own column"
+                    for col, rs in by_col.items() if len(set(rs)) > 1 and not set(rs) <= {"label", "survival.event"}]
+        if self.format == "wide":
+            for col, rs in by_col.items():
+                if col in self.columns:
+                    problems.append(f"column {col!r} is the {rs[0]} column and also mapped under [columns]; "
+                                    f"remove [columns.{col!r}]")
+                if col in self.ignore:
+                    problems.append(f"column {col!r} is the {rs[0]} column and also listed under ignore; "
+                                    "remove it from ignore")
+            problems += [f"column {col!r} is mapped under [columns] and also listed under ignore; keep one"
+                         for col in self.columns if col in self.ignore]
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @classmethod

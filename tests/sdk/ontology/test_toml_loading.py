@@ -65,3 +65,21 @@ def test_missing_file_bad_syntax_and_oversize(tmp_path, monkeypatch):
     monkeypatch.setattr(tomlio, "MAX_TOML_BYTES", 4)
     with pytest.raises(ConfigError, match="over the limit of 4 bytes"):
         SiteSchema.from_toml(p)
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"patient_id": "y"}, ["'y' is named by patient_id and label"]),
+    ({"ignore": ["pid", "hr"], "columns": {"hr": {"feature": "heart_rate"}, "y": {"feature": "sex"}}},
+     ["'pid' is the patient_id column and also listed under ignore",
+      "'y' is the label column and also mapped under [columns]", "'hr' is mapped under [columns] and also listed"]),
+    ({"format": "long", "long": {"patient": "pid", "time": "pid", "feature": "code", "value": "v"}},
+     ["'pid' is named by long.patient and long.time"]),
+])
+def test_site_schema_refuses_a_column_with_two_roles_all_at_once(extra, expected):
+    # before: the first role silently won (an ignored patient id column was still the id, ...)
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as err:
+        SiteSchema(**{"site": "h1", "patient_id": "pid", "label": "y", **extra})
+    for text in expected:
+        assert text in str(err.value)
