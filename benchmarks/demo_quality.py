@@ -69,6 +69,11 @@ ABLATIONS: dict[str, dict] = {
     "value_encoding_piecewise_hidden_16": {"model": {"value_encoding": "piecewise", "hidden": 16}},
     "value_encoding_piecewise_weight_decay_1e-4": {"model": {"value_encoding": "piecewise"},
                                                    "training": {"weight_decay": 1e-4}},
+    "value_encoding_piecewise_gated": {"model": {"value_encoding": "piecewise_gated"}},
+    "value_encoding_piecewise_gated_rounds_60": {"model": {"value_encoding": "piecewise_gated"},
+                                                 "federation": {"rounds": 60}},
+    "value_encoding_piecewise_gated_lr_0.01": {"model": {"value_encoding": "piecewise_gated"},
+                                               "training": {"lr": 0.01}},
     "rounds_60": {"federation": {"rounds": 60}},
     "local_epochs_3": {"federation": {"local_epochs": 3}},
 }
