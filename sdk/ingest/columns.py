@@ -104,3 +104,26 @@ def one_column_per_feature(mapped: dict[str, tuple[Feature, ColumnMap | None]], 
         if len(cols) > 1 and not all(mapped[c][1] is not None for c in cols):  # all-mapped: check_against reports
             problems.append(f"Columns {sorted(cols)} all resolve to feature {fid!r} (by the site schema or a "
                             "dictionary id/alias). Keep exactly one: list the others under ignore.")
+
+
+def near_misses(columns: Iterable[object], declared: Iterable[str]) -> dict[str, str]:
+    """Table columns that differ from a column the site schema names only by surrounding spaces or
+    letter case (``'temperature '`` for ``temperature``), where the schema's spelling is absent.
+
+    Such a column would otherwise be matched by a dictionary id or alias -- without the schema's
+    unit or coding -- or reported as unknown beside a "missing column" problem that does not say why.
+    """
+    cols = [c for c in columns if isinstance(c, str)]
+    present = set(cols)
+    wanted: dict[str, str] = {}
+    for name in declared:
+        if name not in present:
+            wanted.setdefault(name.strip().casefold(), name)
+    out = {}  # column -> the problem
+    for col in cols:
+        target = wanted.get(col.strip().casefold())
+        if target is not None and target != col:
+            out[col] = (f"Column {col!r} differs from {target!r}, which the site schema names, only by surrounding "
+                       "spaces or letter case. Rename the column in the table, or write the name exactly as in "
+                       "the table in the site schema.")
+    return out

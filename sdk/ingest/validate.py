@@ -23,6 +23,7 @@ from .cells import as_text, parse_cells, parse_labels, present_mask
 from .columns import (
     check_labels,
     header_is_data,
+    near_misses,
     no_header_message,
     one_column_per_feature,
     resolve,
@@ -70,6 +71,7 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
                           title="Table is empty")
     df = df.reset_index(drop=True)
     _check_required(df, required, problems)
+    problems.extend(_near_misses(df, schema, required).values())
     if schema.format == "wide":
         return _ingest_wide(df, schema, dictionary, problems)
     return _ingest_long(df, schema, dictionary, problems)
@@ -99,6 +101,11 @@ def _check_required(df: pd.DataFrame, cols: dict[str, str | None], problems: lis
                             f"Set `{role}` in the site schema to the right column name.")
 
 
+def _near_misses(df: pd.DataFrame, schema: SiteSchema, required: dict[str, str | None]) -> dict[str, str]:
+    declared = [c for c in required.values() if c] + list(schema.columns if schema.format == "wide" else ())
+    return near_misses(df.columns, [*declared, *schema.ignore, *(schema.concepts or ())])
+
+
 def _finish(problems: list[str], schema: SiteSchema) -> None:
     if problems:  # each problem once: a schema unit is checked up front and again for its cells
         raise SchemaError(list(dict.fromkeys(problems)), title=f"Table for site {schema.site!r} cannot be ingested")
@@ -126,8 +133,11 @@ def _labels(df: pd.DataFrame, schema: SiteSchema, problems: list[str]) -> np.nda
         else np.full(len(df), np.nan)
 
 
-def _apply_label_policy(labels: np.ndarray, schema: SiteSchema, problems: list[str]) -> np.ndarray:
+def _apply_label_policy(labels: np.ndarray, schema: SiteSchema, problems: list[str],
+                        df_columns: object = ()) -> np.ndarray:
     missing = np.isnan(labels)
+    if missing.all() and schema.label is not None and schema.label not in df_columns:
+        return ~missing  # the missing label column is reported once, not again for every row
     if missing.any() and schema.policy.missing_label == "error" and schema.label is not None:
         problems.append(f"Label column {schema.label!r}: {rows_text(missing)}: no label. Fill them, or set "
                         "[policy] missing_label = \"drop\" to drop (and count) those patients.")
@@ -145,7 +155,8 @@ def _converted(mapped: dict, units: dict[str, str | None]) -> dict[str, str]:
 
 def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     reserved = {schema.patient_id, schema.label, *(schema.concepts or ())}
-    names = [c for c in df.columns if c not in reserved and c not in schema.ignore]
+    near = _near_misses(df, schema, {"patient_id": schema.patient_id, "label": schema.label})  # reported
+    names = [c for c in df.columns if c not in reserved and c not in schema.ignore and c not in near]
     mapped, unknown = resolve(names, schema, dictionary)
     for col in unknown:
         problems.append(f"Column {col!r} is not in the feature dictionary {dictionary.name} v{dictionary.version} "
@@ -164,7 +175,7 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
         parsed[col] = parse_cells(col, df[col], feat, cm.unit if cm else None, problems, coding=coding)
     labels = _labels(df, schema, problems)
-    keep = _apply_label_policy(labels, schema, problems) if labels is not None else np.ones(len(df), bool)
+    keep = _apply_label_policy(labels, schema, problems, df.columns) if labels is not None else np.ones(len(df), bool)
     _finish(problems, schema)
     index = dictionary.node_index()
     rows = np.flatnonzero(keep)
@@ -260,7 +271,7 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         per_patient_y = lab.first()
         uniq_ids = per_patient_y.index.to_numpy()
         labels = per_patient_y.to_numpy(dtype=float)
-        keep_p = _apply_label_policy(labels, schema, problems)
+        keep_p = _apply_label_policy(labels, schema, problems, df.columns)
     else:
         uniq_ids = np.array(sorted(set(ids)), dtype=object)
         labels = np.full(len(uniq_ids), -1.0)

@@ -278,3 +278,25 @@ def test_coding_in_toml(tmp_path):
     p.write_text('site = "h1"\nlabel = "y"\nunlabeled = true\n')
     with pytest.raises(ConfigError, match="unlabeled = true but label"):
         SiteSchema.from_toml(p)
+
+
+# -- header spellings the site schema almost names -----------------------------------------
+def test_header_differing_from_a_schema_column_by_spaces_or_case_is_an_error_not_an_alias_match():
+    # before: 'paco2 ' resolved to paco2 by its dictionary id, without the schema's kPa -> mmHg conversion
+    schema = wide(columns={"paco2": ColumnMap(feature="paco2", unit="kPa")})
+    df = pd.DataFrame({"PID": ["a", "b"], "paco2 ": [5.1, 5.3], "y": [0, 1]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=schema, dictionary=D)
+    msg = str(err.value)
+    assert "Column 'paco2 ' differs from 'paco2', which the site schema names, only by surrounding spaces" in msg
+    assert "Column 'PID' differs from 'pid'" in msg and "The patient_id column 'pid' is missing" in msg
+    assert "is not in the feature dictionary" not in msg  # no second message for the same column
+    assert len(err.value.problems) == 3
+
+
+def test_a_missing_label_column_is_reported_once_not_again_for_every_row():
+    df = pd.DataFrame({"pid": ["a", "b", "c"], "hr": [70, 80, 90]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    assert err.value.problems == ["The label column 'y' is missing (columns present: 2). Set `label` in the site "
+                                  "schema to the right column name."]
