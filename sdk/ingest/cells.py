@@ -26,6 +26,40 @@ DEFAULT_CODES_TEXT = "0/1, true/false, yes/no"
 MAX_MAGNITUDE = 1e15  # for a feature the dictionary gives no physical limit
 
 
+_CENSORED = re.compile(r"^\s*(?:[<>≤≥]=?|=<|=>)\s*[-+]?\d+(?:[.,]\d+)?\s*\S*\s*$")
+_DATE = re.compile(r"^\s*(?:\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[./]\d{1,2}[./]\d{2,4})(?:[ T]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?"
+                   r"(?:Z|[+-]\d{2}:?\d{2})?)?\s*$")
+#: spellings of "no value" that pandas does not read as missing (compared case-insensitively)
+MISSING_MARKERS = frozenset({"-", "--", "---", ".", "..", "?", "??", "n.a.", "n.a", "na.", "n/d", "n.d.", "nd", "x",
+                             "missing", "unknown", "unk", "not done", "none", "nil", "#value!", "#div/0!", "#ref!",
+                             "#num!", "#name?"})
+TEXT_KINDS = {
+    "censored": "values beyond a detection limit (written like '<5' or '>200'), which are not numbers. Decide what "
+                "they mean for the model (the limit itself, or missing), write that number, or leave them empty.",
+    "marker": "missing-value markers (like '-', '.', '?', 'n.a.' or a spreadsheet error such as '#VALUE!') that are "
+              "not read as missing. Leave those cells empty (or write NA) to mark a missing value.",
+    "date": "dates or times where a number is expected. A date is not a feature value: list the column under "
+            "ignore, or derive a number from it (an age, hours since admission) before ingestion.",
+    "text": "text where a number is expected. Clean these cells or leave them empty for missing.",
+}
+
+
+def classify_text(text: pd.Series, bad: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The non-empty (kind, mask) classes of the ``bad`` cells of ``text`` (kinds of :data:`TEXT_KINDS`)."""
+    t = text.astype(str)
+    censored = bad & t.str.match(_CENSORED).to_numpy(dtype=bool)
+    marker = bad & ~censored & t.str.strip().str.casefold().isin(MISSING_MARKERS).to_numpy(dtype=bool)
+    date = bad & ~censored & ~marker & t.str.match(_DATE).to_numpy(dtype=bool)
+    rest = bad & ~censored & ~marker & ~date
+    return [(k, m) for k, m in (("censored", censored), ("marker", marker), ("date", date), ("text", rest))
+            if m.any()]
+
+
+def date_cells(raw: pd.Series) -> np.ndarray:
+    """True where a cell is a date or datetime (ISO ``2024-03-01 10:00``, ``01.03.2024``, a Timestamp)."""
+    return as_text(raw).str.match(_DATE).to_numpy(dtype=bool)
+
+
 def _missing(x: object) -> bool:
     try:
         return bool(pd.isna(x))
@@ -64,9 +98,9 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
             problems.append(f"{where}: {rows_text(comma)}: numbers written with a decimal comma. Read the file with "
                             "read_table(..., decimal=\",\") (German/French Excel exports), or export it with "
                             "decimal points.")
-        if (bad & ~unit_like & ~comma).any():
-            problems.append(f"{where}: {rows_text(bad & ~unit_like & ~comma)}: text where a number is expected. "
-                            "Clean these cells or leave them empty for missing.")
+        rest = bad & ~unit_like & ~comma
+        for kind, mask in classify_text(text, rest):
+            problems.append(f"{where}: {rows_text(mask)}: {TEXT_KINDS[kind]}")
     inf = present & np.isinf(num)
     if inf.any():
         problems.append(f"{where}: {rows_text(inf)}: infinite value. Replace with a value or leave empty.")

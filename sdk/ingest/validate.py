@@ -19,7 +19,7 @@ from clinograph.secure.errors import SchemaError
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.schema import SiteSchema
 from ..ontology.units import EXAMPLE_UNITS, conversion, is_known_unit, normalise_unit, same_unit
-from .cells import as_text, parse_cells, parse_labels, present_mask
+from .cells import as_text, date_cells, parse_cells, parse_labels, present_mask
 from .columns import (
     check_labels,
     header_is_data,
@@ -299,11 +299,20 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
             nodes[rows] = index[feat.id]
             values[rows] = v
     times = df[lc.time] if lc.time is not None and lc.time in df.columns else pd.Series(np.zeros(len(df)))
+    if pd.api.types.is_datetime64_any_dtype(times) or isinstance(times.dtype, pd.PeriodDtype):
+        times = as_text(times)  # not nanoseconds since 1970: reported as dates below
     tnum = pd.to_numeric(as_text(times).str.strip(), errors="coerce").to_numpy(dtype=float) \
         if times.dtype == object else pd.to_numeric(times, errors="coerce").to_numpy(dtype=float)
     bad_t = ~np.isfinite(tnum)
     if bad_t.any():
-        problems.append(f"Time column {lc.time!r}: {rows_text(bad_t)}: not a finite number (use hours or an index).")
+        dates = bad_t & date_cells(times)
+        if dates.any():
+            problems.append(f"Time column {lc.time!r}: {rows_text(dates)}: dates or datetimes. The time column holds "
+                            "hours (or a snapshot index), the same for every patient's clock: convert them to hours "
+                            "since each patient's admission or index time before ingestion.")
+        if (bad_t & ~dates).any():
+            problems.append(f"Time column {lc.time!r}: {rows_text(bad_t & ~dates)}: not a finite number (use hours "
+                            "or an index).")
     pid_all = {p: i for i, p in enumerate(uniq_ids)}
     pat_all = np.array([pid_all.get(x, -1) for x in ids], dtype=np.int64)
     usable = (nodes >= 0) & ~np.isnan(values) & np.isfinite(tnum)

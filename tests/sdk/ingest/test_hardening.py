@@ -300,3 +300,29 @@ def test_a_missing_label_column_is_reported_once_not_again_for_every_row():
         ingest(df, schema=wide(), dictionary=D)
     assert err.value.problems == ["The label column 'y' is missing (columns present: 2). Set `label` in the site "
                                   "schema to the right column name."]
+
+
+# -- what a lab export writes in a numeric column ---------------------------------------------
+def test_censored_values_missing_markers_and_dates_each_get_their_own_fix():
+    # before: all of them were "text where a number is expected"
+    df = pd.DataFrame({"pid": list("abcdefg"), "y": [0, 1] * 3 + [0],
+                       "crp": ["<7", "> 351", "-", "n.a.", "#VALUE!", "2024-03-01", f"{CANARY}"]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    p = err.value.problems
+    assert any(x.startswith("Column 'crp' (crp): rows 1, 2: values beyond a detection limit") for x in p)
+    assert any(x.startswith("Column 'crp' (crp): rows 3, 4, 5: missing-value markers") for x in p)
+    assert any(x.startswith("Column 'crp' (crp): row 6: dates or times where a number is expected") for x in p)
+    assert any(x.startswith("Column 'crp' (crp): row 7: text where a number is expected") for x in p)
+    assert CANARY not in str(err.value) and "351" not in str(err.value)
+
+
+@pytest.mark.parametrize("as_datetime", [False, True])
+def test_dates_in_the_long_time_column_are_refused_with_the_fix(as_datetime):
+    # before: text dates were "not a finite number"; datetime64 cells silently became nanoseconds since 1970
+    t = ["2024-01-01 10:00", "2024-01-01 11:00", "2024-01-02 08:00"]
+    df = pd.DataFrame({"pid": ["a", "a", "b"], "t": pd.to_datetime(t) if as_datetime else t, "code": ["hr"] * 3,
+                       "v": [70, 72, 80], "unit": ["/min"] * 3, "y": [0, 0, 1]})
+    with pytest.raises(SchemaError, match=r"Time column 't': rows 1, 2, 3: dates or datetimes\. .* convert them to "
+                                          "hours since each patient's admission"):
+        ingest(df, schema=long(), dictionary=D)
