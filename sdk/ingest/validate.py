@@ -11,6 +11,7 @@ the unit vocabulary; other codes are counted, not shown.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import numpy as np
 import pandas as pd
@@ -33,7 +34,9 @@ from .rows import rows_text
 from .table import IngestReport, PatientTable
 
 __all__ = ["ingest", "read_table"]
-_SPACE = re.compile(r"\s+")
+# whitespace, control characters and invisible format characters (zero-width space/joiners, BOM, bidi marks)
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SPACE = re.compile(r"[\s\x00-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]+")
 
 
 def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionary) -> PatientTable:
@@ -117,12 +120,21 @@ def _ids(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
     if (~present).any():
         problems.append(f"Patient id column {col!r}: {rows_text(~present)}: no id. Fill them or remove those rows.")
     ids = as_text(raw).str.strip().to_numpy(dtype=object)
-    squashed = pd.Series([_SPACE.sub("", i) for i in ids])
-    spellings = pd.DataFrame({"k": squashed, "raw": as_text(raw).to_numpy()})[present].groupby("k")["raw"].nunique()
-    clash = present & (squashed.map(spellings).fillna(0).to_numpy() > 1)
+    squashed = pd.Series([_SPACE.sub("", unicodedata.normalize("NFKC", i)) for i in ids])
+    spellings: dict[str, set[str]] = {}  # in Python: pandas' nunique/groupby hash 'p1' and 'p1\x00' alike
+    for k, r, here in zip(squashed, as_text(raw), present, strict=True):
+        if here:
+            spellings.setdefault(k, set()).add(r)
+    clash = present & np.array([len(spellings.get(k, ())) > 1 for k in squashed], dtype=bool)
+    control = present & as_text(raw).str.contains(_CONTROL).to_numpy(dtype=bool) & ~clash
+    if control.any():
+        problems.append(f"Patient id column {col!r}: {rows_text(control)}: ids holding control characters (NUL, "
+                        "escape, ...). Export the ids as plain text.")
     if clash.any():
         problems.append(f"Patient id column {col!r}: {rows_text(clash)}: ids that differ from another id only by "
-                        "whitespace. Clean the ids so each patient has exactly one spelling.")
+                        "whitespace, invisible characters (zero-width, control or direction marks) or Unicode "
+                        "normalisation (é written as e + accent). Clean the ids so each patient has exactly one "
+                        "spelling.")
     return ids
 
 

@@ -326,3 +326,20 @@ def test_dates_in_the_long_time_column_are_refused_with_the_fix(as_datetime):
     with pytest.raises(SchemaError, match=r"Time column 't': rows 1, 2, 3: dates or datetimes\. .* convert them to "
                                           "hours since each patient's admission"):
         ingest(df, schema=long(), dictionary=D)
+
+
+@pytest.mark.parametrize("twin", ["p1\u200b", "p1\x00", "\u202ep1", "p\uff11"])  # zero-width, NUL, RTL, fullwidth 1
+def test_ids_that_differ_only_by_invisible_characters_or_normalisation_are_an_error(twin):
+    # before: two patients that print identically were silently kept apart
+    df = pd.DataFrame({"pid": ["p1", twin, "p2"], "hr": [70, 80, 90], "y": [0, 1, 0]})
+    with pytest.raises(SchemaError, match=r"rows 1, 2: ids that differ from another id only by whitespace, "
+                                          "invisible characters"):
+        ingest(df, schema=wide(), dictionary=D)
+
+
+def test_ids_with_control_characters_are_an_error():
+    # pandas hashes 'a' and 'a\x00' alike in groupby/nunique: such ids are refused, not grouped by chance
+    df = pd.DataFrame({"pid": ["a\x00", "a\x00", "b"], "t": [0, 1, 0], "code": ["hr"] * 3, "v": [70, 71, 72],
+                       "unit": [None] * 3, "y": [0, 0, 1]})
+    with pytest.raises(SchemaError, match=r"rows 1, 2: ids holding control characters"):
+        ingest(df, schema=long(), dictionary=D)
