@@ -264,7 +264,19 @@ def _row_unit(df, rows, name, feat, cm, schema, problems):
         problems.append(f"Feature code {name!r} ({feat.id}) is recorded in several units {units}; convert to one "
                         "unit before ingestion.")
         return unit
-    return units[0] if units else unit
+    if not units:
+        return unit
+    if unit is not None and not same_unit(unit, units[0]):
+        problems.append(f"Feature code {name!r} ({feat.id}): the unit column {lc.unit!r} says {units[0]!r} but the "
+                        f"site schema says {unit!r} ([columns].{name!r}.unit). Make them agree (or remove one).")
+        return unit
+    no_unit = np.zeros(len(df), dtype=bool)
+    no_unit[np.flatnonzero(rows)] = ~present & present_mask(df.loc[rows, lc.value])
+    if no_unit.any() and unit is None:
+        problems.append(f"Unit column {lc.unit!r} for feature code {name!r} ({feat.id}): {rows_text(no_unit)}: a value "
+                        f"without a unit while the other rows of this code give {units[0]!r}. Fill the unit cells, "
+                        f"or set the unit in the site schema ([columns].{name!r}.unit).")
+    return units[0]
 
 
 def _ingest_long(df, schema, dictionary, problems) -> PatientTable:

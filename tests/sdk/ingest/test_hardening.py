@@ -343,3 +343,20 @@ def test_ids_with_control_characters_are_an_error():
                        "unit": [None] * 3, "y": [0, 0, 1]})
     with pytest.raises(SchemaError, match=r"rows 1, 2: ids holding control characters"):
         ingest(df, schema=long(), dictionary=D)
+
+
+def test_long_unit_cells_that_are_empty_on_some_rows_or_contradict_the_schema_are_errors():
+    # before: the one unit of the other rows (or the unit column over the schema) was applied silently
+    df = pd.DataFrame({"pid": ["a", "a", "b"], "t": [0, 1, 0], "y": [1, 1, 0], "code": ["paco2"] * 3,
+                       "v": [5.0, 40.0, 4.9], "unit": ["kPa", None, "kPa"]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=long(), dictionary=D)
+    assert ("Unit column 'unit' for feature code 'paco2' (paco2): row 2: a value without a unit while the other rows "
+            "of this code give 'kPa'") in err.value.problems[0]
+    df["unit"] = ["kPa"] * 3
+    with pytest.raises(SchemaError, match=r"the unit column 'unit' says 'kPa' but the site schema says 'mmHg'"):
+        ingest(df, schema=long(columns={"paco2": ColumnMap(feature="paco2", unit="mmHg")}), dictionary=D)
+    df["unit"] = ["kPa", None, "kPa"]  # the schema's unit agrees with the cells: empty cells take it
+    t = ingest(df.assign(v=[5.0, 5.2, 4.9]), schema=long(columns={"paco2": ColumnMap(feature="paco2", unit="kPa")}),
+               dictionary=D)
+    assert t.report.observations == 3
