@@ -48,6 +48,10 @@ def check_labels(df: pd.DataFrame, *, site: str, required: dict[str, str | None]
                         f"({', '.join(sorted({type(cols[i]).__name__ for i in positions}))}). Rename them.")
     counts = pd.Series([str(c) for c in cols]).value_counts()
     repeated = [str(c) for c, n in counts.items() if n > 1]
+    blank = [i for i, c in enumerate(cols) if isinstance(c, str) and not c.strip()]
+    if len(blank) > 1 and len(blank) < len(cols):  # several unnamed columns, not a header-less file
+        problems.append(empty_name_message(blank))
+        repeated = [c for c in repeated if c.strip()]
     if repeated:
         if any(looks_like_data(c) for c in repeated) or header_is_data(cols, required=required, known=known):
             problems.append(f"{len(repeated)} column label(s) appear more than once and some look like data "
@@ -57,6 +61,14 @@ def check_labels(df: pd.DataFrame, *, site: str, required: dict[str, str | None]
                             "distinct name.")
     if problems:
         raise SchemaError(problems, title=title)
+
+
+def empty_name_message(positions: list[int]) -> str:
+    """The problem for columns whose header cell is empty (0-based ``positions``)."""
+    shown = ", ".join(str(i + 1) for i in positions[:10]) + (", ..." if len(positions) > 10 else "")
+    return (f"{len(positions)} column(s) have no name: the header cell at position(s) {shown} is empty (often an "
+            "index column a spreadsheet or pandas wrote, or a trailing delimiter). Name them and map them under "
+            "[columns], or delete them from the export.")
 
 
 def header_is_data(columns: Iterable[str], *, required: dict[str, str | None], known: set[str]) -> bool:

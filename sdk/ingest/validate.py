@@ -23,6 +23,7 @@ from ..ontology.units import EXAMPLE_UNITS, conversion, is_known_unit, normalise
 from .cells import as_text, date_cells, parse_cells, parse_labels, present_mask
 from .columns import (
     check_labels,
+    empty_name_message,
     header_is_data,
     near_misses,
     no_header_message,
@@ -170,7 +171,9 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     near = _near_misses(df, schema, {"patient_id": schema.patient_id, "label": schema.label})  # reported
     names = [c for c in df.columns if c not in reserved and c not in schema.ignore and c not in near]
     mapped, unknown = resolve(names, schema, dictionary)
-    for col in unknown:
+    if blank := [i for i, c in enumerate(df.columns) if c in unknown and not c.strip()]:
+        problems.append(empty_name_message(blank))
+    for col in (c for c in unknown if c.strip()):
         problems.append(f"Column {col!r} is not in the feature dictionary {dictionary.name} v{dictionary.version} "
                         f"(nearest: {dictionary.nearest(col)}). Map it in the site schema under [columns] or "
                         "list it under ignore.")

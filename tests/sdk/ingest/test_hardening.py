@@ -362,3 +362,14 @@ def test_long_unit_cells_that_are_empty_on_some_rows_or_contradict_the_schema_ar
     t = ingest(df.assign(v=[5.0, 5.2, 4.9]), schema=long(columns={"paco2": ColumnMap(feature="paco2", unit="kPa")}),
                dictionary=D)
     assert t.report.observations == 3
+
+
+def test_columns_without_a_name_are_reported_as_such(tmp_path):
+    # before: "Column '' is not in the feature dictionary (nearest: [])", or for two of them "no header row"
+    for text, positions in (("pid,hr,,y\na,70,,0\nb,80,,1\n", "3"), ("pid,hr,,,y\na,70,,,0\nb,80,,,1\n", "3, 4")):
+        p = _csv(tmp_path, text)
+        with pytest.raises(SchemaError) as err:
+            ingest(read_table(p), schema=wide(), dictionary=D)
+        assert err.value.problems[0].endswith(f"the header cell at position(s) {positions} is empty (often an index "
+                                              "column a spreadsheet or pandas wrote, or a trailing delimiter). Name "
+                                              "them and map them under [columns], or delete them from the export.")
