@@ -56,7 +56,13 @@ def decode(data: bytes, *, name: str) -> tuple[str, str]:
                 raise SchemaError(f"Table {name} starts with a {enc.upper()} byte-order mark but is not valid "
                                   f"{enc.upper()} (byte offset {exc.start}). Export it again as UTF-8.",
                                   title="Table cannot be decoded") from None
-    if b"\x00" in data[:4096]:
+    head = data[:4096]
+    if b"\x00" in head and head.count(b"\x00") < len(head) // 5:  # UTF-16/32 text is >= 1/4 NULs
+        line, count = data[: data.index(b"\x00")].count(b"\n") + 1, data.count(b"\x00")
+        raise SchemaError(f"Table {name} holds {count} NUL byte(s), the first on line {line}: a damaged "
+                          "export or a binary file, not text. Remove the NUL bytes (e.g. tr -d '\\000') or export "
+                          "the table again.", title="Table cannot be decoded")
+    if b"\x00" in head:
         raise SchemaError(f"Table {name} holds NUL bytes: it looks like UTF-16 or UTF-32 without a byte-order "
                           "mark. Export it as UTF-8 (or UTF-16 with a byte-order mark).",
                           title="Table cannot be decoded")

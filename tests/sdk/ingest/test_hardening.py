@@ -373,3 +373,10 @@ def test_columns_without_a_name_are_reported_as_such(tmp_path):
         assert err.value.problems[0].endswith(f"the header cell at position(s) {positions} is empty (often an index "
                                               "column a spreadsheet or pandas wrote, or a trailing delimiter). Name "
                                               "them and map them under [columns], or delete them from the export.")
+
+
+def test_a_stray_nul_byte_is_not_called_utf16(tmp_path):
+    # before: "looks like UTF-16 or UTF-32 without a byte-order mark" for a damaged UTF-8 file
+    p = _csv(tmp_path, b"pid,hr,y\na,70,0\nb,8\x000,1\n")
+    with pytest.raises(SchemaError, match=r"holds 1 NUL byte\(s\), the first on line 3: a damaged export"):
+        read_table(p)
