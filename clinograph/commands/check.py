@@ -96,7 +96,12 @@ def _summary(t, d, mapping: dict[str, str]) -> list[str]:
         counts[fid] = counts.get(fid, 0) + int(n)
     out = [f"patients: {t.n_patients}, observations: {r.observations}, snapshots: {t.n_snapshots}"]
     if r.labelled:
-        out.append(f"labels: {int((t.labels == 1).sum())} positive, {int((t.labels == 0).sum())} negative")
+        pos, neg = int((t.labels == 1).sum()), int((t.labels == 0).sum())
+        out.append(f"labels: {pos} positive, {neg} negative")
+        if t.n_patients and not (pos and neg):
+            out.append(f"warning: every patient's label is {1 if pos else 0}: this table alone cannot be used to "
+                       "evaluate a classifier (AUROC is undefined), and in a federation it pulls the model towards "
+                       "one class. Check the label column and its coding (0/1, true/false, yes/no).")
     else:
         out.append("labels: none (schema declared unlabeled)")
     out.append("features mapped:")

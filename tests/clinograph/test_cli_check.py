@@ -96,3 +96,11 @@ def test_check_turns_an_unexpected_error_into_exit_3_without_a_traceback(tmp_pat
     r = _run(tmp_path / "s.toml", tmp_path / "t.csv")
     assert r.exit_code == 3 and "internal error (RuntimeError)" in r.output
     assert "ZQXCANARY" not in r.output and not isinstance(r.exception, RuntimeError)
+
+
+def test_check_warns_when_every_label_is_one_class(tmp_path):
+    table, schema = demo_hospitals()[0]
+    table.assign(**{schema.label: 1}).to_csv(tmp_path / "t.csv", index=False)
+    r = _run(_schema_file(tmp_path, schema), tmp_path / "t.csv")
+    assert r.exit_code == 0, r.output
+    assert "warning: every patient's label is 1" in r.output and "0 negative" in r.output
