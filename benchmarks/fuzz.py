@@ -1,12 +1,14 @@
 """Fuzzing as a habit, with a longer budget than `make test`: every parser and every server stage.
 
 Runs the property tests that are fuzzers -- random CSV bytes through read_table + ingest
-(tests/sdk/ingest/test_fuzz_tables.py) and hostile messages at every stage of a real round
+(tests/sdk/ingest/test_fuzz_tables.py), messy hospital exports (detection limits, missing
+markers, units in cells, dates, hostile ids) that must ingest completely or fail clearly
+(tests/sdk/ingest/test_fuzz_exports.py) and hostile messages at every stage of a real round
 (tests/secure/test_server_hostile.py) -- with ``CLINOGRAPH_FUZZ_EXAMPLES`` examples each instead
 of the suite's small budget, and writes benchmarks/results/fuzz.json: cases run, seconds and
 findings (failing tests, with hypothesis's minimal example in the output file beside it).
 
-    python -m benchmarks.fuzz [--examples N] [--quick]
+    python -m benchmarks.fuzz [--examples N] [--quick] [--only tables,exports]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"tables": "tests/sdk/ingest/test_fuzz_tables.py",
+           "exports": "tests/sdk/ingest/test_fuzz_exports.py",
            "server_stages": "tests/secure/test_server_hostile.py::test_hostile_messages_at_any_stage_never_break_the_round"}
 OUT = Path(__file__).parent / "results" / "fuzz.json"
 
@@ -42,10 +45,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--examples", type=int, default=2000)
     p.add_argument("--quick", action="store_true", help="200 examples each")
+    p.add_argument("--only", default="", help=f"comma-separated targets of {sorted(TARGETS)} (default: all); the "
+                                              "JSON then holds only those")
     a = p.parse_args()
     examples = 200 if a.quick else a.examples
+    names = [n for n in a.only.split(",") if n] or list(TARGETS)
+    if unknown := sorted(set(names) - set(TARGETS)):
+        p.error(f"unknown targets {unknown}; choose from {sorted(TARGETS)}")
     out = OUT.with_name("fuzz_quick.json") if a.quick else OUT
-    results = {name: run(name, target, examples, out.with_name(f"fuzz_{name}.log")) for name, target in TARGETS.items()}
+    if a.only:
+        out = out.with_name(out.stem + "_" + "_".join(names) + ".json")
+    results = {name: run(name, TARGETS[name], examples, out.with_name(f"fuzz_{name}.log")) for name in names}
     out.write_text(json.dumps({"benchmark": "fuzz", "results": results,
                                "findings": sum(r["findings"] for r in results.values())}, indent=2))
     print(json.dumps(results, indent=2))
