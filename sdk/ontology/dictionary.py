@@ -153,7 +153,24 @@ class Feature(BaseModel):
         if (self.physical_min is not None and self.physical_max is not None
                 and not self.physical_min < self.physical_max):
             raise ValueError(f"feature {self.id!r}: physical_min must be < physical_max")
+        if self.kind == FeatureKind.NUMERIC:
+            self._numeric_unit_and_range()
         return self
+
+    def _numeric_unit_and_range(self) -> None:
+        """The canonical unit is one pint reads (else every schema unit fails to convert, late, at
+        each hospital), and the public reference range lies inside the physical limits."""
+        from .units import EXAMPLE_UNITS, is_known_unit
+
+        if not is_known_unit(self.unit):
+            raise ValueError(f"feature {self.id!r}: unit {self.unit!r} is not a unit pint reads; write it in UCUM "
+                             f"(e.g. {', '.join(EXAMPLE_UNITS)})")
+        lo, hi = self.physical_min, self.physical_max
+        if (lo is not None and self.reference_low < lo) or (hi is not None and self.reference_high > hi):
+            raise ValueError(f"feature {self.id!r}: the reference range {self.reference_low:g} to "
+                             f"{self.reference_high:g} is not inside the physical limits "
+                             f"{'-inf' if lo is None else f'{lo:g}'} to {'inf' if hi is None else f'{hi:g}'}; "
+                             "fix one of them")
 
     def code_keys(self) -> set[str]:
         """Codes that name this feature in exchange formats, normalised as ``SYSTEM/CODE``.
@@ -203,10 +220,13 @@ class FeatureDictionary(BaseModel):
 
     name: str
     version: int = Field(ge=1)
-    features: tuple[Feature, ...] = Field(min_length=1)
+    features: tuple[Feature, ...]  # at least one: checked in _unique (min_length would add a second
+    # "at least 1 item" problem whenever the only feature is invalid)
 
     @model_validator(mode="after")
     def _unique(self) -> FeatureDictionary:
+        if not self.features:
+            raise ValueError("the dictionary has no features; add at least one [[features]] table")
         ids = [f.id for f in self.features]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:

@@ -1,6 +1,6 @@
 import pytest
-from clinograph.sdk.research.alarm_demo import load_dictionary
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind
+from clinograph.sdk.research.alarm_demo import load_dictionary
 from clinograph.secure.errors import ConfigError
 from pydantic import ValidationError
 
@@ -56,3 +56,26 @@ def test_schema_check_uses_the_dictionarys_molar_mass():
                 reference_low=0.5, reference_high=2.0),))
     SiteSchema(site="s", patient_id="pid", label="y", columns={"Lac": ColumnMap(feature="lac", unit="mg/dL")}
                ).check_against(d)  # raises a SchemaError without the molar mass
+
+
+def _one_feature_dictionary(tmp_path, **kw):
+    lines = ['name = "d"', "version = 1", "[[features]]", 'id = "hr"', 'name = "HR"', 'kind = "numeric"',
+             *(f"{k} = {v!r}".replace("'", '"') for k, v in {"unit": "/min", "reference_low": 60.0,
+                                                             "reference_high": 100.0, **kw}.items())]
+    p = tmp_path / "d.toml"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"unit": "blorp"}, "feature 'hr': unit 'blorp' is not a unit pint reads; write it in UCUM"),
+    ({"physical_min": 0.0, "physical_max": 50.0},
+     "feature 'hr': the reference range 60 to 100 is not inside the physical limits 0 to 50; fix one of them"),
+    ({"reference_low": 100.0, "reference_high": 60.0}, "feature 'hr': reference_low must be < reference_high"),
+])
+def test_a_bad_feature_is_one_problem_with_its_fix(tmp_path, kw, message):
+    # before: an unreadable canonical unit and a reference range outside the physical limits were accepted,
+    # and any bad only feature added a second "Tuple should have at least 1 item" problem
+    with pytest.raises(ConfigError) as err:
+        FeatureDictionary.from_toml(_one_feature_dictionary(tmp_path, **kw))
+    assert f"(1 problem(s)):\n  - features.0: {message}" in str(err.value)
