@@ -201,13 +201,13 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
         v = parsed[col]
         ok = keep & ~np.isnan(v)
         if feat.kind == FeatureKind.CATEGORICAL:
-            node = np.array([index[f"{feat.id}={feat.levels[int(c)]}"] for c in v[ok]], dtype=np.int64)
+            node = np.array([index[f"{feat.id}={lvl}"] for lvl in feat.levels], dtype=np.int64)[v[ok].astype(np.int64)]
             val = np.ones(ok.sum())
         else:
             node = np.full(ok.sum(), index[feat.id], dtype=np.int64)
             val = v[ok]
         pats.append(remap[ok]), nodes.append(node), vals.append(val)
-        stds.append(np.array([feat.standardise(x) for x in val]) if feat.kind == FeatureKind.NUMERIC else val)
+        stds.append(feat.standardise_array(val))  # vectorised: a Python loop took ~90 s for 1e6 rows
     units = {c: (cm.unit if cm else None) for c, (_, cm) in mapped.items()}
     report = IngestReport(rows_read=len(df), patients=len(rows), observations=int(sum(len(p) for p in pats)),
                           dropped_patients_missing_label=int((~keep).sum()),
@@ -320,7 +320,8 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         parsed[rows] = v
         feat_of_row[rows] = feature_pos[feat.id]
         if feat.kind == FeatureKind.CATEGORICAL:
-            nodes[rows] = [index[f"{feat.id}={feat.levels[int(c)]}"] if not np.isnan(c) else -1 for c in v]
+            level_nodes = np.array([index[f"{feat.id}={lvl}"] for lvl in feat.levels], dtype=np.int64)
+            nodes[rows] = np.where(np.isnan(v), -1, level_nodes[np.nan_to_num(v).astype(np.int64)])
             values[rows] = np.where(np.isnan(v), np.nan, 1.0)
         else:
             nodes[rows] = index[feat.id]
@@ -363,7 +364,10 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
     ok = (pat >= 0) & usable
     snap = np.searchsorted(np.unique(tnum[np.isfinite(tnum)]), tnum)
     node_feat = {i: dictionary.get(n.split("=")[0]) for n, i in index.items()}
-    std = np.array([node_feat[n].standardise(v) for n, v in zip(nodes[ok], values[ok], strict=True)])
+    std = np.empty(int(ok.sum()))
+    for n in np.unique(nodes[ok]):  # one vectorised call a node, not one a value
+        at = nodes[ok] == n
+        std[at] = node_feat[int(n)].standardise_array(values[ok][at])
     report = IngestReport(rows_read=len(df), patients=len(pid), observations=int(ok.sum()),
                           dropped_patients_missing_label=int((~keep_p).sum()),
                           converted_columns=_converted(mapped, units_used),
