@@ -56,6 +56,12 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
         raise ConfigError(" ".join(problems))
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'risks.csv'}.")
+    clash = [what for what, p in (("table", table), ("schema", schema), ("dictionary", dictionary), ("model", model),
+                                  ("model sidecar", model.with_suffix(".json")))
+             if out.exists() and p.exists() and out.resolve() == p.resolve()]
+    if clash:
+        raise ConfigError(f"--out {out} is the {clash[0]} file: writing the risks would overwrite it. Give another "
+                          "path for --out.")
     module, info = load_exported(model)
     d = FeatureDictionary.from_toml(dictionary)
     if d.digest() != info["dictionary_hash"]:

@@ -99,3 +99,17 @@ def test_cli_predict_escapes_ids_a_spreadsheet_would_run_as_formulas(tmp_path, t
     assert "2 patient id(s) starting with" in res.output
     ids = pd.read_csv(tmp_path / "risks.csv", dtype=str)["patient_id"].tolist()
     assert ids == ["'=cmd|' /C calc'!A0", "-12", "'@SUM(A1)", "p4"]
+
+
+def test_cli_predict_refuses_to_overwrite_its_input_table(tmp_path, trained):
+    # before: --out equal to --table overwrote the hospital's table with the risks
+    path, _ = trained.export(tmp_path / "model.pt")
+    df, schema = raw_tables()[0]
+    df.head(5).to_csv(tmp_path / "new.csv", index=False)
+    before = (tmp_path / "new.csv").read_bytes()
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+    res = runner.invoke(app, ["predict", "--model", str(path), "--table", str(tmp_path / "new.csv"),
+                              "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(DICTIONARY_PATH),
+                              "--out", str(tmp_path / "." / "new.csv")])
+    assert res.exit_code == 2 and "is the table file: writing the risks would overwrite it" in res.output
+    assert (tmp_path / "new.csv").read_bytes() == before
