@@ -26,6 +26,7 @@ DEFAULT_CODES_TEXT = "0/1, true/false, yes/no"
 MAX_MAGNITUDE = 1e15  # for a feature the dictionary gives no physical limit
 
 
+_GROUPED = re.compile(r"^\s*[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?\s*$")  # 1,234 / 12,345,678.5
 _CENSORED = re.compile(r"^\s*(?:[<>≤≥]=?|=<|=>)\s*[-+]?\d+(?:[.,]\d+)?\s*\S*\s*$")
 _DATE = re.compile(r"^\s*(?:\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[./]\d{1,2}[./]\d{2,4})(?:[ T]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?"
                    r"(?:Z|[+-]\d{2}:?\d{2})?)?\s*$")
@@ -38,6 +39,8 @@ TEXT_KINDS = {
                 "they mean for the model (the limit itself, or missing), write that number, or leave them empty.",
     "marker": "missing-value markers (like '-', '.', '?', 'n.a.' or a spreadsheet error such as '#VALUE!') that are "
               "not read as missing. Leave those cells empty (or write NA) to mark a missing value.",
+    "formula": "spreadsheet formulas (a cell starting with '=', like Excel's =\"90\") instead of values. Export "
+               "the values, not the formulas.",
     "date": "dates or times where a number is expected. A date is not a feature value: list the column under "
             "ignore, or derive a number from it (an age, hours since admission) before ingestion.",
     "text": "text where a number is expected. Clean these cells or leave them empty for missing.",
@@ -50,9 +53,10 @@ def classify_text(text: pd.Series, bad: np.ndarray) -> list[tuple[str, np.ndarra
     censored = bad & t.str.match(_CENSORED).to_numpy(dtype=bool)
     marker = bad & ~censored & t.str.strip().str.casefold().isin(MISSING_MARKERS).to_numpy(dtype=bool)
     date = bad & ~censored & ~marker & t.str.match(_DATE).to_numpy(dtype=bool)
-    rest = bad & ~censored & ~marker & ~date
-    return [(k, m) for k, m in (("censored", censored), ("marker", marker), ("date", date), ("text", rest))
-            if m.any()]
+    formula = bad & ~censored & ~marker & ~date & t.str.strip().str.startswith("=").to_numpy(dtype=bool)
+    rest = bad & ~censored & ~marker & ~date & ~formula
+    return [(k, m) for k, m in (("censored", censored), ("marker", marker), ("formula", formula), ("date", date),
+                                ("text", rest)) if m.any()]
 
 
 def date_cells(raw: pd.Series) -> np.ndarray:
@@ -93,12 +97,18 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
         if unit_like.any():
             problems.append(f"{where}: {rows_text(unit_like)}: number with a unit string in the cell. Put the unit "
                             f"in the site schema ([columns].{key!r}.unit) and keep only numbers in the column.")
-        comma = bad & ~unit_like & decimal_comma_cells(text)
+        grouped = bad & ~unit_like & text.str.match(_GROUPED).to_numpy(dtype=bool)
+        if grouped.any():
+            problems.append(f"{where}: {rows_text(grouped)}: numbers with a comma that reads both as a thousands "
+                            "separator ('1,234' = 1234) and as a decimal comma (1.234), so they are not read. Export "
+                            "the numbers without thousands separators; if the commas are decimal commas, read the "
+                            "file with read_table(..., decimal=\",\").")
+        comma = bad & ~unit_like & ~grouped & decimal_comma_cells(text)
         if comma.any():
             problems.append(f"{where}: {rows_text(comma)}: numbers written with a decimal comma. Read the file with "
                             "read_table(..., decimal=\",\") (German/French Excel exports), or export it with "
                             "decimal points.")
-        rest = bad & ~unit_like & ~comma
+        rest = bad & ~unit_like & ~grouped & ~comma
         for kind, mask in classify_text(text, rest):
             problems.append(f"{where}: {rows_text(mask)}: {TEXT_KINDS[kind]}")
     inf = present & np.isinf(num)

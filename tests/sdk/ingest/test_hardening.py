@@ -380,3 +380,16 @@ def test_a_stray_nul_byte_is_not_called_utf16(tmp_path):
     p = _csv(tmp_path, b"pid,hr,y\na,70,0\nb,8\x000,1\n")
     with pytest.raises(SchemaError, match=r"holds 1 NUL byte\(s\), the first on line 3: a damaged export"):
         read_table(p)
+
+
+def test_thousands_separators_and_spreadsheet_formulas_are_not_called_decimal_commas(tmp_path):
+    # before: "1,234" got the fix "read with decimal=','" (1.234: a 1000-fold error if followed), and
+    # Excel's ="90" was plain "text"
+    p = _csv(tmp_path, 'pid,crp,hr,y\na,"1,234",="90",0\nb,3.5,80,1\n')
+    with pytest.raises(SchemaError) as err:
+        ingest(read_table(p), schema=wide(), dictionary=D)
+    problems = err.value.problems
+    assert problems[0].startswith("Column 'crp' (crp): row 1: numbers with a comma that reads both as a thousands "
+                                  "separator")
+    assert problems[1].startswith("Column 'hr' (heart_rate): row 1: spreadsheet formulas")
+    assert len(problems) == 2
