@@ -120,14 +120,23 @@ def _ids(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
     present = present_mask(raw)
     if (~present).any():
         problems.append(f"Patient id column {col!r}: {rows_text(~present)}: no id. Fill them or remove those rows.")
-    ids = as_text(raw).str.strip().to_numpy(dtype=object)
-    squashed = pd.Series([_SPACE.sub("", unicodedata.normalize("NFKC", i)) for i in ids])
-    spellings: dict[str, set[str]] = {}  # in Python: pandas' nunique/groupby hash 'p1' and 'p1\x00' alike
-    for k, r, here in zip(squashed, as_text(raw), present, strict=True):
-        if here:
-            spellings.setdefault(k, set()).add(r)
-    clash = present & np.array([len(spellings.get(k, ())) > 1 for k in squashed], dtype=bool)
-    control = present & as_text(raw).str.contains(_CONTROL).to_numpy(dtype=bool) & ~clash
+    text = as_text(raw)
+    ids = text.str.strip().to_numpy(dtype=object)
+    # the key an id is compared by: without whitespace/invisible characters, NFKC-normalised; plain
+    # printable-ASCII ids are their own key, so only the others are looked at one by one
+    key = text.to_numpy(dtype=object).copy()
+    odd = np.flatnonzero(~text.str.fullmatch(r"[!-~]*").to_numpy(dtype=bool))
+    for i in odd:
+        key[i] = _SPACE.sub("", unicodedata.normalize("NFKC", key[i]))
+    clash = np.zeros(len(key), dtype=bool)
+    if len(odd):
+        wanted = set(key[odd])
+        spellings: dict[str, set[str]] = {}  # in Python: pandas' nunique/groupby hash 'p1' and 'p1\x00' alike
+        for k, r, here in zip(key, text, present, strict=True):
+            if here and k in wanted:
+                spellings.setdefault(k, set()).add(r)
+        clash = present & np.array([len(spellings.get(k, ())) > 1 for k in key], dtype=bool)
+    control = present & text.str.contains(_CONTROL).to_numpy(dtype=bool) & ~clash
     if control.any():
         problems.append(f"Patient id column {col!r}: {rows_text(control)}: ids holding control characters (NUL, "
                         "escape, ...). Export the ids as plain text.")
