@@ -33,6 +33,9 @@ from .table import PatientTable, SurvivalTarget
 TIME_UNIT = "d"
 
 
+MAX_FOLLOW_UP_DAYS = 150 * 365.25  # longer than any human follow-up: a wrong time_unit or a broken value
+
+
 def days_per(unit: str) -> float:
     """How many days one ``unit`` is (``d`` 1, ``wk`` 7, ``mo`` 30.44, ``a`` 365.25)."""
     scale, _ = conversion(feature="survival time", analyte=None, source=unit, target=TIME_UNIT)
@@ -104,6 +107,12 @@ def ingest_survival(df: pd.DataFrame, *, schema: SiteSchema, dictionary: Feature
         problems.append(f"Event column {spec.event!r}: {rows_text(~has_e)}: no event status. Fill it (1 event, "
                         "0 censored) or set [policy] missing_label = \"drop\".")
     time = _times(df[spec.time], spec, has_t, problems)
+    with np.errstate(over="ignore", invalid="ignore"):
+        too_long = has_t & np.isfinite(time) & ~(time * scale <= MAX_FOLLOW_UP_DAYS)  # inf after conversion too
+    if too_long.any():
+        problems.append(f"Time column {spec.time!r}: {rows_text(too_long)}: follow-up longer than 150 years once "
+                        f"converted from {spec.time_unit!r} to days. Check [survival] time_unit (hours, days, months) "
+                        "or the values.")
     event = _events(df[spec.event], spec, has_e, problems)
     if problems:
         raise SchemaError(problems, title=title)

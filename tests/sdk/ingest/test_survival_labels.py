@@ -47,6 +47,8 @@ def test_toml_style_schema_and_plain_01_events():
     ({"fu": [1.0, "soon", 0.5, 3.0]}, "row 2: not a number"),
     ({"dead": ["yes", "no", "maybe", "no"]}, "row 3: not 0/1"),
     ({"dead": ["no", "no", "no", "no"]}, "every one of the 4 patients is censored"),
+    # before: accepted, 1e308 months became an infinite follow-up time
+    ({"fu": [1.0, 1e308, 1900.0, 3.0]}, r"rows 2, 3: follow-up longer than 150 years once converted from 'mo'"),
 ])
 def test_bad_time_or_event_is_refused_clearly(over, match):
     with pytest.raises(SchemaError, match=match):
