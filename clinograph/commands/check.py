@@ -82,6 +82,9 @@ def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str |
                          f"encoding {df.attrs['encoding']}")
         result = ingest(df, schema=site, dictionary=d)
         mapping = {cm.feature: f"column {col!r}" for col, cm in site.columns.items()}
+        if site.format == "wide" and (absent := [c for c in site.columns if c not in df.columns]):
+            lines.append(f"warning: the site schema maps {len(absent)} column(s) the table does not have: "
+                         f"{', '.join(map(repr, absent))} (their features are not observed here)")
     return lines + _summary(result, d, mapping)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from difflib import get_close_matches
 
 import numpy as np
 import pandas as pd
@@ -182,10 +183,14 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     mapped, unknown = resolve(names, schema, dictionary)
     if blank := [i for i, c in enumerate(df.columns) if c in unknown and not c.strip()]:
         problems.append(empty_name_message(blank))
+    unmatched = [c for c in schema.columns if c not in df.columns]  # mapped by the schema, absent from the table
     for col in (c for c in unknown if c.strip()):
+        renamed = get_close_matches(col.lower(), [c.lower() for c in unmatched], n=1, cutoff=0.6)
+        hint = (f" The site schema maps {next(c for c in unmatched if c.lower() == renamed[0])!r}, which is not in "
+                "the table: if the column was renamed, fix its name under [columns].") if renamed else ""
         problems.append(f"Column {col!r} is not in the feature dictionary {dictionary.name} v{dictionary.version} "
                         f"(nearest: {dictionary.nearest(col)}). Map it in the site schema under [columns] or "
-                        "list it under ignore.")
+                        f"list it under ignore.{hint}")
     one_column_per_feature(mapped, problems)
     ids = _ids(df[schema.patient_id], schema.patient_id, problems) if schema.patient_id in df.columns \
         else np.array([""] * len(df), dtype=object)

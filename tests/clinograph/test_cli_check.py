@@ -104,3 +104,12 @@ def test_check_warns_when_every_label_is_one_class(tmp_path):
     r = _run(_schema_file(tmp_path, schema), tmp_path / "t.csv")
     assert r.exit_code == 0, r.output
     assert "warning: every patient's label is 1" in r.output and "0 negative" in r.output
+
+
+def test_check_warns_about_schema_columns_the_table_lacks(tmp_path):
+    table, schema = demo_hospitals()[0]
+    gone = next(iter(schema.columns))
+    table.drop(columns=[gone]).to_csv(tmp_path / "t.csv", index=False)
+    r = _run(_schema_file(tmp_path, schema), tmp_path / "t.csv")
+    assert r.exit_code == 0, r.output
+    assert f"warning: the site schema maps 1 column(s) the table does not have: {gone!r}" in r.output

@@ -393,3 +393,11 @@ def test_thousands_separators_and_spreadsheet_formulas_are_not_called_decimal_co
                                   "separator")
     assert problems[1].startswith("Column 'hr' (heart_rate): row 1: spreadsheet formulas")
     assert len(problems) == 2
+
+
+def test_an_unknown_column_close_to_a_schema_column_absent_from_the_table_is_called_a_rename():
+    schema = wide(columns={"paco2_kpa": ColumnMap(feature="paco2", unit="kPa")})
+    df = pd.DataFrame({"pid": ["a", "b"], "paco2_kpa_v2": [5.1, 5.3], "y": [0, 1]})
+    with pytest.raises(SchemaError, match=r"The site schema maps 'paco2_kpa', which is not in the table: if the "
+                                          r"column was renamed, fix its name under \[columns\]\."):
+        ingest(df, schema=schema, dictionary=D)
