@@ -31,7 +31,7 @@ _CENSORED = re.compile(r"^\s*(?:[<>≤≥]=?|=<|=>)\s*[-+]?\d+(?:[.,]\d+)?\s*\S*
 _DATE = re.compile(r"^\s*(?:\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[./]\d{1,2}[./]\d{2,4})(?:[ T]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?"
                    r"(?:Z|[+-]\d{2}:?\d{2})?)?\s*$")
 #: spellings of "no value" that pandas does not read as missing (compared case-insensitively)
-MISSING_MARKERS = frozenset({"-", "--", "---", ".", "..", "?", "??", "n.a.", "n.a", "na.", "n/d", "n.d.", "nd", "x",
+MISSING_MARKERS = frozenset({"-", "--", "---", ".", "..", "?", "??", "n.a.", "n.a", "na.", "n/d", "n.d.", "nd",
                              "missing", "unknown", "unk", "not done", "none", "nil", "#value!", "#div/0!", "#ref!",
                              "#num!", "#name?"})
 TEXT_KINDS = {
