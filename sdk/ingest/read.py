@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,20 @@ def decode(data: bytes, *, name: str) -> tuple[str, str]:
         return data.decode("latin-1"), "latin-1"
 
 
+_SEP_LINE = re.compile(r"\A\ufeff?sep=(.)[ \t]*\r?\n")
+
+
+def excel_sep_line(text: str) -> tuple[str, str | None]:
+    """(text without Excel's ``sep=;`` first line, the delimiter it declares or None).
+
+    Excel writes and reads such a line to fix the delimiter of a CSV file; it is not the header.
+    """
+    m = _SEP_LINE.match(text)
+    if m is None or m.group(1) in "\r\n\"'":
+        return text, None
+    return text[m.end():], m.group(1)
+
+
 def parse_csv(text: str, *, name: str, delimiter: str | None = None) -> pd.DataFrame:
     """A DataFrame of text cells (NaN for pandas' missing spellings) from CSV text.
 
@@ -104,6 +119,10 @@ def parse_csv(text: str, *, name: str, delimiter: str | None = None) -> pd.DataF
                             f"{dialect_hint(text, delim)}")
     if width == 1 and (hint := dialect_hint(text, delim)):
         problems.append(f"Table {name} has a single column when split at {delimiter_name(delim)}s.{hint}")
+    elif width == 1 and len(body) >= 2 and len(set(lengths.tolist())) == 1 and lengths[0] > 1:
+        problems.insert(0, f"Table {name}: the first line has 1 field but every line below has {int(lengths[0])}: the "
+                        "file seems to start with a title or comment line above the header (not shown). Remove "
+                        "the line(s) above the header row.")
     if problems:
         raise SchemaError(problems, title=f"Table {name} cannot be parsed in this dialect" if width == 1
                           else f"Table {name} has ragged rows")
@@ -151,7 +170,8 @@ def read_table(path: str | Path, *, delimiter: str | None = None, decimal: str |
         df.attrs["encoding"] = "parquet"
         return df
     text, encoding = decode(data, name=str(path))
-    delim = delimiter or ("\t" if suffix == ".tsv" else None) or detect_delimiter(text)
+    text, declared = excel_sep_line(text)
+    delim = delimiter or declared or ("\t" if suffix == ".tsv" else None) or detect_delimiter(text)
     df = parse_csv(text, name=str(path), delimiter=delim)
     dec = decimal or ("." if delim == "," else detect_decimal(df))
     if dec == ",":

@@ -37,6 +37,10 @@ from .table import IngestReport, PatientTable
 
 __all__ = ["ingest", "read_table"]
 # whitespace, control characters and invisible format characters (zero-width space/joiners, BOM, bidi marks)
+#: ids of a spreadsheet's summary rows (English, German, French, Dutch, Spanish), compared case-insensitively
+SUMMARY_IDS = frozenset({"total", "totals", "grand total", "sum", "subtotal", "mean", "average", "avg", "median",
+                         "overall", "summe", "gesamt", "gesamtsumme", "mittelwert", "durchschnitt", "somme", "moyenne",
+                         "totaal", "gemiddelde", "suma", "media", "promedio"})
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SPACE = re.compile(r"[\s\x00-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]+")
 
@@ -137,6 +141,10 @@ def _ids(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
             if here and k in wanted:
                 spellings.setdefault(k, set()).add(r)
         clash = present & np.array([len(spellings.get(k, ())) > 1 for k in key], dtype=bool)
+    summary = present & pd.Series(ids).str.casefold().isin(SUMMARY_IDS).to_numpy(dtype=bool)
+    if summary.any():
+        problems.append(f"Patient id column {col!r}: {rows_text(summary)}: the id is a summary word (total, sum, "
+                        "mean, ...): a spreadsheet's totals row, not a patient. Remove summary rows from the export.")
     control = present & text.str.contains(_CONTROL).to_numpy(dtype=bool) & ~clash
     if control.any():
         problems.append(f"Patient id column {col!r}: {rows_text(control)}: ids holding control characters (NUL, "

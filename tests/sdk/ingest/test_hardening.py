@@ -401,3 +401,16 @@ def test_an_unknown_column_close_to_a_schema_column_absent_from_the_table_is_cal
     with pytest.raises(SchemaError, match=r"The site schema maps 'paco2_kpa', which is not in the table: if the "
                                           r"column was renamed, fix its name under \[columns\]\."):
         ingest(df, schema=schema, dictionary=D)
+
+
+def test_excel_sep_line_title_line_and_totals_row(tmp_path):
+    # before: Excel's "sep=;" line was read as the header (ragged rows), a title line gave only "more fields than
+    # the header", and a "Total" row was ingested as a patient
+    t = ingest(read_table(_csv(tmp_path, "sep=;\npid;hr;y\na;70,5;0\nb;80;1\n")), schema=wide(), dictionary=D)
+    assert sorted(t.value.tolist()) == [70.5, 80.0]
+    with pytest.raises(SchemaError) as err:
+        read_table(_csv(tmp_path, f"{CANARY} export\npid,hr,y\na,70,0\nb,80,1\n"))
+    assert "seems to start with a title or comment line above the header" in err.value.problems[0]
+    assert CANARY not in str(err.value)
+    with pytest.raises(SchemaError, match=r"row 3: the id is a summary word"):
+        ingest(read_table(_csv(tmp_path, "pid,hr,y\na,70,0\nb,80,1\nTOTAL,150,1\n")), schema=wide(), dictionary=D)
