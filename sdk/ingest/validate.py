@@ -200,6 +200,10 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                         f"(nearest: {dictionary.nearest(col)}). Map it in the site schema under [columns] or "
                         f"list it under ignore.{hint}")
     one_column_per_feature(mapped, problems)
+    if not mapped and not unknown and not near:
+        problems.append(f"No column of the table is a feature: every column is the patient id, the label or listed "
+                        f"under ignore ({len(df.columns)} columns). Map the feature columns under [columns] in the "
+                        "site schema (or remove them from ignore).")
     ids = _ids(df[schema.patient_id], schema.patient_id, problems) if schema.patient_id in df.columns \
         else np.array([""] * len(df), dtype=object)
     if schema.patient_id in df.columns:

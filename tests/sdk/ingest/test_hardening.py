@@ -414,3 +414,11 @@ def test_excel_sep_line_title_line_and_totals_row(tmp_path):
     assert CANARY not in str(err.value)
     with pytest.raises(SchemaError, match=r"row 3: the id is a summary word"):
         ingest(read_table(_csv(tmp_path, "pid,hr,y\na,70,0\nb,80,1\nTOTAL,150,1\n")), schema=wide(), dictionary=D)
+
+
+@pytest.mark.parametrize("ignore", [(), ("hr",)])
+def test_a_wide_table_without_any_feature_column_is_an_error(ignore):
+    # before: ingested as patients with 0 observations
+    df = pd.DataFrame({"pid": ["a", "b"], "y": [0, 1], **({"hr": [70, 80]} if ignore else {})})
+    with pytest.raises(SchemaError, match="No column of the table is a feature"):
+        ingest(df, schema=wide(ignore=ignore), dictionary=D)
