@@ -156,8 +156,9 @@ def read_table(path: str | Path, *, delimiter: str | None = None, decimal: str |
     if suffix not in (".csv", ".tsv", ".txt", ".parquet", ".pq"):
         if not path.exists():
             raise ConfigError(f"Table {path} does not exist.")
-        if path.is_dir():
-            raise ConfigError(f"Table {path} is a directory, not a regular file. Give the path of the exported .csv "
+        if not path.is_file():
+            kind = "a directory" if path.is_dir() else "a device, pipe or socket"
+            raise ConfigError(f"Table {path} is {kind}, not a regular file. Give the path of the exported .csv "
                               "or .parquet file.")
         raise ConfigError(f"Table {path}: unsupported extension {suffix!r}; use .csv or .parquet.")
     data = _read_regular(path)

@@ -184,6 +184,8 @@ def test_directory_and_fifo_are_refused_before_opening(tmp_path):
         read_table(tmp_path / "dir.csv")
     with pytest.raises(ConfigError, match="is a directory, not a regular file"):  # before: "unsupported extension ''"
         read_table(tmp_path)
+    with pytest.raises(ConfigError, match="is a device, pipe or socket, not a regular file"):
+        read_table("/dev/null")
     os.mkfifo(tmp_path / "pipe.csv")
     with pytest.raises(ConfigError, match="is a FIFO \\(named pipe\\), not a regular file"):
         read_table(tmp_path / "pipe.csv")
