@@ -21,8 +21,8 @@ from .dialect import decimal_comma_cells
 from .rows import rows_text
 
 _UNIT_IN_CELL = re.compile(r"^\s*[-+]?\d+(?:[.,]\d+)?\s*[A-Za-z/%°µμ][\w/%°µμ.]*\s*$")
-BINARY_DEFAULT = {"1": 1.0, "true": 1.0, "yes": 1.0, "0": 0.0, "false": 0.0, "no": 0.0}
-DEFAULT_CODES_TEXT = "0/1, true/false, yes/no"
+BINARY_DEFAULT = {"1": 1.0, "true": 1.0, "yes": 1.0, "y": 1.0, "0": 0.0, "false": 0.0, "no": 0.0, "n": 0.0}
+DEFAULT_CODES_TEXT = "0/1, true/false, yes/no, Y/N"
 MAX_MAGNITUDE = 1e15  # for a feature the dictionary gives no physical limit
 
 
@@ -222,16 +222,29 @@ def parse_cells(col: str, raw: pd.Series, feat: Feature, unit: str | None, probl
     return out
 
 
-def parse_labels(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
-    """Labels as 1/0, NaN for missing, -1 for a bad (reported) cell."""
+def parse_labels(raw: pd.Series, col: str, problems: list[str], *,
+                 codes: dict[str, int] | None = None) -> np.ndarray:
+    """Labels as 1/0, NaN for missing, -1 for a bad (reported) cell.
+
+    ``codes``: the site schema's ``label_codes`` (local code -> 1/0, e.g. ``{"dead": 1, "alive": 0}``),
+    read instead of the default 0/1, true/false, yes/no, Y/N.
+    """
     raw = raw.reset_index(drop=True)
     text = as_text(raw).str.strip()
     present = present_mask(raw) & (text.str.lower() != "nan").to_numpy()
-    codes = as_text(raw).map(normalise_code).map(BINARY_DEFAULT).to_numpy(dtype=float)
-    bad = present & np.isnan(codes)
+    table = BINARY_DEFAULT if codes is None else {normalise_code(k): float(v) for k, v in codes.items()}
+    values = as_text(raw).map(normalise_code).map(table).to_numpy(dtype=float)
+    bad = present & np.isnan(values)
     if bad.any():
-        problems.append(f"Label column {col!r}: {rows_text(bad)}: not binary (expected {DEFAULT_CODES_TEXT}).")
+        seen = _codes_seen(raw, bad)
+        if codes is None:
+            problems.append(f"Label column {col!r}: {rows_text(bad)}: not binary (expected {DEFAULT_CODES_TEXT}; seen: "
+                            f"{seen}). Declare the label's coding in the site schema, e.g. label_codes = "
+                            "{ \"dead\" = 1, \"alive\" = 0 }, or fix the cells.")
+        else:
+            problems.append(f"Label column {col!r}: {rows_text(bad)}: codes not in the site schema's label_codes "
+                            f"(seen: {seen}). Add them to label_codes, or fix the cells.")
     out = np.full(len(raw), np.nan)
-    out[present & ~bad] = codes[present & ~bad]
+    out[present & ~bad] = values[present & ~bad]
     out[bad] = -1.0  # reported above; not also counted as missing
     return out

@@ -160,7 +160,8 @@ def _ids(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
 def _labels(df: pd.DataFrame, schema: SiteSchema, problems: list[str]) -> np.ndarray | None:
     if schema.label is None:  # declared unlabeled (SiteSchema refuses a silent None)
         return None
-    return parse_labels(df[schema.label], schema.label, problems) if schema.label in df.columns \
+    return parse_labels(df[schema.label], schema.label, problems, codes=schema.label_codes) \
+        if schema.label in df.columns \
         else np.full(len(df), np.nan)
 
 

@@ -112,6 +112,9 @@ class SiteSchema(BaseModel):
     concepts: tuple[str, ...] | None = None
     #: time-to-event label (time + event columns, time unit); the event column is the label
     survival: SurvivalColumns | None = None
+    #: the binary label's local codes -> 1/0 (``{"dead" = 1, "alive" = 0}``), read instead of the
+    #: default 0/1, true/false, yes/no, Y/N; None: the default
+    label_codes: dict[str, Literal[0, 1]] | None = None
 
     @model_validator(mode="after")
     def _label_declared(self) -> SiteSchema:
@@ -126,6 +129,9 @@ class SiteSchema(BaseModel):
                              "without outcomes")
         if self.label is not None and self.unlabeled:
             raise ValueError(f"unlabeled = true but label = {self.label!r}; remove one of them")
+        if self.label_codes is not None and (self.label is None or set(self.label_codes.values()) != {0, 1}):
+            raise ValueError("label_codes needs a label column and must map codes to both 1 and 0, e.g. "
+                             "label_codes = { \"dead\" = 1, \"alive\" = 0 }")
         return self._roles_distinct()
 
     def _roles_distinct(self) -> SiteSchema:

@@ -424,3 +424,17 @@ def test_a_wide_table_without_any_feature_column_is_an_error(ignore):
     df = pd.DataFrame({"pid": ["a", "b"], "y": [0, 1], **({"hr": [70, 80]} if ignore else {})})
     with pytest.raises(SchemaError, match="No column of the table is a feature"):
         ingest(df, schema=wide(ignore=ignore), dictionary=D)
+
+
+def test_label_codes_in_the_site_schema_and_y_n_labels():
+    # before: "dead"/"alive" labels could not be declared at all, and Y/N were refused
+    df = pd.DataFrame({"pid": ["a", "b", "c"], "hr": [70, 80, 90], "y": ["dead", "alive", "Dead "]})
+    with pytest.raises(SchemaError, match=r"rows 1, 2, 3: not binary .*label_codes = \{ \"dead\" = 1"):
+        ingest(df, schema=wide(), dictionary=D)
+    t = ingest(df, schema=wide(label_codes={"dead": 1, "alive": 0}), dictionary=D)
+    assert t.labels.tolist() == [1, 0, 1]
+    assert ingest(df.assign(y=["Y", "N", "y"]), schema=wide(), dictionary=D).labels.tolist() == [1, 0, 1]
+    with pytest.raises(SchemaError, match=r"row 2: codes not in the site schema's label_codes"):
+        ingest(df, schema=wide(label_codes={"dead": 1, "censored": 0}), dictionary=D)
+    with pytest.raises(ValidationError, match="must map codes to both 1 and 0"):
+        wide(label_codes={"dead": 1})
