@@ -60,7 +60,9 @@ ABLATIONS: dict[str, dict] = {
     "linear_shape_wide_lr_x10": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 10.0}},
     "linear_shape_wide_lr_x0.3": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 0.3}},
     "patience_10": {"selection": {"patience": 10}},
-    # issue 15, session 6: value encoding inside the GNN messages (sdk/model/layers.py), then training length
+    # issue 15, session 6: value encoding inside the GNN messages (sdk/model/layers.py), then training length;
+    # measured (demo_quality_ablation_{h..m}.json) relative to demo_config *before* it adopted value_encoding =
+    # "piecewise" + weight_decay 1e-4, i.e. linear_shape, wide_lr_factor 0.3, patience 10
     "value_encoding_piecewise": {"model": {"value_encoding": "piecewise"}},
     "value_encoding_piecewise_lr_0.001": {"model": {"value_encoding": "piecewise"}, "training": {"lr": 0.001}},
     "value_encoding_piecewise_rounds_60": {"model": {"value_encoding": "piecewise"}, "federation": {"rounds": 60}},
