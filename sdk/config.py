@@ -14,7 +14,7 @@ explicit choices, recorded in every signed report and so in the audit trail.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection
 from clinograph.secure.tomlio import load_toml_model
@@ -91,6 +91,11 @@ class SelectionSection(_Strict):
     patience: int = Field(default=5, ge=0, le=10_000, description="stop after this many evaluated rounds "
                           "without improvement (0: never stop early)")
     min_delta: float = Field(default=1e-4, ge=0, description="an improvement smaller than this does not count")
+    candidates: tuple[dict[str, Any], ...] | None = Field(
+        default=None, max_length=8, description="model variants tried on identical splits, the lowest kept-round "
+        "federated validation loss kept (sdk/federation/candidates.py; k× the training): tables with a `name` and "
+        "overrides of model/training/graph/agat/personal. None: the default for binary NS-FL (linear wide path, "
+        "shape functions) in `clinograph simulate`; []: no choice")
 
 
 class CalibrationSection(_Strict):

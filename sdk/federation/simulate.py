@@ -82,11 +82,15 @@ class SimulationResult:
     dropped: list[dict[str, str]] = field(default_factory=list)
     audit_dir: Path | None = None
     epsilons: dict[str, list[float]] = field(default_factory=dict)
+    #: the per-federation model choice (:mod:`.candidates`): the chosen candidate and every
+    #: candidate's kept round, rounds run and federated validation loss; empty: one model ran
+    choice: dict = field(default_factory=dict)
 
 
 def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
-                     audit_dir: Path) -> SimulatedFederation:
-    """Identities, hospitals, transport, key ceremony (ckks), server and audit trail."""
+                     audit_dir: Path, server_identity: Identity | None = None) -> SimulatedFederation:
+    """Identities, hospitals, transport, key ceremony (ckks), server and audit trail
+    (``server_identity``: the server's key, e.g. to add a run to an audit directory it signed)."""
     fed = config.federation
     from clinograph.secure.strategies.attention import check_secure_mode
 
@@ -94,7 +98,7 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
     names = [t.site for t in tables]
     if len(set(names)) != len(names):
         raise ConfigError(f"Two hospitals share a site name: {sorted(n for n in names if names.count(n) > 1)}.")
-    server_id = Identity.generate("server")
+    server_id = server_identity or Identity.generate("server")
     ids = {t.site: Identity.generate(t.site) for t in tables}
     publics = {n: i.public for n, i in ids.items()}
     hconf = config.hospital_config()
@@ -267,7 +271,9 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
 
 def simulate_from_config(config: SimulationConfig, *,
                          on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None) -> SimulationResult:
-    """Ingest, build, run; the audit directory is ``<output>/audit`` (refused if it holds a run)."""
+    """Ingest, build, run; the audit directory is ``<output>/audit`` (refused if it holds a run).
+    With ``[selection] candidates`` (default for binary NS-FL: linear wide path, shape functions)
+    every candidate runs and the lowest federated validation loss is kept (:mod:`.candidates`)."""
     tables, dictionary = load_tables(config)
     output_folder(config.output, what="The config's `output`")
     audit_dir = config.output / "audit"
@@ -275,4 +281,6 @@ def simulate_from_config(config: SimulationConfig, *,
         raise ConfigError(f"Output {audit_dir} exists and is not a folder; choose another `output`.")
     if audit_dir.exists() and any(audit_dir.iterdir()):
         raise ConfigError(f"Audit directory {audit_dir} already holds a run; choose another `output` or move it.")
-    return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round)
+    from .candidates import simulate_choosing
+
+    return simulate_choosing(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round)

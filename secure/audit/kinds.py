@@ -271,6 +271,28 @@ class ModelSelected(Payload):
     losses: list[float]
 
 
+class CandidateRow(Payload):
+    """One candidate of a ``model_chosen`` entry: its name, its public config overrides (JSON),
+    the round it kept, the rounds it ran and its kept round's federated validation loss."""
+
+    name: Name
+    overrides: str = Field(max_length=4000)
+    validation_loss: float | None
+    round: int | None = Field(ge=0)
+    rounds_run: int = Field(ge=0)
+
+
+class ModelChosen(Payload):
+    """``model_chosen``: the model variant the federation kept among its candidates
+    (sdk/federation/candidates.py), chosen on the kept rounds' federated validation losses (the
+    same public sums as ``model_selected``; each candidate ran as its own run of this trail)."""
+
+    chosen: Name
+    candidates: list[CandidateRow] = Field(min_length=1, max_length=32)
+    rule: str = Field(max_length=1000)
+    min_delta: float = Field(ge=0)
+
+
 Stage = Annotated[str, Field(pattern=r"^(hello|setup|plan|stage( [0-9]{1,4})?|end)$")]
 Reason = Annotated[str, Field(max_length=4000)]
 
@@ -404,7 +426,7 @@ KINDS: dict[str, type[Payload]] = {
     "round_aborted": RoundAborted, "aggregate": Aggregate,
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
-    "model_selected": ModelSelected,
+    "model_selected": ModelSelected, "model_chosen": ModelChosen,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release,
     "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,

@@ -1,0 +1,190 @@
+"""Choosing the model per federation on the federated validation loss (issue 15, session 6).
+
+A federation trains k small variants of its model (``[selection] candidates``: config overrides
+such as ``model = { linear_shape = true }``) on identical splits, one after another, and keeps
+the candidate whose *kept round* has the lowest federated validation loss -- the selection
+statistic NS-FL already computes every round (:mod:`clinograph.sdk.training.selection`):
+Σ_k loss_k·n_k / Σ_k n_k summed through the secure mode into ``metric/validation``.
+
+Privacy: only those already-public aggregate validation losses are compared. No hospital's own
+loss, prediction or data leaves it beyond what one run already sends; the comparison is the
+same arithmetic as choosing the kept round, over k runs instead of one. The candidates'
+overrides are public configuration (the same at every hospital), recorded in the audit trail.
+
+Rule: candidates are tried in list order, the first is the simplest; a later one wins only if
+its validation loss is lower than the best so far by more than ``[selection] min_delta``
+(ties go to the simpler candidate).
+
+Cost: k× the training of one run (k = 2 by default: the linear wide path and shape functions),
+plus one evaluation-only round per candidate. Not used under DP (the validation sums are
+outside the accountant) nor when selection is off; a candidate list is then refused.
+
+Audit: all candidates run in one audit directory with one server key, one run (``audit_open`` /
+``audit_reopen``) each, every run with its own ``model_selected``; a last, short run records
+``model_chosen`` (:class:`clinograph.secure.audit.kinds.ModelChosen`): every candidate's
+overrides, kept round, rounds run and validation loss, and the chosen one.
+``clinograph audit verify`` verifies the whole directory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clinograph.secure.errors import ConfigError
+
+from ..config import SimulationConfig
+
+#: the default for a binary NS-FL federation (static model, no DP): the linear wide path, and
+#: the wide path with per-feature shape functions (docs/model_quality.md, "Shape functions")
+DEFAULT_BINARY_CANDIDATES: tuple[dict[str, Any], ...] = (
+    {"name": "linear"},
+    {"name": "shape", "model": {"linear_shape": True}},
+)
+#: sections a candidate may override: the model and its training, never the split, the
+#: target, the privacy settings or the selection itself (candidates must be comparable)
+OVERRIDABLE = ("model", "training", "graph", "agat", "personal")
+_FIX = ("Write each candidate as a table with a unique `name` and overrides of "
+        f"{', '.join(OVERRIDABLE)}, e.g. [[selection.candidates]] name = \"shape\" model = {{ linear_shape = true }}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate: its name, its public overrides and the full config it runs with."""
+
+    name: str
+    overrides: dict[str, Any]
+    config: SimulationConfig
+
+
+def _merge(base: Mapping, over: Mapping) -> dict:
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
+    for k, v in over.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, Mapping) else v
+    return out
+
+
+def default_applies(config: SimulationConfig) -> bool:
+    """Whether the SDK's default candidates apply: binary static NS-FL with selection active,
+    the wide path on and shape functions not chosen explicitly."""
+    m = config.model
+    return (config.task == "nsfl" and config.target.kind == "binary" and m.temporal == "none" and not m.modalities
+            and m.linear_path and not m.linear_shape and config.hospital_config().selection_active())
+
+
+def candidate_configs(config: SimulationConfig) -> list[Candidate]:
+    """The candidates of ``config`` (``[selection] candidates``; None: the default for the task,
+    an empty list: no choice). Every problem is reported at once.
+
+    Raises:
+        ConfigError: an entry is not a table, lacks a unique ``name``, overrides a section it may
+            not, or gives a setting its section refuses (the message names the entry and the fix);
+            or candidates are listed where selection is off (DP, fedopt, no validation split).
+    """
+    raw = config.selection.candidates
+    if raw is None:
+        raw = DEFAULT_BINARY_CANDIDATES if default_applies(config) else ()
+    elif raw and not config.hospital_config().selection_active():
+        raise ConfigError("[selection] candidates needs model selection: the choice compares federated validation "
+                          "losses, and selection is off here (DP, fedopt, [selection] enabled = false or no "
+                          "validation split). Remove the candidates or turn selection on.")
+    problems, out, seen = [], [], set()
+    base = config.model_dump(mode="python", by_alias=True)
+    for i, entry in enumerate(raw):
+        where = f"[selection] candidates entry {i + 1}"
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where} is a {type(entry).__name__}, not a table.")
+            continue
+        name = entry.get("name")
+        if not isinstance(name, str) or not name or len(name) > 40 or not name.replace("_", "").replace("-", "").isalnum():
+            problems.append(f"{where} has no valid `name` (letters, digits, '-' or '_', at most 40).")
+            continue
+        where = f"{where} ({name!r})"
+        if name in seen:
+            problems.append(f"{where}: the name is used twice.")
+            continue
+        seen.add(name)
+        over = {k: v for k, v in entry.items() if k != "name"}
+        bad = sorted(k for k in over if k not in OVERRIDABLE or not isinstance(over[k], Mapping))
+        if bad:
+            problems.append(f"{where} overrides {', '.join(map(repr, bad))}, which a candidate may not (or not as a "
+                            "table).")
+            continue
+        try:
+            cfg = SimulationConfig.model_validate(_merge(base, over))
+        except Exception as exc:  # pydantic's message names the key  # noqa: BLE001
+            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in getattr(exc, "errors", list)())
+            problems.append(f"{where} does not give a valid config ({detail or type(exc).__name__}).")
+            continue
+        out.append(Candidate(name=name, overrides=json.loads(json.dumps(over, default=str)), config=cfg))
+    if problems:
+        raise ConfigError("Cannot read [selection] candidates: " + " ".join(problems) + " " + _FIX + ".")
+    return out
+
+
+def choose(losses: Sequence[float | None], *, min_delta: float) -> int:
+    """Index of the chosen candidate: the lowest validation loss, a later candidate only if lower
+    by more than ``min_delta`` (ties to the simpler, earlier one); a candidate without a loss
+    never wins.
+
+    Raises:
+        ConfigError: no candidate has a validation loss.
+    """
+    best: int | None = None
+    for i, loss in enumerate(losses):
+        if loss is None or loss != loss:  # None or NaN
+            continue
+        if best is None or loss < losses[best] - min_delta:  # type: ignore[operator]
+            best = i
+    if best is None:
+        raise ConfigError("No candidate produced a federated validation loss: check [split] validation_fraction > 0 "
+                          "and that [selection] is on.")
+    return best
+
+
+def simulate_choosing(tables: Sequence, dictionary, config: SimulationConfig, *, audit_dir: Path,
+                      on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None):
+    """Run every candidate of ``config`` in ``audit_dir`` (one run each, one server key), choose
+    on the federated validation loss and record ``model_chosen``. Returns the chosen
+    candidate's :class:`~.simulate.SimulationResult` with ``choice`` filled in (one candidate or
+    none: a plain :func:`~.simulate.simulate`).
+
+    Raises:
+        ConfigError: as :func:`candidate_configs`.
+    """
+    from clinograph.secure.audit import AuditTrail
+    from clinograph.secure.identity import Identity
+
+    from .simulate import build_simulation, run_simulation, simulate
+
+    cands = candidate_configs(config)
+    if len(cands) < 2:
+        cfg = cands[0].config if cands else config
+        return simulate(tables, dictionary, cfg, audit_dir=audit_dir, on_round=on_round)
+    server_id = Identity.generate("server")
+    results, rows = [], []
+    for c in cands:
+        fed = c.config.federation.model_copy(update={"id": f"{config.federation.id}-{c.name}"[:64]})
+        cfg = c.config.model_copy(update={"federation": fed, "output": Path(config.output) / "candidates" / c.name})
+        sim = build_simulation(tables, dictionary, cfg, audit_dir=audit_dir, server_identity=server_id)
+        res = run_simulation(sim, cfg, on_round=on_round)
+        sel = res.selection
+        results.append(res)
+        rows.append({"name": c.name, "overrides": json.dumps(c.overrides, sort_keys=True),
+                     "validation_loss": float(sel["validation_loss"]) if sel else None,
+                     "round": int(sel["round"]) if sel else None, "rounds_run": len(res.rounds)})
+    k = choose([r["validation_loss"] for r in rows], min_delta=config.selection.min_delta)
+    audit = AuditTrail(audit_dir, identity=server_id)
+    try:
+        audit.record("model_chosen", {"chosen": rows[k]["name"], "candidates": rows,
+                                      "rule": "lowest kept-round federated validation loss; ties (within min_delta) "
+                                              "to the earlier, simpler candidate",
+                                      "min_delta": float(config.selection.min_delta)})
+    finally:
+        audit.close()
+    chosen = results[k]
+    chosen.choice = {"chosen": rows[k]["name"], "candidates": rows, "min_delta": config.selection.min_delta}
+    return chosen

@@ -1,0 +1,84 @@
+"""Choosing the model per federation (sdk/federation/candidates.py): the lower federated
+validation loss wins, ties go to the simpler candidate, the audit trail records the choice and
+verifies, a bad candidate list is a ConfigError naming the entry and the fix."""
+
+import json
+import math
+
+import pytest
+from clinograph.sdk.config import SimulationConfig
+from clinograph.sdk.federation.candidates import candidate_configs, choose, simulate_choosing
+from clinograph.secure.audit import verify_audit_dir
+from clinograph.secure.errors import ConfigError
+from sdk_helpers import small_tables
+
+
+def cfg(candidates, rounds=3, **extra):
+    return SimulationConfig.model_validate({
+        "federation": {"rounds": rounds, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0}, "training": {"lr": 0.03, "batch_size": 32},
+        "selection": {"patience": 5, "candidates": candidates}, **extra})
+
+
+def test_choice_follows_the_lower_validation_loss_and_is_audited(tmp_path):
+    tables = small_tables()
+    # the first (simpler) candidate barely moves from the initial model: clearly worse
+    res = simulate_choosing(tables, tables[0].dictionary, cfg([{"name": "frozen", "training": {"lr": 1e-7}},
+                                                               {"name": "learns"}]),
+                            audit_dir=tmp_path / "audit")
+    rows = {r["name"]: r for r in res.choice["candidates"]}
+    assert rows["learns"]["validation_loss"] < rows["frozen"]["validation_loss"] - 1e-3
+    assert res.choice["chosen"] == "learns"
+    assert res.selection["validation_loss"] == pytest.approx(rows["learns"]["validation_loss"])
+    verdict = verify_audit_dir(tmp_path / "audit")
+    assert verdict.ok, verdict.problems
+    entries = [json.loads(x) for x in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
+    chosen = [e["payload"] for e in entries if e["kind"] == "model_chosen"]
+    assert len(chosen) == 1 and chosen[0]["chosen"] == "learns"
+    assert [c["name"] for c in chosen[0]["candidates"]] == ["frozen", "learns"]
+    assert json.loads(chosen[0]["candidates"][0]["overrides"]) == {"training": {"lr": 1e-7}}
+    assert sum(e["kind"] == "model_selected" for e in entries) == 2  # one run per candidate
+    kinds = [e["kind"] for e in entries]
+    assert kinds.index("model_chosen") > max(i for i, k in enumerate(kinds) if k == "model_selected")
+
+
+def test_ties_go_to_the_simpler_candidate_and_a_missing_loss_never_wins():
+    assert choose([0.60, 0.59995, 0.7], min_delta=1e-4) == 0
+    assert choose([0.60, 0.59, 0.58], min_delta=1e-4) == 2
+    assert choose([None, 0.7, math.nan], min_delta=0.0) == 1
+    with pytest.raises(ConfigError, match="No candidate produced"):
+        choose([None, math.nan], min_delta=0.0)
+
+
+def test_default_candidates_for_binary_nsfl_and_none_under_dp():
+    names = [c.name for c in candidate_configs(cfg(None))]
+    assert names == ["linear", "shape"]
+    shape = candidate_configs(cfg(None))[1].config
+    assert shape.model.linear_shape and shape.split == cfg(None).split  # identical splits
+    assert candidate_configs(cfg([])) == []
+    dp = cfg(None, privacy={"enabled": True, "noise_multiplier": 1.0})
+    assert candidate_configs(dp) == []
+    with pytest.raises(ConfigError, match="needs model selection"):
+        candidate_configs(cfg([{"name": "a"}, {"name": "b"}], privacy={"enabled": True, "noise_multiplier": 1.0}))
+
+
+@pytest.mark.parametrize(("entry", "match"), [
+    ({"model": {"linear_shape": True}}, r"entry 1 has no valid `name`"),
+    ({"name": "x", "model": {"linear_shap": True}}, r"entry 1 \('x'\) does not give a valid config \(model.linear_shap"),
+    ({"name": "x", "split": {"seed": 3}}, r"entry 1 \('x'\) overrides 'split', which a candidate may not"),
+    ({"name": "x", "model": 3}, r"overrides 'model'"),
+])
+def test_a_bad_candidate_names_the_entry_and_the_fix(entry, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        candidate_configs(cfg([entry]))
+    assert "[[selection.candidates]]" in str(err.value)  # the fix
+
+
+def test_a_repeated_name_and_a_bad_toml_candidate(tmp_path):
+    with pytest.raises(ConfigError, match=r"entry 2 \('a'\): the name is used twice"):
+        candidate_configs(cfg([{"name": "a"}, {"name": "a"}]))
+    p = tmp_path / "c.toml"
+    p.write_text('[[selection.candidates]]\nname = "shape"\nmodel = { linear_shape = true }\n'
+                 '[[selection.candidates]]\nname = "bad"\nmodel = { hidden = -1 }\n')
+    with pytest.raises(ConfigError, match=r"entry 2 \('bad'\) does not give a valid config \(model.hidden"):
+        candidate_configs(SimulationConfig.from_toml(p))
