@@ -7,6 +7,7 @@ having no header row.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 
 import pandas as pd
@@ -118,9 +119,14 @@ def one_column_per_feature(mapped: dict[str, tuple[Feature, ColumnMap | None]], 
                             "dictionary id/alias). Keep exactly one: list the others under ignore.")
 
 
+def _loose(name: str) -> str:
+    return unicodedata.normalize("NFKC", name).strip().casefold()
+
+
 def near_misses(columns: Iterable[object], declared: Iterable[str]) -> dict[str, str]:
     """Table columns that differ from a column the site schema names only by surrounding spaces or
-    letter case (``'temperature '`` for ``temperature``), where the schema's spelling is absent.
+    letter case or Unicode normalisation (``'temperature '`` for ``temperature``; ``Hämoglobin``
+    with a combining umlaut, as macOS writes it), where the schema's spelling is absent.
 
     Such a column would otherwise be matched by a dictionary id or alias -- without the schema's
     unit or coding -- or reported as unknown beside a "missing column" problem that does not say why.
@@ -130,12 +136,12 @@ def near_misses(columns: Iterable[object], declared: Iterable[str]) -> dict[str,
     wanted: dict[str, str] = {}
     for name in declared:
         if name not in present:
-            wanted.setdefault(name.strip().casefold(), name)
+            wanted.setdefault(_loose(name), name)
     out = {}  # column -> the problem
     for col in cols:
-        target = wanted.get(col.strip().casefold())
+        target = wanted.get(_loose(col))
         if target is not None and target != col:
             out[col] = (f"Column {col!r} differs from {target!r}, which the site schema names, only by surrounding "
-                       "spaces or letter case. Rename the column in the table, or write the name exactly as in "
-                       "the table in the site schema.")
+                        "spaces, letter case or Unicode normalisation. Rename the column in the table, or write the "
+                        "name exactly as in the table in the site schema.")
     return out

@@ -438,3 +438,11 @@ def test_label_codes_in_the_site_schema_and_y_n_labels():
         ingest(df, schema=wide(label_codes={"dead": 1, "censored": 0}), dictionary=D)
     with pytest.raises(ValidationError, match="must map codes to both 1 and 0"):
         wide(label_codes={"dead": 1})
+
+
+def test_header_in_another_unicode_normalisation_than_the_schema_is_named():
+    schema = wide(columns={"h\u00e4mo": ColumnMap(feature="paco2")})  # schema: NFC
+    df = pd.DataFrame({"pid": ["a", "b"], "ha\u0308mo": [40.0, 41.0], "y": [0, 1]})  # table: NFD (macOS)
+    with pytest.raises(SchemaError, match="which the site schema names, only by surrounding spaces, letter case or "
+                                          "Unicode normalisation"):
+        ingest(df, schema=schema, dictionary=D)
