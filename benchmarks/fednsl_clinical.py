@@ -291,6 +291,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
+    ap.add_argument("--tag", default="", help="write fednsl_clinical_<tag>.json (extra runs keep the main JSON)")
     ap.add_argument("--quick", action="store_true", help="1 seed, 3 rounds, λ ∈ {0, 0.1} (eq. 2): a smoke run")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -300,7 +302,7 @@ def main() -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         per_seed = []
-        for s in range(seeds):
+        for s in range(args.first_seed, args.first_seed + seeds):
             per_seed.append(run_seed(s, rounds=rounds, workdir=Path(tmp), grid=grid))
             r = per_seed[-1]
             print(f"seed {s}: KL[{r['kl_selected']}] {r['fednsl_kl']['unseen_acc']:.3f}  "
@@ -320,7 +322,7 @@ def main() -> None:
     wins = [r["fednsl_kl"]["unseen_acc"] > r["fednsl_no_kl"]["unseen_acc"] > r["fedavg"]["unseen_acc"]
             for r in per_seed]
     payload = {"experiment": "FedNSL clinical rule transfer (ALARM demo, shunt, PE phenotype unseen at north)",
-               "seeds": seeds, "rounds": rounds, "grid": [list(g) for g in grid],
+               "seeds": seeds, "first_seed": args.first_seed, "rounds": rounds, "grid": [list(g) for g in grid],
                "selection": "KL arm: the (λ > 0, direction) whose north model has the best accuracy on the "
                             "validation patients (15 % split) of the subgroup north lacks (PE) at the hospitals that "
                             "have it (south, east); never the unseen PE patients or a test split. "
@@ -330,7 +332,8 @@ def main() -> None:
                "goal_kl_gt_nokl_gt_fedavg": bool(u["fednsl_kl"] > u["fednsl_no_kl"] > u["fedavg"]),
                "goal_seeds_met": int(sum(wins)),
                "per_seed": per_seed, "seconds": time.time() - t0, "machine": machine()}
-    print(write("fednsl_clinical_quick" if args.quick else "fednsl_clinical", payload))
+    name = "fednsl_clinical_quick" if args.quick else "fednsl_clinical" + (f"_{args.tag}" if args.tag else "")
+    print(write(name, payload))
     for a in ARMS:
         print(f"{a:15s} " + "  ".join(f"{k}={v['mean']:.3f}±{v['sd']:.3f}" for k, v in summary[a].items()))
     for t in tags:
