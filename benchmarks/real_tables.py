@@ -18,6 +18,13 @@ GBM). Per hospital: C-index, horizon AUROC (known-status and IPCW), AUPRC, Brier
     python benchmarks/real_tables.py                # 5 seeds, both cohorts, both forms
     python benchmarks/real_tables.py --ablation     # + the ablation study
     python benchmarks/real_tables.py --forms survival --seeds 2 --quick   # a quick look
+    python benchmarks/real_tables.py --choose --cohorts gbsg2,lung,kidney   # issue 15, session 6
+
+``--choose``: the binary form with the per-federation model choice
+(:mod:`clinograph.sdk.federation.candidates`, the default candidates: linear wide path, shape
+functions) at the benchmark's NS-FL settings, beside the LR/GBM references on the same splits;
+each candidate's kept-round federated validation loss and (not used) test AUROC are recorded,
+and the audit directory of every run is verified. Writes real_tables_choice[_<cohort>].json.
 Writes benchmarks/results/real_tables.json. Asserts nothing.
 """
 
@@ -145,6 +152,60 @@ def run_cohort(cohort: str, seeds: list[int]) -> dict:
             "hospitals": {t.site: {"patients": t.n_patients, "positives": int(t.labels.sum()),
                                    "features": len(t.observed_nodes())} for t in tables},
             "seeds": seeds, "methods": {k: summarise(v) for k, v in per.items()}, "nsfl_run": extra}
+
+
+def run_cohort_choosing(cohort: str, seeds: list[int]) -> dict:
+    """The binary form with the per-federation model choice (module docstring, ``--choose``)."""
+    import tempfile
+
+    from clinograph.sdk.federation.candidates import simulate_choosing
+    from clinograph.sdk.research.model_quality import baselines, nsfl_config, splits_for
+    from clinograph.secure.audit import verify_audit_dir
+
+    c, tables = load(cohort)
+    per: dict[str, list[dict]] = {}
+    extra: dict[str, list] = {"chosen": [], "candidates": [], "candidate_test_auroc": [], "selected_round": [],
+                              "validation_loss_round1_selected": [], "audit_verified": [], "seconds": []}
+    for seed in seeds:
+        cfg = nsfl_config(seed=seed, dictionary_id=cohort)
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            res = simulate_choosing(tables, c.dictionary, cfg, audit_dir=Path(tmp) / "audit")
+            extra["audit_verified"].append(bool(verify_audit_dir(Path(tmp) / "audit").ok))
+        extra["seconds"].append(round(time.perf_counter() - t0, 2))
+        per.setdefault("nsfl_federated_chosen", []).append(res.final)
+        for name, fin in res.choice["final_by_candidate"].items():
+            per.setdefault(f"nsfl_candidate_{name}", []).append(fin)
+        extra["chosen"].append(res.choice["chosen"])
+        extra["candidates"].append(res.choice["candidates"])
+        extra["candidate_test_auroc"].append({k: _mean_auroc(v) for k, v in res.choice["final_by_candidate"].items()})
+        sel = res.selection
+        extra["selected_round"].append(sel.get("round"))
+        losses = sel.get("validation_losses", [])
+        extra["validation_loss_round1_selected"].append([losses[1], sel["validation_loss"]] if len(losses) > 1
+                                                        else None)
+        for k, v in baselines(tables, splits_for(tables, cfg), seed=seed).items():
+            per.setdefault(k, []).append(v)
+        print(f"{cohort} seed {seed}: chose {res.choice['chosen']} " + ", ".join(
+            f"{k} {np.nanmean([x['auroc'] for x in v[-1].values()]):.3f}" for k, v in per.items()), flush=True)
+    return {"task": c.task, "patients": c.patients, "positives": c.positives,
+            "censored_before_horizon_dropped": c.censored_before_horizon,
+            "hospitals": {t.site: {"patients": t.n_patients, "positives": int(t.labels.sum()),
+                                   "features": len(t.observed_nodes())} for t in tables},
+            "seeds": seeds, "methods": {k: summarise(v) for k, v in per.items()}, "nsfl_run": extra,
+            "goals": goals({k: summarise(v) for k, v in per.items()}, "nsfl_federated_chosen")}
+
+
+def goals(methods: dict, key: str) -> dict:
+    """Issue 15's binary goals for ``key``: ≥ best standalone + 0.02, ≥ pooled LR − 0.01, no
+    hospital below 0.5 (mean over seeds)."""
+    m = lambda k: methods[k]["mean_over_hospitals"]["auroc"]["mean"]  # noqa: E731
+    fed, best_alone, pooled = m(key), m("lr_standalone"), m("lr_pooled")
+    lowest = min(v["auroc"]["mean"] for v in methods[key]["per_hospital"].values())
+    return {"federated": fed, "best_standalone": best_alone, "pooled_lr": pooled,
+            "standalone_plus_0.02": {"target": best_alone + 0.02, "met": fed >= best_alone + 0.02},
+            "pooled_minus_0.01": {"target": pooled - 0.01, "met": fed >= pooled - 0.01},
+            "lowest_hospital": {"value": lowest, "met": lowest >= 0.5}}
 
 
 def load_survival(cohort: str):
@@ -308,7 +369,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="survival form: 8 rounds, patience 3 (development only)")
     ap.add_argument("--out", default="real_tables", help="result name under benchmarks/results/")
     ap.add_argument("--markdown", action="store_true", help="print the survival tables of the result file and exit")
+    ap.add_argument("--choose", action="store_true", help="binary form with the per-federation model choice "
+                    "(writes real_tables_choice[_<cohort>].json; other forms are not run)")
     a = ap.parse_args()
+    if a.choose:
+        cohorts = [x for x in a.cohorts.split(",") if x]
+        out = a.out if a.out != "real_tables" else "real_tables_choice" + ("_" + cohorts[0] if len(cohorts) == 1
+                                                                             else "")
+        from clinograph.sdk.federation.candidates import DEFAULT_BINARY_CANDIDATES
+        from clinograph.sdk.research.model_quality import NSFL_DEFAULTS
+
+        print(write(out, {"machine": machine(), "nsfl_settings": NSFL_DEFAULTS,
+                          "candidates": list(DEFAULT_BINARY_CANDIDATES),
+                          "cohorts": {k: run_cohort_choosing(k, list(range(a.seeds))) for k in cohorts}}))
+        return
     if a.markdown:
         print(survival_markdown(json.loads((RESULTS / f"{a.out}.json").read_text())))
         return

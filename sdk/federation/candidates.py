@@ -186,5 +186,7 @@ def simulate_choosing(tables: Sequence, dictionary, config: SimulationConfig, *,
     finally:
         audit.close()
     chosen = results[k]
-    chosen.choice = {"chosen": rows[k]["name"], "candidates": rows, "min_delta": config.selection.min_delta}
+    chosen.choice = {"chosen": rows[k]["name"], "candidates": rows, "min_delta": config.selection.min_delta,
+                     # each candidate's selected test metrics, for benchmarks only (not used, not audited)
+                     "final_by_candidate": {r["name"]: res.final for r, res in zip(rows, results, strict=True)}}
     return chosen

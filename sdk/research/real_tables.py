@@ -10,6 +10,13 @@ Two cohorts that ``lifelines`` ships offline (Davidson-Pilon, lifelines; the dat
   (older patients go to the larger centres more often). Label: recurrence or death within 3
   years (1095 days).
 
+- ``kidney`` (binary form only): kidney transplant recipients (Klein & Moeschberger 1997,
+  section 1.7; lifelines ``load_kidney_transplant``), 863 patients, no centre column: cut into
+  3 hospitals (25/35/40 %) with an age-dependent referral pattern like GBSG2's. Label: death
+  within 3 years (1095 days). Three features only (age, sex, race); one hospital does not
+  record race. Added in issue 15, session 6, so the per-federation model choice is not judged
+  on the two cohorts it was developed on.
+
 Two forms of each cohort (``cohort_tables(name, form=...)``):
 
 - ``binary`` (horizon form): censoring is handled honestly: a patient censored *before* the
@@ -38,7 +45,9 @@ import pandas as pd
 from ..ontology.dictionary import Feature, FeatureDictionary
 from ..ontology.schema import ColumnMap, SiteSchema, SurvivalColumns
 
-COHORTS = ("lung", "gbsg2")
+COHORTS = ("lung", "gbsg2", "kidney")
+#: cohorts that have a survival form (SURVIVAL_TARGETS)
+SURVIVAL_COHORTS = ("lung", "gbsg2")
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,15 @@ def gbsg2_dictionary() -> FeatureDictionary:
         _num("positive_nodes", "Positive lymph nodes", "1", 0, 10, 0, 100),
         _num("progesterone_receptor", "Progesterone receptor", "fmol/mg", 0, 200, 0, 10000),
         _num("oestrogen_receptor", "Oestrogen receptor", "fmol/mg", 0, 200, 0, 10000),
+    ))
+
+
+def kidney_dictionary() -> FeatureDictionary:
+    """Canonical features of the kidney transplant cohort."""
+    return FeatureDictionary(name="clinograph-lifelines-kidney", version=1, features=(
+        _num("age", "Age at transplant", "years", 20, 65, 0, 120),
+        Feature(id="female", name="Female sex", kind="binary"),
+        Feature(id="black", name="Black race", kind="binary"),
     ))
 
 
@@ -161,6 +179,25 @@ def _gbsg2(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
     return canon[keep].reset_index(drop=True), site[keep], "recurrence or death within 3 years", int((~keep).sum())
 
 
+def _kidney(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
+    from clinograph.secure.errors import ConfigError
+    from lifelines.datasets import load_kidney_transplant
+
+    if form != "binary":
+        raise ConfigError("Cohort 'kidney' has the binary form only; use form = 'binary'.")
+    df = load_kidney_transplant()
+    keep, y = _label(df["time"].to_numpy(float), (df["death"] == 1).to_numpy(), 1095)
+    female = 1.0 - df["black_male"] - df["white_male"]
+    canon = pd.DataFrame({
+        "age": df["age"].astype(float), "female": female.astype(float),
+        "black": (df["black_male"] + df["black_female"]).astype(float),
+        "label": y, "time": df["time"].astype(float), "event": df["death"].astype(int)})
+    rng = np.random.default_rng(20_261_123)  # the cut is part of the data set: fixed
+    score = (df["age"].to_numpy(float) - 43) / 11 + rng.standard_normal(len(df))
+    site = np.digitize(score, np.quantile(score, [0.25, 0.6]))  # sizes 25/35/40 %
+    return canon[keep].reset_index(drop=True), site[keep], "death within 3 years of transplant", int((~keep).sum())
+
+
 LUNG_SITES = (
     SiteSpec("ncctg_mayo", renames=(("age", "Age"), ("female", "Sex"), ("ecog_physician", "ECOG")),
              codings=(("female", (("F", 1), ("M", 0))),), lacks=("meal_calories",)),
@@ -179,8 +216,16 @@ GBSG2_SITES = (
              codings=(("tumour_grade", (("1", "I"), ("2", "II"), ("3", "III"))),)),
     SiteSpec("gbsg_university", renames=(("oestrogen_receptor", "ER_fmol"), ("age", "age_years"))),
 )
+KIDNEY_SITES = (
+    SiteSpec("tx_community", renames=(("age", "age_at_tx"), ("female", "sex")),
+             codings=(("female", (("F", 1), ("M", 0))),), lacks=("black",)),
+    SiteSpec("tx_regional", renames=(("black", "race_black"),),
+             codings=(("black", (("yes", 1), ("no", 0))),)),
+    SiteSpec("tx_university", renames=(("female", "gender_female"), ("age", "AGE"))),
+)
 _COHORTS: dict[str, tuple[Callable[[], FeatureDictionary], Callable, tuple[SiteSpec, ...]]] = {
-    "lung": (lung_dictionary, _lung, LUNG_SITES), "gbsg2": (gbsg2_dictionary, _gbsg2, GBSG2_SITES)}
+    "lung": (lung_dictionary, _lung, LUNG_SITES), "gbsg2": (gbsg2_dictionary, _gbsg2, GBSG2_SITES),
+    "kidney": (kidney_dictionary, _kidney, KIDNEY_SITES)}
 
 
 def _local_values(values: pd.Series, feat: Feature, spec: SiteSpec) -> pd.Series:
