@@ -121,7 +121,7 @@ def _summary(t, d, mapping: dict[str, str]) -> list[str]:
         out.append("unit conversions: " + "; ".join(f"{c}: {u}" for c, u in r.converted_columns.items()))
     refused = []
     if r.ignored_columns:
-        refused.append(f"columns ignored: {', '.join(r.ignored_columns)}")
+        refused.append(f"columns ignored: {', '.join(map(repr, r.ignored_columns))}")  # repr: no raw escapes
     if r.dropped_patients_missing_label:
         refused.append(f"patients dropped without a label: {r.dropped_patients_missing_label}")
     if r.duplicate_observations_dropped:

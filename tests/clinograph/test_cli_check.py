@@ -113,3 +113,13 @@ def test_check_warns_about_schema_columns_the_table_lacks(tmp_path):
     r = _run(_schema_file(tmp_path, schema), tmp_path / "t.csv")
     assert r.exit_code == 0, r.output
     assert f"warning: the site schema maps 1 column(s) the table does not have: {gone!r}" in r.output
+
+
+def test_check_prints_hostile_column_names_escaped(tmp_path):
+    # before: an ignored column's name went raw to the terminal (ANSI escapes, bidi overrides)
+    table, schema = demo_hospitals()[0]
+    hostile = "note\x1b[2J\u202e"
+    table.assign(**{hostile: "x"}).to_csv(tmp_path / "t.csv", index=False)
+    r = _run(_schema_file(tmp_path, schema.model_copy(update={"ignore": (hostile,)})), tmp_path / "t.csv")
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "\u202e" not in r.output and "columns ignored: 'note\\x1b[2J\\u202e'" in r.output
