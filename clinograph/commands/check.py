@@ -124,6 +124,8 @@ def _summary(t, d, mapping: dict[str, str]) -> list[str]:
         refused.append(f"columns ignored: {', '.join(map(repr, r.ignored_columns))}")  # repr: no raw escapes
     if r.dropped_patients_missing_label:
         refused.append(f"patients dropped without a label: {r.dropped_patients_missing_label}")
+    if r.declared_missing_cells:
+        refused.append(f"cells read as missing ([policy] missing_values): {r.declared_missing_cells}")
     if r.duplicate_observations_dropped:
         refused.append(f"exact duplicate observations dropped: {r.duplicate_observations_dropped}")
     return out + (["refused:", *(f"  {x}" for x in refused)] if refused else ["refused: nothing"])

@@ -38,7 +38,8 @@ TEXT_KINDS = {
     "censored": "values beyond a detection limit (written like '<5' or '>200'), which are not numbers. Decide what "
                 "they mean for the model (the limit itself, or missing), write that number, or leave them empty.",
     "marker": "missing-value markers (like '-', '.', '?', 'n.a.' or a spreadsheet error such as '#VALUE!') that are "
-              "not read as missing. Leave those cells empty (or write NA) to mark a missing value.",
+              "not read as missing. Leave those cells empty (or write NA), or declare the export's markers in the site "
+              "schema: [policy] missing_values = [\"-\", \"?\"].",
     "formula": "spreadsheet formulas (a cell starting with '=', like Excel's =\"90\") instead of values. Export "
                "the values, not the formulas.",
     "date": "dates or times where a number is expected. A date is not a feature value: list the column under "

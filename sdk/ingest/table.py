@@ -21,6 +21,7 @@ class IngestReport:
     for a DataFrame given directly). ``duplicate_observations_dropped``: long-table rows that
     repeat an observation exactly (same patient, time, feature and value; conflicting repeats
     are an error). ``labelled``: False only for a schema declared ``unlabeled`` (labels are -1).
+    ``declared_missing_cells``: cells that were one of the schema's ``[policy] missing_values``.
     """
 
     rows_read: int
@@ -33,6 +34,8 @@ class IngestReport:
     encoding: str | None = None
     duplicate_observations_dropped: int = 0
     labelled: bool = True
+    #: cells read as missing because they are one of the site schema's [policy] missing_values
+    declared_missing_cells: int = 0
 
 
 @dataclass(frozen=True, repr=False)

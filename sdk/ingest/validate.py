@@ -54,6 +54,7 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     if not isinstance(df, pd.DataFrame):
         raise SchemaError(f"ingest() needs a pandas DataFrame, got {type(df).__name__}. Read the file with "
                           "read_table() first.", title="Table is not a DataFrame")
+    df = declared_missing(df, schema)
     if schema.survival is not None:  # time-to-event label: time + event columns (sdk/ingest/survival.py)
         from .survival import ingest_survival
 
@@ -84,6 +85,21 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     if schema.format == "wide":
         return _ingest_wide(df, schema, dictionary, problems)
     return _ingest_long(df, schema, dictionary, problems)
+
+
+def declared_missing(df: pd.DataFrame, schema: SiteSchema) -> pd.DataFrame:
+    """``df`` with the cells that are one of ``[policy] missing_values`` set missing; how many is
+    ``attrs["declared_missing_cells"]`` (added to any earlier count)."""
+    tokens = {t.strip() for t in schema.policy.missing_values}
+    if not tokens or isinstance(df.columns, pd.MultiIndex):
+        return df
+    hit = np.column_stack([as_text(df.iloc[:, i]).str.strip().isin(tokens).to_numpy(dtype=bool)
+                           for i in range(df.shape[1])]) if df.shape[1] else np.zeros((len(df), 0), bool)
+    if not hit.any():
+        return df
+    out = df.astype(object).mask(hit)
+    out.attrs = {**df.attrs, "declared_missing_cells": int(df.attrs.get("declared_missing_cells", 0)) + int(hit.sum())}
+    return out
 
 
 def schema_unit_problems(schema: SiteSchema, dictionary: FeatureDictionary) -> list[str]:
@@ -241,7 +257,8 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                           ignored_columns=tuple(c for c in df.columns if c in schema.ignore),
                           converted_columns=_converted(mapped, units),
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})),
-                          encoding=df.attrs.get("encoding"), labelled=labels is not None)
+                          encoding=df.attrs.get("encoding"), labelled=labels is not None,
+                          declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)))
     out_labels = labels[rows].astype(np.int64) if labels is not None else np.full(len(rows), -1, np.int64)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(ids[rows]),
                         patient=_cat(pats, np.int64), node=_cat(nodes, np.int64), value=_cat(vals, np.float64),
@@ -400,6 +417,7 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
                           converted_columns=_converted(mapped, units_used),
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})),
                           encoding=df.attrs.get("encoding"), duplicate_observations_dropped=n_dupes,
+                          declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
                           labelled=labels_row is not None)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(uniq_ids[keep_p]),
                         patient=pat[ok], node=nodes[ok], value=values[ok], std_value=std.astype(np.float64),

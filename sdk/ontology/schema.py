@@ -69,11 +69,23 @@ class LongColumns(BaseModel):
 
 
 class MissingLabelPolicy(BaseModel):
-    """What to do with patients whose label is missing: refuse (default) or drop and count."""
+    """What to do with patients whose label is missing: refuse (default) or drop and count.
+
+    ``missing_values``: the export's own spellings of "no value" (``["-", "?", "n.d."]``); a cell
+    that is exactly one of them (surrounding spaces aside) is read as missing, and counted in the
+    ingest report. Empty, ``NA``, ``n/a``, ``NULL`` and pandas' other spellings are always missing.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     missing_label: Literal["error", "drop"] = "error"
+    missing_values: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _tokens(self) -> MissingLabelPolicy:
+        if any(not t.strip() for t in self.missing_values):
+            raise ValueError("missing_values holds an empty or blank string; empty cells are missing already")
+        return self
 
 
 class SurvivalColumns(BaseModel):

@@ -446,3 +446,22 @@ def test_header_in_another_unicode_normalisation_than_the_schema_is_named():
     with pytest.raises(SchemaError, match="which the site schema names, only by surrounding spaces, letter case or "
                                           "Unicode normalisation"):
         ingest(df, schema=schema, dictionary=D)
+
+
+@pytest.mark.parametrize("fmt", ["wide", "long"])
+def test_declared_missing_value_markers_are_read_as_missing_and_counted(fmt):
+    # before: an export writing "-" for "no value" could only be cleaned outside Clinograph
+    policy = {"missing_values": ["-", "n.d."]}
+    if fmt == "wide":
+        df = pd.DataFrame({"pid": ["a", "b", "c"], "hr": ["70", " - ", "n.d."], "crp": ["-", "3", "4"],
+                           "y": ["1", "0", "-"]})
+        schema = wide(policy={**policy, "missing_label": "drop"})
+    else:
+        df = pd.DataFrame({"pid": ["a", "a", "b"], "t": [0, 1, 0], "code": ["hr"] * 3, "v": ["70", "-", "80"],
+                           "unit": [None] * 3, "y": [1, 1, 0]})
+        schema = long(policy=policy)
+    t = ingest(df, schema=schema, dictionary=D)
+    assert t.report.declared_missing_cells == (4 if fmt == "wide" else 1)
+    assert t.report.observations == 2 and t.report.dropped_patients_missing_label == (fmt == "wide")
+    with pytest.raises(ValidationError, match="empty or blank"):
+        wide(policy={"missing_values": [" "]})
