@@ -83,13 +83,23 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
 def run_simulation_view(config_path: Path) -> None:
     """`clinograph simulate CONFIG`: ingest every hospital, run, print per-round metrics."""
     from clinograph.sdk.config import SimulationConfig
+    from clinograph.sdk.federation.candidates import candidate_configs
     from clinograph.sdk.federation.simulate import simulate_from_config
 
     cfg = SimulationConfig.from_toml(config_path)
+    k = max(1, len(candidate_configs(cfg)))  # [selection] candidates: each runs up to `rounds` rounds
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
-        task = progress.add_task("rounds", total=cfg.federation.rounds)
+        what = "rounds" if k == 1 else f"rounds ({k} candidate models, chosen on federated validation loss)"
+        task = progress.add_task(what, total=cfg.federation.rounds * k)
         result = simulate_from_config(cfg, on_round=lambda r, m: progress.update(task, advance=1))
+    if result.choice:
+        for row in result.choice["candidates"]:
+            loss = "n/a" if row["validation_loss"] is None else f"{row['validation_loss']:.4f}"
+            console.print(f"candidate {row['name']}: federated validation loss {loss}, kept round "
+                          f"{row['round']}/{row['rounds_run']}", soft_wrap=True)
+        console.print(f"chosen model: {result.choice['chosen']} (lowest federated validation loss; the audit "
+                      "trail records every candidate)", soft_wrap=True)
     table = Table(title=f"Final test metrics ({cfg.federation.rounds} rounds, {cfg.federation.secure_mode})")
     table.add_column("hospital")
     table.add_column("AUROC", justify="right")

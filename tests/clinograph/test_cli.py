@@ -107,3 +107,19 @@ def test_an_output_path_that_is_a_file_and_a_20_digit_seed_are_clear_errors(tmp_
     assert out.returncode == 2 and "exists and is not a folder" in out.stderr and "Traceback" not in out.stderr
     out = cli("demo", "--seed", "12345678901234567890", "--no-dp")
     assert out.returncode == 2 and "--seed" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_simulate_shows_the_candidate_models_and_the_choice(tmp_path):
+    data = ROOT / "examples" / "data"
+    cfg = tmp_path / "c.toml"
+    text = (ROOT / "examples" / "simulation.toml").read_text()
+    text = text.replace('output = "runs/example-simulation"', f'output = "{tmp_path / "run"}"')
+    text = text.replace('"data/', f'"{data}/').replace("rounds = 5", "rounds = 2")
+    cfg.write_text(text)
+    out = cli("simulate", str(cfg))
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("candidate ")]
+    assert [ln.split(":")[0] for ln in lines] == ["candidate linear", "candidate shape"], out.stdout
+    assert all("federated validation loss" in ln for ln in lines)
+    chosen = [ln for ln in out.stdout.splitlines() if ln.startswith("chosen model: ")]
+    assert len(chosen) == 1 and chosen[0].split()[2] in ("linear", "shape")
