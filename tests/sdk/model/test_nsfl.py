@@ -10,14 +10,6 @@ from clinograph.secure.spec import ModuleKind
 from sdk_helpers import small_tables
 
 
-@pytest.fixture
-def f64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def model_for(t, seed=0):
     return NSFLModel(len(t.dictionary.node_ids()), NSFLConfig(hidden=8, init_seed=seed)).double()
 

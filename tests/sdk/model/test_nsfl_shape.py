@@ -2,21 +2,12 @@
 paths agree, Theorem 1 still holds, and the rows stay ``linear/<f>``."""
 
 import numpy as np
-import pytest
 import torch
 from clinograph.sdk.graph import build_graph, star_batch
 from clinograph.sdk.model import NSFLConfig, NSFLModel, nsfl_modules
 from clinograph.sdk.model.nsfl import SHAPE_KNOTS, hat_basis
 from clinograph.sdk.training import bce
 from sdk_helpers import small_tables
-
-
-@pytest.fixture
-def f64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
 
 
 def shaped(t, *, seed=0, shape=True):

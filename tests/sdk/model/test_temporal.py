@@ -38,14 +38,6 @@ def tables():
                                                                                                   hospitals=hospitals)]
 
 
-@pytest.fixture
-def f64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def _moved(model, seed=3):
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # off the identity/zero init, so every temporal parameter matters

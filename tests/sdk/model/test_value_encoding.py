@@ -20,14 +20,6 @@ from opacus.grad_sample import get_gsm_class
 from sdk_helpers import small_tables
 
 
-@pytest.fixture
-def f64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
-
-
 def encoded(t, *, seed=0, encoding="piecewise", shape=False, perturb=True):
     cfg = NSFLConfig(hidden=8, init_seed=seed, value_encoding=encoding, linear_shape=shape)
     m = NSFLModel(len(t.dictionary.node_ids()), cfg).double()
