@@ -48,15 +48,19 @@ def test_export_loads_without_the_federation_and_matches(tmp_path, trained):
                                atol=1e-6)
 
 
+def _predict(tmp_path, model_path, table, schema, dictionary=DICTIONARY_PATH):
+    """Write ``table`` and ``schema`` under ``tmp_path`` and run `clinograph predict` on them."""
+    table.to_csv(tmp_path / "new.csv", index=False)
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+    return runner.invoke(app, ["predict", "--model", str(model_path), "--table", str(tmp_path / "new.csv"),
+                               "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(dictionary),
+                               "--out", str(tmp_path / "risks.csv")])
+
+
 def test_cli_predict_writes_risks_for_unlabelled_new_patients(tmp_path, trained):
     path, _ = trained.export(tmp_path / "model.pt")
     df, schema = raw_tables()[0]
-    new = df.drop(columns=[schema.label]).head(25)
-    new.to_csv(tmp_path / "new.csv", index=False)
-    (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
-    res = runner.invoke(app, ["predict", "--model", str(path), "--table", str(tmp_path / "new.csv"),
-                              "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(DICTIONARY_PATH),
-                              "--out", str(tmp_path / "risks.csv")])
+    res = _predict(tmp_path, path, df.drop(columns=[schema.label]).head(25), schema)
     assert res.exit_code == 0, res.output
     out = pd.read_csv(tmp_path / "risks.csv")
     assert list(out.columns) == ["patient_id", "risk"] and len(out) == 25
@@ -69,11 +73,7 @@ def test_cli_predict_refuses_another_dictionary(tmp_path, trained):
     other = tmp_path / "dictionary.toml"
     other.write_text(DICTIONARY_PATH.read_text().replace('version = 1', 'version = 2', 1))
     df, schema = raw_tables()[0]
-    df.to_csv(tmp_path / "new.csv", index=False)
-    (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
-    res = runner.invoke(app, ["predict", "--model", str(path), "--table", str(tmp_path / "new.csv"),
-                              "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(other),
-                              "--out", str(tmp_path / "risks.csv")])
+    res = _predict(tmp_path, path, df, schema, dictionary=other)
     assert res.exit_code == 2 and "Dictionary mismatch" in res.output and "Traceback" not in res.output
 
 
@@ -90,11 +90,7 @@ def test_cli_predict_escapes_ids_a_spreadsheet_would_run_as_formulas(tmp_path, t
     df, schema = raw_tables()[0]
     new = df.drop(columns=[schema.label]).head(4).copy()
     new[schema.patient_id] = ["=cmd|' /C calc'!A0", "-12", "@SUM(A1)", "p4"]
-    new.to_csv(tmp_path / "new.csv", index=False)
-    (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
-    res = runner.invoke(app, ["predict", "--model", str(path), "--table", str(tmp_path / "new.csv"),
-                              "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(DICTIONARY_PATH),
-                              "--out", str(tmp_path / "risks.csv")])
+    res = _predict(tmp_path, path, new, schema)
     assert res.exit_code == 0, res.output
     assert "2 patient id(s) starting with" in res.output
     ids = pd.read_csv(tmp_path / "risks.csv", dtype=str)["patient_id"].tolist()
