@@ -147,11 +147,7 @@ def run_cohort(cohort: str, seeds: list[int]) -> dict:
             per.setdefault(k, []).append(v)
         print(f"{cohort} seed {seed}: " + ", ".join(
             f"{k} {np.nanmean([x['auroc'] for x in v[-1].values()]):.3f}" for k, v in per.items()), flush=True)
-    return {"task": c.task, "patients": c.patients, "positives": c.positives,
-            "censored_before_horizon_dropped": c.censored_before_horizon,
-            "hospitals": {t.site: {"patients": t.n_patients, "positives": int(t.labels.sum()),
-                                   "features": len(t.observed_nodes())} for t in tables},
-            "seeds": seeds, "methods": {k: summarise(v) for k, v in per.items()}, "nsfl_run": extra}
+    return _cohort_result(c, tables, seeds, per, extra)
 
 
 def run_cohort_choosing(cohort: str, seeds: list[int]) -> dict:
@@ -188,12 +184,17 @@ def run_cohort_choosing(cohort: str, seeds: list[int]) -> dict:
             per.setdefault(k, []).append(v)
         print(f"{cohort} seed {seed}: chose {res.choice['chosen']} " + ", ".join(
             f"{k} {np.nanmean([x['auroc'] for x in v[-1].values()]):.3f}" for k, v in per.items()), flush=True)
+    out = _cohort_result(c, tables, seeds, per, extra)
+    return {**out, "goals": goals(out["methods"], "nsfl_federated_chosen")}
+
+
+def _cohort_result(c, tables, seeds: list[int], per: dict[str, list[dict]], extra: dict) -> dict:  # noqa: ANN001
+    """One cohort's JSON: the cohort, its hospitals, the seeds and every method's summary."""
     return {"task": c.task, "patients": c.patients, "positives": c.positives,
             "censored_before_horizon_dropped": c.censored_before_horizon,
             "hospitals": {t.site: {"patients": t.n_patients, "positives": int(t.labels.sum()),
                                    "features": len(t.observed_nodes())} for t in tables},
-            "seeds": seeds, "methods": {k: summarise(v) for k, v in per.items()}, "nsfl_run": extra,
-            "goals": goals({k: summarise(v) for k, v in per.items()}, "nsfl_federated_chosen")}
+            "seeds": seeds, "methods": {k: summarise(v) for k, v in per.items()}, "nsfl_run": extra}
 
 
 def goals(methods: dict, key: str) -> dict:
