@@ -16,13 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from clinograph.secure.runtime.config import DPPolicySection, FederationSection
+from clinograph.secure.runtime.config import DPPolicySection, FederationSection, StrictSection
 from clinograph.secure.tomlio import load_toml_model
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+#: frozen, unknown keys refused, numbers and switches typed (see :class:`StrictSection`)
+_Strict = StrictSection
 
 
 class NSFLConfig(_Strict):

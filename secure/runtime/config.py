@@ -22,9 +22,10 @@ is the one place that turns them into the plan's parameters.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from types import UnionType
+from typing import Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..messages import ID_PATTERN, DPPolicy
 
@@ -36,8 +37,44 @@ from ..messages import ID_PATTERN, DPPolicy
 DEFAULT_MAX_WEIGHT = 10_000.0
 
 
-class _Strict(BaseModel):
+def _scalar_kind(annotation: object) -> type | None:
+    """``int``, ``float`` or ``bool`` when a field is that scalar (or optional), else None."""
+    if annotation in (int, float, bool):
+        return annotation  # type: ignore[return-value]
+    if get_origin(annotation) in (Union, UnionType):
+        kinds = [a for a in get_args(annotation) if a is not type(None)]
+        if len(kinds) == 1 and kinds[0] in (int, float, bool):
+            return kinds[0]
+    return None
+
+
+class StrictSection(BaseModel):
+    """A config section: frozen, unknown keys refused, and numbers and switches typed as such.
+
+    Pydantic's lax mode would run ``rounds = "5"`` as 5 rounds and ``enabled = 1`` as true: a
+    quoted number or a 0/1 switch in a hand-written TOML is more often a mistake (a value pasted
+    from a spreadsheet, a key meant for another tool) than an intent, so it is refused with the fix.
+    """
+
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _typed_scalars(cls, value: object, info: ValidationInfo) -> object:
+        kind = _scalar_kind(cls.model_fields[info.field_name].annotation) if info.field_name else None
+        if kind is None or value is None:
+            return value
+        want = "true or false" if kind is bool else "an integer" if kind is int else "a number"
+        if isinstance(value, str):
+            raise ValueError(f"expected {want}, got the text {value!r}; write the value without quotes")
+        if kind is bool and isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}; write true or false")
+        if kind is not bool and isinstance(value, bool):
+            raise ValueError(f"expected {want}, got {str(value).lower()}; write a number")
+        return value
+
+
+_Strict = StrictSection
 
 
 class FederationSection(_Strict):

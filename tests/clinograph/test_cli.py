@@ -123,3 +123,11 @@ def test_simulate_shows_the_candidate_models_and_the_choice(tmp_path):
     assert all("federated validation loss" in ln for ln in lines)
     chosen = [ln for ln in out.stdout.splitlines() if ln.startswith("chosen model: ")]
     assert len(chosen) == 1 and chosen[0].split()[2] in ("linear", "shape")
+
+
+def test_a_quoted_number_in_a_config_is_a_clear_error(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[federation]\nrounds = \"5\"\n")
+    out = cli("simulate", str(cfg))
+    assert out.returncode == 2 and "Traceback" not in out.stderr + out.stdout
+    assert "federation.rounds" in out.stderr and "write the value without quotes" in out.stderr, out.stderr

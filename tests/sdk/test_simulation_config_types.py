@@ -1,0 +1,25 @@
+"""Hospital and simulation configs inherit the typed scalars of secure's config sections."""
+
+from __future__ import annotations
+
+import pytest
+from clinograph.sdk.config import SimulationConfig
+from pydantic import ValidationError
+
+
+@pytest.mark.parametrize(("section", "key", "value", "message"), [
+    ("federation", "rounds", "5", "expected an integer, got the text '5'; write the value without quotes"),
+    ("training", "lr", "0.01", "expected a number, got the text '0.01'"),
+    ("privacy", "enabled", 1, "expected true or false, got 1"),
+    ("privacy", "enabled", "yes", "expected true or false, got the text 'yes'"),
+])
+def test_quoted_numbers_and_numeric_switches_are_refused_by_name(section, key, value, message):
+    with pytest.raises(ValidationError) as err:
+        SimulationConfig.model_validate({section: {key: value}})
+    assert f"{section}.{key}" in str(err.value) and message in str(err.value)
+
+
+def test_typed_values_still_pass_and_ints_serve_floats():
+    cfg = SimulationConfig.model_validate({"federation": {"rounds": 5}, "training": {"lr": 1},
+                                           "privacy": {"enabled": False}})
+    assert (cfg.federation.rounds, cfg.training.lr, cfg.privacy.enabled) == (5, 1.0, False)

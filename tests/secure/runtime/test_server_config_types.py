@@ -1,0 +1,23 @@
+"""Config sections type their numbers and switches: a quoted number or a 0/1 switch is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from clinograph.secure.runtime.config import FederationSection
+from pydantic import ValidationError
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("5", "expected an integer, got the text '5'; write the value without quotes"),
+    (True, "expected an integer, got true"),
+])
+def test_a_quoted_or_boolean_round_count_is_refused_by_name(value, message):
+    with pytest.raises(ValidationError) as err:
+        FederationSection.model_validate({"rounds": value})
+    assert "rounds" in str(err.value) and message in str(err.value)
+
+
+def test_typed_values_pass():
+    assert FederationSection.model_validate({"rounds": 5}).rounds == 5
+    assert FederationSection.model_validate({"rounds": np.int64(3)}).rounds == 3  # programmatic numpy ints
