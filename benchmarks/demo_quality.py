@@ -104,15 +104,14 @@ def demo_tables(seed: int, scale: float, transforms: tuple[str, ...] = ()):
 
 
 def config_for(seed: int, overrides: dict, rounds: int):
-    from clinograph.sdk.config import SimulationConfig
+    from clinograph.sdk.config import SimulationConfig, merge_sections
     from clinograph.sdk.research.demo import demo_config
-    from clinograph.sdk.research.model_quality import _merge
-
+    
     base = demo_config(rounds=rounds, seed=seed, secure_mode="masked").model_dump(mode="json", exclude_none=True)
     base.pop("hospitals", None)
     base["release"] = {}  # the radar's release is not part of model quality
     over = {k: v for k, v in overrides.items() if not k.startswith("_")}
-    return SimulationConfig.model_validate(_merge(base, over))
+    return SimulationConfig.model_validate(merge_sections(base, over))
 
 
 def summary(per_hospital: dict) -> dict:

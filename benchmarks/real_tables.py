@@ -218,12 +218,13 @@ def load_survival(cohort: str):
 
 
 def survival_config(cohort: str, seed: int, quick: bool = False, **overrides):
-    from clinograph.sdk.research.model_quality import _merge, nsfl_config
+    from clinograph.sdk.config import merge_sections
+    from clinograph.sdk.research.model_quality import nsfl_config
     from clinograph.sdk.research.real_tables import SURVIVAL_TARGETS
 
-    over = _merge({"target": SURVIVAL_TARGETS[cohort]}, overrides)
+    over = merge_sections({"target": SURVIVAL_TARGETS[cohort]}, overrides)
     if quick:
-        over = _merge(over, {"federation": {"rounds": 8}, "selection": {"patience": 3}})
+        over = merge_sections(over, {"federation": {"rounds": 8}, "selection": {"patience": 3}})
     return nsfl_config(seed=seed, dictionary_id=f"{cohort}-surv", **over)
 
 

@@ -13,12 +13,23 @@ explicit choices, recorded in every signed report and so in the audit trail.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection, StrictSection
 from clinograph.secure.tomlio import load_toml_model
 from pydantic import Field, model_validator
+
+
+def merge_sections(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` laid on top, table by table (a TOML-style override: a nested table
+    updates the keys it names and keeps the others). Neither argument is changed."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
+    for k, v in over.items():
+        out[k] = merge_sections(out.get(k, {}), v) if isinstance(v, Mapping) else v
+    return out
+
 
 #: frozen, unknown keys refused, numbers and switches typed (see :class:`StrictSection`)
 _Strict = StrictSection

@@ -36,7 +36,7 @@ from typing import Any
 
 from clinograph.secure.errors import ConfigError
 
-from ..config import SimulationConfig
+from ..config import SimulationConfig, merge_sections
 
 #: the default for a binary NS-FL federation (static model, no DP): the linear wide path, and
 #: the wide path with per-feature shape functions (docs/model_quality.md, "Shape functions")
@@ -58,13 +58,6 @@ class Candidate:
     name: str
     overrides: dict[str, Any]
     config: SimulationConfig
-
-
-def _merge(base: Mapping, over: Mapping) -> dict:
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
-    for k, v in over.items():
-        out[k] = _merge(out.get(k, {}), v) if isinstance(v, Mapping) else v
-    return out
 
 
 def default_applies(config: SimulationConfig) -> bool:
@@ -114,7 +107,7 @@ def candidate_configs(config: SimulationConfig) -> list[Candidate]:
                             "table).")
             continue
         try:
-            cfg = SimulationConfig.model_validate(_merge(base, over))
+            cfg = SimulationConfig.model_validate(merge_sections(base, over))
         except Exception as exc:  # pydantic's message names the key  # noqa: BLE001
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in getattr(exc, "errors", list)())
             problems.append(f"{where} does not give a valid config ({detail or type(exc).__name__}).")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import HospitalConfig, SimulationConfig
+from ..config import HospitalConfig, SimulationConfig, merge_sections
 from ..federation.nsfl_task import NSFLTask
 from ..federation.simulate import simulate
 from ..federation.split import Split, hospital_split
@@ -34,17 +34,10 @@ NSFL_DEFAULTS: dict = {
 }
 
 
-def _merge(base: Mapping, over: Mapping) -> dict:
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in base.items()}
-    for k, v in over.items():
-        out[k] = _merge(out.get(k, {}), v) if isinstance(v, Mapping) else v
-    return out
-
-
 def nsfl_config(*, seed: int, dictionary_id: str = "bench", **overrides) -> SimulationConfig:
     """The benchmark's NS-FL federation for ``seed`` (init, training and split seeds)."""
-    data = _merge(NSFL_DEFAULTS, overrides)
-    data = _merge(data, {"federation": {"id": f"{dictionary_id}-{seed}", "seed": seed},
+    data = merge_sections(NSFL_DEFAULTS, overrides)
+    data = merge_sections(data, {"federation": {"id": f"{dictionary_id}-{seed}", "seed": seed},
                          "model": {"init_seed": seed}, "training": {"seed": seed}, "split": {"seed": seed}})
     return SimulationConfig.model_validate(data)
 
