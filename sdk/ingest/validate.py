@@ -131,6 +131,11 @@ def _near_misses(df: pd.DataFrame, schema: SiteSchema, required: dict[str, str |
     return near_misses(df.columns, [*declared, *schema.ignore, *(schema.concepts or ())])
 
 
+def _level_nodes(index: dict[str, int], feat) -> np.ndarray:  # noqa: ANN001 - a dictionary Feature
+    """The graph node of each level of a categorical feature, by level code (``<feature>=<level>``)."""
+    return np.array([index[f"{feat.id}={lvl}"] for lvl in feat.levels], dtype=np.int64)
+
+
 def _finish(problems: list[str], schema: SiteSchema) -> None:
     if problems:  # each problem once: a schema unit is checked up front and again for its cells
         raise SchemaError(list(dict.fromkeys(problems)), title=f"Table for site {schema.site!r} cannot be ingested")
@@ -244,7 +249,7 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
         v = parsed[col]
         ok = keep & ~np.isnan(v)
         if feat.kind == FeatureKind.CATEGORICAL:
-            node = np.array([index[f"{feat.id}={lvl}"] for lvl in feat.levels], dtype=np.int64)[v[ok].astype(np.int64)]
+            node = _level_nodes(index, feat)[v[ok].astype(np.int64)]
             val = np.ones(ok.sum())
         else:
             node = np.full(ok.sum(), index[feat.id], dtype=np.int64)
@@ -364,8 +369,7 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         parsed[rows] = v
         feat_of_row[rows] = feature_pos[feat.id]
         if feat.kind == FeatureKind.CATEGORICAL:
-            level_nodes = np.array([index[f"{feat.id}={lvl}"] for lvl in feat.levels], dtype=np.int64)
-            nodes[rows] = np.where(np.isnan(v), -1, level_nodes[np.nan_to_num(v).astype(np.int64)])
+            nodes[rows] = np.where(np.isnan(v), -1, _level_nodes(index, feat)[np.nan_to_num(v).astype(np.int64)])
             values[rows] = np.where(np.isnan(v), np.nan, 1.0)
         else:
             nodes[rows] = index[feat.id]
