@@ -65,7 +65,7 @@ def federated_config(*, arm: str, rounds: int, seed: int):
 
 def run_federated(arm: str, tables, dictionary, *, rounds: int, seed: int) -> tuple[dict, dict]:
     from clinograph.sdk.agat.federation import run_agat_simulation
-    from clinograph.sdk.federation.simulate import simulate
+    from clinograph.sdk.federation.simulate import simulate_one as simulate
     from clinograph.secure.audit import verify_audit_dir
 
     config = federated_config(arm=arm, rounds=rounds, seed=seed)

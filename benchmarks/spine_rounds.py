@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median, write  # noqa: E402
 from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
 from clinograph.sdk.config import SimulationConfig  # noqa: E402
-from clinograph.sdk.federation.simulate import simulate  # noqa: E402
+from clinograph.sdk.federation.simulate import simulate_one as simulate  # noqa: E402
 from clinograph.sdk.graph import build_graph, star_batch  # noqa: E402
 from clinograph.sdk.ingest import ingest  # noqa: E402
 

@@ -139,11 +139,12 @@ def choose(losses: Sequence[float | None], *, min_delta: float) -> int:
 
 
 def simulate_choosing(tables: Sequence, dictionary, config: SimulationConfig, *, audit_dir: Path,
-                      on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None):
+                      on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
+                      drop_at: Mapping[int, Mapping[str, int]] | None = None):
     """Run every candidate of ``config`` in ``audit_dir`` (one run each, one server key), choose
     on the federated validation loss and record ``model_chosen``. Returns the chosen
     candidate's :class:`~.simulate.SimulationResult` with ``choice`` filled in (one candidate or
-    none: a plain :func:`~.simulate.simulate`).
+    none: a plain :func:`~.simulate.simulate_one`). ``drop_at`` applies to every candidate's run.
 
     Raises:
         ConfigError: as :func:`candidate_configs`.
@@ -151,18 +152,20 @@ def simulate_choosing(tables: Sequence, dictionary, config: SimulationConfig, *,
     from clinograph.secure.audit import AuditTrail
     from clinograph.secure.identity import Identity
 
-    from .simulate import build_simulation, run_simulation, simulate
+    from .simulate import build_simulation, run_simulation, simulate_one
 
     cands = candidate_configs(config)
     if len(cands) < 2:
         cfg = cands[0].config if cands else config
-        return simulate(tables, dictionary, cfg, audit_dir=audit_dir, on_round=on_round)
+        return simulate_one(tables, dictionary, cfg, audit_dir=audit_dir, on_round=on_round, drop_at=drop_at)
     server_id = Identity.generate("server")
     results, rows = [], []
     for c in cands:
         fed = c.config.federation.model_copy(update={"id": f"{config.federation.id}-{c.name}"[:64]})
         cfg = c.config.model_copy(update={"federation": fed, "output": Path(config.output) / "candidates" / c.name})
         sim = build_simulation(tables, dictionary, cfg, audit_dir=audit_dir, server_identity=server_id)
+        for r, silent in (drop_at or {}).items():
+            sim.transport.drop_at(r, silent)
         res = run_simulation(sim, cfg, on_round=on_round)
         sel = res.selection
         results.append(res)

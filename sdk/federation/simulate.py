@@ -151,10 +151,25 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
 def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
              audit_dir: Path, on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
              drop_at: Mapping[int, Mapping[str, int]] | None = None) -> SimulationResult:
-    """Run ``config.federation.rounds`` rounds; evaluate every hospital's test split after each.
+    """The federation ``config`` describes, as ``clinograph simulate`` runs it: with
+    ``[selection] candidates`` (the default for binary static NS-FL: the linear wide path and
+    shape functions) every candidate runs and the one with the lowest federated validation loss
+    is kept (:func:`.candidates.simulate_choosing`, ``result.choice``); otherwise one model
+    (:func:`simulate_one`). Every run evaluates each hospital's test split after each round.
 
-    ``drop_at[r][name] = k``: hospital ``name`` goes silent in round ``r`` from its k-th exchange on.
+    ``drop_at[r][name] = k``: hospital ``name`` goes silent in round ``r`` from its k-th exchange
+    on (in every candidate's run).
     """
+    from .candidates import simulate_choosing
+
+    return simulate_choosing(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round, drop_at=drop_at)
+
+
+def simulate_one(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
+                 audit_dir: Path, on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
+                 drop_at: Mapping[int, Mapping[str, int]] | None = None) -> SimulationResult:
+    """Exactly one model: ``config.federation.rounds`` rounds (early stopping on the federated
+    validation loss), ``config``'s candidates ignored. ``drop_at`` as in :func:`simulate`."""
     sim = build_simulation(tables, dictionary, config, audit_dir=audit_dir)
     for r, silent in (drop_at or {}).items():
         sim.transport.drop_at(r, silent)
@@ -281,6 +296,4 @@ def simulate_from_config(config: SimulationConfig, *,
         raise ConfigError(f"Output {audit_dir} exists and is not a folder; choose another `output`.")
     if audit_dir.exists() and any(audit_dir.iterdir()):
         raise ConfigError(f"Audit directory {audit_dir} already holds a run; choose another `output` or move it.")
-    from .candidates import simulate_choosing
-
-    return simulate_choosing(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round)
+    return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round)

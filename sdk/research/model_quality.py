@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import HospitalConfig, SimulationConfig, merge_sections
 from ..federation.nsfl_task import NSFLTask
-from ..federation.simulate import simulate
+from ..federation.simulate import simulate_one
 from ..federation.split import Split, hospital_split
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary
@@ -53,7 +53,7 @@ def federated(tables: Sequence[PatientTable], dictionary: FeatureDictionary, con
               audit_dir: Path | None = None) -> dict:
     """NS-FL over the real protocol; returns ``{"final", "selection", "rounds_run"}``."""
     with tempfile.TemporaryDirectory() as tmp:
-        res = simulate(tables, dictionary, config, audit_dir=audit_dir or Path(tmp) / "audit")
+        res = simulate_one(tables, dictionary, config, audit_dir=audit_dir or Path(tmp) / "audit")
     return {"final": res.final, "selection": {k: v for k, v in res.selection.items() if k != "calibration"},
             "rounds_run": len(res.rounds), "round1_test": res.rounds[0] if res.rounds else {}}
 

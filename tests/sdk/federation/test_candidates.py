@@ -82,3 +82,22 @@ def test_a_repeated_name_and_a_bad_toml_candidate(tmp_path):
                  '[[selection.candidates]]\nname = "bad"\nmodel = { hidden = -1 }\n')
     with pytest.raises(ConfigError, match=r"entry 2 \('bad'\) does not give a valid config \(model.hidden"):
         candidate_configs(SimulationConfig.from_toml(p))
+
+
+def test_simulate_runs_the_default_candidates_like_the_cli(tmp_path):
+    """One runtime: the SDK's ``simulate()`` and ``clinograph simulate`` run the same federation
+    for the same config -- the default candidates for binary NS-FL, each run closed by its own
+    run_ended, then the choice -- and ``simulate_one`` runs exactly one model."""
+    from clinograph.sdk.federation.simulate import simulate, simulate_one
+
+    tables = small_tables()
+    res = simulate(tables, tables[0].dictionary, cfg(None, rounds=2), audit_dir=tmp_path / "a")
+    assert res.choice["chosen"] in ("linear", "shape")
+    assert [c["name"] for c in res.choice["candidates"]] == ["linear", "shape"]
+    kinds = [json.loads(x)["kind"] for x in (tmp_path / "a" / "audit.jsonl").read_text().splitlines()]
+    assert kinds.count("run_ended") == 2 and kinds[-1] == "model_chosen"
+    assert kinds.index("model_chosen") > max(i for i, k in enumerate(kinds) if k == "run_ended")
+    assert verify_audit_dir(tmp_path / "a").ok
+    one = simulate_one(tables, tables[0].dictionary, cfg(None, rounds=2), audit_dir=tmp_path / "b")
+    assert one.choice == {}
+    assert one.final == res.choice["final_by_candidate"]["linear"]  # same splits, same seeds: the same first model

@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 from clinograph.sdk.config import SimulationConfig
-from clinograph.sdk.federation.simulate import build_simulation, simulate
+from clinograph.sdk.federation.simulate import build_simulation, simulate_one
 from clinograph.secure.errors import SecurityPolicyError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
@@ -24,7 +24,7 @@ def run(mode, tmp_path, rounds=2, **kw):
     tables = small_tables()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
-        return simulate(tables, tables[0].dictionary, cfg(mode, rounds), audit_dir=tmp_path / mode, **kw)
+        return simulate_one(tables, tables[0].dictionary, cfg(mode, rounds), audit_dir=tmp_path / mode, **kw)
 
 
 def test_masked_mode_gives_the_plaintext_model_and_auroc(tmp_path):
@@ -118,7 +118,7 @@ def test_nothing_beyond_the_protocol_leaves_a_hospital_by_default(tmp_path):
     config = SimulationConfig.model_validate({
         "federation": {"rounds": 1, "secure_mode": "masked", "local_epochs": 1},
         "model": {"hidden": 8}, "graph": {"k_similar": 3}})
-    simulate(tables, tables[0].dictionary, config, audit_dir=tmp_path / "a")
+    simulate_one(tables, tables[0].dictionary, config, audit_dir=tmp_path / "a")
     import json
 
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "a" / "audit.jsonl").read_text().splitlines()]

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 from clinograph.sdk.config import SimulationConfig
-from clinograph.sdk.federation.simulate import simulate
+from clinograph.sdk.federation.simulate import simulate_one
 from clinograph.sdk.training.metrics import log_loss
 from clinograph.sdk.training.selection import decode_validation, encode_validation
 from clinograph.secure.policy import InsecureOptionWarning
@@ -25,7 +25,7 @@ def run(tmp_path, mode="masked", **kw):
     tables = small_tables()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
-        return simulate(tables, tables[0].dictionary, cfg(mode, **kw), audit_dir=tmp_path / mode)
+        return simulate_one(tables, tables[0].dictionary, cfg(mode, **kw), audit_dir=tmp_path / mode)
 
 
 def test_encoding_round_trips_through_a_weighted_mean():
