@@ -22,7 +22,8 @@ GBM). Per hospital: C-index, horizon AUROC (known-status and IPCW), AUPRC, Brier
 
 ``--choose``: the binary form with the per-federation model choice
 (:mod:`clinograph.sdk.federation.candidates`, the default candidates: linear wide path, shape
-functions) at the benchmark's NS-FL settings, beside the LR/GBM references on the same splits;
+functions) at the SDK's defaults (``--settings sdk``, the default: a minimal config, as the
+held-out tables are judged) or the benchmark's NS-FL settings (``--settings benchmark``), beside the LR/GBM references on the same splits;
 each candidate's kept-round federated validation loss and (not used) test AUROC are recorded,
 and the audit directory of every run is verified. Writes real_tables_choice[_<cohort>].json.
 Writes benchmarks/results/real_tables.json. Asserts nothing.
@@ -150,12 +151,13 @@ def run_cohort(cohort: str, seeds: list[int]) -> dict:
     return _cohort_result(c, tables, seeds, per, extra)
 
 
-def run_cohort_choosing(cohort: str, seeds: list[int]) -> dict:
-    """The binary form with the per-federation model choice (module docstring, ``--choose``)."""
+def run_cohort_choosing(cohort: str, seeds: list[int], settings: str = "sdk") -> dict:
+    """The binary form with the per-federation model choice (module docstring, ``--choose``), at
+    the SDK's defaults (``settings="sdk"``) or the benchmark's ``NSFL_DEFAULTS``."""
     import tempfile
 
     from clinograph.sdk.federation.candidates import simulate_choosing
-    from clinograph.sdk.research.model_quality import baselines, nsfl_config, splits_for
+    from clinograph.sdk.research.model_quality import baselines, nsfl_config, sdk_config, splits_for
     from clinograph.secure.audit import verify_audit_dir
 
     c, tables = load(cohort)
@@ -163,7 +165,7 @@ def run_cohort_choosing(cohort: str, seeds: list[int]) -> dict:
     extra: dict[str, list] = {"chosen": [], "candidates": [], "candidate_test_auroc": [], "selected_round": [],
                               "validation_loss_round1_selected": [], "audit_verified": [], "seconds": []}
     for seed in seeds:
-        cfg = nsfl_config(seed=seed, dictionary_id=cohort)
+        cfg = (sdk_config if settings == "sdk" else nsfl_config)(seed=seed, dictionary_id=cohort)
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             res = simulate_choosing(tables, c.dictionary, cfg, audit_dir=Path(tmp) / "audit")
@@ -373,17 +375,22 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="print the survival tables of the result file and exit")
     ap.add_argument("--choose", action="store_true", help="binary form with the per-federation model choice "
                     "(writes real_tables_choice[_<cohort>].json; other forms are not run)")
+    ap.add_argument("--settings", choices=("sdk", "benchmark"), default="sdk", help="--choose: the SDK's defaults "
+                    "(what a minimal config runs; the default) or the benchmark's NSFL_DEFAULTS")
     a = ap.parse_args()
     if a.choose:
         cohorts = [x for x in a.cohorts.split(",") if x]
         out = a.out if a.out != "real_tables" else "real_tables_choice" + ("_" + cohorts[0] if len(cohorts) == 1
                                                                              else "")
         from clinograph.sdk.federation.candidates import DEFAULT_BINARY_CANDIDATES
-        from clinograph.sdk.research.model_quality import NSFL_DEFAULTS
+        from clinograph.sdk.research.model_quality import NSFL_DEFAULTS, sdk_config
 
-        print(write(out, {"machine": machine(), "nsfl_settings": NSFL_DEFAULTS,
+        settings = (sdk_config(seed=0).model_dump(mode="json", include={"federation", "model", "training", "graph",
+                                                                       "selection", "split"})
+                    if a.settings == "sdk" else NSFL_DEFAULTS)
+        print(write(out, {"machine": machine(), "settings": a.settings, "nsfl_settings": settings,
                           "candidates": list(DEFAULT_BINARY_CANDIDATES),
-                          "cohorts": {k: run_cohort_choosing(k, list(range(a.seeds))) for k in cohorts}}))
+                          "cohorts": {k: run_cohort_choosing(k, list(range(a.seeds)), a.settings) for k in cohorts}}))
         return
     if a.markdown:
         print(survival_markdown(json.loads((RESULTS / f"{a.out}.json").read_text())))

@@ -42,6 +42,14 @@ def nsfl_config(*, seed: int, dictionary_id: str = "bench", **overrides) -> Simu
     return SimulationConfig.model_validate(data)
 
 
+def sdk_config(*, seed: int, dictionary_id: str = "bench") -> SimulationConfig:
+    """The federation at the SDK's defaults (masked, the default candidates), seeded by
+    ``seed``: what an integrator's minimal config runs, and how the held-out tables are judged."""
+    return SimulationConfig.model_validate({"federation": {"id": f"{dictionary_id}-{seed}", "seed": seed},
+                                            "model": {"init_seed": seed}, "training": {"seed": seed},
+                                            "split": {"seed": seed}})
+
+
 def splits_for(tables: Sequence[PatientTable], config: SimulationConfig | HospitalConfig) -> list[Split]:
     """Each hospital's split under ``config`` (the rule every runtime uses)."""
     s = config.split
