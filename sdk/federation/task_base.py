@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from clinograph.secure.errors import ConfigError
 
-from ..training.calibration import Platt, fit_platt, logit
+from ..training.calibration import Platt, fit_platt_cv, logit
 from ..training.metrics import binary_metrics
 
 
@@ -47,8 +47,9 @@ class SelectedCalibrated(SplitEvaluation):
 
     def finish(self) -> dict[str, float | int | None]:
         """After the last round: keep the selected model (global + this hospital's personal
-        modules) and fit this hospital's Platt scaling on its validation split. Returns the kept
-        round (None: no selection, the last model is kept) and the calibration."""
+        modules) and fit this hospital's Platt scaling on its validation split (its pull towards
+        the identity chosen by cross-validation there: ``fit_platt_cv``). Returns the kept round
+        (None: no selection, the last model is kept) and the calibration."""
         kept = None
         selection = getattr(self, "selection", None)
         if selection is not None and selection.best_state is not None:
@@ -57,6 +58,6 @@ class SelectedCalibrated(SplitEvaluation):
         self.calibration = None
         idx = self.split.validation  # type: ignore[attr-defined]
         if self.config.calibration.method == "platt" and len(idx):  # type: ignore[attr-defined]
-            self.calibration = fit_platt(logit(self._predict_raw()[idx]), self.table.labels[idx])  # type: ignore[attr-defined]
+            self.calibration = fit_platt_cv(logit(self._predict_raw()[idx]), self.table.labels[idx])  # type: ignore[attr-defined]
         cal = self.calibration or Platt()
         return {"round": kept, "platt_a": cal.a, "platt_b": cal.b}

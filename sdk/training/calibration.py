@@ -5,6 +5,11 @@ p = σ(a · z + b) with z the model's logit; (a, b) minimise the validation log 
 model selection, on the validation patients: the two numbers are personal -- they never leave
 the hospital and absorb its own base rate, which a shared head cannot. Ranking metrics (AUROC,
 AUPRC) are unchanged when a > 0; a fit that would invert the ranking is refused (a = 1, b = 0).
+
+How strongly the fit is pulled towards the identity is chosen by cross-validation on the same
+validation patients (:func:`fit_platt_cv`; issue 15, session 7): measured on the real-table
+cohorts, a Platt fit on 15-45 validation patients with a fixed weak pull *raised* the test log
+loss (gbsg2 0.602 -> 0.651, lung 0.728 -> 0.770, SDK defaults, seeds 0-4), i.e. it fitted noise.
 """
 
 from __future__ import annotations
@@ -79,3 +84,51 @@ def fit_platt(z: np.ndarray, y: np.ndarray, *, l2: float = 1e-2, steps: int = 10
     if not np.all(np.isfinite(theta)) or theta[0] <= 0 or f >= objective(ident):
         return Platt()
     return Platt(a=float(theta[0]), b=float(theta[1]))
+
+
+#: pulls towards the identity tried by :func:`fit_platt_cv` (``None``: the identity itself)
+CV_GRID: tuple[float | None, ...] = (None, 1.0, 0.1, 0.01)
+
+
+def cv_folds(y: np.ndarray, k: int) -> np.ndarray:
+    """Deterministic stratified folds: the positives in index order dealt round-robin to k folds,
+    then the negatives (no randomness: an auditor recomputes the same folds)."""
+    fold = np.empty(len(y), dtype=np.int64)
+    for cls in (1, 0):
+        idx = np.flatnonzero(np.asarray(y) == cls)
+        fold[idx] = np.arange(len(idx)) % k
+    return fold
+
+
+def fit_platt_cv(z: np.ndarray, y: np.ndarray, *, grid: tuple[float | None, ...] = CV_GRID, folds: int = 5) -> Platt:
+    """Platt scaling with its pull towards the identity chosen by k-fold cross-validation on the
+    validation patients themselves: each entry of ``grid`` (``None``: no calibration, else an
+    ``l2`` for :func:`fit_platt`, most conservative first) is fitted on k−1 folds and every
+    patient is scored by the log loss of the fit that did not see it. The one-standard-error
+    rule (Hastie, Tibshirani & Friedman 2009, section 7.10) picks the most conservative entry
+    whose mean held-out loss is within one paired standard error of the best; it is refitted on
+    all patients. k = min(``folds``, positives, negatives); below 2 the identity.
+
+    Why: a few dozen validation patients rarely support a free (a, b). Measured on simulated
+    validation sets of 30 patients (tests/sdk/training/test_calibration_cv.py): on an already
+    calibrated model the free fit raises the expected test log loss by 0.031, the minimum-CV
+    choice by 0.016, this rule by 0.001; on a model 3x overconfident it keeps 0.189 of the free
+    fit's 0.223 gain."""
+    z, y = np.asarray(z, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    k = int(min(folds, (y == 1).sum(), (y == 0).sum()))
+    if k < 2:
+        return Platt()
+    fold = cv_folds(y, k)
+    held_out = []
+    for l2 in grid:
+        loss = np.empty(len(y))
+        for f in range(k):
+            tr, te = fold != f, fold == f
+            cal = Platt() if l2 is None else fit_platt(z[tr], y[tr], l2=l2)
+            s = cal.a * z[te] + cal.b
+            loss[te] = np.logaddexp(0.0, s) - y[te] * s
+        held_out.append(loss)
+    best = int(np.argmin([h.mean() for h in held_out]))
+    chosen = next(i for i in range(len(grid)) if i == best or held_out[i].mean()
+                  <= held_out[best].mean() + np.std(held_out[i] - held_out[best], ddof=1) / np.sqrt(len(y)))
+    return Platt() if grid[chosen] is None else fit_platt(z, y, l2=grid[chosen])
