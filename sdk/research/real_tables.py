@@ -17,6 +17,17 @@ Two cohorts that ``lifelines`` ships offline (Davidson-Pilon, lifelines; the dat
   record race. Added in issue 15, session 6, so the per-federation model choice is not judged
   on the two cohorts it was developed on.
 
+- ``diabetes`` (binary form only): the diabetes cohort of Efron et al. 2004 (Least Angle
+  Regression), 442 patients, as scikit-learn ships it unscaled (``load_diabetes(scaled=False)``):
+  age, sex, BMI, mean arterial pressure and six blood serum measurements; the outcome is a
+  quantitative measure of disease progression one year after baseline. Label: progression above
+  140, about the cohort median (the threshold was fixed before any model ran). No centre column:
+  cut into 3 hospitals with a BMI-dependent referral pattern (heavier patients go to the
+  university hospital more often). One hospital reports cholesterol, LDL, HDL and glucose in
+  mmol/L (converted back by the unit machinery with the analytes' molar masses), one has no
+  extended lipid panel (no LDL, no TC/HDL ratio). Added in issue 15, session 7, so the SDK's
+  defaults are not judged on the cohorts they were developed on only.
+
 Two forms of each cohort (``cohort_tables(name, form=...)``):
 
 - ``binary`` (horizon form): censoring is handled honestly: a patient censored *before* the
@@ -45,7 +56,7 @@ import pandas as pd
 from ..ontology.dictionary import Feature, FeatureDictionary
 from ..ontology.schema import ColumnMap, SiteSchema, SurvivalColumns
 
-COHORTS = ("lung", "gbsg2", "kidney")
+COHORTS = ("lung", "gbsg2", "kidney", "diabetes")
 #: cohorts that have a survival form (SURVIVAL_TARGETS)
 SURVIVAL_COHORTS = ("lung", "gbsg2")
 
@@ -114,6 +125,24 @@ def kidney_dictionary() -> FeatureDictionary:
         _num("age", "Age at transplant", "years", 20, 65, 0, 120),
         Feature(id="female", name="Female sex", kind="binary"),
         Feature(id="black", name="Black race", kind="binary"),
+    ))
+
+
+def diabetes_dictionary() -> FeatureDictionary:
+    """Canonical features of the Efron et al. diabetes cohort. Reference ranges are common adult
+    clinical references (fasting glucose 70-100 mg/dL; total cholesterol < 200, LDL < 130,
+    HDL 40-80 mg/dL; BMI 18.5-30; mean arterial pressure 70-105 mmHg), not the cohort's values."""
+    return FeatureDictionary(name="clinograph-sklearn-diabetes", version=1, features=(
+        _num("age", "Age", "years", 30, 70, 0, 120),
+        Feature(id="sex_code_2", name="Sex (the data set's code 2; the source does not say which)", kind="binary"),
+        _num("bmi", "Body mass index", "kg/m2", 18.5, 30, 10, 80),
+        _num("map", "Mean arterial pressure", "mmHg", 70, 105, 30, 200),
+        _num("total_cholesterol", "Total serum cholesterol", "mg/dL", 125, 200, 30, 700, analyte="cholesterol"),
+        _num("ldl", "LDL cholesterol", "mg/dL", 50, 130, 5, 500, analyte="cholesterol"),
+        _num("hdl", "HDL cholesterol", "mg/dL", 40, 80, 5, 200, analyte="cholesterol"),
+        _num("tc_hdl_ratio", "Total cholesterol / HDL", "1", 2, 5, 0.5, 30),
+        _num("log_triglycerides", "Serum triglycerides, natural log of mg/dL", "1", 3.9, 5.0, 2, 9),
+        _num("glucose", "Serum glucose", "mg/dL", 70, 100, 20, 700, analyte="glucose"),
     ))
 
 
@@ -198,6 +227,25 @@ def _kidney(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
     return canon[keep].reset_index(drop=True), site[keep], "death within 3 years of transplant", int((~keep).sum())
 
 
+def _diabetes(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
+    from clinograph.secure.errors import ConfigError
+    from sklearn.datasets import load_diabetes
+
+    if form != "binary":
+        raise ConfigError("Cohort 'diabetes' has the binary form only; use form = 'binary'.")
+    df = load_diabetes(scaled=False, as_frame=True).frame
+    canon = pd.DataFrame({
+        "age": df["age"].astype(float), "sex_code_2": (df["sex"] == 2).astype(float), "bmi": df["bmi"].astype(float),
+        "map": df["bp"].astype(float), "total_cholesterol": df["s1"].astype(float), "ldl": df["s2"].astype(float),
+        "hdl": df["s3"].astype(float), "tc_hdl_ratio": df["s4"].astype(float),
+        "log_triglycerides": df["s5"].astype(float), "glucose": df["s6"].astype(float),
+        "label": (df["target"] > 140).astype(int), "event": (df["target"] > 140).astype(int)})
+    rng = np.random.default_rng(20_261_124)  # the cut is part of the data set: fixed
+    score = (df["bmi"].to_numpy(float) - 26.4) / 4.4 + rng.standard_normal(len(df))
+    site = np.digitize(score, np.quantile(score, [0.3, 0.65]))  # sizes 30/35/35 %
+    return canon, site, "disease progression above 140 one year after baseline", 0
+
+
 LUNG_SITES = (
     SiteSpec("ncctg_mayo", renames=(("age", "Age"), ("female", "Sex"), ("ecog_physician", "ECOG")),
              codings=(("female", (("F", 1), ("M", 0))),), lacks=("meal_calories",)),
@@ -223,9 +271,19 @@ KIDNEY_SITES = (
              codings=(("black", (("yes", 1), ("no", 0))),)),
     SiteSpec("tx_university", renames=(("female", "gender_female"), ("age", "AGE"))),
 )
+DIABETES_SITES = (
+    SiteSpec("dm_community", renames=(("total_cholesterol", "chol_mmol"), ("ldl", "ldl_mmol"), ("hdl", "hdl_mmol"),
+                                      ("glucose", "glu_mmol"), ("sex_code_2", "sex")),
+             units=(("total_cholesterol", "mmol/L"), ("ldl", "mmol/L"), ("hdl", "mmol/L"), ("glucose", "mmol/L")),
+             codings=(("sex_code_2", (("2", 1), ("1", 0))),)),
+    SiteSpec("dm_district", renames=(("map", "MAP"), ("bmi", "BMI")), lacks=("ldl", "tc_hdl_ratio")),
+    SiteSpec("dm_university", renames=(("log_triglycerides", "ln_tg"), ("glucose", "glucose_mgdl"),
+                                       ("age", "age_years"))),
+)
 _COHORTS: dict[str, tuple[Callable[[], FeatureDictionary], Callable, tuple[SiteSpec, ...]]] = {
     "lung": (lung_dictionary, _lung, LUNG_SITES), "gbsg2": (gbsg2_dictionary, _gbsg2, GBSG2_SITES),
-    "kidney": (kidney_dictionary, _kidney, KIDNEY_SITES)}
+    "kidney": (kidney_dictionary, _kidney, KIDNEY_SITES),
+    "diabetes": (diabetes_dictionary, _diabetes, DIABETES_SITES)}
 
 
 def _local_values(values: pd.Series, feat: Feature, spec: SiteSpec) -> pd.Series:
