@@ -114,7 +114,7 @@ def test_simulate_shows_the_candidate_models_and_the_choice(tmp_path):
     cfg = tmp_path / "c.toml"
     text = (ROOT / "examples" / "simulation.toml").read_text()
     text = text.replace('output = "runs/example-simulation"', f'output = "{tmp_path / "run"}"')
-    text = text.replace('"data/', f'"{data}/').replace("rounds = 5", "rounds = 2")
+    text = text.replace('"data/', f'"{data}/').replace("rounds = 10 ", "rounds = 2 ")
     cfg.write_text(text)
     out = cli("simulate", str(cfg))
     assert out.returncode == 0, out.stderr
