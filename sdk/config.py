@@ -50,6 +50,10 @@ class NSFLConfig(_Strict):
                                "function (piecewise linear over the fixed knots SHAPE_KNOTS of the standardised "
                                "value, sdk/model/nsfl.py) beside a_f·x_f + c_f: a federated GAM in the rows "
                                "``linear/<f>``; needs linear_path; measured in docs/model_quality.md")
+    deep: bool = Field(default=True, description="the GNN (deep) part of wide & deep; false: its contribution "
+                       "to the logit is switched off (its weights stay, get zero gradient and never move), "
+                       "leaving the wide path and the head's bias -- a federated logistic regression, or a GAM "
+                       "with linear_shape, over every dictionary feature; needs linear_path, static model only")
     value_encoding: Literal["linear", "piecewise", "piecewise_gated"] = Field(
         default="linear", description="how the GNN's valued messages read a value: linear (x · V h_f), piecewise "
         "(also Σ_k B_k(x) · U_k h_f over the knots SHAPE_KNOTS: a per-feature curve, Gorishniy et al. 2022) or "
@@ -73,6 +77,14 @@ class NSFLConfig(_Strict):
     modalities: tuple[str, ...] = Field(default=(), description="the federation's extra modalities (e.g. "
                                         "['waveform']): each a typed node after an encoder federated only among "
                                         "the hospitals that have it (sdk/model/modalities.py)")
+
+    @model_validator(mode="after")
+    def _deep_needs_the_wide_path(self) -> NSFLConfig:
+        if not self.deep and (not self.linear_path or self.temporal != "none" or self.modalities):
+            raise ValueError("[model] deep = false leaves the wide path alone: it needs linear_path = true and the "
+                             "static model (temporal = \"none\", no modalities). Set deep = true, or linear_path "
+                             "= true without temporal/modalities.")
+        return self
 
 
 class TrainConfig(_Strict):

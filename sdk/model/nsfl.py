@@ -84,6 +84,10 @@ class NSFLModel(nn.Module):
         self.l2_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l2_self_patient = nn.Linear(d, d)
         self.head = nn.Linear(d, 1)
+        # [model] deep = false: the head reads g · h_p with g = 0, so the logit's deep term is the bias
+        # alone (non-persistent: the state_dict, the module map and Theorem 1 are unchanged; the GNN's
+        # weights get exactly zero gradient, per sample too, through the same nn.Linear Opacus hooks)
+        self.register_buffer("deep_gate", torch.tensor(1.0 if cfg.deep else 0.0), persistent=False)
         self.value_clip = float(cfg.value_clip)
         #: wide & deep: [a_f, c_f (, w_f1..w_fM)] per dictionary feature (zero-initialised: the GNN alone at round 0)
         shape = cfg.linear_path and cfg.linear_shape
@@ -101,6 +105,11 @@ class NSFLModel(nn.Module):
                 nn.init.xavier_uniform_(p, generator=gen)
             else:
                 nn.init.zeros_(p)
+
+    def _head(self, h_p: torch.Tensor) -> torch.Tensor:
+        """The deep logit W_head (g · h_p) + b, g = 1 (exactly the GNN's logit) or 0 with
+        ``[model] deep = false`` (the bias alone). Shapes: [B, d] -> [B]."""
+        return self.head(h_p * self.deep_gate.to(h_p.dtype)).squeeze(-1)
 
     def _clip(self, values: torch.Tensor) -> torch.Tensor:
         return values.clamp(-self.value_clip, self.value_clip)
@@ -146,7 +155,7 @@ class NSFLModel(nn.Module):
         if sim is not None:
             agg = agg + self.l2_similar_to.edges(h_p1, h_p1, sim.edge_index, sim.edge_weight, n_p)
         h_p2 = torch.relu(self.l2_self_patient(h_p1) + agg)
-        out = self.head(h_p2).squeeze(-1)
+        out = self._head(h_p2)
         if self.linear is not None:
             w = self.linear(data["feature"].feature_index[e_fp[0]])
             out = out.index_add(0, e_fp[1], self._wide(w, x_fp.to(w.dtype)))
@@ -184,7 +193,7 @@ class NSFLModel(nn.Module):
 
     def forward_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits from padded stars, no ``similar_to`` (the DP path). Shapes: [B, K] x3 -> [B]."""
-        return (self.head(self.embed_star(feature_index, values, mask)).squeeze(-1)
+        return (self._head(self.embed_star(feature_index, values, mask))
                 + self.linear_star(feature_index, self._clip(values), mask))
 
     def forward_neighbourhood(self, stars: StarBatch, batch: torch.Tensor) -> torch.Tensor:
@@ -204,7 +213,7 @@ class NSFLModel(nn.Module):
         xc = self._clip(x)
         agg = self.l2_of_patient.dense(h_f1, h_p1, xc, m) + self.l2_similar_to.dense(h_need[pos_nb], h_p1, nw, nm)
         h_p2 = torch.relu(self.l2_self_patient(h_p1) + agg)
-        return self.head(h_p2).squeeze(-1) + self.linear_star(fi, xc, m)
+        return self._head(h_p2) + self.linear_star(fi, xc, m)
 
     def forward(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The star path (what Opacus wraps)."""
