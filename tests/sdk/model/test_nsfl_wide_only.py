@@ -67,3 +67,17 @@ def test_deep_off_needs_the_static_wide_path():
     with pytest.raises(ValidationError, match="deep = false"):
         NSFLConfig(deep=False, temporal="attention")
     assert NSFLConfig(deep=False).deep is False and NSFLConfig().deep is True
+
+
+def test_an_exported_wide_only_model_predicts_as_in_the_federation(tmp_path):
+    import numpy as np
+    from clinograph.sdk.model.export import export_model, load_exported, predict_exported, star_risk
+
+    t = small_tables()[0]
+    m = _model(t, deep=False).float()
+    path, _ = export_model(m, tmp_path / "m.pt", dictionary=t.dictionary)
+    module, info = load_exported(path)
+    got = predict_exported(module, info, t)
+    np.testing.assert_allclose(got, star_risk(m, t, dictionary=t.dictionary), rtol=1e-5, atol=1e-6)
+    deep = _model(t, deep=True).float()  # the same weights with the GNN's term: other risks
+    assert np.abs(got - star_risk(deep, t, dictionary=t.dictionary)).max() > 1e-4
