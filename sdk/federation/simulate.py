@@ -152,8 +152,8 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
              audit_dir: Path, on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
              drop_at: Mapping[int, Mapping[str, int]] | None = None) -> SimulationResult:
     """The federation ``config`` describes, as ``clinograph simulate`` runs it: with
-    ``[selection] candidates`` (the default for binary static NS-FL: the linear wide path and
-    shape functions) every candidate runs and the one with the lowest federated validation loss
+    ``[selection] candidates`` (the default for binary static NS-FL: the wide path alone, with
+    shape functions, and each beside the GNN) every candidate runs and the one with the lowest federated validation loss
     is kept (:func:`.candidates.simulate_choosing`, ``result.choice``); otherwise one model
     (:func:`simulate_one`). Every run evaluates each hospital's test split after each round.
 
@@ -287,7 +287,7 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
 def simulate_from_config(config: SimulationConfig, *,
                          on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None) -> SimulationResult:
     """Ingest, build, run; the audit directory is ``<output>/audit`` (refused if it holds a run).
-    With ``[selection] candidates`` (default for binary NS-FL: linear wide path, shape functions)
+    With ``[selection] candidates`` (default for binary NS-FL: :data:`.candidates.DEFAULT_BINARY_CANDIDATES`)
     every candidate runs and the lowest federated validation loss is kept (:mod:`.candidates`)."""
     tables, dictionary = load_tables(config)
     output_folder(config.output, what="The config's `output`")

@@ -52,9 +52,14 @@ def test_ties_go_to_the_simpler_candidate_and_a_missing_loss_never_wins():
 
 def test_default_candidates_for_binary_nsfl_and_none_under_dp():
     names = [c.name for c in candidate_configs(cfg(None))]
-    assert names == ["linear", "shape"]
-    shape = candidate_configs(cfg(None))[1].config
-    assert shape.model.linear_shape and shape.split == cfg(None).split  # identical splits
+    assert names == ["wide", "wide_shape", "linear", "shape"]
+    cands = {c.name: c.config for c in candidate_configs(cfg(None))}
+    assert cands["shape"].model.linear_shape and cands["shape"].split == cfg(None).split  # identical splits
+    assert not cands["wide"].model.deep and not cands["wide_shape"].model.deep and cands["linear"].model.deep
+    assert cands["wide"].training.wide_lr_factor == 5.0 and cands["linear"].training.wide_lr_factor == 1.0
+    # a config that chooses the model itself runs that one model
+    assert candidate_configs(cfg(None, training={"lr": 0.03, "batch_size": 32, "wide_lr_factor": 2.0})) == []
+    assert candidate_configs(cfg(None, model={"hidden": 8, "deep": False})) == []
     assert candidate_configs(cfg([])) == []
     dp = cfg(None, privacy={"enabled": True, "noise_multiplier": 1.0})
     assert candidate_configs(dp) == []
@@ -92,12 +97,14 @@ def test_simulate_runs_the_default_candidates_like_the_cli(tmp_path):
 
     tables = small_tables()
     res = simulate(tables, tables[0].dictionary, cfg(None, rounds=2), audit_dir=tmp_path / "a")
-    assert res.choice["chosen"] in ("linear", "shape")
-    assert [c["name"] for c in res.choice["candidates"]] == ["linear", "shape"]
+    names = ["wide", "wide_shape", "linear", "shape"]
+    assert res.choice["chosen"] in names
+    assert [c["name"] for c in res.choice["candidates"]] == names
     kinds = [json.loads(x)["kind"] for x in (tmp_path / "a" / "audit.jsonl").read_text().splitlines()]
-    assert kinds.count("run_ended") == 2 and kinds[-1] == "model_chosen"
+    assert kinds.count("run_ended") == 4 and kinds[-1] == "model_chosen"
     assert kinds.index("model_chosen") > max(i for i, k in enumerate(kinds) if k == "run_ended")
     assert verify_audit_dir(tmp_path / "a").ok
     one = simulate_one(tables, tables[0].dictionary, cfg(None, rounds=2), audit_dir=tmp_path / "b")
     assert one.choice == {}
-    assert one.final == res.choice["final_by_candidate"]["linear"]  # same splits, same seeds: the same first model
+    # simulate_one ignores the candidates: the config's own model, the same as the "linear" candidate
+    assert one.final == res.choice["final_by_candidate"]["linear"]
