@@ -198,7 +198,13 @@ class NSFLModel(nn.Module):
 
     def forward_neighbourhood(self, stars: StarBatch, batch: torch.Tensor) -> torch.Tensor:
         """Exact full-graph logits for patients ``batch``, computed from their stars and their
-        ``similar_to`` neighbours' stars only (the 2-hop receptive field). Shapes: [b] -> [b]."""
+        ``similar_to`` neighbours' stars only (the 2-hop receptive field). Shapes: [b] -> [b].
+        With ``[model] deep = false`` the GNN is not computed at all (its term is 0 on every path;
+        non-DP training and prediction come here, so the wide-only candidates cost the wide path)."""
+        if not self.config.deep:
+            fi, x, m = stars.feature_index[batch], stars.values[batch], stars.mask[batch]
+            zero = torch.zeros(len(batch), self.config.hidden, dtype=self.head.weight.dtype)
+            return self._head(zero) + self.linear_star(fi, self._clip(x), m)
         if stars.neighbours is None:
             return self.forward_star(stars.feature_index[batch], stars.values[batch], stars.mask[batch])
         nb, nw, nm = stars.neighbours[batch], stars.neighbour_weight[batch], stars.neighbour_mask[batch]
