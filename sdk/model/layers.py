@@ -25,6 +25,26 @@ def hat_basis(values: torch.Tensor, knots: torch.Tensor) -> torch.Tensor:
     return torch.minimum(rise, fall).clamp(0.0, 1.0)
 
 
+def hat_pair(values: torch.Tensor, knots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two non-zero entries of :func:`hat_basis`: (k, t) with B_k(x) = 1 − t, B_{k+1}(x) = t and
+    every other B_j(x) = 0 (a hat basis interpolates between two adjacent knots; beyond the outer
+    knots t is 0 or 1). Shapes: [...], [M] -> [...] (int64), [...]."""
+    m = knots.shape[0]
+    k = (torch.searchsorted(knots, values.detach().contiguous()) - 1).clamp(0, m - 2)
+    lo, hi = knots[k], knots[k + 1]
+    return k, ((values - lo) / (hi - lo)).clamp(0.0, 1.0)
+
+
+def knot_sum(u: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Σ_j B_j(x) u_j from (k, t) of :func:`hat_pair`: (1 − t) u_k + t u_{k+1}, reading two rows of
+    ``u`` instead of M. Shapes: u [..., M, d], k, t [...] -> [..., d]."""
+    idx = k.unsqueeze(-1).unsqueeze(-1).expand(*k.shape, 1, u.shape[-1])
+    lo = torch.gather(u, -2, idx).squeeze(-2)
+    hi = torch.gather(u, -2, idx + 1).squeeze(-2)
+    w = t.unsqueeze(-1).to(u.dtype)
+    return lo + w * (hi - lo)
+
+
 class RelationAttention(nn.Module):
     """Messages and attention of relation r.
 
@@ -80,10 +100,29 @@ class RelationAttention(nn.Module):
             elif self.U is not None:
                 u = self.U(h_src)
                 u = u.reshape(u.shape[:-1] + (self.n_knots, -1))  # [..., M, d]: U_k h_v
-                b = hat_basis(x, self.value_knots.to(x.dtype))  # [..., M]
-                m = m + (b.unsqueeze(-1) * u).sum(-2)
+                m = m + knot_sum(u, *hat_pair(x, self.value_knots.to(x.dtype)))  # Σ_k B_k(x) U_k h_v
         elif x is not None:
             m = x.unsqueeze(-1) * m
+        return m
+
+    def message_indexed(self, table: torch.Tensor, index: torch.Tensor, x: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`message` of ``h_src = table[index]``, exactly, with every linear map applied once
+        per table row and then read at ``index`` (a star's feature copies share their dictionary
+        feature's state: the non-DP star path's saving; Opacus' hooks need :meth:`message`).
+        Shapes: table [F, d], index [...] -> [..., d]."""
+        m = self.W(table)[index]
+        if self.V is None:
+            return m if x is None else x.unsqueeze(-1) * m
+        if x is None:
+            raise ValueError("valued relation needs edge values")
+        m = m + x.unsqueeze(-1) * self.V(table)[index]
+        if self.U is not None and self.value_gated:
+            m = m + self.U(hat_basis(x, self.value_knots.to(x.dtype)).to(table.dtype)) * table[index]
+        elif self.U is not None:
+            u = self.U(table).reshape(table.shape[0], self.n_knots, -1)  # [F, M, d]
+            k, t = hat_pair(x, self.value_knots.to(x.dtype))
+            w = t.unsqueeze(-1).to(u.dtype)
+            m = m + (1 - w) * u[index, k] + w * u[index, (k + 1)]
         return m
 
     def logits(self, h_dst: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -102,9 +141,11 @@ class RelationAttention(nn.Module):
         return out.index_add(0, dst, alpha.unsqueeze(-1) * m)
 
     def dense(self, h_src: torch.Tensor, h_dst: torch.Tensor, x: torch.Tensor | None,
-              mask: torch.Tensor) -> torch.Tensor:
-        """Same on padded stars. Shapes: h_src [B, K, d], h_dst [B, d], x, mask [B, K] -> [B, d]."""
-        m = self.message(h_src, x)
+              mask: torch.Tensor, *, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Same on padded stars. Shapes: h_src [B, K, d], h_dst [B, d], x, mask [B, K] -> [B, d].
+        With ``index`` [B, K], ``h_src`` is a table [F, d] and the sources are ``h_src[index]``
+        (:meth:`message_indexed`)."""
+        m = self.message(h_src, x) if index is None else self.message_indexed(h_src, index, x)
         e = self.logits(h_dst.unsqueeze(1).expand(-1, m.shape[1], -1), m)
         e = e.masked_fill(~mask, -1e9)  # finite: a star with no feature must not give NaN gradients
         alpha = torch.softmax(e, dim=1)

@@ -184,6 +184,24 @@ class NSFLModel(nn.Module):
         h_f1 = torch.relu(self.l1_self_feature(h_f0) + self.l1_has_feature.W(h_p0).unsqueeze(1))
         return h_p1, h_f1
 
+    def _layer1_indexed(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                        nb_weight: torch.Tensor | None = None, nb_mask: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_layer1` with the feature copies' states as one table: (h_p^(1) [B, d], h_f^(1)
+        per dictionary feature [F, d]; a copy's state is ``table[feature_index]``). Exact: h_f^(0)
+        = m_f · Emb(f) and h_f^(1) = ReLU(W_self h_f^(0) + W ε) depend on f alone, so every linear
+        map runs once per feature instead of once per copy (the non-DP path; Opacus' per-sample
+        hooks need :meth:`_layer1`). A feature no star holds gets no gradient (Theorem 1)."""
+        b = feature_index.shape[0]
+        values = self._clip(values)
+        h_p0 = self.epsilon.expand(b, -1)
+        t0 = self.feature_init(torch.arange(self.embedding.num_embeddings, device=feature_index.device))
+        agg = (self.l1_of_patient.dense(t0, h_p0, values, mask, index=feature_index)
+               + self._sim1(h_p0, nb_weight, nb_mask))
+        h_p1 = torch.relu(self.l1_self_patient(h_p0) + agg)
+        t1 = torch.relu(self.l1_self_feature(t0) + self.l1_has_feature.W(self.epsilon))
+        return h_p1, t1
+
     def embed_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The patient embedding h_p^(2) from padded stars, no ``similar_to`` -- what the F-CMs
         concept modules take as their encoder output. Shapes: [B, K] x3 -> [B, d]."""
@@ -205,19 +223,23 @@ class NSFLModel(nn.Module):
             fi, x, m = stars.feature_index[batch], stars.values[batch], stars.mask[batch]
             zero = torch.zeros(len(batch), self.config.hidden, dtype=self.head.weight.dtype)
             return self._head(zero) + self.linear_star(fi, self._clip(x), m)
-        if stars.neighbours is None:
-            return self.forward_star(stars.feature_index[batch], stars.values[batch], stars.mask[batch])
+        fi, x, m = stars.feature_index[batch], stars.values[batch], stars.mask[batch]
+        xc = self._clip(x)
+        if stars.neighbours is None and type(self).forward_star is not NSFLModel.forward_star:
+            return self.forward_star(fi, x, m)  # a subclass's star path (temporal, modalities, survival)
+        if stars.neighbours is None:  # forward_star, feature states as a table (_layer1_indexed)
+            h_p1, t1 = self._layer1_indexed(fi, x, m)
+            h_p2 = torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi))
+            return self._head(h_p2) + self.linear_star(fi, xc, m)
         nb, nw, nm = stars.neighbours[batch], stars.neighbour_weight[batch], stars.neighbour_mask[batch]
         need, inverse = torch.unique(torch.cat([batch, nb.reshape(-1)]), return_inverse=True)
-        h_need, _ = self._layer1(stars.feature_index[need], stars.values[need], stars.mask[need],
-                                 stars.neighbour_weight[need], stars.neighbour_mask[need])
+        h_need, t1 = self._layer1_indexed(stars.feature_index[need], stars.values[need], stars.mask[need],
+                                          stars.neighbour_weight[need], stars.neighbour_mask[need])
         pos_b = inverse[: len(batch)]
         pos_nb = inverse[len(batch):].reshape(nb.shape)
-        fi, x, m = stars.feature_index[batch], stars.values[batch], stars.mask[batch]
         h_p1 = h_need[pos_b]
-        _, h_f1 = self._layer1(fi, x, m)
-        xc = self._clip(x)
-        agg = self.l2_of_patient.dense(h_f1, h_p1, xc, m) + self.l2_similar_to.dense(h_need[pos_nb], h_p1, nw, nm)
+        agg = (self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi)
+               + self.l2_similar_to.dense(h_need[pos_nb], h_p1, nw, nm))
         h_p2 = torch.relu(self.l2_self_patient(h_p1) + agg)
         return self._head(h_p2) + self.linear_star(fi, xc, m)
 

@@ -1,0 +1,93 @@
+"""The non-DP star path computes the feature copies' states once per dictionary feature
+(``NSFLModel._layer1_indexed``, ``RelationAttention.message_indexed``) and reads the piecewise
+encoding at two knots (``hat_pair``/``knot_sum``). Exact rewrites: the same logits and the same
+gradient for every parameter as the per-copy path Opacus wraps (``forward_star``) and as the
+full graph's edge lists, and still no gradient for a feature no star holds (Theorem 1)."""
+
+import pytest
+import torch
+from clinograph.sdk.graph import build_graph, star_batch
+from clinograph.sdk.model import NSFLConfig, NSFLModel
+from clinograph.sdk.model.layers import hat_basis, hat_pair, knot_sum
+from clinograph.sdk.model.nsfl import SHAPE_KNOTS
+from clinograph.sdk.training import bce
+from sdk_helpers import small_tables
+
+ENCODINGS = ["linear", "piecewise", "piecewise_gated"]
+
+
+def perturbed(t, encoding: str) -> NSFLModel:
+    m = NSFLModel(len(t.dictionary.node_ids()), NSFLConfig(hidden=8, init_seed=0, value_encoding=encoding,
+                                                           linear_shape=True)).double()
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # U and the wide rows start at zero: move every weight so each term counts
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return m
+
+
+def grads_of(m: NSFLModel, logits_fn, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    m.zero_grad()
+    z = logits_fn()
+    bce(z, y).backward()
+    return z.detach(), {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+                        for n, p in m.named_parameters()}
+
+
+def test_two_knot_read_equals_the_full_hat_basis(f64):
+    knots = torch.tensor(SHAPE_KNOTS, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.linspace(-7, 7, 2001, dtype=torch.float64), knots,  # on, between and beyond the knots
+                   knots + 1e-9, knots - 1e-9, 20 * torch.randn(500, generator=gen, dtype=torch.float64)])
+    u = torch.randn(len(x), len(knots), 6, generator=gen, dtype=torch.float64)
+    full = (hat_basis(x, knots).unsqueeze(-1) * u).sum(-2)
+    torch.testing.assert_close(knot_sum(u, *hat_pair(x, knots)), full, atol=1e-12, rtol=0)
+    k, t = hat_pair(x, knots)
+    assert int(k.min()) >= 0 and int(k.max()) <= len(knots) - 2 and float(t.min()) >= 0 and float(t.max()) <= 1
+    # a wrong bucket would show: shift k by one and the identity breaks
+    assert not torch.allclose(knot_sum(u, (k + 1).clamp(max=len(knots) - 2), t), full)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_indexed_star_path_equals_the_per_copy_path_logits_and_gradients(f64, encoding):
+    t = small_tables()[1]
+    m = perturbed(t, encoding)
+    stars = star_batch(t, k_similar=0)
+    y = torch.tensor(t.labels, dtype=torch.float64)
+    idx = torch.arange(len(stars))
+    z_new, g_new = grads_of(m, lambda: m.forward_neighbourhood(stars, idx), y)
+    z_ref, g_ref = grads_of(m, lambda: m.forward_star(stars.feature_index, stars.values, stars.mask), y)
+    torch.testing.assert_close(z_new, z_ref, atol=1e-10, rtol=0)
+    for n in g_ref:
+        torch.testing.assert_close(g_new[n], g_ref[n], atol=1e-10, rtol=1e-9, msg=n)
+    assert any(float(g.abs().max()) > 0 for n, g in g_ref.items() if n.startswith("l2_of_patient"))
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_indexed_neighbourhood_equals_the_full_graph_logits_and_gradients(f64, encoding):
+    t = small_tables()[0]
+    m = perturbed(t, encoding)
+    stars, graph = star_batch(t, k_similar=4), build_graph(t, k_similar=4)
+    y = torch.tensor(t.labels, dtype=torch.float64)
+    z_new, g_new = grads_of(m, lambda: m.forward_batch(stars), y)
+    z_ref, g_ref = grads_of(m, lambda: m.forward_graph(graph), y)
+    # the two builders compute the similar_to weights in float32 each (3.7e-8 apart before this path too)
+    torch.testing.assert_close(z_new, z_ref, atol=1e-6, rtol=0)
+    for n in g_ref:
+        torch.testing.assert_close(g_new[n], g_ref[n], atol=1e-6, rtol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("k_similar", [0, 3])
+def test_theorem1_a_feature_no_star_holds_gets_no_gradient_on_the_indexed_path(f64, k_similar):
+    t = small_tables()[2]  # lacks the blood-gas block
+    m = perturbed(t, "piecewise")
+    stars = star_batch(t, k_similar=k_similar)
+    _, g = grads_of(m, lambda: m.forward_batch(stars), torch.tensor(t.labels, dtype=torch.float64))
+    idx = t.dictionary.node_index()
+    held = set(stars.feature_index[stars.mask].tolist())
+    for name in ("sao2", "svo2", "paco2"):
+        assert idx[name] not in held
+        for p in ("embedding.weight", "linear.weight", "mask_logit.weight"):
+            assert torch.count_nonzero(g[p][idx[name]]) == 0, (name, p)
+    some = next(iter(held))
+    assert torch.count_nonzero(g["embedding.weight"][some]) > 0  # and a held feature does get one
