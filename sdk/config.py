@@ -118,6 +118,10 @@ class SelectionSection(_Strict):
         "federated validation loss kept (sdk/federation/candidates.py; k× the training): tables with a `name` and "
         "overrides of model/training/graph/agat/personal. None: the default for binary NS-FL (linear wide path, "
         "shape functions) in `clinograph simulate`; []: no choice")
+    restarts: int = Field(default=1, ge=1, le=8, description="train each candidate (or the one model) from this "
+                          "many initialisations ([model] init_seed and [training] seed + 1000·i) and keep the lowest "
+                          "kept-round federated validation loss of all (multi-start; restarts× the training). NS-FL "
+                          "only, needs selection")
 
 
 class CalibrationSection(_Strict):

@@ -55,6 +55,8 @@ DEFAULT_BINARY_CANDIDATES: tuple[dict[str, Any], ...] = (
 #: sections a candidate may override: the model and its training, never the split, the
 #: target, the privacy settings or the selection itself (candidates must be comparable)
 OVERRIDABLE = ("model", "training", "graph", "agat", "personal")
+#: most models one choice trains (candidates × restarts)
+MAX_RUNS = 16
 _FIX = ("Write each candidate as a table with a unique `name` and overrides of "
         f"{', '.join(OVERRIDABLE)}, e.g. [[selection.candidates]] name = \"shape\" model = {{ linear_shape = true }}")
 
@@ -94,6 +96,19 @@ def candidate_configs(config: SimulationConfig) -> list[Candidate]:
         raise ConfigError("[selection] candidates needs model selection: the choice compares federated validation "
                           "losses, and selection is off here (DP, fedopt, [selection] enabled = false or no "
                           "validation split). Remove the candidates or turn selection on.")
+    restarts = config.selection.restarts
+    if restarts > 1:
+        if not config.hospital_config().selection_active():
+            raise ConfigError(f"[selection] restarts = {restarts} needs model selection: the restarts are compared "
+                              "by federated validation loss, and selection is off here (DP, fedopt, [selection] "
+                              "enabled = false or no validation split). Set restarts = 1 or turn selection on.")
+        if config.task != "nsfl":
+            raise ConfigError(f"[selection] restarts = {restarts} is for task = \"nsfl\" (it varies [model] init_seed "
+                              f"and [training] seed); this config's task is {config.task!r}. Set restarts = 1.")
+        models = max(1, len(raw)) * restarts
+        if models > MAX_RUNS:
+            raise ConfigError(f"[selection] {max(1, len(raw))} candidate(s) × restarts = {restarts} would train "
+                              f"{models} models; at most {MAX_RUNS}. Lower restarts or list fewer candidates.")
     problems, out, seen = [], [], set()
     base = config.model_dump(mode="python", by_alias=True)
     for i, entry in enumerate(raw):
@@ -125,6 +140,28 @@ def candidate_configs(config: SimulationConfig) -> list[Candidate]:
         out.append(Candidate(name=name, overrides=json.loads(json.dumps(over, default=str)), config=cfg))
     if problems:
         raise ConfigError("Cannot read [selection] candidates: " + " ".join(problems) + " " + _FIX + ".")
+    return with_restarts(out, config) if restarts > 1 else out
+
+
+def with_restarts(cands: list[Candidate], config: SimulationConfig) -> list[Candidate]:
+    """Each candidate (or, without candidates, the config's one model, named ``model``) from
+    ``[selection] restarts`` initialisations: restart i > 0 is named ``<name>-init<i>`` and adds
+    ``model.init_seed`` and ``training.seed`` + 1000·i to its overrides (public, audited like any
+    override); restart 0 is the candidate itself, so it wins ties (:func:`choose`)."""
+    base = cands or [Candidate(name="model", overrides={}, config=config)]
+    out = []
+    for c in base:
+        for i in range(config.selection.restarts):
+            if i == 0:
+                out.append(c)
+                continue
+            seeds = {"model": {"init_seed": c.config.model.init_seed + 1000 * i},
+                     "training": {"seed": c.config.training.seed + 1000 * i}}
+            over = merge_sections(c.overrides, seeds)
+            cfg = SimulationConfig.model_validate(merge_sections(c.config.model_dump(mode="python", by_alias=True),
+                                                                 seeds))
+            out.append(Candidate(name=f"{c.name}-init{i}", overrides=json.loads(json.dumps(over, default=str)),
+                                 config=cfg))
     return out
 
 

@@ -108,3 +108,44 @@ def test_simulate_runs_the_default_candidates_like_the_cli(tmp_path):
     assert one.choice == {}
     # simulate_one ignores the candidates: the config's own model, the same as the "linear" candidate
     assert one.final == res.choice["final_by_candidate"]["linear"]
+
+
+def test_restarts_expand_each_candidate_with_new_seeds_and_the_first_wins_ties():
+    base = cfg([{"name": "a"}, {"name": "b", "model": {"linear_shape": True}}])
+    c = base.model_copy(update={"selection": base.selection.model_copy(update={"restarts": 3})})
+    cands = candidate_configs(c)
+    assert [x.name for x in cands] == ["a", "a-init1", "a-init2", "b", "b-init1", "b-init2"]
+    by = {x.name: x for x in cands}
+    seed0, tseed0 = base.model.init_seed, base.training.seed
+    assert by["a"].config.model.init_seed == seed0 and by["a-init2"].config.model.init_seed == seed0 + 2000
+    assert by["b-init1"].config.training.seed == tseed0 + 1000 and by["b-init1"].config.model.linear_shape
+    assert by["b-init1"].overrides == {"model": {"linear_shape": True, "init_seed": seed0 + 1000},
+                                       "training": {"seed": tseed0 + 1000}}
+    assert all(x.config.split == base.split for x in cands)  # identical splits: the losses are comparable
+    # no candidates: the one model, restarted
+    one = cfg([], selection={"patience": 5, "candidates": [], "restarts": 2})
+    assert [x.name for x in candidate_configs(one)] == ["model", "model-init1"]
+
+
+def test_restarts_are_refused_where_they_cannot_be_compared_or_are_too_many():
+    with pytest.raises(ConfigError, match="restarts = 2 needs model selection"):
+        candidate_configs(cfg(None, privacy={"enabled": True, "noise_multiplier": 1.0},
+                              selection={"restarts": 2}))
+    with pytest.raises(ConfigError, match="at most 16"):
+        candidate_configs(cfg([{"name": f"c{i}"} for i in range(6)], selection={
+            "candidates": [{"name": f"c{i}"} for i in range(6)], "restarts": 3}))
+    with pytest.raises(Exception, match="restarts"):
+        cfg(None, selection={"restarts": 0})
+
+
+def test_restarts_run_and_the_lowest_validation_loss_is_kept_and_audited(tmp_path):
+    tables = small_tables()
+    c = cfg([], rounds=2, selection={"patience": 5, "candidates": [], "restarts": 2})
+    res = simulate_choosing(tables, tables[0].dictionary, c, audit_dir=tmp_path / "audit")
+    rows = res.choice["candidates"]
+    assert [r["name"] for r in rows] == ["model", "model-init1"]
+    assert rows[0]["validation_loss"] != rows[1]["validation_loss"]  # another initialisation, another run
+    best = min(rows, key=lambda r: r["validation_loss"])
+    assert res.choice["chosen"] == best["name"]
+    assert res.selection["validation_loss"] == pytest.approx(best["validation_loss"])
+    assert verify_audit_dir(tmp_path / "audit").ok
