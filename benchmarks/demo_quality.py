@@ -60,6 +60,12 @@ ABLATIONS: dict[str, dict] = {
     "linear_shape_wide_lr_x10": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 10.0}},
     "linear_shape_wide_lr_x0.3": {"model": {"linear_shape": True}, "training": {"wide_lr_factor": 0.3}},
     "patience_10": {"selection": {"patience": 10}},
+    # issue 15, session 8: relative to the adopted demo_config (piecewise encoding, weight decay 1e-4, patience 10):
+    # the two rows session 6 could not finish, and one between (demo_quality_ablation_s8.json)
+    "s8_rounds_60": {"federation": {"rounds": 60}},
+    "s8_weight_decay_3e-4": {"training": {"weight_decay": 3e-4}},
+    "s8_weight_decay_1e-3": {"training": {"weight_decay": 1e-3}},
+    "s8_restarts_3": {"selection": {"restarts": 3}},  # multi-start: 3 initialisations, lowest validation loss kept
     # issue 15, session 6: value encoding inside the GNN messages (sdk/model/layers.py), then training length;
     # measured (demo_quality_ablation_{h..m}.json) relative to demo_config *before* it adopted value_encoding =
     # "piecewise" + weight_decay 1e-4, i.e. linear_shape, wide_lr_factor 0.3, patience 10
@@ -121,16 +127,19 @@ def summary(per_hospital: dict) -> dict:
 
 
 def run_nsfl(seed: int, *, overrides: dict, scale: float, rounds: int) -> dict:
-    from clinograph.sdk.research.model_quality import federated
+    """The demo's non-DP federation as ``clinograph demo`` runs it (``simulate``: with its
+    ``[selection]`` restarts or candidates, if any)."""
+    from clinograph.sdk.federation.simulate import simulate
 
     d, tables = demo_tables(seed, scale, tuple(overrides.get("_transforms", ())))
     cfg = config_for(seed, overrides, rounds)
     t0 = time.perf_counter()
-    res = federated(tables, d, cfg)
-    sel = res["selection"]
-    return {"per_hospital": res["final"], "mean": summary(res["final"]), "seconds": time.perf_counter() - t0,
-            "selected_round": sel.get("round"), "rounds_run": res["rounds_run"],
-            "validation_loss": sel.get("validation_loss"),
+    with tempfile.TemporaryDirectory() as tmp:
+        res = simulate(tables, d, cfg.model_copy(update={"output": Path(tmp)}), audit_dir=Path(tmp) / "audit")
+    sel = res.selection
+    return {"per_hospital": res.final, "mean": summary(res.final), "seconds": time.perf_counter() - t0,
+            "selected_round": sel.get("round"), "rounds_run": len(res.rounds),
+            "validation_loss": sel.get("validation_loss"), "chosen": res.choice.get("chosen"),
             "uncalibrated_mean": summary(sel["uncalibrated"]) if sel.get("uncalibrated") else None}
 
 
@@ -272,6 +281,9 @@ def main() -> None:
                            "test_ece": agg([r["mean"]["ece"] for r in runs]),
                            "selected_round": [r["selected_round"] for r in runs],
                            "rounds_run": [r["rounds_run"] for r in runs],
+                           "chosen": [r["chosen"] for r in runs],
+                           "test_auroc_by_hospital": {s: agg([r["per_hospital"][s]["auroc"] for r in runs])
+                                                      for s in sorted(runs[0]["per_hospital"])},
                            "seconds": agg([r["seconds"] for r in runs])}
             payload["ablation_chosen_by_validation"] = min(study, key=lambda k: study[k]["validation_loss"]["mean"])
             write(a.out, payload)  # after every variant: a stopped study keeps what it measured

@@ -18,11 +18,13 @@ def _fmt(x: float) -> str:
 
 def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bool, scale: float = 1.0) -> None:
     """Run the demo with a progress bar and print the comparison table."""
-    from clinograph.sdk.research.demo import run_demo
+    from clinograph.sdk.federation.candidates import candidate_configs
+    from clinograph.sdk.research.demo import demo_config, run_demo
 
+    k = max(1, len(candidate_configs(demo_config(rounds=rounds, seed=0, secure_mode=secure_mode))))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
-        task = progress.add_task("federated rounds", total=rounds)
+        task = progress.add_task("federated rounds", total=rounds * k)  # each initialisation: up to `rounds`
 
         def on_round(r: int, metrics: dict[str, dict[str, float]]) -> None:
             mean = sum(m["auroc"] for m in metrics.values()) / len(metrics)
@@ -58,6 +60,12 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
         console.print(f"model selection: kept round {sel['round']} of {sel['rounds_evaluated'][-1]} by federated "
                       f"validation loss {sel['validation_loss']:.4f}" + (" (stopped early)" if sel["stopped_early"]
                                                                           else ""))
+    choice = m.get("model_choice") or {}
+    if choice:
+        losses = ", ".join(f"{c['name']} {c['validation_loss']:.4f}" for c in choice["candidates"]
+                           if c["validation_loss"] is not None)
+        console.print(f"kept initialisation: {choice['chosen']} of {len(choice['candidates'])} (federated validation "
+                      f"loss: {losses})", soft_wrap=True)
     if m.get("dp_guarantees"):
         console.print(f"distributed DP after {m['dp_rounds']} rounds (Skellam noise shares inside the masked sum; "
                       f"budget ε = {m['dp_settings']['epsilon_budget']}, δ = {m['dp_settings']['delta']:g}):")
