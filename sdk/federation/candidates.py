@@ -155,13 +155,18 @@ def with_restarts(cands: list[Candidate], config: SimulationConfig) -> list[Cand
             if i == 0:
                 out.append(c)
                 continue
-            seeds = {"model": {"init_seed": c.config.model.init_seed + 1000 * i},
-                     "training": {"seed": c.config.training.seed + 1000 * i}}
+            seeds = {"model": {"init_seed": (c.config.model.init_seed + 1000 * i) % 2**63},
+                     "training": {"seed": (c.config.training.seed + 1000 * i) % 2**63}}
             over = merge_sections(c.overrides, seeds)
             cfg = SimulationConfig.model_validate(merge_sections(c.config.model_dump(mode="python", by_alias=True),
                                                                  seeds))
             out.append(Candidate(name=f"{c.name}-init{i}", overrides=json.loads(json.dumps(over, default=str)),
                                  config=cfg))
+    names = [c.name for c in out]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise ConfigError(f"[selection] restarts name restart i of candidate c `c-init<i>`, and that gives the "
+                          f"names {', '.join(map(repr, clash))} twice. Rename the candidate(s) ending in -init<i>.")
     return out
 
 

@@ -136,6 +136,9 @@ def test_restarts_are_refused_where_they_cannot_be_compared_or_are_too_many():
             "candidates": [{"name": f"c{i}"} for i in range(6)], "restarts": 3}))
     with pytest.raises(Exception, match="restarts"):
         cfg(None, selection={"restarts": 0})
+    clash = [{"name": "a"}, {"name": "a-init1"}]
+    with pytest.raises(ConfigError, match="'a-init1' twice"):
+        candidate_configs(cfg(clash, selection={"candidates": clash, "restarts": 2}))
 
 
 def test_restarts_run_and_the_lowest_validation_loss_is_kept_and_audited(tmp_path):
