@@ -35,16 +35,6 @@ def hat_pair(values: torch.Tensor, knots: torch.Tensor) -> tuple[torch.Tensor, t
     return k, ((values - lo) / (hi - lo)).clamp(0.0, 1.0)
 
 
-def knot_sum(u: torch.Tensor, k: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """Σ_j B_j(x) u_j from (k, t) of :func:`hat_pair`: (1 − t) u_k + t u_{k+1}, reading two rows of
-    ``u`` instead of M. Shapes: u [..., M, d], k, t [...] -> [..., d]."""
-    idx = k.unsqueeze(-1).unsqueeze(-1).expand(*k.shape, 1, u.shape[-1])
-    lo = torch.gather(u, -2, idx).squeeze(-2)
-    hi = torch.gather(u, -2, idx + 1).squeeze(-2)
-    w = t.unsqueeze(-1).to(u.dtype)
-    return lo + w * (hi - lo)
-
-
 class RelationAttention(nn.Module):
     """Messages and attention of relation r.
 
@@ -100,7 +90,8 @@ class RelationAttention(nn.Module):
             elif self.U is not None:
                 u = self.U(h_src)
                 u = u.reshape(u.shape[:-1] + (self.n_knots, -1))  # [..., M, d]: U_k h_v
-                m = m + knot_sum(u, *hat_pair(x, self.value_knots.to(x.dtype)))  # Σ_k B_k(x) U_k h_v
+                b = hat_basis(x, self.value_knots.to(x.dtype))  # [..., M]; all M knots: per copy, a dense
+                m = m + (b.unsqueeze(-1) * u).sum(-2)  # sum beats a two-row gather (benchmarks/nsfl_step.py)
         elif x is not None:
             m = x.unsqueeze(-1) * m
         return m
@@ -118,11 +109,11 @@ class RelationAttention(nn.Module):
         m = m + x.unsqueeze(-1) * self.V(table)[index]
         if self.U is not None and self.value_gated:
             m = m + self.U(hat_basis(x, self.value_knots.to(x.dtype)).to(table.dtype)) * table[index]
-        elif self.U is not None:
+        elif self.U is not None:  # Σ_k B_k(x) U_k h_v read at the two knots B is non-zero on (hat_pair)
             u = self.U(table).reshape(table.shape[0], self.n_knots, -1)  # [F, M, d]
             k, t = hat_pair(x, self.value_knots.to(x.dtype))
             w = t.unsqueeze(-1).to(u.dtype)
-            m = m + (1 - w) * u[index, k] + w * u[index, (k + 1)]
+            m = m + (1 - w) * u[index, k] + w * u[index, k + 1]
         return m
 
     def logits(self, h_dst: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

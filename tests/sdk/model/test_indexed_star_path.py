@@ -1,14 +1,16 @@
 """The non-DP star path computes the feature copies' states once per dictionary feature
 (``NSFLModel._layer1_indexed``, ``RelationAttention.message_indexed``) and reads the piecewise
-encoding at two knots (``hat_pair``/``knot_sum``). Exact rewrites: the same logits and the same
+encoding at the two knots its hat basis is non-zero on (``hat_pair``). Exact rewrites: the same logits and the same
 gradient for every parameter as the per-copy path Opacus wraps (``forward_star``) and as the
 full graph's edge lists, and still no gradient for a feature no star holds (Theorem 1)."""
+
+import dataclasses
 
 import pytest
 import torch
 from clinograph.sdk.graph import build_graph, star_batch
 from clinograph.sdk.model import NSFLConfig, NSFLModel
-from clinograph.sdk.model.layers import hat_basis, hat_pair, knot_sum
+from clinograph.sdk.model.layers import hat_basis, hat_pair
 from clinograph.sdk.model.nsfl import SHAPE_KNOTS
 from clinograph.sdk.training import bce
 from sdk_helpers import small_tables
@@ -41,11 +43,16 @@ def test_two_knot_read_equals_the_full_hat_basis(f64):
                    knots + 1e-9, knots - 1e-9, 20 * torch.randn(500, generator=gen, dtype=torch.float64)])
     u = torch.randn(len(x), len(knots), 6, generator=gen, dtype=torch.float64)
     full = (hat_basis(x, knots).unsqueeze(-1) * u).sum(-2)
-    torch.testing.assert_close(knot_sum(u, *hat_pair(x, knots)), full, atol=1e-12, rtol=0)
     k, t = hat_pair(x, knots)
     assert int(k.min()) >= 0 and int(k.max()) <= len(knots) - 2 and float(t.min()) >= 0 and float(t.max()) <= 1
+    rows = torch.arange(len(x))
+
+    def two(kk):
+        return (1 - t).unsqueeze(-1) * u[rows, kk] + t.unsqueeze(-1) * u[rows, kk + 1]
+
+    torch.testing.assert_close(two(k), full, atol=1e-12, rtol=0)
     # a wrong bucket would show: shift k by one and the identity breaks
-    assert not torch.allclose(knot_sum(u, (k + 1).clamp(max=len(knots) - 2), t), full)
+    assert not torch.allclose(two((k + 1).clamp(max=len(knots) - 2)), full)
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
@@ -53,6 +60,7 @@ def test_indexed_star_path_equals_the_per_copy_path_logits_and_gradients(f64, en
     t = small_tables()[1]
     m = perturbed(t, encoding)
     stars = star_batch(t, k_similar=0)
+    stars = dataclasses.replace(stars, values=stars.values.double())  # float32 values: the basis in float32
     y = torch.tensor(t.labels, dtype=torch.float64)
     idx = torch.arange(len(stars))
     z_new, g_new = grads_of(m, lambda: m.forward_neighbourhood(stars, idx), y)
