@@ -151,7 +151,7 @@ def run_cohort(cohort: str, seeds: list[int]) -> dict:
     return _cohort_result(c, tables, seeds, per, extra)
 
 
-def run_cohort_choosing(cohort: str, seeds: list[int], settings: str = "sdk") -> dict:
+def run_cohort_choosing(cohort: str, seeds: list[int], settings: str = "sdk", restarts: int = 1) -> dict:
     """The binary form with the per-federation model choice (module docstring, ``--choose``), at
     the SDK's defaults (``settings="sdk"``) or the benchmark's ``NSFL_DEFAULTS``."""
     import tempfile
@@ -166,6 +166,8 @@ def run_cohort_choosing(cohort: str, seeds: list[int], settings: str = "sdk") ->
                               "validation_loss_round1_selected": [], "audit_verified": [], "seconds": []}
     for seed in seeds:
         cfg = (sdk_config if settings == "sdk" else nsfl_config)(seed=seed, dictionary_id=cohort)
+        if restarts > 1:  # [selection] restarts: every candidate from `restarts` initialisations
+            cfg = cfg.model_copy(update={"selection": cfg.selection.model_copy(update={"restarts": restarts})})
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             res = simulate_choosing(tables, c.dictionary, cfg, audit_dir=Path(tmp) / "audit")
@@ -377,11 +379,14 @@ def main() -> None:
                     "(writes real_tables_choice[_<cohort>].json; other forms are not run)")
     ap.add_argument("--settings", choices=("sdk", "benchmark"), default="sdk", help="--choose: the SDK's defaults "
                     "(what a minimal config runs; the default) or the benchmark's NSFL_DEFAULTS")
+    ap.add_argument("--restarts", type=int, default=1, help="--choose: [selection] restarts (each candidate from "
+                    "this many initialisations)")
     a = ap.parse_args()
     if a.choose:
         cohorts = [x for x in a.cohorts.split(",") if x]
-        out = a.out if a.out != "real_tables" else "real_tables_choice" + ("_" + cohorts[0] if len(cohorts) == 1
+        out = a.out if a.out != "real_tables" else ("real_tables_choice" + (f"_restarts{a.restarts}" if a.restarts > 1
                                                                              else "")
+                                                     + ("_" + cohorts[0] if len(cohorts) == 1 else ""))
         from clinograph.sdk.federation.candidates import DEFAULT_BINARY_CANDIDATES
         from clinograph.sdk.research.model_quality import NSFL_DEFAULTS, sdk_config
 
@@ -389,8 +394,9 @@ def main() -> None:
                                                                        "selection", "split"})
                     if a.settings == "sdk" else NSFL_DEFAULTS)
         print(write(out, {"machine": machine(), "settings": a.settings, "nsfl_settings": settings,
-                          "candidates": list(DEFAULT_BINARY_CANDIDATES),
-                          "cohorts": {k: run_cohort_choosing(k, list(range(a.seeds)), a.settings) for k in cohorts}}))
+                          "candidates": list(DEFAULT_BINARY_CANDIDATES), "restarts": a.restarts,
+                          "cohorts": {k: run_cohort_choosing(k, list(range(a.seeds)), a.settings, a.restarts)
+                                      for k in cohorts}}))
         return
     if a.markdown:
         print(survival_markdown(json.loads((RESULTS / f"{a.out}.json").read_text())))
