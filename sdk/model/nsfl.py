@@ -229,17 +229,15 @@ class NSFLModel(nn.Module):
             return self.forward_star(fi, x, m)  # a subclass's star path (temporal, modalities, survival)
         if stars.neighbours is None:  # forward_star, feature states as a table (_layer1_indexed)
             h_p1, t1 = self._layer1_indexed(fi, x, m)
-            h_p2 = torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi))
-            return self._head(h_p2) + self.linear_star(fi, xc, m)
-        nb, nw, nm = stars.neighbours[batch], stars.neighbour_weight[batch], stars.neighbour_mask[batch]
-        need, inverse = torch.unique(torch.cat([batch, nb.reshape(-1)]), return_inverse=True)
-        h_need, t1 = self._layer1_indexed(stars.feature_index[need], stars.values[need], stars.mask[need],
-                                          stars.neighbour_weight[need], stars.neighbour_mask[need])
-        pos_b = inverse[: len(batch)]
-        pos_nb = inverse[len(batch):].reshape(nb.shape)
-        h_p1 = h_need[pos_b]
-        agg = (self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi)
-               + self.l2_similar_to.dense(h_need[pos_nb], h_p1, nw, nm))
+            agg = self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi)
+        else:  # the batch's and its similar_to neighbours' layer-1 states, then layer 2 for the batch
+            nb, nw, nm = stars.neighbours[batch], stars.neighbour_weight[batch], stars.neighbour_mask[batch]
+            need, inverse = torch.unique(torch.cat([batch, nb.reshape(-1)]), return_inverse=True)
+            h_need, t1 = self._layer1_indexed(stars.feature_index[need], stars.values[need], stars.mask[need],
+                                              stars.neighbour_weight[need], stars.neighbour_mask[need])
+            h_p1 = h_need[inverse[: len(batch)]]
+            agg = (self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi)
+                   + self.l2_similar_to.dense(h_need[inverse[len(batch):].reshape(nb.shape)], h_p1, nw, nm))
         h_p2 = torch.relu(self.l2_self_patient(h_p1) + agg)
         return self._head(h_p2) + self.linear_star(fi, xc, m)
 
