@@ -64,6 +64,13 @@ class NSFLConfig(_Strict):
     selection_module: bool = Field(default=True, description="the 2-value shared module ``metric/validation`` "
                                    "that carries Σ loss·n_val and Σ n_val through the secure mode for model "
                                    "selection ([selection]); part of the ModelSpec, so the same at every hospital")
+    features: Literal["all", "shared"] | tuple[str, ...] = Field(
+        default="all", description="the dictionary features the model reads: all (every feature a hospital "
+        "observes), shared (only those every hospital observes, found by a set-up round that sums each "
+        "hospital's 0/1 coverage through the secure mode: sdk/federation/coverage.py; simulation only), or a "
+        "list of feature ids (the same at every hospital; e.g. what a simulation's `shared` resolved to, for a "
+        "deployment). Observations of other features are ignored in training, prediction and the exported "
+        "model; their parameters get zero gradient (Theorem 1)")
     # -- NS-FL over time (additive; sdk/model/temporal.py, docs/timeseries.md) ---------------------
     temporal: Literal["none", "attention"] = Field(default="none", description="none: the static model on the "
                                                    "last observations; attention: the shared GNN on every "
@@ -84,6 +91,11 @@ class NSFLConfig(_Strict):
             raise ValueError("[model] deep = false leaves the wide path alone: it needs linear_path = true and the "
                              "static model (temporal = \"none\", no modalities). Set deep = true, or linear_path "
                              "= true without temporal/modalities.")
+        if isinstance(self.features, tuple):
+            twice = sorted({f for f in self.features if self.features.count(f) > 1})
+            if not self.features or twice:
+                raise ValueError(f"[model] features lists {'no feature' if not self.features else 'twice: ' + ', '.join(twice)}"
+                                 "; give each dictionary feature id once, or \"all\" / \"shared\".")
         return self
 
 

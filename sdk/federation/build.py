@@ -29,7 +29,11 @@ from .task import Task
 def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig,
                state_dir: Path | None = None, identity: Identity | None = None) -> Task:
     """The hospital's task for ``config.task`` over its ingested ``table``; with ``identity``, its DP
-    ledger file is signed by the hospital (a tampered ledger is refused)."""
+    ledger file is signed by the hospital (a tampered ledger is refused). With ``[model] features``
+    a list, the task sees only those features' observations (:func:`.coverage.restrict`)."""
+    from .coverage import restrict
+
+    table = restrict(table, config.model.features)
     split = hospital_split(table.labels, site=table.site, test_fraction=config.split.test_fraction,
                            validation_fraction=config.split.validation_fraction, seed=config.split.seed)
     if config.task == "nsfl" and config.privacy.enabled and config.privacy.mode == "distributed":

@@ -251,7 +251,9 @@ class NSFLTask(SelectedCalibrated):
             SchemaError: ``table`` is mapped onto another dictionary than the model's.
         """
         from ..model.export import star_risk
+        from .coverage import restrict
 
+        table = restrict(table, self.config.model.features)  # the features the model reads ([model] features)
         if self.survival_target is not None:  # risk 1 − S(t) at the horizon
             from ..training.survival import risk_at
 
@@ -277,7 +279,7 @@ class NSFLTask(SelectedCalibrated):
             hs = sorted({*tgt.breaks, float(tgt.horizon or tgt.breaks[-1])}) if horizons is None else list(horizons)
             kept = self.selection.best_round if self.selection is not None else None
             return export_survival_model(self.model, path, dictionary=self.table.dictionary, breaks=list(tgt.breaks),
-                                         horizons=hs, time_unit=tgt.time_unit,
+                                         horizons=hs, time_unit=tgt.time_unit, features=self.config.model.features,
                                          meta={"site": self.table.site, "selected_round": kept,
                                                "horizon": float(tgt.horizon or tgt.breaks[-1])})
         if self.config.model.temporal != "none":
@@ -285,7 +287,8 @@ class NSFLTask(SelectedCalibrated):
                               "is used through predict_table for now.")
         kept = self.selection.best_round if self.selection is not None else None
         return export_model(self.model, path, dictionary=self.table.dictionary, calibration=self.calibration,
-                            meta={"site": self.table.site, "selected_round": kept})
+                            meta={"site": self.table.site, "selected_round": kept},
+                            features=self.config.model.features)
 
     @property
     def exportable(self) -> bool:

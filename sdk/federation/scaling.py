@@ -10,15 +10,11 @@ A set-up phase before training, run by the one round loop
    values at ``value_clip`` = 5, so nothing beyond ±5 half-widths matters), cut to the
    transformed physical limits. The edges depend on the dictionary alone.
 2. **Local histograms.** Each hospital counts its observations per bin (values beyond the
-   range fall into the first or last bin) and writes ``c · counts`` and ``c`` as the weighted
-   update of one shared module, :data:`HISTOGRAM_MODULE` (``c`` a public scale keeping every
-   value inside the masked mode's fixed-point range). Its aggregation weight is 1 at every
-   hospital, so the weight reveals nothing.
-3. **Secure sum.** The round runs under the federation's secure mode (``masked``; or
-   ``insecure_plaintext`` by name), with FedSGD at server learning rate 1: the global module
-   moves by ``c · (Σ_k h_k, K) / K`` (K contributors, weight 1 each). The server learns the
-   summed histogram only, never a hospital's; every hospital decodes ``Σ_k h_k`` from the
-   signed global model and the round's public contributor count.
+   range fall into the first or last bin), capped at :data:`MAX_BIN_COUNT`.
+3. **Secure sum.** One set-up round of :mod:`.securesum` sums the histograms through the
+   federation's secure mode in the shared module :data:`HISTOGRAM_MODULE` (``masked``; or
+   ``insecure_plaintext`` by name): the server learns the summed histogram only, never a
+   hospital's; every hospital decodes ``Σ_k h_k``.
 4. **Quantiles.** From the summed histogram (linear within a bin, so a quantile is exact to
    within one bin width), centre = median and half-width = half the inter-quantile range
    (``iqr``: 25–75 %, ``p05_p95``: 5–95 %), in transformed units. They become the features'
@@ -40,22 +36,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError, ProtocolError
-from clinograph.secure.identity import Identity, PublicIdentity
-from clinograph.secure.runtime import InProcessTransport, build_server, run_rounds
-from clinograph.secure.runtime.build import InitialModel
+from clinograph.secure.errors import ConfigError
+from clinograph.secure.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
-from clinograph.secure.spec import ModuleKind
-from torch import nn
 
-from ..config import ReleaseSection, ScalingSection
+from ..config import ScalingSection
 from ..ingest.table import PatientTable
-from ..model.modules import ModuleMap, Piece
 from ..ontology.dictionary import Feature, FeatureDictionary, FeatureKind, apply_transform
-from ..training.trainer import TrainOutcome
-from .client import HospitalClient
+from .securesum import SecureSumTask, run_secure_sum
 
 #: the shared module that carries the histograms (and the public scale) through the secure mode
 HISTOGRAM_MODULE = "scaling/histogram"
@@ -182,68 +171,21 @@ def rescale(table: PatientTable, dictionary: FeatureDictionary) -> PatientTable:
     return replace(table, dictionary=dictionary, std_value=std)
 
 
-class HistogramTask:
-    """One hospital's histogram round (implements :class:`~clinograph.sdk.federation.task.Task`).
-
-    ``train`` writes ``local = global − c · (h, 1)`` so that the client's weighted delta
-    ``1 · (global − local)`` is ``c · (h, 1)``; nothing is trained.
-    """
-
-    name = "scaling_histogram"
+class HistogramTask(SecureSumTask):
+    """One hospital's histogram round: its counts, flattened, through :class:`.securesum.SecureSumTask`."""
 
     def __init__(self, table: PatientTable, bins: Bins):
         self.bins = bins
-        self._counts = local_histograms(table, bins)
-        self._param = nn.Parameter(torch.zeros(bins.length, dtype=torch.float64), requires_grad=False)
-        self.modules = ModuleMap()
-        self.modules.add(HISTOGRAM_MODULE, ModuleKind.SHARED, [Piece(self._param)])
+        super().__init__(local_histograms(table, bins), name="scaling_histogram", module=HISTOGRAM_MODULE,
+                         cap=MAX_BIN_COUNT)
 
     def __repr__(self) -> str:
         return f"HistogramTask(features={len(self.bins.features)}, bins={self.bins.count})"
 
-    @property
-    def num_samples(self) -> int:
-        return 1  # the weight: the same at every hospital, so it reveals nothing
-
-    def train(self, *, round_: int, epochs: int, plan_options: Mapping[str, float | int | str | bool]) -> TrainOutcome:
-        from ..training.selection import value_bound
-
-        c = value_bound(plan_options) / MAX_BIN_COUNT
-        vec = np.concatenate([np.minimum(self._counts, MAX_BIN_COUNT).ravel(), [1.0]]) * c
-        with torch.no_grad():
-            self._param.sub_(torch.from_numpy(vec))
-        return TrainOutcome(loss=0.0, used_similar_to=False)
-
-    def trained_modules(self, outcome: TrainOutcome) -> list[str]:
-        return [HISTOGRAM_MODULE]
-
-    def after_round(self) -> None:
-        return None
-
     def summed(self, *, contributors: int) -> np.ndarray:
-        """``Σ_k h_k`` decoded from the loaded global module, ``(n_features, count)``.
-
-        FedSGD publishes the weighted *mean* ``c · (Σ_k h_k, K) / K`` (weights 1), so the ratio
-        to the scale slot is ``Σ_k h_k / K``; ``contributors`` = K, the round's contributor count
-        (public: the audit trail lists the contributors). Quantiles do not depend on K.
-        """
-        moved = -self.modules.get(HISTOGRAM_MODULE)
-        if not moved[-1] > 0 or contributors < 1:
-            raise ProtocolError("The summed histogram carries no scale: no hospital contributed to the round.")
-        out = moved[:-1] / moved[-1] * contributors
-        return out.reshape(len(self.bins.features), self.bins.count)
-
-    def evaluate(self, split: str) -> dict[str, float]:
-        return {}
-
-    def quality(self) -> dict[str, float]:
-        raise ConfigError("The scaling histogram round has no quality metrics; use [release] metrics = 'none'.")
-
-    def feature_relevance(self) -> dict[str, float]:
-        return {}
-
-    def predict(self) -> np.ndarray:
-        raise ConfigError("The scaling histogram round has no model to predict with.")
+        """``Σ_k h_k`` decoded from the loaded global module, ``(n_features, count)``; quantiles
+        do not depend on the contributor count K."""
+        return super().summed(contributors=contributors).reshape(len(self.bins.features), self.bins.count)
 
 
 def federated_scaling(tables: Sequence[PatientTable], dictionary: FeatureDictionary, *, scaling: ScalingSection,
@@ -264,29 +206,15 @@ def federated_scaling(tables: Sequence[PatientTable], dictionary: FeatureDiction
                           "[scaling] source = 'dictionary'.")
     bins = public_bins(dictionary, bins=scaling.bins, span=scaling.span)
     tasks = {t.site: HistogramTask(t, bins) for t in tables}
-    publics: dict[str, PublicIdentity] = {n: i.public for n, i in identities.items()}
-    clients = {n: HospitalClient(task=task, identity=identities[n], server=server_identity.public, peers=publics,
-                                 dictionary_hash=dictionary.digest(), federation_id=federation.id,
-                                 release=ReleaseSection()) for n, task in tasks.items()}
-    first = next(iter(tasks.values()))
-    initial = InitialModel.create(task=first.name, dictionary_hash=dictionary.digest(),
-                                  spec=first.modules.spec(version=0), state=first.modules.state(ModuleKind.SHARED))
-    fed = federation.model_copy(update={"rounds": 1, "strategy": "fedsgd", "server_lr": 1.0, "strategy_options": {},
-                                        "local_epochs": 1})
     audit.record("scaling_histogram", {
         "features": list(bins.features), "bins": bins.count, "span_half_widths": float(scaling.span),
         "edges": {f: [bins.start[i], bins.stop[i]] for i, f in enumerate(bins.features)},
         "transforms": {f: dictionary.get(f).transform.value for f in bins.features},
-        "quantiles": scaling.quantiles, "secure_mode": fed.secure_mode})
-    server = build_server(federation=fed, identity=server_identity, enrolled=publics, initial=initial, audit=audit,
-                          dp_policy=None)
-    outcome = run_rounds(server, InProcessTransport(clients), rounds=1)[-1]
-    k = len(outcome.result.contributors)
-    sums = {n: t.summed(contributors=k) for n, t in tasks.items()}
-    total = next(iter(sums.values()))
-    if any(not np.allclose(s, total, atol=1e-6) for s in sums.values()):
-        raise ProtocolError("Hospitals decoded different summed histograms; the federation is inconsistent.")
+        "quantiles": scaling.quantiles, "secure_mode": federation.secure_mode})
+    total, _, next_round = run_secure_sum(tasks, dictionary_hash=dictionary.digest(), federation=federation,
+                                          server_identity=server_identity, identities=identities, audit=audit)
+    total = total.reshape(len(bins.features), bins.count)
     derived, stats = derive_scaling(dictionary, counts=total, bins=bins, quantiles=scaling.quantiles)
     audit.record("scaling_derived", {"dictionary_digest": derived.digest(), "features_scaled": sorted(stats),
                                      "features_kept_reference": sorted(set(bins.features) - set(stats))})
-    return derived, [rescale(t, derived) for t in tables], server.round
+    return derived, [rescale(t, derived) for t in tables], next_round

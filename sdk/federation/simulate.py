@@ -117,6 +117,22 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
         except BaseException:
             audit.close()
             raise
+    if config.model.features == "shared":  # set-up round: the features every hospital observes
+        from .coverage import refuse_unresolvable, shared_features, with_features
+
+        refuse_unresolvable(config)
+        audit = audit or AuditTrail(audit_dir, identity=server_id)
+        try:
+            shared, _, first_round = shared_features(tables, dictionary, federation=fed, server_identity=server_id,
+                                                     identities=ids, audit=audit, first_round=first_round)
+            if not shared:
+                raise ConfigError("[model] features = \"shared\": no feature is observed at every hospital (the "
+                                  "feature_coverage audit entry has the counts). Use \"all\", or list features.")
+        except BaseException:
+            audit.close()
+            raise
+        config = with_features(config, shared)
+        hconf = config.hospital_config()
     hospitals = {t.site: build_hospital(t, dictionary=dictionary, config=hconf, identity=ids[t.site],
                                         server=server_id.public, peers=publics, federation_id=fed.id,
                                         state_dir=Path(hconf.privacy.state_dir or config.output) / t.site)

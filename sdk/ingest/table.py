@@ -105,6 +105,16 @@ class PatientTable:
             report=self.report, survival=None if self.survival is None else self.survival.subset(patients),
         )
 
+    def restrict_features(self, nodes: np.ndarray) -> PatientTable:
+        """The table with only the observations of the given feature-node indices (every patient
+        kept, in order; a patient with none of them keeps an empty star)."""
+        keep = np.isin(self.node, np.asarray(nodes, dtype=np.int64))
+        return PatientTable(
+            dictionary=self.dictionary, site=self.site, patient_ids=self.patient_ids, patient=self.patient[keep],
+            node=self.node[keep], value=self.value[keep], std_value=self.std_value[keep], time=self.time[keep],
+            labels=self.labels, report=self.report, survival=self.survival,
+        )
+
     def dense(self, snapshot: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(values [n_patients, n_nodes] standardised with NaN for missing, observed mask).
 

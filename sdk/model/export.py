@@ -40,17 +40,31 @@ SURVIVAL_FORMAT = "clinograph-nsfl-survival/1"
 FORMATS = (FORMAT, SURVIVAL_FORMAT)
 
 
-class StarRisk(nn.Module):
-    """σ(a · z + b) over the star path's logit z. Shapes: [B, K] x3 -> [B]."""
+def feature_keep(dictionary: FeatureDictionary, features: object = "all") -> torch.Tensor:
+    """[n_nodes] bool: the features a model reads (``[model] features``: ``"all"`` or a tuple of
+    ids). The exported modules AND their input mask with it, so a loader that passes every
+    observation still gets the model the federation trained."""
+    ids = dictionary.node_ids()
+    if features == "all":
+        return torch.ones(len(ids), dtype=torch.bool)
+    chosen = set(features)  # type: ignore[arg-type]
+    return torch.tensor([f in chosen for f in ids], dtype=torch.bool)
 
-    def __init__(self, model: NSFLModel, *, a: float = 1.0, b: float = 0.0):
+
+class StarRisk(nn.Module):
+    """σ(a · z + b) over the star path's logit z, reading only the ``keep`` features (all if
+    None). Shapes: [B, K] x3 -> [B]."""
+
+    def __init__(self, model: NSFLModel, *, a: float = 1.0, b: float = 0.0, keep: torch.Tensor | None = None):
         super().__init__()
         self.model = model
         self.register_buffer("a", torch.tensor(float(a)))
         self.register_buffer("b", torch.tensor(float(b)))
+        self.register_buffer("keep", torch.ones(model.mask_logit.num_embeddings, dtype=torch.bool)
+                             if keep is None else keep)
 
     def forward(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        z = self.model.forward_star(feature_index, values, mask)
+        z = self.model.forward_star(feature_index, values, mask & self.keep[feature_index])
         return torch.sigmoid(self.a * z + self.b)
 
 
@@ -67,9 +81,12 @@ class StarSurvival(nn.Module):
     Shapes: [B, Kf] x3 -> (hazard [B, K], survival [B, K], risk [B, H]).
     """
 
-    def __init__(self, model: nn.Module, *, breaks: np.ndarray, horizons: np.ndarray):
+    def __init__(self, model: nn.Module, *, breaks: np.ndarray, horizons: np.ndarray,
+                 keep: torch.Tensor | None = None):
         super().__init__()
         self.model = model
+        self.register_buffer("keep", torch.ones(model.mask_logit.num_embeddings, dtype=torch.bool)
+                             if keep is None else keep)
         ends = np.asarray(breaks, float)
         starts = np.concatenate([[0.0], ends])
         hs = np.asarray(horizons, float)
@@ -81,7 +98,7 @@ class StarSurvival(nn.Module):
 
     def forward(self, feature_index: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        z = self.model.forward_star(feature_index, values, mask).double()
+        z = self.model.forward_star(feature_index, values, mask & self.keep[feature_index]).double()
         log_s = torch.cumsum(-torch.logaddexp(torch.zeros_like(z), z), dim=1)  # log(1 − σ(z)) = −log(1 + e^z)
         log_s0 = torch.cat([torch.zeros_like(z[:, :1]), log_s], dim=1)
         lo, hi = log_s0[:, self.k_lo], log_s0[:, self.k_hi]
@@ -117,18 +134,26 @@ def star_risk(model: NSFLModel, table: PatientTable, *, dictionary: FeatureDicti
 
 
 def export_model(model: NSFLModel, path: str | Path, *, dictionary: FeatureDictionary, calibration=None,
-                 meta: dict | None = None) -> tuple[Path, Path]:
-    """Write the TorchScript star model to ``path`` and its sidecar to ``path + '.json'``.
+                 meta: dict | None = None, features: object = "all") -> tuple[Path, Path]:
+    """Write the TorchScript star model to ``path`` and its sidecar to ``path + '.json'``
+    (``features``: ``[model] features``; the module ignores the others, the sidecar lists them
+    as ``features_used``).
 
     Returns:
         (model file, sidecar file).
     """
     a, b = (calibration.a, calibration.b) if calibration is not None else (1.0, 0.0)
     model.eval()
-    return _write(StarRisk(model, a=a, b=b).eval(), path, {
+    keep = feature_keep(dictionary, features)
+    return _write(StarRisk(model, a=a, b=b, keep=keep).eval(), path, {
         "format": FORMAT, "dictionary_hash": dictionary.digest(), "features": list(dictionary.node_ids()),
+        "features_used": _used(dictionary, keep),
         "calibration": {"method": "platt" if calibration is not None else "none", "a": a, "b": b},
         "inputs": INPUTS, **(meta or {})})
+
+
+def _used(dictionary: FeatureDictionary, keep: torch.Tensor) -> list[str]:
+    return [f for f, k in zip(dictionary.node_ids(), keep.tolist(), strict=True) if k]
 
 
 INPUTS = "feature_index [B, K] int64, values [B, K] float32 (public-range standardised), mask [B, K] bool"
@@ -152,10 +177,11 @@ def _write(wrapped: nn.Module, path: str | Path, info: dict) -> tuple[Path, Path
 
 def export_survival_model(model: nn.Module, path: str | Path, *, dictionary: FeatureDictionary,
                           breaks: list[float] | tuple[float, ...], horizons: list[float] | tuple[float, ...],
-                          time_unit: str, meta: dict | None = None) -> tuple[Path, Path]:
+                          time_unit: str, meta: dict | None = None, features: object = "all") -> tuple[Path, Path]:
     """Write a survival model as TorchScript of :class:`StarSurvival` to ``path`` and its sidecar
-    (format, dictionary hash, features, ``breaks``, ``horizons``, ``time_unit``, risk columns)
-    to ``path + '.json'``. ``breaks`` and ``horizons`` are in ``time_unit``, as in ``[target]``.
+    (format, dictionary hash, features, ``features_used``, ``breaks``, ``horizons``, ``time_unit``,
+    risk columns) to ``path + '.json'``. ``breaks`` and ``horizons`` are in ``time_unit``, as in
+    ``[target]``; ``features``: ``[model] features`` (the module ignores the others).
 
     Returns:
         (model file, sidecar file).
@@ -174,8 +200,10 @@ def export_survival_model(model: nn.Module, path: str | Path, *, dictionary: Fea
                           f"{time_unit} (the model has no hazard past the last break). Pick horizons within the "
                           "[target] breaks.")
     model.eval()
-    return _write(StarSurvival(model, breaks=ends, horizons=hs).eval(), path, {
+    keep = feature_keep(dictionary, features)
+    return _write(StarSurvival(model, breaks=ends, horizons=hs, keep=keep).eval(), path, {
         "format": SURVIVAL_FORMAT, "dictionary_hash": dictionary.digest(), "features": list(dictionary.node_ids()),
+        "features_used": _used(dictionary, keep),
         "time_unit": time_unit, "breaks": [float(x) for x in ends], "horizons": [float(x) for x in hs],
         "risk_columns": risk_columns(hs, time_unit), "inputs": INPUTS,
         "outputs": "hazard [B, K] per interval, survival S(b_k) [B, K], risk 1 - S(t) [B, H] at the horizons",

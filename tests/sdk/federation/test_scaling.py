@@ -90,18 +90,18 @@ def test_federated_quantiles_equal_pooled_quantiles_within_a_bin_width(tmp_path)
 
 
 def test_the_server_sees_only_the_sum_never_one_hospitals_histogram(tmp_path, monkeypatch):
-    from clinograph.sdk.federation import scaling
+    from clinograph.sdk.federation import securesum
 
     tables = _tables()
     clients = {}
-    real = scaling.HospitalClient
+    real = securesum.HospitalClient
 
     class Spy(real):  # keeps each hospital's client: what it sent the server, its plan
         def __init__(self, **kw):
             super().__init__(**kw)
             clients[self.name] = self
 
-    monkeypatch.setattr(scaling, "HospitalClient", Spy)
+    monkeypatch.setattr(securesum, "HospitalClient", Spy)
     derived, _, _ = _run(tables, tmp_path)
     bins = public_bins(D, bins=200, span=5.0)
     total = sum(local_histograms(t, bins) for t in tables)

@@ -1,0 +1,127 @@
+"""``[model] features = "shared"``: the features every hospital observes, found without revealing
+which hospital observes what.
+
+Why: a model over the *union* of the hospitals' features learns each weight where the feature
+is present; at a hospital that lacks a block of features (no lipid panel, no blood gases) the
+weights of the features it has were fitted beside the missing ones, so its risks are off. A
+model over the features every hospital has -- what FedAvg on "manually aligned features" does
+(NS-FL paper, Section 5) -- avoids that at the price of the unshared features. Which is better
+depends on the table, so the SDK offers both as candidates and lets the federated validation
+loss choose (:mod:`.candidates`); measured in docs/model_quality.md ("Issue 15, session 9").
+
+How: one set-up round of :mod:`.securesum` over each hospital's coverage vector
+(``v_k[f] = 1`` if hospital k observes feature f in any patient, its F_k of Theorem 1, else 0):
+the server and every hospital learn ``Σ_k v_k[f]``, *how many* hospitals observe each feature,
+never which ones. The shared set is ``{f : Σ_k v_k[f] = K}`` (K contributors). The audit trail
+records a ``feature_coverage`` entry with those counts and the resolved list, and the resolved
+list replaces ``"shared"`` in the run's config (a deployment over Flower gives the list
+explicitly: the round is wired for simulations only, like federated scaling).
+
+Refused: under DP (a feature observed in one patient makes ``v_k`` depend on that patient, and
+the sum is exact), and under CKKS (not wired).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.errors import ConfigError
+from clinograph.secure.identity import Identity
+from clinograph.secure.runtime.config import FederationSection
+
+from ..ingest.table import PatientTable
+from ..ontology.dictionary import FeatureDictionary
+from .securesum import SecureSumTask, run_secure_sum
+
+#: the shared module that carries the coverage vectors through the secure mode
+COVERAGE_MODULE = "coverage/features"
+
+
+def local_coverage(table: PatientTable) -> np.ndarray:
+    """1 for every dictionary feature node this hospital observes, else 0 (stays at the hospital)."""
+    out = np.zeros(len(table.dictionary.node_ids()))
+    out[table.observed_nodes()] = 1.0
+    return out
+
+
+def shared_features(tables: Sequence[PatientTable], dictionary: FeatureDictionary, *,
+                    federation: FederationSection, server_identity: Identity,
+                    identities: Mapping[str, Identity], audit: AuditTrail,
+                    first_round: int = 0) -> tuple[tuple[str, ...], dict[str, int], int]:
+    """Run the coverage round. Returns (the shared feature ids in dictionary order, the number of
+    hospitals observing each feature that any hospital observes, the next round number).
+
+    Raises:
+        ConfigError: CKKS (not wired).
+        ProtocolError: hospitals decoded different sums.
+    """
+    tasks = {t.site: SecureSumTask(local_coverage(t), name="feature_coverage", module=COVERAGE_MODULE, cap=1.0)
+             for t in tables}
+    total, k, next_round = run_secure_sum(tasks, dictionary_hash=dictionary.digest(), federation=federation,
+                                          server_identity=server_identity, identities=identities, audit=audit,
+                                          first_round=first_round)
+    counts = np.rint(total).astype(int)
+    ids = dictionary.node_ids()
+    shared = tuple(ids[i] for i in range(len(ids)) if counts[i] >= k)
+    observed = {ids[i]: int(counts[i]) for i in range(len(ids)) if counts[i] > 0}
+    audit.record("feature_coverage", {
+        "hospitals": int(k), "shared": list(shared), "hospitals_observing": observed,
+        "rule": "a feature is shared if every contributing hospital observes it in at least one patient; the "
+                "counts are the secure sum of the hospitals' 0/1 coverage vectors"})
+    return shared, observed, next_round
+
+
+def with_features(config, features: tuple[str, ...]):  # noqa: ANN001, ANN201 - a SimulationConfig
+    """``config`` with ``[model] features`` set to the resolved list."""
+    return config.model_copy(update={"model": config.model.model_copy(update={"features": tuple(features)})})
+
+
+def refuse_unresolvable(config) -> None:  # noqa: ANN001 - a SimulationConfig
+    """``"shared"`` needs the coverage round, which DP and CKKS do not allow.
+
+    Raises:
+        ConfigError: with the fix.
+    """
+    if config.model.features != "shared":
+        return
+    if config.privacy.enabled:
+        raise ConfigError("[model] features = \"shared\" under [privacy]: the coverage round's sum is exact and "
+                          "outside the DP accountant (a feature observed in one patient makes a hospital's coverage "
+                          "depend on that patient). List the features in [model] features, or use \"all\".")
+    if config.federation.secure_mode not in ("masked", "insecure_plaintext"):
+        raise ConfigError(f"[model] features = \"shared\" needs the coverage round, which runs under secure_mode "
+                          f"'masked' (or insecure_plaintext), not {config.federation.secure_mode!r}. List the "
+                          "features in [model] features, or use \"all\".")
+
+
+def check_features(features: object, dictionary: FeatureDictionary) -> None:
+    """Refuse a ``[model] features`` list naming ids the dictionary lacks (all named at once),
+    and an unresolved ``"shared"`` (only a simulation resolves it).
+
+    Raises:
+        ConfigError: with the unknown ids and the fix.
+    """
+    if features == "shared":
+        raise ConfigError("[model] features = \"shared\" is resolved by a simulation's coverage round "
+                          "(sdk/federation/coverage.py); a hospital built on its own (or over Flower) needs the "
+                          "list itself: copy `shared` from the simulation's feature_coverage audit entry into "
+                          "[model] features, or use \"all\".")
+    if isinstance(features, tuple):
+        known = set(dictionary.node_ids())
+        unknown = [f for f in features if f not in known]
+        if unknown:
+            raise ConfigError(f"[model] features names {len(unknown)} id(s) that feature dictionary "
+                              f"{dictionary.name} v{dictionary.version} lacks: {', '.join(map(repr, unknown[:20]))}"
+                              f"{' …' if len(unknown) > 20 else ''}. Use the dictionary's feature ids.")
+
+
+def restrict(table: PatientTable, features: object) -> PatientTable:
+    """``table`` keeping only the observations of ``features`` (a tuple of ids); ``"all"`` keeps
+    every observation. Checked with :func:`check_features` first."""
+    if features == "all":
+        return table
+    check_features(features, table.dictionary)
+    index = table.dictionary.node_index()
+    return table.restrict_features(np.array([index[f] for f in features], dtype=np.int64))  # type: ignore[union-attr]
