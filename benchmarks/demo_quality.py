@@ -66,6 +66,8 @@ ABLATIONS: dict[str, dict] = {
     "s8_weight_decay_3e-4": {"training": {"weight_decay": 3e-4}},
     "s8_weight_decay_1e-3": {"training": {"weight_decay": 1e-3}},
     "s8_restarts_3": {"selection": {"restarts": 3}},  # multi-start: 3 initialisations, lowest validation loss kept
+    # session 9, relative to demo_config with restarts 3: the model reads only the features every hospital observes
+    "s9_features_shared": {"model": {"features": "shared"}},
     # issue 15, session 6: value encoding inside the GNN messages (sdk/model/layers.py), then training length;
     # measured (demo_quality_ablation_{h..m}.json) relative to demo_config *before* it adopted value_encoding =
     # "piecewise" + weight_decay 1e-4, i.e. linear_shape, wide_lr_factor 0.3, patience 10

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -105,10 +104,6 @@ def run_simulation_view(config_path: Path) -> None:
     if result.choice:
         for row in result.choice["candidates"]:
             loss = "n/a" if row["validation_loss"] is None else f"{row['validation_loss']:.4f}"
-            skipped = json.loads(row["overrides"]).get("skipped")
-            if skipped:
-                console.print(f"candidate {row['name']}: not trained: {skipped}", soft_wrap=True)
-                continue
             console.print(f"candidate {row['name']}: federated validation loss {loss}, kept round "
                           f"{row['round']}/{row['rounds_run']}", soft_wrap=True)
         console.print(f"chosen model: {result.choice['chosen']} (lowest federated validation loss; the audit "

@@ -48,7 +48,6 @@ from ..config import SimulationConfig, merge_sections
 #: linear model often wins on validation, on larger or interaction-rich ones the GNN does.
 DEFAULT_BINARY_CANDIDATES: tuple[dict[str, Any], ...] = (
     {"name": "wide", "model": {"deep": False}, "training": {"wide_lr_factor": 5.0}},
-    {"name": "wide_shared", "model": {"deep": False, "features": "shared"}, "training": {"wide_lr_factor": 5.0}},
     {"name": "wide_shape", "model": {"deep": False, "linear_shape": True}, "training": {"wide_lr_factor": 5.0}},
     {"name": "linear"},
     {"name": "shape", "model": {"linear_shape": True}},
@@ -209,9 +208,8 @@ def simulate_choosing(tables: Sequence, dictionary, config: SimulationConfig, *,
 
     cands = candidate_configs(config)
     server_id = Identity.generate("server")
-    skipped: list[dict[str, Any]] = []
     if len(cands) > 1 and any(c.config.model.features == "shared" for c in cands):
-        cands, skipped = _resolve_shared(cands, tables, dictionary, config, audit_dir=audit_dir, server_id=server_id)
+        cands = _resolve_shared(cands, tables, dictionary, config, audit_dir=audit_dir, server_id=server_id)
     if len(cands) < 2:
         cfg = cands[0].config if cands else config
         return simulate_one(tables, dictionary, cfg, audit_dir=audit_dir, on_round=on_round, drop_at=drop_at)
@@ -229,33 +227,29 @@ def simulate_choosing(tables: Sequence, dictionary, config: SimulationConfig, *,
                      "validation_loss": float(sel["validation_loss"]) if sel else None,
                      "round": int(sel["round"]) if sel else None, "rounds_run": len(res.rounds)})
     k = choose([r["validation_loss"] for r in rows], min_delta=config.selection.min_delta)
-    rows_audited = rows + skipped
     audit = AuditTrail(audit_dir, identity=server_id)
     try:
-        audit.record("model_chosen", {"chosen": rows[k]["name"], "candidates": rows_audited,
+        audit.record("model_chosen", {"chosen": rows[k]["name"], "candidates": rows,
                                       "rule": "lowest kept-round federated validation loss; ties (within min_delta) "
                                               "to the earlier, simpler candidate",
                                       "min_delta": float(config.selection.min_delta)})
     finally:
         audit.close()
     chosen = results[k]
-    chosen.choice = {"chosen": rows[k]["name"], "candidates": rows_audited, "min_delta": config.selection.min_delta,
+    chosen.choice = {"chosen": rows[k]["name"], "candidates": rows, "min_delta": config.selection.min_delta,
                      # each candidate's selected test metrics, for benchmarks only (not used, not audited)
                      "final_by_candidate": {r["name"]: res.final for r, res in zip(rows, results, strict=True)}}
     return chosen
 
 
 def _resolve_shared(cands: list[Candidate], tables: Sequence, dictionary, config: SimulationConfig, *,
-                    audit_dir: Path, server_id) -> tuple[list[Candidate], list[dict[str, Any]]]:
+                    audit_dir: Path, server_id) -> list[Candidate]:
     """One coverage round (:mod:`.coverage`, its own short run of the audit trail) for every
-    candidate with ``[model] features = "shared"``: each gets the resolved list (in its config and
-    its audited overrides). A *default* candidate is skipped -- and listed as such in
-    ``model_chosen``, never silently -- when the shared set is empty, or holds every feature any
-    hospital observes (it would train the same model as its ``"all"`` twin).
+    candidate with ``[model] features = "shared"`` (and its restarts): each gets the resolved list,
+    in its config and in its audited overrides.
 
     Raises:
-        ConfigError: a candidate the config lists asks for "shared" and no feature is shared; or
-            DP / CKKS (:func:`.coverage.refuse_unresolvable`).
+        ConfigError: no feature is shared; or DP / CKKS (:func:`.coverage.refuse_unresolvable`).
     """
     from clinograph.secure.audit import AuditTrail
     from clinograph.secure.identity import Identity
@@ -266,27 +260,21 @@ def _resolve_shared(cands: list[Candidate], tables: Sequence, dictionary, config
     ids = {t.site: Identity.generate(t.site) for t in tables}
     audit = AuditTrail(audit_dir, identity=server_id)
     try:
-        shared, observed, _ = shared_features(tables, dictionary, federation=config.federation,
-                                              server_identity=server_id, identities=ids, audit=audit)
+        shared, _, _ = shared_features(tables, dictionary, federation=config.federation, server_identity=server_id,
+                                       identities=ids, audit=audit)
     finally:
         audit.close()
-    default = config.selection.candidates is None
-    out, skipped = [], []
+    if not shared:
+        names = [c.name for c in cands if c.config.model.features == "shared"]
+        raise ConfigError(f"[selection] candidate(s) {', '.join(map(repr, names))} ask for [model] features = "
+                          "\"shared\", and no feature is observed at every hospital (the feature_coverage audit "
+                          "entry has the counts). Remove the candidate(s) or use \"all\".")
+    out = []
     for c in cands:
         if c.config.model.features != "shared":
             out.append(c)
             continue
-        why = ("no feature is observed at every hospital" if not shared else
-               "every feature a hospital observes is observed at every hospital (the same model as features = 'all')"
-               if set(shared) >= set(observed) else None)
-        if why and default:
-            skipped.append({"name": c.name, "overrides": json.dumps({**c.overrides, "skipped": why}, sort_keys=True),
-                            "validation_loss": None, "round": None, "rounds_run": 0})
-            continue
-        if not shared:
-            raise ConfigError(f"[selection] candidate {c.name!r} asks for [model] features = \"shared\", and {why} "
-                              "(the feature_coverage audit entry has the counts). Remove the candidate or use \"all\".")
         over = merge_sections(c.overrides, {"model": {"features": list(shared)}})
         out.append(Candidate(name=c.name, overrides=json.loads(json.dumps(over, default=str)),
                              config=with_features(c.config, shared)))
-    return out, skipped
+    return out

@@ -293,6 +293,17 @@ class ModelChosen(Payload):
     min_delta: float = Field(ge=0)
 
 
+class FeatureCoverage(Payload):
+    """``feature_coverage``: how many hospitals observe each feature, from the secure sum of their
+    0/1 coverage vectors (sdk/federation/coverage.py; never which hospital), and the features
+    every contributing hospital observes -- what ``[model] features = "shared"`` resolved to."""
+
+    hospitals: int = Field(ge=1)
+    shared: list[Name] = Field(max_length=100_000)
+    hospitals_observing: dict[Name, int]
+    rule: str = Field(max_length=1000)
+
+
 Stage = Annotated[str, Field(pattern=r"^(hello|setup|plan|stage( [0-9]{1,4})?|end)$")]
 Reason = Annotated[str, Field(max_length=4000)]
 
@@ -426,7 +437,7 @@ KINDS: dict[str, type[Payload]] = {
     "round_aborted": RoundAborted, "aggregate": Aggregate,
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
-    "model_selected": ModelSelected, "model_chosen": ModelChosen,
+    "model_selected": ModelSelected, "model_chosen": ModelChosen, "feature_coverage": FeatureCoverage,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release,
     "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,

@@ -52,7 +52,7 @@ def test_ties_go_to_the_simpler_candidate_and_a_missing_loss_never_wins():
 
 def test_default_candidates_for_binary_nsfl_and_none_under_dp():
     names = [c.name for c in candidate_configs(cfg(None))]
-    assert names == ["wide", "wide_shared", "wide_shape", "linear", "shape"]
+    assert names == ["wide", "wide_shape", "linear", "shape"]
     cands = {c.name: c.config for c in candidate_configs(cfg(None))}
     assert cands["shape"].model.linear_shape and cands["shape"].split == cfg(None).split  # identical splits
     assert not cands["wide"].model.deep and not cands["wide_shape"].model.deep and cands["linear"].model.deep
@@ -97,13 +97,11 @@ def test_simulate_runs_the_default_candidates_like_the_cli(tmp_path):
 
     tables = small_tables()
     res = simulate(tables, tables[0].dictionary, cfg(None, rounds=2), audit_dir=tmp_path / "a")
-    names = ["wide", "wide_shared", "wide_shape", "linear", "shape"]  # east lacks blood gases: wide_shared runs
+    names = ["wide", "wide_shape", "linear", "shape"]
     assert res.choice["chosen"] in names
     assert [c["name"] for c in res.choice["candidates"]] == names
     kinds = [json.loads(x)["kind"] for x in (tmp_path / "a" / "audit.jsonl").read_text().splitlines()]
-    # the coverage set-up run (ended by its run_ended, then feature_coverage), five candidate runs, the choice
-    assert kinds.count("run_ended") == 6 and kinds[-1] == "model_chosen"
-    assert kinds.count("feature_coverage") == 1 and kinds.index("feature_coverage") < kinds.index("model_selected")
+    assert kinds.count("run_ended") == 4 and kinds[-1] == "model_chosen"
     assert kinds.index("model_chosen") > max(i for i, k in enumerate(kinds) if k == "run_ended")
     assert verify_audit_dir(tmp_path / "a").ok
     one = simulate_one(tables, tables[0].dictionary, cfg(None, rounds=2), audit_dir=tmp_path / "b")

@@ -159,32 +159,25 @@ def test_shared_is_refused_under_dp_and_ckks(tmp_path):
                      cfg(model={"features": "shared"}, federation={"secure_mode": "ckks"}), audit_dir=tmp_path / "a2")
 
 
-def test_the_default_candidates_resolve_shared_once_and_audit_the_list(tmp_path):
+SHARED_CANDIDATES = [{"name": "wide", "model": {"deep": False}},
+                     {"name": "wide_shared", "model": {"deep": False, "features": "shared"}}]
+
+
+def test_shared_candidates_resolve_once_and_the_list_is_audited(tmp_path):
     tables = small_tables()
-    names = [c.name for c in candidate_configs(cfg())]
-    assert names == ["wide", "wide_shared", "wide_shape", "linear", "shape"]
-    res = simulate_choosing(tables, tables[0].dictionary, cfg(), audit_dir=tmp_path / "audit")
+    c = cfg(selection={"candidates": SHARED_CANDIDATES, "restarts": 2})
+    assert [x.name for x in candidate_configs(c)] == ["wide", "wide-init1", "wide_shared", "wide_shared-init1"]
+    res = simulate_choosing(tables, tables[0].dictionary, c, audit_dir=tmp_path / "audit")
     rows = {r["name"]: r for r in res.choice["candidates"]}
-    listed = json.loads(rows["wide_shared"]["overrides"])["model"]["features"]
-    assert set(listed) == set(tables[0].dictionary.node_ids()) - MISSING_AT_EAST
-    assert rows["wide_shared"]["validation_loss"] is not None and rows["wide_shared"]["rounds_run"] >= 1
+    for name in ("wide_shared", "wide_shared-init1"):
+        listed = json.loads(rows[name]["overrides"])["model"]["features"]
+        assert set(listed) == set(tables[0].dictionary.node_ids()) - MISSING_AT_EAST
+        assert rows[name]["validation_loss"] is not None and rows[name]["rounds_run"] >= 1
     assert rows["wide_shared"]["validation_loss"] != rows["wide"]["validation_loss"]
-    entries = _entries(tmp_path / "audit")
-    assert sum(e["kind"] == "feature_coverage" for e in entries) == 1
+    kinds = [e["kind"] for e in _entries(tmp_path / "audit")]
+    assert kinds.count("feature_coverage") == 1 and kinds.index("feature_coverage") < kinds.index("model_selected")
     verdict = verify_audit_dir(tmp_path / "audit")
     assert verdict.ok, verdict.problems
-
-
-def test_a_default_shared_candidate_that_would_repeat_wide_is_skipped_and_listed(tmp_path):
-    tables = small_tables()[:2]  # north and south observe every feature: shared = all = the `wide` model
-    res = simulate_choosing(tables, tables[0].dictionary, cfg(), audit_dir=tmp_path / "audit")
-    rows = {r["name"]: r for r in res.choice["candidates"]}
-    assert rows["wide_shared"]["rounds_run"] == 0 and rows["wide_shared"]["validation_loss"] is None
-    assert "the same model as features = 'all'" in json.loads(rows["wide_shared"]["overrides"])["skipped"]
-    assert res.choice["chosen"] != "wide_shared"
-    (chosen,) = [e["payload"] for e in _entries(tmp_path / "audit") if e["kind"] == "model_chosen"]
-    assert [c["name"] for c in chosen["candidates"]][-1] == "wide_shared"
-    assert verify_audit_dir(tmp_path / "audit").ok
 
 
 def test_a_listed_shared_candidate_with_nothing_shared_is_an_error(tmp_path, monkeypatch):
@@ -193,7 +186,7 @@ def test_a_listed_shared_candidate_with_nothing_shared_is_an_error(tmp_path, mon
     tables = small_tables()
     monkeypatch.setattr(coverage, "local_coverage", lambda t: np.eye(len(t.dictionary.node_ids()))[
         [0, 1, 2][[x.site for x in tables].index(t.site)]])  # three hospitals, three disjoint features
-    with pytest.raises(ConfigError, match="no feature is observed at every hospital"):
+    with pytest.raises(ConfigError, match="'wide_shared' ask for .* no feature is observed at every hospital"):
         simulate_choosing(tables, tables[0].dictionary,
-                          cfg(selection={"candidates": [{"name": "a"}, {"name": "s", "model": {"features": "shared"}}]}),
+                          cfg(selection={"candidates": SHARED_CANDIDATES}),
                           audit_dir=tmp_path / "audit")
