@@ -7,7 +7,8 @@ never used), and paired differences against a base variant (``--base``) over the
     python benchmarks/real_tables_variants.py --set encoding --out real_tables_variants_encoding
     python benchmarks/real_tables_variants.py --set wide --quick    # 1 cohort, 2 seeds, prints
 
-Sets: ``wide`` (the wide-only candidate: its learning-rate factor and its rounds), ``encoding``
+Sets: ``wide`` (the wide-only candidate: its learning-rate factor and its rounds), ``wd`` (weight
+decay on the wide-only and the ``linear`` candidates), ``encoding``
 (the GNN candidates with the piecewise value encoding and weight decay, as the demo uses).
 Writes benchmarks/results/<out>.json. Asserts nothing.
 """
@@ -32,6 +33,16 @@ SETS: dict[str, tuple[str, dict[str, dict]]] = {
         "w20_r10": {**_WIDE, "training": {"wide_lr_factor": 20.0}},
         "w5_r30": {**_WIDE, "training": {"wide_lr_factor": 5.0}, "federation": {"rounds": 30}},
     }),
+    # session 9: L2 on the candidates (torch Adam's weight_decay), the regularisation FedAvg LR's grid picks
+    "wd": ("w5_r10", {
+        "w5_r10": {**_WIDE, "training": {"wide_lr_factor": 5.0}},
+        "w5_wd1e-3": {**_WIDE, "training": {"wide_lr_factor": 5.0, "weight_decay": 1e-3}},
+        "w5_wd1e-2": {**_WIDE, "training": {"wide_lr_factor": 5.0, "weight_decay": 1e-2}},
+        "w5_wd3e-2": {**_WIDE, "training": {"wide_lr_factor": 5.0, "weight_decay": 3e-2}},
+        "linear": {},
+        "linear_wd1e-3": {"training": {"weight_decay": 1e-3}},
+        "linear_wd1e-2": {"training": {"weight_decay": 1e-2}},
+    }),
     "encoding": ("linear", {
         "linear": {},  # the default candidate `linear`
         "linear_pw": {"model": {"value_encoding": "piecewise"}},
@@ -42,6 +53,8 @@ SETS: dict[str, tuple[str, dict[str, dict]]] = {
     }),
 }
 COHORTS = ("kidney", "lung", "diabetes", "gbsg2")
+#: variants paired against another variant than their set's base
+PAIR_WITH = {"linear_wd1e-3": "linear", "linear_wd1e-2": "linear"}
 
 
 def run(cohort: str, seed: int, overrides: dict) -> dict:
@@ -101,7 +114,8 @@ def main() -> None:
                       f"{r['rounds_run']} test AUROC {r['test_auroc']:.3f}", flush=True)
     payload = {"benchmark": "real_tables_variants", "set": a.set, "base": base, "variants": variants,
                "cohorts": cohorts, "seeds": seeds, "machine": machine(), "command": " ".join(sys.argv),
-               "paired": {v: paired(rows, base, v) for v in variants if v != base}, "runs": rows}
+               "paired": {v: {"against": PAIR_WITH.get(v, base), **paired(rows, PAIR_WITH.get(v, base), v)}
+                          for v in variants if v not in (base, *PAIR_WITH.values())}, "runs": rows}
     if a.quick:
         print(payload["paired"])
         return
