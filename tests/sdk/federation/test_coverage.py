@@ -190,3 +190,21 @@ def test_a_listed_shared_candidate_with_nothing_shared_is_an_error(tmp_path, mon
         simulate_choosing(tables, tables[0].dictionary,
                           cfg(selection={"candidates": SHARED_CANDIDATES}),
                           audit_dir=tmp_path / "audit")
+
+
+@pytest.mark.parametrize("scaling", [{}, {"source": "federated"}])
+def test_one_model_on_shared_features_resolves_in_its_own_run(tmp_path, scaling):
+    tables = small_tables()
+    res = simulate_one(tables, tables[0].dictionary, cfg(model={"features": "shared"}, scaling=scaling),
+                       audit_dir=tmp_path / "audit")
+    assert res.selection and res.final
+    entries = _entries(tmp_path / "audit")
+    kinds = [e["kind"] for e in entries]
+    (cov,) = [e["payload"] for e in entries if e["kind"] == "feature_coverage"]
+    assert set(cov["shared"]) == set(tables[0].dictionary.node_ids()) - MISSING_AT_EAST
+    # the set-up round(s) first (scaling, then coverage), training rounds numbered after them, one verified trail
+    plans = [e["payload"]["round"] for e in entries if e["kind"] == "round_plan"]
+    assert plans[0] == 0 and plans[1:] == list(range(1, len(plans)))
+    assert kinds.index("feature_coverage") < kinds.index("model_selected")
+    verdict = verify_audit_dir(tmp_path / "audit")
+    assert verdict.ok, verdict.problems
