@@ -249,7 +249,8 @@ def _resolve_shared(cands: list[Candidate], tables: Sequence, dictionary, config
     in its config and in its audited overrides.
 
     Raises:
-        ConfigError: no feature is shared; or DP / CKKS (:func:`.coverage.refuse_unresolvable`).
+        ConfigError: no feature is shared (:func:`.coverage.shared_features`); or DP / CKKS
+            (:func:`.coverage.refuse_unresolvable`).
     """
     from clinograph.secure.audit import AuditTrail
     from clinograph.secure.identity import Identity
@@ -258,17 +259,15 @@ def _resolve_shared(cands: list[Candidate], tables: Sequence, dictionary, config
 
     refuse_unresolvable(next(c.config for c in cands if c.config.model.features == "shared"))
     ids = {t.site: Identity.generate(t.site) for t in tables}
+    names = [c.name for c in cands if c.config.model.features == "shared"]
     audit = AuditTrail(audit_dir, identity=server_id)
     try:
         shared, _, _ = shared_features(tables, dictionary, federation=config.federation, server_identity=server_id,
-                                       identities=ids, audit=audit)
+                                       identities=ids, audit=audit,
+                                       asked_by=f"[selection] candidate(s) {', '.join(map(repr, names))} ask for "
+                                                "[model] features = \"shared\"")
     finally:
         audit.close()
-    if not shared:
-        names = [c.name for c in cands if c.config.model.features == "shared"]
-        raise ConfigError(f"[selection] candidate(s) {', '.join(map(repr, names))} ask for [model] features = "
-                          "\"shared\", and no feature is observed at every hospital (the feature_coverage audit "
-                          "entry has the counts). Remove the candidate(s) or use \"all\".")
     out = []
     for c in cands:
         if c.config.model.features != "shared":

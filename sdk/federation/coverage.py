@@ -33,7 +33,7 @@ from clinograph.secure.runtime.config import FederationSection
 
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary
-from .securesum import SecureSumTask, run_secure_sum
+from .securesum import SECURE_SUM_MODES, SecureSumTask, run_secure_sum
 
 #: the shared module that carries the coverage vectors through the secure mode
 COVERAGE_MODULE = "coverage/features"
@@ -49,12 +49,14 @@ def local_coverage(table: PatientTable) -> np.ndarray:
 def shared_features(tables: Sequence[PatientTable], dictionary: FeatureDictionary, *,
                     federation: FederationSection, server_identity: Identity,
                     identities: Mapping[str, Identity], audit: AuditTrail,
-                    first_round: int = 0) -> tuple[tuple[str, ...], dict[str, int], int]:
-    """Run the coverage round. Returns (the shared feature ids in dictionary order, the number of
+                    first_round: int = 0, asked_by: str = "[model] features = \"shared\""
+                    ) -> tuple[tuple[str, ...], dict[str, int], int]:
+    """Run the coverage round (``asked_by``: who needs it, for the error). Returns (the shared feature ids in dictionary order, the number of
     hospitals observing each feature that any hospital observes, the next round number).
 
     Raises:
-        ConfigError: CKKS (not wired).
+        ConfigError: CKKS (not wired), or no feature is observed at every hospital (after the
+            ``feature_coverage`` entry is recorded, so the counts are in the audit trail).
         ProtocolError: hospitals decoded different sums.
     """
     tasks = {t.site: SecureSumTask(local_coverage(t), name="feature_coverage", module=COVERAGE_MODULE, cap=1.0)
@@ -70,6 +72,10 @@ def shared_features(tables: Sequence[PatientTable], dictionary: FeatureDictionar
         "hospitals": int(k), "shared": list(shared), "hospitals_observing": observed,
         "rule": "a feature is shared if every contributing hospital observes it in at least one patient; the "
                 "counts are the secure sum of the hospitals' 0/1 coverage vectors"})
+    if not shared:
+        raise ConfigError(f"{asked_by}: no feature is observed at every hospital (the feature_coverage audit "
+                          "entry has the counts). Use \"all\", list the features, or remove the candidate that asks "
+                          "for \"shared\".")
     return shared, observed, next_round
 
 
@@ -90,7 +96,7 @@ def refuse_unresolvable(config) -> None:  # noqa: ANN001 - a SimulationConfig
         raise ConfigError("[model] features = \"shared\" under [privacy]: the coverage round's sum is exact and "
                           "outside the DP accountant (a feature observed in one patient makes a hospital's coverage "
                           "depend on that patient). List the features in [model] features, or use \"all\".")
-    if config.federation.secure_mode not in ("masked", "insecure_plaintext"):
+    if config.federation.secure_mode not in SECURE_SUM_MODES:
         raise ConfigError(f"[model] features = \"shared\" needs the coverage round, which runs under secure_mode "
                           f"'masked' (or insecure_plaintext), not {config.federation.secure_mode!r}. List the "
                           "features in [model] features, or use \"all\".")

@@ -44,7 +44,7 @@ from clinograph.secure.runtime.config import FederationSection
 from ..config import ScalingSection
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import Feature, FeatureDictionary, FeatureKind, apply_transform
-from .securesum import SecureSumTask, run_secure_sum
+from .securesum import SECURE_SUM_MODES, SecureSumTask, run_secure_sum
 
 #: the shared module that carries the histograms (and the public scale) through the secure mode
 HISTOGRAM_MODULE = "scaling/histogram"
@@ -200,7 +200,7 @@ def federated_scaling(tables: Sequence[PatientTable], dictionary: FeatureDiction
         ConfigError: CKKS or DP (not supported), or a dictionary without numeric features.
         ProtocolError: hospitals decoded different sums (an inconsistent federation).
     """
-    if federation.secure_mode not in ("masked", "insecure_plaintext"):
+    if federation.secure_mode not in SECURE_SUM_MODES:
         raise ConfigError(f"[scaling] source = 'federated' runs under secure_mode 'masked' (or insecure_plaintext); "
                           f"{federation.secure_mode!r} is not wired for it yet. Use 'masked', or "
                           "[scaling] source = 'dictionary'.")
@@ -213,7 +213,6 @@ def federated_scaling(tables: Sequence[PatientTable], dictionary: FeatureDiction
         "quantiles": scaling.quantiles, "secure_mode": federation.secure_mode})
     total, _, next_round = run_secure_sum(tasks, dictionary_hash=dictionary.digest(), federation=federation,
                                           server_identity=server_identity, identities=identities, audit=audit)
-    total = total.reshape(len(bins.features), bins.count)
     derived, stats = derive_scaling(dictionary, counts=total, bins=bins, quantiles=scaling.quantiles)
     audit.record("scaling_derived", {"dictionary_digest": derived.digest(), "features_scaled": sorted(stats),
                                      "features_kept_reference": sorted(set(bins.features) - set(stats))})

@@ -35,6 +35,9 @@ from ..model.modules import ModuleMap, Piece
 from ..training.trainer import TrainOutcome
 from .client import HospitalClient
 
+#: the secure modes a set-up round runs under (CKKS would have the hospitals decrypt the sum: not wired)
+SECURE_SUM_MODES = ("masked", "insecure_plaintext")
+
 
 class SecureSumTask:
     """One hospital's share of a secure-sum round (implements
@@ -113,7 +116,7 @@ def run_secure_sum(tasks: Mapping[str, SecureSumTask], *, dictionary_hash: str, 
         ProtocolError: hospitals decoded different sums (an inconsistent federation).
     """
     first = next(iter(tasks.values()))
-    if federation.secure_mode not in ("masked", "insecure_plaintext"):
+    if federation.secure_mode not in SECURE_SUM_MODES:
         raise ConfigError(f"The {first.name} set-up round runs under secure_mode 'masked' (or insecure_plaintext); "
                           f"{federation.secure_mode!r} is not wired for it yet. Use 'masked' for this federation, "
                           "or turn off the option that needs the round.")

@@ -125,9 +125,6 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
         try:
             shared, _, first_round = shared_features(tables, dictionary, federation=fed, server_identity=server_id,
                                                      identities=ids, audit=audit, first_round=first_round)
-            if not shared:
-                raise ConfigError("[model] features = \"shared\": no feature is observed at every hospital (the "
-                                  "feature_coverage audit entry has the counts). Use \"all\", or list features.")
         except BaseException:
             audit.close()
             raise
