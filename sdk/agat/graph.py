@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from ..graph.build import KNN_BLOCK_BYTES
 
-def knn_neighbours(x: torch.Tensor, *, k: int) -> torch.Tensor:
+
+def knn_neighbours(x: torch.Tensor, *, k: int, block_bytes: int = KNN_BLOCK_BYTES) -> torch.Tensor:
     """The k nearest other patients of every patient (never itself, ties by index).
 
     Shapes:
@@ -21,9 +23,14 @@ def knn_neighbours(x: torch.Tensor, *, k: int) -> torch.Tensor:
     k = min(int(k), n - 1)
     if k < 1:
         return torch.zeros((n, 0), dtype=torch.long)
-    d = torch.cdist(x.double(), x.double())
-    d.fill_diagonal_(float("inf"))
-    return d.topk(k, dim=1, largest=False).indices
+    xd = x.double()
+    rows = max(1, block_bytes // (8 * 2 * n))  # distances ranked a block of rows at a time
+    out = []
+    for a in range(0, n, rows):
+        d = torch.cdist(xd[a:a + rows], xd)
+        d[torch.arange(d.shape[0]), torch.arange(a, a + d.shape[0])] = float("inf")
+        out.append(d.topk(k, dim=1, largest=False).indices)
+    return torch.cat(out)
 
 
 def knn_graph(x: torch.Tensor, *, k: int) -> torch.Tensor:

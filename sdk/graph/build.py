@@ -22,12 +22,19 @@ OF_PATIENT = ("feature", "of_patient", "patient")
 SIMILAR_TO = ("patient", "similar_to", "patient")
 
 
-def knn_similarity(values: np.ndarray, observed: np.ndarray, *, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+#: Bytes of float64 distances held at once while ranking neighbours: rows are ranked in blocks,
+#: so memory grows as n · block, not n² (n = 50 000 patients would need 20 GB per n×n matrix).
+KNN_BLOCK_BYTES = 1 << 27
+
+
+def knn_similarity(values: np.ndarray, observed: np.ndarray, *, k: int,
+                   block_bytes: int = KNN_BLOCK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
     """kNN over co-observed standardised features, with ``torch.cdist``-style masked distances.
 
     The distance between two patients is the mean squared difference over the features both
     have (no imputation); patients sharing no feature are never neighbours. Similarity weight
-    ``s = 1 / (1 + d)``.
+    ``s = 1 / (1 + d)``. Rows are ranked ``block_bytes`` of distances at a time (the result
+    does not depend on the block size).
 
     Shapes:
         values, observed: [n, F] -> edge_index [2, n*k'] (src neighbour -> dst patient), weight [n*k'].
@@ -38,15 +45,21 @@ def knn_similarity(values: np.ndarray, observed: np.ndarray, *, k: int) -> tuple
     x = torch.tensor(np.where(observed, values, 0.0), dtype=torch.float64)
     m = torch.tensor(observed, dtype=torch.float64)
     x2 = x * x
-    sq = x2 @ m.T + m @ x2.T - 2.0 * x @ x.T
-    count = m @ m.T
-    dist = torch.where(count > 0, sq.clamp_min(0) / count.clamp_min(1), torch.full_like(sq, float("inf")))
-    dist.fill_diagonal_(float("inf"))
     kk = min(k, n - 1)
-    d, idx = torch.topk(dist, kk, dim=1, largest=False)
+    rows = max(1, block_bytes // (8 * 4 * n))  # four [rows, n] float64 temporaries at a time
+    ds, idxs = [], []
+    for a in range(0, n, rows):
+        b = min(n, a + rows)
+        sq = x2[a:b] @ m.T + m[a:b] @ x2.T - 2.0 * x[a:b] @ x.T
+        count = m[a:b] @ m.T
+        dist = torch.where(count > 0, sq.clamp_min(0) / count.clamp_min(1), torch.full_like(sq, float("inf")))
+        dist[torch.arange(b - a), torch.arange(a, b)] = float("inf")
+        d, idx = torch.topk(dist, kk, dim=1, largest=False)
+        ds.append(d)
+        idxs.append(idx)
     dst = torch.arange(n).repeat_interleave(kk)
-    src = idx.reshape(-1)
-    d = d.reshape(-1)
+    src = torch.cat(idxs).reshape(-1)
+    d = torch.cat(ds).reshape(-1)
     keep = torch.isfinite(d)
     return torch.stack([src[keep], dst[keep]]), (1.0 / (1.0 + d[keep])).float()
 

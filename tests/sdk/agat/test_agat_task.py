@@ -40,6 +40,16 @@ def task_for(table, **over):
 
 
 # -- kNN graph ---------------------------------------------------------------------------------
+def test_knn_neighbours_match_sklearn_at_any_block_size():
+    from sklearn.neighbors import NearestNeighbors
+
+    x = torch.randn(41, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    _, ref = NearestNeighbors(n_neighbors=6).fit(x.numpy()).kneighbors(x.numpy())
+    for block in (8 * 2 * 41, 8 * 2 * 41 * 7, 1 << 27):
+        nbr = knn_neighbours(x, k=5, block_bytes=block)
+        assert [set(r) for r in nbr.tolist()] == [set(r[1:]) for r in ref.tolist()], block
+
+
 def test_knn_graph_has_k_distinct_neighbours_per_node_and_is_not_self_loops():
     k = 5
     x = torch.randn(50, 7, generator=torch.Generator().manual_seed(0))
