@@ -28,6 +28,14 @@ Two cohorts that ``lifelines`` ships offline (Davidson-Pilon, lifelines; the dat
   extended lipid panel (no LDL, no TC/HDL ratio). Added in issue 15, session 7, so the SDK's
   defaults are not judged on the cohorts they were developed on only.
 
+- ``larynx`` (binary form only): laryngeal cancer (Kardaun 1983; Klein & Moeschberger 1997,
+  section 1.8; lifelines ``load_larynx``), 90 patients: age and disease stage (I-IV). Label: death
+  within 3 years of diagnosis. No centre column: cut into 3 hospitals (30/30/40 %) with a
+  stage-dependent referral pattern (advanced stages go to the university hospital more often);
+  one hospital codes the stage 1-4, one I-IV, one as "stage 1" ... "stage 4". About 30 patients
+  a hospital, so about 6 validation and 6 test patients each: added in session 10 as the
+  smallest federation the defaults must survive, not as a cohort to tune on.
+
 Two forms of each cohort (``cohort_tables(name, form=...)``):
 
 - ``binary`` (horizon form): censoring is handled honestly: a patient censored *before* the
@@ -56,7 +64,7 @@ import pandas as pd
 from ..ontology.dictionary import Feature, FeatureDictionary
 from ..ontology.schema import ColumnMap, SiteSchema, SurvivalColumns
 
-COHORTS = ("lung", "gbsg2", "kidney", "diabetes")
+COHORTS = ("lung", "gbsg2", "kidney", "diabetes", "larynx")
 #: cohorts that have a survival form (SURVIVAL_TARGETS)
 SURVIVAL_COHORTS = ("lung", "gbsg2")
 
@@ -85,6 +93,14 @@ class CohortTables:
     censored_before_horizon: int
     positives: int
     form: str = "binary"
+
+
+def larynx_dictionary() -> FeatureDictionary:
+    """Canonical features of the larynx cancer cohort (stage: AJCC I-IV)."""
+    return FeatureDictionary(name="clinograph-lifelines-larynx", version=1, features=(
+        _num("age", "Age at diagnosis", "years", 40, 80, 0, 120),
+        Feature(id="stage", name="Disease stage", kind="categorical", levels=("I", "II", "III", "IV")),
+    ))
 
 
 def _num(fid: str, name: str, unit: str, lo: float, hi: float, pmin: float, pmax: float, **kw) -> Feature:
@@ -246,6 +262,23 @@ def _diabetes(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]
     return canon, site, "disease progression above 140 one year after baseline", 0
 
 
+def _larynx(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
+    from clinograph.secure.errors import ConfigError
+    from lifelines.datasets import load_larynx
+
+    if form != "binary":
+        raise ConfigError("Cohort 'larynx' has the binary form only; use form = 'binary'.")
+    df = load_larynx()
+    keep, y = _label(df["time"].to_numpy(float), (df["death"] == 1).to_numpy(), 3.0)  # time in years
+    stage = 1 + df["Stage_II"] + 2 * df["Stage_III"] + 3 * df["Stage_IV"]
+    canon = pd.DataFrame({"age": df["age"].astype(float), "stage": stage.map({1: "I", 2: "II", 3: "III", 4: "IV"}),
+                          "label": y, "time": df["time"].astype(float), "event": df["death"].astype(int)})
+    rng = np.random.default_rng(20_261_126)  # the cut is part of the data set: fixed
+    score = (stage.to_numpy(float) - 2.2) + rng.standard_normal(len(df))
+    site = np.digitize(score, np.quantile(score, [0.3, 0.6]))  # sizes 30/30/40 %
+    return canon[keep].reset_index(drop=True), site[keep], "death within 3 years of diagnosis", int((~keep).sum())
+
+
 LUNG_SITES = (
     SiteSpec("ncctg_mayo", renames=(("age", "Age"), ("female", "Sex"), ("ecog_physician", "ECOG")),
              codings=(("female", (("F", 1), ("M", 0))),), lacks=("meal_calories",)),
@@ -280,10 +313,18 @@ DIABETES_SITES = (
     SiteSpec("dm_university", renames=(("log_triglycerides", "ln_tg"), ("glucose", "glucose_mgdl"),
                                        ("age", "age_years"))),
 )
+LARYNX_SITES = (
+    SiteSpec("lx_community", renames=(("stage", "stage_num"),),
+             codings=(("stage", (("1", "I"), ("2", "II"), ("3", "III"), ("4", "IV"))),)),
+    SiteSpec("lx_district", renames=(("age", "age_dx"),)),
+    SiteSpec("lx_university", renames=(("stage", "ajcc_stage"), ("age", "AGE")),
+             codings=(("stage", (("stage 1", "I"), ("stage 2", "II"), ("stage 3", "III"), ("stage 4", "IV"))),)),
+)
 _COHORTS: dict[str, tuple[Callable[[], FeatureDictionary], Callable, tuple[SiteSpec, ...]]] = {
     "lung": (lung_dictionary, _lung, LUNG_SITES), "gbsg2": (gbsg2_dictionary, _gbsg2, GBSG2_SITES),
     "kidney": (kidney_dictionary, _kidney, KIDNEY_SITES),
-    "diabetes": (diabetes_dictionary, _diabetes, DIABETES_SITES)}
+    "diabetes": (diabetes_dictionary, _diabetes, DIABETES_SITES),
+    "larynx": (larynx_dictionary, _larynx, LARYNX_SITES)}
 
 
 def _local_values(values: pd.Series, feat: Feature, spec: SiteSpec) -> pd.Series:
