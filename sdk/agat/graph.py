@@ -25,11 +25,12 @@ def knn_neighbours(x: torch.Tensor, *, k: int, block_bytes: int = KNN_BLOCK_BYTE
         return torch.zeros((n, 0), dtype=torch.long)
     xd = x.double()
     rows = max(1, block_bytes // (8 * 2 * n))  # distances ranked a block of rows at a time
-    values, out = torch.empty(n, k, dtype=torch.float64), torch.empty(n, k, dtype=torch.long)  # before the
-    for a in range(0, n, rows):  # loop: small tensors kept between large temporaries fragment the heap
+    out = torch.empty(n, k, dtype=torch.long)  # before the loop: small tensors kept between large
+    for a in range(0, n, rows):  # temporaries fragment the heap
         d = torch.cdist(xd[a:a + rows], xd)
         d[torch.arange(d.shape[0]), torch.arange(a, a + d.shape[0])] = float("inf")
-        torch.topk(d, k, dim=1, largest=False, out=(values[a:a + rows], out[a:a + rows]))
+        # a stable sort, not topk (which promises no order among ties): equal distances go to the lower index
+        out[a:a + rows] = torch.sort(d, dim=1, stable=True).indices[:, :k]
     return out
 
 

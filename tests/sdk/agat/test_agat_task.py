@@ -50,6 +50,14 @@ def test_knn_neighbours_match_sklearn_at_any_block_size():
         assert [set(r) for r in nbr.tolist()] == [set(r[1:]) for r in ref.tolist()], block
 
 
+def test_knn_ties_go_to_the_lower_index():
+    x = torch.tensor([[0.0], [1.0], [-1.0], [1.0], [-1.0], [2.0]], dtype=torch.float64)
+    # patient 0 has four patients at distance 1 (1, 2, 3, 4): the two lowest indices win
+    for block in (8 * 2 * 6, 1 << 27):
+        assert knn_neighbours(x, k=2, block_bytes=block)[0].tolist() == [1, 2]
+        assert knn_neighbours(x, k=3, block_bytes=block)[5].tolist() == [1, 3, 0]  # 1 and 3 tie at 1, then 0
+
+
 def test_knn_graph_has_k_distinct_neighbours_per_node_and_is_not_self_loops():
     k = 5
     x = torch.randn(50, 7, generator=torch.Generator().manual_seed(0))
