@@ -33,8 +33,9 @@ def knn_similarity(values: np.ndarray, observed: np.ndarray, *, k: int,
 
     The distance between two patients is the mean squared difference over the features both
     have (no imputation); patients sharing no feature are never neighbours. Similarity weight
-    ``s = 1 / (1 + d)``. Rows are ranked ``block_bytes`` of distances at a time (the result
-    does not depend on the block size).
+    ``s = 1 / (1 + d)``. Rows are ranked ``block_bytes`` of distances at a time; the block size
+    changes no neighbour (tested against a pairwise loop), short of distances equal to the last
+    bits, whose order ``torch.topk`` leaves unspecified.
 
     Shapes:
         values, observed: [n, F] -> edge_index [2, n*k'] (src neighbour -> dst patient), weight [n*k'].
