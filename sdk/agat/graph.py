@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..graph.build import KNN_BLOCK_BYTES
+from ..graph.build import KNN_BLOCK_BYTES, nearest_in_blocks
 
 
 def knn_neighbours(x: torch.Tensor, *, k: int, block_bytes: int = KNN_BLOCK_BYTES) -> torch.Tensor:
@@ -24,14 +24,8 @@ def knn_neighbours(x: torch.Tensor, *, k: int, block_bytes: int = KNN_BLOCK_BYTE
     if k < 1:
         return torch.zeros((n, 0), dtype=torch.long)
     xd = x.double()
-    rows = max(1, block_bytes // (8 * 2 * n))  # distances ranked a block of rows at a time
-    out = torch.empty(n, k, dtype=torch.long)  # before the loop: small tensors kept between large
-    for a in range(0, n, rows):  # temporaries fragment the heap
-        d = torch.cdist(xd[a:a + rows], xd)
-        d[torch.arange(d.shape[0]), torch.arange(a, a + d.shape[0])] = float("inf")
-        # a stable sort, not topk (which promises no order among ties): equal distances go to the lower index
-        out[a:a + rows] = torch.sort(d, dim=1, stable=True).indices[:, :k]
-    return out
+    return nearest_in_blocks(n, k, lambda a, b: torch.cdist(xd[a:b], xd), temporaries=2, block_bytes=block_bytes,
+                             stable=True)[1]
 
 
 def knn_graph(x: torch.Tensor, *, k: int) -> torch.Tensor:

@@ -10,6 +10,8 @@ snapshot (NS-FL "Extension to Time-Series Data").
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from clinograph.secure.errors import ConfigError
@@ -25,6 +27,34 @@ SIMILAR_TO = ("patient", "similar_to", "patient")
 #: Bytes of float64 distances held at once while ranking neighbours: rows are ranked in blocks,
 #: so memory grows as n · block, not n² (n = 50 000 patients would need 20 GB per n×n matrix).
 KNN_BLOCK_BYTES = 1 << 27
+
+
+def nearest_in_blocks(n: int, k: int, distances: Callable[[int, int], torch.Tensor], *, temporaries: int,
+                      block_bytes: int = KNN_BLOCK_BYTES, stable: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` smallest entries of each row of an n × n distance matrix, the diagonal (a patient
+    itself) excluded, computed ``distances(a, b)`` -> rows a..b-1 ([b − a, n] float64) at a time, so
+    that about ``temporaries`` such blocks fit in ``block_bytes``. ``stable``: equal distances go to
+    the lower index (a stable sort); else ``torch.topk``'s order, unspecified among ties.
+
+    The results are allocated before the loop: small tensors kept between the blocks' large
+    temporaries fragment the heap (it grew to 1.4 GB at n = 8000 with 4 MB blocks).
+
+    Shapes:
+        -> distances [n, k], indices [n, k]
+    """
+    rows = max(1, block_bytes // (8 * temporaries * n))
+    d_all = torch.empty(n, k, dtype=torch.float64)
+    idx_all = torch.empty(n, k, dtype=torch.long)
+    for a in range(0, n, rows):
+        b = min(n, a + rows)
+        dist = distances(a, b)
+        dist[torch.arange(b - a), torch.arange(a, b)] = float("inf")
+        if stable:
+            d_sorted, order = torch.sort(dist, dim=1, stable=True)
+            d_all[a:b], idx_all[a:b] = d_sorted[:, :k], order[:, :k]
+        else:
+            torch.topk(dist, k, dim=1, largest=False, out=(d_all[a:b], idx_all[a:b]))
+    return d_all, idx_all
 
 
 def knn_similarity(values: np.ndarray, observed: np.ndarray, *, k: int,
@@ -47,18 +77,13 @@ def knn_similarity(values: np.ndarray, observed: np.ndarray, *, k: int,
     m = torch.tensor(observed, dtype=torch.float64)
     x2 = x * x
     kk = min(k, n - 1)
-    rows = max(1, block_bytes // (8 * 8 * n))  # up to ~8 [rows, n] float64 temporaries live at once
-    # the results are allocated before the loop: small tensors kept between the blocks' large
-    # temporaries fragment the heap, and it grew with n (1.4 GB at n = 8000 with 4 MB blocks)
-    d_all = torch.empty(n, kk, dtype=torch.float64)
-    idx_all = torch.empty(n, kk, dtype=torch.long)
-    for a in range(0, n, rows):
-        b = min(n, a + rows)
+
+    def distances(a: int, b: int) -> torch.Tensor:
         sq = x2[a:b] @ m.T + m[a:b] @ x2.T - 2.0 * x[a:b] @ x.T
         count = m[a:b] @ m.T
-        dist = torch.where(count > 0, sq.clamp_min(0) / count.clamp_min(1), torch.full_like(sq, float("inf")))
-        dist[torch.arange(b - a), torch.arange(a, b)] = float("inf")
-        torch.topk(dist, kk, dim=1, largest=False, out=(d_all[a:b], idx_all[a:b]))
+        return torch.where(count > 0, sq.clamp_min(0) / count.clamp_min(1), torch.full_like(sq, float("inf")))
+
+    d_all, idx_all = nearest_in_blocks(n, kk, distances, temporaries=8, block_bytes=block_bytes)
     dst = torch.arange(n).repeat_interleave(kk)
     src = idx_all.reshape(-1)
     d = d_all.reshape(-1)

@@ -225,11 +225,8 @@ def _gbsg2(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
 
 
 def _kidney(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
-    from clinograph.secure.errors import ConfigError
     from lifelines.datasets import load_kidney_transplant
 
-    if form != "binary":
-        raise ConfigError("Cohort 'kidney' has the binary form only; use form = 'binary'.")
     df = load_kidney_transplant()
     keep, y = _label(df["time"].to_numpy(float), (df["death"] == 1).to_numpy(), 1095)
     female = 1.0 - df["black_male"] - df["white_male"]
@@ -244,11 +241,8 @@ def _kidney(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
 
 
 def _diabetes(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
-    from clinograph.secure.errors import ConfigError
     from sklearn.datasets import load_diabetes
 
-    if form != "binary":
-        raise ConfigError("Cohort 'diabetes' has the binary form only; use form = 'binary'.")
     df = load_diabetes(scaled=False, as_frame=True).frame
     canon = pd.DataFrame({
         "age": df["age"].astype(float), "sex_code_2": (df["sex"] == 2).astype(float), "bmi": df["bmi"].astype(float),
@@ -263,11 +257,8 @@ def _diabetes(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]
 
 
 def _larynx(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
-    from clinograph.secure.errors import ConfigError
     from lifelines.datasets import load_larynx
 
-    if form != "binary":
-        raise ConfigError("Cohort 'larynx' has the binary form only; use form = 'binary'.")
     df = load_larynx()
     keep, y = _label(df["time"].to_numpy(float), (df["death"] == 1).to_numpy(), 3.0)  # time in years
     stage = 1 + df["Stage_II"] + 2 * df["Stage_III"] + 3 * df["Stage_IV"]
@@ -368,6 +359,8 @@ def cohort_tables(name: str, form: str = "binary") -> CohortTables:
         raise ConfigError(f"Unknown cohort {name!r}. Registered: {', '.join(COHORTS)}.")
     if form not in ("binary", "survival"):
         raise ConfigError(f"Unknown form {form!r} of cohort {name!r}; use 'binary' or 'survival'.")
+    if form == "survival" and name not in SURVIVAL_COHORTS:
+        raise ConfigError(f"Cohort {name!r} has the binary form only; use form = 'binary'.")
     make_dictionary, load, sites = _COHORTS[name]
     dictionary = make_dictionary()
     canon, site_of, task, censored = load(form)
