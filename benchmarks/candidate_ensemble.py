@@ -1,6 +1,6 @@
 """Averaging the default candidates instead of choosing one, on the real tables (paired: the same
 runs). For each cohort and seed the four default candidates train at the SDK's defaults
-(masked; the same loop as ``simulate_choosing``), and every hospital's per-patient risks of each
+(masked; the one run of ``simulate``), and every hospital's per-patient risks of each
 candidate's kept model are saved (uncalibrated and calibrated). Offline, on those same runs:
 
 - ``chosen``: the SDK's rule (lowest kept-round federated validation loss),
@@ -32,10 +32,8 @@ MIN_DELTA = 1e-4
 
 
 def run_cohort(cohort: str, seeds: int) -> list[dict]:
-    from clinograph.sdk.federation.candidates import candidate_configs
-    from clinograph.sdk.federation.simulate import build_simulation, run_simulation
+    from clinograph.sdk.federation.simulate import simulate
     from clinograph.sdk.research.model_quality import sdk_config
-    from clinograph.secure.identity import Identity
 
     from benchmarks.real_tables import load
 
@@ -45,21 +43,19 @@ def run_cohort(cohort: str, seeds: int) -> list[dict]:
         cfg0 = sdk_config(seed=seed, dictionary_id=cohort)
         rec: dict = {"seed": seed, "cands": {}}
         with tempfile.TemporaryDirectory() as tmp:
-            sid = Identity.generate("server")
-            for cand in candidate_configs(cfg0):
-                fed = cand.config.federation.model_copy(update={"id": f"{cfg0.federation.id}-{cand.name}"[:64]})
-                cfg = cand.config.model_copy(update={"federation": fed, "output": Path(tmp) / cand.name})
-                sim = build_simulation(tables, c.dictionary, cfg, audit_dir=Path(tmp) / "audit", server_identity=sid)
-                res = run_simulation(sim, cfg)
+            cfg0 = cfg0.model_copy(update={"output": Path(tmp) / "out"})
+            res = simulate(tables, c.dictionary, cfg0, audit_dir=Path(tmp) / "audit")
+            for row in res.choice["candidates"]:
                 per = {}
-                for n, h in sorted(sim.hospitals.items()):
+                for n, m in sorted(res.hospitals.items()):
+                    h = m.clients[row["name"]]
                     cal = h.task.predict()
                     saved, h.task.calibration = h.task.calibration, None
                     raw = h.task.predict()
                     h.task.calibration = saved
                     per[n] = {"cal": cal.tolist(), "raw": raw.tolist(), "y": h.task.table.labels.tolist(),
                               "val": h.task.split.validation.tolist(), "test": h.task.split.test.tolist()}
-                rec["cands"][cand.name] = {"val_loss": res.selection["validation_loss"], "per": per}
+                rec["cands"][row["name"]] = {"val_loss": row["validation_loss"], "per": per}
         out.append(rec)
         print(cohort, seed, {k: round(v["val_loss"], 4) for k, v in rec["cands"].items()}, flush=True)
     return out

@@ -58,7 +58,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clinograph.sdk.config import SimulationConfig  # noqa: E402
-from clinograph.sdk.federation.simulate import build_simulation, run_simulation  # noqa: E402
+from clinograph.sdk.federation.simulate import simulate  # noqa: E402
 from clinograph.sdk.federation.split import hospital_split  # noqa: E402
 from clinograph.sdk.ingest import ingest  # noqa: E402
 from clinograph.sdk.research.alarm_demo import (  # noqa: E402
@@ -115,9 +115,8 @@ def run(tables, d, cfg: SimulationConfig) -> dict:
         cfg = cfg.model_copy(update={"output": Path(tmp) / "out",
                                      "privacy": cfg.privacy.model_copy(update={"state_dir": None})})
         t0 = time.perf_counter()
-        sim = build_simulation(tables, d, cfg, audit_dir=Path(tmp) / "audit")
-        res = run_simulation(sim, cfg)
-        val = sim.evaluate("validation")
+        res = simulate(tables, d, cfg, audit_dir=Path(tmp) / "audit", choose=False)
+        val = {n: m.task.evaluate("validation") for n, m in sorted(res.hospitals.items())}
     eps = {k: v[-1] for k, v in res.epsilons.items()}
     return {"validation": val, "test": res.final, "val_auroc": mean_of(val, "auroc"),
             "auroc": mean_of(res.final, "auroc"), "auprc": mean_of(res.final, "auprc"),

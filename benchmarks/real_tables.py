@@ -156,7 +156,7 @@ def run_cohort_choosing(cohort: str, seeds: list[int], settings: str = "sdk", re
     the SDK's defaults (``settings="sdk"``) or the benchmark's ``NSFL_DEFAULTS``."""
     import tempfile
 
-    from clinograph.sdk.federation.candidates import simulate_choosing
+    from clinograph.sdk.federation.simulate import simulate as simulate_choosing
     from clinograph.sdk.research.model_quality import baselines, nsfl_config, sdk_config, splits_for
     from clinograph.secure.audit import verify_audit_dir
 

@@ -50,18 +50,17 @@ def dp_config(cohort: str, seed: int, *, epsilon: float, lr: float, rounds: int,
 
 def run_dp(tables, dictionary, cfg) -> dict:
     """One DP federation: test metrics per hospital, validation hazard NLL per patient, ε, σ."""
-    from clinograph.sdk.federation.simulate import build_simulation, run_simulation
+    from clinograph.sdk.federation.simulate import simulate
     from clinograph.sdk.training.survival import hazard_nll_sum
 
     with tempfile.TemporaryDirectory() as tmp:
-        sim = build_simulation(tables, dictionary, cfg, audit_dir=Path(tmp) / "audit")
-        res = run_simulation(sim, cfg)
+        res = simulate(tables, dictionary, cfg, audit_dir=Path(tmp) / "audit", choose=False)
     loss, n = 0.0, 0
-    for h in sim.hospitals.values():
+    for h in res.hospitals.values():
         t, idx = h.task.trainer, h.task.split.validation
         loss += hazard_nll_sum(t.predict(h.task.model)[idx], t.s[idx], t.e[idx])
         n += len(idx)
-    sigma = {s: h.task.trainer.noise_multiplier for s, h in sim.hospitals.items()}
+    sigma = {s: h.task.trainer.noise_multiplier for s, h in res.hospitals.items()}
     return {"final": res.final, "validation_nll": loss / max(n, 1), "rounds_run": len(res.rounds),
             "epsilon": {s: e[-1] for s, e in res.epsilons.items()}, "sigma": sigma}
 

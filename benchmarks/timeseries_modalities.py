@@ -51,33 +51,18 @@ def config(*, arm: str, rounds: int, seed: int):
         "graph": {"k_similar": 0}, "dictionary": str(DICTIONARY_PATH)})
 
 
-def modality_federation(tables, signals, cfg, audit_dir: Path):
-    """Like build_simulation, with each hospital's modality task (its signals) injected."""
-    from clinograph.sdk.federation.build import build_hospital, initial_model
+def modality_factory(signals_by_site):
+    """Each hospital's modality task over its own signals (``simulate(task_factory=...)``)."""
     from clinograph.sdk.federation.modality_task import build_modality_task
-    from clinograph.sdk.federation.simulate import SimulatedFederation
-    from clinograph.secure.audit import AuditTrail
-    from clinograph.secure.identity import Identity
-    from clinograph.secure.runtime import InProcessTransport, build_server
 
-    hconf = cfg.hospital_config()
-    d = tables[0].dictionary
-    tasks = [build_modality_task(t, dictionary=d, config=hconf, signals=s) for t, s in zip(tables, signals, strict=True)]
-    server_id = Identity.generate("server")
-    ids = {t.site: Identity.generate(t.site) for t in tables}
-    publics = {n: i.public for n, i in ids.items()}
-    hospitals = {t.site: build_hospital(t, dictionary=d, config=hconf, identity=ids[t.site], server=server_id.public,
-                                        peers=publics, federation_id=cfg.federation.id, task=task)
-                 for t, task in zip(tables, tasks, strict=True)}
-    audit = AuditTrail(audit_dir, identity=server_id)
-    server = build_server(federation=cfg.federation, identity=server_id, enrolled=publics,
-                          initial=initial_model(tasks[0], dictionary=d), audit=audit, dp_policy=None)
-    return SimulatedFederation(server=server, hospitals=hospitals, transport=InProcessTransport(hospitals),
-                               audit=audit, audit_dir=audit_dir, dictionary=d)
+    def factory(table, hconf):
+        return build_modality_task(table, dictionary=table.dictionary, config=hconf, signals=signals_by_site[table.site])
+
+    return factory
 
 
 def run_arm(arm: str, tables, signals, *, rounds: int, seed: int) -> tuple[dict, dict]:
-    from clinograph.sdk.federation.simulate import run_simulation, simulate
+    from clinograph.sdk.federation.simulate import simulate
     from clinograph.secure.audit import verify_audit_dir
 
     cfg = config(arm=arm, rounds=rounds, seed=seed)
@@ -86,7 +71,8 @@ def run_arm(arm: str, tables, signals, *, rounds: int, seed: int) -> tuple[dict,
         warnings.simplefilter("ignore")
         audit = Path(tmp) / "audit"
         if arm == "nsfl_modalities":
-            res = run_simulation(modality_federation(tables, signals, cfg, audit), cfg)
+            factory = modality_factory({t.site: s for t, s in zip(tables, signals, strict=True)})
+            res = simulate(tables, tables[0].dictionary, cfg, audit_dir=audit, task_factory=factory)
         else:
             res = simulate(tables, tables[0].dictionary, cfg, audit_dir=audit)
         ok = verify_audit_dir(audit).ok

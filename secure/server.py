@@ -112,6 +112,9 @@ class FederationServer:
         self.audit = audit
         self.environment = environment
         self._plan_options = plan_options or (lambda participants: {})
+        #: the run's public options for the next plan (``run.phase``, ``selection.*``: set by the
+        #: run's control, :class:`clinograph.secure.runtime.loop.RunControl`)
+        self.run_options: dict[str, float | int | str | bool] = {}
         self._mode_server = mode_server or self.mode.server  # ckks: CkksServer.with_context(ctx)
         self.round = 0
         self.history: list[RoundResult] = []
@@ -144,6 +147,7 @@ class FederationServer:
         options.update({f"strategy.{k}": v for k, v in self.strategy.constructor_options().items()})
         options.update({f"weight/{c}": float(w) for c, w in weights.items()})
         options.update(self._audit_head())
+        options.update(self.run_options)
         plan = RoundPlan(
             federation_id=self.federation_id, round=self.round, participants=tuple(sorted(participants)),
             spec=self.spec, dictionary_hash=self.dictionary_hash, secure_mode=self.mode.name,

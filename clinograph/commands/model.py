@@ -1,9 +1,11 @@
-"""``clinograph model init``: write the initial model a federation starts from (hospital install).
+"""``clinograph model init``: write what a federation run trains (hospital install).
 
 The server holds no training code (a lean install); it starts from this file, named in its
-``server.toml`` as ``initial_model``. Every hospital with the same ``[model]``/``[personal]``
-settings and dictionary builds a bitwise identical initial model, so the first plan's state
-digest matches what each hospital holds.
+``server.toml`` as ``initial_model``: each candidate model of the hospital config (``[selection]
+candidates`` × ``restarts``; none: the config's own model) with its initial weights, and the
+selection rule. Every hospital with the same settings and dictionary builds bitwise identical
+initial models, so the first plan's state digest matches what each hospital holds, and trains
+only the candidates its own config lists.
 """
 
 from __future__ import annotations
@@ -27,15 +29,19 @@ def init(config: Annotated[Path, typer.Option("--config", help="A hospital confi
 
 def _init(config: Path, out: Path) -> None:
     from clinograph.sdk.config import HospitalConfig
-    from clinograph.sdk.federation.build import initial_model_for
+    from clinograph.sdk.federation.build import run_models
     from clinograph.sdk.federation.node import load_dictionary
     from clinograph.secure.errors import ConfigError
 
     cfg = HospitalConfig.from_toml(config)
-    model = initial_model_for(cfg, dictionary=load_dictionary(cfg, config))
+    models = run_models(cfg, dictionary=load_dictionary(cfg, config))
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'initial_model.json'}.")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(model.to_bytes())
-    typer.echo(f"initial model ({model.task}, {len(model.spec.modules)} modules, spec {model.spec.digest()[:12]}…) "
-               f"written to {out}")
+    out.write_bytes(models.to_bytes())
+    names = ", ".join(c.name for c in models.candidates)
+    rule = (f"selection patience {models.selection.patience}, min_delta {models.selection.min_delta:g}"
+            if models.selection else "no selection")
+    first = models.candidates[0].initial
+    typer.echo(f"initial model(s) ({models.task}; candidates {names}; {rule}; {len(first.spec.modules)} modules, "
+               f"spec {first.spec.digest()[:12]}…) written to {out}")

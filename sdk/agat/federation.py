@@ -3,54 +3,40 @@ insecure, server-side attention (``insecure_attention``) needs.
 
 ``agat_simulation`` checks the strategy against the secure mode *before* anything is built
 (:func:`clinograph.secure.strategies.attention.check_secure_mode`: ``insecure_attention`` is
-refused under ``masked`` and ``ckks``, by name, with the reason), then builds the federation with
-:func:`clinograph.sdk.federation.simulate.build_simulation`; for ``insecure_attention`` it wraps
-the transport in a :class:`~clinograph.secure.strategies.attention.PlaintextUpdateTap`, which
+refused under ``masked`` and ``ckks``, by name, with the reason), then runs the one federation
+run. For ``insecure_attention`` the server side (:class:`clinograph.secure.runtime.assemble.ServerSide`,
+the same in simulation and over Flower) wraps the transport in a :class:`~clinograph.secure.strategies.attention.PlaintextUpdateTap`, which
 hands the strategy every hospital's signed plaintext update.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
-from clinograph.secure.strategies.attention import (
-    InsecureAttention,
-    PlaintextUpdateTap,
-    check_secure_mode,
-)
+from clinograph.secure.strategies.attention import check_secure_mode
 
 from ..config import SimulationConfig
-from ..federation.simulate import (
-    SimulatedFederation,
-    SimulationResult,
-    build_simulation,
-    run_simulation,
-)
+from ..federation.simulate import SimulatedFederation, SimulationResult, build_simulation, simulate
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary
 
 
 def agat_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
                     audit_dir: Path) -> SimulatedFederation:
-    """:func:`build_simulation`, with the attention strategy's secure-mode check first and, for
-    ``insecure_attention``, the plaintext tap on the transport.
+    """:func:`build_simulation`, with the attention strategy's secure-mode check first (the
+    plaintext tap is the server side's, :class:`clinograph.secure.runtime.assemble.ServerSide`).
 
     Raises:
         ConfigError: ``insecure_attention`` under a mode other than ``insecure_plaintext``.
     """
     check_secure_mode(config.federation.strategy, config.federation.secure_mode)
-    sim = build_simulation(tables, dictionary, config, audit_dir=audit_dir)
-    if isinstance(sim.server.strategy, InsecureAttention):
-        tap = PlaintextUpdateTap(sim.transport, strategy=sim.server.strategy, secure_mode=sim.server.mode.name,
-                                 server=sim.server.identity.public, enrolled=sim.server.enrolled)
-        sim = replace(sim, transport=tap)  # type: ignore[arg-type]
-    return sim
+    return build_simulation(tables, dictionary, config, audit_dir=audit_dir)
 
 
 def run_agat_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
                         audit_dir: Path) -> SimulationResult:
-    """:func:`clinograph.sdk.federation.simulate.run_simulation` (rounds, early stopping, the
-    selected and calibrated model, the run's end) over :func:`agat_simulation`."""
-    return run_simulation(agat_simulation(tables, dictionary, config, audit_dir=audit_dir), config)
+    """The one run (:func:`clinograph.sdk.federation.simulate.simulate`) of an AGAT federation,
+    with the attention strategy's secure-mode check first."""
+    check_secure_mode(config.federation.strategy, config.federation.secure_mode)
+    return simulate(tables, dictionary, config, audit_dir=audit_dir)

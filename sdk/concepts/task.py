@@ -39,6 +39,7 @@ from clinograph.secure.errors import ConfigError
 from clinograph.secure.spec import ModuleKind
 from torch import nn
 
+from ..federation.task import TaskBase
 from ..model.modules import ModuleMap, Piece
 from ..training.trainer import TrainOutcome
 from .dp_training import ConceptDPTrainer
@@ -89,7 +90,7 @@ def concept_module_map(model: ConceptModel | None, *, concepts: Sequence[str] | 
     return modules, vote
 
 
-class ConceptTask:
+class ConceptTask(TaskBase):
     """A concept model at one hospital (implements :class:`~clinograph.sdk.federation.task.Task`).
 
     Args:

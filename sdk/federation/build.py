@@ -8,8 +8,9 @@ trainer and ledger location.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from clinograph.secure.errors import ConfigError
@@ -24,6 +25,11 @@ from .client import HospitalClient
 from .nsfl_task import NSFLTask
 from .split import hospital_split
 from .task import Task
+
+if TYPE_CHECKING:
+    from clinograph.secure.runtime.models import RunModels
+
+    from .candidates import Candidate
 
 
 def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig,
@@ -122,6 +128,34 @@ def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) 
             add_modality_modules(modules, model)
     return InitialModel.create(task=config.task, dictionary_hash=dictionary.digest(), spec=modules.spec(version=0),
                                state=modules.state(ModuleKind.SHARED))
+
+
+def run_models(config: HospitalConfig, *, dictionary: FeatureDictionary,
+               candidates: Sequence[Candidate] | None = None) -> RunModels:
+    """What a federation run trains (``clinograph model init`` writes it; ``simulate()`` builds
+    the same): each candidate of ``config`` (``[selection] candidates`` × ``restarts``; none: the
+    config's own model, named ``model``) with its initial model, and the selection rule (None
+    when selection is off: DP, fedopt, no validation split)."""
+    from clinograph.secure.runtime.models import CandidateModel, RunModels
+    from clinograph.secure.runtime.selection import SelectionRule
+
+    from .candidates import Candidate, candidate_configs
+    from .member import canonical
+
+    if candidates is None:
+        candidates = candidate_configs(config)
+    cands = list(candidates) or [Candidate(name="model", overrides={}, config=config)]
+    rule = (SelectionRule(patience=config.selection.patience, min_delta=float(config.selection.min_delta))
+            if config.selection_active() else None)
+    return RunModels(task=config.task, selection=rule, candidates=tuple(
+        CandidateModel(name=c.name, overrides=canonical(c.overrides),
+                       initial=initial_model_for(_hospital_config(c.config), dictionary=dictionary))
+        for c in cands))
+
+
+def _hospital_config(config: HospitalConfig) -> HospitalConfig:
+    hospital_config = getattr(config, "hospital_config", None)
+    return hospital_config() if callable(hospital_config) else config
 
 
 def initial_model(task: Task, *, dictionary: FeatureDictionary) -> InitialModel:

@@ -30,14 +30,17 @@ overrides, kept round, rounds run and validation loss, and the chosen one.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from clinograph.secure.errors import ConfigError
+from clinograph.secure.runtime.run import (
+    choose as choose,  # re-exported: the rule lives with the run
+)
 
-from ..config import SimulationConfig, merge_sections
+from ..config import HospitalConfig, SimulationConfig, merge_sections
 
 #: the default for a binary NS-FL federation (static model, no DP), simplest first (ties go to the
 #: earlier): the wide path alone -- a federated logistic regression over every dictionary feature
@@ -67,20 +70,25 @@ class Candidate:
 
     name: str
     overrides: dict[str, Any]
-    config: SimulationConfig
+    config: HospitalConfig
 
 
-def default_applies(config: SimulationConfig) -> bool:
+def _hospital(config: HospitalConfig) -> HospitalConfig:
+    """The settings a hospital trains with (a simulation's DP horizon and fedopt rule applied)."""
+    return config.hospital_config() if isinstance(config, SimulationConfig) else config
+
+
+def default_applies(config: HospitalConfig) -> bool:
     """Whether the SDK's default candidates apply: binary static NS-FL with selection active,
     the wide path on, and neither shape functions, the GNN's switch nor the wide rows' learning
     rate chosen explicitly (a config that sets them means that one model)."""
     m = config.model
     return (config.task == "nsfl" and config.target.kind == "binary" and m.temporal == "none" and not m.modalities
             and m.linear_path and not m.linear_shape and m.deep and "wide_lr_factor" not in config.training.model_fields_set
-            and config.hospital_config().selection_active())
+            and _hospital(config).selection_active())
 
 
-def candidate_configs(config: SimulationConfig) -> list[Candidate]:
+def candidate_configs(config: HospitalConfig) -> list[Candidate]:
     """The candidates of ``config`` (``[selection] candidates``; None: the default for the task,
     an empty list: no choice). Every problem is reported at once.
 
@@ -92,13 +100,13 @@ def candidate_configs(config: SimulationConfig) -> list[Candidate]:
     raw = config.selection.candidates
     if raw is None:
         raw = DEFAULT_BINARY_CANDIDATES if default_applies(config) else ()
-    elif raw and not config.hospital_config().selection_active():
+    elif raw and not _hospital(config).selection_active():
         raise ConfigError("[selection] candidates needs model selection: the choice compares federated validation "
                           "losses, and selection is off here (DP, fedopt, [selection] enabled = false or no "
                           "validation split). Remove the candidates or turn selection on.")
     restarts = config.selection.restarts
     if restarts > 1:
-        if not config.hospital_config().selection_active():
+        if not _hospital(config).selection_active():
             raise ConfigError(f"[selection] restarts = {restarts} needs model selection: the restarts are compared "
                               "by federated validation loss, and selection is off here (DP, fedopt, [selection] "
                               "enabled = false or no validation split). Set restarts = 1 or turn selection on.")
@@ -132,7 +140,7 @@ def candidate_configs(config: SimulationConfig) -> list[Candidate]:
                             "table).")
             continue
         try:
-            cfg = SimulationConfig.model_validate(merge_sections(base, over))
+            cfg = type(config).model_validate(merge_sections(base, over))
         except Exception as exc:  # pydantic's message names the key  # noqa: BLE001
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in getattr(exc, "errors", list)())
             problems.append(f"{where} does not give a valid config ({detail or type(exc).__name__}).")
@@ -143,7 +151,7 @@ def candidate_configs(config: SimulationConfig) -> list[Candidate]:
     return with_restarts(out, config) if restarts > 1 else out
 
 
-def with_restarts(cands: list[Candidate], config: SimulationConfig) -> list[Candidate]:
+def with_restarts(cands: list[Candidate], config: HospitalConfig) -> list[Candidate]:
     """Each candidate (or, without candidates, the config's one model, named ``model``) from
     ``[selection] restarts`` initialisations: restart i > 0 is named ``<name>-init<i>`` and adds
     ``model.init_seed`` and ``training.seed`` + 1000·i to its overrides (public, audited like any
@@ -158,7 +166,7 @@ def with_restarts(cands: list[Candidate], config: SimulationConfig) -> list[Cand
             seeds = {"model": {"init_seed": (c.config.model.init_seed + 1000 * i) % 2**63},
                      "training": {"seed": (c.config.training.seed + 1000 * i) % 2**63}}
             over = merge_sections(c.overrides, seeds)
-            cfg = SimulationConfig.model_validate(merge_sections(c.config.model_dump(mode="python", by_alias=True),
+            cfg = type(config).model_validate(merge_sections(c.config.model_dump(mode="python", by_alias=True),
                                                                  seeds))
             out.append(Candidate(name=f"{c.name}-init{i}", overrides=json.loads(json.dumps(over, default=str)),
                                  config=cfg))
@@ -168,78 +176,6 @@ def with_restarts(cands: list[Candidate], config: SimulationConfig) -> list[Cand
         raise ConfigError(f"[selection] restarts name restart i of candidate c `c-init<i>`, and that gives the "
                           f"names {', '.join(map(repr, clash))} twice. Rename the candidate(s) ending in -init<i>.")
     return out
-
-
-def choose(losses: Sequence[float | None], *, min_delta: float) -> int:
-    """Index of the chosen candidate: the lowest validation loss, a later candidate only if lower
-    by more than ``min_delta`` (ties to the simpler, earlier one); a candidate without a loss
-    never wins.
-
-    Raises:
-        ConfigError: no candidate has a validation loss.
-    """
-    best: int | None = None
-    for i, loss in enumerate(losses):
-        if loss is None or loss != loss:  # None or NaN
-            continue
-        if best is None or loss < losses[best] - min_delta:  # type: ignore[operator]
-            best = i
-    if best is None:
-        raise ConfigError("No candidate produced a federated validation loss: check [split] validation_fraction > 0 "
-                          "and that [selection] is on.")
-    return best
-
-
-def simulate_choosing(tables: Sequence, dictionary, config: SimulationConfig, *, audit_dir: Path,
-                      on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
-                      drop_at: Mapping[int, Mapping[str, int]] | None = None):
-    """Run every candidate of ``config`` in ``audit_dir`` (one run each, one server key), choose
-    on the federated validation loss and record ``model_chosen``. Returns the chosen
-    candidate's :class:`~.simulate.SimulationResult` with ``choice`` filled in (one candidate or
-    none: a plain :func:`~.simulate.simulate_one`). ``drop_at`` applies to every candidate's run.
-
-    Raises:
-        ConfigError: as :func:`candidate_configs`.
-    """
-    from clinograph.secure.audit import AuditTrail
-    from clinograph.secure.identity import Identity
-
-    from .simulate import build_simulation, run_simulation, simulate_one
-
-    cands = candidate_configs(config)
-    server_id = Identity.generate("server")
-    if len(cands) > 1 and any(c.config.model.features == "shared" for c in cands):
-        cands = _resolve_shared(cands, tables, dictionary, config, audit_dir=audit_dir, server_id=server_id)
-    if len(cands) < 2:
-        cfg = cands[0].config if cands else config
-        return simulate_one(tables, dictionary, cfg, audit_dir=audit_dir, on_round=on_round, drop_at=drop_at)
-    results, rows = [], []
-    for c in cands:
-        fed = c.config.federation.model_copy(update={"id": f"{config.federation.id}-{c.name}"[:64]})
-        cfg = c.config.model_copy(update={"federation": fed, "output": Path(config.output) / "candidates" / c.name})
-        sim = build_simulation(tables, dictionary, cfg, audit_dir=audit_dir, server_identity=server_id)
-        for r, silent in (drop_at or {}).items():
-            sim.transport.drop_at(r, silent)
-        res = run_simulation(sim, cfg, on_round=on_round)
-        sel = res.selection
-        results.append(res)
-        rows.append({"name": c.name, "overrides": json.dumps(c.overrides, sort_keys=True),
-                     "validation_loss": float(sel["validation_loss"]) if sel else None,
-                     "round": int(sel["round"]) if sel else None, "rounds_run": len(res.rounds)})
-    k = choose([r["validation_loss"] for r in rows], min_delta=config.selection.min_delta)
-    audit = AuditTrail(audit_dir, identity=server_id)
-    try:
-        audit.record("model_chosen", {"chosen": rows[k]["name"], "candidates": rows,
-                                      "rule": "lowest kept-round federated validation loss; ties (within min_delta) "
-                                              "to the earlier, simpler candidate",
-                                      "min_delta": float(config.selection.min_delta)})
-    finally:
-        audit.close()
-    chosen = results[k]
-    chosen.choice = {"chosen": rows[k]["name"], "candidates": rows, "min_delta": config.selection.min_delta,
-                     # each candidate's selected test metrics, for benchmarks only (not used, not audited)
-                     "final_by_candidate": {r["name"]: res.final for r, res in zip(rows, results, strict=True)}}
-    return chosen
 
 
 def _resolve_shared(cands: list[Candidate], tables: Sequence, dictionary, config: SimulationConfig, *,

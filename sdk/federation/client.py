@@ -24,6 +24,9 @@ from clinograph.secure.ckks.holder import CkksKeyHolder
 from clinograph.secure.errors import ConfigError, ProtocolError
 from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.messages import ClientReport, GlobalModel, RoundPlan
+from clinograph.secure.runtime.models import RunFinish
+from clinograph.secure.runtime.participant import part
+from clinograph.secure.runtime.selection import STATUS_PART, SelectionStatus
 from clinograph.secure.spec import ModuleKind
 from clinograph.secure.state import UNKNOWN_STATE, state_digest
 from clinograph.secure.strategies import Strategy, create_strategy
@@ -62,6 +65,7 @@ class HospitalClient:
         self._strategy: tuple[tuple, Strategy] | None = None
         self._global: dict[str, np.ndarray] = task.modules.state(ModuleKind.SHARED)
         self.outgoing: list[bytes] = []  # every byte this hospital sent (for audits and tests)
+        self.finished = False  # run/finish ran: the task holds the kept, calibrated model
         self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
         self.anchor = HospitalAnchor(state_dir, server=server) if state_dir is not None else None
         self.model_path = (Path(state_dir) / "models" / f"{federation_id}.pt"
@@ -74,7 +78,9 @@ class HospitalClient:
 
     # -- RoundParticipant ------------------------------------------------------------------
     def on_setup(self, step: str, parts: Mapping[str, bytes]) -> dict[str, bytes]:
-        """Set-up steps before the first round: the CKKS key ceremony."""
+        """Set-up steps: the CKKS key ceremony before the first round; ``run/finish`` after the last."""
+        if step == "run/finish":
+            return self._finish(parts)
         return self.ckks.on_setup(step, parts)
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
@@ -89,6 +95,7 @@ class HospitalClient:
         self.plan = p
         modules = self.task.modules
         modules.load(self._global)
+        self._follow_run(p)
         t0 = time.perf_counter()
         outcome = self.task.train(round_=p.round, epochs=p.local_epochs, plan_options=dict(p.options))
         self.last_train_seconds = time.perf_counter() - t0
@@ -128,8 +135,10 @@ class HospitalClient:
         """In modes where the server never sees the sum (ckks), the aggregate this hospital decrypted."""
         return self._mode_client.decrypted_result() if self._mode_client is not None else None
 
-    def on_round_end(self, global_model: bytes | None) -> None:
-        """Load the new global shared modules; personal modules keep this hospital's values."""
+    def on_round_end(self, global_model: bytes | None) -> bytes | None:
+        """Load the new global shared modules; personal modules keep this hospital's values.
+        Returns this hospital's signed :class:`~clinograph.secure.runtime.selection.SelectionStatus`
+        (the federated validation loss it decoded from the model) when its task selects models."""
         plan = self.plan
         if plan is None:
             raise ProtocolError("End of a round this hospital did not take part in.")
@@ -138,7 +147,7 @@ class HospitalClient:
             new = {n: v.astype(np.float64) for n, v in decode_modules(plan, msg.modules, sender="server").items()}
             if msg.round != plan.round + 1:
                 if msg.round <= plan.round and state_digest(new) == state_digest(self._global):
-                    return  # a model this hospital already loaded, delivered again by a restarted server
+                    return None  # a model this hospital already loaded, delivered again by a restarted server
                 raise ProtocolError("Global model is not the one following this hospital's last round.")
         else:
             sums = self.decrypted_result()
@@ -149,9 +158,46 @@ class HospitalClient:
         self.task.modules.load(self._global)
         if self.anchor is not None:
             self.anchor.keep_model(plan.federation_id, self._global)
+        selection = getattr(self.task, "selection", None)
+        seen = len(selection.losses) if selection is not None else 0
         self.task.after_round()
         if self.model_path is not None and plan.federation_id == self.model_path.stem:
-            self.task.export_kept(self.model_path)  # type: ignore[attr-defined]
+            self.task.export_kept(self.model_path)
+        if selection is None:
+            return None
+        new_loss = len(selection.losses) > seen
+        status = SelectionStatus(federation_id=plan.federation_id, round=plan.round, client=self.name,
+                                 scored=selection.rounds[-1] if new_loss else None,
+                                 loss=selection.losses[-1] if new_loss else None)
+        return seal(status, self.identity)
+
+    def _follow_run(self, p: RoundPlan) -> None:
+        """The run's options in the signed plan: an evaluation-only round (``run.phase = "score"``)
+        trains nothing, and the selection keeps its best model by the plan's ``min_delta``."""
+        if hasattr(self.task, "evaluate_only") or p.options.get("run.phase") == "score":
+            self.task.evaluate_only = p.options.get("run.phase") == "score"
+        selection = getattr(self.task, "selection", None)
+        if selection is not None and isinstance(p.options.get("selection.min_delta"), float):
+            selection.min_delta = float(p.options["selection.min_delta"])
+
+    def _finish(self, parts: Mapping[str, bytes]) -> dict[str, bytes]:
+        """``run/finish``: keep the selected model (global + personal) and fit the calibration
+        (:meth:`Task.finish`); answer with the round kept, signed."""
+        msg = open_envelope(parse_envelope(part(parts, "data", "setup")), sender=self.server, model=RunFinish)
+        plan = self.plan
+        if plan is None or msg.federation_id != plan.federation_id or msg.round != plan.round:
+            raise ProtocolError(f"run/finish for federation {msg.federation_id!r} round {msg.round} does not follow "
+                                f"this hospital's last round ({plan.federation_id + ' ' + str(plan.round) if plan else 'none'}).")
+        if hasattr(self.task, "evaluate_only"):
+            self.task.evaluate_only = False
+        finish = getattr(self.task, "finish", None)
+        kept = finish().get("round") if callable(finish) else None
+        self.finished = True
+        if self.model_path is not None and plan.federation_id == self.model_path.stem:
+            self.task.export_kept(self.model_path)
+        status = SelectionStatus(federation_id=plan.federation_id, round=plan.round, client=self.name,
+                                 kept=None if kept is None else int(kept))
+        return {STATUS_PART: seal(status, self.identity)}
 
     # -- using the model at the hospital ------------------------------------------------------
     def predict_table(self, table):  # noqa: ANN001, ANN201 - a PatientTable -> np.ndarray

@@ -20,10 +20,12 @@ from clinograph.secure.identity import Identity
 from clinograph.secure.transport.flower.enrolment import load_federation
 
 from ..config import HospitalConfig
-from ..ingest import read_table
+from ..ingest import ingest, read_table
 from ..ontology import FeatureDictionary, SiteSchema
 from .build import build_hospital
+from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
+from .member import FederationMember, MemberCandidate, canonical
 
 
 def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
@@ -35,8 +37,10 @@ def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
 
 
 def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, Any], run_id: int,
-                  identity: Identity) -> HospitalClient:
-    """A HospitalClient over this node's data, keys and settings."""
+                  identity: Identity) -> FederationMember:
+    """The hospital over this node's data, keys and settings, for a whole federation run: its
+    own candidates (``[selection] candidates`` × ``restarts`` of ``hospital.toml``), each built on
+    the one ingested table when the server's signed ``run/start`` names it."""
     data = Path(str(node_config["data-dir"]))
     if not node_config.get("federation-file"):
         raise ConfigError("--node-config lacks federation-file (the federation.toml from `clinograph keys init`).")
@@ -44,8 +48,22 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     config = HospitalConfig.from_toml(data / "hospital.toml")
     dictionary = load_dictionary(config, data / "hospital.toml")
     table_path = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
-    return build_hospital(read_table(table_path), schema=SiteSchema.from_toml(data / "schema.toml"),
-                          dictionary=dictionary, config=config, identity=identity,
-                          server=federation.server_public(), peers=federation.enrolled(),
-                          federation_id=federation.federation_id,
-                          state_dir=Path(str(node_config["state-dir"])) / "privacy")
+    table = ingest(read_table(table_path), schema=SiteSchema.from_toml(data / "schema.toml"), dictionary=dictionary)
+    cands = candidate_configs(config) or [Candidate(name="model", overrides={}, config=config)]
+    shared = [c.name for c in cands if c.config.model.features == "shared"]
+    if shared:
+        raise ConfigError(f"{data / 'hospital.toml'}: [model] features = \"shared\" (candidate(s) {', '.join(shared)}) "
+                          "needs the feature-coverage set-up round, which runs in `clinograph simulate` only for now. "
+                          "List the features (features = [\"...\"]) or use features = \"all\".")
+    state_dir = Path(str(node_config["state-dir"])) / "privacy"
+
+    def build(fid: str, cfg: HospitalConfig) -> HospitalClient:
+        return build_hospital(table, dictionary=dictionary, config=cfg, identity=identity,
+                              server=federation.server_public(), peers=federation.enrolled(), federation_id=fid,
+                              state_dir=state_dir)
+
+    return FederationMember(identity=identity, server=federation.server_public(),
+                            federation_id=federation.federation_id,
+                            candidates=[MemberCandidate(name=c.name, overrides=canonical(c.overrides),
+                                                        build=lambda fid, cfg=c.config: build(fid, cfg))
+                                        for c in cands])

@@ -34,12 +34,13 @@ from ..config import ReleaseSection
 from ..model.modules import ModuleMap, Piece
 from ..training.trainer import TrainOutcome
 from .client import HospitalClient
+from .task import TaskBase
 
 #: the secure modes a set-up round runs under (CKKS would have the hospitals decrypt the sum: not wired)
 SECURE_SUM_MODES = ("masked", "insecure_plaintext")
 
 
-class SecureSumTask:
+class SecureSumTask(TaskBase):
     """One hospital's share of a secure-sum round (implements
     :class:`~clinograph.sdk.federation.task.Task`).
 

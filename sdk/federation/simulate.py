@@ -1,34 +1,38 @@
 """A whole federation in one process: the real server, real hospitals, the in-process transport.
 
-Everything a deployment does happens here too -- signed plans, the secure-aggregation mode
-(with the CKKS key ceremony relayed like over Flower), module-wise strategy, the audit trail --
-and through the same builders (:func:`clinograph.secure.runtime.build_server`,
-:func:`.build.build_hospital`) and the same loop (:func:`clinograph.secure.runtime.run_round`).
-Only the transport is a function call.
+Everything a deployment does happens here too, through the same code: the same run
+(:func:`clinograph.secure.runtime.run.run_federation` -- candidates, rounds under the stop rule,
+the evaluation-only scoring round, every hospital keeping the selected and calibrated model,
+``model_selected`` and ``model_chosen``), the same server assembly
+(:class:`clinograph.secure.runtime.assemble.ServerSide`: audit runs, the CKKS key ceremony,
+:func:`~clinograph.secure.runtime.build_server`) and the same hospital
+(:class:`.member.FederationMember` over :func:`.build.build_hospital`). Only the transport is a
+function call. What the simulation adds is measurement: each hospital's test metrics after
+every round and at the end (a deployment's hospitals keep theirs).
 
-Model selection (``[selection]``, on by default without DP): every round also sums the
-hospitals' validation losses through the secure mode (:mod:`clinograph.sdk.training.selection`);
-the run stops early after ``patience`` rounds without improvement, one last round scores the
-final global model (it trains nothing), every hospital keeps the selected model and fits its
-Platt scaling, and the audit trail records a ``model_selected`` entry. ``SimulationResult.final``
-holds the selected model's test metrics; ``rounds`` keeps the per-round curves.
+Set-up rounds that run before the candidates (``[scaling] source = "federated"``,
+``[model] features = "shared"``) are secure sums over their own short runs
+(:mod:`.scaling`, :mod:`.coverage`).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.ckks.presets import CkksPreset
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.identity import Identity
-from clinograph.secure.runtime import InProcessTransport, build_server, run_ckks_ceremony, run_round
+from clinograph.secure.runtime import InProcessTransport, run_round
+from clinograph.secure.runtime.assemble import ServerSide
 from clinograph.secure.runtime.liveness import Liveness
 from clinograph.secure.runtime.loop import RoundOutcome
-from clinograph.secure.runtime.participation import end_run
+from clinograph.secure.runtime.models import RunModels
+from clinograph.secure.runtime.run import CandidateRun, run_federation
 from clinograph.secure.server import FederationServer
 
 from ..config import SimulationConfig
@@ -36,13 +40,16 @@ from ..ingest import ingest, read_table
 from ..ingest.table import PatientTable
 from ..ontology import FeatureDictionary, SiteSchema
 from ..outdir import output_folder
-from .build import build_hospital, initial_model
+from .build import build_hospital, run_models
+from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
+from .member import FederationMember, MemberCandidate, canonical
 
 
 @dataclass
 class SimulatedFederation:
-    """The server, every hospital, the transport between them and the audit trail."""
+    """One model's server, every hospital, the transport between them and the audit trail: for
+    tests and studies that drive rounds themselves (:func:`build_simulation`)."""
 
     server: FederationServer
     hospitals: dict[str, HospitalClient]
@@ -82,15 +89,34 @@ class SimulationResult:
     dropped: list[dict[str, str]] = field(default_factory=list)
     audit_dir: Path | None = None
     epsilons: dict[str, list[float]] = field(default_factory=dict)
-    #: the per-federation model choice (:mod:`.candidates`): the chosen candidate and every
-    #: candidate's kept round, rounds run and federated validation loss; empty: one model ran
+    #: the per-federation model choice: the chosen candidate and every candidate's kept round,
+    #: rounds run and federated validation loss (``final_by_candidate``: each candidate's selected
+    #: test metrics, for studies only -- not used, not audited); empty: one model ran
     choice: dict = field(default_factory=dict)
+    #: every hospital as the run left it (``.client``: its kept model; ``.clients``: each candidate's)
+    hospitals: dict[str, FederationMember] = field(default_factory=dict, repr=False)
 
 
-def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
-                     audit_dir: Path, server_identity: Identity | None = None) -> SimulatedFederation:
-    """Identities, hospitals, transport, key ceremony (ckks), server and audit trail
-    (``server_identity``: the server's key, e.g. to add a run to an audit directory it signed)."""
+@dataclass
+class _Prepared:
+    """What the set-up rounds leave for the run: tables, dictionary, candidates, identities."""
+
+    tables: list[PatientTable]
+    dictionary: FeatureDictionary
+    config: SimulationConfig
+    candidates: list[Candidate]
+    server_id: Identity
+    ids: dict[str, Identity]
+    audit: AuditTrail | None
+    first_round: int
+    models: RunModels
+    #: (table, hospital config) -> the hospital's task; None: :func:`.build.build_task`
+    task_factory: Callable[[PatientTable, Any], Any] | None = None
+
+
+def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
+             audit_dir: Path, server_identity: Identity | None, choose: bool) -> _Prepared:
+    """Identities, the set-up rounds (federated scaling, shared features) and the candidates."""
     fed = config.federation
     from clinograph.secure.strategies.attention import check_secure_mode
 
@@ -100,174 +126,205 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
         raise ConfigError(f"Two hospitals share a site name: {sorted(n for n in names if names.count(n) > 1)}.")
     server_id = server_identity or Identity.generate("server")
     ids = {t.site: Identity.generate(t.site) for t in tables}
-    publics = {n: i.public for n, i in ids.items()}
-    hconf = config.hospital_config()
+    cands = candidate_configs(config) if choose else []
+    tables = list(tables)
     audit, first_round = None, 0
-    if config.scaling.source == "federated":  # set-up round: robust scaling from securely summed histograms
-        from .scaling import federated_scaling
+    try:
+        if config.scaling.source == "federated":  # set-up round: robust scaling from securely summed histograms
+            from .scaling import federated_scaling
 
-        if config.privacy.enabled:
-            raise ConfigError("[scaling] source = 'federated' is not covered by the DP accountant (the summed "
-                              "histograms are exact); use source = 'dictionary' under [privacy].")
-        audit = AuditTrail(audit_dir, identity=server_id)
-        try:
+            if config.privacy.enabled:
+                raise ConfigError("[scaling] source = 'federated' is not covered by the DP accountant (the summed "
+                                  "histograms are exact); use source = 'dictionary' under [privacy].")
+            audit = AuditTrail(audit_dir, identity=server_id)
             dictionary, tables, first_round = federated_scaling(
                 tables, dictionary, scaling=config.scaling, federation=fed, server_identity=server_id,
                 identities=ids, audit=audit)
-        except BaseException:
-            audit.close()
-            raise
-    if config.model.features == "shared":  # set-up round: the features every hospital observes
-        from .coverage import refuse_unresolvable, shared_features, with_features
+        shared_asked = [c for c in cands if c.config.model.features == "shared"]
+        if config.model.features == "shared" or shared_asked:  # set-up round: the features every hospital observes
+            from .coverage import refuse_unresolvable, shared_features, with_features
 
-        refuse_unresolvable(config)
-        audit = audit or AuditTrail(audit_dir, identity=server_id)
-        try:
+            refuse_unresolvable(config if config.model.features == "shared" else shared_asked[0].config)
+            audit = audit or AuditTrail(audit_dir, identity=server_id)
+            asked = (f"[selection] candidate(s) {', '.join(repr(c.name) for c in shared_asked)} ask for [model] "
+                     "features = \"shared\"") if shared_asked and config.model.features != "shared" else None
             shared, _, first_round = shared_features(tables, dictionary, federation=fed, server_identity=server_id,
-                                                     identities=ids, audit=audit, first_round=first_round)
-        except BaseException:
+                                                     identities=ids, audit=audit, first_round=first_round,
+                                                     **({"asked_by": asked} if asked else {}))
+            if config.model.features == "shared":
+                config = with_features(config, shared)
+            cands = [_with_shared(c, shared) for c in cands]
+    except BaseException:
+        if audit is not None:
             audit.close()
-            raise
-        config = with_features(config, shared)
-        hconf = config.hospital_config()
-    hospitals = {t.site: build_hospital(t, dictionary=dictionary, config=hconf, identity=ids[t.site],
-                                        server=server_id.public, peers=publics, federation_id=fed.id,
-                                        state_dir=Path(hconf.privacy.state_dir or config.output) / t.site)
-                 for t in tables}
-    transport = InProcessTransport(hospitals)
-    ckks_context = None
-    if fed.secure_mode == "ckks":
-        ckks_context, _ = run_ckks_ceremony(transport, federation_id=fed.id, participants=tuple(sorted(hospitals)),
-                                            enrolled=publics, preset=CkksPreset(fed.ckks_preset),
-                                            min_holders=min(fed.min_clients, len(hospitals)))
-    first = hospitals[sorted(hospitals)[0]]
+        raise
+    try:
+        models = run_models(config.hospital_config(), dictionary=dictionary, candidates=cands)
+    except BaseException:
+        if audit is not None:
+            audit.close()
+        raise
+    return _Prepared(tables=tables, dictionary=dictionary, config=config, candidates=cands, server_id=server_id,
+                     ids=ids, audit=audit, first_round=first_round, models=models)
+
+
+def _with_shared(c: Candidate, shared: Sequence[str]) -> Candidate:
+    from ..config import merge_sections
+    from .coverage import with_features
+
+    if c.config.model.features != "shared":
+        return c
+    over = merge_sections(c.overrides, {"model": {"features": list(shared)}})
+    return Candidate(name=c.name, overrides=json.loads(json.dumps(over, default=str)),
+                     config=with_features(c.config, shared))
+
+
+def _server_side(prep: _Prepared, *, audit_dir: Path) -> ServerSide:
+    config = prep.config
     policy = config.dp_policy()
     if config.privacy.enabled and config.privacy.mode == "distributed":
         from .dp_task import check_simulation, distributed_policy
 
         policy = distributed_policy(config)
-        check_simulation(config, tables, dim=first.task.columns.dim)  # refused here if it cannot keep its promise
-    audit = audit or AuditTrail(audit_dir, identity=server_id)
-    try:
-        server = build_server(federation=fed, identity=server_id, enrolled=publics,
-                              initial=initial_model(first.task, dictionary=dictionary), audit=audit,
-                              dp_policy=policy.policy() if policy else None, ckks_context=ckks_context)
-    except BaseException:
-        audit.close()
-        raise
-    server.round = first_round  # one audit trail: training rounds continue after the set-up round
+        dim = sum(m.size for m in prep.models.candidates[0].initial.spec.shared)
+        check_simulation(config, prep.tables, dim=dim)  # refused here if it cannot keep its promise
+    return ServerSide(federation=config.federation, identity=prep.server_id,
+                      enrolled={n: i.public for n, i in prep.ids.items()}, dp_policy=policy.policy() if policy else None,
+                      audit_dir=Path(audit_dir), audit=prep.audit, first_round=prep.first_round)
+
+
+def _hospital(prep: _Prepared, table: PatientTable, config: SimulationConfig, federation_id: str) -> HospitalClient:
+    hconf = config.hospital_config()
+    publics = {n: i.public for n, i in prep.ids.items()}
+    task = prep.task_factory(table, hconf) if prep.task_factory is not None else None
+    return build_hospital(table, dictionary=prep.dictionary, config=hconf, identity=prep.ids[table.site],
+                          server=prep.server_id.public, peers=publics, federation_id=federation_id,
+                          state_dir=Path(hconf.privacy.state_dir or config.output) / table.site, task=task)
+
+
+def _members(prep: _Prepared) -> dict[str, FederationMember]:
+    config = prep.config
+    cands = prep.candidates or [Candidate(name="model", overrides={}, config=config)]
+    out = {}
+    for t in prep.tables:
+        out[t.site] = FederationMember(
+            identity=prep.ids[t.site], server=prep.server_id.public, federation_id=config.federation.id,
+            candidates=[MemberCandidate(name=c.name, overrides=canonical(c.overrides),
+                                        build=lambda fid, t=t, c=c: _hospital(prep, t, _output(c, config), fid))
+                        for c in cands])
+    return out
+
+
+def _output(c: Candidate, base: SimulationConfig) -> SimulationConfig:
+    """A candidate's config with its own output folder (its hospitals' exported models)."""
+    cfg = c.config if isinstance(c.config, SimulationConfig) else base
+    if c.name == "model":
+        return cfg
+    return cfg.model_copy(update={"output": Path(base.output) / "candidates" / c.name})
+
+
+def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
+                     audit_dir: Path, server_identity: Identity | None = None) -> SimulatedFederation:
+    """One model (``config``'s own; candidates ignored) ready for rounds driven by the caller:
+    the set-up rounds, identities, hospitals, the server (same :class:`ServerSide` as
+    :func:`simulate`, CKKS ceremony included) and its audit trail."""
+    prep = _prepare(tables, dictionary, config, audit_dir=audit_dir, server_identity=server_identity, choose=False)
+    side = _server_side(prep, audit_dir=audit_dir)
+    hospitals = {t.site: _hospital(prep, t, prep.config, prep.config.federation.id) for t in prep.tables}
+    transport = InProcessTransport(hospitals)
+    server, narrowed = side.open_run(prep.models.candidates[0], run_id=prep.config.federation.id,
+                                     transport=transport)
+    fed = prep.config.federation
     liveness = Liveness(suspend_after=fed.suspend_after_missed, retry_every=fed.retry_every)
-    return SimulatedFederation(server=server, hospitals=hospitals, transport=transport, audit=audit,
-                               liveness=liveness, audit_dir=Path(audit_dir), dictionary=dictionary)
+    return SimulatedFederation(server=server, hospitals=hospitals, transport=narrowed, audit=server.audit,  # type: ignore[arg-type]
+                               liveness=liveness, audit_dir=Path(audit_dir), dictionary=prep.dictionary)
 
 
 def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
              audit_dir: Path, on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
-             drop_at: Mapping[int, Mapping[str, int]] | None = None) -> SimulationResult:
-    """The federation ``config`` describes, as ``clinograph simulate`` runs it: with
-    ``[selection] candidates`` (the default for binary static NS-FL: the wide path alone, with
-    shape functions, and each beside the GNN) every candidate runs and the one with the lowest federated validation loss
-    is kept (:func:`.candidates.simulate_choosing`, ``result.choice``); otherwise one model
-    (:func:`simulate_one`). Every run evaluates each hospital's test split after each round.
+             drop_at: Mapping[int, Mapping[str, int]] | None = None, choose: bool = True,
+             task_factory: Callable[[PatientTable, Any], Any] | None = None) -> SimulationResult:
+    """The federation ``config`` describes, as ``clinograph simulate`` and a Flower deployment run
+    it (:func:`clinograph.secure.runtime.run.run_federation`): with ``[selection] candidates``
+    (the default for binary static NS-FL: the wide path alone, with shape functions, and each
+    beside the GNN) and ``restarts`` every candidate runs and the one with the lowest federated
+    validation loss is kept (``result.choice``); ``choose=False`` runs ``config``'s own model
+    only. Every run evaluates each hospital's test split after each round.
 
     ``drop_at[r][name] = k``: hospital ``name`` goes silent in round ``r`` from its k-th exchange
-    on (in every candidate's run).
+    on (in every candidate's run). ``task_factory(table, hospital_config)``: each hospital's task
+    when it is not built from the config alone (e.g. a modality task over the hospital's signals).
     """
-    from .candidates import simulate_choosing
+    prep = _prepare(tables, dictionary, config, audit_dir=audit_dir, server_identity=None, choose=choose)
+    prep.task_factory = task_factory
+    side = _server_side(prep, audit_dir=audit_dir)
+    members = _members(prep)
+    transport = InProcessTransport(members)
+    for r, silent in (drop_at or {}).items():
+        transport.drop_at(r, silent)
+    fed = prep.config.federation
+    results: dict[str, SimulationResult] = {}
+    opened: dict[int, float] = {}
 
-    return simulate_choosing(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round, drop_at=drop_at)
+    def event(kind: str, data: Mapping[str, Any]) -> None:
+        if kind == "round_opened":
+            opened[int(data["round"])] = time.perf_counter()
+
+    def round_done(run: CandidateRun, r: int, outcome: RoundOutcome) -> None:
+        res = results.setdefault(run.name, SimulationResult(audit_dir=Path(audit_dir)))
+        total = time.perf_counter() - opened.get(outcome.result.round, time.perf_counter())
+        train = sum(m.last_train_seconds for n, m in members.items() if n not in outcome.dropped)
+        res.timings.setdefault("round_seconds", []).append(total)
+        res.timings.setdefault("local_training_seconds", []).append(train)
+        res.timings.setdefault("protocol_and_aggregation_seconds", []).append(total - train)
+        res.dropped.append(outcome.dropped)
+        for n, m in members.items():
+            if m.last is not None and m.last.ledger is not None and n not in outcome.dropped:
+                res.epsilons.setdefault(n, []).append(m.last.ledger.epsilon)
+        metrics = {n: m.active.task.evaluate("test") for n, m in sorted(members.items())}
+        res.rounds.append(metrics)
+        if on_round is not None:
+            on_round(r, metrics)
+
+    def run_done(run: CandidateRun) -> None:
+        res = results.setdefault(run.name, SimulationResult(audit_dir=Path(audit_dir)))
+        tasks = {n: m.active.task for n, m in sorted(members.items())}
+        res.final = {n: t.evaluate("test") for n, t in tasks.items()}
+        t = run.control.tracker
+        if t is None or t.best_round is None:
+            return
+        uncalibrated = {}
+        for n, task in tasks.items():
+            cal, task.calibration = task.calibration, None
+            uncalibrated[n] = task.evaluate("test")
+            task.calibration = cal
+        res.selection = {"round": t.best_round, "validation_loss": t.best_loss, "rounds_evaluated": list(t.rounds),
+                         "validation_losses": list(t.losses), "stopped_early": bool(run.control.stopped),
+                         "patience": t.rule.patience, "calibration": {
+                             n: {"a": task.calibration.a if task.calibration else 1.0,
+                                 "b": task.calibration.b if task.calibration else 0.0} for n, task in tasks.items()},
+                         "uncalibrated": uncalibrated}
+
+    fed_run = run_federation(prep.models, side=side, transport=transport, rounds=fed.rounds, on_event=event,
+                             on_round=round_done, on_run_end=run_done,
+                             liveness=lambda: Liveness(suspend_after=fed.suspend_after_missed,
+                                                       retry_every=fed.retry_every))
+    kept = fed_run.kept
+    result = results.setdefault(kept.name, SimulationResult(audit_dir=Path(audit_dir)))
+    result.hospitals = members
+    if fed_run.chosen is not None:
+        result.choice = {"chosen": kept.name, "candidates": [r.row() for r in fed_run.runs],
+            "min_delta": prep.config.selection.min_delta,
+            "final_by_candidate": {r.name: results[r.name].final for r in fed_run.runs if r.name in results}}
+    return result
 
 
 def simulate_one(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
                  audit_dir: Path, on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
                  drop_at: Mapping[int, Mapping[str, int]] | None = None) -> SimulationResult:
-    """Exactly one model: ``config.federation.rounds`` rounds (early stopping on the federated
-    validation loss), ``config``'s candidates ignored. ``drop_at`` as in :func:`simulate`."""
-    sim = build_simulation(tables, dictionary, config, audit_dir=audit_dir)
-    for r, silent in (drop_at or {}).items():
-        sim.transport.drop_at(r, silent)
-    return run_simulation(sim, config, on_round=on_round)
-
-
-def run_simulation(sim: SimulatedFederation, config: SimulationConfig, *,
-                   on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None) -> SimulationResult:
-    """The rounds of an already built federation (early stopping on the federated validation
-    loss, the selected and calibrated model, the run's end entries); closes its audit trail."""
-    result = SimulationResult(audit_dir=sim.audit_dir)
-    status, reason = "completed", f"all {config.federation.rounds} planned round(s) ran"
-    try:
-        for r in range(config.federation.rounds):
-            t0 = time.perf_counter()
-            outcome = sim.run_round()
-            total = time.perf_counter() - t0
-            train = sum(h.last_train_seconds for n, h in sim.hospitals.items() if n not in outcome.dropped)
-            result.timings.setdefault("round_seconds", []).append(total)
-            result.timings.setdefault("local_training_seconds", []).append(train)
-            result.timings.setdefault("protocol_and_aggregation_seconds", []).append(total - train)
-            result.dropped.append(outcome.dropped)
-            for n, h in sim.hospitals.items():
-                if h.last is not None and h.last.ledger is not None and n not in outcome.dropped:
-                    result.epsilons.setdefault(n, []).append(h.last.ledger.epsilon)
-            metrics = sim.evaluate("test")
-            result.rounds.append(metrics)
-            if on_round is not None:
-                on_round(r, metrics)
-            if _should_stop(sim):
-                status, reason = "completed", f"stopped early after round {r} (validation loss, patience)"
-                break
-        _select(sim, result, patience=config.selection.patience)
-    except BaseException as exc:
-        status, reason = "failed", f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        try:  # the run's release and run_ended entries, as run_rounds writes them
-            end_run(sim.server, status=status, reason=reason, rounds_completed=len(result.rounds),
-                    rounds_planned=config.federation.rounds)
-        finally:
-            sim.audit.close()
-    return result
-
-
-def _selections(sim: SimulatedFederation) -> list:
-    return [s for h in sim.hospitals.values() if (s := getattr(h.task, "selection", None)) is not None]
-
-
-def _should_stop(sim: SimulatedFederation) -> bool:
-    sel = _selections(sim)
-    return bool(sel) and sel[0].should_stop  # every hospital decoded the same losses
-
-
-def _select(sim: SimulatedFederation, result: SimulationResult, *, patience: int) -> None:
-    """Score the last global model (an evaluation-only round), keep the selected model at every
-    hospital, calibrate, record ``model_selected``; ``result.final`` = selected test metrics."""
-    sel = _selections(sim)
-    if sel and result.rounds:
-        stopped = sel[0].should_stop
-        for h in sim.hospitals.values():
-            h.task.evaluate_only = True
-        try:
-            sim.run_round()
-        finally:
-            for h in sim.hospitals.values():
-                h.task.evaluate_only = False
-    finishes = {n: h.task.finish() for n, h in sorted(sim.hospitals.items()) if hasattr(h.task, "finish")}
-    if not sel or sel[0].best_round is None:
-        result.final = sim.evaluate("test") if finishes else (result.rounds[-1] if result.rounds else {})
-        return
-    s = sel[0]
-    uncalibrated = {}
-    for n, h in sorted(sim.hospitals.items()):
-        cal, h.task.calibration = h.task.calibration, None
-        uncalibrated[n] = h.task.evaluate("test")
-        h.task.calibration = cal
-    result.final = sim.evaluate("test")
-    result.selection = {"round": s.best_round, "validation_loss": s.best_loss, "rounds_evaluated": list(s.rounds),
-                        "validation_losses": list(s.losses), "stopped_early": bool(stopped), "patience": patience,
-                        "calibration": {n: {"a": f["platt_a"], "b": f["platt_b"]} for n, f in finishes.items()},
-                        "uncalibrated": uncalibrated}
-    sim.audit.record("model_selected", {"round": int(s.best_round), "validation_loss": float(s.best_loss),
-                                        "rounds_evaluated": len(s.rounds), "patience": int(patience),
-                                        "stopped_early": bool(stopped), "losses": [float(x) for x in s.losses]})
+    """Exactly ``config``'s own model (its candidates ignored): :func:`simulate` with ``choose=False``."""
+    return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round, drop_at=drop_at,
+                    choose=False)
 
 
 def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDictionary]:

@@ -14,20 +14,33 @@ layers, fine-tuning and DP as configuration) and
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+from clinograph.secure.errors import ConfigError
 
 from ..model.modules import ModuleMap
 from ..training.trainer import TrainOutcome
 
+if TYPE_CHECKING:
+    from ..ingest.table import PatientTable
+    from ..training.selection import ModelSelection
+
 
 class Task(Protocol):
-    """One hospital's learning task (see the module docstring)."""
+    """One hospital's learning task (see the module docstring). :class:`TaskBase` gives every
+    member a run uses but a task may not need its default."""
 
     #: the task's registered name (``"nsfl"``, ``"concepts"``); travels in the initial model file
     name: str
     modules: ModuleMap
+    #: the federation's model selection as this hospital decodes it (None: this task does not select)
+    selection: ModelSelection | None
+    #: set by the client for the run's evaluation-only round (``run.phase = "score"``): score, train nothing
+    evaluate_only: bool
+    #: whether :meth:`export_kept` can write this task's model for ``clinograph predict``
+    exportable: bool
 
     @property
     def num_samples(self) -> int:
@@ -53,3 +66,42 @@ class Task(Protocol):
 
     def predict(self) -> np.ndarray:
         """Risk for every patient of this hospital's table."""
+
+    def finish(self) -> dict[str, float | int | None]:
+        """After the run's last round (``run/finish``): keep the selected model, fit the
+        calibration; returns at least ``{"round": kept round or None}``."""
+
+    def export_kept(self, path: str | Path) -> object:
+        """Write the model this hospital would keep if the run ended now (``exportable`` tasks)."""
+
+    def predict_table(self, table: PatientTable) -> np.ndarray:
+        """Risk for new patients of this hospital (nothing leaves it)."""
+
+
+class TaskBase:
+    """The defaults of :class:`Task`'s optional members: no selection, no export, no scoring of
+    new patients, nothing after a round, and ``finish`` keeps the last model."""
+
+    selection: ModelSelection | None = None
+    evaluate_only: bool = False
+    exportable: bool = False
+
+    def after_round(self) -> None:
+        return None
+
+    def finish(self) -> dict[str, float | int | None]:
+        return {"round": None}
+
+    def export_kept(self, path: str | Path) -> object:
+        raise ConfigError(f"Task {getattr(self, 'name', '?')!r} cannot export its model (exportable is false).")
+
+    def predict_table(self, table: PatientTable) -> np.ndarray:
+        raise ConfigError(f"Task {getattr(self, 'name', '?')!r} cannot score new patients (no predict_table); "
+                          "use task = 'nsfl'.")
+
+    def quality(self) -> dict[str, float]:
+        raise ConfigError(f"Task {getattr(self, 'name', '?')!r} has no quality metrics; use [release] metrics = "
+                          "'none' or 'validation'.")
+
+    def feature_relevance(self) -> dict[str, float]:
+        return {}

@@ -15,9 +15,10 @@ from clinograph.secure.errors import ConfigError
 
 from ..training.calibration import Platt, fit_platt_cv, logit
 from ..training.metrics import binary_metrics
+from .task import TaskBase
 
 
-class SplitEvaluation:
+class SplitEvaluation(TaskBase):
     """``evaluate(split)`` on this hospital's own validation or test patients (stays local)."""
 
     def predict(self) -> np.ndarray:  # pragma: no cover - implemented by every task

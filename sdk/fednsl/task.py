@@ -26,12 +26,13 @@ from clinograph.secure.spec import ModuleKind
 from clinograph.secure.strategies.rules import POSTERIOR_MODULE, PRIOR_MODULE, SUPPORT_MODULE
 from torch import nn
 
+from ..federation.task import TaskBase
 from ..model.modules import ModuleMap, Piece
 from ..training.trainer import TrainOutcome
 from .client import HospitalRules
 
 
-class RulesTask:
+class RulesTask(TaskBase):
     """A hospital's FedNSL task (see the module docstring).
 
     Args:

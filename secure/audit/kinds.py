@@ -269,6 +269,9 @@ class ModelSelected(Payload):
     patience: int = Field(ge=0)
     stopped_early: bool
     losses: list[float]
+    #: hospitals whose signed status disagreed with the majority (name -> the round it reported
+    #: or kept; -1: kept none) -- the majority's value was used (secure/runtime/selection.py)
+    disagreeing: dict[Name, int] = Field(default_factory=dict, max_length=10_000)
 
 
 class CandidateRow(Payload):

@@ -244,6 +244,11 @@ class AuditTrail:
             self.checkpoint()
             self._fh.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (nothing more can be recorded in this run)."""
+        return self._fh.closed
+
     # -- reading ------------------------------------------------------------------------
     @property
     def directory(self) -> Path:

@@ -100,6 +100,11 @@ class Boundary(BaseModel):
     audit_seq: int | None = None
     audit_hash: str | None = None
     run_ended: bool = False
+    #: the run's control (:class:`~.loop.RunControl`: selection so far), the evaluation-only
+    #: rounds run (0 or 1) and whether the stop rule ended training
+    control: dict[str, Any] | None = None
+    scored: int = Field(ge=0, le=1, default=0)
+    stopped: bool = False
 
 
 def encode_state(names: list[str], state: Mapping[str, np.ndarray]) -> bytes:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ProtocolError
 from ..messages import RoundResult
@@ -32,6 +32,7 @@ from .journal import Journal
 from .liveness import Liveness
 from .participation import RoundBook, end_run
 from .resume import RunState, check_journalable, resume, save
+from .selection import STATUS_PART
 from .transport import Transport
 
 EventSink = Callable[[str, Mapping[str, Any]], None]
@@ -51,6 +52,8 @@ class RoundOutcome:
     pending_model: dict[str, bytes] = field(default_factory=dict)
     #: hospitals whose signed refusal is final for the run (privacy budget spent) -> reason
     final_refusals: dict[str, str] = field(default_factory=dict)
+    #: each hospital's signed answer to the model's delivery (:mod:`.selection`), when it sent one
+    statuses: dict[str, bytes] = field(default_factory=dict)
 
 
 class RoundAborted(ProtocolError):
@@ -91,11 +94,12 @@ def relay_stages(next_stage: Callable[[], Mapping[str, bytes] | None], receive: 
 
 def run_round(server: FederationServer, transport: Transport, *, participants: tuple[str, ...] | None = None,
               pending_model: Mapping[str, bytes] | None = None, on_event: EventSink | None = None,
-              on_boundary: BoundarySink | None = None) -> RoundOutcome:
+              on_boundary: BoundarySink | None = None, deliver: bool = False) -> RoundOutcome:
     """Run one round with ``participants`` (default: every enrolled hospital the transport reaches).
 
     ``on_boundary`` is called after each stage (see :data:`BoundarySink`); :func:`run_rounds`
-    journals the server there.
+    journals the server there. ``deliver``: send the new model at once even when the transport
+    would let it ride with the next plan (the run's stop rule needs the hospitals' answers now).
 
     Raises:
         ProtocolError: the round aborted (too few survivors for the secure mode); it is audited
@@ -148,25 +152,55 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
                            "refused": sorted(book.refused), "epsilon": epsilon})
     boundary("close", {"result": result, "invited": tuple(participants), "pending": {n: model for n in survivors},
                        "final": dict(book.final)})
-    if transport.defers_model:
+    if transport.defers_model and not deliver:
         return RoundOutcome(result=result, dropped=dropped, pending_model={n: model for n in survivors},
                             final_refusals=book.final)
     end_out = {n: {"model": model} for n in survivors}
     end_answers, end_failed = transport.exchange("end", end_out, round_=round_)
+    statuses = {}
     for name in sorted(end_answers):
         if "refusal" in end_answers[name]:  # audited like any refusal; the round itself is closed
             book.screen("end", "end", {name: end_answers[name]}, {}, end_out)
+        elif STATUS_PART in end_answers[name]:
+            statuses[name] = end_answers[name][STATUS_PART]
     for name, reason in end_failed.items():
         event("end_not_delivered", {"round": round_, "hospital": name, "reason": reason})
     boundary("end", {})
-    return RoundOutcome(result=result, dropped=dropped, final_refusals=book.final)
+    return RoundOutcome(result=result, dropped=dropped, final_refusals=book.final, statuses=statuses)
+
+
+class RunControl(Protocol):
+    """What a whole run adds to the rounds (:class:`.run.SelectedRun` is the one implementation):
+    the options every plan carries, the stop rule, the evaluation-only scoring round and the
+    run's last step before its ``release`` and ``run_ended`` entries."""
+
+    #: deliver every round's model at once (the stop rule reads the hospitals' answers to it)
+    deliver: bool
+
+    def options(self, *, scoring: bool) -> dict[str, float | int | str | bool]:
+        """The run's options for the next plan (``scoring``: the evaluation-only round)."""
+
+    def after(self, server: FederationServer, outcome: RoundOutcome) -> bool:
+        """Read the round's answers; True: stop training now."""
+
+    def wants_score(self) -> bool:
+        """Whether the run ends with an evaluation-only round that scores the last model."""
+
+    def finish(self, server: FederationServer, transport: Transport, *, stopped: bool) -> None:
+        """The run's last step (every hospital keeps its model; ``model_selected``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Journal form."""
+
+    def load(self, data: Mapping[str, Any]) -> None:
+        """Restore from :meth:`to_dict`."""
 
 
 def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
                participants: tuple[str, ...] | None = None,
                on_round: Callable[[int, RoundOutcome], None] | None = None,
                on_event: EventSink | None = None, liveness: Liveness | None = None,
-               journal: Journal | None = None) -> list[RoundOutcome]:
+               journal: Journal | None = None, control: RunControl | None = None) -> list[RoundOutcome]:
     """Run ``rounds`` rounds; the last global model is delivered before returning.
 
     With ``liveness``, hospitals that keep missing rounds are suspended and retried
@@ -177,6 +211,11 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     happens, the run's ``release`` (if a round aggregated) and ``run_ended`` entries are
     written last.
 
+    With a ``control`` (:class:`RunControl`), every plan carries the run's options, the run
+    stops early when the control says so, then (if the control wants it) one evaluation-only
+    round scores the last model (it is not counted in ``rounds``), and the control's ``finish``
+    runs before ``release`` and ``run_ended``.
+
     With a ``journal`` (:mod:`.journal`), the server and the loop are journalled after every
     stage, and a journal that already holds boundaries is resumed first: the run goes on where
     it stopped (``rounds`` counts the whole run's completed rounds, before and after the
@@ -185,7 +224,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     """
     event = on_event or _quiet
     outcomes: list[RoundOutcome] = []
-    run = RunState(liveness=liveness)
+    run = RunState(liveness=liveness, control=control)
     if journal is not None:
         check_journalable(server)
         resume(journal, server, run, event=event)
@@ -213,51 +252,87 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         elif stage == "end":
             run.pending = {}
             open_round = None
-        if journal is not None:
+        if journal is not None and not (stage == "end" and control is not None):  # then saved after control.after
             save(journal, server, run, stage=stage, open_round=open_round)
 
+    def one_round(*, scoring: bool) -> RoundOutcome | None:
+        nonlocal status, reason, invited
+        pool = participants or tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
+        pool = tuple(n for n in pool if n not in run.retired)
+        if run.retired and len(pool) < server.min_clients:
+            status, reason = "too_few_hospitals", _too_few(server, pool, run.retired)
+            return None
+        invited = pool if liveness is None else liveness.invited(server.round, pool)
+        if control is not None:
+            server.run_options = control.options(scoring=scoring)
+        try:
+            outcome = run_round(server, transport, participants=invited, pending_model=run.pending,
+                                on_event=event, on_boundary=on_boundary,
+                                deliver=control is not None and control.deliver)
+        except RoundAborted as exc:
+            event("round_aborted", {"round": exc.round, "reason": str(exc)[:500]})
+            left = [n for n in pool if n not in run.retired]
+            if exc.final_refusals and len(left) < server.min_clients:
+                status, reason = "too_few_hospitals", _too_few(server, tuple(left), run.retired)
+                return None
+            status, reason = "failed", f"round {exc.round} aborted: {exc}"
+            raise
+        outcomes.append(outcome)
+        return outcome
+
+    stopped = False
     try:
-        for r in range(run.completed, rounds):
-            pool = participants or tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
-            pool = tuple(n for n in pool if n not in run.retired)
-            if run.retired and len(pool) < server.min_clients:
-                status, reason = "too_few_hospitals", _too_few(server, pool, run.retired)
+        while run.completed - run.scored < rounds and not run.stopped:
+            r = run.completed - run.scored
+            outcome = one_round(scoring=False)
+            if outcome is None:
                 break
-            invited = pool if liveness is None else liveness.invited(server.round, pool)
-            try:
-                outcome = run_round(server, transport, participants=invited, pending_model=run.pending,
-                                    on_event=event, on_boundary=on_boundary)
-            except RoundAborted as exc:
-                event("round_aborted", {"round": exc.round, "reason": str(exc)[:500]})
-                left = [n for n in pool if n not in run.retired]
-                if exc.final_refusals and len(left) < server.min_clients:
-                    status, reason = "too_few_hospitals", _too_few(server, tuple(left), run.retired)
-                    break
-                status, reason = "failed", f"round {exc.round} aborted: {exc}"
-                raise
-            outcomes.append(outcome)
             if on_round is not None:
                 on_round(r, outcome)
+            if control is not None:
+                run.stopped = control.after(server, outcome)
+                if journal is not None:
+                    save(journal, server, run, stage="end", open_round=None)
+        stopped = run.stopped
+        if stopped:
+            reason = f"stopped early after {run.completed - run.scored} round(s): validation loss, patience"
+        if status == "completed" and control is not None:
+            if control.wants_score() and not run.scored:
+                outcome = one_round(scoring=True)
+                if outcome is not None:
+                    run.scored = 1
+                    control.after(server, outcome)
+                    if journal is not None:
+                        save(journal, server, run, stage="end", open_round=None)
+            if status == "completed":
+                _deliver_pending(server, transport, run, event)
+                control.finish(server, transport, stopped=stopped)
     except BaseException as exc:
         failure = exc
         if status == "completed":
             status, reason = "failed", f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        if run.pending:
-            _, failed = transport.exchange("end", {n: {"model": m} for n, m in run.pending.items()},
-                                           round_=server.round)
-            for name, why in failed.items():
-                event("end_not_delivered", {"round": server.round, "hospital": name, "reason": why})
-            run.pending = {}
+        _deliver_pending(server, transport, run, event)
         try:
-            end_run(server, status=status, reason=reason, rounds_completed=run.completed, rounds_planned=rounds)
+            end_run(server, status=status, reason=reason, rounds_completed=run.completed - run.scored,
+                    rounds_planned=rounds)
         except Exception:
             if failure is None:
                 raise  # else the run's own failure is the error to report
         if journal is not None and failure is None:
             save(journal, server, run, stage="run_ended", open_round=None, run_ended=True)
     return outcomes
+
+
+def _deliver_pending(server: FederationServer, transport: Transport, run: RunState, event: EventSink) -> None:
+    """The models still owed to hospitals (deferring transports), in one ``end`` exchange."""
+    if not run.pending:
+        return
+    _, failed = transport.exchange("end", {n: {"model": m} for n, m in run.pending.items()}, round_=server.round)
+    for name, why in failed.items():
+        event("end_not_delivered", {"round": server.round, "hospital": name, "reason": why})
+    run.pending = {}
 
 
 def _too_few(server: FederationServer, pool: tuple[str, ...], retired: Mapping[str, str]) -> str:

@@ -11,8 +11,10 @@ stage           parts in                               parts out
                 ``model`` (previous round's model;
                 empty: apply the decrypted aggregate)
 ``stage``       ``data`` (a secure mode's message)     ``reply`` (absent: nothing)
-``end``         ``model`` (empty: decrypted aggregate)  nothing
-``setup``       ``step`` + the step's parts            the step's parts
+``end``         ``model`` (empty: decrypted aggregate)  optional ``status`` (signed)
+``setup``       ``step`` + the step's parts            the step's parts (CKKS ceremony;
+                                                       the run's ``run/start``,
+                                                       ``run/finish``, ``run/chosen``)
 ==============  =====================================  ================================
 """
 
@@ -22,6 +24,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from ..errors import ProtocolError
+from .selection import STATUS_PART
 
 STAGES = ("hello", "plan", "stage", "end", "setup")
 
@@ -37,8 +40,9 @@ class RoundParticipant(Protocol):
     def on_stage(self, data: bytes) -> bytes | None:
         """Answer one later-stage message of the secure-aggregation mode."""
 
-    def on_round_end(self, global_model: bytes | None) -> None:
-        """Load the new global model (None: apply the aggregate this hospital decrypted)."""
+    def on_round_end(self, global_model: bytes | None) -> bytes | None:
+        """Load the new global model (None: apply the aggregate this hospital decrypted); return
+        the hospital's signed selection status, if it selects models (:mod:`.selection`)."""
 
     def on_setup(self, step: str, parts: Mapping[str, bytes]) -> dict[str, bytes]:
         """One step of a set-up exchange before the first round (the CKKS key ceremony)."""
@@ -63,8 +67,8 @@ def dispatch(participant: RoundParticipant, stage: str, parts: Mapping[str, byte
         reply = participant.on_stage(part(parts, "data", stage))
         return {} if reply is None else {"reply": reply}
     if stage == "end":
-        participant.on_round_end(part(parts, "model", stage) or None)
-        return {}
+        status = participant.on_round_end(part(parts, "model", stage) or None)
+        return {} if status is None else {STATUS_PART: status}
     if stage == "setup":
         step = part(parts, "step", stage).decode("ascii", errors="replace")
         return participant.on_setup(step, {k: v for k, v in parts.items() if k != "step"})

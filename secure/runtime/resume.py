@@ -31,6 +31,9 @@ class RunState:
     completed: int = 0
     retired: dict[str, str] = field(default_factory=dict)  # out of the run: final refusals
     pending: dict[str, bytes] = field(default_factory=dict)  # models still owed to hospitals
+    control: Any = None  # the run's RunControl (journalled through to_dict / load)
+    scored: int = 0  # evaluation-only rounds run (0 or 1; not counted in the planned rounds)
+    stopped: bool = False  # the stop rule ended training
     _state_cache: tuple[object, str, bytes] | None = None  # (the state object itself, sha256, blob)
 
 
@@ -77,7 +80,9 @@ def save(journal: Journal, server: FederationServer, run: RunState, *, stage: st
         ledgers=server.ledger_view(), strategy=strategy, completed=run.completed, retired=dict(run.retired),
         liveness=None if live is None else {"missed": dict(live.missed), "suspended": dict(live.suspended)},
         pending=pending, audit_seq=None if head is None else int(head.seq),
-        audit_hash=None if head is None else str(head.hash), run_ended=run_ended), blobs=blobs)
+        audit_hash=None if head is None else str(head.hash), run_ended=run_ended,
+        control=None if run.control is None else run.control.to_dict(), scored=run.scored, stopped=run.stopped),
+        blobs=blobs)
 
 
 def resume(journal: Journal, server: FederationServer, run: RunState, *, event: EventSink) -> Boundary | None:
@@ -112,6 +117,9 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
     if b.strategy is not None:
         server.strategy.load_state_dict(b.strategy)  # type: ignore[attr-defined]
     run.completed, run.retired = b.completed, dict(b.retired)
+    run.scored, run.stopped = b.scored, b.stopped
+    if run.control is not None and b.control is not None:
+        run.control.load(b.control)
     run.pending = {n: journal.blob(sha) for n, sha in b.pending.items()}
     if run.liveness is not None and b.liveness is not None:
         run.liveness.missed = dict(b.liveness["missed"])

@@ -7,7 +7,7 @@ hospital as dropped at that stage (the secure mode's dropout recovery does the r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from ..errors import ClinographError, ConfigError
@@ -67,9 +67,11 @@ class InProcessTransport:
         answers: dict[str, Parts] = {}
         failed: dict[str, str] = {}
         seen = self._exchanges.setdefault(round_, {})
+        run_step = stage == "setup" and any(p.get("step", b"").startswith(b"run/") for p in outgoing.values())
         for name, parts in sorted(outgoing.items()):
             index = seen.get(name, 0)
-            seen[name] = index + 1
+            if not run_step:  # the run's own set-up steps do not shift a scheduled dropout
+                seen[name] = index + 1
             if name not in self.participants:
                 failed[name] = "not reachable in this process"
                 continue
@@ -87,3 +89,19 @@ class InProcessTransport:
                 else:
                     failed[name] = f"refused the {stage!r} message: {type(exc).__name__}: {exc}"
         return answers, failed
+
+
+class Restricted:
+    """A transport that reaches only ``names`` of another's hospitals (the CKKS key holders, the
+    hospitals that accepted a candidate's run); exchanges go through unchanged."""
+
+    def __init__(self, inner: Transport, names: Iterable[str]):
+        self.inner, self.names = inner, frozenset(names)
+        self.defers_model = inner.defers_model
+
+    def hospitals(self) -> tuple[str, ...]:
+        return tuple(n for n in self.inner.hospitals() if n in self.names)
+
+    def exchange(self, stage: str, outgoing: Mapping[str, Mapping[str, bytes]], *,
+                 round_: int) -> tuple[dict[str, Parts], dict[str, str]]:
+        return self.inner.exchange(stage, outgoing, round_=round_)

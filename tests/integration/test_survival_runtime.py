@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 from clinograph.sdk.config import SimulationConfig
-from clinograph.sdk.federation.simulate import build_simulation, run_simulation
+from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.export import load_exported, predict_survival_exported
 from clinograph.sdk.privacy import PrivacyLedger
@@ -32,8 +32,7 @@ def test_survival_federation_under_local_dp_through_the_runtime_then_export(tmp_
         "privacy": {"enabled": True, "epsilon_budget": 20.0, "noise_multiplier": 1.0, "batch_size": 16,
                     "state_dir": str(tmp_path / "state")},
         "output": str(tmp_path / "out")})
-    sim = build_simulation(tables, c.dictionary, cfg, audit_dir=tmp_path / "audit")
-    result = run_simulation(sim, cfg)
+    result = simulate(tables, c.dictionary, cfg, audit_dir=tmp_path / "audit")
     audit = [json.loads(x) for x in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
     assert not [e for e in audit if e["kind"] == "update_rejected"]
     ledgers = [e["payload"] for e in audit if e["kind"] == "ledger"]
@@ -45,7 +44,7 @@ def test_survival_federation_under_local_dp_through_the_runtime_then_export(tmp_
     for m in result.final.values():
         assert 0 <= m["cindex"] <= 1 and m["known"] <= m["n"]
     for s in sites:
-        task = sim.hospitals[s].task
+        task = result.hospitals[s].task
         path, _ = task.export(tmp_path / f"{s}.pt")
         module, info = load_exported(path)
         new = task.table.subset(task.split.test)

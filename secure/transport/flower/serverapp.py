@@ -62,14 +62,12 @@ from ...audit import AuditTrail
 from ...errors import ConfigError, ProtocolError
 from ...identity import Identity
 from ...messages import RoundResult
-from ...runtime import (
-    ServerConfig,
-    build_server,
-    initial_model_from_bytes,
-    run_ckks_ceremony,
-    run_rounds,
-)
+from ...runtime import ServerConfig
+from ...runtime.assemble import ServerSide
 from ...runtime.journal import Journal
+from ...runtime.models import RunModels, run_models_from_bytes
+from ...runtime.run import FederationRun
+from ...runtime.run import run_federation as run_federation_plan
 from . import check_flower_version
 from .driver import FlowerTransport, Timeouts, greet_nodes
 from .enrolment import load_federation
@@ -161,7 +159,9 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
 
 
 def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResult]:
-    """Everything the ServerApp does, callable with any Grid (tests use a loopback one)."""
+    """Everything the ServerApp does, callable with any Grid (tests use a loopback one): greet the
+    SuperNodes, then the one federation run (:func:`clinograph.secure.runtime.run.run_federation`,
+    the same run ``simulate()`` drives in process). Returns the kept candidate's round results."""
     check_flower_version()
     config = ServerConfig.from_toml(Path(_get(run_config, "server-config", str)))
     federation = load_federation(Path(_get(run_config, "federation-file", str)))
@@ -173,7 +173,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
         raise ConfigError("server.toml names no initial_model: write one with `clinograph model init` "
                           "(hospital install) and set initial_model = \"initial_model.json\".")
     try:
-        initial = initial_model_from_bytes(Path(config.initial_model).read_bytes())
+        models = run_models_from_bytes(Path(config.initial_model).read_bytes())
     except OSError as exc:
         raise ConfigError(f"Cannot read the initial model {config.initial_model}: {exc.strerror}.") from None
     rounds = _get(run_config, "rounds", int, 0) or fed.rounds
@@ -187,7 +187,8 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
     import importlib.util
 
     events("started", {"federation": fed.id, "secure_mode": fed.secure_mode, "python": sys.prefix,
-                       "torch_installed": importlib.util.find_spec("torch") is not None})
+                       "torch_installed": importlib.util.find_spec("torch") is not None,
+                       "candidates": [c.name for c in models.candidates]})
     identity = Identity.load(federation.server.name, Path(_get(run_config, "server-key", str)))
     journal_path = _get(run_config, "journal", str, "")
     if journal_path and Path(journal_path).resolve().is_relative_to(Path(config.audit_dir).resolve()):
@@ -198,13 +199,12 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
     _log.info("audit run %s in %s", audit.run_id, config.audit_dir)
     journal = Journal(Path(journal_path)) if journal_path else None
     try:
-        outcomes = _run(grid, audit=audit, config=config, federation=federation, identity=identity,
-                        initial=initial, rounds=rounds, min_nodes=min_nodes, wait=wait, timeouts=timeouts,
-                        events=events, journal=journal)
+        run = _run(grid, audit=audit, config=config, federation=federation, identity=identity, models=models,
+                   rounds=rounds, min_nodes=min_nodes, wait=wait, timeouts=timeouts, events=events, journal=journal)
     except BaseException as exc:
         reason = f"{type(exc).__name__}: {exc}"
         head = audit.head
-        if head is None or head.kind != "run_ended":
+        if not audit.closed and (head is None or head.kind != "run_ended"):
             audit.record("run_ended", {"status": "failed", "reason": reason[:4000], "rounds_completed": 0,
                                        "rounds_planned": rounds})
         _log.error("run failed (audit run %s): %s", audit.run_id, reason)
@@ -213,13 +213,14 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
         audit.close()
         if journal is not None:
             journal.close()
-    events("finished", {"rounds": len(outcomes)})
-    return [o.result for o in outcomes]
+    kept = run.kept
+    events("finished", {"rounds": len(kept.outcomes), "candidate": kept.name})
+    return [o.result for o in kept.outcomes]
 
 
 def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any, identity: Identity,
-         initial: Any, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: _Events,
-         journal: Journal | None = None) -> list[Any]:
+         models: RunModels, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: _Events,
+         journal: Journal | None = None) -> FederationRun:
     fed = config.federation
     deadline = time.monotonic() + wait
     node_ids = sorted(grid.get_node_ids())
@@ -240,23 +241,11 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
                             f"{timeouts.hello:g} s ({len(node_ids)} node(s) connected); the federation needs "
                             f"{fed.min_clients}. Check the SuperNodes' logs and key files.")
     transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts)
-    ckks_context = None
-    if fed.secure_mode == "ckks":
-        from ...ckks.presets import CkksPreset
-
-        ckks_context, holders = run_ckks_ceremony(transport, federation_id=fed.id, participants=tuple(sorted(nodes)),
-                                                  enrolled=enrolled, preset=CkksPreset(fed.ckks_preset),
-                                                  min_holders=min(fed.min_clients, len(nodes)))
-        events("ckks_keys", {"holders": list(holders)})
-        transport = FlowerTransport(grid, nodes={n: nodes[n] for n in holders}, timeouts=timeouts)
-    server = build_server(federation=fed, identity=identity, enrolled=enrolled, initial=initial, audit=audit,
-                          dp_policy=config.dp_policy.policy() if config.dp_policy else None,
-                          ckks_context=ckks_context)
-    outcomes = run_rounds(server, transport, rounds=rounds, on_event=events, journal=journal)
-    head = audit.head
-    if head is not None and head.kind == "run_ended":
-        events("run_ended", head.payload)
-    return outcomes
+    side = ServerSide(federation=fed, identity=identity, enrolled=enrolled,
+                      dp_policy=config.dp_policy.policy() if config.dp_policy else None,
+                      audit_dir=Path(config.audit_dir), audit=audit)
+    return run_federation_plan(models, side=side, transport=transport, rounds=rounds, on_event=events,
+                               journal=journal)
 
 
 def _log_to_stdout() -> None:

@@ -7,7 +7,8 @@ import math
 
 import pytest
 from clinograph.sdk.config import SimulationConfig
-from clinograph.sdk.federation.candidates import candidate_configs, choose, simulate_choosing
+from clinograph.sdk.federation.candidates import candidate_configs, choose
+from clinograph.sdk.federation.simulate import simulate
 from clinograph.secure.audit import verify_audit_dir
 from clinograph.secure.errors import ConfigError
 from sdk_helpers import small_tables
@@ -23,7 +24,7 @@ def cfg(candidates, rounds=3, **extra):
 def test_choice_follows_the_lower_validation_loss_and_is_audited(tmp_path):
     tables = small_tables()
     # the first (simpler) candidate barely moves from the initial model: clearly worse
-    res = simulate_choosing(tables, tables[0].dictionary, cfg([{"name": "frozen", "training": {"lr": 1e-7}},
+    res = simulate(tables, tables[0].dictionary, cfg([{"name": "frozen", "training": {"lr": 1e-7}},
                                                                {"name": "learns"}]),
                             audit_dir=tmp_path / "audit")
     rows = {r["name"]: r for r in res.choice["candidates"]}
@@ -144,7 +145,7 @@ def test_restarts_are_refused_where_they_cannot_be_compared_or_are_too_many():
 def test_restarts_run_and_the_lowest_validation_loss_is_kept_and_audited(tmp_path):
     tables = small_tables()
     c = cfg([], rounds=2, selection={"patience": 5, "candidates": [], "restarts": 2})
-    res = simulate_choosing(tables, tables[0].dictionary, c, audit_dir=tmp_path / "audit")
+    res = simulate(tables, tables[0].dictionary, c, audit_dir=tmp_path / "audit")
     rows = res.choice["candidates"]
     assert [r["name"] for r in rows] == ["model", "model-init1"]
     assert rows[0]["validation_loss"] != rows[1]["validation_loss"]  # another initialisation, another run

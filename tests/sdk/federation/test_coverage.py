@@ -9,7 +9,8 @@ import pytest
 from clinograph.sdk.config import HospitalConfig, NSFLConfig, SimulationConfig
 from clinograph.sdk.federation import securesum
 from clinograph.sdk.federation.build import build_task
-from clinograph.sdk.federation.candidates import candidate_configs, simulate_choosing
+from clinograph.sdk.federation.candidates import candidate_configs
+from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.federation.coverage import local_coverage, restrict, shared_features
 from clinograph.sdk.federation.simulate import simulate_one
 from clinograph.sdk.model.export import load_exported, predict_exported
@@ -167,7 +168,7 @@ def test_shared_candidates_resolve_once_and_the_list_is_audited(tmp_path):
     tables = small_tables()
     c = cfg(selection={"candidates": SHARED_CANDIDATES, "restarts": 2})
     assert [x.name for x in candidate_configs(c)] == ["wide", "wide-init1", "wide_shared", "wide_shared-init1"]
-    res = simulate_choosing(tables, tables[0].dictionary, c, audit_dir=tmp_path / "audit")
+    res = simulate(tables, tables[0].dictionary, c, audit_dir=tmp_path / "audit")
     rows = {r["name"]: r for r in res.choice["candidates"]}
     for name in ("wide_shared", "wide_shared-init1"):
         listed = json.loads(rows[name]["overrides"])["model"]["features"]
@@ -187,7 +188,7 @@ def test_a_listed_shared_candidate_with_nothing_shared_is_an_error(tmp_path, mon
     monkeypatch.setattr(coverage, "local_coverage", lambda t: np.eye(len(t.dictionary.node_ids()))[
         [0, 1, 2][[x.site for x in tables].index(t.site)]])  # three hospitals, three disjoint features
     with pytest.raises(ConfigError, match="'wide_shared' ask for .* no feature is observed at every hospital"):
-        simulate_choosing(tables, tables[0].dictionary,
+        simulate(tables, tables[0].dictionary,
                           cfg(selection={"candidates": SHARED_CANDIDATES}),
                           audit_dir=tmp_path / "audit")
 

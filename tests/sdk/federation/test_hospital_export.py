@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 from clinograph.sdk.config import SimulationConfig
-from clinograph.sdk.federation.simulate import build_simulation, run_simulation
+from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.model.export import load_exported, predict_exported
 from clinograph.secure.policy import InsecureOptionWarning
 from sdk_helpers import small_tables
@@ -23,15 +23,14 @@ def fed(tmp_path_factory):
         "output": str(tmp_path / "out")})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
-        sim = build_simulation(tables, tables[0].dictionary, cfg, audit_dir=tmp_path / "audit")
-        res = run_simulation(sim, cfg)
-    return tables, sim, res
+        res = simulate(tables, tables[0].dictionary, cfg, audit_dir=tmp_path / "audit", choose=False)
+    return tables, res, res
 
 
 def test_each_hospital_keeps_an_export_of_its_selected_calibrated_model(fed):
     tables, sim, res = fed
     for table in tables:
-        client = sim.hospitals[table.site]
+        client = sim.hospitals[table.site].client
         assert client.model_path is not None and client.model_path.exists()
         module, info = load_exported(client.model_path)
         assert info["selected_round"] == res.selection["round"]
@@ -41,7 +40,7 @@ def test_each_hospital_keeps_an_export_of_its_selected_calibrated_model(fed):
 
 def test_export_between_rounds_leaves_training_state_untouched(fed, tmp_path):
     tables, sim, _ = fed
-    task = sim.hospitals[tables[1].site].task
+    task = sim.hospitals[tables[1].site].client.task
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
     calibration = task.calibration
     task.selection.best_state = {k: v + 1.0 for k, v in before.items()}  # a different kept model
@@ -58,7 +57,7 @@ def test_no_state_directory_no_file(fed):
     from clinograph.sdk.federation.client import HospitalClient
 
     tables, sim, _ = fed
-    c = sim.hospitals[tables[0].site]
+    c = sim.hospitals[tables[0].site].client
     bare = HospitalClient(task=c.task, identity=c.identity, server=c.server, peers=c.peers,
                           dictionary_hash=c.dictionary_hash, federation_id="f1", release=c.release)
     assert bare.model_path is None

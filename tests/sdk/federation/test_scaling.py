@@ -150,18 +150,23 @@ def test_ckks_and_dp_are_refused(tmp_path):
 
 
 def test_simulate_runs_the_histogram_round_before_training_in_one_verified_audit_trail(tmp_path):
-    from clinograph.sdk.federation.simulate import build_simulation, run_simulation
+    from clinograph.sdk.federation.simulate import build_simulation, simulate
     from clinograph.secure.audit import verify_audit_dir
 
     cfg = SimulationConfig.model_validate({
         "federation": {"id": "scale-sim", "rounds": 2, "min_clients": 2, "local_epochs": 1},
         "model": {"hidden": 8}, "graph": {"k_similar": 0}, "scaling": {"source": "federated"}})
-    sim = build_simulation(_tables(), D, cfg, audit_dir=tmp_path / "audit")
+    sim = build_simulation(_tables(), D, cfg, audit_dir=tmp_path / "built")
     assert sim.dictionary is not None and sim.dictionary.get("crp").scale_center is not None
     assert sim.server.round == 1  # training rounds follow the set-up round
     assert all(h.task.table.dictionary is sim.dictionary for h in sim.hospitals.values())
-    res = run_simulation(sim, cfg)
+    sim.audit.close()
+    res = simulate(_tables(), D, cfg, audit_dir=tmp_path / "audit", choose=False)
     assert len(res.rounds) >= 1
+    assert all(m.task.table.dictionary.get("crp").scale_center is not None for m in res.hospitals.values())
     assert verify_audit_dir(tmp_path / "audit").ok
-    kinds = [json.loads(line)["kind"] for line in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
+    entries = [json.loads(line) for line in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in entries]
     assert kinds.index("scaling_histogram") < kinds.index("scaling_derived") < kinds.index("model_selected")
+    assert min(e["payload"]["round"] for e in entries if e["kind"] == "round_plan") == 0  # the histogram round
+    assert sorted({e["payload"]["round"] for e in entries if e["kind"] == "round_participation"})[:2] == [0, 1]

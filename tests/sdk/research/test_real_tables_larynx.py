@@ -49,7 +49,7 @@ def test_three_stage_codings_ingest_to_the_same_levels():
 
 
 def test_the_default_federation_runs_and_verifies_on_thirty_patients_a_hospital(tmp_path: Path):
-    from clinograph.sdk.federation.candidates import simulate_choosing
+    from clinograph.sdk.federation.simulate import simulate as simulate_choosing
     from clinograph.sdk.research.model_quality import sdk_config
     from clinograph.secure.audit import verify_audit_dir
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tomli_w
 from clinograph.sdk.config import HospitalConfig
-from clinograph.sdk.federation.build import initial_model_for
+from clinograph.sdk.federation.build import run_models
 from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, DICTIONARY_PATH, load_dictionary, make_hospital_tables
 
 HOSPITAL = """\
@@ -83,7 +83,7 @@ def prepare(out: Path, *, hospitals: list[str], patients: int, dp: bool, seed: i
                                                       federation_id=federation_id, secure_mode=secure_mode,
                                                       dp_policy=policy))
     config = HospitalConfig.from_toml(out / hospitals[0] / "data" / "hospital.toml")
-    (server / "initial_model.json").write_bytes(initial_model_for(config, dictionary=load_dictionary()).to_bytes())
+    (server / "initial_model.json").write_bytes(run_models(config, dictionary=load_dictionary()).to_bytes())
 
 
 def main() -> None:

@@ -1,0 +1,149 @@
+"""One hospital across a whole federation run: the client of the candidate being trained, and the
+one the federation kept (:mod:`clinograph.secure.runtime.run`).
+
+A :class:`FederationMember` is the hospital's :class:`~clinograph.secure.runtime.RoundParticipant`
+in every deployment and simulation. With one candidate it is its :class:`~.client.HospitalClient`
+under another name. With several (``[selection] candidates`` and ``restarts`` of the hospital's
+own config), the server's signed ``run/start`` names the next one: the hospital trains it only if
+its own config lists a candidate of that name with the same overrides (digest), so a server
+cannot make a hospital train anything its operator did not configure. ``run/chosen`` names the
+kept candidate; from then on :attr:`client` (prediction, export) is that candidate's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clinograph.secure.errors import ProtocolError
+from clinograph.secure.identity import Identity, PublicIdentity
+from clinograph.secure.runtime.models import RunChosen, RunStart, overrides_digest, run_id
+from clinograph.secure.runtime.participant import part
+from clinograph.secure.wire import open_envelope, parse_envelope
+
+from .client import HospitalClient
+
+
+@dataclass(frozen=True)
+class MemberCandidate:
+    """A candidate as the hospital knows it: name, canonical overrides JSON, and a builder of its
+    client for a federation id."""
+
+    name: str
+    overrides: str
+    build: Callable[[str], HospitalClient]
+
+
+def canonical(overrides: Mapping[str, Any]) -> str:
+    """The canonical JSON of a candidate's overrides (sorted keys): what both sides hash."""
+    return json.dumps(overrides, sort_keys=True, default=str)
+
+
+class FederationMember:
+    """The hospital's participant for a whole run (module docstring)."""
+
+    def __init__(self, *, identity: Identity, server: PublicIdentity, federation_id: str,
+                 candidates: Sequence[MemberCandidate]):
+        if not candidates:
+            raise ProtocolError("A federation member needs at least one candidate model.")
+        self.name = identity.name
+        self.identity = identity
+        self.server = server
+        self.federation_id = federation_id
+        self.candidates = {c.name: c for c in candidates}
+        self._order = [c.name for c in candidates]
+        #: candidate name -> its client, once built (the first candidate's at once)
+        self.clients: dict[str, HospitalClient] = {}
+        first = candidates[0]
+        self.active = self._client(first.name)
+        self.chosen: str | None = first.name if len(candidates) == 1 else None
+
+    def __repr__(self) -> str:
+        return f"FederationMember(name={self.name!r}, candidates={self._order!r})"
+
+    @property
+    def client(self) -> HospitalClient:
+        """The client whose model this hospital uses: the kept candidate's once chosen, else the active one."""
+        return self.clients[self.chosen] if self.chosen is not None else self.active
+
+    # -- what simulations and the SDK read through the member -------------------------------
+    @property
+    def task(self) -> Any:
+        return self.client.task
+
+    @property
+    def last(self) -> Any:
+        return self.active.last
+
+    @property
+    def last_train_seconds(self) -> float:
+        return self.active.last_train_seconds
+
+    @property
+    def outgoing(self) -> list[bytes]:
+        return [b for c in self.clients.values() for b in c.outgoing]
+
+    def predict_table(self, table):  # noqa: ANN001, ANN201 - a PatientTable -> np.ndarray
+        return self.client.predict_table(table)
+
+    # -- RoundParticipant ------------------------------------------------------------------
+    def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
+        return self.active.on_plan(plan)
+
+    def on_stage(self, data: bytes) -> bytes | None:
+        return self.active.on_stage(data)
+
+    def on_round_end(self, global_model: bytes | None) -> bytes | None:
+        return self.active.on_round_end(global_model)
+
+    def on_setup(self, step: str, parts: Mapping[str, bytes]) -> dict[str, bytes]:
+        if step == "run/start":
+            return self._start(part(parts, "data", "setup"))
+        if step == "run/chosen":
+            return self._chosen(part(parts, "data", "setup"))
+        return self.active.on_setup(step, parts)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _client(self, name: str) -> HospitalClient:
+        if name not in self.clients:
+            rid = run_id(self.federation_id, name, count=len(self._order))
+            self.clients[name] = self.candidates[name].build(rid)
+        return self.clients[name]
+
+    def _start(self, data: bytes) -> dict[str, bytes]:
+        msg = open_envelope(parse_envelope(data), sender=self.server, model=RunStart)
+        if msg.federation_id != self.federation_id:
+            raise ProtocolError(f"run/start for federation {msg.federation_id!r}; this hospital is in "
+                                f"{self.federation_id!r}.")
+        mine = self.candidates.get(msg.candidate)
+        if mine is None or overrides_digest(mine.overrides) != msg.overrides_sha256:
+            listed = ", ".join(self._order)
+            why = "is not one" if mine is None else "has other overrides than the one"
+            raise ProtocolError(f"Candidate {msg.candidate!r} {why} this hospital's config lists ({listed}); it trains "
+                                "only the candidates its own [selection] names. Use the same hospital.toml "
+                                "[selection] at every hospital and at `clinograph model init`.")
+        if msg.count != len(self._order) or msg.run_id != run_id(self.federation_id, msg.candidate, count=msg.count):
+            raise ProtocolError(f"run/start names run {msg.run_id!r} of {msg.count} candidate(s); this hospital's "
+                                f"config lists {len(self._order)}. Use the same [selection] everywhere.")
+        self.active = self._client(msg.candidate)
+        return {"ok": b"1"}
+
+    def _chosen(self, data: bytes) -> dict[str, bytes]:
+        msg = open_envelope(parse_envelope(data), sender=self.server, model=RunChosen)
+        if msg.federation_id != self.federation_id or msg.candidate not in self.clients:
+            raise ProtocolError(f"run/chosen names candidate {msg.candidate!r} of federation {msg.federation_id!r}, "
+                                "which this hospital did not train.")
+        self.chosen = msg.candidate
+        self.active = self.clients[msg.candidate]
+        return {"ok": b"1"}
+
+
+def member_for(*, identity: Identity, server: PublicIdentity, federation_id: str, candidates: Sequence[tuple[str, Mapping[str, Any], Any]],
+               build: Callable[..., HospitalClient]) -> FederationMember:
+    """A member whose candidate ``(name, overrides, config)`` is built as
+    ``build(config=config, federation_id=...)``."""
+    return FederationMember(identity=identity, server=server, federation_id=federation_id, candidates=[
+        MemberCandidate(name=n, overrides=canonical(o), build=lambda fid, cfg=cfg: build(config=cfg, federation_id=fid))
+        for n, o, cfg in candidates])

@@ -1,0 +1,275 @@
+"""One federation run -- the only multi-round driver. ``simulate()`` runs it over the in-process
+transport, the Flower ServerApp over Flower; nothing else differs.
+
+A run, as data flows (architecture.md, "One round"; docs/architecture.md, "One run"):
+
+1. **Per candidate** of :class:`~.models.RunModels` (simplest first; one candidate: the model):
+   a signed :class:`~.models.RunStart` tells every hospital which of *its own* candidates to
+   train (``setup`` step ``run/start``; only with several candidates), then
+   :meth:`ServerSide.open_run` builds the candidate's server with the secure mode's set-up (the
+   CKKS key ceremony) and its own audit run.
+2. **Rounds** under the stop rule (:func:`.loop.run_rounds` with a :class:`SelectedRun`): every
+   plan carries ``run.phase``, ``run.candidate``, ``run.rounds`` and the selection rule; each
+   delivered model is answered by the hospitals' signed :class:`~.selection.SelectionStatus`
+   (the federated validation loss of the model they scored); ``patience`` rounds without
+   improvement stop training.
+3. **Scoring**: one evaluation-only round (``run.phase = "score"``) scores the last model.
+4. **Finish**: ``setup`` step ``run/finish`` -- every hospital keeps the selected round's model
+   (global + personal) and fits its calibration; ``model_selected`` is audited, then the run's
+   ``release`` and ``run_ended``.
+5. **Choice** (several candidates): the lowest kept-round federated validation loss wins (a later
+   candidate only if lower by more than ``min_delta``); ``model_chosen`` is audited in a last,
+   short audit run and a signed :class:`~.models.RunChosen` tells every hospital which model to
+   keep (``setup`` step ``run/chosen``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from ..server import FederationServer
+from ..wire import seal
+from .journal import Journal
+from .liveness import Liveness
+from .loop import EventSink, RoundOutcome, _quiet, run_rounds
+from .models import CandidateModel, RunChosen, RunModels, RunStart, overrides_digest, run_id
+from .selection import STATUS_PART, SelectionRule, SelectionTracker, read_statuses
+from .transport import Restricted, Transport
+
+CHOICE_RULE = ("lowest kept-round federated validation loss; ties (within min_delta) to the earlier, simpler "
+               "candidate")
+
+
+@dataclass
+class SelectedRun:
+    """The run's control (:class:`.loop.RunControl`): options, stop rule, scoring, finish."""
+
+    candidate: str
+    rounds: int
+    rule: SelectionRule | None
+    tracker: SelectionTracker | None = None
+    #: hospitals whose status was not accepted (name -> why), and the round each kept
+    rejected: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, int | None] = field(default_factory=dict)
+    on_event: EventSink = _quiet
+    #: the stop rule ended training (set by :meth:`finish`)
+    stopped: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rule is not None and self.tracker is None:
+            self.tracker = SelectionTracker(self.rule)
+
+    @property
+    def deliver(self) -> bool:
+        return self.rule is not None
+
+    def options(self, *, scoring: bool) -> dict[str, float | int | str | bool]:
+        out: dict[str, float | int | str | bool] = {"run.candidate": self.candidate, "run.rounds": self.rounds,
+                                                    "run.phase": "score" if scoring else "train"}
+        if self.rule is not None:
+            out.update(self.rule.plan_options())
+        return out
+
+    def after(self, server: FederationServer, outcome: RoundOutcome) -> bool:
+        if self.tracker is None:
+            return False
+        good, bad = read_statuses(outcome.statuses, peers=server.enrolled, federation_id=server.federation_id,
+                                  round_=outcome.result.round)
+        self.rejected.update(bad)
+        loss = self.tracker.observe(good)
+        if loss is not None:
+            self.on_event("validation", {"round": outcome.result.round, "loss": loss,
+                                         "best_round": self.tracker.best_round})
+        return self.tracker.should_stop
+
+    def wants_score(self) -> bool:
+        return self.tracker is not None and bool(self.tracker.rounds)
+
+    def finish(self, server: FederationServer, transport: Transport, *, stopped: bool) -> None:
+        """``run/finish`` to every hospital of the run, then ``model_selected`` (if a loss was seen)."""
+        from .models import RunFinish
+
+        self.stopped = stopped
+        last = server.history[-1].round if server.history else server.round
+        names = tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
+        msg = seal(RunFinish(federation_id=server.federation_id, round=last), server.identity)
+        answers, failed = transport.exchange("setup", {n: {"step": b"run/finish", "data": msg} for n in names},
+                                             round_=last)
+        for name, why in sorted(failed.items()):
+            self.on_event("finish_not_delivered", {"round": last, "hospital": name, "reason": why[:300]})
+        raw = {n: a[STATUS_PART] for n, a in answers.items() if STATUS_PART in a}
+        good, bad = read_statuses(raw, peers=server.enrolled, federation_id=server.federation_id, round_=last)
+        self.rejected.update(bad)
+        self.kept = {n: s.kept for n, s in good.items()}
+        t = self.tracker
+        if t is None or t.best_round is None:
+            return
+        disagreeing = dict(t.disagreeing)
+        disagreeing.update({n: -1 if k is None else k for n, k in self.kept.items() if k != t.best_round})
+        server.audit.record("model_selected", {
+            "round": int(t.best_round), "validation_loss": float(t.best_loss), "rounds_evaluated": len(t.rounds),
+            "patience": int(t.rule.patience), "stopped_early": bool(stopped), "losses": [float(x) for x in t.losses],
+            **({"disagreeing": dict(sorted(disagreeing.items()))} if disagreeing else {})})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tracker": None if self.tracker is None else self.tracker.to_dict()}
+
+    def load(self, data: Mapping[str, Any]) -> None:
+        if self.tracker is not None and data.get("tracker") is not None:
+            self.tracker.load(data["tracker"])
+
+
+@dataclass
+class CandidateRun:
+    """One candidate's run: its rounds' outcomes and what its selection kept."""
+
+    name: str
+    overrides: str
+    run_id: str
+    outcomes: list[RoundOutcome]
+    control: SelectedRun
+    #: hospitals that refused to train this candidate (name -> reason)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def validation_loss(self) -> float | None:
+        t = self.control.tracker
+        return None if t is None or t.best_round is None else float(t.best_loss)
+
+    @property
+    def kept_round(self) -> int | None:
+        t = self.control.tracker
+        return None if t is None else t.best_round
+
+    def row(self) -> dict[str, Any]:
+        """Its row of the ``model_chosen`` entry."""
+        trained = [o for o in self.outcomes if o.result is not None]
+        scored = 1 if self.control.wants_score() and trained else 0
+        return {"name": self.name, "overrides": self.overrides, "validation_loss": self.validation_loss,
+                "round": self.kept_round, "rounds_run": max(0, len(trained) - scored)}
+
+
+@dataclass
+class FederationRun:
+    """Every candidate's run and the index of the chosen one (None: one candidate, no choice)."""
+
+    runs: list[CandidateRun]
+    chosen: int | None = None
+
+    @property
+    def kept(self) -> CandidateRun:
+        return self.runs[self.chosen or 0]
+
+
+def choose(losses: Sequence[float | None], *, min_delta: float) -> int:
+    """Index of the chosen candidate: the lowest validation loss, a later candidate only if lower
+    by more than ``min_delta`` (ties to the simpler, earlier one); a candidate without a loss
+    never wins.
+
+    Raises:
+        ConfigError: no candidate has a validation loss.
+    """
+    best: int | None = None
+    for i, loss in enumerate(losses):
+        if loss is None or loss != loss:  # None or NaN
+            continue
+        if best is None or loss < losses[best] - min_delta:  # type: ignore[operator]
+            best = i
+    if best is None:
+        raise ConfigError("No candidate produced a federated validation loss: check [split] validation_fraction > 0 "
+                          "and that [selection] is on.")
+    return best
+
+
+def run_federation(models: RunModels, *, side: Any, transport: Transport, rounds: int,
+                   on_event: EventSink | None = None,
+                   on_round: Callable[[CandidateRun, int, RoundOutcome], None] | None = None,
+                   on_run_end: Callable[[CandidateRun], None] | None = None,
+                   liveness: Callable[[], Liveness | None] | None = None,
+                   journal: Journal | None = None) -> FederationRun:
+    """The whole run (module docstring): every candidate of ``models`` for up to ``rounds``
+    training rounds each, then the choice. ``side`` is the :class:`~.assemble.ServerSide` that
+    builds each candidate's server; ``on_round(candidate, r, outcome)`` after each training
+    round and ``on_run_end(candidate)`` after each candidate's run (simulation metrics).
+
+    Raises:
+        ConfigError: a crash journal with several candidates (one journal holds one run).
+        ProtocolError: a round aborted (audited; the run ends as ``failed``).
+    """
+    event = on_event or _quiet
+    cands = models.candidates
+    if journal is not None and len(cands) > 1:
+        raise ConfigError(f"A crash journal holds one run, and this federation trains {len(cands)} candidates "
+                          f"({', '.join(c.name for c in cands)}). Run without a journal, or write the initial model "
+                          "with one candidate ([selection] candidates = [] in hospital.toml).")
+    if models.selection is not None and side.federation.strategy == "fedopt":
+        raise ConfigError("Model selection decodes the federated validation loss from the summed module "
+                          "metric/validation, and fedopt's adaptive step is not linear in the sums. Write the initial "
+                          "model with [selection] enabled = false (one candidate), or use fedavg / fedsgd.")
+    out = FederationRun(runs=[])
+    for index, cand in enumerate(cands):
+        rid = run_id(side.federation_id, cand.name, count=len(cands))
+        refused = _start(cand, index=index, count=len(cands), rid=rid, side=side, transport=transport, event=event)
+        server, narrowed = side.open_run(cand, run_id=rid, transport=Restricted(transport, [n for n in transport.hospitals() if n not in refused]), on_event=event)
+        for name, why in sorted(refused.items()):
+            server.audit.record("hospital_refused", {"stage": "setup", "client": name,
+                                                     "reason": f"run/start: {why}"[:4000],
+                                                     "signed": False, "final": False})
+        control = SelectedRun(candidate=cand.name, rounds=rounds, rule=models.selection, on_event=event)
+        run = CandidateRun(name=cand.name, overrides=cand.overrides, run_id=rid, outcomes=[], control=control,
+                           refused=refused)
+        event("run_started", {"candidate": cand.name, "run_id": rid, "index": index, "count": len(cands)})
+        try:
+            run.outcomes = run_rounds(server, narrowed, rounds=rounds, on_event=event, journal=journal,
+                                      liveness=liveness() if liveness is not None else None, control=control,
+                                      on_round=None if on_round is None else (lambda r, o, run=run: on_round(run, r, o)))
+            head = getattr(server.audit, "head", None)  # a failed run's last event stays what ended it
+            if head is not None and head.kind == "run_ended":
+                event("run_ended", {**head.payload, "candidate": cand.name})
+        finally:
+            side.close_run(server)
+        out.runs.append(run)
+        if on_run_end is not None:
+            on_run_end(run)
+    if len(cands) > 1:
+        out.chosen = choose([r.validation_loss for r in out.runs], min_delta=models.selection.min_delta)  # type: ignore[union-attr]
+        _announce_choice(out, side=side, transport=transport, event=event)
+    return out
+
+
+def _start(cand: CandidateModel, *, index: int, count: int, rid: str, side: Any, transport: Transport,
+           event: EventSink) -> dict[str, str]:
+    """``run/start`` to every hospital (several candidates only); returns who refused, and why."""
+    if count == 1:
+        return {}
+    msg = seal(RunStart(federation_id=side.federation_id, run_id=rid, candidate=cand.name,
+                        overrides_sha256=overrides_digest(cand.overrides), index=index, count=count), side.identity)
+    names = tuple(sorted(set(transport.hospitals()) & set(side.enrolled)))
+    answers, failed = transport.exchange("setup", {n: {"step": b"run/start", "data": msg} for n in names}, round_=0)
+    refused = dict(failed)
+    refused.update({n: "no acknowledgement" for n in names if n not in failed and "ok" not in answers.get(n, {})})
+    for name, why in sorted(refused.items()):
+        event("refused", {"round": 0, "hospital": name, "stage": "run/start", "reason": why[:300], "final": False})
+    return refused
+
+
+def _announce_choice(out: FederationRun, *, side: Any, transport: Transport, event: EventSink) -> None:
+    """Audit ``model_chosen`` (its own short audit run) and tell every hospital to keep it."""
+    kept = out.kept
+    rows = [r.row() for r in out.runs]
+    audit = side.open_audit()
+    try:
+        audit.record("model_chosen", {"chosen": kept.name, "candidates": rows, "rule": CHOICE_RULE,
+                                      "min_delta": float(kept.control.rule.min_delta)})  # type: ignore[union-attr]
+    finally:
+        audit.close()
+    msg = seal(RunChosen(federation_id=side.federation_id, run_id=kept.run_id, candidate=kept.name), side.identity)
+    names = tuple(sorted(set(transport.hospitals()) & set(side.enrolled)))
+    _, failed = transport.exchange("setup", {n: {"step": b"run/chosen", "data": msg} for n in names}, round_=0)
+    for name, why in sorted(failed.items()):
+        event("choice_not_delivered", {"hospital": name, "reason": why[:300]})
+    event("model_chosen", {"chosen": kept.name, "candidates": [r["name"] for r in rows]})
+
