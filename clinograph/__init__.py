@@ -7,6 +7,7 @@ name is used.
 =========================  ==================================================================
 a hospital's data          ``FeatureDictionary``, ``SiteSchema``, ``ColumnMap``, ``read_table``, ``ingest``
 a hospital                 ``HospitalConfig`` (TOML), ``build_hospital`` (-> ``HospitalClient``)
+your own task              ``Task``, ``TaskBase``, ``register_task``, ``registered_tasks``
 a whole federation here    ``SimulationConfig`` (TOML), ``simulate``, ``simulate_from_config``, ``build_simulation``
 the server                 ``ServerConfig`` (TOML), ``build_server``, ``run_round``, ``run_rounds``,
                            ``InProcessTransport``
@@ -29,6 +30,8 @@ _NAMES = {
     "build_hospital": "clinograph.sdk.federation.build", "HospitalClient": "clinograph.sdk.federation.client",
     "simulate": "clinograph.sdk.federation.simulate", "build_simulation": "clinograph.sdk.federation.simulate",
     "simulate_from_config": "clinograph.sdk.federation.simulate",
+    "Task": "clinograph.sdk.federation.task", "TaskBase": "clinograph.sdk.federation.task",
+    "register_task": "clinograph.sdk.tasks", "registered_tasks": "clinograph.sdk.tasks",
     "ServerConfig": "clinograph.secure.runtime", "build_server": "clinograph.secure.runtime",
     "run_round": "clinograph.secure.runtime", "run_rounds": "clinograph.secure.runtime",
     "InProcessTransport": "clinograph.secure.runtime", "Identity": "clinograph.secure.identity",

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection, StrictSection
 from clinograph.secure.tomlio import load_toml_model
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 
 def merge_sections(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -287,7 +287,8 @@ class TargetSection(_Strict):
 class HospitalConfig(_Strict):
     """``hospital.toml``: one hospital's own choices."""
 
-    task: Literal["nsfl", "agat"] = "nsfl"
+    task: str = Field(default="nsfl", max_length=64, description="a registered task (clinograph.register_task; "
+                      "built in: nsfl, agat)")
     model: NSFLConfig = Field(default_factory=NSFLConfig)
     agat: AGATSection = Field(default_factory=AGATSection)
     training: TrainConfig = Field(default_factory=TrainConfig)
@@ -321,6 +322,17 @@ class HospitalConfig(_Strict):
             raise ValueError("[target] kind = 'survival' is not supported with " + "; ".join(refused) +
                              ". Use kind = 'binary' with a horizon label, or drop the other setting")
         return self
+
+    @field_validator("task")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from .tasks import registered_tasks
+
+        known = registered_tasks()
+        if value not in known:
+            raise ValueError(f"unknown task {value!r}; registered: {', '.join(known)} (register your own with "
+                             "clinograph.register_task before loading the config)")
+        return value
 
     def selection_active(self) -> bool:
         """Whether this hospital reports its validation loss for model selection."""

@@ -138,9 +138,11 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
     if dp is not None and state_dir is None and dp.state_dir is None:
         raise ConfigError("A concept federation with [privacy] enabled needs a state directory for the hospitals' "
                           "privacy ledgers: set [privacy] state_dir (or pass state_dir).")
-    if federation.secure_mode == "ckks":
-        raise ConfigError("A concept federation with DAG voting runs in 'masked' (or insecure_plaintext) mode: "
-                          "under ckks the server never sees the tally it must audit.")
+    from clinograph.secure.aggregation import create_mode
+
+    if not create_mode(federation.secure_mode).server_sees_sum:
+        raise ConfigError(f"A concept federation with DAG voting runs in 'masked' (or insecure_plaintext) mode: "
+                          f"under {federation.secure_mode} the server never sees the tally it must audit.")
     names = [s.name for s in sites]
     if len(set(names)) != len(names):
         raise ConfigError(f"Two concept sites share a name: {sorted({n for n in names if names.count(n) > 1})}.")

@@ -21,8 +21,8 @@ from clinograph.secure.spec import ModuleKind
 from ..config import HospitalConfig
 from ..ingest import PatientTable, ingest
 from ..ontology import FeatureDictionary, SiteSchema
+from ..tasks import create_task
 from .client import HospitalClient
-from .nsfl_task import NSFLTask
 from .split import hospital_split
 from .task import Task
 
@@ -42,30 +42,8 @@ def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: Ho
     table = restrict(table, config.model.features)
     split = hospital_split(table.labels, site=table.site, test_fraction=config.split.test_fraction,
                            validation_fraction=config.split.validation_fraction, seed=config.split.seed)
-    if config.task == "nsfl" and config.privacy.enabled and config.privacy.mode == "distributed":
-        if config.model.temporal != "none":
-            raise ConfigError("[model] temporal with [privacy] mode = 'distributed': the distributed DP task "
-                              "trains the static star model. Use mode = 'local' (the sequence is one DP sample) "
-                              "or temporal = 'none'.")
-        from .dp_task import (  # distributed DP: one DP-SGD step a round
-            DistributedDPTask,
-            hospital_policy,
-        )
-
-        root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else state_dir
-        if root is None:
-            raise ConfigError(f"Hospital {table.site!r} trains with distributed DP but has no state directory for "
-                              "its ledger: set [privacy] state_dir (or pass state_dir).")
-        return DistributedDPTask(table, dictionary=dictionary, config=config, split=split,
-                                 policy=hospital_policy(config), state_dir=Path(root))
-    if config.task == "nsfl":
-        return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir,
-                        signer=identity)
-    if config.task == "agat":
-        from ..agat import AGATTask  # AGAT (Molaei et al. 2024): sdk/agat, docs/agat.md
-
-        return AGATTask(table, dictionary=dictionary, config=config, split=split)
-    raise ConfigError(f"Unknown task {config.task!r}. Registered: nsfl, agat.")  # pragma: no cover - Literal guards it
+    return create_task(config.task).build(table, dictionary=dictionary, config=config, split=split,
+                                          state_dir=state_dir, identity=identity)
 
 
 def build_hospital(table: pd.DataFrame | PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig,
@@ -98,34 +76,9 @@ def build_hospital(table: pd.DataFrame | PatientTable, *, dictionary: FeatureDic
 
 def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) -> InitialModel:
     """The initial model of a federation whose hospitals use ``config``'s task and model
-    settings, without any table (``clinograph model init``; what a lean server loads)."""
-    import torch
-
-    from ..model.heads import nsfl_model
-    from ..training.personal import personal_module_map
-
-    node_ids = dictionary.node_ids()
-    torch.manual_seed(config.model.init_seed)  # the same draw the task makes
-    if config.task == "agat":
-        from ..agat.model import AGATModel, agat_modules
-
-        modules = agat_modules(AGATModel(len(node_ids), config.agat), node_ids, personal=config.personal.modules,
-                               selection=config.model.selection_module)
-    else:
-        from ..model.temporal import add_temporal_modules, temporal_task_model
-
-        model = temporal_task_model(len(node_ids), config) if config.model.temporal != "none" else \
-            nsfl_model(len(node_ids), config)
-        if config.model.modalities:  # modality nodes (sdk/model/modalities.py)
-            from ..model.modalities import ModalityNSFL
-
-            model = ModalityNSFL(len(node_ids), config.model, modalities=config.model.modalities)
-        modules = add_temporal_modules(personal_module_map(model, node_ids, personal=config.personal.modules),
-                                       model, node_ids)
-        if config.model.modalities:
-            from ..model.modalities import add_modality_modules
-
-            add_modality_modules(modules, model)
+    settings, without any table (``clinograph model init``; what a lean server loads): the
+    registered task's modules (:mod:`clinograph.sdk.tasks`)."""
+    modules = create_task(config.task).modules(config, dictionary=dictionary)
     return InitialModel.create(task=config.task, dictionary_hash=dictionary.digest(), spec=modules.spec(version=0),
                                state=modules.state(ModuleKind.SHARED))
 

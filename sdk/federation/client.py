@@ -66,6 +66,7 @@ class HospitalClient:
         self._global: dict[str, np.ndarray] = task.modules.state(ModuleKind.SHARED)
         self.outgoing: list[bytes] = []  # every byte this hospital sent (for audits and tests)
         self.finished = False  # run/finish ran: the task holds the kept, calibrated model
+        self._run_first: int | None = None  # the run.first_round of the run this hospital follows
         self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
         self.anchor = HospitalAnchor(state_dir, server=server) if state_dir is not None else None
         self.model_path = (Path(state_dir) / "models" / f"{federation_id}.pt"
@@ -104,17 +105,8 @@ class HospitalClient:
         deltas = {n: weight * (self._global[n] - modules.get(n)) for n in self.task.trained_modules(outcome)}
         metrics = self._released_metrics()
         update = LocalUpdate(modules=deltas, weight=weight, metrics=metrics)
-        mode = create_mode(p.secure_mode)
-        if p.secure_mode == "ckks":
-            if self.ckks.keyring is None:
-                raise ProtocolError(f"Hospital {self.name!r} holds no CKKS key: the key ceremony did not reach it.")
-            from clinograph.secure.ckks import CkksClient
-
-            self._mode_client = CkksClient(keyring=self.ckks.keyring, plan=p, identity=self.identity,
-                                           server=self.server, peers=self.peers, update=update)
-        else:
-            self._mode_client = mode.client(plan=p, identity=self.identity, server=self.server, peers=self.peers,
-                                            update=update)
+        self._mode_client = create_mode(p.secure_mode).make_client(plan=p, identity=self.identity, server=self.server,
+                                                                   peers=self.peers, update=update, keys=self.ckks)
         relevance = self.task.feature_relevance() if self.release.feature_relevance else None
         report = ClientReport(federation_id=p.federation_id, round=p.round, client=self.name,
                               dictionary_hash=self.dictionary_hash, ledger=outcome.ledger, metrics=metrics,
@@ -177,6 +169,14 @@ class HospitalClient:
         if hasattr(self.task, "evaluate_only") or p.options.get("run.phase") == "score":
             self.task.evaluate_only = p.options.get("run.phase") == "score"
         selection = getattr(self.task, "selection", None)
+        first = p.options.get("run.first_round")
+        if selection is not None and isinstance(first, int):
+            if self._run_first is not None and first != self._run_first:  # an extended federation's new run
+                from ..training.selection import ModelSelection
+
+                selection = ModelSelection(patience=selection.patience, min_delta=selection.min_delta)
+                self.task.selection = selection
+            self._run_first = first
         if selection is not None and isinstance(p.options.get("selection.min_delta"), float):
             selection.min_delta = float(p.options["selection.min_delta"])
 

@@ -82,6 +82,15 @@ class FederationMember:
         return self.active.last_train_seconds
 
     @property
+    def plan(self) -> Any:
+        """The last plan the active candidate's client verified."""
+        return self.active.plan
+
+    def decrypted_result(self) -> Any:
+        """In modes where the server never sees the sum (ckks), the aggregate the active client decrypted."""
+        return self.active.decrypted_result()
+
+    @property
     def outgoing(self) -> list[bytes]:
         return [b for c in self.clients.values() for b in c.outgoing]
 

@@ -50,6 +50,10 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     table_path = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
     table = ingest(read_table(table_path), schema=SiteSchema.from_toml(data / "schema.toml"), dictionary=dictionary)
     cands = candidate_configs(config) or [Candidate(name="model", overrides={}, config=config)]
+    if config.scaling.source == "federated":
+        raise ConfigError(f"{data / 'hospital.toml'}: [scaling] source = \"federated\" needs the histogram set-up round, "
+                          "which runs in `clinograph simulate` only for now. Use source = \"dictionary\" (the "
+                          "dictionary's own scales).")
     shared = [c.name for c in cands if c.config.model.features == "shared"]
     if shared:
         raise ConfigError(f"{data / 'hospital.toml'}: [model] features = \"shared\" (candidate(s) {', '.join(shared)}) "

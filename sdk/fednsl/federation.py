@@ -80,9 +80,11 @@ def run_rules_federation(*, hospitals: Mapping[str, HospitalRules], tests: Mappi
     Raises:
         ConfigError: ``ckks`` (the server must see the mixture to run the M-step and audit the rules).
     """
-    if federation.secure_mode == "ckks":
-        raise ConfigError("FedNSL runs in 'masked' mode (or insecure_plaintext): under ckks the server never "
-                          "sees the mixture of posteriors it must sample from and audit.")
+    from clinograph.secure.aggregation import create_mode
+
+    if not create_mode(federation.secure_mode).server_sees_sum:
+        raise ConfigError(f"FedNSL runs in 'masked' mode (or insecure_plaintext): under {federation.secure_mode} the "
+                          "server never sees the mixture of posteriors it must sample from and audit.")
     sha = write_rule_space(space, Path(workdir) / "rule_space.json")
     fed = federation.model_copy(update={"strategy": "fednsl_rules", "strategy_options": {
         "rule_space": str(Path(workdir) / "rule_space.json"), "rule_space_sha256": sha, "seed": federation.seed}})

@@ -6,22 +6,69 @@ RegistryError: Unknown secure mode 'masekd'. Registered: ckks, insecure_plaintex
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import RegistryError
 from .base import AggregationClient, AggregationServer, LocalUpdate, ModuleSums
 from .plaintext import PlaintextClient, PlaintextServer
 
+Options = dict[str, float | int | str | bool]
+
+
+def _no_options(participants: tuple[str, ...]) -> Options:
+    return {}
+
+
+@dataclass(frozen=True)
+class ModeRun:
+    """A mode's server side for one run, from its set-up (:meth:`SecureMode.open_run`).
+
+    ``server``: the aggregation-server factory (None: the mode's own class); ``options``: the
+    public plan options for a round with these participants; ``hospitals``: who can take part
+    (None: everyone the transport reaches; CKKS: the key holders); ``check_distributed``: the
+    mode's check of a distributed-DP policy (None: the mode cannot carry distributed DP).
+    """
+
+    server: Callable[..., AggregationServer] | None = None
+    options: Callable[[tuple[str, ...]], Options] = _no_options
+    hospitals: tuple[str, ...] | None = None
+    check_distributed: Callable[..., None] | None = None
+
 
 @dataclass(frozen=True)
 class SecureMode:
-    """A registered mode: its two halves and whether the server sees the aggregate."""
+    """A registered mode: its two halves, whether the server sees the aggregate, and -- so that
+    nothing outside the mode's own package branches on its name -- its set-up for a run
+    (``prepare``) and how a hospital joins a round (``join``)."""
 
     name: str
     server: type[AggregationServer]
     client: type[AggregationClient]
     server_sees_sum: bool
     insecure: bool = False
+    #: prepare(federation=, transport=, run_id=, enrolled=, max_weight=, context=, on_event=) -> ModeRun
+    prepare: Callable[..., ModeRun] | None = None
+    #: join(plan=, identity=, server=, peers=, update=, keys=) -> AggregationClient (keys: the
+    #: hospital's key holder from the set-up); None: ``client(plan=, identity=, server=, peers=, update=)``
+    join: Callable[..., AggregationClient] | None = None
+
+    def open_run(self, *, federation: Any, transport: Any, run_id: str, enrolled: Mapping[str, Any],
+                 max_weight: float, context: object | None = None,
+                 on_event: Callable[[str, Mapping[str, Any]], None] | None = None) -> ModeRun:
+        """The mode's set-up for a run (over ``transport``; or from an already made ``context``)."""
+        if self.prepare is None:
+            return ModeRun()
+        return self.prepare(federation=federation, transport=transport, run_id=run_id, enrolled=enrolled,
+                            max_weight=max_weight, context=context, on_event=on_event or (lambda k, d: None))
+
+    def make_client(self, *, plan: Any, identity: Any, server: Any, peers: Mapping[str, Any], update: LocalUpdate,
+                    keys: Any = None) -> AggregationClient:
+        """This hospital's half of the round ``plan`` describes."""
+        if self.join is None:
+            return self.client(plan=plan, identity=identity, server=server, peers=peers, update=update)  # type: ignore[call-arg]
+        return self.join(plan=plan, identity=identity, server=server, peers=peers, update=update, keys=keys)
 
 
 _MODES: dict[str, SecureMode] = {}
@@ -65,5 +112,5 @@ def _load_builtin() -> None:
 
 register_mode(SecureMode("insecure_plaintext", PlaintextServer, PlaintextClient, server_sees_sum=True, insecure=True))
 
-__all__ = ["AggregationClient", "AggregationServer", "LocalUpdate", "ModuleSums", "SecureMode",
+__all__ = ["AggregationClient", "AggregationServer", "LocalUpdate", "ModeRun", "ModuleSums", "SecureMode",
            "create_mode", "register_mode", "registered_modes"]

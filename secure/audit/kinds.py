@@ -274,6 +274,19 @@ class ModelSelected(Payload):
     disagreeing: dict[Name, int] = Field(default_factory=dict, max_length=10_000)
 
 
+class RunExtended(Payload):
+    """``run_extended``: an ended federation goes on (secure/runtime/resume.py): the same id,
+    keys, hospitals, global model, ledgers and round numbering, as run ``run`` of its journal,
+    linked to the previous run's last audit entry (``previous_audit_seq`` / ``_hash``)."""
+
+    previous_audit_seq: int | None = Field(ge=0)
+    previous_audit_hash: Hex64 | None
+    run: int = Field(ge=2)
+    rounds_completed: int = Field(ge=0)
+    rounds_planned: int = Field(ge=1)
+    next_round: int = Field(ge=0)
+
+
 class CandidateRow(Payload):
     """One candidate of a ``model_chosen`` entry: its name, its public config overrides (JSON),
     the round it kept, the rounds it ran and its kept round's federated validation loss."""
@@ -440,7 +453,7 @@ KINDS: dict[str, type[Payload]] = {
     "round_aborted": RoundAborted, "aggregate": Aggregate,
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
-    "model_selected": ModelSelected, "model_chosen": ModelChosen, "feature_coverage": FeatureCoverage,
+    "model_selected": ModelSelected, "model_chosen": ModelChosen, "run_extended": RunExtended, "feature_coverage": FeatureCoverage,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release,
     "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,

@@ -14,8 +14,9 @@ from .client import CkksClient
 from .keys import CkksKeyDealer, CkksKeyring, CkksRecipientKey, CkksServerContext, ckks_plan_options
 from .presets import CkksPreset
 from .server import CkksServer
+from .setup import join_ckks, prepare_ckks
 
-register_mode(SecureMode("ckks", CkksServer, CkksClient, server_sees_sum=False))
+register_mode(SecureMode("ckks", CkksServer, CkksClient, server_sees_sum=False, prepare=prepare_ckks, join=join_ckks))
 
 __all__ = ["CkksClient", "CkksKeyDealer", "CkksKeyring", "CkksPreset", "CkksRecipientKey", "CkksServer",
            "CkksServerContext", "ckks_plan_options"]

@@ -11,7 +11,8 @@ from ..aggregation import SecureMode, register_mode
 from .client import MaskingClient
 from .params import MaskingParams, masked_plan_options, neighbour_count
 from .server import MaskingServer
+from .setup import prepare_masked
 
-register_mode(SecureMode("masked", MaskingServer, MaskingClient, server_sees_sum=True))
+register_mode(SecureMode("masked", MaskingServer, MaskingClient, server_sees_sum=True, prepare=prepare_masked))
 
 __all__ = ["MaskingClient", "MaskingParams", "MaskingServer", "masked_plan_options", "neighbour_count"]

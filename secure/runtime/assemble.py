@@ -18,7 +18,6 @@ from ..identity import Identity, PublicIdentity
 from ..messages import DPPolicy
 from ..server import FederationServer
 from .build import build_server
-from .ceremony import run_ckks_ceremony
 from .config import FederationSection
 from .loop import EventSink, _quiet
 from .models import CandidateModel
@@ -58,19 +57,16 @@ class ServerSide:
         first_round, self.first_round = self.first_round, 0
         fed = self.federation.model_copy(update={"id": run_id})
         try:
-            context = None
-            if fed.secure_mode == "ckks":
-                from ..ckks.presets import CkksPreset
+            from ..aggregation import create_mode
+            from .build import build_strategy, weight_bound
 
-                names = tuple(sorted(set(transport.hospitals()) & set(self.enrolled)))
-                context, holders = run_ckks_ceremony(transport, federation_id=run_id, participants=names,
-                                                     enrolled=self.enrolled, preset=CkksPreset(fed.ckks_preset),
-                                                     min_holders=min(fed.min_clients, len(names)))
-                on_event("ckks_keys", {"holders": list(holders)})
-                transport = Restricted(transport, holders)
+            mode_run = create_mode(fed.secure_mode).open_run(
+                federation=fed, transport=transport, run_id=run_id, enrolled=self.enrolled,
+                max_weight=weight_bound(build_strategy(fed), fed), on_event=on_event)
+            if mode_run.hospitals is not None:  # e.g. the CKKS key holders
+                transport = Restricted(transport, mode_run.hospitals)
             server = build_server(federation=fed, identity=self.identity, enrolled=self.enrolled,
-                                  initial=candidate.initial, audit=audit, dp_policy=self.dp_policy,
-                                  ckks_context=context)
+                                  initial=candidate.initial, audit=audit, dp_policy=self.dp_policy, mode_run=mode_run)
         except BaseException:
             audit.close()
             raise

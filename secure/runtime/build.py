@@ -6,13 +6,13 @@ Decided here, once, for every transport and every caller (simulation, demo, Flow
   ``federation.max_weight`` (default 10 000, see :data:`.config.DEFAULT_MAX_WEIGHT`); a
   strategy that fixes normalised weights (DQ) uses the bound 1. The bound travels in every
   plan as ``weight.max`` and the hospital applies the cap itself.
-- **masked parameters**: neighbours and threshold from :func:`clinograph.secure.masking.params.masked_defaults`
-  for the round's participant count (or ``masked_threshold`` when set), clip =
-  ``max_weight * masked_clip``; recomputed every round, so a round with fewer participants
-  gets parameters that fit it.
+- **the secure mode's parameters**: the mode's own set-up decides them
+  (:meth:`clinograph.secure.aggregation.SecureMode.open_run`: ``secure/masking/setup.py`` --
+  neighbours, threshold, clip, recomputed for every round's participants; ``secure/ckks/setup.py``
+  -- the key ceremony's public context); nothing here branches on a mode's name.
 - **min_clients**: the configured value, capped at the number of enrolled hospitals.
-- **DP policy**: ``[dp_policy]`` when present (every report must carry a ledger within it).
-- **CKKS**: the public context from the key ceremony, checked against the dealer's key.
+- **DP policy**: ``[dp_policy]`` when present (every report must carry a ledger within it); a
+  distributed-DP policy is checked by the mode that carries it, or refused.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from ..aggregation import create_mode
+from ..aggregation import ModeRun, create_mode
 from ..aggregation.checks import encode_modules
 from ..codec import decode_array
 from ..errors import ConfigError, ProtocolError
@@ -105,44 +105,24 @@ def weight_bound(strategy: Strategy, federation: FederationSection) -> float:
 
 
 def masked_options(federation: FederationSection, *, n: int, max_weight: float) -> dict[str, float | int | str | bool]:
-    """The masked mode's plan options for ``n`` participants (threshold from the security argument)."""
-    from ..masking import params
+    """The masked mode's plan options for ``n`` participants (:func:`clinograph.secure.masking.setup.masked_options`)."""
+    from ..masking.setup import masked_options as options
 
-    if federation.masked_threshold is not None:
-        threshold = federation.masked_threshold
-    else:
-        threshold = params.masked_defaults(n).threshold
-    return params.masked_plan_options(n_clients=n, threshold=threshold, clip=max_weight * federation.masked_clip,
-                                      max_weight=max_weight, word_bits=federation.masked_word_bits)
-
-
-def _check_distributed(policy: DPPolicy, *, federation: FederationSection, opts: Mapping[str, float | int | str | bool],
-                       n: int, max_weight: float, dim: int) -> None:
-    """Refuse a distributed-DP configuration that cannot keep its promise (every reason at once)."""
-    from ..dp import DistributedPolicy, check_configuration
-
-    d = policy.distributed
-    if federation.masked_word_bits != 32:
-        raise ConfigError("Distributed DP needs the 32-bit masked ring: set [federation] masked_word_bits = 32.")
-    if federation.strategy != "fedsgd":
-        raise ConfigError("Distributed DP is one DP-SGD step a round: it needs strategy = 'fedsgd'.")
-    check_configuration(DistributedPolicy(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,  # type: ignore[union-attr]
-                                          clip_norm=policy.max_clip_norm, sample_rate=d.sample_rate,  # type: ignore[union-attr]
-                                          min_honest=d.min_honest, rounds=d.rounds,  # type: ignore[union-attr]
-                                          max_epsilon=policy.max_epsilon, delta=policy.delta),
-                        n_hospitals=n, masked_threshold=int(opts["masked.threshold"]),
-                        scale=float(opts["masked.scale"]), hospital_bound=float(opts["masked.clip"]),
-                        max_batch=max_weight, dim=dim, planned_rounds=federation.rounds)
+    return options(federation, n=n, max_weight=max_weight)
 
 
 def build_server(*, federation: FederationSection, identity: Identity, enrolled: Mapping[str, PublicIdentity],
                  initial: InitialModel, audit: AuditSink, dp_policy: DPPolicy | None,
-                 ckks_context: object | None = None) -> FederationServer:
+                 ckks_context: object | None = None, mode_run: ModeRun | None = None) -> FederationServer:
     """The federation server, with every parameter decided here (see the module docstring).
+
+    ``mode_run``: the secure mode's set-up for this run (:meth:`SecureMode.open_run`, which
+    :class:`~.assemble.ServerSide` runs over the transport); without it the mode is set up here
+    from ``ckks_context`` (a CKKS ceremony run by the caller) or needs none.
 
     Raises:
         ConfigError: CKKS without a ceremony context, an insecure mode in production, too few
-            hospitals for the mode.
+            hospitals for the mode, distributed DP the mode cannot carry.
     """
     from ..strategies.attention import check_secure_mode
 
@@ -150,33 +130,22 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
     strategy = build_strategy(federation)
     max_weight = weight_bound(strategy, federation)
     mode = create_mode(federation.secure_mode)
-    mode_server = None
+    if mode_run is None:
+        mode_run = mode.open_run(federation=federation, transport=None, run_id=federation.id, enrolled=enrolled,
+                                 max_weight=max_weight, context=ckks_context)
+    if dp_policy is not None and dp_policy.distributed is not None:
+        if mode_run.check_distributed is None:
+            raise ConfigError(f"Distributed DP needs a secure mode whose sum carries the hospitals' noise shares "
+                              f"(masked); this federation runs {federation.secure_mode!r}.")
+        mode_run.check_distributed(dp_policy, dim=sum(m.size for m in initial.spec.shared))
     static: dict[str, float | int | str | bool] = {"weight.max": max_weight}
-    if federation.secure_mode == "ckks":
-        from ..ckks import CkksServer, CkksServerContext, ckks_plan_options
-
-        if not isinstance(ckks_context, CkksServerContext):
-            raise ConfigError("secure_mode = 'ckks' needs the key ceremony's public context: run "
-                              "run_ckks_ceremony(...) over the transport first.")
-        mode_server = CkksServer.with_context(ckks_context)
-        static.update(ckks_plan_options(ckks_context))
-    if federation.secure_mode == "masked":
-        opts = masked_options(federation, n=len(enrolled), max_weight=max_weight)  # refuse a bad config now
-        if dp_policy is not None and dp_policy.distributed is not None:
-            _check_distributed(dp_policy, federation=federation, opts=opts, n=len(enrolled), max_weight=max_weight,
-                               dim=sum(m.size for m in initial.spec.shared))
-    elif dp_policy is not None and dp_policy.distributed is not None:
-        raise ConfigError(f"Distributed DP needs secure_mode = 'masked' (the noise shares add up inside the masked "
-                          f"sum); this federation runs {federation.secure_mode!r}.")
 
     def plan_options(participants: tuple[str, ...]) -> dict[str, float | int | str | bool]:
-        if mode.name == "masked":
-            return {**static, **masked_options(federation, n=len(participants), max_weight=max_weight)}
-        return dict(static)
+        return {**static, **mode_run.options(participants)}
 
     return FederationServer(
         federation_id=federation.id, spec=initial.spec, initial_state=initial.state(),
         dictionary_hash=initial.dictionary_hash, identity=identity, enrolled=enrolled,
         secure_mode=federation.secure_mode, strategy=strategy, min_clients=min(federation.min_clients, len(enrolled)),
         local_epochs=federation.local_epochs, dp_policy=dp_policy, audit=audit, environment=federation.environment,
-        plan_options=plan_options, mode_server=mode_server)
+        plan_options=plan_options, mode_server=mode_run.server)

@@ -101,10 +101,14 @@ class Boundary(BaseModel):
     audit_hash: str | None = None
     run_ended: bool = False
     #: the run's control (:class:`~.loop.RunControl`: selection so far), the evaluation-only
-    #: rounds run (0 or 1) and whether the stop rule ended training
+    #: rounds the federation ran (one a run; not training rounds), whether this run's scoring round
+    #: ran and whether the stop rule ended its training
     control: dict[str, Any] | None = None
-    scored: int = Field(ge=0, le=1, default=0)
+    scored: int = Field(ge=0, default=0)
+    score_done: bool = False
     stopped: bool = False
+    #: the federation's runs in this journal: 1 + the extensions (:func:`~.resume.resume`)
+    runs: int = Field(ge=1, default=1)
 
 
 def encode_state(names: list[str], state: Mapping[str, np.ndarray]) -> bytes:

@@ -177,6 +177,9 @@ class RunControl(Protocol):
     #: deliver every round's model at once (the stop rule reads the hospitals' answers to it)
     deliver: bool
 
+    def begin(self, *, first_round: int) -> None:
+        """The run starts (or resumes) at round ``first_round`` (kept from the first call)."""
+
     def options(self, *, scoring: bool) -> dict[str, float | int | str | bool]:
         """The run's options for the next plan (``scoring``: the evaluation-only round)."""
 
@@ -227,7 +230,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     run = RunState(liveness=liveness, control=control)
     if journal is not None:
         check_journalable(server)
-        resume(journal, server, run, event=event)
+        resume(journal, server, run, event=event, rounds=rounds)
     status, reason = "completed", f"all {rounds} planned round(s) ran"
     failure: BaseException | None = None
     invited: tuple[str, ...] = ()
@@ -282,8 +285,10 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
 
     stopped = False
     try:
-        while run.completed - run.scored < rounds and not run.stopped:
-            r = run.completed - run.scored
+        if control is not None:
+            control.begin(first_round=server.round)
+        while run.trained < rounds and not run.stopped:
+            r = run.trained
             outcome = one_round(scoring=False)
             if outcome is None:
                 break
@@ -295,12 +300,13 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
                     save(journal, server, run, stage="end", open_round=None)
         stopped = run.stopped
         if stopped:
-            reason = f"stopped early after {run.completed - run.scored} round(s): validation loss, patience"
+            reason = f"stopped early after {run.trained} round(s): validation loss, patience"
         if status == "completed" and control is not None:
-            if control.wants_score() and not run.scored:
+            if control.wants_score() and not run.score_done:
                 outcome = one_round(scoring=True)
                 if outcome is not None:
-                    run.scored = 1
+                    run.scored += 1
+                    run.score_done = True
                     control.after(server, outcome)
                     if journal is not None:
                         save(journal, server, run, stage="end", open_round=None)
@@ -315,7 +321,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     finally:
         _deliver_pending(server, transport, run, event)
         try:
-            end_run(server, status=status, reason=reason, rounds_completed=run.completed - run.scored,
+            end_run(server, status=status, reason=reason, rounds_completed=run.trained,
                     rounds_planned=rounds)
         except Exception:
             if failure is None:

@@ -32,8 +32,15 @@ class RunState:
     retired: dict[str, str] = field(default_factory=dict)  # out of the run: final refusals
     pending: dict[str, bytes] = field(default_factory=dict)  # models still owed to hospitals
     control: Any = None  # the run's RunControl (journalled through to_dict / load)
-    scored: int = 0  # evaluation-only rounds run (0 or 1; not counted in the planned rounds)
-    stopped: bool = False  # the stop rule ended training
+    scored: int = 0  # evaluation-only rounds the federation ran (not counted in the planned rounds)
+    score_done: bool = False  # this run's evaluation-only round ran
+    stopped: bool = False  # the stop rule ended this run's training
+    runs: int = 1  # the federation's runs in this journal (1 + extensions)
+
+    @property
+    def trained(self) -> int:
+        """Training rounds completed in the whole federation (what ``rounds`` counts)."""
+        return self.completed - self.scored
     _state_cache: tuple[object, str, bytes] | None = None  # (the state object itself, sha256, blob)
 
 
@@ -81,19 +88,29 @@ def save(journal: Journal, server: FederationServer, run: RunState, *, stage: st
         liveness=None if live is None else {"missed": dict(live.missed), "suspended": dict(live.suspended)},
         pending=pending, audit_seq=None if head is None else int(head.seq),
         audit_hash=None if head is None else str(head.hash), run_ended=run_ended,
-        control=None if run.control is None else run.control.to_dict(), scored=run.scored, stopped=run.stopped),
+        control=None if run.control is None else run.control.to_dict(), scored=run.scored,
+        score_done=run.score_done, stopped=run.stopped, runs=run.runs),
         blobs=blobs)
 
 
-def resume(journal: Journal, server: FederationServer, run: RunState, *, event: EventSink) -> Boundary | None:
+def resume(journal: Journal, server: FederationServer, run: RunState, *, event: EventSink,
+           rounds: int | None = None) -> Boundary | None:
     """Restore ``server`` and ``run`` from the journal's last boundary (None: a new journal).
 
     A round open at that boundary is aborted and audited (``round_aborted``, reason ``server
     restart``); its number is spent. The abort is journalled at once, so a second crash does not
     audit it twice.
 
+    **Extending an ended federation**: when the journal's run has ended and ``rounds`` (the
+    federation's total training rounds) is more than it ran, the federation goes on: same id,
+    keys, hospitals, global model, ledgers and round numbering, as a new run of the same audit
+    trail, linked to the previous one by a ``run_extended`` entry (the previous run's last audit
+    entry and round counts). The new run selects among its own rounds (its first scored model is
+    the previous run's last global model) and ends with its own scoring round and release.
+
     Raises:
-        ConfigError: the journal belongs to another federation or model, or its run has ended.
+        ConfigError: the journal belongs to another federation or model, or its run has ended and
+            ``rounds`` asks for no more than it ran.
         IntegrityError: the audit trail does not hold the audit head the journal recorded.
     """
     b = journal.latest()
@@ -107,9 +124,12 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
                          if m != t)
         raise ConfigError(f"Journal {journal.path} belongs to another run: its {diff}. Resume with the run's own "
                           "server.toml, or give a new run its own journal file.")
-    if b.run_ended:
-        raise ConfigError(f"Journal {journal.path}: its run has ended ({b.completed} round(s)); nothing to resume. "
-                          "Start a new run with a new journal file (keep this one with the run's audit).")
+    trained = b.completed - b.scored
+    if b.run_ended and (rounds is None or rounds <= trained):
+        raise ConfigError(f"Journal {journal.path}: the federation's run has ended after {trained} training round(s); "
+                          f"{'nothing to resume' if rounds is None else f'rounds = {rounds} asks for no more'}. To go "
+                          f"on, run again with rounds > {trained} (the federation's total, e.g. --run-config "
+                          f"\"rounds={trained + 5}\"): the same journal and audit directory continue it.")
     _check_audit(journal, server, b)
     state = decode_state(journal.blob(b.state)) if b.state is not None else None
     server.restore(round_=b.round, state=state, history=[RoundResult.model_validate_json(h) for h in b.history],
@@ -117,7 +137,15 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
     if b.strategy is not None:
         server.strategy.load_state_dict(b.strategy)  # type: ignore[attr-defined]
     run.completed, run.retired = b.completed, dict(b.retired)
-    run.scored, run.stopped = b.scored, b.stopped
+    run.scored, run.score_done, run.stopped, run.runs = b.scored, b.score_done, b.stopped, b.runs
+    if b.run_ended:  # an extension: a new run of the same federation (see the docstring)
+        run.score_done, run.stopped, run.runs = False, False, b.runs + 1
+        payload = {"previous_audit_seq": b.audit_seq, "previous_audit_hash": b.audit_hash, "run": run.runs,
+                   "rounds_completed": trained, "rounds_planned": int(rounds or 0), "next_round": b.round}
+        server.audit.record("run_extended", payload)
+        event("run_extended", payload)
+        save(journal, server, run, stage="extended", open_round=None)
+        return b
     if run.control is not None and b.control is not None:
         run.control.load(b.control)
     run.pending = {n: journal.blob(sha) for n, sha in b.pending.items()}

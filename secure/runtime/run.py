@@ -57,6 +57,8 @@ class SelectedRun:
     on_event: EventSink = _quiet
     #: the stop rule ended training (set by :meth:`finish`)
     stopped: bool = False
+    #: the run's first round (``run.first_round`` in every plan: a hospital starts a new selection there)
+    first_round: int | None = None
 
     def __post_init__(self) -> None:
         if self.rule is not None and self.tracker is None:
@@ -66,9 +68,15 @@ class SelectedRun:
     def deliver(self) -> bool:
         return self.rule is not None
 
+    def begin(self, *, first_round: int) -> None:
+        if self.first_round is None:
+            self.first_round = first_round
+
     def options(self, *, scoring: bool) -> dict[str, float | int | str | bool]:
         out: dict[str, float | int | str | bool] = {"run.candidate": self.candidate, "run.rounds": self.rounds,
                                                     "run.phase": "score" if scoring else "train"}
+        if self.first_round is not None:
+            out["run.first_round"] = self.first_round
         if self.rule is not None:
             out.update(self.rule.plan_options())
         return out
@@ -115,11 +123,13 @@ class SelectedRun:
             **({"disagreeing": dict(sorted(disagreeing.items()))} if disagreeing else {})})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tracker": None if self.tracker is None else self.tracker.to_dict()}
+        return {"tracker": None if self.tracker is None else self.tracker.to_dict(), "first_round": self.first_round}
 
     def load(self, data: Mapping[str, Any]) -> None:
         if self.tracker is not None and data.get("tracker") is not None:
             self.tracker.load(data["tracker"])
+        if data.get("first_round") is not None:
+            self.first_round = int(data["first_round"])
 
 
 @dataclass

@@ -18,7 +18,7 @@ def run(script, *args, timeout=600):
 
 
 def test_every_example_has_a_test_here():
-    assert {p.name for p in EXAMPLES} == {"map_and_join.py", "simulate_from_toml.py"}
+    assert {p.name for p in EXAMPLES} == {"map_and_join.py", "simulate_from_toml.py", "write_a_task.py"}
 
 
 def test_map_and_join():
@@ -37,3 +37,11 @@ def test_simulate_from_toml(tmp_path, rounds):
 
 def test_map_and_join_fits_on_one_screen():
     assert len((ROOT / "examples" / "map_and_join.py").read_text().splitlines()) <= 40
+
+
+def test_write_a_task(tmp_path):
+    out = run(ROOT / "examples" / "write_a_task.py", "--rounds", "2", "--out", str(tmp_path / "logistic"))
+    assert "round 1: east AUROC" in out
+    assert "task 'logistic', secure mode masked: audit verified" in out
+    entries = (tmp_path / "logistic" / "audit" / "audit.jsonl").read_text()
+    assert '"logistic/weights"' in entries  # the aggregate's module coverage names the task's own modules

@@ -1,0 +1,92 @@
+"""The built-in tasks, registered on import (:mod:`clinograph.sdk.tasks` imports this by name).
+
+- ``nsfl``: NS-FL (:class:`.nsfl_task.NSFLTask`; with ``[privacy] mode = "distributed"``
+  :class:`.dp_task.DistributedDPTask`); temporal, survival and modalities are configuration.
+- ``agat``: AGAT (Molaei et al. 2024, :class:`clinograph.sdk.agat.AGATTask`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..tasks import register_task
+
+if TYPE_CHECKING:
+    from ..config import HospitalConfig
+    from ..ingest.table import PatientTable
+    from ..model.modules import ModuleMap
+    from ..ontology import FeatureDictionary
+    from .split import Split
+    from .task import Task
+
+
+def _build_nsfl(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
+                state_dir: Path | None, identity: Any) -> Task:
+    from clinograph.secure.errors import ConfigError
+
+    if config.privacy.enabled and config.privacy.mode == "distributed":
+        if config.model.temporal != "none":
+            raise ConfigError("[model] temporal with [privacy] mode = 'distributed': the distributed DP task "
+                              "trains the static star model. Use mode = 'local' (the sequence is one DP sample) "
+                              "or temporal = 'none'.")
+        from .dp_task import (  # distributed DP: one DP-SGD step a round
+            DistributedDPTask,
+            hospital_policy,
+        )
+
+        root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else state_dir
+        if root is None:
+            raise ConfigError(f"Hospital {table.site!r} trains with distributed DP but has no state directory for "
+                              "its ledger: set [privacy] state_dir (or pass state_dir).")
+        return DistributedDPTask(table, dictionary=dictionary, config=config, split=split,
+                                 policy=hospital_policy(config), state_dir=Path(root))
+    from .nsfl_task import NSFLTask
+
+    return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir, signer=identity)
+
+
+def _nsfl_modules(config: HospitalConfig, *, dictionary: FeatureDictionary) -> ModuleMap:
+    import torch
+
+    from ..model.heads import nsfl_model
+    from ..model.temporal import add_temporal_modules, temporal_task_model
+    from ..training.personal import personal_module_map
+
+    node_ids = dictionary.node_ids()
+    torch.manual_seed(config.model.init_seed)  # the same draw the task makes
+    model = temporal_task_model(len(node_ids), config) if config.model.temporal != "none" else \
+        nsfl_model(len(node_ids), config)
+    if config.model.modalities:  # modality nodes (sdk/model/modalities.py)
+        from ..model.modalities import ModalityNSFL
+
+        model = ModalityNSFL(len(node_ids), config.model, modalities=config.model.modalities)
+    modules = add_temporal_modules(personal_module_map(model, node_ids, personal=config.personal.modules),
+                                   model, node_ids)
+    if config.model.modalities:
+        from ..model.modalities import add_modality_modules
+
+        add_modality_modules(modules, model)
+    return modules
+
+
+def _build_agat(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
+                state_dir: Path | None, identity: Any) -> Task:
+    from ..agat import AGATTask  # AGAT (Molaei et al. 2024): sdk/agat, docs/agat.md
+
+    return AGATTask(table, dictionary=dictionary, config=config, split=split)
+
+
+def _agat_modules(config: HospitalConfig, *, dictionary: FeatureDictionary) -> ModuleMap:
+    import torch
+
+    from ..agat.model import AGATModel, agat_modules
+
+    node_ids = dictionary.node_ids()
+    torch.manual_seed(config.model.init_seed)
+    return agat_modules(AGATModel(len(node_ids), config.agat), node_ids, personal=config.personal.modules,
+                        selection=config.model.selection_module)
+
+
+register_task("nsfl", build=_build_nsfl, modules=_nsfl_modules)
+register_task("agat", build=_build_agat, modules=_agat_modules)

@@ -1,0 +1,79 @@
+"""Tasks by registration, in the style of ``create_mode`` and ``create_strategy``.
+
+A task is registered under the name ``hospital.toml`` gives as ``task = "..."`` with two
+functions: ``build`` makes a hospital's :class:`~clinograph.sdk.federation.task.Task` over its
+ingested table, and ``modules`` makes the task's
+:class:`~clinograph.sdk.model.modules.ModuleMap` from the config alone, with the same initial
+weights (what ``clinograph model init`` writes for the lean server). Everything else -- rounds,
+secure modes, transports, selection, audit -- is the run's, so a registered task runs under
+every secure mode and transport (docs/write_a_task.md).
+
+Built in (:mod:`clinograph.sdk.federation.builtin_tasks`): ``nsfl`` (NS-FL; local or distributed
+DP, temporal, survival, modalities as configuration) and ``agat`` (Molaei et al. 2024).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clinograph.secure.errors import RegistryError
+
+#: build(table, *, dictionary, config, split, state_dir, identity) -> Task
+TaskBuild = Callable[..., Any]
+#: modules(config, *, dictionary) -> ModuleMap (seeded exactly as ``build``'s task)
+TaskModules = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """A registered task: its name, how to build it at a hospital and its modules without a table."""
+
+    name: str
+    build: TaskBuild
+    modules: TaskModules
+
+
+_TASKS: dict[str, TaskEntry] = {}
+
+
+def register_task(name: str, *, build: TaskBuild, modules: TaskModules) -> TaskEntry:
+    """Register a task under ``name`` (letters, digits, ``_``; at most 64). Registering a name
+    twice replaces the entry (tests, notebooks).
+
+    Raises:
+        RegistryError: an invalid name.
+    """
+    if not name or len(name) > 64 or not name.replace("_", "").isalnum() or not name[0].isalpha():
+        raise RegistryError(f"Task name {name!r} must start with a letter and hold letters, digits or '_' "
+                            "(at most 64).")
+    entry = TaskEntry(name=name, build=build, modules=modules)
+    _TASKS[name] = entry
+    return entry
+
+
+def create_task(name: str) -> TaskEntry:
+    """The task registered as ``name``; a miss lists the options."""
+    _load_builtin()
+    try:
+        return _TASKS[name]
+    except KeyError:
+        raise RegistryError(f"Unknown task {name!r}. Registered: {', '.join(registered_tasks())}. Register your "
+                            "own with clinograph.register_task (docs/write_a_task.md).") from None
+
+
+def registered_tasks() -> list[str]:
+    """Names of every registered task."""
+    _load_builtin()
+    return sorted(_TASKS)
+
+
+def _load_builtin() -> None:
+    # The built-in tasks register themselves on import (sdk/federation/builtin_tasks.py); by name,
+    # so that this registry (read by the config, the lowest SDK layer) imports nothing above it.
+    if "nsfl" not in _TASKS or "agat" not in _TASKS:
+        importlib.import_module("clinograph.sdk.federation.builtin_tasks")
+
+
