@@ -16,13 +16,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from clinograph.secure.errors import SchemaError
+
 from ..ontology.codes import describe_codes
 from ..ontology.dictionary import FeatureDictionary
 from ..ontology.schema import LongColumns, SiteSchema
+from .ehr_values import CensorPolicy, resolve_values
 from .table import PatientTable
 
 LONG_COLUMNS = LongColumns(patient="patient_id", time="time", feature="feature", value="value", unit="unit")
 EVENT_COLUMNS = ("patient_id", "hours", "code", "value", "unit")
+#: optional event columns: ``where`` (the source record: ``measurement_id 17``, ``x.ndjson line 4``),
+#: ``censor`` (``<``, ``<=``, ``>``, ``>=`` or None)
+OPTIONAL_COLUMNS = ("where", "censor")
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class ExtractReport:
     patients_without_label: int = 0
     patients_without_events: int = 0
     notes: tuple[str, ...] = ()
+    #: rows the reader excluded before mapping, by reason (window, observation period, ...)
+    excluded: dict[str, int] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         """The report as text lines (for ``clinograph check``)."""
@@ -73,6 +81,14 @@ class EhrExtract:
         """Validate and ingest the extract (every problem at once, as :func:`ingest` does)."""
         from .validate import ingest
 
+        if len(self.table) == 0:
+            r = self.report
+            counts = ", ".join([f"rows read: {r.events_read}", f"mapped to the dictionary: {r.events_mapped}",
+                                *(f"{why}: {n}" for why, n in r.excluded.items())])
+            raise SchemaError(f"The {r.source} extract of site {self.schema.site!r} holds no event to ingest "
+                              f"({r.patients} patient(s) in the cohort; {counts}). Check the window around the "
+                              "index time (lookback/after), the cohort, and the dictionary's codes.",
+                              title="Nothing to ingest")
         return ingest(self.table, schema=self.schema, dictionary=dictionary)
 
     def __repr__(self) -> str:
@@ -89,24 +105,43 @@ def long_schema(site: str, *, labelled: bool) -> SiteSchema:
 
 def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[str], dictionary: FeatureDictionary,
             site: str, source: str, snapshot_hours: float, notes: tuple[str, ...] = (),
-            unmapped: dict[str, int] | None = None) -> EhrExtract:
+            unmapped: dict[str, int] | None = None, units: dict[str, str] | None = None,
+            censored: CensorPolicy | None = None, setting: str = "the source file",
+            excluded: dict[str, int] | None = None, problems: list[str] | None = None) -> EhrExtract:
     """Map ``events`` (columns :data:`EVENT_COLUMNS`) onto the dictionary and build the extract.
 
     ``labels``: patient id -> 1/0 (NaN: no label); None for an unlabeled extract.
     ``patients``: every patient of the cohort (those without events are counted).
     ``unmapped``: code -> rows a reader counted without reading them (not in the dictionary).
+    ``units``, ``censored``: the source file's declarations (:func:`.ehr_values.resolve_values`);
+    ``excluded``: rows excluded before mapping, by reason (printed if nothing is left);
+    ``problems``: the reader's own unit problems, raised with the others. A code
+    ``FEATURE/<id>`` names a dictionary feature directly (values a reader derives: age, sex).
+
+    Raises:
+        UnitError: values without a unit, in units that do not convert, or censored without a
+            declared policy (every feature at once).
     """
     if not snapshot_hours > 0:
         raise ValueError("snapshot_hours must be > 0")
     counted = dict(unmapped or {})
     by_code = {k: f.id for k, f in dictionary.by_code().items()}
-    ev = events.loc[:, list(EVENT_COLUMNS)].reset_index(drop=True)
+    cols = [*EVENT_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in events.columns)]
+    ev = events.loc[:, cols].reset_index(drop=True)
+    if "where" not in ev:
+        ev["where"] = None
     feature = ev["code"].map(by_code)
+    direct = ev["code"].astype(str).str.startswith("FEATURE/")
+    if direct.any():
+        named = ev.loc[direct, "code"].str.removeprefix("FEATURE/")
+        feature[direct] = named.where(named.isin([f.id for f in dictionary.features]))
     refused = feature.isna().to_numpy()
     counts = ev.loc[refused, "code"].astype(str).value_counts().to_dict()
     for code, n in counted.items():
         counts[code] = counts.get(code, 0) + n
     ev = ev.assign(feature=feature)[~refused]
+    ev, value_notes = resolve_values(ev, dictionary=dictionary, source=source, units=dict(units or {}),
+                                     censored=censored, setting=setting, problems=problems)
     hours = pd.to_numeric(ev["hours"], errors="coerce").fillna(0.0).to_numpy(dtype=float)
     ev = ev.assign(time=np.floor(hours / snapshot_hours).astype(np.int64), _h=hours)
     ev = ev.sort_values(["patient_id", "time", "feature", "_h"], kind="stable")
@@ -128,6 +163,7 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
         collapsed=collapsed,
         patients_without_label=int(sum(1 for p in patients if p in present and pd.isna(labels.get(p, np.nan))))
         if labels is not None else 0,
-        patients_without_events=sum(1 for p in patients if p not in present), notes=notes)
+        patients_without_events=sum(1 for p in patients if p not in present),
+        notes=(*notes, *value_notes), excluded=dict(excluded or {}))
     return EhrExtract(table=out.reset_index(drop=True), schema=long_schema(site, labelled=labels is not None),
                       report=report)

@@ -5,11 +5,15 @@ whose ``data/`` holds Parquet shards of events ``subject_id, time, code, numeric
 (``text_value`` optional, extra columns allowed). Codes are ``SYSTEM/CODE`` (``LOINC/2345-7``)
 and map through the dictionary's codes; a unit is read from an extra ``unit`` column, else from
 a last ``//``-separated part of the code (``LOINC/2345-7//mg/dL``, as MEDS ETLs write labs),
-else the dictionary's canonical unit is assumed. Labels come from a MEDS label file
-(``subject_id, prediction_time, boolean_value``): features are the events at or before the
-prediction time (``lookback_hours`` before it at most), binned into snapshots of
-``snapshot_hours`` counted back from it; static events (no time) join the prediction time's snapshot. Without
-labels, times count from each subject's first event and the extract is unlabeled.
+else the source file's ``units`` for the feature; a numeric event with none of these is refused
+(:mod:`.ehr_values`), never read in the dictionary's unit by assumption. A code of a *binary*
+feature without ``numeric_value`` (a diagnosis, a procedure) is read as present (1); a numeric
+feature's event without ``numeric_value`` is counted and excluded. Labels come from a MEDS label
+file (``subject_id, prediction_time, boolean_value``): features are the events at or before the
+prediction time and at most ``lookback_hours`` before it (required with labels), binned into
+snapshots of ``snapshot_hours`` counted back from it; static events (no time) join the prediction
+time's snapshot. Without labels, times count from each subject's first event and the extract is
+unlabeled.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy as np
 import pandas as pd
 from clinograph.secure.errors import ConfigError, SchemaError
 
-from ..ontology.dictionary import FeatureDictionary
+from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from .extract import EhrExtract, to_long
 
 
@@ -47,7 +51,10 @@ def _read_shards(root: Path) -> pd.DataFrame:
                             f"({type(exc).__name__}: {_schema_reason(exc)}). Required: subject_id int64, time "
                             "timestamp[us], code string, numeric_value float32.")
             continue
-        frames.append(table.to_pandas())
+        df = table.to_pandas()
+        df["_shard"] = str(shard.relative_to(root))
+        df["_row"] = np.arange(1, len(df) + 1)
+        frames.append(df)
     if problems:
         raise SchemaError(problems, title=f"MEDS dataset {root} cannot be read")
     return pd.concat(frames, ignore_index=True)
@@ -85,18 +92,27 @@ def split_code(code: str) -> tuple[str, str | None]:
 
 
 def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, labels: str | Path | None,
-              snapshot_hours: float = 24.0, lookback_hours: float | None = None) -> EhrExtract:
+              lookback_hours: float | None, snapshot_hours: float = 24.0,
+              units: dict[str, str] | None = None) -> EhrExtract:
     """A MEDS dataset as an :class:`EhrExtract` (long table + schema + report).
 
     ``labels``: a MEDS label Parquet file (one prediction time per subject), or None for an
-    unlabeled extract. Patient ids are the subject ids, as text.
+    unlabeled extract. ``lookback_hours``: how far before the prediction time events are read
+    (required with labels; None only for an unlabeled extract, which reads every event).
+    ``units``: feature id -> unit of its events that carry none. Patient ids are the subject
+    ids, as text.
 
     Raises:
-        ConfigError: the folder or label file does not exist.
+        ConfigError: the folder or label file does not exist, or labels without lookback_hours.
+        UnitError: numeric events without a unit and no declared one (every feature at once).
         SchemaError: shards or labels do not fit the MEDS schema (all shards named at once), or a
             subject has several prediction times.
     """
     root = Path(root)
+    if labels is not None and lookback_hours is None:
+        raise ConfigError("MEDS with labels needs lookback_hours: how far before the prediction time events are read "
+                          "as features (a years-old event is not a snapshot of today). Set lookback_hours under "
+                          "[meds] in the source file.")
     events = _read_shards(root)
     sid = events["subject_id"].astype(np.int64)
     parts = [split_code(str(c)) for c in events["code"]]
@@ -121,11 +137,29 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     hours[static] = 0.0
     in_cohort = sid.isin(origin.index).to_numpy()
     keep = in_cohort & (static | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
+    after = in_cohort & ~static & (hours > 0) if labels is not None else np.zeros(len(hours), bool)
+    before = np.zeros(len(hours), bool)
     if lookback_hours is not None and labels is not None:
-        keep &= static | (hours >= -lookback_hours)
-    value = events["numeric_value"].astype(float).to_numpy()
-    frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": [c for c, _ in parts],
-                          "value": value, "unit": unit})[keep]
-    notes = (f"events outside the cohort or after the prediction time: {int((~keep).sum())}",)
+        before = in_cohort & ~static & (hours < -lookback_hours)
+        keep &= ~before
+    codes = pd.Series([c for c, _ in parts], dtype=object)
+    value = events["numeric_value"].astype(float).to_numpy().copy()
+    kinds = {k: f.kind for k, f in dictionary.by_code().items()}
+    kind = codes.map(kinds)
+    presence = (kind == FeatureKind.BINARY).to_numpy() & np.isnan(value)
+    value[presence] = 1.0
+    no_value = (kind == FeatureKind.NUMERIC).to_numpy() & np.isnan(value) & keep
+    keep &= ~no_value
+    where = events["_shard"].astype(str) + " row " + events["_row"].astype(str)
+    frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": codes.to_numpy(),
+                          "value": value, "unit": unit, "where": where.to_numpy()})[keep]
+    excluded = {"outside the cohort": int((~in_cohort).sum()), "after the prediction time": int(after.sum()),
+                "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum())}
+    notes = (f"events outside the cohort or after the prediction time: {int((~in_cohort).sum() + after.sum())}",
+             f"events before the lookback ({lookback_hours} h before the prediction time; excluded): "
+             f"{int(before.sum())}",
+             f"codes of binary features without numeric_value, read as present: {int((presence & keep).sum())}",
+             f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}")
     return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
-                   snapshot_hours=snapshot_hours, notes=notes)
+                   snapshot_hours=snapshot_hours, notes=notes, units=units, setting="[meds] in the source file",
+                   excluded=excluded)

@@ -41,7 +41,7 @@ def test_csv_omop_meds_and_fhir_give_the_same_table(tmp_path, which):
 
     labels = write_meds(tmp_path / "meds", table, schema, D)
     subject = {str(i): p for i, p in enumerate(table[schema.patient_id])}
-    assert_same(from_csv, read_meds(tmp_path / "meds", dictionary=D, site=site, labels=labels).ingest(D),
+    assert_same(from_csv, read_meds(tmp_path / "meds", dictionary=D, site=site, labels=labels, lookback_hours=24.0).ingest(D),
                 ids_b=subject, rtol=1e-6)
 
     write_fhir(tmp_path / "fhir", table, schema, D)
