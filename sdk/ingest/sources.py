@@ -69,6 +69,7 @@ class FhirOptions(BaseModel):
     censored: CensorPolicy | None = None
     sex: OmopSex | None = None
     age: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    validate_: Literal["fields_read", "full"] = Field(default="fields_read", alias="validate")
 
 
 class EhrSourceConfig(BaseModel):
@@ -128,4 +129,4 @@ def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: Fe
         raise ConfigError("The source file has no [omop], [meds] or [fhir] section; add the one your data uses.")
     return read_fhir(location, dictionary=dictionary, site=config.site, label_code=f.label_code, systems=f.systems,
                      patient_id=f.patient_id, snapshot_hours=f.snapshot_hours, units=f.units, censored=f.censored,
-                     age=f.age, sex=f.sex)
+                     age=f.age, sex=f.sex, validate=f.validate_)
