@@ -81,7 +81,7 @@ def _validate(model, doc: dict, where: str, problems: list[str], full=None):  # 
     out = None
     for m in (model, full) if full is not None else (model,):
         try:
-            parsed = m.model_validate(doc)
+            parsed = m.model_validate(doc) if m is model else m.parse_obj(doc)  # fhir.resources: pydantic v1 API
         except Exception as exc:  # pydantic's ValidationError (ours, or fhir.resources' own)
             errors = exc.errors() if hasattr(exc, "errors") else []
             fields |= {".".join(str(x) for x in e.get("loc", ())) for e in errors} or {"?"}
