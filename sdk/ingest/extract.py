@@ -11,6 +11,7 @@ what was read, mapped and refused. Codes not in the dictionary are counted, neve
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,18 +90,43 @@ class EhrExtract:
                               f"({r.patients} patient(s) in the cohort; {counts}). Check the window around the "
                               "index time (lookback/after), the cohort, and the dictionary's codes.",
                               title="Nothing to ingest")
-        return ingest(self.table, schema=self.schema, dictionary=dictionary)
+        try:
+            return ingest(self.table, schema=self.schema, dictionary=dictionary)
+        except SchemaError as exc:  # rows of the long table mean nothing to the user: name the source records
+            if RECORD not in self.table:
+                raise
+            problems = []
+            for p in exc.problems:  # a value problem counts rows within its feature's rows (ingest's parse_cells)
+                feature = _VALUE_OF.match(p)
+                rows = self.table[self.table["feature"] == feature.group(1)] if feature else self.table
+                records = rows[RECORD].to_numpy(dtype=object)
+                problems.append(_ROWS.sub(lambda m, r=records: _records(m, r), p))
+            raise type(exc)(problems, title=f"{self.report.source} extract of site {self.schema.site!r} cannot be "
+                                            "ingested") from None
 
     def __repr__(self) -> str:
         return (f"EhrExtract(source={self.report.source!r}, rows={len(self.table)}, "
                 f"patients={self.report.patients})")
 
 
+#: the long table's column naming each row's source record (ignored by ingest, used in its errors)
+RECORD = "source_record"
+_VALUE_OF = re.compile(r"^Column 'value\[([^\]]+)\]'")
+_ROWS = re.compile(r"\brows? (\d+(?:, \d+)*)(?: \(and (\d+) more\))?")
+
+
+def _records(m: re.Match, records: np.ndarray) -> str:
+    """``rows 3, 9 (and 4 more)`` of the long table -> the source records of those rows."""
+    shown = [str(records[int(i) - 1]) for i in m.group(1).split(", ") if 0 < int(i) <= len(records)]
+    more = f" (and {m.group(2)} more)" if m.group(2) else ""
+    return f"source record{'s' if len(shown) > 1 or more else ''} {', '.join(shown)}{more}"
+
+
 def long_schema(site: str, *, labelled: bool) -> SiteSchema:
     """The site schema of an extract: features are already dictionary ids."""
     if labelled:
-        return SiteSchema(site=site, format="long", label="label", long=LONG_COLUMNS)
-    return SiteSchema(site=site, format="long", label=None, unlabeled=True, long=LONG_COLUMNS)
+        return SiteSchema(site=site, format="long", label="label", long=LONG_COLUMNS, ignore=(RECORD,))
+    return SiteSchema(site=site, format="long", label=None, unlabeled=True, long=LONG_COLUMNS, ignore=(RECORD,))
 
 
 def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[str], dictionary: FeatureDictionary,
@@ -150,7 +176,7 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
     ev = ev[last.to_numpy()]
     out = pd.DataFrame({"patient_id": ev["patient_id"].astype(str).to_numpy(), "time": ev["time"].to_numpy(),
                         "feature": ev["feature"].to_numpy(), "value": ev["value"].to_numpy(),
-                        "unit": ev["unit"].to_numpy()})
+                        "unit": ev["unit"].to_numpy(), RECORD: ev["where"].to_numpy()})
     if labels is not None:
         out["label"] = out["patient_id"].map(labels).to_numpy()
     present = set(out["patient_id"])

@@ -178,3 +178,16 @@ def test_an_empty_window_prints_the_readers_counts(tmp_path):
                                           r"mapped to the dictionary: 0, outside the feature window: \d+") as err:
         ex.ingest(D)
     assert "is empty (0 rows)" not in str(err.value)
+
+
+def test_ingest_errors_name_source_records_not_long_table_rows(tmp_path):
+    def impossible(t):
+        m = t["measurement"]
+        m.loc[_rows(t, GLUCOSE)[1], "value_as_number"] = -5.0
+    ex = read_omop(_db(tmp_path, impossible), source=demo_source("west"), dictionary=D)
+    with pytest.raises(SchemaError) as err:
+        ex.ingest(D)
+    text = str(err.value)
+    rec = ex.table.loc[ex.table["value"] < 0, "source_record"].item()
+    assert f"source record {rec}: physically impossible value" in text and rec.startswith("measurement_id ")
+    assert "row " not in text and "-5" not in text
