@@ -31,7 +31,6 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import pandas as pd
 from clinograph.secure.errors import ConfigError, SchemaError, SourceUnavailable
 from pydantic import BaseModel, ConfigDict, Field, model_validator

@@ -9,12 +9,18 @@ A source file names its site and exactly one of ``[omop]``, ``[meds]`` or ``[fhi
     label = { condition_concept_ids = [2000000100], window_days = 2.0 }
     patient_id = "person_source_value"
 
+    units = { glucose = "mg/dL" }        # rows without a unit: else refused
+    censored = "half_bound"              # "<0.5": "bound", "half_bound" or "refuse" (unset)
+
     [meds]                       # labels: a MEDS label file, relative to this file
     labels = "labels.parquet"
+    lookback_hours = 24.0        # required with labels
 
     [fhir]
     label_code = "ALARM/SHUNT"
     systems = { "https://clinograph.org/fhir/CodeSystem/alarm" = "ALARM" }
+
+Every key, with an example, is in docs/ehr_formats.md ("Every source-file key").
 
 The location (a .duckdb file, a folder, a database URL, a MEDS root, a FHIR export) is given
 apart, on the command line or in code: the same source file serves a test copy and production.
@@ -29,8 +35,8 @@ from clinograph.secure.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..ontology.dictionary import FeatureDictionary
-from .extract import EhrExtract
 from .ehr_values import CensorPolicy
+from .extract import EhrExtract
 from .omop import OmopOptions, OmopSex, OmopSource
 
 SITE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import sqlalchemy as sa
-from clinograph.sdk.ingest.omop import OmopConditions, OmopLabel, OmopPerson, OmopSex, omop_engine, read_omop
+from clinograph.sdk.ingest.omop import (
+    OmopConditions,
+    OmopLabel,
+    OmopPerson,
+    OmopSex,
+    omop_engine,
+    read_omop,
+)
 from clinograph.sdk.research.omop_demo import demo_source, omop_tables
 from clinograph.secure.errors import SchemaError, SourceUnavailable, UnitError
 from ehr_helpers import D, demo_hospitals, extended_dictionary
