@@ -44,6 +44,13 @@ def records_text(where: pd.Series) -> str:
     return f" (e.g. {', '.join(refs)}{f' and {more} more' if more > 0 else ''})"
 
 
+def _clean(units: pd.Series) -> pd.Series:
+    """Unit cells as stripped text, None where empty or missing (vectorised)."""
+    cells = units.astype(object).where(units.notna(), None)
+    spelled = {u: (u.strip() or None) if isinstance(u, str) else None for u in pd.unique(cells.dropna())}
+    return cells.map(spelled).astype(object).where(cells.notna(), None)
+
+
 def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: str, units: dict[str, str],
                    censored: CensorPolicy | None, setting: str,
                    problems: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
@@ -60,8 +67,7 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
     value = pd.to_numeric(ev["value"], errors="coerce").to_numpy(dtype=float).copy()
     numeric_rows = np.zeros(len(ev), dtype=bool)
     unit_out = np.array([None] * len(ev), dtype=object)
-    unit = ev["unit"].astype(object).where(ev["unit"].notna(), None).map(
-        lambda u: u.strip() if isinstance(u, str) and u.strip() else None)
+    unit = _clean(ev["unit"])
     censor = ev["censor"].astype(object).where(ev["censor"].notna(), None) if "censor" in ev else \
         pd.Series([None] * len(ev), index=ev.index, dtype=object)
     censored_rows = censor.isin(CENSOR_OPS).to_numpy()

@@ -155,11 +155,10 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
     ev = events.loc[:, cols].reset_index(drop=True)
     if "where" not in ev:
         ev["where"] = None
-    feature = ev["code"].map(by_code)
-    direct = ev["code"].astype(str).str.startswith("FEATURE/")
-    if direct.any():
-        named = ev.loc[direct, "code"].str.removeprefix("FEATURE/")
-        feature[direct] = named.where(named.isin([f.id for f in dictionary.features]))
+    ids = {f.id for f in dictionary.features}
+    direct = {c: c.removeprefix("FEATURE/") for c in pd.unique(ev["code"].dropna())
+              if isinstance(c, str) and c.startswith("FEATURE/") and c.removeprefix("FEATURE/") in ids}
+    feature = ev["code"].map({**by_code, **direct})
     refused = feature.isna().to_numpy()
     counts = ev.loc[refused, "code"].astype(str).value_counts().to_dict()
     for code, n in counted.items():
@@ -178,7 +177,8 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
                         "unit": ev["unit"].to_numpy(), RECORD: ev["where"].to_numpy()})
     if labels is not None:
         out["label"] = out["patient_id"].map(labels).to_numpy()
-    present = set(out["patient_id"])
+    everyone = pd.Index(patients, dtype=object)
+    has_events = everyone.isin(out["patient_id"].unique())
     report = ExtractReport(
         source=source, patients=len(patients), events_read=len(events) + sum(counted.values()),
         events_mapped=int((~refused).sum()),
@@ -186,9 +186,9 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
         unmapped_rows=int(sum(counts.values())),
         unmapped_codes=describe_codes({str(k): int(v) for k, v in counts.items()}),
         collapsed=collapsed,
-        patients_without_label=int(sum(1 for p in patients if p in present and pd.isna(labels.get(p, np.nan))))
+        patients_without_label=int((has_events & labels.reindex(everyone).isna().to_numpy()).sum())
         if labels is not None else 0,
-        patients_without_events=sum(1 for p in patients if p not in present),
+        patients_without_events=int((~has_events).sum()),
         notes=(*notes, *value_notes), excluded=dict(excluded or {}))
     return EhrExtract(table=out.reset_index(drop=True), schema=long_schema(site, labelled=labels is not None),
                       report=report)

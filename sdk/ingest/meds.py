@@ -115,9 +115,14 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                           "[meds] in the source file.")
     events = _read_shards(root)
     sid = events["subject_id"].astype(np.int64)
-    parts = [split_code(str(c)) for c in events["code"]]
-    unit_col = events["unit"] if "unit" in events.columns else pd.Series([None] * len(events))
-    unit = [u if isinstance(u, str) and u.strip() else cu for u, (_, cu) in zip(unit_col, parts, strict=True)]
+    raw = events["code"].astype(str)
+    split = {c: split_code(c) for c in pd.unique(raw)}  # once a distinct code, not once an event
+    code_unit = raw.map({c: u for c, (_, u) in split.items()})
+    unit_col = events["unit"] if "unit" in events.columns else pd.Series([None] * len(events), index=events.index)
+    given = unit_col.astype(object).where(unit_col.notna(), None)
+    given = given.where(given.map(lambda u: isinstance(u, str) and bool(u.strip()), na_action="ignore").fillna(False)
+                        .astype(bool), None)
+    unit = given.where(given.notna(), code_unit).to_numpy(dtype=object)
     t = pd.to_datetime(events["time"])
     if labels is not None:
         lab = _labels(Path(labels))
@@ -142,7 +147,7 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     if lookback_hours is not None and labels is not None:
         before = in_cohort & ~static & (hours < -lookback_hours)
         keep &= ~before
-    codes = pd.Series([c for c, _ in parts], dtype=object)
+    codes = raw.map({c: b for c, (b, _) in split.items()}).astype(object).reset_index(drop=True)
     value = events["numeric_value"].astype(float).to_numpy().copy()
     kinds = {k: f.kind for k, f in dictionary.by_code().items()}
     kind = codes.map(kinds)

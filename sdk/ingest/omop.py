@@ -262,6 +262,9 @@ def _query(conn, sql: str, params: dict) -> pd.DataFrame:
         if isinstance(value, list):
             stmt = stmt.bindparams(sa.bindparam(key, expanding=True))
     result = conn.execute(stmt, params)
+    cursor = getattr(result, "cursor", None)
+    if conn.dialect.name == "duckdb" and cursor is not None:  # DuckDB hands over columns, not Python rows
+        return cursor.df()
     return pd.DataFrame(result.fetchall(), columns=list(result.keys()))
 
 

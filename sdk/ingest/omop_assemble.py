@@ -16,6 +16,7 @@ from clinograph.secure.errors import SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.units import same_unit
+from .ehr_values import _clean
 from .extract import EhrExtract, to_long
 from .omop_vocab import FEMALE, MALE, OPERATOR_CONCEPTS, UNIT_CONCEPTS, parse_value_text
 
@@ -82,8 +83,7 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str]) -> pd
     """Each row's unit: its unit concept's UCUM code, else its unit_source_value."""
     table = {**UNIT_CONCEPTS, **{int(k): v for k, v in extra.items()}}
     concept = pd.to_numeric(rows["unit_concept"], errors="coerce").fillna(0).astype(np.int64)
-    text = rows["unit_text"].astype(object).where(rows["unit_text"].notna(), None).map(
-        lambda u: u.strip() if isinstance(u, str) and u.strip() else None)
+    text = _clean(rows["unit_text"])
     mapped = concept.map(table)
     unknown = (concept != 0) & mapped.isna()
     if (unknown & text.isna()).any():
@@ -163,8 +163,11 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     problems: list[str] = []
     unit = _units(rows[keep], source.unit_concepts, problems)
     kept = rows[keep]
-    events = pd.DataFrame({"patient_id": [key(p) for p in kept["person_id"]], "hours": hours[keep],
-                           "code": ["OMOP/" + str(int(c)) for c in kept["concept_id"]], "value": value[keep],
+    name_of = pd.Series(patients, index=index.index)  # one key() call a person, not one a row
+    events = pd.DataFrame({"patient_id": kept["person_id"].astype(np.int64).map(name_of).to_numpy(),
+                           "hours": hours[keep],
+                           "code": ("OMOP/" + kept["concept_id"].astype(np.int64).astype(str)).to_numpy(),
+                           "value": value[keep],
                            "unit": unit.to_numpy(), "censor": op[keep],
                            "where": (kept["source_table"].astype(str) + "_id " + kept["record_id"].astype(str)).to_numpy()})
     extra = []
