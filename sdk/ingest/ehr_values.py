@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import UnitError
+from clinograph.secure.errors import SchemaError, UnitError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.units import conversion, normalise_unit
@@ -134,3 +134,42 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
         out_value[numeric_rows] = value[numeric_rows]
     out = ev.assign(value=out_value, unit=unit_out)
     return out, notes
+
+
+def declared_features(*, section: str, person_section: str, age: str | None, sex, conditions: tuple[str, ...],  # noqa: ANN001
+                      units: dict[str, str], dictionary: FeatureDictionary) -> None:
+    """The features a source file names (``age``, ``sex``, condition features, ``units`` keys) are
+    dictionary features of the right kind, and the sex codes are the feature's codes.
+
+    Raises:
+        SchemaError: every bad declaration at once (a typo is never silently unused).
+    """
+    problems = []
+    want: list[tuple[str, str, tuple[FeatureKind, ...]]] = []
+    if age:
+        want.append((f"{person_section} age", age, (FeatureKind.NUMERIC,)))
+    if sex is not None:
+        want.append((f"{person_section} sex", sex.feature, (FeatureKind.BINARY, FeatureKind.CATEGORICAL)))
+    want += [("[omop.conditions] features", f, (FeatureKind.BINARY,)) for f in conditions]
+    want += [(f"{section} units", f, (FeatureKind.NUMERIC,)) for f in units]
+    for key, fid, kinds in want:
+        if fid not in dictionary:
+            problems.append(f"{key}: {fid!r} is not a feature of the dictionary {dictionary.name} (nearest: "
+                            f"{dictionary.nearest(fid)}). Name a dictionary feature.")
+            continue
+        feat = dictionary.get(fid)
+        if feat.kind not in kinds:
+            problems.append(f"{key}: {fid!r} is {feat.kind.value}; expected {' or '.join(k.value for k in kinds)}. "
+                            "Name a feature of that kind.")
+        elif key.startswith("[omop.conditions]") and feat.omop_concept_id is None:
+            problems.append(f"{key}: {fid!r} has no omop_concept_id in the dictionary. Add the condition's "
+                            "standard concept id to the feature (omop_concept_id = ...).")
+    if sex is not None and sex.feature in dictionary:
+        feat = dictionary.get(sex.feature)
+        allowed = set(feat.levels) if feat.kind == FeatureKind.CATEGORICAL else {"1", "0"}
+        bad = [c for c in (sex.male, sex.female) if c not in allowed]
+        if bad:
+            problems.append(f"{person_section} sex: male/female must be {sorted(allowed)} for {sex.feature!r} "
+                            f"({len(bad)} are not). Use the feature's level codes (or 1/0 for a binary feature).")
+    if problems:
+        raise SchemaError(problems, title=f"The {section} section does not fit the dictionary")

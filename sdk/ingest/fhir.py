@@ -31,7 +31,7 @@ import pandas as pd
 from clinograph.secure.errors import ConfigError, SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
-from .ehr_values import CensorPolicy
+from .ehr_values import CensorPolicy, declared_features
 from .extract import EhrExtract, to_long
 from .omop import OmopSex
 
@@ -139,6 +139,9 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
             declared policy (every feature at once).
     """
     from . import fhir_models as fm
+
+    declared_features(section="[fhir]", person_section="[fhir]", age=age, sex=sex, conditions=(),
+                      units=dict(units or {}), dictionary=dictionary)
 
     full_patient = full_observation = None
     if validate == "full":

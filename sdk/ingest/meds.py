@@ -25,6 +25,7 @@ import pandas as pd
 from clinograph.secure.errors import ConfigError, SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
+from .ehr_values import declared_features
 from .extract import EhrExtract, to_long
 
 
@@ -113,6 +114,8 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         raise ConfigError("MEDS with labels needs lookback_hours: how far before the prediction time events are read "
                           "as features (a years-old event is not a snapshot of today). Set lookback_hours under "
                           "[meds] in the source file.")
+    declared_features(section="[meds]", person_section="[meds]", age=None, sex=None, conditions=(),
+                      units=dict(units or {}), dictionary=dictionary)
     events = _read_shards(root)
     sid = events["subject_id"].astype(np.int64)
     raw = events["code"].astype(str)

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.units import same_unit
-from .ehr_values import _clean
+from .ehr_values import _clean, declared_features
 from .extract import EhrExtract, to_long
 from .omop_vocab import FEMALE, MALE, OPERATOR_CONCEPTS, UNIT_CONCEPTS, parse_value_text
 
@@ -29,38 +28,11 @@ def check_declared(source, dictionary: FeatureDictionary) -> None:  # noqa: ANN0
     Raises:
         SchemaError: every bad declaration at once.
     """
-    problems = []
-    want: list[tuple[str, str, tuple[FeatureKind, ...]]] = []
-    if source.person is not None:
-        if source.person.age:
-            want.append(("[omop.person] age", source.person.age, (FeatureKind.NUMERIC,)))
-        if source.person.sex:
-            want.append(("[omop.person] sex", source.person.sex.feature, (FeatureKind.BINARY, FeatureKind.CATEGORICAL)))
-    if source.conditions is not None:
-        want += [("[omop.conditions] features", f, (FeatureKind.BINARY,)) for f in source.conditions.features]
-    want += [("[omop] units", f, (FeatureKind.NUMERIC,)) for f in source.units]
-    for key, fid, kinds in want:
-        if fid not in dictionary:
-            problems.append(f"{key}: {fid!r} is not a feature of the dictionary {dictionary.name} (nearest: "
-                            f"{dictionary.nearest(fid)}). Name a dictionary feature.")
-            continue
-        feat = dictionary.get(fid)
-        if feat.kind not in kinds:
-            problems.append(f"{key}: {fid!r} is {feat.kind.value}; expected {' or '.join(k.value for k in kinds)}. "
-                            "Name a feature of that kind.")
-        elif key.startswith("[omop.conditions]") and feat.omop_concept_id is None:
-            problems.append(f"{key}: {fid!r} has no omop_concept_id in the dictionary. Add the condition's "
-                            "standard concept id to the feature (omop_concept_id = ...).")
-    sex = source.person.sex if source.person is not None else None
-    if sex is not None and sex.feature in dictionary:
-        feat = dictionary.get(sex.feature)
-        allowed = set(feat.levels) if feat.kind == FeatureKind.CATEGORICAL else {"1", "0"}
-        bad = [c for c in (sex.male, sex.female) if c not in allowed]
-        if bad:
-            problems.append(f"[omop.person] sex: male/female must be {sorted(allowed)} for {sex.feature!r} "
-                            f"({len(bad)} are not). Use the feature's level codes (or 1/0 for a binary feature).")
-    if problems:
-        raise SchemaError(problems, title="The [omop] section does not fit the dictionary")
+    person = source.person
+    declared_features(section="[omop]", person_section="[omop.person]", age=person.age if person else None,
+                      sex=person.sex if person else None,
+                      conditions=source.conditions.features if source.conditions else (), units=source.units,
+                      dictionary=dictionary)
 
 
 def _in_period(pid: pd.Series, t: pd.Series, periods: pd.DataFrame) -> np.ndarray:
@@ -101,12 +73,13 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str]) -> pd
     return mapped.where(mapped.notna(), text)
 
 
-def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -> tuple[pd.DataFrame, int]:  # noqa: ANN001
-    """Age (years at the index date) and sex events at the index time; persons of unknown sex counted."""
+def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -> tuple[pd.DataFrame, int, int]:  # noqa: ANN001
+    """Age (years at the index date) and sex events at the index time; persons of unknown sex or
+    birth year counted."""
     spec = source.person
     p = person.drop_duplicates("person_id").set_index(person["person_id"].drop_duplicates().astype(np.int64))
     p = p.reindex(index.index)
-    out, unknown_sex = [], 0
+    out, unknown_sex, unknown_age = [], 0, 0
     if spec.age:
         year = pd.to_numeric(p["year_of_birth"], errors="coerce")
         month = pd.to_numeric(p["month_of_birth"], errors="coerce").fillna(7)
@@ -117,6 +90,7 @@ def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -
         age = ((pd.to_datetime(index) - born.to_numpy()) / pd.Timedelta(days=365.25)).to_numpy(dtype=float)
         out.append(pd.DataFrame({"person_id": index.index, "code": f"FEATURE/{spec.age}", "value": age,
                                  "unit": AGE_UNIT}))
+        unknown_age = int(np.isnan(age).sum())
     if spec.sex:
         feat = dictionary.get(spec.sex.feature)
         g = pd.to_numeric(p["gender_concept_id"], errors="coerce").to_numpy()
@@ -129,7 +103,7 @@ def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -
                                  "value": pd.Series(val, dtype=object), "unit": None}))
     ev = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["person_id", "code", "value", "unit"])
     ev = ev[ev["value"].notna().to_numpy()]
-    return ev.assign(hours=0.0, where="person"), unknown_sex
+    return ev.assign(hours=0.0, where="person"), unknown_sex, unknown_age
 
 
 def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, *, source,  # noqa: ANN001, PLR0913
@@ -171,9 +145,9 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
                            "unit": unit.to_numpy(), "censor": op[keep],
                            "where": (kept["source_table"].astype(str) + "_id " + kept["record_id"].astype(str)).to_numpy()})
     extra = []
-    unknown_sex = 0
+    unknown_sex = unknown_age = 0
     if source.person is not None:
-        pe, unknown_sex = _person_events(person, index, source, dictionary)
+        pe, unknown_sex, unknown_age = _person_events(person, index, source, dictionary)
         extra.append(pe.assign(patient_id=[key(p) for p in pe["person_id"]]))
     n_cond_excluded = 0
     if conditions is not None:
@@ -213,6 +187,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              f"{n_value}",
              *([f"values read from text (value_source_value / value_as_string): {from_text}"] if from_text else []),
              *([f"persons of unknown sex (gender_concept_id not 8507/8532): {unknown_sex}"] if unknown_sex else []),
+             *([f"persons without a year of birth (age missing): {unknown_age}"] if unknown_age else []),
              *([f"condition rows outside the window or periods: {n_cond_excluded}"] if conditions is not None else []))
     return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,
                    source="OMOP CDM v5.4", snapshot_hours=source.snapshot_hours, notes=notes, unmapped=unmapped,

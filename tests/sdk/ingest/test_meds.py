@@ -127,3 +127,13 @@ def test_presence_only_codes_are_present_and_the_lookback_is_required(tmp_path):
     assert t.n_snapshots == 1 and t.value[t.node == idx["heart_rate"]].tolist() == [80.0]
     assert any("before the lookback (24.0 h before the prediction time; excluded): 1" in n for n in ex.report.notes)
     assert any("numeric features without numeric_value (excluded): 1" in n for n in ex.report.notes)
+
+
+def test_declared_units_must_name_numeric_features(tmp_path):
+    _shard(tmp_path, [(1, T0, "LOINC/8867-4//{beats}/min", 70.0)])
+    with pytest.raises(SchemaError) as err:
+        read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None,
+                  units={"heart_rat": "/min", "history_lvf": "1"})
+    text = str(err.value)
+    assert "[meds] units: 'heart_rat' is not a feature" in text and "'heart_rate'" in text
+    assert "[meds] units: 'history_lvf' is binary; expected numeric" in text
