@@ -28,7 +28,7 @@ import pandas as pd
 from clinograph.secure.errors import SchemaError, UnitError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
-from ..ontology.units import conversion, normalise_unit
+from ..ontology.units import EXAMPLE_UNITS, conversion, is_known_unit, normalise_unit
 
 CensorPolicy = Literal["refuse", "bound", "half_bound"]
 CENSOR_OPS = ("<", "<=", ">", ">=")
@@ -109,7 +109,13 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
             notes.append(f"censored values of {fid!r} read as {how}: {int(cens.sum())}")
         spelled = {x: normalise_unit(x) for x in u.dropna().unique()}
         un = u.map(spelled).to_numpy(dtype=object)
-        for text in sorted(set(spelled.values())):
+        unknown = sorted(t for t in set(spelled.values()) if not is_known_unit(t))
+        if unknown:  # unit text that is no unit may be anything a cell holds: counted, not shown
+            rows = np.isin(un, unknown)
+            problems.append(f"{source}: feature {fid!r}: {len(unknown)} unit string(s) are not known units (not "
+                            f"shown: cell contents){records_text(ev['where'].iloc[pos[rows]])}. Write units in "
+                            f"UCUM (e.g. {', '.join(EXAMPLE_UNITS[:5])}), or map the unit in the source.")
+        for text in sorted(set(spelled.values()) - set(unknown)):
             rows = un == text
             try:
                 scale, offset = conversion(feature=feat.id, analyte=feat.analyte, source=text, target=feat.unit,

@@ -154,7 +154,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     names = {**DEFAULT_SYSTEMS, **(systems or {})}
     problems: list[str] = []
     patients: dict[str, str] = {}
-    born: dict[str, tuple[str | None, str | None]] = {}
+    born: dict[str, tuple[str | None, str | None, str]] = {}
     observations = []
     skipped: Counter[str] = Counter()
     for where, doc in _resources(path):
@@ -165,7 +165,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
                 key = ident if patient_id == "identifier" and ident else str(p.id)
                 patients[str(p.id)] = key
-                born[key] = (p.birthDate, p.gender)
+                born[key] = (p.birthDate, p.gender, where)
         elif kind == "Observation":
             o = _validate(fm.Observation, doc, where, problems, full_observation)
             if o is not None:
@@ -244,16 +244,16 @@ def _assemble(observations, patients, born, skipped, *, names, label_code, dicti
 def _person_events(born, origin, *, age, sex, dictionary) -> tuple[pd.DataFrame, int]:  # noqa: ANN001
     """Age (years at the patient's first mapped observation) and sex from Patient.birthDate/gender."""
     rows, unknown = [], 0
-    for pid, (birth, gender) in born.items():
+    for pid, (birth, gender, where) in born.items():
         if age and birth and pid in origin.index:
             b = pd.Timestamp(birth if len(birth) == 10 else f"{birth}-07-01" if len(birth) == 4 else f"{birth}-01")
-            rows.append((pid, f"FEATURE/{age}", (origin[pid] - b) / pd.Timedelta(days=365.25), "a"))
+            rows.append((pid, f"FEATURE/{age}", (origin[pid] - b) / pd.Timedelta(days=365.25), "a", where))
         if sex:
             code = {"male": sex.male, "female": sex.female}.get(gender or "")
             if code is None:
                 unknown += 1
                 continue
             binary = dictionary.get(sex.feature).kind == FeatureKind.BINARY if sex.feature in dictionary else False
-            rows.append((pid, f"FEATURE/{sex.feature}", float(code) if binary else code, None))
-    out = pd.DataFrame(rows, columns=["patient_id", "code", "value", "unit"])
-    return out.assign(hours=0.0, where="Patient"), unknown
+            rows.append((pid, f"FEATURE/{sex.feature}", float(code) if binary else code, None, where))
+    out = pd.DataFrame(rows, columns=["patient_id", "code", "value", "unit", "where"]).assign(hours=0.0)
+    return out, unknown

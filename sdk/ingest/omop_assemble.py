@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
-from ..ontology.units import same_unit
+from ..ontology.units import is_known_unit, same_unit
 from .ehr_values import _clean, declared_features
 from .extract import EhrExtract, to_long
 from .omop_vocab import FEMALE, MALE, OPERATOR_CONCEPTS, UNIT_CONCEPTS, parse_value_text
@@ -65,11 +65,12 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str]) -> pd
                         "row(s)). Declare them in the source file: unit_concepts = { <id> = \"<UCUM code>\" } under [omop].")
     both = mapped.notna() & text.notna()
     pairs = {(a, b) for a, b in zip(mapped[both], text[both], strict=True) if a != b}
-    clash = sorted({f"{a} vs {b}" for a, b in pairs if not same_unit(a, b)})
-    if clash:
+    clash = [(a, b) for a, b in pairs if not same_unit(a, b)]
+    if clash:  # unit_source_value is shown only when it is a unit (else it may be any cell content)
+        shown = sorted({f"{a} vs {b}" for a, b in clash if is_known_unit(b)})
         problems.append(f"OMOP measurement/observation: unit_concept_id and unit_source_value disagree on "
-                        f"{len(clash)} unit pair(s) ({'; '.join(clash[:5])}). Fix the ETL's unit mapping "
-                        "(or unit_concepts in the source file).")
+                        f"{len(clash)} unit pair(s) ({'; '.join(shown[:5]) or 'not shown: cell contents'}). Fix the "
+                        "ETL's unit mapping (or unit_concepts in the source file).")
     return mapped.where(mapped.notna(), text)
 
 
@@ -103,7 +104,7 @@ def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -
                                  "value": pd.Series(val, dtype=object), "unit": None}))
     ev = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["person_id", "code", "value", "unit"])
     ev = ev[ev["value"].notna().to_numpy()]
-    return ev.assign(hours=0.0, where="person"), unknown_sex, unknown_age
+    return ev.assign(hours=0.0, where="the person table"), unknown_sex, unknown_age  # person_id identifies a patient
 
 
 def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, *, source,  # noqa: ANN001, PLR0913

@@ -198,3 +198,18 @@ def test_ingest_errors_name_source_records_not_long_table_rows(tmp_path):
     rec = ex.table.loc[ex.table["value"] < 0, "source_record"].item()
     assert f"source record {rec}: physically impossible value" in text and rec.startswith("measurement_id ")
     assert "row " not in text and "-5" not in text
+
+
+def test_unit_text_that_is_no_unit_is_not_shown_and_disagreements_are_named(tmp_path):
+    def odd(t):
+        m = t["measurement"]
+        rows = _rows(t, GLUCOSE)
+        m.loc[rows[0], "unit_concept_id"], m.loc[rows[0], "unit_source_value"] = 0, "ZQXCANARY"
+        m.loc[rows[1], "unit_concept_id"], m.loc[rows[1], "unit_source_value"] = 8840, "ZQXCANARY2"
+        m.loc[rows[2], "unit_concept_id"], m.loc[rows[2], "unit_source_value"] = 8840, "mmol/L"
+    with pytest.raises(UnitError) as err:
+        read_omop(_db(tmp_path, odd), source=demo_source("west"), dictionary=D)
+    text = str(err.value)
+    assert "feature 'glucose': 1 unit string(s) are not known units (not shown: cell contents)" in text
+    assert "disagree on 2 unit pair(s) (mg/dL vs mmol/L)" in text
+    assert "ZQXCANARY" not in text
