@@ -11,6 +11,10 @@ assertion on timings.
     python benchmarks/ehr_readers.py                      # 100 000 patients, writes benchmarks/results/ehr_readers.json
     python benchmarks/ehr_readers.py --quick              # 2 000 patients, prints
     python benchmarks/ehr_readers.py --out other.json     # e.g. the same script on an older checkout
+    python benchmarks/ehr_readers.py --only omop          # one reader (updates that reader in --out)
+
+On a shared machine, compare two checkouts reader by reader, alternating (``--only``), and read
+the load averages recorded with each reader.
 """
 
 from __future__ import annotations
@@ -152,6 +156,8 @@ def main() -> None:
     ap.add_argument("--fhir-patients", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("omop", "meds", "fhir"), action="append",
+                    help="time only these readers (repeatable); default all")
     ap.add_argument("--out", type=Path, default=RESULTS / "ehr_readers.json")
     args = ap.parse_args()
     if args.quick:
@@ -167,9 +173,11 @@ def main() -> None:
     ev = _events(args.patients, args.events)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        write_omop(tmp / "omop.duckdb", ev, args.patients, d)
-        labels = write_meds(tmp / "meds", ev, args.patients)
-        n_resources = write_fhir(tmp / "fhir.ndjson", ev, args.fhir_patients)
+        want = set(args.only or ("omop", "meds", "fhir"))
+        if "omop" in want:
+            write_omop(tmp / "omop.duckdb", ev, args.patients, d)
+        labels = write_meds(tmp / "meds", ev, args.patients) if "meds" in want else None
+        n_resources = write_fhir(tmp / "fhir.ndjson", ev, args.fhir_patients) if "fhir" in want else 0
         source = OmopSource(site="bench", cohort=OmopCohort(visit_concept_ids=(ICU,)),
                             label=OmopLabel(condition_concept_ids=(SHUNT,), window_days=2.0), lookback_days=1.0)
         runs = {"omop": (lambda: read_omop(omop_engine(tmp / "omop.duckdb"), source=source, dictionary=d), len(ev)),
@@ -178,13 +186,19 @@ def main() -> None:
                 "fhir": (lambda: _call(read_fhir, path=tmp / "fhir.ndjson", dictionary=d, site="bench",
                                        label_code=None), n_resources)}
         for name, (fn, rows) in runs.items():
+            if args.only and name not in args.only:
+                continue
+            load = os.getloadavg()
             reads, totals, table = _time(fn, args.repeats)
-            result[name] = {"rows" if name != "fhir" else "resources": rows,
+            result[name] = {"load_average_before": load, "load_average_after": os.getloadavg(),"rows" if name != "fhir" else "resources": rows,
                             "read_seconds": reads, "read_and_ingest_seconds": totals,
                             "per_second_read": rows / median(reads), "per_second_read_and_ingest": rows / median(totals),
                             "observations": int(table.patient.size)}
             print(name, json.dumps({k: v for k, v in result[name].items() if "per_second" in k}), flush=True)
     result["load_average_at_end"] = os.getloadavg()
+    if args.only and not args.quick and args.out.exists():  # --only: update those readers in an earlier result
+        earlier = json.loads(args.out.read_text())
+        result = {**earlier, **result, "patients": args.patients}
     emit(result, out=None if args.quick else args.out)
 
 

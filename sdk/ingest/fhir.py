@@ -155,7 +155,9 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     problems: list[str] = []
     patients: dict[str, str] = {}
     born: dict[str, tuple[str | None, str | None, str]] = {}
-    observations = []
+    known = set(dictionary.by_code())
+    readings: list[tuple] = []  # plain tuples, not model objects: 10^5 live models slow the garbage collector
+    counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
     for where, doc in _resources(path):
         kind = doc.get("resourceType")
@@ -169,7 +171,8 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         elif kind == "Observation":
             o = _validate(fm.Observation, doc, where, problems, full_observation)
             if o is not None:
-                observations.append((where, o))
+                _read_observation(o, where, names=names, known=known, label_code=label_code, out=readings,
+                                  counts=counts)
         else:
             skipped[str(kind)] += 1
     if problems:
@@ -177,7 +180,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         if len(problems) > MAX_PROBLEMS_SHOWN:
             shown.append(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more resource(s) that do not validate.")
         raise SchemaError(shown, title=f"FHIR input {path} has invalid resources")
-    return _assemble(observations, patients, born, skipped, names=names, label_code=label_code,
+    return _assemble(readings, counts, patients, born, skipped, label_code=label_code, known=known,
                      dictionary=dictionary, site=site, snapshot_hours=snapshot_hours, units=units,
                      censored=censored, age=age, sex=sex)
 
@@ -186,35 +189,40 @@ def _keys(code, names: dict[str, str]) -> list[str]:  # noqa: ANN001 - a Codeabl
     return [f"{names[c.system]}/{c.code}" for c in (code.coding or []) if c.system in names and c.code]
 
 
-def _assemble(observations, patients, born, skipped, *, names, label_code, dictionary, site,  # noqa: ANN001, PLR0913
+def _read_observation(o, where: str, *, names, known, label_code, out: list, counts: Counter) -> None:  # noqa: ANN001
+    """The readings of one Observation (itself, or each component of a panel) as tuples
+    ``(subject reference, time, SYSTEM/CODE, value, unit, comparator, where)``; those with a
+    ``dataAbsentReason`` or no value are counted."""
+    ref = (o.subject.reference or "") if o.subject else ""
+    when = _when(o)
+    parts = [(o, _keys(o.code, names))]
+    if o.component:  # a panel (blood pressure): each component is an observation of its own code
+        parts += [(c, _keys(c.code, names)) for c in o.component]
+    for x, keys in parts:
+        if x is o and o.component and x.valueQuantity is None and x.valueBoolean is None \
+                and x.valueInteger is None and x.dataAbsentReason is None:
+            continue  # the panel's own code carries no value
+        key = next((k for k in keys if k == label_code or k in known), keys[0] if keys else "(uncoded)")
+        if x.dataAbsentReason is not None:
+            counts["absent"] += 1
+            continue
+        value, unit, comparator = _value(x)
+        if value is None:
+            counts["no_value"] += 1
+            continue
+        out.append((ref, when, key, value, unit, None if comparator == "ad" else comparator, where))
+
+
+def _assemble(readings, counts, patients, born, skipped, *, label_code, known, dictionary, site,  # noqa: ANN001, PLR0913
               snapshot_hours, units, censored, age, sex):
-    known = set(dictionary.by_code())
-    rows, label_rows, orphans, no_value, absent = [], [], 0, 0, 0
-    for where, o in observations:
-        ref = (o.subject.reference or "") if o.subject else ""
+    rows, label_rows, orphans = [], [], 0
+    for ref, when, key, value, unit, comparator, where in readings:
         pid = patients.get(ref.removeprefix("Patient/")) if ref.startswith("Patient/") else None
         if pid is None:
             orphans += 1
             continue
-        when = _when(o)
-        parts = [(o, _keys(o.code, names))]
-        if o.component:  # a panel (blood pressure): each component is an observation of its own code
-            parts += [(c, _keys(c.code, names)) for c in o.component]
-        for x, keys in parts:
-            if x is o and o.component and x.valueQuantity is None and x.valueBoolean is None \
-                    and x.valueInteger is None and x.dataAbsentReason is None:
-                continue  # the panel's own code carries no value
-            key = next((k for k in keys if k == label_code or k in known), keys[0] if keys else "(uncoded)")
-            if x.dataAbsentReason is not None:
-                absent += 1
-                continue
-            value, unit, comparator = _value(x)
-            if value is None:
-                no_value += 1
-                continue
-            if comparator == "ad":
-                comparator = None  # "ad": the patient's own statement; the value itself
-            (label_rows if key == label_code else rows).append((pid, when, key, value, unit, comparator, where))
+        (label_rows if key == label_code else rows).append((pid, when, key, value, unit, comparator, where))
+    no_value, absent = counts["no_value"], counts["absent"]
     ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
     t = pd.to_datetime(ev["t"], utc=True, format="ISO8601").dt.tz_localize(None)
     mapped = ev["code"].isin(known)
@@ -230,7 +238,7 @@ def _assemble(observations, patients, born, skipped, *, names, label_code, dicti
         lab = lab.assign(t=pd.to_datetime(lab["t"], utc=True, format="ISO8601")).sort_values("t")
         labels = lab.groupby("patient_id")["value"].last().astype(float)
     notes = tuple(f"{what}: {n}" for what, n in (
-        ("Observations without a Patient read here", orphans),
+        ("Observation readings (a panel: each component) without a Patient read here", orphans),
         ("Observations (or components) without a numeric or boolean value", no_value),
         ("Observations (or components) with a dataAbsentReason (read as missing)", absent),
         ("patients of a gender other than male/female (sex missing)", unknown_sex),

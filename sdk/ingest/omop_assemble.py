@@ -51,7 +51,7 @@ def _in_period(pid: pd.Series, t: pd.Series, periods: pd.DataFrame) -> np.ndarra
     return out
 
 
-def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str]) -> pd.Series:
+def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes: list[str]) -> pd.Series:
     """Each row's unit: its unit concept's UCUM code, else its unit_source_value."""
     table = {**UNIT_CONCEPTS, **{int(k): v for k, v in extra.items()}}
     concept = pd.to_numeric(rows["unit_concept"], errors="coerce").fillna(0).astype(np.int64)
@@ -71,6 +71,10 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str]) -> pd
         problems.append(f"OMOP measurement/observation: unit_concept_id and unit_source_value disagree on "
                         f"{len(clash)} unit pair(s) ({'; '.join(shown[:5]) or 'not shown: cell contents'}). Fix the "
                         "ETL's unit mapping (or unit_concepts in the source file).")
+    fallback = int((unknown & text.notna()).sum())
+    if fallback:
+        notes.append(f"rows whose unit_concept_id is not in the unit table, read by their unit_source_value: "
+                              f"{fallback}")
     return mapped.where(mapped.notna(), text)
 
 
@@ -136,7 +140,8 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     no_number = np.isnan(value)
     keep = window & period & ~no_number
     problems: list[str] = []
-    unit = _units(rows[keep], source.unit_concepts, problems)
+    unit_notes: list[str] = []
+    unit = _units(rows[keep], source.unit_concepts, problems, unit_notes)
     kept = rows[keep]
     name_of = pd.Series(patients, index=index.index)  # one key() call a person, not one a row
     events = pd.DataFrame({"patient_id": kept["person_id"].astype(np.int64).map(name_of).to_numpy(),
@@ -189,7 +194,8 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              *([f"values read from text (value_source_value / value_as_string): {from_text}"] if from_text else []),
              *([f"persons of unknown sex (gender_concept_id not 8507/8532): {unknown_sex}"] if unknown_sex else []),
              *([f"persons without a year of birth (age missing): {unknown_age}"] if unknown_age else []),
-             *([f"condition rows outside the window or periods: {n_cond_excluded}"] if conditions is not None else []))
+             *([f"condition rows outside the window or periods: {n_cond_excluded}"] if conditions is not None else []),
+             *unit_notes)
     return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,
                    source="OMOP CDM v5.4", snapshot_hours=source.snapshot_hours, notes=notes, unmapped=unmapped,
                    units=source.units, censored=source.censored, setting="[omop] in the source file",

@@ -213,3 +213,16 @@ def test_unit_text_that_is_no_unit_is_not_shown_and_disagreements_are_named(tmp_
     assert "feature 'glucose': 1 unit string(s) are not known units (not shown: cell contents)" in text
     assert "disagree on 2 unit pair(s) (mg/dL vs mmol/L)" in text
     assert "ZQXCANARY" not in text
+
+
+def test_an_unknown_unit_concept_with_a_source_unit_is_read_by_it_and_counted(tmp_path):
+    def local(t):
+        m = t["measurement"]
+        rows = _rows(t, SBP)
+        m.loc[rows, "value_as_number"] = 16.0
+        m.loc[rows, "unit_concept_id"] = 9_999_999
+        m.loc[rows, "unit_source_value"] = "kPa"
+    ex = read_omop(_db(tmp_path, local), source=demo_source("west"), dictionary=D)
+    assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["systolic_bp"]].tolist() == \
+        pytest.approx([120.0] * 4, rel=1e-3)
+    assert any("not in the unit table, read by their unit_source_value: 4" in n for n in ex.report.notes)
