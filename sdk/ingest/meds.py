@@ -123,8 +123,8 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     code_unit = raw.map({c: u for c, (_, u) in split.items()})
     unit_col = events["unit"] if "unit" in events.columns else pd.Series([None] * len(events), index=events.index)
     given = unit_col.astype(object).where(unit_col.notna(), None)
-    given = given.where(given.map(lambda u: isinstance(u, str) and bool(u.strip()), na_action="ignore").fillna(False)
-                        .astype(bool), None)
+    given = given.where(given.map(lambda u: isinstance(u, str) and bool(u.strip()), na_action="ignore").eq(True),
+                        None)
     unit = given.where(given.notna(), code_unit).to_numpy(dtype=object)
     t = pd.to_datetime(events["time"])
     if labels is not None:
