@@ -122,7 +122,8 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     patients = [key(p) for p in index.index]
     cols = ["source_table", "record_id", "person_id", "concept_id", "t", "value", "unit_text", "unit_concept",
             "operator", "value_concept", "value_text"]
-    live = [f for f in frames if len(f)]
+    live = [f.astype({c: float for c in ("unit_concept", "operator", "value_concept")})
+            .astype({c: object for c in ("unit_text", "value_text")}) for f in frames if len(f)]  # one dtype a column
     rows = pd.concat(live, ignore_index=True) if live else pd.DataFrame(columns=cols)
     t = pd.to_datetime(rows["t"])
     hours = ((t - rows["person_id"].astype(np.int64).map(index)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
