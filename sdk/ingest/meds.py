@@ -8,7 +8,9 @@ a last ``//``-separated part of the code (``LOINC/2345-7//mg/dL``, as MEDS ETLs 
 else the source file's ``units`` for the feature; a numeric event with none of these is refused
 (:mod:`.ehr_values`), never read in the dictionary's unit by assumption. A code of a *binary*
 feature without ``numeric_value`` (a diagnosis, a procedure) is read as present (1); a numeric
-feature's event without ``numeric_value`` is counted and excluded. Labels come from a MEDS label
+feature's event without ``numeric_value`` is read from ``text_value`` when that is a number
+with an optional comparison (``<0.5``: censored, read as ``censored`` says), else counted and
+excluded. Labels come from a MEDS label
 file (``subject_id, prediction_time, boolean_value``): features are the events at or before the
 prediction time and at most ``lookback_hours`` before it (required with labels), binned into
 snapshots of ``snapshot_hours`` counted back from it; static events (no time) join the prediction
@@ -25,8 +27,9 @@ import pandas as pd
 from clinograph.secure.errors import ConfigError, SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
-from .ehr_values import declared_features
+from .ehr_values import CensorPolicy, declared_features
 from .extract import EhrExtract, to_long
+from .omop_vocab import parse_value_text
 
 
 def _read_shards(root: Path) -> pd.DataFrame:
@@ -94,14 +97,15 @@ def split_code(code: str) -> tuple[str, str | None]:
 
 def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, labels: str | Path | None,
               lookback_hours: float | None, snapshot_hours: float = 24.0,
-              units: dict[str, str] | None = None) -> EhrExtract:
+              units: dict[str, str] | None = None, censored: CensorPolicy | None = None) -> EhrExtract:
     """A MEDS dataset as an :class:`EhrExtract` (long table + schema + report).
 
     ``labels``: a MEDS label Parquet file (one prediction time per subject), or None for an
     unlabeled extract. ``lookback_hours``: how far before the prediction time events are read
     (required with labels; None only for an unlabeled extract, which reads every event).
-    ``units``: feature id -> unit of its events that carry none. Patient ids are the subject
-    ids, as text.
+    ``units``: feature id -> unit of its events that carry none. ``censored``: how a
+    ``text_value`` such as ``<0.5`` (``numeric_value`` empty) is read (:mod:`.ehr_values`).
+    Patient ids are the subject ids, as text.
 
     Raises:
         ConfigError: the folder or label file does not exist, or labels without lookback_hours.
@@ -156,18 +160,28 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     kind = codes.map(kinds)
     presence = (kind == FeatureKind.BINARY).to_numpy() & np.isnan(value)
     value[presence] = 1.0
-    no_value = (kind == FeatureKind.NUMERIC).to_numpy() & np.isnan(value) & keep
+    numeric = (kind == FeatureKind.NUMERIC).to_numpy()
+    censor = np.full(len(value), None, dtype=object)
+    from_text = 0
+    if "text_value" in events.columns:  # "<0.5" as text_value, numeric_value empty: a censored lab
+        for i in np.flatnonzero(numeric & np.isnan(value) & keep & events["text_value"].notna().to_numpy()):
+            number, op = parse_value_text(events["text_value"].iat[i])
+            if number is not None:
+                value[i], censor[i], from_text = number, op, from_text + 1
+    no_value = numeric & np.isnan(value) & keep
     keep &= ~no_value
     where = events["_shard"].astype(str) + " row " + events["_row"].astype(str)
     frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": codes.to_numpy(),
-                          "value": value, "unit": unit, "where": where.to_numpy()})[keep]
+                          "value": value, "unit": unit, "censor": censor, "where": where.to_numpy()})[keep]
     excluded = {"outside the cohort": int((~in_cohort).sum()), "after the prediction time": int(after.sum()),
                 "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum())}
     notes = (f"events outside the cohort or after the prediction time: {int((~in_cohort).sum() + after.sum())}",
              f"events before the lookback ({lookback_hours} h before the prediction time; excluded): "
              f"{int(before.sum())}",
              f"codes of binary features without numeric_value, read as present: {int((presence & keep).sum())}",
-             f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}")
+             f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}",
+             *([f"values read from text_value: {from_text}"] if from_text else []))
     return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
-                   snapshot_hours=snapshot_hours, notes=notes, units=units, setting="[meds] in the source file",
+                   snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
+                   setting="[meds] in the source file",
                    excluded=excluded)

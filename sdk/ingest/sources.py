@@ -53,6 +53,7 @@ class MedsOptions(BaseModel):
     snapshot_hours: float = Field(default=24.0, gt=0, allow_inf_nan=False)
     lookback_hours: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     units: dict[str, str] = Field(default_factory=dict)
+    censored: CensorPolicy | None = None
 
     @model_validator(mode="after")
     def _lookback(self) -> MedsOptions:
@@ -127,7 +128,7 @@ def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: Fe
         labels = None if config.meds.labels is None else (base or Path(".")) / config.meds.labels
         return read_meds(location, dictionary=dictionary, site=config.site, labels=labels,
                          snapshot_hours=config.meds.snapshot_hours, lookback_hours=config.meds.lookback_hours,
-                         units=config.meds.units)
+                         units=config.meds.units, censored=config.meds.censored)
     from .fhir import read_fhir
 
     f = config.fhir

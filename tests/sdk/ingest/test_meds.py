@@ -137,3 +137,14 @@ def test_declared_units_must_name_numeric_features(tmp_path):
     text = str(err.value)
     assert "[meds] units: 'heart_rat' is not a feature" in text and "'heart_rate'" in text
     assert "[meds] units: 'history_lvf' is binary; expected numeric" in text
+
+
+def test_a_censored_text_value_needs_a_declared_policy(tmp_path):
+    _shard(tmp_path, [(1, T0, "LOINC/2345-7//mmol/L", None), (1, T0, "LOINC/8867-4//{beats}/min", 70.0)],
+           text_value=pa.array(["<2.0", None]))
+    with pytest.raises(UnitError, match=r"feature 'glucose': 1 censored value\(s\).*data/0.parquet row 1"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None, censored="half_bound")
+    t = ex.ingest(D)
+    assert t.value[t.node == D.node_index()["glucose"]].tolist() == [1.0]
+    assert any("values read from text_value: 1" in n for n in ex.report.notes)
