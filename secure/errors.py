@@ -36,6 +36,12 @@ class UnitError(SchemaError):
     """A unit string is unknown or cannot be converted to the dictionary's canonical unit."""
 
 
+class SourceUnavailable(ConfigError):
+    """A data source cannot be reached: the database server refuses or does not answer the
+    connection (wrong host, port, database or credentials, server down). Raised before any table
+    is looked at, so an unreachable database is never reported as missing tables."""
+
+
 class PrivacyError(ClinographError):
     """A request would weaken the privacy guarantee (e.g. full-graph training under DP)."""
 
@@ -73,5 +79,6 @@ __all__ = [
     "RegistryError",
     "SchemaError",
     "SecurityPolicyError",
+    "SourceUnavailable",
     "UnitError",
 ]

@@ -100,7 +100,11 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
              problems: list[str], key: str) -> np.ndarray:
     where = f"Column {col!r} ({feat.id})"
     text = as_text(raw).str.strip()
-    num = pd.to_numeric(text.where(present, ""), errors="coerce").to_numpy(dtype=float)
+    if pd.api.types.is_float_dtype(raw.dtype) or pd.api.types.is_integer_dtype(raw.dtype):
+        # numbers as they are: pandas' text parser is not correctly rounded (1 ulp off on 17-digit reprs)
+        num = np.where(present, raw.to_numpy(dtype=float, na_value=np.nan), np.nan)
+    else:
+        num = pd.to_numeric(text.where(present, ""), errors="coerce").to_numpy(dtype=float)
     bad = present & np.isnan(num)
     if bad.any():
         unit_like = bad & text.str.match(_UNIT_IN_CELL).to_numpy()

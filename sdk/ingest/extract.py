@@ -11,18 +11,24 @@ what was read, mapped and refused. Codes not in the dictionary are counted, neve
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from clinograph.secure.errors import SchemaError
 
 from ..ontology.codes import describe_codes
 from ..ontology.dictionary import FeatureDictionary
 from ..ontology.schema import LongColumns, SiteSchema
+from .ehr_values import CensorPolicy, resolve_values
 from .table import PatientTable
 
 LONG_COLUMNS = LongColumns(patient="patient_id", time="time", feature="feature", value="value", unit="unit")
 EVENT_COLUMNS = ("patient_id", "hours", "code", "value", "unit")
+#: optional event columns: ``where`` (the source record: ``measurement_id 17``, ``x.ndjson line 4``),
+#: ``censor`` (``<``, ``<=``, ``>``, ``>=`` or None)
+OPTIONAL_COLUMNS = ("where", "censor")
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class ExtractReport:
     patients_without_label: int = 0
     patients_without_events: int = 0
     notes: tuple[str, ...] = ()
+    #: rows the reader excluded before mapping, by reason (window, observation period, ...)
+    excluded: dict[str, int] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         """The report as text lines (for ``clinograph check``)."""
@@ -73,40 +81,91 @@ class EhrExtract:
         """Validate and ingest the extract (every problem at once, as :func:`ingest` does)."""
         from .validate import ingest
 
-        return ingest(self.table, schema=self.schema, dictionary=dictionary)
+        if len(self.table) == 0:
+            r = self.report
+            counts = ", ".join([f"rows read: {r.events_read}", f"mapped to the dictionary: {r.events_mapped}",
+                                *(f"{why}: {n}" for why, n in r.excluded.items())])
+            raise SchemaError(f"The {r.source} extract of site {self.schema.site!r} holds no event to ingest "
+                              f"({r.patients} patient(s) in the cohort; {counts}). Check the window around the "
+                              "index time (lookback/after), the cohort, and the dictionary's codes.",
+                              title="Nothing to ingest")
+        try:
+            return ingest(self.table, schema=self.schema, dictionary=dictionary)
+        except SchemaError as exc:  # rows of the long table mean nothing to the user: name the source records
+            if RECORD not in self.table:
+                raise
+            problems = []
+            for p in exc.problems:  # a value problem counts rows within its feature's rows (ingest's parse_cells)
+                feature = _VALUE_OF.match(p)
+                rows = self.table[self.table["feature"] == feature.group(1)] if feature else self.table
+                records = rows[RECORD].to_numpy(dtype=object)
+                problems.append(_ROWS.sub(lambda m, r=records: _records(m, r), p))
+            raise type(exc)(problems, title=f"{self.report.source} extract of site {self.schema.site!r} cannot be "
+                                            "ingested") from None
 
     def __repr__(self) -> str:
         return (f"EhrExtract(source={self.report.source!r}, rows={len(self.table)}, "
                 f"patients={self.report.patients})")
 
 
+#: the long table's column naming each row's source record (ignored by ingest, used in its errors)
+RECORD = "source_record"
+_VALUE_OF = re.compile(r"^Column 'value\[([^\]]+)\]'")
+_ROWS = re.compile(r"\brows? (\d+(?:, \d+)*)(?: \(and (\d+) more\))?")
+
+
+def _records(m: re.Match, records: np.ndarray) -> str:
+    """``rows 3, 9 (and 4 more)`` of the long table -> the source records of those rows."""
+    shown = [str(records[int(i) - 1]) for i in m.group(1).split(", ") if 0 < int(i) <= len(records)]
+    more = f" (and {m.group(2)} more)" if m.group(2) else ""
+    return f"source record{'s' if len(shown) > 1 or more else ''} {', '.join(shown)}{more}"
+
+
 def long_schema(site: str, *, labelled: bool) -> SiteSchema:
     """The site schema of an extract: features are already dictionary ids."""
     if labelled:
-        return SiteSchema(site=site, format="long", label="label", long=LONG_COLUMNS)
-    return SiteSchema(site=site, format="long", label=None, unlabeled=True, long=LONG_COLUMNS)
+        return SiteSchema(site=site, format="long", label="label", long=LONG_COLUMNS, ignore=(RECORD,))
+    return SiteSchema(site=site, format="long", label=None, unlabeled=True, long=LONG_COLUMNS, ignore=(RECORD,))
 
 
 def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[str], dictionary: FeatureDictionary,
             site: str, source: str, snapshot_hours: float, notes: tuple[str, ...] = (),
-            unmapped: dict[str, int] | None = None) -> EhrExtract:
+            unmapped: dict[str, int] | None = None, units: dict[str, str] | None = None,
+            censored: CensorPolicy | None = None, setting: str = "the source file",
+            excluded: dict[str, int] | None = None, problems: list[str] | None = None) -> EhrExtract:
     """Map ``events`` (columns :data:`EVENT_COLUMNS`) onto the dictionary and build the extract.
 
     ``labels``: patient id -> 1/0 (NaN: no label); None for an unlabeled extract.
     ``patients``: every patient of the cohort (those without events are counted).
     ``unmapped``: code -> rows a reader counted without reading them (not in the dictionary).
+    ``units``, ``censored``: the source file's declarations (:func:`.ehr_values.resolve_values`);
+    ``excluded``: rows excluded before mapping, by reason (printed if nothing is left);
+    ``problems``: the reader's own unit problems, raised with the others. A code
+    ``FEATURE/<id>`` names a dictionary feature directly (values a reader derives: age, sex).
+
+    Raises:
+        UnitError: values without a unit, in units that do not convert, or censored without a
+            declared policy (every feature at once).
     """
     if not snapshot_hours > 0:
         raise ValueError("snapshot_hours must be > 0")
     counted = dict(unmapped or {})
     by_code = {k: f.id for k, f in dictionary.by_code().items()}
-    ev = events.loc[:, list(EVENT_COLUMNS)].reset_index(drop=True)
-    feature = ev["code"].map(by_code)
+    cols = [*EVENT_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in events.columns)]
+    ev = events.loc[:, cols].reset_index(drop=True)
+    if "where" not in ev:
+        ev["where"] = None
+    ids = {f.id for f in dictionary.features}
+    direct = {c: c.removeprefix("FEATURE/") for c in pd.unique(ev["code"].dropna())
+              if isinstance(c, str) and c.startswith("FEATURE/") and c.removeprefix("FEATURE/") in ids}
+    feature = ev["code"].map({**by_code, **direct})
     refused = feature.isna().to_numpy()
     counts = ev.loc[refused, "code"].astype(str).value_counts().to_dict()
     for code, n in counted.items():
         counts[code] = counts.get(code, 0) + n
     ev = ev.assign(feature=feature)[~refused]
+    ev, value_notes = resolve_values(ev, dictionary=dictionary, source=source, units=dict(units or {}),
+                                     censored=censored, setting=setting, problems=problems)
     hours = pd.to_numeric(ev["hours"], errors="coerce").fillna(0.0).to_numpy(dtype=float)
     ev = ev.assign(time=np.floor(hours / snapshot_hours).astype(np.int64), _h=hours)
     ev = ev.sort_values(["patient_id", "time", "feature", "_h"], kind="stable")
@@ -115,10 +174,11 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
     ev = ev[last.to_numpy()]
     out = pd.DataFrame({"patient_id": ev["patient_id"].astype(str).to_numpy(), "time": ev["time"].to_numpy(),
                         "feature": ev["feature"].to_numpy(), "value": ev["value"].to_numpy(),
-                        "unit": ev["unit"].to_numpy()})
+                        "unit": ev["unit"].to_numpy(), RECORD: ev["where"].to_numpy()})
     if labels is not None:
         out["label"] = out["patient_id"].map(labels).to_numpy()
-    present = set(out["patient_id"])
+    everyone = pd.Index(patients, dtype=object)
+    has_events = everyone.isin(out["patient_id"].unique())
     report = ExtractReport(
         source=source, patients=len(patients), events_read=len(events) + sum(counted.values()),
         events_mapped=int((~refused).sum()),
@@ -126,8 +186,9 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
         unmapped_rows=int(sum(counts.values())),
         unmapped_codes=describe_codes({str(k): int(v) for k, v in counts.items()}),
         collapsed=collapsed,
-        patients_without_label=int(sum(1 for p in patients if p in present and pd.isna(labels.get(p, np.nan))))
+        patients_without_label=int((has_events & labels.reindex(everyone).isna().to_numpy()).sum())
         if labels is not None else 0,
-        patients_without_events=sum(1 for p in patients if p not in present), notes=notes)
+        patients_without_events=int((~has_events).sum()),
+        notes=(*notes, *value_notes), excluded=dict(excluded or {}))
     return EhrExtract(table=out.reset_index(drop=True), schema=long_schema(site, labelled=labels is not None),
                       report=report)

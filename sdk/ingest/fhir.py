@@ -1,16 +1,19 @@
 """FHIR R4 Patient and Observation resources -> the long table :func:`ingest` takes.
 
 Input is a Bundle (one JSON file), an NDJSON file of a bulk export, or a folder of them
-(``Patient.ndjson``, ``Observation.ndjson``, ...). Each resource is validated with the
-``fhir.resources`` models (its R4B package: R4's Patient and Observation, wire-compatible); a
-resource that does not validate is named by file, line (or entry) and field path -- never by
-value -- and all of them are reported at once. Resource types other than Patient and
-Observation are counted and skipped.
+(``Patient.ndjson``, ``Observation.ndjson``, ...). The fields read are validated strictly
+(:mod:`.fhir_models`; ``validate="full"`` adds ``fhir.resources``' full R4B models); a resource
+that does not validate is named by file, line (or entry) and field path -- never by value --
+and all of them are reported at once. Resource types other than Patient and Observation are
+counted and skipped. ``Patient.birthDate``/``gender`` give age and sex where the source file
+names those features.
 
 An Observation's ``code.coding`` maps through the dictionary's codes: the coding system's URL is
 named by ``systems`` (``http://loinc.org`` -> ``LOINC``) and ``SYSTEM/CODE`` is looked up.
-Values: ``valueQuantity`` (its UCUM ``code``, else its ``unit``, read through pint),
-``valueBoolean`` (1/0) or ``valueInteger``. Time: ``effectiveDateTime``, ``effectiveInstant``,
+Values: ``valueQuantity`` (its UCUM ``code``, else its ``unit``, read through pint; a
+``comparator`` makes it censored), ``valueBoolean`` (1/0) or ``valueInteger``; each
+``component`` (a blood-pressure panel's systolic and diastolic) is read as an observation of its
+own code at the panel's time; a ``dataAbsentReason`` is counted as missing. Time: ``effectiveDateTime``, ``effectiveInstant``,
 ``effectivePeriod.start`` or ``issued``, counted in hours from the patient's first mapped
 observation and binned into snapshots of ``snapshot_hours``. The label is the latest
 Observation coded ``label_code`` (boolean or 0/1 integer).
@@ -27,8 +30,10 @@ import numpy as np
 import pandas as pd
 from clinograph.secure.errors import ConfigError, SchemaError
 
-from ..ontology.dictionary import FeatureDictionary
+from ..ontology.dictionary import FeatureDictionary, FeatureKind
+from .ehr_values import CensorPolicy, declared_features
 from .extract import EhrExtract, to_long
+from .omop import OmopSex
 
 DEFAULT_SYSTEMS = {"http://loinc.org": "LOINC", "http://snomed.info/sct": "SNOMED",
                    "https://clinograph.org/fhir/CodeSystem/alarm": "ALARM"}
@@ -69,53 +74,79 @@ def _json(text: str, where: str) -> dict:
     return doc
 
 
-def _validate(model, doc: dict, where: str, problems: list[str]):
-    try:
-        return model.parse_obj(doc)
-    except Exception as exc:  # pydantic's ValidationError (fhir.resources' own pydantic)
-        errors = exc.errors() if hasattr(exc, "errors") else []
-        fields = sorted({".".join(str(x) for x in e.get("loc", ())) for e in errors}) or ["?"]
+def _validate(model, doc: dict, where: str, problems: list[str], full=None):  # noqa: ANN001
+    """``doc`` as ``model`` (the fields read, :mod:`.fhir_models`), and -- ``full`` given -- as the
+    full ``fhir.resources`` model too; problems name the place and field paths, never values."""
+    fields: set[str] = set()
+    out = None
+    for m in (model, full) if full is not None else (model,):
+        try:
+            parsed = m.model_validate(doc) if m is model else m.parse_obj(doc)  # fhir.resources: pydantic v1 API
+        except Exception as exc:  # pydantic's ValidationError (ours, or fhir.resources' own)
+            errors = exc.errors() if hasattr(exc, "errors") else []
+            fields |= {".".join(str(x) for x in e.get("loc", ())) for e in errors} or {"?"}
+            continue
+        out = parsed if m is model else out
+    if fields:
         problems.append(f"FHIR {doc.get('resourceType')} at {where} does not validate (fields: "
-                        f"{', '.join(fields[:5])}). Fix the export for those fields.")
+                        f"{', '.join(sorted(fields)[:5])}). Fix the export for those fields.")
         return None
+    return out
 
 
-def _when(obs) -> pd.Timestamp | None:
+def _when(obs) -> str | None:  # noqa: ANN001
     for t in (obs.effectiveDateTime, obs.effectiveInstant, obs.effectivePeriod.start if obs.effectivePeriod else None,
               obs.issued):
         if t is not None:
-            ts = pd.Timestamp(t)
-            return ts.tz_convert("UTC").tz_localize(None) if ts.tzinfo is not None else ts
+            return t
     return None
 
 
-def _value(obs) -> tuple[float | None, str | None]:
-    q = obs.valueQuantity
+def _value(x) -> tuple[float | None, str | None, str | None]:  # noqa: ANN001 - an Observation or a component
+    """(value, unit, censoring comparator) of an Observation or one of its components."""
+    q = x.valueQuantity
     if q is not None and q.value is not None:
         unit = q.code if q.code and (q.system in (None, UCUM_URL)) else q.unit
-        return float(q.value), unit
-    if obs.valueBoolean is not None:
-        return float(obs.valueBoolean), None
-    if obs.valueInteger is not None:
-        return float(obs.valueInteger), None
-    return None, None
+        return float(q.value), unit, q.comparator
+    if x.valueBoolean is not None:
+        return float(x.valueBoolean), None, None
+    if x.valueInteger is not None:
+        return float(x.valueInteger), None, None
+    return None, None, None
 
 
 def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, label_code: str | None,
               systems: dict[str, str] | None = None, patient_id: Literal["id", "identifier"] = "id",
-              snapshot_hours: float = 24.0) -> EhrExtract:
+              snapshot_hours: float = 24.0, units: dict[str, str] | None = None,
+              censored: CensorPolicy | None = None, age: str | None = None, sex: OmopSex | None = None,
+              validate: Literal["fields_read", "full"] = "fields_read") -> EhrExtract:
     """FHIR R4 Patient and Observation resources as an :class:`EhrExtract`.
 
     ``label_code``: ``SYSTEM/CODE`` of the outcome Observation, or None for an unlabeled
     extract. ``systems``: coding-system URL -> system name, added to :data:`DEFAULT_SYSTEMS`.
-    ``patient_id``: the Patient's resource id, or its first identifier's value.
+    ``patient_id``: the Patient's resource id, or its first identifier's value. ``units``:
+    feature id -> unit of its values that carry none; ``censored``: how ``comparator`` values are
+    read (:mod:`.ehr_values`). ``age``: a numeric feature given the age in years (from
+    ``birthDate``) at the patient's first mapped observation; ``sex``: the feature and codes
+    ``Patient.gender`` male/female are written as (other genders: missing, counted).
+    ``validate``: the fields read (:mod:`.fhir_models`, default) or every resource in full with
+    ``fhir.resources`` as well.
 
     Raises:
         ConfigError: the input does not exist.
         SchemaError: invalid JSON, or resources that do not validate (all named at once).
+        UnitError: values without a unit (and none declared), or censored values without a
+            declared policy (every feature at once).
     """
-    from fhir.resources.R4B.observation import Observation
-    from fhir.resources.R4B.patient import Patient
+    from . import fhir_models as fm
+
+    declared_features(section="[fhir]", person_section="[fhir]", age=age, sex=sex, conditions=(),
+                      units=dict(units or {}), dictionary=dictionary)
+
+    full_patient = full_observation = None
+    if validate == "full":
+        from fhir.resources.R4B.observation import Observation as full_observation
+        from fhir.resources.R4B.patient import Patient as full_patient
 
     path = Path(path)
     if not path.exists():
@@ -123,19 +154,25 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     names = {**DEFAULT_SYSTEMS, **(systems or {})}
     problems: list[str] = []
     patients: dict[str, str] = {}
-    observations = []
+    born: dict[str, tuple[str | None, str | None, str]] = {}
+    known = set(dictionary.by_code())
+    readings: list[tuple] = []  # plain tuples, not model objects: 10^5 live models slow the garbage collector
+    counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
     for where, doc in _resources(path):
         kind = doc.get("resourceType")
         if kind == "Patient":
-            p = _validate(Patient, doc, where, problems)
+            p = _validate(fm.Patient, doc, where, problems, full_patient)
             if p is not None:
                 ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
-                patients[str(p.id)] = ident if patient_id == "identifier" and ident else str(p.id)
+                key = ident if patient_id == "identifier" and ident else str(p.id)
+                patients[str(p.id)] = key
+                born[key] = (p.birthDate, p.gender, where)
         elif kind == "Observation":
-            o = _validate(Observation, doc, where, problems)
+            o = _validate(fm.Observation, doc, where, problems, full_observation)
             if o is not None:
-                observations.append(o)
+                _read_observation(o, where, names=names, known=known, label_code=label_code, out=readings,
+                                  counts=counts)
         else:
             skipped[str(kind)] += 1
     if problems:
@@ -143,39 +180,88 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         if len(problems) > MAX_PROBLEMS_SHOWN:
             shown.append(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more resource(s) that do not validate.")
         raise SchemaError(shown, title=f"FHIR input {path} has invalid resources")
-    return _assemble(observations, patients, skipped, names=names, label_code=label_code, dictionary=dictionary,
-                     site=site, snapshot_hours=snapshot_hours)
+    return _assemble(readings, counts, patients, born, skipped, label_code=label_code, known=known,
+                     dictionary=dictionary, site=site, snapshot_hours=snapshot_hours, units=units,
+                     censored=censored, age=age, sex=sex)
 
 
-def _assemble(observations, patients, skipped, *, names, label_code, dictionary, site, snapshot_hours):
-    known = set(dictionary.by_code())
-    rows, label_rows, orphans, no_value = [], [], 0, 0
-    for o in observations:
-        ref = (o.subject.reference or "") if o.subject else ""
+def _keys(code, names: dict[str, str]) -> list[str]:  # noqa: ANN001 - a CodeableConcept
+    return [f"{names[c.system]}/{c.code}" for c in (code.coding or []) if c.system in names and c.code]
+
+
+def _read_observation(o, where: str, *, names, known, label_code, out: list, counts: Counter) -> None:  # noqa: ANN001
+    """The readings of one Observation (itself, or each component of a panel) as tuples
+    ``(subject reference, time, SYSTEM/CODE, value, unit, comparator, where)``; those with a
+    ``dataAbsentReason`` or no value are counted."""
+    ref = (o.subject.reference or "") if o.subject else ""
+    when = _when(o)
+    parts = [(o, _keys(o.code, names))]
+    if o.component:  # a panel (blood pressure): each component is an observation of its own code
+        parts += [(c, _keys(c.code, names)) for c in o.component]
+    for x, keys in parts:
+        if x is o and o.component and x.valueQuantity is None and x.valueBoolean is None \
+                and x.valueInteger is None and x.dataAbsentReason is None:
+            continue  # the panel's own code carries no value
+        key = next((k for k in keys if k == label_code or k in known), keys[0] if keys else "(uncoded)")
+        if x.dataAbsentReason is not None:
+            counts["absent"] += 1
+            continue
+        value, unit, comparator = _value(x)
+        if value is None:
+            counts["no_value"] += 1
+            continue
+        out.append((ref, when, key, value, unit, None if comparator == "ad" else comparator, where))
+
+
+def _assemble(readings, counts, patients, born, skipped, *, label_code, known, dictionary, site,  # noqa: ANN001, PLR0913
+              snapshot_hours, units, censored, age, sex):
+    rows, label_rows, orphans = [], [], 0
+    for ref, when, key, value, unit, comparator, where in readings:
         pid = patients.get(ref.removeprefix("Patient/")) if ref.startswith("Patient/") else None
         if pid is None:
             orphans += 1
             continue
-        keys = [f"{names[c.system]}/{c.code}" for c in (o.code.coding or []) if c.system in names and c.code]
-        key = next((k for k in keys if k == label_code or k in known), keys[0] if keys else "(uncoded)")
-        value, unit = _value(o)
-        if value is None:
-            no_value += 1
-            continue
-        (label_rows if key == label_code else rows).append((pid, _when(o), key, value, unit))
-    ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit"])
-    t = pd.to_datetime(ev["t"])
+        (label_rows if key == label_code else rows).append((pid, when, key, value, unit, comparator, where))
+    no_value, absent = counts["no_value"], counts["absent"]
+    ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
+    t = pd.to_datetime(ev["t"], utc=True, format="ISO8601").dt.tz_localize(None)
     mapped = ev["code"].isin(known)
     origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
     hours = ((t - ev["patient_id"].map(origin)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
     events = ev.assign(hours=np.where(np.isnan(hours), 0.0, hours))
+    person, unknown_sex = _person_events(born, origin, age=age, sex=sex, dictionary=dictionary)
+    if len(person):
+        events = pd.concat([events, person], ignore_index=True)
     labels = None
     if label_code is not None:
-        lab = pd.DataFrame(label_rows, columns=["patient_id", "t", "code", "value", "unit"]).sort_values("t")
+        lab = pd.DataFrame(label_rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
+        lab = lab.assign(t=pd.to_datetime(lab["t"], utc=True, format="ISO8601")).sort_values("t")
         labels = lab.groupby("patient_id")["value"].last().astype(float)
     notes = tuple(f"{what}: {n}" for what, n in (
-        ("Observations without a Patient read here", orphans), ("Observations without a numeric or boolean value",
-                                                                 no_value),
+        ("Observation readings (a panel: each component) without a Patient read here", orphans),
+        ("Observations (or components) without a numeric or boolean value", no_value),
+        ("Observations (or components) with a dataAbsentReason (read as missing)", absent),
+        ("patients of a gender other than male/female (sex missing)", unknown_sex),
         ("other resources skipped", sum(skipped.values()))) if n)
     return to_long(events, labels=labels, patients=sorted(set(patients.values())), dictionary=dictionary, site=site,
-                   source="FHIR R4", snapshot_hours=snapshot_hours, notes=notes)
+                   source="FHIR R4", snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
+                   setting="[fhir] in the source file",
+                   excluded={"without a Patient": orphans, "without a value": no_value, "dataAbsentReason": absent})
+
+
+def _person_events(born, origin, *, age, sex, dictionary) -> tuple[pd.DataFrame, int]:  # noqa: ANN001
+    """Age (years at the patient's first mapped observation) and sex from Patient.birthDate/gender."""
+    rows, unknown = [], 0
+    for pid, (birth, gender, where) in born.items():
+        if age and birth and pid in origin.index:
+            b = pd.Timestamp(birth if len(birth) == 10 else f"{birth}-07-01" if len(birth) == 4 else f"{birth}-01")
+            rows.append((pid, f"FEATURE/{age}", (origin[pid] - b) / pd.Timedelta(days=365.25), "a", where))
+        if sex:
+            code = {"male": sex.male, "female": sex.female}.get(gender or "")
+            if code is None:
+                unknown += 1
+                continue
+            binary = dictionary.get(sex.feature).kind == FeatureKind.BINARY if sex.feature in dictionary else False
+            rows.append((pid, f"FEATURE/{sex.feature}", float(code) if binary else code, None, where))
+    out = pd.DataFrame(rows, columns=["patient_id", "code", "value", "unit", "where"]).assign(hours=0.0)
+    return out, unknown

@@ -5,11 +5,17 @@ whose ``data/`` holds Parquet shards of events ``subject_id, time, code, numeric
 (``text_value`` optional, extra columns allowed). Codes are ``SYSTEM/CODE`` (``LOINC/2345-7``)
 and map through the dictionary's codes; a unit is read from an extra ``unit`` column, else from
 a last ``//``-separated part of the code (``LOINC/2345-7//mg/dL``, as MEDS ETLs write labs),
-else the dictionary's canonical unit is assumed. Labels come from a MEDS label file
-(``subject_id, prediction_time, boolean_value``): features are the events at or before the
-prediction time (``lookback_hours`` before it at most), binned into snapshots of
-``snapshot_hours`` counted back from it; static events (no time) join the prediction time's snapshot. Without
-labels, times count from each subject's first event and the extract is unlabeled.
+else the source file's ``units`` for the feature; a numeric event with none of these is refused
+(:mod:`.ehr_values`), never read in the dictionary's unit by assumption. A code of a *binary*
+feature without ``numeric_value`` (a diagnosis, a procedure) is read as present (1); a numeric
+feature's event without ``numeric_value`` is read from ``text_value`` when that is a number
+with an optional comparison (``<0.5``: censored, read as ``censored`` says), else counted and
+excluded. Labels come from a MEDS label
+file (``subject_id, prediction_time, boolean_value``): features are the events at or before the
+prediction time and at most ``lookback_hours`` before it (required with labels), binned into
+snapshots of ``snapshot_hours`` counted back from it; static events (no time) join the prediction
+time's snapshot. Without labels, times count from each subject's first event and the extract is
+unlabeled.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ import numpy as np
 import pandas as pd
 from clinograph.secure.errors import ConfigError, SchemaError
 
-from ..ontology.dictionary import FeatureDictionary
+from ..ontology.dictionary import FeatureDictionary, FeatureKind
+from .ehr_values import CensorPolicy, declared_features
 from .extract import EhrExtract, to_long
+from .omop_vocab import parse_value_text
 
 
 def _read_shards(root: Path) -> pd.DataFrame:
@@ -47,7 +55,10 @@ def _read_shards(root: Path) -> pd.DataFrame:
                             f"({type(exc).__name__}: {_schema_reason(exc)}). Required: subject_id int64, time "
                             "timestamp[us], code string, numeric_value float32.")
             continue
-        frames.append(table.to_pandas())
+        df = table.to_pandas()
+        df["_shard"] = str(shard.relative_to(root))
+        df["_row"] = np.arange(1, len(df) + 1)
+        frames.append(df)
     if problems:
         raise SchemaError(problems, title=f"MEDS dataset {root} cannot be read")
     return pd.concat(frames, ignore_index=True)
@@ -85,23 +96,40 @@ def split_code(code: str) -> tuple[str, str | None]:
 
 
 def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, labels: str | Path | None,
-              snapshot_hours: float = 24.0, lookback_hours: float | None = None) -> EhrExtract:
+              lookback_hours: float | None, snapshot_hours: float = 24.0,
+              units: dict[str, str] | None = None, censored: CensorPolicy | None = None) -> EhrExtract:
     """A MEDS dataset as an :class:`EhrExtract` (long table + schema + report).
 
     ``labels``: a MEDS label Parquet file (one prediction time per subject), or None for an
-    unlabeled extract. Patient ids are the subject ids, as text.
+    unlabeled extract. ``lookback_hours``: how far before the prediction time events are read
+    (required with labels; None only for an unlabeled extract, which reads every event).
+    ``units``: feature id -> unit of its events that carry none. ``censored``: how a
+    ``text_value`` such as ``<0.5`` (``numeric_value`` empty) is read (:mod:`.ehr_values`).
+    Patient ids are the subject ids, as text.
 
     Raises:
-        ConfigError: the folder or label file does not exist.
+        ConfigError: the folder or label file does not exist, or labels without lookback_hours.
+        UnitError: numeric events without a unit and no declared one (every feature at once).
         SchemaError: shards or labels do not fit the MEDS schema (all shards named at once), or a
             subject has several prediction times.
     """
     root = Path(root)
+    if labels is not None and lookback_hours is None:
+        raise ConfigError("MEDS with labels needs lookback_hours: how far before the prediction time events are read "
+                          "as features (a years-old event is not a snapshot of today). Set lookback_hours under "
+                          "[meds] in the source file.")
+    declared_features(section="[meds]", person_section="[meds]", age=None, sex=None, conditions=(),
+                      units=dict(units or {}), dictionary=dictionary)
     events = _read_shards(root)
     sid = events["subject_id"].astype(np.int64)
-    parts = [split_code(str(c)) for c in events["code"]]
-    unit_col = events["unit"] if "unit" in events.columns else pd.Series([None] * len(events))
-    unit = [u if isinstance(u, str) and u.strip() else cu for u, (_, cu) in zip(unit_col, parts, strict=True)]
+    raw = events["code"].astype(str)
+    split = {c: split_code(c) for c in pd.unique(raw)}  # once a distinct code, not once an event
+    code_unit = raw.map({c: u for c, (_, u) in split.items()})
+    unit_col = events["unit"] if "unit" in events.columns else pd.Series([None] * len(events), index=events.index)
+    given = unit_col.astype(object).where(unit_col.notna(), None)
+    given = given.where(given.map(lambda u: isinstance(u, str) and bool(u.strip()), na_action="ignore").eq(True),
+                        None)
+    unit = given.where(given.notna(), code_unit).to_numpy(dtype=object)
     t = pd.to_datetime(events["time"])
     if labels is not None:
         lab = _labels(Path(labels))
@@ -121,11 +149,39 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     hours[static] = 0.0
     in_cohort = sid.isin(origin.index).to_numpy()
     keep = in_cohort & (static | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
+    after = in_cohort & ~static & (hours > 0) if labels is not None else np.zeros(len(hours), bool)
+    before = np.zeros(len(hours), bool)
     if lookback_hours is not None and labels is not None:
-        keep &= static | (hours >= -lookback_hours)
-    value = events["numeric_value"].astype(float).to_numpy()
-    frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": [c for c, _ in parts],
-                          "value": value, "unit": unit})[keep]
-    notes = (f"events outside the cohort or after the prediction time: {int((~keep).sum())}",)
+        before = in_cohort & ~static & (hours < -lookback_hours)
+        keep &= ~before
+    codes = raw.map({c: b for c, (b, _) in split.items()}).astype(object).reset_index(drop=True)
+    value = events["numeric_value"].astype(float).to_numpy().copy()
+    kinds = {k: f.kind for k, f in dictionary.by_code().items()}
+    kind = codes.map(kinds)
+    presence = (kind == FeatureKind.BINARY).to_numpy() & np.isnan(value)
+    value[presence] = 1.0
+    numeric = (kind == FeatureKind.NUMERIC).to_numpy()
+    censor = np.full(len(value), None, dtype=object)
+    from_text = 0
+    if "text_value" in events.columns:  # "<0.5" as text_value, numeric_value empty: a censored lab
+        for i in np.flatnonzero(numeric & np.isnan(value) & keep & events["text_value"].notna().to_numpy()):
+            number, op = parse_value_text(events["text_value"].iat[i])
+            if number is not None:
+                value[i], censor[i], from_text = number, op, from_text + 1
+    no_value = numeric & np.isnan(value) & keep
+    keep &= ~no_value
+    where = events["_shard"].astype(str) + " row " + events["_row"].astype(str)
+    frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": codes.to_numpy(),
+                          "value": value, "unit": unit, "censor": censor, "where": where.to_numpy()})[keep]
+    excluded = {"outside the cohort": int((~in_cohort).sum()), "after the prediction time": int(after.sum()),
+                "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum())}
+    notes = (f"events outside the cohort or after the prediction time: {int((~in_cohort).sum() + after.sum())}",
+             f"events before the lookback ({lookback_hours} h before the prediction time; excluded): "
+             f"{int(before.sum())}",
+             f"codes of binary features without numeric_value, read as present: {int((presence & keep).sum())}",
+             f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}",
+             *([f"values read from text_value: {from_text}"] if from_text else []))
     return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
-                   snapshot_hours=snapshot_hours, notes=notes)
+                   snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
+                   setting="[meds] in the source file",
+                   excluded=excluded)

@@ -1,13 +1,22 @@
 """OMOP CDM v5.4 -> the long table :func:`ingest` takes, through SQLAlchemy.
 
-Reads ``person``, ``visit_occurrence``, ``condition_occurrence``, ``measurement`` and
-``observation``. The cohort is a SQL query (returning ``person_id`` and ``index_datetime``) or
-a concept set (persons with a visit or a condition of the given concepts; the index time is the
-first one). Features are the ``measurement`` and ``observation`` rows whose concept is a
-dictionary feature's ``omop_concept_id``, taken from ``lookback_days`` before the index time to
-``after_days`` after it, binned into snapshots of ``snapshot_hours`` from the index time. Units
-come from ``unit_source_value`` (UCUM, read through pint). The label is 1 if a condition or an
-observation of the label's concept set starts within ``window_days`` after the index time.
+Reads ``person``, ``observation_period``, ``visit_occurrence``, ``condition_occurrence``,
+``measurement``, ``observation`` (and ``death`` when the label uses it). The cohort is a SQL
+query (returning ``person_id`` and ``index_datetime``) or a concept set (persons with a visit or a
+condition of the given concepts; the index time is the first one). Features are the
+``measurement`` and ``observation`` rows whose concept is a dictionary feature's
+``omop_concept_id``, taken from ``lookback_days`` before the index time to ``after_days`` after
+it and inside one of the person's ``observation_period`` rows (the others are counted and
+excluded), binned into snapshots of ``snapshot_hours`` from the index time. ``[omop.person]``
+adds age at the index date and sex from ``person``; ``[omop.conditions]`` adds presence features
+from ``condition_occurrence`` (1 if the concept starts in the window, else 0). Units: each row's
+``unit_concept_id`` (:data:`.omop_vocab.UNIT_CONCEPTS` plus the source file's
+``unit_concepts``), else its ``unit_source_value`` (UCUM); rows without either are refused unless
+the source file declares the feature's unit (:mod:`.ehr_values`). Censored values
+(``operator_concept_id``, or a text-only ``value_source_value``/``value_as_string`` such as
+``<0.5``) follow the declared ``censored`` policy. The label is 1 if a condition or an observation
+of the label's concept set starts, or (``death = true``) the person dies, within ``window_days``
+after the index time.
 
 Engines: :func:`omop_engine` opens DuckDB (embedded: a ``.duckdb`` file, or a folder of
 ``<table>.csv``/``.parquet`` files); any SQLAlchemy URL works, e.g.
@@ -22,23 +31,29 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import pandas as pd
-from clinograph.secure.errors import ConfigError, SchemaError
+from clinograph.secure.errors import ConfigError, SchemaError, SourceUnavailable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..ontology.dictionary import FeatureDictionary
-from .extract import EhrExtract, to_long
+from .ehr_values import CensorPolicy
+from .extract import EhrExtract
 
 REQUIRED = {
-    "person": ("person_id", "person_source_value"),
+    "person": ("person_id", "person_source_value", "gender_concept_id", "year_of_birth", "month_of_birth",
+               "day_of_birth", "birth_datetime"),
+    "observation_period": ("person_id", "observation_period_start_date", "observation_period_end_date"),
     "visit_occurrence": ("person_id", "visit_concept_id", "visit_start_date", "visit_start_datetime"),
     "condition_occurrence": ("person_id", "condition_concept_id", "condition_start_date", "condition_start_datetime"),
     "measurement": ("person_id", "measurement_concept_id", "measurement_date", "measurement_datetime",
-                    "value_as_number", "unit_source_value"),
+                    "value_as_number", "unit_source_value", "measurement_id", "unit_concept_id",
+                    "operator_concept_id", "value_as_concept_id", "value_source_value"),
     "observation": ("person_id", "observation_concept_id", "observation_date", "observation_datetime",
-                    "value_as_number", "unit_source_value"),
+                    "value_as_number", "unit_source_value", "observation_id", "unit_concept_id",
+                    "value_as_concept_id", "value_as_string"),
 }
+#: read only when the label uses it (``death = true``)
+DEATH = {"death": ("person_id", "death_date", "death_datetime")}
 _IDENT = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 #: Why the f-string SQL here is not an injection vector: the only text put into a statement is
 #: a table or column name from this module's constants, the cdm_schema (validated against
@@ -68,34 +83,83 @@ class OmopCohort(BaseModel):
 
 
 class OmopLabel(BaseModel):
-    """The label: 1 if a condition or observation of these concepts starts within the window."""
+    """The label: 1 if a condition or observation of these concepts starts, or (``death``) the
+    person dies (``death.death_date``), within ``window_days`` after the index time."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     condition_concept_ids: tuple[int, ...] = ()
     observation_concept_ids: tuple[int, ...] = ()
+    death: bool = False
     window_days: float = Field(gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _some(self) -> OmopLabel:
-        if not (self.condition_concept_ids or self.observation_concept_ids):
-            raise ValueError("the label needs condition_concept_ids or observation_concept_ids")
+        if not (self.condition_concept_ids or self.observation_concept_ids or self.death):
+            raise ValueError("the label needs condition_concept_ids, observation_concept_ids or death = true")
         return self
 
 
-class OmopSource(BaseModel):
-    """How one hospital's OMOP CDM becomes a long table (strict: unknown keys are errors)."""
+class OmopSex(BaseModel):
+    """Sex from ``person.gender_concept_id`` (8507 male, 8532 female; others missing, counted): the
+    dictionary feature and the level code (categorical) or 1/0 (binary) each one is written as."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    site: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+    feature: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    male: str = Field(min_length=1, max_length=64)
+    female: str = Field(min_length=1, max_length=64)
+
+
+class OmopPerson(BaseModel):
+    """``[omop.person]``: features read from ``person``. ``age``: a numeric feature, given the age
+    in years at the index date (``birth_datetime``, else ``year_of_birth``/``month_of_birth``/
+    ``day_of_birth``, a missing month or day taken as July / the 1st); ``sex``: :class:`OmopSex`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    age: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    sex: OmopSex | None = None
+
+
+class OmopConditions(BaseModel):
+    """``[omop.conditions]``: binary dictionary features (by their ``omop_concept_id``) read from
+    ``condition_occurrence``: 1 if a condition of the concept starts from ``lookback_days`` before
+    the index time to ``after_days`` after it, else 0 (OMOP records what was diagnosed)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    features: tuple[str, ...] = Field(min_length=1)
+    lookback_days: float = Field(ge=0, allow_inf_nan=False)
+
+
+class OmopOptions(BaseModel):
+    """``[omop]`` of a source file: how one hospital's OMOP CDM becomes a long table (strict:
+    unknown keys are errors). ``units``: feature id -> the unit of its rows that carry none;
+    ``unit_concepts``: unit concept ids -> UCUM, added to :data:`.omop_vocab.UNIT_CONCEPTS`;
+    ``censored``: how censored values are read (:mod:`.ehr_values`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     cohort: OmopCohort
-    label: OmopLabel | None = Field(description="None: an unlabeled extract")
+    label: OmopLabel | None = None
     cdm_schema: str | None = Field(default=None, pattern=_IDENT)
     patient_id: Literal["person_id", "person_source_value"] = "person_id"
     lookback_days: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     after_days: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     snapshot_hours: float = Field(default=24.0, gt=0, allow_inf_nan=False)
+    units: dict[str, str] = Field(default_factory=dict)
+    unit_concepts: dict[int, str] = Field(default_factory=dict)
+    censored: CensorPolicy | None = None
+    person: OmopPerson | None = None
+    conditions: OmopConditions | None = None
+
+
+class OmopSource(OmopOptions):
+    """:class:`OmopOptions` of one site (``label`` given explicitly: None for an unlabeled extract)."""
+
+    site: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+    label: OmopLabel | None = Field(description="None: an unlabeled extract")
 
 
 def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
@@ -135,17 +199,27 @@ def _quote(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
-def check_cdm(engine, *, cdm_schema: str | None = None) -> None:
-    """Every table and column :func:`read_omop` reads exists; all problems at once.
+def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> None:
+    """The database answers, and every table and column :func:`read_omop` reads exists; all
+    problems at once. ``death``: the ``death`` table is needed too (a death label).
 
     Raises:
+        SourceUnavailable: the database cannot be connected to (named apart from missing tables).
         SchemaError: naming each missing table or column.
     """
     import sqlalchemy as sa
 
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sa.exc.SQLAlchemyError as exc:
+        url = engine.url.render_as_string(hide_password=True)
+        raise SourceUnavailable(f"Cannot connect to the OMOP database {url} ({type(exc.orig or exc).__name__}). "
+                                "Check the host, port, database name and credentials (PGPASSFILE / ~/.pgpass), "
+                                "and that the server is running and accepts connections from here.") from None
     where = f"schema {cdm_schema!r}" if cdm_schema else "the default schema"
     problems = []
-    for table, cols in REQUIRED.items():  # by a zero-row SELECT: works on every dialect, no inspection
+    for table, cols in {**REQUIRED, **(DEATH if death else {})}.items():  # by a zero-row SELECT: every dialect
         name = f"{cdm_schema}.{table}" if cdm_schema else table
         try:
             with engine.connect() as conn:
@@ -188,6 +262,9 @@ def _query(conn, sql: str, params: dict) -> pd.DataFrame:
         if isinstance(value, list):
             stmt = stmt.bindparams(sa.bindparam(key, expanding=True))
     result = conn.execute(stmt, params)
+    cursor = getattr(result, "cursor", None)
+    if conn.dialect.name == "duckdb" and cursor is not None:  # DuckDB hands over columns, not Python rows
+        return cursor.df()
     return pd.DataFrame(result.fetchall(), columns=list(result.keys()))
 
 
@@ -198,13 +275,21 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
     ``omop_concept_id`` are read; the others are only counted (by concept, in SQL).
 
     Raises:
-        SchemaError: tables or columns are missing, or the cohort query does not return
-            ``person_id`` and ``index_datetime``.
+        SourceUnavailable: the database cannot be connected to.
+        SchemaError: tables or columns are missing, the cohort query does not return
+            ``person_id`` and ``index_datetime``, or ``[omop.person]``/``[omop.conditions]`` name
+            features the dictionary does not have as declared.
+        UnitError: values without a unit (and no declared one), unit concepts or units that do not
+            convert, censored values without a declared ``censored`` policy -- every feature at once.
     """
     import sqlalchemy as sa
 
-    check_cdm(engine, cdm_schema=source.cdm_schema)
+    from .omop_assemble import assemble, check_declared
+
+    check_declared(source, dictionary)
+    check_cdm(engine, cdm_schema=source.cdm_schema, death=bool(source.label and source.label.death))
     cohort_sql, params = _cohort_sql(source)
+    in_cohort = "IN (SELECT person_id FROM cohort)"
     with engine.connect() as conn:
         try:
             cohort = _query(conn, cohort_sql, params)
@@ -219,20 +304,31 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
                               title="Cohort query has the wrong columns")
         frames, unmapped = [], {}
         ids = {"feature_ids": [f.omop_concept_id for f in dictionary.features if f.omop_concept_id] or [-1]}
-        for table in ("measurement", "observation"):
-            sql = (f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, x.{table}_concept_id AS concept_id, "  # noqa: S608 (see _SQL_NOTE)
+        for table, operator, text in (("measurement", "x.operator_concept_id", "x.value_source_value"),
+                                      ("observation", "CAST(NULL AS INTEGER)", "x.value_as_string")):
+            sql = (f"WITH cohort AS ({cohort_sql}) SELECT '{table}' AS source_table, x.{table}_id AS record_id, "  # noqa: S608 (see _SQL_NOTE)
+                   f"x.person_id, x.{table}_concept_id AS concept_id, "
                    f"COALESCE(x.{table}_datetime, CAST(x.{table}_date AS TIMESTAMP)) AS t, "
-                   f"x.value_as_number AS value, x.unit_source_value AS unit "
-                   f"FROM {_t(source, table)} x JOIN cohort c ON x.person_id = c.person_id "
-                   f"WHERE x.{table}_concept_id IN :feature_ids")
+                   f"x.value_as_number AS value, x.unit_source_value AS unit_text, x.unit_concept_id AS unit_concept, "
+                   f"{operator} AS operator, x.value_as_concept_id AS value_concept, {text} AS value_text "
+                   f"FROM {_t(source, table)} x WHERE x.person_id {in_cohort} AND x.{table}_concept_id IN :feature_ids")
             frames.append(_query(conn, sql, {**params, **ids}))
             other = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.{table}_concept_id AS concept_id, "  # noqa: S608 (see _SQL_NOTE)
-                                 f"COUNT(*) AS n FROM {_t(source, table)} x JOIN cohort c ON x.person_id = c.person_id "
-                                 f"WHERE x.{table}_concept_id NOT IN :feature_ids GROUP BY x.{table}_concept_id",
+                                 f"COUNT(*) AS n FROM {_t(source, table)} x WHERE x.person_id {in_cohort} "
+                                 f"AND x.{table}_concept_id NOT IN :feature_ids GROUP BY x.{table}_concept_id",
                            {**params, **ids})
             for c, n in zip(other["concept_id"], other["n"], strict=True):
                 k = f"OMOP/{int(c)}" if pd.notna(c) else "OMOP/(none)"
                 unmapped[k] = unmapped.get(k, 0) + int(n)
+        conditions = None
+        if source.conditions is not None:
+            cids = [dictionary.get(f).omop_concept_id for f in source.conditions.features]
+            conditions = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
+                                      "x.condition_concept_id AS concept_id, COALESCE(x.condition_start_datetime, "
+                                      "CAST(x.condition_start_date AS TIMESTAMP)) AS t "
+                                      f"FROM {_t(source, 'condition_occurrence')} x WHERE x.person_id {in_cohort} "
+                                      "AND x.condition_concept_id IN :condition_ids",
+                                {**params, "condition_ids": cids})
         label_frames = []
         if source.label is not None:
             for table, ids in (("condition_occurrence", source.label.condition_concept_ids),
@@ -242,44 +338,18 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
                     start = "start_" if table == "condition_occurrence" else ""
                     sql = (f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
                            f"COALESCE(x.{prefix}_{start}datetime, CAST(x.{prefix}_{start}date AS TIMESTAMP)) AS t "
-                           f"FROM {_t(source, table)} x JOIN cohort c ON x.person_id = c.person_id "
-                           f"WHERE x.{prefix}_concept_id IN :label_ids")
+                           f"FROM {_t(source, table)} x WHERE x.person_id {in_cohort} "
+                           f"AND x.{prefix}_concept_id IN :label_ids")
                     label_frames.append(_query(conn, sql, {**params, "label_ids": list(ids)}))
-        person = _query(conn, f"SELECT person_id, person_source_value FROM {_t(source, 'person')}", {})  # noqa: S608 (see _SQL_NOTE)
-    return _assemble(cohort, frames, label_frames, person, unmapped, source=source, dictionary=dictionary)
-
-
-def _assemble(cohort, frames, label_frames, person, unmapped, *, source: OmopSource, dictionary) -> EhrExtract:
-    cohort = cohort.dropna(subset=["person_id"]).drop_duplicates("person_id")
-    index = pd.Series(pd.to_datetime(cohort["index_datetime"]).to_numpy(), index=cohort["person_id"].astype(np.int64))
-    if source.patient_id == "person_source_value":
-        names = dict(zip(person["person_id"].astype(np.int64), person["person_source_value"].astype(str), strict=True))
-    else:
-        names = {}
-    key = (lambda pid: names.get(int(pid), str(int(pid)))) if names else (lambda pid: str(int(pid)))
-    patients = [key(p) for p in index.index]
-    rows = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else \
-        pd.DataFrame(columns=["person_id", "concept_id", "t", "value", "unit"])
-    t = pd.to_datetime(rows["t"])
-    start = rows["person_id"].astype(np.int64).map(index)
-    hours = ((t - start) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
-    keep = (hours >= -24.0 * source.lookback_days) & (hours <= 24.0 * source.after_days)
-    rows = rows[keep]
-    events = pd.DataFrame({"patient_id": [key(p) for p in rows["person_id"]], "hours": hours[keep],
-                           "code": ["OMOP/" + str(int(c)) for c in rows["concept_id"]],
-                           "value": rows["value"].to_numpy(), "unit": rows["unit"].to_numpy()})
-    labels = None
-    if source.label is not None:
-        hits = set()
-        window = 24.0 * source.label.window_days
-        for lf in label_frames:
-            if len(lf):
-                h = ((pd.to_datetime(lf["t"]) - lf["person_id"].astype(np.int64).map(index))
-                     / pd.Timedelta(hours=1)).to_numpy(dtype=float)
-                hits |= {int(p) for p, x in zip(lf["person_id"], h, strict=True) if 0 <= x <= window}
-        labels = pd.Series({key(p): float(int(p) in hits) for p in index.index}, dtype=float)
-    notes = (f"rows outside the feature window ({source.lookback_days:g} day(s) before to {source.after_days:g} "
-             f"after the index time): {int((~keep).sum())}",)
-    return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,
-                   source="OMOP CDM v5.4", snapshot_hours=source.snapshot_hours, notes=notes,
-                   unmapped=unmapped)
+            if source.label.death:
+                label_frames.append(_query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
+                                                 "COALESCE(x.death_datetime, CAST(x.death_date AS TIMESTAMP)) AS t "
+                                                 f"FROM {_t(source, 'death')} x WHERE x.person_id {in_cohort}", params))
+        person = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, person_source_value, "  # noqa: S608 (see _SQL_NOTE)
+                              "gender_concept_id, year_of_birth, month_of_birth, day_of_birth, birth_datetime "
+                              f"FROM {_t(source, 'person')} WHERE person_id {in_cohort}", params)
+        periods = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, observation_period_start_date AS "  # noqa: S608 (see _SQL_NOTE)
+                               "start, observation_period_end_date AS stop "
+                               f"FROM {_t(source, 'observation_period')} WHERE person_id {in_cohort}", params)
+    return assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, source=source,
+                    dictionary=dictionary)

@@ -9,12 +9,18 @@ A source file names its site and exactly one of ``[omop]``, ``[meds]`` or ``[fhi
     label = { condition_concept_ids = [2000000100], window_days = 2.0 }
     patient_id = "person_source_value"
 
+    units = { glucose = "mg/dL" }        # rows without a unit: else refused
+    censored = "half_bound"              # "<0.5": "bound", "half_bound" or "refuse" (unset)
+
     [meds]                       # labels: a MEDS label file, relative to this file
     labels = "labels.parquet"
+    lookback_hours = 24.0        # required with labels
 
     [fhir]
     label_code = "ALARM/SHUNT"
     systems = { "https://clinograph.org/fhir/CodeSystem/alarm" = "ALARM" }
+
+Every key, with an example, is in docs/ehr_formats.md ("Every source-file key").
 
 The location (a .duckdb file, a folder, a database URL, a MEDS root, a FHIR export) is given
 apart, on the command line or in code: the same source file serves a test copy and production.
@@ -29,34 +35,32 @@ from clinograph.secure.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..ontology.dictionary import FeatureDictionary
+from .ehr_values import CensorPolicy
 from .extract import EhrExtract
-from .omop import OmopCohort, OmopLabel, OmopSource
+from .omop import OmopOptions, OmopSex, OmopSource
 
 SITE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 
 
-class OmopOptions(BaseModel):
-    """``[omop]``: :class:`OmopSource` without the site."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    cohort: OmopCohort
-    label: OmopLabel | None = None
-    cdm_schema: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-    patient_id: Literal["person_id", "person_source_value"] = "person_id"
-    lookback_days: float = Field(default=1.0, ge=0, allow_inf_nan=False)
-    after_days: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    snapshot_hours: float = Field(default=24.0, gt=0, allow_inf_nan=False)
-
-
 class MedsOptions(BaseModel):
-    """``[meds]``: the label file (None: unlabeled) and the time binning."""
+    """``[meds]``: the label file (None: unlabeled), the time binning, how far back features are read
+    (required with labels: no default turns a years-old event into a snapshot) and the units of
+    features whose events carry none."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     labels: str | None = None
     snapshot_hours: float = Field(default=24.0, gt=0, allow_inf_nan=False)
     lookback_hours: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    units: dict[str, str] = Field(default_factory=dict)
+    censored: CensorPolicy | None = None
+
+    @model_validator(mode="after")
+    def _lookback(self) -> MedsOptions:
+        if self.labels is not None and self.lookback_hours is None:
+            raise ValueError("with labels, declare lookback_hours: how far before the prediction time events are "
+                             "read as features (e.g. lookback_hours = 24.0)")
+        return self
 
 
 class FhirOptions(BaseModel):
@@ -68,6 +72,11 @@ class FhirOptions(BaseModel):
     systems: dict[str, str] = Field(default_factory=dict)
     patient_id: Literal["id", "identifier"] = "id"
     snapshot_hours: float = Field(default=24.0, gt=0, allow_inf_nan=False)
+    units: dict[str, str] = Field(default_factory=dict)
+    censored: CensorPolicy | None = None
+    sex: OmopSex | None = None
+    age: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    validate_: Literal["fields_read", "full"] = Field(default="fields_read", alias="validate")
 
 
 class EhrSourceConfig(BaseModel):
@@ -118,11 +127,13 @@ def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: Fe
 
         labels = None if config.meds.labels is None else (base or Path(".")) / config.meds.labels
         return read_meds(location, dictionary=dictionary, site=config.site, labels=labels,
-                         snapshot_hours=config.meds.snapshot_hours, lookback_hours=config.meds.lookback_hours)
+                         snapshot_hours=config.meds.snapshot_hours, lookback_hours=config.meds.lookback_hours,
+                         units=config.meds.units, censored=config.meds.censored)
     from .fhir import read_fhir
 
     f = config.fhir
     if f is None:  # the source model guarantees one of [omop], [meds], [fhir]; never silently assume
         raise ConfigError("The source file has no [omop], [meds] or [fhir] section; add the one your data uses.")
     return read_fhir(location, dictionary=dictionary, site=config.site, label_code=f.label_code, systems=f.systems,
-                     patient_id=f.patient_id, snapshot_hours=f.snapshot_hours)
+                     patient_id=f.patient_id, snapshot_hours=f.snapshot_hours, units=f.units, censored=f.censored,
+                     age=f.age, sex=f.sex, validate=f.validate_)

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..ingest.omop import OmopCohort, OmopLabel, OmopSource
+from ..ingest.omop_vocab import UNIT_CONCEPTS
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.schema import SiteSchema
 
@@ -28,6 +29,10 @@ INDEX_ORIGIN = pd.Timestamp("2024-01-01 00:00:00")
 #: The demo's local unit spellings as UCUM writes them (what an OMOP ETL puts in unit_source_value).
 UCUM = {"degF": "[degF]", "degC": "Cel", "mmHg": "mm[Hg]", "cmH2O": "cm[H2O]", "dyn.s/cm5": "dyn.s.cm-5",
         "1": "1"}
+
+
+#: UCUM code -> its standard unit concept (what an ETL puts in unit_concept_id; 0 if not listed)
+UNIT_CONCEPT_OF = {u: c for c, u in UNIT_CONCEPTS.items()}
 
 
 def ucum(unit: str | None) -> str | None:
@@ -62,8 +67,14 @@ def _metadata():
     md = sa.MetaData()
     big, i, d, ts, s, f = sa.BigInteger, sa.Integer, sa.Date, sa.DateTime, sa.String(50), sa.Double
     sa.Table("person", md, sa.Column("person_id", big, primary_key=True, autoincrement=False), sa.Column("gender_concept_id", i),
-             sa.Column("year_of_birth", i), sa.Column("race_concept_id", i), sa.Column("ethnicity_concept_id", i),
+             sa.Column("year_of_birth", i), sa.Column("month_of_birth", i), sa.Column("day_of_birth", i),
+             sa.Column("birth_datetime", ts), sa.Column("race_concept_id", i), sa.Column("ethnicity_concept_id", i),
              sa.Column("person_source_value", s))
+    sa.Table("observation_period", md, sa.Column("observation_period_id", big, primary_key=True, autoincrement=False),
+             sa.Column("person_id", big), sa.Column("observation_period_start_date", d),
+             sa.Column("observation_period_end_date", d), sa.Column("period_type_concept_id", i))
+    sa.Table("death", md, sa.Column("person_id", big, primary_key=True, autoincrement=False), sa.Column("death_date", d),
+             sa.Column("death_datetime", ts), sa.Column("death_type_concept_id", i))
     sa.Table("visit_occurrence", md, sa.Column("visit_occurrence_id", big, primary_key=True, autoincrement=False),
              sa.Column("person_id", big), sa.Column("visit_concept_id", i), sa.Column("visit_start_date", d),
              sa.Column("visit_start_datetime", ts), sa.Column("visit_end_date", d),
@@ -75,17 +86,26 @@ def _metadata():
         sa.Table(name, md, sa.Column(f"{name}_id", big, primary_key=True, autoincrement=False), sa.Column("person_id", big),
                  sa.Column(f"{name}_concept_id", i), sa.Column(f"{name}_date", d), sa.Column(f"{name}_datetime", ts),
                  sa.Column(f"{name}_type_concept_id", i), sa.Column("value_as_number", f),
-                 sa.Column("unit_source_value", s), sa.Column(f"{name}_source_value", s))
+                 sa.Column("unit_source_value", s), sa.Column(f"{name}_source_value", s),
+                 sa.Column("unit_concept_id", i), sa.Column("value_as_concept_id", i),
+                 *((sa.Column("operator_concept_id", i), sa.Column("value_source_value", s)) if name == "measurement"
+                   else (sa.Column("value_as_string", s),)))
     return md
 
 
 def omop_tables(table: pd.DataFrame, schema: SiteSchema, dictionary: FeatureDictionary) -> dict[str, pd.DataFrame]:
-    """The five CDM tables of one demo hospital, as DataFrames."""
+    """The CDM tables of one demo hospital, as DataFrames (``death`` empty: the demo's outcome is a
+    condition). Each person is observed from a year before to a year after the index time."""
     n = len(table)
     t0 = index_times(n)
     pid = np.arange(1, n + 1, dtype=np.int64)
-    person = pd.DataFrame({"person_id": pid, "gender_concept_id": 0, "year_of_birth": 1960, "race_concept_id": 0,
+    person = pd.DataFrame({"person_id": pid, "gender_concept_id": 0, "year_of_birth": 1960, "month_of_birth": None,
+                           "day_of_birth": None, "birth_datetime": pd.NaT, "race_concept_id": 0,
                            "ethnicity_concept_id": 0, "person_source_value": table[schema.patient_id].astype(str)})
+    period = pd.DataFrame({"observation_period_id": pid, "person_id": pid,
+                           "observation_period_start_date": (t0 - pd.Timedelta(days=365)).date,
+                           "observation_period_end_date": (t0 + pd.Timedelta(days=365)).date,
+                           "period_type_concept_id": EHR_TYPE})
     visit = pd.DataFrame({"visit_occurrence_id": pid, "person_id": pid, "visit_concept_id": ICU_VISIT,
                           "visit_start_date": t0.date, "visit_start_datetime": t0, "visit_end_date": t0.date,
                           "visit_type_concept_id": EHR_TYPE})
@@ -103,7 +123,10 @@ def omop_tables(table: pd.DataFrame, schema: SiteSchema, dictionary: FeatureDict
                              "value_as_number": 70.0, "unit_source_value": "mm[Hg]",
                              "source_value": "distractor", "kind": "numeric"})
     distract.loc[len(every7):, "unit_source_value"] = "/min"
-    out = {"person": person, "visit_occurrence": visit}
+    out = {"person": person, "observation_period": period, "visit_occurrence": visit,
+           "death": pd.DataFrame({"person_id": pd.Series([], dtype=np.int64), "death_date": pd.Series([], dtype=object),
+                                  "death_datetime": pd.Series([], dtype="datetime64[ns]"),
+                                  "death_type_concept_id": pd.Series([], dtype=np.int64)})}
     for name, sel in (("measurement", rows["kind"] != "binary"), ("observation", rows["kind"] == "binary")):
         part = rows[sel.to_numpy()]
         if name == "measurement":
@@ -113,7 +136,11 @@ def omop_tables(table: pd.DataFrame, schema: SiteSchema, dictionary: FeatureDict
             f"{name}_concept_id": part["concept_id"].astype(np.int64).to_numpy(),
             f"{name}_date": pd.DatetimeIndex(part["t"]).date, f"{name}_datetime": pd.DatetimeIndex(part["t"]),
             f"{name}_type_concept_id": EHR_TYPE, "value_as_number": part["value_as_number"].to_numpy(dtype=float),
-            "unit_source_value": part["unit_source_value"].to_numpy(), f"{name}_source_value": part["source_value"]})
+            "unit_source_value": part["unit_source_value"].to_numpy(), f"{name}_source_value": part["source_value"],
+            "unit_concept_id": part["unit_source_value"].map(UNIT_CONCEPT_OF).fillna(0).astype(np.int64).to_numpy(),
+            "value_as_concept_id": None,
+            **({"operator_concept_id": None, "value_source_value": None} if name == "measurement"
+               else {"value_as_string": None})})
     label = table[schema.label].to_numpy(dtype=int) if schema.label else np.zeros(n, int)
     sick, late = pid[label == 1], pid[(label == 0) & (pid % 11 == 0)]
     when = np.concatenate([t0[sick - 1] + pd.Timedelta(days=1), t0[late - 1] + pd.Timedelta(days=40)])

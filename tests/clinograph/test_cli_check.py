@@ -66,7 +66,7 @@ def test_check_previews_omop_meds_and_fhir_sources(tmp_path):
     assert "source: OMOP CDM v5.4" in r.output and "not in the dictionary" in r.output and "'OMOP/3012888'" in r.output
 
     write_meds(tmp_path / "meds", table, schema, D)
-    (tmp_path / "meds.toml").write_text(tomli_w.dumps({"site": "west", "meds": {"labels": "meds/labels.parquet"}}))
+    (tmp_path / "meds.toml").write_text(tomli_w.dumps({"site": "west", "meds": {"labels": "meds/labels.parquet", "lookback_hours": 24.0}}))
     r = _run(tmp_path / "meds.toml", tmp_path / "meds")
     assert r.exit_code == 0, r.output
     assert "source: MEDS" in r.output and f"patients: {len(table)}" in r.output

@@ -39,3 +39,16 @@ def assert_same(a, b, *, ids_b=None, rtol=0.0) -> None:
     pd.testing.assert_frame_equal(ca.drop(columns="value"), cb.drop(columns="value"))
     np.testing.assert_allclose(ca["value"], cb["value"], rtol=rtol, atol=0)
     assert sorted(a.labels.tolist()) == sorted(b.labels.tolist())
+
+
+def extended_dictionary():
+    """The demo dictionary plus age, sex, diastolic blood pressure and a condition (COPD)."""
+    from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
+
+    extra = (Feature(id="age", name="Age", kind="numeric", unit="a", reference_low=18, reference_high=90,
+                     physical_min=0, physical_max=130),
+             Feature(id="sex", name="Sex", kind="categorical", levels=("female", "male")),
+             Feature(id="diastolic_bp", name="Diastolic blood pressure", kind="numeric", unit="mmHg",
+                     reference_low=60, reference_high=90, codes={"loinc": "8462-4"}),
+             Feature(id="copd", name="COPD", kind="binary", omop_concept_id=255573))
+    return FeatureDictionary(name=D.name, version=D.version, features=(*D.features, *extra))

@@ -41,7 +41,7 @@ def test_csv_omop_meds_and_fhir_give_the_same_table(tmp_path, which):
 
     labels = write_meds(tmp_path / "meds", table, schema, D)
     subject = {str(i): p for i, p in enumerate(table[schema.patient_id])}
-    assert_same(from_csv, read_meds(tmp_path / "meds", dictionary=D, site=site, labels=labels).ingest(D),
+    assert_same(from_csv, read_meds(tmp_path / "meds", dictionary=D, site=site, labels=labels, lookback_hours=24.0).ingest(D),
                 ids_b=subject, rtol=1e-6)
 
     write_fhir(tmp_path / "fhir", table, schema, D)
@@ -58,3 +58,34 @@ def test_omop_on_a_real_postgresql_server(pg_url):
             source = demo_source(schema.site, cdm_schema=f"cdm_{schema.site}", cohort_sql=by_sql)
             assert_same(from_csv, read_omop(omop_engine(pg_url), source=source, dictionary=D).ingest(D))
     engine.dispose()
+
+
+def test_every_documented_source_key_parses_and_every_key_is_documented():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from clinograph.sdk.ingest.omop import (
+        OmopCohort,
+        OmopConditions,
+        OmopLabel,
+        OmopPerson,
+        OmopSex,
+    )
+    from clinograph.sdk.ingest.sources import EhrSourceConfig, FhirOptions, MedsOptions, OmopOptions
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "ehr_formats.md").read_text()
+    block = re.search(r"### Every source-file key\n\n```toml\n(.*?)```", doc, re.S).group(1)
+    data = tomllib.loads(block)
+    for kind in ("omop", "meds", "fhir"):
+        assert EhrSourceConfig.model_validate({"site": data["site"], kind: data[kind]}).kind == kind
+    documented = {"omop": set(data["omop"]), "meds": set(data["meds"]), "fhir": set(data["fhir"]),
+                  "person": set(data["omop"]["person"]), "conditions": set(data["omop"]["conditions"]),
+                  "sex": set(data["omop"]["person"]["sex"]), "label": set(data["omop"]["label"])}
+    for model, keys in ((OmopOptions, "omop"), (MedsOptions, "meds"), (FhirOptions, "fhir"), (OmopPerson, "person"),
+                        (OmopConditions, "conditions"), (OmopSex, "sex")):
+        names = {f.alias or n for n, f in model.model_fields.items()}
+        assert names <= documented[keys], (model.__name__, names - documented[keys])
+    label_keys = {*OmopLabel.model_fields} - {"observation_concept_ids", "death"}  # shown in the comment
+    assert label_keys <= documented["label"] and "observation_concept_ids" in block and "death = true" in block
+    assert all(k in block for k in OmopCohort.model_fields)

@@ -75,3 +75,75 @@ def test_broken_inputs(tmp_path):
         read_fhir(tmp_path / "bad.ndjson", dictionary=D, site="s", label_code=None)
     with pytest.raises(ConfigError, match="does not exist"):
         read_fhir(tmp_path / "none", dictionary=D, site="s", label_code=None)
+
+
+def _bp_panel(i, pid, when, sys_mmhg, dia):
+    return {"resourceType": "Observation", "id": f"bp{i}", "status": "final",
+            "code": {"coding": [{"system": LOINC, "code": "85354-9"}]}, "subject": {"reference": f"Patient/{pid}"},
+            "effectiveDateTime": when,
+            "component": [{"code": {"coding": [{"system": LOINC, "code": "8480-6"}]},
+                           "valueQuantity": {"value": sys_mmhg, "system": "http://unitsofmeasure.org", "code": "mm[Hg]"}},
+                          {"code": {"coding": [{"system": LOINC, "code": "8462-4"}]}, **dia}]}
+
+
+def test_patient_sex_and_age_components_absent_values_and_comparators(tmp_path):
+    from clinograph.sdk.ingest.omop import OmopSex
+    from ehr_helpers import extended_dictionary
+
+    d2 = extended_dictionary()
+    res = [{"resourceType": "Patient", "id": "p1", "gender": "female", "birthDate": "1964-01-01"},
+           {"resourceType": "Patient", "id": "p2", "gender": "unknown", "birthDate": "1990"},
+           _bp_panel(1, "p1", "2024-01-01T08:00:00Z", 120, {"valueQuantity": {"value": 10.0, "code": "kPa"}}),
+           _bp_panel(2, "p2", "2024-01-01T08:00:00Z", 110, {"dataAbsentReason": {"text": "not measured"}}),
+           _obs(3, "p1", "2345-7", "2024-01-01T08:00:00Z",
+                valueQuantity={"value": 1.0, "comparator": "<", "code": "mmol/L"}),
+           _obs(4, "p2", "2345-7", "2024-01-01T08:00:00Z", dataAbsentReason={"text": "error"})]
+    path = _ndjson(tmp_path / "x.ndjson", res)
+    with pytest.raises(SchemaError, match=r"feature 'glucose': 1 censored value\(s\).*\(e\.g\. x\.ndjson line 5\)"):
+        read_fhir(path, dictionary=d2, site="s", label_code=None, age="age",
+                  sex=OmopSex(feature="sex", male="male", female="female"))
+    ex = read_fhir(path, dictionary=d2, site="s", label_code=None, censored="bound", age="age",
+                   sex=OmopSex(feature="sex", male="male", female="female"))
+    t = ex.ingest(d2)
+    idx = d2.node_index()
+    assert sorted(t.value[t.node == idx["systolic_bp"]].tolist()) == [110.0, 120.0]
+    assert t.value[t.node == idx["diastolic_bp"]].tolist() == pytest.approx([75.006], abs=1e-3)  # 10 kPa
+    assert t.value[t.node == idx["glucose"]].tolist() == [1.0]
+    assert sorted(t.value[t.node == idx["age"]].tolist()) == pytest.approx([33.5, 60.0], abs=0.01)  # "1990": July
+    assert int((t.node == idx["sex=female"]).sum()) == 1 and int((t.node == idx["sex=male"]).sum()) == 0
+    notes = "\n".join(ex.report.notes)
+    assert "with a dataAbsentReason (read as missing): 2" in notes
+    assert "gender other than male/female (sex missing): 1" in notes
+
+
+def test_a_quantity_without_a_unit_is_refused_unless_declared(tmp_path):
+    res = [{"resourceType": "Patient", "id": "p1"},
+           _obs(1, "p1", "8867-4", "2024-01-01T08:00:00Z", valueQuantity={"value": 80}),
+           _obs(2, "p1", "2345-7", "2024-01-01T08:00:00Z", valueQuantity={"value": 5.0})]
+    path = _ndjson(tmp_path / "x.ndjson", res)
+    with pytest.raises(SchemaError) as err:
+        read_fhir(path, dictionary=D, site="s", label_code=None)
+    text = str(err.value)
+    assert "FHIR R4: feature 'heart_rate': 1 value(s) carry no unit (e.g. x.ndjson line 2)" in text
+    assert "FHIR R4: feature 'glucose': 1 value(s) carry no unit (e.g. x.ndjson line 3)" in text
+    t = read_fhir(path, dictionary=D, site="s", label_code=None,
+                  units={"heart_rate": "/min", "glucose": "mmol/L"}).ingest(D)
+    assert sorted(t.value.tolist()) == [5.0, 80.0]
+
+
+def test_strict_fields_and_full_validation(tmp_path):
+    res = [{"resourceType": "Patient", "id": "p1", "gender": "f"},
+           _obs(1, "p1", "8867-4", "2024-01-01T08:00:00Z", valueQuantity={"value": "80", "unit": "/min"}),
+           _obs(2, "p1", "8867-4", "yesterday", valueBoolean="true")]
+    with pytest.raises(SchemaError) as err:
+        read_fhir(_ndjson(tmp_path / "x.ndjson", res), dictionary=D, site="s", label_code=None)
+    text = str(err.value)
+    assert "Patient at x.ndjson line 1 does not validate (fields: gender)" in text
+    assert "line 2 does not validate (fields: valueQuantity.value" in text
+    assert "line 3 does not validate (fields: effectiveDateTime, valueBoolean)" in text
+    assert "yesterday" not in text
+    table, schema = demo_hospitals()[3]
+    ok = _ndjson(tmp_path / "ok.ndjson", fhir_resources(table.iloc[:3], schema, D))
+    fast = read_fhir(ok, dictionary=D, site="west", label_code=LABEL_CODE).ingest(D)
+    full = read_fhir(ok, dictionary=D, site="west", label_code=LABEL_CODE, validate="full").ingest(D)
+    assert_same(fast, full)

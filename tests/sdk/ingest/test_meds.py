@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from clinograph.sdk.ingest.meds import read_meds, split_code
 from clinograph.sdk.research.ehr_demo import write_meds
-from clinograph.secure.errors import ConfigError, SchemaError
+from clinograph.secure.errors import ConfigError, SchemaError, UnitError
 from ehr_helpers import D, demo_hospitals
 
 
@@ -39,13 +39,15 @@ def test_codes_units_snapshots_and_the_prediction_time(tmp_path):
             (1, None, "ALARM/HISTORY", 1.0),                          # static: snapshot of the prediction time
             (2, T0, "ICD10/J98", None), (2, T0, "loinc/8867-4", 80.0)]
     _shard(tmp_path, rows)
-    ex = read_meds(tmp_path, dictionary=D, site="s", labels=_labels(tmp_path / "l.parquet", [1, 2], T0))
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=_labels(tmp_path / "l.parquet", [1, 2], T0),
+                   lookback_hours=48.0, units={"heart_rate": "/min"})
     t = ex.ingest(D)
     assert t.n_snapshots == 2 and t.labels.tolist() == [1, 0]
     glucose = t.value[t.node == D.node_index()["glucose"]]
     assert glucose.tolist() == pytest.approx([5.0], rel=1e-6)       # mg/dL from the code, molar mass of glucose
     assert ex.report.unmapped_rows == 1 and "1 other code(s) not shown" in ex.report.unmapped_codes  # one row
     assert "after the prediction time: 1" in ex.report.notes[0]
+    assert any("'heart_rate' without a unit, read in the declared '/min': 2" in n for n in ex.report.notes)
 
 
 def test_split_code():
@@ -55,7 +57,7 @@ def test_split_code():
 
 def test_a_unit_column_wins_and_unlabeled_datasets(tmp_path):
     _shard(tmp_path, [(1, T0, "LOINC/8310-5", 98.6)], unit=pa.array(["[degF]"]))
-    t = read_meds(tmp_path, dictionary=D, site="s", labels=None).ingest(D)
+    t = read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None).ingest(D)
     assert t.value.tolist() == pytest.approx([37.0], rel=1e-4) and t.labels.tolist() == [-1]
 
 
@@ -64,11 +66,11 @@ def test_shards_that_do_not_fit_the_schema_are_all_named(tmp_path):
     pq.write_table(pa.table({"subject_id": pa.array([1]), "code": pa.array(["x"])}), tmp_path / "data" / "a.parquet")
     (tmp_path / "data" / "b.parquet").write_bytes(b"not parquet")
     with pytest.raises(SchemaError) as err:
-        read_meds(tmp_path, dictionary=D, site="s", labels=None)
+        read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
     text = str(err.value)
     assert "data/a.parquet does not fit the MEDS data schema" in text and "data/b.parquet is not a readable" in text
     with pytest.raises(ConfigError, match="has no Parquet shards under data/"):
-        read_meds(tmp_path / "none", dictionary=D, site="s", labels=None)
+        read_meds(tmp_path / "none", dictionary=D, site="s", labels=None, lookback_hours=None)
 
 
 def test_one_prediction_time_a_subject(tmp_path):
@@ -77,7 +79,7 @@ def test_one_prediction_time_a_subject(tmp_path):
                              "prediction_time": pa.array([T0, T0], pa.timestamp("us")),
                              "boolean_value": pa.array([True, False])}), tmp_path / "l.parquet")
     with pytest.raises(SchemaError, match="1 subject\\(s\\) have several prediction times"):
-        read_meds(tmp_path, dictionary=D, site="s", labels=tmp_path / "l.parquet")
+        read_meds(tmp_path, dictionary=D, site="s", labels=tmp_path / "l.parquet", lookback_hours=24.0)
 
 
 def test_the_demo_writer_fits_the_meds_schema(tmp_path):
@@ -88,3 +90,61 @@ def test_the_demo_writer_fits_the_meds_schema(tmp_path):
     shard = pq.read_table(tmp_path / "data" / "0.parquet")
     assert shard.schema.field("numeric_value").type == pa.float32()
     meds.DataSchema.validate(shard)
+
+
+def test_a_value_without_a_unit_is_refused_per_feature_naming_shard_rows(tmp_path):
+    _shard(tmp_path, [(1, T0, "LOINC/8867-4", 70.0), (1, T0, "LOINC/2345-7", 5.0),
+                      (2, T0, "LOINC/8867-4", 71.0), (2, T0, "LOINC/2345-7//mmol/L", 5.5)])
+    with pytest.raises(UnitError) as err:
+        read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
+    text = str(err.value)
+    assert "feature 'heart_rate': 2 value(s) carry no unit (e.g. data/0.parquet row 1, data/0.parquet row 3)" in text
+    assert "feature 'glucose': 1 value(s) carry no unit (e.g. data/0.parquet row 2)" in text
+    assert "units = { glucose = \"mmol/L\" } under [meds] in the source file" in text
+    assert "70" not in text and "5.5" not in text
+
+
+def test_mixed_convertible_units_in_one_feature_are_converted_row_by_row(tmp_path):
+    _shard(tmp_path, [(1, T0, "LOINC/2345-7//mg/dL", 90.078), (2, T0, "LOINC/2345-7//mmol/L", 6.0)])
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
+    t = ex.ingest(D)
+    assert sorted(t.value.tolist()) == pytest.approx([5.0, 6.0], rel=1e-6)
+    assert any("'glucose' converted row by row from mg/dL" in n for n in ex.report.notes)
+
+
+def test_presence_only_codes_are_present_and_the_lookback_is_required(tmp_path):
+    old = T0 - dt.timedelta(days=3 * 365)
+    _shard(tmp_path, [(1, T0, "ALARM/HISTORY", None),
+                      (1, old, "LOINC/8867-4//{beats}/min", 70.0), (1, T0, "LOINC/8867-4//{beats}/min", 80.0),
+                      (2, T0, "LOINC/8867-4", None)])
+    labels = _labels(tmp_path / "l.parquet", [1, 2], T0)
+    with pytest.raises(ConfigError, match="needs lookback_hours"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=labels, lookback_hours=None)
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=labels, lookback_hours=24.0)
+    t = ex.ingest(D)
+    idx = D.node_index()
+    assert t.value[t.node == idx["history_lvf"]].tolist() == [1.0]
+    assert t.n_snapshots == 1 and t.value[t.node == idx["heart_rate"]].tolist() == [80.0]
+    assert any("before the lookback (24.0 h before the prediction time; excluded): 1" in n for n in ex.report.notes)
+    assert any("numeric features without numeric_value (excluded): 1" in n for n in ex.report.notes)
+
+
+def test_declared_units_must_name_numeric_features(tmp_path):
+    _shard(tmp_path, [(1, T0, "LOINC/8867-4//{beats}/min", 70.0)])
+    with pytest.raises(SchemaError) as err:
+        read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None,
+                  units={"heart_rat": "/min", "history_lvf": "1"})
+    text = str(err.value)
+    assert "[meds] units: 'heart_rat' is not a feature" in text and "'heart_rate'" in text
+    assert "[meds] units: 'history_lvf' is binary; expected numeric" in text
+
+
+def test_a_censored_text_value_needs_a_declared_policy(tmp_path):
+    _shard(tmp_path, [(1, T0, "LOINC/2345-7//mmol/L", None), (1, T0, "LOINC/8867-4//{beats}/min", 70.0)],
+           text_value=pa.array(["<2.0", None]))
+    with pytest.raises(UnitError, match=r"feature 'glucose': 1 censored value\(s\).*data/0.parquet row 1"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None, censored="half_bound")
+    t = ex.ingest(D)
+    assert t.value[t.node == D.node_index()["glucose"]].tolist() == [1.0]
+    assert any("values read from text_value: 1" in n for n in ex.report.notes)

@@ -94,7 +94,8 @@ def test_missing_tables_and_columns_are_all_named(tmp_path):
     text = str(err.value)
     for table in ("visit_occurrence", "condition_occurrence", "observation"):
         assert f"OMOP table {table!r} is missing" in text
-    assert "'person' lacks column(s) ['person_source_value']" in text
+    assert "'person' lacks column(s) ['person_source_value', 'gender_concept_id'" in text
+    assert "OMOP table 'observation_period' is missing" in text
     assert "'measurement' lacks column(s) ['measurement_date'" in text
 
 
@@ -110,7 +111,7 @@ def test_a_bad_cohort_query_is_named_without_data(north_db):
 def test_source_configuration_is_strict():
     with pytest.raises(ValidationError, match="define the cohort one way"):
         OmopCohort(sql="SELECT 1", visit_concept_ids=(ICU_VISIT,))
-    with pytest.raises(ValidationError, match="needs condition_concept_ids or observation_concept_ids"):
+    with pytest.raises(ValidationError, match="needs condition_concept_ids, observation_concept_ids or death"):
         OmopLabel(window_days=1.0)
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         OmopSource.model_validate({"site": "a", "cohort": {"visit_concept_ids": [1]}, "label": None, "typo": 1})

@@ -1,0 +1,203 @@
+"""The OMOP reader's second half: the rows it queried -> events, labels and an :class:`EhrExtract`.
+
+Windows and observation periods are applied here, in pandas (the SQL stays the same on every
+dialect); each exclusion is counted. Values: ``value_as_number``, else a text-only value
+(``value_source_value`` / ``value_as_string``) that reads as a number with an optional
+comparison (``<0.5``); ``operator_concept_id`` marks censored values. Units: the row's
+``unit_concept_id`` through :data:`.omop_vocab.UNIT_CONCEPTS` (and the source file's
+``unit_concepts``), else its ``unit_source_value``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..ontology.dictionary import FeatureDictionary, FeatureKind
+from ..ontology.units import is_known_unit, same_unit
+from .ehr_values import _clean, declared_features
+from .extract import EhrExtract, to_long
+from .omop_vocab import FEMALE, MALE, OPERATOR_CONCEPTS, UNIT_CONCEPTS, parse_value_text
+
+AGE_UNIT = "a"  # UCUM: year (annum)
+
+
+def check_declared(source, dictionary: FeatureDictionary) -> None:  # noqa: ANN001 - an OmopSource
+    """``[omop.person]``, ``[omop.conditions]`` and ``units`` name dictionary features of the right kind.
+
+    Raises:
+        SchemaError: every bad declaration at once.
+    """
+    person = source.person
+    declared_features(section="[omop]", person_section="[omop.person]", age=person.age if person else None,
+                      sex=person.sex if person else None,
+                      conditions=source.conditions.features if source.conditions else (), units=source.units,
+                      dictionary=dictionary)
+
+
+def _in_period(pid: pd.Series, t: pd.Series, periods: pd.DataFrame) -> np.ndarray:
+    """True where the event's date lies in one of its person's observation periods (ends included)."""
+    if len(pid) == 0:
+        return np.zeros(0, dtype=bool)
+    ev = pd.DataFrame({"i": np.arange(len(pid)), "person_id": pid.to_numpy(dtype=np.int64),
+                       "d": pd.to_datetime(t).dt.normalize().to_numpy()})
+    per = pd.DataFrame({"person_id": periods["person_id"].astype(np.int64).to_numpy(),
+                        "start": pd.to_datetime(periods["start"]).to_numpy(),
+                        "stop": pd.to_datetime(periods["stop"]).to_numpy()})
+    m = ev.merge(per, on="person_id", how="inner")
+    hit = m.loc[(m["start"] <= m["d"]) & (m["d"] <= m["stop"]), "i"].to_numpy()
+    out = np.zeros(len(pid), dtype=bool)
+    out[hit] = True
+    return out
+
+
+def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes: list[str]) -> pd.Series:
+    """Each row's unit: its unit concept's UCUM code, else its unit_source_value."""
+    table = {**UNIT_CONCEPTS, **{int(k): v for k, v in extra.items()}}
+    concept = pd.to_numeric(rows["unit_concept"], errors="coerce").fillna(0).astype(np.int64)
+    text = _clean(rows["unit_text"])
+    mapped = concept.map(table)
+    unknown = (concept != 0) & mapped.isna()
+    if (unknown & text.isna()).any():
+        bad = sorted({int(c) for c in concept[unknown & text.isna()]})
+        problems.append(f"OMOP measurement/observation: unit_concept_id(s) {bad[:10]} are not in Clinograph's table of "
+                        f"standard unit concepts and the rows have no unit_source_value ({int((unknown & text.isna()).sum())} "
+                        "row(s)). Declare them in the source file: unit_concepts = { <id> = \"<UCUM code>\" } under [omop].")
+    both = mapped.notna() & text.notna()
+    pairs = {(a, b) for a, b in zip(mapped[both], text[both], strict=True) if a != b}
+    clash = [(a, b) for a, b in pairs if not same_unit(a, b)]
+    if clash:  # unit_source_value is shown only when it is a unit (else it may be any cell content)
+        shown = sorted({f"{a} vs {b}" for a, b in clash if is_known_unit(b)})
+        problems.append(f"OMOP measurement/observation: unit_concept_id and unit_source_value disagree on "
+                        f"{len(clash)} unit pair(s) ({'; '.join(shown[:5]) or 'not shown: cell contents'}). Fix the "
+                        "ETL's unit mapping (or unit_concepts in the source file).")
+    fallback = int((unknown & text.notna()).sum())
+    if fallback:
+        notes.append(f"rows whose unit_concept_id is not in the unit table, read by their unit_source_value: "
+                              f"{fallback}")
+    return mapped.where(mapped.notna(), text)
+
+
+def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -> tuple[pd.DataFrame, int, int]:  # noqa: ANN001
+    """Age (years at the index date) and sex events at the index time; persons of unknown sex or
+    birth year counted."""
+    spec = source.person
+    p = person.drop_duplicates("person_id").set_index(person["person_id"].drop_duplicates().astype(np.int64))
+    p = p.reindex(index.index)
+    out, unknown_sex, unknown_age = [], 0, 0
+    if spec.age:
+        year = pd.to_numeric(p["year_of_birth"], errors="coerce")
+        month = pd.to_numeric(p["month_of_birth"], errors="coerce").fillna(7)
+        day = pd.to_numeric(p["day_of_birth"], errors="coerce").fillna(1)
+        parts = pd.DataFrame({"year": year, "month": month, "day": day})
+        born = pd.to_datetime(p["birth_datetime"], errors="coerce")
+        born = born.where(born.notna(), pd.to_datetime(parts.where(year.notna()), errors="coerce"))
+        age = ((pd.to_datetime(index) - born.to_numpy()) / pd.Timedelta(days=365.25)).to_numpy(dtype=float)
+        out.append(pd.DataFrame({"person_id": index.index, "code": f"FEATURE/{spec.age}", "value": age,
+                                 "unit": AGE_UNIT}))
+        unknown_age = int(np.isnan(age).sum())
+    if spec.sex:
+        feat = dictionary.get(spec.sex.feature)
+        g = pd.to_numeric(p["gender_concept_id"], errors="coerce").to_numpy()
+        codes = {MALE: spec.sex.male, FEMALE: spec.sex.female}
+        val = [codes.get(int(x)) if np.isfinite(x) else None for x in g]
+        unknown_sex = sum(v is None for v in val)
+        if feat.kind == FeatureKind.BINARY:
+            val = [None if v is None else float(v) for v in val]
+        out.append(pd.DataFrame({"person_id": index.index, "code": f"FEATURE/{spec.sex.feature}",
+                                 "value": pd.Series(val, dtype=object), "unit": None}))
+    ev = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["person_id", "code", "value", "unit"])
+    ev = ev[ev["value"].notna().to_numpy()]
+    return ev.assign(hours=0.0, where="the person table"), unknown_sex, unknown_age  # person_id identifies a patient
+
+
+def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, *, source,  # noqa: ANN001, PLR0913
+             dictionary: FeatureDictionary) -> EhrExtract:
+    """Events, labels and counts of the queried rows (see the module docstring)."""
+    cohort = cohort.dropna(subset=["person_id"]).drop_duplicates("person_id")
+    index = pd.Series(pd.to_datetime(cohort["index_datetime"]).to_numpy(), index=cohort["person_id"].astype(np.int64))
+    names = (dict(zip(person["person_id"].astype(np.int64), person["person_source_value"].astype(str), strict=True))
+             if source.patient_id == "person_source_value" else {})
+    key = (lambda pid: names.get(int(pid), str(int(pid)))) if names else (lambda pid: str(int(pid)))
+    patients = [key(p) for p in index.index]
+    cols = ["source_table", "record_id", "person_id", "concept_id", "t", "value", "unit_text", "unit_concept",
+            "operator", "value_concept", "value_text"]
+    live = [f.astype({c: float for c in ("unit_concept", "operator", "value_concept")})
+            .astype({c: object for c in ("unit_text", "value_text")}) for f in frames if len(f)]  # one dtype a column
+    rows = pd.concat(live, ignore_index=True) if live else pd.DataFrame(columns=cols)
+    t = pd.to_datetime(rows["t"])
+    hours = ((t - rows["person_id"].astype(np.int64).map(index)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+    window = (hours >= -24.0 * source.lookback_days) & (hours <= 24.0 * source.after_days)
+    period = _in_period(rows["person_id"], t, periods)
+    value = pd.to_numeric(rows["value"], errors="coerce").to_numpy(dtype=float).copy()
+    op = pd.to_numeric(rows["operator"], errors="coerce").map(OPERATOR_CONCEPTS).to_numpy(dtype=object)
+    text_only = np.isnan(value) & rows["value_text"].notna().to_numpy()
+    from_text = 0
+    for i in np.flatnonzero(text_only):
+        number, text_op = parse_value_text(rows["value_text"].iat[i])
+        if number is not None:
+            value[i], from_text = number, from_text + 1
+            op[i] = text_op if text_op is not None else op[i]
+    no_number = np.isnan(value)
+    keep = window & period & ~no_number
+    problems: list[str] = []
+    unit_notes: list[str] = []
+    unit = _units(rows[keep], source.unit_concepts, problems, unit_notes)
+    kept = rows[keep]
+    name_of = pd.Series(patients, index=index.index)  # one key() call a person, not one a row
+    events = pd.DataFrame({"patient_id": kept["person_id"].astype(np.int64).map(name_of).to_numpy(),
+                           "hours": hours[keep],
+                           "code": ("OMOP/" + kept["concept_id"].astype(np.int64).astype(str)).to_numpy(),
+                           "value": value[keep],
+                           "unit": unit.to_numpy(), "censor": op[keep],
+                           "where": (kept["source_table"].astype(str) + "_id " + kept["record_id"].astype(str)).to_numpy()})
+    extra = []
+    unknown_sex = unknown_age = 0
+    if source.person is not None:
+        pe, unknown_sex, unknown_age = _person_events(person, index, source, dictionary)
+        extra.append(pe.assign(patient_id=[key(p) for p in pe["person_id"]]))
+    n_cond_excluded = 0
+    if conditions is not None:
+        ct = pd.to_datetime(conditions["t"])
+        ch = ((ct - conditions["person_id"].astype(np.int64).map(index)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+        cw = (ch >= -24.0 * source.conditions.lookback_days) & (ch <= 24.0 * source.after_days)
+        cp = _in_period(conditions["person_id"], ct, periods)
+        n_cond_excluded = int((~(cw & cp)).sum())
+        hit = conditions[cw & cp]
+        present = set(zip(hit["person_id"].astype(np.int64), hit["concept_id"].astype(np.int64), strict=True))
+        for fid in source.conditions.features:
+            cid = dictionary.get(fid).omop_concept_id
+            extra.append(pd.DataFrame({"patient_id": patients, "hours": 0.0, "code": f"OMOP/{cid}",
+                                       "value": [float((int(p), cid) in present) for p in index.index],
+                                       "unit": None, "where": "condition_occurrence"}))
+    if extra:
+        events = pd.concat([events, *[e.drop(columns=["person_id"], errors="ignore") for e in extra]],
+                           ignore_index=True)
+    labels = None
+    if source.label is not None:
+        hits = set()
+        span = 24.0 * source.label.window_days
+        for lf in label_frames:
+            if len(lf):
+                h = ((pd.to_datetime(lf["t"]) - lf["person_id"].astype(np.int64).map(index))
+                     / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+                hits |= {int(p) for p, x in zip(lf["person_id"], h, strict=True) if 0 <= x <= span}
+        labels = pd.Series({key(p): float(int(p) in hits) for p in index.index}, dtype=float)
+    n_window, n_period = int((~window).sum()), int((window & ~period).sum())
+    n_value = int((window & period & no_number).sum())
+    excluded = {"outside the feature window": n_window, "outside the person's observation periods": n_period,
+                "without a numeric value": n_value}
+    notes = (f"rows outside the feature window ({source.lookback_days:g} day(s) before to {source.after_days:g} "
+             f"after the index time): {n_window}",
+             f"rows outside the person's observation periods (excluded): {n_period}",
+             f"rows without a numeric value (value_as_concept_id only, or text that is no number; excluded): "
+             f"{n_value}",
+             *([f"values read from text (value_source_value / value_as_string): {from_text}"] if from_text else []),
+             *([f"persons of unknown sex (gender_concept_id not 8507/8532): {unknown_sex}"] if unknown_sex else []),
+             *([f"persons without a year of birth (age missing): {unknown_age}"] if unknown_age else []),
+             *([f"condition rows outside the window or periods: {n_cond_excluded}"] if conditions is not None else []),
+             *unit_notes)
+    return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,
+                   source="OMOP CDM v5.4", snapshot_hours=source.snapshot_hours, notes=notes, unmapped=unmapped,
+                   units=source.units, censored=source.censored, setting="[omop] in the source file",
+                   excluded=excluded, problems=problems)

@@ -1,0 +1,42 @@
+"""The few OMOP standard concepts the OMOP reader interprets itself: units, operators, gender.
+
+``UNIT_CONCEPTS`` maps standard concepts of the OMOP vocabulary's ``UCUM`` vocabulary (domain
+``Unit``, as an ETL writes them to ``unit_concept_id``) to their UCUM codes -- the concept's
+``concept_code`` in Athena. Only well-known ids are listed; a site adds its own in the source file
+(``unit_concepts = { 9876543 = "kPa" }``), and an id found in neither is refused by name, never
+guessed. ``0`` ("No matching concept") is no unit.
+
+``OPERATOR_CONCEPTS``: the ``Meas Value Operator`` concepts of ``measurement.operator_concept_id``
+(``<0.5`` is value 0.5 with operator ``<``). ``GENDER_CONCEPTS``: ``person.gender_concept_id``.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: OMOP unit concept id -> UCUM code (Athena: vocabulary_id = 'UCUM', concept_code)
+UNIT_CONCEPTS: dict[int, str] = {
+    8554: "%", 8541: "/min", 8876: "mm[Hg]", 8753: "mmol/L", 8840: "mg/dL", 8749: "umol/L",
+    8713: "g/dL", 8751: "mg/L", 8837: "ug/dL", 8842: "ng/mL", 8845: "pg/mL", 8736: "nmol/L",
+    8729: "pmol/L", 8725: "ng/L", 8645: "U/L", 8923: "[IU]/L", 8763: "U/mL", 8784: "{cells}/uL",
+    8848: "10*3/uL", 8815: "10*6/uL", 8583: "fL", 8587: "mL", 8795: "mL/min", 8588: "mm",
+    8752: "mm/h", 8555: "s", 8582: "cm", 9529: "kg", 8504: "g", 8511: "wk",
+}
+#: Meas Value Operator concepts
+OPERATOR_CONCEPTS: dict[int, str] = {4171756: "<", 4171754: "<=", 4172703: "=", 4172704: ">", 4171755: ">="}
+MALE, FEMALE = 8507, 8532
+GENDER_CONCEPTS = {MALE: "male", FEMALE: "female"}
+
+_CENSORED_TEXT = re.compile(r"^\s*(<=|>=|<|>|=)?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+
+
+def parse_value_text(text: object) -> tuple[float | None, str | None]:
+    """(number, operator) of a text-only value: ``"<0.5"`` -> (0.5, ``"<"``), ``"12"`` -> (12.0, None);
+    (None, None) when it is not a number with an optional comparison."""
+    if not isinstance(text, str):
+        return None, None
+    m = _CENSORED_TEXT.match(text)
+    if m is None:
+        return None, None
+    op = m.group(1)
+    return float(m.group(2)), (None if op in (None, "=") else op)

@@ -1,0 +1,228 @@
+"""OMOP as OMOP means it: unit concepts, censored values, observation periods, person, conditions,
+death, and the errors that name source records and counts (sdk/ingest/omop_assemble.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import sqlalchemy as sa
+from clinograph.sdk.ingest.omop import (
+    OmopConditions,
+    OmopLabel,
+    OmopPerson,
+    OmopSex,
+    omop_engine,
+    read_omop,
+)
+from clinograph.sdk.research.omop_demo import demo_source, omop_tables
+from clinograph.secure.errors import SchemaError, SourceUnavailable, UnitError
+from ehr_helpers import D, demo_hospitals, extended_dictionary
+
+GLUCOSE, SBP = D.get("glucose").omop_concept_id, D.get("systolic_bp").omop_concept_id
+
+
+def _db(tmp_path, edit=None, n=4):
+    """A small OMOP DuckDB of the west demo hospital; ``edit(tables)`` changes the tables first."""
+    table, schema = demo_hospitals()[3]
+    tables = omop_tables(table.iloc[:n], schema, D)
+    if edit:
+        edit(tables)
+    engine = sa.create_engine(f"duckdb:///{tmp_path / 'x.duckdb'}")
+    with engine.begin() as conn:
+        for name, df in tables.items():
+            df.to_sql(name, conn, index=False)
+    engine.dispose()
+    return omop_engine(tmp_path / "x.duckdb")
+
+
+def _rows(tables, concept):
+    m = tables["measurement"]
+    return m.index[m["measurement_concept_id"] == concept]
+
+
+def test_units_from_unit_concept_id_alone_and_no_unit_refused_by_record(tmp_path):
+    def only_concepts(t):
+        m = t["measurement"]
+        m["unit_concept_id"] = m["unit_concept_id"].astype(object)
+        m.loc[_rows(t, SBP), "unit_concept_id"] = 8876     # mm[Hg], the standard concept
+        m["unit_source_value"] = None
+        m.loc[_rows(t, GLUCOSE), "unit_concept_id"] = 0    # no matching concept: no unit
+    engine = _db(tmp_path, only_concepts)
+    with pytest.raises(UnitError) as err:
+        read_omop(engine, source=demo_source("west"), dictionary=D)
+    text = str(err.value)
+    assert "feature 'glucose': 4 value(s) carry no unit (e.g. measurement_id" in text
+    assert "units = { glucose = \"mmol/L\" } under [omop] in the source file" in text
+    assert "systolic_bp" not in text                      # read from unit_concept_id 8876
+    assert "feature 'temperature'" in text and "feature 'airway_pressure'" in text  # all named at once
+    declared = {f.id: f.unit for f in D.features if f.kind.value == "numeric"}
+    ex = read_omop(engine, source=demo_source("west").model_copy(update={"units": declared}), dictionary=D)
+    assert any("'glucose' without a unit, read in the declared 'mmol/L': 4" in n for n in ex.report.notes)
+
+
+def test_a_kpa_pressure_is_not_read_as_mmhg(tmp_path):
+    def kpa(t):
+        m = t["measurement"]
+        rows = _rows(t, SBP)
+        m.loc[rows, "value_as_number"] = 16.0
+        m.loc[rows, "unit_concept_id"] = 9_999_999       # a site's kPa concept the table does not list
+        m.loc[rows, "unit_source_value"] = None
+    engine = _db(tmp_path, kpa)
+    with pytest.raises(UnitError, match=r"unit_concept_id\(s\) \[9999999\] are not in Clinograph's table"):
+        read_omop(engine, source=demo_source("west"), dictionary=D)
+    source = demo_source("west").model_copy(update={"unit_concepts": {9_999_999: "kPa"}})
+    t = read_omop(engine, source=source, dictionary=D).ingest(D)
+    assert t.value[t.node == D.node_index()["systolic_bp"]].tolist() == pytest.approx([120.0] * 4, rel=1e-3)
+
+
+def test_mixed_units_in_one_feature_are_converted_row_by_row(tmp_path):
+    def mixed(t):
+        m = t["measurement"]
+        first = _rows(t, GLUCOSE)[0]
+        m.loc[first, "value_as_number"] = 90.078
+        m.loc[first, "unit_source_value"], m.loc[first, "unit_concept_id"] = "mg/dL", 8840
+    t = read_omop(_db(tmp_path, mixed), source=demo_source("west"), dictionary=D).ingest(D)
+    assert 5.0 in [round(v, 6) for v in t.value[t.node == D.node_index()["glucose"]]]
+
+
+def test_censored_values_need_a_declared_policy(tmp_path):
+    def censored(t):
+        m = t["measurement"]
+        rows = _rows(t, GLUCOSE)
+        m["operator_concept_id"] = m["operator_concept_id"].astype(object)
+        m.loc[rows[0], "operator_concept_id"] = 4171756       # "<"
+        m.loc[rows[0], "value_as_number"] = 3.0
+        m.loc[rows[1], "value_as_number"] = None              # text only
+        m.loc[rows[1], "value_source_value"] = "<2.0"
+        m.loc[rows[2], "value_as_number"] = None              # neither a number nor a readable text
+        m.loc[rows[2], "value_source_value"] = "see note"
+    engine = _db(tmp_path, censored)
+    with pytest.raises(UnitError, match=r"feature 'glucose': 2 censored value\(s\).*censored = \"bound\""):
+        read_omop(engine, source=demo_source("west"), dictionary=D)
+    ex = read_omop(engine, source=demo_source("west").model_copy(update={"censored": "half_bound"}), dictionary=D)
+    glucose = sorted(ex.ingest(D).value[ex.ingest(D).node == D.node_index()["glucose"]].tolist())
+    assert glucose[:2] == [1.0, 1.5] and len(glucose) == 3
+    assert any("censored values of 'glucose' read as half the bound below a limit: 2" in n for n in ex.report.notes)
+    assert any("rows without a numeric value" in n and n.endswith(": 1") for n in ex.report.notes)
+    assert any("values read from text" in n and n.endswith(": 1") for n in ex.report.notes)
+
+
+def test_events_outside_the_observation_period_are_excluded_and_counted(tmp_path):
+    def short(t):
+        p = t["observation_period"]
+        p.loc[0, "observation_period_end_date"] = p.loc[0, "observation_period_start_date"]
+    ex = read_omop(_db(tmp_path, short), source=demo_source("west"), dictionary=D)
+    n_first = int((omop_tables(demo_hospitals()[3][0].iloc[:4], demo_hospitals()[3][1], D)["measurement"]
+                   .pipe(lambda m: m[(m.person_id == 1) & (m.measurement_source_value != "distractor")]).shape[0]))
+    assert ex.report.excluded["outside the person's observation periods"] >= n_first > 0
+    assert ex.report.patients_without_events == 1
+
+
+def test_person_conditions_and_death(tmp_path):
+    d2 = extended_dictionary()
+
+    def add(t):
+        p = t["person"]
+        p["gender_concept_id"] = [8507, 8532, 0, 8507]
+        p["year_of_birth"] = [1950, 1980, 1990, 2000]
+        p["month_of_birth"] = [1, None, None, None]
+        p["day_of_birth"] = [1, None, None, None]
+        c = t["condition_occurrence"]
+        t0 = t["visit_occurrence"]["visit_start_datetime"]
+        extra = pd.DataFrame({"condition_occurrence_id": [900, 901], "person_id": [1, 2],
+                              "condition_concept_id": 255573,
+                              "condition_start_date": [(t0[0] - pd.Timedelta(days=100)).date(),
+                                                       (t0[1] - pd.Timedelta(days=900)).date()],
+                              "condition_start_datetime": [t0[0] - pd.Timedelta(days=100),
+                                                           t0[1] - pd.Timedelta(days=900)],
+                              "condition_type_concept_id": 32817})
+        t["condition_occurrence"] = pd.concat([c, extra], ignore_index=True)
+        t["death"] = pd.DataFrame({"person_id": [3], "death_date": [(t0[2] + pd.Timedelta(days=5)).date()],
+                                   "death_datetime": [t0[2] + pd.Timedelta(days=5)], "death_type_concept_id": [32817]})
+    source = demo_source("west").model_copy(update={
+        "person": OmopPerson(age="age", sex=OmopSex(feature="sex", male="male", female="female")),
+        "conditions": OmopConditions(features=("copd",), lookback_days=365.0),
+        "label": OmopLabel(death=True, window_days=30.0)})
+    ex = read_omop(_db(tmp_path, add), source=source, dictionary=d2)
+    t = ex.ingest(d2)
+    idx, ids = d2.node_index(), list(t.patient_ids)
+    age = dict(zip([ids[p] for p in t.patient[t.node == idx["age"]]], t.value[t.node == idx["age"]], strict=True))
+    first = ids[0]
+    assert age[first] == pytest.approx(74.0, abs=0.01)                       # 1950-01-01 to 2024-01-01
+    assert t.value[t.node == idx["copd"]].tolist() == [1.0, 0.0, 0.0, 0.0]  # 900 days ago: outside the window
+    assert int(((t.node == idx["sex=male"])).sum()) == 2 and int((t.node == idx["sex=female"]).sum()) == 1
+    assert any("persons of unknown sex" in n and n.endswith(": 1") for n in ex.report.notes)
+    assert sorted(t.labels.tolist()) == [0, 0, 0, 1]
+
+
+def test_declarations_that_do_not_fit_the_dictionary_are_all_named(tmp_path):
+    source = demo_source("west").model_copy(update={
+        "person": OmopPerson(age="glucosee", sex=OmopSex(feature="history_lvf", male="m", female="f")),
+        "conditions": OmopConditions(features=("glucose",), lookback_days=1.0)})
+    with pytest.raises(SchemaError) as err:
+        read_omop(_db(tmp_path), source=source, dictionary=D)
+    text = str(err.value)
+    assert "[omop.person] age: 'glucosee' is not a feature" in text
+    assert "[omop.conditions] features: 'glucose' is numeric; expected binary" in text
+    assert "[omop.person] sex: male/female must be ['0', '1']" in text
+
+
+def test_an_unreachable_database_is_not_missing_tables():
+    engine = omop_engine("postgresql+psycopg://reader:secret@127.0.0.1:1/cdm")
+    with pytest.raises(SourceUnavailable, match=r"Cannot connect to the OMOP database .*127.0.0.1:1/cdm") as err:
+        read_omop(engine, source=demo_source("x"), dictionary=D)
+    assert "secret" not in str(err.value) and "missing" not in str(err.value)
+
+
+def test_an_empty_window_prints_the_readers_counts(tmp_path):
+    source = demo_source("west").model_copy(update={"lookback_days": 0.0, "after_days": 0.0,
+                                                    "cohort": demo_source("west", cohort_sql=True).cohort.model_copy(
+                                                        update={"sql": "SELECT person_id, visit_start_datetime + "
+                                                                "INTERVAL 5 DAY AS index_datetime FROM "
+                                                                "visit_occurrence"})})
+    ex = read_omop(_db(tmp_path), source=source, dictionary=D)
+    with pytest.raises(SchemaError, match=r"holds no event to ingest \(4 patient\(s\) in the cohort; rows read: \d+, "
+                                          r"mapped to the dictionary: 0, outside the feature window: \d+") as err:
+        ex.ingest(D)
+    assert "is empty (0 rows)" not in str(err.value)
+
+
+def test_ingest_errors_name_source_records_not_long_table_rows(tmp_path):
+    def impossible(t):
+        m = t["measurement"]
+        m.loc[_rows(t, GLUCOSE)[1], "value_as_number"] = -5.0
+    ex = read_omop(_db(tmp_path, impossible), source=demo_source("west"), dictionary=D)
+    with pytest.raises(SchemaError) as err:
+        ex.ingest(D)
+    text = str(err.value)
+    rec = ex.table.loc[ex.table["value"] < 0, "source_record"].item()
+    assert f"source record {rec}: physically impossible value" in text and rec.startswith("measurement_id ")
+    assert "row " not in text and "-5" not in text
+
+
+def test_unit_text_that_is_no_unit_is_not_shown_and_disagreements_are_named(tmp_path):
+    def odd(t):
+        m = t["measurement"]
+        rows = _rows(t, GLUCOSE)
+        m.loc[rows[0], "unit_concept_id"], m.loc[rows[0], "unit_source_value"] = 0, "ZQXCANARY"
+        m.loc[rows[1], "unit_concept_id"], m.loc[rows[1], "unit_source_value"] = 8840, "ZQXCANARY2"
+        m.loc[rows[2], "unit_concept_id"], m.loc[rows[2], "unit_source_value"] = 8840, "mmol/L"
+    with pytest.raises(UnitError) as err:
+        read_omop(_db(tmp_path, odd), source=demo_source("west"), dictionary=D)
+    text = str(err.value)
+    assert "feature 'glucose': 1 unit string(s) are not known units (not shown: cell contents)" in text
+    assert "disagree on 2 unit pair(s) (mg/dL vs mmol/L)" in text
+    assert "ZQXCANARY" not in text
+
+
+def test_an_unknown_unit_concept_with_a_source_unit_is_read_by_it_and_counted(tmp_path):
+    def local(t):
+        m = t["measurement"]
+        rows = _rows(t, SBP)
+        m.loc[rows, "value_as_number"] = 16.0
+        m.loc[rows, "unit_concept_id"] = 9_999_999
+        m.loc[rows, "unit_source_value"] = "kPa"
+    ex = read_omop(_db(tmp_path, local), source=demo_source("west"), dictionary=D)
+    assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["systolic_bp"]].tolist() == \
+        pytest.approx([120.0] * 4, rel=1e-3)
+    assert any("not in the unit table, read by their unit_source_value: 4" in n for n in ex.report.notes)
