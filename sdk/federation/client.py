@@ -44,7 +44,8 @@ class HospitalClient:
         """``state_dir``: where the hospital keeps its audit anchor and last global model
         (:mod:`.anchor`); with it, a restarted hospital resumes where it stopped and refuses a
         rolled-back server, and after every round it writes the model it would keep so far
-        (selected on validation, calibrated; TorchScript + sidecar) to :attr:`model_path`, ready
+        (selected on validation, calibrated; safetensors weights + a description signed with its
+        identity) to :attr:`model_path`, ready
         for ``clinograph predict`` without the federation. None: nothing is kept (in-memory
         replay guard only)."""
         self.name = identity.name
@@ -64,7 +65,7 @@ class HospitalClient:
         self.outgoing: list[bytes] = []  # every byte this hospital sent (for audits and tests)
         self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
         self.anchor = HospitalAnchor(state_dir, server=server) if state_dir is not None else None
-        self.model_path = (Path(state_dir) / "models" / f"{federation_id}.pt"
+        self.model_path = (Path(state_dir) / "models" / f"{federation_id}.safetensors"
                            if state_dir is not None and getattr(task, "exportable", False) else None)
         if self.anchor is not None:
             self._resume(federation_id)
@@ -151,7 +152,7 @@ class HospitalClient:
             self.anchor.keep_model(plan.federation_id, self._global)
         self.task.after_round()
         if self.model_path is not None and plan.federation_id == self.model_path.stem:
-            self.task.export_kept(self.model_path)  # type: ignore[attr-defined]
+            self.task.export_kept(self.model_path, signer=self.identity)  # type: ignore[attr-defined]
 
     # -- using the model at the hospital ------------------------------------------------------
     def predict_table(self, table):  # noqa: ANN001, ANN201 - a PatientTable -> np.ndarray
