@@ -22,6 +22,7 @@ from clinograph.cli import app
 
 runner = CliRunner()
 HOSPITAL = Identity.generate("north")  # the exporting hospital's signing identity
+KEY = HOSPITAL.public.b64()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_export_loads_without_the_federation_and_matches(tmp_path, trained):
     np.testing.assert_array_equal(predict_exported(loaded, trained.table), trained.predict_table(trained.table))
 
 
-def _predict(tmp_path, model_path, table, schema, dictionary=DICTIONARY_PATH, key=HOSPITAL.public.b64(), extra=()):
+def _predict(tmp_path, model_path, table, schema, dictionary=DICTIONARY_PATH, key=KEY, extra=()):
     """Write ``table`` and ``schema`` under ``tmp_path`` and run `clinograph predict` on them."""
     table.to_csv(tmp_path / "new.csv", index=False)
     (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))

@@ -13,7 +13,7 @@ import pytest
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation, run_simulation
 from clinograph.sdk.ingest import ingest
-from clinograph.sdk.model.export import load_exported, predict_survival_exported
+from clinograph.sdk.model.load import load_exported, predict_survival_exported
 from clinograph.sdk.privacy import PrivacyLedger
 
 pytest.importorskip("lifelines")
@@ -46,9 +46,11 @@ def test_survival_federation_under_local_dp_through_the_runtime_then_export(tmp_
         assert 0 <= m["cindex"] <= 1 and m["known"] <= m["n"]
     for s in sites:
         task = sim.hospitals[s].task
-        path, _ = task.export(tmp_path / f"{s}.pt")
-        module, info = load_exported(path)
+        me = sim.hospitals[s].identity
+        path, _ = task.export(tmp_path / f"{s}.safetensors", signer=me)
+        loaded = load_exported(path, trusted=me.public)
         new = task.table.subset(task.split.test)
-        _, surv, risk = predict_survival_exported(module, info, new)
-        np.testing.assert_allclose(risk[:, info["horizons"].index(12.0)], task.predict_table(new), atol=1e-9)
+        _, surv, risk = predict_survival_exported(loaded, new)
+        horizons = loaded.description.survival.horizons
+        np.testing.assert_allclose(risk[:, horizons.index(12.0)], task.predict_table(new), atol=1e-9)
         np.testing.assert_allclose(surv, task.predict_survival_table(new), atol=1e-9)

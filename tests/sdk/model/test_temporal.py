@@ -20,6 +20,7 @@ from clinograph.sdk.privacy import star_loss, unused_star_parameters
 from clinograph.sdk.research import timeseries as ts
 from clinograph.sdk.training import bce
 from clinograph.secure.errors import ConfigError
+from clinograph.secure.identity import Identity
 from clinograph.secure.spec import ModuleKind
 from opacus import GradSampleModule
 
@@ -198,4 +199,4 @@ def test_predict_table_scores_new_patients_from_their_sequences(tables, tmp_path
     later = t.subset(np.arange(10))
     assert np.allclose(task.predict_table(later), task.predict()[:10], atol=1e-6)
     with pytest.raises(ConfigError, match="temporal model"):
-        task.export(tmp_path / "m.pt")
+        task.export(tmp_path / "m.safetensors", signer=Identity.generate("h"))
