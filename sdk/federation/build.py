@@ -26,6 +26,13 @@ from .split import hospital_split
 from .task import Task
 
 
+def _signer(identity: Identity | None, table: PatientTable) -> Identity:
+    if identity is None:
+        raise ConfigError(f"Hospital {table.site!r} trains with DP but was given no signing identity for its privacy "
+                          "ledger (there is no unsigned ledger): pass identity=, the hospital's Identity.")
+    return identity
+
+
 def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig,
                state_dir: Path | None = None, identity: Identity | None = None) -> Task:
     """The hospital's task for ``config.task`` over its ingested ``table``; with ``identity``, its DP
@@ -51,7 +58,7 @@ def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: Ho
             raise ConfigError(f"Hospital {table.site!r} trains with distributed DP but has no state directory for "
                               "its ledger: set [privacy] state_dir (or pass state_dir).")
         return DistributedDPTask(table, dictionary=dictionary, config=config, split=split,
-                                 policy=hospital_policy(config), state_dir=Path(root))
+                                 policy=hospital_policy(config), state_dir=Path(root), signer=_signer(identity, table))
     if config.task == "nsfl":
         return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir,
                         signer=identity)

@@ -68,6 +68,10 @@ class NSFLTask(SelectedCalibrated):
                 raise ConfigError(f"Hospital {table.site!r} trains with DP but has no state directory for its privacy "
                                   "ledger: set [privacy] state_dir (or pass state_dir).")
             root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else Path(state_dir)  # type: ignore[arg-type]
+            if signer is None:
+                raise ConfigError(f"Hospital {table.site!r} trains with DP but was given no signing identity for its "
+                                  "privacy ledger (there is no unsigned ledger): pass signer= (build_task: identity=), "
+                                  "the hospital's Identity.")
         if config.target.kind == "survival":
             from ..ingest.survival import days_per
             from ..training.survival import SurvivalTrainer
