@@ -179,7 +179,7 @@ def test_temporal_task_trains_under_patient_level_dp(tables, tmp_path):
                          graph={"k_similar": 0}, privacy={"enabled": True, "noise_multiplier": 1.0, "batch_size": 8,
                                                           "state_dir": str(tmp_path)})
     t = tables[0]
-    task = build_task(t, dictionary=t.dictionary, config=cfg)
+    task = build_task(t, dictionary=t.dictionary, config=cfg, identity=Identity.generate(t.site))
     fi, x, m, y = task.trainer.dataset.tensors
     assert fi.shape[1:] == (WINDOW, fi.shape[2]) and len(y) == len(task.split.train)  # one row a patient
     before = task.modules.get("temporal/combine")
