@@ -143,7 +143,7 @@ class FederationServer:
                                                         **self.strategy.plan_options()}
         options.update({f"strategy.{k}": v for k, v in self.strategy.constructor_options().items()})
         options.update({f"weight/{c}": float(w) for c, w in weights.items()})
-        options.update(self._audit_head())
+        options.update(self._audit_head(tuple(participants)))
         plan = RoundPlan(
             federation_id=self.federation_id, round=self.round, participants=tuple(sorted(participants)),
             spec=self.spec, dictionary_hash=self.dictionary_hash, secure_mode=self.mode.name,
@@ -342,13 +342,31 @@ class FederationServer:
                          for n, v in ledgers.items()}
 
     # -- helpers -------------------------------------------------------------------------
-    def _audit_head(self) -> dict[str, int | str]:
+    def _audit_head(self, participants: tuple[str, ...]) -> dict[str, int | str]:
         """The audit trail's head as signed plan options (``audit.seq``, ``audit.head``): hospitals
-        keep the latest they saw and refuse a server that presents an older one (rollback)."""
+        keep the latest they saw and refuse a server that presents an older one (rollback) or one
+        that does not extend it (a fork). ``audit.proof`` holds the entries since an entry at or
+        before every participant's anchor (``audit.proof_from``, :mod:`.audit.consistency`): the
+        plan of the round before the last one each participant contributed to (any plan it saw
+        since is later), or the whole log for a participant that never contributed."""
         head = getattr(self.audit, "head", None)
         if head is None or not isinstance(getattr(head, "seq", None), int):
             return {}
-        return {"audit.seq": int(head.seq), "audit.head": str(head.hash)}
+        options: dict[str, int | str] = {"audit.seq": int(head.seq), "audit.head": str(head.hash)}
+        plan_seq, segment = getattr(self.audit, "plan_entry_seq", None), getattr(self.audit, "segment", None)
+        if not (callable(plan_seq) and callable(segment)):
+            return options
+        last: dict[str, int] = {}
+        for result in self.history:
+            last.update(dict.fromkeys(result.contributors, result.round))
+        starts = [-1]
+        for p in participants:
+            r = last.get(p)
+            before = plan_seq(r - 1) if r is not None and r > 0 else None
+            starts.append(before if isinstance(before, int) and before <= head.seq else -1)
+        start = min(starts[1:]) if participants else -1
+        options.update({"audit.proof_from": start, "audit.proof": segment(start).decode("ascii")})
+        return options
 
     def _record_strategy(self, round_: int) -> None:
         """The strategy's audit hook: a strategy may define ``audit_records(round_)`` returning
