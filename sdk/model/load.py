@@ -71,12 +71,12 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
                         why=f"model {path.name} is loaded without checking who signed its description")
         trusted = None
     data = _read(path, limit=MAX_WEIGHTS_BYTES, what="weights file")
-    for magic, kind in _CODE_MAGIC.items():
-        if data.startswith(magic):
-            raise IntegrityError(f"Model {path} is {kind}: a file that runs code when loaded. Clinograph loads "
-                                 "models only as safetensors weights with a signed description, and never runs a "
-                                 "model file. Fix: re-export it with NSFLTask.export (writes model.safetensors + "
-                                 "model.safetensors.json).")
+    kind = code_kind(data)
+    if kind is not None:
+        raise IntegrityError(f"Model {path} is {kind}: a file that runs code when loaded. Clinograph loads "
+                             "models only as safetensors weights with a signed description, and never runs a "
+                             "model file. Fix: re-export it with NSFLTask.export (writes model.safetensors + "
+                             "model.safetensors.json).")
     description = open_description(_read(sidecar, limit=MAX_DESCRIPTION_BYTES, what="description"), source=sidecar,
                                    trusted=trusted)
     digest = hashlib.sha256(data).hexdigest()
@@ -86,6 +86,16 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
                              "belongs to another export. Fix: use the two files of one export, as the hospital wrote "
                              "them.")
     return ExportedModel(module=_build(description, data, path), description=description, path=path)
+
+
+def code_kind(data: bytes) -> str | None:
+    """What ``data`` is if it is a format that runs code when loaded (TorchScript or ``torch.save``
+    zip, pickle), else None. A safetensors file (8-byte little-endian header length, then a JSON
+    header) is never one, whatever its first byte."""
+    n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if 0 < n <= len(data) - 8 and data[8:9] == b"{":
+        return None
+    return next((kind for magic, kind in _CODE_MAGIC.items() if data.startswith(magic)), None)
 
 
 def _read(path: Path, *, limit: int, what: str) -> bytes:

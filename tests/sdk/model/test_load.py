@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import torch
 from clinograph.sdk.config import NSFLConfig
-from clinograph.sdk.model.description import ModelDescription, sign_description
+from clinograph.sdk.model.description import ModelDescription
 from clinograph.sdk.model.export import export_model, star_risk
 from clinograph.sdk.model.load import (
     check_probabilities,
     check_survival,
+    code_kind,
     load_exported,
     predict_exported,
 )
@@ -149,6 +150,19 @@ def test_a_torchscript_file_is_refused_and_never_loaded(tmp_path, monkeypatch):
         warnings.simplefilter("ignore", InsecureOptionWarning)
         load_exported(pickled, trusted=None, insecure_untrusted_model=True)
     assert calls == [] and not marker.exists()
+
+
+def test_a_safetensors_file_is_never_taken_for_code_whatever_its_first_byte():
+    # regression: a header length whose low byte is 0x80 (the pickle opcode PROTO) was refused as a pickle
+    from safetensors.torch import load, save
+
+    for pad in range(300):
+        data = save({"w": torch.zeros(2)}, metadata={"pad": "x" * pad})
+        if data[0] == 0x80:
+            break
+    assert data[0] == 0x80 and code_kind(data) is None and torch.equal(load(data)["w"], torch.zeros(2))
+    assert code_kind(b"\x80\x04" + b"\x00" * 16) == "a Python pickle"
+    assert code_kind(b"PK\x03\x04" + b"\x00" * 16) == "a zip archive (TorchScript or torch.save)"
 
 
 def test_no_trusted_key_is_a_config_error_and_the_insecure_option_warns(tmp_path):
