@@ -122,7 +122,7 @@ class HospitalAnchor:
                 try:
                     check_extension(anchored_seq=last.audit_seq, anchored_head=str(last.audit_head), seq=seq,
                                     head=str(head), proof=plan.options.get(PROOF),
-                                    proof_from=plan.options.get(PROOF_FROM))
+                                    proof_from=plan.options.get(PROOF_FROM), server=self.server)
                 except IntegrityError as exc:
                     raise RollbackDetected(
                         f"Plan for round {plan.round} of federation {plan.federation_id!r} presents audit entry {seq} "

@@ -10,15 +10,17 @@ the new head grew from the anchored one. A server rolled back to an earlier copy
 present such a chain whatever sequence number it reaches, short of rewriting its log to contain
 the anchored entries -- which is then no longer a rollback.
 
-The proof needs no signature: it is checked against the heads, which the server signed in the
-plans. Entries before seq+1 in the proof are ignored (the server starts the proof early enough
+The links need no signature of their own -- they are checked against the heads, which the
+server signed in the plans -- but each entry's server signature is checked too, so that any
+changed byte of a proof is refused. Entries before seq+1 in the proof are ignored (the server starts the proof early enough
 for every participant, :meth:`AuditTrail.segment`).
 """
 
 from __future__ import annotations
 
 from ..errors import IntegrityError
-from .entry import parse_entry
+from ..identity import PublicIdentity
+from .entry import check_entry_signature, parse_entry
 
 PROOF = "audit.proof"
 PROOF_FROM = "audit.proof_from"
@@ -27,9 +29,10 @@ MAX_PROOF_BYTES = 64 * 2**20
 
 
 def check_extension(*, anchored_seq: int, anchored_head: str, seq: int, head: str, proof: object,
-                    proof_from: object) -> None:
+                    proof_from: object, server: PublicIdentity) -> None:
     """Raise :class:`IntegrityError` unless ``proof`` links entry ``anchored_seq`` (hash
-    ``anchored_head``) to entry ``seq`` (hash ``head``), ``seq > anchored_seq``."""
+    ``anchored_head``) to entry ``seq`` (hash ``head``), ``seq > anchored_seq``, through entries
+    signed by ``server``."""
     if not isinstance(proof, str) or isinstance(proof_from, bool) or not isinstance(proof_from, int):
         raise IntegrityError("the plan carries no proof that its audit head extends the anchored one")
     if len(proof) > MAX_PROOF_BYTES:
@@ -45,6 +48,7 @@ def check_extension(*, anchored_seq: int, anchored_head: str, seq: int, head: st
         if index <= anchored_seq:
             continue
         entry = parse_entry(line, index=index)  # its own hash, recomputed from its content
+        check_entry_signature(entry, server)
         if entry.prev != prev:
             raise IntegrityError(f"audit entry {index} of its proof does not follow entry {index - 1} "
                                  f"({prev[:12]}…) that this hospital holds")
