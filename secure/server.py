@@ -116,6 +116,7 @@ class FederationServer:
         self.round = 0
         self.history: list[RoundResult] = []
         self._current: OpenRound | None = None
+        self._plan_heads: dict[int, int] = {}  # round -> audit.seq its (latest) plan presented
         self._ledgers: dict[str, LedgerTrack] = {}  # last accepted ledger per hospital (dp_checks)
         audit.record("manifest", {
             "federation_id": federation_id,
@@ -144,6 +145,8 @@ class FederationServer:
         options.update({f"strategy.{k}": v for k, v in self.strategy.constructor_options().items()})
         options.update({f"weight/{c}": float(w) for c, w in weights.items()})
         options.update(self._audit_head(tuple(participants)))
+        if isinstance(options.get("audit.seq"), int):
+            self._plan_heads[self.round] = int(options["audit.seq"])
         plan = RoundPlan(
             federation_id=self.federation_id, round=self.round, participants=tuple(sorted(participants)),
             spec=self.spec, dictionary_hash=self.dictionary_hash, secure_mode=self.mode.name,
@@ -347,8 +350,9 @@ class FederationServer:
         keep the latest they saw and refuse a server that presents an older one (rollback) or one
         that does not extend it (a fork). ``audit.proof`` holds the entries since an entry at or
         before every participant's anchor (``audit.proof_from``, :mod:`.audit.consistency`): the
-        plan of the round before the last one each participant contributed to (any plan it saw
-        since is later), or the whole log for a participant that never contributed."""
+        head this server's plan presented in the last round each participant contributed to (it
+        anchored that plan or a later one); after a restart, the ``round_plan`` entry of the round
+        before (an earlier entry); the whole log for a participant that never contributed."""
         head = getattr(self.audit, "head", None)
         if head is None or not isinstance(getattr(head, "seq", None), int):
             return {}
@@ -359,12 +363,11 @@ class FederationServer:
         last: dict[str, int] = {}
         for result in self.history:
             last.update(dict.fromkeys(result.contributors, result.round))
-        starts = [-1]
+        start = int(head.seq)
         for p in participants:
             r = last.get(p)
-            before = plan_seq(r - 1) if r is not None and r > 0 else None
-            starts.append(before if isinstance(before, int) and before <= head.seq else -1)
-        start = min(starts[1:]) if participants else -1
+            before = None if r is None else self._plan_heads.get(r, plan_seq(r - 1) if r > 0 else None)
+            start = min(start, before if isinstance(before, int) else -1)
         options.update({"audit.proof_from": start, "audit.proof": segment(start).decode("ascii")})
         return options
 

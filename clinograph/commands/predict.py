@@ -105,7 +105,7 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
     note = (f"; {escaped} patient id(s) starting with = + - @ or a tab were written with a leading ' so that a "
             "spreadsheet shows them as text instead of running them as a formula") if escaped else ""
     signed = ("signature NOT checked (--insecure-untrusted-model)" if insecure_untrusted_model
-              else f"signed by {info.site!r}, key {key.fingerprint[:16] if key else '?'}")
+              else f"site {info.site!r}, signature checked against key {key.fingerprint[:16] if key else '?'}")
     typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {signed}, {what}){note}")
 
 

@@ -50,7 +50,7 @@ def predict(tmp_path, model, *extra):
 def test_a_signed_model_predicts_and_says_who_signed_it(tmp_path):
     res = predict(tmp_path, exported(tmp_path), "--trusted-key", NORTH.public.b64())
     assert res.exit_code == 0, res.output
-    assert f"signed by 'north', key {NORTH.public.fingerprint[:16]}" in res.output
+    assert f"site 'north', signature checked against key {NORTH.public.fingerprint[:16]}" in res.output
     assert len(pd.read_csv(tmp_path / "risks.csv")) == 10
 
 
