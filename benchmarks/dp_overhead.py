@@ -68,8 +68,11 @@ from clinograph.sdk.research.alarm_demo import (  # noqa: E402
     make_hospital_tables,
 )
 from clinograph.sdk.training.local import TrainConfig, train_epochs  # noqa: E402
+from clinograph.secure.identity import Identity  # noqa: E402
 
 from benchmarks._common import machine  # noqa: E402
+
+NORTH = Identity.generate("north")  # signs the benchmark's privacy ledgers
 
 OUT = Path(__file__).parent / "results" / "dp_overhead.json"
 B = 64
@@ -140,12 +143,13 @@ def main() -> None:
     times: dict[str, list[float]] = {k: [] for k in keys}
     with tempfile.TemporaryDirectory() as td:
         def trainer(mode: str, name: str) -> DPTrainer:
-            ledger = PrivacyLedger(Path(td) / name, site="north", budget_epsilon=1e6, delta=1e-5)
+            ledger = PrivacyLedger(Path(td) / name, site="north", budget_epsilon=1e6, delta=1e-5, signer=NORTH)
             return DPTrainer(table, train_idx=train_idx, ledger=ledger, noise_multiplier=1.0, clip_norm=1.0,
                              batch_size=B, train_config=cfg, grad_sample_mode=mode)
 
         trainers = {m: trainer(m, m) for m in ("star", "hooks", "ew")}
-        before_ledger = PrivacyLedger(Path(td) / "before", site="north", budget_epsilon=1e6, delta=1e-5)
+        before_ledger = PrivacyLedger(Path(td) / "before", site="north", budget_epsilon=1e6, delta=1e-5,
+                                      signer=NORTH)
         for tr in trainers.values():  # warm-up round: builds the engine once (not timed)
             tr.train(model, round_=0, epochs=1, plan_options={})
         for rep in range(a.reps):

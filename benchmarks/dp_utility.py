@@ -31,16 +31,19 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from clinograph.sdk.research.alarm_demo import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
 from clinograph.sdk.config import (  # noqa: E402
     GraphSection,
     PrivacySection,
     SimulationConfig,
 )
 from clinograph.sdk.federation.simulate import simulate  # noqa: E402
-from clinograph.secure.runtime.config import FederationSection  # noqa: E402
 from clinograph.sdk.ingest.validate import ingest  # noqa: E402
-from clinograph.sdk.privacy import PrivacyLedger  # noqa: E402
+from clinograph.sdk.research.alarm_demo import (  # noqa: E402
+    DEFAULT_HOSPITALS,
+    load_dictionary,
+    make_hospital_tables,
+)
+from clinograph.secure.runtime.config import FederationSection  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "dp_utility.json"
 DELTA, CLIP = 1e-5, 1.0
@@ -61,11 +64,13 @@ def _run(tables, dictionary, *, rounds: int, epochs: int, k_similar: int, epsilo
     if epsilon is not None:
         out["epsilon_spent"], out["noise_multiplier"], out["sample_rate"] = {}, {}, {}
         for t_ in tables:
-            led = PrivacyLedger(work / "state" / t_.site, site=t_.site, budget_epsilon=epsilon, delta=DELTA)
-            out["epsilon_spent"][t_.site] = led.epsilon()
-            if led.entries:
-                out["noise_multiplier"][t_.site] = led.entries[-1]["noise_multiplier"]
-                out["sample_rate"][t_.site] = led.entries[-1]["sample_rate"]
+            # the hospital's signed ledger, read as a record (its identity stays inside the simulation)
+            path = work / "state" / t_.site / "privacy_ledger.json"
+            entries = json.loads(path.read_text())["entries"] if path.exists() else []
+            out["epsilon_spent"][t_.site] = entries[-1]["epsilon"] if entries else 0.0
+            if entries:
+                out["noise_multiplier"][t_.site] = entries[-1]["noise_multiplier"]
+                out["sample_rate"][t_.site] = entries[-1]["sample_rate"]
     print(f"k={k_similar} eps={epsilon}: {json.dumps(out['auroc'])} ({out['seconds']:.0f}s)", file=sys.stderr)
     return out
 

@@ -119,6 +119,7 @@ class FederationServer:
         self.round = 0
         self.history: list[RoundResult] = []
         self._current: OpenRound | None = None
+        self._plan_heads: dict[int, int] = {}  # round -> audit.seq its (latest) plan presented
         self._ledgers: dict[str, LedgerTrack] = {}  # last accepted ledger per hospital (dp_checks)
         audit.record("manifest", {
             "federation_id": federation_id,
@@ -146,7 +147,9 @@ class FederationServer:
                                                         **self.strategy.plan_options()}
         options.update({f"strategy.{k}": v for k, v in self.strategy.constructor_options().items()})
         options.update({f"weight/{c}": float(w) for c, w in weights.items()})
-        options.update(self._audit_head())
+        options.update(self._audit_head(tuple(participants)))
+        if isinstance(options.get("audit.seq"), int):
+            self._plan_heads[self.round] = int(options["audit.seq"])
         options.update(self.run_options)
         plan = RoundPlan(
             federation_id=self.federation_id, round=self.round, participants=tuple(sorted(participants)),
@@ -346,13 +349,31 @@ class FederationServer:
                          for n, v in ledgers.items()}
 
     # -- helpers -------------------------------------------------------------------------
-    def _audit_head(self) -> dict[str, int | str]:
+    def _audit_head(self, participants: tuple[str, ...]) -> dict[str, int | str]:
         """The audit trail's head as signed plan options (``audit.seq``, ``audit.head``): hospitals
-        keep the latest they saw and refuse a server that presents an older one (rollback)."""
+        keep the latest they saw and refuse a server that presents an older one (rollback) or one
+        that does not extend it (a fork). ``audit.proof`` holds the entries since an entry at or
+        before every participant's anchor (``audit.proof_from``, :mod:`.audit.consistency`): the
+        head this server's plan presented in the last round each participant contributed to (it
+        anchored that plan or a later one); after a restart, the ``round_plan`` entry of the round
+        before (an earlier entry); the whole log for a participant that never contributed."""
         head = getattr(self.audit, "head", None)
         if head is None or not isinstance(getattr(head, "seq", None), int):
             return {}
-        return {"audit.seq": int(head.seq), "audit.head": str(head.hash)}
+        options: dict[str, int | str] = {"audit.seq": int(head.seq), "audit.head": str(head.hash)}
+        plan_seq, segment = getattr(self.audit, "plan_entry_seq", None), getattr(self.audit, "segment", None)
+        if not (callable(plan_seq) and callable(segment)):
+            return options
+        last: dict[str, int] = {}
+        for result in self.history:
+            last.update(dict.fromkeys(result.contributors, result.round))
+        start = int(head.seq)
+        for p in participants:
+            r = last.get(p)
+            before = None if r is None else self._plan_heads.get(r, plan_seq(r - 1) if r > 0 else None)
+            start = min(start, before if isinstance(before, int) else -1)
+        options.update({"audit.proof_from": start, "audit.proof": segment(start).decode("ascii")})
+        return options
 
     def _record_strategy(self, round_: int) -> None:
         """The strategy's audit hook: a strategy may define ``audit_records(round_)`` returning

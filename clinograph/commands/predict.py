@@ -1,10 +1,15 @@
 """``clinograph predict``: per-patient risks for new patients from an exported model, without
 the federation.
 
-A hospital exports its selected, calibrated model (``NSFLTask.export``: TorchScript of the
-star path plus a sidecar JSON with the dictionary hash and feature list). This command maps a
-new table through the hospital's own site schema onto the dictionary the model names, refuses
-another dictionary, and writes ``patient_id,risk``. The label column may be absent.
+A hospital exports its selected, calibrated model (``NSFLTask.export``): the star path's weights
+as safetensors (data only) and ``<weights>.json``, a description of the architecture, the
+dictionary hash, features and calibration that binds the weights' SHA-256 and is signed by the
+hospital's identity. This command verifies the signature against ``--trusted-key`` and the
+digest against the weights before it builds the model (a TorchScript or pickle file is refused
+and never run), maps a new table through the hospital's own site schema onto the dictionary the
+model names, refuses another dictionary, checks every risk is a probability, and writes
+``patient_id,risk``. The label column may be absent. ``--insecure-untrusted-model`` skips the
+signature check only, with a warning.
 
 A survival export (``[target] kind = "survival"``) writes ``patient_id`` and one column a
 horizon, named by it (``risk_12mo``: P(T ≤ 12 months) = 1 − S(12 mo)); the new table needs no
@@ -21,34 +26,39 @@ import typer
 
 
 def predict(
-    model: Annotated[Path, typer.Option("--model", help="The exported model (.pt); its sidecar <model>.json beside it.")],
+    model: Annotated[Path, typer.Option("--model", help="The exported weights (.safetensors); its signed description "
+                                         "<model>.json beside it.")],
     table: Annotated[Path, typer.Option("--table", help="New patients: CSV or Parquet in the hospital's own columns.")],
     schema: Annotated[Path, typer.Option("--schema", help="The hospital's site schema (TOML).")],
     dictionary: Annotated[Path, typer.Option("--dictionary", help="The feature dictionary (TOML) the model uses.")],
     out: Annotated[Path, typer.Option("--out", help="Where to write patient_id,risk (CSV); a survival model writes "
                                        "patient_id and one risk_<horizon> column a horizon.")],
+    trusted_key: Annotated[str | None, typer.Option("--trusted-key", help="The exporting hospital's Ed25519 public "
+                                                    "key: its public_key in federation.toml, as base64 or a file "
+                                                    "holding it (or a PEM public key).")] = None,
+    insecure_untrusted_model: Annotated[bool, typer.Option(
+        "--insecure-untrusted-model", help="INSECURE: load a model whose description is not signed by "
+        "--trusted-key (the weights' digest and the output ranges are still checked).")] = False,
 ) -> None:
     """Write each patient's risk from an exported model."""
     from ..cli import guarded
 
-    guarded(_predict)(model, table, schema, dictionary, out)
+    guarded(_predict)(model, table, schema, dictionary, out, trusted_key=trusted_key,
+                      insecure_untrusted_model=insecure_untrusted_model)
 
 
-def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path) -> None:
+def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path, *, trusted_key: str | None,
+             insecure_untrusted_model: bool) -> None:
     import csv
 
     from clinograph.sdk.ingest import ingest, read_table
-    from clinograph.sdk.model.export import (
-        SURVIVAL_FORMAT,
-        load_exported,
-        predict_exported,
-        predict_survival_exported,
-    )
+    from clinograph.sdk.model.description import SURVIVAL_FORMAT
+    from clinograph.sdk.model.load import load_exported, predict_exported, predict_survival_exported
     from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
     from clinograph.secure.errors import ConfigError, SchemaError
 
     problems = [f"--{what} {p} is not a file; {fix}" for what, p, fix in (
-        ("model", model, "give the .pt written by NSFLTask.export."),
+        ("model", model, "give the .safetensors file written by NSFLTask.export."),
         ("table", table, "give the new patients' CSV or Parquet file."),
         ("schema", schema, "give the hospital's site schema (TOML)."),
         ("dictionary", dictionary, "give the federation's feature dictionary (TOML).")) if not p.is_file()]
@@ -57,16 +67,18 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'risks.csv'}.")
     clash = [what for what, p in (("table", table), ("schema", schema), ("dictionary", dictionary), ("model", model),
-                                  ("model sidecar", model.with_suffix(".json")))
+                                  ("model description", model.with_name(model.name + ".json")))
              if out.exists() and p.exists() and out.resolve() == p.resolve()]
     if clash:
         raise ConfigError(f"--out {out} is the {clash[0]} file: writing the risks would overwrite it. Give another "
                           "path for --out.")
-    module, info = load_exported(model)
+    key = hospital_key(trusted_key) if trusted_key is not None else None
+    exported = load_exported(model, trusted=key, insecure_untrusted_model=insecure_untrusted_model)
+    info = exported.description
     d = FeatureDictionary.from_toml(dictionary)
-    if d.digest() != info["dictionary_hash"]:
+    if d.digest() != info.dictionary_hash:
         raise SchemaError([f"--dictionary {dictionary} has hash {d.digest()[:12]}…, the model was trained on "
-                           f"{str(info['dictionary_hash'])[:12]}…. Use the federation's dictionary file."],
+                           f"{info.dictionary_hash[:12]}…. Use the federation's dictionary file."],
                           title="Dictionary mismatch")
     s = SiteSchema.from_toml(schema)
     df = read_table(table)
@@ -76,13 +88,13 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
     elif s.label is not None and s.label not in df.columns:  # new patients: no outcome yet
         s = s.model_copy(update={"label": None, "unlabeled": True})
     pt = ingest(df, schema=s, dictionary=d)
-    if info["format"] == SURVIVAL_FORMAT:
-        header = ["patient_id", *info["risk_columns"]]
-        risks = [list(r) for r in predict_survival_exported(module, info, pt)[2]]
+    if info.format == SURVIVAL_FORMAT and info.survival is not None:
+        header = ["patient_id", *info.survival.risk_columns]
+        risks = [list(r) for r in predict_survival_exported(exported, pt)[2]]
         what = f"{len(header) - 1} horizons ({', '.join(header[1:])})"
     else:
-        header, risks, what = ["patient_id", "risk"], [[r] for r in predict_exported(module, info, pt)], \
-            f"calibration {info.get('calibration', {}).get('method', 'none')}"
+        header, risks, what = ["patient_id", "risk"], [[r] for r in predict_exported(exported, pt)], \
+            f"calibration {info.calibration.method}"
     out.parent.mkdir(parents=True, exist_ok=True)
     ids = [spreadsheet_safe(pid) for pid in pt.patient_ids]
     with out.open("w", newline="") as fh:
@@ -92,7 +104,46 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
     escaped = sum(a != b for a, b in zip(ids, pt.patient_ids, strict=True))
     note = (f"; {escaped} patient id(s) starting with = + - @ or a tab were written with a leading ' so that a "
             "spreadsheet shows them as text instead of running them as a formula") if escaped else ""
-    typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {what}){note}")
+    signed = ("signature NOT checked (--insecure-untrusted-model)" if insecure_untrusted_model
+              else f"site {info.site!r}, signature checked against key {key.fingerprint[:16] if key else '?'}")
+    typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {signed}, {what}){note}")
+
+
+def hospital_key(value: str):  # noqa: ANN201 - a PublicIdentity (imported lazily: the CLI starts without the SDK)
+    """The public key given as ``--trusted-key``: base64 of 32 bytes, inline or in a file, or a PEM public key."""
+    import base64
+    import binascii
+
+    from clinograph.secure.errors import ConfigError
+    from clinograph.secure.identity import PublicIdentity
+
+    fix = ("Pass the exporting hospital's public key: its public_key in federation.toml ([hospitals.<name>]), as "
+           "base64 or a file holding it.")
+    path = Path(value)
+    text = value
+    if path.is_file():
+        data = path.read_bytes()[:65536]
+        if data.lstrip().startswith(b"-----BEGIN PUBLIC KEY"):
+            from cryptography.hazmat.primitives import serialization
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+            try:
+                pem = serialization.load_pem_public_key(data.lstrip())
+            except ValueError:
+                pem = None
+            if not isinstance(pem, Ed25519PublicKey):
+                raise ConfigError(f"--trusted-key {value} is not an Ed25519 public key. {fix}")
+            return PublicIdentity("trusted", pem.public_bytes(serialization.Encoding.Raw,
+                                                              serialization.PublicFormat.Raw))
+        text = data.decode("ascii", errors="replace")
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != 32:
+        raise ConfigError(f"--trusted-key {'file ' + value if path.is_file() else 'value'} is not the base64 of a "
+                          f"32-byte Ed25519 public key (nor a PEM public key). {fix}")
+    return PublicIdentity("trusted", raw)
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

@@ -111,7 +111,7 @@ class ConceptDPTrainer:
 
 
 def concept_dp_trainer(*, privacy: PrivacySection, n_train: int, site: str, state_dir: str | Path,
-                       signer: Identity | None = None) -> ConceptDPTrainer:
+                       signer: Identity) -> ConceptDPTrainer:
     """The concept task's DP trainer from ``[privacy]``, as NS-FL's ``dp_trainer_factory``: σ is
     ``noise_multiplier`` or calibrated to ``target_epsilon`` (default ``epsilon_budget``) over
     ``planned_rounds`` × ``planned_local_epochs`` epochs.

@@ -9,7 +9,11 @@ at the time (``audit.seq``, ``audit.head``: :meth:`clinograph.secure.server.Fede
 So each hospital keeps the latest verified plan in ``<state_dir>/audit_anchor.json`` (atomic
 writes, one record per federation and server key) and refuses -- with its signed refusal
 (:mod:`clinograph.secure.refusals`) -- a plan that presents an older head, a different entry
-at the same position, or no head after one was seen. Rounds are the replay guard's
+at the same position, no head after one was seen, or a later head it cannot prove extends the
+anchored one: the plan must carry the audit entries between them (``audit.proof``,
+:mod:`clinograph.secure.audit.consistency`), which must hash-link the anchored head to the new
+one. So a fork -- a server rolled back to an earlier copy that then ran past the anchored
+sequence number -- is refused whatever number it reaches. Rounds are the replay guard's
 (:meth:`HospitalClient._check_fresh`), which the anchor seeds after a hospital restart.
 
 The anchor is written *before* training (write-ahead): a hospital that trained for a round the
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from clinograph.secure.audit.consistency import PROOF, PROOF_FROM, check_extension
 from clinograph.secure.errors import IntegrityError, ProtocolError
 from clinograph.secure.fileio import atomic_write
 from clinograph.secure.identity import PublicIdentity
@@ -113,6 +118,16 @@ class HospitalAnchor:
                     f"Plan for round {plan.round} of federation {plan.federation_id!r} presents audit entry {seq} "
                     f"({(head or '')[:12]}…), but this hospital already saw {seen}: the server's audit trail was "
                     f"rolled back to an earlier copy (or forked). {fix}")
+            if seq > last.audit_seq:
+                try:
+                    check_extension(anchored_seq=last.audit_seq, anchored_head=str(last.audit_head), seq=seq,
+                                    head=str(head), proof=plan.options.get(PROOF),
+                                    proof_from=plan.options.get(PROOF_FROM), server=self.server)
+                except IntegrityError as exc:
+                    raise RollbackDetected(
+                        f"Plan for round {plan.round} of federation {plan.federation_id!r} presents audit entry {seq} "
+                        f"({(head or '')[:12]}…), but does not prove it extends {seen}: {exc}. The server's audit "
+                        f"trail forked from the one this hospital saw (or the plan is malformed). {fix}") from None
 
     def keep(self, plan: RoundPlan, plan_bytes: bytes) -> None:
         """Anchor ``plan`` (call after :meth:`check`, before training); atomic and durable."""

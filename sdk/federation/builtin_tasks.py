@@ -39,8 +39,11 @@ def _build_nsfl(table: PatientTable, *, dictionary: FeatureDictionary, config: H
         if root is None:
             raise ConfigError(f"Hospital {table.site!r} trains with distributed DP but has no state directory for "
                               "its ledger: set [privacy] state_dir (or pass state_dir).")
+        if identity is None:
+            raise ConfigError(f"Hospital {table.site!r} trains with DP but was given no signing identity for its "
+                              "privacy ledger (there is no unsigned ledger): pass identity=, the hospital's Identity.")
         return DistributedDPTask(table, dictionary=dictionary, config=config, split=split,
-                                 policy=hospital_policy(config), state_dir=Path(root))
+                                 policy=hospital_policy(config), state_dir=Path(root), signer=identity)
     from .nsfl_task import NSFLTask
 
     return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir, signer=identity)

@@ -47,7 +47,8 @@ class HospitalClient:
         """``state_dir``: where the hospital keeps its audit anchor and last global model
         (:mod:`.anchor`); with it, a restarted hospital resumes where it stopped and refuses a
         rolled-back server, and after every round it writes the model it would keep so far
-        (selected on validation, calibrated; TorchScript + sidecar) to :attr:`model_path`, ready
+        (selected on validation, calibrated; safetensors weights + a description signed with its
+        identity) to :attr:`model_path`, ready
         for ``clinograph predict`` without the federation. None: nothing is kept (in-memory
         replay guard only)."""
         self.name = identity.name
@@ -69,7 +70,7 @@ class HospitalClient:
         self._run_first: int | None = None  # the run.first_round of the run this hospital follows
         self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
         self.anchor = HospitalAnchor(state_dir, server=server) if state_dir is not None else None
-        self.model_path = (Path(state_dir) / "models" / f"{federation_id}.pt"
+        self.model_path = (Path(state_dir) / "models" / f"{federation_id}.safetensors"
                            if state_dir is not None and getattr(task, "exportable", False) else None)
         if self.anchor is not None:
             self._resume(federation_id)
@@ -154,7 +155,7 @@ class HospitalClient:
         seen = len(selection.losses) if selection is not None else 0
         self.task.after_round()
         if self.model_path is not None and plan.federation_id == self.model_path.stem:
-            self.task.export_kept(self.model_path)
+            self.task.export_kept(self.model_path, signer=self.identity)  # type: ignore[call-arg]
         if selection is None:
             return None
         new_loss = len(selection.losses) > seen
@@ -194,7 +195,7 @@ class HospitalClient:
         kept = finish().get("round") if callable(finish) else None
         self.finished = True
         if self.model_path is not None and plan.federation_id == self.model_path.stem:
-            self.task.export_kept(self.model_path)
+            self.task.export_kept(self.model_path, signer=self.identity)  # type: ignore[call-arg]
         status = SelectionStatus(federation_id=plan.federation_id, round=plan.round, client=self.name,
                                  kept=None if kept is None else int(kept))
         return {STATUS_PART: seal(status, self.identity)}

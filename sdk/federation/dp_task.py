@@ -26,6 +26,7 @@ import torch
 from clinograph.secure.dp import DistributedPolicy, check_configuration
 from clinograph.secure.errors import ConfigError, PrivacyError
 from clinograph.secure.hazmat import fixedpoint
+from clinograph.secure.identity import Identity
 from clinograph.secure.runtime.build import masked_options, weight_bound
 from clinograph.secure.runtime.config import DPPolicySection
 from clinograph.secure.spec import ModuleKind
@@ -69,7 +70,7 @@ class DistributedDPTask(SplitEvaluation):
     name = "nsfl"
 
     def __init__(self, table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
-                 policy: DistributedPolicy, state_dir: Path):
+                 policy: DistributedPolicy, state_dir: Path, signer: Identity):
         priv = config.privacy
         if not priv.enabled or priv.mode != "distributed":
             raise ConfigError("DistributedDPTask needs [privacy] enabled = true and mode = 'distributed'.")
@@ -91,7 +92,7 @@ class DistributedDPTask(SplitEvaluation):
         #: the per-patient engine, built once for the whole run (not per round)
         self.clipper = columns_clipper(self.model, self.columns)
         self.ledger = DistributedLedger(state_dir, site=table.site, budget_epsilon=priv.epsilon_budget,
-                                        delta=priv.delta)
+                                        delta=priv.delta, signer=signer)
         self.stars = star_batch(table, k_similar=0)
         self._train = torch.as_tensor(np.asarray(split.train), dtype=torch.long)
         self.last_batch = 0

@@ -68,6 +68,10 @@ class NSFLTask(SelectedCalibrated):
                 raise ConfigError(f"Hospital {table.site!r} trains with DP but has no state directory for its privacy "
                                   "ledger: set [privacy] state_dir (or pass state_dir).")
             root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else Path(state_dir)  # type: ignore[arg-type]
+            if signer is None:
+                raise ConfigError(f"Hospital {table.site!r} trains with DP but was given no signing identity for its "
+                                  "privacy ledger (there is no unsigned ledger): pass signer= (build_task: identity=), "
+                                  "the hospital's Identity.")
         if config.target.kind == "survival":
             from ..ingest.survival import days_per
             from ..training.survival import SurvivalTrainer
@@ -264,12 +268,18 @@ class NSFLTask(SelectedCalibrated):
             return sequence_risk(self.model, table, dictionary=self.table.dictionary, calibration=self.calibration)
         return star_risk(self.model, table, dictionary=self.table.dictionary, calibration=self.calibration)
 
-    def export(self, path: str | Path, *, horizons: list[float] | None = None) -> tuple[Path, Path]:
-        """Write this hospital's model (global + personal, calibrated) as TorchScript of the star
-        path, with a sidecar JSON (dictionary hash, features, kept round); see
+    def export(self, path: str | Path, *, signer: Identity, horizons: list[float] | None = None,
+               torchscript: bool = False) -> tuple[Path, Path]:
+        """Write this hospital's model (global + personal, calibrated): the star path's weights as
+        safetensors and a description (architecture, dictionary hash, features, kept round, the
+        weights' SHA-256) signed by ``signer``, the hospital's identity; see
         :func:`clinograph.sdk.model.export.export_model`. A survival model exports hazards,
         S(b_k) and the risk at ``horizons`` (``[target] time_unit``; default every break and
-        the configured horizon): :func:`clinograph.sdk.model.export.export_survival_model`."""
+        the configured horizon): :func:`clinograph.sdk.model.export.export_survival_model`.
+        ``torchscript``: also an unsigned TorchScript file for other runtimes (never loaded here).
+
+        Raises:
+            ConfigError: a temporal model (scored through :meth:`predict_table` only)."""
         from ..model.export import export_model
 
         if self.survival_target is not None:
@@ -278,8 +288,9 @@ class NSFLTask(SelectedCalibrated):
             tgt = self.config.target
             hs = sorted({*tgt.breaks, float(tgt.horizon or tgt.breaks[-1])}) if horizons is None else list(horizons)
             kept = self.selection.best_round if self.selection is not None else None
-            return export_survival_model(self.model, path, dictionary=self.table.dictionary, breaks=list(tgt.breaks),
-                                         horizons=hs, time_unit=tgt.time_unit, features=self.config.model.features,
+            return export_survival_model(self.model, path, dictionary=self.table.dictionary, signer=signer,
+                                         breaks=list(tgt.breaks), horizons=hs, time_unit=tgt.time_unit,
+                                         features=self.config.model.features, torchscript=torchscript,
                                          meta={"site": self.table.site, "selected_round": kept,
                                                "horizon": float(tgt.horizon or tgt.breaks[-1])})
         if self.config.model.temporal != "none":
@@ -287,21 +298,21 @@ class NSFLTask(SelectedCalibrated):
                               "is used through predict_table for now.")
         kept = self.selection.best_round if self.selection is not None else None
         return export_model(self.model, path, dictionary=self.table.dictionary, calibration=self.calibration,
-                            meta={"site": self.table.site, "selected_round": kept},
-                            features=self.config.model.features)
+                            signer=signer, meta={"site": self.table.site, "selected_round": kept},
+                            features=self.config.model.features, torchscript=torchscript)
 
     @property
     def exportable(self) -> bool:
         """Whether :meth:`export` can write this model (a temporal model is scored in the SDK)."""
         return self.config.model.temporal == "none"
 
-    def export_kept(self, path: str | Path) -> tuple[Path, Path] | None:
+    def export_kept(self, path: str | Path, *, signer: Identity) -> tuple[Path, Path] | None:
         """Export the model this hospital would keep if the run ended now -- :meth:`finish`'s
-        choice: the round selected on validation so far, calibrated on validation -- and put
-        the training state back, so the next round trains on exactly what it would have.
-        What a deployed hospital writes after every round (:class:`~.client.HospitalClient`);
-        returns None without writing when the kept round has not changed since the last export
-        to ``path`` (the file already holds it)."""
+        choice: the round selected on validation so far, calibrated on validation -- signed by
+        ``signer``, and put the training state back, so the next round trains on exactly what it
+        would have. What a deployed hospital writes after every round
+        (:class:`~.client.HospitalClient`); returns None without writing when the kept round has
+        not changed since the last export to ``path`` (the file already holds it)."""
         kept = self.selection.best_round if self.selection is not None else None
         key = (str(path), kept)
         if kept is not None and key == getattr(self, "_exported", None) and Path(path).exists():
@@ -310,7 +321,7 @@ class NSFLTask(SelectedCalibrated):
         calibration = self.calibration
         try:
             self.finish()
-            written = self.export(path)
+            written = self.export(path, signer=signer)
             self._exported = key
             return written
         finally:

@@ -1,43 +1,58 @@
-"""Use a trained model without the federation: per-patient risks for new patients, and a
-TorchScript file a hospital loads on its own.
+"""Use a trained model without the federation: per-patient risks for new patients, and an
+export a hospital loads on its own -- as data, never as code.
 
-The exported file is the star forward path (:meth:`NSFLModel.forward_star`, no ``similar_to``:
+The exported model is the star forward path (:meth:`NSFLModel.forward_star`, no ``similar_to``:
 new patients are not in the training graph) with the hospital's personal modules and Platt
-calibration folded in, traced with TorchScript. A sidecar JSON (``<file>.json``) names the
-feature dictionary by its content hash and lists its feature ids in node order, so a loader can
-refuse a table mapped onto another dictionary. Inputs are what
-:func:`clinograph.sdk.graph.star.star_batch` builds from an ingested table.
+calibration. It is written as two files: the model's weights in safetensors (``path``; tensors
+only, nothing that runs) and a signed description (``path + '.json'``,
+:mod:`clinograph.sdk.model.description`): the NS-FL settings that rebuild the architecture, the
+feature dictionary's content hash and feature ids in node order (a loader refuses a table
+mapped onto another dictionary), the features used, the calibration, the kept round and the
+SHA-256 of the weights file, signed with the hospital's Ed25519 identity.
+:func:`clinograph.sdk.model.load.load_exported` verifies both before it builds the model.
+Inputs are what :func:`clinograph.sdk.graph.star.star_batch` builds from an ingested table.
 
-A survival model (``[target] kind = "survival"``, :mod:`clinograph.sdk.model.heads`) exports as
-:class:`StarSurvival` under its own format (``clinograph-nsfl-survival/1``): the module gives the
-hazard h_k per interval, S(b_k) at the interval ends and the risk 1 − S(t) at each horizon t
-(Gensheimer & Narasimhan 2019, eq. 1; log-linear inside an interval, as
-:func:`clinograph.sdk.training.survival.risk_at`), in float64; the sidecar adds the interval
+A survival model (``[target] kind = "survival"``, :mod:`clinograph.sdk.model.heads`) exports under
+its own format (``clinograph-nsfl-survival/2``) and loads as :class:`StarSurvival`: the hazard h_k
+per interval, S(b_k) at the interval ends and the risk 1 − S(t) at each horizon t (Gensheimer &
+Narasimhan 2019, eq. 1; log-linear inside an interval, as
+:func:`clinograph.sdk.training.survival.risk_at`), in float64; the description adds the interval
 grid, the horizons, their time unit and the names of the risk columns.
 
-What the file does not hold: patient data, the training table, the federation's keys.
+``torchscript=True`` also writes ``path + '.torchscript.pt'`` for other runtimes. That file is
+unsigned code; Clinograph itself never loads it (``clinograph predict`` refuses it).
+
+What the files do not hold: patient data, the training table, the federation's keys.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.secure.errors import SchemaError
+from clinograph.secure.errors import ConfigError, SchemaError
 from clinograph.secure.fileio import atomic_write
+from clinograph.secure.identity import Identity
 from torch import nn
 
 from ..graph.star import star_batch
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary
+from .description import (
+    FORMAT,
+    FORMATS,
+    INPUTS,
+    SURVIVAL_FORMAT,
+    ModelDescription,
+    sign_description,
+)
 from .nsfl import NSFLModel
 
-FORMAT = "clinograph-nsfl-star/1"
-SURVIVAL_FORMAT = "clinograph-nsfl-survival/1"
-FORMATS = (FORMAT, SURVIVAL_FORMAT)
+__all__ = ["FORMAT", "FORMATS", "INPUTS", "SURVIVAL_FORMAT", "StarRisk", "StarSurvival", "export_model",
+           "export_survival_model", "feature_keep", "risk_columns", "star_inputs", "star_risk"]
 
 
 def feature_keep(dictionary: FeatureDictionary, features: object = "all") -> torch.Tensor:
@@ -133,64 +148,76 @@ def star_risk(model: NSFLModel, table: PatientTable, *, dictionary: FeatureDicti
     return StarRisk(model, a=a, b=b)(*star_inputs(table)).double().numpy()
 
 
-def export_model(model: NSFLModel, path: str | Path, *, dictionary: FeatureDictionary, calibration=None,
-                 meta: dict | None = None, features: object = "all") -> tuple[Path, Path]:
-    """Write the TorchScript star model to ``path`` and its sidecar to ``path + '.json'``
-    (``features``: ``[model] features``; the module ignores the others, the sidecar lists them
-    as ``features_used``).
+def export_model(model: NSFLModel, path: str | Path, *, dictionary: FeatureDictionary, signer: Identity,
+                 calibration=None, meta: dict | None = None, features: object = "all",
+                 torchscript: bool = False) -> tuple[Path, Path]:
+    """Write the star model's weights (safetensors) to ``path`` and its signed description to
+    ``path + '.json'`` (``features``: ``[model] features``; the loaded module ignores the others,
+    the description lists them as ``features_used``; ``meta``: ``site``, ``selected_round``).
 
     Returns:
-        (model file, sidecar file).
+        (weights file, description file).
     """
     a, b = (calibration.a, calibration.b) if calibration is not None else (1.0, 0.0)
     model.eval()
     keep = feature_keep(dictionary, features)
-    return _write(StarRisk(model, a=a, b=b, keep=keep).eval(), path, {
+    wrapped = StarRisk(model, a=a, b=b, keep=keep).eval() if torchscript else None
+    return _write(model, path, signer=signer, torchscript=wrapped, fields={
         "format": FORMAT, "dictionary_hash": dictionary.digest(), "features": list(dictionary.node_ids()),
         "features_used": _used(dictionary, keep),
-        "calibration": {"method": "platt" if calibration is not None else "none", "a": a, "b": b},
-        "inputs": INPUTS, **(meta or {})})
+        "calibration": {"method": "platt" if calibration is not None else "none", "a": float(a), "b": float(b)},
+        **(meta or {})})
 
 
 def _used(dictionary: FeatureDictionary, keep: torch.Tensor) -> list[str]:
     return [f for f, k in zip(dictionary.node_ids(), keep.tolist(), strict=True) if k]
 
 
-INPUTS = "feature_index [B, K] int64, values [B, K] float32 (public-range standardised), mask [B, K] bool"
+def _write(model: nn.Module, path: str | Path, *, signer: Identity, fields: dict,
+           torchscript: nn.Module | None) -> tuple[Path, Path]:
+    from safetensors.torch import save
 
-
-def _write(wrapped: nn.Module, path: str | Path, info: dict) -> tuple[Path, Path]:
     path = Path(path)
-    example = (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool))
-    with torch.no_grad():
-        traced = torch.jit.trace(wrapped, example, check_trace=False)
+    if path.suffix in (".pt", ".pth", ".pkl", ".json"):
+        raise ConfigError(f"Model export to {path}: a {path.suffix} name suggests code or a description. Name the "
+                          f"weights file {path.with_suffix('.safetensors').name} (safetensors).")
+    weights = save({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()})
+    fields = {"site": signer.name, **fields}
+    description = ModelDescription.model_validate({
+        **fields, "model": model.config.model_dump(mode="json"), "weights_sha256": hashlib.sha256(weights).hexdigest(),
+        "weights_bytes": len(weights)})
     path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    torch.jit.save(traced, buf)
     sidecar = path.with_name(path.name + ".json")
-    # Each file replaced atomically, the model first: a reader (or a hospital killed mid-export)
-    # never sees a torn file; the sidecar names the dictionary hash that load_exported checks.
-    atomic_write(path, buf.getvalue())
-    atomic_write(sidecar, json.dumps(info, indent=2, sort_keys=True))
+    # Each file replaced atomically, the weights first: a reader (or a hospital killed mid-export)
+    # never sees a torn file; a description and weights from different exports never verify.
+    atomic_write(path, weights)
+    atomic_write(sidecar, sign_description(description, signer=signer))
+    if torchscript is not None:  # for other runtimes only: Clinograph never loads it
+        example = (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool))
+        with torch.no_grad():
+            traced = torch.jit.trace(torchscript, example, check_trace=False)
+        buf = io.BytesIO()
+        torch.jit.save(traced, buf)
+        atomic_write(path.with_name(path.name + ".torchscript.pt"), buf.getvalue())
     return path, sidecar
 
 
-def export_survival_model(model: nn.Module, path: str | Path, *, dictionary: FeatureDictionary,
+def export_survival_model(model: nn.Module, path: str | Path, *, dictionary: FeatureDictionary, signer: Identity,
                           breaks: list[float] | tuple[float, ...], horizons: list[float] | tuple[float, ...],
-                          time_unit: str, meta: dict | None = None, features: object = "all") -> tuple[Path, Path]:
-    """Write a survival model as TorchScript of :class:`StarSurvival` to ``path`` and its sidecar
+                          time_unit: str, meta: dict | None = None, features: object = "all",
+                          torchscript: bool = False) -> tuple[Path, Path]:
+    """Write a survival model's weights (safetensors) to ``path`` and its signed description
     (format, dictionary hash, features, ``features_used``, ``breaks``, ``horizons``, ``time_unit``,
     risk columns) to ``path + '.json'``. ``breaks`` and ``horizons`` are in ``time_unit``, as in
-    ``[target]``; ``features``: ``[model] features`` (the module ignores the others).
+    ``[target]``; ``features``: ``[model] features`` (the loaded module ignores the others).
 
     Returns:
-        (model file, sidecar file).
+        (weights file, description file).
 
     Raises:
-        ConfigError: a horizon outside (0, b_K], or breaks that are not increasing.
+        ConfigError: a horizon outside (0, b_K], horizons not increasing, or breaks that are not
+            increasing or do not match the model's intervals.
     """
-    from clinograph.secure.errors import ConfigError
-
     ends, hs = np.asarray(breaks, float), np.asarray(horizons, float)
     if len(ends) == 0 or ends[0] <= 0 or np.any(np.diff(ends) <= 0):
         raise ConfigError(f"Survival export: breaks {list(ends)} must be positive and strictly increasing.")
@@ -199,65 +226,19 @@ def export_survival_model(model: nn.Module, path: str | Path, *, dictionary: Fea
         raise ConfigError(f"Survival export: horizons {bad or '[]'} must be non-empty and lie in (0, {ends[-1]:g}] "
                           f"{time_unit} (the model has no hazard past the last break). Pick horizons within the "
                           "[target] breaks.")
+    if np.any(np.diff(hs) <= 0):
+        raise ConfigError(f"Survival export: horizons {list(hs)} must be strictly increasing. Sort them and drop "
+                          "repeats.")
+    intervals = int(model.hazard_baseline.bias.numel())
+    if intervals != len(ends):
+        raise ConfigError(f"Survival export: {len(ends)} breaks for a model of {intervals} intervals. Give the "
+                          "[target] breaks the model was trained with.")
     model.eval()
     keep = feature_keep(dictionary, features)
-    return _write(StarSurvival(model, breaks=ends, horizons=hs, keep=keep).eval(), path, {
+    wrapped = StarSurvival(model, breaks=ends, horizons=hs, keep=keep).eval() if torchscript else None
+    return _write(model, path, signer=signer, torchscript=wrapped, fields={
         "format": SURVIVAL_FORMAT, "dictionary_hash": dictionary.digest(), "features": list(dictionary.node_ids()),
-        "features_used": _used(dictionary, keep),
-        "time_unit": time_unit, "breaks": [float(x) for x in ends], "horizons": [float(x) for x in hs],
-        "risk_columns": risk_columns(hs, time_unit), "inputs": INPUTS,
-        "outputs": "hazard [B, K] per interval, survival S(b_k) [B, K], risk 1 - S(t) [B, H] at the horizons",
+        "features_used": _used(dictionary, keep), "calibration": {"method": "none", "a": 1.0, "b": 0.0},
+        "survival": {"time_unit": time_unit, "breaks": [float(x) for x in ends], "horizons": [float(x) for x in hs],
+                     "risk_columns": risk_columns(hs, time_unit)},
         **(meta or {})})
-
-
-def load_exported(path: str | Path) -> tuple[torch.jit.ScriptModule, dict]:
-    """The TorchScript model and its sidecar (refused if the sidecar is not this format)."""
-    path = Path(path)
-    sidecar = path.with_name(path.name + ".json")
-    if not sidecar.exists():
-        raise SchemaError([f"{sidecar} is missing: an exported model travels with its sidecar JSON "
-                           "(dictionary hash, features)."], title="Model sidecar missing")
-    try:
-        info = json.loads(sidecar.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        info = None
-    if not isinstance(info, dict) or info.get("format") not in FORMATS:
-        found = info.get("format") if isinstance(info, dict) else "not a JSON object"
-        raise SchemaError([f"{sidecar}: format {found!r}, expected one of {', '.join(FORMATS)}. Give the "
-                           "sidecar written with the model by NSFLTask.export."], title="Unknown model format")
-    try:
-        return torch.jit.load(str(path)), info
-    except RuntimeError:
-        raise SchemaError([f"{path} is not a TorchScript file. Give the .pt written by NSFLTask.export."],
-                          title="Unreadable model file") from None
-
-
-@torch.no_grad()
-def predict_exported(module: torch.jit.ScriptModule, info: dict, table: PatientTable) -> np.ndarray:
-    """Risks for ``table`` from a loaded binary export (the dictionary hash is checked).
-
-    Raises:
-        SchemaError: another dictionary, or a survival export (use :func:`predict_survival_exported`).
-    """
-    if info.get("format") == SURVIVAL_FORMAT:
-        raise SchemaError(["This export is a survival model: it gives a risk per horizon. Use "
-                           "predict_survival_exported."], title="Survival model")
-    _check_dictionary(table, str(info["dictionary_hash"]))
-    return module(*star_inputs(table)).double().numpy()
-
-
-@torch.no_grad()
-def predict_survival_exported(module: torch.jit.ScriptModule, info: dict,
-                              table: PatientTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(hazard [n, K], survival S(b_k) [n, K], risk 1 − S(t) [n, H] at ``info['horizons']``) for
-    ``table`` from a loaded survival export (the dictionary hash is checked).
-
-    Raises:
-        SchemaError: another dictionary, or a binary export (use :func:`predict_exported`).
-    """
-    if info.get("format") != SURVIVAL_FORMAT:
-        raise SchemaError([f"This export is {info.get('format')!r}, not a survival model. Use predict_exported."],
-                          title="Not a survival model")
-    _check_dictionary(table, str(info["dictionary_hash"]))
-    hazard, survival, risk = module(*star_inputs(table))
-    return hazard.numpy(), survival.numpy(), risk.numpy()

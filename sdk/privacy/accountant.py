@@ -13,17 +13,19 @@ every round, and a round that would pass the budget is refused *before* training
 recomputed from the stored history (never read from the file: an edited number there would
 admit a round past the budget); values are cached by (accountant, δ, history) in memory only.
 
-Integrity: given the hospital's signing identity (``signer=``), the file carries an Ed25519
-signature over its canonical JSON (label :data:`SIG_PRIVACY_LEDGER`); a missing or invalid
-signature is a PrivacyError naming the file. Writers are serialised with an exclusive
-``fcntl`` lock on ``privacy_ledger.json.lock``, and a commit re-reads the file under the lock:
-a history another process extended since this ledger loaded is never overwritten.
-Does not protect against deleting the whole state directory (a fresh ledger starts at ε = 0).
+Integrity (:mod:`.ledger_file`): the hospital's signing identity (``signer=``, required: there
+is no unsigned ledger) signs the file's canonical JSON (label :data:`SIG_PRIVACY_LEDGER`); a
+missing or invalid signature is a PrivacyError naming the file. A signed high-water mark beside
+it (``privacy_ledger.highwater.json``: entry count, digest, last ε) makes a validly signed but
+older ledger -- a restored backup, a copy -- a PrivacyError too. Writers are serialised with an
+exclusive ``fcntl`` lock on ``privacy_ledger.json.lock``, and a commit re-reads the file under
+the lock: a history another process extended since this ledger loaded is never overwritten.
+Does not protect against deleting or rolling back the whole state directory (ledger and mark
+together; a fresh ledger starts at ε = 0).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import functools
@@ -33,17 +35,17 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from clinograph.secure.errors import IntegrityError, PrivacyBudgetExceeded, PrivacyError
+from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
 from clinograph.secure.fileio import atomic_write  # noqa: F401 (re-exported: distributed.py)
 from clinograph.secure.hazmat.labels import SIG_PRIVACY_LEDGER
 from clinograph.secure.identity import Identity
 from clinograph.secure.messages import LedgerEntry
 
+from .ledger_file import RESTORE, SignedLedgerFile
+
 FORMAT = "clinograph/privacy-ledger/v1"
 FILENAME = "privacy_ledger.json"
 LOCKNAME = "privacy_ledger.json.lock"
-# Signature context of the ledger file. Belongs with the others in secure/hazmat/labels.py
-# (house style 14); kept here until that file can take it.
 ACCOUNTANTS = ("rdp", "prv")
 History = list[tuple[float, float, int]]
 
@@ -92,10 +94,6 @@ def normalise(history: list) -> History:
     return out
 
 
-def _canonical(state: dict) -> bytes:
-    return json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-
-
 class PrivacyLedger:
     """Persistent (ε, δ) accounting of one hospital.
 
@@ -107,11 +105,12 @@ class PrivacyLedger:
         state_dir: the hospital's state directory (created if missing).
         site: hospital name (checked against the file: one ledger per hospital).
         budget_epsilon: the hospital's total ε budget. delta: δ for every ε here.
+        signer: the hospital's identity; signs the ledger and its high-water mark.
         accountant: ``"rdp"`` (default) or ``"prv"``.
     """
 
     def __init__(self, state_dir: str | Path, *, site: str, budget_epsilon: float, delta: float,
-                 accountant: str = "rdp", signer: Identity | None = None):
+                 signer: Identity, accountant: str = "rdp"):
         if not (math.isfinite(budget_epsilon) and budget_epsilon > 0) or not 0 < delta < 1:
             raise PrivacyError(f"Hospital {site!r}: a privacy budget needs a finite ε > 0 and 0 < δ < 1, got "
                                f"ε = {budget_epsilon!r}, δ = {delta!r}. Fix: set [privacy] epsilon_budget and delta.")
@@ -120,6 +119,8 @@ class PrivacyLedger:
         self.path = Path(state_dir) / FILENAME
         self.site, self.budget_epsilon, self.delta, self.accountant = site, float(budget_epsilon), float(delta), accountant
         self.signer = signer
+        self._file = SignedLedgerFile(self.path, site=site, signer=signer, context=SIG_PRIVACY_LEDGER,
+                                      what="Privacy ledger")
         self.computations = 0  # ε computations that missed the cache (tests count them)
         self.history: History = []
         self.entries: list[dict] = []
@@ -140,45 +141,20 @@ class PrivacyLedger:
             os.close(fd)  # releases the lock
 
     def _read(self) -> tuple[History, list[dict]]:
-        """The stored (history, entries), verified; empty if there is no ledger yet."""
-        if not self.path.exists():
+        """The stored (history, entries), verified (signature, high-water mark); empty if there is no ledger yet."""
+        state = self._file.read(fmt=FORMAT)
+        if state is None:
             return [], []
-        try:
-            state = json.loads(self.path.read_text())
-            if not isinstance(state, dict):
-                raise ValueError("not an object")
-        except (OSError, ValueError) as exc:
-            raise PrivacyError(f"Privacy ledger {self.path} is unreadable ({type(exc).__name__}); refusing to "
-                               "train without the accountant's history. Restore it from backup.") from None
-        if state.get("format") != FORMAT or state.get("site") != self.site:
-            raise PrivacyError(f"Privacy ledger {self.path} is not a {FORMAT} ledger of hospital {self.site!r}. "
-                               "Point [privacy] state_dir at this hospital's own state directory.")
-        signature = state.pop("signature", None)
-        if self.signer is not None:
-            try:
-                if not isinstance(signature, str):
-                    raise IntegrityError("no signature")
-                self.signer.public.verify(base64.b64decode(signature, validate=True), _canonical(state),
-                                          context=SIG_PRIVACY_LEDGER)
-            except (IntegrityError, ValueError):
-                raise PrivacyError(
-                    f"Privacy ledger {self.path} was modified outside Clinograph (its signature by hospital "
-                    f"{self.site!r} is {'missing' if signature is None else 'invalid'}); refusing to train on an "
-                    "accountant history that may understate the privacy spent. Fix: restore the file from "
-                    "backup; never edit it by hand.") from None
         try:
             history = normalise(state.get("history", []))
         except (TypeError, ValueError):
-            raise PrivacyError(f"Privacy ledger {self.path} holds a malformed history. Restore it from backup.") from None
+            raise PrivacyError(f"Privacy ledger {self.path} holds a malformed history. "
+                               + RESTORE.format(mark=self._file.mark_path.name)) from None
         return history, list(state.get("entries", []))
 
     def _save(self) -> None:
-        state: dict = {"format": FORMAT, "site": self.site, "history": [list(h) for h in self.history],
-                       "entries": self.entries}
-        if self.signer is not None:
-            sig = self.signer.sign(_canonical(state), context=SIG_PRIVACY_LEDGER)
-            state["signature"] = base64.b64encode(sig).decode()
-        atomic_write(self.path, json.dumps(state, indent=1, sort_keys=True))
+        self._file.write({"format": FORMAT, "site": self.site, "history": [list(h) for h in self.history],
+                          "entries": self.entries})
 
     # -- accounting ---------------------------------------------------------------------------
     def make_accountant(self, history: History | None = None):  # noqa: ANN201 - an opacus IAccountant
@@ -251,7 +227,8 @@ class PrivacyLedger:
             steps = sum(t for *_, t in new) - sum(t for *_, t in self.history)
             if steps < 0 or new[: max(len(self.history) - 1, 0)] != self.history[: max(len(self.history) - 1, 0)]:
                 raise PrivacyError(f"Hospital {self.site!r}: the accountant's history after round {round_} does not "
-                                   "extend the stored one; refusing to record it. Restore the ledger before training.")
+                                   "extend the stored one; refusing to record it. Fix: restart the hospital process (the ledger "
+                                   "on disk is the source of truth).")
             self.history = new
             entry = LedgerEntry(round=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
                                 clip_norm=clip_norm, accountant=self.accountant, epsilon=self.epsilon(),

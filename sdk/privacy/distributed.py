@@ -25,7 +25,6 @@ what it would have alone (its own share as the only noise, ε composed the same 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,11 +41,13 @@ from clinograph.secure.dp import (
 )
 from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
 from clinograph.secure.hazmat.discrete_noise import CsprngUniform, bernoulli, skellam
+from clinograph.secure.hazmat.labels import SIG_DISTRIBUTED_LEDGER
+from clinograph.secure.identity import Identity
 from clinograph.secure.messages import DistributedShare, LedgerEntry
 
 from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
-from .accountant import atomic_write
+from .ledger_file import SignedLedgerFile
 from .per_patient import PerPatientClipper, star_probe
 from .trainer import unused_star_parameters
 
@@ -185,25 +186,21 @@ class DistributedLedger:
     what it would have alone: ``noise_multiplier_alone`` = σ/sqrt(h), the noise it added by
     itself, and ``epsilon_alone`` composed the same way. The audit report's privacy section shows
     both per hospital (:mod:`clinograph.secure.audit.report`, table ``privacy-trust``).
-    A round that would pass the budget is refused before training.
+    A round that would pass the budget is refused before training. The file is signed by the
+    hospital (``signer``, required) and checked against its high-water mark
+    (:mod:`.ledger_file`): an edited, unsigned or older ledger is refused.
     """
 
-    def __init__(self, state_dir: str | Path, *, site: str, budget_epsilon: float, delta: float):
+    def __init__(self, state_dir: str | Path, *, site: str, budget_epsilon: float, delta: float, signer: Identity):
         if not (math.isfinite(budget_epsilon) and budget_epsilon > 0) or not 0 < delta < 1:
             raise PrivacyError(f"Hospital {site!r}: a privacy budget needs a finite ε > 0 and 0 < δ < 1. "
                                "Fix: set [privacy] epsilon_budget and delta.")
         self.path = Path(state_dir) / FILENAME
         self.site, self.budget_epsilon, self.delta = site, float(budget_epsilon), float(delta)
-        self.entries: list[dict] = []
-        if self.path.exists():
-            try:
-                state = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise PrivacyError(f"Distributed-DP ledger {self.path} is unreadable ({type(exc).__name__}); "
-                                   "refusing to train without it. Restore it from backup.") from None
-            if state.get("format") != FORMAT or state.get("site") != site:
-                raise PrivacyError(f"{self.path} is not a {FORMAT} ledger of hospital {site!r}.")
-            self.entries = list(state["entries"])
+        self._file = SignedLedgerFile(self.path, site=site, signer=signer, context=SIG_DISTRIBUTED_LEDGER,
+                                      what="Distributed-DP ledger")
+        state = self._file.read(fmt=FORMAT)
+        self.entries: list[dict] = list(state["entries"]) if state is not None else []
 
     @staticmethod
     def _rounds(entries: list[dict], *, alone: bool) -> list[tuple[SkellamRound, int]]:
@@ -231,8 +228,8 @@ class DistributedLedger:
         """Append a round's record (with both ε) and return the signed report's entry."""
         eps, alone = self.epsilons(record)
         self.entries.append({**record, "epsilon": eps, "epsilon_alone": alone, "delta": self.delta})
-        atomic_write(self.path, json.dumps({"format": FORMAT, "site": self.site, "entries": self.entries},
-                                            indent=1, sort_keys=True))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file.write({"format": FORMAT, "site": self.site, "entries": self.entries})
         share = DistributedShare(mechanism=record["mechanism"], min_honest=record["min_honest"],
                                  scale=record["scale"], share_variance=record["share_variance"], epsilon_alone=alone)
         return LedgerEntry(round=record["round"], noise_multiplier=record["noise_multiplier"],

@@ -175,7 +175,7 @@ class SurvivalDPTrainer(DPTrainer):
         return model.forward_batch(self.stars).double().numpy()
 
 
-def survival_dp_trainer(*, table, train_idx: np.ndarray, config, site: str, state_dir, signer=None,
+def survival_dp_trainer(*, table, train_idx: np.ndarray, config, site: str, state_dir, signer,
                         breaks: np.ndarray) -> SurvivalDPTrainer:
     """The survival DP trainer of a hospital: σ, clipping, ledger and accountant exactly as
     :func:`clinograph.sdk.privacy.trainer.dp_trainer_factory` sets them from ``[privacy]``."""

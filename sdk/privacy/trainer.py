@@ -306,7 +306,7 @@ class DPTrainer:
 
 
 def ledger_and_sigma(privacy: PrivacySection, *, site: str, state_dir: str | Path, n_train: int,
-                     signer: Identity | None = None) -> tuple[PrivacyLedger, float]:
+                     signer: Identity) -> tuple[PrivacyLedger, float]:
     """A hospital's ledger (in ``state_dir``, signed by ``signer``) and σ: ``noise_multiplier``
     or, if unset, calibrated to ``target_epsilon`` (default ``epsilon_budget``) over
     ``planned_rounds`` × ``planned_local_epochs`` epochs of ⌈n/B⌉ Poisson steps. Every local-DP
@@ -316,7 +316,7 @@ def ledger_and_sigma(privacy: PrivacySection, *, site: str, state_dir: str | Pat
         PrivacyError: σ must be calibrated but ``planned_rounds`` is unset.
     """
     ledger = PrivacyLedger(Path(state_dir), site=site, budget_epsilon=privacy.epsilon_budget, delta=privacy.delta,
-                           accountant=privacy.accountant, signer=signer)  # signer: the ledger file is signed
+                           accountant=privacy.accountant, signer=signer)  # the ledger file is signed
     sigma = privacy.noise_multiplier
     if sigma is None:
         if privacy.planned_rounds is None:
@@ -331,12 +331,12 @@ def ledger_and_sigma(privacy: PrivacySection, *, site: str, state_dir: str | Pat
 
 
 def dp_trainer_factory(*, table: PatientTable, train_idx: np.ndarray, config: HospitalConfig, site: str,
-                       state_dir: str | Path, signer: Identity | None = None,
+                       state_dir: str | Path, signer: Identity,
                        trainer_cls: type[DPTrainer] | None = None, **extra) -> DPTrainer:
     """The DP trainer of a hospital built from its :class:`~clinograph.sdk.config.HospitalConfig`.
 
     σ and the ledger as :func:`ledger_and_sigma` (the ledger lives in ``state_dir``, one folder
-    per hospital). ``trainer_cls`` (default :class:`DPTrainer`) and ``extra`` keyword arguments
+    per hospital, signed by ``signer``, the hospital's identity). ``trainer_cls`` (default :class:`DPTrainer`) and ``extra`` keyword arguments
     build a subclass on the same settings (the survival head's trainer).
 
     Raises:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -97,6 +98,8 @@ class AuditTrail:
         self._dir.mkdir(parents=True, exist_ok=True)
         log = self._dir / LOG
         reopen = log.exists()
+        self._ends: list[int] = []  # byte offset of the end of each entry's line in audit.jsonl
+        self._plans: dict[int, int] = {}  # round -> seq of its (latest) round_plan entry
         if reopen:
             report, entries = scan_audit_dir(self._dir, trusted_server_key=identity.public.raw, allow_tail=True)
             if not report.ok:
@@ -104,6 +107,9 @@ class AuditTrail:
                                      f"(first bad entry: {report.first_bad}): {report.problems[0]}")
             self._last: AuditEntry | None = entries[-1]
             self._hashes = [e.hash for e in entries]
+            self._ends.extend(itertools.accumulate(len(e.line()) for e in entries))
+            self._plans.update({int(e.payload["round"]): e.seq for e in entries
+                                if e.kind == "round_plan" and isinstance(e.payload.get("round"), int)})
             head_entries = json.loads(read_regular_file(self._dir / HEAD, limit=MAX_HEAD_BYTES))["entries"]
             recovered = len(entries) - int(head_entries)
             for e in entries:
@@ -152,10 +158,14 @@ class AuditTrail:
         prev = GENESIS if self._last is None else self._last.hash
         entry = make_entry(identity=self._identity, seq=seq, time=now, kind=kind,
                            payload=payload, prev=prev, run=self._run)
-        self._fh.write(entry.line())
+        line = entry.line()
+        self._fh.write(line)
         self._fh.flush()
         self._last = entry
         self._hashes.append(entry.hash)
+        self._ends.append((self._ends[-1] if self._ends else 0) + len(line))
+        if kind == "round_plan" and isinstance(payload.get("round"), int):
+            self._plans[int(payload["round"])] = seq
         self._keys = keys
         atomic_write(self._dir / HEAD, make_head(identity=self._identity, last=entry,
                                                   time=entry.time), sync=False, private=False)
@@ -264,6 +274,20 @@ class AuditTrail:
         """The hash of entry ``seq`` of this log (None if it has no such entry); the crash
         journal checks with it that the trail still holds the head it journalled."""
         return self._hashes[seq] if 0 <= seq < len(self._hashes) else None
+
+    def plan_entry_seq(self, round_: int) -> int | None:
+        """The sequence number of the (latest) ``round_plan`` entry of round ``round_``, if any."""
+        return self._plans.get(round_)
+
+    def segment(self, after: int) -> bytes:
+        """The exact lines of entries ``after + 1`` .. head, without the last newline: the
+        proof that the head extends entry ``after`` (:mod:`.consistency`)."""
+        with self._lock:
+            start = self._ends[after] if after >= 0 else 0
+            end = self._ends[-1] if self._ends else 0
+            with open(self._dir / LOG, "rb") as fh:
+                fh.seek(start)
+                return fh.read(end - start).rstrip(b"\n")
 
     @property
     def head(self) -> AuditEntry | None:

@@ -35,3 +35,12 @@ SIG_MASKED_CONSISTENCY = b"clinograph/v1/sig/masked-consistency"
 # Envelopes with binary attachments (secure/wire.py): the signature covers kind, payload and
 # the SHA-256 of every attachment, under its own context so the two frame versions never collide.
 SIG_MESSAGE_ATTACHED = b"clinograph/v1/sig/message-attached"
+
+# Exported models (sdk/model/description.py): a hospital signs the description of its exported
+# model (architecture, calibration and the SHA-256 of the safetensors weights).
+SIG_MODEL_DESCRIPTION = b"clinograph/v1/sig/model-description"
+
+# Ledger high-water marks (sdk/privacy/ledger_file.py): the hospital signs the last ledger state it
+# wrote, kept beside the ledger, so that an older (validly signed) ledger is refused.
+SIG_LEDGER_HIGHWATER = b"clinograph/v1/sig/ledger-highwater"
+SIG_DISTRIBUTED_LEDGER = b"clinograph/v1/sig/distributed-ledger"  # a hospital signs its distributed-DP ledger

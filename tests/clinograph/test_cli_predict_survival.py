@@ -12,12 +12,14 @@ from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.nsfl_task import NSFLTask
 from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest import ingest
+from clinograph.secure.identity import Identity
 from typer.testing import CliRunner
 
 from clinograph.cli import app
 
 pytest.importorskip("lifelines")
 runner = CliRunner()
+ME = Identity.generate("north")
 TARGET = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36], "horizon": 12}
 
 
@@ -47,12 +49,12 @@ def files(tmp_path, df, schema, dictionary):
 
 def invoke(model, table, schema, dictionary, out):
     return runner.invoke(app, ["predict", "--model", str(model), "--table", str(table), "--schema", str(schema),
-                               "--dictionary", str(dictionary), "--out", str(out)])
+                               "--dictionary", str(dictionary), "--out", str(out), "--trusted-key", ME.public.b64()])
 
 
 def test_cli_predict_writes_a_risk_column_a_horizon(tmp_path):
     task, df, schema, d = setting()
-    path, _ = task.export(tmp_path / "surv.pt", horizons=[6, 12, 30])
+    path, _ = task.export(tmp_path / "surv.safetensors", signer=ME, horizons=[6, 12, 30])
     new = df.drop(columns=[schema.survival.time, schema.survival.event]).head(20)
     table, sch, dic = files(tmp_path, new, schema, d)
     res = invoke(path, table, sch, dic, tmp_path / "risks.csv")
@@ -72,15 +74,16 @@ def test_cli_predict_writes_a_risk_column_a_horizon(tmp_path):
 
 def test_cli_predict_survival_bad_input_is_a_message(tmp_path):
     task, df, schema, d = setting()
-    path, sidecar = task.export(tmp_path / "surv.pt")
+    path, sidecar = task.export(tmp_path / "surv.safetensors", signer=ME)
     table, sch, dic = files(tmp_path, df.head(5), schema, d)
-    res = invoke(tmp_path / "missing.pt", tmp_path / "missing.csv", sch, dic, tmp_path / "r.csv")
+    res = invoke(tmp_path / "missing.safetensors", tmp_path / "missing.csv", sch, dic, tmp_path / "r.csv")
     assert res.exit_code == 2 and "--model" in res.output and "--table" in res.output
     assert "Traceback" not in res.output
+    good = sidecar.read_text()
     sidecar.write_text('{"format": "something-else"}')
     res = invoke(path, table, sch, dic, tmp_path / "r.csv")
-    assert res.exit_code == 2 and "Unknown model format" in res.output and "Traceback" not in res.output
-    (tmp_path / "junk.pt").write_text("not a model")
-    (tmp_path / "junk.pt.json").write_text(sidecar.read_text().replace("something-else", "clinograph-nsfl-survival/1"))
-    res = invoke(tmp_path / "junk.pt", table, sch, dic, tmp_path / "r.csv")
-    assert res.exit_code == 2 and "not a TorchScript file" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "is not a signed model description" in res.output and "Traceback" not in res.output
+    (tmp_path / "junk.safetensors").write_text("not a model")
+    (tmp_path / "junk.safetensors.json").write_text(good)
+    res = invoke(tmp_path / "junk.safetensors", table, sch, dic, tmp_path / "r.csv")
+    assert res.exit_code == 2 and "SHA-256" in res.output and "Traceback" not in res.output

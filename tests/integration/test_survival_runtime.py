@@ -13,7 +13,7 @@ import pytest
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.ingest import ingest
-from clinograph.sdk.model.export import load_exported, predict_survival_exported
+from clinograph.sdk.model.load import load_exported, predict_survival_exported
 from clinograph.sdk.privacy import PrivacyLedger
 
 pytest.importorskip("lifelines")
@@ -39,15 +39,18 @@ def test_survival_federation_under_local_dp_through_the_runtime_then_export(tmp_
     sites = sorted(t.site for t in tables)
     assert sorted((p["client"], p["round"]) for p in ledgers) == sorted((s, r) for s in sites for r in range(2))
     for s in sites:  # the server's record is the hospital's own ledger; ε grows with the rounds
-        mine = PrivacyLedger(tmp_path / "state" / s, site=s, budget_epsilon=20.0, delta=1e-5)
+        mine = PrivacyLedger(tmp_path / "state" / s, site=s, budget_epsilon=20.0, delta=1e-5,
+                             signer=sim.hospitals[s].identity)
         assert result.epsilons[s][-1] == mine.epsilon() > result.epsilons[s][0] > 0
     for m in result.final.values():
         assert 0 <= m["cindex"] <= 1 and m["known"] <= m["n"]
     for s in sites:
-        task = result.hospitals[s].task
-        path, _ = task.export(tmp_path / f"{s}.pt")
-        module, info = load_exported(path)
+        task = result.hospitals[s].client.task
+        me = result.hospitals[s].client.identity
+        path, _ = task.export(tmp_path / f"{s}.safetensors", signer=me)
+        loaded = load_exported(path, trusted=me.public)
         new = task.table.subset(task.split.test)
-        _, surv, risk = predict_survival_exported(module, info, new)
-        np.testing.assert_allclose(risk[:, info["horizons"].index(12.0)], task.predict_table(new), atol=1e-9)
+        _, surv, risk = predict_survival_exported(loaded, new)
+        horizons = loaded.description.survival.horizons
+        np.testing.assert_allclose(risk[:, horizons.index(12.0)], task.predict_table(new), atol=1e-9)
         np.testing.assert_allclose(surv, task.predict_survival_table(new), atol=1e-9)

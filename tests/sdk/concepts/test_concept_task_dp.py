@@ -27,6 +27,8 @@ from clinograph.secure.runtime.config import FederationSection
 
 CARDS = {"a": 2, "b": 2, "c": 2, "y": 2}
 
+SIGNER = Identity.generate("h1")  # the hospital's identity: signs its ledger
+
 
 def _data(n: int = 40, seed: int = 0):
     rng = np.random.default_rng(seed)
@@ -56,7 +58,7 @@ def test_dp_round_equals_a_per_patient_loop(tmp_path):
     model = _model()
     ref = copy.deepcopy(model)
     clip, n = 0.05, len(split.train)
-    ledger = PrivacyLedger(tmp_path, site="h1", budget_epsilon=100.0, delta=1e-5)
+    ledger = PrivacyLedger(tmp_path, site="h1", budget_epsilon=100.0, delta=1e-5, signer=SIGNER)
     dp = ConceptDPTrainer(ledger=ledger, n_train=n, noise_multiplier=1.0, clip_norm=clip, batch_size=n)
     dp._noise = lambda std, shape, dtype: torch.zeros(shape, dtype=dtype)
     dp._optimizer = torch.optim.SGD
@@ -94,14 +96,14 @@ def test_dp_round_equals_a_per_patient_loop(tmp_path):
 def test_the_ledger_records_epsilon_and_refuses_past_the_budget(tmp_path):
     x, labels, split = _data()
     priv = PrivacySection(enabled=True, epsilon_budget=2.0, batch_size=10, planned_rounds=2, planned_local_epochs=1)
-    dp = concept_dp_trainer(privacy=priv, n_train=len(split.train), site="h1", state_dir=tmp_path)
+    dp = concept_dp_trainer(privacy=priv, n_train=len(split.train), site="h1", state_dir=tmp_path, signer=SIGNER)
     task = ConceptTask(model=_model(), inputs=x, labels=labels, task="y", split=split, privacy=dp)
     eps = []
     for r in range(2):
         out = task.train(round_=r, epochs=1, plan_options={})
         eps.append(out.ledger.epsilon)
     assert 0 < eps[0] < eps[1] <= 2.0 + 1e-6
-    stored = PrivacyLedger(tmp_path, site="h1", budget_epsilon=2.0, delta=priv.delta)
+    stored = PrivacyLedger(tmp_path, site="h1", budget_epsilon=2.0, delta=priv.delta, signer=SIGNER)
     assert sum(t for *_, t in stored.history) == 2 * dp.steps_per_epoch == 6
     assert rdp_epsilon(stored.history, priv.delta) == pytest.approx(eps[1])
     with pytest.raises(PrivacyBudgetExceeded, match="Refused before training"):
@@ -111,7 +113,7 @@ def test_the_ledger_records_epsilon_and_refuses_past_the_budget(tmp_path):
 def test_distributed_mode_is_refused_with_the_fix(tmp_path):
     priv = PrivacySection(enabled=True, mode="distributed", noise_multiplier=1.0)
     with pytest.raises(ConfigError, match="mode = 'distributed' is not implemented for concept tasks.*mode = 'local'"):
-        concept_dp_trainer(privacy=priv, n_train=30, site="h1", state_dir=tmp_path)
+        concept_dp_trainer(privacy=priv, n_train=30, site="h1", state_dir=tmp_path, signer=SIGNER)
 
 
 def _site(name: str, k: int) -> ConceptSite:

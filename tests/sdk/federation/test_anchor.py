@@ -1,13 +1,17 @@
-"""A hospital's audit anchor: the latest signed plan it saw, kept across restarts; older heads refused."""
+"""A hospital's audit anchor: the latest signed plan it saw, kept across restarts; older heads
+refused, and a later head only with a proof that it extends the anchored one -- a fork with a
+higher sequence number is refused (real audit trails, secure/audit/consistency.py)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from clinograph.sdk.federation.anchor import HospitalAnchor, RollbackDetected
+from clinograph.secure.audit import AuditTrail
 from clinograph.secure.errors import IntegrityError
 from clinograph.secure.identity import Identity
 from clinograph.secure.messages import RoundPlan
@@ -20,8 +24,9 @@ from hostile_helpers import DICTIONARY_HASH, SPEC  # noqa: E402
 SERVER = Identity.generate("server")
 
 
-def _plan(round_: int, seq: int | None, head: str = "a") -> tuple[RoundPlan, bytes]:
+def _plan(round_: int, seq: int | None, head: str = "a", **extra) -> tuple[RoundPlan, bytes]:
     options = {} if seq is None else {"audit.seq": seq, "audit.head": head * 64}
+    options.update(extra)
     plan = RoundPlan(federation_id="fed", round=round_, participants=("h1",), spec=SPEC,
                      dictionary_hash=DICTIONARY_HASH, secure_mode="masked", strategy="fedavg", min_clients=1,
                      local_epochs=1, global_state_digest=UNKNOWN_STATE, options=options)
@@ -35,7 +40,9 @@ def test_the_anchor_survives_a_restart_and_refuses_an_older_head(tmp_path):
     anchor.keep(plan, data)
     again = HospitalAnchor(tmp_path, server=SERVER.public)  # the hospital restarted
     assert again.get("fed").round == 3 and again.get("fed").plan == data
-    again.check(_plan(4, 55)[0])  # later head: fine
+    with pytest.raises(RollbackDetected, match=r"presents audit entry 55 .* but does not prove it extends round 3 at "
+                                               r"audit entry 40 .*: the plan carries no proof"):
+        again.check(_plan(4, 55)[0])  # a later head alone proves nothing
     with pytest.raises(RollbackDetected, match=r"presents audit entry 12 .* already saw round 3 at audit entry 40 "
                                                r".*rolled back to an earlier copy"):
         again.check(_plan(4, 12)[0])
@@ -61,3 +68,59 @@ def test_the_kept_global_model_is_restored_exactly_and_tampering_is_refused(tmp_
     (tmp_path / "audit_anchor.json").write_text("{}")
     with pytest.raises(IntegrityError, match="not a Clinograph anchor file"):
         HospitalAnchor(tmp_path, server=SERVER.public)
+
+
+def _grow(trail: AuditTrail, n: int, tag: str) -> None:
+    for i in range(n):
+        trail.record("test_event", {"tag": tag, "i": i})
+
+
+def _plan_at(trail: AuditTrail, round_: int, *, proof_from: int | None = None) -> tuple[RoundPlan, bytes]:
+    """The plan a server on ``trail`` signs for ``round_`` (its head, and the entries since ``proof_from``)."""
+    head = trail.head
+    extra = {} if proof_from is None else {"audit.proof_from": proof_from,
+                                           "audit.proof": trail.segment(proof_from).decode("ascii")}
+    plan = RoundPlan(federation_id="fed", round=round_, participants=("h1",), spec=SPEC,
+                     dictionary_hash=DICTIONARY_HASH, secure_mode="masked", strategy="fedavg", min_clients=1,
+                     local_epochs=1, global_state_digest=UNKNOWN_STATE,
+                     options={"audit.seq": head.seq, "audit.head": head.hash, **extra})
+    return plan, seal(plan, SERVER)
+
+
+def test_a_later_head_must_extend_the_anchored_one_and_a_fork_is_refused(tmp_path):
+    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
+    _grow(trail, 3, "round 0")
+    trail.checkpoint()
+    shutil.copytree(tmp_path / "audit", tmp_path / "copy")  # the server's disk, copied after round 0
+    _grow(trail, 3, "round 1")
+    anchor = HospitalAnchor(tmp_path / "h1", server=SERVER.public)
+    plan, data = _plan_at(trail, 1)
+    anchor.check(plan)
+    anchor.keep(plan, data)  # the hospital anchored entry 6
+    anchored = trail.head.seq
+    # the honest server goes on: later heads with the entries since (or since earlier) are accepted
+    _grow(trail, 4, "round 2")
+    anchor.check(_plan_at(trail, 2, proof_from=anchored)[0])
+    anchor.check(_plan_at(trail, 2, proof_from=1)[0])
+    # the server rolled back to the copy, then ran further than the hospital's anchor: a fork
+    fork = AuditTrail(tmp_path / "copy", identity=SERVER)
+    _grow(fork, 12, "replayed rounds")
+    assert fork.head.seq > anchored
+    for start in (-1, 1, anchored):
+        with pytest.raises(RollbackDetected, match=rf"presents audit entry {fork.head.seq} .* does not prove it "
+                                                   rf"extends round 1 at audit entry {anchored} .*: audit entry "
+                                                   rf"{anchored + 1} of its proof does not follow entry {anchored}"):
+            anchor.check(_plan_at(fork, 2, proof_from=start)[0])
+    # an honest proof made malformed is refused too
+    plan, _ = _plan_at(trail, 2, proof_from=anchored)
+    lines = plan.options["audit.proof"].split("\n")
+    bad = {**plan.options, "audit.proof": "\n".join(lines[:-1])}
+    with pytest.raises(RollbackDetected, match="its audit proof holds 3 entries, not the 4 from entry 7 to 10"):
+        anchor.check(plan.model_copy(update={"options": bad}))
+    with pytest.raises(RollbackDetected, match="starts after entry 7, past the anchored entry 6"):
+        anchor.check(_plan_at(trail, 2, proof_from=anchored + 1)[0])
+    tampered = {**plan.options, "audit.proof": plan.options["audit.proof"].replace('"round 2"', '"round 9"', 1)}
+    with pytest.raises(RollbackDetected, match="content does not match its hash"):
+        anchor.check(plan.model_copy(update={"options": tampered}))
+    fork.close()
+    trail.close()

@@ -13,7 +13,7 @@ from clinograph.sdk.federation.candidates import candidate_configs
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.federation.coverage import local_coverage, restrict, shared_features
 from clinograph.sdk.federation.simulate import simulate_one
-from clinograph.sdk.model.export import load_exported, predict_exported
+from clinograph.sdk.model.load import load_exported, predict_exported
 from clinograph.secure.audit import AuditTrail, verify_audit_dir
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.hazmat import fixedpoint
@@ -117,10 +117,11 @@ def test_a_model_on_listed_features_ignores_the_others_in_training_prediction_an
     np.testing.assert_array_equal(task.predict_table(scrambled), base)
     assert not np.allclose(task.predict_table(_with_values(t, "heart_rate", 10.0)), base)
     # the exported file reads only the listed features too, whatever the loader passes
-    path, sidecar = task.export(tmp_path / "model.pt")
-    module, info = load_exported(path)
-    assert info["features_used"] == [f for f in t.dictionary.node_ids() if f in keep]
-    np.testing.assert_allclose(predict_exported(module, info, scrambled), base, rtol=1e-5, atol=1e-7)
+    me = Identity.generate(t.site)
+    path, sidecar = task.export(tmp_path / "model.safetensors", signer=me)
+    loaded = load_exported(path, trusted=me.public)
+    assert list(loaded.description.features_used) == [f for f in t.dictionary.node_ids() if f in keep]
+    np.testing.assert_allclose(predict_exported(loaded, scrambled), base, rtol=1e-5, atol=1e-7)
 
 
 def torch_equal(a, b):

@@ -1,14 +1,14 @@
 """A hospital with a state directory writes, after every round, the model it would keep --
-selected on validation, calibrated -- as a TorchScript export it can use without the federation."""
+selected on validation, calibrated -- as an export (safetensors + a description signed with its
+identity) it can use without the federation."""
 
-import json
 import warnings
 
 import numpy as np
 import pytest
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import simulate
-from clinograph.sdk.model.export import load_exported, predict_exported
+from clinograph.sdk.model.load import load_exported, predict_exported
 from clinograph.secure.policy import InsecureOptionWarning
 from sdk_helpers import small_tables
 
@@ -32,10 +32,10 @@ def test_each_hospital_keeps_an_export_of_its_selected_calibrated_model(fed):
     for table in tables:
         client = sim.hospitals[table.site].client
         assert client.model_path is not None and client.model_path.exists()
-        module, info = load_exported(client.model_path)
-        assert info["selected_round"] == res.selection["round"]
+        loaded = load_exported(client.model_path, trusted=client.identity.public)
+        assert loaded.description.selected_round == res.selection["round"]
         # the file scores like the hospital's own finished model (selected round, personal layers, Platt)
-        assert np.allclose(predict_exported(module, info, table), client.predict_table(table), atol=1e-6)
+        assert np.allclose(predict_exported(loaded, table), client.predict_table(table), atol=1e-6)
 
 
 def test_export_between_rounds_leaves_training_state_untouched(fed, tmp_path):
@@ -45,12 +45,13 @@ def test_export_between_rounds_leaves_training_state_untouched(fed, tmp_path):
     calibration = task.calibration
     task.selection.best_state = {k: v + 1.0 for k, v in before.items()}  # a different kept model
     task.selection.best_round = 99
-    task.export_kept(tmp_path / "kept.pt")
+    me = sim.hospitals[tables[1].site].identity
+    task.export_kept(tmp_path / "kept.safetensors", signer=me)
     after = task.model.state_dict()
     assert all(np.array_equal(before[k].numpy(), after[k].numpy()) for k in before)
     assert task.calibration is calibration
-    assert json.loads((tmp_path / "kept.pt.json").read_text())["selected_round"] == 99
-    assert task.export_kept(tmp_path / "kept.pt") is None  # same kept round: not written again
+    assert load_exported(tmp_path / "kept.safetensors", trusted=me.public).description.selected_round == 99
+    assert task.export_kept(tmp_path / "kept.safetensors", signer=me) is None  # same kept round: not written again
 
 
 def test_no_state_directory_no_file(fed):

@@ -1,6 +1,7 @@
-"""Survival model export (sdk/model/export.py): the TorchScript file and its sidecar give the
-hazard per interval, S(b_k) and the risk at each horizon exactly as the task does in the SDK,
-loaded without the federation; wrong inputs are refused with SchemaError/ConfigError."""
+"""Survival model export (sdk/model/export.py): the safetensors weights and their signed
+description give the hazard per interval, S(b_k) and the risk at each horizon exactly as the task
+does in the SDK, loaded without the federation; wrong inputs are refused with
+SchemaError/ConfigError/IntegrityError."""
 
 import functools
 import json
@@ -12,17 +13,15 @@ from clinograph.sdk.federation.nsfl_task import NSFLTask
 from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ingest.survival import days_per
-from clinograph.sdk.model.export import (
-    SURVIVAL_FORMAT,
-    load_exported,
-    predict_exported,
-    predict_survival_exported,
-)
+from clinograph.sdk.model.description import SURVIVAL_FORMAT
+from clinograph.sdk.model.load import load_exported, predict_exported, predict_survival_exported
 from clinograph.sdk.training.survival import risk_at
-from clinograph.secure.errors import ConfigError, SchemaError
+from clinograph.secure.errors import ConfigError, IntegrityError, SchemaError
+from clinograph.secure.identity import Identity
 
 pytest.importorskip("lifelines")
 
+ME = Identity.generate("north")
 TARGET = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36], "horizon": 18}
 
 
@@ -45,31 +44,33 @@ def trained():
 
 def test_survival_export_matches_the_sdk_prediction(tmp_path):
     task, new = trained()
-    path, sidecar = task.export(tmp_path / "surv.pt")
-    info = json.loads(sidecar.read_text())
+    path, sidecar = task.export(tmp_path / "surv.safetensors", signer=ME)
+    info = json.loads(json.loads(sidecar.read_text())["description"])
     assert info["format"] == SURVIVAL_FORMAT and info["dictionary_hash"] == new.dictionary.digest()
-    assert info["features"] == new.dictionary.node_ids() and info["breaks"] == [3, 6, 12, 24, 36]
-    assert info["horizons"] == [3, 6, 12, 18, 24, 36] and info["time_unit"] == "mo"
-    assert info["risk_columns"][3] == "risk_18mo"
-    module, info2 = load_exported(path)
-    hazard, surv, risk = predict_survival_exported(module, info2, new)
+    assert info["features"] == new.dictionary.node_ids() and info["survival"]["breaks"] == [3, 6, 12, 24, 36]
+    assert info["survival"]["horizons"] == [3, 6, 12, 18, 24, 36] and info["survival"]["time_unit"] == "mo"
+    assert info["survival"]["risk_columns"][3] == "risk_18mo"
+    loaded = load_exported(path, trusted=ME.public)
+    hazard, surv, risk = predict_survival_exported(loaded, new)
     curves = task.predict_survival_table(new)
     assert hazard.shape == (new.n_patients, 5) and risk.shape == (new.n_patients, 6)
     np.testing.assert_allclose(surv, curves, rtol=0, atol=1e-9)
     np.testing.assert_allclose(np.cumprod(1 - hazard, axis=1), curves, rtol=0, atol=1e-9)
     np.testing.assert_allclose(risk[:, 3], task.predict_table(new), rtol=0, atol=1e-9)  # the configured horizon
     logits = task._hazard_logits_table(new)
-    for j, h in enumerate(info["horizons"]):  # risk_at in days and the export in months agree
+    for j, h in enumerate(info["survival"]["horizons"]):  # risk_at in days and the export in months agree
         np.testing.assert_allclose(risk[:, j], risk_at(logits, task.survival_target[0], h * days_per("mo")), atol=1e-9)
     with pytest.raises(SchemaError, match="survival model"):
-        predict_exported(module, info2, new)
+        predict_exported(loaded, new)
 
 
 def test_survival_export_refuses_bad_horizons_and_a_broken_sidecar(tmp_path):
     task, _ = trained()
     with pytest.raises(ConfigError, match=r"lie in \(0, 36\]"):
-        task.export(tmp_path / "m.pt", horizons=[48])
-    path, sidecar = task.export(tmp_path / "m.pt", horizons=[12])
+        task.export(tmp_path / "m.safetensors", signer=ME, horizons=[48])
+    with pytest.raises(ConfigError, match="strictly increasing"):
+        task.export(tmp_path / "m.safetensors", signer=ME, horizons=[12, 6])
+    path, sidecar = task.export(tmp_path / "m.safetensors", signer=ME, horizons=[12])
     sidecar.write_text("{not json")
-    with pytest.raises(SchemaError, match="Unknown model format"):
-        load_exported(path)
+    with pytest.raises(IntegrityError, match="is not a signed model description"):
+        load_exported(path, trusted=ME.public)

@@ -62,11 +62,15 @@ def test_theorem1_unobserved_features_shape_rows_get_exactly_zero_gradient():
 
 
 def test_exported_star_model_keeps_the_shape_functions(tmp_path):
-    from clinograph.sdk.model.export import export_model, load_exported, predict_exported, star_risk
+    from clinograph.sdk.model.export import export_model, star_risk
+    from clinograph.sdk.model.load import load_exported, predict_exported
+    from clinograph.secure.identity import Identity
+
+    me = Identity.generate("h")
 
     t = small_tables()[0]
     m = shaped(t).float()
-    path, _ = export_model(m, tmp_path / "m.pt", dictionary=t.dictionary)
-    module, info = load_exported(path)
-    np.testing.assert_allclose(predict_exported(module, info, t), star_risk(m, t, dictionary=t.dictionary),
+    path, _ = export_model(m, tmp_path / "m.safetensors", dictionary=t.dictionary, signer=me)
+    loaded = load_exported(path, trusted=me.public)
+    np.testing.assert_allclose(predict_exported(loaded, t), star_risk(m, t, dictionary=t.dictionary),
                                rtol=1e-5, atol=1e-6)

@@ -71,13 +71,17 @@ def test_deep_off_needs_the_static_wide_path():
 
 def test_an_exported_wide_only_model_predicts_as_in_the_federation(tmp_path):
     import numpy as np
-    from clinograph.sdk.model.export import export_model, load_exported, predict_exported, star_risk
+    from clinograph.sdk.model.export import export_model, star_risk
+    from clinograph.sdk.model.load import load_exported, predict_exported
+    from clinograph.secure.identity import Identity
+
+    me = Identity.generate("h")
 
     t = small_tables()[0]
     m = _model(t, deep=False).float()
-    path, _ = export_model(m, tmp_path / "m.pt", dictionary=t.dictionary)
-    module, info = load_exported(path)
-    got = predict_exported(module, info, t)
+    path, _ = export_model(m, tmp_path / "m.safetensors", dictionary=t.dictionary, signer=me)
+    loaded = load_exported(path, trusted=me.public)
+    got = predict_exported(loaded, t)
     np.testing.assert_allclose(got, star_risk(m, t, dictionary=t.dictionary), rtol=1e-5, atol=1e-6)
     deep = _model(t, deep=True).float()  # the same weights with the GNN's term: other risks
     assert np.abs(got - star_risk(deep, t, dictionary=t.dictionary)).max() > 1e-4

@@ -20,6 +20,7 @@ from clinograph.sdk.privacy import star_loss, unused_star_parameters
 from clinograph.sdk.research import timeseries as ts
 from clinograph.sdk.training import bce
 from clinograph.secure.errors import ConfigError
+from clinograph.secure.identity import Identity
 from clinograph.secure.spec import ModuleKind
 from opacus import GradSampleModule
 
@@ -178,7 +179,7 @@ def test_temporal_task_trains_under_patient_level_dp(tables, tmp_path):
                          graph={"k_similar": 0}, privacy={"enabled": True, "noise_multiplier": 1.0, "batch_size": 8,
                                                           "state_dir": str(tmp_path)})
     t = tables[0]
-    task = build_task(t, dictionary=t.dictionary, config=cfg)
+    task = build_task(t, dictionary=t.dictionary, config=cfg, identity=Identity.generate(t.site))
     fi, x, m, y = task.trainer.dataset.tensors
     assert fi.shape[1:] == (WINDOW, fi.shape[2]) and len(y) == len(task.split.train)  # one row a patient
     before = task.modules.get("temporal/combine")
@@ -198,4 +199,4 @@ def test_predict_table_scores_new_patients_from_their_sequences(tables, tmp_path
     later = t.subset(np.arange(10))
     assert np.allclose(task.predict_table(later), task.predict()[:10], atol=1e-6)
     with pytest.raises(ConfigError, match="temporal model"):
-        task.export(tmp_path / "m.pt")
+        task.export(tmp_path / "m.safetensors", signer=Identity.generate("h"))

@@ -189,13 +189,17 @@ def test_per_sample_gradients_stay_exact_with_piecewise_encoding(encoding):
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_exported_star_model_keeps_the_piecewise_encoding(tmp_path, encoding):
-    from clinograph.sdk.model.export import export_model, load_exported, predict_exported, star_risk
+    from clinograph.sdk.model.export import export_model, star_risk
+    from clinograph.sdk.model.load import load_exported, predict_exported
+    from clinograph.secure.identity import Identity
+
+    me = Identity.generate("h")
 
     t = small_tables()[0]
     m = encoded(t, shape=True, encoding=encoding).float()
-    path, _ = export_model(m, tmp_path / "m.pt", dictionary=t.dictionary)
-    module, info = load_exported(path)
-    got = predict_exported(module, info, t)
+    path, _ = export_model(m, tmp_path / "m.safetensors", dictionary=t.dictionary, signer=me)
+    loaded = load_exported(path, trusted=me.public)
+    got = predict_exported(loaded, t)
     np.testing.assert_allclose(got, star_risk(m, t, dictionary=t.dictionary), rtol=1e-5, atol=1e-6)
     lin = encoded(t, encoding="linear", shape=True).float()
     assert np.abs(got - star_risk(lin, t, dictionary=t.dictionary)).max() > 1e-4  # U is in the file

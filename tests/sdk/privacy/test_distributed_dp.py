@@ -22,6 +22,7 @@ from clinograph.sdk.privacy.distributed import (
 )
 from clinograph.secure.errors import PrivacyError
 from clinograph.secure.hazmat.discrete_noise import CsprngUniform, skellam
+from clinograph.secure.identity import Identity
 from clinograph.secure.spec import ModuleKind
 from clinograph.secure.strategies.fedavg import FedSGD
 from hypothesis import given, settings
@@ -147,6 +148,7 @@ def test_a_hospital_whose_privacy_differs_from_the_policy_refuses_to_start(table
     t = tables[0]
     with pytest.raises(PrivacyError, match="differs from the federation's"):
         DistributedDPTask(t, dictionary=dictionary, config=bad, policy=policy, state_dir=tmp_path / "x",
+                          signer=Identity.generate(t.site),
                           split=hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.0,
                                               seed=0))
 

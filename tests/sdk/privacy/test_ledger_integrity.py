@@ -1,16 +1,20 @@
-"""The hospital's privacy ledger file cannot be edited into admitting a round past the budget.
+"""The hospital's privacy ledger file cannot be edited, unsigned or rolled back into admitting a
+round past the budget.
 
 Before: ε values were read back from a cache in privacy_ledger.json, so changing one number
 admitted a round whose true ε was far past the budget; nothing detected edits to the history;
-two processes committing to one state dir silently lost steps.
+two processes committing to one state dir silently lost steps; a ledger could be built without
+a signer (freely editable), and an older, validly signed ledger (a restored backup) was accepted
+with no warning. Now every ledger is signed and checked against a signed high-water mark.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
-from clinograph.sdk.privacy import PrivacyLedger
+from clinograph.sdk.privacy import DistributedLedger, PrivacyLedger
 from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
 from clinograph.secure.identity import Identity
 
@@ -20,7 +24,8 @@ SIGNER = Identity.generate("alpha")
 
 
 def _ledger(path, **kw) -> PrivacyLedger:
-    return PrivacyLedger(path, site="alpha", budget_epsilon=10.0, delta=DELTA, **kw)
+    return PrivacyLedger(path, site="alpha", budget_epsilon=kw.pop("budget", 10.0), delta=DELTA,
+                         signer=kw.pop("signer", SIGNER), **kw)
 
 
 def _spend(ledger: PrivacyLedger, steps: int, round_: int = 0):
@@ -34,11 +39,13 @@ def test_an_edited_epsilon_number_is_not_trusted(tmp_path):
     planned = 400
     true = ledger.project(noise_multiplier=SIGMA, sample_rate=Q, steps=planned)
     assert true > 10.0  # the round must be refused
-    # The attacker writes a small ε under the exact key the next check looks up.
+    # Even the key holder writing a small ε under the exact key the next check looks up (signed, so
+    # the signature check passes) changes nothing: ε is recomputed from the history.
     state = json.loads(ledger.path.read_text())
+    del state["signature"]
     hist = [[repr(s), repr(q), t] for s, q, t in [(SIGMA, Q, 300 + planned)]]
     state["epsilon_cache"] = {json.dumps(["rdp", repr(DELTA), hist]): 1.0}
-    ledger.path.write_text(json.dumps(state))
+    ledger._file.write(state)
     with pytest.raises(PrivacyBudgetExceeded, match=f"to {true:.3f}"):
         _ledger(tmp_path).check_round(round_=1, noise_multiplier=SIGMA, sample_rate=Q, steps=planned)
 
@@ -51,7 +58,8 @@ def test_a_signed_ledger_detects_an_edited_history(tmp_path):
     state["history"] = [[SIGMA, Q, 3]]  # 297 steps "forgotten"
     ledger.path.write_text(json.dumps(state))
     with pytest.raises(PrivacyError, match=r"privacy_ledger\.json was modified outside Clinograph .*invalid.*"
-                                           r"restore the file from backup"):
+                                           r"A restored backup is checked against the high-water mark "
+                                           r"privacy_ledger\.highwater\.json"):
         _ledger(tmp_path, signer=SIGNER)
 
 
@@ -76,3 +84,87 @@ def test_a_second_writer_cannot_overwrite_steps_it_did_not_see(tmp_path):
     with pytest.raises(PrivacyError, match="changed since this process loaded it"):
         _spend(b, 50)
     assert _ledger(tmp_path).history == [(SIGMA, Q, 100)]
+
+
+def test_there_is_no_unsigned_ledger(tmp_path):
+    with pytest.raises(TypeError, match="signer"):
+        PrivacyLedger(tmp_path, site="alpha", budget_epsilon=10.0, delta=DELTA)  # type: ignore[call-arg]
+    with pytest.raises(PrivacyError, match=r"Privacy ledger of hospital 'alpha' needs the hospital's signing identity "
+                                           r"\(signer=\), got NoneType: there is no unsigned ledger"):
+        _ledger(tmp_path, signer=None)
+    with pytest.raises(PrivacyError, match="there is no unsigned ledger"):
+        DistributedLedger(tmp_path, site="alpha", budget_epsilon=10.0, delta=DELTA, signer=None)
+    assert not (tmp_path / "privacy_ledger.json").exists()
+
+
+def test_an_older_validly_signed_ledger_is_refused(tmp_path):
+    ledger = _ledger(tmp_path, budget=50.0)
+    _spend(ledger, 100, round_=0)
+    backup = tmp_path / "backup.json"
+    shutil.copy(ledger.path, backup)  # a validly signed ledger, one round old
+    old_eps = ledger.epsilon()
+    _spend(ledger, 100, round_=1)
+    new_eps = ledger.epsilon()
+    assert new_eps > old_eps
+    shutil.copy(backup, ledger.path)  # "restore from backup"
+    with pytest.raises(PrivacyError, match=(
+            rf"is not the latest ledger of hospital 'alpha': it holds 1 round\(s\) \(ε {old_eps:.3f}\), but the "
+            rf"high-water mark privacy_ledger\.highwater\.json records 2 \(ε {new_eps:.3f}\) that this file does "
+            r"not contain.*A restored backup is checked against the high-water mark")):
+        _ledger(tmp_path, budget=50.0)
+
+
+def test_a_ledger_of_the_same_length_but_another_history_is_refused(tmp_path):
+    _spend(_ledger(tmp_path / "a", budget=50.0), 100)
+    _spend(_ledger(tmp_path / "b", budget=50.0), 5)  # same key, same length, far less spent
+    shutil.copy(tmp_path / "b" / "privacy_ledger.json", tmp_path / "a" / "privacy_ledger.json")
+    with pytest.raises(PrivacyError, match="records 1 .* that this file does not begin with"):
+        _ledger(tmp_path / "a", budget=50.0)
+
+
+def test_a_deleted_ledger_is_refused_while_its_mark_remains(tmp_path):
+    _spend(_ledger(tmp_path), 10)
+    (tmp_path / "privacy_ledger.json").unlink()
+    with pytest.raises(PrivacyError, match=r"privacy_ledger\.json is missing, but hospital 'alpha' has recorded 1 "
+                                           r"round\(s\) in it .* refusing to start again from ε = 0"):
+        _ledger(tmp_path)
+
+
+def test_an_edited_or_foreign_mark_is_refused_and_an_unmarked_ledger_is_marked_once(tmp_path):
+    _spend(_ledger(tmp_path), 10)
+    mark = tmp_path / "privacy_ledger.highwater.json"
+    state = json.loads(mark.read_text())
+    mark.write_text(json.dumps({**state, "entries": 0}))  # lower the mark by hand
+    with pytest.raises(PrivacyError, match=r"High-water mark .*privacy_ledger\.highwater\.json was modified outside"):
+        _ledger(tmp_path)
+    mark.unlink()  # a ledger from before marks existed: accepted, and marked from then on
+    assert _ledger(tmp_path).history == [(SIGMA, Q, 10)]
+    assert json.loads(mark.read_text())["entries"] == 1
+
+
+def _record(round_: int) -> dict:
+    return {"round": round_, "mechanism": "skellam", "noise_multiplier": 1.0, "noise_multiplier_alone": 0.7,
+            "sample_rate": 0.05, "clip_norm": 1.0, "scale": 1000.0, "dim": 100, "min_honest": 2,
+            "share_variance": 5e5}
+
+
+def test_the_distributed_ledger_is_signed_and_cannot_go_back(tmp_path):
+    def ledger():
+        return DistributedLedger(tmp_path, site="alpha", budget_epsilon=1e6, delta=DELTA, signer=SIGNER)
+
+    ledger().commit(_record(0))
+    path = tmp_path / "distributed_ledger.json"
+    assert "signature" in json.loads(path.read_text())
+    backup = path.read_bytes()
+    ledger().commit(_record(1))
+    assert [e["round"] for e in ledger().entries] == [0, 1]
+    path.write_bytes(backup)
+    with pytest.raises(PrivacyError, match="is not the latest ledger of hospital 'alpha': it holds 1 round"):
+        ledger()
+    state = json.loads(path.read_text())
+    state["entries"][0]["noise_multiplier"] = 9.0
+    path.write_text(json.dumps(state))
+    with pytest.raises(PrivacyError, match="Distributed-DP ledger .* was modified outside Clinograph"):
+        ledger()
+    with pytest.raises(PrivacyError, match="invalid"):
+        DistributedLedger(tmp_path, site="alpha", budget_epsilon=1e6, delta=DELTA, signer=Identity.generate("alpha"))

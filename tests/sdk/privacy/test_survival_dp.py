@@ -24,6 +24,7 @@ from clinograph.sdk.privacy.survival import (
     hazard_loss_sum,
 )
 from clinograph.sdk.training.survival import interval_targets
+from clinograph.secure.identity import Identity
 from sdk_helpers import SURVIVAL_TARGET, lung_survival
 
 pytest.importorskip("lifelines")
@@ -126,9 +127,9 @@ def test_dp_round_on_a_survival_target_records_epsilon(tmp_path, mode):
         "federation": {"rounds": 2, "min_clients": 2}, "model": {"hidden": 8}, "graph": {"k_similar": 0},
         "training": {"lr": 0.02}, "target": TARGET,
         "privacy": {"enabled": True, "noise_multiplier": 1.0, "batch_size": 16, "epsilon_budget": 50.0,
-                    "grad_sample_mode": mode}}).hospital_config()
+                    "grad_sample_mode": mode, "state_dir": str(tmp_path)}}).hospital_config()
     split = hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.2, seed=0)
-    task = NSFLTask(t, dictionary=d, config=conf, split=split, state_dir=tmp_path)
+    task = NSFLTask(t, dictionary=d, config=conf, split=split, state_dir=tmp_path, signer=Identity.generate(t.site))
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
     out = task.train(round_=0, epochs=1, plan_options={})
     e = out.ledger

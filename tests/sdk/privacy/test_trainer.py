@@ -16,10 +16,13 @@ from clinograph.sdk.privacy import (
     secure_gaussian,
 )
 from clinograph.sdk.training.local import TrainConfig
+from clinograph.secure.identity import Identity
+
+SIGNER = Identity.generate("alpha")  # the hospital's identity: signs every ledger here
 
 
 def _trainer(table, tmp_path, *, n_train=None, batch_size=16, budget=50.0, **kw):
-    ledger = PrivacyLedger(tmp_path, site=table.site, budget_epsilon=budget, delta=1e-5)
+    ledger = PrivacyLedger(tmp_path, site=table.site, budget_epsilon=budget, delta=1e-5, signer=SIGNER)
     idx = np.arange(table.n_patients if n_train is None else n_train)
     return DPTrainer(table, train_idx=idx, ledger=ledger, noise_multiplier=kw.pop("sigma", 1.0), clip_norm=1.0,
                      batch_size=batch_size, train_config=TrainConfig(lr=0.01), **kw)
@@ -89,19 +92,19 @@ def test_full_graph_and_similar_to_are_refused_under_dp(tables, tmp_path):
     dp_on = PrivacySection(enabled=True, noise_multiplier=1.0)
     cfg = HospitalConfig(privacy=dp_on, graph=GraphSection(k_similar=5))
     with pytest.raises(PrivacyError, match="Fix: set \\[graph\\] k_similar = 0"):
-        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=cfg, site="alpha", state_dir=tmp_path)
+        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=cfg, site="alpha", state_dir=tmp_path, signer=SIGNER)
     with pytest.raises(PrivacyError, match="enabled = true"):
         dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=HospitalConfig(graph=GraphSection(k_similar=0)),
-                           site="alpha", state_dir=tmp_path)
+                           site="alpha", state_dir=tmp_path, signer=SIGNER)
     with pytest.raises(PrivacyError, match="planned_rounds"):
-        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), site="alpha", state_dir=tmp_path,
+        dp_trainer_factory(table=tables[0], train_idx=np.arange(10), site="alpha", state_dir=tmp_path, signer=SIGNER,
                            config=HospitalConfig(privacy=PrivacySection(enabled=True), graph=GraphSection(k_similar=0)))
 
 
 def test_factory_calibrates_sigma_when_none_is_given(tables, tmp_path):
     cfg = HospitalConfig(privacy=PrivacySection(enabled=True, epsilon_budget=8.0, planned_rounds=3,
                                                 planned_local_epochs=2, batch_size=16), graph=GraphSection(k_similar=0))
-    tr = dp_trainer_factory(table=tables[0], train_idx=np.arange(80), config=cfg, site="alpha", state_dir=tmp_path)
+    tr = dp_trainer_factory(table=tables[0], train_idx=np.arange(80), config=cfg, site="alpha", state_dir=tmp_path, signer=SIGNER)
     steps = 3 * 2 * tr.steps_per_epoch
     eps = tr.ledger.epsilon([(tr.noise_multiplier, tr.sample_rate, steps)])
     assert 7.9 <= eps <= 8.0
@@ -136,7 +139,7 @@ def test_steps_taken_before_a_crash_are_still_accounted(tables, dictionary, tmp_
     model.armed = True
     with pytest.raises(RuntimeError, match="simulated crash"):
         tr.train(model, round_=1, epochs=1, plan_options={})
-    reread = PrivacyLedger(tmp_path, site=tables[0].site, budget_epsilon=50.0, delta=1e-5)
+    reread = PrivacyLedger(tmp_path, site=tables[0].site, budget_epsilon=50.0, delta=1e-5, signer=SIGNER)
     assert sum(t for *_, t in reread.history) == tr.steps_per_epoch + 2 and reread.epsilon() > 0
 
 
@@ -155,7 +158,7 @@ def test_engine_optimizer_and_accountant_are_built_once_and_carried_across_round
     assert (tr._opt, tr._clipper, tr._gsm, tr._dp_opt) == wrapped
     total = sum(tr.planned_steps(e) for e in epochs)
     assert sum(t for *_, t in accountant.history) == total == sum(t for *_, t in tr.ledger.history)
-    reread = PrivacyLedger(tmp_path, site=tables[1].site, budget_epsilon=50.0, delta=1e-5)
+    reread = PrivacyLedger(tmp_path, site=tables[1].site, budget_epsilon=50.0, delta=1e-5, signer=SIGNER)
     assert reread.epsilon() == pytest.approx(tr.ledger.epsilon()) and reread.epsilon() > 0
     assert model._forward_hooks == {} and model.head._forward_hooks == {}  # nothing left on the model between rounds
     tr.train(_model(dictionary), round_=3, epochs=1, plan_options={})  # another model object: rebuilt for it
@@ -191,7 +194,8 @@ def test_dp_training_honours_the_wide_rows_learning_rate(tables, dictionary, tmp
     its lr a step, so at factor 1e-3 the wide rows move < 2·lr·1e-3·steps while the rest moves freely."""
     moved = {}
     for factor in (1.0, 1e-3):
-        ledger = PrivacyLedger(tmp_path / str(factor), site=tables[0].site, budget_epsilon=50.0, delta=1e-5)
+        ledger = PrivacyLedger(tmp_path / str(factor), site=tables[0].site, budget_epsilon=50.0, delta=1e-5,
+                               signer=SIGNER)
         tr = DPTrainer(tables[0], train_idx=np.arange(tables[0].n_patients), ledger=ledger, noise_multiplier=1.0,
                        clip_norm=1.0, batch_size=16, grad_sample_mode=mode,
                        train_config=TrainConfig(lr=0.01, wide_lr_factor=factor))
@@ -205,7 +209,7 @@ def test_dp_training_honours_the_wide_rows_learning_rate(tables, dictionary, tmp
 
 
 def test_an_explicit_mask_lr_factor_under_dp_is_not_silently_ignored(tables, tmp_path):
-    ledger = PrivacyLedger(tmp_path, site=tables[0].site, budget_epsilon=50.0, delta=1e-5)
+    ledger = PrivacyLedger(tmp_path, site=tables[0].site, budget_epsilon=50.0, delta=1e-5, signer=SIGNER)
     with pytest.warns(UserWarning, match="mask_lr_factor applies to non-DP training only"):
         DPTrainer(tables[0], train_idx=np.arange(10), ledger=ledger, noise_multiplier=1.0, clip_norm=1.0,
                   batch_size=4, train_config=TrainConfig(lr=0.01, mask_lr_factor=3.0))

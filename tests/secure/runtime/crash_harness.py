@@ -46,6 +46,8 @@ FEDERATION = "fed-crash"
 DICTIONARY_HASH = "c" * 64
 SIGMA, RATE = 1.0, 0.1
 
+LEDGER_SIGNER = Identity.generate("ledger")  # signs the harness hospitals' privacy ledgers
+
 
 class LineTask:
     """Linear regression by full-batch gradient descent: the update depends only on the global
@@ -66,7 +68,7 @@ class LineTask:
         self.x = torch.tensor(x, dtype=torch.float32)
         self.y = torch.tensor(x @ np.array([0.5, -0.3, 0.2, 0.1]) + 0.05 * rng.normal(size=32),
                               dtype=torch.float32).reshape(-1, 1)
-        self.ledger = PrivacyLedger(state_dir, site=site, budget_epsilon=1e6, delta=1e-5)
+        self.ledger = PrivacyLedger(state_dir, site=site, budget_epsilon=1e6, delta=1e-5, signer=LEDGER_SIGNER)
 
     @property
     def num_samples(self) -> int:

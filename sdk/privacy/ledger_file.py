@@ -1,0 +1,144 @@
+"""A hospital's ledger file on disk: signed by the hospital, and never older than the last one it saw.
+
+Every ledger (the local-DP :class:`~.accountant.PrivacyLedger`, the distributed-DP
+:class:`~.distributed.DistributedLedger`) is a JSON object with a ``format``, a ``site`` and a
+list of ``entries`` that only grows, one a round. :class:`SignedLedgerFile` signs the whole
+object with the hospital's Ed25519 identity (a required argument: there is no unsigned ledger)
+and, after every write, a **high-water mark** in a separate file beside it
+(``<ledger>.highwater.json``, also signed): the number of entries, the SHA-256 of their
+canonical JSON and the last ε. On every read the ledger must hold at least that many entries
+and begin with exactly those (same digest), so a validly signed but older ledger -- a restored
+backup, a copied file -- is refused, as is a ledger deleted while its mark remains.
+
+Does not protect against rolling back (or deleting) the ledger *and* its mark together, i.e.
+the whole state directory: keep a copy of the mark elsewhere if that is in your threat model.
+A ledger that has no mark yet (written before marks existed) is accepted once and marked.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+from clinograph.secure.errors import IntegrityError, PrivacyError
+from clinograph.secure.fileio import atomic_write
+from clinograph.secure.hazmat.labels import SIG_LEDGER_HIGHWATER
+from clinograph.secure.identity import Identity
+
+MARK_FORMAT = "clinograph/ledger-highwater/v1"
+RESTORE = ("A restored backup is checked against the high-water mark {mark}: only a ledger that holds every entry "
+           "recorded so far is accepted, so restore the newest backup; an older one is refused.")
+
+
+def canonical(state: dict) -> bytes:
+    """The bytes a ledger's signature covers."""
+    return json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def entries_digest(entries: list) -> str:
+    return hashlib.sha256(canonical({"entries": entries})).hexdigest()
+
+
+class SignedLedgerFile:
+    """Read and write one signed ledger file and its high-water mark.
+
+    Args:
+        path: the ledger file. site: the hospital (checked against the file).
+        signer: the hospital's identity (required: it signs and verifies both files).
+        context: the signature context of the ledger. what: its name in messages.
+    """
+
+    def __init__(self, path: Path, *, site: str, signer: Identity, context: bytes, what: str):
+        if not isinstance(signer, Identity):
+            raise PrivacyError(f"{what} of hospital {site!r} needs the hospital's signing identity (signer=), got "
+                               f"{type(signer).__name__}: there is no unsigned ledger. Fix: pass the hospital's "
+                               "Identity (its <name>.ed25519.pem from `clinograph keys init`).")
+        self.path, self.site, self.signer, self.context, self.what = path, site, signer, context, what
+        self.mark_path = path.with_name(path.stem + ".highwater.json")
+
+    def read(self, *, fmt: str) -> dict | None:
+        """The verified ledger state (without its signature), or None if there is no ledger yet.
+
+        Raises:
+            PrivacyError: unreadable, another format or site, a missing or invalid signature, or
+                older than the high-water mark (or deleted while the mark remains).
+        """
+        state = self._load(self.path, fmt=fmt) if self.path.exists() else None
+        mark = self._mark()
+        if state is None:
+            if mark is not None and mark["entries"] > 0:
+                raise PrivacyError(
+                    f"{self.what} {self.path} is missing, but hospital {self.site!r} has recorded {mark['entries']} "
+                    f"round(s) in it (ε {mark['epsilon']:.3f}, high-water mark {self.mark_path.name}); refusing to "
+                    "start again from ε = 0. " + RESTORE.format(mark=self.mark_path.name))
+            return None
+        entries = state.get("entries")
+        if not isinstance(entries, list):
+            raise PrivacyError(f"{self.what} {self.path} holds no list of entries. "
+                               + RESTORE.format(mark=self.mark_path.name))
+        if mark is not None and (len(entries) < mark["entries"]
+                                 or entries_digest(entries[: mark["entries"]]) != mark["digest"]):
+            eps = entries[-1].get("epsilon", 0.0) if entries and isinstance(entries[-1], dict) else 0.0
+            raise PrivacyError(
+                f"{self.what} {self.path} is not the latest ledger of hospital {self.site!r}: it holds "
+                f"{len(entries)} round(s) (ε {eps:.3f}), but the high-water mark {self.mark_path.name} records "
+                f"{mark['entries']} (ε {mark['epsilon']:.3f}) that this file does not "
+                f"{'contain' if len(entries) < mark['entries'] else 'begin with'}: an older or another ledger, "
+                "validly signed, would understate the privacy spent. " + RESTORE.format(mark=self.mark_path.name))
+        if mark is None or len(entries) > mark["entries"]:
+            self._write_mark(entries)  # first read of an unmarked ledger, or a write whose mark was interrupted
+        return state
+
+    def write(self, state: dict) -> None:
+        """Sign and atomically write ``state``, then advance the high-water mark."""
+        signed = {**state, "signature": base64.b64encode(self.signer.sign(canonical(state),
+                                                                         context=self.context)).decode()}
+        atomic_write(self.path, json.dumps(signed, indent=1, sort_keys=True))
+        self._write_mark(state["entries"])
+
+    # -- files ------------------------------------------------------------------------------------
+    def _load(self, path: Path, *, fmt: str, context: bytes | None = None) -> dict:
+        context = context or self.context
+        name = self.what if path == self.path else f"High-water mark of the {self.what.lower()}"
+        try:
+            state = json.loads(path.read_text())
+            if not isinstance(state, dict):
+                raise ValueError("not an object")
+        except (OSError, ValueError) as exc:
+            raise PrivacyError(f"{name} {path} is unreadable ({type(exc).__name__}); refusing to train without it. "
+                               + RESTORE.format(mark=self.mark_path.name)) from None
+        if state.get("format") != fmt or state.get("site") != self.site:
+            raise PrivacyError(f"{name} {path} is not a {fmt} {'ledger' if path == self.path else 'file'} of hospital "
+                               f"{self.site!r}. Point [privacy] "
+                               "state_dir at this hospital's own state directory.")
+        signature = state.pop("signature", None)
+        try:
+            if not isinstance(signature, str):
+                raise IntegrityError("no signature")
+            self.signer.public.verify(base64.b64decode(signature, validate=True), canonical(state), context=context)
+        except (IntegrityError, ValueError):
+            raise PrivacyError(
+                f"{name} {path} was modified outside Clinograph (its signature by hospital {self.site!r} is "
+                f"{'missing' if signature is None else 'invalid'}); refusing to train on an accountant history that "
+                "may understate the privacy spent. Fix: never edit it by hand. "
+                + RESTORE.format(mark=self.mark_path.name)) from None
+        return state
+
+    def _mark(self) -> dict | None:
+        if not self.mark_path.exists():
+            return None
+        mark = self._load(self.mark_path, fmt=MARK_FORMAT, context=SIG_LEDGER_HIGHWATER)
+        if not (isinstance(mark.get("entries"), int) and isinstance(mark.get("digest"), str)
+                and isinstance(mark.get("epsilon"), int | float)):
+            raise PrivacyError(f"High-water mark {self.mark_path} is malformed. Restore it with the ledger's newest "
+                               "backup.")
+        return mark
+
+    def _write_mark(self, entries: list) -> None:
+        eps = entries[-1].get("epsilon", 0.0) if entries and isinstance(entries[-1], dict) else 0.0
+        mark = {"format": MARK_FORMAT, "site": self.site, "ledger": self.path.name, "entries": len(entries),
+                "digest": entries_digest(entries), "epsilon": float(eps)}
+        mark["signature"] = base64.b64encode(self.signer.sign(canonical(mark), context=SIG_LEDGER_HIGHWATER)).decode()
+        atomic_write(self.mark_path, json.dumps(mark, indent=1, sort_keys=True))

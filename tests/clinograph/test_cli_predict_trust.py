@@ -1,0 +1,108 @@
+"""`clinograph predict` trusts only what is anchored: a model is loaded as safetensors weights whose
+SHA-256 is named by a description signed with the hospital's key (--trusted-key). A TorchScript
+file is refused and never loaded (torch.jit.load is not called, even with the insecure option),
+a changed weight byte or another key is exit 2 with the file named, risks that are not
+probabilities are an error and no output, and --insecure-untrusted-model warns."""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+import tomli_w
+import torch
+from clinograph.sdk.config import NSFLConfig
+from clinograph.sdk.model.export import export_model
+from clinograph.sdk.model.nsfl import NSFLModel
+from clinograph.sdk.research.alarm_demo import DICTIONARY_PATH
+from clinograph.secure.identity import Identity
+from clinograph.secure.policy import InsecureOptionWarning
+from sdk_helpers import raw_tables, small_tables
+from typer.testing import CliRunner
+
+from clinograph.cli import app
+
+runner = CliRunner()
+NORTH = Identity.generate("north")
+
+
+def exported(tmp_path, *, nan=False, torchscript=False):
+    t = small_tables()[0]
+    m = NSFLModel(len(t.dictionary.node_ids()), NSFLConfig(hidden=8))
+    if nan:
+        with torch.no_grad():
+            m.head.bias.fill_(float("nan"))
+    path, _ = export_model(m, tmp_path / "model.safetensors", dictionary=t.dictionary, signer=NORTH,
+                           torchscript=torchscript)
+    return path
+
+
+def predict(tmp_path, model, *extra):
+    df, schema = raw_tables()[0]
+    df.drop(columns=[schema.label]).head(10).to_csv(tmp_path / "new.csv", index=False)
+    (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+    return runner.invoke(app, ["predict", "--model", str(model), "--table", str(tmp_path / "new.csv"),
+                               "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(DICTIONARY_PATH),
+                               "--out", str(tmp_path / "risks.csv"), *extra])
+
+
+def test_a_signed_model_predicts_and_says_who_signed_it(tmp_path):
+    res = predict(tmp_path, exported(tmp_path), "--trusted-key", NORTH.public.b64())
+    assert res.exit_code == 0, res.output
+    assert f"site 'north', signature checked against key {NORTH.public.fingerprint[:16]}" in res.output
+    assert len(pd.read_csv(tmp_path / "risks.csv")) == 10
+
+
+def test_a_torchscript_file_is_refused_and_never_loaded(tmp_path, monkeypatch):
+    path = exported(tmp_path, torchscript=True)
+    script = path.with_name(path.name + ".torchscript.pt")
+    assert script.exists()  # the optional artefact for other runtimes
+    script.with_name(script.name + ".json").write_bytes(path.with_name(path.name + ".json").read_bytes())
+    calls = []
+    monkeypatch.setattr(torch.jit, "load", lambda *a, **k: calls.append("jit.load"))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append("torch.load"))
+    for extra in (("--trusted-key", NORTH.public.b64()), ("--insecure-untrusted-model",)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", InsecureOptionWarning)
+            res = predict(tmp_path, script, *extra)
+        assert res.exit_code == 2, res.output
+        assert "model.safetensors.torchscript.pt is a zip archive (TorchScript or torch.save)" in res.output
+        assert "never runs a model file" in res.output and "Traceback" not in res.output
+    assert calls == [] and not (tmp_path / "risks.csv").exists()
+
+
+def test_a_flipped_byte_or_another_key_or_no_key_is_exit_2(tmp_path):
+    path = exported(tmp_path)
+    res = predict(tmp_path, path)
+    assert res.exit_code == 2 and "no trusted key to check its description's signature" in res.output
+    res = predict(tmp_path, path, "--trusted-key", Identity.generate("north").public.b64())
+    assert res.exit_code == 2 and "signature does not verify under the trusted key" in res.output
+    res = predict(tmp_path, path, "--trusted-key", "not-a-key")
+    assert res.exit_code == 2 and "--trusted-key value is not the base64 of a 32-byte Ed25519" in res.output
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x10
+    path.write_bytes(bytes(data))
+    res = predict(tmp_path, path, "--trusted-key", NORTH.public.b64())
+    assert res.exit_code == 2 and f"Model {path}: SHA-256" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "risks.csv").exists()
+
+
+def test_the_trusted_key_may_be_a_file(tmp_path):
+    (tmp_path / "north.pub").write_text(NORTH.public.b64() + "\n")
+    res = predict(tmp_path, exported(tmp_path), "--trusted-key", str(tmp_path / "north.pub"))
+    assert res.exit_code == 0, res.output
+
+
+def test_risks_that_are_not_probabilities_are_an_error_not_output(tmp_path):
+    res = predict(tmp_path, exported(tmp_path, nan=True), "--trusted-key", NORTH.public.b64())
+    assert res.exit_code == 2 and "gave risks that are not probabilities" in res.output
+    assert not (tmp_path / "risks.csv").exists()
+
+
+def test_the_insecure_option_warns_and_says_so(tmp_path):
+    path = exported(tmp_path)
+    with pytest.warns(InsecureOptionWarning, match="insecure_untrusted_model is in use"):
+        res = predict(tmp_path, path, "--insecure-untrusted-model")
+    assert res.exit_code == 0, res.output
+    assert "signature NOT checked (--insecure-untrusted-model)" in res.output
