@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from clinograph.sdk.config import GraphSection, NSFLConfig, PrivacySection, SimulationConfig
-from clinograph.sdk.federation.simulate import build_simulation, run_simulation
+from clinograph.sdk.federation.simulate import build_simulation, simulate
 from clinograph.sdk.privacy import PrivacyLedger
 from clinograph.secure.runtime.config import FederationSection
 
@@ -25,15 +25,14 @@ def _audit(audit_dir):
 
 def test_server_records_one_ledger_entry_per_hospital_per_round(tables, dictionary, tmp_path):
     cfg = _config(tmp_path)
-    sim = build_simulation(tables, dictionary, cfg, audit_dir=tmp_path / "audit")
-    result = run_simulation(sim, cfg)
+    result = simulate(tables, dictionary, cfg, audit_dir=tmp_path / "audit")
     ledgers = [e["payload"] for e in _audit(tmp_path / "audit") if e["kind"] == "ledger"]
     sites = sorted(t.site for t in tables)
     assert sorted((p["client"], p["round"]) for p in ledgers) == sorted((s, r) for s in sites for r in range(2))
     assert not [e for e in _audit(tmp_path / "audit") if e["kind"] == "update_rejected"]
     for s in sites:  # what the server recorded is what the hospital's own ledger says
         mine = PrivacyLedger(tmp_path / "state" / s, site=s, budget_epsilon=20.0, delta=1e-5,
-                             signer=sim.hospitals[s].identity)
+                             signer=result.hospitals[s].identity)
         last = max((p for p in ledgers if p["client"] == s), key=lambda p: p["round"])
         assert last["epsilon"] == mine.epsilon() > 0
         assert [e["round"] for e in mine.entries] == [0, 1]
