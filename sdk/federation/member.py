@@ -29,11 +29,35 @@ from .client import HospitalClient
 @dataclass(frozen=True)
 class MemberCandidate:
     """A candidate as the hospital knows it: name, canonical overrides JSON, and a builder of its
-    client for a federation id."""
+    client: ``build(federation_id, rounds)`` (``rounds``: the run's planned training rounds from
+    the signed ``run/start``, None when the server sent none)."""
 
     name: str
     overrides: str
-    build: Callable[[str], HospitalClient]
+    build: Callable[[str, int | None], HospitalClient]
+
+
+def with_horizon(config: Any, rounds: int | None) -> Any:
+    """``config`` for a run of ``rounds`` training rounds: under DP, σ is calibrated for the plan's
+    rounds when the hospital set no ``[privacy] planned_rounds``; a hospital that calibrated for
+    fewer refuses (its budget would run out before the run ends).
+
+    Raises:
+        PrivacyError: ``planned_rounds`` < ``rounds`` under DP.
+    """
+    from clinograph.secure.errors import PrivacyError
+
+    p = config.privacy
+    if rounds is None or not p.enabled:
+        return config
+    if p.planned_rounds is None:
+        return config.model_copy(update={"privacy": p.model_copy(update={"planned_rounds": int(rounds)})})
+    if p.planned_rounds < rounds:
+        raise PrivacyError(f"The server plans {rounds} training rounds; this hospital's [privacy] planned_rounds = "
+                           f"{p.planned_rounds} calibrates its DP noise for fewer, so its ε budget would run out by "
+                           f"round {p.planned_rounds}. Raise planned_rounds (or remove it: the plan's rounds are used), "
+                           "or ask the operator for fewer rounds.")
+    return config
 
 
 def canonical(overrides: Mapping[str, Any]) -> str:
@@ -54,19 +78,24 @@ class FederationMember:
         self.federation_id = federation_id
         self.candidates = {c.name: c for c in candidates}
         self._order = [c.name for c in candidates]
-        #: candidate name -> its client, once built (the first candidate's at once)
+        #: candidate name -> its client, once built (at ``run/start``, or at the first message
+        #: of a server that sends none)
         self.clients: dict[str, HospitalClient] = {}
-        first = candidates[0]
-        self.active = self._client(first.name)
-        self.chosen: str | None = first.name if len(candidates) == 1 else None
+        self._active = candidates[0].name
+        self.chosen: str | None = candidates[0].name if len(candidates) == 1 else None
 
     def __repr__(self) -> str:
         return f"FederationMember(name={self.name!r}, candidates={self._order!r})"
 
     @property
+    def active(self) -> HospitalClient:
+        """The client of the candidate being trained."""
+        return self._client(self._active)
+
+    @property
     def client(self) -> HospitalClient:
         """The client whose model this hospital uses: the kept candidate's once chosen, else the active one."""
-        return self.clients[self.chosen] if self.chosen is not None else self.active
+        return self._client(self.chosen) if self.chosen is not None else self.active
 
     # -- what simulations and the SDK read through the member -------------------------------
     @property
@@ -115,10 +144,10 @@ class FederationMember:
         return self.active.on_setup(step, parts)
 
     # -- helpers -----------------------------------------------------------------------------
-    def _client(self, name: str) -> HospitalClient:
+    def _client(self, name: str, rounds: int | None = None) -> HospitalClient:
         if name not in self.clients:
             rid = run_id(self.federation_id, name, count=len(self._order))
-            self.clients[name] = self.candidates[name].build(rid)
+            self.clients[name] = self.candidates[name].build(rid, rounds)
         return self.clients[name]
 
     def _start(self, data: bytes) -> dict[str, bytes]:
@@ -136,7 +165,8 @@ class FederationMember:
         if msg.count != len(self._order) or msg.run_id != run_id(self.federation_id, msg.candidate, count=msg.count):
             raise ProtocolError(f"run/start names run {msg.run_id!r} of {msg.count} candidate(s); this hospital's "
                                 f"config lists {len(self._order)}. Use the same [selection] everywhere.")
-        self.active = self._client(msg.candidate)
+        self._client(msg.candidate, msg.rounds)
+        self._active = msg.candidate
         return {"ok": b"1"}
 
     def _chosen(self, data: bytes) -> dict[str, bytes]:
@@ -145,7 +175,7 @@ class FederationMember:
             raise ProtocolError(f"run/chosen names candidate {msg.candidate!r} of federation {msg.federation_id!r}, "
                                 "which this hospital did not train.")
         self.chosen = msg.candidate
-        self.active = self.clients[msg.candidate]
+        self._active = msg.candidate
         return {"ok": b"1"}
 
 
@@ -154,5 +184,6 @@ def member_for(*, identity: Identity, server: PublicIdentity, federation_id: str
     """A member whose candidate ``(name, overrides, config)`` is built as
     ``build(config=config, federation_id=...)``."""
     return FederationMember(identity=identity, server=server, federation_id=federation_id, candidates=[
-        MemberCandidate(name=n, overrides=canonical(o), build=lambda fid, cfg=cfg: build(config=cfg, federation_id=fid))
+        MemberCandidate(name=n, overrides=canonical(o),
+                        build=lambda fid, rounds, cfg=cfg: build(config=with_horizon(cfg, rounds), federation_id=fid))
         for n, o, cfg in candidates])

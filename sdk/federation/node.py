@@ -25,7 +25,7 @@ from ..ontology import FeatureDictionary, SiteSchema
 from .build import build_hospital
 from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
-from .member import FederationMember, MemberCandidate, canonical
+from .member import FederationMember, MemberCandidate, canonical, with_horizon
 
 
 def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
@@ -69,5 +69,6 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     return FederationMember(identity=identity, server=federation.server_public(),
                             federation_id=federation.federation_id,
                             candidates=[MemberCandidate(name=c.name, overrides=canonical(c.overrides),
-                                                        build=lambda fid, cfg=c.config: build(fid, cfg))
+                                                        build=lambda fid, rounds, cfg=c.config: build(
+                                                            fid, with_horizon(cfg, rounds)))
                                         for c in cands])

@@ -43,7 +43,7 @@ from ..outdir import output_folder
 from .build import build_hospital, run_models
 from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
-from .member import FederationMember, MemberCandidate, canonical
+from .member import FederationMember, MemberCandidate, canonical, with_horizon
 
 
 @dataclass
@@ -193,8 +193,9 @@ def _server_side(prep: _Prepared, *, audit_dir: Path) -> ServerSide:
                       audit_dir=Path(audit_dir), audit=prep.audit, first_round=prep.first_round)
 
 
-def _hospital(prep: _Prepared, table: PatientTable, config: SimulationConfig, federation_id: str) -> HospitalClient:
-    hconf = config.hospital_config()
+def _hospital(prep: _Prepared, table: PatientTable, config: SimulationConfig, federation_id: str, *,
+              rounds: int | None = None) -> HospitalClient:
+    hconf = with_horizon(config.hospital_config(), rounds)
     publics = {n: i.public for n, i in prep.ids.items()}
     task = prep.task_factory(table, hconf) if prep.task_factory is not None else None
     return build_hospital(table, dictionary=prep.dictionary, config=hconf, identity=prep.ids[table.site],
@@ -210,7 +211,8 @@ def _members(prep: _Prepared) -> dict[str, FederationMember]:
         out[t.site] = FederationMember(
             identity=prep.ids[t.site], server=prep.server_id.public, federation_id=config.federation.id,
             candidates=[MemberCandidate(name=c.name, overrides=canonical(c.overrides),
-                                        build=lambda fid, t=t, c=c: _hospital(prep, t, _output(c, config), fid))
+                                        build=lambda fid, rounds, t=t, c=c: _hospital(
+                                            prep, t, _output(c, config), fid, rounds=rounds))
                         for c in cands])
     return out
 

@@ -97,7 +97,9 @@ def run_models_from_bytes(data: bytes) -> RunModels:
 
 class RunStart(WireMessage):
     """Server -> hospitals, signed, before a candidate's run: train candidate ``candidate`` (whose
-    overrides hash to ``overrides_sha256``) as federation ``run_id``, run ``index`` of ``count``."""
+    overrides hash to ``overrides_sha256``) as federation ``run_id``, run ``index`` of ``count``,
+    for at most ``rounds`` training rounds in all -- the one place the run's length is set; a
+    hospital under DP calibrates its noise for it, or refuses when it would break its budget."""
 
     kind: Literal["run_start"] = "run_start"
     federation_id: str = Field(pattern=ID_PATTERN)
@@ -106,6 +108,7 @@ class RunStart(WireMessage):
     overrides_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     index: int = Field(ge=0, lt=MAX_CANDIDATES)
     count: int = Field(ge=1, le=MAX_CANDIDATES)
+    rounds: int = Field(ge=1, le=100_000)
 
 
 class RunChosen(WireMessage):

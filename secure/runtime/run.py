@@ -5,7 +5,8 @@ A run, as data flows (architecture.md, "One round"; docs/architecture.md, "One r
 
 1. **Per candidate** of :class:`~.models.RunModels` (simplest first; one candidate: the model):
    a signed :class:`~.models.RunStart` tells every hospital which of *its own* candidates to
-   train (``setup`` step ``run/start``; only with several candidates), then
+   train and for how many rounds (``setup`` step ``run/start``; a hospital under DP calibrates
+   its noise for them, or refuses), then
    :meth:`ServerSide.open_run` builds the candidate's server with the secure mode's set-up (the
    CKKS key ceremony) and its own audit run.
 2. **Rounds** under the stop rule (:func:`.loop.run_rounds` with a :class:`SelectedRun`): every
@@ -29,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ProtocolError
 from ..server import FederationServer
 from ..wire import seal
 from .journal import Journal
@@ -222,7 +223,14 @@ def run_federation(models: RunModels, *, side: Any, transport: Transport, rounds
     out = FederationRun(runs=[])
     for index, cand in enumerate(cands):
         rid = run_id(side.federation_id, cand.name, count=len(cands))
-        refused = _start(cand, index=index, count=len(cands), rid=rid, side=side, transport=transport, event=event)
+        refused = _start(cand, index=index, count=len(cands), rid=rid, side=side, transport=transport, rounds=rounds,
+                         event=event)
+        left = [n for n in transport.hospitals() if n in side.enrolled and n not in refused]
+        if len(left) < min(side.federation.min_clients, len(side.enrolled)):
+            raise ProtocolError(
+                f"Only {len(left)} hospital(s) accepted the run of candidate {cand.name!r} ({', '.join(left) or 'none'}); "
+                f"the federation needs {side.federation.min_clients}. Refused: "
+                + "; ".join(f"{n}: {why[:300]}" for n, why in sorted(refused.items())))
         server, narrowed = side.open_run(cand, run_id=rid, transport=Restricted(transport, [n for n in transport.hospitals() if n not in refused]), on_event=event)
         for name, why in sorted(refused.items()):
             server.audit.record("hospital_refused", {"stage": "setup", "client": name,
@@ -251,12 +259,11 @@ def run_federation(models: RunModels, *, side: Any, transport: Transport, rounds
 
 
 def _start(cand: CandidateModel, *, index: int, count: int, rid: str, side: Any, transport: Transport,
-           event: EventSink) -> dict[str, str]:
-    """``run/start`` to every hospital (several candidates only); returns who refused, and why."""
-    if count == 1:
-        return {}
+           rounds: int, event: EventSink) -> dict[str, str]:
+    """``run/start`` to every hospital; returns who refused, and why."""
     msg = seal(RunStart(federation_id=side.federation_id, run_id=rid, candidate=cand.name,
-                        overrides_sha256=overrides_digest(cand.overrides), index=index, count=count), side.identity)
+                        overrides_sha256=overrides_digest(cand.overrides), index=index, count=count, rounds=rounds),
+               side.identity)
     names = tuple(sorted(set(transport.hospitals()) & set(side.enrolled)))
     answers, failed = transport.exchange("setup", {n: {"step": b"run/start", "data": msg} for n in names}, round_=0)
     refused = dict(failed)

@@ -61,6 +61,8 @@ class FakeHospital:
         self.ckks = CkksKeyHolder(identity=identity, peers=peers, federation_id=federation_id)
 
     def on_setup(self, step, parts):
+        if step.startswith("run/"):  # the run's own steps (run/start, run/finish): a one-model double accepts
+            return {"ok": b"1"}
         return self.ckks.on_setup(step, parts)
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:

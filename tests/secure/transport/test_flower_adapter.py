@@ -279,7 +279,7 @@ def test_ckks_over_flower_messages_key_ceremony_relayed_and_hospitals_decrypt_th
     results = run_federation(grid, {**run_config, "server-config": str(server_toml), "rounds": 1})
     assert [r.contributors for r in results] == [tuple(HOSPITALS)]
     setups = [s for _, s in grid.sent if s == "setup"]
-    assert len(setups) == 1 + 2 + 1 + 2 + 3  # deal, 2 requests, wrap, 2 unwraps; run/finish to each of 3
+    assert len(setups) == 3 + 1 + 2 + 1 + 2 + 3  # run/start to each of 3, deal, 2 requests, wrap, 2 unwraps, run/finish to each
     sums = [workers[i]._participants[RUN_ID].decrypted[-1] for i in range(3)]
     ups = [fh.update_for(n) for n in HOSPITALS]
     for m in fh.SPEC.shared:

@@ -1,7 +1,7 @@
 """Write demo hospital folders, the server's config and the initial model, cut from ALARM.
 
-    python -m clinograph_flower_app.prepare --out /tmp/clinograph-demo --hospital h1 --hospital h2 \
-        --patients 300 [--dp] [--secure-mode masked|ckks]
+    python -m clinograph_flower_app.prepare --out /tmp/clinograph-demo --federation-id ID --hospital h1 \
+        --hospital h2 --patients 300 [--dp] [--secure-mode masked|ckks]
 
 writes ``OUT/<h>/data/{table.csv,schema.toml,hospital.toml,dictionary.toml}`` per hospital, each
 table in its own column names and units, and ``OUT/server/{server.toml,initial_model.json}``
@@ -94,7 +94,8 @@ def main() -> None:
     p.add_argument("--patients", type=int, default=300)
     p.add_argument("--dp", action="store_true", help="patient-level DP-SGD at every hospital")
     p.add_argument("--secure-mode", default="masked", choices=["masked", "ckks"])
-    p.add_argument("--federation-id", default="fed-loopback")
+    p.add_argument("--federation-id", required=True,
+                   help="the federation id of `clinograph keys init --federation-id` (server.toml must match it)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     prepare(a.out, hospitals=a.hospital, patients=a.patients, dp=a.dp, seed=a.seed, federation_id=a.federation_id,
