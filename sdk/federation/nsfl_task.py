@@ -303,8 +303,8 @@ class NSFLTask(SelectedCalibrated):
 
     @property
     def exportable(self) -> bool:
-        """Whether :meth:`export` can write this model (a temporal model is scored in the SDK)."""
-        return self.config.model.temporal == "none"
+        """Whether :meth:`export` can write this model (a temporal or modality model is scored in the SDK)."""
+        return self.config.model.temporal == "none" and not self.config.model.modalities
 
     def export_kept(self, path: str | Path, *, signer: Identity) -> tuple[Path, Path] | None:
         """Export the model this hospital would keep if the run ended now -- :meth:`finish`'s

@@ -1,0 +1,112 @@
+"""What runs where: every task x secure mode x transport, as the code decides it (docs/matrix.md).
+
+The registered tasks (``nsfl`` static, temporal and survival; ``agat``) run through the one run
+(:func:`clinograph.secure.runtime.run.run_federation`), in process and over Flower alike, so a
+cell's status is decided by running it: :func:`run_cell` trains one round of a tiny federation
+in process and reports ``runs`` or the ConfigError that refused it. Over Flower the same run
+carries the same status; :data:`REAL_PROCESS_TESTS` names the cells that also have their own
+real-process test, the others rest on the equivalence test
+(``tests/integration/test_simulation_matches_flower.py``).
+
+Rows whose hospitals need more than a table and a config, or that have their own multi-phase
+driver, are stated with the rule that decides them (:data:`STATED`). ``tests/sdk/federation/
+test_support.py`` runs every runnable cell and checks that docs/matrix.md is :func:`render`'s
+output.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MODES: dict[str, dict[str, Any]] = {
+    "masked": {"secure_mode": "masked"},
+    "masked16": {"secure_mode": "masked", "masked_word_bits": 16},
+    "ckks": {"secure_mode": "ckks"},
+}
+#: task row -> config overrides (every row runs one round, no selection, on the given tables)
+TASKS: dict[str, dict[str, Any]] = {
+    "NS-FL static": {},
+    "NS-FL temporal": {"model": {"temporal": "attention", "hidden": 8}},
+    "NS-FL survival": {"target": {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36],
+                                  "horizon": 12}},
+    "NS-FL modalities": {"model": {"modalities": ["waveform"]}},
+    "AGAT": {"task": "agat", "agat": {"hidden": 8}},
+}
+#: rows whose hospitals need more than a table and a config: how the Flower column reads
+NEEDS_FACTORY = {"NS-FL modalities": "runs (the same run) with a --participant-factory that loads each hospital's "
+                                     "signals; the built-in SuperNode factory builds a task from a table and a config"}
+#: cells (task, mode) with their own real-process Flower test (SuperLink, SuperNodes, TLS, node auth)
+REAL_PROCESS_TESTS: dict[tuple[str, str], str] = {
+    ("NS-FL static", "masked"): "tests/integration/test_flower_deployment.py (DP), test_flower_one_run.py "
+                                "(default candidates), test_flower_resume.py",
+    ("NS-FL static", "ckks"): "tests/integration/test_flower_deployment.py (DP)",
+}
+#: rows decided by a stated rule: (in-process status per mode, Flower status, where it is tested)
+STATED: dict[str, tuple[Mapping[str, str], str, str]] = {
+    "concepts (F-CMs, DAG vote)": (
+        {"masked": "runs", "masked16": "not tested", "ckks": "refused: the server must see the vote tally it audits"},
+        "not wired: the vote-then-train phases have their own driver (sdk/concepts/federation.py), not yet the one run",
+        "tests/sdk/concepts/"),
+    "FedNSL (rules)": (
+        {"masked": "runs", "masked16": "not tested",
+         "ckks": "refused: the server must see the mixture of posteriors it samples from"},
+        "not wired: its own driver (sdk/fednsl/federation.py), not yet the one run",
+        "tests/sdk/fednsl/"),
+}
+
+
+def _config(task: str, mode: str, *, output: Path) -> Any:
+    from ..config import SimulationConfig, merge_sections
+
+    base = {"federation": {"rounds": 1, "min_clients": 2, "local_epochs": 1, "strategy": "fedavg", **MODES[mode]},
+            "model": {"hidden": 8}, "graph": {"k_similar": 0}, "selection": {"enabled": False},
+            "output": str(output)}
+    return SimulationConfig.model_validate(merge_sections(base, TASKS[task]))
+
+
+def run_cell(task: str, mode: str, tables: Sequence[Any], task_factory: Callable[..., Any] | None = None) -> str:
+    """``runs`` if one round of the cell's federation completes in process over ``tables``
+    (and its audit verifies), else ``refused: <the ConfigError's message>``. ``task_factory``:
+    as :func:`.simulate.simulate`'s (the modality row's signals)."""
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.errors import ConfigError
+
+    from .simulate import simulate
+
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            simulate(tables, tables[0].dictionary, _config(task, mode, output=Path(tmp) / "out"),
+                     audit_dir=Path(tmp) / "audit", choose=False, task_factory=task_factory)
+        except ConfigError as exc:
+            return f"refused: {exc}"
+        return "runs" if verify_audit_dir(Path(tmp) / "audit").ok else "audit does not verify"
+
+
+def matrix(tables_for: Callable[[str], Sequence[Any]],
+           factory_for: Callable[[str], Callable[..., Any] | None] = lambda task: None) -> list[dict[str, str]]:
+    """Every row: task, mode, in-process status, Flower status, evidence."""
+    rows = []
+    for task in TASKS:
+        for mode in MODES:
+            status = run_cell(task, mode, tables_for(task), factory_for(task))
+            flower = status if status != "runs" else NEEDS_FACTORY.get(task, "runs (the same run)")
+            rows.append({"task": task, "mode": mode, "in_process": status, "flower": flower,
+                         "evidence": REAL_PROCESS_TESTS.get((task, mode), "equivalence test")})
+    for task, (modes, flower, where) in STATED.items():
+        for mode in MODES:
+            rows.append({"task": task, "mode": mode, "in_process": modes[mode],
+                         "flower": flower if modes[mode] == "runs" else modes[mode], "evidence": where})
+    return rows
+
+
+def render(rows: Sequence[Mapping[str, str]]) -> str:
+    """docs/matrix.md's table."""
+    out = ["| task | secure mode | in process (`simulate`) | over Flower | Flower evidence |", "|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['task']} | {r['mode']} | {r['in_process']} | {r['flower']} | {r['evidence']} |")
+    return "\n".join(out) + "\n"

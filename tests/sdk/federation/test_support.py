@@ -1,0 +1,49 @@
+"""docs/matrix.md is what the code does: every runnable cell (task x secure mode) is run for one
+round in process, and the rendered table must be the one in the docs."""
+
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from clinograph.sdk.federation.support import MODES, STATED, TASKS, matrix, render
+from sdk_helpers import lung_survival, small_tables
+
+pytest.importorskip("lifelines")
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _modality_sites():
+    from clinograph.sdk.ingest import ingest
+    from clinograph.sdk.research import timeseries as ts
+
+    hospitals = tuple(replace(ts.MODALITY_GAP_HOSPITALS[i], n_patients=40) for i in (0, 2, 4))
+    tables, signals = [], {}
+    for s in ts.make_timeseries_sites(seed=2, hospitals=hospitals):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = ingest(s.table, schema=s.schema, dictionary=ts.load_dictionary())
+        w, has = ts.waveform_matrix(s, t.patient_ids)
+        tables.append(t)
+        signals[t.site] = {"waveform": (w, has)} if has.any() else {}
+    return tables, signals
+
+
+def test_the_matrix_in_the_docs_is_what_the_code_does():
+    from clinograph.sdk.federation.modality_task import build_modality_task
+
+    modality_tables, signals = _modality_sites()
+
+    def tables_for(task):
+        return {"NS-FL survival": lung_survival()[1], "NS-FL modalities": modality_tables}.get(task, small_tables())
+
+    def factory_for(task):
+        if task != "NS-FL modalities":
+            return None
+        return lambda t, hconf: build_modality_task(t, dictionary=t.dictionary, config=hconf, signals=signals[t.site])
+
+    rows = matrix(tables_for, factory_for)
+    assert len(rows) == (len(TASKS) + len(STATED)) * len(MODES)
+    assert all(r["in_process"] == "runs" for r in rows if r["task"] in TASKS)  # every registered task, every mode
+    doc = (ROOT / "docs" / "matrix.md").read_text()
+    assert render(rows) in doc, "docs/matrix.md is stale: regenerate it (docs/matrix.md says how)"
