@@ -24,7 +24,7 @@ from clinograph.secure.ckks.holder import CkksKeyHolder
 from clinograph.secure.errors import ConfigError, ProtocolError
 from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.messages import ClientReport, GlobalModel, RoundPlan
-from clinograph.secure.runtime.models import RunFinish
+from clinograph.secure.runtime.models import RunFinish, RunStart
 from clinograph.secure.runtime.participant import part
 from clinograph.secure.runtime.selection import STATUS_PART, SelectionStatus
 from clinograph.secure.spec import ModuleKind
@@ -56,6 +56,7 @@ class HospitalClient:
         self.identity = identity
         self.server = server
         self.peers = dict(peers)
+        self.federation_id = federation_id
         self.dictionary_hash = dictionary_hash
         self.release = release
         self.ckks = CkksKeyHolder(identity=identity, peers=self.peers, federation_id=federation_id)
@@ -83,6 +84,8 @@ class HospitalClient:
         """Set-up steps: the CKKS key ceremony before the first round; ``run/finish`` after the last."""
         if step == "run/finish":
             return self._finish(parts)
+        if step == "run/start":
+            return self._start(parts)
         return self.ckks.on_setup(step, parts)
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
@@ -180,6 +183,16 @@ class HospitalClient:
             self._run_first = first
         if selection is not None and isinstance(p.options.get("selection.min_delta"), float):
             selection.min_delta = float(p.options["selection.min_delta"])
+
+    def _start(self, parts: Mapping[str, bytes]) -> dict[str, bytes]:
+        """``run/start`` of a one-model run (a :class:`~.member.FederationMember` -- the SuperNode's
+        default participant -- handles runs of several candidates and the DP horizon)."""
+        msg = open_envelope(parse_envelope(part(parts, "data", "setup")), sender=self.server, model=RunStart)
+        if msg.count != 1 or msg.run_id != self.federation_id:
+            raise ProtocolError(f"run/start names run {msg.run_id!r} of {msg.count} candidate(s); this hospital is one "
+                                f"model of federation {self.federation_id!r}. Serve candidates with "
+                                "clinograph.sdk.federation.node:make_hospital (a FederationMember).")
+        return {"ok": b"1"}
 
     def _finish(self, parts: Mapping[str, bytes]) -> dict[str, bytes]:
         """``run/finish``: keep the selected model (global + personal) and fit the calibration

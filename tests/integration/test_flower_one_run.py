@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "examples" / "flower_deployment" / "app"
 BIN = Path(sys.executable).parent
 HOSPITALS = ("h1", "h2", "h3")
-TOTAL_BUDGET = 420.0  # seconds; the test fails (and cleans up) rather than hang past this
+TOTAL_BUDGET = 900.0  # seconds (about 5 min on a quiet 2-core machine); the test fails and cleans up past this
 
 
 def _audit(audit_dir: Path) -> list[dict]:

@@ -40,7 +40,7 @@ def test_survival_federation_under_local_dp_through_the_runtime_then_export(tmp_
     assert sorted((p["client"], p["round"]) for p in ledgers) == sorted((s, r) for s in sites for r in range(2))
     for s in sites:  # the server's record is the hospital's own ledger; ε grows with the rounds
         mine = PrivacyLedger(tmp_path / "state" / s, site=s, budget_epsilon=20.0, delta=1e-5,
-                             signer=sim.hospitals[s].identity)
+                             signer=result.hospitals[s].client.identity)
         assert result.epsilons[s][-1] == mine.epsilon() > result.epsilons[s][0] > 0
     for m in result.final.values():
         assert 0 <= m["cindex"] <= 1 and m["known"] <= m["n"]

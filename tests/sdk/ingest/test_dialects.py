@@ -42,7 +42,7 @@ def test_a_declared_dialect_that_does_not_fit_says_what_the_file_looks_like(tmp_
     with pytest.raises(SchemaError, match=r"single column when split at commas.*looks semicolon-separated.*"
                                           r"delimiter=';'") as err:
         read_table(path, delimiter=",")
-    assert "72" not in str(err.value)
+    assert "72" not in str(err.value).replace(str(tmp_path), "<tmp>")  # no cell value (the path may hold digits)
 
 
 def test_decimal_commas_without_the_declaration_are_named_not_quoted(tmp_path):
