@@ -58,6 +58,9 @@ from ..identity import Identity
 FORMAT = "clinograph-journal/2"
 #: Strategies whose whole server-side state is the global model (nothing else to journal).
 STATELESS_STRATEGIES = frozenset({"fedavg", "fedsgd", "fedprox"})
+#: The fix every refusal of a journal names.
+FIX = ("Restore the journal that belongs to this audit directory (with its -wal file), or start a new federation "
+       "(new federation id, journal and audit directory).")
 #: Called after each boundary is committed with (stage, round) -- tests inject crashes here.
 SavedHook = Callable[[str, int], None]
 
@@ -272,9 +275,7 @@ class Journal:
                 raise IntegrityError(
                     f"Journal {self.path}: boundary {expect} does not authenticate under this server's key "
                     f"(expected the chain's boundary {expect} with a valid MAC): the journal was altered, a boundary "
-                    "was removed or reordered, or it was written by another server key. Restore the journal that "
-                    "belongs to this server and audit directory, or start a new federation (new federation id, "
-                    "journal and audit directory).")
+                    f"was removed or reordered, or it was written by another server key. {FIX}")
             prev, expect, last = mac, expect + 1, meta
         if last is None:
             return None
@@ -289,9 +290,8 @@ class Journal:
         """A blob the latest boundary references (IntegrityError when missing or altered)."""
         row = self._db.execute("SELECT data FROM blob WHERE sha256 = ?", (sha256,)).fetchone()
         if row is None or hashlib.sha256(row[0]).hexdigest() != sha256:
-            raise IntegrityError(f"Journal {self.path} lacks or altered blob {sha256[:12]}… (the state its last "
-                                 "boundary names): the journal is damaged. Restore the journal that belongs to "
-                                 "this audit directory, or start a new federation.")
+            raise IntegrityError(f"Journal {self.path} lacks or altered blob {sha256[:12]}… (state its last "
+                                 f"boundary names): the journal is damaged. {FIX}")
         return bytes(row[0])
 
     def stages(self) -> list[tuple[int, str]]:

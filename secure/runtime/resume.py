@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import ConfigError, IntegrityError
 from ..messages import RoundResult
 from ..server import FederationServer
+from .journal import FIX as _FIX
 from .journal import STATELESS_STRATEGIES, Boundary, Journal, JournalKey, decode_state, encode_state
 from .liveness import Liveness
 
@@ -173,10 +174,6 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
         save(journal, server, run, stage="aborted", open_round=None)
     event("resumed", {"round": server.round, "rounds_completed": run.completed, "stage": b.stage})
     return b
-
-
-_FIX = ("Restore the journal that belongs to this audit directory (with its -wal file), or start a new federation "
-        "(new federation id, journal and audit directory).")
 
 
 def _check_same_run(journal: Journal, server: FederationServer, b: Boundary) -> None:
