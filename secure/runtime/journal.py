@@ -4,8 +4,9 @@ A federation server keeps its state in memory; this journal makes a restarted se
 the run instead of starting over. :func:`~.loop.run_rounds` (given ``journal=``) writes one
 :class:`Boundary` at each stage boundary of every round -- the plan signed but not yet sent
 (``open``), the plan exchange, each secure-mode stage, the close, the model delivery (``end``)
--- and when the run ends. Each boundary is one SQLite
-transaction (stdlib :mod:`sqlite3`, WAL, ``synchronous = FULL``), so a SIGKILL leaves either the
+-- when a new journal starts (``start``, before the first plan) and when the run ends. Each
+boundary is one SQLite transaction (stdlib :mod:`sqlite3`, WAL, ``synchronous = FULL``), so a
+SIGKILL leaves either the
 previous boundary or the new one, never half of one.
 
 What is persisted (and why it is enough):
@@ -28,14 +29,25 @@ delivered (again, if need be) before the next plan. Hospitals refuse a second pl
 they trained (replay guard), so they train afresh for the new round, their DP ledgers having
 counted the aborted round's steps (that privacy was spent) and counting the new round's once.
 
+Authentication: every boundary row carries an HMAC-SHA256 (:class:`JournalKey`) under a key the
+server derives with HKDF from its own Ed25519 signing key (label ``KDF_JOURNAL_MAC`` in
+:mod:`clinograph.secure.hazmat.labels`), over the previous row's MAC (a chain), the row's number,
+round, stage, the audit head it records and its stored JSON exactly; blobs are named by SHA-256 in
+the authenticated JSON. A new journal's first boundary (``start``) is written before the first plan.
+
 Guarantees: the resumed run's audit chain is the same chain (the trail reopens, verifies and
-appends ``audit_reopen``); a journal whose audit head is not in the trail (the audit directory
-was replaced or rolled back behind the journal) is refused. Does not guarantee: that the
-journal itself was not rolled back together with the audit directory -- that is what the
-hospitals' anchors are for (:mod:`clinograph.sdk.federation.anchor`); entries the audit trail
-wrote after the last boundary stay in the chain (they are followed by the ``round_aborted``
-entry that voids the round). Strategies that keep server-side state between rounds (FedOpt's
-moments, DAG voting) are only journalled if they expose ``state_dict()`` / ``load_state_dict()``.
+appends ``audit_reopen``); :func:`~.resume.resume` refuses (IntegrityError) a journal altered
+anywhere, one written under another server key, one whose audit head is not in the trail (the
+audit directory was replaced or rolled back behind the journal), one older than the trail (the
+trail holds what the server writes only after a later boundary: an older copy, a lost ``-wal``
+file), and an empty journal beside a trail holding round plans of the federation. Does not
+guarantee: that the journal was not rolled back together with the audit directory -- that is
+what the hospitals' anchors are for (:mod:`clinograph.sdk.federation.anchor`); nor anything
+against a holder of the server's signing key; a journal one boundary behind, at a point a crash
+could have left, is resumed as that crash. Entries the audit trail wrote after the last
+boundary stay in the chain (they are followed by the ``round_aborted`` entry that voids the
+round). Strategies that keep server-side state between rounds (FedOpt's moments, DAG voting) are
+only journalled if they expose ``state_dict()`` / ``load_state_dict()``.
 """
 
 from __future__ import annotations
