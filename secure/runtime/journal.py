@@ -6,8 +6,7 @@ the run instead of starting over. :func:`~.loop.run_rounds` (given ``journal=``)
 (``open``), the plan exchange, each secure-mode stage, the close, the model delivery (``end``)
 -- when a new journal starts (``start``, before the first plan) and when the run ends. Each
 boundary is one SQLite transaction (stdlib :mod:`sqlite3`, WAL, ``synchronous = FULL``), so a
-SIGKILL leaves either the
-previous boundary or the new one, never half of one.
+SIGKILL leaves either the previous boundary or the new one, never half of one.
 
 What is persisted (and why it is enough):
 
