@@ -146,14 +146,14 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
     if b is None:  # pragma: no cover - empty() said otherwise
         return None
     _check_same_run(journal, server, b)
+    _check_head(journal, server, b)
+    _check_after_head(journal, server, b)
     trained = b.completed - b.scored
     if b.run_ended and (rounds is None or rounds <= trained):
         raise ConfigError(f"Journal {journal.path}: the federation's run has ended after {trained} training round(s); "
                           f"{'nothing to resume' if rounds is None else f'rounds = {rounds} asks for no more'}. To go "
                           f"on, run again with rounds > {trained} (the federation's total, e.g. --run-config "
                           f"\"rounds={trained + 5}\"): the same journal and audit directory continue it.")
-    _check_head(journal, server, b)
-    _check_after_head(journal, server, b)
     _restore(journal, server, run, b)
     if b.run_ended:  # an extension: a new run of the same federation (see the docstring)
         run.score_done, run.stopped, run.runs = False, False, b.runs + 1
