@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import ConfigError, IntegrityError
 
@@ -76,6 +77,18 @@ class Identity:
     def sign(self, data: bytes, *, context: bytes) -> bytes:
         """Sign ``context || 0x00 || data``."""
         return self._key.sign(context + b"\x00" + data)
+
+    def derive_key(self, *, purpose: bytes) -> bytes:
+        """A 32-byte symmetric key for this identity's own use (never sent): HKDF-SHA256 (RFC 5869)
+        of the private key's 32 raw bytes, no salt, ``info`` = ``purpose``, one of the labels in
+        :mod:`clinograph.secure.hazmat.labels`. Keys of different purposes are independent, and
+        none reveals the signing key; whoever holds the signing key can derive them all.
+        """
+        if not purpose.startswith(b"clinograph/"):
+            raise ConfigError(f"Key purpose {purpose!r} is not a Clinograph label; use one from hazmat/labels.py.")
+        raw = self._key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                      serialization.NoEncryption())
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose).derive(raw)
 
     def save(self, path: Path) -> None:
         """Write the private key as PKCS#8 PEM with mode 0600 (refuses to overwrite)."""

@@ -166,7 +166,10 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
     """An SQLAlchemy engine: a database URL as given, else embedded DuckDB over a file or folder.
 
     A ``.duckdb`` file is opened read-only; a folder of ``<table>.csv`` / ``<table>.parquet``
-    files becomes an in-memory DuckDB with one view a file.
+    files becomes an in-memory DuckDB with one view a file. Embedded DuckDB runs without file
+    access (``enable_external_access = false``, configuration locked): a query can read the
+    database or the table files and nothing else, and can write no file (with :func:`read_omop`
+    checking that the cohort ``sql`` is one SELECT).
 
     Raises:
         ConfigError: the path does not exist or holds no OMOP table file.
@@ -178,7 +181,7 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
         return sa.create_engine(text)
     path = Path(text)
     if path.is_file():
-        return sa.create_engine(f"duckdb:///{path}", connect_args={"read_only": True})
+        return sa.create_engine(f"duckdb:///{path}", connect_args={"read_only": True, "config": dict(_NO_FILES)})
     if not path.is_dir():
         raise ConfigError(f"OMOP location {path} does not exist. Give a .duckdb file, a folder of OMOP table "
                           "files (person.csv, measurement.parquet, ...), or a database URL.")
@@ -192,7 +195,31 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
             if re.match(_IDENT, table):
                 reader = "read_parquet" if p.suffix.lower() == ".parquet" else "read_csv_auto"
                 conn.exec_driver_sql(f"CREATE VIEW {table} AS SELECT * FROM {reader}('{_quote(p)}')")  # noqa: S608 (see _SQL_NOTE)
+        paths = ", ".join(f"'{_quote(p)}'" for p in files.values())
+        conn.exec_driver_sql(f"SET allowed_paths = [{paths}]")  # the views read these, nothing else
+        for name, value in _NO_FILES.items():
+            conn.exec_driver_sql(f"SET {name} = {str(value).lower()}")
     return engine
+
+
+#: Embedded DuckDB's sandbox: no file read or written but the database (and allowed_paths), no
+#: extension installed or loaded, no database attached; the cohort query cannot undo it.
+_NO_FILES = {"enable_external_access": False, "lock_configuration": True}
+
+
+def _one_select(sql: str, *, what: str) -> None:
+    """Embedded DuckDB: ``sql`` is one SELECT statement (ConfigError otherwise), checked with
+    DuckDB's own parser before it runs -- a COPY, ATTACH, SET or second statement never runs."""
+    import duckdb
+
+    try:
+        kinds = [st.type.name for st in duckdb.extract_statements(sql)]
+    except duckdb.Error as exc:
+        kinds = [f"unparsable ({type(exc).__name__})"]
+    if kinds != ["SELECT"]:
+        raise ConfigError(f"{what} must be one SELECT statement (returning person_id, index_datetime); DuckDB "
+                          f"reads it as {len(kinds)} statement(s): {', '.join(kinds) or 'none'}. Write the cohort "
+                          "as a single SELECT (WITH ... SELECT is fine); it may not copy, attach, set or write.")
 
 
 def _quote(path: Path) -> str:
@@ -276,6 +303,7 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
 
     Raises:
         SourceUnavailable: the database cannot be connected to.
+        ConfigError: on embedded DuckDB, the cohort query is not one SELECT statement.
         SchemaError: tables or columns are missing, the cohort query does not return
             ``person_id`` and ``index_datetime``, or ``[omop.person]``/``[omop.conditions]`` name
             features the dictionary does not have as declared.
@@ -289,6 +317,8 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
     check_declared(source, dictionary)
     check_cdm(engine, cdm_schema=source.cdm_schema, death=bool(source.label and source.label.death))
     cohort_sql, params = _cohort_sql(source)
+    if engine.dialect.name == "duckdb" and source.cohort.sql is not None:  # wrapped as a CTE below: one SELECT
+        _one_select(cohort_sql, what=f"The cohort query of site {source.site!r}")  # stays one statement
     in_cohort = "IN (SELECT person_id FROM cohort)"
     with engine.connect() as conn:
         try:

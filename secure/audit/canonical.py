@@ -54,6 +54,10 @@ def parse_canonical(line: bytes, *, what: str) -> dict[str, Any]:
     except (UnicodeDecodeError, ValueError) as exc:
         raise IntegrityError(f"{what} is not valid canonical JSON ({type(exc).__name__}: "
                              f"{str(exc)[:120]}).") from None
+    except RecursionError:  # the C decoder's own bound, reached long before any stack is at risk
+        raise IntegrityError(f"{what} nests JSON arrays or objects too deeply to parse; entries Clinograph "
+                             f"writes nest at most {MAX_DEPTH} levels. The line was not written by Clinograph "
+                             "(the log was altered): restore the audit directory from its source.") from None
     if not isinstance(obj, dict):
         raise IntegrityError(f"{what} is JSON but not an object.")
     if canonical_json(obj) != line:

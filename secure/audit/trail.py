@@ -38,7 +38,7 @@ import time as _time
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigError, IntegrityError, ProtocolError
 from ..fileio import atomic_write
@@ -75,6 +75,23 @@ def software_versions() -> dict[str, str]:
     return out
 
 
+class EntryFacts(NamedTuple):
+    """What the crash journal needs to know of one entry (:meth:`AuditTrail.facts`)."""
+
+    seq: int
+    kind: str
+    #: the payload's ``round`` when it is an int (round_plan, aggregate, round_aborted, ...)
+    round: int | None
+    #: the payload's ``federation_id`` (manifest entries)
+    federation_id: str | None
+
+
+def _facts(entry: AuditEntry) -> EntryFacts:
+    rnd, fed = entry.payload.get("round"), entry.payload.get("federation_id")
+    return EntryFacts(entry.seq, entry.kind, rnd if type(rnd) is int else None,
+                      fed if isinstance(fed, str) else None)
+
+
 class AuditTrail:
     """Append-only signed audit log plus content-addressed artefact store (see module doc).
 
@@ -100,6 +117,7 @@ class AuditTrail:
         reopen = log.exists()
         self._ends: list[int] = []  # byte offset of the end of each entry's line in audit.jsonl
         self._plans: dict[int, int] = {}  # round -> seq of its (latest) round_plan entry
+        self._facts: list[EntryFacts] = []  # kind, round, federation id of every entry (crash journal)
         if reopen:
             report, entries = scan_audit_dir(self._dir, trusted_server_key=identity.public.raw, allow_tail=True)
             if not report.ok:
@@ -107,6 +125,7 @@ class AuditTrail:
                                      f"(first bad entry: {report.first_bad}): {report.problems[0]}")
             self._last: AuditEntry | None = entries[-1]
             self._hashes = [e.hash for e in entries]
+            self._facts = [_facts(e) for e in entries]
             self._ends.extend(itertools.accumulate(len(e.line()) for e in entries))
             self._plans.update({int(e.payload["round"]): e.seq for e in entries
                                 if e.kind == "round_plan" and isinstance(e.payload.get("round"), int)})
@@ -163,6 +182,7 @@ class AuditTrail:
         self._fh.flush()
         self._last = entry
         self._hashes.append(entry.hash)
+        self._facts.append(_facts(entry))
         self._ends.append((self._ends[-1] if self._ends else 0) + len(line))
         if kind == "round_plan" and isinstance(payload.get("round"), int):
             self._plans[int(payload["round"])] = seq
@@ -274,6 +294,12 @@ class AuditTrail:
         """The hash of entry ``seq`` of this log (None if it has no such entry); the crash
         journal checks with it that the trail still holds the head it journalled."""
         return self._hashes[seq] if 0 <= seq < len(self._hashes) else None
+
+    def facts(self, after: int) -> list[EntryFacts]:
+        """Kind, round and federation id of entries ``after + 1`` .. head (the crash journal checks
+        that what follows the head it journalled is what a crash could have left)."""
+        with self._lock:
+            return self._facts[max(after + 1, 0):]
 
     def plan_entry_seq(self, round_: int) -> int | None:
         """The sequence number of the (latest) ``round_plan`` entry of round ``round_``, if any."""

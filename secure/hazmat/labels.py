@@ -44,3 +44,7 @@ SIG_MODEL_DESCRIPTION = b"clinograph/v1/sig/model-description"
 # wrote, kept beside the ledger, so that an older (validly signed) ledger is refused.
 SIG_LEDGER_HIGHWATER = b"clinograph/v1/sig/ledger-highwater"
 SIG_DISTRIBUTED_LEDGER = b"clinograph/v1/sig/distributed-ledger"  # a hospital signs its distributed-DP ledger
+
+# The server's crash journal (secure/runtime/journal.py): each boundary carries an HMAC-SHA256 under a
+# key the server derives (HKDF) from its own Ed25519 signing key; the key never leaves the server.
+KDF_JOURNAL_MAC = b"clinograph/v1/journal/boundary-mac"

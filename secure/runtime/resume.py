@@ -16,7 +16,8 @@ from typing import Any
 from ..errors import ConfigError, IntegrityError
 from ..messages import RoundResult
 from ..server import FederationServer
-from .journal import STATELESS_STRATEGIES, Boundary, Journal, decode_state, encode_state
+from .journal import FIX as _FIX
+from .journal import STATELESS_STRATEGIES, Boundary, Journal, JournalKey, decode_state, encode_state
 from .liveness import Liveness
 
 EventSink = Callable[[str, Mapping[str, Any]], None]
@@ -42,6 +43,7 @@ class RunState:
         """Training rounds completed in the whole federation (what ``rounds`` counts)."""
         return self.completed - self.scored
     _state_cache: tuple[object, str, bytes] | None = None  # (the state object itself, sha256, blob)
+    _key: tuple[object, JournalKey] | None = None  # (the server's identity, the journal key derived from it)
 
 
 def check_journalable(server: FederationServer) -> None:
@@ -68,9 +70,16 @@ def _state_blob(server: FederationServer, run: RunState) -> tuple[str | None, di
     return cached[1], {cached[1]: cached[2]}
 
 
+def _journal_key(server: FederationServer, run: RunState) -> JournalKey:
+    if run._key is None or run._key[0] is not server.identity:
+        run._key = (server.identity, JournalKey(server.identity))
+    return run._key[1]
+
+
 def save(journal: Journal, server: FederationServer, run: RunState, *, stage: str, open_round: int | None,
          run_ended: bool = False) -> None:
-    """Journal the server and loop state at a boundary (one transaction)."""
+    """Journal the server and loop state at a boundary (one transaction, MACed under the key the
+    server derives from its signing identity)."""
     sha, blobs = _state_blob(server, run)
     pending: dict[str, str] = {}
     for name, model in sorted(run.pending.items()):
@@ -90,12 +99,23 @@ def save(journal: Journal, server: FederationServer, run: RunState, *, stage: st
         audit_hash=None if head is None else str(head.hash), run_ended=run_ended,
         control=None if run.control is None else run.control.to_dict(), scored=run.scored,
         score_done=run.score_done, stopped=run.stopped, runs=run.runs),
-        blobs=blobs)
+        key=_journal_key(server, run), blobs=blobs)
 
 
 def resume(journal: Journal, server: FederationServer, run: RunState, *, event: EventSink,
            rounds: int | None = None) -> Boundary | None:
     """Restore ``server`` and ``run`` from the journal's last boundary (None: a new journal).
+
+    **Authenticated**: every boundary carries a MAC under a key the server derives from its own
+    signing identity (:class:`~.journal.JournalKey`), chained to the boundary before and covering
+    the audit head it records. Before anything is restored, the whole chain is checked, the
+    audit trail must hold that head, and what the trail holds after it must be what a crash right
+    after that boundary can leave (no later round's plan, no other round's aggregate): so an
+    altered journal, one from another server key, and an older copy (or one that lost its newest
+    boundaries, e.g. its ``-wal`` file) are refused. A journal with no boundary beside an audit
+    trail that holds round plans of this federation is refused too (it was lost or truncated; a
+    new run there would restart at round 0 on the same trail); a new journal gets a ``start``
+    boundary before the first plan, so this never refuses a genuine crash.
 
     A round open at that boundary is aborted and audited (``round_aborted``, reason ``server
     restart``); its number is spent. The abort is journalled at once, so a second crash does not
@@ -111,33 +131,30 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
     Raises:
         ConfigError: the journal belongs to another federation or model, or its run has ended and
             ``rounds`` asks for no more than it ran.
-        IntegrityError: the audit trail does not hold the audit head the journal recorded.
+        IntegrityError: the journal does not authenticate under this server's key, is older than
+            the audit trail, is empty beside a trail with rounds of this federation, holds state
+            that does not validate; or the audit trail does not hold the head the journal recorded.
     """
-    b = journal.latest()
-    if b is None:
+    if journal.empty():
+        _check_new_journal(journal, server)
+        save(journal, server, run, stage="start", open_round=None)  # before any plan (see above)
         return None
-    mine = (server.federation_id, server.spec.digest(), server.mode.name, server.strategy.name)
-    theirs = (b.federation_id, b.spec_digest, b.secure_mode, b.strategy_name)
-    if mine != theirs:
-        names = ("federation id", "model spec", "secure mode", "strategy")
-        diff = ", ".join(f"{n} {t!r} (this server: {m!r})" for n, m, t in zip(names, mine, theirs, strict=True)
-                         if m != t)
-        raise ConfigError(f"Journal {journal.path} belongs to another run: its {diff}. Resume with the run's own "
-                          "server.toml, or give a new run its own journal file.")
+    seen = journal.peek()  # not authenticated: only to name another run's journal clearly
+    if seen is not None:
+        _check_same_run(journal, server, seen)
+    b = journal.latest(key=_journal_key(server, run))
+    if b is None:  # pragma: no cover - empty() said otherwise
+        return None
+    _check_same_run(journal, server, b)
+    _check_head(journal, server, b)
+    _check_after_head(journal, server, b)
     trained = b.completed - b.scored
     if b.run_ended and (rounds is None or rounds <= trained):
         raise ConfigError(f"Journal {journal.path}: the federation's run has ended after {trained} training round(s); "
                           f"{'nothing to resume' if rounds is None else f'rounds = {rounds} asks for no more'}. To go "
                           f"on, run again with rounds > {trained} (the federation's total, e.g. --run-config "
                           f"\"rounds={trained + 5}\"): the same journal and audit directory continue it.")
-    _check_audit(journal, server, b)
-    state = decode_state(journal.blob(b.state)) if b.state is not None else None
-    server.restore(round_=b.round, state=state, history=[RoundResult.model_validate_json(h) for h in b.history],
-                   ledgers=b.ledgers)
-    if b.strategy is not None:
-        server.strategy.load_state_dict(b.strategy)  # type: ignore[attr-defined]
-    run.completed, run.retired = b.completed, dict(b.retired)
-    run.scored, run.score_done, run.stopped, run.runs = b.scored, b.score_done, b.stopped, b.runs
+    _restore(journal, server, run, b)
     if b.run_ended:  # an extension: a new run of the same federation (see the docstring)
         run.score_done, run.stopped, run.runs = False, False, b.runs + 1
         payload = {"previous_audit_seq": b.audit_seq, "previous_audit_hash": b.audit_hash, "run": run.runs,
@@ -146,12 +163,6 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
         event("run_extended", payload)
         save(journal, server, run, stage="extended", open_round=None)
         return b
-    if run.control is not None and b.control is not None:
-        run.control.load(b.control)
-    run.pending = {n: journal.blob(sha) for n, sha in b.pending.items()}
-    if run.liveness is not None and b.liveness is not None:
-        run.liveness.missed = dict(b.liveness["missed"])
-        run.liveness.suspended = dict(b.liveness["suspended"])
     if b.open_round is not None:
         reason = (f"{RESTART_REASON}: round {b.open_round} was open (last boundary: {b.stage}) when the server "
                   "stopped; nothing of it was applied and it is not counted. The run goes on with a new round "
@@ -164,7 +175,67 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
     return b
 
 
-def _check_audit(journal: Journal, server: FederationServer, b: Boundary) -> None:
+def _check_same_run(journal: Journal, server: FederationServer, b: Boundary) -> None:
+    mine = (server.federation_id, server.spec.digest(), server.mode.name, server.strategy.name)
+    theirs = (b.federation_id, b.spec_digest, b.secure_mode, b.strategy_name)
+    if mine != theirs:
+        names = ("federation id", "model spec", "secure mode", "strategy")
+        diff = ", ".join(f"{n} {t!r} (this server: {m!r})" for n, m, t in zip(names, mine, theirs, strict=True)
+                         if m != t)
+        raise ConfigError(f"Journal {journal.path} belongs to another run: its {diff}. Resume with the run's own "
+                          "server.toml, or give a new run its own journal file.")
+
+
+def _restore(journal: Journal, server: FederationServer, run: RunState, b: Boundary) -> None:
+    """Restore from an authenticated boundary; state that does not validate is an IntegrityError
+    naming the journal (never a raw validation traceback)."""
+    try:
+        state = decode_state(journal.blob(b.state)) if b.state is not None else None
+        history = [RoundResult.model_validate_json(h) for h in b.history]
+        server.restore(round_=b.round, state=state, history=history, ledgers=b.ledgers)
+        if b.strategy is not None:
+            server.strategy.load_state_dict(b.strategy)  # type: ignore[attr-defined]
+        if not b.run_ended:
+            if run.control is not None and b.control is not None:
+                run.control.load(b.control)
+            pending = {n: journal.blob(sha) for n, sha in b.pending.items()}
+            if run.liveness is not None and b.liveness is not None:
+                missed = {str(k): int(v) for k, v in b.liveness["missed"].items()}
+                suspended = {str(k): int(v) for k, v in b.liveness["suspended"].items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
+        raise IntegrityError(f"Journal {journal.path}: its last boundary ({b.stage}, round {b.round}) authenticates "
+                             f"but its state does not validate ({what}). The server's state cannot be restored "
+                             f"from it. {_FIX}") from None
+    run.completed, run.retired = b.completed, dict(b.retired)
+    run.scored, run.score_done, run.stopped, run.runs = b.scored, b.score_done, b.stopped, b.runs
+    if not b.run_ended:
+        run.pending = pending
+        if run.liveness is not None and b.liveness is not None:
+            run.liveness.missed, run.liveness.suspended = missed, suspended
+
+
+def _check_new_journal(journal: Journal, server: FederationServer) -> None:
+    """A journal with no boundary is new only if the audit trail holds no round of this federation."""
+    facts = getattr(server.audit, "facts", None)
+    if not callable(facts):
+        return
+    federation, planned = None, []
+    for f in facts(-1):
+        if f.kind == "manifest":
+            federation = f.federation_id
+        elif f.kind == "round_plan" and federation == server.federation_id and f.round is not None:
+            planned.append(f.round)
+    if planned:
+        raise IntegrityError(
+            f"Journal {journal.path} holds no boundary, but the audit trail in {getattr(server.audit, 'directory', '?')} "
+            f"already holds {len(planned)} round plan(s) of federation {server.federation_id!r} (rounds "
+            f"{min(planned)}..{max(planned)}): the journal was lost, truncated (its -wal file lost) or replaced by a "
+            f"new one, and a new journal would restart the run at round 0 on the same audit trail. {_FIX}")
+
+
+def _check_head(journal: Journal, server: FederationServer, b: Boundary) -> None:
+    """The audit trail holds the head the journal recorded (else the trail is behind the journal)."""
     hash_at = getattr(server.audit, "hash_at", None)
     if b.audit_seq is None or not callable(hash_at):
         return
@@ -175,3 +246,26 @@ def _check_audit(journal: Journal, server: FederationServer, b: Boundary) -> Non
             f"audit trail {'holds with another hash' if found else 'does not reach'}: the audit directory was "
             "replaced or rolled back behind the journal. Restore the audit directory that belongs to this journal, "
             "or start a new run with a new journal and audit directory.")
+
+
+def _check_after_head(journal: Journal, server: FederationServer, b: Boundary) -> None:
+    """What the trail holds after the journal's head is what a crash right after ``b`` can leave."""
+    facts = getattr(server.audit, "facts", None)
+    if b.audit_seq is None or not callable(facts):
+        return
+    federation = b.federation_id
+    for f in facts(b.audit_seq):
+        if f.kind == "manifest":
+            federation = f.federation_id
+        if federation != b.federation_id:
+            continue
+        later = ((f.kind == "round_plan" and (b.run_ended or b.open_round is not None or f.round != b.round))
+                 or (f.kind == "aggregate" and f.round != b.open_round)
+                 or (f.kind == "run_extended" and not b.run_ended))
+        if later:
+            raise IntegrityError(
+                f"Journal {journal.path} is older than its audit trail: its last boundary ({b.stage}, round {b.round}) "
+                f"recorded audit entry {b.audit_seq}, and the trail holds after it a {f.kind!r} entry"
+                f"{'' if f.round is None else f' of round {f.round}'} (entry {f.seq}) that the server writes only "
+                f"after a later boundary. The journal was replaced by an older copy or lost its newest boundaries "
+                f"(e.g. its -wal file). {_FIX}")

@@ -149,3 +149,12 @@ def test_expect_head_detects_a_directory_rolled_back_to_an_earlier_valid_state(t
     assert rolled.exit_code == 1 and "Rolled back" in rolled.stderr and "Traceback" not in rolled.output
     bad = runner.invoke(app, ["verify", str(d), "--expect-head", "xyz"])
     assert bad.exit_code == 1 and "64-hex-digit" in bad.stderr
+
+
+def test_verify_a_deeply_nested_line_is_a_failed_verification_not_an_internal_error(audit_dir):
+    d, _ = audit_dir
+    log = d / "audit.jsonl"
+    log.write_bytes(log.read_bytes() + b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    result = runner.invoke(app, ["verify", str(d)])
+    assert result.exit_code != 0 and "Internal error" not in result.output, result.output
+    assert "entry 3 nests JSON arrays or objects too deeply to parse" in result.output

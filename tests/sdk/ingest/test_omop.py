@@ -108,6 +108,44 @@ def test_a_bad_cohort_query_is_named_without_data(north_db):
         read_omop(omop_engine(north_db), source=broken, dictionary=D)
 
 
+@pytest.mark.parametrize("sql", [
+    "COPY (SELECT 1 AS person_id) TO '{out}'",
+    "COPY (SELECT 1 AS person_id) TO '{out}'; SELECT person_id, visit_start_datetime AS index_datetime "
+    "FROM visit_occurrence",
+    "SELECT person_id, visit_start_datetime AS index_datetime FROM visit_occurrence; COPY person TO '{out}'",
+    "ATTACH '{out}' AS x",
+])
+def test_a_cohort_query_that_is_not_one_select_never_runs(north_db, tmp_path, sql):
+    out = tmp_path / "written.csv"
+    bad = demo_source("north").model_copy(update={"cohort": OmopCohort(sql=sql.format(out=out))})
+    with pytest.raises(ConfigError, match=r"The cohort query of site 'north' must be one SELECT statement .*"
+                                          r"DuckDB reads it as \d statement\(s\): (COPY|SELECT|ATTACH)"):
+        read_omop(omop_engine(north_db), source=bad, dictionary=D)
+    assert not out.exists()
+
+
+def test_embedded_duckdb_reads_and_writes_no_other_file(north_db, tmp_path):
+    secret = tmp_path / "secret.csv"
+    secret.write_text("person_id,index_datetime\n1,2020-01-01 00:00:00\n")
+    reads = demo_source("north").model_copy(update={"cohort": OmopCohort(sql=f"SELECT * FROM read_csv('{secret}')")})
+    with pytest.raises(SchemaError, match=r"cohort query of site 'north' failed \((PermissionException|DatabaseError)"):
+        read_omop(omop_engine(north_db), source=reads, dictionary=D)
+    folder = tmp_path / "omop"
+    folder.mkdir()
+    table, schema = demo_hospitals()[3]
+    for name, df in omop_tables(table, schema, D).items():
+        df.to_csv(folder / f"{name}.csv", index=False)
+    engine = omop_engine(folder)
+    with engine.connect() as conn:  # the engine itself, whatever the caller sends it
+        for sql in (f"COPY person TO '{folder / 'copy.csv'}'", f"SELECT * FROM read_csv('{secret}')",
+                    "SET enable_external_access = true"):
+            with pytest.raises(sa.exc.DBAPIError):
+                conn.exec_driver_sql(sql)
+            conn.rollback()
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM person").scalar() > 0  # its own table files: yes
+    assert not (folder / "copy.csv").exists()
+
+
 def test_source_configuration_is_strict():
     with pytest.raises(ValidationError, match="define the cohort one way"):
         OmopCohort(sql="SELECT 1", visit_concept_ids=(ICU_VISIT,))

@@ -113,3 +113,16 @@ def test_reopening_a_trail_refuses_a_fifo_artefact(tmp_path):
     os.mkfifo(art)
     with pytest.raises(IntegrityError, match="does not verify.*FIFO"):
         AuditTrail(d, identity=server)
+
+
+@pytest.mark.parametrize("depth", [40, 5_000, 200_000])
+def test_a_deeply_nested_line_is_a_verification_failure_not_an_internal_error(audit_dir, depth):
+    log = audit_dir / "audit.jsonl"
+    log.write_bytes(log.read_bytes() + b'{"a":' + b"[" * depth + b"]" * depth + b"}\n")
+    report = _verify_with_timeout(audit_dir)
+    assert not report.ok and report.first_bad == 2
+    if depth > 1000:  # past the decoder's recursion bound
+        assert "nests JSON arrays or objects too deeply to parse" in report.problems[0]
+    with pytest.raises(IntegrityError, match="does not verify"):
+        AuditTrail(audit_dir, identity=Identity.generate("server"))
+

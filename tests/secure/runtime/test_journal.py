@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from clinograph.secure.errors import ConfigError, IntegrityError
 from clinograph.secure.runtime import run_rounds
-from clinograph.secure.runtime.journal import Journal, decode_state, encode_state
+from clinograph.secure.runtime.journal import Journal, JournalKey, decode_state, encode_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hostile_helpers import audit_entries, federation  # noqa: E402
@@ -45,10 +45,10 @@ def test_every_stage_boundary_is_journalled(tmp_path):
     journal = Journal(tmp_path / "j.sqlite")
     run_rounds(server, transport, rounds=2, journal=journal)
     stages = journal.stages()
-    assert stages[:7] == [(0, "open"), (0, "plan"), (0, "stage 1"), (0, "stage 2"), (0, "stage 3"), (0, "stage 4"),
-                          (1, "close")]
-    assert stages[7] == (1, "end") and stages[-1] == (2, "run_ended")
-    last = journal.latest()
+    assert stages[:8] == [(0, "start"), (0, "open"), (0, "plan"), (0, "stage 1"), (0, "stage 2"), (0, "stage 3"),
+                          (0, "stage 4"), (1, "close")]
+    assert stages[8] == (1, "end") and stages[-1] == (2, "run_ended")
+    last = journal.latest(key=JournalKey(server.identity))
     assert last.run_ended and last.completed == 2 and last.audit_seq == json.loads(
         (tmp_path / "audit" / "head.json").read_text())["seq"]
 
