@@ -148,6 +148,9 @@ class Aggregate(Payload):
     module_coverage: dict[str, int]
     global_state_digest: Hex64
     modules_updated: int = Field(ge=0)
+    #: ckks: SHA-256 of the sealed encrypted aggregate every contributor received (the state digest
+    #: is all zeros there: the server holds no plaintext model)
+    ciphertext_sha256: Hex64 | None = None
 
 
 class DistributedShareInfo(Payload):
@@ -395,12 +398,15 @@ class RunEnded(Payload):
 class Release(Payload):
     """``release``: the model this run released, at its end. ``model_sha256`` is the SHA-256
     of the published ``global_model`` artefact (None in modes where the server holds no
-    plaintext model: the hospitals hold the decrypted aggregate)."""
+    plaintext model: the hospitals hold the decrypted aggregate). There ``global_state_digest`` is
+    all zeros and ``ciphertext_sha256`` -- the SHA-256 of the sealed encrypted aggregate of the
+    released round, the same bytes every contributor received -- identifies the release."""
 
     round: int = Field(ge=0)
     secure_mode: Name
     global_state_digest: Hex64
     model_sha256: Hex64 | None
+    ciphertext_sha256: Hex64 | None = None
 
 
 class InsecureOption(Payload):
