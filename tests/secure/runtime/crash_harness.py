@@ -55,7 +55,7 @@ class LineTask:
 
     name = "toy"
 
-    def __init__(self, site: str, state_dir: Path):
+    def __init__(self, site: str, state_dir: Path, *, budget: float = 1e6):
         torch.set_num_threads(1)
         self.model = torch.nn.Linear(4, 1)
         with torch.no_grad():
@@ -68,7 +68,7 @@ class LineTask:
         self.x = torch.tensor(x, dtype=torch.float32)
         self.y = torch.tensor(x @ np.array([0.5, -0.3, 0.2, 0.1]) + 0.05 * rng.normal(size=32),
                               dtype=torch.float32).reshape(-1, 1)
-        self.ledger = PrivacyLedger(state_dir, site=site, budget_epsilon=1e6, delta=1e-5, signer=LEDGER_SIGNER)
+        self.ledger = PrivacyLedger(state_dir, site=site, budget_epsilon=budget, delta=1e-5, signer=LEDGER_SIGNER)
 
     @property
     def num_samples(self) -> int:
@@ -122,11 +122,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kill", default=None, help="SIGKILL this process after the first journal boundary so named")
     ap.add_argument("--no-journal", action="store_true")
+    ap.add_argument("--budget", type=float, default=1e6, help="every hospital's ε budget (small: they refuse)")
     args = ap.parse_args(argv)
     work: Path = args.work
     ids = identities(work)
     publics = {n: ids[n].public for n in HOSPITALS}
-    hospitals = {n: HospitalClient(task=LineTask(n, work / "state" / n), identity=ids[n], server=ids["server"].public,
+    hospitals = {n: HospitalClient(task=LineTask(n, work / "state" / n, budget=args.budget), identity=ids[n], server=ids["server"].public,
                                    peers=publics, dictionary_hash=DICTIONARY_HASH, federation_id=FEDERATION,
                                    release=ReleaseSection(), state_dir=work / "state" / n)
                  for n in HOSPITALS}
