@@ -62,10 +62,16 @@ def run_links(runs: list[Run]) -> dict[int, str]:
 def faults(run: Run) -> list[list[Any]]:
     """Rows (round, reason, what it means) for every aborted round of the run."""
     rows: dict[int, list[Any]] = {}
+    final = {p["round"] for p in run.kinds["hospital_refused"] if p.get("final") and p.get("round") is not None}
     for a in run.kinds["round_aborted"]:
-        meaning = ("the round was open when the server stopped; nothing of it was aggregated or released, and "
-                   "it is re-run under the next round number" if a["reason"].startswith(RESTART)
-                   else "the round could not be aggregated; nothing of it was released")
+        if a["reason"].startswith(RESTART):
+            meaning = ("the round was open when the server stopped; nothing of it was aggregated or released, and "
+                       "it is re-run under the next round number")
+        elif a["round"] in final:
+            meaning = ("hospitals refused it for good (e.g. their privacy budget is spent; see Refusals), leaving "
+                       "too few: nothing of it was released")
+        else:
+            meaning = "the round could not be aggregated; nothing of it was released"
         rows[a["round"]] = [a["round"], a["reason"], meaning]
     for p in run.kinds["round_participation"]:
         if p["outcome"] == "aborted" and p["round"] not in rows:

@@ -185,6 +185,7 @@ def test_budget_refusal_ends_the_run_as_planned(scenarios, browser, tmp_path):
     for h in HOSPITALS:  # question 2: each hospital's signed refusal, with its reason
         assert f"2 plan {h} PrivacyBudgetExceeded: Hospital '{h}': round 2 would take ε" in refusals
     assert "signed by the hospital" in refusals
+    assert "2 Only 0 client(s) completed stage" in page["faults"] and "hospitals refused it for good" in page["faults"]
     table = _privacy(page, epsilon="2.413")
     assert "within budget" not in table
     assert table.count("out of the run: refused at round 2 (PrivacyBudgetExceeded") == len(HOSPITALS)

@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kill", default=None, help="SIGKILL this process after the first journal boundary so named")
     ap.add_argument("--no-journal", action="store_true")
+    ap.add_argument("--events", action="store_true", help="write the run's progress events to WORKDIR/events.jsonl")
     ap.add_argument("--budget", type=float, default=1e6, help="every hospital's ε budget (small: they refuse)")
     args = ap.parse_args(argv)
     work: Path = args.work
@@ -153,9 +154,13 @@ def main(argv: list[str] | None = None) -> None:
     journal = None if args.no_journal else Journal(work / "journal.sqlite", on_saved=kill)
     server = build_server(federation=section, identity=ids["server"], enrolled=publics, initial=initial, audit=audit,
                           dp_policy=policy, ckks_context=ckks_context)
+    events: list[dict] = []
     try:
-        run_rounds(server, transport, rounds=args.rounds, journal=journal)
+        run_rounds(server, transport, rounds=args.rounds, journal=journal,
+                   on_event=lambda kind, data: events.append({"event": kind, **data}))
     finally:
+        if args.events:
+            (work / "events.jsonl").write_text("".join(json.dumps(e, default=str) + "\n" for e in events))
         audit.close()
         if journal is not None:
             journal.close()
