@@ -409,6 +409,16 @@ class Release(Payload):
     ciphertext_sha256: Hex64 | None = None
 
 
+class CkksKeyHolders(Payload):
+    """``ckks_key_holders``: the hospitals that hold the federation's CKKS secret key after the
+    key ceremony of this run (secure/ckks/setup.py), under which preset and context. The server
+    is never one: it holds only the public parameters."""
+
+    holders: list[Name] = Field(min_length=1, max_length=10_000)
+    preset: Name
+    context_digest: Hex64
+
+
 class InsecureOption(Payload):
     """``insecure_option``: an ``insecure_*`` option in use, and why (policy.require_allowed)."""
 
@@ -461,7 +471,7 @@ KINDS: dict[str, type[Payload]] = {
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
     "model_selected": ModelSelected, "model_chosen": ModelChosen, "run_extended": RunExtended, "feature_coverage": FeatureCoverage,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
-    "run_ended": RunEnded, "release": Release,
+    "run_ended": RunEnded, "release": Release, "ckks_key_holders": CkksKeyHolders,
     "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,
     "audit_open": AuditOpen, "audit_reopen": AuditOpen, "artefact": Artefact, "envelope": EnvelopeRef,
 }

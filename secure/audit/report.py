@@ -443,8 +443,8 @@ def _runs(runs: list[Run], links: dict[int, str]) -> str:
                      f"{end['status']}: {end['reason']}" if end else "not recorded", _released(rel)])
     body = ("<p>Each opening of the audit trail is a run with its own id; runs are shown separately below, the "
             "latest last. A run that resumes after a server restart, or extends an ended federation, continues "
-            "the round numbers of the run it continues (named in the table); each other run numbers its own "
-            "rounds (e.g. every candidate model's run starts at round 0).</p>"
+            "the round numbers of the run it continues (named in the table); each other run (e.g. each candidate model's) numbers "
+            "its own rounds.</p>"
             + _table(["run", "run id", "opened", "secure mode", "rounds", "continues", "end",
                       "released model (sha256, short)"], rows, caption="Runs in this directory"))
     return f'<section id="runs"><h2>Runs</h2>{body}</section>'

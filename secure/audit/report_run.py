@@ -180,12 +180,15 @@ def secure_mode(run: Run, directory: Path) -> str:
                        "in the sum; the masks of a hospital that drops are recovered from t of its neighbours' "
                        "Shamir shares. The server sees only the sum.")
         elif mode == "ckks":
-            holders = sorted({c for a in run.kinds["aggregate"] for c in a["contributors"]})
-            rows = [("CKKS preset", latest.get("ckks.preset", "?")),
-                    ("context digest", latest.get("ckks.context_digest", "?")),
-                    ("who holds the secret key", "the hospitals (key ceremony); the server holds only the public "
-                     "parameters, no secret, public, relinearisation or Galois key"),
-                    ("hospitals that encrypted and decrypted under it", ", ".join(holders) or "none yet"),
+            used = sorted({c for a in run.kinds["aggregate"] for c in a["contributors"]})
+            keys = run.kinds["ckks_key_holders"][-1] if run.kinds["ckks_key_holders"] else None
+            rows = [("CKKS preset", latest.get("ckks.preset", keys["preset"] if keys else "?")),
+                    ("context digest", latest.get("ckks.context_digest", keys["context_digest"] if keys else "?")),
+                    ("who holds the secret key", (", ".join(keys["holders"]) + " (this run's key ceremony)") if keys
+                     else "the hospitals of the key ceremony (not recorded in this run)"),
+                    ("the server", "holds only the public parameters: no secret, public, relinearisation or "
+                     "Galois key"),
+                    ("hospitals that encrypted and decrypted under it", ", ".join(used) or "none yet"),
                     ("minimum hospitals a round", latest.get("min_clients", "?"))]
             html += _p("CKKS homomorphic encryption: the server adds ciphertexts and never sees an update, the sum "
                        "or the model; the contributing hospitals decrypt the aggregate.")

@@ -203,7 +203,10 @@ def test_ckks_run_names_what_identifies_its_release(scenarios, browser, tmp_path
     _privacy(page, epsilon="2.413")
     mode = page["secure-mode"]
     preset = crash_harness.FederationSection(id="f", secure_mode="ckks", strategy="fedavg").ckks_preset
-    assert f"CKKS preset {preset}" in mode and "the server holds only the public parameters" in mode
+    assert f"CKKS preset {preset}" in mode and "the server holds only the public parameters: no secret" in mode
+    holders = _payloads(work, "ckks_key_holders")[-1]
+    assert "who holds the secret key " + ", ".join(holders["holders"]) + " (this run's key ceremony)" in mode
+    assert holders["preset"] == preset and holders["context_digest"] in mode
     assert "hospitals that encrypted and decrypted under it h1, h2, h3, h4" in mode
     release = _payloads(work, "release")[-1]
     assert release["model_sha256"] is None and release["ciphertext_sha256"] in page["release"]

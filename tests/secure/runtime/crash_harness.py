@@ -33,7 +33,6 @@ from clinograph.secure.messages import DPPolicy
 from clinograph.secure.runtime import (
     InProcessTransport,
     build_server,
-    run_ckks_ceremony,
     run_rounds,
 )
 from clinograph.secure.runtime.build import InitialModel
@@ -135,12 +134,14 @@ def main(argv: list[str] | None = None) -> None:
     transport = InProcessTransport(hospitals)
     section = FederationSection(id=FEDERATION, secure_mode=args.mode, strategy="fedavg", min_clients=3,
                                 local_epochs=1, max_weight=1.0, masked_clip=1.0)
-    ckks_context = None
-    if args.mode == "ckks":
-        from clinograph.secure.ckks.presets import CkksPreset
+    mode_run = None
+    if args.mode == "ckks":  # the key ceremony over the transport, as the ServerSide runs it
+        from clinograph.secure.aggregation import create_mode
+        from clinograph.secure.runtime.build import build_strategy, weight_bound
 
-        ckks_context, _ = run_ckks_ceremony(transport, federation_id=FEDERATION, participants=HOSPITALS,
-                                            enrolled=publics, preset=CkksPreset(section.ckks_preset), min_holders=3)
+        mode_run = create_mode("ckks").open_run(federation=section, transport=transport, run_id=FEDERATION,
+                                                enrolled=publics, max_weight=weight_bound(build_strategy(section),
+                                                                                          section))
     first = hospitals["h1"].task
     initial = InitialModel.create(task="toy", dictionary_hash=DICTIONARY_HASH, spec=first.modules.spec(version=1),
                                   state=LineTask("h0", work / "scratch").modules.state(ModuleKind.SHARED))
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
 
     journal = None if args.no_journal else Journal(work / "journal.sqlite", on_saved=kill)
     server = build_server(federation=section, identity=ids["server"], enrolled=publics, initial=initial, audit=audit,
-                          dp_policy=policy, ckks_context=ckks_context)
+                          dp_policy=policy, mode_run=mode_run)
     events: list[dict] = []
     try:
         run_rounds(server, transport, rounds=args.rounds, journal=journal,
