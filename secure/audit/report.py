@@ -91,8 +91,9 @@ def _facts(rows: list[tuple[str, Any]], *, caption: str) -> str:
 class _Page:
     """Section builder for one run (ids prefixed for all but the latest run)."""
 
-    def __init__(self, run: Run, *, prefix: str, directory: Path, link: str | None = None):
+    def __init__(self, run: Run, *, prefix: str, directory: Path, runs: list[Run], link: str | None = None):
         self.run, self.k, self.prefix, self.directory, self.link = run, run.kinds, prefix, directory, link
+        self.runs = runs
 
     def id(self, name: str) -> str:
         return f"{self.prefix}{name}"
@@ -364,7 +365,7 @@ class _Page:
                             report_run.secure_mode(self.run, self.directory))
 
     def selection(self) -> str:
-        body = report_run.selection(self.run) or _empty(self.id("selection"), "No model selection recorded in "
+        body = report_run.selection(self.run, self.runs) or _empty(self.id("selection"), "No model selection recorded in "
                                                                                 "this run.")
         return self.section("selection", "Model selection", body)
 
@@ -460,7 +461,7 @@ def render_report(directory: Path, *, out: Path, trusted_server_key: bytes | Non
     fed = ", ".join(feds) or "(no manifest)"
     links = report_run.run_links(runs)
     articles = "".join(_Page(run, prefix="" if run is runs[-1] else f"run{run.index}-", directory=Path(directory),
-                             link=links.get(run.index)).render(of=len(runs), latest=run is runs[-1]) for run in runs)
+                             runs=runs, link=links.get(run.index)).render(of=len(runs), latest=run is runs[-1]) for run in runs)
     html = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f"<title>Clinograph audit report: {escape(fed)}</title><style>{CSS}</style></head><body><main>"

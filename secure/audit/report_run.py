@@ -226,15 +226,26 @@ def release_facts(run: Run) -> list[tuple[str, Any]]:
     return facts
 
 
-def selection(run: Run) -> str:
-    """``model_selected`` (the kept round) and ``model_chosen`` (the kept candidate), in words."""
+def candidate_run(runs: list[Run], run: Run, name: str, *, count: int) -> Run | None:
+    """The latest run before ``run`` that trained candidate ``name``: its manifest's federation id
+    is the federation's own with one candidate, else ``<id>-<candidate>`` (secure/runtime/models.py)."""
+    for r in reversed([r for r in runs if r.index < run.index]):
+        fed = r.manifest["federation_id"] if r.manifest else ""
+        if (count > 1 and fed.endswith(f"-{name}"[:64])) or (count == 1 and r.release is not None):
+            return r
+    return None
+
+
+def selection(run: Run, runs: list[Run]) -> str:
+    """``model_selected`` (the kept round) and ``model_chosen`` (the kept candidate, with the run
+    that trained it and the model that run released), in words."""
     html = ""
     for s in run.kinds["model_selected"]:
         why = (f"stopped early: no improvement for {s['patience']} round(s)" if s["stopped_early"]
                else "all planned rounds ran")
         html += _p(f"Kept round {s['round']}: the lowest federated validation loss ({s['validation_loss']:.4g}) of "
                    f"{s['rounds_evaluated']} round(s) evaluated; {why}.")
-        if s["disagreeing"]:
+        if s.get("disagreeing"):
             html += _p("Hospitals whose signed status disagreed with the majority (the majority's value was used): "
                        + ", ".join(f"{n} (round {r})" for n, r in sorted(s["disagreeing"].items())) + ".", cls="warn")
     for c in run.kinds["model_chosen"]:
@@ -243,7 +254,15 @@ def selection(run: Run) -> str:
             f"<td>{escape(r['overrides'])}</td><td>{escape(_num(r['validation_loss'], '.4g'))}</td>"
             f"<td>{escape(str(r['round']) if r['round'] is not None else '-')}</td><td>{r['rounds_run']}</td></tr>"
             for r in c["candidates"])
-        html += (_p(f"Chosen candidate: {c['chosen']}. Rule: {c['rule']} (minimum improvement {c['min_delta']:g}).")
+        trained = candidate_run(runs, run, c["chosen"], count=len(c["candidates"]))
+        rel = trained.release if trained is not None else None
+        where = (f" It was trained in run {trained.index}" + (
+            f", which released model SHA-256 {rel['model_sha256']}" if rel and rel["model_sha256"] else
+            f", which released the encrypted aggregate SHA-256 {rel.get('ciphertext_sha256') or '(not recorded)'} (no "
+            "plaintext model at the server)" if rel else ", which recorded no release") + ": the federation's "
+            "released model." if trained is not None else " No earlier run of this directory trained it.")
+        html += (_p(f"Chosen candidate: {c['chosen']}. Rule: {c['rule']} (minimum improvement {c['min_delta']:g})."
+                    + where)
                  + "<table><caption>Candidate models (each ran as its own run of this trail)</caption><thead><tr>"
                  + "".join(f'<th scope="col">{h}</th>' for h in ("candidate", "config overrides", "validation loss",
                                                                 "kept round", "rounds run"))

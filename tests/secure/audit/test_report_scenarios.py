@@ -3,7 +3,8 @@
 Each scenario is a real federation (``tests/secure/runtime/crash_harness.py``: four hospitals,
 the server through ``build_server``, a journal, real DP ledgers), run in a forked process so a
 crash can be a real SIGKILL: a clean masked run, a crash and resume, a budget refusal that ends
-the run, a CKKS run and an extension of an ended run. The report of each is rendered in headless
+the run, a CKKS run and an extension of an ended run; and ``simulate()`` (the one federation run
+the Flower ServerApp also drives) of the four default candidate models, for model selection. The report of each is rendered in headless
 Chromium and the page's *text* must answer: who took part; what was refused, dropped or aborted
 and why; privacy spent (ε, δ, mechanism); which model was released and whether it is in the
 trail; whether the trail verifies and under which key; which secure mode with which parameters.
@@ -26,6 +27,7 @@ from clinograph.secure.audit.report import render_report
 from clinograph.secure.identity import Identity
 
 HERE = Path(__file__).resolve().parents[1] / "runtime"
+APP = Path(__file__).resolve().parents[3] / "examples" / "flower_deployment" / "app"
 sys.path.insert(0, str(HERE))
 
 import crash_harness  # noqa: E402
@@ -225,3 +227,48 @@ def test_extended_federation_links_the_runs(scenarios, browser, tmp_path):
     _privacy(page, epsilon="2.413")
     _masked_mode(page)
     _released(page, work)
+
+
+@pytest.fixture(scope="module")
+def candidates(tmp_path_factory) -> Path:
+    """``simulate()`` of the deployment example's federation: four candidates, one round each."""
+    import tomllib
+
+    from clinograph.sdk.config import SimulationConfig
+    from clinograph.sdk.federation.simulate import load_tables, simulate
+
+    sys.path.insert(0, str(APP))
+    from clinograph_flower_app.prepare import prepare
+
+    root = tmp_path_factory.mktemp("candidates")
+    sites, hospitals = root / "sites", ["h1", "h2", "h3"]
+    prepare(sites, hospitals=hospitals, patients=120, dp=False, seed=0, federation_id="fed-sim",
+            audit_dir=root / "unused")
+    hospital = tomllib.loads((sites / "h1" / "data" / "hospital.toml").read_text())
+    server = tomllib.loads((sites / "server" / "server.toml").read_text())
+    config = SimulationConfig.model_validate({
+        **hospital, "dictionary": str(sites / "h1" / "data" / "dictionary.toml"),
+        "federation": {**server["federation"], "rounds": 1}, "output": str(root / "sim"),
+        "hospitals": [{"site": h, "table": str(sites / h / "data" / "table.csv"),
+                       "schema": str(sites / h / "data" / "schema.toml")} for h in hospitals]})
+    tables, dictionary = load_tables(config)
+    simulate(tables, dictionary, config, audit_dir=root / "audit")
+    return root
+
+
+def test_model_selection_names_the_chosen_candidate_and_its_released_model(candidates, browser, tmp_path):
+    out = tmp_path / "candidates.html"
+    render_report(candidates / "audit", out=out)
+    browser.get(out.as_uri())
+    chosen = _payloads(candidates, "model_chosen")[-1]
+    selected = _payloads(candidates, "model_selected")
+    releases = _payloads(candidates, "release")
+    assert len(selected) == len(releases) == len(chosen["candidates"]) == 4  # one run per candidate
+    index = [c["name"] for c in chosen["candidates"]].index(chosen["chosen"])  # candidates run in this order
+    text = browser.find_element("id", "selection").text
+    assert f"Chosen candidate: {chosen['chosen']}." in text and f"{chosen['chosen']} (chosen)" in text
+    assert (f"It was trained in run {index + 1}, which released model SHA-256 {releases[index]['model_sha256']}: "
+            "the federation's released model.") in text
+    kept = browser.find_element("id", f"run{index + 1}-selection").text
+    assert f"Kept round {selected[index]['round']}: the lowest federated validation loss" in kept
+    assert "Round numbers restart in every run" not in browser.find_element("id", "runs").text
