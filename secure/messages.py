@@ -207,6 +207,9 @@ class RoundResult(WireMessage):
     rejected: dict[str, str] = Field(default_factory=dict)
     module_coverage: dict[str, int] = Field(default_factory=dict)
     global_state_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    #: ckks: SHA-256 of the sealed encrypted aggregate every contributor received (the server holds
+    #: no plaintext model, so this, not ``global_state_digest``, identifies what the round released)
+    ciphertext_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
 class ClientReport(WireMessage):

@@ -301,11 +301,15 @@ class FederationServer:
             self.state = None
             contributors, coverage = tuple(sorted(rnd.reports)), {}
         digest = self._state_digest()
+        sealed_sum = getattr(rnd.aggregation, "aggregate_sha256", None) if sums is None else None
         result = RoundResult(federation_id=self.federation_id, round=rnd.plan.round, contributors=contributors,
-                             rejected=dict(rnd.rejected), module_coverage=coverage, global_state_digest=digest)
+                             rejected=dict(rnd.rejected), module_coverage=coverage, global_state_digest=digest,
+                             ciphertext_sha256=sealed_sum if isinstance(sealed_sum, str) else None)
         self.audit.record("aggregate", {"round": rnd.plan.round, "contributors": list(contributors),
                                         "module_coverage": coverage, "global_state_digest": digest,
-                                        "modules_updated": len(coverage)})
+                                        "modules_updated": len(coverage),
+                                        **({"ciphertext_sha256": result.ciphertext_sha256}
+                                           if result.ciphertext_sha256 else {})})
         if metrics:
             self.audit.record("metrics", {"round": rnd.plan.round, "per_client": metrics})
         self._record_strategy(rnd.plan.round)

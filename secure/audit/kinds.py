@@ -148,6 +148,9 @@ class Aggregate(Payload):
     module_coverage: dict[str, int]
     global_state_digest: Hex64
     modules_updated: int = Field(ge=0)
+    #: ckks: SHA-256 of the sealed encrypted aggregate every contributor received (the state digest
+    #: is all zeros there: the server holds no plaintext model)
+    ciphertext_sha256: Hex64 | None = None
 
 
 class DistributedShareInfo(Payload):
@@ -395,12 +398,25 @@ class RunEnded(Payload):
 class Release(Payload):
     """``release``: the model this run released, at its end. ``model_sha256`` is the SHA-256
     of the published ``global_model`` artefact (None in modes where the server holds no
-    plaintext model: the hospitals hold the decrypted aggregate)."""
+    plaintext model: the hospitals hold the decrypted aggregate). There ``global_state_digest`` is
+    all zeros and ``ciphertext_sha256`` -- the SHA-256 of the sealed encrypted aggregate of the
+    released round, the same bytes every contributor received -- identifies the release."""
 
     round: int = Field(ge=0)
     secure_mode: Name
     global_state_digest: Hex64
     model_sha256: Hex64 | None
+    ciphertext_sha256: Hex64 | None = None
+
+
+class CkksKeyHolders(Payload):
+    """``ckks_key_holders``: the hospitals that hold the federation's CKKS secret key after the
+    key ceremony of this run (secure/ckks/setup.py), under which preset and context. The server
+    is never one: it holds only the public parameters."""
+
+    holders: list[Name] = Field(min_length=1, max_length=10_000)
+    preset: Name
+    context_digest: Hex64
 
 
 class InsecureOption(Payload):
@@ -455,7 +471,7 @@ KINDS: dict[str, type[Payload]] = {
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
     "model_selected": ModelSelected, "model_chosen": ModelChosen, "run_extended": RunExtended, "feature_coverage": FeatureCoverage,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
-    "run_ended": RunEnded, "release": Release,
+    "run_ended": RunEnded, "release": Release, "ckks_key_holders": CkksKeyHolders,
     "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,
     "audit_open": AuditOpen, "audit_reopen": AuditOpen, "artefact": Artefact, "envelope": EnvelopeRef,
 }

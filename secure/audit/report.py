@@ -8,8 +8,10 @@ text and a table holding the same numbers (the text version); there is no script
 external resource, and a Content-Security-Policy forbids loading any.
 
 Stable ids: ``verification``, ``runs``, and per run the sections ``manifest``, ``insecure``,
-``participation``, ``refusals``, ``coverage``, ``privacy``, ``dag``, ``metrics``,
-``feature-relevance``, ``release``, ``artefacts`` -- plain for the latest run, prefixed
+``secure-mode``, ``participation``, ``faults`` (aborted rounds), ``refusals``, ``coverage``,
+``privacy`` (with the table ``privacy-spent``), ``dag``, ``metrics``, ``feature-relevance``,
+``selection``, ``release``, ``artefacts``, and ``continues`` for a run that resumes or extends
+another (:mod:`.report_run` builds what a run decided) -- plain for the latest run, prefixed
 ``run<k>-`` for earlier runs (run 1 is the first). A section without data says so rather
 than disappearing. All text from the log is HTML-escaped.
 """
@@ -24,7 +26,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from . import plots
+from . import plots, report_run
 from .runs import Run, split_runs
 from .verify import VerifyReport, scan_audit_dir
 
@@ -89,8 +91,9 @@ def _facts(rows: list[tuple[str, Any]], *, caption: str) -> str:
 class _Page:
     """Section builder for one run (ids prefixed for all but the latest run)."""
 
-    def __init__(self, run: Run, *, prefix: str):
-        self.run, self.k, self.prefix = run, run.kinds, prefix
+    def __init__(self, run: Run, *, prefix: str, directory: Path, runs: list[Run], link: str | None = None):
+        self.run, self.k, self.prefix, self.directory, self.link = run, run.kinds, prefix, directory, link
+        self.runs = runs
 
     def id(self, name: str) -> str:
         return f"{self.prefix}{name}"
@@ -112,11 +115,11 @@ class _Page:
         else:
             rows = [[name, hashlib.sha256(base64.b64decode(key)).hexdigest()[:16]]
                     for name, key in sorted(m["hospitals"].items())]
-            dp = m.get("dp_policy") or {}
+            dp = m.get("dp_policy")
             facts = [("federation", m["federation_id"]), ("secure mode (manifest)", m["secure_mode"]),
                      ("strategy", m["strategy"]), ("environment", m["environment"]),
                      ("dictionary hash", m["dictionary_hash"]), ("spec digest", m["spec_digest"]),
-                     ("DP policy", ", ".join(f"{a}={b}" for a, b in dp.items()) or "none")]
+                     ("DP policy", report_run.dp_policy_words(dp or None))]
             manifest = _facts(facts, caption="Federation") + _table(
                 ["hospital", "key fingerprint (short)"], rows, caption="Enrolled hospitals")
         options = sorted({o for m in self.k["manifest"] for o in m.get("insecure_options", [])}
@@ -217,10 +220,11 @@ class _Page:
             rounds, eps, _ = series.get(p["client"], ([], [], 0.0))
             series[p["client"]] = (rounds + [p["round"]], eps + [p["epsilon"]], p["budget_epsilon"])
         title = "Privacy ledger (ε per hospital, this run)"
+        params = _table(report_run.PRIVACY_HEADER, report_run.privacy_rows(self.run),
+                        caption="Privacy spent per hospital: latest ledger entry and status", ident=self.id("privacy-spent"))
         if not series:
-            return self.section("privacy", title, _empty(self.id("privacy"), "No ledger entry recorded."))
-        rows = [[c, f"{e[-1]:.3f}", r[-1], f"{b:g}", "OVER BUDGET" if e[-1] > b else "within budget"]
-                for c, (r, e, b) in sorted(series.items())]
+            body = _empty(self.id("privacy"), "No ledger entry recorded.")
+            return self.section("privacy", title, body + (params if self.k["hospital_refused"] else ""))
         alt = "Line chart of cumulative ε per hospital over rounds, budgets as grey dashed lines: " + "; ".join(
             f"{c} reaches ε {e[-1]:.3g} by round {r[-1]} of budget {b:g}" for c, (r, e, b) in sorted(series.items()))
         per_round = sorted({r for rounds, _, _ in series.values() for r in rounds})
@@ -229,8 +233,7 @@ class _Page:
         body = (_img(self.id("img-privacy"), plots.privacy(series), alt)
                 + _table(["hospital"] + [f"round {q}" for q in per_round], table,
                          caption="Text version: cumulative ε per hospital per round", ident=self.id("img-privacy-data"))
-                + _table(["hospital", "latest ε", "at round", "budget", "status"], rows,
-                         caption="Latest ε in this run")
+                + params
                 + self._trust_models())
         return self.section("privacy", title, body)
 
@@ -341,13 +344,8 @@ class _Page:
         return self.section("feature-relevance", title, body)
 
     def release(self) -> str:
-        rel, end = self.run.release, self.run.ended
-        facts: list[tuple[str, Any]] = []
-        if rel is not None:
-            facts += [("released model: round", rel["round"]), ("secure mode", rel["secure_mode"]),
-                      ("global state digest", rel["global_state_digest"]),
-                      ("released model SHA-256", rel["model_sha256"] or
-                       "none: the server holds no plaintext model in this mode")]
+        end = self.run.ended
+        facts: list[tuple[str, Any]] = report_run.release_facts(self.run)
         if end is not None:
             facts += [("run ended", end["status"]), ("why", end["reason"]),
                       ("rounds", f"{end['rounds_completed']} of {end['rounds_planned']} planned")]
@@ -355,6 +353,21 @@ class _Page:
                 _empty(self.id("release"), "This run recorded no release and no end (it may still be running, "
                                            "have crashed, or predate release entries)."))
         return self.section("release", "Released model and end of run", body)
+
+    def faults(self) -> str:
+        rows = report_run.faults(self.run)
+        body = (_table(["round", "reason", "what it means"], rows, caption="Rounds aborted in this run, and why")
+                if rows else _empty(self.id("faults"), "No round was aborted in this run."))
+        return self.section("faults", "Aborted rounds", body)
+
+    def mode(self) -> str:
+        return self.section("secure-mode", "Secure mode and its parameters",
+                            report_run.secure_mode(self.run, self.directory))
+
+    def selection(self) -> str:
+        body = report_run.selection(self.run, self.runs) or _empty(self.id("selection"), "No model selection recorded in "
+                                                                                "this run.")
+        return self.section("selection", "Model selection", body)
 
     def artefacts(self) -> str:
         rows = [[p["name"], p["kind"], p["size"], p["sha256"][:16]] for p in self.k["artefact"]]
@@ -365,13 +378,16 @@ class _Page:
 
     def render(self, *, of: int, latest: bool) -> str:
         manifest, insecure = self.manifest()
-        parts = [manifest, insecure, self.participation(), self.refusals(), self.coverage(), self.privacy(),
-                 self.dag(), self.rules(), self.metrics(), self.relevance(), self.release(), self.artefacts()]
+        parts = [manifest, insecure, self.mode(), self.participation(), self.faults(), self.refusals(),
+                 self.coverage(), self.privacy(), self.dag(), self.rules(), self.metrics(), self.relevance(),
+                 self.selection(), self.release(), self.artefacts()]
         label = f"Run {self.run.index} of {of}" + (" (latest)" if latest else "")
         return (f'<article id="run-{self.run.index}"><h2>{escape(label)}: '
                 f"<code>{escape(self.run.run_id or 'format 1, no run id')}</code></h2>"
                 f"<p>Opened {escape(_ts(self.run.opened))}; secure mode per round: "
-                f"{escape(', '.join(self.run.secure_modes()) or 'no round')}.</p>{''.join(parts)}</article>")
+                f"{escape(', '.join(self.run.secure_modes()) or 'no round')}.</p>"
+                + (f'<p class="warn" id="{self.id("continues")}">{escape(self.link)}</p>' if self.link else "")
+                + f"{''.join(parts)}</article>")
 
 
 def describe_metric(name: str) -> str:
@@ -409,17 +425,29 @@ def _verification(report: VerifyReport, *, pinned: bool) -> str:
     return f'<section id="verification"><h2>Verification</h2>{body}</section>'
 
 
-def _runs(runs: list[Run]) -> str:
+def _released(rel: dict[str, Any] | None) -> str:
+    if rel is None:
+        return "none"
+    if rel["model_sha256"]:
+        return rel["model_sha256"][:16]
+    sealed = rel.get("ciphertext_sha256")
+    return f"no plaintext model; encrypted aggregate {sealed[:16]}" if sealed else "no plaintext model"
+
+
+def _runs(runs: list[Run], links: dict[int, str]) -> str:
     rows = []
     for run in runs:
         end, rel = run.ended, run.release
+        rounds = run.rounds()
         rows.append([run.index, run.run_id or "(format 1)", _ts(run.opened), ", ".join(run.secure_modes()) or "-",
-                     len(run.rounds()), f"{end['status']}: {end['reason']}" if end else "not recorded",
-                     (rel["model_sha256"] or "no plaintext model")[:16] if rel else "none"])
+                     f"{rounds[0]}-{rounds[-1]}" if rounds else "none", links.get(run.index, "-"),
+                     f"{end['status']}: {end['reason']}" if end else "not recorded", _released(rel)])
     body = ("<p>Each opening of the audit trail is a run with its own id; runs are shown separately below, the "
-            "latest last. Round numbers restart in every run.</p>"
-            + _table(["run", "run id", "opened", "secure mode", "rounds", "end", "released model (sha256, short)"],
-                     rows, caption="Runs in this directory"))
+            "latest last. A run that resumes after a server restart, or extends an ended federation, continues "
+            "the round numbers of the run it continues (named in the table); each other run (e.g. each candidate model's) numbers "
+            "its own rounds.</p>"
+            + _table(["run", "run id", "opened", "secure mode", "rounds", "continues", "end",
+                      "released model (sha256, short)"], rows, caption="Runs in this directory"))
     return f'<section id="runs"><h2>Runs</h2>{body}</section>'
 
 
@@ -431,14 +459,15 @@ def render_report(directory: Path, *, out: Path, trusted_server_key: bytes | Non
     runs = split_runs(entries)
     feds = sorted({m["federation_id"] for r in runs for m in r.kinds["manifest"]})
     fed = ", ".join(feds) or "(no manifest)"
-    articles = "".join(_Page(run, prefix="" if run is runs[-1] else f"run{run.index}-").render(
-        of=len(runs), latest=run is runs[-1]) for run in runs)
+    links = report_run.run_links(runs)
+    articles = "".join(_Page(run, prefix="" if run is runs[-1] else f"run{run.index}-", directory=Path(directory),
+                             runs=runs, link=links.get(run.index)).render(of=len(runs), latest=run is runs[-1]) for run in runs)
     html = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f"<title>Clinograph audit report: {escape(fed)}</title><style>{CSS}</style></head><body><main>"
             f"<h1>Clinograph audit report: {escape(fed)}</h1><p>{report.entries} entries in {len(runs)} run(s) in "
             f"<code>{escape(str(directory))}</code></p>{_verification(report, pinned=trusted_server_key is not None)}"
-            f"{_runs(runs)}{articles}</main></body></html>")
+            f"{_runs(runs, links)}{articles}</main></body></html>")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html, encoding="utf-8")

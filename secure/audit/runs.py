@@ -1,7 +1,7 @@
 """The runs in an audit directory, kept apart: one :class:`Run` per opening of the trail.
 
 Each opening (``audit_open``, ``audit_reopen``) starts a run (entry.py: format 2 entries carry
-its id). Round numbers restart in every run, and a directory may hold runs in different
+its id). A directory may hold runs in different
 secure modes, so everything the report shows is read per run: never "the last manifest" or
 "the latest ε" across runs.
 """

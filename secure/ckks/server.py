@@ -21,6 +21,7 @@ Constructing: ``CkksServer(context=ctx, plan=..., peers=..., identity=...)`` or 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +59,8 @@ class CkksServer(AggregationServer):
         self._sum: list[Any] | None = None
         self._rejected: dict[str, str] = {}
         self._digests: set[str] = set()
+        #: SHA-256 of the sealed aggregate broadcast (set by next_stage; audited as the round's release id)
+        self.aggregate_sha256: str | None = None
 
     @classmethod
     def with_context(cls, context: CkksServerContext) -> Callable[..., CkksServer]:
@@ -148,6 +151,7 @@ class CkksServer(AggregationServer):
                             ciphertexts=tuple(dump_ciphertext(ct) for ct in self._sum))
         self._sum = None
         sealed = seal(msg, self.identity)  # one broadcast: the same bytes for every contributor
+        self.aggregate_sha256 = hashlib.sha256(sealed).hexdigest()
         return {client: sealed for client in self.contributors}
 
     def result(self) -> ModuleSums:

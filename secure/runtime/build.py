@@ -143,9 +143,14 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
     def plan_options(participants: tuple[str, ...]) -> dict[str, float | int | str | bool]:
         return {**static, **mode_run.options(participants)}
 
-    return FederationServer(
+    server = FederationServer(
         federation_id=federation.id, spec=initial.spec, initial_state=initial.state(),
         dictionary_hash=initial.dictionary_hash, identity=identity, enrolled=enrolled,
         secure_mode=federation.secure_mode, strategy=strategy, min_clients=min(federation.min_clients, len(enrolled)),
         local_epochs=federation.local_epochs, dp_policy=dp_policy, audit=audit, environment=federation.environment,
         plan_options=plan_options, mode_server=mode_run.server)
+    if federation.secure_mode == "ckks" and mode_run.hospitals is not None:  # who holds the secret key
+        opts = mode_run.options(tuple(mode_run.hospitals))
+        audit.record("ckks_key_holders", {"holders": list(mode_run.hospitals), "preset": str(opts.get("ckks.preset")),
+                                          "context_digest": str(opts.get("ckks.context_digest"))})
+    return server

@@ -273,9 +273,11 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
                                 on_event=event, on_boundary=on_boundary,
                                 deliver=control is not None and control.deliver)
         except RoundAborted as exc:
-            event("round_aborted", {"round": exc.round, "reason": str(exc)[:500]})
             left = [n for n in pool if n not in run.retired]
-            if exc.final_refusals and len(left) < server.min_clients:
+            planned = bool(exc.final_refusals) and len(left) < server.min_clients
+            # planned: the hospitals' final refusals (budgets spent) end the run -- not an error
+            event("round_aborted", {"round": exc.round, "reason": str(exc)[:500], "planned_end": planned})
+            if planned:
                 status, reason = "too_few_hospitals", _too_few(server, tuple(left), run.retired)
                 return None
             status, reason = "failed", f"round {exc.round} aborted: {exc}"
@@ -335,9 +337,10 @@ def _deliver_pending(server: FederationServer, transport: Transport, run: RunSta
     """The models still owed to hospitals (deferring transports), in one ``end`` exchange."""
     if not run.pending:
         return
-    _, failed = transport.exchange("end", {n: {"model": m} for n, m in run.pending.items()}, round_=server.round)
+    closed = server.history[-1].round if server.history else max(server.round - 1, 0)  # the model's round
+    _, failed = transport.exchange("end", {n: {"model": m} for n, m in run.pending.items()}, round_=closed)
     for name, why in failed.items():
-        event("end_not_delivered", {"round": server.round, "hospital": name, "reason": why})
+        event("end_not_delivered", {"round": closed, "hospital": name, "reason": why})
     run.pending = {}
 
 

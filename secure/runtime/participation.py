@@ -109,7 +109,9 @@ def end_run(server: FederationServer, *, status: str, reason: str, rounds_comple
             model_sha = server.audit.publish("release/global_model.json", model, kind="released_model",
                                              meta={"round": last.round})
         server.audit.record("release", {"round": last.round, "secure_mode": server.mode.name,
-                                        "global_state_digest": last.global_state_digest, "model_sha256": model_sha})
+                                        "global_state_digest": last.global_state_digest, "model_sha256": model_sha,
+                                        **({"ciphertext_sha256": last.ciphertext_sha256}
+                                           if last.ciphertext_sha256 else {})})
     payload = {"status": status, "reason": _cut(reason), "rounds_completed": rounds_completed,
                "rounds_planned": rounds_planned}
     server.audit.record("run_ended", payload)

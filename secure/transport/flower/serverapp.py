@@ -140,6 +140,8 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
                               f"{_names(data.get('dropped'), nodes)}; refused {_names(data.get('refused'), nodes)}"
                               + (f"; ε/budget {eps_text}" if eps_text else ""))
     if kind == "round_aborted":
+        if data.get("planned_end"):  # the hospitals' final refusals (budgets spent): a planned end
+            return logging.WARNING, f"round {r} not run: {data.get('reason')} (a planned end: see run ended)"
         return logging.ERROR, f"round {r} aborted: {data.get('reason')}"
     if kind == "end_not_delivered":
         return logging.WARNING, (f"round {r}: global model not delivered to {_who(data.get('hospital'), nodes)}: "

@@ -43,6 +43,15 @@ def test_both_guarantees_are_in_the_privacy_section(distributed_report):
     assert "<th scope=\"row\">hosp-b</th><td>skellam</td><td>2</td><td>1.500</td><td>6.000</td><td>1</td>" in table
 
 
+def test_the_privacy_spent_table_names_the_distributed_mechanism_and_both_epsilons(distributed_report):
+    html = distributed_report.read_text()
+    start = html.index('id="privacy-spent"')
+    table = html[start:html.index("</table>", start)]
+    assert ('<th scope="row">hosp-b</th><td>distributed skellam noise (each hospital adds a share)</td>'
+            "<td>1.500</td><td>6.000</td><td>1e-05</td><td>8</td><td>1</td><td>1</td><td>1</td><td>skellam-h2</td>"
+            "<td>3</td><td>1</td><td>within budget</td>") in table
+
+
 def test_local_dp_reports_have_no_trust_model_table(federation_dir, tmp_path):
     html = render_report(federation_dir.directory, out=tmp_path / "r.html").read_text()
     assert 'id="privacy"' in html and 'id="privacy-trust"' not in html

@@ -33,7 +33,6 @@ from clinograph.secure.messages import DPPolicy
 from clinograph.secure.runtime import (
     InProcessTransport,
     build_server,
-    run_ckks_ceremony,
     run_rounds,
 )
 from clinograph.secure.runtime.build import InitialModel
@@ -55,7 +54,7 @@ class LineTask:
 
     name = "toy"
 
-    def __init__(self, site: str, state_dir: Path):
+    def __init__(self, site: str, state_dir: Path, *, budget: float = 1e6):
         torch.set_num_threads(1)
         self.model = torch.nn.Linear(4, 1)
         with torch.no_grad():
@@ -68,7 +67,7 @@ class LineTask:
         self.x = torch.tensor(x, dtype=torch.float32)
         self.y = torch.tensor(x @ np.array([0.5, -0.3, 0.2, 0.1]) + 0.05 * rng.normal(size=32),
                               dtype=torch.float32).reshape(-1, 1)
-        self.ledger = PrivacyLedger(state_dir, site=site, budget_epsilon=1e6, delta=1e-5, signer=LEDGER_SIGNER)
+        self.ledger = PrivacyLedger(state_dir, site=site, budget_epsilon=budget, delta=1e-5, signer=LEDGER_SIGNER)
 
     @property
     def num_samples(self) -> int:
@@ -122,23 +121,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kill", default=None, help="SIGKILL this process after the first journal boundary so named")
     ap.add_argument("--no-journal", action="store_true")
+    ap.add_argument("--events", action="store_true", help="write the run's progress events to WORKDIR/events.jsonl")
+    ap.add_argument("--budget", type=float, default=1e6, help="every hospital's ε budget (small: they refuse)")
     args = ap.parse_args(argv)
     work: Path = args.work
     ids = identities(work)
     publics = {n: ids[n].public for n in HOSPITALS}
-    hospitals = {n: HospitalClient(task=LineTask(n, work / "state" / n), identity=ids[n], server=ids["server"].public,
+    hospitals = {n: HospitalClient(task=LineTask(n, work / "state" / n, budget=args.budget), identity=ids[n], server=ids["server"].public,
                                    peers=publics, dictionary_hash=DICTIONARY_HASH, federation_id=FEDERATION,
                                    release=ReleaseSection(), state_dir=work / "state" / n)
                  for n in HOSPITALS}
     transport = InProcessTransport(hospitals)
     section = FederationSection(id=FEDERATION, secure_mode=args.mode, strategy="fedavg", min_clients=3,
                                 local_epochs=1, max_weight=1.0, masked_clip=1.0)
-    ckks_context = None
-    if args.mode == "ckks":
-        from clinograph.secure.ckks.presets import CkksPreset
+    mode_run = None
+    if args.mode == "ckks":  # the key ceremony over the transport, as the ServerSide runs it
+        from clinograph.secure.aggregation import create_mode
+        from clinograph.secure.runtime.build import build_strategy, weight_bound
 
-        ckks_context, _ = run_ckks_ceremony(transport, federation_id=FEDERATION, participants=HOSPITALS,
-                                            enrolled=publics, preset=CkksPreset(section.ckks_preset), min_holders=3)
+        mode_run = create_mode("ckks").open_run(federation=section, transport=transport, run_id=FEDERATION,
+                                                enrolled=publics, max_weight=weight_bound(build_strategy(section),
+                                                                                          section))
     first = hospitals["h1"].task
     initial = InitialModel.create(task="toy", dictionary_hash=DICTIONARY_HASH, spec=first.modules.spec(version=1),
                                   state=LineTask("h0", work / "scratch").modules.state(ModuleKind.SHARED))
@@ -151,10 +154,14 @@ def main(argv: list[str] | None = None) -> None:
 
     journal = None if args.no_journal else Journal(work / "journal.sqlite", on_saved=kill)
     server = build_server(federation=section, identity=ids["server"], enrolled=publics, initial=initial, audit=audit,
-                          dp_policy=policy, ckks_context=ckks_context)
+                          dp_policy=policy, mode_run=mode_run)
+    events: list[dict] = []
     try:
-        run_rounds(server, transport, rounds=args.rounds, journal=journal)
+        run_rounds(server, transport, rounds=args.rounds, journal=journal,
+                   on_event=lambda kind, data: events.append({"event": kind, **data}))
     finally:
+        if args.events:
+            (work / "events.jsonl").write_text("".join(json.dumps(e, default=str) + "\n" for e in events))
         audit.close()
         if journal is not None:
             journal.close()

@@ -1,0 +1,52 @@
+"""report_run: model selection, the DP policy in words, links and faults from hand-written trails."""
+
+from __future__ import annotations
+
+import json
+
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.audit.report import render_report
+from clinograph.secure.audit.report_run import dp_policy_words
+from clinograph.secure.identity import Identity
+
+
+def test_model_selection_names_the_kept_round_and_the_chosen_candidate(tmp_path):
+    d = tmp_path / "a"
+    with AuditTrail(d, identity=Identity.generate("server")) as trail:
+        trail.record("model_selected", {"round": 3, "validation_loss": 0.4321, "rounds_evaluated": 5, "patience": 2,
+                                        "stopped_early": True, "losses": [0.6, 0.5, 0.45, 0.4321, 0.44],
+                                        "disagreeing": {"hosp-b": 2}})
+        trail.record("model_chosen", {"chosen": "wide", "rule": "lowest validation loss", "min_delta": 0.01,
+                                      "candidates": [
+                                          {"name": "base", "overrides": "{}", "validation_loss": 0.5, "round": 4,
+                                           "rounds_run": 5},
+                                          {"name": "wide", "overrides": json.dumps({"hidden": 64}),
+                                           "validation_loss": 0.4321, "round": 3, "rounds_run": 5}]})
+    html = render_report(d, out=tmp_path / "r.html").read_text()
+    section = html[html.index('<section id="selection">'):]
+    section = section[:section.index("</section>")]
+    assert "Kept round 3: the lowest federated validation loss (0.4321) of 5 round(s) evaluated; stopped early: " \
+           "no improvement for 2 round(s)." in section
+    assert "hosp-b (round 2)" in section
+    assert "Chosen candidate: wide. Rule: lowest validation loss (minimum improvement 0.01)." in section
+    assert '<th scope="row">wide (chosen)</th><td>{&quot;hidden&quot;: 64}</td><td>0.4321</td><td>3</td>' in section
+
+
+def test_no_selection_says_so(tmp_path):
+    d = tmp_path / "a"
+    with AuditTrail(d, identity=Identity.generate("server")):
+        pass
+    html = render_report(d, out=tmp_path / "r.html").read_text()
+    assert 'id="selection-empty"' in html and 'id="faults-empty"' in html
+
+
+def test_dp_policy_in_words():
+    words = dp_policy_words({"required": True, "max_epsilon": 8.0, "delta": 1e-5, "min_noise_multiplier": 0.5,
+                             "max_clip_norm": 1.0, "distributed": {"mechanism": "skellam", "noise_multiplier": 8.0,
+                                                                   "sample_rate": 1.0, "min_honest": 2, "rounds": 5}})
+    assert words == ("Every update must carry a privacy ledger entry within these bounds. Each hospital's cumulative "
+                     "ε at most 8 at δ = 1e-05; noise multiplier σ at least 0.5; per-example clipping norm at most 1. "
+                     "Distributed DP: skellam noise split across the hospitals, total noise multiplier 8, sampling "
+                     "rate 1, calibrated for 5 round(s), assuming at least 2 honest hospital(s) add their share.")
+    assert dp_policy_words(None).startswith("No DP policy")
+    assert "{" not in words  # words, not a dict

@@ -1,0 +1,64 @@
+"""Logs after a fault: a planned end (budgets spent) logs no ERROR; round numbers agree.
+
+The budget run is the real one (``crash_harness``: four hospitals whose ε budget runs out after
+two rounds), its progress events rendered by the operator's log (``progress_line``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from clinograph.secure.messages import RoundResult
+from clinograph.secure.runtime.loop import _deliver_pending
+from clinograph.secure.runtime.resume import RunState
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import crash_harness  # noqa: E402
+
+
+@pytest.mark.slow
+def test_budget_exhaustion_is_a_planned_end_without_an_error_line(tmp_path):
+    from clinograph.secure.transport.flower.serverapp import progress_line
+
+    proc = multiprocessing.get_context("fork").Process(
+        target=crash_harness.main, args=([str(tmp_path), "--rounds", "4", "--budget", "2.5", "--events"],))
+    proc.start()
+    proc.join(300)
+    assert proc.exitcode == 0
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    aborted = [e for e in events if e["event"] == "round_aborted"]
+    assert len(aborted) == 1 and aborted[0]["planned_end"] is True
+    lines = [progress_line(e["event"], e, nodes={}) for e in events]
+    assert max(level for level, _ in lines) == logging.WARNING, [t for lvl, t in lines if lvl >= logging.ERROR]
+    ended = [json.loads(x)["payload"] for x in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "run_ended"]
+    assert ended[-1]["status"] == "too_few_hospitals"
+
+
+def test_an_unplanned_abort_is_still_an_error():
+    from clinograph.secure.transport.flower.serverapp import progress_line
+
+    level, text = progress_line("round_aborted", {"round": 3, "reason": "too few survivors", "planned_end": False},
+                                nodes={})
+    assert level == logging.ERROR and text == "round 3 aborted: too few survivors"
+
+
+def test_a_deferred_end_carries_the_closed_rounds_number():
+    class Transport:
+        def exchange(self, stage, messages, *, round_):
+            self.sent = (stage, round_)
+            return {}, {}
+
+    transport = Transport()
+    closed = RoundResult(federation_id="fed-x", round=1, contributors=("h1",), global_state_digest="a" * 64)
+    server = SimpleNamespace(history=[closed], round=2)  # the server has moved on to round 2
+    _deliver_pending(server, transport, RunState(pending={"h1": b"model"}), lambda kind, data: None)
+    assert transport.sent == ("end", 1)
