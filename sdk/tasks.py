@@ -8,8 +8,9 @@ weights (what ``clinograph model init`` writes for the lean server). Everything 
 secure modes, transports, selection, audit -- is the run's, so a registered task runs under
 every secure mode and transport (docs/write_a_task.md).
 
-Built in (:mod:`clinograph.sdk.federation.builtin_tasks`): ``nsfl`` (NS-FL; local or distributed
-DP, temporal, survival, modalities as configuration) and ``agat`` (Molaei et al. 2024).
+Built in: ``nsfl`` (:mod:`clinograph.sdk.federation.builtin_tasks`; NS-FL with local or distributed
+DP, temporal, survival, modalities as configuration) and ``agat`` (:mod:`clinograph.sdk.agat.registration`,
+Molaei et al. 2024).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def registered_tasks() -> list[str]:
 def _load_builtin() -> None:
     # The built-in tasks register themselves on import (sdk/federation/builtin_tasks.py); by name,
     # so that this registry (read by the config, the lowest SDK layer) imports nothing above it.
-    if "nsfl" not in _TASKS or "agat" not in _TASKS:
-        importlib.import_module("clinograph.sdk.federation.builtin_tasks")
+    for name, module in (("nsfl", "clinograph.sdk.federation.builtin_tasks"), ("agat", "clinograph.sdk.agat.registration")):
+        if name not in _TASKS:
+            importlib.import_module(module)
 
 

@@ -1,9 +1,7 @@
-"""The built-in tasks, registered on import (:mod:`clinograph.sdk.tasks` imports this by name).
-
-- ``nsfl``: NS-FL (:class:`.nsfl_task.NSFLTask`; with ``[privacy] mode = "distributed"``
-  :class:`.dp_task.DistributedDPTask`); temporal, survival and modalities are configuration.
-- ``agat``: AGAT (Molaei et al. 2024, :class:`clinograph.sdk.agat.AGATTask`).
-"""
+"""NS-FL, the built-in task, registered on import (:mod:`clinograph.sdk.tasks` imports this by
+name): :class:`.nsfl_task.NSFLTask`, or with ``[privacy] mode = "distributed"``
+:class:`.dp_task.DistributedDPTask`; temporal, survival and modalities are configuration. AGAT
+registers itself the same way (:mod:`clinograph.sdk.agat.registration`)."""
 
 from __future__ import annotations
 
@@ -73,23 +71,4 @@ def _nsfl_modules(config: HospitalConfig, *, dictionary: FeatureDictionary) -> M
     return modules
 
 
-def _build_agat(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
-                state_dir: Path | None, identity: Any) -> Task:
-    from ..agat import AGATTask  # AGAT (Molaei et al. 2024): sdk/agat, docs/agat.md
-
-    return AGATTask(table, dictionary=dictionary, config=config, split=split)
-
-
-def _agat_modules(config: HospitalConfig, *, dictionary: FeatureDictionary) -> ModuleMap:
-    import torch
-
-    from ..agat.model import AGATModel, agat_modules
-
-    node_ids = dictionary.node_ids()
-    torch.manual_seed(config.model.init_seed)
-    return agat_modules(AGATModel(len(node_ids), config.agat), node_ids, personal=config.personal.modules,
-                        selection=config.model.selection_module)
-
-
 register_task("nsfl", build=_build_nsfl, modules=_nsfl_modules)
-register_task("agat", build=_build_agat, modules=_agat_modules)
