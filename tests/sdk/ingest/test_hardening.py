@@ -7,7 +7,6 @@ import tomllib
 
 import numpy as np
 import pandas as pd
-
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
