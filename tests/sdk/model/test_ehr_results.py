@@ -74,3 +74,28 @@ def test_predictions_are_checked_and_their_repr_shows_no_id():
     with pytest.raises(ConfigError, match="timezone-aware"):
         Predictions(patient_ids=("a",), risks=np.zeros((1, 1)), model_sha256=DIGEST, model_format="f", site="s",
                     created=datetime(2026, 1, 1))
+
+
+def test_the_documented_formats_are_what_the_writers_write(tmp_path):
+    """docs/ehr_formats.md: its RiskAssessment example is valid R4 and is what risk_assessments writes
+    for its inputs; its results-table columns and CSV example are the writer's."""
+    import csv
+    import io
+    import re
+    from pathlib import Path
+
+    from clinograph.sdk.model.omop_results import write_results_csv
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "ehr_formats.md").read_text()
+    section = text[text.index("## Predictions back into the EHR"):text.index("## Speed")]
+    example = json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
+    RiskAssessment.parse_obj(example)
+    p = Predictions(patient_ids=("north-00017",), risks=np.array([[0.18, 0.31]]), model_sha256="3f2a" * 16,
+                    model_format="clinograph-nsfl-survival/2", site="north",
+                    created=datetime(2026, 11, 27, 9, 30, tzinfo=timezone.utc), horizons=(6.0, 12.0), time_unit="mo")
+    assert risk_assessments(p, subject="https://hospital.example/fhir/sid/mrn", outcome="death")[0] == example
+    documented = re.findall(r"^\| `([a-z_0-9]+)` \| [A-Z]", section, re.M)
+    assert tuple(documented) == RESULT_COLUMNS
+    csv_example = re.search(r"```csv\n(.*?)```", section, re.S).group(1)
+    write_results_csv(tmp_path / "o.csv", result_rows(p, id_column="person_source_value"))
+    assert list(csv.reader(io.StringIO((tmp_path / "o.csv").read_text()))) == list(csv.reader(io.StringIO(csv_example)))
