@@ -157,3 +157,59 @@ def test_an_existing_table_of_another_shape_is_refused_by_name(tmp_path, exporte
     res = _run(tmp_path, model, db, tmp_path / "omop.toml", "--omop-table", "clinograph_risk")
     assert res.exit_code == 2
     assert "Results table clinograph_risk exists but lacks the column(s) person_source_value, model_sha256" in res.output
+
+
+def _pg_server():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "pg_server", Path(__file__).resolve().parents[1] / "sdk" / "ingest" / "pg_server.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_results_table_in_a_real_postgresql_cdm(tmp_path, exported):
+    from clinograph.sdk.ontology import FeatureDictionary
+    from clinograph.sdk.research.omop_demo import write_omop
+
+    pg = _pg_server()
+    if pg.pg_bin() is None:
+        pytest.skip("PostgreSQL server binaries are absent (Debian package `postgresql`; `make postgres`)")
+    model, digest = exported
+    df, schema = raw_tables()[0]
+    with pg.postgres_server() as url:
+        engine = sa.create_engine(url)
+        write_omop(engine, df.head(15), schema, FeatureDictionary.from_toml(DICTIONARY_PATH), cdm_schema="cdm")
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE SCHEMA results"))
+        (tmp_path / "omop.toml").write_text(tomli_w.dumps({**OMOP_SOURCE, "omop": {**OMOP_SOURCE["omop"],
+                                                                                     "cdm_schema": "cdm"}}))
+        res = _run(tmp_path, model, url, tmp_path / "omop.toml", "--omop-table", "results.clinograph_risk")
+        assert res.exit_code == 0, res.output
+        with engine.connect() as conn:
+            got = pd.read_sql("SELECT * FROM results.clinograph_risk", conn)
+        engine.dispose()
+    risks = pd.read_csv(tmp_path / "risks.csv", dtype={"patient_id": str}, float_precision="round_trip")
+    assert tuple(got.columns) == RESULT_COLUMNS and len(got) == 15 and (got["model_sha256"] == digest).all()
+    assert dict(zip(got["person_id"], got["score"], strict=True)) == \
+        dict(zip(risks["patient_id"].astype(int), risks["risk"], strict=True))
+
+
+def test_a_fhir_source_read_by_id_gets_patient_references(tmp_path, exported):
+    from clinograph.sdk.ontology import FeatureDictionary
+    from clinograph.sdk.research.ehr_demo import ALARM_SYSTEM, LABEL_CODE, write_fhir
+
+    model, digest = exported
+    df, schema = raw_tables()[0]
+    write_fhir(tmp_path / "fhir", df.head(12), schema, FeatureDictionary.from_toml(DICTIONARY_PATH))
+    (tmp_path / "fhir.toml").write_text(tomli_w.dumps({"site": "north", "fhir": {
+        "label_code": LABEL_CODE, "systems": {ALARM_SYSTEM: "ALARM"}}}))
+    res = _run(tmp_path, model, tmp_path / "fhir", tmp_path / "fhir.toml", "--fhir-out", str(tmp_path / "ra.ndjson"))
+    assert res.exit_code == 0, res.output
+    risks = pd.read_csv(tmp_path / "risks.csv", dtype={"patient_id": str}, float_precision="round_trip")
+    _, parsed = _resources(tmp_path / "ra.ndjson")
+    assert {r.subject.reference: float(r.prediction[0].probabilityDecimal) for r in parsed} == \
+        {f"Patient/{p}": r for p, r in zip(risks["patient_id"], risks["risk"], strict=True)}
+    assert all(r.method.coding[0].code == digest for r in parsed) and len(parsed) == 12
