@@ -26,12 +26,13 @@ the same risks as ``--out``. ``--schema`` may also be an EHR source file (``[omo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from .predict_ehr import EhrOutputs, Source, check_ehr_options, write_ehr
 
 
 def predict(
@@ -57,7 +58,7 @@ def predict(
                                                      "patient: 'reference' (Patient/<id>: the ids are FHIR Patient "
                                                      "ids; the default for a [fhir] source read by id) or the "
                                                      "identifier system URI of the ids (e.g. your MRN system).")] = None,
-    outcome: Annotated[str | None, typer.Option("--outcome", max=200, help="The outcome's text in "
+    outcome: Annotated[str | None, typer.Option("--outcome", help="The outcome's text in "
                                                 "RiskAssessment.prediction (default: names the model).")] = None,
     omop_out: Annotated[Path | None, typer.Option("--omop-out", help="Also write the OMOP-side results table here "
                                                   "(CSV; schema in docs/ehr_formats.md).")] = None,
@@ -72,28 +73,6 @@ def predict(
                       insecure_untrusted_model=insecure_untrusted_model,
                       ehr=EhrOutputs(fhir_out=fhir_out, fhir_subject=fhir_subject, outcome=outcome,
                                      omop_out=omop_out, omop_table=omop_table))
-
-
-@dataclass(frozen=True)
-class EhrOutputs:
-    """What ``clinograph predict`` writes back into the EHR besides ``--out`` (None: nothing)."""
-
-    fhir_out: Path | None = None
-    fhir_subject: str | None = None
-    outcome: str | None = None
-    omop_out: Path | None = None
-    omop_table: str | None = None
-
-
-@dataclass
-class _Source:
-    """New patients as read: the ingested table and what the EHR writers need to know of the source."""
-
-    patients: object  # PatientTable
-    kind: str = "table"  # table, omop, meds or fhir
-    omop_id: str = "person_source_value"
-    fhir_by_id: bool = False
-    location: str = ""
 
 
 def _check_paths(model: Path, table: str, schema: Path, dictionary: Path, out: Path, ehr: EhrOutputs,
@@ -123,7 +102,7 @@ def _check_paths(model: Path, table: str, schema: Path, dictionary: Path, out: P
         raise ConfigError("--out, --fhir-out and --omop-out name the same file; give each its own path.")
 
 
-def _read_patients(table: str, schema: Path, d, raw: dict) -> _Source:  # noqa: ANN001 - a FeatureDictionary
+def _read_patients(table: str, schema: Path, d, raw: dict) -> Source:  # noqa: ANN001 - a FeatureDictionary
     from clinograph.sdk.ingest import ingest, read_table
     from clinograph.sdk.ingest.sources import EhrSourceConfig, is_source_file, read_source
     from clinograph.sdk.ontology import SiteSchema
@@ -140,10 +119,8 @@ def _read_patients(table: str, schema: Path, d, raw: dict) -> _Source:  # noqa: 
         finally:
             if engine is not None:
                 engine.dispose()  # a .duckdb file is opened read-only to read; --omop-table opens it to write
-        fhir_by_id = config.fhir is not None and config.fhir.patient_id == "id"
         omop_id = config.omop.patient_id if config.omop is not None else "person_source_value"
-        return _Source(patients=extract.ingest(d), kind=config.kind, omop_id=omop_id, fhir_by_id=fhir_by_id,
-                       location=table)
+        return Source(patients=extract.ingest(d), omop_id=omop_id, location=table)
     s = SiteSchema.from_toml(schema)
     df = read_table(table)
     if s.survival is not None:  # new patients: no follow-up yet; time/event columns are never features
@@ -151,7 +128,7 @@ def _read_patients(table: str, schema: Path, d, raw: dict) -> _Source:  # noqa: 
         s = s.model_copy(update={"survival": None, "label": None, "unlabeled": True, "ignore": tuple(s.ignore) + seen})
     elif s.label is not None and s.label not in df.columns:  # new patients: no outcome yet
         s = s.model_copy(update={"label": None, "unlabeled": True})
-    return _Source(patients=ingest(df, schema=s, dictionary=d), location=table)
+    return Source(patients=ingest(df, schema=s, dictionary=d), location=table)
 
 
 def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path, *, trusted_key: str | None,
@@ -173,7 +150,7 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
     from clinograph.sdk.ingest.sources import is_source_file
 
     _check_paths(model, table, schema, dictionary, out, ehr, source_file=is_source_file(raw))
-    _check_ehr_options(ehr, raw)
+    check_ehr_options(ehr, raw)
     key = hospital_key(trusted_key) if trusted_key is not None else None
     exported = load_exported(model, trusted=key, insecure_untrusted_model=insecure_untrusted_model)
     info = exported.description
@@ -194,7 +171,7 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
     from clinograph.sdk.model.predictions import Predictions
 
     preds = Predictions.of(description=info, patient_ids=list(pt.patient_ids), risks=risks, created=now)
-    written = _write_ehr(preds, source, ehr)  # every check before the first file is written
+    written = write_ehr(preds, source, ehr)  # every check before the first file is written
     out.parent.mkdir(parents=True, exist_ok=True)
     ids = [spreadsheet_safe(pid) for pid in pt.patient_ids]
     with out.open("w", newline="") as fh:
@@ -209,83 +186,6 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
     typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {signed}, {what}){note}")
     for line in written:
         typer.echo(line)
-
-
-def _check_ehr_options(ehr: EhrOutputs, raw: dict) -> None:
-    """Refuse inconsistent EHR output options before the model is loaded."""
-    from clinograph.sdk.model.fhir_risk import check_subject
-    from clinograph.sdk.model.omop_results import check_table_name
-    from clinograph.secure.errors import ConfigError
-
-    problems = []
-    if ehr.fhir_out is None and (ehr.fhir_subject is not None or ehr.outcome is not None):
-        problems.append("--fhir-subject and --outcome shape the RiskAssessments; add --fhir-out PATH to write them.")
-    if ehr.fhir_subject is not None:
-        check_subject(ehr.fhir_subject)
-    by_id = isinstance(raw.get("fhir"), dict) and raw["fhir"].get("patient_id", "id") == "id"
-    if ehr.fhir_out is not None and ehr.fhir_subject is None and not by_id:
-        problems.append("--fhir-out needs --fhir-subject: these patient ids are not FHIR Patient ids (they were not "
-                        "read from a FHIR source by id), so give the identifier system URI of your ids (e.g. "
-                        "--fhir-subject https://hospital.example/fhir/sid/mrn), or 'reference' if they are FHIR ids.")
-    if ehr.omop_table is not None:
-        check_table_name(ehr.omop_table)
-        if "omop" not in raw:
-            problems.append("--omop-table writes into the OMOP database the patients are read from, so --schema must "
-                            "be an [omop] source file and --table its database. Fix: use --omop-out PATH to write the "
-                            "results as CSV instead.")
-    if problems:
-        raise ConfigError(" ".join(problems))
-
-
-def _write_ehr(preds, source: _Source, ehr: EhrOutputs) -> list[str]:  # noqa: ANN001 - Predictions
-    """Write the EHR outputs ``ehr`` asks for; the lines to print. Rows and resources are all built
-    (and so checked) before anything is written."""
-    from clinograph.sdk.model.fhir_risk import REFERENCE, risk_assessments, write_risk_assessments
-    from clinograph.sdk.model.omop_results import (
-        result_rows,
-        write_results_csv,
-        write_results_table,
-    )
-    from clinograph.secure.errors import ConfigError
-
-    subject = ehr.fhir_subject or REFERENCE
-    if ehr.fhir_out is not None:
-        risk_assessments(preds, subject=subject, outcome=ehr.outcome)
-    rows = result_rows(preds, id_column=source.omop_id) if ehr.omop_out or ehr.omop_table else []
-    engine = None
-    if ehr.omop_table is not None:
-        engine = _results_engine(source.location)
-    lines, digest = [], preds.model_sha256[:16]
-    if ehr.fhir_out is not None:
-        n = write_risk_assessments(ehr.fhir_out, preds, subject=subject, outcome=ehr.outcome)
-        lines.append(f"{n} FHIR RiskAssessment(s) written to {ehr.fhir_out} (model sha256 {digest}…)")
-    if ehr.omop_out is not None:
-        write_results_csv(ehr.omop_out, rows)
-        lines.append(f"{len(rows)} OMOP result row(s) written to {ehr.omop_out} (model sha256 {digest}…)")
-    if engine is not None and ehr.omop_table is not None:
-        try:
-            n = write_results_table(engine, ehr.omop_table, rows)
-        finally:
-            engine.dispose()
-        lines.append(f"{n} OMOP result row(s) appended to table {ehr.omop_table} (model sha256 {digest}…)")
-    elif ehr.omop_table is not None:
-        raise ConfigError("--omop-table: no OMOP database to write to.")
-    return lines
-
-
-def _results_engine(location: str):  # -> sqlalchemy.Engine
-    """A writable engine on the OMOP database at ``location`` (a URL or a .duckdb file)."""
-    import sqlalchemy as sa
-
-    from clinograph.secure.errors import ConfigError
-
-    if "://" in location:
-        return sa.create_engine(location)
-    path = Path(location)
-    if path.is_file():
-        return sa.create_engine(f"duckdb:///{path}")
-    raise ConfigError(f"--omop-table: the OMOP source {path} is a folder of table files, not a database, so there is "
-                      "no table to write into. Fix: write the results as CSV with --omop-out PATH.")
 
 
 def hospital_key(value: str):  # noqa: ANN201 - a PublicIdentity (imported lazily: the CLI starts without the SDK)
