@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import clinograph as cg
 import numpy as np
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.split import hospital_split
 from sdk_helpers import small_tables
+
+import clinograph as cg
 
 
 def test_split_patients_is_public_and_is_the_federation_split():
