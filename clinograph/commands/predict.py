@@ -171,7 +171,7 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
     from clinograph.sdk.model.predictions import Predictions
 
     preds = Predictions.of(description=info, patient_ids=list(pt.patient_ids), risks=risks, created=now)
-    written = write_ehr(preds, source, ehr)  # every check before the first file is written
+    written = write_ehr(preds, source, ehr)  # all built and checked first; --out is written last
     out.parent.mkdir(parents=True, exist_ok=True)
     ids = [spreadsheet_safe(pid) for pid in pt.patient_ids]
     with out.open("w", newline="") as fh:

@@ -62,7 +62,8 @@ def check_ehr_options(ehr: EhrOutputs, raw: dict) -> None:
 
 def write_ehr(preds, source: Source, ehr: EhrOutputs) -> list[str]:  # noqa: ANN001 - Predictions
     """Write the EHR outputs ``ehr`` asks for; the lines to print. Rows and resources are all built
-    (and so checked) before anything is written."""
+    (and so checked) before anything is written; the database table goes first (one transaction,
+    the write most likely to fail), then the files."""
     from clinograph.sdk.model.fhir_risk import REFERENCE, risk_assessments, write_risk_assessments
     from clinograph.sdk.model.omop_results import (
         result_rows,
@@ -74,20 +75,20 @@ def write_ehr(preds, source: Source, ehr: EhrOutputs) -> list[str]:  # noqa: ANN
     if ehr.fhir_out is not None:
         risk_assessments(preds, subject=subject, outcome=ehr.outcome)
     rows = result_rows(preds, id_column=source.omop_id) if ehr.omop_out or ehr.omop_table else []
-    engine = _results_engine(source.location) if ehr.omop_table is not None else None
     lines, digest = [], preds.model_sha256[:16]
+    if ehr.omop_table is not None:
+        engine = _results_engine(source.location)
+        try:
+            n = write_results_table(engine, ehr.omop_table, rows)
+        finally:
+            engine.dispose()
+        lines.append(f"{n} OMOP result row(s) appended to table {ehr.omop_table} (model sha256 {digest}…)")
     if ehr.fhir_out is not None:
         n = write_risk_assessments(ehr.fhir_out, preds, subject=subject, outcome=ehr.outcome)
         lines.append(f"{n} FHIR RiskAssessment(s) written to {ehr.fhir_out} (model sha256 {digest}…)")
     if ehr.omop_out is not None:
         write_results_csv(ehr.omop_out, rows)
         lines.append(f"{len(rows)} OMOP result row(s) written to {ehr.omop_out} (model sha256 {digest}…)")
-    if engine is not None and ehr.omop_table is not None:
-        try:
-            n = write_results_table(engine, ehr.omop_table, rows)
-        finally:
-            engine.dispose()
-        lines.append(f"{n} OMOP result row(s) appended to table {ehr.omop_table} (model sha256 {digest}…)")
     return lines
 
 

@@ -154,9 +154,12 @@ def test_an_existing_table_of_another_shape_is_refused_by_name(tmp_path, exporte
         conn.execute(sa.text("CREATE TABLE clinograph_risk (person_id BIGINT, score DOUBLE)"))
     engine.dispose()
     (tmp_path / "omop.toml").write_text(tomli_w.dumps(OMOP_SOURCE))
-    res = _run(tmp_path, model, db, tmp_path / "omop.toml", "--omop-table", "clinograph_risk")
+    res = _run(tmp_path, model, db, tmp_path / "omop.toml", "--omop-table", "clinograph_risk",
+               "--omop-out", str(tmp_path / "omop.csv"))
     assert res.exit_code == 2
     assert "Results table clinograph_risk exists but lacks the column(s) person_source_value, model_sha256" in res.output
+    # the table is written first: its refusal leaves no file behind
+    assert not (tmp_path / "omop.csv").exists() and not (tmp_path / "risks.csv").exists()
 
 
 def _pg_server():
