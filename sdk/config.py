@@ -369,7 +369,9 @@ class SimulationConfig(HospitalConfig):
         ``[model] init_seed`` and ``[training] seed`` -- unless that setting is given explicitly
         (pydantic's ``model_fields_set``: a key written in the TOML, or passed to the section).
         Changing the federation seed alone therefore moves the split, the initial weights and the
-        local training order together; an explicit setting pins its part."""
+        local training order together; an explicit setting pins its part. The rule runs when a
+        config is validated (TOML, ``model_validate``, the constructor); ``model_copy(update=...)``
+        does not re-run it, so change the federation seed by validating a new config."""
         seed = self.federation.seed
         for section, key in (("split", "seed"), ("model", "init_seed"), ("training", "seed")):
             part = getattr(self, section)
