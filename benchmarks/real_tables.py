@@ -174,11 +174,11 @@ def run_cohort_choosing(cohort: str, seeds: list[int], settings: str = "sdk", re
             extra["audit_verified"].append(bool(verify_audit_dir(Path(tmp) / "audit").ok))
         extra["seconds"].append(round(time.perf_counter() - t0, 2))
         per.setdefault("nsfl_federated_chosen", []).append(res.final)
-        for name, fin in res.choice["final_by_candidate"].items():
+        for name, fin in res.metrics_by_candidate.items():
             per.setdefault(f"nsfl_candidate_{name}", []).append(fin)
         extra["chosen"].append(res.choice["chosen"])
         extra["candidates"].append(res.choice["candidates"])
-        extra["candidate_test_auroc"].append({k: _mean_auroc(v) for k, v in res.choice["final_by_candidate"].items()})
+        extra["candidate_test_auroc"].append({k: _mean_auroc(v) for k, v in res.metrics_by_candidate.items()})
         sel = res.selection
         extra["selected_round"].append(sel.get("round"))
         losses = sel.get("validation_losses", [])

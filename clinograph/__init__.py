@@ -8,7 +8,9 @@ name is used.
 a hospital's data          ``FeatureDictionary``, ``SiteSchema``, ``ColumnMap``, ``read_table``, ``ingest``
 a hospital                 ``HospitalConfig`` (TOML), ``build_hospital`` (-> ``HospitalClient``)
 your own task              ``Task``, ``TaskBase``, ``register_task``, ``registered_tasks``
-a whole federation here    ``SimulationConfig`` (TOML), ``simulate``, ``simulate_from_config``, ``build_simulation``
+a whole federation here    ``SimulationConfig`` (TOML), ``simulate``, ``simulate_from_config``, ``build_simulation``,
+                           ``SimulationResult``
+the federation's split     ``split_patients`` (table, config -> ``Split``), ``hospital_split``
 the server                 ``ServerConfig`` (TOML), ``build_server``, ``run_round``, ``run_rounds``,
                            ``InProcessTransport``
 keys and audit             ``Identity``, ``AuditTrail``, ``verify_audit_dir``, ``render_report``
@@ -30,6 +32,9 @@ _NAMES = {
     "build_hospital": "clinograph.sdk.federation.build", "HospitalClient": "clinograph.sdk.federation.client",
     "simulate": "clinograph.sdk.federation.simulate", "build_simulation": "clinograph.sdk.federation.simulate",
     "simulate_from_config": "clinograph.sdk.federation.simulate",
+    "SimulationResult": "clinograph.sdk.federation.simulate",
+    "split_patients": "clinograph.sdk.federation.split", "hospital_split": "clinograph.sdk.federation.split",
+    "Split": "clinograph.sdk.federation.split",
     "Task": "clinograph.sdk.federation.task", "TaskBase": "clinograph.sdk.federation.task",
     "register_task": "clinograph.sdk.tasks", "registered_tasks": "clinograph.sdk.tasks",
     "ServerConfig": "clinograph.secure.runtime", "build_server": "clinograph.secure.runtime",

@@ -359,7 +359,27 @@ class SimulationConfig(HospitalConfig):
 
     federation: FederationSection = Field(default_factory=FederationSection)
     hospitals: tuple[HospitalEntry, ...] = ()
-    output: Path = Path("runs/simulation")
+    output: Path = Field(default=Path("runs/simulation"), description="the run's folder; in a TOML file a "
+                         "relative path is taken from the config file's folder, like `dictionary` and the "
+                         "hospitals' paths")
+
+    @model_validator(mode="after")
+    def _one_seed(self) -> SimulationConfig:
+        """The one-seed rule: ``[federation] seed`` is the seed of every seeded part -- ``[split] seed``,
+        ``[model] init_seed`` and ``[training] seed`` -- unless that setting is given explicitly
+        (pydantic's ``model_fields_set``: a key written in the TOML, or passed to the section).
+        Changing the federation seed alone therefore moves the split, the initial weights and the
+        local training order together; an explicit setting pins its part. The rule runs when a
+        config is validated (TOML, ``model_validate``, the constructor); ``model_copy(update=...)``
+        does not re-run it, so change the federation seed by validating a new config."""
+        seed = self.federation.seed
+        for section, key in (("split", "seed"), ("model", "init_seed"), ("training", "seed")):
+            part = getattr(self, section)
+            if key not in part.model_fields_set and getattr(part, key) != seed:
+                derived = part.model_copy(update={key: seed})
+                derived.__pydantic_fields_set__.discard(key)  # still derived: a later rule may move it again
+                object.__setattr__(self, section, derived)
+        return self
 
     def hospital_config(self) -> HospitalConfig:
         """The settings every simulated hospital uses (DP calibrated over this run's rounds)."""
@@ -386,7 +406,7 @@ class SimulationConfig(HospitalConfig):
     @classmethod
     def from_toml(cls, path: str | Path) -> SimulationConfig:  # type: ignore[override]
         """Load a config; relative paths are taken from the config's folder."""
-        return load_toml_model(cls, path, what="config", prepare=_relative("dictionary", hospitals=True))
+        return load_toml_model(cls, path, what="config", prepare=_relative("dictionary", "output", hospitals=True))
 
 
 def _relative(*keys: str, hospitals: bool = False):

@@ -14,22 +14,35 @@ signature check only, with a warning.
 A survival export (``[target] kind = "survival"``) writes ``patient_id`` and one column a
 horizon, named by it (``risk_12mo``: P(T ≤ 12 months) = 1 − S(12 mo)); the new table needs no
 follow-up time or event columns (present ones are ignored, never used as features).
+
+Back into the EHR (docs/ehr_formats.md, "Predictions back into the EHR"): ``--fhir-out`` writes
+one FHIR R4 ``RiskAssessment`` a patient (NDJSON), ``--omop-out`` the OMOP-side results table as
+CSV, and ``--omop-table`` appends the same rows to a table in the OMOP database the patients were
+read from. Every output names the released model by the SHA-256 of its weights, and all carry
+the same risks as ``--out``. ``--schema`` may also be an EHR source file (``[omop]``, ``[meds]``,
+``[fhir]``, as for ``clinograph check``); ``--table`` is then the source's location.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from .predict_ehr import EhrOutputs, Source, check_ehr_options, write_ehr
+
 
 def predict(
     model: Annotated[Path, typer.Option("--model", help="The exported weights (.safetensors); its signed description "
                                          "<model>.json beside it.")],
-    table: Annotated[Path, typer.Option("--table", help="New patients: CSV or Parquet in the hospital's own columns.")],
-    schema: Annotated[Path, typer.Option("--schema", help="The hospital's site schema (TOML).")],
+    table: Annotated[str, typer.Option("--table", help="New patients: CSV or Parquet in the hospital's own columns; "
+                                        "with an EHR source file as --schema, the source's location (file, folder, "
+                                        "database URL).")],
+    schema: Annotated[Path, typer.Option("--schema", help="The hospital's site schema (TOML), or an EHR source file "
+                                         "([omop]/[meds]/[fhir]).")],
     dictionary: Annotated[Path, typer.Option("--dictionary", help="The feature dictionary (TOML) the model uses.")],
     out: Annotated[Path, typer.Option("--out", help="Where to write patient_id,risk (CSV); a survival model writes "
                                        "patient_id and one risk_<horizon> column a horizon.")],
@@ -39,39 +52,105 @@ def predict(
     insecure_untrusted_model: Annotated[bool, typer.Option(
         "--insecure-untrusted-model", help="INSECURE: load a model whose description is not signed by "
         "--trusted-key (the weights' digest and the output ranges are still checked).")] = False,
+    fhir_out: Annotated[Path | None, typer.Option("--fhir-out", help="Also write one FHIR R4 RiskAssessment a "
+                                                  "patient here (NDJSON).")] = None,
+    fhir_subject: Annotated[str | None, typer.Option("--fhir-subject", help="How RiskAssessment.subject names the "
+                                                     "patient: 'reference' (Patient/<id>: the ids are FHIR Patient "
+                                                     "ids; the default for a [fhir] source read by id) or the "
+                                                     "identifier system URI of the ids (e.g. your MRN system).")] = None,
+    outcome: Annotated[str | None, typer.Option("--outcome", help="The outcome's text in "
+                                                "RiskAssessment.prediction (default: names the model).")] = None,
+    omop_out: Annotated[Path | None, typer.Option("--omop-out", help="Also write the OMOP-side results table here "
+                                                  "(CSV; schema in docs/ehr_formats.md).")] = None,
+    omop_table: Annotated[str | None, typer.Option("--omop-table", help="Also append the results rows to this table "
+                                                   "(schema.table allowed; created if absent) in the OMOP database "
+                                                   "--table names (--schema an [omop] source file).")] = None,
 ) -> None:
-    """Write each patient's risk from an exported model."""
+    """Write each patient's risk from an exported model (and, if asked, FHIR RiskAssessments and OMOP results)."""
     from ..cli import guarded
 
     guarded(_predict)(model, table, schema, dictionary, out, trusted_key=trusted_key,
-                      insecure_untrusted_model=insecure_untrusted_model)
+                      insecure_untrusted_model=insecure_untrusted_model,
+                      ehr=EhrOutputs(fhir_out=fhir_out, fhir_subject=fhir_subject, outcome=outcome,
+                                     omop_out=omop_out, omop_table=omop_table))
 
 
-def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path, *, trusted_key: str | None,
-             insecure_untrusted_model: bool) -> None:
-    import csv
+def _check_paths(model: Path, table: str, schema: Path, dictionary: Path, out: Path, ehr: EhrOutputs,
+                 source_file: bool) -> None:
+    from clinograph.secure.errors import ConfigError
 
-    from clinograph.sdk.ingest import ingest, read_table
-    from clinograph.sdk.model.description import SURVIVAL_FORMAT
-    from clinograph.sdk.model.load import load_exported, predict_exported, predict_survival_exported
-    from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
-    from clinograph.secure.errors import ConfigError, SchemaError
-
-    problems = [f"--{what} {p} is not a file; {fix}" for what, p, fix in (
-        ("model", model, "give the .safetensors file written by NSFLTask.export."),
-        ("table", table, "give the new patients' CSV or Parquet file."),
-        ("schema", schema, "give the hospital's site schema (TOML)."),
-        ("dictionary", dictionary, "give the federation's feature dictionary (TOML).")) if not p.is_file()]
+    files = [("model", model, "give the .safetensors file written by NSFLTask.export."),
+             ("schema", schema, "give the hospital's site schema or EHR source file (TOML)."),
+             ("dictionary", dictionary, "give the federation's feature dictionary (TOML).")]
+    if not source_file:
+        files.insert(1, ("table", Path(table), "give the new patients' CSV or Parquet file."))
+    problems = [f"--{what} {p} is not a file; {fix}" for what, p, fix in files if not p.is_file()]
     if problems:
         raise ConfigError(" ".join(problems))
-    if out.is_dir():
-        raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'risks.csv'}.")
-    clash = [what for what, p in (("table", table), ("schema", schema), ("dictionary", dictionary), ("model", model),
-                                  ("model description", model.with_name(model.name + ".json")))
-             if out.exists() and p.exists() and out.resolve() == p.resolve()]
-    if clash:
-        raise ConfigError(f"--out {out} is the {clash[0]} file: writing the risks would overwrite it. Give another "
-                          "path for --out.")
+    inputs = [("table", Path(table)), ("schema", schema), ("dictionary", dictionary), ("model", model),
+              ("model description", model.with_name(model.name + ".json"))]
+    outputs = [("--out", out), ("--fhir-out", ehr.fhir_out), ("--omop-out", ehr.omop_out)]
+    for flag, target in ((f, t) for f, t in outputs if t is not None):
+        if target.is_dir():
+            raise ConfigError(f"{flag} {target} is a folder; give a file path such as {target / 'risks.csv'}.")
+        clash = [what for what, p in inputs if target.exists() and p.exists() and target.resolve() == p.resolve()]
+        if clash:
+            raise ConfigError(f"{flag} {target} is the {clash[0]} file: writing the risks would overwrite it. "
+                              f"Give another path for {flag}.")
+    given = [t.resolve() for _, t in outputs if t is not None]
+    if len(set(given)) != len(given):
+        raise ConfigError("--out, --fhir-out and --omop-out name the same file; give each its own path.")
+
+
+def _read_patients(table: str, schema: Path, d, raw: dict) -> Source:  # noqa: ANN001 - a FeatureDictionary
+    from clinograph.sdk.ingest import ingest, read_table
+    from clinograph.sdk.ingest.sources import EhrSourceConfig, is_source_file, read_source
+    from clinograph.sdk.ontology import SiteSchema
+
+    if is_source_file(raw):
+        config = EhrSourceConfig.from_toml(schema)
+        engine = None
+        if config.omop is not None:
+            from clinograph.sdk.ingest.omop import omop_engine
+
+            engine = omop_engine(table)
+        try:
+            extract = read_source(config, table, dictionary=d, base=schema.parent, engine=engine)
+        finally:
+            if engine is not None:
+                engine.dispose()  # a .duckdb file is opened read-only to read; --omop-table opens it to write
+        omop_id = config.omop.patient_id if config.omop is not None else "person_source_value"
+        return Source(patients=extract.ingest(d), omop_id=omop_id, location=table)
+    s = SiteSchema.from_toml(schema)
+    df = read_table(table)
+    if s.survival is not None:  # new patients: no follow-up yet; time/event columns are never features
+        seen = tuple(c for c in (s.survival.time, s.survival.event) if c in df.columns)
+        s = s.model_copy(update={"survival": None, "label": None, "unlabeled": True, "ignore": tuple(s.ignore) + seen})
+    elif s.label is not None and s.label not in df.columns:  # new patients: no outcome yet
+        s = s.model_copy(update={"label": None, "unlabeled": True})
+    return Source(patients=ingest(df, schema=s, dictionary=d), location=table)
+
+
+def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path, *, trusted_key: str | None,
+             insecure_untrusted_model: bool, ehr: EhrOutputs | None = None, now: datetime | None = None) -> None:
+    import csv
+    import tomllib
+
+    from clinograph.sdk.model.description import SURVIVAL_FORMAT
+    from clinograph.sdk.model.load import load_exported, predict_exported, predict_survival_exported
+    from clinograph.sdk.ontology import FeatureDictionary
+    from clinograph.secure.errors import SchemaError
+    from clinograph.secure.tomlio import read_toml_text
+
+    ehr = ehr or EhrOutputs()
+    try:
+        raw = tomllib.loads(read_toml_text(schema, what="schema")) if schema.is_file() else {}
+    except tomllib.TOMLDecodeError:
+        raw = {}  # SiteSchema.from_toml reports the syntax error with its line
+    from clinograph.sdk.ingest.sources import is_source_file
+
+    _check_paths(model, table, schema, dictionary, out, ehr, source_file=is_source_file(raw))
+    check_ehr_options(ehr, raw)
     key = hospital_key(trusted_key) if trusted_key is not None else None
     exported = load_exported(model, trusted=key, insecure_untrusted_model=insecure_untrusted_model)
     info = exported.description
@@ -80,14 +159,8 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
         raise SchemaError([f"--dictionary {dictionary} has hash {d.digest()[:12]}…, the model was trained on "
                            f"{info.dictionary_hash[:12]}…. Use the federation's dictionary file."],
                           title="Dictionary mismatch")
-    s = SiteSchema.from_toml(schema)
-    df = read_table(table)
-    if s.survival is not None:  # new patients: no follow-up yet; time/event columns are never features
-        seen = tuple(c for c in (s.survival.time, s.survival.event) if c in df.columns)
-        s = s.model_copy(update={"survival": None, "label": None, "unlabeled": True, "ignore": tuple(s.ignore) + seen})
-    elif s.label is not None and s.label not in df.columns:  # new patients: no outcome yet
-        s = s.model_copy(update={"label": None, "unlabeled": True})
-    pt = ingest(df, schema=s, dictionary=d)
+    source = _read_patients(table, schema, d, raw)
+    pt = source.patients
     if info.format == SURVIVAL_FORMAT and info.survival is not None:
         header = ["patient_id", *info.survival.risk_columns]
         risks = [list(r) for r in predict_survival_exported(exported, pt)[2]]
@@ -95,6 +168,10 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
     else:
         header, risks, what = ["patient_id", "risk"], [[r] for r in predict_exported(exported, pt)], \
             f"calibration {info.calibration.method}"
+    from clinograph.sdk.model.predictions import Predictions
+
+    preds = Predictions.of(description=info, patient_ids=list(pt.patient_ids), risks=risks, created=now)
+    written = write_ehr(preds, source, ehr)  # all built and checked first; --out is written last
     out.parent.mkdir(parents=True, exist_ok=True)
     ids = [spreadsheet_safe(pid) for pid in pt.patient_ids]
     with out.open("w", newline="") as fh:
@@ -107,6 +184,8 @@ def _predict(model: Path, table: Path, schema: Path, dictionary: Path, out: Path
     signed = ("signature NOT checked (--insecure-untrusted-model)" if insecure_untrusted_model
               else f"site {info.site!r}, signature checked against key {key.fingerprint[:16] if key else '?'}")
     typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {signed}, {what}){note}")
+    for line in written:
+        typer.echo(line)
 
 
 def hospital_key(value: str):  # noqa: ANN201 - a PublicIdentity (imported lazily: the CLI starts without the SDK)

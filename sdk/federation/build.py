@@ -23,7 +23,7 @@ from ..ingest import PatientTable, ingest
 from ..ontology import FeatureDictionary, SiteSchema
 from ..tasks import create_task
 from .client import HospitalClient
-from .split import hospital_split
+from .split import split_patients
 from .task import Task
 
 if TYPE_CHECKING:
@@ -40,8 +40,7 @@ def build_task(table: PatientTable, *, dictionary: FeatureDictionary, config: Ho
     from .coverage import restrict
 
     table = restrict(table, config.model.features)
-    split = hospital_split(table.labels, site=table.site, test_fraction=config.split.test_fraction,
-                           validation_fraction=config.split.validation_fraction, seed=config.split.seed)
+    split = split_patients(table, config=config)
     return create_task(config.task).build(table, dictionary=dictionary, config=config, split=split,
                                           state_dir=state_dir, identity=identity)
 

@@ -4,15 +4,26 @@ The rule depends on the hospital's own name, its labels and a seed -- never on i
 a config or on which transport runs it -- so the same hospital gets the same split in
 ``clinograph simulate``, the demo, the Flower ServerApp and an integrator's own code.
 Stratified: the class balance is kept in every part.
+
+Public API (``clinograph.split_patients``, ``clinograph.hospital_split``, ``clinograph.Split``):
+a baseline or study that wants the exact patients the federation trained, validated and tested
+on calls :func:`split_patients` with the ingested table and the same config (for a
+:class:`~clinograph.sdk.config.SimulationConfig`, ``[federation] seed`` moves the split unless
+``[split] seed`` is set: the one-seed rule in docs/quickstart.md).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from clinograph.secure.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config import HospitalConfig
+    from ..ingest.table import PatientTable
 
 
 @dataclass(frozen=True, repr=False)
@@ -63,3 +74,25 @@ def hospital_split(labels: np.ndarray, *, site: str, test_fraction: float, valid
         raise ConfigError(f"Hospital {site!r}: {len(labels)} patients give an empty part in the split "
                           f"(train {len(train)}, validation {len(val)}, test {len(test)}); lower [split] fractions.")
     return Split(train=train, validation=val, test=test)
+
+
+def split_patients(table: PatientTable, *, config: HospitalConfig) -> Split:
+    """The train / validation / test split the federation uses for ``table``'s hospital: the same
+    call :func:`clinograph.sdk.federation.build.build_task` makes, so a baseline scored on
+    ``split.test`` is scored on the patients every federated model was tested on.
+
+    Args:
+        table: one hospital's ingested table (its ``site`` and labels decide the split).
+        config: a :class:`~clinograph.sdk.config.HospitalConfig` or ``SimulationConfig``; its
+            ``[split]`` fractions and seed are used.
+
+    Returns:
+        Sorted patient indices (rows of ``table``) of each part; ``validation`` is empty when
+        ``[split] validation_fraction = 0``.
+
+    Raises:
+        ConfigError: a part would be empty.
+    """
+    s = config.split
+    return hospital_split(table.labels, site=table.site, test_fraction=s.test_fraction,
+                          validation_fraction=s.validation_fraction, seed=s.seed)

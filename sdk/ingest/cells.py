@@ -14,15 +14,22 @@ import numpy as np
 import pandas as pd
 from clinograph.secure.errors import SchemaError
 
-from ..ontology.codes import describe_codes, normalise_code
+from ..ontology.codes import describe_codes, normalise_code, shown_codes
 from ..ontology.dictionary import TRANSFORM_DOMAIN, Feature, FeatureKind, transform_domain
 from ..ontology.units import conversion
 from .dialect import decimal_comma_cells
 from .rows import rows_text
 
 _UNIT_IN_CELL = re.compile(r"^\s*[-+]?\d+(?:[.,]\d+)?\s*[A-Za-z/%°µμ][\w/%°µμ.]*\s*$")
-BINARY_DEFAULT = {"1": 1.0, "true": 1.0, "yes": 1.0, "y": 1.0, "0": 0.0, "false": 0.0, "no": 0.0, "n": 0.0}
-DEFAULT_CODES_TEXT = "0/1, true/false, yes/no, Y/N"
+#: what a binary *feature* column is read as without a declared coding. Y/N is not among them: a
+#: single letter is not self-explaining (N: no, nein, normal, negative), so it must be declared
+#: (docs/quickstart.md, "Codings").
+BINARY_DEFAULT = {"1": 1.0, "true": 1.0, "yes": 1.0, "0": 0.0, "false": 0.0, "no": 0.0}
+DEFAULT_CODES_TEXT = "0/1, true/false, yes/no"
+#: what a *label* column is read as without ``label_codes``: the feature default and Y/N (the
+#: label is the outcome: Y = it happened)
+LABEL_DEFAULT = {**BINARY_DEFAULT, "y": 1.0, "n": 0.0}
+LABEL_CODES_TEXT = "0/1, true/false, yes/no, Y/N"
 MAX_MAGNITUDE = 1e15  # for a feature the dictionary gives no physical limit
 
 
@@ -91,9 +98,36 @@ def present_mask(raw: pd.Series) -> np.ndarray:
     return (as_text(raw).str.strip() != "").to_numpy(dtype=bool)
 
 
+def _code_counts(raw: pd.Series, mask: np.ndarray) -> dict[str, int]:
+    counts = as_text(raw[mask]).str.strip().value_counts()
+    return {str(k): int(v) for k, v in counts.items()}
+
+
 def _codes_seen(raw: pd.Series, bad: np.ndarray) -> str:
-    counts = as_text(raw[bad]).str.strip().value_counts()
-    return describe_codes({str(k): int(v) for k, v in counts.items()})
+    return describe_codes(_code_counts(raw, bad))
+
+
+def binary_coding_fix(key: str, feat: Feature, codes: list[str]) -> str:
+    """The fix for an undeclared binary coding, in the column's own codes and the feature's meaning.
+
+    It never proposes which code is 1: ``{ "F" = 0, "M" = 1 }`` pasted under a ``sex_female``
+    column would invert it. The template holds ``?`` where the user decides (so it is not valid
+    TOML until they do), except for Y/N, where the code's own meaning is stated as a condition.
+    ``codes``: the column's codes an error may show (:func:`~clinograph.sdk.ontology.codes.shown_codes`).
+    """
+    meaning = f"{feat.id!r} ({feat.name})"
+    head = f"Declare which code means {meaning} is true (1) and which false (0) in the site schema"
+    if {normalise_code(c) for c in codes} == {"y", "n"}:
+        y, n = sorted(codes, key=lambda c: normalise_code(c) != "y")[:2]
+        return (f"Y/N is not read without a coding (a single letter is not self-explaining: N may be no, nein, "
+                f"normal or negative). If {y!r} means {meaning} is true, declare [columns.{key!r}] coding = "
+                f"{{ \"{y}\" = 1, \"{n}\" = 0 }}; if it means the opposite, swap 1 and 0.")
+    if 1 <= len(codes) <= 4:
+        template = ", ".join(f"\"{c}\" = ?" for c in codes)
+        return (f"{head}: [columns.{key!r}] coding = {{ {template} }}, each ? replaced by 1 if that code means "
+                f"{meaning}, else 0. Clinograph does not guess: the wrong choice inverts the feature.")
+    return (f"{head}: [columns.{key!r}] coding = {{ \"<code meaning {feat.id}>\" = 1, \"<code meaning not "
+            f"{feat.id}>\" = 0 }}, with the column's own codes.")
 
 
 def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit: str | None,
@@ -195,8 +229,8 @@ def _coded(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, coding:
                             f"(seen: {seen}). Add them to [columns].{key!r}.coding, or leave the cells empty.")
         elif feat.kind == FeatureKind.BINARY:
             problems.append(f"{where}: {rows_text(bad)}: codes that are not a declared binary coding (seen: {seen}); "
-                            f"without a coding only {DEFAULT_CODES_TEXT} are read. Declare it in the site schema, e.g. "
-                            f"[columns.{key!r}] coding = {{ \"F\" = 0, \"M\" = 1 }}.")
+                            f"without a coding only {DEFAULT_CODES_TEXT} are read. " + binary_coding_fix(
+                                key, feat, shown_codes(_code_counts(raw, present))))
         else:
             problems.append(f"{where}: {rows_text(bad)}: codes that are not levels {list(feat.levels)} of the "
                             f"dictionary (seen: {seen}). Declare a level map in the site schema, e.g. "
@@ -232,18 +266,18 @@ def parse_labels(raw: pd.Series, col: str, problems: list[str], *,
     """Labels as 1/0, NaN for missing, -1 for a bad (reported) cell.
 
     ``codes``: the site schema's ``label_codes`` (local code -> 1/0, e.g. ``{"dead": 1, "alive": 0}``),
-    read instead of the default 0/1, true/false, yes/no, Y/N.
+    read instead of the default :data:`LABEL_CODES_TEXT`.
     """
     raw = raw.reset_index(drop=True)
     text = as_text(raw).str.strip()
     present = present_mask(raw) & (text.str.lower() != "nan").to_numpy()
-    table = BINARY_DEFAULT if codes is None else {normalise_code(k): float(v) for k, v in codes.items()}
+    table = LABEL_DEFAULT if codes is None else {normalise_code(k): float(v) for k, v in codes.items()}
     values = as_text(raw).map(normalise_code).map(table).to_numpy(dtype=float)
     bad = present & np.isnan(values)
     if bad.any():
         seen = _codes_seen(raw, bad)
         if codes is None:
-            problems.append(f"Label column {col!r}: {rows_text(bad)}: not binary (expected {DEFAULT_CODES_TEXT}; seen: "
+            problems.append(f"Label column {col!r}: {rows_text(bad)}: not binary (expected {LABEL_CODES_TEXT}; seen: "
                             f"{seen}). Declare the label's coding in the site schema, e.g. label_codes = "
                             "{ \"dead\" = 1, \"alive\" = 0 }, or fix the cells.")
         else:

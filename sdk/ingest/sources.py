@@ -115,13 +115,16 @@ def is_source_file(data: dict) -> bool:
 
 
 def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: FeatureDictionary,
-                base: Path | None = None) -> EhrExtract:
-    """Read ``location`` as ``config`` says. ``base``: the folder relative paths are taken from."""
+                base: Path | None = None, engine=None) -> EhrExtract:  # noqa: ANN001 - a sqlalchemy.Engine
+    """Read ``location`` as ``config`` says. ``base``: the folder relative paths are taken from.
+    ``engine`` (OMOP only): read through this engine instead of :func:`.omop.omop_engine` of
+    ``location`` (the caller then owns it, e.g. to dispose of it before writing there)."""
     if config.omop is not None:
         from .omop import omop_engine, read_omop
 
         source = OmopSource(site=config.site, **config.omop.model_dump(exclude_none=False))
-        return read_omop(omop_engine(location), source=source, dictionary=dictionary)
+        return read_omop(engine if engine is not None else omop_engine(location), source=source,
+                         dictionary=dictionary)
     if config.meds is not None:
         from .meds import read_meds
 

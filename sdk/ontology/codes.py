@@ -28,6 +28,12 @@ def normalise_code(text: object) -> str:
     return repr(f)
 
 
+def shown_codes(counts: dict[str, int]) -> list[str]:
+    """The codes of ``counts`` an error may show (see :func:`describe_codes`), most frequent first."""
+    return sorted((c for c, n in counts.items() if n >= MIN_CODE_COUNT and len(c) <= MAX_CODE_CHARS),
+                  key=lambda c: (-counts[c], c))[:MAX_CODES_SHOWN]
+
+
 def describe_codes(counts: dict[str, int]) -> str:
     """The codes seen in a column, as an error may show them without leaking patient data.
 
@@ -36,8 +42,7 @@ def describe_codes(counts: dict[str, int]) -> str:
     :data:`MAX_CODE_CHARS` characters long; at most :data:`MAX_CODES_SHOWN` are shown. The
     rest are counted, never shown.
     """
-    shown = sorted((c for c, n in counts.items() if n >= MIN_CODE_COUNT and len(c) <= MAX_CODE_CHARS),
-                   key=lambda c: (-counts[c], c))[:MAX_CODES_SHOWN]
+    shown = shown_codes(counts)
     hidden = len(counts) - len(shown)
     parts = [", ".join(repr(c) for c in shown)] if shown else []
     if hidden:

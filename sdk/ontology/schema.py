@@ -11,12 +11,13 @@ Loaded from TOML, e.g.::
     [columns]
     "HR" = { feature = "heart_rate", unit = "bpm" }
     "PaCO2 (kPa)" = { feature = "paco2", unit = "kPa" }
-    "sex" = { feature = "sex", coding = { "F" = 0, "M" = 1 } }             # binary: code -> 0/1
+    "sex" = { feature = "sex_male", coding = { "F" = 0, "M" = 1 } }        # binary: code -> 0/1 (1: male)
     "ward_type" = { feature = "ward", coding = { "1" = "icu", "2" = "general" } }  # categorical: code -> level
 
 Unknown columns are an error that names them and suggests the nearest dictionary entries.
 Binary columns accept 0/1, true/false and yes/no without a coding; any other code (``F``/``M``,
-``Y``/``N``) must be declared. Categorical columns accept the dictionary's levels; other codes
+``Y``/``N``) must be declared, 1 being the code that means the feature is true. (A label column
+also reads Y/N: the outcome happened.) Categorical columns accept the dictionary's levels; other codes
 need a level map. Codes compare ignoring case, surrounding spaces and number formatting
 (``"3"`` == ``"3.0"``). A schema must name its label column, or declare ``unlabeled = true``.
 """
@@ -125,7 +126,7 @@ class SiteSchema(BaseModel):
     #: time-to-event label (time + event columns, time unit); the event column is the label
     survival: SurvivalColumns | None = None
     #: the binary label's local codes -> 1/0 (``{"dead" = 1, "alive" = 0}``), read instead of the
-    #: default 0/1, true/false, yes/no, Y/N; None: the default
+    #: default 0/1, true/false, yes/no, Y/N (Y: the outcome happened); None: the default
     label_codes: dict[str, Literal[0, 1]] | None = None
 
     @model_validator(mode="after")
@@ -230,8 +231,8 @@ def _coding_problems(col: str, cm: ColumnMap, feat: Feature) -> list[str]:
     if feat.kind == FeatureKind.BINARY:
         bad = sorted(c for c, v in cm.coding.items() if isinstance(v, str) or v not in (0, 1))
         if bad:
-            problems.append(f"{where}: coding values for {bad} must be 0 or 1, e.g. coding = {{ \"F\" = 0, "
-                            "\"M\" = 1 }.")
+            problems.append(f"{where}: coding values for {bad} must be 0 or 1: 1 for the code(s) that mean "
+                            f"{feat.id!r} ({feat.name}) is true, 0 for the others.")
     else:
         levels = {normalise_code(lvl) for lvl in feat.levels}
         bad = sorted(c for c, v in cm.coding.items() if normalise_code(v) not in levels)

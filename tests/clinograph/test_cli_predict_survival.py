@@ -47,9 +47,41 @@ def files(tmp_path, df, schema, dictionary):
     return tmp_path / "new.csv", tmp_path / "schema.toml", tmp_path / "dictionary.toml"
 
 
-def invoke(model, table, schema, dictionary, out):
+def invoke(model, table, schema, dictionary, out, *extra):
     return runner.invoke(app, ["predict", "--model", str(model), "--table", str(table), "--schema", str(schema),
-                               "--dictionary", str(dictionary), "--out", str(out), "--trusted-key", ME.public.b64()])
+                               "--dictionary", str(dictionary), "--out", str(out), "--trusted-key", ME.public.b64(),
+                               *extra])
+
+
+def test_survival_risk_assessments_and_omop_rows_carry_one_risk_a_horizon(tmp_path):
+    import hashlib
+    import json
+
+    from fhir.resources.R4B.riskassessment import RiskAssessment
+
+    task, df, schema, d = setting()
+    path, _ = task.export(tmp_path / "surv.safetensors", signer=ME, horizons=[6, 12, 30])
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    table, sch, dic = files(tmp_path, df.drop(columns=[schema.survival.time, schema.survival.event]).head(8),
+                            schema, d)
+    res = invoke(path, table, sch, dic, tmp_path / "risks.csv", "--fhir-out", str(tmp_path / "ra.ndjson"),
+                 "--fhir-subject", "urn:oid:1.2.3.4", "--omop-out", str(tmp_path / "omop.csv"))
+    assert res.exit_code == 0, res.output
+    risks = pd.read_csv(tmp_path / "risks.csv", dtype={"patient_id": str}, float_precision="round_trip")
+    lines = (tmp_path / "ra.ndjson").read_text().splitlines()
+    parsed = {r.subject.identifier.value: r for r in (RiskAssessment.parse_raw(x) for x in lines)}
+    assert len(parsed) == 8 and all(json.loads(x)["method"]["coding"][0]["code"] == digest for x in lines)
+    for _, row in risks.iterrows():
+        preds = parsed[row["patient_id"]].prediction
+        assert [(float(p.whenRange.high.value), p.whenRange.high.code, p.whenRange.high.system) for p in preds] == \
+            [(6.0, "mo", "http://unitsofmeasure.org"), (12.0, "mo", "http://unitsofmeasure.org"),
+             (30.0, "mo", "http://unitsofmeasure.org")]
+        assert [float(p.probabilityDecimal) for p in preds] == [row["risk_6mo"], row["risk_12mo"], row["risk_30mo"]]
+    omop = pd.read_csv(tmp_path / "omop.csv", dtype={"person_source_value": str}, float_precision="round_trip")
+    assert len(omop) == 24 and set(omop["horizon_unit"]) == {"mo"} and (omop["model_sha256"] == digest).all()
+    wide = omop.pivot(index="person_source_value", columns="horizon", values="score")
+    for _, row in risks.iterrows():
+        assert wide.loc[row["patient_id"]].tolist() == [row["risk_6mo"], row["risk_12mo"], row["risk_30mo"]]
 
 
 def test_cli_predict_writes_a_risk_column_a_horizon(tmp_path):

@@ -108,7 +108,12 @@ def test_simulate_runs_the_default_candidates_like_the_cli(tmp_path):
     one = simulate_one(tables, tables[0].dictionary, cfg(None, rounds=2), audit_dir=tmp_path / "b")
     assert one.choice == {}
     # simulate_one ignores the candidates: the config's own model, the same as the "linear" candidate
-    assert one.final == res.choice["final_by_candidate"]["linear"]
+    assert one.final == res.metrics_by_candidate["linear"]
+    # the public field: every candidate, every hospital, the test metrics of its own run
+    assert list(res.metrics_by_candidate) == names
+    assert all(set(m) == {t.site for t in tables} for m in res.metrics_by_candidate.values())
+    assert res.metrics_by_candidate[res.choice["chosen"]] == res.final
+    assert one.metrics_by_candidate == {}
 
 
 def test_restarts_expand_each_candidate_with_new_seeds_and_the_first_wins_ties():

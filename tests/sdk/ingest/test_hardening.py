@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tomllib
 
 import numpy as np
 import pandas as pd
@@ -228,8 +229,37 @@ def _sex(codes, coding=None):
 
 def test_undeclared_binary_coding_is_an_error_naming_the_codes():
     with pytest.raises(SchemaError, match=r"Column 'sex' \(sex\): rows 1, 2, 3, 4: codes that are not a declared "
-                                          r"binary coding \(seen: 'F', 'M'\).*coding = \{ \"F\" = 0, \"M\" = 1 \}"):
+                                          r"binary coding \(seen: 'F', 'M'\)") as err:
         _sex(["F", "M", "F", "M"])
+    # the fix names the column's own codes and the feature's meaning, and never proposes which is 1:
+    # before, it suggested { "F" = 0, "M" = 1 }, which pasted under a sex_female column inverts it
+    text = str(err.value)
+    assert "coding = { \"F\" = ?, \"M\" = ? }" in text and "means 'sex' (" in text
+    assert "\"F\" = 0" not in text and "\"M\" = 1" not in text
+
+
+def test_binary_coding_fix_cannot_invert_a_sex_female_column():
+    from clinograph.sdk.ingest.cells import binary_coding_fix
+    from clinograph.sdk.ontology.dictionary import Feature
+
+    female = Feature(id="sex_female", name="Female sex", kind="binary")
+    fix = binary_coding_fix("gender", female, ["F", "M"])
+    assert "[columns.'gender'] coding = { \"F\" = ?, \"M\" = ? }" in fix and "'sex_female' (Female sex)" in fix
+    with pytest.raises(tomllib.TOMLDecodeError):  # pasted as is, it is refused, not silently inverted
+        tomllib.loads("coding = " + fix.split("coding = ", 1)[1].split(", each ?", 1)[0])
+    anon = binary_coding_fix("gender", female, [])
+    assert "\"<code meaning sex_female>\" = 1" in anon and "\"<code meaning not sex_female>\" = 0" in anon
+
+
+def test_undeclared_y_n_feature_is_refused_with_the_fix_and_declared_y_n_is_read():
+    # docs/quickstart.md: Y/N must be declared for a feature column (labels read it: Y = the outcome happened)
+    with pytest.raises(SchemaError, match=r"rows 1, 2, 3, 4: codes that are not a declared binary coding \(seen: "
+                                          r"'N', 'Y'\); without a coding only 0/1, true/false, yes/no are read. "
+                                          r"Y/N is not read without a coding .*If 'Y' means 'sex' \(.*\) is true, "
+                                          r"declare \[columns.'sex'\] coding = \{ \"Y\" = 1, \"N\" = 0 \}"):
+        _sex(["Y", "N", "N", "Y"])
+    assert list(_sex(["Y", "N", "n"], coding={"Y": 1, "N": 0}).value) == [1.0, 0.0, 0.0]
+    assert list(_sex(["yes", "no", "1"]).value) == [1.0, 0.0, 1.0]
 
 
 def test_declared_binary_coding_is_applied():
@@ -268,7 +298,7 @@ def test_bad_codings_in_the_schema_are_reported_together():
         ingest(df, schema=s, dictionary=D)
     text = str(err.value)
     assert "coding keys ['F', 'f '] are the same code" in text
-    assert "coding values for ['M'] must be 0 or 1" in text
+    assert "coding values for ['M'] must be 0 or 1: 1 for the code(s) that mean 'sex' (" in text
     assert "coding for ['1'] must map to one of the dictionary levels" in text
     assert "a coding is only for binary or categorical features" in text
 
