@@ -67,6 +67,7 @@ def write_ehr(preds, source: Source, ehr: EhrOutputs) -> list[str]:  # noqa: ANN
     from clinograph.sdk.model.fhir_risk import REFERENCE, risk_assessments, write_risk_assessments
     from clinograph.sdk.model.omop_results import (
         result_rows,
+        results_engine,
         write_results_csv,
         write_results_table,
     )
@@ -77,7 +78,7 @@ def write_ehr(preds, source: Source, ehr: EhrOutputs) -> list[str]:  # noqa: ANN
     rows = result_rows(preds, id_column=source.omop_id) if ehr.omop_out or ehr.omop_table else []
     lines, digest = [], preds.model_sha256[:16]
     if ehr.omop_table is not None:
-        engine = _results_engine(source.location)
+        engine = results_engine(source.location)
         try:
             n = write_results_table(engine, ehr.omop_table, rows)
         finally:
@@ -90,18 +91,3 @@ def write_ehr(preds, source: Source, ehr: EhrOutputs) -> list[str]:  # noqa: ANN
         write_results_csv(ehr.omop_out, rows)
         lines.append(f"{len(rows)} OMOP result row(s) written to {ehr.omop_out} (model sha256 {digest}…)")
     return lines
-
-
-def _results_engine(location: str):  # -> sqlalchemy.Engine
-    """A writable engine on the OMOP database at ``location`` (a URL or a .duckdb file)."""
-    import sqlalchemy as sa
-
-    from clinograph.secure.errors import ConfigError
-
-    if "://" in location:
-        return sa.create_engine(location)
-    path = Path(location)
-    if path.is_file():
-        return sa.create_engine(f"duckdb:///{path}")
-    raise ConfigError(f"--omop-table: the OMOP source {path} is a folder of table files, not a database, so there is "
-                      "no table to write into. Fix: write the results as CSV with --omop-out PATH.")

@@ -131,3 +131,16 @@ def write_results_table(engine, name: str, rows: list[dict[str, Any]]) -> int:
                           "user that may create the table and insert into it (the CDM reader is usually read-only), "
                           "or write the CSV (--omop-out) and load it yourself.") from None
     return len(rows)
+
+
+def results_engine(location: str):  # -> sqlalchemy.Engine
+    """A writable engine on the OMOP database at ``location`` (a URL or a .duckdb file)."""
+    import sqlalchemy as sa
+
+    if "://" in location:
+        return sa.create_engine(location)
+    path = Path(location)
+    if path.is_file():
+        return sa.create_engine(f"duckdb:///{path}")
+    raise ConfigError(f"--omop-table: the OMOP source {path} is a folder of table files, not a database, so there is "
+                      "no table to write into. Fix: write the results as CSV with --omop-out PATH.")

@@ -1,0 +1,132 @@
+"""Survival, temporal and AGAT (with its plaintext attention tap) over Flower give what the
+simulation gives: the ServerApp's ``run_federation`` over a loopback Grid (the real ClientApp,
+relay, ``HospitalWorker`` and SuperNode factory reading each hospital's files) against
+``simulate()`` of the same configuration. Asserted: every round's global state digest, the
+``model_selected`` entry and the audit entry kinds are the same -- bit for bit in masked and
+plaintext modes; under ckks, whose encryption noise differs from run to run (fresh keys and
+randomness; the server holds no plaintext state to digest), the validation losses agree within
+1e-6 and the kept rounds are the same (static NS-FL there: the four default candidates). (NS-FL static with the default
+candidates: test_simulation_matches_flower.py; real processes: test_flower_one_run.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import tomli_w
+from flwr.supercore.task_identity import TaskIdentity
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "secure" / "transport"))
+pytest.importorskip("lifelines")
+
+RUN_ID = 909
+SURVIVAL = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36], "horizon": 12}
+CASES = {  # name -> (cohort form, hospital.toml settings, server [federation] settings)
+    "survival": ("survival", {"target": SURVIVAL}, {"secure_mode": "masked", "strategy": "fedsgd"}),
+    "temporal": ("binary", {"model": {"hidden": 8, "temporal": "attention"}}, {"secure_mode": "masked",
+                                                                              "strategy": "fedavg"}),
+    "static_ckks": ("binary", {}, {"secure_mode": "ckks", "strategy": "fedavg"}),
+    "agat_attention": ("binary", {"task": "agat", "agat": {"hidden": 8}},
+                       {"secure_mode": "insecure_plaintext", "strategy": "insecure_attention",
+                        "environment": "development"}),
+}
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def _entries(audit_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
+    from clinograph.sdk.config import HospitalConfig, SimulationConfig
+    from clinograph.sdk.federation.build import run_models
+    from clinograph.sdk.federation.node import make_hospital
+    from clinograph.sdk.federation.simulate import load_tables, simulate
+    from clinograph.sdk.research.real_tables import cohort_tables
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.transport.flower.keyset import init_keyset
+    from clinograph.secure.transport.flower.serverapp import run_federation
+    from clinograph.secure.transport.flower.worker import HospitalWorker
+    from flower_helpers import LoopbackGrid
+
+    form, hospital, federation = CASES[case]
+    cohort = cohort_tables("lung", form=form)
+    hospital = {"dictionary": "dictionary.toml", "model": {"hidden": 8}, "graph": {"k_similar": 0},
+                "training": {"lr": 0.02}, **hospital}
+    sites, names = tmp_path / "sites", []
+    for df, schema in cohort.hospitals:
+        data = sites / schema.site / "data"
+        data.mkdir(parents=True)
+        df.to_csv(data / "table.csv", index=False)
+        (data / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+        (data / "hospital.toml").write_text(tomli_w.dumps(hospital))
+        (data / "dictionary.toml").write_text(tomli_w.dumps(cohort.dictionary.model_dump(mode="json",
+                                                                                         exclude_none=True)))
+        names.append(schema.site)
+    fed = {"id": "fed-tasks", "rounds": 2, "min_clients": 2, "local_epochs": 1, **federation}
+    server = sites / "server"
+    server.mkdir()
+    config = HospitalConfig.from_toml(sites / names[0] / "data" / "hospital.toml")
+    (server / "initial_model.json").write_bytes(run_models(config, dictionary=cohort.dictionary).to_bytes())
+    (server / "server.toml").write_text(tomli_w.dumps({"initial_model": "initial_model.json",
+                                                       "audit_dir": str(tmp_path / "flower-audit"), "federation": fed}))
+    keys = init_keyset(tmp_path / "keys", federation_id="fed-tasks", hospitals=names, superlink_hosts=["127.0.0.1"],
+                       superlink_port=19095)
+    workers, configs = [], {}
+    for i, name in enumerate(names):
+        cfg = {"hospital": name, "state-dir": str(sites / name / "state"), "data-dir": str(sites / name / "data"),
+               "key-file": str(keys.hospital_dirs[name] / f"{name}.ed25519.pem"),
+               "federation-file": str(keys.hospital_dirs[name] / "federation.toml")}
+        workers.append(HospitalWorker(node_config=cfg, factory=make_hospital))
+        workers[-1].start()
+        configs[401 + i] = cfg
+    run_config = {"server-config": str(server / "server.toml"), "federation-file": str(keys.federation_file),
+                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "min-nodes": len(names),
+                  "wait-timeout": 1.0, "hello-timeout": 60.0, "plan-timeout": 600.0, "stage-timeout": 60.0,
+                  "end-timeout": 60.0, "relay-timeout": 600.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # insecure_* options warn by design
+        try:
+            run_federation(LoopbackGrid(run_id=RUN_ID, node_configs=configs, run_config=run_config), run_config)
+        finally:
+            for w in workers:
+                w.stop()
+        sim_config = SimulationConfig.model_validate({
+            **hospital, "dictionary": str(sites / names[0] / "data" / "dictionary.toml"), "federation": fed,
+            "output": str(tmp_path / "sim"),
+            "hospitals": [{"site": n, "table": str(sites / n / "data" / "table.csv"),
+                           "schema": str(sites / n / "data" / "schema.toml")} for n in names]})
+        tables, dictionary = load_tables(sim_config)
+        simulate(tables, dictionary, sim_config, audit_dir=tmp_path / "sim-audit")
+
+    deployed, simulated = _entries(tmp_path / "flower-audit"), _entries(tmp_path / "sim-audit")
+
+    def digests(entries):
+        return [(e["payload"]["round"], e["payload"]["global_state_digest"]) for e in entries if e["kind"] == "aggregate"]
+
+    assert len(digests(deployed)) >= 2
+    selected = [e["payload"] for e in deployed if e["kind"] == "model_selected"]
+    expected = [e["payload"] for e in simulated if e["kind"] == "model_selected"]
+    if federation["secure_mode"] != "ckks":
+        assert digests(deployed) == digests(simulated) and selected == expected
+    else:
+        assert len(selected) == len(expected) >= 1  # the default candidates: one model_selected each
+        for got, want in zip(selected, expected, strict=True):
+            assert got["round"] == want["round"] and got["losses"] == pytest.approx(want["losses"], abs=1e-6)
+    ignore = ("envelope", "artefact")
+    assert Counter(e["kind"] for e in deployed if e["kind"] not in ignore) == \
+        Counter(e["kind"] for e in simulated if e["kind"] not in ignore)
+    assert verify_audit_dir(tmp_path / "flower-audit").ok and verify_audit_dir(tmp_path / "sim-audit").ok
