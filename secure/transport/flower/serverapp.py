@@ -66,6 +66,7 @@ from ...runtime import ServerConfig
 from ...runtime.assemble import ServerSide
 from ...runtime.journal import Journal
 from ...runtime.models import RunModels, run_models_from_bytes
+from ...runtime.progress import RoundClock, eta_line, stage_line
 from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from . import check_flower_version
@@ -89,13 +90,16 @@ def _get(cfg: Mapping[str, Any], key: str, kind: type, default: Any = None) -> A
 
 
 class _Events:
-    """The progress sink: JSON lines to ``events-file`` (if set) and one log line per event."""
+    """The progress sink: JSON lines to ``events-file`` (if set) and one log line per event; each
+    ``round_closed`` gets the round's seconds and the run's ETA (:class:`RoundClock`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, rounds: int):
         self.path = Path(path) if path else None
         self.nodes: dict[str, int] = {}  # hospital -> Flower node id, once greeted
+        self.clock = RoundClock(rounds=rounds)
 
     def __call__(self, kind: str, data: Mapping[str, object]) -> None:
+        data = self.clock.observe(kind, data)
         if self.path is not None:
             with self.path.open("a") as fh:
                 fh.write(json.dumps({"t": time.time(), "event": kind, **data}, sort_keys=True) + "\n")
@@ -138,7 +142,12 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
         eps_text = ", ".join(f"{n} {v['epsilon']:.3g}/{v['budget']:g}" for n, v in sorted(eps.items()))
         return logging.INFO, (f"round {r} closed: contributors {_names(data.get('contributors'), nodes)}; dropped "
                               f"{_names(data.get('dropped'), nodes)}; refused {_names(data.get('refused'), nodes)}"
-                              + (f"; ε/budget {eps_text}" if eps_text else ""))
+                              + (f"; ε/budget {eps_text}" if eps_text else "") + eta_line(data))
+    if kind == "stage_progress":
+        return logging.INFO, stage_line(data)
+    if kind == "run_started":
+        return logging.INFO, (f"candidate model {data.get('candidate')!r} ({int(data.get('index', 0)) + 1} of "
+                              f"{data.get('count')}): run started")
     if kind == "round_aborted":
         if data.get("planned_end"):  # the hospitals' final refusals (budgets spent): a planned end
             return logging.WARNING, f"round {r} not run: {data.get('reason')} (a planned end: see run ended)"
@@ -185,7 +194,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
                         plan=_get(run_config, "plan-timeout", float, 600.0),
                         stage=_get(run_config, "stage-timeout", float, 120.0),
                         end=_get(run_config, "end-timeout", float, 60.0))
-    events = _Events(_get(run_config, "events-file", str, ""))
+    events = _Events(_get(run_config, "events-file", str, ""), rounds=rounds)
     import importlib.util
 
     events("started", {"federation": fed.id, "secure_mode": fed.secure_mode, "python": sys.prefix,

@@ -95,6 +95,15 @@ def test_a_hospital_refusal_travels_signed_and_the_operator_sees_names_nodes_and
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert next(e for e in events if e["event"] == "greeted")["nodes"] == {"h1": 101, "h2": 102, "h3": 103}
     assert [e["event"] for e in events][-2:] == ["run_ended", "finished"]
+    plan = [e for e in events if e["event"] == "stage_progress" and e["stage"] == "plan"]
+    assert [(p["round"], p["answered"], p["asked"]) for p in plan] == [(0, 3, 3), (1, 3, 3)]  # h3's refusal answers
+    assert all(p["slowest"] in HOSPITALS and p["slowest_s"] >= 0 for p in plan)
+    assert any(e["event"] == "stage_progress" and e["stage"] == "stage 1" for e in events)
+    closed = [e for e in events if e["event"] == "round_closed"]
+    assert [c["rounds_left"] for c in closed] == [1, 0] and all(c["seconds"] > 0 for c in closed)
+    assert any(x.startswith("round 0 plan: 3 of 3 hospital(s) answered; slowest h") for x in server_lines)
+    assert any(x.startswith("round 0 closed: ") and "ETA at most" in x and "for 1 round(s) left" in x
+               for x in server_lines)
 
 
 def test_a_failed_run_is_logged_audited_and_raised(tmp_path, caplog):
