@@ -97,14 +97,15 @@ class _Events:
         self.path = Path(path) if path else None
         self.nodes: dict[str, int] = {}  # hospital -> Flower node id, once greeted
         self.clock = RoundClock(rounds=rounds)
+        self.failure_logged = False  # the run's failure has its log line already
 
-    def __call__(self, kind: str, data: Mapping[str, object]) -> None:
+    def __call__(self, kind: str, data: Mapping[str, object], *, log: bool = True) -> None:
         data = self.clock.observe(kind, data)
         if self.path is not None:
             with self.path.open("a") as fh:
                 fh.write(json.dumps({"t": time.time(), "event": kind, **data}, sort_keys=True) + "\n")
         level, line = progress_line(kind, data, nodes=self.nodes)
-        if line:
+        if line and log:
             _log.log(level, "%s", line)
 
 
@@ -166,13 +167,28 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
                        f"{data.get('rounds_planned')} round(s): {data.get('reason')}")
     if kind == "finished":
         return logging.INFO, f"finished: {data.get('rounds')} round(s)"
+    if kind == "failed":
+        return logging.ERROR, f"run failed: {data.get('reason')}"
     return logging.DEBUG, f"{kind}: {dict(data)}"
 
 
 def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResult]:
     """Everything the ServerApp does, callable with any Grid (tests use a loopback one): greet the
     SuperNodes, then the one federation run (:func:`clinograph.secure.runtime.run.run_federation`,
-    the same run ``simulate()`` drives in process). Returns the kept candidate's round results."""
+    the same run ``simulate()`` drives in process). Returns the kept candidate's round results.
+
+    Whatever raises -- a config error before the first round included -- is written as a
+    ``failed`` event (``reason``: the error's type and message) before it is re-raised, so
+    ``clinograph run`` can name it (the JSON line is written even when no log line is)."""
+    events = _Events(_get(run_config, "events-file", str, ""), rounds=0)
+    try:
+        return _run_federation(grid, run_config, events)
+    except BaseException as exc:
+        events("failed", {"reason": f"{type(exc).__name__}: {exc}"[:1000]}, log=not events.failure_logged)
+        raise
+
+
+def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: _Events) -> list[RoundResult]:
     check_flower_version()
     config = ServerConfig.from_toml(Path(_get(run_config, "server-config", str)))
     federation = load_federation(Path(_get(run_config, "federation-file", str)))
@@ -194,7 +210,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
                         plan=_get(run_config, "plan-timeout", float, 600.0),
                         stage=_get(run_config, "stage-timeout", float, 120.0),
                         end=_get(run_config, "end-timeout", float, 60.0))
-    events = _Events(_get(run_config, "events-file", str, ""), rounds=rounds)
+    events.clock.rounds = rounds
     import importlib.util
 
     events("started", {"federation": fed.id, "secure_mode": fed.secure_mode, "python": sys.prefix,
@@ -219,6 +235,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
             audit.record("run_ended", {"status": "failed", "reason": reason[:4000], "rounds_completed": 0,
                                        "rounds_planned": rounds})
         _log.error("run failed (audit run %s): %s", audit.run_id, reason)
+        events.failure_logged = True
         raise
     finally:
         audit.close()
