@@ -114,8 +114,9 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
             if isinstance(line, str):
                 typer.echo(line)
                 run_id = run_id if run_id is not None else run_id_from(line)
-                if "Error" in line or "ERROR" in line:
-                    hint = line.strip()[-300:]
+                if "clinograph: run failed" in line or (("Error" in line or "ERROR" in line)
+                                                         and "clinograph:" not in hint):
+                    hint = line.strip()[-300:]  # the ServerApp's own failure line outranks Flower's
             now = time.monotonic()
             if finished_at is not None and now - finished_at > GRACE_S:
                 break
