@@ -1,17 +1,24 @@
-"""`clinograph run` against a real SuperLink (TLS + SuperNode authentication) on loopback: a
-ServerApp that raises (server.toml runs another federation than the federation file enrols: a
-ConfigError before any hospital is greeted, so no SuperNode is needed) ends the command with
-exit 1 and the ServerApp's reason on one line -- where ``flwr run --stream`` alone exits 0.
+"""`clinograph run` against a real SuperLink (TLS + SuperNode authentication) on loopback.
+
+* Clinograph's ServerApp raising (server.toml runs another federation than the federation file
+  enrols: a ConfigError before any hospital is greeted, so no SuperNode is needed): exit 1 and
+  the ServerApp's reason on one line -- where ``flwr run --stream`` alone exits 0.
+* A completed run: a stand-in ServerApp (a Flower app written by the test, no hospitals) that
+  writes the events of a completed run and returns; Flower reports it ``finished:completed``
+  and the command exits 0. (A real completed federation takes minutes on two cores:
+  tests/integration/test_flower_deployment.py.)
 
 Every wait is bounded; the SuperLink runs in its own process group and is killed in ``finally``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,14 +33,14 @@ APP = ROOT / "examples" / "flower_deployment" / "app"
 BIN = Path(sys.executable).parent
 
 
-@pytest.mark.slow
-def test_a_serverapp_that_raises_makes_clinograph_run_exit_1_with_its_reason(tmp_path):
+@contextlib.contextmanager
+def _superlink(tmp_path):
+    """A SuperLink with TLS and node auth on a free loopback port; yields (env for flwr, keys)."""
     from clinograph.secure.transport.flower.keyset import init_keyset
 
     port = _free_port()
     keys = init_keyset(tmp_path / "keys", federation_id="fed-loopback", hospitals=["h1", "h2"],
                        superlink_hosts=["127.0.0.1", "localhost"], superlink_port=port)
-    server_toml = write_server_files(tmp_path / "server", federation_id="fed-elsewhere")
     flwr_home = tmp_path / "flwr"
     flwr_home.mkdir()
     (flwr_home / "config.toml").write_text(
@@ -43,25 +50,95 @@ def test_a_serverapp_that_raises_makes_clinograph_run_exit_1_with_its_reason(tmp
            "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"}
     link = keys.superlink_dir
     log = (tmp_path / "superlink.log").open("wb")
-    superlink = subprocess.Popen(
+    proc = subprocess.Popen(
         [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"), "--ssl-certfile",
          str(link / "server.pem"), "--ssl-keyfile", str(link / "server.key"), "--enable-supernode-auth",
          "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
-    events = tmp_path / "events.jsonl"
     try:
-        _wait(lambda: _port_open(port), timeout=60, what="the SuperLink", procs=[("superlink", superlink)])
+        _wait(lambda: _port_open(port), timeout=60, what="the SuperLink", procs=[("superlink", proc)])
+        yield env, keys
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        log.close()
+
+
+def _clinograph_run(env, tmp_path, app: Path, run_config: str, events: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "clinograph"), "run", str(app), "loopback", "--run-config", run_config,
+                           "--events-file", str(events), "--check-every", "5"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
+
+
+@pytest.mark.slow
+def test_a_serverapp_that_raises_makes_clinograph_run_exit_1_with_its_reason(tmp_path):
+    server_toml = write_server_files(tmp_path / "server", federation_id="fed-elsewhere")
+    events = tmp_path / "events.jsonl"
+    with _superlink(tmp_path) as (env, keys):
+        link = keys.superlink_dir
         run_config = " ".join([f"server-config='{server_toml}'", f"federation-file='{keys.federation_file}'",
                                f"server-key='{link / 'server.ed25519.pem'}'", "min-nodes=0", "wait-timeout=1.0"])
-        done = subprocess.run([str(BIN / "clinograph"), "run", str(APP), "loopback", "--run-config", run_config,
-                               "--events-file", str(events), "--check-every", "5"],
-                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
-    finally:
-        os.killpg(superlink.pid, signal.SIGKILL)
-        superlink.wait(timeout=10)
-    out = done.stdout + done.stderr
-    assert done.returncode == 1, out[-3000:]
+        done = _clinograph_run(env, tmp_path, APP, run_config, events)
+    assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("run ") and " failed: ConfigError: server.toml runs federation 'fed-elsewhere'" in last
     assert "Traceback" not in done.stderr
+    assert "ERROR clinograph: run failed: ConfigError" in done.stdout  # the stream is shown
     assert [e["event"] for e in _events(events)] == ["failed"]
+
+
+STAND_IN = '''
+    """A stand-in ServerApp: the events of a completed two-round run, no hospitals."""
+    import json, time
+    from flwr.app import Context
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+
+    app = ServerApp()
+    client = ClientApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        with open(context.run_config["events-file"], "a") as fh:
+            for kind, data in [("started", {}), ("run_ended", {"status": "completed", "reason": "all 2 planned",
+                               "rounds_completed": 2, "rounds_planned": 2}), ("finished", {"rounds": 2})]:
+                fh.write(json.dumps({"t": time.time(), "event": kind, **data}) + "\\n")
+        print("stand-in ServerApp: done", flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_a_completed_run_makes_clinograph_run_exit_0(tmp_path):
+    app = tmp_path / "app"
+    (app / "stand_in").mkdir(parents=True)
+    (app / "stand_in" / "__init__.py").write_text(textwrap.dedent(STAND_IN))
+    (app / "pyproject.toml").write_text(textwrap.dedent('''
+        [build-system]
+        requires = ["hatchling"]
+        build-backend = "hatchling.build"
+
+        [project]
+        name = "stand-in-app"
+        version = "0.1.0"
+        license = "Apache-2.0"
+        dependencies = ["flwr>=1.41,<1.42"]
+
+        [tool.hatch.build.targets.wheel]
+        packages = ["stand_in"]
+
+        [tool.flwr.app]
+        publisher = "clinograph-tests"
+
+        [tool.flwr.app.components]
+        serverapp = "stand_in:app"
+        clientapp = "stand_in:client"
+
+        [tool.flwr.app.config]
+        events-file = ""
+    '''))
+    events = tmp_path / "events.jsonl"
+    with _superlink(tmp_path) as (env, _):
+        done = _clinograph_run(env, tmp_path, app, "", events)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert done.stderr.strip().splitlines()[-1].endswith(" completed: 2 of 2 round(s)")
+    assert "stand-in ServerApp: done" in done.stdout
