@@ -88,6 +88,8 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
                                                   "installed with Clinograph).")] = None) -> None:
     """Start a federation run on a SuperLink, stream its log, and exit 0 only if it completed or
     ended as planned (1: failed or stopped; 4: lost -- no outcome), with a one-line reason."""
+    from clinograph.secure.errors import ConfigError
+
     exe = _flwr(flwr)
     cmd = [exe, "run", app_dir, superlink, "--stream"]
     for rc in run_config or []:
@@ -95,6 +97,9 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
     offset = 0
     if events_file is not None:
         events_file = events_file.resolve()
+        if "'" in str(events_file):
+            raise ConfigError(f"--events-file {events_file} contains a single quote, which the run config "
+                              "(TOML) cannot carry here; choose a path without one.")
         offset = events_file.stat().st_size if events_file.is_file() else 0
         cmd += ["--run-config", f"events-file='{events_file}'"]
     run_id, hint, status = None, "", None

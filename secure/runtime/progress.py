@@ -57,6 +57,8 @@ class RoundClock:
         if kind == "run_started":
             self._closed_in_run = 0
             self._runs_after = max(int(data.get("count", 1)) - int(data.get("index", 0)) - 1, 0)
+        elif kind == "resumed":  # after a restart: the rounds completed before it count as done
+            self._closed_in_run = int(data.get("rounds_completed", 0))
         elif kind == "round_opened":
             self._opened[int(data.get("round", -1))] = self.clock()
         elif kind == "round_closed":

@@ -162,3 +162,11 @@ def test_without_an_events_file_flower_decides(tmp_path):
 def test_a_missing_flwr_is_a_clean_error(tmp_path):
     res = CliRunner().invoke(app, ["run", "app", "loopback", "--flwr", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "is not a file" in res.output and "Traceback" not in res.output
+
+
+def test_an_events_file_path_with_a_quote_is_a_clean_error(tmp_path):
+    flwr = tmp_path / "flwr"
+    flwr.write_text("#!/bin/sh\nexit 0\n")
+    res = CliRunner().invoke(app, ["run", "app", "loopback", "--flwr", str(flwr), "--events-file",
+                                   str(tmp_path / "it's.jsonl")])
+    assert res.exit_code == 2 and "contains a single quote" in res.output

@@ -48,6 +48,16 @@ def test_the_round_clock_times_rounds_and_counts_later_candidates():
     assert rc.rounds_left() == 3
 
 
+def test_a_resumed_run_counts_the_rounds_completed_before_the_restart():
+    clock = _Clock()
+    rc = RoundClock(rounds=5, clock=clock)
+    rc.observe("run_started", {"candidate": "a", "index": 0, "count": 1})
+    rc.observe("resumed", {"rounds_completed": 3, "round": 4, "stage": "close"})
+    rc.observe("round_opened", {"round": 4})
+    clock.now += 8
+    assert rc.observe("round_closed", {"round": 4})["eta_s"] == 8.0  # one round left, not four
+
+
 def test_a_round_never_seen_opening_gets_no_seconds_and_no_eta():
     out = RoundClock(rounds=2, clock=_Clock()).observe("round_closed", {"round": 5, "contributors": ["h1"]})
     assert out == {"round": 5, "contributors": ["h1"]}
