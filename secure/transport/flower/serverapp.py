@@ -40,7 +40,11 @@ serverapp`` logger. The ServerApp sends it to stdout, which Flower 1.41's ``flwr
 mirrors into the run's log (``flwr log RUN_ID``, ``flwr run --stream``). A failed run is
 logged, audited (``run_ended`` status ``failed``) and re-raised, so Flower marks the run
 ``finished:failed`` and ``flwr-serverapp`` exits non-zero; ``flwr run --stream`` itself exits
-0 once the log stream ends whatever the run's status (check ``flwr ls --run-id RUN_ID``). A
+0 once the log stream ends whatever the run's status (``clinograph run`` wraps it with an exit
+status: ``clinograph/commands/run_outcome.py``). Any error -- a config error before the first
+round included -- is also written to ``events-file`` as a ``failed`` event. Inside a round,
+each stage's answers and slowest hospital are a ``stage_progress`` event, and each
+``round_closed`` carries the round's seconds and the ETA (:mod:`clinograph.secure.runtime.progress`). A
 run that stops because too few hospitals can still take part (privacy budgets spent) is a
 planned end: logged as a warning, audited (``too_few_hospitals``), not an error.
 """
