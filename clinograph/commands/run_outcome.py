@@ -12,8 +12,9 @@ exit   meaning
        ``too_few_hospitals``: the hospitals' privacy budgets are spent)
 1      the run failed (a ``failed`` event, a ``run_ended`` of another status, Flower's
        ``finished:failed``) or was stopped (``finished:stopped``), or no run started
-4      the run was lost: the log stream ended with no outcome (Flower still reports it
-       running, or cannot be asked) -- e.g. a killed ServerApp or ``flwr run``
+4      the run was lost: the ServerApp wrote progress but no outcome and Flower reports
+       ``finished:failed`` (it was killed or died), or the log stream ended with no outcome
+       while Flower still reports the run going or cannot be asked (a killed ``flwr run``)
 =====  ================================================================================
 
 (2 stays the CLI's "bad input or config" and 3 its "internal error", as for every command.)
@@ -96,6 +97,11 @@ def decide(*, events: Sequence[Mapping[str, Any]], status: str | None, run_id: i
         return Outcome(FAILED, f"{where} failed: {failed[-1].get('reason')}{see}")
     if bad:
         return Outcome(FAILED, f"{where} ended {bad[-1].get('status')}: {bad[-1].get('reason')}{see}")
+    if status == "finished:failed" and events and not any(e.get("event") == "finished" for e in events):
+        last = events[-1]
+        at = f"{last.get('event')}" + (f", round {last['round']}" if "round" in last else "")
+        return Outcome(LOST, f"{where} lost: the ServerApp stopped with no outcome after its last progress event "
+                             f"({at}) and Flower reports finished:failed -- it was killed or died{extra}{see}")
     if status == "finished:failed":
         return Outcome(FAILED, f"{where} failed (Flower: finished:failed){extra}{see}")
     if status == "finished:stopped":

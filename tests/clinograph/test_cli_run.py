@@ -60,6 +60,14 @@ def test_flower_alone_decides_when_no_events_are_readable():
     assert decide(events=[], status="finished:completed", run_id=5).code == OK
 
 
+def test_a_serverapp_that_died_mid_run_is_lost():
+    progress = [{"event": "started"}, {"event": "round_opened", "round": 2}]
+    out = decide(events=progress, status="finished:failed", run_id=6)
+    assert out.code == LOST
+    assert out.reason.startswith("run 6 lost: the ServerApp stopped with no outcome after its last progress event "
+                                 "(round_opened, round 2) and Flower reports finished:failed -- it was killed")
+
+
 def test_a_run_with_no_outcome_is_lost():
     running = decide(events=[{"event": "round_opened", "round": 0}], status="running", run_id=4)
     assert running.code == LOST and "Flower reports it running" in running.reason and "flwr stop 4" in running.reason
