@@ -191,6 +191,7 @@ def _mount() -> None:
     app.add_typer(model.app, name="model")
     app.command("predict")(__import__("clinograph.commands.predict", fromlist=["predict"]).predict)
     app.command("check")(__import__("clinograph.commands.check", fromlist=["check"]).check)
+    app.command("run")(guarded(__import__("clinograph.commands.run", fromlist=["run"]).run))
     try:
         from .commands import keys
     except ModuleNotFoundError:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -88,6 +90,26 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
         raise IntegrityError(f"The demo's own audit directory {out / 'audit'} does not verify.")
 
 
+def simulation_progress(rounds: int, write: Callable[[str], object], *, status: Callable[[str], object],
+                        clock: Callable[[], float] | None = None) -> Callable[[str, Mapping[str, Any]], None]:
+    """The progress events ``clinograph simulate`` shows (:mod:`clinograph.secure.runtime.progress`):
+    each stage's answers and slowest hospital as the live ``status`` (the progress bar's text: one
+    line, replaced at every stage), each closed round with its seconds and the ETA ``write``-n."""
+    from clinograph.secure.runtime.progress import RoundClock, eta_line, stage_line
+
+    timer = RoundClock(rounds=rounds) if clock is None else RoundClock(rounds=rounds, clock=clock)
+
+    def show(kind: str, data: Mapping[str, Any]) -> None:
+        data = timer.observe(kind, data)
+        if kind == "stage_progress":
+            status(stage_line(data))
+        elif kind == "round_closed":
+            write(f"round {data.get('round')} closed: {len(list(data.get('contributors') or []))} contributor(s)"
+                  + eta_line(data))
+
+    return show
+
+
 def run_simulation_view(config_path: Path) -> None:
     """`clinograph simulate CONFIG`: ingest every hospital, run, print per-round metrics."""
     from clinograph.sdk.config import SimulationConfig
@@ -100,7 +122,11 @@ def run_simulation_view(config_path: Path) -> None:
                   console=console) as progress:
         what = "rounds" if k == 1 else f"rounds ({k} candidate models, chosen on federated validation loss)"
         task = progress.add_task(what, total=cfg.federation.rounds * k)
-        result = simulate_from_config(cfg, on_round=lambda r, m: progress.update(task, advance=1))
+        show = simulation_progress(cfg.federation.rounds,
+                                   lambda line: progress.console.print(line, soft_wrap=True, markup=False,
+                                                                       highlight=False),
+                                   status=lambda line: progress.update(task, description=line))
+        result = simulate_from_config(cfg, on_round=lambda r, m: progress.update(task, advance=1), on_event=show)
     if result.choice:
         for row in result.choice["candidates"]:
             loss = "n/a" if row["validation_loss"] is None else f"{row['validation_loss']:.4f}"

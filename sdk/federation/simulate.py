@@ -251,7 +251,8 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
 def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
              audit_dir: Path, on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
              drop_at: Mapping[int, Mapping[str, int]] | None = None, choose: bool = True,
-             task_factory: Callable[[PatientTable, Any], Any] | None = None) -> SimulationResult:
+             task_factory: Callable[[PatientTable, Any], Any] | None = None,
+             on_event: Callable[[str, Mapping[str, Any]], None] | None = None) -> SimulationResult:
     """The federation ``config`` describes, as ``clinograph simulate`` and a Flower deployment run
     it (:func:`clinograph.secure.runtime.run.run_federation`): with ``[selection] candidates``
     (the default for binary static NS-FL: the wide path alone, with shape functions, and each
@@ -262,6 +263,7 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     ``drop_at[r][name] = k``: hospital ``name`` goes silent in round ``r`` from its k-th exchange
     on (in every candidate's run). ``task_factory(table, hospital_config)``: each hospital's task
     when it is not built from the config alone (e.g. a modality task over the hospital's signals).
+    ``on_event(kind, data)``: every progress event of the run (names, counts, seconds -- no data).
     """
     prep = _prepare(tables, dictionary, config, audit_dir=audit_dir, server_identity=None, choose=choose)
     prep.task_factory = task_factory
@@ -277,6 +279,8 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     def event(kind: str, data: Mapping[str, Any]) -> None:
         if kind == "round_opened":
             opened[int(data["round"])] = time.perf_counter()
+        if on_event is not None:
+            on_event(kind, data)
 
     def round_done(run: CandidateRun, r: int, outcome: RoundOutcome) -> None:
         res = results.setdefault(run.name, SimulationResult(audit_dir=Path(audit_dir)))
@@ -364,7 +368,8 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
 
 
 def simulate_from_config(config: SimulationConfig, *,
-                         on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None) -> SimulationResult:
+                         on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
+                         on_event: Callable[[str, Mapping[str, Any]], None] | None = None) -> SimulationResult:
     """Ingest, build, run; the audit directory is ``<output>/audit`` (refused if it holds a run).
     With ``[selection] candidates`` (default for binary NS-FL: :data:`.candidates.DEFAULT_BINARY_CANDIDATES`)
     every candidate runs and the lowest federated validation loss is kept (:mod:`.candidates`)."""
@@ -375,4 +380,4 @@ def simulate_from_config(config: SimulationConfig, *,
         raise ConfigError(f"Output {audit_dir} exists and is not a folder; choose another `output`.")
     if audit_dir.exists() and any(audit_dir.iterdir()):
         raise ConfigError(f"Audit directory {audit_dir} already holds a run; choose another `output` or move it.")
-    return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round)
+    return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round, on_event=on_event)

@@ -70,16 +70,33 @@ def _quiet(kind: str, data: Mapping[str, Any]) -> None:
     return None
 
 
+def stage_progress(event: EventSink, transport: Transport, *, round_: int, stage: str, asked: Mapping[str, Any],
+                   answers: Mapping[str, Any]) -> None:
+    """One ``stage_progress`` event (:mod:`.progress`): how many of ``asked`` answered, the slowest
+    of them (seconds from the transport's ``last_timings``, when it keeps them) and who did not."""
+    timings = {n: t for n, t in (getattr(transport, "last_timings", None) or {}).items() if n in answers}
+    data: dict[str, Any] = {"round": round_, "stage": stage, "answered": len(answers), "asked": len(asked),
+                            "missing": sorted(n for n in asked if n not in answers)}
+    if timings:
+        slowest = max(sorted(timings), key=lambda n: timings[n])
+        data.update(slowest=slowest, slowest_s=round(float(timings[slowest]), 3))
+    event("stage_progress", data)
+
+
 def relay_stages(next_stage: Callable[[], Mapping[str, bytes] | None], receive: Callable[[bytes, str], object],
                  transport: Transport, *, round_: int, dropped: dict[str, str],
-                 book: RoundBook | None = None, on_stage: Callable[[int], None] | None = None) -> None:
+                 book: RoundBook | None = None, on_stage: Callable[[int], None] | None = None,
+                 on_event: EventSink | None = None) -> None:
     """The secure mode's later stages: each stage's messages to the hospitals it names, their
     replies back to ``receive(data, channel)``; silence or refusal adds to ``dropped`` (and,
-    with a ``book``, signed refusals are checked and audited)."""
+    with a ``book``, signed refusals are checked and audited). ``on_event`` gets a
+    ``stage_progress`` event after each stage."""
     stage = 1
     while (messages := next_stage()) is not None:
         live = {n: {"data": d} for n, d in sorted(messages.items()) if n not in dropped}
         answers, failed = transport.exchange("stage", live, round_=round_)
+        if on_event is not None:
+            stage_progress(on_event, transport, round_=round_, stage=f"stage {stage}", asked=live, answers=answers)
         if book is not None:
             book.screen("stage", f"stage {stage}", answers, failed, live)
         for name, reason in failed.items():
@@ -118,6 +135,7 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     carried = dict(pending_model or {})
     outgoing = {n: {"data": plan, **({"model": carried[n]} if n in carried else {})} for n in participants}
     answers, failed = transport.exchange("plan", outgoing, round_=round_)
+    stage_progress(event, transport, round_=round_, stage="plan", asked=outgoing, answers=answers)
     book.screen("plan", "plan", answers, failed, outgoing)
     for name in participants:
         if name in dropped:
@@ -131,7 +149,8 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
             server.receive(parts["first"], channel=name)
     boundary("plan", {})
     relay_stages(server.next_stage, lambda data, name: server.receive(data, channel=name), transport,
-                 round_=round_, dropped=dropped, book=book, on_stage=lambda k: boundary(f"stage {k}", {}))
+                 round_=round_, dropped=dropped, book=book, on_stage=lambda k: boundary(f"stage {k}", {}),
+                 on_event=event)
     for name, reason in sorted(dropped.items()):
         if name not in book.refused:
             event("dropped", {"round": round_, "hospital": name, "reason": reason})

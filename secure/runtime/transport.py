@@ -7,6 +7,7 @@ hospital as dropped at that stage (the secure mode's dropout recovery does the r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -23,6 +24,9 @@ class Transport(Protocol):
 
     #: True: a round's global model rides with the next plan instead of its own exchange.
     defers_model: bool
+
+    # Optional: ``last_timings`` (name -> seconds until its answer in the last exchange), read by
+    # the round loop's ``stage_progress`` event when present (:mod:`.progress`).
 
     def hospitals(self) -> tuple[str, ...]:
         """The hospitals this transport can reach (in-process: all; Flower: the greeted nodes)."""
@@ -54,6 +58,7 @@ class InProcessTransport:
         self.participants = dict(participants)
         self._drops: dict[int, dict[str, int]] = {}
         self._exchanges: dict[int, dict[str, int]] = {}
+        self.last_timings: dict[str, float] = {}  # name -> seconds its answer took in the last exchange
 
     def hospitals(self) -> tuple[str, ...]:
         return tuple(sorted(self.participants))
@@ -66,6 +71,7 @@ class InProcessTransport:
                  round_: int) -> tuple[dict[str, Parts], dict[str, str]]:
         answers: dict[str, Parts] = {}
         failed: dict[str, str] = {}
+        self.last_timings = {}
         seen = self._exchanges.setdefault(round_, {})
         run_step = stage == "setup" and any(p.get("step", b"").startswith(b"run/") for p in outgoing.values())
         for name, parts in sorted(outgoing.items()):
@@ -79,8 +85,10 @@ class InProcessTransport:
                 failed[name] = f"silent from exchange {index} ({stage!r})"
                 continue
             participant = self.participants[name]
+            began = time.monotonic()
             try:
                 answers[name] = dispatch(participant, stage, parts)
+                self.last_timings[name] = time.monotonic() - began
             except ClinographError as exc:
                 identity = getattr(participant, "identity", None)
                 if stage in REFUSABLE_STAGES and isinstance(identity, Identity):
@@ -98,6 +106,10 @@ class Restricted:
     def __init__(self, inner: Transport, names: Iterable[str]):
         self.inner, self.names = inner, frozenset(names)
         self.defers_model = inner.defers_model
+
+    @property
+    def last_timings(self) -> dict[str, float]:
+        return dict(getattr(self.inner, "last_timings", None) or {})
 
     def hospitals(self) -> tuple[str, ...]:
         return tuple(n for n in self.inner.hospitals() if n in self.names)

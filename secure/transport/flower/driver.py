@@ -45,16 +45,22 @@ class Timeouts:
 DEFAULT_POLL_INTERVAL = 0.2
 
 
-def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float, poll: float) -> list[Message]:
-    """Push ``messages``, then pull their replies every ``poll`` seconds until all came or ``timeout``."""
+def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float, poll: float,
+                      arrivals: dict[int, float] | None = None) -> list[Message]:
+    """Push ``messages``, then pull their replies every ``poll`` seconds until all came or ``timeout``.
+    ``arrivals``: filled with node -> seconds until its reply was pulled (to within ``poll``)."""
     if not messages:
         return []
+    started = time.monotonic()
     pending = set(grid.push_messages(messages))
     replies: list[Message] = []
     deadline = time.monotonic() + timeout
     while pending:
         got = list(grid.pull_messages(pending))
         replies.extend(got)
+        if arrivals is not None:
+            for m in got:
+                arrivals.setdefault(int(m.metadata.src_node_id), time.monotonic() - started)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)
         if not pending or time.monotonic() >= deadline:
             break
@@ -63,8 +69,10 @@ def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float, po
 
 
 def exchange(grid: Grid, *, stage: str, outgoing: Mapping[int, Mapping[str, bytes]], round_: int,
-             timeout: float, poll: float = DEFAULT_POLL_INTERVAL) -> tuple[dict[int, dict[str, bytes]], dict[int, str]]:
-    """Send ``stage`` to each node and collect the replies within ``timeout`` seconds.
+             timeout: float, poll: float = DEFAULT_POLL_INTERVAL,
+             arrivals: dict[int, float] | None = None) -> tuple[dict[int, dict[str, bytes]], dict[int, str]]:
+    """Send ``stage`` to each node and collect the replies within ``timeout`` seconds
+    (``arrivals``: filled with node -> seconds until its reply came).
 
     Returns (node -> reply parts, node -> reason it gave none, with the time actually waited).
     """
@@ -74,7 +82,7 @@ def exchange(grid: Grid, *, stage: str, outgoing: Mapping[int, Mapping[str, byte
     answers: dict[int, dict[str, bytes]] = {}
     failed: dict[int, str] = {}
     started = time.monotonic()
-    replies = _send_and_receive(grid, messages, timeout=timeout, poll=poll)
+    replies = _send_and_receive(grid, messages, timeout=timeout, poll=poll, arrivals=arrivals)
     waited = time.monotonic() - started
     for reply in replies:
         node = int(reply.metadata.src_node_id)
@@ -143,6 +151,7 @@ class FlowerTransport:
     def __init__(self, grid: Grid, *, nodes: Mapping[str, int], timeouts: Timeouts):
         self.grid, self.nodes, self.timeouts = grid, dict(nodes), timeouts
         self._names = {node: name for name, node in self.nodes.items()}
+        self.last_timings: dict[str, float] = {}  # name -> seconds until its reply in the last exchange
 
     def hospitals(self) -> tuple[str, ...]:
         return tuple(sorted(self.nodes))
@@ -154,7 +163,9 @@ class FlowerTransport:
                  round_: int) -> tuple[dict[str, dict[str, bytes]], dict[str, str]]:
         failed: dict[str, str] = {n: "not greeted on this run" for n in outgoing if n not in self.nodes}
         by_node = {self.nodes[n]: parts for n, parts in outgoing.items() if n in self.nodes}
+        arrivals: dict[int, float] = {}
         answers, node_failed = exchange(self.grid, stage=stage, outgoing=by_node, round_=round_,
-                                        timeout=self._timeout(stage))
+                                        timeout=self._timeout(stage), arrivals=arrivals)
+        self.last_timings = {self._names[n]: t for n, t in arrivals.items() if n in self._names}
         failed.update({self._names[node]: reason for node, reason in node_failed.items()})
         return {self._names[node]: parts for node, parts in answers.items()}, failed

@@ -40,7 +40,11 @@ serverapp`` logger. The ServerApp sends it to stdout, which Flower 1.41's ``flwr
 mirrors into the run's log (``flwr log RUN_ID``, ``flwr run --stream``). A failed run is
 logged, audited (``run_ended`` status ``failed``) and re-raised, so Flower marks the run
 ``finished:failed`` and ``flwr-serverapp`` exits non-zero; ``flwr run --stream`` itself exits
-0 once the log stream ends whatever the run's status (check ``flwr ls --run-id RUN_ID``). A
+0 once the log stream ends whatever the run's status (``clinograph run`` wraps it with an exit
+status: ``clinograph/commands/run_outcome.py``). Any error -- a config error before the first
+round included -- is also written to ``events-file`` as a ``failed`` event. Inside a round,
+each stage's answers and slowest hospital are a ``stage_progress`` event, and each
+``round_closed`` carries the round's seconds and the ETA (:mod:`clinograph.secure.runtime.progress`). A
 run that stops because too few hospitals can still take part (privacy budgets spent) is a
 planned end: logged as a warning, audited (``too_few_hospitals``), not an error.
 """
@@ -66,6 +70,7 @@ from ...runtime import ServerConfig
 from ...runtime.assemble import ServerSide
 from ...runtime.journal import Journal
 from ...runtime.models import RunModels, run_models_from_bytes
+from ...runtime.progress import RoundClock, eta_line, stage_line
 from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from . import check_flower_version
@@ -89,18 +94,22 @@ def _get(cfg: Mapping[str, Any], key: str, kind: type, default: Any = None) -> A
 
 
 class _Events:
-    """The progress sink: JSON lines to ``events-file`` (if set) and one log line per event."""
+    """The progress sink: JSON lines to ``events-file`` (if set) and one log line per event; each
+    ``round_closed`` gets the round's seconds and the run's ETA (:class:`RoundClock`)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, rounds: int):
         self.path = Path(path) if path else None
         self.nodes: dict[str, int] = {}  # hospital -> Flower node id, once greeted
+        self.clock = RoundClock(rounds=rounds)
+        self.failure_logged = False  # the run's failure has its log line already
 
-    def __call__(self, kind: str, data: Mapping[str, object]) -> None:
+    def __call__(self, kind: str, data: Mapping[str, object], *, log: bool = True) -> None:
+        data = self.clock.observe(kind, data)
         if self.path is not None:
             with self.path.open("a") as fh:
                 fh.write(json.dumps({"t": time.time(), "event": kind, **data}, sort_keys=True) + "\n")
         level, line = progress_line(kind, data, nodes=self.nodes)
-        if line:
+        if line and log:
             _log.log(level, "%s", line)
 
 
@@ -138,7 +147,12 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
         eps_text = ", ".join(f"{n} {v['epsilon']:.3g}/{v['budget']:g}" for n, v in sorted(eps.items()))
         return logging.INFO, (f"round {r} closed: contributors {_names(data.get('contributors'), nodes)}; dropped "
                               f"{_names(data.get('dropped'), nodes)}; refused {_names(data.get('refused'), nodes)}"
-                              + (f"; ε/budget {eps_text}" if eps_text else ""))
+                              + (f"; ε/budget {eps_text}" if eps_text else "") + eta_line(data))
+    if kind == "stage_progress":
+        return logging.INFO, stage_line(data)
+    if kind == "run_started":
+        return logging.INFO, (f"candidate model {data.get('candidate')!r} ({int(data.get('index', 0)) + 1} of "
+                              f"{data.get('count')}): run started")
     if kind == "round_aborted":
         if data.get("planned_end"):  # the hospitals' final refusals (budgets spent): a planned end
             return logging.WARNING, f"round {r} not run: {data.get('reason')} (a planned end: see run ended)"
@@ -157,13 +171,28 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
                        f"{data.get('rounds_planned')} round(s): {data.get('reason')}")
     if kind == "finished":
         return logging.INFO, f"finished: {data.get('rounds')} round(s)"
+    if kind == "failed":
+        return logging.ERROR, f"run failed: {data.get('reason')}"
     return logging.DEBUG, f"{kind}: {dict(data)}"
 
 
 def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResult]:
     """Everything the ServerApp does, callable with any Grid (tests use a loopback one): greet the
     SuperNodes, then the one federation run (:func:`clinograph.secure.runtime.run.run_federation`,
-    the same run ``simulate()`` drives in process). Returns the kept candidate's round results."""
+    the same run ``simulate()`` drives in process). Returns the kept candidate's round results.
+
+    Whatever raises -- a config error before the first round included -- is written as a
+    ``failed`` event (``reason``: the error's type and message) before it is re-raised, so
+    ``clinograph run`` can name it (the JSON line is written even when no log line is)."""
+    events = _Events(_get(run_config, "events-file", str, ""), rounds=0)
+    try:
+        return _run_federation(grid, run_config, events)
+    except BaseException as exc:
+        events("failed", {"reason": f"{type(exc).__name__}: {exc}"[:1000]}, log=not events.failure_logged)
+        raise
+
+
+def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: _Events) -> list[RoundResult]:
     check_flower_version()
     config = ServerConfig.from_toml(Path(_get(run_config, "server-config", str)))
     federation = load_federation(Path(_get(run_config, "federation-file", str)))
@@ -185,7 +214,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
                         plan=_get(run_config, "plan-timeout", float, 600.0),
                         stage=_get(run_config, "stage-timeout", float, 120.0),
                         end=_get(run_config, "end-timeout", float, 60.0))
-    events = _Events(_get(run_config, "events-file", str, ""))
+    events.clock.rounds = rounds
     import importlib.util
 
     events("started", {"federation": fed.id, "secure_mode": fed.secure_mode, "python": sys.prefix,
@@ -210,6 +239,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
             audit.record("run_ended", {"status": "failed", "reason": reason[:4000], "rounds_completed": 0,
                                        "rounds_planned": rounds})
         _log.error("run failed (audit run %s): %s", audit.run_id, reason)
+        events.failure_logged = True
         raise
     finally:
         audit.close()

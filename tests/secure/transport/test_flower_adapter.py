@@ -252,7 +252,8 @@ def test_too_few_survivors_aborts_the_round_and_says_so(deployment, tmp_path):
     import json
 
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert events[-1]["event"] == "round_aborted" and events[-1]["round"] == 0
+    assert events[-2]["event"] == "round_aborted" and events[-2]["round"] == 0
+    assert events[-1]["event"] == "failed" and events[-1]["reason"].startswith("RoundAborted: Only 1 client(s) completed")
     assert not any(e["event"] == "round_closed" for e in events)
     server_app_audit = (tmp_path / "server" / "audit" / "audit.jsonl").read_text()
     assert '"round_aborted"' in server_app_audit and "global_model" not in server_app_audit  # nothing published

@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 sys.path.insert(0, str(Path(__file__).parent))
 import flower_helpers as fh  # noqa: E402
 from clinograph.secure.audit import verify_audit_dir  # noqa: E402
-from clinograph.secure.errors import ProtocolError  # noqa: E402
+from clinograph.secure.errors import ConfigError, ProtocolError  # noqa: E402
 from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
 from clinograph.secure.transport.flower.serverapp import progress_line, run_federation  # noqa: E402
 from clinograph.secure.transport.flower.supernode import configure_hospital_logging  # noqa: E402
@@ -95,6 +95,31 @@ def test_a_hospital_refusal_travels_signed_and_the_operator_sees_names_nodes_and
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert next(e for e in events if e["event"] == "greeted")["nodes"] == {"h1": 101, "h2": 102, "h3": 103}
     assert [e["event"] for e in events][-2:] == ["run_ended", "finished"]
+    plan = [e for e in events if e["event"] == "stage_progress" and e["stage"] == "plan"]
+    assert [(p["round"], p["answered"], p["asked"]) for p in plan] == [(0, 3, 3), (1, 3, 3)]  # h3's refusal answers
+    assert all(p["slowest"] in HOSPITALS and p["slowest_s"] >= 0 for p in plan)
+    assert any(e["event"] == "stage_progress" and e["stage"] == "stage 1" for e in events)
+    closed = [e for e in events if e["event"] == "round_closed"]
+    assert [c["rounds_left"] for c in closed] == [1, 0] and all(c["seconds"] > 0 for c in closed)
+    assert any(x.startswith("round 0 plan: 3 of 3 hospital(s) answered; slowest h") for x in server_lines)
+    assert any(x.startswith("round 0 closed: ") and "ETA at most" in x and "for 1 round(s) left" in x
+               for x in server_lines)
+
+
+def test_a_config_error_before_the_first_round_is_a_failed_event_and_one_log_line(tmp_path, caplog):
+    keys = init_keyset(tmp_path / "keys", federation_id="fed-flower", hospitals=HOSPITALS,
+                       superlink_hosts=["127.0.0.1"], superlink_port=19092)
+    server_toml = fh.write_server_files(tmp_path / "server", federation_id="fed-other")
+    events = tmp_path / "events.jsonl"
+    run_config = {"server-config": str(server_toml), "federation-file": str(keys.federation_file),
+                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "events-file": str(events)}
+    caplog.set_level(logging.INFO)
+    with pytest.raises(ConfigError, match="server.toml runs federation 'fed-other' but the federation file"):
+        run_federation(fh.LoopbackGrid(run_id=4242, node_configs={}, run_config=run_config), run_config)
+    [failed] = [json.loads(x) for x in events.read_text().splitlines()]
+    assert failed["event"] == "failed" and failed["reason"].startswith("ConfigError: server.toml runs federation")
+    errors = [r.getMessage() for r in caplog.records if r.name == SERVERAPP and r.levelno == logging.ERROR]
+    assert errors == [f"run failed: {failed['reason']}"]
 
 
 def test_a_failed_run_is_logged_audited_and_raised(tmp_path, caplog):
@@ -116,6 +141,8 @@ def test_a_failed_run_is_logged_audited_and_raised(tmp_path, caplog):
     errors = [r.getMessage() for r in caplog.records if r.name == SERVERAPP and r.levelno == logging.ERROR]
     assert any(x.startswith("round 0 aborted") for x in errors)
     assert any(x.startswith("run failed (audit run ") for x in errors)
+    assert not any(x.startswith("run failed: ") for x in errors)  # one line for the failure, not two
+    assert json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])["event"] == "failed"
     drops = [r.getMessage() for r in caplog.records if r.name == SERVERAPP and "dropped:" in r.getMessage()]
     assert any("h2 (node 102) dropped: stage 1: no reply to 'stage' within" in x and "(timeout 5 s)" in x
                for x in drops)

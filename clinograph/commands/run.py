@@ -1,0 +1,155 @@
+"""``clinograph run APP SUPERLINK``: ``flwr run --stream`` with an exit status an operator can script.
+
+``flwr run --stream`` exits 0 whatever became of the run. This command starts it, shows its
+stream line by line, then decides the outcome from the ServerApp's progress events (when the
+events file is readable here: ``--events-file``, passed to the run as its ``events-file``) and
+from Flower's own status of the run (``flwr ls --run-id N``); the exit codes are in
+:mod:`.run_outcome`. While the stream runs, Flower is asked every ``--check-every`` seconds;
+once Flower reports the run finished the stream gets a short grace and is then closed, so a
+ServerApp that died without a word does not leave the command waiting.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .run_outcome import LOST, decide, flower_status, read_events, run_id_from
+
+_END = object()
+GRACE_S = 15.0  # seconds the stream gets to end by itself once Flower reports the run finished
+
+
+def _flwr(explicit: Path | None) -> str:
+    from clinograph.secure.errors import ConfigError
+
+    if explicit is not None:
+        if not explicit.is_file():
+            raise ConfigError(f"--flwr {explicit} is not a file; give the path of the `flwr` command.")
+        return str(explicit)
+    beside = Path(sys.executable).parent / "flwr"
+    found = str(beside) if beside.is_file() else shutil.which("flwr")
+    if found is None:
+        raise ConfigError("The `flwr` command is not installed here (pip install 'clinograph[server]' installs "
+                          "Flower), or pass its path with --flwr.")
+    return found
+
+
+def ask_flower(flwr: str, superlink: str, run_id: int) -> str | None:
+    """Flower's status of ``run_id`` (``flwr ls --run-id N --format json``), None if it cannot say."""
+    try:
+        done = subprocess.run([flwr, "ls", superlink, "--run-id", str(run_id), "--format", "json"],  # noqa: S603
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out = done.stdout
+    return flower_status(out[out.find("{"):] if "{" in out else out, run_id=run_id)
+
+
+def settled_status(flwr: str, superlink: str, run_id: int, *, wait: bool, tries: int = 6,
+                   pause: float = 2.0) -> str | None:
+    """Flower's status once the stream ended; with ``wait``, asked again for a few seconds while it
+    still says the run is going (Flower marks a run finished a moment after its log ends)."""
+    status = ask_flower(flwr, superlink, run_id)
+    for _ in range(tries if wait else 0):
+        if status is None or status.startswith("finished"):
+            break
+        time.sleep(pause)
+        status = ask_flower(flwr, superlink, run_id)
+    return status
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line.rstrip("\n"))
+    lines.put(_END)
+
+
+def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower app (folder or app id), as for "
+                                                "`flwr run`.")],
+        superlink: Annotated[str, typer.Argument(metavar="SUPERLINK", help="The SuperLink connection named in "
+                                                 "Flower's config.toml, as for `flwr run`.")],
+        run_config: Annotated[list[str] | None, typer.Option(
+            "--run-config", "-c", help="Passed to `flwr run --run-config` (repeatable).")] = None,
+        events_file: Annotated[Path | None, typer.Option(
+            help="The run's events file (JSON lines); set as the run's events-file. Give it when this "
+                 "machine runs the SuperLink (or shares its disk): the outcome then names the reason.")] = None,
+        check_every: Annotated[float, typer.Option(min=1.0, help="Seconds between asking Flower for the run's "
+                                                   "status while the stream runs.")] = 30.0,
+        flwr: Annotated[Path | None, typer.Option(help="Path of the `flwr` command (default: the one "
+                                                  "installed with Clinograph).")] = None) -> None:
+    """Start a federation run on a SuperLink, stream its log, and exit 0 only if it completed or
+    ended as planned (1: failed or stopped; 4: lost -- no outcome), with a one-line reason."""
+    from clinograph.secure.errors import ConfigError
+
+    exe = _flwr(flwr)
+    cmd = [exe, "run", app_dir, superlink, "--stream"]
+    for rc in run_config or []:
+        cmd += ["--run-config", rc]
+    offset = 0
+    if events_file is not None:
+        events_file = events_file.resolve()
+        if "'" in str(events_file):
+            raise ConfigError(f"--events-file {events_file} contains a single quote, which the run config "
+                              "(TOML) cannot carry here; choose a path without one.")
+        offset = events_file.stat().st_size if events_file.is_file() else 0
+        cmd += ["--run-config", f"events-file='{events_file}'"]
+    run_id, hint, status = None, "", None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
+                            errors="replace", bufsize=1)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    try:
+        last_check, finished_at = time.monotonic(), None
+        while True:
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                line = None
+            if line is _END:
+                break
+            if isinstance(line, str):
+                typer.echo(line)
+                run_id = run_id if run_id is not None else run_id_from(line)
+                if "clinograph: run failed" in line or (("Error" in line or "ERROR" in line)
+                                                         and "clinograph:" not in hint):
+                    hint = line.strip()[-300:]  # the ServerApp's own failure line outranks Flower's
+            now = time.monotonic()
+            if finished_at is not None and now - finished_at > GRACE_S:
+                break
+            if run_id is not None and finished_at is None and now - last_check >= check_every:
+                last_check = now
+                status = ask_flower(exe, superlink, run_id)
+                if status is not None and status.startswith("finished"):
+                    finished_at = now
+    except KeyboardInterrupt:
+        if run_id is not None:
+            typer.echo(f"interrupted: run {run_id} goes on at the SuperLink; stop it with `flwr stop {run_id} "
+                       f"{superlink}`", err=True)
+        raise
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    events = read_events(events_file, offset=offset) if events_file is not None else []
+    if run_id is not None:
+        status = settled_status(exe, superlink, run_id, wait=not any(e["event"] in ("finished", "failed")
+                                                                      for e in events))
+    if run_id is None and proc.returncode not in (0, None):
+        hint = hint or f"flwr run exited with {proc.returncode}"
+    outcome = decide(events=events, status=status, run_id=run_id, hint=hint)
+    color = "green" if outcome.code == 0 else ("yellow" if outcome.code == LOST else "red")
+    typer.secho(outcome.reason, err=True, fg=color)
+    raise typer.Exit(outcome.code)
