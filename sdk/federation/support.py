@@ -6,7 +6,7 @@ cell's status is decided by running it: :func:`run_cell` trains one round of a t
 in process and reports ``runs`` or the ConfigError that refused it. Over Flower the same run
 carries the same status; :data:`REAL_PROCESS_TESTS` names the cells that also have their own
 real-process test, the others rest on the equivalence test
-(``tests/integration/test_simulation_matches_flower.py``).
+(``tests/integration/test_simulation_matches_flower.py``, ``test_tasks_over_flower.py``).
 
 Rows whose hospitals need more than a table and a config, or that have their own multi-phase
 driver, are stated with the rule that decides them (:data:`STATED`). ``tests/sdk/federation/
@@ -42,8 +42,17 @@ NEEDS_FACTORY = {"NS-FL modalities": "runs (the same run) with a --participant-f
 #: cells (task, mode) with their own real-process Flower test (SuperLink, SuperNodes, TLS, node auth)
 REAL_PROCESS_TESTS: dict[tuple[str, str], str] = {
     ("NS-FL static", "masked"): "tests/integration/test_flower_deployment.py (DP), test_flower_one_run.py "
-                                "(default candidates), test_flower_resume.py",
-    ("NS-FL static", "ckks"): "tests/integration/test_flower_deployment.py (DP)",
+                                "(default candidates), test_flower_resume.py; loopback equivalence, bit for bit",
+    ("NS-FL static", "ckks"): "tests/integration/test_flower_deployment.py (DP); loopback equivalence within CKKS noise",
+}
+#: cells whose Flower run is compared with the simulation over a loopback Grid (the real ClientApp,
+#: relay, workers and SuperNode factory): tests/integration/test_simulation_matches_flower.py and
+#: test_tasks_over_flower.py
+EQUIVALENCE: dict[tuple[str, str], str] = {
+    ("NS-FL static", "ckks"): "+ loopback equivalence (4 candidates, within CKKS noise)",
+    ("NS-FL temporal", "masked"): "loopback equivalence, bit for bit",
+    ("NS-FL survival", "masked"): "loopback equivalence, bit for bit",
+    ("AGAT", "masked"): "the same run; AGAT's plaintext attention tap (insecure_plaintext) loopback-equivalent",
 }
 #: rows decided by a stated rule: (in-process status per mode, Flower status, where it is tested)
 STATED: dict[str, tuple[Mapping[str, str], str, str]] = {
@@ -96,7 +105,8 @@ def matrix(tables_for: Callable[[str], Sequence[Any]],
             status = run_cell(task, mode, tables_for(task), factory_for(task))
             flower = status if status != "runs" else NEEDS_FACTORY.get(task, "runs (the same run)")
             rows.append({"task": task, "mode": mode, "in_process": status, "flower": flower,
-                         "evidence": REAL_PROCESS_TESTS.get((task, mode), "equivalence test")})
+                         "evidence": REAL_PROCESS_TESTS.get((task, mode), EQUIVALENCE.get((task, mode),
+                                                                                           "the same run"))})
     for task, (modes, flower, where) in STATED.items():
         for mode in MODES:
             rows.append({"task": task, "mode": mode, "in_process": modes[mode],
