@@ -12,7 +12,9 @@ candidates: test_simulation_matches_flower.py; real processes: test_flower_one_r
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -85,9 +87,10 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
                                                        "audit_dir": str(tmp_path / "flower-audit"), "federation": fed}))
     keys = init_keyset(tmp_path / "keys", federation_id="fed-tasks", hospitals=names, superlink_hosts=["127.0.0.1"],
                        superlink_port=19095)
+    states = Path(tempfile.mkdtemp(prefix="cg-"))  # short: a worker's socket lives in its state directory
     workers, configs = [], {}
     for i, name in enumerate(names):
-        cfg = {"hospital": name, "state-dir": str(sites / name / "state"), "data-dir": str(sites / name / "data"),
+        cfg = {"hospital": name, "state-dir": str(states / name), "data-dir": str(sites / name / "data"),
                "key-file": str(keys.hospital_dirs[name] / f"{name}.ed25519.pem"),
                "federation-file": str(keys.hospital_dirs[name] / "federation.toml")}
         workers.append(HospitalWorker(node_config=cfg, factory=make_hospital))
@@ -104,6 +107,7 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
         finally:
             for w in workers:
                 w.stop()
+            shutil.rmtree(states, ignore_errors=True)
         sim_config = SimulationConfig.model_validate({
             **hospital, "dictionary": str(sites / names[0] / "data" / "dictionary.toml"), "federation": fed,
             "output": str(tmp_path / "sim"),
