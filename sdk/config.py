@@ -67,7 +67,8 @@ class NSFLConfig(_Strict):
     features: Literal["all", "shared"] | tuple[str, ...] = Field(
         default="all", description="the dictionary features the model reads: all (every feature a hospital "
         "observes), shared (only those every hospital observes, found by a set-up round that sums each "
-        "hospital's 0/1 coverage through the secure mode: sdk/federation/coverage.py; simulation only), or a "
+        "hospital's 0/1 coverage through the secure mode: sdk/federation/coverage.py; that set-up round is not "
+        "wired over Flower yet, where a SuperNode refuses it with the reason), or a "
         "list of feature ids (the same at every hospital; e.g. what a simulation's `shared` resolved to, for a "
         "deployment). Observations of other features are ignored in training, prediction and the exported "
         "model; their parameters get zero gradient (Theorem 1)")
@@ -346,7 +347,8 @@ class HospitalConfig(_Strict):
 
 
 class HospitalEntry(_Strict):
-    """[[hospitals]]: one site's table and schema (simulation only)."""
+    """[[hospitals]]: one site's table and schema, for a federation run in one process (deployed
+    hospitals are SuperNodes with their own data folders)."""
 
     site: str
     table: Path

@@ -26,8 +26,10 @@ The audit trail records a ``scaling_histogram`` entry: the features, their bin e
 stop, count), the quantiles, and the derived dictionary's digest -- never a hospital's counts.
 
 What it does not do: differential privacy (the summed histogram is exact; under ``[privacy]``
-the phase is refused), CKKS (the hospitals would decrypt the sum; not wired yet), or deployments
-over Flower (simulation only for now).
+the phase is refused), CKKS (the hospitals would decrypt the sum; not wired yet), or run over Flower:
+the phase runs before the run's candidates in ``simulate()``, and a SuperNode refuses ``[scaling]
+source = "federated"`` with that reason (the derived dictionary's digest would have to reach
+``clinograph model init`` first).
 """
 
 from __future__ import annotations

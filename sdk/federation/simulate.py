@@ -94,8 +94,8 @@ class SimulationResult:
     choice: dict = field(default_factory=dict)
     #: each candidate's test metrics after its own run (its selected, calibrated model), by candidate
     #: name, then hospital, then metric: ``{"linear": {"north": {"auroc": 0.81, ...}, ...}, ...}``.
-    #: Public and stable, for studies comparing candidates; measured in the simulation only (a
-    #: deployment's hospitals keep their test metrics), never used for the choice and not audited.
+    #: Public and stable, for studies comparing candidates; the hospitals' own test metrics, which a
+    #: deployment's hospitals keep to themselves; never used for the choice and not audited.
     #: Empty when one model ran. (``choice["final_by_candidate"]`` is the same mapping, kept for
     #: existing code.)
     metrics_by_candidate: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)

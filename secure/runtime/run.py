@@ -36,7 +36,15 @@ from ..wire import seal
 from .journal import Journal
 from .liveness import Liveness
 from .loop import EventSink, RoundOutcome, _quiet, run_rounds
-from .models import CandidateModel, RunChosen, RunModels, RunStart, overrides_digest, run_id
+from .models import (
+    CandidateModel,
+    RunChosen,
+    RunFinish,
+    RunModels,
+    RunStart,
+    overrides_digest,
+    run_id,
+)
 from .selection import STATUS_PART, SelectionRule, SelectionTracker, read_statuses
 from .transport import Restricted, Transport
 
@@ -99,11 +107,9 @@ class SelectedRun:
 
     def finish(self, server: FederationServer, transport: Transport, *, stopped: bool) -> None:
         """``run/finish`` to every hospital of the run, then ``model_selected`` (if a loss was seen)."""
-        from .models import RunFinish
-
         self.stopped = stopped
         last = server.history[-1].round if server.history else server.round
-        names = tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
+        names = _reachable(transport, server.enrolled)
         msg = seal(RunFinish(federation_id=server.federation_id, round=last), server.identity)
         answers, failed = transport.exchange("setup", {n: {"step": b"run/finish", "data": msg} for n in names},
                                              round_=last)
@@ -157,10 +163,9 @@ class CandidateRun:
 
     def row(self) -> dict[str, Any]:
         """Its row of the ``model_chosen`` entry."""
-        trained = [o for o in self.outcomes if o.result is not None]
-        scored = 1 if self.control.wants_score() and trained else 0
+        scored = 1 if self.control.wants_score() and self.outcomes else 0
         return {"name": self.name, "overrides": self.overrides, "validation_loss": self.validation_loss,
-                "round": self.kept_round, "rounds_run": max(0, len(trained) - scored)}
+                "round": self.kept_round, "rounds_run": max(0, len(self.outcomes) - scored)}
 
 
 @dataclass
@@ -173,6 +178,11 @@ class FederationRun:
     @property
     def kept(self) -> CandidateRun:
         return self.runs[self.chosen or 0]
+
+
+def _reachable(transport: Transport, enrolled: Mapping[str, Any]) -> tuple[str, ...]:
+    """The enrolled hospitals the transport reaches, by name."""
+    return tuple(sorted(set(transport.hospitals()) & set(enrolled)))
 
 
 def choose(losses: Sequence[float | None], *, min_delta: float) -> int:
@@ -264,7 +274,7 @@ def _start(cand: CandidateModel, *, index: int, count: int, rid: str, side: Any,
     msg = seal(RunStart(federation_id=side.federation_id, run_id=rid, candidate=cand.name,
                         overrides_sha256=overrides_digest(cand.overrides), index=index, count=count, rounds=rounds),
                side.identity)
-    names = tuple(sorted(set(transport.hospitals()) & set(side.enrolled)))
+    names = _reachable(transport, side.enrolled)
     answers, failed = transport.exchange("setup", {n: {"step": b"run/start", "data": msg} for n in names}, round_=0)
     refused = dict(failed)
     refused.update({n: "no acknowledgement" for n in names if n not in failed and "ok" not in answers.get(n, {})})
@@ -284,7 +294,7 @@ def _announce_choice(out: FederationRun, *, side: Any, transport: Transport, eve
     finally:
         audit.close()
     msg = seal(RunChosen(federation_id=side.federation_id, run_id=kept.run_id, candidate=kept.name), side.identity)
-    names = tuple(sorted(set(transport.hospitals()) & set(side.enrolled)))
+    names = _reachable(transport, side.enrolled)
     _, failed = transport.exchange("setup", {n: {"step": b"run/chosen", "data": msg} for n in names}, round_=0)
     for name, why in sorted(failed.items()):
         event("choice_not_delivered", {"hospital": name, "reason": why[:300]})
