@@ -29,6 +29,7 @@ import re
 import shlex
 import tomllib
 import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +40,14 @@ REPO = Path(__file__).resolve().parents[1]
 # References into folders another change is moving to research/<study>/ (issue 34, Deliver 1):
 # not checked until that move is merged. The lead removes this allow-list after the merge.
 PENDING_MOVE = ("benchmarks/", "sdk/research/", "clinograph.sdk.research")
+# Docs that change is rewriting at the same time: their problems are shown as one warning, not
+# failed. The lead removes this allow-list with PENDING_MOVE.
+PENDING_REWRITE = ("docs/model_quality.md",)
 
 SHELL = {"bash", "sh", "shell", "console", "zsh", ""}
 PYTHON = {"python", "py", "pycon"}
-NAME = re.compile(r"(?<![\w./-])(?:clinograph|cg)(?:\.[A-Za-z_]\w*)+")
+NAME = re.compile(r"(?<![\w./-])(?:clinograph|cg|sdk|secure)(?:\.[A-Za-z_]\w*)+")
+MEMBER = re.compile(r"^([A-Z][A-Za-z0-9]*)\.([A-Za-z_]\w*)")
 SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
@@ -163,7 +168,8 @@ def _names(snippet: Snippet) -> set[str]:
         for node in ast.walk(tree) if tree else ():
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "clinograph":
                 names |= {f"{node.module}.{a.name}" for a in node.names if a.name != "*"}
-    return {"clinograph" + n[2:] if n.startswith("cg.") else n for n in names}
+    return {"clinograph" + n[2:] if n.startswith("cg.") else n if n.startswith("clinograph") else f"clinograph.{n}"
+            for n in names}
 
 
 def check_names(doc: Doc, rel: str) -> list[str]:
@@ -178,6 +184,51 @@ def check_names(doc: Doc, rel: str) -> list[str]:
             if why:
                 problems.append(f"{rel}:{s.line}: name `{name}` does not import ({why}) -- "
                                 "name what the code has today, or drop it")
+    return problems
+
+
+def _classes() -> dict[str, list[str]]:
+    """Every class defined in the package's source: name -> the modules that define it."""
+    out: dict[str, list[str]] = {}
+    for folder, package in (("clinograph", "clinograph"), ("sdk", "clinograph.sdk"), ("secure", "clinograph.secure")):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = path.relative_to(REPO / folder).with_suffix("").parts
+            module = ".".join([package, *(parts[:-1] if parts[-1] == "__init__" else parts)])
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                if isinstance(node, ast.ClassDef):
+                    out.setdefault(node.name, []).append(module)
+    return out
+
+
+def _has_member(cls: type, attr: str) -> bool:
+    """A class attribute, a pydantic or dataclass field, or an attribute its methods set."""
+    if hasattr(cls, attr) or attr in getattr(cls, "model_fields", {}):
+        return True
+    for klass in cls.__mro__:
+        if attr in getattr(klass, "__annotations__", {}):
+            return True
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        if re.search(rf"self\.{re.escape(attr)}\b\s*(:[^=]*)?=(?!=)", source):
+            return True
+    return False
+
+
+def check_members(doc: Doc, rel: str, classes: dict[str, list[str]]) -> list[str]:
+    """``Class.member`` in inline code, for a class the package defines."""
+    problems = []
+    for s in doc.snippets:
+        m = MEMBER.match(s.text) if s.lang is None else None
+        if not m or m.group(1) not in classes:
+            continue
+        cls_name, attr = m.groups()
+        found = [obj for module in classes[cls_name] if not module.startswith(PENDING_MOVE)
+                 and isinstance(obj := _load(f"{module}.{cls_name}")[0], type)]
+        if found and not any(_has_member(c, attr) for c in found):
+            problems.append(f"{rel}:{s.line}: `{cls_name}.{attr}`: {cls_name} ({', '.join(classes[cls_name])}) has "
+                            f"no member {attr!r} -- name the member it has today")
     return problems
 
 
@@ -492,7 +543,7 @@ def check_toml(doc: Doc, rel: str) -> list[str]:
 
 def problems_in(paths: list[Path]) -> list[str]:
     """Every problem in the Markdown files ``paths``."""
-    cli = _cli()
+    cli, classes = _cli(), _classes()
     found = []
     for path in paths:
         doc = parse(path)
@@ -500,12 +551,17 @@ def problems_in(paths: list[Path]) -> list[str]:
             rel = path.relative_to(REPO).as_posix()
         except ValueError:
             rel = path.name
-        found += check_names(doc, rel) + check_keywords(doc, rel) + check_files(doc, rel) + check_cli(doc, rel, cli) + check_toml(doc, rel)
+        found += check_names(doc, rel) + check_members(doc, rel, classes) + check_keywords(doc, rel) + check_files(doc, rel) + check_cli(doc, rel, cli) + check_toml(doc, rel)
     return found
 
 
 def test_docs_describe_todays_code() -> None:
     problems = problems_in(doc_files())
+    pending = [p for p in problems if p.startswith(PENDING_REWRITE)]
+    if pending:
+        warnings.warn(f"{len(pending)} problems in docs being rewritten (PENDING_REWRITE):\n" + "\n".join(pending),
+                      stacklevel=1)
+    problems = [p for p in problems if p not in pending]
     assert not problems, f"{len(problems)} problems in the docs:\n" + "\n".join(problems)
 
 
@@ -515,18 +571,21 @@ def test_the_docs_test_catches_what_is_gone(tmp_path: Path) -> None:
         "Use `clinograph.sdk.quality.quality_evaluator` and `cg.no_such_name`, or see\n"
         "[the loop](../sdk/federation/no_such_file.py) and `secure/strategies/gone.py`; tested by\n"
         "`tests/test_docs.py::test_no_such_test`. Run `clinograph frobnicate`. Pass\n"
-        "`HospitalClient(evaluate=f)`; set `[release] no_such_setting = 1`.\n\n"
+        "`HospitalClient(evaluate=f)`; set `[release] no_such_setting = 1`. Read `DQWeighted.no_such_member`\n"
+        "and `secure.strategies.dq.NoSuchThing`.\n\n"
         "```python\nfrom clinograph.sdk.config import HospitalConfig, NoSuchConfig\n```\n\n"
         "```bash\nclinograph audit verify runs/x --no-such-flag\n```\n\n"
         "```toml\n[federation]\nrounds = 3\nno_such_key = 1\n[privacy]\nenabled = true\n```\n\n"
         "Still fine: `clinograph.sdk.config.HospitalConfig`, `sdk/tasks.py`, `runs/demo/report.html`,\n"
         "`clinograph audit verify`, `benchmarks/no_such_study.py` (pending the move), `[release] metrics`,\n"
-        "`[columns] x` (a site schema's), `cg.simulate_from_config(config)`.\n",
+        "`[columns] x` (a site schema's), `cg.simulate_from_config(config)`, `DQWeighted.history`,\n"
+        "`DQWeighted.observe`, `HospitalConfig.privacy`, `ServerApp.main` (not ours).\n",
         encoding="utf-8")
     problems = problems_in([doc])
     expected = ["clinograph.sdk.quality.quality_evaluator", "clinograph.no_such_name", "NoSuchConfig",
                 "sdk/federation/no_such_file.py", "secure/strategies/gone.py", "test_no_such_test",
-                "frobnicate", "--no-such-flag", "federation.no_such_key", "evaluate=", "release.no_such_setting"]
+                "frobnicate", "--no-such-flag", "federation.no_such_key", "evaluate=", "release.no_such_setting",
+                "no_such_member", "clinograph.secure.strategies.dq.NoSuchThing"]
     for what in expected:
         assert any(what in p for p in problems), f"{what!r} not reported in:\n" + "\n".join(problems)
     assert len(problems) == len(expected), "\n".join(problems)
