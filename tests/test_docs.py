@@ -532,10 +532,39 @@ def check_toml(doc: Doc, rel: str) -> list[str]:
             continue
         if not sections & set(data):
             continue  # a site schema, a dictionary, a Flower config: not a Clinograph config
-        for key in _unknown_keys(data, roots, ""):
+        unknown = _unknown_keys(data, roots, "")
+        for key in unknown:
             problems.append(f"{rel}:{s.line}: config key `{key}` is not in HospitalConfig, SimulationConfig or "
                             "ServerConfig -- use the key sdk/config.py (or secure/runtime/config.py) defines")
+        problems += [f"{rel}:{s.line}: {why} -- show a value the config accepts"
+                     for why in _bad_values(data, roots, skip={k.split(".")[0] for k in unknown})]
     return problems
+
+
+def _bad_values(data: dict, roots: list, *, skip: set[str]) -> list[str]:
+    """Each config section of ``data`` validated on its own (every section's keys have defaults),
+    and ``[federation] strategy_options`` against the strategy that takes them."""
+    from clinograph.secure.errors import ClinographError
+    from clinograph.secure.strategies import create_strategy
+    from pydantic import ValidationError
+
+    out = []
+    for key, value in data.items():
+        info = next((m.model_fields[key] for m in roots if key in m.model_fields), None)
+        section = _model_of(info.annotation) if info is not None else None
+        if key in skip or section is None or not isinstance(value, dict):
+            continue
+        try:
+            validated = section.model_validate(value)
+        except ValidationError as exc:
+            out += [f"[{key}] {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+            continue
+        if key == "federation" and "strategy_options" in value:
+            try:
+                create_strategy(validated.strategy, **validated.strategy_options)
+            except ClinographError as exc:
+                out.append(f"[federation] strategy_options: {exc}")
+    return out
 
 
 # ---- the tests ---------------------------------------------------------------------------
@@ -576,6 +605,8 @@ def test_the_docs_test_catches_what_is_gone(tmp_path: Path) -> None:
         "```python\nfrom clinograph.sdk.config import HospitalConfig, NoSuchConfig\n```\n\n"
         "```bash\nclinograph audit verify runs/x --no-such-flag\n```\n\n"
         "```toml\n[federation]\nrounds = 3\nno_such_key = 1\n[privacy]\nenabled = true\n```\n\n"
+        "```toml\n[split]\ntest_fraction = 1.5\n[federation]\nstrategy = \"fedprox\"\n"
+        "strategy_options = { mu = 0.1, no_such_option = 2 }\n```\n\n"
         "Still fine: `clinograph.sdk.config.HospitalConfig`, `sdk/tasks.py`, `runs/demo/report.html`,\n"
         "`clinograph audit verify`, `benchmarks/no_such_study.py` (pending the move), `[release] metrics`,\n"
         "`[columns] x` (a site schema's), `cg.simulate_from_config(config)`, `DQWeighted.history`,\n"
@@ -585,7 +616,8 @@ def test_the_docs_test_catches_what_is_gone(tmp_path: Path) -> None:
     expected = ["clinograph.sdk.quality.quality_evaluator", "clinograph.no_such_name", "NoSuchConfig",
                 "sdk/federation/no_such_file.py", "secure/strategies/gone.py", "test_no_such_test",
                 "frobnicate", "--no-such-flag", "federation.no_such_key", "evaluate=", "release.no_such_setting",
-                "no_such_member", "clinograph.secure.strategies.dq.NoSuchThing"]
+                "no_such_member", "clinograph.secure.strategies.dq.NoSuchThing",
+                "[split] test_fraction", "no_such_option"]
     for what in expected:
         assert any(what in p for p in problems), f"{what!r} not reported in:\n" + "\n".join(problems)
     assert len(problems) == len(expected), "\n".join(problems)
