@@ -1,20 +1,27 @@
 """The docs describe today's code.
 
 Every Markdown file in docs/, examples/ (recursively), README.md and SECURITY.md is read, and
-each of these must hold:
+in each of them:
 
-- a dotted ``clinograph.*`` name (or ``cg.*``, the README's ``import clinograph as cg``) in inline
-  code or a code block imports: the longest importable module prefix, then attributes;
-  ``from clinograph... import a, b`` in a Python block imports ``a`` and ``b``;
-- a cited repository file exists: a relative link ``[..](path)``, and a backticked path whose
-  first folder is one of the repository's (``sdk/...``, ``examples/...``) or a Markdown file
-  or ``Makefile``, relative to the doc or to the repository root; ``file.py::test_x`` also
-  needs ``def test_x`` in that file;
-- ``clinograph <command> [<subcommand>] [--flags]`` in a shell block or inline code names a
-  real command of the CLI (clinograph/cli.py, a typer app) and options it has;
-- a ```toml block that configures a hospital, a simulation or the server (it has a section of
-  :class:`~clinograph.sdk.config.SimulationConfig` or :class:`~clinograph.secure.runtime.config.ServerConfig`)
-  uses only keys those models know; every ```toml block parses.
+- **names**: a dotted ``clinograph.*`` name in inline code or a code block imports (the longest
+  importable module prefix, then attributes); ``cg.*`` (``import clinograph as cg``) and
+  ``sdk.*`` / ``secure.*`` are read as ``clinograph.*``; ``from clinograph... import a, b`` in a
+  Python block imports ``a`` and ``b``;
+- **members**: inline ``Class.member`` of a class the package defines names a member it has
+  (attribute, method, pydantic or dataclass field, or an attribute its methods set);
+- **calls**: a call of a Clinograph name (``cg.build_hospital(...)``, ``HospitalClient(...)``, a
+  name imported in the block) passes only keywords its signature takes;
+- **files**: a relative link ``[..](path)`` and a backticked path whose first folder is the
+  repository's (``sdk/...``, ``examples/...``), a ``*.py`` file named from its package
+  (``federation/node.py``, ``task.py``), a Markdown file or a project file (``Makefile``) exists,
+  relative to the doc or the repository root; ``file.py::test_x`` also needs ``test_x`` in it;
+- **commands**: ``clinograph <command> [<subcommand>] [--options]`` in a shell block or inline
+  code is a command of the CLI (clinograph/cli.py, a typer app) with options it has
+  (``clinograph supernode`` passes its options through to Flower and is not checked further);
+- **config**: every ```toml block parses; one that configures a hospital, a simulation or the
+  server (it has a section of ``SimulationConfig`` or ``ServerConfig``) uses only their keys, each
+  section validates on its own, and ``[federation] strategy_options`` builds its strategy; an
+  inline ``[section] key`` of those models names a key the section has.
 
 All problems are reported at once, one line each: ``file:line: what -- the fix``.
 """
