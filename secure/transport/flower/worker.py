@@ -142,7 +142,9 @@ class HospitalWorker:
         model closes (not ``round_ - 1``: a round aborted by a server restart spends its number)."""
         if "model" in parts:
             which = "the aggregate it decrypted" if not parts["model"] else "the new global model"
-            _log.info("round %d closed: loaded %s", closing if closing is not None else round_, which)
+            if closing is None:  # a participant that does not say which round it planned last
+                closing = round_ - 1 if stage == "plan" else round_
+            _log.info("round %d closed: loaded %s", closing, which)
         if stage == "plan":
             _log.info("round %d: answered the plan%s", round_, _epsilon(out.get("report")))
         elif stage == "stage":
