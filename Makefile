@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast setup lint lean bench clean browser postgres
+.PHONY: demo test test-fast setup lint lean bench clean browser postgres axe
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +24,14 @@ browser:
 	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 
+# The report tests run axe-core (pinned, from npm) on every rendered report, in that Chromium.
+AXE := $(VENV)/axe/node_modules/axe-core/axe.min.js
+$(AXE): | $(STAMP)
+	@command -v npm >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm)
+	npm install --no-save --no-audit --no-fund --prefix $(VENV)/axe axe-core@4.10.3
+
+axe: $(AXE)
+
 # The OMOP tests start their own PostgreSQL server in a temporary cluster (Debian package).
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
@@ -35,7 +43,7 @@ postgres:
 lean: $(STAMP)
 	$(BIN)/python tests/lean_env.py
 
-test: $(STAMP) browser postgres lean
+test: $(STAMP) browser postgres lean $(AXE)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 # Everything not marked slow (no .venv-server, no browser install, no multi-process federations).

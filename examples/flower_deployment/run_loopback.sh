@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's two-machine steps, scripted on one machine: one SuperLink (TLS + SuperNode
-# authentication), three hospital SuperNodes, `flwr run`, `clinograph audit verify`.
+# authentication), three hospital SuperNodes, `clinograph run` (which runs `flwr run --stream` and exits
+# with the run's outcome), `clinograph audit verify`.
 # Everything lives in a temporary directory; every process is stopped on exit.
 #   examples/flower_deployment/run_loopback.sh [--no-dp] [--rounds N] [--keep]
 # Hospitals train with patient-level DP-SGD unless --no-dp; aggregation is always masked.
@@ -81,13 +82,17 @@ for h in "${HOSPITALS[@]}"; do
   PIDS+=($!); disown $!
 done
 
-echo "== 6. flwr run ($ROUNDS rounds, masked${DP:+, DP})"
-timeout 900 flwr run "$APP" loopback --stream --run-config \
-  "server-config='$WORK/sites/server/server.toml' federation-file='$LINK/federation.toml' server-key='$LINK/server.ed25519.pem' events-file='$WORK/events.jsonl' rounds=$ROUNDS min-nodes=3 wait-timeout=90.0 hello-timeout=60.0 plan-timeout=120.0 stage-timeout=60.0 end-timeout=60.0" \
-  >"$WORK/flwr-run.log" 2>&1 &
-RUN=$!
-wait_for 900 "the federation to finish" grep -q '"finished"' "$WORK/events.jsonl" 2>/dev/null
-kill "$RUN" 2>/dev/null || true
+echo "== 6. clinograph run ($ROUNDS rounds, masked${DP:+, DP}): flwr run --stream, and the run's outcome as exit status"
+set +e
+timeout 900 "$BIN/clinograph" run "$APP" loopback --check-every 10 --events-file "$WORK/events.jsonl" --run-config \
+  "server-config='$WORK/sites/server/server.toml' federation-file='$LINK/federation.toml' server-key='$LINK/server.ed25519.pem' rounds=$ROUNDS min-nodes=3 wait-timeout=90.0 hello-timeout=60.0 plan-timeout=120.0 stage-timeout=60.0 end-timeout=60.0" \
+  >"$WORK/clinograph-run.log" 2>&1
+STATUS=$?
+set -e
+tail -1 "$WORK/clinograph-run.log"
+if [[ $STATUS != 0 ]]; then
+  echo "clinograph run exited $STATUS; its log:" >&2; tail -40 "$WORK/clinograph-run.log" >&2; exit "$STATUS"
+fi
 grep -E '"round_closed"|"dropped"' "$WORK/events.jsonl"
 
 echo "== 7. verify the audit directory"

@@ -1,6 +1,7 @@
 """The deployment guide, run as written: examples/flower_deployment/run_loopback.sh performs its
 steps 2-7 (keys, SuperLink with TLS and node authentication, node registration, one SuperNode per
-hospital from its data-dir files, `flwr run` with the guide's run config, `audit verify`) on
+hospital from its data-dir files, `clinograph run` with the guide's run config -- exit 0 only
+if the run completed --, `audit verify`) on
 loopback with real processes. If the guide's commands or settings drift from the code, this fails."""
 
 from __future__ import annotations
@@ -23,5 +24,7 @@ def test_the_loopback_deployment_guide_runs_as_written():
                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert "audit verifies: True" in out.stdout
+    assert any(line.startswith("run ") and " completed: 2 of 2 round(s)" in line for line in out.stdout.splitlines()), \
+        out.stdout[-3000:]
     closed = [line for line in out.stdout.splitlines() if '"round_closed"' in line]
     assert len(closed) == 2 and all('"dropped": []' in line for line in closed)

@@ -103,6 +103,7 @@ class HospitalWorker:
         self._participants: dict[int, RoundParticipant] = {}
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
+        self._inode: int | None = None
         self._thread: threading.Thread | None = None
 
     # -- the protocol ------------------------------------------------------------------
@@ -120,6 +121,8 @@ class HospitalWorker:
                                     "before the hello; the ServerApp must greet every node first.")
             round_ = header.get("round")
             round_ = round_ if isinstance(round_, int) and round_ >= 0 else 0
+            plan = getattr(participant, "plan", None)  # the round a delivered model closes: its last plan's
+            closing = plan.round if isinstance(getattr(plan, "round", None), int) else None
             try:
                 out = dispatch(participant, str(stage), parts)
             except ClinographError as exc:
@@ -128,15 +131,20 @@ class HospitalWorker:
                 _log.warning("round %d: refused the %s message: %s: %s", round_, stage, type(exc).__name__, exc)
                 return {REFUSAL_PART: seal_refusal(self.identity, round_=round_, stage=str(stage), parts=parts,
                                                    exc=exc)}
-            self._log_progress(str(stage), round_, parts, out)
+            self._log_progress(str(stage), round_, parts, out, closing=closing)
             return out
 
     @staticmethod
-    def _log_progress(stage: str, round_: int, parts: Mapping[str, bytes], out: Mapping[str, bytes]) -> None:
-        """One line per round event: the model loaded, the plan answered (with ε), a stage answered."""
+    def _log_progress(stage: str, round_: int, parts: Mapping[str, bytes], out: Mapping[str, bytes], *,
+                      closing: int | None) -> None:
+        """One line per round event: the model loaded, the plan answered (with ε), a stage answered.
+        ``closing``: the hospital's last planned round before this message -- the round a delivered
+        model closes (not ``round_ - 1``: a round aborted by a server restart spends its number)."""
         if "model" in parts:
             which = "the aggregate it decrypted" if not parts["model"] else "the new global model"
-            _log.info("round %d closed: loaded %s", round_ - 1 if stage == "plan" else round_, which)
+            if closing is None:  # a participant that does not say which round it planned last
+                closing = round_ - 1 if stage == "plan" else round_
+            _log.info("round %d closed: loaded %s", closing, which)
         if stage == "plan":
             _log.info("round %d: answered the plan%s", round_, _epsilon(out.get("report")))
         elif stage == "stage":
@@ -173,6 +181,7 @@ class HospitalWorker:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(path))
         os.chmod(path, 0o600)
+        self._inode = os.stat(path).st_ino
         sock.listen(8)
         self._sock = sock
         self._thread = threading.Thread(target=self._serve, name=f"clinograph-worker-{self.hospital}", daemon=True)
@@ -180,14 +189,28 @@ class HospitalWorker:
         return path
 
     def stop(self) -> None:
-        """Stop listening (the thread ends at its next accept)."""
+        """Stop listening (the thread ends at its next accept), remove the socket file if it is
+        still this worker's, and close every run's participant that holds files open."""
         if self._sock is not None:
+            path = socket_path(Path(self.node_config["state-dir"]))
+            try:
+                mine = os.stat(path).st_ino == self._inode
+            except OSError:
+                mine = False
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
             self._sock.close()
             self._sock = None
+            if mine:  # a newer SuperNode on the same state dir may have bound its own since
+                path.unlink(missing_ok=True)
+        with self._lock:
+            participants, self._participants = list(self._participants.values()), {}
+        for participant in participants:
+            close = getattr(participant, "close", None)
+            if callable(close):
+                close()
 
     def _serve(self) -> None:
         while self._sock is not None:

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from axe_check import describe, violations
 from clinograph.secure.audit import AuditTrail, render_report
 from clinograph.secure.identity import Identity
 
@@ -76,6 +77,8 @@ def test_report_renders_in_headless_chromium(full_report, tmp_path):
                     "const i = document.getElementById(arguments[0]); return i.complete ? i.naturalWidth : 0;", img)
                 assert width > 0, f"{img} did not load"
             assert "Verified:" in driver.find_element("id", "verification").text
+            found = violations(driver)
+            assert not found, describe(found)
             height = driver.execute_script("return document.body.scrollHeight")
             driver.set_window_size(1100, min(int(height) + 100, 8000))
             shot = tmp_path / "audit_report.png"
@@ -182,5 +185,7 @@ def test_new_sections_render_in_headless_chromium(two_runs_report):
             # nothing was fetched from outside the page
             resources = driver.execute_script("return performance.getEntriesByType('resource').map(r => r.name)")
             assert all(r.startswith("data:") for r in resources), resources
+            found = violations(driver)
+            assert not found, describe(found)
         finally:
             driver.quit()

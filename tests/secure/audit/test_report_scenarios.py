@@ -31,6 +31,7 @@ APP = Path(__file__).resolve().parents[3] / "examples" / "flower_deployment" / "
 sys.path.insert(0, str(HERE))
 
 import crash_harness  # noqa: E402
+from axe_check import describe, violations  # noqa: E402
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 HOSPITALS = crash_harness.HOSPITALS
@@ -78,6 +79,8 @@ class Page:
         driver.get(out.as_uri())
         self.driver = driver
         self.text = driver.find_element("tag name", "body").text
+        found = violations(driver)  # every scenario's report is axe-core clean
+        assert not found, f"{out.name}: {describe(found)}"
 
     def __getitem__(self, ident: str) -> str:
         element = self.driver.find_element("id", ident)
@@ -272,3 +275,17 @@ def test_model_selection_names_the_chosen_candidate_and_its_released_model(candi
     kept = browser.find_element("id", f"run{index + 1}-selection").text
     assert f"Kept round {selected[index]['round']}: the lowest federated validation loss" in kept
     assert "Round numbers restart in every run" not in browser.find_element("id", "runs").text
+    found = violations(browser)
+    assert not found, describe(found)
+
+
+def test_the_accessibility_check_can_fail(browser, tmp_path):
+    # axe-core must report what it exists to catch: an image without a text alternative, a form
+    # field without a label and text below WCAG AA contrast.
+    page = tmp_path / "broken.html"
+    page.write_text('<!doctype html><html lang="en"><head><title>t</title></head><body><main>'
+                    '<img src="x.png"><input type="text">'
+                    '<p style="color:#bbb;background:#fff">faint</p></main></body></html>')
+    browser.get(page.as_uri())
+    ids = {v["id"] for v in violations(browser)}
+    assert {"image-alt", "label", "color-contrast"} <= ids, ids

@@ -6,6 +6,7 @@ import shutil
 import tempfile
 
 import pytest
+from axe_check import describe, violations
 from clinograph.secure.audit import AuditTrail, render_report
 from clinograph.secure.identity import Identity
 from clinograph.secure.messages import DistributedShare, LedgerEntry
@@ -74,6 +75,8 @@ def test_trust_model_table_renders_in_headless_chromium(distributed_report):
         try:
             driver.get(distributed_report.as_uri())
             table = driver.find_element("id", "privacy-trust")
+            found = violations(driver)
+            assert not found, describe(found)
             assert table.is_displayed()
             assert "hosp-b" in table.text and "6.000" in table.text
         finally:
