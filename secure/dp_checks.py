@@ -114,10 +114,14 @@ def epsilon_from_rdp(rdp: np.ndarray, *, delta: float) -> float:
 
 @dataclass(frozen=True)
 class LedgerTrack:
-    """The last accepted ledger entry of one hospital and the RDP of every step it declared here."""
+    """The last accepted ledger entry of one hospital and the RDP of every step it declared here;
+    under distributed DP also the Skellam RDP of its rounds here, relied on and alone
+    (:mod:`clinograph.secure.dp.skellam` orders)."""
 
     last: LedgerEntry
     rdp: np.ndarray
+    skellam: np.ndarray | None = None
+    skellam_alone: np.ndarray | None = None
 
 
 def check_ledger(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DPPolicy) -> tuple[list[str], LedgerTrack]:
@@ -152,4 +156,36 @@ def check_ledger(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DP
         if entry.epsilon < floor * (1 - _REL_TOL) - tol:
             problems.append(f"ε = {entry.epsilon:.4g} is below {floor:.4g}, the RDP bound (Mironov et al. 2019) for "
                             "the noise multipliers, sample rates and steps it declared in this federation")
-    return problems, LedgerTrack(last=entry, rdp=rdp)
+    skellam, alone = _distributed_floors(entry, previous=previous, problems=problems, tol=tol)
+    return problems, LedgerTrack(last=entry, rdp=rdp, skellam=skellam, skellam_alone=alone)
+
+
+def _distributed_floors(entry: LedgerEntry, *, previous: LedgerTrack | None, problems: list[str],
+                        tol: float) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Distributed DP: ε and ``epsilon_alone`` are at least what the Skellam accountant gives for
+    the rounds the hospital declared in this federation (recomputed here, as for RDP above: rounds
+    elsewhere only raise the true values). Alone, its share is σ/sqrt(h) of the aggregate's noise."""
+    share = entry.share
+    if share is None:
+        return None, None
+    from .dp.skellam import ORDERS as SKELLAM_ORDERS
+    from .dp.skellam import SkellamRound, rdp_to_epsilon
+
+    zero = np.zeros(len(SKELLAM_ORDERS))
+    relied = previous.skellam if previous is not None and previous.skellam is not None else zero
+    alone = previous.skellam_alone if previous is not None and previous.skellam_alone is not None else zero
+    if entry.steps:
+        sigma_alone = entry.noise_multiplier / math.sqrt(share.min_honest)
+        relied = relied + SkellamRound(entry.sample_rate, entry.noise_multiplier, entry.clip_norm, share.scale,
+                                       share.dim).rdp()
+        alone = alone + SkellamRound(entry.sample_rate, sigma_alone, entry.clip_norm, share.scale, share.dim).rdp()
+    if bool(np.any(relied > 0)):
+        floor = rdp_to_epsilon(relied, delta=entry.delta)
+        if entry.epsilon < floor * (1 - _REL_TOL) - tol:
+            problems.append(f"ε = {entry.epsilon:.4g} is below {floor:.4g}, the Skellam accountant's bound for the "
+                            "noise multipliers, sample rates, scales and coordinates it declared in this federation")
+        floor_alone = rdp_to_epsilon(alone, delta=entry.delta)
+        if share.epsilon_alone < floor_alone * (1 - _REL_TOL) - tol:
+            problems.append(f"epsilon_alone = {share.epsilon_alone:.4g} is below {floor_alone:.4g}, the Skellam "
+                            "accountant's bound for its own share alone (σ/sqrt(h)) over its rounds here")
+    return relied, alone

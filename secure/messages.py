@@ -108,6 +108,7 @@ class DistributedShare(WireMessage):
     min_honest: int = Field(ge=1, le=10_000)
     scale: float = Field(gt=0, allow_inf_nan=False)
     share_variance: float = Field(ge=0, allow_inf_nan=False)
+    dim: int = Field(ge=1, le=10**9, description="coordinates the share noised (the released ones)")
     epsilon_alone: float = Field(ge=0, allow_inf_nan=True, description="ε this hospital's own share gives alone")
 
 

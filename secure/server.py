@@ -8,6 +8,7 @@ sees a personal module, and in ``masked`` mode never a single hospital's update.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -283,6 +284,8 @@ class FederationServer:
             if rnd.abort is not None:
                 raise ProtocolError(rnd.abort)
             sums = rnd.aggregation.result() if self.mode.server_sees_sum else None
+            if sums is not None:
+                self._check_aggregate_noise(rnd, sums)
         except ProtocolError as exc:
             self.audit.record("round_aborted", {"round": rnd.plan.round, "reason": str(exc)[:MAX_REASON_CHARS]})
             # The round number is spent: hospitals that trained in it refuse a second plan for it
@@ -332,7 +335,9 @@ class FederationServer:
     def ledger_view(self) -> dict[str, dict[str, Any]]:
         """The DP ledgers' server view (last accepted entry and declared RDP per hospital, as exact
         float hex strings) as JSON data."""
-        return {n: {"last": t.last.model_dump(mode="json"), "rdp": [float(x).hex() for x in t.rdp]}
+        return {n: {"last": t.last.model_dump(mode="json"), "rdp": [float(x).hex() for x in t.rdp],
+                    **{k: [float(x).hex() for x in v] for k, v in (("skellam", t.skellam),
+                                                                   ("skellam_alone", t.skellam_alone)) if v is not None}}
                 for n, t in sorted(self._ledgers.items())}
 
     def restore(self, *, round_: int, state: Mapping[str, np.ndarray] | None, history: list[RoundResult],
@@ -348,8 +353,11 @@ class FederationServer:
         self.round = int(round_)
         self.state = check_state(self.spec, state) if state is not None else None
         self.history = list(history)
-        self._ledgers = {n: LedgerTrack(last=LedgerEntry.model_validate(v["last"]),
-                                        rdp=np.array([float.fromhex(x) for x in v["rdp"]], dtype=np.float64))
+        def floats(v: Mapping[str, Any], key: str) -> np.ndarray | None:
+            return None if key not in v else np.array([float.fromhex(x) for x in v[key]], dtype=np.float64)
+
+        self._ledgers = {n: LedgerTrack(last=LedgerEntry.model_validate(v["last"]), rdp=floats(v, "rdp"),  # type: ignore[arg-type]
+                                        skellam=floats(v, "skellam"), skellam_alone=floats(v, "skellam_alone"))
                          for n, v in ledgers.items()}
 
     # -- helpers -------------------------------------------------------------------------
@@ -457,30 +465,65 @@ class FederationServer:
         if entry.round != report.round:
             problems.append(f"ledger entry is for round {entry.round}, not {report.round}")
         if policy.distributed is not None:
-            problems.extend(self._share_problems(entry, policy))
+            problems.extend(self._share_problems(entry, policy, plan=self.current.plan))
         ledger_problems, track = check_ledger(entry, previous=self._ledgers.get(sender), policy=policy)
         problems.extend(p for p in ledger_problems if p not in problems)
         if problems:
             raise ProtocolError("Update breaks the DP policy: " + "; ".join(problems) + ".")
         return track
 
-    @staticmethod
-    def _share_problems(entry: LedgerEntry, policy: DPPolicy) -> list[str]:
-        """Distributed DP: the declared noise share must be the federation's (mechanism, σ, q, C, h, μ/h)."""
+    def _share_problems(self, entry: LedgerEntry, policy: DPPolicy, *, plan: RoundPlan) -> list[str]:
+        """Distributed DP: the declared noise share must be the federation's (mechanism, σ, q, C, h,
+        μ/h) *at the ring scale this round's plan publishes* (a share declared at another scale has
+        another variance in the ring), over no more coordinates than the model releases."""
         from .dp import DistributedPolicy, ShareDeclaration, share_problems
 
         d = policy.distributed
         if entry.share is None:
             return ["the federation runs distributed DP, but the ledger entry declares no noise share"]
+        problems = []
+        published = plan.options.get("masked.scale")
+        if not isinstance(published, (int, float)) or isinstance(published, bool):
+            return ["the federation runs distributed DP, but this round's plan publishes no masked.scale"]
+        if not math.isclose(entry.share.scale, float(published), rel_tol=1e-12, abs_tol=0.0):
+            problems.append(f"the share is declared at ring scale {entry.share.scale:.6g}, but this round's plan "
+                            f"publishes masked.scale = {float(published):.6g}")
+        released = sum(m.size for m in self.spec.shared)
+        if entry.share.dim > released:
+            problems.append(f"the share declares {entry.share.dim} noised coordinates, but the model releases "
+                            f"{released}")
         mine = DistributedPolicy(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,  # type: ignore[union-attr]
                                  clip_norm=policy.max_clip_norm, sample_rate=d.sample_rate,  # type: ignore[union-attr]
                                  min_honest=d.min_honest, rounds=d.rounds,  # type: ignore[union-attr]
                                  max_epsilon=policy.max_epsilon, delta=policy.delta)
         declared = ShareDeclaration(mechanism=entry.share.mechanism, noise_multiplier=entry.noise_multiplier,
                                     min_honest=entry.share.min_honest, clip_norm=entry.clip_norm,
-                                    sample_rate=entry.sample_rate, scale=entry.share.scale,
+                                    sample_rate=entry.sample_rate, scale=float(published),
                                     share_variance=entry.share.share_variance)
-        return share_problems(mine, declared)
+        return problems + share_problems(mine, declared)
+
+    def _check_aggregate_noise(self, rnd: OpenRound, sums: ModuleSums) -> None:
+        """Distributed DP: the one-sided test of :mod:`clinograph.secure.dp.noise_check` on the
+        aggregate (audited as ``noise_check``); a failure voids the round (ProtocolError)."""
+        policy = self.dp_policy
+        if policy is None or policy.distributed is None or not sums.sums:
+            return
+        shares = [r.ledger.share for r in rnd.reports.values() if r.ledger is not None and r.ledger.share is not None]
+        scale = rnd.plan.options.get("masked.scale")
+        if not shares or not isinstance(scale, (int, float)):
+            return
+        from .dp.noise_check import check_noise
+
+        found = check_noise([np.rint(np.asarray(v, dtype=np.float64) * float(scale)) for v in sums.sums.values()],
+                            dim=min(s.dim for s in shares), contributors=min(sums.counts.values()),
+                            share_variance=min(s.share_variance for s in shares))
+        self.audit.record("noise_check", found.payload(rnd.plan.round))
+        if not found.passed:
+            raise ProtocolError(
+                f"Round {rnd.plan.round} voided: the aggregate carries {found.energy_ratio:.3g}x the noise energy "
+                f"its {found.contributors} contributors declared (a sound test refuses below "
+                f"{found.threshold_ratio:.3g}x; false alarm <= 2^-40). At least one noise share is smaller than "
+                "declared; nothing of this round is released.")
 
     def _refuse_report(self, sender: str, exc: Exception) -> None:
         self.current.refused.add(sender)

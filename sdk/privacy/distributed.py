@@ -231,7 +231,8 @@ class DistributedLedger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file.write({"format": FORMAT, "site": self.site, "entries": self.entries})
         share = DistributedShare(mechanism=record["mechanism"], min_honest=record["min_honest"],
-                                 scale=record["scale"], share_variance=record["share_variance"], epsilon_alone=alone)
+                                 scale=record["scale"], share_variance=record["share_variance"], dim=int(record["dim"]),
+                                 epsilon_alone=alone)
         return LedgerEntry(round=record["round"], noise_multiplier=record["noise_multiplier"],
                            sample_rate=record["sample_rate"], steps=1, clip_norm=record["clip_norm"],
                            accountant=f"{record['mechanism']}-h{record['min_honest']}", epsilon=eps,

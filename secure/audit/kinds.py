@@ -133,6 +133,21 @@ class HospitalRejoined(Payload):
     hospital: Name
 
 
+class NoiseCheck(Payload):
+    """``noise_check``: the server's one-sided test that a distributed-DP aggregate carries the
+    noise its contributors declared (:mod:`clinograph.secure.dp.noise_check`); a failure voids
+    the round (followed by ``round_aborted``)."""
+
+    round: int = Field(ge=0)
+    passed: bool
+    energy_ratio: float = Field(ge=0)
+    threshold_ratio: float
+    dim: int = Field(ge=1)
+    contributors: int = Field(ge=1)
+    share_variance: float = Field(gt=0)
+    false_alarm_bound: float = Field(gt=0, lt=1)
+
+
 class RoundAborted(Payload):
     """``round_aborted``: the round could not be aggregated (e.g. fewer survivors than t)."""
 
@@ -161,6 +176,7 @@ class DistributedShareInfo(Payload):
     min_honest: int = Field(ge=1)
     scale: float = Field(gt=0)
     share_variance: float = Field(ge=0)
+    dim: int | None = Field(default=None, ge=1)
     epsilon_alone: float = Field(ge=0)
 
 
@@ -466,7 +482,7 @@ class EnvelopeRef(Payload):
 KINDS: dict[str, type[Payload]] = {
     "manifest": Manifest, "round_plan": RoundPlanEntry, "update_accepted": UpdateAccepted,
     "update_rejected": UpdateRejected, "unattributed_refusals": UnattributedRefusals,
-    "round_aborted": RoundAborted, "aggregate": Aggregate,
+    "round_aborted": RoundAborted, "aggregate": Aggregate, "noise_check": NoiseCheck,
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
     "model_selected": ModelSelected, "model_chosen": ModelChosen, "run_extended": RunExtended, "feature_coverage": FeatureCoverage,

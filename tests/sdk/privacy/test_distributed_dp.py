@@ -198,3 +198,70 @@ def test_build_server_refuses_a_distributed_policy_that_cannot_keep_its_promise(
         messages.append(str(err.value))
     assert "min_honest = 4 must be between" in messages[0]
     assert "ε" in messages[1]
+
+
+def _entries(tmp_path) -> list[dict]:
+    return [json.loads(x) for x in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
+
+
+def test_a_share_declared_at_another_ring_scale_is_refused(tables, dictionary, tmp_path):
+    """A hospital that computes and declares its share at a million times smaller a scale than the
+    plan publishes declares a consistent (σ, μ/h) pair, yet adds almost no noise in the ring: the
+    server checks the share at the published masked.scale and refuses it."""
+    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    cheat = sim.hospitals["alpha"].task
+    honest = cheat.train
+
+    def tiny(*, round_, epochs, plan_options):
+        return honest(round_=round_, epochs=epochs,
+                      plan_options={**plan_options, "masked.scale": float(plan_options["masked.scale"]) * 1e-6})
+
+    cheat.train = tiny
+    cheat.ledger.check_round = lambda record: 0.0  # an adversary ignores its own budget check
+    sim.run_round()
+    sim.audit.close()
+    rejected = [e["payload"] for e in _entries(tmp_path) if e["kind"] == "update_rejected"]
+    assert [p["client"] for p in rejected] == ["alpha"]
+    assert "but this round's plan publishes masked.scale" in rejected[0]["reason"]
+
+
+def test_an_understated_epsilon_alone_is_refused(tables, dictionary, tmp_path):
+    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    ledger = sim.hospitals["alpha"].task.ledger
+    honest = ledger.epsilons
+    ledger.epsilons = lambda extra=None: (honest(extra)[0], honest(extra)[1] / 10)
+    sim.run_round()
+    sim.audit.close()
+    rejected = [e["payload"] for e in _entries(tmp_path) if e["kind"] == "update_rejected"]
+    assert [p["client"] for p in rejected] == ["alpha"]
+    assert "epsilon_alone" in rejected[0]["reason"] and "is below" in rejected[0]["reason"]
+
+
+def test_honest_rounds_pass_the_noise_test_and_say_so(tables, dictionary, tmp_path):
+    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim.run_round()
+    sim.audit.close()
+    checks = [e["payload"] for e in _entries(tmp_path) if e["kind"] == "noise_check"]
+    assert len(checks) == 1 and checks[0]["passed"] and checks[0]["contributors"] == len(tables)
+    assert checks[0]["energy_ratio"] > checks[0]["threshold_ratio"]
+
+
+def test_shares_declared_but_not_added_void_the_round(tables, dictionary, tmp_path, monkeypatch):
+    """Every hospital declares the policy's share and adds none (its noise is zeros): the reports
+    conform, the aggregate does not -- the noise test voids the round and nothing is released."""
+    import clinograph.sdk.privacy.distributed as distributed
+
+    monkeypatch.setattr(distributed, "skellam", lambda variance, n, source=None: np.zeros(n, dtype=np.int64))
+    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    before = {n: v.copy() for n, v in sim.server.state.items()}
+    with pytest.raises(Exception, match="voided"):
+        sim.run_round()
+    sim.audit.close()
+    entries = _entries(tmp_path)
+    assert not [e for e in entries if e["kind"] == "update_rejected"]
+    check = next(e["payload"] for e in entries if e["kind"] == "noise_check")
+    assert not check["passed"] and check["energy_ratio"] < check["threshold_ratio"]
+    aborted = [e["payload"] for e in entries if e["kind"] == "round_aborted"]
+    assert aborted and "voided" in aborted[0]["reason"]
+    assert not [e for e in entries if e["kind"] in ("aggregate", "release")]
+    assert all(np.array_equal(before[n], v) for n, v in sim.server.state.items())

@@ -25,7 +25,7 @@ def distributed_report(tmp_path_factory):
     trail.record("manifest", manifest(server, hospitals))
     for r in range(2):
         for i, name in enumerate(sorted(hospitals)):
-            share = DistributedShare(mechanism="skellam", min_honest=2, scale=13421.0, share_variance=1e9,
+            share = DistributedShare(mechanism="skellam", min_honest=2, scale=13421.0, share_variance=1e9, dim=100,
                                      epsilon_alone=2.5 * (r + 1) + i)
             entry = LedgerEntry(round=r, noise_multiplier=8.0, sample_rate=1.0, steps=1, clip_norm=1.0,
                                 accountant="skellam-h2", epsilon=0.75 * (r + 1), delta=1e-5, budget_epsilon=3.0,
