@@ -34,6 +34,7 @@ import importlib.util
 import inspect
 import re
 import shlex
+import subprocess
 import tomllib
 import typing
 import warnings
@@ -300,7 +301,9 @@ def check_keywords(doc: Doc, rel: str) -> list[str]:
 
 # ---- files ------------------------------------------------------------------------------
 
-_TOP = {p.name for p in REPO.iterdir() if not p.name.startswith(".")}
+#: the repository's own top-level entries (tracked by git): not `runs/`, `build/` or a venv a local run left
+_TOP = {line.split("/")[0] for line in subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                                                      check=True).stdout.splitlines()}
 LABEL = re.compile(r"clinograph/v\d+/")
 PROJECT_FILES = {"Makefile", "Dockerfile", "pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "noxfile.py",
                  "requirements.txt", "MANIFEST.in", "LICENSE", "CHANGELOG.md", "CONTRIBUTING.md"}
