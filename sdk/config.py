@@ -118,7 +118,7 @@ class SelectionSection(_Strict):
     Each round a hospital scores the global model it received (with its personal layers) on its
     validation split and adds (Σ loss, n_val) to the shared module ``metric/validation``, so the
     secure mode sums them: only Σ_k loss_k·n_k and Σ_k n_k become known, never one hospital's
-    figure. Needs a strategy linear in the sums (fedavg, fedsgd, fedprox, dq_weighted), not fedopt.
+    figure. Needs a strategy linear in the sums (fedavg, fedsgd, fedprox, dq_weighted), not fedopt, fedadam or fedyogi.
     """
 
     enabled: bool | None = Field(default=None, description="None: on unless [privacy] is enabled (the "
@@ -393,8 +393,11 @@ class SimulationConfig(HospitalConfig):
         return HospitalConfig(**{**own, "privacy": privacy, "selection": self._selection()})
 
     def _selection(self) -> SelectionSection:
-        """FedOpt's adaptive step is not linear in the summed module: selection cannot decode it."""
-        if self.federation.strategy == "fedopt" and self.selection.enabled is None:
+        """An adaptive server optimiser (FedOpt, FedAdam, FedYogi) is not linear in the summed
+        module: selection cannot decode the validation loss from it, so it is off by default."""
+        from clinograph.secure.strategies import linear_in_sums
+
+        if not linear_in_sums(self.federation.strategy) and self.selection.enabled is None:
             return self.selection.model_copy(update={"enabled": False})
         return self.selection
 

@@ -1,7 +1,7 @@
 """Client-side data-quality metrics for PFGL-Net's DQ weighting (PFGL-Net §3.2, eqs. 1-2).
 
 A hospital computes two numbers after local training and releases them in its signed report
-(``HospitalClient(evaluate=...)``); the server's ``dq_weighted`` strategy turns them into
+(its task's ``quality()``, released when ``[release] metrics = "quality"``); the server's ``dq_weighted`` strategy turns them into
 aggregation weights (:mod:`clinograph.secure.strategies.dq`).
 
 - ``perf``: performance of the local model on a local *validation* split (never the test
@@ -18,8 +18,8 @@ aggregation weights (:mod:`clinograph.secure.strategies.dq`).
   dynamic: the masks are trained every round.
 
 Privacy: both numbers are computed from patient data (validation labels, missingness) and are
-*not* covered by the DP-SGD guarantee; releasing them is a separate release, off by default
-when DP is on (``privacy.release_metrics``). They are rounded to ``decimals`` places, which
+*not* covered by the DP-SGD guarantee; releasing them is a separate release, off unless the
+hospital sets ``[release] metrics = "quality"``. They are rounded to ``decimals`` places, which
 is not a privacy mechanism.
 """
 

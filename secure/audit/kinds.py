@@ -108,7 +108,7 @@ class UnattributedRefusals(Payload):
     malformed, replayed, on another hospital's channel, exact re-sends; see
     ``clinograph.secure.aggregation.checks.UNATTRIBUTED_CLASSES``): nobody is blamed for them.
     ``suppressed`` counts, per authenticated sender, refusals beyond the per-sender cap of
-    ``update_rejected`` entries a round (``FederationServer.MAX_REJECTIONS_PER_SENDER``)."""
+    ``update_rejected`` entries a round (``clinograph.secure.server.MAX_REJECTIONS_PER_SENDER``)."""
 
     round: int = Field(ge=0)
     total: int = Field(ge=0)

@@ -226,9 +226,12 @@ def run_federation(models: RunModels, *, side: Any, transport: Transport, rounds
         raise ConfigError(f"A crash journal holds one run, and this federation trains {len(cands)} candidates "
                           f"({', '.join(c.name for c in cands)}). Run without a journal, or write the initial model "
                           "with one candidate ([selection] candidates = [] in hospital.toml).")
-    if models.selection is not None and side.federation.strategy == "fedopt":
+    from ..strategies import linear_in_sums
+
+    if models.selection is not None and not linear_in_sums(side.federation.strategy):
         raise ConfigError("Model selection decodes the federated validation loss from the summed module "
-                          "metric/validation, and fedopt's adaptive step is not linear in the sums. Write the initial "
+                          f"metric/validation, and {side.federation.strategy}'s adaptive step is not linear in the "
+                          "sums. Write the initial "
                           "model with [selection] enabled = false (one candidate), or use fedavg / fedsgd.")
     out = FederationRun(runs=[])
     for index, cand in enumerate(cands):

@@ -39,6 +39,12 @@ def create_strategy(name: str, **options: object) -> Strategy:
         raise RegistryError(f"Bad options for aggregator {name!r}: {exc}.") from None
 
 
+def linear_in_sums(name: str) -> bool:
+    """Whether strategy ``name``'s next state is linear in the summed modules (model selection
+    decodes the federated validation loss from it); unknown names count as linear (refused elsewhere)."""
+    return bool(getattr(_REGISTRY.get(name), "linear_in_sums", True))
+
+
 def registered_strategies() -> list[str]:
     """Every registered strategy name."""
     return sorted(_REGISTRY)

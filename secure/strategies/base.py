@@ -19,6 +19,10 @@ class Strategy(ABC):
     name: str = ""
     #: True when client_weights() fixes weights that sum to 1 (the masked mode's weight bound is 1).
     normalised_weights: bool = False
+    #: True when the next global state is linear in the summed modules, so a hospital can decode
+    #: a summed statistic (the federated validation loss of model selection) from the delivered
+    #: model; False for adaptive server optimisers (FedOpt, FedAdam, FedYogi).
+    linear_in_sums: bool = True
 
     def constructor_options(self) -> dict[str, float | int | str | bool]:
         """The options this strategy was built with; they travel in the plan as ``strategy.<k>``

@@ -23,7 +23,7 @@ class FedSGD(Strategy):
 
     def __init__(self, server_lr: float = 1.0):
         if not server_lr > 0:
-            raise ConfigError(f"server_lr must be > 0, got {server_lr}. Set [strategy] server_lr.")
+            raise ConfigError(f"server_lr must be > 0, got {server_lr}. Set [federation] server_lr.")
         self.server_lr = float(server_lr)
 
     def constructor_options(self) -> dict[str, float | int | str | bool]:

@@ -33,6 +33,8 @@ class FedOpt(Strategy):
     values Reddi et al. report using for β1, β2 and τ; η is tuned per task there).
     """
 
+    linear_in_sums = False
+
     name = "fedopt"
     variant = "adam"
 
@@ -47,7 +49,7 @@ class FedOpt(Strategy):
         if not tau > 0:
             problems.append(f"tau must be > 0, got {tau}")
         if problems:
-            raise ConfigError(f"{type(self).__name__}: " + "; ".join(problems) + ". Fix the [strategy] section.")
+            raise ConfigError(f"{type(self).__name__}: " + "; ".join(problems) + ". Fix [federation] strategy_options.")
         self.server_lr, self.beta1, self.beta2, self.tau = float(server_lr), float(beta1), float(beta2), float(tau)
         self.m: dict[str, np.ndarray] = {}
         self.v: dict[str, np.ndarray] = {}

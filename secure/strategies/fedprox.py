@@ -24,7 +24,7 @@ class FedProx(FedAvg):
         super().__init__()
         mu = float(mu)
         if not mu >= 0:
-            raise ConfigError(f"FedProx mu must be >= 0, got {mu}. Set [strategy] mu (e.g. 0.01).")
+            raise ConfigError(f"FedProx mu must be >= 0, got {mu}. Set [federation] strategy_options = {{mu = 0.01}}.")
         self.mu = mu
 
     def plan_options(self) -> dict[str, float | int | str | bool]:

@@ -87,3 +87,13 @@ def test_early_stopping_stops_after_patience(tmp_path):
 def test_selection_is_off_under_fedopt_and_the_last_model_is_kept(tmp_path):
     c = cfg(rounds=2).model_copy(update={"federation": cfg().federation.model_copy(update={"strategy": "fedopt"})})
     assert c.hospital_config().selection_active() is False
+
+
+@pytest.mark.parametrize("strategy", ["fedadam", "fedyogi"])
+def test_selection_is_off_under_every_adaptive_server_optimiser(strategy):
+    # FedAdam and FedYogi are FedOpt variants: their step is not linear in the sums either.
+    c = cfg(rounds=2).model_copy(update={"federation": cfg().federation.model_copy(update={"strategy": strategy})})
+    assert c.hospital_config().selection_active() is False
+    from clinograph.secure.strategies import linear_in_sums
+
+    assert not linear_in_sums(strategy) and linear_in_sums("fedavg") and linear_in_sums("dq_weighted")
