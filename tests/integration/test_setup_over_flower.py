@@ -57,8 +57,9 @@ def _payloads(entries: list[dict], kind: str) -> list[dict]:
 
 def _model_init(hospital_toml: Path, out: Path) -> None:
     """`clinograph model init` (the real command) writes the run's models, set-up sums included."""
-    from clinograph.cli import app
     from typer.testing import CliRunner
+
+    from clinograph.cli import app
 
     res = CliRunner().invoke(app, ["model", "init", "--config", str(hospital_toml), "--out", str(out)])
     assert res.exit_code == 0, res.output

@@ -9,7 +9,7 @@ import pytest
 from clinograph.sdk.config import HospitalConfig, NSFLConfig, ScalingSection, SimulationConfig
 from clinograph.sdk.federation import scaling
 from clinograph.sdk.federation.build import initial_model_for, run_models
-from clinograph.sdk.federation.member import FederationMember, MemberCandidate, canonical
+from clinograph.sdk.federation.member import FederationMember, MemberCandidate
 from clinograph.sdk.federation.setup import HospitalSetup, run_in_process, setup_sums
 from clinograph.sdk.federation.simulate import simulate_one
 from clinograph.secure.audit import AuditTrail
