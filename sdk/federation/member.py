@@ -145,7 +145,9 @@ class FederationMember:
         return self._round_client().on_stage(data)
 
     def on_round_end(self, global_model: bytes | None) -> bytes | None:
-        return self._round_client().on_round_end(global_model)
+        if self.setup is not None and self.setup.client is not None:
+            return self.setup.on_round_end(global_model)
+        return self.active.on_round_end(global_model)
 
     def on_setup(self, step: str, parts: Mapping[str, bytes]) -> dict[str, bytes]:
         if step in ("setup/sum", "setup/result"):

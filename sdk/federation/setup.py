@@ -116,6 +116,7 @@ class HospitalSetup:
         self.client: HospitalClient | None = None
         self._sum: SetupSum | None = None
         self._round: int | None = None
+        self._delivered = False  # the sum's global model reached this hospital
 
     def __repr__(self) -> str:
         return f"HospitalSetup(sums={[s.name for s in self.expected]!r}, done={list(self.done)!r})"
@@ -137,6 +138,14 @@ class HospitalSetup:
             raise ProtocolError("[model] features = \"shared\" is not resolved: the feature_coverage set-up sum has "
                                 "not run in this federation.")
         return coverage.with_features(config, self.shared)
+
+    def on_round_end(self, global_model: bytes | None) -> bytes | None:
+        """The sum's global model: loaded by the share's client (signature, round and digest checked there)."""
+        if self.client is None:
+            raise ProtocolError("A set-up sum's model arrived while no set-up sum runs.")
+        out = self.client.on_round_end(global_model)
+        self._delivered = True
+        return out
 
     def on_setup(self, step: str, parts: Mapping[str, bytes]) -> dict[str, bytes]:
         """``setup/sum`` (build the share) or ``setup/result`` (decode, derive, answer signed)."""
@@ -169,7 +178,7 @@ class HospitalSetup:
                                            cap=mine.cap)
         self.client = securesum.share_client(task, identity=self._identity, server=self._server, peers=self._peers,
                                              dictionary_hash=msg.dictionary_hash, federation_id=msg.federation_id)
-        self._sum, self._round = mine, msg.round
+        self._sum, self._round, self._delivered = mine, msg.round, False
         return {"ok": b"1"}
 
     def _bins(self) -> scaling.Bins:
@@ -184,9 +193,9 @@ class HospitalSetup:
         s, client = self._sum, self.client
         plan = client.plan if client is not None else None
         if s is None or client is None or plan is None or msg.name != s.name or msg.round != plan.round \
-                or msg.federation_id != self._federation_id:
+                or msg.federation_id != self._federation_id or not self._delivered:
             raise ProtocolError(f"setup/result for sum {msg.name!r} round {msg.round} does not follow this hospital's "
-                                "set-up round.")
+                                "set-up round (its share sent, the summed model received).")
         total = client.task.summed(contributors=msg.contributors)  # type: ignore[attr-defined]
         derived_hash, error = None, None
         if s.name == "scaling_histogram":

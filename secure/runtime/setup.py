@@ -155,7 +155,8 @@ def _one_sum(s: SetupSum, *, index: int, count: int, dictionary_hash: str, side:
     result = outcomes[-1].result
     close = seal(SetupClose(federation_id=fed.id, name=s.name, round=result.round,
                             contributors=len(result.contributors)), side.identity)
-    answers, failed = transport.exchange("setup", {n: {"step": b"setup/result", "data": close} for n in accepted},
+    delivered = [n for n in accepted if n not in outcomes[-1].dropped]  # the hospitals that hold the summed model
+    answers, failed = transport.exchange("setup", {n: {"step": b"setup/result", "data": close} for n in delivered},
                                          round_=result.round)
     agreed: dict[tuple[str, str | None, str | None], list[str]] = {}
     for name in sorted(answers):
