@@ -197,11 +197,14 @@ def test_set_up_sums_are_refused_under_dp_ckks_and_a_journal_before_anything_run
     check_setup(run_models(HospitalConfig(), dictionary=d), secure_mode="ckks", dp=True, journal=True)
 
 
-def test_make_hospital_refuses_set_up_sums_under_dp(tmp_path):
+def test_make_hospital_and_model_init_refuse_set_up_sums_under_dp(tmp_path):
     import tomli_w
     from clinograph.sdk.federation.node import make_hospital
     from clinograph.secure.transport.flower.keyset import init_keyset
     from sdk_helpers import raw_tables
+    from typer.testing import CliRunner
+
+    from clinograph.cli import app
 
     (df, schema), = [x for x in raw_tables() if x[1].site == "north"]
     data = tmp_path / "data"
@@ -222,6 +225,9 @@ def test_make_hospital_refuses_set_up_sums_under_dp(tmp_path):
                                                            "privacy": privacy, **settings}))
         with pytest.raises(ConfigError, match=match):
             make_hospital(node_config=node, run_config={}, run_id=1, identity=me)
+        res = CliRunner().invoke(app, ["model", "init", "--config", str(data / "hospital.toml"),
+                                       "--out", str(tmp_path / "initial_model.json")])
+        assert res.exit_code != 0 and match in " ".join(res.output.split()), res.output
     (data / "hospital.toml").write_text(tomli_w.dumps({"dictionary": "dictionary.toml", **BOTH}))
     member = make_hospital(node_config=node, run_config={}, run_id=1, identity=me)  # no longer refused
     assert member.setup is not None and member.setup.missing == ["scaling_histogram", "feature_coverage"]
