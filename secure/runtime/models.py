@@ -63,7 +63,7 @@ class SetupSum(WireMessage):
     ``module``; the server learns the sum only.
 
     ``announce``: canonical JSON of the sum's public parameters, audited under kind ``name``
-    before the round (None: nothing to announce). ``result_kind``: the audit kind of what the
+    before the round with the run's ``secure_mode`` added (None: nothing to announce). ``result_kind``: the audit kind of what the
     hospitals derive from the sum (their agreed :class:`SetupResult`)."""
 
     kind: Literal["setup_sum"] = "setup_sum"
