@@ -19,6 +19,7 @@ from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.runtime.models import (
     RunStart,
     SetupAnnounce,
+    SetupClose,
     overrides_digest,
     run_models_from_bytes,
 )
@@ -106,6 +107,12 @@ def test_a_hospital_answers_only_the_sums_its_own_config_asks_for():
             federation_id="fed", sum=setup.expected[0], index=0, count=1, round=0,
             dictionary_hash=tables[0].dictionary.digest(), secure_mode="masked"), Identity.generate("server"))})
     assert setup.client is None and setup.missing == ["scaling_histogram"]
+    # the right sum is answered; its result only after the hospital sent its share and got the summed model
+    assert setup.on_setup("setup/sum", announce(setup.expected[0])) == {"ok": b"1"} and setup.client is not None
+    close = SetupClose(federation_id="fed", name="scaling_histogram", round=0, contributors=3)
+    with pytest.raises(ProtocolError, match="does not follow this hospital's set-up round"):
+        setup.on_setup("setup/result", {"data": seal(close, server)})
+    assert setup.missing == ["scaling_histogram"]
     # run/start before the sums ran is refused: the hospital would train on scales it did not agree
     cand = MemberCandidate(name="model", overrides="{}", build=lambda fid, rounds: None)  # type: ignore[arg-type,return-value]
     member = FederationMember(identity=me, server=server.public, federation_id="fed", candidates=[cand], setup=setup)
