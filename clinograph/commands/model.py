@@ -3,9 +3,13 @@
 The server holds no training code (a lean install); it starts from this file, named in its
 ``server.toml`` as ``initial_model``: each candidate model of the hospital config (``[selection]
 candidates`` × ``restarts``; none: the config's own model) with its initial weights, and the
-selection rule. Every hospital with the same settings and dictionary builds bitwise identical
-initial models, so the first plan's state digest matches what each hospital holds, and trains
-only the candidates its own config lists.
+selection rule, and the set-up sums the config asks for (``[scaling] source = "federated"``,
+``[model] features = "shared"``), which the server runs before the candidates. Every hospital
+with the same settings and dictionary builds bitwise identical initial models, so the first
+plan's state digest matches what each hospital holds, and trains only the candidates its own
+config lists. The initial models do not depend on what the set-up sums derive (scales, the
+shared feature list): they are written on the base dictionary, and the run carries the derived
+dictionary's digest, which every hospital checks against the one it derived itself.
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ def init(config: Annotated[Path, typer.Option("--config", help="A hospital confi
 def _init(config: Path, out: Path) -> None:
     from clinograph.sdk.config import HospitalConfig
     from clinograph.sdk.federation.build import run_models
+    from clinograph.sdk.federation.candidates import candidate_configs
     from clinograph.sdk.federation.node import load_dictionary
+    from clinograph.sdk.federation.setup import refuse_under_dp
     from clinograph.secure.errors import ConfigError
 
     cfg = HospitalConfig.from_toml(config)
+    refuse_under_dp(cfg, candidate_configs(cfg), where=str(config))  # set-up sums are outside the DP accountant
     models = run_models(cfg, dictionary=load_dictionary(cfg, config))
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'initial_model.json'}.")
@@ -43,5 +50,6 @@ def _init(config: Path, out: Path) -> None:
     rule = (f"selection patience {models.selection.patience}, min_delta {models.selection.min_delta:g}"
             if models.selection else "no selection")
     first = models.candidates[0].initial
-    typer.echo(f"initial model(s) ({models.task}; candidates {names}; {rule}; {len(first.spec.modules)} modules, "
-               f"spec {first.spec.digest()[:12]}…) written to {out}")
+    setup = f"set-up sums {', '.join(s.name for s in models.setup)}; " if models.setup else ""
+    typer.echo(f"initial model(s) ({models.task}; candidates {names}; {rule}; {setup}{len(first.spec.modules)} "
+               f"modules, spec {first.spec.digest()[:12]}…) written to {out}")

@@ -86,13 +86,17 @@ def run_models(config: HospitalConfig, *, dictionary: FeatureDictionary,
                candidates: Sequence[Candidate] | None = None) -> RunModels:
     """What a federation run trains (``clinograph model init`` writes it; ``simulate()`` builds
     the same): each candidate of ``config`` (``[selection] candidates`` × ``restarts``; none: the
-    config's own model, named ``model``) with its initial model, and the selection rule (None
-    when selection is off: DP, fedopt, no validation split)."""
+    config's own model, named ``model``) with its initial model, the selection rule (None
+    when selection is off: DP, fedopt, no validation split) and the set-up sums the config asks
+    for (:func:`.setup.setup_sums`). The initial models are built on ``dictionary`` and the
+    config as written: neither the scales a set-up sum derives nor a ``"shared"`` feature list
+    changes a model's shapes or initial values (:mod:`.setup`)."""
     from clinograph.secure.runtime.models import CandidateModel, RunModels
     from clinograph.secure.runtime.selection import SelectionRule
 
     from .candidates import Candidate, candidate_configs
     from .member import canonical
+    from .setup import setup_sums
 
     if candidates is None:
         candidates = candidate_configs(config)
@@ -102,7 +106,7 @@ def run_models(config: HospitalConfig, *, dictionary: FeatureDictionary,
     return RunModels(task=config.task, selection=rule, candidates=tuple(
         CandidateModel(name=c.name, overrides=canonical(c.overrides),
                        initial=initial_model_for(_hospital_config(c.config), dictionary=dictionary))
-        for c in cands))
+        for c in cands), setup=setup_sums(config, dictionary=dictionary, candidates=list(candidates)))
 
 
 def _hospital_config(config: HospitalConfig) -> HospitalConfig:

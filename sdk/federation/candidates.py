@@ -30,9 +30,8 @@ overrides, kept round, rounds run and validation loss, and the chosen one.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from clinograph.secure.errors import ConfigError
@@ -175,41 +174,4 @@ def with_restarts(cands: list[Candidate], config: HospitalConfig) -> list[Candid
     if clash:
         raise ConfigError(f"[selection] restarts name restart i of candidate c `c-init<i>`, and that gives the "
                           f"names {', '.join(map(repr, clash))} twice. Rename the candidate(s) ending in -init<i>.")
-    return out
-
-
-def _resolve_shared(cands: list[Candidate], tables: Sequence, dictionary, config: SimulationConfig, *,
-                    audit_dir: Path, server_id) -> list[Candidate]:
-    """One coverage round (:mod:`.coverage`, its own short run of the audit trail) for every
-    candidate with ``[model] features = "shared"`` (and its restarts): each gets the resolved list,
-    in its config and in its audited overrides.
-
-    Raises:
-        ConfigError: no feature is shared (:func:`.coverage.shared_features`); or DP / CKKS
-            (:func:`.coverage.refuse_unresolvable`).
-    """
-    from clinograph.secure.audit import AuditTrail
-    from clinograph.secure.identity import Identity
-
-    from .coverage import refuse_unresolvable, shared_features, with_features
-
-    refuse_unresolvable(next(c.config for c in cands if c.config.model.features == "shared"))
-    ids = {t.site: Identity.generate(t.site) for t in tables}
-    names = [c.name for c in cands if c.config.model.features == "shared"]
-    audit = AuditTrail(audit_dir, identity=server_id)
-    try:
-        shared, _, _ = shared_features(tables, dictionary, federation=config.federation, server_identity=server_id,
-                                       identities=ids, audit=audit,
-                                       asked_by=f"[selection] candidate(s) {', '.join(map(repr, names))} ask for "
-                                                "[model] features = \"shared\"")
-    finally:
-        audit.close()
-    out = []
-    for c in cands:
-        if c.config.model.features != "shared":
-            out.append(c)
-            continue
-        over = merge_sections(c.overrides, {"model": {"features": list(shared)}})
-        out.append(Candidate(name=c.name, overrides=json.loads(json.dumps(over, default=str)),
-                             config=with_features(c.config, shared)))
     return out

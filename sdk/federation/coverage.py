@@ -9,13 +9,15 @@ model over the features every hospital has -- what FedAvg on "manually aligned f
 depends on the table, so the SDK offers both as candidates and lets the federated validation
 loss choose (:mod:`.candidates`); measured in docs/model_quality.md ("Issue 15, session 9").
 
-How: one set-up round of :mod:`.securesum` over each hospital's coverage vector
+How: one set-up sum of the run (:mod:`clinograph.secure.runtime.setup`; the hospital's share:
+:mod:`.setup`) over each hospital's coverage vector
 (``v_k[f] = 1`` if hospital k observes feature f in any patient, its F_k of Theorem 1, else 0):
 the server and every hospital learn ``Σ_k v_k[f]``, *how many* hospitals observe each feature,
-never which ones. The shared set is ``{f : Σ_k v_k[f] = K}`` (K contributors). The audit trail
-records a ``feature_coverage`` entry with those counts and the resolved list, and the resolved
-list replaces ``"shared"`` in the run's config (a deployment over Flower gives the list
-explicitly: the round is wired for simulations only, like federated scaling).
+never which ones. The shared set is ``{f : Σ_k v_k[f] = K}`` (K contributors). Every hospital
+derives it and returns it signed; the server checks they agree and records a
+``feature_coverage`` entry with those counts and the resolved list. Each hospital builds its
+``"shared"`` candidates on the list (the model's shapes do not depend on it, so ``clinograph
+model init`` writes them from the config as it is). The same in ``simulate()`` and over Flower.
 
 Refused: under DP (a feature observed in one patient makes ``v_k`` depend on that patient, and
 the sum is exact), and under CKKS (not wired).
@@ -33,7 +35,7 @@ from clinograph.secure.runtime.config import FederationSection
 
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary
-from .securesum import SECURE_SUM_MODES, SecureSumTask, run_secure_sum
+from .securesum import SECURE_SUM_MODES
 
 #: the shared module that carries the coverage vectors through the secure mode
 COVERAGE_MODULE = "coverage/features"
@@ -49,34 +51,25 @@ def local_coverage(table: PatientTable) -> np.ndarray:
 def shared_features(tables: Sequence[PatientTable], dictionary: FeatureDictionary, *,
                     federation: FederationSection, server_identity: Identity,
                     identities: Mapping[str, Identity], audit: AuditTrail,
-                    first_round: int = 0, asked_by: str = "[model] features = \"shared\""
-                    ) -> tuple[tuple[str, ...], dict[str, int], int]:
-    """Run the coverage round (``asked_by``: who needs it, for the error). Returns (the shared feature ids in dictionary order, the number of
-    hospitals observing each feature that any hospital observes, the next round number).
+                    first_round: int = 0) -> tuple[tuple[str, ...], dict[str, int], int]:
+    """The coverage sum alone, in one process (:func:`.setup.run_in_process`: the run's own set-up
+    driver) -- for studies and tests; a run does it itself. Returns (the shared feature ids in
+    dictionary order, the number of hospitals observing each feature that any hospital observes,
+    the next round number).
 
     Raises:
         ConfigError: CKKS (not wired), or no feature is observed at every hospital (after the
             ``feature_coverage`` entry is recorded, so the counts are in the audit trail).
         ProtocolError: hospitals decoded different sums.
     """
-    tasks = {t.site: SecureSumTask(local_coverage(t), name="feature_coverage", module=COVERAGE_MODULE, cap=1.0)
-             for t in tables}
-    total, k, next_round = run_secure_sum(tasks, dictionary_hash=dictionary.digest(), federation=federation,
-                                          server_identity=server_identity, identities=identities, audit=audit,
-                                          first_round=first_round)
-    counts = np.rint(total).astype(int)
-    ids = dictionary.node_ids()
-    shared = tuple(ids[i] for i in range(len(ids)) if counts[i] >= k)
-    observed = {ids[i]: int(counts[i]) for i in range(len(ids)) if counts[i] > 0}
-    audit.record("feature_coverage", {
-        "hospitals": int(k), "shared": list(shared), "hospitals_observing": observed,
-        "rule": "a feature is shared if every contributing hospital observes it in at least one patient; the "
-                "counts are the secure sum of the hospitals' 0/1 coverage vectors"})
-    if not shared:
-        raise ConfigError(f"{asked_by}: no feature is observed at every hospital (the feature_coverage audit "
-                          "entry has the counts). Use \"all\", list the features, or remove the candidate that asks "
-                          "for \"shared\".")
-    return shared, observed, next_round
+    from ..config import HospitalConfig, NSFLConfig
+    from .setup import run_in_process
+
+    setups, next_round = run_in_process(tables, dictionary, config=HospitalConfig(model=NSFLConfig(features="shared")),
+                                        federation=federation, server_identity=server_identity,
+                                        identities=identities, audit=audit, first_round=first_round)
+    first = setups[tables[0].site]
+    return first.shared or (), dict(first.done["feature_coverage"]["hospitals_observing"]), next_round
 
 
 def with_features(config, features: tuple[str, ...]):  # noqa: ANN001, ANN201 - a SimulationConfig
@@ -104,16 +97,16 @@ def refuse_unresolvable(config) -> None:  # noqa: ANN001 - a SimulationConfig
 
 def check_features(features: object, dictionary: FeatureDictionary) -> None:
     """Refuse a ``[model] features`` list naming ids the dictionary lacks (all named at once),
-    and an unresolved ``"shared"`` (only a simulation resolves it).
+    and an unresolved ``"shared"`` (the run's coverage sum resolves it).
 
     Raises:
         ConfigError: with the unknown ids and the fix.
     """
     if features == "shared":
-        raise ConfigError("[model] features = \"shared\" is resolved by a simulation's coverage round "
-                          "(sdk/federation/coverage.py); a hospital built on its own (or over Flower) needs the "
-                          "list itself: copy `shared` from the simulation's feature_coverage audit entry into "
-                          "[model] features, or use \"all\".")
+        raise ConfigError("[model] features = \"shared\" is resolved by the run's feature_coverage set-up sum "
+                          "(sdk/federation/coverage.py), in a federation run (simulate, or a SuperNode's "
+                          "FederationMember); a hospital built on its own needs the list itself: copy `shared` from "
+                          "the simulation's feature_coverage audit entry (or a deployment's) into [model] features, or use \"all\".")
     if isinstance(features, tuple):
         known = set(dictionary.node_ids())
         unknown = [f for f in features if f not in known]

@@ -8,6 +8,12 @@ own config), the server's signed ``run/start`` names the next one: the hospital 
 its own config lists a candidate of that name with the same overrides (digest), so a server
 cannot make a hospital train anything its operator did not configure. ``run/chosen`` names the
 kept candidate; from then on :attr:`client` (prediction, export) is that candidate's.
+
+Before the candidates, the run's set-up sums (``setup/sum``, ``setup/result``; :mod:`.setup`) go
+to the member's :class:`~.setup.HospitalSetup`, and so do the plans, stages and model of each
+sum's round; the candidates it builds afterwards use what the sums derived (the rescaled table
+and dictionary, the shared feature list). ``run/start`` is refused while a sum the hospital's
+own config asks for has not run.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clinograph.secure.errors import ProtocolError
 from clinograph.secure.identity import Identity, PublicIdentity
@@ -24,6 +30,9 @@ from clinograph.secure.runtime.participant import part
 from clinograph.secure.wire import open_envelope, parse_envelope
 
 from .client import HospitalClient
+
+if TYPE_CHECKING:
+    from .setup import HospitalSetup
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,8 @@ class FederationMember:
     """The hospital's participant for a whole run (module docstring)."""
 
     def __init__(self, *, identity: Identity, server: PublicIdentity, federation_id: str,
-                 candidates: Sequence[MemberCandidate]):
+                 candidates: Sequence[MemberCandidate], setup: HospitalSetup | None = None):
+        """``setup``: the hospital's set-up sums (None: its config asks for none)."""
         if not candidates:
             raise ProtocolError("A federation member needs at least one candidate model.")
         self.name = identity.name
@@ -83,6 +93,7 @@ class FederationMember:
         self.clients: dict[str, HospitalClient] = {}
         self._active = candidates[0].name
         self.chosen: str | None = candidates[0].name if len(candidates) == 1 else None
+        self.setup = setup
 
     def __repr__(self) -> str:
         return f"FederationMember(name={self.name!r}, candidates={self._order!r})"
@@ -128,15 +139,23 @@ class FederationMember:
 
     # -- RoundParticipant ------------------------------------------------------------------
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
-        return self.active.on_plan(plan)
+        return self._round_client().on_plan(plan)
 
     def on_stage(self, data: bytes) -> bytes | None:
-        return self.active.on_stage(data)
+        return self._round_client().on_stage(data)
 
     def on_round_end(self, global_model: bytes | None) -> bytes | None:
+        if self.setup is not None and self.setup.client is not None:
+            return self.setup.on_round_end(global_model)
         return self.active.on_round_end(global_model)
 
     def on_setup(self, step: str, parts: Mapping[str, bytes]) -> dict[str, bytes]:
+        if step in ("setup/sum", "setup/result"):
+            if self.setup is None:
+                raise ProtocolError(f"{step}: this hospital's config asks for no set-up sum ([scaling] source = "
+                                    "\"dictionary\", no [model] features = \"shared\"). Use the same hospital.toml at "
+                                    "every hospital and at `clinograph model init`.")
+            return self.setup.on_setup(step, parts)
         if step == "run/start":
             return self._start(part(parts, "data", "setup"))
         if step == "run/chosen":
@@ -144,6 +163,12 @@ class FederationMember:
         return self.active.on_setup(step, parts)
 
     # -- helpers -----------------------------------------------------------------------------
+    def _round_client(self) -> HospitalClient:
+        """The client a round's messages go to: a set-up sum's share while one runs, else the active candidate's."""
+        if self.setup is not None and self.setup.client is not None:
+            return self.setup.client
+        return self.active
+
     def _client(self, name: str, rounds: int | None = None) -> HospitalClient:
         if name not in self.clients:
             rid = run_id(self.federation_id, name, count=len(self._order))
@@ -155,6 +180,11 @@ class FederationMember:
         if msg.federation_id != self.federation_id:
             raise ProtocolError(f"run/start for federation {msg.federation_id!r}; this hospital is in "
                                 f"{self.federation_id!r}.")
+        if self.setup is not None and self.setup.missing:
+            raise ProtocolError(f"run/start before the set-up sum(s) this hospital's config asks for "
+                                f"({', '.join(self.setup.missing)}): it trains only on the scales and features its "
+                                "operator configured. Write the initial model with `clinograph model init` from the same "
+                                "hospital.toml (it lists the sums).")
         mine = self.candidates.get(msg.candidate)
         if mine is None or overrides_digest(mine.overrides) != msg.overrides_sha256:
             listed = ", ".join(self._order)

@@ -26,6 +26,7 @@ from .build import build_hospital
 from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
 from .member import FederationMember, MemberCandidate, canonical, with_horizon
+from .setup import HospitalSetup, refuse_under_dp, setup_sums
 
 
 def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
@@ -38,9 +39,15 @@ def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
 
 def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, Any], run_id: int,
                   identity: Identity) -> FederationMember:
-    """The hospital over this node's data, keys and settings, for a whole federation run: its
-    own candidates (``[selection] candidates`` × ``restarts`` of ``hospital.toml``), each built on
-    the one ingested table when the server's signed ``run/start`` names it."""
+    """The hospital over this node's data, keys and settings, for a whole federation run: the
+    set-up sums its config asks for (``[scaling] source = "federated"``, ``[model] features =
+    "shared"``: :mod:`.setup`), then its own candidates (``[selection] candidates`` × ``restarts``
+    of ``hospital.toml``), each built on the ingested table (rescaled by the set-up) when the
+    server's signed ``run/start`` names it.
+
+    Raises:
+        ConfigError: a set-up sum under ``[privacy]`` (exact sums are outside the accountant).
+    """
     data = Path(str(node_config["data-dir"]))
     if not node_config.get("federation-file"):
         raise ConfigError("--node-config lacks federation-file (the federation.toml from `clinograph keys init`).")
@@ -50,25 +57,22 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     table_path = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
     table = ingest(read_table(table_path), schema=SiteSchema.from_toml(data / "schema.toml"), dictionary=dictionary)
     cands = candidate_configs(config) or [Candidate(name="model", overrides={}, config=config)]
-    if config.scaling.source == "federated":
-        raise ConfigError(f"{data / 'hospital.toml'}: [scaling] source = \"federated\" needs the histogram set-up round, "
-                          "which runs in `clinograph simulate` only for now. Use source = \"dictionary\" (the "
-                          "dictionary's own scales).")
-    shared = [c.name for c in cands if c.config.model.features == "shared"]
-    if shared:
-        raise ConfigError(f"{data / 'hospital.toml'}: [model] features = \"shared\" (candidate(s) {', '.join(shared)}) "
-                          "needs the feature-coverage set-up round, which runs in `clinograph simulate` only for now. "
-                          "List the features (features = [\"...\"]) or use features = \"all\".")
+    refuse_under_dp(config, cands, where=str(data / "hospital.toml"))  # before anything runs
     state_dir = Path(str(node_config["state-dir"])) / "privacy"
+    sums = setup_sums(config, dictionary=dictionary, candidates=cands)
+    setup = HospitalSetup(table=table, dictionary=dictionary, config=config, candidates=cands, identity=identity,
+                          server=federation.server_public(), peers=federation.enrolled(),
+                          federation_id=federation.federation_id) if sums else None
 
     def build(fid: str, cfg: HospitalConfig) -> HospitalClient:
-        return build_hospital(table, dictionary=dictionary, config=cfg, identity=identity,
-                              server=federation.server_public(), peers=federation.enrolled(), federation_id=fid,
-                              state_dir=state_dir)
+        t, d = (setup.table, setup.dictionary) if setup is not None else (table, dictionary)
+        return build_hospital(t, dictionary=d, config=setup.resolve(cfg) if setup is not None else cfg,
+                              identity=identity, server=federation.server_public(), peers=federation.enrolled(),
+                              federation_id=fid, state_dir=state_dir)
 
     return FederationMember(identity=identity, server=federation.server_public(),
                             federation_id=federation.federation_id,
                             candidates=[MemberCandidate(name=c.name, overrides=canonical(c.overrides),
                                                         build=lambda fid, rounds, cfg=c.config: build(
                                                             fid, with_horizon(cfg, rounds)))
-                                        for c in cands])
+                                        for c in cands], setup=setup)

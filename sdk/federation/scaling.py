@@ -11,25 +11,27 @@ A set-up phase before training, run by the one round loop
    transformed physical limits. The edges depend on the dictionary alone.
 2. **Local histograms.** Each hospital counts its observations per bin (values beyond the
    range fall into the first or last bin), capped at :data:`MAX_BIN_COUNT`.
-3. **Secure sum.** One set-up round of :mod:`.securesum` sums the histograms through the
+3. **Secure sum.** One set-up sum of the run (:mod:`clinograph.secure.runtime.setup`; the
+   hospital's share: :mod:`.setup`) sums the histograms through the
    federation's secure mode in the shared module :data:`HISTOGRAM_MODULE` (``masked``; or
    ``insecure_plaintext`` by name): the server learns the summed histogram only, never a
    hospital's; every hospital decodes ``Σ_k h_k``.
-4. **Quantiles.** From the summed histogram (linear within a bin, so a quantile is exact to
+4. **Quantiles.** At every hospital, from the summed histogram (linear within a bin, so a quantile is exact to
    within one bin width), centre = median and half-width = half the inter-quantile range
    (``iqr``: 25–75 %, ``p05_p95``: 5–95 %), in transformed units. They become the features'
    ``scale_center`` / ``scale_half_width`` in a derived dictionary (a new digest) that every
    hospital trains, predicts and exports with; a feature nobody observes, or whose spread is
    below a bin width, keeps a bin-width floor or its reference range.
 
-The audit trail records a ``scaling_histogram`` entry: the features, their bin edges (start,
-stop, count), the quantiles, and the derived dictionary's digest -- never a hospital's counts.
+The audit trail records a ``scaling_histogram`` entry (the features, their bin edges: start,
+stop, count; the quantiles; the secure mode) before the round and a ``scaling_derived`` entry
+after it (the derived dictionary's digest, which every hospital derived and returned signed, and
+which features were scaled) -- never a hospital's counts. The candidates then run on the derived
+digest (the initial models do not depend on the scales: :mod:`.setup`). The same in ``simulate()``
+and over Flower.
 
 What it does not do: differential privacy (the summed histogram is exact; under ``[privacy]``
-the phase is refused), CKKS (the hospitals would decrypt the sum; not wired yet), or run over Flower:
-the phase runs before the run's candidates in ``simulate()``, and a SuperNode refuses ``[scaling]
-source = "federated"`` with that reason (the derived dictionary's digest would have to reach
-``clinograph model init`` first).
+the phase is refused), CKKS (the hospitals would decrypt the sum; not wired yet).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from clinograph.secure.runtime.config import FederationSection
 from ..config import ScalingSection
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import Feature, FeatureDictionary, FeatureKind, apply_transform
-from .securesum import SECURE_SUM_MODES, SecureSumTask, run_secure_sum
+from .securesum import SecureSumTask
 
 #: the shared module that carries the histograms (and the public scale) through the secure mode
 HISTOGRAM_MODULE = "scaling/histogram"
@@ -193,29 +195,21 @@ class HistogramTask(SecureSumTask):
 def federated_scaling(tables: Sequence[PatientTable], dictionary: FeatureDictionary, *, scaling: ScalingSection,
                       federation: FederationSection, server_identity: Identity, identities: Mapping[str, Identity],
                       audit: AuditTrail) -> tuple[FeatureDictionary, list[PatientTable], int]:
-    """Run the histogram round and rescale every table.
+    """The histogram sum alone, in one process (:func:`.setup.run_in_process`: the run's own
+    set-up driver), and every table rescaled -- for studies and tests; a run does it itself.
 
-    Returns the derived dictionary, the rescaled tables (same order) and the number of rounds
-    the phase used (the training rounds continue the numbering in the same audit trail).
+    Returns the derived dictionary, the rescaled tables (same order) and the next round number
+    (the training rounds continue the numbering in the same audit trail).
 
     Raises:
-        ConfigError: CKKS or DP (not supported), or a dictionary without numeric features.
+        ConfigError: CKKS (not wired), or a dictionary without numeric features.
         ProtocolError: hospitals decoded different sums (an inconsistent federation).
     """
-    if federation.secure_mode not in SECURE_SUM_MODES:
-        raise ConfigError(f"[scaling] source = 'federated' runs under secure_mode 'masked' (or insecure_plaintext); "
-                          f"{federation.secure_mode!r} is not wired for it yet. Use 'masked', or "
-                          "[scaling] source = 'dictionary'.")
-    bins = public_bins(dictionary, bins=scaling.bins, span=scaling.span)
-    tasks = {t.site: HistogramTask(t, bins) for t in tables}
-    audit.record("scaling_histogram", {
-        "features": list(bins.features), "bins": bins.count, "span_half_widths": float(scaling.span),
-        "edges": {f: [bins.start[i], bins.stop[i]] for i, f in enumerate(bins.features)},
-        "transforms": {f: dictionary.get(f).transform.value for f in bins.features},
-        "quantiles": scaling.quantiles, "secure_mode": federation.secure_mode})
-    total, _, next_round = run_secure_sum(tasks, dictionary_hash=dictionary.digest(), federation=federation,
-                                          server_identity=server_identity, identities=identities, audit=audit)
-    derived, stats = derive_scaling(dictionary, counts=total, bins=bins, quantiles=scaling.quantiles)
-    audit.record("scaling_derived", {"dictionary_digest": derived.digest(), "features_scaled": sorted(stats),
-                                     "features_kept_reference": sorted(set(bins.features) - set(stats))})
-    return derived, [rescale(t, derived) for t in tables], next_round
+    from ..config import HospitalConfig
+    from .setup import run_in_process
+
+    setups, next_round = run_in_process(tables, dictionary, config=HospitalConfig(scaling=scaling),
+                                        federation=federation, server_identity=server_identity,
+                                        identities=identities, audit=audit)
+    derived = setups[tables[0].site].dictionary  # every hospital derived it (the server checked they agree)
+    return derived, [replace(setups[t.site].table, dictionary=derived) for t in tables], next_round

@@ -2,8 +2,9 @@
 secure mode, before training: the federated histograms of :mod:`.scaling` and the feature
 coverage of :mod:`.coverage`.
 
-Run by the one round loop (:func:`clinograph.secure.runtime.run_rounds`), never by a loop of
-its own. Each hospital writes ``c · counts`` and ``c`` as the weighted update of one shared
+Driven by the run's set-up phase (:mod:`clinograph.secure.runtime.setup`, inside
+:func:`clinograph.secure.runtime.run.run_federation`), in a simulation and over Flower alike; the
+hospital side is :mod:`.setup`. Each hospital writes ``c · counts`` and ``c`` as the weighted update of one shared
 module (``c`` a public scale that keeps every value inside the masked mode's fixed-point range;
 counts above ``cap`` are capped). Its aggregation weight is 1 at every hospital, so the weight
 reveals nothing. The round runs FedSGD at server learning rate 1 under the federation's secure
@@ -12,7 +13,7 @@ mode (``masked``; or ``insecure_plaintext`` by name): the global module moves by
 vector, and every hospital decodes ``Σ_k v_k`` from the signed global model and the round's
 public contributor count.
 
-Not wired: CKKS (the hospitals would decrypt the sum), DP (the sum is exact), Flower.
+Not wired: CKKS (the hospitals would decrypt the sum); refused: DP (the sum is exact).
 """
 
 from __future__ import annotations
@@ -21,12 +22,9 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from clinograph.secure.audit import AuditTrail
 from clinograph.secure.errors import ConfigError, ProtocolError
 from clinograph.secure.identity import Identity, PublicIdentity
-from clinograph.secure.runtime import InProcessTransport, build_server, run_rounds
-from clinograph.secure.runtime.build import InitialModel
-from clinograph.secure.runtime.config import FederationSection
+from clinograph.secure.runtime.setup import SETUP_MODES
 from clinograph.secure.spec import ModuleKind
 from torch import nn
 
@@ -37,7 +35,7 @@ from .client import HospitalClient
 from .task import TaskBase
 
 #: the secure modes a set-up round runs under (CKKS would have the hospitals decrypt the sum: not wired)
-SECURE_SUM_MODES = ("masked", "insecure_plaintext")
+SECURE_SUM_MODES = SETUP_MODES
 
 
 class SecureSumTask(TaskBase):
@@ -104,39 +102,8 @@ class SecureSumTask(TaskBase):
         raise ConfigError(f"The {self.name} round has no model to predict with.")
 
 
-def run_secure_sum(tasks: Mapping[str, SecureSumTask], *, dictionary_hash: str, federation: FederationSection,
-                   server_identity: Identity, identities: Mapping[str, Identity],
-                   audit: AuditTrail, first_round: int = 0) -> tuple[np.ndarray, int, int]:
-    """Run one secure-sum round over ``tasks`` (one per hospital, same name, module and length),
-    numbered ``first_round`` in ``audit`` (a second set-up round continues the numbering).
-
-    Returns ``(Σ_k v_k, K contributors, the server's round counter after the round)``.
-
-    Raises:
-        ConfigError: a secure mode other than masked / insecure_plaintext.
-        ProtocolError: hospitals decoded different sums (an inconsistent federation).
-    """
-    first = next(iter(tasks.values()))
-    if federation.secure_mode not in SECURE_SUM_MODES:
-        raise ConfigError(f"The {first.name} set-up round runs under secure_mode 'masked' (or insecure_plaintext); "
-                          f"{federation.secure_mode!r} is not wired for it yet. Use 'masked' for this federation, "
-                          "or turn off the option that needs the round.")
-    publics: dict[str, PublicIdentity] = {n: i.public for n, i in identities.items()}
-    clients = {n: HospitalClient(task=task, identity=identities[n], server=server_identity.public, peers=publics,
-                                 dictionary_hash=dictionary_hash, federation_id=federation.id,
-                                 release=ReleaseSection()) for n, task in tasks.items()}
-    initial = InitialModel.create(task=first.name, dictionary_hash=dictionary_hash,
-                                  spec=first.modules.spec(version=0), state=first.modules.state(ModuleKind.SHARED))
-    fed = federation.model_copy(update={"rounds": 1, "strategy": "fedsgd", "server_lr": 1.0, "strategy_options": {},
-                                        "local_epochs": 1})
-    server = build_server(federation=fed, identity=server_identity, enrolled=publics, initial=initial, audit=audit,
-                          dp_policy=None)
-    server.round = first_round
-    outcome = run_rounds(server, InProcessTransport(clients), rounds=1)[-1]
-    k = len(outcome.result.contributors)
-    sums = {n: t.summed(contributors=k) for n, t in tasks.items()}
-    total = next(iter(sums.values()))
-    if any(not np.allclose(s, total, atol=1e-6) for s in sums.values()):
-        raise ProtocolError(f"Hospitals decoded different {first.name} sums; the federation is inconsistent.")
-    return total, k, server.round
-
+def share_client(task: SecureSumTask, *, identity: Identity, server: PublicIdentity,
+                 peers: Mapping[str, PublicIdentity], dictionary_hash: str, federation_id: str) -> HospitalClient:
+    """The client that answers a set-up sum's round with ``task`` (nothing released but the share)."""
+    return HospitalClient(task=task, identity=identity, server=server, peers=peers, dictionary_hash=dictionary_hash,
+                          federation_id=federation_id, release=ReleaseSection())

@@ -10,14 +10,15 @@ the evaluation-only scoring round, every hospital keeping the selected and calib
 function call. What the simulation adds is measurement: each hospital's test metrics after
 every round and at the end (a deployment's hospitals keep theirs).
 
-Set-up rounds that run before the candidates (``[scaling] source = "federated"``,
-``[model] features = "shared"``) are secure sums over their own short runs
-(:mod:`.scaling`, :mod:`.coverage`).
+The set-up sums that run before the candidates (``[scaling] source = "federated"``,
+``[model] features = "shared"``) are phases of the same run, as over Flower: the run's models
+list them (:func:`.build.run_models`, as ``clinograph model init`` writes them),
+:func:`~clinograph.secure.runtime.run.run_federation` drives them and each
+:class:`.member.FederationMember` answers them (:mod:`.setup`).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from .build import build_hospital, run_models
 from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
 from .member import FederationMember, MemberCandidate, canonical, with_horizon
+from .setup import HospitalSetup
 
 
 @dataclass
@@ -105,7 +107,7 @@ class SimulationResult:
 
 @dataclass
 class _Prepared:
-    """What the set-up rounds leave for the run: tables, dictionary, candidates, identities."""
+    """What the run needs: tables, dictionary, candidates, identities, the run's models."""
 
     tables: list[PatientTable]
     dictionary: FeatureDictionary
@@ -113,16 +115,15 @@ class _Prepared:
     candidates: list[Candidate]
     server_id: Identity
     ids: dict[str, Identity]
-    audit: AuditTrail | None
-    first_round: int
     models: RunModels
     #: (table, hospital config) -> the hospital's task; None: :func:`.build.build_task`
     task_factory: Callable[[PatientTable, Any], Any] | None = None
 
 
 def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
-             audit_dir: Path, server_identity: Identity | None, choose: bool) -> _Prepared:
-    """Identities, the set-up rounds (federated scaling, shared features) and the candidates."""
+             server_identity: Identity | None, choose: bool) -> _Prepared:
+    """Identities, the candidates and the run's models (with the set-up sums the config asks
+    for, exactly as ``clinograph model init`` writes them); refusals before anything runs."""
     fed = config.federation
     from clinograph.secure.strategies.attention import check_secure_mode
 
@@ -133,56 +134,17 @@ def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     server_id = server_identity or Identity.generate("server")
     ids = {t.site: Identity.generate(t.site) for t in tables}
     cands = candidate_configs(config) if choose else []
-    tables = list(tables)
-    audit, first_round = None, 0
-    try:
-        if config.scaling.source == "federated":  # set-up round: robust scaling from securely summed histograms
-            from .scaling import federated_scaling
+    if config.scaling.source == "federated" and config.privacy.enabled:
+        raise ConfigError("[scaling] source = 'federated' is not covered by the DP accountant (the summed "
+                          "histograms are exact); use source = 'dictionary' under [privacy].")
+    shared_asked = [c for c in cands if c.config.model.features == "shared"]
+    if config.model.features == "shared" or shared_asked:
+        from .coverage import refuse_unresolvable
 
-            if config.privacy.enabled:
-                raise ConfigError("[scaling] source = 'federated' is not covered by the DP accountant (the summed "
-                                  "histograms are exact); use source = 'dictionary' under [privacy].")
-            audit = AuditTrail(audit_dir, identity=server_id)
-            dictionary, tables, first_round = federated_scaling(
-                tables, dictionary, scaling=config.scaling, federation=fed, server_identity=server_id,
-                identities=ids, audit=audit)
-        shared_asked = [c for c in cands if c.config.model.features == "shared"]
-        if config.model.features == "shared" or shared_asked:  # set-up round: the features every hospital observes
-            from .coverage import refuse_unresolvable, shared_features, with_features
-
-            refuse_unresolvable(config if config.model.features == "shared" else shared_asked[0].config)
-            audit = audit or AuditTrail(audit_dir, identity=server_id)
-            asked = (f"[selection] candidate(s) {', '.join(repr(c.name) for c in shared_asked)} ask for [model] "
-                     "features = \"shared\"") if shared_asked and config.model.features != "shared" else None
-            shared, _, first_round = shared_features(tables, dictionary, federation=fed, server_identity=server_id,
-                                                     identities=ids, audit=audit, first_round=first_round,
-                                                     **({"asked_by": asked} if asked else {}))
-            if config.model.features == "shared":
-                config = with_features(config, shared)
-            cands = [_with_shared(c, shared) for c in cands]
-    except BaseException:
-        if audit is not None:
-            audit.close()
-        raise
-    try:
-        models = run_models(config.hospital_config(), dictionary=dictionary, candidates=cands)
-    except BaseException:
-        if audit is not None:
-            audit.close()
-        raise
-    return _Prepared(tables=tables, dictionary=dictionary, config=config, candidates=cands, server_id=server_id,
-                     ids=ids, audit=audit, first_round=first_round, models=models)
-
-
-def _with_shared(c: Candidate, shared: Sequence[str]) -> Candidate:
-    from ..config import merge_sections
-    from .coverage import with_features
-
-    if c.config.model.features != "shared":
-        return c
-    over = merge_sections(c.overrides, {"model": {"features": list(shared)}})
-    return Candidate(name=c.name, overrides=json.loads(json.dumps(over, default=str)),
-                     config=with_features(c.config, shared))
+        refuse_unresolvable(config if config.model.features == "shared" else shared_asked[0].config)
+    models = run_models(config.hospital_config(), dictionary=dictionary, candidates=cands)
+    return _Prepared(tables=list(tables), dictionary=dictionary, config=config, candidates=cands, server_id=server_id,
+                     ids=ids, models=models)
 
 
 def _server_side(prep: _Prepared, *, audit_dir: Path) -> ServerSide:
@@ -196,15 +158,18 @@ def _server_side(prep: _Prepared, *, audit_dir: Path) -> ServerSide:
         check_simulation(config, prep.tables, dim=dim)  # refused here if it cannot keep its promise
     return ServerSide(federation=config.federation, identity=prep.server_id,
                       enrolled={n: i.public for n, i in prep.ids.items()}, dp_policy=policy.policy() if policy else None,
-                      audit_dir=Path(audit_dir), audit=prep.audit, first_round=prep.first_round)
+                      audit_dir=Path(audit_dir))
 
 
 def _hospital(prep: _Prepared, table: PatientTable, config: SimulationConfig, federation_id: str, *,
-              rounds: int | None = None) -> HospitalClient:
+              rounds: int | None = None, setup: HospitalSetup | None = None) -> HospitalClient:
     hconf = with_horizon(config.hospital_config(), rounds)
+    dictionary = prep.dictionary
+    if setup is not None:  # what the run's set-up sums derived: rescaled table and dictionary, shared features
+        hconf, table, dictionary = setup.resolve(hconf), setup.table, setup.dictionary
     publics = {n: i.public for n, i in prep.ids.items()}
     task = prep.task_factory(table, hconf) if prep.task_factory is not None else None
-    return build_hospital(table, dictionary=prep.dictionary, config=hconf, identity=prep.ids[table.site],
+    return build_hospital(table, dictionary=dictionary, config=hconf, identity=prep.ids[table.site],
                           server=prep.server_id.public, peers=publics, federation_id=federation_id,
                           state_dir=Path(hconf.privacy.state_dir or config.output) / table.site, task=task)
 
@@ -212,14 +177,18 @@ def _hospital(prep: _Prepared, table: PatientTable, config: SimulationConfig, fe
 def _members(prep: _Prepared) -> dict[str, FederationMember]:
     config = prep.config
     cands = prep.candidates or [Candidate(name="model", overrides={}, config=config)]
+    publics = {n: i.public for n, i in prep.ids.items()}
     out = {}
     for t in prep.tables:
+        setup = HospitalSetup(table=t, dictionary=prep.dictionary, config=config.hospital_config(),
+                              candidates=prep.candidates, identity=prep.ids[t.site], server=prep.server_id.public,
+                              peers=publics, federation_id=config.federation.id) if prep.models.setup else None
         out[t.site] = FederationMember(
             identity=prep.ids[t.site], server=prep.server_id.public, federation_id=config.federation.id,
             candidates=[MemberCandidate(name=c.name, overrides=canonical(c.overrides),
-                                        build=lambda fid, rounds, t=t, c=c: _hospital(
-                                            prep, t, _output(c, config), fid, rounds=rounds))
-                        for c in cands])
+                                        build=lambda fid, rounds, t=t, c=c, setup=setup: _hospital(
+                                            prep, t, _output(c, config), fid, rounds=rounds, setup=setup))
+                        for c in cands], setup=setup)
     return out
 
 
@@ -234,18 +203,25 @@ def _output(c: Candidate, base: SimulationConfig) -> SimulationConfig:
 def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
                      audit_dir: Path, server_identity: Identity | None = None) -> SimulatedFederation:
     """One model (``config``'s own; candidates ignored) ready for rounds driven by the caller:
-    the set-up rounds, identities, hospitals, the server (same :class:`ServerSide` as
-    :func:`simulate`, CKKS ceremony included) and its audit trail."""
-    prep = _prepare(tables, dictionary, config, audit_dir=audit_dir, server_identity=server_identity, choose=False)
+    the run's set-up sums (:func:`clinograph.secure.runtime.setup.run_setup`, as in a run),
+    identities, hospitals, the server (same :class:`ServerSide` as :func:`simulate`, CKKS
+    ceremony included) and its audit trail."""
+    from clinograph.secure.runtime.setup import run_setup
+
+    prep = _prepare(tables, dictionary, config, server_identity=server_identity, choose=False)
     side = _server_side(prep, audit_dir=audit_dir)
-    hospitals = {t.site: _hospital(prep, t, prep.config, prep.config.federation.id) for t in prep.tables}
+    members = _members(prep)
+    models = run_setup(prep.models, side=side, transport=InProcessTransport(members), event=lambda kind, data: None)
+    hospitals = {n: m.active for n, m in members.items()}
     transport = InProcessTransport(hospitals)
-    server, narrowed = side.open_run(prep.models.candidates[0], run_id=prep.config.federation.id,
+    server, narrowed = side.open_run(models.candidates[0], run_id=prep.config.federation.id,
                                      transport=transport)
+    setups = [m.setup for m in members.values() if m.setup is not None]
     fed = prep.config.federation
     liveness = Liveness(suspend_after=fed.suspend_after_missed, retry_every=fed.retry_every)
     return SimulatedFederation(server=server, hospitals=hospitals, transport=narrowed, audit=server.audit,  # type: ignore[arg-type]
-                               liveness=liveness, audit_dir=Path(audit_dir), dictionary=prep.dictionary)
+                               liveness=liveness, audit_dir=Path(audit_dir),
+                               dictionary=setups[0].dictionary if setups else prep.dictionary)
 
 
 def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
@@ -265,7 +241,7 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     when it is not built from the config alone (e.g. a modality task over the hospital's signals).
     ``on_event(kind, data)``: every progress event of the run (names, counts, seconds -- no data).
     """
-    prep = _prepare(tables, dictionary, config, audit_dir=audit_dir, server_identity=None, choose=choose)
+    prep = _prepare(tables, dictionary, config, server_identity=None, choose=choose)
     prep.task_factory = task_factory
     side = _server_side(prep, audit_dir=audit_dir)
     members = _members(prep)

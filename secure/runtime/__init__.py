@@ -11,6 +11,8 @@ Where a round's data goes, in the order it flows:
 - :mod:`.loop` -- :func:`run_round` and :func:`run_rounds`: plan, reports, the secure mode's
   stages, close, model delivery. The only round loop.
 - :mod:`.ceremony` -- the CKKS key ceremony relayed over the same transport.
+- :mod:`.setup` -- the run's set-up sums (federated scaling, shared features) before the
+  candidates, driven by :func:`.run.run_federation` over the same transport and loop.
 - :mod:`.config` and :mod:`.build` -- :class:`ServerConfig` (TOML) and :func:`build_server`, the
   one place where weight bounds, thresholds, the DP policy and the mode's parameters are decided.
 """

@@ -11,6 +11,12 @@ The messages of the run's own set-up steps (relayed as ``setup`` exchanges, like
 ceremony) sit here too: :class:`RunStart` tells the hospitals which candidate the next run
 trains, :class:`RunChosen` which candidate the federation kept. Both are signed by the server;
 a hospital trains only a candidate its own config lists (same name, same overrides).
+
+A run may begin with **set-up sums** (:attr:`RunModels.setup`, driven by :mod:`.setup`): each a
+:class:`SetupSum` (public name, module, vector length, cap), announced by a signed
+:class:`SetupAnnounce` (step ``setup/sum``), summed in one FedSGD round over the transport, and
+closed by a signed :class:`SetupClose` (step ``setup/result``) that every hospital answers with
+its signed :class:`SetupResult`: what it derived from the sum, which must agree everywhere.
 """
 
 from __future__ import annotations
@@ -22,12 +28,18 @@ from pydantic import Field, ValidationError, model_validator
 
 from ..errors import ConfigError
 from ..messages import ID_PATTERN, WireMessage
+from ..spec import MODULE_NAME_PATTERN
 from .build import MAX_INITIAL_MODEL_BYTES, InitialModel, initial_model_from_bytes
 from .selection import SelectionRule
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,39}$"
+#: a set-up sum's public name, which is also an audit entry kind
+SETUP_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,39}$"
 #: most models one choice trains (candidates x restarts)
 MAX_CANDIDATES = 16
+#: most set-up sums before a run's candidates
+MAX_SETUP_SUMS = 8
+HEX64 = r"^[0-9a-f]{64}$"
 
 
 def overrides_digest(overrides: str) -> str:
@@ -44,14 +56,35 @@ class CandidateModel(WireMessage):
     initial: InitialModel
 
 
+class SetupSum(WireMessage):
+    """One set-up secure sum the hospitals run before the candidates (``clinograph model init``
+    writes it from the hospital config; :mod:`.setup` drives it): every hospital contributes a
+    vector of ``length`` non-negative counts (each capped at ``cap``) in the shared module
+    ``module``; the server learns the sum only.
+
+    ``announce``: canonical JSON of the sum's public parameters, audited under kind ``name``
+    before the round with the run's ``secure_mode`` added (None: nothing to announce). ``result_kind``: the audit kind of what the
+    hospitals derive from the sum (their agreed :class:`SetupResult`)."""
+
+    kind: Literal["setup_sum"] = "setup_sum"
+    name: str = Field(pattern=SETUP_NAME_PATTERN)
+    module: str = Field(pattern=MODULE_NAME_PATTERN, max_length=200)
+    length: int = Field(ge=1, le=10_000_000)
+    cap: float = Field(gt=0, allow_inf_nan=False)
+    announce: str | None = Field(default=None, max_length=1_000_000)
+    result_kind: str = Field(pattern=SETUP_NAME_PATTERN)
+
+
 class RunModels(WireMessage):
     """The candidates of a run, simplest first (ties go to the earlier), and the selection rule
-    (None: no selection -- the last round's model is kept, one candidate only)."""
+    (None: no selection -- the last round's model is kept, one candidate only); ``setup``: the
+    set-up sums that run first, in order."""
 
     kind: Literal["run_models"] = "run_models"
     task: str = Field(max_length=64)
     selection: SelectionRule | None
     candidates: tuple[CandidateModel, ...] = Field(min_length=1, max_length=MAX_CANDIDATES)
+    setup: tuple[SetupSum, ...] = Field(default=(), max_length=MAX_SETUP_SUMS)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunModels:
@@ -62,7 +95,24 @@ class RunModels(WireMessage):
             raise ValueError("several candidates need a selection rule (they are compared on validation loss)")
         if len({c.initial.dictionary_hash for c in self.candidates}) != 1:
             raise ValueError("candidates are built on different feature dictionaries")
+        for field in ("name", "module"):
+            values = [getattr(s, field) for s in self.setup]
+            if len(set(values)) != len(values):
+                raise ValueError(f"set-up sums repeat a {field}: {sorted({v for v in values if values.count(v) > 1})}")
         return self
+
+    @property
+    def dictionary_hash(self) -> str:
+        """The feature dictionary every candidate is built on."""
+        return self.candidates[0].initial.dictionary_hash
+
+    def on_dictionary(self, dictionary_hash: str) -> RunModels:
+        """The same run on the dictionary ``dictionary_hash`` (the one a set-up sum derived and
+        every hospital agreed on): the initial models' shapes and values do not depend on the
+        dictionary's scales, only the digest every plan carries changes."""
+        return self.model_copy(update={"candidates": tuple(
+            c.model_copy(update={"initial": c.initial.model_copy(update={"dictionary_hash": dictionary_hash})})
+            for c in self.candidates)})
 
     @classmethod
     def single(cls, initial: InitialModel, *, selection: SelectionRule | None = None) -> RunModels:
@@ -135,3 +185,48 @@ def run_id(federation_id: str, candidate: str, *, count: int) -> str:
     """The federation id a candidate's run uses: the federation's own with one candidate, else
     ``<id>-<candidate>`` (each run has its own plans, anchors and CKKS keys)."""
     return federation_id if count == 1 else f"{federation_id}-{candidate}"[:64]
+
+
+class SetupAnnounce(WireMessage):
+    """Server -> hospitals, signed, before a set-up sum's round ``round`` (step ``setup/sum``):
+    sum ``sum`` (index ``index`` of ``count``) runs now, over dictionary ``dictionary_hash``,
+    under ``secure_mode``. A hospital builds its share only for a sum its own config asks for."""
+
+    kind: Literal["setup_announce"] = "setup_announce"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    sum: SetupSum
+    index: int = Field(ge=0, lt=MAX_SETUP_SUMS)
+    count: int = Field(ge=1, le=MAX_SETUP_SUMS)
+    round: int = Field(ge=0)
+    dictionary_hash: str = Field(pattern=HEX64)
+    secure_mode: str = Field(max_length=40)
+
+
+class SetupClose(WireMessage):
+    """Server -> hospitals, signed, after a set-up sum's round (step ``setup/result``): the round
+    closed with ``contributors`` hospitals in the sum (public: ``round_participation`` lists
+    them); decode the sum from the delivered model and answer with a :class:`SetupResult`."""
+
+    kind: Literal["setup_close"] = "setup_close"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    name: str = Field(pattern=SETUP_NAME_PATTERN)
+    round: int = Field(ge=0)
+    contributors: int = Field(ge=1)
+
+
+class SetupResult(WireMessage):
+    """Hospital -> server, signed: what hospital ``client`` derived from set-up sum ``name``.
+
+    ``outcome``: canonical JSON of the public result (audited as the sum's ``result_kind``);
+    ``dictionary_hash``: the dictionary it trains with from now on, when the sum derived one;
+    ``error``: why the run cannot go on (e.g. no feature is shared). Every hospital must send the
+    same three; a disagreement is a ProtocolError."""
+
+    kind: Literal["setup_result"] = "setup_result"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    name: str = Field(pattern=SETUP_NAME_PATTERN)
+    round: int = Field(ge=0)
+    client: str = Field(max_length=200)
+    outcome: str = Field(max_length=1_000_000)
+    dictionary_hash: str | None = Field(default=None, pattern=HEX64)
+    error: str | None = Field(default=None, max_length=4000)

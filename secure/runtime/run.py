@@ -3,6 +3,9 @@ transport, the Flower ServerApp over Flower; nothing else differs.
 
 A run, as data flows (architecture.md, "One round"; docs/architecture.md, "One run"):
 
+0. **Set-up sums** (:attr:`~.models.RunModels.setup`, e.g. federated scaling, shared features):
+   each announced (``setup/sum``), summed in one round, and its result agreed by every hospital
+   (``setup/result``) in the first audit run (:mod:`.setup`); the candidates' rounds follow.
 1. **Per candidate** of :class:`~.models.RunModels` (simplest first; one candidate: the model):
    a signed :class:`~.models.RunStart` tells every hospital which of *its own* candidates to
    train and for how many rounds (``setup`` step ``run/start``; a hospital under DP calibrates
@@ -46,6 +49,7 @@ from .models import (
     run_id,
 )
 from .selection import STATUS_PART, SelectionRule, SelectionTracker, read_statuses
+from .setup import check_setup, run_setup
 from .transport import Restricted, Transport
 
 CHOICE_RULE = ("lowest kept-round federated validation loss; ties (within min_delta) to the earlier, simpler "
@@ -211,14 +215,16 @@ def run_federation(models: RunModels, *, side: Any, transport: Transport, rounds
                    on_run_end: Callable[[CandidateRun], None] | None = None,
                    liveness: Callable[[], Liveness | None] | None = None,
                    journal: Journal | None = None) -> FederationRun:
-    """The whole run (module docstring): every candidate of ``models`` for up to ``rounds``
-    training rounds each, then the choice. ``side`` is the :class:`~.assemble.ServerSide` that
+    """The whole run (module docstring): the set-up sums of ``models``, then every candidate for
+    up to ``rounds`` training rounds each, then the choice. ``side`` is the :class:`~.assemble.ServerSide` that
     builds each candidate's server; ``on_round(candidate, r, outcome)`` after each training
     round and ``on_run_end(candidate)`` after each candidate's run (simulation metrics).
 
     Raises:
-        ConfigError: a crash journal with several candidates (one journal holds one run).
-        ProtocolError: a round aborted (audited; the run ends as ``failed``).
+        ConfigError: a crash journal with several candidates (one journal holds one run); set-up
+            sums under DP, CKKS or a journal (:func:`.setup.check_setup`).
+        ProtocolError: a round aborted (audited; the run ends as ``failed``); hospitals derived
+            different set-up results.
     """
     event = on_event or _quiet
     cands = models.candidates
@@ -233,6 +239,10 @@ def run_federation(models: RunModels, *, side: Any, transport: Transport, rounds
                           f"metric/validation, and {side.federation.strategy}'s adaptive step is not linear in the "
                           "sums. Write the initial "
                           "model with [selection] enabled = false (one candidate), or use fedavg / fedsgd.")
+    check_setup(models, secure_mode=side.federation.secure_mode, dp=side.dp_policy is not None,
+                journal=journal is not None)
+    models = run_setup(models, side=side, transport=transport, event=event)
+    cands = models.candidates
     out = FederationRun(runs=[])
     for index, cand in enumerate(cands):
         rid = run_id(side.federation_id, cand.name, count=len(cands))

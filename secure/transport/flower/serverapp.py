@@ -169,6 +169,9 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
         level = logging.INFO if data.get("status") == "completed" else logging.WARNING
         return level, (f"run ended ({data.get('status')}) after {data.get('rounds_completed')} of "
                        f"{data.get('rounds_planned')} round(s): {data.get('reason')}")
+    if kind == "setup_sum":
+        return logging.INFO, (f"set-up sum {data.get('name')} (round {r}): {data.get('contributors')} contributor(s); "
+                              f"the same result from {_names(data.get('hospitals'), nodes)}")
     if kind == "finished":
         return logging.INFO, f"finished: {data.get('rounds')} round(s)"
     if kind == "failed":

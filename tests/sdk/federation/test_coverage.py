@@ -172,9 +172,14 @@ def test_shared_candidates_resolve_once_and_the_list_is_audited(tmp_path):
     res = simulate(tables, tables[0].dictionary, c, audit_dir=tmp_path / "audit")
     rows = {r["name"]: r for r in res.choice["candidates"]}
     for name in ("wide_shared", "wide_shared-init1"):
-        listed = json.loads(rows[name]["overrides"])["model"]["features"]
-        assert set(listed) == set(tables[0].dictionary.node_ids()) - MISSING_AT_EAST
+        # the overrides are the config as written (what `clinograph model init` and run/start carry) ...
+        assert json.loads(rows[name]["overrides"])["model"]["features"] == "shared"
         assert rows[name]["validation_loss"] is not None and rows[name]["rounds_run"] >= 1
+    # ... the resolved list is the feature_coverage entry's, and the hospitals built those candidates on it
+    (cov,) = [e["payload"] for e in _entries(tmp_path / "audit") if e["kind"] == "feature_coverage"]
+    assert set(cov["shared"]) == set(tables[0].dictionary.node_ids()) - MISSING_AT_EAST
+    for member in res.hospitals.values():
+        assert member.clients["wide_shared"].task.config.model.features == tuple(cov["shared"])
     assert rows["wide_shared"]["validation_loss"] != rows["wide"]["validation_loss"]
     kinds = [e["kind"] for e in _entries(tmp_path / "audit")]
     assert kinds.count("feature_coverage") == 1 and kinds.index("feature_coverage") < kinds.index("model_selected")

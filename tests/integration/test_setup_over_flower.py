@@ -1,0 +1,250 @@
+"""The run's set-up sums (``[scaling] source = "federated"``, ``[model] features = "shared"``) over
+Flower give what the simulation gives.
+
+1. Loopback: the ServerApp's ``run_federation`` over a loopback Grid (the real ClientApp, relay,
+   ``HospitalWorker`` and the SuperNode factory ``make_hospital`` reading each hospital's files,
+   the initial model written by ``clinograph model init``) against ``simulate()`` of the same
+   configuration: the same ``scaling_histogram``, ``scaling_derived`` and ``feature_coverage``
+   entries, the same global model after every round, the same entry kinds.
+2. Real processes (slow): a SuperLink with TLS and SuperNode authentication, three SuperNodes and
+   ``flwr run`` of examples/flower_deployment/app, one training round after both set-up sums.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import tomli_w
+from flwr.supercore.task_identity import TaskIdentity
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "secure" / "transport"))
+APP = ROOT / "examples" / "flower_deployment" / "app"
+BIN = Path(sys.executable).parent
+RUN_ID = 911
+#: hospital.toml of every hospital: both set-up sums, one model (no candidates), a small network
+HOSPITAL = {"dictionary": "dictionary.toml", "model": {"hidden": 8, "features": "shared"}, "graph": {"k_similar": 0},
+            "training": {"lr": 0.02, "batch_size": 64}, "scaling": {"source": "federated"},
+            "selection": {"candidates": []}, "release": {"metrics": "none"}}
+SETUP_KINDS = ("scaling_histogram", "scaling_derived", "feature_coverage")
+
+
+@pytest.fixture
+def _task_identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def _entries(audit_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
+
+
+def _payloads(entries: list[dict], kind: str) -> list[dict]:
+    return [e["payload"] for e in entries if e["kind"] == kind]
+
+
+def _model_init(hospital_toml: Path, out: Path) -> None:
+    """`clinograph model init` (the real command) writes the run's models, set-up sums included."""
+    from typer.testing import CliRunner
+
+    from clinograph.cli import app
+
+    res = CliRunner().invoke(app, ["model", "init", "--config", str(hospital_toml), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "set-up sums scaling_histogram, feature_coverage" in res.output
+
+
+def _sites(root: Path) -> list[str]:
+    """Three hospitals' folders (east lacks the blood gases) and the server's initial model."""
+    from sdk_helpers import raw_tables, small_tables
+
+    dictionary = small_tables()[0].dictionary
+    names = []
+    for df, schema in raw_tables():
+        data = root / schema.site / "data"
+        data.mkdir(parents=True)
+        df.to_csv(data / "table.csv", index=False)
+        (data / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+        (data / "hospital.toml").write_text(tomli_w.dumps(HOSPITAL))
+        (data / "dictionary.toml").write_text(tomli_w.dumps(dictionary.model_dump(mode="json", exclude_none=True)))
+        names.append(schema.site)
+    (root / "server").mkdir()
+    _model_init(root / names[0] / "data" / "hospital.toml", root / "server" / "initial_model.json")
+    return names
+
+
+def _simulate(sites: Path, names: list[str], fed: dict, out: Path):
+    from clinograph.sdk.config import SimulationConfig
+    from clinograph.sdk.federation.simulate import load_tables, simulate
+
+    config = SimulationConfig.model_validate({
+        **HOSPITAL, "dictionary": str(sites / names[0] / "data" / "dictionary.toml"), "federation": fed,
+        "output": str(out / "sim"),
+        "hospitals": [{"site": n, "table": str(sites / n / "data" / "table.csv"),
+                       "schema": str(sites / n / "data" / "schema.toml")} for n in names]})
+    tables, dictionary = load_tables(config)
+    return simulate(tables, dictionary, config, audit_dir=out / "sim-audit")
+
+
+def _assert_same_run(deployed: list[dict], simulated: list[dict]) -> None:
+    for kind in SETUP_KINDS:
+        got = _payloads(deployed, kind)
+        assert len(got) == 1 and got == _payloads(simulated, kind), kind
+    (cov,) = _payloads(deployed, "feature_coverage")
+    assert cov["hospitals"] == 3 and not {"paco2", "sao2", "svo2"} & set(cov["shared"]) and cov["shared"]
+    assert _payloads(deployed, "model_selected") == _payloads(simulated, "model_selected")
+    digests = [(p["round"], p["global_state_digest"]) for p in _payloads(deployed, "aggregate")]
+    assert digests == [(p["round"], p["global_state_digest"]) for p in _payloads(simulated, "aggregate")]
+    assert [r for r, _ in digests][:3] == [0, 1, 2]  # the two sums' rounds, then training continues the numbering
+    (derived,) = _payloads(deployed, "scaling_derived")
+    manifests = _payloads(deployed, "manifest")
+    assert manifests[-1]["dictionary_hash"] == derived["dictionary_digest"]  # the candidate runs on the derived one
+    ignore = ("envelope", "artefact")
+    assert Counter(e["kind"] for e in deployed if e["kind"] not in ignore) == \
+        Counter(e["kind"] for e in simulated if e["kind"] not in ignore)
+    kinds = [e["kind"] for e in deployed]
+    assert kinds.index("scaling_histogram") < kinds.index("scaling_derived") < kinds.index("feature_coverage") \
+        < kinds.index("model_selected")
+
+
+def test_setup_sums_over_a_loopback_flower_grid_match_the_simulation(tmp_path, _task_identity):
+    from clinograph.sdk.federation.node import make_hospital
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.transport.flower.keyset import init_keyset
+    from clinograph.secure.transport.flower.serverapp import run_federation
+    from clinograph.secure.transport.flower.worker import HospitalWorker
+    from flower_helpers import LoopbackGrid
+
+    sites = tmp_path / "sites"
+    names = _sites(sites)
+    fed = {"id": "fed-setup", "rounds": 1, "min_clients": 2, "local_epochs": 1, "secure_mode": "masked",
+           "strategy": "fedavg"}
+    (sites / "server" / "server.toml").write_text(tomli_w.dumps({
+        "initial_model": "initial_model.json", "audit_dir": str(tmp_path / "flower-audit"), "federation": fed}))
+    keys = init_keyset(tmp_path / "keys", federation_id="fed-setup", hospitals=names, superlink_hosts=["127.0.0.1"],
+                       superlink_port=19097)
+    states = Path(tempfile.mkdtemp(prefix="cg-"))  # short: a worker's socket lives in its state directory
+    workers, configs = [], {}
+    for i, name in enumerate(names):
+        cfg = {"hospital": name, "state-dir": str(states / name), "data-dir": str(sites / name / "data"),
+               "key-file": str(keys.hospital_dirs[name] / f"{name}.ed25519.pem"),
+               "federation-file": str(keys.hospital_dirs[name] / "federation.toml")}
+        workers.append(HospitalWorker(node_config=cfg, factory=make_hospital))
+        workers[-1].start()
+        configs[401 + i] = cfg
+    run_config = {"server-config": str(sites / "server" / "server.toml"), "federation-file": str(keys.federation_file),
+                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "min-nodes": len(names),
+                  "wait-timeout": 1.0, "hello-timeout": 60.0, "plan-timeout": 600.0, "stage-timeout": 60.0,
+                  "end-timeout": 60.0, "relay-timeout": 600.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            run_federation(LoopbackGrid(run_id=RUN_ID, node_configs=configs, run_config=run_config), run_config)
+        finally:
+            for w in workers:
+                w.stop()
+            shutil.rmtree(states, ignore_errors=True)
+        _simulate(sites, names, fed, tmp_path)
+    _assert_same_run(_entries(tmp_path / "flower-audit"), _entries(tmp_path / "sim-audit"))
+    assert verify_audit_dir(tmp_path / "flower-audit").ok and verify_audit_dir(tmp_path / "sim-audit").ok
+
+
+TOTAL_BUDGET = 900.0  # seconds; the test fails and cleans up past this
+
+
+@pytest.mark.slow
+def test_setup_sums_over_real_flower_processes_match_the_simulation(tmp_path):
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.transport.flower.enrolment import load_federation
+    from clinograph.secure.transport.flower.keyset import init_keyset
+    from test_flower_deployment import _events, _free_port, _port_open, _wait
+
+    started = time.monotonic()
+    remaining = lambda: TOTAL_BUDGET - (time.monotonic() - started)  # noqa: E731
+    sites = tmp_path / "sites"
+    names = _sites(sites)
+    fed = {"id": "fed-setup", "rounds": 1, "min_clients": 2, "local_epochs": 1, "secure_mode": "masked",
+           "strategy": "fedavg", "environment": "production"}
+    (sites / "server" / "server.toml").write_text(tomli_w.dumps({
+        "initial_model": "initial_model.json", "audit_dir": str(tmp_path / "audit"), "federation": fed}))
+    link_port = _free_port()
+    keys = init_keyset(tmp_path / "keys", federation_id="fed-setup", hospitals=names,
+                       superlink_hosts=["127.0.0.1", "localhost"], superlink_port=link_port)
+    flwr_home = tmp_path / "flwr"
+    flwr_home.mkdir()
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "127.0.0.1:{link_port}"\n'
+        f'root-certificates = "{keys.superlink_dir / "ca.pem"}"\n')
+    env = {**os.environ, "FLWR_HOME": str(flwr_home), "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(APP), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    states = Path(tempfile.mkdtemp(prefix="cg-"))  # short: a worker's socket lives in its state directory
+    procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(name: str, cmd: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, env=env, stdout=(logs / f"{name}.log").open("wb"), stderr=subprocess.STDOUT,
+                             cwd=tmp_path, start_new_session=True)
+        procs.append((name, p))
+        return p
+
+    link = keys.superlink_dir
+    events = tmp_path / "events.jsonl"
+    try:
+        start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"),
+                            "--ssl-certfile", str(link / "server.pem"), "--ssl-keyfile", str(link / "server.key"),
+                            "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(link_port),
+                            "--disable-runtime-dependency-installation"])
+        _wait(lambda: _port_open(link_port), timeout=min(60, remaining()), what="the SuperLink", procs=procs)
+        for h in names:
+            p = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(keys.hospital_dirs[h] / f"{h}.node-auth.pub"),
+                                "loopback", "--name", h], env=env, cwd=tmp_path, capture_output=True, text=True,
+                               timeout=min(60, remaining()))
+            assert p.returncode == 0 and "registered successfully" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+        for h in names:
+            d = keys.hospital_dirs[h]
+            node_config = (f"hospital='{h}' data-dir='{sites / h / 'data'}' state-dir='{states / h}' "
+                           f"key-file='{d / f'{h}.ed25519.pem'}' federation-file='{d / 'federation.toml'}'")
+            start(f"supernode-{h}", [
+                sys.executable, "-m", "clinograph.secure.transport.flower.supernode", "--environment", "production",
+                "--node-config", node_config, "--superlink", f"127.0.0.1:{link_port}",
+                "--root-certificates", str(d / "ca.pem"), "--auth-supernode-private-key", str(d / f"{h}.node-auth"),
+                "--port", str(_free_port()), "--max-retries", "5", "--max-wait-time", "60"])
+        run_config = " ".join([
+            f"server-config='{sites / 'server' / 'server.toml'}'", f"federation-file='{link / 'federation.toml'}'",
+            f"server-key='{link / 'server.ed25519.pem'}'", f"events-file='{events}'", "min-nodes=3",
+            "rounds=1", "wait-timeout=60.0", "hello-timeout=60.0", "plan-timeout=120.0", "stage-timeout=30.0",
+            "end-timeout=30.0", "relay-timeout=120.0"])
+        start("flwr-run", [str(BIN / "flwr"), "run", str(APP), "loopback", "--run-config", run_config, "--stream"])
+        _wait(lambda: any(e["event"] in ("finished", "failed") for e in _events(events)),
+              timeout=max(1, remaining() - 60), what="the federation to finish",
+              procs=[(n, p) for n, p in procs if n in ("superlink", "flwr-run")])
+    finally:
+        for _, p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for _, p in procs:
+            p.wait(timeout=10)
+        shutil.rmtree(states, ignore_errors=True)
+    assert any(e["event"] == "finished" for e in _events(events)), (logs / "flwr-run.log").read_text()[-4000:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _simulate(sites, names, fed, tmp_path)
+    _assert_same_run(_entries(tmp_path / "audit"), _entries(tmp_path / "sim-audit"))
+    server_key = load_federation(keys.federation_file).server_public().raw
+    report = verify_audit_dir(tmp_path / "audit", trusted_server_key=server_key)
+    assert report.ok, report.problems
