@@ -63,7 +63,7 @@ STATED: dict[str, tuple[Mapping[str, str], str, str]] = {
     "FedNSL (rules)": (
         {"masked": "runs", "masked16": "not tested",
          "ckks": "refused: the server must see the mixture of posteriors it samples from"},
-        "not wired: its own driver (sdk/fednsl/federation.py), not yet the one run",
+        "not wired: the one run (run_federation) in process, but no SuperNode factory builds a hospital's rule model, and the transformer M-step runs beside the server",
         "tests/sdk/fednsl/"),
 }
 

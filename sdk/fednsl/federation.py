@@ -1,4 +1,5 @@
-"""A FedNSL federation on the one runtime (Algorithm 1 / 2 over signed rounds and a secure mode).
+"""A FedNSL federation as the one run (Algorithm 1 / 2 over signed rounds and a secure mode):
+:func:`clinograph.secure.runtime.run.run_federation` with one candidate, the rule model.
 
 Each round: every hospital's :class:`~.task.RulesTask` draws the round's candidates from the
 prior in the signed global model, runs its E-step and sends ``w_i · p_i`` through the round's
@@ -32,9 +33,12 @@ from clinograph.secure.audit import AuditTrail
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.identity import Identity
 from clinograph.secure.policy import Environment, require_allowed
-from clinograph.secure.runtime import InProcessTransport, build_server, run_rounds
+from clinograph.secure.runtime import InProcessTransport
+from clinograph.secure.runtime.assemble import ServerSide
 from clinograph.secure.runtime.build import InitialModel
 from clinograph.secure.runtime.config import FederationSection
+from clinograph.secure.runtime.models import RunModels
+from clinograph.secure.runtime.run import run_federation
 from clinograph.secure.server import FederationServer
 from clinograph.secure.spec import ModuleKind
 
@@ -98,21 +102,24 @@ def run_rules_federation(*, hospitals: Mapping[str, HospitalRules], tests: Mappi
     first = next(iter(tasks.values()))
     initial = InitialModel.create(task=first.name, dictionary_hash=dictionary_hash,
                                   spec=first.modules.spec(version=0), state=first.modules.state(ModuleKind.SHARED))
-    server = build_server(federation=fed, identity=server_identity, enrolled=publics, initial=initial, audit=audit,
-                          dp_policy=None)
-    if generator is not None:
-        def m_step(mixture: np.ndarray, public_seed: int) -> np.ndarray:
-            # the round's public seed (secure.strategies.rules.round_seed): public sampling, not a secret
-            generator.m_step(mixture, rng=np.random.default_rng(public_seed))
-            return generator.prior()
+    built: list[FederationServer] = []
 
-        server.strategy.attach_m_step(m_step, generator="transformer")  # type: ignore[attr-defined]
+    def configure(server: FederationServer) -> None:
+        built.append(server)
+        if generator is not None:
+            def m_step(mixture: np.ndarray, public_seed: int) -> np.ndarray:
+                # the round's public seed (secure.strategies.rules.round_seed): public sampling, not a secret
+                generator.m_step(mixture, rng=np.random.default_rng(public_seed))
+                return generator.prior()
+
+            server.strategy.attach_m_step(m_step, generator="transformer")  # type: ignore[attr-defined]
+
     priors = [prior0]
-
-    def after(r: int, _outcome: object) -> None:
-        priors.append(next(iter(tasks.values())).prior())
-
-    run_rounds(server, InProcessTransport(clients), rounds=fed.rounds, on_round=after)
+    side = ServerSide(federation=fed, identity=server_identity, enrolled=publics, dp_policy=None,
+                      audit_dir=audit.directory, audit=audit, configure=configure)
+    run_federation(RunModels.single(initial), side=side, transport=InProcessTransport(clients), rounds=fed.rounds,
+                   on_round=lambda _run, _r, _outcome: priors.append(next(iter(tasks.values())).prior()))
+    server = built[0]
     return RulesFederation(server=server, tasks=tasks, priors=priors)
 
 

@@ -9,7 +9,7 @@ parameter.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,9 @@ class ServerSide:
     audit_dir: Path
     audit: AuditTrail | None = None
     first_round: int = 0
+    #: called with each candidate's server once built (e.g. FedNSL attaches its M-step to the
+    #: strategy): what a caller adds to a server, never a second way to build one
+    configure: Callable[[FederationServer], None] | None = None
 
     @property
     def federation_id(self) -> str:
@@ -71,6 +74,8 @@ class ServerSide:
             audit.close()
             raise
         server.round = first_round
+        if self.configure is not None:
+            self.configure(server)
         from ..strategies.attention import InsecureAttention, PlaintextUpdateTap
 
         if isinstance(server.strategy, InsecureAttention):  # AGAT's server-side attention reads plaintext updates
