@@ -1,7 +1,8 @@
 """An F-CMs federation over the runtime: DAG voting rounds, then the concept model's rounds.
 
-Both phases run the one round loop (:func:`clinograph.secure.runtime.run_rounds`), with real
-signed plans, the configured secure mode (``masked`` by default) and one audit trail:
+Each phase is the one run (:func:`clinograph.secure.runtime.run.run_federation`, one candidate:
+the phase's model), with real signed plans, the configured secure mode (``masked`` by default)
+and one audit trail -- the vote its first run, the training the next:
 
 1. **Voting** (spec = the vote module only, strategy ``dag_voting``): each hospital's
    weighted vote is summed by the secure mode; the server decides the DAG on the tally and
@@ -30,9 +31,12 @@ from clinograph.secure.audit import AuditTrail
 from clinograph.secure.dag_voting import VOTE_MODULE, DagOutcome, decide_from_sum
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.identity import Identity
-from clinograph.secure.runtime import InProcessTransport, build_server, run_rounds
+from clinograph.secure.runtime import InProcessTransport
+from clinograph.secure.runtime.assemble import ServerSide
 from clinograph.secure.runtime.build import InitialModel
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection
+from clinograph.secure.runtime.models import RunModels
+from clinograph.secure.runtime.run import run_federation
 from clinograph.secure.server import FederationServer
 from clinograph.secure.spec import ModuleKind
 from torch import nn
@@ -101,15 +105,23 @@ def _clients(tasks: Mapping[str, ConceptTask], ids: Mapping[str, Identity], serv
             for n, t in tasks.items()}
 
 
-def _server(federation: FederationSection, *, identity: Identity, ids: Mapping[str, Identity], task: ConceptTask,
-            dictionary_hash: str, audit: AuditTrail, first_round: int,
-            dp_policy: DPPolicySection | None = None) -> FederationServer:
+def _run(federation: FederationSection, *, identity: Identity, ids: Mapping[str, Identity], task: ConceptTask,
+         dictionary_hash: str, audit: AuditTrail, first_round: int, clients: Mapping[str, HospitalClient],
+         rounds: int, dp_policy: DPPolicySection | None = None,
+         on_round: Callable[[int, Any], None] | None = None) -> FederationServer:
+    """One phase as the one run (:func:`clinograph.secure.runtime.run.run_federation`, one
+    candidate: the phase's model) over the in-process transport; returns the phase's server.
+    ``audit``: the run continues this audit run (the vote) or, once it is closed, opens the
+    next run of the same trail (the training)."""
     initial = InitialModel.create(task=task.name, dictionary_hash=dictionary_hash, spec=task.modules.spec(version=0),
                                   state=task.modules.state(ModuleKind.SHARED))
-    server = build_server(federation=federation, identity=identity, enrolled={n: i.public for n, i in ids.items()},
-                          initial=initial, audit=audit, dp_policy=dp_policy.policy() if dp_policy else None)
-    server.round = first_round  # one audit trail, round numbers continue across the phases
-    return server
+    built: list[FederationServer] = []
+    side = ServerSide(federation=federation, identity=identity, enrolled={n: i.public for n, i in ids.items()},
+                      dp_policy=dp_policy.policy() if dp_policy else None, audit_dir=audit.directory,
+                      audit=None if audit.closed else audit, first_round=first_round, configure=built.append)
+    run_federation(RunModels.single(initial), side=side, transport=InProcessTransport(dict(clients)), rounds=rounds,
+                   on_round=None if on_round is None else (lambda _run, r, outcome: on_round(r, outcome)))
+    return built[0]
 
 
 def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[str], task: str,
@@ -158,9 +170,8 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
                                       vote=votes[s.name]) for s in sites}
     voters = _clients(vote_tasks, ids, server_identity, dictionary_hash=dictionary_hash, federation_id=federation.id,
                       release=release)
-    vote_server = _server(vote_fed, identity=server_identity, ids=ids, task=next(iter(vote_tasks.values())),
-                          dictionary_hash=dictionary_hash, audit=audit, first_round=0)
-    run_rounds(vote_server, InProcessTransport(voters), rounds=vote_rounds)
+    vote_server = _run(vote_fed, identity=server_identity, ids=ids, task=next(iter(vote_tasks.values())),
+                       dictionary_hash=dictionary_hash, audit=audit, first_round=0, clients=voters, rounds=vote_rounds)
 
     # Each hospital decides the DAG from the tally in the signed global model it loaded.
     decided = {}
@@ -188,11 +199,7 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
                                     training=training, privacy=trainer)
     hospitals = _clients(tasks, ids, server_identity, dictionary_hash=dictionary_hash, federation_id=federation.id,
                          release=release)
-    server = _server(federation, identity=server_identity, ids=ids, task=next(iter(tasks.values())),
-                     dictionary_hash=dictionary_hash, audit=audit, first_round=vote_server.round,
-                     dp_policy=DPPolicySection(max_epsilon=dp.epsilon_budget, delta=dp.delta, max_clip_norm=dp.clip_norm)
-                     if dp is not None else None)
-    result = ConceptFederation(outcome=outcome, graph=graph, vote_server=vote_server, server=server,
+    result = ConceptFederation(outcome=outcome, graph=graph, vote_server=vote_server, server=None,  # type: ignore[arg-type]
                                hospitals=hospitals)
 
     def after(r: int, _outcome: Any) -> None:
@@ -200,6 +207,10 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
         if on_round is not None:
             on_round(r, hospitals)
 
-    run_rounds(server, InProcessTransport(hospitals), rounds=federation.rounds, on_round=after)
+    result.server = _run(federation, identity=server_identity, ids=ids, task=next(iter(tasks.values())),
+                         dictionary_hash=dictionary_hash, audit=audit, first_round=vote_server.round, clients=hospitals,
+                         rounds=federation.rounds, on_round=after,
+                         dp_policy=DPPolicySection(max_epsilon=dp.epsilon_budget, delta=dp.delta,
+                                                   max_clip_norm=dp.clip_norm) if dp is not None else None)
     return result
 

@@ -192,6 +192,11 @@ class ConceptTask(TaskBase):
             out.append(VOTE_MODULE)
         return out
 
+    def finish(self) -> dict[str, float | int | None]:
+        """``run/finish``: no selection and no calibration for concept models -- the last round's
+        model is kept (the vote's task has no model at all)."""
+        return {"round": None}
+
     def after_round(self) -> None:
         return None
 

@@ -58,7 +58,7 @@ EQUIVALENCE: dict[tuple[str, str], str] = {
 STATED: dict[str, tuple[Mapping[str, str], str, str]] = {
     "concepts (F-CMs, DAG vote)": (
         {"masked": "runs", "masked16": "not tested", "ckks": "refused: the server must see the vote tally it audits"},
-        "not wired: the vote-then-train phases have their own driver (sdk/concepts/federation.py), not yet the one run",
+        "not wired: both phases are the one run (run_federation) in process, but no SuperNode factory builds a hospital's concept model from the voted DAG",
         "tests/sdk/concepts/"),
     "FedNSL (rules)": (
         {"masked": "runs", "masked16": "not tested",

@@ -28,8 +28,11 @@ def test_concepts_demo_votes_audits_and_reports_the_dag(tmp_path):
     assert ("PULMEMBOLUS", "SHUNT") in voted and ("VENTLUNG", "SHUNT") not in voted  # the wrong edge is outvoted
     html = (out / "concepts_report.html").read_text()
     assert 'id="verification-ok"' in html
-    section = re.search(r'<section id="dag">(.*?)</section>', html, re.S).group(1)
-    assert 'id="img-dag"' in section
+    # the vote is the federation's first run (the one run, one candidate: the vote module), the
+    # training its second: the report shows the DAG in the vote run's section
+    assert '<section id="run-1">' in html or 'id="run1-dag"' in html
+    section = re.search(r'<section id="run1-dag">(.*?)</section>', html, re.S).group(1)
+    assert 'id="run1-img-dag"' in section
     rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td><td>(adopted|not adopted)</td>", section)
     assert {(a, b) for a, b, o in rows if o == "adopted"} == voted
     assert ("VENTLUNG", "SHUNT", "not adopted") in rows
