@@ -127,6 +127,11 @@ class HospitalClient:
             self.outgoing.append(reply)
         return reply
 
+    @property
+    def last_planned_round(self) -> int | None:
+        """The round of the last plan this hospital verified (None: none yet)."""
+        return self.plan.round if self.plan is not None else None
+
     def decrypted_result(self) -> ModuleSums | None:
         """In modes where the server never sees the sum (ckks), the aggregate this hospital decrypted."""
         return self._mode_client.decrypted_result() if self._mode_client is not None else None

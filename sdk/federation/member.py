@@ -126,6 +126,14 @@ class FederationMember:
         """The last plan the active candidate's client verified."""
         return self.active.plan
 
+    @property
+    def last_planned_round(self) -> int | None:
+        """The round of the last plan this hospital answered -- the set-up sum's client while a sum
+        runs, else the active candidate's -- without building a candidate (None: none yet)."""
+        setup = self.setup.client if self.setup is not None else None
+        client = setup if setup is not None else self.clients.get(self._active)
+        return client.last_planned_round if client is not None else None
+
     def decrypted_result(self) -> Any:
         """In modes where the server never sees the sum (ckks), the aggregate the active client decrypted."""
         return self.active.decrypted_result()

@@ -121,8 +121,10 @@ class HospitalWorker:
                                     "before the hello; the ServerApp must greet every node first.")
             round_ = header.get("round")
             round_ = round_ if isinstance(round_, int) and round_ >= 0 else 0
-            plan = getattr(participant, "plan", None)  # the round a delivered model closes: its last plan's
-            closing = plan.round if isinstance(getattr(plan, "round", None), int) else None
+            # the round a delivered model closes: the hospital's last planned round (an optional
+            # attribute of a participant; reading it builds nothing)
+            closing = getattr(participant, "last_planned_round", None)
+            closing = closing if isinstance(closing, int) and not isinstance(closing, bool) else None
             try:
                 out = dispatch(participant, str(stage), parts)
             except ClinographError as exc:
