@@ -37,6 +37,7 @@ from clinograph.sdk.concepts.views import ClientView, make_client_views
 from clinograph.sdk.datasets import bnlearn
 from clinograph.secure.dag_voting import decide_dag, diff_pairs, encode_vote, tally_from_sum
 
+from research._common import add_convention, out_path, results_dir, save
 from research.fcm_bnlearn.fcm_federation import ClientData, FCMFederation, FederationConfig
 
 KINDS = ("cbm", "cem", "cgm", "c2bm")
@@ -288,7 +289,7 @@ def summarise(values):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
+    add_convention(p, quick_help="Asia, one seed, few rounds")
     p.add_argument("--networks", nargs="*", default=list(bnlearn.TASKS))
     p.add_argument("--kinds", nargs="*", default=list(KINDS))
     p.add_argument("--seeds", type=int, default=2, help="seeds for asia, sachs, alarm")
@@ -309,14 +310,14 @@ def main(argv=None) -> int:
                    help="a learning rate, or 'tuned': per network and model from --tuning (else 3e-3)")
     p.add_argument("--tune", action="store_true",
                    help="grid-search the learning rate on seed 0's validation task accuracy; write --tuning")
-    p.add_argument("--tuning", default=str(Path(__file__).parent / "results" / "fcm_tuning.json"))
+    p.add_argument("--tuning", default=str(results_dir(__file__) / "fcm_tuning.json"))
     p.add_argument("--hidden", type=int, default=64, help="node-module MLP width")
     p.add_argument("--emb", type=int, default=16, help="concept-embedding size r (cem, cgm, c2bm)")
     p.add_argument("--local-epochs", type=int, default=2)
     p.add_argument("--adaptation-only", action="store_true",
                    help="add the E1/E2 adaptation fraction (structure only, no training) to an existing --out JSON")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "fcm_bnlearn.json"))
     args = p.parse_args(argv)
+    args.out = str(out_path(__file__, args))
     if args.signal_scale is not None:
         args.data = str(args.signal_scale)
     args.clients, args.per_round = 20, 10
@@ -408,9 +409,8 @@ def main(argv=None) -> int:
                      "total_seconds": report["total_seconds"], "learning_rates": lrs})
         old["networks"].update(report["networks"])
         report = {**old, "runs": runs, "total_seconds": sum(r["total_seconds"] or 0 for r in runs)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out} in {report['total_seconds']:.0f}s", file=sys.stderr)
+    save(report, Path(args.out), sort_keys=False, indent=1)
+    print(f"{report['total_seconds']:.0f}s", file=sys.stderr)
     return 0
 
 

@@ -19,7 +19,6 @@ Asserts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -32,6 +31,7 @@ from clinograph.sdk.concepts.opaque import train_centralised
 from clinograph.sdk.datasets import bnlearn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from research._common import add_convention, out_path, save  # noqa: E402
 from research.fcm_bnlearn.fcm_bnlearn import PAPER_CENT_OPAQUE  # noqa: E402  (Table 1, Cent. OpaqNN)
 
 
@@ -69,15 +69,15 @@ def interpolate_scale(scales: list[float], acc: list[float], target: float) -> f
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
+    add_convention(p, quick_help="Asia, one seed, three scales")
     p.add_argument("--networks", nargs="*", default=list(bnlearn.TASKS))
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--ae-epochs", type=int, default=10)
     p.add_argument("--inputs", choices=["all", "concepts"], default="all",
                    help="columns fed to the autoencoder, as fcm_bnlearn.py --inputs")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "fcm_calibration.json"))
     args = p.parse_args(argv)
+    args.out = out_path(__file__, args)
     grid = [0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0, 1.2, 1.5]
     if args.quick:
         args.networks, args.seeds, grid = ["asia"], 1, [0.2, 0.4, 0.8]
@@ -105,9 +105,7 @@ def main(argv=None) -> int:
         print(f"{nm:10s} natural val={report['networks'][nm]['natural_scale']['val_acc']:.1f} "
               f"target={PAPER_CENT_OPAQUE[nm]} -> s={chosen}", file=sys.stderr)
     report["total_seconds"] = time.perf_counter() - t0
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out} in {report['total_seconds']:.0f}s", file=sys.stderr)
+    save(report, args.out, sort_keys=False, indent=1)
     return 0
 
 

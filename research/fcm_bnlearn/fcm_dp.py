@@ -52,9 +52,9 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from research._common import RESULTS, machine  # noqa: E402
-from research.fcm_bnlearn.fcm_bnlearn import client_split, labels_of, prepare  # noqa: E402
-from research.fcm_bnlearn.fcm_lr import lr_rows  # noqa: E402
+from research._common import add_convention, machine, out_path, results_dir, save  # noqa: E402
+
+RESULTS = results_dir(__file__)
 from clinograph.sdk.concepts.encoders import MLPEncoder  # noqa: E402
 from clinograph.sdk.concepts.graph import ConceptGraph  # noqa: E402
 from clinograph.sdk.concepts.metrics import evaluate  # noqa: E402
@@ -65,6 +65,7 @@ from clinograph.sdk.privacy.calibration import calibrate_noise_multiplier  # noq
 from clinograph.sdk.training.metrics import binary_metrics  # noqa: E402
 from clinograph.secure.dp import calibrate_noise_multiplier as skellam_sigma  # noqa: E402
 
+from research.fcm_bnlearn.fcm_bnlearn import client_split, labels_of, prepare  # noqa: E402
 from research.fcm_bnlearn.fcm_federation import (  # noqa: E402
     ClientData,
     ConceptDP,
@@ -72,6 +73,7 @@ from research.fcm_bnlearn.fcm_federation import (  # noqa: E402
     FederationConfig,
     local_dp_steps_per_epoch,
 )
+from research.fcm_bnlearn.fcm_lr import lr_rows  # noqa: E402
 
 NETWORK, DELTA, CLIP = "asia", 1e-5, 1.0
 #: F-CMs Table 5 (task accuracy, concept accuracy) at ε = 10 / 5 / 1
@@ -191,8 +193,8 @@ def summarise(vals):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_convention(ap, quick_help="1 seed, few rounds, small data")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--kinds", nargs="*", default=["c2bm", "opaqnn"])
     ap.add_argument("--modes", nargs="*", default=["none", "local", "distributed"])
@@ -206,7 +208,6 @@ def main() -> None:
     ap.add_argument("--server-lr", type=float, default=3e-3, help="distributed: the server's Adam lr")
     ap.add_argument("--min-honest", type=int, default=5, help="distributed: h of the 10 sampled clients")
     ap.add_argument("--scale", type=float, default=2.0 ** 16, help="distributed: ring fixed-point scale s")
-    ap.add_argument("--out", default=str(RESULTS / "fcm_dp.json"))
     ap.add_argument("--baselines-only", action="store_true",
                     help="only the logistic-regression rows (research/fcm_bnlearn/fcm_lr.py); merged into an existing --out")
     ap.add_argument("--seed-list", nargs="*", type=int, default=None, help="run only these seeds (partial JSON)")
@@ -214,6 +215,7 @@ def main() -> None:
     ap.add_argument("--merge-logs", nargs="*", default=None,
                     help="stdout logs of runs (one printed dict a run, values rounded to 3 decimals) to merge into --out")
     a = ap.parse_args()
+    a.out = str(out_path(__file__, a))
     args = SimpleNamespace(clients=20, per_round=10, perturb_clients=0.2, perturb_edges=0.3, join=10,
                            local_epochs=2, **{k: getattr(a, k) for k in ("rounds", "dist_rounds", "batch", "lr", "dp_lr", "tuned",
                                                                          "server_lr", "min_honest", "scale")})
@@ -282,9 +284,7 @@ def main() -> None:
            if baselines else None,
            "seconds": seconds, "seconds_note": "sum over the parallel processes" if partials else "",
            "machine": machine(), "quick": a.quick}
-    text = json.dumps(out, indent=2, sort_keys=True, default=float)
-    if not a.quick:
-        Path(a.out).write_text(text)
+    save(out, Path(a.out))
     print(json.dumps({k: {m: (v[m]["mean"] if isinstance(v.get(m), dict) else v.get(m))
                           for m in ("task_acc", "concept_acc", "task_auroc", "paper_task_acc")}
                       for k, v in summary.items()}, indent=1))

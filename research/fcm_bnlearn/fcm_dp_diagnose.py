@@ -42,15 +42,15 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from research._common import RESULTS, machine  # noqa: E402
-from research.fcm_bnlearn.fcm_bnlearn import client_split, labels_of, prepare  # noqa: E402
-from research.fcm_bnlearn.fcm_dp import CLIP, DELTA, NETWORK, PAPER, TUNED  # noqa: E402
 from clinograph.sdk.concepts.metrics import evaluate  # noqa: E402
 from clinograph.sdk.concepts.model import fcm_loss  # noqa: E402
 from clinograph.sdk.concepts.modules import ConceptHParams  # noqa: E402
 from clinograph.sdk.datasets import bnlearn  # noqa: E402
 from clinograph.sdk.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
 
+from research._common import add_convention, machine, out_path, save  # noqa: E402
+from research.fcm_bnlearn.fcm_bnlearn import client_split, labels_of, prepare  # noqa: E402
+from research.fcm_bnlearn.fcm_dp import CLIP, DELTA, NETWORK, PAPER, TUNED  # noqa: E402
 from research.fcm_bnlearn.fcm_federation import (  # noqa: E402
     ClientData,
     ConceptDP,
@@ -115,14 +115,14 @@ def one(variant: str, eps: float, data, args, seed: int = 0) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_convention(ap, quick_help="1 variant, 1 ε, small data")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
     ap.add_argument("--epsilons", nargs="*", type=float, default=[10.0, 5.0, 1.0])
     ap.add_argument("--seeds", nargs="*", type=int, default=[0])
-    ap.add_argument("--out", default=str(RESULTS / "fcm_dp_diagnose.json"))
     ap.add_argument("--append", action="store_true", help="add the runs to an existing --out")
     a = ap.parse_args()
+    a.out = str(out_path(__file__, a))
     args = SimpleNamespace(clients=20, per_round=10, perturb_clients=0.2, perturb_edges=0.3, join=10, local_epochs=2,
                            rounds=30, batch=512)
     n, ae = bnlearn.PAPER_SAMPLES[NETWORK], 10
@@ -134,12 +134,9 @@ def main() -> None:
     for seed in a.seeds:
         data = prepare(NETWORK, seed=seed, n=n, ae_epochs=ae, inputs="all", data="calibrated")
         runs += [one(v, e, data, args, seed) for v in variants for e in epsilons]
-    if not a.quick:
-        old = json.loads(Path(a.out).read_text()) if a.append and Path(a.out).exists() else {"runs": [], "seconds": 0}
-        Path(a.out).write_text(json.dumps({"benchmark": "fcm_dp_diagnose", "settings": vars(args),
-                                           "runs": old["runs"] + runs,
-                                           "seconds": old["seconds"] + round(time.time() - t0, 1),
-                                           "machine": machine()}, indent=2, default=float))
+    old = json.loads(Path(a.out).read_text()) if a.append and Path(a.out).exists() else {"runs": [], "seconds": 0}
+    save({"benchmark": "fcm_dp_diagnose", "settings": vars(args), "runs": old["runs"] + runs,
+          "seconds": old["seconds"] + round(time.time() - t0, 1), "machine": machine()}, Path(a.out), sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from research._common import machine, write
 from clinograph.sdk.datasets.alarm import load_dictionary, render_patients, sample_alarm
 from clinograph.sdk.fednsl import (
     EStepSettings,
@@ -60,6 +59,8 @@ from clinograph.secure.audit.verify import verify_audit_dir
 from clinograph.secure.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
 from sklearn.metrics import roc_auc_score
+
+from research._common import add_convention, machine, out_path, write
 
 SITES = {"north": 1200, "south": 900, "east": 900}
 PE_SHARE = {"north": 0.0, "south": 0.25, "east": None}  # None: the population's own mix
@@ -287,12 +288,12 @@ ARMS = ("fednsl_kl", "fednsl_no_kl", "fednsl_kl_crossval", "fednsl_own_val", "fe
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--tag", default="", help="write fednsl_clinical_<tag>.json (extra runs keep the main JSON)")
-    ap.add_argument("--quick", action="store_true", help="1 seed, 3 rounds, λ ∈ {0, 0.1} (eq. 2): a smoke run")
+    add_convention(ap, quick_help="1 seed, 3 rounds, λ ∈ {0, 0.1} (eq. 2): a smoke run")
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -331,8 +332,7 @@ def main() -> None:
                "goal_kl_gt_nokl_gt_fedavg": bool(u["fednsl_kl"] > u["fednsl_no_kl"] > u["fedavg"]),
                "goal_seeds_met": int(sum(wins)),
                "per_seed": per_seed, "seconds": time.time() - t0, "machine": machine()}
-    name = "fednsl_clinical_quick" if args.quick else "fednsl_clinical" + (f"_{args.tag}" if args.tag else "")
-    print(write(name, payload))
+    write(out_path(__file__, args, name="fednsl_clinical" + (f"_{args.tag}" if args.tag else "")), payload)
     for a in ARMS:
         print(f"{a:15s} " + "  ".join(f"{k}={v['mean']:.3f}±{v['sd']:.3f}" for k, v in summary[a].items()))
     for t in tags:

@@ -40,7 +40,6 @@ import time
 
 import numpy as np
 import torch
-from research._common import machine, write
 from clinograph.sdk.fednsl.gmm import (
     GMM,
     ClientData,
@@ -52,6 +51,8 @@ from clinograph.sdk.fednsl.gmm import (
 )
 from sklearn.linear_model import LogisticRegression
 from torch import nn
+
+from research._common import add_convention, machine, out_path, write
 
 ROUNDS, STEPS, LR = 30, 20, 0.01
 
@@ -257,9 +258,12 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
+    add_convention(ap, quick_help="2 seeds")
     args = ap.parse_args()
+    if args.quick:
+        args.seeds = min(args.seeds, 2)
     torch.set_num_threads(1)
     t0 = time.time()
     runs = {m: [run_method(m, s) for s in range(args.seeds)] for m in METHODS}
@@ -281,7 +285,7 @@ def main() -> None:
                               "train_all": "accuracy on the client's whole training set vs its training labels, "
                                            "relabelled points included (Fig. 2 a1-a3)"},
                "seconds": time.time() - t0, "machine": machine()}
-    print(write("fednsl_synthetic", payload))
+    write(out_path(__file__, args), payload)
     for view, rows in summary["methods"].items():
         print(view)
         for m, row in rows.items():

@@ -34,11 +34,10 @@ from tempfile import TemporaryDirectory
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 sys.path.insert(0, str(ROOT / "tests" / "secure" / "transport"))
-from research._common import emit, machine  # noqa: E402
+from research._common import add_convention, emit, machine, out_path  # noqa: E402
 
 APP = ROOT / "examples" / "flower_deployment" / "app"
 BIN = Path(sys.executable).parent
-OUT = Path(__file__).parent / "results" / "flower_scale.json"
 
 
 def _free_port() -> int:
@@ -181,11 +180,10 @@ def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="4 SuperNodes; print JSON, write nothing")
+    add_convention(ap, quick_help="4 SuperNodes")
     ap.add_argument("-n", type=int, default=None, help="SuperNodes (default 20; 4 with --quick)")
     ap.add_argument("--budget", type=float, default=900.0, help="seconds before giving up")
     ap.add_argument("--keep", type=Path, default=None, help="work in this new folder and keep it (logs)")
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     n = args.n or (4 if args.quick else 20)
     timeouts = (max(240.0, 30.0 * n), max(120.0, 15.0 * n))  # every node starts a ClientApp process a message
@@ -196,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
         with TemporaryDirectory(prefix="flower_scale_") as tmp:
             row = run(n, Path(tmp), args.budget, timeouts)
     result = {"benchmark": "flower_scale", "quick": args.quick, "machine": machine(), **row}
-    emit(result, out=args.out or (None if args.quick else OUT))
+    emit(result, out=out_path(__file__, args))
     return result
 
 

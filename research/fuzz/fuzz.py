@@ -21,11 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
+sys.path.insert(0, str(ROOT))
+from research._common import add_convention, out_path, save  # noqa: E402
+
 TARGETS = {"tables": "tests/sdk/ingest/test_fuzz_tables.py",
            "exports": "tests/sdk/ingest/test_fuzz_exports.py",
            "server_stages": "tests/secure/test_server_hostile.py::test_hostile_messages_at_any_stage_never_break_the_round"}
-OUT = Path(__file__).parent / "results" / "fuzz.json"
 
 
 def run(name: str, target: str, examples: int, log: Path) -> dict:
@@ -38,13 +40,14 @@ def run(name: str, target: str, examples: int, log: Path) -> dict:
     tail = [line for line in out.stdout.splitlines() if " passed" in line or " failed" in line]
     return {"target": target, "examples_per_property": examples, "seconds": round(seconds, 1),
             "findings": 0 if out.returncode == 0 else max(1, out.stdout.count("FAILED")),
-            "summary": tail[-1] if tail else out.stdout[-300:], "log": str(log.relative_to(ROOT))}
+            "summary": tail[-1] if tail else out.stdout[-300:],
+            "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else str(log)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--examples", type=int, default=2000)
-    p.add_argument("--quick", action="store_true", help="200 examples each")
+    add_convention(p, quick_help="200 examples each")
     p.add_argument("--only", default="", help=f"comma-separated targets of {sorted(TARGETS)} (default: all); the "
                                               "JSON then holds only those")
     a = p.parse_args()
@@ -52,12 +55,11 @@ def main() -> None:
     names = [n for n in a.only.split(",") if n] or list(TARGETS)
     if unknown := sorted(set(names) - set(TARGETS)):
         p.error(f"unknown targets {unknown}; choose from {sorted(TARGETS)}")
-    out = OUT.with_name("fuzz_quick.json") if a.quick else OUT
-    if a.only:
-        out = out.with_name(out.stem + "_" + "_".join(names) + ".json")
-    results = {name: run(name, TARGETS[name], examples, out.with_name(f"fuzz_{name}.log")) for name in names}
-    out.write_text(json.dumps({"benchmark": "fuzz", "results": results,
-                               "findings": sum(r["findings"] for r in results.values())}, indent=2))
+    out = out_path(__file__, a, name="fuzz" + ("_" + "_".join(names) if a.only else ""))
+    quick = "_quick" if a.quick else ""
+    results = {name: run(name, TARGETS[name], examples, out.with_name(f"fuzz_{name}{quick}.log")) for name in names}
+    save({"benchmark": "fuzz", "results": results, "findings": sum(r["findings"] for r in results.values())}, out,
+         sort_keys=False)
     print(json.dumps(results, indent=2))
 
 

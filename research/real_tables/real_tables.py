@@ -62,7 +62,7 @@ SURVIVAL_ABLATIONS: dict[str, dict] = {
 }
 #: the survival form's settings over NSFL_DEFAULTS, chosen by the survival ablation (seeds 100-102,
 #: relative to NSFL_DEFAULTS): the lowest federated validation loss averaged over both cohorts,
-#: lower than the defaults' on each (docs/model_quality.md)
+#: lower than the defaults' on each (research/real_tables/README.md)
 SURVIVAL_SETTINGS: dict = {"model": {"hidden": 32}}
 ABLATIONS: dict[str, dict] = {
     "default": {},
@@ -332,7 +332,7 @@ SURVIVAL_LABELS = {
 
 
 def survival_markdown(payload: dict) -> str:
-    """The survival section's tables of docs/model_quality.md from a result file."""
+    """The survival section's tables of research/real_tables/README.md from a result file."""
     lines = []
     fmt = lambda v: "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"  # noqa: E731
     for cohort, res in payload.get("survival", {}).items():

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from research._common import RESULTS, emit, machine, median  # noqa: E402
+from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
 #: (feature id, unit written, OMOP unit concept, typical value, sd)
 FEATURES = (("heart_rate", "/min", 8541, 80.0, 12.0), ("systolic_bp", "mm[Hg]", 8876, 120.0, 15.0),
@@ -155,11 +155,11 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=8)
     ap.add_argument("--fhir-patients", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true")
+    add_convention(ap, quick_help="2 000 patients")
     ap.add_argument("--only", choices=("omop", "meds", "fhir"), action="append",
                     help="time only these readers (repeatable); default all")
-    ap.add_argument("--out", type=Path, default=RESULTS / "ehr_readers.json")
     args = ap.parse_args()
+    args.out = out_path(__file__, args)
     if args.quick:
         args.patients, args.fhir_patients, args.repeats = 2000, 500, 1
     from clinograph.sdk.datasets.alarm import load_dictionary
@@ -199,7 +199,7 @@ def main() -> None:
     if args.only and not args.quick and args.out.exists():  # --only: update those readers in an earlier result
         earlier = json.loads(args.out.read_text())
         result = {**earlier, **result, "patients": args.patients}
-    emit(result, out=None if args.quick else args.out)
+    emit(result, out=args.out)
 
 
 ex_dictionary = None

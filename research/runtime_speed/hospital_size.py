@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from research._common import RESULTS, emit, machine  # noqa: E402
+from research._common import add_convention, emit, machine, out_path  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, tempfile, time
@@ -42,12 +42,12 @@ print(json.dumps({"patients": [t.n_patients for t in tables], "seconds": seconds
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
+    add_convention(ap, quick_help="scale 0.25, 1 round")
     ap.add_argument("--scales", type=float, nargs="+", default=[1.0, 5.0])
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     scales, rounds = ([0.25], 1) if a.quick else (a.scales, a.rounds)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the repository root
     rows = []
     for s in scales:
         out = subprocess.run([sys.executable, "-c", CHILD, str(s), str(rounds), root], check=True,
@@ -57,7 +57,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     emit({"benchmark": "hospital_size", "machine": machine(), "rounds": rounds, "rows": rows},
-         out=None if a.quick else RESULTS / "hospital_size.json")
+         out=out_path(__file__, a))
 
 
 if __name__ == "__main__":

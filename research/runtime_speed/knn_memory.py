@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from research._common import RESULTS, emit, machine, median  # noqa: E402
+from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
 FEATURES = 30
 ALL_ROWS = 1 << 62
@@ -50,7 +50,7 @@ def measure(n: int, block: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
+    add_convention(ap)
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     from clinograph.sdk.graph.build import KNN_BLOCK_BYTES
@@ -74,7 +74,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     emit({"benchmark": "knn_memory", "machine": machine(), "block_bytes": KNN_BLOCK_BYTES, "reps": reps,
-          "rows": rows}, out=None if a.quick else RESULTS / "knn_memory.json")
+          "rows": rows}, out=out_path(__file__, a))
 
 
 if __name__ == "__main__":

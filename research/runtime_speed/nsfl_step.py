@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from research._common import RESULTS, emit, machine, median  # noqa: E402
+from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
 
 def per_copy_neighbourhood(model, stars, batch: torch.Tensor) -> torch.Tensor:
@@ -42,15 +42,16 @@ def per_copy_neighbourhood(model, stars, batch: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
+    add_convention(ap)
     ap.add_argument("--reps", type=int, default=40)
     a = ap.parse_args()
     reps = 5 if a.quick else a.reps
     torch.set_num_threads(1)
-    from research.demo_quality.demo_quality import demo_tables
     from clinograph.sdk.graph import star_batch
     from clinograph.sdk.model import NSFLConfig, NSFLModel
     from clinograph.sdk.training import bce
+
+    from research.demo_quality.demo_quality import demo_tables
 
     d, tables = demo_tables(0, 1.0)
     table = next(t for t in tables if t.site == "north")
@@ -85,7 +86,7 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
     emit({"benchmark": "nsfl_step", "reps": reps, "statistic": "median seconds of forward + backward, x1000",
-          "machine": machine(), "rows": rows}, out=None if a.quick else RESULTS / "nsfl_step.json")
+          "machine": machine(), "rows": rows}, out=out_path(__file__, a))
 
 
 if __name__ == "__main__":

@@ -18,15 +18,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from research._common import machine, median, write  # noqa: E402
 from clinograph.sdk.config import SimulationConfig  # noqa: E402
 from clinograph.sdk.datasets.alarm import DEFAULT_HOSPITALS, load_dictionary, make_hospital_tables  # noqa: E402
 from clinograph.sdk.federation.simulate import simulate_one as simulate  # noqa: E402
 from clinograph.sdk.graph import build_graph, star_batch  # noqa: E402
 from clinograph.sdk.ingest import ingest  # noqa: E402
 
+from research._common import add_convention, machine, median, write  # noqa: E402
+from research._common import out_path as default_out  # noqa: E402
 
-def main(quick: bool) -> None:
+
+def main(quick: bool, out_path: Path) -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     scale, rounds, reps = (0.25, 2, 1) if quick else (1.0, 3, 3)
@@ -53,7 +55,7 @@ def main(quick: bool) -> None:
             per_mode[mode]["round"] += res.timings["round_seconds"]
             per_mode[mode]["training"] += res.timings["local_training_seconds"]
             per_mode[mode]["protocol_and_aggregation"] += res.timings["protocol_and_aggregation_seconds"]
-    out = {
+    result = {
         "machine": machine(),
         "parameters": {"hospitals": {t.site: t.n_patients for t in tables}, "rounds": rounds, "reps": reps,
                        "local_epochs": 2, "k_similar": 5, "hidden": 32, "torch_threads": 1},
@@ -62,12 +64,12 @@ def main(quick: bool) -> None:
         "per_mode_seconds_median": {m: {k: median(v) for k, v in st.items()} for m, st in per_mode.items()},
         "masked_over_plaintext_round": median(per_mode["masked"]["round"]) / median(per_mode["insecure_plaintext"]["round"]),
     }
-    path = write("spine_rounds" + ("_quick" if quick else ""), out)
-    print(path)
-    print(out["per_mode_seconds_median"], out["masked_over_plaintext_round"])
+    write(out_path, result)
+    print(result["per_mode_seconds_median"], result["masked_over_plaintext_round"])
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--quick", action="store_true")
-    main(p.parse_args().quick)
+    add_convention(p, quick_help="1/4 size, 2 rounds, 1 repetition")
+    args = p.parse_args()
+    main(args.quick, default_out(__file__, args))

@@ -33,13 +33,12 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from research._common import emit, machine  # noqa: E402
 from clinograph.secure.masking import MaskingClient, MaskingServer  # noqa: E402
 from clinograph.secure.masking.params import masked_defaults, neighbour_graph  # noqa: E402
 from clinograph.secure.transport import run_aggregation  # noqa: E402
-from secure_aggregation_masked import _Ours, make_case  # noqa: E402
 
-OUT = Path(__file__).parent / "results" / "scale.json"
+from research._common import add_convention, emit, machine, out_path  # noqa: E402
+from research.secure_aggregation_cost.secure_aggregation_masked import _Ours, make_case  # noqa: E402
 
 
 def spread(graph: dict[str, frozenset[str]], count: int) -> list[str]:
@@ -130,10 +129,9 @@ def case(n: int, p: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="n in {10, 20}, P = 1e4; print JSON, write nothing")
+    add_convention(ap, quick_help="n in {10, 20}, P = 1e4")
     ap.add_argument("--max-p", type=int, default=1_000_000, help="skip larger P")
-    ap.add_argument("--only", type=str, default=None, help="one case 'n,P' (printed, not written)")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--only", type=str, default=None, help="one case 'n,P' (written as a quick run)")
     args = ap.parse_args(argv)
     ns, ps = ([10, 20], [10_000]) if args.quick else ([10, 20, 50, 100], [10_000, 100_000, 1_000_000])
     if args.only:
@@ -142,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [case(n, p) for p in ps if p <= args.max_p for n in ns]
     result = {"benchmark": "scale", "quick": args.quick, "machine": machine(), "rows": rows,
               "note": "one round per (n, P); clients run serially in this process"}
-    emit(result, out=args.out or (None if args.quick else OUT))
+    emit(result, out=out_path(__file__, args))
     return result
 
 

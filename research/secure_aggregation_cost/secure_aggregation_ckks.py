@@ -21,12 +21,10 @@ research/secure_aggregation_cost/results/secure_aggregation_ckks.json (full run)
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import tenseal as ts
@@ -47,7 +45,8 @@ from clinograph.secure.messages import RoundPlan
 from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
 from clinograph.secure.wire import open_envelope, parse_envelope
 
-OUT = Path(__file__).parent / "results" / "secure_aggregation_ckks.json"
+from research._common import add_convention, emit, machine, out_path
+
 FED = "bench"
 
 
@@ -189,9 +188,8 @@ def _machine() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="n = 5, P = 1e5; print JSON, write only with --out")
+    add_convention(ap, quick_help="n = 5, P = 1e5")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     ns, ps = ((5,), (100_000,)) if args.quick else ((5, 10, 20), (100_000, 1_000_000))
     configs = [CkksPreset.ADD_ONLY_128.value, CkksPreset.ADD_ONLY_128_COMPACT.value, "nvflare_default_tenseal"]
@@ -220,7 +218,7 @@ def main() -> None:
             for c in configs[:2]:
                 base[c]["round_ratio_vs_nvflare"] = base[c]["round_s"] / base["nvflare_default_tenseal"]["round_s"]
                 base[c]["upload_ratio_vs_nvflare"] = base[c]["upload_bytes"] / base["nvflare_default_tenseal"]["upload_bytes"]
-    result = dict(benchmark="secure_aggregation_ckks", quick=args.quick, machine=_machine(),
+    result = dict(benchmark="secure_aggregation_ckks", quick=args.quick, machine={**machine(("pydantic",)), **_machine()},
                   notes=("medians over reps; ours = CkksClient/CkksServer end to end incl. signing and the wire "
                          "envelope (ciphertexts as raw envelope attachments, secure/wire.py: compare upload_bytes with "
                          "upload_ciphertext_bytes; upload_flower_message_bytes is the same envelope inside the Flower "
@@ -228,12 +226,7 @@ def main() -> None:
                          "anchor = tenseal.ckks_vector with NVFLARE's default context, n_threads=1, no envelope; "
                          "round_s = encrypt_s + server_s + decrypt_s (hospitals in parallel)"),
                   rows=rows)
-    text = json.dumps(result, indent=2)
-    out = args.out or (None if args.quick else OUT)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    print(text)
+    emit(result, out=out_path(__file__, args))
 
 
 if __name__ == "__main__":

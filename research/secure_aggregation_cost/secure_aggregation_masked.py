@@ -57,7 +57,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from research._common import emit, machine  # noqa: E402
 from clinograph.secure import wire  # noqa: E402
 from clinograph.secure.aggregation import LocalUpdate, create_mode  # noqa: E402
 from clinograph.secure.hazmat import x25519  # noqa: E402
@@ -70,7 +69,8 @@ from clinograph.secure.messages import MAX_MESSAGE_BYTES, RoundPlan  # noqa: E40
 from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec  # noqa: E402
 from clinograph.secure.transport import run_aggregation  # noqa: E402
 
-OUT = Path(__file__).parent / "results" / "secure_aggregation_masked.json"
+from research._common import add_convention, emit, machine, out_path  # noqa: E402
+
 N_MODULES = 4
 
 
@@ -460,9 +460,8 @@ def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes; print JSON, write nothing")
+    add_convention(ap, quick_help="small sizes")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--no-flower", action="store_true", help="skip Flower's SecAgg+ (faster)")
     args = ap.parse_args(argv)
     grid = [(5, 10_000), (10, 10_000)] if args.quick else \
@@ -485,7 +484,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "flower": "SecAggPlusWorkflow(num_shares=k+1, reconstruction_threshold=t, "
                                        "clipping_range=8, quantization 2^22, modulus 2^32)"},
               "cases": cases}
-    emit(result, out=args.out or (None if args.quick else OUT))
+    emit(result, out=out_path(__file__, args))
     return result
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from research._common import machine, summarise_arms, write  # noqa: E402
+from research._common import add_convention, machine, out_path, summarise_arms, write  # noqa: E402
 
 FEDERATED = ("nsfl_static", "nsfl_temporal", "agat_plaintext", "agat_secure")
 ARMS = FEDERATED + ("fedavg_mlp_aligned", "standalone_mlp", "standalone_lr", "pooled_lr", "pooled_lr_trend")
@@ -127,8 +127,9 @@ def pooled_lr_trend(tables, splits) -> dict:
 
 
 def run_baselines(tables, splits, *, rounds: int, seed: int) -> dict[str, tuple[dict, dict]]:
-    from research.demo_quality.agat_vs_nsfl import run_baselines as mlp_baselines
     from clinograph.sdk.demo.baselines import pooled_lr, standalone_lr
+
+    from research.demo_quality.agat_vs_nsfl import run_baselines as mlp_baselines
 
     strip = lambda d: {k: {"auroc": v["auroc"], "auprc": v["auprc"]} for k, v in d.items()}  # noqa: E731
     out = dict(mlp_baselines(tables, splits, rounds=rounds, seed=seed))
@@ -160,8 +161,8 @@ def goals(summary: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_convention(ap, quick_help="1 seed, 3 rounds, 1/4 size")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset (development)")
@@ -211,14 +212,14 @@ def main() -> None:
                                             "validation": int(len(s.validation)),
                                             "features": len(t.observed_nodes())}
                                    for t, s in zip(tables, splits, strict=True)}})
-    if arms == ["nsfl_temporal_no_trend"] and not args.quick:  # the ablation: its own file
+    if arms == ["nsfl_temporal_no_trend"]:  # the ablation: its own file
         vals = [float(np.nanmean([v["auroc"] for v in s["nsfl_temporal_no_trend"].values()])) for s in per_seed]
         print("nsfl_temporal_no_trend mean AUROC", vals)
-        print("wrote", write("timeseries_ablation", {"setup": "research/timeseries/timeseries.py --arms nsfl_temporal_no_trend: "
+        write(out_path(__file__, args, name="timeseries_ablation"), {"setup": "research/timeseries/timeseries.py --arms nsfl_temporal_no_trend: "
                                                      "NS-FL temporal without the trend term (attention over the "
                                                      "GNN's snapshot embeddings + the static wide path)",
                                                      "seeds": seeds, "rounds": rounds, "per_seed": per_seed,
-                                                     "mean_auroc_per_seed": vals, "runs": runs, "machine": machine()}))
+                                                     "mean_auroc_per_seed": vals, "runs": runs, "machine": machine()})
         return
     if set(ARMS) - set(per_seed[0]):
         print("subset of arms: no summary")
@@ -231,8 +232,7 @@ def main() -> None:
         r = summary[arm]["mean_over_hospitals"]
         print(f"{arm:20s} AUROC {r['auroc']['mean']:.3f} ± {r['auroc']['sd']:.3f}  AUPRC {r['auprc']['mean']:.3f}")
     print(payload["goals"])
-    if not args.quick:
-        print("wrote", write("timeseries", payload))
+    write(out_path(__file__, args), payload)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
-from research._common import machine, write  # noqa: E402
+from research._common import add_convention, machine, out_path, write  # noqa: E402
 
 ARMS = ("nsfl_static", "nsfl_modalities", "standalone_lr", "pooled_lr")
 
@@ -82,8 +82,8 @@ def run_arm(arm: str, tables, signals, *, rounds: int, seed: int) -> tuple[dict,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_convention(ap, quick_help="1 seed, 3 rounds, 1/4 size")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=12)
     args = ap.parse_args()
@@ -142,8 +142,7 @@ def main() -> None:
     payload = {"setup": __doc__.split("Writes")[0].strip(), "seeds": seeds, "rounds": rounds, "summary": summary,
                "runs": runs, "per_seed": per_seed, "total_seconds": round(time.perf_counter() - t0, 1),
                "machine": machine()}
-    if not args.quick:
-        print("wrote", write("timeseries_modalities", payload))
+    write(out_path(__file__, args), payload)
 
 
 if __name__ == "__main__":

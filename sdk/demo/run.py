@@ -30,7 +30,7 @@ from ..outdir import output_folder
 from .baselines import fedavg_aligned, standalone
 
 #: rounds of the demo's non-DP federation; early stopping on the federated validation loss (patience 5) ends it
-#: sooner. 30, not 15: chosen on the federated validation loss (research/demo_quality/demo_quality.py, docs/model_quality.md)
+#: sooner. 30, not 15: chosen on the federated validation loss (research/demo_quality/README.md)
 DEMO_ROUNDS = 30
 
 
@@ -50,7 +50,7 @@ def demo_config(*, rounds: int, seed: int, secure_mode: str) -> SimulationConfig
         "federation": {"id": "alarm-demo", "rounds": rounds, "secure_mode": secure_mode, "strategy": "fedsgd",
                        "server_lr": 1.0, "min_clients": 3, "local_epochs": 2, "seed": seed},
         # shape functions on the wide path (a federated GAM), its rows at 0.3x the GNN's lr: chosen on the
-        # federated validation loss (research/demo_quality/demo_quality.py ablation, docs/model_quality.md)
+        # federated validation loss (research/demo_quality/README.md, ablation)
         # + the piecewise value encoding inside the GNN's messages with weight decay 1e-4 (issue 15, session 6:
         # lower federated validation loss on each of seeds 0-2; the encoding without weight decay tied)
         "model": {"hidden": 32, "init_seed": seed, "linear_shape": True, "value_encoding": "piecewise"},
