@@ -1,4 +1,4 @@
-"""The demo hospitals as MEDS datasets and FHIR R4 exports (OMOP: :mod:`.omop_demo`).
+"""The demo hospitals as MEDS datasets and FHIR R4 exports (OMOP: :mod:`.omop`).
 
 The same events as the OMOP instance -- every present value of a hospital's wide table at the
 patient's index time, in the hospital's own unit written in UCUM -- so that CSV, OMOP, MEDS and

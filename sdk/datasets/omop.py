@@ -1,4 +1,4 @@
-"""A synthetic OMOP CDM v5.4 instance of each demo hospital (the ALARM tables of alarm_demo).
+"""A synthetic OMOP CDM v5.4 instance of each demo hospital (the ALARM tables of :mod:`.alarm`).
 
 Each hospital's wide table becomes its own OMOP database: a ``person`` per patient (the local
 patient id in ``person_source_value``), an ICU ``visit_occurrence`` whose start is the index

@@ -1,7 +1,7 @@
 """The second demo job (``clinograph demo --concepts``): a concept model federated over ALARM
 hospital tables with DAG voting, masked and audited.
 
-The four demo hospitals of :mod:`.alarm_demo` (own column names, units and missing blocks)
+The four demo hospitals of :mod:`clinograph.sdk.datasets.alarm` (own column names, units and missing blocks)
 also export concept columns -- latent ALARM variables a clinician would chart (intubation
 status, kinked tube, lung ventilation, pulmonary embolism) -- each hospital only the ones it
 records. Their site schemas name those columns (``concepts = [...]``), so the labels come
