@@ -64,20 +64,21 @@ def results_dir(script: str | Path) -> Path:
 def add_convention(ap: argparse.ArgumentParser, *, quick_help: str = "a small setting (minutes)") -> None:
     """Add the two arguments every study script takes: ``--quick`` and ``--out PATH``."""
     ap.add_argument("--quick", action="store_true", help=quick_help)
-    ap.add_argument("--out", type=Path, default=None,
+    ap.add_argument("--out", default=None, metavar="PATH",
                     help="the JSON file to write (default: the study's results/<script>.json; "
                          "results/<script>_quick.json with --quick)")
 
 
 def out_path(script: str | Path, args: argparse.Namespace, *, name: str | None = None) -> Path:
     """Where ``script`` writes: ``args.out``, else ``results/<name>[_quick].json`` beside it. A bare
-    ``--out NAME`` (no folder, no ``.json``) means ``results/NAME.json`` of the study, as the
-    commands recorded in the studies' READMEs use it."""
+    ``--out NAME`` or ``--out NAME.json`` (no folder) means ``results/NAME.json`` of the study, as
+    the commands recorded in the studies' READMEs use it; ``./NAME.json`` is the current folder."""
     given = getattr(args, "out", None)
     if given is not None:
-        given = Path(given)
-        bare = given.parent == Path(".") and given.suffix != ".json"
-        return results_dir(script) / f"{given.name}.json" if bare else given
+        text = str(given)
+        if "/" not in text and "\\" not in text:
+            return results_dir(script) / (text if text.endswith(".json") else f"{text}.json")
+        return Path(given)
     stem = name or Path(script).stem
     return results_dir(script) / f"{stem}{'_quick' if getattr(args, 'quick', False) else ''}.json"
 
