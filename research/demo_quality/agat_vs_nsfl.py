@@ -54,6 +54,7 @@ def federated_config(*, arm: str, rounds: int, seed: int):
     data["release"] = {}
     data["task"] = "agat"
     data["agat"] = {"hidden": 128, "heads": 1, "dropout": 0.25, "k_neighbours": 5}
+    data["selection"]["restarts"] = 1  # the demo's restarts (session 8) are for NS-FL only; refused for agat
     fed = data["federation"]
     fed["id"] = f"agat-{arm.split('_')[1]}"
     if arm == "agat_plaintext":
