@@ -52,12 +52,13 @@ test-fast: $(STAMP)
 
 # ruff, then the import contracts in pyproject.toml (see tests/test_import_contracts.py).
 lint: $(STAMP)
-	$(BIN)/ruff check clinograph sdk secure
+	$(BIN)/ruff check clinograph sdk secure research
 	$(BIN)/python tests/test_import_contracts.py
 
-# Every benchmark with --quick (minutes); `make bench ARGS=--full` for the real runs (hours).
+# Every study script under research/ with --quick (minutes each; JSON to research/<study>/results/
+# <script>_quick.json); `make bench ARGS=--full` for the real runs (hours). research/README.md.
 bench: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m benchmarks.run_all $(ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m research.run_all $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-server build *.egg-info runs

@@ -20,5 +20,5 @@ def _packages() -> list[str]:
 setup(
     packages=_packages(),
     package_dir=MAPPING,
-    package_data={"clinograph.sdk": ["research/*.toml"], "clinograph.secure": ["audit/*.html"]},
+    package_data={"clinograph.sdk": ["datasets/*.toml"], "clinograph.secure": ["audit/*.html"]},
 )

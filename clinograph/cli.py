@@ -116,14 +116,14 @@ def demo(
     from .demo_view import run_demo_view
 
     _threads()
-    from clinograph.sdk.research.demo import DEMO_ROUNDS
+    from clinograph.sdk.demo.run import DEMO_ROUNDS
 
     run_demo_view(out=out, rounds=DEMO_ROUNDS if rounds is None else rounds, seed=seed, secure_mode=secure_mode,
                   dp=dp, scale=scale)
 
 
 def _concepts_demo(*, out: Path, rounds: int, seed: int, secure_mode: str, scale: float) -> None:
-    from clinograph.sdk.research.concepts_demo import run_concepts_demo
+    from clinograph.sdk.demo.concepts import run_concepts_demo
 
     _threads()
     res = run_concepts_demo(out_dir=out, rounds=rounds, seed=seed, secure_mode=secure_mode, scale=scale)
@@ -147,32 +147,43 @@ def simulate(config: Annotated[Path, typer.Argument(help="Simulation config (TOM
     run_simulation_view(config)
 
 
-BENCH_MISSING = ("benchmarks/ ships with the source repository, not the wheel; run from a checkout "
-                 "or pass --dir")
+BENCH_MISSING = ("research/ (the studies and their scripts) ships with the source repository, not the "
+                 "wheel; run from a checkout or pass --dir")
+
+
+def _study_scripts(root: Path) -> dict[str, Path]:
+    """``study/script`` -> path for every runnable script of the studies under ``root``."""
+    return {f"{p.parent.name}/{p.stem}": p for p in sorted(root.glob("*/*.py"))
+            if not p.stem.startswith("_") and "__main__" in p.read_text()}
 
 
 @app.command()
 @guarded
-def bench(name: Annotated[str, typer.Argument(help="Benchmark name (file in benchmarks/ without .py); "
-                                              "run_all runs every one.")],
-          quick: Annotated[bool, typer.Option("--quick", help="The benchmark's small, fast setting.")] = False,
+def bench(name: Annotated[str, typer.Argument(help="A study's script: NAME or STUDY/NAME (research/STUDY/NAME.py); "
+                                              "`python -m research.run_all` runs every one.")],
+          quick: Annotated[bool, typer.Option("--quick", help="The script's small, fast setting.")] = False,
+          out: Annotated[Path | None, typer.Option("--out", help="Where the JSON goes (default: the study's "
+                                                   "results/NAME.json, results/NAME_quick.json with --quick).")] = None,
           directory: Annotated[Path | None, typer.Option(
-              "--dir", help="The benchmarks/ folder of a source checkout (default: ./benchmarks).")] = None) -> None:
-    """Run a benchmark script from a checkout's benchmarks/ (writes JSON to benchmarks/results/)."""
+              "--dir", help="The research/ folder of a source checkout (default: ./research).")] = None) -> None:
+    """Run a study's script from a checkout's research/ (writes JSON to research/STUDY/results/)."""
     import runpy
 
     from clinograph.secure.errors import ConfigError
 
-    root = (directory if directory is not None else Path.cwd() / "benchmarks").resolve()
-    if not root.is_dir() or not (root / "_common.py").is_file():
-        found = "does not exist" if not root.exists() else "is not a Clinograph benchmarks folder (no _common.py)"
+    root = (directory if directory is not None else Path.cwd() / "research").resolve()
+    if root.name != "research" or not root.is_dir() or not (root / "_common.py").is_file():
+        found = "does not exist" if not root.exists() else "is not a Clinograph research folder (no _common.py)"
         raise ConfigError(f"{root} {found}: {BENCH_MISSING}.")
-    available = sorted(p.stem for p in root.glob("*.py") if not p.stem.startswith("_"))
-    if name not in available:
-        raise ConfigError(f"Unknown benchmark {name!r} in {root}. Available: {', '.join(available)}.")
+    scripts = _study_scripts(root)
+    matches = [k for k in scripts if name in (k, k.split("/", 1)[1])]
+    if len(matches) != 1:
+        raise ConfigError(f"Unknown study script {name!r} in {root}. Available: {', '.join(scripts)}.")
     _threads()
-    sys.argv = [str(root / f"{name}.py")] + (["--quick"] if quick else [])
-    runpy.run_path(str(root / f"{name}.py"), run_name="__main__")
+    study, script = matches[0].split("/", 1)
+    sys.path.insert(0, str(root.parent))
+    sys.argv = [str(scripts[matches[0]])] + (["--quick"] if quick else []) + (["--out", str(out)] if out else [])
+    runpy.run_module(f"research.{study}.{script}", run_name="__main__", alter_sys=True)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -20,8 +20,8 @@ def _fmt(x: float) -> str:
 
 def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bool, scale: float = 1.0) -> None:
     """Run the demo with a progress bar and print the comparison table."""
+    from clinograph.sdk.demo.run import demo_config, run_demo
     from clinograph.sdk.federation.candidates import candidate_configs
-    from clinograph.sdk.research.demo import demo_config, run_demo
 
     k = max(1, len(candidate_configs(demo_config(rounds=rounds, seed=0, secure_mode=secure_mode))))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

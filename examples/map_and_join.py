@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 import clinograph as cg
-from clinograph.sdk.research.alarm_demo import BLOOD_GAS, DICTIONARY_PATH, HospitalSpec, make_hospital_tables
+from clinograph.sdk.datasets.alarm import BLOOD_GAS, DICTIONARY_PATH, HospitalSpec, make_hospital_tables
 
 
 def main(rounds: int) -> None:

@@ -45,11 +45,11 @@ class NSFLConfig(_Strict):
     mask_init_logit: float = Field(default=2.0, ge=-20, le=20, description="m_f starts at sigmoid(2) ≈ 0.88")
     linear_path: bool = Field(default=True, description="wide & deep: a per-feature linear term on the "
                               "standardised values and observed indicators added to the logit (shared modules "
-                              "``linear/<f>``); measured in docs/model_quality.md")
+                              "``linear/<f>``); measured in research/real_tables/README.md")
     linear_shape: bool = Field(default=False, description="the wide path also learns a per-feature shape "
                                "function (piecewise linear over the fixed knots SHAPE_KNOTS of the standardised "
                                "value, sdk/model/nsfl.py) beside a_f·x_f + c_f: a federated GAM in the rows "
-                               "``linear/<f>``; needs linear_path; measured in docs/model_quality.md")
+                               "``linear/<f>``; needs linear_path; measured in research/demo_quality/README.md")
     deep: bool = Field(default=True, description="the GNN (deep) part of wide & deep; false: its contribution "
                        "to the logit is switched off (its weights stay, get zero gradient and never move), "
                        "leaving the wide path and the head's bias -- a federated logistic regression, or a GAM "
@@ -58,7 +58,7 @@ class NSFLConfig(_Strict):
         default="linear", description="how the GNN's valued messages read a value: linear (x · V h_f), piecewise "
         "(also Σ_k B_k(x) · U_k h_f over the knots SHAPE_KNOTS: a per-feature curve, Gorishniy et al. 2022) or "
         "piecewise_gated (also G B(x) ⊙ h_f: the cheap factorised form); sdk/model/layers.py, measured in "
-        "docs/model_quality.md")
+        "research/demo_quality/README.md")
     value_clip: float = Field(default=5.0, gt=0, le=1e6, description="standardised values are clipped to "
                               "±value_clip (reference range = [-1, 1]) before entering the model")
     selection_module: bool = Field(default=True, description="the 2-value shared module ``metric/validation`` "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from clinograph.sdk.ingest import ingest
-from clinograph.sdk.research.alarm_demo import (
+from clinograph.sdk.datasets.alarm import (
     BLOOD_GAS,
     HospitalSpec,
     load_dictionary,
@@ -39,7 +39,7 @@ SURVIVAL_TARGET = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 2
 @functools.cache
 def lung_survival():
     """The lung cohort in survival form: (dictionary, its hospitals' ingested tables). Needs lifelines."""
-    from clinograph.sdk.research.real_tables import cohort_tables
+    from clinograph.sdk.datasets.real_tables import cohort_tables
 
     c = cohort_tables("lung", form="survival")
     return c.dictionary, tuple(ingest(df, schema=s, dictionary=c.dictionary) for df, s in c.hospitals)

@@ -13,7 +13,7 @@ The per-patient loss is F-CMs eq. (2) for one row, ``γ Σ_j CE(c_j) + (1−γ) 
 nodes the client supervises (a missing label, ``-1``, contributes 0); on a batch whose rows
 carry every supervised label its mean is :func:`~.model.fcm_loss`.
 
-Two uses (the research loop :mod:`clinograph.sdk.research.fcm_federation`):
+Two uses (the research loop :mod:`research.fcm_bnlearn.fcm_federation`):
 
 - **local DP** (the paper's): :func:`dp_sgd_step` -- Poisson batch, clip, noise, mean over the
   expected batch, optimiser step -- at every local step of every client.

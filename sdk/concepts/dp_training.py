@@ -19,7 +19,7 @@ of its training patients (its row, its concept labels and its task label), ε co
 step of every round in the ledger. Does not cover: the DAG vote (graph-level, no patient
 values; sent before training, outside the accountant), :meth:`ConceptTask.evaluate` /
 ``predict`` outputs, or the validation split. Only ``mode = "local"``: distributed DP for
-concept models is in the research loop (:mod:`clinograph.sdk.research.fcm_federation`).
+concept models is in the research loop (:mod:`research.fcm_bnlearn.fcm_federation`).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def concept_dp_trainer(*, privacy: PrivacySection, n_train: int, site: str, stat
     if privacy.mode != "local":
         raise ConfigError(f"Hospital {site!r}: [privacy] mode = {privacy.mode!r} is not implemented for concept "
                           "tasks in the runtime (distributed DP for concept models runs in the research loop, "
-                          "sdk/research/fcm_federation.py). Fix: set mode = 'local'.")
+                          "research/fcm_bnlearn/fcm_federation.py). Fix: set mode = 'local'.")
     if privacy.clipping != "flat":
         raise ConfigError(f"Hospital {site!r}: [privacy] clipping = {privacy.clipping!r} is not implemented for "
                           "concept tasks. Fix: set clipping = 'flat'.")

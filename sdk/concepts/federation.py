@@ -15,7 +15,7 @@ and one audit trail -- the vote its first run, the training the next:
 What of F-CMs Algorithm 1 this does **not** run inside the protocol: the server's ModelSpec
 is fixed per federation, so the architecture is decided once, after the vote; late joiners,
 re-voting during training and E1/E2 adaptation with warm start mid-run stay in the research
-loop (:mod:`clinograph.sdk.research.fcm_federation`, the bnlearn benchmark). A concept that
+loop (:mod:`research.fcm_bnlearn.fcm_federation`, the bnlearn benchmark). A concept that
 no voter supervises is not in the model.
 """
 

@@ -3,7 +3,7 @@
 Trained centrally (the "Cent." row): all training data pooled, Adam, batch 512, up to 200
 epochs with early stopping on the validation loss, patience 10 (appendix D.3). It is the
 upper bound the paper measures every regime against, and the reference
-``benchmarks/fcm_calibration.py`` uses to calibrate the input noise of the bnlearn data.
+``research/fcm_bnlearn/fcm_calibration.py`` uses to calibrate the input noise of the bnlearn data.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from ..config import HospitalConfig, SimulationConfig, merge_sections
 #: ([model] deep = false) -- and with per-feature shape functions (a federated GAM), both with the
 #: wide rows at 5x the learning rate (they are all that learns, and must converge within the
 #: planned rounds); then NS-FL's GNN beside the linear wide path, and beside shape functions.
-#: Measured in docs/model_quality.md ("Issue 15, session 7"): on small real tables the federated
+#: Measured in research/real_tables/README.md ("Issue 15, session 7"): on small real tables the federated
 #: linear model often wins on validation, on larger or interaction-rich ones the GNN does.
 DEFAULT_BINARY_CANDIDATES: tuple[dict[str, Any], ...] = (
     {"name": "wide", "model": {"deep": False}, "training": {"wide_lr_factor": 5.0}},

@@ -13,7 +13,7 @@ Two deliberate readings of the paper, both documented in docs/architecture.md:
 - The self-connection W_self (Schlichtkrull et al. 2018, which NS-FL cites): without it a
   patient's layer-2 state would not see feature identities at all.
 
-Wide & deep (``[model] linear_path``, on by default; docs/model_quality.md measures why): a
+Wide & deep (``[model] linear_path``, on by default; research/real_tables/README.md measures why): a
 per-feature linear term on the star's standardised values and observed indicators,
 z_lin = Σ_{f∈star} (a_f · x_f + c_f), is added to the logit -- a skip connection from the
 features to the output that the GNN need not learn. On small tables the GNN alone only tied a

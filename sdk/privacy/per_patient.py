@@ -12,7 +12,7 @@ scattered to the looked-up indices. A layer called several times in one forward 
 attention's W on sources and destinations) adds its calls' contributions per patient.
 
 Why not Opacus here: its hooks, per-parameter clipping loop and Poisson DataLoader made a DP
-epoch 3.1× the non-DP epoch of the same model (benchmarks/dp_overhead.py); this does one
+epoch 3.1× the non-DP epoch of the same model (research/dp_trust_models/dp_overhead.py); this does one
 forward, one ``autograd.grad`` to the layer outputs (no parameter gradients), one batched
 product per layer call, and clips all parameters as one [B, P] matrix. Exactness is tested
 against a per-patient loop (tests/sdk/privacy/test_per_sample_grads.py) and checked once at

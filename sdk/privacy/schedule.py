@@ -3,7 +3,7 @@
 Implements NS-FL eq. (6) (FedSGD with a server learning rate) as full-batch DP-SGD
 (``[privacy] mode = "distributed"``, :mod:`.distributed`): θ ← θ − η · (Σ clip_C(g_p) + noise) / n
 for ``rounds`` rounds. The presets were chosen on VALIDATION AUROC only (mean over three seeds
-of the demo federation, never a test split) by ``benchmarks/dp_trust_models.py`` at each target
+of the demo federation, never a test split) by ``research/dp_trust_models/dp_trust_models.py`` at each target
 ε (docs/privacy.md, "Three trust models, measured"); the σ that goes with a preset is
 calibrated to the target ε over its rounds (:func:`.calibration.distributed_noise_multiplier`),
 so a preset never changes what ε a run spends, only how the budget is used.
@@ -15,7 +15,7 @@ on the mean gradient, σ·C/n per coordinate, stays small enough for 60 full-bat
 norm, 6.6) keeps more of each patient's gradient than C = 1 at the same clip-relative step
 η·C = 3. Server momentum (β 0.5, 0.9) and server Adam on the noisy aggregate (free in ε:
 post-processing) scored lower on validation than plain FedSGD at 15 rounds and are not used
-(``benchmarks/results/dp_trust_models_selection_eps3.json``, ``server_optimizers``).
+(``research/dp_trust_models/results/dp_trust_models_selection_eps3.json``, ``server_optimizers``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class DistributedSchedule:
     sample_rate: float = 1.0
 
 
-#: the schedule chosen on validation at each target ε (benchmarks/results/dp_trust_models.json,
+#: the schedule chosen on validation at each target ε (research/dp_trust_models/results/dp_trust_models.json,
 #: ``hyperparameters``; a test pins the two together). Rounds were capped at 60 for cost: 100
 #: full-batch rounds scored higher still on validation at ε = 3, with and without DP.
 DISTRIBUTED_SCHEDULES: dict[float, DistributedSchedule] = {

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 import tomli_w
-from clinograph.sdk.research.alarm_demo import DICTIONARY_PATH
-from clinograph.sdk.research.ehr_demo import LABEL_CODE, write_fhir, write_meds
-from clinograph.sdk.research.omop_demo import ICU_VISIT, SHUNT_CONDITION, write_omop
+from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
+from clinograph.sdk.datasets.ehr import LABEL_CODE, write_fhir, write_meds
+from clinograph.sdk.datasets.omop import ICU_VISIT, SHUNT_CONDITION, write_omop
 from typer.testing import CliRunner
 
 from clinograph.cli import app

@@ -12,7 +12,7 @@ from clinograph.sdk.config import HospitalConfig
 from clinograph.sdk.federation.build import build_task
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.load import load_exported, predict_exported
-from clinograph.sdk.research.alarm_demo import DICTIONARY_PATH
+from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
 from clinograph.secure.errors import SchemaError
 from clinograph.secure.identity import Identity
 from sdk_helpers import raw_tables, small_tables
@@ -85,7 +85,7 @@ def test_cli_predict_refuses_another_dictionary(tmp_path, trained):
 
 def test_predict_table_refuses_a_table_on_another_dictionary(trained):
     other = small_tables()[0]
-    from clinograph.sdk.research.real_tables import lung_dictionary
+    from clinograph.sdk.datasets.real_tables import lung_dictionary
 
     with pytest.raises(SchemaError, match="Dictionary mismatch"):
         trained.predict_table(type(other)(**{**other.__dict__, "dictionary": lung_dictionary()}))

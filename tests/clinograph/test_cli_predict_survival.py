@@ -25,7 +25,7 @@ TARGET = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36], "
 
 @functools.cache
 def setting():
-    from clinograph.sdk.research.real_tables import cohort_tables
+    from clinograph.sdk.datasets.real_tables import cohort_tables
 
     c = cohort_tables("lung", form="survival")
     df, schema = c.hospitals[0]

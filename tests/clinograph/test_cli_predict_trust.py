@@ -15,7 +15,7 @@ import torch
 from clinograph.sdk.config import NSFLConfig
 from clinograph.sdk.model.export import export_model
 from clinograph.sdk.model.nsfl import NSFLModel
-from clinograph.sdk.research.alarm_demo import DICTIONARY_PATH
+from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
 from clinograph.secure.identity import Identity
 from clinograph.secure.policy import InsecureOptionWarning
 from sdk_helpers import raw_tables, small_tables

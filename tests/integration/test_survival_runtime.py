@@ -21,7 +21,7 @@ pytest.importorskip("lifelines")
 
 @pytest.mark.slow
 def test_survival_federation_under_local_dp_through_the_runtime_then_export(tmp_path):
-    from clinograph.sdk.research.real_tables import cohort_tables
+    from clinograph.sdk.datasets.real_tables import cohort_tables
 
     c = cohort_tables("lung", form="survival")
     tables = [ingest(df, schema=s, dictionary=c.dictionary) for df, s in c.hospitals]

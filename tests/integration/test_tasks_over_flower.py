@@ -57,7 +57,7 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     from clinograph.sdk.federation.build import run_models
     from clinograph.sdk.federation.node import make_hospital
     from clinograph.sdk.federation.simulate import load_tables, simulate
-    from clinograph.sdk.research.real_tables import cohort_tables
+    from clinograph.sdk.datasets.real_tables import cohort_tables
     from clinograph.secure.audit import verify_audit_dir
     from clinograph.secure.transport.flower.keyset import init_keyset
     from clinograph.secure.transport.flower.serverapp import run_federation

@@ -33,7 +33,7 @@ def test_task_names_are_checked(name):
 
 def test_the_initial_model_is_the_registered_tasks_modules():
     from clinograph.sdk.federation.build import initial_model_for
-    from clinograph.sdk.research.alarm_demo import load_dictionary
+    from clinograph.sdk.datasets.alarm import load_dictionary
 
     d = load_dictionary()
     init = initial_model_for(HospitalConfig.model_validate({"model": {"hidden": 8}}), dictionary=d)

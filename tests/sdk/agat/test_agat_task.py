@@ -15,7 +15,7 @@ from clinograph.sdk.federation.build import build_task
 from clinograph.sdk.federation.simulate import build_simulation, simulate
 from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest.table import PatientTable
-from clinograph.sdk.research.alarm_demo import BLOOD_GAS
+from clinograph.sdk.datasets.alarm import BLOOD_GAS
 from clinograph.secure.audit import verify_audit_dir
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate

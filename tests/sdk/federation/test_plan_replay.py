@@ -12,7 +12,7 @@ import json
 import pytest
 from clinograph.sdk.config import GraphSection, NSFLConfig, PrivacySection, SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation
-from clinograph.sdk.research.alarm_demo import load_dictionary
+from clinograph.sdk.datasets.alarm import load_dictionary
 from clinograph.secure.errors import ProtocolError
 from clinograph.secure.runtime.config import FederationSection
 from sdk_helpers import small_tables

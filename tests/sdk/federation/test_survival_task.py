@@ -86,7 +86,7 @@ def test_unsupported_combinations_are_refused():
 
 
 def _binary():
-    from clinograph.sdk.research.real_tables import cohort_tables
+    from clinograph.sdk.datasets.real_tables import cohort_tables
 
     df, s = cohort_tables("lung").hospitals[0]
     return df, s

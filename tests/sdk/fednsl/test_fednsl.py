@@ -73,7 +73,7 @@ def test_fuzzy_values_follow_public_reference_ranges():
     from clinograph.sdk.ingest import ingest
     from clinograph.sdk.ontology import SiteSchema
     from clinograph.sdk.ontology.schema import ColumnMap
-    from clinograph.sdk.research.alarm_demo import load_dictionary
+    from clinograph.sdk.datasets.alarm import load_dictionary
 
     d = load_dictionary()
     df = pd.DataFrame({"pid": ["a", "b", "c"], "pap": [35.0, 15.0, np.nan], "y": [1, 0, 0]})

@@ -7,7 +7,7 @@ import functools
 
 import numpy as np
 import pandas as pd
-from clinograph.sdk.research.alarm_demo import (
+from clinograph.sdk.datasets.alarm import (
     DEFAULT_HOSPITALS,
     load_dictionary,
     make_hospital_tables,

@@ -10,8 +10,8 @@ from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ingest.fhir import read_fhir
 from clinograph.sdk.ingest.meds import read_meds
 from clinograph.sdk.ingest.omop import omop_engine, read_omop
-from clinograph.sdk.research.ehr_demo import LABEL_CODE, write_fhir, write_meds
-from clinograph.sdk.research.omop_demo import demo_source, write_omop
+from clinograph.sdk.datasets.ehr import LABEL_CODE, write_fhir, write_meds
+from clinograph.sdk.datasets.omop import demo_source, write_omop
 from ehr_helpers import HOSPITALS, D, assert_same, demo_hospitals
 from pg_server import pg_bin, postgres_server
 

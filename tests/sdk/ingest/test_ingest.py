@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import ColumnMap, SiteSchema
-from clinograph.sdk.research.alarm_demo import load_dictionary
+from clinograph.sdk.datasets.alarm import load_dictionary
 from clinograph.secure.errors import ConfigError, SchemaError
 
 D = load_dictionary()

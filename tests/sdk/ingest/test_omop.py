@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ingest.omop import OmopCohort, OmopLabel, OmopSource, omop_engine, read_omop
-from clinograph.sdk.research.omop_demo import (
+from clinograph.sdk.datasets.omop import (
     DISTRACTOR_MEASUREMENT,
     ICU_VISIT,
     SHUNT_CONDITION,

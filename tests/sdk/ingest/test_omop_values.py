@@ -14,7 +14,7 @@ from clinograph.sdk.ingest.omop import (
     omop_engine,
     read_omop,
 )
-from clinograph.sdk.research.omop_demo import demo_source, omop_tables
+from clinograph.sdk.datasets.omop import demo_source, omop_tables
 from clinograph.secure.errors import SchemaError, SourceUnavailable, UnitError
 from ehr_helpers import D, demo_hospitals, extended_dictionary
 

@@ -27,7 +27,7 @@ TARGET = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36], "
 
 @functools.cache
 def trained():
-    from clinograph.sdk.research.real_tables import cohort_tables
+    from clinograph.sdk.datasets.real_tables import cohort_tables
 
     c = cohort_tables("lung", form="survival")
     t = ingest(*c.hospitals[0][:1], schema=c.hospitals[0][1], dictionary=c.dictionary)

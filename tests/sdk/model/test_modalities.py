@@ -14,7 +14,7 @@ from clinograph.sdk.federation.modality_task import build_modality_task
 from clinograph.sdk.federation.simulate import SimulatedFederation
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.modalities import ModalityNSFL, modality_module_names
-from clinograph.sdk.research import timeseries as ts
+from clinograph.sdk.datasets import timeseries as ts
 from clinograph.sdk.training import bce
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.errors import ConfigError

@@ -17,7 +17,7 @@ from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.nsfl import NSFLModel
 from clinograph.sdk.model.temporal import TemporalNSFL, add_temporal_modules
 from clinograph.sdk.privacy import star_loss, unused_star_parameters
-from clinograph.sdk.research import timeseries as ts
+from clinograph.sdk.datasets import timeseries as ts
 from clinograph.sdk.training import bce
 from clinograph.secure.errors import ConfigError
 from clinograph.secure.identity import Identity

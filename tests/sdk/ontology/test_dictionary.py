@@ -1,6 +1,6 @@
 import pytest
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind
-from clinograph.sdk.research.alarm_demo import load_dictionary
+from clinograph.sdk.datasets.alarm import load_dictionary
 from clinograph.secure.errors import ConfigError
 from pydantic import ValidationError
 

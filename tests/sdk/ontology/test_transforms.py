@@ -8,7 +8,7 @@ import pytest
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
 from clinograph.sdk.ontology.dictionary import Transform
-from clinograph.sdk.research.alarm_demo import load_dictionary
+from clinograph.sdk.datasets.alarm import load_dictionary
 from clinograph.secure.errors import SchemaError
 from pydantic import ValidationError
 

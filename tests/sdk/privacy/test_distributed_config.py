@@ -43,7 +43,7 @@ def test_a_delta_too_large_for_a_guarantee_is_refused(tables, dictionary, tmp_pa
 def test_the_demo_calibration_is_what_build_server_accepts(tables, dictionary, tmp_path):
     """σ from distributed_noise_multiplier meets the server's ε check; 0.9·σ does not."""
     from clinograph.sdk.privacy.calibration import distributed_noise_multiplier
-    from clinograph.sdk.research.demo import demo_distributed_config
+    from clinograph.sdk.demo.run import demo_distributed_config
 
     cfg = demo_distributed_config(rounds=15, seed=0, epsilon=3.0)
     initial = initial_model_for(cfg.hospital_config(), dictionary=dictionary)

@@ -1,4 +1,4 @@
-"""The DP presets: what the benchmarks chose on validation, and what the demo runs."""
+"""The DP presets: what the study (research/dp_trust_models) chose on validation, and what the demo runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from clinograph.sdk.privacy.schedule import DISTRIBUTED_SCHEDULES, distributed_schedule
 from clinograph.secure.errors import ConfigError
 
-RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "dp_trust_models.json"
+RESULTS = Path(__file__).resolve().parents[3] / "research" / "dp_trust_models" / "results" / "dp_trust_models.json"
 
 
 def test_the_presets_are_what_the_benchmark_chose_on_validation():
@@ -33,7 +33,7 @@ def test_a_target_epsilon_takes_the_preset_of_the_largest_listed_epsilon_not_abo
 
 
 def test_the_demo_runs_the_preset_for_its_epsilon():
-    from clinograph.sdk.research.demo import demo_distributed_config
+    from clinograph.sdk.demo.run import demo_distributed_config
 
     for eps in (3.0, 10.0):
         cfg = demo_distributed_config(rounds=2, seed=0, epsilon=eps)
@@ -44,7 +44,7 @@ def test_the_demo_runs_the_preset_for_its_epsilon():
 
 
 def test_the_demo_local_dp_run_is_the_configuration_chosen_on_validation():
-    from clinograph.sdk.research.demo import demo_dp_config
+    from clinograph.sdk.demo.run import demo_dp_config
 
     path = RESULTS.parent / "dp_local_tuning_candidates.json"
     hp = json.loads(path.read_text())["summary"]["10.0"]["chosen"]["hp"]

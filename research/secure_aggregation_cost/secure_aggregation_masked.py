@@ -1,0 +1,492 @@
+"""The ``masked`` mode (32-bit and 16-bit quantised) against ``insecure_plaintext`` and Flower 1.41's own SecAgg+.
+
+    python -m research.secure_aggregation_cost.secure_aggregation_masked           # the cases of issue 19 (below), 3 reps
+    python -m research.secure_aggregation_cost.secure_aggregation_masked --quick   # n in {5, 10}, P = 1e4; prints JSON, writes nothing
+
+Cases (n, P): (10, 1e4), (5|10|20|50|100, 1e5), (10, 1e6); Flower only for n <= 20.
+What is measured, per (n, P), interleaved in one process, median over the repetitions:
+
+- ``insecure_plaintext``, ``masked`` and ``masked16`` (``masked.word_bits = 16``): one whole
+  round through :func:`clinograph.secure.transport.run_aggregation` (every client and the
+  server in this process, clients one after another; signed envelopes, strict parsing, all
+  four masked stages). Plaintext ships binary float32 through the same envelope attachments
+  as the masked vectors (secure/wire.py), so neither side pays for JSON or base64.
+- ``flower_secaggplus``: Flower 1.41's real ``SecAggPlusWorkflow`` (server) driving its real
+  ``secaggplus_mod`` (clients) through a minimal in-process ``Grid`` that round-trips every
+  message through Flower's protobuf wire encoding (``message_to_proto`` /
+  ``SerializeToString`` / ``message_from_proto``), FedAvg strategy, same vectors, the same
+  number of share holders (num_shares = k + 1) and the same threshold t.
+
+Per party (``per_party_seconds_per_round_median``): the same round driven by hand with every
+call charged to the party that makes it -- server seconds a round, and each client's seconds
+(median and slowest client). Hospitals run in parallel, so a real round's compute latency is
+about the server's time plus the slowest client's; Bonawitz et al. 2017 (sec. 7) report
+client and server costs separately for the same reason.
+
+Floor (``floor``): the protocol-required operations of one round of each mode, counted while
+it runs (Ed25519 signs and verifies, X25519 key generations and agreements, mask PRG bytes,
+SHA-256 bytes of attachments), times their unit cost measured in the same process
+(``unit_seconds``). ``ratio_floor`` is the masked/plaintext ratio if nothing but these
+operations cost extra: a ratio target below it cannot be met without dropping protocol steps.
+
+Bytes: uploaded per client (all stages, whole envelopes / protobuf messages), and the one
+message that carries the vector (``vector_upload``): our envelope, and the same envelope inside
+the Flower message our Flower transport sends (``secure/transport/flower/records.py``, a
+``ConfigRecord`` of bytes serialised with Flower's own ``message_to_proto``), per parameter.
+Also the peak traced memory of one round (tracemalloc, a separate untimed run, all simulated
+clients included). Server memory against n is in ``research/secure_aggregation_cost/scale.py``. Hospitals work in
+parallel in reality, so these serial in-process round times overstate a real round's latency
+for all sides alike. Writes research/secure_aggregation_cost/results/secure_aggregation_masked.json. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import logging
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from clinograph.secure import wire  # noqa: E402
+from clinograph.secure.aggregation import LocalUpdate, create_mode  # noqa: E402
+from clinograph.secure.hazmat import x25519  # noqa: E402
+from clinograph.secure.hazmat.masking_prg import MASK_PRG, add_mask_parts  # noqa: E402
+from clinograph.secure.identity import Identity, PublicIdentity  # noqa: E402
+from clinograph.secure.masking import client as masking_client  # noqa: E402
+from clinograph.secure.masking import masked_plan_options, neighbour_count  # noqa: E402
+from clinograph.secure.masking import server as masking_server  # noqa: E402
+from clinograph.secure.messages import MAX_MESSAGE_BYTES, RoundPlan  # noqa: E402
+from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec  # noqa: E402
+from clinograph.secure.transport import run_aggregation  # noqa: E402
+
+from research._common import add_convention, emit, machine, out_path  # noqa: E402
+
+N_MODULES = 4
+
+
+def _spec(p: int) -> ModelSpec:
+    sizes = [p // N_MODULES] * (N_MODULES - 1)
+    sizes.append(p - sum(sizes))
+    return ModelSpec(version=1, modules=tuple(ModuleSpec(name=f"gnn/layer{i}", shape=(s,), kind=ModuleKind.SHARED)
+                                              for i, s in enumerate(sizes)))
+
+
+def make_case(n: int, p: int, seed: int = 0):
+    """Same deltas and weights for every side: d_i ~ N(0, 0.05) float32, w_i ~ U(0.2, 1)."""
+    rng = np.random.default_rng(seed)  # benchmark data, not a secret
+    deltas = [rng.normal(0.0, 0.05, p).astype(np.float32) for _ in range(n)]
+    weights = [float(rng.uniform(0.2, 1.0)) for _ in range(n)]
+    return deltas, weights
+
+
+class _Ours:
+    def __init__(self, n: int, p: int, deltas, weights):
+        self.names = [f"hosp{i:03d}" for i in range(n)]
+        self.ids = {c: Identity.generate(c) for c in self.names}
+        self.server = Identity.generate("server")
+        self.spec = _spec(p)
+        self.k = neighbour_count(n)
+        self.t = self.k // 2 + 1
+        bounds = np.cumsum([0] + [m.size for m in self.spec.modules])
+        self.updates = {c: LocalUpdate(modules={m.name: w * d[bounds[j]:bounds[j + 1]].astype(np.float64)
+                                                for j, m in enumerate(self.spec.modules)}, weight=w)
+                        for c, d, w in zip(self.names, deltas, weights, strict=True)}
+
+    def plan(self, mode: str) -> RoundPlan:
+        bits = 16 if mode == "masked16" else 32
+        opts = masked_plan_options(n_clients=len(self.names), threshold=self.t, clip=1.0, word_bits=bits) \
+            if mode.startswith("masked") else {}
+        return RoundPlan(federation_id="bench", round=1, participants=tuple(self.names), spec=self.spec,
+                         dictionary_hash="a" * 64, secure_mode=mode[:6] if mode.startswith("masked") else mode,
+                         strategy="fedavg", min_clients=2, local_epochs=1, global_state_digest="b" * 64,
+                         options=opts)
+
+    def run(self, mode: str):
+        traffic: dict[str, int] = {}
+        plan = self.plan(mode)
+        res, rejected = run_aggregation(mode=plan.secure_mode, plan=plan, server_identity=self.server,
+                                        client_identities=self.ids, updates=self.updates, traffic=traffic)
+        if rejected:
+            raise RuntimeError(f"benchmark round rejected messages: {rejected}")
+        mean = np.concatenate([res.mean(m.name) for m in self.spec.modules])
+        return mean, statistics.median(traffic.values())
+
+
+class _Flower:
+    """Flower's SecAggPlusWorkflow + secaggplus_mod, in one process, over protobuf bytes."""
+
+    def __init__(self, deltas, weights, k: int, t: int):
+        import flwr  # noqa: F401  (imported here: only the benchmark needs Flower)
+
+        logging.getLogger("flwr").setLevel(logging.WARNING)
+        self.deltas, self.k, self.t = deltas, k, t
+        self.nums = [max(1, round(100 * w)) for w in weights]  # Flower weights by num_examples
+
+    def run(self):
+        from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+        from flwr.client.mod.secure_aggregation.secaggplus_mod import secaggplus_mod
+        from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+        from flwr.common.serde import message_from_proto, message_to_proto
+        from flwr.compat.common import recorddict_compat as compat
+        from flwr.proto.message_pb2 import Message as ProtoMessage
+        from flwr.server.client_manager import SimpleClientManager
+        from flwr.server.client_proxy import ClientProxy
+        from flwr.server.compat.legacy_context import LegacyContext
+        from flwr.server.strategy import FedAvg
+        from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+        from flwr.server.workflow.constant import Key as WorkflowKey
+        from flwr.server.workflow.secure_aggregation.secaggplus_workflow import SecAggPlusWorkflow
+        from flwr.serverapp.grid import Grid
+        from flwr.supercore.task_identity import TaskIdentity
+
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+        n = len(self.deltas)
+        nodes = {100 + i: i for i in range(n)}
+        split = np.cumsum([0] + [len(self.deltas[0]) // N_MODULES] * (N_MODULES - 1))
+
+        def wire(msg):
+            proto = ProtoMessage()
+            data = message_to_proto(msg).SerializeToString()
+            proto.ParseFromString(data)
+            return message_from_proto(proto), len(data)
+
+        class Proxy(ClientProxy):
+            def get_properties(self, *a, **k): raise NotImplementedError  # noqa: E704
+            def get_parameters(self, *a, **k): raise NotImplementedError  # noqa: E704
+            def fit(self, *a, **k): raise NotImplementedError  # noqa: E704
+            def evaluate(self, *a, **k): raise NotImplementedError  # noqa: E704
+            def reconnect(self, *a, **k): raise NotImplementedError  # noqa: E704
+
+        outer = self
+        uploaded = dict.fromkeys(nodes, 0)
+
+        class InProcessGrid(Grid):
+            def __init__(self):
+                self.ctx = {nid: Context(run_id=1, node_id=nid, node_config={}, state=RecordDict(), run_config={})
+                            for nid in nodes}
+
+            def set_run(self, run): pass  # noqa: E704
+            @property
+            def run(self): return None  # noqa: E704
+            def create_message(self, *a, **k): raise NotImplementedError  # noqa: E704
+            def get_node_ids(self): return list(nodes)  # noqa: E704
+            def push_messages(self, messages): raise NotImplementedError  # noqa: E704
+            def pull_messages(self, message_ids): raise NotImplementedError  # noqa: E704
+
+            def send_and_receive(self, messages, *, timeout=None):
+                replies = []
+                for m in messages:
+                    m, _ = wire(m)
+                    nid = m.metadata.dst_node_id
+                    i = nodes[nid]
+
+                    def fit(msg, ctxt, i=i):
+                        arrays = np.split(outer.deltas[i], split[1:])
+                        res = FitRes(status=Status(Code.OK, ""), parameters=ndarrays_to_parameters(arrays),
+                                     num_examples=outer.nums[i], metrics={})
+                        return Message(compat.fitres_to_recorddict(res, False), reply_to=msg)
+
+                    reply, size = wire(secaggplus_mod(m, self.ctx[nid], fit))
+                    uploaded[nid] += size
+                    replies.append(reply)
+                return replies
+
+        cm = SimpleClientManager()
+        for nid in nodes:
+            proxy = Proxy(str(nid))
+            proxy.node_id = nid
+            cm.register(proxy)
+        strategy = FedAvg(fraction_fit=1.0, min_fit_clients=n, min_available_clients=n, fraction_evaluate=0.0)
+        ctx = LegacyContext(Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+                            strategy=strategy, client_manager=cm)
+        ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({WorkflowKey.CURRENT_ROUND: 1})
+        ctx.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord(np.split(np.zeros_like(self.deltas[0]), split[1:]))
+        SecAggPlusWorkflow(num_shares=self.k + 1, reconstruction_threshold=self.t, max_weight=100.0,
+                           clipping_range=8.0)(InProcessGrid(), ctx)
+        mean = np.concatenate(ctx.state.array_records[MAIN_PARAMS_RECORD].to_numpy_ndarrays())
+        return mean, statistics.median(uploaded.values())
+
+
+def _timed(fn):
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _peak(fn) -> int:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def flower_message_bytes(envelope: bytes) -> int:
+    """Bytes of the protobuf Flower message our Flower transport sends for one reply carrying
+    ``envelope`` (secure/transport/flower: clientapp.py wraps it with records.to_content)."""
+    from clinograph.secure.transport.flower.records import MESSAGE_TYPE, to_content
+    from flwr.app import Message
+    from flwr.common.serde import message_to_proto
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    query = Message(to_content("stage", {"data": b"x"}, round_=1), dst_node_id=101, message_type=MESSAGE_TYPE)
+    reply = Message(to_content("stage", {"reply": envelope}, round_=1), reply_to=query)
+    return len(message_to_proto(reply).SerializeToString())
+
+
+def vector_upload_bytes(ours: _Ours, mode: str) -> dict:
+    """The one upload that carries the vector: our envelope and the Flower message around it."""
+    from clinograph.secure.aggregation.plaintext import PlaintextClient
+    from clinograph.secure.masking import MaskingParams
+    from clinograph.secure.masking.messages import MaskedInput
+    from clinograph.secure.masking.stages import Layout, word_bytes
+    from clinograph.secure.wire import seal
+
+    plan, c = ours.plan(mode), ours.names[0]
+    if mode == "insecure_plaintext":
+        env = PlaintextClient(plan=plan, identity=ours.ids[c], server=ours.server.public,
+                              peers={n: i.public for n, i in ours.ids.items()}, update=ours.updates[c]).first_message()
+    else:
+        size = word_bytes(Layout.of(plan), MaskingParams.from_plan(plan))
+        env = seal(MaskedInput(federation_id=plan.federation_id, round=plan.round, client=c,
+                               spec_digest=plan.spec.digest(), dictionary_hash=plan.dictionary_hash,
+                               words=bytes(size)), ours.ids[c])
+    p = sum(m.size for m in plan.spec.shared)
+    fl = flower_message_bytes(env)
+    return {"envelope_bytes": len(env), "flower_message_bytes": fl, "envelope_bytes_per_parameter": len(env) / p,
+            "flower_message_bytes_per_parameter": fl / p}
+
+
+def party_seconds(ours: _Ours, mode: str) -> dict:
+    """One round driven by hand, every call timed and charged to the party that makes it: the
+    server (parsing, checks, sums, unmasking, its signatures) and each client (encoding,
+    masking, its signatures and checks). No drops, so it is :func:`run_aggregation`'s round;
+    hospitals run in parallel in reality, so a round's latency is about the server's time
+    plus the slowest client's per stage (Bonawitz et al. 2017 report the two separately)."""
+    plan = ours.plan(mode)
+    secure_mode = create_mode(plan.secure_mode)
+    peers = {c: ours.ids[c].public for c in ours.names}
+    spent: dict[str, float] = dict.fromkeys([*ours.names, "server"], 0.0)
+
+    def timed(party, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        spent[party] += time.perf_counter() - t0
+        return out
+
+    def deliver(sender, data):
+        receive_bytes = getattr(server, "receive_bytes", None)
+        if receive_bytes is not None:
+            receive_bytes(sender, data)
+        else:
+            server.receive(wire.parse_envelope(data, max_bytes=MAX_MESSAGE_BYTES))
+
+    gc.collect()
+    server = timed("server", lambda: secure_mode.server(plan=plan, peers=peers, identity=ours.server))
+    clients = {c: timed(c, lambda c=c: secure_mode.client(plan=plan, identity=ours.ids[c], server=ours.server.public,
+                                                          peers=peers, update=ours.updates[c])) for c in ours.names}
+    for c, cl in clients.items():
+        timed("server", deliver, c, timed(c, cl.first_message))
+    while (msgs := timed("server", server.next_stage)) is not None:
+        for c, data in msgs.items():
+            reply = timed(c, clients[c].handle, data)
+            if reply is not None:
+                timed("server", deliver, c, reply)
+    res = timed("server", server.result)
+    if sorted(res.contributors) != sorted(ours.names):
+        raise RuntimeError(f"hand-driven {mode} round lost contributors: {res.contributors}")
+    per_client = [spent[c] for c in ours.names]
+    return {"server": spent["server"], "client_median": statistics.median(per_client), "client_max": max(per_client)}
+
+
+@contextlib.contextmanager
+def counting():
+    """Count the protocol's costly operations while the block runs: Ed25519 signs and
+    verifies, X25519 key generations and agreements (with their HKDF), mask PRG bytes (with
+    the ring addition) and SHA-256 bytes of envelope attachments. Wraps the names the
+    protocol code calls and restores them afterwards (benchmark bookkeeping only)."""
+    n: Counter = Counter()
+    saved = []
+
+    def wrap(owner, name, key, size=None):
+        orig = getattr(owner, name)
+        saved.append((owner, name, orig))
+
+        def counted(*a, **k):
+            n[key] += size(*a, **k) if size else 1
+            return orig(*a, **k)
+
+        setattr(owner, name, counted)
+
+    wrap(Identity, "sign", "ed25519_sign")
+    wrap(PublicIdentity, "verify", "ed25519_verify")
+    for mod in (masking_client, masking_server):
+        wrap(mod, "agree", "x25519_agree")
+        wrap(mod, "add_mask_parts", "prg_bytes", lambda parts, *a, **k: sum(p.nbytes for p in parts))
+    wrap(masking_client, "generate_keypair", "x25519_keygen")
+    real_hashlib = wire.hashlib
+
+    class _Hashlib:
+        @staticmethod
+        def sha256(data=b""):
+            if sys._getframe(1).f_code.co_name == "<genexpr>":  # attachment hashes (seal, verify), not digest()
+                n["sha256_attachment_bytes"] += len(data)
+            return real_hashlib.sha256(data)
+
+    wire.hashlib = _Hashlib  # type: ignore[assignment]
+    try:
+        yield n
+    finally:
+        wire.hashlib = real_hashlib
+        for owner, name, orig in reversed(saved):
+            setattr(owner, name, orig)
+
+
+def unit_costs(reps: int = 200) -> dict:
+    """Seconds per operation counted by :func:`counting`, measured here (median of batches)."""
+    me = Identity.generate("unit")
+    msg = os.urandom(300)  # about one JSON payload
+    sig = me.sign(msg, context=b"bench")
+    sk, _ = x25519.generate_keypair()
+    _, pk = x25519.generate_keypair()
+    big = np.zeros(1 << 20, dtype=np.uint32)  # 4 MB, as at P = 1e6
+    blob = os.urandom(4 << 20)
+
+    def per_op(fn, n):
+        batches = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            batches.append((time.perf_counter() - t0) / n)
+        return statistics.median(batches)
+
+    return {
+        "ed25519_sign": per_op(lambda: me.sign(msg, context=b"bench"), reps),
+        "ed25519_verify": per_op(lambda: me.public.verify(sig, msg, context=b"bench"), reps),
+        "x25519_keygen": per_op(x25519.generate_keypair, reps),
+        "x25519_agree": per_op(lambda: x25519.agree(sk, pk, label=b"bench", context=b""), reps),
+        "prg_bytes": per_op(lambda: add_mask_parts([big], b"\x01" * 32, sign=1), 5) / big.nbytes,
+        "sha256_attachment_bytes": per_op(lambda: hashlib.sha256(blob).digest(), 5) / len(blob),
+    }
+
+
+def floor(ours: _Ours, units: dict, plain_seconds: float) -> dict:
+    """The cost of the operations each mode cannot do without, in this process.
+
+    Counts come from one round of each mode (:func:`counting`); times are counts x
+    :func:`unit_costs`. ``ratio_floor`` = (measured plaintext round + masked floor - plaintext
+    floor) / measured plaintext round: the masked/plaintext ratio if everything besides these
+    operations cost nothing extra. A target below it is out of reach without removing
+    protocol steps (signatures, key agreements, masks) or faster primitives.
+    """
+    out: dict = {"unit_seconds": units}
+    for mode in ("insecure_plaintext", "masked"):
+        with counting() as n:
+            ours.run(mode)
+        ops = dict(n)
+        out[mode] = {"operations": ops, "seconds": {k: v * units[k] for k, v in ops.items()},
+                     "total_seconds": sum(v * units[k] for k, v in ops.items())}
+    extra = out["masked"]["total_seconds"] - out["insecure_plaintext"]["total_seconds"]
+    out["masked_extra_seconds"] = extra
+    out["ratio_floor"] = (plain_seconds + extra) / plain_seconds
+    return out
+
+
+
+OURS = ("insecure_plaintext", "masked", "masked16")
+
+
+def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
+    deltas, weights = make_case(n, p)
+    ours = _Ours(n, p, deltas, weights)
+    flower = _Flower(deltas, weights, ours.k, ours.t)
+    exact = sum(w * d.astype(np.float64) for d, w in zip(deltas, weights, strict=True)) / sum(weights)
+    exact_fl = sum(m * d.astype(np.float64) for d, m in zip(deltas, flower.nums, strict=True)) / sum(flower.nums)
+    sides = {"insecure_plaintext": lambda: ours.run("insecure_plaintext"), "masked": lambda: ours.run("masked"),
+             "masked16": lambda: ours.run("masked16")}
+    if with_flower:
+        sides["flower_secaggplus"] = flower.run
+    times: dict[str, list[float]] = {s: [] for s in sides}
+    parties: dict[str, list[dict]] = {s: [] for s in OURS}
+    uploads, errors = {}, {}
+    for _ in range(reps):  # interleaved
+        for side, fn in sides.items():
+            dt, (mean, up) = _timed(fn)
+            times[side].append(dt)
+            uploads[side] = int(up)
+            ref = exact_fl if side == "flower_secaggplus" else exact
+            errors[side] = float(np.linalg.norm(mean - ref) / np.linalg.norm(ref))
+        for side in OURS:
+            parties[side].append(party_seconds(ours, side))
+    med = {s: statistics.median(v) for s, v in times.items()}
+    per_party = {s: {k: statistics.median(r[k] for r in rows) for k in ("server", "client_median", "client_max")}
+                 for s, rows in parties.items()}
+    peaks = {s: _peak(fn) for s, fn in sides.items()} if p <= 100_000 or n <= 10 else {}
+    row = {
+        "n": n, "P": p, "neighbours_k": ours.k, "threshold_t": ours.t, "flower_num_shares": ours.k + 1,
+        "seconds_per_round_median": med, "seconds_per_round_all": times,
+        "ratio_masked_over_plaintext": med["masked"] / med["insecure_plaintext"],
+        "ratio_masked16_over_plaintext": med["masked16"] / med["insecure_plaintext"],
+        "per_party_seconds_per_round_median": per_party,
+        "per_party_ratio_masked_over_plaintext": {
+            k: per_party["masked"][k] / per_party["insecure_plaintext"][k] for k in ("server", "client_max")},
+        "floor": floor(ours, unit_costs(), med["insecure_plaintext"]),  # unit costs now: the load varies
+        "bytes_uploaded_per_client_all_stages": uploads,
+        "bytes_uploaded_per_parameter_all_stages": {s: b / p for s, b in uploads.items()},
+        "vector_upload": {m: vector_upload_bytes(ours, m) for m in ("insecure_plaintext", "masked", "masked16")},
+        "peak_traced_bytes_per_round": peaks,
+        "relative_error_of_mean": errors,
+    }
+    if with_flower:
+        row["ratio_flower_over_plaintext"] = med["flower_secaggplus"] / med["insecure_plaintext"]
+        row["ratio_masked_over_flower"] = med["masked"] / med["flower_secaggplus"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_convention(ap, quick_help="small sizes")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-flower", action="store_true", help="skip Flower's SecAgg+ (faster)")
+    args = ap.parse_args(argv)
+    grid = [(5, 10_000), (10, 10_000)] if args.quick else \
+        [(10, 10_000), (5, 100_000), (10, 100_000), (20, 100_000), (50, 100_000), (100, 100_000), (10, 1_000_000)]
+    cases = []
+    for n, p in grid:
+        reps = max(args.reps, 5) if p <= 10_000 else args.reps
+        row = bench_case(n, p, reps, with_flower=n <= 20 and not args.no_flower)
+        cases.append(row)
+        m, pp = row["seconds_per_round_median"], row["per_party_ratio_masked_over_plaintext"]
+        print(f"n={n} P={p}: " + ", ".join(f"{s} {v:.3f} s" for s, v in m.items())
+              + f"; masked/plaintext {row['ratio_masked_over_plaintext']:.2f} (floor {row['floor']['ratio_floor']:.2f}; "
+              f"server {pp['server']:.2f}, slowest client {pp['client_max']:.2f})", file=sys.stderr)
+    result = {"benchmark": "secure_aggregation_masked", "quick": args.quick, "reps": args.reps,
+              "machine": machine(("pydantic", "pycryptodome")), "mask_prg": MASK_PRG,
+              "note": "serial in-process rounds on a 2-core machine shared with other jobs; see machine.load_average_at_start",
+              "parameters": {"clip": 1.0, "modules": N_MODULES, "deltas": "N(0, 0.05) float32",
+                             "weights": "U(0.2, 1); Flower gets num_examples = round(100 w), max_weight 100",
+                             "threshold": "t = k // 2 + 1 (as Flower's default reconstruction threshold)",
+                             "flower": "SecAggPlusWorkflow(num_shares=k+1, reconstruction_threshold=t, "
+                                       "clipping_range=8, quantization 2^22, modulus 2^32)"},
+              "cases": cases}
+    emit(result, out=out_path(__file__, args))
+    return result
+
+
+if __name__ == "__main__":
+    main()
