@@ -607,7 +607,7 @@ def test_the_docs_test_catches_what_is_gone(tmp_path: Path) -> None:
     doc.write_text(
         "Use `clinograph.sdk.quality.quality_evaluator` and `cg.no_such_name`, or see\n"
         "[the loop](../sdk/federation/no_such_file.py) and `secure/strategies/gone.py`; tested by\n"
-        "`tests/test_docs.py::test_no_such_test`. Run `clinograph frobnicate`. Pass\n"
+        "`tests/test_docs.py::test_no_such_test` and `research/no_such_study.py`. Run `clinograph frobnicate`. Pass\n"
         "`HospitalClient(evaluate=f)`; set `[release] no_such_setting = 1`. Read `DQWeighted.no_such_member`\n"
         "and `secure.strategies.dq.NoSuchThing`.\n\n"
         "```python\nfrom clinograph.sdk.config import HospitalConfig, NoSuchConfig\n```\n\n"
@@ -616,7 +616,7 @@ def test_the_docs_test_catches_what_is_gone(tmp_path: Path) -> None:
         "```toml\n[split]\ntest_fraction = 1.5\n[federation]\nstrategy = \"fedprox\"\n"
         "strategy_options = { mu = 0.1, no_such_option = 2 }\n```\n\n"
         "Still fine: `clinograph.sdk.config.HospitalConfig`, `sdk/tasks.py`, `runs/demo/report.html`,\n"
-        "`clinograph audit verify`, `benchmarks/no_such_study.py` (pending the move), `[release] metrics`,\n"
+        "`clinograph audit verify`, `[release] metrics`,\n"
         "`[columns] x` (a site schema's), `cg.simulate_from_config(config)`, `DQWeighted.history`,\n"
         "`DQWeighted.observe`, `HospitalConfig.privacy`, `ServerApp.main` (not ours).\n",
         encoding="utf-8")
@@ -625,7 +625,7 @@ def test_the_docs_test_catches_what_is_gone(tmp_path: Path) -> None:
                 "sdk/federation/no_such_file.py", "secure/strategies/gone.py", "test_no_such_test",
                 "frobnicate", "--no-such-flag", "federation.no_such_key", "evaluate=", "release.no_such_setting",
                 "no_such_member", "clinograph.secure.strategies.dq.NoSuchThing",
-                "[split] test_fraction", "no_such_option"]
+                "[split] test_fraction", "no_such_option", "research/no_such_study.py"]
     for what in expected:
         assert any(what in p for p in problems), f"{what!r} not reported in:\n" + "\n".join(problems)
     assert len(problems) == len(expected), "\n".join(problems)
