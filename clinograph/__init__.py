@@ -39,11 +39,11 @@ _NAMES = {
     "register_task": "clinograph.sdk.tasks", "registered_tasks": "clinograph.sdk.tasks",
     "ServerConfig": "clinograph.secure.runtime", "build_server": "clinograph.secure.runtime",
     "run_round": "clinograph.secure.runtime", "run_rounds": "clinograph.secure.runtime",
-    "InProcessTransport": "clinograph.secure.runtime", "Identity": "clinograph.secure.identity",
+    "InProcessTransport": "clinograph.secure.runtime", "Identity": "clinograph.core.identity",
     "AuditTrail": "clinograph.secure.audit", "verify_audit_dir": "clinograph.secure.audit",
-    "render_report": "clinograph.secure.audit", "ClinographError": "clinograph.secure.errors",
-    "ConfigError": "clinograph.secure.errors", "SchemaError": "clinograph.secure.errors",
-    "ProtocolError": "clinograph.secure.errors",
+    "render_report": "clinograph.secure.audit", "ClinographError": "clinograph.core.errors",
+    "ConfigError": "clinograph.core.errors", "SchemaError": "clinograph.core.errors",
+    "ProtocolError": "clinograph.core.errors",
 }
 
 __all__ = ["__version__", *sorted(_NAMES)]

@@ -32,7 +32,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from pydantic import ValidationError
 
-        from clinograph.secure.errors import ClinographError
+        from clinograph.core.errors import ClinographError
 
         try:
             return fn(*args, **kwargs)
@@ -169,7 +169,7 @@ def bench(name: Annotated[str, typer.Argument(help="A study's script: NAME or ST
     """Run a study's script from a checkout's research/ (writes JSON to research/STUDY/results/)."""
     import runpy
 
-    from clinograph.secure.errors import ConfigError
+    from clinograph.core.errors import ConfigError
 
     root = (directory if directory is not None else Path.cwd() / "research").resolve()
     if root.name != "research" or not root.is_dir() or not (root / "_common.py").is_file():

@@ -85,7 +85,7 @@ def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bo
         console.print(f"report: {result.report}")
     console.print(f"metrics: {out / 'metrics.json'}")
     if not result.audit_ok:
-        from clinograph.secure.errors import IntegrityError
+        from clinograph.core.errors import IntegrityError
 
         raise IntegrityError(f"The demo's own audit directory {out / 'audit'} does not verify.")
 

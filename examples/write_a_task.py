@@ -19,7 +19,7 @@ import clinograph as cg
 from clinograph.sdk.federation.task_base import SplitEvaluation
 from clinograph.sdk.model.modules import ModuleMap, Piece
 from clinograph.sdk.training.trainer import TrainOutcome
-from clinograph.secure.spec import ModuleKind
+from clinograph.core.spec import ModuleKind
 
 HERE = Path(__file__).parent
 

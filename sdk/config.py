@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection, StrictSection
-from clinograph.secure.tomlio import load_toml_model
 from pydantic import Field, field_validator, model_validator
+
+from clinograph.core.tomlio import load_toml_model
 
 
 def merge_sections(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

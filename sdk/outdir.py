@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 
 def output_folder(path: Path, *, what: str) -> Path:

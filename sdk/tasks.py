@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from clinograph.secure.errors import RegistryError
+from clinograph.core.errors import RegistryError
 
 #: build(table, *, dictionary, config, split, state_dir, identity) -> Task
 TaskBuild = Callable[..., Any]

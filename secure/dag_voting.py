@@ -34,9 +34,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ProtocolError, SchemaError
+from clinograph.core.errors import ProtocolError, SchemaError
+from clinograph.core.spec import ModuleKind, ModuleSpec
+
 from .public_random import public_index
-from .spec import ModuleKind, ModuleSpec
 
 #: Name of the vote module in the ModelSpec (summed like any shared module).
 VOTE_MODULE = "vote/dag"

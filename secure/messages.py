@@ -2,7 +2,7 @@
 
 Frozen, strict pydantic models, one per protocol stage, discriminated by ``kind`` and parsed
 only at the boundary (:mod:`clinograph.secure.wire`). Arrays travel as little-endian bytes
-(:mod:`clinograph.secure.codec`). The secure modes add their own stage messages beside these
+(:mod:`clinograph.core.codec`). The secure modes add their own stage messages beside these
 (``masking/messages.py``, ``ckks/messages.py``) on the same base class.
 """
 
@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from .spec import MODULE_NAME_PATTERN, ModelSpec
+from clinograph.core.spec import MODULE_NAME_PATTERN, ModelSpec
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: Largest client report envelope the server parses (metrics, ledger, feature relevance).

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .errors import ConfigError, IntegrityError
+from clinograph.core.errors import ConfigError, IntegrityError
 
 CURVE = ec.SECP384R1
 _HASH = hashes.SHA384

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Literal
 
-from .errors import SecurityPolicyError
+from clinograph.core.errors import SecurityPolicyError
 
 Environment = Literal["development", "production"]
 

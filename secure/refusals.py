@@ -22,8 +22,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from .errors import ClinographError, PrivacyBudgetExceeded, ProtocolError
-from .identity import Identity, PublicIdentity
+from clinograph.core.errors import ClinographError, PrivacyBudgetExceeded, ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
+
 from .messages import ID_PATTERN, WireMessage
 from .wire import open_envelope, parse_envelope, seal
 

@@ -17,13 +17,15 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.spec import ModelSpec
+
 from .aggregation import AggregationServer, ModuleSums, create_mode
 from .aggregation.checks import Unattributed, authenticate, check_header, encode_modules
 from .audit.canonical import canonical_json
 from .audit.kinds import UpdateRejected
 from .dp_checks import LedgerTrack, check_ledger
-from .errors import ConfigError, IntegrityError, ProtocolError
-from .identity import Identity, PublicIdentity
 from .messages import (
     MAX_MESSAGE_BYTES,
     MAX_REPORT_BYTES,
@@ -35,7 +37,6 @@ from .messages import (
     RoundResult,
 )
 from .policy import Environment, require_allowed
-from .spec import ModelSpec
 from .state import UNKNOWN_STATE, State, check_state, state_digest
 from .strategies import Strategy
 from .wire import Envelope, parse_envelope, seal, verify_envelope

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .codec import encode_array
-from .errors import ProtocolError
-from .spec import ModelSpec
+from clinograph.core.codec import encode_array
+from clinograph.core.errors import ProtocolError
+from clinograph.core.spec import ModelSpec
 
 State = dict[str, np.ndarray]
 UNKNOWN_STATE = "0" * 64  # the plan's digest when the server holds no plaintext model (ckks)

@@ -35,9 +35,10 @@ from typing import TypeVar
 
 from pydantic import Field, PrivateAttr, ValidationError
 
-from .errors import IntegrityError, ProtocolError
-from .hazmat.labels import SIG_MESSAGE, SIG_MESSAGE_ATTACHED
-from .identity import Identity, PublicIdentity
+from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.labels import SIG_MESSAGE, SIG_MESSAGE_ATTACHED
+
 from .messages import ATTACHMENTS, ID_PATTERN, MAX_MESSAGE_BYTES, WireMessage
 
 M = TypeVar("M", bound=WireMessage)

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from clinograph.secure.errors import ClinographError
+from clinograph.core.errors import ClinographError
 
 # clinograph.secure.audit (and matplotlib, for the report) is imported by the commands that
 # use it, so that `clinograph --help` and the other commands start quickly.

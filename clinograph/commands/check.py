@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from clinograph.secure.errors import ClinographError
+from clinograph.core.errors import ClinographError
 
 
 def check(
@@ -56,10 +56,10 @@ def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str |
     """
     import tomllib
 
+    from clinograph.core.tomlio import read_toml_text
     from clinograph.sdk.ingest import ingest, read_table
     from clinograph.sdk.ingest.sources import EhrSourceConfig, is_source_file, read_source
     from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
-    from clinograph.secure.tomlio import read_toml_text
 
     d = FeatureDictionary.from_toml(dictionary)
     try:

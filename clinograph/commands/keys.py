@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from clinograph.secure.errors import ClinographError
+from clinograph.core.errors import ClinographError
 
 app = typer.Typer(help="Create and inspect federation keys (CA, TLS, node authentication, signing identities).",
                   no_args_is_help=True)

@@ -32,12 +32,12 @@ def init(config: Annotated[Path, typer.Option("--config", help="A hospital confi
 
 
 def _init(config: Path, out: Path) -> None:
+    from clinograph.core.errors import ConfigError
     from clinograph.sdk.config import HospitalConfig
     from clinograph.sdk.federation.build import run_models
     from clinograph.sdk.federation.candidates import candidate_configs
     from clinograph.sdk.federation.node import load_dictionary
     from clinograph.sdk.federation.setup import refuse_under_dp
-    from clinograph.secure.errors import ConfigError
 
     cfg = HospitalConfig.from_toml(config)
     refuse_under_dp(cfg, candidate_configs(cfg), where=str(config))  # set-up sums are outside the DP accountant

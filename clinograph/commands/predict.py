@@ -77,7 +77,7 @@ def predict(
 
 def _check_paths(model: Path, table: str, schema: Path, dictionary: Path, out: Path, ehr: EhrOutputs,
                  source_file: bool) -> None:
-    from clinograph.secure.errors import ConfigError
+    from clinograph.core.errors import ConfigError
 
     files = [("model", model, "give the .safetensors file written by NSFLTask.export."),
              ("schema", schema, "give the hospital's site schema or EHR source file (TOML)."),
@@ -136,11 +136,11 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
     import csv
     import tomllib
 
+    from clinograph.core.errors import SchemaError
+    from clinograph.core.tomlio import read_toml_text
     from clinograph.sdk.model.description import SURVIVAL_FORMAT
     from clinograph.sdk.model.load import load_exported, predict_exported, predict_survival_exported
     from clinograph.sdk.ontology import FeatureDictionary
-    from clinograph.secure.errors import SchemaError
-    from clinograph.secure.tomlio import read_toml_text
 
     ehr = ehr or EhrOutputs()
     try:
@@ -193,8 +193,8 @@ def hospital_key(value: str):  # noqa: ANN201 - a PublicIdentity (imported lazil
     import base64
     import binascii
 
-    from clinograph.secure.errors import ConfigError
-    from clinograph.secure.identity import PublicIdentity
+    from clinograph.core.errors import ConfigError
+    from clinograph.core.identity import PublicIdentity
 
     fix = ("Pass the exporting hospital's public key: its public_key in federation.toml ([hospitals.<name>]), as "
            "base64 or a file holding it.")

@@ -33,9 +33,9 @@ class Source:
 
 def check_ehr_options(ehr: EhrOutputs, raw: dict) -> None:
     """Refuse inconsistent EHR output options before the model is loaded."""
+    from clinograph.core.errors import ConfigError
     from clinograph.sdk.model.fhir_risk import check_subject
     from clinograph.sdk.model.omop_results import check_table_name
-    from clinograph.secure.errors import ConfigError
 
     problems = []
     if ehr.fhir_out is None and (ehr.fhir_subject is not None or ehr.outcome is not None):

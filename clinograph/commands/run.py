@@ -29,7 +29,7 @@ GRACE_S = 15.0  # seconds the stream gets to end by itself once Flower reports t
 
 
 def _flwr(explicit: Path | None) -> str:
-    from clinograph.secure.errors import ConfigError
+    from clinograph.core.errors import ConfigError
 
     if explicit is not None:
         if not explicit.is_file():
@@ -88,7 +88,7 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
                                                   "installed with Clinograph).")] = None) -> None:
     """Start a federation run on a SuperLink, stream its log, and exit 0 only if it completed or
     ended as planned (1: failed or stopped; 4: lost -- no outcome), with a one-line reason."""
-    from clinograph.secure.errors import ConfigError
+    from clinograph.core.errors import ConfigError
 
     exe = _flwr(flwr)
     cmd = [exe, "run", app_dir, superlink, "--stream"]

@@ -68,8 +68,8 @@ from clinograph.sdk.privacy import (  # noqa: E402
 )
 from clinograph.sdk.privacy.noise import install_secure_noise, os_seeded_generator  # noqa: E402
 from clinograph.sdk.training.local import TrainConfig, train_epochs  # noqa: E402
-from clinograph.secure.identity import Identity  # noqa: E402
 
+from clinograph.core.identity import Identity  # noqa: E402
 from research._common import add_convention, machine, out_path, save  # noqa: E402
 
 NORTH = Identity.generate("north")  # signs the benchmark's privacy ledgers

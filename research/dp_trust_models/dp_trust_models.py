@@ -81,7 +81,8 @@ from clinograph.sdk.training.local import predict  # noqa: E402
 from clinograph.sdk.training.metrics import binary_metrics  # noqa: E402
 from clinograph.sdk.training.personal import personal_module_map  # noqa: E402
 from clinograph.secure.dp import calibrate_noise_multiplier  # noqa: E402
-from clinograph.secure.spec import ModuleKind  # noqa: E402
+
+from clinograph.core.spec import ModuleKind  # noqa: E402
 
 DELTA, CLIP, HIDDEN, VAL = 1e-5, 1.0, 8, 0.2
 #: full-batch rounds (q = 1: no amplification bound, the distributed accountant equals the

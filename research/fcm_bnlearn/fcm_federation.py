@@ -79,8 +79,9 @@ from clinograph.secure.dag_voting import (
     tally_from_sum,
     vote_module_spec,
 )
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.spec import ModelSpec
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import ModelSpec
 
 
 def local_dp_steps_per_epoch(sample_rate: float) -> int:

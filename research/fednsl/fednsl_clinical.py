@@ -56,10 +56,10 @@ from clinograph.sdk.ontology import SiteSchema
 from clinograph.sdk.ontology.schema import ColumnMap
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.audit.verify import verify_audit_dir
-from clinograph.secure.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
 from sklearn.metrics import roc_auc_score
 
+from clinograph.core.identity import Identity
 from research._common import add_convention, machine, out_path, write
 
 SITES = {"north": 1200, "south": 900, "east": 900}

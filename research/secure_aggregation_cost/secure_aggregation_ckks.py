@@ -40,11 +40,11 @@ from clinograph.secure.ckks import (
     ckks_plan_options,
 )
 from clinograph.secure.ckks.messages import CkksUpdate
-from clinograph.secure.identity import Identity
 from clinograph.secure.messages import RoundPlan
-from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
 from clinograph.secure.wire import open_envelope, parse_envelope
 
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 from research._common import add_convention, emit, machine, out_path
 
 FED = "bench"

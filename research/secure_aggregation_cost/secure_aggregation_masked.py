@@ -61,14 +61,14 @@ from clinograph.secure import wire  # noqa: E402
 from clinograph.secure.aggregation import LocalUpdate, create_mode  # noqa: E402
 from clinograph.secure.hazmat import x25519  # noqa: E402
 from clinograph.secure.hazmat.masking_prg import MASK_PRG, add_mask_parts  # noqa: E402
-from clinograph.secure.identity import Identity, PublicIdentity  # noqa: E402
 from clinograph.secure.masking import client as masking_client  # noqa: E402
 from clinograph.secure.masking import masked_plan_options, neighbour_count  # noqa: E402
 from clinograph.secure.masking import server as masking_server  # noqa: E402
 from clinograph.secure.messages import MAX_MESSAGE_BYTES, RoundPlan  # noqa: E402
-from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec  # noqa: E402
 from clinograph.secure.transport import run_aggregation  # noqa: E402
 
+from clinograph.core.identity import Identity, PublicIdentity  # noqa: E402
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec  # noqa: E402
 from research._common import add_convention, emit, machine, out_path  # noqa: E402
 
 N_MODULES = 4

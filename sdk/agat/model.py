@@ -23,9 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.spec import ModuleKind
 from torch import nn
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import ModuleKind
 
 from ..config import AGATSection
 from ..model.modules import ModuleMap, Piece

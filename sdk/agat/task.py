@@ -28,13 +28,14 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.spec import ModuleKind
 from clinograph.secure.strategies.attention import (
     ATTENTION_OPTION,
     MAX_LOGIT_OPTION,
     attention_weight,
 )
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import ModuleKind
 
 from ..config import HospitalConfig
 from ..federation.split import Split

@@ -28,9 +28,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
-from clinograph.secure.errors import ConfigError, PrivacyError
 from clinograph.secure.hazmat.discrete_noise import CsprngUniform
-from clinograph.secure.identity import Identity
+
+from clinograph.core.errors import ConfigError, PrivacyError
+from clinograph.core.identity import Identity
 
 from ..config import PrivacySection
 from ..privacy.accountant import PrivacyLedger

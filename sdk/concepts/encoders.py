@@ -64,7 +64,7 @@ class EmbeddingAdapter(nn.Module):
     def forward(self, batch) -> torch.Tensor:  # noqa: D102
         z = self._embed(self.inner, batch) if self._embed is not None else self.inner(batch)
         if z.dim() != 2 or z.shape[1] != self.out_dim:
-            from clinograph.secure.errors import ConfigError
+            from clinograph.core.errors import ConfigError
 
             raise ConfigError(f"The wrapped encoder returned shape {tuple(z.shape)}; expected "
                               f"[B, {self.out_dim}]. Pass out_dim equal to its embedding size.")

@@ -29,8 +29,6 @@ from typing import Any
 import torch
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.dag_voting import VOTE_MODULE, DagOutcome, decide_from_sum
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
 from clinograph.secure.runtime import InProcessTransport
 from clinograph.secure.runtime.assemble import ServerSide
 from clinograph.secure.runtime.build import InitialModel
@@ -38,8 +36,11 @@ from clinograph.secure.runtime.config import DPPolicySection, FederationSection
 from clinograph.secure.runtime.models import RunModels
 from clinograph.secure.runtime.run import run_federation
 from clinograph.secure.server import FederationServer
-from clinograph.secure.spec import ModuleKind
 from torch import nn
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModuleKind
 
 from ..config import PrivacySection, ReleaseSection
 from ..federation.client import HospitalClient

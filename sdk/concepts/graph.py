@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

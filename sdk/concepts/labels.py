@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from clinograph.secure.errors import SchemaError
+
+from clinograph.core.errors import SchemaError
 
 from ..ingest.table import PatientTable
 from ..ontology.schema import SiteSchema

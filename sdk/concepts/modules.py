@@ -29,8 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from clinograph.secure.errors import RegistryError
 from torch import nn
+
+from clinograph.core.errors import RegistryError
 
 from .layers import BlockLinear, Blocks, mlp_tail
 

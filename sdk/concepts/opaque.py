@@ -12,8 +12,9 @@ import copy
 from dataclasses import dataclass
 
 import torch
-from clinograph.secure.errors import ConfigError
 from torch import nn
+
+from clinograph.core.errors import ConfigError
 
 from .encoders import MLPEncoder
 

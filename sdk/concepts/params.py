@@ -11,9 +11,10 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
 from torch import nn
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 
 from .model import ConceptModel
 

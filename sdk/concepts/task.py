@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 from clinograph.secure.dag_voting import VOTE_MODULE, encode_vote, vote_length
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.spec import ModuleKind
 from torch import nn
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import ModuleKind
 
 from ..federation.task import TaskBase
 from ..model.modules import ModuleMap, Piece

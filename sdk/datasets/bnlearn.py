@@ -21,7 +21,8 @@ from importlib import resources
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import ConfigError
+
+from clinograph.core.errors import ConfigError
 
 #: The five networks of F-CMs Table 2 and the task variable appendix B.1 uses for each.
 TASKS: dict[str, str] = {"asia": "dysp", "sachs": "Akt", "alarm": "BP",

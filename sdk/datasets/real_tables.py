@@ -353,7 +353,7 @@ def cohort_tables(name: str, form: str = "binary") -> CohortTables:
     Raises:
         ConfigError: an unknown cohort name or form (the message lists them).
     """
-    from clinograph.secure.errors import ConfigError
+    from clinograph.core.errors import ConfigError
 
     if name not in _COHORTS:
         raise ConfigError(f"Unknown cohort {name!r}. Registered: {', '.join(COHORTS)}.")

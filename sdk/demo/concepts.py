@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from clinograph.secure.audit import AuditTrail, render_report, verify_audit_dir
-from clinograph.secure.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
+
+from clinograph.core.identity import Identity
 
 from ..concepts.encoders import MLPEncoder
 from ..concepts.federation import ConceptSite, run_concept_federation

@@ -38,11 +38,12 @@ from pathlib import Path
 
 import numpy as np
 from clinograph.secure.audit.consistency import PROOF, PROOF_FROM, check_extension
-from clinograph.secure.errors import IntegrityError, ProtocolError
-from clinograph.secure.fileio import atomic_write
-from clinograph.secure.identity import PublicIdentity
 from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.journal import decode_state, encode_state
+
+from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.fileio import atomic_write
+from clinograph.core.identity import PublicIdentity
 
 FILENAME = "audit_anchor.json"
 FORMAT = "clinograph-anchor/1"

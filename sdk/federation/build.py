@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.runtime.build import InitialModel
-from clinograph.secure.spec import ModuleKind
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.spec import ModuleKind
 
 from ..config import HospitalConfig
 from ..ingest import PatientTable, ingest

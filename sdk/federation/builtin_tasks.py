@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def _build_nsfl(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
                 state_dir: Path | None, identity: Any) -> Task:
-    from clinograph.secure.errors import ConfigError
+    from clinograph.core.errors import ConfigError
 
     if config.privacy.enabled and config.privacy.mode == "distributed":
         if config.model.temporal != "none":

@@ -34,10 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clinograph.secure.errors import ConfigError
 from clinograph.secure.runtime.run import (
     choose as choose,  # re-exported: the rule lives with the run
 )
+
+from clinograph.core.errors import ConfigError
 
 from ..config import HospitalConfig, SimulationConfig, merge_sections
 

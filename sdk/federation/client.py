@@ -21,16 +21,17 @@ import numpy as np
 from clinograph.secure.aggregation import AggregationClient, LocalUpdate, ModuleSums, create_mode
 from clinograph.secure.aggregation.checks import decode_modules
 from clinograph.secure.ckks.holder import CkksKeyHolder
-from clinograph.secure.errors import ConfigError, ProtocolError
-from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.messages import ClientReport, GlobalModel, RoundPlan
 from clinograph.secure.runtime.models import RunFinish, RunStart
 from clinograph.secure.runtime.participant import part
 from clinograph.secure.runtime.selection import STATUS_PART, SelectionStatus
-from clinograph.secure.spec import ModuleKind
 from clinograph.secure.state import UNKNOWN_STATE, state_digest
 from clinograph.secure.strategies import Strategy, create_strategy
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
+
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.spec import ModuleKind
 
 from ..config import ReleaseSection
 from ..training.trainer import TrainOutcome

@@ -29,9 +29,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary

@@ -24,12 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from clinograph.secure.dp import DistributedPolicy, check_configuration
-from clinograph.secure.errors import ConfigError, PrivacyError
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.secure.identity import Identity
 from clinograph.secure.runtime.build import masked_options, weight_bound
 from clinograph.secure.runtime.config import DPPolicySection
-from clinograph.secure.spec import ModuleKind
+
+from clinograph.core.errors import ConfigError, PrivacyError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModuleKind
 
 from ..config import HospitalConfig, SimulationConfig
 from ..graph.star import star_batch

@@ -23,11 +23,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from clinograph.secure.errors import ProtocolError
-from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.runtime.models import RunChosen, RunStart, overrides_digest, run_id
 from clinograph.secure.runtime.participant import part
 from clinograph.secure.wire import open_envelope, parse_envelope
+
+from clinograph.core.errors import ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
 
 from .client import HospitalClient
 
@@ -54,7 +55,7 @@ def with_horizon(config: Any, rounds: int | None) -> Any:
     Raises:
         PrivacyError: ``planned_rounds`` < ``rounds`` under DP.
     """
-    from clinograph.secure.errors import PrivacyError
+    from clinograph.core.errors import PrivacyError
 
     p = config.privacy
     if rounds is None or not p.enabled:

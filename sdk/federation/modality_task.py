@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 
 from ..config import HospitalConfig
 from ..ingest.table import PatientTable

@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
-from clinograph.secure.transport.flower.enrolment import load_federation
+from clinograph.secure.enrolment import load_federation
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 
 from ..config import HospitalConfig
 from ..ingest import ingest, read_table

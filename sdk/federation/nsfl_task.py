@@ -18,9 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
-from clinograph.secure.spec import ModuleKind
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModuleKind
 
 from ..config import HospitalConfig
 from ..ingest.table import PatientTable

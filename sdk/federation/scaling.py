@@ -41,9 +41,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 
 from ..config import ScalingSection
 from ..ingest.table import PatientTable

@@ -22,11 +22,12 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError, ProtocolError
-from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.runtime.setup import SETUP_MODES
-from clinograph.secure.spec import ModuleKind
 from torch import nn
+
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.spec import ModuleKind
 
 from ..config import ReleaseSection
 from ..model.modules import ModuleMap, Piece

@@ -29,12 +29,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from clinograph.secure.errors import ConfigError, ProtocolError
-from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.runtime.models import SetupAnnounce, SetupClose, SetupResult, SetupSum
 from clinograph.secure.runtime.participant import part
 from clinograph.secure.runtime.setup import RESULT_PART, SETUP_MODES
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
+
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
 
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary

@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
 from clinograph.secure.runtime import InProcessTransport, run_round
 from clinograph.secure.runtime.assemble import ServerSide
 from clinograph.secure.runtime.liveness import Liveness
@@ -35,6 +33,9 @@ from clinograph.secure.runtime.loop import RoundOutcome
 from clinograph.secure.runtime.models import RunModels
 from clinograph.secure.runtime.run import CandidateRun, run_federation
 from clinograph.secure.server import FederationServer
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 
 from ..config import SimulationConfig
 from ..ingest import ingest, read_table
@@ -318,7 +319,7 @@ def simulate_one(tables: Sequence[PatientTable], dictionary: FeatureDictionary, 
 
 def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDictionary]:
     """Ingest every hospital's table; the problems of all hospitals are reported together."""
-    from clinograph.secure.errors import SchemaError
+    from clinograph.core.errors import SchemaError
 
     if config.dictionary is None:
         raise ConfigError("The config names no feature dictionary: set `dictionary = \"path/to/dictionary.toml\"` "

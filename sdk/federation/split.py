@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from clinograph.secure.errors import ConfigError
+
+from clinograph.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config import HospitalConfig

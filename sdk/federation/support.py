@@ -82,7 +82,8 @@ def run_cell(task: str, mode: str, tables: Sequence[Any], task_factory: Callable
     (and its audit verifies), else ``refused: <the ConfigError's message>``. ``task_factory``:
     as :func:`.simulate.simulate`'s (the modality row's signals)."""
     from clinograph.secure.audit import verify_audit_dir
-    from clinograph.secure.errors import ConfigError
+
+    from clinograph.core.errors import ConfigError
 
     from .simulate import simulate
 

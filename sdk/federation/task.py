@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from clinograph.secure.errors import ConfigError
+
+from clinograph.core.errors import ConfigError
 
 from ..model.modules import ModuleMap
 from ..training.trainer import TrainOutcome

@@ -11,7 +11,8 @@ validation split.
 from __future__ import annotations
 
 import numpy as np
-from clinograph.secure.errors import ConfigError
+
+from clinograph.core.errors import ConfigError
 
 from ..training.calibration import Platt, fit_platt_cv, logit
 from ..training.metrics import binary_metrics

@@ -30,8 +30,6 @@ from pathlib import Path
 
 import numpy as np
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
 from clinograph.secure.policy import Environment, require_allowed
 from clinograph.secure.runtime import InProcessTransport
 from clinograph.secure.runtime.assemble import ServerSide
@@ -40,7 +38,10 @@ from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.runtime.models import RunModels
 from clinograph.secure.runtime.run import run_federation
 from clinograph.secure.server import FederationServer
-from clinograph.secure.spec import ModuleKind
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModuleKind
 
 from ..config import ReleaseSection
 from ..federation.client import HospitalClient
@@ -130,7 +131,7 @@ def insecure_per_hospital_posteriors(*, hospitals: Mapping[str, HospitalRules], 
     """The paper's plaintext Algorithm 1: the server sees **each** hospital's posterior and samples
     from each. INSECURE: a posterior over rules is a summary of one hospital's patients. Warns
     every time, is recorded as an ``insecure_option`` when ``audit`` is given, and raises
-    :class:`~clinograph.secure.errors.SecurityPolicyError` in production."""
+    :class:`~clinograph.core.errors.SecurityPolicyError` in production."""
     why = "the server receives every hospital's rule posterior in the clear, not only their sum"
     require_allowed("insecure_per_hospital_posteriors", environment=environment, why=why)
     if audit is not None:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 PREDICATE = re.compile(r"^(similar_to:)?[a-z][a-z0-9_=.\-]{0,95}$")
 AND, ARROW = " ∧ ", " → "

@@ -39,7 +39,8 @@ from typing import Literal
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
+
+from clinograph.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

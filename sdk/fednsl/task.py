@@ -21,10 +21,11 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.spec import ModuleKind
 from clinograph.secure.strategies.rules import POSTERIOR_MODULE, PRIOR_MODULE, SUPPORT_MODULE
 from torch import nn
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import ModuleKind
 
 from ..federation.task import TaskBase
 from ..model.modules import ModuleMap, Piece

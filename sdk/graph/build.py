@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
 from torch_geometric.data import HeteroData
+
+from clinograph.core.errors import ConfigError
 
 from ..ingest.table import PatientTable
 

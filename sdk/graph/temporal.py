@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
+
+from clinograph.core.errors import ConfigError
 
 from ..ingest.table import PatientTable
 from .star import StarBatch, star_batch

@@ -12,7 +12,8 @@ import re
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import SchemaError
+
+from clinograph.core.errors import SchemaError
 
 from ..ontology.codes import describe_codes, normalise_code, shown_codes
 from ..ontology.dictionary import TRANSFORM_DOMAIN, Feature, FeatureKind, transform_domain

@@ -11,7 +11,8 @@ import unicodedata
 from collections.abc import Iterable
 
 import pandas as pd
-from clinograph.secure.errors import SchemaError
+
+from clinograph.core.errors import SchemaError
 
 from ..ontology.dictionary import Feature, FeatureDictionary
 from ..ontology.schema import ColumnMap, SiteSchema

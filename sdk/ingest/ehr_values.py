@@ -25,7 +25,8 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import SchemaError, UnitError
+
+from clinograph.core.errors import SchemaError, UnitError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.units import EXAMPLE_UNITS, conversion, is_known_unit, normalise_unit

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import SchemaError
+
+from clinograph.core.errors import SchemaError
 
 from ..ontology.codes import describe_codes
 from ..ontology.dictionary import FeatureDictionary

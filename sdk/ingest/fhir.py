@@ -28,7 +28,8 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import ConfigError, SchemaError
+
+from clinograph.core.errors import ConfigError, SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from .ehr_values import CensorPolicy, declared_features

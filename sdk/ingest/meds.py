@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import ConfigError, SchemaError
+
+from clinograph.core.errors import ConfigError, SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from .ehr_values import CensorPolicy, declared_features

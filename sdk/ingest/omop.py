@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Literal
 
 import pandas as pd
-from clinograph.secure.errors import ConfigError, SchemaError, SourceUnavailable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from clinograph.core.errors import ConfigError, SchemaError, SourceUnavailable
 
 from ..ontology.dictionary import FeatureDictionary
 from .ehr_values import CensorPolicy

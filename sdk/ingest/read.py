@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import ConfigError, SchemaError
-from clinograph.secure.fileio import NotRegularFile, read_regular
+
+from clinograph.core.errors import ConfigError, SchemaError
+from clinograph.core.fileio import NotRegularFile, read_regular
 
 from .dialect import DECIMALS, apply_decimal_comma, detect_decimal, detect_delimiter, dialect_hint
 from .dialect import name as delimiter_name

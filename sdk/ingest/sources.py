@@ -31,8 +31,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from clinograph.secure.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from clinograph.core.errors import ConfigError
 
 from ..ontology.dictionary import FeatureDictionary
 from .ehr_values import CensorPolicy

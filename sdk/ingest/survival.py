@@ -19,7 +19,8 @@ import dataclasses
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import SchemaError
+
+from clinograph.core.errors import SchemaError
 
 from ..ontology.codes import normalise_code
 from ..ontology.dictionary import FeatureDictionary

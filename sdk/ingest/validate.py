@@ -16,7 +16,8 @@ from difflib import get_close_matches
 
 import numpy as np
 import pandas as pd
-from clinograph.secure.errors import SchemaError
+
+from clinograph.core.errors import SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.schema import SiteSchema

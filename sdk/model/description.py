@@ -5,7 +5,7 @@ that runs) and ``<weights>.json``, a :class:`SignedDescription` envelope around 
 :class:`ModelDescription`: the NS-FL settings that rebuild the star-path model, the feature
 dictionary's hash and ids, the calibration, the kept round, the survival grid -- and the
 SHA-256 of the weights file. The hospital signs the description's exact bytes with its Ed25519
-identity (label :data:`~clinograph.secure.hazmat.labels.SIG_MODEL_DESCRIPTION`); a loader
+identity (label :data:`~clinograph.core.labels.SIG_MODEL_DESCRIPTION`); a loader
 verifies the signature against a key it trusts, then the digest against the bytes it read,
 before it parses a single tensor.
 
@@ -25,11 +25,12 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from clinograph.secure.errors import IntegrityError
-from clinograph.secure.hazmat.labels import SIG_MODEL_DESCRIPTION
-from clinograph.secure.identity import Identity, PublicIdentity
 from clinograph.secure.runtime.config import StrictSection
 from pydantic import Field, ValidationError, model_validator
+
+from clinograph.core.errors import IntegrityError
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.labels import SIG_MODEL_DESCRIPTION
 
 from ..config import NSFLConfig
 

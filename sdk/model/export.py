@@ -33,10 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError, SchemaError
-from clinograph.secure.fileio import atomic_write
-from clinograph.secure.identity import Identity
 from torch import nn
+
+from clinograph.core.errors import ConfigError, SchemaError
+from clinograph.core.fileio import atomic_write
+from clinograph.core.identity import Identity
 
 from ..graph.star import star_batch
 from ..ingest.table import PatientTable

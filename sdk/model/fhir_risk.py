@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 from .predictions import Predictions
 

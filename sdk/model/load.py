@@ -8,7 +8,7 @@ or pickle file is refused by its first bytes, before anything else is read from 
 
 Every risk it returns has been checked: probabilities finite and in [0, 1], survival curves
 non-increasing in time, horizon risks non-decreasing. A violation is an
-:class:`~clinograph.secure.errors.IntegrityError`, never output.
+:class:`~clinograph.core.errors.IntegrityError`, never output.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError, IntegrityError, SchemaError
-from clinograph.secure.fileio import read_regular
-from clinograph.secure.identity import PublicIdentity
 from clinograph.secure.policy import Environment, require_allowed
 from torch import nn
+
+from clinograph.core.errors import ConfigError, IntegrityError, SchemaError
+from clinograph.core.fileio import read_regular
+from clinograph.core.identity import PublicIdentity
 
 from ..ingest.table import PatientTable
 from .description import MAX_DESCRIPTION_BYTES, SURVIVAL_FORMAT, ModelDescription, open_description

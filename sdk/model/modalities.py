@@ -14,7 +14,7 @@ patient has the modality (δ_m = 1) and absent otherwise:
 
 The modality node has no incoming relation, so its state is h_m at both layers.
 
-Module-wise aggregation (F-CMs §4.2.3; secure/spec.py: a module is the unit of sharing):
+Module-wise aggregation (F-CMs §4.2.3; clinograph/core/spec.py: a module is the unit of sharing):
 ``modality/<m>/encoder``, ``gnn/layer1/of_patient_<m>`` and ``gnn/layer2/of_patient_<m>`` are
 shared modules of the same ModelSpec at every hospital. A hospital without modality m has
 δ_m = 0 for every patient, so those modules' gradient is exactly zero (tested), and its task
@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from clinograph.secure.spec import ModuleKind
 from torch import nn
+
+from clinograph.core.spec import ModuleKind
 
 from ..config import NSFLConfig
 from ..graph.star import StarBatch

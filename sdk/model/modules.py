@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
 from torch import nn
+
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 
 
 @dataclass(frozen=True)

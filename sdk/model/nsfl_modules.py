@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from clinograph.secure.spec import ModuleKind
+from clinograph.core.spec import ModuleKind
 
 from .modules import ModuleMap, Piece
 from .nsfl import NSFLModel

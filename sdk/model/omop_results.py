@@ -28,7 +28,7 @@ from datetime import timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 from .predictions import Predictions
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import numpy as np
-from clinograph.secure.errors import ConfigError
+
+from clinograph.core.errors import ConfigError
 
 from .description import ModelDescription
 

@@ -35,8 +35,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from clinograph.secure.spec import ModuleKind
 from torch import nn
+
+from clinograph.core.spec import ModuleKind
 
 from ..config import NSFLConfig
 from ..graph.temporal import SnapshotBatch
@@ -175,7 +176,7 @@ def temporal_task_model(n_features: int, config) -> TemporalNSFL:
     Raises:
         ConfigError: with the survival head or ``similar_to`` (not built per snapshot).
     """
-    from clinograph.secure.errors import ConfigError
+    from clinograph.core.errors import ConfigError
 
     if config.model.temporal == "none":
         raise ConfigError("temporal_task_model needs [model] temporal = 'attention'.")

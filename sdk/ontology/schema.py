@@ -27,8 +27,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from clinograph.secure.errors import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from clinograph.core.errors import SchemaError
 
 from .codes import normalise_code
 from .dictionary import Feature, FeatureDictionary, FeatureKind

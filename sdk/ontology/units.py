@@ -39,7 +39,7 @@ import math
 import re
 from tokenize import TokenError  # pint's tokenizer raises it for unbalanced brackets
 
-from clinograph.secure.errors import UnitError
+from clinograph.core.errors import UnitError
 
 # Local (non-UCUM) spellings -> one canonical spelling; keys compare lower-cased. These are
 # spellings, not conversions: the canonical spelling is then read by pint.

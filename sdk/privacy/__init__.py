@@ -6,7 +6,7 @@ every round. ``[privacy] mode = "distributed"`` (:mod:`.distributed`): one DP-SG
 over all hospitals, each adding a Skellam share of the noise inside the masked sum.
 """
 
-from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
+from clinograph.core.errors import PrivacyBudgetExceeded, PrivacyError
 
 from .accountant import PrivacyLedger
 from .calibration import calibrate_noise_multiplier, poisson_plan

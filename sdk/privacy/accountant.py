@@ -35,11 +35,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
-from clinograph.secure.fileio import atomic_write  # noqa: F401 (re-exported: distributed.py)
-from clinograph.secure.hazmat.labels import SIG_PRIVACY_LEDGER
-from clinograph.secure.identity import Identity
 from clinograph.secure.messages import LedgerEntry
+
+from clinograph.core.errors import PrivacyBudgetExceeded, PrivacyError
+from clinograph.core.fileio import atomic_write  # noqa: F401 (re-exported: distributed.py)
+from clinograph.core.identity import Identity
+from clinograph.core.labels import SIG_PRIVACY_LEDGER
 
 from .ledger_file import RESTORE, SignedLedgerFile
 

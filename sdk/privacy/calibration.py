@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from clinograph.secure.errors import PrivacyError
+from clinograph.core.errors import PrivacyError
 
 
 def poisson_plan(*, n_train: int, batch_size: int) -> tuple[float, int]:

@@ -39,11 +39,12 @@ from clinograph.secure.dp import (
     check_share,
     epsilon,
 )
-from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
 from clinograph.secure.hazmat.discrete_noise import CsprngUniform, bernoulli, skellam
-from clinograph.secure.hazmat.labels import SIG_DISTRIBUTED_LEDGER
-from clinograph.secure.identity import Identity
 from clinograph.secure.messages import DistributedShare, LedgerEntry
+
+from clinograph.core.errors import PrivacyBudgetExceeded, PrivacyError
+from clinograph.core.identity import Identity
+from clinograph.core.labels import SIG_DISTRIBUTED_LEDGER
 
 from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel

@@ -4,14 +4,14 @@ Patient-level DP-SGD bounds one patient's influence by clipping *its own* gradie
 graph a patient also changes its ``similar_to`` neighbours' gradients (49 others on a
 200-patient graph) and the kNN graph itself, so per-node clipping bounds nothing. Under DP the
 only training unit is the patient's isolated star; these guards turn every other request into
-a :class:`~clinograph.secure.errors.PrivacyError` that says why.
+a :class:`~clinograph.core.errors.PrivacyError` that says why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from clinograph.secure.errors import PrivacyError
+from clinograph.core.errors import PrivacyError
 
 WHY = ("under patient-level DP every patient must be one independent training example (its own "
        "star); similar_to edges let one patient change other patients' gradients and the kNN graph "

@@ -22,10 +22,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from clinograph.secure.errors import IntegrityError, PrivacyError
-from clinograph.secure.fileio import atomic_write
-from clinograph.secure.hazmat.labels import SIG_LEDGER_HIGHWATER
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import IntegrityError, PrivacyError
+from clinograph.core.fileio import atomic_write
+from clinograph.core.identity import Identity
+from clinograph.core.labels import SIG_LEDGER_HIGHWATER
 
 MARK_FORMAT = "clinograph/ledger-highwater/v1"
 RESTORE = ("A restored backup is checked against the high-water mark {mark}: only a ledger that holds every entry "

@@ -30,9 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from clinograph.secure.errors import PrivacyError
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
+
+from clinograph.core.errors import PrivacyError
 
 
 def star_loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

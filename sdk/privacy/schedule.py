@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError, PrivacyError
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
+
+from clinograph.core.errors import ConfigError, PrivacyError
 
 from ..model.heads import HazardBaseline
 from ..training.survival import interval_targets

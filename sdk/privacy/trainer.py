@@ -4,7 +4,7 @@ One training example per patient: its star (its own feature copies and values) a
 dense tensors through :meth:`NSFLModel.forward_star`, built only from ``nn.Linear`` and
 ``nn.Embedding`` leaves, so per-patient gradients are exact (tested against a per-patient
 loop). ``similar_to`` is never built; asking for it raises
-:class:`~clinograph.secure.errors.PrivacyError`.
+:class:`~clinograph.core.errors.PrivacyError`.
 
 DP-SGD (Abadi et al. 2016, Algorithm 1): Poisson sampling at q = 1/⌈n/B⌉ from a CSPRNG
 (ChaCha20 under an ``os.urandom`` key, :class:`~clinograph.secure.hazmat.discrete_noise.CsprngUniform`;
@@ -35,11 +35,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.secure.errors import PrivacyError
 from clinograph.secure.hazmat.discrete_noise import CsprngUniform, bernoulli
-from clinograph.secure.identity import Identity
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
+
+from clinograph.core.errors import PrivacyError
+from clinograph.core.identity import Identity
 
 from ..config import HospitalConfig, PrivacySection
 from ..graph.star import star_batch

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.spec import ModuleKind
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import ModuleKind
 
 from ..graph.star import StarBatch
 from ..model.modules import ModuleMap, Piece

@@ -30,7 +30,8 @@ from typing import Literal
 
 import numpy as np
 import torch
-from clinograph.secure.errors import ConfigError
+
+from clinograph.core.errors import ConfigError
 
 from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel

@@ -170,7 +170,7 @@ class SurvivalTrainer:
         from .trainer import GraphTrainer
 
         if table.survival is None:
-            from clinograph.secure.errors import ConfigError
+            from clinograph.core.errors import ConfigError
 
             raise ConfigError(f"Hospital {table.site!r}: [target] kind = 'survival' but its table has no "
                               "time-to-event label. Declare [survival] time, event and time_unit in its site schema.")

@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RegistryError
+from clinograph.core.errors import RegistryError
+
 from .base import AggregationClient, AggregationServer, LocalUpdate, ModuleSums
 from .plaintext import PlaintextClient, PlaintextServer
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..identity import Identity, PublicIdentity
+from clinograph.core.identity import Identity, PublicIdentity
+
 from ..messages import RoundPlan
 from ..wire import Envelope
 

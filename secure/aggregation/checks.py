@@ -12,11 +12,12 @@ from typing import TypeVar
 import numpy as np
 from pydantic import ValidationError
 
-from ..codec import decode_array
-from ..errors import IntegrityError, ProtocolError
-from ..identity import PublicIdentity
+from clinograph.core.codec import decode_array
+from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.identity import PublicIdentity
+from clinograph.core.spec import ModuleKind
+
 from ..messages import ModuleTensor, RoundPlan, WireMessage
-from ..spec import ModuleKind
 from ..wire import Envelope, load_payload, verify_envelope
 
 M = TypeVar("M", bound=WireMessage)
@@ -57,7 +58,7 @@ def decode_modules(plan: RoundPlan, modules: Sequence[ModuleTensor], *, sender: 
 
 def encode_modules(modules: Mapping[str, np.ndarray], dtype: str = "<f4") -> tuple[ModuleTensor, ...]:
     """Module vectors as wire tensors, in name order."""
-    from ..codec import encode_array
+    from clinograph.core.codec import encode_array
 
     return tuple(ModuleTensor(name=n, dtype=dtype, data=encode_array(v, dtype)) for n, v in sorted(modules.items()))
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ProtocolError
+from clinograph.core.errors import ProtocolError
+
 from ..messages import ClientUpdate
 from ..wire import Envelope, open_envelope, seal
 from .base import AggregationClient, AggregationServer, ModuleSums

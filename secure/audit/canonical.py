@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import IntegrityError
+from clinograph.core.errors import IntegrityError
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_DEPTH = 32

@@ -18,8 +18,9 @@ for every participant, :meth:`AuditTrail.segment`).
 
 from __future__ import annotations
 
-from ..errors import IntegrityError
-from ..identity import PublicIdentity
+from clinograph.core.errors import IntegrityError
+from clinograph.core.identity import PublicIdentity
+
 from .entry import check_entry_signature, parse_entry
 
 PROOF = "audit.proof"

@@ -37,9 +37,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import IntegrityError
-from ..hazmat.labels import HASH_AUDIT_ENTRY, SIG_AUDIT_ENTRY, SIG_AUDIT_HEAD
-from ..identity import Identity, PublicIdentity
+from clinograph.core.errors import IntegrityError
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.labels import HASH_AUDIT_ENTRY, SIG_AUDIT_ENTRY, SIG_AUDIT_HEAD
+
 from .canonical import b64_strict, canonical_json, parse_canonical
 
 GENESIS = "0" * 64

@@ -9,8 +9,9 @@ from __future__ import annotations
 import base64
 from typing import Any, Literal
 
-from ..errors import ClinographError, IntegrityError
-from ..identity import PublicIdentity
+from clinograph.core.errors import ClinographError, IntegrityError
+from clinograph.core.identity import PublicIdentity
+
 from ..wire import Envelope, parse_envelope, verify_envelope
 
 Status = Literal["valid", "invalid", "unknown_sender"]

@@ -142,7 +142,8 @@ def dp_policy_words(dp: dict[str, Any] | None) -> str:
 # -- secure mode -------------------------------------------------------------------------------
 def plan_options(run: Run, directory: Path) -> dict[int, dict[str, Any]]:
     """Round -> the options of the run's published round plan (empty if unreadable)."""
-    from ..errors import ClinographError
+    from clinograph.core.errors import ClinographError
+
     from ..wire import parse_envelope
 
     out: dict[int, dict[str, Any]] = {}

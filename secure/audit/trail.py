@@ -40,9 +40,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import ConfigError, IntegrityError, ProtocolError
-from ..fileio import atomic_write
-from ..identity import Identity, PublicIdentity
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
+from clinograph.core.fileio import atomic_write
+from clinograph.core.identity import Identity, PublicIdentity
+
 from .canonical import plain_payload
 from .entry import GENESIS, KIND, AuditEntry, make_entry, make_head
 from .envelopes import keys_from, parse_stored, signature_status

@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import IntegrityError
-from ..fileio import NotRegularFile, TooLarge, read_regular
-from ..identity import PublicIdentity
+from clinograph.core.errors import IntegrityError
+from clinograph.core.fileio import NotRegularFile, TooLarge, read_regular
+from clinograph.core.identity import PublicIdentity
+
 from ..messages import MAX_MESSAGE_BYTES
 from ..wire import MAGIC
 from .entry import AuditEntry, check_entry_signature, check_head, parse_entry
@@ -48,7 +49,7 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_ARTEFACT_BYTES = MAX_MESSAGE_BYTES
 def read_regular_file(path: Path, *, limit: int) -> bytes:
     """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes
-    (:func:`clinograph.secure.fileio.read_regular`).
+    (:func:`clinograph.core.fileio.read_regular`).
 
     Raises:
         FileNotFoundError / OSError: the file is missing or unreadable.

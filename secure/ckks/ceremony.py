@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..identity import Identity
+from clinograph.core.identity import Identity
+
 from .keys import CkksKeyDealer, CkksKeyring, CkksRecipientKey, CkksServerContext
 from .presets import CkksPreset
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from clinograph.core.errors import ConfigError, ProtocolError
+
 from ..aggregation.base import AggregationClient, ModuleSums
-from ..errors import ConfigError, ProtocolError
 from ..wire import open_envelope, parse_envelope, seal
 from .keys import CkksKeyring, check_plan_options
 from .layout import SlotLayout

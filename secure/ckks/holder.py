@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..errors import ProtocolError
-from ..identity import Identity, PublicIdentity
+from clinograph.core.errors import ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
+
 from .keys import CkksKeyDealer, CkksKeyring, CkksRecipientKey
 from .presets import CkksPreset
 

@@ -38,11 +38,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from ..errors import ConfigError, IntegrityError, ProtocolError
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.labels import HASH_CKKS_CONTEXT, KDF_CKKS_KEY_WRAP, MAC_CKKS_CONTRIBUTOR_TAG
+
 from ..hazmat import ckks_keywrap
 from ..hazmat.ckks_context import CkksEvaluator, CkksSecretContext, pack_fields, unpack_fields
-from ..hazmat.labels import HASH_CKKS_CONTEXT, KDF_CKKS_KEY_WRAP, MAC_CKKS_CONTRIBUTOR_TAG
-from ..identity import Identity, PublicIdentity
 from ..wire import open_envelope, parse_envelope, seal
 from .messages import CkksKeyPackage, CkksKeyRequest, CkksPublicContext
 from .presets import CkksPreset, preset_named

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clinograph.core.errors import IntegrityError
+
 from ..aggregation.base import LocalUpdate, ModuleSums
-from ..errors import IntegrityError
 from ..messages import RoundPlan
 
 TAG_TOLERANCE = 1e-5

@@ -25,9 +25,10 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
+from clinograph.core.errors import ConfigError, ProtocolError
+
 from ..aggregation.base import AggregationServer, ModuleSums
 from ..aggregation.checks import Unattributed, authenticate, check_header
-from ..errors import ConfigError, ProtocolError
 from ..hazmat.ckks_context import dump_ciphertext
 from ..wire import Envelope, seal
 from .keys import CkksServerContext, check_plan_options

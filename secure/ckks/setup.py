@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from clinograph.core.errors import ConfigError, ProtocolError
+
 from ..aggregation import AggregationClient, LocalUpdate, ModeRun
-from ..errors import ConfigError, ProtocolError
 
 
 def prepare_ckks(*, federation: Any, transport: Any, run_id: str, enrolled: Mapping[str, Any], max_weight: float,

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import ConfigError, ProtocolError
+from clinograph.core.errors import ConfigError, ProtocolError
+
 from ..hazmat.fixedpoint import HALF
 from .skellam import SkellamRound, epsilon
 

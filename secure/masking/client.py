@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import os
 
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
+from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, KDF_SHARE_ENCRYPTION
+
 from ..aggregation.base import AggregationClient
-from ..errors import ConfigError, IntegrityError, ProtocolError
-from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, KDF_SHARE_ENCRYPTION
 from ..hazmat.masking_prg import add_mask_parts
 from ..hazmat.shamir import split_secret
 from ..hazmat.x25519 import agree, generate_keypair, hkdf, private_bytes

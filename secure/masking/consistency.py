@@ -43,9 +43,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 
-from ..errors import IntegrityError, ProtocolError
-from ..hazmat.labels import SIG_MASKED_CONSISTENCY
-from ..identity import PublicIdentity
+from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.identity import PublicIdentity
+from clinograph.core.labels import SIG_MASKED_CONSISTENCY
+
 from ..messages import RoundPlan
 from .messages import ConsistencySignature, SurvivorSignature
 from .stages import open_relayed, round_context

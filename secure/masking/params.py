@@ -67,9 +67,10 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import ConfigError
+from clinograph.core.errors import ConfigError
+from clinograph.core.labels import HASH_NEIGHBOUR_GRAPH
+
 from ..hazmat.fixedpoint import scale_for, wrap_free
-from ..hazmat.labels import HASH_NEIGHBOUR_GRAPH
 from ..hazmat.x25519 import encode_context
 from ..messages import RoundPlan
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
+from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
+
 from ..aggregation.base import AggregationServer, ModuleSums
 from ..aggregation.checks import Unattributed, authenticate, check_header
-from ..errors import ConfigError, IntegrityError, ProtocolError
-from ..hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 from ..hazmat.masking_prg import add_mask_parts
 from ..hazmat.shamir import combine_shares
 from ..hazmat.x25519 import agree, hkdf, private_from_bytes, public_bytes

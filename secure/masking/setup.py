@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from clinograph.core.errors import ConfigError
+
 from ..aggregation import ModeRun
-from ..errors import ConfigError
 from . import params
 
 

@@ -24,13 +24,14 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from pydantic import ValidationError
 
+from clinograph.core.errors import ProtocolError
+from clinograph.core.identity import PublicIdentity
+from clinograph.core.labels import KDF_SHARE_ENCRYPTION_DIRECTED
+
 from ..aggregation.base import LocalUpdate, ModuleSums
-from ..errors import ProtocolError
 from ..hazmat import fixedpoint
-from ..hazmat.labels import KDF_SHARE_ENCRYPTION_DIRECTED
 from ..hazmat.shamir import SHARE_BYTES
 from ..hazmat.x25519 import encode_context, hkdf
-from ..identity import PublicIdentity
 from ..messages import RoundPlan, WireMessage
 from ..wire import Envelope, open_envelope
 from .messages import MASKING_VERSION as MASKING_VERSION  # re-exported: it lives with the messages

@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from clinograph.core.identity import Identity, PublicIdentity
+
 from ..audit import AuditTrail
-from ..identity import Identity, PublicIdentity
 from ..messages import DPPolicy
 from ..server import FederationServer
 from .build import build_server

@@ -23,14 +23,15 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from clinograph.core.codec import decode_array
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.spec import ModelSpec, ModuleKind
+
 from ..aggregation import ModeRun, create_mode
 from ..aggregation.checks import encode_modules
-from ..codec import decode_array
-from ..errors import ConfigError, ProtocolError
-from ..identity import Identity, PublicIdentity
 from ..messages import DPPolicy, ModuleTensor, WireMessage
 from ..server import AuditSink, FederationServer
-from ..spec import ModelSpec, ModuleKind
 from ..strategies import Strategy, create_strategy
 from .config import FederationSection
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from clinograph.core.errors import ProtocolError
+from clinograph.core.identity import PublicIdentity
+
 from ..ckks.keys import CkksServerContext
 from ..ckks.presets import CkksPreset
-from ..errors import ProtocolError
-from ..identity import PublicIdentity
 from .transport import Transport
 
 

@@ -160,8 +160,9 @@ class DPPolicySection(_Strict):
 
     def distributed(self):  # noqa: ANN201 - clinograph.secure.dp.DistributedPolicy (imported lazily)
         """The distributed-DP policy this section declares (ConfigError naming the missing keys)."""
+        from clinograph.core.errors import ConfigError
+
         from ..dp import DistributedPolicy
-        from ..errors import ConfigError
 
         if self.mode != "distributed":
             raise ConfigError("[dp_policy] mode is 'local'; there is no distributed-DP policy to build.")
@@ -199,7 +200,7 @@ class ServerConfig(_Strict):
     @classmethod
     def from_toml(cls, path: str | Path) -> ServerConfig:
         """Load a config; relative paths are taken from the config's folder."""
-        from ..tomlio import load_toml_model
+        from clinograph.core.tomlio import load_toml_model
 
         def relative(data: dict, p: Path) -> None:
             for key in ("initial_model", "audit_dir"):

@@ -30,7 +30,7 @@ counted the aborted round's steps (that privacy was spent) and counting the new 
 
 Authentication: every boundary row carries an HMAC-SHA256 (:class:`JournalKey`) under a key the
 server derives with HKDF from its own Ed25519 signing key (label ``KDF_JOURNAL_MAC`` in
-:mod:`clinograph.secure.hazmat.labels`), over the previous row's MAC (a chain), the row's number,
+:mod:`clinograph.core.labels`), over the previous row's MAC (a chain), the row's number,
 round, stage, the audit head it records and its stored JSON exactly; blobs are named by SHA-256 in
 the authenticated JSON. A new journal's first boundary (``start``) is written before the first plan.
 
@@ -62,9 +62,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ConfigError, IntegrityError
-from ..hazmat.labels import KDF_JOURNAL_MAC
-from ..identity import Identity
+from clinograph.core.errors import ConfigError, IntegrityError
+from clinograph.core.identity import Identity
+from clinograph.core.labels import KDF_JOURNAL_MAC
 
 FORMAT = "clinograph-journal/2"
 #: Strategies whose whole server-side state is the global model (nothing else to journal).
@@ -157,7 +157,7 @@ def decode_state(data: bytes) -> dict[str, np.ndarray]:
 
 class JournalKey:
     """The key that authenticates the journal's boundaries: HMAC-SHA256 under HKDF(the server's
-    Ed25519 signing key, :data:`~clinograph.secure.hazmat.labels.KDF_JOURNAL_MAC`). Redacted repr;
+    Ed25519 signing key, :data:`~clinograph.core.labels.KDF_JOURNAL_MAC`). Redacted repr;
     refuses to pickle."""
 
     __slots__ = ("_key",)

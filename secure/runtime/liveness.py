@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 
 @dataclass

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import ProtocolError
+from clinograph.core.errors import ProtocolError
+
 from ..messages import RoundResult
 from ..server import FederationServer
 from .journal import Journal

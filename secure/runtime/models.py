@@ -26,9 +26,10 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from ..errors import ConfigError
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import MODULE_NAME_PATTERN
+
 from ..messages import ID_PATTERN, WireMessage
-from ..spec import MODULE_NAME_PATTERN
 from .build import MAX_INITIAL_MODEL_BYTES, InitialModel, initial_model_from_bytes
 from .selection import SelectionRule
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from ..errors import ProtocolError
+from clinograph.core.errors import ProtocolError
+
 from .selection import STATUS_PART
 
 STAGES = ("hello", "plan", "stage", "end", "setup")

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ClinographError, ProtocolError
+from clinograph.core.errors import ClinographError, ProtocolError
+
 from ..refusals import REFUSAL_PART, check_refusal
 from ..server import FederationServer
 

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, IntegrityError
+from clinograph.core.errors import ConfigError, IntegrityError
+
 from ..messages import RoundResult
 from ..server import FederationServer
 from .journal import FIX as _FIX

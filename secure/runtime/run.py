@@ -33,7 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, ProtocolError
+from clinograph.core.errors import ConfigError, ProtocolError
+
 from ..server import FederationServer
 from ..wire import seal
 from .journal import Journal

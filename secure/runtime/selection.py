@@ -25,8 +25,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ClinographError
-from ..identity import PublicIdentity
+from clinograph.core.errors import ClinographError
+from clinograph.core.identity import PublicIdentity
+
 from ..messages import ID_PATTERN, Finite, WireMessage
 from ..wire import open_envelope, parse_envelope
 

@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ProtocolError
-from ..spec import ModelSpec, ModuleKind, ModuleSpec
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
+
 from ..wire import open_envelope, parse_envelope, seal
 from .build import InitialModel, build_server
 from .loop import EventSink, run_rounds

@@ -11,8 +11,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from ..errors import ClinographError, ConfigError
-from ..identity import Identity
+from clinograph.core.errors import ClinographError, ConfigError
+from clinograph.core.identity import Identity
+
 from ..refusals import REFUSABLE_STAGES, REFUSAL_PART, seal_refusal
 from .participant import RoundParticipant, dispatch
 

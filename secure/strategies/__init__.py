@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import RegistryError
+from clinograph.core.errors import RegistryError
+
 from .attention import AgatSecureAttention, InsecureAttention
 from .base import Strategy
 from .dag import DagVoting

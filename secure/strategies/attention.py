@@ -40,10 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import PublicIdentity
+
 from ..aggregation.base import ModuleSums
 from ..aggregation.checks import decode_modules
-from ..errors import ConfigError, ProtocolError
-from ..identity import PublicIdentity
 from ..messages import ClientUpdate, RoundPlan
 from ..policy import InsecureOptionWarning
 from ..wire import open_envelope, parse_envelope

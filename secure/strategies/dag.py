@@ -34,9 +34,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from clinograph.core.errors import ConfigError
+
 from ..aggregation.base import ModuleSums
 from ..dag_voting import VOTE_MODULE, DagOutcome, decide_from_sum, vote_length
-from ..errors import ConfigError
 from .base import Strategy
 from .fedavg import FedAvg, FedSGD
 

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import ConfigError
+from clinograph.core.errors import ConfigError
+
 from .fedavg import FedAvg
 
 ALPHA_CAP = 0.9  # PFGL-Net eq. (5)

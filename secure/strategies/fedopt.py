@@ -12,8 +12,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from clinograph.core.errors import ConfigError
+
 from ..aggregation.base import ModuleSums
-from ..errors import ConfigError
 from .base import Strategy
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from clinograph.core.errors import ConfigError
+
 from .fedavg import FedAvg
 
 DEFAULT_MU = 0.01

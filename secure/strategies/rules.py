@@ -38,8 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+from clinograph.core.errors import ConfigError
+
 from ..aggregation.base import ModuleSums
-from ..errors import ConfigError
 from ..public_random import public_uniforms as _public_uniforms
 from .base import Strategy
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from clinograph.core.errors import ClinographError, ConfigError, IntegrityError, ProtocolError
+from clinograph.core.identity import Identity
+
 from ..aggregation import ModuleSums, create_mode
 from ..aggregation.base import AggregationClient, AggregationServer, LocalUpdate
-from ..errors import ClinographError, ConfigError, IntegrityError, ProtocolError
-from ..identity import Identity
 from ..messages import MAX_MESSAGE_BYTES, RoundPlan
 from ..runtime.loop import relay_stages
 from ..runtime.transport import InProcessTransport

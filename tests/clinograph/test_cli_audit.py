@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from typer.testing import CliRunner
 
 from clinograph.commands.audit import app

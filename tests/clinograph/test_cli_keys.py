@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import stat
 
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.pki import load_certificate, verify_server_certificate
-from clinograph.secure.transport.flower.enrolment import load_federation
+from clinograph.secure.enrolment import load_federation
 from typer.testing import CliRunner
 
 from clinograph.commands.keys import app

@@ -13,8 +13,8 @@ from clinograph.sdk.federation.build import build_task
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.load import load_exported, predict_exported
 from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
-from clinograph.secure.errors import SchemaError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import SchemaError
+from clinograph.core.identity import Identity
 from sdk_helpers import raw_tables, small_tables
 from typer.testing import CliRunner
 

@@ -16,7 +16,7 @@ from clinograph.sdk.federation.build import build_task
 from clinograph.sdk.model.fhir_risk import MODEL_SYSTEM
 from clinograph.sdk.model.omop_results import RESULT_COLUMNS
 from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from sdk_helpers import raw_tables, small_tables
 from typer.testing import CliRunner
 

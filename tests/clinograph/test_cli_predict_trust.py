@@ -16,7 +16,7 @@ from clinograph.sdk.config import NSFLConfig
 from clinograph.sdk.model.export import export_model
 from clinograph.sdk.model.nsfl import NSFLModel
 from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.policy import InsecureOptionWarning
 from sdk_helpers import raw_tables, small_tables
 from typer.testing import CliRunner

@@ -231,7 +231,7 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
     assert started["torch_installed"] is False
     greeted = next(e for e in ev if e["event"] == "greeted")
     assert greeted["hospitals"] == list(HOSPITALS)
-    from clinograph.secure.transport.flower.enrolment import load_federation
+    from clinograph.secure.enrolment import load_federation
 
     server_key = load_federation(keys.federation_file).server_public().raw
     report = verify_audit_dir(audit_dir, trusted_server_key=server_key)  # signed by the enrolled server key

@@ -46,7 +46,7 @@ def test_default_candidates_over_real_flower_processes_match_the_simulation(tmp_
     from clinograph.sdk.config import SimulationConfig
     from clinograph.sdk.federation.simulate import load_tables, simulate
     from clinograph.secure.audit import verify_audit_dir
-    from clinograph.secure.transport.flower.enrolment import load_federation
+    from clinograph.secure.enrolment import load_federation
     from clinograph.secure.transport.flower.keyset import init_keyset
 
     sys.path.insert(0, str(APP))

@@ -33,7 +33,7 @@ sys.path[:0] = [str(HERE), str(RUNTIME_TESTS)]
 # imported here, not in the factory: a SuperNode imports this module when it starts, before its hello
 from clinograph.sdk.config import ReleaseSection  # noqa: E402
 from clinograph.sdk.federation.client import HospitalClient  # noqa: E402
-from clinograph.secure.transport.flower.enrolment import load_federation  # noqa: E402
+from clinograph.secure.enrolment import load_federation  # noqa: E402
 from crash_harness import DICTIONARY_HASH, LineTask  # noqa: E402
 from test_flower_deployment import APP, BIN, _events, _free_port, _port_open, _wait  # noqa: E402
 
@@ -54,7 +54,7 @@ def make_line_hospital(*, node_config, run_config, run_id, identity):
 
 def _write_server(tmp: Path) -> Path:
     from clinograph.secure.runtime.build import InitialModel
-    from clinograph.secure.spec import ModuleKind
+    from clinograph.core.spec import ModuleKind
 
     task = LineTask("h0", tmp / "scratch")
     initial = InitialModel.create(task="toy", dictionary_hash=DICTIONARY_HASH, spec=task.modules.spec(version=1),
@@ -72,7 +72,7 @@ def _write_server(tmp: Path) -> Path:
 def _reference(tmp: Path, keys, server_toml: Path) -> dict[str, np.ndarray]:
     """The same federation, uninterrupted, in process: the model every hospital must end with."""
     from clinograph.secure.audit import AuditTrail
-    from clinograph.secure.identity import Identity
+    from clinograph.core.identity import Identity
     from clinograph.secure.runtime import InProcessTransport, ServerConfig, build_server, run_rounds
     from clinograph.secure.runtime.build import initial_model_from_bytes
 

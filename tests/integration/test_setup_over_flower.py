@@ -167,7 +167,7 @@ TOTAL_BUDGET = 900.0  # seconds; the test fails and cleans up past this
 @pytest.mark.slow
 def test_setup_sums_over_real_flower_processes_match_the_simulation(tmp_path):
     from clinograph.secure.audit import verify_audit_dir
-    from clinograph.secure.transport.flower.enrolment import load_federation
+    from clinograph.secure.enrolment import load_federation
     from clinograph.secure.transport.flower.keyset import init_keyset
     from test_flower_deployment import _events, _free_port, _port_open, _wait
 

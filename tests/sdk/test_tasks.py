@@ -4,7 +4,7 @@ registered task runs the one federation run (examples/write_a_task.py runs a who
 import pytest
 from clinograph.sdk.config import HospitalConfig
 from clinograph.sdk.tasks import create_task, register_task, registered_tasks
-from clinograph.secure.errors import RegistryError
+from clinograph.core.errors import RegistryError
 
 
 def test_builtin_tasks_and_a_miss_that_lists_them():

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 from clinograph.secure.aggregation import LocalUpdate, create_mode
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientReport, DPPolicy, RoundPlan
 from clinograph.secure.runtime import InProcessTransport
 from clinograph.secure.server import FederationServer
-from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
 
 SPEC = ModelSpec(version=1, modules=(

@@ -18,7 +18,7 @@ from clinograph.secure.dag_voting import (
     vote_length,
     vote_module_spec,
 )
-from clinograph.secure.errors import ProtocolError, SchemaError
+from clinograph.core.errors import ProtocolError, SchemaError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -185,10 +185,10 @@ def test_dag_voting_does_not_import_torch():
 
 def test_votes_through_masked_aggregation_give_the_same_dag():
     """Votes are one more shared module: the masked mode's sum is the tally, not any one vote."""
-    from clinograph.secure.identity import Identity
+    from clinograph.core.identity import Identity
     from clinograph.secure.masking import masked_plan_options
     from clinograph.secure.messages import RoundPlan
-    from clinograph.secure.spec import ModelSpec
+    from clinograph.core.spec import ModelSpec
     from clinograph.secure.transport import run_aggregation
 
     concepts = ("smoke", "lung", "bronc", "dysp")

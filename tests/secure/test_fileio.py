@@ -1,4 +1,4 @@
-"""secure/fileio.py: the one atomic writer (ledgers, anchors, the audit trail)."""
+"""clinograph/core/fileio.py: the one atomic writer (ledgers, anchors, the audit trail)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import stat
 
 import pytest
-from clinograph.secure.fileio import atomic_write
+from clinograph.core.fileio import atomic_write
 
 
 def test_atomic_write_replaces_whole_file_and_leaves_no_temporary(tmp_path):

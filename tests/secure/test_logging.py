@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import structlog
-from clinograph.secure.identity import Identity
-from clinograph.secure.logging import PHILogError, configure_logging, get_logger, sensitive_key
+from clinograph.core.identity import Identity
+from clinograph.core.logging import PHILogError, configure_logging, get_logger, sensitive_key
 
 
 class Tensorish:

@@ -10,7 +10,7 @@ import stat
 import threading
 
 import pytest
-from clinograph.secure.errors import ConfigError, IntegrityError
+from clinograph.core.errors import ConfigError, IntegrityError
 from clinograph.secure.pki import (
     certificate_hostnames,
     create_ca,

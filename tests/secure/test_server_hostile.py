@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 from clinograph.secure.audit import verify_audit_dir
-from clinograph.secure.hazmat.labels import SIG_MESSAGE
+from clinograph.core.labels import SIG_MESSAGE
 from clinograph.secure.runtime import run_round
 from clinograph.secure.wire import Envelope, parse_envelope
 from hostile_helpers import FEDERATION, audit_entries, federation, honest_mean
@@ -241,7 +241,7 @@ def mutate(data: bytes, mutation) -> bytes:
 def test_hostile_messages_at_any_stage_never_break_the_round(tmp_path_factory, stage, first, inject, mutation):
     """run_round raises nothing but the documented abort (ProtocolError), the audit verifies,
     and the honest hospitals' contributions are aggregated."""
-    from clinograph.secure.errors import ProtocolError
+    from clinograph.core.errors import ProtocolError
 
     tmp = tmp_path_factory.mktemp("prop")
     part = ("first" if first else "report") if stage == 0 else "reply"

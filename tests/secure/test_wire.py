@@ -10,8 +10,8 @@ import struct
 
 import numpy as np
 import pytest
-from clinograph.secure.errors import IntegrityError, ProtocolError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.identity import Identity
 from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.messages import ClientUpdate, ModuleTensor
 from clinograph.secure.wire import (

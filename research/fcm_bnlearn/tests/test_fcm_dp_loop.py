@@ -80,7 +80,7 @@ def test_local_dp_takes_one_expected_pass_an_epoch_not_ceil_of_one_over_q():
 
 
 def test_a_distributed_round_without_dp_settings_is_a_config_error(asia):
-    from clinograph.secure.errors import ConfigError
+    from clinograph.core.errors import ConfigError
 
     fed = federation(asia, kind="c2bm", dp=None, rounds=1)
     with pytest.raises(ConfigError, match="distributed_round needs FederationConfig.dp"):

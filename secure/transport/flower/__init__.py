@@ -18,7 +18,7 @@ federation file written by ``clinograph keys init``).
 
 from __future__ import annotations
 
-from ...errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 SUPPORTED_FLWR = "1.41"
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ...errors import ProtocolError
+from clinograph.core.errors import ProtocolError
+
 from . import check_flower_version
 from .ipc import call
 from .records import from_content, to_content

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from ...errors import ClinographError, ConfigError, ProtocolError
-from ...identity import PublicIdentity
+from clinograph.core.errors import ClinographError, ConfigError, ProtocolError
+from clinograph.core.identity import PublicIdentity
+
 from ...wire import open_envelope, parse_envelope
 from .messages import NodeHello
 from .records import MESSAGE_TYPE, from_content, to_content

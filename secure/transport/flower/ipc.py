@@ -19,7 +19,8 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from ...errors import ProtocolError
+from clinograph.core.errors import ProtocolError
+
 from ...messages import MAX_MESSAGE_BYTES
 
 MAX_HEADER_BYTES = 1 << 20

@@ -18,7 +18,7 @@ that machine. Private keys are written with mode 0600 and never overwritten.
 
 ``server.pub`` is one line: the base64 of the server's 32-byte Ed25519 public key (the key
 that signs plans, global models and every audit entry). Its *fingerprint* is the SHA-256 of
-those 32 raw bytes in hex (:attr:`clinograph.secure.identity.PublicIdentity.fingerprint`),
+those 32 raw bytes in hex (:attr:`clinograph.core.identity.PublicIdentity.fingerprint`),
 the value ``clinograph audit verify`` and the report print. Hand the file to auditors through
 a channel the server operator does not control alone.
 """
@@ -29,8 +29,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import ConfigError
-from ...identity import Identity
+from clinograph.secure.enrolment import (
+    EnrolledHospital,
+    EnrolledServer,
+    FederationFile,
+    render_federation,
+)
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
+
 from ...messages import ID_PATTERN
 from ...pki import (
     create_ca,
@@ -39,7 +47,6 @@ from ...pki import (
     write_private,
     write_public,
 )
-from .enrolment import EnrolledHospital, EnrolledServer, FederationFile, render_federation
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 
 from flwr.app import ConfigRecord, RecordDict
 
-from ...errors import ProtocolError
+from clinograph.core.errors import ProtocolError
+
 from ...messages import MAX_MESSAGE_BYTES
 
 #: Flower message type of every Clinograph message: category ``query``, action ``clinograph``.

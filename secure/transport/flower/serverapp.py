@@ -59,12 +59,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from clinograph.secure.enrolment import load_federation
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity
+
 from ...audit import AuditTrail
-from ...errors import ConfigError, ProtocolError
-from ...identity import Identity
 from ...messages import RoundResult
 from ...runtime import ServerConfig
 from ...runtime.assemble import ServerSide
@@ -75,7 +77,6 @@ from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from . import check_flower_version
 from .driver import FlowerTransport, Timeouts, greet_nodes
-from .enrolment import load_federation
 
 app = ServerApp()
 _log = logging.getLogger(__name__)

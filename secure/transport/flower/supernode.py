@@ -30,7 +30,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ...errors import ClinographError, ConfigError
+from clinograph.core.errors import ClinographError, ConfigError
+
 from ...policy import Environment, require_allowed
 from . import check_flower_version
 from .worker import HospitalWorker, check_node_config, load_factory

@@ -29,8 +29,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import ClinographError, ConfigError, ProtocolError
-from ...identity import Identity
+from clinograph.core.errors import ClinographError, ConfigError, ProtocolError
+from clinograph.core.identity import Identity
+
 from ...messages import ClientReport
 from ...refusals import REFUSABLE_STAGES, REFUSAL_PART, seal_refusal
 from ...runtime.participant import RoundParticipant, dispatch, part
@@ -97,7 +98,7 @@ class HospitalWorker:
         self.factory = factory
         self._federation_id: str | None = None
         if node_config.get("federation-file"):  # if given, the hospital only greets its own federation
-            from .enrolment import load_federation
+            from clinograph.secure.enrolment import load_federation
 
             self._federation_id = load_federation(Path(str(node_config["federation-file"]))).federation_id
         self._participants: dict[int, RoundParticipant] = {}

@@ -10,11 +10,11 @@ import pytest
 from clinograph.sdk.agat.federation import agat_simulation
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation
-from clinograph.secure.codec import decode_array
-from clinograph.secure.errors import ConfigError
+from clinograph.core.codec import decode_array
+from clinograph.core.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
-from clinograph.secure.spec import ModuleKind
+from clinograph.core.spec import ModuleKind
 from clinograph.secure.strategies.attention import InsecureAttention, PlaintextUpdateTap
 from clinograph.secure.wire import load_payload, parse_envelope
 from sdk_helpers import small_tables

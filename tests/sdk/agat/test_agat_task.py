@@ -17,7 +17,7 @@ from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest.table import PatientTable
 from clinograph.sdk.datasets.alarm import BLOOD_GAS
 from clinograph.secure.audit import verify_audit_dir
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.wire import load_payload, parse_envelope

@@ -17,7 +17,7 @@ from clinograph.sdk.federation.split import Split
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.audit.verify import scan_audit_dir
 from clinograph.secure.dag_voting import VOTE_MODULE
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
 
 CONCEPTS = ("a", "b", "c", "y")

@@ -21,8 +21,8 @@ from clinograph.sdk.config import PrivacySection
 from clinograph.sdk.federation.split import Split
 from clinograph.sdk.privacy.accountant import PrivacyLedger, rdp_epsilon
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError, PrivacyBudgetExceeded
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import ConfigError, PrivacyBudgetExceeded
+from clinograph.core.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
 
 CARDS = {"a": 2, "b": 2, "c": 2, "y": 2}

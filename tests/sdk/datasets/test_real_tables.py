@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.datasets.real_tables import cohort_tables
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 pytest.importorskip("lifelines")
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from clinograph.sdk.federation.anchor import HospitalAnchor, RollbackDetected
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import IntegrityError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import IntegrityError
+from clinograph.core.identity import Identity
 from clinograph.secure.messages import RoundPlan
 from clinograph.secure.state import UNKNOWN_STATE
 from clinograph.secure.wire import seal

@@ -10,7 +10,7 @@ from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.candidates import candidate_configs, choose
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.secure.audit import verify_audit_dir
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from sdk_helpers import small_tables
 
 

@@ -15,9 +15,9 @@ from clinograph.sdk.federation.coverage import local_coverage, restrict, shared_
 from clinograph.sdk.federation.simulate import simulate_one
 from clinograph.sdk.model.load import load_exported, predict_exported
 from clinograph.secure.audit import AuditTrail, verify_audit_dir
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.wire import open_envelope, parse_envelope

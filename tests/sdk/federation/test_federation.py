@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation, simulate_one
-from clinograph.secure.errors import SecurityPolicyError
+from clinograph.core.errors import SecurityPolicyError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.wire import load_payload, parse_envelope

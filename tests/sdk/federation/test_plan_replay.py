@@ -13,7 +13,7 @@ import pytest
 from clinograph.sdk.config import GraphSection, NSFLConfig, PrivacySection, SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation
 from clinograph.sdk.datasets.alarm import load_dictionary
-from clinograph.secure.errors import ProtocolError
+from clinograph.core.errors import ProtocolError
 from clinograph.secure.runtime.config import FederationSection
 from sdk_helpers import small_tables
 

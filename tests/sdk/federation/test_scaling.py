@@ -18,9 +18,9 @@ from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
 from clinograph.sdk.ontology.dictionary import apply_transform
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.wire import open_envelope, parse_envelope

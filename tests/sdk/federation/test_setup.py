@@ -13,8 +13,8 @@ from clinograph.sdk.federation.member import FederationMember, MemberCandidate
 from clinograph.sdk.federation.setup import HospitalSetup, run_in_process, setup_sums
 from clinograph.sdk.federation.simulate import simulate_one
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError, ProtocolError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.runtime.models import (
     RunStart,

@@ -11,7 +11,7 @@ from clinograph.sdk.federation.nsfl_task import NSFLTask
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest import ingest
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from sdk_helpers import SURVIVAL_TARGET, lung_survival
 
 pytest.importorskip("lifelines")

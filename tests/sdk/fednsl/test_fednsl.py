@@ -21,8 +21,8 @@ from clinograph.secure.audit import AuditTrail
 from clinograph.secure.audit.kinds import check_payload
 from clinograph.secure.audit.report import render_report
 from clinograph.secure.audit.verify import verify_audit_dir
-from clinograph.secure.errors import ConfigError, SecurityPolicyError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import ConfigError, SecurityPolicyError
+from clinograph.core.identity import Identity
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.strategies import create_strategy

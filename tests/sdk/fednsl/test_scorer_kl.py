@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from clinograph.sdk.fednsl import ScorerSettings
 from clinograph.sdk.fednsl.scorer import fit_head
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 
 
 def _data(n: int = 300, seed: int = 0):

@@ -7,7 +7,7 @@ import json
 import pytest
 from clinograph.sdk.ingest.fhir import read_fhir
 from clinograph.sdk.datasets.ehr import LABEL_CODE, fhir_resources, write_fhir
-from clinograph.secure.errors import ConfigError, SchemaError
+from clinograph.core.errors import ConfigError, SchemaError
 from ehr_helpers import D, assert_same, demo_hospitals
 
 LOINC = "http://loinc.org"

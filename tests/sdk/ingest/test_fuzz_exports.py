@@ -20,7 +20,7 @@ import re
 import pandas as pd
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
-from clinograph.secure.errors import ClinographError
+from clinograph.core.errors import ClinographError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tables_helpers import CANARY, ColumnMap, D, wide

@@ -13,7 +13,7 @@ import re
 
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
-from clinograph.secure.errors import ClinographError
+from clinograph.core.errors import ClinographError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tables_helpers import CANARY, ColumnMap, D, long, wide

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
-from clinograph.secure.errors import ClinographError, ConfigError, SchemaError
+from clinograph.core.errors import ClinographError, ConfigError, SchemaError
 from pydantic import ValidationError
 from tables_helpers import CANARY, ColumnMap, D, long, wide
 

@@ -6,7 +6,7 @@ import pytest
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import ColumnMap, SiteSchema
 from clinograph.sdk.datasets.alarm import load_dictionary
-from clinograph.secure.errors import ConfigError, SchemaError
+from clinograph.core.errors import ConfigError, SchemaError
 
 D = load_dictionary()
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from clinograph.sdk.ingest.meds import read_meds, split_code
 from clinograph.sdk.datasets.ehr import write_meds
-from clinograph.secure.errors import ConfigError, SchemaError, UnitError
+from clinograph.core.errors import ConfigError, SchemaError, UnitError
 from ehr_helpers import D, demo_hospitals
 
 

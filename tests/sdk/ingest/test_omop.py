@@ -15,7 +15,7 @@ from clinograph.sdk.datasets.omop import (
     omop_tables,
     write_omop,
 )
-from clinograph.secure.errors import ConfigError, SchemaError
+from clinograph.core.errors import ConfigError, SchemaError
 from ehr_helpers import D, assert_same, demo_hospitals
 from pydantic import ValidationError
 

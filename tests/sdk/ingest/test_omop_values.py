@@ -15,7 +15,7 @@ from clinograph.sdk.ingest.omop import (
     read_omop,
 )
 from clinograph.sdk.datasets.omop import demo_source, omop_tables
-from clinograph.secure.errors import SchemaError, SourceUnavailable, UnitError
+from clinograph.core.errors import SchemaError, SourceUnavailable, UnitError
 from ehr_helpers import D, demo_hospitals, extended_dictionary
 
 GLUCOSE, SBP = D.get("glucose").omop_concept_id, D.get("systolic_bp").omop_concept_id

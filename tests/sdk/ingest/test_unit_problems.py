@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology import ColumnMap
-from clinograph.secure.errors import SchemaError
+from clinograph.core.errors import SchemaError
 from tables_helpers import D, long, wide
 
 

@@ -22,8 +22,8 @@ from clinograph.sdk.model.load import (
     predict_exported,
 )
 from clinograph.sdk.model.nsfl import NSFLModel
-from clinograph.secure.errors import ConfigError, IntegrityError, SecurityPolicyError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import ConfigError, IntegrityError, SecurityPolicyError
+from clinograph.core.identity import Identity
 from clinograph.secure.policy import InsecureOptionWarning
 from sdk_helpers import small_tables
 
@@ -48,7 +48,7 @@ def resign(sidecar, edit, signer=NORTH):
     text = json.dumps(d, sort_keys=True, separators=(",", ":"))
     import base64
 
-    from clinograph.secure.hazmat.labels import SIG_MODEL_DESCRIPTION
+    from clinograph.core.labels import SIG_MODEL_DESCRIPTION
 
     env["description"] = text
     env["signature"] = base64.b64encode(signer.sign(text.encode(), context=SIG_MODEL_DESCRIPTION)).decode()

@@ -17,8 +17,8 @@ from clinograph.sdk.model.modalities import ModalityNSFL, modality_module_names
 from clinograph.sdk.datasets import timeseries as ts
 from clinograph.sdk.training import bce
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.runtime import InProcessTransport, build_server

@@ -6,7 +6,7 @@ import torch
 from clinograph.sdk.graph import build_graph, star_batch
 from clinograph.sdk.model import NSFLConfig, NSFLModel, nsfl_modules
 from clinograph.sdk.training import bce
-from clinograph.secure.spec import ModuleKind
+from clinograph.core.spec import ModuleKind
 from sdk_helpers import small_tables
 
 

@@ -19,9 +19,9 @@ from clinograph.sdk.model.temporal import TemporalNSFL, add_temporal_modules
 from clinograph.sdk.privacy import star_loss, unused_star_parameters
 from clinograph.sdk.datasets import timeseries as ts
 from clinograph.sdk.training import bce
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
-from clinograph.secure.spec import ModuleKind
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModuleKind
 from opacus import GradSampleModule
 
 WINDOW = 6

@@ -1,7 +1,7 @@
 import pytest
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind
 from clinograph.sdk.datasets.alarm import load_dictionary
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from pydantic import ValidationError
 
 

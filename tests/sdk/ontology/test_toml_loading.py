@@ -7,8 +7,8 @@ import threading
 
 import pytest
 from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
-from clinograph.secure import tomlio  # the one loader; clinograph.sdk.tomlio re-exports it
-from clinograph.secure.errors import ConfigError
+from clinograph.core import tomlio  # the one loader; clinograph.sdk.tomlio re-exports it
+from clinograph.core.errors import ConfigError
 
 
 def test_invalid_utf8_is_a_config_error_naming_the_encoding_fix(tmp_path):

@@ -9,7 +9,7 @@ from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
 from clinograph.sdk.ontology.dictionary import Transform
 from clinograph.sdk.datasets.alarm import load_dictionary
-from clinograph.secure.errors import SchemaError
+from clinograph.core.errors import SchemaError
 from pydantic import ValidationError
 
 

@@ -7,7 +7,7 @@ from clinograph.sdk.ontology.units import (
     same_unit,
     ucum_to_pint,
 )
-from clinograph.secure.errors import UnitError
+from clinograph.core.errors import UnitError
 
 
 @pytest.mark.parametrize(("analyte", "src", "dst", "value", "expected"), [

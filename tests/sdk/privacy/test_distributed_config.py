@@ -6,8 +6,8 @@ import pytest
 from clinograph.sdk.config import HospitalConfig
 from clinograph.sdk.federation.build import initial_model_for
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.errors import ConfigError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 from clinograph.secure.runtime import build_server
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection
 

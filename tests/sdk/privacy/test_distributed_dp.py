@@ -20,10 +20,10 @@ from clinograph.sdk.privacy.distributed import (
     per_patient_gradients,
     randomised_round,
 )
-from clinograph.secure.errors import PrivacyError
+from clinograph.core.errors import PrivacyError
 from clinograph.secure.hazmat.discrete_noise import CsprngUniform, skellam
-from clinograph.secure.identity import Identity
-from clinograph.secure.spec import ModuleKind
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModuleKind
 from clinograph.secure.strategies.fedavg import FedSGD
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,8 +174,8 @@ def test_build_server_refuses_a_distributed_policy_that_cannot_keep_its_promise(
     """The server builder (every deployment goes through it) checks the promise, not only simulations."""
     from clinograph.sdk.federation.build import initial_model_for
     from clinograph.secure.audit import AuditTrail
-    from clinograph.secure.errors import ConfigError
-    from clinograph.secure.identity import Identity
+    from clinograph.core.errors import ConfigError
+    from clinograph.core.identity import Identity
     from clinograph.secure.runtime import build_server
     from clinograph.secure.runtime.config import DPPolicySection, FederationSection
 

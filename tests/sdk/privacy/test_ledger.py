@@ -12,7 +12,7 @@ from clinograph.sdk.privacy import (
     PrivacyLedger,
 )
 from clinograph.sdk.privacy.accountant import normalise
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opacus.accountants import RDPAccountant

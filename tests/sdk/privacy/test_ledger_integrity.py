@@ -15,8 +15,8 @@ import shutil
 
 import pytest
 from clinograph.sdk.privacy import DistributedLedger, PrivacyLedger
-from clinograph.secure.errors import PrivacyBudgetExceeded, PrivacyError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import PrivacyBudgetExceeded, PrivacyError
+from clinograph.core.identity import Identity
 
 DELTA = 1e-5
 SIGMA, Q = 0.6, 0.05

@@ -24,7 +24,7 @@ from clinograph.sdk.privacy.survival import (
     hazard_loss_sum,
 )
 from clinograph.sdk.training.survival import interval_targets
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from sdk_helpers import SURVIVAL_TARGET, lung_survival
 
 pytest.importorskip("lifelines")

@@ -13,7 +13,7 @@ from clinograph.sdk.training.quality import (
     quality_evaluator,
     weighted_missing_rate,
 )
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sdk_helpers import small_tables

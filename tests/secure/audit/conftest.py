@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientReport, LedgerEntry
 from clinograph.secure.wire import seal
 

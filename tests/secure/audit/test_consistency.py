@@ -8,8 +8,8 @@ import shutil
 import pytest
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.audit.consistency import check_extension
-from clinograph.secure.errors import IntegrityError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import IntegrityError
+from clinograph.core.identity import Identity
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -9,8 +9,8 @@ import pytest
 from clinograph.secure.audit import AuditTrail, render_report, verify_audit_dir
 from clinograph.secure.audit import verify as verify_mod
 from clinograph.secure.audit.plots import literal
-from clinograph.secure.errors import IntegrityError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import IntegrityError
+from clinograph.core.identity import Identity
 
 NASTY = [r"$\foo{$", "$x$", "a$b", r"\$", "$$", r"$\frac{1}{0$", "<b>&amp;</b>", "$^{{{$"]
 

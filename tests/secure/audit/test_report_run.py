@@ -7,7 +7,7 @@ import json
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.audit.report import render_report
 from clinograph.secure.audit.report_run import dp_policy_words
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 
 
 def test_model_selection_names_the_kept_round_and_the_chosen_candidate(tmp_path):

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 from axe_check import describe, violations
 from clinograph.secure.audit import AuditTrail, render_report
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.messages import DistributedShare, LedgerEntry
 
 from .conftest import manifest

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from clinograph.secure.audit import AuditTrail, verify_audit_dir
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientReport
 from clinograph.secure.wire import seal
 from hypothesis import HealthCheck, given, settings

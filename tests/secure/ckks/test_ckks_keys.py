@@ -17,7 +17,7 @@ from clinograph.secure.ckks import (
     CkksServerContext,
 )
 from clinograph.secure.ckks.messages import CkksKeyPackage, CkksPublicContext
-from clinograph.secure.errors import ConfigError, IntegrityError, ProtocolError
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.secure.hazmat.ckks_context import CkksEvaluator, CkksSecretContext
 from clinograph.secure.wire import Envelope, open_envelope, parse_envelope, seal
 

@@ -17,7 +17,7 @@ from ckks_helpers import (
 from clinograph.secure.aggregation import create_mode
 from clinograph.secure.aggregation.plaintext import PlaintextClient, PlaintextServer
 from clinograph.secure.ckks import CkksClient, CkksPreset, CkksServer
-from clinograph.secure.errors import ConfigError, ProtocolError
+from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.secure.wire import parse_envelope
 
 

@@ -24,7 +24,7 @@ from clinograph.secure.ckks import CkksPreset, CkksRecipientKey
 from clinograph.secure.ckks.layout import SlotLayout
 from clinograph.secure.ckks.messages import CkksUpdate
 from clinograph.secure.aggregation.checks import Unattributed
-from clinograph.secure.errors import IntegrityError, ProtocolError
+from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.secure.wire import Envelope, open_envelope, parse_envelope, seal
 
 N = 3

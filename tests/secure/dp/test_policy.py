@@ -11,7 +11,7 @@ from clinograph.secure.dp import (
     check_configuration,
     check_share,
 )
-from clinograph.secure.errors import ConfigError, ProtocolError
+from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.secure.runtime.config import DPPolicySection
 
 SCALE = 13421.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.secure.hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
+from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 from clinograph.secure.hazmat.masking_prg import MASK_PRG, add_mask, expand_mask
 from clinograph.secure.hazmat.shamir import combine_shares, split_secret
 from clinograph.secure.hazmat.x25519 import agree, encode_context, generate_keypair

@@ -6,10 +6,10 @@ from functools import lru_cache
 
 import numpy as np
 from clinograph.secure.aggregation import LocalUpdate
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.masking import masked_plan_options
 from clinograph.secure.messages import RoundPlan
-from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 
 SPEC = ModelSpec(version=3, modules=(
     ModuleSpec(name="feature_embedding/heart_rate", shape=(16,), kind=ModuleKind.SHARED),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from clinograph.secure.masking.params import (
     MaskedDefaults,
     MaskingParams,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clinograph.secure.aggregation import LocalUpdate
-from clinograph.secure.errors import ProtocolError
+from clinograph.core.errors import ProtocolError
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.secure.hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
+from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 from clinograph.secure.hazmat.masking_prg import add_mask
 from clinograph.secure.hazmat.shamir import combine_shares
 from clinograph.secure.hazmat.x25519 import agree, hkdf, private_from_bytes

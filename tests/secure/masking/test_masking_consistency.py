@@ -5,8 +5,8 @@ share; the honest path, with dropouts at the new stage, still equals the plainte
 from __future__ import annotations
 
 import pytest
-from clinograph.secure.errors import ProtocolError
-from clinograph.secure.hazmat.labels import SIG_MESSAGE
+from clinograph.core.errors import ProtocolError
+from clinograph.core.labels import SIG_MESSAGE
 from clinograph.secure.masking.consistency import survivors_digest
 from clinograph.secure.masking.messages import (
     ConsistencyRequest,
@@ -208,7 +208,7 @@ def test_documented_limit_a_split_view_with_2t_minus_k_plus_1_colluders_still_un
     collusion bound against a lying server stays 2t - (k+1), not t."""
     import numpy as np
     from clinograph.secure.hazmat import fixedpoint
-    from clinograph.secure.hazmat.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
+    from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
     from clinograph.secure.hazmat.masking_prg import add_mask
     from clinograph.secure.hazmat.shamir import combine_shares
     from clinograph.secure.hazmat.x25519 import agree, hkdf, private_from_bytes

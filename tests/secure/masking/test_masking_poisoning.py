@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clinograph.secure.audit import verify_audit_dir
-from clinograph.secure.errors import ProtocolError
+from clinograph.core.errors import ProtocolError
 from clinograph.secure.masking import MaskingClient
 from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.runtime import run_round

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from clinograph.secure.aggregation import create_mode
-from clinograph.secure.errors import ConfigError, ProtocolError
+from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.secure.masking import (
     MaskingClient,
     MaskingServer,

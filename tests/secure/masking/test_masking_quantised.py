@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from clinograph.secure.masking import MaskingParams
 from clinograph.secure.masking.params import quantisation_error_bound, scale16_for, wrap_free16
 from clinograph.secure.runtime.config import FederationSection
@@ -58,7 +58,7 @@ def test_sixteen_bit_upload_is_half_the_bytes():
 
 
 def test_masked_vector_of_the_wrong_width_is_refused():
-    from clinograph.secure.errors import ProtocolError
+    from clinograph.core.errors import ProtocolError
     from clinograph.secure.masking.stages import Layout, from_words
 
     plan = make_plan(4, threshold=3, word_bits=16)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from clinograph.secure.aggregation.checks import Unattributed
-from clinograph.secure.errors import IntegrityError, ProtocolError
+from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.secure.masking import MaskingClient, MaskingServer
 from clinograph.secure.masking.messages import AdvertiseKeys, KeyDirectory, MaskedInput
 from clinograph.secure.wire import load_payload, parse_envelope, seal

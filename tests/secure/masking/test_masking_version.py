@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from clinograph.secure.errors import ProtocolError
+from clinograph.core.errors import ProtocolError
 from clinograph.secure.hazmat.masking_prg import MASK_PRG
 from clinograph.secure.masking.messages import MASKING_VERSION, KeyDirectory
 from clinograph.secure.wire import Envelope, load_payload, parse_envelope, seal
@@ -27,7 +27,7 @@ def as_masked_1(data: bytes) -> bytes:
     env = parse_envelope(data)
     fields = {k: v for k, v in json.loads(env.payload).items() if k != "version"} | _V1
     payload = json.dumps(fields).encode()
-    from clinograph.secure.hazmat.labels import SIG_MESSAGE
+    from clinograph.core.labels import SIG_MESSAGE
 
     sig = identity(env.sender).sign(env.kind.encode() + b"\x00" + payload, context=SIG_MESSAGE)
     return Envelope(sender=env.sender, kind=env.kind, payload=payload, signature=sig).to_bytes()

@@ -102,7 +102,7 @@ def test_ckks_run_killed_mid_round_ends_within_precision(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_resumed_after_it_ended_is_refused(tmp_path):
-    from clinograph.secure.errors import ConfigError
+    from clinograph.core.errors import ConfigError
 
     assert _run(tmp_path, "--rounds", "1") == 0
     with pytest.raises(ConfigError, match="run has ended"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clinograph.secure.errors import ConfigError, IntegrityError
+from clinograph.core.errors import ConfigError, IntegrityError
 from clinograph.secure.runtime import run_rounds
 from clinograph.secure.runtime.journal import Journal, JournalKey, decode_state, encode_state
 

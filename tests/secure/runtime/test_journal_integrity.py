@@ -16,9 +16,9 @@ from hashlib import sha256
 from pathlib import Path
 
 import pytest
-from clinograph.secure.errors import IntegrityError
-from clinograph.secure.hazmat.labels import KDF_JOURNAL_MAC
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import IntegrityError
+from clinograph.core.labels import KDF_JOURNAL_MAC
+from clinograph.core.identity import Identity
 from clinograph.secure.runtime import run_rounds
 from clinograph.secure.runtime.journal import Journal, JournalKey
 from cryptography.hazmat.primitives import serialization

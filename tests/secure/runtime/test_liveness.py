@@ -5,7 +5,7 @@ import json
 import pytest
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from clinograph.secure.runtime.liveness import Liveness
 from sdk_helpers import small_tables
 

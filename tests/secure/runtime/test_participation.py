@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport"))
 import flower_helpers as fh  # noqa: E402
 from clinograph.secure.audit import verify_audit_dir  # noqa: E402
-from clinograph.secure.errors import PrivacyBudgetExceeded, ProtocolError  # noqa: E402
+from clinograph.core.errors import PrivacyBudgetExceeded, ProtocolError  # noqa: E402
 from clinograph.secure.refusals import HospitalRefusal, check_refusal, seal_refusal  # noqa: E402
 from clinograph.secure.runtime import InProcessTransport, run_rounds  # noqa: E402
 from clinograph.secure.runtime.loop import RoundAborted  # noqa: E402
@@ -38,8 +38,8 @@ class BudgetHospital(fh.FakeHospital):
 
 @pytest.fixture()
 def federation(tmp_path):
-    from clinograph.secure.identity import Identity
-    from clinograph.secure.transport.flower.enrolment import load_federation
+    from clinograph.core.identity import Identity
+    from clinograph.secure.enrolment import load_federation
 
     keys = init_keyset(tmp_path / "keys", federation_id="fed-flower", hospitals=list(HOSPITALS),
                        superlink_hosts=["127.0.0.1"], superlink_port=19092)
@@ -158,7 +158,7 @@ def test_a_refusal_is_bound_to_its_hospital_round_stage_and_message(federation):
         check_refusal(data, hospital="h2", key=server.enrolled["h2"], round_=0, stage="plan", sent=plan)
     forged = seal_refusal(hospitals["h2"].identity, round_=0, stage="plan", parts={"data": plan},
                           exc=ProtocolError("no"))
-    from clinograph.secure.errors import IntegrityError
+    from clinograph.core.errors import IntegrityError
 
     env = parse_envelope(forged)
     with pytest.raises(IntegrityError):

@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
-from clinograph.secure.errors import ConfigError, ProtocolError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.strategies import create_strategy, registered_strategies
 from clinograph.secure.strategies.attention import (

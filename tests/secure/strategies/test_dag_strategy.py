@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
 from clinograph.secure.dag_voting import VOTE_MODULE, encode_vote, vote_length
-from clinograph.secure.errors import ConfigError, RegistryError
+from clinograph.core.errors import ConfigError, RegistryError
 from clinograph.secure.strategies import create_strategy
 
 C = ("a", "b", "y")

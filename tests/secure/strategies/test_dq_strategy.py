@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from clinograph.secure.strategies import create_strategy
 from clinograph.secure.strategies.dq import ALPHA_CAP, DQWeighted, adapt_alpha, dq_factor, smooth
 from hypothesis import given, settings

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
-from clinograph.secure.errors import ConfigError, RegistryError
+from clinograph.core.errors import ConfigError, RegistryError
 from clinograph.secure.strategies import create_strategy, registered_strategies
 from clinograph.secure.strategies.fedopt import FedAdam, FedYogi
 

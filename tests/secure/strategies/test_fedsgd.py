@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from clinograph.secure.aggregation import ModuleSums
-from clinograph.secure.errors import RegistryError
+from clinograph.core.errors import RegistryError
 from clinograph.secure.strategies import FedAvg, FedSGD, create_strategy
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
-from clinograph.secure.errors import ConfigError
+from clinograph.core.errors import ConfigError
 from clinograph.secure.runtime.resume import check_journalable
 from clinograph.secure.strategies.rules import (
     POSTERIOR_MODULE,

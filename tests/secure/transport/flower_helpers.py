@@ -19,12 +19,12 @@ from uuid import uuid4
 import numpy as np
 from clinograph.secure.aggregation import LocalUpdate, create_mode
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.identity import Identity, PublicIdentity
+from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.secure.messages import ClientReport, RoundPlan
 from clinograph.secure.server import FederationServer
-from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 from clinograph.secure.transport.flower.clientapp import app as client_app
-from clinograph.secure.transport.flower.enrolment import load_federation
+from clinograph.secure.enrolment import load_federation
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
@@ -66,7 +66,7 @@ class FakeHospital:
         return self.ckks.on_setup(step, parts)
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
-        from clinograph.secure.errors import ProtocolError
+        from clinograph.core.errors import ProtocolError
 
         p = open_envelope(parse_envelope(plan), sender=self.server, model=RoundPlan)
         if self.refuse_plan:

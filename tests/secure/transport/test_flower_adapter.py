@@ -19,13 +19,13 @@ from flwr.supercore.task_identity import TaskIdentity
 sys.path.insert(0, str(Path(__file__).parent))
 import flower_helpers as fh  # noqa: E402
 from clinograph.secure.audit import verify_audit_dir  # noqa: E402
-from clinograph.secure.errors import ConfigError, ProtocolError, SecurityPolicyError  # noqa: E402
-from clinograph.secure.identity import Identity  # noqa: E402
+from clinograph.core.errors import ConfigError, ProtocolError, SecurityPolicyError  # noqa: E402
+from clinograph.core.identity import Identity  # noqa: E402
 from clinograph.secure.policy import InsecureOptionWarning  # noqa: E402
 from clinograph.secure.runtime import InProcessTransport, run_round, run_rounds  # noqa: E402
 from clinograph.secure.transport.flower import check_flower_version  # noqa: E402
 from clinograph.secure.transport.flower.driver import FlowerTransport, Timeouts, greet_nodes  # noqa: E402
-from clinograph.secure.transport.flower.enrolment import load_federation  # noqa: E402
+from clinograph.secure.enrolment import load_federation  # noqa: E402
 from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
 from clinograph.secure.transport.flower.records import from_content, to_content  # noqa: E402
 from clinograph.secure.transport.flower.serverapp import run_federation  # noqa: E402

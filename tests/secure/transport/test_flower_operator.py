@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 sys.path.insert(0, str(Path(__file__).parent))
 import flower_helpers as fh  # noqa: E402
 from clinograph.secure.audit import verify_audit_dir  # noqa: E402
-from clinograph.secure.errors import ConfigError, ProtocolError  # noqa: E402
+from clinograph.core.errors import ConfigError, ProtocolError  # noqa: E402
 from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
 from clinograph.secure.transport.flower.serverapp import progress_line, run_federation  # noqa: E402
 from clinograph.secure.transport.flower.supernode import configure_hospital_logging  # noqa: E402

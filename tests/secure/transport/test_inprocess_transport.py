@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clinograph.secure.aggregation import LocalUpdate
-from clinograph.secure.errors import ConfigError, ProtocolError
-from clinograph.secure.identity import Identity
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity
 from clinograph.secure.masking import masked_plan_options
 from clinograph.secure.messages import RoundPlan
-from clinograph.secure.spec import ModelSpec, ModuleKind, ModuleSpec
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 from clinograph.secure.transport import run_aggregation
 
 N = 6

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from clinograph.secure.errors import ConfigError, SecurityPolicyError  # noqa: E402
+from clinograph.core.errors import ConfigError, SecurityPolicyError  # noqa: E402
 from clinograph.secure.transport.flower.supernode import (  # noqa: E402
     check_transport,
     insecure_abbreviations,

@@ -9,7 +9,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from clinograph.secure.identity import Identity
+from clinograph.core.identity import Identity
 from clinograph.secure.transport.flower.worker import HospitalWorker, socket_path
 
 

@@ -81,7 +81,7 @@ class Identity:
     def derive_key(self, *, purpose: bytes) -> bytes:
         """A 32-byte symmetric key for this identity's own use (never sent): HKDF-SHA256 (RFC 5869)
         of the private key's 32 raw bytes, no salt, ``info`` = ``purpose``, one of the labels in
-        :mod:`clinograph.secure.hazmat.labels`. Keys of different purposes are independent, and
+        :mod:`clinograph.core.labels`. Keys of different purposes are independent, and
         none reveals the signing key; whoever holds the signing key can derive them all.
         """
         if not purpose.startswith(b"clinograph/"):

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ...errors import ConfigError
-from ...identity import PublicIdentity
-from ...messages import ID_PATTERN
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import PublicIdentity
+
+from .messages import ID_PATTERN
 
 
 class _Strict(BaseModel):
