@@ -14,7 +14,8 @@ the federation's split     ``split_patients`` (table, config -> ``Split``), ``ho
 the server                 ``ServerConfig`` (TOML), ``build_server``, ``run_round``, ``run_rounds``,
                            ``InProcessTransport``
 keys and audit             ``Identity``, ``AuditTrail``, ``verify_audit_dir``, ``render_report``
-errors                     ``ClinographError``, ``ConfigError``, ``SchemaError``, ``ProtocolError``
+errors                     ``ClinographError`` and every kind (``ConfigError``, ``SchemaError``, ``PrivacyError``,
+                           ``ProtocolError``, ``IntegrityError``, ...): :mod:`clinograph.core.errors`
 =========================  ==================================================================
 """
 
@@ -41,9 +42,10 @@ _NAMES = {
     "run_round": "clinograph.secure.runtime", "run_rounds": "clinograph.secure.runtime",
     "InProcessTransport": "clinograph.secure.runtime", "Identity": "clinograph.core.identity",
     "AuditTrail": "clinograph.secure.audit", "verify_audit_dir": "clinograph.secure.audit",
-    "render_report": "clinograph.secure.audit", "ClinographError": "clinograph.core.errors",
-    "ConfigError": "clinograph.core.errors", "SchemaError": "clinograph.core.errors",
-    "ProtocolError": "clinograph.core.errors",
+    "render_report": "clinograph.secure.audit",
+    **{name: "clinograph.core.errors" for name in (
+        "ClinographError", "ConfigError", "SchemaError", "UnitError", "SourceUnavailable", "PrivacyError",
+        "PrivacyBudgetExceeded", "ProtocolError", "IntegrityError", "SecurityPolicyError", "RegistryError")},
 }
 
 __all__ = ["__version__", *sorted(_NAMES)]

@@ -11,52 +11,18 @@ tests/test_import_contracts.py checks it.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from .commands.guard import guarded
+
 app = typer.Typer(name="clinograph", help="Federated learning across hospitals over a shared clinical ontology.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
-
-
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Map errors to messages and exit codes: 2 = bad input/config, 3 = internal error."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from pydantic import ValidationError
-
-        from clinograph.core.errors import ClinographError
-
-        try:
-            return fn(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except ClinographError as exc:
-            typer.secho(f"error: {exc}", err=True, fg="red")
-            raise typer.Exit(2) from None
-        except ValidationError as exc:
-            lines = [f"  - {'.'.join(str(x) for x in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
-                     for e in exc.errors()]
-            typer.secho("error: invalid settings:\n" + "\n".join(lines), err=True, fg="red")
-            raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
-        except Exception as exc:
-            if os.environ.get("CLINOGRAPH_DEBUG") == "1":
-                raise
-            typer.secho(f"internal error ({type(exc).__name__}); rerun with CLINOGRAPH_DEBUG=1 and report it.",
-                        err=True, fg="red")
-            raise typer.Exit(3) from None
-
-    return wrapper
 
 
 HOSPITAL_MODULES = ("torch", "torch_geometric", "opacus", "pgmpy", "sklearn", "pandas", "pyarrow", "tomli_w")

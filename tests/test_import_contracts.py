@@ -82,6 +82,40 @@ def test_import_linter_sees_the_mapped_packages(tmp_path):
     assert "clinograph.sdk." in out.stdout and "-> torch" in out.stdout
 
 
+def test_the_acyclic_contract_sees_a_loop_through_a_function_level_import(tmp_path):
+    # The "acyclic" contract of pyproject.toml must be able to fail: a package whose two
+    # modules import each other, one of them only inside a function, is a loop.
+    pkg = tmp_path / "src" / "loopy"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from loopy.b import B\n\nA = 1\n")
+    (pkg / "b.py").write_text("B = 2\n\n\ndef late():\n    from loopy.a import A\n    return A\n")
+    cfg = tmp_path / "loop.toml"
+    cfg.write_text(textwrap.dedent("""
+        [tool.importlinter]
+        root_packages = ["loopy"]
+
+        [[tool.importlinter.contracts]]
+        name = "no loops (must break)"
+        type = "acyclic_siblings"
+        ancestors = ["loopy"]
+    """))
+    exe = Path(sys.executable).parent / "lint-imports"
+    out = subprocess.run([str(exe), "--config", str(cfg), "--no-logo", "--no-cache"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path / "src")})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "no loops (must break) BROKEN" in out.stdout, out.stdout
+
+
+def test_errors_are_importable_from_the_package_root():
+    import clinograph
+    from clinograph.core import errors
+
+    kinds = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, errors.ClinographError)}
+    assert kinds and kinds <= set(clinograph.__all__)
+    assert all(getattr(clinograph, n) is getattr(errors, n) for n in kinds)
+
+
 BLOCKED_CLI = textwrap.dedent("""
     import importlib, pkgutil, sys
     BLOCKED = ("torch", "torch_geometric", "opacus", "pgmpy", "sklearn", "clinograph.sdk")

@@ -30,7 +30,9 @@ def check(
                                                                   "detected).")] = None,
 ) -> None:
     """Preview what TABLE becomes under SCHEMA: features mapped, converted, counted, refused. Sends nothing."""
-    from ..cli import guarded  # a non-ClinographError: exit 3, no traceback (it could quote a cell)
+    from .guard import (
+        guarded,  # a non-ClinographError: exit 3, no traceback (it could quote a cell)
+    )
 
     guarded(_check)(schema, table, dictionary=dictionary, delimiter=delimiter, decimal=decimal)
 

@@ -26,7 +26,7 @@ app = typer.Typer(help="The federation's model files.", no_args_is_help=True)
 def init(config: Annotated[Path, typer.Option("--config", help="A hospital config (hospital.toml) of the federation.")],
          out: Annotated[Path, typer.Option("--out", help="Where to write initial_model.json.")]) -> None:
     """Write the initial model for hospitals configured like ``--config``."""
-    from ..cli import guarded
+    from .guard import guarded
 
     guarded(_init)(config, out)
 

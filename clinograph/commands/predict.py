@@ -67,7 +67,7 @@ def predict(
                                                    "--table names (--schema an [omop] source file).")] = None,
 ) -> None:
     """Write each patient's risk from an exported model (and, if asked, FHIR RiskAssessments and OMOP results)."""
-    from ..cli import guarded
+    from .guard import guarded
 
     guarded(_predict)(model, table, schema, dictionary, out, trusted_key=trusted_key,
                       insecure_untrusted_model=insecure_untrusted_model,

@@ -7,7 +7,7 @@
   :func:`~clinograph.sdk.demo.run.demo_dp_config` settings), through ``simulate``.
 - ``distributed``: ``[privacy] mode = "distributed"``, one DP-SGD step a round over all
   hospitals, Skellam shares inside the masked sum, through the real runtime
-  (:func:`~clinograph.sdk.federation.dp_task.build_distributed_simulation`: signed plans, masked
+  (:func:`~clinograph.sdk.federation.simulate.build_simulation`: signed plans, masked
   aggregation, audit); σ calibrated with the Skellam accountant (:mod:`clinograph.secure.dp`).
 - ``central``: a reference no deployment may use -- the same star model and the same DP-SGD
   step on the pooled patients, Gaussian noise added once by a trusted curator, σ calibrated
@@ -70,8 +70,7 @@ from clinograph.sdk.datasets.alarm import (  # noqa: E402
     make_hospital_tables,
 )
 from clinograph.sdk.demo.run import demo_dp_config  # noqa: E402
-from clinograph.sdk.federation.dp_task import build_distributed_simulation  # noqa: E402
-from clinograph.sdk.federation.simulate import simulate  # noqa: E402
+from clinograph.sdk.federation.simulate import build_simulation, simulate  # noqa: E402
 from clinograph.sdk.federation.split import hospital_split  # noqa: E402
 from clinograph.sdk.graph.star import star_batch  # noqa: E402
 from clinograph.sdk.ingest import ingest  # noqa: E402
@@ -185,7 +184,7 @@ def distributed(tables, dictionary, *, seed, lr, sample_rate, rounds, sigma, cli
                     "noise_multiplier": sigma, "clip_norm": clip, "sample_rate": sample_rate, "min_honest": h,
                     "state_dir": str(workdir / "state")},
         "output": str(workdir / "out")})
-    sim = build_distributed_simulation(tables, dictionary, cfg, audit_dir=workdir / "audit")
+    sim = build_simulation(tables, dictionary, cfg, audit_dir=workdir / "audit")
     try:
         for _ in range(rounds):
             sim.run_round()

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
-from clinograph.secure.hazmat.discrete_noise import CsprngUniform
+from clinograph.secure.dp import CsprngUniform
 
 from clinograph.core.errors import ConfigError, PrivacyError
 from clinograph.core.identity import Identity

@@ -25,14 +25,9 @@ the sum is exact), and under CKKS (not wired).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import numpy as np
-from clinograph.secure.audit import AuditTrail
-from clinograph.secure.runtime.config import FederationSection
 
 from clinograph.core.errors import ConfigError
-from clinograph.core.identity import Identity
 
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary
@@ -47,30 +42,6 @@ def local_coverage(table: PatientTable) -> np.ndarray:
     out = np.zeros(len(table.dictionary.node_ids()))
     out[table.observed_nodes()] = 1.0
     return out
-
-
-def shared_features(tables: Sequence[PatientTable], dictionary: FeatureDictionary, *,
-                    federation: FederationSection, server_identity: Identity,
-                    identities: Mapping[str, Identity], audit: AuditTrail,
-                    first_round: int = 0) -> tuple[tuple[str, ...], dict[str, int], int]:
-    """The coverage sum alone, in one process (:func:`.setup.run_in_process`: the run's own set-up
-    driver) -- for studies and tests; a run does it itself. Returns (the shared feature ids in
-    dictionary order, the number of hospitals observing each feature that any hospital observes,
-    the next round number).
-
-    Raises:
-        ConfigError: CKKS (not wired), or no feature is observed at every hospital (after the
-            ``feature_coverage`` entry is recorded, so the counts are in the audit trail).
-        ProtocolError: hospitals decoded different sums.
-    """
-    from ..config import HospitalConfig, NSFLConfig
-    from .setup import run_in_process
-
-    setups, next_round = run_in_process(tables, dictionary, config=HospitalConfig(model=NSFLConfig(features="shared")),
-                                        federation=federation, server_identity=server_identity,
-                                        identities=identities, audit=audit, first_round=first_round)
-    first = setups[tables[0].site]
-    return first.shared or (), dict(first.done["feature_coverage"]["hospitals_observing"]), next_round
 
 
 def with_features(config, features: tuple[str, ...]):  # noqa: ANN001, ANN201 - a SimulationConfig

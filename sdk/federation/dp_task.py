@@ -11,9 +11,10 @@ The personal feature masks are frozen at their initial value (no personal traini
 distributed DP: it would use the patients outside the accountant). ``similar_to`` is never
 built (stars only), as in local DP.
 
-:func:`build_distributed_simulation` builds a whole federation in process with these tasks
-(the same server builder, transport and loop as :func:`.simulate.build_simulation`; see the
-hook note there) after checking the policy with :func:`clinograph.secure.dp.check_configuration`.
+:func:`.simulate.build_simulation` builds a whole federation in process with these tasks when
+``[privacy] mode = "distributed"`` (the same server builder, transport and loop as every
+federation), after checking the policy with :func:`check_simulation`
+(:func:`clinograph.secure.dp.check_configuration`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.secure.dp import DistributedPolicy, check_configuration
-from clinograph.secure.hazmat import fixedpoint
+from clinograph.secure.dp import DistributedPolicy, check_configuration, wrap_free
 from clinograph.secure.runtime.build import masked_options, weight_bound
 from clinograph.secure.runtime.config import DPPolicySection
 
@@ -42,7 +42,6 @@ from ..privacy.distributed import Columns, DistributedLedger, columns_clipper, d
 from ..training.local import predict
 from ..training.personal import personal_module_map
 from ..training.trainer import TrainOutcome
-from .simulate import SimulatedFederation
 from .split import Split
 from .task_base import SplitEvaluation
 
@@ -196,7 +195,7 @@ def check_simulation(config: SimulationConfig, tables: Sequence[PatientTable], *
     max_weight = weight_bound(build_strategy(fed), fed)
     opts = masked_options(fed, n=n, max_weight=max_weight)
     policy = distributed_policy(config).distributed()
-    if not fixedpoint.wrap_free(n_clients=n, bound=float(opts["masked.clip"]), scale=float(opts["masked.scale"])):
+    if not wrap_free(n_clients=n, bound=float(opts["masked.clip"]), scale=float(opts["masked.scale"])):
         raise ConfigError("masked scale not wrap-free")  # pragma: no cover - masked_options guarantees it
     return check_configuration(policy, n_hospitals=n, masked_threshold=int(opts["masked.threshold"]),
                                scale=float(opts["masked.scale"]), hospital_bound=float(opts["masked.clip"]),
@@ -215,10 +214,3 @@ def hospital_policy(config: HospitalConfig) -> DistributedPolicy:
                              min_honest=int(p.min_honest), rounds=int(p.planned_rounds),  # type: ignore[arg-type]
                              max_epsilon=p.epsilon_budget, delta=p.delta)
 
-
-def build_distributed_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary,
-                                 config: SimulationConfig, *, audit_dir: Path) -> SimulatedFederation:
-    """A federation in distributed-DP mode: :func:`~.simulate.build_simulation` does it (kept as a name)."""
-    from .simulate import build_simulation
-
-    return build_simulation(tables, dictionary, config, audit_dir=audit_dir)

@@ -36,17 +36,13 @@ the phase is refused), CKKS (the hospitals would decrypt the sum; not wired yet)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from clinograph.secure.audit import AuditTrail
-from clinograph.secure.runtime.config import FederationSection
 
 from clinograph.core.errors import ConfigError
-from clinograph.core.identity import Identity
 
-from ..config import ScalingSection
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import Feature, FeatureDictionary, FeatureKind, apply_transform
 from .securesum import SecureSumTask
@@ -193,24 +189,3 @@ class HistogramTask(SecureSumTask):
         return super().summed(contributors=contributors).reshape(len(self.bins.features), self.bins.count)
 
 
-def federated_scaling(tables: Sequence[PatientTable], dictionary: FeatureDictionary, *, scaling: ScalingSection,
-                      federation: FederationSection, server_identity: Identity, identities: Mapping[str, Identity],
-                      audit: AuditTrail) -> tuple[FeatureDictionary, list[PatientTable], int]:
-    """The histogram sum alone, in one process (:func:`.setup.run_in_process`: the run's own
-    set-up driver), and every table rescaled -- for studies and tests; a run does it itself.
-
-    Returns the derived dictionary, the rescaled tables (same order) and the next round number
-    (the training rounds continue the numbering in the same audit trail).
-
-    Raises:
-        ConfigError: CKKS (not wired), or a dictionary without numeric features.
-        ProtocolError: hospitals decoded different sums (an inconsistent federation).
-    """
-    from ..config import HospitalConfig
-    from .setup import run_in_process
-
-    setups, next_round = run_in_process(tables, dictionary, config=HospitalConfig(scaling=scaling),
-                                        federation=federation, server_identity=server_identity,
-                                        identities=identities, audit=audit)
-    derived = setups[tables[0].site].dictionary  # every hospital derived it (the server checked they agree)
-    return derived, [replace(setups[t.site].table, dictionary=derived) for t in tables], next_round

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from clinograph.secure.audit import AuditTrail
+from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.runtime.models import SetupAnnounce, SetupClose, SetupResult, SetupSum
 from clinograph.secure.runtime.participant import part
 from clinograph.secure.runtime.setup import RESULT_PART, SETUP_MODES
@@ -37,6 +40,7 @@ from clinograph.secure.wire import open_envelope, parse_envelope, seal
 from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
 
+from ..config import ScalingSection
 from ..ingest.table import PatientTable
 from ..ontology.dictionary import FeatureDictionary
 from . import coverage, scaling, securesum
@@ -261,3 +265,48 @@ def run_in_process(tables: Sequence[PatientTable], dictionary: FeatureDictionary
     run_setup_sums(setup_sums(config, dictionary=dictionary, candidates=candidates), dictionary_hash=dictionary.digest(),
                    side=side, transport=InProcessTransport(members), event=lambda kind, data: None)
     return setups, side.first_round
+
+
+def shared_features(tables: Sequence[PatientTable], dictionary: FeatureDictionary, *,
+                    federation: FederationSection, server_identity: Identity,
+                    identities: Mapping[str, Identity], audit: AuditTrail,
+                    first_round: int = 0) -> tuple[tuple[str, ...], dict[str, int], int]:
+    """The coverage sum alone, in one process (:func:`run_in_process`: the run's own set-up
+    driver) -- for studies and tests; a run does it itself. Returns (the shared feature ids in
+    dictionary order, the number of hospitals observing each feature that any hospital observes,
+    the next round number).
+
+    Raises:
+        ConfigError: CKKS (not wired), or no feature is observed at every hospital (after the
+            ``feature_coverage`` entry is recorded, so the counts are in the audit trail).
+        ProtocolError: hospitals decoded different sums.
+    """
+    from ..config import HospitalConfig, NSFLConfig
+
+    setups, next_round = run_in_process(tables, dictionary, config=HospitalConfig(model=NSFLConfig(features="shared")),
+                                        federation=federation, server_identity=server_identity,
+                                        identities=identities, audit=audit, first_round=first_round)
+    first = setups[tables[0].site]
+    return first.shared or (), dict(first.done["feature_coverage"]["hospitals_observing"]), next_round
+
+
+def federated_scaling(tables: Sequence[PatientTable], dictionary: FeatureDictionary, *, scaling: ScalingSection,
+                      federation: FederationSection, server_identity: Identity, identities: Mapping[str, Identity],
+                      audit: AuditTrail) -> tuple[FeatureDictionary, list[PatientTable], int]:
+    """The histogram sum alone, in one process (:func:`run_in_process`: the run's own
+    set-up driver), and every table rescaled -- for studies and tests; a run does it itself.
+
+    Returns the derived dictionary, the rescaled tables (same order) and the next round number
+    (the training rounds continue the numbering in the same audit trail).
+
+    Raises:
+        ConfigError: CKKS (not wired), or a dictionary without numeric features.
+        ProtocolError: hospitals decoded different sums (an inconsistent federation).
+    """
+    from ..config import HospitalConfig
+
+    setups, next_round = run_in_process(tables, dictionary, config=HospitalConfig(scaling=scaling),
+                                        federation=federation, server_identity=server_identity,
+                                        identities=identities, audit=audit)
+    derived = setups[tables[0].site].dictionary  # every hospital derived it (the server checked they agree)
+    return derived, [replace(setups[t.site].table, dictionary=derived) for t in tables], next_round

@@ -23,7 +23,6 @@ import pandas as pd
 from clinograph.core.errors import SchemaError
 
 from ..ontology.codes import normalise_code
-from ..ontology.dictionary import FeatureDictionary
 from ..ontology.schema import SiteSchema, SurvivalColumns
 from ..ontology.units import conversion
 from .cells import as_text, present_mask
@@ -73,15 +72,29 @@ def _times(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems:
     return t
 
 
-def ingest_survival(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionary) -> PatientTable:
-    """Ingest a table whose schema declares ``[survival]``: features as :func:`ingest` does,
-    the event as the label, and :attr:`PatientTable.survival` (time in days, event).
+@dataclasses.dataclass(frozen=True)
+class SurvivalInput:
+    """A ``[survival]`` table checked and split for :func:`.validate.ingest`: ``frame`` holds
+    the features with the event as the label (the time column ignored), ``schema`` the plain
+    schema that reads it; :func:`with_survival` then attaches (time in days, event)."""
+
+    frame: pd.DataFrame
+    schema: SiteSchema
+    #: one row per usable observation row: patient id, time in days, event
+    days: pd.DataFrame
+    time_column: str
+
+    def __repr__(self) -> str:  # the frame holds patient data: never in a repr
+        return f"SurvivalInput(rows={len(self.frame)}, usable={len(self.days)})"
+
+
+def survival_input(df: pd.DataFrame, *, schema: SiteSchema) -> SurvivalInput:
+    """Check the time and event columns of a table whose schema declares ``[survival]`` (every
+    problem at once) and split it for ingestion: the event becomes the label.
 
     Raises:
         SchemaError: every problem of the time and event columns at once (module docstring).
     """
-    from .validate import ingest
-
     spec = schema.survival
     if spec is None:
         raise SchemaError(f"Site schema of {schema.site!r} has no [survival] section, so there is no time or event "
@@ -127,11 +140,20 @@ def ingest_survival(df: pd.DataFrame, *, schema: SiteSchema, dictionary: Feature
     local = df.drop(columns=[spec.event]).assign(**{label: np.where(usable, event, np.nan)})
     plain = schema.model_copy(update={"survival": None, "label": label,
                                       "ignore": tuple(schema.ignore) + (spec.time,)})
-    table = ingest(local, schema=plain, dictionary=dictionary)
     ids = as_text(df[schema.patient_id if schema.format == "wide" else schema.long.patient]).str.strip()
     days = pd.DataFrame({"id": ids.to_numpy(), "t": time * scale, "e": event})[usable]
-    per = days.groupby("id", sort=False).agg(t=("t", "first"), e=("e", "first"), nt=("t", "nunique"),
-                                            ne=("e", "nunique"))
+    return SurvivalInput(frame=local, schema=plain, days=days, time_column=spec.time)
+
+
+def with_survival(table: PatientTable, prepared: SurvivalInput) -> PatientTable:
+    """``table`` (ingested from ``prepared.frame``) with :attr:`PatientTable.survival` attached.
+
+    Raises:
+        SchemaError: a patient with more than one follow-up time or event status across rows.
+    """
+    title = f"Time-to-event label of site {prepared.schema.site!r} cannot be ingested"
+    per = prepared.days.groupby("id", sort=False).agg(t=("t", "first"), e=("e", "first"), nt=("t", "nunique"),
+                                                      ne=("e", "nunique"))
     clash = per.index[(per["nt"] > 1) | (per["ne"] > 1)]
     if len(clash):
         raise SchemaError([f"{len(clash)} patient(s) have more than one follow-up time or event status across "
@@ -139,5 +161,5 @@ def ingest_survival(df: pd.DataFrame, *, schema: SiteSchema, dictionary: Feature
     per = per.reindex(list(table.patient_ids))
     target = SurvivalTarget(time=per["t"].to_numpy(np.float64), event=per["e"].to_numpy().astype(np.int64))
     report = dataclasses.replace(table.report, ignored_columns=tuple(c for c in table.report.ignored_columns
-                                                                      if c != spec.time))
+                                                                      if c != prepared.time_column))
     return dataclasses.replace(table, survival=target, report=report)

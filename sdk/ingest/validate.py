@@ -34,6 +34,7 @@ from .columns import (
 )
 from .read import read_table
 from .rows import rows_text
+from .survival import survival_input, with_survival
 from .table import IngestReport, PatientTable
 
 __all__ = ["ingest", "read_table"]
@@ -57,9 +58,8 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
                           "read_table() first.", title="Table is not a DataFrame")
     df = declared_missing(df, schema)
     if schema.survival is not None:  # time-to-event label: time + event columns (sdk/ingest/survival.py)
-        from .survival import ingest_survival
-
-        return ingest_survival(df, schema=schema, dictionary=dictionary)
+        prepared = survival_input(df, schema=schema)
+        return with_survival(ingest(prepared.frame, schema=prepared.schema, dictionary=dictionary), prepared)
     problems: list[str] = []
     try:
         schema.check_against(dictionary)

@@ -33,13 +33,15 @@ from pathlib import Path
 import numpy as np
 import torch
 from clinograph.secure.dp import (
+    CsprngUniform,
     DistributedPolicy,
     ShareDeclaration,
     SkellamRound,
+    bernoulli,
     check_share,
     epsilon,
+    skellam_noise,
 )
-from clinograph.secure.hazmat.discrete_noise import CsprngUniform, bernoulli, skellam
 from clinograph.secure.messages import DistributedShare, LedgerEntry
 
 from clinograph.core.errors import PrivacyBudgetExceeded, PrivacyError
@@ -170,7 +172,7 @@ def noisy_integer_sum(clipped: np.ndarray, *, scale: float, share_variance: floa
     src = source or CsprngUniform()
     dim = clipped.shape[1]
     signal = randomised_round(clipped * scale, source=src).sum(axis=0) if clipped.shape[0] else np.zeros(dim, np.int64)
-    return signal + skellam(share_variance, dim, source=src), signal
+    return signal + skellam_noise(share_variance, dim, source=src), signal
 
 
 def poisson_sample(n: int, rate: float, *, source: CsprngUniform | None = None) -> np.ndarray:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from clinograph.secure.hazmat.discrete_noise import CsprngUniform, bernoulli
+from clinograph.secure.dp import CsprngUniform, bernoulli
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
 

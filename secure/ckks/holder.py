@@ -1,6 +1,6 @@
 """A hospital's part of the CKKS key ceremony, answered over any transport.
 
-The ceremony (:func:`clinograph.secure.runtime.run_ckks_ceremony`) is relayed by the server
+The ceremony (:func:`clinograph.secure.ckks.relayed.run_ckks_ceremony`) is relayed by the server
 as ``setup`` steps; the server only ever carries sealed messages it cannot open (the key
 packages are wrapped to each recipient's fresh X25519 key and signed by the dealer) and ends
 with the public context, which holds no secret key.

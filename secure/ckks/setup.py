@@ -5,7 +5,7 @@ Called through :meth:`clinograph.secure.aggregation.SecureMode.open_run` /
 branches on the mode's name.
 
 - **Set-up**: the key ceremony relayed over the run's transport
-  (:func:`clinograph.secure.runtime.ceremony.run_ckks_ceremony`: one hospital deals, the server
+  (:func:`clinograph.secure.ckks.relayed.run_ckks_ceremony`: one hospital deals, the server
   keeps only the public context); the run goes on with the hospitals that hold the key. A
   caller that already ran the ceremony passes its ``context``.
 - **Plan options**: the context's public parameters (:func:`.keys.ckks_plan_options`).
@@ -35,7 +35,7 @@ def prepare_ckks(*, federation: Any, transport: Any, run_id: str, enrolled: Mapp
         if transport is None:
             raise ConfigError("secure_mode = 'ckks' needs the key ceremony's public context: run the ceremony over "
                               "the run's transport (clinograph.secure.runtime.assemble.ServerSide does).")
-        from ..runtime.ceremony import run_ckks_ceremony
+        from .relayed import run_ckks_ceremony
 
         names = tuple(sorted(set(transport.hospitals()) & set(enrolled)))
         context, holders = run_ckks_ceremony(transport, federation_id=run_id, participants=names, enrolled=enrolled,

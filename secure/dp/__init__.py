@@ -1,6 +1,15 @@
 """Distributed differential privacy over the masked mode: the Skellam accountant and the policy
-checks (docs/privacy.md, "Distributed DP"; SECURITY.md). Torch-free: the server runs them too."""
+checks (docs/privacy.md, "Distributed DP"; SECURITY.md). Torch-free: the server runs them too.
 
+Also the SDK's one door to the noise primitives of :mod:`clinograph.secure.hazmat`: the CSPRNG
+and the exact discrete samplers a hospital draws its DP noise with, and the masked ring's
+wrap-free test its noisy shares must pass (the SDK imports no ``hazmat`` module itself: the
+``sdk-secure-face`` import contract).
+"""
+
+from ..hazmat.discrete_noise import CsprngUniform, bernoulli
+from ..hazmat.discrete_noise import skellam as skellam_noise
+from ..hazmat.fixedpoint import wrap_free
 from .policy import (
     MECHANISMS,
     DistributedPolicy,
@@ -23,6 +32,10 @@ from .skellam import (
 )
 
 __all__ = [
+    "CsprngUniform",
+    "bernoulli",
+    "skellam_noise",
+    "wrap_free",
     "MECHANISMS",
     "ORDERS",
     "DistributedPolicy",

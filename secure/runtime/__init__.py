@@ -10,7 +10,6 @@ Where a round's data goes, in the order it flows:
   :class:`clinograph.secure.transport.flower.FlowerTransport` for hospitals on other machines.
 - :mod:`.loop` -- :func:`run_round` and :func:`run_rounds`: plan, reports, the secure mode's
   stages, close, model delivery. The only round loop.
-- :mod:`.ceremony` -- the CKKS key ceremony relayed over the same transport.
 - :mod:`.setup` -- the run's set-up sums (federated scaling, shared features) before the
   candidates, driven by :func:`.run.run_federation` over the same transport and loop.
 - :mod:`.config` and :mod:`.build` -- :class:`ServerConfig` (TOML) and :func:`build_server`, the
@@ -18,11 +17,10 @@ Where a round's data goes, in the order it flows:
 """
 
 from .build import build_server, initial_model_from_bytes
-from .ceremony import run_ckks_ceremony
 from .config import ServerConfig
 from .loop import RoundOutcome, run_round, run_rounds
 from .participant import RoundParticipant, dispatch
 from .transport import InProcessTransport, Transport
 
 __all__ = ["InProcessTransport", "RoundOutcome", "RoundParticipant", "ServerConfig", "Transport", "build_server",
-           "dispatch", "initial_model_from_bytes", "run_ckks_ceremony", "run_round", "run_rounds"]
+           "dispatch", "initial_model_from_bytes", "run_round", "run_rounds"]

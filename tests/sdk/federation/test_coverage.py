@@ -11,7 +11,8 @@ from clinograph.sdk.federation import securesum
 from clinograph.sdk.federation.build import build_task
 from clinograph.sdk.federation.candidates import candidate_configs
 from clinograph.sdk.federation.simulate import simulate
-from clinograph.sdk.federation.coverage import local_coverage, restrict, shared_features
+from clinograph.sdk.federation.coverage import local_coverage, restrict
+from clinograph.sdk.federation.setup import shared_features
 from clinograph.sdk.federation.simulate import simulate_one
 from clinograph.sdk.model.load import load_exported, predict_exported
 from clinograph.secure.audit import AuditTrail, verify_audit_dir

@@ -9,11 +9,11 @@ from clinograph.sdk.config import ScalingSection, SimulationConfig
 from clinograph.sdk.federation.scaling import (
     HISTOGRAM_MODULE,
     MAX_BIN_COUNT,
-    federated_scaling,
     local_histograms,
     public_bins,
     quantiles_from_histogram,
 )
+from clinograph.sdk.federation.setup import federated_scaling
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
 from clinograph.sdk.ontology.dictionary import apply_transform

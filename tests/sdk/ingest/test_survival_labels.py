@@ -69,9 +69,9 @@ def test_missing_time_can_be_dropped_by_policy():
     np.testing.assert_array_equal(t.survival.event, [1, 1, 0])
 
 
-def test_ingest_survival_without_a_survival_section_is_a_schema_error():
-    from clinograph.sdk.ingest.survival import ingest_survival
+def test_survival_input_without_a_survival_section_is_a_schema_error():
+    from clinograph.sdk.ingest.survival import survival_input
 
     plain = SiteSchema(site="h1", patient_id="pid", label="dead")
     with pytest.raises(SchemaError, match=r"no \[survival\] section"):
-        ingest_survival(table(), schema=plain, dictionary=D)
+        survival_input(table(), schema=plain)

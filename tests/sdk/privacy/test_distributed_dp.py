@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from clinograph.sdk.config import SimulationConfig
-from clinograph.sdk.federation.dp_task import build_distributed_simulation
+from clinograph.sdk.federation.simulate import build_simulation
 from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
 from clinograph.sdk.model.nsfl_modules import nsfl_modules
@@ -96,7 +96,7 @@ class _Recording(FedSGD):
 
 
 def test_masked_noisy_sum_is_exactly_the_sum_of_the_hospitals_integer_vectors(tables, dictionary, tmp_path):
-    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
     sim.server.strategy = _Recording(server_lr=1.0)
     zs = {}
     for h in sim.hospitals.values():  # keep each hospital's z (a test-only view of local state)
@@ -122,7 +122,7 @@ def test_masked_noisy_sum_is_exactly_the_sum_of_the_hospitals_integer_vectors(ta
 
 
 def test_ledgers_record_the_guarantee_and_what_the_hospital_would_have_alone(tables, dictionary, tmp_path):
-    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
     for _ in range(2):
         sim.run_round()
     sim.audit.close()
@@ -157,7 +157,7 @@ def test_the_server_refuses_a_hospital_that_adds_less_noise_than_the_policy(tabl
     """A hospital that declares (and adds) half the noise share is refused, audited, every round."""
     import dataclasses
 
-    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
     cheat = sim.hospitals["alpha"].task
     cheat.policy = dataclasses.replace(cheat.policy, noise_multiplier=cheat.policy.noise_multiplier / 2)
     sim.run_round()
@@ -208,7 +208,7 @@ def test_a_share_declared_at_another_ring_scale_is_refused(tables, dictionary, t
     """A hospital that computes and declares its share at a million times smaller a scale than the
     plan publishes declares a consistent (σ, μ/h) pair, yet adds almost no noise in the ring: the
     server checks the share at the published masked.scale and refuses it."""
-    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
     cheat = sim.hospitals["alpha"].task
     honest = cheat.train
 
@@ -226,7 +226,7 @@ def test_a_share_declared_at_another_ring_scale_is_refused(tables, dictionary, t
 
 
 def test_an_understated_epsilon_alone_is_refused(tables, dictionary, tmp_path):
-    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
     ledger = sim.hospitals["alpha"].task.ledger
     honest = ledger.epsilons
     ledger.epsilons = lambda extra=None: (honest(extra)[0], honest(extra)[1] / 10)
@@ -238,7 +238,7 @@ def test_an_understated_epsilon_alone_is_refused(tables, dictionary, tmp_path):
 
 
 def test_honest_rounds_pass_the_noise_test_and_say_so(tables, dictionary, tmp_path):
-    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
     sim.run_round()
     sim.audit.close()
     checks = [e["payload"] for e in _entries(tmp_path) if e["kind"] == "noise_check"]
@@ -252,7 +252,7 @@ def test_shares_declared_but_not_added_void_the_round(tables, dictionary, tmp_pa
     import clinograph.sdk.privacy.distributed as distributed
 
     monkeypatch.setattr(distributed, "skellam", lambda variance, n, source=None: np.zeros(n, dtype=np.int64))
-    sim = build_distributed_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
     before = {n: v.copy() for n, v in sim.server.state.items()}
     with pytest.raises(Exception, match="voided"):
         sim.run_round()

@@ -11,13 +11,16 @@ run goes on with those that hold the key (at least ``min_holders``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from clinograph.core.errors import ProtocolError
 from clinograph.core.identity import PublicIdentity
 
-from ..ckks.keys import CkksServerContext
-from ..ckks.presets import CkksPreset
-from .transport import Transport
+from .keys import CkksServerContext
+from .presets import CkksPreset
+
+if TYPE_CHECKING:  # the runtime builds this mode; only the annotation needs its transport
+    from ..runtime.transport import Transport
 
 
 def run_ckks_ceremony(transport: Transport, *, federation_id: str, participants: tuple[str, ...],

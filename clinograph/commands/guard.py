@@ -1,0 +1,46 @@
+"""Every command's guard: a :class:`~clinograph.core.errors.ClinographError` becomes a clear
+message on stderr and exit 2, anything else exit 3 without a traceback (it could quote a cell;
+``CLINOGRAPH_DEBUG=1`` shows it). Used by :mod:`clinograph.cli` and the commands it mounts."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Map errors to messages and exit codes: 2 = bad input/config, 3 = internal error."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from pydantic import ValidationError
+
+        from clinograph.core.errors import ClinographError
+
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except ClinographError as exc:
+            typer.secho(f"error: {exc}", err=True, fg="red")
+            raise typer.Exit(2) from None
+        except ValidationError as exc:
+            lines = [f"  - {'.'.join(str(x) for x in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in exc.errors()]
+            typer.secho("error: invalid settings:\n" + "\n".join(lines), err=True, fg="red")
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+        except Exception as exc:
+            if os.environ.get("CLINOGRAPH_DEBUG") == "1":
+                raise
+            typer.secho(f"internal error ({type(exc).__name__}); rerun with CLINOGRAPH_DEBUG=1 and report it.",
+                        err=True, fg="red")
+            raise typer.Exit(3) from None
+
+    return wrapper
