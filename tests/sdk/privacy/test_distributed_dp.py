@@ -251,7 +251,7 @@ def test_shares_declared_but_not_added_void_the_round(tables, dictionary, tmp_pa
     conform, the aggregate does not -- the noise test voids the round and nothing is released."""
     import clinograph.sdk.privacy.distributed as distributed
 
-    monkeypatch.setattr(distributed, "skellam", lambda variance, n, source=None: np.zeros(n, dtype=np.int64))
+    monkeypatch.setattr(distributed, "skellam_noise", lambda variance, n, source=None: np.zeros(n, dtype=np.int64))
     sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
     before = {n: v.copy() for n, v in sim.server.state.items()}
     with pytest.raises(Exception, match="voided"):
