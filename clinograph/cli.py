@@ -132,7 +132,8 @@ def bench(name: Annotated[str, typer.Argument(help="A study's script: NAME or ST
                                                    "results/NAME.json, results/NAME_quick.json with --quick).")] = None,
           directory: Annotated[Path | None, typer.Option(
               "--dir", help="The research/ folder of a source checkout (default: ./research).")] = None) -> None:
-    """Run a study's script from a checkout's research/ (writes JSON to research/STUDY/results/)."""
+    """Run a study's script from a checkout's research/ (or a speed benchmark from its benchmarks/);
+    writes JSON to the study's results/."""
     import runpy
 
     from clinograph.core.errors import ConfigError
@@ -141,7 +142,7 @@ def bench(name: Annotated[str, typer.Argument(help="A study's script: NAME or ST
     if root.name != "research" or not root.is_dir() or not (root / "_common.py").is_file():
         found = "does not exist" if not root.exists() else "is not a Clinograph research folder (no _common.py)"
         raise ConfigError(f"{root} {found}: {BENCH_MISSING}.")
-    scripts = _study_scripts(root)
+    scripts = {**_study_scripts(root), **_study_scripts(root.parent / "benchmarks")}  # + the speed benchmarks
     matches = [k for k in scripts if name in (k, k.split("/", 1)[1])]
     if len(matches) != 1:
         raise ConfigError(f"Unknown study script {name!r} in {root}. Available: {', '.join(scripts)}.")
@@ -149,7 +150,8 @@ def bench(name: Annotated[str, typer.Argument(help="A study's script: NAME or ST
     study, script = matches[0].split("/", 1)
     sys.path.insert(0, str(root.parent))
     sys.argv = [str(scripts[matches[0]])] + (["--quick"] if quick else []) + (["--out", str(out)] if out else [])
-    runpy.run_module(f"research.{study}.{script}", run_name="__main__", alter_sys=True)
+    runpy.run_module(f"{scripts[matches[0]].parent.parent.name}.{study}.{script}", run_name="__main__",
+                     alter_sys=True)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

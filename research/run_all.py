@@ -1,4 +1,5 @@
-"""Run every study script, one process each, write their JSON, print a summary (``make bench``).
+"""Run every study script (research/) and speed benchmark (benchmarks/), one process each, write
+their JSON, print a summary (``make bench``).
 
     python -m research.run_all                  # every script with --quick (minutes each on 2 cores)
     python -m research.run_all --full           # the real runs (hours: fcm_bnlearn alone ~1 h); they
@@ -32,15 +33,20 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 from research._common import machine, save  # noqa: E402
 
+#: where scripts live: the studies (research/) and the speed benchmarks of the deployed path
+#: (benchmarks/, the project's rule: "benchmarks in benchmarks/ write JSON with medians")
+ROOTS = (HERE, ROOT / "benchmarks")
+
 
 def scripts() -> dict[str, Path]:
-    """Every study script, as ``study/name`` -> path."""
-    return {f"{p.parent.name}/{p.stem}": p for p in sorted(HERE.glob("*/*.py"))
+    """Every study and benchmark script, as ``study/name`` -> path."""
+    return {f"{p.parent.name}/{p.stem}": p for root in ROOTS for p in sorted(root.glob("*/*.py"))
             if not p.stem.startswith("_") and 'if __name__ == "__main__"' in p.read_text()}
 
 
 def _module(key: str) -> str:
-    return "research." + key.replace("/", ".")
+    path = scripts()[key]
+    return f"{path.parent.parent.name}." + key.replace("/", ".")
 
 
 def run_one(key: str, path: Path, *, full: bool, timeout: float | None) -> dict:

@@ -91,7 +91,7 @@ class RelationAttention(nn.Module):
                 u = self.U(h_src)
                 u = u.reshape(u.shape[:-1] + (self.n_knots, -1))  # [..., M, d]: U_k h_v
                 b = hat_basis(x, self.value_knots.to(x.dtype))  # [..., M]; all M knots: per copy, a dense
-                m = m + (b.unsqueeze(-1) * u).sum(-2)  # sum beats a two-row gather (research/runtime_speed/nsfl_step.py)
+                m = m + (b.unsqueeze(-1) * u).sum(-2)  # sum beats a two-row gather (benchmarks/runtime_speed/nsfl_step.py)
         elif x is not None:
             m = x.unsqueeze(-1) * m
         return m

@@ -53,7 +53,7 @@ _PARAMS = {
     CkksPreset.NVFLARE_DEFAULT: CkksParams(8192, (60, 40, 40), 40),
 }
 
-# Measured by research/secure_aggregation_cost/secure_aggregation_ckks.py (seeded, zstd, P = 1e6): SEAL bytes / P.
+# Measured by benchmarks/secure_aggregation_cost/secure_aggregation_ckks.py (seeded, zstd, P = 1e6): SEAL bytes / P.
 _MEASURED_BYTES = {
     CkksPreset.ADD_ONLY_128: 16.05,
     CkksPreset.ADD_ONLY_128_COMPACT: 15.16,

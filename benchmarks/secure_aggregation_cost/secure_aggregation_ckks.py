@@ -1,7 +1,7 @@
 """The ``ckks`` mode against the anchor, TenSEAL with NVFLARE's default parameters.
 
-    python -m research.secure_aggregation_cost.secure_aggregation_ckks            # n in {5,10,20}, P in {1e5,1e6}, 3 reps (~10 min)
-    python -m research.secure_aggregation_cost.secure_aggregation_ckks --quick    # n = 5, P = 1e5, 3 reps; prints JSON only
+    python -m benchmarks.secure_aggregation_cost.secure_aggregation_ckks            # n in {5,10,20}, P in {1e5,1e6}, 3 reps (~10 min)
+    python -m benchmarks.secure_aggregation_cost.secure_aggregation_ckks --quick    # n = 5, P = 1e5, 3 reps; prints JSON only
 
 Per (n, P) and configuration, interleaved in one process, medians over the repetitions:
 seconds a hospital spends encrypting (and sealing) its update, seconds the server spends
@@ -15,7 +15,7 @@ ADD_ONLY_128_COMPACT, and the anchor: ``tenseal.ckks_vector`` with NVFLARE's def
 (N 8192, [60, 40, 40], scale 2^40, symmetric), serialised and summed as NVFLARE does.
 TenSEAL runs with n_threads=1 so that both sides use one core. Hospitals work in parallel,
 so ``round_s = encrypt_s + server_s + decrypt_s``. Writes
-research/secure_aggregation_cost/results/secure_aggregation_ckks.json (full run). Asserts nothing about time.
+benchmarks/secure_aggregation_cost/results/secure_aggregation_ckks.json (full run). Asserts nothing about time.
 """
 
 from __future__ import annotations

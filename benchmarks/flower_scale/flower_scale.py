@@ -1,7 +1,7 @@
 """Twenty hospitals as real SuperNode processes over Flower on loopback, masked, with a dropout.
 
-    python -m research.flower_scale.flower_scale              # 20 SuperNodes, 2 rounds; writes results/flower_scale.json
-    python -m research.flower_scale.flower_scale --quick      # 4 SuperNodes; prints JSON, writes nothing
+    python -m benchmarks.flower_scale.flower_scale              # 20 SuperNodes, 2 rounds; writes results/flower_scale.json
+    python -m benchmarks.flower_scale.flower_scale --quick      # 4 SuperNodes; prints JSON, writes nothing
 
 The real deployment path of tests/integration/test_flower_deployment.py (one SuperLink with
 TLS, one ``python -m clinograph.secure.transport.flower.supernode`` process a hospital,

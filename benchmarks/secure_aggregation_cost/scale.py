@@ -1,9 +1,9 @@
 """Masked rounds at scale: seconds per round and the server's peak memory against n and P.
 
-    python -m research.secure_aggregation_cost.scale           # n in {10, 20, 50, 100}, P in {1e4, 1e5, 1e6}
-    python -m research.secure_aggregation_cost.scale --quick   # n in {10, 20}, P = 1e4; prints JSON, writes nothing
+    python -m benchmarks.secure_aggregation_cost.scale           # n in {10, 20, 50, 100}, P in {1e4, 1e5, 1e6}
+    python -m benchmarks.secure_aggregation_cost.scale --quick   # n in {10, 20}, P = 1e4; prints JSON, writes nothing
 
-Every round is the real masked protocol (research/secure_aggregation_cost/secure_aggregation_masked.py's setup:
+Every round is the real masked protocol (benchmarks/secure_aggregation_cost/secure_aggregation_masked.py's setup:
 threshold t = masked_defaults(n), neighbours k = O(log n)) with dropouts at as many stages as
 the neighbour graph allows: the default t = k tolerates one lost holder per hospital, so the
 victims form a 2-packing of the graph (pairwise distance >= 3; benchmarks and
@@ -20,7 +20,7 @@ Measured per (n, P):
   no longer counted once handed to the clients), also as a multiple of one update
   (``4 P`` bytes, a float32 update or one masked vector). Claim checked: <= 3 at n = 100, P = 1e6.
 
-Writes research/secure_aggregation_cost/results/scale.json. Asserts nothing.
+Writes benchmarks/secure_aggregation_cost/results/scale.json. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from clinograph.secure.masking import MaskingClient, MaskingServer  # noqa: E402
 from clinograph.secure.masking.params import masked_defaults, neighbour_graph  # noqa: E402
 from clinograph.secure.transport import run_aggregation  # noqa: E402
 
+from benchmarks.secure_aggregation_cost.secure_aggregation_masked import _Ours, make_case  # noqa: E402
 from research._common import add_convention, emit, machine, out_path  # noqa: E402
-from research.secure_aggregation_cost.secure_aggregation_masked import _Ours, make_case  # noqa: E402
 
 
 def spread(graph: dict[str, frozenset[str]], count: int) -> list[str]:

@@ -5,8 +5,8 @@ held the whole n×n distance matrix and its temporaries). Each measurement runs 
 process (peak RSS is per process), the two sides interleaved; the edges of both sides are compared
 at every n where both run.
 
-    python -m research.runtime_speed.knn_memory            # n = 2000 ... 30000, 3 repetitions, writes research/runtime_speed/results/knn_memory.json
-    python -m research.runtime_speed.knn_memory --quick    # n = 1000, 2000, 1 repetition, prints
+    python -m benchmarks.runtime_speed.knn_memory            # n = 2000 ... 30000, 3 repetitions, writes benchmarks/runtime_speed/results/knn_memory.json
+    python -m benchmarks.runtime_speed.knn_memory --quick    # n = 1000, 2000, 1 repetition, prints
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ patients. Each reader is timed ``--repeats`` times (the reader alone, then the r
 ``ingest``); medians are reported with the load average before and after. Not a test: no
 assertion on timings.
 
-    python -m research.runtime_speed.ehr_readers                      # 100 000 patients, writes research/runtime_speed/results/ehr_readers.json
-    python -m research.runtime_speed.ehr_readers --quick              # 2 000 patients, prints
-    python -m research.runtime_speed.ehr_readers --out other.json     # e.g. the same script on an older checkout
-    python -m research.runtime_speed.ehr_readers --only omop          # one reader (updates that reader in --out)
+    python -m benchmarks.runtime_speed.ehr_readers                      # 100 000 patients, writes benchmarks/runtime_speed/results/ehr_readers.json
+    python -m benchmarks.runtime_speed.ehr_readers --quick              # 2 000 patients, prints
+    python -m benchmarks.runtime_speed.ehr_readers --out other.json     # e.g. the same script on an older checkout
+    python -m benchmarks.runtime_speed.ehr_readers --only omop          # one reader (updates that reader in --out)
 
 On a shared machine, compare two checkouts reader by reader, alternating (``--only``), and read
 the load averages recorded with each reader.

@@ -1,7 +1,7 @@
 """The ``masked`` mode (32-bit and 16-bit quantised) against ``insecure_plaintext`` and Flower 1.41's own SecAgg+.
 
-    python -m research.secure_aggregation_cost.secure_aggregation_masked           # the cases of issue 19 (below), 3 reps
-    python -m research.secure_aggregation_cost.secure_aggregation_masked --quick   # n in {5, 10}, P = 1e4; prints JSON, writes nothing
+    python -m benchmarks.secure_aggregation_cost.secure_aggregation_masked           # the cases of issue 19 (below), 3 reps
+    python -m benchmarks.secure_aggregation_cost.secure_aggregation_masked --quick   # n in {5, 10}, P = 1e4; prints JSON, writes nothing
 
 Cases (n, P): (10, 1e4), (5|10|20|50|100, 1e5), (10, 1e6); Flower only for n <= 20.
 What is measured, per (n, P), interleaved in one process, median over the repetitions:
@@ -34,9 +34,9 @@ message that carries the vector (``vector_upload``): our envelope, and the same 
 the Flower message our Flower transport sends (``secure/transport/flower/records.py``, a
 ``ConfigRecord`` of bytes serialised with Flower's own ``message_to_proto``), per parameter.
 Also the peak traced memory of one round (tracemalloc, a separate untimed run, all simulated
-clients included). Server memory against n is in ``research/secure_aggregation_cost/scale.py``. Hospitals work in
+clients included). Server memory against n is in ``benchmarks/secure_aggregation_cost/scale.py``. Hospitals work in
 parallel in reality, so these serial in-process round times overstate a real round's latency
-for all sides alike. Writes research/secure_aggregation_cost/results/secure_aggregation_masked.json. Asserts nothing.
+for all sides alike. Writes benchmarks/secure_aggregation_cost/results/secure_aggregation_masked.json. Asserts nothing.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ this process, interleaved, on the same batch of the demo's largest hospital (ALA
 features a star), for the linear and the piecewise value encoding, with and without
 ``similar_to`` (k = 5). The logits of both sides are compared too (max |Δ|).
 
-    python -m research.runtime_speed.nsfl_step            # 40 repetitions, writes research/runtime_speed/results/nsfl_step.json
-    python -m research.runtime_speed.nsfl_step --quick    # 5 repetitions, prints
+    python -m benchmarks.runtime_speed.nsfl_step            # 40 repetitions, writes benchmarks/runtime_speed/results/nsfl_step.json
+    python -m benchmarks.runtime_speed.nsfl_step --quick    # 5 repetitions, prints
 """
 
 from __future__ import annotations

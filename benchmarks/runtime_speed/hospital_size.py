@@ -4,8 +4,8 @@ candidates, selection, calibration) as hospitals grow: the demo's ALARM hospital
 (early stopping off, so every size trains the same rounds). Each size runs in a fresh child
 process (peak RSS is per process).
 
-    python -m research.runtime_speed.hospital_size                 # scales 1 and 5, 2 rounds, writes research/runtime_speed/results/hospital_size.json
-    python -m research.runtime_speed.hospital_size --quick         # scale 0.25, 1 round, prints
+    python -m benchmarks.runtime_speed.hospital_size                 # scales 1 and 5, 2 rounds, writes benchmarks/runtime_speed/results/hospital_size.json
+    python -m benchmarks.runtime_speed.hospital_size --quick         # scale 0.25, 1 round, prints
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Seconds per round and per stage of the demo federation: graph build, local training,
 protocol + aggregation, for insecure_plaintext and masked, interleaved in one process.
 
-Run: python -m research.runtime_speed.spine_rounds [--quick]   -> research/runtime_speed/results/spine_rounds.json
+Run: python -m benchmarks.runtime_speed.spine_rounds [--quick]   -> benchmarks/runtime_speed/results/spine_rounds.json
 Asserts nothing; reports medians.
 """
 

@@ -1,0 +1,1 @@
+"""Speed benchmarks of the deployed path (not in the wheel); see README.md."""
