@@ -35,11 +35,13 @@ postgres:
 lean: $(STAMP)
 	$(BIN)/python tests/lean_env.py
 
-# Four pytest-xdist workers on two cores: the real-process Flower tests mostly wait (a SuperNode
-# polls every 3 s, a ClientApp process starts per message), so two workers would leave the CPU
-# idle. --dist loadscope: a module is one unit (its fixtures built once), longest first; the
-# units and the order are in tests/conftest.py. --durations=25 prints the slowest tests.
-XDIST := -n 4 --dist loadscope
+# Three pytest-xdist workers on two cores: the real-process Flower tests partly wait (a SuperNode
+# polls every 3 s), so two workers both in such a test leave a core idle; tests/conftest.py lets
+# at most two such long units run at once (each message starts three ClientApp processes, which
+# starve the CPU when more run together: -n 4 timed Flower tests out), the third worker takes
+# the short tests. --dist loadscope: a module is one unit (its fixtures built once), longest
+# first; the units and the order are in tests/conftest.py. --durations=25: the slowest tests.
+XDIST := -n 3 --dist loadscope
 test: $(STAMP) browser postgres lean
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=25
 

@@ -21,7 +21,7 @@ if torch is not None:
     torch.set_num_threads(1)
 
 
-# -- Scheduling under pytest-xdist (`make test`: ``-n 4 --dist loadscope``) -------------------
+# -- Scheduling under pytest-xdist (`make test`: ``-n 3 --dist loadscope``) -------------------
 # A test module is one unit of work, so its module-scoped fixtures (a trained task, a PostgreSQL
 # cluster, a Chromium driver, seven harness federations) are built once, on one worker. The
 # modules in SPLIT are the exception: their tests share nothing expensive (each starts its own
@@ -52,7 +52,7 @@ SECONDS = {  # a unit's (a module, a TOGETHER name, or a test of a SPLIT module)
     "tests/examples/test_examples.py": 35,
     "tests/clinograph/test_cli.py": 20,
 }
-BEHIND_A_LONG_UNIT = 60  # seconds; see LongestFirst
+LONG, MAX_LONG = 60, 2  # seconds, units; see LongestFirst
 
 
 def _module(nodeid: str) -> str:
@@ -83,17 +83,27 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class LongestFirst(LoadScopeScheduling):
-        """A worker always holds the next unit it will run (it needs the next test to tear down
-        fixtures), so a unit handed to a worker busy with a long unit waits behind it: that one
-        is taken from the end of the queue (a short one), not the head (the longest left)."""
+        """Two changes to which unit a worker gets next (the head of the queue otherwise):
+        a worker always holds the next unit it will run (it needs the next test to tear down
+        fixtures), so one busy with a long unit gets a short one (the queue's tail), which would
+        wait behind it; and at most MAX_LONG long units run at once (each real-process Flower
+        run starts three ClientApp processes a message: more at once starve the two cores)."""
 
         def _split_scope(self, nodeid: str) -> str:
             return unit(nodeid)
 
+        def _busy_with_long(self, node) -> bool:
+            return any(_seconds(scope) >= LONG and not all(tests.values())
+                       for scope, tests in self.assigned_work.get(node, {}).items())
+
         def _assign_work_unit(self, node) -> None:
-            pending = [scope for scope, tests in self.assigned_work.get(node, {}).items() if not all(tests.values())]
-            if any(_seconds(scope) >= BEHIND_A_LONG_UNIT for scope in pending):
-                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+            queue = list(self.workqueue)
+            pick = queue[0]
+            if self._busy_with_long(node):
+                pick = queue[-1]
+            elif sum(self._busy_with_long(n) for n in self.assigned_work if n is not node) >= MAX_LONG:
+                pick = next((scope for scope in queue if _seconds(scope) < LONG), pick)
+            self.workqueue.move_to_end(pick, last=False)
             super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False  # keep the order above (not "most tests first")
