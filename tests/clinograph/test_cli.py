@@ -127,6 +127,7 @@ def test_an_output_path_that_is_a_file_and_a_20_digit_seed_are_clear_errors(tmp_
     assert out.returncode == 2 and "--seed" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # `clinograph simulate`: four candidates x two rounds in a subprocess
 def test_simulate_shows_the_candidate_models_and_the_choice(tmp_path):
     data = ROOT / "examples" / "data"
     cfg = tmp_path / "c.toml"
