@@ -43,12 +43,19 @@ postgres:
 lean: $(STAMP)
 	$(BIN)/python tests/lean_env.py
 
+# Three pytest-xdist workers on two cores: the real-process Flower tests partly wait (a SuperNode
+# polls every 3 s), so two workers both in such a test leave a core idle; tests/conftest.py lets
+# at most two such long units run at once (each message starts three ClientApp processes, which
+# starve the CPU when more run together: -n 4 timed Flower tests out), the third worker takes
+# the short tests. --dist loadscope: a module is one unit (its fixtures built once), longest
+# first; the units and the order are in tests/conftest.py. --durations=25: the slowest tests.
+XDIST := -n 3 --dist loadscope
 test: $(STAMP) browser postgres lean $(AXE)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=25
 
 # Everything not marked slow (no .venv-server, no browser install, no multi-process federations).
 test-fast: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadscope -m "not slow"
 
 # ruff, then the import contracts in pyproject.toml (see tests/test_import_contracts.py).
 lint: $(STAMP)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "clinograph.cli"]
 
@@ -58,10 +60,18 @@ def test_unknown_secure_mode_lists_the_registered_ones(tmp_path):
     assert not (tmp_path / "d" / "hospitals").exists()  # refused before any work
 
 
-def test_demo_runs_end_to_end_and_is_seeded(tmp_path):
-    a = cli("demo", "--rounds", "2", "--scale", "0.15", "--out", str(tmp_path / "a"))
+@pytest.fixture(scope="module")
+def demo_dp(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One full `clinograph demo` (DP on, the default), shared by the tests below: run once."""
+    out_dir = tmp_path_factory.mktemp("demo") / "a"
+    return cli("demo", "--rounds", "2", "--scale", "0.15", "--out", str(out_dir)), out_dir
+
+
+@pytest.mark.slow  # one full demo: four hospitals, NS-FL with and without DP, the baselines, the report
+def test_demo_runs_end_to_end(demo_dp):
+    a, out_dir = demo_dp
     assert a.returncode == 0, a.stderr[-3000:]
-    m = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    m = json.loads((out_dir / "metrics.json").read_text())
     assert set(m["methods"]) == {"clinograph_nsfl", "standalone", "fedavg_aligned", "clinograph_nsfl_dp",
                                  "lr_standalone", "lr_fedavg_aligned", "lr_pooled", "gbm_pooled"}  # + the simple baselines
     assert set(m["hospitals"]) == {"north", "south", "east", "west"}
@@ -74,9 +84,17 @@ def test_demo_runs_end_to_end_and_is_seeded(tmp_path):
     assert set(g) == set(m["hospitals"]) and all(0 < x["epsilon"] < x["epsilon_alone"] for x in g.values())
     assert "north: ε = " in a.stdout and "if the others' noise were absent" in a.stdout
     assert "audit: verified" in a.stdout
-    assert (tmp_path / "a" / "report.html").stat().st_size > 10_000
-    assert (tmp_path / "a" / "feature_relevance_radar.png").exists()
-    # the non-DP federation and the baselines are seeded (DP noise is OS-random by design)
+    assert (out_dir / "report.html").stat().st_size > 10_000
+    assert (out_dir / "feature_relevance_radar.png").exists()
+
+
+@pytest.mark.slow  # a second demo process (without DP) against the shared one above
+def test_demo_is_seeded(demo_dp, tmp_path):
+    # the non-DP federation and the baselines are seeded (DP noise is OS-random by design): a second
+    # process with the same seed, without DP, gives the first one's non-DP results exactly
+    a, out_dir = demo_dp
+    assert a.returncode == 0, a.stderr[-3000:]
+    m = json.loads((out_dir / "metrics.json").read_text())
     b = cli("demo", "--rounds", "2", "--scale", "0.15", "--no-dp", "--out", str(tmp_path / "b"))
     assert b.returncode == 0, b.stderr[-3000:]
     mb = json.loads((tmp_path / "b" / "metrics.json").read_text())
@@ -109,6 +127,7 @@ def test_an_output_path_that_is_a_file_and_a_20_digit_seed_are_clear_errors(tmp_
     assert out.returncode == 2 and "--seed" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # `clinograph simulate`: four candidates x two rounds in a subprocess
 def test_simulate_shows_the_candidate_models_and_the_choice(tmp_path):
     data = ROOT / "examples" / "data"
     cfg = tmp_path / "c.toml"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 import tomli_w
 from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
@@ -28,6 +29,7 @@ def _schema_file(tmp_path, schema):
     return path
 
 
+@pytest.mark.slow  # several `clinograph check` runs
 def test_check_previews_a_csv_without_values_or_ids(tmp_path):
     table, schema = demo_hospitals()[0]
     table.to_csv(tmp_path / "north.csv", index=False, sep=";", decimal=",")

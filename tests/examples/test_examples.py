@@ -21,6 +21,7 @@ def test_every_example_has_a_test_here():
     assert {p.name for p in EXAMPLES} == {"map_and_join.py", "simulate_from_toml.py", "write_a_task.py"}
 
 
+@pytest.mark.slow  # the example's federation in a subprocess
 def test_map_and_join():
     out = run(ROOT / "examples" / "map_and_join.py", "--rounds", "2")
     assert "the broken export is refused" in out and "Column 'Sodium' is not in the feature dictionary" in out
@@ -28,6 +29,7 @@ def test_map_and_join():
     assert "audit verifies: True" in out
 
 
+@pytest.mark.slow  # the example's federation in a subprocess
 @pytest.mark.parametrize("rounds", [2])
 def test_simulate_from_toml(tmp_path, rounds):
     out = run(ROOT / "examples" / "simulate_from_toml.py", "--rounds", str(rounds), "--out", str(tmp_path / "sim"))
@@ -39,6 +41,7 @@ def test_map_and_join_fits_on_one_screen():
     assert len((ROOT / "examples" / "map_and_join.py").read_text().splitlines()) <= 40
 
 
+@pytest.mark.slow  # the example's federation in a subprocess
 def test_write_a_task(tmp_path):
     out = run(ROOT / "examples" / "write_a_task.py", "--rounds", "2", "--out", str(tmp_path / "logistic"))
     assert "round 1: east AUROC" in out

@@ -20,11 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_loopback_deployment_guide_runs_as_written():
     env = {**os.environ, "PYTHON": sys.executable, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(["bash", str(ROOT / "examples" / "flower_deployment" / "run_loopback.sh")],
+    # One round (the guide's documented --rounds option; it runs two by default): every step of the
+    # guide still runs; two rounds over real processes with a node killed are test_flower_deployment.
+    out = subprocess.run(["bash", str(ROOT / "examples" / "flower_deployment" / "run_loopback.sh"), "--rounds", "1"],
                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert "audit verifies: True" in out.stdout
-    assert any(line.startswith("run ") and " completed: 2 of 2 round(s)" in line for line in out.stdout.splitlines()), \
+    assert any(line.startswith("run ") and " completed: 1 of 1 round(s)" in line for line in out.stdout.splitlines()), \
         out.stdout[-3000:]
     closed = [line for line in out.stdout.splitlines() if '"round_closed"' in line]
-    assert len(closed) == 2 and all('"dropped": []' in line for line in closed)
+    assert len(closed) == 1 and all('"dropped": []' in line for line in closed)

@@ -60,6 +60,7 @@ def _simulation_config(sites: Path, server_toml: Path, out: Path):
                                             "hospitals": entries})
 
 
+@pytest.mark.slow  # four candidates over Flower and again in simulation
 def test_default_candidates_give_the_same_kept_model_in_simulation_and_over_flower(tmp_path):
     from clinograph.sdk.federation.node import make_hospital
     from clinograph.sdk.federation.simulate import load_tables, simulate

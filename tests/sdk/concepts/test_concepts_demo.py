@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from clinograph.secure.audit.verify import scan_audit_dir
 from typer.testing import CliRunner
 
 from clinograph.cli import app
 
 
+@pytest.mark.slow  # the concepts demo end to end
 def test_concepts_demo_votes_audits_and_reports_the_dag(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["demo", "--concepts", "--out", str(out), "--rounds", "1", "--scale", "0.1"])

@@ -29,6 +29,7 @@ def _modality_sites():
     return tables, signals
 
 
+@pytest.mark.slow  # every task in every secure mode
 def test_the_matrix_in_the_docs_is_what_the_code_does():
     from clinograph.sdk.federation.modality_task import build_modality_task
 
