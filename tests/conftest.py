@@ -44,6 +44,7 @@ TOGETHER = {"tests/clinograph/test_cli.py::test_demo_": "cli_demo"}  # test-id p
 SECONDS = {  # a unit's (a module, a TOGETHER name, or a test of a SPLIT module)
     "tests/integration/test_flower_one_run.py": 300,
     "tests/integration/test_flower_resume.py": 190,
+    "tests/integration/test_setup_over_flower.py": 300,
     "tests/examples/test_flower_loopback_guide.py": 75,
     "tests/integration/test_flower_deployment.py": 110,
     "tests/integration/test_cli_run_flower.py": 80,
