@@ -49,13 +49,18 @@ lean: $(STAMP)
 # starve the CPU when more run together: -n 4 timed Flower tests out), the third worker takes
 # the short tests. --dist loadscope: a module is one unit (its fixtures built once), longest
 # first; the units and the order are in tests/conftest.py. --durations=25: the slowest tests.
+# A short temporary root per run: a hospital's worker listens on a local socket in its state
+# directory, and a socket path has at most 100 characters (/tmp/pytest-of-<user>/pytest-<n>/
+# popen-gw<k>/<test>/sites/h1/state/... is longer under xdist).
 XDIST := -n 3 --dist loadscope
 test: $(STAMP) browser postgres lean $(AXE)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=25
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=25 \
+	  --basetemp=$$(mktemp -d /tmp/cgt.XXXXXX)
 
 # Everything not marked slow (no .venv-server, no browser install, no multi-process federations).
 test-fast: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadscope -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadscope -m "not slow" \
+	  --basetemp=$$(mktemp -d /tmp/cgt.XXXXXX)
 
 # ruff, then the import contracts in pyproject.toml (see tests/test_import_contracts.py).
 lint: $(STAMP)
