@@ -44,15 +44,15 @@ def scripts() -> dict[str, Path]:
             if not p.stem.startswith("_") and 'if __name__ == "__main__"' in p.read_text()}
 
 
-def _module(key: str) -> str:
-    path = scripts()[key]
-    return f"{path.parent.parent.name}." + key.replace("/", ".")
+def _module(path: Path) -> str:
+    """``research.<study>.<name>`` or ``benchmarks.<study>.<name>`` for a script's path."""
+    return ".".join((path.parent.parent.name, path.parent.name, path.stem))
 
 
 def run_one(key: str, path: Path, *, full: bool, timeout: float | None) -> dict:
     """Run one script; returns its summary row."""
     out = path.parent / "results" / f"{path.stem}{'' if full else '_quick'}.json"
-    cmd = [sys.executable, "-m", _module(key)] + ([] if full else ["--quick", "--out", str(out)])
+    cmd = [sys.executable, "-m", _module(path)] + ([] if full else ["--quick", "--out", str(out)])
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     before = out.stat().st_mtime if out.exists() else None
     print(f"== {key}: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
@@ -70,10 +70,10 @@ def run_one(key: str, path: Path, *, full: bool, timeout: float | None) -> dict:
             "output": str(out.relative_to(ROOT)) if written else None}
 
 
-def check_one(key: str) -> dict:
+def check_one(key: str, path: Path) -> dict:
     """``--help``: the script's imports and whether it takes the convention's arguments."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", _module(key), "--help"], cwd=ROOT, text=True, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", _module(path), "--help"], cwd=ROOT, text=True, capture_output=True,
                           timeout=600)
     missing = [a for a in ("--quick", "--out") if a not in proc.stdout]
     ok = proc.returncode == 0 and not missing
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     t0 = time.perf_counter()
-    rows = [check_one(k) if args.check else run_one(k, v, full=args.full, timeout=args.timeout)
+    rows = [check_one(k, v) if args.check else run_one(k, v, full=args.full, timeout=args.timeout)
             for k, v in found.items()]
     kind = "check" if args.check else "full" if args.full else "quick"
     print(f"\n{'script':44s} {'status':24s} {'seconds':>8s}  output")
