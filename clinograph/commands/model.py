@@ -53,3 +53,12 @@ def _init(config: Path, out: Path) -> None:
     setup = f"set-up sums {', '.join(s.name for s in models.setup)}; " if models.setup else ""
     typer.echo(f"initial model(s) ({models.task}; candidates {names}; {rule}; {setup}{len(first.spec.modules)} "
                f"modules, spec {first.spec.digest()[:12]}…) written to {out}")
+    from clinograph.sdk.tasks import task_strategy
+
+    needed = task_strategy(cfg, dictionary=load_dictionary(cfg, config), directory=out.parent)
+    if needed is not None:  # the task's server strategy and the public files it pins
+        import tomli_w
+
+        name, options = needed
+        lines = tomli_w.dumps({"federation": {"strategy": name, "strategy_options": options}})
+        typer.echo(f"task {cfg.task!r} needs this in server.toml (files written beside {out.name}):\n{lines}")

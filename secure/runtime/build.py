@@ -131,6 +131,10 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
     strategy = build_strategy(federation)
     max_weight = weight_bound(strategy, federation)
     mode = create_mode(federation.secure_mode)
+    if strategy.server_reads_sum and not mode.server_sees_sum:
+        raise ConfigError(f"strategy = {federation.strategy!r} reads the summed update on the server (its M-step or "
+                          f"the decision it audits), but under secure_mode = {federation.secure_mode!r} the server "
+                          "never sees the sum. Use secure_mode = 'masked'.")
     if mode_run is None:
         mode_run = mode.open_run(federation=federation, transport=None, run_id=federation.id, enrolled=enrolled,
                                  max_weight=max_weight, context=ckks_context)

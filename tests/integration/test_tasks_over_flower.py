@@ -1,4 +1,4 @@
-"""Survival, temporal and AGAT (with its plaintext attention tap) over Flower give what the
+"""Survival, temporal, FedNSL and AGAT (with its plaintext attention tap) over Flower give what the
 simulation gives: the ServerApp's ``run_federation`` over a loopback Grid (the real ClientApp,
 relay, ``HospitalWorker`` and SuperNode factory reading each hospital's files) against
 ``simulate()`` of the same configuration. Asserted: every round's global state digest, the
@@ -34,6 +34,13 @@ CASES = {  # name -> (cohort form, hospital.toml settings, server [federation] s
     "temporal": ("binary", {"model": {"hidden": 8, "temporal": "attention"}}, {"secure_mode": "masked",
                                                                               "strategy": "fedavg"}),
     "static_ckks": ("binary", {}, {"secure_mode": "ckks", "strategy": "fedavg"}),
+    # FedNSL (task = "fednsl"): the rule space written by `model init`'s hook, pinned in server.toml
+    "fednsl": ("binary", {"task": "fednsl", "fednsl": {"max_len": 2, "steps": 20, "draws": 32}},
+               {"secure_mode": "masked", "strategy": "fednsl_rules"}),
+    # the same, with the transformer M-step attached through the ServerApp's server-extension
+    "fednsl_transformer": ("binary", {"task": "fednsl", "fednsl": {"max_len": 1, "steps": 20, "draws": 32}},
+                           {"secure_mode": "masked", "strategy": "fednsl_rules",
+                            "server-extension": "clinograph.sdk.fednsl.federation:attach_transformer"}),
     "agat_attention": ("binary", {"task": "agat", "agat": {"hidden": 8}},
                        {"secure_mode": "insecure_plaintext", "strategy": "insecure_attention",
                         "environment": "development"}),
@@ -57,6 +64,7 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     from clinograph.sdk.federation.build import run_models
     from clinograph.sdk.federation.node import make_hospital
     from clinograph.sdk.federation.simulate import load_tables, simulate
+    from clinograph.sdk.tasks import task_strategy
     from clinograph.sdk.datasets.real_tables import cohort_tables
     from clinograph.secure.audit import verify_audit_dir
     from clinograph.secure.transport.flower.keyset import init_keyset
@@ -65,6 +73,8 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     from flower_helpers import LoopbackGrid
 
     form, hospital, federation = CASES[case]
+    federation = dict(federation)
+    extension = federation.pop("server-extension", None)  # a run-config key of the ServerApp, not [federation]
     cohort = cohort_tables("lung", form=form)
     hospital = {"dictionary": "dictionary.toml", "model": {"hidden": 8}, "graph": {"k_similar": 0},
                 "training": {"lr": 0.02}, **hospital}
@@ -82,6 +92,9 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     server = sites / "server"
     server.mkdir()
     config = HospitalConfig.from_toml(sites / names[0] / "data" / "hospital.toml")
+    needed = task_strategy(config, dictionary=cohort.dictionary, directory=server)
+    if needed is not None:  # as `clinograph model init` writes it: the server pins the task's public files
+        fed["strategy_options"] = needed[1]
     (server / "initial_model.json").write_bytes(run_models(config, dictionary=cohort.dictionary).to_bytes())
     (server / "server.toml").write_text(tomli_w.dumps({"initial_model": "initial_model.json",
                                                        "audit_dir": str(tmp_path / "flower-audit"), "federation": fed}))
@@ -99,7 +112,7 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     run_config = {"server-config": str(server / "server.toml"), "federation-file": str(keys.federation_file),
                   "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "min-nodes": len(names),
                   "wait-timeout": 1.0, "hello-timeout": 60.0, "plan-timeout": 600.0, "stage-timeout": 60.0,
-                  "end-timeout": 60.0, "relay-timeout": 600.0}
+                  "end-timeout": 60.0, "relay-timeout": 600.0, **({"server-extension": extension} if extension else {})}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # insecure_* options warn by design
         try:
@@ -124,7 +137,11 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     assert len(digests(deployed)) >= 2
     selected = [e["payload"] for e in deployed if e["kind"] == "model_selected"]
     expected = [e["payload"] for e in simulated if e["kind"] == "model_selected"]
-    if federation["secure_mode"] != "ckks":
+    if extension:  # the simulation keeps the built-in M-step: the priors differ from round 1 on
+        generators = {e["payload"]["generator"] for e in deployed if e["kind"] == "rules"}
+        assert generators == {"transformer"}
+        assert {e["payload"]["generator"] for e in simulated if e["kind"] == "rules"} == {"categorical"}
+    elif federation["secure_mode"] != "ckks":
         assert digests(deployed) == digests(simulated) and selected == expected
     else:
         assert len(selected) == len(expected) >= 1  # the default candidates: one model_selected each

@@ -18,6 +18,11 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 ``stage-timeout``      seconds for each later stage (a dead node costs one of these)
 ``end-timeout``        seconds to deliver the last global model
 ``events-file``        optional JSON-lines progress log (names, stages, reasons -- no data)
+``server-extension``   optional ``'package.module:function'`` called with the built
+                       :class:`~clinograph.secure.server.FederationServer` before the first
+                       round, e.g. FedNSL's transformer M-step
+                       (``clinograph.sdk.fednsl.federation:attach_transformer``); an installed
+                       module the operator names, never code read from a file
 ``journal``            optional path of the crash journal (SQLite, beside -- not inside -- the
                        audit directory): the server's state at every stage boundary; when
                        it exists the run resumes (:mod:`clinograph.secure.runtime.journal`)
@@ -77,6 +82,7 @@ from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from . import check_flower_version
 from .driver import FlowerTransport, Timeouts, greet_nodes
+from .worker import load_factory
 
 app = ServerApp()
 _log = logging.getLogger(__name__)
@@ -235,7 +241,8 @@ def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: _Events) 
     journal = Journal(Path(journal_path)) if journal_path else None
     try:
         run = _run(grid, audit=audit, config=config, federation=federation, identity=identity, models=models,
-                   rounds=rounds, min_nodes=min_nodes, wait=wait, timeouts=timeouts, events=events, journal=journal)
+                   rounds=rounds, min_nodes=min_nodes, wait=wait, timeouts=timeouts, events=events,
+                   run_config=run_config, journal=journal)
     except BaseException as exc:
         reason = f"{type(exc).__name__}: {exc}"
         head = audit.head
@@ -256,7 +263,7 @@ def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: _Events) 
 
 def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any, identity: Identity,
          models: RunModels, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: _Events,
-         journal: Journal | None = None) -> FederationRun:
+         run_config: Mapping[str, Any], journal: Journal | None = None) -> FederationRun:
     fed = config.federation
     deadline = time.monotonic() + wait
     node_ids = sorted(grid.get_node_ids())
@@ -277,9 +284,11 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
                             f"{timeouts.hello:g} s ({len(node_ids)} node(s) connected); the federation needs "
                             f"{fed.min_clients}. Check the SuperNodes' logs and key files.")
     transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts)
+    extension = _get(run_config, "server-extension", str, "")
     side = ServerSide(federation=fed, identity=identity, enrolled=enrolled,
                       dp_policy=config.dp_policy.policy() if config.dp_policy else None,
-                      audit_dir=Path(config.audit_dir), audit=audit)
+                      audit_dir=Path(config.audit_dir), audit=audit,
+                      configure=load_factory(extension) if extension else None)
     return run_federation_plan(models, side=side, transport=transport, rounds=rounds, on_event=events,
                                journal=journal)
 
