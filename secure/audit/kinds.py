@@ -339,6 +339,20 @@ class FeatureCoverage(Payload):
     rule: str = Field(max_length=1000)
 
 
+class ModelDerived(Payload):
+    """``model_derived``: the model every hospital built from the voted DAG (a voted run,
+    secure/runtime/voted.py), before its training run: the vote's last round, the DAG's digest
+    (the ``dag_outcome`` of that round), the derived initial model's digest and spec digest, and
+    the hospitals that derived exactly this model (all that answered)."""
+
+    round: int = Field(ge=0)
+    dag_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    initial_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    parameters: int = Field(ge=0)
+    hospitals: list[Name] = Field(min_length=1, max_length=100_000)
+
+
 Stage = Annotated[str, Field(pattern=r"^(hello|setup|plan|stage( [0-9]{1,4})?|end)$")]
 Reason = Annotated[str, Field(max_length=4000)]
 
@@ -486,6 +500,7 @@ KINDS: dict[str, type[Payload]] = {
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
     "model_selected": ModelSelected, "model_chosen": ModelChosen, "run_extended": RunExtended, "feature_coverage": FeatureCoverage,
+    "model_derived": ModelDerived,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release, "ckks_key_holders": CkksKeyHolders,
     "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,
