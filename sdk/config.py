@@ -271,6 +271,33 @@ class FedNSLSection(_Strict):
     normal_predicates: bool = Field(default=True, description="a `<feature>_normal` predicate per numeric feature")
 
 
+class ConceptsSection(_Strict):
+    """[concepts]: an F-CMs concept model voted and trained by the federation, used when
+    ``task = "concepts"`` (docs/concepts.md). Every setting but ``edges`` is public and the same at
+    every hospital and at ``clinograph model init``; ``edges`` is this hospital's own DAG proposal
+    among the nodes it supervises (its concept columns, named in its site schema's ``concepts``,
+    and the task, its label)."""
+
+    concepts: tuple[str, ...] = Field(default=(), max_length=200, description="the federation's concept list, "
+                                      "task included, in the order votes are encoded")
+    task: str = Field(default="", max_length=200, description="the task node: the hospital's label (2 states)")
+    states: dict[str, tuple[str, ...]] = Field(default_factory=dict, description="each concept's states as its "
+                                               "column holds them (the task's are 0/1)")
+    edges: tuple[tuple[str, str], ...] = Field(default=(), max_length=10_000, description="this hospital's DAG "
+                                               "proposal: (parent, child) among the nodes it supervises")
+    kind: Literal["cbm", "cem", "cgm", "c2bm"] = "cgm"
+    z_dim: int = Field(default=32, ge=2, le=4096, description="the encoder's output width")
+    encoder_hidden: tuple[int, ...] = Field(default=(64,), max_length=8, description="the MLP encoder's hidden widths")
+    hidden: int = Field(default=32, ge=2, le=4096, description="width of every node module")
+    emb: int = Field(default=8, ge=1, le=1024, description="concept-embedding size r (cem, c2bm)")
+    vote_rounds: int = Field(default=1, ge=1, le=100, description="DAG voting rounds before the model is built")
+    lr: float = Field(default=3e-3, gt=0, le=10)
+    batch_size: int = Field(default=128, ge=1, le=1_000_000)
+    gamma: float = Field(default=0.8, ge=0, le=1, description="F-CMs eq. 2: γ weighs the concept losses, 1 − γ the task's")
+    p_intervention: float = Field(default=0.25, ge=0, le=1, description="probability of a concept intervention "
+                                  "during training")
+
+
 class TargetSection(_Strict):
     """[target]: what the model predicts. ``binary`` (default): a 0/1 label, BCE. ``survival``: a
     time-to-event label (site schema ``[survival]``: time + event), a discrete-time hazard over
@@ -312,10 +339,11 @@ class HospitalConfig(_Strict):
     """``hospital.toml``: one hospital's own choices."""
 
     task: str = Field(default="nsfl", max_length=64, description="a registered task (clinograph.register_task; "
-                      "built in: nsfl, agat, fednsl)")
+                      "built in: nsfl, agat, fednsl, concepts)")
     model: NSFLConfig = Field(default_factory=NSFLConfig)
     agat: AGATSection = Field(default_factory=AGATSection)
     fednsl: FedNSLSection = Field(default_factory=FedNSLSection)
+    concepts: ConceptsSection = Field(default_factory=ConceptsSection)
     training: TrainConfig = Field(default_factory=TrainConfig)
     graph: GraphSection = Field(default_factory=GraphSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)

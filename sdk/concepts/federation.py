@@ -40,7 +40,7 @@ from clinograph.secure.server import FederationServer
 from torch import nn
 
 from clinograph.core.errors import ConfigError
-from clinograph.core.identity import Identity
+from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.core.spec import ModuleKind
 
 from ..config import PrivacySection, ReleaseSection
@@ -96,6 +96,60 @@ def graph_from_outcome(outcome: DagOutcome, *, kind: str, cards: Mapping[str, in
                                   with_task=task in active)
 
 
+@dataclass(frozen=True)
+class ConceptSettings:
+    """What every hospital of a concept federation shares: the vote's concepts and task node, the
+    states per node, the model (``encoder()`` is called after ``torch.manual_seed(seed)``, so every
+    hospital derives the same initial weights), local training and DP."""
+
+    concepts: tuple[str, ...]
+    task: str
+    cards: Mapping[str, int]
+    kind: str
+    encoder: Callable[[], nn.Module]
+    z_dim: int
+    seed: int
+    hp: ConceptHParams | None = None
+    training: ConceptTraining | None = None
+    privacy: PrivacySection | None = None
+
+
+def concept_member(site: ConceptSite, settings: ConceptSettings, *, identity: Identity, server: PublicIdentity,
+                   peers: Mapping[str, PublicIdentity], federation_id: str, dictionary_hash: str,
+                   release: ReleaseSection, ledger_dir: Path | None = None,
+                   state_dir: Path | None = None) -> ConceptMember:
+    """The hospital of ``site`` for a voted run: its vote now, its concept model once the DAG is voted
+    (in process and, from its files, over Flower: :mod:`.registration`). ``ledger_dir``: its DP
+    ledger (required with ``settings.privacy``); ``state_dir``: its anchor and last global model."""
+    def client(task_: ConceptTask, where: Path | None) -> HospitalClient:
+        return HospitalClient(task=task_, identity=identity, server=server, peers=peers,
+                              dictionary_hash=dictionary_hash, federation_id=federation_id, release=release,
+                              state_dir=where)
+
+    def build(outcome: DagOutcome) -> HospitalClient:
+        torch.manual_seed(settings.seed)  # identical initial weights at every hospital
+        model = ConceptModel(kind=settings.kind, encoder=settings.encoder(), z_dim=settings.z_dim, hp=settings.hp,
+                             graph=graph_from_outcome(outcome, kind=settings.kind, cards=settings.cards))
+        trainer = None
+        if settings.privacy is not None:
+            if ledger_dir is None:
+                raise ConfigError(f"Hospital {site.name!r} trains its concept model with DP but has no ledger "
+                                  "directory: set [privacy] state_dir.")
+            trainer = concept_dp_trainer(privacy=settings.privacy, n_train=len(site.split.train), site=site.name,
+                                         state_dir=ledger_dir, signer=identity)
+        return client(ConceptTask(model=model, inputs=site.inputs, labels=site.labels, task=settings.task,
+                                  split=site.split, training=settings.training, privacy=trainer), state_dir)
+
+    vote = ConceptVote(concepts=settings.concepts, nodes=tuple(site.nodes), edges=tuple(site.edges))
+    return ConceptMember(identity=identity, server=server, federation_id=federation_id,
+                         vote_client=client(ConceptTask(model=None, inputs=site.inputs, labels=site.labels,
+                                                        task=settings.task, split=site.split, vote=vote),
+                                             # the vote model's anchor and kept tally apart from the trained model's
+                                             None if state_dir is None else Path(state_dir) / "vote"),
+                         concepts=settings.concepts, task=settings.task, seed=settings.seed, build=build,
+                         dictionary_hash=dictionary_hash)
+
+
 def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[str], task: str,
                            cards: Mapping[str, int], kind: str, encoder: Callable[[], nn.Module], z_dim: int,
                            federation: FederationSection, audit: AuditTrail, server_identity: Identity,
@@ -134,32 +188,12 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
     release = release or ReleaseSection()
     ids = {s.name: Identity.generate(s.name) for s in sites}
     publics = {n: i.public for n, i in ids.items()}
-
-    def client(site: ConceptSite, task_: ConceptTask) -> HospitalClient:
-        return HospitalClient(task=task_, identity=ids[site.name], server=server_identity.public, peers=publics,
-                              dictionary_hash=dictionary_hash, federation_id=federation.id, release=release)
-
-    settings = training
-
-    def train_client(site: ConceptSite, outcome: DagOutcome) -> HospitalClient:
-        torch.manual_seed(federation.seed)  # identical initial weights at every hospital
-        model = ConceptModel(kind=kind, encoder=encoder(), graph=graph_from_outcome(outcome, kind=kind, cards=cards),
-                             z_dim=z_dim, hp=hp)
-        trainer = None
-        if dp is not None:
-            root = Path(dp.state_dir or state_dir) / site.name  # type: ignore[arg-type]
-            trainer = concept_dp_trainer(privacy=dp, n_train=len(site.split.train), site=site.name, state_dir=root,
-                                         signer=ids[site.name])
-        return client(site, ConceptTask(model=model, inputs=site.inputs, labels=site.labels, task=task,
-                                        split=site.split, training=settings, privacy=trainer))
-
-    members = {s.name: ConceptMember(
-        identity=ids[s.name], server=server_identity.public, federation_id=federation.id,
-        vote_client=client(s, ConceptTask(model=None, inputs=s.inputs, labels=s.labels, task=task, split=s.split,
-                                          vote=ConceptVote(concepts=concepts, nodes=tuple(s.nodes),
-                                                           edges=tuple(s.edges)))),
-        concepts=concepts, task=task, seed=federation.seed, build=lambda outcome, s=s: train_client(s, outcome),
-        dictionary_hash=dictionary_hash) for s in sites}
+    settings = ConceptSettings(concepts=concepts, task=task, cards=dict(cards), kind=kind, encoder=encoder, z_dim=z_dim,
+                               seed=federation.seed, hp=hp, training=training, privacy=dp)
+    members = {s.name: concept_member(s, settings, identity=ids[s.name], server=server_identity.public, peers=publics,
+                                      federation_id=federation.id, dictionary_hash=dictionary_hash, release=release,
+                                      ledger_dir=Path(dp.state_dir or state_dir) / s.name if dp else None)  # type: ignore[arg-type]
+               for s in sites}
     policy = DPPolicySection(max_epsilon=dp.epsilon_budget, delta=dp.delta, max_clip_norm=dp.clip_norm).policy() \
         if dp is not None else None
     side = ServerSide(federation=federation, identity=server_identity, enrolled=publics, dp_policy=policy,

@@ -125,6 +125,13 @@ def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
              server_identity: Identity | None, choose: bool) -> _Prepared:
     """Identities, the candidates and the run's models (with the set-up sums the config asks
     for, exactly as ``clinograph model init`` writes them); refusals before anything runs."""
+    from ..tasks import create_task
+
+    if create_task(config.task).participant is not None:  # concepts: a voted run, hospitals built from files
+        raise ConfigError(f"task = {config.task!r} builds each hospital from its own files (concepts: its concept "
+                          "columns and its own DAG proposal); simulate() builds hospitals from tables under one shared "
+                          "config. Run it in process with its own driver (concepts: clinograph.sdk.concepts.federation."
+                          "run_concept_federation, or `clinograph demo --concepts`) or over Flower (docs/concepts.md).")
     config = _with_task_strategy(config, dictionary=dictionary)
     fed = config.federation
     from clinograph.secure.strategies.attention import check_secure_mode

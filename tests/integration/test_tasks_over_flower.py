@@ -12,9 +12,7 @@ candidates: test_simulation_matches_flower.py; real processes: test_flower_one_r
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -61,16 +59,12 @@ def _entries(audit_dir: Path) -> list[dict]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     from clinograph.sdk.config import HospitalConfig, SimulationConfig
+    from clinograph.sdk.datasets.real_tables import cohort_tables
     from clinograph.sdk.federation.build import run_models
-    from clinograph.sdk.federation.node import make_hospital
     from clinograph.sdk.federation.simulate import load_tables, simulate
     from clinograph.sdk.tasks import task_strategy
-    from clinograph.sdk.datasets.real_tables import cohort_tables
     from clinograph.secure.audit import verify_audit_dir
-    from clinograph.secure.transport.flower.keyset import init_keyset
-    from clinograph.secure.transport.flower.serverapp import run_federation
-    from clinograph.secure.transport.flower.worker import HospitalWorker
-    from flower_helpers import LoopbackGrid
+    from loopback_run import run_over_loopback
 
     form, hospital, federation = CASES[case]
     federation = dict(federation)
@@ -98,29 +92,11 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     (server / "initial_model.json").write_bytes(run_models(config, dictionary=cohort.dictionary).to_bytes())
     (server / "server.toml").write_text(tomli_w.dumps({"initial_model": "initial_model.json",
                                                        "audit_dir": str(tmp_path / "flower-audit"), "federation": fed}))
-    keys = init_keyset(tmp_path / "keys", federation_id="fed-tasks", hospitals=names, superlink_hosts=["127.0.0.1"],
-                       superlink_port=19095)
-    states = Path(tempfile.mkdtemp(prefix="cg-"))  # short: a worker's socket lives in its state directory
-    workers, configs = [], {}
-    for i, name in enumerate(names):
-        cfg = {"hospital": name, "state-dir": str(states / name), "data-dir": str(sites / name / "data"),
-               "key-file": str(keys.hospital_dirs[name] / f"{name}.ed25519.pem"),
-               "federation-file": str(keys.hospital_dirs[name] / "federation.toml")}
-        workers.append(HospitalWorker(node_config=cfg, factory=make_hospital))
-        workers[-1].start()
-        configs[401 + i] = cfg
-    run_config = {"server-config": str(server / "server.toml"), "federation-file": str(keys.federation_file),
-                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "min-nodes": len(names),
-                  "wait-timeout": 1.0, "hello-timeout": 60.0, "plan-timeout": 600.0, "stage-timeout": 60.0,
-                  "end-timeout": 60.0, "relay-timeout": 600.0, **({"server-extension": extension} if extension else {})}
+    run_over_loopback(sites=sites, names=names, server_toml=server / "server.toml", tmp_path=tmp_path,
+                      federation_id="fed-tasks", port=19095,
+                      extra={"server-extension": extension} if extension else None)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # insecure_* options warn by design
-        try:
-            run_federation(LoopbackGrid(run_id=RUN_ID, node_configs=configs, run_config=run_config), run_config)
-        finally:
-            for w in workers:
-                w.stop()
-            shutil.rmtree(states, ignore_errors=True)
+        warnings.simplefilter("ignore")
         sim_config = SimulationConfig.model_validate({
             **hospital, "dictionary": str(sites / names[0] / "data" / "dictionary.toml"), "federation": fed,
             "output": str(tmp_path / "sim"),

@@ -80,6 +80,7 @@ from ...runtime.models import RunModels, run_models_from_bytes
 from ...runtime.progress import RoundClock, eta_line, stage_line
 from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
+from ...runtime.voted import run_voted
 from . import check_flower_version
 from .driver import FlowerTransport, Timeouts, greet_nodes
 from .worker import load_factory
@@ -289,6 +290,9 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
                       dp_policy=config.dp_policy.policy() if config.dp_policy else None,
                       audit_dir=Path(config.audit_dir), audit=audit,
                       configure=load_factory(extension) if extension else None)
+    if models.vote is not None:  # concepts: the DAG vote, the derived model, its training
+        return run_voted(models, side=side, transport=transport, rounds=rounds, on_event=events,
+                         journal=journal).training
     return run_federation_plan(models, side=side, transport=transport, rounds=rounds, on_event=events,
                                journal=journal)
 
