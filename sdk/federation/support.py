@@ -8,8 +8,9 @@ carries the same status; :data:`REAL_PROCESS_TESTS` names the cells that also ha
 real-process test, the others rest on the equivalence test
 (``tests/integration/test_simulation_matches_flower.py``, ``test_tasks_over_flower.py``).
 
-Rows whose hospitals need more than a table and a config, or that have their own multi-phase
-driver, are stated with the rule that decides them (:data:`STATED`). ``tests/sdk/federation/
+Rows whose hospitals need more than a table and a shared config (concepts: each hospital's concept
+columns and its own DAG proposal; ``simulate()`` refuses it, ``run_concept_federation`` runs it in
+process) are stated with the rule that decides them (:data:`STATED`). ``tests/sdk/federation/
 test_support.py`` runs every runnable cell and checks that docs/matrix.md is :func:`render`'s
 output.
 """
@@ -62,8 +63,9 @@ EQUIVALENCE: dict[tuple[str, str], str] = {
 STATED: dict[str, tuple[Mapping[str, str], str, str]] = {
     "concepts (F-CMs, DAG vote)": (
         {"masked": "runs", "masked16": "not tested", "ckks": "refused: the server must see the vote tally it audits"},
-        "not wired: both phases are the one run (run_federation) in process, but no SuperNode factory builds a hospital's concept model from the voted DAG",
-        "tests/sdk/concepts/"),
+        "runs (the same voted run, run_voted; each hospital built from its files by the SuperNode factory)",
+        "tests/integration/test_concepts_over_flower.py: loopback equivalence with run_concept_federation, bit for "
+        "bit; tests/sdk/concepts/"),
 }
 
 

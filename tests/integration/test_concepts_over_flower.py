@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import tomli_w
 from flwr.supercore.task_identity import TaskIdentity
-
 from loopback_run import RUN_ID, run_over_loopback
 
 FEDERATION = {"id": "fed-concepts", "rounds": 2, "min_clients": 3, "local_epochs": 1, "secure_mode": "masked",

@@ -180,6 +180,9 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
     if kind == "setup_sum":
         return logging.INFO, (f"set-up sum {data.get('name')} (round {r}): {data.get('contributors')} contributor(s); "
                               f"the same result from {_names(data.get('hospitals'), nodes)}")
+    if kind == "model_derived":
+        return logging.INFO, (f"round {r}: every hospital derived the same model from the voted DAG "
+                              f"({_names(data.get('hospitals'), nodes)})")
     if kind == "finished":
         return logging.INFO, f"finished: {data.get('rounds')} round(s)"
     if kind == "failed":
