@@ -22,6 +22,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from clinograph.core.errors import ClinographError
+
 from .runs import Run
 
 RESTART = "server restart"
@@ -159,6 +161,17 @@ def plan_options(run: Run, directory: Path) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _describer(mode: str) -> Any:
+    """The mode's own account for the report (:attr:`SecureMode.describe`); None for a mode this
+    install does not have (e.g. ckks without TenSEAL) or that gives none."""
+    from ..aggregation import create_mode
+
+    try:
+        return create_mode(mode).describe
+    except (ClinographError, ImportError):
+        return None
+
+
 def secure_mode(run: Run, directory: Path) -> str:
     """The secure mode of the run's rounds and its parameters, in words and a table."""
     modes = run.secure_modes()
@@ -169,30 +182,10 @@ def secure_mode(run: Run, directory: Path) -> str:
     latest = plans[max(plans)] if plans else {}
     rounds = f"round {max(plans)}'s signed plan" if plans else "no readable plan"
     for mode in modes:
-        if mode == "masked":
-            rows = [("pairwise-mask neighbours k", latest.get("masked.neighbours", "?")),
-                    ("reconstruction threshold t (Shamir)", latest.get("masked.threshold", "?")),
-                    ("clip (per-value bound of an update)", latest.get("masked.clip", "?")),
-                    ("word bits", latest.get("masked.word_bits", 32 if latest else "?")),
-                    ("maximum weight", latest.get("masked.max_weight", "?")),
-                    ("out-of-range values", latest.get("masked.out_of_range", "?")),
-                    ("minimum hospitals a round", latest.get("min_clients", "?"))]
-            html += _p("Masked secure aggregation: each hospital adds pairwise masks with k neighbours that cancel "
-                       "in the sum; the masks of a hospital that drops are recovered from t of its neighbours' "
-                       "Shamir shares. The server sees only the sum.")
-        elif mode == "ckks":
-            used = sorted({c for a in run.kinds["aggregate"] for c in a["contributors"]})
-            keys = run.kinds["ckks_key_holders"][-1] if run.kinds["ckks_key_holders"] else None
-            rows = [("CKKS preset", latest.get("ckks.preset", keys["preset"] if keys else "?")),
-                    ("context digest", latest.get("ckks.context_digest", keys["context_digest"] if keys else "?")),
-                    ("who holds the secret key", (", ".join(keys["holders"]) + " (this run's key ceremony)") if keys
-                     else "the hospitals of the key ceremony (not recorded in this run)"),
-                    ("the server", "holds only the public parameters: no secret, public, relinearisation or "
-                     "Galois key"),
-                    ("hospitals that encrypted and decrypted under it", ", ".join(used) or "none yet"),
-                    ("minimum hospitals a round", latest.get("min_clients", "?"))]
-            html += _p("CKKS homomorphic encryption: the server adds ciphertexts and never sees an update, the sum "
-                       "or the model; the contributing hospitals decrypt the aggregate.")
+        describe = _describer(mode)
+        if describe is not None:
+            paragraph, rows = describe(latest, run.kinds)
+            html += _p(paragraph)
         else:
             rows = [(k, v) for k, v in sorted(latest.items()) if k.startswith(f"{mode}.")] or [
                 ("parameters", "none recorded in the plan")]

@@ -154,8 +154,6 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
         secure_mode=federation.secure_mode, strategy=strategy, min_clients=min(federation.min_clients, len(enrolled)),
         local_epochs=federation.local_epochs, dp_policy=dp_policy, audit=audit, environment=federation.environment,
         plan_options=plan_options, mode_server=mode_run.server)
-    if federation.secure_mode == "ckks" and mode_run.hospitals is not None:  # who holds the secret key
-        opts = mode_run.options(tuple(mode_run.hospitals))
-        audit.record("ckks_key_holders", {"holders": list(mode_run.hospitals), "preset": str(opts.get("ckks.preset")),
-                                          "context_digest": str(opts.get("ckks.context_digest"))})
+    for kind, payload in mode_run.audit:  # what the mode's set-up records (CKKS: who holds the secret key)
+        audit.record(kind, payload)
     return server
