@@ -81,4 +81,5 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
                             candidates=[MemberCandidate(name=c.name, overrides=canonical(c.overrides),
                                                         build=lambda fid, rounds, cfg=c.config: build(
                                                             fid, with_horizon(cfg, rounds)))
-                                        for c in cands], setup=setup)
+                                        for c in cands], setup=setup,
+                            position=Path(str(node_config["state-dir"])) / "member_position.json", run_key=str(run_id))

@@ -19,8 +19,10 @@ default under DP), or work with fedopt (Adam on the summed module is not linear)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -105,3 +107,26 @@ class ModelSelection:
     def should_stop(self) -> bool:
         """Early stopping: ``patience`` evaluated rounds in a row without improvement."""
         return self.patience > 0 and self._bad >= self.patience
+
+    def record(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Everything this record holds, for a restart: ``(meta, tensors)`` (the best and the
+        offered models' states under ``best/`` and ``offered/``)."""
+        meta: dict[str, Any] = {"rounds": list(self.rounds), "losses": list(self.losses), "best_round": self.best_round,
+                                "best_loss": None if math.isinf(self.best_loss) else self.best_loss, "bad": self._bad,
+                                "offered": None if self._candidate is None else self._candidate[0]}
+        tensors = {f"best/{k}": v for k, v in (self.best_state or {}).items()}
+        if self._candidate is not None:
+            tensors.update({f"offered/{k}": v for k, v in self._candidate[1].items()})
+        return meta, tensors
+
+    def take_back(self, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore :meth:`record`."""
+        self.rounds = [int(x) for x in meta["rounds"]]
+        self.losses = [float(x) for x in meta["losses"]]
+        self.best_round = None if meta["best_round"] is None else int(meta["best_round"])
+        self.best_loss = math.inf if meta["best_loss"] is None else float(meta["best_loss"])
+        self._bad = int(meta["bad"])
+        best = {k[5:]: v for k, v in tensors.items() if k.startswith("best/")}
+        self.best_state = best or None
+        offered = {k[8:]: v for k, v in tensors.items() if k.startswith("offered/")}
+        self._candidate = None if meta["offered"] is None else (int(meta["offered"]), offered)

@@ -64,7 +64,7 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     from clinograph.sdk.federation.simulate import load_tables, simulate
     from clinograph.sdk.tasks import task_strategy
     from clinograph.secure.audit import verify_audit_dir
-    from loopback_run import run_over_loopback
+    from loopback_run import run_over_loopback, write_sites
 
     form, hospital, federation = CASES[case]
     federation = dict(federation)
@@ -72,16 +72,8 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     cohort = cohort_tables("lung", form=form)
     hospital = {"dictionary": "dictionary.toml", "model": {"hidden": 8}, "graph": {"k_similar": 0},
                 "training": {"lr": 0.02}, **hospital}
-    sites, names = tmp_path / "sites", []
-    for df, schema in cohort.hospitals:
-        data = sites / schema.site / "data"
-        data.mkdir(parents=True)
-        df.to_csv(data / "table.csv", index=False)
-        (data / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
-        (data / "hospital.toml").write_text(tomli_w.dumps(hospital))
-        (data / "dictionary.toml").write_text(tomli_w.dumps(cohort.dictionary.model_dump(mode="json",
-                                                                                         exclude_none=True)))
-        names.append(schema.site)
+    sites = tmp_path / "sites"
+    names = write_sites(sites, cohort, hospital)
     fed = {"id": "fed-tasks", "rounds": 2, "min_clients": 2, "local_epochs": 1, **federation}
     server = sites / "server"
     server.mkdir()
