@@ -155,6 +155,13 @@ def open_description(data: bytes, *, source: Path, trusted: PublicIdentity | Non
 
 
 def _problems(exc: ValidationError) -> str:
-    """Locations and messages of a validation error (never the input values)."""
-    return "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg'].removeprefix('Value error, ')}"
-                     for e in exc.errors()[:8])
+    """Every location and message of a validation error (never the input values), then their
+    count, so a description missing several keys is mended in one pass."""
+    errors = exc.errors()
+    shown = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg'].removeprefix('Value error, ')}"
+                      for e in errors[:_MAX_SHOWN])
+    more = f"; and {len(errors) - _MAX_SHOWN} more" if len(errors) > _MAX_SHOWN else ""
+    return f"{shown}{more} ({len(errors)} problem(s))"
+
+
+_MAX_SHOWN = 100  # a description has a few dozen keys: every one can be named
