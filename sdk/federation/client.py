@@ -158,6 +158,8 @@ class HospitalClient:
             new = self._strategy_for(plan).apply(self._global, sums)
         self._global = new
         self.task.modules.load(self._global)
+        if hasattr(self.task, "global_origin"):  # an export names the published global model it holds
+            self.task.global_origin = (plan.federation_id, plan.round)
         if self.anchor is not None:
             self.anchor.keep_model(plan.federation_id, self._global)
         selection = getattr(self.task, "selection", None)

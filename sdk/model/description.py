@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
+from clinograph.secure.messages import ID_PATTERN
 from clinograph.secure.runtime.config import StrictSection
 from pydantic import Field, ValidationError, model_validator
 
@@ -71,6 +72,18 @@ class SurvivalOutputs(StrictSection):
         return self
 
 
+class ReleaseBinding(StrictSection):
+    """Where the weights' shared modules come from: the global model the server published (and
+    signed) in its audit trail for ``round`` of ``federation_id``. Every module of the model not
+    in ``personal_modules`` must equal it (as float32); those are the hospital's own, vouched for
+    by its signature alone (:mod:`.release` checks it against a verified audit trail)."""
+
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    personal_modules: tuple[str, ...] = Field(max_length=10_000,
+                                              description="[personal] modules: exact names or prefixes ending in /")
+
+
 class ModelDescription(StrictSection):
     """Everything needed to rebuild an exported star-path model, and the weights it accepts."""
 
@@ -87,6 +100,7 @@ class ModelDescription(StrictSection):
                                   description="survival: the configured [target] horizon")
     site: str = Field(min_length=1, max_length=256)
     selected_round: int | None = Field(default=None, ge=0)
+    release: ReleaseBinding | None = Field(default=None, description="None: not exported from a federation round")
     inputs: str = INPUTS
 
     @model_validator(mode="after")

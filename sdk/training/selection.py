@@ -79,24 +79,27 @@ class ModelSelection:
     best_round: int | None = None
     best_loss: float = float("inf")
     best_state: dict[str, torch.Tensor] | None = None
-    _candidate: tuple[int, dict[str, torch.Tensor]] | None = None
+    #: where the best model's shared modules came from (the driver's tag: federation id and round)
+    best_tag: tuple[str, int] | None = None
+    _candidate: tuple[int, dict[str, torch.Tensor], tuple[str, int] | None] | None = None
     _bad: int = 0
 
-    def offer(self, *, round_: int, state: dict[str, torch.Tensor]) -> None:
-        """The model about to be scored (a copy is kept until its loss is known)."""
-        self._candidate = (round_, {k: v.detach().clone() for k, v in state.items()})
+    def offer(self, *, round_: int, state: dict[str, torch.Tensor], tag: tuple[str, int] | None = None) -> None:
+        """The model about to be scored (a copy is kept until its loss is known); ``tag``: the
+        federation id and round whose published global model its shared modules hold."""
+        self._candidate = (round_, {k: v.detach().clone() for k, v in state.items()}, tag)
 
     def observe(self, loss: float | None) -> None:
         """The federated validation loss of the last offered model."""
         if self._candidate is None or loss is None or not np.isfinite(loss):
             self._candidate = None
             return
-        round_, state = self._candidate
+        round_, state, tag = self._candidate
         self._candidate = None
         self.rounds.append(round_)
         self.losses.append(float(loss))
         if loss < self.best_loss - self.min_delta or self.best_state is None:
-            self.best_round, self.best_loss, self.best_state = round_, float(loss), state
+            self.best_round, self.best_loss, self.best_state, self.best_tag = round_, float(loss), state, tag
             self._bad = 0
         else:
             self._bad += 1
