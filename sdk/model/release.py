@@ -46,7 +46,8 @@ from .nsfl_modules import SELECTION_MODULE
 #: bound on the audit log read here (a long federation's log is a few MB)
 MAX_LOG_BYTES = 256 * 2**20
 _FIX = ("Fix: give the audit directory of the federation the model was trained in and the server's public key "
-        "(its server key in federation.toml), or leave out --audit to rely on the hospital's signature alone.")
+        "([server] public_key in federation.toml, or server.pub), or leave out --audit to rely on the hospital's "
+        "signature alone.")
 
 
 def check_release(description: ModelDescription, model: nn.Module, *, audit_dir: Path, server: PublicIdentity,
@@ -107,7 +108,8 @@ def _published(audit_dir: Path, federation_id: str, round_: int, *, server: Publ
         if hashlib.sha256(data).hexdigest() != p["sha256"]:
             raise IntegrityError(f"Audit artefact {name} changed after verification. Verify the directory again.")
         try:
-            msg = open_envelope(parse_envelope(data), sender=server, model=GlobalModel)
+            env = parse_envelope(data)  # the key is what is trusted, not the name it is given here
+            msg = open_envelope(env, sender=PublicIdentity(env.sender, server.raw), model=GlobalModel)
             if msg.federation_id != federation_id:
                 continue
             out = {t.name: decode_array(t.data, dtype=t.dtype, length=msg.spec.module(t.name).size,
