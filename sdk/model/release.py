@@ -41,7 +41,7 @@ from clinograph.core.identity import PublicIdentity
 from clinograph.core.spec import ModuleKind
 
 from .description import ModelDescription
-from .nsfl_modules import SELECTION_MODULE
+from .nsfl_modules import nsfl_modules
 
 #: bound on the audit log read here (a long federation's log is a few MB)
 MAX_LOG_BYTES = 256 * 2**20
@@ -61,8 +61,6 @@ def check_release(description: ModelDescription, model: nn.Module, *, audit_dir:
             ``server``, has no published global model of that round and federation, or no release
             after it, or a shared module differs from it.
     """
-    from ..training.personal import personal_module_map
-
     rel = description.release
     if rel is None:
         raise IntegrityError(f"Model {source}: its description names no federation round (it was not exported from "
@@ -75,12 +73,10 @@ def check_release(description: ModelDescription, model: nn.Module, *, audit_dir:
                              f"{server.fingerprint[:16]}: {'; '.join(report.problems[:5]) or 'not signed by it'}. "
                              f"The model's release cannot be checked against it. {_FIX}")
     glob = _published(Path(audit_dir), rel.federation_id, rel.round, server=server, source=source)
-    try:
-        modules = personal_module_map(model.model, list(description.features), personal=rel.personal_modules)
-    except ConfigError as exc:
-        raise IntegrityError(f"Model {source}: its description's personal modules do not fit the model ({exc}).") \
-            from None
-    shared = [n for n in modules.names(ModuleKind.SHARED) if n != SELECTION_MODULE]  # the selection sum: no weight
+    modules = nsfl_modules(model.model, list(description.features))
+    if getattr(model.model, "hazard_baseline", None) is not None:  # survival head, as the task's module map
+        modules.add_submodule("head/hazard_baseline", ModuleKind.SHARED, model.model.hazard_baseline)
+    shared = [n for n in modules.names(ModuleKind.SHARED) if not _personal(n, rel.personal_modules)]
     missing = [n for n in shared if n not in glob]
     differ = [n for n in shared if n in glob
               and not np.array_equal(modules.get(n).astype(np.float32), glob[n].astype(np.float32))]
@@ -91,6 +87,12 @@ def check_release(description: ModelDescription, model: nn.Module, *, audit_dir:
                              f"it (e.g. {shown}). These weights are not the federation's model. Fix: use the export "
                              "the hospital wrote at the end of the run, with that run's audit directory.")
     return rel.round
+
+
+def _personal(name: str, personal: tuple[str, ...]) -> bool:
+    """``[personal] modules`` semantics (:func:`clinograph.sdk.training.personal.personal_module_map`):
+    an exact name, or a prefix ending in ``/``."""
+    return any(name == p or (p.endswith("/") and name.startswith(p)) for p in personal)
 
 
 def _published(audit_dir: Path, federation_id: str, round_: int, *, server: PublicIdentity,
