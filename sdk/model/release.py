@@ -11,7 +11,8 @@ shared modules hold. :func:`check_release`, given the audit directory and the se
 2. finds the round's published ``global_model`` artefact of that federation, checks its bytes
    against the digest the trail recorded, and opens it as a :class:`GlobalModel` signed by the
    server;
-3. requires that the run that published it released a model (a ``release`` entry after it);
+3. requires that the run that published it released a model (its next ``release`` /
+   ``run_ended`` entry is a ``release``);
 4. checks every module of the rebuilt model that is not one of the hospital's personal modules
    against it, value for value as float32 (what the hospital loaded), and that the global model
    has each of them.
@@ -119,7 +120,8 @@ def _published(audit_dir: Path, federation_id: str, round_: int, *, server: Publ
         except (ClinographError, KeyError) as exc:
             raise IntegrityError(f"Audit artefact {name} is not a global model signed by the server "
                                  f"({type(exc).__name__}). {_FIX}") from None
-        if not any(x.get("kind") == "release" for x in entries[i + 1:]):
+        end = next((x.get("kind") for x in entries[i + 1:] if x.get("kind") in ("release", "run_ended")), None)
+        if end != "release":  # the run that published it ended with its release (runs follow one another)
             raise IntegrityError(f"Model {source}: the audit trail published round {round_} of {federation_id!r} but "
                                  "records no release after it (the run did not end). Export the model the run "
                                  "released.")
