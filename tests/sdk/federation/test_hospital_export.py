@@ -133,3 +133,29 @@ def test_a_release_check_needs_a_release_a_trail_and_both_options(fed, tmp_path)
     with pytest.raises(ConfigError, match="is not a directory"):
         load_exported(client.model_path, trusted=client.identity.public, audit_dir=tmp_path / "none",
                       server=client.server)
+
+
+def test_an_export_written_mid_run_has_no_release_to_check(tmp_path):
+    """The round's global model is published, but the run has not released a model yet."""
+    from clinograph.core.errors import IntegrityError
+    from clinograph.sdk.federation.simulate import build_simulation
+    from clinograph.secure.runtime import run_round
+
+    tables = small_tables()
+    cfg = SimulationConfig.model_validate({
+        "federation": {"rounds": 2, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0}, "output": str(tmp_path / "out")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        sim = build_simulation(tables, tables[0].dictionary, cfg, audit_dir=tmp_path / "audit")
+        run_round(sim.server, sim.transport, deliver=True)
+    from clinograph.sdk.model.export import export_model
+
+    client = sim.hospitals[tables[0].site]
+    fid, round_ = client.task.global_origin  # the model now holds round 0's global model
+    path, _ = export_model(client.task.model, tmp_path / "mid.safetensors", dictionary=tables[0].dictionary,
+                           signer=client.identity, meta={"release": {"federation_id": fid, "round": round_,
+                                                                     "personal_modules": []}})
+    assert round_ == 0
+    with pytest.raises(IntegrityError, match=r"published round 0 of .* but records no release after it"):
+        load_exported(path, trusted=client.identity.public, audit_dir=tmp_path / "audit", server=client.server)
