@@ -159,6 +159,8 @@ class HospitalClient:
             new = self._strategy_for(plan).apply(self._global, sums)
         self._global = new
         self.task.modules.load(self._global)
+        if hasattr(self.task, "global_origin"):  # an export names the published global model it holds
+            self.task.global_origin = (plan.federation_id, plan.round)
         selection = getattr(self.task, "selection", None)
         seen = len(selection.losses) if selection is not None else 0
         self.task.after_round()

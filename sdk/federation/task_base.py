@@ -71,7 +71,9 @@ class SelectedCalibrated(SplitEvaluation):
         """The whole model (global and personal modules), the rounds completed and the selection's
         record (:meth:`ModelSelection.record`): what a restarted hospital takes back."""
         tensors = {f"model/{k}": v for k, v in self.model.state_dict().items()}  # type: ignore[attr-defined]
-        meta: dict[str, Any] = {"rounds_done": int(getattr(self, "_rounds_done", 0)), "selection": None}
+        origin = getattr(self, "global_origin", None)
+        meta: dict[str, Any] = {"rounds_done": int(getattr(self, "_rounds_done", 0)), "selection": None,
+                                "global_origin": None if origin is None else list(origin)}
         selection = getattr(self, "selection", None)
         if selection is not None:
             meta["selection"], kept = selection.record()
@@ -88,6 +90,8 @@ class SelectedCalibrated(SplitEvaluation):
                                  "state directory belongs to another model version.") from None
         if hasattr(self, "_rounds_done"):
             self._rounds_done = int(meta["rounds_done"])
+        if hasattr(self, "global_origin") and meta.get("global_origin") is not None:
+            self.global_origin = (str(meta["global_origin"][0]), int(meta["global_origin"][1]))
         selection = getattr(self, "selection", None)
         if selection is not None and meta.get("selection") is not None:
             selection.take_back(meta["selection"], {k[10:]: v for k, v in tensors.items()
