@@ -140,6 +140,8 @@ def federation(tmp_path: Path, *, n: int = 4, mode: str = "masked", dp_policy: D
     """A server through the one server builder, n hospitals, an injecting in-process transport.
 
     ``hospitals[name]`` holds Hospital keyword arguments (report=, mode_client=) for hostile ones.
+    ``mode="ckks"`` runs the key ceremony first (h0 deals); every hospital's client is a CkksClient
+    over its keyring unless ``hospitals`` names another (it still gets ``keyring=``).
     """
     from clinograph.secure.runtime import build_server
     from clinograph.secure.runtime.build import InitialModel
@@ -148,12 +150,24 @@ def federation(tmp_path: Path, *, n: int = 4, mode: str = "masked", dp_policy: D
     names = [f"h{i}" for i in range(n)]
     server_id = identity("server")
     audit = AuditTrail(tmp_path / "audit", identity=server_id)
+    ckks_context, keyrings = None, {}
+    if mode == "ckks":  # the key ceremony in one process (h0 deals); each hospital's client gets its keyring
+        from clinograph.secure.ckks import CkksClient, CkksPreset
+        from clinograph.secure.ckks.ceremony import in_process_ceremony
+
+        cer = in_process_ceremony(identities={c: identity(c) for c in names}, dealer=names[0],
+                                  federation_id=FEDERATION, preset=CkksPreset.ADD_ONLY_128)
+        ckks_context, keyrings = cer.context, dict(cer.keyrings)
+        hospitals = {c: {"mode_client": CkksClient, **dict((hospitals or {}).get(c, {})),
+                         "mode_client_kw": {"keyring": keyrings[c],
+                                            **dict((hospitals or {}).get(c, {}).get("mode_client_kw", {}))}}
+                     for c in names}
     initial = InitialModel.create(task="test", dictionary_hash=DICTIONARY_HASH, spec=SPEC,
                                   state={m.name: np.zeros(m.size) for m in SPEC.shared})
     section = FederationSection(id=FEDERATION, secure_mode=mode, strategy=strategy, min_clients=min_clients,
                                 local_epochs=1, max_weight=1.0, masked_clip=1.0)
     server = build_server(federation=section, identity=server_id, enrolled={c: identity(c).public for c in names},
-                          initial=initial, audit=audit, dp_policy=dp_policy)
+                          initial=initial, audit=audit, dp_policy=dp_policy, ckks_context=ckks_context)
     parts = {c: Hospital(c, server=server_id, names=names, **dict((hospitals or {}).get(c, {}))) for c in names}
     transport = InjectingTransport(parts, server=server, inject=inject, replace=replace)
     return server, transport, parts
