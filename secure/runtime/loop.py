@@ -319,6 +319,8 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
                 return None
             if exc.voided and attribution.voided(server, round_=exc.round, inputs=exc.voided,
                                                  retired=run.retired, event=event):
+                if journal is not None:  # a hospital it named stays retired across a restart
+                    save(journal, server, run, stage="aborted", open_round=None)
                 return "voided"
             status, reason = "failed", f"round {exc.round} aborted: {exc}"
             raise

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 from clinograph.secure.aggregation import LocalUpdate, create_mode
+from clinograph.secure.ckks import CkksClient
+from clinograph.secure.masking import MaskingClient
+from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.audit import AuditTrail
 from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientReport, DPPolicy, RoundPlan
@@ -152,7 +155,7 @@ def federation(tmp_path: Path, *, n: int = 4, mode: str = "masked", dp_policy: D
     audit = AuditTrail(tmp_path / "audit", identity=server_id)
     ckks_context, keyrings = None, {}
     if mode == "ckks":  # the key ceremony in one process (h0 deals); each hospital's client gets its keyring
-        from clinograph.secure.ckks import CkksClient, CkksPreset
+        from clinograph.secure.ckks import CkksPreset
         from clinograph.secure.ckks.ceremony import in_process_ceremony
 
         cer = in_process_ceremony(identities={c: identity(c) for c in names}, dealer=names[0],
@@ -182,3 +185,49 @@ def honest_mean(names, round_: int = 0) -> dict[str, np.ndarray]:
     """FedAvg of the given hospitals' fixed updates (module means, every module trained)."""
     ups = [update_for(c, round_) for c in names]
     return {m.name: sum(u.modules[m.name] for u in ups) / sum(u.weight for u in ups) for m in SPEC.shared}
+
+
+# -- hospitals whose input voids a round (secure/runtime/attribution.py) -------------------------
+
+class OutOfBoundsMasked(MaskingClient):
+    """The real masked protocol, with 1000 added to every count slot of its vector (masks are
+    additive mod 2^32, so this is its plaintext plus 1000): any sum holding it has counts above
+    the survivors, whatever the subset."""
+
+    def _masked_input(self, msg):
+        honest = super()._masked_input(msg)
+        y = np.frombuffer(honest.words, dtype="<u4").astype(np.uint32)
+        m, nv = len(self._layout.names), self._layout.n_values
+        y[nv + m:nv + 2 * m] += np.uint32(1000)
+        return MaskedInput(**self._header(), words=y.astype("<u4").tobytes())
+
+
+@lru_cache(maxsize=None)
+def _foreign_keyring():
+    """A keyring from another ceremony: the same preset and parameters, another secret key."""
+    from clinograph.secure.ckks import CkksPreset
+    from clinograph.secure.ckks.ceremony import in_process_ceremony
+
+    cer = in_process_ceremony(identities={"x": identity("x")}, dealer="x", federation_id="fed-elsewhere",
+                              preset=CkksPreset.ADD_ONLY_128)
+    return cer.keyrings["x"]
+
+
+class ForeignKeyCkks(CkksClient):
+    """The real ckks protocol, but its update is encrypted under a key of its own while it claims
+    the federation's context digest: the server (which holds no key) accepts it, and every
+    hospital's decryption of the sum then fails its contributor-tag check."""
+
+    def first_message(self) -> bytes:
+        from clinograph.secure.ckks.messages import CkksUpdate
+
+        msg = open_envelope(parse_envelope(super().first_message()), sender=self.identity.public, model=CkksUpdate)
+        me = self.identity.name
+        vec = self._layout.pack(self.update, client=me, tag=self._keyring.contributor_tag(round_=self.plan.round,
+                                                                                          client=me))
+        return seal(msg.model_copy(update={"ciphertexts": tuple(_foreign_keyring().context.encrypt(vec))}),
+                    self.identity)
+
+
+#: ``federation(..., hospitals={culprit: HOSTILE[mode]})``: a hospital whose input voids every round it is in
+HOSTILE = {"masked": {"mode_client": OutOfBoundsMasked}, "ckks": {"mode_client": ForeignKeyCkks}}

@@ -10,63 +10,17 @@ from __future__ import annotations
 
 import math
 import sys
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 from clinograph.secure.audit import verify_audit_dir
-from clinograph.secure.ckks import CkksClient, CkksPreset
-from clinograph.secure.ckks.ceremony import in_process_ceremony
-from clinograph.secure.ckks.messages import CkksUpdate
-from clinograph.secure.masking import MaskingClient
-from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.runtime import run_rounds
 from clinograph.secure.runtime.attribution import Attribution
 from clinograph.secure.runtime.loop import RoundAborted
-from clinograph.secure.wire import open_envelope, parse_envelope, seal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hostile_helpers import audit_entries, federation, identity  # noqa: E402
-
-
-class OutOfBoundsMasked(MaskingClient):
-    """The real masked protocol, with 1000 added to every count slot of its vector (masks are
-    additive mod 2^32, so this is its plaintext plus 1000): any sum holding it has counts above
-    the survivors, whatever the subset."""
-
-    def _masked_input(self, msg):
-        honest = super()._masked_input(msg)
-        y = np.frombuffer(honest.words, dtype="<u4").astype(np.uint32)
-        m, nv = len(self._layout.names), self._layout.n_values
-        y[nv + m:nv + 2 * m] += np.uint32(1000)
-        return MaskedInput(**self._header(), words=y.astype("<u4").tobytes())
-
-
-@lru_cache(maxsize=None)
-def _foreign_keyring():
-    """A keyring from another ceremony: the same preset and parameters, another secret key."""
-    cer = in_process_ceremony(identities={"x": identity("x")}, dealer="x", federation_id="fed-elsewhere",
-                              preset=CkksPreset.ADD_ONLY_128)
-    return cer.keyrings["x"]
-
-
-class ForeignKeyCkks(CkksClient):
-    """The real ckks protocol, but its update is encrypted under a key of its own while it claims
-    the federation's context digest: the server (which holds no key) accepts it, and every
-    hospital's decryption of the sum then fails its contributor-tag check."""
-
-    def first_message(self) -> bytes:
-        env = parse_envelope(super().first_message())
-        msg = open_envelope(env, sender=self.identity.public, model=CkksUpdate)
-        me = self.identity.name
-        vec = self._layout.pack(self.update, client=me, tag=self._keyring.contributor_tag(round_=self.plan.round,
-                                                                                          client=me))
-        return seal(msg.model_copy(update={"ciphertexts": tuple(_foreign_keyring().context.encrypt(vec))}),
-                    self.identity)
-
-
-HOSTILE = {"masked": {"mode_client": OutOfBoundsMasked}, "ckks": {"mode_client": ForeignKeyCkks}}
+from hostile_helpers import HOSTILE, audit_entries, federation  # noqa: E402
 
 
 def _run(tmp_path: Path, *, mode: str, n: int, culprit: str | None, rounds: int = 2):
