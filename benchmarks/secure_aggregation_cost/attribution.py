@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository root
 sys.path.insert(0, str(ROOT / "tests" / "secure"))
+from clinograph.secure.runtime import run_rounds  # noqa: E402
 from hostile_helpers import HOSTILE, audit_entries, federation  # noqa: E402
 
-from clinograph.secure.runtime import run_rounds  # noqa: E402
 from research._common import add_convention, machine, median, write  # noqa: E402
 from research._common import out_path as default_out  # noqa: E402
 
