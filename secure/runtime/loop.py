@@ -17,6 +17,8 @@ was invited, answered, contributed, dropped where and why, refused and why), a
 the run's ``release`` and ``run_ended``. A refusal that is final for the run (a spent privacy
 budget) takes the hospital out of later rounds; when fewer than ``min_clients`` hospitals can
 take part the run ends as planned (``run_ended`` status ``too_few_hospitals``), not as a crash.
+A round voided by what went into it starts group testing over the next rounds (:mod:`.attribution`:
+``attribution_step`` entries; the hospital it names is retired, ``hospital_retired``).
 """
 
 from __future__ import annotations

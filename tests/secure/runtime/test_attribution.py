@@ -182,3 +182,35 @@ def test_two_culprits_that_always_void_are_never_confused_with_an_honest_one():
                 bad = {f"h{a}", f"h{b}"}
                 retired, _ = _simulate(n, voids=lambda r, invited, bad=bad: bool(bad & set(invited)))
                 assert set(retired) <= bad, (n, bad, retired)
+
+
+def test_a_named_hospital_stays_retired_across_a_restart(tmp_path):
+    """The crash journal holds the retirement from the moment it is audited: a server killed right
+    after naming the culprit resumes without it (no new void, no new search)."""
+    from clinograph.secure.runtime.journal import Journal
+
+    class Crash(BaseException):
+        pass
+
+    named: list[dict] = []
+
+    def crash_after_naming(stage: str, round_: int) -> None:
+        if stage == "aborted" and named:  # the save right after hospital_retired
+            raise Crash
+
+    server, transport, _ = federation(tmp_path, n=4, hospitals={"h1": HOSTILE["masked"]})
+    with pytest.raises(Crash):
+        run_rounds(server, transport, rounds=6, journal=Journal(tmp_path / "j.sqlite", on_saved=crash_after_naming),
+                   on_event=lambda k, d: named.append(d) if k == "hospital_retired" else None)
+    server.audit.close()
+    named_at = _kind(audit_entries(tmp_path), "hospital_retired")[0]["round"]
+    server2, transport2, _ = federation(tmp_path, n=4, hospitals={"h1": HOSTILE["masked"]})
+    run_rounds(server2, transport2, rounds=6, journal=Journal(tmp_path / "j.sqlite"))
+    server2.audit.close()
+    entries = audit_entries(tmp_path)
+    later = [p for p in _kind(entries, "round_plan") if p["round"] > named_at]
+    assert later and all(p["participants"] == ["h0", "h2", "h3"] for p in later)
+    assert len(_kind(entries, "hospital_retired")) == 1
+    assert not [s for s in _kind(entries, "attribution_step") if s["round"] > named_at]
+    assert _kind(entries, "run_ended")[-1]["status"] == "completed"
+    assert verify_audit_dir(tmp_path / "audit").ok
