@@ -170,6 +170,12 @@ class FederationServer:
         self.audit.publish(f"round-{plan.round:04d}/plan.json", plan_bytes, kind="round_plan")
         return plan_bytes
 
+    def mode_options(self, participants: tuple[str, ...]) -> dict[str, float | int | str | bool]:
+        """The secure mode's public parameters for a round with ``participants`` (what its plan
+        would carry). Raises ConfigError when the mode cannot run such a round (e.g. a configured
+        masked threshold above their number)."""
+        return dict(self._plan_options(tuple(sorted(participants))))
+
     @property
     def current(self) -> OpenRound:
         """The open round (ProtocolError if none)."""

@@ -7,7 +7,8 @@ ciphertext under another key makes every hospital's tag check fail). Nobody sees
 input, so the sum cannot say whose it was. :class:`Attribution` finds it by binary splitting
 (adaptive group testing) in which every test is an *ordinary round* over a subset of the
 hospitals: a fresh plan, fresh training, fresh masks or ciphertexts, at least ``min_size``
-participants. A test round that aggregates is a real training round (it counts in the run's
+participants, and never a round the secure mode refuses to plan (:func:`round_fits`: a configured
+masked threshold above a small round's size). A test round that aggregates is a real training round (it counts in the run's
 rounds); one that voids is lost like the round that started the search.
 
 The search (one at a time; state in :class:`Search`):
@@ -47,6 +48,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from clinograph.core.errors import ClinographError
+
 from ..server import FederationServer
 from .participation import RoundBook
 
@@ -71,6 +74,17 @@ def min_test_size(server: FederationServer) -> int:
     return max(server.min_clients, honest, 1)
 
 
+def round_fits(server: FederationServer, participants: tuple[str, ...]) -> bool:
+    """Whether the secure mode can run a round with exactly ``participants``: its plan options
+    build, and there are at least as many as its threshold (masked: ``masked.threshold``, which a
+    configuration may fix above a small round's size)."""
+    try:
+        threshold = server.mode_options(participants).get("masked.threshold", 1)
+    except ClinographError:
+        return False
+    return not isinstance(threshold, int) or len(participants) >= threshold
+
+
 @dataclass
 class Search:
     """One open search (see the module docstring): the round that opened it and what is known."""
@@ -90,7 +104,17 @@ class Attribution:
     """The run's group testing (see the module docstring). ``min_size``: :func:`min_test_size`."""
 
     min_size: int
+    #: whether the secure mode can run a round with exactly these participants (:func:`round_fits`)
+    fits: Callable[[tuple[str, ...]], bool] | None = None
     search: Search | None = None
+
+    @classmethod
+    def for_server(cls, server: FederationServer) -> Attribution:
+        """The run's group testing, with the server's floor and secure mode."""
+        return cls(min_size=min_test_size(server), fits=lambda p: round_fits(server, p))
+
+    def _ok(self, group: set[str] | frozenset[str]) -> bool:
+        return len(group) >= self.min_size and (self.fits is None or self.fits(tuple(sorted(group))))
 
     def invite(self, pool: tuple[str, ...]) -> tuple[str, ...]:
         """Who the next round invites: ``pool`` itself, or during a search the next test set."""
@@ -105,13 +129,13 @@ class Attribution:
             return pool  # the suspects are out of reach; the next void ends the search
         core = set(cands if len(cands) == 1 else cands[:math.ceil(len(cands) / 2)])
         outside = available - s.suspects
-        if len(core | fillers) < self.min_size and len(outside) >= self.min_size and outside - s.vouched:
+        if not self._ok(core | fillers) and self._ok(outside) and outside - s.vouched:
             return tuple(sorted(outside))  # vouch for the non-suspects first
         for name in cands + sorted(suspects):  # still short: widen the core (fewer narrowed)
-            if len(core | fillers) >= self.min_size:
+            if self._ok(core | fillers):
                 break
             core.add(name)
-        if suspects <= core:  # no round of min_size can narrow the suspects: an ordinary round
+        if suspects <= core or not self._ok(core | fillers):  # nothing can narrow the suspects: an ordinary round
             s.stuck = True  # and, if it voids, the search ends inconclusive
             return pool
         return tuple(sorted(core | fillers))
@@ -135,7 +159,7 @@ class Attribution:
             end = "named"
         elif not s.suspects or s.tests >= s.max_tests or s.stuck:
             end = "inconclusive"
-        self._audit(server, round_=round_, outcome="voided", hospitals=inputs, end=end, event=event)
+        _audit(server, s, round_=round_, outcome="voided", hospitals=inputs, end=end, event=event)
         if end == "named":
             (culprit,) = s.suspects
             reason = (f"its input voided round(s) {', '.join(map(str, s.evidence))}: the only hospital whose input "
@@ -160,16 +184,16 @@ class Attribution:
         s.vouched |= frozenset(contributors)
         s.candidates = (s.candidates - s.vouched) or (s.suspects - s.vouched) or s.suspects
         end = "inconclusive" if s.tests >= s.max_tests else None
-        self._audit(server, round_=round_, outcome="aggregated", hospitals=contributors, end=end, event=event)
+        _audit(server, s, round_=round_, outcome="aggregated", hospitals=contributors, end=end, event=event)
         if end is not None:
             self.search = None
 
-    def _audit(self, server: FederationServer, *, round_: int, outcome: str, hospitals: tuple[str, ...],
-               end: str | None, event: EventSink) -> None:
-        s = self.search
-        assert s is not None  # noqa: S101 - internal: only called with a search open
-        payload = {"round": round_, "opened_by": s.opened_by, "test": s.tests, "outcome": outcome,
+
+def _audit(server: FederationServer, s: Search, *, round_: int, outcome: str, hospitals: tuple[str, ...],
+           end: str | None, event: EventSink) -> None:
+    """One ``attribution_step`` entry (and event) for a round of search ``s``."""
+    payload = {"round": round_, "opened_by": s.opened_by, "test": s.tests, "outcome": outcome,
                    "hospitals": sorted(hospitals), "suspects": sorted(s.suspects),
-                   "candidates": sorted(s.candidates), "vouched": sorted(s.vouched), "end": end, "method": METHOD}
-        server.audit.record("attribution_step", payload)
-        event("attribution_step", payload)
+               "candidates": sorted(s.candidates), "vouched": sorted(s.vouched), "end": end, "method": METHOD}
+    server.audit.record("attribution_step", payload)
+    event("attribution_step", payload)

@@ -31,7 +31,7 @@ from clinograph.core.errors import ProtocolError
 
 from ..messages import RoundResult
 from ..server import FederationServer
-from .attribution import Attribution, aggregate_refusals, min_test_size
+from .attribution import Attribution, aggregate_refusals
 from .journal import Journal
 from .liveness import Liveness
 from .participation import RoundBook, end_run
@@ -267,7 +267,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     status, reason = "completed", f"all {rounds} planned round(s) ran"
     failure: BaseException | None = None
     invited: tuple[str, ...] = ()
-    attribution = Attribution(min_size=min_test_size(server))
+    attribution = Attribution.for_server(server)
 
     def on_boundary(stage: str, info: Mapping[str, Any]) -> None:
         open_round: int | None = server.round

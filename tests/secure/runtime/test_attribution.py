@@ -77,6 +77,17 @@ def test_masked_out_of_bounds_culprit_is_named_retired_and_the_run_goes_on(tmp_p
     assert verify_audit_dir(tmp_path / "audit").ok
 
 
+def test_test_rounds_respect_a_configured_masked_threshold(tmp_path):
+    """masked_threshold = 3 fixed for every round: no test round may have fewer than 3 hospitals
+    (a 2-hospital plan cannot even be built), and the culprit is still named."""
+    server, transport, _ = federation(tmp_path, n=8, masked_threshold=3, hospitals={"h4": HOSTILE["masked"]})
+    run_rounds(server, transport, rounds=6)
+    server.audit.close()
+    entries = audit_entries(tmp_path)
+    assert [r["client"] for r in _kind(entries, "hospital_retired")] == ["h4"]
+    assert min(len(p["participants"]) for p in _kind(entries, "round_plan")) >= 3
+
+
 @pytest.mark.parametrize(("n", "culprit"), [(4, "h1"), (6, "h0"), (8, "h6")])
 def test_ckks_foreign_key_culprit_is_named_retired_and_the_run_goes_on(tmp_path, n, culprit):
     server, outcomes, entries, _ = _run(tmp_path, mode="ckks", n=n, culprit=culprit, rounds=5)
