@@ -225,3 +225,39 @@ def test_a_named_hospital_stays_retired_across_a_restart(tmp_path):
     assert not [s for s in _kind(entries, "attribution_step") if s["round"] > named_at]
     assert _kind(entries, "run_ended")[-1]["status"] == "completed"
     assert verify_audit_dir(tmp_path / "audit").ok
+
+
+def _fewest_test_rounds(n: int, floor: int, most: int = 6) -> int:
+    """The fewest test rounds in the worst case in which *any* adaptive choice of rounds (each of at
+    least ``floor`` hospitals, chosen freely) proves which hospital always voids, when the proof is
+    the intersection of the voided rounds' inputs (a round that aggregates proves nothing, since a
+    hostile hospital may behave while tested). Exhaustive search; n = 8 gives 5 (minutes)."""
+    import functools
+    import itertools
+
+    tests = [frozenset(s) for k in range(floor, n + 1) for s in itertools.combinations(range(n), k)]
+
+    @functools.lru_cache(maxsize=None)
+    def solvable(state: frozenset, depth: int) -> bool:  # state: (culprit, intersection so far) pairs
+        if all(len(i) == 1 for _, i in state):
+            return True
+        if depth == 0:
+            return False
+        for t in tests:
+            voids = frozenset((c, i & t) for c, i in state if c in t)
+            passes = frozenset((c, i) for c, i in state if c not in t)
+            if not voids or voids == state:
+                continue
+            if solvable(voids, depth - 1) and (not passes or solvable(passes, depth - 1)):
+                return True
+        return False
+
+    start = frozenset((c, frozenset(range(n))) for c in range(n))
+    return next(d for d in range(most + 1) if solvable(start, d))
+
+
+def test_no_search_does_better_at_four_hospitals():
+    """ceil(log2 n) + 1 test rounds are not enough at n = 4 for any search with this proof: 4 are
+    needed, as many as ours takes (test_a_consistent_culprit_anywhere_is_named_within_the_bound)."""
+    assert _fewest_test_rounds(4, 2) == 4 == math.ceil(math.log2(4)) + 2
+    assert _fewest_test_rounds(5, 2) == 4
