@@ -12,7 +12,7 @@ from typing import Any
 
 from clinograph.core.errors import RegistryError
 
-from .base import AggregationClient, AggregationServer, LocalUpdate, ModuleSums
+from .base import AggregateVoided, AggregationClient, AggregationServer, LocalUpdate, ModuleSums
 from .plaintext import PlaintextClient, PlaintextServer
 
 Options = dict[str, float | int | str | bool]
@@ -122,5 +122,5 @@ def _load_builtin() -> None:
 
 register_mode(SecureMode("insecure_plaintext", PlaintextServer, PlaintextClient, server_sees_sum=True, insecure=True))
 
-__all__ = ["AggregationClient", "AggregationServer", "LocalUpdate", "ModeRun", "ModuleSums", "SecureMode",
+__all__ = ["AggregateVoided", "AggregationClient", "AggregationServer", "LocalUpdate", "ModeRun", "ModuleSums", "SecureMode",
            "create_mode", "register_mode", "registered_modes"]

@@ -414,6 +414,38 @@ class HospitalRefused(Payload):
     refusal_sha256: Hex64 | None = None
 
 
+class AttributionStep(Payload):
+    """``attribution_step``: one round of the group testing that names the hospital whose input
+    voids rounds (secure/runtime/attribution.py). ``opened_by``: the voided round that opened the
+    search (its own step has ``test`` 0); ``hospitals``: the round's inputs (voided: whose inputs
+    were in the refused sum -- not contributors, nothing of the round was applied) or its
+    contributors (aggregated); ``suspects``: the intersection of the search's voided input sets
+    after this round (the proof); ``candidates`` and ``vouched``: what steers the next test;
+    ``end``: ``named`` (followed by ``hospital_retired``) or ``inconclusive``."""
+
+    round: int = Field(ge=0)
+    opened_by: int = Field(ge=0)
+    test: int = Field(ge=0)
+    outcome: Literal["voided", "aggregated"]
+    hospitals: list[Name]
+    suspects: list[Name]
+    candidates: list[Name]
+    vouched: list[Name]
+    end: Literal["named", "inconclusive"] | None
+    method: Literal["group_testing"]
+
+
+class HospitalRetired(Payload):
+    """``hospital_retired``: a hospital named as the one whose input voided the ``evidence``
+    rounds (it is the only hospital whose input was in every one) is out of the run."""
+
+    round: int = Field(ge=0)
+    client: Name
+    reason: Reason
+    evidence: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    method: Literal["group_testing"]
+
+
 class RunEnded(Payload):
     """``run_ended``: the last entry of a run, with why it ended. ``completed``: every planned
     round ran; ``too_few_hospitals``: fewer than ``min_clients`` hospitals could take part
@@ -504,6 +536,7 @@ KINDS: dict[str, type[Payload]] = {
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release, "ckks_key_holders": CkksKeyHolders,
     "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,
+    "attribution_step": AttributionStep, "hospital_retired": HospitalRetired,
     "audit_open": AuditOpen, "audit_reopen": AuditOpen, "artefact": Artefact, "envelope": EnvelopeRef,
 }
 RESERVED = frozenset({"audit_open", "audit_reopen", "artefact", "envelope"})

@@ -65,8 +65,14 @@ def faults(run: Run) -> list[list[Any]]:
     """Rows (round, reason, what it means) for every aborted round of the run."""
     rows: dict[int, list[Any]] = {}
     final = {p["round"] for p in run.kinds["hospital_refused"] if p.get("final") and p.get("round") is not None}
+    voided = {s["round"] for s in run.kinds["attribution_step"] if s["outcome"] == "voided"}
+    named = {p["round"]: p["client"] for p in run.kinds["hospital_retired"]}
     for a in run.kinds["round_aborted"]:
-        if a["reason"].startswith(RESTART):
+        if a["round"] in voided:
+            meaning = ("voided by what went into it (an input out of bounds, or an aggregate the hospitals refused): "
+                       "nothing of it was applied; group testing over the next rounds looks for whose input it was"
+                       + (f"; {named[a['round']]} was named by it and retired" if a["round"] in named else ""))
+        elif a["reason"].startswith(RESTART):
             meaning = ("the round was open when the server stopped; nothing of it was aggregated or released, and "
                        "it is re-run under the next round number")
         elif a["round"] in final:
@@ -98,12 +104,15 @@ def privacy_rows(run: Run) -> list[list[Any]]:
     for p in sorted(run.kinds["ledger"], key=lambda p: p["round"]):
         latest[p["client"]] = p
     final = {p["client"]: p for p in run.kinds["hospital_refused"] if p.get("final") and p.get("client")}
+    retired = {p["client"]: p for p in run.kinds["hospital_retired"]}
     rows = []
-    for c in sorted(set(latest) | set(final)):
+    for c in sorted(set(latest) | set(final) | set(retired)):
         p = latest.get(c)
         if c in final:
             f = final[c]
             status = f"out of the run: refused at round {f.get('round', '-')} ({f['reason']})"
+        elif c in retired:
+            status = f"out of the run: retired at round {retired[c]['round']} ({retired[c]['reason']})"
         elif p is None:
             status = "-"
         else:
