@@ -315,7 +315,8 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
             left = [n for n in pool if n not in run.retired]
             planned = bool(exc.final_refusals) and len(left) < server.min_clients
             # planned: the hospitals' final refusals (budgets spent) end the run -- not an error
-            event("round_aborted", {"round": exc.round, "reason": str(exc)[:500], "planned_end": planned})
+            event("round_aborted", {"round": exc.round, "reason": str(exc)[:500], "planned_end": planned,
+                                    "voided": bool(exc.voided)})
             if planned:
                 status, reason = "too_few_hospitals", _too_few(server, tuple(left), run.retired)
                 return None

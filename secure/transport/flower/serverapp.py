@@ -164,6 +164,9 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
     if kind == "round_aborted":
         if data.get("planned_end"):  # the hospitals' final refusals (budgets spent): a planned end
             return logging.WARNING, f"round {r} not run: {data.get('reason')} (a planned end: see run ended)"
+        if data.get("voided"):  # an input out of bounds or under another key: the run goes on and names it
+            return logging.WARNING, (f"round {r} voided, nothing applied: {data.get('reason')} (the run goes on; "
+                                     "test rounds find whose input voided it)")
         return logging.ERROR, f"round {r} aborted: {data.get('reason')}"
     if kind == "end_not_delivered":
         return logging.WARNING, (f"round {r}: global model not delivered to {_who(data.get('hospital'), nodes)}: "
@@ -180,6 +183,12 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
     if kind == "setup_sum":
         return logging.INFO, (f"set-up sum {data.get('name')} (round {r}): {data.get('contributors')} contributor(s); "
                               f"the same result from {_names(data.get('hospitals'), nodes)}")
+    if kind == "attribution_step":
+        return logging.INFO, (f"round {r}: attribution test {data.get('test')} {data.get('outcome')}; suspects "
+                              f"{_names(data.get('suspects'), nodes)}" + (f" ({data.get('end')})" if data.get("end")
+                                                                          else ""))
+    if kind == "hospital_retired":
+        return logging.WARNING, f"round {r}: {_who(data.get('client'), nodes)} retired: {data.get('reason')}"
     if kind == "model_derived":
         return logging.INFO, (f"round {r}: every hospital derived the same model from the voted DAG "
                               f"({_names(data.get('hospitals'), nodes)})")
