@@ -249,7 +249,8 @@ class HospitalClient:
     def _keep_checkpoint(self, federation_id: str) -> None:
         """After a round: the task's :meth:`~.task.Task.checkpoint` and the global model it loaded,
         in one file beside the anchor (its digest in the anchor record)."""
-        got = self.task.checkpoint()
+        checkpoint = getattr(self.task, "checkpoint", None)  # optional: a task need not subclass TaskBase
+        got = checkpoint() if callable(checkpoint) else None
         if got is None or self.anchor is None:
             return
         import torch
@@ -265,7 +266,8 @@ class HospitalClient:
         """Take back :meth:`_keep_checkpoint` after a restart: the task's state and the global model of
         the last round this hospital closed (newer than, or the same as, the kept global model)."""
         data = self.anchor.blob(federation_id, "checkpoint", what="restart checkpoint") if self.anchor else None
-        if data is None:
+        restore = getattr(self.task, "restore", None)
+        if data is None or not callable(restore):
             return
         from safetensors import SafetensorError
         from safetensors.torch import load
@@ -281,7 +283,7 @@ class HospitalClient:
         if set(held) != names:
             raise IntegrityError("The restart checkpoint holds another model than this hospital's config builds; the "
                                  "state directory belongs to another model version.")
-        self.task.restore(meta, {k[5:]: v for k, v in tensors.items() if k.startswith("task/")})
+        restore(meta, {k[5:]: v for k, v in tensors.items() if k.startswith("task/")})
         self._global = held
         self.task.modules.load(held)
 

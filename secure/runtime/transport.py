@@ -7,7 +7,9 @@ hospital as dropped at that stage (the secure mode's dropout recovery does the r
 
 from __future__ import annotations
 
+import logging
 import time
+import traceback
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -18,6 +20,8 @@ from ..refusals import REFUSABLE_STAGES, REFUSAL_PART, seal_refusal
 from .participant import RoundParticipant, dispatch
 
 Parts = dict[str, bytes]
+
+_log = logging.getLogger(__name__)
 
 
 class Transport(Protocol):
@@ -100,7 +104,10 @@ class InProcessTransport:
                 else:
                     failed[name] = f"refused the {stage!r} message: {type(exc).__name__}: {exc}"
             except Exception as exc:  # noqa: BLE001 - a hospital's own bug must not leave the round open
-                # Its class only: the message of a foreign exception may carry the hospital's data.
+                # Its class only: the message of a foreign exception may carry the hospital's data. Where it
+                # happened (the frames, without the message) goes to this process's log, never the audit.
+                _log.warning("hospital %r failed at the %r message with %s (a bug in its code?); where:\n%s", name,
+                             stage, type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
                 failed[name] = (f"failed at the {stage!r} message with {type(exc).__name__} (not a Clinograph "
                                 "error: a bug or an unhandled case in the hospital's code)")
         return answers, failed
