@@ -37,6 +37,7 @@ from clinograph.core.errors import ConfigError, ProtocolError
 
 from ..server import FederationServer
 from ..wire import seal
+from .elimination import ELIMINATION_RULE, Rung, Schedule, schedule, survivors
 from .journal import Journal
 from .liveness import Liveness
 from .loop import EventSink, RoundOutcome, _quiet, run_rounds
@@ -49,6 +50,7 @@ from .models import (
     overrides_digest,
     run_id,
 )
+from .resume import RunState
 from .selection import STATUS_PART, SelectionRule, SelectionTracker, read_statuses
 from .setup import check_setup, run_setup
 from .transport import Restricted, Transport
@@ -155,6 +157,14 @@ class CandidateRun:
     control: SelectedRun
     #: hospitals that refused to train this candidate (name -> reason)
     refused: dict[str, str] = field(default_factory=dict)
+    #: while the run is paused between rungs (:mod:`.elimination`): its server, transport and loop state
+    server: FederationServer = field(default=None, repr=False)  # type: ignore[assignment]
+    transport: Transport = field(default=None, repr=False)  # type: ignore[assignment]
+    state: RunState = field(default_factory=RunState, repr=False)
+    #: the run ended (all its rounds, the stop rule, or too few hospitals); else it is paused
+    ended: bool = False
+    #: the rung after which early elimination dropped it (None: it was not)
+    eliminated_after: int | None = None
 
     @property
     def validation_loss(self) -> float | None:
@@ -166,11 +176,16 @@ class CandidateRun:
         t = self.control.tracker
         return None if t is None else t.best_round
 
+    @property
+    def rounds_run(self) -> int:
+        """The training rounds it ran (evaluation-only rounds not counted)."""
+        return self.state.trained
+
     def row(self) -> dict[str, Any]:
         """Its row of the ``model_chosen`` entry."""
-        scored = 1 if self.control.wants_score() and self.outcomes else 0
         return {"name": self.name, "overrides": self.overrides, "validation_loss": self.validation_loss,
-                "round": self.kept_round, "rounds_run": max(0, len(self.outcomes) - scored)}
+                "round": self.kept_round, "rounds_run": self.rounds_run,
+                **({"eliminated_after_rung": self.eliminated_after} if self.eliminated_after is not None else {})}
 
 
 @dataclass
@@ -244,42 +259,112 @@ def run_federation(models: RunModels, *, side: Any, transport: Transport, rounds
                 journal=journal is not None)
     models = run_setup(models, side=side, transport=transport, event=event)
     cands = models.candidates
-    out = FederationRun(runs=[])
-    for index, cand in enumerate(cands):
-        rid = run_id(side.federation_id, cand.name, count=len(cands))
-        refused = _start(cand, index=index, count=len(cands), rid=rid, side=side, transport=transport, rounds=rounds,
-                         event=event)
-        left = [n for n in transport.hospitals() if n in side.enrolled and n not in refused]
-        if len(left) < min(side.federation.min_clients, len(side.enrolled)):
-            raise ProtocolError(
-                f"Only {len(left)} hospital(s) accepted the run of candidate {cand.name!r} ({', '.join(left) or 'none'}); "
-                f"the federation needs {side.federation.min_clients}. Refused: "
-                + "; ".join(f"{n}: {why[:300]}" for n, why in sorted(refused.items())))
-        server, narrowed = side.open_run(cand, run_id=rid, transport=Restricted(transport, [n for n in transport.hospitals() if n not in refused]), on_event=event)
-        for name, why in sorted(refused.items()):
-            server.audit.record("hospital_refused", {"stage": "setup", "client": name,
-                                                     "reason": f"run/start: {why}"[:4000],
-                                                     "signed": False, "final": False})
-        control = SelectedRun(candidate=cand.name, rounds=rounds, rule=models.selection, on_event=event)
-        run = CandidateRun(name=cand.name, overrides=cand.overrides, run_id=rid, outcomes=[], control=control,
-                           refused=refused)
-        event("run_started", {"candidate": cand.name, "run_id": rid, "index": index, "count": len(cands)})
-        try:
-            run.outcomes = run_rounds(server, narrowed, rounds=rounds, on_event=event, journal=journal,
-                                      liveness=liveness() if liveness is not None else None, control=control,
-                                      on_round=None if on_round is None else (lambda r, o, run=run: on_round(run, r, o)))
-            head = getattr(server.audit, "head", None)  # a failed run's last event stays what ended it
-            if head is not None and head.kind == "run_ended":
-                event("run_ended", {**head.payload, "candidate": cand.name})
-        finally:
-            side.close_run(server)
-        out.runs.append(run)
-        if on_run_end is not None:
-            on_run_end(run)
+    plan = schedule(len(cands), rounds=rounds, rule=models.elimination) if models.elimination is not None else None
+    rungs = plan.rungs if plan is not None else (Rung(rounds=rounds, keep=len(cands)),)
+    runs: list[CandidateRun | None] = [None] * len(cands)
+    alive = list(range(len(cands)))
+    for level, rung in enumerate(rungs):
+        last = level == len(rungs) - 1
+        for index in alive:
+            run = runs[index]
+            if run is not None and run.ended:
+                continue  # the stop rule ended it: it costs nothing more
+            if run is None:
+                run = runs[index] = _open(cands[index], index=index, count=len(cands), side=side, transport=transport,
+                                          rounds=rounds, rule=models.selection, liveness=liveness, event=event)
+            else:
+                _resume(run, cands[index], index=index, count=len(cands), rung=level, side=side, transport=transport,
+                        rounds=rounds, event=event)
+            _train(run, rounds=rounds, pause_after=None if last else rung.rounds, rung=level, side=side,
+                   journal=journal, event=event, on_round=on_round)
+            if run.ended and on_run_end is not None:
+                on_run_end(run)
+        if not last:
+            alive = _eliminate(runs, alive, rung=rung, level=level, plan=plan,  # type: ignore[arg-type]
+                               min_delta=models.selection.min_delta, side=side, event=event)  # type: ignore[union-attr]
+    out = FederationRun(runs=[r for r in runs if r is not None])
     if len(cands) > 1:
-        out.chosen = choose([r.validation_loss for r in out.runs], min_delta=models.selection.min_delta)  # type: ignore[union-attr]
+        pick = choose([out.runs[i].validation_loss for i in alive], min_delta=models.selection.min_delta)  # type: ignore[union-attr]
+        out.chosen = alive[pick]
         _announce_choice(out, side=side, transport=transport, event=event)
     return out
+
+
+def _open(cand: CandidateModel, *, index: int, count: int, side: Any, transport: Transport, rounds: int,
+          rule: SelectionRule | None, liveness: Callable[[], Liveness | None] | None,
+          event: EventSink) -> CandidateRun:
+    """``run/start``, then the candidate's server and audit run."""
+    rid = run_id(side.federation_id, cand.name, count=count)
+    refused = _start(cand, index=index, count=count, rid=rid, side=side, transport=transport, rounds=rounds,
+                     event=event)
+    left = [n for n in transport.hospitals() if n in side.enrolled and n not in refused]
+    if len(left) < min(side.federation.min_clients, len(side.enrolled)):
+        raise ProtocolError(
+            f"Only {len(left)} hospital(s) accepted the run of candidate {cand.name!r} ({', '.join(left) or 'none'}); "
+            f"the federation needs {side.federation.min_clients}. Refused: "
+            + "; ".join(f"{n}: {why[:300]}" for n, why in sorted(refused.items())))
+    server, narrowed = side.open_run(cand, run_id=rid, transport=Restricted(transport, [n for n in transport.hospitals() if n not in refused]), on_event=event)
+    _record_refused(server, refused)
+    control = SelectedRun(candidate=cand.name, rounds=rounds, rule=rule, on_event=event)
+    event("run_started", {"candidate": cand.name, "run_id": rid, "index": index, "count": count})
+    return CandidateRun(name=cand.name, overrides=cand.overrides, run_id=rid, outcomes=[], control=control,
+                        refused=refused, server=server, transport=narrowed,
+                        state=RunState(liveness=liveness() if liveness is not None else None, control=control))
+
+
+def _record_refused(server: FederationServer, refused: Mapping[str, str]) -> None:
+    for name, why in sorted(refused.items()):
+        server.audit.record("hospital_refused", {"stage": "setup", "client": name, "reason": f"run/start: {why}"[:4000],
+                                                 "signed": False, "final": False})
+
+
+def _resume(run: CandidateRun, cand: CandidateModel, *, index: int, count: int, rung: int, side: Any,
+            transport: Transport, rounds: int, event: EventSink) -> None:
+    """A paused candidate goes on: ``run/start`` again (each hospital switches back to it), a new
+    audit run (``manifest``, ``run_resumed``) for the same server."""
+    server, state = run.server, run.state
+    refused = _start(cand, index=index, count=count, rid=run.run_id, side=side, transport=transport, rounds=rounds,
+                     event=event)
+    previous = getattr(server.audit, "run_id", None)
+    server.audit = side.open_audit()
+    server.record_manifest()
+    _record_refused(server, refused)
+    if refused:
+        run.refused.update(refused)
+        run.transport = Restricted(run.transport, [n for n in run.transport.hospitals() if n not in refused])
+    payload = {"rung": rung, "previous_run_id": str(previous or "0" * 32), "next_round": server.round,
+               "rounds_completed": state.trained}
+    server.audit.record("run_resumed", payload)
+    event("run_resumed", {**payload, "candidate": run.name})
+
+
+def _train(run: CandidateRun, *, rounds: int, pause_after: int | None, rung: int, side: Any,
+           journal: Journal | None, event: EventSink,
+           on_round: Callable[[CandidateRun, int, RoundOutcome], None] | None) -> None:
+    """The candidate's rounds up to ``pause_after`` (None: to the end of its run); a paused run
+    ends its audit run with ``run_paused``."""
+    server, state = run.server, run.state
+    paused = False
+    try:
+        run.outcomes += run_rounds(server, run.transport, rounds=rounds, on_event=event, journal=journal,
+                                   liveness=state.liveness, control=run.control, state=state, pause_after=pause_after,
+                                   on_round=None if on_round is None else (lambda r, o: on_round(run, r, o)))
+        # the loop pauses only there: fewer rounds is an end (too few hospitals), a stop is the stop rule's
+        paused = pause_after is not None and pause_after <= state.trained < rounds and not state.stopped
+        if not paused:
+            run.ended = True
+            head = getattr(server.audit, "head", None)  # a failed run's last event stays what ended it
+            if head is not None and head.kind == "run_ended":
+                event("run_ended", {**head.payload, "candidate": run.name})
+        else:
+            payload = {"rung": rung, "next_round": server.round, "rounds_completed": state.trained,
+                       "rounds_planned": rounds}
+            server.audit.record("run_paused", payload)
+            event("run_paused", {**payload, "candidate": run.name})
+    finally:
+        side.close_run(server)
+        if not paused:
+            run.server = run.transport = None  # type: ignore[assignment]
 
 
 def _start(cand: CandidateModel, *, index: int, count: int, rid: str, side: Any, transport: Transport,
@@ -295,6 +380,32 @@ def _start(cand: CandidateModel, *, index: int, count: int, rid: str, side: Any,
     for name, why in sorted(refused.items()):
         event("refused", {"round": 0, "hospital": name, "stage": "run/start", "reason": why[:300], "final": False})
     return refused
+
+
+def _eliminate(runs: list[CandidateRun], alive: list[int], *, rung: Rung, level: int, plan: Schedule,
+               min_delta: float, side: Any, event: EventSink) -> list[int]:
+    """After rung ``level``: the best ``rung.keep`` of the candidates still in go on (:func:`.elimination.survivors`);
+    ``candidates_eliminated`` is audited in a short audit run of its own."""
+    keep = [alive[i] for i in survivors([runs[i].validation_loss for i in alive], keep=rung.keep, min_delta=min_delta)]
+    dropped = [i for i in alive if i not in keep]
+    for i in dropped:
+        runs[i].eliminated_after = level
+    payload = {"rung": level, "rounds": rung.rounds,
+               "candidates": [{"name": runs[i].name, "validation_loss": runs[i].validation_loss,
+                               "round": runs[i].kept_round, "rounds_run": runs[i].rounds_run,
+                               "stopped_early": bool(runs[i].control.stopped)} for i in alive],
+               "kept": [runs[i].name for i in keep], "eliminated": [runs[i].name for i in dropped],
+               "rule": ELIMINATION_RULE, "min_delta": float(min_delta), "eta": plan.eta,
+               "max_cost": float(plan.max_cost), "schedule": [[r.rounds, r.keep] for r in plan.rungs],
+               "cost": plan.cost}
+    audit = side.open_audit()
+    try:
+        audit.record("candidates_eliminated", payload)
+    finally:
+        audit.close()
+    event("candidates_eliminated", {"rung": level, "rounds": rung.rounds, "kept": payload["kept"],
+                                    "eliminated": payload["eliminated"]})
+    return keep
 
 
 def _announce_choice(out: FederationRun, *, side: Any, transport: Transport, event: EventSink) -> None:
