@@ -15,7 +15,7 @@ from sdk_helpers import small_tables
 
 
 def cfg(candidates, rounds=3, elimination="none", **extra):
-    """``elimination = "none"``: every candidate trains the whole run (test_elimination.py: the default)."""
+    """``elimination = "none"``: every candidate trains the whole run (test_candidate_elimination.py: the default)."""
     return SimulationConfig.model_validate({
         "federation": {"rounds": rounds, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
         "model": {"hidden": 8}, "graph": {"k_similar": 0}, "training": {"lr": 0.03, "batch_size": 32},
