@@ -35,7 +35,13 @@ VARIANTS = {
     "defaults_full": ("defaults", "none"),
     "demo_full": ("demo", "none"),
     "demo_halving": ("demo", "successive_halving"),
+    # the defaults' four candidates and a fifth with the demo's model and training settings (what the demo's
+    # settings have that the defaults do not; [selection] stays the defaults': patience 5, one initialisation)
+    "defaults_plus_demo_halving": ("defaults_plus_demo", "successive_halving"),
 }
+#: the demo's [model] and [training] settings as a candidate (sdk/demo/run.py demo_config)
+DEMO_CANDIDATE = {"name": "demo", "model": {"hidden": 32, "linear_shape": True, "value_encoding": "piecewise"},
+                  "training": {"lr": 0.003, "batch_size": 64, "wide_lr_factor": 0.3, "weight_decay": 1e-4}}
 
 
 def defaults_config(*, rounds: int, seed: int):
@@ -54,8 +60,13 @@ def defaults_config(*, rounds: int, seed: int):
 def config_for(variant: str, *, rounds: int, seed: int):
     from research.demo_quality.demo_quality import config_for as demo_settings
 
+    from clinograph.sdk.federation.candidates import DEFAULT_BINARY_CANDIDATES
+
     base, elimination = VARIANTS[variant]
-    cfg = defaults_config(rounds=rounds, seed=seed) if base == "defaults" else demo_settings(seed, {}, rounds)
+    cfg = defaults_config(rounds=rounds, seed=seed) if base.startswith("defaults") else demo_settings(seed, {}, rounds)
+    if base == "defaults_plus_demo":
+        cfg = cfg.model_copy(update={"selection": cfg.selection.model_copy(update={
+            "candidates": (*DEFAULT_BINARY_CANDIDATES, DEMO_CANDIDATE)})})
     # model_copy, not a dump and reload: the default candidates apply only to settings left unset
     return cfg.model_copy(update={"selection": cfg.selection.model_copy(update={"elimination": elimination})})
 

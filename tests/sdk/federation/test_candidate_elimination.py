@@ -4,6 +4,7 @@ eliminated candidates' rounds in their own (paused) runs, and the choice is ``ch
 survivors."""
 
 import json
+import re
 
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import simulate
@@ -67,7 +68,10 @@ def test_the_default_halves_the_candidates_within_twice_one_model_audited(tmp_pa
     assert res.selection["validation_loss"] == rows[chosen["chosen"]]["validation_loss"]
     verdict = verify_audit_dir(tmp_path / "audit")
     assert verdict.ok, verdict.problems
-    assert render_report(tmp_path / "audit", out=tmp_path / "report.html").stat().st_size > 0  # paused runs render
+    html = render_report(tmp_path / "audit", out=tmp_path / "report.html").read_text()
+    assert "Early elimination, rung 0" in html and "Early elimination, rung 1" in html
+    # the report links each of the 3 resumed runs to the run that paused it
+    assert len(set(re.findall(r"Resumes run (\d+), paused by early elimination", html))) == 3
 
 
 def test_without_elimination_every_candidate_trains_the_whole_run(tmp_path):
