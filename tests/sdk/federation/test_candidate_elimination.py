@@ -66,6 +66,7 @@ def test_the_default_halves_the_candidates_within_twice_one_model_audited(tmp_pa
     assert "frozen" in cuts[0]["eliminated"]  # it barely moves from the initial model
     assert rows[chosen["chosen"]]["rounds_run"] == ROUNDS
     assert res.selection["validation_loss"] == rows[chosen["chosen"]]["validation_loss"]
+    assert set(res.metrics_by_candidate) == {chosen["chosen"]}  # the eliminated kept no model to score
     verdict = verify_audit_dir(tmp_path / "audit")
     assert verdict.ok, verdict.problems
     html = render_report(tmp_path / "audit", out=tmp_path / "report.html").read_text()
