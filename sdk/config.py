@@ -254,6 +254,55 @@ class AGATSection(_Strict):
                               "±value_clip before augmentation")
 
 
+class FedNSLSection(_Strict):
+    """[fednsl]: FedNSL's rule learning (Xing, Lu, Yu, ICML 2024), used when ``task = "fednsl"``.
+    The rule space (every body of 1..``max_len`` predicates of the dictionary, each rule's head the
+    hospital's label named ``head``) is public: every hospital and ``clinograph model init`` derive
+    the same one from the dictionary and these settings, and the server pins its SHA-256."""
+
+    head: str = Field(default="label", pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$",
+                      description="the predicate name of the label (the rules' head)")
+    max_len: int = Field(default=2, ge=1, le=3, description="predicates per rule body (the space grows as "
+                         "|predicates|^max_len)")
+    k_similar: int = Field(default=5, ge=0, le=100, description="similar_to neighbours of eq. 8's path values")
+    draws: int = Field(default=256, ge=1, le=100_000, description="J: candidate rules drawn from the prior a round")
+    fast_after: int | None = Field(default=None, ge=0, description="Algorithm 2's I (Fast-FedNSL) ; None runs "
+                                   "Algorithm 1 throughout")
+    kl_weight: float = Field(default=1.0, ge=0, le=1e6, description="λ of eq. 2 (0: the no-KL ablation)")
+    kl_direction: Literal["posterior_prior", "prior_posterior"] = "posterior_prior"
+    steps: int = Field(default=150, ge=1, le=100_000, description="E-step optimiser steps")
+    lr: float = Field(default=0.1, gt=0, le=10, description="E-step learning rate")
+    missing_predicates: bool = Field(default=True, description="a `<feature>_missing` predicate per feature")
+    normal_predicates: bool = Field(default=True, description="a `<feature>_normal` predicate per numeric feature")
+
+
+class ConceptsSection(_Strict):
+    """[concepts]: an F-CMs concept model voted and trained by the federation, used when
+    ``task = "concepts"`` (docs/concepts.md). Every setting but ``edges`` is public and the same at
+    every hospital and at ``clinograph model init``; ``edges`` is this hospital's own DAG proposal
+    among the nodes it supervises (its concept columns, named in its site schema's ``concepts``,
+    and the task, its label)."""
+
+    concepts: tuple[str, ...] = Field(default=(), max_length=200, description="the federation's concept list, "
+                                      "task included, in the order votes are encoded")
+    task: str = Field(default="", max_length=200, description="the task node: the hospital's label (2 states)")
+    states: dict[str, tuple[str, ...]] = Field(default_factory=dict, description="each concept's states as its "
+                                               "column holds them (the task's are 0/1)")
+    edges: tuple[tuple[str, str], ...] = Field(default=(), max_length=10_000, description="this hospital's DAG "
+                                               "proposal: (parent, child) among the nodes it supervises")
+    kind: Literal["cbm", "cem", "cgm", "c2bm"] = "cgm"
+    z_dim: int = Field(default=32, ge=2, le=4096, description="the encoder's output width")
+    encoder_hidden: tuple[int, ...] = Field(default=(64,), max_length=8, description="the MLP encoder's hidden widths")
+    hidden: int = Field(default=32, ge=2, le=4096, description="width of every node module")
+    emb: int = Field(default=8, ge=1, le=1024, description="concept-embedding size r (cem, c2bm)")
+    vote_rounds: int = Field(default=1, ge=1, le=100, description="DAG voting rounds before the model is built")
+    lr: float = Field(default=3e-3, gt=0, le=10)
+    batch_size: int = Field(default=128, ge=1, le=1_000_000)
+    gamma: float = Field(default=0.8, ge=0, le=1, description="F-CMs eq. 2: γ weighs the concept losses, 1 − γ the task's")
+    p_intervention: float = Field(default=0.25, ge=0, le=1, description="probability of a concept intervention "
+                                  "during training")
+
+
 class TargetSection(_Strict):
     """[target]: what the model predicts. ``binary`` (default): a 0/1 label, BCE. ``survival``: a
     time-to-event label (site schema ``[survival]``: time + event), a discrete-time hazard over
@@ -295,9 +344,11 @@ class HospitalConfig(_Strict):
     """``hospital.toml``: one hospital's own choices."""
 
     task: str = Field(default="nsfl", max_length=64, description="a registered task (clinograph.register_task; "
-                      "built in: nsfl, agat)")
+                      "built in: nsfl, agat, fednsl, concepts)")
     model: NSFLConfig = Field(default_factory=NSFLConfig)
     agat: AGATSection = Field(default_factory=AGATSection)
+    fednsl: FedNSLSection = Field(default_factory=FedNSLSection)
+    concepts: ConceptsSection = Field(default_factory=ConceptsSection)
     training: TrainConfig = Field(default_factory=TrainConfig)
     graph: GraphSection = Field(default_factory=GraphSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)
@@ -343,8 +394,11 @@ class HospitalConfig(_Strict):
 
     def selection_active(self) -> bool:
         """Whether this hospital reports its validation loss for model selection."""
+        from .tasks import create_task
+
         on = self.selection.enabled if self.selection.enabled is not None else not self.privacy.enabled
-        return bool(on and self.model.selection_module and self.split.validation_fraction > 0)
+        return bool(on and self.model.selection_module and self.split.validation_fraction > 0
+                    and create_task(self.task).validation)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> HospitalConfig:

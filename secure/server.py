@@ -21,7 +21,7 @@ from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.core.spec import ModelSpec
 
-from .aggregation import AggregationServer, ModuleSums, create_mode
+from .aggregation import AggregateVoided, AggregationServer, ModuleSums, create_mode
 from .aggregation.checks import Unattributed, authenticate, check_header, encode_modules
 from .audit.canonical import canonical_json
 from .audit.kinds import UpdateRejected
@@ -80,6 +80,7 @@ class OpenRound:
     audited: Counter[str] = field(default_factory=Counter)  # update_rejected entries per sender
     suppressed: Counter[str] = field(default_factory=Counter)
     abort: str | None = None
+    voided: tuple[str, ...] | None = None  # void_round: the inputs of the refused sum
 
 
 class FederationServer:
@@ -173,6 +174,12 @@ class FederationServer:
                                          "weights": weights, "spec_version": self.spec.version})
         self.audit.publish(f"round-{plan.round:04d}/plan.json", plan_bytes, kind="round_plan")
         return plan_bytes
+
+    def mode_options(self, participants: tuple[str, ...]) -> dict[str, float | int | str | bool]:
+        """The secure mode's public parameters for a round with ``participants`` (what its plan
+        would carry). Raises ConfigError when the mode cannot run such a round (e.g. a configured
+        masked threshold above their number)."""
+        return dict(self._plan_options(tuple(sorted(participants))))
 
     @property
     def current(self) -> OpenRound:
@@ -270,6 +277,17 @@ class FederationServer:
             rnd.abort = str(exc)
             return None
 
+    def void_round(self, reason: str, *, refused_by: tuple[str, ...]) -> None:
+        """Void the open round: :meth:`close_round` then audits it as aborted, with no contributor,
+        and raises :class:`~.aggregation.AggregateVoided` naming the hospitals whose inputs were in
+        the sum. For modes where only the hospitals see the sum (ckks): ``refused_by`` refused the
+        aggregate they decrypted (signed refusals), so it was not applied everywhere."""
+        rnd = self.current
+        inputs = getattr(rnd.aggregation, "contributors", None)
+        rnd.voided = tuple(sorted(inputs if isinstance(inputs, tuple) and inputs else rnd.reports))
+        rnd.abort = (f"{len(refused_by)} hospital(s) refused the aggregate ({', '.join(sorted(refused_by))}): "
+                     f"{reason} The round is voided; nothing of it is applied.")
+
     # -- stage 3: close --------------------------------------------------------------------
     def close_round(self, *, decrypted: ModuleSums | None = None) -> RoundResult:
         """Apply the strategy to the aggregate, log it and publish the new global model.
@@ -297,6 +315,9 @@ class FederationServer:
             # The round number is spent: hospitals that trained in it refuse a second plan for it
             # (replay protection), so the next plan is for the next round, from the same state.
             self.round += 1
+            inputs = rnd.voided or rnd.aggregation.voided_inputs
+            if inputs and not isinstance(exc, AggregateVoided):
+                raise AggregateVoided(str(exc), inputs=inputs) from exc
             raise
         metrics = {c: dict(r.metrics) for c, r in rnd.reports.items() if r.metrics}
         self.strategy.observe(round_=rnd.plan.round, metrics=metrics)
@@ -525,7 +546,7 @@ class FederationServer:
                             share_variance=min(s.share_variance for s in shares))
         self.audit.record("noise_check", found.payload(rnd.plan.round))
         if not found.passed:
-            raise ProtocolError(
+            raise AggregateVoided(inputs=sums.contributors, message=
                 f"Round {rnd.plan.round} voided: the aggregate carries {found.energy_ratio:.3g}x the noise energy "
                 f"its {found.contributors} contributors declared (a sound test refuses below "
                 f"{found.threshold_ratio:.3g}x; false alarm <= 2^-40). At least one noise share is smaller than "

@@ -51,5 +51,17 @@ def _init(config: Path, out: Path) -> None:
             if models.selection else "no selection")
     first = models.candidates[0].initial
     setup = f"set-up sums {', '.join(s.name for s in models.setup)}; " if models.setup else ""
+    if models.vote is not None:  # concepts: the trained model is derived by the hospitals after the vote
+        setup += (f"a voted run: {models.vote.rounds} DAG vote round(s) over {len(models.vote.concepts)} concepts, "
+                  "then the hospitals derive the model from the voted DAG; ")
     typer.echo(f"initial model(s) ({models.task}; candidates {names}; {rule}; {setup}{len(first.spec.modules)} "
                f"modules, spec {first.spec.digest()[:12]}…) written to {out}")
+    from clinograph.sdk.tasks import task_strategy
+
+    needed = task_strategy(cfg, dictionary=load_dictionary(cfg, config), directory=out.parent)
+    if needed is not None:  # the task's server strategy and the public files it pins
+        import tomli_w
+
+        name, options = needed
+        lines = tomli_w.dumps({"federation": {"strategy": name, "strategy_options": options}})
+        typer.echo(f"task {cfg.task!r} needs this in server.toml (files written beside {out.name}):\n{lines}")

@@ -9,7 +9,10 @@ digest against the weights before it builds the model (a TorchScript or pickle f
 and never run), maps a new table through the hospital's own site schema onto the dictionary the
 model names, refuses another dictionary, checks every risk is a probability, and writes
 ``patient_id,risk``. The label column may be absent. ``--insecure-untrusted-model`` skips the
-signature check only, with a warning.
+signature check only, with a warning. With ``--audit`` (the federation's audit directory) and
+``--server-key``, the model's shared modules must also be the global model the server published
+and released for the round its description names (:mod:`clinograph.sdk.model.release`),
+checked before the model computes anything.
 
 A survival export (``[target] kind = "survival"``) writes ``patient_id`` and one column a
 horizon, named by it (``risk_12mo``: P(T ≤ 12 months) = 1 − S(12 mo)); the new table needs no
@@ -49,6 +52,12 @@ def predict(
     trusted_key: Annotated[str | None, typer.Option("--trusted-key", help="The exporting hospital's Ed25519 public "
                                                     "key: its public_key in federation.toml, as base64 or a file "
                                                     "holding it (or a PEM public key).")] = None,
+    audit: Annotated[Path | None, typer.Option("--audit", help="The federation's audit directory: the model's "
+                                               "shared modules must be the global model the server released "
+                                               "(needs --server-key).")] = None,
+    server_key: Annotated[str | None, typer.Option("--server-key", help="The server's Ed25519 public key "
+                                                   "([server] public_key in federation.toml, or server.pub: "
+                                                   "base64, a file or PEM), for --audit.")] = None,
     insecure_untrusted_model: Annotated[bool, typer.Option(
         "--insecure-untrusted-model", help="INSECURE: load a model whose description is not signed by "
         "--trusted-key (the weights' digest and the output ranges are still checked).")] = False,
@@ -70,7 +79,7 @@ def predict(
     from .guard import guarded
 
     guarded(_predict)(model, table, schema, dictionary, out, trusted_key=trusted_key,
-                      insecure_untrusted_model=insecure_untrusted_model,
+                      insecure_untrusted_model=insecure_untrusted_model, audit=audit, server_key=server_key,
                       ehr=EhrOutputs(fhir_out=fhir_out, fhir_subject=fhir_subject, outcome=outcome,
                                      omop_out=omop_out, omop_table=omop_table))
 
@@ -132,7 +141,8 @@ def _read_patients(table: str, schema: Path, d, raw: dict) -> Source:  # noqa: A
 
 
 def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path, *, trusted_key: str | None,
-             insecure_untrusted_model: bool, ehr: EhrOutputs | None = None, now: datetime | None = None) -> None:
+             insecure_untrusted_model: bool, ehr: EhrOutputs | None = None, now: datetime | None = None,
+             audit: Path | None = None, server_key: str | None = None) -> None:
     import csv
     import tomllib
 
@@ -152,7 +162,9 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
     _check_paths(model, table, schema, dictionary, out, ehr, source_file=is_source_file(raw))
     check_ehr_options(ehr, raw)
     key = hospital_key(trusted_key) if trusted_key is not None else None
-    exported = load_exported(model, trusted=key, insecure_untrusted_model=insecure_untrusted_model)
+    server = hospital_key(server_key, flag="--server-key", whose="the server's") if server_key is not None else None
+    exported = load_exported(model, trusted=key, insecure_untrusted_model=insecure_untrusted_model,
+                             audit_dir=audit, server=server)
     info = exported.description
     d = FeatureDictionary.from_toml(dictionary)
     if d.digest() != info.dictionary_hash:
@@ -183,21 +195,25 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
             "spreadsheet shows them as text instead of running them as a formula") if escaped else ""
     signed = ("signature NOT checked (--insecure-untrusted-model)" if insecure_untrusted_model
               else f"site {info.site!r}, signature checked against key {key.fingerprint[:16] if key else '?'}")
+    signed += (f"; shared modules checked against the global model the server released for round "
+               f"{exported.released_round}" if exported.released_round is not None
+               else "; release not checked against an audit trail (no --audit)")
     typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {signed}, {what}){note}")
     for line in written:
         typer.echo(line)
 
 
-def hospital_key(value: str):  # noqa: ANN201 - a PublicIdentity (imported lazily: the CLI starts without the SDK)
-    """The public key given as ``--trusted-key``: base64 of 32 bytes, inline or in a file, or a PEM public key."""
+def hospital_key(value: str, *, flag: str = "--trusted-key", whose: str = "the exporting hospital's"):  # noqa: ANN201
+    """The public key given as ``flag`` (a PublicIdentity, imported lazily: the CLI starts without
+    the SDK): base64 of 32 bytes, inline or in a file, or a PEM public key."""
     import base64
     import binascii
 
     from clinograph.core.errors import ConfigError
     from clinograph.core.identity import PublicIdentity
 
-    fix = ("Pass the exporting hospital's public key: its public_key in federation.toml ([hospitals.<name>]), as "
-           "base64 or a file holding it.")
+    where = "[server] public_key, or server.pub" if flag == "--server-key" else "[hospitals.<name>] public_key"
+    fix = f"Pass {whose} public key (federation.toml's {where}), as base64 or a file holding it."
     path = Path(value)
     text = value
     if path.is_file():
@@ -211,7 +227,7 @@ def hospital_key(value: str):  # noqa: ANN201 - a PublicIdentity (imported lazil
             except ValueError:
                 pem = None
             if not isinstance(pem, Ed25519PublicKey):
-                raise ConfigError(f"--trusted-key {value} is not an Ed25519 public key. {fix}")
+                raise ConfigError(f"{flag} {value} is not an Ed25519 public key. {fix}")
             return PublicIdentity("trusted", pem.public_bytes(serialization.Encoding.Raw,
                                                               serialization.PublicFormat.Raw))
         text = data.decode("ascii", errors="replace")
@@ -220,7 +236,7 @@ def hospital_key(value: str):  # noqa: ANN201 - a PublicIdentity (imported lazil
     except (binascii.Error, ValueError):
         raw = b""
     if len(raw) != 32:
-        raise ConfigError(f"--trusted-key {'file ' + value if path.is_file() else 'value'} is not the base64 of a "
+        raise ConfigError(f"{flag} {'file ' + value if path.is_file() else 'value'} is not the base64 of a "
                           f"32-byte Ed25519 public key (nor a PEM public key). {fix}")
     return PublicIdentity("trusted", raw)
 

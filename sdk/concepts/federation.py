@@ -1,16 +1,17 @@
-"""An F-CMs federation over the runtime: DAG voting rounds, then the concept model's rounds.
+"""An F-CMs federation in process: the voted run of :mod:`clinograph.secure.runtime.voted`
+(the DAG vote, the model every hospital derives from it, its training) over the in-process
+transport, with each hospital a :class:`~.member.ConceptMember` -- the same run and the same
+hospital the Flower ServerApp and the SuperNode factory (:mod:`.registration`) use.
 
-Each phase is the one run (:func:`clinograph.secure.runtime.run.run_federation`, one candidate:
-the phase's model), with real signed plans, the configured secure mode (``masked`` by default)
-and one audit trail -- the vote its first run, the training the next:
-
-1. **Voting** (spec = the vote module only, strategy ``dag_voting``): each hospital's
-   weighted vote is summed by the secure mode; the server decides the DAG on the tally and
-   records a ``dag_outcome`` entry (and artefact) per round.
-2. **Training** (spec = the concept model, strategy from the config, fedavg/fedsgd): every
-   hospital builds the same initial model from the voted DAG -- read from the tally in the
-   signed global model of phase 1, decided with the same public rule the server used -- and
-   trains only the modules it supervises (F-CMs eq. 2, 4.2.3).
+1. **Voting** (spec = the vote module only, strategy ``dag_voting``): each hospital's weighted
+   vote is summed by the secure mode; the server decides the DAG on the tally and records a
+   ``dag_outcome`` entry (and artefact) per round.
+2. **Derive**: every hospital decides the DAG from the tally in the signed global model it
+   loaded (the same public rule) and builds the concept model on it from the federation's seed;
+   the server requires all of them to agree with each other and with its decision and audits
+   ``model_derived``.
+3. **Training** (spec = the concept model, strategy from the config, fedavg/fedsgd): every
+   hospital trains only the modules it supervises (F-CMs eq. 2, 4.2.3).
 
 What of F-CMs Algorithm 1 this does **not** run inside the protocol: the server's ModelSpec
 is fixed per federation, so the architecture is decided once, after the vote; late joiners,
@@ -28,24 +29,25 @@ from typing import Any
 
 import torch
 from clinograph.secure.audit import AuditTrail
-from clinograph.secure.dag_voting import VOTE_MODULE, DagOutcome, decide_from_sum
+from clinograph.secure.dag_voting import DagOutcome
 from clinograph.secure.runtime import InProcessTransport
 from clinograph.secure.runtime.assemble import ServerSide
 from clinograph.secure.runtime.build import InitialModel
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection
-from clinograph.secure.runtime.models import RunModels
-from clinograph.secure.runtime.run import run_federation
+from clinograph.secure.runtime.models import CandidateModel, RunModels, VotePhase
+from clinograph.secure.runtime.voted import run_voted
 from clinograph.secure.server import FederationServer
 from torch import nn
 
 from clinograph.core.errors import ConfigError
-from clinograph.core.identity import Identity
+from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.core.spec import ModuleKind
 
 from ..config import PrivacySection, ReleaseSection
 from ..federation.client import HospitalClient
 from .dp_training import concept_dp_trainer
 from .graph import ConceptGraph
+from .member import ConceptMember
 from .model import ConceptModel
 from .modules import GRAPH_BASED, ConceptHParams
 from .task import ConceptTask, ConceptTraining, ConceptVote
@@ -94,35 +96,58 @@ def graph_from_outcome(outcome: DagOutcome, *, kind: str, cards: Mapping[str, in
                                   with_task=task in active)
 
 
-def _phase(federation: FederationSection, **update: Any) -> FederationSection:
-    return federation.model_copy(update=update)
+@dataclass(frozen=True)
+class ConceptSettings:
+    """What every hospital of a concept federation shares: the vote's concepts and task node, the
+    states per node, the model (``encoder()`` is called after ``torch.manual_seed(seed)``, so every
+    hospital derives the same initial weights), local training and DP."""
+
+    concepts: tuple[str, ...]
+    task: str
+    cards: Mapping[str, int]
+    kind: str
+    encoder: Callable[[], nn.Module]
+    z_dim: int
+    seed: int
+    hp: ConceptHParams | None = None
+    training: ConceptTraining | None = None
+    privacy: PrivacySection | None = None
 
 
-def _clients(tasks: Mapping[str, ConceptTask], ids: Mapping[str, Identity], server: Identity, *,
-             dictionary_hash: str, federation_id: str, release: ReleaseSection) -> dict[str, HospitalClient]:
-    publics = {n: i.public for n, i in ids.items()}
-    return {n: HospitalClient(task=t, identity=ids[n], server=server.public, peers=publics,
-                              dictionary_hash=dictionary_hash, federation_id=federation_id, release=release)
-            for n, t in tasks.items()}
+def concept_member(site: ConceptSite, settings: ConceptSettings, *, identity: Identity, server: PublicIdentity,
+                   peers: Mapping[str, PublicIdentity], federation_id: str, dictionary_hash: str,
+                   release: ReleaseSection, ledger_dir: Path | None = None,
+                   state_dir: Path | None = None) -> ConceptMember:
+    """The hospital of ``site`` for a voted run: its vote now, its concept model once the DAG is voted
+    (in process and, from its files, over Flower: :mod:`.registration`). ``ledger_dir``: its DP
+    ledger (required with ``settings.privacy``); ``state_dir``: its anchor and last global model."""
+    def client(task_: ConceptTask, where: Path | None) -> HospitalClient:
+        return HospitalClient(task=task_, identity=identity, server=server, peers=peers,
+                              dictionary_hash=dictionary_hash, federation_id=federation_id, release=release,
+                              state_dir=where)
 
+    def build(outcome: DagOutcome) -> HospitalClient:
+        torch.manual_seed(settings.seed)  # identical initial weights at every hospital
+        model = ConceptModel(kind=settings.kind, encoder=settings.encoder(), z_dim=settings.z_dim, hp=settings.hp,
+                             graph=graph_from_outcome(outcome, kind=settings.kind, cards=settings.cards))
+        trainer = None
+        if settings.privacy is not None:
+            if ledger_dir is None:
+                raise ConfigError(f"Hospital {site.name!r} trains its concept model with DP but has no ledger "
+                                  "directory: set [privacy] state_dir.")
+            trainer = concept_dp_trainer(privacy=settings.privacy, n_train=len(site.split.train), site=site.name,
+                                         state_dir=ledger_dir, signer=identity)
+        return client(ConceptTask(model=model, inputs=site.inputs, labels=site.labels, task=settings.task,
+                                  split=site.split, training=settings.training, privacy=trainer), state_dir)
 
-def _run(federation: FederationSection, *, identity: Identity, ids: Mapping[str, Identity], task: ConceptTask,
-         dictionary_hash: str, audit: AuditTrail, first_round: int, clients: Mapping[str, HospitalClient],
-         rounds: int, dp_policy: DPPolicySection | None = None,
-         on_round: Callable[[int, Any], None] | None = None) -> FederationServer:
-    """One phase as the one run (:func:`clinograph.secure.runtime.run.run_federation`, one
-    candidate: the phase's model) over the in-process transport; returns the phase's server.
-    ``audit``: the run continues this audit run (the vote) or, once it is closed, opens the
-    next run of the same trail (the training)."""
-    initial = InitialModel.create(task=task.name, dictionary_hash=dictionary_hash, spec=task.modules.spec(version=0),
-                                  state=task.modules.state(ModuleKind.SHARED))
-    built: list[FederationServer] = []
-    side = ServerSide(federation=federation, identity=identity, enrolled={n: i.public for n, i in ids.items()},
-                      dp_policy=dp_policy.policy() if dp_policy else None, audit_dir=audit.directory,
-                      audit=None if audit.closed else audit, first_round=first_round, configure=built.append)
-    run_federation(RunModels.single(initial), side=side, transport=InProcessTransport(dict(clients)), rounds=rounds,
-                   on_round=None if on_round is None else (lambda _run, r, outcome: on_round(r, outcome)))
-    return built[0]
+    vote = ConceptVote(concepts=settings.concepts, nodes=tuple(site.nodes), edges=tuple(site.edges))
+    return ConceptMember(identity=identity, server=server, federation_id=federation_id,
+                         vote_client=client(ConceptTask(model=None, inputs=site.inputs, labels=site.labels,
+                                                        task=settings.task, split=site.split, vote=vote),
+                                             # the vote model's anchor and kept tally apart from the trained model's
+                                             None if state_dir is None else Path(state_dir) / "vote"),
+                         concepts=settings.concepts, task=settings.task, seed=settings.seed, build=build,
+                         dictionary_hash=dictionary_hash)
 
 
 def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[str], task: str,
@@ -162,56 +187,44 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
     concepts = tuple(concepts)
     release = release or ReleaseSection()
     ids = {s.name: Identity.generate(s.name) for s in sites}
-    votes = {s.name: ConceptVote(concepts=concepts, nodes=tuple(s.nodes), edges=tuple(s.edges)) for s in sites}
+    publics = {n: i.public for n, i in ids.items()}
+    settings = ConceptSettings(concepts=concepts, task=task, cards=dict(cards), kind=kind, encoder=encoder, z_dim=z_dim,
+                               seed=federation.seed, hp=hp, training=training, privacy=dp)
+    members = {s.name: concept_member(s, settings, identity=ids[s.name], server=server_identity.public, peers=publics,
+                                      federation_id=federation.id, dictionary_hash=dictionary_hash, release=release,
+                                      ledger_dir=Path(dp.state_dir or state_dir) / s.name if dp else None)  # type: ignore[arg-type]
+               for s in sites}
+    policy = DPPolicySection(max_epsilon=dp.epsilon_budget, delta=dp.delta, max_clip_norm=dp.clip_norm).policy() \
+        if dp is not None else None
+    side = ServerSide(federation=federation, identity=server_identity, enrolled=publics, dp_policy=policy,
+                      audit_dir=audit.directory, audit=None if audit.closed else audit)
+    losses: list[dict[str, float]] = []
 
-    # Phase 1: voting rounds, spec = the vote module alone.
-    vote_fed = _phase(federation, rounds=vote_rounds, strategy="dag_voting",
-                      strategy_options={"concepts": ",".join(concepts), "task": task, "seed": federation.seed})
-    vote_tasks = {s.name: ConceptTask(model=None, inputs=s.inputs, labels=s.labels, task=task, split=s.split,
-                                      vote=votes[s.name]) for s in sites}
-    voters = _clients(vote_tasks, ids, server_identity, dictionary_hash=dictionary_hash, federation_id=federation.id,
-                      release=release)
-    vote_server = _run(vote_fed, identity=server_identity, ids=ids, task=next(iter(vote_tasks.values())),
-                       dictionary_hash=dictionary_hash, audit=audit, first_round=0, clients=voters, rounds=vote_rounds)
-
-    # Each hospital decides the DAG from the tally in the signed global model it loaded.
-    decided = {}
-    for name, client in voters.items():
-        if client.plan is None:
-            raise ConfigError(f"Hospital {name!r} took part in no voting round; it cannot build the model.")
-        decided[name] = decide_from_sum(concepts=concepts, summed=client.task.modules.get(VOTE_MODULE), task=task,
-                                        seed=federation.seed, round_=client.plan.round)
-    outcome = next(iter(decided.values()))
-    if any(o.adjacency != outcome.adjacency for o in decided.values()):
-        raise ConfigError("Hospitals decided different DAGs from the same tally; the federation is inconsistent.")
-    graph = graph_from_outcome(outcome, kind=kind, cards=cards)
-
-    # Phase 2: the concept model built from the voted DAG, trained module-wise over the runtime.
-    tasks = {}
-    for s in sites:
-        torch.manual_seed(federation.seed)  # identical initial weights at every hospital
-        model = ConceptModel(kind=kind, encoder=encoder(), graph=graph, z_dim=z_dim, hp=hp)
-        trainer = None
-        if dp is not None:
-            root = Path(dp.state_dir or state_dir) / s.name  # type: ignore[arg-type]
-            trainer = concept_dp_trainer(privacy=dp, n_train=len(s.split.train), site=s.name, state_dir=root,
-                                         signer=ids[s.name])
-        tasks[s.name] = ConceptTask(model=model, inputs=s.inputs, labels=s.labels, task=task, split=s.split,
-                                    training=training, privacy=trainer)
-    hospitals = _clients(tasks, ids, server_identity, dictionary_hash=dictionary_hash, federation_id=federation.id,
-                         release=release)
-    result = ConceptFederation(outcome=outcome, graph=graph, vote_server=vote_server, server=None,  # type: ignore[arg-type]
-                               hospitals=hospitals)
-
-    def after(r: int, _outcome: Any) -> None:
-        result.round_losses.append({n: float(h.last.loss) for n, h in hospitals.items() if h.last is not None})
+    def after(_run: Any, r: int, _outcome: Any) -> None:
+        trained = {n: m.trained for n, m in members.items() if m.trained is not None}
+        losses.append({n: float(h.last.loss) for n, h in trained.items() if h.last is not None})
         if on_round is not None:
-            on_round(r, hospitals)
+            on_round(r, trained)
 
-    result.server = _run(federation, identity=server_identity, ids=ids, task=next(iter(tasks.values())),
-                         dictionary_hash=dictionary_hash, audit=audit, first_round=vote_server.round, clients=hospitals,
-                         rounds=federation.rounds, on_round=after,
-                         dp_policy=DPPolicySection(max_epsilon=dp.epsilon_budget, delta=dp.delta,
-                                                   max_clip_norm=dp.clip_norm) if dp is not None else None)
-    return result
+    run = run_voted(vote_models(next(iter(members.values())).vote_client.task, dictionary_hash=dictionary_hash,
+                                vote_rounds=vote_rounds, seed=federation.seed),
+                    side=side, transport=InProcessTransport(dict(members)), rounds=federation.rounds, on_round=after)
+    outcome = run.outcome
+    return ConceptFederation(outcome=outcome, graph=graph_from_outcome(outcome, kind=kind, cards=cards),
+                             vote_server=run.vote_server, server=run.server,
+                             hospitals={n: m.trained for n, m in members.items() if m.trained is not None},
+                             round_losses=losses)
 
+
+def vote_models(vote_task: ConceptTask, *, dictionary_hash: str, vote_rounds: int, seed: int) -> RunModels:
+    """A voted run's models: the vote model of ``vote_task`` (its one candidate, ``vote``) and the
+    public vote settings (what ``clinograph model init`` writes for ``task = "concepts"``)."""
+    vote = vote_task.vote
+    if vote is None:
+        raise ConfigError("vote_models needs a vote task (ConceptTask(vote=...)).")
+    initial = InitialModel.create(task=vote_task.name, dictionary_hash=dictionary_hash,
+                                  spec=vote_task.modules.spec(version=0),
+                                  state=vote_task.modules.state(ModuleKind.SHARED))
+    return RunModels(task=vote_task.name, selection=None,
+                     candidates=(CandidateModel(name="vote", overrides="{}", initial=initial),),
+                     vote=VotePhase(concepts=vote.concepts, task=vote_task.task, seed=int(seed), rounds=vote_rounds))

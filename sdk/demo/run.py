@@ -177,7 +177,9 @@ def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_
 
     stage = on_stage or (lambda s: None)
     config = demo_config(rounds=rounds, seed=seed, secure_mode=secure_mode)  # validate before any work
-    distributed = dp and secure_mode == "masked"
+    from clinograph.secure.aggregation import create_mode
+
+    distributed = dp and create_mode(secure_mode).distributed_dp  # the mode's sum carries the noise shares
     if distributed:
         from ..privacy.schedule import distributed_schedule
 

@@ -137,34 +137,45 @@ class HospitalAnchor:
         old = self._records.get(key, {})
         self._records[key] = {"round": plan.round, "audit_seq": seq, "audit_head": head,
                               "plan": base64.b64encode(plan_bytes).decode("ascii"),
-                              **{k: old[k] for k in ("model", "model_sha256") if k in old}}
+                              **{k: v for k, v in old.items() if k not in ("round", "audit_seq", "audit_head", "plan")}}
         atomic_write(self.path, json.dumps({"format": FORMAT, "anchors": self._records}, indent=1,
                                           sort_keys=True).encode())
 
     def keep_model(self, federation_id: str, state: Mapping[str, np.ndarray]) -> None:
         """Keep the global model this hospital just loaded (resumed after a restart)."""
+        self.keep_blob(federation_id, "model", encode_state(sorted(state), state), prefix="global_model")
+
+    def keep_blob(self, federation_id: str, label: str, data: bytes, *, prefix: str | None = None) -> None:
+        """Keep ``data`` beside the anchor of ``federation_id`` under ``label``, its SHA-256 in the
+        anchor record (checked by :meth:`blob`); nothing before a plan of it was anchored."""
         key = _key(federation_id, self.server)
         if key not in self._records:
             return
-        data = encode_state(sorted(state), state)
-        name = f"global_model.{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
+        name = f"{prefix or label}.{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
         atomic_write(self.path.parent / name, data)
-        self._records[key].update(model=name, model_sha256=hashlib.sha256(data).hexdigest())
+        self._records[key].update({label: name, f"{label}_sha256": hashlib.sha256(data).hexdigest()})
         atomic_write(self.path, json.dumps({"format": FORMAT, "anchors": self._records}, indent=1,
                                           sort_keys=True).encode())
 
-    def model(self, federation_id: str, *, names: list[str]) -> dict[str, np.ndarray] | None:
-        """The kept global model (None if none was kept); IntegrityError if it was altered."""
+    def blob(self, federation_id: str, label: str, *, what: str) -> bytes | None:
+        """What :meth:`keep_blob` kept under ``label`` (None: nothing); IntegrityError if altered."""
         rec = self._records.get(_key(federation_id, self.server), {})
-        if "model" not in rec:
+        if label not in rec:
             return None
         try:
-            data = (self.path.parent / str(rec["model"])).read_bytes()
+            data = (self.path.parent / str(rec[label])).read_bytes()
         except OSError:
             data = b""
-        if hashlib.sha256(data).hexdigest() != rec.get("model_sha256"):
-            raise IntegrityError(f"The global model kept in {self.path.parent} is missing or altered. Restore the "
+        if hashlib.sha256(data).hexdigest() != rec.get(f"{label}_sha256"):
+            raise IntegrityError(f"The {what} kept in {self.path.parent} is missing or altered. Restore the "
                                  "hospital's state directory from its backup.")
+        return data
+
+    def model(self, federation_id: str, *, names: list[str]) -> dict[str, np.ndarray] | None:
+        """The kept global model (None if none was kept); IntegrityError if it was altered."""
+        data = self.blob(federation_id, "model", what="global model")
+        if data is None:
+            return None
         state = decode_state(data)
         if sorted(state) != sorted(names):
             raise IntegrityError(f"The global model kept in {self.path.parent} has other modules than this "

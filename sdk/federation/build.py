@@ -100,6 +100,9 @@ def run_models(config: HospitalConfig, *, dictionary: FeatureDictionary,
     from .member import canonical
     from .setup import setup_sums
 
+    own = create_task(config.task).run_models
+    if own is not None:  # a task whose run is not its candidates' (concepts: a voted run)
+        return own(config, dictionary=dictionary)
     if candidates is None:
         candidates = candidate_configs(config)
     cands = list(candidates) or [Candidate(name="model", overrides={}, config=config)]

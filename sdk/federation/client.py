@@ -13,6 +13,7 @@ plan's public bound ``weight.max``, unless the strategy fixed a weight in the pl
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +30,7 @@ from clinograph.secure.state import UNKNOWN_STATE, state_digest
 from clinograph.secure.strategies import Strategy, create_strategy
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
 
-from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.core.spec import ModuleKind
 
@@ -158,11 +159,14 @@ class HospitalClient:
             new = self._strategy_for(plan).apply(self._global, sums)
         self._global = new
         self.task.modules.load(self._global)
-        if self.anchor is not None:
-            self.anchor.keep_model(plan.federation_id, self._global)
+        if hasattr(self.task, "global_origin"):  # an export names the published global model it holds
+            self.task.global_origin = (plan.federation_id, plan.round)
         selection = getattr(self.task, "selection", None)
         seen = len(selection.losses) if selection is not None else 0
         self.task.after_round()
+        if self.anchor is not None:  # the checkpoint first: a restart prefers it to the kept model
+            self._keep_checkpoint(plan.federation_id)
+            self.anchor.keep_model(plan.federation_id, self._global)
         if self.model_path is not None and plan.federation_id == self.model_path.stem:
             self.task.export_kept(self.model_path, signer=self.identity)  # type: ignore[call-arg]
         if selection is None:
@@ -240,6 +244,46 @@ class HospitalClient:
         if kept is not None:
             self._global = kept
             self.task.modules.load(kept)
+        self._restore_checkpoint(federation_id)
+
+    def _keep_checkpoint(self, federation_id: str) -> None:
+        """After a round: the task's :meth:`~.task.Task.checkpoint` and the global model it loaded,
+        in one file beside the anchor (its digest in the anchor record)."""
+        got = self.task.checkpoint()
+        if got is None or self.anchor is None:
+            return
+        import torch
+        from safetensors.torch import save
+
+        meta, tensors = got
+        tensors = {f"task/{k}": v.detach().contiguous().clone() for k, v in tensors.items()}
+        tensors.update({f"global/{k}": torch.from_numpy(np.ascontiguousarray(v)) for k, v in self._global.items()})
+        data = save(tensors, metadata={"clinograph": json.dumps(meta, sort_keys=True)})
+        self.anchor.keep_blob(federation_id, "checkpoint", data)
+
+    def _restore_checkpoint(self, federation_id: str) -> None:
+        """Take back :meth:`_keep_checkpoint` after a restart: the task's state and the global model of
+        the last round this hospital closed (newer than, or the same as, the kept global model)."""
+        data = self.anchor.blob(federation_id, "checkpoint", what="restart checkpoint") if self.anchor else None
+        if data is None:
+            return
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        try:
+            tensors = load(data)
+            meta = json.loads(_safetensors_metadata(data)["clinograph"])
+        except (SafetensorError, KeyError, ValueError):
+            raise IntegrityError(f"The restart checkpoint of hospital {self.name!r} is not a Clinograph checkpoint. "
+                                 "Restore the state directory from its backup.") from None
+        names = set(self.task.modules.names(ModuleKind.SHARED))
+        held = {k[7:]: v.numpy() for k, v in tensors.items() if k.startswith("global/")}
+        if set(held) != names:
+            raise IntegrityError("The restart checkpoint holds another model than this hospital's config builds; the "
+                                 "state directory belongs to another model version.")
+        self.task.restore(meta, {k[5:]: v for k, v in tensors.items() if k.startswith("task/")})
+        self._global = held
+        self.task.modules.load(held)
 
     def _check_fresh(self, p: RoundPlan) -> None:
         """Round numbers strictly advance per federation: a replayed or old plan would train
@@ -287,3 +331,13 @@ class HospitalClient:
         if self._strategy is None or self._strategy[0] != key:
             self._strategy = (key, create_strategy(plan.strategy, **opts))
         return self._strategy[1]
+
+
+def _safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file's header (a length-prefixed JSON object)."""
+    import struct
+
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > len(data) - 8 or length > 100_000_000:
+        raise ValueError("header length")
+    return dict(json.loads(data[8:8 + length]).get("__metadata__") or {})

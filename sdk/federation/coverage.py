@@ -20,7 +20,7 @@ derives it and returns it signed; the server checks they agree and records a
 model init`` writes them from the config as it is). The same in ``simulate()`` and over Flower.
 
 Refused: under DP (a feature observed in one patient makes ``v_k`` depend on that patient, and
-the sum is exact), and under CKKS (not wired).
+the sum is exact), and under CKKS (the audited result would reveal the sum CKKS hides).
 """
 
 from __future__ import annotations

@@ -187,8 +187,11 @@ def check_simulation(config: SimulationConfig, tables: Sequence[PatientTable], *
     """The configuration-time check of the federation's policy (:func:`check_configuration`);
     returns the promised ε. What build_server should run (hook: see docs/privacy.md)."""
     fed = config.federation
-    if fed.secure_mode != "masked" or fed.strategy != "fedsgd":
-        raise ConfigError("Distributed DP needs secure_mode = 'masked' and strategy = 'fedsgd'.")
+    from clinograph.secure.aggregation import create_mode
+
+    if not create_mode(fed.secure_mode).distributed_dp or fed.strategy != "fedsgd":
+        raise ConfigError(f"Distributed DP needs a secure mode whose sum carries the hospitals' noise shares (masked; "
+                          f"this config has {fed.secure_mode!r}) and strategy = 'fedsgd' (it has {fed.strategy!r}).")
     from clinograph.secure.runtime.build import build_strategy
 
     n = len(tables)

@@ -21,19 +21,22 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clinograph.secure.runtime.models import RunChosen, RunStart, overrides_digest, run_id
 from clinograph.secure.runtime.participant import part
 from clinograph.secure.wire import open_envelope, parse_envelope
 
-from clinograph.core.errors import ProtocolError
+from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
 
 from .client import HospitalClient
 
 if TYPE_CHECKING:
     from .setup import HospitalSetup
+
+POSITION_FORMAT = "clinograph-member-position-v1"
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,12 @@ class FederationMember:
     """The hospital's participant for a whole run (module docstring)."""
 
     def __init__(self, *, identity: Identity, server: PublicIdentity, federation_id: str,
-                 candidates: Sequence[MemberCandidate], setup: HospitalSetup | None = None):
-        """``setup``: the hospital's set-up sums (None: its config asks for none)."""
+                 candidates: Sequence[MemberCandidate], setup: HospitalSetup | None = None,
+                 position: Path | None = None, run_key: str | None = None):
+        """``setup``: the hospital's set-up sums (None: its config asks for none). ``position``: a file
+        where the member keeps which candidate it trains and which was chosen, so that after a
+        restart within the same run (``run_key``, e.g. the Flower run id) it takes its place back;
+        each candidate's client takes back its own state from the anchor (:mod:`.anchor`)."""
         if not candidates:
             raise ProtocolError("A federation member needs at least one candidate model.")
         self.name = identity.name
@@ -95,6 +102,10 @@ class FederationMember:
         self._active = candidates[0].name
         self.chosen: str | None = candidates[0].name if len(candidates) == 1 else None
         self.setup = setup
+        self._rounds: dict[str, int | None] = {}  # candidate -> the run's planned rounds from its run/start
+        self._position, self._run_key = position, run_key
+        self._lost_setup = False  # restarted after set-up sums, whose results are not kept
+        self._take_position()
 
     def __repr__(self) -> str:
         return f"FederationMember(name={self.name!r}, candidates={self._order!r})"
@@ -178,7 +189,40 @@ class FederationMember:
             return self.setup.client
         return self.active
 
+    def _take_position(self) -> None:
+        """After a restart within the same run: the candidate trained and the one chosen."""
+        if self._position is None or not self._position.exists():
+            return
+        try:
+            data = json.loads(self._position.read_text())
+            ours = data.get("format") == POSITION_FORMAT and data.get("run") == self._run_key and \
+                data.get("federation_id") == self.federation_id
+            if not ours:
+                return
+            if data["active"] not in self.candidates or (data["chosen"] is not None and
+                                                         data["chosen"] not in self.candidates):
+                raise ValueError("candidate")
+            rounds = {str(k): (None if v is None else int(v)) for k, v in dict(data["rounds"]).items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            raise IntegrityError(f"{self._position} is not this hospital's run position (altered, or written by "
+                                 "another version). Delete it to sit out the rest of this run.") from None
+        self._active, self.chosen, self._rounds = data["active"], data["chosen"], rounds
+        self._lost_setup = self.setup is not None
+
+    def _keep_position(self) -> None:
+        if self._position is None:
+            return
+        from clinograph.core.fileio import atomic_write
+
+        atomic_write(self._position, json.dumps({"format": POSITION_FORMAT, "run": self._run_key,
+                                                 "federation_id": self.federation_id, "active": self._active,
+                                                 "chosen": self.chosen, "rounds": self._rounds}, sort_keys=True))
+
     def _client(self, name: str, rounds: int | None = None) -> HospitalClient:
+        if self._lost_setup:
+            raise ProtocolError(f"Hospital {self.name!r} restarted after this run's set-up sums, whose results it does "
+                                "not keep; it sits out the rest of this run and takes part again in the next one.")
+        rounds = rounds if rounds is not None else self._rounds.get(name)
         if name not in self.clients:
             rid = run_id(self.federation_id, name, count=len(self._order))
             self.clients[name] = self.candidates[name].build(rid, rounds)
@@ -206,6 +250,8 @@ class FederationMember:
                                 f"config lists {len(self._order)}. Use the same [selection] everywhere.")
         self._client(msg.candidate, msg.rounds)
         self._active = msg.candidate
+        self._rounds[msg.candidate] = msg.rounds
+        self._keep_position()
         return {"ok": b"1"}
 
     def _chosen(self, data: bytes) -> dict[str, bytes]:
@@ -215,6 +261,7 @@ class FederationMember:
                                 "which this hospital did not train.")
         self.chosen = msg.candidate
         self._active = msg.candidate
+        self._keep_position()
         return {"ok": b"1"}
 
 

@@ -23,6 +23,7 @@ from clinograph.core.identity import Identity
 from ..config import HospitalConfig
 from ..ingest import ingest, read_table
 from ..ontology import FeatureDictionary, SiteSchema
+from ..tasks import create_task
 from .build import build_hospital
 from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
@@ -39,7 +40,7 @@ def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
 
 
 def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, Any], run_id: int,
-                  identity: Identity) -> FederationMember:
+                  identity: Identity) -> Any:
     """The hospital over this node's data, keys and settings, for a whole federation run: the
     set-up sums its config asks for (``[scaling] source = "federated"``, ``[model] features =
     "shared"``: :mod:`.setup`), then its own candidates (``[selection] candidates`` × ``restarts``
@@ -55,6 +56,10 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     federation = load_federation(Path(str(node_config["federation-file"])))
     config = HospitalConfig.from_toml(data / "hospital.toml")
     dictionary = load_dictionary(config, data / "hospital.toml")
+    own = create_task(config.task).participant
+    if own is not None:  # a task whose hospital is not a FederationMember (concepts: a voted run)
+        return own(node_config=node_config, config=config, dictionary=dictionary, federation=federation,
+                   identity=identity, data=data)
     table_path = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
     table = ingest(read_table(table_path), schema=SiteSchema.from_toml(data / "schema.toml"), dictionary=dictionary)
     cands = candidate_configs(config) or [Candidate(name="model", overrides={}, config=config)]
@@ -76,4 +81,5 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
                             candidates=[MemberCandidate(name=c.name, overrides=canonical(c.overrides),
                                                         build=lambda fid, rounds, cfg=c.config: build(
                                                             fid, with_horizon(cfg, rounds)))
-                                        for c in cands], setup=setup)
+                                        for c in cands], setup=setup,
+                            position=Path(str(node_config["state-dir"])) / "member_position.json", run_key=str(run_id))

@@ -101,6 +101,9 @@ class NSFLTask(SelectedCalibrated):
 
             use_snapshots(self.trainer, table, train_idx=split.train, config=config.model)
         self._rounds_done = 0
+        #: (federation id, round) of the published global model the shared modules now hold, set by
+        #: the hospital's client when it loads one (None: not from a federation round)
+        self.global_origin: tuple[str, int] | None = None
         #: the federation's model selection as this hospital decodes it (None: selection off)
         self.selection: ModelSelection | None = None
         if config.selection_active() and SELECTION_MODULE in self.modules.names() and len(split.validation):
@@ -155,7 +158,7 @@ class NSFLTask(SelectedCalibrated):
         weight = float(fixed) if fixed is not None else float(min(self.num_samples,
                                                                   float(plan_options.get("weight.max", np.inf))))
         before = self.modules.get(SELECTION_MODULE)
-        self.selection.offer(round_=self._rounds_done, state=self.model.state_dict())
+        self.selection.offer(round_=self._rounds_done, state=self.model.state_dict(), tag=self.global_origin)
         self._metric_before = before
         self._metric_local = encode_validation(global_value=before, loss_sum=loss_sum, count=len(idx), weight=weight,
                                                bound=value_bound(plan_options))
@@ -293,14 +296,24 @@ class NSFLTask(SelectedCalibrated):
                                          breaks=list(tgt.breaks), horizons=hs, time_unit=tgt.time_unit,
                                          features=self.config.model.features, torchscript=torchscript,
                                          meta={"site": self.table.site, "selected_round": kept,
-                                               "horizon": float(tgt.horizon or tgt.breaks[-1])})
+                                               "horizon": float(tgt.horizon or tgt.breaks[-1]),
+                                               "release": self._release()})
         if self.config.model.temporal != "none":
             raise ConfigError("Model export writes the star path (one snapshot); a temporal model ([model] temporal) "
                               "is used through predict_table for now.")
         kept = self.selection.best_round if self.selection is not None else None
         return export_model(self.model, path, dictionary=self.table.dictionary, calibration=self.calibration,
-                            signer=signer, meta={"site": self.table.site, "selected_round": kept},
+                            signer=signer, meta={"site": self.table.site, "selected_round": kept,
+                                                 "release": self._release()},
                             features=self.config.model.features, torchscript=torchscript)
+
+    def _release(self) -> dict | None:
+        """The description's ``release`` (:class:`~clinograph.sdk.model.description.ReleaseBinding`):
+        the federation round whose global model the kept shared modules hold, and the personal ones."""
+        tag = self.selection.best_tag if self.selection is not None else self.global_origin
+        if tag is None:
+            return None
+        return {"federation_id": tag[0], "round": int(tag[1]), "personal_modules": list(self.config.personal.modules)}
 
     @property
     def exportable(self) -> bool:

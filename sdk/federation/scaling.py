@@ -31,7 +31,7 @@ digest (the initial models do not depend on the scales: :mod:`.setup`). The same
 and over Flower.
 
 What it does not do: differential privacy (the summed histogram is exact; under ``[privacy]``
-the phase is refused), CKKS (the hospitals would decrypt the sum; not wired yet).
+the phase is refused), CKKS (the audited result would reveal the sum CKKS hides).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ mode (``masked``; or ``insecure_plaintext`` by name): the global module moves by
 vector, and every hospital decodes ``Σ_k v_k`` from the signed global model and the round's
 public contributor count.
 
-Not wired: CKKS (the hospitals would decrypt the sum); refused: DP (the sum is exact).
+Refused: CKKS (the audited result would reveal the sum CKKS hides); refused: DP (the sum is exact).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..training.trainer import TrainOutcome
 from .client import HospitalClient
 from .task import TaskBase
 
-#: the secure modes a set-up round runs under (CKKS would have the hospitals decrypt the sum: not wired)
+#: the secure modes a set-up round runs under (under CKKS the audited result would reveal the sum CKKS hides)
 SECURE_SUM_MODES = SETUP_MODES
 
 

@@ -244,7 +244,7 @@ def run_in_process(tables: Sequence[PatientTable], dictionary: FeatureDictionary
     :class:`HospitalSetup` (its derived table, dictionary, shared list) and the next round.
 
     Raises:
-        ConfigError: CKKS (not wired); the hospitals agree the run cannot go on (nothing shared).
+        ConfigError: CKKS (the audited result would reveal the sum CKKS hides); the hospitals agree the run cannot go on (nothing shared).
         ProtocolError: hospitals derived different results.
     """
     from clinograph.secure.runtime.assemble import ServerSide
@@ -277,7 +277,7 @@ def shared_features(tables: Sequence[PatientTable], dictionary: FeatureDictionar
     the next round number).
 
     Raises:
-        ConfigError: CKKS (not wired), or no feature is observed at every hospital (after the
+        ConfigError: CKKS (the audited result would reveal the sum CKKS hides), or no feature is observed at every hospital (after the
             ``feature_coverage`` entry is recorded, so the counts are in the audit trail).
         ProtocolError: hospitals decoded different sums.
     """
@@ -300,7 +300,7 @@ def federated_scaling(tables: Sequence[PatientTable], dictionary: FeatureDiction
     (the training rounds continue the numbering in the same audit trail).
 
     Raises:
-        ConfigError: CKKS (not wired), or a dictionary without numeric features.
+        ConfigError: CKKS (the audited result would reveal the sum CKKS hides), or a dictionary without numeric features.
         ProtocolError: hospitals decoded different sums (an inconsistent federation).
     """
     from ..config import HospitalConfig

@@ -126,6 +126,14 @@ def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
              server_identity: Identity | None, choose: bool) -> _Prepared:
     """Identities, the candidates and the run's models (with the set-up sums the config asks
     for, exactly as ``clinograph model init`` writes them); refusals before anything runs."""
+    from ..tasks import create_task
+
+    if create_task(config.task).participant is not None:  # concepts: a voted run, hospitals built from files
+        raise ConfigError(f"task = {config.task!r} builds each hospital from its own files (concepts: its concept "
+                          "columns and its own DAG proposal); simulate() builds hospitals from tables under one shared "
+                          "config. Run it in process with its own driver (concepts: clinograph.sdk.concepts.federation."
+                          "run_concept_federation, or `clinograph demo --concepts`) or over Flower (docs/concepts.md).")
+    config = _with_task_strategy(config, dictionary=dictionary)
     fed = config.federation
     from clinograph.secure.strategies.attention import check_secure_mode
 
@@ -147,6 +155,25 @@ def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     models = run_models(config.hospital_config(), dictionary=dictionary, candidates=cands)
     return _Prepared(tables=list(tables), dictionary=dictionary, config=config, candidates=cands, server_id=server_id,
                      ids=ids, models=models)
+
+
+def _with_task_strategy(config: SimulationConfig, *, dictionary: FeatureDictionary) -> SimulationConfig:
+    """``config`` with the server strategy its task needs (:func:`clinograph.sdk.tasks.task_strategy`):
+    its public files written into the output folder and pinned in ``strategy_options`` unless the
+    config pins them already (each hospital checks the pin against what it derived itself)."""
+    from ..tasks import task_strategy
+
+    fed = config.federation
+    needed = task_strategy(config.hospital_config(), dictionary=dictionary, directory=Path(config.output))
+    if needed is None:
+        return config
+    name, options = needed
+    if fed.strategy != name:
+        raise ConfigError(f"task = {config.task!r} needs [federation] strategy = {name!r} (the server's side of the "
+                          f"task); this config sets {fed.strategy!r}. Set strategy = {name!r}.")
+    if fed.strategy_options:
+        return config
+    return config.model_copy(update={"federation": fed.model_copy(update={"strategy_options": options})})
 
 
 def _server_side(prep: _Prepared, *, audit_dir: Path) -> ServerSide:

@@ -1,6 +1,6 @@
 """What runs where: every task x secure mode x transport, as the code decides it (docs/matrix.md).
 
-The registered tasks (``nsfl`` static, temporal and survival; ``agat``) run through the one run
+The registered tasks (``nsfl`` static, temporal and survival; ``agat``; ``fednsl``) run through the one run
 (:func:`clinograph.secure.runtime.run.run_federation`), in process and over Flower alike, so a
 cell's status is decided by running it: :func:`run_cell` trains one round of a tiny federation
 in process and reports ``runs`` or the ConfigError that refused it. Over Flower the same run
@@ -8,8 +8,9 @@ carries the same status; :data:`REAL_PROCESS_TESTS` names the cells that also ha
 real-process test, the others rest on the equivalence test
 (``tests/integration/test_simulation_matches_flower.py``, ``test_tasks_over_flower.py``).
 
-Rows whose hospitals need more than a table and a config, or that have their own multi-phase
-driver, are stated with the rule that decides them (:data:`STATED`). ``tests/sdk/federation/
+Rows whose hospitals need more than a table and a shared config (concepts: each hospital's concept
+columns and its own DAG proposal; ``simulate()`` refuses it, ``run_concept_federation`` runs it in
+process) are stated with the rule that decides them (:data:`STATED`). ``tests/sdk/federation/
 test_support.py`` runs every runnable cell and checks that docs/matrix.md is :func:`render`'s
 output.
 """
@@ -35,6 +36,8 @@ TASKS: dict[str, dict[str, Any]] = {
                                   "horizon": 12}},
     "NS-FL modalities": {"model": {"modalities": ["waveform"]}},
     "AGAT": {"task": "agat", "agat": {"hidden": 8}},
+    "FedNSL (rules)": {"task": "fednsl", "fednsl": {"max_len": 1, "steps": 10, "draws": 16},
+                       "federation": {"strategy": "fednsl_rules"}},
 }
 #: rows whose hospitals need more than a table and a config: how the Flower column reads
 NEEDS_FACTORY = {"NS-FL modalities": "runs (the same run) with a --participant-factory that loads each hospital's "
@@ -53,18 +56,16 @@ EQUIVALENCE: dict[tuple[str, str], str] = {
     ("NS-FL temporal", "masked"): "loopback equivalence, bit for bit",
     ("NS-FL survival", "masked"): "loopback equivalence, bit for bit",
     ("AGAT", "masked"): "the same run; AGAT's plaintext attention tap (insecure_plaintext) loopback-equivalent",
+    ("FedNSL (rules)", "masked"): "loopback equivalence, bit for bit (the built-in categorical M-step; the "
+                                  "transformer M-step through the ServerApp's server-extension)",
 }
 #: rows decided by a stated rule: (in-process status per mode, Flower status, where it is tested)
 STATED: dict[str, tuple[Mapping[str, str], str, str]] = {
     "concepts (F-CMs, DAG vote)": (
         {"masked": "runs", "masked16": "not tested", "ckks": "refused: the server must see the vote tally it audits"},
-        "not wired: both phases are the one run (run_federation) in process, but no SuperNode factory builds a hospital's concept model from the voted DAG",
-        "tests/sdk/concepts/"),
-    "FedNSL (rules)": (
-        {"masked": "runs", "masked16": "not tested",
-         "ckks": "refused: the server must see the mixture of posteriors it samples from"},
-        "not wired: the one run (run_federation) in process, but no SuperNode factory builds a hospital's rule model, and the transformer M-step runs beside the server",
-        "tests/sdk/fednsl/"),
+        "runs (the same voted run, run_voted; each hospital built from its files by the SuperNode factory)",
+        "tests/integration/test_concepts_over_flower.py: loopback equivalence with run_concept_federation, bit for "
+        "bit; tests/sdk/concepts/"),
 }
 
 

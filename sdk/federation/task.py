@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -75,6 +75,13 @@ class Task(Protocol):
     def export_kept(self, path: str | Path) -> object:
         """Write the model this hospital would keep if the run ended now (``exportable`` tasks)."""
 
+    def checkpoint(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """What a restarted hospital needs beyond the global model it keeps (its personal layers,
+        the rounds it completed, its record of the selection): ``(meta, tensors)``; None: nothing."""
+
+    def restore(self, meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
+        """Take back a :meth:`checkpoint` after a restart."""
+
     def predict_table(self, table: PatientTable) -> np.ndarray:
         """Risk for new patients of this hospital (nothing leaves it)."""
 
@@ -106,3 +113,9 @@ class TaskBase:
 
     def feature_relevance(self) -> dict[str, float]:
         return {}
+
+    def checkpoint(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        return None
+
+    def restore(self, meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
+        raise ConfigError(f"Task {getattr(self, 'name', '?')!r} keeps no checkpoint to restore.")

@@ -10,9 +10,12 @@ validation split.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
-from clinograph.core.errors import ConfigError
+from clinograph.core.errors import ConfigError, IntegrityError
 
 from ..training.calibration import Platt, fit_platt_cv, logit
 from ..training.metrics import binary_metrics
@@ -63,3 +66,33 @@ class SelectedCalibrated(SplitEvaluation):
             self.calibration = fit_platt_cv(logit(self._predict_raw()[idx]), self.table.labels[idx])  # type: ignore[attr-defined]
         cal = self.calibration or Platt()
         return {"round": kept, "platt_a": cal.a, "platt_b": cal.b}
+
+    def checkpoint(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The whole model (global and personal modules), the rounds completed and the selection's
+        record (:meth:`ModelSelection.record`): what a restarted hospital takes back."""
+        tensors = {f"model/{k}": v for k, v in self.model.state_dict().items()}  # type: ignore[attr-defined]
+        origin = getattr(self, "global_origin", None)
+        meta: dict[str, Any] = {"rounds_done": int(getattr(self, "_rounds_done", 0)), "selection": None,
+                                "global_origin": None if origin is None else list(origin)}
+        selection = getattr(self, "selection", None)
+        if selection is not None:
+            meta["selection"], kept = selection.record()
+            tensors.update({f"selection/{k}": v for k, v in kept.items()})
+        return meta, tensors
+
+    def restore(self, meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
+        """Take back :meth:`checkpoint` (same model settings: a changed architecture is refused)."""
+        model = {k[6:]: v for k, v in tensors.items() if k.startswith("model/")}
+        try:
+            self.model.load_state_dict(model)  # type: ignore[attr-defined]
+        except RuntimeError:
+            raise IntegrityError("The hospital's restart checkpoint holds another model than its config builds; the "
+                                 "state directory belongs to another model version.") from None
+        if hasattr(self, "_rounds_done"):
+            self._rounds_done = int(meta["rounds_done"])
+        if hasattr(self, "global_origin") and meta.get("global_origin") is not None:
+            self.global_origin = (str(meta["global_origin"][0]), int(meta["global_origin"][1]))
+        selection = getattr(self, "selection", None)
+        if selection is not None and meta.get("selection") is not None:
+            selection.take_back(meta["selection"], {k[10:]: v for k, v in tensors.items()
+                                                    if k.startswith("selection/")})

@@ -22,8 +22,6 @@ audit log and is refused when ``environment = "production"``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,17 +61,46 @@ class RulesFederation:
 
 def write_rule_space(space: RuleSpace, path: Path) -> str:
     """Write the public rule space file the strategy loads; returns its SHA-256 (pinned in the plan)."""
-    data = json.dumps({"heads": list(space.heads), "bodies": [list(b) for b in space.bodies]},
-                      separators=(",", ":")).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return hashlib.sha256(data).hexdigest()
+    path.write_bytes(space.to_json())
+    return space.sha256()
 
 
 def _initial_prior(space: RuleSpace, generator: RuleGenerator | None) -> np.ndarray:
     if generator is not None:
         return generator.prior()
     return np.full((len(space.heads), space.n_bodies), 1.0 / space.n_bodies)
+
+
+def attach_generator(server: FederationServer, generator: RuleGenerator) -> None:
+    """Make ``generator`` (the transformer T_θ, eqs. 5-6) the M-step of the server's ``fednsl_rules``
+    strategy: each round it samples from the public mixture with the round's public seed
+    (:func:`clinograph.secure.strategies.rules.round_seed`), refits, and its prior is the next one."""
+    def m_step(mixture: np.ndarray, public_seed: int) -> np.ndarray:
+        # the round's public seed: public sampling from the mixture the server sees, not a secret
+        generator.m_step(mixture, rng=np.random.default_rng(public_seed))
+        return generator.prior()
+
+    server.strategy.attach_m_step(m_step, generator="transformer")  # type: ignore[attr-defined]
+
+
+def attach_transformer(server: FederationServer) -> None:
+    """The ServerApp's ``server-extension`` for FedNSL over Flower
+    (``--run-config "server-extension='clinograph.sdk.fednsl.federation:attach_transformer'"``):
+    a :class:`~.generator.RuleGenerator` (preset SMALL, seeded with the strategy's public seed) over
+    the rule space the server's ``fednsl_rules`` strategy pinned, as its M-step. Needs torch beside
+    the server. The first round's prior is the initial model's (uniform), as ``model init`` wrote it;
+    the generator keeps state the server cannot journal, so the strategy refuses a crash journal with it."""
+    from clinograph.secure.strategies.rules import FedNSLRules
+
+    strategy = server.strategy
+    if not isinstance(strategy, FedNSLRules):
+        raise ConfigError(f"server-extension attach_transformer is FedNSL's M-step; this server's strategy is "
+                          f"{getattr(strategy, 'name', type(strategy).__name__)!r}. Set [federation] strategy = "
+                          "'fednsl_rules' or remove the extension.")
+    preds = tuple(sorted({p for body in strategy.bodies for p in body}))
+    space = RuleSpace(heads=tuple(strategy.heads), predicates=preds, bodies=tuple(strategy.bodies))
+    attach_generator(server, RuleGenerator(space, seed=int(strategy.seed)))
 
 
 def run_rules_federation(*, hospitals: Mapping[str, HospitalRules], tests: Mapping[str, np.ndarray],
@@ -108,12 +135,7 @@ def run_rules_federation(*, hospitals: Mapping[str, HospitalRules], tests: Mappi
     def configure(server: FederationServer) -> None:
         built.append(server)
         if generator is not None:
-            def m_step(mixture: np.ndarray, public_seed: int) -> np.ndarray:
-                # the round's public seed (secure.strategies.rules.round_seed): public sampling, not a secret
-                generator.m_step(mixture, rng=np.random.default_rng(public_seed))
-                return generator.prior()
-
-            server.strategy.attach_m_step(m_step, generator="transformer")  # type: ignore[attr-defined]
+            attach_generator(server, generator)
 
     priors = [prior0]
     side = ServerSide(federation=fed, identity=server_identity, enrolled=publics, dp_policy=None,

@@ -14,7 +14,9 @@ it travel through secure aggregation as one more summed module.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -101,6 +103,15 @@ class RuleSpace:
                 if len(set(feats)) == n:
                     bodies.append(combo)
         return cls(heads=tuple(heads), predicates=preds, bodies=tuple(bodies))
+
+    def to_json(self) -> bytes:
+        """The public file the server's ``fednsl_rules`` strategy loads (heads and ordered bodies)."""
+        return json.dumps({"heads": list(self.heads), "bodies": [list(b) for b in self.bodies]},
+                          separators=(",", ":")).encode()
+
+    def sha256(self) -> str:
+        """SHA-256 of :meth:`to_json`: what the server's strategy pins and each hospital checks."""
+        return hashlib.sha256(self.to_json()).hexdigest()
 
     @property
     def n_bodies(self) -> int:

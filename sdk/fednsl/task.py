@@ -24,13 +24,29 @@ import torch
 from clinograph.secure.strategies.rules import POSTERIOR_MODULE, PRIOR_MODULE, SUPPORT_MODULE
 from torch import nn
 
-from clinograph.core.errors import ConfigError
+from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.core.spec import ModuleKind
 
 from ..federation.task import TaskBase
 from ..model.modules import ModuleMap, Piece
 from ..training.trainer import TrainOutcome
 from .client import HospitalRules
+from .rules import RuleSpace
+
+
+def rule_modules(space: RuleSpace, prior: np.ndarray) -> ModuleMap:
+    """The three rule modules over ``space`` (float64, never trained by an optimiser): the prior
+    ``prior`` (n_heads, n_bodies), posterior and support zero. What a hospital's task holds and
+    what ``clinograph model init`` writes, without a table."""
+    flat = torch.as_tensor(np.asarray(prior, dtype=np.float64).ravel().copy())
+    if flat.numel() != space.size:
+        raise ConfigError(f"The prior has {flat.numel()} entries; the rule space needs {space.size} "
+                          f"({len(space.heads)} heads × {space.n_bodies} bodies).")
+    modules = ModuleMap()
+    for name, value in ((PRIOR_MODULE, flat), (POSTERIOR_MODULE, torch.zeros(space.size, dtype=torch.float64)),
+                        (SUPPORT_MODULE, torch.zeros(2 * space.size, dtype=torch.float64))):
+        modules.add(name, ModuleKind.SHARED, [Piece(nn.Parameter(value, requires_grad=False))])
+    return modules
 
 
 class RulesTask(TaskBase):
@@ -40,24 +56,20 @@ class RulesTask(TaskBase):
         rules: the hospital's graph, labels and split.
         prior: the federation's initial prior (n_heads, n_bodies), identical at every hospital.
         test: row indices :meth:`evaluate` uses.
+        rule_space_sha256: the digest of the rule space this hospital derived itself; when given, a
+            plan whose ``fednsl_rules`` strategy pins another space is refused (the server cannot
+            make a hospital score rules it did not configure).
     """
 
     name = "fednsl"
 
-    def __init__(self, *, rules: HospitalRules, prior: np.ndarray, test: np.ndarray, seed: int = 0):
+    def __init__(self, *, rules: HospitalRules, prior: np.ndarray, test: np.ndarray, seed: int = 0,
+                 rule_space_sha256: str | None = None):
         self.rules, self.test, self.seed = rules, np.asarray(test), int(seed)
-        space = rules.space
-        self._prior = nn.Parameter(torch.as_tensor(np.asarray(prior, dtype=np.float64).ravel().copy()),
-                                   requires_grad=False)
-        if self._prior.numel() != space.size:
-            raise ConfigError(f"The prior has {self._prior.numel()} entries; the rule space needs {space.size} "
-                              f"({len(space.heads)} heads × {space.n_bodies} bodies).")
-        self._posterior = nn.Parameter(torch.zeros(space.size, dtype=torch.float64), requires_grad=False)
-        self._support = nn.Parameter(torch.zeros(2 * space.size, dtype=torch.float64), requires_grad=False)
-        self.modules = ModuleMap()
-        for name, p in ((PRIOR_MODULE, self._prior), (POSTERIOR_MODULE, self._posterior),
-                        (SUPPORT_MODULE, self._support)):
-            self.modules.add(name, ModuleKind.SHARED, [Piece(p)])
+        self.rule_space_sha256 = rule_space_sha256
+        self.modules = rule_modules(rules.space, prior)
+        self._prior, self._posterior, self._support = (self.modules.pieces(m)[0].param for m in
+                                                       (PRIOR_MODULE, POSTERIOR_MODULE, SUPPORT_MODULE))
 
     def __repr__(self) -> str:
         return f"RulesTask({self.rules!r})"
@@ -72,6 +84,15 @@ class RulesTask(TaskBase):
 
     def train(self, *, round_: int, epochs: int, plan_options: Mapping[str, float | int | str | bool]) -> TrainOutcome:
         """The E-step on the prior just loaded; then local = global − vector for the two sent modules."""
+        pinned = plan_options.get("strategy.rule_space_sha256")
+        if self.rule_space_sha256 is not None and pinned != self.rule_space_sha256:
+            got = "no rule space (its strategy is not fednsl_rules)" if pinned is None else \
+                f"rule space {str(pinned)[:12]}…"
+            raise ProtocolError(f"The plan pins {got}, but this "
+                                f"hospital's [fednsl] settings and dictionary give {self.rule_space_sha256[:12]}…. "
+                                "Refused; nothing was computed. Fix: write rule_space.json with `clinograph model "
+                                "init` from the same hospital.toml and dictionary every hospital uses, and pin it in "
+                                "server.toml's [federation] strategy_options.")
         seed = int(plan_options.get("strategy.seed", self.seed))
         posterior = self.rules.e_step(self.prior(), round_=round_, seed=seed)
         support = self.rules.support()

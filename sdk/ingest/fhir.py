@@ -51,12 +51,12 @@ def _resources(path: Path):
         if not f.is_file():
             raise ConfigError(f"FHIR input {f} does not exist. Give a Bundle .json, an .ndjson file or a folder.")
         if f.suffix.lower() == ".ndjson":
-            with open(f, encoding="utf-8") as fh:
+            with open(f, "rb") as fh:  # bytes: a line that is not UTF-8 is named, not a decoder traceback
                 for n, line in enumerate(fh, 1):
                     if line.strip():
                         yield f"{f.name} line {n}", _json(line, f"{f.name} line {n}")
             continue
-        doc = _json(f.read_text(encoding="utf-8"), f.name)
+        doc = _json(f.read_bytes(), f.name)
         if doc.get("resourceType") == "Bundle":
             for n, entry in enumerate(doc.get("entry") or [], 1):
                 yield f"{f.name} entry {n}", (entry or {}).get("resource") or {}
@@ -64,12 +64,23 @@ def _resources(path: Path):
             yield f.name, doc
 
 
-def _json(text: str, where: str) -> dict:
+def _json(data: bytes, where: str) -> dict:
+    """The JSON object in ``data`` (UTF-8); a SchemaError naming ``where`` for anything else --
+    binary bytes, broken JSON, or nesting deeper than the decoder's recursion bound (never a
+    FHIR resource: R4 nests a few levels)."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(data.decode("utf-8-sig"))  # a leading BOM is allowed
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"FHIR input {where} is not UTF-8 text (byte {exc.start} cannot be decoded): a binary or "
+                          "otherwise encoded file. Give the FHIR export as JSON/NDJSON in UTF-8.",
+                          title="FHIR input cannot be parsed") from None
     except json.JSONDecodeError as exc:
         raise SchemaError(f"FHIR input {where} is not valid JSON (position {exc.pos}). Export it again.",
                           title="FHIR input cannot be parsed") from None
+    except RecursionError:
+        raise SchemaError(f"FHIR input {where} nests JSON arrays or objects too deeply to be a FHIR resource (past "
+                          "the decoder's recursion bound). Export it again from the EHR; a hand-made or damaged "
+                          "file is not read.", title="FHIR input cannot be parsed") from None
     if not isinstance(doc, dict):
         raise SchemaError(f"FHIR input {where} is not a JSON object (a resource).", title="FHIR input cannot be parsed")
     return doc

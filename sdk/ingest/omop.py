@@ -209,8 +209,10 @@ _NO_FILES = {"enable_external_access": False, "lock_configuration": True}
 
 
 def _one_select(sql: str, *, what: str) -> None:
-    """Embedded DuckDB: ``sql`` is one SELECT statement (ConfigError otherwise), checked with
-    DuckDB's own parser before it runs -- a COPY, ATTACH, SET or second statement never runs."""
+    """``sql`` is one SELECT statement (ConfigError otherwise), checked with DuckDB's own parser
+    (PostgreSQL's grammar, forked) before it runs on any database -- a COPY, ATTACH, SET,
+    COMMIT or second statement never runs. A SELECT that writes (PostgreSQL's data-modifying
+    ``WITH``) still parses as SELECT: the read-only transaction (:func:`read_only`) refuses it."""
     import duckdb
 
     try:
@@ -304,83 +306,106 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
 
     Raises:
         SourceUnavailable: the database cannot be connected to.
-        ConfigError: on embedded DuckDB, the cohort query is not one SELECT statement.
-        SchemaError: tables or columns are missing, the cohort query does not return
-            ``person_id`` and ``index_datetime``, or ``[omop.person]``/``[omop.conditions]`` name
+        ConfigError: the cohort query is not one SELECT statement (DuckDB's parser, on every database).
+        SchemaError: tables or columns are missing, a query with the cohort fails (on PostgreSQL
+            also: it tries to write in the read-only transaction), the cohort query does not return
+            ``person_id`` and ``index_datetime`` (naive timestamps), or ``[omop.person]``/``[omop.conditions]`` name
             features the dictionary does not have as declared.
         UnitError: values without a unit (and no declared one), unit concepts or units that do not
             convert, censored values without a declared ``censored`` policy -- every feature at once.
     """
     import sqlalchemy as sa
 
-    from .omop_assemble import assemble, check_declared
+    from .omop_assemble import check_declared
 
     check_declared(source, dictionary)
     check_cdm(engine, cdm_schema=source.cdm_schema, death=bool(source.label and source.label.death))
     cohort_sql, params = _cohort_sql(source)
-    if engine.dialect.name == "duckdb" and source.cohort.sql is not None:  # wrapped as a CTE below: one SELECT
-        _one_select(cohort_sql, what=f"The cohort query of site {source.site!r}")  # stays one statement
-    in_cohort = "IN (SELECT person_id FROM cohort)"
+    if source.cohort.sql is not None:  # wrapped as a CTE below: one SELECT stays one statement
+        _one_select(cohort_sql, what=f"The cohort query of site {source.site!r}")
     with engine.connect() as conn:
         try:
-            cohort = _query(conn, cohort_sql, params)
+            read_only(conn)
+            return _read(conn, cohort_sql, params, source=source, dictionary=dictionary)
         except sa.exc.SQLAlchemyError as exc:
-            raise SchemaError(f"The cohort query of site {source.site!r} failed ({type(exc.orig or exc).__name__}). "
-                              "Check it against the CDM: it must SELECT person_id, index_datetime.",
+            raise SchemaError(f"The cohort query of site {source.site!r} failed ({type(exc.orig or exc).__name__}"
+                              "), alone or as the cohort of a read. Check it against the CDM: one SELECT of "
+                              "person_id, index_datetime that only reads (the transaction is read-only).",
                               title="Cohort query failed") from None
-        missing = [c for c in ("person_id", "index_datetime") if c not in cohort.columns]
-        if missing:
-            raise SchemaError(f"The cohort query of site {source.site!r} returns no column(s) {missing}. "
-                              "SELECT person_id and index_datetime (AS index_datetime).",
-                              title="Cohort query has the wrong columns")
-        frames, unmapped = [], {}
-        ids = {"feature_ids": [f.omop_concept_id for f in dictionary.features if f.omop_concept_id] or [-1]}
-        for table, operator, text in (("measurement", "x.operator_concept_id", "x.value_source_value"),
-                                      ("observation", "CAST(NULL AS INTEGER)", "x.value_as_string")):
-            sql = (f"WITH cohort AS ({cohort_sql}) SELECT '{table}' AS source_table, x.{table}_id AS record_id, "  # noqa: S608 (see _SQL_NOTE)
-                   f"x.person_id, x.{table}_concept_id AS concept_id, "
-                   f"COALESCE(x.{table}_datetime, CAST(x.{table}_date AS TIMESTAMP)) AS t, "
-                   f"x.value_as_number AS value, x.unit_source_value AS unit_text, x.unit_concept_id AS unit_concept, "
-                   f"{operator} AS operator, x.value_as_concept_id AS value_concept, {text} AS value_text "
-                   f"FROM {_t(source, table)} x WHERE x.person_id {in_cohort} AND x.{table}_concept_id IN :feature_ids")
-            frames.append(_query(conn, sql, {**params, **ids}))
-            other = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.{table}_concept_id AS concept_id, "  # noqa: S608 (see _SQL_NOTE)
-                                 f"COUNT(*) AS n FROM {_t(source, table)} x WHERE x.person_id {in_cohort} "
-                                 f"AND x.{table}_concept_id NOT IN :feature_ids GROUP BY x.{table}_concept_id",
-                           {**params, **ids})
-            for c, n in zip(other["concept_id"], other["n"], strict=True):
-                k = f"OMOP/{int(c)}" if pd.notna(c) else "OMOP/(none)"
-                unmapped[k] = unmapped.get(k, 0) + int(n)
-        conditions = None
-        if source.conditions is not None:
-            cids = [dictionary.get(f).omop_concept_id for f in source.conditions.features]
-            conditions = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
-                                      "x.condition_concept_id AS concept_id, COALESCE(x.condition_start_datetime, "
-                                      "CAST(x.condition_start_date AS TIMESTAMP)) AS t "
-                                      f"FROM {_t(source, 'condition_occurrence')} x WHERE x.person_id {in_cohort} "
-                                      "AND x.condition_concept_id IN :condition_ids",
-                                {**params, "condition_ids": cids})
-        label_frames = []
-        if source.label is not None:
-            for table, ids in (("condition_occurrence", source.label.condition_concept_ids),
-                               ("observation", source.label.observation_concept_ids)):
-                if ids:
-                    prefix = table.split("_")[0]
-                    start = "start_" if table == "condition_occurrence" else ""
-                    sql = (f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
-                           f"COALESCE(x.{prefix}_{start}datetime, CAST(x.{prefix}_{start}date AS TIMESTAMP)) AS t "
-                           f"FROM {_t(source, table)} x WHERE x.person_id {in_cohort} "
-                           f"AND x.{prefix}_concept_id IN :label_ids")
-                    label_frames.append(_query(conn, sql, {**params, "label_ids": list(ids)}))
-            if source.label.death:
-                label_frames.append(_query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
-                                                 "COALESCE(x.death_datetime, CAST(x.death_date AS TIMESTAMP)) AS t "
-                                                 f"FROM {_t(source, 'death')} x WHERE x.person_id {in_cohort}", params))
-        person = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, person_source_value, "  # noqa: S608 (see _SQL_NOTE)
-                              "gender_concept_id, year_of_birth, month_of_birth, day_of_birth, birth_datetime "
-                              f"FROM {_t(source, 'person')} WHERE person_id {in_cohort}", params)
-        periods = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, observation_period_start_date AS "  # noqa: S608 (see _SQL_NOTE)
-                               "start, observation_period_end_date AS stop "
-                               f"FROM {_t(source, 'observation_period')} WHERE person_id {in_cohort}", params)
+
+
+def read_only(conn) -> None:  # noqa: ANN001 - an SQLAlchemy Connection, before its first query
+    """Make the connection's transaction read-only where the database enforces it (PostgreSQL:
+    ``SET TRANSACTION READ ONLY``, which no later statement of the transaction can undo). Embedded
+    DuckDB is read-only already (:func:`omop_engine`); the documented read-only role (docs/
+    ehr_formats.md) stays the first defence on a database server."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+
+
+def _read(conn, cohort_sql: str, params: dict, *, source: OmopSource,  # noqa: ANN001 - a Connection
+          dictionary: FeatureDictionary) -> EhrExtract:
+    from .omop_assemble import assemble
+
+    in_cohort = "IN (SELECT person_id FROM cohort)"
+    cohort = _query(conn, cohort_sql, params)
+    missing = [c for c in ("person_id", "index_datetime") if c not in cohort.columns]
+    if missing:
+        raise SchemaError(f"The cohort query of site {source.site!r} returns no column(s) {missing}. "
+                          "SELECT person_id and index_datetime (AS index_datetime).",
+                          title="Cohort query has the wrong columns")
+    if isinstance(cohort["index_datetime"].dtype, pd.DatetimeTZDtype):
+        raise SchemaError(f"The cohort query of site {source.site!r} returns index_datetime with a time zone; "
+                          "the CDM's datetimes have none. CAST it AS TIMESTAMP (in the CDM's local time).",
+                          title="Cohort query has the wrong columns")
+    frames, unmapped = [], {}
+    ids = {"feature_ids": [f.omop_concept_id for f in dictionary.features if f.omop_concept_id] or [-1]}
+    for table, operator, text in (("measurement", "x.operator_concept_id", "x.value_source_value"),
+                                  ("observation", "CAST(NULL AS INTEGER)", "x.value_as_string")):
+        sql = (f"WITH cohort AS ({cohort_sql}) SELECT '{table}' AS source_table, x.{table}_id AS record_id, "  # noqa: S608 (see _SQL_NOTE)
+               f"x.person_id, x.{table}_concept_id AS concept_id, "
+               f"COALESCE(x.{table}_datetime, CAST(x.{table}_date AS TIMESTAMP)) AS t, "
+               f"x.value_as_number AS value, x.unit_source_value AS unit_text, x.unit_concept_id AS unit_concept, "
+               f"{operator} AS operator, x.value_as_concept_id AS value_concept, {text} AS value_text "
+               f"FROM {_t(source, table)} x WHERE x.person_id {in_cohort} AND x.{table}_concept_id IN :feature_ids")
+        frames.append(_query(conn, sql, {**params, **ids}))
+        other = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.{table}_concept_id AS concept_id, "  # noqa: S608 (see _SQL_NOTE)
+                             f"COUNT(*) AS n FROM {_t(source, table)} x WHERE x.person_id {in_cohort} "
+                             f"AND x.{table}_concept_id NOT IN :feature_ids GROUP BY x.{table}_concept_id",
+                       {**params, **ids})
+        for c, n in zip(other["concept_id"], other["n"], strict=True):
+            k = f"OMOP/{int(c)}" if pd.notna(c) else "OMOP/(none)"
+            unmapped[k] = unmapped.get(k, 0) + int(n)
+    conditions = None
+    if source.conditions is not None:
+        cids = [dictionary.get(f).omop_concept_id for f in source.conditions.features]
+        conditions = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
+                                  "x.condition_concept_id AS concept_id, COALESCE(x.condition_start_datetime, "
+                                  "CAST(x.condition_start_date AS TIMESTAMP)) AS t "
+                                  f"FROM {_t(source, 'condition_occurrence')} x WHERE x.person_id {in_cohort} "
+                                  "AND x.condition_concept_id IN :condition_ids",
+                            {**params, "condition_ids": cids})
+    label_frames = []
+    if source.label is not None:
+        for table, ids in (("condition_occurrence", source.label.condition_concept_ids),
+                           ("observation", source.label.observation_concept_ids)):
+            if ids:
+                prefix = table.split("_")[0]
+                start = "start_" if table == "condition_occurrence" else ""
+                sql = (f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
+                       f"COALESCE(x.{prefix}_{start}datetime, CAST(x.{prefix}_{start}date AS TIMESTAMP)) AS t "
+                       f"FROM {_t(source, table)} x WHERE x.person_id {in_cohort} "
+                       f"AND x.{prefix}_concept_id IN :label_ids")
+                label_frames.append(_query(conn, sql, {**params, "label_ids": list(ids)}))
+        if source.label.death:
+            label_frames.append(_query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
+                                             "COALESCE(x.death_datetime, CAST(x.death_date AS TIMESTAMP)) AS t "
+                                             f"FROM {_t(source, 'death')} x WHERE x.person_id {in_cohort}", params))
+    person = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, person_source_value, "  # noqa: S608 (see _SQL_NOTE)
+                          "gender_concept_id, year_of_birth, month_of_birth, day_of_birth, birth_datetime "
+                          f"FROM {_t(source, 'person')} WHERE person_id {in_cohort}", params)
+    periods = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, observation_period_start_date AS "  # noqa: S608 (see _SQL_NOTE)
+                           "start, observation_period_end_date AS stop "
+                           f"FROM {_t(source, 'observation_period')} WHERE person_id {in_cohort}", params)
     return assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, source=source,
                     dictionary=dictionary)

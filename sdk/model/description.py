@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
+from clinograph.secure.messages import ID_PATTERN
 from clinograph.secure.runtime.config import StrictSection
 from pydantic import Field, ValidationError, model_validator
 
@@ -71,6 +72,18 @@ class SurvivalOutputs(StrictSection):
         return self
 
 
+class ReleaseBinding(StrictSection):
+    """Where the weights' shared modules come from: the global model the server published (and
+    signed) in its audit trail for ``round`` of ``federation_id``. Every module of the model not
+    in ``personal_modules`` must equal it (as float32); those are the hospital's own, vouched for
+    by its signature alone (:mod:`.release` checks it against a verified audit trail)."""
+
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    personal_modules: tuple[str, ...] = Field(max_length=10_000,
+                                              description="[personal] modules: exact names or prefixes ending in /")
+
+
 class ModelDescription(StrictSection):
     """Everything needed to rebuild an exported star-path model, and the weights it accepts."""
 
@@ -87,6 +100,7 @@ class ModelDescription(StrictSection):
                                   description="survival: the configured [target] horizon")
     site: str = Field(min_length=1, max_length=256)
     selected_round: int | None = Field(default=None, ge=0)
+    release: ReleaseBinding | None = Field(default=None, description="None: not exported from a federation round")
     inputs: str = INPUTS
 
     @model_validator(mode="after")
@@ -155,6 +169,13 @@ def open_description(data: bytes, *, source: Path, trusted: PublicIdentity | Non
 
 
 def _problems(exc: ValidationError) -> str:
-    """Locations and messages of a validation error (never the input values)."""
-    return "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg'].removeprefix('Value error, ')}"
-                     for e in exc.errors()[:8])
+    """Every location and message of a validation error (never the input values), then their
+    count, so a description missing several keys is mended in one pass."""
+    errors = exc.errors()
+    shown = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg'].removeprefix('Value error, ')}"
+                      for e in errors[:_MAX_SHOWN])
+    more = f"; and {len(errors) - _MAX_SHOWN} more" if len(errors) > _MAX_SHOWN else ""
+    return f"{shown}{more} ({len(errors)} problem(s))"
+
+
+_MAX_SHOWN = 100  # a description has a few dozen keys: every one can be named

@@ -45,16 +45,24 @@ class ExportedModel:
     module: nn.Module
     description: ModelDescription
     path: Path
+    #: the federation round whose released global model the shared modules were checked against
+    #: (None: not checked against an audit trail)
+    released_round: int | None = None
 
 
 def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_untrusted_model: bool = False,
-                  environment: Environment = "development") -> ExportedModel:
+                  environment: Environment = "development", audit_dir: Path | None = None,
+                  server: PublicIdentity | None = None) -> ExportedModel:
     """The model exported to ``path`` (weights) and ``path + '.json'`` (signed description).
 
     Args:
         trusted: the exporting hospital's public key; the description must be signed by it.
         insecure_untrusted_model: skip the signature check (warns every time; refused in production).
             The description is still parsed strictly and the weights' digest still checked.
+        audit_dir, server: the federation's audit directory and the server's public key (both or
+            neither): the shared modules must be the global model the server published and
+            released for the round the description names (:func:`.release.check_release`),
+            checked on the parsed tensors before the model computes anything.
 
     Raises:
         ConfigError: no trusted key and no insecure option, or a file that is missing.
@@ -63,6 +71,9 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
     """
     path = Path(path)
     sidecar = path.with_name(path.name + ".json")
+    if (audit_dir is None) != (server is None):
+        raise ConfigError(f"Model {path}: checking its release needs both the federation's audit directory and the "
+                          "server's public key (--audit and --server-key). Fix: give both, or neither.")
     if trusted is None and not insecure_untrusted_model:
         raise ConfigError(f"Model {path}: no trusted key to check its description's signature. Fix: pass the "
                           "exporting hospital's public key (its public_key in federation.toml) as --trusted-key, or "
@@ -86,7 +97,13 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
                              f"names {description.weights_sha256[:16]}…. The weights were changed, or the description "
                              "belongs to another export. Fix: use the two files of one export, as the hospital wrote "
                              "them.")
-    return ExportedModel(module=_build(description, data, path), description=description, path=path)
+    module = _build(description, data, path)
+    released = None
+    if audit_dir is not None and server is not None:
+        from .release import check_release
+
+        released = check_release(description, module, audit_dir=Path(audit_dir), server=server, source=path)
+    return ExportedModel(module=module, description=description, path=path, released_round=released)
 
 
 def code_kind(data: bytes) -> str | None:

@@ -19,8 +19,10 @@ default under DP), or work with fedopt (Adam on the summed module is not linear)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,24 +81,27 @@ class ModelSelection:
     best_round: int | None = None
     best_loss: float = float("inf")
     best_state: dict[str, torch.Tensor] | None = None
-    _candidate: tuple[int, dict[str, torch.Tensor]] | None = None
+    #: where the best model's shared modules came from (the driver's tag: federation id and round)
+    best_tag: tuple[str, int] | None = None
+    _candidate: tuple[int, dict[str, torch.Tensor], tuple[str, int] | None] | None = None
     _bad: int = 0
 
-    def offer(self, *, round_: int, state: dict[str, torch.Tensor]) -> None:
-        """The model about to be scored (a copy is kept until its loss is known)."""
-        self._candidate = (round_, {k: v.detach().clone() for k, v in state.items()})
+    def offer(self, *, round_: int, state: dict[str, torch.Tensor], tag: tuple[str, int] | None = None) -> None:
+        """The model about to be scored (a copy is kept until its loss is known); ``tag``: the
+        federation id and round whose published global model its shared modules hold."""
+        self._candidate = (round_, {k: v.detach().clone() for k, v in state.items()}, tag)
 
     def observe(self, loss: float | None) -> None:
         """The federated validation loss of the last offered model."""
         if self._candidate is None or loss is None or not np.isfinite(loss):
             self._candidate = None
             return
-        round_, state = self._candidate
+        round_, state, tag = self._candidate
         self._candidate = None
         self.rounds.append(round_)
         self.losses.append(float(loss))
         if loss < self.best_loss - self.min_delta or self.best_state is None:
-            self.best_round, self.best_loss, self.best_state = round_, float(loss), state
+            self.best_round, self.best_loss, self.best_state, self.best_tag = round_, float(loss), state, tag
             self._bad = 0
         else:
             self._bad += 1
@@ -105,3 +110,36 @@ class ModelSelection:
     def should_stop(self) -> bool:
         """Early stopping: ``patience`` evaluated rounds in a row without improvement."""
         return self.patience > 0 and self._bad >= self.patience
+
+    def record(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """Everything this record holds, for a restart: ``(meta, tensors)`` (the best and the
+        offered models' states under ``best/`` and ``offered/``)."""
+        meta: dict[str, Any] = {"rounds": list(self.rounds), "losses": list(self.losses), "best_round": self.best_round,
+                                "best_loss": None if math.isinf(self.best_loss) else self.best_loss, "bad": self._bad,
+                                "best_tag": None if self.best_tag is None else list(self.best_tag),
+                                "offered": None if self._candidate is None else self._candidate[0],
+                                "offered_tag": None if self._candidate is None or self._candidate[2] is None
+                                else list(self._candidate[2])}
+        tensors = {f"best/{k}": v for k, v in (self.best_state or {}).items()}
+        if self._candidate is not None:
+            tensors.update({f"offered/{k}": v for k, v in self._candidate[1].items()})
+        return meta, tensors
+
+    def take_back(self, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
+        """Restore :meth:`record`."""
+        self.rounds = [int(x) for x in meta["rounds"]]
+        self.losses = [float(x) for x in meta["losses"]]
+        self.best_round = None if meta["best_round"] is None else int(meta["best_round"])
+        self.best_loss = math.inf if meta["best_loss"] is None else float(meta["best_loss"])
+        self._bad = int(meta["bad"])
+        best = {k[5:]: v for k, v in tensors.items() if k.startswith("best/")}
+        self.best_state = best or None
+        self.best_tag = _tag(meta.get("best_tag"))
+        offered = {k[8:]: v for k, v in tensors.items() if k.startswith("offered/")}
+        self._candidate = None if meta["offered"] is None else (int(meta["offered"]), offered,
+                                                                _tag(meta.get("offered_tag")))
+
+
+def _tag(value: Any) -> tuple[str, int] | None:
+    """A (federation id, round) tag from its JSON form."""
+    return None if value is None else (str(value[0]), int(value[1]))

@@ -12,7 +12,7 @@ from typing import Any
 
 from clinograph.core.errors import RegistryError
 
-from .base import AggregationClient, AggregationServer, LocalUpdate, ModuleSums
+from .base import AggregateVoided, AggregationClient, AggregationServer, LocalUpdate, ModuleSums
 from .plaintext import PlaintextClient, PlaintextServer
 
 Options = dict[str, float | int | str | bool]
@@ -36,6 +36,9 @@ class ModeRun:
     options: Callable[[tuple[str, ...]], Options] = _no_options
     hospitals: tuple[str, ...] | None = None
     check_distributed: Callable[..., None] | None = None
+    #: ``(kind, payload)`` entries the mode's set-up records in the run's audit trail once its
+    #: server is built (CKKS: who holds the secret key)
+    audit: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,17 @@ class SecureMode:
     client: type[AggregationClient]
     server_sees_sum: bool
     insecure: bool = False
+    #: whether the mode's sum can carry the hospitals' distributed-DP noise shares (its run's
+    #: ``check_distributed`` then checks a policy against the round's parameters)
+    distributed_dp: bool = False
     #: prepare(federation=, transport=, run_id=, enrolled=, max_weight=, context=, on_event=) -> ModeRun
     prepare: Callable[..., ModeRun] | None = None
     #: join(plan=, identity=, server=, peers=, update=, keys=) -> AggregationClient (keys: the
     #: hospital's key holder from the set-up); None: ``client(plan=, identity=, server=, peers=, update=)``
     join: Callable[..., AggregationClient] | None = None
+    #: describe(plan_options, entries) -> (paragraph, [(parameter, value)]): the report's account of
+    #: the mode (``entries``: the run's audit payloads by kind); None: its ``<name>.*`` plan options
+    describe: Callable[..., tuple[str, list[tuple[str, object]]]] | None = None
 
     def open_run(self, *, federation: Any, transport: Any, run_id: str, enrolled: Mapping[str, Any],
                  max_weight: float, context: object | None = None,
@@ -113,5 +122,5 @@ def _load_builtin() -> None:
 
 register_mode(SecureMode("insecure_plaintext", PlaintextServer, PlaintextClient, server_sees_sum=True, insecure=True))
 
-__all__ = ["AggregationClient", "AggregationServer", "LocalUpdate", "ModeRun", "ModuleSums", "SecureMode",
+__all__ = ["AggregateVoided", "AggregationClient", "AggregationServer", "LocalUpdate", "ModeRun", "ModuleSums", "SecureMode",
            "create_mode", "register_mode", "registered_modes"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from clinograph.core.errors import ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
 
 from ..messages import RoundPlan
@@ -68,10 +69,24 @@ class ModuleSums:
         return f"ModuleSums(modules={len(self.sums)}, contributors={len(self.contributors)})"
 
 
+class AggregateVoided(ProtocolError):
+    """The round's sum was refused because of what went into it, not because too few hospitals
+    took part: the masked bound check (:func:`clinograph.secure.masking.stages.check_total`),
+    the distributed-DP noise test, or (ckks) a contributor refusing the aggregate it decrypted.
+    ``inputs``: the hospitals whose inputs were in the refused sum; at least one of them voided
+    it (:mod:`clinograph.secure.runtime.attribution` finds which)."""
+
+    def __init__(self, message: str, *, inputs: tuple[str, ...] | list[str]):
+        super().__init__(message)
+        self.inputs = tuple(sorted(inputs))
+
+
 class AggregationServer(ABC):
     """Server half of one round of a secure-aggregation mode."""
 
     mode: str = ""
+    #: set when the mode refused the sum for what went into it: the hospitals whose inputs it held
+    voided_inputs: tuple[str, ...] | None = None
 
     def __init__(self, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity], identity: Identity):
         self.plan = plan

@@ -397,6 +397,20 @@ class FeatureCoverage(Payload):
     rule: str = Field(max_length=1000)
 
 
+class ModelDerived(Payload):
+    """``model_derived``: the model every hospital built from the voted DAG (a voted run,
+    secure/runtime/voted.py), before its training run: the vote's last round, the DAG's digest
+    (the ``dag_outcome`` of that round), the derived initial model's digest and spec digest, and
+    the hospitals that derived exactly this model (all that answered)."""
+
+    round: int = Field(ge=0)
+    dag_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    initial_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    parameters: int = Field(ge=0)
+    hospitals: list[Name] = Field(min_length=1, max_length=100_000)
+
+
 Stage = Annotated[str, Field(pattern=r"^(hello|setup|plan|stage( [0-9]{1,4})?|end)$")]
 Reason = Annotated[str, Field(max_length=4000)]
 
@@ -456,6 +470,38 @@ class HospitalRefused(Payload):
     signed: bool
     final: bool = False
     refusal_sha256: Hex64 | None = None
+
+
+class AttributionStep(Payload):
+    """``attribution_step``: one round of the group testing that names the hospital whose input
+    voids rounds (secure/runtime/attribution.py). ``opened_by``: the voided round that opened the
+    search (its own step has ``test`` 0); ``hospitals``: the round's inputs (voided: whose inputs
+    were in the refused sum -- not contributors, nothing of the round was applied) or its
+    contributors (aggregated); ``suspects``: the intersection of the search's voided input sets
+    after this round (the proof); ``candidates`` and ``vouched``: what steers the next test;
+    ``end``: ``named`` (followed by ``hospital_retired``) or ``inconclusive``."""
+
+    round: int = Field(ge=0)
+    opened_by: int = Field(ge=0)
+    test: int = Field(ge=0)
+    outcome: Literal["voided", "aggregated"]
+    hospitals: list[Name]
+    suspects: list[Name]
+    candidates: list[Name]
+    vouched: list[Name]
+    end: Literal["named", "inconclusive"] | None
+    method: Literal["group_testing"]
+
+
+class HospitalRetired(Payload):
+    """``hospital_retired``: a hospital named as the one whose input voided the ``evidence``
+    rounds (it is the only hospital whose input was in every one) is out of the run."""
+
+    round: int = Field(ge=0)
+    client: Name
+    reason: Reason
+    evidence: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    method: Literal["group_testing"]
 
 
 class RunEnded(Payload):
@@ -543,11 +589,13 @@ KINDS: dict[str, type[Payload]] = {
     "round_aborted": RoundAborted, "aggregate": Aggregate, "noise_check": NoiseCheck,
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
-    "model_selected": ModelSelected, "model_chosen": ModelChosen, "run_extended": RunExtended,
-    "candidates_eliminated": CandidatesEliminated, "run_paused": RunPaused, "run_resumed": RunResumed, "feature_coverage": FeatureCoverage,
+    "model_selected": ModelSelected, "model_chosen": ModelChosen, "run_extended": RunExtended, "feature_coverage": FeatureCoverage,
+    "model_derived": ModelDerived,
+    "candidates_eliminated": CandidatesEliminated, "run_paused": RunPaused, "run_resumed": RunResumed,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release, "ckks_key_holders": CkksKeyHolders,
     "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,
+    "attribution_step": AttributionStep, "hospital_retired": HospitalRetired,
     "audit_open": AuditOpen, "audit_reopen": AuditOpen, "artefact": Artefact, "envelope": EnvelopeRef,
 }
 RESERVED = frozenset({"audit_open", "audit_reopen", "artefact", "envelope"})

@@ -224,7 +224,8 @@ class _Page:
                         caption="Privacy spent per hospital: latest ledger entry and status", ident=self.id("privacy-spent"))
         if not series:
             body = _empty(self.id("privacy"), "No ledger entry recorded.")
-            return self.section("privacy", title, body + (params if self.k["hospital_refused"] else ""))
+            shown = self.k["hospital_refused"] or self.k["hospital_retired"]
+            return self.section("privacy", title, body + (params if shown else ""))
         alt = "Line chart of cumulative ε per hospital over rounds, budgets as grey dashed lines: " + "; ".join(
             f"{c} reaches ε {e[-1]:.3g} by round {r[-1]} of budget {b:g}" for c, (r, e, b) in sorted(series.items()))
         per_round = sorted({r for rounds, _, _ in series.values() for r in rounds})

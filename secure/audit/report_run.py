@@ -22,6 +22,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from clinograph.core.errors import ClinographError
+
 from .runs import Run
 
 RESTART = "server restart"
@@ -70,8 +72,14 @@ def faults(run: Run) -> list[list[Any]]:
     """Rows (round, reason, what it means) for every aborted round of the run."""
     rows: dict[int, list[Any]] = {}
     final = {p["round"] for p in run.kinds["hospital_refused"] if p.get("final") and p.get("round") is not None}
+    voided = {s["round"] for s in run.kinds["attribution_step"] if s["outcome"] == "voided"}
+    named = {p["round"]: p["client"] for p in run.kinds["hospital_retired"]}
     for a in run.kinds["round_aborted"]:
-        if a["reason"].startswith(RESTART):
+        if a["round"] in voided:
+            meaning = ("voided by what went into it (an input out of bounds, or an aggregate the hospitals refused): "
+                       "nothing of it was applied; group testing over the next rounds looks for whose input it was"
+                       + (f"; {named[a['round']]} was named by it and retired" if a["round"] in named else ""))
+        elif a["reason"].startswith(RESTART):
             meaning = ("the round was open when the server stopped; nothing of it was aggregated or released, and "
                        "it is re-run under the next round number")
         elif a["round"] in final:
@@ -103,12 +111,15 @@ def privacy_rows(run: Run) -> list[list[Any]]:
     for p in sorted(run.kinds["ledger"], key=lambda p: p["round"]):
         latest[p["client"]] = p
     final = {p["client"]: p for p in run.kinds["hospital_refused"] if p.get("final") and p.get("client")}
+    retired = {p["client"]: p for p in run.kinds["hospital_retired"]}
     rows = []
-    for c in sorted(set(latest) | set(final)):
+    for c in sorted(set(latest) | set(final) | set(retired)):
         p = latest.get(c)
         if c in final:
             f = final[c]
             status = f"out of the run: refused at round {f.get('round', '-')} ({f['reason']})"
+        elif c in retired:
+            status = f"out of the run: retired at round {retired[c]['round']} ({retired[c]['reason']})"
         elif p is None:
             status = "-"
         else:
@@ -166,6 +177,17 @@ def plan_options(run: Run, directory: Path) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _describer(mode: str) -> Any:
+    """The mode's own account for the report (:attr:`SecureMode.describe`); None for a mode this
+    install does not have (e.g. ckks without TenSEAL) or that gives none."""
+    from ..aggregation import create_mode
+
+    try:
+        return create_mode(mode).describe
+    except (ClinographError, ImportError):
+        return None
+
+
 def secure_mode(run: Run, directory: Path) -> str:
     """The secure mode of the run's rounds and its parameters, in words and a table."""
     modes = run.secure_modes()
@@ -176,30 +198,10 @@ def secure_mode(run: Run, directory: Path) -> str:
     latest = plans[max(plans)] if plans else {}
     rounds = f"round {max(plans)}'s signed plan" if plans else "no readable plan"
     for mode in modes:
-        if mode == "masked":
-            rows = [("pairwise-mask neighbours k", latest.get("masked.neighbours", "?")),
-                    ("reconstruction threshold t (Shamir)", latest.get("masked.threshold", "?")),
-                    ("clip (per-value bound of an update)", latest.get("masked.clip", "?")),
-                    ("word bits", latest.get("masked.word_bits", 32 if latest else "?")),
-                    ("maximum weight", latest.get("masked.max_weight", "?")),
-                    ("out-of-range values", latest.get("masked.out_of_range", "?")),
-                    ("minimum hospitals a round", latest.get("min_clients", "?"))]
-            html += _p("Masked secure aggregation: each hospital adds pairwise masks with k neighbours that cancel "
-                       "in the sum; the masks of a hospital that drops are recovered from t of its neighbours' "
-                       "Shamir shares. The server sees only the sum.")
-        elif mode == "ckks":
-            used = sorted({c for a in run.kinds["aggregate"] for c in a["contributors"]})
-            keys = run.kinds["ckks_key_holders"][-1] if run.kinds["ckks_key_holders"] else None
-            rows = [("CKKS preset", latest.get("ckks.preset", keys["preset"] if keys else "?")),
-                    ("context digest", latest.get("ckks.context_digest", keys["context_digest"] if keys else "?")),
-                    ("who holds the secret key", (", ".join(keys["holders"]) + " (this run's key ceremony)") if keys
-                     else "the hospitals of the key ceremony (not recorded in this run)"),
-                    ("the server", "holds only the public parameters: no secret, public, relinearisation or "
-                     "Galois key"),
-                    ("hospitals that encrypted and decrypted under it", ", ".join(used) or "none yet"),
-                    ("minimum hospitals a round", latest.get("min_clients", "?"))]
-            html += _p("CKKS homomorphic encryption: the server adds ciphertexts and never sees an update, the sum "
-                       "or the model; the contributing hospitals decrypt the aggregate.")
+        describe = _describer(mode)
+        if describe is not None:
+            paragraph, rows = describe(latest, run.kinds)
+            html += _p(paragraph)
         else:
             rows = [(k, v) for k, v in sorted(latest.items()) if k.startswith(f"{mode}.")] or [
                 ("parameters", "none recorded in the plan")]

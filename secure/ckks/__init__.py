@@ -11,12 +11,14 @@ server loads :class:`CkksServerContext` (parameters only) and puts
 
 from ..aggregation import SecureMode, register_mode
 from .client import CkksClient
+from .describe import describe
 from .keys import CkksKeyDealer, CkksKeyring, CkksRecipientKey, CkksServerContext, ckks_plan_options
 from .presets import CkksPreset
 from .server import CkksServer
 from .setup import join_ckks, prepare_ckks
 
-register_mode(SecureMode("ckks", CkksServer, CkksClient, server_sees_sum=False, prepare=prepare_ckks, join=join_ckks))
+register_mode(SecureMode("ckks", CkksServer, CkksClient, server_sees_sum=False, prepare=prepare_ckks, join=join_ckks,
+                           describe=describe))
 
 __all__ = ["CkksClient", "CkksKeyDealer", "CkksKeyring", "CkksPreset", "CkksRecipientKey", "CkksServer",
            "CkksServerContext", "ckks_plan_options"]

@@ -7,7 +7,9 @@ message is recorded with its reason and the round goes on without that hospital.
 Does not guarantee: integrity of the sum against a malicious server (CKKS is malleable; the
 hospitals' contributor-tag check catches a forged contributor set, not an added offset), or
 that a ciphertext under the right parameters was made with the federation's key (only
-key-holding hospitals can tell; a hospital can always poison the sum).
+key-holding hospitals can tell: their tag check then refuses the aggregate, the round is voided
+and the round loop names the hospital, :mod:`clinograph.secure.runtime.attribution`; a hospital
+can always poison the sum under the right key).
 
 Stages: ``"updates"`` (expects :class:`CkksUpdate` from every participant) ->
 :meth:`CkksServer.next_stage` returns one signed :class:`CkksAggregate`, the same bytes to every contributor ->

@@ -45,8 +45,11 @@ def prepare_ckks(*, federation: Any, transport: Any, run_id: str, enrolled: Mapp
     if not isinstance(context, CkksServerContext):
         raise ConfigError("secure_mode = 'ckks' needs the key ceremony's public context (a CkksServerContext).")
     options = ckks_plan_options(context)
+    audit = () if holders is None else (("ckks_key_holders", {  # who holds the secret key
+        "holders": list(holders), "preset": str(options.get("ckks.preset")),
+        "context_digest": str(options.get("ckks.context_digest"))}),)
     return ModeRun(server=CkksServer.with_context(context), options=lambda participants: dict(options),
-                   hospitals=holders)
+                   hospitals=holders, audit=audit)
 
 
 def join_ckks(*, plan: Any, identity: Any, server: Any, peers: Mapping[str, Any], update: LocalUpdate,

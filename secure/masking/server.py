@@ -286,7 +286,11 @@ class MaskingServer(AggregationServer):
             for u in sorted(self._graph[v] & survivors):
                 seed = agree(sk, self._keys[u].s_pk, label=KDF_PAIRWISE_MASK, context=pair_context(self.plan, u, v))
                 add_mask_parts(total, seed, sign=-pairwise_sign(u, v))
-        check_total(total, layout=self._layout, params=self.params, plan=self.plan, survivors=survivors)
+        try:
+            check_total(total, layout=self._layout, params=self.params, plan=self.plan, survivors=survivors)
+        except ProtocolError:
+            self.voided_inputs = tuple(sorted(survivors))  # every vector in the refused sum
+            raise
         self._sum = None
         self._result = decode_sum(total, layout=self._layout, params=self.params, contributors=survivors,
                                   consume=True)

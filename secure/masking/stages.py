@@ -247,7 +247,8 @@ def check_total(total: list[np.ndarray], *, layout: Layout, params: MaskingParam
 
     Raises:
         ProtocolError: naming the module and the slot that is out of bounds (never values); the
-            round aborts, as the culprit cannot be named without seeing single updates.
+            round aborts (the server cannot tell from this sum whose vector it was; the round
+            loop's group testing, :mod:`clinograph.secure.runtime.attribution`, finds it).
     """
     who = sorted(survivors)
     modules, slots = _modules(total, layout)

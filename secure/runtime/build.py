@@ -131,6 +131,10 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
     strategy = build_strategy(federation)
     max_weight = weight_bound(strategy, federation)
     mode = create_mode(federation.secure_mode)
+    if strategy.server_reads_sum and not mode.server_sees_sum:
+        raise ConfigError(f"strategy = {federation.strategy!r} reads the summed update on the server (its M-step or "
+                          f"the decision it audits), but under secure_mode = {federation.secure_mode!r} the server "
+                          "never sees the sum. Use secure_mode = 'masked'.")
     if mode_run is None:
         mode_run = mode.open_run(federation=federation, transport=None, run_id=federation.id, enrolled=enrolled,
                                  max_weight=max_weight, context=ckks_context)
@@ -150,8 +154,6 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
         secure_mode=federation.secure_mode, strategy=strategy, min_clients=min(federation.min_clients, len(enrolled)),
         local_epochs=federation.local_epochs, dp_policy=dp_policy, audit=audit, environment=federation.environment,
         plan_options=plan_options, mode_server=mode_run.server)
-    if federation.secure_mode == "ckks" and mode_run.hospitals is not None:  # who holds the secret key
-        opts = mode_run.options(tuple(mode_run.hospitals))
-        audit.record("ckks_key_holders", {"holders": list(mode_run.hospitals), "preset": str(opts.get("ckks.preset")),
-                                          "context_digest": str(opts.get("ckks.context_digest"))})
+    for kind, payload in mode_run.audit:  # what the mode's set-up records (CKKS: who holds the secret key)
+        audit.record(kind, payload)
     return server

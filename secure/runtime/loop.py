@@ -17,6 +17,8 @@ was invited, answered, contributed, dropped where and why, refused and why), a
 the run's ``release`` and ``run_ended``. A refusal that is final for the run (a spent privacy
 budget) takes the hospital out of later rounds; when fewer than ``min_clients`` hospitals can
 take part the run ends as planned (``run_ended`` status ``too_few_hospitals``), not as a crash.
+A round voided by what went into it starts group testing over the next rounds (:mod:`.attribution`:
+``attribution_step`` entries; the hospital it names is retired, ``hospital_retired``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from clinograph.core.errors import ConfigError, ProtocolError
 
 from ..messages import RoundResult
 from ..server import FederationServer
+from .attribution import Attribution, aggregate_refusals
 from .journal import Journal
 from .liveness import Liveness
 from .participation import RoundBook, end_run
@@ -59,12 +62,16 @@ class RoundOutcome:
 
 class RoundAborted(ProtocolError):
     """The round aborted (audited as ``round_aborted`` and ``round_participation``).
-    ``final_refusals``: hospitals whose refusal in it ends their part in the run."""
+    ``final_refusals``: hospitals whose refusal in it ends their part in the run; ``voided``: the
+    round's sum was refused for what went into it, and these hospitals' inputs were in it
+    (:mod:`.attribution`), else None."""
 
-    def __init__(self, message: str, *, round_: int, final_refusals: Mapping[str, str]):
+    def __init__(self, message: str, *, round_: int, final_refusals: Mapping[str, str],
+                 voided: tuple[str, ...] | None = None):
         super().__init__(message)
         self.round = round_
         self.final_refusals = dict(final_refusals)
+        self.voided = voided
 
 
 def _quiet(kind: str, data: Mapping[str, Any]) -> None:
@@ -155,6 +162,9 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     for name, reason in sorted(dropped.items()):
         if name not in book.refused:
             event("dropped", {"round": round_, "hospital": name, "reason": reason})
+    refusing = aggregate_refusals(server, book)
+    if refusing:  # ckks: hospitals refused the aggregate they decrypted -- applied nowhere, voided
+        server.void_round(book.refused[refusing[0]]["reason"][:300], refused_by=refusing)
     rnd = server.current
     epsilon = {n: {"epsilon": r.ledger.epsilon, "budget": r.ledger.budget_epsilon}
                for n, r in sorted(rnd.reports.items()) if r.ledger is not None}
@@ -163,7 +173,8 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     except ProtocolError as exc:
         book.record(contributed=(), rejected=rnd.rejected, abort=str(exc))
         boundary("aborted", {"final": dict(book.final)})
-        raise RoundAborted(str(exc), round_=round_, final_refusals=book.final) from exc
+        raise RoundAborted(str(exc), round_=round_, final_refusals=book.final,
+                           voided=getattr(exc, "inputs", None)) from exc
     book.record(contributed=result.contributors, rejected=result.rejected, abort=None)
     # Empty bytes = "apply the aggregate you decrypted" (the server holds no plaintext model).
     model = server.global_model_bytes() if server.state is not None else b""
@@ -233,7 +244,9 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     the run stops early as planned. An aborted round (:class:`RoundAborted`, a ProtocolError)
     is audited and re-raised after the models owed to hospitals are delivered. Whatever
     happens, the run's ``release`` (if a round aggregated) and ``run_ended`` entries are
-    written last.
+    written last. A round voided by what went into it (an out-of-bounds masked vector, a ckks
+    ciphertext under another key) instead starts group testing (:mod:`.attribution`): the next
+    rounds run over subsets until the hospital whose input voids them is named and retired.
 
     With a ``control`` (:class:`RunControl`), every plan carries the run's options, the run
     stops early when the control says so, then (if the control wants it) one evaluation-only
@@ -262,6 +275,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     status, reason = "completed", f"all {rounds} planned round(s) ran"
     failure: BaseException | None = None
     invited: tuple[str, ...] = ()
+    attribution = Attribution.for_server(server)
 
     def on_boundary(stage: str, info: Mapping[str, Any]) -> None:
         open_round: int | None = server.round
@@ -287,13 +301,18 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
             save(journal, server, run, stage=stage, open_round=open_round)
 
     def one_round(*, scoring: bool) -> RoundOutcome | None:
+        while (outcome := attempt(scoring=scoring)) == "voided":
+            pass  # a voided round: group testing goes on with the next one
+        return outcome  # type: ignore[return-value]
+
+    def attempt(*, scoring: bool) -> RoundOutcome | None | str:
         nonlocal status, reason, invited
         pool = participants or tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
         pool = tuple(n for n in pool if n not in run.retired)
         if run.retired and len(pool) < server.min_clients:
             status, reason = "too_few_hospitals", _too_few(server, pool, run.retired)
             return None
-        invited = pool if liveness is None else liveness.invited(server.round, pool)
+        invited = attribution.invite(pool if liveness is None else liveness.invited(server.round, pool))
         if control is not None:
             server.run_options = control.options(scoring=scoring)
         try:
@@ -304,12 +323,20 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
             left = [n for n in pool if n not in run.retired]
             planned = bool(exc.final_refusals) and len(left) < server.min_clients
             # planned: the hospitals' final refusals (budgets spent) end the run -- not an error
-            event("round_aborted", {"round": exc.round, "reason": str(exc)[:500], "planned_end": planned})
+            event("round_aborted", {"round": exc.round, "reason": str(exc)[:500], "planned_end": planned,
+                                    "voided": bool(exc.voided)})
             if planned:
                 status, reason = "too_few_hospitals", _too_few(server, tuple(left), run.retired)
                 return None
+            if exc.voided and attribution.voided(server, round_=exc.round, inputs=exc.voided,
+                                                 retired=run.retired, event=event):
+                if journal is not None:  # a hospital it named stays retired across a restart
+                    save(journal, server, run, stage="aborted", open_round=None)
+                return "voided"
             status, reason = "failed", f"round {exc.round} aborted: {exc}"
             raise
+        attribution.aggregated(server, round_=outcome.result.round, contributors=outcome.result.contributors,
+                               event=event)
         outcomes.append(outcome)
         return outcome
 

@@ -77,6 +77,23 @@ class SetupSum(WireMessage):
     result_kind: str = Field(pattern=SETUP_NAME_PATTERN)
 
 
+class VotePhase(WireMessage):
+    """A run whose model is built from a DAG the hospitals vote first (F-CMs, section 4.2.1;
+    driven by :mod:`.voted`): ``rounds`` voting rounds of strategy ``dag_voting`` over the public
+    ``concepts`` (task node ``task``, tie-break ``seed``), then every hospital derives the concept
+    model from the voted DAG and the training run starts from the model they all derived."""
+
+    kind: Literal["vote_phase"] = "vote_phase"
+    concepts: tuple[str, ...] = Field(min_length=2, max_length=1000)
+    task: str = Field(max_length=200)
+    seed: int = Field(ge=0, le=2**31)
+    rounds: int = Field(default=1, ge=1, le=100)
+
+    def strategy_options(self) -> dict[str, float | int | str | bool]:
+        """The ``dag_voting`` strategy's options."""
+        return {"concepts": ",".join(self.concepts), "task": self.task, "seed": self.seed}
+
+
 class RunModels(WireMessage):
     """The candidates of a run, simplest first (ties go to the earlier), and the selection rule
     (None: no selection -- the last round's model is kept, one candidate only); ``setup``: the
@@ -90,6 +107,8 @@ class RunModels(WireMessage):
     candidates: tuple[CandidateModel, ...] = Field(min_length=1, max_length=MAX_CANDIDATES)
     setup: tuple[SetupSum, ...] = Field(default=(), max_length=MAX_SETUP_SUMS)
     elimination: EliminationRule | None = None
+    #: a voted run (concepts): the one candidate is the vote model; the trained model is derived
+    vote: VotePhase | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> RunModels:
@@ -102,6 +121,9 @@ class RunModels(WireMessage):
             raise ValueError("early elimination needs a selection rule (it compares validation losses)")
         if len({c.initial.dictionary_hash for c in self.candidates}) != 1:
             raise ValueError("candidates are built on different feature dictionaries")
+        if self.vote is not None and (names != ["vote"] or self.selection is not None or self.setup):
+            raise ValueError("a voted run has one candidate, named 'vote' (the vote model), no selection and no "
+                             "set-up sums")
         for field in ("name", "module"):
             values = [getattr(s, field) for s in self.setup]
             if len(set(values)) != len(values):
@@ -237,3 +259,26 @@ class SetupResult(WireMessage):
     outcome: str = Field(max_length=1_000_000)
     dictionary_hash: str | None = Field(default=None, pattern=HEX64)
     error: str | None = Field(default=None, max_length=4000)
+
+
+class DeriveRequest(WireMessage):
+    """Server -> hospitals, signed, after a voted run's last vote round ``round`` (step
+    ``vote/derive``): decide the DAG from the tally in the global model you loaded and build the
+    model on it; answer with a :class:`DerivedModel` and the model (part ``model``)."""
+
+    kind: Literal["derive_request"] = "derive_request"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+
+
+class DerivedModel(WireMessage):
+    """Hospital -> server, signed: the DAG hospital ``client`` decided from the vote of round
+    ``round`` (canonical JSON of the ``dag_outcome``) and the SHA-256 of the initial model it built
+    on it (sent beside, as the part ``model``). Every hospital must send the same."""
+
+    kind: Literal["derived_model"] = "derived_model"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    client: str = Field(max_length=200)
+    round: int = Field(ge=0)
+    dag: str = Field(max_length=1_000_000)
+    initial_sha256: str = Field(pattern=HEX64)

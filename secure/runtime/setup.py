@@ -21,9 +21,10 @@ in the run's first audit run (the candidates' rounds are numbered after them):
    ``sum.result_kind``) and, when the sum derived a dictionary, runs the candidates on its digest:
    each hospital refuses a plan whose dictionary is not the one it derived itself.
 
-What it does not do: CKKS (the hospitals would decrypt the sum: not wired), DP (the sums are
-exact, outside the accountant), a crash journal (a resumed run would repeat the sums). All three
-are refused before anything runs.
+What it does not do: CKKS (the server never sees a sum there, but the set-up result every hospital
+returns and the server audits -- the derived scales, the shared features -- is a function of the
+sum, so it would show the server what CKKS hides), DP (the sums are exact, outside the accountant),
+a crash journal (a resumed run would repeat the sums). All three are refused before anything runs.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from .loop import EventSink, run_rounds
 from .models import RunModels, SetupAnnounce, SetupClose, SetupResult, SetupSum
 from .transport import Restricted, Transport
 
-#: the secure modes a set-up sum runs under (CKKS would have the hospitals decrypt the sum: not wired)
+#: the secure modes a set-up sum runs under (under CKKS the audited result would reveal the sum it hides)
 SETUP_MODES = ("masked", "insecure_plaintext")
 #: the part a hospital's signed :class:`~.models.SetupResult` travels in
 RESULT_PART = "result"
@@ -70,8 +71,10 @@ def check_setup_sums(sums: Sequence[SetupSum], *, secure_mode: str, dp: bool, jo
         raise ConfigError(f"The run's set-up sums ({names}) are exact and outside the DP accountant, and this "
                           f"federation runs under DP. {fix}.")
     if secure_mode not in SETUP_MODES:
-        raise ConfigError(f"The run's set-up sums ({names}) run under secure_mode 'masked' (or insecure_plaintext); "
-                          f"{secure_mode!r} is not wired for them yet. Use 'masked', or: {fix}.")
+        raise ConfigError(f"The run's set-up sums ({names}) run under secure_mode 'masked' (or insecure_plaintext): "
+                          f"under {secure_mode!r} the server never sees a sum, but the result every hospital returns "
+                          f"and the server audits (the derived scales, the shared features) is a function of the sum. "
+                          f"Use 'masked', or: {fix}.")
     if journal:
         raise ConfigError(f"The run's set-up sums ({names}) are not journalled (a resumed run would repeat them). "
                           f"Run without a journal, or: {fix}.")

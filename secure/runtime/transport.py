@@ -45,7 +45,9 @@ class InProcessTransport:
     exercise dropouts. A hospital that raises a ClinographError at ``plan``, ``stage`` or
     ``end`` answers with its signed refusal (``{"refusal": HospitalRefusal envelope}``, see
     :mod:`clinograph.secure.refusals`) if it has an ``identity`` to sign with, as the Flower
-    worker does; otherwise (and at ``setup``) it gave no answer, with that reason.
+    worker does; otherwise (and at ``setup``) it gave no answer, with that reason. Any other
+    exception (a bug in the hospital's code) is no answer either, named by its class only, so
+    the round goes on without that hospital and closes (or aborts) as audited.
     """
 
     defers_model = False
@@ -97,6 +99,10 @@ class InProcessTransport:
                                                                 exc=exc)}
                 else:
                     failed[name] = f"refused the {stage!r} message: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # noqa: BLE001 - a hospital's own bug must not leave the round open
+                # Its class only: the message of a foreign exception may carry the hospital's data.
+                failed[name] = (f"failed at the {stage!r} message with {type(exc).__name__} (not a Clinograph "
+                                "error: a bug or an unhandled case in the hospital's code)")
         return answers, failed
 
 

@@ -23,6 +23,9 @@ class Strategy(ABC):
     #: a summed statistic (the federated validation loss of model selection) from the delivered
     #: model; False for adaptive server optimisers (FedOpt, FedAdam, FedYogi).
     linear_in_sums: bool = True
+    #: True when the server itself must read the sum (an M-step, a vote it decides and audits):
+    #: refused under a secure mode in which the server never sees the sum (ckks).
+    server_reads_sum: bool = False
 
     def constructor_options(self) -> dict[str, float | int | str | bool]:
         """The options this strategy was built with; they travel in the plan as ``strategy.<k>``

@@ -69,6 +69,7 @@ class DagVoting(Strategy):
     """
 
     name = "dag_voting"
+    server_reads_sum = True  # the M-step / the DAG decision reads the sum
 
     def __init__(self, concepts: str, task: str = "", seed: int = 0, inner: str = "fedavg",
                  server_lr: float = 1.0):

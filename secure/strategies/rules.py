@@ -112,6 +112,7 @@ class FedNSLRules(Strategy):
     """
 
     name = "fednsl_rules"
+    server_reads_sum = True  # the M-step / the DAG decision reads the sum
 
     def __init__(self, rule_space: str, rule_space_sha256: str, seed: int = 0, smoothing: float = 0.01):
         self.heads, self.bodies = load_rule_space(rule_space, sha256=rule_space_sha256)

@@ -106,3 +106,35 @@ def test_the_insecure_option_warns_and_says_so(tmp_path):
         res = predict(tmp_path, path, "--insecure-untrusted-model")
     assert res.exit_code == 0, res.output
     assert "signature NOT checked (--insecure-untrusted-model)" in res.output
+
+
+@pytest.fixture(scope="module")
+def federation_export(tmp_path_factory):
+    """A hospital's export after a 2-round masked federation, with the run's audit directory."""
+    from clinograph.sdk.config import SimulationConfig
+    from clinograph.sdk.federation.simulate import simulate
+
+    tmp = tmp_path_factory.mktemp("fed_export")
+    tables = small_tables()
+    cfg = SimulationConfig.model_validate({
+        "federation": {"rounds": 2, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0}, "output": str(tmp / "out")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        res = simulate(tables, tables[0].dictionary, cfg, audit_dir=tmp / "audit", choose=False)
+    client = res.hospitals[tables[0].site].client
+    return client.model_path, client.identity.public, client.server, res.audit_dir
+
+
+def test_audit_checks_the_shared_modules_against_the_released_global_model(tmp_path, federation_export):
+    path, hospital, server, audit = federation_export
+    res = predict(tmp_path, path, "--trusted-key", hospital.b64(), "--audit", str(audit), "--server-key", server.b64())
+    assert res.exit_code == 0, res.output
+    assert "shared modules checked against the global model the server released for round" in res.output
+    res = predict(tmp_path, path, "--trusted-key", hospital.b64())
+    assert res.exit_code == 0 and "release not checked against an audit trail (no --audit)" in res.output
+    other = Identity.generate("server").public.b64()
+    res = predict(tmp_path, path, "--trusted-key", hospital.b64(), "--audit", str(audit), "--server-key", other)
+    assert res.exit_code == 2 and "does not verify under the server key" in res.output
+    res = predict(tmp_path, path, "--trusted-key", hospital.b64(), "--audit", str(audit))
+    assert res.exit_code == 2 and "needs both" in res.output

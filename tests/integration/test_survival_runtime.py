@@ -48,7 +48,9 @@ def test_survival_federation_under_local_dp_through_the_runtime_then_export(tmp_
         task = result.hospitals[s].client.task
         me = result.hospitals[s].client.identity
         path, _ = task.export(tmp_path / f"{s}.safetensors", signer=me)
-        loaded = load_exported(path, trusted=me.public)
+        loaded = load_exported(path, trusted=me.public, audit_dir=tmp_path / "audit",
+                               server=result.hospitals[s].client.server)  # the shared part is the released model
+        assert loaded.released_round == loaded.description.release.round
         new = task.table.subset(task.split.test)
         _, surv, risk = predict_survival_exported(loaded, new)
         horizons = loaded.description.survival.horizons

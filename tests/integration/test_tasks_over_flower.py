@@ -1,4 +1,4 @@
-"""Survival, temporal and AGAT (with its plaintext attention tap) over Flower give what the
+"""Survival, temporal, FedNSL and AGAT (with its plaintext attention tap) over Flower give what the
 simulation gives: the ServerApp's ``run_federation`` over a loopback Grid (the real ClientApp,
 relay, ``HospitalWorker`` and SuperNode factory reading each hospital's files) against
 ``simulate()`` of the same configuration. Asserted: every round's global state digest, the
@@ -12,9 +12,7 @@ candidates: test_simulation_matches_flower.py; real processes: test_flower_one_r
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -34,6 +32,13 @@ CASES = {  # name -> (cohort form, hospital.toml settings, server [federation] s
     "temporal": ("binary", {"model": {"hidden": 8, "temporal": "attention"}}, {"secure_mode": "masked",
                                                                               "strategy": "fedavg"}),
     "static_ckks": ("binary", {}, {"secure_mode": "ckks", "strategy": "fedavg"}),
+    # FedNSL (task = "fednsl"): the rule space written by `model init`'s hook, pinned in server.toml
+    "fednsl": ("binary", {"task": "fednsl", "fednsl": {"max_len": 2, "steps": 20, "draws": 32}},
+               {"secure_mode": "masked", "strategy": "fednsl_rules"}),
+    # the same, with the transformer M-step attached through the ServerApp's server-extension
+    "fednsl_transformer": ("binary", {"task": "fednsl", "fednsl": {"max_len": 1, "steps": 20, "draws": 32}},
+                           {"secure_mode": "masked", "strategy": "fednsl_rules",
+                            "server-extension": "clinograph.sdk.fednsl.federation:attach_transformer"}),
     "agat_attention": ("binary", {"task": "agat", "agat": {"hidden": 8}},
                        {"secure_mode": "insecure_plaintext", "strategy": "insecure_attention",
                         "environment": "development"}),
@@ -54,60 +59,36 @@ def _entries(audit_dir: Path) -> list[dict]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     from clinograph.sdk.config import HospitalConfig, SimulationConfig
-    from clinograph.sdk.federation.build import run_models
-    from clinograph.sdk.federation.node import make_hospital
-    from clinograph.sdk.federation.simulate import load_tables, simulate
     from clinograph.sdk.datasets.real_tables import cohort_tables
+    from clinograph.sdk.federation.build import run_models
+    from clinograph.sdk.federation.simulate import load_tables, simulate
+    from clinograph.sdk.tasks import task_strategy
     from clinograph.secure.audit import verify_audit_dir
-    from clinograph.secure.transport.flower.keyset import init_keyset
-    from clinograph.secure.transport.flower.serverapp import run_federation
-    from clinograph.secure.transport.flower.worker import HospitalWorker
-    from flower_helpers import LoopbackGrid
+    from loopback_run import run_over_loopback, write_sites
 
     form, hospital, federation = CASES[case]
+    federation = dict(federation)
+    extension = federation.pop("server-extension", None)  # a run-config key of the ServerApp, not [federation]
     cohort = cohort_tables("lung", form=form)
     hospital = {"dictionary": "dictionary.toml", "model": {"hidden": 8}, "graph": {"k_similar": 0},
                 "training": {"lr": 0.02}, **hospital}
-    sites, names = tmp_path / "sites", []
-    for df, schema in cohort.hospitals:
-        data = sites / schema.site / "data"
-        data.mkdir(parents=True)
-        df.to_csv(data / "table.csv", index=False)
-        (data / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
-        (data / "hospital.toml").write_text(tomli_w.dumps(hospital))
-        (data / "dictionary.toml").write_text(tomli_w.dumps(cohort.dictionary.model_dump(mode="json",
-                                                                                         exclude_none=True)))
-        names.append(schema.site)
+    sites = tmp_path / "sites"
+    names = write_sites(sites, cohort, hospital)
     fed = {"id": "fed-tasks", "rounds": 2, "min_clients": 2, "local_epochs": 1, **federation}
     server = sites / "server"
     server.mkdir()
     config = HospitalConfig.from_toml(sites / names[0] / "data" / "hospital.toml")
+    needed = task_strategy(config, dictionary=cohort.dictionary, directory=server)
+    if needed is not None:  # as `clinograph model init` writes it: the server pins the task's public files
+        fed["strategy_options"] = needed[1]
     (server / "initial_model.json").write_bytes(run_models(config, dictionary=cohort.dictionary).to_bytes())
     (server / "server.toml").write_text(tomli_w.dumps({"initial_model": "initial_model.json",
                                                        "audit_dir": str(tmp_path / "flower-audit"), "federation": fed}))
-    keys = init_keyset(tmp_path / "keys", federation_id="fed-tasks", hospitals=names, superlink_hosts=["127.0.0.1"],
-                       superlink_port=19095)
-    states = Path(tempfile.mkdtemp(prefix="cg-"))  # short: a worker's socket lives in its state directory
-    workers, configs = [], {}
-    for i, name in enumerate(names):
-        cfg = {"hospital": name, "state-dir": str(states / name), "data-dir": str(sites / name / "data"),
-               "key-file": str(keys.hospital_dirs[name] / f"{name}.ed25519.pem"),
-               "federation-file": str(keys.hospital_dirs[name] / "federation.toml")}
-        workers.append(HospitalWorker(node_config=cfg, factory=make_hospital))
-        workers[-1].start()
-        configs[401 + i] = cfg
-    run_config = {"server-config": str(server / "server.toml"), "federation-file": str(keys.federation_file),
-                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "min-nodes": len(names),
-                  "wait-timeout": 1.0, "hello-timeout": 60.0, "plan-timeout": 600.0, "stage-timeout": 60.0,
-                  "end-timeout": 60.0, "relay-timeout": 600.0}
+    run_over_loopback(sites=sites, names=names, server_toml=server / "server.toml", tmp_path=tmp_path,
+                      federation_id="fed-tasks", port=19095,
+                      extra={"server-extension": extension} if extension else None)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # insecure_* options warn by design
-        try:
-            run_federation(LoopbackGrid(run_id=RUN_ID, node_configs=configs, run_config=run_config), run_config)
-        finally:
-            for w in workers:
-                w.stop()
-            shutil.rmtree(states, ignore_errors=True)
+        warnings.simplefilter("ignore")
         sim_config = SimulationConfig.model_validate({
             **hospital, "dictionary": str(sites / names[0] / "data" / "dictionary.toml"), "federation": fed,
             "output": str(tmp_path / "sim"),
@@ -124,7 +105,11 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     assert len(digests(deployed)) >= 2
     selected = [e["payload"] for e in deployed if e["kind"] == "model_selected"]
     expected = [e["payload"] for e in simulated if e["kind"] == "model_selected"]
-    if federation["secure_mode"] != "ckks":
+    if extension:  # the simulation keeps the built-in M-step: the priors differ from round 1 on
+        generators = {e["payload"]["generator"] for e in deployed if e["kind"] == "rules"}
+        assert generators == {"transformer"}
+        assert {e["payload"]["generator"] for e in simulated if e["kind"] == "rules"} == {"categorical"}
+    elif federation["secure_mode"] != "ckks":
         assert digests(deployed) == digests(simulated) and selected == expected
     else:
         assert len(selected) == len(expected) >= 1  # the default candidates: one model_selected each

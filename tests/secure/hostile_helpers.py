@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 from clinograph.secure.aggregation import LocalUpdate, create_mode
+from clinograph.secure.ckks import CkksClient
+from clinograph.secure.masking import MaskingClient
+from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.audit import AuditTrail
 from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientReport, DPPolicy, RoundPlan
@@ -136,10 +139,13 @@ class InjectingTransport(InProcessTransport):
 
 def federation(tmp_path: Path, *, n: int = 4, mode: str = "masked", dp_policy: DPPolicy | None = None,
                strategy: str = "fedavg", hospitals: Mapping[str, dict] | None = None, inject=None, replace=None,
-               min_clients: int = 2) -> tuple[FederationServer, InjectingTransport, dict[str, Hospital]]:
+               min_clients: int = 2, masked_threshold: int | None = None,
+               ) -> tuple[FederationServer, InjectingTransport, dict[str, Hospital]]:
     """A server through the one server builder, n hospitals, an injecting in-process transport.
 
     ``hospitals[name]`` holds Hospital keyword arguments (report=, mode_client=) for hostile ones.
+    ``mode="ckks"`` runs the key ceremony first (h0 deals); every hospital's client is a CkksClient
+    over its keyring unless ``hospitals`` names another (it still gets ``keyring=``).
     """
     from clinograph.secure.runtime import build_server
     from clinograph.secure.runtime.build import InitialModel
@@ -148,12 +154,24 @@ def federation(tmp_path: Path, *, n: int = 4, mode: str = "masked", dp_policy: D
     names = [f"h{i}" for i in range(n)]
     server_id = identity("server")
     audit = AuditTrail(tmp_path / "audit", identity=server_id)
+    ckks_context, keyrings = None, {}
+    if mode == "ckks":  # the key ceremony in one process (h0 deals); each hospital's client gets its keyring
+        from clinograph.secure.ckks import CkksPreset
+        from clinograph.secure.ckks.ceremony import in_process_ceremony
+
+        cer = in_process_ceremony(identities={c: identity(c) for c in names}, dealer=names[0],
+                                  federation_id=FEDERATION, preset=CkksPreset.ADD_ONLY_128)
+        ckks_context, keyrings = cer.context, dict(cer.keyrings)
+        hospitals = {c: {"mode_client": CkksClient, **dict((hospitals or {}).get(c, {})),
+                         "mode_client_kw": {"keyring": keyrings[c],
+                                            **dict((hospitals or {}).get(c, {}).get("mode_client_kw", {}))}}
+                     for c in names}
     initial = InitialModel.create(task="test", dictionary_hash=DICTIONARY_HASH, spec=SPEC,
                                   state={m.name: np.zeros(m.size) for m in SPEC.shared})
     section = FederationSection(id=FEDERATION, secure_mode=mode, strategy=strategy, min_clients=min_clients,
-                                local_epochs=1, max_weight=1.0, masked_clip=1.0)
+                                local_epochs=1, max_weight=1.0, masked_clip=1.0, masked_threshold=masked_threshold)
     server = build_server(federation=section, identity=server_id, enrolled={c: identity(c).public for c in names},
-                          initial=initial, audit=audit, dp_policy=dp_policy)
+                          initial=initial, audit=audit, dp_policy=dp_policy, ckks_context=ckks_context)
     parts = {c: Hospital(c, server=server_id, names=names, **dict((hospitals or {}).get(c, {}))) for c in names}
     transport = InjectingTransport(parts, server=server, inject=inject, replace=replace)
     return server, transport, parts
@@ -168,3 +186,49 @@ def honest_mean(names, round_: int = 0) -> dict[str, np.ndarray]:
     """FedAvg of the given hospitals' fixed updates (module means, every module trained)."""
     ups = [update_for(c, round_) for c in names]
     return {m.name: sum(u.modules[m.name] for u in ups) / sum(u.weight for u in ups) for m in SPEC.shared}
+
+
+# -- hospitals whose input voids a round (secure/runtime/attribution.py) -------------------------
+
+class OutOfBoundsMasked(MaskingClient):
+    """The real masked protocol, with 1000 added to every count slot of its vector (masks are
+    additive mod 2^32, so this is its plaintext plus 1000): any sum holding it has counts above
+    the survivors, whatever the subset."""
+
+    def _masked_input(self, msg):
+        honest = super()._masked_input(msg)
+        y = np.frombuffer(honest.words, dtype="<u4").astype(np.uint32)
+        m, nv = len(self._layout.names), self._layout.n_values
+        y[nv + m:nv + 2 * m] += np.uint32(1000)
+        return MaskedInput(**self._header(), words=y.astype("<u4").tobytes())
+
+
+@lru_cache(maxsize=None)
+def _foreign_keyring():
+    """A keyring from another ceremony: the same preset and parameters, another secret key."""
+    from clinograph.secure.ckks import CkksPreset
+    from clinograph.secure.ckks.ceremony import in_process_ceremony
+
+    cer = in_process_ceremony(identities={"x": identity("x")}, dealer="x", federation_id="fed-elsewhere",
+                              preset=CkksPreset.ADD_ONLY_128)
+    return cer.keyrings["x"]
+
+
+class ForeignKeyCkks(CkksClient):
+    """The real ckks protocol, but its update is encrypted under a key of its own while it claims
+    the federation's context digest: the server (which holds no key) accepts it, and every
+    hospital's decryption of the sum then fails its contributor-tag check."""
+
+    def first_message(self) -> bytes:
+        from clinograph.secure.ckks.messages import CkksUpdate
+
+        msg = open_envelope(parse_envelope(super().first_message()), sender=self.identity.public, model=CkksUpdate)
+        me = self.identity.name
+        vec = self._layout.pack(self.update, client=me, tag=self._keyring.contributor_tag(round_=self.plan.round,
+                                                                                          client=me))
+        return seal(msg.model_copy(update={"ciphertexts": tuple(_foreign_keyring().context.encrypt(vec))}),
+                    self.identity)
+
+
+#: ``federation(..., hospitals={culprit: HOSTILE[mode]})``: a hospital whose input voids every round it is in
+HOSTILE = {"masked": {"mode_client": OutOfBoundsMasked}, "ckks": {"mode_client": ForeignKeyCkks}}

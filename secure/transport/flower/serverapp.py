@@ -18,6 +18,11 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 ``stage-timeout``      seconds for each later stage (a dead node costs one of these)
 ``end-timeout``        seconds to deliver the last global model
 ``events-file``        optional JSON-lines progress log (names, stages, reasons -- no data)
+``server-extension``   optional ``'package.module:function'`` called with the built
+                       :class:`~clinograph.secure.server.FederationServer` before the first
+                       round, e.g. FedNSL's transformer M-step
+                       (``clinograph.sdk.fednsl.federation:attach_transformer``); an installed
+                       module the operator names, never code read from a file
 ``journal``            optional path of the crash journal (SQLite, beside -- not inside -- the
                        audit directory): the server's state at every stage boundary; when
                        it exists the run resumes (:mod:`clinograph.secure.runtime.journal`)
@@ -75,8 +80,10 @@ from ...runtime.models import RunModels, run_models_from_bytes
 from ...runtime.progress import RoundClock, eta_line, stage_line
 from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
+from ...runtime.voted import run_voted
 from . import check_flower_version
 from .driver import FlowerTransport, Timeouts, greet_nodes
+from .worker import load_factory
 
 app = ServerApp()
 _log = logging.getLogger(__name__)
@@ -157,6 +164,9 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
     if kind == "round_aborted":
         if data.get("planned_end"):  # the hospitals' final refusals (budgets spent): a planned end
             return logging.WARNING, f"round {r} not run: {data.get('reason')} (a planned end: see run ended)"
+        if data.get("voided"):  # an input out of bounds or under another key: the run goes on and names it
+            return logging.WARNING, (f"round {r} voided, nothing applied: {data.get('reason')} (the run goes on; "
+                                     "test rounds find whose input voided it)")
         return logging.ERROR, f"round {r} aborted: {data.get('reason')}"
     if kind == "end_not_delivered":
         return logging.WARNING, (f"round {r}: global model not delivered to {_who(data.get('hospital'), nodes)}: "
@@ -173,6 +183,15 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
     if kind == "setup_sum":
         return logging.INFO, (f"set-up sum {data.get('name')} (round {r}): {data.get('contributors')} contributor(s); "
                               f"the same result from {_names(data.get('hospitals'), nodes)}")
+    if kind == "attribution_step":
+        return logging.INFO, (f"round {r}: attribution test {data.get('test')} {data.get('outcome')}; suspects "
+                              f"{_names(data.get('suspects'), nodes)}" + (f" ({data.get('end')})" if data.get("end")
+                                                                          else ""))
+    if kind == "hospital_retired":
+        return logging.WARNING, f"round {r}: {_who(data.get('client'), nodes)} retired: {data.get('reason')}"
+    if kind == "model_derived":
+        return logging.INFO, (f"round {r}: every hospital derived the same model from the voted DAG "
+                              f"({_names(data.get('hospitals'), nodes)})")
     if kind == "finished":
         return logging.INFO, f"finished: {data.get('rounds')} round(s)"
     if kind == "failed":
@@ -235,7 +254,8 @@ def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: _Events) 
     journal = Journal(Path(journal_path)) if journal_path else None
     try:
         run = _run(grid, audit=audit, config=config, federation=federation, identity=identity, models=models,
-                   rounds=rounds, min_nodes=min_nodes, wait=wait, timeouts=timeouts, events=events, journal=journal)
+                   rounds=rounds, min_nodes=min_nodes, wait=wait, timeouts=timeouts, events=events,
+                   run_config=run_config, journal=journal)
     except BaseException as exc:
         reason = f"{type(exc).__name__}: {exc}"
         head = audit.head
@@ -256,7 +276,7 @@ def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: _Events) 
 
 def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any, identity: Identity,
          models: RunModels, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: _Events,
-         journal: Journal | None = None) -> FederationRun:
+         run_config: Mapping[str, Any], journal: Journal | None = None) -> FederationRun:
     fed = config.federation
     deadline = time.monotonic() + wait
     node_ids = sorted(grid.get_node_ids())
@@ -277,9 +297,14 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
                             f"{timeouts.hello:g} s ({len(node_ids)} node(s) connected); the federation needs "
                             f"{fed.min_clients}. Check the SuperNodes' logs and key files.")
     transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts)
+    extension = _get(run_config, "server-extension", str, "")
     side = ServerSide(federation=fed, identity=identity, enrolled=enrolled,
                       dp_policy=config.dp_policy.policy() if config.dp_policy else None,
-                      audit_dir=Path(config.audit_dir), audit=audit)
+                      audit_dir=Path(config.audit_dir), audit=audit,
+                      configure=load_factory(extension) if extension else None)
+    if models.vote is not None:  # concepts: the DAG vote, the derived model, its training
+        return run_voted(models, side=side, transport=transport, rounds=rounds, on_event=events,
+                         journal=journal).training
     return run_federation_plan(models, side=side, transport=transport, rounds=rounds, on_event=events,
                                journal=journal)
 

@@ -11,6 +11,14 @@ guarantees: only processes of the same uid can reach it (:mod:`.ipc`); a refusal
 Clinograph message (which by house style carries no patient data or secrets) -- other
 exceptions are reported by class name only.
 
+A restarted SuperNode rejoins its run: the worker keeps the run it was last greeted for
+(``flower_run.json`` in the state directory: run id, federation, run config) and, when a message
+of that run arrives before any hello, rebuilds the participant with the same factory; the
+participant takes back its own state (``make_hospital``'s FederationMember: the candidate it
+trains and the one chosen; each client: its anchored plan, global model and checkpoint). A round
+in flight when the process stopped is lost for this hospital (its secrets of that round are gone);
+the next one is not.
+
 The hospital's log (logger ``clinograph.secure.transport.flower.worker``, INFO) says, once a
 line: which Flower node serves which hospital in which run, each round's answer with the ε
 the hospital reports (``round 3: answered the plan (ε = 2.41 of budget 8)``), each refusal
@@ -20,6 +28,7 @@ and its reason, and each global model loaded. No data, no keys.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import socket
@@ -42,6 +51,8 @@ from .messages import NodeHello
 #: factory(node_config=..., run_config=..., run_id=..., identity=...) -> RoundParticipant
 ParticipantFactory = Callable[..., RoundParticipant]
 REQUIRED_NODE_KEYS = ("hospital", "state-dir", "key-file")
+#: the run this hospital was last greeted for (in its state directory)
+RUN_FILE, RUN_FORMAT = "flower_run.json", "clinograph-flower-run-v1"
 _log = logging.getLogger(__name__)
 
 
@@ -116,7 +127,7 @@ class HospitalWorker:
         with self._lock:
             if stage == "hello":
                 return self._hello(run_id, header, parts)
-            participant = self._participants.get(run_id)
+            participant = self._participants.get(run_id) or self._rebuild(run_id)
             if participant is None:
                 raise ProtocolError(f"Hospital {self.hospital!r} got a {stage!r} message for run {run_id} "
                                     "before the hello; the ServerApp must greet every node first.")
@@ -167,10 +178,40 @@ class HospitalWorker:
             _log.info("Flower node %s serves hospital %r in run %d of federation %r", header.get("node_id"),
                       self.hospital, run_id, federation_id)
             self._participants.clear()  # one run at a time: drop the state of older runs
-            run_config = header.get("run_config") or {}
-            self._participants[run_id] = self.factory(node_config=self.node_config, run_config=dict(run_config),
+            run_config = dict(header.get("run_config") or {})
+            self._participants[run_id] = self.factory(node_config=self.node_config, run_config=run_config,
                                                       run_id=run_id, identity=self.identity)
+            self._keep_run(run_id, federation_id, run_config)
         return {"hello": seal(hello, self.identity)}
+
+    def _run_file(self) -> Path:
+        return Path(str(self.node_config["state-dir"])) / RUN_FILE
+
+    def _keep_run(self, run_id: int, federation_id: str, run_config: Mapping[str, Any]) -> None:
+        """The run this hospital was greeted for, so that a restarted SuperNode rejoins it (:meth:`_rebuild`)."""
+        from clinograph.core.fileio import atomic_write
+
+        atomic_write(self._run_file(), json.dumps({"format": RUN_FORMAT, "run_id": run_id,
+                                                   "federation_id": federation_id, "run_config": run_config},
+                                                  sort_keys=True))
+
+    def _rebuild(self, run_id: int) -> RoundParticipant | None:
+        """After a restart of this SuperNode: the participant of the run it was greeted for (the
+        participant takes back its own state from the state directory), or None for another run."""
+        try:
+            data = json.loads(self._run_file().read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("format") != RUN_FORMAT or data.get("run_id") != run_id or \
+                (self._federation_id is not None and data.get("federation_id") != self._federation_id):
+            return None
+        _log.warning("rejoining run %d of federation %r after a restart: the hospital takes back its state",
+                     run_id, data.get("federation_id"))
+        self._participants.clear()
+        self._participants[run_id] = self.factory(node_config=self.node_config,
+                                                  run_config=dict(data.get("run_config") or {}), run_id=run_id,
+                                                  identity=self.identity)
+        return self._participants[run_id]
 
     # -- the local socket --------------------------------------------------------------
     def start(self) -> Path:

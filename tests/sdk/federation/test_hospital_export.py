@@ -62,3 +62,100 @@ def test_no_state_directory_no_file(fed):
     bare = HospitalClient(task=c.task, identity=c.identity, server=c.server, peers=c.peers,
                           dictionary_hash=c.dictionary_hash, federation_id="f1", release=c.release)
     assert bare.model_path is None
+
+
+def _changed_export(tmp_path, client, edit):
+    """The hospital's kept model with ``edit(model)`` applied, exported and signed by the hospital
+    itself with the same release binding (what a holder of the hospital's key could write)."""
+    import copy
+
+    import torch
+    from clinograph.sdk.model.export import export_model
+
+    task = client.task
+    loaded = load_exported(client.model_path, trusted=client.identity.public)
+    model = copy.deepcopy(task.model)
+    model.load_state_dict(loaded.module.model.state_dict())
+    with torch.no_grad():
+        edit(model)
+    d = loaded.description
+    path, _ = export_model(model, tmp_path / "changed.safetensors", dictionary=task.table.dictionary,
+                           signer=client.identity, calibration=task.calibration,
+                           meta={"site": d.site, "selected_round": d.selected_round,
+                                 "release": d.release.model_dump(mode="json")})
+    return path
+
+
+def test_the_shared_modules_are_checked_against_the_released_global_model(fed, tmp_path):
+    """Issue 31 item 1: with the audit trail and the server's key, an export's shared modules must
+    be the global model the server published (and released) for the round it names."""
+    from clinograph.core.errors import IntegrityError
+    from clinograph.core.identity import Identity
+
+    tables, sim, res = fed
+    audit = res.audit_dir
+    for table in tables:
+        client = sim.hospitals[table.site].client
+        loaded = load_exported(client.model_path, trusted=client.identity.public, audit_dir=audit,
+                               server=client.server)
+        rel = loaded.description.release
+        assert rel is not None and loaded.released_round == rel.round
+        assert rel.personal_modules == tuple(client.task.config.personal.modules)
+        assert np.allclose(predict_exported(loaded, table), client.predict_table(table), atol=1e-6)
+    client = sim.hospitals[tables[0].site].client
+    with pytest.raises(IntegrityError, match="does not verify under the server key"):
+        load_exported(client.model_path, trusted=client.identity.public, audit_dir=audit,
+                      server=Identity.generate("server").public)
+    # the hospital's key alone cannot vouch for a global model the federation did not release ...
+    forged = _changed_export(tmp_path, client, lambda m: m.embedding.weight.mul_(1.01))
+    load_exported(forged, trusted=client.identity.public)  # its own signature holds
+    with pytest.raises(IntegrityError, match=r"\d+ shared module\(s\) differ from the global model the server "
+                                             r"released for round \d+"):
+        load_exported(forged, trusted=client.identity.public, audit_dir=audit, server=client.server)
+    # ... while its personal layers (here the masks) are its own, vouched for by its signature
+    personal = _changed_export(tmp_path, client, lambda m: m.mask_logit.weight.add_(0.5))
+    assert load_exported(personal, trusted=client.identity.public, audit_dir=audit,
+                         server=client.server).released_round == rel.round
+
+
+def test_a_release_check_needs_a_release_a_trail_and_both_options(fed, tmp_path):
+    from clinograph.core.errors import ConfigError, IntegrityError
+    from clinograph.sdk.model.export import export_model
+
+    tables, sim, res = fed
+    client = sim.hospitals[tables[0].site].client
+    with pytest.raises(ConfigError, match="needs both the federation's audit directory and the server's public key"):
+        load_exported(client.model_path, trusted=client.identity.public, audit_dir=res.audit_dir)
+    path, _ = export_model(client.task.model, tmp_path / "bare.safetensors", dictionary=tables[0].dictionary,
+                           signer=client.identity)
+    with pytest.raises(IntegrityError, match="names no federation round"):
+        load_exported(path, trusted=client.identity.public, audit_dir=res.audit_dir, server=client.server)
+    with pytest.raises(ConfigError, match="is not a directory"):
+        load_exported(client.model_path, trusted=client.identity.public, audit_dir=tmp_path / "none",
+                      server=client.server)
+
+
+def test_an_export_written_mid_run_has_no_release_to_check(tmp_path):
+    """The round's global model is published, but the run has not released a model yet."""
+    from clinograph.core.errors import IntegrityError
+    from clinograph.sdk.federation.simulate import build_simulation
+    from clinograph.secure.runtime import run_round
+
+    tables = small_tables()
+    cfg = SimulationConfig.model_validate({
+        "federation": {"rounds": 2, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0}, "output": str(tmp_path / "out")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        sim = build_simulation(tables, tables[0].dictionary, cfg, audit_dir=tmp_path / "audit")
+        run_round(sim.server, sim.transport, deliver=True)
+    from clinograph.sdk.model.export import export_model
+
+    client = sim.hospitals[tables[0].site]
+    fid, round_ = client.task.global_origin  # the model now holds round 0's global model
+    path, _ = export_model(client.task.model, tmp_path / "mid.safetensors", dictionary=tables[0].dictionary,
+                           signer=client.identity, meta={"release": {"federation_id": fid, "round": round_,
+                                                                     "personal_modules": []}})
+    assert round_ == 0
+    with pytest.raises(IntegrityError, match=r"published round 0 of .* but records no release after it"):
+        load_exported(path, trusted=client.identity.public, audit_dir=tmp_path / "audit", server=client.server)

@@ -139,7 +139,7 @@ def test_the_audit_names_features_and_bins_never_counts(tmp_path):
 
 
 def test_ckks_and_dp_are_refused(tmp_path):
-    with pytest.raises(ConfigError, match="not wired"):
+    with pytest.raises(ConfigError, match="server never sees a sum"):
         _run(_tables(), tmp_path, mode="ckks")
     with pytest.raises(Exception, match="DP accountant"):
         from clinograph.sdk.federation.simulate import build_simulation

@@ -197,7 +197,7 @@ def test_set_up_sums_are_refused_under_dp_ckks_and_a_journal_before_anything_run
     with pytest.raises(ConfigError, match=r"set-up sums \(scaling_histogram, feature_coverage\) are exact and "
                                            "outside the DP accountant"):
         check_setup(models, secure_mode="masked", dp=True, journal=False)
-    with pytest.raises(ConfigError, match="'ckks' is not wired for them yet. Use 'masked'"):
+    with pytest.raises(ConfigError, match="under 'ckks' the server never sees a sum, but the result every hospital"):
         check_setup(models, secure_mode="ckks", dp=False, journal=False)
     with pytest.raises(ConfigError, match="not journalled"):
         check_setup(models, secure_mode="masked", dp=False, journal=True)

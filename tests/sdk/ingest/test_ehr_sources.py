@@ -89,3 +89,42 @@ def test_every_documented_source_key_parses_and_every_key_is_documented():
     label_keys = {*OmopLabel.model_fields} - {"observation_concept_ids", "death"}  # shown in the comment
     assert label_keys <= documented["label"] and "observation_concept_ids" in block and "death = true" in block
     assert all(k in block for k in OmopCohort.model_fields)
+
+
+def test_a_hostile_cohort_query_on_postgresql_changes_nothing_and_is_a_clear_error(pg_url):
+    """Issue 31: on a server, a second statement or a SELECT that writes ran (saved only by a later
+    error's rollback) and ended in raw driver errors. Here as the superuser, to show that one
+    statement and the read-only transaction hold even where the role could write."""
+    from clinograph.core.errors import ClinographError
+    from clinograph.sdk.ingest.omop import OmopCohort
+
+    engine = sa.create_engine(pg_url)
+    table, schema = demo_hospitals()[0]
+    cdm = f"cdm_hostile_{schema.site}"
+    write_omop(engine, table, schema, D, cdm_schema=cdm)
+    base = f"SELECT person_id, visit_start_datetime AS index_datetime FROM {cdm}.visit_occurrence"  # noqa: S608
+
+    def state():
+        with engine.connect() as c:
+            tables = sorted(r[0] for r in c.exec_driver_sql(
+                f"SELECT tablename FROM pg_tables WHERE schemaname = '{cdm}'"))  # noqa: S608
+            return tables, c.exec_driver_sql(f"SELECT count(*) FROM {cdm}.observation").scalar()  # noqa: S608
+
+    before = state()
+    hostile = {
+        base + f"; DROP TABLE {cdm}.death": r"one SELECT statement.*2 statement\(s\): SELECT, DROP",
+        base + f"; COMMIT; CREATE TABLE {cdm}.evil AS SELECT 1 AS x; " + base: r"one SELECT statement.*SELECT, "
+                                                                                r"TRANSACTION, CREATE",
+        f"WITH d AS (DELETE FROM {cdm}.observation RETURNING person_id) "  # noqa: S608
+        "SELECT person_id, CAST(now() AS TIMESTAMP) AS index_datetime FROM d": r"failed \(ReadOnlySqlTransaction\)",
+        f"SELECT person_id, CAST(now() AS TIMESTAMP) AS index_datetime FROM {cdm}.person "  # noqa: S608
+        "WHERE set_config('transaction_read_only', 'off', true) IS NOT NULL": r"failed \(\w+\)",
+        f"SELECT person_id, now() AS index_datetime FROM {cdm}.person": r"index_datetime with a time zone",  # noqa: S608
+    }
+    for sql, found in hostile.items():
+        source = demo_source(schema.site, cdm_schema=cdm, cohort_sql=True).model_copy(
+            update={"cohort": OmopCohort(sql=sql)})
+        with pytest.raises(ClinographError, match=found):
+            read_omop(omop_engine(pg_url), source=source, dictionary=D)
+        assert state() == before, sql
+    engine.dispose()

@@ -77,6 +77,27 @@ def test_broken_inputs(tmp_path):
         read_fhir(tmp_path / "none", dictionary=D, site="s", label_code=None)
 
 
+
+@pytest.mark.parametrize(("name", "data", "found"), [
+    ("deep.ndjson", b"[" * 200_000 + b"]" * 200_000 + b"\n", r"deep.ndjson line 1 nests JSON .* too deeply"),
+    ("deep.json", b'{"a":' * 200_000 + b"1" + b"}" * 200_000, r"deep.json nests JSON .* too deeply"),
+    ("binary.ndjson", b'{"resourceType": "Patient"}\n\xff\xfe\x00\x81\n', r"binary.ndjson line 2 is not UTF-8 text"),
+    ("binary.json", b"\x89PNG\r\n\x1a\n\xff", r"binary.json is not UTF-8 text"),
+])
+def test_deep_or_binary_json_is_a_clear_schema_error(tmp_path, name, data, found):
+    """Issue 31: 200 000 levels of nesting (RecursionError) and binary bytes (UnicodeDecodeError)
+    were internal errors."""
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(SchemaError, match=found):
+        read_fhir(tmp_path / name, dictionary=D, site="s", label_code=None)
+
+
+def test_a_utf8_byte_order_mark_is_read(tmp_path):
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"resourceType": "Bundle", "entry": []}).encode())
+    extract = read_fhir(tmp_path / "bom.json", dictionary=D, site="s", label_code=None)  # read as JSON
+    assert extract.table.empty
+
+
 def _bp_panel(i, pid, when, sys_mmhg, dia):
     return {"resourceType": "Observation", "id": f"bp{i}", "status": "final",
             "code": {"coding": [{"system": LOINC, "code": "85354-9"}]}, "subject": {"reference": f"Patient/{pid}"},

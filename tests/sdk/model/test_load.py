@@ -203,3 +203,58 @@ def test_survival_outputs_must_be_monotone():
     with pytest.raises(IntegrityError, match="risks that fall at a later horizon for 1 of 2"):
         check_survival(h, s[:1].repeat(2, 0), np.array([[0.1, 0.2], [0.3, 0.2]]), source="m")
     check_survival(h, s[:1].repeat(2, 0), np.array([[0.1, 0.2], [0.1, 0.2]]), source="m")
+
+
+class _Canary:
+    """A pickle payload: unpickling it creates ``path`` (what a hostile model file would run)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_hostile_pickle_or_torch_save_file_never_runs(tmp_path):
+    """Issue 31: a model file is data. A live payload -- proved live by unpickling it once -- in a raw
+    pickle and in a torch.save zip, named as the weights with a description re-signed by the
+    hospital's own key for its digest, is refused and leaves no canary file, with or without the
+    insecure option; a protocol-0 pickle (no magic byte) is no safetensors file either."""
+    import hashlib
+    import pickle
+
+    probe = tmp_path / "probe"
+    pickle.loads(pickle.dumps(_Canary(probe))).close()  # noqa: S301 - the positive control: the payload runs
+    assert probe.exists()
+    canary = tmp_path / "canary"
+    path, sidecar = export(tmp_path)
+    for kind, write in (("a Python pickle", lambda p: p.write_bytes(pickle.dumps(_Canary(canary)))),
+                        ("a zip archive", lambda p: torch.save({"w": _Canary(canary)}, str(p))),
+                        ("not a safetensors file", lambda p: p.write_bytes(pickle.dumps(_Canary(canary), protocol=0)))):
+        write(path)
+        resign(sidecar, lambda d: d.update(weights_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),  # noqa: B023
+                                           weights_bytes=path.stat().st_size))
+        with pytest.raises(IntegrityError, match=f"is {kind}"):
+            load_exported(path, trusted=NORTH.public)
+        with warnings.catch_warnings(), pytest.raises(IntegrityError, match=f"is {kind}"):  # noqa: PT012
+            warnings.simplefilter("ignore", InsecureOptionWarning)
+            load_exported(path, trusted=None, insecure_untrusted_model=True)
+        assert not canary.exists(), kind
+
+
+def test_every_missing_and_extra_description_key_is_named_at_once(tmp_path):
+    """Issue 31: a sidecar with keys missing and added is one error listing each of them."""
+    path, sidecar = export(tmp_path)
+
+    def edit(d):
+        for key in ("calibration", "features", "site"):
+            d.pop(key)
+        d.update(loader="torch.jit.load", code="import os")
+        d["model"]["hook"] = "x"
+
+    resign(sidecar, edit)
+    with pytest.raises(IntegrityError, match=r"6 problem\(s\)") as info:
+        load_exported(path, trusted=NORTH.public)
+    for key in ("calibration: Field required", "features: Field required", "site: Field required",
+                "loader: Extra inputs", "code: Extra inputs", "model.hook: Extra inputs"):
+        assert key in str(info.value), key

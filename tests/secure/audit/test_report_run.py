@@ -50,3 +50,25 @@ def test_dp_policy_in_words():
                      "rate 1, calibrated for 5 round(s), assuming at least 2 honest hospital(s) add their share.")
     assert dp_policy_words(None).startswith("No DP policy")
     assert "{" not in words  # words, not a dict
+
+
+def test_a_voided_round_and_the_hospital_it_named_are_in_the_report(tmp_path):
+    """A masked federation with a hospital whose input voids rounds (secure/runtime/attribution.py):
+    the faults section says the round was voided and who was named; the privacy table says the
+    hospital is out of the run."""
+    import sys
+    from pathlib import Path
+
+    from clinograph.secure.runtime import run_rounds
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hostile_helpers import HOSTILE, federation
+
+    server, transport, _ = federation(tmp_path, n=4, hospitals={"h2": HOSTILE["masked"]})
+    run_rounds(server, transport, rounds=4)
+    server.audit.close()
+    html = render_report(tmp_path / "audit", out=tmp_path / "r.html").read_text()
+    faults = html[html.index('<section id="faults">'):]
+    faults = faults[:faults.index("</section>")]
+    assert "voided by what went into it" in faults and "h2 was named by it and retired" in faults
+    assert "out of the run: retired at round" in html and "the only hospital whose input was in every one" in html

@@ -164,3 +164,27 @@ def test_a_refusal_is_bound_to_its_hospital_round_stage_and_message(federation):
     with pytest.raises(IntegrityError):
         check_refusal(env.model_copy(update={"sender": "h1"}).to_bytes(), hospital="h1", key=key, round_=0,
                       stage="plan", sent=plan)
+
+
+class CrashingHospital(fh.FakeHospital):
+    """Raises a plain Python error (a bug, not a Clinograph refusal) at stage 1 of every round."""
+
+    def on_stage(self, data: bytes):
+        raise KeyError("a bug in the hospital's own code")
+
+
+def test_a_participant_bug_drops_it_by_exception_class_and_closes_the_round(federation):
+    """Issue 31: a non-Clinograph exception escaped the in-process run_round and left the round open."""
+    build, audit_dir = federation
+    server, hospitals = build(h2=CrashingHospital)
+    outcomes = run_rounds(server, InProcessTransport(hospitals), rounds=1)
+    server.audit.close()
+    with pytest.raises(ProtocolError, match="No round is open"):
+        server.current  # noqa: B018 - the round closed
+    assert outcomes[0].result.contributors == ("h1", "h3")
+    p0 = next(e["payload"] for e in _entries(audit_dir) if e["kind"] == "round_participation")
+    assert p0["outcome"] == "aggregated" and set(p0["dropped"]) == {"h2"}
+    reason = p0["dropped"]["h2"]["reason"]
+    assert "KeyError" in reason and "not a Clinograph error" in reason
+    assert "bug in the hospital" not in reason  # the class is named, never the message (it may hold data)
+    assert verify_audit_dir(audit_dir).ok

@@ -51,6 +51,21 @@ def test_an_unplanned_abort_is_still_an_error():
     assert level == logging.ERROR and text == "round 3 aborted: too few survivors"
 
 
+def test_a_voided_round_and_its_attribution_are_warnings_with_names():
+    """A voided round does not end the run (issue 31: the run goes on and names whose input voided it)."""
+    from clinograph.secure.transport.flower.serverapp import progress_line
+
+    level, text = progress_line("round_aborted", {"round": 4, "reason": "out of bounds", "planned_end": False,
+                                                  "voided": True}, nodes={})
+    assert level == logging.WARNING and text.startswith("round 4 voided, nothing applied: out of bounds")
+    level, text = progress_line("attribution_step", {"round": 5, "test": 1, "outcome": "voided",
+                                                     "suspects": ["h1", "h2"], "end": None}, nodes={"h1": 7})
+    assert level == logging.INFO and "suspects h1 (node 7), h2" in text
+    level, text = progress_line("hospital_retired", {"round": 6, "client": "h2", "reason": "its input voided"},
+                                nodes={})
+    assert level == logging.WARNING and text == "round 6: h2 retired: its input voided"
+
+
 def test_a_deferred_end_carries_the_closed_rounds_number():
     class Transport:
         def exchange(self, stage, messages, *, round_):

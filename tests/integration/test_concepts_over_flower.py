@@ -1,0 +1,126 @@
+"""Concepts (F-CMs: DAG vote, the model every hospital derives, its training) over Flower give what
+the in-process run gives: the ServerApp over a loopback Grid (the real ClientApp, relay,
+``HospitalWorker`` and the SuperNode factory building each hospital from its files) against
+``run_concept_federation`` on the same files. Asserted: the voted DAG, the derived model's digest,
+every round's global state digest and the audit entry kinds are the same, bit for bit (masked)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import tomli_w
+from flwr.supercore.task_identity import TaskIdentity
+from loopback_run import RUN_ID, run_over_loopback
+
+FEDERATION = {"id": "fed-concepts", "rounds": 2, "min_clients": 3, "local_epochs": 1, "secure_mode": "masked",
+              "strategy": "fedavg"}
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def _entries(audit_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
+
+
+def _write_sites(root: Path) -> tuple[list[str], object]:
+    """The demo's ALARM hospitals (three, small) with their concept columns, as deployment files."""
+    from clinograph.sdk.datasets import alarm, bnlearn
+    from clinograph.sdk.demo.concepts import CONCEPTS, RECORDS, TASK, WRONG
+
+    hospitals = tuple(dataclasses.replace(h, n_patients=150) for h in alarm.DEFAULT_HOSPITALS[:3])
+    states = alarm.sample_alarm(sum(h.n_patients for h in hospitals), seed=0)
+    net_states = bnlearn.network_states("alarm")
+    truth = [(a, b) for a, b in bnlearn.network_edges("alarm") if a in CONCEPTS and b in CONCEPTS]
+    dictionary = alarm.load_dictionary()
+    names, start = [], 0
+    for h, (df, schema) in zip(hospitals, alarm.make_hospital_tables(seed=0, hospitals=hospitals), strict=True):
+        part = states.iloc[start:start + h.n_patients].reset_index(drop=True)
+        start += h.n_patients
+        for c in RECORDS[h.site]:
+            df[c] = part[c].to_numpy()
+        nodes = [c for c in CONCEPTS if c in RECORDS[h.site] or c == TASK]
+        edges = [list(e) for e in truth if e[0] in nodes and e[1] in nodes]
+        if h.site in WRONG and all(v in nodes for v in WRONG[h.site]):
+            edges.append(list(WRONG[h.site]))
+        data = root / h.site / "data"
+        data.mkdir(parents=True)
+        df.to_csv(data / "table.csv", index=False)
+        schema = schema.model_copy(update={"concepts": RECORDS[h.site]})
+        (data / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
+        (data / "dictionary.toml").write_text(tomli_w.dumps(dictionary.model_dump(mode="json", exclude_none=True)))
+        (data / "hospital.toml").write_text(tomli_w.dumps({
+            "task": "concepts", "dictionary": "dictionary.toml", "training": {"seed": 0},
+            "concepts": {"concepts": list(CONCEPTS), "task": TASK, "edges": edges, "z_dim": 8,
+                         "encoder_hidden": [16], "hidden": 8, "emb": 4, "batch_size": 64,
+                         "states": {c: list(net_states[c]) for c in CONCEPTS if c != TASK}}}))
+        names.append(h.site)
+    return names, dictionary
+
+
+def test_concepts_over_flower_match_the_in_process_run(tmp_path):
+    from clinograph.sdk.concepts.federation import run_concept_federation
+    from clinograph.sdk.concepts.registration import cards, settings_from_config, site_from_files
+    from clinograph.sdk.config import HospitalConfig
+    from clinograph.sdk.federation.build import run_models
+    from clinograph.secure.audit import AuditTrail, verify_audit_dir
+    from clinograph.secure.runtime.config import FederationSection
+
+    from clinograph.core.identity import Identity
+
+    sites = tmp_path / "sites"
+    names, dictionary = _write_sites(sites)
+    config = HospitalConfig.from_toml(sites / names[0] / "data" / "hospital.toml")
+    server = sites / "server"
+    server.mkdir()
+    models = run_models(config, dictionary=dictionary)  # what `clinograph model init` writes: the vote model
+    assert models.vote is not None and [c.name for c in models.candidates] == ["vote"]
+    (server / "initial_model.json").write_bytes(models.to_bytes())
+    (server / "server.toml").write_text(tomli_w.dumps({"initial_model": "initial_model.json",
+                                                       "audit_dir": str(tmp_path / "flower-audit"),
+                                                       "federation": FEDERATION}))
+    run_over_loopback(sites=sites, names=names, server_toml=server / "server.toml", tmp_path=tmp_path,
+                      federation_id=FEDERATION["id"], port=19096)
+
+    own = [site_from_files(sites / n / "data", config=HospitalConfig.from_toml(sites / n / "data" / "hospital.toml"),
+                           dictionary=dictionary) for n in names]
+    settings = settings_from_config(config, in_dim=int(own[0].inputs.shape[1]))
+    server_id = Identity.generate("server")
+    audit = AuditTrail(tmp_path / "sim-audit", identity=server_id)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            run_concept_federation(sites=own, concepts=settings.concepts, task=settings.task, cards=cards(config),
+                                   kind=settings.kind, encoder=settings.encoder, z_dim=settings.z_dim,
+                                   federation=FederationSection(**FEDERATION), audit=audit, server_identity=server_id,
+                                   dictionary_hash=dictionary.digest(), hp=settings.hp, training=settings.training)
+        finally:
+            audit.close()
+
+    deployed, simulated = _entries(tmp_path / "flower-audit"), _entries(tmp_path / "sim-audit")
+
+    def payloads(entries, kind):
+        return [e["payload"] for e in entries if e["kind"] == kind]
+
+    def digests(entries):
+        return [(p["round"], p["global_state_digest"]) for p in payloads(entries, "aggregate")]
+
+    assert len(digests(deployed)) == 3  # one vote round, two training rounds
+    assert digests(deployed) == digests(simulated)
+    assert payloads(deployed, "dag_outcome") == payloads(simulated, "dag_outcome")
+    derived = payloads(deployed, "model_derived")
+    assert len(derived) == 1 and sorted(derived[0]["hospitals"]) == sorted(names)
+    assert [d["initial_sha256"] for d in derived] == [d["initial_sha256"] for d in payloads(simulated, "model_derived")]
+    ignore = ("envelope", "artefact")
+    assert Counter(e["kind"] for e in deployed if e["kind"] not in ignore) == \
+        Counter(e["kind"] for e in simulated if e["kind"] not in ignore)
+    assert verify_audit_dir(tmp_path / "flower-audit").ok and verify_audit_dir(tmp_path / "sim-audit").ok
