@@ -58,9 +58,9 @@ def defaults_config(*, rounds: int, seed: int):
 
 
 def config_for(variant: str, *, rounds: int, seed: int):
-    from research.demo_quality.demo_quality import config_for as demo_settings
-
     from clinograph.sdk.federation.candidates import DEFAULT_BINARY_CANDIDATES
+
+    from research.demo_quality.demo_quality import config_for as demo_settings
 
     base, elimination = VARIANTS[variant]
     cfg = defaults_config(rounds=rounds, seed=seed) if base.startswith("defaults") else demo_settings(seed, {}, rounds)

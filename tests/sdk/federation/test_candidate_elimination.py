@@ -8,6 +8,7 @@ import re
 
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import simulate
+from clinograph.sdk.model.load import load_exported
 from clinograph.secure.audit import render_report, verify_audit_dir
 from clinograph.secure.runtime.run import choose
 from sdk_helpers import small_tables
@@ -17,8 +18,8 @@ CANDIDATES = [{"name": "frozen", "training": {"lr": 1e-7}}, {"name": "a"},
               {"name": "b", "training": {"lr": 0.01}}, {"name": "c", "model": {"linear_shape": True}}]
 
 
-def cfg(elimination):
-    return SimulationConfig.model_validate({
+def cfg(elimination, **extra):
+    return SimulationConfig.model_validate({**extra,
         "federation": {"rounds": ROUNDS, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
         "model": {"hidden": 8}, "graph": {"k_similar": 0}, "training": {"lr": 0.03, "batch_size": 32},
         # patience 0: no early stop, so every candidate uses its whole budget (the bound is then exact)
@@ -37,7 +38,7 @@ def training_rounds(es):
 
 def test_the_default_halves_the_candidates_within_twice_one_model_audited(tmp_path):
     tables = small_tables()
-    res = simulate(tables, tables[0].dictionary, cfg(None), audit_dir=tmp_path / "audit")
+    res = simulate(tables, tables[0].dictionary, cfg(None, output=str(tmp_path / "out")), audit_dir=tmp_path / "audit")
     es = entries(tmp_path / "audit")
     kinds = [e["kind"] for e in es]
     cuts = [e["payload"] for e in es if e["kind"] == "candidates_eliminated"]
@@ -69,6 +70,13 @@ def test_the_default_halves_the_candidates_within_twice_one_model_audited(tmp_pa
     assert set(res.metrics_by_candidate) == {chosen["chosen"]}  # the eliminated kept no model to score
     verdict = verify_audit_dir(tmp_path / "audit")
     assert verdict.ok, verdict.problems
+    # each hospital's export of the chosen model passes the release check, although its run was paused
+    # and resumed across the other candidates' runs (sdk/model/release.py follows its own federation)
+    for name, member in res.hospitals.items():
+        client = member.client
+        loaded = load_exported(client.model_path, trusted=client.identity.public, audit_dir=tmp_path / "audit",
+                               server=client.server)
+        assert loaded.description.release.round == loaded.released_round, name
     html = render_report(tmp_path / "audit", out=tmp_path / "report.html").read_text()
     assert "Early elimination, rung 0" in html and "Early elimination, rung 1" in html
     # the report links each of the 3 resumed runs to the run that paused it
