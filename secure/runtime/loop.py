@@ -275,7 +275,9 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     status, reason = "completed", f"all {rounds} planned round(s) ran"
     failure: BaseException | None = None
     invited: tuple[str, ...] = ()
-    attribution = Attribution.for_server(server)
+    if run.attribution is None:  # a paused run's search goes on when it resumes
+        run.attribution = Attribution.for_server(server)
+    attribution = run.attribution
 
     def on_boundary(stage: str, info: Mapping[str, Any]) -> None:
         open_round: int | None = server.round
