@@ -509,8 +509,8 @@ class FederationServer:
         if entry.share is None:
             return ["the federation runs distributed DP, but the ledger entry declares no noise share"]
         problems = []
-        published = plan.options.get("masked.scale")
-        if not isinstance(published, (int, float)) or isinstance(published, bool):
+        published = _ring_scale(plan)
+        if published is None:
             return ["the federation runs distributed DP, but this round's plan publishes no masked.scale"]
         if not math.isclose(entry.share.scale, float(published), rel_tol=1e-12, abs_tol=0.0):
             problems.append(f"the share is declared at ring scale {entry.share.scale:.6g}, but this round's plan "
@@ -536,8 +536,8 @@ class FederationServer:
         if policy is None or policy.distributed is None or not sums.sums:
             return
         shares = [r.ledger.share for r in rnd.reports.values() if r.ledger is not None and r.ledger.share is not None]
-        scale = rnd.plan.options.get("masked.scale")
-        if not shares or not isinstance(scale, (int, float)):
+        scale = _ring_scale(rnd.plan)
+        if not shares or scale is None:
             return
         from .dp.noise_check import check_noise
 
@@ -568,3 +568,10 @@ class FederationServer:
             return
         rnd.audited[sender] += 1
         self.audit.record("update_rejected", {"round": rnd.plan.round, "client": sender, "reason": reason})
+
+
+def _ring_scale(plan: RoundPlan) -> float | None:
+    """The fixed-point scale of the masked ring this round's signed plan publishes (None: none), at
+    which distributed-DP shares are declared and the aggregate's noise is tested."""
+    scale = plan.options.get("masked.scale")
+    return float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None

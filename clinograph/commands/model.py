@@ -60,8 +60,9 @@ def _init(config: Path, out: Path) -> None:
 
     needed = task_strategy(cfg, dictionary=load_dictionary(cfg, config), directory=out.parent)
     if needed is not None:  # the task's server strategy and the public files it pins
-        import tomli_w
+        import json
 
-        name, options = needed
-        lines = tomli_w.dumps({"federation": {"strategy": name, "strategy_options": options}})
-        typer.echo(f"task {cfg.task!r} needs this in server.toml (files written beside {out.name}):\n{lines}")
+        name, options = needed  # strings and integers: a JSON string is a TOML basic string
+        pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in options.items())
+        typer.echo(f"task {cfg.task!r} needs this in server.toml (files written beside {out.name}):\n"
+                   f"[federation]\nstrategy = {json.dumps(name)}\nstrategy_options = {{ {pairs} }}")

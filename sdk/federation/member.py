@@ -135,8 +135,10 @@ class FederationMember:
 
     @property
     def plan(self) -> Any:
-        """The last plan the active candidate's client verified."""
-        return self.active.plan
+        """The last plan the active candidate's client verified (None before it was built: reading
+        it builds nothing)."""
+        client = self.clients.get(self._active)
+        return client.plan if client is not None else None
 
     @property
     def last_planned_round(self) -> int | None:

@@ -8,8 +8,8 @@ from clinograph.core.errors import RegistryError
 
 
 def test_builtin_tasks_and_a_miss_that_lists_them():
-    assert {"nsfl", "agat", "fednsl"} <= set(registered_tasks())
-    with pytest.raises(RegistryError, match=r"Unknown task 'nsfll'\. Registered: agat, fednsl, nsfl"):
+    assert {"nsfl", "agat", "fednsl", "concepts"} <= set(registered_tasks())
+    with pytest.raises(RegistryError, match=r"Unknown task 'nsfll'\. Registered: agat, concepts, fednsl, nsfl"):
         create_task("nsfll")
 
 

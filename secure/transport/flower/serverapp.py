@@ -56,7 +56,6 @@ planned end: logged as a warning, audited (``too_few_hospitals``), not an error.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -77,12 +76,12 @@ from ...runtime import ServerConfig
 from ...runtime.assemble import ServerSide
 from ...runtime.journal import Journal
 from ...runtime.models import RunModels, run_models_from_bytes
-from ...runtime.progress import RoundClock, eta_line, stage_line
 from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from ...runtime.voted import run_voted
 from . import check_flower_version
 from .driver import FlowerTransport, Timeouts, greet_nodes
+from .oplog import Events
 from .worker import load_factory
 
 app = ServerApp()
@@ -101,104 +100,6 @@ def _get(cfg: Mapping[str, Any], key: str, kind: type, default: Any = None) -> A
     return value
 
 
-class _Events:
-    """The progress sink: JSON lines to ``events-file`` (if set) and one log line per event; each
-    ``round_closed`` gets the round's seconds and the run's ETA (:class:`RoundClock`)."""
-
-    def __init__(self, path: str, *, rounds: int):
-        self.path = Path(path) if path else None
-        self.nodes: dict[str, int] = {}  # hospital -> Flower node id, once greeted
-        self.clock = RoundClock(rounds=rounds)
-        self.failure_logged = False  # the run's failure has its log line already
-
-    def __call__(self, kind: str, data: Mapping[str, object], *, log: bool = True) -> None:
-        data = self.clock.observe(kind, data)
-        if self.path is not None:
-            with self.path.open("a") as fh:
-                fh.write(json.dumps({"t": time.time(), "event": kind, **data}, sort_keys=True) + "\n")
-        level, line = progress_line(kind, data, nodes=self.nodes)
-        if line and log:
-            _log.log(level, "%s", line)
-
-
-def _who(name: object, nodes: Mapping[str, int]) -> str:
-    return f"{name} (node {nodes[str(name)]})" if str(name) in nodes else str(name)
-
-
-def _names(names: object, nodes: Mapping[str, int]) -> str:
-    items = list(names) if isinstance(names, list | tuple) else []
-    return ", ".join(_who(n, nodes) for n in items) or "none"
-
-
-def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int]) -> tuple[int, str]:
-    """The operator's one-line account of a progress event (level, text); text '' = not logged."""
-    r = data.get("round")
-    if kind == "started":
-        return logging.INFO, f"federation {data.get('federation')!r}, secure mode {data.get('secure_mode')}: started"
-    if kind == "greeted":
-        mapped = ", ".join(f"{n} = node {i}" for n, i in sorted(dict(data.get("nodes") or {}).items()))
-        refused = "; ".join(f"node {k} refused: {v}" for k, v in dict(data.get("refused") or {}).items())
-        return logging.INFO, f"greeted hospitals: {mapped or 'none'}" + (f"; {refused}" if refused else "")
-    if kind == "ckks_keys":
-        return logging.INFO, f"CKKS key ceremony done; key holders: {_names(data.get('holders'), nodes)}"
-    if kind == "round_opened":
-        return logging.INFO, (f"round {r} ({data.get('secure_mode', '?')}): invited "
-                              f"{_names(data.get('participants'), nodes)}")
-    if kind == "dropped":
-        return logging.WARNING, f"round {r}: {_who(data.get('hospital'), nodes)} dropped: {data.get('reason')}"
-    if kind == "refused":
-        final = " -- out of the run" if data.get("final") else ""
-        return logging.WARNING, (f"round {r}: {_who(data.get('hospital'), nodes)} refused at {data.get('stage')}: "
-                                 f"{data.get('reason')}{final}")
-    if kind == "round_closed":
-        eps = dict(data.get("epsilon") or {})
-        eps_text = ", ".join(f"{n} {v['epsilon']:.3g}/{v['budget']:g}" for n, v in sorted(eps.items()))
-        return logging.INFO, (f"round {r} closed: contributors {_names(data.get('contributors'), nodes)}; dropped "
-                              f"{_names(data.get('dropped'), nodes)}; refused {_names(data.get('refused'), nodes)}"
-                              + (f"; ε/budget {eps_text}" if eps_text else "") + eta_line(data))
-    if kind == "stage_progress":
-        return logging.INFO, stage_line(data)
-    if kind == "run_started":
-        return logging.INFO, (f"candidate model {data.get('candidate')!r} ({int(data.get('index', 0)) + 1} of "
-                              f"{data.get('count')}): run started")
-    if kind == "round_aborted":
-        if data.get("planned_end"):  # the hospitals' final refusals (budgets spent): a planned end
-            return logging.WARNING, f"round {r} not run: {data.get('reason')} (a planned end: see run ended)"
-        if data.get("voided"):  # an input out of bounds or under another key: the run goes on and names it
-            return logging.WARNING, (f"round {r} voided, nothing applied: {data.get('reason')} (the run goes on; "
-                                     "test rounds find whose input voided it)")
-        return logging.ERROR, f"round {r} aborted: {data.get('reason')}"
-    if kind == "end_not_delivered":
-        return logging.WARNING, (f"round {r}: global model not delivered to {_who(data.get('hospital'), nodes)}: "
-                                 f"{data.get('reason')}")
-    if kind in ("hospital_suspended", "hospital_rejoined"):
-        return logging.WARNING, f"round {r}: {_who(data.get('hospital'), nodes)} {kind.split('_')[1]}"
-    if kind == "resumed":
-        return logging.WARNING, (f"resumed from the journal after a restart: {data.get('rounds_completed')} round(s) "
-                                 f"completed, next round {r} (last boundary: {data.get('stage')})")
-    if kind == "run_ended":
-        level = logging.INFO if data.get("status") == "completed" else logging.WARNING
-        return level, (f"run ended ({data.get('status')}) after {data.get('rounds_completed')} of "
-                       f"{data.get('rounds_planned')} round(s): {data.get('reason')}")
-    if kind == "setup_sum":
-        return logging.INFO, (f"set-up sum {data.get('name')} (round {r}): {data.get('contributors')} contributor(s); "
-                              f"the same result from {_names(data.get('hospitals'), nodes)}")
-    if kind == "attribution_step":
-        return logging.INFO, (f"round {r}: attribution test {data.get('test')} {data.get('outcome')}; suspects "
-                              f"{_names(data.get('suspects'), nodes)}" + (f" ({data.get('end')})" if data.get("end")
-                                                                          else ""))
-    if kind == "hospital_retired":
-        return logging.WARNING, f"round {r}: {_who(data.get('client'), nodes)} retired: {data.get('reason')}"
-    if kind == "model_derived":
-        return logging.INFO, (f"round {r}: every hospital derived the same model from the voted DAG "
-                              f"({_names(data.get('hospitals'), nodes)})")
-    if kind == "finished":
-        return logging.INFO, f"finished: {data.get('rounds')} round(s)"
-    if kind == "failed":
-        return logging.ERROR, f"run failed: {data.get('reason')}"
-    return logging.DEBUG, f"{kind}: {dict(data)}"
-
-
 def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResult]:
     """Everything the ServerApp does, callable with any Grid (tests use a loopback one): greet the
     SuperNodes, then the one federation run (:func:`clinograph.secure.runtime.run.run_federation`,
@@ -207,7 +108,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
     Whatever raises -- a config error before the first round included -- is written as a
     ``failed`` event (``reason``: the error's type and message) before it is re-raised, so
     ``clinograph run`` can name it (the JSON line is written even when no log line is)."""
-    events = _Events(_get(run_config, "events-file", str, ""), rounds=0)
+    events = Events(_get(run_config, "events-file", str, ""), rounds=0)
     try:
         return _run_federation(grid, run_config, events)
     except BaseException as exc:
@@ -215,7 +116,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> list[RoundResul
         raise
 
 
-def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: _Events) -> list[RoundResult]:
+def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: Events) -> list[RoundResult]:
     check_flower_version()
     config = ServerConfig.from_toml(Path(_get(run_config, "server-config", str)))
     federation = load_federation(Path(_get(run_config, "federation-file", str)))
@@ -275,7 +176,7 @@ def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: _Events) 
 
 
 def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any, identity: Identity,
-         models: RunModels, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: _Events,
+         models: RunModels, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: Events,
          run_config: Mapping[str, Any], journal: Journal | None = None) -> FederationRun:
     fed = config.federation
     deadline = time.monotonic() + wait

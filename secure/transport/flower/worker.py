@@ -27,11 +27,14 @@ and its reason, and each global model loaded. No data, no keys.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import logging
 import os
 import socket
+import stat
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -70,13 +73,39 @@ def load_factory(ref: str) -> ParticipantFactory:
     return obj
 
 
-def socket_path(state_dir: Path) -> Path:
-    """Where the worker of the hospital with this state directory listens."""
+def socket_path(state_dir: Path, *, create: bool = False) -> Path:
+    """Where the worker of the hospital with this state directory listens: ``<state-dir>/
+    flower-worker.sock``, or, when that path is longer than a local socket's (100 characters),
+    ``<runtime-dir>/clinograph-<uid>/<digest of the state directory>.sock`` -- ``$XDG_RUNTIME_DIR``
+    if set, else the system's temporary directory -- in a directory that must be this user's own,
+    mode 0700, not a link (``create``: make it so if absent). Both the worker and the ClientApp
+    compute the same path from ``state-dir``.
+
+    Raises:
+        ConfigError: the private directory is someone else's, a link, or open to others.
+    """
     path = Path(state_dir).resolve() / SOCKET_NAME
-    if len(str(path)) > MAX_SOCKET_PATH:
+    if len(str(path)) <= MAX_SOCKET_PATH:
+        return path
+    root = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"clinograph-{os.getuid()}"
+    if create:
+        try:
+            root.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+    try:
+        info = os.lstat(root)
+    except FileNotFoundError:
+        info = None
+    if info is not None and (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077):
+        raise ConfigError(f"{root} must be a directory of this user's own with mode 0700 (not a link): the state "
+                          f"directory {state_dir} is too long for a local socket, so the hospital's worker listens "
+                          "there. Remove it, or use a state directory of at most 80 characters.")
+    fallback = root / f"{hashlib.sha256(str(path.parent).encode()).hexdigest()[:32]}.sock"
+    if len(str(fallback)) > MAX_SOCKET_PATH:
         raise ConfigError(f"State directory path is too long for a local socket ({len(str(path))} > "
-                          f"{MAX_SOCKET_PATH} characters): {state_dir}. Use a shorter path.")
-    return path
+                          f"{MAX_SOCKET_PATH} characters) and so is {fallback}: {state_dir}. Use a shorter path.")
+    return fallback
 
 
 def check_node_config(node_config: Mapping[str, Any]) -> None:
@@ -219,7 +248,7 @@ class HospitalWorker:
         state_dir = Path(self.node_config["state-dir"])
         state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(state_dir, 0o700)
-        path = socket_path(state_dir)
+        path = socket_path(state_dir, create=True)
         if path.exists():
             path.unlink()  # a stale socket of a killed SuperNode
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -153,4 +153,8 @@ def test_model_init_writes_the_rule_space_and_prints_the_pin(cohort, tmp_path):
     assert r.exit_code == 0, r.output
     sha = rule_space_for(_config(), dictionary=cohort.dictionary).sha256()
     assert (tmp_path / "server" / "rule_space.json").exists()
-    assert 'strategy = "fednsl_rules"' in r.output and sha in r.output
+    import tomllib
+
+    printed = tomllib.loads(r.output[r.output.index("[federation]"):])["federation"]  # paste-able as printed
+    assert printed["strategy"] == "fednsl_rules" and printed["strategy_options"]["rule_space_sha256"] == sha
+    assert printed["strategy_options"]["rule_space"] == str((tmp_path / "server" / "rule_space.json").resolve())

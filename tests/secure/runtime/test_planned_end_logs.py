@@ -26,7 +26,7 @@ import crash_harness  # noqa: E402
 
 @pytest.mark.slow
 def test_budget_exhaustion_is_a_planned_end_without_an_error_line(tmp_path):
-    from clinograph.secure.transport.flower.serverapp import progress_line
+    from clinograph.secure.transport.flower.oplog import progress_line
 
     proc = multiprocessing.get_context("fork").Process(
         target=crash_harness.main, args=([str(tmp_path), "--rounds", "4", "--budget", "2.5", "--events"],))
@@ -44,7 +44,7 @@ def test_budget_exhaustion_is_a_planned_end_without_an_error_line(tmp_path):
 
 
 def test_an_unplanned_abort_is_still_an_error():
-    from clinograph.secure.transport.flower.serverapp import progress_line
+    from clinograph.secure.transport.flower.oplog import progress_line
 
     level, text = progress_line("round_aborted", {"round": 3, "reason": "too few survivors", "planned_end": False},
                                 nodes={})
@@ -53,7 +53,7 @@ def test_an_unplanned_abort_is_still_an_error():
 
 def test_a_voided_round_and_its_attribution_are_warnings_with_names():
     """A voided round does not end the run (issue 31: the run goes on and names whose input voided it)."""
-    from clinograph.secure.transport.flower.serverapp import progress_line
+    from clinograph.secure.transport.flower.oplog import progress_line
 
     level, text = progress_line("round_aborted", {"round": 4, "reason": "out of bounds", "planned_end": False,
                                                   "voided": True}, nodes={})
