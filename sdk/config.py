@@ -139,7 +139,7 @@ class SelectionSection(_Strict):
     elimination: Literal["successive_halving", "none"] = Field(
         default="successive_halving", description="with several candidates (× restarts): eliminate them early on the "
         "federated validation loss -- all train a first budget of rounds, the best half go on, and so on, so the whole "
-        "choice costs at most 2× the training of one model (secure/runtime/elimination.py; audited as "
+        "choice trains at most 2× one model's planned rounds (secure/runtime/elimination.py; audited as "
         "candidates_eliminated). none: every candidate trains the whole run (k× the training)")
 
 
