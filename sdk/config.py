@@ -136,6 +136,11 @@ class SelectionSection(_Strict):
                           "many initialisations ([model] init_seed and [training] seed + 1000·i) and keep the lowest "
                           "kept-round federated validation loss of all (multi-start; restarts× the training). NS-FL "
                           "only, needs selection")
+    elimination: Literal["successive_halving", "none"] = Field(
+        default="successive_halving", description="with several candidates (× restarts): eliminate them early on the "
+        "federated validation loss -- all train a first budget of rounds, the best half go on, and so on, so the whole "
+        "choice trains at most 2× one model's planned rounds (secure/runtime/elimination.py; audited as "
+        "candidates_eliminated). none: every candidate trains the whole run (k× the training)")
 
 
 class CalibrationSection(_Strict):

@@ -124,17 +124,22 @@ class FederationServer:
         self._current: OpenRound | None = None
         self._plan_heads: dict[int, int] = {}  # round -> audit.seq its (latest) plan presented
         self._ledgers: dict[str, LedgerTrack] = {}  # last accepted ledger per hospital (dp_checks)
-        audit.record("manifest", {
-            "federation_id": federation_id,
-            "server": {"name": identity.name, "public_key": identity.public.b64()},
+        self.record_manifest()
+
+    def record_manifest(self) -> None:
+        """Record the ``manifest`` (who is enrolled with which key, under which rules) in the
+        audit run: at construction, and again when a paused run goes on in a new audit run."""
+        self.audit.record("manifest", {
+            "federation_id": self.federation_id,
+            "server": {"name": self.identity.name, "public_key": self.identity.public.b64()},
             "hospitals": {n: p.b64() for n, p in sorted(self.enrolled.items())},
-            "dictionary_hash": dictionary_hash,
-            "secure_mode": secure_mode,
-            "strategy": strategy.name,
-            "dp_policy": dp_policy.model_dump(mode="json") if dp_policy else None,
-            "spec_digest": spec.digest(),
-            "insecure_options": [secure_mode] if self.mode.insecure else [],
-            "environment": environment,
+            "dictionary_hash": self.dictionary_hash,
+            "secure_mode": self.mode.name,
+            "strategy": self.strategy.name,
+            "dp_policy": self.dp_policy.model_dump(mode="json") if self.dp_policy else None,
+            "spec_digest": self.spec.digest(),
+            "insecure_options": [self.mode.name] if self.mode.insecure else [],
+            "environment": self.environment,
         })
 
     # -- stage 1: the plan --------------------------------------------------------------

@@ -92,6 +92,7 @@ def run_models(config: HospitalConfig, *, dictionary: FeatureDictionary,
     for (:func:`.setup.setup_sums`). The initial models are built on ``dictionary`` and the
     config as written: neither the scales a set-up sum derives nor a ``"shared"`` feature list
     changes a model's shapes or initial values (:mod:`.setup`)."""
+    from clinograph.secure.runtime.elimination import EliminationRule
     from clinograph.secure.runtime.models import CandidateModel, RunModels
     from clinograph.secure.runtime.selection import SelectionRule
 
@@ -107,10 +108,12 @@ def run_models(config: HospitalConfig, *, dictionary: FeatureDictionary,
     cands = list(candidates) or [Candidate(name="model", overrides={}, config=config)]
     rule = (SelectionRule(patience=config.selection.patience, min_delta=float(config.selection.min_delta))
             if config.selection_active() else None)
+    halving = rule is not None and len(cands) > 1 and config.selection.elimination == "successive_halving"
     return RunModels(task=config.task, selection=rule, candidates=tuple(
         CandidateModel(name=c.name, overrides=canonical(c.overrides),
                        initial=initial_model_for(_hospital_config(c.config), dictionary=dictionary))
-        for c in cands), setup=setup_sums(config, dictionary=dictionary, candidates=list(candidates)))
+        for c in cands), setup=setup_sums(config, dictionary=dictionary, candidates=list(candidates)),
+        elimination=EliminationRule() if halving else None)
 
 
 def _hospital_config(config: HospitalConfig) -> HospitalConfig:

@@ -15,13 +15,19 @@ Rule: candidates are tried in list order, the first is the simplest; a later one
 its validation loss is lower than the best so far by more than ``[selection] min_delta``
 (ties go to the simpler candidate).
 
-Cost: k× the training of one run (k = 4 by default: the wide path alone, with shape functions,
-and each beside the GNN),
-plus one evaluation-only round per candidate. Not used under DP (the validation sums are
-outside the accountant) nor when selection is off; a candidate list is then refused.
+Cost: with ``[selection] elimination = "successive_halving"`` (the default) at most 2× the
+training rounds of one run, whatever k (k = 4 by default: the wide path alone, with shape
+functions, and each beside the GNN): all candidates train a first budget of rounds, the best half
+go on, and so on (:mod:`clinograph.secure.runtime.elimination`, audited as
+``candidates_eliminated``); the comparison at each cut is this module's rule on each candidate's
+lowest federated validation loss so far. ``elimination = "none"``: k× the training of one run.
+Plus one evaluation-only round per candidate whose run ends (the survivor; any the stop rule
+ended early). Not used under DP (the validation sums are outside the accountant) nor when
+selection is off; a candidate list is then refused.
 
 Audit: all candidates run in one audit directory with one server key, one run (``audit_open`` /
-``audit_reopen``) each, every run with its own ``model_selected``; a last, short run records
+``audit_reopen``) each -- one per rung under early elimination (``run_paused``, ``run_resumed``) --
+every run that ends with its own ``model_selected``; a last, short run records
 ``model_chosen`` (:class:`clinograph.secure.audit.kinds.ModelChosen`): every candidate's
 overrides, kept round, rounds run and validation loss, and the chosen one.
 ``clinograph audit verify`` verifies the whole directory.

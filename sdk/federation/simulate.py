@@ -99,7 +99,8 @@ class SimulationResult:
     #: name, then hospital, then metric: ``{"linear": {"north": {"auroc": 0.81, ...}, ...}, ...}``.
     #: Public and stable, for studies comparing candidates; the hospitals' own test metrics, which a
     #: deployment's hospitals keep to themselves; never used for the choice and not audited.
-    #: Empty when one model ran. (``choice["final_by_candidate"]`` is the same mapping, kept for
+    #: Empty when one model ran; a candidate early elimination dropped before its run ended is
+    #: absent (it kept no model). (``choice["final_by_candidate"]`` is the same mapping, kept for
     #: existing code.)
     metrics_by_candidate: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     #: every hospital as the run left it (``.client``: its kept model; ``.clients``: each candidate's)
@@ -329,7 +330,8 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     result = results.setdefault(kept.name, SimulationResult(audit_dir=Path(audit_dir)))
     result.hospitals = members
     if fed_run.chosen is not None:
-        result.metrics_by_candidate = {r.name: results[r.name].final for r in fed_run.runs if r.name in results}
+        result.metrics_by_candidate = {r.name: results[r.name].final for r in fed_run.runs
+                                       if r.name in results and r.ended}  # an eliminated run never finished
         result.choice = {"chosen": kept.name, "candidates": [r.row() for r in fed_run.runs],
                          "min_delta": prep.config.selection.min_delta,
                          "final_by_candidate": result.metrics_by_candidate}

@@ -96,6 +96,24 @@ def _personal(name: str, personal: tuple[str, ...]) -> bool:
     return any(name == p or (p.endswith("/") and name.startswith(p)) for p in personal)
 
 
+def _end_of_federation(entries: list[dict], federation_id: str) -> str | None:
+    """The kind of the first ``release`` / ``run_ended`` entry of ``federation_id`` among ``entries``
+    (the entries after one of its rounds): an entry belongs to the federation of its audit run's
+    latest ``manifest``. A candidate's run that early elimination paused goes on in a later audit
+    run (``run_resumed``, with its manifest again) after other candidates' runs; their ends are not
+    its own."""
+    fed: str | None = federation_id  # the entries right after the round are its own run's
+    for x in entries:
+        kind, payload = x.get("kind"), x.get("payload") or {}
+        if kind in ("audit_open", "audit_reopen"):
+            fed = None
+        elif kind == "manifest":
+            fed = payload.get("federation_id")
+        elif kind in ("release", "run_ended") and fed == federation_id:
+            return str(kind)
+    return None
+
+
 def _published(audit_dir: Path, federation_id: str, round_: int, *, server: PublicIdentity,
                source: Path) -> dict[str, np.ndarray]:
     """The global model of ``round_`` of ``federation_id`` that the (verified) trail in
@@ -120,8 +138,7 @@ def _published(audit_dir: Path, federation_id: str, round_: int, *, server: Publ
         except (ClinographError, KeyError) as exc:
             raise IntegrityError(f"Audit artefact {name} is not a global model signed by the server "
                                  f"({type(exc).__name__}). {_FIX}") from None
-        end = next((x.get("kind") for x in entries[i + 1:] if x.get("kind") in ("release", "run_ended")), None)
-        if end != "release":  # the run that published it ended with its release (runs follow one another)
+        if _end_of_federation(entries[i + 1:], federation_id) != "release":  # its run ended with its release
             raise IntegrityError(f"Model {source}: the audit trail published round {round_} of {federation_id!r} but "
                                  "records no release after it (the run did not end). Export the model the run "
                                  "released.")

@@ -315,6 +315,64 @@ class CandidateRow(Payload):
     validation_loss: float | None
     round: int | None = Field(ge=0)
     rounds_run: int = Field(ge=0)
+    #: the rung after which early elimination dropped it (``candidates_eliminated``); absent: it was not
+    eliminated_after_rung: int | None = Field(default=None, ge=0)
+
+
+class EliminationRow(Payload):
+    """One candidate still in at a rung of ``candidates_eliminated``: its name, its lowest federated
+    validation loss so far and that model's round, the training rounds it ran, and whether the
+    stop rule had already ended its run."""
+
+    name: Name
+    validation_loss: float | None
+    round: int | None = Field(ge=0)
+    rounds_run: int = Field(ge=0)
+    stopped_early: bool
+
+
+class CandidatesEliminated(Payload):
+    """``candidates_eliminated``: early elimination after rung ``rung`` of a run of several
+    candidates (secure/runtime/elimination.py, successive halving): every candidate still in had
+    ``rounds`` training rounds (or the stop rule ended it), the best ``len(kept)`` on the federated
+    validation loss go on, ``eliminated`` stop (their rounds stay in their own runs, which end with
+    ``run_paused``). ``eta``, ``max_cost``: the schedule's rule; ``schedule``: every rung's
+    (rounds, kept); ``cost``: the most training rounds the run's candidates train in all."""
+
+    rung: int = Field(ge=0)
+    rounds: int = Field(ge=1)
+    candidates: list[EliminationRow] = Field(min_length=1, max_length=32)
+    kept: list[Name] = Field(min_length=1, max_length=32)
+    eliminated: list[Name] = Field(max_length=32)
+    rule: str = Field(max_length=1000)
+    min_delta: float = Field(ge=0)
+    eta: int = Field(ge=2)
+    max_cost: float = Field(ge=1)
+    schedule: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = Field(min_length=1, max_length=64)
+    cost: int = Field(ge=1)
+
+
+class RunPaused(Payload):
+    """``run_paused``: the last entry of a candidate's run that early elimination paused after
+    ``rounds_completed`` training rounds (of ``rounds_planned``) while the other candidates of rung
+    ``rung`` train; its server keeps its state, and the run goes on in a later audit run
+    (``run_resumed``) or was eliminated (``candidates_eliminated``). No release: not a model."""
+
+    rung: int = Field(ge=0)
+    next_round: int = Field(ge=0)
+    rounds_completed: int = Field(ge=0)
+    rounds_planned: int = Field(ge=1)
+
+
+class RunResumed(Payload):
+    """``run_resumed``: a paused candidate's run goes on (after its ``manifest``) in rung ``rung``,
+    continuing the audit run ``previous_run_id`` that ended with ``run_paused``: same federation
+    id, keys, hospitals, global model and round numbering; its selection goes on too."""
+
+    rung: int = Field(ge=1)
+    previous_run_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    next_round: int = Field(ge=0)
+    rounds_completed: int = Field(ge=0)
 
 
 class ModelChosen(Payload):
@@ -533,6 +591,7 @@ KINDS: dict[str, type[Payload]] = {
     "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
     "model_selected": ModelSelected, "model_chosen": ModelChosen, "run_extended": RunExtended, "feature_coverage": FeatureCoverage,
     "model_derived": ModelDerived,
+    "candidates_eliminated": CandidatesEliminated, "run_paused": RunPaused, "run_resumed": RunResumed,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release, "ckks_key_holders": CkksKeyHolders,
     "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,

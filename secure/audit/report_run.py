@@ -53,6 +53,13 @@ def run_links(runs: list[Run]) -> dict[int, str]:
                               f"federation goes on as its run {ext['run']} after {ext['rounds_completed']} "
                               f"round(s), now {ext['rounds_planned']} planned, continuing at round "
                               f"{ext['next_round']} (same keys, hospitals, model and privacy ledgers).")
+        elif run.kinds["run_resumed"]:
+            res = run.kinds["run_resumed"][-1]
+            prev = next((r.index for r in runs if r.run_id == res["previous_run_id"]), None)
+            out[run.index] = (f"Resumes run {prev if prev is not None else '(not in this directory)'}, paused by early "
+                              f"elimination after {res['rounds_completed']} training round(s): the same candidate "
+                              f"goes on in rung {res['rung']} at round {res['next_round']} (same keys, hospitals, "
+                              "model and selection).")
         elif i > 0 and any(a["reason"].startswith(RESTART) for a in run.kinds["round_aborted"]) \
                 and run.entries and run.entries[0].kind == "audit_reopen":
             out[run.index] = (f"Resumes run {runs[i - 1].index} after a server restart: the round open when the "
@@ -251,6 +258,12 @@ def selection(run: Run, runs: list[Run]) -> str:
         if s.get("disagreeing"):
             html += _p("Hospitals whose signed status disagreed with the majority (the majority's value was used): "
                        + ", ".join(f"{n} (round {r})" for n, r in sorted(s["disagreeing"].items())) + ".", cls="warn")
+    for cut in run.kinds["candidates_eliminated"]:
+        losses = ", ".join(f"{r['name']} {_num(r['validation_loss'], '.4g')}" for r in cut["candidates"])
+        html += _p(f"Early elimination, rung {cut['rung']}: after {cut['rounds']} training round(s) each "
+                   f"(federated validation loss: {escape(losses)}), kept {escape(', '.join(cut['kept']))}; eliminated "
+                   f"{escape(', '.join(cut['eliminated']) or 'none')}. Rule: {escape(cut['rule'])} (η = {cut['eta']}; "
+                   f"at most {cut['cost']} training rounds for all candidates).")
     for c in run.kinds["model_chosen"]:
         rows = "".join(
             f'<tr><th scope="row">{escape(r["name"])}{" (chosen)" if r["name"] == c["chosen"] else ""}</th>'

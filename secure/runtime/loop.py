@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from clinograph.core.errors import ProtocolError
+from clinograph.core.errors import ConfigError, ProtocolError
 
 from ..messages import RoundResult
 from ..server import FederationServer
@@ -234,7 +234,8 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
                participants: tuple[str, ...] | None = None,
                on_round: Callable[[int, RoundOutcome], None] | None = None,
                on_event: EventSink | None = None, liveness: Liveness | None = None,
-               journal: Journal | None = None, control: RunControl | None = None) -> list[RoundOutcome]:
+               journal: Journal | None = None, control: RunControl | None = None,
+               state: RunState | None = None, pause_after: int | None = None) -> list[RoundOutcome]:
     """Run ``rounds`` rounds; the last global model is delivered before returning.
 
     With ``liveness``, hospitals that keep missing rounds are suspended and retried
@@ -257,17 +258,26 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     it stopped (``rounds`` counts the whole run's completed rounds, before and after the
     restart; the returned outcomes are this call's). A round open when the server stopped is
     aborted and audited (reason ``server restart``) and re-run under a new round number.
+
+    ``pause_after``: return once the run has trained that many rounds (of ``rounds``) without the
+    scoring round, the control's ``finish``, ``release`` and ``run_ended`` -- the run is paused, not
+    ended (:mod:`.elimination`); a later call with the same ``state`` (its :class:`RunState`) goes
+    on. A run the stop rule ends before it pauses ends as usual. Not with a journal.
     """
     event = on_event or _quiet
     outcomes: list[RoundOutcome] = []
-    run = RunState(liveness=liveness, control=control)
+    run = state if state is not None else RunState(liveness=liveness, control=control)
+    if journal is not None and pause_after is not None:
+        raise ConfigError("A journalled run cannot pause: one journal holds one run.")
     if journal is not None:
         check_journalable(server)
         resume(journal, server, run, event=event, rounds=rounds)
     status, reason = "completed", f"all {rounds} planned round(s) ran"
     failure: BaseException | None = None
     invited: tuple[str, ...] = ()
-    attribution = Attribution.for_server(server)
+    if run.attribution is None:  # a paused run's search goes on when it resumes
+        run.attribution = Attribution.for_server(server)
+    attribution = run.attribution
 
     def on_boundary(stage: str, info: Mapping[str, Any]) -> None:
         open_round: int | None = server.round
@@ -332,11 +342,12 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         outcomes.append(outcome)
         return outcome
 
-    stopped = False
+    stopped = paused = False
+    limit = rounds if pause_after is None else min(rounds, pause_after)
     try:
         if control is not None:
             control.begin(first_round=server.round)
-        while run.trained < rounds and not run.stopped:
+        while run.trained < limit and not run.stopped:
             r = run.trained
             outcome = one_round(scoring=False)
             if outcome is None:
@@ -348,6 +359,9 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
                 if journal is not None:
                     save(journal, server, run, stage="end", open_round=None)
         stopped = run.stopped
+        paused = status == "completed" and not stopped and run.trained < rounds
+        if paused:
+            return outcomes
         if stopped:
             reason = f"stopped early after {run.trained} round(s): validation loss, patience"
         if status == "completed" and control is not None:
@@ -370,8 +384,9 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     finally:
         _deliver_pending(server, transport, run, event)
         try:
-            end_run(server, status=status, reason=reason, rounds_completed=run.trained,
-                    rounds_planned=rounds)
+            if not paused:
+                end_run(server, status=status, reason=reason, rounds_completed=run.trained,
+                        rounds_planned=rounds)
         except Exception:
             if failure is None:
                 raise  # else the run's own failure is the error to report

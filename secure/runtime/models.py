@@ -31,6 +31,7 @@ from clinograph.core.spec import MODULE_NAME_PATTERN
 
 from ..messages import ID_PATTERN, WireMessage
 from .build import MAX_INITIAL_MODEL_BYTES, InitialModel, initial_model_from_bytes
+from .elimination import EliminationRule
 from .selection import SelectionRule
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,39}$"
@@ -96,13 +97,16 @@ class VotePhase(WireMessage):
 class RunModels(WireMessage):
     """The candidates of a run, simplest first (ties go to the earlier), and the selection rule
     (None: no selection -- the last round's model is kept, one candidate only); ``setup``: the
-    set-up sums that run first, in order."""
+    set-up sums that run first, in order; ``elimination``: how several candidates are eliminated
+    early on the federated validation loss (:mod:`.elimination`; None: every candidate trains the
+    whole run)."""
 
     kind: Literal["run_models"] = "run_models"
     task: str = Field(max_length=64)
     selection: SelectionRule | None
     candidates: tuple[CandidateModel, ...] = Field(min_length=1, max_length=MAX_CANDIDATES)
     setup: tuple[SetupSum, ...] = Field(default=(), max_length=MAX_SETUP_SUMS)
+    elimination: EliminationRule | None = None
     #: a voted run (concepts): the one candidate is the vote model; the trained model is derived
     vote: VotePhase | None = None
 
@@ -113,6 +117,8 @@ class RunModels(WireMessage):
             raise ValueError(f"candidate names repeat: {sorted({n for n in names if names.count(n) > 1})}")
         if len(names) > 1 and self.selection is None:
             raise ValueError("several candidates need a selection rule (they are compared on validation loss)")
+        if self.elimination is not None and self.selection is None:
+            raise ValueError("early elimination needs a selection rule (it compares validation losses)")
         if len({c.initial.dictionary_hash for c in self.candidates}) != 1:
             raise ValueError("candidates are built on different feature dictionaries")
         if self.vote is not None and (names != ["vote"] or self.selection is not None or self.setup):

@@ -8,7 +8,9 @@ them with its seconds. It costs one dict a stage; the seconds come from the tran
 :class:`RoundClock` turns a run's ``run_started`` / ``round_opened`` / ``round_closed`` events
 into an ETA: the mean seconds a round has taken so far times the rounds left
 (:func:`eta_seconds`). Early stopping on the validation loss can only end a run sooner, so the
-ETA is an upper estimate. Both the Flower ServerApp's log lines and ``clinograph simulate``
+ETA is an upper estimate. Under early elimination (secure/runtime/elimination.py) it counts every
+candidate's whole run until the first cut, then only the resumed candidate's rounds left (the
+other survivors' are not counted). Both the Flower ServerApp's log lines and ``clinograph simulate``
 use it. Events carry names, counts and seconds only -- no data.
 """
 
@@ -57,7 +59,7 @@ class RoundClock:
         if kind == "run_started":
             self._closed_in_run = 0
             self._runs_after = max(int(data.get("count", 1)) - int(data.get("index", 0)) - 1, 0)
-        elif kind == "resumed":  # after a restart: the rounds completed before it count as done
+        elif kind in ("resumed", "run_resumed"):  # after a restart or a pause: the rounds before it count as done
             self._closed_in_run = int(data.get("rounds_completed", 0))
         elif kind == "round_opened":
             self._opened[int(data.get("round", -1))] = self.clock()

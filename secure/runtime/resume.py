@@ -38,6 +38,7 @@ class RunState:
     score_done: bool = False  # this run's evaluation-only round ran
     stopped: bool = False  # the stop rule ended this run's training
     runs: int = 1  # the federation's runs in this journal (1 + extensions)
+    attribution: Any = None  # the loop's group testing (:mod:`.attribution`), kept across a paused run's calls
 
     @property
     def trained(self) -> int:

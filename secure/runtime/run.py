@@ -21,7 +21,14 @@ A run, as data flows (architecture.md, "One round"; docs/architecture.md, "One r
 4. **Finish**: ``setup`` step ``run/finish`` -- every hospital keeps the selected round's model
    (global + personal) and fits its calibration; ``model_selected`` is audited, then the run's
    ``release`` and ``run_ended``.
-5. **Choice** (several candidates): the lowest kept-round federated validation loss wins (a later
+**Early elimination** (several candidates, :attr:`~.models.RunModels.elimination`; :mod:`.elimination`):
+   steps 1-2 run in rungs -- every candidate still in trains up to the rung's budget of rounds
+   (one after another), its run *paused* at the budget (``run_paused`` ends its audit run; its
+   server keeps its state; a later rung resumes it with ``run/start`` and a new audit run,
+   ``run_resumed``), then the best ⌈n/η⌉ on the federated validation loss go on
+   (``candidates_eliminated``, its own short audit run); the last rung's candidates run to the
+   end (3-4). At most ``max_cost`` × one model's training rounds in all.
+5. **Choice** (several candidates): among those not eliminated, the lowest kept-round federated validation loss wins (a later
    candidate only if lower by more than ``min_delta``); ``model_chosen`` is audited in a last,
    short audit run and a signed :class:`~.models.RunChosen` tells every hospital which model to
    keep (``setup`` step ``run/chosen``).
@@ -29,148 +36,33 @@ A run, as data flows (architecture.md, "One round"; docs/architecture.md, "One r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.errors import ConfigError
 
-from ..server import FederationServer
 from ..wire import seal
+from .candidate import (
+    CandidateRun,
+    SelectedRun,
+    open_candidate,
+    reachable,
+    resume_candidate,
+    train_candidate,
+)
+from .elimination import ELIMINATION_RULE, Rung, Schedule, schedule, survivors
 from .journal import Journal
 from .liveness import Liveness
-from .loop import EventSink, RoundOutcome, _quiet, run_rounds
-from .models import (
-    CandidateModel,
-    RunChosen,
-    RunFinish,
-    RunModels,
-    RunStart,
-    overrides_digest,
-    run_id,
-)
-from .selection import STATUS_PART, SelectionRule, SelectionTracker, read_statuses
+from .loop import EventSink, RoundOutcome, _quiet
+from .models import RunChosen, RunModels
 from .setup import check_setup, run_setup
-from .transport import Restricted, Transport
+from .transport import Transport
+
+__all__ = ["CHOICE_RULE", "CandidateRun", "FederationRun", "SelectedRun", "choose", "run_federation"]
 
 CHOICE_RULE = ("lowest kept-round federated validation loss; ties (within min_delta) to the earlier, simpler "
                "candidate")
-
-
-@dataclass
-class SelectedRun:
-    """The run's control (:class:`.loop.RunControl`): options, stop rule, scoring, finish."""
-
-    candidate: str
-    rounds: int
-    rule: SelectionRule | None
-    tracker: SelectionTracker | None = None
-    #: hospitals whose status was not accepted (name -> why), and the round each kept
-    rejected: dict[str, str] = field(default_factory=dict)
-    kept: dict[str, int | None] = field(default_factory=dict)
-    on_event: EventSink = _quiet
-    #: the stop rule ended training (set by :meth:`finish`)
-    stopped: bool = False
-    #: the run's first round (``run.first_round`` in every plan: a hospital starts a new selection there)
-    first_round: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.rule is not None and self.tracker is None:
-            self.tracker = SelectionTracker(self.rule)
-
-    @property
-    def deliver(self) -> bool:
-        return self.rule is not None
-
-    def begin(self, *, first_round: int) -> None:
-        if self.first_round is None:
-            self.first_round = first_round
-
-    def options(self, *, scoring: bool) -> dict[str, float | int | str | bool]:
-        out: dict[str, float | int | str | bool] = {"run.candidate": self.candidate, "run.rounds": self.rounds,
-                                                    "run.phase": "score" if scoring else "train"}
-        if self.first_round is not None:
-            out["run.first_round"] = self.first_round
-        if self.rule is not None:
-            out.update(self.rule.plan_options())
-        return out
-
-    def after(self, server: FederationServer, outcome: RoundOutcome) -> bool:
-        if self.tracker is None:
-            return False
-        good, bad = read_statuses(outcome.statuses, peers=server.enrolled, federation_id=server.federation_id,
-                                  round_=outcome.result.round)
-        self.rejected.update(bad)
-        loss = self.tracker.observe(good)
-        if loss is not None:
-            self.on_event("validation", {"round": outcome.result.round, "loss": loss,
-                                         "best_round": self.tracker.best_round})
-        return self.tracker.should_stop
-
-    def wants_score(self) -> bool:
-        return self.tracker is not None and bool(self.tracker.rounds)
-
-    def finish(self, server: FederationServer, transport: Transport, *, stopped: bool) -> None:
-        """``run/finish`` to every hospital of the run, then ``model_selected`` (if a loss was seen)."""
-        self.stopped = stopped
-        last = server.history[-1].round if server.history else server.round
-        names = _reachable(transport, server.enrolled)
-        msg = seal(RunFinish(federation_id=server.federation_id, round=last), server.identity)
-        answers, failed = transport.exchange("setup", {n: {"step": b"run/finish", "data": msg} for n in names},
-                                             round_=last)
-        for name, why in sorted(failed.items()):
-            self.on_event("finish_not_delivered", {"round": last, "hospital": name, "reason": why[:300]})
-        raw = {n: a[STATUS_PART] for n, a in answers.items() if STATUS_PART in a}
-        good, bad = read_statuses(raw, peers=server.enrolled, federation_id=server.federation_id, round_=last)
-        self.rejected.update(bad)
-        self.kept = {n: s.kept for n, s in good.items()}
-        t = self.tracker
-        if t is None or t.best_round is None:
-            return
-        disagreeing = dict(t.disagreeing)
-        disagreeing.update({n: -1 if k is None else k for n, k in self.kept.items() if k != t.best_round})
-        server.audit.record("model_selected", {
-            "round": int(t.best_round), "validation_loss": float(t.best_loss), "rounds_evaluated": len(t.rounds),
-            "patience": int(t.rule.patience), "stopped_early": bool(stopped), "losses": [float(x) for x in t.losses],
-            **({"disagreeing": dict(sorted(disagreeing.items()))} if disagreeing else {})})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"tracker": None if self.tracker is None else self.tracker.to_dict(), "first_round": self.first_round}
-
-    def load(self, data: Mapping[str, Any]) -> None:
-        if self.tracker is not None and data.get("tracker") is not None:
-            self.tracker.load(data["tracker"])
-        if data.get("first_round") is not None:
-            self.first_round = int(data["first_round"])
-
-
-@dataclass
-class CandidateRun:
-    """One candidate's run: its rounds' outcomes and what its selection kept."""
-
-    name: str
-    overrides: str
-    run_id: str
-    outcomes: list[RoundOutcome]
-    control: SelectedRun
-    #: hospitals that refused to train this candidate (name -> reason)
-    refused: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def validation_loss(self) -> float | None:
-        t = self.control.tracker
-        return None if t is None or t.best_round is None else float(t.best_loss)
-
-    @property
-    def kept_round(self) -> int | None:
-        t = self.control.tracker
-        return None if t is None else t.best_round
-
-    def row(self) -> dict[str, Any]:
-        """Its row of the ``model_chosen`` entry."""
-        scored = 1 if self.control.wants_score() and self.outcomes else 0
-        return {"name": self.name, "overrides": self.overrides, "validation_loss": self.validation_loss,
-                "round": self.kept_round, "rounds_run": max(0, len(self.outcomes) - scored)}
 
 
 @dataclass
@@ -183,11 +75,6 @@ class FederationRun:
     @property
     def kept(self) -> CandidateRun:
         return self.runs[self.chosen or 0]
-
-
-def _reachable(transport: Transport, enrolled: Mapping[str, Any]) -> tuple[str, ...]:
-    """The enrolled hospitals the transport reaches, by name."""
-    return tuple(sorted(set(transport.hospitals()) & set(enrolled)))
 
 
 def choose(losses: Sequence[float | None], *, min_delta: float) -> int:
@@ -244,57 +131,61 @@ def run_federation(models: RunModels, *, side: Any, transport: Transport, rounds
                 journal=journal is not None)
     models = run_setup(models, side=side, transport=transport, event=event)
     cands = models.candidates
-    out = FederationRun(runs=[])
-    for index, cand in enumerate(cands):
-        rid = run_id(side.federation_id, cand.name, count=len(cands))
-        refused = _start(cand, index=index, count=len(cands), rid=rid, side=side, transport=transport, rounds=rounds,
-                         event=event)
-        left = [n for n in transport.hospitals() if n in side.enrolled and n not in refused]
-        if len(left) < min(side.federation.min_clients, len(side.enrolled)):
-            raise ProtocolError(
-                f"Only {len(left)} hospital(s) accepted the run of candidate {cand.name!r} ({', '.join(left) or 'none'}); "
-                f"the federation needs {side.federation.min_clients}. Refused: "
-                + "; ".join(f"{n}: {why[:300]}" for n, why in sorted(refused.items())))
-        server, narrowed = side.open_run(cand, run_id=rid, transport=Restricted(transport, [n for n in transport.hospitals() if n not in refused]), on_event=event)
-        for name, why in sorted(refused.items()):
-            server.audit.record("hospital_refused", {"stage": "setup", "client": name,
-                                                     "reason": f"run/start: {why}"[:4000],
-                                                     "signed": False, "final": False})
-        control = SelectedRun(candidate=cand.name, rounds=rounds, rule=models.selection, on_event=event)
-        run = CandidateRun(name=cand.name, overrides=cand.overrides, run_id=rid, outcomes=[], control=control,
-                           refused=refused)
-        event("run_started", {"candidate": cand.name, "run_id": rid, "index": index, "count": len(cands)})
-        try:
-            run.outcomes = run_rounds(server, narrowed, rounds=rounds, on_event=event, journal=journal,
-                                      liveness=liveness() if liveness is not None else None, control=control,
-                                      on_round=None if on_round is None else (lambda r, o, run=run: on_round(run, r, o)))
-            head = getattr(server.audit, "head", None)  # a failed run's last event stays what ended it
-            if head is not None and head.kind == "run_ended":
-                event("run_ended", {**head.payload, "candidate": cand.name})
-        finally:
-            side.close_run(server)
-        out.runs.append(run)
-        if on_run_end is not None:
-            on_run_end(run)
+    plan = schedule(len(cands), rounds=rounds, rule=models.elimination) if models.elimination is not None else None
+    rungs = plan.rungs if plan is not None else (Rung(rounds=rounds, keep=len(cands)),)
+    runs: list[CandidateRun | None] = [None] * len(cands)
+    alive = list(range(len(cands)))
+    for level, rung in enumerate(rungs):
+        last = level == len(rungs) - 1
+        for index in alive:
+            run = runs[index]
+            if run is not None and run.ended:
+                continue  # the stop rule ended it: it costs nothing more
+            if run is None:
+                run = runs[index] = open_candidate(cands[index], index=index, count=len(cands), side=side, transport=transport,
+                                          rounds=rounds, rule=models.selection, liveness=liveness, event=event)
+            else:
+                resume_candidate(run, cands[index], index=index, count=len(cands), rung=level, side=side, transport=transport,
+                        rounds=rounds, event=event)
+            train_candidate(run, rounds=rounds, pause_after=None if last else rung.rounds, rung=level, side=side,
+                   journal=journal, event=event, on_round=on_round)
+            if run.ended and on_run_end is not None:
+                on_run_end(run)
+        if not last:
+            alive = _eliminate(runs, alive, rung=rung, level=level, plan=plan,  # type: ignore[arg-type]
+                               min_delta=models.selection.min_delta, side=side, event=event)  # type: ignore[union-attr]
+    out = FederationRun(runs=[r for r in runs if r is not None])
     if len(cands) > 1:
-        out.chosen = choose([r.validation_loss for r in out.runs], min_delta=models.selection.min_delta)  # type: ignore[union-attr]
+        pick = choose([out.runs[i].validation_loss for i in alive], min_delta=models.selection.min_delta)  # type: ignore[union-attr]
+        out.chosen = alive[pick]
         _announce_choice(out, side=side, transport=transport, event=event)
     return out
 
 
-def _start(cand: CandidateModel, *, index: int, count: int, rid: str, side: Any, transport: Transport,
-           rounds: int, event: EventSink) -> dict[str, str]:
-    """``run/start`` to every hospital; returns who refused, and why."""
-    msg = seal(RunStart(federation_id=side.federation_id, run_id=rid, candidate=cand.name,
-                        overrides_sha256=overrides_digest(cand.overrides), index=index, count=count, rounds=rounds),
-               side.identity)
-    names = _reachable(transport, side.enrolled)
-    answers, failed = transport.exchange("setup", {n: {"step": b"run/start", "data": msg} for n in names}, round_=0)
-    refused = dict(failed)
-    refused.update({n: "no acknowledgement" for n in names if n not in failed and "ok" not in answers.get(n, {})})
-    for name, why in sorted(refused.items()):
-        event("refused", {"round": 0, "hospital": name, "stage": "run/start", "reason": why[:300], "final": False})
-    return refused
+def _eliminate(runs: list[CandidateRun], alive: list[int], *, rung: Rung, level: int, plan: Schedule,
+               min_delta: float, side: Any, event: EventSink) -> list[int]:
+    """After rung ``level``: the best ``rung.keep`` of the candidates still in go on (:func:`.elimination.survivors`);
+    ``candidates_eliminated`` is audited in a short audit run of its own."""
+    keep = [alive[i] for i in survivors([runs[i].validation_loss for i in alive], keep=rung.keep, min_delta=min_delta)]
+    dropped = [i for i in alive if i not in keep]
+    for i in dropped:
+        runs[i].eliminated_after = level
+    payload = {"rung": level, "rounds": rung.rounds,
+               "candidates": [{"name": runs[i].name, "validation_loss": runs[i].validation_loss,
+                               "round": runs[i].kept_round, "rounds_run": runs[i].rounds_run,
+                               "stopped_early": bool(runs[i].control.stopped)} for i in alive],
+               "kept": [runs[i].name for i in keep], "eliminated": [runs[i].name for i in dropped],
+               "rule": ELIMINATION_RULE, "min_delta": float(min_delta), "eta": plan.eta,
+               "max_cost": float(plan.max_cost), "schedule": [[r.rounds, r.keep] for r in plan.rungs],
+               "cost": plan.cost}
+    audit = side.open_audit()
+    try:
+        audit.record("candidates_eliminated", payload)
+    finally:
+        audit.close()
+    event("candidates_eliminated", {"rung": level, "rounds": rung.rounds, "kept": payload["kept"],
+                                    "eliminated": payload["eliminated"]})
+    return keep
 
 
 def _announce_choice(out: FederationRun, *, side: Any, transport: Transport, event: EventSink) -> None:
@@ -308,7 +199,7 @@ def _announce_choice(out: FederationRun, *, side: Any, transport: Transport, eve
     finally:
         audit.close()
     msg = seal(RunChosen(federation_id=side.federation_id, run_id=kept.run_id, candidate=kept.name), side.identity)
-    names = _reachable(transport, side.enrolled)
+    names = reachable(transport, side.enrolled)
     _, failed = transport.exchange("setup", {n: {"step": b"run/chosen", "data": msg} for n in names}, round_=0)
     for name, why in sorted(failed.items()):
         event("choice_not_delivered", {"hospital": name, "reason": why[:300]})

@@ -35,10 +35,11 @@ from ..dag_voting import DagOutcome
 from ..server import FederationServer
 from ..wire import open_envelope, parse_envelope, seal
 from .build import InitialModel, initial_model_from_bytes
+from .candidate import reachable as _reachable
 from .journal import Journal
 from .loop import EventSink, RoundOutcome, _quiet
 from .models import DerivedModel, DeriveRequest, RunModels
-from .run import CandidateRun, FederationRun, _reachable, run_federation
+from .run import CandidateRun, FederationRun, run_federation
 from .transport import Transport
 
 #: the parts of a hospital's answer to ``vote/derive``

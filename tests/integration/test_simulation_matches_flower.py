@@ -4,9 +4,11 @@
 loopback Grid that goes through the real ClientApp, the real local-socket relay and a real
 ``HospitalWorker`` per node built by the real SuperNode factory (``make_hospital``: hospital.toml,
 table.csv, schema.toml from disk). Both run the SDK's default candidates (four, chosen on the
-federated validation loss), masked, on the demo's ALARM hospitals written by the deployment
-example's ``prepare``. Asserted: the same candidates' kept rounds and validation losses, the same
-chosen model, every hospital's kept model equal bit for bit, and the same audit entry kinds.
+federated validation loss, eliminated early by successive halving over 4 rounds: all four train 2
+rounds, the best goes on to 4), masked, on the demo's ALARM hospitals written by the deployment
+example's ``prepare``. Asserted: the same cuts, the same candidates' kept rounds and validation
+losses, the same chosen model, every hospital's kept model equal bit for bit (its run paused and
+resumed, its anchors checked across the other candidates' entries), and the same audit entry kinds.
 The real-process variant (SuperLink, SuperNodes, TLS, node authentication) is
 ``test_flower_one_run.py``.
 """
@@ -28,6 +30,7 @@ sys.path.insert(0, str(ROOT / "tests" / "secure" / "transport"))
 
 HOSPITALS = ["h1", "h2", "h3"]
 RUN_ID = 777
+ROUNDS = 4
 
 
 @pytest.fixture(autouse=True)
@@ -56,8 +59,8 @@ def _simulation_config(sites: Path, server_toml: Path, out: Path):
     hospital["dictionary"] = str(sites / "h1" / "data" / "dictionary.toml")
     entries = [{"site": h, "table": str(sites / h / "data" / "table.csv"), "schema": str(sites / h / "data" / "schema.toml")}
                for h in HOSPITALS]
-    return SimulationConfig.model_validate({**hospital, "federation": server["federation"], "output": str(out),
-                                            "hospitals": entries})
+    return SimulationConfig.model_validate({**hospital, "federation": {**server["federation"], "rounds": ROUNDS},
+                                            "output": str(out), "hospitals": entries})
 
 
 @pytest.mark.slow  # four candidates over Flower and again in simulation
@@ -87,7 +90,7 @@ def test_default_candidates_give_the_same_kept_model_in_simulation_and_over_flow
     run_config = {"server-config": str(sites / "server" / "server.toml"), "federation-file": str(keys.federation_file),
                   "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "min-nodes": 3, "wait-timeout": 1.0,
                   "hello-timeout": 60.0, "plan-timeout": 600.0, "stage-timeout": 60.0, "end-timeout": 60.0,
-                  "events-file": str(tmp_path / "events.jsonl"), "relay-timeout": 600.0}
+                  "events-file": str(tmp_path / "events.jsonl"), "relay-timeout": 600.0, "rounds": ROUNDS}
     try:
         flower = run_federation(LoopbackGrid(run_id=RUN_ID, node_configs=configs, run_config=run_config), run_config)
         members = {n: w._participants[RUN_ID] for n, w in workers.items()}
@@ -108,6 +111,11 @@ def test_default_candidates_give_the_same_kept_model_in_simulation_and_over_flow
     assert chosen_flower == chosen_sim
     assert sim.choice["chosen"] == chosen_flower[0]["chosen"]
     assert _entries(tmp_path / "flower-audit", "model_selected") == _entries(tmp_path / "sim-audit", "model_selected")
+    # the same early elimination: one cut after 2 rounds, the same losses, the same survivor
+    cuts = _entries(tmp_path / "flower-audit", "candidates_eliminated")
+    assert cuts == _entries(tmp_path / "sim-audit", "candidates_eliminated")
+    assert [(c["rung"], c["rounds"], len(c["kept"]), len(c["eliminated"])) for c in cuts] == [(0, 2, 1, 3)]
+    assert cuts[0]["kept"] == [sim.choice["chosen"]]
 
     # every hospital keeps the chosen candidate's selected, calibrated model -- bit for bit
     for name in HOSPITALS:
@@ -122,5 +130,6 @@ def test_default_candidates_give_the_same_kept_model_in_simulation_and_over_flow
     flower_kinds, sim_kinds = _kinds(tmp_path / "flower-audit"), _kinds(tmp_path / "sim-audit")
     assert {k: v for k, v in flower_kinds.items() if k not in ("envelope", "artefact")} == \
         {k: v for k, v in sim_kinds.items() if k not in ("envelope", "artefact")}
-    assert flower_kinds["model_chosen"] == 1 and flower_kinds["model_selected"] == 4
+    assert flower_kinds["model_chosen"] == 1 and flower_kinds["model_selected"] == 1  # the survivor's run alone ended
+    assert flower_kinds["run_paused"] == 4 and flower_kinds["run_resumed"] == 1
     assert verify_audit_dir(tmp_path / "flower-audit").ok and verify_audit_dir(tmp_path / "sim-audit").ok

@@ -14,11 +14,12 @@ from clinograph.core.errors import ConfigError
 from sdk_helpers import small_tables
 
 
-def cfg(candidates, rounds=3, **extra):
+def cfg(candidates, rounds=3, elimination="none", **extra):
+    """``elimination = "none"``: every candidate trains the whole run (test_candidate_elimination.py: the default)."""
     return SimulationConfig.model_validate({
         "federation": {"rounds": rounds, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
         "model": {"hidden": 8}, "graph": {"k_similar": 0}, "training": {"lr": 0.03, "batch_size": 32},
-        "selection": {"patience": 5, "candidates": candidates}, **extra})
+        "selection": {"patience": 5, "candidates": candidates, "elimination": elimination}, **extra})
 
 
 def test_choice_follows_the_lower_validation_loss_and_is_audited(tmp_path):
