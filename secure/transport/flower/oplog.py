@@ -100,6 +100,16 @@ def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int
     if kind == "setup_sum":
         return logging.INFO, (f"set-up sum {data.get('name')} (round {r}): {data.get('contributors')} contributor(s); "
                               f"the same result from {_names(data.get('hospitals'), nodes)}")
+    if kind == "candidates_eliminated":
+        return logging.INFO, (f"candidates after {data.get('rounds')} round(s) (rung {data.get('rung')}): kept "
+                              f"{', '.join(map(str, data.get('kept') or [])) or 'none'}; eliminated "
+                              f"{', '.join(map(str, data.get('eliminated') or [])) or 'none'}")
+    if kind in ("run_paused", "run_resumed"):
+        return logging.INFO, (f"candidate model {data.get('candidate')!r}: run {kind.split('_')[1]} (rung "
+                              f"{data.get('rung')}, next round {data.get('next_round')})")
+    if kind == "model_chosen":
+        return logging.INFO, (f"model chosen: {data.get('chosen')!r} of "
+                              f"{', '.join(map(str, data.get('candidates') or []))}")
     if kind == "attribution_step":
         return logging.INFO, (f"round {r}: attribution test {data.get('test')} {data.get('outcome')}; suspects "
                               f"{_names(data.get('suspects'), nodes)}" + (f" ({data.get('end')})" if data.get("end")

@@ -66,6 +66,18 @@ def test_a_voided_round_and_its_attribution_are_warnings_with_names():
     assert level == logging.WARNING and text == "round 6: h2 retired: its input voided"
 
 
+def test_successive_halving_is_one_line_a_step():
+    from clinograph.secure.transport.flower.oplog import progress_line
+
+    level, text = progress_line("candidates_eliminated", {"rung": 1, "rounds": 7, "kept": ["a", "b"],
+                                                          "eliminated": ["c", "d"]}, nodes={})
+    assert level == logging.INFO and text == "candidates after 7 round(s) (rung 1): kept a, b; eliminated c, d"
+    level, text = progress_line("run_paused", {"candidate": "a", "rung": 1, "next_round": 8}, nodes={})
+    assert text == "candidate model 'a': run paused (rung 1, next round 8)"
+    level, text = progress_line("model_chosen", {"chosen": "b", "candidates": ["a", "b"]}, nodes={})
+    assert text == "model chosen: 'b' of a, b"
+
+
 def test_a_deferred_end_carries_the_closed_rounds_number():
     class Transport:
         def exchange(self, stage, messages, *, round_):
