@@ -27,12 +27,13 @@ from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.core.spec import ModuleKind
 
 from ..federation.client import HospitalClient
+from ..federation.member import ActiveClient
 
 #: builds the hospital's training client on the voted DAG
 BuildTraining = Callable[[DagOutcome], HospitalClient]
 
 
-class ConceptMember:
+class ConceptMember(ActiveClient):
     """The hospital's participant for a voted run (see the module docstring).
 
     Args:
@@ -70,18 +71,6 @@ class ConceptMember:
         return self.trained or self.vote_client
 
     @property
-    def task(self) -> Any:
-        return self.client.task
-
-    @property
-    def last(self) -> Any:
-        return self.active.last
-
-    @property
-    def last_train_seconds(self) -> float:
-        return self.active.last_train_seconds
-
-    @property
     def plan(self) -> Any:
         return self.active.plan
 
@@ -92,9 +81,6 @@ class ConceptMember:
     @property
     def outgoing(self) -> list[bytes]:
         return [b for c in (self.vote_client, self.trained) if c is not None for b in c.outgoing]
-
-    def decrypted_result(self) -> Any:
-        return self.active.decrypted_result()
 
     # -- RoundParticipant ------------------------------------------------------------------
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:

@@ -78,7 +78,31 @@ def canonical(overrides: Mapping[str, Any]) -> str:
     return json.dumps(overrides, sort_keys=True, default=str)
 
 
-class FederationMember:
+class ActiveClient:
+    """What a participant of several clients reads through to them: :attr:`active` (the client the
+    current run's messages go to) and :attr:`client` (the one whose model the hospital uses)."""
+
+    active: HospitalClient
+    client: HospitalClient
+
+    @property
+    def task(self) -> Any:
+        return self.client.task
+
+    @property
+    def last(self) -> Any:
+        return self.active.last
+
+    @property
+    def last_train_seconds(self) -> float:
+        return self.active.last_train_seconds
+
+    def decrypted_result(self) -> Any:
+        """In modes where the server never sees the sum (ckks), the aggregate the active client decrypted."""
+        return self.active.decrypted_result()
+
+
+class FederationMember(ActiveClient):
     """The hospital's participant for a whole run (module docstring)."""
 
     def __init__(self, *, identity: Identity, server: PublicIdentity, federation_id: str,
@@ -122,18 +146,6 @@ class FederationMember:
 
     # -- what simulations and the SDK read through the member -------------------------------
     @property
-    def task(self) -> Any:
-        return self.client.task
-
-    @property
-    def last(self) -> Any:
-        return self.active.last
-
-    @property
-    def last_train_seconds(self) -> float:
-        return self.active.last_train_seconds
-
-    @property
     def plan(self) -> Any:
         """The last plan the active candidate's client verified (None before it was built: reading
         it builds nothing)."""
@@ -147,10 +159,6 @@ class FederationMember:
         setup = self.setup.client if self.setup is not None else None
         client = setup if setup is not None else self.clients.get(self._active)
         return client.last_planned_round if client is not None else None
-
-    def decrypted_result(self) -> Any:
-        """In modes where the server never sees the sum (ckks), the aggregate the active client decrypted."""
-        return self.active.decrypted_result()
 
     @property
     def outgoing(self) -> list[bytes]:

@@ -4,6 +4,7 @@ one process. Shared by the tests that compare a task over Flower with its in-pro
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import tempfile
@@ -12,10 +13,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "secure" / "transport"))
 
 RUN_ID = 909
+
+
+@pytest.fixture
+def task_identity():
+    """Flower's task identity of a loopback run (what flwr-clientapp sets in its process)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
+    yield
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
+
+
+def entries(audit_dir: Path) -> list[dict]:
+    """Every entry of ``audit_dir``'s trail, parsed."""
+    return [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
 
 
 def write_sites(sites: Path, cohort: Any, hospital: dict[str, Any]) -> list[str]:

@@ -7,29 +7,17 @@ every round's global state digest and the audit entry kinds are the same, bit fo
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import tomli_w
-from flwr.supercore.task_identity import TaskIdentity
-from loopback_run import RUN_ID, run_over_loopback
+from loopback_run import entries, run_over_loopback, task_identity  # noqa: F401 -- task_identity: the fixture
 
+pytestmark = pytest.mark.usefixtures("task_identity")
 FEDERATION = {"id": "fed-concepts", "rounds": 2, "min_clients": 3, "local_epochs": 1, "secure_mode": "masked",
               "strategy": "fedavg"}
-
-
-@pytest.fixture(autouse=True)
-def _task_identity():
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
-    yield
-    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
-
-
-def _entries(audit_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
 
 
 def _write_sites(root: Path) -> tuple[list[str], object]:
@@ -106,7 +94,7 @@ def test_concepts_over_flower_match_the_in_process_run(tmp_path):
         finally:
             audit.close()
 
-    deployed, simulated = _entries(tmp_path / "flower-audit"), _entries(tmp_path / "sim-audit")
+    deployed, simulated = entries(tmp_path / "flower-audit"), entries(tmp_path / "sim-audit")
 
     def payloads(entries, kind):
         return [e["payload"] for e in entries if e["kind"] == kind]

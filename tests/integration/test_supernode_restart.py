@@ -6,16 +6,12 @@ through the real ClientApp, relay, workers and SuperNode factory, against ``simu
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import tomli_w
-from flwr.supercore.task_identity import TaskIdentity
-
-from loopback_run import RUN_ID, run_over_loopback, write_sites
+from loopback_run import entries, run_over_loopback, task_identity, write_sites  # noqa: F401 -- task_identity: the fixture
 
 pytest.importorskip("lifelines")
 HOSPITAL = {"dictionary": "dictionary.toml", "model": {"hidden": 8}, "graph": {"k_similar": 0},
@@ -26,15 +22,7 @@ FEDERATION = {"id": "fed-restart", "rounds": 3, "min_clients": 2, "local_epochs"
               "strategy": "fedavg"}
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
-    yield
-    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
-
-
-def _entries(audit_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def test_a_restarted_supernode_rejoins_its_run_and_the_run_ends_as_without_it(tmp_path):
@@ -76,7 +64,7 @@ def test_a_restarted_supernode_rejoins_its_run_and_the_run_ends_as_without_it(tm
                            "schema": str(sites / n / "data" / "schema.toml")} for n in names]})
         tables, dictionary = load_tables(sim_config)
         simulate(tables, dictionary, sim_config, audit_dir=tmp_path / "sim-audit")
-    deployed, simulated = _entries(tmp_path / "flower-audit"), _entries(tmp_path / "sim-audit")
+    deployed, simulated = entries(tmp_path / "flower-audit"), entries(tmp_path / "sim-audit")
 
     def digests(entries):
         return [(e["payload"]["round"], e["payload"]["global_state_digest"]) for e in entries if e["kind"] == "aggregate"]

@@ -11,7 +11,6 @@ candidates: test_simulation_matches_flower.py; real processes: test_flower_one_r
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from collections import Counter
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from flwr.supercore.task_identity import TaskIdentity
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "secure" / "transport"))
 pytest.importorskip("lifelines")
+from loopback_run import entries, task_identity  # noqa: E402, F401 -- task_identity: the fixture
 
-RUN_ID = 909
+pytestmark = pytest.mark.usefixtures("task_identity")
 SURVIVAL = {"kind": "survival", "time_unit": "mo", "breaks": [3, 6, 12, 24, 36], "horizon": 12}
 CASES = {  # name -> (cohort form, hospital.toml settings, server [federation] settings)
     "survival": ("survival", {"target": SURVIVAL}, {"secure_mode": "masked", "strategy": "fedsgd"}),
@@ -43,17 +42,6 @@ CASES = {  # name -> (cohort form, hospital.toml settings, server [federation] s
                        {"secure_mode": "insecure_plaintext", "strategy": "insecure_attention",
                         "environment": "development"}),
 }
-
-
-@pytest.fixture(autouse=True)
-def _task_identity():
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
-    yield
-    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
-
-
-def _entries(audit_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -97,7 +85,7 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
         tables, dictionary = load_tables(sim_config)
         simulate(tables, dictionary, sim_config, audit_dir=tmp_path / "sim-audit")
 
-    deployed, simulated = _entries(tmp_path / "flower-audit"), _entries(tmp_path / "sim-audit")
+    deployed, simulated = entries(tmp_path / "flower-audit"), entries(tmp_path / "sim-audit")
 
     def digests(entries):
         return [(e["payload"]["round"], e["payload"]["global_state_digest"]) for e in entries if e["kind"] == "aggregate"]
