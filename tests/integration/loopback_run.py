@@ -101,3 +101,21 @@ def run_over_loopback(*, sites: Path, names: list[str], server_toml: Path, tmp_p
         for w in workers:
             w.stop()
         shutil.rmtree(states, ignore_errors=True)
+
+
+def simulate_sites(*, sites: Path, names: list[str], hospital: dict[str, Any], federation: dict[str, Any],
+                   out: Path, audit_dir: Path) -> None:
+    """``simulate()`` of the same hospitals' files (``hospital`` settings, ``federation``), as a
+    simulation config names them: what a deployment's run is compared with."""
+    from clinograph.sdk.config import SimulationConfig
+    from clinograph.sdk.federation.simulate import load_tables, simulate
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = SimulationConfig.model_validate({
+            **hospital, "dictionary": str(sites / names[0] / "data" / "dictionary.toml"), "federation": federation,
+            "output": str(out),
+            "hospitals": [{"site": n, "table": str(sites / n / "data" / "table.csv"),
+                           "schema": str(sites / n / "data" / "schema.toml")} for n in names]})
+        tables, dictionary = load_tables(config)
+        simulate(tables, dictionary, config, audit_dir=audit_dir)

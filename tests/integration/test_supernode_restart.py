@@ -6,12 +6,11 @@ through the real ClientApp, relay, workers and SuperNode factory, against ``simu
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 
 import pytest
 import tomli_w
-from loopback_run import entries, run_over_loopback, task_identity, write_sites  # noqa: F401 -- task_identity: the fixture
+from loopback_run import entries, run_over_loopback, simulate_sites, task_identity, write_sites  # noqa: F401 -- task_identity: the fixture
 
 pytest.importorskip("lifelines")
 HOSPITAL = {"dictionary": "dictionary.toml", "model": {"hidden": 8}, "graph": {"k_similar": 0},
@@ -26,10 +25,9 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def test_a_restarted_supernode_rejoins_its_run_and_the_run_ends_as_without_it(tmp_path):
-    from clinograph.sdk.config import HospitalConfig, SimulationConfig
+    from clinograph.sdk.config import HospitalConfig
     from clinograph.sdk.datasets.real_tables import cohort_tables
     from clinograph.sdk.federation.build import run_models
-    from clinograph.sdk.federation.simulate import load_tables, simulate
 
     cohort = cohort_tables("lung", form="binary")
     sites = tmp_path / "sites"
@@ -55,15 +53,8 @@ def test_a_restarted_supernode_rejoins_its_run_and_the_run_ends_as_without_it(tm
     run_over_loopback(sites=sites, names=names, server_toml=server / "server.toml", tmp_path=tmp_path,
                       federation_id=FEDERATION["id"], port=19097, on_deliver=on_deliver)
     assert restarted == [2, 5]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        sim_config = SimulationConfig.model_validate({
-            **HOSPITAL, "dictionary": str(sites / names[0] / "data" / "dictionary.toml"), "federation": FEDERATION,
-            "output": str(tmp_path / "sim"),
-            "hospitals": [{"site": n, "table": str(sites / n / "data" / "table.csv"),
-                           "schema": str(sites / n / "data" / "schema.toml")} for n in names]})
-        tables, dictionary = load_tables(sim_config)
-        simulate(tables, dictionary, sim_config, audit_dir=tmp_path / "sim-audit")
+    simulate_sites(sites=sites, names=names, hospital=HOSPITAL, federation=FEDERATION, out=tmp_path / "sim",
+                   audit_dir=tmp_path / "sim-audit")
     deployed, simulated = entries(tmp_path / "flower-audit"), entries(tmp_path / "sim-audit")
 
     def digests(entries):

@@ -12,7 +12,6 @@ candidates: test_simulation_matches_flower.py; real processes: test_flower_one_r
 from __future__ import annotations
 
 import sys
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -46,13 +45,12 @@ CASES = {  # name -> (cohort form, hospital.toml settings, server [federation] s
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
-    from clinograph.sdk.config import HospitalConfig, SimulationConfig
+    from clinograph.sdk.config import HospitalConfig
     from clinograph.sdk.datasets.real_tables import cohort_tables
     from clinograph.sdk.federation.build import run_models
-    from clinograph.sdk.federation.simulate import load_tables, simulate
     from clinograph.sdk.tasks import task_strategy
     from clinograph.secure.audit import verify_audit_dir
-    from loopback_run import run_over_loopback, write_sites
+    from loopback_run import run_over_loopback, simulate_sites, write_sites
 
     form, hospital, federation = CASES[case]
     federation = dict(federation)
@@ -75,15 +73,8 @@ def test_a_task_over_flower_matches_its_simulation(case, tmp_path):
     run_over_loopback(sites=sites, names=names, server_toml=server / "server.toml", tmp_path=tmp_path,
                       federation_id="fed-tasks", port=19095,
                       extra={"server-extension": extension} if extension else None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        sim_config = SimulationConfig.model_validate({
-            **hospital, "dictionary": str(sites / names[0] / "data" / "dictionary.toml"), "federation": fed,
-            "output": str(tmp_path / "sim"),
-            "hospitals": [{"site": n, "table": str(sites / n / "data" / "table.csv"),
-                           "schema": str(sites / n / "data" / "schema.toml")} for n in names]})
-        tables, dictionary = load_tables(sim_config)
-        simulate(tables, dictionary, sim_config, audit_dir=tmp_path / "sim-audit")
+    simulate_sites(sites=sites, names=names, hospital=hospital, federation=fed, out=tmp_path / "sim",
+                   audit_dir=tmp_path / "sim-audit")
 
     deployed, simulated = entries(tmp_path / "flower-audit"), entries(tmp_path / "sim-audit")
 
