@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable
 from types import ModuleType
 
 from clinograph.core.errors import ConfigError
@@ -33,14 +34,15 @@ DEFAULT_IDLE_POLL, DEFAULT_REPLY_WAIT = 0.2, 0.05
 class SupernodeClock:
     """Stands in for :mod:`time` inside one Flower module: two fixed sleeps shortened, nothing else."""
 
-    def __init__(self, *, idle: float, reply: float):
+    def __init__(self, *, idle: float, reply: float, sleep: Callable[[float], None] = time.sleep):
+        self._sleep = sleep
         for name, value in (("idle", idle), ("reply", reply)):
             if not 0.01 <= value <= FLOWER_IDLE_POLL:
                 raise ConfigError(f"SuperNode {name} wait {value} s must be in [0.01, {FLOWER_IDLE_POLL}] seconds.")
         self._waits = {float(FLOWER_IDLE_POLL): idle, float(FLOWER_REPLY_WAIT): reply}
 
     def sleep(self, seconds: float) -> None:
-        time.sleep(self._waits.get(float(seconds), seconds))
+        self._sleep(self._waits.get(float(seconds), seconds))
 
     def __getattr__(self, name: str) -> object:
         return getattr(time, name)
