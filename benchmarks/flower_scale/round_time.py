@@ -49,6 +49,7 @@ ARMS = (
     ("warm_flower_waits", "warm", None, 3.0),             # only the ClientApp start changed
     ("subprocess_supernode_poll_0.2", "subprocess", 0.1, 0.2),  # only the process start left as Flower's
     ("warm", "warm", None, 0.2),                          # the launcher's default
+    ("warm_polls_0.05", "warm", 0.02, 0.05),              # the floor: both of our polls near Flower's minimum
 )
 
 
