@@ -134,7 +134,7 @@ def split_rounds(events: list[dict], calls: dict[str, list[dict]]) -> list[dict]
 
 
 def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float | None, supernode_poll: float,
-                   budget: float) -> dict:
+                   budget: float, more: tuple[str, ...] = ()) -> dict:
     """One federation over real processes with this executor; its rounds split as above."""
     import flower_helpers as fh
     from flower_processes import events as read_events
@@ -151,7 +151,7 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
             server_toml = fh.write_server_files(tmp / "server", federation_id="fed-rounds", mode="masked")
             fp.superlink(node_auth=False)
             extra = ["--executor", executor, *(["--superexec-poll", str(poll)] if poll is not None else []),
-                     "--supernode-poll", str(supernode_poll)]
+                     "--supernode-poll", str(supernode_poll), *more]
             for h in hospitals:
                 fp.supernode(h, node_config={"data-dir": tmp / h, "state-dir": tmp / "s" / h},
                              factory="benchmarks.flower_scale.round_time:make_timed_participant", node_auth=False,
@@ -221,11 +221,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 3 with --quick)")
     ap.add_argument("--arms", default=",".join(a[0] for a in ARMS),
                     help=f"comma-separated, of {', '.join(a[0] for a in ARMS)} (default: all)")
+    ap.add_argument("--keep", type=Path, default=None, help="work in this new folder and keep it (logs)")
+    ap.add_argument("--supernode-extra", default="", help="more launcher arguments for every arm, e.g. '--log-level debug'")
     ap.add_argument("--budget", type=float, default=600.0, help="seconds a federation may take before giving up")
     args = ap.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 5)
     runs = []
-    with TemporaryDirectory(prefix="rt_") as tmp:
+    with TemporaryDirectory(prefix="rt_") as scratch:
+        tmp = args.keep or scratch
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=False)
         compute = in_process_round_seconds(Path(tmp) / "inproc", n=args.n, rounds=rounds)
         for name, executor, poll, supernode_poll in ARMS:
             if name not in args.arms.split(","):
@@ -233,7 +238,8 @@ def main(argv: list[str] | None = None) -> dict:
             work = Path(tmp) / name
             work.mkdir()
             runs.append({"arm": name, **run_federation(work, n=args.n, rounds=rounds, executor=executor, poll=poll,
-                                                       supernode_poll=supernode_poll, budget=args.budget)})
+                                                       supernode_poll=supernode_poll, budget=args.budget,
+                                                       more=tuple(args.supernode_extra.split()))})
     result = {"benchmark": "flower_round_time", "quick": args.quick, "machine": machine(), "rounds": rounds,
               "flwr_clientapp_cold_start_s": cold_start_seconds(), "in_process_round_s": compute, "runs": runs,
               "load_average_at_end": list(os.getloadavg())}

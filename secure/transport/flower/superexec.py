@@ -43,8 +43,10 @@ from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, Subpr
 DEFAULT_POLL_INTERVAL = 0.1
 
 #: What the forkserver imports once, so that a forked ClientApp starts with them loaded.
+#: Not the launcher module itself: a child re-runs the parent's main module as ``__mp_main__``
+#: (multiprocessing's rule), which is cheap once its imports (the last two) are loaded.
 PRELOAD = ("flwr.supernode.runtime.run_clientapp", "clinograph.secure.transport.flower.clientapp",
-           "clinograph.secure.transport.flower.supernode")  # the last: a child re-runs it as __mp_main__
+           "clinograph.secure.transport.flower.superexec", "clinograph.secure.transport.flower.polling")
 
 _log = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class WarmExecutor:
         if spec.task_type != TaskType.CLIENT_APP:
             return self._cold.launch(spec)
         child = self._ctx.Process(target=run_task, args=(spec,), name=f"flwr-clientapp-{spec.task_id}", daemon=True)
+        _log.debug("forking the ClientApp of task %d", spec.task_id)
         try:
             child.start()
         except OSError as exc:
