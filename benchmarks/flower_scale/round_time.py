@@ -1,7 +1,7 @@
 """Where a masked round's wall time goes over real Flower processes: compute, and the rest.
 
     python -m benchmarks.flower_scale.round_time                 # 3 SuperNodes, 5 rounds, every arm
-    python -m benchmarks.flower_scale.round_time --quick         # 3 rounds
+    python -m benchmarks.flower_scale.round_time --quick         # 3 rounds, Flower's own and the warm executor
     python -m benchmarks.flower_scale.round_time --arms flower,warm
 
 One SuperLink (TLS), n SuperNodes (``python -m clinograph.secure.transport.flower.supernode``,
@@ -219,13 +219,14 @@ def main(argv: list[str] | None = None) -> dict:
     add_convention(ap, quick_help="3 rounds")
     ap.add_argument("-n", type=int, default=3, help="SuperNodes (default 3)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 3 with --quick)")
-    ap.add_argument("--arms", default=",".join(a[0] for a in ARMS),
-                    help=f"comma-separated, of {', '.join(a[0] for a in ARMS)} (default: all)")
+    ap.add_argument("--arms", default=None,
+                    help=f"comma-separated, of {', '.join(a[0] for a in ARMS)} (default: all; flower,warm with --quick)")
     ap.add_argument("--keep", type=Path, default=None, help="work in this new folder and keep it (logs)")
     ap.add_argument("--supernode-extra", default="", help="more launcher arguments for every arm, e.g. '--log-level debug'")
     ap.add_argument("--budget", type=float, default=600.0, help="seconds a federation may take before giving up")
     args = ap.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 5)
+    arms = (args.arms or ("flower,warm" if args.quick else ",".join(a[0] for a in ARMS))).split(",")
     runs = []
     with TemporaryDirectory(prefix="rt_") as scratch:
         tmp = args.keep or scratch
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
             args.keep.mkdir(parents=True, exist_ok=False)
         compute = in_process_round_seconds(Path(tmp) / "inproc", n=args.n, rounds=rounds)
         for name, executor, poll, supernode_poll in ARMS:
-            if name not in args.arms.split(","):
+            if name not in arms:
                 continue
             work = Path(tmp) / name
             work.mkdir()
