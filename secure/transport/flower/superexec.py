@@ -34,6 +34,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, SubprocessExecutor
@@ -162,13 +163,21 @@ class SuperExecLoop:
         self._thread = threading.Thread(target=self._run, name="clinograph-superexec", daemon=True)
 
     def start(self) -> None:
+        """Connect (a bad certificate path fails here, in the caller's thread) and start polling."""
+        from flwr.supercore.superexec.plugin import AutoExecPlugin
+
+        self._runtime = self._client()
+        self._plugin = AutoExecPlugin(runtime_api_address=self.api.address, insecure=self.api.insecure,
+                                      root_certificates_path=self.api.root_certificates_path,
+                                      runtime_dependency_install=self.api.runtime_dependency_install,
+                                      executor=self.executor)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._thread.join(timeout=timeout)
 
-    def _client(self):
+    def _client(self) -> Any:
         from flwr.supercore.interceptors import (
             RuntimeVersionHttpInterceptor,
             SuperExecAuthHttpInterceptor,
@@ -190,13 +199,8 @@ class SuperExecLoop:
 
     def _run(self) -> None:
         from flwr.proto.runtime_pb2 import AcquireTaskRequest
-        from flwr.supercore.superexec.plugin import AutoExecPlugin
 
-        client = self._client()
-        plugin = AutoExecPlugin(runtime_api_address=self.api.address, insecure=self.api.insecure,
-                                root_certificates_path=self.api.root_certificates_path,
-                                runtime_dependency_install=self.api.runtime_dependency_install,
-                                executor=self.executor)
+        client, plugin = self._runtime, self._plugin
         try:
             while not self._stop.is_set():
                 try:
