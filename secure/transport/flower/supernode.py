@@ -13,6 +13,13 @@ state directory's local socket, then runs Flower's own SuperNode main in this pr
 which goes through :func:`clinograph.secure.policy.require_allowed` (warns; refused in
 production).
 
+How ClientApps start (``--executor``): ``warm`` (the default) runs Flower's SuperNode with
+``--isolation process`` and our SuperExec thread, which forks each ClientApp from a pre-imported
+forkserver (:mod:`.superexec`); ``subprocess`` is Flower's own ``flower-superexec`` starting a
+``flwr-clientapp`` per message. ``--supernode-poll`` shortens the SuperNode's fixed 3 s idle
+poll of the SuperLink (:mod:`.polling`). Measured in ``benchmarks/flower_scale/round_time.py``;
+the operator's view is in docs/deployment.md.
+
 Logging (:func:`configure_hospital_logging`): one handler on the root logger; Clinograph's
 loggers at ``INFO`` (``--log-level``), other libraries at ``WARNING`` (httpx would log every
 3-second poll), everything at ``DEBUG`` with ``--log-level debug``; Flower's own logger kept
