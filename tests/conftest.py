@@ -42,8 +42,8 @@ SPLIT = (
 )
 TOGETHER = {"tests/clinograph/test_cli.py::test_demo_": "cli_demo"}  # test-id prefix -> unit
 SECONDS = {  # a unit's (a module, a TOGETHER name, or a test of a SPLIT module)
-    "tests/integration/test_flower_one_run.py": 140,
-    "tests/integration/test_setup_over_flower.py": 100,
+    "tests/integration/test_flower_one_run.py": 120,
+    "tests/integration/test_setup_over_flower.py": 65,
     "tests/integration/test_flower_deployment.py": 95,
     "tests/integration/test_cli_run_flower.py": 87,
     "tests/integration/test_flower_warm_executor.py": 80,
