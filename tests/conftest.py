@@ -42,12 +42,13 @@ SPLIT = (
 )
 TOGETHER = {"tests/clinograph/test_cli.py::test_demo_": "cli_demo"}  # test-id prefix -> unit
 SECONDS = {  # a unit's (a module, a TOGETHER name, or a test of a SPLIT module)
-    "tests/integration/test_flower_one_run.py": 300,
-    "tests/integration/test_flower_resume.py": 190,
-    "tests/integration/test_setup_over_flower.py": 300,
+    "tests/integration/test_flower_one_run.py": 120,
+    "tests/integration/test_setup_over_flower.py": 65,
+    "tests/integration/test_flower_deployment.py": 95,
+    "tests/integration/test_cli_run_flower.py": 87,
+    "tests/integration/test_flower_warm_executor.py": 80,
     "tests/examples/test_flower_loopback_guide.py": 75,
-    "tests/integration/test_flower_deployment.py": 110,
-    "tests/integration/test_cli_run_flower.py": 80,
+    "tests/integration/test_flower_resume.py": 70,
     "tests/secure/audit/test_report_scenarios.py": 60,
     "cli_demo": 45,
     "tests/examples/test_examples.py": 35,

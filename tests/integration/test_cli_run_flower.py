@@ -28,42 +28,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "secure" / "transport"))
 from flower_helpers import write_server_files  # noqa: E402
-from test_flower_deployment import _events, _free_port, _port_open, _wait  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "examples" / "flower_deployment" / "app"
-BIN = Path(sys.executable).parent
+from flower_processes import APP, BIN, flower_processes, serverapp_pids, wait  # noqa: E402
+from flower_processes import events as _events  # noqa: E402
 
 
 @contextlib.contextmanager
 def _superlink(tmp_path):
-    """A SuperLink with TLS and node auth on a free loopback port; yields (env for flwr, keys)."""
-    from clinograph.secure.transport.flower.keyset import init_keyset
-
-    port = _free_port()
-    keys = init_keyset(tmp_path / "keys", federation_id="fed-loopback", hospitals=["h1", "h2"],
-                       superlink_hosts=["127.0.0.1", "localhost"], superlink_port=port)
-    flwr_home = tmp_path / "flwr"
-    flwr_home.mkdir()
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "127.0.0.1:{port}"\n'
-        f'root-certificates = "{keys.superlink_dir / "ca.pem"}"\n')
-    env = {**os.environ, "FLWR_HOME": str(flwr_home), "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
-           "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1"}
-    link = keys.superlink_dir
-    log = (tmp_path / "superlink.log").open("wb")
-    proc = subprocess.Popen(
-        [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"), "--ssl-certfile",
-         str(link / "server.pem"), "--ssl-keyfile", str(link / "server.key"), "--enable-supernode-auth",
-         "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
-    try:
-        _wait(lambda: _port_open(port), timeout=60, what="the SuperLink", procs=[("superlink", proc)])
-        yield env, keys, proc
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        log.close()
+    """A SuperLink with TLS and node auth on a free loopback port; yields (env for flwr, keys, its process)."""
+    with flower_processes(tmp_path, federation_id="fed-loopback", hospitals=["h1", "h2"], budget=300.0,
+                          pythonpath=[]) as fp:
+        yield fp.env, fp.keys, fp.superlink()
 
 
 def _clinograph_run(env, tmp_path, app: Path, run_config: str, events: Path) -> subprocess.CompletedProcess:
@@ -162,23 +136,6 @@ def test_a_completed_run_makes_clinograph_run_exit_0(tmp_path):
     assert "stand-in ServerApp: done" in done.stdout
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(proc.name))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 @pytest.mark.slow
 def test_a_killed_serverapp_makes_clinograph_run_exit_4(tmp_path):
     app = _stand_in_app(tmp_path)
@@ -188,10 +145,9 @@ def test_a_killed_serverapp_makes_clinograph_run_exit_4(tmp_path):
                                 "--events-file", str(events), "--check-every", "2"],
                                env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            _wait(lambda: any(e["event"] == "round_opened" for e in _events(events)), timeout=90,
-                  what="the stand-in ServerApp to open a round", procs=[("clinograph run", cmd)])
-            pids = [p for p in _descendants(superlink.pid)
-                    if b"flwr-serverapp" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            wait(lambda: any(e["event"] == "round_opened" for e in _events(events)), timeout=90,
+                 what="the stand-in ServerApp to open a round", procs=[("clinograph run", cmd)])
+            pids = serverapp_pids(superlink.pid)
             assert pids, "no flwr-serverapp process below the SuperLink"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)

@@ -21,19 +21,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from flower_processes import APP, flower_processes
+from flower_processes import events as _events
 from lean_env import lean_server_python  # noqa: F401 -- the fixture
 
-ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "examples" / "flower_deployment" / "app"
-BIN = Path(sys.executable).parent
 HOSPITALS = ("h1", "h2", "h3")
 TOTAL_BUDGET = 240.0  # seconds; the test fails (and cleans up) rather than hang past this
 HANG_ROUND, HANG_AT_STAGE = 1, 2  # h3 answers the plan and stage 1 of round 1, then goes silent
@@ -76,148 +73,56 @@ def make_hospital_that_hangs(*, node_config, run_config, run_id, identity):
     return _HangsMidRound(inner, Path(str(node_config["state-dir"])) / "hung.marker")
 
 
-# -- helpers -------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(cond, *, timeout: float, what: str, procs=()) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        for name, p in procs:
-            if p.poll() is not None:
-                raise AssertionError(f"{name} exited with {p.returncode} while waiting for {what}")
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["masked", "ckks"])
 def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, mode, lean_server_python):
     """The SuperLink and so the ServerApp run from the lean server install (no torch, PyG, Opacus,
     pgmpy: tests/lean_env.py), the hospitals from the full install."""
     from clinograph.secure.audit import verify_audit_dir
-    from clinograph.secure.transport.flower.keyset import init_keyset
 
     sys.path.insert(0, str(APP))
     from clinograph_flower_app.prepare import prepare
 
-    started = time.monotonic()
-    milestones: list[tuple[str, float]] = []
-
-    def mark(what: str) -> None:
-        milestones.append((what, round(time.monotonic() - started, 1)))
-        print(f"[flower deployment] {milestones[-1][1]:6.1f} s  {what}", flush=True)
-
-    remaining = lambda: TOTAL_BUDGET - (time.monotonic() - started)  # noqa: E731
-    link_port = _free_port()
-    keys = init_keyset(tmp_path / "keys", federation_id="fed-loopback", hospitals=list(HOSPITALS),
-                       superlink_hosts=["127.0.0.1", "localhost"], superlink_port=link_port)
-    flwr_home = tmp_path / "flwr"
-    flwr_home.mkdir()
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "127.0.0.1:{link_port}"\n'
-        f'root-certificates = "{keys.superlink_dir / "ca.pem"}"\n')
-    env = {**os.environ, "FLWR_HOME": str(flwr_home), "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join([str(APP), str(Path(__file__).parent), str(Path(__file__).parents[1])]), "FLWR_TELEMETRY_ENABLED": "0",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # three hospitals train at once on two cores
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    procs: list[tuple[str, subprocess.Popen]] = []
-    lean_bin = Path(lean_server_python).parent
-    lean_env = {**env, "PATH": f"{lean_bin}:{os.environ.get('PATH', '')}"}  # flwr-serverapp from the lean venv
-
-    def start(name: str, cmd: list[str], environ: dict | None = None) -> subprocess.Popen:
-        out = (logs / f"{name}.log").open("wb")
-        p = subprocess.Popen(cmd, env=environ or env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-                             start_new_session=True)
-        procs.append((name, p))
-        return p
-
-    link = keys.superlink_dir
+    audit_dir, events = tmp_path / "audit", tmp_path / "events.jsonl"
     prep_errors: list[BaseException] = []
 
     def write_sites() -> None:  # the hospitals' data (ALARM samples, DP settings), while the processes start
         try:
             prepare(tmp_path / "sites", hospitals=list(HOSPITALS), patients=200, dp=True, seed=0,
-                    federation_id="fed-loopback", secure_mode=mode, audit_dir=tmp_path / "audit")
+                    federation_id="fed-loopback", secure_mode=mode, audit_dir=audit_dir)
         except BaseException as exc:  # noqa: BLE001 -- reported by the main thread
             prep_errors.append(exc)
-    preparing = threading.Thread(target=write_sites, daemon=True)
-    preparing.start()
-    try:
-        start("superlink", [str(lean_bin / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"),
-                            "--ssl-certfile", str(link / "server.pem"), "--ssl-keyfile", str(link / "server.key"),
-                            "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(link_port),
-                            "--disable-runtime-dependency-installation"], environ=lean_env)
-        _wait(lambda: _port_open(link_port), timeout=min(60, remaining()), what="the SuperLink", procs=procs)
-        mark("SuperLink up")
-        registering = [subprocess.Popen(  # the operator registers each hospital's node-auth public key
-            [str(BIN / "flwr"), "supernode", "register", str(keys.hospital_dirs[h] / f"{h}.node-auth.pub"),
-             "loopback", "--name", h], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True) for h in HOSPITALS]
-        for p in registering:
-            out, _ = p.communicate(timeout=min(60, remaining()))
-            assert p.returncode == 0 and "registered successfully" in out, out[-2000:]
-        mark("node keys registered")
-        supernodes = {}
-        for h in HOSPITALS:
-            d = keys.hospital_dirs[h]
-            factory = ["--participant-factory", "test_flower_deployment:make_hospital_that_hangs"] if h == "h3" else []
-            node_config = (f"hospital='{h}' data-dir='{tmp_path / 'sites' / h / 'data'}' "
-                           f"state-dir='{tmp_path / 'sites' / h / 'state'}' key-file='{d / f'{h}.ed25519.pem'}' "
-                           f"federation-file='{d / 'federation.toml'}'")
-            supernodes[h] = start(f"supernode-{h}", [
-                sys.executable, "-m", "clinograph.secure.transport.flower.supernode",
-                *factory, "--environment", "production", "--node-config", node_config,
-                "--superlink", f"127.0.0.1:{link_port}", "--root-certificates", str(d / "ca.pem"),
-                "--auth-supernode-private-key", str(d / f"{h}.node-auth"), "--port", str(_free_port()),
-                "--max-retries", "5", "--max-wait-time", "60"])
-        mark("supernodes started")
-        preparing.join(timeout=max(1.0, remaining() - 120))  # a hospital reads its data at the first hello
+
+    pythonpath = [APP, Path(__file__).parent, Path(__file__).parents[1]]
+    with flower_processes(tmp_path, federation_id="fed-loopback", hospitals=HOSPITALS, budget=TOTAL_BUDGET,
+                          pythonpath=pythonpath) as fp:
+        preparing = threading.Thread(target=write_sites, daemon=True)
+        preparing.start()
+        keys, link = fp.keys, fp.keys.superlink_dir
+        lean_bin = Path(lean_server_python).parent
+        fp.superlink(bin_dir=lean_bin, env={**fp.env, "PATH": f"{lean_bin}:{os.environ.get('PATH', '')}"})
+        fp.register(HOSPITALS)  # the operator registers each hospital's node-auth public key
+        supernodes = {h: fp.supernode(h, node_config={"data-dir": tmp_path / "sites" / h / "data",
+                                                      "state-dir": tmp_path / "sites" / h / "state"},
+                                      factory="test_flower_deployment:make_hospital_that_hangs" if h == "h3" else None)
+                      for h in HOSPITALS}
+        fp.mark("supernodes started")
+        preparing.join(timeout=max(1.0, fp.remaining() - 120))  # a hospital reads its data at the first hello
         assert not preparing.is_alive() and not prep_errors, prep_errors
-        mark("data prepared")
-        audit_dir, events = tmp_path / "audit", tmp_path / "events.jsonl"
-        run_config = " ".join([
-            f"server-config='{tmp_path / 'sites' / 'server' / 'server.toml'}'",
-            f"federation-file='{link / 'federation.toml'}'", f"server-key='{link / 'server.ed25519.pem'}'",
-            f"events-file='{events}'", "rounds=2", "min-nodes=3", "wait-timeout=60.0", "hello-timeout=40.0",
-            "plan-timeout=90.0", "stage-timeout=20.0", "end-timeout=30.0", "relay-timeout=60.0"])
-        mark("flwr run")
-        start("flwr-run", [str(BIN / "flwr"), "run", str(APP), "loopback", "--run-config", run_config, "--stream"])
+        fp.mark("data prepared")
+        fp.flwr_run({"server-config": tmp_path / "sites" / "server" / "server.toml",
+                     "federation-file": link / "federation.toml", "server-key": link / "server.ed25519.pem",
+                     "events-file": events, "rounds": 2, "min-nodes": 3, "wait-timeout": 60.0,
+                     "hello-timeout": 40.0, "plan-timeout": 90.0, "stage-timeout": 20.0, "end-timeout": 30.0,
+                     "relay-timeout": 60.0})
         marker = tmp_path / "sites" / "h3" / "state" / "hung.marker"
-        _wait(marker.exists, timeout=max(1.0, remaining() - 45), what="h3 to reach the middle of round 1",
-              procs=procs)
-        mark("h3 hung mid-round 1")
+        fp.wait(marker.exists, what="h3 to reach the middle of round 1", spare=45)
+        fp.mark("h3 hung mid-round 1")
         os.killpg(supernodes["h3"].pid, signal.SIGKILL)  # mid-round: keys and shares sent, no masked input
-        _wait(lambda: any(e["event"] == "finished" for e in _events(events)), timeout=max(1, remaining() - 5),
-              what="the federation to finish", procs=[(n, p) for n, p in procs if n in ("superlink", "flwr-run")])
-        mark("federation finished")
-        wall = time.monotonic() - started
-    finally:
-        for _, p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for _, p in procs:
-            p.wait(timeout=10)
+        fp.wait(lambda: any(e["event"] == "finished" for e in _events(events)), what="the federation to finish",
+                procs=fp.named("superlink", "flwr-run"))
+        fp.mark("federation finished")
+        wall, milestones = time.monotonic() - fp.started, fp.milestones
     ev = _events(events)
     closed = [e for e in ev if e["event"] == "round_closed"]
     assert [c["round"] for c in closed] == [0, 1]

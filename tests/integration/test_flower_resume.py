@@ -18,9 +18,7 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +33,13 @@ from clinograph.sdk.config import ReleaseSection  # noqa: E402
 from clinograph.sdk.federation.client import HospitalClient  # noqa: E402
 from clinograph.secure.enrolment import load_federation  # noqa: E402
 from crash_harness import DICTIONARY_HASH, LineTask  # noqa: E402
-from test_flower_deployment import APP, BIN, _events, _free_port, _port_open, _wait  # noqa: E402
+from flower_processes import APP, flower_processes, serverapp_pids  # noqa: E402
+from flower_processes import events as _events  # noqa: E402
 
 HOSPITALS = ("h1", "h2", "h3")
 FEDERATION = "fed-resume"
 ROUNDS = 2
-TOTAL_BUDGET = 600.0  # seconds; a loaded 2-core machine takes ~90 s a round (a flwr-clientapp process per message)
+TOTAL_BUDGET = 600.0  # seconds; the test fails and cleans up past this
 
 
 def make_line_hospital(*, node_config, run_config, run_id, identity):
@@ -54,6 +53,7 @@ def make_line_hospital(*, node_config, run_config, run_id, identity):
 
 def _write_server(tmp: Path) -> Path:
     from clinograph.secure.runtime.build import InitialModel
+
     from clinograph.core.spec import ModuleKind
 
     task = LineTask("h0", tmp / "scratch")
@@ -72,9 +72,10 @@ def _write_server(tmp: Path) -> Path:
 def _reference(tmp: Path, keys, server_toml: Path) -> dict[str, np.ndarray]:
     """The same federation, uninterrupted, in process: the model every hospital must end with."""
     from clinograph.secure.audit import AuditTrail
-    from clinograph.core.identity import Identity
     from clinograph.secure.runtime import InProcessTransport, ServerConfig, build_server, run_rounds
     from clinograph.secure.runtime.build import initial_model_from_bytes
+
+    from clinograph.core.identity import Identity
 
     config = ServerConfig.from_toml(server_toml)
     fed = load_federation(keys.federation_file)
@@ -103,121 +104,39 @@ def _journal_stages(path: Path) -> list[tuple[int, str]]:
         return []
 
 
-def _descendants(root: int) -> list[int]:
-    """Every live process below ``root`` (the SuperLink runs its SuperExec detached, in its own
-    session, and that starts ``flwr-serverapp``: a process group does not reach them)."""
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(proc.name))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _serverapp_pids(superlink: int) -> list[int]:
-    out = []
-    for pid in _descendants(superlink):
-        try:
-            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue
-    return out
-
-
 @pytest.mark.slow
 def test_serverapp_killed_mid_round_resumes_to_the_uninterrupted_model(tmp_path):
     from clinograph.sdk.federation.anchor import HospitalAnchor
     from clinograph.secure.audit import verify_audit_dir
-    from clinograph.secure.transport.flower.keyset import init_keyset
 
-    started = time.monotonic()
-    remaining = lambda: TOTAL_BUDGET - (time.monotonic() - started)  # noqa: E731
-    link_port = _free_port()
-    keys = init_keyset(tmp_path / "keys", federation_id=FEDERATION, hospitals=list(HOSPITALS),
-                       superlink_hosts=["127.0.0.1", "localhost"], superlink_port=link_port)
     server_toml = _write_server(tmp_path)
-    flwr_home = tmp_path / "flwr"
-    flwr_home.mkdir()
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "127.0.0.1:{link_port}"\n'
-        f'root-certificates = "{keys.superlink_dir / "ca.pem"}"\n')
-    env = {**os.environ, "FLWR_HOME": str(flwr_home), "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join([str(APP), str(HERE), str(RUNTIME_TESTS), str(HERE.parent)]),
-           "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    procs: list[tuple[str, subprocess.Popen]] = []
-
-    def start(name: str, cmd: list[str]) -> subprocess.Popen:
-        out = (logs / f"{name}.log").open("wb")
-        p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
-        procs.append((name, p))
-        return p
-
-    link = keys.superlink_dir
     journal, events = tmp_path / "audit.journal.sqlite", tmp_path / "events.jsonl"
-    run_config = " ".join([
-        f"server-config='{server_toml}'", f"federation-file='{link / 'federation.toml'}'",
-        f"server-key='{link / 'server.ed25519.pem'}'", f"events-file='{events}'", f"journal='{journal}'",
-        f"rounds={ROUNDS}", "min-nodes=3", "wait-timeout=90.0", "hello-timeout=90.0", "plan-timeout=60.0",
-        "stage-timeout=30.0", "end-timeout=30.0", "relay-timeout=60.0"])
-    try:
-        superlink = start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"),
-                                        "--ssl-certfile", str(link / "server.pem"), "--ssl-keyfile",
-                                        str(link / "server.key"), "--enable-supernode-auth", "--host", "127.0.0.1",
-                                        "--port", str(link_port), "--disable-runtime-dependency-installation"])
-        _wait(lambda: _port_open(link_port), timeout=min(60, remaining()), what="the SuperLink", procs=procs)
+    pythonpath = [APP, HERE, RUNTIME_TESTS, HERE.parent]
+    with flower_processes(tmp_path, federation_id=FEDERATION, hospitals=HOSPITALS, budget=TOTAL_BUDGET,
+                          pythonpath=pythonpath) as fp:
+        keys, link = fp.keys, fp.keys.superlink_dir
+        run_config = {
+            "server-config": server_toml, "federation-file": link / "federation.toml",
+            "server-key": link / "server.ed25519.pem", "events-file": events, "journal": journal, "rounds": ROUNDS,
+            "min-nodes": 3, "wait-timeout": 90.0, "hello-timeout": 90.0, "plan-timeout": 60.0, "stage-timeout": 30.0,
+            "end-timeout": 30.0, "relay-timeout": 60.0}
+        superlink = fp.superlink()
+        fp.register(HOSPITALS)
         for h in HOSPITALS:
-            out = subprocess.run([str(BIN / "flwr"), "supernode", "register",
-                                  str(keys.hospital_dirs[h] / f"{h}.node-auth.pub"), "loopback", "--name", h],
-                                 env=env, cwd=tmp_path, capture_output=True, text=True, timeout=min(60, remaining()))
-            assert out.returncode == 0 and "registered successfully" in out.stdout + out.stderr, out.stdout[-2000:]
-        for h in HOSPITALS:
-            d = keys.hospital_dirs[h]
-            node_config = (f"hospital='{h}' state-dir='{tmp_path / 'sites' / h}' key-file='{d / f'{h}.ed25519.pem'}' "
-                           f"federation-file='{d / 'federation.toml'}'")
-            start(f"supernode-{h}", [
-                sys.executable, "-m", "clinograph.secure.transport.flower.supernode",
-                "--participant-factory", "test_flower_resume:make_line_hospital", "--node-config", node_config,
-                "--superlink", f"127.0.0.1:{link_port}", "--root-certificates", str(d / "ca.pem"),
-                "--auth-supernode-private-key", str(d / f"{h}.node-auth"), "--port", str(_free_port()),
-                "--max-retries", "5", "--max-wait-time", "60"])
-        first = start("flwr-run-1", [str(BIN / "flwr"), "run", str(APP), "loopback", "--run-config", run_config,
-                                     "--stream"])
-        _wait(lambda: (1, "stage 1") in _journal_stages(journal), timeout=max(1.0, remaining() - 120),
-              what="round 1 of the first run to pass its first masked stage", procs=procs)
-        pids = _serverapp_pids(superlink.pid)
+            fp.supernode(h, node_config={"state-dir": tmp_path / "sites" / h},
+                         factory="test_flower_resume:make_line_hospital", environment=None)
+        first = fp.flwr_run(run_config, name="flwr-run-1")
+        fp.wait(lambda: (1, "stage 1") in _journal_stages(journal), spare=120,
+                what="round 1 of the first run to pass its first masked stage")
+        pids = serverapp_pids(superlink.pid)
         assert pids, "no flwr-serverapp process found below the SuperLink"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)  # the ServerApp dies mid-round
         last_before = _journal_stages(journal)[-1]
         os.killpg(first.pid, signal.SIGKILL)  # its `flwr run --stream` would wait for a run that never ends
-        start("flwr-run-2", [str(BIN / "flwr"), "run", str(APP), "loopback", "--run-config", run_config, "--stream"])
-        _wait(lambda: any(e["event"] == "finished" for e in _events(events)), timeout=max(1.0, remaining() - 5),
-              what="the resumed run to finish", procs=[(n, p) for n, p in procs if n in ("superlink", "flwr-run-2")])
-    finally:
-        for _, p in procs:  # the SuperExec and its ServerApps first: they are in no group of ours
-            for pid in _descendants(p.pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for _, p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for _, p in procs:
-            p.wait(timeout=10)
+        fp.flwr_run(run_config, name="flwr-run-2")
+        fp.wait(lambda: any(e["event"] == "finished" for e in _events(events)), what="the resumed run to finish",
+                procs=fp.named("superlink", "flwr-run-2"))
     reference = _reference(tmp_path, keys, server_toml)
     server_key = load_federation(keys.federation_file).server_public()
     for h in HOSPITALS:  # every hospital ends with the uninterrupted run's model, bit for bit

@@ -13,13 +13,9 @@ Flower give what the simulation gives.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -168,79 +164,35 @@ TOTAL_BUDGET = 900.0  # seconds; the test fails and cleans up past this
 def test_setup_sums_over_real_flower_processes_match_the_simulation(tmp_path):
     from clinograph.secure.audit import verify_audit_dir
     from clinograph.secure.enrolment import load_federation
-    from clinograph.secure.transport.flower.keyset import init_keyset
-    from test_flower_deployment import _events, _free_port, _port_open, _wait
+    from flower_processes import events as _events
+    from flower_processes import flower_processes
 
-    started = time.monotonic()
-    remaining = lambda: TOTAL_BUDGET - (time.monotonic() - started)  # noqa: E731
     sites = tmp_path / "sites"
     names = _sites(sites)
     fed = {"id": "fed-setup", "rounds": 1, "min_clients": 2, "local_epochs": 1, "secure_mode": "masked",
            "strategy": "fedavg", "environment": "production"}
     (sites / "server" / "server.toml").write_text(tomli_w.dumps({
         "initial_model": "initial_model.json", "audit_dir": str(tmp_path / "audit"), "federation": fed}))
-    link_port = _free_port()
-    keys = init_keyset(tmp_path / "keys", federation_id="fed-setup", hospitals=names,
-                       superlink_hosts=["127.0.0.1", "localhost"], superlink_port=link_port)
-    flwr_home = tmp_path / "flwr"
-    flwr_home.mkdir()
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\naddress = "127.0.0.1:{link_port}"\n'
-        f'root-certificates = "{keys.superlink_dir / "ca.pem"}"\n')
-    env = {**os.environ, "FLWR_HOME": str(flwr_home), "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
-           "PYTHONPATH": str(APP), "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    logs = tmp_path / "logs"
-    logs.mkdir()
     states = Path(tempfile.mkdtemp(prefix="cg-"))  # short: a worker's socket lives in its state directory
-    procs: list[tuple[str, subprocess.Popen]] = []
-
-    def start(name: str, cmd: list[str]) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, env=env, stdout=(logs / f"{name}.log").open("wb"), stderr=subprocess.STDOUT,
-                             cwd=tmp_path, start_new_session=True)
-        procs.append((name, p))
-        return p
-
-    link = keys.superlink_dir
     events = tmp_path / "events.jsonl"
     try:
-        start("superlink", [str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(link / "ca.pem"),
-                            "--ssl-certfile", str(link / "server.pem"), "--ssl-keyfile", str(link / "server.key"),
-                            "--enable-supernode-auth", "--host", "127.0.0.1", "--port", str(link_port),
-                            "--disable-runtime-dependency-installation"])
-        _wait(lambda: _port_open(link_port), timeout=min(60, remaining()), what="the SuperLink", procs=procs)
-        for h in names:
-            p = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(keys.hospital_dirs[h] / f"{h}.node-auth.pub"),
-                                "loopback", "--name", h], env=env, cwd=tmp_path, capture_output=True, text=True,
-                               timeout=min(60, remaining()))
-            assert p.returncode == 0 and "registered successfully" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
-        for h in names:
-            d = keys.hospital_dirs[h]
-            node_config = (f"hospital='{h}' data-dir='{sites / h / 'data'}' state-dir='{states / h}' "
-                           f"key-file='{d / f'{h}.ed25519.pem'}' federation-file='{d / 'federation.toml'}'")
-            start(f"supernode-{h}", [
-                sys.executable, "-m", "clinograph.secure.transport.flower.supernode", "--environment", "production",
-                "--node-config", node_config, "--superlink", f"127.0.0.1:{link_port}",
-                "--root-certificates", str(d / "ca.pem"), "--auth-supernode-private-key", str(d / f"{h}.node-auth"),
-                "--port", str(_free_port()), "--max-retries", "5", "--max-wait-time", "60"])
-        run_config = " ".join([
-            f"server-config='{sites / 'server' / 'server.toml'}'", f"federation-file='{link / 'federation.toml'}'",
-            f"server-key='{link / 'server.ed25519.pem'}'", f"events-file='{events}'", "min-nodes=3",
-            "rounds=1", "wait-timeout=60.0", "hello-timeout=60.0", "plan-timeout=120.0", "stage-timeout=30.0",
-            "end-timeout=30.0", "relay-timeout=120.0"])
-        start("flwr-run", [str(BIN / "flwr"), "run", str(APP), "loopback", "--run-config", run_config, "--stream"])
-        _wait(lambda: any(e["event"] in ("finished", "failed") for e in _events(events)),
-              timeout=max(1, remaining() - 60), what="the federation to finish",
-              procs=[(n, p) for n, p in procs if n in ("superlink", "flwr-run")])
+        with flower_processes(tmp_path, federation_id="fed-setup", hospitals=names, budget=TOTAL_BUDGET) as fp:
+            keys, link = fp.keys, fp.keys.superlink_dir
+            fp.superlink()
+            fp.register(names)
+            for h in names:
+                fp.supernode(h, node_config={"data-dir": sites / h / "data", "state-dir": states / h})
+            fp.flwr_run({"server-config": sites / "server" / "server.toml",
+                         "federation-file": link / "federation.toml", "server-key": link / "server.ed25519.pem",
+                         "events-file": events, "min-nodes": 3, "rounds": 1, "wait-timeout": 60.0,
+                         "hello-timeout": 60.0, "plan-timeout": 120.0, "stage-timeout": 30.0, "end-timeout": 30.0,
+                         "relay-timeout": 120.0})
+            fp.wait(lambda: any(e["event"] in ("finished", "failed") for e in _events(events)),
+                    what="the federation to finish", spare=60, procs=fp.named("superlink", "flwr-run"))
+            run_log = fp.log_tail("flwr-run")
     finally:
-        for _, p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for _, p in procs:
-            p.wait(timeout=10)
         shutil.rmtree(states, ignore_errors=True)
-    assert any(e["event"] == "finished" for e in _events(events)), (logs / "flwr-run.log").read_text()[-4000:]
+    assert any(e["event"] == "finished" for e in _events(events)), run_log
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _simulate(sites, names, fed, tmp_path)

@@ -12,7 +12,9 @@ process per message, so the hospital lives in the SuperNode process, see :mod:`.
 Layout (one job a module): :mod:`.records` (stage <-> RecordDict), :mod:`.messages` (the
 signed node hello), :mod:`.driver` (server side: discover hospitals, run a round over a Grid),
 :mod:`.serverapp` / :mod:`.clientapp` (the Flower components), :mod:`.worker` / :mod:`.ipc` /
-:mod:`.supernode` (the hospital inside the SuperNode process), :mod:`.enrolment` (the
+:mod:`.supernode` (the hospital inside the SuperNode process), :mod:`.superexec` (the warm
+executor: each ClientApp forked from a pre-imported parent), :mod:`.polling` (the SuperNode's
+fixed waits made settable), :mod:`.enrolment` (the
 federation file written by ``clinograph keys init``).
 """
 

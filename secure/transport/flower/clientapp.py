@@ -1,6 +1,8 @@
 """The Flower ClientApp: relays each Clinograph message to the hospital in its SuperNode.
 
-Flower 1.41 starts a fresh ``flwr-clientapp`` process per message; this handler only moves
+Flower 1.41 runs every message in a fresh ClientApp process (forked from a warm parent by our
+launcher's default executor, :mod:`.superexec`; a new ``flwr-clientapp`` interpreter on Flower's
+own path); this handler only moves
 bytes between the Flower message and the hospital worker of its SuperNode (:mod:`.worker`),
 found through ``state-dir`` in the node config. A hospital's refusal of a round message comes
 back as its signed ``refusal`` part in an ordinary reply (audited by the server as

@@ -13,6 +13,13 @@ state directory's local socket, then runs Flower's own SuperNode main in this pr
 which goes through :func:`clinograph.secure.policy.require_allowed` (warns; refused in
 production).
 
+How ClientApps start (``--executor``): ``warm`` (the default) runs Flower's SuperNode with
+``--isolation process`` and our SuperExec thread, which forks each ClientApp from a pre-imported
+forkserver (:mod:`.superexec`); ``subprocess`` is Flower's own ``flower-superexec`` starting a
+``flwr-clientapp`` per message. ``--supernode-poll`` shortens the SuperNode's fixed 3 s idle
+poll of the SuperLink (:mod:`.polling`). Measured in ``benchmarks/flower_scale/round_time.py``;
+the operator's view is in docs/deployment.md.
+
 Logging (:func:`configure_hospital_logging`): one handler on the root logger; Clinograph's
 loggers at ``INFO`` (``--log-level``), other libraries at ``WARNING`` (httpx would log every
 3-second poll), everything at ``DEBUG`` with ``--log-level debug``; Flower's own logger kept
@@ -27,19 +34,24 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from clinograph.core.errors import ClinographError, ConfigError
 
 from ...policy import Environment, require_allowed
 from . import check_flower_version
+from .polling import DEFAULT_IDLE_POLL, DEFAULT_REPLY_WAIT, FLOWER_IDLE_POLL, set_supernode_waits
+from .superexec import DEFAULT_POLL_INTERVAL, RuntimeApi, SuperExecLoop, WarmExecutor
 from .worker import HospitalWorker, check_node_config, load_factory
 
 #: The hospital built from files (a string reference: ``secure`` never imports ``sdk`` statically).
 DEFAULT_FACTORY = "clinograph.sdk.federation.node:make_hospital"
 
 INSECURE_FLAGS = ("--insecure", "--insecure-transport")
+EXECUTORS = ("warm", "subprocess")
 
 
 def _flag_name(arg: str) -> str:
@@ -88,6 +100,48 @@ def check_transport(flower_args: Sequence[str], *, insecure_transport: bool, env
     require_allowed("insecure_transport", environment=environment, why="Flower messages travel without TLS")
 
 
+def executor_args(flower_args: Sequence[str], *, executor: str, poll: float | None) -> list[str]:
+    """``flower-supernode`` arguments for ``executor``: warm adds ``--isolation process`` (our SuperExec
+    thread serves the Runtime API), subprocess leaves Flower's own; ConfigError on a conflict."""
+    isolation = [a for a in flower_args if _flag_name(a) == "--isolation"]
+    if executor == "warm":
+        if isolation:
+            raise ConfigError("--isolation is set by --executor: --executor warm runs the SuperNode with "
+                              "--isolation process and its own SuperExec. Remove --isolation, or pass "
+                              "--executor subprocess for Flower's own subprocess isolation.")
+        return [*flower_args, "--isolation", "process"]
+    if poll is not None:  # Flower's flower-superexec reads its poll interval from the environment
+        os.environ["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(poll)
+    return list(flower_args)
+
+
+def runtime_api(flower_args: Sequence[str]) -> RuntimeApi:
+    """Where and how the SuperNode's Runtime API listens, read with Flower's own parser and defaults
+    (what ``start_client_internal`` passes to the ``flower-superexec`` it starts)."""
+    from flwr.supercore.address import resolve_bind_address
+    from flwr.supercore.auth import load_superexec_auth_secret
+    from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
+
+    args, _ = _parse_args_run_supernode().parse_known_args(list(flower_args))
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    tls = bool(args.ssl_certfile or args.ssl_keyfile or args.ssl_ca_certfile)
+    return RuntimeApi(address=resolve_bind_address(f"{host}:{args.port}"), insecure=not tls,
+                      root_certificates_path=str(Path(args.ssl_ca_certfile).expanduser()) if tls else None,
+                      auth_secret=(load_superexec_auth_secret(secret_file=args.superexec_auth_secret_file)
+                                   if args.superexec_auth_secret_file else None),
+                      runtime_dependency_install=bool(args.runtime_dependency_install))
+
+
+def start_superexec(flower_args: Sequence[str], *, poll: float | None) -> SuperExecLoop:
+    """The warm executor's forkserver and our SuperExec thread, before Flower's SuperNode main runs."""
+    executor = WarmExecutor()
+    executor.start()
+    loop = SuperExecLoop(runtime_api(flower_args), executor=executor,
+                         poll_interval=DEFAULT_POLL_INTERVAL if poll is None else poll)
+    loop.start()
+    return loop
+
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -122,6 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-config", required=True)
     parser.add_argument("--log-level", choices=["debug", "info", "warning"], default="info",
                         help="the hospital's log level (default info; debug also turns on Flower's DEBUG lines)")
+    parser.add_argument("--executor", choices=list(EXECUTORS), default="warm",
+                        help="how a ClientApp process starts: 'warm' (default) forks it from a pre-imported "
+                             "parent, polled by our SuperExec thread (the SuperNode runs with --isolation process); "
+                             "'subprocess' is Flower's own flower-superexec starting flwr-clientapp per message")
+    parser.add_argument("--superexec-poll", type=float, default=None, metavar="SECONDS",
+                        help=f"seconds between two task polls of the SuperExec (warm: default "
+                             f"{DEFAULT_POLL_INTERVAL}; subprocess: Flower's default 1, set through "
+                             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL)")
+    parser.add_argument("--supernode-poll", type=float, default=DEFAULT_IDLE_POLL, metavar="SECONDS",
+                        help=f"seconds between two polls of the SuperLink when idle (default {DEFAULT_IDLE_POLL}; "
+                             f"{FLOWER_IDLE_POLL} keeps Flower's own fixed waits, see polling.py)")
     try:  # on the raw argv, before parsing: no parser may expand a prefix of an insecure option
         refuse_abbreviations(argv)
     except ClinographError as exc:
@@ -136,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         check_transport(rest, insecure_transport=ours.insecure_transport, environment=ours.environment)
         node_config = parse_config_args([ours.node_config])
         check_node_config(node_config)
+        rest = executor_args(rest, executor=ours.executor, poll=ours.superexec_poll)
         worker = HospitalWorker(node_config=node_config, factory=load_factory(ours.participant_factory))
         worker.start()
     except ClinographError as exc:
@@ -145,8 +211,19 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.argv = ["flower-supernode", *rest, "--node-config", ours.node_config]
     try:
+        if ours.supernode_poll < FLOWER_IDLE_POLL:
+            set_supernode_waits(idle=ours.supernode_poll, reply=min(DEFAULT_REPLY_WAIT, ours.supernode_poll))
+        superexec = start_superexec(rest, poll=ours.superexec_poll) if ours.executor == "warm" else None
+    except ClinographError as exc:
+        worker.stop()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         flower_supernode()
     finally:
+        if superexec is not None:
+            superexec.stop()
+            superexec.executor.close()
         worker.stop()
     return 0
 

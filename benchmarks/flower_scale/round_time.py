@@ -1,0 +1,252 @@
+"""Where a masked round's wall time goes over real Flower processes: compute, and the rest.
+
+    python -m benchmarks.flower_scale.round_time                 # 3 SuperNodes, 5 rounds, every arm
+    python -m benchmarks.flower_scale.round_time --quick         # 3 rounds, Flower's own and the warm executor
+    python -m benchmarks.flower_scale.round_time --arms flower,warm
+
+One SuperLink (TLS), n SuperNodes (``python -m clinograph.secure.transport.flower.supernode``,
+tests/secure/transport/flower_helpers.py's light participant: a fixed small update, no
+training) and ``flwr run`` of examples/flower_deployment/app, masked, started through
+tests/integration/flower_processes.py -- once per executor, in the same benchmark process.
+Every hospital's participant is wrapped to append the wall-clock time it was entered and left
+for each relayed message to ``calls.jsonl`` in its state directory. With the server's progress
+events (``stage_progress``: when each exchange ended and how long its slowest reply took), each
+exchange splits, for its slowest hospital, into
+
+* ``to_hospital``: the server pushed, until the hospital's participant was entered (the
+  SuperNode's idle poll of the SuperLink, the SuperExec's task poll, the ClientApp's process
+  start, its Runtime API calls and FAB install);
+* ``hospital``: the participant's own work;
+* ``back``: until the server had the reply (the ClientApp's push, the SuperNode's reply poll,
+  its push to the SuperLink, the ServerApp's pull);
+
+and between exchanges the server's own work (``server``). "The rest" of a round is its wall time
+less the slowest hospital's work and the server's. Alongside: the cold start of one
+``flwr-clientapp`` process (``flwr-clientapp --help``: its imports alone) and the in-process round
+(the same server and participants over ``InProcessTransport``: compute with no transport).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "secure" / "transport"), str(ROOT / "tests" / "integration")]
+from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
+
+#: (name, executor, SuperExec poll s or None for the executor's default, SuperNode idle poll s; 3 = Flower's)
+ARMS = (
+    ("flower", "subprocess", None, 3.0),                  # Flower 1.41 as shipped
+    ("flower_superexec_poll_0.1", "subprocess", 0.1, 3.0),  # only the SuperExec's task poll shortened
+    ("warm_flower_waits", "warm", None, 3.0),             # only the ClientApp start changed
+    ("subprocess_supernode_poll_0.2", "subprocess", 0.1, 0.2),  # only the process start left as Flower's
+    ("warm", "warm", None, 0.2),                          # the launcher's default
+    ("warm_polls_0.05", "warm", 0.02, 0.05),              # the floor: both of our polls near Flower's minimum
+)
+
+
+class _Timed:
+    """A participant whose every call appends {stage, t0, t1} to ``calls.jsonl``."""
+
+    def __init__(self, inner, log: Path):
+        self._c, self.name, self._log = inner, inner.name, log
+
+    def _timed(self, stage: str, fn, *args):
+        t0 = time.time()
+        try:
+            return fn(*args)
+        finally:
+            with self._log.open("a") as fh:
+                fh.write(json.dumps({"stage": stage, "t0": t0, "t1": time.time()}) + "\n")
+
+    def on_setup(self, step, parts):
+        return self._timed("setup", self._c.on_setup, step, parts)
+
+    def on_plan(self, plan):
+        return self._timed("plan", self._c.on_plan, plan)
+
+    def on_stage(self, data):
+        return self._timed("stage", self._c.on_stage, data)
+
+    def decrypted_result(self):
+        return self._c.decrypted_result()
+
+    def on_round_end(self, global_model):
+        return self._timed("end", self._c.on_round_end, global_model)
+
+
+def make_timed_participant(*, node_config, run_config, run_id, identity):
+    """Participant factory: flower_helpers' light participant, timed."""
+    import flower_helpers
+
+    inner = flower_helpers.make_participant(node_config=node_config, run_config=run_config, run_id=run_id,
+                                            identity=identity)
+    return _Timed(inner, Path(str(node_config["state-dir"])) / "calls.jsonl")
+
+
+def _calls(state: Path) -> list[dict]:
+    path = state / "calls.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def split_rounds(events: list[dict], calls: dict[str, list[dict]]) -> list[dict]:
+    """Per round: its wall time, and for each exchange the slowest hospital's to / work / back."""
+    rounds: list[dict] = []
+    current: dict | None = None
+    for e in events:
+        if e["event"] == "round_opened":
+            current = {"round": e["round"], "opened": e["t"], "exchanges": []}
+        elif e["event"] == "stage_progress" and current is not None:
+            end = e["t"]
+            start = end - float(e.get("slowest_s") or 0.0)
+            slowest = e.get("slowest")
+            inside = [c for c in calls.get(str(slowest), []) if start - 0.05 <= c["t0"] <= end]
+            row = {"stage": e["stage"], "wall": end - start, "start": start, "end": end}
+            if inside:
+                c = inside[-1]
+                row.update(to_hospital=c["t0"] - start, hospital=c["t1"] - c["t0"], back=end - c["t1"])
+            current["exchanges"].append(row)
+        elif e["event"] == "round_closed" and current is not None:
+            current["wall"] = e["t"] - current["opened"]
+            xs = current["exchanges"]
+            gaps = [b["start"] - a["end"] for a, b in zip(xs, xs[1:], strict=False)]
+            current["server"] = (xs[0]["start"] - current["opened"] if xs else 0.0) + sum(gaps) + \
+                (e["t"] - xs[-1]["end"] if xs else 0.0)
+            current["hospital"] = sum(x.get("hospital", 0.0) for x in xs)
+            current["rest"] = current["wall"] - current["server"] - current["hospital"]
+            for key in ("to_hospital", "back"):
+                current[key] = sum(x.get(key, 0.0) for x in xs)
+            for x in xs:
+                for k in ("start", "end"):
+                    x.pop(k)
+            current.pop("opened")
+            rounds.append(current)
+            current = None
+    return rounds
+
+
+def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float | None, supernode_poll: float,
+                   budget: float, more: tuple[str, ...] = ()) -> dict:
+    """One federation over real processes with this executor; its rounds split as above."""
+    import flower_helpers as fh
+    from flower_processes import events as read_events
+    from flower_processes import flower_processes
+
+    hospitals = [f"h{i}" for i in range(n)]
+    events_file = tmp / "events.jsonl"
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / "flower_deployment" / "app"),
+                                          str(ROOT / "tests" / "secure" / "transport"), str(ROOT)])}
+    result: dict = {"executor": executor, "superexec_poll_s": poll, "supernode_poll_s": supernode_poll, "n": n}
+    with flower_processes(tmp, federation_id="fed-rounds", hospitals=hospitals, budget=budget,
+                          pythonpath=[], env=env) as fp:
+        try:
+            server_toml = fh.write_server_files(tmp / "server", federation_id="fed-rounds", mode="masked")
+            fp.superlink(node_auth=False)
+            extra = ["--executor", executor, *(["--superexec-poll", str(poll)] if poll is not None else []),
+                     "--supernode-poll", str(supernode_poll), *more]
+            for h in hospitals:
+                fp.supernode(h, node_config={"data-dir": tmp / h, "state-dir": tmp / "s" / h},
+                             factory="benchmarks.flower_scale.round_time:make_timed_participant", node_auth=False,
+                             environment=None, extra=extra)
+            link = fp.keys.superlink_dir
+            fp.flwr_run({"server-config": server_toml, "federation-file": link / "federation.toml",
+                         "server-key": link / "server.ed25519.pem", "events-file": events_file, "rounds": rounds,
+                         "min-nodes": n, "wait-timeout": 120.0, "hello-timeout": 120.0, "plan-timeout": 60.0,
+                         "stage-timeout": 60.0, "end-timeout": 60.0, "relay-timeout": 60.0})
+            fp.wait(lambda: any(e["event"] in ("finished", "failed") for e in read_events(events_file)),
+                    what="the federation to finish", procs=fp.named("superlink", "flwr-run"))
+        except AssertionError as exc:
+            result["error"] = str(exc)
+            result["log_tail"] = {k: fp.log_tail(k, 1500) for k in ("flwr-run", "supernode-h0")}
+        result["milestones"] = fp.milestones
+    ev = read_events(events_file)
+    result["rounds"] = split_rounds(ev, {h: _calls(tmp / "s" / h) for h in hospitals})
+    result["completed"] = any(e["event"] == "finished" for e in ev)
+    later = result["rounds"][1:] or result["rounds"]  # round 0 also pays the first ClientApp's FAB unpacking
+    for key in ("wall", "rest", "to_hospital", "back", "hospital", "server"):
+        result[f"median_{key}_s"] = round(median([r[key] for r in later]), 3) if later else None
+    return result
+
+
+def cold_start_seconds(reps: int = 3) -> float:
+    """Median wall time of ``flwr-clientapp --help``: one ClientApp process's imports, nothing else."""
+    exe = Path(sys.executable).parent / "flwr-clientapp"
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        subprocess.run([str(exe), "--help"], capture_output=True, check=True)
+        times.append(time.perf_counter() - t)
+    return round(median(times), 3)
+
+
+def in_process_round_seconds(tmp: Path, *, n: int, rounds: int) -> float:
+    """Median round of the same server and participants over InProcessTransport (compute only)."""
+    import flower_helpers as fh
+    from clinograph.secure.enrolment import load_federation
+    from clinograph.secure.runtime import InProcessTransport, run_round
+    from clinograph.secure.transport.flower.keyset import init_keyset
+
+    from clinograph.core.identity import Identity
+
+    hospitals = [f"h{i}" for i in range(n)]
+    keys = init_keyset(tmp / "keys", federation_id="fed-rounds", hospitals=hospitals,
+                       superlink_hosts=["127.0.0.1"], superlink_port=9)
+    fed = load_federation(keys.federation_file)
+    server = fh.make_server(federation=fed, audit_dir=tmp / "audit", server_key=keys.superlink_dir /
+                            "server.ed25519.pem")
+    parts = {h: fh.FakeHospital(identity=Identity.load(h, keys.hospital_dirs[h] / f"{h}.ed25519.pem"),
+                                server=fed.server_public(), peers=fed.enrolled(), federation_id="fed-rounds")
+             for h in hospitals}
+    transport = InProcessTransport(parts)
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        run_round(server, transport, deliver=True)
+        times.append(time.perf_counter() - t)
+    return round(median(times), 4)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_convention(ap, quick_help="3 rounds")
+    ap.add_argument("-n", type=int, default=3, help="SuperNodes (default 3)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 3 with --quick)")
+    ap.add_argument("--arms", default=None,
+                    help=f"comma-separated, of {', '.join(a[0] for a in ARMS)} (default: all; flower,warm with --quick)")
+    ap.add_argument("--keep", type=Path, default=None, help="work in this new folder and keep it (logs)")
+    ap.add_argument("--supernode-extra", default="", help="more launcher arguments for every arm, e.g. '--log-level debug'")
+    ap.add_argument("--budget", type=float, default=600.0, help="seconds a federation may take before giving up")
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 5)
+    arms = (args.arms or ("flower,warm" if args.quick else ",".join(a[0] for a in ARMS))).split(",")
+    runs = []
+    with TemporaryDirectory(prefix="rt_") as scratch:
+        tmp = args.keep or scratch
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=False)
+        compute = in_process_round_seconds(Path(tmp) / "inproc", n=args.n, rounds=rounds)
+        for name, executor, poll, supernode_poll in ARMS:
+            if name not in arms:
+                continue
+            work = Path(tmp) / name
+            work.mkdir()
+            runs.append({"arm": name, **run_federation(work, n=args.n, rounds=rounds, executor=executor, poll=poll,
+                                                       supernode_poll=supernode_poll, budget=args.budget,
+                                                       more=tuple(args.supernode_extra.split()))})
+    result = {"benchmark": "flower_round_time", "quick": args.quick, "machine": machine(), "rounds": rounds,
+              "flwr_clientapp_cold_start_s": cold_start_seconds(), "in_process_round_s": compute, "runs": runs,
+              "load_average_at_end": list(os.getloadavg())}
+    emit(result, out=out_path(__file__, args))
+    return result
+
+
+if __name__ == "__main__":
+    main()

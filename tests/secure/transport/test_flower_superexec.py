@@ -1,0 +1,104 @@
+"""The launcher's executors and SuperNode waits (secure/transport/flower/superexec.py, polling.py).
+
+The real-process check that the warm executor runs ClientApps through Flower's runtime, and that
+a ClientApp that raises or is killed comes back to the server as an error reply, is
+tests/integration/test_flower_warm_executor.py.
+"""
+
+import os
+import types
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from clinograph.secure.transport.flower import polling  # noqa: E402
+from clinograph.secure.transport.flower.superexec import SuperExecLoop, WarmExecutor  # noqa: E402
+from clinograph.secure.transport.flower.supernode import executor_args, main, runtime_api  # noqa: E402
+from flwr.supercore.constant import TaskType  # noqa: E402
+from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult  # noqa: E402
+
+from clinograph.core.errors import ConfigError  # noqa: E402
+
+
+def test_warm_runs_the_supernode_in_process_isolation_and_refuses_an_explicit_isolation():
+    assert executor_args(["--superlink", "x:1"], executor="warm", poll=None) == \
+        ["--superlink", "x:1", "--isolation", "process"]
+    with pytest.raises(ConfigError, match=r"--isolation is set by --executor.*--executor subprocess"):
+        executor_args(["--isolation", "subprocess"], executor="warm", poll=None)
+    with pytest.raises(ConfigError, match="--isolation is set by --executor"):
+        executor_args(["--isolation=process"], executor="warm", poll=None)
+
+
+def test_subprocess_is_flowers_own_path_with_its_poll_interval_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "1")
+    assert executor_args(["--isolation", "subprocess"], executor="subprocess", poll=None) == \
+        ["--isolation", "subprocess"]
+    assert os.environ["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "1"
+    executor_args([], executor="subprocess", poll=0.1)
+    assert os.environ["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.1"
+
+
+def test_the_runtime_api_is_read_with_flowers_own_defaults_and_tls_arguments(tmp_path):
+    api = runtime_api(["--superlink", "x:1", "--root-certificates", "ca.pem"])
+    assert (api.address, api.insecure, api.root_certificates_path, api.auth_secret) == \
+        ("127.0.0.1:9094", True, None, None)
+    api = runtime_api(["--host", "0.0.0.0", "--port", "5001", "--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem",
+                       "--ssl-ca-certfile", str(tmp_path / "ca.pem")])
+    assert (api.address, api.insecure, api.root_certificates_path) == ("127.0.0.1:5001", False,
+                                                                       str(tmp_path / "ca.pem"))
+
+
+def test_a_poll_interval_outside_flowers_range_is_refused():
+    with pytest.raises(ConfigError, match=r"poll interval 0.001 s must be in \[0.01, 60\]"):
+        SuperExecLoop(runtime_api([]), executor=WarmExecutor(), poll_interval=0.001)
+
+
+def test_main_refuses_isolation_with_the_warm_executor(capsys):
+    assert main(["--node-config", "hospital='h1' state-dir='/nonexistent/s' key-file='/nonexistent/k'",
+                 "--superlink", "127.0.0.1:1", "--isolation", "subprocess"]) == 2
+    assert "--isolation is set by --executor" in capsys.readouterr().err
+
+
+def _spec(task_type: TaskType) -> ExecutionSpec:
+    return ExecutionSpec(task_type=task_type, runtime_api_address="127.0.0.1:9094", token="t" * 8, insecure=True,
+                         root_certificates_path=None, runtime_dependency_install=False, parent_pid=os.getpid(),
+                         suppress_output=False, task_id=7)
+
+
+def test_a_task_that_is_not_a_clientapp_goes_to_flowers_subprocess_executor():
+    launched = []
+
+    class Cold:
+        def launch(self, spec):
+            launched.append(spec.task_type)
+            return LaunchResult.accepted()
+
+    ex = WarmExecutor()
+    ex._cold = Cold()
+    assert ex.launch(_spec(TaskType.AGENT_APP)).status == "accepted"
+    assert launched == [TaskType.AGENT_APP] and ex.running() == 0
+
+
+def test_the_supernode_clock_shortens_only_flowers_two_fixed_waits():
+    slept = []
+    clock = polling.SupernodeClock(idle=0.2, reply=0.05, sleep=slept.append)
+    for s in (3, 0.5, 1, 0.2):
+        clock.sleep(s)
+    assert slept == [0.2, 0.05, 1, 0.2]
+    assert clock.monotonic is polling.time.monotonic  # everything else is the real time module
+    with pytest.raises(ConfigError, match=r"idle wait 0 s must be in \[0.01, 3\]"):
+        polling.SupernodeClock(idle=0, reply=0.05)
+
+
+def test_the_waits_are_set_only_on_a_loop_that_still_has_them(monkeypatch):
+    polling.check_supernode_waits()  # the installed Flower 1.41 loop
+    module = types.ModuleType("fake_loop")
+    module.__file__ = __file__  # this file: it has neither sleep as code
+    monkeypatch.setattr(polling.inspect, "getsource", lambda m: "while True:\n    time.sleep(5)\n")
+    with pytest.raises(ConfigError, match=r"no longer calls time.sleep\(3\), time.sleep\(0.5\)"):
+        polling.set_supernode_waits(idle=0.2, reply=0.05, module=module)
+    assert not hasattr(module, "time")
+    monkeypatch.setattr(polling.inspect, "getsource", lambda m: "time.sleep(3)\ntime.sleep(0.5)\n")
+    polling.set_supernode_waits(idle=0.2, reply=0.05, module=module)
+    assert isinstance(module.time, polling.SupernodeClock)
