@@ -4,7 +4,7 @@ Every preset satisfies the HomomorphicEncryption.org standard's 128-bit classica
 bound for its ring degree (N = 8192: total coefficient modulus <= 218 bits); SEAL enforces it
 when the context is built (``sec_level_type.tc128``). Sizes are bytes a client uploads per
 model parameter, measured here with TenSEAL 0.3.18 (SEAL's own zstd serialisation, seeded
-ciphertexts; before base64 in the JSON payload, see :mod:`clinograph.secure.ckks.messages`);
+ciphertexts; they travel as raw envelope attachments, see :mod:`clinograph.secure.ckks.messages`);
 ``tests/secure/ckks/test_ckks_presets.py`` pins them.
 
 The mode only *adds* ciphertexts and the hospitals divide by Σ w after decryption, so no
