@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 
-from clinograph.sdk.ingest import ingest
 from clinograph.sdk.datasets.alarm import (
     BLOOD_GAS,
     HospitalSpec,
     load_dictionary,
     make_hospital_tables,
 )
+from clinograph.sdk.ingest import ingest
 
 SMALL = (
     HospitalSpec("north", 160, renames=(("heart_rate", "HR"), ("glucose", "GLU")), units=(("glucose", "mg/dL"),)),

@@ -552,9 +552,10 @@ def check_toml(doc: Doc, rel: str) -> list[str]:
 def _bad_values(data: dict, roots: list, *, skip: set[str]) -> list[str]:
     """Each config section of ``data`` validated on its own (every section's keys have defaults),
     and ``[federation] strategy_options`` against the strategy that takes them."""
-    from clinograph.core.errors import ClinographError
     from clinograph.secure.strategies import create_strategy
     from pydantic import ValidationError
+
+    from clinograph.core.errors import ClinographError
 
     out = []
     for key, value in data.items():

@@ -72,9 +72,10 @@ def test_every_secure_module_imports_in_the_server_install(lean_server_python): 
 def write_audit_dir(directory: Path) -> Path:
     """A small, valid audit directory written the way the server writes one (two hospitals, two rounds)."""
     from clinograph.secure.audit import AuditTrail
-    from clinograph.core.identity import Identity
     from clinograph.secure.messages import ClientReport, LedgerEntry
     from clinograph.secure.wire import seal
+
+    from clinograph.core.identity import Identity
 
     dictionary_hash, fed = hashlib.sha256(b"dictionary v1").hexdigest(), "fed-lean"
     server = Identity.generate("server")

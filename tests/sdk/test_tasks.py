@@ -4,6 +4,7 @@ registered task runs the one federation run (examples/write_a_task.py runs a who
 import pytest
 from clinograph.sdk.config import HospitalConfig
 from clinograph.sdk.tasks import create_task, register_task, registered_tasks
+
 from clinograph.core.errors import RegistryError
 
 
@@ -32,8 +33,8 @@ def test_task_names_are_checked(name):
 
 
 def test_the_initial_model_is_the_registered_tasks_modules():
-    from clinograph.sdk.federation.build import initial_model_for
     from clinograph.sdk.datasets.alarm import load_dictionary
+    from clinograph.sdk.federation.build import initial_model_for
 
     d = load_dictionary()
     init = initial_model_for(HospitalConfig.model_validate({"model": {"hidden": 8}}), dictionary=d)

@@ -10,14 +10,15 @@ import pytest
 from clinograph.sdk.agat.federation import agat_simulation
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation
-from clinograph.core.codec import decode_array
-from clinograph.core.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
-from clinograph.core.spec import ModuleKind
 from clinograph.secure.strategies.attention import InsecureAttention, PlaintextUpdateTap
 from clinograph.secure.wire import load_payload, parse_envelope
 from sdk_helpers import small_tables
+
+from clinograph.core.codec import decode_array
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import ModuleKind
 
 
 def cfg(mode, strategy, rounds=1):

@@ -11,17 +11,18 @@ from clinograph.sdk.agat import AGATTask
 from clinograph.sdk.agat.augmentation import AlignmentAugmentation
 from clinograph.sdk.agat.graph import knn_graph, knn_neighbours
 from clinograph.sdk.config import HospitalConfig, SimulationConfig
+from clinograph.sdk.datasets.alarm import BLOOD_GAS
 from clinograph.sdk.federation.build import build_task
 from clinograph.sdk.federation.simulate import build_simulation, simulate
 from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest.table import PatientTable
-from clinograph.sdk.datasets.alarm import BLOOD_GAS
 from clinograph.secure.audit import verify_audit_dir
-from clinograph.core.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.wire import load_payload, parse_envelope
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError
 
 AGAT = {"hidden": 16, "k_neighbours": 4, "temporal_hidden": 8}
 

@@ -18,6 +18,7 @@ from clinograph.sdk.concepts import (
     random_interventions,
     set_module_vector,
 )
+
 from clinograph.core.errors import ConfigError, RegistryError
 
 CARDS = {"a": 2, "b": 3, "c": 2, "d": 4, "y": 2}

@@ -17,8 +17,9 @@ from clinograph.sdk.federation.split import Split
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.audit.verify import scan_audit_dir
 from clinograph.secure.dag_voting import VOTE_MODULE
-from clinograph.core.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
+
+from clinograph.core.identity import Identity
 
 CONCEPTS = ("a", "b", "c", "y")
 CARDS = {v: 2 for v in CONCEPTS}

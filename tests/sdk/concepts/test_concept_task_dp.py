@@ -21,9 +21,10 @@ from clinograph.sdk.config import PrivacySection
 from clinograph.sdk.federation.split import Split
 from clinograph.sdk.privacy.accountant import PrivacyLedger, rdp_epsilon
 from clinograph.secure.audit import AuditTrail
+from clinograph.secure.runtime.config import FederationSection
+
 from clinograph.core.errors import ConfigError, PrivacyBudgetExceeded
 from clinograph.core.identity import Identity
-from clinograph.secure.runtime.config import FederationSection
 
 CARDS = {"a": 2, "b": 2, "c": 2, "y": 2}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from clinograph.sdk.concepts.opaque import train_centralised
+
 from clinograph.core.errors import ConfigError
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clinograph.sdk.datasets import bnlearn
+
 from clinograph.core.errors import ConfigError
 
 TABLE2 = {"asia": (8, 8), "sachs": (11, 17), "alarm": (37, 46), "insurance": (27, 52), "hailfinder": (56, 66)}

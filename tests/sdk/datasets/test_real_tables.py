@@ -3,8 +3,9 @@ every table ingests (the study's references: research/real_tables/tests)."""
 
 import numpy as np
 import pytest
-from clinograph.sdk.ingest import ingest
 from clinograph.sdk.datasets.real_tables import cohort_tables
+from clinograph.sdk.ingest import ingest
+
 from clinograph.core.errors import ConfigError
 
 pytest.importorskip("lifelines")

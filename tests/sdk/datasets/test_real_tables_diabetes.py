@@ -4,8 +4,9 @@ to the dictionary's mg/dL, one hospital without the extended lipid panel, binary
 
 import numpy as np
 import pytest
-from clinograph.sdk.ingest import ingest
 from clinograph.sdk.datasets.real_tables import cohort_tables
+from clinograph.sdk.ingest import ingest
+
 from clinograph.core.errors import ConfigError
 
 pytest.importorskip("sklearn")

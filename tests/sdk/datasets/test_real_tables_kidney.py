@@ -2,8 +2,9 @@
 and codings per hospital, one hospital without race, binary form only."""
 
 import pytest
-from clinograph.sdk.ingest import ingest
 from clinograph.sdk.datasets.real_tables import cohort_tables
+from clinograph.sdk.ingest import ingest
+
 from clinograph.core.errors import ConfigError
 
 pytest.importorskip("lifelines")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clinograph.sdk.ingest import ingest
 from clinograph.sdk.datasets.real_tables import cohort_tables
+from clinograph.sdk.ingest import ingest
 
 pytest.importorskip("lifelines")
 

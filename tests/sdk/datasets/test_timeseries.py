@@ -6,8 +6,8 @@ import warnings
 from dataclasses import replace
 
 import numpy as np
-from clinograph.sdk.ingest import ingest
 from clinograph.sdk.datasets import timeseries as ts
+from clinograph.sdk.ingest import ingest
 
 
 def _ingested(sites):

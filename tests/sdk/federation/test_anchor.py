@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from clinograph.sdk.federation.anchor import HospitalAnchor, RollbackDetected
 from clinograph.secure.audit import AuditTrail
-from clinograph.core.errors import IntegrityError
-from clinograph.core.identity import Identity
 from clinograph.secure.messages import RoundPlan
 from clinograph.secure.state import UNKNOWN_STATE
 from clinograph.secure.wire import seal
+
+from clinograph.core.errors import IntegrityError
+from clinograph.core.identity import Identity
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "secure"))
 from hostile_helpers import DICTIONARY_HASH, SPEC  # noqa: E402

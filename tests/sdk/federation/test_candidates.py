@@ -10,8 +10,9 @@ from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.candidates import candidate_configs, choose
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.secure.audit import verify_audit_dir
-from clinograph.core.errors import ConfigError
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError
 
 
 def cfg(candidates, rounds=3, elimination="none", **extra):

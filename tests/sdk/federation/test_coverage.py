@@ -10,19 +10,19 @@ from clinograph.sdk.config import HospitalConfig, NSFLConfig, SimulationConfig
 from clinograph.sdk.federation import securesum
 from clinograph.sdk.federation.build import build_task
 from clinograph.sdk.federation.candidates import candidate_configs
-from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.federation.coverage import local_coverage, restrict
 from clinograph.sdk.federation.setup import shared_features
-from clinograph.sdk.federation.simulate import simulate_one
+from clinograph.sdk.federation.simulate import simulate, simulate_one
 from clinograph.sdk.model.load import load_exported, predict_exported
 from clinograph.secure.audit import AuditTrail, verify_audit_dir
-from clinograph.core.errors import ConfigError
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.core.identity import Identity
 from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.wire import open_envelope, parse_envelope
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 
 MISSING_AT_EAST = {"paco2", "sao2", "svo2"}  # the small federation's `east` has no blood gases
 

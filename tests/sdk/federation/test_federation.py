@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation, simulate_one
-from clinograph.core.errors import SecurityPolicyError
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.wire import load_payload, parse_envelope
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import SecurityPolicyError
 
 
 def cfg(mode, rounds=2, **fed):

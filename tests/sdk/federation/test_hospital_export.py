@@ -119,8 +119,9 @@ def test_the_shared_modules_are_checked_against_the_released_global_model(fed, t
 
 
 def test_a_release_check_needs_a_release_a_trail_and_both_options(fed, tmp_path):
-    from clinograph.core.errors import ConfigError, IntegrityError
     from clinograph.sdk.model.export import export_model
+
+    from clinograph.core.errors import ConfigError, IntegrityError
 
     tables, sim, res = fed
     client = sim.hospitals[tables[0].site].client
@@ -137,9 +138,10 @@ def test_a_release_check_needs_a_release_a_trail_and_both_options(fed, tmp_path)
 
 def test_an_export_written_mid_run_has_no_release_to_check(tmp_path):
     """The round's global model is published, but the run has not released a model yet."""
-    from clinograph.core.errors import IntegrityError
     from clinograph.sdk.federation.simulate import build_simulation
     from clinograph.secure.runtime import run_round
+
+    from clinograph.core.errors import IntegrityError
 
     tables = small_tables()
     cfg = SimulationConfig.model_validate({

@@ -3,11 +3,17 @@ planned rounds, and keeps the candidate the server's signed choice names."""
 
 import pytest
 from clinograph.sdk.config import HospitalConfig
-from clinograph.sdk.federation.member import FederationMember, MemberCandidate, canonical, with_horizon
-from clinograph.core.errors import PrivacyError, ProtocolError
-from clinograph.core.identity import Identity
+from clinograph.sdk.federation.member import (
+    FederationMember,
+    MemberCandidate,
+    canonical,
+    with_horizon,
+)
 from clinograph.secure.runtime.models import RunChosen, RunStart, overrides_digest, run_id
 from clinograph.secure.wire import seal
+
+from clinograph.core.errors import PrivacyError, ProtocolError
+from clinograph.core.identity import Identity
 
 SERVER, HOSPITAL = Identity.generate("server"), Identity.generate("h1")
 

@@ -11,11 +11,12 @@ import json
 
 import pytest
 from clinograph.sdk.config import GraphSection, NSFLConfig, PrivacySection, SimulationConfig
-from clinograph.sdk.federation.simulate import build_simulation
 from clinograph.sdk.datasets.alarm import load_dictionary
-from clinograph.core.errors import ProtocolError
+from clinograph.sdk.federation.simulate import build_simulation
 from clinograph.secure.runtime.config import FederationSection
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ProtocolError
 
 
 def _plan_bytes(audit_dir, round_: int) -> bytes:

@@ -18,12 +18,13 @@ from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
 from clinograph.sdk.ontology.dictionary import apply_transform
 from clinograph.secure.audit import AuditTrail
-from clinograph.core.errors import ConfigError
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.core.identity import Identity
 from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.wire import open_envelope, parse_envelope
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 
 D = FeatureDictionary(name="scaling", version=1, features=(
     Feature(id="crp", name="CRP", kind=FeatureKind.NUMERIC, unit="mg/L", reference_low=1, reference_high=10,

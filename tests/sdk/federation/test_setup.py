@@ -13,8 +13,6 @@ from clinograph.sdk.federation.member import FederationMember, MemberCandidate
 from clinograph.sdk.federation.setup import HospitalSetup, run_in_process, setup_sums
 from clinograph.sdk.federation.simulate import simulate_one
 from clinograph.secure.audit import AuditTrail
-from clinograph.core.errors import ConfigError, ProtocolError
-from clinograph.core.identity import Identity
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.runtime.models import (
     RunStart,
@@ -27,6 +25,9 @@ from clinograph.secure.runtime.setup import check_setup
 from clinograph.secure.state import state_digest
 from clinograph.secure.wire import seal
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity
 
 BOTH = {"scaling": {"source": "federated"}, "model": {"hidden": 8, "features": "shared"}}
 

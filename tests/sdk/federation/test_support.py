@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _modality_sites():
-    from clinograph.sdk.ingest import ingest
     from clinograph.sdk.datasets import timeseries as ts
+    from clinograph.sdk.ingest import ingest
 
     hospitals = tuple(replace(ts.MODALITY_GAP_HOSPITALS[i], n_patients=40) for i in (0, 2, 4))
     tables, signals = [], {}

@@ -11,8 +11,9 @@ from clinograph.sdk.federation.nsfl_task import NSFLTask
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest import ingest
-from clinograph.core.errors import ConfigError
 from sdk_helpers import SURVIVAL_TARGET, lung_survival
+
+from clinograph.core.errors import ConfigError
 
 pytest.importorskip("lifelines")
 

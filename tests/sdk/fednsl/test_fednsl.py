@@ -21,12 +21,13 @@ from clinograph.secure.audit import AuditTrail
 from clinograph.secure.audit.kinds import check_payload
 from clinograph.secure.audit.report import render_report
 from clinograph.secure.audit.verify import verify_audit_dir
-from clinograph.core.errors import ConfigError, SecurityPolicyError
-from clinograph.core.identity import Identity
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.strategies import create_strategy
 from clinograph.secure.strategies.rules import POSTERIOR_MODULE, PRIOR_MODULE, SUPPORT_MODULE
+
+from clinograph.core.errors import ConfigError, SecurityPolicyError
+from clinograph.core.identity import Identity
 
 PREDS = ("lactate_high", "lactate_missing", "map_low", "map_normal", "pap_high")
 
@@ -69,11 +70,11 @@ def test_body_values_are_path_products_and_graph_search_only_adds():
 
 def test_fuzzy_values_follow_public_reference_ranges():
     import pandas as pd
+    from clinograph.sdk.datasets.alarm import load_dictionary
     from clinograph.sdk.fednsl.predicates import fuzzy_values, predicate_names
     from clinograph.sdk.ingest import ingest
     from clinograph.sdk.ontology import SiteSchema
     from clinograph.sdk.ontology.schema import ColumnMap
-    from clinograph.sdk.datasets.alarm import load_dictionary
 
     d = load_dictionary()
     df = pd.DataFrame({"pid": ["a", "b", "c"], "pap": [35.0, 15.0, np.nan], "y": [1, 0, 0]})

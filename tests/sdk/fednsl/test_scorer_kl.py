@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from clinograph.sdk.fednsl import ScorerSettings
 from clinograph.sdk.fednsl.scorer import fit_head
+
 from clinograph.core.errors import ConfigError
 
 

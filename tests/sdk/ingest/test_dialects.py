@@ -3,8 +3,9 @@
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import ColumnMap
-from clinograph.core.errors import ConfigError, SchemaError
 from tables_helpers import CANARY, D, wide
+
+from clinograph.core.errors import ConfigError, SchemaError
 
 GERMAN = "pid;hr;PaCO2;ward;y\na;72,5;5,3;3,0;1\nb;80;4,9;icu;0\nc;;1.234,5;3;0\n"
 SCHEMA = wide(columns={"PaCO2": ColumnMap(feature="paco2", unit="kPa")})

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from clinograph.sdk.datasets.ehr import LABEL_CODE, write_fhir, write_meds
+from clinograph.sdk.datasets.omop import demo_source, write_omop
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ingest.fhir import read_fhir
 from clinograph.sdk.ingest.meds import read_meds
 from clinograph.sdk.ingest.omop import omop_engine, read_omop
-from clinograph.sdk.datasets.ehr import LABEL_CODE, write_fhir, write_meds
-from clinograph.sdk.datasets.omop import demo_source, write_omop
 from ehr_helpers import HOSPITALS, D, assert_same, demo_hospitals
 from pg_server import pg_bin, postgres_server
 
@@ -95,8 +95,9 @@ def test_a_hostile_cohort_query_on_postgresql_changes_nothing_and_is_a_clear_err
     """Issue 31: on a server, a second statement or a SELECT that writes ran (saved only by a later
     error's rollback) and ended in raw driver errors. Here as the superuser, to show that one
     statement and the read-only transaction hold even where the role could write."""
-    from clinograph.core.errors import ClinographError
     from clinograph.sdk.ingest.omop import OmopCohort
+
+    from clinograph.core.errors import ClinographError
 
     engine = sa.create_engine(pg_url)
     table, schema = demo_hospitals()[0]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from clinograph.sdk.ingest.fhir import read_fhir
 from clinograph.sdk.datasets.ehr import LABEL_CODE, fhir_resources, write_fhir
-from clinograph.core.errors import ConfigError, SchemaError
+from clinograph.sdk.ingest.fhir import read_fhir
 from ehr_helpers import D, assert_same, demo_hospitals
+
+from clinograph.core.errors import ConfigError, SchemaError
 
 LOINC = "http://loinc.org"
 

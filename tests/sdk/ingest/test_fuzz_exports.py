@@ -20,10 +20,11 @@ import re
 import pandas as pd
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
-from clinograph.core.errors import ClinographError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tables_helpers import CANARY, ColumnMap, D, wide
+
+from clinograph.core.errors import ClinographError
 
 NUMBERS = ["70", "72.5", " 80 ", "95\u00a0", "1e2", "0", "-3", "+4", "350", "351", "1e308", "1e999", "inf", "-inf",
            "5,2", "1.234,5", "1,234", "<5", "> 200", "≤0.1", "12 mg/dL", "50%", "72 bpm", "0x10", "1_000", "\u22125"]

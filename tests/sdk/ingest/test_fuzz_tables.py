@@ -13,10 +13,11 @@ import re
 
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
-from clinograph.core.errors import ClinographError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tables_helpers import CANARY, ColumnMap, D, long, wide
+
+from clinograph.core.errors import ClinographError
 
 LABELS = ["pid", "y", "hr", "HR", "pulse", "sex", "ward", "crp", "paco2", "t", "code", "v", "unit", "", "1", "2.5",
           "Na+", "é", 'q"x', " hr ", "note"]

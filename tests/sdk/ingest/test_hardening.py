@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
-from clinograph.core.errors import ClinographError, ConfigError, SchemaError
 from pydantic import ValidationError
 from tables_helpers import CANARY, ColumnMap, D, long, wide
+
+from clinograph.core.errors import ClinographError, ConfigError, SchemaError
 
 
 def _csv(tmp_path, text: str | bytes, name="t.csv"):

@@ -3,9 +3,10 @@
 import numpy as np
 import pandas as pd
 import pytest
+from clinograph.sdk.datasets.alarm import load_dictionary
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import ColumnMap, SiteSchema
-from clinograph.sdk.datasets.alarm import load_dictionary
+
 from clinograph.core.errors import ConfigError, SchemaError
 
 D = load_dictionary()

@@ -7,10 +7,11 @@ import datetime as dt
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from clinograph.sdk.ingest.meds import read_meds, split_code
 from clinograph.sdk.datasets.ehr import write_meds
-from clinograph.core.errors import ConfigError, SchemaError, UnitError
+from clinograph.sdk.ingest.meds import read_meds, split_code
 from ehr_helpers import D, demo_hospitals
+
+from clinograph.core.errors import ConfigError, SchemaError, UnitError
 
 
 def _shard(root, rows, **extra):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import sqlalchemy as sa
-from clinograph.sdk.ingest import ingest
-from clinograph.sdk.ingest.omop import OmopCohort, OmopLabel, OmopSource, omop_engine, read_omop
 from clinograph.sdk.datasets.omop import (
     DISTRACTOR_MEASUREMENT,
     ICU_VISIT,
@@ -15,9 +13,12 @@ from clinograph.sdk.datasets.omop import (
     omop_tables,
     write_omop,
 )
-from clinograph.core.errors import ConfigError, SchemaError
+from clinograph.sdk.ingest import ingest
+from clinograph.sdk.ingest.omop import OmopCohort, OmopLabel, OmopSource, omop_engine, read_omop
 from ehr_helpers import D, assert_same, demo_hospitals
 from pydantic import ValidationError
+
+from clinograph.core.errors import ConfigError, SchemaError
 
 
 @pytest.fixture(scope="module")

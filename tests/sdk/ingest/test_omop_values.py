@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+from clinograph.sdk.datasets.omop import demo_source, omop_tables
 from clinograph.sdk.ingest.omop import (
     OmopConditions,
     OmopLabel,
@@ -14,9 +15,9 @@ from clinograph.sdk.ingest.omop import (
     omop_engine,
     read_omop,
 )
-from clinograph.sdk.datasets.omop import demo_source, omop_tables
-from clinograph.core.errors import SchemaError, SourceUnavailable, UnitError
 from ehr_helpers import D, demo_hospitals, extended_dictionary
+
+from clinograph.core.errors import SchemaError, SourceUnavailable, UnitError
 
 GLUCOSE, SBP = D.get("glucose").omop_concept_id, D.get("systolic_bp").omop_concept_id
 

@@ -8,6 +8,7 @@ import pytest
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
 from clinograph.sdk.ontology.schema import SiteSchema, SurvivalColumns
+
 from clinograph.core.errors import SchemaError
 
 D = FeatureDictionary(name="surv-test", version=1, features=(

@@ -4,8 +4,9 @@ import pandas as pd
 import pytest
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology import ColumnMap
-from clinograph.core.errors import SchemaError
 from tables_helpers import D, long, wide
+
+from clinograph.core.errors import SchemaError
 
 
 def test_a_bad_schema_unit_is_reported_once():

@@ -1,8 +1,9 @@
 import pytest
-from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind
 from clinograph.sdk.datasets.alarm import load_dictionary
-from clinograph.core.errors import ConfigError
+from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind
 from pydantic import ValidationError
+
+from clinograph.core.errors import ConfigError
 
 
 def test_indices_are_fixed_and_hash_is_stable():

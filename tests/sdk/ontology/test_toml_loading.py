@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
+
 from clinograph.core import tomlio  # the one loader; clinograph.sdk.tomlio re-exports it
 from clinograph.core.errors import ConfigError
 

@@ -5,12 +5,13 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from clinograph.sdk.datasets.alarm import load_dictionary
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
 from clinograph.sdk.ontology.dictionary import Transform
-from clinograph.sdk.datasets.alarm import load_dictionary
-from clinograph.core.errors import SchemaError
 from pydantic import ValidationError
+
+from clinograph.core.errors import SchemaError
 
 
 def _dictionary() -> FeatureDictionary:

@@ -7,6 +7,7 @@ from clinograph.sdk.ontology.units import (
     same_unit,
     ucum_to_pint,
 )
+
 from clinograph.core.errors import UnitError
 
 

@@ -8,11 +8,12 @@ from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
 from clinograph.sdk.training.local import TrainConfig
 from clinograph.sdk.training.personal import fine_tune_personal, personal_module_map
-from clinograph.core.errors import ConfigError
 from clinograph.secure.messages import ClientUpdate
-from clinograph.core.spec import ModuleKind
 from clinograph.secure.wire import load_payload, parse_envelope
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.spec import ModuleKind
 
 
 def _model(table, personal=("head/task",)):

@@ -13,10 +13,11 @@ from clinograph.sdk.training.quality import (
     quality_evaluator,
     weighted_missing_rate,
 )
-from clinograph.core.errors import ConfigError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError
 
 
 def test_f1_and_micro_f1_by_hand():
