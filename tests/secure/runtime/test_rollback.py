@@ -85,3 +85,35 @@ def test_a_server_whose_audit_directory_alone_was_rolled_back_refuses_to_resume(
     _restore(backup, work, journal=False)
     with pytest.raises(IntegrityError, match="rolled back behind the journal"):
         crash_harness.main([str(work), "--rounds", "3"])
+
+
+@pytest.mark.parametrize("mode", ["masked", "ckks"])
+def test_a_restored_older_server_copy_is_refused_at_every_restart(tmp_path, mode):
+    """Issue 31's fork experiment: the server's disk is restored from an older copy (audit directory
+    and journal together) after the hospitals saw a later round, and the server is restarted three
+    times. Every restart is refused by every hospital, in masked and in ckks mode (ckks plans carry
+    no global-state digest: only the audit-head consistency proof stops the fork), however far the
+    fork's own sequence number grows with the aborted rounds it records."""
+    work, backup = tmp_path / "work", tmp_path / "backup"
+    assert _run(work, "--rounds", "4", "--mode", mode, "--kill", "end") == -signal.SIGKILL  # round 0
+    _backup(work, backup)
+    assert _run(work, "--rounds", "4", "--mode", mode, "--kill", "end") == -signal.SIGKILL  # round 1, anchored
+    anchors = {h: next(iter(json.loads((work / "state" / h / "audit_anchor.json").read_text())["anchors"].values()))
+               for h in crash_harness.HOSPITALS}
+    assert {a["round"] for a in anchors.values()} == {1}
+    _restore(backup, work, journal=True)
+    seqs = []
+    for restart in range(3):
+        with pytest.raises(ProtocolError, match="Only 0 (client|ckks update)"):  # nobody answered the plan
+            crash_harness.main([str(work), "--rounds", "4", "--mode", mode])
+        entries = _entries(work)
+        seqs.append(len(entries))
+        refusals = [e["payload"] for e in entries if e["kind"] == "hospital_refused"]
+        latest = [r for r in refusals if r["round"] == max(x["round"] for x in refusals)]
+        assert sorted(r["client"] for r in latest) == list(crash_harness.HOSPITALS), restart
+        assert all("RollbackDetected" in r["reason"] for r in latest), restart
+        assert not [e for e in entries if e["kind"] == "aggregate" and e["payload"]["round"] >= 1], restart
+    assert seqs[-1] > max(a["audit_seq"] for a in anchors.values())  # the fork grew past the anchored sequence
+    for h in crash_harness.HOSPITALS:  # no hospital moved its anchor onto the fork
+        (now,) = json.loads((work / "state" / h / "audit_anchor.json").read_text())["anchors"].values()
+        assert (now["round"], now["audit_head"]) == (anchors[h]["round"], anchors[h]["audit_head"])
