@@ -64,8 +64,8 @@ STATED: dict[str, tuple[Mapping[str, str], str, str]] = {
     "concepts (F-CMs, DAG vote)": (
         {"masked": "runs", "masked16": "not tested", "ckks": "refused: the server must see the vote tally it audits"},
         "runs (the same voted run, run_voted; each hospital built from its files by the SuperNode factory)",
-        "tests/integration/test_concepts_over_flower.py: loopback equivalence with run_concept_federation, bit for "
-        "bit; tests/sdk/concepts/"),
+        "tests/integration/test_concepts_over_flower.py: real processes (TLS, node authentication) and loopback, "
+        "each bit for bit with run_concept_federation; tests/sdk/concepts/"),
 }
 
 

@@ -55,35 +55,39 @@ def _write_sites(root: Path) -> tuple[list[str], object]:
     return names, dictionary
 
 
-def test_concepts_over_flower_match_the_in_process_run(tmp_path):
-    from clinograph.sdk.concepts.federation import run_concept_federation
-    from clinograph.sdk.concepts.registration import cards, settings_from_config, site_from_files
+def _server_files(tmp_path: Path, audit_dir: Path) -> tuple[Path, list[str], object, object]:
+    """The hospitals' files and the server's (what `clinograph model init` writes: the vote model)."""
     from clinograph.sdk.config import HospitalConfig
     from clinograph.sdk.federation.build import run_models
-    from clinograph.secure.audit import AuditTrail, verify_audit_dir
-    from clinograph.secure.runtime.config import FederationSection
-
-    from clinograph.core.identity import Identity
 
     sites = tmp_path / "sites"
     names, dictionary = _write_sites(sites)
     config = HospitalConfig.from_toml(sites / names[0] / "data" / "hospital.toml")
     server = sites / "server"
     server.mkdir()
-    models = run_models(config, dictionary=dictionary)  # what `clinograph model init` writes: the vote model
+    models = run_models(config, dictionary=dictionary)
     assert models.vote is not None and [c.name for c in models.candidates] == ["vote"]
     (server / "initial_model.json").write_bytes(models.to_bytes())
     (server / "server.toml").write_text(tomli_w.dumps({"initial_model": "initial_model.json",
-                                                       "audit_dir": str(tmp_path / "flower-audit"),
-                                                       "federation": FEDERATION}))
-    run_over_loopback(sites=sites, names=names, server_toml=server / "server.toml", tmp_path=tmp_path,
-                      federation_id=FEDERATION["id"], port=19096)
+                                                       "audit_dir": str(audit_dir), "federation": FEDERATION}))
+    return sites, names, dictionary, config
+
+
+def _in_process(sites: Path, names: list[str], dictionary, config, audit_dir: Path) -> None:  # noqa: ANN001
+    """``run_concept_federation`` on the same files: the in-process run."""
+    from clinograph.sdk.concepts.federation import run_concept_federation
+    from clinograph.sdk.concepts.registration import cards, settings_from_config, site_from_files
+    from clinograph.sdk.config import HospitalConfig
+    from clinograph.secure.audit import AuditTrail
+    from clinograph.secure.runtime.config import FederationSection
+
+    from clinograph.core.identity import Identity
 
     own = [site_from_files(sites / n / "data", config=HospitalConfig.from_toml(sites / n / "data" / "hospital.toml"),
                            dictionary=dictionary) for n in names]
     settings = settings_from_config(config, in_dim=int(own[0].inputs.shape[1]))
     server_id = Identity.generate("server")
-    audit = AuditTrail(tmp_path / "sim-audit", identity=server_id)
+    audit = AuditTrail(audit_dir, identity=server_id)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -94,8 +98,8 @@ def test_concepts_over_flower_match_the_in_process_run(tmp_path):
         finally:
             audit.close()
 
-    deployed, simulated = entries(tmp_path / "flower-audit"), entries(tmp_path / "sim-audit")
 
+def _assert_same_run(deployed: list[dict], simulated: list[dict], names: list[str]) -> None:
     def payloads(entries, kind):
         return [e["payload"] for e in entries if e["kind"] == kind]
 
@@ -111,4 +115,54 @@ def test_concepts_over_flower_match_the_in_process_run(tmp_path):
     ignore = ("envelope", "artefact")
     assert Counter(e["kind"] for e in deployed if e["kind"] not in ignore) == \
         Counter(e["kind"] for e in simulated if e["kind"] not in ignore)
+
+
+def test_concepts_over_flower_match_the_in_process_run(tmp_path):
+    from clinograph.secure.audit import verify_audit_dir
+
+    sites, names, dictionary, config = _server_files(tmp_path, tmp_path / "flower-audit")
+    run_over_loopback(sites=sites, names=names, server_toml=sites / "server" / "server.toml", tmp_path=tmp_path,
+                      federation_id=FEDERATION["id"], port=19096)
+    _in_process(sites, names, dictionary, config, tmp_path / "sim-audit")
+    _assert_same_run(entries(tmp_path / "flower-audit"), entries(tmp_path / "sim-audit"), names)
     assert verify_audit_dir(tmp_path / "flower-audit").ok and verify_audit_dir(tmp_path / "sim-audit").ok
+
+
+@pytest.mark.slow  # real processes: a SuperLink (TLS, SuperNode authentication), three SuperNodes, flwr run
+def test_concepts_over_real_flower_processes_match_the_in_process_run(tmp_path):
+    """The same voted run over real Flower processes, each hospital's SuperNode building its
+    ConceptMember from its files with the default factory; the server key pins the audit."""
+    import shutil
+    import tempfile
+
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.enrolment import load_federation
+    from flower_processes import events as progress
+    from flower_processes import flower_processes
+
+    sites, names, dictionary, config = _server_files(tmp_path, tmp_path / "audit")
+    states = Path(tempfile.mkdtemp(prefix="cg-"))  # short: a worker's socket lives in its state directory
+    events = tmp_path / "events.jsonl"
+    try:
+        with flower_processes(tmp_path, federation_id=FEDERATION["id"], hospitals=names, budget=600.0) as fp:
+            link = fp.keys.superlink_dir
+            fp.superlink()
+            fp.register(names)
+            for h in names:
+                fp.supernode(h, node_config={"data-dir": sites / h / "data", "state-dir": states / h})
+            fp.flwr_run({"server-config": sites / "server" / "server.toml",
+                         "federation-file": link / "federation.toml", "server-key": link / "server.ed25519.pem",
+                         "events-file": events, "min-nodes": 3, "wait-timeout": 60.0, "hello-timeout": 60.0,
+                         "plan-timeout": 120.0, "stage-timeout": 30.0, "end-timeout": 30.0, "relay-timeout": 120.0})
+            fp.wait(lambda: any(e["event"] in ("finished", "failed") for e in progress(events)),
+                    what="the federation to finish", spare=60, procs=fp.named("superlink", "flwr-run"))
+            run_log = fp.log_tail("flwr-run")
+            keys = fp.keys
+    finally:
+        shutil.rmtree(states, ignore_errors=True)
+    assert any(e["event"] == "finished" for e in progress(events)), run_log
+    _in_process(sites, names, dictionary, config, tmp_path / "sim-audit")
+    _assert_same_run(entries(tmp_path / "audit"), entries(tmp_path / "sim-audit"), names)
+    server_key = load_federation(keys.federation_file).server_public().raw
+    report = verify_audit_dir(tmp_path / "audit", trusted_server_key=server_key)
+    assert report.ok, report.problems
