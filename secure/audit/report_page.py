@@ -189,6 +189,16 @@ class Page:
                       ident=self.id("privacy-trust"))
 
     def dag(self) -> str:
+        if self.k["model_derived"]:  # a voted run's derivation: its own short run, between vote and training
+            d = self.k["model_derived"][-1]
+            return self.section("dag", "Model derived from the voted DAG", _facts([
+                ("vote round", d["round"]), ("DAG (SHA-256 of the round's dag_outcome)", d["dag_sha256"]),
+                ("initial model (SHA-256)", d["initial_sha256"]), ("model spec digest", d["spec_digest"]),
+                ("shared parameters", d["parameters"]),
+                ("hospitals that derived exactly this model", ", ".join(d["hospitals"]))],
+                caption="Every answering hospital built this model from the voted DAG and the public seed and sent "
+                        "it signed; the server checked they agree with each other and with its own decision. The "
+                        "next run trains it."))
         if not self.k["dag_outcome"]:
             return self.section("dag", "DAG vote", _empty(self.id("dag"), "No DAG vote recorded."))
         d = max(self.k["dag_outcome"], key=lambda p: p["round"])

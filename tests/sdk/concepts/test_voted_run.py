@@ -61,6 +61,10 @@ def test_an_honest_voted_run_derives_one_model_and_trains_it(tmp_path):
                if json.loads(line)["kind"] == "model_derived"][0]
     assert sorted(derived["hospitals"]) == sorted(PROPOSALS)
     assert all(m.trained is not None and m.outcome == run.outcome for m in members.values())
+    from clinograph.secure.audit.report import render_report
+
+    html = render_report(tmp_path / "audit", out=tmp_path / "report.html").read_text()
+    assert "Model derived from the voted DAG" in html and derived["initial_sha256"] in html  # the auditor sees it
 
 
 def test_hospitals_that_derive_different_models_stop_the_run_before_training(tmp_path):
