@@ -11,12 +11,14 @@ Flower (:func:`run_voted`, for a :class:`~.models.RunModels` with a :class:`~.mo
    and builds the concept model on it from the federation's public seed; it answers with a signed
    :class:`~.models.DerivedModel` (the DAG, the model's SHA-256) and the model itself. The model is
    derived from public values only (the voted DAG, the public seed, the public settings), so
-   sending it reveals nothing of a hospital's patients. The server requires every answer to agree
-   with each other and with its own decision (else a ProtocolError: an inconsistent federation),
-   audits ``model_derived`` and starts the training from that model. A server never builds the
-   model (it holds no training code), and no single hospital chooses it.
-3. **Train**: :func:`.run.run_federation` of the derived model, under the federation's own
-   strategy, DP policy and round count, round numbers continuing after the vote's.
+   sending it reveals nothing of a hospital's patients. The server takes the model the largest
+   group of hospitals derived on its own DAG -- at least ``min_clients`` of them and no other group
+   as large (else a ProtocolError: an inconsistent federation) -- audits ``model_derived`` with that
+   group and names every other answering hospital (``hospital_refused``: it derived nothing,
+   another model, or on another DAG). A server never builds the model (it holds no training
+   code), and one misconfigured or hostile hospital can neither choose the model nor void the run.
+3. **Train**: :func:`.run.run_federation` of the derived model with the hospitals that derived it,
+   under the federation's own strategy, DP policy and round count, round numbers continuing.
 
 Refused before anything runs: a crash journal (a resumed run would repeat the vote).
 """
@@ -40,7 +42,7 @@ from .journal import Journal
 from .loop import EventSink, RoundOutcome, _quiet
 from .models import DerivedModel, DeriveRequest, RunModels
 from .run import CandidateRun, FederationRun, run_federation
-from .transport import Transport
+from .transport import Restricted, Transport
 
 #: the parts of a hospital's answer to ``vote/derive``
 RESULT_PART, MODEL_PART = "result", "model"
@@ -111,10 +113,11 @@ def run_voted(models: RunModels, *, side: Any, transport: Transport, rounds: int
                             "vote run's run_ended entry).")
     decided = outcome.model_dump(mode="json")
     try:
-        initial = _derive(models, decided, last=vote_server.round - 1, side=side, transport=transport, event=event)
+        initial, derived = _derive(models, decided, last=vote_server.round - 1, side=side, transport=transport,
+                                   event=event)
         side.first_round = vote_server.round
-        training = run_federation(RunModels.single(initial), side=side, transport=transport, rounds=rounds,
-                                  on_event=event, on_round=on_round)
+        training = run_federation(RunModels.single(initial), side=side, transport=Restricted(transport, derived),
+                                  rounds=rounds, on_event=event, on_round=on_round)
     finally:
         side.configure = configure
     return VotedRun(vote=voting, training=training, outcome=outcome, initial=initial, vote_server=vote_server,
@@ -122,8 +125,9 @@ def run_voted(models: RunModels, *, side: Any, transport: Transport, rounds: int
 
 
 def _derive(models: RunModels, decided: dict[str, Any], *, last: int, side: Any, transport: Transport,
-            event: EventSink) -> InitialModel:
-    """``vote/derive`` to every reachable hospital; the model they all derived (audited)."""
+            event: EventSink) -> tuple[InitialModel, tuple[str, ...]]:
+    """``vote/derive`` to every reachable hospital; the model the largest group derived on the
+    server's DAG (at least ``min_clients``, no tie) and that group (audited; the others named)."""
     msg = seal(DeriveRequest(federation_id=side.federation_id, round=last), side.identity)
     names = _reachable(transport, side.enrolled)
     answers, failed = transport.exchange("setup", {n: {"step": b"vote/derive", "data": msg} for n in names},
@@ -152,24 +156,37 @@ def _derive(models: RunModels, decided: dict[str, Any], *, last: int, side: Any,
     if not groups:
         raise ProtocolError("No hospital derived the model from the voted DAG: "
                             + "; ".join(f"{n}: {why[:300]}" for n, why in sorted(failed.items())))
-    if len(groups) > 1:
-        listed = "; ".join(f"{', '.join(who)}: model {sha[:12]}…" for (_, sha), who in groups.items())
-        raise ProtocolError(f"Hospitals derived different models from the voted DAG ({listed}); the federation is "
-                            "inconsistent. Use the same hospital.toml [concepts] settings and SDK version everywhere.")
-    ((dag, sha), who), = groups.items()
-    if json.loads(dag) != decided:
-        raise ProtocolError(f"Hospitals {', '.join(who)} decided another DAG than the server from the same tally; "
-                            "the federation is inconsistent (same [concepts] settings and SDK version everywhere).")
+    # the model the largest group derived on the server's DAG; every other answer is refused and named
+    ours = sorted(((who, sha) for (dag, sha), who in groups.items() if json.loads(dag) == decided),
+                  key=lambda g: -len(g[0]))
+    need = min(side.federation.min_clients, len(side.enrolled))
+    listed = "; ".join(f"{', '.join(who)}: model {sha[:12]}…" + ("" if json.loads(dag) == decided else
+                                                                 " on another DAG") for (dag, sha), who in groups.items())
+    if not ours or len(ours[0][0]) < need or (len(ours) > 1 and len(ours[1][0]) == len(ours[0][0])):
+        raise ProtocolError(f"Hospitals derived different models from the voted DAG, and no {need} of them agree with "
+                            f"each other and with the server's DAG ({listed}); the federation is inconsistent. Use "
+                            "the same hospital.toml [concepts] settings and SDK version everywhere.")
+    who, sha = ours[0]
+    for (dag, other), names_ in groups.items():
+        for name in names_ if other != sha else ():
+            why = "another DAG than the server decided" if json.loads(dag) != decided else \
+                f"another model ({other[:12]}…) than the {len(who)} hospital(s) that agree ({sha[:12]}…)"
+            failed[name] = f"derived {why}: it is left out of the training"
+            event("refused", {"round": last, "hospital": name, "stage": "vote/derive", "reason": failed[name],
+                              "final": False})
     initial = initial_model_from_bytes(bodies[sha])
     if initial.dictionary_hash != models.dictionary_hash:
         raise ProtocolError("The derived model is built on another feature dictionary than the vote's.")
     audit = side.audit or side.open_audit()
     side.audit = None
     try:
+        for name, why in sorted(failed.items()):  # named: a hospital that derived nothing, or something else
+            audit.record("hospital_refused", {"round": last, "stage": "setup", "client": name,
+                                              "reason": f"vote/derive: {why}"[:4000], "signed": False, "final": False})
         audit.record("model_derived", {"round": last, "dag_sha256": hashlib.sha256(canonical(decided).encode())
                                        .hexdigest(), "initial_sha256": sha, "spec_digest": initial.spec.digest(),
                                        "parameters": sum(m.size for m in initial.spec.shared), "hospitals": who})
     finally:
         audit.close()
     event("model_derived", {"round": last, "hospitals": who})
-    return initial
+    return initial, tuple(who)

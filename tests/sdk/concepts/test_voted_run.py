@@ -41,11 +41,11 @@ def _federation(settings_for=lambda name: SETTINGS):
     return server, publics, members
 
 
-def _run(tmp_path, server, publics, members):
-    side = ServerSide(federation=FED, identity=server, enrolled=publics, dp_policy=None, audit_dir=tmp_path / "audit")
+def _run(tmp_path, server, publics, members, fed=FED):
+    side = ServerSide(federation=fed, identity=server, enrolled=publics, dp_policy=None, audit_dir=tmp_path / "audit")
     models = vote_models(next(iter(members.values())).vote_client.task, dictionary_hash=DICT_HASH, vote_rounds=1,
                          seed=SETTINGS.seed)
-    return run_voted(models, side=side, transport=InProcessTransport(dict(members)), rounds=FED.rounds)
+    return run_voted(models, side=side, transport=InProcessTransport(dict(members)), rounds=fed.rounds)
 
 
 def _kinds(tmp_path) -> list[str]:
@@ -74,6 +74,22 @@ def test_hospitals_that_derive_different_models_stop_the_run_before_training(tmp
     assert "model_derived" not in _kinds(tmp_path) and _kinds(tmp_path).count("aggregate") == 1  # the vote only
 
 
+def test_one_hospital_that_derives_another_model_is_named_and_left_out(tmp_path):
+    """With min_clients = 2, two hospitals agreeing are enough: the third, which derived another
+    model (other settings), is named and trains nothing; it cannot void the run."""
+    import json
+
+    server, publics, members = _federation(lambda n: dataclasses.replace(SETTINGS, z_dim=6) if n == "h3" else SETTINGS)
+    _run(tmp_path, server, publics, members, fed=FED.model_copy(update={"min_clients": 2}))
+    found = [json.loads(line) for line in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
+    refused = [e["payload"] for e in found if e["kind"] == "hospital_refused"]
+    assert [r["client"] for r in refused] == ["h3"] and "another model" in refused[0]["reason"]
+    derived = [e["payload"] for e in found if e["kind"] == "model_derived"]
+    assert derived[0]["hospitals"] == ["h1", "h2"]
+    training = [e["payload"] for e in found if e["kind"] == "aggregate" and e["payload"]["round"] >= 1]
+    assert training and all(sorted(a["contributors"]) == ["h1", "h2"] for a in training)
+
+
 def test_hospitals_that_agree_with_each_other_but_not_with_the_server_are_refused(tmp_path):
     """Every hospital decides with another tie-break seed than the server's strategy: the same
     model everywhere, but another decision than the audited one (here the DAG itself differs)."""
@@ -81,7 +97,7 @@ def test_hospitals_that_agree_with_each_other_but_not_with_the_server_are_refuse
     for m in members.values():
         m.seed = 99  # what a hospital with another [concepts]/seed setting would do
         m.task_node = "c"
-    with pytest.raises(ProtocolError, match="another DAG than the server"):
+    with pytest.raises(ProtocolError, match="agree with each other and with the server's DAG .* on another DAG"):
         _run(tmp_path, server, publics, members)
     assert "model_derived" not in _kinds(tmp_path)
 
