@@ -196,9 +196,9 @@ class Page:
                 ("initial model (SHA-256)", d["initial_sha256"]), ("model spec digest", d["spec_digest"]),
                 ("shared parameters", d["parameters"]),
                 ("hospitals that derived exactly this model", ", ".join(d["hospitals"]))],
-                caption="Every answering hospital built this model from the voted DAG and the public seed and sent "
-                        "it signed; the server checked they agree with each other and with its own decision. The "
-                        "next run trains it."))
+                caption="The hospitals listed built this model from the voted DAG and the public seed and sent it "
+                        "signed, the largest group on the server's own DAG; any other hospital is named under "
+                        "refusals. The next run trains it, with them."))
         if not self.k["dag_outcome"]:
             return self.section("dag", "DAG vote", _empty(self.id("dag"), "No DAG vote recorded."))
         d = max(self.k["dag_outcome"], key=lambda p: p["round"])
