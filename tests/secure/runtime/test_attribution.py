@@ -20,7 +20,7 @@ from clinograph.secure.runtime.attribution import Attribution
 from clinograph.secure.runtime.loop import RoundAborted
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hostile_helpers import HOSTILE, audit_entries, federation  # noqa: E402
+from hostile_helpers import HOSTILE, BadSharesMasked, audit_entries, federation  # noqa: E402
 
 
 def _run(tmp_path: Path, *, mode: str, n: int, culprit: str | None, rounds: int = 2):
@@ -101,6 +101,31 @@ def test_ckks_foreign_key_culprit_is_named_retired_and_the_run_goes_on(tmp_path,
     ended = _kind(entries, "run_ended")[-1]
     assert ended["status"] == "completed" and ended["rounds_completed"] == 5
     assert all(culprit not in o.result.contributors for o in outcomes[-1:])
+    assert verify_audit_dir(tmp_path / "audit").ok
+
+
+@pytest.mark.parametrize(("secret", "shift", "drop"), [
+    ("pairwise_key", 1, True),  # a well-formed wrong key: it does not match the advertised one
+    ("pairwise_key", 1 << 255, True),  # shares that do not rebuild a 32-byte secret at all
+    ("self_mask", 1 << 255, False),  # the same for the self-mask of a hospital that stays
+])
+def test_bad_shares_void_the_round_and_their_dealer_is_named(tmp_path, secret, shift, drop):
+    """Adversarial rerun of issue 31: a hospital that deals wrong Shamir shares (and, for its
+    pairwise key, leaves the round) made the server's unmasking fail with a plain ProtocolError:
+    the round aborted unattributed and the whole run failed at round 0. Such a round is voided
+    with the dealer and every survivor (whoever revealed a share) as its inputs, so group testing
+    names the dealer and the run goes on."""
+    culprit, n = "h2", 5
+    server, transport, _ = federation(tmp_path, n=n, hospitals={culprit: {
+        "mode_client": BadSharesMasked, "mode_client_kw": {"secret": secret, "shift": shift, "drop": drop}}})
+    run_rounds(server, transport, rounds=6)
+    server.audit.close()
+    entries = audit_entries(tmp_path)
+    assert [r["client"] for r in _kind(entries, "hospital_retired")] == [culprit]
+    voided = [s for s in _kind(entries, "attribution_step") if s["outcome"] == "voided"]
+    assert set.intersection(*(set(s["hospitals"]) for s in voided)) == {culprit}
+    ended = _kind(entries, "run_ended")[-1]
+    assert ended["status"] == "completed" and ended["rounds_completed"] == 6
     assert verify_audit_dir(tmp_path / "audit").ok
 
 
