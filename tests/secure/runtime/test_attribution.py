@@ -286,3 +286,27 @@ def test_no_search_does_better_at_four_hospitals():
     needed, as many as ours takes (test_a_consistent_culprit_anywhere_is_named_within_the_bound)."""
     assert _fewest_test_rounds(4, 2) == 4 == math.ceil(math.log2(4)) + 2
     assert _fewest_test_rounds(5, 2) == 4
+
+
+@pytest.mark.parametrize("forgery", ["no such void", "not the only one"])
+def test_audit_verify_refuses_a_retirement_its_own_steps_do_not_prove(tmp_path, forgery):
+    """Adversarial rerun of issue 31: ``hospital_retired`` was checked for its shape only, so a server
+    could name an honest hospital as the one whose input voided rounds -- with rounds that never
+    voided, or in which others were suspects as much -- and ``audit verify`` passed. The
+    verifier now recomputes the proof from the trail's own ``attribution_step`` entries: every
+    evidence round voided with the named hospital among its inputs, and it is the only hospital
+    in all of them."""
+    from clinograph.secure.audit import AuditTrail
+    from hostile_helpers import identity
+
+    culprit = "h2" if forgery == "not the only one" else None
+    server, _, entries, _ = _run(tmp_path, mode="masked", n=4, culprit=culprit, rounds=3)
+    assert verify_audit_dir(tmp_path / "audit").ok  # the genuine trail verifies
+    opened = [s for s in _kind(entries, "attribution_step") if s["test"] == 0]
+    evidence = [opened[0]["round"]] if opened else [0]  # a round that voided with all four / one that aggregated
+    trail = AuditTrail(tmp_path / "audit", identity=identity("server"))  # the server's own key: a hostile server
+    trail.record("hospital_retired", {"round": 9, "client": "h1", "reason": "forged", "evidence": evidence,
+                                      "method": "group_testing"})
+    trail.close()
+    report = verify_audit_dir(tmp_path / "audit")
+    assert not report.ok and any("hospital_retired" in m and "h1" in m for m in report.problems), report.problems
