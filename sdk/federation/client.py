@@ -283,7 +283,11 @@ class HospitalClient:
         if set(held) != names:
             raise IntegrityError("The restart checkpoint holds another model than this hospital's config builds; the "
                                  "state directory belongs to another model version.")
-        restore(meta, {k[5:]: v for k, v in tensors.items() if k.startswith("task/")})
+        try:
+            restore(meta, {k[5:]: v for k, v in tensors.items() if k.startswith("task/")})
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):  # a record of another shape
+            raise IntegrityError(f"The restart checkpoint of hospital {self.name!r} holds a record that is not a "
+                                 "Clinograph checkpoint's. Restore the state directory from its backup.") from None
         self._global = held
         self.task.modules.load(held)
 

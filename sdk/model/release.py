@@ -15,7 +15,10 @@ shared modules hold. :func:`check_release`, given the audit directory and the se
    ``run_ended`` entry is a ``release``);
 4. checks every module of the rebuilt model that is not one of the hospital's personal modules
    against it, value for value as float32 (what the hospital loaded), and that the global model
-   has each of them.
+   has each of them -- and that every weight module the server released is one of them (the
+   description chooses its personal modules and its architecture: a released module called
+   personal, or left out of the model, would escape the check). Only the two-value selection
+   statistic ``metric/validation`` is not a weight of the export.
 
 It runs on the parsed tensors (data) before the model computes anything. What it does not
 cover: the personal modules and the calibration (the hospital's signature only); federations in
@@ -42,7 +45,7 @@ from clinograph.core.identity import PublicIdentity
 from clinograph.core.spec import ModuleKind
 
 from .description import ModelDescription
-from .nsfl_modules import nsfl_modules
+from .nsfl_modules import SELECTION_MODULE, nsfl_modules
 
 #: bound on the audit log read here (a long federation's log is a few MB)
 MAX_LOG_BYTES = 256 * 2**20
@@ -78,6 +81,16 @@ def check_release(description: ModelDescription, model: nn.Module, *, audit_dir:
     if getattr(model.model, "hazard_baseline", None) is not None:  # survival head, as the task's module map
         modules.add_submodule("head/hazard_baseline", ModuleKind.SHARED, model.model.hazard_baseline)
     shared = [n for n in modules.names(ModuleKind.SHARED) if not _personal(n, rel.personal_modules)]
+    # the description chooses its personal modules and its architecture: every weight module the
+    # server released must be one of the shared modules checked below (not called personal, not
+    # left out of the rebuilt model)
+    claimed = sorted(n for n in glob if n not in shared and n != SELECTION_MODULE)
+    if claimed:
+        raise IntegrityError(f"Model {source}: its description calls personal (or lacks) {len(claimed)} module(s) that "
+                             f"the server released for round {rel.round} of {rel.federation_id!r} (e.g. "
+                             f"{', '.join(claimed[:5])}), so they cannot be checked against it. These weights are not "
+                             "shown to be the federation's model. Fix: use the export the hospital wrote at the end of "
+                             "the run, with that run's audit directory.")
     missing = [n for n in shared if n not in glob]
     differ = [n for n in shared if n in glob
               and not np.array_equal(modules.get(n).astype(np.float32), glob[n].astype(np.float32))]

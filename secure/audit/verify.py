@@ -96,6 +96,10 @@ class _Scan:
     tail: int = 0
     run: str | None = None
     runs: list[str | None] = field(default_factory=list)
+    #: the federation of the latest ``manifest`` (None right after an opening)
+    federation: str | None = None
+    #: (federation, round) -> the inputs of an ``attribution_step`` that voided it
+    voided: dict[tuple[str | None, int], frozenset[str]] = field(default_factory=dict)
 
     def bad(self, seq: int | None, message: str) -> None:
         self.problems.append((seq, message))
@@ -141,7 +145,15 @@ def _check_kind(scan: _Scan, entry: AuditEntry) -> None:
             except (ValueError, IntegrityError):
                 scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind}) holds a key that is not a valid "
                                     "Ed25519 public key.")
-    elif entry.kind == "artefact":
+    if entry.kind in ("audit_open", "audit_reopen"):
+        scan.federation = None
+    elif entry.kind == "manifest":
+        scan.federation = p.get("federation_id")
+    elif entry.kind == "attribution_step" and p["outcome"] == "voided":
+        scan.voided[(scan.federation, p["round"])] = frozenset(p["hospitals"])
+    elif entry.kind == "hospital_retired":
+        _check_retirement(scan, entry)
+    if entry.kind == "artefact":
         data = _check_artefact(scan, entry)
         if data is not None and data.startswith(MAGIC):
             _check_embedded_envelope(scan, entry, data)
@@ -160,6 +172,21 @@ def _check_kind(scan: _Scan, entry: AuditEntry) -> None:
         if status != p["signature"]:
             scan.bad(entry.seq, f"entry {entry.seq}: envelope from {env.sender!r} checks as {status!r}, "
                                 f"but the log recorded {p['signature']!r}.")
+
+
+def _check_retirement(scan: _Scan, entry: AuditEntry) -> None:
+    """The trail's own proof of a ``hospital_retired``: each evidence round has a voided
+    ``attribution_step`` before it (same federation) with the named hospital among its inputs, and
+    that hospital is the only one in all of them (:mod:`clinograph.secure.runtime.attribution`)."""
+    p = entry.payload
+    sets = [scan.voided.get((scan.federation, r)) for r in p["evidence"]]
+    missing = [r for r, s in zip(p["evidence"], sets, strict=True) if s is None]
+    common = frozenset.intersection(*[s for s in sets if s is not None]) if not missing else frozenset()
+    if missing or common != {p["client"]}:
+        why = (f"round(s) {missing} have no voided attribution_step before it" if missing else
+               f"the inputs common to its evidence rounds are {sorted(common)}, not only it")
+        scan.bad(entry.seq, f"entry {entry.seq} (hospital_retired) names {p['client']!r}, but {why}: the trail does "
+                            "not prove the retirement.")
 
 
 def _check_embedded_envelope(scan: _Scan, entry: AuditEntry, data: bytes) -> None:

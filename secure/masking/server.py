@@ -267,8 +267,16 @@ class MaskingServer(AggregationServer):
         try:
             return combine_shares(shares[:t])
         except ValueError:
-            raise ProtocolError(f"The shares of {owner!r}'s {kind.replace('_', ' ')} do not rebuild a secret (a holder "
-                                "revealed a bad share). Round aborted, nothing published.") from None
+            self._void_by(owner)
+            raise ProtocolError(f"The shares of {owner!r}'s {kind.replace('_', ' ')} do not rebuild a secret (it "
+                                "dealt, or a holder revealed, a bad share). Round voided, nothing published.") from None
+
+    def _void_by(self, owner: str) -> None:
+        """A secret of ``owner`` did not rebuild: ``owner`` dealt a bad share, or a survivor revealed
+        one (shares are authenticated end to end, so nobody else can spoil them). The round is voided
+        with all of them as its inputs, so group testing can name whoever it was
+        (:mod:`clinograph.secure.runtime.attribution`)."""
+        self.voided_inputs = tuple(sorted(self._alive[2] | {owner}))
 
     def _unmask(self) -> None:
         shared, survivors = self._alive[1], self._alive[2]
@@ -281,8 +289,9 @@ class MaskingServer(AggregationServer):
         for v in sorted(shared - survivors):
             sk = private_from_bytes(self._secret(v, "pairwise_key"))
             if public_bytes(sk) != self._keys[v].s_pk:
-                raise ProtocolError(f"The key rebuilt for dropped client {v!r} does not match its advertised key "
-                                    "(a holder revealed a bad share). Round aborted, nothing published.")
+                self._void_by(v)
+                raise ProtocolError(f"The key rebuilt for dropped client {v!r} does not match its advertised key (it "
+                                    "dealt, or a holder revealed, a bad share). Round voided, nothing published.")
             for u in sorted(self._graph[v] & survivors):
                 seed = agree(sk, self._keys[u].s_pk, label=KDF_PAIRWISE_MASK, context=pair_context(self.plan, u, v))
                 add_mask_parts(total, seed, sign=-pairwise_sign(u, v))

@@ -138,3 +138,41 @@ def test_audit_checks_the_shared_modules_against_the_released_global_model(tmp_p
     assert res.exit_code == 2 and "does not verify under the server key" in res.output
     res = predict(tmp_path, path, "--trusted-key", hospital.b64(), "--audit", str(audit))
     assert res.exit_code == 2 and "needs both" in res.output
+
+
+@pytest.mark.parametrize("forgery", ["all personal", "no linear path"])
+def test_audit_refuses_weights_that_leave_a_released_module_unchecked(tmp_path, federation_export, forgery):
+    """Adversarial rerun of issue 31: the release check compared only the modules the rebuilt model
+    has and the description does not call personal, and the description chooses both. Weights
+    whose description lists every module as personal (here all set to 0.5), or drops the wide path
+    (the same weights without it: another computation), passed ``--audit`` as "checked against
+    the global model the server released" -- with the insecure option no signature is needed, and
+    a hostile hospital can sign its own. Every weight module the server released must now be one
+    the check compares."""
+    import hashlib
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path, _, server, audit = federation_export
+    forged = tmp_path / "forged.safetensors"
+    env = json.loads(path.with_name(path.name + ".json").read_text())
+    desc = json.loads(env["description"])
+    tensors = load_file(path)
+    if forgery == "all personal":
+        tensors = {k: torch.full_like(v, 0.5) if v.is_floating_point() else v for k, v in tensors.items()}
+        desc["release"]["personal_modules"] = ["feature_embedding/", "gnn/", "head/", "linear/"]
+    else:
+        tensors = {k: v for k, v in tensors.items() if not k.startswith("linear.")}
+        desc["model"]["linear_path"] = False
+    save_file(tensors, forged)
+    desc["weights_sha256"] = hashlib.sha256(forged.read_bytes()).hexdigest()
+    desc["weights_bytes"] = forged.stat().st_size
+    env["description"] = json.dumps(desc, sort_keys=True, separators=(",", ":"))
+    forged.with_name(forged.name + ".json").write_text(json.dumps(env))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        res = predict(tmp_path, forged, "--insecure-untrusted-model", "--audit", str(audit), "--server-key",
+                      server.b64())
+    assert res.exit_code == 2, res.output
+    assert "calls personal (or lacks)" in res.output and not (tmp_path / "risks.csv").exists()

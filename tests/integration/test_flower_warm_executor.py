@@ -105,7 +105,8 @@ def test_the_warm_executor_runs_clientapps_and_reports_one_that_raises_or_dies(t
     with flower_processes(tmp_path, federation_id="fed-warm", hospitals=["h1"], budget=240.0,
                           pythonpath=[]) as fp:
         fp.superlink(node_auth=False)
-        node = fp.supernode("h1", node_config={"state-dir": tmp_path / "s"}, node_auth=False, environment=None)
+        node = fp.supernode("h1", node_config={"state-dir": tmp_path / "s"}, node_auth=False, environment=None,
+                            extra=("--clientapp", "stand_in:client"))  # the node runs only the ClientApp it names
         fp.flwr_run({"out-file": out}, app=app)
         fp.wait(lambda: len(read()) == 4, what="the four replies", procs=fp.named("superlink", "supernode-h1"))
         log = fp.log_tail("supernode-h1", 20000)

@@ -203,6 +203,43 @@ class OutOfBoundsMasked(MaskingClient):
         return MaskedInput(**self._header(), words=y.astype("<u4").tobytes())
 
 
+class BadSharesMasked(MaskingClient):
+    """The real masked protocol, but the Shamir shares it deals of one of its secrets are wrong
+    (``secret``: ``"pairwise_key"``, rebuilt when it drops, or ``"self_mask"``, rebuilt when it
+    survives; ``shift`` added to each share: 1 rebuilds a wrong but well-formed secret, a large
+    one a value that is no secret). With ``drop`` it then sends no masked vector, so the server
+    must rebuild its pairwise key from the shares it dealt."""
+
+    def __init__(self, *, secret: str = "pairwise_key", shift: int = 1, drop: bool = True, **kw):
+        super().__init__(**kw)
+        self._bad, self._shift, self._drop = secret, shift, drop
+
+    def _share_keys(self, msg):
+        from clinograph.secure.hazmat.shamir import PRIME, SHARE_BYTES
+        from clinograph.secure.masking.messages import EncryptedShare, ShareKeys
+        from clinograph.secure.masking.stages import decrypt_share, encrypt_share
+
+        def spoil(share: bytes) -> bytes:
+            return ((int.from_bytes(share, "big") + self._shift) % PRIME).to_bytes(SHARE_BYTES, "big")
+
+        honest = super()._share_keys(msg)
+        out = []
+        for es in honest.shares:
+            key = self._pair_key(es.peer)
+            idx, b, s = decrypt_share(key, plan=self.plan, sender=self._me, recipient=es.peer, ciphertext=es.ciphertext)
+            b, s = (spoil(b), s) if self._bad == "self_mask" else (b, spoil(s))
+            out.append(EncryptedShare(peer=es.peer, ciphertext=encrypt_share(
+                key, plan=self.plan, sender=self._me, recipient=es.peer, index=idx, b_share=b, s_share=s)))
+        return ShareKeys(**self._header(), shares=tuple(out))
+
+    def _masked_input(self, msg):
+        if self._drop:
+            from clinograph.core.errors import ProtocolError
+
+            raise ProtocolError("this hospital leaves the round after dealing its shares")
+        return super()._masked_input(msg)
+
+
 @lru_cache(maxsize=None)
 def _foreign_keyring():
     """A keyring from another ceremony: the same preset and parameters, another secret key."""

@@ -18,7 +18,9 @@ imported already. What changes: the start of a ClientApp process (a fork instead
 interpreter start and its imports) and the task poll (:data:`DEFAULT_POLL_INTERVAL`). What does
 not: the ClientApp, its Runtime API calls, its token (which no longer shows in the process list:
 it travels over the forkserver's pipe, not on a command line), the error reply Flower sends
-when a ClientApp raises or dies.
+when a ClientApp raises or dies. And one thing is added: the child runs only the ClientApp the
+hospital's operator names (``--clientapp``, Clinograph's by default), never code from the run's
+FAB (:mod:`.clientapp_pin`).
 
 Fork safety: the forkserver is a fresh interpreter (multiprocessing starts it with exec, passing
 it only its own pipes), so it holds no gRPC or HTTP client, no thread, and not the hospital
@@ -39,6 +41,8 @@ from typing import Any
 from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, SubprocessExecutor
 
+from .clientapp_pin import CLINOGRAPH_CLIENTAPP, pin_clientapp
+
 #: Seconds between two task polls of the Runtime API when no task was waiting (Flower's: 1 s).
 #: A poll is one small local HTTP call.
 DEFAULT_POLL_INTERVAL = 0.1
@@ -47,15 +51,19 @@ DEFAULT_POLL_INTERVAL = 0.1
 #: Not the launcher module itself: a child re-runs the parent's main module as ``__mp_main__``
 #: (multiprocessing's rule), which is cheap once its imports (the last two) are loaded.
 PRELOAD = ("flwr.supernode.runtime.run_clientapp", "clinograph.secure.transport.flower.clientapp",
-           "clinograph.secure.transport.flower.superexec", "clinograph.secure.transport.flower.polling")
+           "clinograph.secure.transport.flower.superexec", "clinograph.secure.transport.flower.polling",
+           "clinograph.secure.transport.flower.clientapp_pin")
 
 _log = logging.getLogger(__name__)
 
 
-def run_task(spec: ExecutionSpec) -> None:
-    """In the forked child: what ``flwr-clientapp`` does with the arguments SubprocessExecutor gives it."""
+def run_task(spec: ExecutionSpec, clientapp: str = CLINOGRAPH_CLIENTAPP) -> None:
+    """In the forked child: what ``flwr-clientapp`` does with the arguments SubprocessExecutor gives it,
+    running only the ClientApp ``clientapp`` whatever the run's FAB names (:mod:`.clientapp_pin`)."""
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    pin_clientapp(clientapp)
 
     run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token, insecure=spec.insecure,
                   certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
@@ -70,7 +78,8 @@ class WarmExecutor:
     without replying into an error reply once its task token expires, as with a subprocess).
     """
 
-    def __init__(self, *, preload: Sequence[str] = PRELOAD):
+    def __init__(self, *, preload: Sequence[str] = PRELOAD, clientapp: str = CLINOGRAPH_CLIENTAPP):
+        self.clientapp = clientapp  # the only ClientApp it runs (:mod:`.clientapp_pin`)
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(list(preload))
         self._cold = SubprocessExecutor()
@@ -96,7 +105,7 @@ class WarmExecutor:
         """Fork the ClientApp of ``spec`` from the forkserver (other task types: a subprocess)."""
         if spec.task_type != TaskType.CLIENT_APP:
             return self._cold.launch(spec)
-        child = self._ctx.Process(target=run_task, args=(spec,), name=f"flwr-clientapp-{spec.task_id}", daemon=True)
+        child = self._ctx.Process(target=run_task, args=(spec, self.clientapp), name=f"flwr-clientapp-{spec.task_id}", daemon=True)
         _log.debug("forking the ClientApp of task %d", spec.task_id)
         try:
             child.start()

@@ -43,6 +43,7 @@ from clinograph.core.errors import ClinographError, ConfigError
 
 from ...policy import Environment, require_allowed
 from . import check_flower_version
+from .clientapp_pin import CLINOGRAPH_CLIENTAPP
 from .polling import DEFAULT_IDLE_POLL, DEFAULT_REPLY_WAIT, FLOWER_IDLE_POLL, set_supernode_waits
 from .superexec import DEFAULT_POLL_INTERVAL, RuntimeApi, SuperExecLoop, WarmExecutor
 from .worker import HospitalWorker, check_node_config, load_factory
@@ -132,9 +133,11 @@ def runtime_api(flower_args: Sequence[str]) -> RuntimeApi:
                       runtime_dependency_install=bool(args.runtime_dependency_install))
 
 
-def start_superexec(flower_args: Sequence[str], *, poll: float | None) -> SuperExecLoop:
-    """The warm executor's forkserver and our SuperExec thread, before Flower's SuperNode main runs."""
-    executor = WarmExecutor()
+def start_superexec(flower_args: Sequence[str], *, poll: float | None,
+                    clientapp: str = CLINOGRAPH_CLIENTAPP) -> SuperExecLoop:
+    """The warm executor's forkserver and our SuperExec thread, before Flower's SuperNode main runs;
+    its ClientApp processes run only ``clientapp`` (:mod:`.clientapp_pin`)."""
+    executor = WarmExecutor(clientapp=clientapp)
     executor.start()
     loop = SuperExecLoop(runtime_api(flower_args), executor=executor,
                          poll_interval=DEFAULT_POLL_INTERVAL if poll is None else poll)
@@ -184,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"seconds between two task polls of the SuperExec (warm: default "
                              f"{DEFAULT_POLL_INTERVAL}; subprocess: Flower's default 1, set through "
                              "FLWR_SUPEREXEC_TASK_POLL_INTERVAL)")
+    parser.add_argument("--clientapp", default=CLINOGRAPH_CLIENTAPP, metavar="REF",
+                        help="the only ClientApp this node runs (warm executor): a run whose app names another "
+                             f"is refused before any of its code is imported (default: {CLINOGRAPH_CLIENTAPP}, "
+                             "from the installed package, never from the run's files)")
     parser.add_argument("--supernode-poll", type=float, default=DEFAULT_IDLE_POLL, metavar="SECONDS",
                         help=f"seconds between two polls of the SuperLink when idle (default {DEFAULT_IDLE_POLL}; "
                              f"{FLOWER_IDLE_POLL} keeps Flower's own fixed waits, see polling.py)")
@@ -213,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if ours.supernode_poll < FLOWER_IDLE_POLL:
             set_supernode_waits(idle=ours.supernode_poll, reply=min(DEFAULT_REPLY_WAIT, ours.supernode_poll))
-        superexec = start_superexec(rest, poll=ours.superexec_poll) if ours.executor == "warm" else None
+        superexec = start_superexec(rest, poll=ours.superexec_poll, clientapp=ours.clientapp) if ours.executor == "warm" else None
     except ClinographError as exc:
         worker.stop()
         print(f"error: {exc}", file=sys.stderr)

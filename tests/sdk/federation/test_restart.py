@@ -89,3 +89,30 @@ def test_an_altered_checkpoint_is_refused(tmp_path):
         build_hospital(table, dictionary=table.dictionary, config=_config(tmp_path / "out").hospital_config(),
                        identity=client.identity, server=client.server, peers=client.peers,
                        federation_id=client.federation_id, state_dir=state_dir)
+
+
+@pytest.mark.parametrize("meta", ['{}', '[]', '{"rounds_done": "x", "selection": null, "global_origin": null}',
+                                  '{"rounds_done": 1, "selection": {"rounds": 1}, "global_origin": [1]}'])
+def test_a_rewritten_checkpoint_whose_record_is_not_clinographs_is_an_integrity_error(tmp_path, meta):
+    """Adversarial rerun of issue 31: a checkpoint rewritten with its digest (whoever can write the
+    state directory) whose record is valid JSON of the wrong shape gave a KeyError or TypeError
+    traceback at start-up; it is an IntegrityError naming the checkpoint."""
+    import hashlib
+    import json
+
+    from safetensors.torch import load, save
+
+    client = _run(tmp_path, restart_after=None)
+    state_dir = client.anchor.path.parent
+    checkpoint = next(state_dir.glob("checkpoint.*.bin"))
+    data = save(load(checkpoint.read_bytes()), metadata={"clinograph": meta})
+    checkpoint.write_bytes(data)
+    anchor = json.loads(client.anchor.path.read_text())
+    for rec in anchor["anchors"].values():
+        rec["checkpoint_sha256"] = hashlib.sha256(data).hexdigest()
+    client.anchor.path.write_text(json.dumps(anchor))
+    table = next(t for t in small_tables() if t.site == "north")
+    with pytest.raises(IntegrityError, match="restart checkpoint"):
+        build_hospital(table, dictionary=table.dictionary, config=_config(tmp_path / "out").hospital_config(),
+                       identity=client.identity, server=client.server, peers=client.peers,
+                       federation_id=client.federation_id, state_dir=state_dir)

@@ -20,7 +20,7 @@ from clinograph.secure.runtime.attribution import Attribution
 from clinograph.secure.runtime.loop import RoundAborted
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hostile_helpers import HOSTILE, audit_entries, federation  # noqa: E402
+from hostile_helpers import HOSTILE, BadSharesMasked, audit_entries, federation  # noqa: E402
 
 
 def _run(tmp_path: Path, *, mode: str, n: int, culprit: str | None, rounds: int = 2):
@@ -101,6 +101,31 @@ def test_ckks_foreign_key_culprit_is_named_retired_and_the_run_goes_on(tmp_path,
     ended = _kind(entries, "run_ended")[-1]
     assert ended["status"] == "completed" and ended["rounds_completed"] == 5
     assert all(culprit not in o.result.contributors for o in outcomes[-1:])
+    assert verify_audit_dir(tmp_path / "audit").ok
+
+
+@pytest.mark.parametrize(("secret", "shift", "drop"), [
+    ("pairwise_key", 1, True),  # a well-formed wrong key: it does not match the advertised one
+    ("pairwise_key", 1 << 255, True),  # shares that do not rebuild a 32-byte secret at all
+    ("self_mask", 1 << 255, False),  # the same for the self-mask of a hospital that stays
+])
+def test_bad_shares_void_the_round_and_their_dealer_is_named(tmp_path, secret, shift, drop):
+    """Adversarial rerun of issue 31: a hospital that deals wrong Shamir shares (and, for its
+    pairwise key, leaves the round) made the server's unmasking fail with a plain ProtocolError:
+    the round aborted unattributed and the whole run failed at round 0. Such a round is voided
+    with the dealer and every survivor (whoever revealed a share) as its inputs, so group testing
+    names the dealer and the run goes on."""
+    culprit, n = "h2", 5
+    server, transport, _ = federation(tmp_path, n=n, hospitals={culprit: {
+        "mode_client": BadSharesMasked, "mode_client_kw": {"secret": secret, "shift": shift, "drop": drop}}})
+    run_rounds(server, transport, rounds=6)
+    server.audit.close()
+    entries = audit_entries(tmp_path)
+    assert [r["client"] for r in _kind(entries, "hospital_retired")] == [culprit]
+    voided = [s for s in _kind(entries, "attribution_step") if s["outcome"] == "voided"]
+    assert set.intersection(*(set(s["hospitals"]) for s in voided)) == {culprit}
+    ended = _kind(entries, "run_ended")[-1]
+    assert ended["status"] == "completed" and ended["rounds_completed"] == 6
     assert verify_audit_dir(tmp_path / "audit").ok
 
 
@@ -261,3 +286,27 @@ def test_no_search_does_better_at_four_hospitals():
     needed, as many as ours takes (test_a_consistent_culprit_anywhere_is_named_within_the_bound)."""
     assert _fewest_test_rounds(4, 2) == 4 == math.ceil(math.log2(4)) + 2
     assert _fewest_test_rounds(5, 2) == 4
+
+
+@pytest.mark.parametrize("forgery", ["no such void", "not the only one"])
+def test_audit_verify_refuses_a_retirement_its_own_steps_do_not_prove(tmp_path, forgery):
+    """Adversarial rerun of issue 31: ``hospital_retired`` was checked for its shape only, so a server
+    could name an honest hospital as the one whose input voided rounds -- with rounds that never
+    voided, or in which others were suspects as much -- and ``audit verify`` passed. The
+    verifier now recomputes the proof from the trail's own ``attribution_step`` entries: every
+    evidence round voided with the named hospital among its inputs, and it is the only hospital
+    in all of them."""
+    from clinograph.secure.audit import AuditTrail
+    from hostile_helpers import identity
+
+    culprit = "h2" if forgery == "not the only one" else None
+    server, _, entries, _ = _run(tmp_path, mode="masked", n=4, culprit=culprit, rounds=3)
+    assert verify_audit_dir(tmp_path / "audit").ok  # the genuine trail verifies
+    opened = [s for s in _kind(entries, "attribution_step") if s["test"] == 0]
+    evidence = [opened[0]["round"]] if opened else [0]  # a round that voided with all four / one that aggregated
+    trail = AuditTrail(tmp_path / "audit", identity=identity("server"))  # the server's own key: a hostile server
+    trail.record("hospital_retired", {"round": 9, "client": "h1", "reason": "forged", "evidence": evidence,
+                                      "method": "group_testing"})
+    trail.close()
+    report = verify_audit_dir(tmp_path / "audit")
+    assert not report.ok and any("hospital_retired" in m and "h1" in m for m in report.problems), report.problems
