@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--budget", type=float, default=900.0, help="seconds before giving up")
     ap.add_argument("--keep", type=Path, default=None, help="work in this new folder and keep it (logs)")
     ap.add_argument("--supernode-args", default="",
-                    help="extra launcher arguments, e.g. '--executor subprocess --supernode-poll 3' (Flower's own)")
+                    help="extra launcher arguments, e.g. '--executor subprocess --supernode-poll 3 --environment development' "
+                         "(Flower's own executor: insecure_fab_clientapp, refused in production)")
     ap.add_argument("--stage-timeout", type=float, default=None,
                     help="seconds a stage may take, the dead node's cost in round 1 (default max(120, 15 n))")
     args = ap.parse_args(argv)

@@ -155,7 +155,8 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
             for h in hospitals:
                 fp.supernode(h, node_config={"data-dir": tmp / h, "state-dir": tmp / "s" / h},
                              factory="benchmarks.flower_scale.round_time:make_timed_participant", node_auth=False,
-                             environment=None, extra=extra)
+                             # Flower's own executor runs the run's ClientApp: insecure_fab_clientapp, development only
+                             environment="development" if executor == "subprocess" else None, extra=extra)
             link = fp.keys.superlink_dir
             fp.flwr_run({"server-config": server_toml, "federation-file": link / "federation.toml",
                          "server-key": link / "server.ed25519.pem", "events-file": events_file, "rounds": rounds,

@@ -101,6 +101,26 @@ def check_transport(flower_args: Sequence[str], *, insecure_transport: bool, env
     require_allowed("insecure_transport", environment=environment, why="Flower messages travel without TLS")
 
 
+#: Flower's flag that lets a run's app bundle pip-install packages on the hospital's node
+DEPENDENCY_INSTALL_FLAG = "--allow-runtime-dependency-installation"
+
+
+def check_run_code(flower_args: Sequence[str], *, executor: str, environment: Environment) -> None:
+    """Code a run may bring to the hospital's node is insecure by name: Flower's own executor
+    (``--executor subprocess``) imports the ClientApp the run's app bundle (FAB) names -- code
+    chosen by whoever submits the run, beside this hospital's data and keys -- and
+    ``--allow-runtime-dependency-installation`` lets the run install packages. Each warns, is
+    refused in production and, for the former, is named ``insecure_fab_clientapp``; the warm
+    executor runs only the pinned ClientApp (:mod:`.clientapp_pin`)."""
+    if executor == "subprocess":
+        require_allowed("insecure_fab_clientapp", environment=environment,
+                        why="Flower's own executor imports the ClientApp the run's app bundle names: code chosen by "
+                            "whoever submits a run would run beside this hospital's data and keys")
+    if any(_flag_name(a) == DEPENDENCY_INSTALL_FLAG for a in flower_args):
+        require_allowed("insecure_runtime_dependency_install", environment=environment,
+                        why="a run's app bundle could install and run packages on this hospital's node")
+
+
 def executor_args(flower_args: Sequence[str], *, executor: str, poll: float | None) -> list[str]:
     """``flower-supernode`` arguments for ``executor``: warm adds ``--isolation process`` (our SuperExec
     thread serves the Runtime API), subprocess leaves Flower's own; ConfigError on a conflict."""
@@ -206,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         from flwr.common.config import parse_config_args
 
         check_transport(rest, insecure_transport=ours.insecure_transport, environment=ours.environment)
+        check_run_code(rest, executor=ours.executor, environment=ours.environment)
         node_config = parse_config_args([ours.node_config])
         check_node_config(node_config)
         rest = executor_args(rest, executor=ours.executor, poll=ours.superexec_poll)
