@@ -30,7 +30,8 @@ def hat_pair(values: torch.Tensor, knots: torch.Tensor) -> tuple[torch.Tensor, t
     every other B_j(x) = 0 (a hat basis interpolates between two adjacent knots; beyond the outer
     knots t is 0 or 1). Shapes: [...], [M] -> [...] (int64), [...]."""
     m = knots.shape[0]
-    k = (torch.searchsorted(knots, values.detach().contiguous()) - 1).clamp(0, m - 2)
+    # k + 1 = #{j: t_j < x} (as searchsorted's left side), by one comparison: faster for M = 13 knots
+    k = ((values.detach().unsqueeze(-1) > knots).sum(-1) - 1).clamp(0, m - 2)
     lo, hi = knots[k], knots[k + 1]
     return k, ((values - lo) / (hi - lo)).clamp(0.0, 1.0)
 
@@ -57,7 +58,9 @@ class RelationAttention(nn.Module):
     m_uv = W h_v + x_uv · V h_v + G B(x_uv) ⊙ h_v, i.e. U_k = diag(G_k): d shared curves
     g_j(x) = Σ_k G_jk B_k(x), each channel j of feature v scaled by its own state h_vj, so a
     read-out of the message is a per-feature combination of the shared curves. Parameters M·d
-    instead of M·d² and about the cost of V (the full form is ~3× slower per step at d = 32).
+    instead of M·d² and about the cost of V (a DP step: the gated form ~1.2× the linear encoding's,
+    the full form ~2.6×, bound by its M·d² parameters' per-patient gradients and noise;
+    benchmarks/runtime_speed/results/nsfl_dp_step.json).
     """
 
     def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2,
@@ -96,26 +99,6 @@ class RelationAttention(nn.Module):
             m = x.unsqueeze(-1) * m
         return m
 
-    def message_indexed(self, table: torch.Tensor, index: torch.Tensor, x: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`message` of ``h_src = table[index]``, exactly, with every linear map applied once
-        per table row and then read at ``index`` (a star's feature copies share their dictionary
-        feature's state: the non-DP star path's saving; Opacus' hooks need :meth:`message`).
-        Shapes: table [F, d], index [...] -> [..., d]."""
-        m = self.W(table)[index]
-        if self.V is None:
-            return m if x is None else x.unsqueeze(-1) * m
-        if x is None:
-            raise ValueError("valued relation needs edge values")
-        m = m + x.unsqueeze(-1) * self.V(table)[index]
-        if self.U is not None and self.value_gated:
-            m = m + self.U(hat_basis(x, self.value_knots.to(x.dtype)).to(table.dtype)) * table[index]
-        elif self.U is not None:  # Σ_k B_k(x) U_k h_v read at the two knots B is non-zero on (hat_pair)
-            u = self.U(table).reshape(table.shape[0], self.n_knots, -1)  # [F, M, d]
-            k, t = hat_pair(x, self.value_knots.to(x.dtype))
-            w = t.unsqueeze(-1).to(u.dtype)
-            m = m + (1 - w) * u[index, k] + w * u[index, k + 1]
-        return m
-
     def logits(self, h_dst: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         """e_uv, eq. (2)."""
         return F.leaky_relu(self.a_dst(self.W(h_dst)) + self.a_src(m), self.negative_slope).squeeze(-1)
@@ -135,10 +118,58 @@ class RelationAttention(nn.Module):
               mask: torch.Tensor, *, index: torch.Tensor | None = None) -> torch.Tensor:
         """Same on padded stars. Shapes: h_src [B, K, d], h_dst [B, d], x, mask [B, K] -> [B, d].
         With ``index`` [B, K], ``h_src`` is a table [F, d] and the sources are ``h_src[index]``
-        (:meth:`message_indexed`)."""
-        m = self.message(h_src, x) if index is None else self.message_indexed(h_src, index, x)
+        (:meth:`_dense_rows`: every linear map once per table row, a star's feature copies share their
+        dictionary feature's state; the non-DP star path's saving. Opacus' hooks need the per-copy form)."""
+        if index is not None:
+            return self._dense_rows(h_src, h_dst, x, mask, index)
+        m = self.message(h_src, x)
         e = self.logits(h_dst.unsqueeze(1).expand(-1, m.shape[1], -1), m)
         e = e.masked_fill(~mask, -1e9)  # finite: a star with no feature must not give NaN gradients
         alpha = torch.softmax(e, dim=1)
         alpha = torch.where(mask, alpha, torch.zeros_like(alpha))  # rows with no feature -> all zero
         return (alpha.unsqueeze(-1) * m).sum(1)
+
+    def _dense_rows(self, table: torch.Tensor, h_dst: torch.Tensor, x: torch.Tensor | None, mask: torch.Tensor,
+                    index: torch.Tensor) -> torch.Tensor:
+        """:meth:`dense` with ``index`` (the non-DP star path), exactly, without a d-vector per copy.
+
+        Every message is a combination of rows of per-feature tables: m_uv = c_W·(W h_f) + c_V·(V h_f)
+        + c_k·(U_k h_f) + c_{k+1}·(U_{k+1} h_f) with per-copy scalars (c_W = 1, or s_uv for an unvalued
+        relation with weights; c_V = x_uv; (c_k, c_{k+1}) = (1 − t, t) from :func:`hat_pair`). a_src has
+        no bias, so e_uv needs the tables' rows only through a_src, gathered as scalars; and
+        Σ_v α_uv m_uv = C_u · S with S the stacked table rows [R, d] and C_u [R] the per-patient sum of
+        α_uv·c at the copies' rows (a [B, R] x [R, d] product; the U rows in a product of their own, so
+        U = 0 gives bit for bit the linear encoding). A row no star holds gets a zero column of C, so
+        exactly zero gradient (Theorem 1). ``value_gated``'s G B(x) ⊙ h_f is no table row: that term
+        stays a d-vector per copy, added on its own (again: G = 0 gives the linear encoding exactly).
+        Shapes: table [F, d], h_dst [B, d], x, mask, index [B, K] -> [B, d]."""
+        n_f, one = table.shape[0], torch.ones_like(index, dtype=table.dtype)
+        # (table rows S, per-copy row numbers, per-copy coefficients) of each product
+        if self.V is None:
+            parts = [(self.W(table), [index], [one if x is None else x.to(table.dtype)])]
+        else:
+            if x is None:
+                raise ValueError("valued relation needs edge values")
+            parts = [(torch.cat([self.W(table), self.V(table)]), [index, index + n_f], [one, x.to(table.dtype)])]
+            if self.U is not None and not self.value_gated:  # U_k h_f at row f·M + k
+                k, t = hat_pair(x, self.value_knots.to(x.dtype))
+                first = index * self.n_knots + k
+                t = t.to(table.dtype)
+                parts.append((self.U(table).reshape(n_f * self.n_knots, -1), [first, first + 1], [1 - t, t]))
+        gated = None
+        if self.U is not None and self.value_gated and x is not None:
+            gated = self.U(hat_basis(x, self.value_knots.to(x.dtype)).to(table.dtype)) * table[index]  # [B, K, d]
+        rows = [torch.stack(r, -1) for _, r, _ in parts]  # [B, K, J] each
+        coefs = [torch.stack(c, -1) for _, _, c in parts]
+        src = sum((self.a_src(s).squeeze(-1)[r] * c).sum(-1) for (s, _, _), r, c in zip(parts, rows, coefs, strict=True))
+        if gated is not None:
+            src = src + self.a_src(gated).squeeze(-1)
+        e = F.leaky_relu(self.a_dst(self.W(h_dst)) + src, self.negative_slope)  # eq. (2), [B, K]
+        e = e.masked_fill(~mask, -1e9)  # finite: a star with no feature must not give NaN gradients
+        alpha = torch.where(mask, torch.softmax(e, dim=1), torch.zeros_like(e))
+        b = index.shape[0]
+        out = None
+        for (s, _, _), r, c in zip(parts, rows, coefs, strict=True):
+            cu = table.new_zeros(b, s.shape[0]).scatter_add(1, r.reshape(b, -1), (alpha.unsqueeze(-1) * c).reshape(b, -1))
+            out = cu @ s if out is None else out + cu @ s
+        return out if gated is None else out + (alpha.unsqueeze(-1) * gated).sum(1)

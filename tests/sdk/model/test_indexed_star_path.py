@@ -1,5 +1,6 @@
 """The non-DP star path computes the feature copies' states once per dictionary feature
-(``NSFLModel._layer1_indexed``, ``RelationAttention.message_indexed``) and reads the piecewise
+(``NSFLModel._layer1_indexed``, ``RelationAttention._dense_rows``: messages as per-copy coefficients
+of table rows) and reads the piecewise
 encoding at the two knots its hat basis is non-zero on (``hat_pair``). Exact rewrites: the same logits and the same
 gradient for every parameter as the per-copy path Opacus wraps (``forward_star``) and as the
 full graph's edge lists, and still no gradient for a feature no star holds (Theorem 1)."""
@@ -99,3 +100,40 @@ def test_theorem1_a_feature_no_star_holds_gets_no_gradient_on_the_indexed_path(f
             assert torch.count_nonzero(g[p][idx[name]]) == 0, (name, p)
     some = next(iter(held))
     assert torch.count_nonzero(g["embedding.weight"][some]) > 0  # and a held feature does get one
+
+
+RELATIONS = {"valued_linear": {"valued": True}, "valued_piecewise": {"valued": True, "value_knots": SHAPE_KNOTS},
+             "valued_gated": {"valued": True, "value_knots": SHAPE_KNOTS, "value_gated": True},
+             "weighted": {"valued": False}, "unweighted": {"valued": False}}
+
+
+@pytest.mark.parametrize("kind", list(RELATIONS))
+def test_table_rows_attention_equals_the_per_copy_attention_for_every_relation_kind(f64, kind):
+    """RelationAttention.dense(index=...) (messages as coefficients of table rows) against the per-copy
+    dense on the gathered sources: output and every gradient, the table's included; values on, between
+    and beyond the knots, and a star with no observed copy (an all-zero row, no NaN)."""
+    from clinograph.sdk.model.layers import RelationAttention
+
+    gen = torch.Generator().manual_seed(2)
+    rel = RelationAttention(6, **RELATIONS[kind]).double()
+    with torch.no_grad():
+        for p in rel.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    table = torch.randn(9, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    h_dst = torch.randn(5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    index = torch.randint(0, 9, (5, 7), generator=gen)
+    x = torch.cat([torch.tensor(SHAPE_KNOTS[:7], dtype=torch.float64).unsqueeze(0),
+                   6 * torch.randn(4, 7, generator=gen, dtype=torch.float64)])
+    x = None if kind == "unweighted" else x
+    mask = torch.rand(5, 7, generator=gen) < 0.7
+    mask[2] = False
+    params = [table, h_dst, *rel.parameters()]
+    outs = []
+    for rows in (True, False):
+        out = rel.dense(table, h_dst, x, mask, index=index) if rows else rel.dense(table[index], h_dst, x, mask)
+        outs.append((out.detach(), torch.autograd.grad((out * torch.linspace(-1, 1, 6, dtype=out.dtype)).sum(), params)))
+    (o_rows, g_rows), (o_copy, g_copy) = outs
+    torch.testing.assert_close(o_rows, o_copy, atol=1e-12, rtol=0)
+    assert torch.count_nonzero(o_rows[2]) == 0 and o_rows.abs().max() > 0
+    for a, b in zip(g_rows, g_copy, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-10)

@@ -1,0 +1,130 @@
+"""One NS-FL DP-SGD step (per-patient gradients, clipping, noise) for the linear and the piecewise
+value encoding (and its factorised ``piecewise_gated`` form), in this process, interleaved, on the same batch of the demo's largest hospital (ALARM
+north, 2400 patients, 23 features a star): the book-keeping engine (``grad_sample_mode = "star"``, the
+DP trainer's default: per-patient gradients, their clipped sum and CSPRNG noise) and Opacus' hooks
+(``"hooks"``: ``GradSampleModule`` forward + backward, ``DPOptimizer`` clip + CSPRNG noise + step). Beside
+them the non-DP indexed step (``forward_neighbourhood``, the ordinary trainer's) at ``k_similar`` 0
+and 5. DP is refused with ``similar_to`` (privacy.md), so the DP arms run at k = 0 only.
+
+    python -m benchmarks.runtime_speed.nsfl_dp_step            # 30 repetitions, writes results/nsfl_dp_step.json
+    python -m benchmarks.runtime_speed.nsfl_dp_step --quick    # 5 repetitions, prints
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
+
+ENCODINGS = ("linear", "piecewise", "piecewise_gated")
+
+
+def _model(n: int, encoding: str):
+    from clinograph.sdk.model import NSFLConfig, NSFLModel
+
+    model = NSFLModel(n, NSFLConfig(hidden=32, init_seed=0, value_encoding=encoding, linear_shape=True))
+    if model.l1_of_patient.U is not None:  # U (or G) starts at zero: give it weights (every side computes all)
+        with torch.no_grad():
+            model.l1_of_patient.U.weight.normal_(0, 0.1)
+            model.l2_of_patient.U.weight.normal_(0, 0.1)
+    return model
+
+
+def _dp_sides(model, fi, x, m, y) -> tuple[dict, int]:
+    """The two DP steps on ``model`` (its unused star parameters frozen, as DPTrainer does), and the
+    number of trainable parameters (each patient's gradient has that many entries)."""
+    from clinograph.sdk.privacy.noise import install_secure_noise, secure_gaussian
+    from clinograph.sdk.privacy.per_patient import PerPatientClipper, star_probe
+    from clinograph.sdk.privacy.trainer import star_loss, unused_star_parameters
+    from opacus.grad_sample import get_gsm_class
+    from opacus.optimizers import DPOptimizer
+
+    frozen = set(unused_star_parameters(model))
+    for n, p in model.named_parameters():
+        p.requires_grad_(n not in frozen)
+    probe = star_probe(model.n_features)
+    clipper = PerPatientClipper(model, probe=probe)
+    sgd = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+
+    def star() -> None:
+        out = clipper.clipped_sum(fi, x, m, labels=y, clip_norm=1.0)
+        noise = secure_gaussian(1.0, torch.Size([clipper.dim]), torch.float64)
+        clipper.assign((out.summed + noise.to(out.summed.dtype)) / len(y))
+        sgd.step()
+
+    gsm = get_gsm_class("hooks")(model, batch_first=True, loss_reduction="mean")
+    dp_opt = DPOptimizer(torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0),
+                         noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=len(y))
+    install_secure_noise(dp_opt)  # as DPTrainer: the CSPRNG noise
+    gsm.remove_hooks()
+
+    def hooks() -> None:
+        gsm.add_hooks(loss_reduction="mean", batch_first=True)
+        try:
+            dp_opt.zero_grad(set_to_none=True)
+            star_loss(gsm(fi, x, m), y).backward()
+            dp_opt.step()
+        finally:
+            gsm.remove_hooks()
+
+    return {"dp_star_engine": star, "dp_opacus_hooks": hooks}, clipper.dim
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_convention(ap)
+    ap.add_argument("--reps", type=int, default=30)
+    a = ap.parse_args()
+    reps = 5 if a.quick else a.reps
+    torch.set_num_threads(1)
+    from clinograph.sdk.graph import star_batch
+    from clinograph.sdk.training import bce
+
+    from research.demo_quality.demo_quality import demo_tables
+
+    d, tables = demo_tables(0, 1.0)
+    table = next(t for t in tables if t.site == "north")
+    batch = torch.arange(64)
+    y = torch.tensor(table.labels[:64], dtype=torch.float32)
+    stars = {k: star_batch(table, k_similar=k) for k in (0, 5)}
+    s0 = stars[0]
+    fi, x, m = s0.feature_index[batch], s0.values[batch], s0.mask[batch]
+    sides: dict[tuple[str, str], object] = {}
+    n_params: dict[str, int] = {}
+    for enc in ENCODINGS:
+        for k in (0, 5):
+            mo = _model(len(d.node_ids()), enc)
+            sides[(f"non_dp_k{k}", enc)] = lambda mo=mo, s=stars[k]: bce(mo.forward_neighbourhood(s, batch), y).backward()
+        dp, n_params[enc] = _dp_sides(_model(len(d.node_ids()), enc), fi, x, m, y)
+        for name, fn in dp.items():
+            sides[(name, enc)] = fn
+    load_before = os.getloadavg()
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in sides}
+    for _ in range(3):  # warm-up
+        for fn in sides.values():
+            fn()
+    for _ in range(reps):  # interleaved: every side sees the same machine load
+        for key, fn in sides.items():
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    rows = []
+    for arm in dict.fromkeys(a for a, _ in sides):
+        row = {"step": arm, "batch": 64, **{f"{e}_ms": 1000 * median(times[(arm, e)]) for e in ENCODINGS}}
+        row.update({f"{e}_over_linear": row[f"{e}_ms"] / row["linear_ms"] for e in ENCODINGS[1:]})
+        rows.append(row)
+        print(row, flush=True)
+    emit({"benchmark": "nsfl_dp_step", "reps": reps, "statistic": "median seconds of one step, x1000",
+          "trainable_parameters_under_dp": n_params, "machine": machine(), "load_average_before_timing": list(load_before),
+          "load_average_after": list(os.getloadavg()), "rows": rows}, out=out_path(__file__, a))
+
+
+if __name__ == "__main__":
+    main()
