@@ -64,7 +64,7 @@ test-fast: $(STAMP)
 
 # ruff, then the import contracts in pyproject.toml (see tests/test_import_contracts.py).
 lint: $(STAMP)
-	$(BIN)/ruff check clinograph sdk secure research benchmarks
+	$(BIN)/ruff check clinograph sdk secure research benchmarks tests
 	$(BIN)/python tests/test_import_contracts.py
 
 # Every study script under research/ with --quick (minutes each; JSON to research/<study>/results/

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 from clinograph.secure.audit import AuditTrail
-from clinograph.core.identity import Identity
 from typer.testing import CliRunner
 
 from clinograph.commands.audit import app
+from clinograph.core.identity import Identity
 
 runner = CliRunner()
 

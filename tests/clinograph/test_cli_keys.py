@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import stat
 
-from clinograph.core.identity import Identity
-from clinograph.secure.pki import load_certificate, verify_server_certificate
 from clinograph.secure.enrolment import load_federation
+from clinograph.secure.pki import load_certificate, verify_server_certificate
 from typer.testing import CliRunner
 
 from clinograph.commands.keys import app
+from clinograph.core.identity import Identity
 
 
 def _init(tmp_path, *extra):

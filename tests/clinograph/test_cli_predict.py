@@ -9,16 +9,16 @@ import pandas as pd
 import pytest
 import tomli_w
 from clinograph.sdk.config import HospitalConfig
+from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
 from clinograph.sdk.federation.build import build_task
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.load import load_exported, predict_exported
-from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
-from clinograph.core.errors import SchemaError
-from clinograph.core.identity import Identity
 from sdk_helpers import raw_tables, small_tables
 from typer.testing import CliRunner
 
 from clinograph.cli import app
+from clinograph.core.errors import SchemaError
+from clinograph.core.identity import Identity
 
 runner = CliRunner()
 HOSPITAL = Identity.generate("north")  # the exporting hospital's signing identity

@@ -12,15 +12,15 @@ import pytest
 import sqlalchemy as sa
 import tomli_w
 from clinograph.sdk.config import HospitalConfig
+from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
 from clinograph.sdk.federation.build import build_task
 from clinograph.sdk.model.fhir_risk import MODEL_SYSTEM
 from clinograph.sdk.model.omop_results import RESULT_COLUMNS
-from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
-from clinograph.core.identity import Identity
 from sdk_helpers import raw_tables, small_tables
 from typer.testing import CliRunner
 
 from clinograph.cli import app
+from clinograph.core.identity import Identity
 
 RiskAssessment = pytest.importorskip("fhir.resources.R4B.riskassessment").RiskAssessment
 runner = CliRunner()
@@ -106,8 +106,8 @@ OMOP_SOURCE = {"site": "north", "omop": {
 
 
 def test_omop_database_source_gets_a_results_table_with_person_ids(tmp_path, exported):
-    from clinograph.sdk.ontology import FeatureDictionary
     from clinograph.sdk.datasets.omop import write_omop
+    from clinograph.sdk.ontology import FeatureDictionary
 
     model, digest = exported
     df, schema = raw_tables()[0]
@@ -142,8 +142,8 @@ def test_omop_database_source_gets_a_results_table_with_person_ids(tmp_path, exp
 
 
 def test_an_existing_table_of_another_shape_is_refused_by_name(tmp_path, exported):
-    from clinograph.sdk.ontology import FeatureDictionary
     from clinograph.sdk.datasets.omop import write_omop
+    from clinograph.sdk.ontology import FeatureDictionary
 
     model, _ = exported
     df, schema = raw_tables()[0]
@@ -174,8 +174,8 @@ def _pg_server():
 
 
 def test_results_table_in_a_real_postgresql_cdm(tmp_path, exported):
-    from clinograph.sdk.ontology import FeatureDictionary
     from clinograph.sdk.datasets.omop import write_omop
+    from clinograph.sdk.ontology import FeatureDictionary
 
     pg = _pg_server()
     if pg.pg_bin() is None:
@@ -201,8 +201,8 @@ def test_results_table_in_a_real_postgresql_cdm(tmp_path, exported):
 
 
 def test_a_fhir_source_read_by_id_gets_patient_references(tmp_path, exported):
-    from clinograph.sdk.ontology import FeatureDictionary
     from clinograph.sdk.datasets.ehr import ALARM_SYSTEM, LABEL_CODE, write_fhir
+    from clinograph.sdk.ontology import FeatureDictionary
 
     model, digest = exported
     df, schema = raw_tables()[0]

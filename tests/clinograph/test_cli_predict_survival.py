@@ -12,10 +12,10 @@ from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.nsfl_task import NSFLTask
 from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest import ingest
-from clinograph.core.identity import Identity
 from typer.testing import CliRunner
 
 from clinograph.cli import app
+from clinograph.core.identity import Identity
 
 pytest.importorskip("lifelines")
 runner = CliRunner()

@@ -13,15 +13,15 @@ import pytest
 import tomli_w
 import torch
 from clinograph.sdk.config import NSFLConfig
+from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
 from clinograph.sdk.model.export import export_model
 from clinograph.sdk.model.nsfl import NSFLModel
-from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
-from clinograph.core.identity import Identity
 from clinograph.secure.policy import InsecureOptionWarning
 from sdk_helpers import raw_tables, small_tables
 from typer.testing import CliRunner
 
 from clinograph.cli import app
+from clinograph.core.identity import Identity
 
 runner = CliRunner()
 NORTH = Identity.generate("north")

@@ -75,7 +75,7 @@ def make_hospital_that_hangs(*, node_config, run_config, run_id, identity):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["masked", "ckks"])
-def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, mode, lean_server_python):
+def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, mode, lean_server_python):  # noqa: F811 -- the fixture
     """The SuperLink and so the ServerApp run from the lean server install (no torch, PyG, Opacus,
     pgmpy: tests/lean_env.py), the hospitals from the full install."""
     from clinograph.secure.audit import verify_audit_dir

@@ -17,16 +17,17 @@ from pathlib import Path
 
 import numpy as np
 from clinograph.secure.aggregation import LocalUpdate, create_mode
+from clinograph.secure.audit import AuditTrail
 from clinograph.secure.ckks import CkksClient
 from clinograph.secure.masking import MaskingClient
 from clinograph.secure.masking.messages import MaskedInput
-from clinograph.secure.audit import AuditTrail
-from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientReport, DPPolicy, RoundPlan
 from clinograph.secure.runtime import InProcessTransport
 from clinograph.secure.server import FederationServer
-from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
+
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 
 SPEC = ModelSpec(version=1, modules=(
     ModuleSpec(name="feature_embedding/heart_rate", shape=(6,), kind=ModuleKind.SHARED),

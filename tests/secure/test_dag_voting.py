@@ -18,9 +18,10 @@ from clinograph.secure.dag_voting import (
     vote_length,
     vote_module_spec,
 )
-from clinograph.core.errors import ProtocolError, SchemaError
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from clinograph.core.errors import ProtocolError, SchemaError
 
 NODES = tuple(f"c{i}" for i in range(6))
 
@@ -185,11 +186,12 @@ def test_dag_voting_does_not_import_torch():
 
 def test_votes_through_masked_aggregation_give_the_same_dag():
     """Votes are one more shared module: the masked mode's sum is the tally, not any one vote."""
-    from clinograph.core.identity import Identity
     from clinograph.secure.masking import masked_plan_options
     from clinograph.secure.messages import RoundPlan
-    from clinograph.core.spec import ModelSpec
     from clinograph.secure.transport import run_aggregation
+
+    from clinograph.core.identity import Identity
+    from clinograph.core.spec import ModelSpec
 
     concepts = ("smoke", "lung", "bronc", "dysp")
     proposals = {  # (local nodes, edges); weights in (0, 1] so every weighted slot is within clip

@@ -6,6 +6,7 @@ import os
 import stat
 
 import pytest
+
 from clinograph.core.fileio import atomic_write
 
 

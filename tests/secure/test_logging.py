@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import structlog
+
 from clinograph.core.identity import Identity
 from clinograph.core.logging import PHILogError, configure_logging, get_logger, sensitive_key
 

@@ -10,7 +10,6 @@ import stat
 import threading
 
 import pytest
-from clinograph.core.errors import ConfigError, IntegrityError
 from clinograph.secure.pki import (
     certificate_hostnames,
     create_ca,
@@ -23,6 +22,8 @@ from clinograph.secure.pki import (
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+
+from clinograph.core.errors import ConfigError, IntegrityError
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,11 @@ import os
 import numpy as np
 import pytest
 from clinograph.secure.audit import verify_audit_dir
-from clinograph.core.labels import SIG_MESSAGE
 from clinograph.secure.runtime import run_round
 from clinograph.secure.wire import Envelope, parse_envelope
 from hostile_helpers import FEDERATION, audit_entries, federation, honest_mean
+
+from clinograph.core.labels import SIG_MESSAGE
 
 HONEST = ("h0", "h1", "h2")
 

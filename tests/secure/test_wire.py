@@ -10,8 +10,6 @@ import struct
 
 import numpy as np
 import pytest
-from clinograph.core.errors import IntegrityError, ProtocolError
-from clinograph.core.identity import Identity
 from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.messages import ClientUpdate, ModuleTensor
 from clinograph.secure.wire import (
@@ -23,6 +21,9 @@ from clinograph.secure.wire import (
     seal,
     signed_bytes,
 )
+
+from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.identity import Identity
 
 ALICE = Identity.generate("alice")
 MALLORY = Identity.generate("mallory")

@@ -12,6 +12,7 @@ import pytest
 from clinograph.sdk.model.fhir_risk import REFERENCE, risk_assessments, write_risk_assessments
 from clinograph.sdk.model.omop_results import RESULT_COLUMNS, check_table_name, result_rows
 from clinograph.sdk.model.predictions import Predictions
+
 from clinograph.core.errors import ConfigError
 
 RiskAssessment = pytest.importorskip("fhir.resources.R4B.riskassessment").RiskAssessment

@@ -16,6 +16,7 @@ from clinograph.sdk.ingest.survival import days_per
 from clinograph.sdk.model.description import SURVIVAL_FORMAT
 from clinograph.sdk.model.load import load_exported, predict_exported, predict_survival_exported
 from clinograph.sdk.training.survival import risk_at
+
 from clinograph.core.errors import ConfigError, IntegrityError, SchemaError
 from clinograph.core.identity import Identity
 

@@ -22,10 +22,11 @@ from clinograph.sdk.model.load import (
     predict_exported,
 )
 from clinograph.sdk.model.nsfl import NSFLModel
-from clinograph.core.errors import ConfigError, IntegrityError, SecurityPolicyError
-from clinograph.core.identity import Identity
 from clinograph.secure.policy import InsecureOptionWarning
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError, IntegrityError, SecurityPolicyError
+from clinograph.core.identity import Identity
 
 NORTH = Identity.generate("north")
 

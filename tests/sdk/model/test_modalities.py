@@ -9,20 +9,21 @@ import numpy as np
 import pytest
 import torch
 from clinograph.sdk.config import SimulationConfig
+from clinograph.sdk.datasets import timeseries as ts
 from clinograph.sdk.federation.build import build_hospital, initial_model, initial_model_for
 from clinograph.sdk.federation.modality_task import build_modality_task
 from clinograph.sdk.federation.simulate import SimulatedFederation
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.modalities import ModalityNSFL, modality_module_names
-from clinograph.sdk.datasets import timeseries as ts
 from clinograph.sdk.training import bce
 from clinograph.secure.audit import AuditTrail
-from clinograph.core.errors import ConfigError
-from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientUpdate
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.runtime import InProcessTransport, build_server
 from clinograph.secure.wire import load_payload, parse_envelope
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 
 # one hospital with the PPG waveform, one with vital-sign series only, one with static variables only
 PICK = (0, 2, 4)

@@ -6,8 +6,9 @@ import torch
 from clinograph.sdk.graph import build_graph, star_batch
 from clinograph.sdk.model import NSFLConfig, NSFLModel, nsfl_modules
 from clinograph.sdk.training import bce
-from clinograph.core.spec import ModuleKind
 from sdk_helpers import small_tables
+
+from clinograph.core.spec import ModuleKind
 
 
 def model_for(t, seed=0):

@@ -64,6 +64,7 @@ def test_theorem1_unobserved_features_shape_rows_get_exactly_zero_gradient():
 def test_exported_star_model_keeps_the_shape_functions(tmp_path):
     from clinograph.sdk.model.export import export_model, star_risk
     from clinograph.sdk.model.load import load_exported, predict_exported
+
     from clinograph.core.identity import Identity
 
     me = Identity.generate("h")

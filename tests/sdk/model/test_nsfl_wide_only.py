@@ -73,6 +73,7 @@ def test_an_exported_wide_only_model_predicts_as_in_the_federation(tmp_path):
     import numpy as np
     from clinograph.sdk.model.export import export_model, star_risk
     from clinograph.sdk.model.load import load_exported, predict_exported
+
     from clinograph.core.identity import Identity
 
     me = Identity.generate("h")

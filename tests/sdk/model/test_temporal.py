@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from clinograph.sdk.config import HospitalConfig, NSFLConfig
+from clinograph.sdk.datasets import timeseries as ts
 from clinograph.sdk.federation.build import build_task, initial_model_for
 from clinograph.sdk.graph import build_graph, star_batch
 from clinograph.sdk.graph.temporal import observed_feature_nodes, snapshot_batch, snapshot_stars
@@ -17,12 +18,12 @@ from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.nsfl import NSFLModel
 from clinograph.sdk.model.temporal import TemporalNSFL, add_temporal_modules
 from clinograph.sdk.privacy import star_loss, unused_star_parameters
-from clinograph.sdk.datasets import timeseries as ts
 from clinograph.sdk.training import bce
+from opacus import GradSampleModule
+
 from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 from clinograph.core.spec import ModuleKind
-from opacus import GradSampleModule
 
 WINDOW = 6
 

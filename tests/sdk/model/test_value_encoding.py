@@ -191,6 +191,7 @@ def test_per_sample_gradients_stay_exact_with_piecewise_encoding(encoding):
 def test_exported_star_model_keeps_the_piecewise_encoding(tmp_path, encoding):
     from clinograph.sdk.model.export import export_model, star_risk
     from clinograph.sdk.model.load import load_exported, predict_exported
+
     from clinograph.core.identity import Identity
 
     me = Identity.generate("h")

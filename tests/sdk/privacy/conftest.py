@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from clinograph.sdk.ingest.validate import ingest
 from clinograph.sdk.datasets.alarm import HospitalSpec, load_dictionary, make_hospital_tables
+from clinograph.sdk.ingest.validate import ingest
 
 SPECS = (HospitalSpec("alpha", 90), HospitalSpec("beta", 70), HospitalSpec("gamma", 60, lacks=("sao2", "svo2", "paco2")))
 

@@ -6,10 +6,11 @@ import pytest
 from clinograph.sdk.config import HospitalConfig
 from clinograph.sdk.federation.build import initial_model_for
 from clinograph.secure.audit import AuditTrail
-from clinograph.core.errors import ConfigError
-from clinograph.core.identity import Identity
 from clinograph.secure.runtime import build_server
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection
+
+from clinograph.core.errors import ConfigError
+from clinograph.core.identity import Identity
 
 
 def _build(tables, dictionary, tmp_path, *, rounds: int, delta: float = 1e-5):
@@ -42,8 +43,8 @@ def test_a_delta_too_large_for_a_guarantee_is_refused(tables, dictionary, tmp_pa
 
 def test_the_demo_calibration_is_what_build_server_accepts(tables, dictionary, tmp_path):
     """σ from distributed_noise_multiplier meets the server's ε check; 0.9·σ does not."""
-    from clinograph.sdk.privacy.calibration import distributed_noise_multiplier
     from clinograph.sdk.demo.run import demo_distributed_config
+    from clinograph.sdk.privacy.calibration import distributed_noise_multiplier
 
     cfg = demo_distributed_config(rounds=15, seed=0, epsilon=3.0)
     initial = initial_model_for(cfg.hospital_config(), dictionary=dictionary)

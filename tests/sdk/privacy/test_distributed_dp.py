@@ -20,13 +20,14 @@ from clinograph.sdk.privacy.distributed import (
     per_patient_gradients,
     randomised_round,
 )
-from clinograph.core.errors import PrivacyError
 from clinograph.secure.hazmat.discrete_noise import CsprngUniform, skellam
-from clinograph.core.identity import Identity
-from clinograph.core.spec import ModuleKind
 from clinograph.secure.strategies.fedavg import FedSGD
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from clinograph.core.errors import PrivacyError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModuleKind
 
 
 def _model(n_features: int) -> NSFLModel:
@@ -174,10 +175,11 @@ def test_build_server_refuses_a_distributed_policy_that_cannot_keep_its_promise(
     """The server builder (every deployment goes through it) checks the promise, not only simulations."""
     from clinograph.sdk.federation.build import initial_model_for
     from clinograph.secure.audit import AuditTrail
-    from clinograph.core.errors import ConfigError
-    from clinograph.core.identity import Identity
     from clinograph.secure.runtime import build_server
     from clinograph.secure.runtime.config import DPPolicySection, FederationSection
+
+    from clinograph.core.errors import ConfigError
+    from clinograph.core.identity import Identity
 
     cfg = _config(tmp_path)
     ids = {t.site: Identity.generate(t.site).public for t in tables}

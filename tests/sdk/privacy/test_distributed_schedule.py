@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from clinograph.sdk.privacy.schedule import DISTRIBUTED_SCHEDULES, distributed_schedule
+
 from clinograph.core.errors import ConfigError
 
 RESULTS = Path(__file__).resolve().parents[3] / "research" / "dp_trust_models" / "results" / "dp_trust_models.json"

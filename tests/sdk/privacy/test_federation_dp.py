@@ -57,6 +57,7 @@ def test_a_hospital_whose_ledger_breaks_the_policy_is_refused(tables, dictionary
 
 def test_a_hospitals_ledger_file_is_signed_and_an_edit_is_refused(tables, dictionary, tmp_path):
     import pytest
+
     from clinograph.core.errors import PrivacyError
 
     sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")

@@ -12,10 +12,11 @@ from clinograph.sdk.privacy import (
     PrivacyLedger,
 )
 from clinograph.sdk.privacy.accountant import normalise
-from clinograph.core.identity import Identity
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opacus.accountants import RDPAccountant
+
+from clinograph.core.identity import Identity
 
 DELTA = 1e-5
 SIGNER = Identity.generate("alpha")  # the hospital's identity: every ledger is signed

@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 from clinograph.sdk.privacy import DistributedLedger, PrivacyLedger
+
 from clinograph.core.errors import PrivacyBudgetExceeded, PrivacyError
 from clinograph.core.identity import Identity
 

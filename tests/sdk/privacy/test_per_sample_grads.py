@@ -15,9 +15,10 @@ from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
 from clinograph.sdk.privacy import star_loss, unused_star_parameters
 from clinograph.sdk.privacy.per_patient import PerPatientClipper, star_probe
-from clinograph.core.errors import PrivacyError
 from opacus import GradSampleModule
 from opacus.grad_sample import get_gsm_class
+
+from clinograph.core.errors import PrivacyError
 
 
 def _model(n_features: int) -> NSFLModel:

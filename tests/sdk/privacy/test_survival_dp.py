@@ -24,8 +24,9 @@ from clinograph.sdk.privacy.survival import (
     hazard_loss_sum,
 )
 from clinograph.sdk.training.survival import interval_targets
-from clinograph.core.identity import Identity
 from sdk_helpers import SURVIVAL_TARGET, lung_survival
+
+from clinograph.core.identity import Identity
 
 pytest.importorskip("lifelines")
 

@@ -16,6 +16,7 @@ from clinograph.sdk.privacy import (
     secure_gaussian,
 )
 from clinograph.sdk.training.local import TrainConfig
+
 from clinograph.core.identity import Identity
 
 SIGNER = Identity.generate("alpha")  # the hospital's identity: signs every ledger here

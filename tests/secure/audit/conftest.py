@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from clinograph.secure.audit import AuditTrail
-from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientReport, LedgerEntry
 from clinograph.secure.wire import seal
+
+from clinograph.core.identity import Identity
 
 DICT_HASH = hashlib.sha256(b"dictionary v1").hexdigest()
 FED = "fed-test"

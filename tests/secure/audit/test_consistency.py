@@ -8,10 +8,11 @@ import shutil
 import pytest
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.audit.consistency import check_extension
-from clinograph.core.errors import IntegrityError
-from clinograph.core.identity import Identity
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from clinograph.core.errors import IntegrityError
+from clinograph.core.identity import Identity
 
 SERVER = Identity.generate("server")
 

@@ -9,6 +9,7 @@ import pytest
 from clinograph.secure.audit import AuditTrail, render_report, verify_audit_dir
 from clinograph.secure.audit import verify as verify_mod
 from clinograph.secure.audit.plots import literal
+
 from clinograph.core.errors import IntegrityError
 from clinograph.core.identity import Identity
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from clinograph.secure.audit import AuditTrail, render_report, verify_audit_dir
 from clinograph.secure.audit.kinds import KINDS, RESERVED, check_payload
-from clinograph.core.identity import Identity
 from clinograph.secure.messages import DPPolicy, LedgerEntry
+
+from clinograph.core.identity import Identity
 
 from .conftest import manifest
 

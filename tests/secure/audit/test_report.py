@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from axe_check import describe, violations
 from clinograph.secure.audit import AuditTrail, render_report
+
 from clinograph.core.identity import Identity
 
 SECTIONS = ["verification", "manifest", "insecure", "participation", "coverage", "privacy", "dag",

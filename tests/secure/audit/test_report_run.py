@@ -7,6 +7,7 @@ import json
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.audit.report import render_report
 from clinograph.secure.audit.report_run import dp_policy_words
+
 from clinograph.core.identity import Identity
 
 

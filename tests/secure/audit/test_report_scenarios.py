@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from clinograph.secure.audit.report import render_report
+
 from clinograph.core.identity import Identity
 
 HERE = Path(__file__).resolve().parents[1] / "runtime"

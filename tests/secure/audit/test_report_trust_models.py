@@ -8,8 +8,9 @@ import tempfile
 import pytest
 from axe_check import describe, violations
 from clinograph.secure.audit import AuditTrail, render_report
-from clinograph.core.identity import Identity
 from clinograph.secure.messages import DistributedShare, LedgerEntry
+
+from clinograph.core.identity import Identity
 
 from .conftest import manifest
 

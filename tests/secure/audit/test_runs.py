@@ -6,6 +6,7 @@ import json
 
 from clinograph.secure.audit import AuditTrail, verify_audit_dir
 from clinograph.secure.audit.entry import GENESIS, make_entry, make_head
+
 from clinograph.core.identity import Identity
 
 

@@ -11,12 +11,13 @@ import pandas as pd
 import pytest
 from clinograph.secure.audit import AuditTrail, verify_audit_dir
 from clinograph.secure.audit.entry import entry_hash
-from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
-from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientReport
 from clinograph.secure.wire import seal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
+from clinograph.core.identity import Identity
 
 from .conftest import DICT_HASH, FED, manifest
 

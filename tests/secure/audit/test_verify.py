@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 from clinograph.secure.audit import AuditTrail, verify_audit_dir
-from clinograph.core.identity import Identity
 from clinograph.secure.messages import ClientReport
 from clinograph.secure.wire import seal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from clinograph.core.identity import Identity
 
 from .conftest import DICT_HASH, FED, manifest, write_federation
 

@@ -14,11 +14,12 @@ from clinograph.secure.ckks import (
     ckks_plan_options,
 )
 from clinograph.secure.ckks.ceremony import in_process_ceremony
+from clinograph.secure.messages import RoundPlan
+from clinograph.secure.wire import parse_envelope
+
 from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.core.identity import Identity
-from clinograph.secure.messages import RoundPlan
 from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
-from clinograph.secure.wire import parse_envelope
 
 FED = "fed-ckks"
 SPEC = ModelSpec(version=2, modules=(

@@ -9,9 +9,10 @@ import tenseal.sealapi as seal_api
 from ckks_helpers import SERVER, ceremony, client_for, identity, make_plan, make_updates
 from clinograph.secure.ckks.layout import SlotLayout
 from clinograph.secure.ckks.messages import CkksAggregate, CkksUpdate
-from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.secure.hazmat.ckks_context import dump_ciphertext
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
+
+from clinograph.core.errors import IntegrityError, ProtocolError
 
 N = 3
 

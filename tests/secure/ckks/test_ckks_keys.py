@@ -17,9 +17,10 @@ from clinograph.secure.ckks import (
     CkksServerContext,
 )
 from clinograph.secure.ckks.messages import CkksKeyPackage, CkksPublicContext
-from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.secure.hazmat.ckks_context import CkksEvaluator, CkksSecretContext
 from clinograph.secure.wire import Envelope, open_envelope, parse_envelope, seal
+
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 
 ALICE, BOB, CAROL = identity("alice"), identity("bob"), identity("carol")
 

@@ -8,12 +8,13 @@ import numpy as np
 from ckks_helpers import SERVER, ceremony, client_for, make_plan, names, relay, server_for
 from clinograph.secure.aggregation import LocalUpdate
 from clinograph.secure.ckks.messages import CkksAggregate, CkksUpdate
-from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.secure.hazmat.ckks_context import dump_ciphertext
-from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 
 N = 5
 SMALL = ModelSpec(version=1, modules=tuple(ModuleSpec(name=f"gnn/m{i}", shape=(s,), kind=ModuleKind.SHARED)

@@ -17,8 +17,9 @@ from ckks_helpers import (
 from clinograph.secure.aggregation import create_mode
 from clinograph.secure.aggregation.plaintext import PlaintextClient, PlaintextServer
 from clinograph.secure.ckks import CkksClient, CkksPreset, CkksServer
-from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.secure.wire import parse_envelope
+
+from clinograph.core.errors import ConfigError, ProtocolError
 
 
 def _plaintext_sums(plan, updates):

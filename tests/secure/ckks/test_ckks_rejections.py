@@ -20,12 +20,13 @@ from ckks_helpers import (
     relay,
     server_for,
 )
+from clinograph.secure.aggregation.checks import Unattributed
 from clinograph.secure.ckks import CkksPreset, CkksRecipientKey
 from clinograph.secure.ckks.layout import SlotLayout
 from clinograph.secure.ckks.messages import CkksUpdate
-from clinograph.secure.aggregation.checks import Unattributed
-from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.secure.wire import Envelope, open_envelope, parse_envelope, seal
+
+from clinograph.core.errors import IntegrityError, ProtocolError
 
 N = 3
 

@@ -11,8 +11,9 @@ from clinograph.secure.dp import (
     check_configuration,
     check_share,
 )
-from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.secure.runtime.config import DPPolicySection
+
+from clinograph.core.errors import ConfigError, ProtocolError
 
 SCALE = 13421.0
 POLICY = DistributedPolicy(mechanism="skellam", noise_multiplier=1.0, clip_norm=1.0, sample_rate=0.1, min_honest=2,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 from clinograph.secure.hazmat.masking_prg import MASK_PRG, add_mask, expand_mask
 from clinograph.secure.hazmat.shamir import combine_shares, split_secret
 from clinograph.secure.hazmat.x25519 import agree, encode_context, generate_keypair
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 
 # AES-256 of the all-zero block under the all-zero key (the first counter block of the mask
 # PRG, masking protocol masked/2): dc95c078 a2408989 ad48a214 92842087, read as little-endian

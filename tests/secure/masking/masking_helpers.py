@@ -6,9 +6,10 @@ from functools import lru_cache
 
 import numpy as np
 from clinograph.secure.aggregation import LocalUpdate
-from clinograph.core.identity import Identity
 from clinograph.secure.masking import masked_plan_options
 from clinograph.secure.messages import RoundPlan
+
+from clinograph.core.identity import Identity
 from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 
 SPEC = ModelSpec(version=3, modules=(

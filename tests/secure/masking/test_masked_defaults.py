@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from clinograph.core.errors import ConfigError
 from clinograph.secure.masking.params import (
     MaskedDefaults,
     MaskingParams,
@@ -18,6 +17,8 @@ from clinograph.secure.transport import run_aggregation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from masking_helpers import expected_sums, identities, identity, make_plan, make_updates, rel_err
+
+from clinograph.core.errors import ConfigError
 
 SERVER = identity("server")
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clinograph.secure.aggregation import LocalUpdate
-from clinograph.core.errors import ProtocolError
 from clinograph.secure.hazmat import fixedpoint
-from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 from clinograph.secure.hazmat.masking_prg import add_mask
 from clinograph.secure.hazmat.shamir import combine_shares
 from clinograph.secure.hazmat.x25519 import agree, hkdf, private_from_bytes
@@ -27,6 +25,9 @@ from masking_helpers import (
     rel_err,
 )
 from test_masking_rejections import Round
+
+from clinograph.core.errors import ProtocolError
+from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 
 SERVER = identity("server")
 VICTIM = "hosp01"

@@ -5,8 +5,6 @@ share; the honest path, with dropouts at the new stage, still equals the plainte
 from __future__ import annotations
 
 import pytest
-from clinograph.core.errors import ProtocolError
-from clinograph.core.labels import SIG_MESSAGE
 from clinograph.secure.masking.consistency import survivors_digest
 from clinograph.secure.masking.messages import (
     ConsistencyRequest,
@@ -19,6 +17,9 @@ from clinograph.secure.transport import run_aggregation
 from clinograph.secure.wire import load_payload, parse_envelope, seal
 from masking_helpers import expected_sums, identities, identity, make_plan, make_updates, rel_err
 from test_masking_rejections import Round
+
+from clinograph.core.errors import ProtocolError
+from clinograph.core.labels import SIG_MESSAGE
 
 SERVER = identity("server")
 VICTIM = "hosp01"
@@ -208,12 +209,13 @@ def test_documented_limit_a_split_view_with_2t_minus_k_plus_1_colluders_still_un
     collusion bound against a lying server stays 2t - (k+1), not t."""
     import numpy as np
     from clinograph.secure.hazmat import fixedpoint
-    from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
     from clinograph.secure.hazmat.masking_prg import add_mask
     from clinograph.secure.hazmat.shamir import combine_shares
     from clinograph.secure.hazmat.x25519 import agree, hkdf, private_from_bytes
     from clinograph.secure.masking.messages import MaskedInput
     from clinograph.secure.masking.stages import pair_context, pairwise_sign, round_context
+
+    from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 
     rnd = to_consistency_stage()
     colluder = "hosp04"

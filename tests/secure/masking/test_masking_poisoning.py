@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clinograph.secure.audit import verify_audit_dir
-from clinograph.core.errors import ProtocolError
 from clinograph.secure.masking import MaskingClient
 from clinograph.secure.masking.messages import MaskedInput
 from clinograph.secure.runtime import run_round
+
+from clinograph.core.errors import ProtocolError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hostile_helpers import audit_entries, federation  # noqa: E402

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from clinograph.secure.aggregation import create_mode
-from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.secure.masking import (
     MaskingClient,
     MaskingServer,
@@ -24,6 +23,8 @@ from masking_helpers import (
     names,
     rel_err,
 )
+
+from clinograph.core.errors import ConfigError, ProtocolError
 
 SERVER = identity("server")
 

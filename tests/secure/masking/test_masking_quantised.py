@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clinograph.core.errors import ConfigError
 from clinograph.secure.masking import MaskingParams
 from clinograph.secure.masking.params import quantisation_error_bound, scale16_for, wrap_free16
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.transport import run_aggregation
 from masking_helpers import SPEC, expected_sums, identities, identity, make_plan, make_updates
 from pydantic import ValidationError
+
+from clinograph.core.errors import ConfigError
 
 SERVER = identity("server")
 
@@ -58,8 +59,9 @@ def test_sixteen_bit_upload_is_half_the_bytes():
 
 
 def test_masked_vector_of_the_wrong_width_is_refused():
-    from clinograph.core.errors import ProtocolError
     from clinograph.secure.masking.stages import Layout, from_words
+
+    from clinograph.core.errors import ProtocolError
 
     plan = make_plan(4, threshold=3, word_bits=16)
     layout, params = Layout.of(plan), MaskingParams.from_plan(plan)

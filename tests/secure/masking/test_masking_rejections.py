@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 from clinograph.secure.aggregation.checks import Unattributed
-from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.secure.masking import MaskingClient, MaskingServer
 from clinograph.secure.masking.messages import AdvertiseKeys, KeyDirectory, MaskedInput
 from clinograph.secure.wire import load_payload, parse_envelope, seal
 from masking_helpers import expected_sums, identities, identity, make_plan, make_updates, rel_err
+
+from clinograph.core.errors import IntegrityError, ProtocolError
 
 SERVER = identity("server")
 

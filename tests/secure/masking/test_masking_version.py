@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from clinograph.core.errors import ProtocolError
 from clinograph.secure.hazmat.masking_prg import MASK_PRG
 from clinograph.secure.masking.messages import MASKING_VERSION, KeyDirectory
 from clinograph.secure.wire import Envelope, load_payload, parse_envelope, seal
 from masking_helpers import expected_sums, identity, rel_err
 from test_masking_rejections import SERVER, Round, only
+
+from clinograph.core.errors import ProtocolError
 
 _V1 = {"key_signature": "A" * 86 + "=="}  # 64 bytes, base64: the masked/1 field
 

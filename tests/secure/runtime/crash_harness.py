@@ -28,7 +28,6 @@ from clinograph.sdk.model.modules import ModuleMap
 from clinograph.sdk.privacy.accountant import PrivacyLedger, merge_step
 from clinograph.sdk.training.trainer import TrainOutcome
 from clinograph.secure.audit import AuditTrail
-from clinograph.core.identity import Identity
 from clinograph.secure.messages import DPPolicy
 from clinograph.secure.runtime import (
     InProcessTransport,
@@ -38,6 +37,8 @@ from clinograph.secure.runtime import (
 from clinograph.secure.runtime.build import InitialModel
 from clinograph.secure.runtime.config import FederationSection
 from clinograph.secure.runtime.journal import Journal
+
+from clinograph.core.identity import Identity
 from clinograph.core.spec import ModuleKind
 
 HOSPITALS = ("h1", "h2", "h3", "h4")

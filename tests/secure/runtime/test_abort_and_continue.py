@@ -5,8 +5,9 @@ import json
 import pytest
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation
-from clinograph.core.errors import ProtocolError
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ProtocolError
 
 
 def test_after_an_aborted_round_the_next_round_runs_with_the_same_hospitals(tmp_path):

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clinograph.core.errors import ConfigError, IntegrityError
 from clinograph.secure.runtime import run_rounds
 from clinograph.secure.runtime.journal import Journal, JournalKey, decode_state, encode_state
+
+from clinograph.core.errors import ConfigError, IntegrityError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hostile_helpers import audit_entries, federation  # noqa: E402

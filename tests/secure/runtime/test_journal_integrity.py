@@ -16,13 +16,14 @@ from hashlib import sha256
 from pathlib import Path
 
 import pytest
-from clinograph.core.errors import IntegrityError
-from clinograph.core.labels import KDF_JOURNAL_MAC
-from clinograph.core.identity import Identity
 from clinograph.secure.runtime import run_rounds
 from clinograph.secure.runtime.journal import Journal, JournalKey
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from clinograph.core.errors import IntegrityError
+from clinograph.core.identity import Identity
+from clinograph.core.labels import KDF_JOURNAL_MAC
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hostile_helpers import audit_entries, federation  # noqa: E402

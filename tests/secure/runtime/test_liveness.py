@@ -5,9 +5,10 @@ import json
 import pytest
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import build_simulation
-from clinograph.core.errors import ConfigError
 from clinograph.secure.runtime.liveness import Liveness
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError
 
 
 def test_suspended_after_consecutive_misses_and_back_when_it_contributes():

@@ -11,12 +11,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "transport"))
 import flower_helpers as fh  # noqa: E402
 from clinograph.secure.audit import verify_audit_dir  # noqa: E402
-from clinograph.core.errors import PrivacyBudgetExceeded, ProtocolError  # noqa: E402
 from clinograph.secure.refusals import HospitalRefusal, check_refusal, seal_refusal  # noqa: E402
 from clinograph.secure.runtime import InProcessTransport, run_rounds  # noqa: E402
 from clinograph.secure.runtime.loop import RoundAborted  # noqa: E402
 from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
 from clinograph.secure.wire import parse_envelope  # noqa: E402
+
+from clinograph.core.errors import PrivacyBudgetExceeded, ProtocolError  # noqa: E402
 
 HOSPITALS = ("h1", "h2", "h3")
 
@@ -38,8 +39,9 @@ class BudgetHospital(fh.FakeHospital):
 
 @pytest.fixture()
 def federation(tmp_path):
-    from clinograph.core.identity import Identity
     from clinograph.secure.enrolment import load_federation
+
+    from clinograph.core.identity import Identity
 
     keys = init_keyset(tmp_path / "keys", federation_id="fed-flower", hospitals=list(HOSPITALS),
                        superlink_hosts=["127.0.0.1"], superlink_port=19092)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from clinograph.secure.audit.verify import verify_audit_dir
+
 from clinograph.core.errors import IntegrityError, ProtocolError
 
 HERE = Path(__file__).resolve().parent

@@ -8,8 +8,6 @@ import warnings
 import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
-from clinograph.core.errors import ConfigError, ProtocolError
-from clinograph.core.identity import Identity
 from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.strategies import create_strategy, registered_strategies
 from clinograph.secure.strategies.attention import (
@@ -21,6 +19,9 @@ from clinograph.secure.strategies.attention import (
     check_secure_mode,
     softmax,
 )
+
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity
 
 
 def quiet_insecure(**kw) -> InsecureAttention:

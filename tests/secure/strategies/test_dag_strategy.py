@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
 from clinograph.secure.dag_voting import VOTE_MODULE, encode_vote, vote_length
-from clinograph.core.errors import ConfigError, RegistryError
 from clinograph.secure.strategies import create_strategy
+
+from clinograph.core.errors import ConfigError, RegistryError
 
 C = ("a", "b", "y")
 

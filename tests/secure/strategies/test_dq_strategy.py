@@ -5,11 +5,12 @@ import math
 import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
-from clinograph.core.errors import ConfigError
 from clinograph.secure.strategies import create_strategy
 from clinograph.secure.strategies.dq import ALPHA_CAP, DQWeighted, adapt_alpha, dq_factor, smooth
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from clinograph.core.errors import ConfigError
 
 
 def test_eq3_dq_factor_by_hand():

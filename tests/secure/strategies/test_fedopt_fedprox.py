@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
-from clinograph.core.errors import ConfigError, RegistryError
 from clinograph.secure.strategies import create_strategy, registered_strategies
 from clinograph.secure.strategies.fedopt import FedAdam, FedYogi
+
+from clinograph.core.errors import ConfigError, RegistryError
 
 
 def reference(variant, x0, pseudo_grads, *, eta, b1, b2, tau):

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 from clinograph.secure.aggregation import ModuleSums
-from clinograph.core.errors import RegistryError
 from clinograph.secure.strategies import FedAvg, FedSGD, create_strategy
+
+from clinograph.core.errors import RegistryError
 
 
 def sums(**mods):

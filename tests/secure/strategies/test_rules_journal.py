@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from clinograph.secure.aggregation.base import ModuleSums
-from clinograph.core.errors import ConfigError
 from clinograph.secure.runtime.resume import check_journalable
 from clinograph.secure.strategies.rules import (
     POSTERIOR_MODULE,
@@ -17,6 +16,8 @@ from clinograph.secure.strategies.rules import (
     SUPPORT_MODULE,
     FedNSLRules,
 )
+
+from clinograph.core.errors import ConfigError
 
 HEADS, BODIES = ["shunt"], [["a_high"], ["b_low"], ["a_high", "b_low"]]
 

@@ -19,15 +19,16 @@ from uuid import uuid4
 import numpy as np
 from clinograph.secure.aggregation import LocalUpdate, create_mode
 from clinograph.secure.audit import AuditTrail
-from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.secure.enrolment import load_federation
 from clinograph.secure.messages import ClientReport, RoundPlan
 from clinograph.secure.server import FederationServer
-from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 from clinograph.secure.transport.flower.clientapp import app as client_app
-from clinograph.secure.enrolment import load_federation
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
+
+from clinograph.core.identity import Identity, PublicIdentity
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 
 SPEC = ModelSpec(version=1, modules=(
     ModuleSpec(name="feature_embedding/heart_rate", shape=(6,), kind=ModuleKind.SHARED),

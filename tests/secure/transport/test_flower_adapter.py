@@ -19,18 +19,19 @@ from flwr.supercore.task_identity import TaskIdentity
 sys.path.insert(0, str(Path(__file__).parent))
 import flower_helpers as fh  # noqa: E402
 from clinograph.secure.audit import verify_audit_dir  # noqa: E402
-from clinograph.core.errors import ConfigError, ProtocolError, SecurityPolicyError  # noqa: E402
-from clinograph.core.identity import Identity  # noqa: E402
+from clinograph.secure.enrolment import load_federation  # noqa: E402
 from clinograph.secure.policy import InsecureOptionWarning  # noqa: E402
 from clinograph.secure.runtime import InProcessTransport, run_round, run_rounds  # noqa: E402
 from clinograph.secure.transport.flower import check_flower_version  # noqa: E402
 from clinograph.secure.transport.flower.driver import FlowerTransport, Timeouts, greet_nodes  # noqa: E402
-from clinograph.secure.enrolment import load_federation  # noqa: E402
 from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
 from clinograph.secure.transport.flower.records import from_content, to_content  # noqa: E402
 from clinograph.secure.transport.flower.serverapp import run_federation  # noqa: E402
 from clinograph.secure.transport.flower.supernode import check_transport, main  # noqa: E402
 from clinograph.secure.transport.flower.worker import HospitalWorker, load_factory  # noqa: E402
+
+from clinograph.core.errors import ConfigError, ProtocolError, SecurityPolicyError  # noqa: E402
+from clinograph.core.identity import Identity  # noqa: E402
 
 HOSPITALS = ["h1", "h2", "h3"]
 RUN_ID = 4242

@@ -40,12 +40,13 @@ def test_an_ended_federation_goes_on_with_more_rounds_in_the_same_journal_and_au
     from clinograph.sdk.federation.build import run_models
     from clinograph.sdk.federation.node import load_dictionary, make_hospital
     from clinograph.secure.audit import verify_audit_dir
-    from clinograph.core.errors import ConfigError
     from clinograph.secure.transport.flower.keyset import init_keyset
     from clinograph.secure.transport.flower.serverapp import run_federation
     from clinograph.secure.transport.flower.worker import HospitalWorker
     from clinograph_flower_app.prepare import prepare
     from flower_helpers import LoopbackGrid
+
+    from clinograph.core.errors import ConfigError
 
     sites = tmp_path / "sites"
     prepare(sites, hospitals=HOSPITALS, patients=80, dp=False, seed=0, federation_id="fed-loopback",

@@ -15,12 +15,13 @@ from flwr.supercore.task_identity import TaskIdentity
 sys.path.insert(0, str(Path(__file__).parent))
 import flower_helpers as fh  # noqa: E402
 from clinograph.secure.audit import verify_audit_dir  # noqa: E402
-from clinograph.core.errors import ConfigError, ProtocolError  # noqa: E402
 from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
 from clinograph.secure.transport.flower.oplog import progress_line  # noqa: E402
 from clinograph.secure.transport.flower.serverapp import run_federation  # noqa: E402
 from clinograph.secure.transport.flower.supernode import configure_hospital_logging  # noqa: E402
 from clinograph.secure.transport.flower.worker import HospitalWorker  # noqa: E402
+
+from clinograph.core.errors import ConfigError, ProtocolError  # noqa: E402
 
 HOSPITALS = ["h1", "h2", "h3"]
 SERVERAPP = "clinograph.secure.transport.flower.serverapp"

@@ -107,9 +107,10 @@ def test_the_waits_are_set_only_on_a_loop_that_still_has_them(monkeypatch):
 def test_code_a_run_could_bring_to_the_node_is_insecure_by_name():
     """Flower's own executor runs the ClientApp the run's FAB names, and dependency installation runs
     the FAB's packages: each is an insecure option, refused in production, warned in development."""
-    from clinograph.core.errors import SecurityPolicyError
     from clinograph.secure.policy import InsecureOptionWarning
     from clinograph.secure.transport.flower.supernode import check_run_code
+
+    from clinograph.core.errors import SecurityPolicyError
 
     check_run_code([], executor="warm", environment="production")  # the default: nothing to refuse
     with pytest.raises(SecurityPolicyError, match="insecure_fab_clientapp"):

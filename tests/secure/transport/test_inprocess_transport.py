@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clinograph.secure.aggregation import LocalUpdate
-from clinograph.core.errors import ConfigError, ProtocolError
-from clinograph.core.identity import Identity
 from clinograph.secure.masking import masked_plan_options
 from clinograph.secure.messages import RoundPlan
-from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 from clinograph.secure.transport import run_aggregation
+
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 
 N = 6
 NAMES = [f"site{i}" for i in range(N)]

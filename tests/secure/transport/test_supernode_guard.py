@@ -4,12 +4,13 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from clinograph.core.errors import ConfigError, SecurityPolicyError  # noqa: E402
 from clinograph.secure.transport.flower.supernode import (  # noqa: E402
     check_transport,
     insecure_abbreviations,
     main,
 )
+
+from clinograph.core.errors import ConfigError, SecurityPolicyError  # noqa: E402
 
 BASE = ["--participant-factory", "nowhere:make", "--node-config", "hospital='h1'"]
 

@@ -9,8 +9,9 @@ import socket
 import tempfile
 from pathlib import Path
 
-from clinograph.core.identity import Identity
 from clinograph.secure.transport.flower.worker import HospitalWorker, socket_path
+
+from clinograph.core.identity import Identity
 
 
 class _Participant:
