@@ -186,6 +186,20 @@ class FlowerProcesses:
         self.mark(name)
         return p
 
+    def federation(self, hospitals: Sequence[str], *, node_configs: Mapping[str, Mapping[str, Any]],
+                   values: Mapping[str, Any], events_file: Path) -> str:
+        """A whole run, as a deployment starts it: the SuperLink (TLS, node authentication), each
+        hospital's node registered and its SuperNode started, ``flwr run`` with ``values``; waits
+        until the ServerApp's ``events_file`` says finished or failed. Returns ``flwr run``'s log tail."""
+        self.superlink()
+        self.register(hospitals)
+        for h in hospitals:
+            self.supernode(h, node_config=node_configs[h])
+        self.flwr_run(values)
+        self.wait(lambda: any(e["event"] in ("finished", "failed") for e in events(events_file)),
+                  what="the federation to finish", spare=60, procs=self.named("superlink", "flwr-run"))
+        return self.log_tail("flwr-run")
+
     def log_tail(self, name: str, chars: int = 4000) -> str:
         path = self.logs / f"{name}.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""

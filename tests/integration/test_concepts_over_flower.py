@@ -145,19 +145,13 @@ def test_concepts_over_real_flower_processes_match_the_in_process_run(tmp_path):
     events = tmp_path / "events.jsonl"
     try:
         with flower_processes(tmp_path, federation_id=FEDERATION["id"], hospitals=names, budget=600.0) as fp:
-            link = fp.keys.superlink_dir
-            fp.superlink()
-            fp.register(names)
-            for h in names:
-                fp.supernode(h, node_config={"data-dir": sites / h / "data", "state-dir": states / h})
-            fp.flwr_run({"server-config": sites / "server" / "server.toml",
-                         "federation-file": link / "federation.toml", "server-key": link / "server.ed25519.pem",
-                         "events-file": events, "min-nodes": 3, "wait-timeout": 60.0, "hello-timeout": 60.0,
-                         "plan-timeout": 120.0, "stage-timeout": 30.0, "end-timeout": 30.0, "relay-timeout": 120.0})
-            fp.wait(lambda: any(e["event"] in ("finished", "failed") for e in progress(events)),
-                    what="the federation to finish", spare=60, procs=fp.named("superlink", "flwr-run"))
-            run_log = fp.log_tail("flwr-run")
-            keys = fp.keys
+            link, keys = fp.keys.superlink_dir, fp.keys
+            run_log = fp.federation(names, node_configs={h: {"data-dir": sites / h / "data", "state-dir": states / h}
+                                                         for h in names}, events_file=events, values={
+                "server-config": sites / "server" / "server.toml", "federation-file": link / "federation.toml",
+                "server-key": link / "server.ed25519.pem", "events-file": events, "min-nodes": 3,
+                "wait-timeout": 60.0, "hello-timeout": 60.0, "plan-timeout": 120.0, "stage-timeout": 30.0,
+                "end-timeout": 30.0, "relay-timeout": 120.0})
     finally:
         shutil.rmtree(states, ignore_errors=True)
     assert any(e["event"] == "finished" for e in progress(events)), run_log

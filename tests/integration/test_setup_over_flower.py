@@ -12,7 +12,6 @@ Flower give what the simulation gives.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import tempfile
@@ -22,29 +21,18 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from flwr.supercore.task_identity import TaskIdentity
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "secure" / "transport"))
 APP = ROOT / "examples" / "flower_deployment" / "app"
+from loopback_run import entries, run_over_loopback, task_identity  # noqa: E402, F401 -- task_identity: the fixture
+
 BIN = Path(sys.executable).parent
-RUN_ID = 911
 #: hospital.toml of every hospital: both set-up sums, one model (no candidates), a small network
 HOSPITAL = {"dictionary": "dictionary.toml", "model": {"hidden": 8, "features": "shared"}, "graph": {"k_similar": 0},
             "training": {"lr": 0.02, "batch_size": 64}, "scaling": {"source": "federated"},
             "selection": {"candidates": []}, "release": {"metrics": "none"}}
 SETUP_KINDS = ("scaling_histogram", "scaling_derived", "feature_coverage")
-
-
-@pytest.fixture
-def _task_identity():
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = RUN_ID, 0, 1
-    yield
-    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
-
-
-def _entries(audit_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
 
 
 def _payloads(entries: list[dict], kind: str) -> list[dict]:
@@ -115,13 +103,9 @@ def _assert_same_run(deployed: list[dict], simulated: list[dict]) -> None:
         < kinds.index("model_selected")
 
 
-def test_setup_sums_over_a_loopback_flower_grid_match_the_simulation(tmp_path, _task_identity):
-    from clinograph.sdk.federation.node import make_hospital
+@pytest.mark.usefixtures("task_identity")
+def test_setup_sums_over_a_loopback_flower_grid_match_the_simulation(tmp_path):
     from clinograph.secure.audit import verify_audit_dir
-    from clinograph.secure.transport.flower.keyset import init_keyset
-    from clinograph.secure.transport.flower.serverapp import run_federation
-    from clinograph.secure.transport.flower.worker import HospitalWorker
-    from flower_helpers import LoopbackGrid
 
     sites = tmp_path / "sites"
     names = _sites(sites)
@@ -129,31 +113,12 @@ def test_setup_sums_over_a_loopback_flower_grid_match_the_simulation(tmp_path, _
            "strategy": "fedavg"}
     (sites / "server" / "server.toml").write_text(tomli_w.dumps({
         "initial_model": "initial_model.json", "audit_dir": str(tmp_path / "flower-audit"), "federation": fed}))
-    keys = init_keyset(tmp_path / "keys", federation_id="fed-setup", hospitals=names, superlink_hosts=["127.0.0.1"],
-                       superlink_port=19097)
-    states = Path(tempfile.mkdtemp(prefix="cg-"))  # short: a worker's socket lives in its state directory
-    workers, configs = [], {}
-    for i, name in enumerate(names):
-        cfg = {"hospital": name, "state-dir": str(states / name), "data-dir": str(sites / name / "data"),
-               "key-file": str(keys.hospital_dirs[name] / f"{name}.ed25519.pem"),
-               "federation-file": str(keys.hospital_dirs[name] / "federation.toml")}
-        workers.append(HospitalWorker(node_config=cfg, factory=make_hospital))
-        workers[-1].start()
-        configs[401 + i] = cfg
-    run_config = {"server-config": str(sites / "server" / "server.toml"), "federation-file": str(keys.federation_file),
-                  "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "min-nodes": len(names),
-                  "wait-timeout": 1.0, "hello-timeout": 60.0, "plan-timeout": 600.0, "stage-timeout": 60.0,
-                  "end-timeout": 60.0, "relay-timeout": 600.0}
+    run_over_loopback(sites=sites, names=names, server_toml=sites / "server" / "server.toml", tmp_path=tmp_path,
+                      federation_id="fed-setup", port=19097)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            run_federation(LoopbackGrid(run_id=RUN_ID, node_configs=configs, run_config=run_config), run_config)
-        finally:
-            for w in workers:
-                w.stop()
-            shutil.rmtree(states, ignore_errors=True)
         _simulate(sites, names, fed, tmp_path)
-    _assert_same_run(_entries(tmp_path / "flower-audit"), _entries(tmp_path / "sim-audit"))
+    _assert_same_run(entries(tmp_path / "flower-audit"), entries(tmp_path / "sim-audit"))
     assert verify_audit_dir(tmp_path / "flower-audit").ok and verify_audit_dir(tmp_path / "sim-audit").ok
 
 
@@ -178,25 +143,19 @@ def test_setup_sums_over_real_flower_processes_match_the_simulation(tmp_path):
     try:
         with flower_processes(tmp_path, federation_id="fed-setup", hospitals=names, budget=TOTAL_BUDGET) as fp:
             keys, link = fp.keys, fp.keys.superlink_dir
-            fp.superlink()
-            fp.register(names)
-            for h in names:
-                fp.supernode(h, node_config={"data-dir": sites / h / "data", "state-dir": states / h})
-            fp.flwr_run({"server-config": sites / "server" / "server.toml",
-                         "federation-file": link / "federation.toml", "server-key": link / "server.ed25519.pem",
-                         "events-file": events, "min-nodes": 3, "rounds": 1, "wait-timeout": 60.0,
-                         "hello-timeout": 60.0, "plan-timeout": 120.0, "stage-timeout": 30.0, "end-timeout": 30.0,
-                         "relay-timeout": 120.0})
-            fp.wait(lambda: any(e["event"] in ("finished", "failed") for e in _events(events)),
-                    what="the federation to finish", spare=60, procs=fp.named("superlink", "flwr-run"))
-            run_log = fp.log_tail("flwr-run")
+            run_log = fp.federation(names, node_configs={h: {"data-dir": sites / h / "data", "state-dir": states / h}
+                                                         for h in names}, events_file=events, values={
+                "server-config": sites / "server" / "server.toml", "federation-file": link / "federation.toml",
+                "server-key": link / "server.ed25519.pem", "events-file": events, "min-nodes": 3, "rounds": 1,
+                "wait-timeout": 60.0, "hello-timeout": 60.0, "plan-timeout": 120.0, "stage-timeout": 30.0,
+                "end-timeout": 30.0, "relay-timeout": 120.0})
     finally:
         shutil.rmtree(states, ignore_errors=True)
     assert any(e["event"] == "finished" for e in _events(events)), run_log
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _simulate(sites, names, fed, tmp_path)
-    _assert_same_run(_entries(tmp_path / "audit"), _entries(tmp_path / "sim-audit"))
+    _assert_same_run(entries(tmp_path / "audit"), entries(tmp_path / "sim-audit"))
     server_key = load_federation(keys.federation_file).server_public().raw
     report = verify_audit_dir(tmp_path / "audit", trusted_server_key=server_key)
     assert report.ok, report.problems
