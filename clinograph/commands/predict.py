@@ -195,9 +195,12 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
             "spreadsheet shows them as text instead of running them as a formula") if escaped else ""
     signed = ("signature NOT checked (--insecure-untrusted-model)" if insecure_untrusted_model
               else f"site {info.site!r}, signature checked against key {key.fingerprint[:16] if key else '?'}")
-    signed += (f"; shared modules checked against the global model the server released for round "
+    signed += (f"; shared weights checked against the global model the server released for round "
                f"{exported.released_round}" if exported.released_round is not None
                else "; release not checked against an audit trail (no --audit)")
+    if exported.released_round is not None:  # the release binds weights; the settings rest on the signature
+        signed += ("; model settings (depth, slopes, clips) NOT checked: no hospital signature"
+                   if insecure_untrusted_model else "; model settings as the hospital signed them")
     typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {signed}, {what}){note}")
     for line in written:
         typer.echo(line)

@@ -130,7 +130,13 @@ def test_audit_checks_the_shared_modules_against_the_released_global_model(tmp_p
     path, hospital, server, audit = federation_export
     res = predict(tmp_path, path, "--trusted-key", hospital.b64(), "--audit", str(audit), "--server-key", server.b64())
     assert res.exit_code == 0, res.output
-    assert "shared modules checked against the global model the server released for round" in res.output
+    assert "shared weights checked against the global model the server released for round" in res.output
+    assert "model settings as the hospital signed them" in res.output
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        res = predict(tmp_path, path, "--insecure-untrusted-model", "--audit", str(audit), "--server-key", server.b64())
+    assert res.exit_code == 0, res.output  # without a signature the settings are not vouched for, and it says so
+    assert "model settings (depth, slopes, clips) NOT checked: no hospital signature" in res.output
     res = predict(tmp_path, path, "--trusted-key", hospital.b64())
     assert res.exit_code == 0 and "release not checked against an audit trail (no --audit)" in res.output
     other = Identity.generate("server").public.b64()
