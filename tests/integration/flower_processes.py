@@ -245,3 +245,39 @@ def flower_processes(tmp: Path, *, federation_id: str, hospitals: Sequence[str],
         yield fp
     finally:
         fp.close()
+
+
+STAND_IN_PYPROJECT = """
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "stand-in-app"
+version = "0.1.0"
+license = "Apache-2.0"
+dependencies = ["flwr>=1.41,<1.42"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["stand_in"]
+
+[tool.flwr.app]
+publisher = "clinograph-tests"
+
+[tool.flwr.app.components]
+serverapp = "stand_in:app"
+clientapp = "stand_in:client"
+
+[tool.flwr.app.config]
+"""
+
+
+def stand_in_app(folder: Path, *, code: str, config: str) -> Path:
+    """A small Flower app (package ``stand_in`` holding ``code``; ``config``: its
+    ``[tool.flwr.app.config]`` lines) for tests that need a ServerApp/ClientApp of their own."""
+    import textwrap
+
+    (folder / "stand_in").mkdir(parents=True)
+    (folder / "stand_in" / "__init__.py").write_text(textwrap.dedent(code))
+    (folder / "pyproject.toml").write_text(STAND_IN_PYPROJECT + textwrap.dedent(config).lstrip("\n"))
+    return folder

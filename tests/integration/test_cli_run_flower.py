@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "secure" / "transport"))
 from flower_helpers import write_server_files  # noqa: E402
-from flower_processes import APP, BIN, flower_processes, serverapp_pids, wait  # noqa: E402
+from flower_processes import APP, BIN, flower_processes, serverapp_pids, stand_in_app, wait  # noqa: E402
 from flower_processes import events as _events  # noqa: E402
 
 
@@ -90,39 +89,14 @@ STAND_IN = '''
 '''
 
 
-PYPROJECT = """
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "stand-in-app"
-version = "0.1.0"
-license = "Apache-2.0"
-dependencies = ["flwr>=1.41,<1.42"]
-
-[tool.hatch.build.targets.wheel]
-packages = ["stand_in"]
-
-[tool.flwr.app]
-publisher = "clinograph-tests"
-
-[tool.flwr.app.components]
-serverapp = "stand_in:app"
-clientapp = "stand_in:client"
-
-[tool.flwr.app.config]
+APP_CONFIG = """
 events-file = ""
 hang = false
 """
 
 
 def _stand_in_app(tmp_path) -> Path:
-    app = tmp_path / "app"
-    (app / "stand_in").mkdir(parents=True)
-    (app / "stand_in" / "__init__.py").write_text(textwrap.dedent(STAND_IN))
-    (app / "pyproject.toml").write_text(PYPROJECT)
-    return app
+    return stand_in_app(tmp_path / "app", code=STAND_IN, config=APP_CONFIG)
 
 
 @pytest.mark.slow

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from flower_processes import descendants, flower_processes  # noqa: E402
+from flower_processes import descendants, flower_processes, stand_in_app  # noqa: E402
 
 STAND_IN = '''
     """A stand-in app: the ServerApp sends four messages to the one node; the ClientApp obeys each."""
@@ -68,38 +67,14 @@ STAND_IN = '''
                 json.dump(out, fh)
 '''
 
-PYPROJECT = """
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "stand-in-app"
-version = "0.1.0"
-license = "Apache-2.0"
-dependencies = ["flwr>=1.41,<1.42"]
-
-[tool.hatch.build.targets.wheel]
-packages = ["stand_in"]
-
-[tool.flwr.app]
-publisher = "clinograph-tests"
-
-[tool.flwr.app.components]
-serverapp = "stand_in:app"
-clientapp = "stand_in:client"
-
-[tool.flwr.app.config]
+APP_CONFIG = """
 out-file = ""
 """
 
 
 @pytest.mark.slow
 def test_the_warm_executor_runs_clientapps_and_reports_one_that_raises_or_dies(tmp_path):
-    app = tmp_path / "app"
-    (app / "stand_in").mkdir(parents=True)
-    (app / "stand_in" / "__init__.py").write_text(textwrap.dedent(STAND_IN))
-    (app / "pyproject.toml").write_text(PYPROJECT)
+    app = stand_in_app(tmp_path / "app", code=STAND_IN, config=APP_CONFIG)
     out = tmp_path / "replies.json"
     read = lambda: json.loads(out.read_text()) if out.exists() else []  # noqa: E731
     with flower_processes(tmp_path, federation_id="fed-warm", hospitals=["h1"], budget=240.0,
