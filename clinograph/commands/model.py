@@ -41,7 +41,8 @@ def _init(config: Path, out: Path) -> None:
 
     cfg = HospitalConfig.from_toml(config)
     refuse_under_dp(cfg, candidate_configs(cfg), where=str(config))  # set-up sums are outside the DP accountant
-    models = run_models(cfg, dictionary=load_dictionary(cfg, config))
+    dictionary = load_dictionary(cfg, config)
+    models = run_models(cfg, dictionary=dictionary)
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'initial_model.json'}.")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -58,7 +59,7 @@ def _init(config: Path, out: Path) -> None:
                f"modules, spec {first.spec.digest()[:12]}…) written to {out}")
     from clinograph.sdk.tasks import task_strategy
 
-    needed = task_strategy(cfg, dictionary=load_dictionary(cfg, config), directory=out.parent)
+    needed = task_strategy(cfg, dictionary=dictionary, directory=out.parent)
     if needed is not None:  # the task's server strategy and the public files it pins
         import json
 
