@@ -62,11 +62,13 @@ class ServerSide:
         fed = self.federation.model_copy(update={"id": run_id})
         try:
             from ..aggregation import create_mode
-            from .build import build_strategy, weight_bound
+            from .build import build_strategy, check_reads_sum, weight_bound
 
+            strategy = build_strategy(fed)
+            check_reads_sum(strategy, fed)  # before the mode's set-up (the CKKS ceremony) runs for nothing
             mode_run = create_mode(fed.secure_mode).open_run(
                 federation=fed, transport=transport, run_id=run_id, enrolled=self.enrolled,
-                max_weight=weight_bound(build_strategy(fed), fed), on_event=on_event)
+                max_weight=weight_bound(strategy, fed), on_event=on_event)
             if mode_run.hospitals is not None:  # e.g. the CKKS key holders
                 transport = Restricted(transport, mode_run.hospitals)
             server = build_server(federation=fed, identity=self.identity, enrolled=self.enrolled,

@@ -100,6 +100,15 @@ def build_strategy(federation: FederationSection) -> Strategy:
     return create_strategy(federation.strategy, **options)
 
 
+def check_reads_sum(strategy: Strategy, federation: FederationSection) -> None:
+    """ConfigError when ``strategy`` reads the summed update on the server (an M-step, a decision it
+    audits) under a secure mode in which the server never sees the sum (ckks)."""
+    if strategy.server_reads_sum and not create_mode(federation.secure_mode).server_sees_sum:
+        raise ConfigError(f"strategy = {federation.strategy!r} reads the summed update on the server (its M-step or "
+                          f"the decision it audits), but under secure_mode = {federation.secure_mode!r} the server "
+                          "never sees the sum. Use secure_mode = 'masked'.")
+
+
 def weight_bound(strategy: Strategy, federation: FederationSection) -> float:
     """The public bound on any hospital's weight (see the module docstring)."""
     return 1.0 if strategy.normalised_weights else float(federation.max_weight)
@@ -131,10 +140,7 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
     strategy = build_strategy(federation)
     max_weight = weight_bound(strategy, federation)
     mode = create_mode(federation.secure_mode)
-    if strategy.server_reads_sum and not mode.server_sees_sum:
-        raise ConfigError(f"strategy = {federation.strategy!r} reads the summed update on the server (its M-step or "
-                          f"the decision it audits), but under secure_mode = {federation.secure_mode!r} the server "
-                          "never sees the sum. Use secure_mode = 'masked'.")
+    check_reads_sum(strategy, federation)
     if mode_run is None:
         mode_run = mode.open_run(federation=federation, transport=None, run_id=federation.id, enrolled=enrolled,
                                  max_weight=max_weight, context=ckks_context)
