@@ -122,8 +122,9 @@ class SelectionSection(_Strict):
     figure. Needs a strategy linear in the sums (fedavg, fedsgd, fedprox, dq_weighted), not fedopt, fedadam or fedyogi.
     """
 
-    enabled: bool | None = Field(default=None, description="None: on unless [privacy] is enabled (the "
-                                 "validation sums are not covered by the DP accountant)")
+    enabled: bool | None = Field(default=None, description="None: on unless [privacy] is enabled; under "
+                                 "[privacy], true releases each validation sum with Gaussian noise, accounted in "
+                                 "the ledger (sdk/privacy/selection.py)")
     patience: int = Field(default=5, ge=0, le=10_000, description="stop after this many evaluated rounds "
                           "without improvement (0: never stop early)")
     min_delta: float = Field(default=1e-4, ge=0, description="an improvement smaller than this does not count")
@@ -198,6 +199,17 @@ class PrivacySection(_Strict):
     grad_sample_mode: Literal["star", "hooks", "ew"] = Field(default="star", description="per-patient gradients: "
                                                              "star (book-keeping, sdk/privacy/per_patient.py) "
                                                              "or Opacus hooks / ew")
+    # -- private model choice (sdk/privacy/selection.py) ------------------------------------------
+    selection_loss_clip: float = Field(default=1.0, gt=0, le=100, description="B: each validation patient's loss "
+                                       "is clipped to [0, B] before the noisy sum (the release's sensitivity)")
+    selection_share: float = Field(default=0.1, gt=0, lt=1, description="the share of the Rényi budget (at the "
+                                   "order that binds the target ε) the planned selection releases take; DP-SGD's σ "
+                                   "is calibrated so both together meet the target")
+    selection_noise_multiplier: float | None = Field(default=None, gt=0, description="σ_s of each validation "
+                                                     "release; None: calibrated from selection_share")
+    planned_selection_releases: int | None = Field(default=None, ge=0, le=1_000_000, description="validation "
+                                                   "releases σ and σ_s are calibrated for; None: derived from the "
+                                                   "plan (rounds + 1 a run, times the candidate runs)")
     # -- distributed DP (additive; docs/privacy.md "Distributed DP") -------------------------------
     mode: Literal["local", "distributed"] = Field(default="local", description="local: this hospital adds the "
                                                   "whole noise (DP-SGD alone); distributed: one DP-SGD step a "
@@ -360,6 +372,18 @@ class HospitalConfig(_Strict):
     calibration: CalibrationSection = Field(default_factory=CalibrationSection)
     target: TargetSection = Field(default_factory=TargetSection)
     dictionary: Path | None = Field(default=None, description="feature dictionary TOML (required)")
+
+    @model_validator(mode="after")
+    def _private_selection_supported(self) -> HospitalConfig:
+        """Private model choice (sdk/privacy/selection.py) adds Gaussian noise at each hospital, the
+        local-DP release; in distributed DP the validation sums would need Skellam shares of their
+        own inside the masked sum and a second Skellam account, which the distributed task does
+        not implement: refused, never run unaccounted."""
+        if self.privacy.enabled and self.privacy.mode == "distributed" and self.selection.enabled:
+            raise ValueError("[selection] enabled = true with [privacy] mode = 'distributed': the distributed-DP task "
+                             "releases no validation loss (private model choice is implemented for mode = 'local', "
+                             "sdk/privacy/selection.py). Set [selection] enabled = false, or use mode = 'local'")
+        return self
 
     @model_validator(mode="after")
     def _survival_supported(self) -> HospitalConfig:

@@ -9,7 +9,9 @@ What the server can check without trusting a hospital's arithmetic, per hospital
   hospital declared in *this* federation, recomputed here -- the Poisson-subsampled Gaussian
   mechanism of Mironov, Talwar & Zhang 2019 (sec. 3.3, integer and fractional orders), RDP
   summed over steps and rounds, converted with Balle et al. 2020 (Thm. 21), over Opacus's
-  default orders. Steps taken elsewhere only raise the true ε, so this is a lower bound.
+  default orders. Steps taken elsewhere only raise the true ε, so this is a lower bound. The
+  round's Gaussian releases outside DP-SGD (``releases``: model selection, issue 30) are
+  composed into the same floor as full-batch (q = 1) Gaussian steps.
 
 Does not check: that the declared σ, q and steps are what the hospital ran (a hospital can
 lie about its noise), nor ε of the ``prv`` accountant against RDP (PRV is tighter; only the
@@ -146,11 +148,16 @@ def check_ledger(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DP
             problems.append(f"δ changed from {last.delta:g} to {entry.delta:g} (ε values are no longer comparable)")
         if entry.epsilon < last.epsilon * (1 - _REL_TOL) - tol:
             problems.append(f"cumulative ε went down from {last.epsilon:.4g} to {entry.epsilon:.4g}")
-        elif entry.steps == 0 and entry.epsilon > last.epsilon * (1 + _REL_TOL) + tol:
-            problems.append(f"ε rose from {last.epsilon:.4g} to {entry.epsilon:.4g} with zero steps")
+        elif entry.steps == 0 and not entry.releases and entry.epsilon > last.epsilon * (1 + _REL_TOL) + tol:
+            problems.append(f"ε rose from {last.epsilon:.4g} to {entry.epsilon:.4g} with zero steps and no release")
     rdp = (previous.rdp if previous is not None else np.zeros(len(ORDERS)))
     if entry.steps:
         rdp = rdp + entry.steps * np.asarray(rdp_per_step(q=entry.sample_rate, sigma=entry.noise_multiplier))
+    for release in entry.releases:  # Gaussian releases outside DP-SGD: the q = 1 step, composed the same way
+        rdp = rdp + release.count * np.asarray(rdp_per_step(q=1.0, sigma=release.noise_multiplier))
+    for part in (entry.epsilon_training, entry.epsilon_selection):
+        if part is not None and part > entry.epsilon * (1 + _REL_TOL) + tol:
+            problems.append(f"a part of ε ({part:.4g}) exceeds the composed ε = {entry.epsilon:.4g}")
     if entry.accountant == "rdp" and bool(np.any(rdp > 0)):
         floor = epsilon_from_rdp(rdp, delta=entry.delta)
         if entry.epsilon < floor * (1 - _REL_TOL) - tol:

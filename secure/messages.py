@@ -152,9 +152,24 @@ class ModuleTensor(WireMessage):
     data: Blob
 
 
+class Release(BaseModel):
+    """One Gaussian release outside DP-SGD in a round (issue 30): ``count`` releases of a bounded
+    statistic with noise multiplier σ_s (RDP α/(2σ_s²) each, the subsampled Gaussian at q = 1),
+    for ``purpose`` (model selection; a set-up sum)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    noise_multiplier: float = Field(gt=0, allow_inf_nan=False)
+    count: int = Field(ge=1, lt=2**31)
+    purpose: Literal["selection", "setup"]
+
+
 class LedgerEntry(WireMessage):
     """A hospital's privacy accounting for one round, signed with its update. ``share``: in
-    distributed-DP mode, the noise share it added (checked against the plan's mechanism)."""
+    distributed-DP mode, the noise share it added (checked against the plan's mechanism).
+    ``releases``: the Gaussian releases of the round outside DP-SGD (model selection), composed
+    into ``epsilon``; ``epsilon_training`` / ``epsilon_selection``: ε of DP-SGD alone and of the
+    selection releases alone (None: not reported), ``epsilon`` being everything composed."""
 
     round: int = Field(ge=0, lt=2**31)
     noise_multiplier: float = Field(ge=0, allow_inf_nan=False)
@@ -166,6 +181,9 @@ class LedgerEntry(WireMessage):
     delta: float = Field(gt=0, lt=1, allow_inf_nan=False)
     budget_epsilon: float = Field(gt=0, allow_inf_nan=False)
     share: DistributedShare | None = None
+    releases: list[Release] = Field(default_factory=list, max_length=64)
+    epsilon_training: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    epsilon_selection: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class ClientUpdate(WireMessage):

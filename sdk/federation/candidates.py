@@ -125,6 +125,8 @@ def candidate_configs(config: HospitalConfig) -> list[Candidate]:
                               f"{models} models; at most {MAX_RUNS}. Lower restarts or list fewer candidates.")
     problems, out, seen = [], [], set()
     base = config.model_dump(mode="python", by_alias=True)
+    if config.privacy.enabled:  # each candidate's DP plan covers the whole choice (private_choice reads the list)
+        base["selection"]["candidates"] = tuple(raw)
     for i, entry in enumerate(raw):
         where = f"[selection] candidates entry {i + 1}"
         if not isinstance(entry, Mapping):
@@ -155,6 +157,34 @@ def candidate_configs(config: HospitalConfig) -> list[Candidate]:
     if problems:
         raise ConfigError("Cannot read [selection] candidates: " + " ".join(problems) + " " + _FIX + ".")
     return with_restarts(out, config) if restarts > 1 else out
+
+
+def private_choice(config: HospitalConfig) -> HospitalConfig:
+    """``config`` with its DP plan covering the whole choice (issue 30, private model choice).
+
+    Under local DP with selection on, every candidate run and restart trains on the same patients
+    and every validation release is accounted (sdk/privacy/selection.py), all in the hospital's
+    one ledger. So σ and σ_s are calibrated over all of it: the training rounds of the whole
+    choice -- the successive-halving schedule's cost (:func:`clinograph.secure.runtime.elimination.schedule`,
+    about 2× one run's ``[privacy] planned_rounds``), or k × them for ``elimination = "none"`` --
+    and ``planned_selection_releases`` = those rounds plus two a run
+    (the evaluation-only round that ends it, and one spare for a resumed rung). A hospital that
+    set ``planned_selection_releases`` keeps its own number. Without DP or selection: unchanged.
+    """
+    p = config.privacy
+    if not (p.enabled and p.mode == "local" and _hospital(config).selection_active()) or p.planned_rounds is None:
+        return config
+    raw = config.selection.candidates
+    if raw is None:
+        raw = DEFAULT_BINARY_CANDIDATES if default_applies(config) else ()
+    from clinograph.secure.runtime.elimination import EliminationRule, schedule
+
+    runs = max(1, len(raw)) * config.selection.restarts
+    rounds = (schedule(runs, rounds=p.planned_rounds, rule=EliminationRule()).cost
+              if config.selection.elimination == "successive_halving" else runs * p.planned_rounds)
+    releases = p.planned_selection_releases if p.planned_selection_releases is not None else rounds + 2 * runs
+    return config.model_copy(update={"privacy": p.model_copy(update={
+        "planned_rounds": rounds, "planned_selection_releases": releases})})
 
 
 def with_restarts(cands: list[Candidate], config: HospitalConfig) -> list[Candidate]:

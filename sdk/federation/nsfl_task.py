@@ -47,6 +47,9 @@ class NSFLTask(SelectedCalibrated):
         if config.privacy.enabled and config.personal.fine_tune_epochs:
             raise ConfigError("[personal] fine_tune_epochs > 0 with [privacy] enabled: fine-tuning would train on "
                               "patients outside the DP accountant. Set fine_tune_epochs = 0 under DP.")
+        from .candidates import private_choice
+
+        config = private_choice(config)  # under DP with selection: σ, σ_s planned over the whole choice
         self.table, self.config, self.split = table, config, split
         node_ids = dictionary.node_ids()
         torch.manual_seed(config.model.init_seed)  # identical initial weights at every hospital
@@ -109,6 +112,10 @@ class NSFLTask(SelectedCalibrated):
         if config.selection_active() and SELECTION_MODULE in self.modules.names() and len(split.validation):
             self.selection = ModelSelection(patience=config.selection.patience,
                                             min_delta=config.selection.min_delta)
+        #: under DP: the noisy, accounted release of the validation loss sum (sdk/privacy/selection.py)
+        self.private_validation = None
+        if self.selection is not None and root is not None:
+            self.private_validation = _private_validation(self.trainer, config, n_train=len(split.train))
         self._metric_before: np.ndarray | None = None
         #: set by the driver for a last round that only scores the current global model
         self.evaluate_only = False
@@ -132,28 +139,35 @@ class NSFLTask(SelectedCalibrated):
     def train(self, *, round_: int, epochs: int, plan_options: Mapping[str, float | int | str | bool]) -> TrainOutcome:
         self._metric_before = None
         if self.selection is not None:
-            self._score_global(plan_options)
+            self._score_global(plan_options, round_=round_)
         if self.evaluate_only:
-            return TrainOutcome(loss=float("nan"), used_similar_to=False, extras={"evaluate_only": 1.0})
+            ledger = None
+            if self.private_validation is not None:  # the round released its noisy validation sum
+                t = self.trainer
+                ledger = t.ledger.release_entry(round_=round_, noise_multiplier=t.noise_multiplier,
+                                                sample_rate=t.sample_rate, clip_norm=t.clip_norm)
+            return TrainOutcome(loss=float("nan"), used_similar_to=False, ledger=ledger, extras={"evaluate_only": 1.0})
         out = self.trainer.train(self.model, round_=round_, epochs=epochs, plan_options=dict(plan_options))
         if self._metric_before is not None:  # training never touches it; write the encoded value back
             self.modules.set(SELECTION_MODULE, self._metric_local)
         return out
 
-    def _score_global(self, plan_options: Mapping[str, float | int | str | bool]) -> None:
+    def _score_global(self, plan_options: Mapping[str, float | int | str | bool], *, round_: int) -> None:
         """Score the model just loaded (global + personal) on the validation split and encode
-        (Σ loss, n_val) into ``metric/validation`` (see :mod:`clinograph.sdk.training.selection`)."""
+        (Σ loss, n_val) into ``metric/validation`` (see :mod:`clinograph.sdk.training.selection`);
+        under DP the loss sum is clipped and noised, and the release accounted
+        (:mod:`clinograph.sdk.privacy.selection`)."""
         if self.selection is None:
             return
+        from ..privacy.selection import binary_losses, survival_losses
+
         idx = self.split.validation
         if self.survival_target is not None:  # the hazard likelihood (sdk/training/survival.py)
-            from ..training.survival import hazard_nll_sum
-
-            loss_sum = hazard_nll_sum(self.trainer.predict(self.model)[idx], self.trainer.s[idx], self.trainer.e[idx])
+            losses = survival_losses(self.trainer.predict(self.model)[idx], self.trainer.s[idx], self.trainer.e[idx])
         else:
-            p = np.clip(self._predict_raw()[idx], 1e-7, 1 - 1e-7)
-            y = self.table.labels[idx].astype(float)
-            loss_sum = float(-np.sum(y * np.log(p) + (1 - y) * np.log(1 - p)))
+            losses = binary_losses(self._predict_raw()[idx], self.table.labels[idx])
+        loss_sum = (float(np.sum(losses)) if self.private_validation is None
+                    else self.private_validation.release(losses, round_=round_))
         fixed = plan_options.get(f"weight/{self.table.site}")  # the weight HospitalClient will use
         weight = float(fixed) if fixed is not None else float(min(self.num_samples,
                                                                   float(plan_options.get("weight.max", np.inf))))
@@ -351,3 +365,20 @@ class NSFLTask(SelectedCalibrated):
         with torch.no_grad():
             m = self.model.feature_mask(torch.arange(len(self._node_ids))).numpy()
         return {nid: float(m[i]) for i, nid in enumerate(self._node_ids) if nid in self.observed}
+
+
+def _private_validation(trainer, config: HospitalConfig, *, n_train: int):  # noqa: ANN001, ANN202
+    """The DP release of the validation loss of a hospital whose trainer keeps a ledger.
+
+    Raises:
+        ConfigError: no selection release is planned (σ_s would be unknown).
+    """
+    from ..privacy.selection import PrivateValidation, selection_plan
+
+    plan = selection_plan(config.privacy, n_train=n_train)
+    if plan is None:
+        raise ConfigError("[selection] under [privacy] needs the validation releases planned, so σ and σ_s are "
+                          "calibrated for them: set [privacy] planned_rounds (or planned_selection_releases), or "
+                          "[selection] enabled = false.")
+    return PrivateValidation(trainer.ledger, noise_multiplier=plan.selection_noise_multiplier,
+                             clip=config.privacy.selection_loss_clip)

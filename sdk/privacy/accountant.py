@@ -22,6 +22,18 @@ exclusive ``fcntl`` lock on ``privacy_ledger.json.lock``, and a commit re-reads 
 the lock: a history another process extended since this ledger loaded is never overwritten.
 Does not protect against deleting or rolling back the whole state directory (ledger and mark
 together; a fresh ledger starts at ε = 0).
+
+Releases outside DP-SGD (issue 30, "private model choice"): a bounded statistic released with
+Gaussian noise -- the federated validation loss that drives the kept round, early stopping,
+restarts and the choice among candidates (:mod:`clinograph.sdk.training.private_selection`) --
+is the Gaussian mechanism with noise multiplier σ_s (noise std σ_s · Δ for sensitivity Δ), whose
+RDP is α/(2σ_s²) (Mironov 2017, Prop. 7): the subsampled-Gaussian step at q = 1. Each release is
+stored under ``releases`` as ``[σ_s, count, purpose]`` and composed with the DP-SGD steps in the
+same RDP sum (sequential composition: the validation patients are the hospital's own patients,
+so their ε adds to the training ε, never replaces it). :meth:`PrivacyLedger.epsilon_parts` gives
+the ε of training alone, of the releases alone and of everything together (what the budget
+bounds); the signed report entry carries all three and the round's releases, so the server
+recomputes the RDP floor over both (:func:`clinograph.secure.dp_checks.check_ledger`).
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from clinograph.secure.messages import LedgerEntry
+from clinograph.secure.messages import LedgerEntry, Release
 
 from clinograph.core.errors import PrivacyBudgetExceeded, PrivacyError
 from clinograph.core.fileio import atomic_write  # noqa: F401 (re-exported: distributed.py)
@@ -49,6 +61,10 @@ FILENAME = "privacy_ledger.json"
 LOCKNAME = "privacy_ledger.json.lock"
 ACCOUNTANTS = ("rdp", "prv")
 History = list[tuple[float, float, int]]
+#: Gaussian releases outside DP-SGD: (σ_s, count, purpose)
+Releases = list[tuple[float, int, str]]
+#: what a release is for (the report shows each apart): model selection; a set-up sum
+PURPOSES = ("selection", "setup")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -66,13 +82,19 @@ def _rdp_per_step(noise_multiplier: float, sample_rate: float) -> tuple[float, .
 
 def rdp_epsilon(history: History, delta: float) -> float:
     """ε of ``history`` under the RDP accountant (identical to Opacus's ``RDPAccountant.get_epsilon``)."""
+    return rdp_spent(history, delta)[0]
+
+
+def rdp_spent(history: History, delta: float) -> tuple[float, float, float]:
+    """(ε, the order α that gives it, the RDP of ``history`` at that α) under the RDP accountant."""
     import numpy as np
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis.rdp import get_privacy_spent
 
     rdp = sum(np.asarray(_rdp_per_step(float(s), float(q))) * int(t) for s, q, t in history)
-    eps, _ = get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
-    return float(eps)
+    eps, alpha = get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+    at = float(np.asarray(rdp)[list(RDPAccountant.DEFAULT_ALPHAS).index(alpha)]) if np.ndim(rdp) else 0.0
+    return float(eps), float(alpha), at
 
 
 def merge_step(history: History, *, noise_multiplier: float, sample_rate: float, steps: int) -> History:
@@ -93,6 +115,29 @@ def normalise(history: list) -> History:
     for sigma, q, steps in history:
         out = merge_step(out, noise_multiplier=float(sigma), sample_rate=float(q), steps=int(steps))
     return out
+
+
+def normalise_releases(releases: list) -> Releases:
+    """Merge consecutive releases at the same (σ_s, purpose); ε is unchanged.
+
+    Raises:
+        ValueError / TypeError: a malformed release (the caller turns it into a PrivacyError).
+    """
+    out: Releases = []
+    for sigma, count, purpose in releases:
+        sigma, count, purpose = float(sigma), int(count), str(purpose)
+        if not (math.isfinite(sigma) and sigma > 0) or count < 0 or purpose not in PURPOSES:
+            raise ValueError("malformed release")
+        if out and out[-1][0] == sigma and out[-1][2] == purpose:
+            out[-1] = (sigma, out[-1][1] + count, purpose)
+        elif count:
+            out.append((sigma, count, purpose))
+    return out
+
+
+def as_steps(releases: Releases) -> History:
+    """Releases as full-batch (q = 1) Gaussian steps, the form the accountants compose."""
+    return [(s, 1.0, c) for s, c, _ in releases]
 
 
 class PrivacyLedger:
@@ -124,10 +169,18 @@ class PrivacyLedger:
                                       what="Privacy ledger")
         self.computations = 0  # ε computations that missed the cache (tests count them)
         self.history: History = []
+        self.releases: Releases = []
         self.entries: list[dict] = []
         self._cache: dict[str, float] = {}
+        #: releases recorded in the round being run, carried by its report entry: (round, releases)
+        self._round_releases: tuple[int, Releases] | None = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the ledger from disk (verified): another ledger object of this hospital -- a
+        second candidate's trainer in this process -- may have recorded steps since."""
         with self._locked(exclusive=False):
-            self.history, self.entries = self._read()
+            self.history, self.entries, self.releases = self._read()
 
     # -- state --------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -141,21 +194,22 @@ class PrivacyLedger:
         finally:
             os.close(fd)  # releases the lock
 
-    def _read(self) -> tuple[History, list[dict]]:
-        """The stored (history, entries), verified (signature, high-water mark); empty if there is no ledger yet."""
+    def _read(self) -> tuple[History, list[dict], Releases]:
+        """The stored (history, entries, releases), verified (signature, high-water mark); empty if there is no ledger yet."""
         state = self._file.read(fmt=FORMAT)
         if state is None:
-            return [], []
+            return [], [], []
         try:
             history = normalise(state.get("history", []))
+            releases = normalise_releases(state.get("releases", []))
         except (TypeError, ValueError):
             raise PrivacyError(f"Privacy ledger {self.path} holds a malformed history. "
                                + RESTORE.format(mark=self._file.mark_path.name)) from None
-        return history, list(state.get("entries", []))
+        return history, list(state.get("entries", [])), releases
 
     def _save(self) -> None:
         self._file.write({"format": FORMAT, "site": self.site, "history": [list(h) for h in self.history],
-                          "entries": self.entries})
+                          "releases": [list(r) for r in self.releases], "entries": self.entries})
 
     # -- accounting ---------------------------------------------------------------------------
     def make_accountant(self, history: History | None = None):  # noqa: ANN201 - an opacus IAccountant
@@ -167,9 +221,12 @@ class PrivacyLedger:
                              "mechanism": acc.mechanism()})
         return acc
 
-    def epsilon(self, history: History | None = None) -> float:
-        """ε at this ledger's δ after ``history`` (default: everything so far); cached."""
+    def epsilon(self, history: History | None = None, releases: Releases | None = None) -> float:
+        """ε at this ledger's δ after the DP-SGD ``history`` and the ``releases`` (defaults: this
+        hospital's, i.e. everything so far), composed; cached."""
         hist = normalise(self.history if history is None else history)
+        rel = self.releases if releases is None else normalise_releases(releases)
+        hist = hist + as_steps(rel)
         if not hist:
             return 0.0
         key = json.dumps([self.accountant, repr(self.delta), [[repr(s), repr(q), t] for s, q, t in hist]])
@@ -178,6 +235,68 @@ class PrivacyLedger:
             self._cache[key] = (rdp_epsilon(hist, self.delta) if self.accountant == "rdp"
                                 else float(self.make_accountant(hist).get_epsilon(delta=self.delta)))
         return self._cache[key]
+
+    def epsilon_parts(self) -> dict[str, float]:
+        """ε of DP-SGD alone (``training``), of each release purpose alone (``selection``,
+        ``setup``) and of everything composed (``total``: what the budget bounds; less than the
+        parts' sum, since RDP composes before the conversion to ε)."""
+        parts = {"training": self.epsilon(self.history, [])}
+        for purpose in PURPOSES:
+            parts[purpose] = self.epsilon([], [r for r in self.releases if r[2] == purpose])
+        parts["total"] = self.epsilon()
+        return parts
+
+    def check_release(self, *, round_: int, noise_multiplier: float, purpose: str, count: int = 1) -> float:
+        """The projected total ε after ``count`` Gaussian releases at σ_s = ``noise_multiplier``,
+        or :class:`PrivacyBudgetExceeded` before anything is released."""
+        self.refresh()
+        extra = [(float(noise_multiplier), int(count), purpose)]
+        projected = self.epsilon(self.history, [*self.releases, *extra])
+        if projected > self.budget_epsilon:
+            raise PrivacyBudgetExceeded(
+                f"Hospital {self.site!r}: the {purpose} release of round {round_} would take ε from "
+                f"{self.epsilon():.3f} to {projected:.3f} (δ = {self.delta:g}, σ_s = {noise_multiplier:g}), past its "
+                f"budget ε = {self.budget_epsilon:g}. Refused before release. Fix: this hospital has spent its budget "
+                "on this data; stop here (or plan fewer rounds or candidates, so σ is calibrated for them).")
+        return projected
+
+    def commit_release(self, *, round_: int, noise_multiplier: float, purpose: str, count: int = 1) -> float:
+        """Record ``count`` releases at σ_s in round ``round_`` (after :meth:`check_release`); the
+        round's report entry carries them. Returns the total ε."""
+        if purpose not in PURPOSES:
+            raise PrivacyError(f"Unknown release purpose {purpose!r}; one of {', '.join(PURPOSES)}.")
+        extra = [(float(noise_multiplier), int(count), purpose)]
+        with self._locked(exclusive=True):
+            stored, entries, releases = self._read()
+            if stored != self.history or releases != self.releases:
+                raise PrivacyError(f"Privacy ledger {self.path} changed since this process loaded it (another "
+                                   f"process recorded steps for hospital {self.site!r}); refusing to overwrite it. "
+                                   "Fix: run one training process per hospital state directory.")
+            self.releases = normalise_releases([*self.releases, *extra])
+            self.entries = entries
+            self._save()
+        mine = self._round_releases[1] if self._round_releases and self._round_releases[0] == round_ else []
+        self._round_releases = (round_, normalise_releases([*mine, *extra]))
+        return self.epsilon()
+
+    def round_releases(self, round_: int) -> Releases:
+        """The releases recorded in round ``round_`` by this object (what its report entry carries)."""
+        return list(self._round_releases[1]) if self._round_releases and self._round_releases[0] == round_ else []
+
+    def release_entry(self, *, round_: int, noise_multiplier: float, sample_rate: float, clip_norm: float) -> LedgerEntry:
+        """The report entry of a round that released but took no DP-SGD step (an evaluation-only
+        round): ``steps = 0`` and the round's releases."""
+        return self._entry(round_=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=0,
+                           clip_norm=clip_norm)
+
+    def _entry(self, *, round_: int, noise_multiplier: float, sample_rate: float, steps: int,
+               clip_norm: float) -> LedgerEntry:
+        parts = self.epsilon_parts()
+        releases = [Release(noise_multiplier=s, count=c, purpose=p) for s, c, p in self.round_releases(round_)]
+        return LedgerEntry(round=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+                           clip_norm=clip_norm, accountant=self.accountant, epsilon=parts["total"],
+                           delta=self.delta, budget_epsilon=self.budget_epsilon, releases=releases,
+                           epsilon_training=parts["training"], epsilon_selection=parts["selection"])
 
     def project(self, *, noise_multiplier: float, sample_rate: float, steps: int) -> float:
         """Total ε if ``steps`` more steps at (σ, q) were taken."""
@@ -202,6 +321,7 @@ class PrivacyLedger:
 
         The ledger is the source of truth: an accountant whose history differs from the stored one
         (e.g. after a failed commit) is replaced by one restored from the ledger."""
+        self.refresh()
         if normalise(accountant.history) != self.history:
             accountant = self.make_accountant()
         self.check_round(round_=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
@@ -220,8 +340,8 @@ class PrivacyLedger:
         """Record the accountant's history after a round (what Opacus counted) and return its entry."""
         new = normalise(history)
         with self._locked(exclusive=True):
-            stored, entries = self._read()
-            if stored != self.history:
+            stored, entries, releases = self._read()
+            if stored != self.history or releases != self.releases:
                 raise PrivacyError(f"Privacy ledger {self.path} changed since this process loaded it (another "
                                    f"process recorded steps for hospital {self.site!r}); refusing to overwrite it. "
                                    "Fix: run one training process per hospital state directory.")
@@ -231,13 +351,12 @@ class PrivacyLedger:
                                    "extend the stored one; refusing to record it. Fix: restart the hospital process (the ledger "
                                    "on disk is the source of truth).")
             self.history = new
-            entry = LedgerEntry(round=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
-                                clip_norm=clip_norm, accountant=self.accountant, epsilon=self.epsilon(),
-                                delta=self.delta, budget_epsilon=self.budget_epsilon)
+            entry = self._entry(round_=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
+                                clip_norm=clip_norm)
             self.entries = [*entries, entry.model_dump(mode="json")]
             self._save()
         return entry
 
     def __repr__(self) -> str:
         return (f"PrivacyLedger(site={self.site!r}, accountant={self.accountant!r}, steps="
-                f"{sum(t for *_, t in self.history)}, budget_epsilon={self.budget_epsilon:g})")
+                f"{sum(t for *_, t in self.history)}, releases={sum(c for _, c, _ in self.releases)}, budget_epsilon={self.budget_epsilon:g})")

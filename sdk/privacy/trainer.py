@@ -319,7 +319,12 @@ def ledger_and_sigma(privacy: PrivacySection, *, site: str, state_dir: str | Pat
     ledger = PrivacyLedger(Path(state_dir), site=site, budget_epsilon=privacy.epsilon_budget, delta=privacy.delta,
                            accountant=privacy.accountant, signer=signer)  # the ledger file is signed
     sigma = privacy.noise_multiplier
-    if sigma is None:
+    from .selection import selection_plan
+
+    plan = selection_plan(privacy, n_train=n_train)  # validation releases planned: σ calibrated beside them
+    if plan is not None:
+        sigma = plan.noise_multiplier
+    elif sigma is None:
         if privacy.planned_rounds is None:
             raise PrivacyError(f"Hospital {site!r}: [privacy] needs noise_multiplier, or planned_rounds to calibrate "
                                "σ to the ε budget over the run. Set one of them in the hospital config.")

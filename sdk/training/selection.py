@@ -13,8 +13,9 @@ default) reveals the sum only, never one hospital's figure. With a strategy line
 L = Σ_k loss_k n_k / Σ_k n_k, independent of η and of the weights. Every hospital decodes the
 same L from the signed global model, so all keep the same round.
 
-What it does not do: make the validation sums differentially private (selection is off by
-default under DP), or work with fedopt (Adam on the summed module is not linear).
+Under DP each hospital's loss sum is clipped and noised before it is encoded, and the release
+accounted in its ledger (:mod:`clinograph.sdk.privacy.selection`; off by default under DP).
+Does not work with fedopt (Adam on the summed module is not linear).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def encode_validation(*, global_value: np.ndarray, loss_sum: float, count: int, 
     if weight <= 0 or count <= 0:
         return g.copy()
     n = min(int(count), MAX_COUNT)
-    mean = min(float(loss_sum) / count, MAX_LOSS)
+    mean = float(np.clip(float(loss_sum) / count, -MAX_LOSS, MAX_LOSS))  # below 0: a noisy sum under DP
     c = float(bound) / (MAX_LOSS * MAX_COUNT)
     return g - c * np.array([mean * n, float(n)]) / weight
 

@@ -180,6 +180,14 @@ class DistributedShareInfo(Payload):
     epsilon_alone: float = Field(ge=0)
 
 
+class ReleaseInfo(Payload):
+    """One entry of ``ledger.releases``: ``count`` Gaussian releases at noise multiplier σ_s."""
+
+    noise_multiplier: float = Field(gt=0)
+    count: int = Field(ge=1)
+    purpose: Literal["selection", "setup"]
+
+
 class Ledger(Payload):
     """``ledger``: one hospital's privacy accounting for one round (cumulative epsilon)."""
 
@@ -194,6 +202,10 @@ class Ledger(Payload):
     clip_norm: float | None = Field(default=None, gt=0)
     accountant: str | None = Field(default=None, max_length=32)
     share: DistributedShareInfo | None = None
+    #: the round's Gaussian releases outside DP-SGD (model selection), composed into ``epsilon``
+    releases: list[ReleaseInfo] = Field(default_factory=list, max_length=64)
+    epsilon_training: float | None = Field(default=None, ge=0)
+    epsilon_selection: float | None = Field(default=None, ge=0)
 
 
 class Metrics(Payload):

@@ -116,7 +116,7 @@ def test_state_file_is_plain_json_without_patient_data(tmp_path):
     _run_round(PrivacyLedger(tmp_path, site="alpha", budget_epsilon=50.0, delta=DELTA, signer=SIGNER),
                round_=0, sigma=1.0, q=0.05, steps=5)
     state = json.loads((tmp_path / "privacy_ledger.json").read_text())
-    assert set(state) == {"format", "site", "history", "entries", "signature"}  # no cached ε to tamper with
+    assert set(state) == {"format", "site", "history", "releases", "entries", "signature"}  # no cached ε to tamper with
     assert state["history"] == [[1.0, 0.05, 5]]
 
 
