@@ -210,6 +210,13 @@ class PrivacySection(_Strict):
     planned_selection_releases: int | None = Field(default=None, ge=0, le=1_000_000, description="validation "
                                                    "releases σ and σ_s are calibrated for; None: derived from the "
                                                    "plan (rounds + 1 a run, times the candidate runs)")
+    setup_share: float = Field(default=0.05, gt=0, lt=1, description="the share of the Rényi budget each "
+                               "planned set-up release (federated scaling, shared features) takes "
+                               "(sdk/privacy/counts.py)")
+    setup_noise_multiplier: float | None = Field(default=None, gt=0, description="σ_set of each set-up release; "
+                                                 "None: calibrated from setup_share")
+    planned_setup_releases: int | None = Field(default=None, ge=0, le=16, description="set-up releases σ is "
+                                               "calibrated for; None: derived from [scaling] and [model] features")
     # -- distributed DP (additive; docs/privacy.md "Distributed DP") -------------------------------
     mode: Literal["local", "distributed"] = Field(default="local", description="local: this hospital adds the "
                                                   "whole noise (DP-SGD alone); distributed: one DP-SGD step a "

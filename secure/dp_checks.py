@@ -155,7 +155,7 @@ def check_ledger(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DP
         rdp = rdp + entry.steps * np.asarray(rdp_per_step(q=entry.sample_rate, sigma=entry.noise_multiplier))
     for release in entry.releases:  # Gaussian releases outside DP-SGD: the q = 1 step, composed the same way
         rdp = rdp + release.count * np.asarray(rdp_per_step(q=1.0, sigma=release.noise_multiplier))
-    for part in (entry.epsilon_training, entry.epsilon_selection):
+    for part in (entry.epsilon_training, entry.epsilon_selection, entry.epsilon_setup):
         if part is not None and part > entry.epsilon * (1 + _REL_TOL) + tol:
             problems.append(f"a part of ε ({part:.4g}) exceeds the composed ε = {entry.epsilon:.4g}")
     if entry.accountant == "rdp" and bool(np.any(rdp > 0)):

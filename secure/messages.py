@@ -168,8 +168,9 @@ class LedgerEntry(WireMessage):
     """A hospital's privacy accounting for one round, signed with its update. ``share``: in
     distributed-DP mode, the noise share it added (checked against the plan's mechanism).
     ``releases``: the Gaussian releases of the round outside DP-SGD (model selection), composed
-    into ``epsilon``; ``epsilon_training`` / ``epsilon_selection``: ε of DP-SGD alone and of the
-    selection releases alone (None: not reported), ``epsilon`` being everything composed."""
+    into ``epsilon``; ``epsilon_training`` / ``epsilon_selection`` / ``epsilon_setup``: ε of DP-SGD alone,
+    of the selection releases alone and of the set-up releases alone (None: not reported),
+    ``epsilon`` being everything composed."""
 
     round: int = Field(ge=0, lt=2**31)
     noise_multiplier: float = Field(ge=0, allow_inf_nan=False)
@@ -184,6 +185,7 @@ class LedgerEntry(WireMessage):
     releases: list[Release] = Field(default_factory=list, max_length=64)
     epsilon_training: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     epsilon_selection: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    epsilon_setup: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class ClientUpdate(WireMessage):

@@ -160,31 +160,46 @@ def candidate_configs(config: HospitalConfig) -> list[Candidate]:
 
 
 def private_choice(config: HospitalConfig) -> HospitalConfig:
-    """``config`` with its DP plan covering the whole choice (issue 30, private model choice).
+    """``config`` with its local-DP plan covering everything the hospital will release (issue 30).
 
-    Under local DP with selection on, every candidate run and restart trains on the same patients
-    and every validation release is accounted (sdk/privacy/selection.py), all in the hospital's
-    one ledger. So σ and σ_s are calibrated over all of it: the training rounds of the whole
-    choice -- the successive-halving schedule's cost (:func:`clinograph.secure.runtime.elimination.schedule`,
-    about 2× one run's ``[privacy] planned_rounds``), or k × them for ``elimination = "none"`` --
-    and ``planned_selection_releases`` = those rounds plus two a run
-    (the evaluation-only round that ends it, and one spare for a resumed rung). A hospital that
-    set ``planned_selection_releases`` keeps its own number. Without DP or selection: unchanged.
+    Under local DP every candidate run and restart trains on the same patients, and every
+    validation release and set-up release is accounted, all in the hospital's one ledger. So σ,
+    σ_s and σ_set are calibrated over all of it:
+
+    * with selection on: the training rounds of the whole choice -- the successive-halving
+      schedule's cost (:func:`clinograph.secure.runtime.elimination.schedule`, about 2× one run's
+      ``[privacy] planned_rounds``), or k × them for ``elimination = "none"`` -- and
+      ``planned_selection_releases`` = those rounds plus two a run (the evaluation-only round
+      that ends it, and one spare for a resumed rung);
+    * ``planned_setup_releases``: one for ``[scaling] source = "federated"``, one when the
+      config or a candidate asks for ``[model] features = "shared"``.
+
+    A hospital that set a planned count keeps its own number. Without local DP: unchanged.
     """
     p = config.privacy
-    if not (p.enabled and p.mode == "local" and _hospital(config).selection_active()) or p.planned_rounds is None:
+    if not (p.enabled and p.mode == "local"):
         return config
     raw = config.selection.candidates
     if raw is None:
         raw = DEFAULT_BINARY_CANDIDATES if default_applies(config) else ()
-    from clinograph.secure.runtime.elimination import EliminationRule, schedule
+    update: dict[str, Any] = {}
+    if p.planned_setup_releases is None:
+        shared = config.model.features == "shared" or any(
+            isinstance(c, Mapping) and isinstance(c.get("model"), Mapping) and c["model"].get("features") == "shared"
+            for c in raw)
+        setup = int(config.scaling.source == "federated") + int(shared)
+        if setup:
+            update["planned_setup_releases"] = setup
+    if _hospital(config).selection_active() and p.planned_rounds is not None:
+        from clinograph.secure.runtime.elimination import EliminationRule, schedule
 
-    runs = max(1, len(raw)) * config.selection.restarts
-    rounds = (schedule(runs, rounds=p.planned_rounds, rule=EliminationRule()).cost
-              if config.selection.elimination == "successive_halving" else runs * p.planned_rounds)
-    releases = p.planned_selection_releases if p.planned_selection_releases is not None else rounds + 2 * runs
-    return config.model_copy(update={"privacy": p.model_copy(update={
-        "planned_rounds": rounds, "planned_selection_releases": releases})})
+        runs = max(1, len(raw)) * config.selection.restarts
+        rounds = (schedule(runs, rounds=p.planned_rounds, rule=EliminationRule()).cost
+                  if config.selection.elimination == "successive_halving" else runs * p.planned_rounds)
+        update["planned_rounds"] = rounds
+        if p.planned_selection_releases is None:
+            update["planned_selection_releases"] = rounds + 2 * runs
+    return config.model_copy(update={"privacy": p.model_copy(update=update)}) if update else config
 
 
 def with_restarts(cands: list[Candidate], config: HospitalConfig) -> list[Candidate]:

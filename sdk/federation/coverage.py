@@ -19,8 +19,10 @@ derives it and returns it signed; the server checks they agree and records a
 ``"shared"`` candidates on the list (the model's shapes do not depend on it, so ``clinograph
 model init`` writes them from the config as it is). The same in ``simulate()`` and over Flower.
 
-Refused: under DP (a feature observed in one patient makes ``v_k`` depend on that patient, and
-the sum is exact), and under CKKS (the audited result would reveal the sum CKKS hides).
+Under local DP each hospital's ``v_k`` is a noisy threshold of its patients' clipped coverage
+counts, accounted in its ledger (:mod:`clinograph.sdk.privacy.counts`): exact, a feature observed
+in one patient would make ``v_k`` depend on that patient. Refused under distributed DP and under
+CKKS (the audited result would reveal the sum CKKS hides).
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ def local_coverage(table: PatientTable) -> np.ndarray:
     return out
 
 
+def clipped_coverage(table: PatientTable) -> np.ndarray:
+    """Per feature node, Σ_i over patients observing it of 1/√(features patient i observes): each
+    patient's indicator vector scaled to L2 norm 1, the vector a hospital noises under DP
+    (:mod:`clinograph.sdk.privacy.counts`). Stays at the hospital."""
+    from ..privacy.counts import clipped_sum
+
+    pairs = np.unique(np.stack([np.asarray(table.patient), np.asarray(table.node)]), axis=1)  # one per patient
+    return clipped_sum(pairs[0], pairs[1], cells=len(table.dictionary.node_ids()))
+
+
 def with_features(config, features: tuple[str, ...]):  # noqa: ANN001, ANN201 - a SimulationConfig
     """``config`` with ``[model] features`` set to the resolved list."""
     return config.model_copy(update={"model": config.model.model_copy(update={"features": tuple(features)})})
@@ -57,10 +69,11 @@ def refuse_unresolvable(config) -> None:  # noqa: ANN001 - a SimulationConfig
     """
     if config.model.features != "shared":
         return
-    if config.privacy.enabled:
-        raise ConfigError("[model] features = \"shared\" under [privacy]: the coverage round's sum is exact and "
-                          "outside the DP accountant (a feature observed in one patient makes a hospital's coverage "
-                          "depend on that patient). List the features in [model] features, or use \"all\".")
+    if config.privacy.enabled and config.privacy.mode == "distributed":
+        raise ConfigError("[model] features = \"shared\" under [privacy] mode = 'distributed': the coverage round is "
+                          "released with local noise, accounted in the local-DP ledger (sdk/privacy/counts.py), which "
+                          "the distributed-DP task does not keep. List the features in [model] features, use \"all\", "
+                          "or use mode = 'local'.")
     if config.federation.secure_mode not in SECURE_SUM_MODES:
         raise ConfigError(f"[model] features = \"shared\" needs the coverage round, which runs under secure_mode "
                           f"'masked' (or insecure_plaintext), not {config.federation.secure_mode!r}. List the "

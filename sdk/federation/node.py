@@ -67,6 +67,7 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     state_dir = Path(str(node_config["state-dir"])) / "privacy"
     sums = setup_sums(config, dictionary=dictionary, candidates=cands)
     setup = HospitalSetup(table=table, dictionary=dictionary, config=config, candidates=cands, identity=identity,
+                          state_dir=state_dir,
                           server=federation.server_public(), peers=federation.enrolled(),
                           federation_id=federation.federation_id) if sums else None
 

@@ -376,7 +376,7 @@ def _private_validation(trainer, config: HospitalConfig, *, n_train: int):  # no
     from ..privacy.selection import PrivateValidation, selection_plan
 
     plan = selection_plan(config.privacy, n_train=n_train)
-    if plan is None:
+    if plan is None or plan.selection_noise_multiplier is None:
         raise ConfigError("[selection] under [privacy] needs the validation releases planned, so σ and σ_s are "
                           "calibrated for them: set [privacy] planned_rounds (or planned_selection_releases), or "
                           "[selection] enabled = false.")

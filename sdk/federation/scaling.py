@@ -30,8 +30,10 @@ which features were scaled) -- never a hospital's counts. The candidates then ru
 digest (the initial models do not depend on the scales: :mod:`.setup`). The same in ``simulate()``
 and over Flower.
 
-What it does not do: differential privacy (the summed histogram is exact; under ``[privacy]``
-the phase is refused), CKKS (the audited result would reveal the sum CKKS hides).
+Under local DP (``[privacy]``) each hospital sends its histogram with each patient's counts
+clipped to L2 norm 1 and Gaussian noise added, accounted in its ledger
+(:mod:`clinograph.sdk.privacy.counts`). Not under distributed DP, nor CKKS (the audited result
+would reveal the sum CKKS hides).
 """
 
 from __future__ import annotations
@@ -122,6 +124,26 @@ def local_histograms(table: PatientTable, bins: Bins) -> np.ndarray:
     return out
 
 
+def clipped_histograms(table: PatientTable, bins: Bins) -> np.ndarray:
+    """:func:`local_histograms` with each patient's own counts scaled to L2 norm ≤ 1, the
+    vector a hospital noises under DP (:mod:`clinograph.sdk.privacy.counts`). Stays at the hospital."""
+    from ..privacy.counts import clipped_sum
+
+    d = table.dictionary
+    index = d.node_index()
+    patients, cells = [], []
+    for i, fid in enumerate(bins.features):
+        rows = table.node == index[fid]
+        vals = apply_transform(d.get(fid).transform, table.value[rows])
+        ok = np.isfinite(vals)
+        pos = np.floor((vals[ok] - bins.start[i]) / bins.width(i)).astype(np.int64)
+        patients.append(table.patient[rows][ok])
+        cells.append(i * bins.count + np.clip(pos, 0, bins.count - 1))
+    flat = clipped_sum(np.concatenate(patients) if patients else np.zeros(0), np.concatenate(cells) if cells
+                       else np.zeros(0), cells=len(bins.features) * bins.count)
+    return flat.reshape(len(bins.features), bins.count)
+
+
 def quantiles_from_histogram(counts: np.ndarray, edges: np.ndarray, qs: Sequence[float]) -> np.ndarray:
     """Quantiles of the distribution the histogram describes (uniform within a bin): each is
     within one bin width of the data's quantile when no value lies beyond the edges."""
@@ -175,10 +197,10 @@ def rescale(table: PatientTable, dictionary: FeatureDictionary) -> PatientTable:
 class HistogramTask(SecureSumTask):
     """One hospital's histogram round: its counts, flattened, through :class:`.securesum.SecureSumTask`."""
 
-    def __init__(self, table: PatientTable, bins: Bins):
+    def __init__(self, table: PatientTable, bins: Bins, *, counts: np.ndarray | None = None):
         self.bins = bins
-        super().__init__(local_histograms(table, bins), name="scaling_histogram", module=HISTOGRAM_MODULE,
-                         cap=MAX_BIN_COUNT)
+        super().__init__(local_histograms(table, bins) if counts is None else counts, name="scaling_histogram",
+                         module=HISTOGRAM_MODULE, cap=MAX_BIN_COUNT)
 
     def __repr__(self) -> str:
         return f"HistogramTask(features={len(self.bins.features)}, bins={self.bins.count})"

@@ -13,7 +13,8 @@ mode (``masked``; or ``insecure_plaintext`` by name): the global module moves by
 vector, and every hospital decodes ``Σ_k v_k`` from the signed global model and the round's
 public contributor count.
 
-Refused: CKKS (the audited result would reveal the sum CKKS hides); refused: DP (the sum is exact).
+Refused: CKKS (the audited result would reveal the sum CKKS hides). Under local DP the vector is a
+Gaussian release of clipped per-patient counts (:mod:`clinograph.sdk.privacy.counts`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class SecureSumTask(TaskBase):
         self._vector = np.asarray(vector, dtype=np.float64).ravel()
         if np.any(self._vector < 0) or not np.all(np.isfinite(self._vector)):
             raise ValueError("a secure-sum vector holds finite, non-negative counts")
+        #: under local DP: the signed report entry of the release this share is (sdk/privacy/counts.py)
+        self.ledger_entry = None
         self._param = nn.Parameter(torch.zeros(self._vector.size + 1, dtype=torch.float64), requires_grad=False)
         self.modules = ModuleMap()
         self.modules.add(module, ModuleKind.SHARED, [Piece(self._param)])
@@ -70,7 +73,7 @@ class SecureSumTask(TaskBase):
         vec = np.concatenate([np.minimum(self._vector, self.cap), [1.0]]) * c
         with torch.no_grad():
             self._param.sub_(torch.from_numpy(vec))
-        return TrainOutcome(loss=0.0, used_similar_to=False)
+        return TrainOutcome(loss=0.0, used_similar_to=False, ledger=self.ledger_entry)
 
     def trained_modules(self, outcome: TrainOutcome) -> list[str]:
         return [self.module]

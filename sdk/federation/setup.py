@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,10 @@ from .client import HospitalClient
 
 SHARED_RULE = ("a feature is shared if every contributing hospital observes it in at least one patient; the counts "
                "are the secure sum of the hospitals' 0/1 coverage vectors")
+#: the rule under local DP (sdk/privacy/counts.py)
+SHARED_RULE_DP = ("a feature is shared if every contributing hospital observes it: under DP, if its noisy count of "
+                  "patients observing it (each patient's indicators scaled to L2 norm 1, Gaussian noise σ_set) reaches "
+                  "3·σ_set; the counts are the secure sum of the hospitals' 0/1 coverage vectors")
 
 
 def _canonical(data: Mapping[str, Any]) -> str:
@@ -85,20 +90,24 @@ def setup_sums(config: Any, *, dictionary: FeatureDictionary, candidates: Sequen
 
 
 def refuse_under_dp(config: Any, candidates: Sequence[Any], *, where: str) -> None:
-    """A hospital under DP takes part in no set-up sum (they are exact, outside its accountant).
+    """A hospital under *distributed* DP takes part in no set-up sum: under local DP its share is
+    a Gaussian release accounted in its ledger (:mod:`clinograph.sdk.privacy.counts`), which the
+    distributed-DP task does not keep.
 
     Raises:
         ConfigError: with the fix.
     """
-    if not config.privacy.enabled:
+    if not (config.privacy.enabled and config.privacy.mode == "distributed"):
         return
     if config.scaling.source == "federated":
-        raise ConfigError(f"{where}: [scaling] source = 'federated' is not covered by the DP accountant (the summed "
-                          "histograms are exact); use source = 'dictionary' under [privacy].")
+        raise ConfigError(f"{where}: [scaling] source = 'federated' under [privacy] mode = 'distributed' (set-up "
+                          "releases are accounted in the local-DP ledger only); use source = 'dictionary', or "
+                          "mode = 'local'.")
     shared, asked = _asks_shared(config, candidates)
     if shared:
-        raise ConfigError(f"{where}: {asked} under [privacy]: the coverage round's sum is exact and outside the DP "
-                          "accountant. List the features in [model] features, or use \"all\".")
+        raise ConfigError(f"{where}: {asked} under [privacy] mode = 'distributed' (set-up releases are accounted in "
+                          "the local-DP ledger only). List the features in [model] features, use \"all\", or use "
+                          "mode = 'local'.")
 
 
 class HospitalSetup:
@@ -107,9 +116,11 @@ class HospitalSetup:
 
     def __init__(self, *, table: PatientTable, dictionary: FeatureDictionary, config: Any,
                  candidates: Sequence[Any], identity: Identity, server: PublicIdentity,
-                 peers: Mapping[str, PublicIdentity], federation_id: str):
+                 peers: Mapping[str, PublicIdentity], federation_id: str, state_dir: Path | None = None):
         self.table, self.dictionary = table, dictionary
         self.expected = setup_sums(config, dictionary=dictionary, candidates=candidates)
+        #: under local DP: each share is a Gaussian release accounted in the hospital's ledger
+        self._dp = _setup_release(table, config, identity=identity, state_dir=state_dir) if self.expected else None
         self._asked_by = _asks_shared(config, candidates)[1]
         self._quantiles = config.scaling.quantiles
         self._identity, self._server, self._peers, self._federation_id = identity, server, dict(peers), federation_id
@@ -177,10 +188,17 @@ class HospitalSetup:
             raise ProtocolError(f"Set-up sum {msg.sum.name!r} under secure_mode {msg.secure_mode!r}: a hospital "
                                 f"answers it under {' or '.join(SETUP_MODES)} only.")
         if mine.name == "scaling_histogram":
-            task: securesum.SecureSumTask = scaling.HistogramTask(self.table, self._bins())
+            bins = self._bins()
+            counts = (None if self._dp is None else
+                      self._dp[0].histogram(scaling.clipped_histograms(self.table, bins), round_=msg.round))
+            task: securesum.SecureSumTask = scaling.HistogramTask(self.table, bins, counts=counts)
         else:
-            task = securesum.SecureSumTask(coverage.local_coverage(self.table), name=mine.name, module=mine.module,
-                                           cap=mine.cap)
+            vector = (coverage.local_coverage(self.table) if self._dp is None else
+                      self._dp[0].coverage(coverage.clipped_coverage(self.table), round_=msg.round))
+            task = securesum.SecureSumTask(vector, name=mine.name, module=mine.module, cap=mine.cap)
+        if self._dp is not None:  # the round's report carries the release (the server checks it like any ledger entry)
+            release, entry = self._dp
+            task.ledger_entry = release.ledger.release_entry(round_=msg.round, **entry)
         self.client = securesum.share_client(task, identity=self._identity, server=self._server, peers=self._peers,
                                              dictionary_hash=msg.dictionary_hash, federation_id=msg.federation_id)
         self._sum, self._round, self._delivered = mine, msg.round, False
@@ -217,7 +235,7 @@ class HospitalSetup:
             self.shared = tuple(ids[i] for i in range(len(ids)) if counts[i] >= msg.contributors)
             outcome = {"hospitals": int(msg.contributors), "shared": list(self.shared),
                        "hospitals_observing": {ids[i]: int(counts[i]) for i in range(len(ids)) if counts[i] > 0},
-                       "rule": SHARED_RULE}
+                       "rule": SHARED_RULE if self._dp is None else SHARED_RULE_DP}
             if not self.shared:
                 error = (f"{self._asked_by}: no feature is observed at every hospital (the feature_coverage audit "
                          "entry has the counts). Use \"all\", list the features, or remove the candidate that asks "
@@ -227,6 +245,41 @@ class HospitalSetup:
         result = SetupResult(federation_id=msg.federation_id, name=s.name, round=msg.round, client=self._identity.name,
                              outcome=_canonical(outcome), dictionary_hash=derived_hash, error=error)
         return {RESULT_PART: seal(result, self._identity)}
+
+
+def _setup_release(table: PatientTable, config: Any, *, identity: Identity,
+                   state_dir: Path | None) -> tuple[Any, dict[str, float]] | None:
+    """Under local DP: the hospital's set-up release (its ledger, σ_set from the plan every
+    candidate's trainer calibrates with, :func:`.candidates.private_choice`) and the training
+    settings its report entries declare; None without DP.
+
+    Raises:
+        ConfigError: no state directory for the ledger; PrivacyError: the plan cannot be made.
+    """
+    p = config.privacy
+    if not p.enabled:
+        return None
+    from ..privacy.accountant import PrivacyLedger
+    from ..privacy.calibration import poisson_plan
+    from ..privacy.counts import SetupRelease
+    from ..privacy.selection import selection_plan
+    from .candidates import private_choice
+    from .split import split_patients
+
+    planned = private_choice(config).privacy
+    n_train = len(split_patients(table, config=config).train)
+    plan = selection_plan(planned, n_train=n_train)
+    if plan is None or plan.setup_noise_multiplier is None:  # pragma: no cover - private_choice plans every asked sum
+        raise ConfigError(f"Hospital {table.site!r}: a set-up sum under [privacy] needs [privacy] planned_setup_releases.")
+    root = Path(p.state_dir) / table.site if p.state_dir else state_dir
+    if root is None:
+        raise ConfigError(f"Hospital {table.site!r} takes part in a set-up sum under DP but has no state directory for "
+                          "its privacy ledger: set [privacy] state_dir.")
+    ledger = PrivacyLedger(root, site=table.site, budget_epsilon=p.epsilon_budget, delta=p.delta, signer=identity,
+                           accountant=p.accountant)
+    q, _ = poisson_plan(n_train=n_train, batch_size=p.batch_size)
+    return (SetupRelease(ledger, noise_multiplier=plan.setup_noise_multiplier),
+            {"noise_multiplier": plan.noise_multiplier, "sample_rate": q, "clip_norm": p.clip_norm})
 
 
 def _no_model(federation_id: str, rounds: int | None) -> HospitalClient:

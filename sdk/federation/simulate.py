@@ -144,9 +144,10 @@ def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     server_id = server_identity or Identity.generate("server")
     ids = {t.site: Identity.generate(t.site) for t in tables}
     cands = candidate_configs(config) if choose else []
-    if config.scaling.source == "federated" and config.privacy.enabled:
-        raise ConfigError("[scaling] source = 'federated' is not covered by the DP accountant (the summed "
-                          "histograms are exact); use source = 'dictionary' under [privacy].")
+    if config.scaling.source == "federated" and config.privacy.enabled and config.privacy.mode == "distributed":
+        raise ConfigError("[scaling] source = 'federated' under [privacy] mode = 'distributed': the histograms are "
+                          "released with local noise, accounted in the local-DP ledger (sdk/privacy/counts.py), which "
+                          "the distributed-DP task does not keep; use source = 'dictionary', or mode = 'local'.")
     shared_asked = [c for c in cands if c.config.model.features == "shared"]
     if config.model.features == "shared" or shared_asked:
         from .coverage import refuse_unresolvable
@@ -210,6 +211,7 @@ def _members(prep: _Prepared) -> dict[str, FederationMember]:
     out = {}
     for t in prep.tables:
         setup = HospitalSetup(table=t, dictionary=prep.dictionary, config=config.hospital_config(),
+                              state_dir=Path(config.output) / t.site,
                               candidates=prep.candidates, identity=prep.ids[t.site], server=prep.server_id.public,
                               peers=publics, federation_id=config.federation.id) if prep.models.setup else None
         out[t.site] = FederationMember(

@@ -296,7 +296,8 @@ class PrivacyLedger:
         return LedgerEntry(round=round_, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps,
                            clip_norm=clip_norm, accountant=self.accountant, epsilon=parts["total"],
                            delta=self.delta, budget_epsilon=self.budget_epsilon, releases=releases,
-                           epsilon_training=parts["training"], epsilon_selection=parts["selection"])
+                           epsilon_training=parts["training"], epsilon_selection=parts["selection"],
+                           epsilon_setup=parts["setup"])
 
     def project(self, *, noise_multiplier: float, sample_rate: float, steps: int) -> float:
         """Total ε if ``steps`` more steps at (σ, q) were taken."""

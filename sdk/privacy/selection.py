@@ -85,21 +85,31 @@ def _bisect(f, lo: float, hi: float, *, iters: int = 60) -> float:  # noqa: ANN0
 
 @dataclass(frozen=True)
 class NoisePlan:
-    """σ for DP-SGD and σ_s for the selection releases, calibrated together."""
+    """σ for DP-SGD, σ_s for the selection releases and σ_set for the set-up releases, calibrated together."""
 
     noise_multiplier: float
-    selection_noise_multiplier: float
+    selection_noise_multiplier: float | None
     releases: int
     steps: int
     epsilon: float
+    setup_noise_multiplier: float | None = None
+    setup_releases: int = 0
+
+
+def _share_sigma(count: int, *, alpha: float, budget: float, share: float) -> float:
+    """σ at which ``count`` Gaussian releases take ``share`` of ``budget``, the Rényi divergence
+    at order α: count · α / (2σ²) = share · budget."""
+    return math.sqrt(count * alpha / (2.0 * share * budget))
 
 
 def plan_noise(*, target_epsilon: float, delta: float, sample_rate: float, steps: int, releases: int,
-               selection_share: float, selection_noise_multiplier: float | None = None) -> NoisePlan:
+               selection_share: float, selection_noise_multiplier: float | None = None, setup_releases: int = 0,
+               setup_share: float = 0.05, setup_noise_multiplier: float | None = None) -> NoisePlan:
     """σ_s for ``releases`` selection releases taking ``selection_share`` of the Rényi budget (or
-    the given ``selection_noise_multiplier``), then DP-SGD's σ for ``steps`` steps at
-    ``sample_rate`` such that steps and releases composed give ε ≤ ``target_epsilon`` at ``delta``
-    (RDP accountant; the PRV accountant is at least as tight, so the plan holds for it too).
+    the given ``selection_noise_multiplier``), σ_set likewise for ``setup_releases``, then DP-SGD's
+    σ for ``steps`` steps at ``sample_rate`` such that steps and releases composed give
+    ε ≤ ``target_epsilon`` at ``delta`` (RDP accountant; the PRV accountant is at least as tight,
+    so the plan holds for it too).
 
     The share is of the Rényi divergence, not of ε: DP-SGD alone at the target has RDP r* at the
     order α* that gives the target ε; the releases are given ``share`` · r* at α* (each costs
@@ -109,33 +119,37 @@ def plan_noise(*, target_epsilon: float, delta: float, sample_rate: float, steps
     Raises:
         PrivacyError: the target cannot be met (the message says what to change).
     """
-    if releases < 1 or steps < 1:
-        raise PrivacyError(f"A private-selection plan needs at least one step and one release (got {steps} steps, "
-                           f"{releases} releases).")
+    if releases < 0 or setup_releases < 0 or steps < 1 or releases + setup_releases < 1:
+        raise PrivacyError(f"A DP release plan needs at least one step and one release (got {steps} steps, "
+                           f"{releases} selection and {setup_releases} set-up releases).")
+    for name, share in (("selection_share", selection_share), ("setup_share", setup_share)):
+        if not 0 < share < 1:
+            raise PrivacyError(f"[privacy] {name} = {share!r} must be in (0, 1).")
     try:
-        if selection_noise_multiplier is None:
-            if not 0 < selection_share < 1:
-                raise PrivacyError(f"[privacy] selection_share = {selection_share!r} must be in (0, 1).")
-            sigma0 = _bisect(lambda s: rdp_epsilon([(s, sample_rate, steps)], delta) <= target_epsilon, 1e-2, 1e4)
-            _, alpha, budget = rdp_spent([(sigma0, sample_rate, steps)], delta)
-            # the releases take `share` of the Rényi divergence at the order that binds the target:
-            # releases · α / (2σ_s²) = share · RDP_α(training alone at the target)
-            sigma_s = math.sqrt(releases * alpha / (2.0 * selection_share * budget))
-        else:
-            sigma_s = float(selection_noise_multiplier)
-        sel = [(sigma_s, 1.0, releases)]
-        if rdp_epsilon(sel, delta) >= target_epsilon:
-            raise PrivacyError(f"The {releases} selection releases at σ_s = {sigma_s:g} alone spend the target "
-                               f"ε = {target_epsilon:g}. Fix: raise [privacy] selection_noise_multiplier, or lower "
-                               "selection_share.")
-        sigma = _bisect(lambda s: rdp_epsilon([(s, sample_rate, steps), *sel], delta) <= target_epsilon, 1e-2, 1e4)
+        sigma0 = _bisect(lambda s: rdp_epsilon([(s, sample_rate, steps)], delta) <= target_epsilon, 1e-2, 1e4)
+        _, alpha, budget = rdp_spent([(sigma0, sample_rate, steps)], delta)
+        sigma_s = sigma_set = None
+        extra: list[tuple[float, float, int]] = []
+        if releases:
+            sigma_s = float(selection_noise_multiplier or _share_sigma(releases, alpha=alpha, budget=budget,
+                                                                       share=selection_share))
+            extra.append((sigma_s, 1.0, releases))
+        if setup_releases:
+            sigma_set = float(setup_noise_multiplier or _share_sigma(setup_releases, alpha=alpha, budget=budget,
+                                                                     share=setup_share))
+            extra.append((sigma_set, 1.0, setup_releases))
+        if rdp_epsilon(extra, delta) >= target_epsilon:
+            raise PrivacyError(f"The planned releases alone (σ_s = {sigma_s}, σ_set = {sigma_set}) spend the target "
+                               f"ε = {target_epsilon:g}. Fix: raise [privacy] selection_noise_multiplier / "
+                               "setup_noise_multiplier, or lower the shares.")
+        sigma = _bisect(lambda s: rdp_epsilon([(s, sample_rate, steps), *extra], delta) <= target_epsilon, 1e-2, 1e4)
     except ValueError:
         raise PrivacyError(f"Cannot calibrate σ for ε = {target_epsilon:g}, δ = {delta:g} over {steps} steps at "
-                           f"q = {sample_rate:.4g} and {releases} selection releases. Fix: raise the target ε or "
-                           "plan fewer rounds or candidates.") from None
-    eps = rdp_epsilon([(sigma, sample_rate, steps), *sel], delta)
+                           f"q = {sample_rate:.4g} with {releases} selection and {setup_releases} set-up releases. "
+                           "Fix: raise the target ε or plan fewer rounds or candidates.") from None
+    eps = rdp_epsilon([(sigma, sample_rate, steps), *extra], delta)
     return NoisePlan(noise_multiplier=sigma, selection_noise_multiplier=sigma_s, releases=releases, steps=steps,
-                     epsilon=eps)
+                     epsilon=eps, setup_noise_multiplier=sigma_set, setup_releases=setup_releases)
 
 
 class PrivateValidation:
@@ -167,36 +181,42 @@ class PrivateValidation:
 
 
 def selection_plan(privacy, *, n_train: int) -> NoisePlan | None:  # noqa: ANN001 - a PrivacySection
-    """The joint plan of a hospital whose selection releases are planned
-    (``[privacy] planned_selection_releases`` > 0), else None: DP-SGD's σ as configured or
-    calibrated to what the releases leave of the target, σ_s as configured or calibrated to
-    ``selection_share``.
+    """The joint plan of a hospital whose selection or set-up releases are planned
+    (``[privacy] planned_selection_releases`` / ``planned_setup_releases`` > 0), else None: DP-SGD's
+    σ as configured or calibrated to what the releases leave of the target, σ_s and σ_set as
+    configured or calibrated to their shares.
 
     Raises:
         PrivacyError: σ must be calibrated but ``planned_rounds`` is unset; or the target cannot be met.
     """
     from .calibration import poisson_plan
 
-    releases = privacy.planned_selection_releases or 0
-    if not releases:
+    releases, setup = privacy.planned_selection_releases or 0, privacy.planned_setup_releases or 0
+    if not releases and not setup:
         return None
     q, steps_epoch = poisson_plan(n_train=n_train, batch_size=privacy.batch_size)
     target = privacy.target_epsilon or privacy.epsilon_budget
-    if privacy.noise_multiplier is not None:  # σ fixed: only σ_s is planned (the share of its Rényi divergence)
-        sigma_s = privacy.selection_noise_multiplier
-        if sigma_s is None:
-            if privacy.planned_rounds is None:
-                raise PrivacyError("[privacy] noise_multiplier is fixed and planned_rounds unset: σ_s cannot be planned. "
-                                   "Set [privacy] selection_noise_multiplier (or planned_rounds).")
-            steps = privacy.planned_rounds * (privacy.planned_local_epochs or 1) * steps_epoch
-            _, alpha, budget = rdp_spent([(float(privacy.noise_multiplier), q, steps)], privacy.delta)
-            sigma_s = math.sqrt(releases * alpha / (2.0 * privacy.selection_share * budget))
-        return NoisePlan(noise_multiplier=float(privacy.noise_multiplier), selection_noise_multiplier=float(sigma_s),
-                         releases=releases, steps=0, epsilon=math.nan)
     if privacy.planned_rounds is None:
-        raise PrivacyError("[privacy] needs noise_multiplier, or planned_rounds to calibrate σ and σ_s to the ε budget "
-                           "over the run. Set one of them in the hospital config.")
+        if privacy.noise_multiplier is not None and (privacy.selection_noise_multiplier or not releases) \
+                and (privacy.setup_noise_multiplier or not setup):
+            return NoisePlan(noise_multiplier=float(privacy.noise_multiplier),
+                             selection_noise_multiplier=privacy.selection_noise_multiplier, releases=releases, steps=0,
+                             epsilon=math.nan, setup_noise_multiplier=privacy.setup_noise_multiplier,
+                             setup_releases=setup)
+        raise PrivacyError("[privacy] needs planned_rounds to calibrate σ and the release noise to the ε budget over the "
+                           "run (or noise_multiplier with selection_noise_multiplier / setup_noise_multiplier for the "
+                           "releases planned). Set them in the hospital config.")
     steps = privacy.planned_rounds * (privacy.planned_local_epochs or 1) * steps_epoch
+    if privacy.noise_multiplier is not None:  # σ fixed: the releases take their shares of its Rényi divergence
+        _, alpha, budget = rdp_spent([(float(privacy.noise_multiplier), q, steps)], privacy.delta)
+        return NoisePlan(
+            noise_multiplier=float(privacy.noise_multiplier), releases=releases, steps=steps, epsilon=math.nan,
+            selection_noise_multiplier=(privacy.selection_noise_multiplier or _share_sigma(
+                releases, alpha=alpha, budget=budget, share=privacy.selection_share)) if releases else None,
+            setup_noise_multiplier=(privacy.setup_noise_multiplier or _share_sigma(
+                setup, alpha=alpha, budget=budget, share=privacy.setup_share)) if setup else None,
+            setup_releases=setup)
     return plan_noise(target_epsilon=target, delta=privacy.delta, sample_rate=q, steps=steps, releases=releases,
                       selection_share=privacy.selection_share,
-                      selection_noise_multiplier=privacy.selection_noise_multiplier)
+                      selection_noise_multiplier=privacy.selection_noise_multiplier, setup_releases=setup,
+                      setup_share=privacy.setup_share, setup_noise_multiplier=privacy.setup_noise_multiplier)

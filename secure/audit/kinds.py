@@ -206,6 +206,7 @@ class Ledger(Payload):
     releases: list[ReleaseInfo] = Field(default_factory=list, max_length=64)
     epsilon_training: float | None = Field(default=None, ge=0)
     epsilon_selection: float | None = Field(default=None, ge=0)
+    epsilon_setup: float | None = Field(default=None, ge=0)
 
 
 class Metrics(Payload):

@@ -125,11 +125,12 @@ def privacy_rows(run: Run) -> list[list[Any]]:
         else:
             status = "OVER BUDGET" if p["epsilon"] > p["budget_epsilon"] else "within budget"
         if p is None:
-            rows.append([c] + ["no ledger entry in this run"] + ["-"] * 12 + [status])
+            rows.append([c] + ["no ledger entry in this run"] + ["-"] * 13 + [status])
             continue
         share = p.get("share") if isinstance(p.get("share"), dict) else {}
         rows.append([c, _mechanism(p), _num(p["epsilon"]), _num(p.get("epsilon_training")),
-                     _num(p.get("epsilon_selection")), _num(share.get("epsilon_alone")) if share else "-",
+                     _num(p.get("epsilon_selection")), _num(p.get("epsilon_setup")),
+                     _num(share.get("epsilon_alone")) if share else "-",
                      f"{p['delta']:g}", _num(p["noise_multiplier"], "g"), _num(p.get("clip_norm"), "g"),
                      _num(p.get("sample_rate"), "g"), _num(p.get("steps"), "d"), p.get("accountant") or "-",
                      f"{p['budget_epsilon']:g}", p["round"], status])
@@ -137,7 +138,7 @@ def privacy_rows(run: Run) -> list[list[Any]]:
 
 
 PRIVACY_HEADER = ["hospital", "mechanism", "ε (cumulative)", "ε of DP-SGD alone", "ε of model selection alone",
-                  "ε of its own share alone", "δ",
+                  "ε of set-up sums alone", "ε of its own share alone", "δ",
                   "σ (noise multiplier)", "clip norm", "sampling rate", "steps", "accountant", "ε budget",
                   "at round", "status"]
 

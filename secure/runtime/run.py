@@ -127,7 +127,8 @@ def run_federation(models: RunModels, *, side: Any, transport: Transport, rounds
                           f"metric/validation, and {side.federation.strategy}'s adaptive step is not linear in the "
                           "sums. Write the initial "
                           "model with [selection] enabled = false (one candidate), or use fedavg / fedsgd.")
-    check_setup(models, secure_mode=side.federation.secure_mode, dp=side.dp_policy is not None,
+    check_setup(models, secure_mode=side.federation.secure_mode,
+                distributed_dp=side.dp_policy is not None and side.dp_policy.distributed is not None,
                 journal=journal is not None)
     models = run_setup(models, side=side, transport=transport, event=event)
     cands = models.candidates

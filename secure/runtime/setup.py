@@ -50,26 +50,27 @@ SETUP_MODES = ("masked", "insecure_plaintext")
 RESULT_PART = "result"
 
 
-def check_setup(models: RunModels, *, secure_mode: str, dp: bool, journal: bool) -> None:
+def check_setup(models: RunModels, *, secure_mode: str, distributed_dp: bool, journal: bool) -> None:
     """Refuse, before anything runs, a run whose set-up sums cannot keep their promise.
 
     Raises:
-        ConfigError: DP, a secure mode other than masked / insecure_plaintext, or a crash journal;
-            the message names the sums and the fix.
+        ConfigError: distributed DP (``dp``: the hospitals' releases are local-DP ledger entries,
+            sdk/privacy/counts.py), a secure mode other than masked / insecure_plaintext, or a
+            crash journal; the message names the sums and the fix.
     """
-    check_setup_sums(models.setup, secure_mode=secure_mode, dp=dp, journal=journal)
+    check_setup_sums(models.setup, secure_mode=secure_mode, distributed_dp=distributed_dp, journal=journal)
 
 
-def check_setup_sums(sums: Sequence[SetupSum], *, secure_mode: str, dp: bool, journal: bool) -> None:
+def check_setup_sums(sums: Sequence[SetupSum], *, secure_mode: str, distributed_dp: bool, journal: bool) -> None:
     """:func:`check_setup` for ``sums``."""
     if not sums:
         return
     names = ", ".join(s.name for s in sums)
     fix = ("Write the initial model from a hospital.toml with [scaling] source = \"dictionary\" and [model] features "
            "listed (or \"all\")")
-    if dp:
-        raise ConfigError(f"The run's set-up sums ({names}) are exact and outside the DP accountant, and this "
-                          f"federation runs under DP. {fix}.")
+    if distributed_dp:
+        raise ConfigError(f"The run's set-up sums ({names}) are released with local noise, accounted in each "
+                          f"hospital's local-DP ledger, and this federation runs distributed DP. {fix}.")
     if secure_mode not in SETUP_MODES:
         raise ConfigError(f"The run's set-up sums ({names}) run under secure_mode 'masked' (or insecure_plaintext): "
                           f"under {secure_mode!r} the server never sees a sum, but the result every hospital returns "
@@ -107,7 +108,8 @@ def run_setup_sums(sums: Sequence[SetupSum], *, dictionary_hash: str, side: Any,
                    event: EventSink) -> str:
     """:func:`run_setup` for ``sums`` over dictionary ``dictionary_hash``; returns the digest of
     the dictionary the hospitals agreed to train with afterwards."""
-    check_setup_sums(sums, secure_mode=side.federation.secure_mode, dp=side.dp_policy is not None, journal=False)
+    check_setup_sums(sums, secure_mode=side.federation.secure_mode,
+                     distributed_dp=side.dp_policy is not None and side.dp_policy.distributed is not None, journal=False)
     opened = side.audit is None
     audit = side.audit or side.open_audit()
     side.audit = None

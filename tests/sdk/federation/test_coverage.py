@@ -150,11 +150,13 @@ def test_unresolved_or_unknown_features_are_refused_with_the_fix():
         NSFLConfig(features=("heart_rate", "heart_rate"))
 
 
-def test_shared_is_refused_under_dp_and_ckks(tmp_path):
+def test_shared_is_refused_under_distributed_dp_and_ckks(tmp_path):
     tables = small_tables()
-    with pytest.raises(ConfigError, match="outside the DP accountant"):
+    with pytest.raises(ConfigError, match="under \\[privacy\\] mode = 'distributed'"):
         simulate_one(tables, tables[0].dictionary,
-                     cfg(model={"features": "shared"}, privacy={"enabled": True, "noise_multiplier": 1.0, "state_dir": str(tmp_path / "dp")},
+                     cfg(model={"features": "shared"}, privacy={"enabled": True, "mode": "distributed", "noise_multiplier": 1.0,
+                                                                "sample_rate": 1.0, "min_honest": 2,
+                                                                "state_dir": str(tmp_path / "dp")},
                          selection={"enabled": False}),
                      audit_dir=tmp_path / "a1")
     with pytest.raises(ConfigError, match="not 'ckks'"):

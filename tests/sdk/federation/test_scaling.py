@@ -139,14 +139,16 @@ def test_the_audit_names_features_and_bins_never_counts(tmp_path):
         assert str(local_histograms(t, public_bins(D, bins=200, span=5.0))[0].astype(int).tolist())[:40] not in text
 
 
-def test_ckks_and_dp_are_refused(tmp_path):
+def test_ckks_and_distributed_dp_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="server never sees a sum"):
         _run(_tables(), tmp_path, mode="ckks")
-    with pytest.raises(Exception, match="DP accountant"):
+    with pytest.raises(ConfigError, match="source = 'federated' under .privacy. mode = 'distributed'"):
         from clinograph.sdk.federation.simulate import build_simulation
 
-        cfg = SimulationConfig.model_validate({"scaling": {"source": "federated"}, "privacy": {"enabled": True},
-                                               "graph": {"k_similar": 0}})
+        cfg = SimulationConfig.model_validate({
+            "scaling": {"source": "federated"}, "graph": {"k_similar": 0},
+            "privacy": {"enabled": True, "mode": "distributed", "sample_rate": 1.0, "min_honest": 2,
+                        "noise_multiplier": 1.0}})
         build_simulation(_tables(), D, cfg, audit_dir=tmp_path / "a2")
 
 

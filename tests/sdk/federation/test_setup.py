@@ -3,6 +3,7 @@ init` writes, why the initial models may be written before the sums run, and the
 checks that the server cannot make it train on scales or features its operator did not configure."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -195,17 +196,18 @@ def test_a_server_that_keeps_the_base_dictionary_after_scaling_is_refused(tmp_pa
 def test_set_up_sums_are_refused_under_dp_ckks_and_a_journal_before_anything_runs():
     d = small_tables()[0].dictionary
     models = run_models(HospitalConfig.model_validate(BOTH), dictionary=d)
-    with pytest.raises(ConfigError, match=r"set-up sums \(scaling_histogram, feature_coverage\) are exact and "
-                                           "outside the DP accountant"):
-        check_setup(models, secure_mode="masked", dp=True, journal=False)
+    with pytest.raises(ConfigError, match=r"set-up sums \(scaling_histogram, feature_coverage\) are released with "
+                                           "local noise.*runs distributed DP"):
+        check_setup(models, secure_mode="masked", distributed_dp=True, journal=False)
+    check_setup(models, secure_mode="masked", distributed_dp=False, journal=False)  # local DP: accounted releases
     with pytest.raises(ConfigError, match="under 'ckks' the server never sees a sum, but the result every hospital"):
-        check_setup(models, secure_mode="ckks", dp=False, journal=False)
+        check_setup(models, secure_mode="ckks", distributed_dp=False, journal=False)
     with pytest.raises(ConfigError, match="not journalled"):
-        check_setup(models, secure_mode="masked", dp=False, journal=True)
-    check_setup(run_models(HospitalConfig(), dictionary=d), secure_mode="ckks", dp=True, journal=True)
+        check_setup(models, secure_mode="masked", distributed_dp=False, journal=True)
+    check_setup(run_models(HospitalConfig(), dictionary=d), secure_mode="ckks", distributed_dp=True, journal=True)
 
 
-def test_make_hospital_and_model_init_refuse_set_up_sums_under_dp(tmp_path):
+def test_make_hospital_and_model_init_refuse_set_up_sums_under_distributed_dp(tmp_path):
     import tomli_w
     from clinograph.sdk.federation.node import make_hospital
     from clinograph.secure.transport.flower.keyset import init_keyset
@@ -226,12 +228,13 @@ def test_make_hospital_and_model_init_refuse_set_up_sums_under_dp(tmp_path):
     node = {"data-dir": str(data), "state-dir": str(tmp_path / "s"),
             "federation-file": str(keys.hospital_dirs["north"] / "federation.toml")}
     me = Identity.load("north", keys.hospital_dirs["north"] / "north.ed25519.pem")
-    privacy = {"enabled": True, "noise_multiplier": 1.0}
-    for settings, match in (({"scaling": {"source": "federated"}}, "not covered by the DP accountant"),
-                            ({"model": {"features": "shared"}}, "coverage round's sum is exact")):
+    privacy = {"enabled": True, "mode": "distributed", "noise_multiplier": 1.0, "sample_rate": 1.0, "min_honest": 2}
+    for settings, match in (({"scaling": {"source": "federated"}}, "source = 'federated' under [privacy] mode = "
+                                                                   "'distributed'"),
+                            ({"model": {"features": "shared"}}, "under [privacy] mode = 'distributed'")):
         (data / "hospital.toml").write_text(tomli_w.dumps({"dictionary": "dictionary.toml", "graph": {"k_similar": 0},
                                                            "privacy": privacy, **settings}))
-        with pytest.raises(ConfigError, match=match):
+        with pytest.raises(ConfigError, match=re.escape(match)):
             make_hospital(node_config=node, run_config={}, run_id=1, identity=me)
         res = CliRunner().invoke(app, ["model", "init", "--config", str(data / "hospital.toml"),
                                        "--out", str(tmp_path / "initial_model.json")])

@@ -112,7 +112,7 @@ def test_runs_are_shown_separately_with_their_own_mode_participation_and_epsilon
     run1, run2 = html.split('<article id="run-2">')
     assert "secure mode per round: masked" in run1 and "secure mode per round: ckks" in run2
     # run 2's latest ε is its own (1.0 at round 1), not run 1's larger figures
-    assert ("<tr><th scope=\"row\">hosp-a</th><td>Gaussian</td><td>1.000</td><td>-</td><td>1e-05</td><td>1</td>"
+    assert ("<tr><th scope=\"row\">hosp-a</th><td>Gaussian</td><td>1.000</td><td>-</td><td>-</td><td>-</td><td>-</td><td>1e-05</td><td>1</td>"
             "<td>-</td><td>-</td><td>-</td><td>-</td><td>2</td><td>1</td><td>within budget</td>") in run2
     # a hospital whose budget is spent reads so, not "within budget"
     assert ("<tr><th scope=\"row\">hosp-c</th><td>no ledger entry in this run</td>" in run2

@@ -50,7 +50,7 @@ def test_the_privacy_spent_table_names_the_distributed_mechanism_and_both_epsilo
     start = html.index('id="privacy-spent"')
     table = html[start:html.index("</table>", start)]
     assert ('<th scope="row">hosp-b</th><td>distributed skellam noise (each hospital adds a share)</td>'
-            "<td>1.500</td><td>6.000</td><td>1e-05</td><td>8</td><td>1</td><td>1</td><td>1</td><td>skellam-h2</td>"
+            "<td>1.500</td><td>-</td><td>-</td><td>-</td><td>6.000</td><td>1e-05</td><td>8</td><td>1</td><td>1</td><td>1</td><td>skellam-h2</td>"
             "<td>3</td><td>1</td><td>within budget</td>") in table
 
 
