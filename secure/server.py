@@ -502,26 +502,32 @@ class FederationServer:
     def _check_aggregate_noise(self, rnd: OpenRound, sums: ModuleSums) -> None:
         """Distributed DP: the one-sided test of :mod:`clinograph.secure.dp.noise_check` on the
         aggregate (audited as ``noise_check``); a failure voids the round (AggregateVoided). Only
-        the server's numbers enter it: the modules in the sum (spec sizes), their contributor
-        counts, and μ/h of the policy at the plan's published scale."""
+        the server's numbers enter it: the modules in the sum (spec sizes), the hospitals whose
+        inputs are in it (every module must be counted by all of them), and μ/h of the policy at
+        the plan's published scale."""
         policy = self.dp_policy
         if policy is None or policy.distributed is None or not sums.sums:
             return
         scale = _ring_scale(rnd.plan)
         if scale is None:
             return  # no share was accepted without a published scale (share_problems)
-        from .dp.noise_check import check_noise
+        from .dp.noise_check import check_noise, coverage_problem
 
+        k = len(sums.contributors)
+        problem = coverage_problem(sums.counts, contributors=k)
+        if problem is not None:
+            raise AggregateVoided(inputs=sums.contributors, message=f"Round {rnd.plan.round} voided: {problem}; "
+                                  "nothing of this round is released.")
         share = distributed_policy(policy).share_variance(scale)
-        found = check_noise(((np.rint(np.asarray(v, dtype=np.float64) * scale), sums.counts[n])
-                             for n, v in sums.sums.items()), share_variance=share)
+        found = check_noise(((np.rint(np.asarray(v, dtype=np.float64) * scale), k) for v in sums.sums.values()),
+                            share_variance=share)
         self.audit.record("noise_check", found.payload(rnd.plan.round))
         if not found.passed:
             raise AggregateVoided(inputs=sums.contributors, message=
                 f"Round {rnd.plan.round} voided: the aggregate carries {found.energy_ratio:.3g}x the noise energy "
-                f"its contributors' shares must give ({found.contributors} or more per module, over "
-                f"{found.dim} coordinates; a sound test refuses below {found.threshold_ratio:.3g}x; false alarm "
-                "<= 2^-40). At least one noise share is smaller than declared; nothing of this round is released.")
+                f"its {found.contributors} contributors' shares must give over {found.dim} coordinates (a sound "
+                f"test refuses below {found.threshold_ratio:.3g}x; false alarm <= 2^-40). At least one noise share is "
+                "smaller than declared; nothing of this round is released.")
 
     def _refuse_report(self, sender: str, exc: Exception) -> None:
         self.current.refused.add(sender)

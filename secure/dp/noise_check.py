@@ -26,12 +26,17 @@ So a failed test proves, except with probability α, that the aggregate carries 
 its contributors declared: the round is voided (``round_aborted``) and nothing of it is released.
 
 **The server's numbers, never a hospital's.** d is the number of coordinates of the modules in
-the aggregate (the model spec's sizes), K_m each module's contributor count from the sum's own
-count slots, and μ/h the policy's share variance at the plan's published ``masked.scale``;
+the aggregate (the model spec's sizes), K the hospitals whose masked inputs are in the sum (the
+protocol's survivors), and μ/h the policy's share variance at the plan's published ``masked.scale``;
 nothing a hospital declares about its share (its dimension, scale or variance) enters the test,
 so no declaration can blind it (a share declared over one coordinate would make d = 1, where no
-aggregate can fail). With per-module variances V_m = K_m·μ/h the expectation is Σ_m d_m·V_m and
-``t = sqrt(2·Σ_m d_m·(3·V_m² + V_m)·ln(1/α))``: the same two steps, coordinate by coordinate.
+aggregate can fail). Each module's count slot must say K (:func:`coverage_problem`): every
+contributor adds its share to every released coordinate -- a module with fewer shares than the
+promise's h would be released under-noised -- and the count slots are the one part of the sum
+a hospital writes freely (one that skips its noise and zeroes its count would otherwise lower
+the noise the test expects by exactly its missing share). :func:`check_noise` accepts per-module
+counts K_m: with V_m = K_m·μ/h the expectation is Σ_m d_m·V_m and
+``t = sqrt(2·Σ_m d_m·(3·V_m² + V_m)·ln(1/α))``, the same two steps coordinate by coordinate.
 
 **Power** (:func:`detection_power`; SECURITY.md has the table). Without signal the statistic
 is about normal with mean d·V' and variance d·(2V'² + V') when the shares present add V' per
@@ -52,7 +57,7 @@ declared total, never a substitute for the trust assumption of docs/privacy.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,6 +101,19 @@ def _threshold(blocks: Iterable[tuple[int, float]], *, alpha: float) -> float:
     expected = sum(d * v for d, v in blocks)
     t = math.sqrt(2.0 * sum(d * (3.0 * v * v + v) for d, v in blocks) * math.log(1.0 / alpha))
     return 1.0 - t / expected
+
+
+def coverage_problem(counts: Mapping[str, int], *, contributors: int) -> str | None:
+    """Why the sum's per-module contributor counts break distributed DP (None: every module in
+    the sum is counted by all ``contributors``, the hospitals whose inputs are in it)."""
+    off = {name: c for name, c in sorted(counts.items()) if c != contributors}
+    if not off:
+        return None
+    shown = ", ".join(f"{n!r}: {c}" for n, c in list(off.items())[:5]) + (" ..." if len(off) > 5 else "")
+    return (f"{len(off)} module(s) of the sum are counted by other than the {contributors} hospitals whose inputs are "
+            f"in it ({shown}); under distributed DP every contributor adds its noise share to every released "
+            "module, so a count slot that says otherwise is a hospital hiding a missing share or releasing a module "
+            "under fewer shares than the promise needs")
 
 
 def check_noise(modules: Iterable[tuple[np.ndarray, int]], *, share_variance: float,

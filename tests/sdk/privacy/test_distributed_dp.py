@@ -308,3 +308,50 @@ def test_a_share_accounted_over_fewer_coordinates_than_the_spec_releases_is_refu
     assert [p["client"] for p in rejected] == ["alpha"]
     assert rejected[0]["reason"].startswith("ProtocolError: Hospital 'alpha': its update breaks the DP policy")
     assert f"accounted over 1 coordinates, but the model spec releases {released}" in rejected[0]["reason"]
+
+
+def test_hospitals_that_skip_their_noise_and_zero_their_count_slots_void_the_round(tables, dictionary, tmp_path,
+                                                                                     monkeypatch):
+    """Two of three hospitals add no noise and write 0 in their masked count slots: the sum then
+    says one contributor per module, whose one share is exactly the noise present. The server
+    takes K from the hospitals whose inputs are in the sum and requires every module counted by
+    all of them; the round is voided."""
+    import clinograph.sdk.privacy.distributed as distributed
+    import clinograph.secure.masking.client as masked_client
+
+    real_noise, real_encode = distributed.skellam_noise, masked_client.encode_update
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    hostile = {"alpha", "beta"}
+    weights = {sim.hospitals[h].task.num_samples for h in hostile}
+    silent = {"on": False}
+
+    def noise(variance, n, source=None):
+        return np.zeros(n, dtype=np.int64) if silent["on"] else real_noise(variance, n, source=source)
+
+    def encode(update, *, layout, **kw):
+        parts = real_encode(update, layout=layout, **kw)
+        if update.weight in weights:
+            parts[1][len(layout.names):] = 0  # the count slots
+        return parts
+
+    for h in hostile:
+        task = sim.hospitals[h].task
+        honest = task.train
+
+        def quiet(*, _honest=honest, **kw):
+            silent["on"] = True
+            try:
+                return _honest(**kw)
+            finally:
+                silent["on"] = False
+
+        task.train = quiet
+    monkeypatch.setattr(distributed, "skellam_noise", noise)
+    monkeypatch.setattr(masked_client, "encode_update", encode)
+    with pytest.raises(Exception, match="voided"):
+        sim.run_round()
+    sim.audit.close()
+    entries = _entries(tmp_path)
+    assert not [e for e in entries if e["kind"] in ("aggregate", "update_rejected")]
+    aborted = [e["payload"]["reason"] for e in entries if e["kind"] == "round_aborted"]
+    assert aborted and "counted by other than the 3 hospitals whose inputs are in it" in aborted[0]

@@ -130,3 +130,11 @@ def test_the_threshold_is_below_one_and_rises_with_the_dimension(dim, variance):
 def test_too_few_coordinates_can_never_fail():
     assert threshold_ratio(dim=50, variance=1e6) < 0  # 6·ln(2^40)/50 > 1: no aggregate is below it
     assert ALPHA == 2.0 ** -40
+
+
+def test_every_module_must_be_counted_by_every_contributor():
+    from clinograph.secure.dp.noise_check import coverage_problem
+
+    assert coverage_problem({"a": 3, "b": 3}, contributors=3) is None
+    problem = coverage_problem({"a": 3, "b": 1, "c": 4}, contributors=3)
+    assert problem is not None and problem.startswith("2 module(s)") and "'b': 1, 'c': 4" in problem
