@@ -25,10 +25,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .messages import DPPolicy, LedgerEntry
+
+if TYPE_CHECKING:
+    from .dp import DistributedPolicy
 
 #: Opacus's RDPAccountant.DEFAULT_ALPHAS.
 ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + [float(a) for a in range(12, 64)])
@@ -126,8 +130,70 @@ class LedgerTrack:
     skellam_alone: np.ndarray | None = None
 
 
-def check_ledger(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DPPolicy) -> tuple[list[str], LedgerTrack]:
+@dataclass(frozen=True)
+class Published:
+    """What the server itself fixes for a distributed-DP round, against which every declared share
+    is checked: the ring scale the round's signed plan publishes (``masked.scale``; None: the plan
+    publishes none) and the coordinates the model spec releases (its shared modules' sizes)."""
+
+    scale: float | None
+    dim: int
+
+
+def distributed_policy(policy: DPPolicy) -> DistributedPolicy:
+    """The federation's distributed-DP policy as :mod:`clinograph.secure.dp` reads it (C is the
+    policy's ``max_clip_norm``). ValueError if the policy has no distributed DP."""
+    from .dp import DistributedPolicy
+
+    d = policy.distributed
+    if d is None:
+        raise ValueError("the policy has no distributed DP")
+    return DistributedPolicy(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier, clip_norm=policy.max_clip_norm,
+                             sample_rate=d.sample_rate, min_honest=d.min_honest, rounds=d.rounds,
+                             max_epsilon=policy.max_epsilon, delta=policy.delta)
+
+
+def share_problems(entry: LedgerEntry, *, policy: DPPolicy, published: Published) -> list[str]:
+    """Distributed DP: how the share declared in ``entry`` differs from the federation's
+    (mechanism, σ, q, C, h, μ/h) **at the published scale** and from the released dimension.
+
+    The declared scale and dimension are compared with the server's and then never used: μ/h is
+    checked at ``published.scale`` (a share declared at a millionth of the scale is consistent
+    with itself and adds almost no noise in the ring) and the floors of :func:`check_ledger` and
+    the aggregate's noise test use the server's numbers. Empty: it conforms."""
+    from .dp import ShareDeclaration
+    from .dp import share_problems as policy_problems
+
+    d, share = policy.distributed, entry.share
+    if d is None:
+        return []
+    if share is None:
+        return ["the federation runs distributed DP, but the ledger entry declares no noise share"]
+    if published.scale is None:
+        return ["the federation runs distributed DP, but this round's plan publishes no masked.scale (the server's "
+                "secure mode must be 'masked')"]
+    problems = []
+    if not math.isclose(share.scale, published.scale, rel_tol=1e-12, abs_tol=0.0):
+        problems.append(f"the share is declared at ring scale {share.scale:.9g}, but this round's signed plan publishes "
+                        f"masked.scale = {published.scale:.9g}; compute the share at the plan's masked.scale (a "
+                        "different value means a modified client or plan options altered before training)")
+    if share.dim != published.dim:
+        problems.append(f"the share is accounted over {share.dim} coordinates, but the model spec releases "
+                        f"{published.dim} (its shared modules); account over the spec's shared coordinates")
+    mine = distributed_policy(policy)
+    declared = ShareDeclaration(mechanism=share.mechanism, noise_multiplier=entry.noise_multiplier,
+                                min_honest=share.min_honest, clip_norm=entry.clip_norm, sample_rate=entry.sample_rate,
+                                scale=published.scale, share_variance=share.share_variance)
+    return problems + policy_problems(mine, declared)
+
+
+def check_ledger(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DPPolicy,
+                 published: Published | None = None) -> tuple[list[str], LedgerTrack]:
     """Problems with ``entry`` given the hospital's previous accepted one (see the module docstring).
+
+    Args:
+        published: under distributed DP, the server's own scale and dimension (the Skellam floors
+            are computed at them, never at what the share declares).
 
     Returns:
         (problems, the track to keep if the report is accepted). Problems name numbers the
@@ -163,36 +229,52 @@ def check_ledger(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DP
         if entry.epsilon < floor * (1 - _REL_TOL) - tol:
             problems.append(f"ε = {entry.epsilon:.4g} is below {floor:.4g}, the RDP bound (Mironov et al. 2019) for "
                             "the noise multipliers, sample rates and steps it declared in this federation")
-    skellam, alone = _distributed_floors(entry, previous=previous, problems=problems, tol=tol)
+    skellam, alone = _distributed_floors(entry, previous=previous, policy=policy, published=published,
+                                         problems=problems, tol=tol)
     return problems, LedgerTrack(last=entry, rdp=rdp, skellam=skellam, skellam_alone=alone)
 
 
-def _distributed_floors(entry: LedgerEntry, *, previous: LedgerTrack | None, problems: list[str],
+def _distributed_floors(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DPPolicy,
+                        published: Published | None, problems: list[str],
                         tol: float) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Distributed DP: ε and ``epsilon_alone`` are at least what the Skellam accountant gives for
-    the rounds the hospital declared in this federation (recomputed here, as for RDP above: rounds
-    elsewhere only raise the true values). Alone, its share is σ/sqrt(h) of the aggregate's noise."""
-    share = entry.share
-    if share is None:
+    the rounds the hospital took part in here, recomputed from the server's own numbers -- the
+    policy's σ, q, C and h, the plan's published scale and the spec's released dimension -- never
+    from what the share declares (rounds elsewhere only raise the true values). Alone, its share
+    is σ/sqrt(h) of the aggregate's noise.
+
+    Tolerance: a declared ε may fall short of the floor by at most 1e-6 relative (+1e-9). The
+    hospital runs the same accountant (:mod:`clinograph.secure.dp.skellam`) on the same numbers,
+    composing the same per-round RDP curves in the same order, and JSON carries floats exactly,
+    so honest values differ only by summation rounding (~1e-16 per round, 1e-11 after 10⁵
+    rounds); an understatement hidden under 1e-6 is 3e-6 at ε = 3, far below what the
+    accountant itself can resolve."""
+    share, dist = entry.share, policy.distributed
+    if dist is None:
+        if share is not None:
+            problems.append("the ledger entry declares a distributed-DP noise share, but the federation's policy "
+                            "has no distributed DP")
         return None, None
+    if share is None or published is None or published.scale is None:
+        return None, None  # refused by the share checks (no share; no published scale)
+    if entry.steps != 1:
+        problems.append(f"a distributed-DP round is one DP-SGD step; the entry declares steps = {entry.steps}")
     from .dp.skellam import ORDERS as SKELLAM_ORDERS
     from .dp.skellam import SkellamRound, rdp_to_epsilon
 
     zero = np.zeros(len(SKELLAM_ORDERS))
     relied = previous.skellam if previous is not None and previous.skellam is not None else zero
     alone = previous.skellam_alone if previous is not None and previous.skellam_alone is not None else zero
-    if entry.steps:
-        sigma_alone = entry.noise_multiplier / math.sqrt(share.min_honest)
-        relied = relied + SkellamRound(entry.sample_rate, entry.noise_multiplier, entry.clip_norm, share.scale,
-                                       share.dim).rdp()
-        alone = alone + SkellamRound(entry.sample_rate, sigma_alone, entry.clip_norm, share.scale, share.dim).rdp()
-    if bool(np.any(relied > 0)):
-        floor = rdp_to_epsilon(relied, delta=entry.delta)
-        if entry.epsilon < floor * (1 - _REL_TOL) - tol:
-            problems.append(f"ε = {entry.epsilon:.4g} is below {floor:.4g}, the Skellam accountant's bound for the "
-                            "noise multipliers, sample rates, scales and coordinates it declared in this federation")
-        floor_alone = rdp_to_epsilon(alone, delta=entry.delta)
-        if share.epsilon_alone < floor_alone * (1 - _REL_TOL) - tol:
-            problems.append(f"epsilon_alone = {share.epsilon_alone:.4g} is below {floor_alone:.4g}, the Skellam "
-                            "accountant's bound for its own share alone (σ/sqrt(h)) over its rounds here")
+    q, sigma, clip = dist.sample_rate, dist.noise_multiplier, policy.max_clip_norm
+    relied = relied + SkellamRound(q, sigma, clip, published.scale, published.dim).rdp()
+    alone = alone + SkellamRound(q, sigma / math.sqrt(dist.min_honest), clip, published.scale, published.dim).rdp()
+    floor = rdp_to_epsilon(relied, delta=entry.delta)
+    if entry.epsilon < floor * (1 - _REL_TOL) - tol:
+        problems.append(f"ε = {entry.epsilon:.4g} is below {floor:.4g}, the Skellam accountant's bound for its "
+                        f"rounds here at the federation's σ, q, C, the published scales and the {published.dim} "
+                        "coordinates the model releases")
+    floor_alone = rdp_to_epsilon(alone, delta=entry.delta)
+    if share.epsilon_alone < floor_alone * (1 - _REL_TOL) - tol:
+        problems.append(f"epsilon_alone = {share.epsilon_alone:.4g} is below {floor_alone:.4g}, the Skellam "
+                        "accountant's bound for its own share alone (σ/sqrt(h)) over its rounds here")
     return relied, alone

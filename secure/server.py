@@ -8,7 +8,6 @@ sees a personal module, and in ``masked`` mode never a single hospital's update.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from .aggregation import AggregateVoided, AggregationServer, ModuleSums, create_
 from .aggregation.checks import Unattributed, authenticate, check_header, encode_modules
 from .audit.canonical import canonical_json
 from .audit.kinds import UpdateRejected
-from .dp_checks import LedgerTrack, check_ledger
+from .dp_checks import LedgerTrack, Published, check_ledger, distributed_policy, share_problems
 from .messages import (
     MAX_MESSAGE_BYTES,
     MAX_REPORT_BYTES,
@@ -491,66 +490,44 @@ class FederationServer:
             problems.append(f"clip norm {entry.clip_norm} exceeds the maximum {policy.max_clip_norm}")
         if entry.round != report.round:
             problems.append(f"ledger entry is for round {entry.round}, not {report.round}")
-        if policy.distributed is not None:
-            problems.extend(self._share_problems(entry, policy, plan=self.current.plan))
-        ledger_problems, track = check_ledger(entry, previous=self._ledgers.get(sender), policy=policy)
+        published = Published(scale=_ring_scale(self.current.plan), dim=sum(m.size for m in self.spec.shared))
+        problems.extend(share_problems(entry, policy=policy, published=published))
+        ledger_problems, track = check_ledger(entry, previous=self._ledgers.get(sender), policy=policy,
+                                              published=published)
         problems.extend(p for p in ledger_problems if p not in problems)
         if problems:
-            raise ProtocolError("Update breaks the DP policy: " + "; ".join(problems) + ".")
+            raise ProtocolError(f"Hospital {sender!r}: its update breaks the DP policy: " + "; ".join(problems) + ".")
         return track
-
-    def _share_problems(self, entry: LedgerEntry, policy: DPPolicy, *, plan: RoundPlan) -> list[str]:
-        """Distributed DP: the declared noise share must be the federation's (mechanism, σ, q, C, h,
-        μ/h) *at the ring scale this round's plan publishes* (a share declared at another scale has
-        another variance in the ring), over no more coordinates than the model releases."""
-        from .dp import DistributedPolicy, ShareDeclaration, share_problems
-
-        d = policy.distributed
-        if entry.share is None:
-            return ["the federation runs distributed DP, but the ledger entry declares no noise share"]
-        problems = []
-        published = _ring_scale(plan)
-        if published is None:
-            return ["the federation runs distributed DP, but this round's plan publishes no masked.scale"]
-        if not math.isclose(entry.share.scale, float(published), rel_tol=1e-12, abs_tol=0.0):
-            problems.append(f"the share is declared at ring scale {entry.share.scale:.6g}, but this round's plan "
-                            f"publishes masked.scale = {float(published):.6g}")
-        released = sum(m.size for m in self.spec.shared)
-        if entry.share.dim > released:
-            problems.append(f"the share declares {entry.share.dim} noised coordinates, but the model releases "
-                            f"{released}")
-        mine = DistributedPolicy(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,  # type: ignore[union-attr]
-                                 clip_norm=policy.max_clip_norm, sample_rate=d.sample_rate,  # type: ignore[union-attr]
-                                 min_honest=d.min_honest, rounds=d.rounds,  # type: ignore[union-attr]
-                                 max_epsilon=policy.max_epsilon, delta=policy.delta)
-        declared = ShareDeclaration(mechanism=entry.share.mechanism, noise_multiplier=entry.noise_multiplier,
-                                    min_honest=entry.share.min_honest, clip_norm=entry.clip_norm,
-                                    sample_rate=entry.sample_rate, scale=float(published),
-                                    share_variance=entry.share.share_variance)
-        return problems + share_problems(mine, declared)
 
     def _check_aggregate_noise(self, rnd: OpenRound, sums: ModuleSums) -> None:
         """Distributed DP: the one-sided test of :mod:`clinograph.secure.dp.noise_check` on the
-        aggregate (audited as ``noise_check``); a failure voids the round (ProtocolError)."""
+        aggregate (audited as ``noise_check``); a failure voids the round (AggregateVoided). Only
+        the server's numbers enter it: the modules in the sum (spec sizes), the hospitals whose
+        inputs are in it (every module must be counted by all of them), and μ/h of the policy at
+        the plan's published scale."""
         policy = self.dp_policy
         if policy is None or policy.distributed is None or not sums.sums:
             return
-        shares = [r.ledger.share for r in rnd.reports.values() if r.ledger is not None and r.ledger.share is not None]
         scale = _ring_scale(rnd.plan)
-        if not shares or scale is None:
-            return
-        from .dp.noise_check import check_noise
+        if scale is None:
+            return  # no share was accepted without a published scale (share_problems)
+        from .dp.noise_check import check_noise, coverage_problem
 
-        found = check_noise([np.rint(np.asarray(v, dtype=np.float64) * float(scale)) for v in sums.sums.values()],
-                            dim=min(s.dim for s in shares), contributors=min(sums.counts.values()),
-                            share_variance=min(s.share_variance for s in shares))
+        k = len(sums.contributors)
+        problem = coverage_problem(sums.counts, contributors=k)
+        if problem is not None:
+            raise AggregateVoided(inputs=sums.contributors, message=f"Round {rnd.plan.round} voided: {problem}; "
+                                  "nothing of this round is released.")
+        share = distributed_policy(policy).share_variance(scale)
+        found = check_noise(((np.rint(np.asarray(v, dtype=np.float64) * scale), k) for v in sums.sums.values()),
+                            share_variance=share)
         self.audit.record("noise_check", found.payload(rnd.plan.round))
         if not found.passed:
             raise AggregateVoided(inputs=sums.contributors, message=
                 f"Round {rnd.plan.round} voided: the aggregate carries {found.energy_ratio:.3g}x the noise energy "
-                f"its {found.contributors} contributors declared (a sound test refuses below "
-                f"{found.threshold_ratio:.3g}x; false alarm <= 2^-40). At least one noise share is smaller than "
-                "declared; nothing of this round is released.")
+                f"its {found.contributors} contributors' shares must give over {found.dim} coordinates (a sound "
+                f"test refuses below {found.threshold_ratio:.3g}x; false alarm <= 2^-40). At least one noise share is "
+                "smaller than declared; nothing of this round is released.")
 
     def _refuse_report(self, sender: str, exc: Exception) -> None:
         self.current.refused.add(sender)

@@ -89,6 +89,11 @@ class DistributedDPTask(SplitEvaluation):
         self.model = NSFLModel(len(node_ids), config.model)
         self.modules = _ExactLocal(personal_module_map(self.model, node_ids, personal=config.personal.modules))
         self.columns = Columns.of(self.model, self.modules, self.modules.names(ModuleKind.SHARED))
+        #: the dimension the ledger accounts over: every coordinate the model spec releases (its
+        #: shared modules), the server's own number. The noised columns are a subset (similar_to
+        #: and metric/validation are off the star path), so the sensitivity bound Δ2 <= C·s + sqrt(d)
+        #: at this d is valid, if slightly looser (the server refuses a share accounted over fewer).
+        self.accounted_dim = sum(m.size for m in self.modules.spec().shared)
         #: the per-patient engine, built once for the whole run (not per round)
         self.clipper = columns_clipper(self.model, self.columns)
         self.ledger = DistributedLedger(state_dir, site=table.site, budget_epsilon=priv.epsilon_budget,
@@ -127,7 +132,7 @@ class DistributedDPTask(SplitEvaluation):
         record = {"round": round_, "mechanism": self.policy.mechanism, "noise_multiplier": self.policy.noise_multiplier,
                   "noise_multiplier_alone": self.policy.noise_multiplier / np.sqrt(self.policy.min_honest),
                   "sample_rate": self.policy.sample_rate, "clip_norm": self.policy.clip_norm, "scale": scale,
-                  "dim": self.columns.dim, "min_honest": self.policy.min_honest,
+                  "dim": self.accounted_dim, "min_honest": self.policy.min_honest,
                   "share_variance": self.policy.share_variance(scale)}
         self.ledger.check_round(record)
         s = self.stars

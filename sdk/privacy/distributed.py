@@ -185,7 +185,8 @@ class DistributedLedger:
     """One hospital's distributed-DP ledger on disk (``<state_dir>/distributed_ledger.json``).
 
     Every round records the guarantee the hospital relies on -- ``mechanism``, σ, q, C, the
-    ring scale, the dimension, ``min_honest``, and ``epsilon`` composed over its rounds -- and
+    ring scale, the dimension accounted (every coordinate the model spec releases: the server
+    checks that number), ``min_honest``, and ``epsilon`` composed over its rounds -- and
     what it would have alone: ``noise_multiplier_alone`` = σ/sqrt(h), the noise it added by
     itself, and ``epsilon_alone`` composed the same way. The audit report's privacy section shows
     both per hospital (:mod:`clinograph.secure.audit.report`, table ``privacy-trust``).

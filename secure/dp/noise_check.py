@@ -3,8 +3,8 @@ declared in it? Torch-free; SECURITY.md ("What the aggregate's noise test can an
 
 The masked sum of a distributed-DP round, in integer ring units, is ``z = x + n``: ``x`` every
 contributor's signal (randomly rounded, scaled, clipped gradients -- or anything a dishonest
-hospital sends) and ``n`` the noise shares. If all K contributors added their declared share
-Sk(μ/h) on the d declared coordinates, ``n`` is, per coordinate, Skellam of variance
+hospital sends) and ``n`` the noise shares. If all K contributors added their share Sk(μ/h) on
+every coordinate of the modules they sent, ``n`` is, per coordinate, Skellam of variance
 V = K·μ/h (independent Skellams add), independent of ``x``.
 
 The test rejects when ``S = ||z||²`` falls below ``d·V − t``:
@@ -25,18 +25,39 @@ The test rejects when ``S = ||z||²`` falls below ``d·V − t``:
 So a failed test proves, except with probability α, that the aggregate carries less noise than
 its contributors declared: the round is voided (``round_aborted``) and nothing of it is released.
 
+**The server's numbers, never a hospital's.** d is the number of coordinates of the modules in
+the aggregate (the model spec's sizes), K the hospitals whose masked inputs are in the sum (the
+protocol's survivors), and μ/h the policy's share variance at the plan's published ``masked.scale``;
+nothing a hospital declares about its share (its dimension, scale or variance) enters the test,
+so no declaration can blind it (a share declared over one coordinate would make d = 1, where no
+aggregate can fail). Each module's count slot must say K (:func:`coverage_problem`): every
+contributor adds its share to every released coordinate -- a module with fewer shares than the
+promise's h would be released under-noised -- and the count slots are the one part of the sum
+a hospital writes freely (one that skips its noise and zeroes its count would otherwise lower
+the noise the test expects by exactly its missing share). :func:`check_noise` accepts per-module
+counts K_m: with V_m = K_m·μ/h the expectation is Σ_m d_m·V_m and
+``t = sqrt(2·Σ_m d_m·(3·V_m² + V_m)·ln(1/α))``, the same two steps coordinate by coordinate.
+
+**Power** (:func:`detection_power`; SECURITY.md has the table). Without signal the statistic
+is about normal with mean d·V' and variance d·(2V'² + V') when the shares present add V' per
+coordinate, so one of K hospitals skipping its share (V' = (K−1)/K·V) is found when
+1/K clearly exceeds ``t/(d·V) ≈ sqrt(6·ln(2⁴⁰)/d)``: 41 % of the declared energy at d = 10³
+(only K = 2 is caught), 13 % at d = 10⁴ (K <= 7), 4 % at d = 10⁵.
+
 What it cannot see: *which* hospital under-noised (the server sees only the sum); a deficit the
-signal's own energy hides (``||x||²`` adds to S); a deficit smaller than ``t`` -- about
-``sqrt(6·ln(1/α)/d)`` of the declared noise energy, 9 % at d = 10⁴, 29 % at d = 10³; and
-whether ``h`` of the shares are honest (the promise needs only h honest shares of the K, so a
-passed test is more than the promise needs only when K = h). It is a check on the declared
-total, never a substitute for the trust assumption of docs/privacy.md.
+signal's own energy hides (``||x||²`` adds to S; an aligned batch of B clipped gradients can add
+up to B²·h/(d·K·σ²) of the declared energy); a deficit below the margin above; noise a
+colluder knows (its own share, or shares colluders draw from one seed: they carry the declared
+energy and pass, yet protect nobody against the colluders; shares drawn to cancel, n and −n,
+are a deficit like a skipped share); and whether ``h`` of the shares are honest (the promise needs only h honest shares of
+the K, so a passed test is more than the promise needs only when K = h). It is a check on the
+declared total, never a substitute for the trust assumption of docs/privacy.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,22 +92,73 @@ def threshold_ratio(*, dim: int, variance: float, alpha: float = ALPHA) -> float
     (then no aggregate can fail: too few coordinates or too little noise to tell)."""
     if dim < 1 or not variance > 0:
         raise ValueError("need dim >= 1 and variance > 0")
-    t = math.sqrt(2.0 * dim * (3.0 * variance * variance + variance) * math.log(1.0 / alpha))
-    return 1.0 - t / (dim * variance)
+    return _threshold(((dim, variance),), alpha=alpha)
 
 
-def check_noise(integer_sums: Iterable[np.ndarray], *, dim: int, contributors: int, share_variance: float,
+def _threshold(blocks: Iterable[tuple[int, float]], *, alpha: float) -> float:
+    """(E − t)/E over blocks of (coordinates, variance): E = Σ d_m·V_m, t² = 2·Σ d_m·(3V_m² + V_m)·ln(1/α)."""
+    blocks = tuple(blocks)
+    expected = sum(d * v for d, v in blocks)
+    t = math.sqrt(2.0 * sum(d * (3.0 * v * v + v) for d, v in blocks) * math.log(1.0 / alpha))
+    return 1.0 - t / expected
+
+
+def coverage_problem(counts: Mapping[str, int], *, contributors: int) -> str | None:
+    """Why the sum's per-module contributor counts break distributed DP (None: every module in
+    the sum is counted by all ``contributors``, the hospitals whose inputs are in it)."""
+    off = {name: c for name, c in sorted(counts.items()) if c != contributors}
+    if not off:
+        return None
+    shown = ", ".join(f"{n!r}: {c}" for n, c in list(off.items())[:5]) + (" ..." if len(off) > 5 else "")
+    return (f"{len(off)} module(s) of the sum are counted by other than the {contributors} hospitals whose inputs are "
+            f"in it ({shown}); under distributed DP every contributor adds its noise share to every released "
+            "module, so a count slot that says otherwise is a hospital hiding a missing share or releasing a module "
+            "under fewer shares than the promise needs")
+
+
+def check_noise(modules: Iterable[tuple[np.ndarray, int]], *, share_variance: float,
                 alpha: float = ALPHA) -> NoiseCheck:
-    """The test on an aggregate given as integer ring units (module docstring).
+    """The test on an aggregate given as (integer ring units, contributor count) per module.
 
     Args:
-        integer_sums: the masked sums of every released module, times the ring scale.
-        dim: the noised coordinates every contributor declared (the smallest declared).
-        contributors: K, the hospitals whose shares are in the sum (the smallest module count).
-        share_variance: μ/h, each share's declared Skellam variance in integer units.
+        modules: each released module's masked sum times the ring scale, with its contributor
+            count K_m (the sum's own count slot).
+        share_variance: μ/h, the policy's Skellam variance per share at the plan's published
+            scale (integer units) -- the server's number, never a hospital's declaration.
+
+    Raises:
+        ValueError: no module, a module without coordinates or contributors, or μ/h <= 0.
     """
-    variance = contributors * share_variance
-    energy = float(sum(float(np.dot(v.ravel(), v.ravel())) for v in integer_sums))
-    return NoiseCheck(energy_ratio=energy / (dim * variance),
-                      threshold_ratio=threshold_ratio(dim=dim, variance=variance, alpha=alpha), dim=int(dim),
-                      contributors=int(contributors), share_variance=float(share_variance))
+    if not share_variance > 0:
+        raise ValueError("share_variance must be > 0")
+    energy, blocks, counts = 0.0, [], []
+    for values, count in modules:
+        v = np.asarray(values, dtype=np.float64).ravel()
+        if v.size == 0 or count < 1:
+            raise ValueError("every module needs coordinates and at least one contributor")
+        energy += float(np.dot(v, v))
+        blocks.append((int(v.size), count * share_variance))
+        counts.append(int(count))
+    if not blocks:
+        raise ValueError("no module to test")
+    expected = sum(d * v for d, v in blocks)
+    return NoiseCheck(energy_ratio=energy / expected, threshold_ratio=_threshold(blocks, alpha=alpha),
+                      dim=sum(d for d, _ in blocks), contributors=min(counts), share_variance=float(share_variance))
+
+
+def detection_power(*, dim: int, contributors: int, skipping: int, share_variance: float,
+                    signal_ratio: float = 0.0, alpha: float = ALPHA) -> float:
+    """P(the test fails) when ``skipping`` of the K ``contributors`` add no share, by the normal
+    approximation of S (module docstring, "Power"); ``signal_ratio`` = ||x||²/(d·V), the signal's
+    energy relative to the declared noise (0: the best case for the test). With ``skipping`` = 0
+    it is the approximate false-alarm rate (the proven bound is α)."""
+    if not 0 <= skipping <= contributors or contributors < 1:
+        raise ValueError("need 0 <= skipping <= contributors and contributors >= 1")
+    declared = contributors * share_variance
+    present = (contributors - skipping) * share_variance
+    limit = threshold_ratio(dim=dim, variance=declared, alpha=alpha) * dim * declared
+    mean = dim * present + signal_ratio * dim * declared
+    sd = math.sqrt(dim * (2.0 * present * present + present) + 4.0 * signal_ratio * dim * declared * present)
+    if sd == 0:
+        return float(mean <= limit)
+    return 0.5 * math.erfc((mean - limit) / (sd * math.sqrt(2.0)))

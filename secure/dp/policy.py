@@ -8,9 +8,10 @@ others' shares are over-noise. :func:`check_configuration` refuses, with every r
 a configuration that cannot keep that promise; :func:`check_share` refuses a hospital whose
 declared share (mechanism, σ, h, C, q, variance) differs from the policy.
 
-The server hook (secure/server.py ``_check_dp``, owned elsewhere) is one call:
-``problems += share_problems(policy, declaration_from_ledger(entry, ...))``; until it lands,
-hospitals run :func:`check_share` on their own declaration before releasing anything.
+The server runs :func:`share_problems` on every declared share through
+:func:`clinograph.secure.dp_checks.share_problems`, with the declaration's scale replaced by the
+scale the round's signed plan publishes (a mismatch is refused there); hospitals run
+:func:`check_share` on their own declaration before releasing anything.
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ def test_a_share_declared_at_another_ring_scale_is_refused(tables, dictionary, t
     sim.audit.close()
     rejected = [e["payload"] for e in _entries(tmp_path) if e["kind"] == "update_rejected"]
     assert [p["client"] for p in rejected] == ["alpha"]
-    assert "but this round's plan publishes masked.scale" in rejected[0]["reason"]
+    assert "but this round's signed plan publishes masked.scale" in rejected[0]["reason"]
 
 
 def test_an_understated_epsilon_alone_is_refused(tables, dictionary, tmp_path):
@@ -248,22 +248,110 @@ def test_honest_rounds_pass_the_noise_test_and_say_so(tables, dictionary, tmp_pa
     assert checks[0]["energy_ratio"] > checks[0]["threshold_ratio"]
 
 
-def test_shares_declared_but_not_added_void_the_round(tables, dictionary, tmp_path, monkeypatch):
-    """Every hospital declares the policy's share and adds none (its noise is zeros): the reports
-    conform, the aggregate does not -- the noise test voids the round and nothing is released."""
+def _without_noise(monkeypatch, tables, dictionary, tmp_path):
+    """A simulation whose hospitals declare the policy's share and add none (their noise is zeros)."""
     import clinograph.sdk.privacy.distributed as distributed
 
     monkeypatch.setattr(distributed, "skellam_noise", lambda variance, n, source=None: np.zeros(n, dtype=np.int64))
-    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
-    before = {n: v.copy() for n, v in sim.server.state.items()}
+    return build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+
+
+def _voided_round(sim, tmp_path) -> tuple[list[dict], dict]:
+    """Run a round the noise test voids; (the audit entries, the noise_check payload)."""
     with pytest.raises(Exception, match="voided"):
         sim.run_round()
     sim.audit.close()
     entries = _entries(tmp_path)
+    return entries, next(e["payload"] for e in entries if e["kind"] == "noise_check")
+
+
+def test_shares_declared_but_not_added_void_the_round(tables, dictionary, tmp_path, monkeypatch):
+    """Every hospital declares the policy's share and adds none (its noise is zeros): the reports
+    conform, the aggregate does not -- the noise test voids the round and nothing is released."""
+    sim = _without_noise(monkeypatch, tables, dictionary, tmp_path)
+    before = {n: v.copy() for n, v in sim.server.state.items()}
+    entries, check = _voided_round(sim, tmp_path)
     assert not [e for e in entries if e["kind"] == "update_rejected"]
-    check = next(e["payload"] for e in entries if e["kind"] == "noise_check")
     assert not check["passed"] and check["energy_ratio"] < check["threshold_ratio"]
     aborted = [e["payload"] for e in entries if e["kind"] == "round_aborted"]
     assert aborted and "voided" in aborted[0]["reason"]
     assert not [e for e in entries if e["kind"] in ("aggregate", "release")]
     assert all(np.array_equal(before[n], v) for n, v in sim.server.state.items())
+
+
+def test_a_share_declared_over_one_coordinate_does_not_blind_the_noise_test(tables, dictionary, tmp_path,
+                                                                              monkeypatch):
+    """No hospital adds noise; one declares its share over a single coordinate. The noise test
+    must use the coordinates the aggregate releases (the server's number from the model spec),
+    not the smallest a hospital declares: over d = 1 no aggregate could fail it."""
+    sim = _without_noise(monkeypatch, tables, dictionary, tmp_path)
+    ledger = sim.hospitals["alpha"].task.ledger
+    honest = ledger.commit
+    ledger.commit = lambda record: honest({**record, "dim": 1})
+    entries, check = _voided_round(sim, tmp_path)
+    assert not [e for e in entries if e["kind"] == "aggregate"]
+    cols = sim.hospitals["beta"].task.columns
+    assert not check["passed"] and check["dim"] == cols.dim
+
+
+def test_a_share_accounted_over_fewer_coordinates_than_the_spec_releases_is_refused(tables, dictionary, tmp_path):
+    """A hospital that adds its noise but accounts its ε over one coordinate (consistently, so its
+    own ledger agrees) understates ε; the server's floor is at the spec's released coordinates."""
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    ledger = sim.hospitals["alpha"].task.ledger
+    honest = ledger.commit
+    ledger.commit = lambda record: honest({**record, "dim": 1})
+    sim.run_round()
+    sim.audit.close()
+    rejected = [e["payload"] for e in _entries(tmp_path) if e["kind"] == "update_rejected"]
+    released = sum(m.size for m in sim.server.spec.shared)
+    assert [p["client"] for p in rejected] == ["alpha"]
+    assert rejected[0]["reason"].startswith("ProtocolError: Hospital 'alpha': its update breaks the DP policy")
+    assert f"accounted over 1 coordinates, but the model spec releases {released}" in rejected[0]["reason"]
+
+
+def test_hospitals_that_skip_their_noise_and_zero_their_count_slots_void_the_round(tables, dictionary, tmp_path,
+                                                                                     monkeypatch):
+    """Two of three hospitals add no noise and write 0 in their masked count slots: the sum then
+    says one contributor per module, whose one share is exactly the noise present. The server
+    takes K from the hospitals whose inputs are in the sum and requires every module counted by
+    all of them; the round is voided."""
+    import clinograph.sdk.privacy.distributed as distributed
+    import clinograph.secure.masking.client as masked_client
+
+    real_noise, real_encode = distributed.skellam_noise, masked_client.encode_update
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    hostile = {"alpha", "beta"}
+    weights = {sim.hospitals[h].task.num_samples for h in hostile}
+    silent = {"on": False}
+
+    def noise(variance, n, source=None):
+        return np.zeros(n, dtype=np.int64) if silent["on"] else real_noise(variance, n, source=source)
+
+    def encode(update, *, layout, **kw):
+        parts = real_encode(update, layout=layout, **kw)
+        if update.weight in weights:
+            parts[1][len(layout.names):] = 0  # the count slots
+        return parts
+
+    for h in hostile:
+        task = sim.hospitals[h].task
+        honest = task.train
+
+        def quiet(*, _honest=honest, **kw):
+            silent["on"] = True
+            try:
+                return _honest(**kw)
+            finally:
+                silent["on"] = False
+
+        task.train = quiet
+    monkeypatch.setattr(distributed, "skellam_noise", noise)
+    monkeypatch.setattr(masked_client, "encode_update", encode)
+    with pytest.raises(Exception, match="voided"):
+        sim.run_round()
+    sim.audit.close()
+    entries = _entries(tmp_path)
+    assert not [e for e in entries if e["kind"] in ("aggregate", "update_rejected")]
+    aborted = [e["payload"]["reason"] for e in entries if e["kind"] == "round_aborted"]
+    assert aborted and "counted by other than the 3 hospitals whose inputs are in it" in aborted[0]
