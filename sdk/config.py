@@ -496,8 +496,10 @@ class SimulationConfig(HospitalConfig):
         """The policy the server checks: the hospitals' own DP settings, when DP is on."""
         if not self.privacy.enabled:
             return None
+        # the hospitals' PRV ε cannot be checked by the server: choosing it names the gap (warned, audited)
         return DPPolicySection(max_epsilon=self.privacy.epsilon_budget, delta=self.privacy.delta,
-                               max_clip_norm=self.privacy.clip_norm)
+                               max_clip_norm=self.privacy.clip_norm,
+                               insecure_unchecked_prv=self.privacy.accountant == "prv")
 
     @classmethod
     def from_toml(cls, path: str | Path) -> SimulationConfig:  # type: ignore[override]

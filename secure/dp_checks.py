@@ -14,8 +14,9 @@ What the server can check without trusting a hospital's arithmetic, per hospital
   composed into the same floor as full-batch (q = 1) Gaussian steps.
 
 Does not check: that the declared σ, q and steps are what the hospital ran (a hospital can
-lie about its noise), nor ε of the ``prv`` accountant against RDP (PRV is tighter; only the
-monotonicity checks apply to it).
+lie about its noise). A local-DP ledger kept with the ``prv`` accountant (tighter than RDP, so no
+RDP floor applies, and its ε is not recomputed here) is refused unless the policy names
+``insecure_unchecked_prv``; any other accountant name is refused.
 
 numpy and the standard library only: the server install has neither torch (Opacus) nor scipy.
 """
@@ -224,6 +225,11 @@ def check_ledger(entry: LedgerEntry, *, previous: LedgerTrack | None, policy: DP
     for part in (entry.epsilon_training, entry.epsilon_selection, entry.epsilon_setup):
         if part is not None and part > entry.epsilon * (1 + _REL_TOL) + tol:
             problems.append(f"a part of ε ({part:.4g}) exceeds the composed ε = {entry.epsilon:.4g}")
+    if entry.share is None and entry.accountant != "rdp" and not (entry.accountant == "prv"
+                                                                   and policy.insecure_unchecked_prv):
+        problems.append(f"accountant {entry.accountant!r}: the server checks a local-DP ε against the RDP bound "
+                        "only, so the federation accepts ledgers kept with 'rdp' (the operator may accept 'prv' by "
+                        "name: [dp_policy] insecure_unchecked_prv = true)")
     if entry.accountant == "rdp" and bool(np.any(rdp > 0)):
         floor = epsilon_from_rdp(rdp, delta=entry.delta)
         if entry.epsilon < floor * (1 - _REL_TOL) - tol:

@@ -124,6 +124,9 @@ class DPPolicy(WireMessage):
     min_noise_multiplier: float = Field(ge=0)
     max_clip_norm: float = Field(gt=0)
     distributed: DistributedDP | None = None
+    #: accept local-DP ledgers kept with the PRV accountant, whose ε the server cannot check
+    #: (no RDP floor applies to it); off by default ([dp_policy] insecure_unchecked_prv)
+    insecure_unchecked_prv: bool = False
 
 
 class RoundPlan(WireMessage):

@@ -137,7 +137,8 @@ class FederationServer:
             "strategy": self.strategy.name,
             "dp_policy": self.dp_policy.model_dump(mode="json") if self.dp_policy else None,
             "spec_digest": self.spec.digest(),
-            "insecure_options": [self.mode.name] if self.mode.insecure else [],
+            "insecure_options": ([self.mode.name] if self.mode.insecure else [])
+            + (["insecure_unchecked_prv"] if self.dp_policy and self.dp_policy.insecure_unchecked_prv else []),
             "environment": self.environment,
         })
 

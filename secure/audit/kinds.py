@@ -51,6 +51,7 @@ class DPPolicyInfo(Payload):
     min_noise_multiplier: float = Field(ge=0)
     max_clip_norm: float = Field(gt=0)
     distributed: DistributedDPInfo | None = None
+    insecure_unchecked_prv: bool = False
 
 
 class Manifest(Payload):

@@ -157,6 +157,9 @@ class DPPolicySection(_Strict):
                                    "add their share honestly and survive; each adds μ/h")
     rounds: int | None = Field(default=None, ge=1, le=100_000, description="distributed only: rounds the ε "
                                "promise covers")
+    insecure_unchecked_prv: bool = Field(default=False, description="accept hospitals' local-DP ledgers kept with the "
+                                         "PRV accountant, whose ε the server cannot check against the RDP bound "
+                                         "(warns; carried in every plan, so audited)")
 
     def distributed(self):  # noqa: ANN201 - clinograph.secure.dp.DistributedPolicy (imported lazily)
         """The distributed-DP policy this section declares (ConfigError naming the missing keys)."""
@@ -184,9 +187,15 @@ class DPPolicySection(_Strict):
             d = self.distributed()
             distributed = DistributedDP(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,
                                         sample_rate=d.sample_rate, min_honest=d.min_honest, rounds=d.rounds)
+        if self.insecure_unchecked_prv:
+            import warnings
+
+            warnings.warn("[dp_policy] insecure_unchecked_prv = true: hospitals may keep their ledgers with the PRV "
+                          "accountant, and the server cannot check their ε against the RDP bound.", UserWarning,
+                          stacklevel=2)
         return DPPolicy(required=True, max_epsilon=self.max_epsilon, delta=self.delta,
                         min_noise_multiplier=self.min_noise_multiplier, max_clip_norm=self.max_clip_norm,
-                        distributed=distributed)
+                        distributed=distributed, insecure_unchecked_prv=self.insecure_unchecked_prv)
 
 
 class ServerConfig(_Strict):

@@ -79,3 +79,34 @@ def test_inconsistent_ledger_is_refused_and_audited(tmp_path, case):
     assert [(r["client"], r["round"]) for r in rejected] == [("h3", bad_round)]
     import re
     assert re.search(match, rejected[0]["reason"]), rejected[0]["reason"]
+
+
+def test_a_ledger_kept_with_an_unchecked_accountant_is_refused_unless_named():
+    """Before: a hospital declaring accountant 'prv' (or any name but 'rdp') skipped the RDP floor,
+    so any small ε passed. Now refused unless the policy names insecure_unchecked_prv."""
+    from clinograph.secure.dp_checks import check_ledger
+
+    entry = LedgerEntry(round=0, noise_multiplier=SIGMA, sample_rate=Q, steps=STEPS, clip_norm=1.0, accountant="prv",
+                        epsilon=0.001, delta=1e-5, budget_epsilon=10.0)
+    problems, _ = check_ledger(entry, previous=None, policy=POLICY)
+    assert any("accountant 'prv'" in p for p in problems)
+    problems, _ = check_ledger(entry.model_copy(update={"accountant": "made-up"}), previous=None, policy=POLICY)
+    assert any("accountant 'made-up'" in p for p in problems)
+    lenient = POLICY.model_copy(update={"insecure_unchecked_prv": True})
+    assert check_ledger(entry, previous=None, policy=lenient)[0] == []
+
+
+def test_the_unchecked_prv_policy_warns_when_it_is_built():
+    from clinograph.secure.runtime.config import DPPolicySection
+
+    with pytest.warns(UserWarning, match="insecure_unchecked_prv"):
+        policy = DPPolicySection(insecure_unchecked_prv=True).policy()
+    assert policy.insecure_unchecked_prv
+
+
+def test_the_unchecked_prv_policy_is_marked_in_the_manifest(tmp_path):
+    lenient = POLICY.model_copy(update={"insecure_unchecked_prv": True})
+    federation(tmp_path, dp_policy=lenient, hospitals={c: {} for c in ("h0", "h1")})
+    manifest = next(e for e in audit_entries(tmp_path) if e["kind"] == "manifest")["payload"]
+    assert "insecure_unchecked_prv" in manifest["insecure_options"]
+    assert manifest["dp_policy"]["insecure_unchecked_prv"] is True
