@@ -82,18 +82,9 @@ def _star_sides(model, inputs, labels, loss_mean, engine) -> dict:
 
 
 def _dp_step(clipper, opt, inputs, labels) -> None:
-    from clinograph.sdk.privacy import per_patient
+    from clinograph.sdk.privacy.per_patient import dp_sgd_step
 
-    if hasattr(per_patient, "dp_sgd_step"):  # one DP-SGD step for every task (this branch)
-        per_patient.dp_sgd_step(clipper, opt, inputs, labels=labels, noise_multiplier=1.0, clip_norm=1.0,
-                                expected_batch=B)
-        return
-    from clinograph.sdk.privacy.noise import secure_gaussian  # before: DPTrainer._star_step, inlined
-
-    out = clipper.clipped_sum(*inputs, labels=labels, clip_norm=1.0)
-    noise = secure_gaussian(1.0, torch.Size([clipper.dim]), torch.float64)
-    clipper.assign((out.summed + noise.to(out.summed.dtype)) / B)
-    opt.step()
+    dp_sgd_step(clipper, opt, inputs, labels=labels, noise_multiplier=1.0, clip_norm=1.0, expected_batch=B)
 
 
 def nsfl_static() -> dict:

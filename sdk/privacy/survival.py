@@ -32,7 +32,8 @@ from clinograph.core.errors import ConfigError, PrivacyError
 
 from ..model.heads import HazardBaseline
 from ..training.survival import interval_targets
-from .per_patient import PerPatientClipper, star_probe
+from .ghost import Formed, LayerPart
+from .per_patient import PerPatientClipper, register_part_rule, star_probe
 from .trainer import DPTrainer, dp_trainer_factory, unused_star_parameters
 
 
@@ -56,52 +57,31 @@ def _probe_labels(b: int, k: int) -> torch.Tensor:
     return torch.cat([s, e], dim=1)
 
 
+def hazard_objective(model: torch.nn.Module, inputs, labels: torch.Tensor) -> torch.Tensor:
+    """The engine's objective for the survival head: :func:`hazard_loss_sum` of the star logits."""
+    return hazard_loss_sum(model(*inputs), labels)
+
+
+@register_part_rule(HazardBaseline)
+def _baseline_parts(mod: HazardBaseline, calls, b: int) -> dict[int, LayerPart]:
+    """β's per-patient gradient is ∂ℓ_i/∂z_i itself (z_ik = β_k + r_i)."""
+    if not mod.bias.requires_grad:
+        return {}
+    return {id(mod.bias): Formed(sum(g.reshape(b, -1) for _, g in calls))}
+
+
 class HazardClipper(PerPatientClipper):
-    """:class:`~clinograph.sdk.privacy.per_patient.PerPatientClipper` for the survival head:
-    the per-patient loss is the hazard likelihood of :func:`hazard_loss_sum` (labels [B, 2K]),
-    and :class:`HazardBaseline`'s β gets patient i's gradient ∂ℓ_i/∂z_i (z_ik = β_k + r_i)."""
+    """The per-patient engine (:class:`~clinograph.sdk.privacy.per_patient.PerPatientClipper`)
+    on the hazard likelihood of :func:`hazard_loss_sum` (labels [B, 2K]); its probe labels are
+    synthetic [s | e] rows."""
 
-    SUPPORTED = (*PerPatientClipper.SUPPORTED, HazardBaseline)
-
-    def per_sample(self, *inputs: torch.Tensor, labels: torch.Tensor) -> tuple[list[torch.Tensor | None], float]:
-        b = int(labels.shape[0])
-        logits = self._forward(*inputs)
-        loss = hazard_loss_sum(logits, labels)
-        calls, self._calls = self._calls, []
-        outs = [o for _, _, o in calls]
-        grads = torch.autograd.grad(loss, outs, allow_unused=True) if outs else ()
-        with torch.no_grad():
-            return self._assemble(calls, grads, b), float(loss.detach()) / max(b, 1)
-
-    def _assemble(self, calls, grads, b):
-        rest = [(c, g) for c, g in zip(calls, grads, strict=True) if not isinstance(c[0], HazardBaseline)]
-        acc = super()._assemble([c for c, _ in rest], [g for _, g in rest], b)
-        for (mod, _, _), g in zip(calls, grads, strict=True):
-            if isinstance(mod, HazardBaseline) and g is not None and mod.bias.requires_grad:
-                self._add(acc, mod.bias, g.reshape(b, -1))
-        return acc
-
-    def self_check(self, *inputs: torch.Tensor, labels: torch.Tensor | None = None) -> None:
-        """Σ_i g_i == the batch gradient of the hazard loss on a synthetic probe, or PrivacyError."""
-        b = int(inputs[0].shape[0])
-        with torch.no_grad():
-            k = int(self.model(*inputs).shape[-1])
-        y = labels if labels is not None else _probe_labels(b, k)
-        grads, _ = self.per_sample(*inputs, labels=y)
-        for p in self.params:
-            p.grad = None
-        hazard_loss_sum(self.model(*inputs), y).backward()
-        try:
-            for i, p in enumerate(self.params):
-                want = p.grad if p.grad is not None else torch.zeros_like(p)
-                got = grads[i].sum(0) if grads[i] is not None else torch.zeros_like(p)
-                if float((got - want).abs().max()) > 1e-4 * (1.0 + float(want.abs().max())):
-                    raise PrivacyError("Per-patient gradients of the hazard loss do not add up to the batch gradient "
-                                       f"on a synthetic probe (parameter {i} of {len(self.params)}). Use "
-                                       "grad_sample_mode = 'hooks'.")
-        finally:
-            for p in self.params:
-                p.grad = None
+    def __init__(self, model: torch.nn.Module, *, probe=None):
+        labels = None
+        if probe is not None:
+            with torch.no_grad():
+                k = int(model(*probe).shape[-1])
+            labels = _probe_labels(int(probe[0].shape[0]), k)
+        super().__init__(model, objective=hazard_objective, probe=probe, probe_labels=labels)
 
 
 def _register_opacus_sampler() -> None:

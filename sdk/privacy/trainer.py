@@ -51,8 +51,8 @@ from ..training.trainer import TrainOutcome
 from .accountant import PrivacyLedger
 from .calibration import calibrate_noise_multiplier, poisson_plan
 from .guard import refuse_coupled_plan, refuse_coupled_training
-from .noise import install_secure_noise, os_seeded_generator, secure_gaussian
-from .per_patient import PerPatientClipper, star_probe
+from .noise import install_secure_noise, os_seeded_generator
+from .per_patient import PerPatientClipper, dp_sgd_step, star_probe
 
 GRAD_SAMPLE_MODES = ("star", "hooks", "ew")
 
@@ -221,11 +221,8 @@ class DPTrainer:
 
     # -- one DP-SGD step ---------------------------------------------------------------------------
     def _star_step(self, fi: torch.Tensor, x: torch.Tensor, m: torch.Tensor, y: torch.Tensor) -> float | None:
-        clipper = self._clipper
-        out = clipper.clipped_sum(fi, x, m, labels=y, clip_norm=self.clip_norm)
-        noise = secure_gaussian(self.noise_multiplier * self.clip_norm, torch.Size([clipper.dim]), torch.float64)
-        clipper.assign((out.summed + noise.to(out.summed.dtype)) / self.expected_batch)
-        self._opt.step()
+        out = dp_sgd_step(self._clipper, self._opt, (fi, x, m), labels=y, noise_multiplier=self.noise_multiplier,
+                          clip_norm=self.clip_norm, expected_batch=self.expected_batch)
         return out.loss if y.shape[0] else None
 
     def _opacus_step(self, fi: torch.Tensor, x: torch.Tensor, m: torch.Tensor, y: torch.Tensor) -> float | None:
@@ -279,8 +276,6 @@ class DPTrainer:
             completed = True
         finally:
             self._unhook()
-            if self._clipper is not None:
-                self._clipper.release()
             self._unfreeze(frozen)
             for p in model.parameters():
                 p.grad = None

@@ -17,7 +17,7 @@ from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.heads import SurvivalNSFLModel
 from clinograph.sdk.model.nsfl import NSFLConfig
 from clinograph.sdk.privacy import unused_star_parameters
-from clinograph.sdk.privacy.per_patient import star_probe
+from clinograph.sdk.privacy.per_patient import PerPatientClipper, star_probe
 from clinograph.sdk.privacy.survival import (
     HazardClipper,
     _register_opacus_sampler,
@@ -108,13 +108,13 @@ def test_loop_comparison_can_fail_on_a_coupled_loss():
     """Negative control: a loss that couples patients (a batch-mean baseline, as Cox's risk sets
     do) gives per-patient gradients that differ from the loop, so the tests above can fail."""
     model, inputs, y = _model_and_batch()
-    fi, x, m = star_probe(model.n_features)
-    clipper = HazardClipper(model, probe=(fi, x.double(), m))
-    logits = clipper._forward(*inputs)
-    calls, clipper._calls = clipper._calls, []
-    coupled = hazard_loss_sum(logits - logits.mean(0, keepdim=True), y)
-    grads = torch.autograd.grad(coupled, [o for *_, o in calls], allow_unused=True)
-    got = clipper._assemble(calls, grads, len(y))
+
+    def coupled(mo, inp, labels):
+        logits = mo(*inp)
+        return hazard_loss_sum(logits - logits.mean(0, keepdim=True), labels)
+
+    clipper = PerPatientClipper(model, objective=coupled)
+    got, _ = clipper.per_sample(*inputs, labels=y)
     i = next(j for j, p in enumerate(clipper.params) if p is model.hazard_baseline.bias)
     want = _loop(model, inputs, y, [("b", model.hazard_baseline.bias)])[2]["b"]
     assert (got[i][2] - want).abs().max().item() > 1e-3
