@@ -77,7 +77,7 @@ def concept_objective(model: nn.Module, inputs: Sequence[object], labels: Concep
 
 
 #: one engine a (model, trained parameters): built when the trained modules change (a round)
-_ENGINES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, PerPatientClipper]] = weakref.WeakKeyDictionary()
+_ENGINES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[str, ...], PerPatientClipper]] = weakref.WeakKeyDictionary()
 
 
 def concept_probe(model: ConceptModel, like: torch.Tensor,
@@ -93,7 +93,8 @@ def concept_probe(model: ConceptModel, like: torch.Tensor,
 
 def concept_clipper(model: ConceptModel, names: Sequence[str], *, like: torch.Tensor | None = None) -> PerPatientClipper:
     """The per-patient engine of ``model`` over the parameters ``names`` (those that require a
-    gradient, in the model's order), built once while they stay the trained ones. With ``like``
+    gradient, in the model's order), built once while they stay the trained ones (a model whose
+    modules are replaced under the same names is a new model object here). With ``like``
     (a batch of encoder inputs, a tensor), checked at construction on a synthetic probe of its
     shape (:func:`concept_probe`; no patient data).
 
@@ -101,14 +102,13 @@ def concept_clipper(model: ConceptModel, names: Sequence[str], *, like: torch.Te
         ValueError: ``names`` is not the model's trainable parameters in order.
         PrivacyError: a trained parameter outside the engine's leaves (see the engine).
     """
+    key = tuple(names)
+    cached = _ENGINES.get(model)
+    if cached is not None and cached[0] == key:  # names change with the trained modules (each round)
+        return cached[1]
     if list(names) != trainable_names(model):
         raise ValueError("Concept DP: names must be the model's trainable parameters (trainable_names(model)); "
                          "freeze the others first.")
-    named = dict(model.named_parameters())
-    key = tuple((n, id(named[n])) for n in names)
-    cached = _ENGINES.get(model)
-    if cached is not None and cached[0] == key:
-        return cached[1]
     probe = concept_probe(model, like) if isinstance(like, torch.Tensor) and names else None
     clipper = PerPatientClipper(model, objective=concept_objective, probe=probe[0] if probe else None,
                                 probe_labels=probe[1] if probe else None)

@@ -17,7 +17,7 @@ Li et al. 2022, "Large language models can be strong differentially private lear
   by a scatter; the clipped sum is an ``index_add`` of c_i b_{i,t} at the rows j_t.
 - a per-patient tensor (bias, the survival baseline): formed, [B, n].
 
-Shapes: a [B, T, d_in], b [B, T, d_out]; indices [B, T]; c [B].
+Shapes: a [B, T, d_in], b [B, T, d_out]; indices [B, T]; c [B], in the parts' dtype.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ class Formed(LayerPart):
         self.g = g.reshape(g.shape[0], -1)
 
     def norm2(self) -> torch.Tensor:
-        return self.g.pow(2).sum(1)
+        return self.g.square().sum(1)
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
-        return c.to(self.g.dtype) @ self.g
+        return c @ self.g
 
     def per_sample(self) -> torch.Tensor:
         return self.g
@@ -66,6 +66,8 @@ class LinearWeight(LayerPart):
         d_in, d_out = calls[0][0].shape[-1], calls[0][1].shape[-1]
         t = sum(int(a.shape[1]) for a, _ in calls)
         self.formed: torch.Tensor | None = None
+        #: one position (a 2-D call): the ghost norm ‖a_i‖²‖b_i‖² and one product, on [B, ·] views
+        self.flat2d = (calls[0][0][:, 0], calls[0][1][:, 0]) if t == 1 else None
         if t > 1 and t * t * (d_in + d_out) >= t * d_in * d_out:  # cheaper to form than the ghost norm
             self.formed = self._form()
 
@@ -82,20 +84,23 @@ class LinearWeight(LayerPart):
         return torch.cat([a for a, _ in self.calls], dim=1), torch.cat([b for _, b in self.calls], dim=1)
 
     def norm2(self) -> torch.Tensor:
+        if self.flat2d is not None:
+            a, b = self.flat2d
+            return a.square().sum(1) * b.square().sum(1)
         if self.formed is not None:
-            return self.formed.pow(2).sum((1, 2))
+            return self.formed.square().sum((1, 2))
         a, b = self._joined()
-        if a.shape[1] == 1:
-            return a.pow(2).sum((1, 2)) * b.pow(2).sum((1, 2))
         return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
+        if self.flat2d is not None:
+            a, b = self.flat2d
+            return torch.mm(b.T, a * c[:, None]).reshape(-1)
         if self.formed is not None:
-            return c.to(self.formed.dtype) @ self.formed.reshape(self.formed.shape[0], -1)
+            return c @ self.formed.reshape(self.formed.shape[0], -1)
         out = None
         for a, b in self.calls:
-            cb = (b * c.to(b.dtype)[:, None, None]).reshape(-1, b.shape[-1])
-            w = cb.T @ a.reshape(-1, a.shape[-1])
+            w = torch.mm((b * c[:, None, None]).reshape(-1, b.shape[-1]).T, a.reshape(-1, a.shape[-1]))
             out = w if out is None else out.add_(w)
         return out.reshape(-1)
 
@@ -120,15 +125,15 @@ class EmbeddingWeight(LayerPart):
 
     def norm2(self) -> torch.Tensor:
         if self.formed is not None:
-            return self.formed.pow(2).sum((1, 2))
+            return self.formed.square().sum((1, 2))
         same = (self.index.unsqueeze(2) == self.index.unsqueeze(1)).to(self.b.dtype)
         return (same * torch.bmm(self.b, self.b.transpose(1, 2))).sum((1, 2))
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
         if self.formed is not None:
-            return c.to(self.formed.dtype) @ self.formed.reshape(self.formed.shape[0], -1)
+            return c @ self.formed.reshape(self.formed.shape[0], -1)
         d = self.b.shape[-1]
-        cb = (self.b * c.to(self.b.dtype)[:, None, None]).reshape(-1, d)
+        cb = (self.b * c[:, None, None]).reshape(-1, d)
         return self.b.new_zeros((self.rows, d)).index_add_(0, self.index.reshape(-1), cb).reshape(-1)
 
     def per_sample(self) -> torch.Tensor:

@@ -139,6 +139,8 @@ class PerPatientClipper:
         self.params: list[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
         self.sizes = [p.numel() for p in self.params]
         self.dim = int(sum(self.sizes))
+        starts = [0, *torch.tensor(self.sizes, dtype=torch.long).cumsum(0).tolist()[:-1]] if self.sizes else []
+        self._slices = list(zip(starts, self.sizes, strict=True))
         wanted = {id(p) for p in self.params}
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.leaves: list[nn.Module] = []
@@ -219,13 +221,21 @@ class PerPatientClipper:
         group_of, n_groups = self._groups(groups)
         parts, loss = self._parts(inputs, labels)
         with torch.no_grad():
-            norm2 = torch.zeros((n_groups, b), dtype=dtype)
-            for i, part in parts.items():
-                norm2[group_of[i]] += part.norm2().to(dtype)
+            if n_groups == 1:
+                total = sum(part.norm2() for part in parts.values())
+                norm2 = (total if isinstance(total, torch.Tensor) else torch.zeros(b, dtype=dtype)).unsqueeze(0)
+            else:
+                norm2 = torch.zeros((n_groups, b), dtype=dtype)
+                for i, part in parts.items():
+                    norm2[group_of[i]] += part.norm2()
             factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
-            cols = [parts[i].clipped(factor[group_of[i]]).to(dtype) if i in parts else torch.zeros(n, dtype=dtype)
-                    for i, n in enumerate(self.sizes)]
-            summed = torch.cat(cols) if cols else torch.zeros(0, dtype=dtype)
+            summed = torch.empty(self.dim, dtype=dtype)
+            for i, (at, n) in enumerate(self._slices):
+                part = parts.get(i)
+                if part is None:
+                    summed[at:at + n] = 0.0
+                else:
+                    summed[at:at + n] = part.clipped(factor[group_of[i]])
             return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
 
     def _groups(self, groups: Sequence[Collection[nn.Parameter]] | None) -> tuple[list[int], int]:

@@ -12,11 +12,10 @@ This module adapts the DP trainer of :mod:`clinograph.sdk.privacy.trainer` to th
 changes no privacy mechanism (sampling, clipping, noise, accounting are the trainer's):
 
 - the training rows carry (s_i, e_i) as one [2K] label row in place of the 0/1 label;
-- :class:`HazardClipper` is the one-backward per-patient engine
-  (:mod:`clinograph.sdk.privacy.per_patient`) with the hazard loss, plus the per-interval
-  baseline β (``head/hazard_baseline``), whose per-patient gradient is ∂ℓ_i/∂z_i itself;
-- in Opacus's ``hooks`` mode (and adaptive clipping) a grad sampler for :class:`HazardBaseline`
-  is registered with Opacus; ``ew`` (ExpandedWeights) cannot take a custom module and is refused.
+- :class:`HazardClipper` is the per-patient engine (:mod:`clinograph.sdk.privacy.per_patient`)
+  with the hazard loss as its objective, plus a part rule for the per-interval baseline β
+  (``head/hazard_baseline``), whose per-patient gradient is ∂ℓ_i/∂z_i itself;
+- everything else (optimizer groups, flat or adaptive clipping, the step) is the DP trainer's.
 
 Not supported: ``[privacy] mode = "distributed"`` (refused in the config).
 """
@@ -28,13 +27,13 @@ import torch
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
 
-from clinograph.core.errors import ConfigError, PrivacyError
+from clinograph.core.errors import ConfigError
 
 from ..model.heads import HazardBaseline
 from ..training.survival import interval_targets
 from .ghost import Formed, LayerPart
-from .per_patient import PerPatientClipper, register_part_rule, star_probe
-from .trainer import DPTrainer, dp_trainer_factory, unused_star_parameters
+from .per_patient import PerPatientClipper, register_part_rule
+from .trainer import DPTrainer, dp_trainer_factory
 
 
 def hazard_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -84,20 +83,6 @@ class HazardClipper(PerPatientClipper):
         super().__init__(model, objective=hazard_objective, probe=probe, probe_labels=labels)
 
 
-def _register_opacus_sampler() -> None:
-    """Opacus's per-sample gradient of β: the backprops of the baseline's output (hooks mode)."""
-    from opacus.grad_sample import GradSampleModule
-    from opacus.grad_sample.utils import register_grad_sampler
-
-    if HazardBaseline in GradSampleModule.GRAD_SAMPLERS:
-        return
-
-    @register_grad_sampler(HazardBaseline)
-    def _hazard_baseline(layer: HazardBaseline, activations: list[torch.Tensor],
-                         backprops: torch.Tensor) -> dict[torch.nn.Parameter, torch.Tensor]:
-        return {layer.bias: backprops} if layer.bias.requires_grad else {}
-
-
 class SurvivalDPTrainer(DPTrainer):
     """:class:`~clinograph.sdk.privacy.trainer.DPTrainer` on the hazard likelihood (module
     docstring). Same guarantee: (ε, δ)-DP with respect to adding or removing one patient's
@@ -111,43 +96,15 @@ class SurvivalDPTrainer(DPTrainer):
         if table.survival is None:
             raise ConfigError(f"Hospital {table.site!r}: [target] kind = 'survival' but its table has no "
                               "time-to-event label. Declare [survival] time, event and time_unit in its site schema.")
-        if kwargs.get("grad_sample_mode") == "ew":
-            raise PrivacyError("[privacy] grad_sample_mode = 'ew' cannot compute the survival head's per-patient "
-                               "gradients (ExpandedWeights takes no custom module). Use 'star' (default) or 'hooks'.")
         super().__init__(table, **kwargs)
         self.s, self.e = interval_targets(table.survival.time, table.survival.event, breaks)
         idx = torch.as_tensor(self.train_idx, dtype=torch.long)
         rows = torch.as_tensor(np.concatenate([self.s, self.e], axis=1), dtype=torch.float32)[idx]
         fi, x, m, _ = self.dataset.tensors
         self.dataset = TensorDataset(fi, x, m, rows)
-        if self.grad_sample_mode == "hooks":
-            _register_opacus_sampler()
 
-    def _build(self, model) -> None:
-        if self.grad_sample_mode != "star":  # Opacus: the loss enters in _opacus_step
-            return super()._build(model)
-        self._frozen_names = set(unused_star_parameters(model))
-        frozen = self._freeze(model)
-        try:
-            trainable = [p for p in model.parameters() if p.requires_grad]
-            self._opt = (torch.optim.Adam(trainable, lr=self.lr, weight_decay=self.config.weight_decay)
-                         if self.optimizer == "adam" else
-                         torch.optim.SGD(trainable, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
-            fi, x, m = star_probe(model.n_features, row_shape=tuple(self.dataset.tensors[0].shape[1:]))
-            self._clipper = HazardClipper(model, probe=(fi, x.to(trainable[0].dtype), m))
-            self._gsm, self._dp_opt = None, None
-        finally:
-            self._unfreeze(frozen)
-        self._model = model
-        self.builds += 1
-
-    def _opacus_step(self, fi, x, m, y):
-        dp_opt = self._dp_opt
-        dp_opt.zero_grad(set_to_none=True)
-        loss = hazard_loss_sum(self._gsm(fi, x, m), y) / max(int(y.shape[0]), 1)  # Opacus's "mean" reduction
-        loss.backward()
-        dp_opt.step()
-        return float(loss.detach()) if y.shape[0] else None
+    def _engine(self, model, probe) -> HazardClipper:
+        return HazardClipper(model, probe=probe)
 
     @torch.no_grad()
     def predict(self, model) -> np.ndarray:
