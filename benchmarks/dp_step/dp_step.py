@@ -11,6 +11,9 @@ Per task (batch 64, the [privacy] default B; the model at its default [model] se
   window 12) on the snapshot sequences of the first time-series hospital.
 - ``survival``: :class:`~clinograph.sdk.model.heads.SurvivalNSFLModel` (8 hazard intervals) on the
   ALARM north stars with synthetic follow-up (the labels do not change the cost).
+- ``modalities``: :class:`~clinograph.sdk.model.modalities.ModalityNSFL` (stars plus the PPG waveform
+  through its ``Conv1d`` encoder) on the first modality-gap hospital (mm_full_a, every patient with a waveform); the engine only
+  (the modality task refuses ``[privacy]`` today: its DP trainer is not wired).
 - ``concepts``: a C-GM :class:`~clinograph.sdk.concepts.model.ConceptModel` with ``BlockLinear``
   node modules, as the concepts demo builds it (MLP encoder 64 → 32, hidden 32, emb 8), on its
   north hospital.
@@ -20,8 +23,9 @@ Adam step; **DP** = what the local-DP trainer does at every step (:func:`clinogr
 per_patient.dp_sgd_step`: per-patient gradients, clipped to C = 1, summed, plus CSPRNG noise
 σC, over the expected batch, Adam step). Both sides train the same parameters (those the DP trainer
 trains: the star path's, ``similar_to`` frozen), start from the same weights, and are timed
-interleaved within every repetition; reported: medians, ``ratio`` = DP median / plain median, and
-``per_rep_ratio_median`` (the median of the ratios inside each repetition, robust to load drift).
+interleaved within every repetition; reported: medians, ``ratio`` = DP median / plain median,
+``per_rep_ratio_median`` (the median of the ratios inside each repetition, robust to load drift) and
+``noise_ms``, the CSPRNG noise draw alone (four Box-Muller normals a parameter, part of the DP step).
 Torch single-threaded. Asserts nothing.
 """
 
@@ -87,6 +91,12 @@ def _dp_step(clipper, opt, inputs, labels) -> None:
     dp_sgd_step(clipper, opt, inputs, labels=labels, noise_multiplier=1.0, clip_norm=1.0, expected_batch=B)
 
 
+def _noise_draw(dim: int):
+    from clinograph.sdk.privacy.noise import secure_gaussian
+
+    return lambda: secure_gaussian(1.0, torch.Size([dim]), torch.float64)
+
+
 def nsfl_static() -> dict:
     from clinograph.sdk.graph import star_batch
     from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
@@ -125,7 +135,7 @@ def nsfl_temporal() -> dict:
     inputs = (sb.feature_index[idx], sb.values[idx], sb.mask[idx])
     model = TemporalNSFL(len(d.node_ids()), cfg)
     return {**_star_sides(model, inputs, sb.labels[idx].float(), star_loss, PerPatientClipper),
-            "data": f"time-series hospital {site.hospital.site if hasattr(site, 'hospital') else 0}, "
+            "data": f"time-series hospital {site.hospital.site}, "
                     "snapshot sequences [64, T, K]", "row_shape": list(inputs[0].shape[1:])}
 
 
@@ -192,7 +202,55 @@ def concepts() -> dict:
             "data": f"concepts demo, hospital north, {len(CONCEPTS)} nodes, inputs [64, {int(x.shape[1])}]"}
 
 
-TASKS = {"nsfl_static": nsfl_static, "nsfl_temporal": nsfl_temporal, "survival": survival, "concepts": concepts}
+def modalities() -> dict:
+    from clinograph.sdk.datasets import timeseries as ts
+    from clinograph.sdk.graph import star_batch
+    from clinograph.sdk.ingest import ingest
+    from clinograph.sdk.model.modalities import ModalityNSFL
+    from clinograph.sdk.model.nsfl import NSFLConfig
+    from clinograph.sdk.privacy.per_patient import PerPatientClipper
+
+    d = ts.load_dictionary()
+    site = ts.make_timeseries_sites(seed=0, hospitals=ts.MODALITY_GAP_HOSPITALS[:1])[0]  # mm_full_a: waveforms
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = ingest(site.table, schema=site.schema, dictionary=d)
+    w, has = ts.waveform_matrix(site, table.patient_ids)
+    s = star_batch(table, k_similar=0)
+    idx = torch.arange(B)
+    inputs = (s.feature_index[idx], s.values[idx], s.mask[idx], torch.as_tensor(w[:B], dtype=torch.float32),
+              torch.as_tensor(has[:B], dtype=torch.bool))
+    y = s.labels[idx].float()
+    model = ModalityNSFL(len(d.node_ids()), NSFLConfig(), modalities=("waveform",))
+
+    def objective(mo, inp, labels):
+        logits = mo.forward_modal(inp[0], inp[1], inp[2], [inp[3]], [inp[4]])
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+
+    objective(model, inputs, y).backward()
+    for p in model.parameters():  # what the batch never reaches (similar_to) is frozen, as under DP
+        p.requires_grad_(p.grad is not None)
+        p.grad = None
+    plain_model = copy.deepcopy(model)
+    plain_opt, dp_opt = _adam(plain_model), _adam(model)
+    clipper = PerPatientClipper(model, objective=objective)
+
+    def plain() -> None:
+        plain_opt.zero_grad(set_to_none=True)
+        (objective(plain_model, inputs, y) / B).backward()
+        plain_opt.step()
+
+    def dp() -> None:
+        _dp_step(clipper, dp_opt, inputs, y)
+
+    return {"plain": plain, "dp": dp, "trainable_parameters": clipper.dim,
+            "data": f"time-series hospital {site.hospital.site}: stars + PPG "
+                    f"waveform [64, {int(inputs[3].shape[1])}] ({int(inputs[4].sum())} of 64 have it); the engine "
+                    "only (the modality task refuses [privacy] today)"}
+
+
+TASKS = {"nsfl_static": nsfl_static, "nsfl_temporal": nsfl_temporal, "survival": survival, "concepts": concepts,
+         "modalities": modalities}
 
 
 def main() -> None:
@@ -204,15 +262,18 @@ def main() -> None:
     reps = 5 if a.quick else a.reps
     torch.set_num_threads(1)
     cases = {name: build() for name, build in TASKS.items()}
+    for case in cases.values():  # the noise alone (σC for every trained parameter): a floor of the DP step
+        case["noise"] = _noise_draw(case["trainable_parameters"])
     for case in cases.values():  # warm-up
         for _ in range(3):
             case["plain"]()
             case["dp"]()
     load_before = os.getloadavg()
-    times = {(name, side): [] for name in cases for side in ("plain", "dp")}
+    sides = ("plain", "dp", "noise")
+    times = {(name, side): [] for name in cases for side in sides}
     for _ in range(reps):  # interleaved: both sides of every task see the same load
         for name, case in cases.items():
-            for side in ("plain", "dp"):
+            for side in sides:
                 t0 = time.perf_counter()
                 case[side]()
                 times[(name, side)].append(time.perf_counter() - t0)
@@ -221,6 +282,7 @@ def main() -> None:
         plain, dp = times[(name, "plain")], times[(name, "dp")]
         row = {"task": name, "batch": B, "data": case["data"], "trainable_parameters": case["trainable_parameters"],
                "plain_ms": 1000 * median(plain), "dp_ms": 1000 * median(dp), "ratio": median(dp) / median(plain),
+               "noise_ms": 1000 * median(times[(name, "noise")]),
                "per_rep_ratio_median": median([d / p for d, p in zip(dp, plain, strict=True)])}
         rows.append(row)
         print(row, flush=True)

@@ -4,7 +4,8 @@ task that trains under local DP (NS-FL static and temporal stars, the survival h
 DP-SGD (Abadi et al. 2016, Algorithm 1) needs each patient's gradient g_i, clipped to
 ḡ_i = g_i · min(1, C/‖g_i‖), and the sum Σ_i ḡ_i. Every trainable parameter sits on a leaf the
 engine has a rule for (``nn.Linear`` and subclasses such as the concepts' ``BlockLinear``,
-``nn.Embedding``, the survival head's baseline; :func:`register_part_rule`), whose per-patient
+``nn.Embedding``, ``nn.Conv1d`` (the waveform encoder), the survival head's baseline;
+:func:`register_part_rule`), whose per-patient
 gradients follow from what the ordinary backward pass already has -- each call's input a_i and
 the gradient of the summed loss with respect to its output b_i -- as in the book-keeping
 algorithm (Bu, Wang, Zha, Karypis 2023, "Differentially private optimization on large model at
@@ -80,7 +81,31 @@ def _linear_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]
     ``BlockLinear`` with no input blocks (``empty_in``) outputs its bias alone: no weight part."""
     pos = [positions(a.to(g.dtype), g, b) for a, g in calls]
     out: dict[int, LayerPart] = {}
-    if mod.weight.requires_grad and not getattr(mod, "empty_in", False):
+    weight = mod.weight
+    if weight.requires_grad and not getattr(mod, "empty_in", False):
+        out[id(weight)] = LinearWeight(pos)
+    bias = mod.bias
+    if bias is not None and bias.requires_grad:
+        out[id(bias)] = Formed(pos[0][1][:, 0] if len(pos) == 1 and pos[0][1].shape[1] == 1
+                               else sum(g3.sum(1) for _, g3 in pos))
+    return out
+
+
+@register_part_rule(nn.Conv1d)
+def _conv1d_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]], b: int) -> dict[int, LayerPart]:
+    """A 1-D convolution is a Linear over its output positions: input patches (unfolded)
+    [B, L_out, C_in·k] against output gradients [B, L_out, C_out] (groups = 1, zero padding)."""
+    if mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
+        raise PrivacyError(f"Per-patient gradients: Conv1d with groups={mod.groups}, padding={mod.padding!r}, "
+                           f"padding_mode={mod.padding_mode!r} is outside the engine's rule (groups 1, integer "
+                           "zero padding). Change the layer or register a rule for it.")
+    pos = []
+    for a, g in calls:
+        patches = F.unfold(a.to(g.dtype).unsqueeze(2), kernel_size=(1, mod.kernel_size[0]), dilation=(1, mod.dilation[0]),
+                           padding=(0, mod.padding[0]), stride=(1, mod.stride[0]))
+        pos.append((patches.transpose(1, 2), g.transpose(1, 2)))
+    out: dict[int, LayerPart] = {}
+    if mod.weight.requires_grad:
         out[id(mod.weight)] = LinearWeight(pos)
     if mod.bias is not None and mod.bias.requires_grad:
         out[id(mod.bias)] = Formed(sum(g3.sum(1) for _, g3 in pos))
@@ -156,6 +181,7 @@ class PerPatientClipper:
                 raise PrivacyError(f"Per-patient gradients: embedding {name!r} uses max_norm/padding_idx/sparse, "
                                    "which the engine does not model. Use a plain nn.Embedding.")
             self.leaves.append(mod)
+        self._rules = {id(m): _rule(m) for m in self.leaves}
         self._calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
         if probe is not None:
             self.self_check(*probe, labels=probe_labels)
@@ -185,7 +211,7 @@ class PerPatientClipper:
         parts: dict[int, LayerPart] = {}
         with torch.no_grad():
             for mod, mod_calls in by_module.values():
-                for pid, part in _rule(mod)(mod, mod_calls, b).items():
+                for pid, part in self._rules[id(mod)](mod, mod_calls, b).items():
                     if pid in self._index:  # else frozen
                         parts[self._index[pid]] = part
         return parts, float(loss.detach()) / max(b, 1)
