@@ -25,7 +25,9 @@ per_patient.dp_sgd_step`: per-patient gradients, clipped to C = 1, summed, plus 
 trains: the star path's, ``similar_to`` frozen), start from the same weights, and are timed
 interleaved within every repetition; reported: medians, ``ratio`` = DP median / plain median,
 ``per_rep_ratio_median`` (the median of the ratios inside each repetition, robust to load drift) and
-``noise_ms``, the CSPRNG noise draw alone (four Box-Muller normals a parameter, part of the DP step).
+``noise_ms``, the CSPRNG noise draw alone (four Box-Muller normals a parameter, part of the DP step);
+the same from the thread's CPU time (``cpu_*``, ``time.thread_time``), which other processes' load on
+the shared machine does not inflate (wall time does: a step waits for a core).
 Torch single-threaded. Asserts nothing.
 """
 
@@ -266,7 +268,7 @@ TASKS = {"nsfl_static": nsfl_static, "nsfl_temporal": nsfl_temporal, "survival":
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_convention(ap)
-    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--label", default="", help="what this run measures (e.g. 'before: main 6b286bf')")
     a = ap.parse_args()
     reps = 5 if a.quick else a.reps
@@ -286,18 +288,23 @@ def main() -> None:
     load_before = os.getloadavg()
     sides = ("plain", "dp", "noise")
     times = {(name, side): [] for name in cases for side in sides}
+    cpu = {(name, side): [] for name in cases for side in sides}
     for _ in range(reps):  # interleaved: both sides of every task see the same load
         for name, case in cases.items():
             for side in sides:
-                t0 = time.perf_counter()
+                c0, t0 = time.thread_time(), time.perf_counter()
                 case[side]()
                 times[(name, side)].append(time.perf_counter() - t0)
+                cpu[(name, side)].append(time.thread_time() - c0)
     rows = []
     for name, case in cases.items():
         plain, dp = times[(name, "plain")], times[(name, "dp")]
         row = {"task": name, "batch": B, "data": case["data"], "trainable_parameters": case["trainable_parameters"],
                "plain_ms": 1000 * median(plain), "dp_ms": 1000 * median(dp), "ratio": median(dp) / median(plain),
                "noise_ms": 1000 * median(times[(name, "noise")]),
+               "cpu_plain_ms": 1000 * median(cpu[(name, "plain")]), "cpu_dp_ms": 1000 * median(cpu[(name, "dp")]),
+               "cpu_ratio": median(cpu[(name, "dp")]) / median(cpu[(name, "plain")]),
+               "cpu_noise_ms": 1000 * median(cpu[(name, "noise")]),
                "per_rep_ratio_median": median([d / p for d, p in zip(dp, plain, strict=True)])}
         rows.append(row)
         print(row, flush=True)
