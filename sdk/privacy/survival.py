@@ -32,7 +32,8 @@ from clinograph.core.errors import ConfigError
 from ..model.heads import HazardBaseline
 from ..training.survival import interval_targets
 from .ghost import Formed, LayerPart
-from .per_patient import PerPatientClipper, register_part_rule
+from .part_rules import register_part_rule
+from .per_patient import PerPatientClipper
 from .trainer import DPTrainer, dp_trainer_factory
 
 
