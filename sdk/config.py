@@ -196,9 +196,9 @@ class PrivacySection(_Strict):
     max_clipbound: float = Field(default=1.0, gt=0, description="adaptive clipping only; reported as the clip norm")
     min_clipbound: float = Field(default=0.01, gt=0, description="adaptive clipping only")
     unclipped_num_std: float = Field(default=10.0, gt=0, description="adaptive clipping only (σ_b)")
-    grad_sample_mode: Literal["star", "hooks", "ew"] = Field(default="star", description="per-patient gradients: "
-                                                             "star (book-keeping, sdk/privacy/per_patient.py) "
-                                                             "or Opacus hooks / ew")
+    grad_sample_mode: Literal["star"] = Field(default="star", description="per-patient gradients: star, the one "
+                                              "engine of every DP task (sdk/privacy/per_patient.py); Opacus's "
+                                              "hooks / ew were removed")
     # -- private model choice (sdk/privacy/selection.py) ------------------------------------------
     selection_loss_clip: float = Field(default=1.0, gt=0, le=100, description="B: each validation patient's loss "
                                        "is clipped to [0, B] before the noisy sum (the release's sensitivity)")
@@ -227,6 +227,15 @@ class PrivacySection(_Strict):
                                       "Poisson rate q (the same at every hospital)")
     min_honest: int | None = Field(default=None, ge=2, description="distributed only: h, the honest surviving "
                                    "hospitals the guarantee relies on; this hospital adds μ/h")
+
+    @field_validator("grad_sample_mode", mode="before")
+    @classmethod
+    def _opacus_modes_removed(cls, v: object) -> object:
+        if v in ("hooks", "ew"):
+            raise ValueError(f"[privacy] grad_sample_mode = {v!r} (Opacus's per-sample gradients) was removed: every "
+                             "DP task uses the per-patient engine, exact and faster (benchmarks/dp_step). Remove "
+                             "grad_sample_mode from the hospital config (or set it to 'star').")
+        return v
 
 
 class PersonalSection(_Strict):
@@ -403,8 +412,6 @@ class HospitalConfig(_Strict):
             (f"task = {self.task!r} (only 'nsfl' has a survival head)", self.task != "nsfl"),
             ("[privacy] mode = 'distributed' (the distributed DP task has no survival head; use mode = 'local')",
              dp and self.privacy.mode == "distributed"),
-            ("[privacy] grad_sample_mode = 'ew' (ExpandedWeights takes no custom module; use 'star' or 'hooks')",
-             dp and self.privacy.grad_sample_mode == "ew"),
             (f"[model] temporal = {self.model.temporal!r}", self.model.temporal != "none"),
             (f"[model] modalities = {list(self.model.modalities)}", bool(self.model.modalities))) if bad]
         if refused:

@@ -14,8 +14,9 @@ step ratios; ``*_per_step_ms`` divides by the steps.
   ``grad_sample_mode = "star"`` (the one-backward per-patient engine of
   ``sdk/privacy/per_patient.py``; CSPRNG Poisson sampling; flat clipping C = 1; CSPRNG noise),
   one trainer for the whole run (built once, carried across rounds), the epoch loop only.
-- ``dp_hooks`` / ``dp_ew``: the same trainer with Opacus's per-sample gradients (hooks mode,
-  ExpandedWeights), also built once.
+- (``dp_hooks`` / ``dp_ew``, the same trainer on Opacus's per-sample gradients, went with that
+  path of the trainer; the committed results/dp_overhead.json still has them. Opacus against the
+  engine, step by step: benchmarks/runtime_speed/nsfl_dp_step.py.)
 - ``before_opacus_per_round``: what the trainer did before this change (commit 0789c1c),
   reproduced here: a new ``PrivacyEngine.make_private`` every round (hooks mode, Opacus's Poisson
   DataLoader), the epoch loop only; ``before_round_overhead`` is what such a round added
@@ -137,7 +138,7 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     frozen = set(unused_star_parameters(model))
     n_trained = sum(p.numel() for n, p in model.named_parameters() if n not in frozen)
-    keys = ("non_dp_star", "dp_star", "dp_hooks", "dp_ew", "before_opacus_per_round", "dp_star_round_overhead",
+    keys = ("non_dp_star", "dp_star", "before_opacus_per_round", "dp_star_round_overhead",
             "before_round_overhead", "dp_noise_only", "non_dp_graph")
     times: dict[str, list[float]] = {k: [] for k in keys}
     with tempfile.TemporaryDirectory() as td:
@@ -146,7 +147,7 @@ def main() -> None:
             return DPTrainer(table, train_idx=train_idx, ledger=ledger, noise_multiplier=1.0, clip_norm=1.0,
                              batch_size=B, train_config=cfg, grad_sample_mode=mode)
 
-        trainers = {m: trainer(m, m) for m in ("star", "hooks", "ew")}
+        trainers = {"star": trainer("star", "star")}
         before_ledger = PrivacyLedger(Path(td) / "before", site="north", budget_epsilon=1e6, delta=1e-5,
                                       signer=NORTH)
         for tr in trainers.values():  # warm-up round: builds the engine once (not timed)
@@ -187,11 +188,11 @@ def main() -> None:
         "patients": table.n_patients, "max_star_size": int(stars.values.shape[1]), "hidden": a.hidden,
         "parameters": n_params, "dp_trained_parameters": n_trained, "batch_size": B, "steps_per_epoch": steps,
         "reps": a.reps, "median_seconds": med, "all_seconds": times,
-        "per_step_ms": {k: 1e3 * med[k] / steps for k in ("non_dp_star", "dp_star", "dp_hooks", "dp_ew",
-                                                          "before_opacus_per_round", "dp_noise_only")},
-        "ratio_to_non_dp_step": {k: med[k] / med["non_dp_star"] for k in ("dp_star", "dp_hooks", "dp_ew",
-                                                                          "before_opacus_per_round", "non_dp_graph")},
-        "per_rep_ratio_median": {k: per_rep(k) for k in ("dp_star", "dp_hooks", "dp_ew", "before_opacus_per_round")},
+        "per_step_ms": {k: 1e3 * med[k] / steps for k in ("non_dp_star", "dp_star", "before_opacus_per_round",
+                                                          "dp_noise_only")},
+        "ratio_to_non_dp_step": {k: med[k] / med["non_dp_star"] for k in ("dp_star", "before_opacus_per_round",
+                                                                          "non_dp_graph")},
+        "per_rep_ratio_median": {k: per_rep(k) for k in ("dp_star", "before_opacus_per_round")},
         "round_over_non_dp_epoch": {
             "dp_star": (med["dp_star"] + med["dp_star_round_overhead"]) / med["non_dp_star"],
             "before": (med["before_opacus_per_round"] + med["before_round_overhead"]) / med["non_dp_star"]},

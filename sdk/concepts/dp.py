@@ -1,17 +1,18 @@
-"""Patient-level DP-SGD for concept models (F-CMs appendix E.4, eqs. 3-4).
+"""Patient-level DP-SGD for concept models (F-CMs appendix E.4, eqs. 3-4), on the per-patient engine.
 
-F-CMs trains every client with DP-SGD (Abadi et al. 2016) through Opacus: per-sample
-gradients, each clipped to L2 norm C (eq. 4, C = 1.0), Gaussian noise σ·C added to the
-(mini-batch) sum before the optimiser step, σ chosen by the accountant for (ε, δ) and the
-training plan. Opacus's hooks do not know this package's :class:`~.layers.BlockLinear` (an
-``nn.Linear`` with named blocks that may have no inputs), so the clipped sum here is computed by
-ghost clipping (:func:`clipped_sum`, every parameter of a concept model is in a Linear layer);
-:func:`per_sample_gradients` (``torch.func`` ``vmap`` of ``grad``, exact for any module but ~100×
-slower) is the reference it is tested against.
+F-CMs trains every client with DP-SGD (Abadi et al. 2016): per-sample gradients, each clipped to
+L2 norm C (eq. 4, C = 1.0), Gaussian noise σ·C added to the (mini-batch) sum before the
+optimiser step, σ chosen by the accountant for (ε, δ) and the training plan. The per-patient
+gradients, their clipped sum and the step are those of every local-DP task
+(:class:`clinograph.sdk.privacy.per_patient.PerPatientClipper`,
+:func:`~clinograph.sdk.privacy.per_patient.dp_sgd_step`): a concept model's parameters sit in
+``nn.Linear`` leaves (its :class:`~.layers.BlockLinear` included, whose input-less form outputs
+its bias alone) or in the encoder's leaves, all covered by the engine's part rules.
 
 The per-patient loss is F-CMs eq. (2) for one row, ``γ Σ_j CE(c_j) + (1−γ) CE(y)`` over the
-nodes the client supervises (a missing label, ``-1``, contributes 0); on a batch whose rows
-carry every supervised label its mean is :func:`~.model.fcm_loss`.
+nodes the client supervises (a missing label, ``-1``, contributes 0): :func:`row_losses`, whose
+sum is the engine's objective. On a batch whose rows carry every supervised label its mean is
+:func:`~.model.fcm_loss`.
 
 Two uses (the research loop :mod:`research.fcm_bnlearn.fcm_federation`):
 
@@ -27,67 +28,36 @@ account ε (the caller calibrates σ) nor hide anything outside the gradients.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F  # noqa: N812
 
+from ..privacy.per_patient import PerPatientClipper
+from ..privacy.per_patient import dp_sgd_step as engine_step
 from .model import ConceptModel
 
 
-def row_loss(model: ConceptModel, params: Mapping[str, torch.Tensor], x: torch.Tensor,
-             labels: Mapping[str, torch.Tensor], interventions: Mapping[str, torch.Tensor], *,
-             supervised: Collection[str], has_task: bool, task: str, gamma: float) -> torch.Tensor:
-    """F-CMs eq. (2) for ONE patient (``x`` without batch dim; labels/interventions scalars)."""
-    iv = {v: t.unsqueeze(0) for v, t in interventions.items()}
-    out = functional_call(model, dict(params), (x.unsqueeze(0),), {"interventions": iv})
-    total = x.new_zeros(())
-    for v in sorted(supervised):
-        if v != task and v in out.logits and v in labels:
-            total = total + gamma * F.cross_entropy(out.logits[v], labels[v].unsqueeze(0), ignore_index=-1,
-                                                    reduction="sum")
-    if has_task and task in out.logits and task in labels:
-        total = total + (1.0 - gamma) * F.cross_entropy(out.logits[task], labels[task].unsqueeze(0),
-                                                        ignore_index=-1, reduction="sum")
-    return total
+@dataclass(frozen=True)
+class ConceptLabels:
+    """A batch's labels for :func:`concept_objective`: node -> (B,) int64 (``-1`` = missing), and
+    which nodes the client supervises (F-CMs eq. 2's I(k) and the task indicator)."""
 
-
-def per_sample_gradients(model: ConceptModel, names: Sequence[str], x: torch.Tensor,
-                         labels: Mapping[str, torch.Tensor], interventions: Mapping[str, torch.Tensor], *,
-                         supervised: Collection[str], has_task: bool, task: str, gamma: float) -> torch.Tensor:
-    """Each row's gradient of :func:`row_loss` w.r.t. the parameters ``names`` (in that order).
-
-    Shapes:
-        x: (B, in_dim); labels/interventions: node -> (B,) int64.  Returns (B, Σ numel).
-    """
-    b = int(x.shape[0])
-    named = dict(model.named_parameters())
-    dim = sum(named[n].numel() for n in names)
-    if b == 0:
-        return torch.zeros((0, dim), dtype=torch.float64)
-    params = {n: named[n].detach() for n in names}
-
-    def loss(p, xi, yi, ivi):
-        return row_loss(model, p, xi, yi, ivi, supervised=supervised, has_task=has_task, task=task, gamma=gamma)
-
-    lab = {v: y for v, y in labels.items()}
-    grads = vmap(grad(loss), in_dims=(None, 0, 0, 0))(params, x, lab, dict(interventions))
-    return torch.cat([grads[n].reshape(b, -1).double() for n in names], dim=1)
-
-
-def clip_rows(g: torch.Tensor, clip: float) -> torch.Tensor:
-    """F-CMs eq. (4): each row scaled by ``min(1, C/‖g_i‖₂)``."""
-    norms = g.norm(dim=1, keepdim=True)
-    return g * torch.clamp(clip / norms.clamp_min(1e-300), max=1.0)
+    labels: Mapping[str, torch.Tensor]
+    supervised: frozenset[str]
+    has_task: bool
+    task: str
+    gamma: float
 
 
 def row_losses(model: ConceptModel, x: torch.Tensor, labels: Mapping[str, torch.Tensor],
                interventions: Mapping[str, torch.Tensor], *, supervised: Collection[str], has_task: bool, task: str,
                gamma: float) -> torch.Tensor:
-    """:func:`row_loss` for every row at once (one batched forward). Shapes: (B,)."""
+    """F-CMs eq. (2) for every row at once (one batched forward). Shapes: (B,)."""
     out = model(x, interventions=dict(interventions))
     total = x.new_zeros((int(x.shape[0]),))
     for v in sorted(supervised):
@@ -99,10 +69,63 @@ def row_losses(model: ConceptModel, x: torch.Tensor, labels: Mapping[str, torch.
     return total
 
 
-def _keeper(store: dict[int, torch.Tensor], key: int):  # noqa: ANN202 - a tensor hook
-    def hook(g: torch.Tensor) -> None:
-        store[key] = g.detach()
-    return hook
+def concept_objective(model: nn.Module, inputs: Sequence[object], labels: ConceptLabels) -> torch.Tensor:
+    """The engine's objective: Σ_i of :func:`row_losses` (``inputs``: x, interventions)."""
+    x, interventions = inputs
+    return row_losses(model, x, labels.labels, interventions, supervised=labels.supervised,
+                      has_task=labels.has_task, task=labels.task, gamma=labels.gamma).sum()
+
+
+#: one engine a (model, trained parameters): built when the trained modules change (a round)
+_ENGINES: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[str, ...], PerPatientClipper]] = weakref.WeakKeyDictionary()
+
+
+def concept_probe(model: ConceptModel, like: torch.Tensor,
+                  patients: int = 4) -> tuple[tuple[torch.Tensor, dict], ConceptLabels]:
+    """A synthetic batch shaped like ``like`` (values on a fixed ramp, every node labelled,
+    states cycling; no patient data) for the engine's construction check."""
+    shape = (patients, *like.shape[1:])
+    x = torch.linspace(-1.5, 1.5, int(np.prod(shape)), dtype=like.dtype).reshape(shape)
+    graph = model.graph
+    labels = {v: torch.arange(patients) % graph.cards[v] for v in graph.nodes}
+    return (x, {}), ConceptLabels(labels, frozenset(graph.nodes), True, graph.task, 0.8)
+
+
+def concept_clipper(model: ConceptModel, names: Sequence[str], *, like: torch.Tensor | None = None) -> PerPatientClipper:
+    """The per-patient engine of ``model`` over the parameters ``names`` (those that require a
+    gradient, in the model's order), built once while they stay the trained ones (a model whose
+    modules are replaced under the same names is a new model object here). With ``like``
+    (a batch of encoder inputs, a tensor), checked at construction on a synthetic probe of its
+    shape (:func:`concept_probe`; no patient data).
+
+    Raises:
+        ValueError: ``names`` is not the model's trainable parameters in order.
+        PrivacyError: a trained parameter outside the engine's leaves (see the engine).
+    """
+    key = tuple(names)
+    cached = _ENGINES.get(model)
+    if cached is not None and cached[0] == key:  # names change with the trained modules (each round)
+        return cached[1]
+    if list(names) != trainable_names(model):
+        raise ValueError("Concept DP: names must be the model's trainable parameters (trainable_names(model)); "
+                         "freeze the others first.")
+    probe = concept_probe(model, like) if isinstance(like, torch.Tensor) and names else None
+    clipper = PerPatientClipper(model, objective=concept_objective, probe=probe[0] if probe else None,
+                                probe_labels=probe[1] if probe else None)
+    _ENGINES[model] = (key, clipper)
+    return clipper
+
+
+def _batch_labels(labels: Mapping[str, torch.Tensor], *, supervised: Collection[str], has_task: bool, task: str,
+                  gamma: float) -> ConceptLabels:
+    return ConceptLabels(dict(labels), frozenset(supervised), bool(has_task), task, float(gamma))
+
+
+def _param_groups(model: ConceptModel, groups: Sequence[Collection[str]] | None) -> list[list[nn.Parameter]] | None:
+    if groups is None:
+        return None
+    named = dict(model.named_parameters())
+    return [[named[n] for n in g] for g in groups]
 
 
 def clipped_sum(model: ConceptModel, names: Sequence[str], x: torch.Tensor, labels: Mapping[str, torch.Tensor],
@@ -115,84 +138,12 @@ def clipped_sum(model: ConceptModel, names: Sequence[str], x: torch.Tensor, labe
     ``groups`` (a partition of ``names``, e.g. one group a module): per-group clipping
     (McMahan et al. 2018's per-layer clipping, Opacus ``clipping="per_layer"``): each row's
     gradient restricted to group j is clipped to ``clip/√G`` (G groups), so the whole row still
-    moves the sum by at most ``clip``; one reweighted backward a group.
-
-    Ghost clipping (Goodfellow 2015; Li et al. 2022; Opacus's ``ghost`` mode): every trainable
-    parameter sits in an ``nn.Linear`` applied once per forward, so the per-row gradient norm
-    is Σ_layers ‖a_i‖²‖δ_i‖² (+ ‖δ_i‖² for the bias) from the layer's input a and output
-    gradient δ of one backward pass (a Linear over (B, T, ·) inputs gets its small per-row
-    gradient computed explicitly); a second backward of Σ_i c_i·L_i with
-    c_i = min(1, C/‖g_i‖) gives the clipped sum without materialising per-row gradients. Equal to
-    clipping :func:`per_sample_gradients` (tested).
-
-    Raises:
-        ValueError: a trainable parameter outside an ``nn.Linear``.
+    moves the sum by at most ``clip``. The engine's :meth:`PerPatientClipper.clipped_sum`.
     """
-    named = dict(model.named_parameters())
-    dim = sum(named[n].numel() for n in names)
-    if int(x.shape[0]) == 0:
-        return torch.zeros(dim, dtype=torch.float64)
-    wanted = {id(named[n]) for n in names}
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    covered = {id(p) for m in linears for p in (m.weight, m.bias) if p is not None}
-    if wanted - covered:
-        raise ValueError("Ghost clipping needs every trained parameter inside an nn.Linear; this concept model "
-                         "has others. Use per_sample_gradients + clip_rows instead.")
-    acts: dict[int, torch.Tensor] = {}
-    grads: dict[int, torch.Tensor] = {}
-
-    def fwd(m: nn.Module, inp: tuple, out: torch.Tensor) -> None:
-        a = inp[0]
-        key = id(m)
-        acts[key] = a.detach()
-        if out.requires_grad:
-            out.register_hook(_keeper(grads, key))
-
-    handles = [m.register_forward_hook(fwd) for m in linears]
-    try:
-        losses = row_losses(model, x, labels, interventions, supervised=supervised, has_task=has_task, task=task,
-                            gamma=gamma)
-    finally:
-        for h in handles:
-            h.remove()
-    if not losses.requires_grad:
-        return torch.zeros(dim, dtype=torch.float64)
-    for p in model.parameters():
-        p.grad = None
-    losses.sum().backward(retain_graph=True)
-    parts = [set(names)] if groups is None else [set(g) for g in groups]
-    if groups is not None and (sorted(n for g in parts for n in g) != sorted(names)):
-        raise ValueError("clipped_sum: groups must partition names exactly.")
-    group_of = {id(named[n]): j for j, g in enumerate(parts) for n in g}
-    norm2 = torch.zeros((len(parts), int(x.shape[0])), dtype=torch.float64)
-    for m in linears:
-        d = grads.get(id(m))
-        if d is None:
-            continue
-        a, d = acts[id(m)].double(), d.double()
-        if a.dim() == 2:  # the ghost norm: ‖a_i δ_iᵀ‖² = ‖a_i‖²‖δ_i‖²
-            w2, b2 = a.pow(2).sum(1) * d.pow(2).sum(1), d.pow(2).sum(1)
-        else:  # a Linear over (B, T, ·) (CEM's state scores): this layer's per-row gradient, explicitly
-            a, d = a.reshape(a.shape[0], -1, a.shape[-1]), d.reshape(d.shape[0], -1, d.shape[-1])
-            w2 = torch.einsum("bti,bto->boi", a, d).pow(2).sum((1, 2))
-            b2 = d.sum(1).pow(2).sum(1)
-        if id(m.weight) in wanted and not getattr(m, "empty_in", False):
-            norm2[group_of[id(m.weight)]] += w2
-        if m.bias is not None and id(m.bias) in wanted:
-            norm2[group_of[id(m.bias)]] += b2
-    bound = clip / (len(parts) ** 0.5)
-    factors = torch.clamp(bound / norm2.sqrt().clamp_min(1e-300), max=1.0)
-    out = {}
-    for j, part in enumerate(parts):
-        for p in model.parameters():
-            p.grad = None
-        (losses * factors[j].to(losses.dtype)).sum().backward(retain_graph=j + 1 < len(parts))
-        for n in part:
-            g = named[n].grad
-            out[n] = (g if g is not None else torch.zeros_like(named[n])).reshape(-1).double().clone()
-    for p in model.parameters():
-        p.grad = None
-    return torch.cat([out[n] for n in names])
+    engine = concept_clipper(model, names, like=x)
+    y = _batch_labels(labels, supervised=supervised, has_task=has_task, task=task, gamma=gamma)
+    out = engine.clipped_sum(x, dict(interventions), labels=y, clip_norm=clip, groups=_param_groups(model, groups))
+    return out.summed.double()
 
 
 def set_gradients(model: ConceptModel, names: Sequence[str], flat: torch.Tensor) -> None:
@@ -210,19 +161,15 @@ def dp_sgd_step(model: ConceptModel, optimizer: torch.optim.Optimizer, names: Se
                 noise_multiplier: float, clip: float, expected_batch: float, supervised: Collection[str],
                 has_task: bool, task: str, gamma: float, noise: Callable | None = None,
                 groups: Sequence[Collection[str]] | None = None) -> None:
-    """One DP-SGD step (F-CMs E.4 as Opacus does it): the clipped sum plus N(0, σ²C²) from the
-    CSPRNG (:func:`clinograph.sdk.privacy.noise.secure_gaussian`; ``noise`` replaces it in tests
-    only), divided by the EXPECTED Poisson batch size (so an empty batch still steps on noise
-    alone), then ``optimizer.step()``."""
-    from ..privacy.noise import secure_gaussian
-
-    s = clipped_sum(model, names, x, labels, interventions, clip=clip, supervised=supervised, has_task=has_task,
-                    task=task, gamma=gamma, groups=groups)
-    draw = noise or secure_gaussian
-    noisy = (s + draw(noise_multiplier * clip, s.shape, torch.float64)) / max(expected_batch, 1e-12)
+    """One DP-SGD step (F-CMs E.4 as Opacus does it): the engine's
+    :func:`~clinograph.sdk.privacy.per_patient.dp_sgd_step` -- the clipped sum plus N(0, σ²C²)
+    from the CSPRNG (``noise`` replaces it in tests only), divided by the EXPECTED Poisson batch
+    size (so an empty batch still steps on noise alone), then ``optimizer.step()``."""
+    engine = concept_clipper(model, names, like=x)
+    y = _batch_labels(labels, supervised=supervised, has_task=has_task, task=task, gamma=gamma)
     optimizer.zero_grad(set_to_none=True)
-    set_gradients(model, names, noisy)
-    optimizer.step()
+    engine_step(engine, optimizer, (x, dict(interventions)), labels=y, noise_multiplier=noise_multiplier,
+                clip_norm=clip, expected_batch=expected_batch, groups=_param_groups(model, groups), noise=noise)
 
 
 def module_groups(model: ConceptModel, names: Sequence[str]) -> list[list[str]]:

@@ -1,7 +1,7 @@
 """Patient-level differential privacy for the NS-FL model (issue 4; docs/privacy.md).
 
-The unit is one patient: DP-SGD (Opacus, hooks mode, Poisson sampling) on each patient's
-star, no ``similar_to``, and a persistent per-hospital ledger composing ε over every step of
+The unit is one patient: DP-SGD (Poisson sampling, the per-patient engine of
+:mod:`.per_patient`) on each patient's star, no ``similar_to``, and a persistent per-hospital ledger composing ε over every step of
 every round. ``[privacy] mode = "distributed"`` (:mod:`.distributed`): one DP-SGD step a round
 over all hospitals, each adding a Skellam share of the noise inside the masked sum.
 """

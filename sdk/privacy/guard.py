@@ -35,7 +35,7 @@ def refuse_coupled_plan(options: Mapping[str, float | int | str | bool], *, site
     """Raise if a round plan asks for something the DP trainer cannot do privately.
 
     ``graph.similar_to`` / ``graph.k_similar`` (patient-patient edges) and FedProx's proximal
-    term (Opacus's per-sample gradients would silently drop it) are refused.
+    term (the DP step's clipped per-patient sum would silently drop it) are refused.
 
     Raises:
         PrivacyError: the plan asks for full-graph training or FedProx under DP.
@@ -45,5 +45,5 @@ def refuse_coupled_plan(options: Mapping[str, float | int | str | bool], *, site
                            f"refused: {WHY}. Fix: the server must not request similar_to in a DP federation.")
     if float(options.get("fedprox.mu", 0.0) or 0.0) > 0:
         raise PrivacyError(f"Hospital {site!r}: the round plan asks for FedProx (fedprox.mu > 0) under DP; "
-                           "Opacus replaces the gradient with the clipped, noised per-patient sum, so the "
+                           "the DP step replaces the gradient with the clipped, noised per-patient sum, so the "
                            "proximal term would be silently dropped. Fix: use strategy 'fedsgd' or 'fedavg' with DP.")

@@ -1,33 +1,38 @@
-"""Per-patient gradients and their clipped sum on the star model, in one backward pass (book-keeping).
+"""The per-patient engine: per-patient gradients, their clipped sum and one DP-SGD step, for every
+task that trains under local DP (NS-FL static and temporal stars, the survival head, concept models).
 
 DP-SGD (Abadi et al. 2016, Algorithm 1) needs each patient's gradient g_i, clipped to
-ḡ_i = g_i · min(1, C/‖g_i‖), and the sum Σ_i ḡ_i. The star model is built only from
-``nn.Linear`` and ``nn.Embedding`` leaves (:mod:`clinograph.sdk.model.layers`), whose
-per-sample gradients follow from what the ordinary backward pass already has -- each call's
-input a_i and the gradient of the summed loss with respect to its output b_i -- as in the
-book-keeping algorithm (Bu, Wang, Zha, Karypis 2023, "Differentially private optimization on
-large model at small cost", sec. 3): for a Linear layer g_i(W) = Σ_t b_{i,t} a_{i,t}ᵀ and
-g_i(bias) = Σ_t b_{i,t} over the star's positions t; for an Embedding the rows of b_i
-scattered to the looked-up indices. A layer called several times in one forward (the
-attention's W on sources and destinations) adds its calls' contributions per patient.
+ḡ_i = g_i · min(1, C/‖g_i‖), and the sum Σ_i ḡ_i. Every trainable parameter sits on a leaf the
+engine has a rule for (``nn.Linear`` and subclasses such as the concepts' ``BlockLinear``,
+``nn.Embedding``, ``nn.Conv1d`` (the waveform encoder), the survival head's baseline;
+:func:`register_part_rule`), whose per-patient
+gradients follow from what the ordinary backward pass already has -- each call's input a_i and
+the gradient of the summed loss with respect to its output b_i -- as in the book-keeping
+algorithm (Bu, Wang, Zha, Karypis 2023, "Differentially private optimization on large model at
+small cost", sec. 3). A layer called several times in one forward (the attention's W on sources
+and destinations) adds its calls' contributions per patient. The norms and the clipped sum come
+from :mod:`.ghost`, without forming g_i where a ghost norm is cheaper: one forward, one
+``autograd.grad`` to the leaves' outputs (no parameter gradients), no second backward.
 
 Why not Opacus here: its hooks, per-parameter clipping loop and Poisson DataLoader made a DP
-epoch 3.1× the non-DP epoch of the same model (research/dp_trust_models/dp_overhead.py); this does one
-forward, one ``autograd.grad`` to the layer outputs (no parameter gradients), one batched
-product per layer call, and clips all parameters as one [B, P] matrix. Exactness is tested
-against a per-patient loop (tests/sdk/privacy/test_per_sample_grads.py) and checked once at
-construction on a synthetic probe (no patient data): Σ_i g_i must equal the ordinary batch
-gradient of every trainable parameter, else :class:`PrivacyError` (a parameter the engine does
-not see, e.g. one used outside its module, would make the clip bound nothing).
+epoch 3.1× the non-DP epoch of the same model (research/dp_trust_models/dp_overhead.py); the
+concepts' former ghost clipping needed a second backward. Exactness is tested against a
+per-patient loop for every task (tests/sdk/privacy/test_per_sample_grads.py,
+test_survival_dp.py, tests/sdk/concepts/test_dp.py) and checked once at construction on a
+synthetic probe (no patient data): Σ_i g_i must equal the ordinary batch gradient of every
+trainable parameter, else :class:`PrivacyError` (a parameter the engine does not see, e.g. one
+used outside its module, would make the clip bound nothing).
 
-One patient = one row: every per-patient term comes from that patient's own star (the loss is a
-sum of per-patient terms; nothing couples rows), which is what makes the clip patient-level.
+One patient = one row: the objective is a sum of per-patient terms, each reading only its own
+row (its star, its snapshot sequence, its follow-up, its concept labels); nothing couples rows,
+which is what makes the clip patient-level.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,10 +40,28 @@ from torch.nn import functional as F  # noqa: N812
 
 from clinograph.core.errors import PrivacyError
 
+from .ghost import LayerPart
+from .noise import secure_gaussian
+from .part_rules import PART_RULES, register_part_rule, rule_of
+
+__all__ = ["ClippedSum", "PerPatientClipper", "dp_sgd_step", "register_part_rule", "star_objective", "star_probe"]
+
 
 def star_loss_sum(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Σ_i BCE_i: a sum of per-patient terms, so ∂/∂(layer output of i) involves patient i only."""
     return F.binary_cross_entropy_with_logits(logits, y, reduction="sum")
+
+
+#: Σ_i ℓ_i of a batch: (model, inputs, labels) -> scalar. Must be a sum of per-patient terms, each
+#: reading only its patient's row (checked on the probe only as far as sums go: tests compare
+#: every task's objective with a per-patient loop).
+Objective = Callable[[nn.Module, Sequence[Any], Any], torch.Tensor]
+
+
+def star_objective(model: nn.Module, inputs: Sequence[Any], labels: torch.Tensor) -> torch.Tensor:
+    """The binary star model's Σ_i BCE_i (``inputs``: feature index, values, mask)."""
+    logits = model(*inputs)
+    return star_loss_sum(logits, labels.to(logits.dtype))
 
 
 @dataclass(frozen=True)
@@ -53,106 +76,94 @@ class ClippedSum:
 
 
 class PerPatientClipper:
-    """Per-patient gradients of a star model's trainable parameters (see module docstring).
+    """Per-patient gradients of a model's trainable parameters, their norms and clipped sum
+    (module docstring): the one engine of every local-DP task (NS-FL static and temporal stars,
+    the survival head, concept models).
 
     Built once per hospital run for one model (its parameter objects stay, their values change
     when a round loads the global model in place). ``params`` are the trainable parameters at
     construction (frozen ones, e.g. ``similar_to`` under DP, are left out); each is owned by a
-    supported leaf. Hooks are attached only for the duration of one forward pass.
+    leaf with a part rule (:data:`PART_RULES`: ``nn.Linear`` and its subclasses, ``nn.Embedding``,
+    and what a task registers). Hooks are attached only for the duration of one forward pass.
+
+    Args:
+        model: the model. objective: Σ_i ℓ_i of a batch (default: the binary star model's BCE).
+        probe: synthetic inputs (no patient data) to check Σ_i g_i against the batch gradient at
+            construction; probe_labels: their labels (default: 0/1 alternating).
 
     Raises:
-        PrivacyError: a trainable parameter not owned by an ``nn.Linear``/``nn.Embedding``
-            leaf, an embedding with ``max_norm``/``padding_idx``/sparse gradients, or a probe
-            whose per-patient gradients do not add up to the batch gradient.
+        PrivacyError: a trainable parameter not owned by a supported leaf, an embedding with
+            ``max_norm``/``padding_idx``/sparse gradients, or a probe whose per-patient gradients
+            do not add up to the batch gradient.
     """
 
-    SUPPORTED = (nn.Linear, nn.Embedding)
-
-    def __init__(self, model: nn.Module, *, probe: tuple[torch.Tensor, ...] | None = None):
-        self.model = model
+    def __init__(self, model: nn.Module, *, objective: Objective = star_objective,
+                 probe: Sequence[Any] | None = None, probe_labels: Any = None):
+        self.model, self.objective = model, objective
         self.params: list[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
         self.sizes = [p.numel() for p in self.params]
         self.dim = int(sum(self.sizes))
+        starts = [0, *torch.tensor(self.sizes, dtype=torch.long).cumsum(0).tolist()[:-1]] if self.sizes else []
+        self._slices = list(zip(starts, self.sizes, strict=True))
         wanted = {id(p) for p in self.params}
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.leaves: list[nn.Module] = []
-        owned: set[int] = set()
         for name, mod in model.named_modules():
-            own = [p for p in mod.parameters(recurse=False) if id(p) in wanted]
-            if not own:
+            if not any(id(p) in wanted for p in mod.parameters(recurse=False)):
                 continue
-            if not isinstance(mod, self.SUPPORTED):
+            if rule_of(mod) is None:
                 raise PrivacyError(f"Per-patient gradients: trainable parameters of {name or 'the model'!r} "
-                                   f"({type(mod).__name__}) are not on an nn.Linear/nn.Embedding leaf, which is "
-                                   "all the star engine computes exactly. Use grad_sample_mode = 'hooks' (Opacus).")
+                                   f"({type(mod).__name__}) are on a module the engine has no rule for "
+                                   f"(registered: {', '.join(sorted(c.__name__ for c in PART_RULES))}). Freeze "
+                                   "them, build the model from those leaves, or register_part_rule its type.")
             if isinstance(mod, nn.Embedding) and (mod.max_norm is not None or mod.padding_idx is not None or mod.sparse):
                 raise PrivacyError(f"Per-patient gradients: embedding {name!r} uses max_norm/padding_idx/sparse, "
-                                   "which the star engine does not model. Use grad_sample_mode = 'hooks'.")
+                                   "which the engine does not model. Use a plain nn.Embedding.")
             self.leaves.append(mod)
-            owned.update(id(p) for p in own)
-        missing = wanted - owned
-        if missing:  # pragma: no cover - every parameter belongs to some module
-            raise PrivacyError("Per-patient gradients: some trainable parameters belong to no module.")
+        self._rules = {id(m): rule_of(m) for m in self.leaves}
         self._calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
         if probe is not None:
-            self.self_check(*probe)
+            self.self_check(*probe, labels=probe_labels)
 
     # -- forward with the layer calls recorded -------------------------------------------------
     def _hook(self, module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         self._calls.append((module, inputs[0], output))
 
-    def _forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def _parts(self, inputs: Sequence[Any], labels: Any) -> tuple[dict[int, LayerPart], float]:
+        """One forward (leaf calls recorded), one ``autograd.grad`` to the leaves' outputs, each
+        parameter's :class:`~.ghost.LayerPart`; and the mean loss."""
+        b = int(inputs[0].shape[0])
         self._calls = []
         handles = [m.register_forward_hook(self._hook) for m in self.leaves]
         try:
-            return self.model(*inputs)
+            loss = self.objective(self.model, inputs, labels)
         finally:
             for h in handles:
                 h.remove()
-
-    def per_sample(self, *inputs: torch.Tensor, labels: torch.Tensor) -> tuple[list[torch.Tensor | None], float]:
-        """([B, *p.shape] gradient of each patient's own BCE for every parameter in
-        :attr:`params`, None where the batch never reached it), mean loss of the batch."""
-        b = int(labels.shape[0])
-        logits = self._forward(*inputs)
-        loss = star_loss_sum(logits, labels.to(logits.dtype))
         calls, self._calls = self._calls, []
         outs = [o for _, _, o in calls]
-        grads = torch.autograd.grad(loss, outs, allow_unused=True) if outs else ()
-        with torch.no_grad():
-            return self._assemble(calls, grads, b), float(loss.detach()) / max(b, 1)
-
-    def _assemble(self, calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]],
-                  grads: Sequence[torch.Tensor | None], b: int) -> list[torch.Tensor | None]:
-        acc: list[torch.Tensor | None] = [None] * len(self.params)
-        linear: dict[int, tuple[nn.Linear, list[torch.Tensor], list[torch.Tensor]]] = {}
+        grads = torch.autograd.grad(loss, outs, allow_unused=True) if outs and loss.requires_grad else [None] * len(outs)
+        by_module: dict[int, tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
         for (mod, a, _), g in zip(calls, grads, strict=True):
-            if g is None:
-                continue
-            if isinstance(mod, nn.Linear):
-                a3, g3 = _positions(a.to(g.dtype), g, b)
-                linear.setdefault(id(mod), (mod, [], []))[1].append(a3)
-                linear[id(mod)][2].append(g3)
-            elif mod.weight.requires_grad:  # nn.Embedding: patient i's rows of b_i at its indices
-                d = g.shape[-1]
-                idx = a.reshape(b, -1, 1).expand(-1, -1, d)
-                out = g.new_zeros((b, mod.num_embeddings, d))
-                self._add(acc, mod.weight, out.scatter_add_(1, idx, g.reshape(b, -1, d)))
-        for mod, a_list, g_list in linear.values():  # a layer's calls concatenated: one product per layer
-            a3 = a_list[0] if len(a_list) == 1 else torch.cat(a_list, dim=1)
-            g3 = g_list[0] if len(g_list) == 1 else torch.cat(g_list, dim=1)
-            if mod.weight.requires_grad:
-                w = (g3[:, 0, :, None] * a3[:, 0, None, :] if g3.shape[1] == 1
-                     else torch.bmm(g3.transpose(1, 2), a3))  # Σ_t b_{i,t} a_{i,t}ᵀ
-                self._add(acc, mod.weight, w)
-            if mod.bias is not None and mod.bias.requires_grad:
-                self._add(acc, mod.bias, g3.sum(1))
-        return acc
+            if g is not None:
+                by_module.setdefault(id(mod), (mod, []))[1].append((a.detach(), g))
+        parts: dict[int, LayerPart] = {}
+        with torch.no_grad():
+            for mod, mod_calls in by_module.values():
+                for pid, part in self._rules[id(mod)](mod, mod_calls, b).items():
+                    if pid in self._index:  # else frozen
+                        parts[self._index[pid]] = part
+        return parts, float(loss.detach()) / max(b, 1)
 
-    def _add(self, acc: list[torch.Tensor | None], p: nn.Parameter, g: torch.Tensor) -> None:
-        i = self._index.get(id(p))
-        if i is not None:  # else frozen
-            acc[i] = g if acc[i] is None else acc[i] + g
+    def per_sample(self, *inputs: Any, labels: Any) -> tuple[list[torch.Tensor | None], float]:
+        """([B, *p.shape] gradient of each patient's own loss for every parameter in
+        :attr:`params`, None where the batch never reached it), mean loss of the batch. Forms
+        every g_i: the reference path (tests, the construction check, distributed DP's rows)."""
+        b = int(inputs[0].shape[0])
+        parts, loss = self._parts(inputs, labels)
+        with torch.no_grad():
+            return [parts[i].per_sample().reshape(b, *p.shape) if i in parts else None
+                    for i, p in enumerate(self.params)], loss
 
     def flat(self, grads: Sequence[torch.Tensor | None], b: int, dtype: torch.dtype) -> torch.Tensor:
         """The per-patient gradients as one [B, P] matrix (zeros where a parameter was not reached)."""
@@ -160,56 +171,65 @@ class PerPatientClipper:
                 for g, n in zip(grads, self.sizes, strict=True)]
         return torch.cat(cols, dim=1) if cols else torch.zeros((b, 0), dtype=dtype)
 
-    def clipped_sum(self, *inputs: torch.Tensor, labels: torch.Tensor, clip_norm: float) -> ClippedSum:
-        """Σ_i g_i · min(1, C/(‖g_i‖ + 1e-6)) (Opacus's flat-clipping factor), flat [P].
+    def clipped_sum(self, *inputs: Any, labels: Any, clip_norm: float,
+                    groups: Sequence[Collection[nn.Parameter]] | None = None) -> ClippedSum:
+        """Σ_i g_i · min(1, C/(‖g_i‖ + 1e-6)) (Opacus's flat-clipping factor), flat [P], without
+        forming g_i where a ghost norm is cheaper (:mod:`.ghost`); no second backward.
 
-        The per-patient gradients are copied into one reused [B, P] buffer, so the norms and the
-        clipped sum are one operation each over all parameters."""
-        b = int(labels.shape[0])
+        ``groups`` (a partition of :attr:`params`): per-group clipping (McMahan et al. 2018;
+        Opacus ``clipping="per_layer"``), each patient's gradient restricted to group j clipped
+        to C/√G, so the whole row still moves the sum by at most C."""
+        b = int(inputs[0].shape[0])
         dtype = self.params[0].dtype if self.params else torch.float32
         if b == 0:
             return ClippedSum(torch.zeros(self.dim, dtype=dtype), torch.zeros(0, dtype=dtype), 0.0)
-        grads, loss = self.per_sample(*inputs, labels=labels)
+        group_of, n_groups = self._groups(groups)
+        parts, loss = self._parts(inputs, labels)
         with torch.no_grad():
-            g = self._matrix(grads, b, dtype)
-            norms = torch.linalg.vector_norm(g, dim=1)
-            factor = (clip_norm / (norms + 1e-6)).clamp(max=1.0)
-            return ClippedSum(factor @ g, norms, loss)
-
-    def _matrix(self, grads: Sequence[torch.Tensor | None], b: int, dtype: torch.dtype) -> torch.Tensor:
-        """:meth:`flat` into a buffer kept between steps (grown when a Poisson batch is larger)."""
-        buf = getattr(self, "_buf", None)
-        if buf is None or buf.shape[0] < b or buf.dtype != dtype:
-            buf = self._buf = torch.empty((max(b, 2 * (buf.shape[0] if buf is not None else 0)), self.dim), dtype=dtype)
-        g = buf[:b]
-        off = 0
-        for gi, n in zip(grads, self.sizes, strict=True):
-            if gi is None:
-                g[:, off:off + n].zero_()
+            if n_groups == 1:
+                total = sum(part.norm2() for part in parts.values())
+                norm2 = (total if isinstance(total, torch.Tensor) else torch.zeros(b, dtype=dtype)).unsqueeze(0)
             else:
-                g[:, off:off + n].copy_(gi.reshape(b, n))
-            off += n
-        return g
+                norm2 = torch.zeros((n_groups, b), dtype=dtype)
+                for i, part in parts.items():
+                    norm2[group_of[i]] += part.norm2()
+            factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
+            summed = torch.empty(self.dim, dtype=dtype)
+            for i, (at, n) in enumerate(self._slices):
+                part = parts.get(i)
+                if part is None:
+                    summed[at:at + n] = 0.0
+                else:
+                    summed[at:at + n] = part.clipped(factor[group_of[i]])
+            return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
 
-    def release(self) -> None:
-        """Drop the [B, P] buffer (it holds the last step's per-patient gradients); called at
-        the end of every round."""
-        self._buf = None
+    def _groups(self, groups: Sequence[Collection[nn.Parameter]] | None) -> tuple[list[int], int]:
+        if groups is None:
+            return [0] * len(self.params), 1
+        group_of: dict[int, int] = {}
+        for j, grp in enumerate(groups):
+            for p in grp:
+                if id(p) not in self._index or self._index[id(p)] in group_of:
+                    raise PrivacyError("clipped_sum: groups must partition the engine's trainable parameters "
+                                       "(a parameter is twice, or not trainable here).")
+                group_of[self._index[id(p)]] = j
+        if len(group_of) != len(self.params):
+            raise PrivacyError("clipped_sum: groups leave trainable parameters out; every one must be in a group.")
+        return [group_of[i] for i in range(len(self.params))], len(groups)
 
     def assign(self, flat: torch.Tensor) -> None:
         """Set every parameter's ``.grad`` to its slice of ``flat`` [P]."""
         for p, g in zip(self.params, torch.split(flat, self.sizes), strict=True):
             p.grad = g.view_as(p).to(p.dtype)
 
-    def self_check(self, *inputs: torch.Tensor, labels: torch.Tensor | None = None) -> None:
+    def self_check(self, *inputs: Any, labels: Any = None) -> None:
         """Σ_i g_i == the ordinary batch gradient on ``inputs`` (a synthetic probe), or PrivacyError."""
         b = int(inputs[0].shape[0])
         y = labels if labels is not None else torch.arange(b, dtype=torch.float32) % 2
         grads, _ = self.per_sample(*inputs, labels=y)
         for p in self.params:
             p.grad = None
-        logits = self.model(*inputs)
-        star_loss_sum(logits, y.to(logits.dtype)).backward()
+        self.objective(self.model, inputs, y).backward()
         try:
             for i, p in enumerate(self.params):
                 want = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -218,7 +238,7 @@ class PerPatientClipper:
                 if float((got - want).abs().max()) > tol:
                     raise PrivacyError("Per-patient gradients do not add up to the batch gradient on a synthetic "
                                        f"probe (parameter {i} of {len(self.params)}): the model uses a parameter "
-                                       "outside its Linear/Embedding leaf. Use grad_sample_mode = 'hooks'.")
+                                       "outside its leaf, or its loss is not a sum of per-patient terms.")
         finally:
             for p in self.params:
                 p.grad = None
@@ -227,15 +247,24 @@ class PerPatientClipper:
         return f"PerPatientClipper(leaves={len(self.leaves)}, parameters={self.dim})"
 
 
-def _positions(a: torch.Tensor, g: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Linear call's input and output gradient as [B, T, d_in], [B, T, d_out]. An input that is
-    one vector per patient broadcast over the star (stride 0, e.g. the destination in the
-    attention logits) gives Σ_t b_{i,t} a_iᵀ: its positions are summed first (T = 1)."""
-    if a.dim() == 2:
-        return a.unsqueeze(1), g.unsqueeze(1)
-    if a.dim() == 3 and a.stride(1) == 0:
-        return a[:, :1, :], g.sum(1, keepdim=True)
-    return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
+def dp_sgd_step(clipper: PerPatientClipper, optimizer: torch.optim.Optimizer, inputs: Sequence[Any], *,
+                labels: Any, noise_multiplier: float, clip_norm: float, expected_batch: float,
+                groups: Sequence[Collection[nn.Parameter]] | None = None,
+                noise: Callable[[float, torch.Size, torch.dtype], torch.Tensor] | None = None) -> ClippedSum:
+    """One DP-SGD step (Abadi et al. 2016, Algorithm 1, as Opacus normalises it), the one every
+    local-DP trainer takes: the clipped sum of the batch's per-patient gradients, plus
+    N(0, σ²C²) from the CSPRNG (:func:`~.noise.secure_gaussian`; ``noise`` replaces it in tests
+    only), divided by the EXPECTED Poisson batch size (so an empty batch still steps on noise
+    alone), set as the parameters' gradients, then ``optimizer.step()``.
+
+    Guarantees: adding or removing one patient of the batch moves the noised sum by at most C
+    in L2 (the accountant's sensitivity). Does not account the step (the trainer does).
+    """
+    out = clipper.clipped_sum(*inputs, labels=labels, clip_norm=clip_norm, groups=groups)
+    z = (noise or secure_gaussian)(noise_multiplier * clip_norm, torch.Size([clipper.dim]), torch.float64)
+    clipper.assign((out.summed.double() + z) / max(float(expected_batch), 1e-12))
+    optimizer.step()
+    return out
 
 
 def star_probe(n_features: int, *, row_shape: tuple[int, ...] | None = None,

@@ -12,11 +12,10 @@ This module adapts the DP trainer of :mod:`clinograph.sdk.privacy.trainer` to th
 changes no privacy mechanism (sampling, clipping, noise, accounting are the trainer's):
 
 - the training rows carry (s_i, e_i) as one [2K] label row in place of the 0/1 label;
-- :class:`HazardClipper` is the one-backward per-patient engine
-  (:mod:`clinograph.sdk.privacy.per_patient`) with the hazard loss, plus the per-interval
-  baseline β (``head/hazard_baseline``), whose per-patient gradient is ∂ℓ_i/∂z_i itself;
-- in Opacus's ``hooks`` mode (and adaptive clipping) a grad sampler for :class:`HazardBaseline`
-  is registered with Opacus; ``ew`` (ExpandedWeights) cannot take a custom module and is refused.
+- :class:`HazardClipper` is the per-patient engine (:mod:`clinograph.sdk.privacy.per_patient`)
+  with the hazard loss as its objective, plus a part rule for the per-interval baseline β
+  (``head/hazard_baseline``), whose per-patient gradient is ∂ℓ_i/∂z_i itself;
+- everything else (optimizer groups, flat or adaptive clipping, the step) is the DP trainer's.
 
 Not supported: ``[privacy] mode = "distributed"`` (refused in the config).
 """
@@ -28,12 +27,14 @@ import torch
 from torch.nn import functional as F  # noqa: N812
 from torch.utils.data import TensorDataset
 
-from clinograph.core.errors import ConfigError, PrivacyError
+from clinograph.core.errors import ConfigError
 
 from ..model.heads import HazardBaseline
 from ..training.survival import interval_targets
-from .per_patient import PerPatientClipper, star_probe
-from .trainer import DPTrainer, dp_trainer_factory, unused_star_parameters
+from .ghost import Formed, LayerPart
+from .part_rules import register_part_rule
+from .per_patient import PerPatientClipper
+from .trainer import DPTrainer, dp_trainer_factory
 
 
 def hazard_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -56,66 +57,31 @@ def _probe_labels(b: int, k: int) -> torch.Tensor:
     return torch.cat([s, e], dim=1)
 
 
+def hazard_objective(model: torch.nn.Module, inputs, labels: torch.Tensor) -> torch.Tensor:
+    """The engine's objective for the survival head: :func:`hazard_loss_sum` of the star logits."""
+    return hazard_loss_sum(model(*inputs), labels)
+
+
+@register_part_rule(HazardBaseline)
+def _baseline_parts(mod: HazardBaseline, calls, b: int) -> dict[int, LayerPart]:
+    """β's per-patient gradient is ∂ℓ_i/∂z_i itself (z_ik = β_k + r_i)."""
+    if not mod.bias.requires_grad:
+        return {}
+    return {id(mod.bias): Formed(sum(g.reshape(b, -1) for _, g in calls))}
+
+
 class HazardClipper(PerPatientClipper):
-    """:class:`~clinograph.sdk.privacy.per_patient.PerPatientClipper` for the survival head:
-    the per-patient loss is the hazard likelihood of :func:`hazard_loss_sum` (labels [B, 2K]),
-    and :class:`HazardBaseline`'s β gets patient i's gradient ∂ℓ_i/∂z_i (z_ik = β_k + r_i)."""
+    """The per-patient engine (:class:`~clinograph.sdk.privacy.per_patient.PerPatientClipper`)
+    on the hazard likelihood of :func:`hazard_loss_sum` (labels [B, 2K]); its probe labels are
+    synthetic [s | e] rows."""
 
-    SUPPORTED = (*PerPatientClipper.SUPPORTED, HazardBaseline)
-
-    def per_sample(self, *inputs: torch.Tensor, labels: torch.Tensor) -> tuple[list[torch.Tensor | None], float]:
-        b = int(labels.shape[0])
-        logits = self._forward(*inputs)
-        loss = hazard_loss_sum(logits, labels)
-        calls, self._calls = self._calls, []
-        outs = [o for _, _, o in calls]
-        grads = torch.autograd.grad(loss, outs, allow_unused=True) if outs else ()
-        with torch.no_grad():
-            return self._assemble(calls, grads, b), float(loss.detach()) / max(b, 1)
-
-    def _assemble(self, calls, grads, b):
-        rest = [(c, g) for c, g in zip(calls, grads, strict=True) if not isinstance(c[0], HazardBaseline)]
-        acc = super()._assemble([c for c, _ in rest], [g for _, g in rest], b)
-        for (mod, _, _), g in zip(calls, grads, strict=True):
-            if isinstance(mod, HazardBaseline) and g is not None and mod.bias.requires_grad:
-                self._add(acc, mod.bias, g.reshape(b, -1))
-        return acc
-
-    def self_check(self, *inputs: torch.Tensor, labels: torch.Tensor | None = None) -> None:
-        """Σ_i g_i == the batch gradient of the hazard loss on a synthetic probe, or PrivacyError."""
-        b = int(inputs[0].shape[0])
-        with torch.no_grad():
-            k = int(self.model(*inputs).shape[-1])
-        y = labels if labels is not None else _probe_labels(b, k)
-        grads, _ = self.per_sample(*inputs, labels=y)
-        for p in self.params:
-            p.grad = None
-        hazard_loss_sum(self.model(*inputs), y).backward()
-        try:
-            for i, p in enumerate(self.params):
-                want = p.grad if p.grad is not None else torch.zeros_like(p)
-                got = grads[i].sum(0) if grads[i] is not None else torch.zeros_like(p)
-                if float((got - want).abs().max()) > 1e-4 * (1.0 + float(want.abs().max())):
-                    raise PrivacyError("Per-patient gradients of the hazard loss do not add up to the batch gradient "
-                                       f"on a synthetic probe (parameter {i} of {len(self.params)}). Use "
-                                       "grad_sample_mode = 'hooks'.")
-        finally:
-            for p in self.params:
-                p.grad = None
-
-
-def _register_opacus_sampler() -> None:
-    """Opacus's per-sample gradient of β: the backprops of the baseline's output (hooks mode)."""
-    from opacus.grad_sample import GradSampleModule
-    from opacus.grad_sample.utils import register_grad_sampler
-
-    if HazardBaseline in GradSampleModule.GRAD_SAMPLERS:
-        return
-
-    @register_grad_sampler(HazardBaseline)
-    def _hazard_baseline(layer: HazardBaseline, activations: list[torch.Tensor],
-                         backprops: torch.Tensor) -> dict[torch.nn.Parameter, torch.Tensor]:
-        return {layer.bias: backprops} if layer.bias.requires_grad else {}
+    def __init__(self, model: torch.nn.Module, *, probe=None):
+        labels = None
+        if probe is not None:
+            with torch.no_grad():
+                k = int(model(*probe).shape[-1])
+            labels = _probe_labels(int(probe[0].shape[0]), k)
+        super().__init__(model, objective=hazard_objective, probe=probe, probe_labels=labels)
 
 
 class SurvivalDPTrainer(DPTrainer):
@@ -131,43 +97,15 @@ class SurvivalDPTrainer(DPTrainer):
         if table.survival is None:
             raise ConfigError(f"Hospital {table.site!r}: [target] kind = 'survival' but its table has no "
                               "time-to-event label. Declare [survival] time, event and time_unit in its site schema.")
-        if kwargs.get("grad_sample_mode") == "ew":
-            raise PrivacyError("[privacy] grad_sample_mode = 'ew' cannot compute the survival head's per-patient "
-                               "gradients (ExpandedWeights takes no custom module). Use 'star' (default) or 'hooks'.")
         super().__init__(table, **kwargs)
         self.s, self.e = interval_targets(table.survival.time, table.survival.event, breaks)
         idx = torch.as_tensor(self.train_idx, dtype=torch.long)
         rows = torch.as_tensor(np.concatenate([self.s, self.e], axis=1), dtype=torch.float32)[idx]
         fi, x, m, _ = self.dataset.tensors
         self.dataset = TensorDataset(fi, x, m, rows)
-        if self.grad_sample_mode == "hooks":
-            _register_opacus_sampler()
 
-    def _build(self, model) -> None:
-        if self.grad_sample_mode != "star":  # Opacus: the loss enters in _opacus_step
-            return super()._build(model)
-        self._frozen_names = set(unused_star_parameters(model))
-        frozen = self._freeze(model)
-        try:
-            trainable = [p for p in model.parameters() if p.requires_grad]
-            self._opt = (torch.optim.Adam(trainable, lr=self.lr, weight_decay=self.config.weight_decay)
-                         if self.optimizer == "adam" else
-                         torch.optim.SGD(trainable, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
-            fi, x, m = star_probe(model.n_features, row_shape=tuple(self.dataset.tensors[0].shape[1:]))
-            self._clipper = HazardClipper(model, probe=(fi, x.to(trainable[0].dtype), m))
-            self._gsm, self._dp_opt = None, None
-        finally:
-            self._unfreeze(frozen)
-        self._model = model
-        self.builds += 1
-
-    def _opacus_step(self, fi, x, m, y):
-        dp_opt = self._dp_opt
-        dp_opt.zero_grad(set_to_none=True)
-        loss = hazard_loss_sum(self._gsm(fi, x, m), y) / max(int(y.shape[0]), 1)  # Opacus's "mean" reduction
-        loss.backward()
-        dp_opt.step()
-        return float(loss.detach()) if y.shape[0] else None
+    def _engine(self, model, probe) -> HazardClipper:
+        return HazardClipper(model, probe=probe)
 
     @torch.no_grad()
     def predict(self, model) -> np.ndarray:

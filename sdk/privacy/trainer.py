@@ -12,14 +12,14 @@ never torch's or numpy's generators), per-patient clipping to C, Gaussian noise 
 :mod:`.noise`), the noised sum divided by the expected batch ⌊q·n⌋, then Adam; empty Poisson
 batches are stepped (noise only), never skipped.
 
-Per-patient gradients (``grad_sample_mode``): ``"star"`` (default) is the one-backward
-book-keeping engine of :mod:`.per_patient`; ``"hooks"`` / ``"ew"`` are Opacus's
-``GradSampleModule`` (kept for comparison and for adaptive clipping, which always uses Opacus's
-``AdaClipDPOptimizer``).
+Per-patient gradients, clipping and the step: the one engine of every local-DP task
+(:mod:`.per_patient`, :func:`~.per_patient.dp_sgd_step`); adaptive clipping on it
+(:class:`~.adaptive.AdaptiveClip`). Opacus's ``GradSampleModule`` path (``grad_sample_mode =
+"hooks"``/``"ew"``) was removed: the engine covers every DP model and is faster
+(benchmarks/dp_step); Opacus stays for the accountants.
 
 Lifecycle: everything is built once per hospital run, on the first round -- the sampler, the
-per-patient engine (or Opacus's ``GradSampleModule`` and ``DPOptimizer``), the optimizer and the
-accountant -- and carried across rounds (rebuilt only if a different model object comes in;
+per-patient engine, the optimizer, the adaptive clip and the accountant -- and carried across rounds (rebuilt only if a different model object comes in;
 :attr:`DPTrainer.builds` counts it). The accountant steps once per DP-SGD step and is
 checked against the hospital's ledger before every round; a round whose projected ε passes the
 budget is refused before training. The optimizer object is kept, its moments are reset at
@@ -49,17 +49,16 @@ from ..model.nsfl import NSFLModel
 from ..training.local import TrainConfig, predict
 from ..training.trainer import TrainOutcome
 from .accountant import PrivacyLedger
+from .adaptive import ADAPTIVE_DEFAULTS, AdaptiveClip
 from .calibration import calibrate_noise_multiplier, poisson_plan
 from .guard import refuse_coupled_plan, refuse_coupled_training
-from .noise import install_secure_noise, os_seeded_generator, secure_gaussian
-from .per_patient import PerPatientClipper, star_probe
+from .per_patient import PerPatientClipper, dp_sgd_step, star_probe
 
-GRAD_SAMPLE_MODES = ("star", "hooks", "ew")
+GRAD_SAMPLE_MODES = ("star",)
 
 
 def star_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean BCE that is 0 (not NaN) on an empty Poisson batch; Opacus's ``loss_reduction="mean"``
-    rescales per-sample gradients by the actual batch size, so per-patient terms are exact."""
+    """Mean BCE that is 0 (not NaN) on an empty Poisson batch (the non-DP step's loss on the star path)."""
     return F.binary_cross_entropy_with_logits(logits, y, reduction="sum") / max(int(y.shape[0]), 1)
 
 
@@ -70,8 +69,8 @@ def poisson_indices(n: int, sample_rate: float, source: CsprngUniform) -> torch.
 
 def unused_star_parameters(model: NSFLModel) -> list[str]:
     """Parameters the star path never touches (``similar_to`` attention, the uniform layer-1
-    ``has_feature`` attention): frozen under DP, since Opacus needs a per-sample gradient for every
-    trainable parameter. Found by a probe on a synthetic star (no patient data)."""
+    ``has_feature`` attention): frozen under DP (a parameter the batch never reaches would get noise
+    alone). Found by a probe on a synthetic star (no patient data)."""
     k = model.n_features
     fi = torch.arange(k).unsqueeze(0)
     model.zero_grad(set_to_none=True)
@@ -94,9 +93,9 @@ class DPTrainer:
         ledger: this hospital's :class:`PrivacyLedger` (budget, δ, accountant, state dir).
         noise_multiplier: σ. clip_norm: C (flat clipping; the adaptive clip's maximum otherwise).
         batch_size: expected Poisson batch size B. train_config: optimiser settings (Adam lr, seed).
-        clipping: ``"flat"`` or ``"adaptive"`` (Andrew et al. 2021, Opacus ``AdaClipDPOptimizer``).
-        adaptive: keyword arguments of Opacus's adaptive clipping. k_similar: must be 0.
-        grad_sample_mode: ``"star"`` (book-keeping engine), ``"hooks"`` or ``"ew"`` (Opacus).
+        clipping: ``"flat"`` or ``"adaptive"`` (Andrew et al. 2021, :class:`~.adaptive.AdaptiveClip`).
+        adaptive: keyword arguments of :class:`~.adaptive.AdaptiveClip`. k_similar: must be 0.
+        grad_sample_mode: ``"star"``, the per-patient engine (the only one).
     """
 
     def __init__(self, table: PatientTable, *, train_idx: np.ndarray, ledger: PrivacyLedger, noise_multiplier: float,
@@ -109,20 +108,24 @@ class DPTrainer:
         if optimizer not in ("adam", "sgd"):
             raise PrivacyError(f"Unknown optimizer {optimizer!r}. Registered: adam, sgd.")
         if grad_sample_mode not in GRAD_SAMPLE_MODES:
-            raise PrivacyError(f"Unknown grad_sample_mode {grad_sample_mode!r}. Registered: "
-                               f"{', '.join(GRAD_SAMPLE_MODES)} (each checked against a per-patient loop in tests).")
+            raise PrivacyError(f"grad_sample_mode {grad_sample_mode!r} is not available: every DP task uses the "
+                               "per-patient engine ('star'; Opacus's hooks/ew path was removed). Registered: "
+                               f"{', '.join(GRAD_SAMPLE_MODES)}.")
         if "mask_lr_factor" in train_config.model_fields_set:
             warnings.warn(f"Hospital {ledger.site!r}: [training] mask_lr_factor applies to non-DP training only; under "
                           "local DP the feature masks m_f learn at the base lr (the setting the DP presets were tuned "
                           "with). Remove mask_lr_factor from this hospital's config to silence this.", UserWarning,
                           stacklevel=2)
-        # adaptive clipping is Opacus's AdaClipDPOptimizer: it needs Opacus's per-sample gradients
-        self.grad_sample_mode = "hooks" if (clipping == "adaptive" and grad_sample_mode == "star") else grad_sample_mode
+        self.grad_sample_mode = grad_sample_mode
         self.optimizer, self.lr = optimizer, float(lr if lr is not None else train_config.lr)
         self.table, self.ledger = table, ledger
         self.train_idx = np.asarray(train_idx)
         self.noise_multiplier, self.clip_norm, self.batch_size = float(noise_multiplier), float(clip_norm), batch_size
         self.config, self.clipping, self.adaptive = train_config, clipping, dict(adaptive or {})
+        #: the adaptive clip bound, carried across rounds (None: flat clipping at clip_norm)
+        self.adaptive_clip = AdaptiveClip(noise_multiplier=self.noise_multiplier, clip=self.clip_norm,
+                                          **{**ADAPTIVE_DEFAULTS, "max_clipbound": self.clip_norm,
+                                             **self.adaptive}) if clipping == "adaptive" else None
         self.stars = star_batch(table, k_similar=0)
         self.sample_rate, self.steps_per_epoch = poisson_plan(n_train=len(self.train_idx), batch_size=batch_size)
         #: Opacus's normaliser (loss_reduction = "mean"): the noised sum is divided by ⌊q·n⌋
@@ -148,7 +151,7 @@ class DPTrainer:
 
     # -- built once per run ---------------------------------------------------------------------
     def _build(self, model: NSFLModel) -> None:
-        """The per-patient engine (or Opacus's wrapper and DP optimizer) and the optimizer, for ``model``."""
+        """The per-patient engine and the optimizer, for ``model``."""
         self._frozen_names = set(unused_star_parameters(model))
         frozen = self._freeze(model)
         try:
@@ -159,38 +162,22 @@ class DPTrainer:
             groups = [{"params": [p for p in trainable if id(p) not in wide]},
                       {"params": [p for p in trainable if id(p) in wide], "lr": self.lr * self.config.wide_lr_factor}]
             groups = [g for g in groups if g["params"]]
-            opt = (torch.optim.Adam(groups, lr=self.lr, weight_decay=self.config.weight_decay)
-                   if self.optimizer == "adam" else
-                   torch.optim.SGD(groups, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
-            self._opt = opt
-            if self.grad_sample_mode == "star":
-                fi, x, m = star_probe(model.n_features, row_shape=tuple(self.dataset.tensors[0].shape[1:]))
-                self._clipper = PerPatientClipper(model, probe=(fi, x.to(trainable[0].dtype), m))
-                self._gsm, self._dp_opt = None, None
-            else:
-                from opacus.grad_sample import get_gsm_class
-                from opacus.optimizers import DPOptimizer
-                from opacus.optimizers.adaclipoptimizer import AdaClipDPOptimizer
-
-                self._clipper = None
-                self._gsm = get_gsm_class(self.grad_sample_mode)(model, batch_first=True, loss_reduction="mean")
-                if self.clipping == "adaptive":
-                    extra = {"target_unclipped_quantile": 0.5, "clipbound_learning_rate": 0.2,
-                             "max_clipbound": self.clip_norm, "min_clipbound": 0.01, "unclipped_num_std": 10.0,
-                             **self.adaptive}
-                    self._dp_opt = AdaClipDPOptimizer(opt, noise_multiplier=self.noise_multiplier,
-                                                      max_grad_norm=self.clip_norm,
-                                                      expected_batch_size=self.expected_batch,
-                                                      generator=os_seeded_generator(), **extra)
-                else:
-                    self._dp_opt = DPOptimizer(opt, noise_multiplier=self.noise_multiplier, max_grad_norm=self.clip_norm,
-                                               expected_batch_size=self.expected_batch)
-                    install_secure_noise(self._dp_opt)
-                self._unhook()
+            self._opt = self._optimizer(groups)
+            fi, x, m = star_probe(model.n_features, row_shape=tuple(self.dataset.tensors[0].shape[1:]))
+            self._clipper = self._engine(model, (fi, x.to(trainable[0].dtype), m))
         finally:
             self._unfreeze(frozen)
         self._model = model
         self.builds += 1
+
+    def _optimizer(self, groups: list) -> torch.optim.Optimizer:
+        return (torch.optim.Adam(groups, lr=self.lr, weight_decay=self.config.weight_decay)
+                if self.optimizer == "adam" else
+                torch.optim.SGD(groups, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
+
+    def _engine(self, model: NSFLModel, probe: tuple[torch.Tensor, ...]) -> PerPatientClipper:
+        """The per-patient engine on this task's objective (the survival trainer swaps in its own)."""
+        return PerPatientClipper(model, probe=probe)
 
     def _freeze(self, model: NSFLModel) -> list[torch.nn.Parameter]:
         frozen = [p for n, p in model.named_parameters() if n in self._frozen_names and p.requires_grad]
@@ -203,43 +190,15 @@ class DPTrainer:
         for p in frozen:
             p.requires_grad_(True)
 
-    def _hook(self) -> None:
-        if self.grad_sample_mode != "star":
-            for p in self._gsm.parameters():  # Opacus's per-parameter state (another wrapper may have removed it)
-                if p.requires_grad and not hasattr(p, "_forward_counter"):
-                    p._forward_counter = 0
-        if self.grad_sample_mode == "hooks":
-            self._gsm.add_hooks(loss_reduction="mean", batch_first=True)
-
-    def _unhook(self) -> None:
-        if self.grad_sample_mode == "hooks":
-            self._gsm.remove_hooks()
-        if self.grad_sample_mode != "star":  # no per-sample gradient stays on the model between rounds
-            for p in self._gsm.parameters():
-                if hasattr(p, "grad_sample"):
-                    p.grad_sample = None
-
     # -- one DP-SGD step ---------------------------------------------------------------------------
     def _star_step(self, fi: torch.Tensor, x: torch.Tensor, m: torch.Tensor, y: torch.Tensor) -> float | None:
-        clipper = self._clipper
-        out = clipper.clipped_sum(fi, x, m, labels=y, clip_norm=self.clip_norm)
-        noise = secure_gaussian(self.noise_multiplier * self.clip_norm, torch.Size([clipper.dim]), torch.float64)
-        clipper.assign((out.summed + noise.to(out.summed.dtype)) / self.expected_batch)
-        self._opt.step()
+        if self.adaptive_clip is not None:
+            out = self.adaptive_clip.step(self._clipper, self._opt, (fi, x, m), labels=y,
+                                          expected_batch=self.expected_batch)
+        else:
+            out = dp_sgd_step(self._clipper, self._opt, (fi, x, m), labels=y, noise_multiplier=self.noise_multiplier,
+                              clip_norm=self.clip_norm, expected_batch=self.expected_batch)
         return out.loss if y.shape[0] else None
-
-    def _opacus_step(self, fi: torch.Tensor, x: torch.Tensor, m: torch.Tensor, y: torch.Tensor) -> float | None:
-        dp_opt = self._dp_opt
-        dp_opt.zero_grad(set_to_none=True)
-        if y.shape[0] == 0 and self.grad_sample_mode == "ew":  # torch's ExpandedWeights refuses batch size 0
-            for p in dp_opt.params:
-                p.grad_sample = p.new_zeros((0, *p.shape))
-            dp_opt.step()
-            return None
-        loss = star_loss(self._gsm(fi, x, m), y)
-        loss.backward()
-        dp_opt.step()
-        return float(loss.detach()) if y.shape[0] else None
 
     def train(self, model: NSFLModel, *, round_: int, epochs: int,
               plan_options: dict[str, float | int | str | bool]) -> TrainOutcome:
@@ -253,8 +212,7 @@ class DPTrainer:
         model.train()
         for state in self._opt.state.values():  # a new round starts from the newly loaded global model
             state.clear()
-        self._hook()
-        step = self._star_step if self.grad_sample_mode == "star" else self._opacus_step
+        step = self._star_step
         fi_all, x_all, m_all, y_all = self.dataset.tensors
         n = int(y_all.shape[0])
         losses: list[float] = []
@@ -263,31 +221,26 @@ class DPTrainer:
         t_setup = time.perf_counter() - t0
         completed = False
         try:
-            with warnings.catch_warnings():  # Opacus's hooks on a model whose inputs need no grad
-                warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                for _ in range(epochs):
-                    t_epoch = time.perf_counter()
-                    for _ in range(self.steps_per_epoch):
-                        idx = poisson_indices(n, self.sample_rate, self.sampler)
-                        if idx.numel() == 0:  # an empty Poisson batch is stepped all the same (noise only)
-                            self.last_empty_batches += 1
-                        loss = step(fi_all[idx], x_all[idx], m_all[idx], y_all[idx])
-                        self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
-                        if loss is not None:
-                            losses.append(loss)
-                    epoch_seconds.append(time.perf_counter() - t_epoch)
+            for _ in range(epochs):
+                t_epoch = time.perf_counter()
+                for _ in range(self.steps_per_epoch):
+                    idx = poisson_indices(n, self.sample_rate, self.sampler)
+                    if idx.numel() == 0:  # an empty Poisson batch is stepped all the same (noise only)
+                        self.last_empty_batches += 1
+                    loss = step(fi_all[idx], x_all[idx], m_all[idx], y_all[idx])
+                    self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
+                    if loss is not None:
+                        losses.append(loss)
+                epoch_seconds.append(time.perf_counter() - t_epoch)
             completed = True
         finally:
-            self._unhook()
-            if self._clipper is not None:
-                self._clipper.release()
             self._unfreeze(frozen)
             for p in model.parameters():
                 p.grad = None
             if not completed:
                 self.ledger.commit_interrupted(self.accountant, round_=round_, noise_multiplier=self.noise_multiplier,
                                                sample_rate=self.sample_rate, clip_norm=self.clip_norm)
-        clip = float(self.adaptive.get("max_clipbound", self.clip_norm)) if self.clipping == "adaptive" else self.clip_norm
+        clip = self.adaptive_clip.max_clip if self.adaptive_clip is not None else self.clip_norm
         t_acc = time.perf_counter()
         entry = self.ledger.commit(round_=round_, history=self.accountant.history,
                                    noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, clip_norm=clip)

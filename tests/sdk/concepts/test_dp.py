@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from clinograph.sdk.concepts.dp import (
-    clip_rows,
     clipped_sum,
+    concept_clipper,
     dp_sgd_step,
-    per_sample_gradients,
     trainable_names,
 )
 from clinograph.sdk.concepts.encoders import MLPEncoder
@@ -45,33 +44,74 @@ def kw():
     return {"supervised": SUPERVISED, "has_task": True, "task": "y", "gamma": 0.8}
 
 
-@pytest.mark.parametrize("kind", ["c2bm", "cem"])
-def test_per_sample_gradients_match_a_per_patient_loop(kind):
-    m = model_of(kind)
-    x, labels, iv = batch()
-    names = trainable_names(m)
-    g = per_sample_gradients(m, names, x, labels, iv, **kw())
+def loop_gradients(m, names, x, labels, iv):
+    """Each patient's gradient of its own F-CMs eq. (2) loss, one patient at a time (the reference)."""
     params = dict(m.named_parameters())
+    rows = []
     for i in range(x.shape[0]):
-        m.zero_grad()
+        m.zero_grad(set_to_none=True)
         out = m(x[i:i + 1], interventions={v: t[i:i + 1] for v, t in iv.items()})
         fcm_loss(out, {v: y[i:i + 1] for v, y in labels.items()}, **kw()).backward()
-        ref = torch.cat([params[n].grad.reshape(-1) if params[n].grad is not None else torch.zeros(params[n].numel(),
-                         dtype=torch.float64) for n in names])
-        assert torch.allclose(g[i], ref, atol=1e-10)
+        rows.append(torch.cat([params[n].grad.reshape(-1) if params[n].grad is not None
+                               else torch.zeros(params[n].numel(), dtype=torch.float64) for n in names]))
+    m.zero_grad(set_to_none=True)
+    return torch.stack(rows)
+
+
+def clip_rows(g, clip):
+    """Opacus's flat-clipping factor min(1, C/(‖g_i‖ + 1e-6)), as the engine."""
+    return g * (clip / (g.norm(dim=1, keepdim=True) + 1e-6)).clamp(max=1.0)
 
 
 @pytest.mark.parametrize("kind", ["c2bm", "cbm", "cem", "cgm"])
-def test_ghost_clipped_sum_equals_clipping_each_patient(kind):
+def test_engine_per_patient_gradients_match_a_per_patient_loop(kind):
+    m = model_of(kind)
+    x, labels, iv = batch()
+    names = trainable_names(m)
+    engine = concept_clipper(m, names, like=x)  # the construction-time probe check passes
+    y = _labels(labels)
+    grads, _ = engine.per_sample(x, iv, labels=y)
+    got = engine.flat(grads, x.shape[0], torch.float64)
+    assert torch.allclose(got, loop_gradients(m, names, x, labels, iv), atol=1e-10)
+
+
+def _labels(labels):
+    from clinograph.sdk.concepts.dp import ConceptLabels
+
+    k = kw()
+    return ConceptLabels(labels, frozenset(k["supervised"]), k["has_task"], k["task"], k["gamma"])
+
+
+@pytest.mark.parametrize("kind", ["c2bm", "cbm", "cem", "cgm"])
+def test_clipped_sum_equals_clipping_each_patient(kind):
     m = model_of(kind)
     x, labels, iv = batch()
     names = trainable_names(m)
     clip = 0.05  # small enough that most rows are clipped
-    g = per_sample_gradients(m, names, x, labels, iv, **kw())
+    g = loop_gradients(m, names, x, labels, iv)
     assert (g.norm(dim=1) > clip).sum() >= 3
     expected = clip_rows(g, clip).sum(0)
     got = clipped_sum(m, names, x, labels, iv, clip=clip, **kw())
     assert torch.allclose(got, expected, atol=1e-10)
+
+
+def test_the_loop_comparison_can_fail_on_a_coupled_loss():
+    """Negative control: an objective that couples rows (a batch-mean logit) gives per-patient
+    gradients that differ from the loop, so the comparisons above can fail."""
+    from clinograph.sdk.privacy.per_patient import PerPatientClipper
+
+    m = model_of("c2bm")
+    x, labels, iv = batch()
+
+    def coupled(mo, inputs, y):
+        out = mo(inputs[0], interventions=inputs[1])
+        logits = out.logits["y"]
+        return torch.nn.functional.cross_entropy(logits - logits.mean(0), y.labels["y"], reduction="sum")
+
+    engine = PerPatientClipper(m, objective=coupled)
+    grads, _ = engine.per_sample(x, iv, labels=_labels(labels))
+    got = engine.flat(grads, x.shape[0], torch.float64)
+    assert (got - loop_gradients(m, trainable_names(m), x, labels, iv)).abs().max() > 1e-3
 
 
 def test_one_patients_contribution_is_bounded_by_the_clip():
@@ -80,8 +120,7 @@ def test_one_patients_contribution_is_bounded_by_the_clip():
     x[0] *= 500.0  # an outlier patient: its raw gradient is far above the clip
     names = trainable_names(m)
     clip = 1.0
-    raw = per_sample_gradients(m, names, x[:1], {v: y[:1] for v, y in labels.items()},
-                               {v: t[:1] for v, t in iv.items()}, **kw())
+    raw = loop_gradients(m, names, x[:1], {v: y[:1] for v, y in labels.items()}, {v: t[:1] for v, t in iv.items()})
     assert float(raw.norm()) > 3 * clip
     with_p = clipped_sum(m, names, x, labels, iv, clip=clip, **kw())
     without = clipped_sum(m, names, x[1:], {v: y[1:] for v, y in labels.items()},
@@ -107,7 +146,7 @@ def test_frozen_modules_get_no_update_and_noise_reaches_trained_ones():
 @pytest.mark.parametrize("kind", ["c2bm", "cem"])
 def test_per_module_clipping_equals_clipping_each_patients_module_parts(kind):
     """groups=module_groups(...): each patient's gradient restricted to a module is clipped to
-    C/√G (per_sample_gradients sliced by module), and one patient still moves the sum by ≤ C."""
+    C/√G (the per-patient loop's gradients sliced by module), and one patient still moves the sum by ≤ C."""
     from clinograph.sdk.concepts.dp import module_groups
 
     m = model_of(kind)
@@ -116,7 +155,7 @@ def test_per_module_clipping_equals_clipping_each_patients_module_parts(kind):
     groups = module_groups(m, names)
     assert len(groups) >= 3 and sorted(n for g in groups for n in g) == sorted(names)
     clip = 0.05
-    g = per_sample_gradients(m, names, x, labels, iv, **kw())
+    g = loop_gradients(m, names, x, labels, iv)
     sizes = dict((n, p.numel()) for n, p in m.named_parameters())
     at, cols = 0, {}
     for n in names:

@@ -178,3 +178,44 @@ def test_star_engine_refuses_a_model_it_would_get_wrong(dictionary):
     with pytest.raises(PrivacyError, match="do not add up to the batch gradient"):
         PerPatientClipper(model, probe=star_probe(model.n_features))
     PerPatientClipper(NSFLModel(len(dictionary.node_ids()), NSFLConfig(hidden=8)))  # no probe: not checked
+
+
+def test_engine_on_the_modality_model_with_its_waveform_convolutions_equals_a_per_patient_loop(tables, dictionary):
+    """ModalityNSFL: stars plus a waveform through Conv1d layers (the engine's unfold rule), one
+    patient = its star and its signal; patients without the signal included."""
+    from clinograph.sdk.model.modalities import ModalityNSFL
+
+    model = ModalityNSFL(len(dictionary.node_ids()), NSFLConfig(hidden=8, init_seed=5),
+                         modalities=("waveform",)).double()
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    fi, x, m, y = _batch(tables, n=7)
+    sig = torch.randn(7, 40, generator=gen, dtype=torch.float64)
+    has = torch.tensor([True, False, True, True, False, True, True])
+
+    def objective(mo, inputs, labels):
+        logits = mo.forward_modal(inputs[0], inputs[1], inputs[2], [inputs[3]], [inputs[4]])
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+
+    model.zero_grad(set_to_none=True)
+    objective(model, (fi, x, m, sig, has), y).backward()
+    for p in model.parameters():  # what the batch never reaches stays out (similar_to), as under DP
+        p.requires_grad_(p.grad is not None)
+    model.zero_grad(set_to_none=True)
+    engine = PerPatientClipper(model, objective=objective, probe=(fi, x, m, sig, has), probe_labels=y)
+    assert any(isinstance(leaf, torch.nn.Conv1d) for leaf in engine.leaves)
+    params = engine.params
+    loop = []
+    for i in range(7):
+        model.zero_grad(set_to_none=True)
+        objective(model, (fi[i:i + 1], x[i:i + 1], m[i:i + 1], sig[i:i + 1], has[i:i + 1]), y[i:i + 1]).backward()
+        loop.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]))
+    model.zero_grad(set_to_none=True)
+    per = torch.stack(loop)
+    grads, _ = engine.per_sample(fi, x, m, sig, has, labels=y)
+    assert (engine.flat(grads, 7, torch.float64) - per).abs().max().item() <= 1e-9
+    factor = (0.1 / (per.norm(dim=1) + 1e-6)).clamp(max=1.0)
+    got = engine.clipped_sum(fi, x, m, sig, has, labels=y, clip_norm=0.1).summed
+    assert (got - factor @ per).abs().max().item() <= 1e-9

@@ -5,8 +5,6 @@ round through the NS-FL task records ε in the hospital's ledger; distributed DP
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -17,10 +15,9 @@ from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.heads import SurvivalNSFLModel
 from clinograph.sdk.model.nsfl import NSFLConfig
 from clinograph.sdk.privacy import unused_star_parameters
-from clinograph.sdk.privacy.per_patient import star_probe
+from clinograph.sdk.privacy.per_patient import PerPatientClipper, star_probe
 from clinograph.sdk.privacy.survival import (
     HazardClipper,
-    _register_opacus_sampler,
     hazard_loss_sum,
 )
 from clinograph.sdk.training.survival import interval_targets
@@ -87,48 +84,31 @@ def test_star_engine_per_patient_gradients_of_the_hazard_loss_match_a_loop():
     torch.testing.assert_close(clipper.clipped_sum(*inputs, labels=y, clip_norm=0.5).summed, factor @ flat)
 
 
-def test_opacus_hooks_per_sample_gradients_of_the_hazard_loss_match_a_loop():
-    from opacus.grad_sample import get_gsm_class
-
-    model, inputs, y = _model_and_batch()
-    reference = copy.deepcopy(model)
-    _register_opacus_sampler()
-    gsm = get_gsm_class("hooks")(model, batch_first=True, loss_reduction="sum")
-    hazard_loss_sum(gsm(*inputs), y).backward()
-    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    expected = _loop(reference, inputs, y, [(n, p) for n, p in reference.named_parameters() if p.requires_grad])
-    for name, p in trainable:
-        for i in range(len(y)):
-            err = (p.grad_sample[i] - expected[i][name]).abs().max().item()
-            assert err <= 1e-8, f"{name}, patient {i}: per-sample gradient off by {err:.2e}"
-    gsm._close()
-
-
 def test_loop_comparison_can_fail_on_a_coupled_loss():
     """Negative control: a loss that couples patients (a batch-mean baseline, as Cox's risk sets
     do) gives per-patient gradients that differ from the loop, so the tests above can fail."""
     model, inputs, y = _model_and_batch()
-    fi, x, m = star_probe(model.n_features)
-    clipper = HazardClipper(model, probe=(fi, x.double(), m))
-    logits = clipper._forward(*inputs)
-    calls, clipper._calls = clipper._calls, []
-    coupled = hazard_loss_sum(logits - logits.mean(0, keepdim=True), y)
-    grads = torch.autograd.grad(coupled, [o for *_, o in calls], allow_unused=True)
-    got = clipper._assemble(calls, grads, len(y))
+
+    def coupled(mo, inp, labels):
+        logits = mo(*inp)
+        return hazard_loss_sum(logits - logits.mean(0, keepdim=True), labels)
+
+    clipper = PerPatientClipper(model, objective=coupled)
+    got, _ = clipper.per_sample(*inputs, labels=y)
     i = next(j for j, p in enumerate(clipper.params) if p is model.hazard_baseline.bias)
     want = _loop(model, inputs, y, [("b", model.hazard_baseline.bias)])[2]["b"]
     assert (got[i][2] - want).abs().max().item() > 1e-3
 
 
-@pytest.mark.parametrize("mode", ["star", "hooks"])
-def test_dp_round_on_a_survival_target_records_epsilon(tmp_path, mode):
+@pytest.mark.parametrize("clipping", ["flat", "adaptive"])
+def test_dp_round_on_a_survival_target_records_epsilon(tmp_path, clipping):
     d, tables = lung()
     t = tables[0]
     conf = SimulationConfig.model_validate({
         "federation": {"rounds": 2, "min_clients": 2}, "model": {"hidden": 8}, "graph": {"k_similar": 0},
         "training": {"lr": 0.02}, "target": TARGET,
         "privacy": {"enabled": True, "noise_multiplier": 1.0, "batch_size": 16, "epsilon_budget": 50.0,
-                    "grad_sample_mode": mode, "state_dir": str(tmp_path)}}).hospital_config()
+                    "clipping": clipping, "state_dir": str(tmp_path)}}).hospital_config()
     split = hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.2, seed=0)
     task = NSFLTask(t, dictionary=d, config=conf, split=split, state_dir=tmp_path, signer=Identity.generate(t.site))
     before = {k: v.clone() for k, v in task.model.state_dict().items()}

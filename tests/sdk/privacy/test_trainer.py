@@ -33,9 +33,8 @@ def _model(dictionary):
     return NSFLModel(len(dictionary.node_ids()), NSFLConfig(hidden=8))
 
 
-@pytest.mark.parametrize("mode", ["star", "hooks", "ew"])
-def test_one_round_trains_stars_only_and_returns_its_ledger_entry(tables, dictionary, tmp_path, mode):
-    tr = _trainer(tables[0], tmp_path, grad_sample_mode=mode)
+def test_one_round_trains_stars_only_and_returns_its_ledger_entry(tables, dictionary, tmp_path):
+    tr = _trainer(tables[0], tmp_path)
     model = _model(dictionary)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     out = tr.train(model, round_=0, epochs=2, plan_options={})
@@ -49,16 +48,15 @@ def test_one_round_trains_stars_only_and_returns_its_ledger_entry(tables, dictio
     for name in ("l1_similar_to.W.weight", "l2_similar_to.a_src.weight"):  # frozen: no similar_to under DP
         assert torch.equal(before[name], after[name])
     assert all(p.requires_grad for p in model.parameters())  # restored
-    assert not any(hasattr(p, "grad_sample") and p.grad_sample is not None for p in model.parameters())
-    assert model._forward_hooks == {} and model.head._forward_hooks == {}  # Opacus hooks removed
+    assert all(p.grad is None for p in model.parameters())  # nothing of the last step stays on the model
+    assert model._forward_hooks == {} and model.head._forward_hooks == {}  # the engine's hooks removed
     p = tr.predict(model)
     assert p.shape == (tables[0].n_patients,) and np.all((p >= 0) & (p <= 1))
 
 
-@pytest.mark.parametrize("mode", ["star", "hooks", "ew"])
-def test_empty_poisson_batches_are_stepped_not_skipped(tables, dictionary, tmp_path, mode):
+def test_empty_poisson_batches_are_stepped_not_skipped(tables, dictionary, tmp_path):
     # q = 1/2 with two patients: P(empty batch) = 1/4 a step; 60 steps have one with prob. 1 - 3e-8
-    tr = _trainer(tables[1], tmp_path, n_train=2, batch_size=1, sigma=1.5, grad_sample_mode=mode)
+    tr = _trainer(tables[1], tmp_path, n_train=2, batch_size=1, sigma=1.5)
     out = tr.train(_model(dictionary), round_=0, epochs=30, plan_options={})
     assert out.extras["empty_batches"] >= 1
     assert out.ledger.steps == 60  # every step, empty or not, is accounted
@@ -79,6 +77,14 @@ def test_adaptive_clipping_runs_and_reports_its_maximum_clip(tables, dictionary,
     tr = _trainer(tables[2], tmp_path, clipping="adaptive", adaptive={"max_clipbound": 1.0, "min_clipbound": 0.05})
     out = tr.train(_model(dictionary), round_=0, epochs=1, plan_options={})
     assert out.ledger.clip_norm == 1.0 and out.ledger.steps == tr.planned_steps(1)
+    assert 0.05 <= tr.adaptive_clip.clip <= 1.0  # carried across rounds, within its range
+
+
+def test_the_opacus_modes_are_refused_with_the_reason():
+    for mode in ("hooks", "ew"):
+        with pytest.raises(ValueError, match=f"grad_sample_mode = '{mode}' .* was removed: every DP task uses the "
+                                             "per-patient engine"):
+            PrivacySection(enabled=True, grad_sample_mode=mode)
 
 
 def test_full_graph_and_similar_to_are_refused_under_dp(tables, tmp_path):
@@ -132,9 +138,8 @@ class _FailsOnThirdBatch(NSFLModel):
         return super().forward(feature_index, values, mask)
 
 
-@pytest.mark.parametrize("mode", ["star", "hooks"])
-def test_steps_taken_before_a_crash_are_still_accounted(tables, dictionary, tmp_path, mode):
-    tr = _trainer(tables[0], tmp_path, grad_sample_mode=mode)
+def test_steps_taken_before_a_crash_are_still_accounted(tables, dictionary, tmp_path):
+    tr = _trainer(tables[0], tmp_path)
     model = _FailsOnThirdBatch(len(dictionary.node_ids()), NSFLConfig(hidden=8))
     tr.train(model, round_=0, epochs=1, plan_options={})  # a full round first: the crash is in a later one
     model.armed = True
@@ -144,9 +149,8 @@ def test_steps_taken_before_a_crash_are_still_accounted(tables, dictionary, tmp_
     assert sum(t for *_, t in reread.history) == tr.steps_per_epoch + 2 and reread.epsilon() > 0
 
 
-@pytest.mark.parametrize("mode", ["star", "hooks"])
-def test_engine_optimizer_and_accountant_are_built_once_and_carried_across_rounds(tables, dictionary, tmp_path, mode):
-    tr = _trainer(tables[1], tmp_path, grad_sample_mode=mode)
+def test_engine_optimizer_and_accountant_are_built_once_and_carried_across_rounds(tables, dictionary, tmp_path):
+    tr = _trainer(tables[1], tmp_path)
     model = _model(dictionary)
     accountant = tr.accountant
     epochs = (1, 2, 1)
@@ -154,9 +158,9 @@ def test_engine_optimizer_and_accountant_are_built_once_and_carried_across_round
         out = tr.train(model, round_=r, epochs=e, plan_options={})
         assert out.ledger.steps == tr.planned_steps(e)
         if r == 0:
-            wrapped = (tr._opt, tr._clipper, tr._gsm, tr._dp_opt)
+            wrapped = (tr._opt, tr._clipper)
     assert tr.builds == 1 and tr.accountant is accountant
-    assert (tr._opt, tr._clipper, tr._gsm, tr._dp_opt) == wrapped
+    assert (tr._opt, tr._clipper) == wrapped
     total = sum(tr.planned_steps(e) for e in epochs)
     assert sum(t for *_, t in accountant.history) == total == sum(t for *_, t in tr.ledger.history)
     reread = PrivacyLedger(tmp_path, site=tables[1].site, budget_epsilon=50.0, delta=1e-5, signer=SIGNER)
@@ -189,8 +193,7 @@ def test_poisson_sampling_comes_from_the_csprng_not_torch_or_numpy(tables, dicti
     assert np.std(sizes) > 0  # batch sizes vary (Poisson, not fixed-size)
 
 
-@pytest.mark.parametrize("mode", ["star", "hooks"])
-def test_dp_training_honours_the_wide_rows_learning_rate(tables, dictionary, tmp_path, mode):
+def test_dp_training_honours_the_wide_rows_learning_rate(tables, dictionary, tmp_path):
     """[training] wide_lr_factor is not silently dropped under DP: Adam moves each row by at most about
     its lr a step, so at factor 1e-3 the wide rows move < 2·lr·1e-3·steps while the rest moves freely."""
     moved = {}
@@ -198,7 +201,7 @@ def test_dp_training_honours_the_wide_rows_learning_rate(tables, dictionary, tmp
         ledger = PrivacyLedger(tmp_path / str(factor), site=tables[0].site, budget_epsilon=50.0, delta=1e-5,
                                signer=SIGNER)
         tr = DPTrainer(tables[0], train_idx=np.arange(tables[0].n_patients), ledger=ledger, noise_multiplier=1.0,
-                       clip_norm=1.0, batch_size=16, grad_sample_mode=mode,
+                       clip_norm=1.0, batch_size=16,
                        train_config=TrainConfig(lr=0.01, wide_lr_factor=factor))
         model = NSFLModel(len(dictionary.node_ids()), NSFLConfig(hidden=8, linear_shape=True))
         before = model.linear.weight.detach().clone()

@@ -1,0 +1,152 @@
+"""One layer's share of the per-patient gradients: their squared norms and their clipped sum.
+
+From what the ordinary backward pass already has -- a layer call's input a and the gradient b
+of the summed loss with respect to its output -- the per-patient gradient of a Linear layer is
+g_i(W) = Σ_t b_{i,t} a_{i,t}ᵀ over the call's positions t, of its bias Σ_t b_{i,t}, of an
+Embedding the rows of b_i scattered to the looked-up indices (Bu, Wang, Zha, Karypis 2023,
+"Differentially private optimization on large model at small cost", the book-keeping algorithm).
+
+DP-SGD needs of g_i only ‖g_i‖² (summed over the layers into the clipping factor c_i) and
+Σ_i c_i g_i. Both come without forming g_i when that is cheaper (ghost norms, Goodfellow 2015;
+Li et al. 2022, "Large language models can be strong differentially private learners", sec. 4):
+
+- Linear weight, T = 1: ‖g_i‖² = ‖a_i‖²‖b_i‖²; T > 1: ‖g_i‖² = Σ_{t,s} (a_t·a_s)(b_t·b_s), B·T²·(d_in+d_out)
+  operations, used when below the B·T·d_in·d_out of forming g_i (Bu et al. 2022's mixed ghost
+  clipping). The clipped sum is then one product Σ_{i,t} (c_i b_{i,t}) a_{i,t}ᵀ: no second backward.
+- Embedding: ‖g_i‖² = Σ_{t,s} [j_t = j_s] (b_t·b_s) when T² < the table's rows, else g_i formed
+  by a scatter; the clipped sum is an ``index_add`` of c_i b_{i,t} at the rows j_t.
+- a per-patient tensor (bias, the survival baseline): formed, [B, n].
+
+Shapes: a [B, T, d_in], b [B, T, d_out]; indices [B, T]; c [B], in the parts' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LayerPart:
+    """A parameter's per-patient gradients, kept in the cheapest form (module docstring)."""
+
+    def norm2(self) -> torch.Tensor:  # pragma: no cover - interface
+        """‖g_i‖² of this parameter. Shapes: -> [B]."""
+        raise NotImplementedError
+
+    def clipped(self, c: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
+        """Σ_i c_i g_i, flat. Shapes: [B] -> [n]."""
+        raise NotImplementedError
+
+    def per_sample(self) -> torch.Tensor:  # pragma: no cover - interface
+        """g_i formed (the reference path, tests and the construction check). Shapes: -> [B, n]."""
+        raise NotImplementedError
+
+
+class Formed(LayerPart):
+    """g_i already formed, [B, n]."""
+
+    def __init__(self, g: torch.Tensor):
+        self.g = g.reshape(g.shape[0], -1)
+
+    def norm2(self) -> torch.Tensor:
+        return self.g.square().sum(1)
+
+    def clipped(self, c: torch.Tensor) -> torch.Tensor:
+        return c @ self.g
+
+    def per_sample(self) -> torch.Tensor:
+        return self.g
+
+
+class LinearWeight(LayerPart):
+    """g_i = Σ_t b_{i,t} a_{i,t}ᵀ of a Linear weight [d_out, d_in], over the positions of every
+    call of the layer (``calls``: (a, b) pairs, each [B, T_c, ·])."""
+
+    def __init__(self, calls: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.calls = calls
+        d_in, d_out = calls[0][0].shape[-1], calls[0][1].shape[-1]
+        t = sum(int(a.shape[1]) for a, _ in calls)
+        self.formed: torch.Tensor | None = None
+        #: one position (a 2-D call): the ghost norm ‖a_i‖²‖b_i‖² and one product, on [B, ·] views
+        self.flat2d = (calls[0][0][:, 0], calls[0][1][:, 0]) if t == 1 else None
+        if t > 1 and t * t * (d_in + d_out) >= t * d_in * d_out:  # cheaper to form than the ghost norm
+            self.formed = self._form()
+
+    def _form(self) -> torch.Tensor:
+        w = None
+        for a, b in self.calls:  # one product a call: no concatenated copy of the positions
+            wc = b[:, 0, :, None] * a[:, 0, None, :] if a.shape[1] == 1 else torch.bmm(b.transpose(1, 2), a)
+            w = wc if w is None else w.add_(wc)
+        return w
+
+    def _joined(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self.calls) == 1:
+            return self.calls[0]
+        return torch.cat([a for a, _ in self.calls], dim=1), torch.cat([b for _, b in self.calls], dim=1)
+
+    def norm2(self) -> torch.Tensor:
+        if self.flat2d is not None:
+            a, b = self.flat2d
+            return a.square().sum(1) * b.square().sum(1)
+        if self.formed is not None:
+            return self.formed.square().sum((1, 2))
+        a, b = self._joined()
+        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
+
+    def clipped(self, c: torch.Tensor) -> torch.Tensor:
+        if self.flat2d is not None:
+            a, b = self.flat2d
+            return torch.mm(b.T, a * c[:, None]).reshape(-1)
+        if self.formed is not None:
+            return c @ self.formed.reshape(self.formed.shape[0], -1)
+        out = None
+        for a, b in self.calls:
+            w = torch.mm((b * c[:, None, None]).reshape(-1, b.shape[-1]).T, a.reshape(-1, a.shape[-1]))
+            out = w if out is None else out.add_(w)
+        return out.reshape(-1)
+
+    def per_sample(self) -> torch.Tensor:
+        w = self.formed if self.formed is not None else self._form()
+        return w.reshape(w.shape[0], -1)
+
+
+class EmbeddingWeight(LayerPart):
+    """g_i = the rows b_{i,t} added at the looked-up rows j_{i,t} of an Embedding [rows, d]."""
+
+    def __init__(self, index: torch.Tensor, b: torch.Tensor, rows: int):
+        self.index, self.b, self.rows = index, b, rows
+        self.formed: torch.Tensor | None = None
+        if index.shape[1] ** 2 >= rows:
+            self.formed = self._scatter(b)
+
+    def _scatter(self, b: torch.Tensor) -> torch.Tensor:
+        n, _, d = b.shape
+        out = b.new_zeros((n, self.rows, d))
+        return out.scatter_add_(1, self.index.unsqueeze(-1).expand(-1, -1, d), b)
+
+    def norm2(self) -> torch.Tensor:
+        if self.formed is not None:
+            return self.formed.square().sum((1, 2))
+        same = (self.index.unsqueeze(2) == self.index.unsqueeze(1)).to(self.b.dtype)
+        return (same * torch.bmm(self.b, self.b.transpose(1, 2))).sum((1, 2))
+
+    def clipped(self, c: torch.Tensor) -> torch.Tensor:
+        if self.formed is not None:
+            return c @ self.formed.reshape(self.formed.shape[0], -1)
+        d = self.b.shape[-1]
+        cb = (self.b * c[:, None, None]).reshape(-1, d)
+        return self.b.new_zeros((self.rows, d)).index_add_(0, self.index.reshape(-1), cb).reshape(-1)
+
+    def per_sample(self) -> torch.Tensor:
+        w = self.formed if self.formed is not None else self._scatter(self.b)
+        return w.reshape(w.shape[0], -1)
+
+
+def positions(a: torch.Tensor, g: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Linear call's input and output gradient as [B, T, d_in], [B, T, d_out]. An input that is
+    one vector per patient broadcast over the star (stride 0, e.g. the destination in the
+    attention logits) gives Σ_t b_{i,t} a_iᵀ: its positions are summed first (T = 1)."""
+    if a.dim() == 2:
+        return a.unsqueeze(1), g.unsqueeze(1)
+    if a.dim() == 3 and a.stride(1) == 0:
+        return a[:, :1, :], g.sum(1, keepdim=True)
+    return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])

@@ -1,0 +1,73 @@
+"""The engine's per-layer parts (sdk/privacy/ghost.py): ghost norms and formed per-patient
+gradients agree with each patient's gradient written out, in every branch the cost rule picks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from clinograph.sdk.privacy.ghost import EmbeddingWeight, Formed, LinearWeight
+
+B = 5
+
+
+def _gen():
+    return torch.Generator().manual_seed(3)
+
+
+def _linear_reference(calls):
+    """g_i = Σ_calls Σ_t b_{i,t} a_{i,t}ᵀ, one patient and one position at a time."""
+    d_in, d_out = calls[0][0].shape[-1], calls[0][1].shape[-1]
+    out = torch.zeros(B, d_out, d_in, dtype=torch.float64)
+    for a, b in calls:
+        for i in range(B):
+            for t in range(a.shape[1]):
+                out[i] += torch.outer(b[i, t], a[i, t])
+    return out.reshape(B, -1)
+
+
+@pytest.mark.parametrize(("positions", "d_in", "d_out", "formed"), [
+    ((1,), 6, 4, False),  # one position: ‖a‖²‖b‖²
+    ((3,), 40, 30, False),  # few positions, wide layer: the ghost norm Σ_{t,s}(a_t·a_s)(b_t·b_s)
+    ((2, 2), 40, 30, False),  # two calls of one layer (ghost, their positions joined)
+    ((12,), 3, 2, True),  # many positions, narrow layer: g_i formed
+    ((7, 1), 3, 2, True),  # two calls, formed: one product a call, summed
+])
+def test_linear_weight_part_equals_the_written_out_gradient(positions, d_in, d_out, formed):
+    g = _gen()
+    calls = [(torch.randn(B, t, d_in, generator=g, dtype=torch.float64),
+              torch.randn(B, t, d_out, generator=g, dtype=torch.float64)) for t in positions]
+    part = LinearWeight(calls)
+    assert (part.formed is not None) == formed
+    ref = _linear_reference(calls)
+    c = torch.rand(B, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(part.norm2(), ref.pow(2).sum(1))
+    torch.testing.assert_close(part.clipped(c), c @ ref)
+    torch.testing.assert_close(part.per_sample(), ref)
+
+
+@pytest.mark.parametrize(("rows", "formed"), [(50, False), (4, True)])
+def test_embedding_part_equals_the_written_out_gradient(rows, formed):
+    g = _gen()
+    t, d = 5, 3
+    index = torch.randint(0, min(rows, 4), (B, t), generator=g)  # repeated rows within a patient
+    grad = torch.randn(B, t, d, generator=g, dtype=torch.float64)
+    part = EmbeddingWeight(index, grad, rows)
+    assert (part.formed is not None) == formed
+    ref = torch.zeros(B, rows, d, dtype=torch.float64)
+    for i in range(B):
+        for s in range(t):
+            ref[i, index[i, s]] += grad[i, s]
+    ref = ref.reshape(B, -1)
+    c = torch.rand(B, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(part.norm2(), ref.pow(2).sum(1))
+    torch.testing.assert_close(part.clipped(c), c @ ref)
+    torch.testing.assert_close(part.per_sample(), ref)
+
+
+def test_formed_part_and_a_wrong_reference_disagree():
+    """Negative control: the comparison sees a wrong gradient (one patient's row changed)."""
+    g = torch.randn(B, 4, generator=_gen(), dtype=torch.float64)
+    part = Formed(g)
+    wrong = g.clone()
+    wrong[2] *= 1.5
+    assert not torch.allclose(part.norm2(), wrong.pow(2).sum(1))
