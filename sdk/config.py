@@ -391,14 +391,15 @@ class HospitalConfig(_Strict):
 
     @model_validator(mode="after")
     def _private_selection_supported(self) -> HospitalConfig:
-        """Private model choice (sdk/privacy/selection.py) adds Gaussian noise at each hospital, the
-        local-DP release; in distributed DP the validation sums would need Skellam shares of their
-        own inside the masked sum and a second Skellam account, which the distributed task does
-        not implement: refused, never run unaccounted."""
-        if self.privacy.enabled and self.privacy.mode == "distributed" and self.selection.enabled:
-            raise ValueError("[selection] enabled = true with [privacy] mode = 'distributed': the distributed-DP task "
-                             "releases no validation loss (private model choice is implemented for mode = 'local', "
-                             "sdk/privacy/selection.py). Set [selection] enabled = false, or use mode = 'local'")
+        """Private model choice under distributed DP puts the validation patients' clipped losses
+        into every round's noisy sum (sdk/federation/dp_task.py): they are in every round, so the
+        schedule must be full-batch (sample_rate = 1) for the accountant to cover them."""
+        p = self.privacy
+        if p.enabled and p.mode == "distributed" and self.selection.enabled and p.sample_rate not in (None, 1.0):
+            raise ValueError(f"[selection] enabled = true with [privacy] mode = 'distributed' and sample_rate = "
+                             f"{p.sample_rate:g}: the validation patients are in every round's sum, which the "
+                             "subsampled accountant does not cover. Use sample_rate = 1 (the presets of "
+                             "sdk/privacy/schedule.py), or [selection] enabled = false")
         return self
 
     @model_validator(mode="after")

@@ -214,8 +214,11 @@ def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_
             from ..privacy.calibration import distributed_noise_multiplier
 
             spec = initial_model_for(dp_config.hospital_config(), dictionary=dictionary).spec
+            from ..federation.candidates import distributed_rounds
+
             update["noise_multiplier"] = distributed_noise_multiplier(
-                dp_config, dim=sum(m.size for m in spec.shared), n_hospitals=len(tables), target_epsilon=dp_epsilon)
+                dp_config, dim=sum(m.size for m in spec.shared), n_hospitals=len(tables), target_epsilon=dp_epsilon,
+                rounds=distributed_rounds(dp_config))
             stage(f"federated training with distributed DP (Skellam shares inside the masked sum, σ = "
                   f"{update['noise_multiplier']:.3g}; ε ≤ {dp_epsilon:g}, δ = 1e-5 while at least {DP_MIN_HONEST} "
                   f"hospitals add their share): {dp_rounds} rounds")

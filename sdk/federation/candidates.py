@@ -159,6 +159,35 @@ def candidate_configs(config: HospitalConfig) -> list[Candidate]:
     return with_restarts(out, config) if restarts > 1 else out
 
 
+def choice_rounds(config: HospitalConfig, rounds: int) -> tuple[int, int]:
+    """(training rounds of the whole choice, candidate runs) for runs of ``rounds`` rounds: the
+    successive-halving schedule's cost (:func:`clinograph.secure.runtime.elimination.schedule`,
+    about 2× ``rounds``) or k × ``rounds`` for ``elimination = "none"``; one run without selection."""
+    if not _hospital(config).selection_active():
+        return rounds, 1
+    from clinograph.secure.runtime.elimination import EliminationRule, schedule
+
+    raw = config.selection.candidates
+    if raw is None:
+        raw = DEFAULT_BINARY_CANDIDATES if default_applies(config) else ()
+    runs = max(1, len(raw)) * config.selection.restarts
+    total = (schedule(runs, rounds=rounds, rule=EliminationRule()).cost
+             if config.selection.elimination == "successive_halving" else runs * rounds)
+    return total, runs
+
+
+def distributed_rounds(config: Any) -> int:
+    """The rounds a distributed-DP promise covers (a SimulationConfig): ``[federation] rounds``,
+    or with private selection the whole choice's training rounds plus two a run (the scoring
+    round that ends it -- one more noisy sum over the validation patients, accounted like a
+    training round, sdk/federation/dp_task.py -- and a spare for a resumed rung)."""
+    rounds = config.federation.rounds
+    if not (config.privacy.enabled and _hospital(config).selection_active()):
+        return rounds
+    total, runs = choice_rounds(config, rounds)
+    return total + 2 * runs
+
+
 def private_choice(config: HospitalConfig) -> HospitalConfig:
     """``config`` with its local-DP plan covering everything the hospital will release (issue 30).
 
@@ -166,9 +195,7 @@ def private_choice(config: HospitalConfig) -> HospitalConfig:
     validation release and set-up release is accounted, all in the hospital's one ledger. So σ,
     σ_s and σ_set are calibrated over all of it:
 
-    * with selection on: the training rounds of the whole choice -- the successive-halving
-      schedule's cost (:func:`clinograph.secure.runtime.elimination.schedule`, about 2× one run's
-      ``[privacy] planned_rounds``), or k × them for ``elimination = "none"`` -- and
+    * with selection on: the training rounds of the whole choice (:func:`choice_rounds`) and
       ``planned_selection_releases`` = those rounds plus two a run (the evaluation-only round
       that ends it, and one spare for a resumed rung);
     * ``planned_setup_releases``: one for ``[scaling] source = "federated"``, one when the
@@ -191,11 +218,7 @@ def private_choice(config: HospitalConfig) -> HospitalConfig:
         if setup:
             update["planned_setup_releases"] = setup
     if _hospital(config).selection_active() and p.planned_rounds is not None:
-        from clinograph.secure.runtime.elimination import EliminationRule, schedule
-
-        runs = max(1, len(raw)) * config.selection.restarts
-        rounds = (schedule(runs, rounds=p.planned_rounds, rule=EliminationRule()).cost
-                  if config.selection.elimination == "successive_halving" else runs * p.planned_rounds)
+        rounds, runs = choice_rounds(config, p.planned_rounds)
         update["planned_rounds"] = rounds
         if p.planned_selection_releases is None:
             update["planned_selection_releases"] = rounds + 2 * runs

@@ -7,6 +7,20 @@ w = q·n its expected batch, so :class:`HospitalClient`'s weighted delta w·(θ 
 z/s and the masked mode encodes z exactly. The server's FedSGD then applies
 θ ← θ − η·Σ_k z_k / (s·Σ_k q·n_k).
 
+Private model choice (``[selection] enabled = true``; issue 30): each round the hospital scores
+the global model it received on its validation patients and adds, as two more coordinates of the
+same noisy integer sum (module ``metric/validation``), each validation patient's row
+(a·min(ℓ_j, B)/B, a) with a = C/√2 -- L2 norm at most C, a patient's whole contribution, like a
+training patient's clipped gradient (every patient is in one split). The Skellam share covers
+these coordinates too, so every coordinate of the sum carries the federation's noise, and the
+accountant is unchanged: the dimension it accounts over already counts ``metric/validation``
+(the spec's shared modules). Full-batch schedules only (q = 1): the validation patients are in
+every round, which a subsampled accountant would not cover. The run's evaluation-only scoring
+round sends the two coordinates alone (no gradient rows) and is accounted as one more round
+(:func:`.candidates.distributed_rounds`). The ratio of the two summed coordinates is the federated mean
+clipped loss / B, noisy; the kept round, early stopping and the choice among candidates are
+post-processing of it.
+
 The personal feature masks are frozen at their initial value (no personal training under
 distributed DP: it would use the patients outside the accountant). ``similar_to`` is never
 built (stars only), as in local DP.
@@ -37,13 +51,16 @@ from ..graph.star import star_batch
 from ..ingest.table import PatientTable
 from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
+from ..model.nsfl_modules import SELECTION_MODULE
 from ..ontology.dictionary import FeatureDictionary
 from ..privacy.distributed import Columns, DistributedLedger, columns_clipper, distributed_step
 from ..training.local import predict
 from ..training.personal import personal_module_map
+from ..training.selection import ModelSelection, decode_validation
 from ..training.trainer import TrainOutcome
+from .candidates import distributed_rounds
 from .split import Split
-from .task_base import SplitEvaluation
+from .task_base import SelectedCalibrated
 
 
 class _ExactLocal(ModuleMap):
@@ -64,7 +81,7 @@ class _ExactLocal(ModuleMap):
         super().load(state)
 
 
-class DistributedDPTask(SplitEvaluation):
+class DistributedDPTask(SelectedCalibrated):
     """One hospital's NS-FL task in distributed-DP mode (implements :class:`.task.Task`)."""
 
     name = "nsfl"
@@ -101,6 +118,22 @@ class DistributedDPTask(SplitEvaluation):
         self.stars = star_batch(table, k_similar=0)
         self._train = torch.as_tensor(np.asarray(split.train), dtype=torch.long)
         self.last_batch = 0
+        self._rounds_done = 0
+        #: (federation id, round) of the published global model the shared modules hold (set by the client)
+        self.global_origin: tuple[str, int] | None = None
+        #: set by the client for the run's evaluation-only scoring round
+        self.evaluate_only = False
+        #: private model choice: the validation patients' clipped losses ride in the same noisy sum
+        #: as two more coordinates (metric/validation), noised with the same share (module docstring)
+        self.selection: ModelSelection | None = None
+        self._metric_before: np.ndarray | None = None
+        if config.selection_active() and SELECTION_MODULE in self.modules.names() and len(split.validation):
+            if policy.sample_rate != 1.0:
+                raise ConfigError(f"Hospital {table.site!r}: [selection] under distributed DP needs the full-batch "
+                                  f"schedule (sample_rate = 1; this one has {policy.sample_rate:g}): the validation "
+                                  "patients are in every round's sum, which the subsampled accountant does not cover. "
+                                  "Use a preset of sdk/privacy/schedule.py, or [selection] enabled = false.")
+            self.selection = ModelSelection(patience=config.selection.patience, min_delta=config.selection.min_delta)
 
     def __repr__(self) -> str:
         return f"DistributedDPTask(site={self.table.site!r}, {self.split!r})"
@@ -136,9 +169,13 @@ class DistributedDPTask(SplitEvaluation):
                   "share_variance": self.policy.share_variance(scale)}
         self.ledger.check_round(record)
         s = self.stars
+        rows = self._score_global() if self.selection is not None else None
+        if self.evaluate_only and rows is None:
+            return TrainOutcome(loss=float("nan"), used_similar_to=False, extras={"evaluate_only": 1.0})
         step = distributed_step(self.model, self.columns, policy=self.policy, scale=scale,
                                 feature_index=s.feature_index[self._train], values=s.values[self._train],
-                                mask=s.mask[self._train], labels=s.labels[self._train], clipper=self.clipper)
+                                mask=s.mask[self._train], labels=s.labels[self._train], clipper=self.clipper,
+                                extra_rows=rows, train=not self.evaluate_only)
         if np.abs(step.z).max(initial=0) / scale > bound:
             raise PrivacyError(f"Hospital {site!r}: its noisy sum leaves the masked range (masked.clip = {bound:g}); "
                                "nothing is sent this round. Raise [federation] masked_clip.")
@@ -147,12 +184,31 @@ class DistributedDPTask(SplitEvaluation):
         entry = self.ledger.commit(record)
         return TrainOutcome(loss=0.0, used_similar_to=False, ledger=entry, extras={"epsilon": entry.epsilon})
 
+    def _score_global(self) -> np.ndarray:
+        """The validation patients' rows (:func:`validation_rows`) for the model just loaded; the
+        model is offered to the selection, its loss known after the round."""
+        from ..privacy.distributed import validation_rows
+        from ..privacy.selection import binary_losses
+
+        assert self.selection is not None
+        self.selection.offer(round_=self._rounds_done, state=self.model.state_dict(), tag=self.global_origin)
+        idx = self.split.validation
+        losses = binary_losses(predict(self.model, self.stars)[idx], self.table.labels[idx])
+        glob = self.modules.global64 if hasattr(self.modules, "global64") else self.modules.state(ModuleKind.SHARED)
+        self._metric_before = np.asarray(glob[SELECTION_MODULE], dtype=np.float64).copy()
+        return validation_rows(losses, loss_clip=self.config.privacy.selection_loss_clip,
+                               clip_norm=self.policy.clip_norm)
+
     def _set_local(self, z: np.ndarray, *, scale: float, weight: float) -> None:
         """θ_local = θ − z/(s·w) in float64, checked to give z back exactly through
         HospitalClient's delta w·(θ − θ_local) and the masked encoder's rint(x·s)."""
         glob = self.modules.global64 if hasattr(self.modules, "global64") else self.modules.state(ModuleKind.SHARED)
         pending = {}
-        for name, zm in self.columns.split(z.astype(np.float64)).items():
+        z = z.astype(np.float64)
+        parts = {} if self.evaluate_only else self.columns.split(z[:self.columns.dim])
+        if self.selection is not None:
+            parts[SELECTION_MODULE] = z[len(z) - 2:]
+        for name, zm in parts.items():
             local = glob[name] - zm / (scale * weight)
             back = np.rint((weight * (glob[name] - local)) * scale)
             if not np.array_equal(back, zm):
@@ -162,13 +218,22 @@ class DistributedDPTask(SplitEvaluation):
         self.modules.pending = pending
 
     def trained_modules(self, outcome: TrainOutcome) -> list[str]:
-        """Every released module, at every hospital (each adds noise to every coordinate)."""
-        return list(self.columns.modules)
+        """Every released module, at every hospital (each adds noise to every coordinate);
+        ``metric/validation`` too when selection is on; only it in the scoring round."""
+        metric = [SELECTION_MODULE] if self.selection is not None else []
+        return metric if self.evaluate_only else [*self.columns.modules, *metric]
 
     def after_round(self) -> None:
+        if self.selection is not None and self._metric_before is not None:
+            ratio = decode_validation(before=self._metric_before, after=self.modules.get(SELECTION_MODULE))
+            # Σ a·ℓ̃ / Σ a = the federated mean clipped loss / B (noisy): back in loss units
+            self.selection.observe(None if ratio is None else ratio * self.config.privacy.selection_loss_clip)
+            self._metric_before = None
         self.modules.pending = {}
+        if not self.evaluate_only:
+            self._rounds_done += 1
 
-    def predict(self) -> np.ndarray:
+    def _predict_raw(self) -> np.ndarray:
         return predict(self.model, self.stars)
 
     def quality(self) -> dict[str, float]:
@@ -185,7 +250,8 @@ def distributed_policy(config: SimulationConfig) -> DPPolicySection:
     return DPPolicySection(max_epsilon=p.epsilon_budget, delta=p.delta, max_clip_norm=p.clip_norm,
                            min_noise_multiplier=0.0, mode="distributed", mechanism=p.mechanism,
                            noise_multiplier=p.noise_multiplier, sample_rate=p.sample_rate, min_honest=p.min_honest,
-                           rounds=config.federation.rounds)
+                           rounds=distributed_rounds(config))  # the whole choice with private selection
+
 
 
 def check_simulation(config: SimulationConfig, tables: Sequence[PatientTable], *, dim: int) -> float:

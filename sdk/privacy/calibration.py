@@ -39,8 +39,10 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
                            f"at q = {sample_rate:.4g}: {exc}. Fix: raise the target ε or plan fewer rounds.") from None
 
 
-def distributed_noise_multiplier(config, *, dim: int, n_hospitals: int, target_epsilon: float) -> float:  # noqa: ANN001
-    """σ of the aggregate Skellam mechanism (over the honest set) whose ``[federation] rounds``
+def distributed_noise_multiplier(config, *, dim: int, n_hospitals: int, target_epsilon: float,  # noqa: ANN001
+                                 rounds: int | None = None) -> float:
+    """σ of the aggregate Skellam mechanism (over the honest set) whose ``rounds`` (default
+    ``[federation] rounds``; with private selection, :func:`clinograph.sdk.federation.candidates.distributed_rounds`)
     rounds give ε ≤ ``target_epsilon`` at ``[privacy] delta`` (:mod:`clinograph.secure.dp`).
 
     ``config`` is a :class:`~clinograph.sdk.config.SimulationConfig` in distributed mode (its σ is
@@ -60,9 +62,10 @@ def distributed_noise_multiplier(config, *, dim: int, n_hospitals: int, target_e
         raise PrivacyError("Distributed DP needs [privacy] sample_rate to calibrate σ.")
     opts = masked_options(fed, n=n_hospitals, max_weight=weight_bound(build_strategy(fed), fed))
     try:
-        return skellam_sigma(target_epsilon=target_epsilon, delta=priv.delta, rounds=fed.rounds,
+        return skellam_sigma(target_epsilon=target_epsilon, delta=priv.delta, rounds=rounds or fed.rounds,
                              sample_rate=priv.sample_rate, clip=priv.clip_norm, scale=float(opts["masked.scale"]),
                              dim=dim)
     except ValueError as exc:
         raise PrivacyError(f"Cannot calibrate the distributed σ for ε = {target_epsilon:g}: {exc}. Fix: raise the "
                            "target ε or plan fewer rounds.") from None
+

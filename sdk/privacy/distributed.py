@@ -255,17 +255,50 @@ class DPStep:
 
 def distributed_step(model: NSFLModel, columns: Columns, *, policy: DistributedPolicy, scale: float,
                      feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
-                     source: CsprngUniform | None = None, clipper: PerPatientClipper | None = None) -> DPStep:
+                     source: CsprngUniform | None = None, clipper: PerPatientClipper | None = None,
+                     extra_rows: np.ndarray | None = None, train: bool = True) -> DPStep:
     """Steps 1-4 of the module docstring over the hospital's training stars (all of them; the
-    Poisson sample is drawn here). ``clipper``: the engine built once by :func:`columns_clipper`."""
+    Poisson sample is drawn here). ``clipper``: the engine built once by :func:`columns_clipper`.
+
+    ``extra_rows`` ([m, e]): other patients' contributions to ``e`` more coordinates appended
+    after the columns (the validation patients' loss terms, :func:`validation_rows`), each row of
+    L2 norm at most C already; they are summed and noised with the same share, so every
+    coordinate carries the federation's noise. ``train = False``: no gradient rows (an
+    evaluation-only round: z covers the extra coordinates only)."""
     src = source or CsprngUniform()
-    idx = torch.as_tensor(poisson_sample(int(labels.shape[0]), policy.sample_rate, source=src), dtype=torch.long)
-    g = per_patient_gradients(model, columns, feature_index=feature_index[idx], values=values[idx],
-                              mask=mask[idx], labels=labels[idx], clipper=clipper)
     share = policy.share_variance(scale)
-    z, _ = noisy_integer_sum(clip_rows(g, policy.clip_norm), scale=scale, share_variance=share, source=src)
+    extra = np.zeros((0, 0)) if extra_rows is None else np.asarray(extra_rows, dtype=np.float64)
+    if extra.size and float(np.linalg.norm(extra, axis=1).max()) > policy.clip_norm * (1 + 1e-9):
+        raise PrivacyError("An extra row of the distributed step exceeds the clip norm C; its patient's "
+                           "contribution would be unbounded. Nothing is sent.")
+    if not train:
+        z, _ = noisy_integer_sum(extra, scale=scale, share_variance=share, source=src)
+        decl = ShareDeclaration(mechanism=policy.mechanism, noise_multiplier=policy.noise_multiplier,
+                                min_honest=policy.min_honest, clip_norm=policy.clip_norm,
+                                sample_rate=policy.sample_rate, scale=scale, share_variance=share)
+        check_share(policy, decl)
+        return DPStep(z=z, batch=0, declaration=decl)
+    idx = torch.as_tensor(poisson_sample(int(labels.shape[0]), policy.sample_rate, source=src), dtype=torch.long)
+    g = clip_rows(per_patient_gradients(model, columns, feature_index=feature_index[idx], values=values[idx],
+                                        mask=mask[idx], labels=labels[idx], clipper=clipper), policy.clip_norm)
+    if extra.size:  # block rows: [g, 0] for the training batch, [0, extra] for the others (one patient, one row)
+        g = np.block([[g, np.zeros((g.shape[0], extra.shape[1]))],
+                      [np.zeros((extra.shape[0], g.shape[1])), extra]])
+    z, _ = noisy_integer_sum(g, scale=scale, share_variance=share, source=src)
     decl = ShareDeclaration(mechanism=policy.mechanism, noise_multiplier=policy.noise_multiplier,
                             min_honest=policy.min_honest, clip_norm=policy.clip_norm, sample_rate=policy.sample_rate,
                             scale=scale, share_variance=share)
     check_share(policy, decl)
     return DPStep(z=z, batch=int(idx.numel()), declaration=decl)
+
+
+def validation_rows(losses: np.ndarray, *, loss_clip: float, clip_norm: float) -> np.ndarray:
+    """Each validation patient's row (a·ℓ̃_j, a) with ℓ̃_j = min(ℓ_j, B)/B ∈ [0, 1] and
+    a = C/√2, so ‖row‖₂ ≤ C: the patient's whole contribution to the round, as a training
+    patient's clipped gradient is. The sums over the federation give Σ ℓ̃ and n up to the common
+    factor a; their ratio is the federated mean clipped loss / B (a and the server's step cancel).
+    Shapes: [m] -> [m, 2]."""
+    loss = np.asarray(losses, dtype=np.float64)
+    tilde = np.clip(np.where(np.isfinite(loss), loss, loss_clip), 0.0, loss_clip) / loss_clip
+    a = clip_norm / np.sqrt(2.0)
+    return np.stack([a * tilde, np.full_like(tilde, a)], axis=1) if tilde.size else np.zeros((0, 2))

@@ -180,7 +180,7 @@ def test_a_dp_federation_chooses_among_the_default_candidates_within_its_budget(
         assert sum(r["count"] for p in mine for r in p["releases"]) == len(mine)  # one release a round
 
 
-def test_selection_under_distributed_dp_is_refused_with_its_reason(tmp_path):
-    with pytest.raises(ValueError, match="distributed-DP task releases no validation loss"):
-        SimulationConfig(privacy=PrivacySection(enabled=True, mode="distributed", sample_rate=1.0, min_honest=2),
+def test_selection_under_subsampled_distributed_dp_is_refused_with_its_reason(tmp_path):
+    with pytest.raises(ValueError, match="subsampled accountant does not cover"):
+        SimulationConfig(privacy=PrivacySection(enabled=True, mode="distributed", sample_rate=0.2, min_honest=2),
                          selection=SelectionSection(enabled=True), output=tmp_path)
