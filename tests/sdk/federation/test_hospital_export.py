@@ -161,3 +161,53 @@ def test_an_export_written_mid_run_has_no_release_to_check(tmp_path):
     assert round_ == 0
     with pytest.raises(IntegrityError, match=r"published round 0 of .* but records no release after it"):
         load_exported(path, trusted=client.identity.public, audit_dir=tmp_path / "audit", server=client.server)
+
+
+@pytest.mark.parametrize("change", [{"deep": False}, {"negative_slope": 0.6}, {"value_clip": 0.5}])
+def test_weight_free_model_settings_are_bound_to_the_release(fed, tmp_path, change):
+    """Issue 31, the last medium: the released weights under other [model] settings (re-signed by
+    the hospital's own key) compute other risks; the release check refuses them, since the
+    server's signed plan of that round carries the settings' digest."""
+    from clinograph.core.errors import IntegrityError
+
+    tables, sim, res = fed
+    client = sim.hospitals[tables[0].site].client
+    forged = _changed_export(tmp_path, client,
+                             lambda m: setattr(m, "config", m.config.model_copy(update=change)))
+    honest = load_exported(client.model_path, trusted=client.identity.public)
+    other = load_exported(forged, trusted=client.identity.public)  # its own signature holds
+    assert other.description.model.model_dump(include=set(change)) == change
+    assert not np.allclose(predict_exported(other, tables[0]), predict_exported(honest, tables[0]))
+    with pytest.raises(IntegrityError, match=r"model settings .* digest to [0-9a-f]{12}…, but for round \d+ of .* "
+                                             r"its signed plan names model settings [0-9a-f]{12}…"):
+        load_exported(forged, trusted=client.identity.public, audit_dir=res.audit_dir, server=client.server)
+
+
+def test_a_plan_is_refused_by_a_hospital_whose_model_settings_differ(tmp_path):
+    """The server's plan carries the digest of `clinograph model init`'s model settings; a
+    hospital whose [model] section differs in a weight-free setting refuses to train."""
+    from clinograph.sdk.federation.simulate import build_simulation
+    from clinograph.sdk.model.settings import PLAN_OPTION, config_settings_digest
+
+    from clinograph.core.errors import ProtocolError
+
+    tables = small_tables()
+    cfg = SimulationConfig.model_validate({
+        "federation": {"rounds": 2, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0}, "output": str(tmp_path / "out")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        sim = build_simulation(tables, tables[0].dictionary, cfg, audit_dir=tmp_path / "audit")
+    names = tuple(sorted(sim.hospitals))
+    client = sim.hospitals[names[0]]
+    plan = sim.server.open_round(names)
+    from clinograph.secure.messages import RoundPlan
+    from clinograph.secure.wire import open_envelope, parse_envelope
+
+    options = open_envelope(parse_envelope(plan), sender=client.server, model=RoundPlan).options
+    assert options[PLAN_OPTION] == config_settings_digest(client.task.config)
+    client.task.config = client.task.config.model_copy(
+        update={"model": client.task.config.model.model_copy(update={"value_clip": 2.0})})
+    with pytest.raises(ProtocolError, match=r"plan for round 0 names model settings [0-9a-f]{12}…, but this "
+                                            r"hospital's \[model\] settings .* digest to [0-9a-f]{12}…"):
+        client.on_plan(plan)
