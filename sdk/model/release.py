@@ -13,15 +13,15 @@ shared modules hold. :func:`check_release`, given the audit directory and the se
    server;
 3. requires that the run that published it released a model (its next ``release`` /
    ``run_ended`` entry is a ``release``);
-4. requires that the signed plan of that round carried the digest of the description's
-   weight-free model settings (:mod:`.settings`: ``deep``, ``negative_slope``, ``value_clip``,
-   the survival breaks, ...), which every hospital checked against its own when it trained;
-5. checks every module of the rebuilt model that is not one of the hospital's personal modules
+4. checks every module of the rebuilt model that is not one of the hospital's personal modules
    against it, value for value as float32 (what the hospital loaded), and that the global model
    has each of them -- and that every weight module the server released is one of them (the
    description chooses its personal modules and its architecture: a released module called
    personal, or left out of the model, would escape the check). Only the two-value selection
-   statistic ``metric/validation`` is not a weight of the export.
+   statistic ``metric/validation`` is not a weight of the export;
+5. requires that the signed plan of that round carried the digest of the description's
+   weight-free model settings (:mod:`.settings`: ``deep``, ``negative_slope``, ``value_clip``,
+   the survival breaks, ...), which every hospital checked against its own when it trained.
 
 It runs on the parsed tensors (data) before the model computes anything. What it does not
 cover: the personal modules, the calibration and ``features_used`` (the hospital's signature
@@ -86,7 +86,6 @@ def check_release(description: ModelDescription, model: nn.Module, *, audit_dir:
     lines = read_regular(Path(audit_dir) / "audit.jsonl", limit=MAX_LOG_BYTES).decode("utf-8").splitlines()
     entries = [json.loads(x) for x in lines if x.strip()]  # verified above: well-formed, chained, signed
     glob = _published(Path(audit_dir), entries, rel.federation_id, rel.round, server=server, source=source)
-    _check_settings(description, rel, Path(audit_dir), entries, server=server, source=source)
     modules = nsfl_modules(model.model, list(description.features))
     if getattr(model.model, "hazard_baseline", None) is not None:  # survival head, as the task's module map
         modules.add_submodule("head/hazard_baseline", ModuleKind.SHARED, model.model.hazard_baseline)
@@ -110,6 +109,7 @@ def check_release(description: ModelDescription, model: nn.Module, *, audit_dir:
                              f"released for round {rel.round} of {rel.federation_id!r}, and {len(missing)} are not in "
                              f"it (e.g. {shown}). These weights are not the federation's model. Fix: use the export "
                              "the hospital wrote at the end of the run, with that run's audit directory.")
+    _check_settings(description, rel, Path(audit_dir), entries, server=server, source=source)
     return rel.round
 
 

@@ -32,7 +32,7 @@ def test_each_hospital_keeps_an_export_of_its_selected_calibrated_model(fed):
     for table in tables:
         client = sim.hospitals[table.site].client
         assert client.model_path is not None and client.model_path.exists()
-        loaded = load_exported(client.model_path, trusted=client.identity.public)
+        loaded = load_exported(client.model_path, trusted=client.identity.public, insecure_untrusted_model=True)
         assert loaded.description.selected_round == res.selection["round"]
         # the file scores like the hospital's own finished model (selected round, personal layers, Platt)
         assert np.allclose(predict_exported(loaded, table), client.predict_table(table), atol=1e-6)
@@ -50,7 +50,7 @@ def test_export_between_rounds_leaves_training_state_untouched(fed, tmp_path):
     after = task.model.state_dict()
     assert all(np.array_equal(before[k].numpy(), after[k].numpy()) for k in before)
     assert task.calibration is calibration
-    assert load_exported(tmp_path / "kept.safetensors", trusted=me.public).description.selected_round == 99
+    assert load_exported(tmp_path / "kept.safetensors", trusted=me.public, insecure_untrusted_model=True).description.selected_round == 99
     assert task.export_kept(tmp_path / "kept.safetensors", signer=me) is None  # same kept round: not written again
 
 
@@ -73,7 +73,7 @@ def _changed_export(tmp_path, client, edit):
     from clinograph.sdk.model.export import export_model
 
     task = client.task
-    loaded = load_exported(client.model_path, trusted=client.identity.public)
+    loaded = load_exported(client.model_path, trusted=client.identity.public, insecure_untrusted_model=True)
     model = copy.deepcopy(task.model)
     model.load_state_dict(loaded.module.model.state_dict())
     with torch.no_grad():
@@ -108,7 +108,7 @@ def test_the_shared_modules_are_checked_against_the_released_global_model(fed, t
                       server=Identity.generate("server").public)
     # the hospital's key alone cannot vouch for a global model the federation did not release ...
     forged = _changed_export(tmp_path, client, lambda m: m.embedding.weight.mul_(1.01))
-    load_exported(forged, trusted=client.identity.public)  # its own signature holds
+    load_exported(forged, trusted=client.identity.public, insecure_untrusted_model=True)  # its own signature holds
     with pytest.raises(IntegrityError, match=r"\d+ shared module\(s\) differ from the global model the server "
                                              r"released for round \d+"):
         load_exported(forged, trusted=client.identity.public, audit_dir=audit, server=client.server)
@@ -174,8 +174,8 @@ def test_weight_free_model_settings_are_bound_to_the_release(fed, tmp_path, chan
     client = sim.hospitals[tables[0].site].client
     forged = _changed_export(tmp_path, client,
                              lambda m: setattr(m, "config", m.config.model_copy(update=change)))
-    honest = load_exported(client.model_path, trusted=client.identity.public)
-    other = load_exported(forged, trusted=client.identity.public)  # its own signature holds
+    honest = load_exported(client.model_path, trusted=client.identity.public, insecure_untrusted_model=True)
+    other = load_exported(forged, trusted=client.identity.public, insecure_untrusted_model=True)  # its own signature holds
     assert other.description.model.model_dump(include=set(change)) == change
     assert not np.allclose(predict_exported(other, tables[0]), predict_exported(honest, tables[0]))
     with pytest.raises(IntegrityError, match=r"model settings .* digest to [0-9a-f]{12}…, but for round \d+ of .* "
