@@ -115,6 +115,10 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
                              f"names {description.weights_sha256[:16]}…. The weights were changed, or the description "
                              "belongs to another export. Fix: use the two files of one export, as the hospital wrote "
                              "them.")
+    if len(data) != description.weights_bytes:
+        raise IntegrityError(f"Model {path}: {len(data)} bytes of weights, but its description {sidecar.name} names "
+                             f"{description.weights_bytes}. The description was edited. Fix: use the two files of one "
+                             "export, as the hospital wrote them.")
     module = _build(description, data, path)
     released = None
     if audit_dir is not None and server is not None:
@@ -153,9 +157,13 @@ def _build(d: ModelDescription, data: bytes, path: Path) -> nn.Module:
     except (SafetensorError, ValueError, RuntimeError):
         raise IntegrityError(f"Model {path} is not a safetensors file. Re-export it with NSFLTask.export.") from None
     n = len(d.features)
-    model = (SurvivalNSFLModel(n, d.model, intervals=len(d.survival.breaks)) if d.survival is not None
-             else NSFLModel(n, d.model))
-    expected = model.state_dict()
+
+    def architecture() -> nn.Module:
+        return (SurvivalNSFLModel(n, d.model, intervals=len(d.survival.breaks)) if d.survival is not None
+                else NSFLModel(n, d.model))
+
+    with torch.device("meta"):  # shapes only: a description naming huge dimensions allocates nothing
+        expected = architecture().state_dict()
     wrong = sorted(set(expected) ^ set(tensors)) + sorted(
         k for k in set(expected) & set(tensors)
         if tensors[k].shape != expected[k].shape or tensors[k].dtype != expected[k].dtype)
@@ -163,6 +171,7 @@ def _build(d: ModelDescription, data: bytes, path: Path) -> nn.Module:
         raise IntegrityError(f"Model {path}: the weights do not fit the architecture its description gives "
                              f"({len(wrong)} tensor(s) missing, extra or of the wrong shape or type, e.g. {wrong[0]!r}). "
                              "Re-export the model with NSFLTask.export.")
+    model = architecture()  # as large as the weights read, no larger
     model.load_state_dict(tensors, strict=True)
     model.eval()
     keep = torch.tensor([f in set(d.features_used) for f in d.features], dtype=torch.bool)

@@ -14,11 +14,12 @@ and shapes do not show them, so a check of the weights alone (:mod:`.release`) c
   whose global model the export holds carries the digest of the export's description, so a
   description with other settings is refused even when its weights are the released ones.
 
-Not covered: ``init_seed`` and ``mask_init_logit`` (they choose initial weights, which the
-weights check covers), ``[model] features`` (which features a model reads: ``"shared"`` is
-resolved during the run, so the initial settings cannot name it; the export's
-``features_used`` rests on the hospital's signature), the calibration and the horizons (the
-hospital's own, signed by it). Torch-free.
+``[model] features`` is covered as "every feature" or "a chosen subset" only: ``"shared"`` is
+resolved to a list during the run, so the initial settings cannot name the list; which subset
+an export reads (its ``features_used``, which must be what its ``model.features`` selects)
+rests on the hospital's signature. Not covered either: ``init_seed`` and ``mask_init_logit``
+(they choose initial weights, which the weights check covers), the calibration and the horizons
+(the hospital's own, signed by it). Torch-free.
 """
 
 from __future__ import annotations
@@ -40,16 +41,19 @@ PLAN_OPTION = "model.settings"
 NSFL_TASKS = ("nsfl",)
 #: versioned: a change of what is covered is a change of every digest
 FORMAT = "clinograph-nsfl-forward-settings/1"
-#: [model] keys that do not change what given weights compute (see the module docstring)
+#: [model] keys outside the digest's fields (``features`` is covered as all / a chosen subset)
 NOT_FORWARD = frozenset({"init_seed", "mask_init_logit", "features"})
 
 
 def forward_settings(model: NSFLConfig, *, survival_breaks: Sequence[float] | None) -> dict[str, Any]:
-    """The settings the digest covers: every ``[model]`` key but :data:`NOT_FORWARD`, and the
-    survival head's interval ends (None: a binary model)."""
+    """The settings the digest covers: every ``[model]`` key but :data:`NOT_FORWARD`, whether the
+    model reads every feature or a chosen subset, and the survival head's interval ends (None: a
+    binary model)."""
     fields = model.model_dump(mode="json", exclude=set(NOT_FORWARD))
     breaks = [float(b) for b in survival_breaks] if survival_breaks else None
-    return {"format": FORMAT, "model": fields, "survival_breaks": breaks}
+    # every feature, or a chosen subset (a list, or "shared" as the run resolves it to a list)
+    features = "all" if model.features == "all" else "chosen"
+    return {"format": FORMAT, "model": fields, "features": features, "survival_breaks": breaks}
 
 
 def settings_digest(model: NSFLConfig, *, survival_breaks: Sequence[float] | None) -> str:

@@ -278,3 +278,48 @@ def test_every_missing_and_extra_description_key_is_named_at_once(tmp_path):
     for key in ("calibration: Field required", "features: Field required", "site: Field required",
                 "loader: Extra inputs", "code: Extra inputs", "model.hook: Extra inputs"):
         assert key in str(info.value), key
+
+
+def test_a_description_must_agree_with_its_own_weights_size_and_feature_choice(tmp_path):
+    """Adversarial rerun of issue 31: ``weights_bytes`` was never compared, and ``features_used``
+    (which features the model reads) could be any subset, whatever ``model.features`` said."""
+    path, sidecar = export(tmp_path)
+    resign(sidecar, lambda d: d.update(weights_bytes=99))
+    with pytest.raises(IntegrityError, match=r"\d+ bytes of weights, but its description m.safetensors.json names "
+                                             r"99\. The description was edited"):
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+    path, sidecar = export(tmp_path)
+    resign(sidecar, lambda d: d.update(features_used=d["features_used"][:1]))
+    with pytest.raises(IntegrityError, match="features_used must be the dictionary features that model.features "
+                                             "selects"):
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+
+
+def test_a_description_naming_huge_dimensions_allocates_nothing_before_it_is_refused(tmp_path, monkeypatch):
+    """Adversarial rerun of issue 31: a 1.7 MB description (150 000 features at hidden 1024) made
+    the loader build a 1 GB model before it compared the weights' shapes. The shapes now come from
+    a model on the meta device; only weights that fit are given real memory."""
+    import clinograph.sdk.model.load as load
+
+    devices = []
+
+    class Spy(NSFLModel):
+        def __init__(self, *a, **k):
+            devices.append(torch.empty(0).device.type)  # the default device the model is built on
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(load, "NSFLModel", Spy)
+    path, sidecar = export(tmp_path)
+
+    def huge(d):
+        d["features"] = d["features"] + [f"x{i}" for i in range(20_000)]
+        d["features_used"] = d["features"]
+        d["model"]["hidden"] = 1024
+
+    resign(sidecar, huge)
+    with pytest.raises(IntegrityError, match="weights do not fit the architecture its description gives"):
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+    assert devices == ["meta"]
+    path, _ = export(tmp_path, name="honest.safetensors")
+    load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+    assert devices == ["meta", "meta", "cpu"]  # an honest export: shapes first, then the real model
