@@ -323,12 +323,15 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
     cohort_sql, params = _cohort_sql(source)
     if source.cohort.sql is not None:  # wrapped as a CTE below: one SELECT stays one statement
         _one_select(cohort_sql, what=f"The cohort query of site {source.site!r}")
+    import duckdb
+
     with engine.connect() as conn:
         try:
             read_only(conn)
             return _read(conn, cohort_sql, params, source=source, dictionary=dictionary)
-        except sa.exc.SQLAlchemyError as exc:
-            raise SchemaError(f"The cohort query of site {source.site!r} failed ({type(exc.orig or exc).__name__}"
+        except (sa.exc.SQLAlchemyError, duckdb.Error) as exc:  # DuckDB's own: a result it cannot hand over
+            raise SchemaError(f"The cohort query of site {source.site!r} failed "
+                              f"({type(getattr(exc, 'orig', None) or exc).__name__}"
                               "), alone or as the cohort of a read. Check it against the CDM: one SELECT of "
                               "person_id, index_datetime that only reads (the transaction is read-only).",
                               title="Cohort query failed") from None

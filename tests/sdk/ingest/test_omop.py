@@ -125,6 +125,16 @@ def test_a_cohort_query_that_is_not_one_select_never_runs(north_db, tmp_path, sq
     assert not out.exists()
 
 
+def test_a_cohort_result_duckdb_cannot_hand_over_is_named_not_a_traceback(north_db):
+    """Adversarial rerun of issue 31: a cohort of a type DuckDB cannot convert to NumPy (UHUGEINT)
+    raised DuckDB's own NotImplementedException, past the SQLAlchemy errors read_omop names."""
+    sql = ("SELECT CAST(person_id AS UHUGEINT) AS person_id, visit_start_datetime AS index_datetime "
+           "FROM visit_occurrence")
+    bad = demo_source("north").model_copy(update={"cohort": OmopCohort(sql=sql)})
+    with pytest.raises(SchemaError, match=r"cohort query of site 'north' failed \(NotImplementedException\)"):
+        read_omop(omop_engine(north_db), source=bad, dictionary=D)
+
+
 def test_embedded_duckdb_reads_and_writes_no_other_file(north_db, tmp_path):
     secret = tmp_path / "secret.csv"
     secret.write_text("person_id,index_datetime\n1,2020-01-01 00:00:00\n")
