@@ -221,7 +221,8 @@ def hospital_key(value: str, *, flag: str = "--trusted-key", whose: str = "the e
     path = Path(value)
     text = value
     if path.is_file():
-        data = path.read_bytes()[:65536]
+        with path.open("rb") as fh:  # a key file is small: never more than this is read
+            data = fh.read(65536)
         if data.lstrip().startswith(b"-----BEGIN PUBLIC KEY"):
             from cryptography.hazmat.primitives import serialization
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey

@@ -81,7 +81,7 @@ def check_release(description: ModelDescription, model: nn.Module, *, audit_dir:
     report = verify_audit_dir(Path(audit_dir), trusted_server_key=server.raw)
     if not report.ok or not report.trusted:
         raise IntegrityError(f"Audit trail {audit_dir} does not verify under the server key "
-                             f"{server.fingerprint[:16]}: {'; '.join(report.problems[:5]) or 'not signed by it'}. "
+                             f"{server.fingerprint[:16]}: {'; '.join(report.problems[:5]).rstrip('.') or 'not signed by it'}. "
                              f"The model's release cannot be checked against it. {_FIX}")
     lines = read_regular(Path(audit_dir) / "audit.jsonl", limit=MAX_LOG_BYTES).decode("utf-8").splitlines()
     entries = [json.loads(x) for x in lines if x.strip()]  # verified above: well-formed, chained, signed

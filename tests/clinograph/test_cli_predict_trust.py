@@ -150,6 +150,18 @@ def test_audit_checks_the_shared_modules_against_the_released_global_model(tmp_p
     assert res.exit_code == 2 and "needs both" in res.output
 
 
+def _predict_unsigned(tmp_path, forged, env, desc, *, audit, server):
+    """Write ``desc`` (unsigned) beside ``forged`` and run `predict --insecure-untrusted-model --audit`."""
+    import json
+
+    env["description"] = json.dumps(desc, sort_keys=True, separators=(",", ":"))
+    forged.with_name(forged.name + ".json").write_text(json.dumps(env))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        return predict(tmp_path, forged, "--insecure-untrusted-model", "--audit", str(audit), "--server-key",
+                       server.b64())
+
+
 @pytest.mark.parametrize("forgery", ["all personal", "no linear path"])
 def test_audit_refuses_weights_that_leave_a_released_module_unchecked(tmp_path, federation_export, forgery):
     """Adversarial rerun of issue 31: the release check compared only the modules the rebuilt model
@@ -178,12 +190,7 @@ def test_audit_refuses_weights_that_leave_a_released_module_unchecked(tmp_path, 
     save_file(tensors, forged)
     desc["weights_sha256"] = hashlib.sha256(forged.read_bytes()).hexdigest()
     desc["weights_bytes"] = forged.stat().st_size
-    env["description"] = json.dumps(desc, sort_keys=True, separators=(",", ":"))
-    forged.with_name(forged.name + ".json").write_text(json.dumps(env))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InsecureOptionWarning)
-        res = predict(tmp_path, forged, "--insecure-untrusted-model", "--audit", str(audit), "--server-key",
-                      server.b64())
+    res = _predict_unsigned(tmp_path, forged, env, desc, audit=audit, server=server)
     assert res.exit_code == 2, res.output
     assert "calls personal (or lacks)" in res.output and not (tmp_path / "risks.csv").exists()
 
@@ -204,14 +211,11 @@ def test_audit_refuses_the_released_weights_under_other_model_settings(tmp_path,
     desc["model"][setting[0]] = setting[1]
     if setting[0] == "features":  # a subset read, consistently described
         desc["features_used"] = [f for f in desc["features"] if f in setting[1]]
-    env["description"] = json.dumps(desc, sort_keys=True, separators=(",", ":"))
-    forged.with_name(forged.name + ".json").write_text(json.dumps(env))
+    res = _predict_unsigned(tmp_path, forged, env, desc, audit=audit, server=server)
+    assert res.exit_code == 2, res.output
+    assert "its description's model settings ([model] deep, negative_slope, value_clip" in res.output
+    assert "its signed plan names model settings" in res.output and not (tmp_path / "risks.csv").exists()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
-        res = predict(tmp_path, forged, "--insecure-untrusted-model", "--audit", str(audit), "--server-key",
-                      server.b64())
-        assert res.exit_code == 2, res.output
-        assert "its description's model settings ([model] deep, negative_slope, value_clip" in res.output
-        assert "its signed plan names model settings" in res.output and not (tmp_path / "risks.csv").exists()
         res = predict(tmp_path, forged, "--insecure-untrusted-model")  # the same file, unchecked, does score
     assert res.exit_code == 0 and "release NOT checked" in res.output, res.output

@@ -136,12 +136,9 @@ def test_a_release_check_needs_a_release_a_trail_and_both_options(fed, tmp_path)
                       server=client.server)
 
 
-def test_an_export_written_mid_run_has_no_release_to_check(tmp_path):
-    """The round's global model is published, but the run has not released a model yet."""
+def _two_round_simulation(tmp_path):
+    """A masked 2-round federation of the small hospitals, built and not yet run."""
     from clinograph.sdk.federation.simulate import build_simulation
-    from clinograph.secure.runtime import run_round
-
-    from clinograph.core.errors import IntegrityError
 
     tables = small_tables()
     cfg = SimulationConfig.model_validate({
@@ -149,7 +146,19 @@ def test_an_export_written_mid_run_has_no_release_to_check(tmp_path):
         "model": {"hidden": 8}, "graph": {"k_similar": 0}, "output": str(tmp_path / "out")})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
-        sim = build_simulation(tables, tables[0].dictionary, cfg, audit_dir=tmp_path / "audit")
+        return build_simulation(tables, tables[0].dictionary, cfg, audit_dir=tmp_path / "audit")
+
+
+def test_an_export_written_mid_run_has_no_release_to_check(tmp_path):
+    """The round's global model is published, but the run has not released a model yet."""
+    from clinograph.secure.runtime import run_round
+
+    from clinograph.core.errors import IntegrityError
+
+    tables = small_tables()
+    sim = _two_round_simulation(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
         run_round(sim.server, sim.transport, deliver=True)
     from clinograph.sdk.model.export import export_model
 
@@ -186,18 +195,11 @@ def test_weight_free_model_settings_are_bound_to_the_release(fed, tmp_path, chan
 def test_a_plan_is_refused_by_a_hospital_whose_model_settings_differ(tmp_path):
     """The server's plan carries the digest of `clinograph model init`'s model settings; a
     hospital whose [model] section differs in a weight-free setting refuses to train."""
-    from clinograph.sdk.federation.simulate import build_simulation
     from clinograph.sdk.model.settings import PLAN_OPTION, config_settings_digest
 
     from clinograph.core.errors import ProtocolError
 
-    tables = small_tables()
-    cfg = SimulationConfig.model_validate({
-        "federation": {"rounds": 2, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
-        "model": {"hidden": 8}, "graph": {"k_similar": 0}, "output": str(tmp_path / "out")})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InsecureOptionWarning)
-        sim = build_simulation(tables, tables[0].dictionary, cfg, audit_dir=tmp_path / "audit")
+    sim = _two_round_simulation(tmp_path)
     names = tuple(sorted(sim.hospitals))
     client = sim.hospitals[names[0]]
     plan = sim.server.open_round(names)
