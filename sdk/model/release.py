@@ -85,7 +85,7 @@ def check_release(description: ModelDescription, model: nn.Module, *, audit_dir:
                              f"The model's release cannot be checked against it. {_FIX}")
     lines = read_regular(Path(audit_dir) / "audit.jsonl", limit=MAX_LOG_BYTES).decode("utf-8").splitlines()
     entries = [json.loads(x) for x in lines if x.strip()]  # verified above: well-formed, chained, signed
-    glob = _published(Path(audit_dir), entries, rel.federation_id, rel.round, server=server, source=source)
+    at, glob = _published(Path(audit_dir), entries, rel.federation_id, rel.round, server=server, source=source)
     modules = nsfl_modules(model.model, list(description.features))
     if getattr(model.model, "hazard_baseline", None) is not None:  # survival head, as the task's module map
         modules.add_submodule("head/hazard_baseline", ModuleKind.SHARED, model.model.hazard_baseline)
@@ -109,7 +109,7 @@ def check_release(description: ModelDescription, model: nn.Module, *, audit_dir:
                              f"released for round {rel.round} of {rel.federation_id!r}, and {len(missing)} are not in "
                              f"it (e.g. {shown}). These weights are not the federation's model. Fix: use the export "
                              "the hospital wrote at the end of the run, with that run's audit directory.")
-    _check_settings(description, rel, Path(audit_dir), entries, server=server, source=source)
+    _check_settings(description, rel, Path(audit_dir), _audit_run(entries, at), server=server, source=source)
     return rel.round
 
 
@@ -137,11 +137,18 @@ def _end_of_federation(entries: list[dict], federation_id: str) -> str | None:
     return None
 
 
+def _audit_run(entries: list[dict], at: int) -> list[dict]:
+    """The entries of the audit run (since its ``audit_open`` / ``audit_reopen``) up to index ``at``."""
+    start = max((i for i, e in enumerate(entries[:at]) if e.get("kind") in ("audit_open", "audit_reopen")), default=0)
+    return entries[start:at]
+
+
 def _check_settings(description: ModelDescription, rel: ReleaseBinding, audit_dir: Path, entries: list[dict], *,
                     server: PublicIdentity, source: Path) -> None:
     """The weight-free model settings of ``description`` must be the ones every signed plan of
-    the released round carried (:mod:`.settings`): the weights check alone would pass a
-    description that rebuilds the released weights with another forward pass."""
+    the released round carried (:mod:`.settings`; ``entries``: the audit run that published the
+    released global model, up to it): the weights check alone would pass a description that
+    rebuilds the released weights with another forward pass."""
     name, key = f"round-{rel.round:04d}/plan.json", settings.PLAN_OPTION
     carried = [msg.options.get(key) for _, msg in _artefacts(audit_dir, entries, name, kind="round_plan",
                                                           model=RoundPlan, server=server)
@@ -182,9 +189,9 @@ def _artefacts(audit_dir: Path, entries: list[dict], name: str, *, kind: str, mo
 
 
 def _published(audit_dir: Path, entries: list[dict], federation_id: str, round_: int, *, server: PublicIdentity,
-               source: Path) -> dict[str, np.ndarray]:
+               source: Path) -> tuple[int, dict[str, np.ndarray]]:
     """The global model of ``round_`` of ``federation_id`` that the (verified) trail in
-    ``audit_dir`` published, provided a ``release`` follows it."""
+    ``audit_dir`` published, provided a ``release`` follows it, and the index of its entry."""
     name = f"round-{round_:04d}/global_model.json"
     for i, msg in _artefacts(audit_dir, entries, name, kind="global_model", model=GlobalModel, server=server):
         if msg.federation_id != federation_id:
@@ -199,7 +206,7 @@ def _published(audit_dir: Path, entries: list[dict], federation_id: str, round_:
             raise IntegrityError(f"Model {source}: the audit trail published round {round_} of {federation_id!r} but "
                                  "records no release after it (the run did not end). Export the model the run "
                                  "released.")
-        return out
+        return i, out
     raise IntegrityError(f"Model {source}: the audit trail {audit_dir} publishes no global model for round {round_} of "
                          f"federation {federation_id!r} (another federation's trail, or a mode where the server never "
                          f"holds the global model: ckks, distributed DP). {_FIX}")
