@@ -8,11 +8,13 @@ hospital's identity. This command verifies the signature against ``--trusted-key
 digest against the weights before it builds the model (a TorchScript or pickle file is refused
 and never run), maps a new table through the hospital's own site schema onto the dictionary the
 model names, refuses another dictionary, checks every risk is a probability, and writes
-``patient_id,risk``. The label column may be absent. ``--insecure-untrusted-model`` skips the
-signature check only, with a warning. With ``--audit`` (the federation's audit directory) and
-``--server-key``, the model's shared modules must also be the global model the server published
-and released for the round its description names (:mod:`clinograph.sdk.model.release`),
-checked before the model computes anything.
+``patient_id,risk``. The label column may be absent. With ``--audit`` (the federation's audit
+directory) and ``--server-key``, the model's shared modules must also be the global model the
+server published and released for the round its description names, and its weight-free model
+settings the ones that round's signed plan carried (:mod:`clinograph.sdk.model.release`),
+checked before the model computes anything. Both checks are required:
+``--insecure-untrusted-model`` loads without whichever is not given (no ``--trusted-key``, no
+``--audit``: a ckks or distributed-DP federation publishes no global model), with a warning.
 
 A survival export (``[target] kind = "survival"``) writes ``patient_id`` and one column a
 horizon, named by it (``risk_12mo``: P(T ≤ 12 months) = 1 − S(12 mo)); the new table needs no
@@ -53,14 +55,16 @@ def predict(
                                                     "key: its public_key in federation.toml, as base64 or a file "
                                                     "holding it (or a PEM public key).")] = None,
     audit: Annotated[Path | None, typer.Option("--audit", help="The federation's audit directory: the model's "
-                                               "shared modules must be the global model the server released "
-                                               "(needs --server-key).")] = None,
+                                               "shared modules and model settings must be what the "
+                                               "server released (needs --server-key; required unless "
+                                               "--insecure-untrusted-model).")] = None,
     server_key: Annotated[str | None, typer.Option("--server-key", help="The server's Ed25519 public key "
                                                    "([server] public_key in federation.toml, or server.pub: "
                                                    "base64, a file or PEM), for --audit.")] = None,
     insecure_untrusted_model: Annotated[bool, typer.Option(
-        "--insecure-untrusted-model", help="INSECURE: load a model whose description is not signed by "
-        "--trusted-key (the weights' digest and the output ranges are still checked).")] = False,
+        "--insecure-untrusted-model", help="INSECURE: load a model without the anchor not given: no --trusted-key "
+        "(description unsigned) or no --audit (release unchecked); what is given, the weights' digest and the "
+        "output ranges are still checked.")] = False,
     fhir_out: Annotated[Path | None, typer.Option("--fhir-out", help="Also write one FHIR R4 RiskAssessment a "
                                                   "patient here (NDJSON).")] = None,
     fhir_subject: Annotated[str | None, typer.Option("--fhir-subject", help="How RiskAssessment.subject names the "
@@ -193,14 +197,11 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
     escaped = sum(a != b for a, b in zip(ids, pt.patient_ids, strict=True))
     note = (f"; {escaped} patient id(s) starting with = + - @ or a tab were written with a leading ' so that a "
             "spreadsheet shows them as text instead of running them as a formula") if escaped else ""
-    signed = ("signature NOT checked (--insecure-untrusted-model)" if insecure_untrusted_model
-              else f"site {info.site!r}, signature checked against key {key.fingerprint[:16] if key else '?'}")
-    signed += (f"; shared weights checked against the global model the server released for round "
-               f"{exported.released_round}" if exported.released_round is not None
-               else "; release not checked against an audit trail (no --audit)")
-    if exported.released_round is not None:  # the release binds weights; the settings rest on the signature
-        signed += ("; model settings (depth, slopes, clips) NOT checked: no hospital signature"
-                   if insecure_untrusted_model else "; model settings as the hospital signed them")
+    signed = (f"site {info.site!r}, signature checked against key {key.fingerprint[:16]}" if key is not None
+              else "signature NOT checked (no --trusted-key, --insecure-untrusted-model)")
+    signed += (f"; shared weights and model settings checked against the global model and plan the server "
+               f"released for round {exported.released_round}" if exported.released_round is not None
+               else "; release NOT checked against an audit trail (no --audit, --insecure-untrusted-model)")
     typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {signed}, {what}){note}")
     for line in written:
         typer.echo(line)
@@ -220,7 +221,8 @@ def hospital_key(value: str, *, flag: str = "--trusted-key", whose: str = "the e
     path = Path(value)
     text = value
     if path.is_file():
-        data = path.read_bytes()[:65536]
+        with path.open("rb") as fh:  # a key file is small: never more than this is read
+            data = fh.read(65536)
         if data.lstrip().startswith(b"-----BEGIN PUBLIC KEY"):
             from cryptography.hazmat.primitives import serialization
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey

@@ -42,11 +42,15 @@ from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.journal import decode_state, encode_state
 
 from clinograph.core.errors import IntegrityError, ProtocolError
-from clinograph.core.fileio import atomic_write
+from clinograph.core.fileio import atomic_write, read_regular
 from clinograph.core.identity import PublicIdentity
 
 FILENAME = "audit_anchor.json"
 FORMAT = "clinograph-anchor/1"
+#: bound on the anchor file read back (a few records a federation, each a few hundred bytes)
+MAX_ANCHOR_BYTES = 64 * 2**20
+#: bound on a blob kept beside it (a global model or checkpoint; as an exported model's weights)
+MAX_BLOB_BYTES = 2 * 2**30
 
 
 class RollbackDetected(ProtocolError):
@@ -82,12 +86,15 @@ class HospitalAnchor:
         self.server = server
         self._records: dict[str, dict] = {}
         if self.path.exists():
-            try:
-                data = json.loads(self.path.read_text())
-                if data.get("format") != FORMAT or not isinstance(data.get("anchors"), dict):
+            try:  # a regular file of bounded size, a JSON object of records (never a traceback)
+                data = json.loads(read_regular(self.path, limit=MAX_ANCHOR_BYTES).decode("utf-8"))
+                if not isinstance(data, dict) or data.get("format") != FORMAT or \
+                        not isinstance(data.get("anchors"), dict):
                     raise ValueError("format")
+                if not all(isinstance(r, dict) and isinstance(r.get("round"), int) for r in data["anchors"].values()):
+                    raise ValueError("record")
                 self._records = dict(data["anchors"])
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 raise IntegrityError(f"Audit anchor {self.path} is not a Clinograph anchor file; it was altered or "
                                      "is from another version. Restore it from the hospital's backup (deleting it "
                                      "gives up rollback detection for past rounds).") from None
@@ -162,8 +169,9 @@ class HospitalAnchor:
         rec = self._records.get(_key(federation_id, self.server), {})
         if label not in rec:
             return None
-        try:
-            data = (self.path.parent / str(rec[label])).read_bytes()
+        name = str(rec[label])
+        try:  # a plain file beside the anchor, of bounded size (a record naming /dev/zero reads nothing)
+            data = b"" if Path(name).name != name else read_regular(self.path.parent / name, limit=MAX_BLOB_BYTES)
         except OSError:
             data = b""
         if hashlib.sha256(data).hexdigest() != rec.get(f"{label}_sha256"):

@@ -78,9 +78,11 @@ def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) 
     """The initial model of a federation whose hospitals use ``config``'s task and model
     settings, without any table (``clinograph model init``; what a lean server loads): the
     registered task's modules (:mod:`clinograph.sdk.tasks`)."""
+    from ..model.settings import config_settings_digest
+
     modules = create_task(config.task).modules(config, dictionary=dictionary)
     return InitialModel.create(task=config.task, dictionary_hash=dictionary.digest(), spec=modules.spec(version=0),
-                               state=modules.state(ModuleKind.SHARED))
+                               state=modules.state(ModuleKind.SHARED), settings_sha256=config_settings_digest(config))
 
 
 def run_models(config: HospitalConfig, *, dictionary: FeatureDictionary,
@@ -123,5 +125,7 @@ def _hospital_config(config: HospitalConfig) -> HospitalConfig:
 
 def initial_model(task: Task, *, dictionary: FeatureDictionary) -> InitialModel:
     """The model a federation starts from (what the server holds; ``clinograph model init``)."""
+    from ..model.settings import task_settings_digest
+
     return InitialModel.create(task=task.name, dictionary_hash=dictionary.digest(), spec=task.modules.spec(version=0),
-                               state=task.modules.state(ModuleKind.SHARED))
+                               state=task.modules.state(ModuleKind.SHARED), settings_sha256=task_settings_digest(task))

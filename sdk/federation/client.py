@@ -35,6 +35,7 @@ from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.core.spec import ModuleKind
 
 from ..config import ReleaseSection
+from ..model.settings import check_plan_settings
 from ..training.trainer import TrainOutcome
 from .anchor import HospitalAnchor
 from .task import Task
@@ -310,6 +311,7 @@ class HospitalClient:
         if local_spec.digest() != p.spec.digest():
             raise ProtocolError(f"Plan's ModelSpec v{p.spec.version} differs from this hospital's model "
                                 "(task, model settings or SDK version); align the hospital config with the server's.")
+        check_plan_settings(p.options, task=self.task, hospital=self.name, round_=p.round)  # weight-free settings
         server_blind = p.global_state_digest == UNKNOWN_STATE and not create_mode(p.secure_mode).server_sees_sum
         if not server_blind and state_digest(self._global) != p.global_state_digest:
             raise ProtocolError(f"Round {p.round}: this hospital's global model does not match the plan's "

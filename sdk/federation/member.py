@@ -29,6 +29,7 @@ from clinograph.secure.runtime.participant import part
 from clinograph.secure.wire import open_envelope, parse_envelope
 
 from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.fileio import read_regular
 from clinograph.core.identity import Identity, PublicIdentity
 
 from .client import HospitalClient
@@ -204,7 +205,7 @@ class FederationMember(ActiveClient):
         if self._position is None or not self._position.exists():
             return
         try:
-            data = json.loads(self._position.read_text())
+            data = json.loads(read_regular(self._position, limit=2**20).decode("utf-8"))  # a small JSON object
             ours = data.get("format") == POSITION_FORMAT and data.get("run") == self._run_key and \
                 data.get("federation_id") == self.federation_id
             if not ours:
@@ -213,7 +214,7 @@ class FederationMember(ActiveClient):
                                                          data["chosen"] not in self.candidates):
                 raise ValueError("candidate")
             rounds = {str(k): (None if v is None else int(v)) for k, v in dict(data["rounds"]).items()}
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise IntegrityError(f"{self._position} is not this hospital's run position (altered, or written by "
                                  "another version). Delete it to sit out the rest of this run.") from None
         self._active, self.chosen, self._rounds = data["active"], data["chosen"], rounds

@@ -58,8 +58,16 @@ def _resources(path: Path):
             continue
         doc = _json(f.read_bytes(), f.name)
         if doc.get("resourceType") == "Bundle":
-            for n, entry in enumerate(doc.get("entry") or [], 1):
-                yield f"{f.name} entry {n}", (entry or {}).get("resource") or {}
+            entries = doc.get("entry") or []
+            if not isinstance(entries, list):
+                raise SchemaError(f"FHIR Bundle {f.name}: 'entry' is a JSON {type(entries).__name__}, not a list of "
+                                  "entries. Export the Bundle again.", title="FHIR input cannot be parsed")
+            for n, entry in enumerate(entries, 1):
+                resource = (entry or {}).get("resource") if isinstance(entry, dict | None) else entry
+                if not isinstance(resource, dict | None):
+                    raise SchemaError(f"FHIR Bundle {f.name} entry {n} is not an object with a 'resource' object. "
+                                      "Export the Bundle again.", title="FHIR input cannot be parsed")
+                yield f"{f.name} entry {n}", resource or {}
         else:
             yield f.name, doc
 
@@ -69,13 +77,16 @@ def _json(data: bytes, where: str) -> dict:
     binary bytes, broken JSON, or nesting deeper than the decoder's recursion bound (never a
     FHIR resource: R4 nests a few levels)."""
     try:
-        doc = json.loads(data.decode("utf-8-sig"))  # a leading BOM is allowed
+        doc = json.loads(data.decode("utf-8-sig"), parse_constant=_no_constant)  # a leading BOM is allowed
     except UnicodeDecodeError as exc:
         raise SchemaError(f"FHIR input {where} is not UTF-8 text (byte {exc.start} cannot be decoded): a binary or "
                           "otherwise encoded file. Give the FHIR export as JSON/NDJSON in UTF-8.",
                           title="FHIR input cannot be parsed") from None
     except json.JSONDecodeError as exc:
         raise SchemaError(f"FHIR input {where} is not valid JSON (position {exc.pos}). Export it again.",
+                          title="FHIR input cannot be parsed") from None
+    except ValueError as exc:  # NaN / Infinity (not JSON), or an integer past Python's digit bound
+        raise SchemaError(f"FHIR input {where} is not valid JSON ({exc}). Export it again.",
                           title="FHIR input cannot be parsed") from None
     except RecursionError:
         raise SchemaError(f"FHIR input {where} nests JSON arrays or objects too deeply to be a FHIR resource (past "
@@ -84,6 +95,10 @@ def _json(data: bytes, where: str) -> dict:
     if not isinstance(doc, dict):
         raise SchemaError(f"FHIR input {where} is not a JSON object (a resource).", title="FHIR input cannot be parsed")
     return doc
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _validate(model, doc: dict, where: str, problems: list[str], full=None):  # noqa: ANN001
@@ -236,7 +251,7 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
         (label_rows if key == label_code else rows).append((pid, when, key, value, unit, comparator, where))
     no_value, absent = counts["no_value"], counts["absent"]
     ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
-    t = pd.to_datetime(ev["t"], utc=True, format="ISO8601").dt.tz_localize(None)
+    t = _times(ev["t"], ev["where"]).dt.tz_localize(None)
     mapped = ev["code"].isin(known)
     origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
     hours = ((t - ev["patient_id"].map(origin)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
@@ -247,7 +262,7 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     labels = None
     if label_code is not None:
         lab = pd.DataFrame(label_rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
-        lab = lab.assign(t=pd.to_datetime(lab["t"], utc=True, format="ISO8601")).sort_values("t")
+        lab = lab.assign(t=_times(lab["t"], lab["where"])).sort_values("t")
         labels = lab.groupby("patient_id")["value"].last().astype(float)
     notes = tuple(f"{what}: {n}" for what, n in (
         ("Observation readings (a panel: each component) without a Patient read here", orphans),
@@ -261,13 +276,29 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
                    excluded={"without a Patient": orphans, "without a value": no_value, "dataAbsentReason": absent})
 
 
+def _times(values: pd.Series, where: pd.Series) -> pd.Series:
+    """ISO 8601 times as UTC timestamps; a SchemaError naming the places (never the values) of
+    those outside what a timestamp holds (years 1677-2262) or not ISO 8601."""
+    t = pd.to_datetime(values, utc=True, format="ISO8601", errors="coerce")
+    bad = t.isna() & values.notna()
+    if bad.any():
+        places = ", ".join(where[bad].astype(str).head(MAX_PROBLEMS_SHOWN))
+        raise SchemaError(f"FHIR {int(bad.sum())} time(s) are not ISO 8601 times between the years 1677 and 2262 "
+                          f"(at {places}). Fix those effectiveDateTime / issued values in the export.",
+                          title="FHIR times cannot be read")
+    return t
+
+
 def _person_events(born, origin, *, age, sex, dictionary) -> tuple[pd.DataFrame, int]:  # noqa: ANN001
     """Age (years at the patient's first mapped observation) and sex from Patient.birthDate/gender."""
-    rows, unknown = [], 0
+    rows, unknown, bad = [], 0, []
     for pid, (birth, gender, where) in born.items():
         if age and birth and pid in origin.index:
-            b = pd.Timestamp(birth if len(birth) == 10 else f"{birth}-07-01" if len(birth) == 4 else f"{birth}-01")
-            rows.append((pid, f"FEATURE/{age}", (origin[pid] - b) / pd.Timedelta(days=365.25), "a", where))
+            try:
+                b = pd.Timestamp(birth if len(birth) == 10 else f"{birth}-07-01" if len(birth) == 4 else f"{birth}-01")
+                rows.append((pid, f"FEATURE/{age}", (origin[pid] - b) / pd.Timedelta(days=365.25), "a", where))
+            except (ValueError, OverflowError):  # no such day, or outside a timestamp's years 1677-2262
+                bad.append(where)
         if sex:
             code = {"male": sex.male, "female": sex.female}.get(gender or "")
             if code is None:
@@ -275,5 +306,9 @@ def _person_events(born, origin, *, age, sex, dictionary) -> tuple[pd.DataFrame,
                 continue
             binary = dictionary.get(sex.feature).kind == FeatureKind.BINARY if sex.feature in dictionary else False
             rows.append((pid, f"FEATURE/{sex.feature}", float(code) if binary else code, None, where))
+    if bad:
+        raise SchemaError(f"FHIR {len(bad)} Patient birthDate(s) are not a calendar date between the years 1677 and "
+                          f"2262 (at {', '.join(map(str, bad[:MAX_PROBLEMS_SHOWN]))}). Fix them in the export.",
+                          title="FHIR birth dates cannot be read")
     out = pd.DataFrame(rows, columns=["patient_id", "code", "value", "unit", "where"]).assign(hours=0.0)
     return out, unknown

@@ -323,15 +323,32 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
     cohort_sql, params = _cohort_sql(source)
     if source.cohort.sql is not None:  # wrapped as a CTE below: one SELECT stays one statement
         _one_select(cohort_sql, what=f"The cohort query of site {source.site!r}")
+    import duckdb
+
     with engine.connect() as conn:
         try:
             read_only(conn)
             return _read(conn, cohort_sql, params, source=source, dictionary=dictionary)
-        except sa.exc.SQLAlchemyError as exc:
-            raise SchemaError(f"The cohort query of site {source.site!r} failed ({type(exc.orig or exc).__name__}"
+        except (sa.exc.SQLAlchemyError, duckdb.Error) as exc:  # DuckDB's own: a result it cannot hand over
+            raise SchemaError(f"The cohort query of site {source.site!r} failed "
+                              f"({type(getattr(exc, 'orig', None) or exc).__name__}"
                               "), alone or as the cohort of a read. Check it against the CDM: one SELECT of "
                               "person_id, index_datetime that only reads (the transaction is read-only).",
                               title="Cohort query failed") from None
+
+
+def _one_index_a_person(cohort: pd.DataFrame, *, site: str) -> None:
+    """SchemaError (counts only, never ids or times) for cohort rows without a person or an index
+    time, and for persons given several index times: silently, the first row's would be taken."""
+    empty = int((cohort["person_id"].isna() | cohort["index_datetime"].isna()).sum())
+    several = int((cohort.dropna().groupby("person_id")["index_datetime"].nunique() > 1).sum())
+    problems = ([f"The cohort query of site {site!r} returns {empty} row(s) without a person_id or an "
+                 "index_datetime. Filter them out (WHERE ... IS NOT NULL)."] if empty else []) + \
+        ([f"The cohort query of site {site!r} gives {several} person(s) more than one index_datetime; one "
+          "would be taken by row order. Return one row a person (e.g. MIN(...) ... GROUP BY person_id)."]
+         if several else [])
+    if problems:
+        raise SchemaError(problems, title="Cohort query rows are not one index time a person")
 
 
 def read_only(conn) -> None:  # noqa: ANN001 - an SQLAlchemy Connection, before its first query
@@ -358,6 +375,7 @@ def _read(conn, cohort_sql: str, params: dict, *, source: OmopSource,  # noqa: A
         raise SchemaError(f"The cohort query of site {source.site!r} returns index_datetime with a time zone; "
                           "the CDM's datetimes have none. CAST it AS TIMESTAMP (in the CDM's local time).",
                           title="Cohort query has the wrong columns")
+    _one_index_a_person(cohort, site=source.site)
     frames, unmapped = [], {}
     ids = {"feature_ids": [f.omop_concept_id for f in dictionary.features if f.omop_concept_id] or [-1]}
     for table, operator, text in (("measurement", "x.operator_concept_id", "x.value_source_value"),

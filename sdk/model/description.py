@@ -109,8 +109,11 @@ class ModelDescription(StrictSection):
             raise ValueError("only the static star-path model is exported (model.temporal = 'none', no modalities)")
         if (self.format == SURVIVAL_FORMAT) != (self.survival is not None):
             raise ValueError(f"a {SURVIVAL_FORMAT} description, and only it, carries 'survival'")
-        if not set(self.features_used) <= set(self.features):
-            raise ValueError("features_used must be dictionary features")
+        chosen = self.model.features
+        selected = tuple(f for f in self.features if chosen == "all" or f in set(chosen))
+        if tuple(self.features_used) != selected:
+            raise ValueError("features_used must be the dictionary features that model.features selects "
+                             "(all of them for \"all\"), in dictionary order")
         return self
 
 

@@ -55,33 +55,51 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
                   server: PublicIdentity | None = None) -> ExportedModel:
     """The model exported to ``path`` (weights) and ``path + '.json'`` (signed description).
 
+    Secure by default, both anchors are required: the hospital's signature on the description
+    (``trusted``) and the federation's verified audit trail (``audit_dir`` and ``server``), in
+    which the server released the shared modules and signed the model settings
+    (:func:`.release.check_release`). ``insecure_untrusted_model`` loads without whichever of the
+    two is not given (warns every time; refused in production); what is given is still checked.
+    A federation whose server never holds the global model (``ckks``, distributed DP) publishes
+    none, so its exports load only under that option.
+
     Args:
         trusted: the exporting hospital's public key; the description must be signed by it.
-        insecure_untrusted_model: skip the signature check (warns every time; refused in production).
-            The description is still parsed strictly and the weights' digest still checked.
+        insecure_untrusted_model: allow a missing ``trusted`` key or audit trail. The description
+            is still parsed strictly and the weights' digest still checked.
         audit_dir, server: the federation's audit directory and the server's public key (both or
             neither): the shared modules must be the global model the server published and
-            released for the round the description names (:func:`.release.check_release`),
-            checked on the parsed tensors before the model computes anything.
+            released for the round the description names, under the settings the round's signed
+            plan carried, checked on the parsed tensors before the model computes anything.
 
     Raises:
-        ConfigError: no trusted key and no insecure option, or a file that is missing.
+        ConfigError: no trusted key or no audit trail without the insecure option, or a file
+            that is missing.
         IntegrityError: a code file (TorchScript, pickle), a description that is unsigned, signed by
-            another key, incomplete or not for these weights, or weights that do not fit it.
+            another key, incomplete or not for these weights, weights that do not fit it, or a
+            release check that fails.
     """
     path = Path(path)
     sidecar = path.with_name(path.name + ".json")
     if (audit_dir is None) != (server is None):
         raise ConfigError(f"Model {path}: checking its release needs both the federation's audit directory and the "
                           "server's public key (--audit and --server-key). Fix: give both, or neither.")
+    missing = [what for what, absent in (("the signature of its description", trusted is None),
+                                         ("the release in an audit trail", audit_dir is None)) if absent]
     if trusted is None and not insecure_untrusted_model:
         raise ConfigError(f"Model {path}: no trusted key to check its description's signature. Fix: pass the "
                           "exporting hospital's public key (its public_key in federation.toml) as --trusted-key, or "
                           "--insecure-untrusted-model to load a model nobody vouches for.")
+    if audit_dir is None and not insecure_untrusted_model:
+        raise ConfigError(f"Model {path}: no audit trail to check it against: only the federation's verified audit "
+                          "trail shows that its shared weights and model settings are what the server released. Fix: "
+                          "pass the federation's audit directory as --audit and the server's public key as "
+                          "--server-key; a federation whose server never holds the global model (ckks, distributed "
+                          "DP) publishes none: load its exports with --insecure-untrusted-model (the hospital's "
+                          "signature is still checked with --trusted-key).")
     if insecure_untrusted_model:
         require_allowed("insecure_untrusted_model", environment=environment,
-                        why=f"model {path.name} is loaded without checking who signed its description")
-        trusted = None
+                        why=f"model {path.name} is loaded without checking {' or '.join(missing) or 'nothing'}")
     data = _read(path, limit=MAX_WEIGHTS_BYTES, what="weights file")
     kind = code_kind(data)
     if kind is not None:
@@ -97,6 +115,10 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
                              f"names {description.weights_sha256[:16]}…. The weights were changed, or the description "
                              "belongs to another export. Fix: use the two files of one export, as the hospital wrote "
                              "them.")
+    if len(data) != description.weights_bytes:
+        raise IntegrityError(f"Model {path}: {len(data)} bytes of weights, but its description {sidecar.name} names "
+                             f"{description.weights_bytes}. The description was edited. Fix: use the two files of one "
+                             "export, as the hospital wrote them.")
     module = _build(description, data, path)
     released = None
     if audit_dir is not None and server is not None:
@@ -135,9 +157,13 @@ def _build(d: ModelDescription, data: bytes, path: Path) -> nn.Module:
     except (SafetensorError, ValueError, RuntimeError):
         raise IntegrityError(f"Model {path} is not a safetensors file. Re-export it with NSFLTask.export.") from None
     n = len(d.features)
-    model = (SurvivalNSFLModel(n, d.model, intervals=len(d.survival.breaks)) if d.survival is not None
-             else NSFLModel(n, d.model))
-    expected = model.state_dict()
+
+    def architecture() -> nn.Module:
+        return (SurvivalNSFLModel(n, d.model, intervals=len(d.survival.breaks)) if d.survival is not None
+                else NSFLModel(n, d.model))
+
+    with torch.device("meta"):  # shapes only: a description naming huge dimensions allocates nothing
+        expected = architecture().state_dict()
     wrong = sorted(set(expected) ^ set(tensors)) + sorted(
         k for k in set(expected) & set(tensors)
         if tensors[k].shape != expected[k].shape or tensors[k].dtype != expected[k].dtype)
@@ -145,6 +171,7 @@ def _build(d: ModelDescription, data: bytes, path: Path) -> nn.Module:
         raise IntegrityError(f"Model {path}: the weights do not fit the architecture its description gives "
                              f"({len(wrong)} tensor(s) missing, extra or of the wrong shape or type, e.g. {wrong[0]!r}). "
                              "Re-export the model with NSFLTask.export.")
+    model = architecture()  # as large as the weights read, no larger
     model.load_state_dict(tensors, strict=True)
     model.eval()
     keep = torch.tensor([f in set(d.features_used) for f in d.features], dtype=torch.bool)

@@ -23,13 +23,17 @@ import json
 from pathlib import Path
 
 from clinograph.core.errors import IntegrityError, PrivacyError
-from clinograph.core.fileio import atomic_write
+from clinograph.core.fileio import atomic_write, read_regular
 from clinograph.core.identity import Identity
 from clinograph.core.labels import SIG_LEDGER_HIGHWATER
 
 MARK_FORMAT = "clinograph/ledger-highwater/v1"
 RESTORE = ("A restored backup is checked against the high-water mark {mark}: only a ledger that holds every entry "
            "recorded so far is accepted, so restore the newest backup; an older one is refused.")
+
+
+#: bound on a ledger or mark file read back (a ledger grows by one short entry a round)
+MAX_LEDGER_BYTES = 64 * 2**20
 
 
 def canonical(state: dict) -> bytes:
@@ -103,10 +107,11 @@ class SignedLedgerFile:
         context = context or self.context
         name = self.what if path == self.path else f"High-water mark of the {self.what.lower()}"
         try:
-            state = json.loads(path.read_text())
+            # a regular file of bounded size (a link to /dev/zero read without bound took all memory)
+            state = json.loads(read_regular(path, limit=MAX_LEDGER_BYTES).decode("utf-8"))
             if not isinstance(state, dict):
                 raise ValueError("not an object")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise PrivacyError(f"{name} {path} is unreadable ({type(exc).__name__}); refusing to train without it. "
                                + RESTORE.format(mark=self.mark_path.name)) from None
         if state.get("format") != fmt or state.get("site") != self.site:

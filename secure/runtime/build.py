@@ -36,6 +36,8 @@ from ..strategies import Strategy, create_strategy
 from .config import FederationSection
 
 MAX_INITIAL_MODEL_BYTES = 512 * 1024 * 1024
+#: the plan option carrying :attr:`InitialModel.settings_sha256` (``clinograph.sdk.model.settings.PLAN_OPTION``)
+MODEL_SETTINGS_OPTION = "model.settings"
 
 
 class InitialModel(WireMessage):
@@ -44,7 +46,10 @@ class InitialModel(WireMessage):
     Written once with the hospital install (``clinograph model init``, or in process by
     :func:`clinograph.sdk.runtime.build.initial_model`), read by the server, which needs no
     torch to hold it. Its digest is the manifest's ``spec_digest`` plus the first plan's state
-    digest, both in the audit trail.
+    digest, both in the audit trail. ``settings_sha256``: the digest of the weight-free model
+    settings that decide the forward pass (:mod:`clinograph.sdk.model.settings`; None: the task
+    declares none); every plan carries it as option ``model.settings`` and hospitals refuse
+    another.
     """
 
     kind: Literal["initial_model"] = "initial_model"
@@ -52,16 +57,18 @@ class InitialModel(WireMessage):
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     spec: ModelSpec
     modules: tuple[ModuleTensor, ...] = Field(max_length=100_000)
+    settings_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @classmethod
     def create(cls, *, task: str, dictionary_hash: str, spec: ModelSpec,
-               state: Mapping[str, np.ndarray]) -> InitialModel:
+               state: Mapping[str, np.ndarray], settings_sha256: str | None = None) -> InitialModel:
         """Package ``state`` (every shared module of ``spec``) for the server."""
         shared = set(spec.names(ModuleKind.SHARED))
         if set(state) != shared:
             raise ConfigError(f"Initial state must hold exactly the shared modules of the spec; missing "
                               f"{sorted(shared - set(state))[:5]}, extra {sorted(set(state) - shared)[:5]}.")
-        return cls(task=task, dictionary_hash=dictionary_hash, spec=spec, modules=encode_modules(state, "<f8"))
+        return cls(task=task, dictionary_hash=dictionary_hash, spec=spec, modules=encode_modules(state, "<f8"),
+                   settings_sha256=settings_sha256)
 
     def state(self) -> dict[str, np.ndarray]:
         """The shared modules' values, checked against the spec."""
@@ -150,6 +157,8 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
                               f"(masked); this federation runs {federation.secure_mode!r}.")
         mode_run.check_distributed(dp_policy, dim=sum(m.size for m in initial.spec.shared))
     static: dict[str, float | int | str | bool] = {"weight.max": max_weight}
+    if initial.settings_sha256 is not None:  # the model settings every hospital must hold (signed with the plan)
+        static[MODEL_SETTINGS_OPTION] = initial.settings_sha256
 
     def plan_options(participants: tuple[str, ...]) -> dict[str, float | int | str | bool]:
         return {**static, **mode_run.options(participants)}

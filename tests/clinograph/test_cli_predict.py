@@ -47,7 +47,7 @@ def test_export_loads_without_the_federation_and_matches(tmp_path, trained):
     info = json.loads(json.loads(sidecar.read_text())["description"])
     assert info["dictionary_hash"] == trained.table.dictionary.digest()
     assert info["features"] == trained.table.dictionary.node_ids() and info["site"] == trained.table.site
-    loaded = load_exported(path, trusted=HOSPITAL.public)
+    loaded = load_exported(path, trusted=HOSPITAL.public, insecure_untrusted_model=True)
     assert loaded.description.model == trained.config.model
     # the round trip gives the in-memory model's risks exactly (same weights, same float32 graph)
     np.testing.assert_array_equal(predict_exported(loaded, trained.table), trained.predict_table(trained.table))
@@ -57,7 +57,7 @@ def _predict(tmp_path, model_path, table, schema, dictionary=DICTIONARY_PATH, ke
     """Write ``table`` and ``schema`` under ``tmp_path`` and run `clinograph predict` on them."""
     table.to_csv(tmp_path / "new.csv", index=False)
     (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
-    return runner.invoke(app, ["predict", "--model", str(model_path), "--table", str(tmp_path / "new.csv"),
+    return runner.invoke(app, ["predict", "--insecure-untrusted-model", "--model", str(model_path), "--table", str(tmp_path / "new.csv"),
                                "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(dictionary),
                                "--out", str(tmp_path / "risks.csv"), *(["--trusted-key", key] if key else []),
                                *extra])
@@ -110,7 +110,7 @@ def test_cli_predict_refuses_to_overwrite_its_input_table(tmp_path, trained):
     df.head(5).to_csv(tmp_path / "new.csv", index=False)
     before = (tmp_path / "new.csv").read_bytes()
     (tmp_path / "schema.toml").write_text(tomli_w.dumps(schema.model_dump(mode="json", exclude_none=True)))
-    res = runner.invoke(app, ["predict", "--model", str(path), "--table", str(tmp_path / "new.csv"),
+    res = runner.invoke(app, ["predict", "--insecure-untrusted-model", "--model", str(path), "--table", str(tmp_path / "new.csv"),
                               "--schema", str(tmp_path / "schema.toml"), "--dictionary", str(DICTIONARY_PATH),
                               "--out", str(tmp_path / "." / "new.csv"), "--trusted-key", HOSPITAL.public.b64()])
     assert res.exit_code == 2 and "is the table file: writing the risks would overwrite it" in res.output

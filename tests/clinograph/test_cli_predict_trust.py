@@ -48,7 +48,7 @@ def predict(tmp_path, model, *extra):
 
 
 def test_a_signed_model_predicts_and_says_who_signed_it(tmp_path):
-    res = predict(tmp_path, exported(tmp_path), "--trusted-key", NORTH.public.b64())
+    res = predict(tmp_path, exported(tmp_path), "--trusted-key", NORTH.public.b64(), "--insecure-untrusted-model")
     assert res.exit_code == 0, res.output
     assert f"site 'north', signature checked against key {NORTH.public.fingerprint[:16]}" in res.output
     assert len(pd.read_csv(tmp_path / "risks.csv")) == 10
@@ -62,7 +62,7 @@ def test_a_torchscript_file_is_refused_and_never_loaded(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(torch.jit, "load", lambda *a, **k: calls.append("jit.load"))
     monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append("torch.load"))
-    for extra in (("--trusted-key", NORTH.public.b64()), ("--insecure-untrusted-model",)):
+    for extra in (("--trusted-key", NORTH.public.b64(), "--insecure-untrusted-model"), ("--insecure-untrusted-model",)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", InsecureOptionWarning)
             res = predict(tmp_path, script, *extra)
@@ -76,26 +76,26 @@ def test_a_flipped_byte_or_another_key_or_no_key_is_exit_2(tmp_path):
     path = exported(tmp_path)
     res = predict(tmp_path, path)
     assert res.exit_code == 2 and "no trusted key to check its description's signature" in res.output
-    res = predict(tmp_path, path, "--trusted-key", Identity.generate("north").public.b64())
+    res = predict(tmp_path, path, "--trusted-key", Identity.generate("north").public.b64(), "--insecure-untrusted-model")
     assert res.exit_code == 2 and "signature does not verify under the trusted key" in res.output
-    res = predict(tmp_path, path, "--trusted-key", "not-a-key")
+    res = predict(tmp_path, path, "--trusted-key", "not-a-key", "--insecure-untrusted-model")
     assert res.exit_code == 2 and "--trusted-key value is not the base64 of a 32-byte Ed25519" in res.output
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x10
     path.write_bytes(bytes(data))
-    res = predict(tmp_path, path, "--trusted-key", NORTH.public.b64())
+    res = predict(tmp_path, path, "--trusted-key", NORTH.public.b64(), "--insecure-untrusted-model")
     assert res.exit_code == 2 and f"Model {path}: SHA-256" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "risks.csv").exists()
 
 
 def test_the_trusted_key_may_be_a_file(tmp_path):
     (tmp_path / "north.pub").write_text(NORTH.public.b64() + "\n")
-    res = predict(tmp_path, exported(tmp_path), "--trusted-key", str(tmp_path / "north.pub"))
+    res = predict(tmp_path, exported(tmp_path), "--trusted-key", str(tmp_path / "north.pub"), "--insecure-untrusted-model")
     assert res.exit_code == 0, res.output
 
 
 def test_risks_that_are_not_probabilities_are_an_error_not_output(tmp_path):
-    res = predict(tmp_path, exported(tmp_path, nan=True), "--trusted-key", NORTH.public.b64())
+    res = predict(tmp_path, exported(tmp_path, nan=True), "--trusted-key", NORTH.public.b64(), "--insecure-untrusted-model")
     assert res.exit_code == 2 and "gave risks that are not probabilities" in res.output
     assert not (tmp_path / "risks.csv").exists()
 
@@ -105,7 +105,8 @@ def test_the_insecure_option_warns_and_says_so(tmp_path):
     with pytest.warns(InsecureOptionWarning, match="insecure_untrusted_model is in use"):
         res = predict(tmp_path, path, "--insecure-untrusted-model")
     assert res.exit_code == 0, res.output
-    assert "signature NOT checked (--insecure-untrusted-model)" in res.output
+    assert "signature NOT checked (no --trusted-key, --insecure-untrusted-model)" in res.output
+    assert "release NOT checked against an audit trail (no --audit, --insecure-untrusted-model)" in res.output
 
 
 @pytest.fixture(scope="module")
@@ -130,20 +131,35 @@ def test_audit_checks_the_shared_modules_against_the_released_global_model(tmp_p
     path, hospital, server, audit = federation_export
     res = predict(tmp_path, path, "--trusted-key", hospital.b64(), "--audit", str(audit), "--server-key", server.b64())
     assert res.exit_code == 0, res.output
-    assert "shared weights checked against the global model the server released for round" in res.output
-    assert "model settings as the hospital signed them" in res.output
+    assert ("shared weights and model settings checked against the global model and plan the server released "
+            "for round") in res.output
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
         res = predict(tmp_path, path, "--insecure-untrusted-model", "--audit", str(audit), "--server-key", server.b64())
-    assert res.exit_code == 0, res.output  # without a signature the settings are not vouched for, and it says so
-    assert "model settings (depth, slopes, clips) NOT checked: no hospital signature" in res.output
-    res = predict(tmp_path, path, "--trusted-key", hospital.b64())
-    assert res.exit_code == 0 and "release not checked against an audit trail (no --audit)" in res.output
+    assert res.exit_code == 0, res.output  # the settings are the server's word now, signature or not
+    assert "signature NOT checked" in res.output and "shared weights and model settings checked" in res.output
+    res = predict(tmp_path, path, "--trusted-key", hospital.b64())  # the hospital's signature alone: refused
+    assert res.exit_code == 2 and "no audit trail to check it against" in res.output, res.output
+    with pytest.warns(InsecureOptionWarning, match="without checking the release in an audit trail"):
+        res = predict(tmp_path, path, "--trusted-key", hospital.b64(), "--insecure-untrusted-model")
+    assert res.exit_code == 0 and "release NOT checked against an audit trail (no --audit" in res.output
     other = Identity.generate("server").public.b64()
     res = predict(tmp_path, path, "--trusted-key", hospital.b64(), "--audit", str(audit), "--server-key", other)
     assert res.exit_code == 2 and "does not verify under the server key" in res.output
     res = predict(tmp_path, path, "--trusted-key", hospital.b64(), "--audit", str(audit))
     assert res.exit_code == 2 and "needs both" in res.output
+
+
+def _predict_unsigned(tmp_path, forged, env, desc, *, audit, server):
+    """Write ``desc`` (unsigned) beside ``forged`` and run `predict --insecure-untrusted-model --audit`."""
+    import json
+
+    env["description"] = json.dumps(desc, sort_keys=True, separators=(",", ":"))
+    forged.with_name(forged.name + ".json").write_text(json.dumps(env))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        return predict(tmp_path, forged, "--insecure-untrusted-model", "--audit", str(audit), "--server-key",
+                       server.b64())
 
 
 @pytest.mark.parametrize("forgery", ["all personal", "no linear path"])
@@ -174,11 +190,32 @@ def test_audit_refuses_weights_that_leave_a_released_module_unchecked(tmp_path, 
     save_file(tensors, forged)
     desc["weights_sha256"] = hashlib.sha256(forged.read_bytes()).hexdigest()
     desc["weights_bytes"] = forged.stat().st_size
-    env["description"] = json.dumps(desc, sort_keys=True, separators=(",", ":"))
-    forged.with_name(forged.name + ".json").write_text(json.dumps(env))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InsecureOptionWarning)
-        res = predict(tmp_path, forged, "--insecure-untrusted-model", "--audit", str(audit), "--server-key",
-                      server.b64())
+    res = _predict_unsigned(tmp_path, forged, env, desc, audit=audit, server=server)
     assert res.exit_code == 2, res.output
     assert "calls personal (or lacks)" in res.output and not (tmp_path / "risks.csv").exists()
+
+
+@pytest.mark.parametrize("setting", [("deep", False), ("negative_slope", 0.9), ("value_clip", 0.1),
+                                     ("features", ("heart_rate", "glucose"))])
+def test_audit_refuses_the_released_weights_under_other_model_settings(tmp_path, federation_export, setting):
+    """Issue 31, the last medium: the released weights, byte for byte, with one weight-free
+    setting of the description changed compute other risks; `predict --audit` said "release
+    check passed". The server's signed plan of the round now carries the settings' digest."""
+    import json
+
+    path, _, server, audit = federation_export
+    forged = tmp_path / "forged.safetensors"
+    forged.write_bytes(path.read_bytes())
+    env = json.loads(path.with_name(path.name + ".json").read_text())
+    desc = json.loads(env["description"])
+    desc["model"][setting[0]] = setting[1]
+    if setting[0] == "features":  # a subset read, consistently described
+        desc["features_used"] = [f for f in desc["features"] if f in setting[1]]
+    res = _predict_unsigned(tmp_path, forged, env, desc, audit=audit, server=server)
+    assert res.exit_code == 2, res.output
+    assert "its description's model settings ([model] deep, negative_slope, value_clip" in res.output
+    assert "its signed plan names model settings" in res.output and not (tmp_path / "risks.csv").exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        res = predict(tmp_path, forged, "--insecure-untrusted-model")  # the same file, unchecked, does score
+    assert res.exit_code == 0 and "release NOT checked" in res.output, res.output

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from clinograph.core.errors import ClinographError, ConfigError, ProtocolError
+from clinograph.core.fileio import read_regular
 from clinograph.core.identity import Identity
 
 from ...messages import ClientReport
@@ -228,8 +229,8 @@ class HospitalWorker:
         """After a restart of this SuperNode: the participant of the run it was greeted for (the
         participant takes back its own state from the state directory), or None for another run."""
         try:
-            data = json.loads(self._run_file().read_text())
-        except (OSError, ValueError):
+            data = json.loads(read_regular(self._run_file(), limit=2**20).decode("utf-8"))  # a small JSON object
+        except (OSError, ValueError, RecursionError):
             return None
         if not isinstance(data, dict) or data.get("format") != RUN_FORMAT or data.get("run_id") != run_id or \
                 (self._federation_id is not None and data.get("federation_id") != self._federation_id):

@@ -71,6 +71,53 @@ def test_the_kept_global_model_is_restored_exactly_and_tampering_is_refused(tmp_
         HospitalAnchor(tmp_path, server=SERVER.public)
 
 
+@pytest.mark.parametrize("hostile", ["[]", "[" * 100_000 + "]" * 100_000, "too large",
+                                     '{"format": "clinograph-anchor/1", "anchors": {"k": 5}}'])
+def test_a_hostile_anchor_file_is_an_integrity_error_not_a_traceback(tmp_path, monkeypatch, hostile):
+    """Adversarial rerun of issue 31: a JSON list gave an AttributeError, deep nesting a
+    RecursionError, and a link to /dev/zero was read until memory ran out (now: a regular file
+    of bounded size; the bound is shown here on a small one)."""
+    import clinograph.sdk.federation.anchor as anchor_module
+
+    if hostile == "too large":
+        anchor = HospitalAnchor(tmp_path, server=SERVER.public)
+        anchor.keep(*_plan(0, 5))
+        monkeypatch.setattr(anchor_module, "MAX_ANCHOR_BYTES", 10)
+    else:
+        (tmp_path / "audit_anchor.json").write_text(hostile)
+    with pytest.raises(IntegrityError, match="is not a Clinograph anchor file"):
+        HospitalAnchor(tmp_path, server=SERVER.public)
+
+
+def test_a_kept_blob_is_read_only_as_a_bounded_file_beside_the_anchor(tmp_path, monkeypatch):
+    """A record naming a path elsewhere (/dev/zero was read until memory ran out) is refused as
+    altered, even when the file there holds the kept bytes; so is a blob past the bound."""
+    import json
+
+    import clinograph.sdk.federation.anchor as anchor_module
+
+    state = tmp_path / "state"
+    anchor = HospitalAnchor(state, server=SERVER.public)
+    anchor.keep(*_plan(0, 5))
+    anchor.keep_model("fed", {"a": np.array([1.0])})
+    assert HospitalAnchor(state, server=SERVER.public).model("fed", names=["a"]) is not None
+    kept = next(state.glob("global_model.*.bin"))
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(kept, tmp_path / "elsewhere" / kept.name)
+    record = json.loads((state / "audit_anchor.json").read_text())
+    for rec in record["anchors"].values():
+        rec["model"] = f"../elsewhere/{kept.name}"
+    (state / "audit_anchor.json").write_text(json.dumps(record))
+    with pytest.raises(IntegrityError, match="missing or altered"):
+        HospitalAnchor(state, server=SERVER.public).model("fed", names=["a"])
+    for rec in record["anchors"].values():
+        rec["model"] = kept.name
+    (state / "audit_anchor.json").write_text(json.dumps(record))
+    monkeypatch.setattr(anchor_module, "MAX_BLOB_BYTES", 4)
+    with pytest.raises(IntegrityError, match="missing or altered"):
+        HospitalAnchor(state, server=SERVER.public).model("fed", names=["a"])
+
+
 def _grow(trail: AuditTrail, n: int, tag: str) -> None:
     for i in range(n):
         trail.record("test_event", {"tag": tag, "i": i})

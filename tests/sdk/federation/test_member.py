@@ -95,3 +95,16 @@ def test_a_run_whose_hospitals_refuse_its_length_ends_naming_them(tmp_path):
                                             r"The server plans 3 training rounds; this hospital's \[privacy\] "
                                             r"planned_rounds = 2"):
         simulate(tables, tables[0].dictionary, cfg, audit_dir=tmp_path / "audit")
+
+
+@pytest.mark.parametrize("hostile", ["[]", "[" * 100_000 + "]" * 100_000])
+def test_a_hostile_position_file_is_an_integrity_error_not_a_traceback(tmp_path, hostile):
+    """Adversarial rerun of issue 31: the kept run position as a JSON list gave an AttributeError,
+    deeply nested a RecursionError, at the restarted hospital's start-up."""
+    from clinograph.core.errors import IntegrityError
+
+    cands = [MemberCandidate(name="wide", overrides=canonical({}), build=_Built)]
+    (tmp_path / "position.json").write_text(hostile)
+    with pytest.raises(IntegrityError, match="is not this hospital's run position"):
+        FederationMember(identity=HOSPITAL, server=SERVER.public, federation_id="fed", candidates=cands,
+                         position=tmp_path / "position.json", run_key="run-1")

@@ -169,3 +169,37 @@ def test_strict_fields_and_full_validation(tmp_path):
     fast = read_fhir(ok, dictionary=D, site="west", label_code=LABEL_CODE).ingest(D)
     full = read_fhir(ok, dictionary=D, site="west", label_code=LABEL_CODE, validate="full").ingest(D)
     assert_same(fast, full)
+
+
+_PATIENT = {"resourceType": "Patient", "id": "p1", "gender": "female", "birthDate": "1964-01-01"}
+
+
+@pytest.mark.parametrize(("name", "text", "found"), [
+    ("entry.json", '{"resourceType": "Bundle", "entry": 5}', r"Bundle entry.json: 'entry' is a JSON int, not a list"),
+    ("entries.json", '{"resourceType": "Bundle", "entry": ["x"]}', r"Bundle entries.json entry 1 is not an object"),
+    ("resource.json", '{"resourceType": "Bundle", "entry": [{"resource": "Patient"}]}',
+     r"Bundle resource.json entry 1 is not an object with a 'resource' object"),
+    ("nan.ndjson", json.dumps(_obs(1, "p1", "2345-7", "2024-01-01T08:00:00Z", valueQuantity={"value": 1.0}))
+     .replace("1.0", "NaN"), r"nan.ndjson line 1 is not valid JSON \(NaN is not a JSON number\)"),
+    ("digits.ndjson", '{"resourceType": "Patient", "id": "p1", "x": ' + "9" * 5000 + "}",
+     r"digits.ndjson line 1 is not valid JSON \(Exceeds the limit"),
+    ("late.ndjson", "\n".join(json.dumps(r) for r in (_PATIENT, _obs(1, "p1", "2345-7", "9999-12-31T23:59:59+14:00",
+                                                                       valueQuantity={"value": 5.0, "code": "mmol/L"}))),
+     r"1 time\(s\) are not ISO 8601 times between the years 1677 and 2262 \(at late.ndjson line 2\)"),
+    ("born.ndjson", "\n".join(json.dumps(r) for r in ({**_PATIENT, "birthDate": "1964-02-30"},
+                                                       _obs(1, "p1", "2345-7", "2024-01-01T08:00:00Z",
+                                                            valueQuantity={"value": 5.0, "code": "mmol/L"}))),
+     r"1 Patient birthDate\(s\) are not a calendar date .* \(at born.ndjson line 1\)"),
+])
+def test_hostile_json_shapes_numbers_and_dates_are_schema_errors(tmp_path, name, text, found):
+    """Adversarial rerun of issue 31: a Bundle whose entries are not objects, an integer past
+    Python's digit bound, a time or birth date outside a timestamp's years gave internal errors
+    (TypeError, AttributeError, ValueError, OutOfBoundsDatetime, DateParseError); NaN was read as
+    a missing value."""
+    from clinograph.sdk.ingest.omop import OmopSex
+    from ehr_helpers import extended_dictionary
+
+    (tmp_path / name).write_text(text + "\n")
+    with pytest.raises(SchemaError, match=found):
+        read_fhir(tmp_path / name, dictionary=extended_dictionary(), site="s", label_code=None, age="age",
+                  sex=OmopSex(feature="sex", male="male", female="female"))

@@ -125,6 +125,30 @@ def test_a_cohort_query_that_is_not_one_select_never_runs(north_db, tmp_path, sq
     assert not out.exists()
 
 
+def test_a_cohort_result_duckdb_cannot_hand_over_is_named_not_a_traceback(north_db):
+    """Adversarial rerun of issue 31: a cohort of a type DuckDB cannot convert to NumPy (UHUGEINT)
+    raised DuckDB's own NotImplementedException, past the SQLAlchemy errors read_omop names."""
+    sql = ("SELECT CAST(person_id AS UHUGEINT) AS person_id, visit_start_datetime AS index_datetime "
+           "FROM visit_occurrence")
+    bad = demo_source("north").model_copy(update={"cohort": OmopCohort(sql=sql)})
+    with pytest.raises(SchemaError, match=r"cohort query of site 'north' failed \(NotImplementedException\)"):
+        read_omop(omop_engine(north_db), source=bad, dictionary=D)
+
+
+@pytest.mark.parametrize(("extra", "found"), [
+    ("SELECT NULL, NULL", r"returns \d+ row\(s\) without a person_id or an index_datetime"),
+    ("SELECT person_id, visit_start_datetime + INTERVAL 1 DAY FROM visit_occurrence",
+     r"gives \d+ person\(s\) more than one index_datetime; one would be taken by row order"),
+])
+def test_cohort_rows_must_give_one_index_time_a_person(north_db, extra, found):
+    """Adversarial rerun of issue 31: cohort rows without a person or a time were dropped without a
+    word, and a person given two index times was read at whichever came first."""
+    sql = f"SELECT person_id, visit_start_datetime AS index_datetime FROM visit_occurrence UNION ALL {extra}"
+    bad = demo_source("north").model_copy(update={"cohort": OmopCohort(sql=sql)})
+    with pytest.raises(SchemaError, match=found):
+        read_omop(omop_engine(north_db), source=bad, dictionary=D)
+
+
 def test_embedded_duckdb_reads_and_writes_no_other_file(north_db, tmp_path):
     secret = tmp_path / "secret.csv"
     secret.write_text("person_id,index_datetime\n1,2020-01-01 00:00:00\n")

@@ -61,7 +61,7 @@ def test_round_trip_gives_the_in_memory_models_risks(tmp_path):
     m = model()
     path, sidecar = export(tmp_path, m=m)
     assert path.read_bytes()[8:9] == b"{"  # safetensors: an 8-byte header length, then JSON
-    loaded = load_exported(path, trusted=NORTH.public)
+    loaded = load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     np.testing.assert_array_equal(predict_exported(loaded, t), star_risk(m, t, dictionary=t.dictionary))
     assert json.loads(sidecar.read_text())["signer"] == "north"
 
@@ -73,7 +73,7 @@ def test_a_flipped_weight_byte_is_refused(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match=r"SHA-256 [0-9a-f]{16}… of the weights, but its description "
                                              r"m\.safetensors\.json names [0-9a-f]{16}…\. The weights were changed"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
 
 
 def test_a_swapped_description_is_refused(tmp_path):
@@ -81,22 +81,22 @@ def test_a_swapped_description_is_refused(tmp_path):
     _, other = export(tmp_path, "b.safetensors", m=model(1))
     sidecar.write_bytes(other.read_bytes())  # validly signed by the same hospital, for other weights
     with pytest.raises(IntegrityError, match="or the description belongs to another export"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
 
 
 def test_a_description_signed_by_another_key_or_unsigned_is_refused(tmp_path):
     path, sidecar = export(tmp_path, signer=Identity.generate("north"))  # same name, another key
     with pytest.raises(IntegrityError, match=r"signature does not verify under the trusted key of 'north'"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     path, sidecar = export(tmp_path)
     env = json.loads(sidecar.read_text())
     sidecar.write_text(json.dumps({**env, "signature": ""}))
     with pytest.raises(IntegrityError, match="signature does not verify"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     del env["signature"]
     sidecar.write_text(json.dumps(env))
     with pytest.raises(IntegrityError, match=r"is not a signed model description .*signature: Field required"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
 
 
 def test_an_edited_description_breaks_the_signature(tmp_path):
@@ -106,22 +106,22 @@ def test_an_edited_description_breaks_the_signature(tmp_path):
     assert '"a":40.0' in env["description"]
     sidecar.write_text(json.dumps(env))
     with pytest.raises(IntegrityError, match="signature does not verify"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
 
 
 def test_a_missing_or_unknown_key_in_a_signed_description_is_refused(tmp_path):
     path, sidecar = export(tmp_path)
     resign(sidecar, lambda d: d.pop("calibration"))
     with pytest.raises(IntegrityError, match=r"is signed but not a valid .* description: calibration: Field required"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     path, sidecar = export(tmp_path)
     resign(sidecar, lambda d: d.update(loader="torch.jit.load"))
     with pytest.raises(IntegrityError, match="loader: Extra inputs are not permitted"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     path, sidecar = export(tmp_path)
     resign(sidecar, lambda d: d["model"].update(hidden=16))  # signed, digest right, weights of another shape
     with pytest.raises(IntegrityError, match=r"weights do not fit the architecture its description gives"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
 
 
 def test_a_torchscript_file_is_refused_and_never_loaded(tmp_path, monkeypatch):
@@ -143,7 +143,7 @@ def test_a_torchscript_file_is_refused_and_never_loaded(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(a) or marker.touch())
     with pytest.raises(IntegrityError, match=r"is a zip archive \(TorchScript or torch.save\): a file that runs code "
                                              r"when loaded\. .* never runs a model file"):
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     pickled = tmp_path / "p.safetensors"
     pickled.write_bytes(b"\x80\x04" + b"\x00" * 16)
     (tmp_path / "p.safetensors.json").write_bytes(sidecar.read_bytes())
@@ -170,9 +170,15 @@ def test_no_trusted_key_is_a_config_error_and_the_insecure_option_warns(tmp_path
     path, sidecar = export(tmp_path, signer=Identity.generate("stranger"))
     with pytest.raises(ConfigError, match="no trusted key to check its description's signature"):
         load_exported(path, trusted=None)
-    with pytest.warns(InsecureOptionWarning, match="insecure_untrusted_model is in use"):
-        loaded = load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+    with pytest.warns(InsecureOptionWarning, match="insecure_untrusted_model is in use: model m.safetensors is "
+                                                   "loaded without checking the signature of its description or "
+                                                   "the release in an audit trail"):
+        loaded = load_exported(path, trusted=None, insecure_untrusted_model=True)
     assert isinstance(loaded.description, ModelDescription)
+    # a key that is given is checked, with the insecure option too
+    with pytest.warns(InsecureOptionWarning), pytest.raises(IntegrityError, match="does not verify under the "
+                                                                                  "trusted key of 'north'"):
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     with pytest.raises(SecurityPolicyError, match="refused because environment"):
         load_exported(path, trusted=None, insecure_untrusted_model=True, environment="production")
     data = bytearray(path.read_bytes())
@@ -180,6 +186,19 @@ def test_no_trusted_key_is_a_config_error_and_the_insecure_option_warns(tmp_path
     path.write_bytes(bytes(data))
     with pytest.warns(InsecureOptionWarning), pytest.raises(IntegrityError, match="SHA-256"):
         load_exported(path, trusted=None, insecure_untrusted_model=True)  # the digest is still checked
+
+
+def test_a_signed_model_without_an_audit_trail_is_refused_unless_insecure(tmp_path):
+    """Issue 31: what Clinograph loads is bound to a verified audit trail, or named insecure. The
+    hospital's signature alone does not show that the shared weights and model settings are what
+    the federation's server released."""
+    path, _ = export(tmp_path)
+    with pytest.raises(ConfigError, match=r"no audit trail to check it against: .* Fix: pass the federation's audit "
+                                          r"directory as --audit and the server's public key as --server-key"):
+        load_exported(path, trusted=NORTH.public)
+    with pytest.warns(InsecureOptionWarning, match="loaded without checking the release in an audit trail"):
+        loaded = load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+    assert loaded.released_round is None
 
 
 def test_out_of_range_risks_are_an_error_not_output(tmp_path):
@@ -191,7 +210,7 @@ def test_out_of_range_risks_are_an_error_not_output(tmp_path):
     with torch.no_grad():
         m.head.bias.fill_(float("nan"))  # validly signed, but the weights give no probability
     path, _ = export(tmp_path, m=m)
-    loaded = load_exported(path, trusted=NORTH.public)
+    loaded = load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     with pytest.raises(IntegrityError, match=r"gave risks that are not probabilities .* for \d+ of \d+ patient"):
         predict_exported(loaded, small_tables()[0])
 
@@ -236,7 +255,7 @@ def test_a_hostile_pickle_or_torch_save_file_never_runs(tmp_path):
         resign(sidecar, lambda d: d.update(weights_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),  # noqa: B023
                                            weights_bytes=path.stat().st_size))
         with pytest.raises(IntegrityError, match=f"is {kind}"):
-            load_exported(path, trusted=NORTH.public)
+            load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
         with warnings.catch_warnings(), pytest.raises(IntegrityError, match=f"is {kind}"):  # noqa: PT012
             warnings.simplefilter("ignore", InsecureOptionWarning)
             load_exported(path, trusted=None, insecure_untrusted_model=True)
@@ -255,7 +274,52 @@ def test_every_missing_and_extra_description_key_is_named_at_once(tmp_path):
 
     resign(sidecar, edit)
     with pytest.raises(IntegrityError, match=r"6 problem\(s\)") as info:
-        load_exported(path, trusted=NORTH.public)
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     for key in ("calibration: Field required", "features: Field required", "site: Field required",
                 "loader: Extra inputs", "code: Extra inputs", "model.hook: Extra inputs"):
         assert key in str(info.value), key
+
+
+def test_a_description_must_agree_with_its_own_weights_size_and_feature_choice(tmp_path):
+    """Adversarial rerun of issue 31: ``weights_bytes`` was never compared, and ``features_used``
+    (which features the model reads) could be any subset, whatever ``model.features`` said."""
+    path, sidecar = export(tmp_path)
+    resign(sidecar, lambda d: d.update(weights_bytes=99))
+    with pytest.raises(IntegrityError, match=r"\d+ bytes of weights, but its description m.safetensors.json names "
+                                             r"99\. The description was edited"):
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+    path, sidecar = export(tmp_path)
+    resign(sidecar, lambda d: d.update(features_used=d["features_used"][:1]))
+    with pytest.raises(IntegrityError, match="features_used must be the dictionary features that model.features "
+                                             "selects"):
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+
+
+def test_a_description_naming_huge_dimensions_allocates_nothing_before_it_is_refused(tmp_path, monkeypatch):
+    """Adversarial rerun of issue 31: a 1.7 MB description (150 000 features at hidden 1024) made
+    the loader build a 1 GB model before it compared the weights' shapes. The shapes now come from
+    a model on the meta device; only weights that fit are given real memory."""
+    import clinograph.sdk.model.load as load
+
+    devices = []
+
+    class Spy(NSFLModel):
+        def __init__(self, *a, **k):
+            devices.append(torch.empty(0).device.type)  # the default device the model is built on
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(load, "NSFLModel", Spy)
+    path, sidecar = export(tmp_path)
+
+    def huge(d):
+        d["features"] = d["features"] + [f"x{i}" for i in range(20_000)]
+        d["features_used"] = d["features"]
+        d["model"]["hidden"] = 1024
+
+    resign(sidecar, huge)
+    with pytest.raises(IntegrityError, match="weights do not fit the architecture its description gives"):
+        load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+    assert devices == ["meta"]
+    path, _ = export(tmp_path, name="honest.safetensors")
+    load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
+    assert devices == ["meta", "meta", "cpu"]  # an honest export: shapes first, then the real model

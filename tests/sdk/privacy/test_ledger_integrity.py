@@ -169,3 +169,24 @@ def test_the_distributed_ledger_is_signed_and_cannot_go_back(tmp_path):
         ledger()
     with pytest.raises(PrivacyError, match="invalid"):
         DistributedLedger(tmp_path, site="alpha", budget_epsilon=1e6, delta=DELTA, signer=Identity.generate("alpha"))
+
+
+@pytest.mark.parametrize("which", ["ledger", "mark"])
+def test_a_deeply_nested_or_oversized_ledger_file_is_a_privacy_error(tmp_path, monkeypatch, which):
+    """Adversarial rerun of issue 31: a ledger or high-water mark of 100 000 nested arrays was an
+    internal RecursionError, and one linked to /dev/zero was read until memory ran out (now a
+    regular file of bounded size; the bound is shown on a small one)."""
+    import clinograph.sdk.privacy.ledger_file as ledger_file
+
+    ledger = _ledger(tmp_path)
+    _spend(ledger, 30)
+    path = ledger.path if which == "ledger" else ledger.path.with_name("privacy_ledger.highwater.json")
+    assert path.exists()
+    kept = path.read_text()
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(PrivacyError, match=r"is unreadable \(RecursionError\); refusing to train without it"):
+        _ledger(tmp_path)
+    path.write_text(kept)
+    monkeypatch.setattr(ledger_file, "MAX_LEDGER_BYTES", 16)
+    with pytest.raises(PrivacyError, match=r"is unreadable \(TooLarge\)"):
+        _ledger(tmp_path)
