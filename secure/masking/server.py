@@ -5,7 +5,8 @@ arrive (memory O(P), never n vectors), then removes the survivors' self-masks an
 clients' pairwise masks from t-of-(k+1) Shamir shares. Between the masked input and the
 unmasking it runs the consistency check of Bonawitz et al. 2017 (round 4): it sends every
 survivor the survivor set U3, verifies and collects their Ed25519 signatures on it, and
-forwards them with the unmask request (:mod:`.consistency`). A client silent or refused at
+forwards t of them (all it has verified, so any t serve) with the unmask request
+(:mod:`.consistency`): a hospital checks t, so the request stays O(t) bytes, not O(n). A client silent or refused at
 the consistency check is dropped from the rest of the round (it gets no unmask request), but
 its masked input is already in the sum and is unmasked through its self-mask shares, as in
 the paper (U4 subset of U3); fewer than max(t, min_clients) signers aborts the round.
@@ -241,7 +242,7 @@ class MaskingServer(AggregationServer):
             survivors = self._alive[2]
             dropped = tuple(sorted(self._alive[1] - survivors))
             sigs = tuple(SurvivorSignature(client=c, payload=self._signatures[c][0], signature=self._signatures[c][1])
-                         for c in sorted(alive))
+                         for c in sorted(alive)[:self.params.threshold])  # t: what a client checks (consistency.py)
             for u in alive:
                 out[u] = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient=u,
                                        survivors=tuple(sorted(survivors)), dropped=dropped, signatures=sigs)

@@ -24,7 +24,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from pydantic import ValidationError
 
-from clinograph.core.errors import ProtocolError
+from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.core.identity import PublicIdentity
 from clinograph.core.labels import KDF_SHARE_ENCRYPTION_DIRECTED
 
@@ -327,7 +327,13 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
         env = Envelope(sender=client, kind=kind, payload=payload, signature=signature)
     except ValidationError:
         raise ProtocolError(f"Relayed {kind!r} message of {client!r} is malformed.") from None
-    msg = open_envelope(env, sender=key, model=model)
+    try:
+        msg = open_envelope(env, sender=key, model=model)
+    except IntegrityError:
+        raise IntegrityError(f"Relayed {kind!r} message of {client!r} does not verify under {client!r}'s key: the "
+                             f"server relayed, in a message it signed, something {client!r} did not sign (forged, "
+                             "altered or misattributed). Refused; the server's signed message is the evidence."
+                             ) from None
     got = (msg.client, msg.federation_id, msg.round, msg.spec_digest, msg.dictionary_hash)  # type: ignore[attr-defined]
     if got != (client, plan.federation_id, plan.round, spec_digest or plan.spec.digest(), plan.dictionary_hash):
         raise ProtocolError(f"Relayed {kind!r} message of {client!r} is for another client, federation, round, "
