@@ -306,6 +306,7 @@ class NeighbourGraph(Mapping[str, frozenset[str]]):
         self._people, self._k = people, k
         self._at = {c: i for i, c in enumerate(people)}
         self._sets: dict[str, frozenset[str]] = {}
+        self._holders: dict[str, tuple[str, ...]] = {}
 
     def __getitem__(self, c: str) -> frozenset[str]:
         got = self._sets.get(c)
@@ -317,6 +318,13 @@ class NeighbourGraph(Mapping[str, frozenset[str]]):
                 half = self._k // 2
                 got = frozenset(people[(i + d) % n] for d in range(-half, half + 1) if d)
             self._sets[c] = got
+        return got
+
+    def holders(self, owner: str) -> tuple[str, ...]:
+        """Share holders of ``owner``'s secrets in index order: its neighbours and itself (cached)."""
+        got = self._holders.get(owner)
+        if got is None:
+            got = self._holders[owner] = tuple(sorted(self[owner] | {owner}))
         return got
 
     def __iter__(self) -> Iterator[str]:
