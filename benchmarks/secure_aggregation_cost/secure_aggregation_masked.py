@@ -29,6 +29,11 @@ SHA-256 bytes of attachments), times their unit cost measured in the same proces
 (``unit_seconds``). ``ratio_floor`` is the masked/plaintext ratio if nothing but these
 operations cost extra: a ratio target below it cannot be met without dropping protocol steps.
 
+Per party against its floor (``per_party_floor``): each party's masked seconds against its
+plaintext seconds plus the unit cost of the operations the masked round adds for that party
+(counted per party), on wall time and on the party's CPU time (``time.thread_time``: the
+machine is shared); median hospital and worst hospital. ``--case N:P`` runs one (n, P).
+
 Bytes: uploaded per client (all stages, whole envelopes / protobuf messages), and the one
 message that carries the vector (``vector_upload``): our envelope, and the same envelope inside
 the Flower message our Flower transport sends (``secure/transport/flower/records.py``, a
