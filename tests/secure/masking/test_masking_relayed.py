@@ -8,11 +8,17 @@ from collections import Counter
 
 import pytest
 from clinograph.secure.masking.client import MaskingClient
-from clinograph.secure.masking.messages import AdvertiseKeys, KeyDirectory, UnmaskRequest
+from clinograph.secure.masking.messages import (
+    MAX_VOUCHED_PAYLOAD,
+    AdvertiseKeys,
+    KeyDirectory,
+    UnmaskRequest,
+)
 from clinograph.secure.masking.params import masked_defaults
 from clinograph.secure.masking.server import MaskingServer
-from clinograph.secure.wire import load_payload, parse_envelope, seal
+from clinograph.secure.wire import Envelope, load_payload, parse_envelope, seal, signed_bytes
 from masking_helpers import identities, identity, make_plan, make_updates
+from test_masking_rejections import Round
 
 from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.core.identity import PublicIdentity
@@ -125,3 +131,26 @@ def test_an_equivocating_server_at_n_100_gets_no_share(monkeypatch):
         rnd.clients[other].handle(seal(short, SERVER))
     third = rnd.plan.participants[42]  # control: the honest request is answered
     assert rnd.clients[third].handle(requests[third])
+
+
+@pytest.mark.parametrize("stage", [0, 3], ids=["advertise_keys", "consistency_signature"])
+def test_a_padded_message_too_long_to_relay_is_refused_and_charged_to_its_sender(stage):
+    """A hospital that pads its validly signed key advertisement or consistency signature with
+    JSON whitespace beyond what may be relayed is refused when the server receives it (before,
+    the server's relay step failed for everyone); the round completes without it."""
+    rnd = Round(n=5, threshold=3)
+    for _ in range(stage):
+        rnd.deliver()
+    culprit = "hosp02"
+    env = parse_envelope(rnd.outgoing[culprit])
+    padded = env.payload[:-1] + b" " * MAX_VOUCHED_PAYLOAD + b"}"
+    context, data = signed_bytes(env.kind, padded)
+    forged = Envelope(sender=culprit, kind=env.kind, payload=padded,
+                      signature=identity(culprit).sign(data, context=context)).to_bytes()
+    with pytest.raises(ProtocolError, match=r"can be relayed to its peers"):
+        rnd.server.receive_bytes(culprit, forged)
+    assert "can be relayed" in rnd.server.rejected()[culprit]
+    del rnd.outgoing[culprit]
+    res = rnd.finish()
+    assert culprit not in res.contributors or stage == 3  # at stage 3 its masked input is already in the sum
+    assert len(res.contributors) >= 4
