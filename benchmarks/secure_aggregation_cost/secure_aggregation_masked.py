@@ -29,6 +29,11 @@ SHA-256 bytes of attachments), times their unit cost measured in the same proces
 (``unit_seconds``). ``ratio_floor`` is the masked/plaintext ratio if nothing but these
 operations cost extra: a ratio target below it cannot be met without dropping protocol steps.
 
+Per party against its floor (``per_party_floor``): each party's masked seconds against its
+plaintext seconds plus the unit cost of the operations the masked round adds for that party
+(counted per party), on wall time and on the party's CPU time (``time.thread_time``: the
+machine is shared); median hospital and worst hospital. ``--case N:P`` runs one (n, P).
+
 Bytes: uploaded per client (all stages, whole envelopes / protobuf messages), and the one
 message that carries the vector (``vector_upload``): our envelope, and the same envelope inside
 the Flower message our Flower transport sends (``secure/transport/flower/records.py``, a
@@ -271,21 +276,31 @@ def vector_upload_bytes(ours: _Ours, mode: str) -> dict:
             "flower_message_bytes_per_parameter": fl / p}
 
 
-def party_seconds(ours: _Ours, mode: str) -> dict:
+def party_seconds(ours: _Ours, mode: str, ops: Counter | None = None) -> dict:
     """One round driven by hand, every call timed and charged to the party that makes it: the
     server (parsing, checks, sums, unmasking, its signatures) and each client (encoding,
     masking, its signatures and checks). No drops, so it is :func:`run_aggregation`'s round;
     hospitals run in parallel in reality, so a round's latency is about the server's time
-    plus the slowest client's per stage (Bonawitz et al. 2017 report the two separately)."""
+    plus the slowest client's per stage (Bonawitz et al. 2017 report the two separately).
+
+    ``ops``: the live counter of :func:`counting`; when given, the operations each call makes
+    are charged to its party too (``"ops"`` in the result: party -> operation -> count). Only
+    for the untimed counting pass: the wrappers cost time themselves."""
     plan = ours.plan(mode)
+    charged: dict[str, Counter] = {}
     secure_mode = create_mode(plan.secure_mode)
     peers = {c: ours.ids[c].public for c in ours.names}
     spent: dict[str, float] = dict.fromkeys([*ours.names, "server"], 0.0)
+    cpu: dict[str, float] = dict.fromkeys([*ours.names, "server"], 0.0)
 
     def timed(party, fn, *args):
-        t0 = time.perf_counter()
+        before = Counter(ops) if ops is not None else None
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = fn(*args)
         spent[party] += time.perf_counter() - t0
+        cpu[party] += time.thread_time() - c0
+        if ops is not None:
+            charged.setdefault(party, Counter()).update(Counter(ops) - before)
         return out
 
     def deliver(sender, data):
@@ -310,7 +325,33 @@ def party_seconds(ours: _Ours, mode: str) -> dict:
     if sorted(res.contributors) != sorted(ours.names):
         raise RuntimeError(f"hand-driven {mode} round lost contributors: {res.contributors}")
     per_client = [spent[c] for c in ours.names]
-    return {"server": spent["server"], "client_median": statistics.median(per_client), "client_max": max(per_client)}
+    out = {"server": spent["server"], "client_median": statistics.median(per_client), "client_max": max(per_client),
+           "clients": dict(zip(ours.names, per_client, strict=True)), "cpu": cpu}
+    if ops is not None:
+        out["ops"] = {party: dict(c) for party, c in charged.items()}
+    return out
+
+
+def party_floor(ours: _Ours, units: dict, plain: dict) -> dict:
+    """The floor of each party, as :func:`floor` is the round's: a party's measured plaintext
+    seconds plus the unit cost of the operations the masked round makes it do beyond the
+    plaintext round's (operations counted per party, :func:`party_seconds` with ``ops``).
+
+    ``plain``: median plaintext seconds per party (``server`` and every client). Returns the
+    floor seconds per party and the operations behind them (server and the first client; the
+    clients' counts differ only by how many neighbours the graph gives each)."""
+    counted = {}
+    for mode in ("insecure_plaintext", "masked"):
+        with counting() as n:
+            counted[mode] = party_seconds(ours, mode, ops=n)["ops"]
+    seconds = {}
+    for party in ["server", *ours.names]:
+        extra = sum(v * units[k] for k, v in counted["masked"].get(party, {}).items()) \
+            - sum(v * units[k] for k, v in counted["insecure_plaintext"].get(party, {}).items())
+        seconds[party] = plain[party] + extra
+    first = ours.names[0]
+    return {"seconds": seconds, "operations": {m: {p: counted[m].get(p, {}) for p in ("server", first)}
+                                               for m in counted}}
 
 
 @contextlib.contextmanager
@@ -356,8 +397,9 @@ def counting():
             setattr(owner, name, orig)
 
 
-def unit_costs(reps: int = 200) -> dict:
-    """Seconds per operation counted by :func:`counting`, measured here (median of batches)."""
+def unit_costs(reps: int = 200, clock=time.perf_counter) -> dict:
+    """Seconds per operation counted by :func:`counting`, measured here (median of batches) on
+    ``clock`` (wall time, or ``time.thread_time`` for CPU seconds)."""
     me = Identity.generate("unit")
     msg = os.urandom(300)  # about one JSON payload
     sig = me.sign(msg, context=b"bench")
@@ -369,10 +411,10 @@ def unit_costs(reps: int = 200) -> dict:
     def per_op(fn, n):
         batches = []
         for _ in range(5):
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(n):
                 fn()
-            batches.append((time.perf_counter() - t0) / n)
+            batches.append((clock() - t0) / n)
         return statistics.median(batches)
 
     return {
@@ -408,10 +450,42 @@ def floor(ours: _Ours, units: dict, plain_seconds: float) -> dict:
 
 
 
+def per_party_floor(ours: _Ours, parties: dict[str, list[dict]], wall_units: dict, cpu_units: dict) -> dict:
+    """Each party's masked seconds against its floor (:func:`party_floor`), on wall time and on
+    the party's own CPU time (``time.thread_time``: what a party computes, without the time
+    the machine gave other jobs -- it is shared, and a client's few milliseconds are easily
+    preempted). Per client: its median over repetitions; reported as the median client and
+    the worst client."""
+    out = {}
+    for clock, units in (("wall", wall_units), ("cpu", cpu_units)):
+        def pick(row, party, clock=clock):
+            return (row["cpu"] if clock == "cpu" else {"server": row["server"], **row["clients"]})[party]
+
+        med = {s: {party: statistics.median(pick(r, party) for r in rows) for party in ["server", *ours.names]}
+               for s, rows in parties.items()}
+        pf = party_floor(ours, units, med["insecure_plaintext"])
+        over = {party: med["masked"][party] / pf["seconds"][party] for party in med["masked"]}
+        clients = {c: over[c] for c in ours.names}
+        worst = max(clients, key=clients.get)
+        out[clock] = {
+            "unit_seconds": units,
+            "masked_seconds": {"server": med["masked"]["server"], "client_median": statistics.median(
+                med["masked"][c] for c in ours.names), "client_max": max(med["masked"][c] for c in ours.names)},
+            "floor_seconds": {"server": pf["seconds"]["server"], "client_median": statistics.median(
+                pf["seconds"][c] for c in ours.names), "client_max": max(pf["seconds"][c] for c in ours.names)},
+            "ratio_masked_over_floor": {"server": over["server"], "client_median": statistics.median(clients.values()),
+                                        "client_worst": clients[worst]},
+        }
+    out["operations"] = pf["operations"]
+    return out
+
+
 OURS = ("insecure_plaintext", "masked", "masked16")
 
 
-def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
+def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True, party_reps: int = 7) -> dict:
+    """One (n, P): whole rounds ``reps`` times, per-party rounds ``max(reps, party_reps)`` times
+    (each client's time is a few milliseconds: more repetitions steady its median)."""
     deltas, weights = make_case(n, p)
     ours = _Ours(n, p, deltas, weights)
     flower = _Flower(deltas, weights, ours.k, ours.t)
@@ -424,8 +498,8 @@ def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
     times: dict[str, list[float]] = {s: [] for s in sides}
     parties: dict[str, list[dict]] = {s: [] for s in OURS}
     uploads, errors = {}, {}
-    for _ in range(reps):  # interleaved
-        for side, fn in sides.items():
+    for rep in range(max(reps, party_reps)):  # interleaved
+        for side, fn in sides.items() if rep < reps else ():
             dt, (mean, up) = _timed(fn)
             times[side].append(dt)
             uploads[side] = int(up)
@@ -436,6 +510,8 @@ def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
     med = {s: statistics.median(v) for s, v in times.items()}
     per_party = {s: {k: statistics.median(r[k] for r in rows) for k in ("server", "client_median", "client_max")}
                  for s, rows in parties.items()}
+    units = unit_costs()  # now: the load varies
+    party_floor_row = per_party_floor(ours, parties, units, unit_costs(clock=time.thread_time))
     peaks = {s: _peak(fn) for s, fn in sides.items()} if p <= 100_000 or n <= 10 else {}
     row = {
         "n": n, "P": p, "neighbours_k": ours.k, "threshold_t": ours.t, "flower_num_shares": ours.k + 1,
@@ -445,7 +521,8 @@ def bench_case(n: int, p: int, reps: int, *, with_flower: bool = True) -> dict:
         "per_party_seconds_per_round_median": per_party,
         "per_party_ratio_masked_over_plaintext": {
             k: per_party["masked"][k] / per_party["insecure_plaintext"][k] for k in ("server", "client_max")},
-        "floor": floor(ours, unit_costs(), med["insecure_plaintext"]),  # unit costs now: the load varies
+        "floor": floor(ours, units, med["insecure_plaintext"]),
+        "per_party_floor": party_floor_row,
         "bytes_uploaded_per_client_all_stages": uploads,
         "bytes_uploaded_per_parameter_all_stages": {s: b / p for s, b in uploads.items()},
         "vector_upload": {m: vector_upload_bytes(ours, m) for m in ("insecure_plaintext", "masked", "masked16")},
@@ -463,18 +540,25 @@ def main(argv: list[str] | None = None) -> dict:
     add_convention(ap, quick_help="small sizes")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-flower", action="store_true", help="skip Flower's SecAgg+ (faster)")
+    ap.add_argument("--case", action="append", default=None, metavar="N:P",
+                    help="only this (n, P) (repeatable; e.g. 100:100000)")
     args = ap.parse_args(argv)
     grid = [(5, 10_000), (10, 10_000)] if args.quick else \
         [(10, 10_000), (5, 100_000), (10, 100_000), (20, 100_000), (50, 100_000), (100, 100_000), (10, 1_000_000)]
+    if args.case:
+        grid = [(int(n), int(float(p))) for n, p in (c.split(":") for c in args.case)]
     cases = []
     for n, p in grid:
         reps = max(args.reps, 5) if p <= 10_000 else args.reps
         row = bench_case(n, p, reps, with_flower=n <= 20 and not args.no_flower)
         cases.append(row)
         m, pp = row["seconds_per_round_median"], row["per_party_ratio_masked_over_plaintext"]
+        pf = row["per_party_floor"]["cpu"]["ratio_masked_over_floor"]
         print(f"n={n} P={p}: " + ", ".join(f"{s} {v:.3f} s" for s, v in m.items())
               + f"; masked/plaintext {row['ratio_masked_over_plaintext']:.2f} (floor {row['floor']['ratio_floor']:.2f}; "
-              f"server {pp['server']:.2f}, slowest client {pp['client_max']:.2f})", file=sys.stderr)
+              f"server {pp['server']:.2f}, slowest client {pp['client_max']:.2f}); per party / its floor (CPU): "
+              f"server {pf['server']:.2f}, clients median {pf['client_median']:.2f}, worst {pf['client_worst']:.2f}",
+              file=sys.stderr)
     result = {"benchmark": "secure_aggregation_masked", "quick": args.quick, "reps": args.reps,
               "machine": machine(("pydantic", "pycryptodome")), "mask_prg": MASK_PRG,
               "note": "serial in-process rounds on a 2-core machine shared with other jobs; see machine.load_average_at_start",

@@ -4,7 +4,8 @@ After the masked inputs are in, the server sends every survivor the survivor set
 client checks U3 (:func:`check_survivor_set`), answers with a :class:`~.messages.ConsistencySignature`
 naming ``survivors_digest(federation, round, sorted U3)`` in its signed envelope, and
 remembers the U3 it signed; it signs at most one U3 per round. With the unmask request the
-server forwards, for every signer, that envelope's payload bytes and signature as received;
+server forwards, for t signers, that envelope's payload bytes and signature as received (t is
+what the check needs; forwarding all |U3| made every request O(n) bytes);
 before revealing any share a client requires (:func:`check_signatures`) the request's
 survivors to be exactly the U3 it signed and at least t valid signatures on that U3 from
 distinct members of U3 -- any forged, foreign, repeated or out-of-U3 signature is refused.

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -297,12 +298,53 @@ class MaskingParams:
                    clip_out_of_range=oor == "clip", word_bits=int(bits))  # type: ignore[arg-type]
 
 
-def neighbour_graph(plan: RoundPlan, k: int) -> dict[str, frozenset[str]]:
-    """Each participant's k neighbours: circulant graph over a plan-hashed order (complete if k = n-1)."""
-    people = sorted(plan.participants, key=lambda c: hashlib.sha256(
-        HASH_NEIGHBOUR_GRAPH + encode_context([plan.federation_id, plan.round, c])).digest())
-    n = len(people)
-    if k >= n - 1:
-        return {c: frozenset(people) - {c} for c in people}
-    half = k // 2
-    return {c: frozenset(people[(i + d) % n] for d in range(-half, half + 1) if d) for i, c in enumerate(people)}
+class NeighbourGraph(Mapping[str, frozenset[str]]):
+    """Each participant's k neighbours: a read-only mapping that builds a neighbour set when it
+    is first asked for (a hospital needs its own and its neighbours', not all n of them)."""
+
+    def __init__(self, people: list[str], k: int):
+        self._people, self._k = people, k
+        self._at = {c: i for i, c in enumerate(people)}
+        self._sets: dict[str, frozenset[str]] = {}
+        self._holders: dict[str, tuple[str, ...]] = {}
+
+    def __getitem__(self, c: str) -> frozenset[str]:
+        got = self._sets.get(c)
+        if got is None:
+            i, n, people = self._at[c], len(self._people), self._people  # KeyError for a stranger
+            if self._k >= n - 1:
+                got = frozenset(people[:i] + people[i + 1:])
+            else:
+                half = self._k // 2
+                got = frozenset(people[(i + d) % n] for d in range(-half, half + 1) if d)
+            self._sets[c] = got
+        return got
+
+    def holders(self, owner: str) -> tuple[str, ...]:
+        """Share holders of ``owner``'s secrets in index order: its neighbours and itself (cached)."""
+        got = self._holders.get(owner)
+        if got is None:
+            got = self._holders[owner] = tuple(sorted(self[owner] | {owner}))
+        return got
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._people)
+
+    def __len__(self) -> int:
+        return len(self._people)
+
+
+def neighbour_graph(plan: RoundPlan, k: int) -> NeighbourGraph:
+    """Each participant's k neighbours: circulant graph over a plan-hashed order (complete if k = n-1).
+
+    The order sorts participants by SHA-256(label || context(federation, round, name)); the
+    common prefix is hashed once and each name appended to a copy of it (same digests)."""
+    head = hashlib.sha256(HASH_NEIGHBOUR_GRAPH + encode_context([plan.federation_id, plan.round]))
+
+    def rank(c: str) -> bytes:
+        h = head.copy()
+        raw = c.encode()
+        h.update(len(raw).to_bytes(4, "big") + raw)  # = encode_context([c]): the order is unchanged
+        return h.digest()
+
+    return NeighbourGraph(sorted(plan.participants, key=rank), k)

@@ -5,7 +5,8 @@ arrive (memory O(P), never n vectors), then removes the survivors' self-masks an
 clients' pairwise masks from t-of-(k+1) Shamir shares. Between the masked input and the
 unmasking it runs the consistency check of Bonawitz et al. 2017 (round 4): it sends every
 survivor the survivor set U3, verifies and collects their Ed25519 signatures on it, and
-forwards them with the unmask request (:mod:`.consistency`). A client silent or refused at
+forwards t of them (all it has verified, so any t serve) with the unmask request
+(:mod:`.consistency`): a hospital checks t, so the request stays O(t) bytes, not O(n). A client silent or refused at
 the consistency check is dropped from the rest of the round (it gets no unmask request), but
 its masked input is already in the sum and is unmasked through its self-mask shares, as in
 the paper (U4 subset of U3); fewer than max(t, min_clients) signers aborts the round.
@@ -22,6 +23,7 @@ nothing is published.
 from __future__ import annotations
 
 import numpy as np
+from pydantic import ValidationError
 
 from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
@@ -35,6 +37,7 @@ from ..messages import WireMessage
 from ..wire import Envelope, parse_envelope, seal
 from .consistency import survivors_digest
 from .messages import (
+    MAX_VOUCHED_PAYLOAD,
     AdvertiseKeys,
     ConsistencyRequest,
     ConsistencySignature,
@@ -68,6 +71,19 @@ _MODELS: dict[int, type[WireMessage]] = {0: AdvertiseKeys, 1: ShareKeys, 2: Mask
 _DONE = 5
 
 
+def _relayable(model: type[PeerKeys] | type[SurvivorSignature], sender: str, envelope: Envelope):
+    """``sender``'s envelope as the server will relay it (payload and signature as received).
+
+    Raises ProtocolError, charged to the sender, when the payload is longer than a relayed
+    message may be (a validly signed message padded with JSON whitespace): refused here, it
+    cannot make the stage's relay fail for everyone."""
+    try:
+        return model(client=sender, payload=envelope.payload, signature=envelope.signature)
+    except ValidationError:
+        raise ProtocolError(f"{sender!r}'s {envelope.kind[:64]!r} payload has {len(envelope.payload)} bytes; at most "
+                            f"{MAX_VOUCHED_PAYLOAD} can be relayed to its peers.") from None
+
+
 class MaskingServer(AggregationServer):
     """Server half of one masked round. See the module docstring for what it learns."""
 
@@ -88,8 +104,8 @@ class MaskingServer(AggregationServer):
         self._keys: dict[str, AdvertiseKeys] = {}
         self._outbox: dict[str, list[EncryptedShare]] = {}
         self._sum: list[np.ndarray] | None = None
-        self._vouched: dict[str, tuple[bytes, bytes]] = {}  # AdvertiseKeys envelopes (payload, signature)
-        self._signatures: dict[str, tuple[bytes, bytes]] = {}  # ConsistencySignature envelopes, likewise
+        self._vouched: dict[str, PeerKeys] = {}  # AdvertiseKeys envelopes (payload, signature), to relay
+        self._signatures: dict[str, SurvivorSignature] = {}  # ConsistencySignature envelopes, likewise
         self._digests: set[str] = set()  # payload digests of accepted messages (exact re-sends)
         self._revealed: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
         self._result: ModuleSums | None = None
@@ -170,8 +186,8 @@ class MaskingServer(AggregationServer):
 
     def _accept(self, sender: str, msg: WireMessage, envelope: Envelope) -> None:
         if isinstance(msg, AdvertiseKeys):  # its envelope signature, verified, is the key signature
+            self._vouched[sender] = _relayable(PeerKeys, sender, envelope)  # first: may refuse
             self._keys[sender] = msg
-            self._vouched[sender] = (envelope.payload, envelope.signature)
         elif isinstance(msg, ShareKeys):
             keyed = self._graph[sender] & self._alive[0]
             peers = [s.peer for s in msg.shares]
@@ -179,7 +195,7 @@ class MaskingServer(AggregationServer):
                 raise ProtocolError(f"{sender!r} sent shares for {len(peers)} peer(s); expected exactly one for "
                                     f"each of its {len(keyed)} neighbour(s) with keys.")
             for s in msg.shares:
-                self._outbox.setdefault(s.peer, []).append(EncryptedShare(peer=sender, ciphertext=s.ciphertext))
+                self._outbox.setdefault(s.peer, []).append(s.model_copy(update={"peer": sender}))  # both checked
         elif isinstance(msg, MaskedInput):
             parts = split_modules(from_words(msg.words, layout=self._layout, params=self.params, sender=sender),
                                   layout=self._layout)  # kept per module: decode_sum frees each in turn
@@ -192,7 +208,7 @@ class MaskingServer(AggregationServer):
             if msg.survivors_digest != survivors_digest(self.plan, self._alive[2]):
                 raise ProtocolError(f"{sender!r} signed a survivor set U3 other than the one it was sent; its "
                                     "consistency signature does not verify on this round's U3.")
-            self._signatures[sender] = (envelope.payload, envelope.signature)
+            self._signatures[sender] = _relayable(SurvivorSignature, sender, envelope)
         elif isinstance(msg, UnmaskResponse):
             self._take_shares(sender, msg)
 
@@ -225,8 +241,7 @@ class MaskingServer(AggregationServer):
         out: dict[str, WireMessage] = {}
         if closing == 0:
             for u in alive:
-                keys = tuple(PeerKeys(client=v, payload=self._vouched[v][0], signature=self._vouched[v][1])
-                             for v in sorted(self._graph[u] & alive))
+                keys = tuple(self._vouched[v] for v in sorted(self._graph[u] & alive))  # built once a client
                 out[u] = KeyDirectory(federation_id=p.federation_id, round=p.round, recipient=u, keys=keys)
         elif closing == 1:
             for u in alive:
@@ -240,8 +255,7 @@ class MaskingServer(AggregationServer):
         elif closing == 3:
             survivors = self._alive[2]
             dropped = tuple(sorted(self._alive[1] - survivors))
-            sigs = tuple(SurvivorSignature(client=c, payload=self._signatures[c][0], signature=self._signatures[c][1])
-                         for c in sorted(alive))
+            sigs = tuple(self._signatures[c] for c in sorted(alive)[:self.params.threshold])  # t: what a client checks (consistency.py)
             for u in alive:
                 out[u] = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient=u,
                                        survivors=tuple(sorted(survivors)), dropped=dropped, signatures=sigs)

@@ -24,7 +24,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from pydantic import ValidationError
 
-from clinograph.core.errors import ProtocolError
+from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.core.identity import PublicIdentity
 from clinograph.core.labels import KDF_SHARE_ENCRYPTION_DIRECTED
 
@@ -327,7 +327,13 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
         env = Envelope(sender=client, kind=kind, payload=payload, signature=signature)
     except ValidationError:
         raise ProtocolError(f"Relayed {kind!r} message of {client!r} is malformed.") from None
-    msg = open_envelope(env, sender=key, model=model)
+    try:
+        msg = open_envelope(env, sender=key, model=model)
+    except IntegrityError:
+        raise IntegrityError(f"Relayed {kind!r} message of {client!r} does not verify under {client!r}'s key: the "
+                             f"server relayed, in a message it signed, something {client!r} did not sign (forged, "
+                             "altered or misattributed). Refused; the server's signed message is the evidence."
+                             ) from None
     got = (msg.client, msg.federation_id, msg.round, msg.spec_digest, msg.dictionary_hash)  # type: ignore[attr-defined]
     if got != (client, plan.federation_id, plan.round, spec_digest or plan.spec.digest(), plan.dictionary_hash):
         raise ProtocolError(f"Relayed {kind!r} message of {client!r} is for another client, federation, round, "
@@ -335,22 +341,23 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
     return msg
 
 
-def holders(graph: Mapping[str, frozenset[str]], owner: str) -> list[str]:
+def holders(graph: Mapping[str, frozenset[str]], owner: str) -> tuple[str, ...]:
     """Share holders of ``owner``'s secrets in index order: its neighbours and itself."""
-    return sorted(graph[owner] | {owner})
+    cached = getattr(graph, "holders", None)  # a NeighbourGraph keeps them
+    return cached(owner) if cached is not None else tuple(sorted(graph[owner] | {owner}))
 
 
-def _share_key(shared_secret: bytes, plan: RoundPlan, sender: str, recipient: str) -> bytes:
-    return hkdf(shared_secret, label=KDF_SHARE_ENCRYPTION_DIRECTED, context=round_context(plan, sender, recipient))
+def _share_key(shared_secret: bytes, context: bytes) -> bytes:
+    return hkdf(shared_secret, label=KDF_SHARE_ENCRYPTION_DIRECTED, context=context)
 
 
 def encrypt_share(shared_secret: bytes, *, plan: RoundPlan, sender: str, recipient: str,
                   index: int, b_share: bytes, s_share: bytes) -> bytes:
     """AEAD-encrypt one holder's shares under a key for the direction sender -> recipient."""
     nonce = os.urandom(12)
-    ad = round_context(plan, sender, recipient)
+    ad = round_context(plan, sender, recipient)  # also the key's HKDF context
     body = struct.pack(">H", index) + b_share + s_share
-    return nonce + ChaCha20Poly1305(_share_key(shared_secret, plan, sender, recipient)).encrypt(nonce, body, ad)
+    return nonce + ChaCha20Poly1305(_share_key(shared_secret, ad)).encrypt(nonce, body, ad)
 
 
 def decrypt_share(shared_secret: bytes, *, plan: RoundPlan, sender: str, recipient: str,
@@ -358,7 +365,7 @@ def decrypt_share(shared_secret: bytes, *, plan: RoundPlan, sender: str, recipie
     """Inverse of :func:`encrypt_share`; ProtocolError if it does not authenticate."""
     ad = round_context(plan, sender, recipient)
     try:
-        body = ChaCha20Poly1305(_share_key(shared_secret, plan, sender, recipient)).decrypt(
+        body = ChaCha20Poly1305(_share_key(shared_secret, ad)).decrypt(
             ciphertext[:12], ciphertext[12:], ad)
     except InvalidTag:
         raise ProtocolError(f"Encrypted share from {sender!r} does not authenticate (tampered or misrouted).") from None
