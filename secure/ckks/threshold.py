@@ -1,0 +1,320 @@
+"""Threshold CKKS: a federation key that no single party holds (safe API over
+:mod:`clinograph.secure.hazmat.threshold_ckks`).
+
+Who holds what:
+
+* every key-holding hospital i holds a secret share ``s_i`` (:class:`ThresholdParty`; redacted,
+  refuses to pickle) and publishes ``p0_i = -a*s_i + e_i`` (:class:`KeyGenShare`);
+* anyone (the server) sums the shares into the collective public key
+  (:class:`CollectivePublicKey`); hospitals encrypt their updates under it with SEAL's own
+  ``Encryptor``; the server adds ciphertexts as in ``ckks`` mode;
+* to open an aggregate, the combiner (the server) sends every key holder the ``c1`` halves
+  (:class:`DecryptionRequest`) with one *canary* hidden at a random position, and gets back
+  ``d_i = c1*s_i + e_smudge`` from each (:class:`DecryptionShare`); :class:`Combiner` checks
+  each party's canary share against its public ``p0_i`` and adds the shares to ``c0``.
+  The combiner learns the aggregate (the sum), nothing about one hospital's update.
+
+Guarantees: the secret key ``s = sum_i s_i`` never exists anywhere; without the share of
+*every* key holder (N-of-N) the combination is ``Delta*m + c1*s_missing + noise``, uniformly
+random mod q (tested); a decryption share under a wrong key share is refused and its party
+named (the canary: an RLWE sample the party cannot tell from real ``c1``); smudging noise
+hides the decryption noise (and so the key) to statistical distance ``2^-statistical_bits``
+per share (:class:`ThresholdPreset`, argued in SECURITY.md).
+Does not guarantee: liveness under dropout -- N-of-N, so a key holder that does not answer
+stops the decryption; the documented recovery is to re-run key generation among the
+remaining hospitals and redo the round (t-of-N Shamir sharing over every RNS prime exists in
+the hazmat layer and is tested, but is not wired here); that a party's *other* shares are
+honest (the canary catches a wrong key share; a party that corrupts only some real shares is
+caught with probability 1/(k+1) per corrupted share, k the ciphertext count, and the
+decrypted result's imaginary parts -- ~0 for honest real-valued CKKS -- show the corruption
+without naming the party); that the server asks only for the aggregate (a malicious server can
+request one hospital's ciphertext instead: hospitals must recompute the aggregate's ``c1``,
+not done here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from typing import Any, Literal
+
+import numpy as np
+import tenseal.sealapi as sealapi
+from pydantic import Field
+
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
+
+from ..hazmat import threshold_ckks as T
+from ..hazmat.ckks_context import CkksParams, _load, build_context, dump
+from ..messages import ID_PATTERN, WireMessage
+
+MAX_POLY_BYTES = 3 * 8 * 8192 * 8
+
+
+class ThresholdPreset(str, Enum):
+    """N = 8192, primes [60, 60 | 60 special], scale 2^80, smudging sigma 2^46 per party.
+
+    128-bit (180 of 218 bits allowed at N = 8192, SEAL enforces it). Decryption-noise bound
+    B = 2^13 for at most 32 key holders and 32 contributions; statistical distance per share
+    <= sqrt(N)*B/(2*sigma) = 2^-27.5, so ``statistical_bits`` = 27; slot error (32 parties)
+    ~ 2^-25 standard deviation, |aggregate slot| < 2^38. See SECURITY.md for the argument.
+    """
+
+    THRESHOLD_128 = "threshold_128"
+
+    @property
+    def params(self) -> CkksParams:
+        """SEAL parameters (hazmat)."""
+        return CkksParams(8192, (60, 60, 60), 80)
+
+    @property
+    def smudging_sigma(self) -> float:
+        """Standard deviation of each party's smudging Gaussian (per coefficient)."""
+        return 2.0 ** 46
+
+    @property
+    def noise_bound_bits(self) -> int:
+        """log2 B: bound on |coefficient| of the aggregate's decryption noise (<= 32 parties)."""
+        return 13
+
+    @property
+    def statistical_bits(self) -> int:
+        """lambda: -log2 of the statistical distance a decryption share leaks about the noise."""
+        return 27
+
+    @property
+    def max_parties(self) -> int:
+        """Key holders and contributions the noise bound covers."""
+        return 32
+
+
+class KeyGenShare(WireMessage):
+    """Key holder -> all: ``p0_i = -a*s_i + e_i`` (raw little-endian uint64, key-level limbs)."""
+
+    kind: Literal["threshold_ckks_keygen_share"] = "threshold_ckks_keygen_share"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    party: str = Field(pattern=ID_PATTERN)
+    seed_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    p0: bytes = Field(min_length=8, max_length=MAX_POLY_BYTES)
+
+
+class DecryptionRequest(WireMessage):
+    """Combiner -> every key holder: the ``c1`` halves to decrypt (one is a canary)."""
+
+    kind: Literal["threshold_ckks_decryption_request"] = "threshold_ckks_decryption_request"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    c1: tuple[bytes, ...] = Field(min_length=1, max_length=100_000)
+
+    def digest(self) -> str:
+        """SHA-256 over the request's ``c1`` halves (binds each share to its request)."""
+        h = hashlib.sha256(self.federation_id.encode() + self.round.to_bytes(8, "big"))
+        for c in self.c1:
+            h.update(hashlib.sha256(c).digest())
+        return h.hexdigest()
+
+
+class DecryptionShare(WireMessage):
+    """Key holder -> combiner: ``d_i = c1*s_i + e_smudge`` for every ``c1`` of one request."""
+
+    kind: Literal["threshold_ckks_decryption_share"] = "threshold_ckks_decryption_share"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    party: str = Field(pattern=ID_PATTERN)
+    request_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    shares: tuple[bytes, ...] = Field(min_length=1, max_length=100_000)
+
+
+class _Ctx:
+    """SEAL context, ring and encoder of a preset (no key)."""
+
+    def __init__(self, preset: ThresholdPreset):
+        self.preset = preset
+        self.context, self.parms_bytes = build_context(preset.params)
+        self.ring = T.Ring.of(self.context)
+        self.encoder = sealapi.CKKSEncoder(self.context)
+
+    def poly(self, data: bytes, limbs: int, what: str) -> np.ndarray:
+        n = self.ring.degree
+        if len(data) != 8 * limbs * n:
+            raise ProtocolError(f"{what} has {len(data)} bytes; expected {8 * limbs * n} ({limbs} limbs of N = {n}).")
+        arr = np.frombuffer(data, dtype="<u8").astype(np.uint64).reshape(limbs, n)
+        if np.any(arr >= self.ring.q(limbs)):
+            raise ProtocolError(f"{what} has a coefficient outside [0, q_j).")
+        return arr
+
+
+def _ctx(preset: ThresholdPreset) -> _Ctx:
+    return _Ctx(preset)
+
+
+def _bytes(poly: np.ndarray) -> bytes:
+    return np.ascontiguousarray(poly, dtype="<u8").tobytes()
+
+
+class ThresholdParty:
+    """One key holder's secret share ``s_i``. Redacted repr; refuses to pickle."""
+
+    def __init__(self, *, preset: ThresholdPreset, federation_id: str, name: str):
+        self.preset, self.federation_id, self.name = preset, federation_id, name
+        self._c = _ctx(preset)
+        self._sk = sealapi.KeyGenerator(self._c.context).secret_key()  # SEAL's CSPRNG: ternary s_i
+        self._s = T.read_secret_key(self._sk, self._c.ring)
+
+    def keygen_share(self, *, seed: bytes) -> KeyGenShare:
+        """This party's collective-key-generation share for the public seed of ``a``."""
+        ring = self._c.ring
+        a = T.common_poly(seed, ring)
+        p0 = T.ckg_share(s=self._s, e=T.key_error(self._sk, self._c.context, self._s, ring), a=a, ring=ring)
+        return KeyGenShare(federation_id=self.federation_id, party=self.name,
+                           seed_sha256=hashlib.sha256(seed).hexdigest(), p0=_bytes(p0))
+
+    def decryption_share(self, request: DecryptionRequest) -> DecryptionShare:
+        """``c1*s_i`` plus fresh smudging noise for every ``c1`` of ``request``."""
+        if request.federation_id != self.federation_id:
+            raise ProtocolError(f"Decryption request for federation {request.federation_id!r}; "
+                                f"{self.name!r} holds a key share of {self.federation_id!r}.")
+        limbs, out = self._c.ring.data_count, []
+        for i, raw in enumerate(request.c1):
+            c1 = self._c.poly(raw, limbs, f"c1 {i} of the decryption request")
+            noise = T.smudging_noise(sigma=self.preset.smudging_sigma, encoder=self._c.encoder,
+                                     ring=self._c.ring, limbs=limbs)
+            out.append(_bytes(T.decryption_share(c1=c1, s=self._s, noise=noise, ring=self._c.ring)))
+        return DecryptionShare(federation_id=self.federation_id, round=request.round, party=self.name,
+                               request_sha256=request.digest(), shares=tuple(out))
+
+    def __repr__(self) -> str:
+        return f"ThresholdParty(party={self.name!r}, preset={self.preset.value}, secret_share=<redacted>)"
+
+    def __reduce__(self) -> Any:  # noqa: D105
+        raise TypeError("ThresholdParty holds a secret key share and refuses to be pickled.")
+
+
+class CollectivePublicKey:
+    """The collective public key ``(sum_i p0_i, a)``, loaded into SEAL; encrypts updates."""
+
+    def __init__(self, *, preset: ThresholdPreset, federation_id: str, seed: bytes,
+                 shares: Mapping[str, KeyGenShare]):
+        if not 1 <= len(shares) <= preset.max_parties:
+            raise ConfigError(f"Threshold CKKS needs 1..{preset.max_parties} key holders (the noise bound of "
+                              f"{preset.value}); got {len(shares)}.")
+        self.preset, self.federation_id = preset, federation_id
+        self._c = c = _ctx(preset)
+        ring, want = c.ring, hashlib.sha256(seed).hexdigest()
+        self.a = T.common_poly(seed, ring)
+        self.p0: dict[str, np.ndarray] = {}
+        for name, msg in sorted(shares.items()):
+            if msg.party != name or msg.federation_id != federation_id or msg.seed_sha256 != want:
+                raise ProtocolError(f"Key-generation share filed under {name!r} is from {msg.party!r}, federation "
+                                    f"{msg.federation_id!r}, or for another seed of a.")
+            self.p0[name] = c.poly(msg.p0, len(ring.primes), f"key-generation share of {name!r}")
+        p0 = T.sum_polys(list(self.p0.values()), ring.q(len(ring.primes)))
+        self.public_key_bytes = T.public_key_bytes(p0=p0, a=self.a, ring=ring)
+        self._pk = T.load_public_key(self.public_key_bytes, c.context)  # SEAL validates it
+        self._encryptor = sealapi.Encryptor(c.context, self._pk)
+
+    @property
+    def holders(self) -> tuple[str, ...]:
+        """Every key holder (all are needed to decrypt)."""
+        return tuple(sorted(self.p0))
+
+    def encrypt(self, values: np.ndarray) -> list[bytes]:
+        """SEAL public-key encryptions of ``values`` (chunks of N/2 slots), SEAL's own bytes."""
+        n, scale = self.preset.params.slot_count, 2.0 ** self.preset.params.scale_bits
+        flat = np.asarray(values, dtype=np.float64).reshape(-1)
+        if np.any(np.abs(flat) >= 2.0 ** 38) or not np.all(np.isfinite(flat)):
+            raise ConfigError(f"Values must be finite and below 2^38 in magnitude for {self.preset.value}.")
+        out, pt = [], sealapi.Plaintext()
+        for start in range(0, max(len(flat), 1), n):
+            self._c.encoder.encode(flat[start:start + n].tolist(), scale, pt)
+            ct = sealapi.Ciphertext()
+            self._encryptor.encrypt(pt, ct)
+            out.append(dump(ct))
+        return out
+
+    def add(self, ciphertexts: Sequence[Sequence[bytes]]) -> list[sealapi.Ciphertext]:
+        """Sum several parties' ciphertext lists slot-chunk by chunk (what the server does)."""
+        ev, acc = sealapi.Evaluator(self._c.context), None
+        for cts in ciphertexts:
+            loaded = [self.load(raw) for raw in cts]
+            if acc is None:
+                acc = loaded
+            else:
+                for x, y in zip(acc, loaded, strict=True):
+                    ev.add_inplace(x, y)
+        return acc or []
+
+    def load(self, raw: bytes) -> sealapi.Ciphertext:
+        """A ciphertext under this key's parameters (SEAL checks it)."""
+        ct = sealapi.Ciphertext()
+        try:
+            _load(ct, raw, self._c.context)
+        except ValueError as exc:
+            raise ProtocolError(f"Ciphertext does not load under the threshold parameters: {exc}.") from None
+        return ct
+
+
+class Combiner:
+    """Opens one aggregate with every key holder's share; checks and names bad shares."""
+
+    def __init__(self, *, public: CollectivePublicKey, round: int, aggregate: Sequence[sealapi.Ciphertext]):
+        self.public, self.round = public, round
+        self._c = public._c
+        polys = [T.read_ciphertext(ct) for ct in aggregate]
+        self._c0 = [p[0] for p in polys]
+        self._scale = aggregate[0].scale if aggregate else 1.0
+        canary, self._u = T.canary_c1(a=public.a, ring=self._c.ring, context=self._c.context, encoder=self._c.encoder)
+        c1 = [p[1] for p in polys]
+        self._canary_at = secrets.randbelow(len(c1) + 1)
+        c1.insert(self._canary_at, canary)
+        self.request = DecryptionRequest(federation_id=public.federation_id, round=round,
+                                         c1=tuple(_bytes(p) for p in c1))
+
+    def combine(self, shares: Mapping[str, DecryptionShare], *, length: int) -> np.ndarray:
+        """The decoded aggregate (``length`` values).
+
+        Raises:
+            ProtocolError: a key holder's share is missing (N-of-N: re-run key generation without
+                it and redo the round), or a share answers another request.
+            IntegrityError: a share fails the canary check (names every such party), or the
+                decoded slots are not real-valued (a corrupted share that the canary missed).
+        """
+        missing = [h for h in self.public.holders if h not in shares]
+        if missing:
+            raise ProtocolError(f"Decryption shares missing from {', '.join(missing)}: every key holder's share is "
+                                "needed (N-of-N). Re-run threshold key generation without them and redo the round.")
+        ring, limbs, want = self._c.ring, self._c.ring.data_count, self.request.digest()
+        per_party: dict[str, list[np.ndarray]] = {}
+        bad = []
+        for name in self.public.holders:
+            msg = shares[name]
+            if msg.party != name or msg.request_sha256 != want or len(msg.shares) != len(self.request.c1):
+                raise ProtocolError(f"Decryption share filed under {name!r} answers another request or party.")
+            polys = [self._c.poly(raw, limbs, f"decryption share {i} of {name!r}") for i, raw in enumerate(msg.shares)]
+            bits = T.canary_residual(share=polys[self._canary_at], u=self._u, p0=self.public.p0[name], ring=ring,
+                                     context=self._c.context)
+            if bits > _CANARY_LIMIT_BITS:
+                bad.append(name)
+            per_party[name] = polys[:self._canary_at] + polys[self._canary_at + 1:]
+        if bad:
+            raise IntegrityError(f"Decryption share(s) of {', '.join(bad)} are not made with their key share "
+                                 "(canary check against their public key-generation share failed).")
+        out = []
+        for k, c0 in enumerate(self._c0):
+            m = T.combine_decryption(c0=c0, shares=[per_party[h][k] for h in self.public.holders], ring=ring)
+            pt = T.load_plaintext(T.plaintext_bytes(m, ring=ring, parms_id=ring.data_parms_id, scale=self._scale),
+                                  self._c.context)
+            z = np.asarray(self._c.encoder.decode_complex(pt))
+            if np.max(np.abs(z.imag)) > 1e-3:
+                raise IntegrityError("The combined aggregate is not real-valued: a decryption share was corrupted.")
+            out.append(z.real)
+        return np.concatenate(out)[:length] if out else np.zeros(0)
+
+
+#: An honest canary residual is ~ log2(sigma) + 3 = 49 bits, a wrong key's ~ 59 bits (uniform mod q_0).
+_CANARY_LIMIT_BITS = 54.0
+
+__all__ = ["Combiner", "CollectivePublicKey", "DecryptionRequest", "DecryptionShare", "KeyGenShare",
+           "ThresholdParty", "ThresholdPreset"]
