@@ -54,12 +54,13 @@ MAX_POLY_BYTES = 3 * 8 * 8192 * 8
 
 
 class ThresholdPreset(str, Enum):
-    """N = 8192, primes [60, 60 | 60 special], scale 2^80, smudging sigma 2^46 per party.
+    """N = 8192, primes [60, 60 | 60 special], scale 2^96, smudging uniform on [-2^68, 2^68).
 
     128-bit (180 of 218 bits allowed at N = 8192, SEAL enforces it). Decryption-noise bound
-    B = 2^13 for at most 32 key holders and 32 contributions; statistical distance per share
-    <= sqrt(N)*B/(2*sigma) = 2^-27.5, so ``statistical_bits`` = 27; slot error (32 parties)
-    ~ 2^-25 standard deviation, |aggregate slot| < 2^38. See SECURITY.md for the argument.
+    B = 2^13 for at most 32 key holders and 32 contributions (measured: max 2 541 at 32);
+    statistical distance per decrypted ciphertext <= N*B/2^69 = 2^-43, so ``statistical_bits``
+    = 43; slot error standard deviation 2^-22 (3 parties) to 2^-20 (32 parties);
+    |aggregate slot| < 2^22. See SECURITY.md for the argument.
     """
 
     THRESHOLD_128 = "threshold_128"
@@ -67,12 +68,12 @@ class ThresholdPreset(str, Enum):
     @property
     def params(self) -> CkksParams:
         """SEAL parameters (hazmat)."""
-        return CkksParams(8192, (60, 60, 60), 80)
+        return CkksParams(8192, (60, 60, 60), 96)
 
     @property
-    def smudging_sigma(self) -> float:
-        """Standard deviation of each party's smudging Gaussian (per coefficient)."""
-        return 2.0 ** 46
+    def smudging_bits(self) -> int:
+        """Each party's smudging noise is uniform on [-2^bits, 2^bits) per coefficient."""
+        return 68
 
     @property
     def noise_bound_bits(self) -> int:
@@ -82,7 +83,7 @@ class ThresholdPreset(str, Enum):
     @property
     def statistical_bits(self) -> int:
         """lambda: -log2 of the statistical distance a decryption share leaks about the noise."""
-        return 27
+        return 43
 
     @property
     def max_parties(self) -> int:
@@ -179,8 +180,8 @@ class ThresholdParty:
         limbs, out = self._c.ring.data_count, []
         for i, raw in enumerate(request.c1):
             c1 = self._c.poly(raw, limbs, f"c1 {i} of the decryption request")
-            noise = T.smudging_noise(sigma=self.preset.smudging_sigma, encoder=self._c.encoder,
-                                     ring=self._c.ring, limbs=limbs)
+            noise = T.uniform_smudging(bits=self.preset.smudging_bits, ring=self._c.ring,
+                                       context=self._c.context, limbs=limbs)
             out.append(_bytes(T.decryption_share(c1=c1, s=self._s, noise=noise, ring=self._c.ring)))
         return DecryptionShare(federation_id=self.federation_id, round=request.round, party=self.name,
                                request_sha256=request.digest(), shares=tuple(out))
@@ -224,8 +225,11 @@ class CollectivePublicKey:
         """SEAL public-key encryptions of ``values`` (chunks of N/2 slots), SEAL's own bytes."""
         n, scale = self.preset.params.slot_count, 2.0 ** self.preset.params.scale_bits
         flat = np.asarray(values, dtype=np.float64).reshape(-1)
-        if np.any(np.abs(flat) >= 2.0 ** 38) or not np.all(np.isfinite(flat)):
-            raise ConfigError(f"Values must be finite and below 2^38 in magnitude for {self.preset.value}.")
+        bound = self.preset.params.max_abs_slot / self.preset.max_parties
+        if not np.all(np.isfinite(flat)) or np.any(np.abs(flat) >= bound):
+            raise ConfigError(f"Values must be finite and below {bound:.4g} in magnitude under {self.preset.value} "
+                              f"(aggregate slots stay below {self.preset.params.max_abs_slot:.4g} for up to "
+                              f"{self.preset.max_parties} contributions). Scale every weight down by the same factor.")
         out, pt = [], sealapi.Plaintext()
         for start in range(0, max(len(flat), 1), n):
             self._c.encoder.encode(flat[start:start + n].tolist(), scale, pt)
@@ -313,8 +317,10 @@ class Combiner:
         return np.concatenate(out)[:length] if out else np.zeros(0)
 
 
-#: An honest canary residual is ~ log2(sigma) + 3 = 49 bits, a wrong key's ~ 59 bits (uniform mod q_0).
-_CANARY_LIMIT_BITS = 54.0
+#: An honest canary residual is the smudging noise plus tiny terms, < 2^68 + 2^20; a share under any
+#: other key is uniform mod q_0 q_1 (2^120), so its limb-0 value exceeds 2^69 with probability 1 - 2^-50
+#: per coefficient (q_0 ~ 2^60: the check reads the centred CRT value, see the hazmat).
+_CANARY_LIMIT_BITS = 69.5
 
 __all__ = ["Combiner", "CollectivePublicKey", "DecryptionRequest", "DecryptionShare", "KeyGenShare",
            "ThresholdParty", "ThresholdPreset"]

@@ -21,13 +21,14 @@ Representation. SEAL keeps CKKS keys and ciphertexts in NTT (evaluation) form, R
 elementwise there and every step above is elementwise arithmetic mod q_j; no NTT is
 implemented here. A uniform ``a`` in NTT form is a uniform ``a`` (bijection). Errors come from
 SEAL itself: ``e_i`` is the error of SEAL's own public key for ``s_i`` (``pk_i.c0 + pk_i.c1*s_i``,
-SEAL's clipped discrete Gaussian, sigma 3.2); smudging noise is a rounded continuous Gaussian
-made by SEAL's ``CKKSEncoder`` (i.i.d. complex Gaussian slots map to i.i.d. real Gaussian
-coefficients: the canonical embedding is a scaled isometry, so coefficient variance is
-``2*scale^2*v/N`` for slot variance v per real component) -- the encoder returns it in NTT form
-at any level. Gaussians come from :class:`~.discrete_noise.CsprngUniform` (ChaCha20, OS key)
-by Box-Muller; the common ``a`` from the AES-256-CTR keystream of :mod:`.masking_prg` by
-rejection sampling (exactly uniform mod q_j).
+SEAL's clipped discrete Gaussian, sigma 3.2). Smudging noise is sampled exactly, uniform on
+``[-2^bits, 2^bits)`` per coefficient from the ChaCha20 keystream (:func:`uniform_smudging`), and
+taken to NTT form by SEAL's own forward NTT (``Evaluator.transform_to_ntt`` on a not-NTT
+ciphertext; :func:`to_ntt`, and :func:`to_coefficients` the other way). The canary's small
+Gaussian ``e1`` is made by SEAL's ``CKKSEncoder`` (i.i.d. complex Gaussian slots map to i.i.d.
+real Gaussian coefficients: the canonical embedding is a scaled isometry, so coefficient variance
+is ``2*scale^2*v/N`` for slot variance v per real component). The common ``a`` comes from the
+AES-256-CTR keystream of :mod:`.masking_prg` by rejection sampling (exactly uniform mod q_j).
 
 Reading and writing. Polynomials are read straight out of SEAL objects (element access, the
 in-memory layout SEAL serialises) and written back as SEAL's serialisation with compression
@@ -254,15 +255,66 @@ def gaussian_slots(n: int, source: CsprngUniform) -> list[complex]:
     return z.tolist()  # type: ignore[no-any-return]
 
 
-def smudging_noise(*, sigma: float, encoder: seal.CKKSEncoder, ring: Ring, limbs: int,
-                   source: CsprngUniform | None = None) -> np.ndarray:
-    """A rounded Gaussian polynomial with i.i.d. coefficients of standard deviation ``sigma``, in
-    NTT form over the first ``limbs`` primes (made by SEAL's encoder; see the module docstring)."""
+def encoder_gaussian(*, sigma: float, encoder: seal.CKKSEncoder, ring: Ring, limbs: int,
+                     source: CsprngUniform | None = None) -> np.ndarray:
+    """A rounded Gaussian polynomial (i.i.d. coefficients, standard deviation ``sigma``; float64
+    Box-Muller and SEAL's float64 inverse FFT, so only for small sigma), NTT form over the first
+    ``limbs`` primes, made by SEAL's encoder (see the module docstring). Used for the canary's
+    ``e1``, never for smudging."""
     src = source if source is not None else CsprngUniform()
     pt = seal.Plaintext()
     scale = sigma * math.sqrt(ring.degree / 2.0)  # coefficient variance 2*scale^2/N per unit slot variance
     encoder.encode(gaussian_slots(ring.degree // 2, src), list(ring.data_parms_id), scale, pt)
     return read_plaintext(pt, ring.data_count, ring.degree)[:limbs]
+
+
+def to_ntt(coeffs: np.ndarray, *, ring: Ring, context: seal.SEALContext, parms_id: Sequence[int]) -> np.ndarray:
+    """A coefficient-form (limbs, N) polynomial in NTT form, by SEAL's forward NTT
+    (``Evaluator.transform_to_ntt`` on a 2-component, not-NTT ciphertext holding it)."""
+    body = bytearray(ciphertext_bytes(np.stack([coeffs, coeffs]), ring=ring, parms_id=parms_id, scale=1.0))
+    body[16 + 32] = 0  # is_ntt_form = false
+    ct = seal.Ciphertext()
+    _load(ct, bytes(body), context)
+    seal.Evaluator(context).transform_to_ntt_inplace(ct)
+    return read_ciphertext(ct)[0]
+
+
+def uniform_smudging(*, bits: int, ring: Ring, context: seal.SEALContext, limbs: int,
+                     _key: bytes | None = None) -> np.ndarray:
+    """Smudging noise: i.i.d. coefficients exactly uniform on the 2^(bits+1) integers
+    [-2^bits, 2^bits), from the ChaCha20 keystream under a fresh OS key (exact integer
+    arithmetic, no floating point), returned in NTT form over the first ``limbs`` primes.
+
+    Why uniform: its shift bound is exact and elementary -- SD(U + mu, U) = |mu| / 2^(bits+1)
+    per coefficient, so N*B / 2^(bits+1) for a noise polynomial bounded by B -- where a
+    floating-point Gaussian at this width would carry the low-bit artefacts of its arithmetic.
+    """
+    if not 1 <= bits <= 100:
+        raise ValueError("bits must be in 1..100")
+    src = CsprngUniform(_key=_key)
+    n, extra = ring.degree, bits + 1 - 64
+    lo = np.frombuffer(src._enc.update(bytes(8 * n)), dtype="<u8").astype(_U64)
+    q = ring.q(limbs)
+    if extra <= 0:
+        lo = lo >> _U64(64 - bits - 1)
+        hi = np.zeros(n, dtype=_U64)
+    else:
+        hi = np.frombuffer(src._enc.update(bytes(8 * n)), dtype="<u8").astype(_U64) >> _U64(64 - extra)
+    two64 = np.array([(1 << 64) % p for p in ring.primes[:limbs]], dtype=_U64).reshape(-1, 1)
+    offset = np.array([(1 << bits) % p for p in ring.primes[:limbs]], dtype=_U64).reshape(-1, 1)
+    v = addmod(mulmod(np.broadcast_to(hi, (limbs, n)) % q, np.broadcast_to(two64, (limbs, n)), q),
+               np.broadcast_to(lo, (limbs, n)) % q, q)  # v = hi*2^64 + lo mod q_j, uniform on [0, 2^(bits+1))
+    coeffs = submod(v, np.broadcast_to(offset, (limbs, n)), q)  # v - 2^bits
+    return to_ntt(coeffs, ring=ring, context=context, parms_id=_parms_id_at(context, limbs))
+
+
+def _parms_id_at(context: seal.SEALContext, limbs: int) -> tuple[int, ...]:
+    data = context.first_context_data()
+    while data is not None and len(data.parms().coeff_modulus()) != limbs:
+        data = data.next_context_data()
+    if data is None:
+        raise ValueError(f"no level with {limbs} primes")
+    return tuple(data.parms_id())
 
 
 def decryption_share(*, c1: np.ndarray, s: np.ndarray, noise: np.ndarray, ring: Ring) -> np.ndarray:
@@ -330,10 +382,18 @@ def to_coefficients(poly: np.ndarray, *, ring: Ring, context: seal.SEALContext, 
     return read_ciphertext(ct)[0]
 
 
-def centered(coeffs: np.ndarray, q: int) -> np.ndarray:
-    """Residues mod q as signed integers in (-q/2, q/2] (float64: magnitudes only)."""
-    x = coeffs.astype(np.float64)
-    return np.where(coeffs > _U64(q // 2), x - float(q), x)
+def centered(coeffs: np.ndarray, primes: Sequence[int]) -> np.ndarray:
+    """Coefficient-form residues (limbs, N) as the signed integers in (-Q/2, Q/2] they represent,
+    Q the product of the limbs' primes (CRT, exact Python integers; an object array)."""
+    limbs = coeffs.shape[0]
+    qs = list(primes[:limbs])
+    big_q = math.prod(qs)
+    x = np.zeros(coeffs.shape[1], dtype=object)
+    for j, q in enumerate(qs):
+        m = big_q // q
+        x = x + coeffs[j].astype(object) * (m * pow(m, -1, q))
+    x = x % big_q
+    return np.where(x > big_q // 2, x - big_q, x)
 
 
 def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext, encoder: seal.CKKSEncoder) -> tuple[np.ndarray, np.ndarray]:
@@ -342,18 +402,18 @@ def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext, encoder: 
     real ciphertext's ``c1``. Returns (c1, u); ``u`` stays with whoever checks the shares."""
     limbs = ring.data_count
     u = read_secret_key(seal.KeyGenerator(context).secret_key(), ring)[:limbs]
-    e1 = smudging_noise(sigma=3.2, encoder=encoder, ring=ring, limbs=limbs)
+    e1 = encoder_gaussian(sigma=3.2, encoder=encoder, ring=ring, limbs=limbs)
     q = ring.q(limbs)
     return addmod(mulmod(a[:limbs], u, q), e1, q), u
 
 
 def canary_residual(*, share: np.ndarray, u: np.ndarray, p0: np.ndarray, ring: Ring,
                     context: seal.SEALContext) -> float:
-    """log2 of the largest |coefficient| of ``d_i + u*p0_i`` (limb 0). For an honest share
-    ``d_i = c1*s_i + e`` on a canary this is ``e1*s_i + e + u*e_i``: about log2(smudging sigma) + 3;
-    a share under any other key is uniform mod q_0 (about log2 q_0 - 1)."""
+    """log2 of the largest |coefficient| of ``d_i + u*p0_i`` (CRT over the share's limbs). For an
+    honest share ``d_i = c1*s_i + e`` on a canary this is ``e1*s_i + e + u*e_i``: the smudging
+    bound plus a few bits at most; a share under any other key is uniform mod Q (about log2 Q - 1)."""
     limbs = share.shape[0]
     q = ring.q(limbs)
     r = addmod(share, mulmod(u, p0[:limbs], q), q)
     coeffs = to_coefficients(r, ring=ring, context=context, parms_id=ring.data_parms_id)
-    return float(np.log2(np.max(np.abs(centered(coeffs[0], ring.primes[0]))) + 1.0))
+    return math.log2(int(np.max(np.abs(centered(coeffs, ring.primes)))) + 1)
