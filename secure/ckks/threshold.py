@@ -211,7 +211,7 @@ class CollectivePublicKey:
                 raise ProtocolError(f"Key-generation share filed under {name!r} is from {msg.party!r}, federation "
                                     f"{msg.federation_id!r}, or for another seed of a.")
             self.p0[name] = c.poly(msg.p0, len(ring.primes), f"key-generation share of {name!r}")
-        p0 = T.sum_polys(list(self.p0.values()), ring.q(len(ring.primes)))
+        self.p0_sum = p0 = T.sum_polys(list(self.p0.values()), ring.q(len(ring.primes)))
         self.public_key_bytes = T.public_key_bytes(p0=p0, a=self.a, ring=ring)
         self._pk = T.load_public_key(self.public_key_bytes, c.context)  # SEAL validates it
         self._encryptor = sealapi.Encryptor(c.context, self._pk)
@@ -291,20 +291,15 @@ class Combiner:
                                 "needed (N-of-N). Re-run threshold key generation without them and redo the round.")
         ring, limbs, want = self._c.ring, self._c.ring.data_count, self.request.digest()
         per_party: dict[str, list[np.ndarray]] = {}
-        bad = []
         for name in self.public.holders:
             msg = shares[name]
             if msg.party != name or msg.request_sha256 != want or len(msg.shares) != len(self.request.c1):
                 raise ProtocolError(f"Decryption share filed under {name!r} answers another request or party.")
-            polys = [self._c.poly(raw, limbs, f"decryption share {i} of {name!r}") for i, raw in enumerate(msg.shares)]
-            bits = T.canary_residual(share=polys[self._canary_at], u=self._u, p0=self.public.p0[name], ring=ring,
-                                     context=self._c.context)
-            if bits > _CANARY_LIMIT_BITS:
-                bad.append(name)
-            per_party[name] = polys[:self._canary_at] + polys[self._canary_at + 1:]
-        if bad:
-            raise IntegrityError(f"Decryption share(s) of {', '.join(bad)} are not made with their key share "
-                                 "(canary check against their public key-generation share failed).")
+            per_party[name] = [self._c.poly(raw, limbs, f"decryption share {i} of {name!r}")
+                               for i, raw in enumerate(msg.shares)]
+        self._check_canary(per_party)
+        for name in per_party:
+            del per_party[name][self._canary_at]
         out = []
         for k, c0 in enumerate(self._c0):
             m = T.combine_decryption(c0=c0, shares=[per_party[h][k] for h in self.public.holders], ring=ring)
@@ -315,6 +310,21 @@ class Combiner:
                 raise IntegrityError("The combined aggregate is not real-valued: a decryption share was corrupted.")
             out.append(z.real)
         return np.concatenate(out)[:length] if out else np.zeros(0)
+
+
+    def _check_canary(self, per_party: Mapping[str, list[np.ndarray]]) -> None:
+        """One check of the canary shares' sum against the collective ``p0`` (honest: at most
+        n * 2^68 plus a few bits); only when it fails, one check a party, to name who."""
+        ring, q = self._c.ring, self._c.ring.q(self._c.ring.data_count)
+        total = T.sum_polys([polys[self._canary_at] for polys in per_party.values()], q)
+        if T.canary_residual(share=total, u=self._u, p0=self.public.p0_sum, ring=ring,
+                             context=self._c.context) <= _CANARY_LIMIT_BITS + 5:  # n <= 32 = 2^5 parties
+            return
+        bad = [name for name, polys in per_party.items()
+               if T.canary_residual(share=polys[self._canary_at], u=self._u, p0=self.public.p0[name], ring=ring,
+                                    context=self._c.context) > _CANARY_LIMIT_BITS]
+        raise IntegrityError(f"Decryption share(s) of {', '.join(bad) or 'an unidentified key holder'} are not made "
+                             "with their key share (canary check against their public key-generation share failed).")
 
 
 #: An honest canary residual is the smudging noise plus tiny terms, < 2^68 + 2^20; a share under any

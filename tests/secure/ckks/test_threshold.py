@@ -66,6 +66,9 @@ def test_wrong_key_share_is_refused_and_named(federation):
     shares["h1"] = impostor.decryption_share(comb.request)
     with pytest.raises(IntegrityError, match=r"of h1 are not made with their key share"):
         comb.combine(shares, length=5000)
+    shares["h2"] = ThresholdParty(preset=PRESET, federation_id=FED, name="h2").decryption_share(comb.request)
+    with pytest.raises(IntegrityError, match=r"of h1, h2 are not made with their key share"):
+        comb.combine(shares, length=5000)
 
 
 def test_a_corrupted_real_share_is_detected(federation):
