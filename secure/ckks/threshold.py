@@ -45,9 +45,10 @@ import tenseal.sealapi as sealapi
 from pydantic import Field
 
 from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
+from clinograph.core.labels import HASH_THRESHOLD_CKKS_COMMON_A, HASH_THRESHOLD_CKKS_REQUEST
 
 from ..hazmat import threshold_ckks as T
-from ..hazmat.ckks_context import CkksParams, _load, build_context, dump
+from ..hazmat.ckks_context import CkksParams, _load, build_context, dump, pack_fields
 from ..messages import ID_PATTERN, WireMessage
 
 MAX_POLY_BYTES = 3 * 8 * 8192 * 8
@@ -111,7 +112,8 @@ class DecryptionRequest(WireMessage):
 
     def digest(self) -> str:
         """SHA-256 over the request's ``c1`` halves (binds each share to its request)."""
-        h = hashlib.sha256(self.federation_id.encode() + self.round.to_bytes(8, "big"))
+        h = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_REQUEST, self.federation_id.encode(),
+                                         self.round.to_bytes(8, "big")]))
         for c in self.c1:
             h.update(hashlib.sha256(c).digest())
         return h.hexdigest()
@@ -151,6 +153,16 @@ def _ctx(preset: ThresholdPreset) -> _Ctx:
     return _Ctx(preset)
 
 
+def common_a(*, seed: bytes, federation_id: str, ring: T.Ring) -> np.ndarray:
+    """The federation's common polynomial ``a``: expanded from SHA-256 over the purpose label, the
+    federation id and the public 32-byte seed (domain separation: no other use of the seed, and no
+    other federation, gives the same ``a``)."""
+    if len(seed) != 32:
+        raise ConfigError(f"The seed of the common polynomial must be 32 bytes, got {len(seed)}.")
+    key = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_COMMON_A, federation_id.encode(), seed])).digest()
+    return T.common_poly(key, ring)
+
+
 def _bytes(poly: np.ndarray) -> bytes:
     return np.ascontiguousarray(poly, dtype="<u8").tobytes()
 
@@ -167,7 +179,7 @@ class ThresholdParty:
     def keygen_share(self, *, seed: bytes) -> KeyGenShare:
         """This party's collective-key-generation share for the public seed of ``a``."""
         ring = self._c.ring
-        a = T.common_poly(seed, ring)
+        a = common_a(seed=seed, federation_id=self.federation_id, ring=ring)
         p0 = T.ckg_share(s=self._s, e=T.key_error(self._sk, self._c.context, self._s, ring), a=a, ring=ring)
         return KeyGenShare(federation_id=self.federation_id, party=self.name,
                            seed_sha256=hashlib.sha256(seed).hexdigest(), p0=_bytes(p0))
@@ -204,7 +216,7 @@ class CollectivePublicKey:
         self.preset, self.federation_id = preset, federation_id
         self._c = c = _ctx(preset)
         ring, want = c.ring, hashlib.sha256(seed).hexdigest()
-        self.a = T.common_poly(seed, ring)
+        self.a = common_a(seed=seed, federation_id=federation_id, ring=ring)
         self.p0: dict[str, np.ndarray] = {}
         for name, msg in sorted(shares.items()):
             if msg.party != name or msg.federation_id != federation_id or msg.seed_sha256 != want:

@@ -154,3 +154,14 @@ def test_messages_are_strict():
         KeyGenShare(federation_id=FED, party="h0", seed_sha256="0" * 64, p0=b"x" * 8, extra=1)
     with pytest.raises(ValueError):
         DecryptionShare(federation_id=FED, round=-1, party="h0", request_sha256="0" * 64, shares=(b"x",))
+
+
+def test_common_polynomial_is_bound_to_the_federation(federation):
+    from clinograph.secure.ckks.threshold import common_a
+
+    _, public, seed = federation
+    ring = public._c.ring
+    assert np.array_equal(common_a(seed=seed, federation_id=FED, ring=ring), public.a)
+    assert not np.array_equal(common_a(seed=seed, federation_id="other", ring=ring), public.a)
+    with pytest.raises(ConfigError, match="32 bytes"):
+        common_a(seed=b"short", federation_id=FED, ring=ring)
