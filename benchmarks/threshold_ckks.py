@@ -108,7 +108,7 @@ class Threshold:
                     ev.add_inplace(a, b)
             srv += time.perf_counter() - t
         t = time.perf_counter()
-        comb = Combiner(public=self.public, round=rnd, aggregate=acc or [])
+        comb = Combiner(public=self.public, round=rnd, aggregate=acc or [], contributions=len(values))
         request_s = time.perf_counter() - t
         share_times, shares = [], {}
         for name, party in self.parties.items():

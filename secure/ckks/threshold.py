@@ -275,7 +275,11 @@ class CollectivePublicKey:
 class Combiner:
     """Opens one aggregate with every key holder's share; checks and names bad shares."""
 
-    def __init__(self, *, public: CollectivePublicKey, round: int, aggregate: Sequence[sealapi.Ciphertext]):
+    def __init__(self, *, public: CollectivePublicKey, round: int, aggregate: Sequence[sealapi.Ciphertext],
+                 contributions: int):
+        if not 1 <= contributions <= public.preset.max_parties:
+            raise ConfigError(f"The aggregate sums {contributions} encryptions; the smudging of {public.preset.value} is "
+                              f"argued for 1..{public.preset.max_parties} (its decryption-noise bound).")
         self.public, self.round = public, round
         self._c = public._c
         polys = [T.read_ciphertext(ct) for ct in aggregate]

@@ -35,7 +35,7 @@ def _round(federation, length=5000, round_=1):
     parties, public, _ = federation
     xs = [np.random.default_rng(i).normal(scale=10, size=length) for i in range(len(parties))]
     agg = public.add([public.encrypt(x) for x in xs])
-    return xs, Combiner(public=public, round=round_, aggregate=agg)
+    return xs, Combiner(public=public, round=round_, aggregate=agg, contributions=len(xs))
 
 
 def test_collective_decryption_gives_the_sum(federation):
@@ -165,3 +165,10 @@ def test_common_polynomial_is_bound_to_the_federation(federation):
     assert not np.array_equal(common_a(seed=seed, federation_id="other", ring=ring), public.a)
     with pytest.raises(ConfigError, match="32 bytes"):
         common_a(seed=b"short", federation_id=FED, ring=ring)
+
+
+def test_combiner_refuses_more_contributions_than_the_noise_bound_covers(federation):
+    _, public, _ = federation
+    agg = public.add([public.encrypt(np.zeros(10))])
+    with pytest.raises(ConfigError, match=r"sums 33 encryptions.*1\.\.32"):
+        Combiner(public=public, round=1, aggregate=agg, contributions=33)
