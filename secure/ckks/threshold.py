@@ -38,7 +38,7 @@ import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import tenseal.sealapi as sealapi
@@ -49,9 +49,11 @@ from clinograph.core.labels import HASH_THRESHOLD_CKKS_COMMON_A, HASH_THRESHOLD_
 
 from ..hazmat import threshold_ckks as T
 from ..hazmat.ckks_context import CkksParams, _load, build_context, dump, pack_fields
-from ..messages import ID_PATTERN, WireMessage
+from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
 
 MAX_POLY_BYTES = 3 * 8 * 8192 * 8
+#: one polynomial, raw little-endian uint64 words, travelling as a raw envelope attachment
+Poly = Annotated[bytes, Field(min_length=8, max_length=MAX_POLY_BYTES), *BLOB_CODEC]
 
 
 class ThresholdPreset(str, Enum):
@@ -99,7 +101,7 @@ class KeyGenShare(WireMessage):
     federation_id: str = Field(pattern=ID_PATTERN)
     party: str = Field(pattern=ID_PATTERN)
     seed_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    p0: bytes = Field(min_length=8, max_length=MAX_POLY_BYTES)
+    p0: Poly
 
 
 class DecryptionRequest(WireMessage):
@@ -108,7 +110,7 @@ class DecryptionRequest(WireMessage):
     kind: Literal["threshold_ckks_decryption_request"] = "threshold_ckks_decryption_request"
     federation_id: str = Field(pattern=ID_PATTERN)
     round: int = Field(ge=0)
-    c1: tuple[bytes, ...] = Field(min_length=1, max_length=100_000)
+    c1: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
 
     def digest(self) -> str:
         """SHA-256 over the request's ``c1`` halves (binds each share to its request)."""
@@ -127,7 +129,7 @@ class DecryptionShare(WireMessage):
     round: int = Field(ge=0)
     party: str = Field(pattern=ID_PATTERN)
     request_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    shares: tuple[bytes, ...] = Field(min_length=1, max_length=100_000)
+    shares: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
 
 
 class _Ctx:
