@@ -48,3 +48,8 @@ SIG_DISTRIBUTED_LEDGER = b"clinograph/v1/sig/distributed-ledger"  # a hospital s
 # The server's crash journal (secure/runtime/journal.py): each boundary carries an HMAC-SHA256 under a
 # key the server derives (HKDF) from its own Ed25519 signing key; the key never leaves the server.
 KDF_JOURNAL_MAC = b"clinograph/v1/journal/boundary-mac"
+
+# Threshold CKKS (secure/ckks/threshold.py): the common polynomial a is expanded from
+# SHA-256(label, federation, public seed); a decryption request's digest is domain-separated too.
+HASH_THRESHOLD_CKKS_COMMON_A = b"clinograph/v1/threshold-ckks/common-a"
+HASH_THRESHOLD_CKKS_REQUEST = b"clinograph/v1/threshold-ckks/decryption-request"

@@ -1,0 +1,61 @@
+"""Wire messages of threshold CKKS (:mod:`.threshold`): key generation (one a key holder) and
+the decryption of one aggregate (the combiner's request, one share a key holder). Frozen,
+strict, size-limited; sent through :func:`clinograph.secure.wire.seal` (signed over the exact
+bytes). Polynomials are raw little-endian uint64 words, RNS limbs of N = 8192, travelling as
+raw envelope attachments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from clinograph.core.labels import HASH_THRESHOLD_CKKS_REQUEST
+
+from ..hazmat.ckks_context import pack_fields
+from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
+
+#: three limbs of N = 8192 words, eight times over: nothing valid is larger
+MAX_POLY_BYTES = 3 * 8 * 8192 * 8
+#: one polynomial, raw little-endian uint64 words, travelling as a raw envelope attachment
+Poly = Annotated[bytes, Field(min_length=8, max_length=MAX_POLY_BYTES), *BLOB_CODEC]
+
+
+class KeyGenShare(WireMessage):
+    """Key holder -> all: ``p0_i = -a*s_i + e_i`` (raw little-endian uint64, key-level limbs)."""
+
+    kind: Literal["threshold_ckks_keygen_share"] = "threshold_ckks_keygen_share"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    party: str = Field(pattern=ID_PATTERN)
+    seed_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    p0: Poly
+
+
+class DecryptionRequest(WireMessage):
+    """Combiner -> every key holder: the ``c1`` halves to decrypt (one is a canary)."""
+
+    kind: Literal["threshold_ckks_decryption_request"] = "threshold_ckks_decryption_request"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    c1: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
+
+    def digest(self) -> str:
+        """SHA-256 over the request's ``c1`` halves (binds each share to its request)."""
+        h = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_REQUEST, self.federation_id.encode(),
+                                         self.round.to_bytes(8, "big")]))
+        for c in self.c1:
+            h.update(hashlib.sha256(c).digest())
+        return h.hexdigest()
+
+
+class DecryptionShare(WireMessage):
+    """Key holder -> combiner: ``d_i = c1*s_i + e_smudge`` for every ``c1`` of one request."""
+
+    kind: Literal["threshold_ckks_decryption_share"] = "threshold_ckks_decryption_share"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    party: str = Field(pattern=ID_PATTERN)
+    request_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    shares: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
