@@ -138,3 +138,19 @@ def test_seal_refuses_a_sender_name_no_envelope_may_carry(name):
                       dictionary_hash="d" * 64, words=b"\x00" * 8)
     with pytest.raises(ProtocolError, match="invalid sender or kind"):
         seal(msg, Identity.generate(name))
+
+
+def test_a_plan_carries_a_published_weight_for_each_of_a_hundred_hospitals():
+    """Before: options held at most 64 entries, so a federation of about 50 hospitals under a
+    strategy that publishes weights (one ``weight/<name>`` each) could not be planned."""
+    from clinograph.secure.messages import RoundPlan
+
+    from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
+
+    names = tuple(f"h{i:03d}" for i in range(100))
+    spec = ModelSpec(version=1, modules=(ModuleSpec(name="head", kind=ModuleKind.SHARED, shape=(2,)),))
+    options = {"masked.scale": 65536.0, "selection.patience": 5, **{f"weight/{n}": 1.0 for n in names}}
+    plan = RoundPlan(federation_id="fed", round=0, participants=names, spec=spec, dictionary_hash="a" * 64,
+                     secure_mode="masked", strategy="dq_weighted", min_clients=2, local_epochs=1,
+                     global_state_digest="b" * 64, options=options)
+    assert RoundPlan.model_validate_json(plan.model_dump_json()).options["weight/h099"] == 1.0
