@@ -404,15 +404,13 @@ class HospitalConfig(_Strict):
 
     @model_validator(mode="after")
     def _survival_supported(self) -> HospitalConfig:
-        """A survival target is trained by the static NS-FL task, with local patient-level DP or
-        without (sdk/training/survival.py, sdk/privacy/survival.py)."""
+        """A survival target is trained by the static NS-FL task, without DP, with local or with
+        distributed patient-level DP (sdk/training/survival.py, sdk/privacy/survival.py,
+        sdk/federation/dp_task.py: the hazard likelihood is a sum of per-patient terms)."""
         if self.target.kind != "survival":
             return self
-        dp = self.privacy.enabled
         refused = [what for what, bad in (
             (f"task = {self.task!r} (only 'nsfl' has a survival head)", self.task != "nsfl"),
-            ("[privacy] mode = 'distributed' (the distributed DP task has no survival head; use mode = 'local')",
-             dp and self.privacy.mode == "distributed"),
             (f"[model] temporal = {self.model.temporal!r}", self.model.temporal != "none"),
             (f"[model] modalities = {list(self.model.modalities)}", bool(self.model.modalities))) if bad]
         if refused:

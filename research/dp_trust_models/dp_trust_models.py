@@ -145,7 +145,7 @@ def pooled(tables, dictionary, *, seed, lr, sample_rate, rounds, sigma, clip, sp
     mom, second = np.zeros(cols.dim), np.full(cols.dim, 1e-6)
     for _ in range(rounds):
         idx = torch.as_tensor(np.flatnonzero(gen.random(n) < sample_rate), dtype=torch.long)
-        g = per_patient_gradients(model, cols, feature_index=fi[idx], values=x[idx], mask=m[idx], labels=y[idx])
+        g = per_patient_gradients(model, cols, inputs=(fi[idx], x[idx], m[idx]), labels=y[idx])
         if sigma is None:
             s = g.sum(0)
         else:

@@ -24,10 +24,6 @@ def _build_nsfl(table: PatientTable, *, dictionary: FeatureDictionary, config: H
     from clinograph.core.errors import ConfigError
 
     if config.privacy.enabled and config.privacy.mode == "distributed":
-        if config.model.temporal != "none":
-            raise ConfigError("[model] temporal with [privacy] mode = 'distributed': the distributed DP task "
-                              "trains the static star model. Use mode = 'local' (the sequence is one DP sample) "
-                              "or temporal = 'none'.")
         from .dp_task import (  # distributed DP: one DP-SGD step a round
             DistributedDPTask,
             hospital_policy,

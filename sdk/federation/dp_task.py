@@ -21,6 +21,14 @@ round sends the two coordinates alone (no gradient rows) and is accounted as one
 clipped loss / B, noisy; the kept round, early stopping and the choice among candidates are
 post-processing of it.
 
+Every NS-FL model trains here through the one per-patient engine, the task supplying the model,
+its rows and its objective (one patient, one row): the binary star model (BCE); the survival
+head (``[target] kind = "survival"``: the discrete-time hazard likelihood, a sum of per-patient
+terms, :mod:`clinograph.sdk.privacy.survival`; under selection the validation loss is the
+per-patient hazard NLL); the temporal model (``[model] temporal = "attention"``: a patient's
+whole snapshot sequence is its row, :mod:`clinograph.sdk.training.temporal`). The ring encoding,
+the ledger and the share checks are the same for all three.
+
 The personal feature masks are frozen at their initial value (no personal training under
 distributed DP: it would use the patients outside the accountant). ``similar_to`` is never
 built (stars only), as in local DP.
@@ -48,15 +56,21 @@ from clinograph.core.spec import ModuleKind
 
 from ..config import HospitalConfig, SimulationConfig
 from ..graph.star import star_batch
+from ..graph.temporal import snapshot_batch
 from ..ingest.table import PatientTable
+from ..model.heads import nsfl_model
 from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
 from ..model.nsfl_modules import SELECTION_MODULE
+from ..model.temporal import add_temporal_modules, temporal_task_model
 from ..ontology.dictionary import FeatureDictionary
 from ..privacy.distributed import Columns, DistributedLedger, columns_clipper, distributed_step
+from ..privacy.per_patient import PerPatientClipper
+from ..privacy.survival import HazardClipper
 from ..training.local import predict
 from ..training.personal import personal_module_map
 from ..training.selection import ModelSelection, decode_validation
+from ..training.survival import risk_at
 from ..training.trainer import TrainOutcome
 from .candidates import distributed_rounds
 from .split import Split
@@ -103,19 +117,34 @@ class DistributedDPTask(SelectedCalibrated):
         self.table, self.config, self.split, self.policy = table, config, split, policy
         node_ids = dictionary.node_ids()
         torch.manual_seed(config.model.init_seed)  # identical initial weights at every hospital
-        self.model = NSFLModel(len(node_ids), config.model)
-        self.modules = _ExactLocal(personal_module_map(self.model, node_ids, personal=config.personal.modules))
+        temporal = config.model.temporal != "none"
+        self.model: NSFLModel = temporal_task_model(len(node_ids), config) if temporal else \
+            nsfl_model(len(node_ids), config)
+        self.modules = _ExactLocal(add_temporal_modules(
+            personal_module_map(self.model, node_ids, personal=config.personal.modules), self.model, node_ids))
         self.columns = Columns.of(self.model, self.modules, self.modules.names(ModuleKind.SHARED))
         #: the dimension the ledger accounts over: every coordinate the model spec releases (its
         #: shared modules), the server's own number. The noised columns are a subset (similar_to
         #: and metric/validation are off the star path), so the sensitivity bound Δ2 <= C·s + sqrt(d)
         #: at this d is valid, if slightly looser (the server refuses a share accounted over fewer).
         self.accounted_dim = sum(m.size for m in self.modules.spec().shared)
-        #: the per-patient engine, built once for the whole run (not per round)
-        self.clipper = columns_clipper(self.model, self.columns)
+        #: the patients' rows: stars, or each patient's snapshot sequence (temporal)
+        self.stars = snapshot_batch(table, window=config.model.temporal_window,
+                                    carry_forward=config.model.temporal_carry_forward) if temporal else \
+            star_batch(table, k_similar=0)
+        #: the objective's labels: 0/1, or the hazard likelihood's [s | e] rows (survival)
+        self.survival_target: tuple[np.ndarray, float] | None = None
+        self.labels = self.stars.labels
+        engine = PerPatientClipper
+        if config.target.kind == "survival":
+            self.survival_target, self._s, self._e = _survival_rows(table, config)
+            self.labels = torch.as_tensor(np.concatenate([self._s, self._e], axis=1), dtype=torch.float32)
+            engine = HazardClipper
+        #: the per-patient engine on the task's objective, built once for the whole run (not per round)
+        self.clipper = columns_clipper(self.model, self.columns, row_shape=tuple(self.stars.feature_index.shape[1:]),
+                                       engine=engine)
         self.ledger = DistributedLedger(state_dir, site=table.site, budget_epsilon=priv.epsilon_budget,
                                         delta=priv.delta, signer=signer)
-        self.stars = star_batch(table, k_similar=0)
         self._train = torch.as_tensor(np.asarray(split.train), dtype=torch.long)
         self.last_batch = 0
         self._rounds_done = 0
@@ -172,10 +201,10 @@ class DistributedDPTask(SelectedCalibrated):
         rows = self._score_global() if self.selection is not None else None
         if self.evaluate_only and rows is None:
             return TrainOutcome(loss=float("nan"), used_similar_to=False, extras={"evaluate_only": 1.0})
+        t = self._train
         step = distributed_step(self.model, self.columns, policy=self.policy, scale=scale,
-                                feature_index=s.feature_index[self._train], values=s.values[self._train],
-                                mask=s.mask[self._train], labels=s.labels[self._train], clipper=self.clipper,
-                                extra_rows=rows, train=not self.evaluate_only)
+                                inputs=(s.feature_index[t], s.values[t], s.mask[t]), labels=self.labels[t],
+                                clipper=self.clipper, extra_rows=rows, train=not self.evaluate_only)
         if np.abs(step.z).max(initial=0) / scale > bound:
             raise PrivacyError(f"Hospital {site!r}: its noisy sum leaves the masked range (masked.clip = {bound:g}); "
                                "nothing is sent this round. Raise [federation] masked_clip.")
@@ -188,12 +217,15 @@ class DistributedDPTask(SelectedCalibrated):
         """The validation patients' rows (:func:`validation_rows`) for the model just loaded; the
         model is offered to the selection, its loss known after the round."""
         from ..privacy.distributed import validation_rows
-        from ..privacy.selection import binary_losses
+        from ..privacy.selection import binary_losses, survival_losses
 
         assert self.selection is not None
         self.selection.offer(round_=self._rounds_done, state=self.model.state_dict(), tag=self.global_origin)
         idx = self.split.validation
-        losses = binary_losses(predict(self.model, self.stars)[idx], self.table.labels[idx])
+        if self.survival_target is not None:  # the per-patient hazard NLL (a sum of per-patient terms)
+            losses = survival_losses(self._logits()[idx], self._s[idx], self._e[idx])
+        else:
+            losses = binary_losses(predict(self.model, self.stars)[idx], self.table.labels[idx])
         glob = self.modules.global64 if hasattr(self.modules, "global64") else self.modules.state(ModuleKind.SHARED)
         self._metric_before = np.asarray(glob[SELECTION_MODULE], dtype=np.float64).copy()
         return validation_rows(losses, loss_clip=self.config.privacy.selection_loss_clip,
@@ -233,8 +265,27 @@ class DistributedDPTask(SelectedCalibrated):
         if not self.evaluate_only:
             self._rounds_done += 1
 
+    @torch.no_grad()
+    def _logits(self) -> np.ndarray:
+        """The model's outputs for every patient (local use): [n] logits, [n, K] hazard logits."""
+        self.model.eval()
+        return self.model.forward_batch(self.stars).double().numpy()
+
     def _predict_raw(self) -> np.ndarray:
+        if self.survival_target is not None:  # risk 1 − S(t) at the horizon
+            return risk_at(self._logits(), *self.survival_target)
         return predict(self.model, self.stars)
+
+    def finish(self) -> dict[str, float | int | None]:
+        """As :class:`.task_base.SelectedCalibrated`; a survival head is not Platt-scaled."""
+        if self.survival_target is None:
+            return super().finish()
+        kept = None
+        if self.selection is not None and self.selection.best_state is not None:
+            self.model.load_state_dict(self.selection.best_state)
+            kept = self.selection.best_round
+        self.calibration = None
+        return {"round": kept, "platt_a": 1.0, "platt_b": 0.0}
 
     def quality(self) -> dict[str, float]:
         raise ConfigError("Quality metrics are not released under distributed DP (the DP accountant does not "
@@ -242,6 +293,21 @@ class DistributedDPTask(SelectedCalibrated):
 
     def feature_relevance(self) -> dict[str, float]:
         return {}  # the masks are frozen at their initial value: nothing learned to show
+
+
+def _survival_rows(table: PatientTable, config: HospitalConfig) -> tuple[tuple[np.ndarray, float], np.ndarray,
+                                                                           np.ndarray]:
+    """((interval ends, horizon) in days, s [n, K], e [n, K]): the hazard likelihood's targets."""
+    from ..ingest.survival import days_per
+    from ..training.survival import interval_targets
+
+    if table.survival is None:
+        raise ConfigError(f"Hospital {table.site!r}: [target] kind = 'survival' but its table has no time-to-event "
+                          "label. Declare [survival] time, event and time_unit in its site schema.")
+    scale = days_per(config.target.time_unit)
+    breaks = np.asarray(config.target.breaks, float) * scale
+    s, e = interval_targets(table.survival.time, table.survival.event, breaks)
+    return (breaks, float(config.target.horizon or config.target.breaks[-1]) * scale), s, e
 
 
 def distributed_policy(config: SimulationConfig) -> DPPolicySection:

@@ -4,9 +4,12 @@ Implements NS-FL eq. (6) (FedSGD) as distributed DP-SGD (docs/privacy.md, "Distr
 
 1. Poisson-sample the hospital's training patients at the federation's rate q (CSPRNG coins,
    :mod:`clinograph.secure.hazmat.discrete_noise`).
-2. Per-patient gradients of the star model (the book-keeping engine of :mod:`.per_patient`,
-   the one the local-DP trainer uses, tested against a per-patient loop; built once per run),
-   over the shared modules the star path trains; each patient's whole vector clipped to L2 norm C.
+2. Per-patient gradients of the task's model and objective (the book-keeping engine of
+   :mod:`.per_patient`, the one the local-DP trainers use, tested against a per-patient loop;
+   built once per run): the binary star model's BCE, the survival head's hazard likelihood
+   (:mod:`.survival`), or the temporal model on each patient's whole snapshot sequence -- one
+   patient, one row, whatever the task. Over the shared modules the model trains; each patient's
+   whole vector clipped to L2 norm C.
 3. Each clipped vector scaled by the masked ring's fixed-point scale s and rounded *randomly*
    to integers (unbiased); the integer vectors summed.
 4. A Skellam share Sk(μ/h), μ = (σ·C·s)², added to every coordinate: h honest shares carry the
@@ -26,7 +29,7 @@ what it would have alone (its own share as the only noise, ε composed the same 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,14 +101,18 @@ class Columns:
         return {n: np.concatenate(v) for n, v in out.items()}
 
 
-def columns_clipper(model: NSFLModel, columns: Columns) -> PerPatientClipper:
+def columns_clipper(model: NSFLModel, columns: Columns, *, row_shape: tuple[int, ...] | None = None,
+                    engine: Callable[..., PerPatientClipper] = PerPatientClipper) -> PerPatientClipper:
     """The per-patient engine over ``columns``' parameters, built once per hospital run (its
-    synthetic-probe self-check included) and passed to :func:`distributed_step` every round."""
+    synthetic-probe self-check included) and passed to :func:`distributed_step` every round.
+
+    ``row_shape``: one training row's shape ((K,) stars, the default; (T, K) snapshot sequences).
+    ``engine``: the engine class of the task's objective (``model, probe=`` -> engine; default the
+    binary star BCE; :class:`~.survival.HazardClipper` for the hazard likelihood)."""
     with _only_columns(model, columns):
-        row_shape = (model.n_features,)
-        fi, x, m = star_probe(model.n_features, row_shape=row_shape)
+        fi, x, m = star_probe(model.n_features, row_shape=row_shape or (model.n_features,))
         dtype = next(p.dtype for _, p, _ in columns.pieces) if columns.pieces else torch.float32
-        return PerPatientClipper(model, probe=(fi, x.to(dtype), m))
+        return engine(model, probe=(fi, x.to(dtype), m))
 
 
 class _only_columns:  # noqa: N801 - a context manager
@@ -126,14 +133,16 @@ class _only_columns:  # noqa: N801 - a context manager
             p.grad = None
 
 
-def per_patient_gradients(model: NSFLModel, columns: Columns, *, feature_index: torch.Tensor, values: torch.Tensor,
-                          mask: torch.Tensor, labels: torch.Tensor,
+def per_patient_gradients(model: NSFLModel, columns: Columns, *, inputs: Sequence[torch.Tensor], labels: torch.Tensor,
                           clipper: PerPatientClipper | None = None) -> np.ndarray:
-    """Each patient's gradient of its own BCE loss over ``columns``. Shapes: [B, K] x3, [B] -> [B, dim].
+    """Each patient's gradient of its own loss term over ``columns``. Shapes: ``inputs`` the
+    model's rows ([B, K] x3 stars, [B, T, K] x3 sequences), ``labels`` [B] (or [B, 2K] hazard
+    targets) -> [B, dim].
 
-    The book-keeping engine of :mod:`.per_patient` (``clipper``: built once by
-    :func:`columns_clipper`; built here if not given), exact for this model (tested against a
-    per-patient loop). Parameters off the star path or personal are frozen meanwhile.
+    The book-keeping engine of :mod:`.per_patient` on the task's objective (``clipper``: built
+    once by :func:`columns_clipper`; the binary star engine built here if not given), exact for
+    these models (tested against a per-patient loop). Parameters off the star path or personal
+    are frozen meanwhile.
     """
     b = int(labels.shape[0])
     if b == 0:
@@ -143,7 +152,7 @@ def per_patient_gradients(model: NSFLModel, columns: Columns, *, feature_index: 
         if {id(p) for p in engine.params} != {id(p) for _, p, _ in columns.pieces if p.requires_grad}:
             raise PrivacyError("The per-patient engine was built for other parameters than the released "
                                "columns; build it with columns_clipper(model, columns).")
-        grads, _ = engine.per_sample(feature_index, values, mask, labels=labels)
+        grads, _ = engine.per_sample(*inputs, labels=labels)
         index = {id(p): i for i, p in enumerate(engine.params)}
         cols = []
         for _, p, row in columns.pieces:
@@ -254,11 +263,11 @@ class DPStep:
 
 
 def distributed_step(model: NSFLModel, columns: Columns, *, policy: DistributedPolicy, scale: float,
-                     feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
-                     source: CsprngUniform | None = None, clipper: PerPatientClipper | None = None,
+                     inputs: Sequence[torch.Tensor], labels: torch.Tensor, source: CsprngUniform | None = None, clipper: PerPatientClipper | None = None,
                      extra_rows: np.ndarray | None = None, train: bool = True) -> DPStep:
-    """Steps 1-4 of the module docstring over the hospital's training stars (all of them; the
-    Poisson sample is drawn here). ``clipper``: the engine built once by :func:`columns_clipper`.
+    """Steps 1-4 of the module docstring over the hospital's training rows (all of them: ``inputs``
+    the model's rows, ``labels`` the objective's; the Poisson sample is drawn here).
+    ``clipper``: the engine built once by :func:`columns_clipper` (on the task's objective).
 
     ``extra_rows`` ([m, e]): other patients' contributions to ``e`` more coordinates appended
     after the columns (the validation patients' loss terms, :func:`validation_rows`), each row of
@@ -279,8 +288,8 @@ def distributed_step(model: NSFLModel, columns: Columns, *, policy: DistributedP
         check_share(policy, decl)
         return DPStep(z=z, batch=0, declaration=decl)
     idx = torch.as_tensor(poisson_sample(int(labels.shape[0]), policy.sample_rate, source=src), dtype=torch.long)
-    g = clip_rows(per_patient_gradients(model, columns, feature_index=feature_index[idx], values=values[idx],
-                                        mask=mask[idx], labels=labels[idx], clipper=clipper), policy.clip_norm)
+    g = clip_rows(per_patient_gradients(model, columns, inputs=[t[idx] for t in inputs], labels=labels[idx],
+                                        clipper=clipper), policy.clip_norm)
     if extra.size:  # block rows: [g, 0] for the training batch, [0, extra] for the others (one patient, one row)
         g = np.block([[g, np.zeros((g.shape[0], extra.shape[1]))],
                       [np.zeros((extra.shape[0], g.shape[1])), extra]])

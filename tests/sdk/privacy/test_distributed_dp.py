@@ -48,7 +48,7 @@ def test_clipped_per_patient_sum_equals_a_per_patient_loop(tables, dictionary):
     stars = star_batch(tables[2])
     fi, x, m, y = stars.feature_index[:12], stars.values[:12], stars.mask[:12].clone(), stars.labels[:12]
     m[0] = False  # a patient without any observed feature
-    got = clip_rows(per_patient_gradients(model, cols, feature_index=fi, values=x, mask=m, labels=y), 0.05).sum(0)
+    got = clip_rows(per_patient_gradients(model, cols, inputs=(fi, x, m), labels=y), 0.05).sum(0)
     reference = copy.deepcopy(model)
     ref_mm = nsfl_modules(reference, dictionary.node_ids())
     ref_cols = Columns.of(reference, ref_mm, ref_mm.names(ModuleKind.SHARED))

@@ -1,7 +1,7 @@
 """Survival under patient-level local DP (sdk/privacy/survival.py): the hazard likelihood is
 one term a patient, so per-patient gradients of the survival head (star engine and Opacus hooks)
 equal a per-patient loop for every trainable parameter, including the baseline hazard β; a DP
-round through the NS-FL task records ε in the hospital's ledger; distributed DP is refused."""
+round through the NS-FL task records ε in the hospital's ledger."""
 
 from __future__ import annotations
 
@@ -122,9 +122,8 @@ def test_dp_round_on_a_survival_target_records_epsilon(tmp_path, clipping):
     assert 0 <= m["cindex"] <= 1 and m["known"] <= m["n"]
 
 
-def test_distributed_dp_and_ew_are_refused_for_survival():
-    with pytest.raises(ValueError, match="mode = 'distributed'"):
-        HospitalConfig(target=TARGET, privacy={"enabled": True, "mode": "distributed"})
+def test_ew_is_refused_for_survival_and_local_and_distributed_dp_are_accepted():
+    HospitalConfig(target=TARGET, privacy={"enabled": True, "mode": "distributed"})  # tests/sdk/privacy/test_distributed_tasks.py
     with pytest.raises(ValueError, match="grad_sample_mode = 'ew'"):
         HospitalConfig(target=TARGET, privacy={"enabled": True, "grad_sample_mode": "ew"})
     HospitalConfig(target=TARGET, privacy={"enabled": True})  # local DP: accepted
