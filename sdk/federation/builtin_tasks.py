@@ -21,23 +21,12 @@ if TYPE_CHECKING:
 
 def _build_nsfl(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
                 state_dir: Path | None, identity: Any) -> Task:
-    from clinograph.core.errors import ConfigError
 
-    if config.privacy.enabled and config.privacy.mode == "distributed":
-        from .dp_task import (  # distributed DP: one DP-SGD step a round
-            DistributedDPTask,
-            hospital_policy,
-        )
+    if config.privacy.enabled and config.privacy.mode == "distributed":  # one DP-SGD step a round
+        from .dp_task import build_distributed_task
 
-        root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else state_dir
-        if root is None:
-            raise ConfigError(f"Hospital {table.site!r} trains with distributed DP but has no state directory for "
-                              "its ledger: set [privacy] state_dir (or pass state_dir).")
-        if identity is None:
-            raise ConfigError(f"Hospital {table.site!r} trains with DP but was given no signing identity for its "
-                              "privacy ledger (there is no unsigned ledger): pass identity=, the hospital's Identity.")
-        return DistributedDPTask(table, dictionary=dictionary, config=config, split=split,
-                                 policy=hospital_policy(config), state_dir=Path(root), signer=identity)
+        return build_distributed_task(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir,
+                                      identity=identity)
     from .nsfl_task import NSFLTask
 
     return NSFLTask(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir, signer=identity)

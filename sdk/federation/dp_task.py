@@ -41,7 +41,7 @@ federation), after checking the policy with :func:`check_simulation`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -59,12 +59,14 @@ from ..graph.star import star_batch
 from ..graph.temporal import snapshot_batch
 from ..ingest.table import PatientTable
 from ..model.heads import nsfl_model
+from ..model.modalities import ModalityNSFL, ModalStarBatch, add_modality_modules, modal_stars
 from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
 from ..model.nsfl_modules import SELECTION_MODULE
 from ..model.temporal import add_temporal_modules, temporal_task_model
 from ..ontology.dictionary import FeatureDictionary
 from ..privacy.distributed import Columns, DistributedLedger, columns_clipper, distributed_step
+from ..privacy.modalities import modal_engine, modal_rows
 from ..privacy.per_patient import PerPatientClipper
 from ..privacy.survival import HazardClipper
 from ..training.local import predict
@@ -101,7 +103,8 @@ class DistributedDPTask(SelectedCalibrated):
     name = "nsfl"
 
     def __init__(self, table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
-                 policy: DistributedPolicy, state_dir: Path, signer: Identity):
+                 policy: DistributedPolicy, state_dir: Path, signer: Identity,
+                 signals: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None):
         priv = config.privacy
         if not priv.enabled or priv.mode != "distributed":
             raise ConfigError("DistributedDPTask needs [privacy] enabled = true and mode = 'distributed'.")
@@ -117,11 +120,17 @@ class DistributedDPTask(SelectedCalibrated):
         self.table, self.config, self.split, self.policy = table, config, split, policy
         node_ids = dictionary.node_ids()
         torch.manual_seed(config.model.init_seed)  # identical initial weights at every hospital
-        temporal = config.model.temporal != "none"
-        self.model: NSFLModel = temporal_task_model(len(node_ids), config) if temporal else \
-            nsfl_model(len(node_ids), config)
-        self.modules = _ExactLocal(add_temporal_modules(
-            personal_module_map(self.model, node_ids, personal=config.personal.modules), self.model, node_ids))
+        temporal, modal = config.model.temporal != "none", tuple(config.model.modalities)
+        if modal and signals is None:
+            raise ConfigError(f"Hospital {table.site!r}: a modality model under distributed DP needs the hospital's "
+                              "signals; build its task with build_modality_task(..., signals=...).")
+        if modal:
+            self.model: NSFLModel = ModalityNSFL(len(node_ids), config.model, modalities=modal)
+        else:
+            self.model = temporal_task_model(len(node_ids), config) if temporal else nsfl_model(len(node_ids), config)
+        self.modules = _ExactLocal(add_modality_modules(add_temporal_modules(
+            personal_module_map(self.model, node_ids, personal=config.personal.modules), self.model, node_ids),
+            self.model))
         self.columns = Columns.of(self.model, self.modules, self.modules.names(ModuleKind.SHARED))
         #: the dimension the ledger accounts over: every coordinate the model spec releases (its
         #: shared modules), the server's own number. The noised columns are a subset (similar_to
@@ -132,10 +141,12 @@ class DistributedDPTask(SelectedCalibrated):
         self.stars = snapshot_batch(table, window=config.model.temporal_window,
                                     carry_forward=config.model.temporal_carry_forward) if temporal else \
             star_batch(table, k_similar=0)
+        engine: Callable[..., PerPatientClipper] = PerPatientClipper
+        if modal:  # a patient's row: its star and its signals (sdk/privacy/modalities.py)
+            self.stars, engine = modal_stars(self.stars, modal, signals or {}), modal_engine
         #: the objective's labels: 0/1, or the hazard likelihood's [s | e] rows (survival)
         self.survival_target: tuple[np.ndarray, float] | None = None
         self.labels = self.stars.labels
-        engine = PerPatientClipper
         if config.target.kind == "survival":
             self.survival_target, self._s, self._e = _survival_rows(table, config)
             self.labels = torch.as_tensor(np.concatenate([self._s, self._e], axis=1), dtype=torch.float32)
@@ -198,13 +209,14 @@ class DistributedDPTask(SelectedCalibrated):
                   "share_variance": self.policy.share_variance(scale)}
         self.ledger.check_round(record)
         s = self.stars
-        rows = self._score_global() if self.selection is not None else None
-        if self.evaluate_only and rows is None:
+        extra = self._score_global() if self.selection is not None else None
+        if self.evaluate_only and extra is None:
             return TrainOutcome(loss=float("nan"), used_similar_to=False, extras={"evaluate_only": 1.0})
         t = self._train
-        step = distributed_step(self.model, self.columns, policy=self.policy, scale=scale,
-                                inputs=(s.feature_index[t], s.values[t], s.mask[t]), labels=self.labels[t],
-                                clipper=self.clipper, extra_rows=rows, train=not self.evaluate_only)
+        rows = modal_rows(s, t) if isinstance(s, ModalStarBatch) else (s.feature_index[t], s.values[t], s.mask[t])
+        step = distributed_step(self.model, self.columns, policy=self.policy, scale=scale, inputs=rows,
+                                labels=self.labels[t],
+                                clipper=self.clipper, extra_rows=extra, train=not self.evaluate_only)
         if np.abs(step.z).max(initial=0) / scale > bound:
             raise PrivacyError(f"Hospital {site!r}: its noisy sum leaves the masked range (masked.clip = {bound:g}); "
                                "nothing is sent this round. Raise [federation] masked_clip.")
@@ -308,6 +320,22 @@ def _survival_rows(table: PatientTable, config: HospitalConfig) -> tuple[tuple[n
     breaks = np.asarray(config.target.breaks, float) * scale
     s, e = interval_targets(table.survival.time, table.survival.event, breaks)
     return (breaks, float(config.target.horizon or config.target.breaks[-1]) * scale), s, e
+
+
+def build_distributed_task(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig, split: Split,
+                           state_dir: Path | None, identity: Identity | None,
+                           signals: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> DistributedDPTask:
+    """A hospital's distributed-DP task (the NS-FL builder's and
+    :func:`.modality_task.build_modality_task`'s; ``signals`` for a modality model)."""
+    root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else state_dir
+    if root is None:
+        raise ConfigError(f"Hospital {table.site!r} trains with distributed DP but has no state directory for "
+                          "its ledger: set [privacy] state_dir (or pass state_dir).")
+    if identity is None:
+        raise ConfigError(f"Hospital {table.site!r} trains with DP but was given no signing identity for its "
+                          "privacy ledger (there is no unsigned ledger): pass identity=, the hospital's Identity.")
+    return DistributedDPTask(table, dictionary=dictionary, config=config, split=split, policy=hospital_policy(config),
+                             state_dir=Path(root), signer=identity, signals=signals)
 
 
 def distributed_policy(config: SimulationConfig) -> DPPolicySection:

@@ -25,9 +25,10 @@ weight 0 for the others, exactly as for a feature a hospital lacks (Theorem 1).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -68,6 +69,26 @@ class ModalStarBatch(StarBatch):
 
     def __repr__(self) -> str:
         return f"ModalStarBatch(patients={len(self)}, modalities={len(self.signals)})"
+
+
+#: the signal an absent modality is given (its δ is 0, so its value never matters)
+_ABSENT_LENGTH = 8
+
+
+def modal_stars(stars: StarBatch, modalities: Sequence[str],
+                signals: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> ModalStarBatch:
+    """``stars`` with each modality's signal and flags (an absent modality: zeros, flags false)."""
+    n = int(stars.feature_index.shape[0])
+    sigs, flags = [], []
+    for m in modalities:
+        if m in signals:
+            sigs.append(torch.as_tensor(np.asarray(signals[m][0], np.float32)))
+            flags.append(torch.as_tensor(np.asarray(signals[m][1], bool)))
+        else:
+            sigs.append(torch.zeros(n, _ABSENT_LENGTH))
+            flags.append(torch.zeros(n, dtype=torch.bool))
+    return ModalStarBatch(stars.feature_index, stars.values, stars.mask, stars.labels, signals=tuple(sigs),
+                          has=tuple(flags))
 
 
 class ModalityNSFL(NSFLModel):

@@ -191,12 +191,15 @@ class DPTrainer:
             p.requires_grad_(True)
 
     # -- one DP-SGD step ---------------------------------------------------------------------------
-    def _star_step(self, fi: torch.Tensor, x: torch.Tensor, m: torch.Tensor, y: torch.Tensor) -> float | None:
+    def _star_step(self, *rows: torch.Tensor) -> float | None:
+        """One step on a Poisson batch's rows: the model's inputs (feature index, values, mask, and
+        whatever else a task's objective reads, e.g. the modality signals), then the labels."""
+        inputs, y = rows[:-1], rows[-1]
         if self.adaptive_clip is not None:
-            out = self.adaptive_clip.step(self._clipper, self._opt, (fi, x, m), labels=y,
+            out = self.adaptive_clip.step(self._clipper, self._opt, inputs, labels=y,
                                           expected_batch=self.expected_batch)
         else:
-            out = dp_sgd_step(self._clipper, self._opt, (fi, x, m), labels=y, noise_multiplier=self.noise_multiplier,
+            out = dp_sgd_step(self._clipper, self._opt, inputs, labels=y, noise_multiplier=self.noise_multiplier,
                               clip_norm=self.clip_norm, expected_batch=self.expected_batch)
         return out.loss if y.shape[0] else None
 
@@ -213,8 +216,8 @@ class DPTrainer:
         for state in self._opt.state.values():  # a new round starts from the newly loaded global model
             state.clear()
         step = self._star_step
-        fi_all, x_all, m_all, y_all = self.dataset.tensors
-        n = int(y_all.shape[0])
+        rows = self.dataset.tensors  # the model's inputs, then the labels: one row a patient
+        n = int(rows[-1].shape[0])
         losses: list[float] = []
         self.last_empty_batches = 0
         epoch_seconds: list[float] = []
@@ -227,7 +230,7 @@ class DPTrainer:
                     idx = poisson_indices(n, self.sample_rate, self.sampler)
                     if idx.numel() == 0:  # an empty Poisson batch is stepped all the same (noise only)
                         self.last_empty_batches += 1
-                    loss = step(fi_all[idx], x_all[idx], m_all[idx], y_all[idx])
+                    loss = step(*(r[idx] for r in rows))
                     self.accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate)
                     if loss is not None:
                         losses.append(loss)
