@@ -19,7 +19,9 @@ of its training patients (its row, its concept labels and its task label), ε co
 step of every round in the ledger. Does not cover: the DAG vote (graph-level, no patient
 values; sent before training, outside the accountant), :meth:`ConceptTask.evaluate` /
 ``predict`` outputs, or the validation split. Only ``mode = "local"``: distributed DP for
-concept models is in the research loop (:mod:`research.fcm_bnlearn.fcm_federation`).
+concept models is in the research loop (:mod:`research.fcm_bnlearn.fcm_federation`); the
+runtime refuses it for the reason :data:`DISTRIBUTED_GAP` states (not implemented, not
+impossible).
 """
 
 from __future__ import annotations
@@ -41,6 +43,14 @@ from ..privacy.noise import secure_gaussian
 from ..privacy.trainer import ledger_and_sigma, poisson_indices
 from ..training.trainer import TrainOutcome
 from .dp import dp_sgd_step, trainable_names
+
+#: why concept tasks refuse distributed DP (docs/privacy.md, "The DP matrix"): a missing piece of
+#: the runtime, not a limit of the mechanism
+DISTRIBUTED_GAP = ("the voted run (vote, derive the model, train) has no distributed-DP plumbing -- no "
+                   "[dp_policy] check over the derived model's dimension, no one-DP-SGD-step-a-round concept task "
+                   "with its Skellam share and ledger. Nothing in the mechanism forbids it: every hospital can "
+                   "add its share to every coordinate, zeros on the modules it does not train, as the research "
+                   "loop does (research/fcm_bnlearn/fcm_federation.py).")
 
 
 class ConceptDPTrainer:
@@ -125,8 +135,7 @@ def concept_dp_trainer(*, privacy: PrivacySection, n_train: int, site: str, stat
         raise PrivacyError("concept_dp_trainer needs [privacy] enabled = true.")
     if privacy.mode != "local":
         raise ConfigError(f"Hospital {site!r}: [privacy] mode = {privacy.mode!r} is not implemented for concept "
-                          "tasks in the runtime (distributed DP for concept models runs in the research loop, "
-                          "research/fcm_bnlearn/fcm_federation.py). Fix: set mode = 'local'.")
+                          f"tasks in the runtime: {DISTRIBUTED_GAP} Fix: set mode = 'local'.")
     if privacy.clipping != "flat":
         raise ConfigError(f"Hospital {site!r}: [privacy] clipping = {privacy.clipping!r} is not implemented for "
                           "concept tasks. Fix: set clipping = 'flat'.")

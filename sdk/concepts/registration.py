@@ -56,7 +56,10 @@ def problems(config: HospitalConfig) -> list[str]:
     if extra:
         out.append(f"[concepts] states names {extra[:5]}, which are not concepts")
     if config.privacy.enabled and config.privacy.mode == "distributed":
-        out.append("[privacy] mode = 'distributed' (concepts train with local DP-SGD; use mode = 'local')")
+        from .dp_training import DISTRIBUTED_GAP
+
+        out.append(f"[privacy] mode = 'distributed' is not implemented for concept tasks: {DISTRIBUTED_GAP} Use "
+                   "mode = 'local'")
     return out
 
 

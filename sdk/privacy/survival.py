@@ -17,7 +17,8 @@ changes no privacy mechanism (sampling, clipping, noise, accounting are the trai
   (``head/hazard_baseline``), whose per-patient gradient is ∂ℓ_i/∂z_i itself;
 - everything else (optimizer groups, flat or adaptive clipping, the step) is the DP trainer's.
 
-Not supported: ``[privacy] mode = "distributed"`` (refused in the config).
+Under ``[privacy] mode = "distributed"`` the same engine (:class:`HazardClipper`) gives each
+patient's row of the distributed step (:mod:`clinograph.sdk.federation.dp_task`).
 """
 
 from __future__ import annotations
