@@ -288,17 +288,6 @@ class DistributedDPTask(SelectedCalibrated):
             return risk_at(self._logits(), *self.survival_target)
         return predict(self.model, self.stars)
 
-    def finish(self) -> dict[str, float | int | None]:
-        """As :class:`.task_base.SelectedCalibrated`; a survival head is not Platt-scaled."""
-        if self.survival_target is None:
-            return super().finish()
-        kept = None
-        if self.selection is not None and self.selection.best_state is not None:
-            self.model.load_state_dict(self.selection.best_state)
-            kept = self.selection.best_round
-        self.calibration = None
-        return {"round": kept, "platt_a": 1.0, "platt_b": 0.0}
-
     def quality(self) -> dict[str, float]:
         raise ConfigError("Quality metrics are not released under distributed DP (the DP accountant does not "
                           "cover them).")

@@ -216,29 +216,7 @@ class NSFLTask(SelectedCalibrated):
         return self.trainer.predict(self.model)
 
     # -- survival target ([target] kind = "survival"; sdk/training/survival.py) ---------------
-    def evaluate(self, split: str) -> dict[str, float]:
-        """As for a binary label; with a survival target, :func:`~clinograph.sdk.training.survival.survival_metrics`
-        at the horizon (C-index, horizon AUROC/AUPRC/Brier; ``auroc`` is the horizon AUROC)."""
-        if self.survival_target is None:
-            return super().evaluate(split)
-        from ..training.survival import survival_metrics
-
-        idx = {"test": self.split.test, "validation": self.split.validation}.get(split)
-        if idx is None or len(idx) == 0:
-            return super().evaluate(split)  # the same errors
-        sv = self.table.survival
-        return survival_metrics(sv.time[idx], sv.event[idx], self.predict()[idx], horizon=self.survival_target[1])
-
-    def finish(self) -> dict[str, float | int | None]:
-        """As for a binary label; a survival head is not Platt-scaled (its risk is a survival curve)."""
-        if self.survival_target is None:
-            return super().finish()
-        kept = None
-        if self.selection is not None and self.selection.best_state is not None:
-            self.model.load_state_dict(self.selection.best_state)
-            kept = self.selection.best_round
-        self.calibration = None
-        return {"round": kept, "platt_a": 1.0, "platt_b": 0.0}
+    # evaluate() and finish(): .task_base.SelectedCalibrated (survival metrics, no Platt scaling)
 
     @torch.no_grad()
     def predict_survival_table(self, table: PatientTable) -> np.ndarray:

@@ -5,7 +5,8 @@ A task that keeps ``self.table``, ``self.split`` and ``self.config`` and impleme
 ``evaluate(split)``; from :class:`SelectedCalibrated` also ``predict()`` (calibrated once
 :meth:`SelectedCalibrated.finish` ran) and ``finish()``: keep the model the federation selected
 by validation loss (``self.selection``) and fit this hospital's Platt scaling on its
-validation split.
+validation split. A task with a survival head sets ``survival_target``: survival metrics, no
+Platt scaling.
 """
 
 from __future__ import annotations
@@ -41,9 +42,22 @@ class SelectedCalibrated(SplitEvaluation):
     """The selected model and the hospital's calibration (module docstring)."""
 
     calibration: Platt | None = None
+    #: a survival head's (interval ends, horizon) in days, set by the task; None: a binary label
+    survival_target: tuple[np.ndarray, float] | None = None
 
     def _predict_raw(self) -> np.ndarray:  # pragma: no cover - implemented by every task
         raise NotImplementedError
+
+    def evaluate(self, split: str) -> dict[str, float]:
+        """As :class:`SplitEvaluation`; with a survival target the survival metrics at the horizon
+        (C-index, horizon AUROC/AUPRC/Brier; ``auroc`` is the horizon AUROC)."""
+        idx = {"test": self.split.test, "validation": self.split.validation}.get(split)  # type: ignore[attr-defined]
+        if self.survival_target is None or idx is None or len(idx) == 0:
+            return super().evaluate(split)  # the same errors
+        from ..training.survival import survival_metrics
+
+        sv = self.table.survival  # type: ignore[attr-defined]
+        return survival_metrics(sv.time[idx], sv.event[idx], self.predict()[idx], horizon=self.survival_target[1])
 
     def predict(self) -> np.ndarray:
         """Risk for every patient of this hospital's table (calibrated once :meth:`finish` ran)."""
@@ -62,7 +76,8 @@ class SelectedCalibrated(SplitEvaluation):
             kept = selection.best_round
         self.calibration = None
         idx = self.split.validation  # type: ignore[attr-defined]
-        if self.config.calibration.method == "platt" and len(idx):  # type: ignore[attr-defined]
+        platt = self.config.calibration.method == "platt" and self.survival_target is None  # type: ignore[attr-defined]
+        if platt and len(idx):  # a survival head is not Platt-scaled (its risk is a survival curve)
             self.calibration = fit_platt_cv(logit(self._predict_raw()[idx]), self.table.labels[idx])  # type: ignore[attr-defined]
         cal = self.calibration or Platt()
         return {"round": kept, "platt_a": cal.a, "platt_b": cal.b}

@@ -146,6 +146,16 @@ def test_a_survival_federation_runs_under_distributed_dp_with_private_selection(
     pytest.importorskip("lifelines")
     d, tables = lung_survival()
     _assert_accepted(_run(list(tables), d, _config(tmp_path, target=SURVIVAL_TARGET), tmp_path), rounds=2)
+    from clinograph.sdk.federation.simulate import build_simulation
+
+    sim = build_simulation(list(tables), d, _config(tmp_path / "again", target=SURVIVAL_TARGET),
+                           audit_dir=tmp_path / "audit2")
+    sim.run_round()
+    sim.audit.close()
+    task = next(iter(sim.hospitals.values())).task
+    m = task.evaluate("test")  # the survival metrics at the horizon, as without DP
+    assert 0 <= m["cindex"] <= 1 and m["known"] <= m["n"]
+    assert task.finish()["platt_a"] == 1.0 and task.calibration is None
 
 
 def test_a_temporal_federation_runs_under_distributed_dp_with_private_selection(ts_tables, tmp_path):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,8 +28,7 @@ from clinograph.sdk.datasets import timeseries as ts
 from clinograph.sdk.federation.modality_task import build_modality_task
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.federation.split import Split
-from clinograph.sdk.ingest import ingest
-from sdk_helpers import SURVIVAL_TARGET, lung_survival
+from sdk_helpers import SURVIVAL_TARGET, lung_survival, timeseries_sites
 
 from clinograph.core.errors import ConfigError, PrivacyError
 from clinograph.core.identity import Identity
@@ -73,27 +71,15 @@ def _config(task: str, mode: str, tmp_path: Path) -> SimulationConfig:
         "output": str(tmp_path / "out"), **extra})
 
 
-def _ingested(hospitals, seed: int):
-    d = ts.load_dictionary()
-    out = []
-    for s in ts.make_timeseries_sites(seed=seed, hospitals=hospitals):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            t = ingest(s.table, schema=s.schema, dictionary=d)
-        w, has = ts.waveform_matrix(s, t.patient_ids)
-        out.append((t, {"waveform": (w, has)} if has.any() else {}))
-    return d, out
-
-
 @pytest.fixture(scope="module")
 def ts_sites():
-    return _ingested((replace(ts.DEFAULT_TS_HOSPITALS[0], n_patients=30),
+    return timeseries_sites((replace(ts.DEFAULT_TS_HOSPITALS[0], n_patients=30),
                       replace(ts.DEFAULT_TS_HOSPITALS[7], n_patients=26)), seed=1)
 
 
 @pytest.fixture(scope="module")
 def modal_sites():
-    return _ingested(tuple(replace(ts.MODALITY_GAP_HOSPITALS[i], n_patients=30) for i in (0, 4)), seed=2)
+    return timeseries_sites(tuple(replace(ts.MODALITY_GAP_HOSPITALS[i], n_patients=30) for i in (0, 4)), seed=2)
 
 
 def _federation(task: str, tables, dictionary, ts_sites, modal_sites):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -19,11 +18,11 @@ from clinograph.sdk.federation.dp_task import DistributedDPTask
 from clinograph.sdk.federation.modality_task import build_modality_task
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.graph.star import star_batch
-from clinograph.sdk.ingest import ingest
 from clinograph.sdk.model.modalities import ModalityNSFL, modal_stars
 from clinograph.sdk.model.nsfl import NSFLConfig
 from clinograph.sdk.privacy.modalities import modal_engine, modal_objective, modal_rows
 from clinograph.sdk.privacy.per_patient import star_probe
+from sdk_helpers import timeseries_sites
 
 from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
@@ -33,16 +32,7 @@ PICK = (0, 2, 4)  # with the PPG waveform, vital-sign series only, static only
 
 @pytest.fixture(scope="module")
 def sites():
-    hospitals = tuple(replace(ts.MODALITY_GAP_HOSPITALS[i], n_patients=30) for i in PICK)
-    d = ts.load_dictionary()
-    out = []
-    for s in ts.make_timeseries_sites(seed=2, hospitals=hospitals):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            t = ingest(s.table, schema=s.schema, dictionary=d)
-        w, has = ts.waveform_matrix(s, t.patient_ids)
-        out.append((t, {"waveform": (w, has)} if has.any() else {}))
-    return d, out
+    return timeseries_sites(tuple(replace(ts.MODALITY_GAP_HOSPITALS[i], n_patients=30) for i in PICK), seed=2)
 
 
 def test_per_patient_gradients_of_the_modality_model_equal_a_per_patient_loop(sites):
