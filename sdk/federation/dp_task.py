@@ -26,8 +26,10 @@ its rows and its objective (one patient, one row): the binary star model (BCE); 
 head (``[target] kind = "survival"``: the discrete-time hazard likelihood, a sum of per-patient
 terms, :mod:`clinograph.sdk.privacy.survival`; under selection the validation loss is the
 per-patient hazard NLL); the temporal model (``[model] temporal = "attention"``: a patient's
-whole snapshot sequence is its row, :mod:`clinograph.sdk.training.temporal`). The ring encoding,
-the ledger and the share checks are the same for all three.
+whole snapshot sequence is its row, :mod:`clinograph.sdk.training.temporal`); the modality model
+(``[model] modalities``: a patient's star and its signals, :mod:`clinograph.sdk.privacy.modalities`;
+built by :func:`.modality_task.build_modality_task`, which has the signals). The ring encoding,
+the ledger and the share checks are the same for all of them.
 
 The personal feature masks are frozen at their initial value (no personal training under
 distributed DP: it would use the patients outside the accountant). ``similar_to`` is never
