@@ -261,6 +261,52 @@ def targets(summ: dict, epsilons: tuple[float, ...]) -> dict:
     return out
 
 
+COLUMNS = ("reference", "nodp_single", "local_dp_eps{e}", "private_choice_eps{e}", "dp_lr_pooled_eps{e}")
+
+
+def markdown(payload: dict) -> str:
+    """The README's tables from a result file: test AUROC (mean over seeds of the mean over
+    hospitals) per cohort and arm, the Done-when targets on the mean over cohorts, the ε parts,
+    the noise level and the round times."""
+    cohorts = payload["cohorts"]
+    eps = payload["epsilons"]
+    f = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    keys = ["reference", "nodp_single", *(k.format(e=f"{e:g}") for e in eps for k in COLUMNS[2:]),
+            "distributed_eps3", "lr_standalone", "lr_pooled", "lr_fedavg_aligned"]
+    auc = {c: {k: r["summary"][k]["auroc_mean"] for k in keys if k in r["summary"]} for c, r in cohorts.items()}
+    lines = ["| cohort (seeds) | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for c, r in cohorts.items():
+        lines.append(f"| {c} ({len(r['seeds'])}) | " + " | ".join(f(auc[c].get(k)) for k in keys) + " |")
+    mean = {k: float(np.mean([auc[c][k] for c in cohorts])) for k in keys if all(k in auc[c] for c in cohorts)}
+    lines.append("| **mean** | " + " | ".join(f(mean.get(k)) for k in keys) + " |")
+    lines += ["", "| arm | chosen per seed (per cohort) | ε composed | ε training | ε selection | round s (median) |",
+              "|---|---|---|---|---|---|"]
+    for k in keys[:-3]:
+        rows = [cohorts[c]["summary"].get(k) for c in cohorts]
+        if not rows[0] or "round_seconds_median" not in rows[0]:
+            continue
+        chosen = "; ".join(f"{c}: {','.join(str(x) for x in cohorts[c]['summary'][k]['chosen_per_seed'])}"
+                           for c in cohorts) if k.startswith(("reference", "private")) else "-"
+        lines.append(f"| {k} | {chosen} | {f(_avg(rows, 'epsilon_mean_over_hospitals'))} | "
+                     f"{f(_avg(rows, 'epsilon_training_mean_over_hospitals'))} | {f(_avg(rows, 'epsilon_selection_mean_over_hospitals'))}"
+                     f" | {f(_avg(rows, 'round_seconds_median'))} |")
+    lines += ["", "| cohort | arm | σ_s | validation patients | std of the released loss | non-DP std over rounds "
+              "| non-DP range over candidates |", "|---|---|---|---|---|---|---|"]
+    for c, r in cohorts.items():
+        for k in r["noise"][0]:
+            rows = [n[k] for n in r["noise"] if n.get(k)]
+            lines.append(f"| {c} | {k} | {_avg(rows, 'sigma_s'):.1f} | {rows[0]['validation_patients']} | "
+                         f"{f(_avg(rows, 'released_loss_std'))} | {f(_avg(rows, 'nodp_round_loss_std'))} | "
+                         f"{f(_avg(rows, 'nodp_candidate_loss_range'))} |")
+    return "\n".join(lines)
+
+
+def _avg(rows: list, part: str) -> float | None:
+    """Mean of ``part`` over the rows that report it (None: none does)."""
+    xs = [r[part] for r in rows if r and r.get(part) is not None]
+    return float(np.mean(xs)) if xs else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cohorts", default="gbsg2,lung,kidney")
@@ -269,7 +315,11 @@ def main() -> None:
     ap.add_argument("--distributed", default="gbsg2", help="cohorts that also run distributed DP at ε = 3 "
                     "(the 60-round preset; comma-separated, 'all' or 'none')")
     add_convention(ap, quick_help="lung, 1 seed, ε = 3, no distributed DP")
+    ap.add_argument("--markdown", action="store_true", help="print the README's tables of the result file and exit")
     a = ap.parse_args()
+    if a.markdown:
+        print(markdown(json.loads(out_path(__file__, a).read_text())))
+        return
     if a.quick:
         a.cohorts, a.seeds, a.epsilons, a.distributed = "lung", 1, "3", "none"
     eps = tuple(float(x) for x in a.epsilons.split(","))
