@@ -52,6 +52,22 @@ DP_LR = {"steps": 50, "lr": 1.0, "clip": 1.0}
 EPSILONS = (1.0, 3.0, 8.0)
 
 
+def load_cohort(cohort: str):
+    """``(cohort, tables)`` of a real table (:func:`research.real_tables.real_tables.load`), or of
+    ``"demo"``: the demo federation (4 ALARM hospitals, data seed 0, full size) as
+    research/dp_trust_models draws it."""
+    if cohort != "demo":
+        from research.real_tables.real_tables import load
+
+        return load(cohort)
+    from types import SimpleNamespace
+
+    from research.dp_trust_models.dp_trust_models import tables_for
+
+    tables, dictionary = tables_for(0, 1.0)
+    return SimpleNamespace(dictionary=dictionary), tables
+
+
 def sdk_dp_config(cohort: str, seed: int, *, epsilon: float | None, selection: bool, work: Path):
     """The SDK default federation for ``seed`` (:func:`research.model_quality.sdk_config`), with
     local DP at ``epsilon`` (σ calibrated to it over the planned rounds) and selection on or off."""
@@ -329,10 +345,8 @@ def main() -> None:
     old = json.loads(out.read_text()) if out.exists() and not a.quick else {}
     payload = {"machine": machine(), "epsilons": list(eps), "delta": DELTA, "dp_lr": DP_LR,
                "cohorts": dict(old.get("cohorts", {}))}
-    from research.real_tables.real_tables import load
-
     for cohort in cohorts:
-        c, tables = load(cohort)
+        c, tables = load_cohort(cohort)
         per_seed: list[dict] = []
         for seed in range(a.seeds):
             per_seed.append(run_seed(cohort, seed, epsilons=eps, distributed=cohort in dist, tables=tables, c=c))
