@@ -239,6 +239,42 @@ def run_seed(cohort: str, seed: int, *, epsilons: tuple[float, ...], distributed
     return {"arms": arms, "baselines": base, "noise": noise}
 
 
+def round_cost(cohort: str, tables, dictionary, *, rounds: int, work: Path) -> dict:  # noqa: ANN001
+    """Wall time of one round, DP beside non-DP at the same size, in one process: the four
+    federations are built first, then their rounds are run interleaved (A, B, C, D, A, B, ...) so
+    the machine's load falls on all alike; medians over ``rounds`` rounds (no test evaluation in
+    the timed part). Pairs: the SDK default model without DP and with local DP at ε = 3 (two local
+    epochs a round); the same model at one local epoch without DP and with distributed DP at ε = 3
+    (the preset: one full-batch DP-SGD step a round)."""
+    from clinograph.sdk.config import merge_sections
+    from clinograph.sdk.federation.simulate import build_simulation
+
+    def one_epoch(cfg):  # noqa: ANN001, ANN202
+        return type(cfg).model_validate(merge_sections(cfg.model_dump(mode="python", by_alias=True, exclude_unset=True),
+                                                       {"federation": {"local_epochs": 1}}))
+
+    cfgs = {"no_dp": sdk_dp_config(cohort, 0, epsilon=None, selection=False, work=work / "a"),
+            "local_dp_eps3": sdk_dp_config(cohort, 0, epsilon=3.0, selection=False, work=work / "b"),
+            "no_dp_one_epoch": one_epoch(sdk_dp_config(cohort, 0, epsilon=None, selection=False, work=work / "c")),
+            "distributed_eps3": distributed_config(cohort, 0, epsilon=3.0, tables=tables, dictionary=dictionary,
+                                                   work=work / "d")}
+    sims = {k: build_simulation(tables, dictionary, v, audit_dir=work / k / "audit") for k, v in cfgs.items()}
+    times: dict[str, list[float]] = {k: [] for k in sims}
+    try:
+        for _ in range(rounds):
+            for k, sim in sims.items():
+                t0 = time.perf_counter()
+                sim.run_round()
+                times[k].append(time.perf_counter() - t0)
+    finally:
+        for sim in sims.values():
+            sim.audit.close()
+    med = {k: median(v) for k, v in times.items()}
+    return {"rounds": rounds, "patients": int(sum(t.n_patients for t in tables)), "median_seconds": med,
+            "seconds": times, "ratio_local_dp": med["local_dp_eps3"] / med["no_dp"],
+            "ratio_distributed_dp": med["distributed_eps3"] / med["no_dp_one_epoch"]}
+
+
 def summary(per_seed: list[dict]) -> dict:
     """Per method: mean / sd / per-seed of the mean-over-hospitals test AUROC; per DP arm the
     chosen candidates, the ε parts (mean over hospitals of the last entry) and the median round time."""
@@ -299,7 +335,7 @@ def markdown(payload: dict) -> str:
               "|---|---|---|---|---|---|"]
     for k in keys[:-3]:
         rows = [cohorts[c]["summary"].get(k) for c in cohorts]
-        if not rows[0] or "round_seconds_median" not in rows[0]:
+        if not rows or not rows[0] or "round_seconds_median" not in rows[0]:
             continue
         chosen = "; ".join(f"{c}: {','.join(str(x) for x in cohorts[c]['summary'][k]['chosen_per_seed'])}"
                            for c in cohorts) if k.startswith(("reference", "private")) else "-"
@@ -314,6 +350,14 @@ def markdown(payload: dict) -> str:
             lines.append(f"| {c} | {k} | {_avg(rows, 'sigma_s'):.1f} | {rows[0]['validation_patients']} | "
                          f"{f(_avg(rows, 'released_loss_std'))} | {f(_avg(rows, 'nodp_round_loss_std'))} | "
                          f"{f(_avg(rows, 'nodp_candidate_loss_range'))} |")
+    if payload.get("round_cost"):
+        lines += ["", "| cohort (patients) | no DP | local DP ε = 3 | ratio | no DP, 1 epoch | distributed ε = 3 | ratio |",
+                  "|---|---|---|---|---|---|---|"]
+        for c, r in payload["round_cost"].items():
+            m = r["median_seconds"]
+            lines.append(f"| {c} ({r['patients']}) | {m['no_dp']:.3f} | {m['local_dp_eps3']:.3f} | "
+                         f"{r['ratio_local_dp']:.2f} | {m['no_dp_one_epoch']:.3f} | {m['distributed_eps3']:.3f} | "
+                         f"{r['ratio_distributed_dp']:.2f} |")
     return "\n".join(lines)
 
 
@@ -331,6 +375,8 @@ def main() -> None:
     ap.add_argument("--distributed", default="gbsg2", help="cohorts that also run distributed DP at ε = 3 "
                     "(the 60-round preset; comma-separated, 'all' or 'none')")
     add_convention(ap, quick_help="lung, 1 seed, ε = 3, no distributed DP")
+    ap.add_argument("--round-cost", default="", help="cohorts whose DP and non-DP rounds are timed interleaved "
+                    "(comma-separated; written to round_cost in the result file, other results kept)")
     ap.add_argument("--markdown", action="store_true", help="print the README's tables of the result file and exit")
     a = ap.parse_args()
     if a.markdown:
@@ -344,7 +390,18 @@ def main() -> None:
     out = out_path(__file__, a)
     old = json.loads(out.read_text()) if out.exists() and not a.quick else {}
     payload = {"machine": machine(), "epsilons": list(eps), "delta": DELTA, "dp_lr": DP_LR,
-               "cohorts": dict(old.get("cohorts", {}))}
+               "cohorts": dict(old.get("cohorts", {})),
+               **{k: old[k] for k in ("round_cost", "round_cost_machine") if k in old}}
+    if a.round_cost:
+        payload["round_cost"] = dict(old.get("round_cost", {}))
+        for cohort in a.round_cost.split(","):
+            c, tables = load_cohort(cohort)
+            with tempfile.TemporaryDirectory() as tmp:
+                payload["round_cost"][cohort] = round_cost(cohort, tables, c.dictionary, rounds=8, work=Path(tmp))
+            print(cohort, json.dumps(payload["round_cost"][cohort]["median_seconds"]), flush=True)
+            write(out, {**old, **payload, "machine": old.get("machine", payload["machine"]),
+                        "round_cost_machine": machine()})
+        return
     for cohort in cohorts:
         c, tables = load_cohort(cohort)
         per_seed: list[dict] = []

@@ -60,3 +60,13 @@ def test_a_run_without_dp_reports_no_ledger(lung, tmp_path):
     cfg = cfg.model_copy(update={"federation": cfg.federation.model_copy(update={"rounds": 2})})
     run = run_arm(tables, c.dictionary, cfg, choose=False)
     assert run["ledger"] == {} and run["chosen"] is None and len(run["round_seconds"]) == 2
+
+
+def test_round_cost_times_every_pair_in_one_process(lung, tmp_path):
+    from research.private_selection.private_selection import round_cost
+
+    c, tables = lung
+    out = round_cost("lung", tables, c.dictionary, rounds=2, work=tmp_path)
+    assert set(out["median_seconds"]) == {"no_dp", "local_dp_eps3", "no_dp_one_epoch", "distributed_eps3"}
+    assert all(len(v) == 2 and min(v) > 0 for v in out["seconds"].values())
+    assert out["ratio_local_dp"] == pytest.approx(out["median_seconds"]["local_dp_eps3"] / out["median_seconds"]["no_dp"])
