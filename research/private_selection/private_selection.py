@@ -326,11 +326,11 @@ def markdown(payload: dict) -> str:
     keys = ["reference", "nodp_single", *(k.format(e=f"{e:g}") for e in eps for k in COLUMNS[2:]),
             "distributed_eps3", "lr_standalone", "lr_pooled", "lr_fedavg_aligned"]
     auc = {c: {k: r["summary"][k]["auroc_mean"] for k in keys if k in r["summary"]} for c, r in cohorts.items()}
-    lines = ["| cohort (seeds) | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-    for c, r in cohorts.items():
-        lines.append(f"| {c} ({len(r['seeds'])}) | " + " | ".join(f(auc[c].get(k)) for k in keys) + " |")
     mean = {k: float(np.mean([auc[c][k] for c in cohorts])) for k in keys if all(k in auc[c] for c in cohorts)}
-    lines.append("| **mean** | " + " | ".join(f(mean.get(k)) for k in keys) + " |")
+    lines = ["| method | " + " | ".join(f"{c} ({len(r['seeds'])} seeds)" for c, r in cohorts.items()) + " | **mean** |",
+             "|---|" + "---|" * (len(cohorts) + 1)]
+    for k in keys:
+        lines.append(f"| {k} | " + " | ".join(f(auc[c].get(k)) for c in cohorts) + f" | **{f(mean.get(k))}** |")
     lines += ["", "| arm | chosen per seed (per cohort) | ε composed | ε training | ε selection | round s (median) |",
               "|---|---|---|---|---|---|"]
     for k in keys[:-3]:
