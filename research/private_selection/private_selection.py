@@ -275,6 +275,18 @@ def round_cost(cohort: str, tables, dictionary, *, rounds: int, work: Path) -> d
             "ratio_distributed_dp": med["distributed_eps3"] / med["no_dp_one_epoch"]}
 
 
+def stored(run: dict) -> dict:
+    """A run as the result file keeps it: the test AUROC (mean over hospitals) instead of the
+    per-hospital metrics, and the ledger parts as mean (and largest ε) over hospitals."""
+    out = {k: v for k, v in run.items() if k not in ("final", "ledger")} | {"auroc": mean_auroc(run["final"])}
+    led = list(run["ledger"].values())
+    if led:
+        out["ledger"] = {k: _avg(led, k) for k in ("epsilon", "epsilon_training", "epsilon_selection",
+                                                   "noise_multiplier", "sigma_s", "release_count")}
+        out["ledger"] |= {"epsilon_max": max(x["epsilon"] for x in led), "hospitals": len(led)}
+    return out
+
+
 def summary(per_seed: list[dict]) -> dict:
     """Per method: mean / sd / per-seed of the mean-over-hospitals test AUROC; per DP arm the
     chosen candidates, the ε parts (mean over hospitals of the last entry) and the median round time."""
@@ -412,8 +424,7 @@ def main() -> None:
                 "hospitals": {t.site: t.n_patients for t in tables}, "seeds": list(range(len(per_seed))),
                 "summary": summ, "targets": targets(summ, eps),
                 "noise": [s["noise"] for s in per_seed],
-                "per_seed": [{"arms": {k: {x: y for x, y in v.items() if x != "final"} | {
-                    "auroc": mean_auroc(v["final"])} for k, v in s["arms"].items()}} for s in per_seed]}
+                "per_seed": [{"arms": {k: stored(v) for k, v in s["arms"].items()}} for s in per_seed]}
             write(out, payload)
 
 

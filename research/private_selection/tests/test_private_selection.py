@@ -31,7 +31,12 @@ def test_dp_lr_pooled_noise_falls_with_epsilon_and_learns_without_noise(lung):
 
 
 def test_a_private_choice_run_reports_its_choice_and_epsilon_parts(lung, tmp_path):
-    from research.private_selection.private_selection import noise_level, run_arm, sdk_dp_config
+    from research.private_selection.private_selection import (
+        noise_level,
+        run_arm,
+        sdk_dp_config,
+        stored,
+    )
 
     c, tables = lung
     cfg = sdk_dp_config("lung", 0, epsilon=3.0, selection=True, work=tmp_path)
@@ -43,6 +48,9 @@ def test_a_private_choice_run_reports_its_choice_and_epsilon_parts(lung, tmp_pat
         assert 0 < part["epsilon_selection"] < part["epsilon"] <= 3.0
         assert 0 < part["epsilon_training"] < part["epsilon"]
         assert part["sigma_s"] > 0 and part["release_count"] == part["entries"]
+    kept = stored(run)  # what the result file keeps: means over hospitals, no per-hospital metrics
+    assert "final" not in kept and 0 <= kept["auroc"] <= 1
+    assert kept["ledger"]["hospitals"] == 3 and kept["ledger"]["epsilon"] <= kept["ledger"]["epsilon_max"] <= 3.0
     ref = {"validation_losses": [0.9, 0.70, 0.68, 0.69], "candidates": [{"validation_loss": 0.6},
                                                                         {"validation_loss": 0.7}]}
     noise = noise_level(run, ref, n_val=40, hospitals=3, clip=1.0)
