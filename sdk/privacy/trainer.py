@@ -111,7 +111,9 @@ class DPTrainer:
             raise PrivacyError(f"grad_sample_mode {grad_sample_mode!r} is not available: every DP task uses the "
                                "per-patient engine ('star'; Opacus's hooks/ew path was removed). Registered: "
                                f"{', '.join(GRAD_SAMPLE_MODES)}.")
-        if "mask_lr_factor" in train_config.model_fields_set:
+        default_factor = type(train_config).model_fields["mask_lr_factor"].default
+        # a candidate's config is re-validated from a full dump (every field "set"): warn on a changed value only
+        if "mask_lr_factor" in train_config.model_fields_set and train_config.mask_lr_factor != default_factor:
             warnings.warn(f"Hospital {ledger.site!r}: [training] mask_lr_factor applies to non-DP training only; under "
                           "local DP the feature masks m_f learn at the base lr (the setting the DP presets were tuned "
                           "with). Remove mask_lr_factor from this hospital's config to silence this.", UserWarning,

@@ -217,3 +217,12 @@ def test_an_explicit_mask_lr_factor_under_dp_is_not_silently_ignored(tables, tmp
     with pytest.warns(UserWarning, match="mask_lr_factor applies to non-DP training only"):
         DPTrainer(tables[0], train_idx=np.arange(10), ledger=ledger, noise_multiplier=1.0, clip_norm=1.0,
                   batch_size=4, train_config=TrainConfig(lr=0.01, mask_lr_factor=3.0))
+
+
+def test_a_default_mask_lr_factor_that_reads_as_set_does_not_warn(tables, tmp_path, recwarn):
+    """A candidate's config is re-validated from a full dump, so every field reads as set: the
+    warning is for a changed value, not for the default written out."""
+    ledger = PrivacyLedger(tmp_path, site=tables[0].site, budget_epsilon=50.0, delta=1e-5, signer=SIGNER)
+    DPTrainer(tables[0], train_idx=np.arange(10), ledger=ledger, noise_multiplier=1.0, clip_norm=1.0, batch_size=4,
+              train_config=TrainConfig.model_validate(TrainConfig(lr=0.01).model_dump()))
+    assert not [w for w in recwarn if "mask_lr_factor" in str(w.message)]
