@@ -179,3 +179,36 @@ def test_a_missing_holder_aborts_the_round_n_of_n(fed):
         server.receive(parse_envelope(clients[n].handle(requests[n])))
     with pytest.raises(ProtocolError, match="missing from south"):
         server.next_stage()
+
+
+def test_a_share_under_a_wrong_key_share_is_refused_and_its_holder_named(fed):
+    """A holder answering with another key share (a stale one, say) passes its own check but fails
+    the seeded canary: the combination is refused and the holder named."""
+    from clinograph.secure.ckks.threshold import ThresholdParty, ThresholdPreset
+
+    plan = _plan(fed, round_=6)
+    server, clients, firsts, _ = _round(fed, plan)
+    for data in firsts.values():
+        server.receive(parse_envelope(data))
+    requests = server.next_stage()
+    north = clients["north"]
+    north._party = ThresholdParty(preset=ThresholdPreset.THRESHOLD_128, federation_id=FED, name="north")
+    for n, client in clients.items():
+        server.receive(parse_envelope(client.handle(requests[n])))
+    with pytest.raises(IntegrityError, match="Decryption share\\(s\\) of north are not made with their key share"):
+        server.next_stage()
+    with pytest.raises(ProtocolError, match="not decrypted"):
+        server.result()
+
+
+def test_the_seeded_canary_is_reproducible_and_seed_bound(fed):
+    public = fed.hospitals["east"].keys.threshold.public
+    seed = bytes(range(32))
+    a, u = seeded_canary(seed=seed, public=public)
+    b, _ = seeded_canary(seed=seed, public=public)
+    c, _ = seeded_canary(seed=bytes(32), public=public)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    coeffs = T.to_coefficients(u, ring=public._c.ring, context=public._c.context, parms_id=public._c.ring.data_parms_id)
+    assert set(np.unique(T.centered(coeffs, public._c.ring.primes)).tolist()) == {-1, 0, 1}  # ternary u
+    with pytest.raises(ProtocolError, match="32 bytes"):
+        seeded_canary(seed=b"short", public=public)
