@@ -27,9 +27,9 @@ the hazmat layer and is tested, but is not wired here); that a party's *other* s
 honest (the canary catches a wrong key share; a party that corrupts only some real shares is
 caught with probability 1/(k+1) per corrupted share, k the ciphertext count, and the
 decrypted result's imaginary parts -- ~0 for honest real-valued CKKS -- show the corruption
-without naming the party); that the server asks only for the aggregate (a malicious server can
-request one hospital's ciphertext instead: hospitals must recompute the aggregate's ``c1``,
-not done here).
+without naming the party); that the server asks only for the aggregate (this layer decrypts any
+``c1``; the ``ckks_threshold`` mode's holders first check the request against the signed
+uploads, :mod:`.threshold_check`, with a canary from a public seed, :func:`seeded_canary`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Threshold CKKS relayed by the server over any transport: collective key generation as
-``setup`` steps, and the collective decryption of one aggregate. Not yet a secure mode (no
-round protocol, journal or report uses it); this is the part that a mode's set-up will call.
+``setup`` steps, and the collective decryption of one aggregate. The ``ckks_threshold`` mode's
+set-up (:mod:`.threshold_setup`) runs the key generation here; its rounds decrypt through their
+own checked stage (:mod:`.threshold_client`), and its hospitals refuse ``tckks/decrypt``.
 
 =====================  =======================================  ================================
 step                   parts in                                 parts out
@@ -89,7 +90,10 @@ class ThresholdKeyHolder:
         if step == "tckks/public":
             return {"digest": self._accept_public(parts).encode()}
         if step == "tckks/decrypt":
-            if self.party is None or self.server is None:
+            if self.server is None:  # a mode's holder: it decrypts only in a round, after checking the aggregate
+                raise ProtocolError(f"Hospital {self.identity.name!r} answers no unchecked decryption request: under "
+                                    "ckks_threshold it decrypts only the aggregate of a round, after checking it.")
+            if self.party is None:
                 raise ProtocolError(f"Hospital {self.identity.name!r} holds no threshold key share.")
             request = open_envelope(parse_envelope(parts.get("request", b"")), sender=self.server,
                                     model=DecryptionRequest)

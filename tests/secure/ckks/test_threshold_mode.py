@@ -212,3 +212,9 @@ def test_the_seeded_canary_is_reproducible_and_seed_bound(fed):
     assert set(np.unique(T.centered(coeffs, public._c.ring.primes)).tolist()) == {-1, 0, 1}  # ternary u
     with pytest.raises(ProtocolError, match="32 bytes"):
         seeded_canary(seed=b"short", public=public)
+
+
+def test_a_mode_holder_refuses_the_unchecked_decrypt_step(fed):
+    """The library's ``tckks/decrypt`` set-up step decrypts any c1; a hospital of the mode refuses it."""
+    with pytest.raises(ProtocolError, match="answers no unchecked decryption request"):
+        fed.hospitals["east"].on_setup("tckks/decrypt", {"request": b"anything"})
