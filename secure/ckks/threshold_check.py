@@ -9,7 +9,9 @@ the holder
 1. verifies each envelope's signature against the contributor's enrolled key, and that it is
    that hospital's update for this federation, round, model version, dictionary and collective
    key, one per hospital, from a participant of the plan;
-2. counts at least ``plan.min_clients`` distinct contributors (the mode's minimum);
+2. counts at least ``floor`` distinct contributors: the larger of ``plan.min_clients`` and the
+   floor the holder fixed at key generation (never below 2), so a plan that lowers
+   ``min_clients`` to 1 opens nothing;
 3. adds their ciphertexts with SEAL and checks that the request's ``c1`` halves are exactly the
    sum's plus one extra, and that the extra is the canary it recomputes from the request's public
    ``canary_seed`` (:func:`.threshold.seeded_canary`) -- not some ciphertext's ``c1``, which would
@@ -42,7 +44,7 @@ def _refuse(holder: str, why: str) -> IntegrityError:
 
 
 def signed_contributions(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
-                         public: CollectivePublicKey, holder: str) -> dict[str, ThresholdUpdate]:
+                         public: CollectivePublicKey, holder: str, floor: int) -> dict[str, ThresholdUpdate]:
     """Steps 1-2 of the module docstring: the contributors' checked updates, by hospital."""
     out: dict[str, ThresholdUpdate] = {}
     for i, raw in enumerate(msg.updates):
@@ -66,16 +68,17 @@ def signed_contributions(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mappi
         if env.sender in out:
             raise _refuse(holder, f"{env.sender!r} is counted twice.")
         out[env.sender] = upd
-    if len(out) < plan.min_clients:
+    need = max(plan.min_clients, floor)
+    if len(out) < need:
         raise _refuse(holder, f"the sum has {len(out)} signed contributor(s); the mode's minimum is "
-                              f"{plan.min_clients} (a smaller sum could expose one hospital's update).")
+                              f"{need} (a smaller sum could expose one hospital's update).")
     return out
 
 
 def check_aggregate(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
-                    public: CollectivePublicKey, holder: str) -> tuple[str, ...]:
+                    public: CollectivePublicKey, holder: str, floor: int) -> tuple[str, ...]:
     """Check ``msg`` (all three steps); return the contributors. Raises IntegrityError."""
-    updates = signed_contributions(msg, plan=plan, peers=peers, public=public, holder=holder)
+    updates = signed_contributions(msg, plan=plan, peers=peers, public=public, holder=holder, floor=floor)
     try:
         total = public.add([u.ciphertexts for _, u in sorted(updates.items())])
     except (ClinographError, ValueError):

@@ -6,7 +6,8 @@ collective public key this hospital rebuilt and checked at set-up, and send it s
 Stage ``decrypt`` (:meth:`ThresholdClient.handle`): answer the server's
 :class:`~.threshold_messages.ThresholdDecrypt` with this hospital's smudged decryption share --
 only after :func:`.threshold_check.check_aggregate` shows it is the sum of at least
-``plan.min_clients`` signed contributions of this round, and only once a round.
+``max(plan.min_clients, the floor fixed at key generation, 2)`` signed contributions of this
+round, and only once a round.
 
 Guarantees: this hospital's share opens the round's aggregate and nothing else (no single
 update, no sub-sum below the minimum, no ciphertext of another round); a second, different
@@ -83,7 +84,8 @@ class ThresholdClient(AggregationClient):
             raise IntegrityError(f"Hospital {self.identity.name!r} refuses a second decryption request in round "
                                  f"{self.plan.round}: two shares of different sums would open their difference "
                                  "(report the server).")
-        check_aggregate(msg, plan=self.plan, peers=self.peers, public=self._public, holder=self.identity.name)
+        check_aggregate(msg, plan=self.plan, peers=self.peers, public=self._public, holder=self.identity.name,
+                        floor=self._holder.min_contributors)
         self._answered = seal(self._party.decryption_share(msg.request()), self.identity)
         return self._answered
 

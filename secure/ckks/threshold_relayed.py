@@ -6,7 +6,8 @@ own checked stage (:mod:`.threshold_client`), and its hospitals refuse ``tckks/d
 =====================  =======================================  ================================
 step                   parts in                                 parts out
 =====================  =======================================  ================================
-``tckks/keygen``       ``federation``, ``preset``, ``seed``      ``share`` (signed KeyGenShare)
+``tckks/keygen``       ``federation``, ``preset``, ``seed``,     ``share`` (signed KeyGenShare)
+                       ``min_contributors``
 ``tckks/public``       ``seed``, ``share/<holder>`` (each       ``digest`` (of the collective key
                        holder's signed KeyGenShare)             it rebuilt and checked)
 ``tckks/decrypt``      ``request`` (signed by the server)        ``share`` (signed DecryptionShare)
@@ -54,6 +55,8 @@ if TYPE_CHECKING:  # only the annotation needs the runtime's transport
     from ..runtime.transport import Transport
 
 STEPS = ("tckks/keygen", "tckks/public", "tckks/decrypt")
+#: a sum of one contribution is that contribution: no key holder helps open one, whatever it is told
+MIN_CONTRIBUTORS = 2
 
 
 class ThresholdKeyHolder:
@@ -67,6 +70,9 @@ class ThresholdKeyHolder:
         #: the collective public key, once ``tckks/public`` gave it (and this holder checked it)
         self.public: CollectivePublicKey | None = None
         self._mine: KeyGenShare | None = None
+        #: the fewest signed contributions a sum must have before this holder helps open it, fixed
+        #: at key generation and never below MIN_CONTRIBUTORS (a later plan can only raise it)
+        self.min_contributors = MIN_CONTRIBUTORS
 
     def __repr__(self) -> str:
         return (f"ThresholdKeyHolder(hospital={self.identity.name!r}, "
@@ -84,6 +90,11 @@ class ThresholdKeyHolder:
             except ValueError:
                 raise ProtocolError("Unknown threshold CKKS preset; known: "
                                     f"{', '.join(p.value for p in ThresholdPreset)}.") from None
+            try:
+                asked = int(parts.get("min_contributors", b"2").decode("ascii", errors="replace"))
+            except ValueError:
+                raise ProtocolError("Threshold key generation: min_contributors is not a whole number.") from None
+            self.min_contributors = max(MIN_CONTRIBUTORS, asked)
             self.party = ThresholdParty(preset=preset, federation_id=fid, name=self.identity.name)
             self.public, self._mine = None, self.party.keygen_share(seed=parts.get("seed", b""))
             return {"share": seal(self._mine, self.identity)}
@@ -121,9 +132,11 @@ class ThresholdKeyHolder:
 
 def run_threshold_keygen(transport: Transport, *, federation_id: str, participants: Sequence[str],
                          enrolled: Mapping[str, PublicIdentity], preset: ThresholdPreset,
-                         min_holders: int, distribute: bool = False) -> tuple[CollectivePublicKey, tuple[str, ...]]:
+                         min_holders: int, distribute: bool = False,
+                         min_contributors: int = MIN_CONTRIBUTORS) -> tuple[CollectivePublicKey, tuple[str, ...]]:
     """Collective key generation over ``transport``; returns the public key and its holders.
     ``distribute``: then give every holder the key (step ``tckks/public``) and check its digest.
+    ``min_contributors``: the floor each holder keeps for the sums it helps open (at least 2).
 
     Raises:
         ProtocolError: fewer than ``min_holders`` hospitals answered with a valid share, or (with
@@ -132,7 +145,8 @@ def run_threshold_keygen(transport: Transport, *, federation_id: str, participan
     seed = secrets.token_bytes(32)  # public: it only fixes the common polynomial a
     names = tuple(sorted(set(participants) & set(enrolled)))
     answers, _ = transport.exchange("setup", {n: {"step": b"tckks/keygen", "federation": federation_id.encode(),
-                                                  "preset": preset.value.encode(), "seed": seed} for n in names},
+                                                  "preset": preset.value.encode(), "seed": seed,
+                                                  "min_contributors": str(min_contributors).encode()} for n in names},
                                     round_=0)
     shares: dict[str, KeyGenShare] = {}
     signed: dict[str, bytes] = {}

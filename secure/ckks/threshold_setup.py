@@ -41,7 +41,7 @@ def prepare_threshold(*, federation: Any, transport: Any, run_id: str, enrolled:
                               f"smudging bound of {preset.value}); {len(names)} are enrolled and reachable.")
         context, _ = run_threshold_keygen(transport, federation_id=run_id, participants=names, enrolled=enrolled,
                                           preset=preset, min_holders=min(federation.min_clients, len(names)),
-                                          distribute=True)
+                                          distribute=True, min_contributors=max(2, min(federation.min_clients, len(names))))
     if not isinstance(context, CollectivePublicKey):
         raise ConfigError("secure_mode = 'ckks_threshold' needs the collective public key of its set-up "
                           "(a CollectivePublicKey).")

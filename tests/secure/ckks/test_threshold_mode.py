@@ -109,12 +109,12 @@ def _forged_request(fed, plan, firsts, *, contributors, c1_of, seed=None, extra=
     return seal(msg, SERVER)
 
 
-@pytest.mark.parametrize("case", ["one_hospital", "aggregate_claimed_single_opened", "below_minimum",
-                                  "individual_c1_as_canary"])
+@pytest.mark.parametrize("case", ["one_hospital", "one_hospital_plan_lowered", "aggregate_claimed_single_opened",
+                                  "below_minimum", "individual_c1_as_canary"])
 def test_every_honest_holder_refuses_to_open_anything_but_the_aggregate(fed, case):
-    plan = _plan(fed, round_=2, min_clients=2 if case != "below_minimum" else 3)
+    plan = _plan(fed, round_=2, min_clients={"below_minimum": 3, "one_hospital_plan_lowered": 1}.get(case, 2))
     _, clients, firsts, _ = _round(fed, plan)
-    if case == "one_hospital":  # the attack of SECURITY.md: open east's update
+    if case.startswith("one_hospital"):  # the attack of SECURITY.md: open east's update (a plan saying 1 too)
         data, why = _forged_request(fed, plan, firsts, contributors=["east"], c1_of=["east"]), "minimum is 2"
     elif case == "aggregate_claimed_single_opened":
         data, why = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=["east"]), "not the sum"
