@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pydantic import ValidationError
+
 from clinograph.core.errors import ClinographError, IntegrityError
 from clinograph.core.identity import PublicIdentity
 
@@ -50,15 +52,16 @@ def signed_contributions(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mappi
     for i, raw in enumerate(msg.updates):
         try:
             env = parse_envelope(raw, max_bytes=MAX_UPDATE_ENVELOPE)
-            key = peers.get(env.sender)
-            if key is None:
-                raise _refuse(holder, f"contribution {i} names {env.sender[:64]!r}, who is not enrolled.")
-            upd = open_envelope(env, sender=key, model=ThresholdUpdate)
-        except IntegrityError as exc:
-            if str(exc).startswith(f"Hospital {holder!r} refuses"):
-                raise
-            raise _refuse(holder, f"contribution {i} is not validly signed by the hospital it names.") from None
         except ClinographError:
+            raise _refuse(holder, f"contribution {i} is not a signed envelope.") from None
+        key = peers.get(env.sender)
+        if key is None:
+            raise _refuse(holder, f"contribution {i} names {env.sender[:64]!r}, who is not enrolled.")
+        try:
+            upd = open_envelope(env, sender=key, model=ThresholdUpdate)
+        except IntegrityError:
+            raise _refuse(holder, f"contribution {i} is not validly signed by the hospital it names.") from None
+        except (ClinographError, ValidationError):
             raise _refuse(holder, f"contribution {i} is not a threshold CKKS update.") from None
         if (upd.client != env.sender or upd.federation_id != plan.federation_id or upd.round != plan.round
                 or upd.spec_digest != plan.spec.digest() or upd.dictionary_hash != plan.dictionary_hash

@@ -61,8 +61,11 @@ class DecryptionShare(WireMessage):
     shares: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
 
 
+#: ciphertexts in one update: 1000 x 4096 slots (P up to ~4e6); the decryption request that carries
+#: every contributor's update must also fit one message (MAX_MESSAGE_BYTES): n * P <= ~4e6
+MAX_UPDATE_CIPHERTEXTS = 1000
 #: one hospital's signed update envelope (its ciphertexts and a small header)
-MAX_UPDATE_ENVELOPE = 64 * 300_000 + 64 * 1024
+MAX_UPDATE_ENVELOPE = MAX_UPDATE_CIPHERTEXTS * 300_000 + 64 * 1024
 SignedUpdate = Annotated[bytes, Field(min_length=1, max_length=MAX_UPDATE_ENVELOPE), *BLOB_CODEC]
 
 
@@ -79,7 +82,7 @@ class ThresholdUpdate(WireMessage):
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     ciphertexts: tuple[Annotated[bytes, Field(min_length=1, max_length=300_000), *BLOB_CODEC], ...] = Field(
-        min_length=1, max_length=64)
+        min_length=1, max_length=MAX_UPDATE_CIPHERTEXTS)
 
 
 class ThresholdDecrypt(WireMessage):
@@ -90,7 +93,7 @@ class ThresholdDecrypt(WireMessage):
     kind: Literal["threshold_ckks_decrypt"] = "threshold_ckks_decrypt"
     federation_id: str = Field(pattern=ID_PATTERN)
     round: int = Field(ge=0)
-    c1: tuple[Poly, ...] = Field(min_length=2, max_length=65)
+    c1: tuple[Poly, ...] = Field(min_length=2, max_length=MAX_UPDATE_CIPHERTEXTS + 1)
     canary_seed: bytes = Field(min_length=32, max_length=32)
     updates: tuple[SignedUpdate, ...] = Field(min_length=1, max_length=10_000)
 

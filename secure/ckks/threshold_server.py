@@ -33,7 +33,6 @@ from .layout import SlotLayout
 from .threshold import CollectivePublicKey, Combiner
 from .threshold_client import OPTION_DIGEST, contributor_present
 from .threshold_messages import (
-    MAX_UPDATE_ENVELOPE,
     DecryptionShare,
     ThresholdDecrypt,
     ThresholdUpdate,
@@ -78,9 +77,11 @@ class ThresholdServer(AggregationServer):
         """Accept one update (stage ``updates``) or decryption share (stage ``decrypt``)."""
         sender = envelope.sender
         model = ThresholdUpdate if self._stage == "updates" else DecryptionShare
+        # an update: its ciphertexts (< 300 000 bytes each); a share: one 2-limb polynomial per c1 (+ the canary)
+        limit = self._n_ct * 300_000 if model is ThresholdUpdate else (self._n_ct + 1) * 2 * 8 * 8192
         try:
-            msg = authenticate(self.plan, envelope, peers=self.peers, model=model,
-                               max_bytes=MAX_UPDATE_ENVELOPE * max(1, len(self.plan.participants)), seen=self._digests)
+            msg = authenticate(self.plan, envelope, peers=self.peers, model=model, max_bytes=limit + 64 * 1024,
+                               seen=self._digests)
         except Unattributed:
             raise
         try:
