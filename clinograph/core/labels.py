@@ -53,3 +53,5 @@ KDF_JOURNAL_MAC = b"clinograph/v1/journal/boundary-mac"
 # SHA-256(label, federation, public seed); a decryption request's digest is domain-separated too.
 HASH_THRESHOLD_CKKS_COMMON_A = b"clinograph/v1/threshold-ckks/common-a"
 HASH_THRESHOLD_CKKS_REQUEST = b"clinograph/v1/threshold-ckks/decryption-request"
+#: the combiner's canary in the ckks_threshold mode, expanded from a public seed that key holders check
+HASH_THRESHOLD_CKKS_CANARY = b"clinograph/v1/threshold-ckks/canary"

@@ -1,7 +1,7 @@
 """Secure-aggregation modes behind one interface, chosen by name.
 
 >>> create_mode("masekd")  # doctest: +SKIP
-RegistryError: Unknown secure mode 'masekd'. Registered: ckks, insecure_plaintext, masked.
+RegistryError: Unknown secure mode 'masekd'. Registered: ckks, ckks_threshold, insecure_plaintext, masked.
 """
 
 from __future__ import annotations

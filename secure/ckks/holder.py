@@ -24,6 +24,8 @@ from clinograph.core.identity import Identity, PublicIdentity
 
 from .keys import CkksKeyDealer, CkksKeyring, CkksRecipientKey
 from .presets import CkksPreset
+from .threshold_relayed import STEPS as THRESHOLD_STEPS
+from .threshold_relayed import ThresholdKeyHolder
 
 STEPS = ("ckks/deal", "ckks/request", "ckks/wrap", "ckks/unwrap")
 
@@ -38,6 +40,8 @@ class CkksKeyHolder:
         self.keyring: CkksKeyring | None = None
         self._dealer: CkksKeyDealer | None = None
         self._recipient: CkksRecipientKey | None = None
+        #: the ``ckks_threshold`` mode's key share (its ``tckks/*`` set-up steps)
+        self.threshold = ThresholdKeyHolder(identity=identity, server=None, federation_id=federation_id, peers=peers)
 
     def __repr__(self) -> str:
         return f"CkksKeyHolder(hospital={self.identity.name!r}, keyring={'held' if self.keyring else 'none'})"
@@ -49,7 +53,9 @@ class CkksKeyHolder:
                                 f"is enrolled in {self.federation_id!r}.")
 
     def on_setup(self, step: str, parts: Mapping[str, bytes]) -> dict[str, bytes]:
-        """Answer one ceremony step (see the module table)."""
+        """Answer one ceremony step (see the module table; ``tckks/*``: the threshold key holder's)."""
+        if step in THRESHOLD_STEPS:
+            return self.threshold.on_setup(step, parts)
         if step == "ckks/deal":
             self._check_federation(parts)
             try:
@@ -81,4 +87,5 @@ class CkksKeyHolder:
                                               dealer=self.peers[dealer])
             self._recipient = None
             return {}
-        raise ProtocolError(f"Unknown set-up step {step[:64]!r}; expected one of {', '.join(STEPS)}.")
+        raise ProtocolError(f"Unknown set-up step {step[:64]!r}; expected one of "
+                            f"{', '.join(STEPS + THRESHOLD_STEPS)}.")

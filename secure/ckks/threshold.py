@@ -27,9 +27,9 @@ the hazmat layer and is tested, but is not wired here); that a party's *other* s
 honest (the canary catches a wrong key share; a party that corrupts only some real shares is
 caught with probability 1/(k+1) per corrupted share, k the ciphertext count, and the
 decrypted result's imaginary parts -- ~0 for honest real-valued CKKS -- show the corruption
-without naming the party); that the server asks only for the aggregate (a malicious server can
-request one hospital's ciphertext instead: hospitals must recompute the aggregate's ``c1``,
-not done here).
+without naming the party); that the server asks only for the aggregate (this layer decrypts any
+``c1``; the ``ckks_threshold`` mode's holders first check the request against the signed
+uploads, :mod:`.threshold_check`, with a canary from a public seed, :func:`seeded_canary`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import numpy as np
 import tenseal.sealapi as sealapi
 
 from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
-from clinograph.core.labels import HASH_THRESHOLD_CKKS_COMMON_A
+from clinograph.core.labels import HASH_THRESHOLD_CKKS_CANARY, HASH_THRESHOLD_CKKS_COMMON_A
 
 from ..hazmat import threshold_ckks as T
 from ..hazmat.ckks_context import CkksParams, _load, build_context, dump, pack_fields
@@ -122,6 +122,18 @@ def common_a(*, seed: bytes, federation_id: str, ring: T.Ring) -> np.ndarray:
     return T.common_poly(key, ring)
 
 
+def seeded_canary(*, seed: bytes, public: CollectivePublicKey) -> tuple[np.ndarray, np.ndarray]:
+    """The canary ``(c1, u)`` expanded from a public 32-byte ``seed`` (domain-separated by purpose,
+    federation and role), so that a key holder can recompute it and see it is no ciphertext's ``c1``."""
+    if len(seed) != 32:
+        raise ProtocolError(f"The canary seed must be 32 bytes, got {len(seed)}.")
+    keys = [hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_CANARY, public.federation_id.encode(), role, seed])).digest()
+            for role in (b"u", b"e1")]
+    c = public._c
+    return T.seeded_canary_c1(u_key=keys[0], e_key=keys[1], a=public.a, ring=c.ring, context=c.context,
+                              encoder=c.encoder)
+
+
 def _bytes(poly: np.ndarray) -> bytes:
     return np.ascontiguousarray(poly, dtype="<u8").tobytes()
 
@@ -188,6 +200,11 @@ class CollectivePublicKey:
         self._encryptor = sealapi.Encryptor(c.context, self._pk)
 
     @property
+    def digest(self) -> str:
+        """SHA-256 of the collective public key's SEAL bytes (plans and updates name it)."""
+        return hashlib.sha256(self.public_key_bytes).hexdigest()
+
+    @property
     def holders(self) -> tuple[str, ...]:
         """Every key holder (all are needed to decrypt)."""
         return tuple(sorted(self.p0))
@@ -235,7 +252,7 @@ class Combiner:
     """Opens one aggregate with every key holder's share; checks and names bad shares."""
 
     def __init__(self, *, public: CollectivePublicKey, round: int, aggregate: Sequence[sealapi.Ciphertext],
-                 contributions: int):
+                 contributions: int, canary_seed: bytes | None = None):
         if not 1 <= contributions <= public.preset.max_parties:
             raise ConfigError(f"The aggregate sums {contributions} encryptions; the smudging of {public.preset.value} is "
                               f"argued for 1..{public.preset.max_parties} (its decryption-noise bound).")
@@ -244,7 +261,11 @@ class Combiner:
         polys = [T.read_ciphertext(ct) for ct in aggregate]
         self._c0 = [p[0] for p in polys]
         self._scale = aggregate[0].scale if aggregate else 1.0
-        canary, self._u = T.canary_c1(a=public.a, ring=self._c.ring, context=self._c.context, encoder=self._c.encoder)
+        if canary_seed is None:  # hidden canary: the holder cannot tell it from a real c1
+            canary, self._u = T.canary_c1(a=public.a, ring=self._c.ring, context=self._c.context,
+                                          encoder=self._c.encoder)
+        else:  # public canary: the holder recomputes it (ckks_threshold mode, see .threshold_check)
+            canary, self._u = seeded_canary(seed=canary_seed, public=public)
         c1 = [p[1] for p in polys]
         self._canary_at = secrets.randbelow(len(c1) + 1)
         c1.insert(self._canary_at, canary)

@@ -1,13 +1,24 @@
 """Threshold CKKS relayed by the server over any transport: collective key generation as
-``setup`` steps, and the collective decryption of one aggregate. Not yet a secure mode (no
-round protocol, journal or report uses it); this is the part that a mode's set-up will call.
+``setup`` steps, and the collective decryption of one aggregate. The ``ckks_threshold`` mode's
+set-up (:mod:`.threshold_setup`) runs the key generation here; its rounds decrypt through their
+own checked stage (:mod:`.threshold_client`), and its hospitals refuse ``tckks/decrypt``.
 
 =====================  =======================================  ================================
 step                   parts in                                 parts out
 =====================  =======================================  ================================
-``tckks/keygen``       ``federation``, ``preset``, ``seed``      ``share`` (signed KeyGenShare)
+``tckks/keygen``       ``federation``, ``preset``, ``seed``,     ``share`` (signed KeyGenShare)
+                       ``min_contributors``
+``tckks/public``       ``seed``, ``share/<holder>`` (each       ``digest`` (of the collective key
+                       holder's signed KeyGenShare)             it rebuilt and checked)
 ``tckks/decrypt``      ``request`` (signed by the server)        ``share`` (signed DecryptionShare)
 =====================  =======================================  ================================
+
+``tckks/public`` (``distribute=True``, what the ``ckks_threshold`` mode runs) gives every holder
+the collective public key it encrypts under: each holder rebuilds it from the holders' *signed*
+shares, checks its own share is in it unchanged, and answers the key's digest, so a server
+cannot make hospitals encrypt under a key it chose. ``tckks/decrypt`` decrypts whatever ``c1``
+the server sends; the mode's round protocol (:mod:`.threshold_client`) instead checks first that
+it is the aggregate of enough signed contributions.
 
 Who holds what: each hospital's :class:`ThresholdKeyHolder` keeps its secret share; the server
 keeps the :class:`~.threshold.CollectivePublicKey` (public) and, while it opens an aggregate, the
@@ -26,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from clinograph.core.errors import ClinographError, ProtocolError
+from clinograph.core.errors import ClinographError, IntegrityError, ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
 
 from ..wire import open_envelope, parse_envelope, seal
@@ -43,15 +54,25 @@ from .threshold import (
 if TYPE_CHECKING:  # only the annotation needs the runtime's transport
     from ..runtime.transport import Transport
 
-STEPS = ("tckks/keygen", "tckks/decrypt")
+STEPS = ("tckks/keygen", "tckks/public", "tckks/decrypt")
+#: a sum of one contribution is that contribution: no key holder helps open one, whatever it is told
+MIN_CONTRIBUTORS = 2
 
 
 class ThresholdKeyHolder:
     """Answers the threshold steps for one hospital and then holds its secret share."""
 
-    def __init__(self, *, identity: Identity, server: PublicIdentity, federation_id: str):
+    def __init__(self, *, identity: Identity, server: PublicIdentity | None, federation_id: str,
+                 peers: Mapping[str, PublicIdentity] | None = None):
         self.identity, self.server, self.federation_id = identity, server, federation_id
+        self.peers = dict(peers or {})
         self.party: ThresholdParty | None = None
+        #: the collective public key, once ``tckks/public`` gave it (and this holder checked it)
+        self.public: CollectivePublicKey | None = None
+        self._mine: KeyGenShare | None = None
+        #: the fewest signed contributions a sum must have before this holder helps open it, fixed
+        #: at key generation and never below MIN_CONTRIBUTORS (a later plan can only raise it)
+        self.min_contributors = MIN_CONTRIBUTORS
 
     def __repr__(self) -> str:
         return (f"ThresholdKeyHolder(hospital={self.identity.name!r}, "
@@ -69,9 +90,20 @@ class ThresholdKeyHolder:
             except ValueError:
                 raise ProtocolError("Unknown threshold CKKS preset; known: "
                                     f"{', '.join(p.value for p in ThresholdPreset)}.") from None
+            try:
+                asked = int(parts.get("min_contributors", b"2").decode("ascii", errors="replace"))
+            except ValueError:
+                raise ProtocolError("Threshold key generation: min_contributors is not a whole number.") from None
+            self.min_contributors = max(MIN_CONTRIBUTORS, asked)
             self.party = ThresholdParty(preset=preset, federation_id=fid, name=self.identity.name)
-            return {"share": seal(self.party.keygen_share(seed=parts.get("seed", b"")), self.identity)}
+            self.public, self._mine = None, self.party.keygen_share(seed=parts.get("seed", b""))
+            return {"share": seal(self._mine, self.identity)}
+        if step == "tckks/public":
+            return {"digest": self._accept_public(parts).encode()}
         if step == "tckks/decrypt":
+            if self.server is None:  # a mode's holder: it decrypts only in a round, after checking the aggregate
+                raise ProtocolError(f"Hospital {self.identity.name!r} answers no unchecked decryption request: under "
+                                    "ckks_threshold it decrypts only the aggregate of a round, after checking it.")
             if self.party is None:
                 raise ProtocolError(f"Hospital {self.identity.name!r} holds no threshold key share.")
             request = open_envelope(parse_envelope(parts.get("request", b"")), sender=self.server,
@@ -79,31 +111,63 @@ class ThresholdKeyHolder:
             return {"share": seal(self.party.decryption_share(request), self.identity)}
         raise ProtocolError(f"Unknown set-up step {step[:64]!r}; expected one of {', '.join(STEPS)}.")
 
+    def _accept_public(self, parts: Mapping[str, bytes]) -> str:
+        """Rebuild the collective key from the holders' signed shares; check this holder's is in it."""
+        if self.party is None or self._mine is None:
+            raise ProtocolError(f"Hospital {self.identity.name!r} made no threshold key-generation share.")
+        shares: dict[str, KeyGenShare] = {}
+        for key, raw in parts.items():
+            name = key.removeprefix("share/")
+            if not key.startswith("share/") or name not in self.peers:
+                continue  # only "seed" and the holders' shares are read
+            shares[name] = open_envelope(parse_envelope(raw), sender=self.peers[name], model=KeyGenShare)
+        mine = shares.get(self.identity.name)
+        if mine is None or mine.p0 != self._mine.p0 or mine.seed_sha256 != self._mine.seed_sha256:
+            raise IntegrityError(f"The collective key offered to {self.identity.name!r} does not contain its own "
+                                 "key-generation share unchanged: refused (report the server).")
+        self.public = CollectivePublicKey(preset=self.party.preset, federation_id=self.federation_id,
+                                          seed=parts.get("seed", b""), shares=shares)
+        return self.public.digest
+
 
 def run_threshold_keygen(transport: Transport, *, federation_id: str, participants: Sequence[str],
                          enrolled: Mapping[str, PublicIdentity], preset: ThresholdPreset,
-                         min_holders: int) -> tuple[CollectivePublicKey, tuple[str, ...]]:
+                         min_holders: int, distribute: bool = False,
+                         min_contributors: int = MIN_CONTRIBUTORS) -> tuple[CollectivePublicKey, tuple[str, ...]]:
     """Collective key generation over ``transport``; returns the public key and its holders.
+    ``distribute``: then give every holder the key (step ``tckks/public``) and check its digest.
+    ``min_contributors``: the floor each holder keeps for the sums it helps open (at least 2).
 
     Raises:
-        ProtocolError: fewer than ``min_holders`` hospitals answered with a valid share.
+        ProtocolError: fewer than ``min_holders`` hospitals answered with a valid share, or (with
+            ``distribute``) a holder did not confirm the collective key.
     """
     seed = secrets.token_bytes(32)  # public: it only fixes the common polynomial a
     names = tuple(sorted(set(participants) & set(enrolled)))
     answers, _ = transport.exchange("setup", {n: {"step": b"tckks/keygen", "federation": federation_id.encode(),
-                                                  "preset": preset.value.encode(), "seed": seed} for n in names},
+                                                  "preset": preset.value.encode(), "seed": seed,
+                                                  "min_contributors": str(min_contributors).encode()} for n in names},
                                     round_=0)
     shares: dict[str, KeyGenShare] = {}
+    signed: dict[str, bytes] = {}
     for name, parts in sorted(answers.items()):
         try:
             shares[name] = open_envelope(parse_envelope(parts.get("share", b"")), sender=enrolled[name],
                                          model=KeyGenShare)
+            signed[f"share/{name}"] = parts["share"]
         except ClinographError:
             continue  # not a holder: the key is generated among the others
     if len(shares) < max(min_holders, 1):
         raise ProtocolError(f"Threshold key generation: only {len(shares)} hospital(s) answered "
                             f"({', '.join(sorted(shares)) or 'none'}); the federation needs {min_holders}.")
     public = CollectivePublicKey(preset=preset, federation_id=federation_id, seed=seed, shares=shares)
+    if distribute:
+        done, failed = transport.exchange("setup", {h: {"step": b"tckks/public", "seed": seed, **signed}
+                                                    for h in public.holders}, round_=0)
+        bad = sorted(h for h in public.holders if done.get(h, {}).get("digest") != public.digest.encode())
+        if bad:
+            raise ProtocolError(f"Threshold key generation: {', '.join(bad)} did not confirm the collective key "
+                                f"({failed.get(bad[0], 'another digest')[:200]}). Every holder is needed (N-of-N).")
     return public, public.holders
 
 

@@ -80,7 +80,7 @@ __all__ = [  # the SEAL-polynomial helpers are re-exported: the safe API imports
     "Ring", "addmod", "canary_c1", "canary_residual", "centered", "centered_approx", "ciphertext_bytes", "ckg_share",
     "combine_decryption", "common_poly", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
     "lagrange_at_zero", "load_plaintext", "load_public_key", "mulmod", "plaintext_bytes", "public_key_bytes",
-    "read_ciphertext", "read_plaintext", "read_secret_key", "scale_poly", "shamir_split", "submod", "sum_polys",
+    "read_ciphertext", "read_plaintext", "read_secret_key", "scale_poly", "seeded_canary_c1", "shamir_split", "submod", "sum_polys",
     "to_coefficients", "to_ntt", "uniform_smudging",
 ]
 
@@ -250,6 +250,27 @@ def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext, encoder: 
     u = read_secret_key(seal.KeyGenerator(context).secret_key(), ring)[:limbs]
     e1 = encoder_gaussian(sigma=3.2, encoder=encoder, ring=ring, limbs=limbs)
     q = ring.q(limbs)
+    return addmod(mulmod(a[:limbs], u, q), e1, q), u
+
+
+def seeded_canary_c1(*, u_key: bytes, e_key: bytes, a: np.ndarray, ring: Ring, context: seal.SEALContext,
+                     encoder: seal.CKKSEncoder) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`canary_c1` made reproducibly from two 32-byte keys: ``u`` ternary, each coefficient
+    uniform on {-1, 0, 1} (AES-256-CTR bytes below 255, mod 3), ``e1`` rounded Gaussian sigma 3.2
+    from the ChaCha20 stream under ``e_key``. Anyone holding the keys recomputes the canary, so a
+    key holder can check that the extra ``c1`` it is asked to decrypt is this canary and not some
+    ciphertext's ``c1`` (the ``ckks_threshold`` mode). Returns (c1, u)."""
+    limbs, n = ring.data_count, ring.degree
+    raw = np.frombuffer(expand_mask(u_key, 2 * n), dtype=np.uint8)
+    ok = raw[raw < 255]
+    while ok.size < n:  # P(fewer than N of 2N bytes below 255) is negligible; extend anyway
+        raw = np.frombuffer(expand_mask(u_key, 2 * raw.size), dtype=np.uint8)
+        ok = raw[raw < 255]
+    tern = (ok[:n] % 3).astype(np.int64) - 1
+    q = ring.q(limbs)
+    coeffs = np.where(tern < 0, q - _U64(1), tern.astype(_U64)).astype(_U64)
+    u = to_ntt(coeffs, ring=ring, context=context, parms_id=ring.data_parms_id)
+    e1 = encoder_gaussian(sigma=3.2, encoder=encoder, ring=ring, limbs=limbs, source=CsprngUniform(_key=e_key))
     return addmod(mulmod(a[:limbs], u, q), e1, q), u
 
 

@@ -8,7 +8,7 @@
     [federation]
     id = "my-federation"
     rounds = 20
-    secure_mode = "masked"                  # masked (default) | ckks | insecure_plaintext
+    secure_mode = "masked"                  # masked (default) | ckks | ckks_threshold | insecure_plaintext
     strategy = "fedsgd"
 
     [dp_policy]                              # optional: every hospital must run DP within these bounds

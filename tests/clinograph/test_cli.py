@@ -55,7 +55,7 @@ schema = "{data / 'east_schema.toml'}"
 def test_unknown_secure_mode_lists_the_registered_ones(tmp_path):
     out = cli("demo", "--rounds", "1", "--secure-mode", "masekd", "--out", str(tmp_path / "d"))
     assert out.returncode == 2
-    assert "Unknown secure mode 'masekd'. Registered: ckks, insecure_plaintext, masked." in out.stderr
+    assert "Unknown secure mode 'masekd'. Registered: ckks, ckks_threshold, insecure_plaintext, masked." in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "d" / "hospitals").exists()  # refused before any work
 

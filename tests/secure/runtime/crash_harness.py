@@ -136,11 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     section = FederationSection(id=FEDERATION, secure_mode=args.mode, strategy="fedavg", min_clients=3,
                                 local_epochs=1, max_weight=1.0, masked_clip=1.0)
     mode_run = None
-    if args.mode == "ckks":  # the key ceremony over the transport, as the ServerSide runs it
+    if args.mode in ("ckks", "ckks_threshold"):  # the key set-up over the transport, as the ServerSide runs it
         from clinograph.secure.aggregation import create_mode
         from clinograph.secure.runtime.build import build_strategy, weight_bound
 
-        mode_run = create_mode("ckks").open_run(federation=section, transport=transport, run_id=FEDERATION,
+        mode_run = create_mode(args.mode).open_run(federation=section, transport=transport, run_id=FEDERATION,
                                                 enrolled=publics, max_weight=weight_bound(build_strategy(section),
                                                                                           section))
     first = hospitals["h1"].task

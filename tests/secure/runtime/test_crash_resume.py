@@ -107,3 +107,22 @@ def test_a_run_resumed_after_it_ended_is_refused(tmp_path):
     assert _run(tmp_path, "--rounds", "1") == 0
     with pytest.raises(ConfigError, match="run has ended"):
         crash_harness.main([str(tmp_path), "--rounds", "1"])
+
+
+@pytest.mark.slow
+def test_ckks_threshold_run_killed_at_decryption_resumes_with_a_new_collective_key(tmp_path):
+    """Killed after the update stage (before the holders' decryption shares): the restart runs
+    key generation again (no share survives a process: they refuse to pickle) and redoes the round."""
+    assert _run(tmp_path / "ref", "--rounds", "2", "--mode", "ckks_threshold") == 0
+    reference = json.loads((tmp_path / "ref" / "result.json").read_text())
+    work = tmp_path / "crash"
+    assert _run(work, "--rounds", "2", "--mode", "ckks_threshold", "--kill", "stage 1") == -signal.SIGKILL
+    assert _run(work, "--rounds", "2", "--mode", "ckks_threshold") == 0
+    result = _check_run(work, aborted=1, rounds=2)
+    assert sum(e["kind"] == "tckks_key_holders" for e in _entries(work)) == 2  # one key generation per start
+
+    def values(r: dict) -> np.ndarray:
+        return np.array([float.fromhex(x) for v in r["global"].values() for x in v])
+
+    np.testing.assert_allclose(values(result), values(reference), rtol=0, atol=1e-6)
+    _verify(work)

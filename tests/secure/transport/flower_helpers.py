@@ -72,14 +72,9 @@ class FakeHospital:
         p = open_envelope(parse_envelope(plan), sender=self.server, model=RoundPlan)
         if self.refuse_plan:
             raise ProtocolError(f"{self.name} refuses round {p.round} (test double)")
-        if p.secure_mode == "ckks":
-            from clinograph.secure.ckks import CkksClient
-
-            self.client = CkksClient(keyring=self.ckks.keyring, plan=p, identity=self.identity, server=self.server,
-                                     peers=self.peers, update=update_for(self.name))
-        else:
-            self.client = create_mode(p.secure_mode).client(plan=p, identity=self.identity, server=self.server,
-                                                            peers=self.peers, update=update_for(self.name))
+        self.client = create_mode(p.secure_mode).make_client(plan=p, identity=self.identity, server=self.server,
+                                                             peers=self.peers, update=update_for(self.name),
+                                                             keys=self.ckks)  # ckks, ckks_threshold: its key holder
         report = ClientReport(federation_id=p.federation_id, round=p.round, client=self.name,
                               dictionary_hash=p.dictionary_hash)
         return seal(report, self.identity), self.client.first_message()

@@ -293,6 +293,21 @@ def test_ckks_over_flower_messages_key_ceremony_relayed_and_hospitals_decrypt_th
     assert verify_audit_dir(tmp_path / "ckks" / "audit").ok
 
 
+def test_ckks_threshold_over_flower_messages_keygen_relayed_and_the_server_opens_the_checked_sum(deployment, tmp_path):
+    """ckks_threshold over the Flower transport: collective key generation and the key's
+    distribution are relayed as set-up messages, every hospital's decryption share rides a round
+    stage, and the server opens the sum (its global model is the plain weighted mean)."""
+    keys, workers, grid, run_config = deployment
+    server_toml = fh.write_server_files(tmp_path / "tckks", federation_id="fed-flower", mode="ckks_threshold")
+    results = run_federation(grid, {**run_config, "server-config": str(server_toml), "rounds": 1})
+    assert [r.contributors for r in results] == [tuple(HOSPITALS)]
+    steps = [s for _, s in grid.sent if s == "setup"]
+    assert len(steps) == 3 + 3 + 3 + 3  # run/start, tckks/keygen, tckks/public, run/finish: one to each of 3
+    log = (tmp_path / "tckks" / "audit" / "audit.jsonl").read_text()
+    assert '"kind":"tckks_key_holders"' in log and '"secure_mode":"ckks_threshold"' in log
+    assert verify_audit_dir(tmp_path / "tckks" / "audit").ok
+
+
 def test_a_node_cannot_greet_as_another_hospital(deployment, tmp_path):
     """A hello signed by h1's key but naming h2 is refused (a node speaks only for its own key)."""
     from clinograph.secure.transport.flower.messages import NodeHello

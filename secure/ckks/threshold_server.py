@@ -1,0 +1,164 @@
+"""Server half of the ``ckks_threshold`` mode: it adds ciphertexts, then opens the sum with
+every key holder's decryption share (it is the combiner; it learns the sum, as in ``masked``).
+
+Stages: ``updates`` (a :class:`~.threshold_messages.ThresholdUpdate` from every participant)
+-> :meth:`ThresholdServer.next_stage` adds them and sends every key holder one signed
+:class:`~.threshold_messages.ThresholdDecrypt` (the aggregate's ``c1`` halves, the canary of a
+fresh public seed, and every contributor's signed update so that each holder can check it is
+the aggregate) -> ``decrypt`` (a :class:`~.threshold_messages.DecryptionShare` from every
+holder) -> :meth:`ThresholdServer.next_stage` combines (:class:`~.threshold.Combiner`: a share
+failing the canary check names its holder) -> ``done``; :meth:`ThresholdServer.result` gives
+the :class:`~clinograph.secure.aggregation.ModuleSums`.
+
+Guarantees: the server never holds the secret key nor any share of it; it decrypts nothing
+without every holder, and each holder answers only a request it checked
+(:mod:`.threshold_check`). Does not guarantee: liveness -- N-of-N, a holder that does not answer
+aborts the round (re-run the set-up without it); a holder that leaves the round before
+``decrypt`` aborts it too.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from clinograph.core.errors import ConfigError, ProtocolError
+
+from ..aggregation.base import AggregationServer, ModuleSums
+from ..aggregation.checks import Unattributed, authenticate, check_header
+from ..wire import Envelope, seal
+from .layout import SlotLayout
+from .threshold import CollectivePublicKey, Combiner
+from .threshold_client import OPTION_DIGEST, contributor_present
+from .threshold_messages import (
+    DecryptionShare,
+    ThresholdDecrypt,
+    ThresholdUpdate,
+)
+
+
+class ThresholdServer(AggregationServer):
+    """Adds the updates, asks every key holder to decrypt the checked sum, combines the shares."""
+
+    mode = "ckks_threshold"
+
+    def __init__(self, *, public: CollectivePublicKey | None = None, **kw: Any):
+        super().__init__(**kw)
+        if public is None:
+            raise ConfigError("ThresholdServer needs the collective public key from the set-up: "
+                              "ThresholdServer.with_key(public)(plan=..., ...).")
+        if self.plan.options.get(OPTION_DIGEST) != public.digest:
+            raise ConfigError("The plan does not name this collective threshold CKKS key (option "
+                              f"{OPTION_DIGEST!r}); plan options come from the mode's set-up.")
+        self.public = public
+        self._layout = SlotLayout.from_plan(self.plan)
+        self._n_ct = self._layout.ciphertext_count(public.preset.params.slot_count)
+        self._stage = "updates"
+        self._waiting = set(self.plan.participants)
+        self._updates: dict[str, tuple[bytes, ThresholdUpdate]] = {}
+        self._shares: dict[str, DecryptionShare] = {}
+        self._combiner: Combiner | None = None
+        self._result: ModuleSums | None = None
+        self._rejected: dict[str, str] = {}
+        self._digests: set[str] = set()
+
+    @classmethod
+    def with_key(cls, public: CollectivePublicKey) -> Callable[..., ThresholdServer]:
+        """A factory with the base constructor's signature, bound to ``public``."""
+        return functools.partial(cls, public=public)
+
+    @property
+    def expected(self) -> frozenset[str]:
+        return frozenset(self._waiting) if self._stage in ("updates", "decrypt") else frozenset()
+
+    def receive(self, envelope: Envelope) -> None:
+        """Accept one update (stage ``updates``) or decryption share (stage ``decrypt``)."""
+        sender = envelope.sender
+        model = ThresholdUpdate if self._stage == "updates" else DecryptionShare
+        # an update: its ciphertexts (< 300 000 bytes each); a share: one 2-limb polynomial per c1 (+ the canary)
+        limit = self._n_ct * 300_000 if model is ThresholdUpdate else (self._n_ct + 1) * 2 * 8 * 8192
+        try:
+            msg = authenticate(self.plan, envelope, peers=self.peers, model=model, max_bytes=limit + 64 * 1024,
+                               seen=self._digests)
+        except Unattributed:
+            raise
+        try:
+            if sender not in self._waiting:
+                raise ProtocolError(f"Unexpected {self._stage} message from {sender!r} in round {self.plan.round}.")
+            if isinstance(msg, ThresholdUpdate):
+                self._check_update(sender, msg)
+                self._updates[sender] = (envelope.to_bytes(), msg)
+            else:
+                self._shares[sender] = msg  # checked by the combiner (canary, request digest)
+        except Exception as exc:
+            self._rejected[sender] = str(exc)
+            raise
+        finally:
+            self._waiting.discard(sender)
+        self._digests.add(envelope.digest())
+
+    def _check_update(self, sender: str, msg: ThresholdUpdate) -> None:
+        check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,
+                     spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)
+        if msg.client != sender or msg.public_key_digest != self.public.digest:
+            raise ProtocolError(f"Update from {sender!r} names another client or collective key.")
+        if len(msg.ciphertexts) != self._n_ct:
+            raise ProtocolError(f"Update from {sender!r} has {len(msg.ciphertexts)} ciphertexts; the plan needs "
+                                f"{self._n_ct}.")
+        for raw in msg.ciphertexts:
+            self.public.load(raw)  # ProtocolError: not under the threshold parameters
+
+    def next_stage(self) -> dict[str, bytes] | None:
+        """After ``updates``: the signed decryption request for every key holder. After
+        ``decrypt``: combine (ProtocolError: a holder's share is missing; IntegrityError: a bad
+        share, named) and return ``None``."""
+        if self._stage == "updates":
+            return self._request()
+        if self._stage == "decrypt":
+            self._stage, self._waiting = "done", set()
+            if self._combiner is None:
+                raise ProtocolError("Threshold CKKS: no decryption request was made this round.")
+            vec = self._combiner.combine(self._shares, length=self._layout.length)
+            self._result = self._layout.unpack(vec, claimed=tuple(sorted(self._updates)), tag_of=contributor_present)
+        return None
+
+    def _request(self) -> dict[str, bytes]:
+        self._stage = "aborted"
+        if len(self._updates) < self.plan.min_clients:
+            raise ProtocolError(f"Only {len(self._updates)} threshold CKKS update(s) were accepted; the plan needs "
+                                f"{self.plan.min_clients}. Round aborted, nothing decrypted.")
+        absent = sorted(set(self.public.holders) - set(self.plan.participants))
+        if absent:
+            raise ProtocolError(f"Key holder(s) {', '.join(absent)} are not in round {self.plan.round}: every holder's "
+                                "share is needed (N-of-N). Re-run the set-up without them.")
+        names = sorted(self._updates)
+        aggregate = self.public.add([self._updates[n][1].ciphertexts for n in names])
+        seed = secrets.token_bytes(32)  # public: the holders recompute the canary from it
+        self._combiner = Combiner(public=self.public, round=self.plan.round, aggregate=aggregate,
+                                  contributions=len(names), canary_seed=seed)
+        msg = ThresholdDecrypt(federation_id=self.plan.federation_id, round=self.plan.round,
+                               c1=self._combiner.request.c1, canary_seed=seed,
+                               updates=tuple(self._updates[n][0] for n in names))
+        sealed = seal(msg, self.identity)
+        self._stage, self._waiting = "decrypt", set(self.public.holders)
+        return {h: sealed for h in self.public.holders}
+
+    @property
+    def contributors(self) -> tuple[str, ...]:
+        """Hospitals whose ciphertexts are in the sum."""
+        return tuple(sorted(self._updates))
+
+    def result(self) -> ModuleSums:
+        """The decrypted per-module sums. Raises ProtocolError before the decryption is done."""
+        if self._result is None:
+            raise ProtocolError(f"The threshold CKKS aggregate of round {self.plan.round} was not decrypted "
+                                f"(stage {self._stage!r}).")
+        return self._result
+
+    def rejected(self) -> dict[str, str]:
+        return dict(self._rejected)
+
+
+__all__ = ["ThresholdServer"]

@@ -1,0 +1,88 @@
+"""The ``ckks_threshold`` mode's set-up, how a hospital joins a round, and the report's account.
+
+- **Set-up**: collective key generation relayed over the run's transport
+  (:func:`.threshold_relayed.run_threshold_keygen` with ``distribute=True``): every reachable
+  enrolled hospital makes a secret share, the server sums the public shares, every holder
+  rebuilds and confirms the collective key. The run goes on with the holders; audited as
+  ``tckks_key_holders``.
+- **Plan options**: the preset and the collective key's digest.
+- **Joining**: the hospital's :class:`~.threshold_client.ThresholdClient` over the share its key
+  holder (:attr:`.holder.CkksKeyHolder.threshold`) made at set-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from clinograph.core.errors import ConfigError, ProtocolError
+
+from ..aggregation import AggregationClient, LocalUpdate, ModeRun
+
+
+def prepare_threshold(*, federation: Any, transport: Any, run_id: str, enrolled: Mapping[str, Any],
+                      max_weight: float, context: object | None,
+                      on_event: Callable[[str, Mapping[str, Any]], None]) -> ModeRun:
+    """Collective key generation over ``transport`` (or the ``context`` a caller made), then the
+    server's key-bound factory."""
+    from .threshold import CollectivePublicKey, ThresholdPreset
+    from .threshold_client import OPTION_DIGEST, OPTION_PRESET
+    from .threshold_relayed import run_threshold_keygen
+    from .threshold_server import ThresholdServer
+
+    preset = ThresholdPreset.THRESHOLD_128
+    if context is None:
+        if transport is None:
+            raise ConfigError("secure_mode = 'ckks_threshold' generates its key over the run's transport "
+                              "(clinograph.secure.runtime.assemble.ServerSide does); none was given.")
+        names = tuple(sorted(set(transport.hospitals()) & set(enrolled)))
+        if len(names) > preset.max_parties:
+            raise ConfigError(f"secure_mode = 'ckks_threshold' takes at most {preset.max_parties} hospitals (the "
+                              f"smudging bound of {preset.value}); {len(names)} are enrolled and reachable.")
+        context, _ = run_threshold_keygen(transport, federation_id=run_id, participants=names, enrolled=enrolled,
+                                          preset=preset, min_holders=min(federation.min_clients, len(names)),
+                                          distribute=True, min_contributors=max(2, min(federation.min_clients, len(names))))
+    if not isinstance(context, CollectivePublicKey):
+        raise ConfigError("secure_mode = 'ckks_threshold' needs the collective public key of its set-up "
+                          "(a CollectivePublicKey).")
+    holders = context.holders
+    on_event("tckks_keys", {"holders": list(holders)})
+    options: dict[str, float | int | str | bool] = {OPTION_PRESET: preset.value, OPTION_DIGEST: context.digest}
+    audit = (("tckks_key_holders", {"holders": list(holders), "preset": preset.value,
+                                    "public_key_digest": context.digest, "rule": "N-of-N"}),)
+    return ModeRun(server=ThresholdServer.with_key(context), options=lambda participants: dict(options),
+                   hospitals=holders, audit=audit)
+
+
+def join_threshold(*, plan: Any, identity: Any, server: Any, peers: Mapping[str, Any], update: LocalUpdate,
+                   keys: Any) -> AggregationClient:
+    """The hospital's threshold client over the share its key holder made at set-up."""
+    from .threshold_client import ThresholdClient
+
+    holder = getattr(keys, "threshold", None)
+    if holder is None:
+        raise ProtocolError(f"Hospital {identity.name!r} holds no threshold CKKS key share.")
+    return ThresholdClient(holder=holder, plan=plan, identity=identity, server=server, peers=peers, update=update)
+
+
+def describe_threshold(options: Mapping[str, Any], kinds: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[
+        str, list[tuple[str, object]]]:
+    """(paragraph, rows): who holds which share, and that no single party holds the key."""
+    used = sorted({c for a in kinds.get("aggregate", ()) for c in a["contributors"]})
+    entries = kinds.get("tckks_key_holders") or ()
+    keys = entries[-1] if entries else None
+    holders = ", ".join(keys["holders"]) if keys else "not recorded in this run"
+    rows: list[tuple[str, object]] = [
+        ("preset", options.get("tckks.preset", keys["preset"] if keys else "?")),
+        ("collective public key digest", options.get("tckks.public_key_digest",
+                                                     keys["public_key_digest"] if keys else "?")),
+        ("who holds a share of the secret key", f"{holders} -- one share s_i each, made at this run's set-up"),
+        ("who holds the whole secret key", "no one: the key s = sum of the shares exists nowhere; decrypting needs "
+                                           "every holder's share (N-of-N)"),
+        ("the server", "holds the collective public key only; it combines the holders' decryption shares and learns "
+                       "the round's sum, never an update: each holder first checks the request is the sum of at "
+                       "least the minimum number of signed contributions"),
+        ("hospitals whose updates were summed", ", ".join(used) or "none yet"),
+        ("minimum hospitals a round", options.get("min_clients", "?"))]
+    return ("Threshold CKKS: hospitals encrypt under a collective key whose secret is shared among them; the server "
+            "adds ciphertexts and opens only the checked sum with every holder's share."), rows

@@ -1,0 +1,47 @@
+"""simulate() under ``ckks_threshold`` gives the plaintext model (to CKKS precision), audited."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from clinograph.sdk.config import SimulationConfig
+from clinograph.sdk.federation.simulate import build_simulation
+from clinograph.secure.policy import InsecureOptionWarning
+from sdk_helpers import small_tables
+
+
+def _cfg(mode, strategy):
+    return SimulationConfig.model_validate({
+        "federation": {"rounds": 2, "secure_mode": mode, "min_clients": 2, "local_epochs": 1, "strategy": strategy},
+        "model": {"hidden": 8}, "graph": {"k_similar": 3}, "training": {"lr": 0.01, "batch_size": 32}})
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedsgd"])
+def test_two_rounds_under_ckks_threshold_match_insecure_plaintext(tmp_path, strategy):
+    tables = small_tables()
+    states: dict[str, list[dict[str, np.ndarray]]] = {}
+    for mode in ("insecure_plaintext", "ckks_threshold"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", InsecureOptionWarning)
+            sim = build_simulation(tables, tables[0].dictionary, _cfg(mode, strategy), audit_dir=tmp_path / mode)
+        states[mode] = []
+        for _ in range(2):
+            sim.run_round()
+            states[mode].append({k: np.array(v, copy=True) for k, v in sim.server.state.items()})
+        sim.audit.close()
+    # Round 1: the same model to CKKS precision (slot error ~2^-22; measured <= 1e-7).
+    # Round 2: hospitals train on that model; the patient-similarity (kNN) graph can flip an edge on
+    # a 1e-7 difference, which moves the similar_to weights by ~1e-3 -- exactly-summing ``masked``
+    # shows the same (measured 1.3e-3 against insecure_plaintext), so it is the task, not CKKS.
+    for r, tol in ((0, 1e-6), (1, 5e-3)):
+        ref, got = states["insecure_plaintext"][r], states["ckks_threshold"][r]
+        assert set(ref) == set(got)
+        for name in ref:
+            assert np.max(np.abs(got[name] - ref[name])) <= tol * max(1.0, float(np.max(np.abs(ref[name])))), name
+    lines = [json.loads(x) for x in (tmp_path / "ckks_threshold" / "audit.jsonl").read_text().splitlines()]
+    holders = [x["payload"] for x in lines if x["kind"] == "tckks_key_holders"]
+    assert len(holders) == 1 and len(holders[0]["holders"]) == len(tables) and holders[0]["rule"] == "N-of-N"
+    assert sum(x["kind"] == "aggregate" for x in lines) == 2

@@ -1,0 +1,220 @@
+"""The ``ckks_threshold`` secure mode: set-up, a round, and a malicious server's requests refused."""
+
+from __future__ import annotations
+
+import secrets
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from clinograph.secure.aggregation import LocalUpdate, create_mode
+from clinograph.secure.ckks.holder import CkksKeyHolder
+from clinograph.secure.ckks.threshold import seeded_canary
+from clinograph.secure.ckks.threshold_messages import ThresholdDecrypt, ThresholdUpdate
+from clinograph.secure.hazmat import threshold_ckks as T
+from clinograph.secure.messages import RoundPlan
+from clinograph.secure.runtime.transport import InProcessTransport
+from clinograph.secure.wire import load_payload, parse_envelope, seal
+
+from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
+
+FED = "fed-tckks"
+SPEC = ModelSpec(version=1, modules=(ModuleSpec(name="gnn/w", shape=(40,), kind=ModuleKind.SHARED),
+                                     ModuleSpec(name="head/task", shape=(4,), kind=ModuleKind.PERSONAL)))
+SERVER = Identity.generate("server")
+NAMES = ("east", "north", "south")
+
+
+class _Hospital:
+    def __init__(self, identity: Identity, peers):
+        self.name = identity.name
+        self.keys = CkksKeyHolder(identity=identity, peers=peers, federation_id=FED)
+
+    def on_setup(self, step, parts):
+        return self.keys.on_setup(step, parts)
+
+
+@pytest.fixture(scope="module")
+def fed():
+    ids = {n: Identity.generate(n) for n in NAMES}
+    enrolled = {n: i.public for n, i in ids.items()}
+    hospitals = {n: _Hospital(i, enrolled) for n, i in ids.items()}
+    events = []
+    mode = create_mode("ckks_threshold")
+    run = mode.open_run(federation=SimpleNamespace(min_clients=2), transport=InProcessTransport(hospitals), run_id=FED,
+                        enrolled=enrolled, max_weight=10.0, on_event=lambda k, d: events.append((k, d)))
+    return SimpleNamespace(ids=ids, enrolled=enrolled, hospitals=hospitals, mode=mode, run=run, events=events)
+
+
+def _plan(fed, round_=1, min_clients=2):
+    return RoundPlan(federation_id=FED, round=round_, participants=NAMES, spec=SPEC, dictionary_hash="d" * 64,
+                     secure_mode="ckks_threshold", strategy="fedavg", min_clients=min_clients, local_epochs=1,
+                     global_state_digest="0" * 64, options=fed.run.options(NAMES))
+
+
+def _updates():
+    rng = np.random.default_rng(3)
+    return {n: LocalUpdate(modules={"gnn/w": (i + 1) * rng.normal(0, 0.1, 40)}, weight=float(i + 1))
+            for i, n in enumerate(NAMES)}
+
+
+def _round(fed, plan):
+    server = fed.run.server(plan=plan, peers=fed.enrolled, identity=SERVER)
+    ups = _updates()
+    clients = {n: fed.mode.make_client(plan=plan, identity=fed.ids[n], server=SERVER.public, peers=fed.enrolled,
+                                       update=ups[n], keys=fed.hospitals[n].keys) for n in NAMES}
+    firsts = {n: c.first_message() for n, c in clients.items()}
+    return server, clients, firsts, ups
+
+
+def test_set_up_records_who_holds_a_share_and_that_no_one_holds_the_key(fed):
+    assert fed.run.hospitals == NAMES
+    (kind, payload), = fed.run.audit
+    assert kind == "tckks_key_holders" and payload["holders"] == list(NAMES) and payload["rule"] == "N-of-N"
+    text, rows = fed.mode.describe(fed.run.options(NAMES), {kind: [payload]})
+    table = dict(rows)
+    assert table["who holds a share of the secret key"].startswith("east, north, south")
+    assert table["who holds the whole secret key"].startswith("no one")
+    assert all(h.keys.threshold.public.digest == payload["public_key_digest"] for h in fed.hospitals.values())
+
+
+def test_a_round_opens_exactly_the_weighted_sum(fed):
+    plan = _plan(fed)
+    server, clients, firsts, ups = _round(fed, plan)
+    for data in firsts.values():
+        server.receive(parse_envelope(data))
+    requests = server.next_stage()
+    assert set(requests) == set(NAMES)
+    for n, data in requests.items():
+        server.receive(parse_envelope(clients[n].handle(data)))
+    assert server.next_stage() is None
+    sums = server.result()
+    want = sum(u.modules["gnn/w"] for u in ups.values())
+    assert np.max(np.abs(sums.sums["gnn/w"] - want)) < 1e-6
+    assert sums.weights["gnn/w"] == pytest.approx(6.0, abs=1e-6) and sums.contributors == NAMES
+
+
+def _forged_request(fed, plan, firsts, *, contributors, c1_of, seed=None, extra=None):
+    """A request the server signs: the signed updates of ``contributors``, the c1 halves of the
+    sum over ``c1_of``, and a canary from ``seed`` (or ``extra`` in its place)."""
+    public = fed.hospitals["east"].keys.threshold.public
+    cts = [load_payload(parse_envelope(firsts[n]), ThresholdUpdate).ciphertexts for n in c1_of]
+    c1 = [T.read_ciphertext(ct)[1].astype("<u8").tobytes() for ct in public.add(cts)]
+    seed = seed or secrets.token_bytes(32)
+    canary = extra if extra is not None else seeded_canary(seed=seed, public=public)[0].astype("<u8").tobytes()
+    msg = ThresholdDecrypt(federation_id=FED, round=plan.round, c1=(canary, *c1), canary_seed=seed,
+                           updates=tuple(firsts[n] for n in contributors))
+    return seal(msg, SERVER)
+
+
+@pytest.mark.parametrize("case", ["one_hospital", "one_hospital_plan_lowered", "aggregate_claimed_single_opened",
+                                  "below_minimum", "individual_c1_as_canary"])
+def test_every_honest_holder_refuses_to_open_anything_but_the_aggregate(fed, case):
+    plan = _plan(fed, round_=2, min_clients={"below_minimum": 3, "one_hospital_plan_lowered": 1}.get(case, 2))
+    _, clients, firsts, _ = _round(fed, plan)
+    if case.startswith("one_hospital"):  # the attack of SECURITY.md: open east's update (a plan saying 1 too)
+        data, why = _forged_request(fed, plan, firsts, contributors=["east"], c1_of=["east"]), "minimum is 2"
+    elif case == "aggregate_claimed_single_opened":
+        data, why = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=["east"]), "not the sum"
+    elif case == "below_minimum":
+        data, why = _forged_request(fed, plan, firsts, contributors=["east", "north"], c1_of=["east", "north"]), \
+            "minimum is 3"
+    else:  # the aggregate, plus east's c1 where the canary should be
+        east_c1 = T.read_ciphertext(fed.hospitals["east"].keys.threshold.public.load(
+            load_payload(parse_envelope(firsts["east"]), ThresholdUpdate).ciphertexts[0]))[1]
+        data = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=NAMES,
+                               extra=east_c1.astype("<u8").tobytes())
+        why = "canary of its seed"
+    for n, client in clients.items():
+        with pytest.raises(IntegrityError, match=f"Hospital '{n}' refuses to decrypt: .*{why}.*report the server"):
+            client.handle(data)
+
+
+def test_a_second_request_in_a_round_is_refused(fed):
+    plan = _plan(fed, round_=3)
+    _, clients, firsts, _ = _round(fed, plan)
+    first = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=NAMES)
+    second = _forged_request(fed, plan, firsts, contributors=["east", "north"], c1_of=["east", "north"])
+    assert clients["south"].handle(first)
+    with pytest.raises(IntegrityError, match="second decryption request"):
+        clients["south"].handle(second)
+
+
+def test_a_contribution_not_signed_by_its_hospital_is_refused(fed):
+    plan = _plan(fed, round_=4)
+    _, clients, firsts, _ = _round(fed, plan)
+    forged = dict(firsts)
+    msg = load_payload(parse_envelope(firsts["north"]), ThresholdUpdate)
+    forged["north"] = seal(msg, Identity.generate("north"))  # the server's own key, under north's name
+    data = _forged_request(fed, plan, forged, contributors=NAMES, c1_of=NAMES)
+    with pytest.raises(IntegrityError, match="not validly signed"):
+        clients["east"].handle(data)
+
+
+def test_a_holder_refuses_a_collective_key_without_its_own_share():
+    ids = {n: Identity.generate(n) for n in NAMES}
+    enrolled = {n: i.public for n, i in ids.items()}
+    holders = {n: CkksKeyHolder(identity=i, peers=enrolled, federation_id=FED) for n, i in ids.items()}
+    seed = secrets.token_bytes(32)
+    shares = {n: h.on_setup("tckks/keygen", {"federation": FED.encode(), "preset": b"threshold_128", "seed": seed})
+              ["share"] for n, h in holders.items()}
+    impostor = CkksKeyHolder(identity=ids["east"], peers=enrolled, federation_id=FED)  # a key the server would know
+    shares["east"] = impostor.on_setup("tckks/keygen", {"federation": FED.encode(), "preset": b"threshold_128",
+                                                        "seed": seed})["share"]
+    parts = {"seed": seed, **{f"share/{n}": s for n, s in shares.items()}}
+    with pytest.raises(IntegrityError, match="does not contain its own key-generation share"):
+        holders["east"].on_setup("tckks/public", parts)
+    assert holders["north"].on_setup("tckks/public", parts)["digest"]  # the others cannot tell; east is named
+
+
+def test_a_missing_holder_aborts_the_round_n_of_n(fed):
+    plan = _plan(fed, round_=5)
+    server, clients, firsts, _ = _round(fed, plan)
+    for data in firsts.values():
+        server.receive(parse_envelope(data))
+    requests = server.next_stage()
+    for n in ("east", "north"):
+        server.receive(parse_envelope(clients[n].handle(requests[n])))
+    with pytest.raises(ProtocolError, match="missing from south"):
+        server.next_stage()
+
+
+def test_a_share_under_a_wrong_key_share_is_refused_and_its_holder_named(fed):
+    """A holder answering with another key share (a stale one, say) passes its own check but fails
+    the seeded canary: the combination is refused and the holder named."""
+    from clinograph.secure.ckks.threshold import ThresholdParty, ThresholdPreset
+
+    plan = _plan(fed, round_=6)
+    server, clients, firsts, _ = _round(fed, plan)
+    for data in firsts.values():
+        server.receive(parse_envelope(data))
+    requests = server.next_stage()
+    north = clients["north"]
+    north._party = ThresholdParty(preset=ThresholdPreset.THRESHOLD_128, federation_id=FED, name="north")
+    for n, client in clients.items():
+        server.receive(parse_envelope(client.handle(requests[n])))
+    with pytest.raises(IntegrityError, match="Decryption share\\(s\\) of north are not made with their key share"):
+        server.next_stage()
+    with pytest.raises(ProtocolError, match="not decrypted"):
+        server.result()
+
+
+def test_the_seeded_canary_is_reproducible_and_seed_bound(fed):
+    public = fed.hospitals["east"].keys.threshold.public
+    seed = bytes(range(32))
+    a, u = seeded_canary(seed=seed, public=public)
+    b, _ = seeded_canary(seed=seed, public=public)
+    c, _ = seeded_canary(seed=bytes(32), public=public)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    coeffs = T.to_coefficients(u, ring=public._c.ring, context=public._c.context, parms_id=public._c.ring.data_parms_id)
+    assert set(np.unique(T.centered(coeffs, public._c.ring.primes)).tolist()) == {-1, 0, 1}  # ternary u
+    with pytest.raises(ProtocolError, match="32 bytes"):
+        seeded_canary(seed=b"short", public=public)
+
+
+def test_a_mode_holder_refuses_the_unchecked_decrypt_step(fed):
+    """The library's ``tckks/decrypt`` set-up step decrypts any c1; a hospital of the mode refuses it."""
+    with pytest.raises(ProtocolError, match="answers no unchecked decryption request"):
+        fed.hospitals["east"].on_setup("tckks/decrypt", {"request": b"anything"})
