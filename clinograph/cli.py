@@ -65,7 +65,7 @@ def demo(
                                                "federated validation loss may keep an earlier one); default 30 "
                                                "for the NS-FL demo, 10 with --concepts.")] = None,
     seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Seed of the tables, splits and models.")] = 0,
-    secure_mode: Annotated[str, typer.Option(help="masked (default), ckks or insecure_plaintext")] = "masked",
+    secure_mode: Annotated[str, typer.Option(help="masked (default), masked16, ckks, ckks_threshold (no single party holds the key) or insecure_plaintext")] = "masked",
     dp: Annotated[bool, typer.Option("--dp/--no-dp", help="Also train with patient-level DP-SGD at every "
                                      "hospital and print each hospital's ε.")] = True,
     scale: Annotated[float, typer.Option(min=0.01, max=10.0, help="Multiply hospital sizes (smoke tests).")] = 1.0,

@@ -72,10 +72,12 @@ def check_setup_sums(sums: Sequence[SetupSum], *, secure_mode: str, distributed_
         raise ConfigError(f"The run's set-up sums ({names}) are released with local noise, accounted in each "
                           f"hospital's local-DP ledger, and this federation runs distributed DP. {fix}.")
     if secure_mode not in SETUP_MODES:
+        why = ("the server never sees a sum, but the result every hospital returns and the server audits (the "
+               "derived scales, the shared features) is a function of the sum" if secure_mode == "ckks" else
+               "the mode decrypts only a training round's aggregate (a set-up sum is not one of its rounds)"
+               if secure_mode == "ckks_threshold" else "the mode does not run set-up sums")
         raise ConfigError(f"The run's set-up sums ({names}) run under secure_mode 'masked' (or insecure_plaintext): "
-                          f"under {secure_mode!r} the server never sees a sum, but the result every hospital returns "
-                          f"and the server audits (the derived scales, the shared features) is a function of the sum. "
-                          f"Use 'masked', or: {fix}.")
+                          f"under {secure_mode!r} {why}. Use 'masked', or: {fix}.")
     if journal:
         raise ConfigError(f"The run's set-up sums ({names}) are not journalled (a resumed run would repeat them). "
                           f"Run without a journal, or: {fix}.")
