@@ -51,3 +51,17 @@ def test_the_largest_min_honest_is_what_the_masking_graph_allows():
     from research.private_selection.wide import largest_min_honest
 
     assert [largest_min_honest(n) for n in (2, 3, 4, 5)] == [2, 3, 3, 5]
+
+
+def test_markdown_judges_the_done_when_on_the_mean_over_cohorts():
+    from research.private_selection.wide import STUDY_ROWS, markdown
+
+    row = lambda a: {"auroc_mean": a, "auroc_sd": 0.0, "noise_multiplier": 5.0,  # noqa: E731
+                     "epsilon_mean_over_hospitals": 2.9}
+    payload = {"cohorts": {c: {"seeds": [0], "summary": {"distributed_wide_eps3": row(a3), "local_dp_wide_eps1": row(a1)}}
+                           for c, a3, a1 in (("x", 0.70, 0.60), ("y", 0.66, 0.50))}}
+    study = {"cohorts": {c: {"summary": {k: row(0.70 if k == "reference" else 0.67) for k in STUDY_ROWS}}
+                         for c in ("x", "y")}}
+    text = markdown(payload, study)
+    assert "| distributed_wide_eps3 | 0.680 (-0.020) | met |" in text  # within 0.03 of 0.70, ≥ 0.67
+    assert "| local_dp_wide_eps1 | 0.550 (-0.150) | not met |" in text
