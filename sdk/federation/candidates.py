@@ -94,6 +94,14 @@ def default_applies(config: HospitalConfig) -> bool:
             and _hospital(config).selection_active())
 
 
+def listed_candidates(config: HospitalConfig) -> tuple[Any, ...]:
+    """The raw ``[selection] candidates`` entries (None: the task's default; may be empty)."""
+    raw = config.selection.candidates
+    if raw is None:
+        return DEFAULT_BINARY_CANDIDATES if default_applies(config) else ()
+    return tuple(raw)
+
+
 def candidate_configs(config: HospitalConfig) -> list[Candidate]:
     """The candidates of ``config`` (``[selection] candidates``; None: the default for the task,
     an empty list: no choice). Every problem is reported at once.
@@ -103,10 +111,8 @@ def candidate_configs(config: HospitalConfig) -> list[Candidate]:
             not, or gives a setting its section refuses (the message names the entry and the fix);
             or candidates are listed where selection is off (DP, fedopt, no validation split).
     """
-    raw = config.selection.candidates
-    if raw is None:
-        raw = DEFAULT_BINARY_CANDIDATES if default_applies(config) else ()
-    elif raw and not _hospital(config).selection_active():
+    raw = listed_candidates(config)
+    if config.selection.candidates and not _hospital(config).selection_active():
         raise ConfigError("[selection] candidates needs model selection: the choice compares federated validation "
                           "losses, and selection is off here (DP, fedopt, [selection] enabled = false or no "
                           "validation split). Remove the candidates or turn selection on.")
@@ -167,9 +173,7 @@ def choice_rounds(config: HospitalConfig, rounds: int) -> tuple[int, int]:
         return rounds, 1
     from clinograph.secure.runtime.elimination import EliminationRule, schedule
 
-    raw = config.selection.candidates
-    if raw is None:
-        raw = DEFAULT_BINARY_CANDIDATES if default_applies(config) else ()
+    raw = listed_candidates(config)
     runs = max(1, len(raw)) * config.selection.restarts
     total = (schedule(runs, rounds=rounds, rule=EliminationRule()).cost
              if config.selection.elimination == "successive_halving" else runs * rounds)
@@ -206,9 +210,7 @@ def private_choice(config: HospitalConfig) -> HospitalConfig:
     p = config.privacy
     if not (p.enabled and p.mode == "local"):
         return config
-    raw = config.selection.candidates
-    if raw is None:
-        raw = DEFAULT_BINARY_CANDIDATES if default_applies(config) else ()
+    raw = listed_candidates(config)
     update: dict[str, Any] = {}
     if p.planned_setup_releases is None:
         shared = config.model.features == "shared" or any(

@@ -233,7 +233,8 @@ class DistributedDPTask(SelectedCalibrated):
         from ..privacy.distributed import validation_rows
         from ..privacy.selection import binary_losses, survival_losses
 
-        assert self.selection is not None
+        if self.selection is None:
+            raise ConfigError(f"Hospital {self.table.site!r}: no validation loss to score (selection is off).")
         self.selection.offer(round_=self._rounds_done, state=self.model.state_dict(), tag=self.global_origin)
         idx = self.split.validation
         if self.survival_target is not None:  # the per-patient hazard NLL (a sum of per-patient terms)

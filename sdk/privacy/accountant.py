@@ -194,6 +194,18 @@ class PrivacyLedger:
         finally:
             os.close(fd)  # releases the lock
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[list[dict]]:
+        """The exclusive lock, with the stored entries, once the file is checked to be what this
+        object last read (another process's steps or releases are never overwritten)."""
+        with self._locked(exclusive=True):
+            stored, entries, releases = self._read()
+            if stored != self.history or releases != self.releases:
+                raise PrivacyError(f"Privacy ledger {self.path} changed since this process loaded it (another "
+                                   f"process recorded steps for hospital {self.site!r}); refusing to overwrite it. "
+                                   "Fix: run one training process per hospital state directory.")
+            yield entries
+
     def _read(self) -> tuple[History, list[dict], Releases]:
         """The stored (history, entries, releases), verified (signature, high-water mark); empty if there is no ledger yet."""
         state = self._file.read(fmt=FORMAT)
@@ -266,17 +278,11 @@ class PrivacyLedger:
         if purpose not in PURPOSES:
             raise PrivacyError(f"Unknown release purpose {purpose!r}; one of {', '.join(PURPOSES)}.")
         extra = [(float(noise_multiplier), int(count), purpose)]
-        with self._locked(exclusive=True):
-            stored, entries, releases = self._read()
-            if stored != self.history or releases != self.releases:
-                raise PrivacyError(f"Privacy ledger {self.path} changed since this process loaded it (another "
-                                   f"process recorded steps for hospital {self.site!r}); refusing to overwrite it. "
-                                   "Fix: run one training process per hospital state directory.")
+        with self._writing() as entries:
             self.releases = normalise_releases([*self.releases, *extra])
             self.entries = entries
             self._save()
-        mine = self._round_releases[1] if self._round_releases and self._round_releases[0] == round_ else []
-        self._round_releases = (round_, normalise_releases([*mine, *extra]))
+        self._round_releases = (round_, normalise_releases([*self.round_releases(round_), *extra]))
         return self.epsilon()
 
     def round_releases(self, round_: int) -> Releases:
@@ -340,12 +346,7 @@ class PrivacyLedger:
                clip_norm: float) -> LedgerEntry:
         """Record the accountant's history after a round (what Opacus counted) and return its entry."""
         new = normalise(history)
-        with self._locked(exclusive=True):
-            stored, entries, releases = self._read()
-            if stored != self.history or releases != self.releases:
-                raise PrivacyError(f"Privacy ledger {self.path} changed since this process loaded it (another "
-                                   f"process recorded steps for hospital {self.site!r}); refusing to overwrite it. "
-                                   "Fix: run one training process per hospital state directory.")
+        with self._writing() as entries:
             steps = sum(t for *_, t in new) - sum(t for *_, t in self.history)
             if steps < 0 or new[: max(len(self.history) - 1, 0)] != self.history[: max(len(self.history) - 1, 0)]:
                 raise PrivacyError(f"Hospital {self.site!r}: the accountant's history after round {round_} does not "
