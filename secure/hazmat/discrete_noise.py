@@ -5,7 +5,8 @@ keystream (``cryptography``) into 53-bit uniforms; numpy's RNG is never used (ho
 :class:`CsprngUniform` is the only source; tests may pass a fixed key (``_key``) to get
 reproducible streams, never a global seed.
 
-- :func:`bernoulli`: ``U < p`` elementwise (Poisson sampling of patients, randomised rounding).
+- :func:`bernoulli`: ``U < p`` elementwise, drawing U's bits lazily (Poisson sampling of
+  patients, randomised rounding).
 - :func:`poisson`: exact-in-distribution Poisson samplers up to float64 arithmetic: Knuth's
   product method for λ < 10, Hörmann's PTRS transformed rejection (Hörmann 1993, the
   algorithm numpy uses) for λ >= 10, vectorised (rejected draws are redrawn).
@@ -40,6 +41,12 @@ class CsprngUniform:
             raise ValueError("key must be 32 bytes")
         self._enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
 
+    def raw(self, n: int) -> bytes:
+        """The next ``n`` bytes of the keystream."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        return self._enc.update(bytes(n))
+
     def uniform(self, n: int) -> np.ndarray:
         """``n`` float64 uniforms in [0, 1)."""
         if n < 0:
@@ -48,13 +55,36 @@ class CsprngUniform:
         return words.astype(np.float64) * _TWO53
 
 
+#: a coin's uniform is k / 2^53 with k = k_hi·2^45 + k_lo: its top byte is drawn first and settles
+#: the coin unless it ties the threshold's top byte (probability 2^-8); only then are the low 45 bits drawn
+_LOW_BITS = 45
+
+
 def bernoulli(p: np.ndarray | float, n: int | None = None, *, source: CsprngUniform | None = None) -> np.ndarray:
-    """Boolean array: True with probability ``p`` (elementwise; ``n`` draws if ``p`` is a scalar)."""
+    """Boolean array: True with probability ``p`` (elementwise; ``n`` draws if ``p`` is a scalar).
+
+    Exactly ``U < p`` for U = k / 2^53, k uniform on [0, 2^53) -- i.e. ``k < T`` with
+    T = ceil(p·2^53) (exact in float64: a power-of-two scaling) -- but k is drawn lazily: its top
+    8 bits decide the coin unless they equal T's top 8 bits, and only those ties (probability
+    2^-8 a coin) draw the low 45 bits. Same distribution as drawing all 53 bits, about 1/8 of the
+    keystream (randomised rounding flips one coin a patient and coordinate). NaN or p <= 0 is
+    False, p >= 1 is True.
+    """
     src = source or CsprngUniform()
     pa = np.asarray(p, dtype=np.float64)
     size = int(n) if pa.ndim == 0 and n is not None else pa.size
-    u = src.uniform(size).reshape(pa.shape if pa.ndim else (size,))
-    return u < pa
+    shape = pa.shape if pa.ndim else (size,)
+    # T and its top byte as float64: exact (integers below 2^54, power-of-two scalings); NaN
+    # compares False everywhere, p <= 0 gives T_hi <= 0 (never True), p >= 1 gives T_hi >= 256
+    t = np.ceil(np.broadcast_to(pa, shape).reshape(-1) * 2.0 ** 53)
+    t_hi = np.floor(t * 2.0 ** -_LOW_BITS)
+    k_hi = np.frombuffer(src.raw(size), dtype=np.uint8)
+    out = k_hi < t_hi
+    tie = np.flatnonzero(k_hi == t_hi)
+    if tie.size:
+        k_lo = np.frombuffer(src.raw(8 * tie.size), dtype="<u8") >> np.uint64(64 - _LOW_BITS)
+        out[tie] = k_lo.astype(np.float64) < t[tie] - t_hi[tie] * 2.0 ** _LOW_BITS
+    return out.reshape(shape)
 
 
 def _poisson_small(lam: float, n: int, src: CsprngUniform) -> np.ndarray:
