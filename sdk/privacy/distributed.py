@@ -154,13 +154,15 @@ def per_patient_gradients(model: NSFLModel, columns: Columns, *, inputs: Sequenc
                                "columns; build it with columns_clipper(model, columns).")
         grads, _ = engine.per_sample(*inputs, labels=labels)
         index = {id(p): i for i, p in enumerate(engine.params)}
-        cols = []
-        for _, p, row in columns.pieces:
+        out = torch.zeros((b, columns.dim), dtype=torch.float64)  # filled in place: no float64 copy per piece, no cat
+        at = 0
+        for (_, p, row), width in zip(columns.pieces, columns.sizes, strict=True):
             i = index.get(id(p))
-            gs = grads[i] if i is not None else None
-            g = torch.zeros((b, *p.shape), dtype=torch.float64) if gs is None else gs.detach().double()
-            cols.append((g if row is None else g[:, row]).reshape(b, -1))
-        return torch.cat(cols, dim=1).numpy()
+            g = grads[i] if i is not None else None
+            if g is not None:  # None: no gradient reaches it (its columns stay zero)
+                out[:, at:at + width] = (g.detach() if row is None else g.detach()[:, row]).reshape(b, -1)
+            at += width
+        return out.numpy()
 
 
 #: rows of a [patients, coordinates] matrix processed at a time (clipping, rounding): about 512 KiB of
