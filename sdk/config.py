@@ -178,7 +178,7 @@ class PrivacySection(_Strict):
     """[privacy]: patient-level DP-SGD at this hospital; off means the run has no DP guarantee."""
 
     enabled: bool = False
-    epsilon_budget: float = Field(default=10.0, gt=0)
+    epsilon_budget: float = Field(default=10.0, gt=0, le=100, description="a budget above 100 promises nothing; the server's [dp_policy] max_epsilon has the same bound")
     delta: float = Field(default=1e-5, gt=0, lt=1)
     clip_norm: float = Field(default=1.0, gt=0)
     noise_multiplier: float | None = Field(default=None, ge=0, description="σ; None: calibrate from target_epsilon")

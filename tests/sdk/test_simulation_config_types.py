@@ -23,3 +23,12 @@ def test_typed_values_still_pass_and_ints_serve_floats():
     cfg = SimulationConfig.model_validate({"federation": {"rounds": 5}, "training": {"lr": 1},
                                            "privacy": {"enabled": False}})
     assert (cfg.federation.rounds, cfg.training.lr, cfg.privacy.enabled) == (5, 1.0, False)
+
+
+def test_a_privacy_budget_the_server_policy_could_not_hold_is_refused_at_the_config():
+    """[privacy] epsilon_budget has the bound of the server's [dp_policy] max_epsilon (100): a larger
+    budget was accepted here and then failed inside the run, building the server's policy."""
+    with pytest.raises(ValidationError) as err:
+        SimulationConfig.model_validate({"privacy": {"enabled": True, "epsilon_budget": 1000.0}})
+    assert "privacy.epsilon_budget" in str(err.value)
+    assert SimulationConfig.model_validate({"privacy": {"enabled": True, "epsilon_budget": 100.0}}).dp_policy()
