@@ -392,7 +392,7 @@ class HospitalConfig(_Strict):
     @model_validator(mode="after")
     def _private_selection_supported(self) -> HospitalConfig:
         """Private model choice under distributed DP puts the validation patients' clipped losses
-        into every round's noisy sum (sdk/federation/dp_task.py): they are in every round, so the
+        into every round's noisy sum (sdk/privacy/distributed_trainer.py): they are in every round, so the
         schedule must be full-batch (sample_rate = 1) for the accountant to cover them."""
         p = self.privacy
         if p.enabled and p.mode == "distributed" and self.selection.enabled and p.sample_rate not in (None, 1.0):
@@ -406,7 +406,7 @@ class HospitalConfig(_Strict):
     def _survival_supported(self) -> HospitalConfig:
         """A survival target is trained by the static NS-FL task, without DP, with local or with
         distributed patient-level DP (sdk/training/survival.py, sdk/privacy/survival.py,
-        sdk/federation/dp_task.py: the hazard likelihood is a sum of per-patient terms)."""
+        sdk/privacy/distributed_trainer.py: the hazard likelihood is a sum of per-patient terms)."""
         if self.target.kind != "survival":
             return self
         refused = [what for what, bad in (

@@ -188,7 +188,7 @@ def distributed(tables, dictionary, *, seed, lr, sample_rate, rounds, sigma, cli
     try:
         for _ in range(rounds):
             sim.run_round()
-        eps = next(iter(sim.hospitals.values())).task.ledger.entries[-1]
+        eps = next(iter(sim.hospitals.values())).task.trainer.ledger.entries[-1]
         return sim.evaluate("test"), eps["epsilon"], eps["epsilon_alone"]
     finally:
         sim.audit.close()

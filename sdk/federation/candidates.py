@@ -184,7 +184,7 @@ def distributed_rounds(config: Any) -> int:
     """The rounds a distributed-DP promise covers (a SimulationConfig): ``[federation] rounds``,
     or with private selection the whole choice's training rounds plus two a run (the scoring
     round that ends it -- one more noisy sum over the validation patients, accounted like a
-    training round, sdk/federation/dp_task.py -- and a spare for a resumed rung)."""
+    training round, sdk/privacy/distributed_trainer.py -- and a spare for a resumed rung)."""
     rounds = config.federation.rounds
     if not (config.privacy.enabled and _hospital(config).selection_active()):
         return rounds

@@ -72,7 +72,7 @@ def refuse_unresolvable(config) -> None:  # noqa: ANN001 - a SimulationConfig
     if config.privacy.enabled and config.privacy.mode == "distributed":
         raise ConfigError("[model] features = \"shared\" under [privacy] mode = 'distributed': the coverage round is "
                           "released with local noise, accounted in the local-DP ledger (sdk/privacy/counts.py), which "
-                          "the distributed-DP task does not keep. List the features in [model] features, use \"all\", "
+                          "the distributed-DP trainer does not keep. List the features in [model] features, use \"all\", "
                           "or use mode = 'local'.")
     if config.federation.secure_mode not in SECURE_SUM_MODES:
         raise ConfigError(f"[model] features = \"shared\" needs the coverage round, which runs under secure_mode "

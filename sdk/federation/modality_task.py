@@ -11,29 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 
 from ..config import HospitalConfig
+from ..graph.star import star_batch
 from ..ingest.table import PatientTable
-from ..model.modalities import (
-    ModalityNSFL,
-    add_modality_modules,
-    modal_stars,
-    modality_module_names,
-)
+from ..model.modalities import modal_stars, modality_module_names
 from ..ontology.dictionary import FeatureDictionary
-from ..training.personal import personal_module_map
+from ..training.trainer import GraphTrainer, Trainer
 from .nsfl_task import NSFLTask
 from .split import Split, hospital_split
 
-if TYPE_CHECKING:
-    from .task import Task
 
 def check_modality_config(table: PatientTable, config: HospitalConfig,
                           signals: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -64,8 +56,9 @@ def check_modality_config(table: PatientTable, config: HospitalConfig,
 class ModalityNSFLTask(NSFLTask):
     """NS-FL with modality nodes. ``signals``: modality -> (signal [n_patients, L], has
     [n_patients] bool) for the modalities this hospital records, in ``table.patient_ids`` order.
-    Under local DP the trainer is :class:`~clinograph.sdk.privacy.modalities.ModalDPTrainer`
-    (one row a patient: its star and its signals)."""
+    One row a patient is its star and its signals, in every ``[privacy]`` mode (local DP:
+    :class:`~clinograph.sdk.privacy.modalities.ModalDPTrainer`; distributed DP: the distributed
+    trainer around the plain one)."""
 
     name = "nsfl"
 
@@ -73,48 +66,39 @@ class ModalityNSFLTask(NSFLTask):
                  signals: Mapping[str, tuple[np.ndarray, np.ndarray]], state_dir: Path | None = None,
                  signer: Identity | None = None):
         check_modality_config(table, config, signals)
-        if config.privacy.enabled and config.privacy.mode == "distributed":
-            raise ConfigError(f"Hospital {table.site!r}: ModalityNSFLTask trains without DP or with local DP; "
-                              "build_modality_task builds the distributed-DP task.")
-        super().__init__(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir, signer=signer)
+        self.signals = signals
         mods = tuple(config.model.modalities)
-        node_ids = dictionary.node_ids()
-        torch.manual_seed(config.model.init_seed)
-        self.model = ModalityNSFL(len(node_ids), config.model, modalities=mods)
-        self.modules = add_modality_modules(personal_module_map(self.model, node_ids,
-                                                                personal=config.personal.modules), self.model)
         #: modality -> whether any of this hospital's patients has it
         self.has_modality = {m: bool(np.asarray(signals[m][1]).any()) if m in signals else False for m in mods}
-        stars = modal_stars(self.trainer.stars, mods, signals)
-        self.trainer.stars = stars
-        if config.privacy.enabled:  # local DP: one row a patient is its star and its signals
+        super().__init__(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir, signer=signer)
+
+    def _make_trainer(self, *, local: bool, root: Path | None, signer: Identity | None) -> Trainer:
+        config, table, mods = self.config, self.table, tuple(self.config.model.modalities)
+        if local:  # one DP example is a patient's star and its signals
             from ..privacy import dp_trainer_factory
             from ..privacy.modalities import ModalDPTrainer
 
-            root = Path(config.privacy.state_dir) / table.site if config.privacy.state_dir else Path(state_dir)  # type: ignore[arg-type]
-            self.trainer = dp_trainer_factory(table=table, train_idx=split.train, config=config, site=table.site,
-                                              state_dir=root, signer=signer, trainer_cls=ModalDPTrainer, stars=stars)
+            stars = modal_stars(star_batch(table, k_similar=0), mods, self.signals)
+            return dp_trainer_factory(table=table, train_idx=self.split.train, config=config, site=table.site,
+                                      state_dir=root, signer=signer, trainer_cls=ModalDPTrainer, stars=stars)  # type: ignore[arg-type]
+        trainer = GraphTrainer(table, train_idx=self.split.train, k_similar=0, config=config.training)
+        trainer.stars = modal_stars(trainer.stars, mods, self.signals)
+        return trainer
 
     def trained_modules(self, outcome) -> list[str]:  # noqa: ANN001 - a TrainOutcome
+        if self.privacy_mode == "distributed":  # every hospital noises every released coordinate
+            return super().trained_modules(outcome)
         absent = {n for m, has in self.has_modality.items() if not has for n in modality_module_names(m)}
         return [n for n in super().trained_modules(outcome) if n not in absent]
 
 
 def build_modality_task(table: PatientTable, *, dictionary: FeatureDictionary, config: HospitalConfig,
                         signals: Mapping[str, tuple[np.ndarray, np.ndarray]], state_dir: Path | None = None,
-                        identity: Identity | None = None) -> ModalityNSFLTask | Task:
+                        identity: Identity | None = None) -> ModalityNSFLTask:
     """The hospital's modality task, with the split rule every task uses (pass it to
-    :func:`~clinograph.sdk.federation.build.build_hospital` as ``task=``). Under local DP:
-    ``state_dir`` (or ``[privacy] state_dir``) for the ledger and ``identity`` to sign it; under
-    ``mode = "distributed"`` the distributed-DP task (:class:`.dp_task.DistributedDPTask`) over
-    the same rows."""
+    :func:`~clinograph.sdk.federation.build.build_hospital` as ``task=``). Under DP: ``state_dir``
+    (or ``[privacy] state_dir``) for the ledger and ``identity`` to sign it."""
     split = hospital_split(table.labels, site=table.site, test_fraction=config.split.test_fraction,
                            validation_fraction=config.split.validation_fraction, seed=config.split.seed)
-    if config.privacy.enabled and config.privacy.mode == "distributed":  # one DP-SGD step a round
-        from .dp_task import build_distributed_task
-
-        check_modality_config(table, config, signals)
-        return build_distributed_task(table, dictionary=dictionary, config=config, split=split, state_dir=state_dir,
-                                      identity=identity, signals=signals)
     return ModalityNSFLTask(table, dictionary=dictionary, config=config, split=split, signals=signals,
                             state_dir=state_dir, signer=identity)

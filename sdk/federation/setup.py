@@ -92,7 +92,7 @@ def setup_sums(config: Any, *, dictionary: FeatureDictionary, candidates: Sequen
 def refuse_under_dp(config: Any, candidates: Sequence[Any], *, where: str) -> None:
     """A hospital under *distributed* DP takes part in no set-up sum: under local DP its share is
     a Gaussian release accounted in its ledger (:mod:`clinograph.sdk.privacy.counts`), which the
-    distributed-DP task does not keep.
+    distributed-DP trainer does not keep.
 
     Raises:
         ConfigError: with the fix.

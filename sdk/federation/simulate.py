@@ -147,7 +147,7 @@ def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     if config.scaling.source == "federated" and config.privacy.enabled and config.privacy.mode == "distributed":
         raise ConfigError("[scaling] source = 'federated' under [privacy] mode = 'distributed': the histograms are "
                           "released with local noise, accounted in the local-DP ledger (sdk/privacy/counts.py), which "
-                          "the distributed-DP task does not keep; use source = 'dictionary', or mode = 'local'.")
+                          "the distributed-DP trainer does not keep; use source = 'dictionary', or mode = 'local'.")
     shared_asked = [c for c in cands if c.config.model.features == "shared"]
     if config.model.features == "shared" or shared_asked:
         from .coverage import refuse_unresolvable
@@ -181,7 +181,7 @@ def _server_side(prep: _Prepared, *, audit_dir: Path) -> ServerSide:
     config = prep.config
     policy = config.dp_policy()
     if config.privacy.enabled and config.privacy.mode == "distributed":
-        from .dp_task import check_simulation, distributed_policy
+        from .dp_policy import check_simulation, distributed_policy
 
         policy = distributed_policy(config)
         dim = sum(m.size for m in prep.models.candidates[0].initial.spec.shared)

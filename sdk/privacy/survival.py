@@ -18,7 +18,7 @@ changes no privacy mechanism (sampling, clipping, noise, accounting are the trai
 - everything else (optimizer groups, flat or adaptive clipping, the step) is the DP trainer's.
 
 Under ``[privacy] mode = "distributed"`` the same engine (:class:`HazardClipper`) gives each
-patient's row of the distributed step (:mod:`clinograph.sdk.federation.dp_task`).
+patient's row of the distributed step (:mod:`.distributed_trainer`).
 """
 
 from __future__ import annotations

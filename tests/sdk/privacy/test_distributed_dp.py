@@ -101,18 +101,18 @@ def test_masked_noisy_sum_is_exactly_the_sum_of_the_hospitals_integer_vectors(ta
     sim.server.strategy = _Recording(server_lr=1.0)
     zs = {}
     for h in sim.hospitals.values():  # keep each hospital's z (a test-only view of local state)
-        original = h.task._set_local
+        original = h.task.trainer._set_local
 
         def keep(z, *, scale, weight, _name=h.name, _orig=original):
             zs[_name] = (z.copy(), scale)
             _orig(z, scale=scale, weight=weight)
 
-        h.task._set_local = keep
+        h.task.trainer._set_local = keep
     out = sim.run_round()
     sim.audit.close()
     assert not out.dropped and len(zs) == len(tables)
     scale = next(iter(zs.values()))[1]
-    cols = next(iter(sim.hospitals.values())).task.columns
+    cols = next(iter(sim.hospitals.values())).task.trainer.columns
     total = cols.split(sum(z for z, _ in zs.values()).astype(np.float64))
     sums = sim.server.strategy.sums
     assert set(sums.sums) == set(cols.modules)
@@ -140,7 +140,8 @@ def test_ledgers_record_the_guarantee_and_what_the_hospital_would_have_alone(tab
 
 
 def test_a_hospital_whose_privacy_differs_from_the_policy_refuses_to_start(tables, dictionary, tmp_path):
-    from clinograph.sdk.federation.dp_task import DistributedDPTask, distributed_policy
+    from clinograph.sdk.federation.dp_policy import distributed_policy
+    from clinograph.sdk.federation.nsfl_task import NSFLTask
     from clinograph.sdk.federation.split import hospital_split
 
     cfg = _config(tmp_path)
@@ -148,10 +149,9 @@ def test_a_hospital_whose_privacy_differs_from_the_policy_refuses_to_start(table
     bad = cfg.hospital_config().model_copy(update={"privacy": cfg.privacy.model_copy(update={"clip_norm": 2.0})})
     t = tables[0]
     with pytest.raises(PrivacyError, match="differs from the federation's"):
-        DistributedDPTask(t, dictionary=dictionary, config=bad, policy=policy, state_dir=tmp_path / "x",
-                          signer=Identity.generate(t.site),
-                          split=hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.0,
-                                              seed=0))
+        NSFLTask(t, dictionary=dictionary, config=bad, policy=policy, state_dir=tmp_path / "x",
+                 signer=Identity.generate(t.site),
+                 split=hospital_split(t.labels, site=t.site, test_fraction=0.3, validation_fraction=0.0, seed=0))
 
 
 def test_the_server_refuses_a_hospital_that_adds_less_noise_than_the_policy(tables, dictionary, tmp_path):
@@ -159,7 +159,7 @@ def test_the_server_refuses_a_hospital_that_adds_less_noise_than_the_policy(tabl
     import dataclasses
 
     sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
-    cheat = sim.hospitals["alpha"].task
+    cheat = sim.hospitals["alpha"].task.trainer
     cheat.policy = dataclasses.replace(cheat.policy, noise_multiplier=cheat.policy.noise_multiplier / 2)
     sim.run_round()
     sim.audit.close()
@@ -219,7 +219,7 @@ def test_a_share_declared_at_another_ring_scale_is_refused(tables, dictionary, t
                       plan_options={**plan_options, "masked.scale": float(plan_options["masked.scale"]) * 1e-6})
 
     cheat.train = tiny
-    cheat.ledger.check_round = lambda record: 0.0  # an adversary ignores its own budget check
+    cheat.trainer.ledger.check_round = lambda record: 0.0  # an adversary ignores its own budget check
     sim.run_round()
     sim.audit.close()
     rejected = [e["payload"] for e in _entries(tmp_path) if e["kind"] == "update_rejected"]
@@ -229,7 +229,7 @@ def test_a_share_declared_at_another_ring_scale_is_refused(tables, dictionary, t
 
 def test_an_understated_epsilon_alone_is_refused(tables, dictionary, tmp_path):
     sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
-    ledger = sim.hospitals["alpha"].task.ledger
+    ledger = sim.hospitals["alpha"].task.trainer.ledger
     honest = ledger.epsilons
     ledger.epsilons = lambda extra=None: (honest(extra)[0], honest(extra)[1] / 10)
     sim.run_round()
@@ -285,12 +285,12 @@ def test_a_share_declared_over_one_coordinate_does_not_blind_the_noise_test(tabl
     must use the coordinates the aggregate releases (the server's number from the model spec),
     not the smallest a hospital declares: over d = 1 no aggregate could fail it."""
     sim = _without_noise(monkeypatch, tables, dictionary, tmp_path)
-    ledger = sim.hospitals["alpha"].task.ledger
+    ledger = sim.hospitals["alpha"].task.trainer.ledger
     honest = ledger.commit
     ledger.commit = lambda record: honest({**record, "dim": 1})
     entries, check = _voided_round(sim, tmp_path)
     assert not [e for e in entries if e["kind"] == "aggregate"]
-    cols = sim.hospitals["beta"].task.columns
+    cols = sim.hospitals["beta"].task.trainer.columns
     assert not check["passed"] and check["dim"] == cols.dim
 
 
@@ -298,7 +298,7 @@ def test_a_share_accounted_over_fewer_coordinates_than_the_spec_releases_is_refu
     """A hospital that adds its noise but accounts its ε over one coordinate (consistently, so its
     own ledger agrees) understates ε; the server's floor is at the spec's released coordinates."""
     sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
-    ledger = sim.hospitals["alpha"].task.ledger
+    ledger = sim.hospitals["alpha"].task.trainer.ledger
     honest = ledger.commit
     ledger.commit = lambda record: honest({**record, "dim": 1})
     sim.run_round()

@@ -1,4 +1,4 @@
-"""Private model choice under distributed DP (sdk/federation/dp_task.py): the validation
+"""Private model choice under distributed DP (sdk/privacy/distributed_trainer.py): the validation
 patients' clipped losses as two more coordinates of the same noisy integer sum."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Distributed DP for the survival head and the temporal model (sdk/federation/dp_task.py): the
+"""Distributed DP for the survival head and the temporal model (sdk/privacy/distributed_trainer.py): the
 one per-patient engine on each task's objective gives each patient's gradient over the released
 columns exactly (against a per-patient loop), and a tiny masked FedSGD federation runs with
 every round accepted and every noise check passed, private selection included."""
@@ -45,7 +45,7 @@ def _moved(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _columns(model: torch.nn.Module, node_ids) -> tuple[Columns, ModuleMap]:
-    personal = HospitalConfig().personal.modules  # the task's module map, as DistributedDPTask builds it
+    personal = HospitalConfig().personal.modules  # the task's module map, as NSFLTask builds it
     mm = add_temporal_modules(personal_module_map(model, node_ids, personal=personal), model, node_ids)
     return Columns.of(model, mm, mm.names(ModuleKind.SHARED)), mm
 

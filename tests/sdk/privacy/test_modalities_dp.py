@@ -14,8 +14,7 @@ import pytest
 import torch
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.datasets import timeseries as ts
-from clinograph.sdk.federation.dp_task import DistributedDPTask
-from clinograph.sdk.federation.modality_task import build_modality_task
+from clinograph.sdk.federation.modality_task import ModalityNSFLTask, build_modality_task
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.graph.star import star_batch
 from clinograph.sdk.model.modalities import ModalityNSFL, modal_stars
@@ -110,7 +109,7 @@ def test_a_modality_federation_runs_under_distributed_dp_with_private_selection(
     def task(table, hconf):
         built = build_modality_task(table, dictionary=d, config=hconf, signals=signals[table.site],
                                     state_dir=tmp_path / "state" / table.site, identity=Identity.generate(table.site))
-        assert isinstance(built, DistributedDPTask) and "modality/waveform/encoder" in built.columns.modules
+        assert isinstance(built, ModalityNSFLTask) and "modality/waveform/encoder" in built.trainer.columns.modules
         return built
 
     simulate([t for t, _ in out], d, cfg, audit_dir=tmp_path / "audit", task_factory=task)
