@@ -44,11 +44,15 @@ import numpy as np
 import tenseal.sealapi as sealapi
 
 from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
-from clinograph.core.labels import HASH_THRESHOLD_CKKS_CANARY, HASH_THRESHOLD_CKKS_COMMON_A
+from clinograph.core.labels import (
+    HASH_THRESHOLD_CKKS_CANARY,
+    HASH_THRESHOLD_CKKS_COMMON_A,
+    HASH_THRESHOLD_CKKS_SHARE_CHECK,
+)
 
 from ..hazmat import threshold_ckks as T
 from ..hazmat.ckks_context import CkksParams, _load, build_context, dump, pack_fields
-from .threshold_messages import DecryptionRequest, DecryptionShare, KeyGenShare
+from .threshold_messages import DecryptionRequest, DecryptionShare, KeyGenShare, ThresholdKeyShare
 
 
 class ThresholdPreset(str, Enum):
@@ -134,6 +138,18 @@ def seeded_canary(*, seed: bytes, public: CollectivePublicKey) -> tuple[np.ndarr
                               encoder=c.encoder)
 
 
+def share_check_c1(request: DecryptionRequest, *, a: np.ndarray | None, ctx: _Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """t-of-N: ``(a*u, u)`` for the ternary ``u`` expanded from the request's digest. A holder
+    answers it with its unscaled ``S_k``; ``S_k*(a*u) + e + u*P_k = u*e_k + e`` is small only for
+    the ``S_k`` behind the holder's public ``P_k`` (no ``e1`` term: ``S_k`` is uniform, not small)."""
+    if a is None:
+        raise ProtocolError("No common polynomial a: this party made no key-generation share.")
+    key = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_SHARE_CHECK, request.digest().encode()])).digest()
+    ring = ctx.ring
+    u = T.ternary_poly(key, ring=ring, context=ctx.context)
+    return T.mulmod(a[:ring.data_count], u, ring.q(ring.data_count)), u
+
+
 def _bytes(poly: np.ndarray) -> bytes:
     return np.ascontiguousarray(poly, dtype="<u8").tobytes()
 
@@ -145,29 +161,86 @@ class ThresholdParty:
         self.preset, self.federation_id, self.name = preset, federation_id, name
         self._c = _ctx(preset)
         self._sk = sealapi.KeyGenerator(self._c.context).secret_key()  # SEAL's CSPRNG: ternary s_i
-        self._s = T.read_secret_key(self._sk, self._c.ring)
+        self._s: np.ndarray | None = T.read_secret_key(self._sk, self._c.ring)
+        self._a: np.ndarray | None = None
+        #: t-of-N: this party's Shamir share ``S_k`` of ``s``, its threshold and every holder's index
+        self._shamir: tuple[np.ndarray, int, dict[str, int]] | None = None
+
+    @property
+    def threshold(self) -> int | None:
+        """t under t-of-N (after :meth:`adopt`), else None (N-of-N)."""
+        return self._shamir[1] if self._shamir else None
 
     def keygen_share(self, *, seed: bytes) -> KeyGenShare:
         """This party's collective-key-generation share for the public seed of ``a``."""
         ring = self._c.ring
-        a = common_a(seed=seed, federation_id=self.federation_id, ring=ring)
+        if self._s is None:
+            raise ProtocolError(f"{self.name!r} has re-shared its key share (t-of-N); it takes part in no new key.")
+        self._a = a = common_a(seed=seed, federation_id=self.federation_id, ring=ring)
         p0 = T.ckg_share(s=self._s, e=T.key_error(self._sk, self._c.context, self._s, ring), a=a, ring=ring)
         return KeyGenShare(federation_id=self.federation_id, party=self.name,
                            seed_sha256=hashlib.sha256(seed).hexdigest(), p0=_bytes(p0))
 
+    def deal(self, *, threshold: int, holders: Sequence[str]) -> dict[str, np.ndarray]:
+        """t-of-N set-up, MTBH sec. V: Shamir shares ``f_i(k)`` of this party's ``s_i`` (degree
+        t-1, every RNS prime, key level) for each holder k at index ``position in holders + 1``."""
+        if self._s is None or self.name not in holders:
+            raise ProtocolError(f"{self.name!r} holds no N-of-N key share to deal, or is not among the holders.")
+        polys = T.shamir_split(self._s, threshold=threshold, n_shares=len(holders), ring=self._c.ring)
+        return dict(zip(holders, polys, strict=True))
+
+    def adopt(self, *, threshold: int, holders: Sequence[str], received: Sequence[np.ndarray]) -> np.ndarray:
+        """Sum the dealt shares into ``S_k = sum_i f_i(k)`` (a Shamir share of ``s``), erase ``s_i``
+        (only t-of-N requests are answered from now on) and return ``P_k = -a*S_k + e_k`` (data
+        level), the public key the combiner checks this party's shares against."""
+        ring = self._c.ring
+        if self._a is None or len(received) != len(holders):
+            raise ProtocolError(f"{self.name!r} needs one dealt share from each of the {len(holders)} holders "
+                                "after its own key-generation share.")
+        share = T.sum_polys(list(received), ring.q(len(ring.primes)))
+        self._shamir = (share, threshold, {h: i + 1 for i, h in enumerate(holders)})
+        self._s = None
+        limbs = ring.data_count
+        e = T.encoder_gaussian(sigma=3.2, encoder=self._c.encoder, ring=ring, limbs=limbs)
+        q = ring.q(limbs)
+        return T.submod(e, T.mulmod(self._a[:limbs], share[:limbs], q), q)  # MTBH EncKeyGen form, data level
+
     def decryption_share(self, request: DecryptionRequest) -> DecryptionShare:
-        """``c1*s_i`` plus fresh smudging noise for every ``c1`` of ``request``."""
+        """``c1*s_i`` (N-of-N) or ``c1*lambda_k*S_k`` (t-of-N, the request's present set) plus fresh
+        smudging noise for every ``c1`` of ``request``; t-of-N adds the unscaled check share."""
         if request.federation_id != self.federation_id:
             raise ProtocolError(f"Decryption request for federation {request.federation_id!r}; "
                                 f"{self.name!r} holds a key share of {self.federation_id!r}.")
-        limbs, out = self._c.ring.data_count, []
+        ring = self._c.ring
+        limbs, out, check = ring.data_count, [], None
+        secret, check_c1 = self._secret_for(request)
         for i, raw in enumerate(request.c1):
             c1 = self._c.poly(raw, limbs, f"c1 {i} of the decryption request")
-            noise = T.uniform_smudging(bits=self.preset.smudging_bits, ring=self._c.ring,
-                                       context=self._c.context, limbs=limbs)
-            out.append(_bytes(T.decryption_share(c1=c1, s=self._s, noise=noise, ring=self._c.ring)))
+            out.append(_bytes(T.decryption_share(c1=c1, s=secret, noise=self._smudging(), ring=ring)))
+        if check_c1 is not None and self._shamir is not None:
+            check = _bytes(T.decryption_share(c1=check_c1, s=self._shamir[0], noise=self._smudging(), ring=ring))
         return DecryptionShare(federation_id=self.federation_id, round=request.round, party=self.name,
-                               request_sha256=request.digest(), shares=tuple(out))
+                               request_sha256=request.digest(), shares=tuple(out), check=check)
+
+    def _smudging(self) -> np.ndarray:
+        return T.uniform_smudging(bits=self.preset.smudging_bits, ring=self._c.ring, context=self._c.context,
+                                  limbs=self._c.ring.data_count)
+
+    def _secret_for(self, request: DecryptionRequest) -> tuple[np.ndarray, np.ndarray | None]:
+        """The secret this request is answered with, and (t-of-N) the check's ``c1``."""
+        if self._shamir is None:
+            if request.present or self._s is None:
+                raise ProtocolError(f"{self.name!r} holds an N-of-N key share; the request names a present set.")
+            return self._s, None
+        share, t, index = self._shamir
+        present = request.present
+        if (len(set(present)) != len(present) or len(present) < t or self.name not in present
+                or any(p not in index for p in present)):
+            raise ProtocolError(f"{self.name!r} answers a t-of-N request only with itself among at least t = {t} "
+                                f"distinct key holders present; the request names {len(present)}.")
+        limbs = self._c.ring.data_count
+        lam = T.lagrange_at_zero([index[p] for p in present], ring=self._c.ring, limbs=limbs)[index[self.name]]
+        return T.scale_poly(share[:limbs], lam, self._c.ring), share_check_c1(request, a=self._a, ctx=self._c)[0]
 
     def __repr__(self) -> str:
         return f"ThresholdParty(party={self.name!r}, preset={self.preset.value}, secret_share=<redacted>)"
@@ -198,6 +271,30 @@ class CollectivePublicKey:
         self.public_key_bytes = T.public_key_bytes(p0=p0, a=self.a, ring=ring)
         self._pk = T.load_public_key(self.public_key_bytes, c.context)  # SEAL validates it
         self._encryptor = sealapi.Encryptor(c.context, self._pk)
+        #: t-of-N (after :meth:`adopt_threshold`): t, and each holder's public share key ``P_k``
+        self.threshold: int | None = None
+        self.share_p0: dict[str, np.ndarray] = {}
+
+    def adopt_threshold(self, *, threshold: int, shares: Mapping[str, ThresholdKeyShare]) -> None:
+        """Record t and every holder's ``P_k`` (:class:`ThresholdKeyShare`, one per holder, index =
+        position among the sorted holders + 1, for this key). Raises ProtocolError otherwise."""
+        holders = self.holders
+        if not 1 <= threshold <= len(holders) or set(shares) != set(holders):
+            raise ProtocolError(f"t-of-N needs 1 <= t <= {len(holders)} and a share key from every holder; got t = "
+                                f"{threshold} and keys from {', '.join(sorted(shares)) or 'none'}.")
+        for i, name in enumerate(holders):
+            msg = shares[name]
+            if (msg.party, msg.index, msg.threshold, msg.public_key_digest, msg.federation_id) != (
+                    name, i + 1, threshold, self.digest, self.federation_id):
+                raise ProtocolError(f"The share key filed under {name!r} names another party, index, threshold, "
+                                    "collective key or federation.")
+            self.share_p0[name] = self._c.poly(msg.p0, self._c.ring.data_count, f"share key of {name!r}")
+        self.threshold = threshold
+
+    @property
+    def rule(self) -> str:
+        """``"N-of-N"`` or ``"t-of-N"`` with the numbers, e.g. ``"2-of-3"``."""
+        return "N-of-N" if self.threshold is None else f"{self.threshold}-of-{len(self.holders)}"
 
     @property
     def digest(self) -> str:
@@ -206,7 +303,7 @@ class CollectivePublicKey:
 
     @property
     def holders(self) -> tuple[str, ...]:
-        """Every key holder (all are needed to decrypt)."""
+        """Every key holder (all are needed to decrypt under N-of-N, any t under t-of-N)."""
         return tuple(sorted(self.p0))
 
     def encrypt(self, values: np.ndarray) -> list[bytes]:
@@ -252,12 +349,14 @@ class Combiner:
     """Opens one aggregate with every key holder's share; checks and names bad shares."""
 
     def __init__(self, *, public: CollectivePublicKey, round: int, aggregate: Sequence[sealapi.Ciphertext],
-                 contributions: int, canary_seed: bytes | None = None):
+                 contributions: int, canary_seed: bytes | None = None, present: Sequence[str] = ()):
         if not 1 <= contributions <= public.preset.max_parties:
             raise ConfigError(f"The aggregate sums {contributions} encryptions; the smudging of {public.preset.value} is "
                               f"argued for 1..{public.preset.max_parties} (its decryption-noise bound).")
         self.public, self.round = public, round
         self._c = public._c
+        #: who must answer: every holder (N-of-N), or the t or more named in ``present`` (t-of-N)
+        self.present = _present_set(public, present)
         polys = [T.read_ciphertext(ct) for ct in aggregate]
         self._c0 = [p[0] for p in polys]
         self._scale = aggregate[0].scale if aggregate else 1.0
@@ -270,7 +369,8 @@ class Combiner:
         self._canary_at = secrets.randbelow(len(c1) + 1)
         c1.insert(self._canary_at, canary)
         self.request = DecryptionRequest(federation_id=public.federation_id, round=round,
-                                         c1=tuple(_bytes(p) for p in c1))
+                                         c1=tuple(_bytes(p) for p in c1),
+                                         present=self.present if public.threshold is not None else ())
 
     def combine(self, shares: Mapping[str, DecryptionShare], *, length: int) -> np.ndarray:
         """The decoded aggregate (``length`` values).
@@ -281,24 +381,32 @@ class Combiner:
             IntegrityError: a share fails the canary check (names every such party), or the
                 decoded slots are not real-valued (a corrupted share that the canary missed).
         """
-        missing = [h for h in self.public.holders if h not in shares]
+        missing = [h for h in self.present if h not in shares]
         if missing:
-            raise ProtocolError(f"Decryption shares missing from {', '.join(missing)}: every key holder's share is "
-                                "needed (N-of-N). Re-run threshold key generation without them and redo the round.")
+            raise ProtocolError(f"Decryption shares missing from {', '.join(missing)}: " + (
+                "every key holder's share is needed (N-of-N). Re-run threshold key generation without them and redo "
+                "the round." if self.public.threshold is None else
+                f"every holder asked ({', '.join(self.present)}) must answer; the next round asks {self.public.threshold}"
+                " of the holders present then (t-of-N)."))
         ring, limbs, want = self._c.ring, self._c.ring.data_count, self.request.digest()
         per_party: dict[str, list[np.ndarray]] = {}
-        for name in self.public.holders:
+        checks: dict[str, np.ndarray] = {}
+        for name in self.present:
             msg = shares[name]
             if msg.party != name or msg.request_sha256 != want or len(msg.shares) != len(self.request.c1):
                 raise ProtocolError(f"Decryption share filed under {name!r} answers another request or party.")
             per_party[name] = [self._c.poly(raw, limbs, f"decryption share {i} of {name!r}")
                                for i, raw in enumerate(msg.shares)]
-        self._check_canary(per_party)
+            if self.public.threshold is not None:
+                if msg.check is None:
+                    raise ProtocolError(f"The t-of-N decryption share of {name!r} carries no check share.")
+                checks[name] = self._c.poly(msg.check, limbs, f"check share of {name!r}")
+        self._check_canary(per_party, checks)
         for name in per_party:
             del per_party[name][self._canary_at]
         out = []
         for k, c0 in enumerate(self._c0):
-            m = T.combine_decryption(c0=c0, shares=[per_party[h][k] for h in self.public.holders], ring=ring)
+            m = T.combine_decryption(c0=c0, shares=[per_party[h][k] for h in self.present], ring=ring)
             pt = T.load_plaintext(T.plaintext_bytes(m, ring=ring, parms_id=ring.data_parms_id, scale=self._scale),
                                   self._c.context)
             z = np.asarray(self._c.encoder.decode_complex(pt))
@@ -308,19 +416,41 @@ class Combiner:
         return np.concatenate(out)[:length] if out else np.zeros(0)
 
 
-    def _check_canary(self, per_party: Mapping[str, list[np.ndarray]]) -> None:
+    def _check_canary(self, per_party: Mapping[str, list[np.ndarray]], checks: Mapping[str, np.ndarray]) -> None:
         """One check of the canary shares' sum against the collective ``p0`` (honest: at most
-        n * 2^68 plus a few bits); only when it fails, one check a party, to name who."""
+        n * 2^68 plus a few bits; t-of-N too, as sum_k lambda_k*S_k = s exactly); only when it
+        fails, one check a party, to name who: its canary share against its ``p0_i`` (N-of-N), or
+        its unscaled check share against its ``P_k`` (t-of-N, :func:`share_check_c1`)."""
         ring, q = self._c.ring, self._c.ring.q(self._c.ring.data_count)
         total = T.sum_polys([polys[self._canary_at] for polys in per_party.values()], q)
         if T.canary_residual(share=total, u=self._u, p0=self.public.p0_sum, ring=ring,
                              context=self._c.context) <= _CANARY_LIMIT_BITS + 5:  # n <= 32 = 2^5 parties
             return
-        bad = [name for name, polys in per_party.items()
-               if T.canary_residual(share=polys[self._canary_at], u=self._u, p0=self.public.p0[name], ring=ring,
-                                    context=self._c.context) > _CANARY_LIMIT_BITS]
+        if self.public.threshold is None:
+            bad = [name for name, polys in per_party.items()
+                   if T.canary_residual(share=polys[self._canary_at], u=self._u, p0=self.public.p0[name], ring=ring,
+                                        context=self._c.context) > _CANARY_LIMIT_BITS]
+        else:
+            _, u = share_check_c1(self.request, a=self.public.a, ctx=self._c)
+            bad = [name for name, check in checks.items()
+                   if T.canary_residual(share=check, u=u, p0=self.public.share_p0[name], ring=ring,
+                                        context=self._c.context) > _CANARY_LIMIT_BITS]
         raise IntegrityError(f"Decryption share(s) of {', '.join(bad) or 'an unidentified key holder'} are not made "
                              "with their key share (canary check against their public key-generation share failed).")
+
+
+def _present_set(public: CollectivePublicKey, present: Sequence[str]) -> tuple[str, ...]:
+    """N-of-N: every holder (``present`` must be empty or all of them). t-of-N: ``present``,
+    sorted, at least t distinct holders."""
+    if public.threshold is None:
+        if present and set(present) != set(public.holders):
+            raise ConfigError("N-of-N threshold CKKS decrypts with every key holder; a present set was given.")
+        return public.holders
+    names = tuple(sorted(set(present)))
+    if len(names) < public.threshold or not set(names) <= set(public.holders):
+        raise ProtocolError(f"Threshold CKKS ({public.rule}) decrypts with at least {public.threshold} key holders; "
+                            f"{len(names)} present ({', '.join(names) or 'none'}). Nothing was decrypted.")
+    return names
 
 
 #: An honest canary residual is the smudging noise plus tiny terms, < 2^68 + 2^20; a share under any

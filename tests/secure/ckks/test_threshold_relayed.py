@@ -106,3 +106,89 @@ def test_keygen_for_another_federation_is_refused(net):
                              enrolled={n: i.public for n, i in ids.items()}, preset=PRESET, min_holders=1)
     with pytest.raises(ProtocolError, match="expected one of tckks/keygen"):
         hospitals["h0"].holder.on_setup("tckks/nope", {})
+
+
+# -- t-of-N: every holder's key share re-shared at set-up (threshold_reshare) ------------------------
+
+class _Peer(_Hospital):
+    def __init__(self, identity: Identity, server: Identity, peers):
+        self.name = identity.name
+        self.holder = ThresholdKeyHolder(identity=identity, server=server.public, federation_id=FED, peers=peers)
+
+
+@pytest.fixture(scope="module")
+def tnet():
+    """2-of-3: keys re-shared once for the module (each test restores what it changes)."""
+    server = Identity.generate("server")
+    ids = {f"h{i}": Identity.generate(f"h{i}") for i in range(3)}
+    enrolled = {n: i.public for n, i in ids.items()}
+    hospitals = {n: _Peer(i, server, enrolled) for n, i in ids.items()}
+    transport = InProcessTransport(hospitals)
+    public, _ = run_threshold_keygen(transport, federation_id=FED, participants=tuple(ids), enrolled=enrolled,
+                                     preset=PRESET, min_holders=3, distribute=True, threshold=2)
+    return server, enrolled, hospitals, transport, public
+
+
+def _tcombiner(public, present, n=3, round_=1):
+    xs = [np.random.default_rng(i).normal(size=100) for i in range(n)]
+    return xs, Combiner(public=public, round=round_, aggregate=public.add([public.encrypt(x) for x in xs]),
+                        contributions=n, present=present)
+
+
+def test_t_of_n_any_t_holders_decrypt_a_dropped_one_is_named_and_others_step_in(tnet):
+    server, enrolled, hospitals, transport, public = tnet
+    assert public.rule == "2-of-3" and set(public.share_p0) == {"h0", "h1", "h2"}
+    assert all(h.holder.party.threshold == 2 and h.holder.party._s is None for h in hospitals.values())  # s_i erased
+    for present in (("h0", "h1"), ("h1", "h2"), ("h0", "h2"), ("h0", "h1", "h2")):
+        xs, comb = _tcombiner(public, present)
+        y = open_aggregate(transport, combiner=comb, identity=server, enrolled=enrolled, length=100)
+        assert np.abs(y - sum(xs)).max() < 1e-5, present
+    _, comb = _tcombiner(public, ("h0", "h1"), round_=9)
+    transport.drop_at(9, {"h1": 0})
+    with pytest.raises(ProtocolError, match=r"No valid decryption share from h1 .*Ask another 2"):
+        open_aggregate(transport, combiner=comb, identity=server, enrolled=enrolled, length=100)
+
+
+def test_t_of_n_fewer_than_t_decrypt_nothing(tnet):
+    from clinograph.secure.hazmat import threshold_ckks as T
+
+    server, enrolled, hospitals, transport, public = tnet
+    with pytest.raises(ProtocolError, match="at least 2 key holders; 1 present"):
+        _tcombiner(public, ("h0",))
+    _, comb = _tcombiner(public, ("h0", "h1"))
+    ring, ctx = public._c.ring, public._c.context
+    shares = {n: hospitals[n].holder.party.decryption_share(comb.request) for n in ("h0", "h1")}
+    k = 1 - comb._canary_at if comb._canary_at <= 1 else 0  # an aggregate c1, not the canary
+
+    def plaintext_bits(names):
+        d = [public._c.poly(shares[n].shares[k], ring.data_count, n) for n in names]
+        m = T.combine_decryption(c0=comb._c0[0], shares=d, ring=ring)
+        coeffs = T.to_coefficients(m, ring=ring, context=ctx, parms_id=ring.data_parms_id)
+        return float(np.log2(np.abs(T.centered_approx(coeffs, ring)).max() + 1))
+
+    assert plaintext_bits(("h0", "h1")) < 100  # Delta*m + noise: scale 2^96, |m| < 8
+    assert plaintext_bits(("h0",)) > 115  # one share of two: uniform mod q (~2^119)
+    with pytest.raises(ProtocolError, match="at least t = 2 distinct key holders"):
+        hospitals["h0"].holder.party.decryption_share(comb.request.model_copy(update={"present": ("h0",)}))
+    with pytest.raises(ProtocolError, match="with itself among"):
+        hospitals["h0"].holder.party.decryption_share(comb.request.model_copy(update={"present": ("h1", "h2")}))
+
+
+def test_t_of_n_a_share_under_a_wrong_key_share_is_refused_and_named(tnet):
+    server, enrolled, hospitals, transport, public = tnet
+    party = hospitals["h2"].holder.party
+    kept = party._shamir
+    stale = np.random.default_rng(7).integers(0, 2**40, size=kept[0].shape, dtype=np.uint64)  # below every q_j
+    party._shamir = (stale, kept[1], kept[2])  # a lost or swapped share, same index
+    try:
+        _, comb = _tcombiner(public, ("h1", "h2"))
+        with pytest.raises(IntegrityError, match="of h2 are not made with their key share"):
+            open_aggregate(transport, combiner=comb, identity=server, enrolled=enrolled, length=100)
+    finally:
+        party._shamir = kept
+
+
+def test_t_of_n_keygen_needs_t_holders(net):
+    server, ids, hospitals, transport = net
+    with pytest.raises(ProtocolError, match="needs distribute=True"):
+        _keygen(net, min_holders=1, threshold=2)
