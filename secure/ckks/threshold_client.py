@@ -34,6 +34,8 @@ from .threshold_relayed import ThresholdKeyHolder
 PRESENT = 1.0
 OPTION_DIGEST = "tckks.public_key_digest"
 OPTION_PRESET = "tckks.preset"
+#: t under t-of-N (absent: N-of-N)
+OPTION_THRESHOLD = "tckks.threshold"
 
 
 class ThresholdClient(AggregationClient):

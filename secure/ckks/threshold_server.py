@@ -11,10 +11,12 @@ failing the canary check names its holder) -> ``done``; :meth:`ThresholdServer.r
 the :class:`~clinograph.secure.aggregation.ModuleSums`.
 
 Guarantees: the server never holds the secret key nor any share of it; it decrypts nothing
-without every holder, and each holder answers only a request it checked
-(:mod:`.threshold_check`). Does not guarantee: liveness -- N-of-N, a holder that does not answer
-aborts the round (re-run the set-up without it); a holder that leaves the round before
-``decrypt`` aborts it too.
+without every holder (N-of-N) or t of them (t-of-N, ``[federation] tckks_threshold``), and each
+holder answers only a request it checked (:mod:`.threshold_check`). Dropouts: under t-of-N the
+server asks the first t holders (by name) whose update arrived; holders that left before
+uploading are simply not asked, and the next round goes on under the same key. Does not
+guarantee: liveness -- a holder asked that does not answer aborts the round (N-of-N: any holder
+absent; re-run the set-up without it).
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ class ThresholdServer(AggregationServer):
         """Accept one update (stage ``updates``) or decryption share (stage ``decrypt``)."""
         sender = envelope.sender
         model = ThresholdUpdate if self._stage == "updates" else DecryptionShare
-        # an update: its ciphertexts (< 300 000 bytes each); a share: one 2-limb polynomial per c1 (+ the canary)
-        limit = self._n_ct * 300_000 if model is ThresholdUpdate else (self._n_ct + 1) * 2 * 8 * 8192
+        # an update: its ciphertexts (< 300 000 bytes each); a share: one 2-limb polynomial per c1 (+ the canary,
+        # + t-of-N's check share)
+        limit = self._n_ct * 300_000 if model is ThresholdUpdate else (self._n_ct + 2) * 2 * 8 * 8192
         try:
             msg = authenticate(self.plan, envelope, peers=self.peers, model=model, max_bytes=limit + 64 * 1024,
                                seen=self._digests)
@@ -129,21 +132,41 @@ class ThresholdServer(AggregationServer):
         if len(self._updates) < self.plan.min_clients:
             raise ProtocolError(f"Only {len(self._updates)} threshold CKKS update(s) were accepted; the plan needs "
                                 f"{self.plan.min_clients}. Round aborted, nothing decrypted.")
-        absent = sorted(set(self.public.holders) - set(self.plan.participants))
-        if absent:
-            raise ProtocolError(f"Key holder(s) {', '.join(absent)} are not in round {self.plan.round}: every holder's "
-                                "share is needed (N-of-N). Re-run the set-up without them.")
+        present = self._present()
         names = sorted(self._updates)
         aggregate = self.public.add([self._updates[n][1].ciphertexts for n in names])
         seed = secrets.token_bytes(32)  # public: the holders recompute the canary from it
         self._combiner = Combiner(public=self.public, round=self.plan.round, aggregate=aggregate,
-                                  contributions=len(names), canary_seed=seed)
+                                  contributions=len(names), canary_seed=seed, present=present)
         msg = ThresholdDecrypt(federation_id=self.plan.federation_id, round=self.plan.round,
                                c1=self._combiner.request.c1, canary_seed=seed,
-                               updates=tuple(self._updates[n][0] for n in names))
+                               updates=tuple(self._updates[n][0] for n in names), present=self._combiner.request.present)
         sealed = seal(msg, self.identity)
-        self._stage, self._waiting = "decrypt", set(self.public.holders)
-        return {h: sealed for h in self.public.holders}
+        self._stage, self._waiting = "decrypt", set(self._combiner.present)
+        return {h: sealed for h in self._combiner.present}
+
+    def _present(self) -> tuple[str, ...]:
+        """Who decrypts: every holder (N-of-N; one absent aborts), or (t-of-N) the first t, by
+        name, of the holders whose update arrived this round -- alive a moment ago; the others
+        are not asked, so fewer key holders see the request."""
+        holders = self.public.holders
+        if self.public.threshold is None:
+            absent = sorted(set(holders) - set(self.plan.participants))
+            if absent:
+                raise ProtocolError(f"Key holder(s) {', '.join(absent)} are not in round {self.plan.round}: every "
+                                    "holder's share is needed (N-of-N). Re-run the set-up without them.")
+            return holders
+        live = sorted(set(holders) & set(self._updates))
+        if len(live) < self.public.threshold:
+            raise ProtocolError(f"Only {len(live)} key holder(s) sent an update in round {self.plan.round} "
+                                f"({', '.join(live) or 'none'}); threshold CKKS {self.public.rule} needs "
+                                f"{self.public.threshold} to decrypt. Round aborted, nothing decrypted.")
+        return tuple(live[:self.public.threshold])
+
+    @property
+    def decrypted_by(self) -> tuple[str, ...]:
+        """The key holders asked for decryption shares this round (the audit's ``decrypted_by``)."""
+        return self._combiner.present if self._combiner is not None else ()
 
     @property
     def contributors(self) -> tuple[str, ...]:
