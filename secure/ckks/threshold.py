@@ -372,6 +372,15 @@ class Combiner:
                                          c1=tuple(_bytes(p) for p in c1),
                                          present=self.present if public.threshold is not None else ())
 
+    def retarget(self, present: Sequence[str]) -> DecryptionRequest:
+        """t-of-N: ask another present set for the same ``c1`` halves (and canary) after a holder
+        asked did not answer; returns the new request (its shares answer only it)."""
+        if self.public.threshold is None:
+            raise ProtocolError("N-of-N threshold CKKS has no other set of key holders to ask.")
+        self.present = _present_set(self.public, present)
+        self.request = self.request.model_copy(update={"present": self.present})
+        return self.request
+
     def combine(self, shares: Mapping[str, DecryptionShare], *, length: int) -> np.ndarray:
         """The decoded aggregate (``length`` values).
 

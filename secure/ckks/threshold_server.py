@@ -15,8 +15,10 @@ without every holder (N-of-N) or t of them (t-of-N, ``[federation] tckks_thresho
 holder answers only a request it checked (:mod:`.threshold_check`). Dropouts: under t-of-N the
 server asks the first t holders (by name) whose update arrived; holders that left before
 uploading are simply not asked, and the next round goes on under the same key. Does not
-guarantee: liveness -- a holder asked that does not answer aborts the round (N-of-N: any holder
-absent; re-run the set-up without it).
+guarantee: liveness when fewer than t holders remain -- a holder asked that does not answer is
+replaced by another live one for the same sum (the holders answer the same ``c1`` halves again
+for the new present set, :mod:`.threshold_client`); N-of-N: any holder absent aborts the round
+(re-run the set-up without it).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class ThresholdServer(AggregationServer):
         self._updates: dict[str, tuple[bytes, ThresholdUpdate]] = {}
         self._shares: dict[str, DecryptionShare] = {}
         self._combiner: Combiner | None = None
+        self._decrypt_message: ThresholdDecrypt | None = None
+        self._silent: set[str] = set()  # t-of-N: holders asked this round that did not answer
         self._result: ModuleSums | None = None
         self._rejected: dict[str, str] = {}
         self._digests: set[str] = set()
@@ -120,9 +124,12 @@ class ThresholdServer(AggregationServer):
         if self._stage == "updates":
             return self._request()
         if self._stage == "decrypt":
-            self._stage, self._waiting = "done", set()
             if self._combiner is None:
                 raise ProtocolError("Threshold CKKS: no decryption request was made this round.")
+            retry = self._retry()
+            if retry is not None:
+                return retry
+            self._stage, self._waiting = "done", set()
             vec = self._combiner.combine(self._shares, length=self._layout.length)
             self._result = self._layout.unpack(vec, claimed=tuple(sorted(self._updates)), tag_of=contributor_present)
         return None
@@ -142,6 +149,7 @@ class ThresholdServer(AggregationServer):
                                c1=self._combiner.request.c1, canary_seed=seed,
                                updates=tuple(self._updates[n][0] for n in names), present=self._combiner.request.present)
         sealed = seal(msg, self.identity)
+        self._decrypt_message = msg
         self._stage, self._waiting = "decrypt", set(self._combiner.present)
         return {h: sealed for h in self._combiner.present}
 
@@ -162,6 +170,28 @@ class ThresholdServer(AggregationServer):
                                 f"({', '.join(live) or 'none'}); threshold CKKS {self.public.rule} needs "
                                 f"{self.public.threshold} to decrypt. Round aborted, nothing decrypted.")
         return tuple(live[:self.public.threshold])
+
+    def _retry(self) -> dict[str, bytes] | None:
+        """t-of-N: a holder asked did not answer (it dropped after uploading): ask t holders again
+        -- those that answered, then others whose update arrived, never one that went silent --
+        for the same ``c1`` halves under the new present set; None when all answered, or N-of-N."""
+        if self._combiner is None or self._decrypt_message is None:
+            return None
+        asked = self._combiner.present
+        silent = {h for h in asked if h not in self._shares}
+        if not silent or self.public.threshold is None:
+            return None
+        self._silent |= silent
+        answered = sorted(h for h in asked if h in self._shares)
+        others = sorted(set(self.public.holders) & set(self._updates) - self._silent - set(answered))
+        present = (answered + others)[:self.public.threshold]
+        if len(present) < self.public.threshold:
+            return None  # combine() names the holders that did not answer
+        self._combiner.retarget(present)
+        msg = self._decrypt_message.model_copy(update={"present": self._combiner.request.present})
+        sealed = seal(msg, self.identity)
+        self._shares, self._waiting = {}, set(self._combiner.present)
+        return {h: sealed for h in self._combiner.present}
 
     @property
     def decrypted_by(self) -> tuple[str, ...]:

@@ -292,3 +292,19 @@ def test_t_of_n_a_share_under_a_wrong_key_share_is_refused_and_named(fed2):
         party._shamir = kept
     with pytest.raises(IntegrityError, match="Decryption share\\(s\\) of north are not made with their key share"):
         server.next_stage()
+
+
+def test_t_of_n_a_holder_dropping_before_its_share_is_replaced_for_the_same_sum(fed2):
+    server, clients, ups = _t_round(fed2, 22, NAMES)
+    first = server.next_stage()
+    assert tuple(sorted(first)) == ("east", "north")
+    server.receive(parse_envelope(clients["east"].handle(first["east"])))  # north drops after uploading
+    second = server.next_stage()
+    assert tuple(sorted(second)) == ("east", "south") == server.decrypted_by
+    for n, data in second.items():
+        server.receive(parse_envelope(clients[n].handle(data)))
+    assert server.next_stage() is None
+    want = sum(u.modules["gnn/w"] for u in ups.values())  # north's update is in the sum
+    assert np.max(np.abs(server.result().sums["gnn/w"] - want)) < 1e-6
+    with pytest.raises(IntegrityError, match="second decryption request"):  # each present set once
+        clients["east"].handle(second["east"])
