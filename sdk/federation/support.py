@@ -27,6 +27,7 @@ MODES: dict[str, dict[str, Any]] = {
     "masked": {"secure_mode": "masked"},
     "masked16": {"secure_mode": "masked", "masked_word_bits": 16},
     "ckks": {"secure_mode": "ckks"},
+    "ckks_threshold": {"secure_mode": "ckks_threshold"},
 }
 #: task row -> config overrides (every row runs one round, no selection, on the given tables)
 TASKS: dict[str, dict[str, Any]] = {

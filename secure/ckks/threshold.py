@@ -47,7 +47,7 @@ from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.core.labels import (
     HASH_THRESHOLD_CKKS_CANARY,
     HASH_THRESHOLD_CKKS_COMMON_A,
-    HASH_THRESHOLD_CKKS_SHARE_CHECK,
+    HASH_THRESHOLD_CKKS_ZERO_SHARE,
 )
 
 from ..hazmat import threshold_ckks as T
@@ -138,16 +138,24 @@ def seeded_canary(*, seed: bytes, public: CollectivePublicKey) -> tuple[np.ndarr
                               encoder=c.encoder)
 
 
-def share_check_c1(request: DecryptionRequest, *, a: np.ndarray | None, ctx: _Ctx) -> tuple[np.ndarray, np.ndarray]:
-    """t-of-N: ``(a*u, u)`` for the ternary ``u`` expanded from the request's digest. A holder
-    answers it with its unscaled ``S_k``; ``S_k*(a*u) + e + u*P_k = u*e_k + e`` is small only for
-    the ``S_k`` behind the holder's public ``P_k`` (no ``e1`` term: ``S_k`` is uniform, not small)."""
-    if a is None:
-        raise ProtocolError("No common polynomial a: this party made no key-generation share.")
-    key = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_SHARE_CHECK, request.digest().encode()])).digest()
-    ring = ctx.ring
-    u = T.ternary_poly(key, ring=ring, context=ctx.context)
-    return T.mulmod(a[:ring.data_count], u, ring.q(ring.data_count)), u
+def zero_share(*, me: str, present: Sequence[str], seeds: Mapping[str, bytes], digest: str, index: int,
+               ctx: _Ctx) -> np.ndarray:
+    """t-of-N: this holder's part ``z_k`` of a fresh sharing of zero among the present set
+    (``sum_k z_k = 0`` mod q): ``sum_j +-PRG(seed_kj, request digest, c1 index)`` over the other
+    present holders j, + when k's name sorts first. Each pairwise seed comes from an X25519 key
+    agreement at set-up, so a coalition misses every seed between two honest holders, and the
+    honest shares it sees are uniform but for their sum (SECURITY.md: why this is needed)."""
+    ring, limbs = ctx.ring, ctx.ring.data_count
+    q = ring.q(limbs)
+    z = np.zeros((limbs, ring.degree), dtype=np.uint64)
+    for other in present:
+        if other == me:
+            continue
+        key = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_ZERO_SHARE, seeds[other], digest.encode(),
+                                          str(index).encode()])).digest()
+        mask = T.common_poly(key, ring)[:limbs]
+        z = T.addmod(z, mask, q) if me < other else T.submod(z, mask, q)
+    return z
 
 
 def _bytes(poly: np.ndarray) -> bytes:
@@ -165,6 +173,7 @@ class ThresholdParty:
         self._a: np.ndarray | None = None
         #: t-of-N: this party's Shamir share ``S_k`` of ``s``, its threshold and every holder's index
         self._shamir: tuple[np.ndarray, int, dict[str, int]] | None = None
+        self._pair_seeds: dict[str, bytes] = {}
 
     @property
     def threshold(self) -> int | None:
@@ -189,49 +198,53 @@ class ThresholdParty:
         polys = T.shamir_split(self._s, threshold=threshold, n_shares=len(holders), ring=self._c.ring)
         return dict(zip(holders, polys, strict=True))
 
-    def adopt(self, *, threshold: int, holders: Sequence[str], received: Sequence[np.ndarray]) -> np.ndarray:
-        """Sum the dealt shares into ``S_k = sum_i f_i(k)`` (a Shamir share of ``s``), erase ``s_i``
-        (only t-of-N requests are answered from now on) and return ``P_k = -a*S_k + e_k`` (data
-        level), the public key the combiner checks this party's shares against."""
+    def adopt(self, *, threshold: int, holders: Sequence[str], received: Sequence[np.ndarray],
+              pair_seeds: Mapping[str, bytes]) -> None:
+        """Sum the dealt shares into ``S_k = sum_i f_i(k)`` (a Shamir share of ``s``) and erase
+        ``s_i`` (only t-of-N requests are answered from now on). ``pair_seeds``: a 32-byte seed
+        shared with every other holder (:func:`zero_share`). Nothing public is derived from
+        ``S_k``: an RLWE sample ``-a*S_k + e`` would leak the collective key's error to t - 1
+        colluders through the Lagrange coefficients (SECURITY.md)."""
         ring = self._c.ring
-        if self._a is None or len(received) != len(holders):
+        others = set(holders) - {self.name}
+        if len(received) != len(holders) or set(pair_seeds) != others:
             raise ProtocolError(f"{self.name!r} needs one dealt share from each of the {len(holders)} holders "
-                                "after its own key-generation share.")
+                                "and a pairwise seed with every other holder.")
         share = T.sum_polys(list(received), ring.q(len(ring.primes)))
         self._shamir = (share, threshold, {h: i + 1 for i, h in enumerate(holders)})
+        self._pair_seeds = dict(pair_seeds)
         self._s = None
-        limbs = ring.data_count
-        e = T.encoder_gaussian(sigma=3.2, encoder=self._c.encoder, ring=ring, limbs=limbs)
-        q = ring.q(limbs)
-        return T.submod(e, T.mulmod(self._a[:limbs], share[:limbs], q), q)  # MTBH EncKeyGen form, data level
 
     def decryption_share(self, request: DecryptionRequest) -> DecryptionShare:
-        """``c1*s_i`` (N-of-N) or ``c1*lambda_k*S_k`` (t-of-N, the request's present set) plus fresh
-        smudging noise for every ``c1`` of ``request``; t-of-N adds the unscaled check share."""
+        """``c1*s_i`` (N-of-N) or ``c1*lambda_k*S_k + z_k`` (t-of-N, the request's present set; z_k
+        this holder's part of a sharing of zero, :func:`zero_share`) plus fresh smudging noise for
+        every ``c1`` of ``request``."""
         if request.federation_id != self.federation_id:
             raise ProtocolError(f"Decryption request for federation {request.federation_id!r}; "
                                 f"{self.name!r} holds a key share of {self.federation_id!r}.")
         ring = self._c.ring
-        limbs, out, check = ring.data_count, [], None
-        secret, check_c1 = self._secret_for(request)
+        limbs, out, digest = ring.data_count, [], request.digest()
+        secret = self._secret_for(request)
         for i, raw in enumerate(request.c1):
             c1 = self._c.poly(raw, limbs, f"c1 {i} of the decryption request")
-            out.append(_bytes(T.decryption_share(c1=c1, s=secret, noise=self._smudging(), ring=ring)))
-        if check_c1 is not None and self._shamir is not None:
-            check = _bytes(T.decryption_share(c1=check_c1, s=self._shamir[0], noise=self._smudging(), ring=ring))
+            noise = self._smudging()
+            if request.present:
+                noise = T.addmod(noise, zero_share(me=self.name, present=request.present, seeds=self._pair_seeds,
+                                                   digest=digest, index=i, ctx=self._c), ring.q(limbs))
+            out.append(_bytes(T.decryption_share(c1=c1, s=secret, noise=noise, ring=ring)))
         return DecryptionShare(federation_id=self.federation_id, round=request.round, party=self.name,
-                               request_sha256=request.digest(), shares=tuple(out), check=check)
+                               request_sha256=digest, shares=tuple(out))
 
     def _smudging(self) -> np.ndarray:
         return T.uniform_smudging(bits=self.preset.smudging_bits, ring=self._c.ring, context=self._c.context,
                                   limbs=self._c.ring.data_count)
 
-    def _secret_for(self, request: DecryptionRequest) -> tuple[np.ndarray, np.ndarray | None]:
-        """The secret this request is answered with, and (t-of-N) the check's ``c1``."""
+    def _secret_for(self, request: DecryptionRequest) -> np.ndarray:
+        """The secret this request is answered with: ``s_i``, or ``lambda_k * S_k`` for its present set."""
         if self._shamir is None:
             if request.present or self._s is None:
                 raise ProtocolError(f"{self.name!r} holds an N-of-N key share; the request names a present set.")
-            return self._s, None
+            return self._s
         share, t, index = self._shamir
         present = request.present
         if (len(set(present)) != len(present) or len(present) < t or self.name not in present
@@ -240,7 +253,7 @@ class ThresholdParty:
                                 f"distinct key holders present; the request names {len(present)}.")
         limbs = self._c.ring.data_count
         lam = T.lagrange_at_zero([index[p] for p in present], ring=self._c.ring, limbs=limbs)[index[self.name]]
-        return T.scale_poly(share[:limbs], lam, self._c.ring), share_check_c1(request, a=self._a, ctx=self._c)[0]
+        return T.scale_poly(share[:limbs], lam, self._c.ring)
 
     def __repr__(self) -> str:
         return f"ThresholdParty(party={self.name!r}, preset={self.preset.value}, secret_share=<redacted>)"
@@ -271,24 +284,23 @@ class CollectivePublicKey:
         self.public_key_bytes = T.public_key_bytes(p0=p0, a=self.a, ring=ring)
         self._pk = T.load_public_key(self.public_key_bytes, c.context)  # SEAL validates it
         self._encryptor = sealapi.Encryptor(c.context, self._pk)
-        #: t-of-N (after :meth:`adopt_threshold`): t, and each holder's public share key ``P_k``
+        #: t-of-N (after :meth:`adopt_threshold`): any t holders decrypt
         self.threshold: int | None = None
-        self.share_p0: dict[str, np.ndarray] = {}
 
     def adopt_threshold(self, *, threshold: int, shares: Mapping[str, ThresholdKeyShare]) -> None:
-        """Record t and every holder's ``P_k`` (:class:`ThresholdKeyShare`, one per holder, index =
-        position among the sorted holders + 1, for this key). Raises ProtocolError otherwise."""
+        """Record t once every holder confirmed its Shamir share (:class:`ThresholdKeyShare`, one
+        per holder, index = position among the sorted holders + 1, for this key). Raises
+        ProtocolError otherwise."""
         holders = self.holders
         if not 1 <= threshold <= len(holders) or set(shares) != set(holders):
-            raise ProtocolError(f"t-of-N needs 1 <= t <= {len(holders)} and a share key from every holder; got t = "
-                                f"{threshold} and keys from {', '.join(sorted(shares)) or 'none'}.")
+            raise ProtocolError(f"t-of-N needs 1 <= t <= {len(holders)} and a confirmation from every holder; got "
+                                f"t = {threshold} and confirmations from {', '.join(sorted(shares)) or 'none'}.")
         for i, name in enumerate(holders):
             msg = shares[name]
             if (msg.party, msg.index, msg.threshold, msg.public_key_digest, msg.federation_id) != (
                     name, i + 1, threshold, self.digest, self.federation_id):
-                raise ProtocolError(f"The share key filed under {name!r} names another party, index, threshold, "
-                                    "collective key or federation.")
-            self.share_p0[name] = self._c.poly(msg.p0, self._c.ring.data_count, f"share key of {name!r}")
+                raise ProtocolError(f"The share confirmation filed under {name!r} names another party, index, "
+                                    "threshold, collective key or federation.")
         self.threshold = threshold
 
     @property
@@ -399,18 +411,13 @@ class Combiner:
                 " of the holders present then (t-of-N)."))
         ring, limbs, want = self._c.ring, self._c.ring.data_count, self.request.digest()
         per_party: dict[str, list[np.ndarray]] = {}
-        checks: dict[str, np.ndarray] = {}
         for name in self.present:
             msg = shares[name]
             if msg.party != name or msg.request_sha256 != want or len(msg.shares) != len(self.request.c1):
                 raise ProtocolError(f"Decryption share filed under {name!r} answers another request or party.")
             per_party[name] = [self._c.poly(raw, limbs, f"decryption share {i} of {name!r}")
                                for i, raw in enumerate(msg.shares)]
-            if self.public.threshold is not None:
-                if msg.check is None:
-                    raise ProtocolError(f"The t-of-N decryption share of {name!r} carries no check share.")
-                checks[name] = self._c.poly(msg.check, limbs, f"check share of {name!r}")
-        self._check_canary(per_party, checks)
+        self._check_canary(per_party)
         for name in per_party:
             del per_party[name][self._canary_at]
         out = []
@@ -425,25 +432,23 @@ class Combiner:
         return np.concatenate(out)[:length] if out else np.zeros(0)
 
 
-    def _check_canary(self, per_party: Mapping[str, list[np.ndarray]], checks: Mapping[str, np.ndarray]) -> None:
+    def _check_canary(self, per_party: Mapping[str, list[np.ndarray]]) -> None:
         """One check of the canary shares' sum against the collective ``p0`` (honest: at most
-        n * 2^68 plus a few bits; t-of-N too, as sum_k lambda_k*S_k = s exactly); only when it
-        fails, one check a party, to name who: its canary share against its ``p0_i`` (N-of-N), or
-        its unscaled check share against its ``P_k`` (t-of-N, :func:`share_check_c1`)."""
+        n * 2^68 plus a few bits; t-of-N too, as sum_k lambda_k*S_k = s and sum_k z_k = 0
+        exactly); only when it fails, one check a party against its ``p0_i`` to name who (N-of-N;
+        under t-of-N a share hides behind its zero-sharing mask, so the present set is named)."""
         ring, q = self._c.ring, self._c.ring.q(self._c.ring.data_count)
         total = T.sum_polys([polys[self._canary_at] for polys in per_party.values()], q)
         if T.canary_residual(share=total, u=self._u, p0=self.public.p0_sum, ring=ring,
                              context=self._c.context) <= _CANARY_LIMIT_BITS + 5:  # n <= 32 = 2^5 parties
             return
-        if self.public.threshold is None:
-            bad = [name for name, polys in per_party.items()
-                   if T.canary_residual(share=polys[self._canary_at], u=self._u, p0=self.public.p0[name], ring=ring,
-                                        context=self._c.context) > _CANARY_LIMIT_BITS]
-        else:
-            _, u = share_check_c1(self.request, a=self.public.a, ctx=self._c)
-            bad = [name for name, check in checks.items()
-                   if T.canary_residual(share=check, u=u, p0=self.public.share_p0[name], ring=ring,
-                                        context=self._c.context) > _CANARY_LIMIT_BITS]
+        if self.public.threshold is not None:
+            raise IntegrityError(f"A decryption share of one of {', '.join(self.present)} is not made with its key "
+                                 f"share (t-of-N: the canary check of their sum failed; the shares are masked, so the "
+                                 "holder is not named). Ask another present set to find it.")
+        bad = [name for name, polys in per_party.items()
+               if T.canary_residual(share=polys[self._canary_at], u=self._u, p0=self.public.p0[name], ring=ring,
+                                    context=self._c.context) > _CANARY_LIMIT_BITS]
         raise IntegrityError(f"Decryption share(s) of {', '.join(bad) or 'an unidentified key holder'} are not made "
                              "with their key share (canary check against their public key-generation share failed).")
 

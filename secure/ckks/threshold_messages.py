@@ -67,9 +67,6 @@ class DecryptionShare(WireMessage):
     party: str = Field(pattern=ID_PATTERN)
     request_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     shares: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
-    #: t-of-N: ``S_k * (a*u) + e_smudge`` for the ternary ``u`` of the request's digest, unscaled, so
-    #: the combiner can check it against the holder's public share key (names a wrong key share)
-    check: Poly | None = None
 
 
 #: ciphertexts in one update: 1000 x 4096 slots (P up to ~4e6); the decryption request that carries
@@ -146,9 +143,8 @@ class ReshareDeal(WireMessage):
 
 
 class ThresholdKeyShare(WireMessage):
-    """Key holder -> server (step ``tckks/reshare``): ``P_k = -a*S_k + e_k`` (data level) for its
-    Shamir share ``S_k = sum_i f_i(k)`` of the secret key; the combiner checks t-of-N decryption
-    shares against it."""
+    """Key holder -> server (step ``tckks/reshare``): it adopted its Shamir share ``S_k = sum_i
+    f_i(k)`` of the secret key at ``index`` for this key and t (nothing derived from ``S_k``)."""
 
     kind: Literal["threshold_ckks_key_share"] = "threshold_ckks_key_share"
     federation_id: str = Field(pattern=ID_PATTERN)
@@ -156,4 +152,3 @@ class ThresholdKeyShare(WireMessage):
     index: int = Field(ge=1, le=MAX_HOLDERS)
     threshold: int = Field(ge=1, le=MAX_HOLDERS)
     public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    p0: Poly

@@ -5,13 +5,16 @@ After the N-of-N collective key generation (``s = sum_i s_i``), each holder i Sh
 wrapped to k's fresh X25519 key (:class:`~.threshold_messages.ReshareKey`, signed at key
 generation) and signed by i, so the server relaying it learns nothing. Holder k sums what it
 received into ``S_k = sum_i f_i(k)``, a Shamir share of ``s`` at index k, erases ``s_i``, and
-publishes ``P_k = -a*S_k + e_k`` (:class:`~.threshold_messages.ThresholdKeyShare`): any t
+confirms (:class:`~.threshold_messages.ThresholdKeyShare`). The same X25519 keys give every pair
+of holders a seed (X25519 + HKDF, bound to the federation, the key and the pair), whose PRG
+output masks their decryption shares as a sharing of zero (:func:`.threshold.zero_share`). Any t
 holders T then decrypt with ``lambda_k^T * S_k`` in place of ``s_i``
-(:meth:`.threshold.ThresholdParty.decryption_share`), and the combiner checks each share
-against ``P_k`` (:func:`.threshold.share_check_c1`).
+(:meth:`.threshold.ThresholdParty.decryption_share`).
 
 Guarantees: fewer than t holders' ``S_k`` are independent of ``s`` (Shamir, per prime); the
-server sees only wrapped shares and the ``P_k`` (RLWE samples). Does not guarantee: that a
+server sees only wrapped shares; nothing public is derived from an ``S_k`` (a public
+``-a*S_k + e_k`` would give t - 1 colluders the collective key's error through the Lagrange
+coefficients' denominators: SECURITY.md). Does not guarantee: that a
 dealer dealt shares of its own ``s_i`` (no verifiable secret sharing over RLWE here; MTBH's
 model for set-up is passive): a dealer that deals inconsistent shares makes the collective key
 undecryptable -- the first decryption's canary check fails (IntegrityError) -- but cannot make
@@ -28,10 +31,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from clinograph.core.errors import ClinographError, ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
-from clinograph.core.labels import KDF_THRESHOLD_CKKS_RESHARE
+from clinograph.core.labels import KDF_THRESHOLD_CKKS_PAIR_SEED, KDF_THRESHOLD_CKKS_RESHARE
 
 from ..hazmat.ckks_context import pack_fields
-from ..hazmat.ckks_keywrap import unwrap, wrap, x25519_public_bytes
+from ..hazmat.ckks_keywrap import shared_key, unwrap, wrap, x25519_public_bytes
 from ..wire import open_envelope, parse_envelope, seal
 from .threshold import CollectivePublicKey, ThresholdParty
 from .threshold_messages import ReshareDeal, ReshareKey, ThresholdKeyShare
@@ -48,6 +51,7 @@ class Resharer:
     def __init__(self, *, identity: Identity, party: ThresholdParty, threshold: int, seed_sha256: str):
         self.identity, self.party, self.threshold = identity, party, threshold
         self._kx: X25519PrivateKey | None = X25519PrivateKey.generate()
+        self._keys: dict[str, ReshareKey] = {}
         self.key = ReshareKey(federation_id=party.federation_id, party=identity.name, seed_sha256=seed_sha256,
                               threshold=threshold, x25519=x25519_public_bytes(self._kx))
 
@@ -61,7 +65,7 @@ class Resharer:
         holders = public.holders
         if not 1 <= self.threshold <= len(holders):
             raise ProtocolError(f"t-of-N with t = {self.threshold} but {len(holders)} key holder(s).")
-        opened = {}
+        opened = self._keys = {}
         for name in holders:
             if name not in peers or name not in keys:
                 raise ProtocolError(f"No re-share key from holder {name!r}: every holder must take part (t-of-N).")
@@ -86,7 +90,7 @@ class Resharer:
               peers: Mapping[str, PublicIdentity]) -> bytes:
         """Unwrap one deal from every holder (``deal/<dealer>``), adopt ``S_k``, and answer the
         signed :class:`ThresholdKeyShare`. Raises ProtocolError / IntegrityError for a missing or
-        bad deal (naming its dealer); the X25519 key is used once."""
+        bad deal (naming its dealer); the X25519 key is erased after (set-up only)."""
         if self._kx is None:
             raise ProtocolError(f"Hospital {self.identity.name!r} has already adopted its t-of-N key share.")
         holders, me = public.holders, self.identity.name
@@ -109,10 +113,19 @@ class Resharer:
             except ValueError:
                 raise ProtocolError(f"The re-share deal of {dealer!r} does not open under {me!r}'s key.") from None
             received.append(public._c.poly(plain, len(ring.primes), f"re-share deal of {dealer!r}"))
+        seeds = {}
+        for other in holders:
+            if other == me:
+                continue
+            if other not in self._keys:
+                raise ProtocolError(f"No re-share key of {other!r} was checked by {me!r}: deal first.")
+            pair = pack_fields([public.federation_id.encode(), public.digest.encode(), *(n.encode() for n in sorted((me, other)))])
+            seeds[other] = shared_key(self._kx, self._keys[other].x25519, label=KDF_THRESHOLD_CKKS_PAIR_SEED,
+                                      context=pair)
         self._kx = None
-        p0 = self.party.adopt(threshold=self.threshold, holders=holders, received=received)
+        self.party.adopt(threshold=self.threshold, holders=holders, received=received, pair_seeds=seeds)
         msg = ThresholdKeyShare(federation_id=public.federation_id, party=me, index=index, threshold=self.threshold,
-                                public_key_digest=public.digest, p0=np.ascontiguousarray(p0, dtype="<u8").tobytes())
+                                public_key_digest=public.digest)
         return seal(msg, self.identity)
 
 

@@ -279,7 +279,7 @@ def test_t_of_n_fewer_than_t_holders_decrypt_nothing(fed2):
         server.next_stage()
 
 
-def test_t_of_n_a_share_under_a_wrong_key_share_is_refused_and_named(fed2):
+def test_t_of_n_a_share_under_a_wrong_key_share_is_refused_naming_the_present_set(fed2):
     server, clients, _ = _t_round(fed2, 21, NAMES)
     requests = server.next_stage()
     party = clients["north"]._party
@@ -290,7 +290,7 @@ def test_t_of_n_a_share_under_a_wrong_key_share_is_refused_and_named(fed2):
             server.receive(parse_envelope(clients[n].handle(data)))
     finally:
         party._shamir = kept
-    with pytest.raises(IntegrityError, match="Decryption share\\(s\\) of north are not made with their key share"):
+    with pytest.raises(IntegrityError, match="share of one of east, north is not made with its key share"):
         server.next_stage()
 
 
