@@ -168,9 +168,8 @@ class ThresholdParty:
     def __init__(self, *, preset: ThresholdPreset, federation_id: str, name: str):
         self.preset, self.federation_id, self.name = preset, federation_id, name
         self._c = _ctx(preset)
-        self._sk = sealapi.KeyGenerator(self._c.context).secret_key()  # SEAL's CSPRNG: ternary s_i
+        self._sk: sealapi.SecretKey | None = sealapi.KeyGenerator(self._c.context).secret_key()  # ternary s_i
         self._s: np.ndarray | None = T.read_secret_key(self._sk, self._c.ring)
-        self._a: np.ndarray | None = None
         #: t-of-N: this party's Shamir share ``S_k`` of ``s``, its threshold and every holder's index
         self._shamir: tuple[np.ndarray, int, dict[str, int]] | None = None
         self._pair_seeds: dict[str, bytes] = {}
@@ -183,9 +182,9 @@ class ThresholdParty:
     def keygen_share(self, *, seed: bytes) -> KeyGenShare:
         """This party's collective-key-generation share for the public seed of ``a``."""
         ring = self._c.ring
-        if self._s is None:
+        if self._s is None or self._sk is None:
             raise ProtocolError(f"{self.name!r} has re-shared its key share (t-of-N); it takes part in no new key.")
-        self._a = a = common_a(seed=seed, federation_id=self.federation_id, ring=ring)
+        a = common_a(seed=seed, federation_id=self.federation_id, ring=ring)
         p0 = T.ckg_share(s=self._s, e=T.key_error(self._sk, self._c.context, self._s, ring), a=a, ring=ring)
         return KeyGenShare(federation_id=self.federation_id, party=self.name,
                            seed_sha256=hashlib.sha256(seed).hexdigest(), p0=_bytes(p0))
@@ -213,7 +212,7 @@ class ThresholdParty:
         share = T.sum_polys(list(received), ring.q(len(ring.primes)))
         self._shamir = (share, threshold, {h: i + 1 for i, h in enumerate(holders)})
         self._pair_seeds = dict(pair_seeds)
-        self._s = None
+        self._s = self._sk = None  # s_i (and SEAL's key object holding it) is gone: only S_k remains
 
     def decryption_share(self, request: DecryptionRequest) -> DecryptionShare:
         """``c1*s_i`` (N-of-N) or ``c1*lambda_k*S_k + z_k`` (t-of-N, the request's present set; z_k

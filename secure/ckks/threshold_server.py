@@ -83,9 +83,8 @@ class ThresholdServer(AggregationServer):
         """Accept one update (stage ``updates``) or decryption share (stage ``decrypt``)."""
         sender = envelope.sender
         model = ThresholdUpdate if self._stage == "updates" else DecryptionShare
-        # an update: its ciphertexts (< 300 000 bytes each); a share: one 2-limb polynomial per c1 (+ the canary,
-        # + t-of-N's check share)
-        limit = self._n_ct * 300_000 if model is ThresholdUpdate else (self._n_ct + 2) * 2 * 8 * 8192
+        # an update: its ciphertexts (< 300 000 bytes each); a share: one 2-limb polynomial per c1 (+ the canary)
+        limit = self._n_ct * 300_000 if model is ThresholdUpdate else (self._n_ct + 1) * 2 * 8 * 8192
         try:
             msg = authenticate(self.plan, envelope, peers=self.peers, model=model, max_bytes=limit + 64 * 1024,
                                seen=self._digests)
