@@ -20,10 +20,12 @@ random mod q (tested); a decryption share under a wrong key share is refused and
 named (the canary: an RLWE sample the party cannot tell from real ``c1``); smudging noise
 hides the decryption noise (and so the key) to statistical distance ``2^-statistical_bits``
 per share (:class:`ThresholdPreset`, argued in SECURITY.md).
-Does not guarantee: liveness under dropout -- N-of-N, so a key holder that does not answer
-stops the decryption; the documented recovery is to re-run key generation among the
-remaining hospitals and redo the round (t-of-N Shamir sharing over every RNS prime exists in
-the hazmat layer and is tested, but is not wired here); that a party's *other* shares are
+t-of-N (:meth:`CollectivePublicKey.adopt_threshold`, after :mod:`.threshold_reshare`): any t
+holders decrypt with ``lambda_k*S_k`` plus their part of a sharing of zero; a wrong share is
+refused and the present set named (not the holder).
+Does not guarantee: liveness under dropout under N-of-N -- a key holder that does not answer
+stops the decryption; the recovery is to re-run key generation among the remaining hospitals
+and redo the round (or use t-of-N); that a party's *other* shares are
 honest (the canary catches a wrong key share; a party that corrupts only some real shares is
 caught with probability 1/(k+1) per corrupted share, k the ciphertext count, and the
 decrypted result's imaginary parts -- ~0 for honest real-valued CKKS -- show the corruption

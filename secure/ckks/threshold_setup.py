@@ -3,8 +3,9 @@
 - **Set-up**: collective key generation relayed over the run's transport
   (:func:`.threshold_relayed.run_threshold_keygen` with ``distribute=True``): every reachable
   enrolled hospital makes a secret share, the server sums the public shares, every holder
-  rebuilds and confirms the collective key. The run goes on with the holders; audited as
-  ``tckks_key_holders``.
+  rebuilds and confirms the collective key; with ``[federation] tckks_threshold = t`` every
+  holder then re-shares its key share t-of-N (:mod:`.threshold_reshare`). The run goes on with
+  the holders; audited as ``tckks_key_holders`` (rule, t, each holder's Shamir index).
 - **Plan options**: the preset and the collective key's digest.
 - **Joining**: the hospital's :class:`~.threshold_client.ThresholdClient` over the share its key
   holder (:attr:`.holder.CkksKeyHolder.threshold`) made at set-up.
