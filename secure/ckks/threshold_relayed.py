@@ -114,8 +114,9 @@ class ThresholdKeyHolder:
                     t = int(parts["threshold"].decode("ascii", errors="replace"))
                 except ValueError:
                     raise ProtocolError("Threshold key generation: threshold is not a whole number.") from None
-                if not 1 <= t <= preset.max_parties:
-                    raise ProtocolError(f"Threshold key generation: t = {t} is outside 1..{preset.max_parties}.")
+                if not 2 <= t <= preset.max_parties:  # t = 1: every holder's Shamir share would be the key itself
+                    raise ProtocolError(f"Threshold key generation: t = {t} is outside 2..{preset.max_parties} "
+                                        "(at t = 1 every holder would hold the whole key).")
                 self._resharer = Resharer(identity=self.identity, party=self.party, threshold=t,
                                           seed_sha256=self._mine.seed_sha256)
                 out["kx"] = seal(self._resharer.key, self.identity)

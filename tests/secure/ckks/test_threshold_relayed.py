@@ -203,3 +203,6 @@ def test_t_of_n_keygen_needs_t_holders(net):
     server, ids, hospitals, transport = net
     with pytest.raises(ProtocolError, match="needs distribute=True"):
         _keygen(net, min_holders=1, threshold=2)
+    parts = {"federation": FED.encode(), "preset": PRESET.value.encode(), "seed": bytes(32), "threshold": b"1"}
+    with pytest.raises(ProtocolError, match="every holder would hold the whole key"):  # 1-of-N: no threshold at all
+        hospitals["h0"].holder.on_setup("tckks/keygen", parts)
