@@ -332,6 +332,7 @@ class FederationServer:
             contributors, coverage = tuple(sorted(rnd.reports)), {}
         digest = self._state_digest()
         sealed_sum = getattr(rnd.aggregation, "aggregate_sha256", None) if sums is None else None
+        decrypted_by = getattr(rnd.aggregation, "decrypted_by", None)  # ckks_threshold: who decrypted
         result = RoundResult(federation_id=self.federation_id, round=rnd.plan.round, contributors=contributors,
                              rejected=dict(rnd.rejected), module_coverage=coverage, global_state_digest=digest,
                              ciphertext_sha256=sealed_sum if isinstance(sealed_sum, str) else None)
@@ -339,7 +340,8 @@ class FederationServer:
                                         "module_coverage": coverage, "global_state_digest": digest,
                                         "modules_updated": len(coverage),
                                         **({"ciphertext_sha256": result.ciphertext_sha256}
-                                           if result.ciphertext_sha256 else {})})
+                                           if result.ciphertext_sha256 else {}),
+                                        **({"decrypted_by": list(decrypted_by)} if decrypted_by else {})})
         if metrics:
             self.audit.record("metrics", {"round": rnd.plan.round, "per_client": metrics})
         self._record_strategy(rnd.plan.round)

@@ -55,3 +55,9 @@ HASH_THRESHOLD_CKKS_COMMON_A = b"clinograph/v1/threshold-ckks/common-a"
 HASH_THRESHOLD_CKKS_REQUEST = b"clinograph/v1/threshold-ckks/decryption-request"
 #: the combiner's canary in the ckks_threshold mode, expanded from a public seed that key holders check
 HASH_THRESHOLD_CKKS_CANARY = b"clinograph/v1/threshold-ckks/canary"
+# t-of-N threshold CKKS (secure/ckks/threshold_reshare.py): each holder's Shamir shares of its key
+# share are wrapped to the recipient's fresh X25519 key; the same keys give every pair of holders a
+# seed (HKDF) whose PRG output masks their decryption shares as a sharing of zero.
+KDF_THRESHOLD_CKKS_RESHARE = b"clinograph/v1/threshold-ckks/reshare-wrap"
+KDF_THRESHOLD_CKKS_PAIR_SEED = b"clinograph/v1/threshold-ckks/pair-seed"
+HASH_THRESHOLD_CKKS_ZERO_SHARE = b"clinograph/v1/threshold-ckks/zero-share"

@@ -27,6 +27,7 @@ MODES: dict[str, dict[str, Any]] = {
     "masked": {"secure_mode": "masked"},
     "masked16": {"secure_mode": "masked", "masked_word_bits": 16},
     "ckks": {"secure_mode": "ckks"},
+    "ckks_threshold": {"secure_mode": "ckks_threshold"},
 }
 #: task row -> config overrides (every row runs one round, no selection, on the given tables)
 TASKS: dict[str, dict[str, Any]] = {
@@ -47,6 +48,8 @@ REAL_PROCESS_TESTS: dict[tuple[str, str], str] = {
     ("NS-FL static", "masked"): "tests/integration/test_flower_deployment.py (DP), test_flower_one_run.py "
                                 "(default candidates), test_flower_resume.py; loopback equivalence, bit for bit",
     ("NS-FL static", "ckks"): "tests/integration/test_flower_deployment.py (DP); loopback equivalence within CKKS noise",
+    ("NS-FL static", "ckks_threshold"): "tests/integration/test_flower_deployment.py (DP, 2-of-3: a key holder killed "
+                                        "before its decryption share, two others decrypt)",
 }
 #: cells whose Flower run is compared with the simulation over a loopback Grid (the real ClientApp,
 #: relay, workers and SuperNode factory): tests/integration/test_simulation_matches_flower.py and
@@ -62,10 +65,12 @@ EQUIVALENCE: dict[tuple[str, str], str] = {
 #: rows decided by a stated rule: (in-process status per mode, Flower status, where it is tested)
 STATED: dict[str, tuple[Mapping[str, str], str, str]] = {
     "concepts (F-CMs, DAG vote)": (
-        {"masked": "runs", "masked16": "not tested", "ckks": "refused: the server must see the vote tally it audits"},
+        {"masked": "runs", "masked16": "not tested", "ckks": "refused: the server must see the vote tally it audits",
+         "ckks_threshold": "runs"},
         "runs (the same voted run, run_voted; each hospital built from its files by the SuperNode factory)",
         "tests/integration/test_concepts_over_flower.py: real processes (TLS, node authentication) and loopback, "
-        "each bit for bit with run_concept_federation; tests/sdk/concepts/"),
+        "each bit for bit with run_concept_federation (masked); tests/sdk/concepts/ (ckks_threshold: "
+        "test_voted_run.py, in process)"),
 }
 
 

@@ -167,6 +167,8 @@ class Aggregate(Payload):
     #: ckks: SHA-256 of the sealed encrypted aggregate every contributor received (the state digest
     #: is all zeros there: the server holds no plaintext model)
     ciphertext_sha256: Hex64 | None = None
+    #: ckks_threshold: the key holders whose decryption shares opened the sum (t-of-N: t of them)
+    decrypted_by: list[Name] | None = None
 
 
 class DistributedShareInfo(Payload):

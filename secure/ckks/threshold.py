@@ -20,10 +20,12 @@ random mod q (tested); a decryption share under a wrong key share is refused and
 named (the canary: an RLWE sample the party cannot tell from real ``c1``); smudging noise
 hides the decryption noise (and so the key) to statistical distance ``2^-statistical_bits``
 per share (:class:`ThresholdPreset`, argued in SECURITY.md).
-Does not guarantee: liveness under dropout -- N-of-N, so a key holder that does not answer
-stops the decryption; the documented recovery is to re-run key generation among the
-remaining hospitals and redo the round (t-of-N Shamir sharing over every RNS prime exists in
-the hazmat layer and is tested, but is not wired here); that a party's *other* shares are
+t-of-N (:meth:`CollectivePublicKey.adopt_threshold`, after :mod:`.threshold_reshare`): any t
+holders decrypt with ``lambda_k*S_k`` plus their part of a sharing of zero; a wrong share is
+refused and the present set named (not the holder).
+Does not guarantee: liveness under dropout under N-of-N -- a key holder that does not answer
+stops the decryption; the recovery is to re-run key generation among the remaining hospitals
+and redo the round (or use t-of-N); that a party's *other* shares are
 honest (the canary catches a wrong key share; a party that corrupts only some real shares is
 caught with probability 1/(k+1) per corrupted share, k the ciphertext count, and the
 decrypted result's imaginary parts -- ~0 for honest real-valued CKKS -- show the corruption
@@ -44,11 +46,15 @@ import numpy as np
 import tenseal.sealapi as sealapi
 
 from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
-from clinograph.core.labels import HASH_THRESHOLD_CKKS_CANARY, HASH_THRESHOLD_CKKS_COMMON_A
+from clinograph.core.labels import (
+    HASH_THRESHOLD_CKKS_CANARY,
+    HASH_THRESHOLD_CKKS_COMMON_A,
+    HASH_THRESHOLD_CKKS_ZERO_SHARE,
+)
 
 from ..hazmat import threshold_ckks as T
 from ..hazmat.ckks_context import CkksParams, _load, build_context, dump, pack_fields
-from .threshold_messages import DecryptionRequest, DecryptionShare, KeyGenShare
+from .threshold_messages import DecryptionRequest, DecryptionShare, KeyGenShare, ThresholdKeyShare
 
 
 class ThresholdPreset(str, Enum):
@@ -134,6 +140,26 @@ def seeded_canary(*, seed: bytes, public: CollectivePublicKey) -> tuple[np.ndarr
                               encoder=c.encoder)
 
 
+def zero_share(*, me: str, present: Sequence[str], seeds: Mapping[str, bytes], digest: str, index: int,
+               ctx: _Ctx) -> np.ndarray:
+    """t-of-N: this holder's part ``z_k`` of a fresh sharing of zero among the present set
+    (``sum_k z_k = 0`` mod q): ``sum_j +-PRG(seed_kj, request digest, c1 index)`` over the other
+    present holders j, + when k's name sorts first. Each pairwise seed comes from an X25519 key
+    agreement at set-up, so a coalition misses every seed between two honest holders, and the
+    honest shares it sees are uniform but for their sum (SECURITY.md: why this is needed)."""
+    ring, limbs = ctx.ring, ctx.ring.data_count
+    q = ring.q(limbs)
+    z = np.zeros((limbs, ring.degree), dtype=np.uint64)
+    for other in present:
+        if other == me:
+            continue
+        key = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_ZERO_SHARE, seeds[other], digest.encode(),
+                                          str(index).encode()])).digest()
+        mask = T.common_poly(key, ring)[:limbs]
+        z = T.addmod(z, mask, q) if me < other else T.submod(z, mask, q)
+    return z
+
+
 def _bytes(poly: np.ndarray) -> bytes:
     return np.ascontiguousarray(poly, dtype="<u8").tobytes()
 
@@ -144,30 +170,91 @@ class ThresholdParty:
     def __init__(self, *, preset: ThresholdPreset, federation_id: str, name: str):
         self.preset, self.federation_id, self.name = preset, federation_id, name
         self._c = _ctx(preset)
-        self._sk = sealapi.KeyGenerator(self._c.context).secret_key()  # SEAL's CSPRNG: ternary s_i
-        self._s = T.read_secret_key(self._sk, self._c.ring)
+        self._sk: sealapi.SecretKey | None = sealapi.KeyGenerator(self._c.context).secret_key()  # ternary s_i
+        self._s: np.ndarray | None = T.read_secret_key(self._sk, self._c.ring)
+        #: t-of-N: this party's Shamir share ``S_k`` of ``s``, its threshold and every holder's index
+        self._shamir: tuple[np.ndarray, int, dict[str, int]] | None = None
+        self._pair_seeds: dict[str, bytes] = {}
+
+    @property
+    def threshold(self) -> int | None:
+        """t under t-of-N (after :meth:`adopt`), else None (N-of-N)."""
+        return self._shamir[1] if self._shamir else None
 
     def keygen_share(self, *, seed: bytes) -> KeyGenShare:
         """This party's collective-key-generation share for the public seed of ``a``."""
         ring = self._c.ring
+        if self._s is None or self._sk is None:
+            raise ProtocolError(f"{self.name!r} has re-shared its key share (t-of-N); it takes part in no new key.")
         a = common_a(seed=seed, federation_id=self.federation_id, ring=ring)
         p0 = T.ckg_share(s=self._s, e=T.key_error(self._sk, self._c.context, self._s, ring), a=a, ring=ring)
         return KeyGenShare(federation_id=self.federation_id, party=self.name,
                            seed_sha256=hashlib.sha256(seed).hexdigest(), p0=_bytes(p0))
 
+    def deal(self, *, threshold: int, holders: Sequence[str]) -> dict[str, np.ndarray]:
+        """t-of-N set-up, MTBH sec. V: Shamir shares ``f_i(k)`` of this party's ``s_i`` (degree
+        t-1, every RNS prime, key level) for each holder k at index ``position in holders + 1``."""
+        if self._s is None or self.name not in holders:
+            raise ProtocolError(f"{self.name!r} holds no N-of-N key share to deal, or is not among the holders.")
+        polys = T.shamir_split(self._s, threshold=threshold, n_shares=len(holders), ring=self._c.ring)
+        return dict(zip(holders, polys, strict=True))
+
+    def adopt(self, *, threshold: int, holders: Sequence[str], received: Sequence[np.ndarray],
+              pair_seeds: Mapping[str, bytes]) -> None:
+        """Sum the dealt shares into ``S_k = sum_i f_i(k)`` (a Shamir share of ``s``) and erase
+        ``s_i`` (only t-of-N requests are answered from now on). ``pair_seeds``: a 32-byte seed
+        shared with every other holder (:func:`zero_share`). Nothing public is derived from
+        ``S_k``: an RLWE sample ``-a*S_k + e`` would leak the collective key's error to t - 1
+        colluders through the Lagrange coefficients (SECURITY.md)."""
+        ring = self._c.ring
+        others = set(holders) - {self.name}
+        if len(received) != len(holders) or set(pair_seeds) != others:
+            raise ProtocolError(f"{self.name!r} needs one dealt share from each of the {len(holders)} holders "
+                                "and a pairwise seed with every other holder.")
+        share = T.sum_polys(list(received), ring.q(len(ring.primes)))
+        self._shamir = (share, threshold, {h: i + 1 for i, h in enumerate(holders)})
+        self._pair_seeds = dict(pair_seeds)
+        self._s = self._sk = None  # s_i (and SEAL's key object holding it) is gone: only S_k remains
+
     def decryption_share(self, request: DecryptionRequest) -> DecryptionShare:
-        """``c1*s_i`` plus fresh smudging noise for every ``c1`` of ``request``."""
+        """``c1*s_i`` (N-of-N) or ``c1*lambda_k*S_k + z_k`` (t-of-N, the request's present set; z_k
+        this holder's part of a sharing of zero, :func:`zero_share`) plus fresh smudging noise for
+        every ``c1`` of ``request``."""
         if request.federation_id != self.federation_id:
             raise ProtocolError(f"Decryption request for federation {request.federation_id!r}; "
                                 f"{self.name!r} holds a key share of {self.federation_id!r}.")
-        limbs, out = self._c.ring.data_count, []
+        ring = self._c.ring
+        limbs, out, digest = ring.data_count, [], request.digest()
+        secret = self._secret_for(request)
         for i, raw in enumerate(request.c1):
             c1 = self._c.poly(raw, limbs, f"c1 {i} of the decryption request")
-            noise = T.uniform_smudging(bits=self.preset.smudging_bits, ring=self._c.ring,
-                                       context=self._c.context, limbs=limbs)
-            out.append(_bytes(T.decryption_share(c1=c1, s=self._s, noise=noise, ring=self._c.ring)))
+            noise = self._smudging()
+            if request.present:
+                noise = T.addmod(noise, zero_share(me=self.name, present=request.present, seeds=self._pair_seeds,
+                                                   digest=digest, index=i, ctx=self._c), ring.q(limbs))
+            out.append(_bytes(T.decryption_share(c1=c1, s=secret, noise=noise, ring=ring)))
         return DecryptionShare(federation_id=self.federation_id, round=request.round, party=self.name,
-                               request_sha256=request.digest(), shares=tuple(out))
+                               request_sha256=digest, shares=tuple(out))
+
+    def _smudging(self) -> np.ndarray:
+        return T.uniform_smudging(bits=self.preset.smudging_bits, ring=self._c.ring, context=self._c.context,
+                                  limbs=self._c.ring.data_count)
+
+    def _secret_for(self, request: DecryptionRequest) -> np.ndarray:
+        """The secret this request is answered with: ``s_i``, or ``lambda_k * S_k`` for its present set."""
+        if self._shamir is None:
+            if request.present or self._s is None:
+                raise ProtocolError(f"{self.name!r} holds an N-of-N key share; the request names a present set.")
+            return self._s
+        share, t, index = self._shamir
+        present = request.present
+        if (len(set(present)) != len(present) or len(present) < t or self.name not in present
+                or any(p not in index for p in present)):
+            raise ProtocolError(f"{self.name!r} answers a t-of-N request only with itself among at least t = {t} "
+                                f"distinct key holders present; the request names {len(present)}.")
+        limbs = self._c.ring.data_count
+        lam = T.lagrange_at_zero([index[p] for p in present], ring=self._c.ring, limbs=limbs)[index[self.name]]
+        return T.scale_poly(share[:limbs], lam, self._c.ring)
 
     def __repr__(self) -> str:
         return f"ThresholdParty(party={self.name!r}, preset={self.preset.value}, secret_share=<redacted>)"
@@ -198,6 +285,29 @@ class CollectivePublicKey:
         self.public_key_bytes = T.public_key_bytes(p0=p0, a=self.a, ring=ring)
         self._pk = T.load_public_key(self.public_key_bytes, c.context)  # SEAL validates it
         self._encryptor = sealapi.Encryptor(c.context, self._pk)
+        #: t-of-N (after :meth:`adopt_threshold`): any t holders decrypt
+        self.threshold: int | None = None
+
+    def adopt_threshold(self, *, threshold: int, shares: Mapping[str, ThresholdKeyShare]) -> None:
+        """Record t once every holder confirmed its Shamir share (:class:`ThresholdKeyShare`, one
+        per holder, index = position among the sorted holders + 1, for this key). Raises
+        ProtocolError otherwise."""
+        holders = self.holders
+        if not 1 <= threshold <= len(holders) or set(shares) != set(holders):
+            raise ProtocolError(f"t-of-N needs 1 <= t <= {len(holders)} and a confirmation from every holder; got "
+                                f"t = {threshold} and confirmations from {', '.join(sorted(shares)) or 'none'}.")
+        for i, name in enumerate(holders):
+            msg = shares[name]
+            if (msg.party, msg.index, msg.threshold, msg.public_key_digest, msg.federation_id) != (
+                    name, i + 1, threshold, self.digest, self.federation_id):
+                raise ProtocolError(f"The share confirmation filed under {name!r} names another party, index, "
+                                    "threshold, collective key or federation.")
+        self.threshold = threshold
+
+    @property
+    def rule(self) -> str:
+        """``"N-of-N"`` or ``"t-of-N"`` with the numbers, e.g. ``"2-of-3"``."""
+        return "N-of-N" if self.threshold is None else f"{self.threshold}-of-{len(self.holders)}"
 
     @property
     def digest(self) -> str:
@@ -206,7 +316,7 @@ class CollectivePublicKey:
 
     @property
     def holders(self) -> tuple[str, ...]:
-        """Every key holder (all are needed to decrypt)."""
+        """Every key holder (all are needed to decrypt under N-of-N, any t under t-of-N)."""
         return tuple(sorted(self.p0))
 
     def encrypt(self, values: np.ndarray) -> list[bytes]:
@@ -252,12 +362,14 @@ class Combiner:
     """Opens one aggregate with every key holder's share; checks and names bad shares."""
 
     def __init__(self, *, public: CollectivePublicKey, round: int, aggregate: Sequence[sealapi.Ciphertext],
-                 contributions: int, canary_seed: bytes | None = None):
+                 contributions: int, canary_seed: bytes | None = None, present: Sequence[str] = ()):
         if not 1 <= contributions <= public.preset.max_parties:
             raise ConfigError(f"The aggregate sums {contributions} encryptions; the smudging of {public.preset.value} is "
                               f"argued for 1..{public.preset.max_parties} (its decryption-noise bound).")
         self.public, self.round = public, round
         self._c = public._c
+        #: who must answer: every holder (N-of-N), or the t or more named in ``present`` (t-of-N)
+        self.present = _present_set(public, present)
         polys = [T.read_ciphertext(ct) for ct in aggregate]
         self._c0 = [p[0] for p in polys]
         self._scale = aggregate[0].scale if aggregate else 1.0
@@ -270,7 +382,17 @@ class Combiner:
         self._canary_at = secrets.randbelow(len(c1) + 1)
         c1.insert(self._canary_at, canary)
         self.request = DecryptionRequest(federation_id=public.federation_id, round=round,
-                                         c1=tuple(_bytes(p) for p in c1))
+                                         c1=tuple(_bytes(p) for p in c1),
+                                         present=self.present if public.threshold is not None else ())
+
+    def retarget(self, present: Sequence[str]) -> DecryptionRequest:
+        """t-of-N: ask another present set for the same ``c1`` halves (and canary) after a holder
+        asked did not answer; returns the new request (its shares answer only it)."""
+        if self.public.threshold is None:
+            raise ProtocolError("N-of-N threshold CKKS has no other set of key holders to ask.")
+        self.present = _present_set(self.public, present)
+        self.request = self.request.model_copy(update={"present": self.present})
+        return self.request
 
     def combine(self, shares: Mapping[str, DecryptionShare], *, length: int) -> np.ndarray:
         """The decoded aggregate (``length`` values).
@@ -281,13 +403,16 @@ class Combiner:
             IntegrityError: a share fails the canary check (names every such party), or the
                 decoded slots are not real-valued (a corrupted share that the canary missed).
         """
-        missing = [h for h in self.public.holders if h not in shares]
+        missing = [h for h in self.present if h not in shares]
         if missing:
-            raise ProtocolError(f"Decryption shares missing from {', '.join(missing)}: every key holder's share is "
-                                "needed (N-of-N). Re-run threshold key generation without them and redo the round.")
+            raise ProtocolError(f"Decryption shares missing from {', '.join(missing)}: " + (
+                "every key holder's share is needed (N-of-N). Re-run threshold key generation without them and redo "
+                "the round." if self.public.threshold is None else
+                f"every holder asked ({', '.join(self.present)}) must answer; the next round asks {self.public.threshold}"
+                " of the holders present then (t-of-N)."))
         ring, limbs, want = self._c.ring, self._c.ring.data_count, self.request.digest()
         per_party: dict[str, list[np.ndarray]] = {}
-        for name in self.public.holders:
+        for name in self.present:
             msg = shares[name]
             if msg.party != name or msg.request_sha256 != want or len(msg.shares) != len(self.request.c1):
                 raise ProtocolError(f"Decryption share filed under {name!r} answers another request or party.")
@@ -298,7 +423,7 @@ class Combiner:
             del per_party[name][self._canary_at]
         out = []
         for k, c0 in enumerate(self._c0):
-            m = T.combine_decryption(c0=c0, shares=[per_party[h][k] for h in self.public.holders], ring=ring)
+            m = T.combine_decryption(c0=c0, shares=[per_party[h][k] for h in self.present], ring=ring)
             pt = T.load_plaintext(T.plaintext_bytes(m, ring=ring, parms_id=ring.data_parms_id, scale=self._scale),
                                   self._c.context)
             z = np.asarray(self._c.encoder.decode_complex(pt))
@@ -310,17 +435,37 @@ class Combiner:
 
     def _check_canary(self, per_party: Mapping[str, list[np.ndarray]]) -> None:
         """One check of the canary shares' sum against the collective ``p0`` (honest: at most
-        n * 2^68 plus a few bits); only when it fails, one check a party, to name who."""
+        n * 2^68 plus a few bits; t-of-N too, as sum_k lambda_k*S_k = s and sum_k z_k = 0
+        exactly); only when it fails, one check a party against its ``p0_i`` to name who (N-of-N;
+        under t-of-N a share hides behind its zero-sharing mask, so the present set is named)."""
         ring, q = self._c.ring, self._c.ring.q(self._c.ring.data_count)
         total = T.sum_polys([polys[self._canary_at] for polys in per_party.values()], q)
         if T.canary_residual(share=total, u=self._u, p0=self.public.p0_sum, ring=ring,
                              context=self._c.context) <= _CANARY_LIMIT_BITS + 5:  # n <= 32 = 2^5 parties
             return
+        if self.public.threshold is not None:
+            raise IntegrityError(f"A decryption share of one of {', '.join(self.present)} is not made with its key "
+                                 f"share (t-of-N: the canary check of their sum failed; the shares are masked, so the "
+                                 "holder is not named). Ask another present set to find it.")
         bad = [name for name, polys in per_party.items()
                if T.canary_residual(share=polys[self._canary_at], u=self._u, p0=self.public.p0[name], ring=ring,
                                     context=self._c.context) > _CANARY_LIMIT_BITS]
         raise IntegrityError(f"Decryption share(s) of {', '.join(bad) or 'an unidentified key holder'} are not made "
                              "with their key share (canary check against their public key-generation share failed).")
+
+
+def _present_set(public: CollectivePublicKey, present: Sequence[str]) -> tuple[str, ...]:
+    """N-of-N: every holder (``present`` must be empty or all of them). t-of-N: ``present``,
+    sorted, at least t distinct holders."""
+    if public.threshold is None:
+        if present and set(present) != set(public.holders):
+            raise ConfigError("N-of-N threshold CKKS decrypts with every key holder; a present set was given.")
+        return public.holders
+    names = tuple(sorted(set(present)))
+    if len(names) < public.threshold or not set(names) <= set(public.holders):
+        raise ProtocolError(f"Threshold CKKS ({public.rule}) decrypts with at least {public.threshold} key holders; "
+                            f"{len(names)} present ({', '.join(names) or 'none'}). Nothing was decrypted.")
+    return names
 
 
 #: An honest canary residual is the smudging noise plus tiny terms, < 2^68 + 2^20; a share under any

@@ -12,7 +12,9 @@ round, and only once a round.
 Guarantees: this hospital's share opens the round's aggregate and nothing else (no single
 update, no sub-sum below the minimum, no ciphertext of another round); a second, different
 request in the same round is refused (two shares of different sums would open their
-difference). Does not guarantee: that the contributors' inputs are honest (a hospital can
+difference); under t-of-N the *same* checked sum is answered again for another present set
+(after a holder asked dropped), each set once -- shares of one sum under two Lagrange
+coefficients open nothing but that sum (SECURITY.md, threshold CKKS). Does not guarantee: that the contributors' inputs are honest (a hospital can
 poison the sum), or privacy against the server colluding with ``min_clients - 1`` hospitals
 whose inputs it knows (the sum then reveals the remaining one, as in every secure-sum mode).
 """
@@ -34,6 +36,8 @@ from .threshold_relayed import ThresholdKeyHolder
 PRESENT = 1.0
 OPTION_DIGEST = "tckks.public_key_digest"
 OPTION_PRESET = "tckks.preset"
+#: t under t-of-N (absent: N-of-N)
+OPTION_THRESHOLD = "tckks.threshold"
 
 
 class ThresholdClient(AggregationClient):
@@ -52,7 +56,10 @@ class ThresholdClient(AggregationClient):
                               f"({holder.public.digest[:12]}…). Re-run the set-up.")
         self._holder, self._public, self._party = holder, holder.public, holder.party
         self._layout = SlotLayout.from_plan(self.plan)
-        self._answered: bytes | None = None
+        #: the checked request answered this round (its c1, canary seed and contributions), and the
+        #: present sets it was answered for (t-of-N: again only for the same sum, each set once)
+        self._answered: tuple[object, ...] | None = None
+        self._presents: set[tuple[str, ...]] = set()
 
     def first_message(self) -> bytes:
         """The signed, encrypted slot vector. Raises ConfigError for values the preset cannot carry."""
@@ -80,14 +87,19 @@ class ThresholdClient(AggregationClient):
         if msg.federation_id != self.plan.federation_id or msg.round != self.plan.round:
             raise ProtocolError(f"Threshold decryption request for {msg.federation_id!r} round {msg.round}; this is "
                                 f"{self.plan.federation_id!r} round {self.plan.round}.")
+        same = (msg.c1, msg.canary_seed, msg.updates)
         if self._answered is not None:
-            raise IntegrityError(f"Hospital {self.identity.name!r} refuses a second decryption request in round "
-                                 f"{self.plan.round}: two shares of different sums would open their difference "
-                                 "(report the server).")
-        check_aggregate(msg, plan=self.plan, peers=self.peers, public=self._public, holder=self.identity.name,
-                        floor=self._holder.min_contributors)
-        self._answered = seal(self._party.decryption_share(msg.request()), self.identity)
-        return self._answered
+            if (self._party.threshold is None or same != self._answered or msg.present in self._presents
+                    or len(self._presents) >= len(self._public.holders)):
+                raise IntegrityError(f"Hospital {self.identity.name!r} refuses a second decryption request in round "
+                                     f"{self.plan.round}: two shares of different sums would open their difference "
+                                     "(report the server).")
+        else:  # t-of-N: the same checked sum may be asked again for another present set (a holder dropped)
+            check_aggregate(msg, plan=self.plan, peers=self.peers, public=self._public, holder=self.identity.name,
+                            floor=self._holder.min_contributors)
+            self._answered = same
+        self._presents.add(msg.present)
+        return seal(self._party.decryption_share(msg.request()), self.identity)
 
 
 def contributor_present(client: str) -> float:

@@ -19,6 +19,8 @@ from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
 
 #: three limbs of N = 8192 words, eight times over: nothing valid is larger
 MAX_POLY_BYTES = 3 * 8 * 8192 * 8
+#: key holders a collective key can have (ThresholdPreset.max_parties)
+MAX_HOLDERS = 32
 #: one polynomial, raw little-endian uint64 words, travelling as a raw envelope attachment
 Poly = Annotated[bytes, Field(min_length=8, max_length=MAX_POLY_BYTES), *BLOB_CODEC]
 
@@ -40,11 +42,17 @@ class DecryptionRequest(WireMessage):
     federation_id: str = Field(pattern=ID_PATTERN)
     round: int = Field(ge=0)
     c1: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
+    #: t-of-N: the key holders whose shares are combined (their Lagrange coefficients are for this
+    #: set); empty: N-of-N, every holder
+    present: tuple[Annotated[str, Field(pattern=ID_PATTERN)], ...] = Field(default=(), max_length=MAX_HOLDERS)
 
     def digest(self) -> str:
-        """SHA-256 over the request's ``c1`` halves (binds each share to its request)."""
+        """SHA-256 over the request's ``c1`` halves and, t-of-N, its present set (binds each share
+        to its request)."""
         h = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_REQUEST, self.federation_id.encode(),
                                          self.round.to_bytes(8, "big")]))
+        if self.present:
+            h.update(pack_fields([b"present", *(p.encode() for p in self.present)]))
         for c in self.c1:
             h.update(hashlib.sha256(c).digest())
         return h.hexdigest()
@@ -96,7 +104,51 @@ class ThresholdDecrypt(WireMessage):
     c1: tuple[Poly, ...] = Field(min_length=2, max_length=MAX_UPDATE_CIPHERTEXTS + 1)
     canary_seed: bytes = Field(min_length=32, max_length=32)
     updates: tuple[SignedUpdate, ...] = Field(min_length=1, max_length=10_000)
+    #: t-of-N: the key holders asked to decrypt (see :attr:`DecryptionRequest.present`)
+    present: tuple[Annotated[str, Field(pattern=ID_PATTERN)], ...] = Field(default=(), max_length=MAX_HOLDERS)
 
     def request(self) -> DecryptionRequest:
         """The decryption request a key holder answers once checked."""
-        return DecryptionRequest(federation_id=self.federation_id, round=self.round, c1=self.c1)
+        return DecryptionRequest(federation_id=self.federation_id, round=self.round, c1=self.c1, present=self.present)
+
+
+# -- t-of-N: re-sharing every holder's key share at set-up (:mod:`.threshold_reshare`) ---------------
+
+class ReshareKey(WireMessage):
+    """Key holder -> all (step ``tckks/keygen``): a fresh X25519 public key its Shamir shares are
+    wrapped to, bound to the federation and the seed of ``a``."""
+
+    kind: Literal["threshold_ckks_reshare_key"] = "threshold_ckks_reshare_key"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    party: str = Field(pattern=ID_PATTERN)
+    seed_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    threshold: int = Field(ge=1, le=MAX_HOLDERS)
+    x25519: bytes = Field(min_length=32, max_length=32)
+
+
+class ReshareDeal(WireMessage):
+    """Dealer -> one recipient, relayed (step ``tckks/public``): the dealer's Shamir share ``f_i(k)``
+    of its key share, wrapped (X25519, HKDF, ChaCha20-Poly1305) to the recipient's ReshareKey."""
+
+    kind: Literal["threshold_ckks_reshare_deal"] = "threshold_ckks_reshare_deal"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    dealer: str = Field(pattern=ID_PATTERN)
+    recipient: str = Field(pattern=ID_PATTERN)
+    index: int = Field(ge=1, le=MAX_HOLDERS)
+    threshold: int = Field(ge=1, le=MAX_HOLDERS)
+    public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    ephemeral: bytes = Field(min_length=32, max_length=32)
+    nonce: bytes = Field(min_length=12, max_length=12)
+    wrapped: Poly
+
+
+class ThresholdKeyShare(WireMessage):
+    """Key holder -> server (step ``tckks/reshare``): it adopted its Shamir share ``S_k = sum_i
+    f_i(k)`` of the secret key at ``index`` for this key and t (nothing derived from ``S_k``)."""
+
+    kind: Literal["threshold_ckks_key_share"] = "threshold_ckks_key_share"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    party: str = Field(pattern=ID_PATTERN)
+    index: int = Field(ge=1, le=MAX_HOLDERS)
+    threshold: int = Field(ge=1, le=MAX_HOLDERS)
+    public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")

@@ -11,7 +11,14 @@ step                   parts in                                 parts out
 ``tckks/public``       ``seed``, ``share/<holder>`` (each       ``digest`` (of the collective key
                        holder's signed KeyGenShare)             it rebuilt and checked)
 ``tckks/decrypt``      ``request`` (signed by the server)        ``share`` (signed DecryptionShare)
+``tckks/reshare``      ``deal/<dealer>`` (each holder's          ``share`` (signed
+                       signed, wrapped Shamir share)            ThresholdKeyShare)
 =====================  =======================================  ================================
+
+t-of-N (``threshold`` given): ``tckks/keygen`` also carries ``threshold`` and answers ``kx`` (a
+signed :class:`~.threshold_messages.ReshareKey`); ``tckks/public`` also carries every holder's
+``kx/<holder>`` and answers ``deal/<holder>`` for each (:mod:`.threshold_reshare`); then
+``tckks/reshare`` hands each holder its deals and gets its share key back.
 
 ``tckks/public`` (``distribute=True``, what the ``ckks_threshold`` mode runs) gives every holder
 the collective public key it encrypts under: each holder rebuilds it from the holders' *signed*
@@ -50,11 +57,12 @@ from .threshold import (
     ThresholdParty,
     ThresholdPreset,
 )
+from .threshold_reshare import Resharer, collect_share_keys
 
 if TYPE_CHECKING:  # only the annotation needs the runtime's transport
     from ..runtime.transport import Transport
 
-STEPS = ("tckks/keygen", "tckks/public", "tckks/decrypt")
+STEPS = ("tckks/keygen", "tckks/public", "tckks/decrypt", "tckks/reshare")
 #: a sum of one contribution is that contribution: no key holder helps open one, whatever it is told
 MIN_CONTRIBUTORS = 2
 
@@ -73,6 +81,8 @@ class ThresholdKeyHolder:
         #: the fewest signed contributions a sum must have before this holder helps open it, fixed
         #: at key generation and never below MIN_CONTRIBUTORS (a later plan can only raise it)
         self.min_contributors = MIN_CONTRIBUTORS
+        #: t-of-N: the re-share in progress (None under N-of-N)
+        self._resharer: Resharer | None = None
 
     def __repr__(self) -> str:
         return (f"ThresholdKeyHolder(hospital={self.identity.name!r}, "
@@ -97,9 +107,30 @@ class ThresholdKeyHolder:
             self.min_contributors = max(MIN_CONTRIBUTORS, asked)
             self.party = ThresholdParty(preset=preset, federation_id=fid, name=self.identity.name)
             self.public, self._mine = None, self.party.keygen_share(seed=parts.get("seed", b""))
-            return {"share": seal(self._mine, self.identity)}
+            out = {"share": seal(self._mine, self.identity)}
+            self._resharer = None
+            if "threshold" in parts:
+                try:
+                    t = int(parts["threshold"].decode("ascii", errors="replace"))
+                except ValueError:
+                    raise ProtocolError("Threshold key generation: threshold is not a whole number.") from None
+                if not 2 <= t <= preset.max_parties:  # t = 1: every holder's Shamir share would be the key itself
+                    raise ProtocolError(f"Threshold key generation: t = {t} is outside 2..{preset.max_parties} "
+                                        "(at t = 1 every holder would hold the whole key).")
+                self._resharer = Resharer(identity=self.identity, party=self.party, threshold=t,
+                                          seed_sha256=self._mine.seed_sha256)
+                out["kx"] = seal(self._resharer.key, self.identity)
+            return out
         if step == "tckks/public":
-            return {"digest": self._accept_public(parts).encode()}
+            digest = self._accept_public(parts)
+            if self._resharer is None or self.public is None:
+                return {"digest": digest.encode()}
+            keys = {k.removeprefix("kx/"): v for k, v in parts.items() if k.startswith("kx/")}
+            return {"digest": digest.encode(), **self._resharer.deals(public=self.public, keys=keys, peers=self.peers)}
+        if step == "tckks/reshare":
+            if self._resharer is None or self.public is None:
+                raise ProtocolError(f"Hospital {self.identity.name!r} is in no t-of-N key generation.")
+            return {"share": self._resharer.adopt(public=self.public, deals=parts, peers=self.peers)}
         if step == "tckks/decrypt":
             if self.server is None:  # a mode's holder: it decrypts only in a round, after checking the aggregate
                 raise ProtocolError(f"Hospital {self.identity.name!r} answers no unchecked decryption request: under "
@@ -133,21 +164,28 @@ class ThresholdKeyHolder:
 def run_threshold_keygen(transport: Transport, *, federation_id: str, participants: Sequence[str],
                          enrolled: Mapping[str, PublicIdentity], preset: ThresholdPreset,
                          min_holders: int, distribute: bool = False,
-                         min_contributors: int = MIN_CONTRIBUTORS) -> tuple[CollectivePublicKey, tuple[str, ...]]:
+                         min_contributors: int = MIN_CONTRIBUTORS,
+                         threshold: int | None = None) -> tuple[CollectivePublicKey, tuple[str, ...]]:
     """Collective key generation over ``transport``; returns the public key and its holders.
     ``distribute``: then give every holder the key (step ``tckks/public``) and check its digest.
     ``min_contributors``: the floor each holder keeps for the sums it helps open (at least 2).
+    ``threshold``: t-of-N -- every holder re-shares its key share (:mod:`.threshold_reshare`;
+    needs ``distribute``); None: N-of-N.
 
     Raises:
         ProtocolError: fewer than ``min_holders`` hospitals answered with a valid share, or (with
-            ``distribute``) a holder did not confirm the collective key.
+            ``distribute``) a holder did not confirm the collective key, or (t-of-N) a holder did
+            not complete the re-share, or t exceeds the holders.
     """
     seed = secrets.token_bytes(32)  # public: it only fixes the common polynomial a
     names = tuple(sorted(set(participants) & set(enrolled)))
-    answers, _ = transport.exchange("setup", {n: {"step": b"tckks/keygen", "federation": federation_id.encode(),
-                                                  "preset": preset.value.encode(), "seed": seed,
-                                                  "min_contributors": str(min_contributors).encode()} for n in names},
-                                    round_=0)
+    step = {"step": b"tckks/keygen", "federation": federation_id.encode(), "preset": preset.value.encode(),
+            "seed": seed, "min_contributors": str(min_contributors).encode()}
+    if threshold is not None:
+        if not distribute:
+            raise ProtocolError("t-of-N threshold key generation re-shares over the holders: it needs distribute=True.")
+        step["threshold"] = str(threshold).encode()
+    answers, _ = transport.exchange("setup", {n: dict(step) for n in names}, round_=0)
     shares: dict[str, KeyGenShare] = {}
     signed: dict[str, bytes] = {}
     for name, parts in sorted(answers.items()):
@@ -155,11 +193,16 @@ def run_threshold_keygen(transport: Transport, *, federation_id: str, participan
             shares[name] = open_envelope(parse_envelope(parts.get("share", b"")), sender=enrolled[name],
                                          model=KeyGenShare)
             signed[f"share/{name}"] = parts["share"]
-        except ClinographError:
+            if threshold is not None:
+                signed[f"kx/{name}"] = parts["kx"]
+        except (ClinographError, KeyError):
+            shares.pop(name, None)
+            signed.pop(f"share/{name}", None)
             continue  # not a holder: the key is generated among the others
-    if len(shares) < max(min_holders, 1):
+    if len(shares) < max(min_holders, 1, threshold or 1):
         raise ProtocolError(f"Threshold key generation: only {len(shares)} hospital(s) answered "
-                            f"({', '.join(sorted(shares)) or 'none'}); the federation needs {min_holders}.")
+                            f"({', '.join(sorted(shares)) or 'none'}); the federation needs "
+                            f"{max(min_holders, threshold or 1)}.")
     public = CollectivePublicKey(preset=preset, federation_id=federation_id, seed=seed, shares=shares)
     if distribute:
         done, failed = transport.exchange("setup", {h: {"step": b"tckks/public", "seed": seed, **signed}
@@ -167,8 +210,26 @@ def run_threshold_keygen(transport: Transport, *, federation_id: str, participan
         bad = sorted(h for h in public.holders if done.get(h, {}).get("digest") != public.digest.encode())
         if bad:
             raise ProtocolError(f"Threshold key generation: {', '.join(bad)} did not confirm the collective key "
-                                f"({failed.get(bad[0], 'another digest')[:200]}). Every holder is needed (N-of-N).")
+                                f"({failed.get(bad[0], 'another digest')[:200]}). Every holder is needed at set-up.")
+        if threshold is not None:
+            _reshare(transport, public=public, done=done, enrolled=enrolled, threshold=threshold)
     return public, public.holders
+
+
+def _reshare(transport: Transport, *, public: CollectivePublicKey, done: Mapping[str, Mapping[str, bytes]],
+             enrolled: Mapping[str, PublicIdentity], threshold: int) -> None:
+    """Relay every dealer's deal to its recipient (step ``tckks/reshare``) and record the holders'
+    share keys on ``public``."""
+    holders = public.holders
+    deals = {k: {"step": b"tckks/reshare", **{f"deal/{i}": done[i].get(f"deal/{k}", b"") for i in holders}}
+             for k in holders}
+    answers, failed = transport.exchange("setup", deals, round_=0)
+    keys, bad = collect_share_keys(answers, holders=holders, enrolled=enrolled)
+    if bad:
+        name = sorted(bad)[0]
+        raise ProtocolError(f"Threshold key generation (t-of-N): {', '.join(sorted(bad))} did not adopt a key share "
+                            f"({failed.get(name, bad[name])[:200]}). Every holder is needed at set-up.")
+    public.adopt_threshold(threshold=threshold, shares=keys)
 
 
 def open_aggregate(transport: Transport, *, combiner: Combiner, identity: Identity,
@@ -179,7 +240,7 @@ def open_aggregate(transport: Transport, *, combiner: Combiner, identity: Identi
         ProtocolError: a holder gave no valid share (re-run key generation without it).
         IntegrityError: a share fails the canary check (the holder is named) or corrupts the sum.
     """
-    holders = combiner.public.holders
+    holders = combiner.present
     request = seal(combiner.request, identity)
     answers, failed = transport.exchange("setup", {h: {"step": b"tckks/decrypt", "request": request}
                                                    for h in holders}, round_=combiner.round)
@@ -196,5 +257,7 @@ def open_aggregate(transport: Transport, *, combiner: Combiner, identity: Identi
     if set(shares) != set(holders):
         missing = sorted(set(holders) - set(shares))
         raise ProtocolError(f"No valid decryption share from {', '.join(missing)} ({failed.get(missing[0], '')[:200]}). "
-                            "Threshold CKKS is N-of-N: re-run key generation without them and redo the round.")
+                            + ("Threshold CKKS is N-of-N: re-run key generation without them and redo the round."
+                               if combiner.public.threshold is None else
+                               f"Ask another {combiner.public.threshold} of the holders ({combiner.public.rule})."))
     return combiner.combine(shares, length=length)

@@ -11,10 +11,14 @@ failing the canary check names its holder) -> ``done``; :meth:`ThresholdServer.r
 the :class:`~clinograph.secure.aggregation.ModuleSums`.
 
 Guarantees: the server never holds the secret key nor any share of it; it decrypts nothing
-without every holder, and each holder answers only a request it checked
-(:mod:`.threshold_check`). Does not guarantee: liveness -- N-of-N, a holder that does not answer
-aborts the round (re-run the set-up without it); a holder that leaves the round before
-``decrypt`` aborts it too.
+without every holder (N-of-N) or t of them (t-of-N, ``[federation] tckks_threshold``), and each
+holder answers only a request it checked (:mod:`.threshold_check`). Dropouts: under t-of-N the
+server asks the first t holders (by name) whose update arrived; holders that left before
+uploading are simply not asked, and the next round goes on under the same key. Does not
+guarantee: liveness when fewer than t holders remain -- a holder asked that does not answer is
+replaced by another live one for the same sum (the holders answer the same ``c1`` halves again
+for the new present set, :mod:`.threshold_client`); N-of-N: any holder absent aborts the round
+(re-run the set-up without it).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ class ThresholdServer(AggregationServer):
         self._updates: dict[str, tuple[bytes, ThresholdUpdate]] = {}
         self._shares: dict[str, DecryptionShare] = {}
         self._combiner: Combiner | None = None
+        self._decrypt_message: ThresholdDecrypt | None = None
+        self._silent: set[str] = set()  # t-of-N: holders asked this round that did not answer
         self._result: ModuleSums | None = None
         self._rejected: dict[str, str] = {}
         self._digests: set[str] = set()
@@ -117,9 +123,12 @@ class ThresholdServer(AggregationServer):
         if self._stage == "updates":
             return self._request()
         if self._stage == "decrypt":
-            self._stage, self._waiting = "done", set()
             if self._combiner is None:
                 raise ProtocolError("Threshold CKKS: no decryption request was made this round.")
+            retry = self._retry()
+            if retry is not None:
+                return retry
+            self._stage, self._waiting = "done", set()
             vec = self._combiner.combine(self._shares, length=self._layout.length)
             self._result = self._layout.unpack(vec, claimed=tuple(sorted(self._updates)), tag_of=contributor_present)
         return None
@@ -129,21 +138,64 @@ class ThresholdServer(AggregationServer):
         if len(self._updates) < self.plan.min_clients:
             raise ProtocolError(f"Only {len(self._updates)} threshold CKKS update(s) were accepted; the plan needs "
                                 f"{self.plan.min_clients}. Round aborted, nothing decrypted.")
-        absent = sorted(set(self.public.holders) - set(self.plan.participants))
-        if absent:
-            raise ProtocolError(f"Key holder(s) {', '.join(absent)} are not in round {self.plan.round}: every holder's "
-                                "share is needed (N-of-N). Re-run the set-up without them.")
+        present = self._present()
         names = sorted(self._updates)
         aggregate = self.public.add([self._updates[n][1].ciphertexts for n in names])
         seed = secrets.token_bytes(32)  # public: the holders recompute the canary from it
         self._combiner = Combiner(public=self.public, round=self.plan.round, aggregate=aggregate,
-                                  contributions=len(names), canary_seed=seed)
+                                  contributions=len(names), canary_seed=seed, present=present)
         msg = ThresholdDecrypt(federation_id=self.plan.federation_id, round=self.plan.round,
                                c1=self._combiner.request.c1, canary_seed=seed,
-                               updates=tuple(self._updates[n][0] for n in names))
+                               updates=tuple(self._updates[n][0] for n in names), present=self._combiner.request.present)
         sealed = seal(msg, self.identity)
-        self._stage, self._waiting = "decrypt", set(self.public.holders)
-        return {h: sealed for h in self.public.holders}
+        self._decrypt_message = msg
+        self._stage, self._waiting = "decrypt", set(self._combiner.present)
+        return {h: sealed for h in self._combiner.present}
+
+    def _present(self) -> tuple[str, ...]:
+        """Who decrypts: every holder (N-of-N; one absent aborts), or (t-of-N) the first t, by
+        name, of the holders whose update arrived this round -- alive a moment ago; the others
+        are not asked, so fewer key holders see the request."""
+        holders = self.public.holders
+        if self.public.threshold is None:
+            absent = sorted(set(holders) - set(self.plan.participants))
+            if absent:
+                raise ProtocolError(f"Key holder(s) {', '.join(absent)} are not in round {self.plan.round}: every "
+                                    "holder's share is needed (N-of-N). Re-run the set-up without them.")
+            return holders
+        live = sorted(set(holders) & set(self._updates))
+        if len(live) < self.public.threshold:
+            raise ProtocolError(f"Only {len(live)} key holder(s) sent an update in round {self.plan.round} "
+                                f"({', '.join(live) or 'none'}); threshold CKKS {self.public.rule} needs "
+                                f"{self.public.threshold} to decrypt. Round aborted, nothing decrypted.")
+        return tuple(live[:self.public.threshold])
+
+    def _retry(self) -> dict[str, bytes] | None:
+        """t-of-N: a holder asked did not answer (it dropped after uploading): ask t holders again
+        -- those that answered, then others whose update arrived, never one that went silent --
+        for the same ``c1`` halves under the new present set; None when all answered, or N-of-N."""
+        if self._combiner is None or self._decrypt_message is None:
+            return None
+        asked = self._combiner.present
+        silent = {h for h in asked if h not in self._shares}
+        if not silent or self.public.threshold is None:
+            return None
+        self._silent |= silent
+        answered = sorted(h for h in asked if h in self._shares)
+        others = sorted(set(self.public.holders) & set(self._updates) - self._silent - set(answered))
+        present = (answered + others)[:self.public.threshold]
+        if len(present) < self.public.threshold:
+            return None  # combine() names the holders that did not answer
+        self._combiner.retarget(present)
+        msg = self._decrypt_message.model_copy(update={"present": self._combiner.request.present})
+        sealed = seal(msg, self.identity)
+        self._shares, self._waiting = {}, set(self._combiner.present)
+        return {h: sealed for h in self._combiner.present}
+
+    @property
+    def decrypted_by(self) -> tuple[str, ...]:
+        """The key holders asked for decryption shares this round (the audit's ``decrypted_by``)."""
+        return self._combiner.present if self._combiner is not None else ()
 
     @property
     def contributors(self) -> tuple[str, ...]:

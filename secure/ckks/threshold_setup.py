@@ -3,8 +3,9 @@
 - **Set-up**: collective key generation relayed over the run's transport
   (:func:`.threshold_relayed.run_threshold_keygen` with ``distribute=True``): every reachable
   enrolled hospital makes a secret share, the server sums the public shares, every holder
-  rebuilds and confirms the collective key. The run goes on with the holders; audited as
-  ``tckks_key_holders``.
+  rebuilds and confirms the collective key; with ``[federation] tckks_threshold = t`` every
+  holder then re-shares its key share t-of-N (:mod:`.threshold_reshare`). The run goes on with
+  the holders; audited as ``tckks_key_holders`` (rule, t, each holder's Shamir index).
 - **Plan options**: the preset and the collective key's digest.
 - **Joining**: the hospital's :class:`~.threshold_client.ThresholdClient` over the share its key
   holder (:attr:`.holder.CkksKeyHolder.threshold`) made at set-up.
@@ -26,7 +27,7 @@ def prepare_threshold(*, federation: Any, transport: Any, run_id: str, enrolled:
     """Collective key generation over ``transport`` (or the ``context`` a caller made), then the
     server's key-bound factory."""
     from .threshold import CollectivePublicKey, ThresholdPreset
-    from .threshold_client import OPTION_DIGEST, OPTION_PRESET
+    from .threshold_client import OPTION_DIGEST, OPTION_PRESET, OPTION_THRESHOLD
     from .threshold_relayed import run_threshold_keygen
     from .threshold_server import ThresholdServer
 
@@ -39,17 +40,26 @@ def prepare_threshold(*, federation: Any, transport: Any, run_id: str, enrolled:
         if len(names) > preset.max_parties:
             raise ConfigError(f"secure_mode = 'ckks_threshold' takes at most {preset.max_parties} hospitals (the "
                               f"smudging bound of {preset.value}); {len(names)} are enrolled and reachable.")
+        threshold = getattr(federation, "tckks_threshold", None)
+        if threshold is not None and threshold > len(names):
+            raise ConfigError(f"[federation] tckks_threshold = {threshold} exceeds the {len(names)} enrolled, reachable "
+                              "hospitals (the key holders). Lower it, or enrol more hospitals.")
         context, _ = run_threshold_keygen(transport, federation_id=run_id, participants=names, enrolled=enrolled,
                                           preset=preset, min_holders=min(federation.min_clients, len(names)),
-                                          distribute=True, min_contributors=max(2, min(federation.min_clients, len(names))))
+                                          distribute=True, min_contributors=max(2, min(federation.min_clients, len(names))),
+                                          threshold=threshold)
     if not isinstance(context, CollectivePublicKey):
         raise ConfigError("secure_mode = 'ckks_threshold' needs the collective public key of its set-up "
                           "(a CollectivePublicKey).")
     holders = context.holders
     on_event("tckks_keys", {"holders": list(holders)})
     options: dict[str, float | int | str | bool] = {OPTION_PRESET: preset.value, OPTION_DIGEST: context.digest}
-    audit = (("tckks_key_holders", {"holders": list(holders), "preset": preset.value,
-                                    "public_key_digest": context.digest, "rule": "N-of-N"}),)
+    held: dict[str, Any] = {"holders": list(holders), "preset": preset.value, "public_key_digest": context.digest,
+                            "rule": context.rule}
+    if context.threshold is not None:
+        options[OPTION_THRESHOLD] = context.threshold
+        held.update(threshold=context.threshold, share_index={h: i + 1 for i, h in enumerate(holders)})
+    audit = (("tckks_key_holders", held),)
     return ModeRun(server=ThresholdServer.with_key(context), options=lambda participants: dict(options),
                    hospitals=holders, audit=audit)
 
@@ -67,22 +77,37 @@ def join_threshold(*, plan: Any, identity: Any, server: Any, peers: Mapping[str,
 
 def describe_threshold(options: Mapping[str, Any], kinds: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[
         str, list[tuple[str, object]]]:
-    """(paragraph, rows): who holds which share, and that no single party holds the key."""
-    used = sorted({c for a in kinds.get("aggregate", ()) for c in a["contributors"]})
+    """(paragraph, rows): who holds which share, the rule (N-of-N or t-of-N), who decrypted each
+    round, and that no single party holds the key."""
+    aggregates = kinds.get("aggregate", ())
+    used = sorted({c for a in aggregates for c in a["contributors"]})
     entries = kinds.get("tckks_key_holders") or ()
     keys = entries[-1] if entries else None
-    holders = ", ".join(keys["holders"]) if keys else "not recorded in this run"
+    t = keys.get("threshold") if keys else None
+    if keys and t is not None:
+        index = keys.get("share_index", {})
+        holders = ", ".join(f"{h} (index {index.get(h, '?')})" for h in keys["holders"])
+        held = (f"{holders} -- one Shamir share S_k of the key each (degree {t - 1}), re-shared from the N-of-N "
+                "shares at this run's set-up, which were then erased")
+        whole = (f"no one: the key s exists nowhere; any {t} of the {len(keys['holders'])} holders decrypt together "
+                 f"({keys['rule']}), {t - 1} or fewer learn nothing about it")
+    else:
+        held = (f"{', '.join(keys['holders'])} -- one share s_i each, made at this run's set-up" if keys
+                else "not recorded in this run")
+        whole = "no one: the key s = sum of the shares exists nowhere; decrypting needs every holder's share (N-of-N)"
+    rounds = "; ".join(f"round {a['round']}: {', '.join(a['decrypted_by'])}" for a in aggregates if a.get("decrypted_by"))
     rows: list[tuple[str, object]] = [
         ("preset", options.get("tckks.preset", keys["preset"] if keys else "?")),
         ("collective public key digest", options.get("tckks.public_key_digest",
                                                      keys["public_key_digest"] if keys else "?")),
-        ("who holds a share of the secret key", f"{holders} -- one share s_i each, made at this run's set-up"),
-        ("who holds the whole secret key", "no one: the key s = sum of the shares exists nowhere; decrypting needs "
-                                           "every holder's share (N-of-N)"),
+        ("rule", keys["rule"] if keys else "?"),
+        ("who holds a share of the secret key", held),
+        ("who holds the whole secret key", whole),
         ("the server", "holds the collective public key only; it combines the holders' decryption shares and learns "
                        "the round's sum, never an update: each holder first checks the request is the sum of at "
                        "least the minimum number of signed contributions"),
+        ("key holders whose shares opened each round", rounds or "none yet"),
         ("hospitals whose updates were summed", ", ".join(used) or "none yet"),
         ("minimum hospitals a round", options.get("min_clients", "?"))]
     return ("Threshold CKKS: hospitals encrypt under a collective key whose secret is shared among them; the server "
-            "adds ciphertexts and opens only the checked sum with every holder's share."), rows
+            "adds ciphertexts and opens only the checked sum with the holders' decryption shares."), rows

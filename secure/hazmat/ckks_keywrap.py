@@ -32,6 +32,12 @@ def _wrapping_key(sk: X25519PrivateKey, peer_public: bytes, *, label: bytes, con
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label + b"\x00" + context).derive(shared)
 
 
+def shared_key(sk: X25519PrivateKey, peer_public: bytes, *, label: bytes, context: bytes) -> bytes:
+    """32 bytes both ends of an X25519 pair derive alike: HKDF-SHA256 of the shared secret, info
+    ``label || 0x00 || context`` (threshold CKKS's pairwise seeds). ValueError on a bad peer key."""
+    return _wrapping_key(sk, peer_public, label=label, context=context)
+
+
 def wrap(plaintext: bytes, *, recipient_public: bytes, label: bytes, context: bytes) -> tuple[bytes, bytes, bytes]:
     """Encrypt ``plaintext`` to ``recipient_public``. Returns (ephemeral public, nonce, ciphertext)."""
     eph = X25519PrivateKey.generate()

@@ -81,7 +81,7 @@ __all__ = [  # the SEAL-polynomial helpers are re-exported: the safe API imports
     "combine_decryption", "common_poly", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
     "lagrange_at_zero", "load_plaintext", "load_public_key", "mulmod", "plaintext_bytes", "public_key_bytes",
     "read_ciphertext", "read_plaintext", "read_secret_key", "scale_poly", "seeded_canary_c1", "shamir_split", "submod", "sum_polys",
-    "to_coefficients", "to_ntt", "uniform_smudging",
+    "ternary_poly", "to_coefficients", "to_ntt", "uniform_smudging",
 ]
 
 
@@ -260,18 +260,26 @@ def seeded_canary_c1(*, u_key: bytes, e_key: bytes, a: np.ndarray, ring: Ring, c
     from the ChaCha20 stream under ``e_key``. Anyone holding the keys recomputes the canary, so a
     key holder can check that the extra ``c1`` it is asked to decrypt is this canary and not some
     ciphertext's ``c1`` (the ``ckks_threshold`` mode). Returns (c1, u)."""
-    limbs, n = ring.data_count, ring.degree
-    raw = np.frombuffer(expand_mask(u_key, 2 * n), dtype=np.uint8)
-    ok = raw[raw < 255]
-    while ok.size < n:  # P(fewer than N of 2N bytes below 255) is negligible; extend anyway
-        raw = np.frombuffer(expand_mask(u_key, 2 * raw.size), dtype=np.uint8)
-        ok = raw[raw < 255]
-    tern = (ok[:n] % 3).astype(np.int64) - 1
+    limbs = ring.data_count
     q = ring.q(limbs)
-    coeffs = np.where(tern < 0, q - _U64(1), tern.astype(_U64)).astype(_U64)
-    u = to_ntt(coeffs, ring=ring, context=context, parms_id=ring.data_parms_id)
+    u = ternary_poly(u_key, ring=ring, context=context)
     e1 = encoder_gaussian(sigma=3.2, encoder=encoder, ring=ring, limbs=limbs, source=CsprngUniform(_key=e_key))
     return addmod(mulmod(a[:limbs], u, q), e1, q), u
+
+
+def ternary_poly(key: bytes, *, ring: Ring, context: seal.SEALContext) -> np.ndarray:
+    """A ternary polynomial from a 32-byte key, each coefficient uniform on {-1, 0, 1} (AES-256-CTR
+    bytes below 255, mod 3), in NTT form at the data level."""
+    n = ring.degree
+    raw = np.frombuffer(expand_mask(key, 2 * n), dtype=np.uint8)
+    ok = raw[raw < 255]
+    while ok.size < n:  # P(fewer than N of 2N bytes below 255) is negligible; extend anyway
+        raw = np.frombuffer(expand_mask(key, 2 * raw.size), dtype=np.uint8)
+        ok = raw[raw < 255]
+    tern = (ok[:n] % 3).astype(np.int64) - 1
+    q = ring.q(ring.data_count)
+    coeffs = np.where(tern < 0, q - _U64(1), tern.astype(_U64)).astype(_U64)
+    return to_ntt(coeffs, ring=ring, context=context, parms_id=ring.data_parms_id)
 
 
 def canary_residual(*, share: np.ndarray, u: np.ndarray, p0: np.ndarray, ring: Ring,

@@ -103,6 +103,11 @@ class FederationSection(_Strict):
                                               "overflow is refused when the plan is built; not with distributed DP). "
                                               "SECURITY.md, masked aggregation")
     ckks_preset: str = Field(default="add_only_128", description="a CkksPreset value")
+    tckks_threshold: int | None = Field(default=None, ge=2, le=32, description="ckks_threshold: any t key holders "
+                                        "decrypt (t-of-N, the key shares Shamir-shared at set-up; t >= 2, as at "
+                                        "t = 1 every holder would hold the key); default None: "
+                                        "every holder (N-of-N). The server with t - 1 hospitals learns no update "
+                                        "(SECURITY.md, threshold CKKS)")
     suspend_after_missed: int = Field(default=3, ge=0, le=1000, description="suspend a hospital after this many "
                                       "consecutive rounds without its contribution (0: never); audited")
     retry_every: int = Field(default=5, ge=1, le=1000, description="rounds between invitations of a suspended "

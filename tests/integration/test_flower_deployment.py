@@ -5,10 +5,12 @@ data, state and key folders, ``flwr run`` of examples/flower_deployment/app (Cli
 ServerApp and ClientApp, configured only by server.toml and each hospital's hospital.toml),
 two rounds with patient-level DP (each hospital trains with DP-SGD, its privacy ledger in its
 state directory; the server's DP policy refuses updates without a ledger entry), in each
-secure mode: masked, and CKKS with the key ceremony relayed over Flower. In round 1, hospital
-h3's SuperNode is SIGKILLed mid-round (masked: after it shared its keys and seed shares; ckks:
-after it sent its ciphertext); the round completes with h1 and h2, and the audit directory
-verifies afterwards.
+secure mode: masked, CKKS with the key ceremony relayed over Flower, and threshold CKKS 2-of-3
+(collective key generation and the re-share relayed over Flower). In round 1, one hospital's
+SuperNode is SIGKILLed mid-round (masked: h3, after it shared its keys and seed shares; ckks:
+h3, after it sent its ciphertext; ckks_threshold: h1, a key holder asked to decrypt, after it
+sent its ciphertext and before its decryption share -- h2 and h3 decrypt instead); the round
+completes without it, and the audit directory verifies afterwards.
 
 Every wait is bounded; every process is started in its own process group and killed in
 ``finally``. The only test double is ``make_hospital_that_hangs`` below: the real
@@ -48,7 +50,8 @@ class _HangsMidRound:
     def on_plan(self, plan: bytes):
         out = self._c.on_plan(plan)
         self._round, self._stage = self._c.plan.round, 0
-        self._hang_at = 1 if self._c.plan.secure_mode == "ckks" else HANG_AT_STAGE  # ckks: after its ciphertext
+        # ckks, ckks_threshold: after its ciphertext (stage 1 is the decryption)
+        self._hang_at = 1 if self._c.plan.secure_mode.startswith("ckks") else HANG_AT_STAGE
         return out
 
     def on_stage(self, data: bytes):
@@ -74,7 +77,7 @@ def make_hospital_that_hangs(*, node_config, run_config, run_id, identity):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["masked", "ckks"])
+@pytest.mark.parametrize("mode", ["masked", "ckks", "ckks_threshold"])
 def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, mode, lean_server_python):  # noqa: F811 -- the fixture
     """The SuperLink and so the ServerApp run from the lean server install (no torch, PyG, Opacus,
     pgmpy: tests/lean_env.py), the hospitals from the full install."""
@@ -89,10 +92,12 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
     def write_sites() -> None:  # the hospitals' data (ALARM samples, DP settings), while the processes start
         try:
             prepare(tmp_path / "sites", hospitals=list(HOSPITALS), patients=200, dp=True, seed=0,
-                    federation_id="fed-loopback", secure_mode=mode, audit_dir=audit_dir)
+                    federation_id="fed-loopback", secure_mode=mode, audit_dir=audit_dir,
+                    tckks_threshold=2 if mode == "ckks_threshold" else None)
         except BaseException as exc:  # noqa: BLE001 -- reported by the main thread
             prep_errors.append(exc)
 
+    victim = "h1" if mode == "ckks_threshold" else "h3"  # ckks_threshold: the first holder asked to decrypt
     pythonpath = [APP, Path(__file__).parent, Path(__file__).parents[1]]
     with flower_processes(tmp_path, federation_id="fed-loopback", hospitals=HOSPITALS, budget=TOTAL_BUDGET,
                           pythonpath=pythonpath) as fp:
@@ -104,7 +109,7 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
         fp.register(HOSPITALS)  # the operator registers each hospital's node-auth public key
         supernodes = {h: fp.supernode(h, node_config={"data-dir": tmp_path / "sites" / h / "data",
                                                       "state-dir": tmp_path / "sites" / h / "state"},
-                                      factory="test_flower_deployment:make_hospital_that_hangs" if h == "h3" else None)
+                                      factory="test_flower_deployment:make_hospital_that_hangs" if h == victim else None)
                       for h in HOSPITALS}
         fp.mark("supernodes started")
         preparing.join(timeout=max(1.0, fp.remaining() - 120))  # a hospital reads its data at the first hello
@@ -115,10 +120,10 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
                      "events-file": events, "rounds": 2, "min-nodes": 3, "wait-timeout": 60.0,
                      "hello-timeout": 40.0, "plan-timeout": 90.0, "stage-timeout": 20.0, "end-timeout": 30.0,
                      "relay-timeout": 60.0})
-        marker = tmp_path / "sites" / "h3" / "state" / "hung.marker"
-        fp.wait(marker.exists, what="h3 to reach the middle of round 1", spare=45)
-        fp.mark("h3 hung mid-round 1")
-        os.killpg(supernodes["h3"].pid, signal.SIGKILL)  # mid-round: keys and shares sent, no masked input
+        marker = tmp_path / "sites" / victim / "state" / "hung.marker"
+        fp.wait(marker.exists, what=f"{victim} to reach the middle of round 1", spare=45)
+        fp.mark(f"{victim} hung mid-round 1")
+        os.killpg(supernodes[victim].pid, signal.SIGKILL)  # mid-round: keys and shares sent, no masked input
         fp.wait(lambda: any(e["event"] == "finished" for e in _events(events)), what="the federation to finish",
                 procs=fp.named("superlink", "flwr-run"))
         fp.mark("federation finished")
@@ -130,7 +135,7 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
     # masked: h3's masked input never came, the survivors' sum is unmasked; ckks: h3's ciphertext is in
     # the sum (it contributed), it died before decrypting
     survivors = ["h1", "h2"] if mode == "masked" else list(HOSPITALS)
-    assert closed[1]["contributors"] == survivors and closed[1]["dropped"] == ["h3"]
+    assert closed[1]["contributors"] == survivors and closed[1]["dropped"] == [victim]
     started = next(e for e in ev if e["event"] == "started")
     assert Path(started["python"]).resolve() == lean_bin.parent.resolve()  # the ServerApp ran in the lean venv
     assert started["torch_installed"] is False
@@ -147,10 +152,15 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
     assert manifest["dp_policy"]["required"] is True  # the server refuses updates without a DP ledger entry
     ledgers = [e["payload"] for e in entries if e["kind"] == "ledger"]
     assert sorted((lg["client"], lg["round"]) for lg in ledgers) == [
-        ("h1", 0), ("h1", 1), ("h2", 0), ("h2", 1), ("h3", 0), ("h3", 1)]  # h3's round-1 report came before it died
+        ("h1", 0), ("h1", 1), ("h2", 0), ("h2", 1), ("h3", 0), ("h3", 1)]  # its round-1 report came before it died
     if mode == "ckks":  # the server never held a plaintext model; the key ceremony reached every hospital
         assert not any(e["kind"] == "artefact" and "global_model" in e["payload"].get("name", "") for e in entries)
         assert next(e for e in ev if e["event"] == "ckks_keys")["holders"] == list(HOSPITALS)
+    if mode == "ckks_threshold":  # 2-of-3: h1 asked and silent, h2 and h3 opened the same sum instead
+        (held,) = [e["payload"] for e in entries if e["kind"] == "tckks_key_holders"]
+        assert held["rule"] == "2-of-3" and held["holders"] == list(HOSPITALS)
+        assert [e["payload"].get("decrypted_by") for e in entries if e["kind"] == "aggregate"] == [
+            ["h1", "h2"], ["h2", "h3"]]
     assert all(0 < lg["epsilon"] <= lg["budget_epsilon"] and lg["noise_multiplier"] > 0 for lg in ledgers)
     assert sorted(manifest["hospitals"]) == list(HOSPITALS)
     aggregates = [e["payload"]["contributors"] for e in entries if e["kind"] == "aggregate"]

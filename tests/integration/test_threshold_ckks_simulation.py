@@ -13,20 +13,24 @@ from clinograph.secure.policy import InsecureOptionWarning
 from sdk_helpers import small_tables
 
 
-def _cfg(mode, strategy):
+def _cfg(mode, strategy, threshold=None):
+    extra = {"tckks_threshold": threshold} if threshold and mode == "ckks_threshold" else {}
     return SimulationConfig.model_validate({
-        "federation": {"rounds": 2, "secure_mode": mode, "min_clients": 2, "local_epochs": 1, "strategy": strategy},
+        "federation": {"rounds": 2, "secure_mode": mode, "min_clients": 2, "local_epochs": 1, "strategy": strategy,
+                       **extra},
         "model": {"hidden": 8}, "graph": {"k_similar": 3}, "training": {"lr": 0.01, "batch_size": 32}})
 
 
-@pytest.mark.parametrize("strategy", ["fedavg", "fedsgd"])
-def test_two_rounds_under_ckks_threshold_match_insecure_plaintext(tmp_path, strategy):
+@pytest.mark.parametrize(("strategy", "threshold"), [("fedavg", None), ("fedsgd", 2)])
+def test_two_rounds_under_ckks_threshold_match_insecure_plaintext(tmp_path, strategy, threshold):
+    """N-of-N under fedavg; 2-of-N under fedsgd (the first two holders decrypt each round)."""
     tables = small_tables()
     states: dict[str, list[dict[str, np.ndarray]]] = {}
     for mode in ("insecure_plaintext", "ckks_threshold"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", InsecureOptionWarning)
-            sim = build_simulation(tables, tables[0].dictionary, _cfg(mode, strategy), audit_dir=tmp_path / mode)
+            sim = build_simulation(tables, tables[0].dictionary, _cfg(mode, strategy, threshold),
+                                   audit_dir=tmp_path / mode)
         states[mode] = []
         for _ in range(2):
             sim.run_round()
@@ -43,5 +47,14 @@ def test_two_rounds_under_ckks_threshold_match_insecure_plaintext(tmp_path, stra
             assert np.max(np.abs(got[name] - ref[name])) <= tol * max(1.0, float(np.max(np.abs(ref[name])))), name
     lines = [json.loads(x) for x in (tmp_path / "ckks_threshold" / "audit.jsonl").read_text().splitlines()]
     holders = [x["payload"] for x in lines if x["kind"] == "tckks_key_holders"]
-    assert len(holders) == 1 and len(holders[0]["holders"]) == len(tables) and holders[0]["rule"] == "N-of-N"
-    assert sum(x["kind"] == "aggregate" for x in lines) == 2
+    rule = f"{threshold}-of-{len(tables)}" if threshold else "N-of-N"
+    assert len(holders) == 1 and len(holders[0]["holders"]) == len(tables) and holders[0]["rule"] == rule
+    aggregates = [x["payload"] for x in lines if x["kind"] == "aggregate"]
+    want = holders[0]["holders"][:threshold] if threshold else holders[0]["holders"]
+    assert len(aggregates) == 2 and all(a["decrypted_by"] == want for a in aggregates)
+    if threshold:  # the report shows who holds which share, t, and who decrypted each round
+        from clinograph.secure.audit import render_report
+
+        html = render_report(tmp_path / "ckks_threshold", out=tmp_path / "report.html").read_text()
+        first = holders[0]["holders"][0]
+        assert f"{rule}" in html and f"{first} (index 1)" in html and f"round 1: {', '.join(want)}" in html

@@ -52,9 +52,10 @@ def _kinds(tmp_path) -> list[str]:
     return [json.loads(line)["kind"] for line in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
 
 
-def test_an_honest_voted_run_derives_one_model_and_trains_it(tmp_path):
+@pytest.mark.parametrize("mode", ["masked", "ckks_threshold"])  # ckks_threshold: docs/matrix.md's concepts row
+def test_an_honest_voted_run_derives_one_model_and_trains_it(tmp_path, mode):
     server, publics, members = _federation()
-    run = _run(tmp_path, server, publics, members)
+    run = _run(tmp_path, server, publics, members, fed=FED.model_copy(update={"secure_mode": mode}))
     kinds = _kinds(tmp_path)
     assert kinds.count("dag_outcome") == 1 and kinds.count("model_derived") == 1 and kinds.count("aggregate") == 2
     derived = [json.loads(line)["payload"] for line in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()

@@ -218,3 +218,93 @@ def test_a_mode_holder_refuses_the_unchecked_decrypt_step(fed):
     """The library's ``tckks/decrypt`` set-up step decrypts any c1; a hospital of the mode refuses it."""
     with pytest.raises(ProtocolError, match="answers no unchecked decryption request"):
         fed.hospitals["east"].on_setup("tckks/decrypt", {"request": b"anything"})
+
+
+# -- t-of-N: [federation] tckks_threshold = 2 of the 3 holders ---------------------------------------
+
+@pytest.fixture(scope="module")
+def fed2():
+    ids = {n: Identity.generate(n) for n in NAMES}
+    enrolled = {n: i.public for n, i in ids.items()}
+    hospitals = {n: _Hospital(i, enrolled) for n, i in ids.items()}
+    mode = create_mode("ckks_threshold")
+    run = mode.open_run(federation=SimpleNamespace(min_clients=2, tckks_threshold=2),
+                        transport=InProcessTransport(hospitals), run_id=FED, enrolled=enrolled, max_weight=10.0,
+                        on_event=lambda k, d: None)
+    return SimpleNamespace(ids=ids, enrolled=enrolled, hospitals=hospitals, mode=mode, run=run, events=[])
+
+
+def _t_round(fed, round_, participants, min_clients=2):
+    plan = RoundPlan(federation_id=FED, round=round_, participants=participants, spec=SPEC, dictionary_hash="d" * 64,
+                     secure_mode="ckks_threshold", strategy="fedavg", min_clients=min_clients, local_epochs=1,
+                     global_state_digest="0" * 64, options=fed.run.options(participants))
+    server = fed.run.server(plan=plan, peers=fed.enrolled, identity=SERVER)
+    ups = {n: u for n, u in _updates().items() if n in participants}
+    clients = {n: fed.mode.make_client(plan=plan, identity=fed.ids[n], server=SERVER.public, peers=fed.enrolled,
+                                       update=ups[n], keys=fed.hospitals[n].keys) for n in participants}
+    for c in clients.values():
+        server.receive(parse_envelope(c.first_message()))
+    return server, clients, ups
+
+
+def test_t_of_n_set_up_records_the_rule_and_every_holders_index(fed2):
+    (kind, payload), = fed2.run.audit
+    assert payload["rule"] == "2-of-3" and payload["threshold"] == 2
+    assert payload["share_index"] == {"east": 1, "north": 2, "south": 3}
+    assert fed2.run.options(NAMES)["tckks.threshold"] == 2
+    aggregate = {"round": 1, "contributors": ["east", "north"], "decrypted_by": ["east", "north"]}
+    _, rows = fed2.mode.describe(fed2.run.options(NAMES), {kind: [payload], "aggregate": [aggregate]})
+    table = dict(rows)
+    assert table["who holds a share of the secret key"].startswith("east (index 1), north (index 2), south (index 3)")
+    assert "any 2 of the 3 holders" in table["who holds the whole secret key"]
+    assert table["key holders whose shares opened each round"] == "round 1: east, north"
+
+
+@pytest.mark.parametrize("participants", [NAMES, ("east", "south")])
+def test_t_of_n_a_round_asks_only_t_live_holders_and_opens_the_sum(fed2, participants):
+    """All three upload: only east and north are asked. North gone before uploading: east and south."""
+    server, clients, ups = _t_round(fed2, 10 + len(participants), participants)
+    requests = server.next_stage()
+    assert tuple(sorted(requests)) == participants[:2] == server.decrypted_by
+    for n, data in requests.items():
+        server.receive(parse_envelope(clients[n].handle(data)))
+    assert server.next_stage() is None
+    want = sum(u.modules["gnn/w"] for u in ups.values())
+    assert np.max(np.abs(server.result().sums["gnn/w"] - want)) < 1e-6
+
+
+def test_t_of_n_fewer_than_t_holders_decrypt_nothing(fed2):
+    server, _, _ = _t_round(fed2, 20, ("east",), min_clients=1)
+    with pytest.raises(ProtocolError, match=r"Only 1 key holder\(s\) sent an update .*2-of-3 needs 2"):
+        server.next_stage()
+
+
+def test_t_of_n_a_share_under_a_wrong_key_share_is_refused_naming_the_present_set(fed2):
+    server, clients, _ = _t_round(fed2, 21, NAMES)
+    requests = server.next_stage()
+    party = clients["north"]._party
+    kept = party._shamir
+    party._shamir = (np.random.default_rng(5).integers(0, 2**40, size=kept[0].shape, dtype=np.uint64), *kept[1:])
+    try:
+        for n, data in requests.items():
+            server.receive(parse_envelope(clients[n].handle(data)))
+    finally:
+        party._shamir = kept
+    with pytest.raises(IntegrityError, match="share of one of east, north is not made with its key share"):
+        server.next_stage()
+
+
+def test_t_of_n_a_holder_dropping_before_its_share_is_replaced_for_the_same_sum(fed2):
+    server, clients, ups = _t_round(fed2, 22, NAMES)
+    first = server.next_stage()
+    assert tuple(sorted(first)) == ("east", "north")
+    server.receive(parse_envelope(clients["east"].handle(first["east"])))  # north drops after uploading
+    second = server.next_stage()
+    assert tuple(sorted(second)) == ("east", "south") == server.decrypted_by
+    for n, data in second.items():
+        server.receive(parse_envelope(clients[n].handle(data)))
+    assert server.next_stage() is None
+    want = sum(u.modules["gnn/w"] for u in ups.values())  # north's update is in the sum
+    assert np.max(np.abs(server.result().sums["gnn/w"] - want)) < 1e-6
+    with pytest.raises(IntegrityError, match="second decryption request"):  # each present set once
+        clients["east"].handle(second["east"])

@@ -59,12 +59,13 @@ strategy = "fedsgd"
 min_clients = 2
 local_epochs = 1
 environment = "production"
-{dp_policy}"""
+{extra}{dp_policy}"""
 
 
 def prepare(out: Path, *, hospitals: list[str], patients: int, dp: bool, seed: int = 0,
-            federation_id: str = "fed-loopback", secure_mode: str = "masked", audit_dir: Path | None = None) -> None:
-    """Write the demo folders."""
+            federation_id: str = "fed-loopback", secure_mode: str = "masked", audit_dir: Path | None = None,
+            tckks_threshold: int | None = None) -> None:
+    """Write the demo folders (``tckks_threshold``: t-of-N under secure_mode = "ckks_threshold")."""
     specs = tuple(replace(DEFAULT_HOSPITALS[i % len(DEFAULT_HOSPITALS)], site=name, n_patients=patients)
                   for i, name in enumerate(hospitals))
     hospital_toml = HOSPITAL.format(dp="true" if dp else "false", k_similar=0 if dp else 5)
@@ -81,7 +82,9 @@ def prepare(out: Path, *, hospitals: list[str], patients: int, dp: bool, seed: i
     policy = "\n[dp_policy]\nmax_epsilon = 8.0\ndelta = 1e-5\nmax_clip_norm = 1.0\n" if dp else ""
     (server / "server.toml").write_text(SERVER.format(audit_dir=audit_dir or server / "audit",
                                                       federation_id=federation_id, secure_mode=secure_mode,
-                                                      dp_policy=policy))
+                                                      dp_policy=policy,
+                                                      extra=f"tckks_threshold = {tckks_threshold}\n"
+                                                      if tckks_threshold else ""))
     config = HospitalConfig.from_toml(out / hospitals[0] / "data" / "hospital.toml")
     (server / "initial_model.json").write_bytes(run_models(config, dictionary=load_dictionary()).to_bytes())
 
@@ -93,7 +96,7 @@ def main() -> None:
     p.add_argument("--hospital", action="append", required=True)
     p.add_argument("--patients", type=int, default=300)
     p.add_argument("--dp", action="store_true", help="patient-level DP-SGD at every hospital")
-    p.add_argument("--secure-mode", default="masked", choices=["masked", "ckks"])
+    p.add_argument("--secure-mode", default="masked", choices=["masked", "ckks", "ckks_threshold"])
     p.add_argument("--federation-id", required=True,
                    help="the federation id of `clinograph keys init --federation-id` (server.toml must match it)")
     p.add_argument("--seed", type=int, default=0)
