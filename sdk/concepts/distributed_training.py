@@ -18,9 +18,10 @@ the same per-patient engine as local DP (:func:`.dp.concept_clipper`). Each roun
    module; the masked mode sums the z exactly and FedSGD applies θ ← θ − η·Σ_k z_k/(s·Σ_k q·n_k)
    to every module.
 
-Consequence of step 4: a module trained by some hospitals only is divided by every hospital's
+Consequences of step 4: a module trained by some hospitals only is divided by every hospital's
 expected batch, not only its trainers' (a smaller effective step; no privacy effect), as for the
-modality encoders under distributed DP.
+modality encoders under distributed DP; and the step size is the server's (``[federation]
+server_lr``), not the hospital's ``[concepts] lr`` (no local optimiser runs).
 
 Guarantees: the aggregate each round is the Skellam mechanism over the honest hospitals' shares
 (σ, q, C, s, d = the derived model's released coordinates), accounted per hospital in its signed
@@ -47,6 +48,7 @@ from clinograph.core.errors import PrivacyError
 from clinograph.core.identity import Identity
 from clinograph.core.spec import ModuleKind
 
+from ..model.modules import ModuleMap
 from ..privacy.distributed import DistributedLedger, clip_rows, poisson_sample
 from ..privacy.distributed_round import (
     ExactLocal,
@@ -60,7 +62,7 @@ from ..training.trainer import TrainOutcome
 from .dp import ConceptLabels, concept_clipper, trainable_names
 
 
-def concept_rows(model: torch.nn.Module, modules: ExactLocal, x: torch.Tensor, labels: Mapping[str, torch.Tensor],
+def concept_rows(model: torch.nn.Module, modules: ModuleMap, x: torch.Tensor, labels: Mapping[str, torch.Tensor],
                  interventions: Mapping[str, torch.Tensor], *, supervised: set[str], has_task: bool, task: str,
                  gamma: float) -> np.ndarray:
     """Each row's gradient of its own eq. (2) loss over every released coordinate, in spec order
