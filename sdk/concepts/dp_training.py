@@ -18,10 +18,9 @@ Guarantees: the modules a hospital releases are (ε, δ)-DP with respect to addi
 of its training patients (its row, its concept labels and its task label), ε composed over every
 step of every round in the ledger. Does not cover: the DAG vote (graph-level, no patient
 values; sent before training, outside the accountant), :meth:`ConceptTask.evaluate` /
-``predict`` outputs, or the validation split. Only ``mode = "local"``: distributed DP for
-concept models is in the research loop (:mod:`research.fcm_bnlearn.fcm_federation`); the
-runtime refuses it for the reason :data:`DISTRIBUTED_GAP` states (not implemented, not
-impossible).
+``predict`` outputs, or the validation split. ``mode = "distributed"`` is
+:mod:`.distributed_training` (one step a round, a Skellam share of the federation's noise);
+:func:`concept_dp_trainer` builds either from ``[privacy]``.
 """
 
 from __future__ import annotations
@@ -42,15 +41,8 @@ from ..privacy.guard import refuse_coupled_plan
 from ..privacy.noise import secure_gaussian
 from ..privacy.trainer import ledger_and_sigma, poisson_indices
 from ..training.trainer import TrainOutcome
+from .distributed_training import ConceptDistributedTrainer, concept_distributed_trainer
 from .dp import dp_sgd_step, trainable_names
-
-#: why concept tasks refuse distributed DP (docs/privacy.md, "The DP matrix"): a missing piece of
-#: the runtime, not a limit of the mechanism
-DISTRIBUTED_GAP = ("the voted run (vote, derive the model, train) has no distributed-DP plumbing -- no "
-                   "[dp_policy] check over the derived model's dimension, no one-DP-SGD-step-a-round concept task "
-                   "with its Skellam share and ledger. Nothing in the mechanism forbids it: every hospital can "
-                   "add its share to every coordinate, zeros on the modules it does not train, as the research "
-                   "loop does (research/fcm_bnlearn/fcm_federation.py).")
 
 
 class ConceptDPTrainer:
@@ -122,23 +114,25 @@ class ConceptDPTrainer:
 
 
 def concept_dp_trainer(*, privacy: PrivacySection, n_train: int, site: str, state_dir: str | Path,
-                       signer: Identity) -> ConceptDPTrainer:
-    """The concept task's DP trainer from ``[privacy]``, as NS-FL's ``dp_trainer_factory``: σ is
-    ``noise_multiplier`` or calibrated to ``target_epsilon`` (default ``epsilon_budget``) over
-    ``planned_rounds`` × ``planned_local_epochs`` epochs.
+                       signer: Identity) -> ConceptDPTrainer | ConceptDistributedTrainer:
+    """The concept task's DP trainer from ``[privacy]``, chosen by ``mode``. ``local``: as NS-FL's
+    ``dp_trainer_factory``, σ is ``noise_multiplier`` or calibrated to ``target_epsilon`` (default
+    ``epsilon_budget``) over ``planned_rounds`` × ``planned_local_epochs`` epochs. ``distributed``:
+    :func:`.distributed_training.concept_distributed_trainer` (σ, q, h and ``planned_rounds`` as
+    the federation's ``[dp_policy]``).
 
     Raises:
         PrivacyError: DP not enabled, or σ to calibrate without ``planned_rounds``.
-        ConfigError: ``mode = "distributed"`` or adaptive clipping (not implemented for concept models).
+        ConfigError: adaptive clipping (not implemented for concept models); a distributed value missing.
     """
     if not privacy.enabled:
         raise PrivacyError("concept_dp_trainer needs [privacy] enabled = true.")
-    if privacy.mode != "local":
-        raise ConfigError(f"Hospital {site!r}: [privacy] mode = {privacy.mode!r} is not implemented for concept "
-                          f"tasks in the runtime: {DISTRIBUTED_GAP} Fix: set mode = 'local'.")
     if privacy.clipping != "flat":
         raise ConfigError(f"Hospital {site!r}: [privacy] clipping = {privacy.clipping!r} is not implemented for "
                           "concept tasks. Fix: set clipping = 'flat'.")
+    if privacy.mode == "distributed":
+        return concept_distributed_trainer(privacy=privacy, n_train=n_train, site=site, state_dir=state_dir,
+                                           signer=signer)
     ledger, sigma = ledger_and_sigma(privacy, site=site, state_dir=state_dir, n_train=n_train, signer=signer)
     return ConceptDPTrainer(ledger=ledger, n_train=n_train, noise_multiplier=float(sigma),
                             clip_norm=privacy.clip_norm, batch_size=privacy.batch_size)

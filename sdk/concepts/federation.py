@@ -163,7 +163,11 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
     With ``privacy`` enabled every hospital trains with patient-level DP-SGD
     (:mod:`.dp_training`; its ledger in ``state_dir/<site>``) and the training server requires a
     ledger entry within ``[dp_policy]`` (max ε = ``epsilon_budget``, δ, max clip = ``clip_norm``)
-    in every report, as NS-FL's simulation does. The vote is not covered by the accountant.
+    in every report, as NS-FL's simulation does. Under ``mode = "distributed"``
+    (:mod:`.distributed_training`; ``planned_rounds`` defaults to ``federation.rounds``) the policy
+    is distributed (:func:`dp_policy_section`): the server checks it against the derived model's
+    dimension when it builds the training run, every share at its published scale and the
+    aggregate's noise each round. The vote is not covered by the accountant.
 
     ``encoder()`` builds the encoder (called once per hospital after ``torch.manual_seed
     (federation.seed)``, so every hospital starts from the same weights).
@@ -173,6 +177,8 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
             concept in a site's proposal, a site name used twice, or DP without ``state_dir``.
     """
     dp = privacy if privacy is not None and privacy.enabled else None
+    if dp is not None and dp.planned_rounds is None:  # as simulate() fills it in
+        dp = dp.model_copy(update={"planned_rounds": federation.rounds})
     if dp is not None and state_dir is None and dp.state_dir is None:
         raise ConfigError("A concept federation with [privacy] enabled needs a state directory for the hospitals' "
                           "privacy ledgers: set [privacy] state_dir (or pass state_dir).")
@@ -194,8 +200,7 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
                                       federation_id=federation.id, dictionary_hash=dictionary_hash, release=release,
                                       ledger_dir=Path(dp.state_dir or state_dir) / s.name if dp else None)  # type: ignore[arg-type]
                for s in sites}
-    policy = DPPolicySection(max_epsilon=dp.epsilon_budget, delta=dp.delta, max_clip_norm=dp.clip_norm).policy() \
-        if dp is not None else None
+    policy = dp_policy_section(dp).policy() if dp is not None else None
     side = ServerSide(federation=federation, identity=server_identity, enrolled=publics, dp_policy=policy,
                       audit_dir=audit.directory, audit=None if audit.closed else audit)
     losses: list[dict[str, float]] = []
@@ -214,6 +219,19 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
                              vote_server=run.vote_server, server=run.server,
                              hospitals={n: m.trained for n, m in members.items() if m.trained is not None},
                              round_losses=losses)
+
+
+def dp_policy_section(privacy: PrivacySection) -> DPPolicySection:
+    """The training server's ``[dp_policy]`` for hospitals that share ``privacy``: its bounds (max ε =
+    ``epsilon_budget``, δ, max clip = ``clip_norm``) and, under ``mode = "distributed"``, the
+    mechanism (σ, q, h, the rounds of the promise = ``planned_rounds``), as NS-FL's simulation."""
+    if privacy.mode != "distributed":
+        return DPPolicySection(max_epsilon=privacy.epsilon_budget, delta=privacy.delta,
+                               max_clip_norm=privacy.clip_norm)
+    return DPPolicySection(max_epsilon=privacy.epsilon_budget, delta=privacy.delta, max_clip_norm=privacy.clip_norm,
+                           min_noise_multiplier=0.0, mode="distributed", mechanism=privacy.mechanism,
+                           noise_multiplier=privacy.noise_multiplier, sample_rate=privacy.sample_rate,
+                           min_honest=privacy.min_honest, rounds=privacy.planned_rounds)
 
 
 def vote_models(vote_task: ConceptTask, *, dictionary_hash: str, vote_rounds: int, seed: int) -> RunModels:

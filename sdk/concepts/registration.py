@@ -41,6 +41,13 @@ REFUSED_IN_SIMULATE = ("task = \"concepts\" is a voted run whose hospitals each 
                        "(docs/concepts.md).")
 
 
+#: why ``[selection]`` is refused for concept runs, in every [privacy] mode (docs/privacy.md, "The DP matrix")
+NO_MODEL_CHOICE = ("a concept run has no model choice to make, with or without DP: the voted run trains the one "
+                   "model derived from the vote and keeps its last round (no candidates, restarts, early stopping "
+                   "or kept round; the task reports no validation loss), so there is no validation statistic to "
+                   "release, privately or not.")
+
+
 def problems(config: HospitalConfig) -> list[str]:
     """Everything wrong with ``[concepts]`` for a voted run, at once."""
     c = config.concepts
@@ -55,11 +62,8 @@ def problems(config: HospitalConfig) -> list[str]:
     extra = sorted(set(c.states) - set(c.concepts))
     if extra:
         out.append(f"[concepts] states names {extra[:5]}, which are not concepts")
-    if config.privacy.enabled and config.privacy.mode == "distributed":
-        from .dp_training import DISTRIBUTED_GAP
-
-        out.append(f"[privacy] mode = 'distributed' is not implemented for concept tasks: {DISTRIBUTED_GAP} Use "
-                   "mode = 'local'")
+    if config.selection.enabled:
+        out.append(f"[selection] enabled = true: {NO_MODEL_CHOICE} Remove it (or set enabled = false)")
     return out
 
 

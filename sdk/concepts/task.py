@@ -10,9 +10,11 @@ modules of the concepts it has labels for, and the task head if it has task labe
 other module is frozen (no gradient) and :meth:`ConceptTask.trained_modules` leaves it out,
 so nothing is sent for it and the server averages each module over its contributors only.
 
-Patient-level DP (F-CMs appendix E.4): with ``privacy=`` (:mod:`.dp_training`, built from the
-``[privacy]`` section NS-FL uses) every local step is DP-SGD on those same modules and the round's
-ledger entry goes into the signed report.
+Patient-level DP (F-CMs appendix E.4), from the ``[privacy]`` section NS-FL uses: with a local-DP
+trainer (:mod:`.dp_training`) every local step is DP-SGD on those same modules; with a
+distributed-DP trainer (:mod:`.distributed_training`) a round is one DP-SGD step whose noise is a
+share of the federation's, and the task then releases **every** module (zeros + noise on those it
+does not train) with weight q·n. Either way the round's ledger entry goes into the signed report.
 
 DAG voting (section 4.2.1): with ``vote=True`` the task's module map holds one more shared
 module, :data:`~clinograph.secure.dag_voting.VOTE_MODULE` (float64, never trained by the
@@ -42,7 +44,9 @@ from clinograph.core.spec import ModuleKind
 
 from ..federation.task import TaskBase
 from ..model.modules import ModuleMap, Piece
+from ..privacy.distributed_round import ExactLocal
 from ..training.trainer import TrainOutcome
+from .distributed_training import ConceptDistributedTrainer
 from .dp_training import ConceptDPTrainer
 from .model import ConceptModel, fcm_loss, random_interventions
 from .params import freeze_unsupervised, module_parameters, trainable_modules
@@ -105,17 +109,21 @@ class ConceptTask(TaskBase):
         split: train / validation / test row indices.
         vote: the hospital's DAG proposal, or None to send no vote.
         training: local training settings.
-        privacy: patient-level DP-SGD (:func:`.dp_training.concept_dp_trainer` from ``[privacy]``),
-            or None to train without DP (no guarantee).
+        privacy: patient-level DP-SGD from ``[privacy]`` (:func:`.dp_training.concept_dp_trainer`:
+            local or distributed by ``mode``), or None to train without DP (no guarantee).
     """
 
     name = "concepts"
 
     def __init__(self, *, model: ConceptModel | None, inputs: torch.Tensor | Callable[[torch.Tensor], Any],
                  labels: Mapping[str, torch.Tensor], task: str, split: Any, vote: ConceptVote | None = None,
-                 training: ConceptTraining | None = None, privacy: ConceptDPTrainer | None = None):
+                 training: ConceptTraining | None = None,
+                 privacy: ConceptDPTrainer | ConceptDistributedTrainer | None = None):
         if model is None and vote is None:
             raise ConfigError("A ConceptTask needs a model, a vote, or both.")
+        if isinstance(privacy, ConceptDistributedTrainer) and (model is None or vote is not None):
+            raise ConfigError("Distributed DP trains a concept model alone: the vote runs before it, outside the "
+                              "accountant (build the vote task without privacy).")
         self.model, self.task, self.split = model, task, split
         self.training = training or ConceptTraining()
         self.privacy = privacy
@@ -123,6 +131,8 @@ class ConceptTask(TaskBase):
         self._inputs = inputs
         self.vote = vote
         self.modules, self._vote_param = concept_module_map(model, concepts=vote.concepts if vote else None)
+        if isinstance(privacy, ConceptDistributedTrainer):  # released modules read θ − z/(s·w) in a round
+            self.modules = ExactLocal(self.modules)
         train = torch.as_tensor(np.asarray(split.train), dtype=torch.long)
         #: nodes with at least one training label here: the concepts this hospital supervises, I^(k)
         self.supervised = {v for v, y in self.labels.items() if len(train) and bool((y[train] >= 0).any())}
@@ -133,7 +143,10 @@ class ConceptTask(TaskBase):
         return f"ConceptTask(kind={self.model.kind if self.model else None!r}, supervised={len(self.supervised)})"
 
     @property
-    def num_samples(self) -> int:
+    def num_samples(self) -> float:  # type: ignore[override]
+        """Training patients; under distributed DP the expected batch q·n (FedSGD's weight)."""
+        if isinstance(self.privacy, ConceptDistributedTrainer):
+            return self.privacy.expected_batch
         return int(len(self.split.train))
 
     def _batch(self, idx: torch.Tensor) -> Any:
@@ -149,6 +162,15 @@ class ConceptTask(TaskBase):
             freeze_unsupervised(model, supervised=concepts, has_task=self.has_task)
             train = torch.as_tensor(np.asarray(self.split.train), dtype=torch.long)
             nodes = sorted(concepts & set(model.graph.nodes))
+            if isinstance(self.privacy, ConceptDistributedTrainer):  # one step, a share of the noise
+                if not isinstance(self.modules, ExactLocal):  # pragma: no cover - set in __init__
+                    raise ConfigError("distributed DP needs the task's exact local module map")
+                return self.privacy.train(
+                    model=model, modules=self.modules, batch=self._batch, labels=self.labels, train_idx=train,
+                    interventions=lambda lab: random_interventions(lab, nodes=nodes, p=cfg.p_intervention,
+                                                                   generator=self._gen),
+                    supervised=concepts, has_task=self.has_task, task=self.task, gamma=cfg.gamma, round_=round_,
+                    epochs=epochs, plan_options=plan_options)
             if self.privacy is not None:  # DP-SGD on the same modules (F-CMs E.4, .dp_training)
                 outcome = self.privacy.train(
                     model=model, batch=self._batch, labels=self.labels, train_idx=train, lr=cfg.lr,
@@ -185,7 +207,10 @@ class ConceptTask(TaskBase):
                 self._vote_param.sub_(torch.from_numpy(self.vote.unit_vote()))
 
     def trained_modules(self, outcome: TrainOutcome) -> list[str]:
-        """The encoder, the supervised concepts' modules, the task head if labelled, the vote."""
+        """The encoder, the supervised concepts' modules, the task head if labelled, the vote; under
+        distributed DP every module (each carries this hospital's noise share)."""
+        if isinstance(self.privacy, ConceptDistributedTrainer):
+            return self.modules.names(ModuleKind.SHARED)
         out: list[str] = []
         if self.model is not None:
             out = trainable_modules(self.model, supervised=self.supervised - {self.task}, has_task=self.has_task)
@@ -199,7 +224,8 @@ class ConceptTask(TaskBase):
         return {"round": None}
 
     def after_round(self) -> None:
-        return None
+        if isinstance(self.modules, ExactLocal):
+            self.modules.clear()
 
     @torch.no_grad()
     def _output(self, idx: np.ndarray):

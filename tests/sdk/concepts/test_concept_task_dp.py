@@ -111,10 +111,16 @@ def test_the_ledger_records_epsilon_and_refuses_past_the_budget(tmp_path):
         task.train(round_=2, epochs=1, plan_options={})
 
 
-def test_distributed_mode_is_refused_with_the_fix(tmp_path):
+def test_distributed_mode_builds_the_distributed_trainer_or_names_what_is_missing(tmp_path):
+    """mode = "distributed" picks the one-step-a-round trainer (tests/sdk/concepts/test_concept_distributed_dp.py)."""
+    from clinograph.sdk.concepts.distributed_training import ConceptDistributedTrainer
+
     priv = PrivacySection(enabled=True, mode="distributed", noise_multiplier=1.0)
-    with pytest.raises(ConfigError, match="mode = 'distributed' is not implemented for concept tasks.*mode = 'local'"):
+    with pytest.raises(ConfigError, match=r"needs \['sample_rate', 'min_honest', 'planned_rounds'\]"):
         concept_dp_trainer(privacy=priv, n_train=30, site="h1", state_dir=tmp_path, signer=SIGNER)
+    priv = priv.model_copy(update={"sample_rate": 0.5, "min_honest": 2, "planned_rounds": 3})
+    trainer = concept_dp_trainer(privacy=priv, n_train=30, site="h1", state_dir=tmp_path, signer=SIGNER)
+    assert isinstance(trainer, ConceptDistributedTrainer) and trainer.expected_batch == 15.0
 
 
 def _site(name: str, k: int) -> ConceptSite:

@@ -1,0 +1,176 @@
+"""Patient-level distributed DP for :class:`~.task.ConceptTask` in the runtime (``[privacy] mode =
+"distributed"``): one DP-SGD step a round over the federation's patients, each hospital's noise a
+Skellam share of one Gaussian-like noise that exists only in the masked sum.
+
+The concept-model counterpart of NS-FL's distributed task, built on the same pieces
+(:mod:`clinograph.sdk.privacy.distributed`, :mod:`clinograph.sdk.privacy.distributed_round`) and
+the same per-patient engine as local DP (:func:`.dp.concept_clipper`). Each round, at hospital k:
+
+1. Poisson-sample its training patients at the federation's q (CSPRNG coins; q = 1: all of them).
+2. Each sampled patient's gradient of its own F-CMs eq. (2) loss (:func:`.dp.row_losses`), over
+   **every coordinate of the derived model** in spec order: the modules it trains (the encoder,
+   its supervised concepts, the task head if it has task labels; section 4.2.3) carry the
+   gradient, every other module zeros. The whole row is clipped to C.
+3. The rows scaled by the ring scale s, rounded randomly, summed, and the Skellam share
+   Sk(μ/h), μ = (σ·C·s)², added to **every** coordinate -- the zeros included, so the server's
+   noise test and its every-module rule hold whatever a hospital supervises.
+4. The client sends z/s as its weighted update with weight w = q·n (its expected batch) for every
+   module; the masked mode sums the z exactly and FedSGD applies θ ← θ − η·Σ_k z_k/(s·Σ_k q·n_k)
+   to every module.
+
+Consequences of step 4: a module trained by some hospitals only is divided by every hospital's
+expected batch, not only its trainers' (a smaller effective step; no privacy effect), as for the
+modality encoders under distributed DP; and the step size is the server's (``[federation]
+server_lr``), not the hospital's ``[concepts] lr`` (no local optimiser runs).
+
+Guarantees: the aggregate each round is the Skellam mechanism over the honest hospitals' shares
+(σ, q, C, s, d = the derived model's released coordinates), accounted per hospital in its signed
+:class:`~clinograph.sdk.privacy.distributed.DistributedLedger` (ε relied on and ε alone), checked
+before the round and committed after it; the server checks every share at its published scale and
+dimension, the ε floors and the aggregate's noise (:mod:`clinograph.secure.dp_checks`), and
+``[dp_policy]`` against the derived model's dimension when the training run is built
+(:func:`clinograph.secure.runtime.build.build_server`, after the vote, before the first
+training round). Does not cover: the DAG vote (graph-level, no patient values, before training),
+:meth:`ConceptTask.evaluate` / ``predict`` outputs, or the validation split (no model choice for
+concept runs: the last round's model is kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+from clinograph.secure.dp import CsprngUniform, DistributedPolicy
+
+from clinograph.core.errors import PrivacyError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModuleKind
+
+from ..model.modules import ModuleMap
+from ..privacy.distributed import DistributedLedger, clip_rows, poisson_sample
+from ..privacy.distributed_round import (
+    ExactLocal,
+    noised_sum,
+    plan_ring,
+    privacy_policy,
+    round_record,
+)
+from ..privacy.guard import refuse_coupled_plan
+from ..training.trainer import TrainOutcome
+from .dp import ConceptLabels, concept_clipper, trainable_names
+
+
+def concept_rows(model: torch.nn.Module, modules: ModuleMap, x: torch.Tensor, labels: Mapping[str, torch.Tensor],
+                 interventions: Mapping[str, torch.Tensor], *, supervised: set[str], has_task: bool, task: str,
+                 gamma: float) -> np.ndarray:
+    """Each row's gradient of its own eq. (2) loss over every released coordinate, in spec order
+    (the shared modules' pieces, as :meth:`ModuleMap.get` concatenates them), zeros on parameters
+    the hospital does not train (frozen: no gradient). Shapes: x [B, ...] -> [B, d] float64.
+
+    The per-patient engine of local DP (:func:`.dp.concept_clipper`, tested against a per-patient loop)."""
+    b = int(x.shape[0])
+    pieces = [(pc.param, pc.row) for name in modules.names(ModuleKind.SHARED) for pc in modules.pieces(name)]
+    dim = sum(int(p.numel()) if row is None else int(p[row].numel()) for p, row in pieces)
+    if b == 0:
+        return np.zeros((0, dim))
+    engine = concept_clipper(model, trainable_names(model), like=x)  # type: ignore[arg-type]
+    grads, _ = engine.per_sample(x, dict(interventions), labels=ConceptLabels(
+        dict(labels), frozenset(supervised), bool(has_task), task, float(gamma)))
+    index = {id(p): i for i, p in enumerate(engine.params)}
+    cols = []
+    for p, row in pieces:
+        i = index.get(id(p))
+        g = grads[i] if i is not None else None
+        g = torch.zeros((b, *p.shape), dtype=torch.float64) if g is None else g.detach().double()
+        cols.append((g if row is None else g[:, row]).reshape(b, -1))
+    return torch.cat(cols, dim=1).numpy()
+
+
+class ConceptDistributedTrainer:
+    """One DP-SGD step a round of one hospital's concept model under distributed DP, with its
+    ledger (see the module docstring).
+
+    Args:
+        ledger: this hospital's :class:`DistributedLedger`.
+        policy: the federation's mechanism as this hospital holds itself to it (its ``[privacy]``).
+        n_train: training patients (public: fixes the expected batch q·n, the FedSGD weight).
+    """
+
+    #: every module of the derived model is released at every round (zeros + noise where untrained)
+    releases_every_module = True
+
+    def __init__(self, *, ledger: DistributedLedger, policy: DistributedPolicy, n_train: int):
+        self.ledger, self.policy, self.n_train = ledger, policy, int(n_train)
+        self.sampler = CsprngUniform()
+        self.last_batch = 0
+
+    def __repr__(self) -> str:
+        p = self.policy
+        return (f"ConceptDistributedTrainer(site={self.ledger.site!r}, sigma={p.noise_multiplier:g}, "
+                f"q={p.sample_rate:g}, clip={p.clip_norm:g}, h={p.min_honest})")
+
+    @property
+    def expected_batch(self) -> float:
+        """q·n: the hospital's FedSGD weight."""
+        return self.policy.sample_rate * self.n_train
+
+    def train(self, *, model: torch.nn.Module, modules: ExactLocal, batch: Callable[[torch.Tensor], object],
+              labels: Mapping[str, torch.Tensor], train_idx: torch.Tensor,
+              interventions: Callable[[Mapping[str, torch.Tensor]], dict], supervised: set[str], has_task: bool,
+              task: str, gamma: float, round_: int, epochs: int,
+              plan_options: Mapping[str, float | int | str | bool]) -> TrainOutcome:
+        """One round: steps 1-3 of the module docstring; ``modules`` then reads θ − z/(s·w).
+
+        Raises:
+            PrivacyError: the plan is not a distributed-DP round (not masked, fixed weights, more
+                than one epoch, threshold below h), the noisy sum leaves the masked range, or the
+                encoding would not give z back -- nothing is sent.
+            PrivacyBudgetExceeded: the round would pass the budget (before training).
+        """
+        site = self.ledger.site
+        refuse_coupled_plan(plan_options, site=site)
+        weight = self.expected_batch
+        scale, bound = plan_ring(plan_options, site=site, policy=self.policy, epochs=epochs, weight=weight)
+        shared = modules.spec().shared
+        record = round_record(self.policy, round_=round_, scale=scale, dim=sum(m.size for m in shared))
+        self.ledger.check_round(record)
+        n = int(len(train_idx))
+        idx = train_idx[torch.as_tensor(poisson_sample(n, self.policy.sample_rate, source=self.sampler),
+                                        dtype=torch.long)]
+        lab = {v: y[idx] for v, y in labels.items()}
+        model.train()
+        try:
+            rows = concept_rows(model, modules, batch(idx), lab, interventions(lab),  # type: ignore[arg-type]
+                                supervised=supervised, has_task=has_task, task=task, gamma=gamma)
+        finally:
+            for p in model.parameters():
+                p.grad = None
+        step = noised_sum(clip_rows(rows, self.policy.clip_norm), policy=self.policy, scale=scale,
+                          batch=int(idx.numel()), source=self.sampler)
+        if np.abs(step.z).max(initial=0) / scale > bound:
+            raise PrivacyError(f"Hospital {site!r}: its noisy sum leaves the masked range (masked.clip = {bound:g}); "
+                               "nothing is sent this round. Raise [federation] masked_clip.")
+        parts, at = {}, 0
+        for m in shared:
+            parts[m.name], at = step.z[at:at + m.size], at + m.size
+        modules.set_local(parts, scale=scale, weight=weight)
+        self.last_batch = step.batch
+        entry = self.ledger.commit(record)
+        return TrainOutcome(loss=0.0, used_similar_to=False, ledger=entry, extras={"epsilon": entry.epsilon})
+
+
+def concept_distributed_trainer(*, privacy: object, n_train: int, site: str, state_dir: str | Path,
+                                signer: Identity) -> ConceptDistributedTrainer:
+    """The concept task's distributed-DP trainer from ``[privacy]`` (``mode = "distributed"``;
+    σ, q, h and ``planned_rounds`` given, as the federation's ``[dp_policy]``); its ledger in
+    ``state_dir``, signed by ``signer``.
+
+    Raises:
+        ConfigError: a value of the mechanism is missing.
+    """
+    policy = privacy_policy(privacy)
+    ledger = DistributedLedger(state_dir, site=site, budget_epsilon=policy.max_epsilon, delta=policy.delta,
+                               signer=signer)
+    return ConceptDistributedTrainer(ledger=ledger, policy=policy, n_train=n_train)
