@@ -41,6 +41,7 @@ def _dp_sides(model, fi, x, m, y) -> tuple[dict, int]:
     """The two DP steps on ``model`` (its unused star parameters frozen, as DPTrainer does), and the
     number of trainable parameters (each patient's gradient has that many entries)."""
     from clinograph.sdk.privacy.noise import install_secure_noise, secure_gaussian
+    from clinograph.sdk.privacy.part_rules import register_opacus_samplers
     from clinograph.sdk.privacy.per_patient import PerPatientClipper, star_probe
     from clinograph.sdk.privacy.trainer import star_loss, unused_star_parameters
     from opacus.grad_sample import get_gsm_class
@@ -59,6 +60,7 @@ def _dp_sides(model, fi, x, m, y) -> tuple[dict, int]:
         clipper.assign((out.summed + noise.to(out.summed.dtype)) / len(y))
         sgd.step()
 
+    register_opacus_samplers()  # the piecewise encoding's KnotLinear
     gsm = get_gsm_class("hooks")(model, batch_first=True, loss_reduction="mean")
     dp_opt = DPOptimizer(torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0),
                          noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=len(y))
