@@ -8,6 +8,9 @@ and 5. DP is refused with ``similar_to`` (privacy.md), so the DP arms run at k =
 
     python -m benchmarks.runtime_speed.nsfl_dp_step            # 30 repetitions, writes results/nsfl_dp_step.json
     python -m benchmarks.runtime_speed.nsfl_dp_step --quick    # 5 repetitions, prints
+
+Reported per arm: medians of wall time and of the thread's CPU time (``cpu_*``, ``time.thread_time``;
+on the shared machine other sessions' load inflates wall time, not CPU time).
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ def _dp_sides(model, fi, x, m, y) -> tuple[dict, int]:
         clipper.assign((out.summed + noise.to(out.summed.dtype)) / len(y))
         sgd.step()
 
+    from clinograph.sdk.privacy import part_rules
+
+    if hasattr(part_rules, "register_opacus_samplers"):  # the piecewise encoding's KnotLinear (a "before" run
+        part_rules.register_opacus_samplers()  # on main 3af28ff has plain nn.Linear leaves only)
     gsm = get_gsm_class("hooks")(model, batch_first=True, loss_reduction="mean")
     dp_opt = DPOptimizer(torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0),
                          noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=len(y))
@@ -107,21 +114,27 @@ def main() -> None:
             sides[(name, enc)] = fn
     load_before = os.getloadavg()
     times: dict[tuple[str, str], list[float]] = {key: [] for key in sides}
+    cpu: dict[tuple[str, str], list[float]] = {key: [] for key in sides}
     for _ in range(3):  # warm-up
         for fn in sides.values():
             fn()
     for _ in range(reps):  # interleaved: every side sees the same machine load
         for key, fn in sides.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             fn()
             times[key].append(time.perf_counter() - t0)
+            cpu[key].append(time.thread_time() - c0)
     rows = []
     for arm in dict.fromkeys(a for a, _ in sides):
         row = {"step": arm, "batch": 64, **{f"{e}_ms": 1000 * median(times[(arm, e)]) for e in ENCODINGS}}
         row.update({f"{e}_over_linear": row[f"{e}_ms"] / row["linear_ms"] for e in ENCODINGS[1:]})
+        row.update({f"cpu_{e}_ms": 1000 * median(cpu[(arm, e)]) for e in ENCODINGS})
+        row.update({f"cpu_{e}_over_linear": row[f"cpu_{e}_ms"] / row["cpu_linear_ms"] for e in ENCODINGS[1:]})
         rows.append(row)
         print(row, flush=True)
-    emit({"benchmark": "nsfl_dp_step", "reps": reps, "statistic": "median seconds of one step, x1000",
+    emit({"benchmark": "nsfl_dp_step", "reps": reps,
+          "statistic": "median seconds of one step, x1000 (wall; cpu_*: the thread's CPU time, which other "
+                       "processes' load does not inflate)",
           "trainable_parameters_under_dp": n_params, "machine": machine(), "load_average_before_timing": list(load_before),
           "load_average_after": list(os.getloadavg()), "rows": rows}, out=out_path(__file__, a))
 

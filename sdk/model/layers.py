@@ -1,9 +1,9 @@
 """One relation's attention at one layer, NS-FL eqs. (1)-(3), on edge lists or dense stars.
 
-Only ``nn.Linear`` and ``nn.Embedding`` leaves, so Opacus computes exact per-sample gradients
-in hooks mode for the dense (star) path (privacy.md). The piecewise value encoding keeps that:
-its basis B_k(x) is a fixed function of the edge value (no parameters) that scales the outputs
-of one more ``nn.Linear``.
+Only ``nn.Linear`` (and its subclass :class:`KnotLinear`) and ``nn.Embedding`` leaves, each with a
+rule in the per-patient engine (``sdk/privacy/part_rules.py``). The piecewise value encoding's
+basis B_k(x) is a fixed function of the edge value (no parameters) that weights the input of
+one more Linear, ``KnotLinear``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,35 @@ def hat_pair(values: torch.Tensor, knots: torch.Tensor) -> tuple[torch.Tensor, t
     return k, ((values - lo) / (hi - lo)).clamp(0.0, 1.0)
 
 
+class KnotLinear(nn.Linear):
+    """U of the piecewise value encoding: ``nn.Linear(d, M·d)`` whose row block k holds U_k [d, d]
+    (the parameter and its state_dict entry are those of the plain Linear).
+
+    ``U(h)``: the Linear, every U_k h (the table path, :meth:`RelationAttention._dense_rows`).
+    ``U(h, B(x))``: Σ_k B_k(x) U_k h, one product of the knot-weighted input B(x) ⊗ h [..., M·d]
+    with [U_0 … U_{M-1}] [d, M·d] (the per-copy path; forward and backward about half the time
+    of U h followed by the basis-weighted sum). B(x) is a fixed function of the data: no gradient
+    is sent back to it. The per-patient engine reads that call as a Linear over B(x) ⊗ h whose
+    ghost norm factorises, (e_t·e_s) = (h_t·h_s)(B_t·B_s)
+    (:class:`clinograph.sdk.privacy.ghost.KnotWeight`). Shapes: [..., d] -> [..., M·d];
+    [..., d], [..., M] -> [..., d]."""
+
+    def __init__(self, hidden: int, n_knots: int):
+        super().__init__(hidden, n_knots * hidden, bias=False)
+        self.n_knots = n_knots
+
+    def forward(self, h: torch.Tensor, basis: torch.Tensor | None = None) -> torch.Tensor:
+        if basis is None:
+            return super().forward(h)
+        e = (basis.detach().unsqueeze(-1) * h.unsqueeze(-2)).flatten(-2)  # B(x) ⊗ h, [..., M·d]
+        return F.linear(e, self.blocks())
+
+    def blocks(self) -> torch.Tensor:
+        """[U_0 … U_{M-1}] [d_out, M·d_in]: column block k = U_k (the weight's row block k)."""
+        d = self.in_features
+        return self.weight.reshape(self.n_knots, -1, d).transpose(0, 1).reshape(-1, self.n_knots * d)
+
+
 class RelationAttention(nn.Module):
     """Messages and attention of relation r.
 
@@ -59,8 +88,8 @@ class RelationAttention(nn.Module):
     g_j(x) = Σ_k G_jk B_k(x), each channel j of feature v scaled by its own state h_vj, so a
     read-out of the message is a per-feature combination of the shared curves. Parameters M·d
     instead of M·d² and about the cost of V (a DP step: the gated form ~1.2× the linear encoding's,
-    the full form ~2.6×, bound by its M·d² parameters' per-patient gradients and noise;
-    benchmarks/runtime_speed/results/nsfl_dp_step.json).
+    the full form ~2.4×, bound by its M·d² parameters' per-copy products and noise;
+    benchmarks/runtime_speed/results/nsfl_dp_step_hspeed.json).
     """
 
     def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2,
@@ -73,8 +102,9 @@ class RelationAttention(nn.Module):
         self.n_knots = len(value_knots)
         self.value_gated = bool(value_knots) and value_gated
         #: Σ_k B_k(x) U_k h (full) or the curves G B(x) (gated); zero-initialised by NSFLModel
-        self.U = nn.Linear(self.n_knots if self.value_gated else hidden,
-                           hidden if self.value_gated else self.n_knots * hidden, bias=False) if value_knots else None
+        self.U: nn.Linear | None = None
+        if value_knots:
+            self.U = nn.Linear(self.n_knots, hidden, bias=False) if self.value_gated else KnotLinear(hidden, self.n_knots)
         # non-persistent: public constants, not state (the state_dict holds only U's weight)
         self.register_buffer("value_knots", torch.tensor(value_knots, dtype=torch.float32), persistent=False)
         self.a_dst = nn.Linear(hidden, 1, bias=False)
@@ -90,11 +120,9 @@ class RelationAttention(nn.Module):
             m = m + x.unsqueeze(-1) * self.V(h_src)
             if self.U is not None and self.value_gated:
                 m = m + self.U(hat_basis(x, self.value_knots.to(x.dtype)).to(h_src.dtype)) * h_src
-            elif self.U is not None:
-                u = self.U(h_src)
-                u = u.reshape(u.shape[:-1] + (self.n_knots, -1))  # [..., M, d]: U_k h_v
-                b = hat_basis(x, self.value_knots.to(x.dtype))  # [..., M]; all M knots: per copy, a dense
-                m = m + (b.unsqueeze(-1) * u).sum(-2)  # sum beats a two-row gather (benchmarks/runtime_speed/nsfl_step.py)
+            elif self.U is not None:  # Σ_k B_k(x) U_k h_v: one KnotLinear call on (h, B(x))
+                b = hat_basis(x, self.value_knots.to(x.dtype)).to(h_src.dtype)  # [..., M]
+                m = m + self.U(h_src, b)
         elif x is not None:
             m = x.unsqueeze(-1) * m
         return m

@@ -13,6 +13,9 @@ Li et al. 2022, "Large language models can be strong differentially private lear
 - Linear weight, T = 1: ‖g_i‖² = ‖a_i‖²‖b_i‖²; T > 1: ‖g_i‖² = Σ_{t,s} (a_t·a_s)(b_t·b_s), B·T²·(d_in+d_out)
   operations, used when below the B·T·d_in·d_out of forming g_i (Bu et al. 2022's mixed ghost
   clipping). The clipped sum is then one product Σ_{i,t} (c_i b_{i,t}) a_{i,t}ᵀ: no second backward.
+- the piecewise value encoding's ``KnotLinear`` called on [h ‖ B(x)]: a Linear over the
+  knot-weighted input e_t = B(x_t) ⊗ h_t, whose ghost norm factorises (e_t·e_s = (h_t·h_s)(B_t·B_s)):
+  B·T²·(d_in + M + d_out) operations instead of B·T²·(M·d_in + d_out) or forming B·T·M·d_in·d_out.
 - Embedding: ‖g_i‖² = Σ_{t,s} [j_t = j_s] (b_t·b_s) when T² < the table's rows, else g_i formed
   by a scatter; the clipped sum is an ``index_add`` of c_i b_{i,t} at the rows j_t.
 - a per-patient tensor (bias, the survival baseline): formed, [B, n].
@@ -23,6 +26,11 @@ Shapes: a [B, T, d_in], b [B, T, d_out]; indices [B, T]; c [B], in the parts' dt
 from __future__ import annotations
 
 import torch
+
+
+def sq_norms(rows: torch.Tensor) -> torch.Tensor:
+    """‖row‖² of each row, in one kernel. Shapes: [B, n] -> [B]."""
+    return torch.linalg.vecdot(rows, rows)
 
 
 class LayerPart:
@@ -48,7 +56,7 @@ class Formed(LayerPart):
         self.g = g.reshape(g.shape[0], -1)
 
     def norm2(self) -> torch.Tensor:
-        return self.g.square().sum(1)
+        return sq_norms(self.g)
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
         return c @ self.g
@@ -86,9 +94,9 @@ class LinearWeight(LayerPart):
     def norm2(self) -> torch.Tensor:
         if self.flat2d is not None:
             a, b = self.flat2d
-            return a.square().sum(1) * b.square().sum(1)
+            return sq_norms(a) * sq_norms(b)
         if self.formed is not None:
-            return self.formed.square().sum((1, 2))
+            return sq_norms(self.formed.reshape(self.formed.shape[0], -1))
         a, b = self._joined()
         return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
 
@@ -109,6 +117,34 @@ class LinearWeight(LayerPart):
         return w.reshape(w.shape[0], -1)
 
 
+class KnotWeight(LayerPart):
+    """g_i of a ``KnotLinear`` weight [M·d_out, d_in] from its calls on [h ‖ B(x)] (module docstring):
+    g_i[k·d_out + o, j] = Σ_t B_k(x_t) b_t[o] h_t[j]. Shapes: h [B, T, d_in], basis [B, T, M],
+    b [B, T, d_out]."""
+
+    def __init__(self, h: torch.Tensor, basis: torch.Tensor, b: torch.Tensor):
+        self.h, self.basis, self.b = h, basis, b
+
+    def norm2(self) -> torch.Tensor:
+        h, bs, b = self.h, self.basis, self.b
+        if h.shape[1] == 1:
+            return sq_norms(h[:, 0]) * sq_norms(bs[:, 0]) * sq_norms(b[:, 0])
+        gram = torch.bmm(h, h.transpose(1, 2)).mul_(torch.bmm(bs, bs.transpose(1, 2)))
+        return gram.mul_(torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
+
+    def _knot_backprops(self, c: torch.Tensor | None) -> torch.Tensor:
+        """B_k(x_t) b_t (times c_i), [B, T, M·d_out]."""
+        bs = self.basis if c is None else self.basis * c[:, None, None]
+        return (bs.unsqueeze(-1) * self.b.unsqueeze(-2)).flatten(2)
+
+    def clipped(self, c: torch.Tensor) -> torch.Tensor:
+        kb = self._knot_backprops(c)
+        return torch.mm(kb.reshape(-1, kb.shape[-1]).T, self.h.reshape(-1, self.h.shape[-1])).reshape(-1)
+
+    def per_sample(self) -> torch.Tensor:
+        return torch.bmm(self._knot_backprops(None).transpose(1, 2), self.h).reshape(self.h.shape[0], -1)
+
+
 class EmbeddingWeight(LayerPart):
     """g_i = the rows b_{i,t} added at the looked-up rows j_{i,t} of an Embedding [rows, d]."""
 
@@ -125,7 +161,7 @@ class EmbeddingWeight(LayerPart):
 
     def norm2(self) -> torch.Tensor:
         if self.formed is not None:
-            return self.formed.square().sum((1, 2))
+            return sq_norms(self.formed.reshape(self.formed.shape[0], -1))
         same = (self.index.unsqueeze(2) == self.index.unsqueeze(1)).to(self.b.dtype)
         return (same * torch.bmm(self.b, self.b.transpose(1, 2))).sum((1, 2))
 

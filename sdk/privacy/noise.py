@@ -20,6 +20,7 @@ Opacus's adaptive clipping's noise; Poisson sampling uses the ChaCha20 ``CsprngU
 
 from __future__ import annotations
 
+import math
 import os
 import types
 
@@ -29,29 +30,40 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 
 def csprng_uniform(n: int) -> np.ndarray:
-    """``n`` floats in (0, 1]: 53 bits each from ChaCha20 keyed by ``os.urandom(32)``."""
+    """``n`` floats in (0, 1]: 53 bits each from ChaCha20 keyed by ``os.urandom(32)``, (w + 1)·2^-53."""
     key, nonce = os.urandom(32), os.urandom(16)
     stream = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor().update(bytes(8 * n))
-    words = np.frombuffer(stream, dtype=np.uint64) >> np.uint64(11)
-    return (words.astype(np.float64) + 1.0) * (2.0 ** -53)
+    words = (np.frombuffer(stream, dtype=np.uint64) >> np.uint64(11)).view(np.int64)  # < 2^53: exact as int64
+    words += 1
+    out = words.astype(np.float64)  # signed conversion: one instruction a value (unsigned needs a fix-up)
+    out *= 2.0 ** -53
+    return out
 
 
 def csprng_normal(n: int) -> np.ndarray:
     """``n`` standard normals from :func:`csprng_uniform` by Box-Muller."""
-    m = (n + 1) // 2
-    u = torch.from_numpy(csprng_uniform(2 * m))  # torch's vectorised log/cos/sin: half numpy's time
-    r = torch.sqrt(-2.0 * torch.log(u[:m]))
-    t = (2.0 * np.pi) * u[m:]
-    return torch.cat([r * torch.cos(t), r * torch.sin(t)])[:n].numpy()
+    return _box_muller((n + 1) // 2)[:n].numpy()
+
+
+def _box_muller(m: int) -> torch.Tensor:
+    """2m standard normals, [r cos θ (m) | r sin θ (m)], r = √(−2 ln u₁), θ = 2π u₂, in place on one
+    CSPRNG draw (torch's vectorised log/cos/sin: half numpy's time)."""
+    u = torch.from_numpy(csprng_uniform(2 * m))
+    r = u[:m].log_().mul_(-2.0).sqrt_()
+    theta = u[m:].mul_(2.0 * math.pi)
+    return torch.cat([torch.cos(theta).mul_(r), theta.sin_().mul_(r)])
 
 
 def secure_gaussian(std: float, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """N(0, std²) noise of ``shape``: (Σ of 4 normals of std) / 2, CSPRNG-sourced."""
+    """N(0, std²) noise of ``shape``: (Σ of 4 normals of std) / 2, CSPRNG-sourced. The four
+    normals of value j are Box-Muller outputs j, n+j, 2n+j, 3n+j (independent: distinct pairs or
+    the two coordinates of one pair), summed in float64 before the one rounding to ``dtype``."""
     n = int(np.prod(shape)) if len(shape) else 1
     if std == 0 or n == 0:
         return torch.zeros(shape, dtype=dtype)
-    z = csprng_normal(4 * n).reshape(4, n).sum(0) / 2.0
-    return torch.from_numpy(std * z).to(dtype).reshape(shape)
+    z = _box_muller(2 * n)  # 4n normals
+    total = z[:n].add(z[n:2 * n]).add_(z[2 * n:3 * n]).add_(z[3 * n:])
+    return total.mul_(std / 2.0).to(dtype).reshape(shape)
 
 
 def _add_secure_noise(self) -> None:  # noqa: ANN001 - bound to an Opacus DPOptimizer

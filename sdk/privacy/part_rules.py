@@ -2,7 +2,8 @@
 
 A rule takes a leaf, its calls' (input, output gradient) pairs in one forward and the batch size,
 and returns each trainable parameter's :class:`~.ghost.LayerPart`. Built in: ``nn.Linear`` (and
-subclasses, the concepts' ``BlockLinear`` included), ``nn.Conv1d`` (a Linear over its output
+subclasses, the concepts' ``BlockLinear`` included; the piecewise encoding's ``KnotLinear`` has its own),
+``nn.Conv1d`` (a Linear over its output
 positions) and ``nn.Embedding``; a task registers its own leaf types with
 :func:`register_part_rule` (the survival head's baseline, :mod:`.survival`). A leaf type without a
 rule makes the engine refuse the model, naming the registered ones.
@@ -11,6 +12,7 @@ rule makes the engine refuse the model, naming the registered ones.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,9 +20,11 @@ from torch.nn import functional as F  # noqa: N812
 
 from clinograph.core.errors import PrivacyError
 
-from .ghost import EmbeddingWeight, Formed, LayerPart, LinearWeight, positions
+from ..model.layers import KnotLinear
+from .ghost import EmbeddingWeight, Formed, KnotWeight, LayerPart, LinearWeight, positions
 
-#: how a leaf's per-patient gradients follow from its calls' (input, output gradient) pairs:
+#: how a leaf's per-patient gradients follow from its calls' (input, output gradient) pairs (the input
+#: is a tuple when the leaf was called with several, e.g. ``KnotLinear(h, B(x))``):
 #: (module, calls, batch size) -> {parameter: its LayerPart}; extended by :func:`register_part_rule`
 PartRule = Callable[[nn.Module, list[tuple[torch.Tensor, torch.Tensor]], int], dict[int, LayerPart]]
 PART_RULES: dict[type, PartRule] = {}
@@ -48,6 +52,46 @@ def _linear_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]
         out[id(bias)] = Formed(pos[0][1][:, 0] if len(pos) == 1 and pos[0][1].shape[1] == 1
                                else sum(g3.sum(1) for _, g3 in pos))
     return out
+
+
+@register_part_rule(KnotLinear)
+def _knot_parts(mod: nn.Module, calls: list[tuple[Any, torch.Tensor]], b: int) -> dict[int, LayerPart]:
+    """The piecewise encoding's U: its calls on (h, B(x)) (the per-copy path) as a
+    :class:`~.ghost.KnotWeight`; called on h alone (the table path) it is a Linear."""
+    plain = [isinstance(a, torch.Tensor) for a, _ in calls]
+    if all(plain):
+        return _linear_parts(mod, calls, b)
+    if any(plain):
+        raise PrivacyError("Per-patient gradients: a KnotLinear called both on h and on (h, B(x)) in one forward "
+                           "is outside the engine's rule. Use one form per forward.")
+    if not mod.weight.requires_grad:
+        return {}
+    h, bs, g = [], [], []
+    for (a, basis), out in calls:  # per position (the basis varies with it: no stride-0 shortcut)
+        h.append(a.to(out.dtype).reshape(b, -1, a.shape[-1]))
+        g.append(out.reshape(b, -1, out.shape[-1]))
+        bs.append(basis.to(out.dtype).reshape(b, -1, basis.shape[-1]))
+    cat = (lambda xs: xs[0]) if len(calls) == 1 else (lambda xs: torch.cat(xs, 1))
+    return {id(mod.weight): KnotWeight(cat(h), cat(bs), cat(g))}
+
+
+def _knot_sample(layer: KnotLinear, activations: list[torch.Tensor], backprops: torch.Tensor) -> dict:
+    """Opacus grad sampler of a :class:`KnotLinear` (the rule above, formed per sample)."""
+    h = activations[0].to(backprops.dtype)
+    if not layer.weight.requires_grad:
+        return {}
+    if len(activations) == 1:
+        return {layer.weight: torch.einsum("n...i,n...j->nij", backprops, h)}
+    kb = (activations[1].to(backprops.dtype).unsqueeze(-1) * backprops.unsqueeze(-2)).flatten(-2)
+    return {layer.weight: torch.einsum("n...i,n...j->nij", kb, h)}
+
+
+def register_opacus_samplers() -> None:
+    """Teach Opacus's hooks mode the :class:`KnotLinear` per-sample gradient (for comparisons and
+    tests; the engine does not use Opacus). Imports Opacus (seconds), hence not done at import."""
+    from opacus.grad_sample.utils import register_grad_sampler
+
+    register_grad_sampler(KnotLinear)(_knot_sample)
 
 
 @register_part_rule(nn.Conv1d)

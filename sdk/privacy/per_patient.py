@@ -121,13 +121,13 @@ class PerPatientClipper:
                                    "which the engine does not model. Use a plain nn.Embedding.")
             self.leaves.append(mod)
         self._rules = {id(m): rule_of(m) for m in self.leaves}
-        self._calls: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+        self._calls: list[tuple[nn.Module, Any, torch.Tensor]] = []
         if probe is not None:
             self.self_check(*probe, labels=probe_labels)
 
     # -- forward with the layer calls recorded -------------------------------------------------
     def _hook(self, module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        self._calls.append((module, inputs[0], output))
+        self._calls.append((module, inputs[0] if len(inputs) == 1 else inputs, output))
 
     def _parts(self, inputs: Sequence[Any], labels: Any) -> tuple[dict[int, LayerPart], float]:
         """One forward (leaf calls recorded), one ``autograd.grad`` to the leaves' outputs, each
@@ -146,7 +146,8 @@ class PerPatientClipper:
         by_module: dict[int, tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
         for (mod, a, _), g in zip(calls, grads, strict=True):
             if g is not None:
-                by_module.setdefault(id(mod), (mod, []))[1].append((a.detach(), g))
+                a = a.detach() if isinstance(a, torch.Tensor) else tuple(x.detach() for x in a)
+                by_module.setdefault(id(mod), (mod, []))[1].append((a, g))
         parts: dict[int, LayerPart] = {}
         with torch.no_grad():
             for mod, mod_calls in by_module.values():
@@ -187,20 +188,16 @@ class PerPatientClipper:
         parts, loss = self._parts(inputs, labels)
         with torch.no_grad():
             if n_groups == 1:
-                total = sum(part.norm2() for part in parts.values())
-                norm2 = (total if isinstance(total, torch.Tensor) else torch.zeros(b, dtype=dtype)).unsqueeze(0)
+                norm2 = (torch.stack([part.norm2() for part in parts.values()]).sum(0) if parts
+                         else torch.zeros(b, dtype=dtype)).unsqueeze(0)
             else:
                 norm2 = torch.zeros((n_groups, b), dtype=dtype)
                 for i, part in parts.items():
                     norm2[group_of[i]] += part.norm2()
             factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
-            summed = torch.empty(self.dim, dtype=dtype)
-            for i, (at, n) in enumerate(self._slices):
-                part = parts.get(i)
-                if part is None:
-                    summed[at:at + n] = 0.0
-                else:
-                    summed[at:at + n] = part.clipped(factor[group_of[i]])
+            pieces = [parts[i].clipped(factor[group_of[i]]) if i in parts else torch.zeros(n, dtype=dtype)
+                      for i, (_, n) in enumerate(self._slices)]
+            summed = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
             return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
 
     def _groups(self, groups: Sequence[Collection[nn.Parameter]] | None) -> tuple[list[int], int]:
@@ -218,7 +215,11 @@ class PerPatientClipper:
         return [group_of[i] for i in range(len(self.params))], len(groups)
 
     def assign(self, flat: torch.Tensor) -> None:
-        """Set every parameter's ``.grad`` to its slice of ``flat`` [P]."""
+        """Set every parameter's ``.grad`` to its slice of ``flat`` [P] (converted once to the
+        parameters' dtype when they share one; each ``.grad`` is then a view of that one tensor)."""
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) == 1:
+            flat = flat.to(dtypes.pop())
         for p, g in zip(self.params, torch.split(flat, self.sizes), strict=True):
             p.grad = g.view_as(p).to(p.dtype)
 
@@ -262,7 +263,7 @@ def dp_sgd_step(clipper: PerPatientClipper, optimizer: torch.optim.Optimizer, in
     """
     out = clipper.clipped_sum(*inputs, labels=labels, clip_norm=clip_norm, groups=groups)
     z = (noise or secure_gaussian)(noise_multiplier * clip_norm, torch.Size([clipper.dim]), torch.float64)
-    clipper.assign((out.summed.double() + z) / max(float(expected_batch), 1e-12))
+    clipper.assign(z.double().add(out.summed).div_(max(float(expected_batch), 1e-12)))
     optimizer.step()
     return out
 

@@ -14,6 +14,7 @@ from clinograph.sdk.model import NSFLConfig, NSFLModel, nsfl_modules
 from clinograph.sdk.model.layers import RelationAttention
 from clinograph.sdk.model.nsfl import SHAPE_KNOTS
 from clinograph.sdk.privacy import star_loss, unused_star_parameters
+from clinograph.sdk.privacy.part_rules import register_opacus_samplers
 from clinograph.sdk.privacy.per_patient import PerPatientClipper, star_probe
 from clinograph.sdk.training import bce
 from opacus.grad_sample import get_gsm_class
@@ -167,7 +168,8 @@ def test_per_sample_gradients_stay_exact_with_piecewise_encoding(encoding):
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert {"l1_of_patient.U.weight", "l2_of_patient.U.weight"} <= set(names)
     per = _loop(reference, names, fi, x, m, y)
-    # Opacus, hooks mode (the DP trainer's)
+    # Opacus, hooks mode (the piecewise encoding's KnotLinear registered with it)
+    register_opacus_samplers()
     gsm = get_gsm_class("hooks")(model, batch_first=True, loss_reduction="mean")
     star_loss(gsm(fi, x, m), y).backward()
     params = dict(model.named_parameters())

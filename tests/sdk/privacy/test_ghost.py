@@ -71,3 +71,30 @@ def test_formed_part_and_a_wrong_reference_disagree():
     wrong = g.clone()
     wrong[2] *= 1.5
     assert not torch.allclose(part.norm2(), wrong.pow(2).sum(1))
+
+
+@pytest.mark.parametrize("positions", [1, 6])
+def test_knot_part_equals_the_piecewise_layers_own_per_patient_gradient(positions):
+    """The piecewise encoding's U (KnotLinear called on (h, B(x))): the factorised ghost norm,
+    the clipped sum and the formed gradient against each patient's own autograd gradient."""
+    from clinograph.sdk.model.layers import KnotLinear, hat_basis
+    from clinograph.sdk.privacy.ghost import KnotWeight
+
+    g = _gen()
+    d, knots = 4, torch.tensor([-1.0, 0.0, 0.5, 1.0], dtype=torch.float64)
+    layer = KnotLinear(d, len(knots)).double()
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=g, dtype=torch.float64))
+    h = torch.randn(B, positions, d, generator=g, dtype=torch.float64)
+    basis = hat_basis(2 * torch.rand(B, positions, generator=g, dtype=torch.float64) - 1, knots)
+    w_out = torch.randn(B, positions, d, generator=g, dtype=torch.float64)  # Σ_t w_t·out_t: patient i's loss
+    ref = torch.stack([torch.autograd.grad((layer(h[i:i + 1], basis[i:i + 1]) * w_out[i:i + 1]).sum(),
+                                           layer.weight)[0].reshape(-1) for i in range(B)])
+    # the same map as U h followed by the basis-weighted sum (the form it replaces)
+    u = layer(h).reshape(B, positions, len(knots), d)
+    torch.testing.assert_close(layer(h, basis), (basis.unsqueeze(-1) * u).sum(-2))
+    part = KnotWeight(h, basis, w_out)
+    c = torch.rand(B, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(part.norm2(), ref.pow(2).sum(1))
+    torch.testing.assert_close(part.clipped(c), c @ ref)
+    torch.testing.assert_close(part.per_sample(), ref)
