@@ -58,7 +58,6 @@ from ..privacy.distributed_round import (
     open_round,
     privacy_policy,
 )
-from ..privacy.guard import refuse_coupled_plan
 from ..training.trainer import TrainOutcome
 from .dp import ConceptLabels, concept_clipper, trainable_names
 
@@ -131,7 +130,6 @@ class ConceptDistributedTrainer:
             PrivacyBudgetExceeded: the round would pass the budget (before training).
         """
         site = self.ledger.site
-        refuse_coupled_plan(plan_options, site=site)
         weight, shared = self.expected_batch, modules.spec().shared
         record, scale, bound = open_round(self.ledger, self.policy, plan_options, round_=round_, epochs=epochs,
                                           weight=weight, dim=sum(m.size for m in shared))

@@ -8,7 +8,8 @@ rounding, Skellam share: :func:`~.distributed.noised_sum`), shared by NS-FL's
 round, FedSGD weights = expected batch q·n):
 
 1. :func:`privacy_policy`: the mechanism a hospital holds itself to, from its ``[privacy]``.
-2. :func:`open_round` (before anything is scored or trained): :func:`plan_ring` -- the plan must
+2. :func:`open_round` (before anything is scored or trained): no similar_to or FedProx in the
+   plan (:func:`~.guard.refuse_coupled_plan`, as local DP); :func:`plan_ring` -- the plan must
    carry the masked ring (``masked.scale``, ``masked.clip``), a threshold of at least
    ``min_honest``, no fixed weights (FedSGD), one local epoch, and allow the hospital's weight
    q·n -- then the ledger checks the round's record (the aggregate mechanism (σ, q, C, h), the
@@ -34,6 +35,7 @@ from clinograph.core.errors import ConfigError, PrivacyError
 from ..model.modules import ModuleMap
 from ..training.trainer import TrainOutcome
 from .distributed import DistributedLedger
+from .guard import refuse_coupled_plan
 
 
 def privacy_policy(privacy: Any) -> DistributedPolicy:
@@ -82,6 +84,7 @@ def open_round(ledger: DistributedLedger, policy: DistributedPolicy,
     """(the :class:`~.distributed.DistributedLedger` record, ring scale s, masked.clip) of a round
     the plan allows and the budget covers (step 2), or PrivacyError / PrivacyBudgetExceeded before
     anything is scored or trained."""
+    refuse_coupled_plan(plan_options, site=ledger.site)
     scale, bound = plan_ring(plan_options, site=ledger.site, policy=policy, epochs=epochs, weight=weight)
     record = {"round": round_, "mechanism": policy.mechanism, "noise_multiplier": policy.noise_multiplier,
               "noise_multiplier_alone": policy.noise_multiplier / np.sqrt(policy.min_honest),

@@ -139,6 +139,17 @@ def test_masked_noisy_sum_is_exactly_the_sum_of_the_hospitals_integer_vectors(ta
     assert sums.weights[cols.modules[0]] == pytest.approx(sum(weights.values()))
 
 
+
+@pytest.mark.parametrize(("options", "why"), [({"fedprox.mu": 0.1}, "FedProx"), ({"graph.similar_to": True}, "similar_to")])
+def test_the_distributed_trainer_refuses_a_coupled_plan_before_the_ledger(tables, dictionary, tmp_path, options, why):
+    """The one distributed round (distributed_round.open_round) refuses what local DP refuses."""
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    trainer = next(iter(sim.hospitals.values())).task.trainer
+    with pytest.raises(PrivacyError, match=why):
+        trainer.begin_round(round_=0, epochs=1, plan_options=options)
+    sim.audit.close()
+    assert trainer.ledger.entries == [] and trainer._round is None
+
 def test_ledgers_record_the_guarantee_and_what_the_hospital_would_have_alone(tables, dictionary, tmp_path):
     sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
     for _ in range(2):
