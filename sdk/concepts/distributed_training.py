@@ -2,9 +2,11 @@
 "distributed"``): one DP-SGD step a round over the federation's patients, each hospital's noise a
 Skellam share of one Gaussian-like noise that exists only in the masked sum.
 
-The concept-model counterpart of NS-FL's distributed task, built on the same pieces
-(:mod:`clinograph.sdk.privacy.distributed`, :mod:`clinograph.sdk.privacy.distributed_round`) and
-the same per-patient engine as local DP (:func:`.dp.concept_clipper`). Each round, at hospital k:
+The concept-model counterpart of NS-FL's
+:class:`~clinograph.sdk.privacy.distributed_trainer.DistributedTrainer`: the same round
+(:mod:`clinograph.sdk.privacy.distributed_round`) around the same noised sum
+(:func:`clinograph.sdk.privacy.distributed.noised_sum`), with the same per-patient engine as local
+DP (:func:`.dp.concept_clipper`). Each round, at hospital k:
 
 1. Poisson-sample its training patients at the federation's q (CSPRNG coins; q = 1: all of them).
 2. Each sampled patient's gradient of its own F-CMs eq. (2) loss (:func:`.dp.row_losses`), over
@@ -44,20 +46,18 @@ import numpy as np
 import torch
 from clinograph.secure.dp import CsprngUniform, DistributedPolicy
 
-from clinograph.core.errors import PrivacyError
 from clinograph.core.identity import Identity
 from clinograph.core.spec import ModuleKind
 
 from ..model.modules import ModuleMap
-from ..privacy.distributed import DistributedLedger, clip_rows, poisson_sample
+from ..privacy.distributed import DistributedLedger, clip_rows, noised_sum, poisson_sample
 from ..privacy.distributed_round import (
     ExactLocal,
-    noised_sum,
-    plan_ring,
+    check_in_ring,
+    commit_round,
+    open_round,
     privacy_policy,
-    round_record,
 )
-from ..privacy.guard import refuse_coupled_plan
 from ..training.trainer import TrainOutcome
 from .dp import ConceptLabels, concept_clipper, trainable_names
 
@@ -130,12 +130,9 @@ class ConceptDistributedTrainer:
             PrivacyBudgetExceeded: the round would pass the budget (before training).
         """
         site = self.ledger.site
-        refuse_coupled_plan(plan_options, site=site)
-        weight = self.expected_batch
-        scale, bound = plan_ring(plan_options, site=site, policy=self.policy, epochs=epochs, weight=weight)
-        shared = modules.spec().shared
-        record = round_record(self.policy, round_=round_, scale=scale, dim=sum(m.size for m in shared))
-        self.ledger.check_round(record)
+        weight, shared = self.expected_batch, modules.spec().shared
+        record, scale, bound = open_round(self.ledger, self.policy, plan_options, round_=round_, epochs=epochs,
+                                          weight=weight, dim=sum(m.size for m in shared))
         n = int(len(train_idx))
         idx = train_idx[torch.as_tensor(poisson_sample(n, self.policy.sample_rate, source=self.sampler),
                                         dtype=torch.long)]
@@ -149,16 +146,13 @@ class ConceptDistributedTrainer:
                 p.grad = None
         step = noised_sum(clip_rows(rows, self.policy.clip_norm), policy=self.policy, scale=scale,
                           batch=int(idx.numel()), source=self.sampler)
-        if np.abs(step.z).max(initial=0) / scale > bound:
-            raise PrivacyError(f"Hospital {site!r}: its noisy sum leaves the masked range (masked.clip = {bound:g}); "
-                               "nothing is sent this round. Raise [federation] masked_clip.")
+        check_in_ring(step.z, scale=scale, bound=bound, site=site)
         parts, at = {}, 0
         for m in shared:
             parts[m.name], at = step.z[at:at + m.size], at + m.size
         modules.set_local(parts, scale=scale, weight=weight)
         self.last_batch = step.batch
-        entry = self.ledger.commit(record)
-        return TrainOutcome(loss=0.0, used_similar_to=False, ledger=entry, extras={"epsilon": entry.epsilon})
+        return commit_round(self.ledger, record)
 
 
 def concept_distributed_trainer(*, privacy: object, n_train: int, site: str, state_dir: str | Path,

@@ -284,43 +284,55 @@ class DPStep:
     declaration: ShareDeclaration
 
 
+def check_rows(rows: np.ndarray, clip_norm: float) -> np.ndarray:
+    """``rows`` as float64, or PrivacyError (nothing sent) if one has L2 norm past C (each row is
+    one patient's whole contribution to the sum)."""
+    rows = np.asarray(rows, dtype=np.float64)
+    if rows.size and float(np.linalg.norm(rows, axis=1).max()) > clip_norm * (1 + 1e-9):
+        raise PrivacyError("A row of the distributed step exceeds the clip norm C; its patient's contribution "
+                           "would be unbounded. Nothing is sent.")
+    return rows
+
+
+def noised_sum(clipped: np.ndarray, *, policy: DistributedPolicy, scale: float, batch: int,
+               source: CsprngUniform | None = None) -> DPStep:
+    """Steps 3-4 of the module docstring over ``clipped`` ([B, d] float64 rows, each of L2 norm at
+    most C already -- :func:`clip_rows` or :func:`check_rows`; B may be 0): every coordinate gets
+    the share, zeros included. The share is declared and checked against the policy (PrivacyError
+    if off it). ``batch``: the training patients among the rows (local only)."""
+    share = policy.share_variance(scale)
+    z, _ = noisy_integer_sum(clipped, scale=scale, share_variance=share, source=source)
+    decl = ShareDeclaration(mechanism=policy.mechanism, noise_multiplier=policy.noise_multiplier,
+                            min_honest=policy.min_honest, clip_norm=policy.clip_norm, sample_rate=policy.sample_rate,
+                            scale=scale, share_variance=share)
+    check_share(policy, decl)
+    return DPStep(z=z, batch=int(batch), declaration=decl)
+
+
 def distributed_step(model: NSFLModel, columns: Columns, *, policy: DistributedPolicy, scale: float,
-                     inputs: Sequence[torch.Tensor], labels: torch.Tensor, source: CsprngUniform | None = None, clipper: PerPatientClipper | None = None,
-                     extra_rows: np.ndarray | None = None, train: bool = True) -> DPStep:
+                     inputs: Sequence[torch.Tensor], labels: torch.Tensor, source: CsprngUniform | None = None,
+                     clipper: PerPatientClipper | None = None, extra_rows: np.ndarray | None = None,
+                     train: bool = True) -> DPStep:
     """Steps 1-4 of the module docstring over the hospital's training rows (all of them: ``inputs``
     the model's rows, ``labels`` the objective's; the Poisson sample is drawn here).
     ``clipper``: the engine built once by :func:`columns_clipper` (on the task's objective).
 
     ``extra_rows`` ([m, e]): other patients' contributions to ``e`` more coordinates appended
     after the columns (the validation patients' loss terms, :func:`validation_rows`), each row of
-    L2 norm at most C already; they are summed and noised with the same share, so every
+    L2 norm at most C already (checked); they are summed and noised with the same share, so every
     coordinate carries the federation's noise. ``train = False``: no gradient rows (an
     evaluation-only round: z covers the extra coordinates only)."""
     src = source or CsprngUniform()
-    share = policy.share_variance(scale)
-    extra = np.zeros((0, 0)) if extra_rows is None else np.asarray(extra_rows, dtype=np.float64)
-    if extra.size and float(np.linalg.norm(extra, axis=1).max()) > policy.clip_norm * (1 + 1e-9):
-        raise PrivacyError("An extra row of the distributed step exceeds the clip norm C; its patient's "
-                           "contribution would be unbounded. Nothing is sent.")
+    extra = np.zeros((0, 0)) if extra_rows is None else check_rows(extra_rows, policy.clip_norm)
     if not train:
-        z, _ = noisy_integer_sum(extra, scale=scale, share_variance=share, source=src)
-        decl = ShareDeclaration(mechanism=policy.mechanism, noise_multiplier=policy.noise_multiplier,
-                                min_honest=policy.min_honest, clip_norm=policy.clip_norm,
-                                sample_rate=policy.sample_rate, scale=scale, share_variance=share)
-        check_share(policy, decl)
-        return DPStep(z=z, batch=0, declaration=decl)
+        return noised_sum(extra, policy=policy, scale=scale, batch=0, source=src)
     idx = torch.as_tensor(poisson_sample(int(labels.shape[0]), policy.sample_rate, source=src), dtype=torch.long)
     g = clip_rows(per_patient_gradients(model, columns, inputs=[t[idx] for t in inputs], labels=labels[idx],
                                         clipper=clipper), policy.clip_norm)
     if extra.size:  # block rows: [g, 0] for the training batch, [0, extra] for the others (one patient, one row)
         g = np.block([[g, np.zeros((g.shape[0], extra.shape[1]))],
                       [np.zeros((extra.shape[0], g.shape[1])), extra]])
-    z, _ = noisy_integer_sum(g, scale=scale, share_variance=share, source=src)
-    decl = ShareDeclaration(mechanism=policy.mechanism, noise_multiplier=policy.noise_multiplier,
-                            min_honest=policy.min_honest, clip_norm=policy.clip_norm, sample_rate=policy.sample_rate,
-                            scale=scale, share_variance=share)
-    check_share(policy, decl)
-    return DPStep(z=z, batch=int(idx.numel()), declaration=decl)
+    return noised_sum(g, policy=policy, scale=scale, batch=int(idx.numel()), source=src)
 
 
 def validation_rows(losses: np.ndarray, *, loss_clip: float, clip_norm: float) -> np.ndarray:

@@ -1,23 +1,25 @@
-"""One hospital's distributed-DP round, whatever the task trains: the checks on the signed plan, the
-ledger's record, the noised integer sum and the exact local model the client turns back into it.
+"""One hospital's distributed-DP round, whatever the task trains: the policy, the checks on the
+signed plan, the ledger's record and the exact local model the client turns back into the sum.
 
-The pieces of :mod:`.distributed` (per-patient rows, clip, randomised rounding, Skellam share, the
-ledger) put together for a task whose model is not the NS-FL star model -- concept models
-(:mod:`clinograph.sdk.concepts.distributed_training`) -- with the same rules as NS-FL's
-distributed task (NS-FL eq. 6: one DP-SGD step a round, FedSGD weights = expected batch q·n):
+The round around :mod:`.distributed`'s noisy integer sum (per-patient rows, clip, randomised
+rounding, Skellam share: :func:`~.distributed.noised_sum`), shared by NS-FL's
+:class:`~.distributed_trainer.DistributedTrainer` and the concept models'
+(:mod:`clinograph.sdk.concepts.distributed_training`), NS-FL eq. 6 for both (one DP-SGD step a
+round, FedSGD weights = expected batch q·n):
 
-1. :func:`plan_ring`: the plan must carry the masked ring (``masked.scale``, ``masked.clip``), a
-   threshold of at least ``min_honest``, no fixed weights (FedSGD), one local epoch, and allow the
-   hospital's weight q·n.
-2. :func:`round_record`: what the ledger checks before training and commits after it -- the
-   aggregate mechanism (σ, q, C, h), the ring scale and the dimension it accounts over (every
-   coordinate the model spec releases: the server's own number).
-3. :func:`noised_sum`: Σ_p round(s·ḡ_p) + Sk(μ/h) on every coordinate of the rows given (zeros
-   included: a module the hospital does not train still gets its share), the share declared and
-   checked against the policy.
+1. :func:`privacy_policy`: the mechanism a hospital holds itself to, from its ``[privacy]``.
+2. :func:`open_round` (before anything is scored or trained): no similar_to or FedProx in the
+   plan (:func:`~.guard.refuse_coupled_plan`, as local DP); :func:`plan_ring` -- the plan must
+   carry the masked ring (``masked.scale``, ``masked.clip``), a threshold of at least
+   ``min_honest``, no fixed weights (FedSGD), one local epoch, and allow the hospital's weight
+   q·n -- then the ledger checks the round's record (the aggregate mechanism (σ, q, C, h), the
+   ring scale and the dimension it accounts over: every coordinate the model spec releases, the
+   server's own number) against the budget.
+3. :func:`check_in_ring`: the noisy sum z stays inside the masked range.
 4. :class:`ExactLocal`: the task's module map whose released modules read θ − z/(s·w) in float64
    during the round, checked to give z back through the client's w·(θ − θ_local) and the masked
    encoder's rint(x·s), so the masked sum adds exactly the hospitals' z.
+5. :func:`commit_round`: the ledger commits the record; the round's outcome carries its entry.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from clinograph.secure.dp import CsprngUniform, DistributedPolicy, ShareDeclaration, check_share
+from clinograph.secure.dp import DistributedPolicy
 
 from clinograph.core.errors import ConfigError, PrivacyError
 
 from ..model.modules import ModuleMap
-from .distributed import DPStep, noisy_integer_sum
+from ..training.trainer import TrainOutcome
+from .distributed import DistributedLedger
+from .guard import refuse_coupled_plan
 
 
 def privacy_policy(privacy: Any) -> DistributedPolicy:
@@ -55,7 +59,7 @@ def privacy_policy(privacy: Any) -> DistributedPolicy:
 def plan_ring(plan_options: Mapping[str, float | int | str | bool], *, site: str, policy: DistributedPolicy,
               epochs: int, weight: float) -> tuple[float, float]:
     """(ring scale s, masked.clip) of a round's signed plan, or PrivacyError naming what the plan
-    lacks for a distributed-DP round (step 1 of the module docstring)."""
+    lacks for a distributed-DP round (step 2 of the module docstring)."""
     if epochs != 1:
         raise PrivacyError(f"Hospital {site!r}: a distributed-DP round is one DP-SGD step (NS-FL eq. 6); the "
                            f"plan asks for {epochs} local epochs. Set [federation] local_epochs = 1.")
@@ -74,30 +78,33 @@ def plan_ring(plan_options: Mapping[str, float | int | str | bool], *, site: str
     return float(plan_options["masked.scale"]), float(plan_options["masked.clip"])  # type: ignore[arg-type]
 
 
-def round_record(policy: DistributedPolicy, *, round_: int, scale: float, dim: int) -> dict[str, Any]:
-    """The :class:`~.distributed.DistributedLedger` record of one round (step 2)."""
-    return {"round": round_, "mechanism": policy.mechanism, "noise_multiplier": policy.noise_multiplier,
-            "noise_multiplier_alone": policy.noise_multiplier / np.sqrt(policy.min_honest),
-            "sample_rate": policy.sample_rate, "clip_norm": policy.clip_norm, "scale": scale, "dim": int(dim),
-            "min_honest": policy.min_honest, "share_variance": policy.share_variance(scale)}
+def open_round(ledger: DistributedLedger, policy: DistributedPolicy,
+               plan_options: Mapping[str, float | int | str | bool], *, round_: int, epochs: int, weight: float,
+               dim: int) -> tuple[dict[str, Any], float, float]:
+    """(the :class:`~.distributed.DistributedLedger` record, ring scale s, masked.clip) of a round
+    the plan allows and the budget covers (step 2), or PrivacyError / PrivacyBudgetExceeded before
+    anything is scored or trained."""
+    refuse_coupled_plan(plan_options, site=ledger.site)
+    scale, bound = plan_ring(plan_options, site=ledger.site, policy=policy, epochs=epochs, weight=weight)
+    record = {"round": round_, "mechanism": policy.mechanism, "noise_multiplier": policy.noise_multiplier,
+              "noise_multiplier_alone": policy.noise_multiplier / np.sqrt(policy.min_honest),
+              "sample_rate": policy.sample_rate, "clip_norm": policy.clip_norm, "scale": scale, "dim": int(dim),
+              "min_honest": policy.min_honest, "share_variance": policy.share_variance(scale)}
+    ledger.check_round(record)
+    return record, scale, bound
 
 
-def noised_sum(clipped: np.ndarray, *, policy: DistributedPolicy, scale: float, batch: int,
-               source: CsprngUniform | None = None) -> DPStep:
-    """Step 3 over ``clipped`` ([B, d] rows, each of L2 norm at most C: one patient, one row;
-    B may be 0), the share declared and checked (PrivacyError on a row past C or a share off the
-    policy). ``batch``: the training patients among the rows (local only)."""
-    rows = np.asarray(clipped, dtype=np.float64)
-    if rows.size and float(np.linalg.norm(rows, axis=1).max()) > policy.clip_norm * (1 + 1e-9):
-        raise PrivacyError("A row of the distributed step exceeds the clip norm C; its patient's contribution "
-                           "would be unbounded. Nothing is sent.")
-    share = policy.share_variance(scale)
-    z, _ = noisy_integer_sum(rows, scale=scale, share_variance=share, source=source)
-    decl = ShareDeclaration(mechanism=policy.mechanism, noise_multiplier=policy.noise_multiplier,
-                            min_honest=policy.min_honest, clip_norm=policy.clip_norm, sample_rate=policy.sample_rate,
-                            scale=scale, share_variance=share)
-    check_share(policy, decl)
-    return DPStep(z=z, batch=int(batch), declaration=decl)
+def check_in_ring(z: np.ndarray, *, scale: float, bound: float, site: str) -> None:
+    """PrivacyError (nothing sent) if the noisy sum z leaves the masked range (step 3)."""
+    if np.abs(z).max(initial=0) / scale > bound:
+        raise PrivacyError(f"Hospital {site!r}: its noisy sum leaves the masked range (masked.clip = {bound:g}); "
+                           "nothing is sent this round. Raise [federation] masked_clip.")
+
+
+def commit_round(ledger: DistributedLedger, record: dict[str, Any]) -> TrainOutcome:
+    """The round's record committed to the ledger (step 5) and the trainer's outcome."""
+    entry = ledger.commit(record)
+    return TrainOutcome(loss=0.0, used_similar_to=False, ledger=entry, extras={"epsilon": entry.epsilon})
 
 
 class ExactLocal(ModuleMap):

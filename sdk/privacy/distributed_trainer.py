@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from clinograph.secure.dp import DistributedPolicy
 
-from clinograph.core.errors import ConfigError, PrivacyError
+from clinograph.core.errors import PrivacyError
 from clinograph.core.identity import Identity
 from clinograph.core.spec import ModuleKind
 
@@ -51,28 +51,10 @@ from ..model.nsfl import NSFLModel
 from ..model.nsfl_modules import SELECTION_MODULE
 from ..training.trainer import Trainer, TrainOutcome
 from .distributed import Columns, DistributedLedger, columns_clipper, distributed_step
+from .distributed_round import ExactLocal, check_in_ring, commit_round, open_round, privacy_policy
 from .modalities import modal_engine, modal_rows
 from .per_patient import PerPatientClipper
 from .survival import HazardClipper
-
-
-class ExactLocal(ModuleMap):
-    """A task's module map whose released modules read as the exact float64 local model
-    θ − z/(s·w) during a round (a float32 torch copy would not give z back in the ring);
-    :meth:`load` (the next global model) clears them."""
-
-    def __init__(self, base: ModuleMap):
-        super().__init__()
-        self._modules = base._modules
-        self.pending: dict[str, np.ndarray] = {}
-
-    def get(self, name: str) -> np.ndarray:
-        return self.pending[name].copy() if name in self.pending else super().get(name)
-
-    def load(self, state: Mapping[str, np.ndarray]) -> None:
-        self.pending = {}
-        self.global64 = {n: np.asarray(v, dtype=np.float64).copy() for n, v in state.items()}
-        super().load(state)
 
 
 class DistributedTrainer:
@@ -121,30 +103,8 @@ class DistributedTrainer:
     def begin_round(self, *, round_: int, epochs: int, plan_options: Mapping[str, float | int | str | bool]) -> None:
         """Check the round's plan and budget before anything is scored or trained (PrivacyError,
         PrivacyBudgetExceeded); :meth:`train` then runs the round checked."""
-        site = self.site
-        if epochs != 1:
-            raise PrivacyError(f"Hospital {site!r}: a distributed-DP round is one DP-SGD step (NS-FL eq. 6); the "
-                               f"plan asks for {epochs} local epochs. Set [federation] local_epochs = 1.")
-        if "masked.scale" not in plan_options:
-            raise PrivacyError(f"Hospital {site!r}: distributed DP needs secure_mode = 'masked' (the noise shares "
-                               "add up only inside the masked sum).")
-        if f"weight/{site}" in plan_options:
-            raise PrivacyError(f"Hospital {site!r}: the strategy fixes weights; distributed DP needs FedSGD's "
-                               "weights = expected batch. Use strategy = 'fedsgd'.")
-        threshold = int(plan_options["masked.threshold"])  # type: ignore[arg-type]
-        if threshold < self.policy.min_honest:
-            raise PrivacyError(f"Hospital {site!r}: the round's masked threshold {threshold} is below min_honest "
-                               f"{self.policy.min_honest}; it could release a sum with too few noise shares.")
-        scale, bound = float(plan_options["masked.scale"]), float(plan_options["masked.clip"])  # type: ignore[arg-type]
-        if self.num_samples > float(plan_options.get("weight.max", np.inf)):  # type: ignore[arg-type]
-            raise PrivacyError(f"Hospital {site!r}: expected batch {self.num_samples:g} exceeds the plan's weight.max.")
-        p = self.policy
-        record = {"round": round_, "mechanism": p.mechanism, "noise_multiplier": p.noise_multiplier,
-                  "noise_multiplier_alone": p.noise_multiplier / np.sqrt(p.min_honest), "sample_rate": p.sample_rate,
-                  "clip_norm": p.clip_norm, "scale": scale, "dim": self.accounted_dim, "min_honest": p.min_honest,
-                  "share_variance": p.share_variance(scale)}
-        self.ledger.check_round(record)
-        self._round = (record, scale, bound)
+        self._round = open_round(self.ledger, self.policy, plan_options, round_=round_, epochs=epochs,
+                                 weight=self.num_samples, dim=self.accounted_dim)
 
     def train(self, model: NSFLModel, *, round_: int, epochs: int, plan_options: Mapping[str, float | int | str | bool],
               extra_rows: np.ndarray | None = None, evaluate_only: bool = False) -> TrainOutcome:
@@ -161,42 +121,29 @@ class DistributedTrainer:
         step = distributed_step(model, self.columns, policy=self.policy, scale=scale, inputs=rows,
                                 labels=self.labels[t], clipper=self.clipper, extra_rows=extra_rows,
                                 train=not evaluate_only)
-        if np.abs(step.z).max(initial=0) / scale > bound:
-            raise PrivacyError(f"Hospital {self.site!r}: its noisy sum leaves the masked range (masked.clip = "
-                               f"{bound:g}); nothing is sent this round. Raise [federation] masked_clip.")
+        check_in_ring(step.z, scale=scale, bound=bound, site=self.site)
         self._sends = (not evaluate_only, extra_rows is not None)
         self._set_local(step.z, scale=scale, weight=self.num_samples)
         self.last_batch = step.batch
-        entry = self.ledger.commit(record)
-        return TrainOutcome(loss=0.0, used_similar_to=False, ledger=entry, extras={"epsilon": entry.epsilon})
+        return commit_round(self.ledger, record)
 
     def _set_local(self, z: np.ndarray, *, scale: float, weight: float) -> None:
         """θ_local = θ − z/(s·w) in float64, checked to give z back exactly through
         HospitalClient's delta w·(θ − θ_local) and the masked encoder's rint(x·s)."""
-        mods = self.modules
-        glob = mods.global64 if hasattr(mods, "global64") else mods.state(ModuleKind.SHARED)
-        pending = {}
         z = z.astype(np.float64)
         columns, metric = self._sends
         parts = self.columns.split(z[:self.columns.dim]) if columns else {}
         if metric:
             parts[SELECTION_MODULE] = z[len(z) - 2:]
-        for name, zm in parts.items():
-            local = glob[name] - zm / (scale * weight)
-            back = np.rint((weight * (glob[name] - local)) * scale)
-            if not np.array_equal(back, zm):
-                raise PrivacyError("The noisy sum does not survive the fixed-point encoding exactly (global model "
-                                   "values too large for the ring scale); nothing is sent this round.")
-            pending[name] = local
-        mods.pending = pending
+        self.modules.set_local(parts, scale=scale, weight=weight)
 
 
 def distributed_trainer(inner: Trainer, *, model: NSFLModel, modules: ModuleMap, config: HospitalConfig,
                         state_dir: Path, signer: Identity, policy: DistributedPolicy | None = None) -> DistributedTrainer:
     """The distributed-DP trainer of a hospital around its plain trainer ``inner`` (a survival
     trainer's ``s``, ``e`` give the hazard likelihood's labels; modal stars the modality engine).
-    ``policy``: the federation's (default :func:`hospital_policy`, the hospital's own ``[privacy]``;
-    the server checks every round that they agree).
+    ``policy``: the federation's (default :func:`~.distributed_round.privacy_policy` of the
+    hospital's own ``[privacy]``; the server checks every round that they agree).
 
     Raises:
         PrivacyError: ``[graph] k_similar > 0``, or ``[privacy]`` differs from ``policy``.
@@ -206,7 +153,7 @@ def distributed_trainer(inner: Trainer, *, model: NSFLModel, modules: ModuleMap,
     if config.graph.k_similar:
         raise PrivacyError(f"Hospital {site!r}: [graph] k_similar = {config.graph.k_similar} couples "
                            "patients; distributed DP trains on stars only. Set k_similar = 0.")
-    policy = policy or hospital_policy(config)
+    policy = policy or privacy_policy(priv)
     mine = (priv.mechanism, priv.noise_multiplier, priv.clip_norm, priv.sample_rate, priv.min_honest, priv.delta)
     theirs = (policy.mechanism, policy.noise_multiplier, policy.clip_norm, policy.sample_rate, policy.min_honest,
               policy.delta)
@@ -223,16 +170,3 @@ def distributed_trainer(inner: Trainer, *, model: NSFLModel, modules: ModuleMap,
                                signer=signer)
     return DistributedTrainer(inner, model=model, modules=modules, labels=labels, engine=engine, policy=policy,
                               ledger=ledger)
-
-
-def hospital_policy(config: HospitalConfig) -> DistributedPolicy:
-    """The distributed-DP policy a hospital holds itself to: its own [privacy] values (the server
-    checks every round that they equal the federation's [dp_policy])."""
-    p = config.privacy
-    missing = [k for k in ("noise_multiplier", "sample_rate", "min_honest", "planned_rounds") if getattr(p, k) is None]
-    if missing:
-        raise ConfigError(f"[privacy] mode = 'distributed' needs {missing} (copy the federation's [dp_policy]).")
-    return DistributedPolicy(mechanism=p.mechanism, noise_multiplier=float(p.noise_multiplier),  # type: ignore[arg-type]
-                             clip_norm=p.clip_norm, sample_rate=float(p.sample_rate),  # type: ignore[arg-type]
-                             min_honest=int(p.min_honest), rounds=int(p.planned_rounds),  # type: ignore[arg-type]
-                             max_epsilon=p.epsilon_budget, delta=p.delta)

@@ -109,6 +109,7 @@ def test_the_share_reaches_every_coordinate_and_the_ledger_refuses_past_the_budg
     (PLAN | {"weight/h1": 1.0}, 1, "strategy = 'fedsgd'"),
     (PLAN | {"masked.threshold": 1}, 1, "below min_honest"),
     (PLAN, 2, "one DP-SGD step"),
+    (PLAN | {"fedprox.mu": 0.1}, 1, "FedProx"),
 ])
 def test_a_plan_that_is_not_a_distributed_round_is_refused_before_training(tmp_path, options, epochs, why):
     task, *_ = _task(tmp_path)

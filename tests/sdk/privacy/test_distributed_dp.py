@@ -17,9 +17,11 @@ from clinograph.sdk.privacy import star_loss
 from clinograph.sdk.privacy.distributed import (
     Columns,
     clip_rows,
+    distributed_step,
     per_patient_gradients,
     randomised_round,
 )
+from clinograph.secure.dp import DistributedPolicy
 from clinograph.secure.hazmat.discrete_noise import CsprngUniform, skellam
 from clinograph.secure.strategies.fedavg import FedSGD
 from hypothesis import given, settings
@@ -80,6 +82,21 @@ def test_skellam_shares_have_the_declared_variance():
     assert s.var() == pytest.approx(4.0e6, rel=0.05)
 
 
+
+def test_an_extra_row_past_the_clip_norm_is_refused_and_one_within_is_summed_with_the_declared_share():
+    """distributed_step's extra rows (the validation patients') go through the one noised sum:
+    a row of norm 1.001·C is refused before anything is drawn; rows within C give z with the
+    policy's share declared (evaluation-only round: the extra coordinates alone)."""
+    policy = DistributedPolicy(mechanism="skellam", noise_multiplier=1.0, clip_norm=1.0, sample_rate=1.0,
+                               min_honest=2, rounds=5, max_epsilon=50.0, delta=1e-5)
+    step = dict(policy=policy, scale=1000.0, inputs=[], labels=torch.zeros(0), train=False)
+    with pytest.raises(PrivacyError, match="exceeds the clip norm C"):
+        distributed_step(None, None, extra_rows=np.array([[0.6, 0.8008]]), **step)  # type: ignore[arg-type]
+    out = distributed_step(None, None, extra_rows=np.array([[0.6, 0.8], [0.0, 1.0]]),  # type: ignore[arg-type]
+                           source=CsprngUniform(_key=bytes(range(32))), **step)
+    assert out.z.shape == (2,) and out.z.dtype == np.int64 and out.batch == 0
+    assert out.declaration.share_variance == policy.share_variance(1000.0) and out.declaration.scale == 1000.0
+
 def _config(tmp_path, **privacy) -> SimulationConfig:
     return SimulationConfig.model_validate({
         "federation": {"rounds": 2, "secure_mode": "masked", "local_epochs": 1, "min_clients": 2},
@@ -121,6 +138,17 @@ def test_masked_noisy_sum_is_exactly_the_sum_of_the_hospitals_integer_vectors(ta
     weights = {t.site: 0.2 * len(sim.hospitals[t.site].task.split.train) for t in tables}
     assert sums.weights[cols.modules[0]] == pytest.approx(sum(weights.values()))
 
+
+
+@pytest.mark.parametrize(("options", "why"), [({"fedprox.mu": 0.1}, "FedProx"), ({"graph.similar_to": True}, "similar_to")])
+def test_the_distributed_trainer_refuses_a_coupled_plan_before_the_ledger(tables, dictionary, tmp_path, options, why):
+    """The one distributed round (distributed_round.open_round) refuses what local DP refuses."""
+    sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
+    trainer = next(iter(sim.hospitals.values())).task.trainer
+    with pytest.raises(PrivacyError, match=why):
+        trainer.begin_round(round_=0, epochs=1, plan_options=options)
+    sim.audit.close()
+    assert trainer.ledger.entries == [] and trainer._round is None
 
 def test_ledgers_record_the_guarantee_and_what_the_hospital_would_have_alone(tables, dictionary, tmp_path):
     sim = build_simulation(tables, dictionary, _config(tmp_path), audit_dir=tmp_path / "audit")
