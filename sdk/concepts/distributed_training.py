@@ -79,13 +79,16 @@ def concept_rows(model: torch.nn.Module, modules: ModuleMap, x: torch.Tensor, la
     grads, _ = engine.per_sample(x, dict(interventions), labels=ConceptLabels(
         dict(labels), frozenset(supervised), bool(has_task), task, float(gamma)))
     index = {id(p): i for i, p in enumerate(engine.params)}
-    cols = []
+    out = torch.zeros((b, dim), dtype=torch.float64)  # filled in place: no float64 copy per piece, no cat
+    at = 0
     for p, row in pieces:
+        width = int(p.numel()) if row is None else int(p[row].numel())
         i = index.get(id(p))
         g = grads[i] if i is not None else None
-        g = torch.zeros((b, *p.shape), dtype=torch.float64) if g is None else g.detach().double()
-        cols.append((g if row is None else g[:, row]).reshape(b, -1))
-    return torch.cat(cols, dim=1).numpy()
+        if g is not None:  # None: frozen, its columns stay zero
+            out[:, at:at + width] = (g.detach() if row is None else g.detach()[:, row]).reshape(b, -1)
+        at += width
+    return out.numpy()
 
 
 class ConceptDistributedTrainer:
