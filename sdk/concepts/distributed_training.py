@@ -42,7 +42,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import numpy as np
 import torch
 from clinograph.secure.dp import CsprngUniform, DistributedPolicy
 
@@ -50,7 +49,7 @@ from clinograph.core.identity import Identity
 from clinograph.core.spec import ModuleKind
 
 from ..model.modules import ModuleMap
-from ..privacy.distributed import DistributedLedger, clip_rows, noised_sum, poisson_sample
+from ..privacy.distributed import DistributedLedger, PatientRows, noised_sum, poisson_sample
 from ..privacy.distributed_round import (
     ExactLocal,
     check_in_ring,
@@ -64,31 +63,28 @@ from .dp import ConceptLabels, concept_clipper, trainable_names
 
 def concept_rows(model: torch.nn.Module, modules: ModuleMap, x: torch.Tensor, labels: Mapping[str, torch.Tensor],
                  interventions: Mapping[str, torch.Tensor], *, supervised: set[str], has_task: bool, task: str,
-                 gamma: float) -> np.ndarray:
+                 gamma: float, clip: float | None = None) -> PatientRows:
     """Each row's gradient of its own eq. (2) loss over every released coordinate, in spec order
     (the shared modules' pieces, as :meth:`ModuleMap.get` concatenates them), zeros on parameters
-    the hospital does not train (frozen: no gradient). Shapes: x [B, ...] -> [B, d] float64.
+    the hospital does not train (frozen: no gradient), each row clipped to ``clip`` when given.
+    Shapes: x [B, ...] -> [B, d] float64 rows, read a block at a time (:class:`PatientRows`).
 
     The per-patient engine of local DP (:func:`.dp.concept_clipper`, tested against a per-patient loop)."""
     b = int(x.shape[0])
     pieces = [(pc.param, pc.row) for name in modules.names(ModuleKind.SHARED) for pc in modules.pieces(name)]
-    dim = sum(int(p.numel()) if row is None else int(p[row].numel()) for p, row in pieces)
-    if b == 0:
-        return np.zeros((0, dim))
-    engine = concept_clipper(model, trainable_names(model), like=x)  # type: ignore[arg-type]
-    grads, _ = engine.per_sample(x, dict(interventions), labels=ConceptLabels(
-        dict(labels), frozenset(supervised), bool(has_task), task, float(gamma)))
-    index = {id(p): i for i, p in enumerate(engine.params)}
-    out = torch.zeros((b, dim), dtype=torch.float64)  # filled in place: no float64 copy per piece, no cat
-    at = 0
+    grads: list = []
+    engine = concept_clipper(model, trainable_names(model), like=x) if b else None  # type: ignore[arg-type]
+    if engine is not None:
+        grads, _ = engine.per_sample(x, dict(interventions), labels=ConceptLabels(
+            dict(labels), frozenset(supervised), bool(has_task), task, float(gamma)))
+    index = {id(p): i for i, p in enumerate(engine.params)} if engine is not None else {}
+    blocks = []
     for p, row in pieces:
         width = int(p.numel()) if row is None else int(p[row].numel())
         i = index.get(id(p))
-        g = grads[i] if i is not None else None
-        if g is not None:  # None: frozen, its columns stay zero
-            out[:, at:at + width] = (g.detach() if row is None else g.detach()[:, row]).reshape(b, -1)
-        at += width
-    return out.numpy()
+        g = grads[i] if i is not None else None  # None: frozen, its columns stay zero
+        blocks.append((width, None if g is None else (g.detach() if row is None else g.detach()[:, row])))
+    return PatientRows(blocks, n=b, clip=clip)
 
 
 class ConceptDistributedTrainer:
@@ -143,11 +139,12 @@ class ConceptDistributedTrainer:
         model.train()
         try:
             rows = concept_rows(model, modules, batch(idx), lab, interventions(lab),  # type: ignore[arg-type]
-                                supervised=supervised, has_task=has_task, task=task, gamma=gamma)
+                                supervised=supervised, has_task=has_task, task=task, gamma=gamma,
+                                clip=self.policy.clip_norm)
         finally:
             for p in model.parameters():
                 p.grad = None
-        step = noised_sum(clip_rows(rows, self.policy.clip_norm), policy=self.policy, scale=scale,
+        step = noised_sum(rows, policy=self.policy, scale=scale,
                           batch=int(idx.numel()), source=self.sampler)
         check_in_ring(step.z, scale=scale, bound=bound, site=site)
         parts, at = {}, 0

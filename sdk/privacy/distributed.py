@@ -147,22 +147,78 @@ def per_patient_gradients(model: NSFLModel, columns: Columns, *, inputs: Sequenc
     b = int(labels.shape[0])
     if b == 0:
         return np.zeros((0, columns.dim))
+    return patient_rows(model, columns, inputs=inputs, labels=labels, clipper=clipper)[0:b]
+
+
+def patient_rows(model: NSFLModel, columns: Columns, *, inputs: Sequence[torch.Tensor], labels: torch.Tensor,
+                 clipper: PerPatientClipper | None = None, clip: float | None = None) -> PatientRows:
+    """:func:`per_patient_gradients` as :class:`PatientRows` (``clip``: each row clipped to it),
+    the [B, dim] float64 matrix never built whole."""
+    b = int(labels.shape[0])
     with _only_columns(model, columns):
         engine = clipper if clipper is not None else PerPatientClipper(model)
         if {id(p) for p in engine.params} != {id(p) for _, p, _ in columns.pieces if p.requires_grad}:
             raise PrivacyError("The per-patient engine was built for other parameters than the released "
                                "columns; build it with columns_clipper(model, columns).")
-        grads, _ = engine.per_sample(*inputs, labels=labels)
-        index = {id(p): i for i, p in enumerate(engine.params)}
-        out = torch.zeros((b, columns.dim), dtype=torch.float64)  # filled in place: no float64 copy per piece, no cat
-        at = 0
-        for (_, p, row), width in zip(columns.pieces, columns.sizes, strict=True):
-            i = index.get(id(p))
-            g = grads[i] if i is not None else None
-            if g is not None:  # None: no gradient reaches it (its columns stay zero)
-                out[:, at:at + width] = (g.detach() if row is None else g.detach()[:, row]).reshape(b, -1)
+        grads, _ = engine.per_sample(*inputs, labels=labels) if b else ([None] * len(engine.params), None)
+    index = {id(p): i for i, p in enumerate(engine.params)}
+    blocks = []
+    for (_, p, row), width in zip(columns.pieces, columns.sizes, strict=True):
+        i = index.get(id(p))
+        g = grads[i] if i is not None else None
+        blocks.append((width, None if g is None else (g.detach() if row is None else g.detach()[:, row])))
+    return PatientRows(blocks, n=b, clip=clip)
+
+
+class PatientRows:
+    """One row per patient over the released coordinates ([B, dim], float64 when read), read a block
+    of rows at a time from the engine's per-parameter gradients (``blocks``: (width, [B, ...]
+    gradient or None for zeros) in column order), each row clipped to L2 norm <= ``clip`` when
+    given -- exactly what :func:`clip_rows` of the whole matrix gives, without the whole matrix
+    (at 1 680 patients × 14 869 coordinates it is 200 MB, and zeroing and clipping it cost more
+    than the per-patient gradients). Supports ``shape`` and ``rows[a:b]``, as
+    :func:`noisy_integer_sum` reads it."""
+
+    def __init__(self, blocks: Sequence[tuple[int, torch.Tensor | None]], *, n: int, clip: float | None = None):
+        self.blocks, self.n, self.clip = list(blocks), int(n), clip
+        self.shape = (self.n, int(sum(w for w, _ in self.blocks)))
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        lo, hi, step = rows.indices(self.n)
+        if step != 1:
+            raise ValueError("PatientRows reads contiguous blocks of rows")
+        out = np.zeros((max(0, hi - lo), self.shape[1]))
+        view, at = torch.from_numpy(out), 0
+        for width, g in self.blocks:
+            if g is not None:
+                view[:, at:at + width] = g[lo:hi].reshape(hi - lo, -1)
             at += width
-        return out.numpy()
+        if self.clip is not None:
+            norms = np.linalg.norm(out, axis=1, keepdims=True)
+            np.multiply(out, np.minimum(1.0, self.clip / np.maximum(norms, 1e-300)), out=out)
+        return out
+
+
+class BlockRows:
+    """Block-diagonal rows [[top, 0], [0, bottom]]: a training batch's rows (``top``, any
+    ``shape`` + row-slice source) then other patients' rows on more coordinates (``bottom``,
+    [m, e]), one patient one row, read a block of rows at a time (as ``np.block`` of the two
+    would give them)."""
+
+    def __init__(self, top, bottom: np.ndarray):
+        self.top, self.bottom = top, np.asarray(bottom, dtype=np.float64)
+        n1, d1 = top.shape
+        self.shape = (n1 + self.bottom.shape[0], d1 + self.bottom.shape[1])
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        lo, hi, _ = rows.indices(self.shape[0])
+        n1, d1 = self.top.shape
+        out = np.zeros((max(0, hi - lo), self.shape[1]))
+        if lo < n1:
+            out[:min(hi, n1) - lo, :d1] = self.top[lo:min(hi, n1)]
+        if hi > n1:
+            out[max(lo, n1) - lo:, d1:] = self.bottom[max(lo - n1, 0):hi - n1]
+        return out
 
 
 #: rows of a [patients, coordinates] matrix processed at a time (clipping, rounding): about 512 KiB of
@@ -195,9 +251,10 @@ def randomised_round(x: np.ndarray, *, source: CsprngUniform | None = None) -> n
     return (lo + bernoulli(x - lo, source=source)).astype(np.int64)
 
 
-def noisy_integer_sum(clipped: np.ndarray, *, scale: float, share_variance: float,
+def noisy_integer_sum(clipped, *, scale: float, share_variance: float,
                       source: CsprngUniform | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(Σ_p round(s·g_p) + Sk(share_variance), the noise-free integer sum) over the rows of ``clipped``."""
+    """(Σ_p round(s·g_p) + Sk(share_variance), the noise-free integer sum) over the rows of ``clipped``
+    ([B, d] array, or :class:`PatientRows` / :class:`BlockRows`: read a block of rows at a time)."""
     src = source or CsprngUniform()
     dim = clipped.shape[1]
     signal = np.zeros(dim, np.int64)
@@ -294,10 +351,11 @@ def check_rows(rows: np.ndarray, clip_norm: float) -> np.ndarray:
     return rows
 
 
-def noised_sum(clipped: np.ndarray, *, policy: DistributedPolicy, scale: float, batch: int,
+def noised_sum(clipped, *, policy: DistributedPolicy, scale: float, batch: int,
                source: CsprngUniform | None = None) -> DPStep:
     """Steps 3-4 of the module docstring over ``clipped`` ([B, d] float64 rows, each of L2 norm at
-    most C already -- :func:`clip_rows` or :func:`check_rows`; B may be 0): every coordinate gets
+    most C already -- :func:`clip_rows`, :func:`check_rows` or :class:`PatientRows` with ``clip``;
+    B may be 0): every coordinate gets
     the share, zeros included. The share is declared and checked against the policy (PrivacyError
     if off it). ``batch``: the training patients among the rows (local only)."""
     share = policy.share_variance(scale)
@@ -327,11 +385,10 @@ def distributed_step(model: NSFLModel, columns: Columns, *, policy: DistributedP
     if not train:
         return noised_sum(extra, policy=policy, scale=scale, batch=0, source=src)
     idx = torch.as_tensor(poisson_sample(int(labels.shape[0]), policy.sample_rate, source=src), dtype=torch.long)
-    g = clip_rows(per_patient_gradients(model, columns, inputs=[t[idx] for t in inputs], labels=labels[idx],
-                                        clipper=clipper), policy.clip_norm)
+    g = patient_rows(model, columns, inputs=[t[idx] for t in inputs], labels=labels[idx], clipper=clipper,
+                     clip=policy.clip_norm)
     if extra.size:  # block rows: [g, 0] for the training batch, [0, extra] for the others (one patient, one row)
-        g = np.block([[g, np.zeros((g.shape[0], extra.shape[1]))],
-                      [np.zeros((extra.shape[0], g.shape[1])), extra]])
+        g = BlockRows(g, extra)
     return noised_sum(g, policy=policy, scale=scale, batch=int(idx.numel()), source=src)
 
 
