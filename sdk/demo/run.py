@@ -84,8 +84,9 @@ def demo_dp_config(*, rounds: int, seed: int, secure_mode: str, epsilon: float) 
     })
 
 
-#: the demo's distributed-DP run: the GNN's width (unused by the wide path, but its weights are
-#: shared coordinates the noise covers: small is cheaper) and the honest set
+#: the demo's distributed-DP run: model width and honest set; its schedule (rounds, server lr,
+#: clip, q = 1) is the preset chosen on validation at the target ε
+#: (:func:`clinograph.sdk.privacy.schedule.distributed_schedule`, research/dp_trust_models/dp_trust_models.py)
 DP_HIDDEN, DP_MIN_HONEST = 8, 2
 
 
@@ -93,19 +94,26 @@ def demo_distributed_config(*, seed: int, epsilon: float, rounds: int | None = N
                             noise_multiplier: float = 1.0) -> SimulationConfig:
     """The demo's DP federation: distributed DP (docs/privacy.md), one full-batch DP-SGD step a
     round over every hospital's patients, Skellam noise shares inside the masked sum, the
-    guarantee resting on at least ``DP_MIN_HONEST`` honest hospitals. The model is the SDK's DP
-    default (the wide path alone: ``[model] deep`` is not set, :func:`..config.dp_default_model`)
-    with its schedule (rounds, server lr, clip, q = 1: :func:`.privacy.schedule.distributed_schedule`;
-    ``rounds`` overrides its rounds). ``noise_multiplier`` is the aggregate σ; :func:`run_demo`
-    calibrates it to ``epsilon`` over the rounds (:func:`distributed_sigma`)."""
+    guarantee resting on at least ``DP_MIN_HONEST`` honest hospitals. ``noise_multiplier`` is
+    the aggregate σ; :func:`run_demo` calibrates it to ``epsilon`` over the rounds
+    (:func:`distributed_sigma`). Rounds (unless ``rounds``), server lr, clip and q: the schedule
+    preset for ``epsilon`` (:func:`.privacy.schedule.distributed_schedule`).
+
+    The model is the GNN (``deep = true``, written out), NOT the SDK's DP default (the wide path
+    alone, :func:`..config.dp_default_model`): on the demo's own tables (seeds 0-2, ε = 10) the
+    GNN with this preset scored test AUROC 0.646 (validation 0.652) against 0.592 (validation
+    0.589) for the DP default with its schedule. The demo's label is nonlinear (pooled gradient
+    boosting 0.740 against pooled logistic regression 0.632) and its 5,600 patients make the noise
+    on the mean gradient about ten times smaller than on the real tables the default was chosen on
+    (research/private_selection/README.md, "The production DP setting, chosen on validation")."""
     from ..privacy.schedule import distributed_schedule
 
-    schedule = distributed_schedule(epsilon, deep=False)
+    schedule = distributed_schedule(epsilon)
     return SimulationConfig.model_validate({
         "federation": {"id": "alarm-demo-dp", "rounds": rounds or schedule.rounds, "secure_mode": "masked",
                        "strategy": "fedsgd", "server_lr": schedule.server_lr, "min_clients": 3, "local_epochs": 1,
                        "seed": seed},
-        "model": {"hidden": DP_HIDDEN, "init_seed": seed},
+        "model": {"hidden": DP_HIDDEN, "init_seed": seed, "deep": True},
         "split": {"seed": seed},
         "graph": {"k_similar": 0},
         "privacy": {"enabled": True, "mode": "distributed", "epsilon_budget": epsilon, "delta": 1e-5,

@@ -38,18 +38,23 @@ def test_a_target_epsilon_takes_the_preset_of_the_largest_listed_epsilon_not_abo
         distributed_schedule(float("nan"))
 
 
-def test_the_demo_runs_the_dp_default_model_with_its_schedule():
+def test_the_demo_runs_the_gnn_with_the_preset_for_its_epsilon():
     from clinograph.sdk.config import dp_default_model
-    from clinograph.sdk.demo.run import demo_distributed_config
+    from clinograph.sdk.demo.run import demo_distributed_config, dp_model
 
     for eps in (3.0, 10.0):
         cfg = demo_distributed_config(seed=0, epsilon=eps)
-        s = distributed_schedule(eps, deep=False)
-        assert s is WIDE_DISTRIBUTED_SCHEDULE and dp_default_model(cfg) and cfg.model.deep is False
+        s = distributed_schedule(eps)
         assert (cfg.federation.rounds, cfg.federation.server_lr, cfg.privacy.clip_norm, cfg.privacy.sample_rate) == (
             s.rounds, s.server_lr, s.clip_norm, s.sample_rate)
         assert cfg.privacy.mode == "distributed" and cfg.federation.strategy == "fedsgd"
+        # the GNN, written out: the SDK's DP default (the wide path) scored lower on the demo's validation
+        assert cfg.model.deep and not dp_default_model(cfg) and dp_model(cfg) == "the GNN (hidden 8) and the wide path"
     assert demo_distributed_config(seed=0, epsilon=3.0, rounds=2).federation.rounds == 2
+
+
+def test_without_a_model_choice_the_dp_default_model_takes_the_wide_schedule():
+    assert distributed_schedule(3.0, deep=False) is distributed_schedule(0.5, deep=False) is WIDE_DISTRIBUTED_SCHEDULE
 
 
 def test_the_wide_schedule_is_the_entry_chosen_on_validation():
