@@ -403,6 +403,15 @@ class HospitalConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _model_under_dp(self) -> HospitalConfig:
+        """Under ``[privacy]`` the model's default is the wide path alone (:func:`dp_default_model`)."""
+        if dp_default_model(self) and self.model.deep:
+            derived = self.model.model_copy(update={"deep": False})
+            derived.__pydantic_fields_set__.discard("deep")  # still derived, not the operator's choice
+            object.__setattr__(self, "model", derived)
+        return self
+
+    @model_validator(mode="after")
     def _survival_supported(self) -> HospitalConfig:
         """A survival target is trained by the static NS-FL task, without DP, with local or with
         distributed patient-level DP (sdk/training/survival.py, sdk/privacy/survival.py,
@@ -441,6 +450,25 @@ class HospitalConfig(_Strict):
     def from_toml(cls, path: str | Path) -> HospitalConfig:
         """Load a config; relative paths are taken from the config's folder."""
         return load_toml_model(cls, path, what="hospital config", prepare=_relative("dictionary"))
+
+
+def dp_default_model(config: HospitalConfig) -> bool:
+    """Whether ``config`` trains the SDK's DP default model: the wide path alone (``[model] deep =
+    false``, a federated logistic regression over every dictionary feature) instead of the GNN.
+    True also once the rule has applied (the derived ``deep = false`` is not the operator's).
+
+    The rule is data-independent: binary static NS-FL under ``[privacy]`` (local or distributed
+    DP), without private model choice (``[selection] enabled = true`` chooses among the default
+    candidates, which include the wide path), whose operator did not write ``[model] deep`` (an
+    explicit ``deep = true`` keeps the GNN). Why: under DP noise at a few hundred patients the GNN
+    did not train and the wide path did; chosen on VALIDATION AUROC among a grid fixed in advance
+    (research/private_selection/README.md, "The production DP setting, chosen on validation";
+    docs/privacy.md). A survival target, the temporal model and modalities keep the GNN (not measured).
+    """
+    m, p = config.model, config.privacy
+    return bool(p.enabled and config.task == "nsfl" and config.target.kind == "binary"
+                and "deep" not in m.model_fields_set and m.linear_path and m.temporal == "none"
+                and not m.modalities and config.selection.enabled is not True)
 
 
 class HospitalEntry(_Strict):

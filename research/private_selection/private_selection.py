@@ -70,7 +70,9 @@ def load_cohort(cohort: str):
 
 def sdk_dp_config(cohort: str, seed: int, *, epsilon: float | None, selection: bool, work: Path):
     """The SDK default federation for ``seed`` (:func:`research.model_quality.sdk_config`), with
-    local DP at ``epsilon`` (σ calibrated to it over the planned rounds) and selection on or off."""
+    local DP at ``epsilon`` (σ calibrated to it over the planned rounds) on the model the study
+    measured (``deep = true``, the SDK's DP default before issue 30's validation choice) and
+    selection on or off."""
     from clinograph.sdk.config import SimulationConfig, merge_sections
 
     from research.model_quality import sdk_config
@@ -80,37 +82,54 @@ def sdk_dp_config(cohort: str, seed: int, *, epsilon: float | None, selection: b
     data = sdk_config(seed=seed, dictionary_id=cohort).model_dump(mode="python", by_alias=True, exclude_unset=True)
     over: dict = {"output": str(work / "out")} | ({} if selection and epsilon is None else
                                                   {"selection": {"enabled": selection}})
-    if epsilon is not None:
-        over |= {"graph": {"k_similar": 0},
+    if epsilon is not None:  # the study's DP model is the GNN (deep, explicit: the SDK's DP default is now the wide path)
+        over |= {"model": {"deep": True}, "graph": {"k_similar": 0},
                  "privacy": {"enabled": True, "epsilon_budget": epsilon, "target_epsilon": epsilon, "delta": DELTA,
                              "state_dir": str(work / "state")}}
     return SimulationConfig.model_validate(merge_sections(data, over))
 
 
-def distributed_config(cohort: str, seed: int, *, epsilon: float, tables, dictionary, work: Path):  # noqa: ANN001
-    """Distributed DP at ``epsilon`` with the documented preset, the SDK default model, σ
-    calibrated as ``clinograph demo`` calibrates it (:func:`distributed_noise_multiplier`)."""
-    from clinograph.sdk.config import SimulationConfig, merge_sections
-    from clinograph.sdk.demo.run import DP_MIN_HONEST
+def distributed_dp_config(cohort: str, seed: int, *, epsilon: float, tables, dictionary, work: Path,  # noqa: ANN001
+                          rounds: int, clip: float, server_lr: float, min_honest: int = 2,
+                          over: dict | None = None):
+    """Distributed DP at ``epsilon`` (masked, q = 1, full-batch FedSGD at ``server_lr``, per-patient
+    clip ``clip``, ``rounds`` rounds, h = ``min_honest``; the masked threshold raised to h when
+    above 2), the SDK default federation for ``seed`` with ``over`` (model overrides) merged in,
+    selection off, σ calibrated to ``epsilon`` over :func:`distributed_rounds` as ``clinograph
+    demo`` calibrates it (:func:`distributed_noise_multiplier`)."""
+    from clinograph.sdk.config import merge_sections
     from clinograph.sdk.federation.build import initial_model_for
+    from clinograph.sdk.federation.candidates import distributed_rounds
     from clinograph.sdk.privacy.calibration import distributed_noise_multiplier
-    from clinograph.sdk.privacy.schedule import distributed_schedule
 
-    from research.model_quality import sdk_config
-
-    s = distributed_schedule(epsilon)
-    data = merge_sections(sdk_config(seed=seed, dictionary_id=cohort).model_dump(mode="python", by_alias=True,
-                                                                             exclude_unset=True), {
-        "federation": {"rounds": s.rounds, "server_lr": s.server_lr, "local_epochs": 1, "strategy": "fedsgd"},
-        "graph": {"k_similar": 0}, "output": str(work / "out"),
+    base = sdk_dp_config(cohort, seed, epsilon=None, selection=False, work=work)
+    fed = {"rounds": rounds, "server_lr": server_lr, "local_epochs": 1, "strategy": "fedsgd"}
+    if min_honest > 2:  # a round with fewer survivors than h would release a sum short of h noise shares
+        fed["masked_threshold"] = min_honest
+    data = merge_sections(base.model_dump(mode="python", by_alias=True, exclude_unset=True), (over or {}) | {
+        "federation": fed, "graph": {"k_similar": 0}, "selection": {"enabled": False},
         "privacy": {"enabled": True, "mode": "distributed", "epsilon_budget": epsilon, "delta": DELTA,
-                    "noise_multiplier": 1.0, "clip_norm": s.clip_norm, "sample_rate": s.sample_rate,
-                    "min_honest": DP_MIN_HONEST, "state_dir": str(work / "state")}})
-    cfg = SimulationConfig.model_validate(data)
+                    "noise_multiplier": 1.0, "clip_norm": clip, "sample_rate": 1.0,
+                    "min_honest": min_honest, "state_dir": str(work / "state")}})
+    cfg = type(base).model_validate(data)
     spec = initial_model_for(cfg.hospital_config(), dictionary=dictionary).spec
     sigma = distributed_noise_multiplier(cfg, dim=sum(m.size for m in spec.shared), n_hospitals=len(tables),
-                                         target_epsilon=epsilon)
+                                         target_epsilon=epsilon, rounds=distributed_rounds(cfg))
     return cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update={"noise_multiplier": sigma})})
+
+
+def distributed_config(cohort: str, seed: int, *, epsilon: float, tables, dictionary, work: Path,  # noqa: ANN001
+                       over: dict | None = None):
+    """Distributed DP at ``epsilon`` with the documented preset (``sdk/privacy/schedule.py``) on
+    the GNN (the model deep = true; ``over``: more model overrides), σ calibrated as
+    ``clinograph demo`` calibrates it."""
+    from clinograph.sdk.config import merge_sections
+    from clinograph.sdk.privacy.schedule import distributed_schedule
+
+    s = distributed_schedule(epsilon)
+    return distributed_dp_config(cohort, seed, epsilon=epsilon, tables=tables, dictionary=dictionary, work=work,
+                                 rounds=s.rounds, clip=s.clip_norm, server_lr=s.server_lr,
+                                 over=merge_sections({"model": {"deep": True}}, over or {}))
 
 
 def ledger_parts(audit_dir: Path) -> dict[str, dict]:
@@ -133,16 +152,18 @@ def ledger_parts(audit_dir: Path) -> dict[str, dict]:
 
 
 def run_arm(tables, dictionary, cfg, *, choose: bool) -> dict:  # noqa: ANN001
-    """One federation; its test metrics, choice, selection, round times and ledger parts."""
+    """One federation; its test metrics, its kept model's validation metrics (each hospital's own
+    validation patients), choice, selection, round times and ledger parts."""
     from clinograph.sdk.federation.simulate import simulate
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         res = simulate(tables, dictionary, cfg, audit_dir=Path(tmp) / "audit", choose=choose)
         seconds = time.perf_counter() - t0
+        validation = {n: m.client.task.evaluate("validation") for n, m in sorted(res.hospitals.items())}
         ledger = ledger_parts(Path(tmp) / "audit") if cfg.privacy.enabled else {}
     sel = res.selection
-    return {"final": res.final, "seconds": round(seconds, 2), "rounds_run": len(res.rounds),
+    return {"final": res.final, "validation": validation, "seconds": round(seconds, 2), "rounds_run": len(res.rounds),
             "round_seconds": [round(x, 4) for x in res.timings.get("round_seconds", [])],
             "chosen": res.choice.get("chosen"),
             "candidates": [{k: r.get(k) for k in ("name", "validation_loss", "round", "rounds_run")}
@@ -247,7 +268,6 @@ def round_cost(cohort: str, tables, dictionary, *, rounds: int, work: Path) -> d
     epochs a round); the same model at one local epoch without DP and with distributed DP at ε = 3
     (the preset: one full-batch DP-SGD step a round)."""
     from clinograph.sdk.config import merge_sections
-    from clinograph.sdk.federation.simulate import build_simulation
 
     def one_epoch(cfg):  # noqa: ANN001, ANN202
         return type(cfg).model_validate(merge_sections(cfg.model_dump(mode="python", by_alias=True, exclude_unset=True),
@@ -258,6 +278,19 @@ def round_cost(cohort: str, tables, dictionary, *, rounds: int, work: Path) -> d
             "no_dp_one_epoch": one_epoch(sdk_dp_config(cohort, 0, epsilon=None, selection=False, work=work / "c")),
             "distributed_eps3": distributed_config(cohort, 0, epsilon=3.0, tables=tables, dictionary=dictionary,
                                                    work=work / "d")}
+    times = interleaved_rounds(tables, dictionary, cfgs, rounds=rounds, work=work)
+    med = {k: median(v) for k, v in times.items()}
+    return {"rounds": rounds, "patients": int(sum(t.n_patients for t in tables)), "median_seconds": med,
+            "seconds": times, "ratio_local_dp": med["local_dp_eps3"] / med["no_dp"],
+            "ratio_distributed_dp": med["distributed_eps3"] / med["no_dp_one_epoch"]}
+
+
+def interleaved_rounds(tables, dictionary, cfgs: dict, *, rounds: int, work: Path) -> dict[str, list[float]]:  # noqa: ANN001
+    """Seconds of each of ``rounds`` rounds of every federation in ``cfgs`` (by name), all built
+    first, then run interleaved (A, B, ..., A, B, ...) so the machine's load falls on all alike; no
+    test evaluation in the timed part."""
+    from clinograph.sdk.federation.simulate import build_simulation
+
     sims = {k: build_simulation(tables, dictionary, v, audit_dir=work / k / "audit") for k, v in cfgs.items()}
     times: dict[str, list[float]] = {k: [] for k in sims}
     try:
@@ -269,16 +302,15 @@ def round_cost(cohort: str, tables, dictionary, *, rounds: int, work: Path) -> d
     finally:
         for sim in sims.values():
             sim.audit.close()
-    med = {k: median(v) for k, v in times.items()}
-    return {"rounds": rounds, "patients": int(sum(t.n_patients for t in tables)), "median_seconds": med,
-            "seconds": times, "ratio_local_dp": med["local_dp_eps3"] / med["no_dp"],
-            "ratio_distributed_dp": med["distributed_eps3"] / med["no_dp_one_epoch"]}
+    return times
 
 
 def stored(run: dict) -> dict:
     """A run as the result file keeps it: the test AUROC (mean over hospitals) instead of the
     per-hospital metrics, and the ledger parts as mean (and largest ε) over hospitals."""
-    out = {k: v for k, v in run.items() if k not in ("final", "ledger")} | {"auroc": mean_auroc(run["final"])}
+    out = {k: v for k, v in run.items() if k not in ("final", "validation", "ledger")} | {"auroc": mean_auroc(run["final"])}
+    if "validation" in run:
+        out["validation_auroc"] = mean_auroc(run["validation"])
     led = list(run["ledger"].values())
     if led:
         out["ledger"] = {k: _avg(led, k) for k in ("epsilon", "epsilon_training", "epsilon_selection",

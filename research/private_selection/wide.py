@@ -34,7 +34,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +44,8 @@ from research.private_selection.private_selection import (  # noqa: E402
     DELTA,
     DP_LR,
     EPSILONS,
+    distributed_dp_config,
+    interleaved_rounds,
     load_cohort,
     mean_auroc,
     run_arm,
@@ -70,24 +71,9 @@ def distributed_wide_config(cohort: str, seed: int, *, epsilon: float, min_hones
                             work: Path):  # noqa: ANN001
     """Distributed DP on the wide path at :data:`DP_LR`'s settings (q = 1, C, server lr, rounds),
     ``min_honest`` = h (the masked threshold raised to h when above 2), σ calibrated to ``epsilon`` over :func:`distributed_rounds` as the demo does."""
-    from clinograph.sdk.federation.build import initial_model_for
-    from clinograph.sdk.federation.candidates import distributed_rounds
-    from clinograph.sdk.privacy.calibration import distributed_noise_multiplier
-
-    base = sdk_dp_config(cohort, seed, epsilon=None, selection=False, work=work)
-    fed = {"rounds": DP_LR["steps"], "server_lr": DP_LR["lr"], "local_epochs": 1, "strategy": "fedsgd"}
-    if min_honest > 2:  # a round with fewer survivors than h would release a sum short of h noise shares
-        fed["masked_threshold"] = min_honest
-    cfg = _with(base, WIDE | {
-        "federation": fed,
-        "graph": {"k_similar": 0}, "selection": {"enabled": False},
-        "privacy": {"enabled": True, "mode": "distributed", "epsilon_budget": epsilon, "delta": DELTA,
-                    "noise_multiplier": 1.0, "clip_norm": DP_LR["clip"], "sample_rate": 1.0,
-                    "min_honest": min_honest, "state_dir": str(work / "state")}})
-    spec = initial_model_for(cfg.hospital_config(), dictionary=dictionary).spec
-    sigma = distributed_noise_multiplier(cfg, dim=sum(m.size for m in spec.shared), n_hospitals=len(tables),
-                                         target_epsilon=epsilon, rounds=distributed_rounds(cfg))
-    return cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update={"noise_multiplier": sigma})})
+    return distributed_dp_config(cohort, seed, epsilon=epsilon, tables=tables, dictionary=dictionary, work=work,
+                                 rounds=DP_LR["steps"], clip=DP_LR["clip"], server_lr=DP_LR["lr"],
+                                 min_honest=min_honest, over=WIDE)
 
 
 def local_wide_config(cohort: str, seed: int, *, epsilon: float, work: Path):  # noqa: ANN201
@@ -137,23 +123,11 @@ def round_cost(cohort: str, tables, dictionary, *, rounds: int, work: Path) -> d
     """One distributed-wide round (ε = 3, h = 2) against one non-DP round of the same model (the
     wide candidate, one local epoch, the SDK's default strategy), built first, then run
     interleaved; medians over ``rounds`` (no test evaluation in the timed part)."""
-    from clinograph.sdk.federation.simulate import build_simulation
-
     cfgs = {"no_dp_wide_one_epoch": _with(sdk_dp_config(cohort, 0, epsilon=None, selection=False, work=work / "a"),
                                           WIDE | {"federation": {"local_epochs": 1}}),
             "distributed_wide_eps3": distributed_wide_config(cohort, 0, epsilon=3.0, min_honest=2, tables=tables,
                                                              dictionary=dictionary, work=work / "b")}
-    sims = {k: build_simulation(tables, dictionary, v, audit_dir=work / k / "audit") for k, v in cfgs.items()}
-    times: dict[str, list[float]] = {k: [] for k in sims}
-    try:
-        for _ in range(rounds):
-            for k, sim in sims.items():
-                t0 = time.perf_counter()
-                sim.run_round()
-                times[k].append(time.perf_counter() - t0)
-    finally:
-        for sim in sims.values():
-            sim.audit.close()
+    times = interleaved_rounds(tables, dictionary, cfgs, rounds=rounds, work=work)
     med = {k: median(v) for k, v in times.items()}
     return {"rounds": rounds, "patients": int(sum(t.n_patients for t in tables)), "median_seconds": med,
             "seconds": times, "ratio": med["distributed_wide_eps3"] / med["no_dp_wide_one_epoch"]}

@@ -36,6 +36,14 @@ Two cohorts that ``lifelines`` ships offline (Davidson-Pilon, lifelines; the dat
   a hospital, so about 6 validation and 6 test patients each: added in session 10 as the
   smallest federation the defaults must survive, not as a cohort to tune on.
 
+- ``rossi`` (binary form only): recidivism of 432 men released from Maryland state prisons
+  (Rossi, Berk & Lenihan 1980; lifelines ``load_rossi``), every man followed for 52 weeks: age,
+  race, work experience, marital status, parole, prior convictions and the randomised financial
+  aid. Label: re-arrest within the year (114 positives). Not clinical, but a real cohort with a
+  binary outcome at a fixed horizon. No centre column: cut into 3 sites (30/30/40 %) with a
+  prior-conviction-dependent pattern. Added in issue 30 as a table the DP default was NOT chosen
+  on (research/private_selection/README.md, the held-out confirmation).
+
 Two forms of each cohort (``cohort_tables(name, form=...)``):
 
 - ``binary`` (horizon form): censoring is handled honestly: a patient censored *before* the
@@ -64,7 +72,7 @@ import pandas as pd
 from ..ontology.dictionary import Feature, FeatureDictionary
 from ..ontology.schema import ColumnMap, SiteSchema, SurvivalColumns
 
-COHORTS = ("lung", "gbsg2", "kidney", "diabetes", "larynx")
+COHORTS = ("lung", "gbsg2", "kidney", "diabetes", "larynx", "rossi")
 #: cohorts that have a survival form (SURVIVAL_TARGETS)
 SURVIVAL_COHORTS = ("lung", "gbsg2")
 
@@ -141,6 +149,19 @@ def kidney_dictionary() -> FeatureDictionary:
         _num("age", "Age at transplant", "years", 20, 65, 0, 120),
         Feature(id="female", name="Female sex", kind="binary"),
         Feature(id="black", name="Black race", kind="binary"),
+    ))
+
+
+def rossi_dictionary() -> FeatureDictionary:
+    """Canonical features of the Rossi recidivism cohort."""
+    return FeatureDictionary(name="clinograph-lifelines-rossi", version=1, features=(
+        _num("age", "Age at release", "years", 18, 45, 14, 100),
+        Feature(id="financial_aid", name="Received financial aid after release", kind="binary"),
+        Feature(id="black", name="Black race", kind="binary"),
+        Feature(id="work_experience", name="Full-time work experience before prison", kind="binary"),
+        Feature(id="married", name="Married at release", kind="binary"),
+        Feature(id="parole", name="Released on parole", kind="binary"),
+        _num("prior_convictions", "Prior convictions", "1", 0, 5, 0, 100),
     ))
 
 
@@ -270,6 +291,21 @@ def _larynx(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
     return canon[keep].reset_index(drop=True), site[keep], "death within 3 years of diagnosis", int((~keep).sum())
 
 
+def _rossi(form: str = "binary") -> tuple[pd.DataFrame, np.ndarray, str, int]:
+    from lifelines.datasets import load_rossi
+
+    df = load_rossi()  # every man followed for 52 weeks: no censoring before the horizon
+    canon = pd.DataFrame({
+        "age": df["age"].astype(float), "financial_aid": df["fin"].astype(float), "black": df["race"].astype(float),
+        "work_experience": df["wexp"].astype(float), "married": df["mar"].astype(float),
+        "parole": df["paro"].astype(float), "prior_convictions": df["prio"].astype(float),
+        "label": df["arrest"].astype(int), "event": df["arrest"].astype(int)})
+    rng = np.random.default_rng(20_261_128)  # the cut is part of the data set: fixed
+    score = (df["prio"].to_numpy(float) - 2.98) / 2.9 + rng.standard_normal(len(df))
+    site = np.digitize(score, np.quantile(score, [0.3, 0.6]))  # sizes 30/30/40 %
+    return canon, site, "re-arrest within 52 weeks of release", 0
+
+
 LUNG_SITES = (
     SiteSpec("ncctg_mayo", renames=(("age", "Age"), ("female", "Sex"), ("ecog_physician", "ECOG")),
              codings=(("female", (("F", 1), ("M", 0))),), lacks=("meal_calories",)),
@@ -311,11 +347,18 @@ LARYNX_SITES = (
     SiteSpec("lx_university", renames=(("stage", "ajcc_stage"), ("age", "AGE")),
              codings=(("stage", (("stage 1", "I"), ("stage 2", "II"), ("stage 3", "III"), ("stage 4", "IV"))),)),
 )
+ROSSI_SITES = (
+    SiteSpec("ro_east", renames=(("financial_aid", "aid"), ("age", "AGE")),
+             codings=(("financial_aid", (("yes", 1), ("no", 0))),), lacks=("work_experience",)),
+    SiteSpec("ro_central", renames=(("married", "marital"), ("prior_convictions", "priors")),
+             codings=(("married", (("married", 1), ("not married", 0))),)),
+    SiteSpec("ro_west", renames=(("black", "race_black"), ("parole", "on_parole")), lacks=("married",)),
+)
 _COHORTS: dict[str, tuple[Callable[[], FeatureDictionary], Callable, tuple[SiteSpec, ...]]] = {
     "lung": (lung_dictionary, _lung, LUNG_SITES), "gbsg2": (gbsg2_dictionary, _gbsg2, GBSG2_SITES),
     "kidney": (kidney_dictionary, _kidney, KIDNEY_SITES),
     "diabetes": (diabetes_dictionary, _diabetes, DIABETES_SITES),
-    "larynx": (larynx_dictionary, _larynx, LARYNX_SITES)}
+    "larynx": (larynx_dictionary, _larynx, LARYNX_SITES), "rossi": (rossi_dictionary, _rossi, ROSSI_SITES)}
 
 
 def _local_values(values: pd.Series, feat: Feature, spec: SiteSpec) -> pd.Series:

@@ -79,6 +79,8 @@ def test_demo_runs_end_to_end(demo_dp):
     # DP is on by default: every hospital reports its ε, within the budget
     assert set(m["epsilon"]) == set(m["hospitals"])
     assert all(0 < eps[-1] <= m["dp_settings"]["epsilon_budget"] for eps in m["epsilon"].values())
+    # the demo's DP model is said (the GNN: the SDK's DP default scored lower on the demo, sdk/demo/run.py)
+    assert m["dp_model"] == "the GNN (hidden 8) and the wide path"
     # the DP run is distributed DP and prints both guarantees per hospital
     g = m["dp_guarantees"]
     assert set(g) == set(m["hospitals"]) and all(0 < x["epsilon"] < x["epsilon_alone"] for x in g.values())
