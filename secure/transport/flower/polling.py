@@ -13,15 +13,23 @@ whose loop no longer has those two sleeps, so a Flower update cannot silently un
 adapter is pinned to 1.41 anyway (:func:`~clinograph.secure.transport.flower.check_flower_version`).
 
 The cost of a shorter idle poll is one more small HTTPS ``PullMessages`` call a node every
-``idle`` seconds on the SuperLink (0.2 s: five a second a node).
+``idle`` seconds on the SuperLink (0.2 s: five a second a node). The idle poll itself cannot be
+event-driven: Flower 1.41's Fleet API is request-response over HTTP, with no push from the
+SuperLink to a SuperNode.
+
+:func:`watch_message_pulls` is the third hook into the same loop: callbacks around each pull of
+a message, with which the warm executor polls for the new task as soon as the message is stored
+and never while it is half stored (:meth:`.superexec.SuperExecLoop.pull_started`).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from clinograph.core.errors import ConfigError
 
@@ -69,3 +77,38 @@ def set_supernode_waits(*, idle: float, reply: float, module: ModuleType | None 
     target = module or _loop_module()
     check_supernode_waits(target)
     target.time = SupernodeClock(idle=idle, reply=reply)  # type: ignore[attr-defined]
+
+
+#: The function of Flower 1.41's SuperNode loop that pulls a message, creates its task, then pulls the
+#: message's objects from the SuperLink (returns the run id, or None when there was none).
+PULL_AND_STORE = "_pull_and_store_message"
+
+
+def watch_message_pulls(*, started: Callable[[], None], ended: Callable[[bool], None],
+                        module: ModuleType | None = None) -> None:
+    """Call ``started()`` when Flower's SuperNode loop begins a pull and ``ended(stored)`` when it is
+    done (``stored``: a message was stored and its task created).
+
+    Why both: Flower creates the task *before* it pulls the message's objects, so an executor that
+    polls in between starts a ClientApp that asks for objects not there yet, and Flower's
+    ClientApp retries about a second later (measured: 1.2 s). Between ``started`` and ``ended``
+    the warm executor does not poll; at ``ended(True)`` it polls at once.
+    ConfigError if the loop no longer has :data:`PULL_AND_STORE` (a Flower update): then nothing
+    is changed."""
+    target = module or _loop_module()
+    inner = getattr(target, PULL_AND_STORE, None)
+    if not callable(inner):
+        raise ConfigError(f"Flower's SuperNode loop has no {PULL_AND_STORE}(): the installed flwr is not the one "
+                          "the warm executor's task wake-up was written for. Install flwr 1.41.")
+
+    @functools.wraps(inner)
+    def pulled(*args: Any, **kwargs: Any) -> Any:
+        run_id = None
+        started()
+        try:
+            run_id = inner(*args, **kwargs)
+            return run_id
+        finally:
+            ended(run_id is not None)
+
+    setattr(target, PULL_AND_STORE, pulled)

@@ -17,6 +17,9 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 ``plan-timeout``       seconds for the plan stage (includes local training)
 ``stage-timeout``      seconds for each later stage (a dead node costs one of these)
 ``end-timeout``        seconds to deliver the last global model
+``reply-poll``         optional: shortest wait in seconds between two pulls of the
+                       hospitals' replies (default 0.05; the wait grows to a tenth of
+                       the time already waited, at most 1 s: :func:`.driver.poll_wait`)
 ``events-file``        optional JSON-lines progress log (names, stages, reasons -- no data)
 ``server-extension``   optional ``'package.module:function'`` called with the built
                        :class:`~clinograph.secure.server.FederationServer` before the first
@@ -80,7 +83,7 @@ from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from ...runtime.voted import run_voted
 from . import check_flower_version
-from .driver import FlowerTransport, Timeouts, greet_nodes
+from .driver import DEFAULT_POLL_INTERVAL, FlowerTransport, Timeouts, greet_nodes
 from .oplog import Events
 from .worker import load_factory
 
@@ -197,7 +200,8 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
         raise ProtocolError(f"Only {len(nodes)} hospital(s) proved they serve an enrolled hospital within "
                             f"{timeouts.hello:g} s ({len(node_ids)} node(s) connected); the federation needs "
                             f"{fed.min_clients}. Check the SuperNodes' logs and key files.")
-    transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts)
+    transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts,
+                                poll=_get(run_config, "reply-poll", float, DEFAULT_POLL_INTERVAL))
     extension = _get(run_config, "server-extension", str, "")
     side = ServerSide(federation=fed, identity=identity, enrolled=enrolled,
                       dp_policy=config.dp_policy.policy() if config.dp_policy else None,

@@ -44,7 +44,13 @@ from clinograph.core.errors import ClinographError, ConfigError
 from ...policy import Environment, require_allowed
 from . import check_flower_version
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP
-from .polling import DEFAULT_IDLE_POLL, DEFAULT_REPLY_WAIT, FLOWER_IDLE_POLL, set_supernode_waits
+from .polling import (
+    DEFAULT_IDLE_POLL,
+    DEFAULT_REPLY_WAIT,
+    FLOWER_IDLE_POLL,
+    set_supernode_waits,
+    watch_message_pulls,
+)
 from .superexec import DEFAULT_POLL_INTERVAL, RuntimeApi, SuperExecLoop, WarmExecutor
 from .worker import HospitalWorker, check_node_config, load_factory
 
@@ -156,11 +162,14 @@ def runtime_api(flower_args: Sequence[str]) -> RuntimeApi:
 def start_superexec(flower_args: Sequence[str], *, poll: float | None,
                     clientapp: str = CLINOGRAPH_CLIENTAPP) -> SuperExecLoop:
     """The warm executor's forkserver and our SuperExec thread, before Flower's SuperNode main runs;
-    its ClientApp processes run only ``clientapp`` (:mod:`.clientapp_pin`)."""
+    its ClientApp processes run only ``clientapp`` (:mod:`.clientapp_pin`). The thread polls as
+    soon as the SuperNode has stored a message, and never while it stores one
+    (:func:`.polling.watch_message_pulls`)."""
     executor = WarmExecutor(clientapp=clientapp)
     executor.start()
     loop = SuperExecLoop(runtime_api(flower_args), executor=executor,
                          poll_interval=DEFAULT_POLL_INTERVAL if poll is None else poll)
+    watch_message_pulls(started=loop.pull_started, ended=loop.pull_ended)
     loop.start()
     return loop
 

@@ -119,3 +119,52 @@ def test_code_a_run_could_bring_to_the_node_is_insecure_by_name():
         check_run_code(["--allow-runtime-dependency-installation"], executor="warm", environment="production")
     with pytest.warns(InsecureOptionWarning, match="insecure_fab_clientapp"):
         check_run_code([], executor="subprocess", environment="development")
+
+
+def test_the_task_poll_is_held_while_the_supernode_stores_a_message_and_woken_when_it_has():
+    loop = SuperExecLoop(runtime_api([]), executor=WarmExecutor())
+    assert loop.may_poll() and not loop._wake.is_set()
+    loop.pull_started()
+    assert not loop.may_poll()
+    loop.pull_ended(False)  # an idle pull: nothing to wake for
+    assert loop.may_poll() and not loop._wake.is_set()
+    loop.pull_started()
+    loop.pull_ended(True)
+    assert loop.may_poll() and loop._wake.is_set()
+    loop._idle_wait()  # returns at once (woken) and is ready for the next wake
+    assert not loop._wake.is_set()
+
+
+def test_pulls_are_watched_only_on_a_loop_that_still_has_its_pull_function():
+    calls = []
+    module = types.ModuleType("fake_loop")
+
+    def pull(found):
+        if found == "boom":
+            raise RuntimeError("pull failed")
+        return 7 if found else None
+
+    module._pull_and_store_message = pull
+    polling.watch_message_pulls(started=lambda: calls.append("start"), ended=calls.append, module=module)
+    assert module._pull_and_store_message(True) == 7 and module._pull_and_store_message(False) is None
+    with pytest.raises(RuntimeError, match="pull failed"):
+        module._pull_and_store_message("boom")
+    assert calls == ["start", True, "start", False, "start", False]
+    with pytest.raises(ConfigError, match=r"no _pull_and_store_message\(\).*Install flwr 1.41"):
+        polling.watch_message_pulls(started=list, ended=print, module=types.ModuleType("other_loop"))
+
+
+def test_the_forkserver_loads_httpx_transport_before_any_clientapp_is_forked():
+    """A forked ClientApp's first httpx.Client used to import httpcore and h11 (0.26-0.54 s a message)."""
+    import subprocess
+    import sys
+
+    from clinograph.secure.transport.flower import warmup
+    from clinograph.secure.transport.flower.superexec import PRELOAD
+
+    assert "clinograph.secure.transport.flower.warmup" in PRELOAD
+    # importing httpx alone loads none of the three (checked); run only the module, not the package
+    code = (f"import runpy, sys; runpy.run_path({warmup.__file__!r}); "
+            "print(all(m in sys.modules for m in ('httpcore', 'h11', 'certifi')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
