@@ -47,7 +47,7 @@ from research._common import add_convention, emit, machine, median, out_path  # 
 #: SuperNode launcher module or None for the launcher, ServerApp ``reply-poll`` s or None for its default)
 ARMS = {
     "flower": ("subprocess", None, 3.0, None, None),                      # Flower 1.41's executor and waits
-    "warm_previous": ("warm", None, 0.2, "benchmarks.flower_scale.previous_launcher", 0.2),  # the launcher before
+    "warm_previous": ("warm", 0.1, 0.2, "benchmarks.flower_scale.previous_launcher", 0.2),  # the launcher before
     "warm": ("warm", None, 0.2, None, None),                              # the launcher's defaults now
     "warm_supernode_poll_0.1": ("warm", None, 0.1, None, None),           # and a SuperNode idle poll of 0.1 s
     "warm_polls_0.05": ("warm", 0.02, 0.05, None, 0.02),                  # every poll near its floor
@@ -156,7 +156,17 @@ def trace_summary(folder: Path, events: list[dict]) -> dict:
     parts = sorted({k for r in later for k in r.get("path", {}).get("setup_parts", {})})
     calls = {role: median([r["path"]["calls"][role] for r in later if "calls" in r.get("path", {})])
              for role in ("server", "supernode", "clientapp")} if later else {}
-    return {"exchanges_measured": len(later), "median_exchange_wall_s": round(median([r["wall"] for r in later]), 4)
+    procs, spans = flower_trace.read_trace(folder)
+    start = opened[1] if len(opened) > 1 else 0.0
+    roles = {pid: p.get("argv0") for pid, p in procs.items()}
+    by_call: dict[str, list[float]] = {}
+    for sp in spans:
+        if sp["name"].startswith("rpc ") and sp["t0"] >= start:
+            role = {"flwr-serverapp": "serverapp", "-m": "supernode", "flower-supernode": "clientapp"}.get(
+                str(roles.get(sp["pid"])), str(roles.get(sp["pid"])))
+            by_call.setdefault(f"{role} {sp['name'][4:]}", []).append(sp["t1"] - sp["t0"])
+    rpc = {k: {"calls": len(v), "median_s": round(median(v), 4)} for k, v in sorted(by_call.items())}
+    return {"exchanges_measured": len(later), "rpc": rpc, "median_exchange_wall_s": round(median([r["wall"] for r in later]), 4)
             if later else None, "median_segment_s": medians,
             "median_setup_parts_s": {p: round(median([r["path"]["setup_parts"][p] for r in later
                                                       if "setup_parts" in r.get("path", {})]), 4) for p in parts},

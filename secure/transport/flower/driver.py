@@ -47,9 +47,9 @@ class Timeouts:
 #: reply came (the ServerApp's API is request-response), so the ServerApp polls.
 DEFAULT_POLL_INTERVAL = 0.05
 #: Longest wait between two pulls, and the share of the time already waited that the next wait is:
-#: a reply is pulled within about 10 % of the exchange's duration (a stage of under half a
-#: second: within ``reply-poll``), and a plan stage that trains for minutes costs one pull a second.
-MAX_POLL_INTERVAL, POLL_FRACTION = 1.0, 0.1
+#: a reply is pulled within ``reply-poll`` for the first 2.5 s of an exchange (a protocol stage),
+#: then within 2 % of the time waited, and a plan stage that trains for minutes costs one pull a second.
+MAX_POLL_INTERVAL, POLL_FRACTION = 1.0, 0.02
 
 
 def poll_wait(elapsed: float, *, floor: float) -> float:

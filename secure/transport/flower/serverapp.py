@@ -18,8 +18,8 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 ``stage-timeout``      seconds for each later stage (a dead node costs one of these)
 ``end-timeout``        seconds to deliver the last global model
 ``reply-poll``         optional: shortest wait in seconds between two pulls of the
-                       hospitals' replies (default 0.05; the wait grows to a tenth of
-                       the time already waited, at most 1 s: :func:`.driver.poll_wait`)
+                       hospitals' replies (default 0.05; the wait grows to 2 % of the
+                       time already waited, at most 1 s: :func:`.driver.poll_wait`)
 ``events-file``        optional JSON-lines progress log (names, stages, reasons -- no data)
 ``server-extension``   optional ``'package.module:function'`` called with the built
                        :class:`~clinograph.secure.server.FederationServer` before the first
