@@ -47,12 +47,12 @@ from research._common import add_convention, emit, machine, median, out_path  # 
 #: SuperNode launcher module or None for the launcher, ServerApp ``reply-poll`` s or None for its default)
 ARMS = {
     "flower": ("subprocess", None, 3.0, None, None),                      # Flower 1.41's executor and waits
-    "warm_previous": ("warm", 0.1, 0.2, "benchmarks.flower_scale.previous_launcher", 0.2),  # the launcher before
+    "warm_previous": ("warm", None, 0.2, "benchmarks.flower_scale.previous_launcher", 0.2),  # the launcher before
     "warm": ("warm", None, 0.2, None, None),                              # the launcher's defaults now
-    "warm_supernode_poll_0.1": ("warm", None, 0.1, None, None),           # and a SuperNode idle poll of 0.1 s
+    "warm_supernode_poll_0.1": ("warm", None, 0.1, None, None),           # and a SuperNode idle poll from 0.1 s
     "warm_polls_0.05": ("warm", 0.02, 0.05, None, 0.02),                  # every poll near its floor
 }
-DEFAULT_ARMS = ("flower", "warm_previous", "warm", "warm_supernode_poll_0.1")
+DEFAULT_ARMS = ("flower", "warm_previous", "warm", "warm_previous", "warm", "warm_supernode_poll_0.1")
 QUICK_ARMS = ("warm_previous", "warm")
 
 
@@ -287,9 +287,9 @@ def main(argv: list[str] | None = None) -> dict:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=False)
         compute = in_process_round_seconds(Path(tmp) / "inproc", n=args.n, rounds=rounds)
-        for name in arms:
+        for i, name in enumerate(arms):  # an arm named twice runs twice (interleaved: the load drifts)
             executor, poll, supernode_poll, launcher, reply_poll = ARMS[name]
-            work = Path(tmp) / name
+            work = Path(tmp) / f"{i}_{name}"
             work.mkdir()
             load = list(os.getloadavg())
             runs.append({"arm": name, "load_average_at_start": load,

@@ -17,7 +17,8 @@ How ClientApps start (``--executor``): ``warm`` (the default) runs Flower's Supe
 ``--isolation process`` and our SuperExec thread, which forks each ClientApp from a pre-imported
 forkserver (:mod:`.superexec`); ``subprocess`` is Flower's own ``flower-superexec`` starting a
 ``flwr-clientapp`` per message. ``--supernode-poll`` shortens the SuperNode's fixed 3 s idle
-poll of the SuperLink (:mod:`.polling`). Measured in ``benchmarks/flower_scale/round_time.py``;
+poll of the SuperLink, growing to ``--supernode-poll-max`` while no message comes
+(:mod:`.polling`). Measured in ``benchmarks/flower_scale/round_time.py``;
 the operator's view is in docs/deployment.md.
 
 Logging (:func:`configure_hospital_logging`): one handler on the root logger; Clinograph's
@@ -46,6 +47,7 @@ from . import check_flower_version
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP
 from .polling import (
     DEFAULT_IDLE_POLL,
+    DEFAULT_IDLE_POLL_MAX,
     DEFAULT_REPLY_WAIT,
     FLOWER_IDLE_POLL,
     set_supernode_waits,
@@ -223,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--supernode-poll", type=float, default=DEFAULT_IDLE_POLL, metavar="SECONDS",
                         help=f"seconds between two polls of the SuperLink when idle (default {DEFAULT_IDLE_POLL}; "
                              f"{FLOWER_IDLE_POLL} keeps Flower's own fixed waits, see polling.py)")
+    parser.add_argument("--supernode-poll-max", type=float, default=DEFAULT_IDLE_POLL_MAX, metavar="SECONDS",
+                        help=f"the idle poll grows to this while no message comes (default {DEFAULT_IDLE_POLL_MAX}; "
+                             "equal to --supernode-poll: a fixed poll)")
     try:  # on the raw argv, before parsing: no parser may expand a prefix of an insecure option
         refuse_abbreviations(argv)
     except ClinographError as exc:
@@ -249,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["flower-supernode", *rest, "--node-config", ours.node_config]
     try:
         if ours.supernode_poll < FLOWER_IDLE_POLL:
-            set_supernode_waits(idle=ours.supernode_poll, reply=min(DEFAULT_REPLY_WAIT, ours.supernode_poll))
+            set_supernode_waits(idle=ours.supernode_poll, reply=min(DEFAULT_REPLY_WAIT, ours.supernode_poll),
+                                idle_max=max(ours.supernode_poll, ours.supernode_poll_max))
         superexec = start_superexec(rest, poll=ours.superexec_poll, clientapp=ours.clientapp) if ours.executor == "warm" else None
     except ClinographError as exc:
         worker.stop()

@@ -91,6 +91,41 @@ def test_the_supernode_clock_shortens_only_flowers_two_fixed_waits():
         polling.SupernodeClock(idle=0, reply=0.05)
 
 
+def test_the_idle_poll_grows_while_no_message_comes_and_resets_on_one():
+    now = [100.0]
+    slept = []
+    clock = polling.SupernodeClock(idle=0.2, reply=0.05, idle_max=1.0, sleep=slept.append, monotonic=lambda: now[0])
+    waits = []
+    for t in (100.0, 100.5, 102.0, 110.0):
+        now[0] = t
+        waits.append(clock.idle_wait())
+    assert waits == [0.2, 0.2, 0.5, 1.0]  # a quarter of the idle time, between 0.2 and 1 s
+    clock.message_seen()
+    clock.sleep(3)
+    assert slept == [0.2] and clock.idle_wait() == 0.2
+    with pytest.raises(ConfigError, match=r"idle_max wait 0.1 s is below its idle wait 0.2 s"):
+        polling.SupernodeClock(idle=0.2, reply=0.05, idle_max=0.1)
+
+
+def test_a_growing_idle_poll_hears_of_every_pulled_message_and_sent_reply(monkeypatch):
+    module = types.ModuleType("fake_loop")
+    module._pull_and_store_message = lambda found: 7 if found else None
+    module._push_messages = lambda: None
+    monkeypatch.setattr(polling.inspect, "getsource", lambda m: "time.sleep(3)\ntime.sleep(0.5)\n")
+    clock = polling.set_supernode_waits(idle=0.2, reply=0.05, idle_max=1.0, module=module)
+    seen = []
+    clock.message_seen = lambda: seen.append("seen")
+    module._pull_and_store_message(False)
+    assert seen == []
+    module._pull_and_store_message(True)
+    module._push_messages()
+    assert seen == ["seen", "seen"] and module.time is clock
+    bare = types.ModuleType("bare_loop")  # a loop without the two functions: refused, nothing set
+    with pytest.raises(ConfigError, match=r"no _pull_and_store_message\(\), _push_messages\(\)"):
+        polling.set_supernode_waits(idle=0.2, reply=0.05, idle_max=1.0, module=bare)
+    assert not hasattr(bare, "time")
+
+
 def test_the_waits_are_set_only_on_a_loop_that_still_has_them(monkeypatch):
     polling.check_supernode_waits()  # the installed Flower 1.41 loop
     module = types.ModuleType("fake_loop")
