@@ -18,7 +18,8 @@ message comes (:class:`SupernodeClock`, ``--supernode-poll-max``). It cannot be
 event-driven: Flower 1.41's Fleet API is request-response over HTTP, with no push from the
 SuperLink to a SuperNode.
 
-:func:`watch_message_pulls` is the third hook into the same loop: callbacks around each pull of
+:func:`set_object_pull_backoff` shortens Flower's 1 s wait for an object that is not stored yet
+(SuperNode and ServerApp). :func:`watch_message_pulls` is the third hook into the same loop: callbacks around each pull of
 a message, with which the warm executor polls for the new task as soon as the message is stored
 and never while it is half stored (:meth:`.superexec.SuperExecLoop.pull_started`).
 """
@@ -174,3 +175,30 @@ def watch_message_pulls(*, started: Callable[[], None], ended: Callable[[bool], 
             ended(run_id is not None)
 
     setattr(target, PULL_AND_STORE, pulled)
+
+
+#: Flower 1.41 retries an object that is not stored yet after 1 s, doubling up to 10 s
+#: (``pull_objects``' ``initial_backoff``); ours (seconds).
+FLOWER_PULL_BACKOFF, DEFAULT_PULL_BACKOFF = 1, 0.05
+
+
+def set_object_pull_backoff(initial: float = DEFAULT_PULL_BACKOFF, *, function: Any = None) -> None:
+    """Make this process's Flower retry a not-yet-stored object after ``initial`` s (doubling) instead of 1 s.
+
+    Why: Flower makes a message visible (``PullMessages``) before its objects are pushed, so a
+    pull that comes in between finds an object missing and waits 1 s. With our short polls
+    that hit about one exchange in three, on both sides (the SuperNode pulling the server's
+    message, the ServerApp pulling a reply; measured: ``benchmarks/flower_scale/round_time.py``,
+    ``node_pull`` / ``server_pull`` of about 1 s). The retry limits (500 tries, 2 h) are Flower's.
+    ConfigError if the installed Flower's ``pull_objects`` has another default (a Flower update)."""
+    if function is None:
+        from flwr.supercore.inflatable import inflatable_utils
+
+        function = inflatable_utils.pull_objects
+    if not 0.01 <= initial <= FLOWER_PULL_BACKOFF:
+        raise ConfigError(f"Object pull backoff {initial} s must be in [0.01, {FLOWER_PULL_BACKOFF}] seconds.")
+    defaults = getattr(function, "__kwdefaults__", None) or {}
+    if defaults.get("initial_backoff") not in (FLOWER_PULL_BACKOFF, initial):
+        raise ConfigError("Flower's pull_objects no longer has initial_backoff=1: the installed flwr is not the one "
+                          "the object pull backoff was written for. Install flwr 1.41.")
+    defaults["initial_backoff"] = initial

@@ -85,6 +85,7 @@ from ...runtime.voted import run_voted
 from . import check_flower_version
 from .driver import DEFAULT_POLL_INTERVAL, FlowerTransport, Timeouts, greet_nodes
 from .oplog import Events
+from .polling import set_object_pull_backoff
 from .worker import load_factory
 
 app = ServerApp()
@@ -229,4 +230,5 @@ def _log_to_stdout() -> None:
 @app.main()
 def _main(grid: Grid, context: Context) -> None:
     _log_to_stdout()
+    set_object_pull_backoff()  # a reply pulled before its objects: retried after 0.05 s, not Flower's 1 s
     run_federation(grid, context.run_config)  # raises on a failed run: Flower marks it failed

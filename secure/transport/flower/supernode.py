@@ -50,6 +50,7 @@ from .polling import (
     DEFAULT_IDLE_POLL_MAX,
     DEFAULT_REPLY_WAIT,
     FLOWER_IDLE_POLL,
+    set_object_pull_backoff,
     set_supernode_waits,
     watch_message_pulls,
 )
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["flower-supernode", *rest, "--node-config", ours.node_config]
     try:
         if ours.supernode_poll < FLOWER_IDLE_POLL:
+            set_object_pull_backoff()
             set_supernode_waits(idle=ours.supernode_poll, reply=min(DEFAULT_REPLY_WAIT, ours.supernode_poll),
                                 idle_max=max(ours.supernode_poll, ours.supernode_poll_max))
         superexec = start_superexec(rest, poll=ours.superexec_poll, clientapp=ours.clientapp) if ours.executor == "warm" else None

@@ -203,3 +203,22 @@ def test_the_forkserver_loads_httpx_transport_before_any_clientapp_is_forked():
             "print(all(m in sys.modules for m in ('httpcore', 'h11', 'certifi')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def test_an_object_not_stored_yet_is_retried_after_50_ms_on_a_flower_that_still_waits_1_s():
+    def pull_objects(object_ids, *, initial_backoff=1, backoff_cap=10):
+        return initial_backoff
+
+    polling.set_object_pull_backoff(function=pull_objects)
+    assert pull_objects([]) == polling.DEFAULT_PULL_BACKOFF == 0.05
+    polling.set_object_pull_backoff(function=pull_objects)  # again: already set, accepted
+
+    def other(object_ids, *, initial_backoff=2):
+        return initial_backoff
+
+    with pytest.raises(ConfigError, match="no longer has initial_backoff=1"):
+        polling.set_object_pull_backoff(function=other)
+    assert other([]) == 2
+    from flwr.supercore.inflatable.inflatable_utils import pull_objects as flowers
+
+    assert flowers.__kwdefaults__["initial_backoff"] in (polling.FLOWER_PULL_BACKOFF, 0.05)  # the installed 1.41
