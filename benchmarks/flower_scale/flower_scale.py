@@ -72,7 +72,9 @@ def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0
     launcher, run_values = ARMS[arm]
     result: dict = {"arm": arm, "n": n, "victim": victim, "supernode_args": list(supernode_args),
                     "load_average_at_start": list(os.getloadavg())}
-    tenv = trace_env(tmp / "trace" if trace else None)
+    tenv = trace_env(tmp / "trace" if trace or launcher else None)  # the previous launcher needs the hook
+    if launcher:
+        tenv[flower_trace.PREVIOUS] = "1"
     pythonpath = [*([tenv.pop("_TRACE_SITE")] if tenv else []), APP, ROOT / "tests" / "secure" / "transport", ROOT]
     with flower_processes(tmp, federation_id="fed-scale", hospitals=hospitals, budget=budget,
                           pythonpath=pythonpath, env=tenv) as fp:

@@ -132,7 +132,19 @@ def _patch_driver(mod: Any) -> None:
     _patch_records(mod)
 
 
+#: Set (to anything) in a run's environment: every process of it runs without the object pull backoff
+#: (polling.set_object_pull_backoff), as before it existed -- the ServerApp included, which no
+#: launcher option reaches (the ``warm_previous`` arms).
+PREVIOUS = "CLINOGRAPH_FLOWER_PREVIOUS"
+
+
+def _patch_polling(mod: Any) -> None:
+    if os.environ.get(PREVIOUS):
+        mod.set_object_pull_backoff = lambda *args, **kwargs: None
+
+
 PATCHES: dict[str, Callable[[Any], None]] = {
+    "clinograph.secure.transport.flower.polling": _patch_polling,
     "flwr.supercore.protobuf.client": _patch_protobuf_client,
     "httpx": _patch_httpx,
     "flwr.supernode.start_client_internal": _patch_start_client_internal,

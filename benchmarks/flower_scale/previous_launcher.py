@@ -14,7 +14,8 @@ PREVIOUS_PRELOAD = tuple(m for m in superexec.PRELOAD if not m.endswith(".warmup
 
 def previous() -> None:
     """No warm-up module in the forkserver; the SuperExec thread polls on its timer only, every 0.1 s;
-    the SuperNode's idle poll a fixed 0.2 s. (The ServerApp's side: run config ``reply-poll=0.2``.)"""
+    the SuperNode's idle poll a fixed 0.2 s. (Flower's 1 s object pull backoff is kept in every process
+    of the arm by flower_trace.PREVIOUS; the ServerApp's reply poll by run config ``reply-poll=0.2``.)"""
     superexec.WarmExecutor.__init__.__kwdefaults__["preload"] = PREVIOUS_PRELOAD
     supernode.watch_message_pulls = lambda **_: None
     supernode.DEFAULT_POLL_INTERVAL = 0.1

@@ -183,7 +183,9 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
 
     hospitals = [f"h{i}" for i in range(n)]
     events_file = tmp / "events.jsonl"
-    tenv = trace_env(tmp / "trace" if trace else None)
+    tenv = trace_env(tmp / "trace" if trace or launcher else None)  # the previous launcher needs the hook
+    if launcher:
+        tenv[flower_trace.PREVIOUS] = "1"
     env = {"PYTHONPATH": os.pathsep.join([*([tenv.pop("_TRACE_SITE")] if tenv else []),
                                           str(ROOT / "examples" / "flower_deployment" / "app"),
                                           str(ROOT / "tests" / "secure" / "transport"), str(ROOT)]), **tenv}
