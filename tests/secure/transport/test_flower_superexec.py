@@ -198,7 +198,7 @@ def test_the_forkserver_loads_httpx_transport_before_any_clientapp_is_forked():
     from clinograph.secure.transport.flower.superexec import PRELOAD
 
     assert "clinograph.secure.transport.flower.warmup" in PRELOAD
-    # importing httpx alone loads none of the three (checked); run only the module, not the package
+    # importing httpx or Flower's client module alone loads none of the three (checked); run only the module
     code = (f"import runpy, sys; runpy.run_path({warmup.__file__!r}); "
             "print(all(m in sys.modules for m in ('httpcore', 'h11', 'certifi')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
