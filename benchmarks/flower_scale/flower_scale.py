@@ -30,13 +30,36 @@ from tempfile import TemporaryDirectory
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "secure" / "transport"), str(ROOT / "tests" / "integration")]
-from research._common import add_convention, emit, machine, out_path  # noqa: E402
+from benchmarks.flower_scale import flower_trace  # noqa: E402
+from benchmarks.flower_scale.round_time import trace_env  # noqa: E402
+from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
 APP = ROOT / "examples" / "flower_deployment" / "app"
 
 
+def exchange_summary(folder: Path, events: list[dict]) -> dict:
+    """Per exchange of each round: its wall time and its slowest hospital's critical path
+    (flower_trace.exchange_path), medians over each round's exchanges."""
+    rows = flower_trace.breakdown(folder)
+    opened = [e["t"] for e in events if e["event"] in ("round_opened", "round_closed")]
+    out = {}
+    for r, (a, b) in enumerate(zip(opened[::2], opened[1::2], strict=False)):
+        xs = [x for x in rows if a <= x["t0"] <= b and "path" in x]
+        keys = sorted({k for x in xs for k, v in x["path"].items() if isinstance(v, float | int)})
+        out[f"round_{r}"] = {"exchanges": len(xs), "exchange_wall_s": [x["wall"] for x in xs],
+                             "median_segment_s": {k: round(median([x["path"][k] for x in xs if k in x["path"]]), 4)
+                                                  for k in keys},
+                             "median_http_calls": {k: median([x["path"]["calls"][k] for x in xs])
+                                                   for k in ("server", "supernode", "clientapp")} if xs else {}}
+    return out
+
+
+#: name -> (SuperNode launcher module or None for the launcher, ServerApp run config added)
+ARMS = {"warm": (None, {}), "warm_previous": ("benchmarks.flower_scale.previous_launcher", {"reply-poll": 0.2})}
+
+
 def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0, 120.0),
-        supernode_args: tuple[str, ...] = ()) -> dict:
+        supernode_args: tuple[str, ...] = (), trace: bool = True, arm: str = "warm") -> dict:
     import flower_helpers as fh
     from flower_processes import events as read_events
     from flower_processes import flower_processes
@@ -46,23 +69,28 @@ def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0
     events = tmp / "events.jsonl"
     closed_so_far = lambda: [e.get("round") for e in read_events(events) if e["event"] == "round_closed"]  # noqa: E731
     server_toml = fh.write_server_files(tmp / "server", federation_id="fed-scale", mode="masked")
-    result: dict = {"n": n, "victim": victim, "supernode_args": list(supernode_args)}
-    pythonpath = [APP, ROOT / "tests" / "secure" / "transport"]
+    launcher, run_values = ARMS[arm]
+    result: dict = {"arm": arm, "n": n, "victim": victim, "supernode_args": list(supernode_args),
+                    "load_average_at_start": list(os.getloadavg())}
+    tenv = trace_env(tmp / "trace" if trace or launcher else None)  # the previous launcher needs the hook
+    if launcher:
+        tenv[flower_trace.PREVIOUS] = "1"
+    pythonpath = [*([tenv.pop("_TRACE_SITE")] if tenv else []), APP, ROOT / "tests" / "secure" / "transport", ROOT]
     with flower_processes(tmp, federation_id="fed-scale", hospitals=hospitals, budget=budget,
-                          pythonpath=pythonpath) as fp:
+                          pythonpath=pythonpath, env=tenv) as fp:
         try:
             link = fp.keys.superlink_dir
             fp.superlink(node_auth=False)
             nodes = {h: fp.supernode(h, node_config={"data-dir": tmp / h, "state-dir": tmp / "s" / h},
                                      factory="flower_helpers:make_participant", node_auth=False, environment=None,
-                                     extra=supernode_args)
+                                     extra=supernode_args, **({"launcher": launcher} if launcher else {}))
                      for h in hospitals}
             fp.mark(f"{n} SuperNodes started")
             fp.flwr_run({"server-config": server_toml, "federation-file": link / "federation.toml",
                          "server-key": link / "server.ed25519.pem", "events-file": events, "rounds": 2,
                          "min-nodes": n, "wait-timeout": timeouts[0], "hello-timeout": timeouts[0],
                          "plan-timeout": timeouts[1], "stage-timeout": timeouts[1], "end-timeout": timeouts[1],
-                         "relay-timeout": timeouts[0]})  # the dead node costs one plan-timeout
+                         "relay-timeout": timeouts[0], **run_values})  # the dead node costs one plan-timeout
             driver = fp.named("superlink", "flwr-run")
             fp.wait(lambda: any(e["event"] == "greeted" for e in read_events(events)), spare=60, procs=driver,
                     what=f"all {n} hospitals to be greeted")
@@ -83,6 +111,8 @@ def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0
         "wall_seconds": round(wall, 1), "milestones": milestones,
         "rounds": [{k: e.get(k) for k in ("round", "contributors", "dropped")} for e in closed],
     })
+    if trace:
+        result["exchanges"] = exchange_summary(tmp / "trace", read_events(events))
     at = dict(milestones)
     if {"all hospitals greeted", "round 0 closed"} <= set(at):
         result["round0_seconds"] = round(at["round 0 closed"] - at["all hospitals greeted"], 1)
@@ -107,17 +137,27 @@ def main(argv: list[str] | None = None) -> dict:
                          "(Flower's own executor: insecure_fab_clientapp, refused in production)")
     ap.add_argument("--stage-timeout", type=float, default=None,
                     help="seconds a stage may take, the dead node's cost in round 1 (default max(120, 15 n))")
+    ap.add_argument("--no-trace", action="store_true", help="no per-process timestamps (flower_trace.py)")
+    ap.add_argument("--arms", default="warm", help=f"comma-separated, run in this order, of {', '.join(ARMS)} "
+                                                   "(default warm: the launcher's defaults)")
     args = ap.parse_args(argv)
     n = args.n or (4 if args.quick else 20)
+    arms = args.arms.split(",")
+    if any(a not in ARMS for a in arms):
+        ap.error(f"--arms: each of {', '.join(ARMS)}")
+    load_before = list(os.getloadavg())
     timeouts = (max(240.0, 30.0 * n), args.stage_timeout or max(120.0, 15.0 * n))  # generous by default
     extra = tuple(args.supernode_args.split())
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=False)
-        row = run(n, args.keep, args.budget, timeouts, extra)
-    else:
-        with TemporaryDirectory(prefix="fs_") as tmp:
-            row = run(n, Path(tmp), args.budget, timeouts, extra)
-    result = {"benchmark": "flower_scale", "quick": args.quick, "machine": machine(), **row}
+    runs = []
+    with TemporaryDirectory(prefix="fs_") as scratch:
+        base = args.keep or Path(scratch)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=False)
+        for i, arm in enumerate(arms):
+            (base / f"{i}_{arm}").mkdir()
+            runs.append(run(n, base / f"{i}_{arm}", args.budget, timeouts, extra, trace=not args.no_trace, arm=arm))
+    result = {"benchmark": "flower_scale", "quick": args.quick, "machine": machine(), "runs": runs,
+              "load_average_at_start": load_before, "load_average_at_end": list(os.getloadavg())}
     emit(result, out=out_path(__file__, args))
     return result
 

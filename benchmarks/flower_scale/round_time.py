@@ -40,17 +40,20 @@ from tempfile import TemporaryDirectory
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "secure" / "transport"), str(ROOT / "tests" / "integration")]
+from benchmarks.flower_scale import flower_trace  # noqa: E402
 from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
-#: (name, executor, SuperExec poll s or None for the executor's default, SuperNode idle poll s; 3 = Flower's)
-ARMS = (
-    ("flower", "subprocess", None, 3.0),                  # Flower 1.41 as shipped
-    ("flower_superexec_poll_0.1", "subprocess", 0.1, 3.0),  # only the SuperExec's task poll shortened
-    ("warm_flower_waits", "warm", None, 3.0),             # only the ClientApp start changed
-    ("subprocess_supernode_poll_0.2", "subprocess", 0.1, 0.2),  # only the process start left as Flower's
-    ("warm", "warm", None, 0.2),                          # the launcher's default
-    ("warm_polls_0.05", "warm", 0.02, 0.05),              # the floor: both of our polls near Flower's minimum
-)
+#: name -> (executor, SuperExec poll s or None for the executor's default, SuperNode idle poll s (3 = Flower's),
+#: SuperNode launcher module or None for the launcher, ServerApp ``reply-poll`` s or None for its default)
+ARMS = {
+    "flower": ("subprocess", None, 3.0, None, None),                      # Flower 1.41's executor and waits
+    "warm_previous": ("warm", None, 0.2, "benchmarks.flower_scale.previous_launcher", 0.2),  # the launcher before
+    "warm": ("warm", None, 0.2, None, None),                              # the launcher's defaults now
+    "warm_supernode_poll_0.1": ("warm", None, 0.1, None, None),           # and a SuperNode idle poll from 0.1 s
+    "warm_polls_0.05": ("warm", 0.02, 0.05, None, 0.02),                  # every poll near its floor
+}
+DEFAULT_ARMS = ("flower", "warm_previous", "warm", "warm_previous", "warm", "warm_supernode_poll_0.1")
+QUICK_ARMS = ("warm_previous", "warm")
 
 
 class _Timed:
@@ -133,8 +136,46 @@ def split_rounds(events: list[dict], calls: dict[str, list[dict]]) -> list[dict]
     return rounds
 
 
+def trace_env(folder: Path | None) -> dict[str, str]:
+    """The environment that makes every Flower process of a run write its spans to ``folder``
+    (flower_trace.py, through trace_site/sitecustomize.py); {} for no trace."""
+    if folder is None:
+        return {}
+    folder.mkdir(parents=True, exist_ok=True)
+    return {flower_trace.ENV: str(folder), "_TRACE_SITE": str(HERE / "trace_site")}
+
+
+def trace_summary(folder: Path, events: list[dict]) -> dict:
+    """The exchanges of rounds 1.. (round 0 also unpacks the app), their critical-path segments
+    (flower_trace.exchange_path) as medians, and every exchange's path."""
+    rows = flower_trace.breakdown(folder)
+    opened = [e["t"] for e in events if e["event"] == "round_opened"]
+    later = [r for r in rows if len(opened) > 1 and r["t0"] >= opened[1]]
+    keys = sorted({k for r in later for k, v in r.get("path", {}).items() if isinstance(v, float | int)})
+    medians = {k: round(median([r["path"][k] for r in later if k in r.get("path", {})]), 4) for k in keys}
+    parts = sorted({k for r in later for k in r.get("path", {}).get("setup_parts", {})})
+    calls = {role: median([r["path"]["calls"][role] for r in later if "calls" in r.get("path", {})])
+             for role in ("server", "supernode", "clientapp")} if later else {}
+    procs, spans = flower_trace.read_trace(folder)
+    start = opened[1] if len(opened) > 1 else 0.0
+    roles = {pid: p.get("argv0") for pid, p in procs.items()}
+    by_call: dict[str, list[float]] = {}
+    for sp in spans:
+        if sp["name"].startswith("rpc ") and sp["t0"] >= start:
+            role = {"flwr-serverapp": "serverapp", "-m": "supernode", "flower-supernode": "clientapp"}.get(
+                str(roles.get(sp["pid"])), str(roles.get(sp["pid"])))
+            by_call.setdefault(f"{role} {sp['name'][4:]}", []).append(sp["t1"] - sp["t0"])
+    rpc = {k: {"calls": len(v), "median_s": round(median(v), 4)} for k, v in sorted(by_call.items())}
+    return {"exchanges_measured": len(later), "rpc": rpc, "median_exchange_wall_s": round(median([r["wall"] for r in later]), 4)
+            if later else None, "median_segment_s": medians,
+            "median_setup_parts_s": {p: round(median([r["path"]["setup_parts"][p] for r in later
+                                                      if "setup_parts" in r.get("path", {})]), 4) for p in parts},
+            "median_http_calls": calls, "exchanges": rows}
+
+
 def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float | None, supernode_poll: float,
-                   budget: float, more: tuple[str, ...] = ()) -> dict:
+                   budget: float, more: tuple[str, ...] = (), trace: bool = True, launcher: str | None = None,
+                   reply_poll: float | None = None) -> dict:
     """One federation over real processes with this executor; its rounds split as above."""
     import flower_helpers as fh
     from flower_processes import events as read_events
@@ -142,9 +183,14 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
 
     hospitals = [f"h{i}" for i in range(n)]
     events_file = tmp / "events.jsonl"
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / "flower_deployment" / "app"),
-                                          str(ROOT / "tests" / "secure" / "transport"), str(ROOT)])}
-    result: dict = {"executor": executor, "superexec_poll_s": poll, "supernode_poll_s": supernode_poll, "n": n}
+    tenv = trace_env(tmp / "trace" if trace or launcher else None)  # the previous launcher needs the hook
+    if launcher:
+        tenv[flower_trace.PREVIOUS] = "1"
+    env = {"PYTHONPATH": os.pathsep.join([*([tenv.pop("_TRACE_SITE")] if tenv else []),
+                                          str(ROOT / "examples" / "flower_deployment" / "app"),
+                                          str(ROOT / "tests" / "secure" / "transport"), str(ROOT)]), **tenv}
+    result: dict = {"executor": executor, "superexec_poll_s": poll, "supernode_poll_s": supernode_poll, "n": n,
+                    "launcher": launcher or "clinograph.secure.transport.flower.supernode", "reply_poll_s": reply_poll}
     with flower_processes(tmp, federation_id="fed-rounds", hospitals=hospitals, budget=budget,
                           pythonpath=[], env=env) as fp:
         try:
@@ -156,12 +202,13 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
                 fp.supernode(h, node_config={"data-dir": tmp / h, "state-dir": tmp / "s" / h},
                              factory="benchmarks.flower_scale.round_time:make_timed_participant", node_auth=False,
                              # Flower's own executor runs the run's ClientApp: insecure_fab_clientapp, development only
-                             environment="development" if executor == "subprocess" else None, extra=extra)
+                             environment="development" if executor == "subprocess" else None, extra=extra,
+                             **({"launcher": launcher} if launcher else {}))
             link = fp.keys.superlink_dir
             fp.flwr_run({"server-config": server_toml, "federation-file": link / "federation.toml",
                          "server-key": link / "server.ed25519.pem", "events-file": events_file, "rounds": rounds,
                          "min-nodes": n, "wait-timeout": 120.0, "hello-timeout": 120.0, "plan-timeout": 60.0,
-                         "stage-timeout": 60.0, "end-timeout": 60.0, "relay-timeout": 60.0})
+                         "stage-timeout": 60.0, "end-timeout": 60.0, "relay-timeout": 60.0, **({"reply-poll": reply_poll} if reply_poll else {})})
             fp.wait(lambda: any(e["event"] in ("finished", "failed") for e in read_events(events_file)),
                     what="the federation to finish", procs=fp.named("superlink", "flwr-run"))
         except AssertionError as exc:
@@ -171,6 +218,8 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
     ev = read_events(events_file)
     result["rounds"] = split_rounds(ev, {h: _calls(tmp / "s" / h) for h in hospitals})
     result["completed"] = any(e["event"] == "finished" for e in ev)
+    if trace:
+        result["trace"] = trace_summary(tmp / "trace", ev)
     later = result["rounds"][1:] or result["rounds"]  # round 0 also pays the first ClientApp's FAB unpacking
     for key in ("wall", "rest", "to_hospital", "back", "hospital", "server"):
         result[f"median_{key}_s"] = round(median([r[key] for r in later]), 3) if later else None
@@ -221,30 +270,38 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("-n", type=int, default=3, help="SuperNodes (default 3)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 3 with --quick)")
     ap.add_argument("--arms", default=None,
-                    help=f"comma-separated, of {', '.join(a[0] for a in ARMS)} (default: all; flower,warm with --quick)")
+                    help=f"comma-separated, of {', '.join(ARMS)} (default: {','.join(DEFAULT_ARMS)}; "
+                         f"{','.join(QUICK_ARMS)} with --quick)")
+    ap.add_argument("--no-trace", action="store_true", help="no per-process timestamps (flower_trace.py)")
     ap.add_argument("--keep", type=Path, default=None, help="work in this new folder and keep it (logs)")
     ap.add_argument("--supernode-extra", default="", help="more launcher arguments for every arm, e.g. '--log-level debug'")
     ap.add_argument("--budget", type=float, default=600.0, help="seconds a federation may take before giving up")
     args = ap.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 5)
-    arms = (args.arms or ("flower,warm" if args.quick else ",".join(a[0] for a in ARMS))).split(",")
+    arms = args.arms.split(",") if args.arms else list(QUICK_ARMS if args.quick else DEFAULT_ARMS)
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        ap.error(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)}")
+    load_before = list(os.getloadavg())
     runs = []
     with TemporaryDirectory(prefix="rt_") as scratch:
         tmp = args.keep or scratch
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=False)
         compute = in_process_round_seconds(Path(tmp) / "inproc", n=args.n, rounds=rounds)
-        for name, executor, poll, supernode_poll in ARMS:
-            if name not in arms:
-                continue
-            work = Path(tmp) / name
+        for i, name in enumerate(arms):  # an arm named twice runs twice (interleaved: the load drifts)
+            executor, poll, supernode_poll, launcher, reply_poll = ARMS[name]
+            work = Path(tmp) / f"{i}_{name}"
             work.mkdir()
-            runs.append({"arm": name, **run_federation(work, n=args.n, rounds=rounds, executor=executor, poll=poll,
-                                                       supernode_poll=supernode_poll, budget=args.budget,
-                                                       more=tuple(args.supernode_extra.split()))})
+            load = list(os.getloadavg())
+            runs.append({"arm": name, "load_average_at_start": load,
+                         **run_federation(work, n=args.n, rounds=rounds, executor=executor, poll=poll,
+                                          supernode_poll=supernode_poll, budget=args.budget,
+                                          more=tuple(args.supernode_extra.split()), trace=not args.no_trace,
+                                          launcher=launcher, reply_poll=reply_poll)})
     result = {"benchmark": "flower_round_time", "quick": args.quick, "machine": machine(), "rounds": rounds,
               "flwr_clientapp_cold_start_s": cold_start_seconds(), "in_process_round_s": compute, "runs": runs,
-              "load_average_at_end": list(os.getloadavg())}
+              "load_average_at_start": load_before, "load_average_at_end": list(os.getloadavg())}
     emit(result, out=out_path(__file__, args))
     return result
 

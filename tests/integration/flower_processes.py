@@ -166,13 +166,15 @@ class FlowerProcesses:
 
     def supernode(self, hospital: str, *, node_config: Mapping[str, Any], factory: str | None = None,
                   node_auth: bool = True, environment: str | None = "production",
-                  extra: Sequence[str] = ()) -> subprocess.Popen:
-        """Start ``hospital``'s SuperNode (our launcher) with ``key-file`` and ``federation-file`` added."""
+                  extra: Sequence[str] = (), launcher: str = "clinograph.secure.transport.flower.supernode"
+                  ) -> subprocess.Popen:
+        """Start ``hospital``'s SuperNode (our launcher, or the module ``launcher``) with ``key-file``
+        and ``federation-file`` added."""
         d = self.keys.hospital_dirs[hospital]
         config = {"hospital": hospital, **node_config, "key-file": d / f"{hospital}.ed25519.pem",
                   "federation-file": d / "federation.toml"}
         return self.start(f"supernode-{hospital}", [
-            sys.executable, "-m", "clinograph.secure.transport.flower.supernode",
+            sys.executable, "-m", launcher,
             *(["--participant-factory", factory] if factory else []),
             *(["--environment", environment] if environment else []), "--node-config", run_config(config),
             "--superlink", f"127.0.0.1:{self.port}", "--root-certificates", str(d / "ca.pem"),

@@ -41,15 +41,34 @@ class Timeouts:
                 raise ConfigError(f"Timeout {name!r} = {getattr(self, name)} must be in (0, 86400] seconds.")
 
 
-#: Seconds between two pulls of replies. Flower's own ``send_and_receive`` sleeps 3 s between
-#: pulls, which made every protocol stage cost 3 s or more; a pull is one small gRPC call.
-DEFAULT_POLL_INTERVAL = 0.2
+#: Shortest wait (seconds) between two pulls of replies (run config ``reply-poll``). Flower's own
+#: ``send_and_receive`` sleeps 3 s between pulls, which made every protocol stage cost 3 s or
+#: more. A pull is one small HTTP call to the SuperLink; Flower 1.41 has no way to be told a
+#: reply came (the ServerApp's API is request-response), so the ServerApp polls.
+DEFAULT_POLL_INTERVAL = 0.05
+#: Longest wait between two pulls, and the share of the time already waited that the next wait is:
+#: a reply is pulled within ``reply-poll`` for the first 2.5 s of an exchange (a protocol stage),
+#: then within 2 % of the time waited, and a plan stage that trains for minutes costs one pull a second.
+MAX_POLL_INTERVAL, POLL_FRACTION = 1.0, 0.02
+
+
+def poll_wait(elapsed: float, *, floor: float) -> float:
+    """Seconds to wait before the next pull, ``elapsed`` seconds into an exchange."""
+    return min(max(floor, POLL_FRACTION * elapsed), max(floor, MAX_POLL_INTERVAL))
+
+
+def check_poll(poll: float) -> float:
+    """``poll`` if it is a usable ``reply-poll`` (seconds), else ConfigError."""
+    if not 0.01 <= poll <= 5.0:
+        raise ConfigError(f"Run config 'reply-poll' = {poll} s must be in [0.01, 5] seconds (default "
+                          f"{DEFAULT_POLL_INTERVAL}: the shortest wait between two pulls of the hospitals' replies).")
+    return poll
 
 
 def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float, poll: float,
                       arrivals: dict[int, float] | None = None) -> list[Message]:
-    """Push ``messages``, then pull their replies every ``poll`` seconds until all came or ``timeout``.
-    ``arrivals``: filled with node -> seconds until its reply was pulled (to within ``poll``)."""
+    """Push ``messages``, then pull their replies (waits: :func:`poll_wait`) until all came or ``timeout``.
+    ``arrivals``: filled with node -> seconds until its reply was pulled (to within one wait)."""
     if not messages:
         return []
     started = time.monotonic()
@@ -63,9 +82,10 @@ def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float, po
             for m in got:
                 arrivals.setdefault(int(m.metadata.src_node_id), time.monotonic() - started)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)
-        if not pending or time.monotonic() >= deadline:
+        now = time.monotonic()
+        if not pending or now >= deadline:
             break
-        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(poll_wait(now - started, floor=poll), max(0.0, deadline - now)))
     return replies
 
 
@@ -142,15 +162,16 @@ class FlowerTransport:
     """The :class:`clinograph.secure.runtime.Transport` over a Flower Grid.
 
     ``nodes`` maps each greeted hospital to its Flower node id (from :func:`greet_nodes`, which
-    checked the hello under that hospital's enrolled key). Each exchange is one
-    ``grid.send_and_receive`` bounded by the stage's timeout; the global model rides with the
+    checked the hello under that hospital's enrolled key). Each exchange pushes the stage and pulls
+    the replies (waits from ``poll`` up, :func:`poll_wait`) within the stage's timeout; the global model rides with the
     next plan (``defers_model``), which saves one exchange -- one polling delay -- a round.
     """
 
     defers_model = True
 
-    def __init__(self, grid: Grid, *, nodes: Mapping[str, int], timeouts: Timeouts):
-        self.grid, self.nodes, self.timeouts = grid, dict(nodes), timeouts
+    def __init__(self, grid: Grid, *, nodes: Mapping[str, int], timeouts: Timeouts,
+                 poll: float = DEFAULT_POLL_INTERVAL):
+        self.grid, self.nodes, self.timeouts, self.poll = grid, dict(nodes), timeouts, check_poll(poll)
         self._names = {node: name for name, node in self.nodes.items()}
         self.last_timings: dict[str, float] = {}  # name -> seconds until its reply in the last exchange
 
@@ -166,7 +187,7 @@ class FlowerTransport:
         by_node = {self.nodes[n]: parts for n, parts in outgoing.items() if n in self.nodes}
         arrivals: dict[int, float] = {}
         answers, node_failed = exchange(self.grid, stage=stage, outgoing=by_node, round_=round_,
-                                        timeout=self._timeout(stage), arrivals=arrivals)
+                                        timeout=self._timeout(stage), poll=self.poll, arrivals=arrivals)
         self.last_timings = {self._names[n]: t for n, t in arrivals.items() if n in self._names}
         failed.update({self._names[node]: reason for node, reason in node_failed.items()})
         return {self._names[node]: parts for node, parts in answers.items()}, failed

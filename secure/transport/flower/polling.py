@@ -13,36 +13,77 @@ whose loop no longer has those two sleeps, so a Flower update cannot silently un
 adapter is pinned to 1.41 anyway (:func:`~clinograph.secure.transport.flower.check_flower_version`).
 
 The cost of a shorter idle poll is one more small HTTPS ``PullMessages`` call a node every
-``idle`` seconds on the SuperLink (0.2 s: five a second a node).
+``idle`` seconds on the SuperLink (0.2 s: five a second a node), so the idle poll grows while no
+message comes (:class:`SupernodeClock`, ``--supernode-poll-max``). It cannot be
+event-driven: Flower 1.41's Fleet API is request-response over HTTP, with no push from the
+SuperLink to a SuperNode.
+
+:func:`set_object_pull_backoff` shortens Flower's 1 s wait for an object that is not stored yet
+(SuperNode and ServerApp). :func:`watch_message_pulls` is the third hook into the same loop: callbacks around each pull of
+a message, with which the warm executor polls for the new task as soon as the message is stored
+and never while it is half stored (:meth:`.superexec.SuperExecLoop.pull_started`).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from clinograph.core.errors import ConfigError
 
 #: Flower 1.41's fixed waits in ``start_client_internal`` (seconds): idle poll, reply wait.
 FLOWER_IDLE_POLL, FLOWER_REPLY_WAIT = 3, 0.5
-#: Ours (seconds).
-DEFAULT_IDLE_POLL, DEFAULT_REPLY_WAIT = 0.2, 0.05
+#: Ours (seconds): the idle poll right after a message, its ceiling, the reply wait.
+DEFAULT_IDLE_POLL, DEFAULT_IDLE_POLL_MAX, DEFAULT_REPLY_WAIT = 0.2, 1.0, 0.05
+#: Past its floor, the idle poll waits this share of the time since the node's last message.
+IDLE_GROWTH = 0.25
+#: The function of Flower 1.41's SuperNode loop that pulls a message, creates its task, then pulls the
+#: message's objects from the SuperLink (returns the run id, or None when there was none).
+PULL_AND_STORE = "_pull_and_store_message"
+#: The function of the same loop that waits for the ClientApp's reply and sends it to the SuperLink.
+PUSH_REPLIES = "_push_messages"
 
 
 class SupernodeClock:
-    """Stands in for :mod:`time` inside one Flower module: two fixed sleeps shortened, nothing else."""
+    """Stands in for :mod:`time` inside one Flower module: two fixed sleeps shortened, nothing else.
 
-    def __init__(self, *, idle: float, reply: float, sleep: Callable[[float], None] = time.sleep):
-        self._sleep = sleep
-        for name, value in (("idle", idle), ("reply", reply)):
+    The idle poll waits ``idle`` seconds while the node's last message (pulled, or its reply
+    sent: :meth:`message_seen`) is recent, then :data:`IDLE_GROWTH` of the time since, at most
+    ``idle_max``: a node in the middle of a round polls often, an idle node rarely. Why: every
+    idle poll is an HTTPS call the one SuperLink serves; with 20 SuperNodes at a fixed 0.2 s
+    they were 100 calls a second, about half the SuperLink's calls (estimated from
+    ``benchmarks/flower_scale``: about 80 useful calls a second in a round)."""
+
+    def __init__(self, *, idle: float, reply: float, idle_max: float | None = None,
+                 sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic):
+        self._sleep, self._now = sleep, monotonic
+        idle_max = idle if idle_max is None else idle_max
+        for name, value in (("idle", idle), ("reply", reply), ("idle_max", idle_max)):
             if not 0.01 <= value <= FLOWER_IDLE_POLL:
                 raise ConfigError(f"SuperNode {name} wait {value} s must be in [0.01, {FLOWER_IDLE_POLL}] seconds.")
-        self._waits = {float(FLOWER_IDLE_POLL): idle, float(FLOWER_REPLY_WAIT): reply}
+        if idle_max < idle:
+            raise ConfigError(f"SuperNode idle_max wait {idle_max} s is below its idle wait {idle} s: pass a "
+                              "--supernode-poll-max at least --supernode-poll (equal: a fixed poll).")
+        self.idle, self.idle_max, self.reply = idle, idle_max, reply
+        self._last_message = monotonic()
+
+    def message_seen(self) -> None:
+        """The node pulled a message or sent a reply: poll often again."""
+        self._last_message = self._now()
+
+    def idle_wait(self) -> float:
+        """Seconds the next idle poll waits."""
+        return min(max(self.idle, IDLE_GROWTH * (self._now() - self._last_message)), self.idle_max)
 
     def sleep(self, seconds: float) -> None:
-        self._sleep(self._waits.get(float(seconds), seconds))
+        if float(seconds) == FLOWER_IDLE_POLL:
+            self._sleep(self.idle_wait())
+        else:
+            self._sleep(self.reply if float(seconds) == FLOWER_REPLY_WAIT else seconds)
 
     def __getattr__(self, name: str) -> object:
         return getattr(time, name)
@@ -64,8 +105,101 @@ def check_supernode_waits(module: ModuleType | None = None) -> None:
                           "(Flower's own waits) or install flwr 1.41.")
 
 
-def set_supernode_waits(*, idle: float, reply: float, module: ModuleType | None = None) -> None:
-    """Make Flower's SuperNode loop poll the SuperLink every ``idle`` s and its reply every ``reply`` s."""
+def set_supernode_waits(*, idle: float, reply: float, idle_max: float | None = None,
+                        module: ModuleType | None = None) -> SupernodeClock:
+    """Make Flower's SuperNode loop poll the SuperLink every ``idle`` s (growing to ``idle_max`` s
+    while no message comes: :class:`SupernodeClock`) and its reply every ``reply`` s."""
     target = module or _loop_module()
     check_supernode_waits(target)
-    target.time = SupernodeClock(idle=idle, reply=reply)  # type: ignore[attr-defined]
+    clock = SupernodeClock(idle=idle, reply=reply, idle_max=idle_max)
+    if clock.idle_max > clock.idle:  # the clock must hear of every message and reply
+        _require(target, PULL_AND_STORE, PUSH_REPLIES)
+        watch_message_pulls(started=_nothing, ended=lambda stored: clock.message_seen() if stored else None,
+                            module=target)
+        _after(target, PUSH_REPLIES, lambda: clock.message_seen())
+    target.time = clock  # type: ignore[attr-defined]
+    return clock
+
+
+def _nothing() -> None:
+    return None
+
+
+def _require(module: ModuleType, *names: str) -> None:
+    """ConfigError unless Flower's SuperNode loop still has the functions ``names`` (hooked here)."""
+    missing = [n for n in names if not callable(getattr(module, n, None))]
+    if missing:
+        raise ConfigError(f"Flower's SuperNode loop has no {', '.join(m + '()' for m in missing)}: the installed flwr "
+                          "is not the one the SuperNode hooks were written for. Install flwr 1.41 (or, for the "
+                          "growing idle poll, pass --supernode-poll-max equal to --supernode-poll).")
+
+
+def _after(module: ModuleType, name: str, callback: Callable[[], None]) -> None:
+    """Call ``callback`` after each call of ``module.name``."""
+    inner = getattr(module, name)
+
+    @functools.wraps(inner)
+    def then(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            callback()
+
+    setattr(module, name, then)
+
+
+
+
+def watch_message_pulls(*, started: Callable[[], None], ended: Callable[[bool], None],
+                        module: ModuleType | None = None) -> None:
+    """Call ``started()`` when Flower's SuperNode loop begins a pull and ``ended(stored)`` when it is
+    done (``stored``: a message was stored and its task created).
+
+    Why both: Flower creates the task *before* it pulls the message's objects, so an executor that
+    polls in between starts a ClientApp that asks for objects not there yet, and Flower's
+    ClientApp retries about a second later (measured: 1.2 s). Between ``started`` and ``ended``
+    the warm executor does not poll; at ``ended(True)`` it polls at once.
+    ConfigError if the loop no longer has :data:`PULL_AND_STORE` (a Flower update): then nothing
+    is changed."""
+    target = module or _loop_module()
+    _require(target, PULL_AND_STORE)
+    inner = getattr(target, PULL_AND_STORE)
+
+    @functools.wraps(inner)
+    def pulled(*args: Any, **kwargs: Any) -> Any:
+        run_id = None
+        started()
+        try:
+            run_id = inner(*args, **kwargs)
+            return run_id
+        finally:
+            ended(run_id is not None)
+
+    setattr(target, PULL_AND_STORE, pulled)
+
+
+#: Flower 1.41 retries an object that is not stored yet after 1 s, doubling up to 10 s
+#: (``pull_objects``' ``initial_backoff``); ours (seconds).
+FLOWER_PULL_BACKOFF, DEFAULT_PULL_BACKOFF = 1, 0.05
+
+
+def set_object_pull_backoff(initial: float = DEFAULT_PULL_BACKOFF, *, function: Any = None) -> None:
+    """Make this process's Flower retry a not-yet-stored object after ``initial`` s (doubling) instead of 1 s.
+
+    Why: Flower makes a message visible (``PullMessages``) before its objects are pushed, so a
+    pull that comes in between finds an object missing and waits 1 s. With our short polls
+    that hit about one exchange in three, on both sides (the SuperNode pulling the server's
+    message, the ServerApp pulling a reply; measured: ``benchmarks/flower_scale/round_time.py``,
+    ``node_pull`` / ``server_pull`` of about 1 s). The retry limits (500 tries, 2 h) are Flower's.
+    ConfigError if the installed Flower's ``pull_objects`` has another default (a Flower update)."""
+    if function is None:
+        from flwr.supercore.inflatable import inflatable_utils
+
+        function = inflatable_utils.pull_objects
+    if not 0.01 <= initial <= FLOWER_PULL_BACKOFF:
+        raise ConfigError(f"Object pull backoff {initial} s must be in [0.01, {FLOWER_PULL_BACKOFF}] seconds.")
+    defaults = getattr(function, "__kwdefaults__", None) or {}
+    if defaults.get("initial_backoff") not in (FLOWER_PULL_BACKOFF, initial):
+        raise ConfigError("Flower's pull_objects no longer has initial_backoff=1: the installed flwr is not the one "
+                          "the object pull backoff was written for. Install flwr 1.41.")
+    defaults["initial_backoff"] = initial

@@ -17,6 +17,9 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 ``plan-timeout``       seconds for the plan stage (includes local training)
 ``stage-timeout``      seconds for each later stage (a dead node costs one of these)
 ``end-timeout``        seconds to deliver the last global model
+``reply-poll``         optional: shortest wait in seconds between two pulls of the
+                       hospitals' replies (default 0.05; the wait grows to 2 % of the
+                       time already waited, at most 1 s: :func:`.driver.poll_wait`)
 ``events-file``        optional JSON-lines progress log (names, stages, reasons -- no data)
 ``server-extension``   optional ``'package.module:function'`` called with the built
                        :class:`~clinograph.secure.server.FederationServer` before the first
@@ -80,8 +83,9 @@ from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from ...runtime.voted import run_voted
 from . import check_flower_version
-from .driver import FlowerTransport, Timeouts, greet_nodes
+from .driver import DEFAULT_POLL_INTERVAL, FlowerTransport, Timeouts, greet_nodes
 from .oplog import Events
+from .polling import set_object_pull_backoff
 from .worker import load_factory
 
 app = ServerApp()
@@ -197,7 +201,8 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
         raise ProtocolError(f"Only {len(nodes)} hospital(s) proved they serve an enrolled hospital within "
                             f"{timeouts.hello:g} s ({len(node_ids)} node(s) connected); the federation needs "
                             f"{fed.min_clients}. Check the SuperNodes' logs and key files.")
-    transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts)
+    transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts,
+                                poll=_get(run_config, "reply-poll", float, DEFAULT_POLL_INTERVAL))
     extension = _get(run_config, "server-extension", str, "")
     side = ServerSide(federation=fed, identity=identity, enrolled=enrolled,
                       dp_policy=config.dp_policy.policy() if config.dp_policy else None,
@@ -225,4 +230,5 @@ def _log_to_stdout() -> None:
 @app.main()
 def _main(grid: Grid, context: Context) -> None:
     _log_to_stdout()
+    set_object_pull_backoff()  # a reply pulled before its objects: retried after 0.05 s, not Flower's 1 s
     run_federation(grid, context.run_config)  # raises on a failed run: Flower marks it failed

@@ -14,17 +14,19 @@ ClientApp task through Flower's own ``run_clientapp`` -- the same token, Runtime
 TLS root certificates, parent-pid monitor and dependency-install flag that Flower's
 ``SubprocessExecutor`` passes to ``flwr-clientapp`` -- in a process forked from a
 ``multiprocessing`` forkserver that has Flower's ClientApp runtime and Clinograph's ClientApp
-imported already. What changes: the start of a ClientApp process (a fork instead of an
-interpreter start and its imports) and the task poll (:data:`DEFAULT_POLL_INTERVAL`). What does
-not: the ClientApp, its Runtime API calls, its token (which no longer shows in the process list:
+imported already, and httpx's transport loaded (:mod:`.warmup`). What changes: the start of a
+ClientApp process (a fork instead of an interpreter start and its imports) and the task poll
+(:data:`DEFAULT_POLL_INTERVAL`, cut short when the SuperNode has just stored a message, and held
+while it is storing one: :func:`.polling.watch_message_pulls`). What does not: the ClientApp,
+its Runtime API calls, its token (which no longer shows in the process list:
 it travels over the forkserver's pipe, not on a command line), the error reply Flower sends
 when a ClientApp raises or dies. And one thing is added: the child runs only the ClientApp the
 hospital's operator names (``--clientapp``, Clinograph's by default), never code from the run's
 FAB (:mod:`.clientapp_pin`).
 
 Fork safety: the forkserver is a fresh interpreter (multiprocessing starts it with exec, passing
-it only its own pipes), so it holds no gRPC or HTTP client, no thread, and not the hospital
-worker's socket; a child is a fork of that one-threaded server. A task of any other type than a
+it only its own pipes), so it holds no gRPC or live HTTP client (:mod:`.warmup` closes the one
+it builds before any fork, and it never connected), no thread, and not the hospital worker's socket; a child is a fork of that one-threaded server. A task of any other type than a
 ClientApp (Flower's AgentApp) goes to Flower's ``SubprocessExecutor`` unchanged.
 """
 
@@ -43,16 +45,18 @@ from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, Subpr
 
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP, pin_clientapp
 
-#: Seconds between two task polls of the Runtime API when no task was waiting (Flower's: 1 s).
-#: A poll is one small local HTTP call.
-DEFAULT_POLL_INTERVAL = 0.1
+#: Seconds between two task polls of the Runtime API when no task was waiting (Flower's too). A
+#: poll is one small local HTTP call; a message the SuperNode stores does not wait for it (the
+#: loop is woken: :meth:`SuperExecLoop.pull_ended`), so the timer only catches other tasks. (It was
+#: 0.1 s before the wake-up: ten calls a second a node, 200 a second for 20 SuperNodes on one machine.)
+DEFAULT_POLL_INTERVAL = 1.0
 
 #: What the forkserver imports once, so that a forked ClientApp starts with them loaded.
 #: Not the launcher module itself: a child re-runs the parent's main module as ``__mp_main__``
 #: (multiprocessing's rule), which is cheap once its imports (the last two) are loaded.
 PRELOAD = ("flwr.supernode.runtime.run_clientapp", "clinograph.secure.transport.flower.clientapp",
            "clinograph.secure.transport.flower.superexec", "clinograph.secure.transport.flower.polling",
-           "clinograph.secure.transport.flower.clientapp_pin")
+           "clinograph.secure.transport.flower.clientapp_pin", "clinograph.secure.transport.flower.warmup")
 
 _log = logging.getLogger(__name__)
 
@@ -158,8 +162,10 @@ class SuperExecLoop:
 
     Each pass: ``executor.reconcile()``, one ``AcquireTask``; a task is launched through
     ``AutoExecPlugin`` at once and the next poll follows without waiting (another may be
-    queued), else the loop waits ``poll_interval`` seconds. A failing poll is logged and retried;
-    it never ends the thread.
+    queued), else the loop waits ``poll_interval`` seconds or until :meth:`pull_ended` says the
+    SuperNode stored a message (its task is waiting). While the SuperNode is pulling a message
+    (:meth:`pull_started`) the loop does not poll: Flower creates the task before the message's
+    objects are stored. A failing poll is logged and retried; it never ends the thread.
     """
 
     def __init__(self, api: RuntimeApi, *, executor: WarmExecutor, poll_interval: float = DEFAULT_POLL_INTERVAL):
@@ -169,6 +175,8 @@ class SuperExecLoop:
             raise ConfigError(f"SuperExec poll interval {poll_interval} s must be in [0.01, 60] (Flower's own range).")
         self.api, self.executor, self.poll_interval = api, executor, poll_interval
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._pulling = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clinograph-superexec", daemon=True)
 
     def start(self) -> None:
@@ -184,7 +192,33 @@ class SuperExecLoop:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=timeout)
+
+    def pull_started(self) -> None:
+        """The SuperNode began pulling a message: do not poll until :meth:`pull_ended`."""
+        self._pulling.set()
+
+    def pull_ended(self, stored: bool) -> None:
+        """The SuperNode's pull is over; ``stored``: a message and its task are in place, poll now."""
+        self._pulling.clear()
+        if stored:
+            self._wake.set()
+
+    def _await_pull(self, limit: float = 30.0) -> None:
+        """Until the SuperNode's current pull (if any) is over, at most ``limit`` seconds."""
+        waited = 0.0
+        while self._pulling.is_set() and waited < limit and not self._stop.is_set():
+            self._stop.wait(0.01)
+            waited += 0.01
+
+    def may_poll(self) -> bool:
+        """False while the SuperNode is pulling a message (its task may exist before its objects)."""
+        return not self._pulling.is_set()
+
+    def _idle_wait(self) -> None:
+        self._wake.wait(self.poll_interval)
+        self._wake.clear()
 
     def _client(self) -> Any:
         from flwr.supercore.interceptors import (
@@ -212,12 +246,16 @@ class SuperExecLoop:
         client, plugin = self._runtime, self._plugin
         try:
             while not self._stop.is_set():
+                if not self.may_poll():
+                    self._idle_wait()
+                    continue
                 try:
                     self.executor.reconcile()
                     types, fabs = self.executor.get_eligible_capacity(set(plugin.supported_task_types))
                     res = client.AcquireTask(AcquireTaskRequest(supported_task_types=types,
                                                                 agentapp_fab_hashes=fabs))
                     if res.HasField("task") and res.token:
+                        self._await_pull()  # acquired while the SuperNode was storing its message
                         launched = plugin.launch_task(token=res.token, task=res.task)
                         if launched.status != "accepted":
                             _log.error("task %d not launched (%s): %s", res.task.task_id, launched.status,
@@ -227,6 +265,6 @@ class SuperExecLoop:
                     _log.warning("SuperExec poll failed: %s: %s", type(exc).__name__, str(exc)[:300])
                     self._stop.wait(1.0)
                     continue
-                self._stop.wait(self.poll_interval)
+                self._idle_wait()
         finally:
             client.close()

@@ -17,7 +17,8 @@ How ClientApps start (``--executor``): ``warm`` (the default) runs Flower's Supe
 ``--isolation process`` and our SuperExec thread, which forks each ClientApp from a pre-imported
 forkserver (:mod:`.superexec`); ``subprocess`` is Flower's own ``flower-superexec`` starting a
 ``flwr-clientapp`` per message. ``--supernode-poll`` shortens the SuperNode's fixed 3 s idle
-poll of the SuperLink (:mod:`.polling`). Measured in ``benchmarks/flower_scale/round_time.py``;
+poll of the SuperLink, growing to ``--supernode-poll-max`` while no message comes
+(:mod:`.polling`). Measured in ``benchmarks/flower_scale/round_time.py``;
 the operator's view is in docs/deployment.md.
 
 Logging (:func:`configure_hospital_logging`): one handler on the root logger; Clinograph's
@@ -44,7 +45,15 @@ from clinograph.core.errors import ClinographError, ConfigError
 from ...policy import Environment, require_allowed
 from . import check_flower_version
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP
-from .polling import DEFAULT_IDLE_POLL, DEFAULT_REPLY_WAIT, FLOWER_IDLE_POLL, set_supernode_waits
+from .polling import (
+    DEFAULT_IDLE_POLL,
+    DEFAULT_IDLE_POLL_MAX,
+    DEFAULT_REPLY_WAIT,
+    FLOWER_IDLE_POLL,
+    set_object_pull_backoff,
+    set_supernode_waits,
+    watch_message_pulls,
+)
 from .superexec import DEFAULT_POLL_INTERVAL, RuntimeApi, SuperExecLoop, WarmExecutor
 from .worker import HospitalWorker, check_node_config, load_factory
 
@@ -156,11 +165,14 @@ def runtime_api(flower_args: Sequence[str]) -> RuntimeApi:
 def start_superexec(flower_args: Sequence[str], *, poll: float | None,
                     clientapp: str = CLINOGRAPH_CLIENTAPP) -> SuperExecLoop:
     """The warm executor's forkserver and our SuperExec thread, before Flower's SuperNode main runs;
-    its ClientApp processes run only ``clientapp`` (:mod:`.clientapp_pin`)."""
+    its ClientApp processes run only ``clientapp`` (:mod:`.clientapp_pin`). The thread polls as
+    soon as the SuperNode has stored a message, and never while it stores one
+    (:func:`.polling.watch_message_pulls`)."""
     executor = WarmExecutor(clientapp=clientapp)
     executor.start()
     loop = SuperExecLoop(runtime_api(flower_args), executor=executor,
                          poll_interval=DEFAULT_POLL_INTERVAL if poll is None else poll)
+    watch_message_pulls(started=loop.pull_started, ended=loop.pull_ended)
     loop.start()
     return loop
 
@@ -214,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--supernode-poll", type=float, default=DEFAULT_IDLE_POLL, metavar="SECONDS",
                         help=f"seconds between two polls of the SuperLink when idle (default {DEFAULT_IDLE_POLL}; "
                              f"{FLOWER_IDLE_POLL} keeps Flower's own fixed waits, see polling.py)")
+    parser.add_argument("--supernode-poll-max", type=float, default=DEFAULT_IDLE_POLL_MAX, metavar="SECONDS",
+                        help=f"the idle poll grows to this while no message comes (default {DEFAULT_IDLE_POLL_MAX}; "
+                             "equal to --supernode-poll: a fixed poll)")
     try:  # on the raw argv, before parsing: no parser may expand a prefix of an insecure option
         refuse_abbreviations(argv)
     except ClinographError as exc:
@@ -240,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = ["flower-supernode", *rest, "--node-config", ours.node_config]
     try:
         if ours.supernode_poll < FLOWER_IDLE_POLL:
-            set_supernode_waits(idle=ours.supernode_poll, reply=min(DEFAULT_REPLY_WAIT, ours.supernode_poll))
+            set_object_pull_backoff()
+            set_supernode_waits(idle=ours.supernode_poll, reply=min(DEFAULT_REPLY_WAIT, ours.supernode_poll),
+                                idle_max=max(ours.supernode_poll, ours.supernode_poll_max))
         superexec = start_superexec(rest, poll=ours.superexec_poll, clientapp=ours.clientapp) if ours.executor == "warm" else None
     except ClinographError as exc:
         worker.stop()

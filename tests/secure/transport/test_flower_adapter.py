@@ -95,6 +95,16 @@ def test_records_refuse_wrong_stage_and_oversize():
         from_content(to_content("plan", {"data": b"x" * 100}, round_=0), max_bytes=99)
 
 
+def test_the_reply_poll_waits_a_fiftieth_of_the_exchange_between_its_floor_and_a_second():
+    from clinograph.secure.transport.flower.driver import DEFAULT_POLL_INTERVAL, poll_wait
+
+    assert [poll_wait(t, floor=0.05) for t in (0.0, 2.0, 10.0, 45.0, 600.0)] == pytest.approx([0.05, 0.05, 0.2, 0.9, 1.0])
+    assert poll_wait(600.0, floor=2.0) == 2.0  # a floor above a second is kept
+    assert FlowerTransport(None, nodes={}, timeouts=TIMEOUTS).poll == DEFAULT_POLL_INTERVAL == 0.05
+    with pytest.raises(ConfigError, match=r"'reply-poll' = 0.001 s must be in \[0.01, 5\]"):
+        FlowerTransport(None, nodes={}, timeouts=TIMEOUTS, poll=0.001)
+
+
 def test_version_pin():
     assert check_flower_version().startswith("1.41")
     for bad in ("1.42.0", "1.4.1", "2.41.0", "1.410.0"):

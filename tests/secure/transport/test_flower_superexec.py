@@ -91,6 +91,41 @@ def test_the_supernode_clock_shortens_only_flowers_two_fixed_waits():
         polling.SupernodeClock(idle=0, reply=0.05)
 
 
+def test_the_idle_poll_grows_while_no_message_comes_and_resets_on_one():
+    now = [100.0]
+    slept = []
+    clock = polling.SupernodeClock(idle=0.2, reply=0.05, idle_max=1.0, sleep=slept.append, monotonic=lambda: now[0])
+    waits = []
+    for t in (100.0, 100.5, 102.0, 110.0):
+        now[0] = t
+        waits.append(clock.idle_wait())
+    assert waits == [0.2, 0.2, 0.5, 1.0]  # a quarter of the idle time, between 0.2 and 1 s
+    clock.message_seen()
+    clock.sleep(3)
+    assert slept == [0.2] and clock.idle_wait() == 0.2
+    with pytest.raises(ConfigError, match=r"idle_max wait 0.1 s is below its idle wait 0.2 s"):
+        polling.SupernodeClock(idle=0.2, reply=0.05, idle_max=0.1)
+
+
+def test_a_growing_idle_poll_hears_of_every_pulled_message_and_sent_reply(monkeypatch):
+    module = types.ModuleType("fake_loop")
+    module._pull_and_store_message = lambda found: 7 if found else None
+    module._push_messages = lambda: None
+    monkeypatch.setattr(polling.inspect, "getsource", lambda m: "time.sleep(3)\ntime.sleep(0.5)\n")
+    clock = polling.set_supernode_waits(idle=0.2, reply=0.05, idle_max=1.0, module=module)
+    seen = []
+    clock.message_seen = lambda: seen.append("seen")
+    module._pull_and_store_message(False)
+    assert seen == []
+    module._pull_and_store_message(True)
+    module._push_messages()
+    assert seen == ["seen", "seen"] and module.time is clock
+    bare = types.ModuleType("bare_loop")  # a loop without the two functions: refused, nothing set
+    with pytest.raises(ConfigError, match=r"no _pull_and_store_message\(\), _push_messages\(\)"):
+        polling.set_supernode_waits(idle=0.2, reply=0.05, idle_max=1.0, module=bare)
+    assert not hasattr(bare, "time")
+
+
 def test_the_waits_are_set_only_on_a_loop_that_still_has_them(monkeypatch):
     polling.check_supernode_waits()  # the installed Flower 1.41 loop
     module = types.ModuleType("fake_loop")
@@ -119,3 +154,71 @@ def test_code_a_run_could_bring_to_the_node_is_insecure_by_name():
         check_run_code(["--allow-runtime-dependency-installation"], executor="warm", environment="production")
     with pytest.warns(InsecureOptionWarning, match="insecure_fab_clientapp"):
         check_run_code([], executor="subprocess", environment="development")
+
+
+def test_the_task_poll_is_held_while_the_supernode_stores_a_message_and_woken_when_it_has():
+    loop = SuperExecLoop(runtime_api([]), executor=WarmExecutor())
+    assert loop.may_poll() and not loop._wake.is_set()
+    loop.pull_started()
+    assert not loop.may_poll()
+    loop.pull_ended(False)  # an idle pull: nothing to wake for
+    assert loop.may_poll() and not loop._wake.is_set()
+    loop.pull_started()
+    loop.pull_ended(True)
+    assert loop.may_poll() and loop._wake.is_set()
+    loop._idle_wait()  # returns at once (woken) and is ready for the next wake
+    assert not loop._wake.is_set()
+
+
+def test_pulls_are_watched_only_on_a_loop_that_still_has_its_pull_function():
+    calls = []
+    module = types.ModuleType("fake_loop")
+
+    def pull(found):
+        if found == "boom":
+            raise RuntimeError("pull failed")
+        return 7 if found else None
+
+    module._pull_and_store_message = pull
+    polling.watch_message_pulls(started=lambda: calls.append("start"), ended=calls.append, module=module)
+    assert module._pull_and_store_message(True) == 7 and module._pull_and_store_message(False) is None
+    with pytest.raises(RuntimeError, match="pull failed"):
+        module._pull_and_store_message("boom")
+    assert calls == ["start", True, "start", False, "start", False]
+    with pytest.raises(ConfigError, match=r"no _pull_and_store_message\(\).*Install flwr 1.41"):
+        polling.watch_message_pulls(started=list, ended=print, module=types.ModuleType("other_loop"))
+
+
+def test_the_forkserver_loads_httpx_transport_before_any_clientapp_is_forked():
+    """A forked ClientApp's first httpx.Client used to import httpcore and h11 (0.26-0.54 s a message)."""
+    import subprocess
+    import sys
+
+    from clinograph.secure.transport.flower import warmup
+    from clinograph.secure.transport.flower.superexec import PRELOAD
+
+    assert "clinograph.secure.transport.flower.warmup" in PRELOAD
+    # importing httpx or Flower's client module alone loads none of the three (checked); run only the module
+    code = (f"import runpy, sys; runpy.run_path({warmup.__file__!r}); "
+            "print(all(m in sys.modules for m in ('httpcore', 'h11', 'certifi')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_an_object_not_stored_yet_is_retried_after_50_ms_on_a_flower_that_still_waits_1_s():
+    def pull_objects(object_ids, *, initial_backoff=1, backoff_cap=10):
+        return initial_backoff
+
+    polling.set_object_pull_backoff(function=pull_objects)
+    assert pull_objects([]) == polling.DEFAULT_PULL_BACKOFF == 0.05
+    polling.set_object_pull_backoff(function=pull_objects)  # again: already set, accepted
+
+    def other(object_ids, *, initial_backoff=2):
+        return initial_backoff
+
+    with pytest.raises(ConfigError, match="no longer has initial_backoff=1"):
+        polling.set_object_pull_backoff(function=other)
+    assert other([]) == 2
+    from flwr.supercore.inflatable.inflatable_utils import pull_objects as flowers
+
+    assert flowers.__kwdefaults__["initial_backoff"] in (polling.FLOWER_PULL_BACKOFF, 0.05)  # the installed 1.41
