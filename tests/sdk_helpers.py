@@ -48,16 +48,6 @@ def lung_survival():
 def timeseries_sites(hospitals, *, seed: int):
     """(dictionary, [(ingested table, {modality: (signal, has)} or {})]) of timeseries ``hospitals``
     (:mod:`clinograph.sdk.datasets.timeseries` specs): the modality and temporal tests' sites."""
-    import warnings
+    from clinograph.sdk.datasets.timeseries import ingested_sites
 
-    from clinograph.sdk.datasets import timeseries as ts
-
-    d = ts.load_dictionary()
-    out = []
-    for s in ts.make_timeseries_sites(seed=seed, hospitals=hospitals):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            t = ingest(s.table, schema=s.schema, dictionary=d)
-        w, has = ts.waveform_matrix(s, t.patient_ids)
-        out.append((t, {"waveform": (w, has)} if has.any() else {}))
-    return d, out
+    return ingested_sites(hospitals, seed=seed)

@@ -71,7 +71,8 @@ def _config(task: str, arm: str, work: Path, n_max: int):
     from clinograph.sdk.config import SimulationConfig
     from clinograph.sdk.datasets import timeseries as ts
 
-    model: dict = {"hidden": 16, "init_seed": 0}
+    # deep written: the same model on every arm (under [privacy] an unwritten deep is the wide path alone)
+    model: dict = {"hidden": 16, "init_seed": 0, "deep": True}
     extra: dict = {}
     if task == "temporal":
         model |= {"temporal": "attention", "temporal_window": 4}
@@ -111,22 +112,11 @@ def _federations(quick: bool) -> dict:
     lung = cohort_tables("lung", form="survival")
     survival = [ingest(df, schema=s, dictionary=lung.dictionary) for df, s in lung.hospitals]
 
-    def sites(specs, seed):
-        dts = ts.load_dictionary()
-        out = []
-        for s in ts.make_timeseries_sites(seed=seed, hospitals=specs):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                t = ingest(s.table, schema=s.schema, dictionary=dts)
-            w, has = ts.waveform_matrix(s, t.patient_ids)
-            out.append((t, {"waveform": (w, has)} if has.any() else {}))
-        return dts, out
-
     def shrink(specs):
         return tuple(replace(h, n_patients=max(30, int(h.n_patients * scale))) for h in specs)
 
-    dts, temporal = sites(shrink(ts.DEFAULT_TS_HOSPITALS[:3]), 1)
-    dmm, modal = sites(shrink(tuple(ts.MODALITY_GAP_HOSPITALS[i] for i in (0, 1, 4))), 2)
+    dts, temporal = ts.ingested_sites(shrink(ts.DEFAULT_TS_HOSPITALS[:3]), seed=1)
+    dmm, modal = ts.ingested_sites(shrink(tuple(ts.MODALITY_GAP_HOSPITALS[i] for i in (0, 1, 4))), seed=2)
     signals = {t.site: s for t, s in modal}
 
     def modal_factory(table, hconf):

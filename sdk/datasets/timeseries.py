@@ -290,3 +290,22 @@ def waveform_matrix(site: TSSite, patient_ids: tuple[str, ...]) -> tuple[np.ndar
         if site.waveform is not None and p in site.waveform:
             w[i], has[i] = site.waveform[p], True
     return w, has
+
+
+def ingested_sites(hospitals: tuple[TSHospital, ...], *, seed: int):
+    """(dictionary, [(ingested table, {"waveform": (signal, has)} or {})]) of ``hospitals``: each
+    site's long table ingested onto the time-series dictionary and its PPG segments aligned to the
+    table's patients (the temporal and modality federations of the tests and benchmarks)."""
+    import warnings
+
+    from ..ingest import ingest
+
+    d = load_dictionary()
+    out = []
+    for s in make_timeseries_sites(seed=seed, hospitals=hospitals):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the generated tables' unit notes, not problems
+            t = ingest(s.table, schema=s.schema, dictionary=d)
+        w, has = waveform_matrix(s, t.patient_ids)
+        out.append((t, {"waveform": (w, has)} if has.any() else {}))
+    return d, out
