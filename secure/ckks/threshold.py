@@ -211,6 +211,10 @@ class CollectivePublicKey:
 
     def encrypt(self, values: np.ndarray) -> list[bytes]:
         """SEAL public-key encryptions of ``values`` (chunks of N/2 slots), SEAL's own bytes."""
+        return [dump(ct) for ct in self.encrypt_ciphertexts(values)]
+
+    def encrypt_ciphertexts(self, values: np.ndarray) -> list[sealapi.Ciphertext]:
+        """:meth:`encrypt` as SEAL objects (the ``ckks_threshold`` mode packs them itself)."""
         n, scale = self.preset.params.slot_count, 2.0 ** self.preset.params.scale_bits
         flat = np.asarray(values, dtype=np.float64).reshape(-1)
         bound = self.preset.params.max_abs_slot / self.preset.max_parties
@@ -223,7 +227,7 @@ class CollectivePublicKey:
             self._c.encoder.encode(flat[start:start + n].tolist(), scale, pt)
             ct = sealapi.Ciphertext()
             self._encryptor.encrypt(pt, ct)
-            out.append(dump(ct))
+            out.append(ct)
         return out
 
     def add(self, ciphertexts: Sequence[Sequence[bytes]]) -> list[sealapi.Ciphertext]:
@@ -267,7 +271,8 @@ class Combiner:
         else:  # public canary: the holder recomputes it (ckks_threshold mode, see .threshold_check)
             canary, self._u = seeded_canary(seed=canary_seed, public=public)
         c1 = [p[1] for p in polys]
-        self._canary_at = secrets.randbelow(len(c1) + 1)
+        # hidden canary: anywhere; public canary: last, where the holders put the one they expand
+        self._canary_at = secrets.randbelow(len(c1) + 1) if canary_seed is None else len(c1)
         c1.insert(self._canary_at, canary)
         self.request = DecryptionRequest(federation_id=public.federation_id, round=round,
                                          c1=tuple(_bytes(p) for p in c1))

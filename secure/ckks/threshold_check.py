@@ -1,10 +1,11 @@
-"""A key holder's check, before it decrypts, that the server asks it to open the *aggregate*.
+"""A key holder's check, before it decrypts, that it opens the *aggregate* and nothing else.
 
 Threshold decryption alone opens whatever ``c1`` it is given: a malicious server could ask
-every key holder to decrypt one hospital's ciphertext and read that update. So a holder answers
-a :class:`~.threshold_messages.ThresholdDecrypt` only when it proves itself: every
-contributor's signed :class:`~.threshold_messages.ThresholdUpdate` envelope rides with it, and
-the holder
+every key holder to decrypt one hospital's ciphertext and read that update, or change one
+coefficient of the aggregate's ``c1`` by delta and learn ``s_i*delta`` unless smudging covers
+it. So the server names no c1 at all: a :class:`~.threshold_messages.ThresholdDecrypt` carries
+every contributor's signed :class:`~.threshold_messages.ThresholdUpdate` (its c1 parts only)
+and a public canary seed, and the holder
 
 1. verifies each envelope's signature against the contributor's enrolled key, and that it is
    that hospital's update for this federation, round, model version, dictionary and collective
@@ -12,32 +13,39 @@ the holder
 2. counts at least ``floor`` distinct contributors: the larger of ``plan.min_clients`` and the
    floor the holder fixed at key generation (never below 2), so a plan that lowers
    ``min_clients`` to 1 opens nothing;
-3. adds their ciphertexts with SEAL and checks that the request's ``c1`` halves are exactly the
-   sum's plus one extra, and that the extra is the canary it recomputes from the request's public
-   ``canary_seed`` (:func:`.threshold.seeded_canary`) -- not some ciphertext's ``c1``, which would
-   let the server open, say, one hospital's update of an earlier round.
+3. adds their c1 parts itself (:func:`.threshold_upload.sum_c1`) and expands the canary from
+   ``canary_seed`` (:func:`.threshold.seeded_canary`), and returns the
+   :class:`~.threshold_messages.DecryptionRequest` of exactly those: the sums, then the canary.
 
-Any failure is an :class:`~clinograph.core.errors.IntegrityError` naming the server: nothing is
-decrypted. A decryption share reveals ``c1*s_i`` only for the ``c1`` it answers, and the
-aggregate's ``c1`` is not any sub-sum's, so the shares open that sum and nothing else. Cost:
-each holder downloads every contributor's ciphertexts (n times one upload) and adds them
-(SECURITY.md, benchmarks/threshold_ckks.py).
+The holder's share is computed on that request and nothing else, and it names the request's
+digest; the combiner's own request must have the same digest (the same sums, canary last), or
+the shares are refused as answering another request. Any failure here is an
+:class:`~clinograph.core.errors.IntegrityError` naming the server: nothing is decrypted. Cost:
+each holder downloads every contributor's c1 parts (n x 30 bytes a slot, half of the full
+ciphertexts) and adds them in numpy (SECURITY.md,
+benchmarks/secure_aggregation_cost/threshold_ckks.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 from pydantic import ValidationError
 
-from clinograph.core.errors import ClinographError, IntegrityError
+from clinograph.core.errors import ClinographError, IntegrityError, ProtocolError
 from clinograph.core.identity import PublicIdentity
 
-from ..hazmat import threshold_ckks as T
 from ..messages import RoundPlan
 from ..wire import open_envelope, parse_envelope
 from .threshold import CollectivePublicKey, seeded_canary
-from .threshold_messages import MAX_UPDATE_ENVELOPE, ThresholdDecrypt, ThresholdUpdate
+from .threshold_messages import (
+    MAX_UPDATE_ENVELOPE,
+    DecryptionRequest,
+    ThresholdDecrypt,
+    ThresholdUpdate,
+)
+from .threshold_upload import read_c1, sum_c1
 
 
 def _refuse(holder: str, why: str) -> IntegrityError:
@@ -79,19 +87,16 @@ def signed_contributions(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mappi
 
 
 def check_aggregate(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
-                    public: CollectivePublicKey, holder: str, floor: int) -> tuple[str, ...]:
-    """Check ``msg`` (all three steps); return the contributors. Raises IntegrityError."""
+                    public: CollectivePublicKey, holder: str,
+                    floor: int) -> tuple[tuple[str, ...], DecryptionRequest]:
+    """Check ``msg`` (steps 1-2) and build the request to answer (step 3): the contributors, and
+    the sums of their c1 with the canary last. Raises IntegrityError."""
     updates = signed_contributions(msg, plan=plan, peers=peers, public=public, holder=holder, floor=floor)
+    names = sorted(updates)
     try:
-        total = public.add([u.ciphertexts for _, u in sorted(updates.items())])
-    except (ClinographError, ValueError):
-        raise _refuse(holder, "the contributions do not add up (different ciphertext counts or parameters).") from None
-    expected = [T.read_ciphertext(ct)[1] for ct in total]
-    want = [p.astype("<u8").tobytes() for p in expected]
-    canary = seeded_canary(seed=msg.canary_seed, public=public)[0].astype("<u8").tobytes()
-    got = list(msg.c1)
-    if len(got) != len(want) + 1 or not any(got[k] == canary and got[:k] + got[k + 1:] == want
-                                             for k in range(len(got))):
-        raise _refuse(holder, f"the c1 halves it is asked to decrypt are not the sum of the {len(updates)} signed "
-                              "contributions plus the canary of its seed.")
-    return tuple(sorted(updates))
+        sums = sum_c1(public, [read_c1(public, updates[n].c1, f"{n!r}'s contribution") for n in names])
+    except ProtocolError as exc:
+        raise _refuse(holder, f"the signed contributions do not add up ({exc}).") from None
+    canary = seeded_canary(seed=msg.canary_seed, public=public)[0]
+    c1 = tuple(np.ascontiguousarray(p, dtype="<u8").tobytes() for p in (*sums, canary))
+    return tuple(names), DecryptionRequest(federation_id=plan.federation_id, round=plan.round, c1=c1)

@@ -2,12 +2,16 @@
 
 Stage ``updates`` (:meth:`ThresholdClient.first_message`): pack the slot vector of
 :mod:`.layout` (a contributor slot reads 1 for each hospital in the sum), encrypt it under the
-collective public key this hospital rebuilt and checked at set-up, and send it signed.
-Stage ``decrypt`` (:meth:`ThresholdClient.handle`): answer the server's
-:class:`~.threshold_messages.ThresholdDecrypt` with this hospital's smudged decryption share --
-only after :func:`.threshold_check.check_aggregate` shows it is the sum of at least
-``max(plan.min_clients, the floor fixed at key generation, 2)`` signed contributions of this
-round, and only once a round.
+collective public key this hospital rebuilt and checked at set-up, and send it in the compact
+form of :mod:`.threshold_upload`: the c1 parts signed on their own (a
+:class:`~.threshold_messages.ThresholdUpdate`) inside a signed
+:class:`~.threshold_messages.ThresholdUpload` with the rounded c0 parts.
+Stage ``decrypt`` (:meth:`ThresholdClient.handle`): from the server's
+:class:`~.threshold_messages.ThresholdDecrypt`, :func:`.threshold_check.check_aggregate` checks
+the signed contributions (at least ``max(plan.min_clients, the floor fixed at key generation,
+2)`` of this round) and adds their c1 itself; the hospital answers with its smudged decryption
+share of *that* sum (and of the canary it expanded itself), once a round. The server never
+names a c1 to decrypt.
 
 Guarantees: this hospital's share opens the round's aggregate and nothing else (no single
 update, no sub-sum below the minimum, no ciphertext of another round); a second, different
@@ -27,8 +31,9 @@ from ..aggregation.base import AggregationClient
 from ..wire import open_envelope, parse_envelope, seal
 from .layout import SlotLayout
 from .threshold_check import check_aggregate
-from .threshold_messages import ThresholdDecrypt, ThresholdUpdate
+from .threshold_messages import ThresholdDecrypt, ThresholdUpdate, ThresholdUpload
 from .threshold_relayed import ThresholdKeyHolder
+from .threshold_upload import encode
 
 #: what a contributor writes in its own contributor slot (the holders check the sum themselves)
 PRESENT = 1.0
@@ -63,10 +68,12 @@ class ThresholdClient(AggregationClient):
             vec = self._layout.pack(self.update, client=me, tag=PRESENT)
         except ValueError as exc:
             raise ConfigError(f"Update of {me!r} does not fit the plan: {exc}.") from None
-        msg = ThresholdUpdate(federation_id=self.plan.federation_id, round=self.plan.round, client=me,
-                              spec_digest=self.plan.spec.digest(), dictionary_hash=self.plan.dictionary_hash,
-                              public_key_digest=self._public.digest, ciphertexts=tuple(self._public.encrypt(vec)))
-        return seal(msg, self.identity)
+        c0, c1 = encode(self._public, vec)
+        update = ThresholdUpdate(federation_id=self.plan.federation_id, round=self.plan.round, client=me,
+                                 spec_digest=self.plan.spec.digest(), dictionary_hash=self.plan.dictionary_hash,
+                                 public_key_digest=self._public.digest, c1=c1)
+        return seal(ThresholdUpload(federation_id=self.plan.federation_id, round=self.plan.round, client=me, c0=c0,
+                                    update=seal(update, self.identity)), self.identity)
 
     def handle(self, data: bytes) -> bytes | None:
         """This hospital's signed decryption share of the checked aggregate.
@@ -84,9 +91,9 @@ class ThresholdClient(AggregationClient):
             raise IntegrityError(f"Hospital {self.identity.name!r} refuses a second decryption request in round "
                                  f"{self.plan.round}: two shares of different sums would open their difference "
                                  "(report the server).")
-        check_aggregate(msg, plan=self.plan, peers=self.peers, public=self._public, holder=self.identity.name,
-                        floor=self._holder.min_contributors)
-        self._answered = seal(self._party.decryption_share(msg.request()), self.identity)
+        _, request = check_aggregate(msg, plan=self.plan, peers=self.peers, public=self._public,
+                                     holder=self.identity.name, floor=self._holder.min_contributors)
+        self._answered = seal(self._party.decryption_share(request), self.identity)  # on the sum it computed
         return self._answered
 
 

@@ -1,11 +1,11 @@
 """Server half of the ``ckks_threshold`` mode: it adds ciphertexts, then opens the sum with
 every key holder's decryption share (it is the combiner; it learns the sum, as in ``masked``).
 
-Stages: ``updates`` (a :class:`~.threshold_messages.ThresholdUpdate` from every participant)
+Stages: ``updates`` (a :class:`~.threshold_messages.ThresholdUpload` from every participant:
+rounded c0 parts and the separately signed c1 parts, :mod:`.threshold_upload`)
 -> :meth:`ThresholdServer.next_stage` adds them and sends every key holder one signed
-:class:`~.threshold_messages.ThresholdDecrypt` (the aggregate's ``c1`` halves, the canary of a
-fresh public seed, and every contributor's signed update so that each holder can check it is
-the aggregate) -> ``decrypt`` (a :class:`~.threshold_messages.DecryptionShare` from every
+:class:`~.threshold_messages.ThresholdDecrypt` (every contributor's signed c1 parts and a fresh
+public canary seed: each holder adds the c1 itself and decrypts that sum) -> ``decrypt`` (a :class:`~.threshold_messages.DecryptionShare` from every
 holder) -> :meth:`ThresholdServer.next_stage` combines (:class:`~.threshold.Combiner`: a share
 failing the canary check names its holder) -> ``done``; :meth:`ThresholdServer.result` gives
 the :class:`~clinograph.secure.aggregation.ModuleSums`.
@@ -24,19 +24,25 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from clinograph.core.errors import ConfigError, ProtocolError
+import numpy as np
+
+from clinograph.core.errors import ClinographError, ConfigError, ProtocolError
 
 from ..aggregation.base import AggregationServer, ModuleSums
 from ..aggregation.checks import Unattributed, authenticate, check_header
-from ..wire import Envelope, seal
+from ..wire import Envelope, open_envelope, parse_envelope, seal
+from . import threshold_upload as upload
 from .layout import SlotLayout
 from .threshold import CollectivePublicKey, Combiner
 from .threshold_client import OPTION_DIGEST, contributor_present
 from .threshold_messages import (
+    MAX_UPDATE_ENVELOPE,
     DecryptionShare,
     ThresholdDecrypt,
     ThresholdUpdate,
+    ThresholdUpload,
 )
+from .threshold_upload import read_c0, read_c1, sum_c1
 
 
 class ThresholdServer(AggregationServer):
@@ -57,7 +63,8 @@ class ThresholdServer(AggregationServer):
         self._n_ct = self._layout.ciphertext_count(public.preset.params.slot_count)
         self._stage = "updates"
         self._waiting = set(self.plan.participants)
-        self._updates: dict[str, tuple[bytes, ThresholdUpdate]] = {}
+        #: per contributor: its signed ThresholdUpdate envelope (forwarded to the holders), its c1, its rounded c0
+        self._updates: dict[str, tuple[bytes, list[np.ndarray], list[np.ndarray]]] = {}
         self._shares: dict[str, DecryptionShare] = {}
         self._combiner: Combiner | None = None
         self._result: ModuleSums | None = None
@@ -76,9 +83,10 @@ class ThresholdServer(AggregationServer):
     def receive(self, envelope: Envelope) -> None:
         """Accept one update (stage ``updates``) or decryption share (stage ``decrypt``)."""
         sender = envelope.sender
-        model = ThresholdUpdate if self._stage == "updates" else DecryptionShare
-        # an update: its ciphertexts (< 300 000 bytes each); a share: one 2-limb polynomial per c1 (+ the canary)
-        limit = self._n_ct * 300_000 if model is ThresholdUpdate else (self._n_ct + 1) * 2 * 8 * 8192
+        model = ThresholdUpload if self._stage == "updates" else DecryptionShare
+        # an upload: its c0 and c1 parts (< 2 x 160 000 bytes a ciphertext); a share: one 2-limb polynomial per c1
+        # (+ the canary)
+        limit = self._n_ct * 320_000 if model is ThresholdUpload else (self._n_ct + 1) * 2 * 8 * 8192
         try:
             msg = authenticate(self.plan, envelope, peers=self.peers, model=model, max_bytes=limit + 64 * 1024,
                                seen=self._digests)
@@ -87,9 +95,8 @@ class ThresholdServer(AggregationServer):
         try:
             if sender not in self._waiting:
                 raise ProtocolError(f"Unexpected {self._stage} message from {sender!r} in round {self.plan.round}.")
-            if isinstance(msg, ThresholdUpdate):
-                self._check_update(sender, msg)
-                self._updates[sender] = (envelope.to_bytes(), msg)
+            if isinstance(msg, ThresholdUpload):
+                self._updates[sender] = self._check_upload(sender, msg)
             else:
                 self._shares[sender] = msg  # checked by the combiner (canary, request digest)
         except Exception as exc:
@@ -99,16 +106,22 @@ class ThresholdServer(AggregationServer):
             self._waiting.discard(sender)
         self._digests.add(envelope.digest())
 
-    def _check_update(self, sender: str, msg: ThresholdUpdate) -> None:
+    def _check_upload(self, sender: str, upload: ThresholdUpload) -> tuple[bytes, list[np.ndarray], list[np.ndarray]]:
+        """The signed c1 envelope inside ``upload`` (what the holders will check), its c1 and the c0."""
+        try:
+            msg = open_envelope(parse_envelope(upload.update, max_bytes=MAX_UPDATE_ENVELOPE), sender=self.peers[sender],
+                                model=ThresholdUpdate)
+        except ClinographError:
+            raise ProtocolError(f"The c1 parts in {sender!r}'s upload are not its signed threshold CKKS update.") from None
         check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,
                      spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)
-        if msg.client != sender or msg.public_key_digest != self.public.digest:
+        if msg.client != sender or upload.client != sender or msg.public_key_digest != self.public.digest:
             raise ProtocolError(f"Update from {sender!r} names another client or collective key.")
-        if len(msg.ciphertexts) != self._n_ct:
-            raise ProtocolError(f"Update from {sender!r} has {len(msg.ciphertexts)} ciphertexts; the plan needs "
-                                f"{self._n_ct}.")
-        for raw in msg.ciphertexts:
-            self.public.load(raw)  # ProtocolError: not under the threshold parameters
+        if len(msg.c1) != self._n_ct or len(upload.c0) != self._n_ct:
+            raise ProtocolError(f"Update from {sender!r} has {len(msg.c1)} c1 and {len(upload.c0)} c0 parts; the plan "
+                                f"needs {self._n_ct} of each.")
+        who = f"{sender!r}'s update"
+        return upload.update, read_c1(self.public, msg.c1, who), read_c0(self.public, upload.c0, who)
 
     def next_stage(self) -> dict[str, bytes] | None:
         """After ``updates``: the signed decryption request for every key holder. After
@@ -134,12 +147,14 @@ class ThresholdServer(AggregationServer):
             raise ProtocolError(f"Key holder(s) {', '.join(absent)} are not in round {self.plan.round}: every holder's "
                                 "share is needed (N-of-N). Re-run the set-up without them.")
         names = sorted(self._updates)
-        aggregate = self.public.add([self._updates[n][1].ciphertexts for n in names])
+        c1_sums = sum_c1(self.public, [self._updates[n][1] for n in names])
+        aggregate = upload.aggregate(self.public, c0=[self._updates[n][2] for n in names], c1_sums=c1_sums)
         seed = secrets.token_bytes(32)  # public: the holders recompute the canary from it
         self._combiner = Combiner(public=self.public, round=self.plan.round, aggregate=aggregate,
                                   contributions=len(names), canary_seed=seed)
-        msg = ThresholdDecrypt(federation_id=self.plan.federation_id, round=self.plan.round,
-                               c1=self._combiner.request.c1, canary_seed=seed,
+        # no c1 to decrypt: each holder adds the signed contributions' c1 itself; the combiner's request
+        # (the same sums, canary last) must match the digest its share names
+        msg = ThresholdDecrypt(federation_id=self.plan.federation_id, round=self.plan.round, canary_seed=seed,
                                updates=tuple(self._updates[n][0] for n in names))
         sealed = seal(msg, self.identity)
         self._stage, self._waiting = "decrypt", set(self.public.holders)

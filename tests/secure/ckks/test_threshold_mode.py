@@ -8,9 +8,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from clinograph.secure.aggregation import LocalUpdate, create_mode
+from clinograph.secure.ckks import threshold_upload as U
 from clinograph.secure.ckks.holder import CkksKeyHolder
-from clinograph.secure.ckks.threshold import seeded_canary
-from clinograph.secure.ckks.threshold_messages import ThresholdDecrypt, ThresholdUpdate
+from clinograph.secure.ckks.threshold import Combiner, seeded_canary
+from clinograph.secure.ckks.threshold_messages import (
+    DecryptionRequest,
+    DecryptionShare,
+    ThresholdDecrypt,
+    ThresholdUpdate,
+    ThresholdUpload,
+)
 from clinograph.secure.hazmat import threshold_ckks as T
 from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.transport import InProcessTransport
@@ -96,47 +103,74 @@ def test_a_round_opens_exactly_the_weighted_sum(fed):
     assert sums.weights["gnn/w"] == pytest.approx(6.0, abs=1e-6) and sums.contributors == NAMES
 
 
-def _forged_request(fed, plan, firsts, *, contributors, c1_of, seed=None, extra=None):
-    """A request the server signs: the signed updates of ``contributors``, the c1 halves of the
-    sum over ``c1_of``, and a canary from ``seed`` (or ``extra`` in its place)."""
-    public = fed.hospitals["east"].keys.threshold.public
-    cts = [load_payload(parse_envelope(firsts[n]), ThresholdUpdate).ciphertexts for n in c1_of]
-    c1 = [T.read_ciphertext(ct)[1].astype("<u8").tobytes() for ct in public.add(cts)]
-    seed = seed or secrets.token_bytes(32)
-    canary = extra if extra is not None else seeded_canary(seed=seed, public=public)[0].astype("<u8").tobytes()
-    msg = ThresholdDecrypt(federation_id=FED, round=plan.round, c1=(canary, *c1), canary_seed=seed,
-                           updates=tuple(firsts[n] for n in contributors))
+def _inner(firsts, name):
+    """The signed c1 envelope inside ``name``'s upload (what the server forwards to the holders)."""
+    return load_payload(parse_envelope(firsts[name]), ThresholdUpload).update
+
+
+def _forged_request(fed, plan, firsts, *, contributors, seed=None):
+    """A request the server signs: the signed c1 envelopes of ``contributors`` and a canary seed."""
+    msg = ThresholdDecrypt(federation_id=FED, round=plan.round, canary_seed=seed or secrets.token_bytes(32),
+                           updates=tuple(_inner(firsts, n) if isinstance(n, str) else n for n in contributors))
     return seal(msg, SERVER)
 
 
-@pytest.mark.parametrize("case", ["one_hospital", "one_hospital_plan_lowered", "aggregate_claimed_single_opened",
-                                  "below_minimum", "individual_c1_as_canary"])
+@pytest.mark.parametrize("case", ["one_hospital", "one_hospital_plan_lowered", "below_minimum",
+                                  "one_c1_coefficient_changed", "contribution_of_another_round"])
 def test_every_honest_holder_refuses_to_open_anything_but_the_aggregate(fed, case):
     plan = _plan(fed, round_=2, min_clients={"below_minimum": 3, "one_hospital_plan_lowered": 1}.get(case, 2))
     _, clients, firsts, _ = _round(fed, plan)
     if case.startswith("one_hospital"):  # the attack of SECURITY.md: open east's update (a plan saying 1 too)
-        data, why = _forged_request(fed, plan, firsts, contributors=["east"], c1_of=["east"]), "minimum is 2"
-    elif case == "aggregate_claimed_single_opened":
-        data, why = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=["east"]), "not the sum"
+        data, why = _forged_request(fed, plan, firsts, contributors=["east"]), "minimum is 2"
     elif case == "below_minimum":
-        data, why = _forged_request(fed, plan, firsts, contributors=["east", "north"], c1_of=["east", "north"]), \
-            "minimum is 3"
-    else:  # the aggregate, plus east's c1 where the canary should be
-        east_c1 = T.read_ciphertext(fed.hospitals["east"].keys.threshold.public.load(
-            load_payload(parse_envelope(firsts["east"]), ThresholdUpdate).ciphertexts[0]))[1]
-        data = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=NAMES,
-                               extra=east_c1.astype("<u8").tobytes())
-        why = "canary of its seed"
+        data, why = _forged_request(fed, plan, firsts, contributors=["east", "north"]), "minimum is 3"
+    elif case == "one_c1_coefficient_changed":  # s_i*delta would leak through a share of c1 + delta
+        inner = bytearray(_inner(firsts, "east"))
+        inner[-100] ^= 1  # inside east's last c1 part: one coefficient moves
+        was, now = (U.read_c1(fed.hospitals["east"].keys.threshold.public, load_payload(parse_envelope(bytes(b)), ThresholdUpdate).c1, "east")[-1]
+                    for b in (_inner(firsts, "east"), inner))
+        assert np.count_nonzero(was != now) == 1
+        data, why = _forged_request(fed, plan, firsts, contributors=[bytes(inner), "north", "south"]), \
+            "not validly signed"
+    else:  # east's signed update of round 1 replayed into round 2's sum
+        _, _, old, _ = _round(fed, _plan(fed, round_=1))
+        data, why = _forged_request(fed, plan, firsts, contributors=[_inner(old, "east"), "north", "south"]), \
+            "not its update for round 2"
     for n, client in clients.items():
         with pytest.raises(IntegrityError, match=f"Hospital '{n}' refuses to decrypt: .*{why}.*report the server"):
             client.handle(data)
 
 
+def test_holders_decrypt_only_the_sum_they_computed(fed):
+    """The request names no c1: each holder's share answers the sums it added itself (canary last);
+    a combiner that built its request on anything else (one hospital's ciphertext) gets shares that
+    answer another request, and opens nothing."""
+    plan = _plan(fed, round_=7)
+    server, clients, firsts, _ = _round(fed, plan)
+    for data in firsts.values():
+        server.receive(parse_envelope(data))
+    requests = server.next_stage()
+    public = fed.hospitals["east"].keys.threshold.public
+    c1 = U.sum_c1(public, [U.read_c1(public, load_payload(parse_envelope(_inner(firsts, n)), ThresholdUpdate).c1, n)
+                           for n in NAMES])
+    seed = load_payload(parse_envelope(requests["east"]), ThresholdDecrypt).canary_seed
+    mine = DecryptionRequest(federation_id=FED, round=7, c1=tuple(
+        p.astype("<u8").tobytes() for p in (*c1, seeded_canary(seed=seed, public=public)[0])))
+    shares = {n: load_payload(parse_envelope(clients[n].handle(requests[n])), DecryptionShare) for n in NAMES}
+    assert {s.request_sha256 for s in shares.values()} == {mine.digest()} == {server._combiner.request.digest()}
+    up = load_payload(parse_envelope(firsts["east"]), ThresholdUpload)
+    east_only = U.aggregate(public, c0=[U.read_c0(public, up.c0, "east")],
+                            c1_sums=U.read_c1(public, load_payload(parse_envelope(up.update), ThresholdUpdate).c1, "east"))
+    liar = Combiner(public=public, round=7, aggregate=east_only, contributions=1, canary_seed=seed)
+    with pytest.raises(ProtocolError, match="answers another request"):
+        liar.combine(shares, length=10)
+
+
 def test_a_second_request_in_a_round_is_refused(fed):
     plan = _plan(fed, round_=3)
     _, clients, firsts, _ = _round(fed, plan)
-    first = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=NAMES)
-    second = _forged_request(fed, plan, firsts, contributors=["east", "north"], c1_of=["east", "north"])
+    first = _forged_request(fed, plan, firsts, contributors=NAMES)
+    second = _forged_request(fed, plan, firsts, contributors=["east", "north"])
     assert clients["south"].handle(first)
     with pytest.raises(IntegrityError, match="second decryption request"):
         clients["south"].handle(second)
@@ -145,10 +179,9 @@ def test_a_second_request_in_a_round_is_refused(fed):
 def test_a_contribution_not_signed_by_its_hospital_is_refused(fed):
     plan = _plan(fed, round_=4)
     _, clients, firsts, _ = _round(fed, plan)
-    forged = dict(firsts)
-    msg = load_payload(parse_envelope(firsts["north"]), ThresholdUpdate)
-    forged["north"] = seal(msg, Identity.generate("north"))  # the server's own key, under north's name
-    data = _forged_request(fed, plan, forged, contributors=NAMES, c1_of=NAMES)
+    msg = load_payload(parse_envelope(_inner(firsts, "north")), ThresholdUpdate)
+    forged = seal(msg, Identity.generate("north"))  # the server's own key, under north's name
+    data = _forged_request(fed, plan, firsts, contributors=["east", forged, "south"])
     with pytest.raises(IntegrityError, match="not validly signed"):
         clients["east"].handle(data)
 
