@@ -161,10 +161,10 @@ class ThresholdParty:
             raise ProtocolError(f"Decryption request for federation {request.federation_id!r}; "
                                 f"{self.name!r} holds a key share of {self.federation_id!r}.")
         limbs, out = self._c.ring.data_count, []
-        for i, raw in enumerate(request.c1):
+        noises = T.uniform_smudging_many(count=len(request.c1), bits=self.preset.smudging_bits, ring=self._c.ring,
+                                         context=self._c.context, limbs=limbs)  # fresh, one per c1
+        for i, (raw, noise) in enumerate(zip(request.c1, noises, strict=True)):
             c1 = self._c.poly(raw, limbs, f"c1 {i} of the decryption request")
-            noise = T.uniform_smudging(bits=self.preset.smudging_bits, ring=self._c.ring,
-                                       context=self._c.context, limbs=limbs)
             out.append(_bytes(T.decryption_share(c1=c1, s=self._s, noise=noise, ring=self._c.ring)))
         return DecryptionShare(federation_id=self.federation_id, round=request.round, party=self.name,
                                request_sha256=request.digest(), shares=tuple(out))

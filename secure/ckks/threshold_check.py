@@ -28,7 +28,7 @@ benchmarks/secure_aggregation_cost/threshold_ckks.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from pydantic import ValidationError
@@ -94,9 +94,18 @@ def check_aggregate(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mapping[st
     updates = signed_contributions(msg, plan=plan, peers=peers, public=public, holder=holder, floor=floor)
     names = sorted(updates)
     try:
-        sums = sum_c1(public, [read_c1(public, updates[n].c1, f"{n!r}'s contribution") for n in names])
+        c1 = [read_c1(public, updates[n].c1, f"{n!r}'s contribution") for n in names]
+        request = holder_request(public, round=plan.round, c1=c1, canary_seed=msg.canary_seed)
     except ProtocolError as exc:
         raise _refuse(holder, f"the signed contributions do not add up ({exc}).") from None
-    canary = seeded_canary(seed=msg.canary_seed, public=public)[0]
-    c1 = tuple(np.ascontiguousarray(p, dtype="<u8").tobytes() for p in (*sums, canary))
-    return tuple(names), DecryptionRequest(federation_id=plan.federation_id, round=plan.round, c1=c1)
+    return tuple(names), request
+
+
+def holder_request(public: CollectivePublicKey, *, round: int, c1: Sequence[Sequence[np.ndarray]],
+                   canary_seed: bytes) -> DecryptionRequest:
+    """Step 3: the request a holder answers -- the sums of the contributions' ``c1`` (parsed by
+    :func:`.threshold_upload.read_c1`), then the canary of ``canary_seed``. Raises ProtocolError."""
+    sums = sum_c1(public, c1)
+    canary = seeded_canary(seed=canary_seed, public=public)[0]
+    return DecryptionRequest(federation_id=public.federation_id, round=round,
+                             c1=tuple(np.ascontiguousarray(p, dtype="<u8").tobytes() for p in (*sums, canary)))

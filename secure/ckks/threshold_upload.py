@@ -100,10 +100,17 @@ def aggregate(public: CollectivePublicKey, *, c0: Sequence[Sequence[np.ndarray]]
     if not c0 or any(len(parts) != len(c1_sums) for parts in c0):
         raise ProtocolError("The c0 parts do not match the c1 sums (ciphertext counts).")
     scale = 2.0 ** public.preset.params.scale_bits
-    out = []
-    for k, c1 in enumerate(c1_sums):
-        lifted = C.lift_c0_sum([parts[k] for parts in c0], c.ring.primes, drop=DROP)
-        c0_ntt = T.to_ntt(lifted, ring=c.ring, context=c.context, parms_id=c.ring.data_parms_id)
-        out.append(public.load(T.ciphertext_bytes(np.stack([c0_ntt, c1]), ring=c.ring,
-                                                  parms_id=c.ring.data_parms_id, scale=scale)))
-    return out
+    ring = c.ring
+    lifted = [C.lift_c0_sum([parts[k] for parts in c0], ring.primes, drop=DROP) for k in range(len(c1_sums))]
+    # Every lifted c0 has the same first limb, n*floor(q0/2) in each coefficient: NTT it once (as
+    # that constant times the all-ones polynomial), and NTT only the second limbs, with the first
+    # limbs filled by the c1 sums (SEAL's NTT works limb by limb) so that no two polynomials in one
+    # SEAL ciphertext repeat -- a repeat would make zstd compress it and the fast read fall back.
+    ones = np.ones((2, ring.degree), dtype=np.uint64)
+    ntt = T.to_ntt_many([np.stack([c1[0], lift[1]]) for c1, lift in zip(c1_sums, lifted, strict=True)] + [ones],
+                        ring=ring, context=c.context, parms_id=ring.data_parms_id)
+    q0 = ring.q(1)
+    limb0 = T.mulmod(ntt[-1][:1], np.broadcast_to(lifted[0][:1, :1] % q0, (1, ring.degree)), q0)[0]
+    return [public.load(T.ciphertext_bytes(np.stack([np.stack([limb0, n[1]]), c1]), ring=ring,
+                                           parms_id=ring.data_parms_id, scale=scale))
+            for n, c1 in zip(ntt[:-1], c1_sums, strict=True)]

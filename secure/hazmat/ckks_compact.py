@@ -46,10 +46,10 @@ def pack_words(words: np.ndarray, bits: int) -> bytes:
     flat = np.ascontiguousarray(words, dtype=_U64).reshape(-1, 2)
     if bits < 64 and np.any(flat >> _U64(bits)):
         raise ValueError(f"a word does not fit in {bits} bits")
-    lo = flat[:, 0] | (flat[:, 1] << _U64(bits % 64)) if bits < 64 else flat[:, 0]
-    hi = flat[:, 1] >> _U64(64 - bits) if bits < 64 else flat[:, 1]
-    pairs = np.stack([lo, hi], axis=1).astype("<u8").view(np.uint8).reshape(-1, 16)
-    return pairs[:, :bits // 4].tobytes()
+    pairs = np.empty((flat.shape[0], 2), dtype="<u8")
+    pairs[:, 0] = flat[:, 0] | (flat[:, 1] << _U64(bits % 64)) if bits < 64 else flat[:, 0]
+    pairs[:, 1] = flat[:, 1] >> _U64(64 - bits) if bits < 64 else flat[:, 1]
+    return pairs.view(np.uint8).reshape(-1, 16)[:, :bits // 4].tobytes()
 
 
 def unpack_words(data: bytes, bits: int, count: int) -> np.ndarray:
@@ -59,16 +59,15 @@ def unpack_words(data: bytes, bits: int, count: int) -> np.ndarray:
     width = bits // 4
     if len(data) != width * count // 2:
         raise ValueError(f"{len(data)} bytes; expected {width * count // 2} for {count} words of {bits} bits")
-    pairs = np.zeros((count // 2, 16), dtype=np.uint8)
-    pairs[:, :width] = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
-    lohi = pairs.view("<u8").astype(_U64)
-    lo, hi = lohi[:, 0], lohi[:, 1]
+    lohi = np.zeros((count // 2, 2), dtype="<u8")
+    lohi.view(np.uint8).reshape(-1, 16)[:, :width] = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
     if bits == 64:
-        return lohi.reshape(-1)
-    mask = _U64((1 << bits) - 1)
-    v0 = lo & mask
-    v1 = ((lo >> _U64(bits)) | (hi << _U64(64 - bits))) & mask
-    return np.stack([v0, v1], axis=1).reshape(-1)
+        return lohi.astype(_U64).reshape(-1)
+    lo, hi, mask = lohi[:, 0], lohi[:, 1], _U64((1 << bits) - 1)
+    out = np.empty(count, dtype=_U64)
+    out[0::2] = lo & mask
+    out[1::2] = ((lo >> _U64(bits)) | (hi << _U64(64 - bits))) & mask
+    return out
 
 
 def _mulmod_scalar(x: np.ndarray, c: int, q: int) -> np.ndarray:

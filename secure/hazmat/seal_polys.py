@@ -191,12 +191,29 @@ def _pair(poly: np.ndarray, ring: Ring) -> np.ndarray:
 def to_ntt(coeffs: np.ndarray, *, ring: Ring, context: seal.SEALContext, parms_id: Sequence[int]) -> np.ndarray:
     """A coefficient-form (limbs, N) polynomial in NTT form, by SEAL's forward NTT
     (``Evaluator.transform_to_ntt`` on a 2-component, not-NTT ciphertext holding it)."""
-    body = bytearray(ciphertext_bytes(_pair(coeffs, ring), ring=ring, parms_id=parms_id, scale=1.0))
-    body[16 + 32] = 0  # is_ntt_form = false
-    ct = seal.Ciphertext()
-    _load(ct, bytes(body), context)
-    seal.Evaluator(context).transform_to_ntt_inplace(ct)
-    return read_ciphertext(ct, polys=1)[0]
+    return to_ntt_many([coeffs], ring=ring, context=context, parms_id=parms_id)[0]
+
+
+#: polynomials a SEAL ciphertext holds at most (SEAL_CIPHERTEXT_SIZE_MAX)
+_MAX_POLYS = 16
+
+
+def to_ntt_many(polys: Sequence[np.ndarray], *, ring: Ring, context: seal.SEALContext,
+                parms_id: Sequence[int]) -> list[np.ndarray]:
+    """:func:`to_ntt` of several polynomials, up to 16 in one SEAL ciphertext (one load, one NTT
+    call and one read of SEAL's bytes for each 16)."""
+    out: list[np.ndarray] = []
+    ev = seal.Evaluator(context)
+    for start in range(0, len(polys), _MAX_POLYS):
+        chunk = list(polys[start:start + _MAX_POLYS])
+        stack = _pair(chunk[0], ring) if len(chunk) == 1 else np.stack(chunk)
+        body = bytearray(ciphertext_bytes(stack, ring=ring, parms_id=parms_id, scale=1.0))
+        body[16 + 32] = 0  # is_ntt_form = false
+        ct = seal.Ciphertext()
+        _load(ct, bytes(body), context)
+        ev.transform_to_ntt_inplace(ct)
+        out.extend(read_ciphertext(ct, polys=len(chunk)))
+    return out
 
 
 def _parms_id_at(context: seal.SEALContext, limbs: int) -> tuple[int, ...]:

@@ -49,3 +49,14 @@ def test_compressed_or_damaged_bytes_fall_back_to_element_access(fresh):
     assert W._zstd_stored(frame[:-1]) is None  # truncated
     assert W._zstd_stored(b"\x00" + frame[1:]) is None  # not a zstd frame
     assert W.object_words(ct, c.size + 1) is None  # the word count does not match
+
+
+def test_ntt_of_many_polynomials_equals_one_at_a_time(fresh):
+    """17 polynomials: one full SEAL ciphertext of 16 and one of a single polynomial (paired)."""
+    ctx, ring, _, _ = fresh
+    polys = [T.common_poly(bytes([i]) * 32, ring)[:2] for i in range(17)]
+    many = T.to_ntt_many(polys, ring=ring, context=ctx, parms_id=ring.data_parms_id)
+    assert len(many) == 17
+    for i in (0, 15, 16):
+        assert np.array_equal(many[i], T.to_ntt(polys[i], ring=ring, context=ctx, parms_id=ring.data_parms_id))
+    assert np.array_equal(T.to_coefficients(many[16], ring=ring, context=ctx, parms_id=ring.data_parms_id), polys[16])
