@@ -55,3 +55,5 @@ HASH_THRESHOLD_CKKS_COMMON_A = b"clinograph/v1/threshold-ckks/common-a"
 HASH_THRESHOLD_CKKS_REQUEST = b"clinograph/v1/threshold-ckks/decryption-request"
 #: the combiner's canary in the ckks_threshold mode, expanded from a public seed that key holders check
 HASH_THRESHOLD_CKKS_CANARY = b"clinograph/v1/threshold-ckks/canary"
+HASH_THRESHOLD_CKKS_C1 = b"clinograph/v1/threshold-ckks/c1-commitment"
+HASH_THRESHOLD_CKKS_COMMITMENTS = b"clinograph/v1/threshold-ckks/commitment-set"

@@ -10,6 +10,10 @@ and a public canary seed, and the holder
 1. verifies each envelope's signature against the contributor's enrolled key, and that it is
    that hospital's update for this federation, round, model version, dictionary and collective
    key, one per hospital, from a participant of the plan;
+   and that it is the c1 that hospital committed to (its hash) in the commitment set this holder
+   saw before it revealed its own c1, naming that set's digest -- so no contribution was chosen
+   after another's c1 was known (a contributor colluding with the server could otherwise sign
+   minus the others' c1, all but its victim's, and the sum would be the victim's c1 alone);
 2. counts at least ``floor`` distinct contributors: the larger of ``plan.min_clients`` and the
    floor the holder fixed at key generation (never below 2), so a plan that lowers
    ``min_clients`` to 1 opens nothing;
@@ -28,7 +32,9 @@ benchmarks/secure_aggregation_cost/threshold_ckks.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -42,56 +48,98 @@ from .threshold import CollectivePublicKey, seeded_canary
 from .threshold_messages import (
     MAX_UPDATE_ENVELOPE,
     DecryptionRequest,
+    ThresholdCommit,
+    ThresholdCommitments,
     ThresholdDecrypt,
     ThresholdUpdate,
+    c1_digest,
 )
 from .threshold_upload import read_c1, sum_c1
 
 
-def _refuse(holder: str, why: str) -> IntegrityError:
-    return IntegrityError(f"Hospital {holder!r} refuses to decrypt: {why} Nothing was decrypted; the server "
+def _refuse(holder: str, why: str, *, action: str = "decrypt") -> IntegrityError:
+    done = "revealed" if action == "reveal its c1" else "decrypted"
+    return IntegrityError(f"Hospital {holder!r} refuses to {action}: {why} Nothing was {done}; the server "
                           "sent this request (report the server).")
 
 
-def signed_contributions(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
-                         public: CollectivePublicKey, holder: str, floor: int) -> dict[str, ThresholdUpdate]:
-    """Steps 1-2 of the module docstring: the contributors' checked updates, by hospital."""
-    out: dict[str, ThresholdUpdate] = {}
-    for i, raw in enumerate(msg.updates):
+@dataclass(frozen=True)
+class Commitments:
+    """The commitment set a hospital revealed its c1 against: its digest, and each hospital's
+    committed c1 hash."""
+
+    digest: str
+    c1_sha256: Mapping[str, str]
+
+
+M = TypeVar("M", ThresholdUpdate, ThresholdCommit)
+
+
+def _signed(items: Sequence[bytes], *, model: type[M], max_bytes: int, what: str, plan: RoundPlan,
+            peers: Mapping[str, PublicIdentity], public: CollectivePublicKey, floor: int,
+            refuse: Callable[[str], IntegrityError]) -> dict[str, M]:
+    """Steps 1-2 of the module docstring for signed ``items`` of ``model``: by hospital."""
+    out: dict[str, M] = {}
+    for i, raw in enumerate(items):
         try:
-            env = parse_envelope(raw, max_bytes=MAX_UPDATE_ENVELOPE)
+            env = parse_envelope(raw, max_bytes=max_bytes)
         except ClinographError:
-            raise _refuse(holder, f"contribution {i} is not a signed envelope.") from None
+            raise refuse(f"{what} {i} is not a signed envelope.") from None
         key = peers.get(env.sender)
         if key is None:
-            raise _refuse(holder, f"contribution {i} names {env.sender[:64]!r}, who is not enrolled.")
+            raise refuse(f"{what} {i} names {env.sender[:64]!r}, who is not enrolled.")
         try:
-            upd = open_envelope(env, sender=key, model=ThresholdUpdate)
+            msg = open_envelope(env, sender=key, model=model)
         except IntegrityError:
-            raise _refuse(holder, f"contribution {i} is not validly signed by the hospital it names.") from None
+            raise refuse(f"{what} {i} is not validly signed by the hospital it names.") from None
         except (ClinographError, ValidationError):
-            raise _refuse(holder, f"contribution {i} is not a threshold CKKS update.") from None
-        if (upd.client != env.sender or upd.federation_id != plan.federation_id or upd.round != plan.round
-                or upd.spec_digest != plan.spec.digest() or upd.dictionary_hash != plan.dictionary_hash
-                or upd.public_key_digest != public.digest or env.sender not in plan.participants):
-            raise _refuse(holder, f"the contribution signed by {env.sender!r} is not its update for round "
-                                  f"{plan.round} of {plan.federation_id!r} under this collective key.")
+            raise refuse(f"{what} {i} is not a threshold CKKS {what}.") from None
+        if (msg.client != env.sender or msg.federation_id != plan.federation_id or msg.round != plan.round
+                or msg.spec_digest != plan.spec.digest() or msg.dictionary_hash != plan.dictionary_hash
+                or msg.public_key_digest != public.digest or env.sender not in plan.participants):
+            raise refuse(f"the {what} signed by {env.sender!r} is not its {what} for round "
+                         f"{plan.round} of {plan.federation_id!r} under this collective key.")
         if env.sender in out:
-            raise _refuse(holder, f"{env.sender!r} is counted twice.")
-        out[env.sender] = upd
+            raise refuse(f"{env.sender!r} is counted twice.")
+        out[env.sender] = msg
     need = max(plan.min_clients, floor)
     if len(out) < need:
-        raise _refuse(holder, f"the sum has {len(out)} signed contributor(s); the mode's minimum is "
-                              f"{need} (a smaller sum could expose one hospital's update).")
+        raise refuse(f"the sum has {len(out)} signed contributor(s); the mode's minimum is "
+                     f"{need} (a smaller sum could expose one hospital's update).")
+    return out
+
+
+def checked_commitments(msg: ThresholdCommitments, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
+                        public: CollectivePublicKey, holder: str, floor: int) -> dict[str, str]:
+    """The commitment set's c1 hashes by hospital, each signed by its hospital for this round,
+    at least ``max(plan.min_clients, floor)`` of them. Raises IntegrityError (nothing revealed)."""
+    commits = _signed(msg.commits, model=ThresholdCommit, max_bytes=64 * 1024, what="commitment", plan=plan,
+                      peers=peers, public=public, floor=floor,
+                      refuse=lambda why: _refuse(holder, why, action="reveal its c1"))
+    return {name: c.c1_sha256 for name, c in commits.items()}
+
+
+def signed_contributions(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
+                         public: CollectivePublicKey, holder: str, floor: int,
+                         commitments: Commitments) -> dict[str, ThresholdUpdate]:
+    """Steps 1-2 of the module docstring: the contributors' checked updates, by hospital, each
+    committed in ``commitments`` (the set this holder saw) and naming that set."""
+    out = _signed(msg.updates, model=ThresholdUpdate, max_bytes=MAX_UPDATE_ENVELOPE, what="update", plan=plan,
+                  peers=peers, public=public, floor=floor, refuse=lambda why: _refuse(holder, why))
+    for name, upd in sorted(out.items()):
+        if upd.commitments_sha256 != commitments.digest or c1_digest(upd.c1) != commitments.c1_sha256.get(name):
+            raise _refuse(holder, f"{name!r} signed a c1 it did not commit to among the commitments this hospital "
+                                  "saw (a contribution chosen after another's c1 was revealed?).")
     return out
 
 
 def check_aggregate(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
-                    public: CollectivePublicKey, holder: str,
-                    floor: int) -> tuple[tuple[str, ...], DecryptionRequest]:
+                    public: CollectivePublicKey, holder: str, floor: int,
+                    commitments: Commitments) -> tuple[tuple[str, ...], DecryptionRequest]:
     """Check ``msg`` (steps 1-2) and build the request to answer (step 3): the contributors, and
     the sums of their c1 with the canary last. Raises IntegrityError."""
-    updates = signed_contributions(msg, plan=plan, peers=peers, public=public, holder=holder, floor=floor)
+    updates = signed_contributions(msg, plan=plan, peers=peers, public=public, holder=holder, floor=floor,
+                                   commitments=commitments)
     names = sorted(updates)
     try:
         c1 = [read_c1(public, updates[n].c1, f"{n!r}'s contribution") for n in names]

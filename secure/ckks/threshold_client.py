@@ -1,15 +1,21 @@
 """Hospital half of the ``ckks_threshold`` mode.
 
-Stage ``updates`` (:meth:`ThresholdClient.first_message`): pack the slot vector of
+Stage ``commit`` (:meth:`ThresholdClient.first_message`): pack the slot vector of
 :mod:`.layout` (a contributor slot reads 1 for each hospital in the sum), encrypt it under the
-collective public key this hospital rebuilt and checked at set-up, and send it in the compact
-form of :mod:`.threshold_upload`: the c1 parts signed on their own (a
-:class:`~.threshold_messages.ThresholdUpdate`) inside a signed
-:class:`~.threshold_messages.ThresholdUpload` with the rounded c0 parts.
+collective public key this hospital rebuilt and checked at set-up, and send only the signed hash
+of its c1 parts. Stage ``reveal``: once the server relays every hospital's signed commitment
+(checked: this hospital's own is there, enough contributors), send the ciphertext in the compact
+form of :mod:`.threshold_upload` -- the c1 parts signed on their own (a
+:class:`~.threshold_messages.ThresholdUpdate` naming the commitment set's digest) inside a
+signed :class:`~.threshold_messages.ThresholdUpload` with the rounded c0 parts -- once a round.
+Committing first means no contribution can be chosen after another's c1 is known: a hospital
+colluding with the server could otherwise sign minus the other contributions' c1 (all but its
+victim's), and the holders' sum would be the victim's ciphertext alone.
 Stage ``decrypt`` (:meth:`ThresholdClient.handle`): from the server's
 :class:`~.threshold_messages.ThresholdDecrypt`, :func:`.threshold_check.check_aggregate` checks
 the signed contributions (at least ``max(plan.min_clients, the floor fixed at key generation,
-2)`` of this round) and adds their c1 itself; the hospital answers with its smudged decryption
+2)`` of this round, each committed in the set this hospital saw and naming it) and adds their
+c1 itself; the hospital answers with its smudged decryption
 share of *that* sum (and of the canary it expanded itself), once a round. The server never
 names a c1 to decrypt.
 
@@ -30,8 +36,16 @@ from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from ..aggregation.base import AggregationClient
 from ..wire import open_envelope, parse_envelope, seal
 from .layout import SlotLayout
-from .threshold_check import check_aggregate
-from .threshold_messages import ThresholdDecrypt, ThresholdUpdate, ThresholdUpload
+from .threshold_check import Commitments, check_aggregate, checked_commitments
+from .threshold_messages import (
+    ThresholdCommit,
+    ThresholdCommitments,
+    ThresholdDecrypt,
+    ThresholdUpdate,
+    ThresholdUpload,
+    c1_digest,
+    commitments_digest,
+)
 from .threshold_relayed import ThresholdKeyHolder
 from .threshold_upload import encode
 
@@ -58,9 +72,15 @@ class ThresholdClient(AggregationClient):
         self._holder, self._public, self._party = holder, holder.public, holder.party
         self._layout = SlotLayout.from_plan(self.plan)
         self._answered: bytes | None = None
+        self._c0: tuple[bytes, ...] = ()
+        self._c1: tuple[bytes, ...] = ()
+        #: the commitment set this hospital revealed its c1 against (once a round)
+        self._commitments: Commitments | None = None
 
     def first_message(self) -> bytes:
-        """The signed, encrypted slot vector. Raises ConfigError for values the preset cannot carry."""
+        """Stage ``commit``: encrypt the slot vector and send the signed hash of its c1 parts (the
+        ciphertext itself waits for the commitment set). Raises ConfigError for values the preset
+        cannot carry."""
         me = self.identity.name
         if me not in self.plan.participants:
             raise ProtocolError(f"{me!r} is not a participant of round {self.plan.round}.")
@@ -68,33 +88,64 @@ class ThresholdClient(AggregationClient):
             vec = self._layout.pack(self.update, client=me, tag=PRESENT)
         except ValueError as exc:
             raise ConfigError(f"Update of {me!r} does not fit the plan: {exc}.") from None
-        c0, c1 = encode(self._public, vec)
-        update = ThresholdUpdate(federation_id=self.plan.federation_id, round=self.plan.round, client=me,
-                                 spec_digest=self.plan.spec.digest(), dictionary_hash=self.plan.dictionary_hash,
-                                 public_key_digest=self._public.digest, c1=c1)
-        return seal(ThresholdUpload(federation_id=self.plan.federation_id, round=self.plan.round, client=me, c0=c0,
-                                    update=seal(update, self.identity)), self.identity)
+        self._c0, self._c1 = encode(self._public, vec)
+        return seal(ThresholdCommit(**self._header(), c1_sha256=c1_digest(self._c1)), self.identity)
+
+    def _header(self) -> dict[str, Any]:
+        return dict(federation_id=self.plan.federation_id, round=self.plan.round, client=self.identity.name,
+                    spec_digest=self.plan.spec.digest(), dictionary_hash=self.plan.dictionary_hash,
+                    public_key_digest=self._public.digest)
 
     def handle(self, data: bytes) -> bytes | None:
-        """This hospital's signed decryption share of the checked aggregate.
+        """Stage ``reveal``: this hospital's upload, once it checked the commitment set. Stage
+        ``decrypt``: its signed decryption share of the checked aggregate.
 
         Raises:
-            IntegrityError: the request is not the aggregate of enough signed contributions, or a
-                second, different request came this round (the server is named; nothing decrypted).
-            ProtocolError: a request for another federation or round.
+            IntegrityError: a commitment set without this hospital's own commitment or with too
+                few, a second set or request this round, or a request that is not the aggregate
+                of enough committed, signed contributions (the server is named; nothing revealed
+                or decrypted).
+            ProtocolError: a message for another federation or round, or of an unknown kind.
         """
-        msg = open_envelope(parse_envelope(data), sender=self.server, model=ThresholdDecrypt)
+        env = parse_envelope(data)
+        model = {"threshold_ckks_commitments": ThresholdCommitments,
+                 "threshold_ckks_decrypt": ThresholdDecrypt}.get(env.kind)
+        if model is None:
+            raise ProtocolError(f"Unexpected {env.kind[:64]!r} message in a ckks_threshold round.")
+        msg = open_envelope(env, sender=self.server, model=model)
         if msg.federation_id != self.plan.federation_id or msg.round != self.plan.round:
-            raise ProtocolError(f"Threshold decryption request for {msg.federation_id!r} round {msg.round}; this is "
+            raise ProtocolError(f"Threshold CKKS message for {msg.federation_id!r} round {msg.round}; this is "
                                 f"{self.plan.federation_id!r} round {self.plan.round}.")
+        if isinstance(msg, ThresholdCommitments):
+            return self._reveal(msg)
         if self._answered is not None:
             raise IntegrityError(f"Hospital {self.identity.name!r} refuses a second decryption request in round "
                                  f"{self.plan.round}: two shares of different sums would open their difference "
                                  "(report the server).")
+        if self._commitments is None:
+            raise IntegrityError(f"Hospital {self.identity.name!r} refuses to decrypt: it saw no commitment set this "
+                                 "round, so it cannot tell whether a contribution was chosen after another's c1 "
+                                 "was revealed (report the server).")
         _, request = check_aggregate(msg, plan=self.plan, peers=self.peers, public=self._public,
-                                     holder=self.identity.name, floor=self._holder.min_contributors)
+                                     holder=self.identity.name, floor=self._holder.min_contributors,
+                                     commitments=self._commitments)
         self._answered = seal(self._party.decryption_share(request), self.identity)  # on the sum it computed
         return self._answered
+
+    def _reveal(self, msg: ThresholdCommitments) -> bytes:
+        me = self.identity.name
+        if self._commitments is not None:
+            raise IntegrityError(f"Hospital {me!r} refuses a second commitment set in round {self.plan.round}: it "
+                                 "reveals its c1 once, against one set (report the server).")
+        seen = checked_commitments(msg, plan=self.plan, peers=self.peers, public=self._public, holder=me,
+                                   floor=self._holder.min_contributors)
+        if seen.get(me) != c1_digest(self._c1):
+            raise IntegrityError(f"Hospital {me!r} refuses to reveal its c1: the commitment set does not hold its "
+                                 "own commitment unchanged (report the server).")
+        self._commitments = Commitments(digest=commitments_digest(msg.commits), c1_sha256=seen)
+        update = ThresholdUpdate(**self._header(), commitments_sha256=self._commitments.digest, c1=self._c1)
+        return seal(ThresholdUpload(federation_id=self.plan.federation_id, round=self.plan.round, client=me,
+                                    c0=self._c0, update=seal(update, self.identity)), self.identity)
 
 
 def contributor_present(client: str) -> float:

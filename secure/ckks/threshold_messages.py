@@ -12,7 +12,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from clinograph.core.labels import HASH_THRESHOLD_CKKS_REQUEST
+from clinograph.core.labels import (
+    HASH_THRESHOLD_CKKS_C1,
+    HASH_THRESHOLD_CKKS_COMMITMENTS,
+    HASH_THRESHOLD_CKKS_REQUEST,
+)
 
 from ..hazmat.ckks_context import pack_fields
 from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
@@ -84,7 +88,50 @@ class ThresholdUpdate(WireMessage):
     spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    #: the commitment set this hospital saw before it revealed its c1 (:func:`commitments_digest`)
+    commitments_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     c1: tuple[Part, ...] = Field(min_length=1, max_length=MAX_UPDATE_CIPHERTEXTS)
+
+
+class ThresholdCommit(WireMessage):
+    """Hospital -> server (stage ``commit``): the hash of its c1 parts (:func:`c1_digest`), sent
+    before any hospital reveals a c1, so that no contribution can be chosen after seeing
+    another's (a contributor colluding with the server could otherwise sign minus the others'
+    c1 and have one hospital's ciphertext decrypted)."""
+
+    kind: Literal["threshold_ckks_commit"] = "threshold_ckks_commit"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    client: str = Field(pattern=ID_PATTERN)
+    spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    c1_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+SignedCommit = Annotated[bytes, Field(min_length=1, max_length=64 * 1024), *BLOB_CODEC]
+
+
+class ThresholdCommitments(WireMessage):
+    """Server -> every participant (stage ``reveal``): every hospital's signed
+    :class:`ThresholdCommit`, as received, sorted by hospital. A hospital reveals its c1 once,
+    naming this set's digest."""
+
+    kind: Literal["threshold_ckks_commitments"] = "threshold_ckks_commitments"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    commits: tuple[SignedCommit, ...] = Field(min_length=1, max_length=10_000)
+
+
+def c1_digest(parts: tuple[bytes, ...]) -> str:
+    """SHA-256 commitment to a contribution's c1 parts (purpose-labelled, length-prefixed)."""
+    return hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_C1, *parts])).hexdigest()
+
+
+def commitments_digest(commits: tuple[bytes, ...]) -> str:
+    """SHA-256 of a commitment set, over the signed envelopes' bytes in the order sent."""
+    return hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_COMMITMENTS,
+                                       *(hashlib.sha256(c).digest() for c in commits)])).hexdigest()
 
 
 class ThresholdUpload(WireMessage):

@@ -1,8 +1,11 @@
 """Server half of the ``ckks_threshold`` mode: it adds ciphertexts, then opens the sum with
 every key holder's decryption share (it is the combiner; it learns the sum, as in ``masked``).
 
-Stages: ``updates`` (a :class:`~.threshold_messages.ThresholdUpload` from every participant:
-rounded c0 parts and the separately signed c1 parts, :mod:`.threshold_upload`)
+Stages: ``commit`` (a :class:`~.threshold_messages.ThresholdCommit` from every participant: the
+hash of its c1) -> :meth:`ThresholdServer.next_stage` relays them all
+(:class:`~.threshold_messages.ThresholdCommitments`) -> ``updates`` (a
+:class:`~.threshold_messages.ThresholdUpload` from every committed hospital: rounded c0 parts and
+the separately signed c1 parts, :mod:`.threshold_upload`, matching its commitment)
 -> :meth:`ThresholdServer.next_stage` adds them and sends every key holder one signed
 :class:`~.threshold_messages.ThresholdDecrypt` (every contributor's signed c1 parts and a fresh
 public canary seed: each holder adds the c1 itself and decrypts that sum) -> ``decrypt`` (a :class:`~.threshold_messages.DecryptionShare` from every
@@ -38,9 +41,13 @@ from .threshold_client import OPTION_DIGEST, contributor_present
 from .threshold_messages import (
     MAX_UPDATE_ENVELOPE,
     DecryptionShare,
+    ThresholdCommit,
+    ThresholdCommitments,
     ThresholdDecrypt,
     ThresholdUpdate,
     ThresholdUpload,
+    c1_digest,
+    commitments_digest,
 )
 from .threshold_upload import read_c0, read_c1, sum_c1
 
@@ -61,8 +68,11 @@ class ThresholdServer(AggregationServer):
         self.public = public
         self._layout = SlotLayout.from_plan(self.plan)
         self._n_ct = self._layout.ciphertext_count(public.preset.params.slot_count)
-        self._stage = "updates"
+        self._stage = "commit"
         self._waiting = set(self.plan.participants)
+        #: per committed hospital: its signed ThresholdCommit envelope and its c1 hash
+        self._commits: dict[str, tuple[bytes, str]] = {}
+        self._commit_digest: str | None = None
         #: per contributor: its signed ThresholdUpdate envelope (forwarded to the holders), its c1, its rounded c0
         self._updates: dict[str, tuple[bytes, list[np.ndarray], list[np.ndarray]]] = {}
         self._shares: dict[str, DecryptionShare] = {}
@@ -78,15 +88,16 @@ class ThresholdServer(AggregationServer):
 
     @property
     def expected(self) -> frozenset[str]:
-        return frozenset(self._waiting) if self._stage in ("updates", "decrypt") else frozenset()
+        return frozenset(self._waiting) if self._stage in ("commit", "updates", "decrypt") else frozenset()
 
     def receive(self, envelope: Envelope) -> None:
-        """Accept one update (stage ``updates``) or decryption share (stage ``decrypt``)."""
+        """Accept one commitment (stage ``commit``), update (stage ``updates``) or decryption share
+        (stage ``decrypt``)."""
         sender = envelope.sender
-        model = ThresholdUpload if self._stage == "updates" else DecryptionShare
-        # an upload: its c0 and c1 parts (< 2 x 160 000 bytes a ciphertext); a share: one 2-limb polynomial per c1
-        # (+ the canary)
-        limit = self._n_ct * 320_000 if model is ThresholdUpload else (self._n_ct + 1) * 2 * 8 * 8192
+        model = {"commit": ThresholdCommit, "updates": ThresholdUpload}.get(self._stage, DecryptionShare)
+        # a commitment: a hash; an upload: its c0 and c1 parts (< 2 x 160 000 bytes a ciphertext); a share: one
+        # 2-limb polynomial per c1 (+ the canary)
+        limit = {ThresholdCommit: 0, ThresholdUpload: self._n_ct * 320_000}.get(model, (self._n_ct + 1) * 2 * 8 * 8192)
         try:
             msg = authenticate(self.plan, envelope, peers=self.peers, model=model, max_bytes=limit + 64 * 1024,
                                seen=self._digests)
@@ -95,7 +106,10 @@ class ThresholdServer(AggregationServer):
         try:
             if sender not in self._waiting:
                 raise ProtocolError(f"Unexpected {self._stage} message from {sender!r} in round {self.plan.round}.")
-            if isinstance(msg, ThresholdUpload):
+            if isinstance(msg, ThresholdCommit):
+                self._check_commit(sender, msg)
+                self._commits[sender] = (envelope.to_bytes(), msg.c1_sha256)
+            elif isinstance(msg, ThresholdUpload):
                 self._updates[sender] = self._check_upload(sender, msg)
             else:
                 self._shares[sender] = msg  # checked by the combiner (canary, request digest)
@@ -105,6 +119,12 @@ class ThresholdServer(AggregationServer):
         finally:
             self._waiting.discard(sender)
         self._digests.add(envelope.digest())
+
+    def _check_commit(self, sender: str, msg: ThresholdCommit) -> None:
+        check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,
+                     spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)
+        if msg.client != sender or msg.public_key_digest != self.public.digest:
+            raise ProtocolError(f"Commitment from {sender!r} names another client or collective key.")
 
     def _check_upload(self, sender: str, upload: ThresholdUpload) -> tuple[bytes, list[np.ndarray], list[np.ndarray]]:
         """The signed c1 envelope inside ``upload`` (what the holders will check), its c1 and the c0."""
@@ -117,6 +137,9 @@ class ThresholdServer(AggregationServer):
                      spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)
         if msg.client != sender or upload.client != sender or msg.public_key_digest != self.public.digest:
             raise ProtocolError(f"Update from {sender!r} names another client or collective key.")
+        if msg.commitments_sha256 != self._commit_digest or c1_digest(msg.c1) != self._commits[sender][1]:
+            raise ProtocolError(f"Update from {sender!r} is not the c1 it committed to, against this round's "
+                                "commitments.")
         if len(msg.c1) != self._n_ct or len(upload.c0) != self._n_ct:
             raise ProtocolError(f"Update from {sender!r} has {len(msg.c1)} c1 and {len(upload.c0)} c0 parts; the plan "
                                 f"needs {self._n_ct} of each.")
@@ -124,9 +147,12 @@ class ThresholdServer(AggregationServer):
         return upload.update, read_c1(self.public, msg.c1, who), read_c0(self.public, upload.c0, who)
 
     def next_stage(self) -> dict[str, bytes] | None:
-        """After ``updates``: the signed decryption request for every key holder. After
+        """After ``commit``: every hospital's signed commitment, to every committed hospital. After
+        ``updates``: the signed decryption request for every key holder. After
         ``decrypt``: combine (ProtocolError: a holder's share is missing; IntegrityError: a bad
         share, named) and return ``None``."""
+        if self._stage == "commit":
+            return self._relay_commitments()
         if self._stage == "updates":
             return self._request()
         if self._stage == "decrypt":
@@ -136,6 +162,19 @@ class ThresholdServer(AggregationServer):
             vec = self._combiner.combine(self._shares, length=self._layout.length)
             self._result = self._layout.unpack(vec, claimed=tuple(sorted(self._updates)), tag_of=contributor_present)
         return None
+
+    def _relay_commitments(self) -> dict[str, bytes]:
+        self._stage = "aborted"
+        if len(self._commits) < self.plan.min_clients:
+            raise ProtocolError(f"Only {len(self._commits)} threshold CKKS commitment(s) were accepted; the plan needs "
+                                f"{self.plan.min_clients}. Round aborted, nothing revealed.")
+        names = sorted(self._commits)
+        commits = tuple(self._commits[n][0] for n in names)
+        self._commit_digest = commitments_digest(commits)
+        sealed = seal(ThresholdCommitments(federation_id=self.plan.federation_id, round=self.plan.round,
+                                           commits=commits), self.identity)
+        self._stage, self._waiting = "updates", set(names)
+        return dict.fromkeys(names, sealed)
 
     def _request(self) -> dict[str, bytes]:
         self._stage = "aborted"

@@ -14,10 +14,12 @@ from clinograph.secure.ckks.threshold import Combiner, seeded_canary
 from clinograph.secure.ckks.threshold_messages import (
     DecryptionRequest,
     DecryptionShare,
+    ThresholdCommitments,
     ThresholdDecrypt,
     ThresholdUpdate,
     ThresholdUpload,
 )
+from clinograph.secure.hazmat import ckks_compact as C
 from clinograph.secure.hazmat import threshold_ckks as T
 from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.transport import InProcessTransport
@@ -72,7 +74,10 @@ def _round(fed, plan):
     ups = _updates()
     clients = {n: fed.mode.make_client(plan=plan, identity=fed.ids[n], server=SERVER.public, peers=fed.enrolled,
                                        update=ups[n], keys=fed.hospitals[n].keys) for n in NAMES}
-    firsts = {n: c.first_message() for n, c in clients.items()}
+    for c in clients.values():  # stage commit: the hashes of the c1; then every hospital reveals its upload
+        server.receive(parse_envelope(c.first_message()))
+    reveal = server.next_stage()
+    firsts = {n: c.handle(reveal[n]) for n, c in clients.items()}
     return server, clients, firsts, ups
 
 
@@ -139,6 +144,27 @@ def test_every_honest_holder_refuses_to_open_anything_but_the_aggregate(fed, cas
     for n, client in clients.items():
         with pytest.raises(IntegrityError, match=f"Hospital '{n}' refuses to decrypt: .*{why}.*report the server"):
             client.handle(data)
+
+
+def test_a_contribution_chosen_after_another_c1_was_revealed_is_refused(fed):
+    """The colluding-contributor attack: south, shown north's c1 by the server, signs minus it, so
+    that the sum is east's c1 alone. Its c1 is not the one it committed to before anyone revealed:
+    every honest holder refuses; and no hospital reveals twice."""
+    plan = _plan(fed, round_=8)
+    server, clients, firsts, _ = _round(fed, plan)
+    public = fed.hospitals["east"].keys.threshold.public
+    north = U.read_c1(public, load_payload(parse_envelope(_inner(firsts, "north")), ThresholdUpdate).c1, "north")
+    honest = load_payload(parse_envelope(_inner(firsts, "south")), ThresholdUpdate)
+    crafted = [C.pack_words(T.submod(np.zeros_like(p), p, public._c.ring.q(2)), 60) for p in north]
+    south = seal(honest.model_copy(update={"c1": tuple(crafted)}), fed.ids["south"])  # south's own signature
+    data = _forged_request(fed, plan, firsts, contributors=["east", "north", south])
+    for n in ("east", "north"):
+        with pytest.raises(IntegrityError, match=f"'{n}' refuses to decrypt: 'south' signed a c1 it did not commit"):
+            clients[n].handle(data)
+    again = seal(ThresholdCommitments(federation_id=FED, round=8, commits=tuple(
+        server._commits[n][0] for n in sorted(server._commits))), SERVER)
+    with pytest.raises(IntegrityError, match="refuses a second commitment set"):
+        clients["east"].handle(again)
 
 
 def test_holders_decrypt_only_the_sum_they_computed(fed):
