@@ -12,11 +12,13 @@ over hospitals) plus the server's.
   SEAL's zstd bytes), the server loads and adds, one hospital decrypts.
 * Threshold (the mode's own functions, :mod:`clinograph.secure.ckks.threshold_upload` and
   :func:`clinograph.secure.ckks.threshold_check.holder_request`): every hospital encrypts under
-  the collective key and packs its upload (c1 whole, c0 rounded); the server parses the uploads,
-  adds the c1 and the lifted c0 and builds the combiner; every key holder parses the n
-  contributions' c1, adds them, expands the canary and makes its decryption share on that sum
-  (what the mode's aggregate check computes; the n Ed25519 verifications, ~0.1 ms each, and the
-  envelopes are left out, as on the single-key side); the combiner checks the canary
+  the collective key, packs its upload (c1 whole, c0 rounded) and hashes its c1 (the commit
+  stage); the server checks each upload against its commitment, parses them, adds the c1 and the
+  lifted c0 and builds the combiner; every key holder checks the n contributions' c1 against
+  their commitments, parses and adds them, expands the canary and makes its decryption share on
+  that sum (what the mode's aggregate check computes; the Ed25519 signatures and verifications,
+  ~0.1 ms each, the envelopes and the commit stage's extra message round are left out, as
+  envelopes are on the single-key side); the combiner checks the canary
   (:class:`clinograph.secure.ckks.threshold.Combiner`, the library's check) and decodes.
   ``round_s`` = encode + server + holder + combine.
 * Masked: the ``masked`` mode's whole round driven by hand in process
@@ -50,6 +52,7 @@ from clinograph.secure.ckks.threshold import (  # noqa: E402
     ThresholdPreset,
 )
 from clinograph.secure.ckks.threshold_check import holder_request  # noqa: E402
+from clinograph.secure.ckks.threshold_messages import c1_digest  # noqa: E402
 from clinograph.secure.hazmat.ckks_context import CkksSecretContext  # noqa: E402
 
 from benchmarks.secure_aggregation_cost.secure_aggregation_masked import (  # noqa: E402
@@ -124,12 +127,15 @@ class Threshold:
 
     def round(self, values: list[np.ndarray], rnd: int, *, timed_sums: int = 3) -> dict:
         pub, p, n = self.public, len(values[0]), len(values)
-        enc, uploads = [], []
+        enc, uploads, commits = [], [], []
         for v in values:
             t = time.perf_counter()
             uploads.append(U.encode(pub, v))
+            commits.append(c1_digest(uploads[-1][1]))  # the commit stage's hash
             enc.append(time.perf_counter() - t)
-        t = time.perf_counter()  # the server: parse every upload, add, build the combiner
+        t = time.perf_counter()  # the server: check each upload against its commitment, parse, add, build the combiner
+        if [c1_digest(c1s) for _, c1s in uploads] != commits:
+            raise RuntimeError("an upload is not its commitment")
         c1 = [U.read_c1(pub, c1s, f"h{i}") for i, (_, c1s) in enumerate(uploads)]
         c0 = [U.read_c0(pub, c0s, f"h{i}") for i, (c0s, _) in enumerate(uploads)]
         aggregate = U.aggregate(pub, c0=c0, c1_sums=U.sum_c1(pub, c1))
@@ -137,8 +143,10 @@ class Threshold:
         comb = Combiner(public=pub, round=rnd, aggregate=aggregate, contributions=n, canary_seed=seed)
         server_s = time.perf_counter() - t
         sum_times, request = [], None
-        for _ in range(min(timed_sums, len(self.parties))):  # a holder: parse the n contributions' c1, add, canary
+        for _ in range(min(timed_sums, len(self.parties))):  # a holder: commitments, parse the n c1, add, canary
             t = time.perf_counter()
+            if [c1_digest(c1s) for _, c1s in uploads] != commits:
+                raise RuntimeError("a contribution is not its commitment")
             request = holder_request(pub, round=rnd, c1=[U.read_c1(pub, c1s, f"h{i}") for i, (_, c1s) in
                                                          enumerate(uploads)], canary_seed=seed)
             sum_times.append(time.perf_counter() - t)

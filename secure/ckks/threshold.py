@@ -28,8 +28,9 @@ honest (the canary catches a wrong key share; a party that corrupts only some re
 caught with probability 1/(k+1) per corrupted share, k the ciphertext count, and the
 decrypted result's imaginary parts -- ~0 for honest real-valued CKKS -- show the corruption
 without naming the party); that the server asks only for the aggregate (this layer decrypts any
-``c1``; the ``ckks_threshold`` mode's holders first check the request against the signed
-uploads, :mod:`.threshold_check`, with a canary from a public seed, :func:`seeded_canary`).
+``c1``; the ``ckks_threshold`` mode's holders decrypt only the sum they add themselves from
+committed, signed contributions, :mod:`.threshold_check`, and a canary from a public seed,
+:func:`seeded_canary`).
 """
 
 from __future__ import annotations
