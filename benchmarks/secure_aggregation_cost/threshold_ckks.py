@@ -3,6 +3,11 @@
 
     python -m benchmarks.secure_aggregation_cost.threshold_ckks            # P in {1e4, 1e5, 1e6} x n in {3, 10, 20}, 3 reps
     python -m benchmarks.secure_aggregation_cost.threshold_ckks --quick    # P = 1e4, n = 3, 1 rep (prints, writes _quick)
+    python -m benchmarks.secure_aggregation_cost.threshold_ckks --ps 100000 --ns 10 --t 6 --out threshold_ckks_p1e5_n10_t6
+
+``--t T`` runs the threshold side t-of-N (every holder re-shares its key share at set-up, in
+process; the t holders asked answer with Lagrange-scaled, zero-share-masked shares); default
+N-of-N.
 
 Same values for every side, the three interleaved in each repetition, medians over repetitions.
 Hospitals work in parallel, so ``round_s`` is the critical path: one hospital's part (median
@@ -52,7 +57,7 @@ from clinograph.secure.ckks.threshold import (  # noqa: E402
     ThresholdPreset,
 )
 from clinograph.secure.ckks.threshold_check import holder_request  # noqa: E402
-from clinograph.secure.ckks.threshold_messages import c1_digest  # noqa: E402
+from clinograph.secure.ckks.threshold_messages import ThresholdKeyShare, c1_digest  # noqa: E402
 from clinograph.secure.hazmat.ckks_context import CkksSecretContext  # noqa: E402
 
 from benchmarks.secure_aggregation_cost.secure_aggregation_masked import (  # noqa: E402
@@ -109,7 +114,7 @@ def masked(deltas: list[np.ndarray], weights: list[float]) -> dict:
 class Threshold:
     """One federation: collective key generation once, then rounds."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, threshold: int = 0):
         self.parties = {f"h{i:02d}": ThresholdParty(preset=ThresholdPreset.THRESHOLD_128, federation_id=FED,
                                                      name=f"h{i:02d}") for i in range(n)}
         seed = os.urandom(32)
@@ -124,6 +129,24 @@ class Threshold:
         self.keygen = dict(share_s_per_party=statistics.median(times), combine_s=time.perf_counter() - t,
                            share_bytes_per_party=len(next(iter(shares.values())).p0),
                            public_key_bytes=len(self.public.public_key_bytes))
+        #: t-of-N: the holders asked (the first t by name, as the mode's server picks); empty: N-of-N
+        self.present: tuple[str, ...] = ()
+        if threshold:
+            self._reshare(threshold)
+
+    def _reshare(self, t: int) -> None:
+        """The t-of-N set-up in process: Shamir deals, pairwise seeds (the mode wraps and derives
+        them over X25519, :mod:`clinograph.secure.ckks.threshold_reshare`), each holder adopts."""
+        holders = sorted(self.parties)
+        deals = {name: party.deal(threshold=t, holders=holders) for name, party in self.parties.items()}
+        seeds = {frozenset((a, b)): os.urandom(32) for a in holders for b in holders if a < b}
+        for k in holders:
+            self.parties[k].adopt(threshold=t, holders=holders, received=[deals[i][k] for i in holders],
+                                  pair_seeds={o: seeds[frozenset((k, o))] for o in holders if o != k})
+        self.public.adopt_threshold(threshold=t, shares={
+            k: ThresholdKeyShare(federation_id=FED, party=k, index=i + 1, threshold=t,
+                                 public_key_digest=self.public.digest) for i, k in enumerate(holders)})
+        self.present = tuple(holders[:t])
 
     def round(self, values: list[np.ndarray], rnd: int, *, timed_sums: int = 3) -> dict:
         pub, p, n = self.public, len(values[0]), len(values)
@@ -140,7 +163,8 @@ class Threshold:
         c0 = [U.read_c0(pub, c0s, f"h{i}") for i, (c0s, _) in enumerate(uploads)]
         aggregate = U.aggregate(pub, c0=c0, c1_sums=U.sum_c1(pub, c1))
         seed = os.urandom(32)
-        comb = Combiner(public=pub, round=rnd, aggregate=aggregate, contributions=n, canary_seed=seed)
+        comb = Combiner(public=pub, round=rnd, aggregate=aggregate, contributions=n, canary_seed=seed,
+                        present=self.present)
         server_s = time.perf_counter() - t
         sum_times, request = [], None
         for _ in range(min(timed_sums, len(self.parties))):  # a holder: commitments, parse the n c1, add, canary
@@ -148,14 +172,14 @@ class Threshold:
             if [c1_digest(c1s) for _, c1s in uploads] != commits:
                 raise RuntimeError("a contribution is not its commitment")
             request = holder_request(pub, round=rnd, c1=[U.read_c1(pub, c1s, f"h{i}") for i, (_, c1s) in
-                                                         enumerate(uploads)], canary_seed=seed)
+                                                         enumerate(uploads)], canary_seed=seed, present=self.present)
             sum_times.append(time.perf_counter() - t)
         if request is None or request.digest() != comb.request.digest():
             raise RuntimeError("the holders' sum is not the server's")
         share_times, shares = [], {}
-        for name, party in self.parties.items():
+        for name in self.present or self.parties:
             t = time.perf_counter()
-            shares[name] = party.decryption_share(request)
+            shares[name] = self.parties[name].decryption_share(request)
             share_times.append(time.perf_counter() - t)
         t = time.perf_counter()
         out = comb.combine(shares, length=p)
@@ -182,6 +206,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--ps", default="10000,100000,1000000")
     ap.add_argument("--ns", default="3,10,20")
+    ap.add_argument("--t", type=int, default=0, help="t-of-N with this t (default 0: N-of-N)")
     args = ap.parse_args()
     ps = (10_000,) if args.quick else tuple(int(float(x)) for x in args.ps.split(","))
     ns = (3,) if args.quick else tuple(int(x) for x in args.ns.split(","))
@@ -189,7 +214,7 @@ def main() -> None:
     rng = np.random.default_rng(0)  # benchmark data only, nothing secret
     rows = []
     for n in ns:
-        fed = Threshold(n)
+        fed = Threshold(n, args.t)
         for p in ps:
             single, thr, msk = [], [], []
             load_before = os.getloadavg()
@@ -200,6 +225,7 @@ def main() -> None:
                 msk.append(masked(deltas, weights))
             s, t, m = _median_rows(single), _median_rows(thr), _median_rows(msk)
             rows.append(dict(n=n, p=p, reps=reps, load_average=[load_before, os.getloadavg()],
+                             rule=f"{args.t}-of-{n}" if args.t else "N-of-N",
                              single_key_add_only_128=s, threshold_128=t, masked=m, threshold_keygen=fed.keygen,
                              upload_ratio=t["upload_bytes_per_param"] / s["upload_bytes_per_param"],
                              round_ratio=t["round_s"] / s["round_s"],
