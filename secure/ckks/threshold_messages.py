@@ -83,37 +83,37 @@ MAX_UPDATE_ENVELOPE = MAX_UPDATE_CIPHERTEXTS * 160_000 + 64 * 1024
 SignedUpdate = Annotated[bytes, Field(min_length=1, max_length=MAX_UPDATE_ENVELOPE), *BLOB_CODEC]
 
 
-class ThresholdUpdate(WireMessage):
+class _Contribution(WireMessage):
+    """What a hospital's commitment and its c1 name: its round, model version, dictionary and
+    collective key."""
+
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    client: str = Field(pattern=ID_PATTERN)
+    spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class ThresholdUpdate(_Contribution):
     """Hospital -> server -> every key holder: the c1 parts of its encrypted slot vector
     (:mod:`.threshold_upload`), signed on their own. The signature over these bytes is what lets
     a key holder check that the sum it computes and decrypts is a sum of signed contributions,
     without downloading their c0 parts."""
 
     kind: Literal["threshold_ckks_update"] = "threshold_ckks_update"
-    federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
-    client: str = Field(pattern=ID_PATTERN)
-    spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
-    public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     #: the commitment set this hospital saw before it revealed its c1 (:func:`commitments_digest`)
     commitments_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     c1: tuple[Part, ...] = Field(min_length=1, max_length=MAX_UPDATE_CIPHERTEXTS)
 
 
-class ThresholdCommit(WireMessage):
+class ThresholdCommit(_Contribution):
     """Hospital -> server (stage ``commit``): the hash of its c1 parts (:func:`c1_digest`), sent
     before any hospital reveals a c1, so that no contribution can be chosen after seeing
     another's (a contributor colluding with the server could otherwise sign minus the others'
     c1 and have one hospital's ciphertext decrypted)."""
 
     kind: Literal["threshold_ckks_commit"] = "threshold_ckks_commit"
-    federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
-    client: str = Field(pattern=ID_PATTERN)
-    spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
-    public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     c1_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
