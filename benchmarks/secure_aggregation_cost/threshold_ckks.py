@@ -6,8 +6,8 @@
     python -m benchmarks.secure_aggregation_cost.threshold_ckks --ps 100000 --ns 10 --t 6 --out threshold_ckks_p1e5_n10_t6
 
 ``--t T`` runs the threshold side t-of-N (every holder re-shares its key share at set-up, in
-process; the t holders asked answer with Lagrange-scaled, zero-share-masked shares); default
-N-of-N.
+process; the t holders asked answer with Lagrange-scaled, zero-share-masked shares); ``--t -1``
+a majority for each n; default N-of-N.
 
 Same values for every side, the three interleaved in each repetition, medians over repetitions.
 Hospitals work in parallel, so ``round_s`` is the critical path: one hospital's part (median
@@ -206,7 +206,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--ps", default="10000,100000,1000000")
     ap.add_argument("--ns", default="3,10,20")
-    ap.add_argument("--t", type=int, default=0, help="t-of-N with this t (default 0: N-of-N)")
+    ap.add_argument("--t", type=int, default=0,
+                    help="t-of-N with this t (default 0: N-of-N; -1: a majority, n // 2 + 1, for each n)")
     args = ap.parse_args()
     ps = (10_000,) if args.quick else tuple(int(float(x)) for x in args.ps.split(","))
     ns = (3,) if args.quick else tuple(int(x) for x in args.ns.split(","))
@@ -214,7 +215,8 @@ def main() -> None:
     rng = np.random.default_rng(0)  # benchmark data only, nothing secret
     rows = []
     for n in ns:
-        fed = Threshold(n, args.t)
+        holders_t = n // 2 + 1 if args.t < 0 else args.t
+        fed = Threshold(n, holders_t)
         for p in ps:
             single, thr, msk = [], [], []
             load_before = os.getloadavg()
@@ -225,7 +227,7 @@ def main() -> None:
                 msk.append(masked(deltas, weights))
             s, t, m = _median_rows(single), _median_rows(thr), _median_rows(msk)
             rows.append(dict(n=n, p=p, reps=reps, load_average=[load_before, os.getloadavg()],
-                             rule=f"{args.t}-of-{n}" if args.t else "N-of-N",
+                             rule=f"{holders_t}-of-{n}" if holders_t else "N-of-N",
                              single_key_add_only_128=s, threshold_128=t, masked=m, threshold_keygen=fed.keygen,
                              upload_ratio=t["upload_bytes_per_param"] / s["upload_bytes_per_param"],
                              round_ratio=t["round_s"] / s["round_s"],
