@@ -61,3 +61,6 @@ HASH_THRESHOLD_CKKS_CANARY = b"clinograph/v1/threshold-ckks/canary"
 KDF_THRESHOLD_CKKS_RESHARE = b"clinograph/v1/threshold-ckks/reshare-wrap"
 KDF_THRESHOLD_CKKS_PAIR_SEED = b"clinograph/v1/threshold-ckks/pair-seed"
 HASH_THRESHOLD_CKKS_ZERO_SHARE = b"clinograph/v1/threshold-ckks/zero-share"
+# commit stage (secure/ckks/threshold_upload.py): a contributor's c1 hash and the relayed set of them
+HASH_THRESHOLD_CKKS_C1 = b"clinograph/v1/threshold-ckks/c1-commitment"
+HASH_THRESHOLD_CKKS_COMMITMENTS = b"clinograph/v1/threshold-ckks/commitment-set"

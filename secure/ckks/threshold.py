@@ -30,8 +30,9 @@ honest (the canary catches a wrong key share; a party that corrupts only some re
 caught with probability 1/(k+1) per corrupted share, k the ciphertext count, and the
 decrypted result's imaginary parts -- ~0 for honest real-valued CKKS -- show the corruption
 without naming the party); that the server asks only for the aggregate (this layer decrypts any
-``c1``; the ``ckks_threshold`` mode's holders first check the request against the signed
-uploads, :mod:`.threshold_check`, with a canary from a public seed, :func:`seeded_canary`).
+``c1``; the ``ckks_threshold`` mode's holders decrypt only the sum they add themselves from
+committed, signed contributions, :mod:`.threshold_check`, and a canary from a public seed,
+:func:`seeded_canary`).
 """
 
 from __future__ import annotations
@@ -226,19 +227,16 @@ class ThresholdParty:
         ring = self._c.ring
         limbs, out, digest = ring.data_count, [], request.digest()
         secret = self._secret_for(request)
-        for i, raw in enumerate(request.c1):
+        noises = T.uniform_smudging_many(count=len(request.c1), bits=self.preset.smudging_bits, ring=ring,
+                                         context=self._c.context, limbs=limbs)  # fresh, one per c1
+        for i, (raw, noise) in enumerate(zip(request.c1, noises, strict=True)):
             c1 = self._c.poly(raw, limbs, f"c1 {i} of the decryption request")
-            noise = self._smudging()
-            if request.present:
+            if request.present:  # t-of-N: this holder's part of a zero-sharing among this present set
                 noise = T.addmod(noise, zero_share(me=self.name, present=request.present, seeds=self._pair_seeds,
                                                    digest=digest, index=i, ctx=self._c), ring.q(limbs))
             out.append(_bytes(T.decryption_share(c1=c1, s=secret, noise=noise, ring=ring)))
         return DecryptionShare(federation_id=self.federation_id, round=request.round, party=self.name,
                                request_sha256=digest, shares=tuple(out))
-
-    def _smudging(self) -> np.ndarray:
-        return T.uniform_smudging(bits=self.preset.smudging_bits, ring=self._c.ring, context=self._c.context,
-                                  limbs=self._c.ring.data_count)
 
     def _secret_for(self, request: DecryptionRequest) -> np.ndarray:
         """The secret this request is answered with: ``s_i``, or ``lambda_k * S_k`` for its present set."""
@@ -321,6 +319,10 @@ class CollectivePublicKey:
 
     def encrypt(self, values: np.ndarray) -> list[bytes]:
         """SEAL public-key encryptions of ``values`` (chunks of N/2 slots), SEAL's own bytes."""
+        return [dump(ct) for ct in self.encrypt_ciphertexts(values)]
+
+    def encrypt_ciphertexts(self, values: np.ndarray) -> list[sealapi.Ciphertext]:
+        """:meth:`encrypt` as SEAL objects (the ``ckks_threshold`` mode packs them itself)."""
         n, scale = self.preset.params.slot_count, 2.0 ** self.preset.params.scale_bits
         flat = np.asarray(values, dtype=np.float64).reshape(-1)
         bound = self.preset.params.max_abs_slot / self.preset.max_parties
@@ -333,7 +335,7 @@ class CollectivePublicKey:
             self._c.encoder.encode(flat[start:start + n].tolist(), scale, pt)
             ct = sealapi.Ciphertext()
             self._encryptor.encrypt(pt, ct)
-            out.append(dump(ct))
+            out.append(ct)
         return out
 
     def add(self, ciphertexts: Sequence[Sequence[bytes]]) -> list[sealapi.Ciphertext]:
@@ -379,7 +381,8 @@ class Combiner:
         else:  # public canary: the holder recomputes it (ckks_threshold mode, see .threshold_check)
             canary, self._u = seeded_canary(seed=canary_seed, public=public)
         c1 = [p[1] for p in polys]
-        self._canary_at = secrets.randbelow(len(c1) + 1)
+        # hidden canary: anywhere; public canary: last, where the holders put the one they expand
+        self._canary_at = secrets.randbelow(len(c1) + 1) if canary_seed is None else len(c1)
         c1.insert(self._canary_at, canary)
         self.request = DecryptionRequest(federation_id=public.federation_id, round=round,
                                          c1=tuple(_bytes(p) for p in c1),

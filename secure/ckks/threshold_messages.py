@@ -12,7 +12,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from clinograph.core.labels import HASH_THRESHOLD_CKKS_REQUEST
+from clinograph.core.labels import (
+    HASH_THRESHOLD_CKKS_C1,
+    HASH_THRESHOLD_CKKS_COMMITMENTS,
+    HASH_THRESHOLD_CKKS_REQUEST,
+)
 
 from ..hazmat.ckks_context import pack_fields
 from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
@@ -70,46 +74,100 @@ class DecryptionShare(WireMessage):
 
 
 #: ciphertexts in one update: 1000 x 4096 slots (P up to ~4e6); the decryption request that carries
-#: every contributor's update must also fit one message (MAX_MESSAGE_BYTES): n * P <= ~4e6
+#: every contributor's c1 parts must also fit one message (MAX_MESSAGE_BYTES): n * P <= ~8e6
 MAX_UPDATE_CIPHERTEXTS = 1000
-#: one hospital's signed update envelope (its ciphertexts and a small header)
-MAX_UPDATE_ENVELOPE = MAX_UPDATE_CIPHERTEXTS * 300_000 + 64 * 1024
+#: one compact ciphertext part (c1: 2 x 8192 residues of 60 bits = 122 880 bytes; c0: 53 248)
+Part = Annotated[bytes, Field(min_length=1, max_length=160_000), *BLOB_CODEC]
+#: one hospital's signed :class:`ThresholdUpdate` envelope (its c1 parts and a small header)
+MAX_UPDATE_ENVELOPE = MAX_UPDATE_CIPHERTEXTS * 160_000 + 64 * 1024
 SignedUpdate = Annotated[bytes, Field(min_length=1, max_length=MAX_UPDATE_ENVELOPE), *BLOB_CODEC]
 
 
-class ThresholdUpdate(WireMessage):
-    """Hospital -> server (stage ``updates``): its slot vector encrypted under the collective
-    public key (SEAL's bytes). The envelope's signature over these bytes is what later lets every
-    key holder check that the aggregate it decrypts is a sum of signed contributions."""
+class _Contribution(WireMessage):
+    """What a hospital's commitment and its c1 name: its round, model version, dictionary and
+    collective key."""
 
-    kind: Literal["threshold_ckks_update"] = "threshold_ckks_update"
     federation_id: str = Field(pattern=ID_PATTERN)
     round: int = Field(ge=0)
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    ciphertexts: tuple[Annotated[bytes, Field(min_length=1, max_length=300_000), *BLOB_CODEC], ...] = Field(
-        min_length=1, max_length=MAX_UPDATE_CIPHERTEXTS)
+
+
+class ThresholdUpdate(_Contribution):
+    """Hospital -> server -> every key holder: the c1 parts of its encrypted slot vector
+    (:mod:`.threshold_upload`), signed on their own. The signature over these bytes is what lets
+    a key holder check that the sum it computes and decrypts is a sum of signed contributions,
+    without downloading their c0 parts."""
+
+    kind: Literal["threshold_ckks_update"] = "threshold_ckks_update"
+    #: the commitment set this hospital saw before it revealed its c1 (:func:`commitments_digest`)
+    commitments_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    c1: tuple[Part, ...] = Field(min_length=1, max_length=MAX_UPDATE_CIPHERTEXTS)
+
+
+class ThresholdCommit(_Contribution):
+    """Hospital -> server (stage ``commit``): the hash of its c1 parts (:func:`c1_digest`), sent
+    before any hospital reveals a c1, so that no contribution can be chosen after seeing
+    another's (a contributor colluding with the server could otherwise sign minus the others'
+    c1 and have one hospital's ciphertext decrypted)."""
+
+    kind: Literal["threshold_ckks_commit"] = "threshold_ckks_commit"
+    c1_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+SignedCommit = Annotated[bytes, Field(min_length=1, max_length=64 * 1024), *BLOB_CODEC]
+
+
+class ThresholdCommitments(WireMessage):
+    """Server -> every participant (stage ``reveal``): every hospital's signed
+    :class:`ThresholdCommit`, as received, sorted by hospital. A hospital reveals its c1 once,
+    naming this set's digest."""
+
+    kind: Literal["threshold_ckks_commitments"] = "threshold_ckks_commitments"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    commits: tuple[SignedCommit, ...] = Field(min_length=1, max_length=10_000)
+
+
+def c1_digest(parts: tuple[bytes, ...]) -> str:
+    """SHA-256 commitment to a contribution's c1 parts (purpose-labelled, length-prefixed)."""
+    return hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_C1, *parts])).hexdigest()
+
+
+def commitments_digest(commits: tuple[bytes, ...]) -> str:
+    """SHA-256 of a commitment set, over the signed envelopes' bytes in the order sent."""
+    return hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_COMMITMENTS,
+                                       *(hashlib.sha256(c).digest() for c in commits)])).hexdigest()
+
+
+class ThresholdUpload(WireMessage):
+    """Hospital -> server (stage ``updates``): the rounded c0 parts, which only the server uses,
+    and the separately signed :class:`ThresholdUpdate` holding the c1 parts."""
+
+    kind: Literal["threshold_ckks_upload"] = "threshold_ckks_upload"
+    federation_id: str = Field(pattern=ID_PATTERN)
+    round: int = Field(ge=0)
+    client: str = Field(pattern=ID_PATTERN)
+    c0: tuple[Part, ...] = Field(min_length=1, max_length=MAX_UPDATE_CIPHERTEXTS)
+    update: SignedUpdate
 
 
 class ThresholdDecrypt(WireMessage):
-    """Server -> every key holder (stage ``decrypt``): the ``c1`` halves to decrypt (the
-    aggregate's, and the canary expanded from ``canary_seed`` at one position) and the proof that they are the
-    aggregate: every contributor's signed :class:`ThresholdUpdate` envelope, as received."""
+    """Server -> every key holder (stage ``decrypt``): every contributor's signed
+    :class:`ThresholdUpdate` envelope, as received, and a fresh public ``canary_seed``. It
+    carries no c1 to decrypt: the holder adds the contributions' c1 itself and decrypts that sum
+    and the canary it expands from the seed (:mod:`.threshold_check`)."""
 
     kind: Literal["threshold_ckks_decrypt"] = "threshold_ckks_decrypt"
     federation_id: str = Field(pattern=ID_PATTERN)
     round: int = Field(ge=0)
-    c1: tuple[Poly, ...] = Field(min_length=2, max_length=MAX_UPDATE_CIPHERTEXTS + 1)
     canary_seed: bytes = Field(min_length=32, max_length=32)
     updates: tuple[SignedUpdate, ...] = Field(min_length=1, max_length=10_000)
-    #: t-of-N: the key holders asked to decrypt (see :attr:`DecryptionRequest.present`)
+    #: t-of-N: the key holders asked to decrypt (see :attr:`DecryptionRequest.present`); a holder
+    #: that drops is replaced by re-sending this same message with another present set
     present: tuple[Annotated[str, Field(pattern=ID_PATTERN)], ...] = Field(default=(), max_length=MAX_HOLDERS)
-
-    def request(self) -> DecryptionRequest:
-        """The decryption request a key holder answers once checked."""
-        return DecryptionRequest(federation_id=self.federation_id, round=self.round, c1=self.c1, present=self.present)
 
 
 # -- t-of-N: re-sharing every holder's key share at set-up (:mod:`.threshold_reshare`) ---------------

@@ -1,12 +1,17 @@
 """Server half of the ``ckks_threshold`` mode: it adds ciphertexts, then opens the sum with
 every key holder's decryption share (it is the combiner; it learns the sum, as in ``masked``).
 
-Stages: ``updates`` (a :class:`~.threshold_messages.ThresholdUpdate` from every participant)
--> :meth:`ThresholdServer.next_stage` adds them and sends every key holder one signed
-:class:`~.threshold_messages.ThresholdDecrypt` (the aggregate's ``c1`` halves, the canary of a
-fresh public seed, and every contributor's signed update so that each holder can check it is
-the aggregate) -> ``decrypt`` (a :class:`~.threshold_messages.DecryptionShare` from every
-holder) -> :meth:`ThresholdServer.next_stage` combines (:class:`~.threshold.Combiner`: a share
+Stages: ``commit`` (a :class:`~.threshold_messages.ThresholdCommit` from every participant: the
+hash of its c1) -> :meth:`ThresholdServer.next_stage` relays them all
+(:class:`~.threshold_messages.ThresholdCommitments`) -> ``updates`` (a
+:class:`~.threshold_messages.ThresholdUpload` from every committed hospital: rounded c0 parts and
+the separately signed c1 parts, :mod:`.threshold_upload`, matching its commitment)
+-> :meth:`ThresholdServer.next_stage` adds them and sends every key holder asked (N-of-N: all;
+t-of-N: t whose upload arrived) one signed :class:`~.threshold_messages.ThresholdDecrypt` (every
+contributor's signed c1 parts, a fresh public canary seed and the present set: each holder adds
+the c1 itself and decrypts that sum) -> ``decrypt`` (a
+:class:`~.threshold_messages.DecryptionShare` from every holder asked; t-of-N: one that does not
+answer is replaced, the same message re-sent with another present set) -> :meth:`ThresholdServer.next_stage` combines (:class:`~.threshold.Combiner`: a share
 failing the canary check names its holder) -> ``done``; :meth:`ThresholdServer.result` gives
 the :class:`~clinograph.secure.aggregation.ModuleSums`.
 
@@ -28,19 +33,29 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from clinograph.core.errors import ConfigError, ProtocolError
+import numpy as np
+
+from clinograph.core.errors import ClinographError, ConfigError, ProtocolError
 
 from ..aggregation.base import AggregationServer, ModuleSums
 from ..aggregation.checks import Unattributed, authenticate, check_header
-from ..wire import Envelope, seal
+from ..wire import Envelope, open_envelope, parse_envelope, seal
+from . import threshold_upload as upload
 from .layout import SlotLayout
 from .threshold import CollectivePublicKey, Combiner
 from .threshold_client import OPTION_DIGEST, contributor_present
 from .threshold_messages import (
+    MAX_UPDATE_ENVELOPE,
     DecryptionShare,
+    ThresholdCommit,
+    ThresholdCommitments,
     ThresholdDecrypt,
     ThresholdUpdate,
+    ThresholdUpload,
+    c1_digest,
+    commitments_digest,
 )
+from .threshold_upload import read_c0, read_c1, sum_c1
 
 
 class ThresholdServer(AggregationServer):
@@ -59,9 +74,13 @@ class ThresholdServer(AggregationServer):
         self.public = public
         self._layout = SlotLayout.from_plan(self.plan)
         self._n_ct = self._layout.ciphertext_count(public.preset.params.slot_count)
-        self._stage = "updates"
+        self._stage = "commit"
         self._waiting = set(self.plan.participants)
-        self._updates: dict[str, tuple[bytes, ThresholdUpdate]] = {}
+        #: per committed hospital: its signed ThresholdCommit envelope and its c1 hash
+        self._commits: dict[str, tuple[bytes, str]] = {}
+        self._commit_digest: str | None = None
+        #: per contributor: its signed ThresholdUpdate envelope (forwarded to the holders), its c1, its rounded c0
+        self._updates: dict[str, tuple[bytes, list[np.ndarray], list[np.ndarray]]] = {}
         self._shares: dict[str, DecryptionShare] = {}
         self._combiner: Combiner | None = None
         self._decrypt_message: ThresholdDecrypt | None = None
@@ -77,14 +96,16 @@ class ThresholdServer(AggregationServer):
 
     @property
     def expected(self) -> frozenset[str]:
-        return frozenset(self._waiting) if self._stage in ("updates", "decrypt") else frozenset()
+        return frozenset(self._waiting) if self._stage in ("commit", "updates", "decrypt") else frozenset()
 
     def receive(self, envelope: Envelope) -> None:
-        """Accept one update (stage ``updates``) or decryption share (stage ``decrypt``)."""
+        """Accept one commitment (stage ``commit``), update (stage ``updates``) or decryption share
+        (stage ``decrypt``)."""
         sender = envelope.sender
-        model = ThresholdUpdate if self._stage == "updates" else DecryptionShare
-        # an update: its ciphertexts (< 300 000 bytes each); a share: one 2-limb polynomial per c1 (+ the canary)
-        limit = self._n_ct * 300_000 if model is ThresholdUpdate else (self._n_ct + 1) * 2 * 8 * 8192
+        model = {"commit": ThresholdCommit, "updates": ThresholdUpload}.get(self._stage, DecryptionShare)
+        # a commitment: a hash; an upload: its c0 and c1 parts (< 2 x 160 000 bytes a ciphertext); a share: one
+        # 2-limb polynomial per c1 (+ the canary)
+        limit = {ThresholdCommit: 0, ThresholdUpload: self._n_ct * 320_000}.get(model, (self._n_ct + 1) * 2 * 8 * 8192)
         try:
             msg = authenticate(self.plan, envelope, peers=self.peers, model=model, max_bytes=limit + 64 * 1024,
                                seen=self._digests)
@@ -93,9 +114,11 @@ class ThresholdServer(AggregationServer):
         try:
             if sender not in self._waiting:
                 raise ProtocolError(f"Unexpected {self._stage} message from {sender!r} in round {self.plan.round}.")
-            if isinstance(msg, ThresholdUpdate):
-                self._check_update(sender, msg)
-                self._updates[sender] = (envelope.to_bytes(), msg)
+            if isinstance(msg, ThresholdCommit):
+                self._check_commit(sender, msg)
+                self._commits[sender] = (envelope.to_bytes(), msg.c1_sha256)
+            elif isinstance(msg, ThresholdUpload):
+                self._updates[sender] = self._check_upload(sender, msg)
             else:
                 self._shares[sender] = msg  # checked by the combiner (canary, request digest)
         except Exception as exc:
@@ -105,21 +128,40 @@ class ThresholdServer(AggregationServer):
             self._waiting.discard(sender)
         self._digests.add(envelope.digest())
 
-    def _check_update(self, sender: str, msg: ThresholdUpdate) -> None:
+    def _check_commit(self, sender: str, msg: ThresholdCommit) -> None:
         check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,
                      spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)
         if msg.client != sender or msg.public_key_digest != self.public.digest:
+            raise ProtocolError(f"Commitment from {sender!r} names another client or collective key.")
+
+    def _check_upload(self, sender: str, upload: ThresholdUpload) -> tuple[bytes, list[np.ndarray], list[np.ndarray]]:
+        """The signed c1 envelope inside ``upload`` (what the holders will check), its c1 and the c0."""
+        try:
+            msg = open_envelope(parse_envelope(upload.update, max_bytes=MAX_UPDATE_ENVELOPE), sender=self.peers[sender],
+                                model=ThresholdUpdate)
+        except ClinographError:
+            raise ProtocolError(f"The c1 parts in {sender!r}'s upload are not its signed threshold CKKS update.") from None
+        check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,
+                     spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)
+        if msg.client != sender or upload.client != sender or msg.public_key_digest != self.public.digest:
             raise ProtocolError(f"Update from {sender!r} names another client or collective key.")
-        if len(msg.ciphertexts) != self._n_ct:
-            raise ProtocolError(f"Update from {sender!r} has {len(msg.ciphertexts)} ciphertexts; the plan needs "
-                                f"{self._n_ct}.")
-        for raw in msg.ciphertexts:
-            self.public.load(raw)  # ProtocolError: not under the threshold parameters
+        if msg.commitments_sha256 != self._commit_digest or c1_digest(msg.c1) != self._commits[sender][1]:
+            raise ProtocolError(f"Update from {sender!r} is not the c1 it committed to, against this round's "
+                                "commitments.")
+        if len(msg.c1) != self._n_ct or len(upload.c0) != self._n_ct:
+            raise ProtocolError(f"Update from {sender!r} has {len(msg.c1)} c1 and {len(upload.c0)} c0 parts; the plan "
+                                f"needs {self._n_ct} of each.")
+        who = f"{sender!r}'s update"
+        return upload.update, read_c1(self.public, msg.c1, who), read_c0(self.public, upload.c0, who)
 
     def next_stage(self) -> dict[str, bytes] | None:
-        """After ``updates``: the signed decryption request for every key holder. After
-        ``decrypt``: combine (ProtocolError: a holder's share is missing; IntegrityError: a bad
+        """After ``commit``: every hospital's signed commitment, to every committed hospital. After
+        ``updates``: the signed decryption message for every key holder asked. After
+        ``decrypt``: t-of-N, the same message to a new present set if a holder asked did not
+        answer; else combine (ProtocolError: a holder's share is missing; IntegrityError: a bad
         share, named) and return ``None``."""
+        if self._stage == "commit":
+            return self._relay_commitments()
         if self._stage == "updates":
             return self._request()
         if self._stage == "decrypt":
@@ -133,6 +175,19 @@ class ThresholdServer(AggregationServer):
             self._result = self._layout.unpack(vec, claimed=tuple(sorted(self._updates)), tag_of=contributor_present)
         return None
 
+    def _relay_commitments(self) -> dict[str, bytes]:
+        self._stage = "aborted"
+        if len(self._commits) < self.plan.min_clients:
+            raise ProtocolError(f"Only {len(self._commits)} threshold CKKS commitment(s) were accepted; the plan needs "
+                                f"{self.plan.min_clients}. Round aborted, nothing revealed.")
+        names = sorted(self._commits)
+        commits = tuple(self._commits[n][0] for n in names)
+        self._commit_digest = commitments_digest(commits)
+        sealed = seal(ThresholdCommitments(federation_id=self.plan.federation_id, round=self.plan.round,
+                                           commits=commits), self.identity)
+        self._stage, self._waiting = "updates", set(names)
+        return dict.fromkeys(names, sealed)
+
     def _request(self) -> dict[str, bytes]:
         self._stage = "aborted"
         if len(self._updates) < self.plan.min_clients:
@@ -140,13 +195,16 @@ class ThresholdServer(AggregationServer):
                                 f"{self.plan.min_clients}. Round aborted, nothing decrypted.")
         present = self._present()
         names = sorted(self._updates)
-        aggregate = self.public.add([self._updates[n][1].ciphertexts for n in names])
+        c1_sums = sum_c1(self.public, [self._updates[n][1] for n in names])
+        aggregate = upload.aggregate(self.public, c0=[self._updates[n][2] for n in names], c1_sums=c1_sums)
         seed = secrets.token_bytes(32)  # public: the holders recompute the canary from it
         self._combiner = Combiner(public=self.public, round=self.plan.round, aggregate=aggregate,
                                   contributions=len(names), canary_seed=seed, present=present)
-        msg = ThresholdDecrypt(federation_id=self.plan.federation_id, round=self.plan.round,
-                               c1=self._combiner.request.c1, canary_seed=seed,
-                               updates=tuple(self._updates[n][0] for n in names), present=self._combiner.request.present)
+        # no c1 to decrypt: each holder adds the signed contributions' c1 itself; the combiner's request
+        # (the same sums, canary last, this present set) must match the digest its share names
+        msg = ThresholdDecrypt(federation_id=self.plan.federation_id, round=self.plan.round, canary_seed=seed,
+                               updates=tuple(self._updates[n][0] for n in names),
+                               present=self._combiner.request.present)
         sealed = seal(msg, self.identity)
         self._decrypt_message = msg
         self._stage, self._waiting = "decrypt", set(self._combiner.present)
@@ -173,7 +231,8 @@ class ThresholdServer(AggregationServer):
     def _retry(self) -> dict[str, bytes] | None:
         """t-of-N: a holder asked did not answer (it dropped after uploading): ask t holders again
         -- those that answered, then others whose update arrived, never one that went silent --
-        for the same ``c1`` halves under the new present set; None when all answered, or N-of-N."""
+        with the same decryption message (the same committed, signed contributions and canary seed)
+        under the new present set; None when all answered, or N-of-N."""
         if self._combiner is None or self._decrypt_message is None:
             return None
         asked = self._combiner.present

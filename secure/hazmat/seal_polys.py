@@ -3,7 +3,8 @@ writing SEAL's own serialisation (compression NONE), SEAL's NTT both ways, and e
 arithmetic mod each RNS prime. Hazmat; only :mod:`.threshold_ckks` imports it.
 
 Layout. SEAL keeps CKKS keys and ciphertexts in NTT form as uint64 words ``[poly][prime][coeff]``;
-``sealapi`` offers element access only (about 0.12 us a word), so reads go through
+``sealapi`` offers element access only (about 0.12 us a word), so reads take the words out of
+SEAL's own serialisation when it stores them verbatim (:mod:`.seal_words`) and fall back to
 ``__getitem__``. Writes build SEAL's serialisation: a 16-byte SEAL header (magic 0xA15E, header
 size, SEAL version copied from SEAL's own output, compression 0 = NONE, size), the object's
 members (parms_id, NTT flag, sizes, scale, correction factor for a ciphertext; parms_id, word
@@ -28,6 +29,7 @@ import numpy as np
 import tenseal.sealapi as seal
 
 from .ckks_context import _load, dump
+from .seal_words import object_words
 
 if np.finfo(np.longdouble).nmant < 63:  # pragma: no cover - x86-64 and aarch64 Linux have it
     raise ImportError("threshold CKKS needs an 80/128-bit numpy longdouble for exact 60-bit modular products")
@@ -107,16 +109,27 @@ def submod(a: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
 # -- reading SEAL objects, writing SEAL's serialisation (compression NONE) -------------------------
 
 
+def _words(obj: Any, n: int) -> np.ndarray:
+    """The first ``n`` data words of a SEAL object: from SEAL's own bytes when they are stored
+    (:mod:`.seal_words`), else by element access."""
+    total = obj.size() * obj.coeff_modulus_size() * obj.poly_modulus_degree() if isinstance(
+        obj, seal.Ciphertext) else obj.coeff_count()
+    words = object_words(obj, total)
+    if words is not None:
+        return words[:n]
+    return np.fromiter(map(obj.__getitem__, range(n)), dtype=_U64, count=n)
+
+
 def read_ciphertext(ct: seal.Ciphertext, *, polys: int | None = None) -> np.ndarray:
     """A ciphertext's words as (size, limbs, N) uint64 (NTT form for CKKS); only the first
-    ``polys`` polynomials if given. (``sealapi`` has element access only: ~0.12 us a word.)"""
+    ``polys`` polynomials if given."""
     shape = (ct.size() if polys is None else polys, ct.coeff_modulus_size(), ct.poly_modulus_degree())
-    n = shape[0] * shape[1] * shape[2]
-    return np.fromiter(map(ct.__getitem__, range(n)), dtype=_U64, count=n).reshape(shape)
+    return _words(ct, shape[0] * shape[1] * shape[2]).reshape(shape)
 
 
 def read_secret_key(sk: seal.SecretKey, ring: Ring) -> np.ndarray:
-    """A secret key's words as (key-level limbs, N) uint64, NTT form."""
+    """A secret key's words as (key-level limbs, N) uint64, NTT form (element access: a secret is
+    never written out, not even to the scratch file SEAL's serialisation goes through)."""
     pt = sk.data()
     n = pt.coeff_count()
     return np.fromiter(map(pt.__getitem__, range(n)), dtype=_U64, count=n).reshape(len(ring.primes), ring.degree)
@@ -124,8 +137,7 @@ def read_secret_key(sk: seal.SecretKey, ring: Ring) -> np.ndarray:
 
 def read_plaintext(pt: seal.Plaintext, limbs: int, degree: int) -> np.ndarray:
     """A (NTT-form CKKS) plaintext's words as (limbs, N)."""
-    n = pt.coeff_count()
-    return np.fromiter(map(pt.__getitem__, range(n)), dtype=_U64, count=n).reshape(limbs, degree)
+    return _words(pt, pt.coeff_count()).reshape(limbs, degree)
 
 
 def _header(version: bytes, size: int) -> bytes:
@@ -169,15 +181,39 @@ def load_plaintext(data: bytes, context: seal.SEALContext) -> seal.Plaintext:
     return pt
 
 
+def _pair(poly: np.ndarray, ring: Ring) -> np.ndarray:
+    """``poly`` and its negation: the 2-component ciphertext SEAL's NTT needs. Not ``poly`` twice:
+    zstd would find the repeat and compress it, and the fast read (:mod:`.seal_words`) only reads
+    stored blocks."""
+    return np.stack([poly, negmod(poly, ring.q(poly.shape[0]))])
+
+
 def to_ntt(coeffs: np.ndarray, *, ring: Ring, context: seal.SEALContext, parms_id: Sequence[int]) -> np.ndarray:
     """A coefficient-form (limbs, N) polynomial in NTT form, by SEAL's forward NTT
     (``Evaluator.transform_to_ntt`` on a 2-component, not-NTT ciphertext holding it)."""
-    body = bytearray(ciphertext_bytes(np.stack([coeffs, coeffs]), ring=ring, parms_id=parms_id, scale=1.0))
-    body[16 + 32] = 0  # is_ntt_form = false
-    ct = seal.Ciphertext()
-    _load(ct, bytes(body), context)
-    seal.Evaluator(context).transform_to_ntt_inplace(ct)
-    return read_ciphertext(ct, polys=1)[0]
+    return to_ntt_many([coeffs], ring=ring, context=context, parms_id=parms_id)[0]
+
+
+#: polynomials a SEAL ciphertext holds at most (SEAL_CIPHERTEXT_SIZE_MAX)
+_MAX_POLYS = 16
+
+
+def to_ntt_many(polys: Sequence[np.ndarray], *, ring: Ring, context: seal.SEALContext,
+                parms_id: Sequence[int]) -> list[np.ndarray]:
+    """:func:`to_ntt` of several polynomials, up to 16 in one SEAL ciphertext (one load, one NTT
+    call and one read of SEAL's bytes for each 16)."""
+    out: list[np.ndarray] = []
+    ev = seal.Evaluator(context)
+    for start in range(0, len(polys), _MAX_POLYS):
+        chunk = list(polys[start:start + _MAX_POLYS])
+        stack = _pair(chunk[0], ring) if len(chunk) == 1 else np.stack(chunk)
+        body = bytearray(ciphertext_bytes(stack, ring=ring, parms_id=parms_id, scale=1.0))
+        body[16 + 32] = 0  # is_ntt_form = false
+        ct = seal.Ciphertext()
+        _load(ct, bytes(body), context)
+        ev.transform_to_ntt_inplace(ct)
+        out.extend(read_ciphertext(ct, polys=len(chunk)))
+    return out
 
 
 def _parms_id_at(context: seal.SEALContext, limbs: int) -> tuple[int, ...]:
@@ -193,7 +229,7 @@ def to_coefficients(poly: np.ndarray, *, ring: Ring, context: seal.SEALContext, 
     """An NTT-form (limbs, N) polynomial in coefficient form, by SEAL's inverse NTT
     (``Evaluator.transform_from_ntt`` on a 2-component ciphertext holding it)."""
     ct = seal.Ciphertext()
-    _load(ct, ciphertext_bytes(np.stack([poly, poly]), ring=ring, parms_id=parms_id, scale=1.0), context)
+    _load(ct, ciphertext_bytes(_pair(poly, ring), ring=ring, parms_id=parms_id, scale=1.0), context)
     seal.Evaluator(context).transform_from_ntt_inplace(ct)
     return read_ciphertext(ct, polys=1)[0]
 

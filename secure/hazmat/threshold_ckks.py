@@ -74,6 +74,7 @@ from .seal_polys import (
     submod,
     to_coefficients,
     to_ntt,
+    to_ntt_many,
 )
 
 __all__ = [  # the SEAL-polynomial helpers are re-exported: the safe API imports this module only
@@ -81,7 +82,7 @@ __all__ = [  # the SEAL-polynomial helpers are re-exported: the safe API imports
     "combine_decryption", "common_poly", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
     "lagrange_at_zero", "load_plaintext", "load_public_key", "mulmod", "plaintext_bytes", "public_key_bytes",
     "read_ciphertext", "read_plaintext", "read_secret_key", "scale_poly", "seeded_canary_c1", "shamir_split", "submod", "sum_polys",
-    "ternary_poly", "to_coefficients", "to_ntt", "uniform_smudging",
+    "ternary_poly", "to_coefficients", "to_ntt", "to_ntt_many", "uniform_smudging", "uniform_smudging_many",
 ]
 
 
@@ -167,23 +168,32 @@ def uniform_smudging(*, bits: int, ring: Ring, context: seal.SEALContext, limbs:
     per coefficient, so N*B / 2^(bits+1) for a noise polynomial bounded by B -- where a
     floating-point Gaussian at this width would carry the low-bit artefacts of its arithmetic.
     """
+    return uniform_smudging_many(count=1, bits=bits, ring=ring, context=context, limbs=limbs, _key=_key)[0]
+
+
+def uniform_smudging_many(*, count: int, bits: int, ring: Ring, context: seal.SEALContext, limbs: int,
+                          _key: bytes | None = None) -> list[np.ndarray]:
+    """``count`` independent :func:`uniform_smudging` polynomials (one keystream, taken to NTT
+    form 16 at a time)."""
     if not 1 <= bits <= 100:
         raise ValueError("bits must be in 1..100")
     src = CsprngUniform(_key=_key)
     n, extra = ring.degree, bits + 1 - 64
-    lo = np.frombuffer(src._enc.update(bytes(8 * n)), dtype="<u8").astype(_U64)
     q = ring.q(limbs)
-    if extra <= 0:
-        lo = lo >> _U64(64 - bits - 1)
-        hi = np.zeros(n, dtype=_U64)
-    else:
-        hi = np.frombuffer(src._enc.update(bytes(8 * n)), dtype="<u8").astype(_U64) >> _U64(64 - extra)
     two64 = np.array([(1 << 64) % p for p in ring.primes[:limbs]], dtype=_U64).reshape(-1, 1)
     offset = np.array([(1 << bits) % p for p in ring.primes[:limbs]], dtype=_U64).reshape(-1, 1)
-    v = addmod(mulmod(np.broadcast_to(hi, (limbs, n)) % q, np.broadcast_to(two64, (limbs, n)), q),
-               np.broadcast_to(lo, (limbs, n)) % q, q)  # v = hi*2^64 + lo mod q_j, uniform on [0, 2^(bits+1))
-    coeffs = submod(v, np.broadcast_to(offset, (limbs, n)), q)  # v - 2^bits
-    return to_ntt(coeffs, ring=ring, context=context, parms_id=_parms_id_at(context, limbs))
+    polys = []
+    for _ in range(count):
+        lo = np.frombuffer(src._enc.update(bytes(8 * n)), dtype="<u8").astype(_U64)
+        if extra <= 0:
+            lo = lo >> _U64(64 - bits - 1)
+            hi = np.zeros(n, dtype=_U64)
+        else:
+            hi = np.frombuffer(src._enc.update(bytes(8 * n)), dtype="<u8").astype(_U64) >> _U64(64 - extra)
+        v = addmod(mulmod(np.broadcast_to(hi, (limbs, n)) % q, np.broadcast_to(two64, (limbs, n)), q),
+                   np.broadcast_to(lo, (limbs, n)) % q, q)  # v = hi*2^64 + lo mod q_j, uniform on [0, 2^(bits+1))
+        polys.append(submod(v, np.broadcast_to(offset, (limbs, n)), q))  # v - 2^bits
+    return to_ntt_many(polys, ring=ring, context=context, parms_id=_parms_id_at(context, limbs))
 
 
 def decryption_share(*, c1: np.ndarray, s: np.ndarray, noise: np.ndarray, ring: Ring) -> np.ndarray:

@@ -50,8 +50,9 @@ class _HangsMidRound:
     def on_plan(self, plan: bytes):
         out = self._c.on_plan(plan)
         self._round, self._stage = self._c.plan.round, 0
-        # ckks, ckks_threshold: after its ciphertext (stage 1 is the decryption)
-        self._hang_at = 1 if self._c.plan.secure_mode.startswith("ckks") else HANG_AT_STAGE
+        # after its ciphertext, before decrypting: ckks at stage 1; ckks_threshold at stage 2 (stage 1
+        # is the reveal of its c1 against the commitment set, stage 2 the decryption)
+        self._hang_at = {"ckks": 1, "ckks_threshold": 2}.get(self._c.plan.secure_mode, HANG_AT_STAGE)
         return out
 
     def on_stage(self, data: bytes):

@@ -8,9 +8,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from clinograph.secure.aggregation import LocalUpdate, create_mode
+from clinograph.secure.ckks import threshold_upload as U
 from clinograph.secure.ckks.holder import CkksKeyHolder
-from clinograph.secure.ckks.threshold import seeded_canary
-from clinograph.secure.ckks.threshold_messages import ThresholdDecrypt, ThresholdUpdate
+from clinograph.secure.ckks.threshold import Combiner, seeded_canary
+from clinograph.secure.ckks.threshold_messages import (
+    DecryptionRequest,
+    DecryptionShare,
+    ThresholdCommitments,
+    ThresholdDecrypt,
+    ThresholdUpdate,
+    ThresholdUpload,
+)
+from clinograph.secure.hazmat import ckks_compact as C
 from clinograph.secure.hazmat import threshold_ckks as T
 from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.transport import InProcessTransport
@@ -65,7 +74,10 @@ def _round(fed, plan):
     ups = _updates()
     clients = {n: fed.mode.make_client(plan=plan, identity=fed.ids[n], server=SERVER.public, peers=fed.enrolled,
                                        update=ups[n], keys=fed.hospitals[n].keys) for n in NAMES}
-    firsts = {n: c.first_message() for n, c in clients.items()}
+    for c in clients.values():  # stage commit: the hashes of the c1; then every hospital reveals its upload
+        server.receive(parse_envelope(c.first_message()))
+    reveal = server.next_stage()
+    firsts = {n: c.handle(reveal[n]) for n, c in clients.items()}
     return server, clients, firsts, ups
 
 
@@ -96,47 +108,95 @@ def test_a_round_opens_exactly_the_weighted_sum(fed):
     assert sums.weights["gnn/w"] == pytest.approx(6.0, abs=1e-6) and sums.contributors == NAMES
 
 
-def _forged_request(fed, plan, firsts, *, contributors, c1_of, seed=None, extra=None):
-    """A request the server signs: the signed updates of ``contributors``, the c1 halves of the
-    sum over ``c1_of``, and a canary from ``seed`` (or ``extra`` in its place)."""
-    public = fed.hospitals["east"].keys.threshold.public
-    cts = [load_payload(parse_envelope(firsts[n]), ThresholdUpdate).ciphertexts for n in c1_of]
-    c1 = [T.read_ciphertext(ct)[1].astype("<u8").tobytes() for ct in public.add(cts)]
-    seed = seed or secrets.token_bytes(32)
-    canary = extra if extra is not None else seeded_canary(seed=seed, public=public)[0].astype("<u8").tobytes()
-    msg = ThresholdDecrypt(federation_id=FED, round=plan.round, c1=(canary, *c1), canary_seed=seed,
-                           updates=tuple(firsts[n] for n in contributors))
+def _inner(firsts, name):
+    """The signed c1 envelope inside ``name``'s upload (what the server forwards to the holders)."""
+    return load_payload(parse_envelope(firsts[name]), ThresholdUpload).update
+
+
+def _forged_request(fed, plan, firsts, *, contributors, seed=None):
+    """A request the server signs: the signed c1 envelopes of ``contributors`` and a canary seed."""
+    msg = ThresholdDecrypt(federation_id=FED, round=plan.round, canary_seed=seed or secrets.token_bytes(32),
+                           updates=tuple(_inner(firsts, n) if isinstance(n, str) else n for n in contributors))
     return seal(msg, SERVER)
 
 
-@pytest.mark.parametrize("case", ["one_hospital", "one_hospital_plan_lowered", "aggregate_claimed_single_opened",
-                                  "below_minimum", "individual_c1_as_canary"])
+@pytest.mark.parametrize("case", ["one_hospital", "one_hospital_plan_lowered", "below_minimum",
+                                  "one_c1_coefficient_changed", "contribution_of_another_round"])
 def test_every_honest_holder_refuses_to_open_anything_but_the_aggregate(fed, case):
     plan = _plan(fed, round_=2, min_clients={"below_minimum": 3, "one_hospital_plan_lowered": 1}.get(case, 2))
     _, clients, firsts, _ = _round(fed, plan)
     if case.startswith("one_hospital"):  # the attack of SECURITY.md: open east's update (a plan saying 1 too)
-        data, why = _forged_request(fed, plan, firsts, contributors=["east"], c1_of=["east"]), "minimum is 2"
-    elif case == "aggregate_claimed_single_opened":
-        data, why = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=["east"]), "not the sum"
+        data, why = _forged_request(fed, plan, firsts, contributors=["east"]), "minimum is 2"
     elif case == "below_minimum":
-        data, why = _forged_request(fed, plan, firsts, contributors=["east", "north"], c1_of=["east", "north"]), \
-            "minimum is 3"
-    else:  # the aggregate, plus east's c1 where the canary should be
-        east_c1 = T.read_ciphertext(fed.hospitals["east"].keys.threshold.public.load(
-            load_payload(parse_envelope(firsts["east"]), ThresholdUpdate).ciphertexts[0]))[1]
-        data = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=NAMES,
-                               extra=east_c1.astype("<u8").tobytes())
-        why = "canary of its seed"
+        data, why = _forged_request(fed, plan, firsts, contributors=["east", "north"]), "minimum is 3"
+    elif case == "one_c1_coefficient_changed":  # s_i*delta would leak through a share of c1 + delta
+        inner = bytearray(_inner(firsts, "east"))
+        inner[-100] ^= 1  # inside east's last c1 part: one coefficient moves
+        was, now = (U.read_c1(fed.hospitals["east"].keys.threshold.public, load_payload(parse_envelope(bytes(b)), ThresholdUpdate).c1, "east")[-1]
+                    for b in (_inner(firsts, "east"), inner))
+        assert np.count_nonzero(was != now) == 1
+        data, why = _forged_request(fed, plan, firsts, contributors=[bytes(inner), "north", "south"]), \
+            "not validly signed"
+    else:  # east's signed update of round 1 replayed into round 2's sum
+        _, _, old, _ = _round(fed, _plan(fed, round_=1))
+        data, why = _forged_request(fed, plan, firsts, contributors=[_inner(old, "east"), "north", "south"]), \
+            "not its update for round 2"
     for n, client in clients.items():
         with pytest.raises(IntegrityError, match=f"Hospital '{n}' refuses to decrypt: .*{why}.*report the server"):
             client.handle(data)
 
 
+def test_a_contribution_chosen_after_another_c1_was_revealed_is_refused(fed):
+    """The colluding-contributor attack: south, shown north's c1 by the server, signs minus it, so
+    that the sum is east's c1 alone. Its c1 is not the one it committed to before anyone revealed:
+    every honest holder refuses; and no hospital reveals twice."""
+    plan = _plan(fed, round_=8)
+    server, clients, firsts, _ = _round(fed, plan)
+    public = fed.hospitals["east"].keys.threshold.public
+    north = U.read_c1(public, load_payload(parse_envelope(_inner(firsts, "north")), ThresholdUpdate).c1, "north")
+    honest = load_payload(parse_envelope(_inner(firsts, "south")), ThresholdUpdate)
+    crafted = [C.pack_words(T.submod(np.zeros_like(p), p, public._c.ring.q(2)), 60) for p in north]
+    south = seal(honest.model_copy(update={"c1": tuple(crafted)}), fed.ids["south"])  # south's own signature
+    data = _forged_request(fed, plan, firsts, contributors=["east", "north", south])
+    for n in ("east", "north"):
+        with pytest.raises(IntegrityError, match=f"'{n}' refuses to decrypt: 'south' signed a c1 it did not commit"):
+            clients[n].handle(data)
+    again = seal(ThresholdCommitments(federation_id=FED, round=8, commits=tuple(
+        server._commits[n][0] for n in sorted(server._commits))), SERVER)
+    with pytest.raises(IntegrityError, match="refuses a second commitment set"):
+        clients["east"].handle(again)
+
+
+def test_holders_decrypt_only_the_sum_they_computed(fed):
+    """The request names no c1: each holder's share answers the sums it added itself (canary last);
+    a combiner that built its request on anything else (one hospital's ciphertext) gets shares that
+    answer another request, and opens nothing."""
+    plan = _plan(fed, round_=7)
+    server, clients, firsts, _ = _round(fed, plan)
+    for data in firsts.values():
+        server.receive(parse_envelope(data))
+    requests = server.next_stage()
+    public = fed.hospitals["east"].keys.threshold.public
+    c1 = U.sum_c1(public, [U.read_c1(public, load_payload(parse_envelope(_inner(firsts, n)), ThresholdUpdate).c1, n)
+                           for n in NAMES])
+    seed = load_payload(parse_envelope(requests["east"]), ThresholdDecrypt).canary_seed
+    mine = DecryptionRequest(federation_id=FED, round=7, c1=tuple(
+        p.astype("<u8").tobytes() for p in (*c1, seeded_canary(seed=seed, public=public)[0])))
+    shares = {n: load_payload(parse_envelope(clients[n].handle(requests[n])), DecryptionShare) for n in NAMES}
+    assert {s.request_sha256 for s in shares.values()} == {mine.digest()} == {server._combiner.request.digest()}
+    up = load_payload(parse_envelope(firsts["east"]), ThresholdUpload)
+    east_only = U.aggregate(public, c0=[U.read_c0(public, up.c0, "east")],
+                            c1_sums=U.read_c1(public, load_payload(parse_envelope(up.update), ThresholdUpdate).c1, "east"))
+    liar = Combiner(public=public, round=7, aggregate=east_only, contributions=1, canary_seed=seed)
+    with pytest.raises(ProtocolError, match="answers another request"):
+        liar.combine(shares, length=10)
+
+
 def test_a_second_request_in_a_round_is_refused(fed):
     plan = _plan(fed, round_=3)
     _, clients, firsts, _ = _round(fed, plan)
-    first = _forged_request(fed, plan, firsts, contributors=NAMES, c1_of=NAMES)
-    second = _forged_request(fed, plan, firsts, contributors=["east", "north"], c1_of=["east", "north"])
+    first = _forged_request(fed, plan, firsts, contributors=NAMES)
+    second = _forged_request(fed, plan, firsts, contributors=["east", "north"])
     assert clients["south"].handle(first)
     with pytest.raises(IntegrityError, match="second decryption request"):
         clients["south"].handle(second)
@@ -145,10 +205,9 @@ def test_a_second_request_in_a_round_is_refused(fed):
 def test_a_contribution_not_signed_by_its_hospital_is_refused(fed):
     plan = _plan(fed, round_=4)
     _, clients, firsts, _ = _round(fed, plan)
-    forged = dict(firsts)
-    msg = load_payload(parse_envelope(firsts["north"]), ThresholdUpdate)
-    forged["north"] = seal(msg, Identity.generate("north"))  # the server's own key, under north's name
-    data = _forged_request(fed, plan, forged, contributors=NAMES, c1_of=NAMES)
+    msg = load_payload(parse_envelope(_inner(firsts, "north")), ThresholdUpdate)
+    forged = seal(msg, Identity.generate("north"))  # the server's own key, under north's name
+    data = _forged_request(fed, plan, firsts, contributors=["east", forged, "south"])
     with pytest.raises(IntegrityError, match="not validly signed"):
         clients["east"].handle(data)
 
@@ -234,7 +293,7 @@ def fed2():
     return SimpleNamespace(ids=ids, enrolled=enrolled, hospitals=hospitals, mode=mode, run=run, events=[])
 
 
-def _t_round(fed, round_, participants, min_clients=2):
+def _t_round(fed, round_, participants, min_clients=2, reveal=None):
     plan = RoundPlan(federation_id=FED, round=round_, participants=participants, spec=SPEC, dictionary_hash="d" * 64,
                      secure_mode="ckks_threshold", strategy="fedavg", min_clients=min_clients, local_epochs=1,
                      global_state_digest="0" * 64, options=fed.run.options(participants))
@@ -242,8 +301,11 @@ def _t_round(fed, round_, participants, min_clients=2):
     ups = {n: u for n, u in _updates().items() if n in participants}
     clients = {n: fed.mode.make_client(plan=plan, identity=fed.ids[n], server=SERVER.public, peers=fed.enrolled,
                                        update=ups[n], keys=fed.hospitals[n].keys) for n in participants}
-    for c in clients.values():
+    for c in clients.values():  # stage commit, then every hospital reveals its upload against the set
         server.receive(parse_envelope(c.first_message()))
+    for n, data in server.next_stage().items():
+        if reveal is None or n in reveal:
+            server.receive(parse_envelope(clients[n].handle(data)))
     return server, clients, ups
 
 
@@ -274,7 +336,9 @@ def test_t_of_n_a_round_asks_only_t_live_holders_and_opens_the_sum(fed2, partici
 
 
 def test_t_of_n_fewer_than_t_holders_decrypt_nothing(fed2):
-    server, _, _ = _t_round(fed2, 20, ("east",), min_clients=1)
+    """North commits, then drops before revealing: one holder's update, t = 2 (a lone committed
+    hospital would already refuse to reveal: below the floor of 2 contributors)."""
+    server, _, _ = _t_round(fed2, 20, ("east", "north"), min_clients=1, reveal=("east",))
     with pytest.raises(ProtocolError, match=r"Only 1 key holder\(s\) sent an update .*2-of-3 needs 2"):
         server.next_stage()
 
@@ -308,3 +372,34 @@ def test_t_of_n_a_holder_dropping_before_its_share_is_replaced_for_the_same_sum(
     assert np.max(np.abs(server.result().sums["gnn/w"] - want)) < 1e-6
     with pytest.raises(IntegrityError, match="second decryption request"):  # each present set once
         clients["east"].handle(second["east"])
+
+
+def test_t_of_n_a_replacement_holder_answers_only_the_same_committed_sum(fed2):
+    """Under the commit stage, north drops before its share: the server may re-send the *same*
+    decryption message (the same committed contributions and canary seed) to east and south. East,
+    which answered already, refuses the same present set twice, a new canary seed, or a sum
+    without north's committed contribution; its shares for the two present sets differ (fresh
+    smudging and a zero-sharing mask for each set); the replaced set opens the full sum."""
+    server, clients, ups = _t_round(fed2, 23, NAMES)
+    first = server.next_stage()
+    raw1 = clients["east"].handle(first["east"])
+    server.receive(parse_envelope(raw1))
+    second = server.next_stage()  # north went silent
+    assert tuple(sorted(second)) == ("east", "south")
+    msg = load_payload(parse_envelope(second["east"]), ThresholdDecrypt)
+    assert msg.present == ("east", "south") and msg.updates == load_payload(parse_envelope(first["east"]),
+                                                                            ThresholdDecrypt).updates
+    for forged in (msg.model_copy(update={"canary_seed": secrets.token_bytes(32)}),
+                   msg.model_copy(update={"updates": tuple(u for u in msg.updates
+                                                           if parse_envelope(u).sender != "north")}),
+                   msg.model_copy(update={"present": ("east", "north")})):
+        with pytest.raises(IntegrityError, match="'east' refuses a second decryption request"):
+            clients["east"].handle(seal(forged, SERVER))
+    raw2 = clients["east"].handle(second["east"])
+    share1, share2 = (load_payload(parse_envelope(r), DecryptionShare) for r in (raw1, raw2))
+    assert share2.request_sha256 != share1.request_sha256 and share2.shares[0] != share1.shares[0]
+    server.receive(parse_envelope(raw2))
+    server.receive(parse_envelope(clients["south"].handle(second["south"])))
+    assert server.next_stage() is None and server.decrypted_by == ("east", "south")
+    want = sum(u.modules["gnn/w"] for u in ups.values())  # north's committed update is in the sum
+    assert np.max(np.abs(server.result().sums["gnn/w"] - want)) < 1e-6

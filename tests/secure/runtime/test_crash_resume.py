@@ -111,12 +111,13 @@ def test_a_run_resumed_after_it_ended_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_ckks_threshold_run_killed_at_decryption_resumes_with_a_new_collective_key(tmp_path):
-    """Killed after the update stage (before the holders' decryption shares): the restart runs
+    """Killed after the reveal stage (stages: commit, reveal, decrypt; before the holders'
+    decryption shares): the restart runs
     key generation again (no share survives a process: they refuse to pickle) and redoes the round."""
     assert _run(tmp_path / "ref", "--rounds", "2", "--mode", "ckks_threshold") == 0
     reference = json.loads((tmp_path / "ref" / "result.json").read_text())
     work = tmp_path / "crash"
-    assert _run(work, "--rounds", "2", "--mode", "ckks_threshold", "--kill", "stage 1") == -signal.SIGKILL
+    assert _run(work, "--rounds", "2", "--mode", "ckks_threshold", "--kill", "stage 2") == -signal.SIGKILL
     assert _run(work, "--rounds", "2", "--mode", "ckks_threshold") == 0
     result = _check_run(work, aborted=1, rounds=2)
     assert sum(e["kind"] == "tckks_key_holders" for e in _entries(work)) == 2  # one key generation per start
