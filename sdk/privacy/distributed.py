@@ -221,12 +221,13 @@ class BlockRows:
         return out
 
 
-#: rows of a [patients, coordinates] matrix processed at a time (clipping, rounding): about 512 KiB of
-#: float64, so every temporary stays in cache and below the allocator's mmap threshold. The whole
-#: matrix at once (58 MB for 2 400 patients × 3 000 coordinates) made each numpy pass a round of
-#: page faults: 0.20-0.37 s against 0.02-0.07 s chunked for the noisy sum, 0.03-0.05 against 0.01
-#: for clipping (benchmarks/dp_step/dp_round.py's static federation; loaded machine)
-ROW_CHUNK_BYTES = 1 << 19
+#: rows of a [patients, coordinates] matrix processed at a time (clipping, rounding): about 1 MiB of
+#: float64, so every temporary stays in cache. The whole matrix at once (58 MB for 2 400 patients ×
+#: 3 000 coordinates) made each numpy pass a round of page faults: 0.20-0.37 s against 0.02-0.07 s
+#: chunked for the noisy sum (benchmarks/dp_step/dp_round.py's static federation; loaded machine).
+#: Per 1 680 × 14 869 rows read from the per-parameter gradients (PatientRows): 0.150 / 0.118 /
+#: 0.103 / 0.098 s at 256 KiB / 512 KiB / 1 MiB / 2 MiB; 3 MB blocks were slow again earlier
+ROW_CHUNK_BYTES = 1 << 20
 
 
 def _row_chunks(n_rows: int, n_cols: int):
