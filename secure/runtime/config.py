@@ -25,7 +25,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..messages import ID_PATTERN, DPPolicy
 
@@ -139,6 +139,15 @@ class FederationSection(_Strict):
         if v not in {p.value for p in CkksPreset}:
             raise ValueError(f"Unknown CKKS preset {v!r}. Known: {', '.join(p.value for p in CkksPreset)}.")
         return v
+
+    @model_validator(mode="after")
+    def _threshold_needs_its_mode(self) -> FederationSection:
+        """``tckks_threshold`` only means something under ``secure_mode = "ckks_threshold"``."""
+        if self.tckks_threshold is not None and self.secure_mode != "ckks_threshold":
+            raise ValueError(f"[federation] tckks_threshold = {self.tckks_threshold} needs secure_mode = "
+                             f"\"ckks_threshold\" (this config has {self.secure_mode!r}): set that mode, or "
+                             "remove tckks_threshold.")
+        return self
 
 
 class DPPolicySection(_Strict):

@@ -21,3 +21,11 @@ def test_a_quoted_or_boolean_round_count_is_refused_by_name(value, message):
 def test_typed_values_pass():
     assert FederationSection.model_validate({"rounds": 5}).rounds == 5
     assert FederationSection.model_validate({"rounds": np.int64(3)}).rounds == 3  # programmatic numpy ints
+
+
+def test_a_threshold_outside_threshold_ckks_is_refused_by_name():
+    """tckks_threshold only means something under secure_mode = "ckks_threshold": elsewhere it was silently ignored."""
+    with pytest.raises(ValidationError) as err:
+        FederationSection.model_validate({"secure_mode": "masked", "tckks_threshold": 2})
+    assert "tckks_threshold" in str(err.value) and "ckks_threshold" in str(err.value)
+    assert FederationSection.model_validate({"secure_mode": "ckks_threshold", "tckks_threshold": 2}).tckks_threshold == 2
