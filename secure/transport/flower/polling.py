@@ -64,7 +64,8 @@ class SupernodeClock:
         idle_max = idle if idle_max is None else idle_max
         for name, value in (("idle", idle), ("reply", reply), ("idle_max", idle_max)):
             if not 0.01 <= value <= FLOWER_IDLE_POLL:
-                raise ConfigError(f"SuperNode {name} wait {value} s must be in [0.01, {FLOWER_IDLE_POLL}] seconds.")
+                option = {"idle": " (--supernode-poll)", "idle_max": " (--supernode-poll-max)"}.get(name, "")
+                raise ConfigError(f"SuperNode {name} wait{option} {value} s must be in [0.01, {FLOWER_IDLE_POLL}] seconds.")
         if idle_max < idle:
             raise ConfigError(f"SuperNode idle_max wait {idle_max} s is below its idle wait {idle} s: pass a "
                               "--supernode-poll-max at least --supernode-poll (equal: a fixed poll).")
@@ -103,6 +104,12 @@ def check_supernode_waits(module: ModuleType | None = None) -> None:
         raise ConfigError(f"Flower's SuperNode loop no longer calls {', '.join(missing)}: the installed flwr is not "
                           "the one the SuperNode wait settings were written for. Pass --supernode-poll 3 "
                           "(Flower's own waits) or install flwr 1.41.")
+
+
+def idle_poll_max(idle: float, given: float | None) -> float:
+    """The idle poll's ceiling: ``given`` (``--supernode-poll-max``) as is, so that a value below
+    ``idle`` or out of range is refused by :class:`SupernodeClock`; unset, the default raised to ``idle``."""
+    return max(idle, DEFAULT_IDLE_POLL_MAX) if given is None else given
 
 
 def set_supernode_waits(*, idle: float, reply: float, idle_max: float | None = None,

@@ -50,6 +50,7 @@ from .polling import (
     DEFAULT_IDLE_POLL_MAX,
     DEFAULT_REPLY_WAIT,
     FLOWER_IDLE_POLL,
+    idle_poll_max,
     set_object_pull_backoff,
     set_supernode_waits,
     watch_message_pulls,
@@ -226,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--supernode-poll", type=float, default=DEFAULT_IDLE_POLL, metavar="SECONDS",
                         help=f"seconds between two polls of the SuperLink when idle (default {DEFAULT_IDLE_POLL}; "
                              f"{FLOWER_IDLE_POLL} keeps Flower's own fixed waits, see polling.py)")
-    parser.add_argument("--supernode-poll-max", type=float, default=DEFAULT_IDLE_POLL_MAX, metavar="SECONDS",
-                        help=f"the idle poll grows to this while no message comes (default {DEFAULT_IDLE_POLL_MAX}; "
-                             "equal to --supernode-poll: a fixed poll)")
+    parser.add_argument("--supernode-poll-max", type=float, default=None, metavar="SECONDS",
+                        help=f"the idle poll grows to this while no message comes (default {DEFAULT_IDLE_POLL_MAX}, "
+                             "or --supernode-poll if larger; equal to --supernode-poll: a fixed poll)")
     try:  # on the raw argv, before parsing: no parser may expand a prefix of an insecure option
         refuse_abbreviations(argv)
     except ClinographError as exc:
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         if ours.supernode_poll < FLOWER_IDLE_POLL:
             set_object_pull_backoff()
             set_supernode_waits(idle=ours.supernode_poll, reply=min(DEFAULT_REPLY_WAIT, ours.supernode_poll),
-                                idle_max=max(ours.supernode_poll, ours.supernode_poll_max))
+                                idle_max=idle_poll_max(ours.supernode_poll, ours.supernode_poll_max))
         superexec = start_superexec(rest, poll=ours.superexec_poll, clientapp=ours.clientapp) if ours.executor == "warm" else None
     except ClinographError as exc:
         worker.stop()

@@ -87,7 +87,7 @@ def test_the_supernode_clock_shortens_only_flowers_two_fixed_waits():
         clock.sleep(s)
     assert slept == [0.2, 0.05, 1, 0.2]
     assert clock.monotonic is polling.time.monotonic  # everything else is the real time module
-    with pytest.raises(ConfigError, match=r"idle wait 0 s must be in \[0.01, 3\]"):
+    with pytest.raises(ConfigError, match=r"idle wait \(--supernode-poll\) 0 s must be in \[0.01, 3\]"):
         polling.SupernodeClock(idle=0, reply=0.05)
 
 
@@ -222,3 +222,15 @@ def test_an_object_not_stored_yet_is_retried_after_50_ms_on_a_flower_that_still_
     from flwr.supercore.inflatable.inflatable_utils import pull_objects as flowers
 
     assert flowers.__kwdefaults__["initial_backoff"] in (polling.FLOWER_PULL_BACKOFF, 0.05)  # the installed 1.41
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    (0.1, r"idle_max wait 0.1 s is below its idle wait 0.2 s: pass a --supernode-poll-max"),
+    (0.0, r"idle_max wait \(--supernode-poll-max\) 0.0 s must be in \[0.01, 3\]"),
+    (-1.0, r"idle_max wait \(--supernode-poll-max\) -1.0 s must be in"),
+])
+def test_a_bad_supernode_poll_max_is_refused_not_raised_to_the_idle_poll(given, message):
+    """--supernode-poll-max below --supernode-poll or out of range was silently raised to it."""
+    with pytest.raises(ConfigError, match=message):
+        polling.SupernodeClock(idle=0.2, reply=0.05, idle_max=polling.idle_poll_max(0.2, given))
+    assert polling.idle_poll_max(2.0, None) == 2.0 and polling.idle_poll_max(0.2, None) == polling.DEFAULT_IDLE_POLL_MAX
