@@ -99,5 +99,6 @@ def check_plan_settings(options: dict[str, Any], *, task: object, hospital: str,
     raise ProtocolError(f"Hospital {hospital!r}: the plan for round {round_} {found}, but this hospital's [model] "
                         f"settings (and survival [target] breaks) digest to {ours[:12]}…. The federation would train "
                         "models that compute differently from the same weights. Fix: give every hospital the same "
-                        "[model] section and [target] breaks, and write the server's initial model with "
+                        "[model] section, [target] breaks and [privacy] enabled (under [privacy] an unwritten [model] deep "
+                        "becomes false: clinograph.sdk.config.dp_default_model), and write the server's initial model with "
                         "`clinograph model init --config` on that hospital config.")
