@@ -54,7 +54,9 @@ class NSFLConfig(_Strict):
     deep: bool = Field(default=True, description="the GNN (deep) part of wide & deep; false: its contribution "
                        "to the logit is switched off (its weights stay, get zero gradient and never move), "
                        "leaving the wide path and the head's bias -- a federated logistic regression, or a GAM "
-                       "with linear_shape, over every dictionary feature; needs linear_path, static model only")
+                       "with linear_shape, over every dictionary feature; needs linear_path, static model only. "
+                       "Unwritten under [privacy] (binary static NS-FL, no private choice): false "
+                       "(dp_default_model, docs/privacy.md)")
     value_encoding: Literal["linear", "piecewise", "piecewise_gated"] = Field(
         default="linear", description="how the GNN's valued messages read a value: linear (x · V h_f), piecewise "
         "(also Σ_k B_k(x) · U_k h_f over the knots SHAPE_KNOTS: a per-feature curve, Gorishniy et al. 2022) or "
