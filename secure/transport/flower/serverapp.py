@@ -83,7 +83,7 @@ from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from ...runtime.voted import run_voted
 from . import check_flower_version
-from .driver import DEFAULT_POLL_INTERVAL, FlowerTransport, Timeouts, greet_nodes
+from .driver import DEFAULT_POLL_INTERVAL, FlowerTransport, Timeouts, check_poll, greet_nodes
 from .oplog import Events
 from .polling import set_object_pull_backoff
 from .worker import load_factory
@@ -182,6 +182,7 @@ def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: Events) -
 def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any, identity: Identity,
          models: RunModels, rounds: int, min_nodes: int, wait: float, timeouts: Timeouts, events: Events,
          run_config: Mapping[str, Any], journal: Journal | None = None) -> FederationRun:
+    poll = check_poll(_get(run_config, "reply-poll", float, DEFAULT_POLL_INTERVAL))  # before any wait for nodes
     fed = config.federation
     deadline = time.monotonic() + wait
     node_ids = sorted(grid.get_node_ids())
@@ -202,7 +203,7 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
                             f"{timeouts.hello:g} s ({len(node_ids)} node(s) connected); the federation needs "
                             f"{fed.min_clients}. Check the SuperNodes' logs and key files.")
     transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts,
-                                poll=_get(run_config, "reply-poll", float, DEFAULT_POLL_INTERVAL))
+                                poll=poll)
     extension = _get(run_config, "server-extension", str, "")
     side = ServerSide(federation=fed, identity=identity, enrolled=enrolled,
                       dp_policy=config.dp_policy.policy() if config.dp_policy else None,

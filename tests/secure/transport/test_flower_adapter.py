@@ -105,6 +105,22 @@ def test_the_reply_poll_waits_a_fiftieth_of_the_exchange_between_its_floor_and_a
         FlowerTransport(None, nodes={}, timeouts=TIMEOUTS, poll=0.001)
 
 
+
+@pytest.mark.parametrize(("value", "message"), [(0, r"'reply-poll' = 0.0 s must be in \[0.01, 5\]"),
+                                                (-1.0, r"'reply-poll' = -1.0 s must be in"),
+                                                ("fast", r"'reply-poll' must be float, got str")])
+def test_a_bad_reply_poll_is_refused_before_the_server_waits_for_any_node(value, message):
+    """It was read only after the wait for SuperNodes and their greeting (up to minutes)."""
+    from clinograph.secure.transport.flower.serverapp import _run
+
+    class Untouched:
+        def get_node_ids(self):
+            raise AssertionError("the grid was asked for nodes before the run config was checked")
+
+    with pytest.raises(ConfigError, match=message):
+        _run(Untouched(), audit=None, config=None, federation=None, identity=None, models=None, rounds=1,
+             min_nodes=1, wait=60.0, timeouts=TIMEOUTS, events=None, run_config={"reply-poll": value})
+
 def test_version_pin():
     assert check_flower_version().startswith("1.41")
     for bad in ("1.42.0", "1.4.1", "2.41.0", "1.410.0"):
