@@ -392,9 +392,13 @@ def test_t_of_n_a_replacement_holder_answers_only_the_same_committed_sum(fed2):
     for forged in (msg.model_copy(update={"canary_seed": secrets.token_bytes(32)}),
                    msg.model_copy(update={"updates": tuple(u for u in msg.updates
                                                            if parse_envelope(u).sender != "north")}),
+                   msg.model_copy(update={"present": ("east", "north")}),
                    msg.model_copy(update={"present": ("east", "north")})):
         with pytest.raises(IntegrityError, match="'east' refuses a second decryption request"):
             clients["east"].handle(seal(forged, SERVER))
+    for reordered in (("north", "east"), ("south", "east"), ("east", "east", "south")):  # fresh smudging, same λ
+        with pytest.raises(IntegrityError, match="'east' refuses .* present set is not sorted and distinct"):
+            clients["east"].handle(seal(msg.model_copy(update={"present": reordered}), SERVER))
     raw2 = clients["east"].handle(second["east"])
     share1, share2 = (load_payload(parse_envelope(r), DecryptionShare) for r in (raw1, raw2))
     assert share2.request_sha256 != share1.request_sha256 and share2.shares[0] != share1.shares[0]
