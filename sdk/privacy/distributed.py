@@ -260,7 +260,11 @@ def noisy_integer_sum(clipped, *, scale: float, share_variance: float,
     dim = clipped.shape[1]
     signal = np.zeros(dim, np.int64)
     for rows in _row_chunks(*clipped.shape):  # every patient's coins are independent: the order is free
-        signal += randomised_round(clipped[rows] * scale, source=src).sum(axis=0)
+        part = clipped[rows] * scale
+        if not np.isfinite(part).all():  # NaN casts to -2^63: two such rows wrapped to 0 unnoticed
+            raise PrivacyError("A patient's row of the distributed step is not finite (NaN or inf gradient); its "
+                               "contribution would be unbounded. Nothing is sent.")
+        signal += randomised_round(part, source=src).sum(axis=0)
     return signal + skellam_noise(share_variance, dim, source=src), signal
 
 

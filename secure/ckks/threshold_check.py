@@ -126,6 +126,10 @@ def signed_contributions(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mappi
     committed in ``commitments`` (the set this holder saw) and naming that set."""
     out = _signed(msg.updates, model=ThresholdUpdate, max_bytes=MAX_UPDATE_ENVELOPE, what="update", plan=plan,
                   peers=peers, public=public, floor=floor, refuse=lambda why: _refuse(holder, why))
+    if set(out) != set(commitments.c1_sha256):  # a sub-sum to one holder, the full sum to another: their
+        missing = sorted(set(commitments.c1_sha256) - set(out))  # difference would open the hospitals left out
+        raise _refuse(holder, f"the sum leaves out committed contribution(s) of {', '.join(map(repr, missing))}: "
+                              "every holder decrypts only the sum of the whole commitment set it saw.")
     for name, upd in sorted(out.items()):
         if upd.commitments_sha256 != commitments.digest or c1_digest(upd.c1) != commitments.c1_sha256.get(name):
             raise _refuse(holder, f"{name!r} signed a c1 it did not commit to among the commitments this hospital "

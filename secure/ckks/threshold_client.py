@@ -134,6 +134,10 @@ class ThresholdClient(AggregationClient):
             raise IntegrityError(f"Hospital {self.identity.name!r} refuses to decrypt: it saw no commitment set this "
                                  "round, so it cannot tell whether a contribution was chosen after another's c1 "
                                  "was revealed (report the server).")
+        if msg.present != tuple(sorted(set(msg.present))):  # one spelling a set: a reordered set is the same set
+            raise IntegrityError(f"Hospital {self.identity.name!r} refuses a decryption request whose present set is "
+                                 "not sorted and distinct: a reordered set would be answered again, with fresh "
+                                 "smudging under the same Lagrange coefficient (report the server).")
         same = (msg.canary_seed, msg.updates)
         if self._answered is not None:  # t-of-N: only the same checked sum, for a present set not yet answered
             if (self._party.threshold is None or same != self._answered[0] or msg.present in self._presents

@@ -194,6 +194,10 @@ class ThresholdServer(AggregationServer):
             raise ProtocolError(f"Only {len(self._updates)} threshold CKKS update(s) were accepted; the plan needs "
                                 f"{self.plan.min_clients}. Round aborted, nothing decrypted.")
         present = self._present()
+        if set(self._updates) != set(self._commits):  # the holders decrypt only the whole commitment set
+            raise ProtocolError(f"{', '.join(sorted(set(self._commits) - set(self._updates)))} committed but sent no "
+                                "update; the holders decrypt only the sum of every committed contribution. "
+                                "Round aborted, nothing decrypted; the next round starts a new commitment set.")
         names = sorted(self._updates)
         c1_sums = sum_c1(self.public, [self._updates[n][1] for n in names])
         aggregate = upload.aggregate(self.public, c0=[self._updates[n][2] for n in names], c1_sums=c1_sums)

@@ -16,8 +16,10 @@ from clinograph.sdk.model.nsfl_modules import nsfl_modules
 from clinograph.sdk.privacy import star_loss
 from clinograph.sdk.privacy.distributed import (
     Columns,
+    PatientRows,
     clip_rows,
     distributed_step,
+    noisy_integer_sum,
     per_patient_gradients,
     randomised_round,
 )
@@ -81,6 +83,17 @@ def test_skellam_shares_have_the_declared_variance():
     assert s.dtype == np.int64 and abs(s.mean()) < 6 * 2000 / np.sqrt(20000)
     assert s.var() == pytest.approx(4.0e6, rel=0.05)
 
+
+
+@pytest.mark.parametrize("bad", [[float("nan")] * 2, [float("inf"), 0.0]])
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_non_finite_patient_row_is_refused_before_rounding(bad, count):
+    """A NaN (or inf, which clipping turns into NaN) row cast to int64 is -2^63: two of them wrapped
+    to exactly 0 and the sum went out, one was refused by the ring check -- refusal by parity."""
+    g = torch.tensor([[1.0, 0.0], *[bad] * count, [0.0, 1.0]], dtype=torch.float64)
+    with pytest.raises(PrivacyError, match="not finite"):
+        noisy_integer_sum(PatientRows([(2, g)], n=len(g), clip=1.0), scale=2.0 ** 10, share_variance=1.0,
+                          source=CsprngUniform(_key=bytes(32)))
 
 
 def test_an_extra_row_past_the_clip_norm_is_refused_and_one_within_is_summed_with_the_declared_share():

@@ -374,6 +374,25 @@ def test_t_of_n_a_holder_dropping_before_its_share_is_replaced_for_the_same_sum(
         clients["east"].handle(second["east"])
 
 
+def test_t_of_n_honest_holders_never_answer_two_different_sums_of_one_commitment_set(fed2):
+    """Server + north (t - 1 = 1 holder): the full sum to east with present (east, north), the sum
+    without east's update to south with present (north, south). North fills in its own shares, so
+    both sums open and their difference is east's update: south must refuse the sub-sum."""
+    server, clients, _ = _t_round(fed2, 40, NAMES)
+    msg = load_payload(parse_envelope(server.next_stage()["east"]), ThresholdDecrypt)
+    clients["east"].handle(seal(msg.model_copy(update={"present": ("east", "north")}), SERVER))
+    sub = msg.model_copy(update={"present": ("north", "south"),
+                                 "updates": tuple(u for u in msg.updates if parse_envelope(u).sender != "east")})
+    with pytest.raises(IntegrityError, match="leaves out committed contribution.* of 'east'"):
+        clients["south"].handle(seal(sub, SERVER))
+
+
+def test_a_hospital_committing_without_revealing_aborts_the_round_before_decryption(fed2):
+    server, _, _ = _t_round(fed2, 41, NAMES, reveal=("east", "north"))
+    with pytest.raises(ProtocolError, match="south committed but sent no update"):
+        server.next_stage()
+
+
 def test_t_of_n_a_replacement_holder_answers_only_the_same_committed_sum(fed2):
     """Under the commit stage, north drops before its share: the server may re-send the *same*
     decryption message (the same committed contributions and canary seed) to east and south. East,
@@ -392,9 +411,13 @@ def test_t_of_n_a_replacement_holder_answers_only_the_same_committed_sum(fed2):
     for forged in (msg.model_copy(update={"canary_seed": secrets.token_bytes(32)}),
                    msg.model_copy(update={"updates": tuple(u for u in msg.updates
                                                            if parse_envelope(u).sender != "north")}),
+                   msg.model_copy(update={"present": ("east", "north")}),
                    msg.model_copy(update={"present": ("east", "north")})):
         with pytest.raises(IntegrityError, match="'east' refuses a second decryption request"):
             clients["east"].handle(seal(forged, SERVER))
+    for reordered in (("north", "east"), ("south", "east"), ("east", "east", "south")):  # fresh smudging, same λ
+        with pytest.raises(IntegrityError, match="'east' refuses .* present set is not sorted and distinct"):
+            clients["east"].handle(seal(msg.model_copy(update={"present": reordered}), SERVER))
     raw2 = clients["east"].handle(second["east"])
     share1, share2 = (load_payload(parse_envelope(r), DecryptionShare) for r in (raw1, raw2))
     assert share2.request_sha256 != share1.request_sha256 and share2.shares[0] != share1.shares[0]
