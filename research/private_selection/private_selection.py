@@ -260,6 +260,17 @@ def run_seed(cohort: str, seed: int, *, epsilons: tuple[float, ...], distributed
     return {"arms": arms, "baselines": base, "noise": noise}
 
 
+def measure_round_costs(cohorts: str, costs: dict, measure, *, save) -> None:  # noqa: ANN001
+    """``costs[cohort] = measure(cohort, tables, dictionary, rounds=8, work=...)`` for each of the
+    comma-separated ``cohorts`` (a temporary work folder each), printed and ``save()``d after each."""
+    for cohort in cohorts.split(","):
+        c, tables = load_cohort(cohort)
+        with tempfile.TemporaryDirectory() as tmp:
+            costs[cohort] = measure(cohort, tables, c.dictionary, rounds=8, work=Path(tmp))
+        print(cohort, json.dumps(costs[cohort]["median_seconds"]), flush=True)
+        save()
+
+
 def round_cost(cohort: str, tables, dictionary, *, rounds: int, work: Path) -> dict:  # noqa: ANN001
     """Wall time of one round, DP beside non-DP at the same size, in one process: the four
     federations are built first, then their rounds are run interleaved (A, B, C, D, A, B, ...) so
@@ -438,13 +449,9 @@ def main() -> None:
                **{k: old[k] for k in ("round_cost", "round_cost_machine") if k in old}}
     if a.round_cost:
         payload["round_cost"] = dict(old.get("round_cost", {}))
-        for cohort in a.round_cost.split(","):
-            c, tables = load_cohort(cohort)
-            with tempfile.TemporaryDirectory() as tmp:
-                payload["round_cost"][cohort] = round_cost(cohort, tables, c.dictionary, rounds=8, work=Path(tmp))
-            print(cohort, json.dumps(payload["round_cost"][cohort]["median_seconds"]), flush=True)
-            write(out, {**old, **payload, "machine": old.get("machine", payload["machine"]),
-                        "round_cost_machine": machine()})
+        measure_round_costs(a.round_cost, payload["round_cost"], round_cost,
+                            save=lambda: write(out, {**old, **payload, "machine": old.get("machine", payload["machine"]),
+                                                     "round_cost_machine": machine()}))
         return
     for cohort in cohorts:
         c, tables = load_cohort(cohort)

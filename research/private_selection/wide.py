@@ -48,6 +48,7 @@ from research.private_selection.private_selection import (  # noqa: E402
     interleaved_rounds,
     load_cohort,
     mean_auroc,
+    measure_round_costs,
     run_arm,
     sdk_dp_config,
     stored,
@@ -215,12 +216,7 @@ def main() -> None:
                "cohorts": dict(old.get("cohorts", {}))}
     if a.round_cost:
         payload["round_cost"] = dict(old.get("round_cost", {}))
-        for cohort in a.round_cost.split(","):
-            c, tables = load_cohort(cohort)
-            with tempfile.TemporaryDirectory() as tmp:
-                payload["round_cost"][cohort] = round_cost(cohort, tables, c.dictionary, rounds=8, work=Path(tmp))
-            print(cohort, json.dumps(payload["round_cost"][cohort]["median_seconds"]), flush=True)
-            write(out, payload)
+        measure_round_costs(a.round_cost, payload["round_cost"], round_cost, save=lambda: write(out, payload))
         return
     for cohort in (x for x in a.cohorts.split(",") if x):
         c, tables = load_cohort(cohort)
