@@ -19,7 +19,12 @@ missing or invalid signature is a PrivacyError naming the file. A signed high-wa
 it (``privacy_ledger.highwater.json``: entry count, digest, last ε) makes a validly signed but
 older ledger -- a restored backup, a copy -- a PrivacyError too. Writers are serialised with an
 exclusive ``fcntl`` lock on ``privacy_ledger.json.lock``, and a commit re-reads the file under
-the lock: a history another process extended since this ledger loaded is never overwritten.
+the lock when it changed since this object read or wrote it: a history another process extended
+since this ledger loaded is never overwritten. The file is verified whole at open and whenever it
+changed on disk (:meth:`.ledger_file.SignedLedgerFile.unchanged`, two ``stat`` calls); a release
+check or a round start on an unchanged file uses the totals held in memory (the history and the
+releases, merged by (σ, q) and (σ_s, purpose): their length does not grow with the rounds), so
+its cost does not grow with the ledger.
 Does not protect against deleting or rolling back the whole state directory (ledger and mark
 together; a fresh ledger starts at ε = 0).
 
@@ -177,8 +182,15 @@ class PrivacyLedger:
         self.refresh()
 
     def refresh(self) -> None:
-        """Re-read the ledger from disk (verified): another ledger object of this hospital -- a
-        second candidate's trainer in this process -- may have recorded steps since."""
+        """Bring this object up to the file: another ledger object of this hospital -- a second
+        candidate's trainer in this process -- may have recorded steps since, or the file may have
+        been edited. Re-reads and re-verifies it (:meth:`reload`) only if it changed on disk since
+        this object last read or wrote it; else two ``stat`` calls."""
+        if not self._file.unchanged():
+            self.reload()
+
+    def reload(self) -> None:
+        """Re-read and re-verify the ledger from disk, changed or not (the whole file)."""
         with self._locked(exclusive=False):
             self.history, self.entries, self.releases = self._read()
 
@@ -197,14 +209,23 @@ class PrivacyLedger:
     @contextlib.contextmanager
     def _writing(self) -> Iterator[list[dict]]:
         """The exclusive lock, with the stored entries, once the file is checked to be what this
-        object last read (another process's steps or releases are never overwritten)."""
+        object last read (another process's steps or releases are never overwritten): unchanged on
+        disk since this object read or wrote it, or re-read (verified) and holding the same totals.
+        A failure inside leaves the file to be re-read next time (memory may be ahead of it)."""
         with self._locked(exclusive=True):
-            stored, entries, releases = self._read()
-            if stored != self.history or releases != self.releases:
-                raise PrivacyError(f"Privacy ledger {self.path} changed since this process loaded it (another "
-                                   f"process recorded steps for hospital {self.site!r}); refusing to overwrite it. "
-                                   "Fix: run one training process per hospital state directory.")
-            yield entries
+            if self._file.unchanged():
+                entries = list(self.entries)
+            else:
+                stored, entries, releases = self._read()
+                if stored != self.history or releases != self.releases:
+                    raise PrivacyError(f"Privacy ledger {self.path} changed since this process loaded it (another "
+                                       f"process recorded steps for hospital {self.site!r}); refusing to overwrite "
+                                       "it. Fix: run one training process per hospital state directory.")
+            try:
+                yield entries
+            except BaseException:
+                self._file.forget()
+                raise
 
     def _read(self) -> tuple[History, list[dict], Releases]:
         """The stored (history, entries, releases), verified (signature, high-water mark); empty if there is no ledger yet."""
@@ -260,7 +281,8 @@ class PrivacyLedger:
 
     def check_release(self, *, round_: int, noise_multiplier: float, purpose: str, count: int = 1) -> float:
         """The projected total ε after ``count`` Gaussian releases at σ_s = ``noise_multiplier``,
-        or :class:`PrivacyBudgetExceeded` before anything is released."""
+        or :class:`PrivacyBudgetExceeded` before anything is released. Re-verifies the file only
+        if it changed on disk (:meth:`refresh`): its cost does not grow with the ledger."""
         self.refresh()
         extra = [(float(noise_multiplier), int(count), purpose)]
         projected = self.epsilon(self.history, [*self.releases, *extra])

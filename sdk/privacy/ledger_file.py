@@ -13,6 +13,16 @@ backup, a copied file -- is refused, as is a ledger deleted while its mark remai
 Does not protect against rolling back (or deleting) the ledger *and* its mark together, i.e.
 the whole state directory: keep a copy of the mark elsewhere if that is in your threat model.
 A ledger that has no mark yet (written before marks existed) is accepted once and marked.
+
+Re-verifying costs the whole file (parse, canonical JSON, signature, digest of every entry: about
+12 ms at 1 000 rounds), so a caller that asks before every release uses :meth:`SignedLedgerFile.
+unchanged` instead: both files are *pinned* when read or written (an open descriptor keeps their
+inode from being reused by a later file, and their device, inode, size, mtime and ctime are
+kept), and ``unchanged()`` is two ``stat`` calls. A file replaced since (every writer replaces it
+atomically: a new inode) or edited in place (a new size or ctime) is not unchanged, and the caller
+re-reads and re-verifies it. Not seen: an in-place edit of the same size within the clock tick of
+the last write (the file system's timestamp granularity); such an edit still fails the signature
+at the next read, and a writer that saw nothing overwrites it with what it verified.
 """
 
 from __future__ import annotations
@@ -20,6 +30,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import weakref
 from pathlib import Path
 
 from clinograph.core.errors import IntegrityError, PrivacyError
@@ -45,6 +57,34 @@ def entries_digest(entries: list) -> str:
     return hashlib.sha256(canonical({"entries": entries})).hexdigest()
 
 
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class _Pin:
+    """What one file was when this process last read or wrote it (or that it was absent): its
+    inode held open -- so no later file can reuse it while pinned -- and its identity."""
+
+    def __init__(self, path: Path):
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            self.identity: tuple[int, ...] | None = None
+            return
+        except OSError:
+            self.identity = (-1,)  # never the same: the reader reports what is wrong with it
+            return
+        self.identity = _identity(os.fstat(fd))
+        weakref.finalize(self, os.close, fd)
+
+    def holds(self, path: Path) -> bool:
+        """True if ``path`` is still the pinned file, unmodified (or still absent)."""
+        try:
+            return self.identity == _identity(os.stat(path))
+        except FileNotFoundError:
+            return self.identity is None
+
+
 class SignedLedgerFile:
     """Read and write one signed ledger file and its high-water mark.
 
@@ -61,6 +101,18 @@ class SignedLedgerFile:
                                "Identity (its <name>.ed25519.pem from `clinograph keys init`).")
         self.path, self.site, self.signer, self.context, self.what = path, site, signer, context, what
         self.mark_path = path.with_name(path.stem + ".highwater.json")
+        self.verifications = 0  # whole-file reads (tests count them)
+        self._pins: tuple[_Pin, _Pin] | None = None
+
+    def unchanged(self) -> bool:
+        """True if the ledger and its mark are exactly the files this object last read (verified)
+        or wrote, so that what it holds in memory is what they say; two ``stat`` calls."""
+        return self._pins is not None and all(pin.holds(p) for pin, p in zip(self._pins, (self.path, self.mark_path),
+                                                                              strict=True))
+
+    def forget(self) -> None:
+        """Drop the pins: the next :meth:`unchanged` is False (the caller's memory may be ahead of the file)."""
+        self._pins = None
 
     def read(self, *, fmt: str) -> dict | None:
         """The verified ledger state (without its signature), or None if there is no ledger yet.
@@ -69,6 +121,9 @@ class SignedLedgerFile:
             PrivacyError: unreadable, another format or site, a missing or invalid signature, or
                 older than the high-water mark (or deleted while the mark remains).
         """
+        self.forget()
+        self.verifications += 1
+        pins = (_Pin(self.path), _Pin(self.mark_path))  # before reading: a change after it is seen later
         state = self._load(self.path, fmt=fmt) if self.path.exists() else None
         mark = self._mark()
         if state is None:
@@ -93,14 +148,19 @@ class SignedLedgerFile:
                 "validly signed, would understate the privacy spent. " + RESTORE.format(mark=self.mark_path.name))
         if mark is None or len(entries) > mark["entries"]:
             self._write_mark(entries)  # first read of an unmarked ledger, or a write whose mark was interrupted
+            pins = (pins[0], _Pin(self.mark_path))
+        self._pins = pins
         return state
 
     def write(self, state: dict) -> None:
-        """Sign and atomically write ``state``, then advance the high-water mark."""
+        """Sign and atomically write ``state``, then advance the high-water mark; both files are
+        pinned after (they are this write's as long as the caller holds the ledger's write lock)."""
+        self.forget()  # a write that fails part-way leaves the files to be re-read
         signed = {**state, "signature": base64.b64encode(self.signer.sign(canonical(state),
                                                                          context=self.context)).decode()}
         atomic_write(self.path, json.dumps(signed, indent=1, sort_keys=True))
         self._write_mark(state["entries"])
+        self._pins = (_Pin(self.path), _Pin(self.mark_path))
 
     # -- files ------------------------------------------------------------------------------------
     def _load(self, path: Path, *, fmt: str, context: bytes | None = None) -> dict:

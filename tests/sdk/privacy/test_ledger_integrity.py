@@ -190,3 +190,49 @@ def test_a_deeply_nested_or_oversized_ledger_file_is_a_privacy_error(tmp_path, m
     monkeypatch.setattr(ledger_file, "MAX_LEDGER_BYTES", 16)
     with pytest.raises(PrivacyError, match=r"is unreadable \(TooLarge\)"):
         _ledger(tmp_path)
+
+
+def test_a_release_check_on_an_unchanged_ledger_does_not_re_read_it(tmp_path):
+    """Issue 30 leftover: check_release re-read and re-verified the whole file before every release
+    (about 12 ms at 1 000 rounds). It now verifies at open and when the file changed on disk."""
+    ledger = _ledger(tmp_path, budget=50.0)
+    _spend(ledger, 100)
+    reads = ledger._file.verifications
+    for round_ in range(1, 21):
+        ledger.check_release(round_=round_, noise_multiplier=20.0, purpose="selection")
+        ledger.commit_release(round_=round_, noise_multiplier=20.0, purpose="selection")
+        ledger.begin_round(ledger.make_accountant(), round_=round_, noise_multiplier=SIGMA, sample_rate=Q, steps=1)
+    assert ledger._file.verifications == reads  # neither the checks nor the writes re-read it
+    fresh = _ledger(tmp_path, budget=50.0)  # what the file says: the totals held in memory
+    assert (fresh.history, fresh.releases) == (ledger.history, ledger.releases) == ([(SIGMA, Q, 100)],
+                                                                                   [(20.0, 20, "selection")])
+    assert fresh.epsilon() == ledger.epsilon()
+
+
+def test_a_release_check_still_sees_another_writer_an_edit_and_a_foreign_ledger(tmp_path):
+    a, b = _ledger(tmp_path, budget=5.0), _ledger(tmp_path, budget=5.0)
+    _spend(a, 10)
+    b.refresh()
+    b.commit_release(round_=1, noise_multiplier=1.0, purpose="selection", count=20)  # another object spends
+    with pytest.raises(PrivacyBudgetExceeded, match=rf"from {b.epsilon():.3f} to"):
+        a.check_release(round_=1, noise_multiplier=1.0, purpose="selection", count=20)
+    assert a.releases == [(1.0, 20, "selection")]  # re-read, verified
+    state = json.loads(a.path.read_text())
+    state["releases"] = []  # edited in place ("forget" the releases)
+    a.path.write_text(json.dumps(state))
+    with pytest.raises(PrivacyError, match="was modified outside Clinograph"):
+        a.check_release(round_=2, noise_multiplier=20.0, purpose="selection")
+    _spend(_ledger(tmp_path / "other", budget=5.0), 1)  # same key, same length, less spent
+    shutil.copy(tmp_path / "other" / "privacy_ledger.json", a.path)
+    with pytest.raises(PrivacyError, match="is not the latest ledger of hospital 'alpha'"):
+        a.check_release(round_=2, noise_multiplier=20.0, purpose="selection")
+
+
+def test_a_write_that_fails_part_way_leaves_the_file_to_be_re_read(tmp_path):
+    ledger = _ledger(tmp_path)
+    _spend(ledger, 10)
+    with pytest.raises(RuntimeError, match="disk full"), ledger._writing():
+        ledger.history = [(SIGMA, Q, 4)]  # memory ahead of (here: apart from) the file, never saved
+        raise RuntimeError("disk full")
+    ledger.check_release(round_=1, noise_multiplier=20.0, purpose="selection")
+    assert ledger.history == [(SIGMA, Q, 10)]  # what the file says, re-read
