@@ -110,20 +110,15 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
     return show
 
 
-#: what `clinograph simulate` says when the SDK's DP default model applies (sdk/config.py, dp_default_model)
-DP_MODEL_LINE = ("model: the wide path alone ([model] deep = false), the SDK's default under [privacy] "
-                 "(docs/privacy.md); write [model] deep = true for the GNN")
-
-
 def run_simulation_view(config_path: Path) -> None:
     """`clinograph simulate CONFIG`: ingest every hospital, run, print per-round metrics."""
-    from clinograph.sdk.config import SimulationConfig, dp_default_model
+    from clinograph.sdk.config import DP_DEFAULT_MODEL_LINE, SimulationConfig, dp_default_model
     from clinograph.sdk.federation.candidates import candidate_configs
     from clinograph.sdk.federation.simulate import simulate_from_config
 
     cfg = SimulationConfig.from_toml(config_path)
     if dp_default_model(cfg):
-        console.print(DP_MODEL_LINE, soft_wrap=True)
+        console.print(DP_DEFAULT_MODEL_LINE, soft_wrap=True)
     k = max(1, len(candidate_configs(cfg)))  # [selection] candidates: each runs up to `rounds` rounds
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:

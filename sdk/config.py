@@ -454,6 +454,12 @@ class HospitalConfig(_Strict):
         return load_toml_model(cls, path, what="hospital config", prepare=_relative("dictionary"))
 
 
+#: the one line every path that resolves a hospital config says when :func:`dp_default_model` applies
+#: (`clinograph simulate`, `clinograph model init`, the hospital's SuperNode, the ServerApp's log and audit)
+DP_DEFAULT_MODEL_LINE = ("model: the wide path alone ([model] deep = false), the SDK's default under [privacy] "
+                         "(docs/privacy.md); write [model] deep = true for the GNN")
+
+
 def dp_default_model(config: HospitalConfig) -> bool:
     """Whether ``config`` trains the SDK's DP default model: the wide path alone (``[model] deep =
     false``, a federated logistic regression over every dictionary feature) instead of the GNN.

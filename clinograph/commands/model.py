@@ -55,6 +55,8 @@ def _init(config: Path, out: Path) -> None:
     if models.vote is not None:  # concepts: the trained model is derived by the hospitals after the vote
         setup += (f"a voted run: {models.vote.rounds} DAG vote round(s) over {len(models.vote.concepts)} concepts, "
                   "then the hospitals derive the model from the voted DAG; ")
+    for line in models.default_lines():
+        typer.echo(line)  # a setting the SDK resolved (the DP default model); the server audits it
     typer.echo(f"initial model(s) ({models.task}; candidates {names}; {rule}; {setup}{len(first.spec.modules)} "
                f"modules, spec {first.spec.digest()[:12]}…) written to {out}")
     from clinograph.sdk.tasks import task_strategy

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
-from clinograph.secure.runtime.build import InitialModel
+from clinograph.secure.runtime.build import InitialModel, ResolvedDefault
 
 from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.core.spec import ModuleKind
 
-from ..config import HospitalConfig
+from ..config import DP_DEFAULT_MODEL_LINE, HospitalConfig, dp_default_model
 from ..ingest import PatientTable, ingest
 from ..ontology import FeatureDictionary, SiteSchema
 from ..tasks import create_task
@@ -82,7 +82,16 @@ def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) 
 
     modules = create_task(config.task).modules(config, dictionary=dictionary)
     return InitialModel.create(task=config.task, dictionary_hash=dictionary.digest(), spec=modules.spec(version=0),
-                               state=modules.state(ModuleKind.SHARED), settings_sha256=config_settings_digest(config))
+                               state=modules.state(ModuleKind.SHARED), settings_sha256=config_settings_digest(config),
+                               defaults=resolved_defaults(config))
+
+
+def resolved_defaults(config: HospitalConfig) -> tuple[ResolvedDefault, ...]:
+    """The settings of ``config`` a rule of the SDK resolved, for the server to audit and log: the
+    DP default model (:func:`..config.dp_default_model`), else none."""
+    if not dp_default_model(config):
+        return ()
+    return (ResolvedDefault(setting="model.deep", value="false", rule="dp_default_model", line=DP_DEFAULT_MODEL_LINE),)
 
 
 def run_models(config: HospitalConfig, *, dictionary: FeatureDictionary,

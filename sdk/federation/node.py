@@ -11,6 +11,7 @@ in ``state-dir``. A deployment writes these files; it copies no code.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from clinograph.secure.enrolment import load_federation
 from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 
-from ..config import HospitalConfig
+from ..config import DP_DEFAULT_MODEL_LINE, HospitalConfig, dp_default_model
 from ..ingest import ingest, read_table
 from ..ontology import FeatureDictionary, SiteSchema
 from ..tasks import create_task
@@ -29,6 +30,8 @@ from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
 from .member import FederationMember, MemberCandidate, canonical, with_horizon
 from .setup import HospitalSetup, refuse_under_dp, setup_sums
+
+_log = logging.getLogger(__name__)
 
 
 def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
@@ -56,6 +59,8 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     federation = load_federation(Path(str(node_config["federation-file"])))
     config = HospitalConfig.from_toml(data / "hospital.toml")
     dictionary = load_dictionary(config, data / "hospital.toml")
+    if dp_default_model(config):
+        _log.info("%s", DP_DEFAULT_MODEL_LINE)
     own = create_task(config.task).participant
     if own is not None:  # a task whose hospital is not a FederationMember (concepts: a voted run)
         return own(node_config=node_config, config=config, dictionary=dictionary, federation=federation,

@@ -555,6 +555,17 @@ class CkksKeyHolders(Payload):
     context_digest: Hex64
 
 
+class ResolvedDefault(Payload):
+    """``resolved_default``: a model setting the hospital config left unwritten, resolved by a rule
+    of the SDK (:class:`clinograph.secure.runtime.build.ResolvedDefault`; e.g. ``model.deep`` =
+    ``false``, rule ``dp_default_model``), and the line the operator sees; after the manifest."""
+
+    setting: str = Field(pattern=r"^[a-z_]{1,32}\.[a-z_]{1,32}$")
+    value: str = Field(min_length=1, max_length=64)
+    rule: str = Field(pattern=r"^[a-z_]{1,64}$")
+    line: str = Field(min_length=1, max_length=300)
+
+
 class InsecureOption(Payload):
     """``insecure_option``: an ``insecure_*`` option in use, and why (policy.require_allowed)."""
 
@@ -604,7 +615,7 @@ KINDS: dict[str, type[Payload]] = {
     "update_rejected": UpdateRejected, "unattributed_refusals": UnattributedRefusals,
     "round_aborted": RoundAborted, "aggregate": Aggregate, "noise_check": NoiseCheck,
     "ledger": Ledger, "metrics": Metrics, "feature_relevance": FeatureRelevance,
-    "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "rules": Rules,
+    "dag_outcome": DagOutcome, "insecure_option": InsecureOption, "resolved_default": ResolvedDefault, "rules": Rules,
     "model_selected": ModelSelected, "model_chosen": ModelChosen, "run_extended": RunExtended, "feature_coverage": FeatureCoverage,
     "model_derived": ModelDerived,
     "candidates_eliminated": CandidatesEliminated, "run_paused": RunPaused, "run_resumed": RunResumed,

@@ -40,6 +40,25 @@ MAX_INITIAL_MODEL_BYTES = 512 * 1024 * 1024
 MODEL_SETTINGS_OPTION = "model.settings"
 
 
+class ResolvedDefault(WireMessage):
+    """A model setting the hospital config left unwritten that a rule of the SDK resolved to a value
+    an operator may not expect (the DP default model: ``model.deep`` = ``false`` under
+    ``[privacy]``, ``clinograph.sdk.config.dp_default_model``). Written by ``clinograph model
+    init`` into the initial model; the server audits it (``resolved_default``, after the manifest
+    of every run it builds) and the ServerApp logs ``line``. Informational: the value itself is
+    bound by the settings digest every plan carries."""
+
+    kind: Literal["resolved_default"] = "resolved_default"
+    setting: str = Field(pattern=r"^[a-z_]{1,32}\.[a-z_]{1,32}$")
+    value: str = Field(min_length=1, max_length=64)
+    rule: str = Field(pattern=r"^[a-z_]{1,64}$")
+    line: str = Field(min_length=1, max_length=300)
+
+    def payload(self) -> dict[str, str]:
+        """The ``resolved_default`` audit entry."""
+        return self.model_dump(exclude={"kind"})
+
+
 class InitialModel(WireMessage):
     """The model a federation starts from: its spec and the shared modules' values.
 
@@ -49,7 +68,7 @@ class InitialModel(WireMessage):
     digest, both in the audit trail. ``settings_sha256``: the digest of the weight-free model
     settings that decide the forward pass (:mod:`clinograph.sdk.model.settings`; None: the task
     declares none); every plan carries it as option ``model.settings`` and hospitals refuse
-    another.
+    another. ``defaults``: the settings a rule resolved (:class:`ResolvedDefault`), audited.
     """
 
     kind: Literal["initial_model"] = "initial_model"
@@ -58,17 +77,18 @@ class InitialModel(WireMessage):
     spec: ModelSpec
     modules: tuple[ModuleTensor, ...] = Field(max_length=100_000)
     settings_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    defaults: tuple[ResolvedDefault, ...] = Field(default=(), max_length=16)
 
     @classmethod
-    def create(cls, *, task: str, dictionary_hash: str, spec: ModelSpec,
-               state: Mapping[str, np.ndarray], settings_sha256: str | None = None) -> InitialModel:
+    def create(cls, *, task: str, dictionary_hash: str, spec: ModelSpec, state: Mapping[str, np.ndarray],
+               settings_sha256: str | None = None, defaults: tuple[ResolvedDefault, ...] = ()) -> InitialModel:
         """Package ``state`` (every shared module of ``spec``) for the server."""
         shared = set(spec.names(ModuleKind.SHARED))
         if set(state) != shared:
             raise ConfigError(f"Initial state must hold exactly the shared modules of the spec; missing "
                               f"{sorted(shared - set(state))[:5]}, extra {sorted(set(state) - shared)[:5]}.")
         return cls(task=task, dictionary_hash=dictionary_hash, spec=spec, modules=encode_modules(state, "<f8"),
-                   settings_sha256=settings_sha256)
+                   settings_sha256=settings_sha256, defaults=defaults)
 
     def state(self) -> dict[str, np.ndarray]:
         """The shared modules' values, checked against the spec."""
@@ -171,4 +191,6 @@ def build_server(*, federation: FederationSection, identity: Identity, enrolled:
         plan_options=plan_options, mode_server=mode_run.server)
     for kind, payload in mode_run.audit:  # what the mode's set-up records (CKKS: who holds the secret key)
         audit.record(kind, payload)
+    for resolved in initial.defaults:  # settings a rule of the SDK resolved (the DP default model)
+        audit.record("resolved_default", resolved.payload())
     return server

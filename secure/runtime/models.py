@@ -135,6 +135,11 @@ class RunModels(WireMessage):
         """The feature dictionary every candidate is built on."""
         return self.candidates[0].initial.dictionary_hash
 
+    def default_lines(self) -> list[str]:
+        """The lines of every setting a rule resolved in any candidate (:attr:`.build.InitialModel.defaults`),
+        once each: what ``clinograph model init`` and the ServerApp say."""
+        return list(dict.fromkeys(d.line for c in self.candidates for d in c.initial.defaults))
+
     def on_dictionary(self, dictionary_hash: str) -> RunModels:
         """The same run on the dictionary ``dictionary_hash`` (the one a set-up sum derived and
         every hospital agreed on): the initial models' shapes and values do not depend on the

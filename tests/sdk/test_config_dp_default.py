@@ -44,3 +44,27 @@ def test_a_toml_under_privacy_reads_the_rule(tmp_path: Path):
     assert HospitalConfig.from_toml(p).model.deep is False
     p.write_text("[privacy]\nenabled = true\n[model]\ndeep = true\n")
     assert HospitalConfig.from_toml(p).model.deep is True
+
+
+def test_the_deployment_path_says_and_audits_the_dp_default_model(tmp_path: Path):
+    """Issue 30 leftover: `clinograph simulate` announced the DP default model, the deployment path
+    did not. `clinograph model init` now says the same line and writes it into the initial model,
+    whose server audits it (resolved_default) and logs it (tests/secure/transport/test_flower_operator.py)."""
+    from clinograph.sdk.config import DP_DEFAULT_MODEL_LINE
+    from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
+    from clinograph.secure.runtime.models import run_models_from_bytes
+    from typer.testing import CliRunner
+
+    from clinograph.cli import app
+
+    p, out = tmp_path / "hospital.toml", tmp_path / "initial_model.json"
+    for extra, said in (("", True), ("[model]\ndeep = true\n", False)):
+        p.write_text(f'dictionary = "{DICTIONARY_PATH}"\n[privacy]\nenabled = true\nepsilon_budget = 3.0\n{extra}')
+        res = CliRunner().invoke(app, ["model", "init", "--config", str(p), "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        models = run_models_from_bytes(out.read_bytes())
+        assert (DP_DEFAULT_MODEL_LINE in res.output) is said
+        assert models.default_lines() == ([DP_DEFAULT_MODEL_LINE] if said else [])
+        assert [d.payload() for c in models.candidates for d in c.initial.defaults] == (
+            [{"setting": "model.deep", "value": "false", "rule": "dp_default_model", "line": DP_DEFAULT_MODEL_LINE}]
+            if said else [])

@@ -148,6 +148,8 @@ def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: Events) -
     events("started", {"federation": fed.id, "secure_mode": fed.secure_mode, "python": sys.prefix,
                        "torch_installed": importlib.util.find_spec("torch") is not None,
                        "candidates": [c.name for c in models.candidates]})
+    for line in models.default_lines():
+        _log.info("%s", line)  # a setting the SDK resolved (the DP default model), audited as resolved_default
     identity = Identity.load(federation.server.name, Path(_get(run_config, "server-key", str)))
     journal_path = _get(run_config, "journal", str, "")
     if journal_path and Path(journal_path).resolve().is_relative_to(Path(config.audit_dir).resolve()):

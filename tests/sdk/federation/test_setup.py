@@ -207,8 +207,11 @@ def test_set_up_sums_are_refused_under_dp_ckks_and_a_journal_before_anything_run
     check_setup(run_models(HospitalConfig(), dictionary=d), secure_mode="ckks", distributed_dp=True, journal=True)
 
 
-def test_make_hospital_and_model_init_refuse_set_up_sums_under_distributed_dp(tmp_path):
+def test_make_hospital_and_model_init_refuse_set_up_sums_under_distributed_dp(tmp_path, caplog):
+    import logging
+
     import tomli_w
+    from clinograph.sdk.config import DP_DEFAULT_MODEL_LINE
     from clinograph.sdk.federation.node import make_hospital
     from clinograph.secure.transport.flower.keyset import init_keyset
     from sdk_helpers import raw_tables
@@ -229,6 +232,7 @@ def test_make_hospital_and_model_init_refuse_set_up_sums_under_distributed_dp(tm
             "federation-file": str(keys.hospital_dirs["north"] / "federation.toml")}
     me = Identity.load("north", keys.hospital_dirs["north"] / "north.ed25519.pem")
     privacy = {"enabled": True, "mode": "distributed", "noise_multiplier": 1.0, "sample_rate": 1.0, "min_honest": 2}
+    caplog.set_level(logging.INFO, logger="clinograph.sdk.federation.node")
     for settings, match in (({"scaling": {"source": "federated"}}, "source = 'federated' under [privacy] mode = "
                                                                    "'distributed'"),
                             ({"model": {"features": "shared"}}, "under [privacy] mode = 'distributed'")):
@@ -239,7 +243,11 @@ def test_make_hospital_and_model_init_refuse_set_up_sums_under_distributed_dp(tm
         res = CliRunner().invoke(app, ["model", "init", "--config", str(data / "hospital.toml"),
                                        "--out", str(tmp_path / "initial_model.json")])
         assert res.exit_code != 0 and match in " ".join(res.output.split()), res.output
+    said = [r.getMessage() for r in caplog.records if r.name == "clinograph.sdk.federation.node"]
+    assert said == [DP_DEFAULT_MODEL_LINE] * 2  # the hospital's SuperNode log says the DP default model
+    caplog.clear()
     (data / "hospital.toml").write_text(tomli_w.dumps({"dictionary": "dictionary.toml", **BOTH}))
     member = make_hospital(node_config=node, run_config={}, run_id=1, identity=me)  # no longer refused
+    assert not [r for r in caplog.records if r.name == "clinograph.sdk.federation.node"]  # no [privacy]: not said
     assert member.setup is not None and member.setup.missing == ["scaling_histogram", "feature_coverage"]
     assert np.isclose(member.setup.expected[1].cap, 1.0)

@@ -106,17 +106,17 @@ def federation_section(federation_id: str, mode: str = "masked"):
                              max_weight=1.0, masked_clip=1.0)
 
 
-def initial_model():
+def initial_model(defaults: tuple = ()):
     from clinograph.secure.runtime.build import InitialModel
 
     return InitialModel.create(task="test", dictionary_hash=DICTIONARY_HASH, spec=SPEC,
-                               state={m.name: np.zeros(m.size) for m in SPEC.shared})
+                               state={m.name: np.zeros(m.size) for m in SPEC.shared}, defaults=defaults)
 
 
-def write_server_files(folder: Path, *, federation_id: str, mode: str = "masked") -> Path:
-    """server.toml + initial_model.json for the ServerApp; returns the server.toml path."""
+def write_server_files(folder: Path, *, federation_id: str, mode: str = "masked", defaults: tuple = ()) -> Path:
+    """server.toml + initial_model.json (with the resolved ``defaults``) for the ServerApp; returns the server.toml path."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "initial_model.json").write_bytes(initial_model().to_bytes())
+    (folder / "initial_model.json").write_bytes(initial_model(defaults=defaults).to_bytes())
     (folder / "server.toml").write_text(
         f'initial_model = "initial_model.json"\naudit_dir = "{folder / "audit"}"\n\n[federation]\n'
         f'id = "{federation_id}"\nrounds = 2\nsecure_mode = "{mode}"\nstrategy = "fedavg"\nmin_clients = 2\n'

@@ -35,7 +35,7 @@ def _task_identity():
     TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = None
 
 
-def _deploy(tmp_path, *, refuse=()):
+def _deploy(tmp_path, *, refuse=(), defaults=()):
     keys = init_keyset(tmp_path / "keys", federation_id="fed-flower", hospitals=HOSPITALS,
                        superlink_hosts=["127.0.0.1"], superlink_port=19092)
     workers, configs = [], {}
@@ -49,7 +49,7 @@ def _deploy(tmp_path, *, refuse=()):
         w.start()
         workers.append(w)
         configs[101 + i] = cfg
-    server_toml = fh.write_server_files(tmp_path / "server", federation_id="fed-flower")
+    server_toml = fh.write_server_files(tmp_path / "server", federation_id="fed-flower", defaults=defaults)
     run_config = {"server-config": str(server_toml), "federation-file": str(keys.federation_file),
                   "server-key": str(keys.superlink_dir / "server.ed25519.pem"), "rounds": 2, "min-nodes": 3,
                   "wait-timeout": 1, "hello-timeout": 5, "plan-timeout": 5, "stage-timeout": 5, "end-timeout": 5,
@@ -62,7 +62,11 @@ def _entries(d):
 
 
 def test_a_hospital_refusal_travels_signed_and_the_operator_sees_names_nodes_and_epsilon(tmp_path, caplog):
-    workers, grid, run_config = _deploy(tmp_path, refuse=("h3",))
+    from clinograph.sdk.config import DP_DEFAULT_MODEL_LINE
+    from clinograph.secure.runtime.build import ResolvedDefault
+
+    dp_default = ResolvedDefault(setting="model.deep", value="false", rule="dp_default_model", line=DP_DEFAULT_MODEL_LINE)
+    workers, grid, run_config = _deploy(tmp_path, refuse=("h3",), defaults=(dp_default,))
     caplog.set_level(logging.INFO)
     try:
         results = run_federation(grid, run_config)
@@ -83,6 +87,11 @@ def test_a_hospital_refusal_travels_signed_and_the_operator_sees_names_nodes_and
     assert verify_audit_dir(audit).ok
     server_lines = [r.getMessage() for r in caplog.records if r.name == SERVERAPP]
     assert "greeted hospitals: h1 = node 101, h2 = node 102, h3 = node 103" in server_lines
+    # the DP default model (issue 30 leftover): said by the ServerApp, audited after the manifest
+    assert server_lines.count(DP_DEFAULT_MODEL_LINE) == 1
+    kinds = [e["kind"] for e in entries]
+    assert kinds[kinds.index("manifest") + 1] == "resolved_default"
+    assert [e["payload"] for e in entries if e["kind"] == "resolved_default"] == [dp_default.payload()]
     assert "round 0 (masked): invited h1 (node 101), h2 (node 102), h3 (node 103)" in server_lines
     assert ("round 0: h3 (node 103) refused at plan: ProtocolError: h3 refuses round 0 (test double)"
             in server_lines)
