@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 from clinograph.secure.dp import CsprngUniform, DistributedPolicy
 
+from clinograph.core.errors import PrivacyError
 from clinograph.core.identity import Identity
 from clinograph.core.spec import ModuleKind
 
@@ -124,14 +125,16 @@ class ConceptDistributedTrainer:
 
         Raises:
             PrivacyError: the plan is not a distributed-DP round (not masked, fixed weights, more
-                than one epoch, threshold below h), the noisy sum leaves the masked range, or the
-                encoding would not give z back -- nothing is sent.
+                than one epoch, threshold below h), a row's width is not the spec's shared size,
+                the noisy sum leaves the masked range, or the encoding would not give z back --
+                nothing is sent.
             PrivacyBudgetExceeded: the round would pass the budget (before training).
         """
         site = self.ledger.site
         weight, shared = self.expected_batch, modules.spec().shared
+        dim = sum(m.size for m in shared)
         record, scale, bound = open_round(self.ledger, self.policy, plan_options, round_=round_, epochs=epochs,
-                                          weight=weight, dim=sum(m.size for m in shared))
+                                          weight=weight, dim=dim)
         n = int(len(train_idx))
         idx = train_idx[torch.as_tensor(poisson_sample(n, self.policy.sample_rate, source=self.sampler),
                                         dtype=torch.long)]
@@ -144,6 +147,10 @@ class ConceptDistributedTrainer:
         finally:
             for p in model.parameters():
                 p.grad = None
+        if rows.shape[1] != dim:  # z would be cut into the modules at the wrong places
+            raise PrivacyError(f"Hospital {site!r}: its per-patient rows have {rows.shape[1]} coordinates but the "
+                               f"model spec's shared modules have {dim}; nothing is sent this round. The model "
+                               "and its module map disagree: build both from the derived model (this is a bug).")
         step = noised_sum(rows, policy=self.policy, scale=scale,
                           batch=int(idx.numel()), source=self.sampler)
         check_in_ring(step.z, scale=scale, bound=bound, site=site)

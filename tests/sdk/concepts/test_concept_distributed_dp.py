@@ -177,3 +177,26 @@ def test_the_policy_is_checked_against_the_derived_models_dimension_before_train
     kinds = [e["kind"] for e in _entries(tmp_path)]
     assert "model_derived" in kinds and kinds.count("round_plan") == 1  # the vote's round only
     assert not (tmp_path / "state" / "h0" / "distributed_ledger.json").exists()
+
+
+@pytest.mark.parametrize("change", ["drop", "add"])
+def test_rows_whose_width_is_not_the_specs_shared_size_are_refused_before_anything_is_drawn(tmp_path, monkeypatch,
+                                                                                             change):
+    """z is cut into the spec's shared modules by their sizes: rows one piece short (or one longer)
+    would shift every module after it. Refused, nothing committed to the ledger."""
+    import clinograph.sdk.concepts.distributed_training as dt
+    from clinograph.sdk.privacy.distributed import PatientRows
+
+    real = dt.concept_rows
+
+    def off(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        blocks = rows.blocks[:-1] if change == "drop" else [*rows.blocks, (3, None)]
+        return PatientRows(blocks, n=rows.n, clip=rows.clip)
+
+    monkeypatch.setattr(dt, "concept_rows", off)
+    task, *_ = _task(tmp_path)
+    task.modules.load(task.modules.state(ModuleKind.SHARED))
+    with pytest.raises(PrivacyError, match=r"rows have \d+ coordinates but the model spec's shared modules have"):
+        task.train(round_=0, epochs=1, plan_options=PLAN)
+    assert not (tmp_path / "distributed_ledger.json").exists()
