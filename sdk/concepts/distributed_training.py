@@ -58,6 +58,7 @@ from ..privacy.distributed_round import (
     open_round,
     privacy_policy,
 )
+from ..privacy.distributed_sum import SUM_MAX_ROWS, noised_rounded_sum
 from ..training.trainer import TrainOutcome
 from .dp import ConceptLabels, concept_clipper, trainable_names
 
@@ -140,10 +141,11 @@ class ConceptDistributedTrainer:
                                         dtype=torch.long)]
         lab = {v: y[idx] for v, y in labels.items()}
         model.train()
+        once = n <= SUM_MAX_ROWS  # round the hospital's clipped sum once (distributed_sum), else each row
         try:
             rows = concept_rows(model, modules, batch(idx), lab, interventions(lab),  # type: ignore[arg-type]
                                 supervised=supervised, has_task=has_task, task=task, gamma=gamma,
-                                clip=self.policy.clip_norm)
+                                clip=None if once else self.policy.clip_norm)
         finally:
             for p in model.parameters():
                 p.grad = None
@@ -151,8 +153,8 @@ class ConceptDistributedTrainer:
             raise PrivacyError(f"Hospital {site!r}: its per-patient rows have {rows.shape[1]} coordinates but the "
                                f"model spec's shared modules have {dim}; nothing is sent this round. The model "
                                "and its module map disagree: build both from the derived model (this is a bug).")
-        step = noised_sum(rows, policy=self.policy, scale=scale,
-                          batch=int(idx.numel()), source=self.sampler)
+        step = (noised_rounded_sum if once else noised_sum)(rows, policy=self.policy, scale=scale,
+                                                            batch=int(idx.numel()), source=self.sampler)
         check_in_ring(step.z, scale=scale, bound=bound, site=site)
         parts, at = {}, 0
         for m in shared:

@@ -395,11 +395,16 @@ def noised_sum(clipped, *, policy: DistributedPolicy, scale: float, batch: int,
     B may be 0): every coordinate gets
     the share, zeros included. The share is declared and checked against the policy (PrivacyError
     if off it). ``batch``: the training patients among the rows (local only)."""
-    share = policy.share_variance(scale)
-    z, _ = noisy_integer_sum(clipped, scale=scale, share_variance=share, source=source)
+    z, _ = noisy_integer_sum(clipped, scale=scale, share_variance=policy.share_variance(scale), source=source)
+    return declared_step(z, policy=policy, scale=scale, batch=batch)
+
+
+def declared_step(z: np.ndarray, *, policy: DistributedPolicy, scale: float, batch: int) -> DPStep:
+    """The round's :class:`DPStep` for z (which carries the share ``policy.share_variance(scale)``),
+    its share declared and checked against the policy (PrivacyError if off it)."""
     decl = ShareDeclaration(mechanism=policy.mechanism, noise_multiplier=policy.noise_multiplier,
                             min_honest=policy.min_honest, clip_norm=policy.clip_norm, sample_rate=policy.sample_rate,
-                            scale=scale, share_variance=share)
+                            scale=scale, share_variance=policy.share_variance(scale))
     check_share(policy, decl)
     return DPStep(z=z, batch=int(batch), declaration=decl)
 
