@@ -37,8 +37,9 @@ from .distributed import DPStep, declared_step
 #: assumes it); a hospital with more training patients rounds each patient's row instead
 SUM_MAX_ROWS = 1 << 17
 
-#: rows of the [patients, coordinates] matrix read at a time (about 1 MiB of float64; 4 MiB blocks
-#: were 14× slower for the block product on this machine)
+#: rows of the [patients, coordinates] matrix read at a time: about 1 MiB of float64. The clipped sum
+#: of 1 680 × 14 869 rows took 0.036 / 0.028 / 0.025 / 0.023 / 0.37 s (CPU, medians of 7, loaded
+#: machine) at 256 KiB / 512 KiB / 1 MiB / 2 MiB / 4 MiB blocks
 SUM_CHUNK_BYTES = 1 << 20
 
 _NOT_FINITE = ("A patient's row of the distributed step is not finite (NaN or inf gradient); its contribution "
