@@ -20,10 +20,14 @@ requires differ):
 - ``plain_full_batch``: no DP, ``fedsgd``, one local step over every training patient (B = n):
   the non-DP round of the same work as distributed DP's;
 - ``distributed``: distributed DP (q = 1, one full-batch per-patient step, clip 1, Skellam shares
-  in the masked sum, the server's noise checks).
+  in the masked sum, the server's noise checks; NS-FL rounds each patient's row, concepts the
+  hospital's clipped sum once, :mod:`clinograph.sdk.privacy.distributed_sum`);
+- ``distributed_per_row`` (concepts only): the same with each patient's row rounded (what a
+  concept hospital past ``SUM_MAX_ROWS`` patients does; every one did before).
 
 Ratios: ``local / plain`` and ``distributed / plain_full_batch`` (the same work with and without
-DP), and ``distributed / plain`` (against the default non-DP round). The goal is ≤ 2.
+DP), and ``distributed / plain`` (against the default non-DP round); for concepts also
+``distributed_per_row`` over both. The goal is ≤ 2.
 
 Tasks (the DP matrix's rows; tests/sdk/privacy/test_dp_matrix.py): ``static`` (ALARM demo
 hospitals), ``temporal`` (the first three time-series hospitals, attention window 4), ``survival``
@@ -54,7 +58,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
 ROUNDS = 3
-ARMS = ("plain", "local", "plain_full_batch", "distributed")
+ARMS = ("plain", "local", "plain_full_batch", "distributed", "distributed_per_row")
+#: the arm only concepts run: distributed DP with each patient's row rounded (what a concept hospital past
+#: distributed_sum.SUM_MAX_ROWS patients does, and every concept hospital did before issue 30's fix)
+PER_ROW = "distributed_per_row"
 
 
 def _privacy(arm: str, state: Path) -> dict:
@@ -64,7 +71,7 @@ def _privacy(arm: str, state: Path) -> dict:
               "state_dir": str(state)}
     if arm == "local":
         return {**common, "batch_size": 64}
-    return {**common, "mode": "distributed", "sample_rate": 1.0, "min_honest": 2}
+    return {**common, "mode": "distributed", "sample_rate": 1.0, "min_honest": 2}  # distributed, distributed_per_row
 
 
 def _config(task: str, arm: str, work: Path, n_max: int):
@@ -129,6 +136,7 @@ def _federations(quick: bool) -> dict:
 
 
 def _concept_round_seconds(arm: str, quick: bool) -> list[float]:
+    from clinograph.sdk.concepts import distributed_training
     from clinograph.sdk.concepts.encoders import MLPEncoder
     from clinograph.sdk.concepts.federation import run_concept_federation
     from clinograph.sdk.concepts.modules import ConceptHParams
@@ -140,15 +148,17 @@ def _concept_round_seconds(arm: str, quick: bool) -> list[float]:
     from clinograph.core.identity import Identity
 
     sites, cards, digest = hospital_sites(seed=0, scale=0.2 if quick else 1.0)
-    full = arm in ("plain_full_batch", "distributed")
+    full = arm in ("plain_full_batch", "distributed", PER_ROW)
     n_max = max(len(s.split.train) for s in sites)
     fed = FederationSection(id="dp-round", rounds=ROUNDS, secure_mode="masked", local_epochs=1, seed=0,
                             strategy="fedsgd" if full else "fedavg", min_clients=len(sites))
     ends: list[float] = []
+    once = distributed_training.SUM_MAX_ROWS
     with tempfile.TemporaryDirectory(prefix="dpr") as tmp:
         server = Identity.generate("server")
         audit = AuditTrail(Path(tmp) / "audit", identity=server)
         try:
+            distributed_training.SUM_MAX_ROWS = 0 if arm == PER_ROW else once
             run_concept_federation(sites=sites, concepts=CONCEPTS, task=TASK, cards=cards, kind="cgm",
                                    encoder=lambda: MLPEncoder(int(sites[0].inputs.shape[1]), 32, (64,)), z_dim=32,
                                    federation=fed, audit=audit, server_identity=server, dictionary_hash=digest,
@@ -157,6 +167,7 @@ def _concept_round_seconds(arm: str, quick: bool) -> list[float]:
                                    privacy=PrivacySection(**_privacy(arm, Path(tmp) / "state")),
                                    on_round=lambda *_: ends.append(time.perf_counter()))
         finally:
+            distributed_training.SUM_MAX_ROWS = once
             audit.close()
     return [b - a for a, b in zip(ends, ends[1:], strict=False)]  # from one round's end to the next's
 
@@ -194,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(reps):
         for task in args.tasks:
             for arm in ARMS:  # interleaved: every arm sees the same load drift
-                if arm in refused[task]:
+                if arm in refused[task] or (arm == PER_ROW and task != "concepts"):
                     continue
                 try:
                     seconds[task][arm] += _round_seconds(task, arm, feds[task])
@@ -211,6 +222,9 @@ def main(argv: list[str] | None = None) -> dict:
                       "ratio_local_over_plain": ratio("local", "plain"),
                       "ratio_distributed_over_full_batch": ratio("distributed", "plain_full_batch"),
                       "ratio_distributed_over_plain": ratio("distributed", "plain")}
+        if task == "concepts":
+            rows[task]["ratio_per_row_over_full_batch"] = ratio(PER_ROW, "plain_full_batch")
+            rows[task]["ratio_per_row_over_plain"] = ratio(PER_ROW, "plain")
         if task != "concepts":
             rows[task]["patients"] = [len(t.patient_ids) for t in feds[task][0]]
     result = {"benchmark": "dp_round", "machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),

@@ -12,10 +12,16 @@ DP (:func:`.dp.concept_clipper`). Each round, at hospital k:
 2. Each sampled patient's gradient of its own F-CMs eq. (2) loss (:func:`.dp.row_losses`), over
    **every coordinate of the derived model** in spec order: the modules it trains (the encoder,
    its supervised concepts, the task head if it has task labels; section 4.2.3) carry the
-   gradient, every other module zeros. The whole row is clipped to C.
-3. The rows scaled by the ring scale s, rounded randomly, summed, and the Skellam share
-   Sk(μ/h), μ = (σ·C·s)², added to **every** coordinate -- the zeros included, so the server's
-   noise test and its every-module rule hold whatever a hospital supervises.
+   gradient, every other module zeros. The whole row is clipped (to C', step 3); its width must
+   be the spec's shared size (checked, nothing sent otherwise).
+3. The clipped rows summed in float64 (clip C' = C·(1 − η), η ≈ 1e-5 covering the sum's float
+   errors), scaled by the ring scale s and rounded randomly **once**
+   (:func:`~clinograph.sdk.privacy.distributed_sum.noised_rounded_sum`: d coins, not one per
+   patient and coordinate; the same sensitivity Δ2 <= C·s + √d, so the same accountant -- docs/
+   privacy.md, "Rounding the hospital's sum"; past 2^17 training patients each row is rounded),
+   and the Skellam share Sk(μ/h), μ = (σ·C·s)², added to **every** coordinate -- the zeros
+   included, so the server's noise test and its every-module rule hold whatever a hospital
+   supervises.
 4. The client sends z/s as its weighted update with weight w = q·n (its expected batch) for every
    module; the masked mode sums the z exactly and FedSGD applies θ ← θ − η·Σ_k z_k/(s·Σ_k q·n_k)
    to every module.
@@ -45,6 +51,7 @@ from pathlib import Path
 import torch
 from clinograph.secure.dp import CsprngUniform, DistributedPolicy
 
+from clinograph.core.errors import PrivacyError
 from clinograph.core.identity import Identity
 from clinograph.core.spec import ModuleKind
 
@@ -57,6 +64,7 @@ from ..privacy.distributed_round import (
     open_round,
     privacy_policy,
 )
+from ..privacy.distributed_sum import SUM_MAX_ROWS, noised_rounded_sum
 from ..training.trainer import TrainOutcome
 from .dp import ConceptLabels, concept_clipper, trainable_names
 
@@ -124,28 +132,35 @@ class ConceptDistributedTrainer:
 
         Raises:
             PrivacyError: the plan is not a distributed-DP round (not masked, fixed weights, more
-                than one epoch, threshold below h), the noisy sum leaves the masked range, or the
-                encoding would not give z back -- nothing is sent.
+                than one epoch, threshold below h), a row's width is not the spec's shared size,
+                the noisy sum leaves the masked range, or the encoding would not give z back --
+                nothing is sent.
             PrivacyBudgetExceeded: the round would pass the budget (before training).
         """
         site = self.ledger.site
         weight, shared = self.expected_batch, modules.spec().shared
+        dim = sum(m.size for m in shared)
         record, scale, bound = open_round(self.ledger, self.policy, plan_options, round_=round_, epochs=epochs,
-                                          weight=weight, dim=sum(m.size for m in shared))
+                                          weight=weight, dim=dim)
         n = int(len(train_idx))
         idx = train_idx[torch.as_tensor(poisson_sample(n, self.policy.sample_rate, source=self.sampler),
                                         dtype=torch.long)]
         lab = {v: y[idx] for v, y in labels.items()}
         model.train()
+        once = n <= SUM_MAX_ROWS  # round the hospital's clipped sum once (distributed_sum), else each row
         try:
             rows = concept_rows(model, modules, batch(idx), lab, interventions(lab),  # type: ignore[arg-type]
                                 supervised=supervised, has_task=has_task, task=task, gamma=gamma,
-                                clip=self.policy.clip_norm)
+                                clip=None if once else self.policy.clip_norm)
         finally:
             for p in model.parameters():
                 p.grad = None
-        step = noised_sum(rows, policy=self.policy, scale=scale,
-                          batch=int(idx.numel()), source=self.sampler)
+        if rows.shape[1] != dim:  # z would be cut into the modules at the wrong places
+            raise PrivacyError(f"Hospital {site!r}: its per-patient rows have {rows.shape[1]} coordinates but the "
+                               f"model spec's shared modules have {dim}; nothing is sent this round. The model "
+                               "and its module map disagree: build both from the derived model (this is a bug).")
+        step = (noised_rounded_sum if once else noised_sum)(rows, policy=self.policy, scale=scale,
+                                                            batch=int(idx.numel()), source=self.sampler)
         check_in_ring(step.z, scale=scale, bound=bound, site=site)
         parts, at = {}, 0
         for m in shared:

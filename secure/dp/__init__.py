@@ -7,7 +7,7 @@ wrap-free test its noisy shares must pass (the SDK imports no ``hazmat`` module 
 ``sdk-secure-face`` import contract).
 """
 
-from ..hazmat.discrete_noise import CsprngUniform, bernoulli
+from ..hazmat.discrete_noise import CsprngUniform, RoundedRowSums, bernoulli
 from ..hazmat.discrete_noise import skellam as skellam_noise
 from ..hazmat.fixedpoint import wrap_free
 from .policy import (
@@ -33,6 +33,7 @@ from .skellam import (
 
 __all__ = [
     "CsprngUniform",
+    "RoundedRowSums",
     "bernoulli",
     "skellam_noise",
     "wrap_free",

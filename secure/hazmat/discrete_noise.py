@@ -7,6 +7,9 @@ reproducible streams, never a global seed.
 
 - :func:`bernoulli`: ``U < p`` elementwise, drawing U's bits lazily (Poisson sampling of
   patients, randomised rounding).
+- :class:`RoundedRowSums`: unbiased randomised rounding of a block of rows, summed over the rows,
+  the coins exactly :func:`bernoulli`'s on the fractional parts (the same keystream bytes in the
+  same order), in preallocated buffers (distributed DP's per-patient rounding).
 - :func:`poisson`: exact-in-distribution Poisson samplers up to float64 arithmetic: Knuth's
   product method for λ < 10, Hörmann's PTRS transformed rejection (Hörmann 1993, the
   algorithm numpy uses) for λ >= 10, vectorised (rejected draws are redrawn).
@@ -40,12 +43,24 @@ class CsprngUniform:
         if len(key) != 32:
             raise ValueError("key must be 32 bytes")
         self._enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+        self._zeros = b""
 
     def raw(self, n: int) -> bytes:
         """The next ``n`` bytes of the keystream."""
         if n < 0:
             raise ValueError("n must be >= 0")
         return self._enc.update(bytes(n))
+
+    def raw_into(self, out: np.ndarray) -> np.ndarray:
+        """``out`` (a C-contiguous uint8 array) filled with the next ``out.size`` bytes of the
+        keystream -- what :meth:`raw` gives, without allocating."""
+        if out.dtype != np.uint8 or not out.flags.c_contiguous:
+            raise ValueError("out must be a C-contiguous uint8 array")
+        if len(self._zeros) < out.size:
+            self._zeros = bytes(out.size)
+        if out.size:
+            self._enc.update_into(memoryview(self._zeros)[:out.size], out.reshape(-1))
+        return out
 
     def uniform(self, n: int) -> np.ndarray:
         """``n`` float64 uniforms in [0, 1)."""
@@ -80,11 +95,63 @@ def bernoulli(p: np.ndarray | float, n: int | None = None, *, source: CsprngUnif
     t_hi = np.floor(t * 2.0 ** -_LOW_BITS)
     k_hi = np.frombuffer(src.raw(size), dtype=np.uint8)
     out = k_hi < t_hi
-    tie = np.flatnonzero(k_hi == t_hi)
-    if tie.size:
-        k_lo = np.frombuffer(src.raw(8 * tie.size), dtype="<u8") >> np.uint64(64 - _LOW_BITS)
-        out[tie] = k_lo.astype(np.float64) < t[tie] - t_hi[tie] * 2.0 ** _LOW_BITS
+    _settle_ties(out, k_hi, t, t_hi, src)
     return out.reshape(shape)
+
+
+def _settle_ties(out: np.ndarray, k_hi: np.ndarray, t: np.ndarray, t_hi: np.ndarray, src: CsprngUniform,
+                 tie: np.ndarray | None = None) -> None:
+    """The coins whose top byte ties T's (``k_hi == t_hi``), settled in ``out`` by the low 45 bits
+    of k drawn now, in index order (flat arrays of one length; ``tie``: a bool buffer for the test)."""
+    eq = np.equal(k_hi, t_hi, out=tie)
+    idx = np.flatnonzero(eq)
+    if idx.size:
+        k_lo = np.frombuffer(src.raw(8 * idx.size), dtype="<u8") >> np.uint64(64 - _LOW_BITS)
+        out[idx] = k_lo.astype(np.float64) < t[idx] - t_hi[idx] * 2.0 ** _LOW_BITS
+
+
+class RoundedRowSums:
+    """Σ over the rows of the randomised rounding of a [r, d] block (r <= ``rows``, d = ``cols``):
+    each x rounded to floor(x) + 1 with probability x − floor(x), else floor(x) (unbiased), its coin
+    exactly :func:`bernoulli` (x − floor(x)) -- the same keystream bytes in the same order, hence
+    the same integers -- computed in place in buffers allocated once (a fresh temporary a pass
+    made every block of a 25 M-coin round a round of page faults)."""
+
+    def __init__(self, rows: int, cols: int):
+        shape = (int(rows), int(cols))
+        self._lo = np.empty(shape)
+        self._t_hi = np.empty(shape, np.int16)
+        self._k_hi = np.empty(shape, np.uint8)
+        self._coins = np.empty(shape, bool)
+        self._tie = np.empty(shape, bool)
+
+    def __call__(self, x: np.ndarray, *, source: CsprngUniform) -> np.ndarray:
+        """int64 [d]: Σ_rows round(x) (``x``: C-contiguous float64 [r, d], finite; overwritten).
+
+        Raises:
+            ValueError: ``x`` is not finite, or not of this block's shape.
+        """
+        r, d = x.shape
+        if x.dtype != np.float64 or not x.flags.c_contiguous or r > self._lo.shape[0] or d != self._lo.shape[1]:
+            raise ValueError("x must be a C-contiguous float64 block of at most (rows, cols)")
+        hi, low = float(x.max(initial=0.0)), float(x.min(initial=0.0))  # NaN propagates
+        if not (math.isfinite(hi) and math.isfinite(low)):
+            raise ValueError("x must be finite")
+        top = max(hi, -low)
+        lo, t_hi, k_hi, coins, tie = (b[:r] for b in (self._lo, self._t_hi, self._k_hi, self._coins, self._tie))
+        np.floor(x, out=lo)
+        np.subtract(x, lo, out=x)  # the coin's probability p = x - floor(x), in [0, 1]
+        np.multiply(x, 2.0 ** 53, out=x)
+        np.ceil(x, out=x)  # T = ceil(p·2^53), exact (as in bernoulli)
+        np.multiply(x, 2.0 ** -_LOW_BITS, out=t_hi, casting="unsafe")  # floor(T / 2^45) in [0, 256]: truncation
+        source.raw_into(k_hi)
+        np.less(k_hi, t_hi, out=coins)
+        _settle_ties(coins.reshape(-1), k_hi.reshape(-1), x.reshape(-1), t_hi.reshape(-1), source,
+                     tie=tie.reshape(-1))
+        np.add(lo, coins, out=lo)  # round(x), integers in float64
+        if r * (top + 1.0) < 2.0 ** 52:  # every partial sum of a column is an integer below 2^52: exact
+            return lo.sum(axis=0).astype(np.int64)
+        return lo.astype(np.int64).sum(axis=0)
 
 
 def _poisson_small(lam: float, n: int, src: CsprngUniform) -> np.ndarray:

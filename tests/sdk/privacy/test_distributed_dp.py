@@ -396,3 +396,31 @@ def test_hospitals_that_skip_their_noise_and_zero_their_count_slots_void_the_rou
     assert not [e for e in entries if e["kind"] in ("aggregate", "update_rejected")]
     aborted = [e["payload"]["reason"] for e in entries if e["kind"] == "round_aborted"]
     assert aborted and "counted by other than the 3 hospitals whose inputs are in it" in aborted[0]
+
+
+def test_the_noisy_sum_rounds_every_patient_row_with_the_reference_coins(monkeypatch):
+    """noisy_integer_sum over PatientRows (a frozen block of zeros, a row slice of a parameter, clipping
+    binding on some rows) and over BlockRows, read and rounded a block at a time in reused buffers,
+    gives the integers -- and leaves the keystream where -- the definition leaves them: the whole
+    clipped matrix, scaled, then randomised_round block by block and the Skellam share. Blocks of 3
+    rows over 10 patients (a short last block)."""
+    import clinograph.sdk.privacy.distributed as distributed
+    from clinograph.sdk.privacy.distributed import BlockRows
+
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(10, 4, 3, generator=gen) * torch.linspace(0.1, 1, 10)[:, None, None]
+    b = torch.randn(10, 5, generator=gen) * 0.2
+    rows = PatientRows([(6, a[:, 1:3]), (7, None), (5, b)], n=10, clip=1.0)
+    dense = np.concatenate([a[:, 1:3].reshape(10, -1).double().numpy(), np.zeros((10, 7)), b.double().numpy()], 1)
+    clipped = clip_rows(dense, 1.0)
+    assert (np.linalg.norm(dense, axis=1) > 1).any() and (np.linalg.norm(dense, axis=1) < 1).any()
+    extra = np.array([[0.3, 0.4], [0.0, -0.9]])
+    block = np.zeros((12, 20))
+    block[:10, :18], block[10:, 18:] = clipped, extra
+    for source, reference in ((rows, clipped), (BlockRows(rows, extra), block)):
+        monkeypatch.setattr(distributed, "ROW_CHUNK_BYTES", 8 * reference.shape[1] * 3)
+        ref, new = CsprngUniform(_key=bytes(range(32))), CsprngUniform(_key=bytes(range(32)))
+        signal = sum(randomised_round(reference[i:i + 3] * 1000.0, source=ref).sum(0) for i in range(0, 12, 3))
+        want = signal + skellam(25.0, reference.shape[1], source=ref)
+        z, got = noisy_integer_sum(source, scale=1000.0, share_variance=25.0, source=new)
+        assert np.array_equal(got, signal) and np.array_equal(z, want) and new.raw(8) == ref.raw(8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from clinograph.secure.hazmat.discrete_noise import CsprngUniform, bernoulli
+from clinograph.secure.hazmat.discrete_noise import CsprngUniform, RoundedRowSums, bernoulli
 
 
 class _Counting(CsprngUniform):
@@ -52,3 +52,48 @@ def test_about_one_keystream_byte_a_coin():
     src = _Counting()
     bernoulli(np.full(100_000, 0.3), source=src)
     assert 100_000 <= src.used < 100_000 * 1.1  # 53 bits a coin would be 800 000 bytes
+
+
+def test_raw_into_is_the_keystream_raw_gives():
+    a, b = CsprngUniform(_key=b"k" * 32), CsprngUniform(_key=b"k" * 32)
+    buf = np.empty((3, 70), np.uint8)
+    assert a.raw_into(buf).tobytes() == b.raw(210) and a.raw(5) == b.raw(5)
+    with pytest.raises(ValueError, match="uint8"):
+        a.raw_into(np.empty(4))
+
+
+def _reference_row_sums(x: np.ndarray, src: CsprngUniform) -> np.ndarray:
+    """floor(x) + bernoulli(x − floor(x)): the rounding as distributed DP defined it, summed over rows."""
+    lo = np.floor(x)
+    return (lo + bernoulli(x - lo, source=src)).astype(np.int64).sum(axis=0)
+
+
+@pytest.mark.parametrize("magnitude", [1.0, 3.0e4, 3.0e15])  # 3e15 x 4 rows > 2^52: the int64 sum
+def test_rounded_row_sums_are_bernoulli_rounding_integer_for_integer(magnitude):
+    """RoundedRowSums (in place, preallocated) must give the integers the bernoulli rounding gives
+    on the same key and leave the keystream where it leaves it: same coins, same distribution
+    (tests/sdk/privacy/test_distributed_dp.py tests that rounding's bias). Values include exact
+    integers, fractions k/256 (top bytes that tie), x just below an integer (frac = 1 - 2^-53),
+    x = -1e-20 (frac rounds to 1.0: T's top byte 256) and 1e-20."""
+    rng = np.random.default_rng(4)  # test inputs, not secrets
+    x = rng.normal(size=(4, 3000)) * magnitude
+    x[:, :256] = np.arange(256) / 256 + np.floor(x[:, :256])
+    x[:, 256:260] = [[3.0, 1 - 2.0 ** -53, -1e-20, 1e-20]] * 4
+    rounder = RoundedRowSums(8, 3000)
+    for key in (bytes(32), b"\x07" * 32):
+        ref, new = CsprngUniform(_key=key), CsprngUniform(_key=key)
+        want = _reference_row_sums(x, ref)
+        got = rounder(x.copy(), source=new)
+        assert got.dtype == np.int64 and np.array_equal(got, want)
+        assert new.raw(16) == ref.raw(16)  # the same bytes drawn, ties included
+    part = x[:3].copy()  # a shorter block than the buffers
+    assert np.array_equal(rounder(part, source=CsprngUniform(_key=bytes(32))),
+                          _reference_row_sums(x[:3], CsprngUniform(_key=bytes(32))))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_rounded_row_sums_refuse_a_non_finite_value(bad):
+    x = np.ones((2, 5))
+    x[1, 3] = bad
+    with pytest.raises(ValueError, match="finite"):
+        RoundedRowSums(2, 5)(x, source=CsprngUniform(_key=bytes(32)))
