@@ -44,11 +44,9 @@ recomputes the RDP floor over both (:func:`clinograph.secure.dp_checks.check_led
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,7 +61,6 @@ from .ledger_file import RESTORE, SignedLedgerFile
 
 FORMAT = "clinograph/privacy-ledger/v1"
 FILENAME = "privacy_ledger.json"
-LOCKNAME = "privacy_ledger.json.lock"
 ACCOUNTANTS = ("rdp", "prv")
 History = list[tuple[float, float, int]]
 #: Gaussian releases outside DP-SGD: (σ_s, count, purpose)
@@ -195,16 +192,9 @@ class PrivacyLedger:
             self.history, self.entries, self.releases = self._read()
 
     # -- state --------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _locked(self, *, exclusive: bool) -> Iterator[None]:
+    def _locked(self, *, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         """fcntl lock on the ledger's lock file (shared to read, exclusive to write)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path.parent / LOCKNAME, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+        return self._file.locked(exclusive=exclusive)
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[list[dict]]:

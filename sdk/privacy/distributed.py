@@ -328,8 +328,19 @@ class DistributedLedger:
         self.site, self.budget_epsilon, self.delta = site, float(budget_epsilon), float(delta)
         self._file = SignedLedgerFile(self.path, site=site, signer=signer, context=SIG_DISTRIBUTED_LEDGER,
                                       what="Distributed-DP ledger")
+        self.entries: list[dict] = []
+        self.refresh()
+
+    def _stored(self) -> list[dict]:
         state = self._file.read(fmt=FORMAT)
-        self.entries: list[dict] = list(state["entries"]) if state is not None else []
+        return list(state["entries"]) if state is not None else []
+
+    def refresh(self) -> None:
+        """Bring this object up to the file if it changed on disk since this object last read or
+        wrote it (another process of this hospital recorded a round, say); else two ``stat`` calls."""
+        if not self._file.unchanged():
+            with self._file.locked(exclusive=False):
+                self.entries = self._stored()
 
     @staticmethod
     def _rounds(entries: list[dict], *, alone: bool) -> list[tuple[SkellamRound, int]]:
@@ -344,6 +355,7 @@ class DistributedLedger:
 
     def check_round(self, record: dict) -> float:
         """The projected ε of a round, or PrivacyBudgetExceeded before training."""
+        self.refresh()
         projected, _ = self.epsilons(record)
         if projected > self.budget_epsilon:
             raise PrivacyBudgetExceeded(
@@ -354,11 +366,22 @@ class DistributedLedger:
         return projected
 
     def commit(self, record: dict) -> LedgerEntry:
-        """Append a round's record (with both ε) and return the signed report's entry."""
-        eps, alone = self.epsilons(record)
-        self.entries.append({**record, "epsilon": eps, "epsilon_alone": alone, "delta": self.delta})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file.write({"format": FORMAT, "site": self.site, "entries": self.entries})
+        """Append a round's record (with both ε) and return the signed report's entry. The file is
+        written under the ledger's exclusive lock, and only if it is still what this object read
+        or wrote: a round another process recorded since is never overwritten (PrivacyError)."""
+        with self._file.locked(exclusive=True):  # every writer of this hospital's ledger holds it
+            if not self._file.unchanged() and self._stored() != self.entries:
+                raise PrivacyError(f"Distributed-DP ledger {self.path} changed since this process loaded it (another "
+                                   f"process recorded rounds for hospital {self.site!r}); refusing to overwrite it. "
+                                   "Fix: run one training process per hospital state directory.")
+            eps, alone = self.epsilons(record)
+            entries = [*self.entries, {**record, "epsilon": eps, "epsilon_alone": alone, "delta": self.delta}]
+            try:
+                self._file.write({"format": FORMAT, "site": self.site, "entries": entries})
+            except BaseException:
+                self._file.forget()  # the file may hold either version: re-read it next time
+                raise
+            self.entries = entries
         share = DistributedShare(mechanism=record["mechanism"], min_honest=record["min_honest"],
                                  scale=record["scale"], share_variance=record["share_variance"], dim=int(record["dim"]),
                                  epsilon_alone=alone)

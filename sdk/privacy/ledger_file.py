@@ -28,10 +28,13 @@ at the next read, and a writer that saw nothing overwrites it with what it verif
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 from clinograph.core.errors import IntegrityError, PrivacyError
@@ -109,6 +112,18 @@ class SignedLedgerFile:
         or wrote, so that what it holds in memory is what they say; two ``stat`` calls."""
         return self._pins is not None and all(pin.holds(p) for pin, p in zip(self._pins, (self.path, self.mark_path),
                                                                               strict=True))
+
+    @contextlib.contextmanager
+    def locked(self, *, exclusive: bool) -> Iterator[None]:
+        """An ``fcntl`` lock on ``<ledger>.lock`` beside the ledger (shared to read, exclusive to
+        write): every process of the hospital that writes this ledger takes it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def forget(self) -> None:
         """Drop the pins: the next :meth:`unchanged` is False (the caller's memory may be ahead of the file)."""

@@ -171,6 +171,27 @@ def test_the_distributed_ledger_is_signed_and_cannot_go_back(tmp_path):
         DistributedLedger(tmp_path, site="alpha", budget_epsilon=1e6, delta=DELTA, signer=Identity.generate("alpha"))
 
 
+def test_two_processes_of_one_hospital_never_drop_each_others_distributed_rounds(tmp_path):
+    """Two ledger objects over one state directory (two training processes of one hospital): the
+    second sees the first's round before it projects ε, and a writer whose view is stale refuses
+    to overwrite the file (before, the later write dropped the other's round: ε under-counted)."""
+    def ledger():
+        return DistributedLedger(tmp_path, site="alpha", budget_epsilon=1e6, delta=DELTA, signer=SIGNER)
+
+    a, b = ledger(), ledger()
+    a.commit(_record(0))
+    one = b.check_round(_record(1))  # b re-reads: a's round counts
+    assert [e["round"] for e in b.entries] == [0] and one == pytest.approx(a.epsilons(_record(1))[0])
+    b.commit(_record(1))
+    stale = ledger()
+    b.commit(_record(2))
+    stale.entries = stale.entries[:1]  # a view that missed round 1, as a process without the re-read had
+    stale._file.forget()
+    with pytest.raises(PrivacyError, match="changed since this process loaded it .* refusing to overwrite"):
+        stale.commit(_record(3))
+    assert [e["round"] for e in ledger().entries] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("which", ["ledger", "mark"])
 def test_a_deeply_nested_or_oversized_ledger_file_is_a_privacy_error(tmp_path, monkeypatch, which):
     """Adversarial rerun of issue 31: a ledger or high-water mark of 100 000 nested arrays was an
