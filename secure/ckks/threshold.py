@@ -161,6 +161,17 @@ def zero_share(*, me: str, present: Sequence[str], seeds: Mapping[str, bytes], d
     return z
 
 
+def _checked_values(preset: ThresholdPreset, values: np.ndarray) -> np.ndarray:
+    """``values`` flat as float64, each finite and below the preset's per-contribution bound."""
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    bound = preset.params.max_abs_slot / preset.max_parties
+    if not np.all(np.isfinite(flat)) or np.any(np.abs(flat) >= bound):
+        raise ConfigError(f"Values must be finite and below {bound:.4g} in magnitude under {preset.value} "
+                          f"(aggregate slots stay below {preset.params.max_abs_slot:.4g} for up to "
+                          f"{preset.max_parties} contributions). Scale every weight down by the same factor.")
+    return flat
+
+
 def _bytes(poly: np.ndarray) -> bytes:
     return np.ascontiguousarray(poly, dtype="<u8").tobytes()
 
@@ -175,6 +186,8 @@ class ThresholdParty:
         self._s: np.ndarray | None = T.read_secret_key(self._sk, self._c.ring)
         #: t-of-N: this party's Shamir share ``S_k`` of ``s``, its threshold and every holder's index
         self._shamir: tuple[np.ndarray, int, dict[str, int]] | None = None
+        #: t-of-N: the Shamir share ``f_i(k)`` of every holder i's ``s_i`` dealt to this holder k
+        self._dealt: dict[str, np.ndarray] = {}
         self._pair_seeds: dict[str, bytes] = {}
 
     @property
@@ -185,7 +198,7 @@ class ThresholdParty:
     def keygen_share(self, *, seed: bytes) -> KeyGenShare:
         """This party's collective-key-generation share for the public seed of ``a``."""
         ring = self._c.ring
-        if self._s is None or self._sk is None:
+        if self._s is None or self._sk is None or self._shamir is not None:
             raise ProtocolError(f"{self.name!r} has re-shared its key share (t-of-N); it takes part in no new key.")
         a = common_a(seed=seed, federation_id=self.federation_id, ring=ring)
         p0 = T.ckg_share(s=self._s, e=T.key_error(self._sk, self._c.context, self._s, ring), a=a, ring=ring)
@@ -195,18 +208,20 @@ class ThresholdParty:
     def deal(self, *, threshold: int, holders: Sequence[str]) -> dict[str, np.ndarray]:
         """t-of-N set-up, MTBH sec. V: Shamir shares ``f_i(k)`` of this party's ``s_i`` (degree
         t-1, every RNS prime, key level) for each holder k at index ``position in holders + 1``."""
-        if self._s is None or self.name not in holders:
+        if self._s is None or self._shamir is not None or self.name not in holders:
             raise ProtocolError(f"{self.name!r} holds no N-of-N key share to deal, or is not among the holders.")
         polys = T.shamir_split(self._s, threshold=threshold, n_shares=len(holders), ring=self._c.ring)
         return dict(zip(holders, polys, strict=True))
 
     def adopt(self, *, threshold: int, holders: Sequence[str], received: Sequence[np.ndarray],
               pair_seeds: Mapping[str, bytes]) -> None:
-        """Sum the dealt shares into ``S_k = sum_i f_i(k)`` (a Shamir share of ``s``) and erase
-        ``s_i`` (only t-of-N requests are answered from now on). ``pair_seeds``: a 32-byte seed
-        shared with every other holder (:func:`zero_share`). Nothing public is derived from
-        ``S_k``: an RLWE sample ``-a*S_k + e`` would leak the collective key's error to t - 1
-        colluders through the Lagrange coefficients (SECURITY.md)."""
+        """Keep the dealt shares ``f_i(k)`` (one a dealer, in ``holders`` order) and their sum
+        ``S_k = sum_i f_i(k)`` (a Shamir share of ``s``); from now on only t-of-N requests are
+        answered. ``s_i`` stays: this hospital encrypts its own updates under it
+        (:meth:`encrypt_under_share`). ``pair_seeds``: a 32-byte seed shared with every other
+        holder (:func:`zero_share`). Nothing public is derived from ``S_k`` or an ``f_i(k)``: an
+        RLWE sample ``-a*S_k + e`` would leak the collective key's error to t - 1 colluders
+        through the Lagrange coefficients (SECURITY.md)."""
         ring = self._c.ring
         others = set(holders) - {self.name}
         if len(received) != len(holders) or set(pair_seeds) != others:
@@ -214,8 +229,42 @@ class ThresholdParty:
                                 "and a pairwise seed with every other holder.")
         share = T.sum_polys(list(received), ring.q(len(ring.primes)))
         self._shamir = (share, threshold, {h: i + 1 for i, h in enumerate(holders)})
+        self._dealt = {h: poly[:ring.data_count] for h, poly in zip(holders, received, strict=True)}
         self._pair_seeds = dict(pair_seeds)
-        self._s = self._sk = None  # s_i (and SEAL's key object holding it) is gone: only S_k remains
+
+    def encrypt_under_share(self, values: np.ndarray, a: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``c0_k = -a_k*s_i + e_k + Delta*m_k`` (NTT form, data level) for each chunk k of N/2
+        slots of ``values`` (:func:`~clinograph.secure.hazmat.threshold_ckks.own_key_c0`): one a
+        common polynomial ``a_k`` of ``a``. The caller never uses an ``a_k`` twice (the
+        ``ckks_threshold`` mode expands them from a commitment set holding this hospital's fresh
+        nonce). Raises ConfigError for values the preset cannot carry."""
+        if self._sk is None or self._s is None:
+            raise ProtocolError(f"{self.name!r} holds no key share to encrypt under.")
+        flat = _checked_values(self.preset, values)
+        n, scale = self.preset.params.slot_count, 2.0 ** self.preset.params.scale_bits
+        if len(a) != max(-(-len(flat) // n), 1):
+            raise ProtocolError(f"{len(a)} common polynomials for {max(-(-len(flat) // n), 1)} ciphertexts.")
+        enc, pt, ct, out = sealapi.Encryptor(self._c.context, self._sk), sealapi.Plaintext(), sealapi.Ciphertext(), []
+        for k, start in enumerate(range(0, max(len(flat), 1), n)):
+            self._c.encoder.encode(flat[start:start + n].tolist(), scale, pt)
+            enc.encrypt_symmetric(pt, ct)
+            out.append(T.own_key_c0(symmetric=ct, a=a[k], s=self._s, ring=self._c.ring))
+        return out
+
+    def sum_secret(self, *, members: Sequence[str], present: Sequence[str]) -> np.ndarray:
+        """t-of-N share of ``s_P`` for the contributors P = ``members``: ``lambda_k^T *
+        sum_{i in P} f_i(k)`` (data level), T = ``present`` (sorted, at least t holders, this one
+        among them). Raises ProtocolError otherwise."""
+        if self._shamir is None:
+            raise ProtocolError(f"{self.name!r} holds no re-shared key (the ckks_threshold mode re-shares at set-up).")
+        _, t, index = self._shamir
+        if (tuple(present) != tuple(sorted(set(present))) or len(present) < t or self.name not in present
+                or any(p not in index for p in present) or not members or any(m not in self._dealt for m in members)):
+            raise ProtocolError(f"{self.name!r} answers a sum only with itself among at least t = {t} distinct key "
+                                "holders present, for contributors that are all key holders.")
+        ring, limbs = self._c.ring, self._c.ring.data_count
+        lam = T.lagrange_at_zero([index[p] for p in present], ring=ring, limbs=limbs)[index[self.name]]
+        return T.scale_poly(T.sum_polys([self._dealt[m] for m in sorted(set(members))], ring.q(limbs)), lam, ring)
 
     def decryption_share(self, request: DecryptionRequest) -> DecryptionShare:
         """``c1*s_i`` (N-of-N) or ``c1*lambda_k*S_k + z_k`` (t-of-N, the request's present set; z_k
@@ -304,8 +353,10 @@ class CollectivePublicKey:
 
     @property
     def rule(self) -> str:
-        """``"N-of-N"`` or ``"t-of-N"`` with the numbers, e.g. ``"2-of-3"``."""
-        return "N-of-N" if self.threshold is None else f"{self.threshold}-of-{len(self.holders)}"
+        """``"N-of-N"`` (also t = N, as the ``ckks_threshold`` mode sets up) or ``"t-of-N"`` with
+        the numbers, e.g. ``"2-of-3"``."""
+        n = len(self.holders)
+        return "N-of-N" if self.threshold in (None, n) else f"{self.threshold}-of-{n}"
 
     @property
     def digest(self) -> str:
@@ -324,12 +375,7 @@ class CollectivePublicKey:
     def encrypt_ciphertexts(self, values: np.ndarray) -> list[sealapi.Ciphertext]:
         """:meth:`encrypt` as SEAL objects (the ``ckks_threshold`` mode packs them itself)."""
         n, scale = self.preset.params.slot_count, 2.0 ** self.preset.params.scale_bits
-        flat = np.asarray(values, dtype=np.float64).reshape(-1)
-        bound = self.preset.params.max_abs_slot / self.preset.max_parties
-        if not np.all(np.isfinite(flat)) or np.any(np.abs(flat) >= bound):
-            raise ConfigError(f"Values must be finite and below {bound:.4g} in magnitude under {self.preset.value} "
-                              f"(aggregate slots stay below {self.preset.params.max_abs_slot:.4g} for up to "
-                              f"{self.preset.max_parties} contributions). Scale every weight down by the same factor.")
+        flat = _checked_values(self.preset, values)
         out, pt = [], sealapi.Plaintext()
         for start in range(0, max(len(flat), 1), n):
             self._c.encoder.encode(flat[start:start + n].tolist(), scale, pt)

@@ -11,6 +11,14 @@ on polynomials that SEAL (``tenseal.sealapi``) made and will read back:
   EUROCRYPT 2012 threshold decryption): for a ciphertext ``(c0, c1)`` party i publishes
   ``d_i = c1*s_i + e_smudge_i``; ``c0 + sum_i d_i = Delta*m + e + sum_i e_smudge_i`` is a SEAL
   ``Plaintext`` that SEAL's ``CKKSEncoder`` decodes.
+* **Encryption under one's own key share** (the ``ckks_threshold`` mode; the additive-share
+  input encryption of MTBH sec. IV with a common ``c1``, as in the RLWE secure aggregation of
+  Stevens et al., USENIX Security 2022): party i encrypts ``m_i`` as ``c0_i = -a*s_i + e_i +
+  Delta*m_i`` for a common random ``a`` fresh to the round, and sends only ``c0_i``; then
+  ``(sum_{i in P} c0_i, a)`` is a ciphertext of ``sum m_i`` under ``s_P = sum_{i in P} s_i``,
+  which collective decryption opens with ``c1 = a`` (:func:`own_key_c0`). Each ``c0_i`` is an
+  RLWE sample of ``s_i`` (the same problem as SEAL's own symmetric encryption), never reused: a
+  hospital encrypts under a given ``a`` once.
 * **t-of-N** (MTBH sec. V, after Boneh et al. CRYPTO 2018): each party Shamir-shares its
   ``s_i`` coefficientwise over every RNS prime ``q_j``; party k's threshold share is
   ``S_k = sum_i f_i(k)``, a Shamir share of ``s``; any set T of t parties decrypts with
@@ -79,7 +87,7 @@ from .seal_polys import (
 
 __all__ = [  # the SEAL-polynomial helpers are re-exported: the safe API imports this module only
     "Ring", "addmod", "canary_c1", "canary_residual", "centered", "centered_approx", "ciphertext_bytes", "ckg_share",
-    "combine_decryption", "common_poly", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
+    "combine_decryption", "common_poly", "own_key_c0", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
     "lagrange_at_zero", "load_plaintext", "load_public_key", "mulmod", "plaintext_bytes", "public_key_bytes",
     "read_ciphertext", "read_plaintext", "read_secret_key", "scale_poly", "seeded_canary_c1", "shamir_split", "submod", "sum_polys",
     "ternary_poly", "to_coefficients", "to_ntt", "to_ntt_many", "uniform_smudging", "uniform_smudging_many",
@@ -201,6 +209,18 @@ def decryption_share(*, c1: np.ndarray, s: np.ndarray, noise: np.ndarray, ring: 
     limbs = c1.shape[0]
     q = ring.q(limbs)
     return addmod(mulmod(c1, s[:limbs], q), noise, q)
+
+
+def own_key_c0(*, symmetric: seal.Ciphertext, a: np.ndarray, s: np.ndarray, ring: Ring) -> np.ndarray:
+    """``c0 = -a*s + e + Delta*m`` (NTT form, the ciphertext's limbs) from SEAL's own symmetric
+    encryption ``(c0', c1') = (-c1'*s + e + Delta*m, c1')`` of the same plaintext under ``s``:
+    ``c0 = c0' + (c1' - a)*s``. SEAL drew ``c1'`` uniform and ``e`` from its clipped Gaussian
+    (sigma 3.2, |e| <= 19.2), so ``(c0, a)`` is SEAL's symmetric encryption with ``a`` in place
+    of ``c1'``: SEAL's ``Decryptor`` under ``s`` opens it (tested)."""
+    c = read_ciphertext(symmetric)
+    limbs = c.shape[1]
+    q = ring.q(limbs)
+    return addmod(c[0], mulmod(submod(c[1], a[:limbs], q), s[:limbs], q), q)
 
 
 def combine_decryption(*, c0: np.ndarray, shares: Sequence[np.ndarray], ring: Ring) -> np.ndarray:
