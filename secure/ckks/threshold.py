@@ -141,22 +141,22 @@ def seeded_canary(*, seed: bytes, public: CollectivePublicKey) -> tuple[np.ndarr
                               encoder=c.encoder)
 
 
-def zero_share(*, me: str, present: Sequence[str], seeds: Mapping[str, bytes], digest: str, index: int,
-               ctx: _Ctx) -> np.ndarray:
-    """t-of-N: this holder's part ``z_k`` of a fresh sharing of zero among the present set
-    (``sum_k z_k = 0`` mod q): ``sum_j +-PRG(seed_kj, request digest, c1 index)`` over the other
-    present holders j, + when k's name sorts first. Each pairwise seed comes from an X25519 key
-    agreement at set-up, so a coalition misses every seed between two honest holders, and the
-    honest shares it sees are uniform but for their sum (SECURITY.md: why this is needed)."""
+def zero_shares(*, me: str, present: Sequence[str], seeds: Mapping[str, bytes], digest: str, count: int,
+                ctx: _Ctx) -> np.ndarray:
+    """t-of-N: this holder's parts ``z_k`` (count, limbs, N) of fresh sharings of zero among the
+    present set, one for each of ``count`` polynomials of one request (``sum_k z_k = 0`` mod q):
+    ``sum_j +-PRG(seed_kj, request digest)`` over the other present holders j, + when k's name
+    sorts first. Each pairwise seed comes from an X25519 key agreement at set-up, so a coalition
+    misses every seed between two honest holders, and the honest shares it sees are uniform but
+    for their sum (SECURITY.md: why this is needed)."""
     ring, limbs = ctx.ring, ctx.ring.data_count
     q = ring.q(limbs)
-    z = np.zeros((limbs, ring.degree), dtype=np.uint64)
+    z = np.zeros((count, limbs, ring.degree), dtype=np.uint64)
     for other in present:
         if other == me:
             continue
-        key = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_ZERO_SHARE, seeds[other], digest.encode(),
-                                          str(index).encode()])).digest()
-        mask = T.common_poly(key, ring)[:limbs]
+        key = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_ZERO_SHARE, seeds[other], digest.encode()])).digest()
+        mask = T.uniform_polys(key, ring=ring, limbs=limbs, count=count)
         z = T.addmod(z, mask, q) if me < other else T.submod(z, mask, q)
     return z
 
@@ -219,7 +219,7 @@ class ThresholdParty:
         ``S_k = sum_i f_i(k)`` (a Shamir share of ``s``); from now on only t-of-N requests are
         answered. ``s_i`` stays: this hospital encrypts its own updates under it
         (:meth:`encrypt_under_share`). ``pair_seeds``: a 32-byte seed shared with every other
-        holder (:func:`zero_share`). Nothing public is derived from ``S_k`` or an ``f_i(k)``: an
+        holder (:func:`zero_shares`). Nothing public is derived from ``S_k`` or an ``f_i(k)``: an
         RLWE sample ``-a*S_k + e`` would leak the collective key's error to t - 1 colluders
         through the Lagrange coefficients (SECURITY.md)."""
         ring = self._c.ring
@@ -233,8 +233,8 @@ class ThresholdParty:
         self._pair_seeds = dict(pair_seeds)
 
     def encrypt_under_share(self, values: np.ndarray, a: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """``c0_k = -a_k*s_i + e_k + Delta*m_k`` (NTT form, data level) for each chunk k of N/2
-        slots of ``values`` (:func:`~clinograph.secure.hazmat.threshold_ckks.own_key_c0`): one a
+        """``c0_k = -a_k*s_i + e_k + Delta*m_k`` (coefficient form, data level) for each chunk k of
+        N/2 slots of ``values`` (:func:`~clinograph.secure.hazmat.threshold_ckks.own_key_c0`): one a
         common polynomial ``a_k`` of ``a``. The caller never uses an ``a_k`` twice (the
         ``ckks_threshold`` mode expands them from a commitment set holding this hospital's fresh
         nonce). Raises ConfigError for values the preset cannot carry."""
@@ -244,12 +244,11 @@ class ThresholdParty:
         n, scale = self.preset.params.slot_count, 2.0 ** self.preset.params.scale_bits
         if len(a) != max(-(-len(flat) // n), 1):
             raise ProtocolError(f"{len(a)} common polynomials for {max(-(-len(flat) // n), 1)} ciphertexts.")
-        enc, pt, ct, out = sealapi.Encryptor(self._c.context, self._sk), sealapi.Plaintext(), sealapi.Ciphertext(), []
-        for k, start in enumerate(range(0, max(len(flat), 1), n)):
+        pt, plains = sealapi.Plaintext(), []
+        for start in range(0, max(len(flat), 1), n):
             self._c.encoder.encode(flat[start:start + n].tolist(), scale, pt)
-            enc.encrypt_symmetric(pt, ct)
-            out.append(T.own_key_c0(symmetric=ct, a=a[k], s=self._s, ring=self._c.ring))
-        return out
+            plains.append(T.read_plaintext(pt, self._c.ring.data_count, self._c.ring.degree))
+        return T.own_key_c0(plaintexts=plains, a=a, s=self._s, ring=self._c.ring, context=self._c.context)
 
     def sum_secret(self, *, members: Sequence[str], present: Sequence[str]) -> np.ndarray:
         """t-of-N share of ``s_P`` for the contributors P = ``members``: ``lambda_k^T *
@@ -268,7 +267,7 @@ class ThresholdParty:
 
     def decryption_share(self, request: DecryptionRequest) -> DecryptionShare:
         """``c1*s_i`` (N-of-N) or ``c1*lambda_k*S_k + z_k`` (t-of-N, the request's present set; z_k
-        this holder's part of a sharing of zero, :func:`zero_share`) plus fresh smudging noise for
+        this holder's part of a sharing of zero, :func:`zero_shares`) plus fresh smudging noise for
         every ``c1`` of ``request``."""
         if request.federation_id != self.federation_id:
             raise ProtocolError(f"Decryption request for federation {request.federation_id!r}; "
@@ -278,11 +277,12 @@ class ThresholdParty:
         secret = self._secret_for(request)
         noises = T.uniform_smudging_many(count=len(request.c1), bits=self.preset.smudging_bits, ring=ring,
                                          context=self._c.context, limbs=limbs)  # fresh, one per c1
+        masks = (zero_shares(me=self.name, present=request.present, seeds=self._pair_seeds, digest=digest,
+                             count=len(request.c1), ctx=self._c) if request.present else None)
         for i, (raw, noise) in enumerate(zip(request.c1, noises, strict=True)):
             c1 = self._c.poly(raw, limbs, f"c1 {i} of the decryption request")
-            if request.present:  # t-of-N: this holder's part of a zero-sharing among this present set
-                noise = T.addmod(noise, zero_share(me=self.name, present=request.present, seeds=self._pair_seeds,
-                                                   digest=digest, index=i, ctx=self._c), ring.q(limbs))
+            if masks is not None:  # t-of-N: this holder's part of a zero-sharing among this present set
+                noise = T.addmod(noise, masks[i], ring.q(limbs))
             out.append(_bytes(T.decryption_share(c1=c1, s=secret, noise=noise, ring=ring)))
         return DecryptionShare(federation_id=self.federation_id, round=request.round, party=self.name,
                                request_sha256=digest, shares=tuple(out))

@@ -7,7 +7,7 @@ generation) and signed by i, so the server relaying it learns nothing. Holder k 
 received into ``S_k = sum_i f_i(k)``, a Shamir share of ``s`` at index k, erases ``s_i``, and
 confirms (:class:`~.threshold_messages.ThresholdKeyShare`). The same X25519 keys give every pair
 of holders a seed (X25519 + HKDF, bound to the federation, the key and the pair), whose PRG
-output masks their decryption shares as a sharing of zero (:func:`.threshold.zero_share`). Any t
+output masks their decryption shares as a sharing of zero (:func:`.threshold.zero_shares`). Any t
 holders T then decrypt with ``lambda_k^T * S_k`` in place of ``s_i``
 (:meth:`.threshold.ThresholdParty.decryption_share`).
 

@@ -11,7 +11,7 @@ D, k) (:func:`round_polys`). Hospital i sends only ``c0_{i,k} = -a_k*s_i + e_{i,
 
 Decryption (MTBH collective decryption with ``c1 = a_k``, t-of-N): key holder j in the present set
 T answers ``d_{j,k} = a_k * lambda_j^T * sum_{i in P} f_i(j) + z_{j,k} + E_{j,k}`` -- its Shamir
-shares of the members' key shares, a sharing of zero among T (:func:`.threshold.zero_share`) and
+shares of the members' key shares, a sharing of zero among T (:func:`.threshold.zero_shares`) and
 smudging uniform on [-2^68, 2^68) -- plus the same on the canary ``c = a*u + e1`` from a public
 seed (:func:`.threshold.seeded_canary`); :class:`SumCombiner` checks the canary shares' sum
 against the members' public key-generation shares ``p0_P`` and adds the rest to the ``c0`` sum:
@@ -47,7 +47,7 @@ from .threshold import (
     _bytes,
     _present_set,
     seeded_canary,
-    zero_share,
+    zero_shares,
 )
 from .threshold_messages import DecryptionShare, ThresholdDecrypt
 
@@ -80,11 +80,10 @@ def sum_share(party: ThresholdParty, *, public: CollectivePublicKey, request: Th
     canary, _ = seeded_canary(seed=request.canary_seed, public=public)
     noises = T.uniform_smudging_many(count=len(a) + 1, bits=party.preset.smudging_bits, ring=ring,
                                      context=ctx.context, limbs=limbs)
-    out = []
-    for k, (c1, noise) in enumerate(zip([*a, canary], noises, strict=True)):
-        mask = zero_share(me=party.name, present=request.present, seeds=party._pair_seeds, digest=digest,
-                          index=k, ctx=ctx)
-        out.append(_bytes(T.decryption_share(c1=c1, s=secret, noise=T.addmod(noise, mask, q), ring=ring)))
+    masks = zero_shares(me=party.name, present=request.present, seeds=party._pair_seeds, digest=digest,
+                        count=len(a) + 1, ctx=ctx)
+    out = [_bytes(T.decryption_share(c1=c1, s=secret, noise=T.addmod(noise, mask, q), ring=ring))
+           for c1, noise, mask in zip([*a, canary], noises, masks, strict=True)]
     return DecryptionShare(federation_id=party.federation_id, round=request.round, party=party.name,
                            request_sha256=digest, shares=tuple(out))
 

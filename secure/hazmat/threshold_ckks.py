@@ -81,16 +81,17 @@ from .seal_polys import (
     read_secret_key,
     submod,
     to_coefficients,
+    to_coefficients_many,
     to_ntt,
     to_ntt_many,
 )
 
 __all__ = [  # the SEAL-polynomial helpers are re-exported: the safe API imports this module only
     "Ring", "addmod", "canary_c1", "canary_residual", "centered", "centered_approx", "ciphertext_bytes", "ckg_share",
-    "combine_decryption", "common_poly", "own_key_c0", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
+    "combine_decryption", "common_poly", "own_key_c0", "rlwe_errors", "uniform_polys", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
     "lagrange_at_zero", "load_plaintext", "load_public_key", "mulmod", "plaintext_bytes", "public_key_bytes",
     "read_ciphertext", "read_plaintext", "read_secret_key", "scale_poly", "seeded_canary_c1", "shamir_split", "submod", "sum_polys",
-    "ternary_poly", "to_coefficients", "to_ntt", "to_ntt_many", "uniform_smudging", "uniform_smudging_many",
+    "ternary_poly", "to_coefficients", "to_coefficients_many", "to_ntt", "to_ntt_many", "uniform_smudging", "uniform_smudging_many",
 ]
 
 
@@ -114,6 +115,29 @@ def common_poly(seed: bytes, ring: Ring) -> np.ndarray:
             out[j, got:got + ok.size] = ok
             got += ok.size
     return out
+
+
+def uniform_polys(key: bytes, *, ring: Ring, limbs: int, count: int) -> np.ndarray:
+    """``count`` polynomials (count, limbs, N), each coefficient uniform mod q_j, from one
+    AES-256-CTR keystream under ``key`` (a 32-byte key used for nothing else): per limb j, words
+    cut to q_j's bit length and kept below q_j (rejection sampling, exact). One stream for many
+    polynomials: what the pairwise zero-sharing masks of a whole request take."""
+    n = count * ring.degree
+    out = np.empty((limbs, n), dtype=_U64)
+    stream = expand_mask(key, 2 * limbs * (n + n // 2 + 64)).view("<u8").astype(_U64)
+    pos = 0
+    for j, q in enumerate(ring.primes[:limbs]):
+        mask, got = _U64((1 << q.bit_length()) - 1), 0
+        while got < n:
+            if pos >= stream.size:  # acceptance > 1/2 a word: astronomically rare; extend the stream
+                stream = expand_mask(key, 2 * (stream.size + n)).view("<u8").astype(_U64)
+            chunk = stream[pos:pos + n - got] & mask
+            pos += chunk.size
+            below = chunk < _U64(q)
+            ok = chunk if below.all() else chunk[below]  # SEAL's 60-bit primes: almost every word is below
+            out[j, got:got + ok.size] = ok
+            got += ok.size
+    return np.ascontiguousarray(out.reshape(limbs, count, ring.degree).transpose(1, 0, 2))
 
 
 def key_error(sk: seal.SecretKey, context: seal.SEALContext, s: np.ndarray, ring: Ring) -> np.ndarray:
@@ -211,16 +235,41 @@ def decryption_share(*, c1: np.ndarray, s: np.ndarray, noise: np.ndarray, ring: 
     return addmod(mulmod(c1, s[:limbs], q), noise, q)
 
 
-def own_key_c0(*, symmetric: seal.Ciphertext, a: np.ndarray, s: np.ndarray, ring: Ring) -> np.ndarray:
-    """``c0 = -a*s + e + Delta*m`` (NTT form, the ciphertext's limbs) from SEAL's own symmetric
-    encryption ``(c0', c1') = (-c1'*s + e + Delta*m, c1')`` of the same plaintext under ``s``:
-    ``c0 = c0' + (c1' - a)*s``. SEAL drew ``c1'`` uniform and ``e`` from its clipped Gaussian
-    (sigma 3.2, |e| <= 19.2), so ``(c0, a)`` is SEAL's symmetric encryption with ``a`` in place
-    of ``c1'``: SEAL's ``Decryptor`` under ``s`` opens it (tested)."""
-    c = read_ciphertext(symmetric)
-    limbs = c.shape[1]
+def rlwe_errors(count: int, *, ring: Ring, limbs: int, source: CsprngUniform | None = None) -> np.ndarray:
+    """``count`` RLWE error polynomials (count, limbs, N), coefficient form: each coefficient a
+    rounded normal of standard deviation 3.2 redrawn until |x| <= 19.2 -- SEAL's own error
+    distribution (its clipped normal, ``noise_standard_deviation`` and ``noise_max_deviation``),
+    the HE standard's. Normals by Box-Muller from the ChaCha20 stream of ``source`` (a fresh OS
+    key by default)."""
+    src = source if source is not None else CsprngUniform()
+    n = count * ring.degree
+    x = np.empty(n)
+    todo = np.arange(n)
+    while todo.size:
+        m = (todo.size + 1) // 2
+        u1, u2 = 1.0 - src.uniform(m), src.uniform(m)  # u1 in (0, 1]
+        r = np.sqrt(-2.0 * np.log(u1))
+        z = np.concatenate([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)])[:todo.size] * 3.2
+        x[todo] = z
+        todo = todo[np.abs(z) > 19.2]  # about 2e-9 of draws: redrawn, as SEAL does
+    e = np.rint(x).astype(np.int64).reshape(count, 1, ring.degree)
+    q = ring.q(limbs).astype(np.int64).reshape(1, limbs, 1)
+    return (e % q).astype(_U64)  # numpy's % of a negative int64 by a positive one is non-negative
+
+
+def own_key_c0(*, plaintexts: Sequence[np.ndarray], a: Sequence[np.ndarray], s: np.ndarray, ring: Ring,
+               context: seal.SEALContext, source: CsprngUniform | None = None) -> list[np.ndarray]:
+    """``c0_k = Delta*m_k - a_k*s + e_k`` in *coefficient* form (what is rounded and sent) for NTT-
+    form plaintexts ``Delta*m_k`` (SEAL's ``CKKSEncoder``) and common polynomials ``a_k``:
+    ``Delta*m_k - a_k*s`` in NTT form, SEAL's inverse NTT, plus a fresh RLWE error
+    (:func:`rlwe_errors`). ``(c0_k, a_k)`` is SEAL's symmetric encryption with ``a_k`` in place of
+    its random ``c1``: SEAL's ``Decryptor`` under ``s`` opens it (tested)."""
+    limbs = plaintexts[0].shape[0]
     q = ring.q(limbs)
-    return addmod(c[0], mulmod(submod(c[1], a[:limbs], q), s[:limbs], q), q)
+    ntt = [submod(pt, mulmod(ak[:limbs], s[:limbs], q), q) for pt, ak in zip(plaintexts, a, strict=True)]
+    coeffs = to_coefficients_many(ntt, ring=ring, context=context, parms_id=_parms_id_at(context, limbs))
+    errors = rlwe_errors(len(coeffs), ring=ring, limbs=limbs, source=source)
+    return [addmod(c, e, q) for c, e in zip(coeffs, errors, strict=True)]
 
 
 def combine_decryption(*, c0: np.ndarray, shares: Sequence[np.ndarray], ring: Ring) -> np.ndarray:
