@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from clinograph.secure.ckks import threshold_upload as U  # noqa: E402
 from clinograph.secure.ckks.presets import CkksPreset  # noqa: E402
 from clinograph.secure.ckks.threshold import CollectivePublicKey, ThresholdParty, ThresholdPreset  # noqa: E402
-from clinograph.secure.ckks.threshold_messages import ThresholdKeyShare, commitments_digest  # noqa: E402
+from clinograph.secure.ckks.threshold_messages import commitments_digest  # noqa: E402
+from clinograph.secure.ckks.threshold_reshare import in_process_reshare  # noqa: E402
 from clinograph.secure.ckks.threshold_sum import SumCombiner, round_polys, sum_share  # noqa: E402
 from clinograph.secure.hazmat.ckks_context import CkksSecretContext  # noqa: E402
 
@@ -122,22 +123,9 @@ class Threshold:
         self.keygen = dict(share_s_per_party=statistics.median(times), combine_s=time.perf_counter() - t,
                            share_bytes_per_party=len(next(iter(shares.values())).p0),
                            public_key_bytes=len(self.public.public_key_bytes))
+        in_process_reshare(self.parties, self.public, threshold=threshold or n)
         #: the holders asked (the first t by name, as the mode's server picks)
-        self._reshare(threshold or n)
-
-    def _reshare(self, t: int) -> None:
-        """The set-up's re-share in process: Shamir deals, pairwise seeds (the mode wraps and
-        derives them over X25519, :mod:`clinograph.secure.ckks.threshold_reshare`), each holder adopts."""
-        holders = sorted(self.parties)
-        deals = {name: party.deal(threshold=t, holders=holders) for name, party in self.parties.items()}
-        seeds = {frozenset((a, b)): os.urandom(32) for a in holders for b in holders if a < b}
-        for k in holders:
-            self.parties[k].adopt(threshold=t, holders=holders, received=[deals[i][k] for i in holders],
-                                  pair_seeds={o: seeds[frozenset((k, o))] for o in holders if o != k})
-        self.public.adopt_threshold(threshold=t, shares={
-            k: ThresholdKeyShare(federation_id=FED, party=k, index=i + 1, threshold=t,
-                                 public_key_digest=self.public.digest) for i, k in enumerate(holders)})
-        self.present = tuple(holders[:t])
+        self.present = self.public.holders[:threshold or n]
 
     def round(self, values: list[np.ndarray], rnd: int) -> dict:
         pub, p, names = self.public, len(values[0]), sorted(self.parties)
