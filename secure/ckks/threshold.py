@@ -6,12 +6,16 @@ Who holds what:
 * every key-holding hospital i holds a secret share ``s_i`` (:class:`ThresholdParty`; redacted,
   refuses to pickle) and publishes ``p0_i = -a*s_i + e_i`` (:class:`KeyGenShare`);
 * anyone (the server) sums the shares into the collective public key
-  (:class:`CollectivePublicKey`); hospitals encrypt their updates under it with SEAL's own
-  ``Encryptor``; the server adds ciphertexts as in ``ckks`` mode;
-* to open an aggregate, the combiner (the server) sends every key holder the ``c1`` halves
-  (:class:`DecryptionRequest`) with one *canary* hidden at a random position, and gets back
-  ``d_i = c1*s_i + e_smudge`` from each (:class:`DecryptionShare`); :class:`Combiner` checks
-  each party's canary share against its public ``p0_i`` and adds the shares to ``c0``.
+  (:class:`CollectivePublicKey`);
+* the ``ckks_threshold`` mode: after the re-share (:mod:`.threshold_reshare`) each hospital
+  encrypts its update under its *own* ``s_i`` with a round's common polynomials
+  (:meth:`ThresholdParty.encrypt_under_share`) and the holders open only the members' sum
+  (:mod:`.threshold_sum`);
+* the library API: hospitals encrypt under the collective public key with SEAL's own
+  ``Encryptor``; to open an aggregate, the combiner (the server) sends every key holder the
+  ``c1`` halves (:class:`DecryptionRequest`) with one *canary* hidden at a random position, and
+  gets back ``d_i = c1*s_i + e_smudge`` from each (:class:`DecryptionShare`); :class:`Combiner`
+  checks each party's canary share against its public ``p0_i`` and adds the shares to ``c0``.
   The combiner learns the aggregate (the sum), nothing about one hospital's update.
 
 Guarantees: the secret key ``s = sum_i s_i`` never exists anywhere; without the share of

@@ -21,9 +21,9 @@ signed :class:`~.threshold_messages.ReshareKey`); ``tckks/public`` also carries 
 ``tckks/reshare`` hands each holder its deals and gets its share key back.
 
 ``tckks/public`` (``distribute=True``, what the ``ckks_threshold`` mode runs) gives every holder
-the collective public key it encrypts under: each holder rebuilds it from the holders' *signed*
-shares, checks its own share is in it unchanged, and answers the key's digest, so a server
-cannot make hospitals encrypt under a key it chose. ``tckks/decrypt`` decrypts whatever ``c1``
+the collective public key (whose digest every round names, and whose shares ``p0_i`` check the
+canary): each holder rebuilds it from the holders' *signed* shares, checks its own share is in it
+unchanged, and answers the key's digest, so a server cannot substitute a key it chose. ``tckks/decrypt`` decrypts whatever ``c1``
 the server sends; the mode's round protocol (:mod:`.threshold_client`) instead checks first that
 it is the aggregate of enough signed contributions.
 
