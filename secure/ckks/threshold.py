@@ -254,7 +254,25 @@ class ThresholdParty:
             plains.append(T.read_plaintext(pt, self._c.ring.data_count, self._c.ring.degree))
         return T.own_key_c0(plaintexts=plains, a=a, s=self._s, ring=self._c.ring, context=self._c.context)
 
-    def sum_secret(self, *, members: Sequence[str], present: Sequence[str]) -> np.ndarray:
+    def sum_decryption_share(self, *, round: int, digest: str, members: Sequence[str], present: Sequence[str],
+                             polys: Sequence[np.ndarray]) -> DecryptionShare:
+        """This holder's answer to a request for the members' sum (the ``ckks_threshold`` mode,
+        :mod:`.threshold_sum`): ``c*lambda_k^T*sum_{i in P} f_i(k) + z + E`` for every polynomial
+        ``c`` of ``polys`` (the round's common polynomials, then the canary), with a sharing of
+        zero among T = ``present`` keyed by the request ``digest`` and fresh smudging E."""
+        ring, limbs = self._c.ring, self._c.ring.data_count
+        q = ring.q(limbs)
+        secret = self._sum_secret(members=members, present=present)
+        noises = T.uniform_smudging_many(count=len(polys), bits=self.preset.smudging_bits, ring=ring,
+                                         context=self._c.context, limbs=limbs)
+        masks = zero_shares(me=self.name, present=present, seeds=self._pair_seeds, digest=digest, count=len(polys),
+                            ctx=self._c)
+        out = [_bytes(T.decryption_share(c1=c, s=secret, noise=T.addmod(noise, mask, q), ring=ring))
+               for c, noise, mask in zip(polys, noises, masks, strict=True)]
+        return DecryptionShare(federation_id=self.federation_id, round=round, party=self.name, request_sha256=digest,
+                               shares=tuple(out))
+
+    def _sum_secret(self, *, members: Sequence[str], present: Sequence[str]) -> np.ndarray:
         """t-of-N share of ``s_P`` for the contributors P = ``members``: ``lambda_k^T *
         sum_{i in P} f_i(k)`` (data level), T = ``present`` (sorted, at least t holders, this one
         among them). Raises ProtocolError otherwise."""

@@ -44,10 +44,8 @@ from .threshold import (
     _CANARY_LIMIT_BITS,
     CollectivePublicKey,
     ThresholdParty,
-    _bytes,
     _present_set,
     seeded_canary,
-    zero_shares,
 )
 from .threshold_messages import DecryptionShare, ThresholdDecrypt
 
@@ -73,19 +71,9 @@ def sum_share(party: ThresholdParty, *, public: CollectivePublicKey, request: Th
         raise ProtocolError(f"The sum request is for federation {request.federation_id!r} with "
                             f"{request.ciphertexts} ciphertexts; {party.name!r} holds a key share of "
                             f"{party.federation_id!r} and {len(a)} common polynomials.")
-    ctx, digest = party._c, request.digest()
-    ring, limbs = ctx.ring, ctx.ring.data_count
-    q = ring.q(limbs)
-    secret = party.sum_secret(members=members, present=request.present)
     canary, _ = seeded_canary(seed=request.canary_seed, public=public)
-    noises = T.uniform_smudging_many(count=len(a) + 1, bits=party.preset.smudging_bits, ring=ring,
-                                     context=ctx.context, limbs=limbs)
-    masks = zero_shares(me=party.name, present=request.present, seeds=party._pair_seeds, digest=digest,
-                        count=len(a) + 1, ctx=ctx)
-    out = [_bytes(T.decryption_share(c1=c1, s=secret, noise=T.addmod(noise, mask, q), ring=ring))
-           for c1, noise, mask in zip([*a, canary], noises, masks, strict=True)]
-    return DecryptionShare(federation_id=party.federation_id, round=request.round, party=party.name,
-                           request_sha256=digest, shares=tuple(out))
+    return party.sum_decryption_share(round=request.round, digest=request.digest(), members=members,
+                                      present=request.present, polys=[*a, canary])
 
 
 class SumCombiner:
