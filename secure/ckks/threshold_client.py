@@ -120,9 +120,12 @@ class ThresholdClient(AggregationClient):
             return self._reveal(msg)
         me = self.identity.name
         check_request(msg, commitments=self._commitments, holder=me, ciphertexts=self._n_ct)
-        if self._answered is not None and (self._answered != msg.canary_seed or msg.present in self._presents):
+        n, t = len(self._public.holders), self._party.threshold or len(self._public.holders)
+        if self._answered is not None and (self._answered != msg.canary_seed or msg.present in self._presents
+                                           or len(self._presents) >= n - t + 1):
             raise IntegrityError(f"Hospital {me!r} refuses a second decryption request in round {self.plan.round}: "
-                                 "only the same sum, for a present set not yet answered, is answered again "
+                                 "only the same sum, for a present set not yet answered, is answered again, at most "
+                                 f"N - t + 1 = {n - t + 1} times (each re-ask replaces a holder that went silent) "
                                  "(report the server).")
         assert self._commitments is not None  # check_request refused otherwise
         share = sum_share(self._party, public=self._public, request=msg, members=tuple(self._commitments.nonces),
@@ -136,8 +139,9 @@ class ThresholdClient(AggregationClient):
         if self._commitments is not None or self._vec is None:
             raise IntegrityError(f"Hospital {me!r} refuses a second commitment set in round {self.plan.round} (or one "
                                  "before its commitment): it encrypts once, for one set (report the server).")
+        # a set below t could be opened by t - 1 colluders and one honest member: never encrypt for one
         seen = checked_commitments(msg, plan=self.plan, peers=self.peers, public=self._public, holder=me,
-                                   floor=self._holder.min_contributors)
+                                   floor=max(self._holder.min_contributors, self._party.threshold or 0))
         if seen.nonces.get(me) != self._nonce:
             raise IntegrityError(f"Hospital {me!r} refuses to encrypt its update: the commitment set does not hold its "
                                  "own commitment unchanged (report the server).")

@@ -21,7 +21,7 @@ Why this is safe (SECURITY.md, "Threshold CKKS"): each ``c0_i`` is an RLWE sampl
 with a fresh uniform ``a`` (a ciphertext of SEAL's own symmetric scheme); a hospital encrypts once
 per commitment set, and every set holds its own fresh nonce, so no ``(a, s_i)`` pair repeats. The
 holders' shares reveal ``a_k*s_P`` only up to the smudging, which hides ``sum_i e_i`` (|e_i| <=
-19.2, n <= 32: below the preset's B = 2^13) at statistical distance <= N*B/2^69 per coefficient
+21, n <= 32: below the preset's B = 2^13) at statistical distance <= N*B/2^69 per coefficient
 vector. A ciphertext made for one set opens under no other: another set has other ``a_k``, and
 the holders' shares for it multiply other polynomials. So the server cannot have two sets decrypted
 that differ by one hospital (every honest member encrypts for one set a round), nor one set

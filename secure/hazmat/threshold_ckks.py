@@ -235,24 +235,22 @@ def decryption_share(*, c1: np.ndarray, s: np.ndarray, noise: np.ndarray, ring: 
     return addmod(mulmod(c1, s[:limbs], q), noise, q)
 
 
+#: SEAL's default error (``SEAL_USE_GAUSSIAN_NOISE`` off, as in TenSEAL's build): the centred
+#: binomial of 2 x 21 bits, variance 21/2 = 10.5 (sigma 3.24), |e| <= 21
+CBD_BITS = 21
+
+
 def rlwe_errors(count: int, *, ring: Ring, limbs: int, source: CsprngUniform | None = None) -> np.ndarray:
-    """``count`` RLWE error polynomials (count, limbs, N), coefficient form: each coefficient a
-    rounded normal of standard deviation 3.2 redrawn until |x| <= 19.2 -- SEAL's own error
-    distribution (its clipped normal, ``noise_standard_deviation`` and ``noise_max_deviation``),
-    the HE standard's. Normals by Box-Muller from the ChaCha20 stream of ``source`` (a fresh OS
-    key by default)."""
+    """``count`` RLWE error polynomials (count, limbs, N), coefficient form: each coefficient
+    popcount(21 bits) - popcount(21 bits) of the ChaCha20 stream of ``source`` (a fresh OS key by
+    default) -- exact integers, SEAL's own error distribution (its centred binomial: variance
+    10.5, |e| <= 21; measured against SEAL's key errors in the tests)."""
     src = source if source is not None else CsprngUniform()
     n = count * ring.degree
-    x = np.empty(n)
-    todo = np.arange(n)
-    while todo.size:
-        m = (todo.size + 1) // 2
-        u1, u2 = 1.0 - src.uniform(m), src.uniform(m)  # u1 in (0, 1]
-        r = np.sqrt(-2.0 * np.log(u1))
-        z = np.concatenate([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2)])[:todo.size] * 3.2
-        x[todo] = z
-        todo = todo[np.abs(z) > 19.2]  # about 2e-9 of draws: redrawn, as SEAL does
-    e = np.rint(x).astype(np.int64).reshape(count, 1, ring.degree)
+    words = np.frombuffer(src.raw(8 * n), dtype="<u8")
+    mask = np.uint64((1 << CBD_BITS) - 1)
+    e = (np.bitwise_count(words & mask).astype(np.int64)
+         - np.bitwise_count((words >> np.uint64(CBD_BITS)) & mask).astype(np.int64)).reshape(count, 1, ring.degree)
     q = ring.q(limbs).astype(np.int64).reshape(1, limbs, 1)
     return (e % q).astype(_U64)  # numpy's % of a negative int64 by a positive one is non-negative
 
@@ -323,11 +321,12 @@ def scale_poly(poly: np.ndarray, factor: np.ndarray, ring: Ring) -> np.ndarray:
 
 def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext, encoder: seal.CKKSEncoder) -> tuple[np.ndarray, np.ndarray]:
     """A canary ``c1 = a*u + e1`` at the data level with ``u`` ternary (a fresh SEAL secret key)
-    and ``e1`` a rounded Gaussian (sigma 3.2): an RLWE sample, so a party cannot tell it from a
-    real ciphertext's ``c1``. Returns (c1, u); ``u`` stays with whoever checks the shares."""
+    and ``e1`` SEAL's error (:func:`rlwe_errors`: |e1| <= 21): an RLWE sample, so a party cannot
+    tell it from a real ciphertext's ``c1``. Returns (c1, u); ``u`` stays with whoever checks the
+    shares. (``encoder`` is kept for callers; the error no longer goes through it.)"""
     limbs = ring.data_count
     u = read_secret_key(seal.KeyGenerator(context).secret_key(), ring)[:limbs]
-    e1 = encoder_gaussian(sigma=3.2, encoder=encoder, ring=ring, limbs=limbs)
+    e1 = _error_ntt(ring=ring, context=context, source=None)
     q = ring.q(limbs)
     return addmod(mulmod(a[:limbs], u, q), e1, q), u
 
@@ -335,15 +334,21 @@ def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext, encoder: 
 def seeded_canary_c1(*, u_key: bytes, e_key: bytes, a: np.ndarray, ring: Ring, context: seal.SEALContext,
                      encoder: seal.CKKSEncoder) -> tuple[np.ndarray, np.ndarray]:
     """:func:`canary_c1` made reproducibly from two 32-byte keys: ``u`` ternary, each coefficient
-    uniform on {-1, 0, 1} (AES-256-CTR bytes below 255, mod 3), ``e1`` rounded Gaussian sigma 3.2
-    from the ChaCha20 stream under ``e_key``. Anyone holding the keys recomputes the canary, so a
+    uniform on {-1, 0, 1} (AES-256-CTR bytes below 255, mod 3), ``e1`` SEAL's error
+    (:func:`rlwe_errors`, |e1| <= 21) from the ChaCha20 stream under ``e_key``. Anyone holding the keys recomputes the canary, so a
     key holder can check that the extra ``c1`` it is asked to decrypt is this canary and not some
     ciphertext's ``c1`` (the ``ckks_threshold`` mode). Returns (c1, u)."""
     limbs = ring.data_count
     q = ring.q(limbs)
     u = ternary_poly(u_key, ring=ring, context=context)
-    e1 = encoder_gaussian(sigma=3.2, encoder=encoder, ring=ring, limbs=limbs, source=CsprngUniform(_key=e_key))
+    e1 = _error_ntt(ring=ring, context=context, source=CsprngUniform(_key=e_key))
     return addmod(mulmod(a[:limbs], u, q), e1, q), u
+
+
+def _error_ntt(*, ring: Ring, context: seal.SEALContext, source: CsprngUniform | None) -> np.ndarray:
+    """One :func:`rlwe_errors` polynomial in NTT form at the data level (bounded: |e| <= 21)."""
+    e = rlwe_errors(1, ring=ring, limbs=ring.data_count, source=source)[0]
+    return to_ntt(e, ring=ring, context=context, parms_id=ring.data_parms_id)
 
 
 def ternary_poly(key: bytes, *, ring: Ring, context: seal.SEALContext) -> np.ndarray:

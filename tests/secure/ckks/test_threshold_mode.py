@@ -36,9 +36,9 @@ NAMES = ("east", "north", "south")
 
 
 class _Hospital:
-    def __init__(self, identity: Identity, peers):
+    def __init__(self, identity: Identity, peers, tckks_threshold=None):
         self.name = identity.name
-        self.keys = CkksKeyHolder(identity=identity, peers=peers, federation_id=FED)
+        self.keys = CkksKeyHolder(identity=identity, peers=peers, federation_id=FED, tckks_threshold=tckks_threshold)
 
     def on_setup(self, step, parts):
         return self.keys.on_setup(step, parts)
@@ -134,8 +134,8 @@ def test_every_honest_hospital_refuses_to_encrypt_for_anything_but_a_big_enough_
     plan = _plan(fed, round_=2, min_clients={"below_minimum": 3, "one_hospital_plan_lowered": 1}.get(case, 2))
     clients, _ = _clients(fed, plan)
     commits = {n: c.first_message() for n, c in clients.items()}
-    if case.startswith("one_hospital"):
-        members, why = ["east"], "minimum is 2"
+    if case.startswith("one_hospital"):  # N-of-N: a set below t = N holders could not open anyway
+        members, why = ["east"], "minimum is 3"
     elif case == "below_minimum":
         members, why = ["east", "north"], "minimum is 3"
     elif case == "commitment_of_another_round":
@@ -308,7 +308,7 @@ def test_a_mode_holder_refuses_the_unchecked_decrypt_step(fed):
 def fed2():
     ids = {n: Identity.generate(n) for n in NAMES}
     enrolled = {n: i.public for n, i in ids.items()}
-    hospitals = {n: _Hospital(i, enrolled) for n, i in ids.items()}
+    hospitals = {n: _Hospital(i, enrolled, tckks_threshold=2) for n, i in ids.items()}  # each accepts 2-of-N
     mode = create_mode("ckks_threshold")
     run = mode.open_run(federation=SimpleNamespace(min_clients=2, tckks_threshold=2),
                         transport=InProcessTransport(hospitals), run_id=FED, enrolled=enrolled, max_weight=10.0,

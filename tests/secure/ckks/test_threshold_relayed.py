@@ -113,7 +113,8 @@ def test_keygen_for_another_federation_is_refused(net):
 class _Peer(_Hospital):
     def __init__(self, identity: Identity, server: Identity, peers):
         self.name = identity.name
-        self.holder = ThresholdKeyHolder(identity=identity, server=server.public, federation_id=FED, peers=peers)
+        self.holder = ThresholdKeyHolder(identity=identity, server=server.public, federation_id=FED, peers=peers,
+                                         min_threshold=2)  # each hospital's own rule: t-of-N from t = 2
 
 
 @pytest.fixture(scope="module")

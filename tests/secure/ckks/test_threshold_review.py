@@ -1,7 +1,7 @@
-"""Review of the ``ckks_threshold`` redesign (issue 36): breaks found, pinned as strict xfails.
+"""Review of the ``ckks_threshold`` redesign (issue 36): the breaks found, now closed.
 
-Each test asserts the property SECURITY.md claims and fails today (``xfail(strict=True)``): when a
-fix makes it pass, pytest reports XPASS as a failure and the mark must go.
+Each test failed on the first version of the own-key design (they were strict xfails in the
+review) and asserts what SECURITY.md claims.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.transport import InProcessTransport
 from clinograph.secure.wire import load_payload, parse_envelope, seal
 
-from clinograph.core.errors import IntegrityError
+from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.core.identity import Identity
 from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
 
@@ -36,20 +36,20 @@ SERVER = Identity.generate("server")
 
 
 class _Hospital:
-    def __init__(self, identity: Identity, peers):
+    def __init__(self, identity: Identity, peers, rule=None):
         self.name = identity.name
-        self.keys = CkksKeyHolder(identity=identity, peers=peers, federation_id=FED)
+        self.keys = CkksKeyHolder(identity=identity, peers=peers, federation_id=FED, tckks_threshold=rule)
 
     def on_setup(self, step, parts):
         return self.keys.on_setup(step, parts)
 
 
-def _federation(names, *, threshold):
-    """A set-up as the server runs it: t comes from the server's keygen message (the hospitals
-    hold no policy of their own on t or on the floor of contributors)."""
+def _federation(names, *, threshold, rule=None):
+    """A set-up as the server runs it: the server proposes t; each hospital holds its own ``rule``
+    (the smallest t it accepts; None: N-of-N only)."""
     ids = {n: Identity.generate(n) for n in names}
     enrolled = {n: i.public for n, i in ids.items()}
-    hospitals = {n: _Hospital(i, enrolled) for n, i in ids.items()}
+    hospitals = {n: _Hospital(i, enrolled, rule) for n, i in ids.items()}
     mode = create_mode("ckks_threshold")
     run = mode.open_run(federation=SimpleNamespace(min_clients=2, tckks_threshold=threshold),
                         transport=InProcessTransport(hospitals), run_id=FED, enrolled=enrolled, max_weight=10.0,
@@ -71,48 +71,28 @@ def _relay(commits, round_):
     return seal(ThresholdCommitments(federation_id=FED, round=round_, commits=tuple(commits)), SERVER)
 
 
-@pytest.mark.xfail(strict=True, reason="review 36: a server that sends t = 2 at set-up, plus one colluding holder, "
-                                       "shows each honest hospital a set of two and opens every update alone")
-def test_server_and_one_colluding_holder_cannot_open_an_honest_update_alone():
-    """SECURITY.md's table: 'the server + hospitals that show honest ones different commitment sets:
-    no update'; under N-of-N, the server + N - 1 hospitals are needed. But t and the floor come from
-    the server's keygen message (any t in 2..32 is accepted), so with N = 3 the server picks t = 2
-    and, with south colluding, shows east the set {east, south} and north the set {north, south}:
-    each set is big enough (2 >= max(min_clients, floor, t)), every check passes, and each honest
-    hospital's update opens alone -- both in one round."""
-    names = ("east", "north", "south")
-    fed = _federation(names, threshold=2)
-    public = fed.hospitals["east"].keys.threshold.public
-    server_public = fed.run.server(plan=_clients(fed, 1)["east"].plan, peers=fed.enrolled, identity=SERVER).public
-    colluder = fed.hospitals["south"].keys.threshold.party
+def test_a_server_cannot_lower_t_below_the_hospitals_own_rule():
+    """Review finding (high): t came from the server alone, so a server that sent t = 2 to three
+    N-of-N hospitals could, with one colluding holder, show each honest hospital a set of two and
+    open every update alone in one round. Now each hospital holds its rule and refuses a lower t at
+    set-up, by name; and never encrypts for a set smaller than t."""
+    with pytest.raises(ProtocolError, match="refuses a threshold key with t = 2: its own rule is N-of-N"):
+        _federation(("east", "north", "south"), threshold=2)
+    with pytest.raises(ProtocolError, match="refuses a threshold key with t = 2: its own rule is at least 3"):
+        _federation(("east", "north", "south", "west"), threshold=2, rule=3)
+    fed = _federation(("east", "north", "south", "west"), threshold=3, rule=3)
     clients = _clients(fed, 1)
     commits = {n: c.first_message() for n, c in clients.items()}
-    recovered = {}
-    for victim in ("east", "north"):
-        members = tuple(sorted((victim, "south")))
-        upload = clients[victim].handle(_relay([commits[n] for n in members], 1))  # the victim encrypts for it
-        msg = load_payload(parse_envelope(upload), ThresholdUpload)
-        a = round_polys(public=public, round=1, commitments_sha256=msg.commitments_sha256, count=len(msg.c0))
-        zero = U.encode(colluder, public, np.zeros_like(clients[victim]._vec), a)  # south adds nothing
-        c0 = U.aggregate(public, [U.read_c0(public, msg.c0, victim), U.read_c0(public, zero, "south")])
-        comb = SumCombiner(public=server_public, round=1, commitments_sha256=msg.commitments_sha256,
-                           members=members, c0=c0, canary_seed=secrets.token_bytes(32), present=members)
-        shares = {victim: load_payload(parse_envelope(clients[victim].handle(seal(comb.request, SERVER))),
-                                       DecryptionShare)}
-        shares["south"] = sum_share(colluder, public=public, request=comb.request, members=members, a=a)
-        recovered[victim] = comb.combine(shares, length=len(clients[victim]._vec))
-    opened = [v for v in ("east", "north") if np.max(np.abs(recovered[v] - clients[v]._vec)) < 1e-6]
-    assert not opened, f"opened alone in one round: {opened}"
+    with pytest.raises(IntegrityError, match="'east' refuses to encrypt its update: .*minimum is 3"):
+        clients["east"].handle(_relay([commits["east"], commits["south"]], 1))
 
 
-@pytest.mark.xfail(strict=True, reason="review 36: a holder answers every present set that holds it (2^(n-1) - 1), "
-                                       "not 'at most N times a round'; each answer is one more smudged sample")
-def test_a_holder_answers_one_sum_at_most_n_times_a_round():
-    """SECURITY.md: 'each T once, at most N times a round'. With N = 4 and t = 2 the server asks
-    east for the same sum under every present set holding it: 7 sets, each answered with fresh
-    smudging (the statistical count of the smudging argument grows with them, 2^31 at N = 32)."""
+def test_a_holder_answers_one_sum_at_most_n_minus_t_plus_one_times_a_round():
+    """Review finding (medium): a holder answered the same sum for every present set holding it
+    (2^(N-1) - 1 sets, each one more smudged sample). Now at most N - t + 1 (each legitimate re-ask
+    drops a silent holder): N = 4, t = 2, 3 answers."""
     names = ("east", "north", "south", "west")
-    fed = _federation(names, threshold=2)
+    fed = _federation(names, threshold=2, rule=2)
     clients = _clients(fed, 2)
     commits = [c.first_message() for c in clients.values()]
     uploads = {n: c.handle(_relay(commits, 2)) for n, c in clients.items()}
@@ -132,7 +112,7 @@ def test_a_holder_answers_one_sum_at_most_n_times_a_round():
             answered += 1
         except IntegrityError:
             pass
-    assert answered <= len(names), f"east answered one sum {answered} times"
+    assert answered == len(names) - 2 + 1, f"east answered one sum {answered} times"
 
 
 def _signed(residues: np.ndarray, q: int) -> np.ndarray:
@@ -141,13 +121,11 @@ def _signed(residues: np.ndarray, q: int) -> np.ndarray:
     return np.where(r > q // 2, r - q, r)
 
 
-@pytest.mark.xfail(strict=True, reason="review 36: SEAL's error is a centred binomial (var 10.5, |e| <= 21), "
-                                       "not the clipped normal rlwe_errors draws (var 10.32)")
 def test_rlwe_errors_have_the_distribution_of_seals_own_errors():
-    """SECURITY.md: 'SEAL's clipped normal, which rlwe_errors reproduces'. SEAL's key errors (read
-    back as e = pk.c0 + pk.c1*s) have variance 10.5 and P(0) = C(42,21)/2^42 = 0.1224: the
-    centred binomial of SEAL's default build (SEAL_USE_GAUSSIAN_NOISE off); rlwe_errors draws a
-    rounded normal, variance 3.2^2 + 1/12 = 10.32. 96 polynomials each: 6.7 standard errors apart."""
+    """Review finding (low): SEAL's key errors (read back as e = pk.c0 + pk.c1*s) have variance
+    10.5 and P(0) = C(42,21)/2^42 = 0.1224 -- the centred binomial of SEAL's default build
+    (SEAL_USE_GAUSSIAN_NOISE off); rlwe_errors drew a rounded normal (variance 10.32, 6.7
+    standard errors away at 96 polynomials each) and now draws that binomial."""
     import tenseal.sealapi as seal_api
     from clinograph.secure.hazmat.ckks_context import CkksParams, build_context
 
