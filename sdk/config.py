@@ -257,6 +257,10 @@ class ReleaseSection(_Strict):
                                                               "AUROC/AUPRC on the validation split")
     quality_metric: Literal["f1", "micro_f1", "auroc"] = "f1"
     feature_relevance: bool = Field(default=False, description="the learned feature masks m_f (NS-FL Fig. 4)")
+    tckks_threshold: int | None = Field(default=None, ge=2, le=32, description="secure_mode = 'ckks_threshold': "
+                                        "the smallest t this hospital accepts for t-of-N decryption (the server "
+                                        "proposes t; the server with t - 1 colluding holders can open the sum of any "
+                                        "t hospitals); unset: N-of-N only")
 
 
 class SplitSection(_Strict):

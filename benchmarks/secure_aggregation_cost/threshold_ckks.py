@@ -5,9 +5,9 @@
     python -m benchmarks.secure_aggregation_cost.threshold_ckks --quick    # P = 1e4, n = 3, 1 rep (prints, writes _quick)
     python -m benchmarks.secure_aggregation_cost.threshold_ckks --ps 100000 --ns 10 --t 6 --out threshold_ckks_p1e5_n10_t6
 
-``--t T`` runs the threshold side t-of-N (every holder re-shares its key share at set-up, in
-process; the t holders asked answer with Lagrange-scaled, zero-share-masked shares); ``--t -1``
-a majority for each n; default N-of-N.
+``--t T`` runs the threshold side t-of-N; default t = N (N-of-N, which the mode also sets up by
+re-sharing); ``--t -1`` a majority for each n. Every holder re-shares its key share at set-up, in
+process (Shamir deals to each holder, pairwise seeds).
 
 Same values for every side, the three interleaved in each repetition, medians over repetitions.
 Hospitals work in parallel, so ``round_s`` is the critical path: one hospital's part (median
@@ -15,24 +15,22 @@ over hospitals) plus the server's.
 
 * Single key (``ckks`` at the cryptographic layer): every hospital encrypts (seeded symmetric,
   SEAL's zstd bytes), the server loads and adds, one hospital decrypts.
-* Threshold (the mode's own functions, :mod:`clinograph.secure.ckks.threshold_upload` and
-  :func:`clinograph.secure.ckks.threshold_check.holder_request`): every hospital encrypts under
-  the collective key, packs its upload (c1 whole, c0 rounded) and hashes its c1 (the commit
-  stage); the server checks each upload against its commitment, parses them, adds the c1 and the
-  lifted c0 and builds the combiner; every key holder checks the n contributions' c1 against
-  their commitments, parses and adds them, expands the canary and makes its decryption share on
-  that sum (what the mode's aggregate check computes; the Ed25519 signatures and verifications,
-  ~0.1 ms each, the envelopes and the commit stage's extra message round are left out, as
-  envelopes are on the single-key side); the combiner checks the canary
-  (:class:`clinograph.secure.ckks.threshold.Combiner`, the library's check) and decodes.
-  ``round_s`` = encode + server + holder + combine.
+* Threshold (the mode's own functions: :mod:`clinograph.secure.ckks.threshold_sum` and
+  :mod:`clinograph.secure.ckks.threshold_upload`): every hospital expands the commitment set's
+  common polynomials, encrypts under its own key share and packs the rounded c0; the server
+  parses and adds the c0 and builds the :class:`~clinograph.secure.ckks.threshold_sum.SumCombiner`;
+  each of the t holders asked makes its share of the members' sum (Lagrange-scaled per-member
+  Shamir shares, zero-sharing mask, smudging, canary); the combiner checks the canary and decodes.
+  The Ed25519 signatures and verifications (~0.1 ms each), the envelopes and the commit stage's
+  message round are left out, as envelopes are on the single-key side. ``round_s`` = encode +
+  server + holder + combine.
 * Masked: the ``masked`` mode's whole round driven by hand in process
   (:func:`.secure_aggregation_masked.party_seconds`, envelopes and signatures included);
   ``round_s`` = the server's seconds + the slowest hospital's.
 
-Bytes per parameter: the upload (threshold: c0 + c1 parts; single key: SEAL's bytes; masked:
-its vector envelope), and for threshold each holder's download (the n contributions' c1) and
-its decryption share. Key generation (once per federation) is reported separately. Writes
+Bytes per parameter: the upload (threshold: the c0 parts; single key: SEAL's bytes; masked:
+its vector envelope), and for threshold each holder's decryption share (a holder downloads no
+ciphertext: the request names the set). Key generation (once per federation) is reported separately. Writes
 benchmarks/secure_aggregation_cost/results/threshold_ckks.json. Asserts nothing about time.
 """
 
@@ -50,14 +48,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from clinograph.secure.ckks import threshold_upload as U  # noqa: E402
 from clinograph.secure.ckks.presets import CkksPreset  # noqa: E402
-from clinograph.secure.ckks.threshold import (  # noqa: E402
-    CollectivePublicKey,
-    Combiner,
-    ThresholdParty,
-    ThresholdPreset,
-)
-from clinograph.secure.ckks.threshold_check import holder_request  # noqa: E402
-from clinograph.secure.ckks.threshold_messages import ThresholdKeyShare, c1_digest  # noqa: E402
+from clinograph.secure.ckks.threshold import CollectivePublicKey, ThresholdParty, ThresholdPreset  # noqa: E402
+from clinograph.secure.ckks.threshold_messages import commitments_digest  # noqa: E402
+from clinograph.secure.ckks.threshold_reshare import in_process_reshare  # noqa: E402
+from clinograph.secure.ckks.threshold_sum import SumCombiner, round_polys, sum_share  # noqa: E402
 from clinograph.secure.hazmat.ckks_context import CkksSecretContext  # noqa: E402
 
 from benchmarks.secure_aggregation_cost.secure_aggregation_masked import (  # noqa: E402
@@ -129,69 +123,40 @@ class Threshold:
         self.keygen = dict(share_s_per_party=statistics.median(times), combine_s=time.perf_counter() - t,
                            share_bytes_per_party=len(next(iter(shares.values())).p0),
                            public_key_bytes=len(self.public.public_key_bytes))
-        #: t-of-N: the holders asked (the first t by name, as the mode's server picks); empty: N-of-N
-        self.present: tuple[str, ...] = ()
-        if threshold:
-            self._reshare(threshold)
+        t = time.perf_counter()  # every holder deals to every holder and adopts (in process: no wrapping)
+        in_process_reshare(self.parties, self.public, threshold=threshold or n)
+        self.keygen["reshare_s_all_parties"] = time.perf_counter() - t
+        #: the holders asked (the first t by name, as the mode's server picks)
+        self.present = self.public.holders[:threshold or n]
 
-    def _reshare(self, t: int) -> None:
-        """The t-of-N set-up in process: Shamir deals, pairwise seeds (the mode wraps and derives
-        them over X25519, :mod:`clinograph.secure.ckks.threshold_reshare`), each holder adopts."""
-        holders = sorted(self.parties)
-        deals = {name: party.deal(threshold=t, holders=holders) for name, party in self.parties.items()}
-        seeds = {frozenset((a, b)): os.urandom(32) for a in holders for b in holders if a < b}
-        for k in holders:
-            self.parties[k].adopt(threshold=t, holders=holders, received=[deals[i][k] for i in holders],
-                                  pair_seeds={o: seeds[frozenset((k, o))] for o in holders if o != k})
-        self.public.adopt_threshold(threshold=t, shares={
-            k: ThresholdKeyShare(federation_id=FED, party=k, index=i + 1, threshold=t,
-                                 public_key_digest=self.public.digest) for i, k in enumerate(holders)})
-        self.present = tuple(holders[:t])
-
-    def round(self, values: list[np.ndarray], rnd: int, *, timed_sums: int = 3) -> dict:
-        pub, p, n = self.public, len(values[0]), len(values)
-        enc, uploads, commits = [], [], []
-        for v in values:
+    def round(self, values: list[np.ndarray], rnd: int) -> dict:
+        pub, p, names = self.public, len(values[0]), sorted(self.parties)
+        n_ct = -(-p // pub.preset.params.slot_count)
+        digest = commitments_digest(tuple(os.urandom(64) for _ in names))  # the relayed commitment set's digest
+        enc, uploads, polys = [], [], {}
+        for name, v in zip(names, values, strict=True):
             t = time.perf_counter()
-            uploads.append(U.encode(pub, v))
-            commits.append(c1_digest(uploads[-1][1]))  # the commit stage's hash
+            polys[name] = round_polys(public=pub, round=rnd, commitments_sha256=digest, count=n_ct)
+            uploads.append(U.encode(self.parties[name], pub, v, polys[name]))
             enc.append(time.perf_counter() - t)
-        t = time.perf_counter()  # the server: check each upload against its commitment, parse, add, build the combiner
-        if [c1_digest(c1s) for _, c1s in uploads] != commits:
-            raise RuntimeError("an upload is not its commitment")
-        c1 = [U.read_c1(pub, c1s, f"h{i}") for i, (_, c1s) in enumerate(uploads)]
-        c0 = [U.read_c0(pub, c0s, f"h{i}") for i, (c0s, _) in enumerate(uploads)]
-        aggregate = U.aggregate(pub, c0=c0, c1_sums=U.sum_c1(pub, c1))
-        seed = os.urandom(32)
-        comb = Combiner(public=pub, round=rnd, aggregate=aggregate, contributions=n, canary_seed=seed,
-                        present=self.present)
+        t = time.perf_counter()  # the server: parse, add, build the combiner
+        c0 = [U.read_c0(pub, parts, n) for n, parts in zip(names, uploads, strict=True)]
+        comb = SumCombiner(public=pub, round=rnd, commitments_sha256=digest, members=names,
+                           c0=U.aggregate(pub, c0), canary_seed=os.urandom(32), present=self.present)
         server_s = time.perf_counter() - t
-        sum_times, request = [], None
-        for _ in range(min(timed_sums, len(self.parties))):  # a holder: commitments, parse the n c1, add, canary
-            t = time.perf_counter()
-            if [c1_digest(c1s) for _, c1s in uploads] != commits:
-                raise RuntimeError("a contribution is not its commitment")
-            request = holder_request(pub, round=rnd, c1=[U.read_c1(pub, c1s, f"h{i}") for i, (_, c1s) in
-                                                         enumerate(uploads)], canary_seed=seed, present=self.present)
-            sum_times.append(time.perf_counter() - t)
-        if request is None or request.digest() != comb.request.digest():
-            raise RuntimeError("the holders' sum is not the server's")
         share_times, shares = [], {}
-        for name in self.present or self.parties:
+        for name in comb.present:
             t = time.perf_counter()
-            shares[name] = self.parties[name].decryption_share(request)
+            shares[name] = sum_share(self.parties[name], public=pub, request=comb.request, members=names,
+                                     a=polys[name])
             share_times.append(time.perf_counter() - t)
         t = time.perf_counter()
         out = comb.combine(shares, length=p)
         combine_s = time.perf_counter() - t
-        holder_s = statistics.median(sum_times) + statistics.median(share_times)
-        encode_s = statistics.median(enc)
-        return dict(encode_s=encode_s, server_s=server_s, holder_sum_s=statistics.median(sum_times),
-                    holder_share_s=statistics.median(share_times), combine_s=combine_s,
+        encode_s, holder_s = statistics.median(enc), statistics.median(share_times)
+        return dict(encode_s=encode_s, server_s=server_s, holder_share_s=holder_s, combine_s=combine_s,
                     round_s=encode_s + server_s + holder_s + combine_s,
-                    upload_bytes_per_param=sum(map(len, uploads[0][0] + uploads[0][1])) / p,
-                    c1_bytes_per_param=sum(map(len, uploads[0][1])) / p,
-                    holder_download_bytes_per_param=sum(len(b) for _, c1s in uploads for b in c1s) / p,
+                    upload_bytes_per_param=sum(map(len, uploads[0])) / p,
                     share_upload_bytes_per_param=sum(map(len, next(iter(shares.values())).shares)) / p,
                     max_abs_error=float(np.max(np.abs(out - sum(values)))))
 
@@ -227,14 +192,14 @@ def main() -> None:
                 msk.append(masked(deltas, weights))
             s, t, m = _median_rows(single), _median_rows(thr), _median_rows(msk)
             rows.append(dict(n=n, p=p, reps=reps, load_average=[load_before, os.getloadavg()],
-                             rule=f"{holders_t}-of-{n}" if holders_t else "N-of-N",
+                             rule=f"{holders_t}-of-{n}" if holders_t and holders_t != n else "N-of-N",
                              single_key_add_only_128=s, threshold_128=t, masked=m, threshold_keygen=fed.keygen,
                              upload_ratio=t["upload_bytes_per_param"] / s["upload_bytes_per_param"],
                              round_ratio=t["round_s"] / s["round_s"],
                              round_ratio_to_masked=t["round_s"] / m["round_s"]))
             print(f"n={n} P={p}: upload x{rows[-1]['upload_ratio']:.2f} ({t['upload_bytes_per_param']:.1f} B/param), "
                   f"round x{rows[-1]['round_ratio']:.2f} ({t['round_s']:.3f} s vs {s['round_s']:.3f} s; masked "
-                  f"{m['round_s']:.3f} s), holder download {t['holder_download_bytes_per_param']:.0f} B/param, "
+                  f"{m['round_s']:.3f} s), holder share {t['share_upload_bytes_per_param']:.0f} B/param, "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
     emit(dict(benchmark="threshold_ckks", rows=rows, machine=machine()), out=out_path(__file__, args))
 

@@ -61,6 +61,9 @@ HASH_THRESHOLD_CKKS_CANARY = b"clinograph/v1/threshold-ckks/canary"
 KDF_THRESHOLD_CKKS_RESHARE = b"clinograph/v1/threshold-ckks/reshare-wrap"
 KDF_THRESHOLD_CKKS_PAIR_SEED = b"clinograph/v1/threshold-ckks/pair-seed"
 HASH_THRESHOLD_CKKS_ZERO_SHARE = b"clinograph/v1/threshold-ckks/zero-share"
-# commit stage (secure/ckks/threshold_upload.py): a contributor's c1 hash and the relayed set of them
-HASH_THRESHOLD_CKKS_C1 = b"clinograph/v1/threshold-ckks/c1-commitment"
+# commit stage (secure/ckks/threshold_sum.py): the relayed set of signed commitments (each with its
+# hospital's fresh nonce); the round's common polynomials a_k are expanded from its digest, and the
+# holders' decryption request for the sum is digested under its own label
 HASH_THRESHOLD_CKKS_COMMITMENTS = b"clinograph/v1/threshold-ckks/commitment-set"
+HASH_THRESHOLD_CKKS_ROUND_A = b"clinograph/v1/threshold-ckks/round-a"
+HASH_THRESHOLD_CKKS_SUM_REQUEST = b"clinograph/v1/threshold-ckks/sum-request"

@@ -62,7 +62,8 @@ class HospitalClient:
         self.federation_id = federation_id
         self.dictionary_hash = dictionary_hash
         self.release = release
-        self.ckks = CkksKeyHolder(identity=identity, peers=self.peers, federation_id=federation_id)
+        self.ckks = CkksKeyHolder(identity=identity, peers=self.peers, federation_id=federation_id,
+                                  tckks_threshold=release.tckks_threshold)
         self.plan: RoundPlan | None = None  # the last plan this hospital verified and trained on
         self.last: TrainOutcome | None = None
         self.last_train_seconds = 0.0

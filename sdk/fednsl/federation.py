@@ -124,8 +124,10 @@ def run_rules_federation(*, hospitals: Mapping[str, HospitalRules], tests: Mappi
     tasks = {n: RulesTask(rules=h, prior=prior0, test=tests[n], seed=federation.seed) for n, h in hospitals.items()}
     ids = {n: Identity.generate(n) for n in tasks}
     publics = {n: i.public for n, i in ids.items()}
+    # in-process hospitals, all configured by this run's operator: they accept the run's t (ckks_threshold)
+    release = ReleaseSection(tckks_threshold=getattr(federation, "tckks_threshold", None))
     clients = {n: HospitalClient(task=t, identity=ids[n], server=server_identity.public, peers=publics,
-                                 dictionary_hash=dictionary_hash, federation_id=fed.id, release=ReleaseSection())
+                                 dictionary_hash=dictionary_hash, federation_id=fed.id, release=release)
                for n, t in tasks.items()}
     first = next(iter(tasks.values()))
     initial = InitialModel.create(task=first.name, dictionary_hash=dictionary_hash,

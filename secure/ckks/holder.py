@@ -33,7 +33,10 @@ STEPS = ("ckks/deal", "ckks/request", "ckks/wrap", "ckks/unwrap")
 class CkksKeyHolder:
     """Answers the ceremony's steps for one hospital and then holds its keyring."""
 
-    def __init__(self, *, identity: Identity, peers: Mapping[str, PublicIdentity], federation_id: str):
+    def __init__(self, *, identity: Identity, peers: Mapping[str, PublicIdentity], federation_id: str,
+                 tckks_threshold: int | None = None):
+        """``tckks_threshold``: the smallest t this hospital accepts for a ``ckks_threshold`` key
+        (its ``[release] tckks_threshold``); None: N-of-N only."""
         self.identity = identity
         self.peers = dict(peers)
         self.federation_id = federation_id
@@ -41,7 +44,8 @@ class CkksKeyHolder:
         self._dealer: CkksKeyDealer | None = None
         self._recipient: CkksRecipientKey | None = None
         #: the ``ckks_threshold`` mode's key share (its ``tckks/*`` set-up steps)
-        self.threshold = ThresholdKeyHolder(identity=identity, server=None, federation_id=federation_id, peers=peers)
+        self.threshold = ThresholdKeyHolder(identity=identity, server=None, federation_id=federation_id, peers=peers,
+                                            min_threshold=tckks_threshold)
 
     def __repr__(self) -> str:
         return f"CkksKeyHolder(hospital={self.identity.name!r}, keyring={'held' if self.keyring else 'none'})"

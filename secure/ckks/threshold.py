@@ -6,12 +6,16 @@ Who holds what:
 * every key-holding hospital i holds a secret share ``s_i`` (:class:`ThresholdParty`; redacted,
   refuses to pickle) and publishes ``p0_i = -a*s_i + e_i`` (:class:`KeyGenShare`);
 * anyone (the server) sums the shares into the collective public key
-  (:class:`CollectivePublicKey`); hospitals encrypt their updates under it with SEAL's own
-  ``Encryptor``; the server adds ciphertexts as in ``ckks`` mode;
-* to open an aggregate, the combiner (the server) sends every key holder the ``c1`` halves
-  (:class:`DecryptionRequest`) with one *canary* hidden at a random position, and gets back
-  ``d_i = c1*s_i + e_smudge`` from each (:class:`DecryptionShare`); :class:`Combiner` checks
-  each party's canary share against its public ``p0_i`` and adds the shares to ``c0``.
+  (:class:`CollectivePublicKey`);
+* the ``ckks_threshold`` mode: after the re-share (:mod:`.threshold_reshare`) each hospital
+  encrypts its update under its *own* ``s_i`` with a round's common polynomials
+  (:meth:`ThresholdParty.encrypt_under_share`) and the holders open only the members' sum
+  (:mod:`.threshold_sum`);
+* the library API: hospitals encrypt under the collective public key with SEAL's own
+  ``Encryptor``; to open an aggregate, the combiner (the server) sends every key holder the
+  ``c1`` halves (:class:`DecryptionRequest`) with one *canary* hidden at a random position, and
+  gets back ``d_i = c1*s_i + e_smudge`` from each (:class:`DecryptionShare`); :class:`Combiner`
+  checks each party's canary share against its public ``p0_i`` and adds the shares to ``c0``.
   The combiner learns the aggregate (the sum), nothing about one hospital's update.
 
 Guarantees: the secret key ``s = sum_i s_i`` never exists anywhere; without the share of
@@ -141,24 +145,35 @@ def seeded_canary(*, seed: bytes, public: CollectivePublicKey) -> tuple[np.ndarr
                               encoder=c.encoder)
 
 
-def zero_share(*, me: str, present: Sequence[str], seeds: Mapping[str, bytes], digest: str, index: int,
-               ctx: _Ctx) -> np.ndarray:
-    """t-of-N: this holder's part ``z_k`` of a fresh sharing of zero among the present set
-    (``sum_k z_k = 0`` mod q): ``sum_j +-PRG(seed_kj, request digest, c1 index)`` over the other
-    present holders j, + when k's name sorts first. Each pairwise seed comes from an X25519 key
-    agreement at set-up, so a coalition misses every seed between two honest holders, and the
-    honest shares it sees are uniform but for their sum (SECURITY.md: why this is needed)."""
+def zero_shares(*, me: str, present: Sequence[str], seeds: Mapping[str, bytes], digest: str, count: int,
+                ctx: _Ctx) -> np.ndarray:
+    """t-of-N: this holder's parts ``z_k`` (count, limbs, N) of fresh sharings of zero among the
+    present set, one for each of ``count`` polynomials of one request (``sum_k z_k = 0`` mod q):
+    ``sum_j +-PRG(seed_kj, request digest)`` over the other present holders j, + when k's name
+    sorts first. Each pairwise seed comes from an X25519 key agreement at set-up, so a coalition
+    misses every seed between two honest holders, and the honest shares it sees are uniform but
+    for their sum (SECURITY.md: why this is needed)."""
     ring, limbs = ctx.ring, ctx.ring.data_count
     q = ring.q(limbs)
-    z = np.zeros((limbs, ring.degree), dtype=np.uint64)
+    z = np.zeros((count, limbs, ring.degree), dtype=np.uint64)
     for other in present:
         if other == me:
             continue
-        key = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_ZERO_SHARE, seeds[other], digest.encode(),
-                                          str(index).encode()])).digest()
-        mask = T.common_poly(key, ring)[:limbs]
+        key = hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_ZERO_SHARE, seeds[other], digest.encode()])).digest()
+        mask = T.uniform_polys(key, ring=ring, limbs=limbs, count=count)
         z = T.addmod(z, mask, q) if me < other else T.submod(z, mask, q)
     return z
+
+
+def _checked_values(preset: ThresholdPreset, values: np.ndarray) -> np.ndarray:
+    """``values`` flat as float64, each finite and below the preset's per-contribution bound."""
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    bound = preset.params.max_abs_slot / preset.max_parties
+    if not np.all(np.isfinite(flat)) or np.any(np.abs(flat) >= bound):
+        raise ConfigError(f"Values must be finite and below {bound:.4g} in magnitude under {preset.value} "
+                          f"(aggregate slots stay below {preset.params.max_abs_slot:.4g} for up to "
+                          f"{preset.max_parties} contributions). Scale every weight down by the same factor.")
+    return flat
 
 
 def _bytes(poly: np.ndarray) -> bytes:
@@ -175,6 +190,8 @@ class ThresholdParty:
         self._s: np.ndarray | None = T.read_secret_key(self._sk, self._c.ring)
         #: t-of-N: this party's Shamir share ``S_k`` of ``s``, its threshold and every holder's index
         self._shamir: tuple[np.ndarray, int, dict[str, int]] | None = None
+        #: t-of-N: the Shamir share ``f_i(k)`` of every holder i's ``s_i`` dealt to this holder k
+        self._dealt: dict[str, np.ndarray] = {}
         self._pair_seeds: dict[str, bytes] = {}
 
     @property
@@ -185,7 +202,7 @@ class ThresholdParty:
     def keygen_share(self, *, seed: bytes) -> KeyGenShare:
         """This party's collective-key-generation share for the public seed of ``a``."""
         ring = self._c.ring
-        if self._s is None or self._sk is None:
+        if self._s is None or self._sk is None or self._shamir is not None:
             raise ProtocolError(f"{self.name!r} has re-shared its key share (t-of-N); it takes part in no new key.")
         a = common_a(seed=seed, federation_id=self.federation_id, ring=ring)
         p0 = T.ckg_share(s=self._s, e=T.key_error(self._sk, self._c.context, self._s, ring), a=a, ring=ring)
@@ -195,18 +212,20 @@ class ThresholdParty:
     def deal(self, *, threshold: int, holders: Sequence[str]) -> dict[str, np.ndarray]:
         """t-of-N set-up, MTBH sec. V: Shamir shares ``f_i(k)`` of this party's ``s_i`` (degree
         t-1, every RNS prime, key level) for each holder k at index ``position in holders + 1``."""
-        if self._s is None or self.name not in holders:
+        if self._s is None or self._shamir is not None or self.name not in holders:
             raise ProtocolError(f"{self.name!r} holds no N-of-N key share to deal, or is not among the holders.")
         polys = T.shamir_split(self._s, threshold=threshold, n_shares=len(holders), ring=self._c.ring)
         return dict(zip(holders, polys, strict=True))
 
     def adopt(self, *, threshold: int, holders: Sequence[str], received: Sequence[np.ndarray],
               pair_seeds: Mapping[str, bytes]) -> None:
-        """Sum the dealt shares into ``S_k = sum_i f_i(k)`` (a Shamir share of ``s``) and erase
-        ``s_i`` (only t-of-N requests are answered from now on). ``pair_seeds``: a 32-byte seed
-        shared with every other holder (:func:`zero_share`). Nothing public is derived from
-        ``S_k``: an RLWE sample ``-a*S_k + e`` would leak the collective key's error to t - 1
-        colluders through the Lagrange coefficients (SECURITY.md)."""
+        """Keep the dealt shares ``f_i(k)`` (one a dealer, in ``holders`` order) and their sum
+        ``S_k = sum_i f_i(k)`` (a Shamir share of ``s``); from now on only t-of-N requests are
+        answered. ``s_i`` stays: this hospital encrypts its own updates under it
+        (:meth:`encrypt_under_share`). ``pair_seeds``: a 32-byte seed shared with every other
+        holder (:func:`zero_shares`). Nothing public is derived from ``S_k`` or an ``f_i(k)``: an
+        RLWE sample ``-a*S_k + e`` would leak the collective key's error to t - 1 colluders
+        through the Lagrange coefficients (SECURITY.md)."""
         ring = self._c.ring
         others = set(holders) - {self.name}
         if len(received) != len(holders) or set(pair_seeds) != others:
@@ -214,12 +233,63 @@ class ThresholdParty:
                                 "and a pairwise seed with every other holder.")
         share = T.sum_polys(list(received), ring.q(len(ring.primes)))
         self._shamir = (share, threshold, {h: i + 1 for i, h in enumerate(holders)})
+        self._dealt = {h: poly[:ring.data_count] for h, poly in zip(holders, received, strict=True)}
         self._pair_seeds = dict(pair_seeds)
-        self._s = self._sk = None  # s_i (and SEAL's key object holding it) is gone: only S_k remains
+
+    def encrypt_under_share(self, values: np.ndarray, a: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``c0_k = -a_k*s_i + e_k + Delta*m_k`` (coefficient form, data level) for each chunk k of
+        N/2 slots of ``values`` (:func:`~clinograph.secure.hazmat.threshold_ckks.own_key_c0`): one a
+        common polynomial ``a_k`` of ``a``. The caller never uses an ``a_k`` twice (the
+        ``ckks_threshold`` mode expands them from a commitment set holding this hospital's fresh
+        nonce). Raises ConfigError for values the preset cannot carry."""
+        if self._sk is None or self._s is None:
+            raise ProtocolError(f"{self.name!r} holds no key share to encrypt under.")
+        flat = _checked_values(self.preset, values)
+        n, scale = self.preset.params.slot_count, 2.0 ** self.preset.params.scale_bits
+        if len(a) != max(-(-len(flat) // n), 1):
+            raise ProtocolError(f"{len(a)} common polynomials for {max(-(-len(flat) // n), 1)} ciphertexts.")
+        pt, plains = sealapi.Plaintext(), []
+        for start in range(0, max(len(flat), 1), n):
+            self._c.encoder.encode(flat[start:start + n].tolist(), scale, pt)
+            plains.append(T.read_plaintext(pt, self._c.ring.data_count, self._c.ring.degree))
+        return T.own_key_c0(plaintexts=plains, a=a, s=self._s, ring=self._c.ring, context=self._c.context)
+
+    def sum_decryption_share(self, *, round: int, digest: str, members: Sequence[str], present: Sequence[str],
+                             polys: Sequence[np.ndarray]) -> DecryptionShare:
+        """This holder's answer to a request for the members' sum (the ``ckks_threshold`` mode,
+        :mod:`.threshold_sum`): ``c*lambda_k^T*sum_{i in P} f_i(k) + z + E`` for every polynomial
+        ``c`` of ``polys`` (the round's common polynomials, then the canary), with a sharing of
+        zero among T = ``present`` keyed by the request ``digest`` and fresh smudging E."""
+        ring, limbs = self._c.ring, self._c.ring.data_count
+        q = ring.q(limbs)
+        secret = self._sum_secret(members=members, present=present)
+        noises = T.uniform_smudging_many(count=len(polys), bits=self.preset.smudging_bits, ring=ring,
+                                         context=self._c.context, limbs=limbs)
+        masks = zero_shares(me=self.name, present=present, seeds=self._pair_seeds, digest=digest, count=len(polys),
+                            ctx=self._c)
+        out = [_bytes(T.decryption_share(c1=c, s=secret, noise=T.addmod(noise, mask, q), ring=ring))
+               for c, noise, mask in zip(polys, noises, masks, strict=True)]
+        return DecryptionShare(federation_id=self.federation_id, round=round, party=self.name, request_sha256=digest,
+                               shares=tuple(out))
+
+    def _sum_secret(self, *, members: Sequence[str], present: Sequence[str]) -> np.ndarray:
+        """t-of-N share of ``s_P`` for the contributors P = ``members``: ``lambda_k^T *
+        sum_{i in P} f_i(k)`` (data level), T = ``present`` (sorted, at least t holders, this one
+        among them). Raises ProtocolError otherwise."""
+        if self._shamir is None:
+            raise ProtocolError(f"{self.name!r} holds no re-shared key (the ckks_threshold mode re-shares at set-up).")
+        _, t, index = self._shamir
+        if (tuple(present) != tuple(sorted(set(present))) or len(present) < t or self.name not in present
+                or any(p not in index for p in present) or not members or any(m not in self._dealt for m in members)):
+            raise ProtocolError(f"{self.name!r} answers a sum only with itself among at least t = {t} distinct key "
+                                "holders present, for contributors that are all key holders.")
+        ring, limbs = self._c.ring, self._c.ring.data_count
+        lam = T.lagrange_at_zero([index[p] for p in present], ring=ring, limbs=limbs)[index[self.name]]
+        return T.scale_poly(T.sum_polys([self._dealt[m] for m in sorted(set(members))], ring.q(limbs)), lam, ring)
 
     def decryption_share(self, request: DecryptionRequest) -> DecryptionShare:
         """``c1*s_i`` (N-of-N) or ``c1*lambda_k*S_k + z_k`` (t-of-N, the request's present set; z_k
-        this holder's part of a sharing of zero, :func:`zero_share`) plus fresh smudging noise for
+        this holder's part of a sharing of zero, :func:`zero_shares`) plus fresh smudging noise for
         every ``c1`` of ``request``."""
         if request.federation_id != self.federation_id:
             raise ProtocolError(f"Decryption request for federation {request.federation_id!r}; "
@@ -229,11 +299,12 @@ class ThresholdParty:
         secret = self._secret_for(request)
         noises = T.uniform_smudging_many(count=len(request.c1), bits=self.preset.smudging_bits, ring=ring,
                                          context=self._c.context, limbs=limbs)  # fresh, one per c1
+        masks = (zero_shares(me=self.name, present=request.present, seeds=self._pair_seeds, digest=digest,
+                             count=len(request.c1), ctx=self._c) if request.present else None)
         for i, (raw, noise) in enumerate(zip(request.c1, noises, strict=True)):
             c1 = self._c.poly(raw, limbs, f"c1 {i} of the decryption request")
-            if request.present:  # t-of-N: this holder's part of a zero-sharing among this present set
-                noise = T.addmod(noise, zero_share(me=self.name, present=request.present, seeds=self._pair_seeds,
-                                                   digest=digest, index=i, ctx=self._c), ring.q(limbs))
+            if masks is not None:  # t-of-N: this holder's part of a zero-sharing among this present set
+                noise = T.addmod(noise, masks[i], ring.q(limbs))
             out.append(_bytes(T.decryption_share(c1=c1, s=secret, noise=noise, ring=ring)))
         return DecryptionShare(federation_id=self.federation_id, round=request.round, party=self.name,
                                request_sha256=digest, shares=tuple(out))
@@ -304,8 +375,10 @@ class CollectivePublicKey:
 
     @property
     def rule(self) -> str:
-        """``"N-of-N"`` or ``"t-of-N"`` with the numbers, e.g. ``"2-of-3"``."""
-        return "N-of-N" if self.threshold is None else f"{self.threshold}-of-{len(self.holders)}"
+        """``"N-of-N"`` (also t = N, as the ``ckks_threshold`` mode sets up) or ``"t-of-N"`` with
+        the numbers, e.g. ``"2-of-3"``."""
+        n = len(self.holders)
+        return "N-of-N" if self.threshold in (None, n) else f"{self.threshold}-of-{n}"
 
     @property
     def digest(self) -> str:
@@ -324,12 +397,7 @@ class CollectivePublicKey:
     def encrypt_ciphertexts(self, values: np.ndarray) -> list[sealapi.Ciphertext]:
         """:meth:`encrypt` as SEAL objects (the ``ckks_threshold`` mode packs them itself)."""
         n, scale = self.preset.params.slot_count, 2.0 ** self.preset.params.scale_bits
-        flat = np.asarray(values, dtype=np.float64).reshape(-1)
-        bound = self.preset.params.max_abs_slot / self.preset.max_parties
-        if not np.all(np.isfinite(flat)) or np.any(np.abs(flat) >= bound):
-            raise ConfigError(f"Values must be finite and below {bound:.4g} in magnitude under {self.preset.value} "
-                              f"(aggregate slots stay below {self.preset.params.max_abs_slot:.4g} for up to "
-                              f"{self.preset.max_parties} contributions). Scale every weight down by the same factor.")
+        flat = _checked_values(self.preset, values)
         out, pt = [], sealapi.Plaintext()
         for start in range(0, max(len(flat), 1), n):
             self._c.encoder.encode(flat[start:start + n].tolist(), scale, pt)

@@ -1,164 +1,108 @@
-"""A key holder's check, before it decrypts, that it opens the *aggregate* and nothing else.
+"""A hospital's checks, in the ``ckks_threshold`` mode, before it encrypts for a commitment set and
+before it helps open a sum.
 
-Threshold decryption alone opens whatever ``c1`` it is given: a malicious server could ask
-every key holder to decrypt one hospital's ciphertext and read that update, or change one
-coefficient of the aggregate's ``c1`` by delta and learn ``s_i*delta`` unless smudging covers
-it. So the server names no c1 at all: a :class:`~.threshold_messages.ThresholdDecrypt` carries
-every contributor's signed :class:`~.threshold_messages.ThresholdUpdate` (its c1 parts only)
-and a public canary seed, and the holder
+Threshold decryption alone opens whatever it is asked to: a malicious server could ask the key
+holders to open one hospital's ciphertext, or two sums that differ by one hospital. Here the
+server names nothing to decrypt. Every hospital
 
-1. verifies each envelope's signature against the contributor's enrolled key, and that it is
-   that hospital's update for this federation, round, model version, dictionary and collective
-   key, one per hospital, from a participant of the plan;
-   and that it is the c1 that hospital committed to (its hash) in the commitment set this holder
-   saw before it revealed its own c1, naming that set's digest -- so no contribution was chosen
-   after another's c1 was known (a contributor colluding with the server could otherwise sign
-   minus the others' c1, all but its victim's, and the sum would be the victim's c1 alone);
-2. counts at least ``floor`` distinct contributors: the larger of ``plan.min_clients`` and the
-   floor the holder fixed at key generation (never below 2), so a plan that lowers
-   ``min_clients`` to 1 opens nothing;
-3. adds their c1 parts itself (:func:`.threshold_upload.sum_c1`) and expands the canary from
-   ``canary_seed`` (:func:`.threshold.seeded_canary`), and returns the
-   :class:`~.threshold_messages.DecryptionRequest` of exactly those: the sums, then the canary.
+1. at stage ``reveal``, checks the relayed commitment set (:func:`checked_commitments`): each
+   commitment validly signed by an enrolled hospital, for this federation, round, model version,
+   dictionary and collective key, one per hospital, each a participant of the plan and a key holder,
+   its own among them unchanged, and at least ``floor`` of them -- the larger of
+   ``plan.min_clients`` and the floor the holder fixed at key generation (never below 2), so a plan
+   that lowers ``min_clients`` to 1 opens nothing. Only then does it encrypt, once a round, with
+   the set's common polynomials (:func:`.threshold_sum.round_polys`);
+2. at stage ``decrypt``, answers only a request for the sum of *that* set (its digest), for a
+   sorted present set of holders that are members (:func:`check_request`).
 
-The holder's share is computed on that request and nothing else, and it names the request's
-digest; the combiner's own request must have the same digest (the same sums, canary last), or
-the shares are refused as answering another request. Any failure here is an
-:class:`~clinograph.core.errors.IntegrityError` naming the server: nothing is decrypted. Cost:
-each holder downloads every contributor's c1 parts (n x 30 bytes a slot, half of the full
-ciphertexts) and adds them in numpy (SECURITY.md,
-benchmarks/secure_aggregation_cost/threshold_ckks.py).
+Because the common polynomials come from the set's digest, a ciphertext made for one set decrypts
+under no other: a server that showed two sets to different hospitals gets, for each, the sum of the
+hospitals that encrypted for it, and every honest hospital encrypts for one set a round. Any
+failure here is an :class:`~clinograph.core.errors.IntegrityError` naming the server: nothing is
+encrypted or decrypted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
-import numpy as np
 from pydantic import ValidationError
 
-from clinograph.core.errors import ClinographError, IntegrityError, ProtocolError
+from clinograph.core.errors import ClinographError, IntegrityError
 from clinograph.core.identity import PublicIdentity
 
 from ..messages import RoundPlan
 from ..wire import open_envelope, parse_envelope
-from .threshold import CollectivePublicKey, seeded_canary
+from .threshold import CollectivePublicKey
 from .threshold_messages import (
-    MAX_UPDATE_ENVELOPE,
-    DecryptionRequest,
     ThresholdCommit,
     ThresholdCommitments,
     ThresholdDecrypt,
-    ThresholdUpdate,
-    c1_digest,
+    commitments_digest,
 )
-from .threshold_upload import read_c1, sum_c1
 
 
 def _refuse(holder: str, why: str, *, action: str = "decrypt") -> IntegrityError:
-    done = "revealed" if action == "reveal its c1" else "decrypted"
+    done = "encrypted" if action == "encrypt its update" else "decrypted"
     return IntegrityError(f"Hospital {holder!r} refuses to {action}: {why} Nothing was {done}; the server "
                           "sent this request (report the server).")
 
 
 @dataclass(frozen=True)
 class Commitments:
-    """The commitment set a hospital revealed its c1 against: its digest, and each hospital's
-    committed c1 hash."""
+    """The commitment set a hospital encrypted for: its digest and its members' nonces."""
 
     digest: str
-    c1_sha256: Mapping[str, str]
-
-
-M = TypeVar("M", ThresholdUpdate, ThresholdCommit)
-
-
-def _signed(items: Sequence[bytes], *, model: type[M], max_bytes: int, what: str, plan: RoundPlan,
-            peers: Mapping[str, PublicIdentity], public: CollectivePublicKey, floor: int,
-            refuse: Callable[[str], IntegrityError]) -> dict[str, M]:
-    """Steps 1-2 of the module docstring for signed ``items`` of ``model``: by hospital."""
-    out: dict[str, M] = {}
-    for i, raw in enumerate(items):
-        try:
-            env = parse_envelope(raw, max_bytes=max_bytes)
-        except ClinographError:
-            raise refuse(f"{what} {i} is not a signed envelope.") from None
-        key = peers.get(env.sender)
-        if key is None:
-            raise refuse(f"{what} {i} names {env.sender[:64]!r}, who is not enrolled.")
-        try:
-            msg = open_envelope(env, sender=key, model=model)
-        except IntegrityError:
-            raise refuse(f"{what} {i} is not validly signed by the hospital it names.") from None
-        except (ClinographError, ValidationError):
-            raise refuse(f"{what} {i} is not a threshold CKKS {what}.") from None
-        if (msg.client != env.sender or msg.federation_id != plan.federation_id or msg.round != plan.round
-                or msg.spec_digest != plan.spec.digest() or msg.dictionary_hash != plan.dictionary_hash
-                or msg.public_key_digest != public.digest or env.sender not in plan.participants):
-            raise refuse(f"the {what} signed by {env.sender!r} is not its {what} for round "
-                         f"{plan.round} of {plan.federation_id!r} under this collective key.")
-        if env.sender in out:
-            raise refuse(f"{env.sender!r} is counted twice.")
-        out[env.sender] = msg
-    need = max(plan.min_clients, floor)
-    if len(out) < need:
-        raise refuse(f"the sum has {len(out)} signed contributor(s); the mode's minimum is "
-                     f"{need} (a smaller sum could expose one hospital's update).")
-    return out
+    nonces: Mapping[str, bytes]
 
 
 def checked_commitments(msg: ThresholdCommitments, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
-                        public: CollectivePublicKey, holder: str, floor: int) -> dict[str, str]:
-    """The commitment set's c1 hashes by hospital, each signed by its hospital for this round,
-    at least ``max(plan.min_clients, floor)`` of them. Raises IntegrityError (nothing revealed)."""
-    commits = _signed(msg.commits, model=ThresholdCommit, max_bytes=64 * 1024, what="commitment", plan=plan,
-                      peers=peers, public=public, floor=floor,
-                      refuse=lambda why: _refuse(holder, why, action="reveal its c1"))
-    return {name: c.c1_sha256 for name, c in commits.items()}
+                        public: CollectivePublicKey, holder: str, floor: int) -> Commitments:
+    """Step 1 of the module docstring. Raises IntegrityError (nothing encrypted)."""
+    def refuse(why: str) -> IntegrityError:
+        return _refuse(holder, why, action="encrypt its update")
+
+    out: dict[str, ThresholdCommit] = {}
+    for i, raw in enumerate(msg.commits):
+        try:
+            env = parse_envelope(raw, max_bytes=64 * 1024)
+        except ClinographError:
+            raise refuse(f"commitment {i} is not a signed envelope.") from None
+        key = peers.get(env.sender)
+        if key is None:
+            raise refuse(f"commitment {i} names {env.sender[:64]!r}, who is not enrolled.")
+        try:
+            c = open_envelope(env, sender=key, model=ThresholdCommit)
+        except IntegrityError:
+            raise refuse(f"commitment {i} is not validly signed by the hospital it names.") from None
+        except (ClinographError, ValidationError):
+            raise refuse(f"commitment {i} is not a threshold CKKS commitment.") from None
+        if (c.client != env.sender or c.federation_id != plan.federation_id or c.round != plan.round
+                or c.spec_digest != plan.spec.digest() or c.dictionary_hash != plan.dictionary_hash
+                or c.public_key_digest != public.digest or env.sender not in plan.participants
+                or env.sender not in public.holders):
+            raise refuse(f"the commitment signed by {env.sender!r} is not its commitment for round {plan.round} of "
+                         f"{plan.federation_id!r} under this collective key (or it holds no key share).")
+        if env.sender in out:
+            raise refuse(f"{env.sender!r} is counted twice.")
+        out[env.sender] = c
+    need = max(plan.min_clients, floor)
+    if len(out) < need:
+        raise refuse(f"the set has {len(out)} signed contributor(s); the mode's minimum is {need} (a smaller sum "
+                     "could expose one hospital's update).")
+    return Commitments(digest=commitments_digest(msg.commits), nonces={n: c.nonce for n, c in out.items()})
 
 
-def signed_contributions(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
-                         public: CollectivePublicKey, holder: str, floor: int,
-                         commitments: Commitments) -> dict[str, ThresholdUpdate]:
-    """Steps 1-2 of the module docstring: the contributors' checked updates, by hospital, each
-    committed in ``commitments`` (the set this holder saw) and naming that set."""
-    out = _signed(msg.updates, model=ThresholdUpdate, max_bytes=MAX_UPDATE_ENVELOPE, what="update", plan=plan,
-                  peers=peers, public=public, floor=floor, refuse=lambda why: _refuse(holder, why))
-    if set(out) != set(commitments.c1_sha256):  # a sub-sum to one holder, the full sum to another: their
-        missing = sorted(set(commitments.c1_sha256) - set(out))  # difference would open the hospitals left out
-        raise _refuse(holder, f"the sum leaves out committed contribution(s) of {', '.join(map(repr, missing))}: "
-                              "every holder decrypts only the sum of the whole commitment set it saw.")
-    for name, upd in sorted(out.items()):
-        if upd.commitments_sha256 != commitments.digest or c1_digest(upd.c1) != commitments.c1_sha256.get(name):
-            raise _refuse(holder, f"{name!r} signed a c1 it did not commit to among the commitments this hospital "
-                                  "saw (a contribution chosen after another's c1 was revealed?).")
-    return out
-
-
-def check_aggregate(msg: ThresholdDecrypt, *, plan: RoundPlan, peers: Mapping[str, PublicIdentity],
-                    public: CollectivePublicKey, holder: str, floor: int,
-                    commitments: Commitments) -> tuple[tuple[str, ...], DecryptionRequest]:
-    """Check ``msg`` (steps 1-2) and build the request to answer (step 3): the contributors, and
-    the sums of their c1 with the canary last. Raises IntegrityError."""
-    updates = signed_contributions(msg, plan=plan, peers=peers, public=public, holder=holder, floor=floor,
-                                   commitments=commitments)
-    names = sorted(updates)
-    try:
-        c1 = [read_c1(public, updates[n].c1, f"{n!r}'s contribution") for n in names]
-        request = holder_request(public, round=plan.round, c1=c1, canary_seed=msg.canary_seed, present=msg.present)
-    except ProtocolError as exc:
-        raise _refuse(holder, f"the signed contributions do not add up ({exc}).") from None
-    return tuple(names), request
-
-
-def holder_request(public: CollectivePublicKey, *, round: int, c1: Sequence[Sequence[np.ndarray]],
-                   canary_seed: bytes, present: Sequence[str] = ()) -> DecryptionRequest:
-    """Step 3: the request a holder answers -- the sums of the contributions' ``c1`` (parsed by
-    :func:`.threshold_upload.read_c1`), then the canary of ``canary_seed``, for the ``present``
-    set (t-of-N; empty N-of-N). Raises ProtocolError."""
-    sums = sum_c1(public, c1)
-    canary = seeded_canary(seed=canary_seed, public=public)[0]
-    return DecryptionRequest(federation_id=public.federation_id, round=round, present=tuple(present),
-                             c1=tuple(np.ascontiguousarray(p, dtype="<u8").tobytes() for p in (*sums, canary)))
+def check_request(msg: ThresholdDecrypt, *, commitments: Commitments | None, holder: str, ciphertexts: int) -> None:
+    """Step 2 of the module docstring. Raises IntegrityError (nothing decrypted)."""
+    if commitments is None:
+        raise _refuse(holder, "it encrypted for no commitment set this round, so there is no sum it helps open.")
+    if msg.commitments_sha256 != commitments.digest:
+        raise _refuse(holder, "the request names another commitment set than the one it encrypted for.")
+    if msg.ciphertexts != ciphertexts:
+        raise _refuse(holder, f"the request asks for {msg.ciphertexts} ciphertexts; the plan has {ciphertexts}.")
+    if msg.present != tuple(sorted(set(msg.present))) or not set(msg.present) <= set(commitments.nonces):
+        raise _refuse(holder, "the present set is not sorted and distinct, or names a holder outside the set (a "
+                              "reordered set would be answered again, with fresh smudging under the same Lagrange "
+                              "coefficient).")

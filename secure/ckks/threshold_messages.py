@@ -13,9 +13,9 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from clinograph.core.labels import (
-    HASH_THRESHOLD_CKKS_C1,
     HASH_THRESHOLD_CKKS_COMMITMENTS,
     HASH_THRESHOLD_CKKS_REQUEST,
+    HASH_THRESHOLD_CKKS_SUM_REQUEST,
 )
 
 from ..hazmat.ckks_context import pack_fields
@@ -73,18 +73,14 @@ class DecryptionShare(WireMessage):
     shares: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
 
 
-#: ciphertexts in one update: 1000 x 4096 slots (P up to ~4e6); the decryption request that carries
-#: every contributor's c1 parts must also fit one message (MAX_MESSAGE_BYTES): n * P <= ~8e6
+#: ciphertexts in one update: 1000 x 4096 slots (P up to ~4e6)
 MAX_UPDATE_CIPHERTEXTS = 1000
-#: one compact ciphertext part (c1: 2 x 8192 residues of 60 bits = 122 880 bytes; c0: 53 248)
+#: one compact c0 part (8192 digits of 52 bits: 53 248 bytes)
 Part = Annotated[bytes, Field(min_length=1, max_length=160_000), *BLOB_CODEC]
-#: one hospital's signed :class:`ThresholdUpdate` envelope (its c1 parts and a small header)
-MAX_UPDATE_ENVELOPE = MAX_UPDATE_CIPHERTEXTS * 160_000 + 64 * 1024
-SignedUpdate = Annotated[bytes, Field(min_length=1, max_length=MAX_UPDATE_ENVELOPE), *BLOB_CODEC]
 
 
 class _Contribution(WireMessage):
-    """What a hospital's commitment and its c1 name: its round, model version, dictionary and
+    """What a hospital's commitment and its upload name: its round, model version, dictionary and
     collective key."""
 
     federation_id: str = Field(pattern=ID_PATTERN)
@@ -95,26 +91,15 @@ class _Contribution(WireMessage):
     public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
-class ThresholdUpdate(_Contribution):
-    """Hospital -> server -> every key holder: the c1 parts of its encrypted slot vector
-    (:mod:`.threshold_upload`), signed on their own. The signature over these bytes is what lets
-    a key holder check that the sum it computes and decrypts is a sum of signed contributions,
-    without downloading their c0 parts."""
-
-    kind: Literal["threshold_ckks_update"] = "threshold_ckks_update"
-    #: the commitment set this hospital saw before it revealed its c1 (:func:`commitments_digest`)
-    commitments_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    c1: tuple[Part, ...] = Field(min_length=1, max_length=MAX_UPDATE_CIPHERTEXTS)
-
-
 class ThresholdCommit(_Contribution):
-    """Hospital -> server (stage ``commit``): the hash of its c1 parts (:func:`c1_digest`), sent
-    before any hospital reveals a c1, so that no contribution can be chosen after seeing
-    another's (a contributor colluding with the server could otherwise sign minus the others'
-    c1 and have one hospital's ciphertext decrypted)."""
+    """Hospital -> server (stage ``commit``): this hospital takes part in the round, with a fresh
+    32-byte ``nonce``. The relayed set of commitments fixes the contributors of the sum, and its
+    digest (which holds every member's nonce) seeds the round's common polynomials: a hospital
+    never encrypts twice under the same ``a``, and a ciphertext made for one set opens under no
+    other set's decryption."""
 
     kind: Literal["threshold_ckks_commit"] = "threshold_ckks_commit"
-    c1_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    nonce: bytes = Field(min_length=32, max_length=32)
 
 
 SignedCommit = Annotated[bytes, Field(min_length=1, max_length=64 * 1024), *BLOB_CODEC]
@@ -122,18 +107,13 @@ SignedCommit = Annotated[bytes, Field(min_length=1, max_length=64 * 1024), *BLOB
 
 class ThresholdCommitments(WireMessage):
     """Server -> every participant (stage ``reveal``): every hospital's signed
-    :class:`ThresholdCommit`, as received, sorted by hospital. A hospital reveals its c1 once,
-    naming this set's digest."""
+    :class:`ThresholdCommit`, as received, sorted by hospital. A hospital encrypts and uploads
+    once, for this set (naming its digest)."""
 
     kind: Literal["threshold_ckks_commitments"] = "threshold_ckks_commitments"
     federation_id: str = Field(pattern=ID_PATTERN)
     round: int = Field(ge=0)
     commits: tuple[SignedCommit, ...] = Field(min_length=1, max_length=10_000)
-
-
-def c1_digest(parts: tuple[bytes, ...]) -> str:
-    """SHA-256 commitment to a contribution's c1 parts (purpose-labelled, length-prefixed)."""
-    return hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_C1, *parts])).hexdigest()
 
 
 def commitments_digest(commits: tuple[bytes, ...]) -> str:
@@ -142,32 +122,39 @@ def commitments_digest(commits: tuple[bytes, ...]) -> str:
                                        *(hashlib.sha256(c).digest() for c in commits)])).hexdigest()
 
 
-class ThresholdUpload(WireMessage):
-    """Hospital -> server (stage ``updates``): the rounded c0 parts, which only the server uses,
-    and the separately signed :class:`ThresholdUpdate` holding the c1 parts."""
+class ThresholdUpload(_Contribution):
+    """Hospital -> server (stage ``updates``): its ciphertexts' rounded c0 parts
+    (:mod:`.threshold_upload`), encrypted under its own key share with the common polynomials of
+    the commitment set it names. No c1 travels: it is the set's public ``a``."""
 
     kind: Literal["threshold_ckks_upload"] = "threshold_ckks_upload"
-    federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
-    client: str = Field(pattern=ID_PATTERN)
+    commitments_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     c0: tuple[Part, ...] = Field(min_length=1, max_length=MAX_UPDATE_CIPHERTEXTS)
-    update: SignedUpdate
 
 
 class ThresholdDecrypt(WireMessage):
-    """Server -> every key holder (stage ``decrypt``): every contributor's signed
-    :class:`ThresholdUpdate` envelope, as received, and a fresh public ``canary_seed``. It
-    carries no c1 to decrypt: the holder adds the contributions' c1 itself and decrypts that sum
-    and the canary it expands from the seed (:mod:`.threshold_check`)."""
+    """Server -> every key holder asked (stage ``decrypt``): open the sum of the commitment set
+    this holder saw (named by its digest), ``ciphertexts`` ciphertexts of it, with the canary
+    expanded from ``canary_seed``, among the ``present`` holders. It carries no polynomial: the
+    holder knows the set's members and expands the common polynomials itself."""
 
     kind: Literal["threshold_ckks_decrypt"] = "threshold_ckks_decrypt"
     federation_id: str = Field(pattern=ID_PATTERN)
     round: int = Field(ge=0)
+    commitments_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    ciphertexts: int = Field(ge=1, le=MAX_UPDATE_CIPHERTEXTS)
     canary_seed: bytes = Field(min_length=32, max_length=32)
-    updates: tuple[SignedUpdate, ...] = Field(min_length=1, max_length=10_000)
-    #: t-of-N: the key holders asked to decrypt (see :attr:`DecryptionRequest.present`); a holder
-    #: that drops is replaced by re-sending this same message with another present set
-    present: tuple[Annotated[str, Field(pattern=ID_PATTERN)], ...] = Field(default=(), max_length=MAX_HOLDERS)
+    #: the key holders asked to decrypt (their Lagrange coefficients are for this set); a holder that
+    #: drops is replaced by re-sending this same message with another present set
+    present: tuple[Annotated[str, Field(pattern=ID_PATTERN)], ...] = Field(min_length=1, max_length=MAX_HOLDERS)
+
+    def digest(self) -> str:
+        """SHA-256 over everything the request fixes (the shares name it; the zero-sharing masks
+        are keyed by it, so they cancel only among holders answering the same request)."""
+        return hashlib.sha256(pack_fields([
+            HASH_THRESHOLD_CKKS_SUM_REQUEST, self.federation_id.encode(), self.round.to_bytes(8, "big"),
+            self.commitments_sha256.encode(), self.ciphertexts.to_bytes(4, "big"), self.canary_seed,
+            *(p.encode() for p in self.present)])).hexdigest()
 
 
 # -- t-of-N: re-sharing every holder's key share at set-up (:mod:`.threshold_reshare`) ---------------

@@ -21,9 +21,9 @@ signed :class:`~.threshold_messages.ReshareKey`); ``tckks/public`` also carries 
 ``tckks/reshare`` hands each holder its deals and gets its share key back.
 
 ``tckks/public`` (``distribute=True``, what the ``ckks_threshold`` mode runs) gives every holder
-the collective public key it encrypts under: each holder rebuilds it from the holders' *signed*
-shares, checks its own share is in it unchanged, and answers the key's digest, so a server
-cannot make hospitals encrypt under a key it chose. ``tckks/decrypt`` decrypts whatever ``c1``
+the collective public key (whose digest every round names, and whose shares ``p0_i`` check the
+canary): each holder rebuilds it from the holders' *signed* shares, checks its own share is in it
+unchanged, and answers the key's digest, so a server cannot substitute a key it chose. ``tckks/decrypt`` decrypts whatever ``c1``
 the server sends; the mode's round protocol (:mod:`.threshold_client`) instead checks first that
 it is the aggregate of enough signed contributions.
 
@@ -71,8 +71,13 @@ class ThresholdKeyHolder:
     """Answers the threshold steps for one hospital and then holds its secret share."""
 
     def __init__(self, *, identity: Identity, server: PublicIdentity | None, federation_id: str,
-                 peers: Mapping[str, PublicIdentity] | None = None):
+                 peers: Mapping[str, PublicIdentity] | None = None, min_threshold: int | None = None):
+        """``min_threshold``: the hospital's own rule for a re-shared key -- the smallest t it
+        accepts (its ``[release] tckks_threshold``), or None: N-of-N only (t must be the number of
+        holders). The server proposes t; a lower one is refused, because the server with t - 1
+        colluding holders can open any set of t hospitals' sum."""
         self.identity, self.server, self.federation_id = identity, server, federation_id
+        self.min_threshold = min_threshold
         self.peers = dict(peers or {})
         self.party: ThresholdParty | None = None
         #: the collective public key, once ``tckks/public`` gave it (and this holder checked it)
@@ -117,6 +122,8 @@ class ThresholdKeyHolder:
                 if not 2 <= t <= preset.max_parties:  # t = 1: every holder's Shamir share would be the key itself
                     raise ProtocolError(f"Threshold key generation: t = {t} is outside 2..{preset.max_parties} "
                                         "(at t = 1 every holder would hold the whole key).")
+                if self.min_threshold is not None and t < self.min_threshold:
+                    raise ProtocolError(self._below_rule(t, f"at least {self.min_threshold}"))
                 self._resharer = Resharer(identity=self.identity, party=self.party, threshold=t,
                                           seed_sha256=self._mine.seed_sha256)
                 out["kx"] = seal(self._resharer.key, self.identity)
@@ -125,6 +132,9 @@ class ThresholdKeyHolder:
             digest = self._accept_public(parts)
             if self._resharer is None or self.public is None:
                 return {"digest": digest.encode()}
+            n = len(self.public.holders)
+            if self.min_threshold is None and self._resharer.threshold != n:  # the holders are known only now
+                raise ProtocolError(self._below_rule(self._resharer.threshold, f"N-of-N (t = {n})"))
             keys = {k.removeprefix("kx/"): v for k, v in parts.items() if k.startswith("kx/")}
             return {"digest": digest.encode(), **self._resharer.deals(public=self.public, keys=keys, peers=self.peers)}
         if step == "tckks/reshare":
@@ -141,6 +151,13 @@ class ThresholdKeyHolder:
                                     model=DecryptionRequest)
             return {"share": seal(self.party.decryption_share(request), self.identity)}
         raise ProtocolError(f"Unknown set-up step {step[:64]!r}; expected one of {', '.join(STEPS)}.")
+
+    def _below_rule(self, t: int, rule: str) -> str:
+        return (f"Hospital {self.identity.name!r} refuses a threshold key with t = {t}: its own rule is {rule} "
+                "(hospital.toml [release] tckks_threshold; unset: N-of-N). The server with t - 1 colluding key holders "
+                "could open the sum of any t hospitals, one honest update among them. Fix: if the consortium agreed "
+                f"on t-of-N, write [release] tckks_threshold = {t} at every hospital; else drop [federation] "
+                "tckks_threshold in server.toml.")
 
     def _accept_public(self, parts: Mapping[str, bytes]) -> str:
         """Rebuild the collective key from the holders' signed shares; check this holder's is in it."""
@@ -185,7 +202,7 @@ def run_threshold_keygen(transport: Transport, *, federation_id: str, participan
         if not distribute:
             raise ProtocolError("t-of-N threshold key generation re-shares over the holders: it needs distribute=True.")
         step["threshold"] = str(threshold).encode()
-    answers, _ = transport.exchange("setup", {n: dict(step) for n in names}, round_=0)
+    answers, refused = transport.exchange("setup", {n: dict(step) for n in names}, round_=0)
     shares: dict[str, KeyGenShare] = {}
     signed: dict[str, bytes] = {}
     for name, parts in sorted(answers.items()):
@@ -200,9 +217,10 @@ def run_threshold_keygen(transport: Transport, *, federation_id: str, participan
             signed.pop(f"share/{name}", None)
             continue  # not a holder: the key is generated among the others
     if len(shares) < max(min_holders, 1, threshold or 1):
+        why = "; ".join(f"{n}: {str(refused[n])[:300]}" for n in sorted(refused))
         raise ProtocolError(f"Threshold key generation: only {len(shares)} hospital(s) answered "
                             f"({', '.join(sorted(shares)) or 'none'}); the federation needs "
-                            f"{max(min_holders, threshold or 1)}.")
+                            f"{max(min_holders, threshold or 1)}." + (f" Refused: {why}" if why else ""))
     public = CollectivePublicKey(preset=preset, federation_id=federation_id, seed=seed, shares=shares)
     if distribute:
         done, failed = transport.exchange("setup", {h: {"step": b"tckks/public", "seed": seed, **signed}

@@ -7,7 +7,7 @@ generation) and signed by i, so the server relaying it learns nothing. Holder k 
 received into ``S_k = sum_i f_i(k)``, a Shamir share of ``s`` at index k, erases ``s_i``, and
 confirms (:class:`~.threshold_messages.ThresholdKeyShare`). The same X25519 keys give every pair
 of holders a seed (X25519 + HKDF, bound to the federation, the key and the pair), whose PRG
-output masks their decryption shares as a sharing of zero (:func:`.threshold.zero_share`). Any t
+output masks their decryption shares as a sharing of zero (:func:`.threshold.zero_shares`). Any t
 holders T then decrypt with ``lambda_k^T * S_k`` in place of ``s_i``
 (:meth:`.threshold.ThresholdParty.decryption_share`).
 
@@ -142,3 +142,22 @@ def collect_share_keys(answers: Mapping[str, Mapping[str, bytes]], *, holders: S
         except ClinographError as exc:
             failed[name] = str(exc)
     return out, failed
+
+
+def in_process_reshare(parties: Mapping[str, ThresholdParty], public: CollectivePublicKey, *, threshold: int) -> None:
+    """The re-share of one process holding every party (tests, benchmarks): each party deals to
+    every holder and adopts, with a fresh random pairwise seed for each pair (the relayed set-up
+    derives them by X25519 instead); ``public`` records t. Nothing is wrapped: no transport."""
+    import os
+
+    holders = public.holders
+    if set(parties) != set(holders):
+        raise ProtocolError("in_process_reshare needs every holder's party.")
+    deals = {name: parties[name].deal(threshold=threshold, holders=holders) for name in holders}
+    seeds = {frozenset((a, b)): os.urandom(32) for a in holders for b in holders if a < b}
+    for k in holders:
+        parties[k].adopt(threshold=threshold, holders=holders, received=[deals[i][k] for i in holders],
+                         pair_seeds={o: seeds[frozenset((k, o))] for o in holders if o != k})
+    public.adopt_threshold(threshold=threshold, shares={
+        k: ThresholdKeyShare(federation_id=public.federation_id, party=k, index=i + 1, threshold=threshold,
+                             public_key_digest=public.digest) for i, k in enumerate(holders)})

@@ -3,9 +3,9 @@
 - **Set-up**: collective key generation relayed over the run's transport
   (:func:`.threshold_relayed.run_threshold_keygen` with ``distribute=True``): every reachable
   enrolled hospital makes a secret share, the server sums the public shares, every holder
-  rebuilds and confirms the collective key; with ``[federation] tckks_threshold = t`` every
-  holder then re-shares its key share t-of-N (:mod:`.threshold_reshare`). The run goes on with
-  the holders; audited as ``tckks_key_holders`` (rule, t, each holder's Shamir index).
+  rebuilds and confirms the collective key; then every holder re-shares its key share t-of-N
+  (:mod:`.threshold_reshare`), t = ``[federation] tckks_threshold`` or N (N-of-N). The run goes
+  on with the holders; audited as ``tckks_key_holders`` (rule, t, each holder's Shamir index).
 - **Plan options**: the preset and the collective key's digest.
 - **Joining**: the hospital's :class:`~.threshold_client.ThresholdClient` over the share its key
   holder (:attr:`.holder.CkksKeyHolder.threshold`) made at set-up.
@@ -40,10 +40,16 @@ def prepare_threshold(*, federation: Any, transport: Any, run_id: str, enrolled:
         if len(names) > preset.max_parties:
             raise ConfigError(f"secure_mode = 'ckks_threshold' takes at most {preset.max_parties} hospitals (the "
                               f"smudging bound of {preset.value}); {len(names)} are enrolled and reachable.")
+        if len(names) < 2:
+            raise ConfigError(f"secure_mode = 'ckks_threshold' needs at least 2 enrolled, reachable hospitals (a sum "
+                              f"of one is that hospital's update); {len(names)} answered.")
         threshold = getattr(federation, "tckks_threshold", None)
         if threshold is not None and threshold > len(names):
             raise ConfigError(f"[federation] tckks_threshold = {threshold} exceeds the {len(names)} enrolled, reachable "
                               "hospitals (the key holders). Lower it, or enrol more hospitals.")
+        # every run re-shares: the holders' zero-sharing masks and per-member Shamir shares are what let
+        # them open a sum of own-key encryptions (.threshold_sum); N-of-N is t = N
+        threshold = threshold or len(names)
         context, _ = run_threshold_keygen(transport, federation_id=run_id, participants=names, enrolled=enrolled,
                                           preset=preset, min_holders=min(federation.min_clients, len(names)),
                                           distribute=True, min_contributors=max(2, min(federation.min_clients, len(names))),
@@ -87,10 +93,10 @@ def describe_threshold(options: Mapping[str, Any], kinds: Mapping[str, Sequence[
     if keys and t is not None:
         index = keys.get("share_index", {})
         holders = ", ".join(f"{h} (index {index.get(h, '?')})" for h in keys["holders"])
-        held = (f"{holders} -- one Shamir share S_k of the key each (degree {t - 1}), re-shared from the N-of-N "
-                "shares at this run's set-up, which were then erased")
-        whole = (f"no one: the key s exists nowhere; any {t} of the {len(keys['holders'])} holders decrypt together "
-                 f"({keys['rule']}), {t - 1} or fewer learn nothing about it")
+        held = (f"{holders} -- each keeps its own key share s_i, which encrypts its own updates, and holds one "
+                f"Shamir share (degree {t - 1}) of every holder's s_i, dealt at this run's set-up")
+        whole = (f"no one: the key exists nowhere; any {t} of the {len(keys['holders'])} holders open a sum together "
+                 f"({keys['rule']}), {t - 1} or fewer learn nothing about another holder's key share")
     else:
         held = (f"{', '.join(keys['holders'])} -- one share s_i each, made at this run's set-up" if keys
                 else "not recorded in this run")
@@ -103,11 +109,11 @@ def describe_threshold(options: Mapping[str, Any], kinds: Mapping[str, Sequence[
         ("rule", keys["rule"] if keys else "?"),
         ("who holds a share of the secret key", held),
         ("who holds the whole secret key", whole),
-        ("the server", "holds the collective public key only; it combines the holders' decryption shares and learns "
-                       "the round's sum, never an update: each holder first checks the request is the sum of at "
-                       "least the minimum number of signed contributions"),
+        ("the server", "holds the public key-generation shares only; it adds the hospitals' ciphertexts, combines the "
+                       "holders' decryption shares and learns the round's sum, never an update: each holder opens only "
+                       "the sum of the signed commitment set it encrypted for, of at least the minimum size"),
         ("key holders whose shares opened each round", rounds or "none yet"),
         ("hospitals whose updates were summed", ", ".join(used) or "none yet"),
         ("minimum hospitals a round", options.get("min_clients", "?"))]
-    return ("Threshold CKKS: hospitals encrypt under a collective key whose secret is shared among them; the server "
+    return ("Threshold CKKS: each hospital encrypts under its own share of a key that exists nowhere; the server "
             "adds ciphertexts and opens only the checked sum with the holders' decryption shares."), rows

@@ -91,9 +91,10 @@ def mulmod(a: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def addmod(a: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """(a + b) mod q for entries below q < 2^63."""
+    """(a + b) mod q for entries below q < 2^63: ``min(s, s - q)`` with s = a + b, as the
+    unsigned ``s - q`` wraps above ``s`` exactly when s < q."""
     s = a + b
-    return np.where(s >= q, s - q, s)
+    return np.minimum(s, s - q, out=s)
 
 
 def negmod(a: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -102,8 +103,10 @@ def negmod(a: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def submod(a: np.ndarray, b: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """(a - b) mod q."""
-    return addmod(a, negmod(b, q), q)
+    """(a - b) mod q for entries below q < 2^63: ``min(d, d + q)`` with d = a - b (which wraps,
+    and d + q with it back below q, exactly when a < b)."""
+    d = a - b
+    return np.minimum(d, d + q, out=d)
 
 
 # -- reading SEAL objects, writing SEAL's serialisation (compression NONE) -------------------------
@@ -212,6 +215,22 @@ def to_ntt_many(polys: Sequence[np.ndarray], *, ring: Ring, context: seal.SEALCo
         ct = seal.Ciphertext()
         _load(ct, bytes(body), context)
         ev.transform_to_ntt_inplace(ct)
+        out.extend(read_ciphertext(ct, polys=len(chunk)))
+    return out
+
+
+def to_coefficients_many(polys: Sequence[np.ndarray], *, ring: Ring, context: seal.SEALContext,
+                         parms_id: Sequence[int]) -> list[np.ndarray]:
+    """:func:`to_coefficients` of several NTT-form polynomials, up to 16 in one SEAL ciphertext
+    (polynomials that repeat in one chunk make SEAL's bytes compress: correct, but read slowly)."""
+    out: list[np.ndarray] = []
+    ev = seal.Evaluator(context)
+    for start in range(0, len(polys), _MAX_POLYS):
+        chunk = list(polys[start:start + _MAX_POLYS])
+        stack = _pair(chunk[0], ring) if len(chunk) == 1 else np.stack(chunk)
+        ct = seal.Ciphertext()
+        _load(ct, ciphertext_bytes(stack, ring=ring, parms_id=parms_id, scale=1.0), context)
+        ev.transform_from_ntt_inplace(ct)
         out.extend(read_ciphertext(ct, polys=len(chunk)))
     return out
 

@@ -11,6 +11,14 @@ on polynomials that SEAL (``tenseal.sealapi``) made and will read back:
   EUROCRYPT 2012 threshold decryption): for a ciphertext ``(c0, c1)`` party i publishes
   ``d_i = c1*s_i + e_smudge_i``; ``c0 + sum_i d_i = Delta*m + e + sum_i e_smudge_i`` is a SEAL
   ``Plaintext`` that SEAL's ``CKKSEncoder`` decodes.
+* **Encryption under one's own key share** (the ``ckks_threshold`` mode; the additive-share
+  input encryption of MTBH sec. IV with a common ``c1``, as in the RLWE secure aggregation of
+  Stevens et al., USENIX Security 2022): party i encrypts ``m_i`` as ``c0_i = -a*s_i + e_i +
+  Delta*m_i`` for a common random ``a`` fresh to the round, and sends only ``c0_i``; then
+  ``(sum_{i in P} c0_i, a)`` is a ciphertext of ``sum m_i`` under ``s_P = sum_{i in P} s_i``,
+  which collective decryption opens with ``c1 = a`` (:func:`own_key_c0`). Each ``c0_i`` is an
+  RLWE sample of ``s_i`` (the same problem as SEAL's own symmetric encryption), never reused: a
+  hospital encrypts under a given ``a`` once.
 * **t-of-N** (MTBH sec. V, after Boneh et al. CRYPTO 2018): each party Shamir-shares its
   ``s_i`` coefficientwise over every RNS prime ``q_j``; party k's threshold share is
   ``S_k = sum_i f_i(k)``, a Shamir share of ``s``; any set T of t parties decrypts with
@@ -73,16 +81,17 @@ from .seal_polys import (
     read_secret_key,
     submod,
     to_coefficients,
+    to_coefficients_many,
     to_ntt,
     to_ntt_many,
 )
 
 __all__ = [  # the SEAL-polynomial helpers are re-exported: the safe API imports this module only
     "Ring", "addmod", "canary_c1", "canary_residual", "centered", "centered_approx", "ciphertext_bytes", "ckg_share",
-    "combine_decryption", "common_poly", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
+    "combine_decryption", "common_poly", "own_key_c0", "rlwe_errors", "uniform_polys", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
     "lagrange_at_zero", "load_plaintext", "load_public_key", "mulmod", "plaintext_bytes", "public_key_bytes",
     "read_ciphertext", "read_plaintext", "read_secret_key", "scale_poly", "seeded_canary_c1", "shamir_split", "submod", "sum_polys",
-    "ternary_poly", "to_coefficients", "to_ntt", "to_ntt_many", "uniform_smudging", "uniform_smudging_many",
+    "ternary_poly", "to_coefficients", "to_coefficients_many", "to_ntt", "to_ntt_many", "uniform_smudging", "uniform_smudging_many",
 ]
 
 
@@ -106,6 +115,29 @@ def common_poly(seed: bytes, ring: Ring) -> np.ndarray:
             out[j, got:got + ok.size] = ok
             got += ok.size
     return out
+
+
+def uniform_polys(key: bytes, *, ring: Ring, limbs: int, count: int) -> np.ndarray:
+    """``count`` polynomials (count, limbs, N), each coefficient uniform mod q_j, from one
+    AES-256-CTR keystream under ``key`` (a 32-byte key used for nothing else): per limb j, words
+    cut to q_j's bit length and kept below q_j (rejection sampling, exact). One stream for many
+    polynomials: what the pairwise zero-sharing masks of a whole request take."""
+    n = count * ring.degree
+    out = np.empty((limbs, n), dtype=_U64)
+    stream = expand_mask(key, 2 * limbs * (n + n // 2 + 64)).view("<u8").astype(_U64)
+    pos = 0
+    for j, q in enumerate(ring.primes[:limbs]):
+        mask, got = _U64((1 << q.bit_length()) - 1), 0
+        while got < n:
+            if pos >= stream.size:  # acceptance > 1/2 a word: astronomically rare; extend the stream
+                stream = expand_mask(key, 2 * (stream.size + n)).view("<u8").astype(_U64)
+            chunk = stream[pos:pos + n - got] & mask
+            pos += chunk.size
+            below = chunk < _U64(q)
+            ok = chunk if below.all() else chunk[below]  # SEAL's 60-bit primes: almost every word is below
+            out[j, got:got + ok.size] = ok
+            got += ok.size
+    return np.ascontiguousarray(out.reshape(limbs, count, ring.degree).transpose(1, 0, 2))
 
 
 def key_error(sk: seal.SecretKey, context: seal.SEALContext, s: np.ndarray, ring: Ring) -> np.ndarray:
@@ -203,6 +235,41 @@ def decryption_share(*, c1: np.ndarray, s: np.ndarray, noise: np.ndarray, ring: 
     return addmod(mulmod(c1, s[:limbs], q), noise, q)
 
 
+#: SEAL's default error (``SEAL_USE_GAUSSIAN_NOISE`` off, as in TenSEAL's build): the centred
+#: binomial of 2 x 21 bits, variance 21/2 = 10.5 (sigma 3.24), |e| <= 21
+CBD_BITS = 21
+
+
+def rlwe_errors(count: int, *, ring: Ring, limbs: int, source: CsprngUniform | None = None) -> np.ndarray:
+    """``count`` RLWE error polynomials (count, limbs, N), coefficient form: each coefficient
+    popcount(21 bits) - popcount(21 bits) of the ChaCha20 stream of ``source`` (a fresh OS key by
+    default) -- exact integers, SEAL's own error distribution (its centred binomial: variance
+    10.5, |e| <= 21; measured against SEAL's key errors in the tests)."""
+    src = source if source is not None else CsprngUniform()
+    n = count * ring.degree
+    words = np.frombuffer(src.raw(8 * n), dtype="<u8")
+    mask = np.uint64((1 << CBD_BITS) - 1)
+    e = (np.bitwise_count(words & mask).astype(np.int64)
+         - np.bitwise_count((words >> np.uint64(CBD_BITS)) & mask).astype(np.int64)).reshape(count, 1, ring.degree)
+    q = ring.q(limbs).astype(np.int64).reshape(1, limbs, 1)
+    return (e % q).astype(_U64)  # numpy's % of a negative int64 by a positive one is non-negative
+
+
+def own_key_c0(*, plaintexts: Sequence[np.ndarray], a: Sequence[np.ndarray], s: np.ndarray, ring: Ring,
+               context: seal.SEALContext, source: CsprngUniform | None = None) -> list[np.ndarray]:
+    """``c0_k = Delta*m_k - a_k*s + e_k`` in *coefficient* form (what is rounded and sent) for NTT-
+    form plaintexts ``Delta*m_k`` (SEAL's ``CKKSEncoder``) and common polynomials ``a_k``:
+    ``Delta*m_k - a_k*s`` in NTT form, SEAL's inverse NTT, plus a fresh RLWE error
+    (:func:`rlwe_errors`). ``(c0_k, a_k)`` is SEAL's symmetric encryption with ``a_k`` in place of
+    its random ``c1``: SEAL's ``Decryptor`` under ``s`` opens it (tested)."""
+    limbs = plaintexts[0].shape[0]
+    q = ring.q(limbs)
+    ntt = [submod(pt, mulmod(ak[:limbs], s[:limbs], q), q) for pt, ak in zip(plaintexts, a, strict=True)]
+    coeffs = to_coefficients_many(ntt, ring=ring, context=context, parms_id=_parms_id_at(context, limbs))
+    errors = rlwe_errors(len(coeffs), ring=ring, limbs=limbs, source=source)
+    return [addmod(c, e, q) for c, e in zip(coeffs, errors, strict=True)]
+
+
 def combine_decryption(*, c0: np.ndarray, shares: Sequence[np.ndarray], ring: Ring) -> np.ndarray:
     """``c0 + sum_i d_i``: the NTT-form plaintext ``Delta*m + noise``."""
     q = ring.q(c0.shape[0])
@@ -254,11 +321,12 @@ def scale_poly(poly: np.ndarray, factor: np.ndarray, ring: Ring) -> np.ndarray:
 
 def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext, encoder: seal.CKKSEncoder) -> tuple[np.ndarray, np.ndarray]:
     """A canary ``c1 = a*u + e1`` at the data level with ``u`` ternary (a fresh SEAL secret key)
-    and ``e1`` a rounded Gaussian (sigma 3.2): an RLWE sample, so a party cannot tell it from a
-    real ciphertext's ``c1``. Returns (c1, u); ``u`` stays with whoever checks the shares."""
+    and ``e1`` SEAL's error (:func:`rlwe_errors`: |e1| <= 21): an RLWE sample, so a party cannot
+    tell it from a real ciphertext's ``c1``. Returns (c1, u); ``u`` stays with whoever checks the
+    shares. (``encoder`` is kept for callers; the error no longer goes through it.)"""
     limbs = ring.data_count
     u = read_secret_key(seal.KeyGenerator(context).secret_key(), ring)[:limbs]
-    e1 = encoder_gaussian(sigma=3.2, encoder=encoder, ring=ring, limbs=limbs)
+    e1 = _error_ntt(ring=ring, context=context, source=None)
     q = ring.q(limbs)
     return addmod(mulmod(a[:limbs], u, q), e1, q), u
 
@@ -266,15 +334,21 @@ def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext, encoder: 
 def seeded_canary_c1(*, u_key: bytes, e_key: bytes, a: np.ndarray, ring: Ring, context: seal.SEALContext,
                      encoder: seal.CKKSEncoder) -> tuple[np.ndarray, np.ndarray]:
     """:func:`canary_c1` made reproducibly from two 32-byte keys: ``u`` ternary, each coefficient
-    uniform on {-1, 0, 1} (AES-256-CTR bytes below 255, mod 3), ``e1`` rounded Gaussian sigma 3.2
-    from the ChaCha20 stream under ``e_key``. Anyone holding the keys recomputes the canary, so a
+    uniform on {-1, 0, 1} (AES-256-CTR bytes below 255, mod 3), ``e1`` SEAL's error
+    (:func:`rlwe_errors`, |e1| <= 21) from the ChaCha20 stream under ``e_key``. Anyone holding the keys recomputes the canary, so a
     key holder can check that the extra ``c1`` it is asked to decrypt is this canary and not some
     ciphertext's ``c1`` (the ``ckks_threshold`` mode). Returns (c1, u)."""
     limbs = ring.data_count
     q = ring.q(limbs)
     u = ternary_poly(u_key, ring=ring, context=context)
-    e1 = encoder_gaussian(sigma=3.2, encoder=encoder, ring=ring, limbs=limbs, source=CsprngUniform(_key=e_key))
+    e1 = _error_ntt(ring=ring, context=context, source=CsprngUniform(_key=e_key))
     return addmod(mulmod(a[:limbs], u, q), e1, q), u
+
+
+def _error_ntt(*, ring: Ring, context: seal.SEALContext, source: CsprngUniform | None) -> np.ndarray:
+    """One :func:`rlwe_errors` polynomial in NTT form at the data level (bounded: |e| <= 21)."""
+    e = rlwe_errors(1, ring=ring, limbs=ring.data_count, source=source)[0]
+    return to_ntt(e, ring=ring, context=context, parms_id=ring.data_parms_id)
 
 
 def ternary_poly(key: bytes, *, ring: Ring, context: seal.SEALContext) -> np.ndarray:

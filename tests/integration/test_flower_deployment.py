@@ -51,7 +51,7 @@ class _HangsMidRound:
         out = self._c.on_plan(plan)
         self._round, self._stage = self._c.plan.round, 0
         # after its ciphertext, before decrypting: ckks at stage 1; ckks_threshold at stage 2 (stage 1
-        # is the reveal of its c1 against the commitment set, stage 2 the decryption)
+        # is its upload of c0 for the commitment set, stage 2 the decryption)
         self._hang_at = {"ckks": 1, "ckks_threshold": 2}.get(self._c.plan.secure_mode, HANG_AT_STAGE)
         return out
 

@@ -18,7 +18,9 @@ def _cfg(mode, strategy, threshold=None):
     return SimulationConfig.model_validate({
         "federation": {"rounds": 2, "secure_mode": mode, "min_clients": 2, "local_epochs": 1, "strategy": strategy,
                        **extra},
-        "model": {"hidden": 8}, "graph": {"k_similar": 3}, "training": {"lr": 0.01, "batch_size": 32}})
+        "model": {"hidden": 8}, "graph": {"k_similar": 3}, "training": {"lr": 0.01, "batch_size": 32},
+        # each hospital's own rule: it accepts t-of-N only if its config says so
+        **({"release": {"tckks_threshold": threshold}} if extra else {})})
 
 
 @pytest.mark.parametrize(("strategy", "threshold"), [("fedavg", None), ("fedsgd", 2)])

@@ -113,7 +113,8 @@ def test_keygen_for_another_federation_is_refused(net):
 class _Peer(_Hospital):
     def __init__(self, identity: Identity, server: Identity, peers):
         self.name = identity.name
-        self.holder = ThresholdKeyHolder(identity=identity, server=server.public, federation_id=FED, peers=peers)
+        self.holder = ThresholdKeyHolder(identity=identity, server=server.public, federation_id=FED, peers=peers,
+                                         min_threshold=2)  # each hospital's own rule: t-of-N from t = 2
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,7 @@ def _tcombiner(public, present, n=3, round_=1):
 def test_t_of_n_any_t_holders_decrypt_a_dropped_one_is_named_and_others_step_in(tnet):
     server, enrolled, hospitals, transport, public = tnet
     assert public.rule == "2-of-3"
-    assert all(h.holder.party.threshold == 2 and h.holder.party._s is None for h in hospitals.values())  # s_i erased
+    assert all(h.holder.party.threshold == 2 and h.holder.party._s is not None for h in hospitals.values())  # s_i kept: it encrypts its own updates
     for present in (("h0", "h1"), ("h1", "h2"), ("h0", "h2"), ("h0", "h1", "h2")):
         xs, comb = _tcombiner(public, present)
         y = open_aggregate(transport, combiner=comb, identity=server, enrolled=enrolled, length=100)

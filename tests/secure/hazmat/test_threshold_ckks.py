@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tenseal.sealapi as seal
 from clinograph.secure.hazmat import threshold_ckks as T
-from clinograph.secure.hazmat.ckks_context import CkksParams, build_context
+from clinograph.secure.hazmat.ckks_context import CkksParams, _load, build_context
 
 SCALE = 2.0 ** 96
 BITS = 68  # the preset's smudging: uniform on [-2^68, 2^68)
@@ -264,3 +264,77 @@ def test_canary_residual_separates_honest_and_wrong_key_shares(env):
                                ring=ring)
     assert T.canary_residual(share=honest, u=u, p0=p0s[0], ring=ring, context=ctx) < BITS + 0.1
     assert T.canary_residual(share=wrong, u=u, p0=p0s[0], ring=ring, context=ctx) > 118
+
+
+# -- encryption under one's own key share (the ckks_threshold mode) --------------------------------
+
+def _own(env, sks, S, xs, a, source=None):
+    ctx, ring, enc = env
+    plains = []
+    for x in xs:
+        pt = seal.Plaintext()
+        enc.encode(list(map(float, x)), SCALE, pt)
+        plains.append(T.read_plaintext(pt, ring.data_count, ring.degree))
+    return T.own_key_c0(plaintexts=plains, a=a, s=S, ring=ring, context=ctx, source=source)
+
+
+def test_own_key_encryption_is_a_seal_symmetric_ciphertext(env):
+    """Known answer: (c0, a) with c0 = Delta*m - a*s + e is opened by SEAL's own Decryptor under s."""
+    ctx, ring, enc = env
+    sks, S = _parties(env, 1)
+    a = T.common_poly(b"\x05" * 32, ring)[:2]
+    x = np.linspace(-2, 2, 4096)
+    c0 = T.to_ntt(_own(env, sks, S[0], [x], [a])[0], ring=ring, context=ctx, parms_id=ring.data_parms_id)
+    raw = T.ciphertext_bytes(np.stack([c0, a]), ring=ring, parms_id=ring.data_parms_id, scale=SCALE)
+    loaded = seal.Ciphertext()
+    _load(loaded, raw, ctx)
+    out = seal.Plaintext()
+    seal.Decryptor(ctx, sks[0]).decrypt(loaded, out)
+    assert np.max(np.abs(np.asarray(enc.decode_double(out)) - x)) < 1e-9
+    other = T.common_poly(b"\x06" * 32, ring)[:2]  # under another a: noise, not x
+    raw = T.ciphertext_bytes(np.stack([c0, other]), ring=ring, parms_id=ring.data_parms_id, scale=SCALE)
+    _load(loaded, raw, ctx)
+    seal.Decryptor(ctx, sks[0]).decrypt(loaded, out)
+    assert np.max(np.abs(np.asarray(enc.decode_double(out)) - x)) > 1e3
+
+
+def test_own_key_sum_opens_under_the_sum_of_the_key_shares(env):
+    """Three parties, one common a: (sum c0_i, a) decrypts under s_1 + s_2 + s_3 with SEAL's noise
+    only (|sum e_i| <= 3 * 19); without one party's share it is uniform."""
+    ctx, ring, enc = env
+    sks, S = _parties(env, 3)
+    a = T.common_poly(b"\x08" * 32, ring)[:2]
+    rng = np.random.default_rng(2)
+    xs = [rng.normal(0, 1, 4096) for _ in range(3)]
+    q = ring.q(2)
+    c0 = [T.to_ntt(_own(env, sks, s, [x], [a])[0], ring=ring, context=ctx, parms_id=ring.data_parms_id)
+          for s, x in zip(S, xs, strict=True)]
+    shares = [T.decryption_share(c1=a, s=s, noise=np.zeros((2, ring.degree), np.uint64), ring=ring) for s in S]
+    m = T.combine_decryption(c0=T.sum_polys(c0, q), shares=shares, ring=ring)
+    noise = _noise_coeffs(env, m, xs)
+    assert 0 < np.max(np.abs(noise)) <= 3 * 19
+    partial = T.combine_decryption(c0=T.sum_polys(c0, q), shares=shares[:2], ring=ring)
+    assert np.log2(np.max(np.abs(_signed(env, partial)))) > 100  # uniform mod q0*q1 (~2^120)
+
+
+def test_rlwe_errors_have_seals_distribution(env):
+    """SEAL's centred binomial of 2 x 21 bits: |e| <= 21, variance 10.5, the same integer in every
+    limb; residues below each prime."""
+    _, ring, _ = env
+    e = T.rlwe_errors(8, ring=ring, limbs=2)
+    assert e.shape == (8, 2, ring.degree) and np.all(e < ring.q(2).reshape(1, 2, 1))
+    q = ring.q(2).astype(np.int64).reshape(1, 2, 1)
+    both = e.astype(np.int64)
+    both = np.where(both > q // 2, both - q, both)
+    signed = both[:, 0, :].astype(np.float64).ravel()
+    assert np.array_equal(both[:, 0, :], both[:, 1, :])  # the same integer error in each limb
+    assert np.max(np.abs(signed)) <= 21 and abs(signed.mean()) < 0.1 and 10.1 < signed.var() < 10.9
+
+
+def test_uniform_polys_are_seeded_distinct_and_below_every_prime(env):
+    _, ring, _ = env
+    u = T.uniform_polys(b"\x03" * 32, ring=ring, limbs=2, count=5)
+    assert u.shape == (5, 2, ring.degree) and np.all(u < ring.q(2))
+    assert np.array_equal(u, T.uniform_polys(b"\x03" * 32, ring=ring, limbs=2, count=5))
+    assert not np.array_equal(u[0], u[1])
+    assert abs(u[:, 0].astype(np.float64).mean() / ring.primes[0] - 0.5) < 5 / np.sqrt(12 * 5 * ring.degree)

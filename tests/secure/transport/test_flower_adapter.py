@@ -320,15 +320,16 @@ def test_ckks_over_flower_messages_key_ceremony_relayed_and_hospitals_decrypt_th
 
 
 def test_ckks_threshold_over_flower_messages_keygen_relayed_and_the_server_opens_the_checked_sum(deployment, tmp_path):
-    """ckks_threshold over the Flower transport: collective key generation and the key's
-    distribution are relayed as set-up messages, every hospital's decryption share rides a round
-    stage, and the server opens the sum (its global model is the plain weighted mean)."""
+    """ckks_threshold over the Flower transport: collective key generation, the key's
+    distribution and its re-share are relayed as set-up messages, every hospital's decryption
+    share rides a round stage, and the server opens the sum (its global model is the plain
+    weighted mean)."""
     keys, workers, grid, run_config = deployment
     server_toml = fh.write_server_files(tmp_path / "tckks", federation_id="fed-flower", mode="ckks_threshold")
     results = run_federation(grid, {**run_config, "server-config": str(server_toml), "rounds": 1})
     assert [r.contributors for r in results] == [tuple(HOSPITALS)]
     steps = [s for _, s in grid.sent if s == "setup"]
-    assert len(steps) == 3 + 3 + 3 + 3  # run/start, tckks/keygen, tckks/public, run/finish: one to each of 3
+    assert len(steps) == 3 + 3 + 3 + 3 + 3  # run/start, tckks/keygen, tckks/public, tckks/reshare, run/finish: one to each
     log = (tmp_path / "tckks" / "audit" / "audit.jsonl").read_text()
     assert '"kind":"tckks_key_holders"' in log and '"secure_mode":"ckks_threshold"' in log
     assert verify_audit_dir(tmp_path / "tckks" / "audit").ok
