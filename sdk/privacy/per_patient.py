@@ -254,16 +254,17 @@ def dp_sgd_step(clipper: PerPatientClipper, optimizer: torch.optim.Optimizer, in
                 noise: Callable[[float, torch.Size, torch.dtype], torch.Tensor] | None = None) -> ClippedSum:
     """One DP-SGD step (Abadi et al. 2016, Algorithm 1, as Opacus normalises it), the one every
     local-DP trainer takes: the clipped sum of the batch's per-patient gradients, plus
-    N(0, σ²C²) from the CSPRNG (:func:`~.noise.secure_gaussian`; ``noise`` replaces it in tests
-    only), divided by the EXPECTED Poisson batch size (so an empty batch still steps on noise
+    N(0, σ²C²) from the CSPRNG in the parameters' dtype (:func:`~.noise.secure_gaussian`; ``noise``
+    replaces it in tests only), divided by the EXPECTED Poisson batch size (so an empty batch still steps on noise
     alone), set as the parameters' gradients, then ``optimizer.step()``.
 
     Guarantees: adding or removing one patient of the batch moves the noised sum by at most C
     in L2 (the accountant's sensitivity). Does not account the step (the trainer does).
     """
     out = clipper.clipped_sum(*inputs, labels=labels, clip_norm=clip_norm, groups=groups)
-    z = (noise or secure_gaussian)(noise_multiplier * clip_norm, torch.Size([clipper.dim]), torch.float64)
-    clipper.assign(z.double().add(out.summed).div_(max(float(expected_batch), 1e-12)))
+    dtype = out.summed.dtype  # the parameters' (float32: the four-sum in float32, as Opacus's secure mode)
+    z = (noise or secure_gaussian)(noise_multiplier * clip_norm, torch.Size([clipper.dim]), dtype)
+    clipper.assign(z.to(dtype).add(out.summed).div_(max(float(expected_batch), 1e-12)))
     optimizer.step()
     return out
 
