@@ -178,11 +178,16 @@ class EmbeddingWeight(LayerPart):
 
 
 def positions(a: torch.Tensor, g: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Linear call's input and output gradient as [B, T, d_in], [B, T, d_out]. An input that is
-    one vector per patient broadcast over the star (stride 0, e.g. the destination in the
-    attention logits) gives Σ_t b_{i,t} a_iᵀ: its positions are summed first (T = 1)."""
+    """A Linear call's input and output gradient as [B, T, d_in], [B, T, d_out]. An input broadcast
+    along some position axes (stride 0 there: one vector per patient over the star, e.g. the
+    destination in the attention logits, or per time step over a snapshot's features) gives
+    Σ_t b_t aᵀ = (Σ_t b_t) aᵀ over those axes: the output gradients are summed over them first and
+    the input is read once (fewer positions, no copy of the broadcast input)."""
     if a.dim() == 2:
         return a.unsqueeze(1), g.unsqueeze(1)
-    if a.dim() == 3 and a.stride(1) == 0:
-        return a[:, :1, :], g.sum(1, keepdim=True)
+    shared = [d for d in range(1, a.dim() - 1) if a.stride(d) == 0 and a.shape[d] > 1]
+    if shared:
+        for d in shared:
+            a = a.narrow(d, 0, 1)
+        g = g.sum(shared, keepdim=True)
     return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])
