@@ -40,7 +40,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from clinograph.core.errors import PrivacyError
 
-from .ghost import LayerPart
+from .ghost import LayerPart, Workspace, workspace
 from .noise import secure_gaussian
 from .part_rules import PART_RULES, register_part_rule, rule_of
 
@@ -122,6 +122,7 @@ class PerPatientClipper:
             self.leaves.append(mod)
         self._rules = {id(m): rule_of(m) for m in self.leaves}
         self._calls: list[tuple[nn.Module, Any, torch.Tensor]] = []
+        self._workspace = Workspace()  # the clipped sum's formed g_i, reused step to step (.ghost.Workspace)
         if probe is not None:
             self.self_check(*probe, labels=probe_labels)
 
@@ -185,20 +186,21 @@ class PerPatientClipper:
         if b == 0:
             return ClippedSum(torch.zeros(self.dim, dtype=dtype), torch.zeros(0, dtype=dtype), 0.0)
         group_of, n_groups = self._groups(groups)
-        parts, loss = self._parts(inputs, labels)
-        with torch.no_grad():
-            if n_groups == 1:
-                norm2 = (torch.stack([part.norm2() for part in parts.values()]).sum(0) if parts
-                         else torch.zeros(b, dtype=dtype)).unsqueeze(0)
-            else:
-                norm2 = torch.zeros((n_groups, b), dtype=dtype)
-                for i, part in parts.items():
-                    norm2[group_of[i]] += part.norm2()
-            factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
-            pieces = [parts[i].clipped(factor[group_of[i]]) if i in parts else torch.zeros(n, dtype=dtype)
-                      for i, (_, n) in enumerate(self._slices)]
-            summed = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
-            return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
+        with workspace(self._workspace):  # the parts formed for this sum only: buffers reused step to step
+            parts, loss = self._parts(inputs, labels)
+            with torch.no_grad():
+                if n_groups == 1:
+                    norm2 = (torch.stack([part.norm2() for part in parts.values()]).sum(0) if parts
+                             else torch.zeros(b, dtype=dtype)).unsqueeze(0)
+                else:
+                    norm2 = torch.zeros((n_groups, b), dtype=dtype)
+                    for i, part in parts.items():
+                        norm2[group_of[i]] += part.norm2()
+                factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
+                pieces = [parts[i].clipped(factor[group_of[i]]) if i in parts else torch.zeros(n, dtype=dtype)
+                          for i, (_, n) in enumerate(self._slices)]
+                summed = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
+                return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
 
     def _groups(self, groups: Sequence[Collection[nn.Parameter]] | None) -> tuple[list[int], int]:
         if groups is None:
