@@ -123,6 +123,8 @@ class PerPatientClipper:
         self._rules = {id(m): rule_of(m) for m in self.leaves}
         self._calls: list[tuple[nn.Module, Any, torch.Tensor]] = []
         self._workspace = Workspace()  # the clipped sum's formed g_i, reused step to step (.ghost.Workspace)
+        self._grad: torch.Tensor | None = None  # the noised gradient the parameters' .grad view (assign)
+        self._grad_views: list[torch.Tensor] = []
         if probe is not None:
             self.self_check(*probe, labels=probe_labels)
 
@@ -217,13 +219,23 @@ class PerPatientClipper:
         return [group_of[i] for i in range(len(self.params))], len(groups)
 
     def assign(self, flat: torch.Tensor) -> None:
-        """Set every parameter's ``.grad`` to its slice of ``flat`` [P] (converted once to the
-        parameters' dtype when they share one; each ``.grad`` is then a view of that one tensor)."""
+        """Set every parameter's ``.grad`` to its slice of ``flat`` [P]. When the parameters share one
+        dtype the slices are views of one gradient buffer the engine keeps (``flat`` is copied in,
+        converted once; the same views every step: no per-parameter tensor operations), so a
+        ``.grad`` is valid until the next :meth:`assign`."""
         dtypes = {p.dtype for p in self.params}
-        if len(dtypes) == 1:
-            flat = flat.to(dtypes.pop())
-        for p, g in zip(self.params, torch.split(flat, self.sizes), strict=True):
-            p.grad = g.view_as(p).to(p.dtype)
+        if len(dtypes) != 1:
+            for p, g in zip(self.params, torch.split(flat, self.sizes), strict=True):
+                p.grad = g.view_as(p).to(p.dtype)
+            return
+        dtype = dtypes.pop()
+        if self._grad is None or self._grad.dtype != dtype:
+            self._grad = torch.empty(self.dim, dtype=dtype)
+            self._grad_views = [g.view_as(p) for p, g in zip(self.params, torch.split(self._grad, self.sizes),
+                                                              strict=True)]
+        self._grad.copy_(flat)
+        for p, g in zip(self.params, self._grad_views, strict=True):
+            p.grad = g
 
     def self_check(self, *inputs: Any, labels: Any = None) -> None:
         """Σ_i g_i == the ordinary batch gradient on ``inputs`` (a synthetic probe), or PrivacyError."""

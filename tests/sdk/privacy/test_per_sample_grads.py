@@ -144,6 +144,18 @@ def test_star_engine_per_patient_gradients_and_clipped_sum_equal_a_per_patient_l
     assert torch.equal(engine.flat(grads, len(y), torch.float64), got_per)
 
 
+def test_assign_gives_every_parameter_its_slice_in_its_dtype_step_after_step(dictionary):
+    model = _model(len(dictionary.node_ids())).float()
+    engine = PerPatientClipper(model)
+    for step in range(2):  # the second assign reuses the gradient buffer: new values, same slices
+        flat = torch.arange(engine.dim, dtype=torch.float64) * (step + 1)
+        engine.assign(flat)
+        want = torch.split(flat.float(), engine.sizes)
+        for p, w in zip(engine.params, want, strict=True):
+            assert p.grad.dtype == torch.float32 and p.grad.shape == p.shape
+            assert torch.equal(p.grad.reshape(-1), w)
+
+
 def test_star_engine_on_snapshot_sequences_equals_a_per_patient_loop(tables, dictionary):
     """[B, T, K] rows (the temporal model: a patient's whole sequence is one unit)."""
     from clinograph.sdk.model.temporal import TemporalNSFL
