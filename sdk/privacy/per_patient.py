@@ -199,7 +199,8 @@ class PerPatientClipper:
                     for i, part in parts.items():
                         norm2[group_of[i]] += part.norm2()
                 factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
-                pieces = [parts[i].clipped(factor[group_of[i]]) if i in parts else torch.zeros(n, dtype=dtype)
+                rows = list(factor.unbind(0))  # each group's c [B], indexed once
+                pieces = [parts[i].clipped(rows[group_of[i]]) if i in parts else torch.zeros(n, dtype=dtype)
                           for i, (_, n) in enumerate(self._slices)]
                 summed = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
                 return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
