@@ -30,7 +30,7 @@ Shapes: a [B, T, d_in], b [B, T, d_out]; indices [B, T]; c [B], in the parts' dt
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -107,13 +107,15 @@ class LayerPart:
 
 
 class Formed(LayerPart):
-    """g_i already formed, [B, n]."""
+    """g_i already formed, [B, n]. ``norm2_of``: where ‖g_i‖² is already computed (a Linear bias
+    whose g_i is the output gradient its weight's ghost norm also squares)."""
 
-    def __init__(self, g: torch.Tensor):
+    def __init__(self, g: torch.Tensor, norm2_of: Callable[[], torch.Tensor] | None = None):
         self.g = g.reshape(g.shape[0], -1)
+        self._norm2_of = norm2_of
 
     def norm2(self) -> torch.Tensor:
-        return sq_norms(self.g)
+        return self._norm2_of() if self._norm2_of is not None else sq_norms(self.g)
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
         return c @ self.g
@@ -138,6 +140,7 @@ class LinearWeight(LayerPart):
         self.formed: torch.Tensor | None = None
         #: one position (a 2-D call): the ghost norm ‖a_i‖²‖b_i‖² and one product, on [B, ·] views
         self.flat2d = (calls[0][0][:, 0], calls[0][1][:, 0]) if t == 1 else None
+        self._b2: torch.Tensor | None = None
         ghost = t * t * (d_in + d_out)  # the ghost norm's operations a patient (forming: t·d_in·d_out)
         small = int(calls[0][0].shape[0]) * d_in * d_out <= FORM_LIMIT
         if t > 1 and (ghost >= t * d_in * d_out or (small and ghost >= 2 * d_in * d_out)):  # module docstring
@@ -161,10 +164,15 @@ class LinearWeight(LayerPart):
             return self.calls[0]
         return torch.cat([a for a, _ in self.calls], dim=1), torch.cat([b for _, b in self.calls], dim=1)
 
+    def out_norms2(self) -> torch.Tensor:
+        """‖b_i‖² of a one-position layer (its bias's ‖g_i‖²), computed once."""
+        if self._b2 is None:
+            self._b2 = sq_norms(self.flat2d[1])
+        return self._b2
+
     def norm2(self) -> torch.Tensor:
         if self.flat2d is not None:
-            a, b = self.flat2d
-            return sq_norms(a) * sq_norms(b)
+            return sq_norms(self.flat2d[0]) * self.out_norms2()
         if self.formed is not None:
             return sq_norms(self.formed.reshape(self.formed.shape[0], -1))
         a, b = self._joined()

@@ -71,7 +71,10 @@ def _box_muller(m: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     u = torch.from_numpy(csprng_uniform(2 * m)) if dtype == torch.float64 else _uniform32(2 * m)
     r = u[:m].log_().mul_(-2.0).sqrt_()
     theta = u[m:].mul_(2.0 * math.pi)
-    return torch.cat([torch.cos(theta).mul_(r), theta.sin_().mul_(r)])
+    z = torch.empty(2 * m, dtype=u.dtype)
+    torch.cos(theta, out=z[:m]).mul_(r)
+    torch.sin(theta, out=z[m:]).mul_(r)
+    return z
 
 
 def secure_gaussian(std: float, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:

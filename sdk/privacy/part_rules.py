@@ -44,13 +44,16 @@ def _linear_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]
     ``BlockLinear`` with no input blocks (``empty_in``) outputs its bias alone: no weight part."""
     pos = [positions(a.to(g.dtype), g, b) for a, g in calls]
     out: dict[int, LayerPart] = {}
-    weight = mod.weight
+    weight, w_part = mod.weight, None
     if weight.requires_grad and not getattr(mod, "empty_in", False):
-        out[id(weight)] = LinearWeight(pos)
+        out[id(weight)] = w_part = LinearWeight(pos)
     bias = mod.bias
     if bias is not None and bias.requires_grad:
-        out[id(bias)] = Formed(pos[0][1][:, 0] if len(pos) == 1 and pos[0][1].shape[1] == 1
-                               else sum(g3.sum(1) for _, g3 in pos))
+        if len(pos) == 1 and pos[0][1].shape[1] == 1:  # one position: g_i(bias) = b_i, squared once for both
+            shared = w_part.out_norms2 if w_part is not None and w_part.flat2d is not None else None
+            out[id(bias)] = Formed(pos[0][1][:, 0], norm2_of=shared)
+        else:
+            out[id(bias)] = Formed(sum(g3.sum(1) for _, g3 in pos))
     return out
 
 
