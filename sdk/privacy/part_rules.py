@@ -106,10 +106,16 @@ def _conv1d_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]
                            f"padding_mode={mod.padding_mode!r} is outside the engine's rule (groups 1, integer "
                            "zero padding). Change the layer or register a rule for it.")
     pos = []
+    (k,), (dilation,), (pad,), (stride,) = mod.kernel_size, mod.dilation, mod.padding, mod.stride
     for a, g in calls:
-        patches = F.unfold(a.to(g.dtype).unsqueeze(2), kernel_size=(1, mod.kernel_size[0]), dilation=(1, mod.dilation[0]),
-                           padding=(0, mod.padding[0]), stride=(1, mod.stride[0]))
-        pos.append((patches.transpose(1, 2), g.transpose(1, 2)))
+        a = a.to(g.dtype)
+        if dilation == 1:  # the padded signal's windows as a strided view, copied once into [B, L_out, C_in·k]
+            padded = F.pad(a, (pad, pad)) if pad else a
+            patches = padded.unfold(2, k, stride).permute(0, 2, 1, 3).reshape(b, -1, a.shape[1] * k)
+        else:
+            patches = F.unfold(a.unsqueeze(2), kernel_size=(1, k), dilation=(1, dilation), padding=(0, pad),
+                               stride=(1, stride)).transpose(1, 2)
+        pos.append((patches, g.transpose(1, 2)))
     out: dict[int, LayerPart] = {}
     if mod.weight.requires_grad:
         out[id(mod.weight)] = LinearWeight(pos)
