@@ -136,6 +136,7 @@ def test_star_engine_per_patient_gradients_and_clipped_sum_equal_a_per_patient_l
     assert (out.summed - want).abs().max().item() <= 1e-9
     assert torch.allclose(out.norms, per.norm(dim=1), rtol=1e-9, atol=1e-12)
     assert all(p.grad is None for p in model.parameters())  # nothing left on the model
+    assert not any("forward" in leaf.__dict__ for leaf in engine.leaves)  # the recording wrappers are gone
     # the clipped sum's formed parts reuse buffers step to step (ghost.Workspace): a smaller batch
     # in between, then the first again, give the same sums, and per_sample's tensors are untouched
     _, want_small = _loop_clipped_sum(reference, names, fi[:5], x[:5], m[:5], y[:5], clip)
