@@ -1,9 +1,12 @@
 """One DP-SGD step against one plain step, per task that trains with DP, same batch, same process.
 
-    python -m benchmarks.dp_step.dp_step            # 30 repetitions, writes results/dp_step.json
+    python -m benchmarks.dp_step.dp_step            # 40 repetitions, writes results/dp_step.json
     python -m benchmarks.dp_step.dp_step --quick    # 5 repetitions, writes results/dp_step_quick.json
+    python -m benchmarks.dp_step.dp_step --batches 64   # one batch size only
 
-Per task (batch 64, the [privacy] default B; the model at its default [model] settings):
+Per task, at each batch of :data:`BATCHES` (64, the [privacy] default; 672, the demo's local-DP
+federation's expected batch at its largest hospital; 32, a small lifelines-table hospital's; a
+source with fewer rows than the batch is cycled), the model at its default [model] settings:
 
 - ``nsfl_static``: :class:`~clinograph.sdk.model.nsfl.NSFLModel` on the stars of the demo's largest
   hospital (ALARM north, 2400 patients).
@@ -12,8 +15,8 @@ Per task (batch 64, the [privacy] default B; the model at its default [model] se
 - ``survival``: :class:`~clinograph.sdk.model.heads.SurvivalNSFLModel` (8 hazard intervals) on the
   ALARM north stars with synthetic follow-up (the labels do not change the cost).
 - ``modalities``: :class:`~clinograph.sdk.model.modalities.ModalityNSFL` (stars plus the PPG waveform
-  through its ``Conv1d`` encoder) on the first modality-gap hospital (mm_full_a, every patient with a waveform); the engine only
-  (the modality task refuses ``[privacy]`` today: its DP trainer is not wired).
+  through its ``Conv1d`` encoder) on the first modality-gap hospital (mm_full_a, every patient with a
+  waveform).
 - ``concepts``: a C-GM :class:`~clinograph.sdk.concepts.model.ConceptModel` with ``BlockLinear``
   node modules, as the concepts demo builds it (MLP encoder 64 → 32, hidden 32, emb 8), on its
   north hospital.
@@ -21,14 +24,21 @@ Per task (batch 64, the [privacy] default B; the model at its default [model] se
 Each side is the product's step: **plain** = ``zero_grad``, forward, the task's mean loss, backward,
 Adam step; **DP** = what the local-DP trainer does at every step (:func:`clinograph.sdk.privacy.
 per_patient.dp_sgd_step`: per-patient gradients, clipped to C = 1, summed, plus CSPRNG noise
-σC, over the expected batch, Adam step). Both sides train the same parameters (those the DP trainer
-trains: the star path's, ``similar_to`` frozen), start from the same weights, and are timed
-interleaved within every repetition; reported: medians, ``ratio`` = DP median / plain median,
-``per_rep_ratio_median`` (the median of the ratios inside each repetition, robust to load drift) and
-``noise_ms``, the CSPRNG noise draw alone (four Box-Muller normals a parameter, part of the DP step);
-the same from the thread's CPU time (``cpu_*``, ``time.thread_time``), which other processes' load on
-the shared machine does not inflate (wall time does: a step waits for a core).
-Torch single-threaded. Asserts nothing.
+σC in the parameters' dtype, over the expected batch, Adam step); **dp_noise64** = the same DP step
+with its noise drawn in float64 (the sampler before the float32 path: the noise change measured
+inside one process). Both sides train the same parameters (those the DP trainer trains: the star
+path's, ``similar_to`` frozen), start from the same weights, and are timed interleaved within every
+repetition in a random order, each side as a block of 1 + ``WARM`` consecutive steps, as training
+takes them. The block's first step (after another side or task: its model's memory out of cache) is
+reported apart (``cpu_cold_*``); the others are the steady state the main figures use. Why: a step
+right after a step of the same model runs from cache, one after another model's does not, and with
+one step a side the order alone moved a ratio by up to 0.1 (a fixed order favoured whichever DP
+variant followed the other). Reported: medians,
+``ratio`` = DP median / plain median, ``per_rep_ratio_median`` (the median of the ratios inside each
+repetition, robust to load drift), ``noise_ms`` / ``noise64_ms``, the CSPRNG noise draw alone in the
+parameters' dtype / in float64; the same from the thread's CPU time (``cpu_*``, ``time.thread_time``),
+which other processes' load on the shared machine inflates less than wall time (a step waits for a
+core). Torch single-threaded. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +59,13 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
-B = 64
+#: the expected batches a deployed DP path steps on: the [privacy] default B = 64 (a hospital with >= 64
+#: training patients, e.g. the demo's, temporal, concepts and modality hospitals); the demo's local-DP
+#: federation's (B = 1024 at hospital north: 2400 patients, 1344 training, q = 1/2: 672); and a small
+#: hospital of the lifelines tables under the default B (15-63 training patients: 32)
+BATCHES = (64, 672, 32)
+#: steps timed a block after its first (cold) one
+WARM = 2
 
 
 def _frozen_like_dp(model) -> None:
@@ -65,7 +81,19 @@ def _adam(model) -> torch.optim.Optimizer:
     return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
 
 
-def _star_sides(model, inputs, labels, loss_mean, engine) -> dict:
+def _rows(n: int, b: int) -> torch.Tensor:
+    """Row indices of a batch of ``b`` (the source's first rows, cycled when it has fewer: the cost
+    depends on the batch's shape, not on which patients fill it)."""
+    return torch.arange(b) % n
+
+
+def _noise64(std, shape, dtype):  # noqa: ARG001 - the noise as drawn before the float32 path (float64)
+    from clinograph.sdk.privacy.noise import secure_gaussian
+
+    return secure_gaussian(std, shape, torch.float64)
+
+
+def _star_sides(model, inputs, labels, loss_mean, engine, b) -> dict:
     """Plain and DP steps for a star-path model (static, temporal, survival)."""
     from clinograph.sdk.privacy import per_patient
 
@@ -81,35 +109,34 @@ def _star_sides(model, inputs, labels, loss_mean, engine) -> dict:
         loss_mean(plain_model(*inputs), labels).backward()
         plain_opt.step()
 
-    def dp() -> None:
-        _dp_step(clipper, dp_opt, inputs, labels)
+    return {"plain": plain, "dp": lambda: _dp_step(clipper, dp_opt, inputs, labels, b),
+            "dp_noise64": lambda: _dp_step(clipper, dp_opt, inputs, labels, b, noise=_noise64),
+            "trainable_parameters": clipper.dim, "dtype": clipper.params[0].dtype}
 
-    return {"plain": plain, "dp": dp, "trainable_parameters": clipper.dim}
 
-
-def _dp_step(clipper, opt, inputs, labels) -> None:
+def _dp_step(clipper, opt, inputs, labels, b, noise=None) -> None:
     from clinograph.sdk.privacy import per_patient
 
     if hasattr(per_patient, "dp_sgd_step"):
         per_patient.dp_sgd_step(clipper, opt, inputs, labels=labels, noise_multiplier=1.0, clip_norm=1.0,
-                                expected_batch=B)
+                                expected_batch=b, noise=noise)
         return
     # main before issue 30: DPTrainer._star_step, inlined
     from clinograph.sdk.privacy.noise import secure_gaussian
 
     out = clipper.clipped_sum(*inputs, labels=labels, clip_norm=1.0)
     noise = secure_gaussian(1.0, torch.Size([clipper.dim]), torch.float64)
-    clipper.assign((out.summed + noise.to(out.summed.dtype)) / B)
+    clipper.assign((out.summed + noise.to(out.summed.dtype)) / b)
     opt.step()
 
 
-def _noise_draw(dim: int):
+def _noise_draw(dim: int, dtype: torch.dtype):
     from clinograph.sdk.privacy.noise import secure_gaussian
 
-    return lambda: secure_gaussian(1.0, torch.Size([dim]), torch.float64)
+    return lambda: secure_gaussian(1.0, torch.Size([dim]), dtype)
 
 
-def nsfl_static() -> dict:
+def nsfl_static(b: int) -> dict:
     from clinograph.sdk.graph import star_batch
     from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
     from clinograph.sdk.privacy.per_patient import PerPatientClipper
@@ -120,14 +147,14 @@ def nsfl_static() -> dict:
     d, tables = demo_tables(0, 1.0)
     table = next(t for t in tables if t.site == "north")
     s = star_batch(table, k_similar=0)
-    idx = torch.arange(B)
+    idx = _rows(len(s.labels), b)
     inputs = (s.feature_index[idx], s.values[idx], s.mask[idx])
     model = NSFLModel(len(d.node_ids()), NSFLConfig())
-    return {**_star_sides(model, inputs, s.labels[idx].float(), star_loss, PerPatientClipper),
-            "data": "ALARM demo, hospital north, stars [64, K]", "row_shape": list(inputs[0].shape[1:])}
+    return {**_star_sides(model, inputs, s.labels[idx].float(), star_loss, PerPatientClipper, b),
+            "data": "ALARM demo, hospital north, stars [B, K]", "row_shape": list(inputs[0].shape[1:])}
 
 
-def nsfl_temporal() -> dict:
+def nsfl_temporal(b: int) -> dict:
     from clinograph.sdk.datasets import timeseries as ts
     from clinograph.sdk.graph.temporal import snapshot_batch
     from clinograph.sdk.ingest import ingest
@@ -143,15 +170,15 @@ def nsfl_temporal() -> dict:
         table = ingest(site.table, schema=site.schema, dictionary=d)
     cfg = NSFLConfig(temporal="attention")
     sb = snapshot_batch(table, window=cfg.temporal_window, carry_forward=cfg.temporal_carry_forward)
-    idx = torch.arange(B)
+    idx = _rows(len(sb.labels), b)
     inputs = (sb.feature_index[idx], sb.values[idx], sb.mask[idx])
     model = TemporalNSFL(len(d.node_ids()), cfg)
-    return {**_star_sides(model, inputs, sb.labels[idx].float(), star_loss, PerPatientClipper),
-            "data": f"time-series hospital {site.hospital.site}, "
-                    "snapshot sequences [64, T, K]", "row_shape": list(inputs[0].shape[1:])}
+    return {**_star_sides(model, inputs, sb.labels[idx].float(), star_loss, PerPatientClipper, b),
+            "data": f"time-series hospital {site.hospital.site} ({len(sb.labels)} patients), "
+                    "snapshot sequences [B, T, K]", "row_shape": list(inputs[0].shape[1:])}
 
 
-def survival() -> dict:
+def survival(b: int) -> dict:
     from clinograph.sdk.graph import star_batch
     from clinograph.sdk.model.heads import SurvivalNSFLModel
     from clinograph.sdk.model.nsfl import NSFLConfig
@@ -163,10 +190,10 @@ def survival() -> dict:
     d, tables = demo_tables(0, 1.0)
     table = next(t for t in tables if t.site == "north")
     s = star_batch(table, k_similar=0)
-    idx = torch.arange(B)
+    idx = _rows(len(s.labels), b)
     rng = np.random.default_rng(0)  # synthetic follow-up: public, no patient data; the cost ignores it
     breaks = np.linspace(30.0, 240.0, 8)
-    se, ee = interval_targets(rng.exponential(120.0, B), rng.integers(0, 2, B), breaks)
+    se, ee = interval_targets(rng.exponential(120.0, b), rng.integers(0, 2, b), breaks)
     labels = torch.as_tensor(np.concatenate([se, ee], axis=1), dtype=torch.float32)
     inputs = (s.feature_index[idx], s.values[idx], s.mask[idx])
     model = SurvivalNSFLModel(len(d.node_ids()), NSFLConfig(), intervals=len(breaks))
@@ -174,11 +201,11 @@ def survival() -> dict:
     def loss_mean(logits, y):
         return hazard_loss_sum(logits, y) / y.shape[0]
 
-    return {**_star_sides(model, inputs, labels, loss_mean, HazardClipper),
+    return {**_star_sides(model, inputs, labels, loss_mean, HazardClipper, b),
             "data": "ALARM demo north stars, 8 hazard intervals, synthetic follow-up"}
 
 
-def concepts() -> dict:
+def concepts(b: int) -> dict:
     from clinograph.sdk.concepts import dp as cdp
     from clinograph.sdk.concepts.encoders import MLPEncoder
     from clinograph.sdk.concepts.graph import ConceptGraph
@@ -195,7 +222,7 @@ def concepts() -> dict:
                          z_dim=32, hp=ConceptHParams(hidden=32, emb=8))
     plain_model = copy.deepcopy(model)
     plain_opt, dp_opt = _adam(plain_model), _adam(model)
-    idx = torch.arange(B)
+    idx = _rows(int(site.inputs.shape[0]), b)
     x = site.inputs[idx]
     labels = {v: y[idx] for v, y in site.labels.items() if v in site.nodes}
     kw = {"supervised": set(labels), "has_task": TASK in labels, "task": TASK, "gamma": 0.8}
@@ -206,15 +233,18 @@ def concepts() -> dict:
         fcm_loss(plain_model(x, interventions={}), labels, **kw).backward()
         plain_opt.step()
 
-    def dp() -> None:
-        cdp.dp_sgd_step(model, dp_opt, names, x, labels, {}, noise_multiplier=1.0, clip=1.0, expected_batch=B, **kw)
+    def dp(noise=None) -> None:
+        cdp.dp_sgd_step(model, dp_opt, names, x, labels, {}, noise_multiplier=1.0, clip=1.0, expected_batch=b,
+                        noise=noise, **kw)
 
     dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {"plain": plain, "dp": dp, "trainable_parameters": dim,
-            "data": f"concepts demo, hospital north, {len(CONCEPTS)} nodes, inputs [64, {int(x.shape[1])}]"}
+    return {"plain": plain, "dp": dp, "dp_noise64": lambda: dp(_noise64), "trainable_parameters": dim,
+            "dtype": next(model.parameters()).dtype,
+            "data": f"concepts demo, hospital north ({int(site.inputs.shape[0])} patients), {len(CONCEPTS)} nodes, "
+                    f"inputs [B, {int(x.shape[1])}]"}
 
 
-def modalities() -> dict:
+def modalities(b: int) -> dict:
     from clinograph.sdk.datasets import timeseries as ts
     from clinograph.sdk.graph import star_batch
     from clinograph.sdk.ingest import ingest
@@ -229,9 +259,9 @@ def modalities() -> dict:
         table = ingest(site.table, schema=site.schema, dictionary=d)
     w, has = ts.waveform_matrix(site, table.patient_ids)
     s = star_batch(table, k_similar=0)
-    idx = torch.arange(B)
-    inputs = (s.feature_index[idx], s.values[idx], s.mask[idx], torch.as_tensor(w[:B], dtype=torch.float32),
-              torch.as_tensor(has[:B], dtype=torch.bool))
+    idx = _rows(len(s.labels), b)
+    inputs = (s.feature_index[idx], s.values[idx], s.mask[idx], torch.as_tensor(w[idx.numpy()], dtype=torch.float32),
+              torch.as_tensor(has[idx.numpy()], dtype=torch.bool))
     y = s.labels[idx].float()
     model = ModalityNSFL(len(d.node_ids()), NSFLConfig(), modalities=("waveform",))
 
@@ -249,66 +279,86 @@ def modalities() -> dict:
 
     def plain() -> None:
         plain_opt.zero_grad(set_to_none=True)
-        (objective(plain_model, inputs, y) / B).backward()
+        (objective(plain_model, inputs, y) / b).backward()
         plain_opt.step()
 
-    def dp() -> None:
-        _dp_step(clipper, dp_opt, inputs, y)
-
-    return {"plain": plain, "dp": dp, "trainable_parameters": clipper.dim,
-            "data": f"time-series hospital {site.hospital.site}: stars + PPG "
-                    f"waveform [64, {int(inputs[3].shape[1])}] ({int(inputs[4].sum())} of 64 have it); the engine "
-                    "only (the modality task refuses [privacy] today)"}
+    return {"plain": plain, "dp": lambda: _dp_step(clipper, dp_opt, inputs, y, b),
+            "dp_noise64": lambda: _dp_step(clipper, dp_opt, inputs, y, b, noise=_noise64),
+            "trainable_parameters": clipper.dim, "dtype": clipper.params[0].dtype,
+            "data": f"time-series hospital {site.hospital.site} ({len(s.labels)} patients): stars + PPG "
+                    f"waveform [B, {int(inputs[3].shape[1])}] ({int(inputs[4].sum())} of {b} have it)"}
 
 
 TASKS = {"nsfl_static": nsfl_static, "nsfl_temporal": nsfl_temporal, "survival": survival, "concepts": concepts,
          "modalities": modalities}
 
 
+def _row(name: str, b: int, case: dict, times: dict, cpu: dict, cold: dict) -> dict:
+    def ms(d, side):
+        return 1000 * median(d[(name, b, side)])
+
+    def ratio(d, side):
+        return median(d[(name, b, side)]) / median(d[(name, b, "plain")])
+
+    return {"task": name, "batch": b, "data": case["data"], "trainable_parameters": case["trainable_parameters"],
+            "plain_ms": ms(times, "plain"), "dp_ms": ms(times, "dp"), "ratio": ratio(times, "dp"),
+            "noise_ms": ms(times, "noise"),
+            "cpu_plain_ms": ms(cpu, "plain"), "cpu_dp_ms": ms(cpu, "dp"), "cpu_ratio": ratio(cpu, "dp"),
+            "cpu_noise_ms": ms(cpu, "noise"),
+            "cpu_dp_noise64_ms": ms(cpu, "dp_noise64"), "cpu_ratio_noise64": ratio(cpu, "dp_noise64"),
+            "cpu_noise64_ms": ms(cpu, "noise64"),
+            "cpu_cold_plain_ms": ms(cold, "plain"), "cpu_cold_dp_ms": ms(cold, "dp"),
+            "cpu_cold_ratio": ratio(cold, "dp"), "cpu_cold_ratio_noise64": ratio(cold, "dp_noise64"),
+            "per_rep_ratio_median": median([d / p for d, p in zip(times[(name, b, "dp")], times[(name, b, "plain")],
+                                                                   strict=True)])}  # pairs: the k-th warm steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_convention(ap)
     ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     ap.add_argument("--label", default="", help="what this run measures (e.g. 'before: main 6b286bf')")
     a = ap.parse_args()
     reps = 5 if a.quick else a.reps
     torch.set_num_threads(1)
     cases = {}
-    for name, build in TASKS.items():
-        try:
-            cases[name] = build()
-        except TypeError as e:  # the "before" run on main: an engine without objectives (modalities)
-            print(f"{name}: not measured ({e})", file=sys.stderr)
+    for b in a.batches:
+        for name, build in TASKS.items():
+            try:
+                cases[(name, b)] = build(b)
+            except TypeError as e:  # the "before" run on an old main: an engine without objectives (modalities)
+                print(f"{name}: not measured ({e})", file=sys.stderr)
     for case in cases.values():  # the noise alone (σC for every trained parameter): a floor of the DP step
-        case["noise"] = _noise_draw(case["trainable_parameters"])
+        case["noise"] = _noise_draw(case["trainable_parameters"], case["dtype"])
+        case["noise64"] = _noise_draw(case["trainable_parameters"], torch.float64)
+    sides = ("plain", "dp", "dp_noise64", "noise", "noise64")
     for case in cases.values():  # warm-up
         for _ in range(3):
-            case["plain"]()
-            case["dp"]()
-    load_before = os.getloadavg()
-    sides = ("plain", "dp", "noise")
-    times = {(name, side): [] for name in cases for side in sides}
-    cpu = {(name, side): [] for name in cases for side in sides}
-    for _ in range(reps):  # interleaved: both sides of every task see the same load
-        for name, case in cases.items():
             for side in sides:
-                c0, t0 = time.thread_time(), time.perf_counter()
                 case[side]()
-                times[(name, side)].append(time.perf_counter() - t0)
-                cpu[(name, side)].append(time.thread_time() - c0)
+    load_before = os.getloadavg()
+    times = {(*key, side): [] for key in cases for side in sides}
+    cpu = {(*key, side): [] for key in cases for side in sides}
+    cold = {(*key, side): [] for key in cases for side in sides}  # CPU time of a block's first step
+    shuffle = np.random.default_rng(0)  # the order of the sides: public, fixed (module docstring)
+    for _ in range(reps):  # interleaved: both sides of every task see the same load
+        for key, case in cases.items():
+            for side in (sides[j] for j in shuffle.permutation(len(sides))):
+                for step in range(1 + WARM):  # a block of consecutive steps, as training takes them
+                    c0, t0 = time.thread_time(), time.perf_counter()
+                    case[side]()
+                    wall, used = time.perf_counter() - t0, time.thread_time() - c0
+                    if step == 0:
+                        cold[(*key, side)].append(used)
+                    else:
+                        times[(*key, side)].append(wall)
+                        cpu[(*key, side)].append(used)
     rows = []
-    for name, case in cases.items():
-        plain, dp = times[(name, "plain")], times[(name, "dp")]
-        row = {"task": name, "batch": B, "data": case["data"], "trainable_parameters": case["trainable_parameters"],
-               "plain_ms": 1000 * median(plain), "dp_ms": 1000 * median(dp), "ratio": median(dp) / median(plain),
-               "noise_ms": 1000 * median(times[(name, "noise")]),
-               "cpu_plain_ms": 1000 * median(cpu[(name, "plain")]), "cpu_dp_ms": 1000 * median(cpu[(name, "dp")]),
-               "cpu_ratio": median(cpu[(name, "dp")]) / median(cpu[(name, "plain")]),
-               "cpu_noise_ms": 1000 * median(cpu[(name, "noise")]),
-               "per_rep_ratio_median": median([d / p for d, p in zip(dp, plain, strict=True)])}
-        rows.append(row)
-        print(row, flush=True)
-    emit({"benchmark": "dp_step", "label": a.label, "reps": reps,
+    for (name, b), case in cases.items():
+        rows.append(_row(name, b, case, times, cpu, cold))
+        print({k: v for k, v in rows[-1].items() if k != "data"}, flush=True)
+    emit({"benchmark": "dp_step", "label": a.label, "reps": reps, "warm_steps_a_block": WARM, "batches": a.batches,
           "statistic": "median seconds of one step x1000; ratio = DP median / plain median",
           "machine": machine(), "load_average_before_timing": list(load_before),
           "load_average_after": list(os.getloadavg()), "rows": rows}, out=out_path(__file__, a))

@@ -11,8 +11,12 @@ DP-SGD needs of g_i only ‖g_i‖² (summed over the layers into the clipping f
 Li et al. 2022, "Large language models can be strong differentially private learners", sec. 4):
 
 - Linear weight, T = 1: ‖g_i‖² = ‖a_i‖²‖b_i‖²; T > 1: ‖g_i‖² = Σ_{t,s} (a_t·a_s)(b_t·b_s), B·T²·(d_in+d_out)
-  operations, used when below the B·T·d_in·d_out of forming g_i (Bu et al. 2022's mixed ghost
-  clipping). The clipped sum is then one product Σ_{i,t} (c_i b_{i,t}) a_{i,t}ᵀ: no second backward.
+  operations, whose clipped sum is then one product Σ_{i,t} (c_i b_{i,t}) a_{i,t}ᵀ (B·T·d_in·d_out): no
+  second backward. Forming g_i costs that same B·T·d_in·d_out once, after which the norm and the
+  clipped sum are 2·B·d_in·d_out; so g_i is formed when T²·(d_in+d_out) ≥ 2·d_in·d_out and the
+  formed [B, d_out·d_in] stays under :data:`FORM_LIMIT` elements, or (whatever its size) when the
+  ghost norm alone costs more than forming (Bu et al. 2022's mixed ghost clipping, with the
+  clipped sum counted).
 - the piecewise value encoding's ``KnotLinear`` called on [h ‖ B(x)]: a Linear over the
   knot-weighted input e_t = B(x_t) ⊗ h_t, whose ghost norm factorises (e_t·e_s = (h_t·h_s)(B_t·B_s)):
   B·T²·(d_in + M + d_out) operations instead of B·T²·(M·d_in + d_out) or forming B·T·M·d_in·d_out.
@@ -25,7 +29,60 @@ Shapes: a [B, T, d_in], b [B, T, d_out]; indices [B, T]; c [B], in the parts' dt
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
+
+
+class Workspace:
+    """Buffers reused from one DP step to the next for the parts' large intermediates (formed
+    g_i, [B, d_out, d_in] each). Allocated fresh every step, tens of MB at large batches came as
+    fresh pages every step (glibc hands large freed blocks back to the OS): thousands of page faults
+    a step. Buffers are handed out in request order (the same every step for one model) and grow
+    to the largest size asked; only the clipped-sum path uses them (:func:`workspace`), never a
+    tensor that leaves the engine (:meth:`LayerPart.per_sample` allocates)."""
+
+    def __init__(self) -> None:
+        self._bufs: list[torch.Tensor] = []
+        self._next = 0
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor of ``shape``, valid until the next :meth:`rewind`."""
+        n, i = math.prod(shape), self._next
+        self._next += 1
+        if i == len(self._bufs):
+            self._bufs.append(torch.empty(n, dtype=dtype))
+        elif self._bufs[i].numel() < n or self._bufs[i].dtype != dtype:
+            self._bufs[i] = torch.empty(n, dtype=dtype)
+        return self._bufs[i][:n].view(shape)
+
+    def rewind(self) -> None:
+        """Every buffer free again (the step that used them is done)."""
+        self._next = 0
+
+
+#: the workspace of the step being computed in this thread (None: allocate)
+_WORKSPACE: ContextVar[Workspace | None] = ContextVar("ghost_workspace", default=None)
+
+
+@contextmanager
+def workspace(ws: Workspace) -> Iterator[None]:
+    """Inside: the parts formed in this thread take their buffers from ``ws`` (rewound first: the
+    previous step's tensors from it are overwritten)."""
+    ws.rewind()
+    token = _WORKSPACE.set(ws)
+    try:
+        yield
+    finally:
+        _WORKSPACE.reset(token)
+
+
+def _empty(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor | None:
+    ws = _WORKSPACE.get()
+    return ws.take(shape, like.dtype) if ws is not None else None
 
 
 def sq_norms(rows: torch.Tensor) -> torch.Tensor:
@@ -50,19 +107,26 @@ class LayerPart:
 
 
 class Formed(LayerPart):
-    """g_i already formed, [B, n]."""
+    """g_i already formed, [B, n]. ``norm2_of``: where ‖g_i‖² is already computed (a Linear bias
+    whose g_i is the output gradient its weight's ghost norm also squares)."""
 
-    def __init__(self, g: torch.Tensor):
+    def __init__(self, g: torch.Tensor, norm2_of: Callable[[], torch.Tensor] | None = None):
         self.g = g.reshape(g.shape[0], -1)
+        self._norm2_of = norm2_of
 
     def norm2(self) -> torch.Tensor:
-        return sq_norms(self.g)
+        return self._norm2_of() if self._norm2_of is not None else sq_norms(self.g)
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
         return c @ self.g
 
     def per_sample(self) -> torch.Tensor:
         return self.g
+
+
+#: the largest per-patient gradient matrix [B, n] the engine forms to spare the ghost path a product,
+#: in elements (64 MB of float32): above it the ghost norm is used unless it costs more than forming
+FORM_LIMIT = 1 << 24
 
 
 class LinearWeight(LayerPart):
@@ -76,13 +140,22 @@ class LinearWeight(LayerPart):
         self.formed: torch.Tensor | None = None
         #: one position (a 2-D call): the ghost norm ‖a_i‖²‖b_i‖² and one product, on [B, ·] views
         self.flat2d = (calls[0][0][:, 0], calls[0][1][:, 0]) if t == 1 else None
-        if t > 1 and t * t * (d_in + d_out) >= t * d_in * d_out:  # cheaper to form than the ghost norm
+        self._b2: torch.Tensor | None = None
+        ghost = t * t * (d_in + d_out)  # the ghost norm's operations a patient (forming: t·d_in·d_out)
+        small = int(calls[0][0].shape[0]) * d_in * d_out <= FORM_LIMIT
+        if t > 1 and (ghost >= t * d_in * d_out or (small and ghost >= 2 * d_in * d_out)):  # module docstring
             self.formed = self._form()
 
     def _form(self) -> torch.Tensor:
         w = None
         for a, b in self.calls:  # one product a call: no concatenated copy of the positions
-            wc = b[:, 0, :, None] * a[:, 0, None, :] if a.shape[1] == 1 else torch.bmm(b.transpose(1, 2), a)
+            shape = (int(a.shape[0]), int(b.shape[-1]), int(a.shape[-1]))
+            out = _empty(shape, a)
+            if a.shape[1] == 1:
+                wc = torch.mul(b[:, 0, :, None], a[:, 0, None, :], out=out) if out is not None \
+                    else b[:, 0, :, None] * a[:, 0, None, :]
+            else:
+                wc = torch.bmm(b.transpose(1, 2), a, out=out) if out is not None else torch.bmm(b.transpose(1, 2), a)
             w = wc if w is None else w.add_(wc)
         return w
 
@@ -91,10 +164,15 @@ class LinearWeight(LayerPart):
             return self.calls[0]
         return torch.cat([a for a, _ in self.calls], dim=1), torch.cat([b for _, b in self.calls], dim=1)
 
+    def out_norms2(self) -> torch.Tensor:
+        """‖b_i‖² of a one-position layer (its bias's ‖g_i‖²), computed once."""
+        if self._b2 is None:
+            self._b2 = sq_norms(self.flat2d[1])
+        return self._b2
+
     def norm2(self) -> torch.Tensor:
         if self.flat2d is not None:
-            a, b = self.flat2d
-            return sq_norms(a) * sq_norms(b)
+            return sq_norms(self.flat2d[0]) * self.out_norms2()
         if self.formed is not None:
             return sq_norms(self.formed.reshape(self.formed.shape[0], -1))
         a, b = self._joined()
@@ -156,7 +234,8 @@ class EmbeddingWeight(LayerPart):
 
     def _scatter(self, b: torch.Tensor) -> torch.Tensor:
         n, _, d = b.shape
-        out = b.new_zeros((n, self.rows, d))
+        out = _empty((n, self.rows, d), b)
+        out = out.zero_() if out is not None else b.new_zeros((n, self.rows, d))
         return out.scatter_add_(1, self.index.unsqueeze(-1).expand(-1, -1, d), b)
 
     def norm2(self) -> torch.Tensor:
@@ -178,11 +257,16 @@ class EmbeddingWeight(LayerPart):
 
 
 def positions(a: torch.Tensor, g: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Linear call's input and output gradient as [B, T, d_in], [B, T, d_out]. An input that is
-    one vector per patient broadcast over the star (stride 0, e.g. the destination in the
-    attention logits) gives Σ_t b_{i,t} a_iᵀ: its positions are summed first (T = 1)."""
+    """A Linear call's input and output gradient as [B, T, d_in], [B, T, d_out]. An input broadcast
+    along some position axes (stride 0 there: one vector per patient over the star, e.g. the
+    destination in the attention logits, or per time step over a snapshot's features) gives
+    Σ_t b_t aᵀ = (Σ_t b_t) aᵀ over those axes: the output gradients are summed over them first and
+    the input is read once (fewer positions, no copy of the broadcast input)."""
     if a.dim() == 2:
         return a.unsqueeze(1), g.unsqueeze(1)
-    if a.dim() == 3 and a.stride(1) == 0:
-        return a[:, :1, :], g.sum(1, keepdim=True)
+    shared = [d for d in range(1, a.dim() - 1) if a.stride(d) == 0 and a.shape[d] > 1]
+    if shared:
+        for d in shared:
+            a = a.narrow(d, 0, 1)
+        g = g.sum(shared, keepdim=True)
     return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])

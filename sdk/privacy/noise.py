@@ -1,14 +1,24 @@
 """Gaussian noise for DP-SGD from a cryptographically secure, OS-seeded source.
 
-Opacus's own ``secure_mode`` needs torchcsprng, which does not install here. Instead each
-optimizer step draws a fresh 32-byte key from ``os.urandom`` and expands it with ChaCha20
-(``cryptography``) into uniform 53-bit floats, turned into normals by Box-Muller. As in Opacus's
-secure mode (Holohan & Braghin 2021, sec. 5.1) each noise value is the sum of four normals of
-standard deviation σ·C, divided by 2, which blunts floating-point attacks on the low-order
-bits of a single Gaussian sample (Mironov 2012; Jin et al. 2022).
+Opacus's own ``secure_mode`` needs torchcsprng, which does not install here. Instead each draw
+takes a fresh 32-byte key from ``os.urandom`` and expands it with ChaCha20 (``cryptography``)
+into uniforms, turned into normals by Box-Muller. As in Opacus's secure mode (Holohan & Braghin
+2021, sec. 5.1) each noise value is the sum of four normals of standard deviation σ·C, divided by
+2, which blunts floating-point attacks on the low-order bits of a single Gaussian sample
+(Mironov 2012; Jin et al. 2022).
 
-What it is not: a constant-time or exact discrete Gaussian sampler. Box-Muller in float64 is
-still a floating-point approximation; the four-sum is a mitigation, not a proof.
+**Precision follows the requested dtype.** A float64 draw uses 53-bit uniforms and float64
+Box-Muller and four-sum. A float32 draw (what DP-SGD asks for float32 parameters,
+:func:`~.per_patient.dp_sgd_step`) runs Box-Muller and the four-sum in float32, which is what
+Opacus's ``secure_mode`` itself does: its ``_generate_noise`` sums four ``torch.normal`` draws of
+the default dtype (float32: Box-Muller in float32 on 24-bit uniforms) in the parameters' dtype.
+Here the float32 uniforms carry 30 bits, (w + 1)·2^-30 rounded once, so a normal's tail reaches
+√(2·30·ln 2) ≈ 6.45 (torch's 24-bit uniforms: 5.77), and the source is ChaCha20 instead of
+torchcsprng's AES-CTR: not below Opacus's secure mode on any count. It costs about half the
+float64 draw (transcendentals on twice the SIMD lanes, half the keystream).
+
+What it is not: a constant-time or exact discrete Gaussian sampler. Box-Muller in floating point
+is an approximation; the four-sum is a mitigation, not a proof.
 
 :func:`install_secure_noise` replaces ``add_noise`` on one Opacus ``DPOptimizer`` instance
 (flat clipping); :class:`~clinograph.sdk.privacy.DPTrainer` calls :func:`secure_gaussian`
@@ -40,28 +50,43 @@ def csprng_uniform(n: int) -> np.ndarray:
     return out
 
 
+def _uniform32(n: int) -> torch.Tensor:
+    """``n`` float32 uniforms in (0, 1]: 30 bits of ChaCha20 keyed by ``os.urandom(32)`` each,
+    (w + 1)·2^-30 rounded once (the keystream written straight into an int32 tensor)."""
+    words = torch.empty(n, dtype=torch.int32)
+    enc = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
+    enc.update_into(bytes(4 * n), words.numpy().view(np.uint8))
+    return words.bitwise_and_(0x3FFFFFFF).add_(1).float().mul_(2.0 ** -30)  # w + 1 <= 2^30: exact in int32
+
+
 def csprng_normal(n: int) -> np.ndarray:
-    """``n`` standard normals from :func:`csprng_uniform` by Box-Muller."""
+    """``n`` standard normals (float64) from :func:`csprng_uniform` by Box-Muller."""
     return _box_muller((n + 1) // 2)[:n].numpy()
 
 
-def _box_muller(m: int) -> torch.Tensor:
+def _box_muller(m: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """2m standard normals, [r cos θ (m) | r sin θ (m)], r = √(−2 ln u₁), θ = 2π u₂, in place on one
-    CSPRNG draw (torch's vectorised log/cos/sin: half numpy's time)."""
-    u = torch.from_numpy(csprng_uniform(2 * m))
+    CSPRNG draw (torch's vectorised log/cos/sin: half numpy's time). ``dtype`` float64: 53-bit
+    uniforms, float64 math; float32: :func:`_uniform32`, float32 math (module docstring)."""
+    u = torch.from_numpy(csprng_uniform(2 * m)) if dtype == torch.float64 else _uniform32(2 * m)
     r = u[:m].log_().mul_(-2.0).sqrt_()
     theta = u[m:].mul_(2.0 * math.pi)
-    return torch.cat([torch.cos(theta).mul_(r), theta.sin_().mul_(r)])
+    z = torch.empty(2 * m, dtype=u.dtype)
+    torch.cos(theta, out=z[:m]).mul_(r)
+    torch.sin(theta, out=z[m:]).mul_(r)
+    return z
 
 
 def secure_gaussian(std: float, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """N(0, std²) noise of ``shape``: (Σ of 4 normals of std) / 2, CSPRNG-sourced. The four
     normals of value j are Box-Muller outputs j, n+j, 2n+j, 3n+j (independent: distinct pairs or
-    the two coordinates of one pair), summed in float64 before the one rounding to ``dtype``."""
+    the two coordinates of one pair), summed before the one rounding to ``dtype``: in float64 for
+    a float64 result, else in float32, as Opacus's secure mode sums in the parameters' dtype
+    (module docstring)."""
     n = int(np.prod(shape)) if len(shape) else 1
     if std == 0 or n == 0:
         return torch.zeros(shape, dtype=dtype)
-    z = _box_muller(2 * n)  # 4n normals
+    z = _box_muller(2 * n, torch.float64 if dtype == torch.float64 else torch.float32)  # 4n normals
     total = z[:n].add(z[n:2 * n]).add_(z[2 * n:3 * n]).add_(z[3 * n:])
     return total.mul_(std / 2.0).to(dtype).reshape(shape)
 
@@ -73,7 +98,8 @@ def _add_secure_noise(self) -> None:  # noqa: ANN001 - bound to an Opacus DPOpti
 
     std = self.noise_multiplier * self.max_grad_norm
     sizes = [p.summed_grad.numel() for p in self.params]
-    flat = secure_gaussian(std, torch.Size([sum(sizes)]), torch.float64)
+    dtypes = {p.summed_grad.dtype for p in self.params}
+    flat = secure_gaussian(std, torch.Size([sum(sizes)]), dtypes.pop() if len(dtypes) == 1 else torch.float64)
     for p, chunk in zip(self.params, torch.split(flat, sizes), strict=True):
         _check_processed_flag(p.summed_grad)
         noise = chunk.to(p.summed_grad.dtype).reshape(p.summed_grad.shape)

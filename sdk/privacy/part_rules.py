@@ -44,13 +44,16 @@ def _linear_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]
     ``BlockLinear`` with no input blocks (``empty_in``) outputs its bias alone: no weight part."""
     pos = [positions(a.to(g.dtype), g, b) for a, g in calls]
     out: dict[int, LayerPart] = {}
-    weight = mod.weight
+    weight, w_part = mod.weight, None
     if weight.requires_grad and not getattr(mod, "empty_in", False):
-        out[id(weight)] = LinearWeight(pos)
+        out[id(weight)] = w_part = LinearWeight(pos)
     bias = mod.bias
     if bias is not None and bias.requires_grad:
-        out[id(bias)] = Formed(pos[0][1][:, 0] if len(pos) == 1 and pos[0][1].shape[1] == 1
-                               else sum(g3.sum(1) for _, g3 in pos))
+        if len(pos) == 1 and pos[0][1].shape[1] == 1:  # one position: g_i(bias) = b_i, squared once for both
+            shared = w_part.out_norms2 if w_part is not None and w_part.flat2d is not None else None
+            out[id(bias)] = Formed(pos[0][1][:, 0], norm2_of=shared)
+        else:
+            out[id(bias)] = Formed(sum(g3.sum(1) for _, g3 in pos))
     return out
 
 
@@ -103,10 +106,16 @@ def _conv1d_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]
                            f"padding_mode={mod.padding_mode!r} is outside the engine's rule (groups 1, integer "
                            "zero padding). Change the layer or register a rule for it.")
     pos = []
+    (k,), (dilation,), (pad,), (stride,) = mod.kernel_size, mod.dilation, mod.padding, mod.stride
     for a, g in calls:
-        patches = F.unfold(a.to(g.dtype).unsqueeze(2), kernel_size=(1, mod.kernel_size[0]), dilation=(1, mod.dilation[0]),
-                           padding=(0, mod.padding[0]), stride=(1, mod.stride[0]))
-        pos.append((patches.transpose(1, 2), g.transpose(1, 2)))
+        a = a.to(g.dtype)
+        if dilation == 1:  # the padded signal's windows as a strided view, copied once into [B, L_out, C_in·k]
+            padded = F.pad(a, (pad, pad)) if pad else a
+            patches = padded.unfold(2, k, stride).permute(0, 2, 1, 3).reshape(b, -1, a.shape[1] * k)
+        else:
+            patches = F.unfold(a.unsqueeze(2), kernel_size=(1, k), dilation=(1, dilation), padding=(0, pad),
+                               stride=(1, stride)).transpose(1, 2)
+        pos.append((patches, g.transpose(1, 2)))
     out: dict[int, LayerPart] = {}
     if mod.weight.requires_grad:
         out[id(mod.weight)] = LinearWeight(pos)

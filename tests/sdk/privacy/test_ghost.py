@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from clinograph.sdk.privacy.ghost import EmbeddingWeight, Formed, LinearWeight
+from clinograph.sdk.privacy.ghost import EmbeddingWeight, Formed, LinearWeight, positions
 
 B = 5
 
@@ -43,6 +43,20 @@ def test_linear_weight_part_equals_the_written_out_gradient(positions, d_in, d_o
     torch.testing.assert_close(part.norm2(), ref.pow(2).sum(1))
     torch.testing.assert_close(part.clipped(c), c @ ref)
     torch.testing.assert_close(part.per_sample(), ref)
+
+
+@pytest.mark.parametrize(("expand", "t"), [((B, 3, 4, 6), 12), ((B, 3, 1, 6), 3), ((B, 1, 1, 6), 1), ((1, 1, 1, 6), 1)],
+                         ids=["not-broadcast", "per-time-step", "per-patient", "one-vector"])
+def test_an_input_broadcast_over_positions_gives_the_gradient_of_every_position(expand, t):
+    """A [B, T, K, d] input read with stride 0 along some axes (a vector per time step over the
+    features, one per patient, or one for all): its positions are summed first, exactly."""
+    g = _gen()
+    a = torch.randn(expand, generator=g, dtype=torch.float64).expand(B, 3, 4, 6)
+    out = torch.randn(B, 3, 4, 2, generator=g, dtype=torch.float64)
+    a3, b3 = positions(a, out, B)
+    assert a3.shape[1] == t == b3.shape[1]
+    ref = _linear_reference([(a.reshape(B, 12, 6), out.reshape(B, 12, 2))])
+    torch.testing.assert_close(LinearWeight([(a3, b3)]).per_sample(), ref)
 
 
 @pytest.mark.parametrize(("rows", "formed"), [(50, False), (4, True)])

@@ -136,6 +136,25 @@ def test_star_engine_per_patient_gradients_and_clipped_sum_equal_a_per_patient_l
     assert (out.summed - want).abs().max().item() <= 1e-9
     assert torch.allclose(out.norms, per.norm(dim=1), rtol=1e-9, atol=1e-12)
     assert all(p.grad is None for p in model.parameters())  # nothing left on the model
+    assert not any("forward" in leaf.__dict__ for leaf in engine.leaves)  # the recording wrappers are gone
+    # the clipped sum's formed parts reuse buffers step to step (ghost.Workspace): a smaller batch
+    # in between, then the first again, give the same sums, and per_sample's tensors are untouched
+    _, want_small = _loop_clipped_sum(reference, names, fi[:5], x[:5], m[:5], y[:5], clip)
+    assert (engine.clipped_sum(fi[:5], x[:5], m[:5], labels=y[:5], clip_norm=clip).summed - want_small).abs().max() <= 1e-9
+    assert torch.equal(engine.clipped_sum(fi, x, m, labels=y, clip_norm=clip).summed, out.summed)
+    assert torch.equal(engine.flat(grads, len(y), torch.float64), got_per)
+
+
+def test_assign_gives_every_parameter_its_slice_in_its_dtype_step_after_step(dictionary):
+    model = _model(len(dictionary.node_ids())).float()
+    engine = PerPatientClipper(model)
+    for step in range(2):  # the second assign reuses the gradient buffer: new values, same slices
+        flat = torch.arange(engine.dim, dtype=torch.float64) * (step + 1)
+        engine.assign(flat)
+        want = torch.split(flat.float(), engine.sizes)
+        for p, w in zip(engine.params, want, strict=True):
+            assert p.grad.dtype == torch.float32 and p.grad.shape == p.shape
+            assert torch.equal(p.grad.reshape(-1), w)
 
 
 def test_star_engine_on_snapshot_sequences_equals_a_per_patient_loop(tables, dictionary):

@@ -1,0 +1,40 @@
+"""The CSPRNG Gaussian's float32 path (what DP-SGD draws for float32 parameters): its uniforms, its
+distribution, and the dtype the four-sum ends in. (The float64 path: test_trainer.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from clinograph.sdk.privacy import noise
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from scipy import stats
+
+
+def test_float32_uniforms_are_30_bits_of_the_chacha20_stream_plus_one_scaled_into_0_1(monkeypatch):
+    monkeypatch.setattr(noise.os, "urandom", lambda n: bytes(range(n)))  # a known key and nonce
+    got = noise._uniform32(5_000).numpy()
+    stream = Cipher(algorithms.ChaCha20(bytes(range(32)), bytes(range(16))), mode=None).encryptor().update(bytes(20_000))
+    words = np.frombuffer(stream, dtype="<u4").astype(np.int64)
+    want = ((words & (2 ** 30 - 1)) + 1).astype(np.float64) * 2.0 ** -30  # exact, then one rounding
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    assert got.min() > 0.0 and got.max() <= 1.0
+
+
+def test_float32_noise_is_gaussian_with_the_right_scale_by_ks_and_moments_and_fresh_each_call():
+    z = noise.secure_gaussian(2.0, torch.Size([200_000]), torch.float32)
+    assert z.dtype == torch.float32 and z.shape == (200_000,)
+    x = z.double().numpy()
+    assert abs(x.mean()) < 0.03 and abs(x.std() - 2.0) < 0.02
+    assert abs(stats.kurtosis(x, fisher=False) - 3.0) < 0.1 and abs(stats.skew(x)) < 0.05
+    assert stats.kstest(x / 2.0, "norm").pvalue > 1e-6  # rejects a Laplace of the same σ, or σ 3 % off
+    halves = x.reshape(2, -1)  # the four-sum pairs draw j with n+j: the values must stay uncorrelated
+    assert abs(np.corrcoef(halves)[0, 1]) < 0.02
+    a, b = (noise.secure_gaussian(1.0, torch.Size([8]), torch.float32) for _ in range(2))
+    assert not torch.equal(a, b)
+
+
+def test_half_precision_noise_is_summed_in_float32_and_rounded_once():
+    z = noise.secure_gaussian(1.0, torch.Size([3, 50_000]), torch.bfloat16)
+    assert z.dtype == torch.bfloat16 and z.shape == (3, 50_000)
+    assert abs(float(z.double().std()) - 1.0) < 0.02
