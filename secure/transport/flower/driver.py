@@ -188,8 +188,9 @@ def greet_connected(grid: Grid, *, federation_id: str, enrolled: Mapping[str, Pu
                     clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep) -> tuple[dict[str, int], dict[int, str], int]:
     """:func:`greet_nodes` for SuperNodes still coming up: each node is sent its hello as soon as it
-    is connected, not once ``min_nodes`` are (20 SuperNodes starting on two cores took about 30 s, and
-    the hello of all twenty came after it). New nodes are looked for until ``min_nodes`` are
+    is connected, not once ``min_nodes`` are, so the hellos of nodes that came up early are answered
+    while the others still start (20 SuperNodes started at once on two shared cores gained nothing
+    measurable: they all came up together, ``benchmarks/flower_scale``). New nodes are looked for until ``min_nodes`` are
     connected or ``wait`` seconds passed -- the nodes the old wait would have greeted -- and each hello
     waits ``timeout`` seconds from when it was sent; the same message and checks (:func:`check_hello`).
     Two nodes naming one hospital: the first verified hello counts. Every :data:`GREET_POLL` s: one
