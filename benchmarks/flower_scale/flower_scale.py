@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "secure" / "transport"), str(ROOT / "tests" / "integration")]
@@ -37,9 +38,35 @@ from research._common import add_convention, emit, machine, median, out_path  # 
 APP = ROOT / "examples" / "flower_deployment" / "app"
 
 
+def startup_summary(folder: Path, events: list[dict]) -> dict:
+    """Seconds from the first traced call of the run (``flwr run`` and the SuperExecs start at once)
+    until: the ServerApp began (its ``started`` event), the last SuperNode was activated on the
+    SuperLink, the hellos were all in (``greeted``)."""
+    procs, spans = flower_trace.read_trace(folder)
+    if not spans:
+        return {}
+    t0 = spans[0]["t0"]
+    activated = [s["t1"] for s in spans if s["name"] == "rpc activate-node"]
+    at = {e["event"]: e["t"] for e in reversed(events)}
+    return {"serverapp_started_s": round(at.get("started", t0) - t0, 1),
+            "last_node_activated_s": round(max(activated, default=t0) - t0, 1),
+            "greeted_s": round(at.get("greeted", t0) - t0, 1)}
+
+
+def server_calls(folder: Path, lo: float, hi: float) -> dict[str, float]:
+    """The ServerApp's Flower calls by name, per exchange (send_and_receive) begun in [lo, hi]: medians."""
+    procs, spans = flower_trace.read_trace(folder)
+    server = [s for s in spans if procs.get(s["pid"], {}).get("argv0") == "flwr-serverapp"]
+    exchanges = [s for s in server if s["name"] == "send_and_receive" and lo <= s["t0"] <= hi]
+    names = sorted({s["name"] for x in exchanges for s in server
+                    if s["name"].startswith("rpc ") and x["t0"] <= s["t0"] <= x["t1"]})
+    return {n: median([sum(1 for s in server if s["name"] == n and x["t0"] <= s["t0"] <= x["t1"]) for x in exchanges])
+            for n in names}
+
+
 def exchange_summary(folder: Path, events: list[dict]) -> dict:
     """Per exchange of each round: its wall time and its slowest hospital's critical path
-    (flower_trace.exchange_path), medians over each round's exchanges."""
+    (flower_trace.exchange_path), medians over each round's exchanges; the ServerApp's calls by name."""
     rows = flower_trace.breakdown(folder)
     opened = [e["t"] for e in events if e["event"] in ("round_opened", "round_closed")]
     out = {}
@@ -50,12 +77,21 @@ def exchange_summary(folder: Path, events: list[dict]) -> dict:
                              "median_segment_s": {k: round(median([x["path"][k] for x in xs if k in x["path"]]), 4)
                                                   for k in keys},
                              "median_http_calls": {k: median([x["path"]["calls"][k] for x in xs])
-                                                   for k in ("server", "supernode", "clientapp")} if xs else {}}
+                                                   for k in ("server", "supernode", "clientapp")} if xs else {},
+                             "median_server_calls": server_calls(folder, a, b)}
     return out
 
 
-#: name -> (SuperNode launcher module or None for the launcher, ServerApp run config added)
-ARMS = {"warm": (None, {}), "warm_previous": ("benchmarks.flower_scale.previous_launcher", {"reply-poll": 0.2})}
+class Arm(NamedTuple):
+    launcher: str | None = None  # SuperNode launcher module (None: the launcher)
+    run_values: dict | None = None  # ServerApp run config added
+    previous_driver: bool = False  # the ServerApp greets and polls as before (flower_trace.PREVIOUS_DRIVER)
+    server_first: bool = False  # flwr run, and the ServerApp up, before the SuperNodes start
+
+
+ARMS = {"warm": Arm(), "warm_previous": Arm("benchmarks.flower_scale.previous_launcher", {"reply-poll": 0.2}),
+        "server_previous": Arm(previous_driver=True), "warm_server_first": Arm(server_first=True),
+        "server_previous_first": Arm(previous_driver=True, server_first=True)}
 
 
 def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0, 120.0),
@@ -69,29 +105,42 @@ def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0
     events = tmp / "events.jsonl"
     closed_so_far = lambda: [e.get("round") for e in read_events(events) if e["event"] == "round_closed"]  # noqa: E731
     server_toml = fh.write_server_files(tmp / "server", federation_id="fed-scale", mode="masked")
-    launcher, run_values = ARMS[arm]
+    launcher, run_values, previous_driver, server_first = ARMS[arm]
     result: dict = {"arm": arm, "n": n, "victim": victim, "supernode_args": list(supernode_args),
                     "load_average_at_start": list(os.getloadavg())}
-    tenv = trace_env(tmp / "trace" if trace or launcher else None)  # the previous launcher needs the hook
+    hooked = bool(launcher or previous_driver)  # the previous launcher and driver need the hook
+    tenv = trace_env(tmp / "trace" if trace or hooked else None)
     if launcher:
         tenv[flower_trace.PREVIOUS] = "1"
+    if previous_driver:
+        tenv[flower_trace.PREVIOUS_DRIVER] = "1"
     pythonpath = [*([tenv.pop("_TRACE_SITE")] if tenv else []), APP, ROOT / "tests" / "secure" / "transport", ROOT]
     with flower_processes(tmp, federation_id="fed-scale", hospitals=hospitals, budget=budget,
                           pythonpath=pythonpath, env=tenv) as fp:
         try:
             link = fp.keys.superlink_dir
             fp.superlink(node_auth=False)
-            nodes = {h: fp.supernode(h, node_config={"data-dir": tmp / h, "state-dir": tmp / "s" / h},
-                                     factory="flower_helpers:make_participant", node_auth=False, environment=None,
-                                     extra=supernode_args, **({"launcher": launcher} if launcher else {}))
-                     for h in hospitals}
-            fp.mark(f"{n} SuperNodes started")
+
+            def start_nodes() -> dict:
+                started = {h: fp.supernode(h, node_config={"data-dir": tmp / h, "state-dir": tmp / "s" / h},
+                                           factory="flower_helpers:make_participant", node_auth=False,
+                                           environment=None, extra=supernode_args,
+                                           **({"launcher": launcher} if launcher else {})) for h in hospitals}
+                fp.mark(f"{n} SuperNodes started")
+                return started
+
+            nodes = {} if server_first else start_nodes()
             fp.flwr_run({"server-config": server_toml, "federation-file": link / "federation.toml",
                          "server-key": link / "server.ed25519.pem", "events-file": events, "rounds": 2,
                          "min-nodes": n, "wait-timeout": timeouts[0], "hello-timeout": timeouts[0],
                          "plan-timeout": timeouts[1], "stage-timeout": timeouts[1], "end-timeout": timeouts[1],
-                         "relay-timeout": timeouts[0], **run_values})  # the dead node costs one plan-timeout
+                         "relay-timeout": timeouts[0], **(run_values or {})})  # the dead node costs one plan-timeout
             driver = fp.named("superlink", "flwr-run")
+            if server_first:
+                fp.wait(lambda: any(e["event"] == "started" for e in read_events(events)), spare=60, procs=driver,
+                        what="the ServerApp to start")
+                fp.mark("ServerApp started")
+                nodes = start_nodes()
             fp.wait(lambda: any(e["event"] == "greeted" for e in read_events(events)), spare=60, procs=driver,
                     what=f"all {n} hospitals to be greeted")
             fp.mark("all hospitals greeted")
@@ -113,6 +162,7 @@ def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0
     })
     if trace:
         result["exchanges"] = exchange_summary(tmp / "trace", read_events(events))
+        result["start_up"] = startup_summary(tmp / "trace", read_events(events))
     at = dict(milestones)
     if {"all hospitals greeted", "round 0 closed"} <= set(at):
         result["round0_seconds"] = round(at["round 0 closed"] - at["all hospitals greeted"], 1)

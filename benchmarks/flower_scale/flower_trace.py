@@ -130,6 +130,29 @@ def _patch_clientapp(mod: Any) -> None:
 def _patch_driver(mod: Any) -> None:
     mod._send_and_receive = span("send_and_receive", mod._send_and_receive)
     _patch_records(mod)
+    if os.environ.get(PREVIOUS_DRIVER):
+        _previous_driver(mod)
+
+
+#: Set (to anything) in a run's environment: its ServerApp greets as before each node was greeted as
+#: it connects (the ``server_previous`` arm of flower_scale.py): it waits until ``min-nodes`` are
+#: connected (looking every 0.5 s), then greets them all in one exchange.
+PREVIOUS_DRIVER = "CLINOGRAPH_FLOWER_PREVIOUS_DRIVER"
+
+
+def _previous_driver(mod: Any) -> None:
+    def greet_connected(grid: Any, *, federation_id: str, enrolled: Any, min_nodes: int, wait: float,
+                        timeout: float, **_: Any) -> tuple[dict, dict, int]:
+        deadline = time.monotonic() + wait
+        node_ids = sorted(grid.get_node_ids())
+        while len(node_ids) < min_nodes and time.monotonic() < deadline:
+            time.sleep(0.5)
+            node_ids = sorted(grid.get_node_ids())
+        names, failed = mod.greet_nodes(grid, federation_id=federation_id, enrolled=enrolled, node_ids=node_ids,
+                                        timeout=timeout)
+        return names, failed, len(node_ids)
+
+    mod.greet_connected = greet_connected
 
 
 #: Set (to anything) in a run's environment: every process of it runs without the object pull backoff

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from flwr.app import Message
@@ -50,6 +50,8 @@ DEFAULT_POLL_INTERVAL = 0.05
 #: a reply is pulled within ``reply-poll`` for the first 2.5 s of an exchange (a protocol stage),
 #: then within 2 % of the time waited, and a plan stage that trains for minutes costs one pull a second.
 MAX_POLL_INTERVAL, POLL_FRACTION = 1.0, 0.02
+#: Seconds between two looks for new SuperNodes and their hellos while greeting (:func:`greet_connected`).
+GREET_POLL = 0.25
 
 
 def poll_wait(elapsed: float, *, floor: float) -> float:
@@ -89,6 +91,24 @@ def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float, po
     return replies
 
 
+def _message(node: int, stage: str, parts: Mapping[str, bytes], *, round_: int, timeout: float) -> Message:
+    return Message(to_content(stage, parts, round_=round_), dst_node_id=node, message_type=MESSAGE_TYPE,
+                   group_id=f"round-{round_}", ttl=timeout + 30.0)
+
+
+def _reply_parts(reply: Message, *, stage: str, round_: int) -> dict[str, bytes]:
+    """The parts of a node's reply to ``stage`` of ``round_``; ProtocolError naming why there are none."""
+    if reply.has_error():
+        raise ProtocolError(f"error reply at {stage!r}: {reply.error.reason[:500]}")
+    try:
+        _, reply_round, parts = from_content(reply.content, expected_stage=stage)
+        if reply_round != round_:
+            raise ProtocolError(f"reply is for round {reply_round}, not {round_}")
+    except ProtocolError as exc:
+        raise ProtocolError(f"bad reply at {stage!r}: {exc}") from None
+    return parts
+
+
 def exchange(grid: Grid, *, stage: str, outgoing: Mapping[int, Mapping[str, bytes]], round_: int,
              timeout: float, poll: float = DEFAULT_POLL_INTERVAL,
              arrivals: dict[int, float] | None = None) -> tuple[dict[int, dict[str, bytes]], dict[int, str]]:
@@ -97,9 +117,7 @@ def exchange(grid: Grid, *, stage: str, outgoing: Mapping[int, Mapping[str, byte
 
     Returns (node -> reply parts, node -> reason it gave none, with the time actually waited).
     """
-    messages = [Message(to_content(stage, parts, round_=round_), dst_node_id=node, message_type=MESSAGE_TYPE,
-                        group_id=f"round-{round_}", ttl=timeout + 30.0)
-                for node, parts in outgoing.items()]
+    messages = [_message(node, stage, parts, round_=round_, timeout=timeout) for node, parts in outgoing.items()]
     answers: dict[int, dict[str, bytes]] = {}
     failed: dict[int, str] = {}
     started = time.monotonic()
@@ -109,53 +127,119 @@ def exchange(grid: Grid, *, stage: str, outgoing: Mapping[int, Mapping[str, byte
         node = int(reply.metadata.src_node_id)
         if node not in outgoing or node in answers:
             continue
-        if reply.has_error():
-            failed[node] = f"error reply at {stage!r}: {reply.error.reason[:500]}"
-            continue
         try:
-            _, reply_round, parts = from_content(reply.content, expected_stage=stage)
-            if reply_round != round_:
-                raise ProtocolError(f"reply is for round {reply_round}, not {round_}")
+            answers[node] = _reply_parts(reply, stage=stage, round_=round_)
         except ProtocolError as exc:
-            failed[node] = f"bad reply at {stage!r}: {exc}"
-            continue
-        answers[node] = parts
+            failed[node] = str(exc)
     for node in outgoing:
         if node not in answers:
             failed.setdefault(node, f"no reply to {stage!r} within {waited:.0f} s (timeout {timeout:g} s)")
     return answers, failed
 
 
+def check_hello(parts: Mapping[str, bytes], *, node: int, nonce: bytes, run_id: int, federation_id: str,
+                enrolled: Mapping[str, PublicIdentity]) -> str:
+    """The hospital whose hello ``parts`` came from ``node``: ProtocolError unless the hello is sealed by
+    the enrolled key of the hospital it names and echoes this run, this node and the ``nonce`` sent to it."""
+    env = parse_envelope(parts.get("hello", b""))
+    if env.sender not in enrolled:
+        raise ProtocolError(f"hospital {env.sender!r} is not enrolled in {federation_id!r}")
+    hello = open_envelope(env, sender=enrolled[env.sender], model=NodeHello)
+    if hello.hospital != env.sender:  # a node may only speak for the hospital whose key signed
+        raise ProtocolError(f"hello names hospital {hello.hospital[:64]!r} but is signed by {env.sender!r}")
+    if (hello.nonce, hello.node_id, hello.run_id, hello.federation_id) != (nonce, node, run_id, federation_id):
+        raise ProtocolError("hello does not echo this nonce, node, run and federation")
+    return hello.hospital
+
+
+def _hello_parts(nonce: bytes, federation_id: str) -> dict[str, bytes]:
+    return {"nonce": nonce, "federation": federation_id.encode()}
+
+
+def _name_node(names: dict[str, int], failed: dict[int, str], node: int, check: Callable[[], str]) -> None:
+    """Add ``node`` under the hospital ``check()`` returns, or its refusal to ``failed``."""
+    try:
+        hospital = check()
+        if hospital in names:
+            raise ProtocolError(f"hospital {hospital!r} already answered from node {names[hospital]}")
+    except ClinographError as exc:
+        failed[node] = f"hello refused: {exc}"
+        return
+    names[hospital] = node
+
+
 def greet_nodes(grid: Grid, *, federation_id: str, enrolled: Mapping[str, PublicIdentity], node_ids: list[int],
                 timeout: float) -> tuple[dict[str, int], dict[int, str]]:
-    """Challenge each node with a fresh nonce; map hospital name -> node id from verified hellos.
-
-    A hello counts only if it is sealed by the enrolled key of the hospital it names, echoes
-    this run, this node and the nonce sent to it. Returns (name -> node id, node -> reason).
-    """
+    """Challenge each node with a fresh nonce; map hospital name -> node id from verified hellos
+    (:func:`check_hello`). Returns (name -> node id, node -> reason)."""
     run_id = int(grid.run.run_id)
     nonces = {node: os.urandom(32) for node in node_ids}
-    outgoing = {n: {"nonce": nonces[n], "federation": federation_id.encode()} for n in node_ids}
+    outgoing = {n: _hello_parts(nonces[n], federation_id) for n in node_ids}
     answers, failed = exchange(grid, stage="hello", outgoing=outgoing, round_=0, timeout=timeout)
     names: dict[str, int] = {}
     for node, parts in sorted(answers.items()):
-        try:
-            env = parse_envelope(parts.get("hello", b""))
-            if env.sender not in enrolled:
-                raise ProtocolError(f"hospital {env.sender!r} is not enrolled in {federation_id!r}")
-            hello = open_envelope(env, sender=enrolled[env.sender], model=NodeHello)
-            if hello.hospital != env.sender:  # a node may only speak for the hospital whose key signed
-                raise ProtocolError(f"hello names hospital {hello.hospital[:64]!r} but is signed by {env.sender!r}")
-            if (hello.nonce, hello.node_id, hello.run_id, hello.federation_id) != (nonces[node], node, run_id,
-                                                                                    federation_id):
-                raise ProtocolError("hello does not echo this nonce, node, run and federation")
-            if hello.hospital in names:
-                raise ProtocolError(f"hospital {hello.hospital!r} already answered from node {names[hello.hospital]}")
-        except ClinographError as exc:
-            failed[node] = f"hello refused: {exc}"
-            continue
-        names[hello.hospital] = node
+        _name_node(names, failed, node, lambda: check_hello(parts, node=node, nonce=nonces[node], run_id=run_id,  # noqa: B023
+                                                            federation_id=federation_id, enrolled=enrolled))
     return names, failed
+
+
+def greet_connected(grid: Grid, *, federation_id: str, enrolled: Mapping[str, PublicIdentity], min_nodes: int,
+                    wait: float, timeout: float,
+                    clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> tuple[dict[str, int], dict[int, str], int]:
+    """:func:`greet_nodes` for SuperNodes still coming up: each node is sent its hello as soon as it
+    is connected, not once ``min_nodes`` are, so the hellos of nodes that came up early are answered
+    while the others still start (20 SuperNodes started at once on two shared cores gained nothing
+    measurable: they all came up together, ``benchmarks/flower_scale``). New nodes are looked for until ``min_nodes`` are
+    connected or ``wait`` seconds passed -- the nodes the old wait would have greeted -- and each hello
+    waits ``timeout`` seconds from when it was sent; the same message and checks (:func:`check_hello`).
+    Two nodes naming one hospital: the first verified hello counts. Every :data:`GREET_POLL` s: one
+    look for nodes (while looking) and one pull of hellos (while any is pending).
+
+    Returns (name -> node id, node -> reason, how many nodes were connected)."""
+    run_id = int(grid.run.run_id)
+    started = clock()
+    nonces: dict[int, bytes] = {}
+    pending: dict[str, tuple[int, float]] = {}  # message id -> (node, seconds when sent)
+    names: dict[str, int] = {}
+    failed: dict[int, str] = {}
+    looking = True
+    while True:
+        if looking:
+            new = sorted(set(grid.get_node_ids()) - set(nonces))
+            for node in new:
+                nonces[node] = os.urandom(32)
+            if new:
+                messages = [_message(n, "hello", _hello_parts(nonces[n], federation_id), round_=0, timeout=timeout)
+                            for n in new]
+                sent = clock()
+                for node, mid in zip(new, grid.push_messages(messages), strict=True):
+                    if mid:
+                        pending[mid] = (node, sent)
+                    else:  # Flower could not store it (a malformed message)
+                        failed[node] = "hello not accepted by the SuperLink"
+            looking = len(nonces) < min_nodes and clock() - started < wait
+        if pending:
+            for reply in grid.pull_messages(list(pending)):
+                node, _ = pending.pop(reply.metadata.reply_to_message_id, (None, 0.0))
+                if node is None:
+                    continue
+                try:
+                    parts = _reply_parts(reply, stage="hello", round_=0)
+                except ProtocolError as exc:
+                    failed[node] = str(exc)
+                    continue
+                _name_node(names, failed, node, lambda: check_hello(parts, node=node, nonce=nonces[node],  # noqa: B023
+                                                                    run_id=run_id, federation_id=federation_id,
+                                                                    enrolled=enrolled))
+        now = clock()
+        for mid, (node, sent) in list(pending.items()):
+            if now - sent >= timeout:
+                del pending[mid]
+                failed[node] = f"no reply to 'hello' within {now - sent:.0f} s (timeout {timeout:g} s)"
+        if not looking and not pending:
+            return names, failed, len(nonces)
+        sleep(GREET_POLL)
 
 
 class FlowerTransport:

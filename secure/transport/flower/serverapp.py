@@ -11,9 +11,10 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 ``federation-file``    path of ``federation.toml`` (who is enrolled, with which keys)
 ``server-key``         path of the server's Ed25519 signing key
 ``rounds``             optional: overrides ``[federation] rounds`` (0: use server.toml's)
-``min-nodes``          wait for this many connected SuperNodes before greeting them
-``wait-timeout``       seconds to wait for them (then go on with those present)
-``hello-timeout``      seconds for the signed hello
+``min-nodes``          look for new SuperNodes until this many are connected (each is
+                       greeted as soon as it connects: :func:`.driver.greet_connected`)
+``wait-timeout``       seconds to look for them (then go on with those present)
+``hello-timeout``      seconds for each node's signed hello, from when it was sent
 ``plan-timeout``       seconds for the plan stage (includes local training)
 ``stage-timeout``      seconds for each later stage (a dead node costs one of these)
 ``end-timeout``        seconds to deliver the last global model
@@ -61,7 +62,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -83,7 +83,7 @@ from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from ...runtime.voted import run_voted
 from . import check_flower_version
-from .driver import DEFAULT_POLL_INTERVAL, FlowerTransport, Timeouts, check_poll, greet_nodes
+from .driver import DEFAULT_POLL_INTERVAL, FlowerTransport, Timeouts, check_poll, greet_connected
 from .oplog import Events
 from .polling import set_object_pull_backoff
 from .worker import load_factory
@@ -186,14 +186,9 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
          run_config: Mapping[str, Any], journal: Journal | None = None) -> FederationRun:
     poll = check_poll(_get(run_config, "reply-poll", float, DEFAULT_POLL_INTERVAL))  # before any wait for nodes
     fed = config.federation
-    deadline = time.monotonic() + wait
-    node_ids = sorted(grid.get_node_ids())
-    while len(node_ids) < min_nodes and time.monotonic() < deadline:
-        time.sleep(0.5)
-        node_ids = sorted(grid.get_node_ids())
     enrolled = federation.enrolled()
-    nodes, refused = greet_nodes(grid, federation_id=federation.federation_id, enrolled=enrolled,
-                                 node_ids=node_ids, timeout=timeouts.hello)
+    nodes, refused, connected = greet_connected(grid, federation_id=federation.federation_id, enrolled=enrolled,
+                                                min_nodes=min_nodes, wait=wait, timeout=timeouts.hello)
     events.nodes.update(nodes)
     events("greeted", {"hospitals": sorted(nodes), "nodes": dict(sorted(nodes.items())),
                        "refused": {str(k): v for k, v in refused.items()}})
@@ -202,7 +197,7 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
                                           "signed": False, "final": False})
     if len(nodes) < min(fed.min_clients, len(enrolled)):
         raise ProtocolError(f"Only {len(nodes)} hospital(s) proved they serve an enrolled hospital within "
-                            f"{timeouts.hello:g} s ({len(node_ids)} node(s) connected); the federation needs "
+                            f"{timeouts.hello:g} s ({connected} node(s) connected); the federation needs "
                             f"{fed.min_clients}. Check the SuperNodes' logs and key files.")
     transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts,
                                 poll=poll)

@@ -23,7 +23,12 @@ from clinograph.secure.enrolment import load_federation  # noqa: E402
 from clinograph.secure.policy import InsecureOptionWarning  # noqa: E402
 from clinograph.secure.runtime import InProcessTransport, run_round, run_rounds  # noqa: E402
 from clinograph.secure.transport.flower import check_flower_version  # noqa: E402
-from clinograph.secure.transport.flower.driver import FlowerTransport, Timeouts, greet_nodes  # noqa: E402
+from clinograph.secure.transport.flower.driver import (  # noqa: E402
+    FlowerTransport,
+    Timeouts,
+    greet_connected,
+    greet_nodes,
+)
 from clinograph.secure.transport.flower.keyset import init_keyset  # noqa: E402
 from clinograph.secure.transport.flower.records import from_content, to_content  # noqa: E402
 from clinograph.secure.transport.flower.serverapp import run_federation  # noqa: E402
@@ -175,6 +180,57 @@ def test_node_dying_mid_round_is_a_dropout_and_survivors_finish(deployment, tmp_
         np.testing.assert_allclose(state[m.name], expected, atol=1e-6)
     server.audit.close()
     assert verify_audit_dir(tmp_path / "audit").ok
+
+
+class Arriving:
+    """The deployment's grid with its SuperNodes connecting one look (get_node_ids) at a time, on a
+    fake clock that each sleep moves on; ``silent``: nodes that connect but never answer."""
+
+    def __init__(self, grid, *, silent=()):
+        self.grid, self.silent, self.looks, self.now, self.log = grid, set(silent), 0, 0.0, []
+
+    def __getattr__(self, name):
+        return getattr(self.grid, name)
+
+    def get_node_ids(self):
+        self.looks += 1
+        self.log.append(("look", self.looks))
+        return sorted(self.grid.node_configs)[:self.looks]
+
+    def push_messages(self, messages):
+        self.log.extend(("hello", m.metadata.dst_node_id) for m in messages)
+        self.grid.dead = self.silent
+        return self.grid.push_messages(messages)
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_each_node_is_greeted_as_soon_as_it_connects(deployment):
+    """Not once min-nodes are connected: each node's hello goes out at the look that found it, and
+    the nodes found before the wait ended are all greeted with the same checks."""
+    keys, _, grid, _ = deployment
+    fed = load_federation(keys.federation_file)
+    arriving = Arriving(grid)
+    nodes, refused, connected = greet_connected(arriving, federation_id=fed.federation_id, enrolled=fed.enrolled(),
+                                                min_nodes=3, wait=60, timeout=5, clock=lambda: arriving.now,
+                                                sleep=arriving.sleep)
+    assert nodes == {"h1": 101, "h2": 102, "h3": 103} and not refused and connected == 3
+    assert arriving.log == [("look", 1), ("hello", 101), ("look", 2), ("hello", 102), ("look", 3), ("hello", 103)]
+    assert [stage for _, stage in grid.sent] == ["hello"] * 3  # one hello a node, no second exchange
+
+
+def test_greeting_stops_looking_after_the_wait_and_times_out_a_silent_node(deployment):
+    keys, _, grid, _ = deployment
+    fed = load_federation(keys.federation_file)
+    arriving = Arriving(grid, silent={102})
+    nodes, refused, connected = greet_connected(arriving, federation_id=fed.federation_id, enrolled=fed.enrolled(),
+                                                min_nodes=3, wait=0.2, timeout=5, clock=lambda: arriving.now,
+                                                sleep=arriving.sleep)
+    assert connected == 2 and arriving.looks == 2  # the third node came after the wait: not greeted
+    assert nodes == {"h1": 101}
+    assert refused == {102: "no reply to 'hello' within 5 s (timeout 5 s)"}
+    assert arriving.now == pytest.approx(5.25)  # its hello went out at the second look (0.25 s), waited 5 s from then
 
 
 def test_hello_with_a_key_not_enrolled_is_refused(deployment, tmp_path):
