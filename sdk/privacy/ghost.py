@@ -21,7 +21,8 @@ Li et al. 2022, "Large language models can be strong differentially private lear
   knot-weighted input e_t = B(x_t) ⊗ h_t, whose ghost norm factorises (e_t·e_s = (h_t·h_s)(B_t·B_s)):
   B·T²·(d_in + M + d_out) operations instead of B·T²·(M·d_in + d_out) or forming B·T·M·d_in·d_out.
 - Embedding: ‖g_i‖² = Σ_{t,s} [j_t = j_s] (b_t·b_s) when T² < the table's rows, else g_i formed
-  by a scatter; the clipped sum is an ``index_add`` of c_i b_{i,t} at the rows j_t.
+  (whole rows ``index_add``-ed into [B·rows, d] from d = :data:`INDEX_ADD_WIDTH`, a scatter below);
+  the clipped sum is an ``index_add`` of c_i b_{i,t} at the rows j_t.
 - a per-patient tensor (bias, the survival baseline): formed, [B, n].
 
 Shapes: a [B, T, d_in], b [B, T, d_out]; indices [B, T]; c [B], in the parts' dtype.
