@@ -21,7 +21,8 @@ Li et al. 2022, "Large language models can be strong differentially private lear
   knot-weighted input e_t = B(x_t) ⊗ h_t, whose ghost norm factorises (e_t·e_s = (h_t·h_s)(B_t·B_s)):
   B·T²·(d_in + M + d_out) operations instead of B·T²·(M·d_in + d_out) or forming B·T·M·d_in·d_out.
 - Embedding: ‖g_i‖² = Σ_{t,s} [j_t = j_s] (b_t·b_s) when T² < the table's rows, else g_i formed
-  by a scatter; the clipped sum is an ``index_add`` of c_i b_{i,t} at the rows j_t.
+  (whole rows ``index_add``-ed into [B·rows, d] from d = :data:`INDEX_ADD_WIDTH`, a scatter below);
+  the clipped sum is an ``index_add`` of c_i b_{i,t} at the rows j_t.
 - a per-patient tensor (bias, the survival baseline): formed, [B, n].
 
 Shapes: a [B, T, d_in], b [B, T, d_out]; indices [B, T]; c [B], in the parts' dtype.
@@ -147,16 +148,21 @@ class LinearWeight(LayerPart):
             self.formed = self._form()
 
     def _form(self) -> torch.Tensor:
-        w = None
-        for a, b in self.calls:  # one product a call: no concatenated copy of the positions
-            shape = (int(a.shape[0]), int(b.shape[-1]), int(a.shape[-1]))
-            out = _empty(shape, a)
+        """Σ over the calls of Σ_t b_t a_tᵀ, [B, d_out, d_in]: the first call's product into the buffer,
+        the others added in place (``addcmul_`` / ``baddbmm_``: no temporary a call)."""
+        (a, b), rest = self.calls[0], self.calls[1:]
+        shape = (int(a.shape[0]), int(b.shape[-1]), int(a.shape[-1]))
+        out = _empty(shape, a)
+        if a.shape[1] == 1:
+            w = torch.mul(b[:, 0, :, None], a[:, 0, None, :], out=out) if out is not None \
+                else b[:, 0, :, None] * a[:, 0, None, :]
+        else:
+            w = torch.bmm(b.transpose(1, 2), a, out=out) if out is not None else torch.bmm(b.transpose(1, 2), a)
+        for a, b in rest:  # one product a call: no concatenated copy of the positions
             if a.shape[1] == 1:
-                wc = torch.mul(b[:, 0, :, None], a[:, 0, None, :], out=out) if out is not None \
-                    else b[:, 0, :, None] * a[:, 0, None, :]
+                w.addcmul_(b[:, 0, :, None], a[:, 0, None, :])
             else:
-                wc = torch.bmm(b.transpose(1, 2), a, out=out) if out is not None else torch.bmm(b.transpose(1, 2), a)
-            w = wc if w is None else w.add_(wc)
+                w.baddbmm_(b.transpose(1, 2), a)
         return w
 
     def _joined(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,6 +229,11 @@ class KnotWeight(LayerPart):
         return torch.bmm(self._knot_backprops(None).transpose(1, 2), self.h).reshape(self.h.shape[0], -1)
 
 
+#: the embedding width from which a formed g_i is built by whole-row ``index_add`` (below it, with
+#: rows of a few elements, ``scatter_add`` is faster: measured on the NS-FL stars, d = 1, 2 and 32)
+INDEX_ADD_WIDTH = 16
+
+
 class EmbeddingWeight(LayerPart):
     """g_i = the rows b_{i,t} added at the looked-up rows j_{i,t} of an Embedding [rows, d]."""
 
@@ -236,7 +247,13 @@ class EmbeddingWeight(LayerPart):
         n, _, d = b.shape
         out = _empty((n, self.rows, d), b)
         out = out.zero_() if out is not None else b.new_zeros((n, self.rows, d))
-        return out.scatter_add_(1, self.index.unsqueeze(-1).expand(-1, -1, d), b)
+        if d < INDEX_ADD_WIDTH:
+            return out.scatter_add_(1, self.index.unsqueeze(-1).expand(-1, -1, d), b)
+        # patient i's row j is row i·rows + j of the [B·rows, d] view: one index_add of whole rows
+        # (a vectorised row copy) instead of a scatter of single elements (2.7× faster at d = 32)
+        rows = self.index + torch.arange(0, n * self.rows, self.rows, dtype=self.index.dtype).unsqueeze(1)
+        out.view(n * self.rows, d).index_add_(0, rows.reshape(-1), b.reshape(-1, d))
+        return out
 
     def norm2(self) -> torch.Tensor:
         if self.formed is not None:

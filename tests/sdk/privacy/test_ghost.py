@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from clinograph.sdk.privacy.ghost import EmbeddingWeight, Formed, LinearWeight, positions
+from clinograph.sdk.privacy.ghost import (
+    INDEX_ADD_WIDTH,
+    EmbeddingWeight,
+    Formed,
+    LinearWeight,
+    positions,
+)
 
 B = 5
 
@@ -31,6 +37,7 @@ def _linear_reference(calls):
     ((2, 2), 40, 30, False),  # two calls of one layer (ghost, their positions joined)
     ((12,), 3, 2, True),  # many positions, narrow layer: g_i formed
     ((7, 1), 3, 2, True),  # two calls, formed: one product a call, summed
+    ((1, 7, 6), 3, 2, True),  # three calls, formed: the first an outer product, the others added in place
 ])
 def test_linear_weight_part_equals_the_written_out_gradient(positions, d_in, d_out, formed):
     g = _gen()
@@ -59,10 +66,11 @@ def test_an_input_broadcast_over_positions_gives_the_gradient_of_every_position(
     torch.testing.assert_close(LinearWeight([(a3, b3)]).per_sample(), ref)
 
 
-@pytest.mark.parametrize(("rows", "formed"), [(50, False), (4, True)])
-def test_embedding_part_equals_the_written_out_gradient(rows, formed):
+@pytest.mark.parametrize(("rows", "formed", "d"), [(50, False, 3), (4, True, 3), (4, True, INDEX_ADD_WIDTH)],
+                         ids=["ghost", "formed-scatter", "formed-index-add"])
+def test_embedding_part_equals_the_written_out_gradient(rows, formed, d):
     g = _gen()
-    t, d = 5, 3
+    t = 5
     index = torch.randint(0, min(rows, 4), (B, t), generator=g)  # repeated rows within a patient
     grad = torch.randn(B, t, d, generator=g, dtype=torch.float64)
     part = EmbeddingWeight(index, grad, rows)
