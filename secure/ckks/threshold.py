@@ -141,8 +141,7 @@ def seeded_canary(*, seed: bytes, public: CollectivePublicKey) -> tuple[np.ndarr
     keys = [hashlib.sha256(pack_fields([HASH_THRESHOLD_CKKS_CANARY, public.federation_id.encode(), role, seed])).digest()
             for role in (b"u", b"e1")]
     c = public._c
-    return T.seeded_canary_c1(u_key=keys[0], e_key=keys[1], a=public.a, ring=c.ring, context=c.context,
-                              encoder=c.encoder)
+    return T.seeded_canary_c1(u_key=keys[0], e_key=keys[1], a=public.a, ring=c.ring, context=c.context)
 
 
 def zero_shares(*, me: str, present: Sequence[str], seeds: Mapping[str, bytes], digest: str, count: int,
@@ -444,8 +443,7 @@ class Combiner:
         self._c0 = [p[0] for p in polys]
         self._scale = aggregate[0].scale if aggregate else 1.0
         if canary_seed is None:  # hidden canary: the holder cannot tell it from a real c1
-            canary, self._u = T.canary_c1(a=public.a, ring=self._c.ring, context=self._c.context,
-                                          encoder=self._c.encoder)
+            canary, self._u = T.canary_c1(a=public.a, ring=self._c.ring, context=self._c.context)
         else:  # public canary: the holder recomputes it (ckks_threshold mode, see .threshold_check)
             canary, self._u = seeded_canary(seed=canary_seed, public=public)
         c1 = [p[1] for p in polys]

@@ -127,9 +127,10 @@ class ThresholdClient(AggregationClient):
                                  "only the same sum, for a present set not yet answered, is answered again, at most "
                                  f"N - t + 1 = {n - t + 1} times (each re-ask replaces a holder that went silent) "
                                  "(report the server).")
-        assert self._commitments is not None  # check_request refused otherwise
-        share = sum_share(self._party, public=self._public, request=msg, members=tuple(self._commitments.nonces),
-                          a=self._a)
+        seen = self._commitments
+        if seen is None:  # check_request refuses this first; kept explicit (no assert in library code)
+            raise IntegrityError(f"Hospital {me!r} refuses to decrypt: it encrypted for no commitment set this round.")
+        share = sum_share(self._party, public=self._public, request=msg, members=tuple(seen.nonces), a=self._a)
         self._answered = msg.canary_seed
         self._presents.add(msg.present)
         return seal(share, self.identity)

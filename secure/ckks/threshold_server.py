@@ -188,7 +188,8 @@ class ThresholdServer(AggregationServer):
                                 "update; the holders decrypt only the sum of every committed contribution. "
                                 "Round aborted, nothing decrypted; the next round starts a new commitment set.")
         names = sorted(self._updates)
-        assert self._commit_digest is not None  # set when the commitments were relayed
+        if self._commit_digest is None:  # set when the commitments were relayed; no assert in library code
+            raise ProtocolError("Threshold CKKS: updates arrived before any commitment set was relayed.")
         self._combiner = SumCombiner(public=self.public, round=self.plan.round, commitments_sha256=self._commit_digest,
                                      members=names, c0=upload.aggregate(self.public, [self._updates[n] for n in names]),
                                      canary_seed=secrets.token_bytes(32), present=present)

@@ -120,14 +120,13 @@ class SumCombiner:
                                 f"({', '.join(present)}) must answer ({self.public.rule}).")
         ring, limbs = c.ring, c.ring.data_count
         q = ring.q(limbs)
-        total: list[np.ndarray] | None = None
+        answers = []
         for name in present:
             msg = shares[name]
             if msg.party != name or msg.request_sha256 != want or len(msg.shares) != len(self._c0) + 1:
                 raise ProtocolError(f"Decryption share filed under {name!r} answers another request or party.")
-            polys = [c.poly(raw, limbs, f"decryption share {i} of {name!r}") for i, raw in enumerate(msg.shares)]
-            total = polys if total is None else [T.addmod(x, y, q) for x, y in zip(total, polys, strict=True)]
-        assert total is not None  # present holds at least t >= 1 holders
+            answers.append([c.poly(raw, limbs, f"decryption share {i} of {name!r}") for i, raw in enumerate(msg.shares)])
+        total = [T.sum_polys(list(column), q) for column in zip(*answers, strict=True)]
         if T.canary_residual(share=total[-1], u=self._u, p0=self._p0, ring=ring,
                              context=c.context) > _CANARY_LIMIT_BITS + 5:  # n <= 32 = 2^5 holders
             raise IntegrityError(f"A decryption share of one of {', '.join(present)} is not made with its key shares "

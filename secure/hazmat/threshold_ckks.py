@@ -37,13 +37,12 @@ Representation. SEAL keeps CKKS keys and ciphertexts in NTT (evaluation) form, R
 elementwise there and every step above is elementwise arithmetic mod q_j; no NTT is
 implemented here. A uniform ``a`` in NTT form is a uniform ``a`` (bijection). Errors come from
 SEAL itself: ``e_i`` is the error of SEAL's own public key for ``s_i`` (``pk_i.c0 + pk_i.c1*s_i``,
-SEAL's clipped discrete Gaussian, sigma 3.2). Smudging noise is sampled exactly, uniform on
+SEAL's error distribution, its centred binomial). Smudging noise is sampled exactly, uniform on
 ``[-2^bits, 2^bits)`` per coefficient from the ChaCha20 keystream (:func:`uniform_smudging`), and
 taken to NTT form by SEAL's own forward NTT (``Evaluator.transform_to_ntt`` on a not-NTT
 ciphertext; :func:`to_ntt`, and :func:`to_coefficients` the other way). The canary's small
-Gaussian ``e1`` is made by SEAL's ``CKKSEncoder`` (i.i.d. complex Gaussian slots map to i.i.d.
-real Gaussian coefficients: the canonical embedding is a scaled isometry, so coefficient variance
-is ``2*scale^2*v/N`` for slot variance v per real component). The common ``a`` comes from the
+``e1`` and the mode's encryption errors are SEAL's centred binomial drawn as exact integers
+(:func:`rlwe_errors`, |e| <= 21). The common ``a`` comes from the
 AES-256-CTR keystream of :mod:`.masking_prg` by rejection sampling (exactly uniform mod q_j).
 
 Reading and writing: polynomials come straight out of SEAL objects and go back as SEAL's
@@ -55,7 +54,6 @@ Nothing here checks who sent what, or that a decryption share was made honestly;
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Sequence
 
@@ -88,7 +86,7 @@ from .seal_polys import (
 
 __all__ = [  # the SEAL-polynomial helpers are re-exported: the safe API imports this module only
     "Ring", "addmod", "canary_c1", "canary_residual", "centered", "centered_approx", "ciphertext_bytes", "ckg_share",
-    "combine_decryption", "common_poly", "own_key_c0", "rlwe_errors", "uniform_polys", "decryption_share", "encoder_gaussian", "gaussian_slots", "key_error",
+    "combine_decryption", "common_poly", "own_key_c0", "rlwe_errors", "uniform_polys", "decryption_share", "key_error",
     "lagrange_at_zero", "load_plaintext", "load_public_key", "mulmod", "plaintext_bytes", "public_key_bytes",
     "read_ciphertext", "read_plaintext", "read_secret_key", "scale_poly", "seeded_canary_c1", "shamir_split", "submod", "sum_polys",
     "ternary_poly", "to_coefficients", "to_coefficients_many", "to_ntt", "to_ntt_many", "uniform_smudging", "uniform_smudging_many",
@@ -167,27 +165,6 @@ def sum_polys(polys: Sequence[np.ndarray], q: np.ndarray) -> np.ndarray:
 def public_key_bytes(*, p0: np.ndarray, a: np.ndarray, ring: Ring) -> bytes:
     """The collective public key ``(p0, a)`` as SEAL PublicKey bytes."""
     return ciphertext_bytes(np.stack([p0, a]), ring=ring, parms_id=ring.key_parms_id, scale=1.0)
-
-
-def gaussian_slots(n: int, source: CsprngUniform) -> list[complex]:
-    """n complex values with independent N(0, 1) real and imaginary parts (Box-Muller)."""
-    u1, u2 = 1.0 - source.uniform(n), source.uniform(n)  # u1 in (0, 1]
-    r = np.sqrt(-2.0 * np.log(u1))
-    z = r * np.cos(2 * np.pi * u2) + 1j * (r * np.sin(2 * np.pi * u2))
-    return z.tolist()  # type: ignore[no-any-return]
-
-
-def encoder_gaussian(*, sigma: float, encoder: seal.CKKSEncoder, ring: Ring, limbs: int,
-                     source: CsprngUniform | None = None) -> np.ndarray:
-    """A rounded Gaussian polynomial (i.i.d. coefficients, standard deviation ``sigma``; float64
-    Box-Muller and SEAL's float64 inverse FFT, so only for small sigma), NTT form over the first
-    ``limbs`` primes, made by SEAL's encoder (see the module docstring). Used for the canary's
-    ``e1``, never for smudging."""
-    src = source if source is not None else CsprngUniform()
-    pt = seal.Plaintext()
-    scale = sigma * math.sqrt(ring.degree / 2.0)  # coefficient variance 2*scale^2/N per unit slot variance
-    encoder.encode(gaussian_slots(ring.degree // 2, src), list(ring.data_parms_id), scale, pt)
-    return read_plaintext(pt, ring.data_count, ring.degree)[:limbs]
 
 
 def uniform_smudging(*, bits: int, ring: Ring, context: seal.SEALContext, limbs: int,
@@ -319,11 +296,11 @@ def scale_poly(poly: np.ndarray, factor: np.ndarray, ring: Ring) -> np.ndarray:
 
 # -- coefficient domain (through SEAL's own NTT) and the canary check ------------------------------
 
-def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext, encoder: seal.CKKSEncoder) -> tuple[np.ndarray, np.ndarray]:
+def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext) -> tuple[np.ndarray, np.ndarray]:
     """A canary ``c1 = a*u + e1`` at the data level with ``u`` ternary (a fresh SEAL secret key)
     and ``e1`` SEAL's error (:func:`rlwe_errors`: |e1| <= 21): an RLWE sample, so a party cannot
     tell it from a real ciphertext's ``c1``. Returns (c1, u); ``u`` stays with whoever checks the
-    shares. (``encoder`` is kept for callers; the error no longer goes through it.)"""
+    shares."""
     limbs = ring.data_count
     u = read_secret_key(seal.KeyGenerator(context).secret_key(), ring)[:limbs]
     e1 = _error_ntt(ring=ring, context=context, source=None)
@@ -331,8 +308,8 @@ def canary_c1(*, a: np.ndarray, ring: Ring, context: seal.SEALContext, encoder: 
     return addmod(mulmod(a[:limbs], u, q), e1, q), u
 
 
-def seeded_canary_c1(*, u_key: bytes, e_key: bytes, a: np.ndarray, ring: Ring, context: seal.SEALContext,
-                     encoder: seal.CKKSEncoder) -> tuple[np.ndarray, np.ndarray]:
+def seeded_canary_c1(*, u_key: bytes, e_key: bytes, a: np.ndarray, ring: Ring,
+                     context: seal.SEALContext) -> tuple[np.ndarray, np.ndarray]:
     """:func:`canary_c1` made reproducibly from two 32-byte keys: ``u`` ternary, each coefficient
     uniform on {-1, 0, 1} (AES-256-CTR bytes below 255, mod 3), ``e1`` SEAL's error
     (:func:`rlwe_errors`, |e1| <= 21) from the ChaCha20 stream under ``e_key``. Anyone holding the keys recomputes the canary, so a

@@ -257,7 +257,7 @@ def test_canary_residual_separates_honest_and_wrong_key_shares(env):
     ctx, ring, enc = env
     sks, S = _parties(env, 2)
     _, a, p0s = _collective_pk(env, sks, S)
-    c1, u = T.canary_c1(a=a, ring=ring, context=ctx, encoder=enc)
+    c1, u = T.canary_c1(a=a, ring=ring, context=ctx)
     honest = T.decryption_share(c1=c1, s=S[0], noise=_smudge(env),
                                 ring=ring)
     wrong = T.decryption_share(c1=c1, s=S[1], noise=_smudge(env),
