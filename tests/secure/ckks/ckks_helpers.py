@@ -106,3 +106,17 @@ def relay(server: CkksServer, clients: dict[str, CkksClient], first: dict[str, b
         results[c] = clients[c].decrypted_result()
     assert server.next_stage() is None
     return results, server.rejected()
+
+
+class ThresholdHospital:
+    """A hospital of the ``ckks_threshold`` tests: its key holder, answering the set-up steps;
+    ``rule``: the smallest t it accepts (its ``[release] tckks_threshold``; None: N-of-N only)."""
+
+    def __init__(self, identity: Identity, peers, federation_id: str, rule: int | None = None):
+        from clinograph.secure.ckks.holder import CkksKeyHolder
+
+        self.name = identity.name
+        self.keys = CkksKeyHolder(identity=identity, peers=peers, federation_id=federation_id, tckks_threshold=rule)
+
+    def on_setup(self, step, parts):
+        return self.keys.on_setup(step, parts)

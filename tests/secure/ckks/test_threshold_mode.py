@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from ckks_helpers import ThresholdHospital
 from clinograph.secure.aggregation import LocalUpdate, create_mode
 from clinograph.secure.ckks import threshold_upload as U
 from clinograph.secure.ckks.holder import CkksKeyHolder
@@ -35,13 +36,8 @@ SERVER = Identity.generate("server")
 NAMES = ("east", "north", "south")
 
 
-class _Hospital:
-    def __init__(self, identity: Identity, peers, tckks_threshold=None):
-        self.name = identity.name
-        self.keys = CkksKeyHolder(identity=identity, peers=peers, federation_id=FED, tckks_threshold=tckks_threshold)
-
-    def on_setup(self, step, parts):
-        return self.keys.on_setup(step, parts)
+def _Hospital(identity: Identity, peers, tckks_threshold=None):  # noqa: N802 -- the shared test hospital
+    return ThresholdHospital(identity, peers, FED, tckks_threshold)
 
 
 @pytest.fixture(scope="module")

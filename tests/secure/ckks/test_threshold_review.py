@@ -6,21 +6,16 @@ review) and asserts what SECURITY.md claims.
 
 from __future__ import annotations
 
-import secrets
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from ckks_helpers import ThresholdHospital
 from clinograph.secure.aggregation import LocalUpdate, create_mode
-from clinograph.secure.ckks import threshold_upload as U
-from clinograph.secure.ckks.holder import CkksKeyHolder
 from clinograph.secure.ckks.threshold_messages import (
-    DecryptionShare,
     ThresholdCommitments,
     ThresholdDecrypt,
-    ThresholdUpload,
 )
-from clinograph.secure.ckks.threshold_sum import SumCombiner, round_polys, sum_share
 from clinograph.secure.hazmat import threshold_ckks as T
 from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.transport import InProcessTransport
@@ -35,13 +30,8 @@ SPEC = ModelSpec(version=1, modules=(ModuleSpec(name="gnn/w", shape=(40,), kind=
 SERVER = Identity.generate("server")
 
 
-class _Hospital:
-    def __init__(self, identity: Identity, peers, rule=None):
-        self.name = identity.name
-        self.keys = CkksKeyHolder(identity=identity, peers=peers, federation_id=FED, tckks_threshold=rule)
-
-    def on_setup(self, step, parts):
-        return self.keys.on_setup(step, parts)
+def _Hospital(identity: Identity, peers, rule=None):  # noqa: N802 -- the shared test hospital, this file's federation
+    return ThresholdHospital(identity, peers, FED, rule)
 
 
 def _federation(names, *, threshold, rule=None):
