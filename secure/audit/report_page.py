@@ -50,6 +50,10 @@ class Page:
                      ("DP policy", report_run.dp_policy_words(dp or None))]
             manifest = _facts(facts, caption="Federation") + _table(
                 ["hospital", "key fingerprint (short)"], rows, caption="Enrolled hospitals")
+        resolved = [[p["setting"], p["value"], p["rule"], p["line"]] for p in self.k["resolved_default"]]
+        if resolved:  # settings the config left unwritten and a rule of the SDK resolved (audited)
+            manifest += _table(["setting", "value", "rule", "what the operator was told"], resolved,
+                               caption="Settings the SDK resolved (left unwritten in the hospital config)")
         options = sorted({o for m in self.k["manifest"] for o in m.get("insecure_options", [])}
                          | {p["option"] for p in self.k["insecure_option"]})
         insecure = (f'<div class="bad">This run used insecure options: {escape(", ".join(options))}.</div>'

@@ -54,6 +54,19 @@ def test_empty_sections_say_so_and_failures_are_shown(tmp_path):
     assert 'id="verification-failed"' in html and "content does not match its hash" in html
 
 
+def test_a_resolved_default_is_shown_beside_the_manifest(tmp_path):
+    d = tmp_path / "a"
+    with AuditTrail(d, identity=Identity.generate("server")) as trail:
+        trail.record("resolved_default", {"setting": "model.deep", "value": "false", "rule": "dp_default_model",
+                                          "line": "model.deep = false under [privacy] <i>(shallow)</i>"})
+    html = render_report(d, out=tmp_path / "r.html").read_text()
+    assert "Settings the SDK resolved" in html and "dp_default_model" in html and "model.deep" in html
+    assert "<i>(shallow)</i>" not in html and "&lt;i&gt;(shallow)&lt;/i&gt;" in html  # escaped
+    with AuditTrail(tmp_path / "b", identity=Identity.generate("server")) as trail:
+        trail.record("insecure_option", {"option": "insecure_plaintext", "why": "demo"})
+    assert "Settings the SDK resolved" not in render_report(tmp_path / "b", out=tmp_path / "r2.html").read_text()
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not (CHROMIUM and DRIVER),
                     reason="chromium/chromedriver not installed (apt-get install -y chromium chromium-driver)")
