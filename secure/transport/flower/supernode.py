@@ -49,6 +49,7 @@ from .polling import (
     DEFAULT_IDLE_POLL,
     DEFAULT_IDLE_POLL_MAX,
     DEFAULT_REPLY_WAIT,
+    FLOOR_MAX,
     FLOWER_IDLE_POLL,
     idle_poll_max,
     set_object_pull_backoff,
@@ -225,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"is refused before any of its code is imported (default: {CLINOGRAPH_CLIENTAPP}, "
                              "from the installed package, never from the run's files)")
     parser.add_argument("--supernode-poll", type=float, default=DEFAULT_IDLE_POLL, metavar="SECONDS",
-                        help=f"seconds between two polls of the SuperLink when idle (default {DEFAULT_IDLE_POLL}; "
-                             f"{FLOWER_IDLE_POLL} keeps Flower's own fixed waits, see polling.py)")
+                        help=f"the shortest wait between two polls of the SuperLink when idle (default "
+                             f"{DEFAULT_IDLE_POLL}; right after a message the wait is a tenth of the node's last wait "
+                             f"for one, up to {FLOOR_MAX} s, then grows; {FLOWER_IDLE_POLL} keeps Flower's own fixed "
+                             "waits, see polling.py)")
     parser.add_argument("--supernode-poll-max", type=float, default=None, metavar="SECONDS",
                         help=f"the idle poll grows to this while no message comes (default {DEFAULT_IDLE_POLL_MAX}, "
                              "or --supernode-poll if larger; equal to --supernode-poll: a fixed poll)")
