@@ -45,6 +45,7 @@ from clinograph.core.errors import ClinographError, ConfigError
 from ...policy import Environment, require_allowed
 from . import check_flower_version
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP
+from .crash_report import capture_node_state
 from .polling import (
     DEFAULT_IDLE_POLL,
     DEFAULT_IDLE_POLL_MAX,
@@ -172,6 +173,7 @@ def start_superexec(flower_args: Sequence[str], *, poll: float | None,
     (:func:`.polling.watch_message_pulls`)."""
     executor = WarmExecutor(clientapp=clientapp)
     executor.start()
+    capture_node_state()  # a ClientApp that dies is answered at once (.crash_report)
     loop = SuperExecLoop(runtime_api(flower_args), executor=executor,
                          poll_interval=DEFAULT_POLL_INTERVAL if poll is None else poll)
     watch_message_pulls(started=loop.pull_started, ended=loop.pull_ended)

@@ -268,3 +268,48 @@ def test_a_bad_supernode_poll_max_is_refused_not_raised_to_the_idle_poll(given, 
     with pytest.raises(ConfigError, match=message):
         polling.SupernodeClock(idle=0.2, reply=0.05, idle_max=polling.idle_poll_max(0.2, given))
     assert polling.idle_poll_max(2.0, None) == 2.0 and polling.idle_poll_max(0.2, None) == polling.DEFAULT_IDLE_POLL_MAX
+
+
+class _TokenState:
+    """The parts of Flower 1.41's InMemoryNodeState that crash_report.expire_task uses."""
+
+    def __init__(self, status: str):
+        import threading
+        from datetime import timedelta
+
+        from flwr.supercore.date import now
+
+        self.lock_task_store = threading.Lock()
+        self.task_store = {7: types.SimpleNamespace(status=types.SimpleNamespace(status=status))}
+        self.task_token_store = {7: types.SimpleNamespace(active_until=now() + timedelta(seconds=60))}
+        self.cleaned: list[bool] = []
+
+    def _cleanup_expired_task_tokens_locked(self) -> None:
+        from flwr.supercore.date import now
+
+        self.cleaned.append(self.task_token_store[7].active_until < now())
+
+
+def test_a_clientapp_that_died_running_is_answered_at_once_and_only_then(monkeypatch):
+    from clinograph.secure.transport.flower import crash_report, superexec
+    from flwr.common.constant import Status
+
+    running = _TokenState(Status.RUNNING)
+    assert crash_report.expire_task(7, state=running) and running.cleaned == [True]  # Flower's clean-up, now
+    starting = _TokenState(Status.STARTING)  # left to Flower: it would queue the task again
+    assert not crash_report.expire_task(7, state=starting) and starting.cleaned == []
+    assert not crash_report.expire_task(8, state=running)  # no such task
+    assert not crash_report.expire_task(7, state=types.SimpleNamespace())  # another Flower's state: nothing
+    factory = type("Factory", (), {"state": lambda self: running})
+    monkeypatch.setitem(crash_report._node, "state", None)  # restored after the test
+    crash_report.capture_node_state(factory)
+    crash_report.capture_node_state(factory)  # once is enough
+    assert factory().state() is running and crash_report._node["state"] is running
+    expired = []
+    monkeypatch.setattr(superexec, "expire_task", expired.append)
+    ex = WarmExecutor()
+    ex._children = {3: types.SimpleNamespace(is_alive=lambda: False, exitcode=0, close=lambda: None),
+                    4: types.SimpleNamespace(is_alive=lambda: False, exitcode=-9, close=lambda: None),
+                    5: types.SimpleNamespace(is_alive=lambda: True, exitcode=None, close=lambda: None)}
+    ex.reconcile()
+    assert expired == [4] and list(ex._children) == [5]  # a clean exit (it replied) is not expired
