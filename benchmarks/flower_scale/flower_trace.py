@@ -59,8 +59,10 @@ def _write(row: dict | None) -> None:
         _state["fh"].write(json.dumps(row) + "\n")
 
 
-def span(name: str | Callable[..., str], fn: Callable, *, keep: Callable[[Any], bool] | None = None) -> Callable:
-    """``fn`` wrapped to record its wall-clock span (``keep(result)`` false: not recorded)."""
+def span(name: str | Callable[..., str], fn: Callable, *, keep: Callable[[Any], bool] | None = None,
+         prefix: str | None = None) -> Callable:
+    """``fn`` wrapped to record its wall-clock span (``keep(result)`` false: not recorded, or, with
+    ``prefix``, recorded with ``prefix`` in front of its name)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -71,9 +73,10 @@ def span(name: str | Callable[..., str], fn: Callable, *, keep: Callable[[Any], 
             ok = True
             return result
         finally:
-            if keep is None or not ok or keep(result):
+            kept = keep is None or not ok or keep(result)
+            if kept or prefix is not None:
                 label = name(*args, **kwargs) if callable(name) else name
-                _write({"name": label, "t0": t0, "t1": time.time(), "ok": ok})
+                _write({"name": label if kept else prefix + label, "t0": t0, "t1": time.time(), "ok": ok})
 
     return wrapper
 
@@ -82,8 +85,13 @@ def _rpc_name(self: Any, *, path: str, **_: Any) -> str:
     return f"rpc {path.rsplit('/', 1)[-1]}"
 
 
+#: The name of a Runtime/Fleet poll that found nothing begins with this (``idle rpc pull-messages``):
+#: counted apart (:func:`idle_polls`), never part of an exchange's path.
+IDLE = "idle "
+
+
 def _idle(result: Any) -> bool:
-    """A Runtime/Fleet poll that found nothing is not recorded (there are several a second)."""
+    """False for a Runtime/Fleet poll that found nothing (recorded as :data:`IDLE`)."""
     name = type(result).__name__
     if name == "AcquireTaskResponse":
         return bool(result.HasField("task"))
@@ -94,7 +102,7 @@ def _idle(result: Any) -> bool:
 
 def _patch_protobuf_client(mod: Any) -> None:
     inner = mod.ProtobufClient._unary_unary
-    mod.ProtobufClient._unary_unary = span(_rpc_name, inner, keep=_idle)
+    mod.ProtobufClient._unary_unary = span(_rpc_name, inner, keep=_idle, prefix=IDLE)
 
 
 def _patch_httpx(mod: Any) -> None:
@@ -132,6 +140,8 @@ def _patch_driver(mod: Any) -> None:
     _patch_records(mod)
     if os.environ.get(PREVIOUS_DRIVER):
         _previous_driver(mod)
+    if os.environ.get(PREVIOUS_POLLS):
+        mod.POLL_FRACTION = 0.02
 
 
 #: Set (to anything) in a run's environment: its ServerApp greets as before each node was greeted as
@@ -161,9 +171,40 @@ def _previous_driver(mod: Any) -> None:
 PREVIOUS = "CLINOGRAPH_FLOWER_PREVIOUS"
 
 
+#: Set (to anything) in a run's environment: its processes poll as before issue 35's third pass
+#: (the ``polls_previous`` arms): the object pull backoff from 0.05 s, the ServerApp's reply poll
+#: growing at 2 % of the time waited (its floor, 0.05 s, is the run config ``reply-poll``; the
+#: SuperNode's idle poll from 0.2 s and its reply wait of 0.05 s are ``--supernode-poll 0.2``).
+PREVIOUS_POLLS = "CLINOGRAPH_FLOWER_PREVIOUS_POLLS"
+
+
 def _patch_polling(mod: Any) -> None:
     if os.environ.get(PREVIOUS):
         mod.set_object_pull_backoff = lambda *args, **kwargs: None
+    elif os.environ.get(PREVIOUS_POLLS):
+        mod.set_object_pull_backoff.__kwdefaults__["initial"] = 0.05
+
+
+def idle_polls(folder: Path, lo: float, hi: float) -> dict[str, int]:
+    """Polls that found nothing begun in [lo, hi], by role (the SuperNodes' PullMessages, the
+    SuperExecs' AcquireTask, the ServerApp's PullMessages) and their median seconds."""
+    procs, spans = read_trace(folder)
+    out: dict[str, list[float]] = {}
+    for sp in spans:
+        if sp["name"].startswith(IDLE) and lo <= sp["t0"] <= hi:
+            role = {"flwr-serverapp": "serverapp"}.get(str(procs.get(sp["pid"], {}).get("argv0")), "supernode")
+            out.setdefault(f"{role} {sp['name'][len(IDLE) + 4:]}", []).append(sp["t1"] - sp["t0"])
+    return {k: {"calls": len(v), "median_s": round(sorted(v)[len(v) // 2], 4)} for k, v in sorted(out.items())}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, seconds) process ``pid`` has used so far, its children not
+    included; None if it is gone (Linux ``/proc``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
 
 PATCHES: dict[str, Callable[[Any], None]] = {

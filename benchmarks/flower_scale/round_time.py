@@ -1,7 +1,7 @@
 """Where a masked round's wall time goes over real Flower processes: compute, and the rest.
 
-    python -m benchmarks.flower_scale.round_time                 # 3 SuperNodes, 5 rounds, every arm
-    python -m benchmarks.flower_scale.round_time --quick         # 3 rounds, Flower's own and the warm executor
+    python -m benchmarks.flower_scale.round_time                 # 3 SuperNodes, 5 rounds, the polls before and now, twice
+    python -m benchmarks.flower_scale.round_time --quick         # 3 rounds, the polls before and now
     python -m benchmarks.flower_scale.round_time --arms flower,warm
 
 One SuperLink (TLS), n SuperNodes (``python -m clinograph.secure.transport.flower.supernode``,
@@ -43,17 +43,22 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "secure" / "transport"), str(ROO
 from benchmarks.flower_scale import flower_trace  # noqa: E402
 from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
-#: name -> (executor, SuperExec poll s or None for the executor's default, SuperNode idle poll s (3 = Flower's),
-#: SuperNode launcher module or None for the launcher, ServerApp ``reply-poll`` s or None for its default)
+#: name -> (executor, SuperExec poll s or None for the executor's default, SuperNode idle poll s (3 = Flower's;
+#: None: the launcher's default), SuperNode launcher module or None for the launcher, ServerApp ``reply-poll`` s
+#: or None for the app's (examples/flower_deployment/app/pyproject.toml))
 ARMS = {
     "flower": ("subprocess", None, 3.0, None, None),                      # Flower 1.41's executor and waits
     "warm_previous": ("warm", None, 0.2, "benchmarks.flower_scale.previous_launcher", 0.2),  # the launcher before
-    "warm": ("warm", None, 0.2, None, None),                              # the launcher's defaults now
+    "warm": ("warm", None, None, None, None),                             # the launcher's defaults now
     "warm_supernode_poll_0.1": ("warm", None, 0.1, None, None),           # and a SuperNode idle poll from 0.1 s
     "warm_polls_0.05": ("warm", 0.02, 0.05, None, 0.02),                  # every poll near its floor
+    "polls_previous": ("warm", None, 0.2, None, 0.05),                    # the polls before the third pass
+    "warm_supernode_poll_0.05": ("warm", None, 0.05, None, None),         # the idle poll's floor from 0.05 s
 }
-DEFAULT_ARMS = ("flower", "warm_previous", "warm", "warm_previous", "warm", "warm_supernode_poll_0.1")
-QUICK_ARMS = ("warm_previous", "warm")
+#: Arms whose processes poll as before the third pass of issue 35 (flower_trace.PREVIOUS_POLLS).
+PREVIOUS_POLL_ARMS = frozenset({"polls_previous"})
+DEFAULT_ARMS = ("polls_previous", "warm", "polls_previous", "warm")
+QUICK_ARMS = ("polls_previous", "warm")
 
 
 class _Timed:
@@ -170,12 +175,13 @@ def trace_summary(folder: Path, events: list[dict]) -> dict:
             if later else None, "median_segment_s": medians,
             "median_setup_parts_s": {p: round(median([r["path"]["setup_parts"][p] for r in later
                                                       if "setup_parts" in r.get("path", {})]), 4) for p in parts},
-            "median_http_calls": calls, "exchanges": rows}
+            "median_http_calls": calls, "idle_polls": flower_trace.idle_polls(folder, start, float("inf")),
+            "exchanges": rows}
 
 
-def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float | None, supernode_poll: float,
+def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float | None, supernode_poll: float | None,
                    budget: float, more: tuple[str, ...] = (), trace: bool = True, launcher: str | None = None,
-                   reply_poll: float | None = None) -> dict:
+                   reply_poll: float | None = None, previous_polls: bool = False) -> dict:
     """One federation over real processes with this executor; its rounds split as above."""
     import flower_helpers as fh
     from flower_processes import events as read_events
@@ -183,9 +189,11 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
 
     hospitals = [f"h{i}" for i in range(n)]
     events_file = tmp / "events.jsonl"
-    tenv = trace_env(tmp / "trace" if trace or launcher else None)  # the previous launcher needs the hook
+    tenv = trace_env(tmp / "trace" if trace or launcher or previous_polls else None)  # the previous arms need the hook
     if launcher:
         tenv[flower_trace.PREVIOUS] = "1"
+    if previous_polls:
+        tenv[flower_trace.PREVIOUS_POLLS] = "1"
     env = {"PYTHONPATH": os.pathsep.join([*([tenv.pop("_TRACE_SITE")] if tenv else []),
                                           str(ROOT / "examples" / "flower_deployment" / "app"),
                                           str(ROOT / "tests" / "secure" / "transport"), str(ROOT)]), **tenv}
@@ -195,9 +203,9 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
                           pythonpath=[], env=env) as fp:
         try:
             server_toml = fh.write_server_files(tmp / "server", federation_id="fed-rounds", mode="masked")
-            fp.superlink(node_auth=False)
+            superlink = fp.superlink(node_auth=False)
             extra = ["--executor", executor, *(["--superexec-poll", str(poll)] if poll is not None else []),
-                     "--supernode-poll", str(supernode_poll), *more]
+                     *(["--supernode-poll", str(supernode_poll)] if supernode_poll is not None else []), *more]
             for h in hospitals:
                 fp.supernode(h, node_config={"data-dir": tmp / h, "state-dir": tmp / "s" / h},
                              factory="benchmarks.flower_scale.round_time:make_timed_participant", node_auth=False,
@@ -209,8 +217,14 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
                          "server-key": link / "server.ed25519.pem", "events-file": events_file, "rounds": rounds,
                          "min-nodes": n, "wait-timeout": 120.0, "hello-timeout": 120.0, "plan-timeout": 60.0,
                          "stage-timeout": 60.0, "end-timeout": 60.0, "relay-timeout": 60.0, **({"reply-poll": reply_poll} if reply_poll else {})})
-            fp.wait(lambda: any(e["event"] in ("finished", "failed") for e in read_events(events_file)),
-                    what="the federation to finish", procs=fp.named("superlink", "flwr-run"))
+            over = lambda: any(e["event"] in ("finished", "failed") for e in read_events(events_file))  # noqa: E731
+            fp.wait(lambda: over() or any(e["event"] == "round_opened" and e["round"] == 1
+                                          for e in read_events(events_file)),
+                    what="round 1 to open", procs=fp.named("superlink", "flwr-run"))
+            cpu_window = [(time.time(), cpu_use(fp, superlink))]
+            fp.wait(over, what="the federation to finish", procs=fp.named("superlink", "flwr-run"))
+            cpu_window.append((time.time(), cpu_use(fp, superlink)))
+            result["cpu_s"] = cpu_window[-1][1]
         except AssertionError as exc:
             result["error"] = str(exc)
             result["log_tail"] = {k: fp.log_tail(k, 1500) for k in ("flwr-run", "supernode-h0")}
@@ -220,10 +234,43 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
     result["completed"] = any(e["event"] == "finished" for e in ev)
     if trace:
         result["trace"] = trace_summary(tmp / "trace", ev)
+        if "cpu_s" in result:
+            result["superlink_cpu_per_call"] = superlink_cpu_per_call(tmp / "trace", cpu_window)
     later = result["rounds"][1:] or result["rounds"]  # round 0 also pays the first ClientApp's FAB unpacking
     for key in ("wall", "rest", "to_hospital", "back", "hospital", "server"):
         result[f"median_{key}_s"] = round(median([r[key] for r in later]), 3) if later else None
     return result
+
+
+def cpu_use(fp, superlink) -> dict:
+    """CPU seconds used so far by the SuperLink and by all SuperNode processes (their forkservers and
+    ClientApps not included): what the polls cost, with everything else the run did."""
+    nodes = [flower_trace.cpu_seconds(p.pid) for name, p in fp.procs if name.startswith("supernode-")]
+    return {"superlink": flower_trace.cpu_seconds(superlink.pid),
+            "supernodes": round(sum(c for c in nodes if c is not None), 2)}
+
+
+#: Flower calls that go to the SuperLink, by the role of the caller (flower_trace): the ServerApp's all, the
+#: SuperNode's all but its SuperExec thread's (to the node's own Runtime API); the ClientApps' none.
+TO_SUPERLINK = {"serverapp": None, "supernode": ("acquire-task",)}
+
+
+def superlink_cpu_per_call(folder: Path, window: list[tuple[float, dict]]) -> dict:
+    """The SuperLink's CPU seconds between two reads (from round 1 to the end) over the calls it
+    served in that time (the traced ones and the idle polls): its own cost of one call."""
+    (t0, c0), (t1, c1) = window
+    procs, spans = flower_trace.read_trace(folder)
+    calls = 0
+    for sp in spans:
+        name = sp["name"][len(flower_trace.IDLE):] if sp["name"].startswith(flower_trace.IDLE) else sp["name"]
+        if not name.startswith("rpc ") or not t0 <= sp["t0"] <= t1:
+            continue
+        role = {"flwr-serverapp": "serverapp", "-m": "supernode"}.get(str(procs.get(sp["pid"], {}).get("argv0")))
+        if role in TO_SUPERLINK and name[4:] not in (TO_SUPERLINK[role] or ()):
+            calls += 1
+    cpu = (c1.get("superlink") or 0.0) - (c0.get("superlink") or 0.0)
+    return {"seconds": round(t1 - t0, 2), "cpu_s": round(cpu, 2), "calls": calls,
+            "cpu_ms_per_call": round(1000 * cpu / calls, 2) if calls else None}
 
 
 def cold_start_seconds(reps: int = 3) -> float:
@@ -298,7 +345,8 @@ def main(argv: list[str] | None = None) -> dict:
                          **run_federation(work, n=args.n, rounds=rounds, executor=executor, poll=poll,
                                           supernode_poll=supernode_poll, budget=args.budget,
                                           more=tuple(args.supernode_extra.split()), trace=not args.no_trace,
-                                          launcher=launcher, reply_poll=reply_poll)})
+                                          launcher=launcher, reply_poll=reply_poll,
+                                          previous_polls=name in PREVIOUS_POLL_ARMS)})
     result = {"benchmark": "flower_round_time", "quick": args.quick, "machine": machine(), "rounds": rounds,
               "flwr_clientapp_cold_start_s": cold_start_seconds(), "in_process_round_s": compute, "runs": runs,
               "load_average_at_start": load_before, "load_average_at_end": list(os.getloadavg())}

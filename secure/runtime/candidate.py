@@ -27,6 +27,9 @@ from .resume import RunState
 from .selection import STATUS_PART, SelectionRule, SelectionTracker, read_statuses
 from .transport import Restricted, Transport
 
+#: How a round's ``dropped`` names a hospital that refused (:mod:`.participation`): it is alive.
+REFUSED = "refused at "
+
 
 @dataclass
 class SelectedRun:
@@ -44,6 +47,9 @@ class SelectedRun:
     stopped: bool = False
     #: the run's first round (``run.first_round`` in every plan: a hospital starts a new selection there)
     first_round: int | None = None
+    #: hospitals that went silent or failed in the last round seen (not those that refused) -> why
+    #: (set by :meth:`after`): :meth:`finish` does not wait for them
+    gone: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.rule is not None and self.tracker is None:
@@ -67,6 +73,7 @@ class SelectedRun:
         return out
 
     def after(self, server: FederationServer, outcome: RoundOutcome) -> bool:
+        self.gone = {n: why for n, why in outcome.dropped.items() if not why.startswith(REFUSED)}
         if self.tracker is None:
             return False
         good, bad = read_statuses(outcome.statuses, peers=server.enrolled, federation_id=server.federation_id,
@@ -82,13 +89,21 @@ class SelectedRun:
         return self.tracker is not None and bool(self.tracker.rounds)
 
     def finish(self, server: FederationServer, transport: Transport, *, stopped: bool) -> None:
-        """``run/finish`` to every hospital of the run, then ``model_selected`` (if a loss was seen)."""
+        """``run/finish`` to every hospital of the run that did not drop out of its last round,
+        then ``model_selected`` (if a loss was seen).
+
+        Why not the dropped ones: they were not sent the last model either, and a dead one (over
+        Flower: a SIGKILLed SuperNode) held the exchange until Flower gave up on it, 9-17 s after
+        the last round (``benchmarks/flower_scale``). Each is a ``finish_not_delivered`` event."""
         self.stopped = stopped
         last = server.history[-1].round if server.history else server.round
-        names = reachable(transport, server.enrolled)
+        reach = reachable(transport, server.enrolled)
+        names = [n for n in reach if n not in self.gone]
         msg = seal(RunFinish(federation_id=server.federation_id, round=last), server.identity)
         answers, failed = transport.exchange("setup", {n: {"step": b"run/finish", "data": msg} for n in names},
                                              round_=last)
+        failed.update({n: f"not sent: dropped out of the last round ({self.gone[n]})" for n in reach
+                       if n in self.gone})
         for name, why in sorted(failed.items()):
             self.on_event("finish_not_delivered", {"round": last, "hospital": name, "reason": why[:300]})
         raw = {n: a[STATUS_PART] for n, a in answers.items() if STATUS_PART in a}

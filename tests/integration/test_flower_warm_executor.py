@@ -9,7 +9,8 @@ ServerApp sends the node four messages one after another and writes what came ba
    (which is what Flower's ``flwr-clientapp`` subprocess would have as grandparent);
 2. ``raise``: the ClientApp raises -- the server gets Flower's error reply with the reason;
 3. ``die``: the ClientApp SIGKILLs itself -- the server gets Flower's "ClientApp stopped
-   responding" error reply once the task's token expires (no hang);
+   responding" error reply, within a task poll: the executor expires the dead child's task token
+   (``crash_report.py``) where Flower would wait 60 s for it to expire;
 4. ``ok`` again: the node still serves, from a new process.
 """
 

@@ -13,8 +13,11 @@ whose loop no longer has those two sleeps, so a Flower update cannot silently un
 adapter is pinned to 1.41 anyway (:func:`~clinograph.secure.transport.flower.check_flower_version`).
 
 The cost of a shorter idle poll is one more small HTTPS ``PullMessages`` call a node every
-``idle`` seconds on the SuperLink (0.2 s: five a second a node), so the idle poll grows while no
-message comes (:class:`SupernodeClock`, ``--supernode-poll-max``). It cannot be
+``idle`` seconds on the SuperLink, so the idle poll grows while no message comes
+(:class:`SupernodeClock`, ``--supernode-poll-max``): right after the node's last message it
+waits a tenth of the node's last wait for a message, from 0.02 s (within a run of 3 hospitals the
+next one follows within a fraction of a second) to 0.2 s (20 hospitals), then a quarter of the
+time since, up to 1 s. It cannot be
 event-driven: Flower 1.41's Fleet API is request-response over HTTP, with no push from the
 SuperLink to a SuperNode.
 
@@ -37,10 +40,17 @@ from clinograph.core.errors import ConfigError
 
 #: Flower 1.41's fixed waits in ``start_client_internal`` (seconds): idle poll, reply wait.
 FLOWER_IDLE_POLL, FLOWER_REPLY_WAIT = 3, 0.5
-#: Ours (seconds): the idle poll right after a message, its ceiling, the reply wait.
-DEFAULT_IDLE_POLL, DEFAULT_IDLE_POLL_MAX, DEFAULT_REPLY_WAIT = 0.2, 1.0, 0.05
+#: Ours (seconds): the idle poll's lowest floor, its ceiling, the reply wait. A fixed floor of 0.2 s
+#: cost a masked 3-hospital exchange 0.12-0.14 s of waiting for the poll (``benchmarks/flower_scale``,
+#: ``node_poll_wait``), the largest piece of a round that is not compute.
+DEFAULT_IDLE_POLL, DEFAULT_IDLE_POLL_MAX, DEFAULT_REPLY_WAIT = 0.02, 1.0, 0.02
 #: Past its floor, the idle poll waits this share of the time since the node's last message.
 IDLE_GROWTH = 0.25
+#: The floor right after a message is this share of the node's last wait for a message (from its
+#: reply to the next message), between ``idle`` and :data:`FLOOR_MAX` (until a wait was seen: ``FLOOR_MAX``).
+#: Why not ``idle`` always: with 20 SuperNodes, whose exchanges take 2-4 s, a 0.02 s floor tripled the
+#: nodes' idle polls and the SuperLink's CPU with them (3-5 ms a call), and the round took longer.
+GAP_SHARE, FLOOR_MAX = 0.1, 0.2
 #: The function of Flower 1.41's SuperNode loop that pulls a message, creates its task, then pulls the
 #: message's objects from the SuperLink (returns the run id, or None when there was none).
 PULL_AND_STORE = "_pull_and_store_message"
@@ -51,9 +61,13 @@ PUSH_REPLIES = "_push_messages"
 class SupernodeClock:
     """Stands in for :mod:`time` inside one Flower module: two fixed sleeps shortened, nothing else.
 
-    The idle poll waits ``idle`` seconds while the node's last message (pulled, or its reply
-    sent: :meth:`message_seen`) is recent, then :data:`IDLE_GROWTH` of the time since, at most
-    ``idle_max``: a node in the middle of a round polls often, an idle node rarely. Why: every
+    The idle poll waits a floor while the node's last message (pulled, or its reply sent:
+    :meth:`message_pulled`, :meth:`reply_sent`) is recent, then :data:`IDLE_GROWTH` of the time
+    since, at most ``idle_max``: a node in the middle of a round polls often, an idle node
+    rarely, and a message is seen within about a quarter of the time it took to come. The floor
+    follows the node's last wait for a message (:data:`GAP_SHARE`, between ``idle`` and
+    :data:`FLOOR_MAX`): a tenth of it, so 3 hospitals whose next message follows within 0.1-0.3 s
+    poll every 0.02 s and 20 hospitals whose exchanges take seconds every 0.2 s. Why: every
     idle poll is an HTTPS call the one SuperLink serves; with 20 SuperNodes at a fixed 0.2 s
     they were 100 calls a second, about half the SuperLink's calls (estimated from
     ``benchmarks/flower_scale``: about 80 useful calls a second in a round)."""
@@ -70,15 +84,28 @@ class SupernodeClock:
             raise ConfigError(f"SuperNode idle_max wait {idle_max} s is below its idle wait {idle} s: pass a "
                               "--supernode-poll-max at least --supernode-poll (equal: a fixed poll).")
         self.idle, self.idle_max, self.reply = idle, idle_max, reply
+        self.floor = max(idle, FLOOR_MAX)
         self._last_message = monotonic()
+        self._replied: float | None = None
 
     def message_seen(self) -> None:
         """The node pulled a message or sent a reply: poll often again."""
         self._last_message = self._now()
 
+    def message_pulled(self) -> None:
+        """A message was stored: the floor becomes :data:`GAP_SHARE` of the wait since the last reply."""
+        if self._replied is not None:
+            self.floor = min(max(self.idle, GAP_SHARE * (self._now() - self._replied)), max(self.idle, FLOOR_MAX))
+        self.message_seen()
+
+    def reply_sent(self) -> None:
+        """The node sent its reply: the wait for the next message begins."""
+        self.message_seen()
+        self._replied = self._last_message
+
     def idle_wait(self) -> float:
         """Seconds the next idle poll waits."""
-        return min(max(self.idle, IDLE_GROWTH * (self._now() - self._last_message)), self.idle_max)
+        return min(max(self.floor, IDLE_GROWTH * (self._now() - self._last_message)), self.idle_max)
 
     def sleep(self, seconds: float) -> None:
         if float(seconds) == FLOWER_IDLE_POLL:
@@ -121,9 +148,9 @@ def set_supernode_waits(*, idle: float, reply: float, idle_max: float | None = N
     clock = SupernodeClock(idle=idle, reply=reply, idle_max=idle_max)
     if clock.idle_max > clock.idle:  # the clock must hear of every message and reply
         _require(target, PULL_AND_STORE, PUSH_REPLIES)
-        watch_message_pulls(started=_nothing, ended=lambda stored: clock.message_seen() if stored else None,
+        watch_message_pulls(started=_nothing, ended=lambda stored: clock.message_pulled() if stored else None,
                             module=target)
-        _after(target, PUSH_REPLIES, lambda: clock.message_seen())
+        _after(target, PUSH_REPLIES, clock.reply_sent)
     target.time = clock  # type: ignore[attr-defined]
     return clock
 
@@ -186,8 +213,9 @@ def watch_message_pulls(*, started: Callable[[], None], ended: Callable[[bool], 
 
 
 #: Flower 1.41 retries an object that is not stored yet after 1 s, doubling up to 10 s
-#: (``pull_objects``' ``initial_backoff``); ours (seconds).
-FLOWER_PULL_BACKOFF, DEFAULT_PULL_BACKOFF = 1, 0.05
+#: (``pull_objects``' ``initial_backoff``); ours (seconds): with polls from 0.01-0.02 s a pull finds a
+#: message whose objects are still being pushed more often, and the push of three takes 0.02-0.03 s.
+FLOWER_PULL_BACKOFF, DEFAULT_PULL_BACKOFF = 1, 0.01
 
 
 def set_object_pull_backoff(initial: float = DEFAULT_PULL_BACKOFF, *, function: Any = None) -> None:
@@ -195,7 +223,7 @@ def set_object_pull_backoff(initial: float = DEFAULT_PULL_BACKOFF, *, function: 
 
     Why: Flower makes a message visible (``PullMessages``) before its objects are pushed, so a
     pull that comes in between finds an object missing and waits 1 s. With our short polls
-    that hit about one exchange in three, on both sides (the SuperNode pulling the server's
+    that hit about one exchange in three (before the first 0.05 s backoff), on both sides (the SuperNode pulling the server's
     message, the ServerApp pulling a reply; measured: ``benchmarks/flower_scale/round_time.py``,
     ``node_pull`` / ``server_pull`` of about 1 s). The retry limits (500 tries, 2 h) are Flower's.
     ConfigError if the installed Flower's ``pull_objects`` has another default (a Flower update)."""

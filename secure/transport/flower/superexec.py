@@ -44,6 +44,7 @@ from flwr.supercore.constant import TaskType
 from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, SubprocessExecutor
 
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP, pin_clientapp
+from .crash_report import expire_task
 
 #: Seconds between two task polls of the Runtime API when no task was waiting (Flower's too). A
 #: poll is one small local HTTP call; a message the SuperNode stores does not wait for it (the
@@ -78,8 +79,10 @@ class WarmExecutor:
     """A Flower ``Executor`` that forks each ClientApp from a warm forkserver (see the module docstring).
 
     Like ``SubprocessExecutor`` it has no capacity gate; :meth:`reconcile` reaps finished children
-    and logs any that did not exit cleanly (Flower's Runtime API turns a ClientApp that died
-    without replying into an error reply once its task token expires, as with a subprocess).
+    and logs any that did not exit cleanly. Flower's Runtime API turns a ClientApp that died
+    without replying into an error reply once its task token expires, 60 s later, as with a
+    subprocess; here the token of a child that exited with an error or a signal expires at once
+    (:func:`.crash_report.expire_task`), so the server has that reply within a task poll.
     """
 
     def __init__(self, *, preload: Sequence[str] = PRELOAD, clientapp: str = CLINOGRAPH_CLIENTAPP):
@@ -134,6 +137,7 @@ class WarmExecutor:
             if p.exitcode:
                 _log.warning("ClientApp of task %d exited with %s", task_id,
                              f"signal {-p.exitcode}" if p.exitcode < 0 else f"code {p.exitcode}")
+                expire_task(task_id)
             p.close()
 
     def close(self) -> None:

@@ -45,10 +45,12 @@ from clinograph.core.errors import ClinographError, ConfigError
 from ...policy import Environment, require_allowed
 from . import check_flower_version
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP
+from .crash_report import capture_node_state
 from .polling import (
     DEFAULT_IDLE_POLL,
     DEFAULT_IDLE_POLL_MAX,
     DEFAULT_REPLY_WAIT,
+    FLOOR_MAX,
     FLOWER_IDLE_POLL,
     idle_poll_max,
     set_object_pull_backoff,
@@ -171,6 +173,7 @@ def start_superexec(flower_args: Sequence[str], *, poll: float | None,
     (:func:`.polling.watch_message_pulls`)."""
     executor = WarmExecutor(clientapp=clientapp)
     executor.start()
+    capture_node_state()  # a ClientApp that dies is answered at once (.crash_report)
     loop = SuperExecLoop(runtime_api(flower_args), executor=executor,
                          poll_interval=DEFAULT_POLL_INTERVAL if poll is None else poll)
     watch_message_pulls(started=loop.pull_started, ended=loop.pull_ended)
@@ -225,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"is refused before any of its code is imported (default: {CLINOGRAPH_CLIENTAPP}, "
                              "from the installed package, never from the run's files)")
     parser.add_argument("--supernode-poll", type=float, default=DEFAULT_IDLE_POLL, metavar="SECONDS",
-                        help=f"seconds between two polls of the SuperLink when idle (default {DEFAULT_IDLE_POLL}; "
-                             f"{FLOWER_IDLE_POLL} keeps Flower's own fixed waits, see polling.py)")
+                        help=f"the shortest wait between two polls of the SuperLink when idle (default "
+                             f"{DEFAULT_IDLE_POLL}; right after a message the wait is a tenth of the node's last wait "
+                             f"for one, up to {FLOOR_MAX} s, then grows; {FLOWER_IDLE_POLL} keeps Flower's own fixed "
+                             "waits, see polling.py)")
     parser.add_argument("--supernode-poll-max", type=float, default=None, metavar="SECONDS",
                         help=f"the idle poll grows to this while no message comes (default {DEFAULT_IDLE_POLL_MAX}, "
                              "or --supernode-poll if larger; equal to --supernode-poll: a fixed poll)")

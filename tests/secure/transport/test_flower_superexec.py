@@ -107,6 +107,39 @@ def test_the_idle_poll_grows_while_no_message_comes_and_resets_on_one():
         polling.SupernodeClock(idle=0.2, reply=0.05, idle_max=0.1)
 
 
+def test_the_idle_poll_floor_is_a_tenth_of_the_last_wait_for_a_message_between_20_and_200_ms():
+    now = [0.0]
+    clock = polling.SupernodeClock(idle=polling.DEFAULT_IDLE_POLL, reply=polling.DEFAULT_REPLY_WAIT,
+                                   idle_max=polling.DEFAULT_IDLE_POLL_MAX, sleep=lambda s: now.__setitem__(0, now[0] + s),
+                                   monotonic=lambda: now[0])
+    assert clock.floor == polling.FLOOR_MAX == 0.2  # no wait seen yet
+    clock.reply_sent()
+    now[0] = 0.15
+    clock.message_pulled()  # 3 hospitals: the next message 0.15 s after the reply
+    assert clock.floor == polling.DEFAULT_IDLE_POLL == 0.02
+    clock.reply_sent()
+    polls = []
+    while now[0] < 8.15:  # then idle for 8 s
+        clock.sleep(3)
+        polls.append(now[0] - 0.15)
+    # a message coming t s after the reply is seen within 0.02 s or a quarter of t, at most 1 s later
+    assert max(b - a for a, b in zip(polls, polls[1:], strict=False)) == pytest.approx(1.0)
+    assert all(b - a <= max(0.02, 0.25 * a) + 1e-9 for a, b in zip([0.0, *polls], polls, strict=False))
+    # polls: 5 in the first 0.1 s, then about three a doubling of the wait: 15 in the first second
+    assert sum(t <= 0.1 + 1e-9 for t in polls) == 5 and sum(t <= 1.0 for t in polls) == 15
+    clock.message_pulled()  # 20 hospitals: the next message seconds after the reply
+    assert clock.floor == 0.2
+    now[0] += 1.0
+    clock.reply_sent()
+    now[0] += 0.5
+    clock.message_pulled()
+    assert clock.floor == pytest.approx(0.05)
+    fixed = polling.SupernodeClock(idle=0.2, reply=0.05, idle_max=1.0)  # --supernode-poll 0.2: never below
+    fixed.reply_sent()
+    fixed.message_pulled()
+    assert fixed.floor == 0.2
+
+
 def test_a_growing_idle_poll_hears_of_every_pulled_message_and_sent_reply(monkeypatch):
     module = types.ModuleType("fake_loop")
     module._pull_and_store_message = lambda found: 7 if found else None
@@ -120,6 +153,7 @@ def test_a_growing_idle_poll_hears_of_every_pulled_message_and_sent_reply(monkey
     module._pull_and_store_message(True)
     module._push_messages()
     assert seen == ["seen", "seen"] and module.time is clock
+    assert clock._replied is not None  # the reply was heard: the next pull learns the wait
     bare = types.ModuleType("bare_loop")  # a loop without the two functions: refused, nothing set
     with pytest.raises(ConfigError, match=r"no _pull_and_store_message\(\), _push_messages\(\)"):
         polling.set_supernode_waits(idle=0.2, reply=0.05, idle_max=1.0, module=bare)
@@ -205,12 +239,12 @@ def test_the_forkserver_loads_httpx_transport_before_any_clientapp_is_forked():
     assert out.stdout.strip() == "True"
 
 
-def test_an_object_not_stored_yet_is_retried_after_50_ms_on_a_flower_that_still_waits_1_s():
+def test_an_object_not_stored_yet_is_retried_after_10_ms_on_a_flower_that_still_waits_1_s():
     def pull_objects(object_ids, *, initial_backoff=1, backoff_cap=10):
         return initial_backoff
 
     polling.set_object_pull_backoff(function=pull_objects)
-    assert pull_objects([]) == polling.DEFAULT_PULL_BACKOFF == 0.05
+    assert pull_objects([]) == polling.DEFAULT_PULL_BACKOFF == 0.01
     polling.set_object_pull_backoff(function=pull_objects)  # again: already set, accepted
 
     def other(object_ids, *, initial_backoff=2):
@@ -221,7 +255,7 @@ def test_an_object_not_stored_yet_is_retried_after_50_ms_on_a_flower_that_still_
     assert other([]) == 2
     from flwr.supercore.inflatable.inflatable_utils import pull_objects as flowers
 
-    assert flowers.__kwdefaults__["initial_backoff"] in (polling.FLOWER_PULL_BACKOFF, 0.05)  # the installed 1.41
+    assert flowers.__kwdefaults__["initial_backoff"] in (polling.FLOWER_PULL_BACKOFF, polling.DEFAULT_PULL_BACKOFF)  # 1.41
 
 
 @pytest.mark.parametrize(("given", "message"), [
@@ -234,3 +268,48 @@ def test_a_bad_supernode_poll_max_is_refused_not_raised_to_the_idle_poll(given, 
     with pytest.raises(ConfigError, match=message):
         polling.SupernodeClock(idle=0.2, reply=0.05, idle_max=polling.idle_poll_max(0.2, given))
     assert polling.idle_poll_max(2.0, None) == 2.0 and polling.idle_poll_max(0.2, None) == polling.DEFAULT_IDLE_POLL_MAX
+
+
+class _TokenState:
+    """The parts of Flower 1.41's InMemoryNodeState that crash_report.expire_task uses."""
+
+    def __init__(self, status: str):
+        import threading
+        from datetime import timedelta
+
+        from flwr.supercore.date import now
+
+        self.lock_task_store = threading.Lock()
+        self.task_store = {7: types.SimpleNamespace(status=types.SimpleNamespace(status=status))}
+        self.task_token_store = {7: types.SimpleNamespace(active_until=now() + timedelta(seconds=60))}
+        self.cleaned: list[bool] = []
+
+    def _cleanup_expired_task_tokens_locked(self) -> None:
+        from flwr.supercore.date import now
+
+        self.cleaned.append(self.task_token_store[7].active_until < now())
+
+
+def test_a_clientapp_that_died_running_is_answered_at_once_and_only_then(monkeypatch):
+    from clinograph.secure.transport.flower import crash_report, superexec
+    from flwr.common.constant import Status
+
+    running = _TokenState(Status.RUNNING)
+    assert crash_report.expire_task(7, state=running) and running.cleaned == [True]  # Flower's clean-up, now
+    starting = _TokenState(Status.STARTING)  # left to Flower: it would queue the task again
+    assert not crash_report.expire_task(7, state=starting) and starting.cleaned == []
+    assert not crash_report.expire_task(8, state=running)  # no such task
+    assert not crash_report.expire_task(7, state=types.SimpleNamespace())  # another Flower's state: nothing
+    factory = type("Factory", (), {"state": lambda self: running})
+    monkeypatch.setitem(crash_report._node, "state", None)  # restored after the test
+    crash_report.capture_node_state(factory)
+    crash_report.capture_node_state(factory)  # once is enough
+    assert factory().state() is running and crash_report._node["state"] is running
+    expired = []
+    monkeypatch.setattr(superexec, "expire_task", expired.append)
+    ex = WarmExecutor()
+    ex._children = {3: types.SimpleNamespace(is_alive=lambda: False, exitcode=0, close=lambda: None),
+                    4: types.SimpleNamespace(is_alive=lambda: False, exitcode=-9, close=lambda: None),
+                    5: types.SimpleNamespace(is_alive=lambda: True, exitcode=None, close=lambda: None)}
+    ex.reconcile()
+    assert expired == [4] and list(ex._children) == [5]  # a clean exit (it replied) is not expired
