@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection, StrictSection
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
 from clinograph.core.tomlio import load_toml_model
 
@@ -492,11 +492,37 @@ class HospitalEntry(_Strict):
     schema_file: Path = Field(alias="schema")
 
 
+class SimulationSection(_Strict):
+    """[simulation]: how ``clinograph simulate`` uses this machine; results are the same either way."""
+
+    workers: Literal["auto"] | StrictInt = Field(default="auto", description=(
+        "worker processes the simulated hospitals' work runs in, in parallel: 1 = all in this process, one "
+        "after another; N >= 2 = at most N forked workers (never more than hospitals); 'auto' = one per usable "
+        "core, at most one per hospital, and 1 when only one core is usable (docs/quickstart.md)"))
+
+    @field_validator("workers")
+    @classmethod
+    def _positive(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"workers = {value}: write 'auto' or a count >= 1 (1 = no worker processes)")
+        return value
+
+    def worker_count(self, hospitals: int) -> int:
+        """How many workers a run with ``hospitals`` hospitals uses (1: none, all in this process)."""
+        if self.workers == "auto":
+            import os
+
+            usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            return max(1, min(usable, hospitals))
+        return max(1, min(int(self.workers), hospitals))
+
+
 class SimulationConfig(HospitalConfig):
     """A whole simulated federation: the server's [federation], the tables, and every hospital's
     settings (the fields of :class:`HospitalConfig`, shared by all simulated hospitals)."""
 
     federation: FederationSection = Field(default_factory=FederationSection)
+    simulation: SimulationSection = Field(default_factory=SimulationSection)
     hospitals: tuple[HospitalEntry, ...] = ()
     output: Path = Field(default=Path("runs/simulation"), description="the run's folder; in a TOML file a "
                          "relative path is taken from the config file's folder, like `dictionary` and the "

@@ -32,6 +32,7 @@ from clinograph.secure.runtime.liveness import Liveness
 from clinograph.secure.runtime.loop import RoundOutcome
 from clinograph.secure.runtime.models import RunModels
 from clinograph.secure.runtime.run import CandidateRun, run_federation
+from clinograph.secure.runtime.workers import ProcessTransport
 from clinograph.secure.server import FederationServer
 
 from clinograph.core.errors import ConfigError
@@ -276,9 +277,64 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     prep.task_factory = task_factory
     side = _server_side(prep, audit_dir=audit_dir)
     members = _members(prep)
-    transport = InProcessTransport(members)
-    for r, silent in (drop_at or {}).items():
-        transport.drop_at(r, silent)
+    transport = _transport(prep, members)
+    try:
+        for r, silent in (drop_at or {}).items():
+            transport.drop_at(r, silent)
+        result = _run(prep, side, transport, audit_dir=Path(audit_dir), on_round=on_round, on_event=on_event)
+        if isinstance(transport, ProcessTransport):
+            members = transport.members()
+        result.hospitals = members
+        return result
+    finally:
+        if isinstance(transport, ProcessTransport):
+            transport.close()
+
+
+def _transport(prep: _Prepared, members: dict[str, FederationMember]) -> InProcessTransport:
+    """``[simulation] workers``: the hospitals in this process (1), or in forked worker processes."""
+    workers = prep.config.simulation.worker_count(len(members))
+    if workers < 2:
+        return InProcessTransport(members)
+    anchors = [prep.server_id, *prep.ids.values(), *(c.build for m in members.values() for c in m.candidates.values())]
+    return ProcessTransport(members, workers=workers, after_fork=_after_fork, anchors=anchors)
+
+
+def _after_fork() -> None:
+    """In a worker, first: torch on one thread (forking after OpenMP was used is safe only so, and
+    the workers share the cores)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _observe(member: FederationMember, dropped: bool) -> dict[str, Any]:
+    """One hospital after a round (run where the hospital lives): its training seconds, its ε when it
+    contributed under local DP, its test metrics with its current model."""
+    epsilon = None
+    if not dropped and member.last is not None and member.last.ledger is not None:
+        epsilon = member.last.ledger.epsilon
+    return {"train_seconds": 0.0 if dropped else member.last_train_seconds, "epsilon": epsilon,
+            "metrics": member.active.task.evaluate("test")}
+
+
+def _finish(member: FederationMember, selected: bool) -> dict[str, Any]:
+    """One hospital at its run's end: test metrics with its kept model; with ``selected``, also its
+    calibration and the test metrics without it."""
+    task = member.active.task
+    out: dict[str, Any] = {"final": task.evaluate("test")}
+    if selected:
+        cal, task.calibration = task.calibration, None
+        out["uncalibrated"] = task.evaluate("test")
+        task.calibration = cal
+        out["calibration"] = {"a": cal.a if cal else 1.0, "b": cal.b if cal else 0.0}
+    return out
+
+
+def _run(prep: _Prepared, side: ServerSide, transport: InProcessTransport, *, audit_dir: Path,
+         on_round: Callable[[int, dict[str, dict[str, float]]], None] | None,
+         on_event: Callable[[str, Mapping[str, Any]], None] | None) -> SimulationResult:
+    """The run over ``transport``; the hospitals' state is read through ``transport.call``."""
     fed = prep.config.federation
     results: dict[str, SimulationResult] = {}
     opened: dict[int, float] = {}
@@ -290,47 +346,42 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
             on_event(kind, data)
 
     def round_done(run: CandidateRun, r: int, outcome: RoundOutcome) -> None:
-        res = results.setdefault(run.name, SimulationResult(audit_dir=Path(audit_dir)))
+        res = results.setdefault(run.name, SimulationResult(audit_dir=audit_dir))
         total = time.perf_counter() - opened.get(outcome.result.round, time.perf_counter())
-        train = sum(m.last_train_seconds for n, m in members.items() if n not in outcome.dropped)
+        seen = transport.call(_observe, frozenset(outcome.dropped))  # type: ignore[arg-type]
+        train = sum(o["train_seconds"] for o in seen.values())
         res.timings.setdefault("round_seconds", []).append(total)
         res.timings.setdefault("local_training_seconds", []).append(train)
         res.timings.setdefault("protocol_and_aggregation_seconds", []).append(total - train)
         res.dropped.append(outcome.dropped)
-        for n, m in members.items():
-            if m.last is not None and m.last.ledger is not None and n not in outcome.dropped:
-                res.epsilons.setdefault(n, []).append(m.last.ledger.epsilon)
-        metrics = {n: m.active.task.evaluate("test") for n, m in sorted(members.items())}
+        for n, o in seen.items():
+            if o["epsilon"] is not None:
+                res.epsilons.setdefault(n, []).append(o["epsilon"])
+        metrics = {n: o["metrics"] for n, o in seen.items()}
         res.rounds.append(metrics)
         if on_round is not None:
             on_round(r, metrics)
 
     def run_done(run: CandidateRun) -> None:
-        res = results.setdefault(run.name, SimulationResult(audit_dir=Path(audit_dir)))
-        tasks = {n: m.active.task for n, m in sorted(members.items())}
-        res.final = {n: t.evaluate("test") for n, t in tasks.items()}
+        res = results.setdefault(run.name, SimulationResult(audit_dir=audit_dir))
         t = run.control.tracker
-        if t is None or t.best_round is None:
+        selected = t is not None and t.best_round is not None
+        done = transport.call(_finish, selected)
+        res.final = {n: d["final"] for n, d in done.items()}
+        if not selected:
             return
-        uncalibrated = {}
-        for n, task in tasks.items():
-            cal, task.calibration = task.calibration, None
-            uncalibrated[n] = task.evaluate("test")
-            task.calibration = cal
         res.selection = {"round": t.best_round, "validation_loss": t.best_loss, "rounds_evaluated": list(t.rounds),
                          "validation_losses": list(t.losses), "stopped_early": bool(run.control.stopped),
-                         "patience": t.rule.patience, "calibration": {
-                             n: {"a": task.calibration.a if task.calibration else 1.0,
-                                 "b": task.calibration.b if task.calibration else 0.0} for n, task in tasks.items()},
-                         "uncalibrated": uncalibrated}
+                         "patience": t.rule.patience,
+                         "calibration": {n: d["calibration"] for n, d in done.items()},
+                         "uncalibrated": {n: d["uncalibrated"] for n, d in done.items()}}
 
     fed_run = run_federation(prep.models, side=side, transport=transport, rounds=fed.rounds, on_event=event,
                              on_round=round_done, on_run_end=run_done,
                              liveness=lambda: Liveness(suspend_after=fed.suspend_after_missed,
                                                        retry_every=fed.retry_every))
     kept = fed_run.kept
-    result = results.setdefault(kept.name, SimulationResult(audit_dir=Path(audit_dir)))
-    result.hospitals = members
+    result = results.setdefault(kept.name, SimulationResult(audit_dir=audit_dir))
     if fed_run.chosen is not None:
         result.metrics_by_candidate = {r.name: results[r.name].final for r in fed_run.runs
                                        if r.name in results and r.ended}  # an eliminated run never finished

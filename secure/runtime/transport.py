@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Iterable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from clinograph.core.errors import ClinographError, ConfigError
 from clinograph.core.identity import Identity
@@ -79,38 +79,72 @@ class InProcessTransport:
         answers: dict[str, Parts] = {}
         failed: dict[str, str] = {}
         self.last_timings = {}
+        due = self._due(stage, outgoing, round_=round_, failed=failed)
+        for name, (answer, reason, seconds) in self._answer_all(stage, due, round_=round_).items():
+            if answer is not None:
+                answers[name] = answer
+            else:
+                failed[name] = reason or "gave no answer"
+            if seconds is not None:
+                self.last_timings[name] = seconds
+        return answers, failed
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        """``fn(participant, *args)`` for every hospital, by name: a read of the hospitals' own state
+        between rounds (a simulation's measurements). ``fn`` is a module-level function, so that
+        :class:`.workers.ProcessTransport` can run it where the hospital lives."""
+        return {name: fn(self.participants[name], *args) for name in self.hospitals()}
+
+    def _due(self, stage: str, outgoing: Mapping[str, Mapping[str, bytes]], *, round_: int,
+             failed: dict[str, str]) -> dict[str, Mapping[str, bytes]]:
+        """The hospitals this exchange reaches, by name (the drop schedule and unknown names go to ``failed``)."""
         seen = self._exchanges.setdefault(round_, {})
         run_step = stage == "setup" and any(p.get("step", b"").startswith(b"run/") for p in outgoing.values())
+        due: dict[str, Mapping[str, bytes]] = {}
         for name, parts in sorted(outgoing.items()):
             index = seen.get(name, 0)
             if not run_step:  # the run's own set-up steps do not shift a scheduled dropout
                 seen[name] = index + 1
             if name not in self.participants:
                 failed[name] = "not reachable in this process"
-                continue
-            if self._drops.get(round_, {}).get(name, 1 << 30) <= index:
+            elif self._drops.get(round_, {}).get(name, 1 << 30) <= index:
                 failed[name] = f"silent from exchange {index} ({stage!r})"
-                continue
-            participant = self.participants[name]
-            began = time.monotonic()
-            try:
-                answers[name] = dispatch(participant, stage, parts)
-                self.last_timings[name] = time.monotonic() - began
-            except ClinographError as exc:
-                identity = getattr(participant, "identity", None)
-                if stage in REFUSABLE_STAGES and isinstance(identity, Identity):
-                    answers[name] = {REFUSAL_PART: seal_refusal(identity, round_=round_, stage=stage, parts=parts,
-                                                                exc=exc)}
-                else:
-                    failed[name] = f"refused the {stage!r} message: {type(exc).__name__}: {exc}"
-            except Exception as exc:  # noqa: BLE001 - a hospital's own bug must not leave the round open
-                # Its class only: the message of a foreign exception may carry the hospital's data. Where it
-                # happened (the frames, without the message) goes to this process's log, never the audit.
-                _log.warning("hospital %r failed at the %r message with %s (a bug in its code?); where:\n%s", name,
-                             stage, type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
-                failed[name] = (f"failed at the {stage!r} message with {type(exc).__name__} (not a Clinograph "
-                                "error: a bug or an unhandled case in the hospital's code)")
-        return answers, failed
+            else:
+                due[name] = parts
+        return due
+
+    def _answer_all(self, stage: str, due: Mapping[str, Mapping[str, bytes]], *, round_: int) -> dict[str, Answer]:
+        """Every due hospital's :func:`answer`, one after another (in name order)."""
+        return {name: answer(self.participants[name], name, stage, parts, round_=round_)
+                for name, parts in due.items()}
+
+
+#: one hospital's reply to one exchange: (its parts, or None; why none; seconds it took, or None)
+Answer = tuple["Parts | None", "str | None", "float | None"]
+
+
+def answer(participant: RoundParticipant, name: str, stage: str, parts: Mapping[str, bytes], *,
+           round_: int) -> Answer:
+    """One hospital's answer to one stage message, as every in-process transport gives it (in this
+    process, or in a worker process: :mod:`.workers`): its parts; its signed refusal for a
+    ClinographError at a refusable stage when it has an ``identity``; else no answer and the reason
+    (a foreign exception named by its class only)."""
+    began = time.monotonic()
+    try:
+        out = dispatch(participant, stage, parts)
+        return out, None, time.monotonic() - began
+    except ClinographError as exc:
+        identity = getattr(participant, "identity", None)
+        if stage in REFUSABLE_STAGES and isinstance(identity, Identity):
+            return {REFUSAL_PART: seal_refusal(identity, round_=round_, stage=stage, parts=parts, exc=exc)}, None, None
+        return None, f"refused the {stage!r} message: {type(exc).__name__}: {exc}", None
+    except Exception as exc:  # noqa: BLE001 - a hospital's own bug must not leave the round open
+        # Its class only: the message of a foreign exception may carry the hospital's data. Where it
+        # happened (the frames, without the message) goes to this process's log, never the audit.
+        _log.warning("hospital %r failed at the %r message with %s (a bug in its code?); where:\n%s", name,
+                     stage, type(exc).__name__, "".join(traceback.format_tb(exc.__traceback__)))
+        return None, (f"failed at the {stage!r} message with {type(exc).__name__} (not a Clinograph "
+                      "error: a bug or an unhandled case in the hospital's code)"), None
 
 
 class Restricted:

@@ -1,0 +1,278 @@
+"""Hospitals in worker processes: the in-process transport with every hospital's work running
+in parallel (a simulation on a machine with more than one core).
+
+:class:`ProcessTransport` forks worker processes (start method ``fork``) after the hospitals
+have been built in this process, so each worker inherits its hospitals as they are; hospitals
+are spread over the workers round-robin in name order, and a worker answers its hospitals one
+after another, all workers at once. Everything else is :class:`.transport.InProcessTransport`'s:
+the drop schedule, and each hospital's answer, refusal or foreign exception
+(:func:`.transport.answer`, the same function in the worker). Results are those of a serial run
+as long as no hospital's work reads state another hospital's work changed (e.g. a process-wide
+random generator); the simulation's tests check that they are identical.
+
+A worker that dies (killed, a crash in native code) is seen as the end of its pipe: its
+hospitals give no answer from then on, with that reason, and the round goes on without them
+(or aborts, as audited) -- the parent never waits on a dead worker.
+
+Between rounds the parent reads its hospitals' state with :meth:`ProcessTransport.call` (a
+module-level function, run in the workers in parallel). At the end :meth:`ProcessTransport.members`
+brings every hospital back: pickled by the worker and read by the parent that forked it, over
+the pipe between the two (nothing is written to or read from a file). What the parent already
+holds is not pickled but referred to: the objects given as ``anchors`` (the identities and the
+hospitals' builders, which :class:`clinograph.core.identity.Identity` refuses to pickle anyway)
+travel as their index, and public identities and X25519 keys as their raw bytes.
+:meth:`ProcessTransport.close` (also on leaving a ``with`` block) stops every worker.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import multiprocessing
+import pickle
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from clinograph.core.errors import ClinographError, ConfigError
+from clinograph.core.identity import PublicIdentity
+
+from .participant import RoundParticipant
+from .transport import Answer, InProcessTransport, answer
+
+_log = logging.getLogger(__name__)
+
+#: seconds to wait for a worker to end after it was asked to, before it is terminated
+STOP_SECONDS = 5.0
+
+
+class WorkerError(ClinographError):
+    """A worker process failed at a query (not at a round's message, which is a dropout)."""
+
+
+class ProcessTransport(InProcessTransport):
+    """:class:`.transport.InProcessTransport` over ``workers`` forked worker processes.
+
+    ``after_fork()`` runs first in every worker (the SDK sets torch to one thread there: forking
+    after OpenMP was used is only safe that way, and the workers share the cores). ``anchors``:
+    objects this process holds that the hospitals refer to and that never change in a worker
+    (see the module docstring)."""
+
+    def __init__(self, participants: Mapping[str, RoundParticipant], *, workers: int,
+                 after_fork: Callable[[], None] | None = None, anchors: Iterable[Any] = ()):
+        super().__init__(participants)
+        if workers < 2:
+            raise ConfigError(f"A process transport needs at least 2 workers, not {workers}; use the "
+                              "in-process transport for one.")
+        if "fork" not in multiprocessing.get_all_start_methods():
+            raise ConfigError("Worker processes need the 'fork' start method, which this platform lacks; "
+                              "set [simulation] workers = 1.")
+        self._anchors = list(anchors)
+        names = self.hospitals()
+        count = min(workers, len(names))
+        self._groups = [names[i::count] for i in range(count)]
+        self._where = {name: i for i, group in enumerate(self._groups) for name in group}
+        self._ended: dict[int, str] = {}  # worker -> why it is gone
+        context = multiprocessing.get_context("fork")
+        self._conns: list[Connection] = []
+        self._procs: list[Any] = []
+        try:
+            for group in self._groups:
+                parent, child = context.Pipe()
+                proc = context.Process(target=_serve, args=(child, {n: self.participants[n] for n in group},
+                                                            after_fork, self._anchors, list(self._conns)),
+                                       daemon=True)
+                proc.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(proc)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> ProcessTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The workers' process ids (tests)."""
+        return tuple(p.pid for p in self._procs)
+
+    def _answer_all(self, stage: str, due: Mapping[str, Mapping[str, bytes]], *, round_: int) -> dict[str, Answer]:
+        by_worker: dict[int, dict[str, Mapping[str, bytes]]] = {}
+        for name, parts in due.items():
+            by_worker.setdefault(self._where[name], {})[name] = parts
+        replies = self._ask({w: ("exchange", stage, {n: dict(p) for n, p in parts.items()}, round_)
+                             for w, parts in by_worker.items()})
+        out: dict[str, Answer] = {}
+        for w, names in by_worker.items():
+            got = replies.get(w)
+            for name in names:
+                if got is None:
+                    out[name] = (None, f"its worker process ended ({self._ended.get(w, 'no reply')})", None)
+                else:
+                    out[name] = got[name]
+        return out
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        """``fn(participant, *args)`` for every hospital, run in its worker (all workers at once)."""
+        replies = self._ask({w: ("call", fn, args) for w in range(len(self._groups))})
+        out: dict[str, Any] = {}
+        for w, group in enumerate(self._groups):
+            if w not in replies:
+                raise WorkerError(f"The worker process of hospitals {list(group)} ended "
+                                  f"({self._ended.get(w, 'no reply')}); their state cannot be read.")
+            out.update(replies[w])
+        return dict(sorted(out.items()))
+
+    def members(self) -> dict[str, Any]:
+        """Every hospital as its worker holds it now, brought back into this process (by pickle,
+        over the pipe to the worker it forked; see the module docstring)."""
+        replies = self._ask({w: ("members",) for w in range(len(self._groups))})
+        out: dict[str, Any] = {}
+        for w, group in enumerate(self._groups):
+            if w not in replies:
+                raise WorkerError(f"The worker process of hospitals {list(group)} ended "
+                                  f"({self._ended.get(w, 'no reply')}); they cannot be brought back.")
+            out.update(_Unpickler(io.BytesIO(replies[w]), self._anchors).load())
+        return dict(sorted(out.items()))
+
+    def close(self) -> None:
+        """Stop every worker (asked first, then terminated); safe to call twice."""
+        for w, conn in enumerate(self._conns):
+            if w not in self._ended:
+                try:
+                    conn.send(("stop",))
+                except (OSError, ValueError):
+                    pass
+        for w, proc in enumerate(self._procs):
+            proc.join(STOP_SECONDS)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(STOP_SECONDS)
+            self._ended.setdefault(w, "stopped")
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+
+    def _ask(self, requests: Mapping[int, tuple]) -> dict[int, Any]:
+        """Send each live worker its request, then wait for every answer; a worker whose pipe ends
+        is recorded as gone (with its exit code) and has no entry in the result."""
+        waiting: dict[Connection, int] = {}
+        for w, request in requests.items():
+            if w in self._ended:
+                continue
+            try:
+                self._conns[w].send(request)
+                waiting[self._conns[w]] = w
+            except (OSError, ValueError):
+                self._gone(w)
+        replies: dict[int, Any] = {}
+        errors: list[str] = []
+        while waiting:
+            for conn in wait(list(waiting)):
+                w = waiting.pop(conn)  # type: ignore[call-overload]
+                try:
+                    status, value = conn.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    self._gone(w)
+                    continue
+                if status == "ok":
+                    replies[w] = value
+                else:
+                    errors.append(value)
+        if errors:
+            raise WorkerError("A worker process failed at a query: " + "; ".join(errors))
+        return replies
+
+    def _gone(self, w: int) -> None:
+        proc = self._procs[w]
+        proc.join(1.0)
+        code = proc.exitcode
+        self._ended[w] = ("exit code unknown" if code is None else
+                          f"killed by signal {-code}" if code < 0 else f"exit code {code}")
+        _log.warning("worker process %d (hospitals %s) ended: %s", proc.pid, list(self._groups[w]), self._ended[w])
+
+
+def _serve(conn: Connection, participants: dict[str, RoundParticipant], after_fork: Callable[[], None] | None,
+           anchors: list[Any], inherited: list[Connection]) -> None:
+    """A worker: answer requests until told to stop or the parent's end of the pipe closes."""
+    for other in inherited:  # the parent's ends of earlier workers' pipes: theirs alone
+        other.close()
+    if after_fork is not None:
+        after_fork()
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = request[0]
+        if kind == "stop":
+            return
+        try:
+            if kind == "exchange":
+                _, stage, due, round_ = request
+                value: Any = {name: answer(participants[name], name, stage, parts, round_=round_)
+                              for name, parts in due.items()}
+            elif kind == "call":
+                _, fn, args = request
+                value = {name: fn(p, *args) for name, p in participants.items()}
+            else:  # members
+                buffer = io.BytesIO()
+                _Pickler(buffer, anchors).dump(participants)
+                value = buffer.getvalue()
+            conn.send(("ok", value))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+            _log.warning("worker request %r failed with %s; where:\n%s", kind, type(exc).__name__,
+                         "".join(traceback.format_tb(exc.__traceback__)))
+            conn.send(("error", f"{kind}: {type(exc).__name__}"))
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles a worker's hospitals for its parent: anchors by index, keys by their raw bytes."""
+
+    def __init__(self, file: io.BytesIO, anchors: list[Any]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._index = {id(a): i for i, a in enumerate(anchors)}
+        self._anchors = anchors
+
+    def persistent_id(self, obj: Any) -> Any:  # noqa: D102
+        i = self._index.get(id(obj))
+        if i is not None and self._anchors[i] is obj:
+            return ("anchor", i)
+        if isinstance(obj, PublicIdentity):
+            return ("public", obj.name, obj.raw)
+        if isinstance(obj, X25519PrivateKey):
+            return ("x25519", obj.private_bytes_raw())
+        if isinstance(obj, X25519PublicKey):
+            return ("x25519_public", obj.public_bytes_raw())
+        if isinstance(obj, Ed25519PublicKey):
+            return ("ed25519_public", obj.public_bytes_raw())
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, anchors: list[Any]):
+        super().__init__(file)
+        self._anchors = anchors
+
+    def persistent_load(self, pid: Any) -> Any:  # noqa: D102
+        kind, *rest = pid
+        if kind == "anchor":
+            return self._anchors[rest[0]]
+        if kind == "public":
+            return PublicIdentity(rest[0], rest[1])
+        if kind == "x25519":
+            return X25519PrivateKey.from_private_bytes(rest[0])
+        if kind == "x25519_public":
+            return X25519PublicKey.from_public_bytes(rest[0])
+        if kind == "ed25519_public":
+            return Ed25519PublicKey.from_public_bytes(rest[0])
+        raise pickle.UnpicklingError(f"unknown reference {kind!r}")

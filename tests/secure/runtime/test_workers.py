@@ -1,0 +1,89 @@
+"""The process transport: the in-process transport's answers from forked workers; a killed worker drops its hospitals."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from clinograph.secure.runtime import InProcessTransport
+from clinograph.secure.runtime.workers import ProcessTransport, WorkerError
+
+from clinograph.core.errors import ProtocolError
+
+
+class Echo:
+    """Answers a plan with its name and its process id."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
+        return self.name.encode() + plan, str(os.getpid()).encode()
+
+
+class Refuses(Echo):
+    def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
+        raise ProtocolError("this plan is not for me")
+
+
+class Buggy(Echo):
+    def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
+        raise KeyError("patient 17")  # a foreign exception: its message must not travel
+
+
+class Killed(Echo):
+    def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
+        os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-exchange
+        raise AssertionError("unreachable")
+
+
+def hospitals(**kinds: type) -> dict:
+    return {name: kind(name) for name, kind in kinds.items()}
+
+
+def plan(names, round_=0):
+    return {n: {"data": b"/p"} for n in names}
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_workers_answer_refuse_and_fail_as_the_in_process_transport_and_in_parallel_processes():
+    kinds = {"a": Echo, "b": Refuses, "c": Buggy, "d": Echo}
+    serial = InProcessTransport(hospitals(**kinds))
+    serial.drop_at(0, {"d": 0})
+    expected = serial.exchange("plan", plan(kinds), round_=0)
+    with ProcessTransport(hospitals(**kinds), workers=2) as t:
+        t.drop_at(0, {"d": 0})
+        answers, failed = t.exchange("plan", plan(kinds), round_=0)
+        pids = t.pids
+        assert t.call(_name_and_pid) == {n: (n, pids[i % 2]) for i, n in enumerate("abcd")}
+        assert answers["a"]["first"] == str(pids[0]).encode() != str(os.getpid()).encode()
+        assert sorted(t.members()) == sorted(kinds)
+    assert answers["a"]["report"] == expected[0]["a"]["report"] and set(answers) == set(expected[0]) == {"a"}
+    assert failed == expected[1] and "ProtocolError" in failed["b"] and "KeyError" in failed["c"]
+    assert "patient 17" not in failed["c"] and "silent" in failed["d"]
+    assert all(gone(p) for p in pids)
+
+
+def _name_and_pid(p: Echo) -> tuple[str, int]:
+    return p.name, os.getpid()
+
+
+def test_a_killed_worker_drops_its_hospitals_without_hanging_and_is_reaped():
+    with ProcessTransport(hospitals(a=Echo, b=Killed, c=Echo), workers=2) as t:  # workers: [a, c] and [b]
+        answers, failed = t.exchange("plan", plan("abc"), round_=0)
+        assert set(answers) == {"a", "c"} and set(failed) == {"b"}
+        assert "worker process ended (killed by signal 9)" in failed["b"]
+        answers, failed = t.exchange("plan", plan("abc"), round_=1)  # the next exchange neither hangs
+        assert set(answers) == {"a", "c"} and "killed by signal 9" in failed["b"]
+        with pytest.raises(WorkerError, match=r"hospitals \['b'\] ended \(killed by signal 9\)"):
+            t.call(_name_and_pid)
+        pids = t.pids
+    assert all(gone(p) for p in pids)
