@@ -20,7 +20,9 @@ brings every hospital back: pickled by the worker and read by the parent that fo
 the pipe between the two (nothing is written to or read from a file). What the parent already
 holds is not pickled but referred to: the objects given as ``anchors`` (the identities and the
 hospitals' builders, which :class:`clinograph.core.identity.Identity` refuses to pickle anyway)
-travel as their index, and public identities and X25519 keys as their raw bytes.
+travel as their index, public identities and X25519 keys as their raw bytes, and a DP sampler's
+random stream (:class:`clinograph.secure.hazmat.discrete_noise.CsprngUniform`, whose cipher state
+cannot be read out) comes back as a fresh stream under a new random key.
 :meth:`ProcessTransport.close` (also on leaving a ``with`` block) stops every worker.
 """
 
@@ -41,6 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from clinograph.core.errors import ClinographError, ConfigError
 from clinograph.core.identity import PublicIdentity
 
+from ..hazmat.discrete_noise import CsprngUniform
 from .participant import RoundParticipant
 from .transport import Answer, InProcessTransport, answer
 
@@ -255,6 +258,8 @@ class _Pickler(pickle.Pickler):
             return ("x25519_public", obj.public_bytes_raw())
         if isinstance(obj, Ed25519PublicKey):
             return ("ed25519_public", obj.public_bytes_raw())
+        if isinstance(obj, CsprngUniform):  # a DP sampler's stream: its cipher state cannot be read out
+            return ("csprng",)
         return None
 
 
@@ -275,4 +280,6 @@ class _Unpickler(pickle.Unpickler):
             return X25519PublicKey.from_public_bytes(rest[0])
         if kind == "ed25519_public":
             return Ed25519PublicKey.from_public_bytes(rest[0])
+        if kind == "csprng":  # a fresh one-use random key: as unpredictable as the stream it replaces
+            return CsprngUniform()
         raise pickle.UnpicklingError(f"unknown reference {kind!r}")

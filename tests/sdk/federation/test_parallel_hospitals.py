@@ -1,0 +1,89 @@
+"""[simulation] workers: hospitals in forked worker processes give exactly the serial run; no worker outlives a run."""
+
+import json
+import multiprocessing
+import os
+import signal
+import warnings
+
+import numpy as np
+import pytest
+from clinograph.sdk.config import SimulationConfig
+from clinograph.sdk.federation.simulate import simulate_one
+from clinograph.secure.policy import InsecureOptionWarning
+from clinograph.secure.runtime.workers import WorkerError
+from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError
+
+
+def cfg(workers, privacy=None, output="runs/simulation", **fed):
+    return SimulationConfig.model_validate({"output": str(output),
+        "federation": {"rounds": 2, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1, **fed},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0 if privacy else 3}, "training": {"lr": 0.01, "batch_size": 32},
+        "simulation": {"workers": workers}, **({"privacy": privacy} if privacy else {})})
+
+
+def digests(audit_dir):
+    """What the audit says the run computed: each accepted report's and each global model's digest."""
+    rows = [json.loads(line) for line in (audit_dir / "audit.jsonl").read_text().splitlines()]
+    return [(r["kind"], r["payload"].get("report_sha256") or r["payload"]["global_state_digest"]) for r in rows
+            if r["kind"] in ("update_accepted", "aggregate", "release")]
+
+
+def run(tmp_path, workers, tag, **kw):
+    tables = small_tables()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        res = simulate_one(tables, tables[0].dictionary, cfg(workers, kw.pop("privacy", None), tmp_path / f"{tag}_out"),
+                           audit_dir=tmp_path / tag, **kw)
+    return res, tables
+
+
+@pytest.mark.parametrize("privacy", [None, {"enabled": True, "planned_rounds": 2, "noise_multiplier": 1.0}],
+                         ids=["masked-with-dropout", "local-dp"])
+def test_workers_give_the_serial_run_exactly(tmp_path, privacy):
+    """Without DP: the same reports, global models, metrics and dropouts; under local DP (random by
+    design): the same privacy accounting, and the hospitals come back whole."""
+    kw = {"drop_at": {1: {"south": 2}}} if privacy is None else {"privacy": privacy}
+    (a, tables), (b, _) = run(tmp_path, 1, "serial", **kw), run(tmp_path, 2, "workers", **kw)
+    if privacy is not None:  # the DP noise and sampling draw from os.urandom: no two runs agree, serial or not
+        assert a.epsilons == b.epsilons and a.epsilons and all(e > 0 for eps in b.epsilons.values() for e in eps)
+        assert b.hospitals["east"].predict_table(tables[0]).shape == (tables[0].n_patients,)
+        assert not multiprocessing.active_children()
+        return
+    assert digests(tmp_path / "serial") == digests(tmp_path / "workers") and len(digests(tmp_path / "serial")) > 5
+    assert a.rounds == b.rounds and a.final == b.final and a.dropped == b.dropped and a.epsilons == b.epsilons
+    assert a.selection == b.selection
+    assert "south" in b.dropped[1]
+    for site, t in zip(sorted(a.hospitals), sorted(tables, key=lambda t: t.site)):  # the members came back, whole
+        assert np.array_equal(a.hospitals[site].predict_table(t), b.hospitals[site].predict_table(t))
+    assert not multiprocessing.active_children()
+
+
+def test_no_worker_outlives_a_run_that_raises_or_whose_worker_is_killed(tmp_path):
+    def boom(r, metrics):
+        raise RuntimeError("the caller's callback fails")
+
+    with pytest.raises(RuntimeError, match="callback fails"):
+        run(tmp_path, 2, "raises", on_round=boom)
+    assert not multiprocessing.active_children()
+
+    def kill_one(r, metrics):
+        if r == 0:
+            os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+
+    with pytest.raises(WorkerError, match=r"The worker process of hospitals \[.*\] ended \(killed by signal 9\)"):
+        run(tmp_path, 3, "killed", on_round=kill_one)  # one hospital a worker: two go on, then its state is missed
+    assert not multiprocessing.active_children()
+    rows = [json.loads(line) for line in (tmp_path / "killed" / "audit.jsonl").read_text().splitlines()]
+    dropped = [r["payload"]["dropped"] for r in rows if r["kind"] == "round_participation" and r["payload"]["dropped"]]
+    assert [d["reason"] for d in dropped[0].values()] == ["its worker process ended (killed by signal 9)"]
+
+
+def test_the_worker_count_is_strict_and_auto_never_exceeds_the_hospitals():
+    assert cfg("auto").simulation.worker_count(1) == 1 and cfg(8).simulation.worker_count(3) == 3
+    assert cfg("auto").simulation.worker_count(100) == len(os.sched_getaffinity(0))
+    for bad in (0, "2", True, "many"):
+        with pytest.raises((ConfigError, ValueError)):
+            cfg(bad)
