@@ -498,7 +498,7 @@ class SimulationSection(_Strict):
     workers: Literal["auto"] | StrictInt = Field(default="auto", description=(
         "worker processes the simulated hospitals' work runs in, in parallel: 1 = all in this process, one "
         "after another; N >= 2 = at most N forked workers (never more than hospitals); 'auto' = one per usable "
-        "core, at most one per hospital, and 1 when only one core is usable (docs/quickstart.md)"))
+        "core not busy with other work, at most one per hospital (1 on a busy or one-core machine; docs/quickstart.md)"))
 
     @field_validator("workers")
     @classmethod
@@ -507,14 +507,23 @@ class SimulationSection(_Strict):
             raise ValueError(f"workers = {value}: write 'auto' or a count >= 1 (1 = no worker processes)")
         return value
 
-    def worker_count(self, hospitals: int) -> int:
-        """How many workers a run with ``hospitals`` hospitals uses (1: none, all in this process)."""
-        if self.workers == "auto":
-            import os
+    def worker_count(self, hospitals: int, *, load: float | None = None) -> int:
+        """How many workers a run with ``hospitals`` hospitals uses (1: none, all in this process).
 
-            usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            return max(1, min(usable, hospitals))
-        return max(1, min(int(self.workers), hospitals))
+        'auto': the usable cores not already busy with other work -- ``load`` (default: this
+        machine's 1-minute load average), less one for this process itself, rounded down -- at most
+        one per hospital, at least 1. On a machine already running more than its cores (a test suite
+        on parallel workers, other jobs) another process only adds forks and switches, so it is 1."""
+        if self.workers != "auto":
+            return max(1, min(int(self.workers), hospitals))
+        import math
+        import os
+
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if load is None:
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        idle = usable - math.floor(max(0.0, load - 1.0))
+        return max(1, min(idle, hospitals))
 
 
 class SimulationConfig(HospitalConfig):

@@ -56,7 +56,7 @@ def test_workers_give_the_serial_run_exactly(tmp_path, privacy):
     assert a.rounds == b.rounds and a.final == b.final and a.dropped == b.dropped and a.epsilons == b.epsilons
     assert a.selection == b.selection
     assert "south" in b.dropped[1]
-    for site, t in zip(sorted(a.hospitals), sorted(tables, key=lambda t: t.site)):  # the members came back, whole
+    for site, t in zip(sorted(a.hospitals), sorted(tables, key=lambda t: t.site), strict=True):  # the members came back, whole
         assert np.array_equal(a.hospitals[site].predict_table(t), b.hospitals[site].predict_table(t))
     assert not multiprocessing.active_children()
 
@@ -81,9 +81,10 @@ def test_no_worker_outlives_a_run_that_raises_or_whose_worker_is_killed(tmp_path
     assert [d["reason"] for d in dropped[0].values()] == ["its worker process ended (killed by signal 9)"]
 
 
-def test_the_worker_count_is_strict_and_auto_never_exceeds_the_hospitals():
-    assert cfg("auto").simulation.worker_count(1) == 1 and cfg(8).simulation.worker_count(3) == 3
-    assert cfg("auto").simulation.worker_count(100) == len(os.sched_getaffinity(0))
+def test_the_worker_count_is_strict_and_auto_uses_the_idle_cores_only():
+    auto, cores = cfg("auto").simulation, len(os.sched_getaffinity(0))
+    assert auto.worker_count(1, load=0.0) == 1 and cfg(8).simulation.worker_count(3) == 3
+    assert auto.worker_count(100, load=1.0) == cores and auto.worker_count(100, load=cores + 1.0) == 1  # busy: serial
     for bad in (0, "2", True, "many"):
         with pytest.raises((ConfigError, ValueError)):
             cfg(bad)
