@@ -8,6 +8,8 @@ Where a round's data goes, in the order it flows:
 - :mod:`.transport` -- the seam: :class:`Transport` ``exchange(stage, outgoing)``, with
   :class:`InProcessTransport` (simulations, the demo, tests) here and
   :class:`clinograph.secure.transport.flower.FlowerTransport` for hospitals on other machines.
+  :mod:`.workers` -- :class:`.workers.ProcessTransport`, the in-process transport with the
+  hospitals in forked worker processes (a simulation's ``[simulation] workers``).
 - :mod:`.loop` -- :func:`run_round` and :func:`run_rounds`: plan, reports, the secure mode's
   stages, close, model delivery. The only round loop.
 - :mod:`.setup` -- the run's set-up sums (federated scaling, shared features) before the
