@@ -293,8 +293,11 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
 
 def _transport(prep: _Prepared, members: dict[str, FederationMember]) -> InProcessTransport:
     """``[simulation] workers``: the hospitals in this process (1), or in forked worker processes."""
+    import multiprocessing
+
     workers = prep.config.simulation.worker_count(len(members))
-    if workers < 2:
+    no_fork = "fork" not in multiprocessing.get_all_start_methods()  # 'auto' stays serial there; N >= 2 is refused
+    if workers < 2 or (no_fork and prep.config.simulation.workers == "auto"):
         return InProcessTransport(members)
     anchors = [prep.server_id, *prep.ids.values(), *(c.build for m in members.values() for c in m.candidates.values())]
     return ProcessTransport(members, workers=workers, after_fork=_after_fork, anchors=anchors)
