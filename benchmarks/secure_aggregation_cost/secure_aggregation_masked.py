@@ -377,7 +377,10 @@ def counting():
     wrap(PublicIdentity, "verify", "ed25519_verify")
     for mod in (masking_client, masking_server):
         wrap(mod, "agree", "x25519_agree")
-        wrap(mod, "add_mask_parts", "prg_bytes", lambda parts, *a, **k: sum(p.nbytes for p in parts))
+        if hasattr(mod, "add_mask_parts"):  # one seed a call (and the code before add_masks)
+            wrap(mod, "add_mask_parts", "prg_bytes", lambda parts, *a, **k: sum(p.nbytes for p in parts))
+        if hasattr(mod, "add_masks"):  # several seeds a call, one keystream each
+            wrap(mod, "add_masks", "prg_bytes", lambda parts, seeds, **k: sum(p.nbytes for p in parts) * len(seeds))
     wrap(masking_client, "generate_keypair", "x25519_keygen")
     real_hashlib = wire.hashlib
 

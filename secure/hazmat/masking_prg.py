@@ -23,6 +23,8 @@ incompatible masks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -68,22 +70,38 @@ def add_mask_parts(parts: list[np.ndarray], seed: bytes, *, sign: int, chunk_byt
     multiple of 4) into one reused buffer (``update_into``: no allocation per chunk); the
     result does not depend on the chunk size. Raises ValueError for any other input.
     """
+    add_masks(parts, [(seed, sign)], chunk_bytes=chunk_bytes)
+
+
+def add_masks(parts: list[np.ndarray], seeds: Sequence[tuple[bytes, int]], *, chunk_bytes: int = CHUNK_BYTES) -> None:
+    """``part += sum_i sign_i * PRG(seed_i)``: :func:`add_mask_parts` for several (seed, sign)
+    pairs at once, the same result as one call per pair in any order (ring addition commutes).
+
+    Each seed's keystream runs over the parts as in :func:`add_mask_parts`; the pairs are applied
+    chunk by chunk, so each ``chunk_bytes`` slice of the vector is read and written while it is
+    in cache instead of once per seed over the whole vector (about 10 % less time for the k + 1
+    masks of a client at P = 1e5 to 1e6, measured). Raises ValueError as :func:`add_mask_parts`
+    does, before any part is changed.
+    """
     if any(p.dtype not in (np.uint16, np.uint32) or not p.flags.c_contiguous for p in parts):
         raise ValueError("mask parts must be contiguous uint16 or uint32 arrays")
     if chunk_bytes <= 0 or chunk_bytes % 4:
         raise ValueError("chunk_bytes must be a positive multiple of 4")
-    enc = _keystream(seed)
+    streams = [(_keystream(seed), np.add if sign > 0 else np.subtract) for seed, sign in seeds]
+    if not streams:
+        return
     size = min(chunk_bytes, sum(p.nbytes for p in parts))
     zeros = memoryview(bytes(size))
     buf = bytearray(size + 15)  # update_into wants room for a block beyond the output
     out = memoryview(buf)
-    op = np.add if sign > 0 else np.subtract
     for p in parts:
         flat = p.reshape(-1)
         width = p.dtype.itemsize
+        dtype = "<u2" if width == 2 else "<u4"
         step = chunk_bytes // width
         for lo in range(0, flat.shape[0], step):
             seg = flat[lo:lo + step]
-            n = enc.update_into(zeros[:seg.nbytes], out)
-            mask = np.frombuffer(buf, dtype="<u2" if width == 2 else "<u4", count=n // width)
-            op(seg, mask, out=seg)
+            src = zeros[:seg.nbytes]
+            for enc, op in streams:
+                n = enc.update_into(src, out)
+                op(seg, np.frombuffer(buf, dtype=dtype, count=n // width), out=seg)
