@@ -88,20 +88,52 @@ def add_masks(parts: list[np.ndarray], seeds: Sequence[tuple[bytes, int]], *, ch
     if chunk_bytes <= 0 or chunk_bytes % 4:
         raise ValueError("chunk_bytes must be a positive multiple of 4")
     streams = [(_keystream(seed), np.add if sign > 0 else np.subtract) for seed, sign in seeds]
-    if not streams:
+    total = sum(p.nbytes for p in parts)
+    if not streams or not total:
         return
-    size = min(chunk_bytes, sum(p.nbytes for p in parts))
+    size = min(chunk_bytes, total)
     zeros = memoryview(bytes(size))
     buf = bytearray(size + 15)  # update_into wants room for a block beyond the output
     out = memoryview(buf)
-    for p in parts:
-        flat = p.reshape(-1)
-        width = p.dtype.itemsize
-        dtype = "<u2" if width == 2 else "<u4"
-        step = chunk_bytes // width
-        for lo in range(0, flat.shape[0], step):
-            seg = flat[lo:lo + step]
-            src = zeros[:seg.nbytes]
-            for enc, op in streams:
-                n = enc.update_into(src, out)
-                op(seg, np.frombuffer(buf, dtype=dtype, count=n // width), out=seg)
+    for length, segments in _chunks(parts, buf, chunk_bytes):
+        src = zeros[:length]
+        for enc, op in streams:
+            enc.update_into(src, out)
+            for seg, mask in segments:
+                op(seg, mask, out=seg)
+
+
+def _chunks(parts: list[np.ndarray], buf: bytearray, chunk_bytes: int):
+    """(bytes of keystream, [(slice of a part, its mask: a view of ``buf``)]) for consecutive
+    chunks of the parts' bytes, in order. A chunk spans part boundaries when every part starts
+    at a multiple of 4 bytes (small per-module parts then share one keystream call); otherwise a
+    chunk stays inside one part. Each part's slices hold whole words (chunk_bytes % 4 == 0)."""
+    views: dict[tuple[int, int, int], np.ndarray] = {}  # (offset, words, width) -> view, reused
+
+    def mask(offset: int, words: int, width: int) -> np.ndarray:
+        got = views.get((offset, words, width))
+        if got is None:
+            got = views[offset, words, width] = np.frombuffer(buf, dtype="<u2" if width == 2 else "<u4",
+                                                              count=words, offset=offset)
+        return got
+
+    starts = np.cumsum([0] + [p.nbytes for p in parts[:-1]])
+    if any(int(s) % 4 for s in starts):
+        for p in parts:
+            flat, width = p.reshape(-1), p.dtype.itemsize
+            step = chunk_bytes // width
+            for lo in range(0, flat.shape[0], step):
+                seg = flat[lo:lo + step]
+                yield seg.nbytes, [(seg, mask(0, seg.shape[0], width))]
+        return
+    total = int(starts[-1]) + parts[-1].nbytes
+    flats = [(int(s), p.reshape(-1), p.dtype.itemsize) for s, p in zip(starts, parts, strict=True)]
+    for c0 in range(0, total, chunk_bytes):
+        c1 = min(c0 + chunk_bytes, total)
+        segments = []
+        for start, flat, width in flats:
+            lo, hi = max(c0, start), min(c1, start + flat.nbytes)
+            if lo < hi:
+                seg = flat[(lo - start) // width:(hi - start) // width]
+                segments.append((seg, mask(lo - c0, seg.shape[0], width)))
+        yield c1 - c0, segments
