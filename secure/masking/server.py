@@ -220,10 +220,10 @@ class MaskingServer(AggregationServer):
 
     def _take_shares(self, sender: str, msg: UnmaskResponse) -> None:
         survivors, shared = self._alive[2], self._alive[1]
-        seen, staged = set(), []
+        seen, staged, held = set(), [], self._graph[sender] | {sender}  # whose shares the sender holds
         for r in msg.shares:
             want = "self_mask" if r.owner in survivors else "pairwise_key" if r.owner in shared else None
-            if r.owner not in self._graph[sender] | {sender} or r.secret != want or r.owner in seen:
+            if r.owner not in held or r.secret != want or r.owner in seen:
                 raise ProtocolError(f"{sender!r} revealed an unexpected or repeated share ({r.secret} of {r.owner!r}).")
             if r.index != holders(self._graph, r.owner).index(sender) + 1:
                 raise ProtocolError(f"{sender!r} revealed a share of {r.owner!r} under the wrong index.")
