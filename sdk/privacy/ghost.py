@@ -144,23 +144,15 @@ class LinearWeight(LayerPart):
         self._b2: torch.Tensor | None = None
         ghost = t * t * (d_in + d_out)  # the ghost norm's operations a patient (forming: t·d_in·d_out)
         small = int(calls[0][0].shape[0]) * d_in * d_out <= FORM_LIMIT
-        #: g_i is formed (module docstring), on first use (:meth:`_formed`) or by :func:`form_together`
-        self.to_form = t > 1 and (ghost >= t * d_in * d_out or (small and ghost >= 2 * d_in * d_out))
-        #: the formed g_i's shape, [B, d_out, d_in]
-        self.shape = (int(calls[0][0].shape[0]), d_out, d_in)
-
-    def _formed(self) -> torch.Tensor | None:
-        """The formed g_i if this part forms it (formed now if not yet), else None."""
-        if self.formed is None and self.to_form:
+        if t > 1 and (ghost >= t * d_in * d_out or (small and ghost >= 2 * d_in * d_out)):  # module docstring
             self.formed = self._form()
-        return self.formed
 
-    def _form(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Σ over the calls of Σ_t b_t a_tᵀ, [B, d_out, d_in], into ``out`` if given (else a workspace
-        buffer or a new tensor): the first call's product into the buffer, the others added in place
-        (``addcmul_`` / ``baddbmm_``: no temporary a call)."""
+    def _form(self) -> torch.Tensor:
+        """Σ over the calls of Σ_t b_t a_tᵀ, [B, d_out, d_in]: the first call's product into the buffer,
+        the others added in place (``addcmul_`` / ``baddbmm_``: no temporary a call)."""
         (a, b), rest = self.calls[0], self.calls[1:]
-        out = out if out is not None else _empty(self.shape, a)
+        shape = (int(a.shape[0]), int(b.shape[-1]), int(a.shape[-1]))
+        out = _empty(shape, a)
         if a.shape[1] == 1:
             w = torch.mul(b[:, 0, :, None], a[:, 0, None, :], out=out) if out is not None \
                 else b[:, 0, :, None] * a[:, 0, None, :]
@@ -187,8 +179,8 @@ class LinearWeight(LayerPart):
     def norm2(self) -> torch.Tensor:
         if self.flat2d is not None:
             return sq_norms(self.flat2d[0]) * self.out_norms2()
-        if (w := self._formed()) is not None:
-            return sq_norms(w.reshape(w.shape[0], -1))
+        if self.formed is not None:
+            return sq_norms(self.formed.reshape(self.formed.shape[0], -1))
         a, b = self._joined()
         return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
 
@@ -196,8 +188,8 @@ class LinearWeight(LayerPart):
         if self.flat2d is not None:
             a, b = self.flat2d
             return torch.mm(b.T, a * c[:, None]).reshape(-1)
-        if (w := self._formed()) is not None:
-            return c @ w.reshape(w.shape[0], -1)
+        if self.formed is not None:
+            return c @ self.formed.reshape(self.formed.shape[0], -1)
         out = None
         for a, b in self.calls:
             w = torch.mm((b * c[:, None, None]).reshape(-1, b.shape[-1]).T, a.reshape(-1, a.shape[-1]))
@@ -205,32 +197,8 @@ class LinearWeight(LayerPart):
         return out.reshape(-1)
 
     def per_sample(self) -> torch.Tensor:
-        w = self._formed()
-        w = w if w is not None else self._form()
+        w = self.formed if self.formed is not None else self._form()
         return w.reshape(w.shape[0], -1)
-
-
-def form_together(parts: dict[int, LayerPart]) -> list[tuple[list[int], torch.Tensor]]:
-    """Form the Linear weights' g_i that are formed (:class:`LinearWeight`), those of one shape into
-    one [K, B, d_out·d_in] block (the stars' five 32×32 layers): their norms are then one ``vecdot``
-    and their clipped sums one product over the block instead of one each. Returns (the parts' keys,
-    their block) for each shape held by two parts or more; a part alone in its shape forms itself."""
-    by_shape: dict[tuple[int, ...], list[int]] = {}
-    for key, part in parts.items():
-        if isinstance(part, LinearWeight) and part.to_form and part.formed is None:
-            by_shape.setdefault(part.shape, []).append(key)
-    blocks = []
-    for (n, d_out, d_in), keys in by_shape.items():
-        if len(keys) < 2:
-            continue
-        first = parts[keys[0]].calls[0][0]
-        shape = (len(keys), n, d_out, d_in)
-        block = _empty(shape, first)
-        block = block if block is not None else first.new_empty(shape)
-        for k, key in enumerate(keys):
-            parts[key].formed = parts[key]._form(out=block[k])
-        blocks.append((keys, block.view(len(keys), n, d_out * d_in)))
-    return blocks
 
 
 class KnotWeight(LayerPart):

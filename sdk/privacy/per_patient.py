@@ -41,7 +41,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from clinograph.core.errors import PrivacyError
 
-from .ghost import LayerPart, Workspace, form_together, sq_norms, workspace
+from .ghost import LayerPart, Workspace, workspace
 from .noise import secure_gaussian
 from .part_rules import PART_RULES, register_part_rule, rule_of
 
@@ -207,25 +207,17 @@ class PerPatientClipper:
         with workspace(self._workspace):  # the parts formed for this sum only: buffers reused step to step
             parts, loss = self._parts(inputs, labels)
             with torch.no_grad():
-                blocks = form_together(parts) if n_groups == 1 else []  # same-shaped formed g_i: one block each
-                alone = dict(parts)
-                for keys, _ in blocks:
-                    for i in keys:
-                        del alone[i]
                 if n_groups == 1:
-                    terms = [part.norm2() for part in alone.values()] + [sq_norms(blk).sum(0) for _, blk in blocks]
-                    norm2 = (torch.stack(terms).sum(0) if terms else torch.zeros(b, dtype=dtype)).unsqueeze(0)
+                    norm2 = (torch.stack([part.norm2() for part in parts.values()]).sum(0) if parts
+                             else torch.zeros(b, dtype=dtype)).unsqueeze(0)
                 else:
                     norm2 = torch.zeros((n_groups, b), dtype=dtype)
                     for i, part in parts.items():
                         norm2[group_of[i]] += part.norm2()
                 factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
                 rows = list(factor.unbind(0))  # each group's c [B], indexed once
-                done = {}
-                for keys, blk in blocks:  # Σ_i c_i g_i of a block's parts: one product, [K, n]
-                    done.update(zip(keys, torch.matmul(rows[0], blk).unbind(0), strict=True))
-                pieces = [done[i] if i in done else parts[i].clipped(rows[group_of[i]]) if i in parts
-                          else torch.zeros(n, dtype=dtype) for i, (_, n) in enumerate(self._slices)]
+                pieces = [parts[i].clipped(rows[group_of[i]]) if i in parts else torch.zeros(n, dtype=dtype)
+                          for i, (_, n) in enumerate(self._slices)]
                 summed = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
                 return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
 
