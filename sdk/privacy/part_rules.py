@@ -138,8 +138,8 @@ def _embedding_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tenso
     if not mod.weight.requires_grad:
         return {}
     d = calls[0][1].shape[-1]
-    idx = [a.reshape(b, -1) for a, _ in calls]
-    g = [g.reshape(b, -1, d) for _, g in calls]
+    idx = [a if a.dim() == 2 and a.shape[0] == b else a.reshape(b, -1) for a, _ in calls]
+    g = [g if g.dim() == 3 and g.shape[0] == b else g.reshape(b, -1, d) for _, g in calls]
     idx, g = (idx[0], g[0]) if len(calls) == 1 else (torch.cat(idx, dim=1), torch.cat(g, dim=1))
     return {id(mod.weight): EmbeddingWeight(idx, g, mod.num_embeddings)}
 
