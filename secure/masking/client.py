@@ -169,8 +169,12 @@ class MaskingClient(AggregationClient):
         self._need(len(self._masked_with) + 1, "neighbours that shared")
         seeds = [(hkdf(self._b, label=KDF_SELF_MASK, context=round_context(self.plan, self._me)), 1)]
         for v in sorted(self._masked_with):
-            seeds.append((agree(self._s_sk, self._peer_keys[v][1], label=KDF_PAIRWISE_MASK,
-                                context=self._pair_context(v)), pairwise_sign(self._me, v)))
+            try:
+                seed = agree(self._s_sk, self._peer_keys[v][1], label=KDF_PAIRWISE_MASK, context=self._pair_context(v))
+            except ValueError:  # an honest server refuses such a key at stage 0 (server._accept)
+                raise ProtocolError(f"Pairwise-mask key of {v!r} is invalid (low-order point); the server relayed "
+                                    "it. Refused.") from None
+            seeds.append((seed, pairwise_sign(self._me, v)))
         y = encode_update(self.update, layout=self._layout, params=self.params, checked=True)
         add_masks(y, seeds)  # y_u = x_u + PRG(b_u) + sum_v +-PRG(s_uv), every seed in one pass over y
         return MaskedInput(**self._header(), words=to_words(y))

@@ -32,7 +32,7 @@ from ..aggregation.base import AggregationServer, ModuleSums
 from ..aggregation.checks import Unattributed, authenticate, check_header
 from ..hazmat.masking_prg import add_masks
 from ..hazmat.shamir import combine_shares
-from ..hazmat.x25519 import agree, hkdf, private_from_bytes, public_bytes
+from ..hazmat.x25519 import agree, check_public, hkdf, private_from_bytes, public_bytes
 from ..messages import WireMessage
 from ..wire import Envelope, parse_envelope, seal
 from .consistency import survivors_digest
@@ -190,6 +190,12 @@ class MaskingServer(AggregationServer):
 
     def _accept(self, sender: str, msg: WireMessage, envelope: Envelope) -> None:
         if isinstance(msg, AdvertiseKeys):  # its envelope signature, verified, is the key signature
+            for what, raw in (("c_pk", msg.c_pk), ("s_pk", msg.s_pk)):
+                try:
+                    check_public(raw)
+                except ValueError:  # relayed, it would make each neighbour fail later, unattributed
+                    raise ProtocolError(f"{sender!r} advertised an unusable {what} (a low-order X25519 point: "
+                                        "every agreement with it is zero). Refused for this round.") from None
             self._vouched[sender] = _relayable(PeerKeys, sender, envelope)  # first: may refuse
             self._keys[sender] = msg
         elif isinstance(msg, ShareKeys):

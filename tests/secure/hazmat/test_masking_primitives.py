@@ -101,6 +101,19 @@ def test_x25519_refuses_a_low_order_peer_key():
         agree(sk, bytes(32), label=KDF_PAIRWISE_MASK, context=b"")
 
 
+def test_check_public_refuses_low_order_points_and_accepts_real_keys():
+    from clinograph.secure.hazmat.x25519 import check_public
+
+    order8 = bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800")  # RFC 7748 s. 6.1 class
+    for bad in (bytes(32), (1).to_bytes(32, "little"), order8):
+        with pytest.raises(ValueError):
+            check_public(bad)
+    with pytest.raises(ValueError):
+        check_public(bytes(31))
+    for _ in range(5):
+        check_public(generate_keypair()[1])  # no error
+
+
 @settings(max_examples=50, deadline=None)
 @given(n=st.integers(1, 10_000), bound=st.floats(1e-3, 1e6))
 def test_fixed_point_scale_never_wraps_at_the_extremes(n, bound):
