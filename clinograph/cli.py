@@ -75,6 +75,10 @@ def demo(
 ) -> None:
     """The main job: a 4-hospital federation from ALARM, NS-FL vs the paper's baselines."""
     _needs_hospital("demo")
+    from clinograph.sdk.outdir import output_folder
+
+    if out.exists():  # a file as --out is refused before torch and the SDK load (seconds); nothing is created yet
+        output_folder(out, what="--out")
     if concepts:
         _concepts_demo(out=out, rounds=10 if rounds is None else rounds, seed=seed, secure_mode=secure_mode,
                        scale=scale)
@@ -109,8 +113,7 @@ def simulate(config: Annotated[Path, typer.Argument(help="Simulation config (TOM
     _needs_hospital("simulate")
     from .demo_view import run_simulation_view
 
-    _threads()
-    run_simulation_view(config)
+    run_simulation_view(config, threads=_threads)
 
 
 BENCH_MISSING = ("research/ (the studies and their scripts) ships with the source repository, not the "

@@ -110,13 +110,18 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
     return show
 
 
-def run_simulation_view(config_path: Path) -> None:
-    """`clinograph simulate CONFIG`: ingest every hospital, run, print per-round metrics."""
+def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None = None) -> None:
+    """`clinograph simulate CONFIG`: ingest every hospital, run, print per-round metrics. ``threads``:
+    called once the config is valid, before the SDK is imported (the CLI sets torch's threads)."""
     from clinograph.sdk.config import DP_DEFAULT_MODEL_LINE, SimulationConfig, dp_default_model
+
+    cfg = SimulationConfig.from_toml(config_path)  # a bad config is refused before torch and the SDK load (seconds)
+    cfg.require_dictionary()
+    if threads is not None:
+        threads()
     from clinograph.sdk.federation.candidates import candidate_configs
     from clinograph.sdk.federation.simulate import simulate_from_config
 
-    cfg = SimulationConfig.from_toml(config_path)
     if dp_default_model(cfg):
         console.print(DP_DEFAULT_MODEL_LINE, soft_wrap=True)
     k = max(1, len(candidate_configs(cfg)))  # [selection] candidates: each runs up to `rounds` rounds

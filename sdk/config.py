@@ -582,6 +582,18 @@ class SimulationConfig(HospitalConfig):
                                max_clip_norm=self.privacy.clip_norm,
                                insecure_unchecked_prv=self.privacy.accountant == "prv")
 
+    def require_dictionary(self) -> Path:
+        """The feature dictionary's path; ConfigError when the config names none (no default: a
+        silent default would map the tables onto the demo's ontology). Checked before anything is
+        ingested or imported for the run, so the error comes at once."""
+        if self.dictionary is None:
+            from clinograph.core.errors import ConfigError
+
+            raise ConfigError("The config names no feature dictionary: set `dictionary = \"path/to/dictionary.toml\"` "
+                              "(the same file every hospital uses; examples/data/dictionary.toml is the demo's). "
+                              "There is no default: a silent default would map your tables onto the demo's ontology.")
+        return Path(self.dictionary)
+
     @classmethod
     def from_toml(cls, path: str | Path) -> SimulationConfig:  # type: ignore[override]
         """Load a config; relative paths are taken from the config's folder."""

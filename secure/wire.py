@@ -48,6 +48,8 @@ MAGIC = b"CGE1"
 MAGIC_ATTACHED = b"CGE2"
 #: Most attachments one envelope may carry.
 MAX_ATTACHMENTS = 65_535
+#: Bytes of an Ed25519 signature.
+SIGNATURE_BYTES = 64
 
 
 class Envelope(WireMessage):
@@ -58,8 +60,9 @@ class Envelope(WireMessage):
     kind: str = Field(max_length=64)
     payload: bytes
     attachments: tuple[bytes, ...] = Field(default=(), max_length=MAX_ATTACHMENTS)
-    signature: bytes = Field(min_length=64, max_length=64)
+    signature: bytes = Field(min_length=SIGNATURE_BYTES, max_length=SIGNATURE_BYTES)
     _hashes: tuple[tuple[bytes, ...], tuple[bytes, ...]] | None = PrivateAttr(default=None)
+    _digest: tuple[bytes, tuple[bytes, ...], str] | None = PrivateAttr(default=None)
 
     @property
     def size(self) -> int:
@@ -82,10 +85,19 @@ class Envelope(WireMessage):
 
     def digest(self) -> str:
         """What the audit log and replay checks reference: SHA-256 of the payload bytes (v1), or of
-        the payload and the attachments' hashes (v2)."""
+        the payload and the attachments' hashes (v2). Computed once (a server's replay check and
+        its record of accepted messages both ask)."""
+        private = self.__pydantic_private__
+        cached = private.get("_digest") if private is not None else None
+        if cached is not None and cached[0] is self.payload and cached[1] is self.attachments:
+            return cached[2]
         if not self.attachments:
-            return hashlib.sha256(self.payload).hexdigest()
-        return hashlib.sha256(self.payload + b"\x00" + b"".join(self.attachment_hashes())).hexdigest()
+            out = hashlib.sha256(self.payload).hexdigest()
+        else:
+            out = hashlib.sha256(self.payload + b"\x00" + b"".join(self.attachment_hashes())).hexdigest()
+        if private is not None:
+            private["_digest"] = (self.payload, self.attachments, out)
+        return out
 
     def to_bytes(self) -> bytes:
         """The binary frame (see module docstring)."""
@@ -191,12 +203,16 @@ def load_payload(envelope: Envelope, model: type[M]) -> M:
         ValidationError: the payload does not parse as ``model``.
         ProtocolError: an attachment is not referenced by the payload (every one must be used once).
     """
-    context: dict = {ATTACHMENTS: envelope.attachments}
-    msg = model.model_validate_json(envelope.payload, context=context)
+    return _load(envelope.kind, envelope.payload, envelope.attachments, model)
+
+
+def _load(kind: str, payload: bytes, attachments: tuple[bytes, ...], model: type[M]) -> M:
+    context: dict = {ATTACHMENTS: attachments}
+    msg = model.model_validate_json(payload, context=context)
     used = context.get("used", set())
-    if len(used) != len(envelope.attachments):
-        raise ProtocolError(f"Malformed {envelope.kind[:64]!r} envelope: {len(envelope.attachments) - len(used)} of "
-                            f"{len(envelope.attachments)} attachment(s) are not referenced by its payload.")
+    if len(used) != len(attachments):
+        raise ProtocolError(f"Malformed {kind[:64]!r} envelope: {len(attachments) - len(used)} of "
+                            f"{len(attachments)} attachment(s) are not referenced by its payload.")
     return msg
 
 
@@ -206,11 +222,33 @@ def open_envelope(envelope: Envelope, *, sender: PublicIdentity, model: type[M])
     expected = model.model_fields["kind"].default
     if envelope.kind != expected:
         raise ProtocolError(f"Wrong stage: expected a {expected!r} message, got {envelope.kind!r}.")
+    return _checked_payload(envelope.kind, envelope.payload, envelope.attachments, model)
+
+
+def open_signed(payload: bytes, signature: bytes, *, sender: PublicIdentity, model: type[M]) -> M:
+    """:func:`open_envelope` for the v1 envelope ``sender`` would have sent with this payload
+    and signature (kind: ``model``'s), without building it: a relayed message, given as its
+    payload bytes and signature exactly as received (``masking.stages.open_relayed``).
+
+    Raises:
+        ProtocolError: the signature is not 64 bytes, or the payload does not parse as ``model``.
+        IntegrityError: ``sender`` did not sign ``model``'s kind and this payload.
+    """
+    kind = model.model_fields["kind"].default
+    if len(signature) != SIGNATURE_BYTES:
+        raise ProtocolError(f"Malformed {kind!r} message of {sender.name!r}: a signature of {len(signature)} bytes.")
+    context, data = signed_bytes(kind, payload)
+    sender.verify(signature, data, context=context)
+    return _checked_payload(kind, payload, (), model)
+
+
+def _checked_payload(kind: str, payload: bytes, attachments: tuple[bytes, ...], model: type[M]) -> M:
+    """A payload already verified and of ``model``'s kind, parsed strictly (ProtocolError if not)."""
     try:
-        msg = load_payload(envelope, model)
+        msg = _load(kind, payload, attachments, model)
     except ValidationError as exc:
-        raise ProtocolError(f"Malformed {expected!r} payload: {exc.error_count()} error(s), first: "
+        raise ProtocolError(f"Malformed {kind!r} payload: {exc.error_count()} error(s), first: "
                             f"{exc.errors()[0]['loc']} {exc.errors()[0]['msg']}.") from None
-    if getattr(msg, "kind", None) != envelope.kind:
+    if getattr(msg, "kind", None) != kind:
         raise ProtocolError("Envelope kind and payload kind differ.")
     return msg

@@ -10,7 +10,10 @@ and 5. DP is refused with ``similar_to`` (privacy.md), so the DP arms run at k =
     python -m benchmarks.runtime_speed.nsfl_dp_step --quick    # 5 repetitions, prints
 
 Reported per arm: medians of wall time and of the thread's CPU time (``cpu_*``, ``time.thread_time``;
-on the shared machine other sessions' load inflates wall time, not CPU time).
+on the shared machine other sessions' load inflates wall time, not CPU time). The ``part_*`` arms time
+the star engine's parts alone (clipped sum, noise, assign + SGD step, an Adam step), and ``dp_floor``
+is what a DP step of each encoding would cost if only its parameter-proportional work (noise, Adam)
+exceeded the linear encoding's (issue 35 item 3).
 """
 
 from __future__ import annotations
@@ -62,6 +65,15 @@ def _dp_sides(model, fi, x, m, y) -> tuple[dict, int]:
         clipper.assign((out.summed + noise.to(out.summed.dtype)) / len(y))
         sgd.step()
 
+    # the star step's parts, timed alone: per-patient forward/backward + norms + clipped sum; the noise
+    # (∝ parameters); the assignment + SGD step; and an Adam step (the DP trainer's optimiser, ∝ parameters)
+    held = clipper.clipped_sum(fi, x, m, labels=y, clip_norm=1.0).summed
+    adam = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    parts = {"part_clipped_sum": lambda: clipper.clipped_sum(fi, x, m, labels=y, clip_norm=1.0),
+             "part_noise": lambda: secure_gaussian(1.0, torch.Size([clipper.dim]), torch.float64),
+             "part_assign_sgd_step": lambda: (clipper.assign(held / len(y)), sgd.step()),
+             "part_adam_step": adam.step}
+
     from clinograph.sdk.privacy import part_rules
 
     if hasattr(part_rules, "register_opacus_samplers"):  # the piecewise encoding's KnotLinear (a "before" run
@@ -81,7 +93,23 @@ def _dp_sides(model, fi, x, m, y) -> tuple[dict, int]:
         finally:
             gsm.remove_hooks()
 
-    return {"dp_star_engine": star, "dp_opacus_hooks": hooks}, clipper.dim
+    return {"dp_star_engine": star, "dp_opacus_hooks": hooks, **parts}, clipper.dim
+
+
+def _floor(rows: list[dict], n_params: dict[str, int]) -> dict:
+    """The DP step's floor for each encoding if everything but the parameter-proportional work were as
+    cheap as the linear encoding's: linear DP step + (P_enc − P_lin) · (noise + Adam per parameter), the
+    per-parameter costs those of the encoding's own noise and Adam parts (CPU medians)."""
+    by = {r["step"]: r for r in rows}
+    lin = by["dp_star_engine"]["cpu_linear_ms"]
+    out = {}
+    for e in ENCODINGS[1:]:
+        per_param = (by["part_noise"][f"cpu_{e}_ms"] + by["part_adam_step"][f"cpu_{e}_ms"]) / n_params[e]
+        floor = lin + (n_params[e] - n_params["linear"]) * per_param
+        out[e] = {"noise_plus_adam_us_per_1000_parameters": 1000 * 1000 * per_param, "floor_ms": floor,
+                  "floor_over_linear": floor / lin,
+                  "measured_over_linear": by["dp_star_engine"][f"cpu_{e}_over_linear"]}
+    return out
 
 
 def main() -> None:
@@ -132,7 +160,7 @@ def main() -> None:
         row.update({f"cpu_{e}_over_linear": row[f"cpu_{e}_ms"] / row["cpu_linear_ms"] for e in ENCODINGS[1:]})
         rows.append(row)
         print(row, flush=True)
-    emit({"benchmark": "nsfl_dp_step", "reps": reps,
+    emit({"benchmark": "nsfl_dp_step", "reps": reps, "dp_floor": _floor(rows, n_params),
           "statistic": "median seconds of one step, x1000 (wall; cpu_*: the thread's CPU time, which other "
                        "processes' load does not inflate)",
           "trainable_parameters_under_dp": n_params, "machine": machine(), "load_average_before_timing": list(load_before),

@@ -406,11 +406,7 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
     """Ingest every hospital's table; the problems of all hospitals are reported together."""
     from clinograph.core.errors import SchemaError
 
-    if config.dictionary is None:
-        raise ConfigError("The config names no feature dictionary: set `dictionary = \"path/to/dictionary.toml\"` "
-                          "(the same file every hospital uses; examples/data/dictionary.toml is the demo's). "
-                          "There is no default: a silent default would map your tables onto the demo's ontology.")
-    dictionary = FeatureDictionary.from_toml(config.dictionary)
+    dictionary = FeatureDictionary.from_toml(config.require_dictionary())
     tables, problems = [], []
     for h in config.hospitals:
         try:

@@ -30,6 +30,7 @@ Shapes: a [B, T, d_in], b [B, T, d_out]; indices [B, T]; c [B], in the parts' dt
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,21 +45,32 @@ class Workspace:
     fresh pages every step (glibc hands large freed blocks back to the OS): thousands of page faults
     a step. Buffers are handed out in request order (the same every step for one model) and grow
     to the largest size asked; only the clipped-sum path uses them (:func:`workspace`), never a
-    tensor that leaves the engine (:meth:`LayerPart.per_sample` allocates)."""
+    tensor that leaves the engine (:meth:`LayerPart.per_sample` allocates). A slot asked for the
+    same shape as last step hands out the same view (no slicing and viewing a request: the engine's
+    cost at small batches is its count of tensor operations)."""
 
     def __init__(self) -> None:
         self._bufs: list[torch.Tensor] = []
+        self._views: list[tuple[tuple[int, ...], torch.Tensor]] = []
         self._next = 0
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of ``shape``, valid until the next :meth:`rewind`."""
-        n, i = math.prod(shape), self._next
+        i = self._next
         self._next += 1
+        if i < len(self._views):
+            last, view = self._views[i]
+            if last == shape and view.dtype == dtype:
+                return view
+        n = math.prod(shape)
         if i == len(self._bufs):
             self._bufs.append(torch.empty(n, dtype=dtype))
+            self._views.append(((), self._bufs[i]))
         elif self._bufs[i].numel() < n or self._bufs[i].dtype != dtype:
             self._bufs[i] = torch.empty(n, dtype=dtype)
-        return self._bufs[i][:n].view(shape)
+        view = self._bufs[i][:n].view(shape)
+        self._views[i] = (shape, view)
+        return view
 
     def rewind(self) -> None:
         """Every buffer free again (the step that used them is done)."""
@@ -112,7 +124,7 @@ class Formed(LayerPart):
     whose g_i is the output gradient its weight's ghost norm also squares)."""
 
     def __init__(self, g: torch.Tensor, norm2_of: Callable[[], torch.Tensor] | None = None):
-        self.g = g.reshape(g.shape[0], -1)
+        self.g = g if g.dim() == 2 else g.reshape(g.shape[0], -1)
         self._norm2_of = norm2_of
 
     def norm2(self) -> torch.Tensor:
@@ -134,18 +146,26 @@ class LinearWeight(LayerPart):
     """g_i = Σ_t b_{i,t} a_{i,t}ᵀ of a Linear weight [d_out, d_in], over the positions of every
     call of the layer (``calls``: (a, b) pairs, each [B, T_c, ·])."""
 
-    def __init__(self, calls: list[tuple[torch.Tensor, torch.Tensor]]):
-        self.calls = calls
+    def __init__(self, calls: list[tuple[torch.Tensor, torch.Tensor]],
+                 flat2d: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self._b2: torch.Tensor | None = None
+        self.formed: torch.Tensor | None = None
+        self._flat: torch.Tensor | None = None  # the formed g_i as [B, d_out·d_in]
+        #: one position (a 2-D call): the ghost norm ‖a_i‖²‖b_i‖² and one product, on [B, ·] tensors
+        self.flat2d = flat2d
+        self.calls = calls  # empty when flat2d is given (a [B, d_in], b [B, d_out]): no [B, 1, ·] views made
+        if flat2d is not None:
+            return
         d_in, d_out = calls[0][0].shape[-1], calls[0][1].shape[-1]
         t = sum(int(a.shape[1]) for a, _ in calls)
-        self.formed: torch.Tensor | None = None
-        #: one position (a 2-D call): the ghost norm ‖a_i‖²‖b_i‖² and one product, on [B, ·] views
-        self.flat2d = (calls[0][0][:, 0], calls[0][1][:, 0]) if t == 1 else None
-        self._b2: torch.Tensor | None = None
+        if t == 1:
+            self.flat2d = (calls[0][0][:, 0], calls[0][1][:, 0])
+            return
         ghost = t * t * (d_in + d_out)  # the ghost norm's operations a patient (forming: t·d_in·d_out)
         small = int(calls[0][0].shape[0]) * d_in * d_out <= FORM_LIMIT
-        if t > 1 and (ghost >= t * d_in * d_out or (small and ghost >= 2 * d_in * d_out)):  # module docstring
+        if ghost >= t * d_in * d_out or (small and ghost >= 2 * d_in * d_out):  # module docstring
             self.formed = self._form()
+            self._flat = self.formed.view(self.formed.shape[0], -1)
 
     def _form(self) -> torch.Tensor:
         """Σ over the calls of Σ_t b_t a_tᵀ, [B, d_out, d_in]: the first call's product into the buffer,
@@ -179,17 +199,17 @@ class LinearWeight(LayerPart):
     def norm2(self) -> torch.Tensor:
         if self.flat2d is not None:
             return sq_norms(self.flat2d[0]) * self.out_norms2()
-        if self.formed is not None:
-            return sq_norms(self.formed.reshape(self.formed.shape[0], -1))
+        if self._flat is not None:
+            return sq_norms(self._flat)
         a, b = self._joined()
         return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(b, b.transpose(1, 2))).sum((1, 2))
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
         if self.flat2d is not None:
             a, b = self.flat2d
-            return torch.mm(b.T, a * c[:, None]).reshape(-1)
-        if self.formed is not None:
-            return c @ self.formed.reshape(self.formed.shape[0], -1)
+            return torch.mm(b.T * c, a).view(-1)  # Σ_i c_i b_i a_iᵀ
+        if self._flat is not None:
+            return c @ self._flat
         out = None
         for a, b in self.calls:
             w = torch.mm((b * c[:, None, None]).reshape(-1, b.shape[-1]).T, a.reshape(-1, a.shape[-1]))
@@ -197,6 +217,9 @@ class LinearWeight(LayerPart):
         return out.reshape(-1)
 
     def per_sample(self) -> torch.Tensor:
+        if self.flat2d is not None:
+            a, b = self.flat2d
+            return (b.unsqueeze(2) * a.unsqueeze(1)).reshape(a.shape[0], -1)
         w = self.formed if self.formed is not None else self._form()
         return w.reshape(w.shape[0], -1)
 
@@ -234,14 +257,20 @@ class KnotWeight(LayerPart):
 INDEX_ADD_WIDTH = 16
 
 
+@functools.lru_cache(maxsize=64)
+def _row_offsets(n: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """[i·rows for i < n] as [n, 1] (read only: shared step to step)."""
+    return torch.arange(0, n * rows, rows, dtype=dtype).unsqueeze(1)
+
+
 class EmbeddingWeight(LayerPart):
     """g_i = the rows b_{i,t} added at the looked-up rows j_{i,t} of an Embedding [rows, d]."""
 
     def __init__(self, index: torch.Tensor, b: torch.Tensor, rows: int):
         self.index, self.b, self.rows = index, b, rows
-        self.formed: torch.Tensor | None = None
+        self.formed: torch.Tensor | None = None  # [B, rows·d]
         if index.shape[1] ** 2 >= rows:
-            self.formed = self._scatter(b)
+            self.formed = self._scatter(b).view(b.shape[0], -1)
 
     def _scatter(self, b: torch.Tensor) -> torch.Tensor:
         n, _, d = b.shape
@@ -251,19 +280,19 @@ class EmbeddingWeight(LayerPart):
             return out.scatter_add_(1, self.index.unsqueeze(-1).expand(-1, -1, d), b)
         # patient i's row j is row i·rows + j of the [B·rows, d] view: one index_add of whole rows
         # (a vectorised row copy) instead of a scatter of single elements (2.7× faster at d = 32)
-        rows = self.index + torch.arange(0, n * self.rows, self.rows, dtype=self.index.dtype).unsqueeze(1)
+        rows = self.index + _row_offsets(n, self.rows, self.index.dtype)
         out.view(n * self.rows, d).index_add_(0, rows.reshape(-1), b.reshape(-1, d))
         return out
 
     def norm2(self) -> torch.Tensor:
         if self.formed is not None:
-            return sq_norms(self.formed.reshape(self.formed.shape[0], -1))
+            return sq_norms(self.formed)
         same = (self.index.unsqueeze(2) == self.index.unsqueeze(1)).to(self.b.dtype)
         return (same * torch.bmm(self.b, self.b.transpose(1, 2))).sum((1, 2))
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
         if self.formed is not None:
-            return c @ self.formed.reshape(self.formed.shape[0], -1)
+            return c @ self.formed
         d = self.b.shape[-1]
         cb = (self.b * c[:, None, None]).reshape(-1, d)
         return self.b.new_zeros((self.rows, d)).index_add_(0, self.index.reshape(-1), cb).reshape(-1)
@@ -286,4 +315,6 @@ def positions(a: torch.Tensor, g: torch.Tensor, b: int) -> tuple[torch.Tensor, t
         for d in shared:
             a = a.narrow(d, 0, 1)
         g = g.sum(shared, keepdim=True)
+    if a.dim() == 3 and g.dim() == 3 and a.shape[0] == b == g.shape[0]:
+        return a, g  # already [B, T, ·]
     return a.reshape(b, -1, a.shape[-1]), g.reshape(b, -1, g.shape[-1])

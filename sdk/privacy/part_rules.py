@@ -42,18 +42,25 @@ def register_part_rule(cls: type) -> Callable[[PartRule], PartRule]:
 def _linear_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]], b: int) -> dict[int, LayerPart]:
     """A Linear layer's calls concatenated over positions (one part a parameter). A
     ``BlockLinear`` with no input blocks (``empty_in``) outputs its bias alone: no weight part."""
-    pos = [positions(a.to(g.dtype), g, b) for a, g in calls]
     out: dict[int, LayerPart] = {}
-    weight, w_part = mod.weight, None
-    if weight.requires_grad and not getattr(mod, "empty_in", False):
-        out[id(weight)] = w_part = LinearWeight(pos)
-    bias = mod.bias
-    if bias is not None and bias.requires_grad:
-        if len(pos) == 1 and pos[0][1].shape[1] == 1:  # one position: g_i(bias) = b_i, squared once for both
-            shared = w_part.out_norms2 if w_part is not None and w_part.flat2d is not None else None
-            out[id(bias)] = Formed(pos[0][1][:, 0], norm2_of=shared)
-        else:
-            out[id(bias)] = Formed(sum(g3.sum(1) for _, g3 in pos))
+    weight, bias = mod.weight, mod.bias
+    w_wanted = weight.requires_grad and not getattr(mod, "empty_in", False)
+    b_wanted = bias is not None and bias.requires_grad
+    if len(calls) == 1 and calls[0][0].dim() == 2:  # one call on [B, d_in]: one position, kept 2-D
+        a, g = calls[0]
+        a = a if a.dtype == g.dtype else a.to(g.dtype)
+        w_part = out[id(weight)] = LinearWeight([], flat2d=(a, g)) if w_wanted else None
+        if b_wanted:  # g_i(bias) = b_i, squared once for both
+            out[id(bias)] = Formed(g, norm2_of=w_part.out_norms2 if w_part is not None else None)
+        return out
+    pos = [positions(a if a.dtype == g.dtype else a.to(g.dtype), g, b) for a, g in calls]
+    if w_wanted:
+        out[id(weight)] = LinearWeight(pos)
+    if b_wanted:
+        g_sum = pos[0][1].sum(1)
+        for _, g3 in pos[1:]:
+            g_sum.add_(g3.sum(1))
+        out[id(bias)] = Formed(g_sum)
     return out
 
 
@@ -131,8 +138,8 @@ def _embedding_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tenso
     if not mod.weight.requires_grad:
         return {}
     d = calls[0][1].shape[-1]
-    idx = [a.reshape(b, -1) for a, _ in calls]
-    g = [g.reshape(b, -1, d) for _, g in calls]
+    idx = [a if a.dim() == 2 and a.shape[0] == b else a.reshape(b, -1) for a, _ in calls]
+    g = [g if g.dim() == 3 and g.shape[0] == b else g.reshape(b, -1, d) for _, g in calls]
     idx, g = (idx[0], g[0]) if len(calls) == 1 else (torch.cat(idx, dim=1), torch.cat(g, dim=1))
     return {id(mod.weight): EmbeddingWeight(idx, g, mod.num_embeddings)}
 

@@ -149,16 +149,16 @@ class PerPatientClipper:
         b = int(inputs[0].shape[0])
         self._calls = []
         own = [(m, m.__dict__.get("forward")) for m in self.leaves]  # an instance forward already set stays
-        for m in self.leaves:
-            m.forward = self._recorder(m)
+        for m in self.leaves:  # the instance dict directly: Module.__setattr__/__delattr__ cost ~1.3 µs a leaf
+            m.__dict__["forward"] = self._recorder(m)
         try:
             loss = self.objective(self.model, inputs, labels)
         finally:
             for m, before in own:
                 if before is None:
-                    del m.forward
+                    del m.__dict__["forward"]
                 else:
-                    m.forward = before
+                    m.__dict__["forward"] = before
         calls, self._calls = self._calls, []
         outs = [o for _, _, o in calls]
         grads = torch.autograd.grad(loss, outs, allow_unused=True) if outs and loss.requires_grad else [None] * len(outs)

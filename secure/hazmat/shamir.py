@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from functools import lru_cache
 
 #: The field modulus: the smallest prime above 2^256 (2^256 + 297).
 PRIME = (1 << 256) + 297
@@ -63,14 +64,23 @@ def combine_shares(shares: Sequence[tuple[int, bytes]]) -> bytes:
     ys = [int.from_bytes(s, "big") for _, s in shares]
     if any(y >= PRIME for y in ys):
         raise ValueError("a share is not a field element")
-    secret = 0
-    for i, (xi, yi) in enumerate(zip(xs, ys, strict=True)):
+    secret = sum(yi * li for yi, li in zip(ys, _lagrange_at_zero(tuple(xs)), strict=True)) % PRIME
+    if secret >> 256:
+        raise ValueError("the shares do not interpolate to a 32-byte secret (a share is wrong)")
+    return secret.to_bytes(SECRET_BYTES, "big")
+
+
+@lru_cache(maxsize=1024)
+def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """The coefficients of eq. (1), prod_{j != i} x_j / (x_j - x_i) mod p, for distinct indices
+    ``xs``: public, and the same for every secret rebuilt from shares at these indices (a server
+    rebuilds one secret a hospital, mostly from the same few index sets), so computed once."""
+    out = []
+    for i, xi in enumerate(xs):
         num = den = 1
         for j, xj in enumerate(xs):
             if j != i:
                 num = num * xj % PRIME
                 den = den * (xj - xi) % PRIME
-        secret = (secret + yi * num * pow(den, -1, PRIME)) % PRIME
-    if secret >> 256:
-        raise ValueError("the shares do not interpolate to a 32-byte secret (a share is wrong)")
-    return secret.to_bytes(SECRET_BYTES, "big")
+        out.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(out)

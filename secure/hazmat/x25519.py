@@ -53,6 +53,21 @@ def hkdf(secret: bytes, *, label: bytes, context: bytes, length: int = SEED_BYTE
                 info=label + b"\x00" + context).derive(secret)
 
 
+_PROBE: list[X25519PrivateKey] = []
+
+
+def check_public(raw: bytes) -> None:
+    """Raise ValueError unless ``raw`` is a usable X25519 public key: 32 bytes, not a low-order
+    point. A low-order point makes every agreement with it the all-zero secret (RFC 7748 section 6.1:
+    X25519 clamps scalars to multiples of the cofactor 8), and a point of large order makes none
+    (a clamped scalar is below the prime order), so one agreement with a fixed probe key decides
+    it for every key. Used where a key is *accepted* (the masked server at stage 0), so that a
+    hospital advertising one is refused there, by name, not found out by its peers later."""
+    if not _PROBE:
+        _PROBE.append(X25519PrivateKey.generate())
+    _PROBE[0].exchange(X25519PublicKey.from_public_bytes(raw))  # ValueError: malformed or all-zero secret
+
+
 def agree(sk: X25519PrivateKey, peer_public: bytes, *, label: bytes, context: bytes) -> bytes:
     """X25519(sk, peer) then HKDF with a purpose label: a 32-byte seed or key.
 

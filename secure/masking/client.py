@@ -21,7 +21,7 @@ from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK, KDF_SHARE_ENCRYPTION
 
 from ..aggregation.base import AggregationClient
-from ..hazmat.masking_prg import add_mask_parts
+from ..hazmat.masking_prg import add_masks
 from ..hazmat.shamir import split_secret
 from ..hazmat.x25519 import agree, generate_keypair, hkdf, private_bytes
 from ..messages import WireMessage
@@ -84,6 +84,7 @@ class MaskingClient(AggregationClient):
         self.clipped: dict[str, int] = {}
         self._peer_keys: dict[str, tuple[bytes, bytes]] = {}
         self._pair_keys: dict[str, bytes] = {}
+        self._pair_ctx: dict[str, bytes] = {}
         self._held: dict[str, tuple[int, bytes, bytes]] = {}
         self._masked_with: frozenset[str] = frozenset()
         self._signed_u3: tuple[str, ...] | None = None
@@ -166,12 +167,16 @@ class MaskingClient(AggregationClient):
             self._held[es.peer] = (idx, b_share, s_share)
         self._masked_with = frozenset(self._held) - {self._me}
         self._need(len(self._masked_with) + 1, "neighbours that shared")
-        y = encode_update(self.update, layout=self._layout, params=self.params, checked=True)
-        add_mask_parts(y, hkdf(self._b, label=KDF_SELF_MASK, context=round_context(self.plan, self._me)), sign=1)
+        seeds = [(hkdf(self._b, label=KDF_SELF_MASK, context=round_context(self.plan, self._me)), 1)]
         for v in sorted(self._masked_with):
-            seed = agree(self._s_sk, self._peer_keys[v][1], label=KDF_PAIRWISE_MASK,
-                         context=pair_context(self.plan, self._me, v))
-            add_mask_parts(y, seed, sign=pairwise_sign(self._me, v))
+            try:
+                seed = agree(self._s_sk, self._peer_keys[v][1], label=KDF_PAIRWISE_MASK, context=self._pair_context(v))
+            except ValueError:  # an honest server refuses such a key at stage 0 (server._accept)
+                raise ProtocolError(f"Pairwise-mask key of {v!r} is invalid (low-order point); the server relayed "
+                                    "it. Refused.") from None
+            seeds.append((seed, pairwise_sign(self._me, v)))
+        y = encode_update(self.update, layout=self._layout, params=self.params, checked=True)
+        add_masks(y, seeds)  # y_u = x_u + PRG(b_u) + sum_v +-PRG(s_uv), every seed in one pass over y
         return MaskedInput(**self._header(), words=to_words(y))
 
     def _consistency(self, msg: ConsistencyRequest) -> ConsistencySignature:
@@ -211,10 +216,18 @@ class MaskingClient(AggregationClient):
             return key
         try:
             key = self._pair_keys[peer] = agree(self._c_sk, self._peer_keys[peer][0], label=KDF_SHARE_ENCRYPTION,
-                         context=pair_context(self.plan, self._me, peer))
+                                                context=self._pair_context(peer))
         except ValueError:
             raise ProtocolError(f"Public key of {peer!r} is invalid (low-order point).") from None
         return key
+
+    def _pair_context(self, peer: str) -> bytes:
+        """:func:`~.stages.pair_context` of this client and ``peer`` (built once a peer and round:
+        both the share-encryption and the pairwise-mask agreement use it)."""
+        ctx = self._pair_ctx.get(peer)
+        if ctx is None:
+            ctx = self._pair_ctx[peer] = pair_context(self.plan, self._me, peer)
+        return ctx
 
     def _need(self, have: int, what: str) -> None:
         if have < self.params.threshold:

@@ -30,9 +30,9 @@ from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 
 from ..aggregation.base import AggregationServer, ModuleSums
 from ..aggregation.checks import Unattributed, authenticate, check_header
-from ..hazmat.masking_prg import add_mask_parts
+from ..hazmat.masking_prg import add_masks
 from ..hazmat.shamir import combine_shares
-from ..hazmat.x25519 import agree, hkdf, private_from_bytes, public_bytes
+from ..hazmat.x25519 import agree, check_public, hkdf, private_from_bytes, public_bytes
 from ..messages import WireMessage
 from ..wire import Envelope, parse_envelope, seal
 from .consistency import survivors_digest
@@ -110,6 +110,8 @@ class MaskingServer(AggregationServer):
         self._revealed: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
         self._result: ModuleSums | None = None
         self._abort: str | None = None
+        self._spec_digest = self.plan.spec.digest()
+        self._u3_digest: str | None = None  # survivors_digest of U3, once U3 is known (stage 3)
 
     @property
     def expected(self) -> frozenset[str]:
@@ -165,8 +167,10 @@ class MaskingServer(AggregationServer):
             if sender not in self._waiting:
                 raise ProtocolError(f"Unexpected message from {sender!r} at stage '{self.stage}' of round "
                                     f"{self.plan.round} (already answered, dropped or not asked).")
+            spec_digest = msg.spec_digest  # type: ignore[attr-defined]
             check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,  # type: ignore[attr-defined]
-                         spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash)  # type: ignore[attr-defined]
+                         spec_digest=None if spec_digest == self._spec_digest else spec_digest,  # known good: not rehashed
+                         dictionary_hash=msg.dictionary_hash)  # type: ignore[attr-defined]
             if msg.client != sender:  # type: ignore[attr-defined]
                 raise ProtocolError(f"Message names client {msg.client!r} but was sent by {sender!r}.")  # type: ignore[attr-defined]
             self._accept(sender, msg, envelope)
@@ -186,6 +190,12 @@ class MaskingServer(AggregationServer):
 
     def _accept(self, sender: str, msg: WireMessage, envelope: Envelope) -> None:
         if isinstance(msg, AdvertiseKeys):  # its envelope signature, verified, is the key signature
+            for what, raw in (("c_pk", msg.c_pk), ("s_pk", msg.s_pk)):
+                try:
+                    check_public(raw)
+                except ValueError:  # relayed, it would make each neighbour fail later, unattributed
+                    raise ProtocolError(f"{sender!r} advertised an unusable {what} (a low-order X25519 point: "
+                                        "every agreement with it is zero). Refused for this round.") from None
             self._vouched[sender] = _relayable(PeerKeys, sender, envelope)  # first: may refuse
             self._keys[sender] = msg
         elif isinstance(msg, ShareKeys):
@@ -195,7 +205,7 @@ class MaskingServer(AggregationServer):
                 raise ProtocolError(f"{sender!r} sent shares for {len(peers)} peer(s); expected exactly one for "
                                     f"each of its {len(keyed)} neighbour(s) with keys.")
             for s in msg.shares:
-                self._outbox.setdefault(s.peer, []).append(s.model_copy(update={"peer": sender}))  # both checked
+                self._outbox.setdefault(s.peer, []).append(EncryptedShare(peer=sender, ciphertext=s.ciphertext))
         elif isinstance(msg, MaskedInput):
             parts = split_modules(from_words(msg.words, layout=self._layout, params=self.params, sender=sender),
                                   layout=self._layout)  # kept per module: decode_sum frees each in turn
@@ -205,7 +215,9 @@ class MaskingServer(AggregationServer):
                 for acc, p in zip(self._sum, parts, strict=True):
                     np.add(acc, p, out=acc)
         elif isinstance(msg, ConsistencySignature):  # its envelope signature is the consistency signature
-            if msg.survivors_digest != survivors_digest(self.plan, self._alive[2]):
+            if self._u3_digest is None:
+                self._u3_digest = survivors_digest(self.plan, self._alive[2])  # U3 is fixed from stage 3 on
+            if msg.survivors_digest != self._u3_digest:
                 raise ProtocolError(f"{sender!r} signed a survivor set U3 other than the one it was sent; its "
                                     "consistency signature does not verify on this round's U3.")
             self._signatures[sender] = _relayable(SurvivorSignature, sender, envelope)
@@ -214,10 +226,10 @@ class MaskingServer(AggregationServer):
 
     def _take_shares(self, sender: str, msg: UnmaskResponse) -> None:
         survivors, shared = self._alive[2], self._alive[1]
-        seen, staged = set(), []
+        seen, staged, held = set(), [], self._graph[sender] | {sender}  # whose shares the sender holds
         for r in msg.shares:
             want = "self_mask" if r.owner in survivors else "pairwise_key" if r.owner in shared else None
-            if r.owner not in self._graph[sender] | {sender} or r.secret != want or r.owner in seen:
+            if r.owner not in held or r.secret != want or r.owner in seen:
                 raise ProtocolError(f"{sender!r} revealed an unexpected or repeated share ({r.secret} of {r.owner!r}).")
             if r.index != holders(self._graph, r.owner).index(sender) + 1:
                 raise ProtocolError(f"{sender!r} revealed a share of {r.owner!r} under the wrong index.")
@@ -249,16 +261,16 @@ class MaskingServer(AggregationServer):
                 out[u] = ForwardShares(federation_id=p.federation_id, round=p.round, recipient=u, shares=fwd)
             self._outbox.clear()
         elif closing == 2:
+            u3 = tuple(sorted(alive))
             for u in alive:
-                out[u] = ConsistencyRequest(federation_id=p.federation_id, round=p.round, recipient=u,
-                                            survivors=tuple(sorted(alive)))
+                out[u] = ConsistencyRequest(federation_id=p.federation_id, round=p.round, recipient=u, survivors=u3)
         elif closing == 3:
-            survivors = self._alive[2]
-            dropped = tuple(sorted(self._alive[1] - survivors))
+            survivors = tuple(sorted(self._alive[2]))
+            dropped = tuple(sorted(self._alive[1] - self._alive[2]))
             sigs = tuple(self._signatures[c] for c in sorted(alive)[:self.params.threshold])  # t: what a client checks (consistency.py)
             for u in alive:
                 out[u] = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient=u,
-                                       survivors=tuple(sorted(survivors)), dropped=dropped, signatures=sigs)
+                                       survivors=survivors, dropped=dropped, signatures=sigs)
         else:
             try:
                 self._unmask()
@@ -297,9 +309,8 @@ class MaskingServer(AggregationServer):
         total = self._sum
         if total is None:
             raise ProtocolError("No masked vector arrived. Round aborted, nothing published.")
-        for v in sorted(survivors):
-            b = self._secret(v, "self_mask")
-            add_mask_parts(total, hkdf(b, label=KDF_SELF_MASK, context=round_context(self.plan, v)), sign=-1)
+        seeds = [(hkdf(self._secret(v, "self_mask"), label=KDF_SELF_MASK, context=round_context(self.plan, v)), -1)
+                 for v in sorted(survivors)]
         for v in sorted(shared - survivors):
             sk = private_from_bytes(self._secret(v, "pairwise_key"))
             if public_bytes(sk) != self._keys[v].s_pk:
@@ -308,7 +319,8 @@ class MaskingServer(AggregationServer):
                                     "dealt, or a holder revealed, a bad share). Round voided, nothing published.")
             for u in sorted(self._graph[v] & survivors):
                 seed = agree(sk, self._keys[u].s_pk, label=KDF_PAIRWISE_MASK, context=pair_context(self.plan, u, v))
-                add_mask_parts(total, seed, sign=-pairwise_sign(u, v))
+                seeds.append((seed, -pairwise_sign(u, v)))
+        add_masks(total, seeds)  # every secret rebuilt and checked first: one pass over the sum
         try:
             check_total(total, layout=self._layout, params=self.params, plan=self.plan, survivors=survivors)
         except ProtocolError:

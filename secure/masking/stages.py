@@ -12,7 +12,9 @@ client trained which module. The price is bandwidth for modules a client did not
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import struct
 import sys
 from collections.abc import Iterable, Mapping
@@ -22,7 +24,6 @@ from typing import TypeVar
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from pydantic import ValidationError
 
 from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.core.identity import PublicIdentity
@@ -32,12 +33,13 @@ from ..aggregation.base import LocalUpdate, ModuleSums
 from ..hazmat import fixedpoint
 from ..hazmat.shamir import SHARE_BYTES
 from ..hazmat.x25519 import encode_context, hkdf
-from ..messages import RoundPlan, WireMessage
-from ..wire import Envelope, open_envelope
+from ..messages import ID_PATTERN, RoundPlan, WireMessage
+from ..wire import SIGNATURE_BYTES, open_signed
 from .messages import MASKING_VERSION as MASKING_VERSION  # re-exported: it lives with the messages
 from .params import MaskingParams
 
 M = TypeVar("M", bound=WireMessage)
+_ID = re.compile(ID_PATTERN)
 
 STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask", "done")
 
@@ -93,7 +95,9 @@ def check_update(update: LocalUpdate, *, layout: Layout, params: MaskingParams) 
         vec = np.asarray(update.modules[name], dtype=np.float64).reshape(-1)
         if vec.size != size:
             raise ProtocolError(f"Module {name!r} has {vec.size} values; the ModelSpec says {size}.")
-        n_in = int(np.count_nonzero(np.abs(vec) <= params.clip))  # NaN compares False: one pass
+        if size and -params.clip <= vec.min() and vec.max() <= params.clip:  # NaN fails both: two passes, no copy
+            continue
+        n_in = int(np.count_nonzero(np.abs(vec) <= params.clip))  # NaN compares False
         n_bad = int(np.count_nonzero(~np.isfinite(vec))) if n_in < size else 0
         n_out = size - n_in if not n_bad else 0
         if n_bad or (n_out and not params.clip_out_of_range):
@@ -122,14 +126,11 @@ def encode_update(update: LocalUpdate, *, layout: Layout, params: MaskingParams,
     frame = np.zeros(cut + 8 * m, dtype=np.uint8)  # one buffer: to_words copies it once
     values = frame[:cut].view(params.value_dtype)
     slots = frame[cut:].view(np.uint32)
-    weights = np.zeros(m)
-    counts = np.zeros(m, dtype=np.int64)
+    w_word = round(w * params.weight_scale)  # fixedpoint eq. (1), rint: 0 < w <= max_weight (checked), no wrap
     for j, (name, off, size) in enumerate(zip(layout.names, layout.offsets, layout.sizes, strict=True)):
         if name in update.modules:
             _encode_checked(update.modules[name], out=values[off:off + size], params=params)
-            weights[j], counts[j] = w, 1
-    slots[:m], _ = fixedpoint.encode(weights, scale=params.weight_scale, bound=params.max_weight, clip=False)
-    slots[m:] = fixedpoint.encode_int(counts)
+            slots[j], slots[m + j] = w_word, 1  # weight slot, count slot (untrained: 0, 0)
     return [values, slots]
 
 
@@ -290,7 +291,14 @@ def check_total(total: list[np.ndarray], *, layout: Layout, params: MaskingParam
 
 def round_context(plan: RoundPlan, *parts: str | bytes) -> bytes:
     """Context binding a derivation to this federation and round (and the given parts)."""
-    return encode_context([plan.federation_id, plan.round, *parts])
+    return _round_prefix(plan.federation_id, plan.round) + encode_context(parts)
+
+
+@functools.lru_cache(maxsize=64)
+def _round_prefix(federation_id: str, round_: int) -> bytes:
+    """``encode_context([federation_id, round_])``: the fields are length-prefixed one by one, so
+    this prefix followed by the encoded parts is the encoding of the whole list."""
+    return encode_context([federation_id, round_])
 
 
 def pair_context(plan: RoundPlan, a: str, b: str) -> bytes:
@@ -323,12 +331,12 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
             ModelSpec or dictionary.
     """
     kind = model.model_fields["kind"].default
+    if len(signature) != SIGNATURE_BYTES or not _ID.fullmatch(client):  # what an Envelope of them would refuse
+        raise ProtocolError(f"Relayed {kind!r} message of {client[:64]!r} is malformed.")
     try:
-        env = Envelope(sender=client, kind=kind, payload=payload, signature=signature)
-    except ValidationError:
-        raise ProtocolError(f"Relayed {kind!r} message of {client!r} is malformed.") from None
-    try:
-        msg = open_envelope(env, sender=key, model=model)
+        if key.name != client:
+            raise IntegrityError(f"Relayed message names {client!r} but is checked against {key.name!r}.")
+        msg = open_signed(payload, signature, sender=key, model=model)  # verified before it is parsed
     except IntegrityError:
         raise IntegrityError(f"Relayed {kind!r} message of {client!r} does not verify under {client!r}'s key: the "
                              f"server relayed, in a message it signed, something {client!r} did not sign (forged, "

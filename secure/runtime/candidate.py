@@ -25,10 +25,7 @@ from .loop import EventSink, RoundOutcome, _quiet, run_rounds
 from .models import CandidateModel, RunFinish, RunStart, overrides_digest, run_id
 from .resume import RunState
 from .selection import STATUS_PART, SelectionRule, SelectionTracker, read_statuses
-from .transport import Restricted, Transport
-
-#: How a round's ``dropped`` names a hospital that refused (:mod:`.participation`): it is alive.
-REFUSED = "refused at "
+from .transport import Restricted, Transport, went_silent
 
 
 @dataclass
@@ -47,7 +44,7 @@ class SelectedRun:
     stopped: bool = False
     #: the run's first round (``run.first_round`` in every plan: a hospital starts a new selection there)
     first_round: int | None = None
-    #: hospitals that went silent or failed in the last round seen (not those that refused) -> why
+    #: hospitals that gave no answer at all in the last round seen (:func:`.transport.went_silent`) -> why
     #: (set by :meth:`after`): :meth:`finish` does not wait for them
     gone: dict[str, str] = field(default_factory=dict)
 
@@ -73,7 +70,7 @@ class SelectedRun:
         return out
 
     def after(self, server: FederationServer, outcome: RoundOutcome) -> bool:
-        self.gone = {n: why for n, why in outcome.dropped.items() if not why.startswith(REFUSED)}
+        self.gone = {n: why for n, why in outcome.dropped.items() if went_silent(why)}
         if self.tracker is None:
             return False
         good, bad = read_statuses(outcome.statuses, peers=server.enrolled, federation_id=server.federation_id,
@@ -89,12 +86,14 @@ class SelectedRun:
         return self.tracker is not None and bool(self.tracker.rounds)
 
     def finish(self, server: FederationServer, transport: Transport, *, stopped: bool) -> None:
-        """``run/finish`` to every hospital of the run that did not drop out of its last round,
+        """``run/finish`` to every hospital of the run that did not go silent in its last round,
         then ``model_selected`` (if a loss was seen).
 
-        Why not the dropped ones: they were not sent the last model either, and a dead one (over
-        Flower: a SIGKILLed SuperNode) held the exchange until Flower gave up on it, 9-17 s after
-        the last round (``benchmarks/flower_scale``). Each is a ``finish_not_delivered`` event."""
+        Why not the silent ones: a dead one (over Flower: a SIGKILLed SuperNode) held the exchange
+        until Flower gave up on it, 9-17 s after the last round (``benchmarks/flower_scale``). A
+        hospital that answered but was dropped (a refusal, a malformed answer, a ClientApp's error
+        reply) is alive and still gets it: without it, it would neither keep the chosen model nor
+        fit its calibration. Each skipped one is a ``finish_not_delivered`` event."""
         self.stopped = stopped
         last = server.history[-1].round if server.history else server.round
         reach = reachable(transport, server.enrolled)
@@ -102,7 +101,7 @@ class SelectedRun:
         msg = seal(RunFinish(federation_id=server.federation_id, round=last), server.identity)
         answers, failed = transport.exchange("setup", {n: {"step": b"run/finish", "data": msg} for n in names},
                                              round_=last)
-        failed.update({n: f"not sent: dropped out of the last round ({self.gone[n]})" for n in reach
+        failed.update({n: f"not sent: silent in the last round ({self.gone[n]})" for n in reach
                        if n in self.gone})
         for name, why in sorted(failed.items()):
             self.on_event("finish_not_delivered", {"round": last, "hospital": name, "reason": why[:300]})

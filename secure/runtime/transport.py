@@ -8,6 +8,7 @@ hospital as dropped at that stage (the secure mode's dropout recovery does the r
 from __future__ import annotations
 
 import logging
+import re
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -20,6 +21,20 @@ from ..refusals import REFUSABLE_STAGES, REFUSAL_PART, seal_refusal
 from .participant import RoundParticipant, dispatch
 
 Parts = dict[str, bytes]
+#: How a transport words "this hospital gave no answer at all" (the start of its reason, after the
+#: round loop's ``"<stage>: "`` prefix): silent in process, not reachable, no reply within the timeout
+#: over Flower (``flower/driver.py``). A hospital's own words never come first: they follow
+#: ``"refused at "``, ``"error reply at "`` or ``"bad reply at "``.
+SILENT_REASONS = ("silent from exchange ", "not reachable", "no reply to ", "its worker process ended")
+
+
+_STAGE_PREFIX = re.compile(r"^[a-z_]{1,32}(?: \d{1,9})?: ")  # "stage 2: ", "end: " (participation.RoundBook)
+
+
+def went_silent(reason: str) -> bool:
+    """True if ``reason`` (a round's dropped reason) says the hospital gave no answer at all."""
+    return _STAGE_PREFIX.sub("", reason, count=1).startswith(SILENT_REASONS)
+
 
 _log = logging.getLogger(__name__)
 
@@ -108,7 +123,7 @@ class InProcessTransport:
             if name not in self.participants:
                 failed[name] = "not reachable in this process"
             elif self._drops.get(round_, {}).get(name, 1 << 30) <= index:
-                failed[name] = f"silent from exchange {index} ({stage!r})"
+                failed[name] = f"silent from exchange {index} ({stage!r})"  # SILENT_REASONS
             else:
                 due[name] = parts
         return due

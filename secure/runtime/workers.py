@@ -32,6 +32,7 @@ import io
 import logging
 import multiprocessing
 import pickle
+import signal
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection, wait
@@ -209,6 +210,9 @@ def _serve(conn: Connection, participants: dict[str, RoundParticipant], after_fo
     """A worker: answer requests until told to stop or the parent's end of the pipe closes."""
     for other in inherited:  # the parent's ends of earlier workers' pipes: theirs alone
         other.close()
+    # Ctrl-C reaches the whole process group: the parent stops the run and then its workers
+    # (close()); a worker interrupted mid-answer would only print a bare traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if after_fork is not None:
         after_fork()
     while True:

@@ -17,6 +17,7 @@ from clinograph.secure.wire import (
     MAGIC_ATTACHED,
     Envelope,
     open_envelope,
+    open_signed,
     parse_envelope,
     seal,
     signed_bytes,
@@ -130,6 +131,28 @@ def test_digest_covers_the_attachments():
     assert env.digest() == before
     assert env.digest() != other.digest()
     assert parse_envelope(env.to_bytes()).digest() == env.digest()
+
+
+def test_open_signed_is_open_envelope_for_a_relayed_payload_and_signature():
+    """A relayed message (payload and signature as received, no envelope): verified before it is
+    parsed, under the model's kind; any other key, kind, signature or payload is refused."""
+    from clinograph.secure.masking.messages import ConsistencySignature
+
+    msg = ConsistencySignature(**HDR, survivors_digest="c" * 64)
+    env = parse_envelope(seal(msg, ALICE))
+    assert open_signed(env.payload, env.signature, sender=ALICE.public, model=ConsistencySignature) == msg
+    with pytest.raises(IntegrityError):  # another key
+        open_signed(env.payload, env.signature, sender=MALLORY.public, model=ConsistencySignature)
+    with pytest.raises(IntegrityError):  # another kind: the kind is signed
+        open_signed(env.payload, env.signature, sender=ALICE.public, model=MaskedInput)
+    with pytest.raises(IntegrityError):  # one byte of the payload changed
+        open_signed(env.payload.replace(b"c", b"d", 1), env.signature, sender=ALICE.public, model=ConsistencySignature)
+    with pytest.raises(ProtocolError, match="signature of 63 bytes"):
+        open_signed(env.payload, env.signature[:63], sender=ALICE.public, model=ConsistencySignature)
+    junk = b'{"kind": "masked_consistency_signature"}'  # validly signed, but not a whole message
+    context, data = signed_bytes("masked_consistency_signature", junk)
+    with pytest.raises(ProtocolError, match="Malformed 'masked_consistency_signature' payload"):
+        open_signed(junk, ALICE.sign(data, context=context), sender=ALICE.public, model=ConsistencySignature)
 
 
 @pytest.mark.parametrize("name", ["bad name", "-leading-dash", "x" * 65, "new\nline"])

@@ -45,9 +45,9 @@ class Timeouts:
 #: ``send_and_receive`` sleeps 3 s between pulls, which made every protocol stage cost 3 s or
 #: more. A pull is one small HTTP call to the SuperLink; Flower 1.41 has no way to be told a
 #: reply came (the ServerApp's API is request-response), so the ServerApp polls.
-DEFAULT_POLL_INTERVAL = 0.01
+DEFAULT_POLL_INTERVAL = 0.05
 #: Longest wait between two pulls, and the share of the time already waited that the next wait is:
-#: a reply is pulled within ``reply-poll`` for the first 0.2 s of an exchange (3 hospitals on
+#: a reply is pulled within ``reply-poll`` for the first second of an exchange (3 hospitals on
 #: loopback answer a protocol stage in 0.2-0.3 s), then within 5 % of the time waited (an exchange
 #: of 20 hospitals, about 3 s, costs about 75 pulls: a fixed 0.05 s cost 60), and a plan stage
 #: that trains for minutes costs one pull a second.

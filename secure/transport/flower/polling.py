@@ -15,9 +15,12 @@ adapter is pinned to 1.41 anyway (:func:`~clinograph.secure.transport.flower.che
 The cost of a shorter idle poll is one more small HTTPS ``PullMessages`` call a node every
 ``idle`` seconds on the SuperLink, so the idle poll grows while no message comes
 (:class:`SupernodeClock`, ``--supernode-poll-max``): right after the node's last message it
-waits a tenth of the node's last wait for a message, from 0.02 s (within a run of 3 hospitals the
+waits a tenth of the node's last wait for a message, from 0.05 s (within a run of 3 hospitals the
 next one follows within a fraction of a second) to 0.2 s (20 hospitals), then a quarter of the
-time since, up to 1 s. It cannot be
+time since, up to 1 s. Why not lower: each poll costs the SuperLink about 3 ms of CPU; a 0.02 s
+floor with a 0.01 s ServerApp poll gained 0.1-0.2 s a round alone (``benchmarks/flower_scale``,
+third pass: 1.54-1.91 s against 1.73 s at 0.05 s) but on a shared 2-core machine running two
+federations at once (``make test``) the polls took the CPU from the work. It cannot be
 event-driven: Flower 1.41's Fleet API is request-response over HTTP, with no push from the
 SuperLink to a SuperNode.
 
@@ -42,8 +45,9 @@ from clinograph.core.errors import ConfigError
 FLOWER_IDLE_POLL, FLOWER_REPLY_WAIT = 3, 0.5
 #: Ours (seconds): the idle poll's lowest floor, its ceiling, the reply wait. A fixed floor of 0.2 s
 #: cost a masked 3-hospital exchange 0.12-0.14 s of waiting for the poll (``benchmarks/flower_scale``,
-#: ``node_poll_wait``), the largest piece of a round that is not compute.
-DEFAULT_IDLE_POLL, DEFAULT_IDLE_POLL_MAX, DEFAULT_REPLY_WAIT = 0.02, 1.0, 0.02
+#: ``node_poll_wait``), the largest piece of a round that is not compute; 0.02 s cost the SuperLink
+#: CPU that concurrent federations on two cores needed (module docstring).
+DEFAULT_IDLE_POLL, DEFAULT_IDLE_POLL_MAX, DEFAULT_REPLY_WAIT = 0.05, 1.0, 0.05
 #: Past its floor, the idle poll waits this share of the time since the node's last message.
 IDLE_GROWTH = 0.25
 #: The floor right after a message is this share of the node's last wait for a message (from its
@@ -67,7 +71,7 @@ class SupernodeClock:
     rarely, and a message is seen within about a quarter of the time it took to come. The floor
     follows the node's last wait for a message (:data:`GAP_SHARE`, between ``idle`` and
     :data:`FLOOR_MAX`): a tenth of it, so 3 hospitals whose next message follows within 0.1-0.3 s
-    poll every 0.02 s and 20 hospitals whose exchanges take seconds every 0.2 s. Why: every
+    poll every 0.05 s and 20 hospitals whose exchanges take seconds every 0.2 s. Why: every
     idle poll is an HTTPS call the one SuperLink serves; with 20 SuperNodes at a fixed 0.2 s
     they were 100 calls a second, about half the SuperLink's calls (estimated from
     ``benchmarks/flower_scale``: about 80 useful calls a second in a round)."""
@@ -213,9 +217,9 @@ def watch_message_pulls(*, started: Callable[[], None], ended: Callable[[bool], 
 
 
 #: Flower 1.41 retries an object that is not stored yet after 1 s, doubling up to 10 s
-#: (``pull_objects``' ``initial_backoff``); ours (seconds): with polls from 0.01-0.02 s a pull finds a
-#: message whose objects are still being pushed more often, and the push of three takes 0.02-0.03 s.
-FLOWER_PULL_BACKOFF, DEFAULT_PULL_BACKOFF = 1, 0.01
+#: (``pull_objects``' ``initial_backoff``); ours (seconds): the push of a message's three objects
+#: takes 0.02-0.03 s, so a pull that comes first finds them within one retry.
+FLOWER_PULL_BACKOFF, DEFAULT_PULL_BACKOFF = 1, 0.05
 
 
 def set_object_pull_backoff(initial: float = DEFAULT_PULL_BACKOFF, *, function: Any = None) -> None:

@@ -19,7 +19,7 @@ keys (``[tool.flwr.app.config]``, overridable with ``flwr run --run-config``):
 ``stage-timeout``      seconds for each later stage (a dead node costs one of these)
 ``end-timeout``        seconds to deliver the last global model
 ``reply-poll``         optional: shortest wait in seconds between two pulls of the
-                       hospitals' replies (default 0.01; the wait grows to 5 % of the
+                       hospitals' replies (default 0.05; the wait grows to 5 % of the
                        time already waited, at most 1 s: :func:`.driver.poll_wait`)
 ``events-file``        optional JSON-lines progress log (names, stages, reasons -- no data)
 ``server-extension``   optional ``'package.module:function'`` called with the built
@@ -228,5 +228,5 @@ def _log_to_stdout() -> None:
 @app.main()
 def _main(grid: Grid, context: Context) -> None:
     _log_to_stdout()
-    set_object_pull_backoff()  # a reply pulled before its objects: retried after 0.01 s (doubling), not Flower's 1 s
+    set_object_pull_backoff()  # a reply pulled before its objects: retried after 0.05 s (doubling), not Flower's 1 s
     run_federation(grid, context.run_config)  # raises on a failed run: Flower marks it failed

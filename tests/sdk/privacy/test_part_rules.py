@@ -30,3 +30,42 @@ def test_conv1d_per_patient_gradients_equal_a_per_patient_loop(stride, padding, 
         for p, g in zip(engine.params, grads, strict=True):
             torch.testing.assert_close(g[i], p.grad)
     assert isinstance(engine.leaves[0], nn.Conv1d)
+
+
+class _Mixed(nn.Module):
+    """Linear calls in every form the Linear rule tells apart: one call on [B, d] (weight and bias
+    kept 2-D), one without bias, one with a frozen weight, a layer called twice on [B, d] (its calls'
+    positions joined), one called on [B, 1, d] (one position, 3-D) and one on [B, T, d]."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.nob = nn.Linear(3, 4), nn.Linear(4, 4, bias=False)
+        self.frozen_w, self.twice = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.one_pos, self.seq = nn.Linear(4, 2), nn.Linear(3, 2)
+        self.frozen_w.weight.requires_grad_(False)
+
+    def forward(self, x, s):
+        h = torch.tanh(self.a(x))
+        h = torch.tanh(self.twice(self.frozen_w(self.nob(h))) + self.twice(h))
+        return self.one_pos(h.unsqueeze(1)).sum((1, 2)) + self.seq(s).sum((1, 2))
+
+
+def test_linear_rule_gives_each_patients_gradient_and_clipped_sum_in_every_call_form():
+    torch.manual_seed(0)
+    model = _Mixed().double()
+    x, s = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 6, 3, dtype=torch.float64)
+    y = torch.randn(5, dtype=torch.float64)
+    engine = PerPatientClipper(model, objective=lambda m, inp, lab: (m(*inp) * lab).sum())
+    grads, _ = engine.per_sample(x, s, labels=y)
+    rows = []
+    for i in range(5):
+        model.zero_grad(set_to_none=True)
+        (model(x[i:i + 1], s[i:i + 1]) * y[i:i + 1]).sum().backward()
+        for p, g in zip(engine.params, grads, strict=True):
+            torch.testing.assert_close(g[i], p.grad)
+        rows.append(torch.cat([p.grad.reshape(-1) for p in engine.params]))
+    per = torch.stack(rows)
+    c = (0.5 / (per.norm(dim=1) + 1e-6)).clamp(max=1.0)
+    out = engine.clipped_sum(x, s, labels=y, clip_norm=0.5)
+    torch.testing.assert_close(out.norms, per.norm(dim=1))
+    torch.testing.assert_close(out.summed, c @ per)

@@ -101,6 +101,19 @@ def test_x25519_refuses_a_low_order_peer_key():
         agree(sk, bytes(32), label=KDF_PAIRWISE_MASK, context=b"")
 
 
+def test_check_public_refuses_low_order_points_and_accepts_real_keys():
+    from clinograph.secure.hazmat.x25519 import check_public
+
+    order8 = bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800")  # RFC 7748 s. 6.1 class
+    for bad in (bytes(32), (1).to_bytes(32, "little"), order8):
+        with pytest.raises(ValueError):
+            check_public(bad)
+    with pytest.raises(ValueError):
+        check_public(bytes(31))
+    for _ in range(5):
+        check_public(generate_keypair()[1])  # no error
+
+
 @settings(max_examples=50, deadline=None)
 @given(n=st.integers(1, 10_000), bound=st.floats(1e-3, 1e6))
 def test_fixed_point_scale_never_wraps_at_the_extremes(n, bound):
@@ -163,3 +176,29 @@ def test_chunked_masks_equal_one_keystream_for_mixed_parts():
     assert not values.any() and not slots.any()
     with pytest.raises(ValueError, match="uint16 or uint32"):
         add_mask_parts([np.zeros(4, np.int64)], seed, sign=1)
+
+
+@pytest.mark.parametrize("chunk", [64, 1 << 16])
+def test_several_seeds_in_one_pass_equal_one_call_per_seed(chunk):
+    """add_masks: chunks that span parts (every part 4-byte aligned) and chunks kept inside a
+    part (an odd uint16 part) add each seed's one keystream, consecutive over the parts."""
+    from clinograph.secure.hazmat.masking_prg import add_masks
+
+    seeds = [(bytes([i]) * 32, sign) for i, sign in ((1, 1), (2, -1), (3, 1))]
+    for layout in ([(np.uint32, 700), (np.uint32, 300), (np.uint16, 42), (np.uint32, 9)], [(np.uint32, 1)],
+                   [(np.uint16, 1001), (np.uint32, 9)]):
+        got = [np.arange(n, dtype=dt) for dt, n in layout]
+        want = [a.copy() for a in got]
+        add_masks(got, seeds, chunk_bytes=chunk)
+        for seed, sign in seeds:  # the keystream runs on over the parts' bytes, in order
+            stream, pos = expand_mask(seed, sum(a.nbytes for a in want) // 4 + 1).view(np.uint8), 0
+            for a in want:
+                mask = stream[pos:pos + a.nbytes].view("<u2" if a.dtype == np.uint16 else "<u4")
+                (np.add if sign > 0 else np.subtract)(a, mask, out=a)
+                pos += a.nbytes
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+        add_masks(got, [(s, -sign) for s, sign in seeds])
+        assert all(np.array_equal(g, np.arange(n, dtype=dt)) for g, (dt, n) in zip(got, layout, strict=True))
+    with pytest.raises(ValueError, match="seed must be 32 bytes"):
+        add_masks(got, [(bytes(32), 1), (b"short", 1)])
+    assert all(np.array_equal(g, np.arange(n, dtype=dt)) for g, (dt, n) in zip(got, layout, strict=True))  # untouched

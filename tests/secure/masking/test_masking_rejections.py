@@ -256,3 +256,36 @@ def test_client_refuses_a_relayed_advertisement_from_another_round_or_peer(how):
     bad = directory.model_copy(update={"keys": (relayed, *directory.keys[1:])})
     with pytest.raises(err, match=match):
         rnd.clients[victim].handle(seal(bad, SERVER))
+
+
+@pytest.mark.parametrize("key", ["s_pk", "c_pk"])
+def test_a_low_order_advertised_key_is_refused_by_name_at_stage_0(key):
+    """Relayed, a low-order key would make every neighbour's agreement fail at stage 2 (an
+    unattributed ValueError there): the server refuses the hospital that advertised it, and the
+    round completes without it."""
+    rnd = Round()
+
+    def low_order(data):
+        adv = AdvertiseKeys.model_validate_json(payload(data)).model_copy(update={key: bytes(32)})
+        return seal(adv, identity("hosp02"))
+
+    res = rnd.finish(tamper_at=0, tamper=only("hosp02", low_order))
+    assert "advertised an unusable " + key in rnd.server.rejected()["hosp02"]
+    assert_completed_without(rnd, res, "hosp02")
+
+
+def test_a_relayed_low_order_pairwise_key_is_a_protocol_error_naming_the_peer():
+    """Against a server that relays one anyway (dishonest, or an older one): the client's refusal
+    names the peer, it is not a bare ValueError."""
+    from clinograph.secure.masking.messages import ForwardShares
+
+    rnd = Round()
+    rnd.deliver()
+    rnd.deliver()  # every client has its neighbours' keys and shares: stage 2 can be run again by hand
+    victim = "hosp00"
+    cl = rnd.clients[victim]
+    peer = sorted(cl._masked_with)[0]
+    cl._peer_keys[peer] = (cl._peer_keys[peer][0], bytes(32))  # as if the server had relayed a low-order s_pk
+    with pytest.raises(ProtocolError, match=f"Pairwise-mask key of '{peer}' is invalid"):
+        cl._masked_input(ForwardShares(federation_id=rnd.plan.federation_id, round=rnd.plan.round,
+                                       recipient=victim, shares=()))

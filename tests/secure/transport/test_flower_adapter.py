@@ -105,7 +105,7 @@ def test_the_reply_poll_waits_a_twentieth_of_the_exchange_between_its_floor_and_
 
     assert [poll_wait(t, floor=0.01) for t in (0.0, 0.1, 2.0, 10.0, 45.0)] == pytest.approx([0.01, 0.01, 0.1, 0.5, 1.0])
     assert poll_wait(0.5, floor=0.05) == 0.05 and poll_wait(600.0, floor=2.0) == 2.0  # the floor is kept
-    assert FlowerTransport(None, nodes={}, timeouts=TIMEOUTS).poll == DEFAULT_POLL_INTERVAL == 0.01
+    assert FlowerTransport(None, nodes={}, timeouts=TIMEOUTS).poll == DEFAULT_POLL_INTERVAL == 0.05
     with pytest.raises(ConfigError, match=r"'reply-poll' = 0.001 s must be in \[0.01, 5\]"):
         FlowerTransport(None, nodes={}, timeouts=TIMEOUTS, poll=0.001)
 

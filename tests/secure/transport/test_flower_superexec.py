@@ -109,14 +109,14 @@ def test_the_idle_poll_grows_while_no_message_comes_and_resets_on_one():
 
 def test_the_idle_poll_floor_is_a_tenth_of_the_last_wait_for_a_message_between_20_and_200_ms():
     now = [0.0]
-    clock = polling.SupernodeClock(idle=polling.DEFAULT_IDLE_POLL, reply=polling.DEFAULT_REPLY_WAIT,
+    clock = polling.SupernodeClock(idle=0.02, reply=polling.DEFAULT_REPLY_WAIT,  # --supernode-poll 0.02
                                    idle_max=polling.DEFAULT_IDLE_POLL_MAX, sleep=lambda s: now.__setitem__(0, now[0] + s),
                                    monotonic=lambda: now[0])
     assert clock.floor == polling.FLOOR_MAX == 0.2  # no wait seen yet
     clock.reply_sent()
     now[0] = 0.15
     clock.message_pulled()  # 3 hospitals: the next message 0.15 s after the reply
-    assert clock.floor == polling.DEFAULT_IDLE_POLL == 0.02
+    assert clock.floor == 0.02 and polling.DEFAULT_IDLE_POLL == 0.05  # the default floor: module docstring
     clock.reply_sent()
     polls = []
     while now[0] < 8.15:  # then idle for 8 s
@@ -239,12 +239,12 @@ def test_the_forkserver_loads_httpx_transport_before_any_clientapp_is_forked():
     assert out.stdout.strip() == "True"
 
 
-def test_an_object_not_stored_yet_is_retried_after_10_ms_on_a_flower_that_still_waits_1_s():
+def test_an_object_not_stored_yet_is_retried_after_50_ms_on_a_flower_that_still_waits_1_s():
     def pull_objects(object_ids, *, initial_backoff=1, backoff_cap=10):
         return initial_backoff
 
     polling.set_object_pull_backoff(function=pull_objects)
-    assert pull_objects([]) == polling.DEFAULT_PULL_BACKOFF == 0.01
+    assert pull_objects([]) == polling.DEFAULT_PULL_BACKOFF == 0.05
     polling.set_object_pull_backoff(function=pull_objects)  # again: already set, accepted
 
     def other(object_ids, *, initial_backoff=2):
