@@ -20,6 +20,7 @@ list them (:func:`.build.run_models`, as ``clinograph model init`` writes them),
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,13 +293,25 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
 
 
 def _transport(prep: _Prepared, members: dict[str, FederationMember]) -> InProcessTransport:
-    """``[simulation] workers``: the hospitals in this process (1), or in forked worker processes."""
+    """``[simulation] workers``: the hospitals in this process (1), or in forked worker processes.
+
+    ``"auto"`` also stays in this process where forking is missing or unsafe: a process running other
+    Python threads (an application embedding the SDK, a web server) would fork with their locks held,
+    and a worker could hang on one. An explicit count N >= 2 forks anyway, with a warning there."""
     import multiprocessing
+    import threading
 
     workers = prep.config.simulation.worker_count(len(members))
+    auto = prep.config.simulation.workers == "auto"
     no_fork = "fork" not in multiprocessing.get_all_start_methods()  # 'auto' stays serial there; N >= 2 is refused
-    if workers < 2 or (no_fork and prep.config.simulation.workers == "auto"):
+    threads = threading.active_count() > 1
+    if workers < 2 or (auto and (no_fork or threads)):
         return InProcessTransport(members)
+    if threads:
+        warnings.warn(f"[simulation] workers = {workers} forks this process while it runs {threading.active_count() - 1} "
+                      "other Python thread(s); a lock one of them holds at the fork stays locked in the workers. "
+                      "Use workers = 'auto' (serial here) or 1 in an application that runs threads.",
+                      RuntimeWarning, stacklevel=3)
     anchors = [prep.server_id, *prep.ids.values(), *(c.build for m in members.values() for c in m.candidates.values())]
     return ProcessTransport(members, workers=workers, after_fork=_after_fork, anchors=anchors)
 

@@ -22,7 +22,11 @@ holds is not pickled but referred to: the objects given as ``anchors`` (the iden
 hospitals' builders, which :class:`clinograph.core.identity.Identity` refuses to pickle anyway)
 travel as their index, public identities and X25519 keys as their raw bytes, and a DP sampler's
 random stream (:class:`clinograph.secure.hazmat.discrete_noise.CsprngUniform`, whose cipher state
-cannot be read out) comes back as a fresh stream under a new random key.
+cannot be read out) comes back as a fresh stream under a new random key. An object that refuses to
+be pickled because it holds a secret (a CKKS keyring or threshold share, a journal key: its class
+defines ``__reduce__`` to raise) and TenSEAL's and SEAL's C++ objects do not travel: they stay in the worker,
+which ends with the run, and the parent's hospital holds a :class:`Withheld` in their place, which
+names the object and the fix if anything touches it (a finished run's hospitals predict without them).
 :meth:`ProcessTransport.close` (also on leaving a ``with`` block) stops every worker.
 """
 
@@ -56,6 +60,44 @@ STOP_SECONDS = 5.0
 
 class WorkerError(ClinographError):
     """A worker process failed at a query (not at a round's message, which is a dropout)."""
+
+
+class Withheld:
+    """In a hospital brought back from a worker, the place of an object that stayed there (a secret
+    key holder, a TenSEAL object: module docstring). Any use raises :class:`WorkerError` naming it."""
+
+    __slots__ = ("_what",)
+
+    def __init__(self, what: str):
+        object.__setattr__(self, "_what", what)
+
+    def __getattr__(self, name: str) -> Any:
+        what = object.__getattribute__(self, "_what")
+        raise WorkerError(f"This hospital's {what} stayed in its simulation worker process (a secret key or a "
+                          f"TenSEAL object is never sent between processes), so .{name} cannot be read here; "
+                          "run the simulation with [simulation] workers = 1 to keep it in this process.")
+
+    def __repr__(self) -> str:
+        return f"Withheld({object.__getattribute__(self, '_what')})"
+
+
+#: the modules of TenSEAL's and SEAL's C++ objects (pybind11: they cannot be pickled)
+_NATIVE = frozenset({"tenseal", "_tenseal_cpp", "_sealapi_cpp"})
+
+
+def _stays(obj: Any) -> bool:
+    """True for an object that must not leave its worker (module docstring)."""
+    cls = type(obj)
+    return "__reduce__" in cls.__dict__ and cls.__module__.startswith("clinograph.") and _refuses(obj) \
+        or cls.__module__.split(".", 1)[0] in _NATIVE
+
+
+def _refuses(obj: Any) -> bool:
+    try:
+        obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    except TypeError:
+        return True
+    return False
 
 
 class ProcessTransport(InProcessTransport):
@@ -264,6 +306,8 @@ class _Pickler(pickle.Pickler):
             return ("ed25519_public", obj.public_bytes_raw())
         if isinstance(obj, CsprngUniform):  # a DP sampler's stream: its cipher state cannot be read out
             return ("csprng",)
+        if _stays(obj):
+            return ("withheld", type(obj).__name__)
         return None
 
 
@@ -286,4 +330,6 @@ class _Unpickler(pickle.Unpickler):
             return Ed25519PublicKey.from_public_bytes(rest[0])
         if kind == "csprng":  # a fresh one-use random key: as unpredictable as the stream it replaces
             return CsprngUniform()
+        if kind == "withheld":
+            return Withheld(rest[0])
         raise pickle.UnpicklingError(f"unknown reference {kind!r}")

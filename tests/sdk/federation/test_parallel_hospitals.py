@@ -4,6 +4,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 import warnings
 
 import numpy as np
@@ -31,11 +32,12 @@ def digests(audit_dir):
             if r["kind"] in ("update_accepted", "aggregate", "release")]
 
 
-def run(tmp_path, workers, tag, **kw):
+def run(tmp_path, workers, tag, secure_mode="masked", **kw):
     tables = small_tables()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
-        res = simulate_one(tables, tables[0].dictionary, cfg(workers, kw.pop("privacy", None), tmp_path / f"{tag}_out"),
+        res = simulate_one(tables, tables[0].dictionary, cfg(workers, kw.pop("privacy", None), tmp_path / f"{tag}_out",
+                                                          secure_mode=secure_mode),
                            audit_dir=tmp_path / tag, **kw)
     return res, tables
 
@@ -88,3 +90,32 @@ def test_the_worker_count_is_strict_and_auto_uses_the_idle_cores_only():
     for bad in (0, "2", True, "many"):
         with pytest.raises((ConfigError, ValueError)):
             cfg(bad)
+
+
+def test_a_threshold_ckks_run_over_workers_ends_and_its_hospitals_predict_as_the_serial_ones(tmp_path):
+    """Its key shares and SEAL objects stay in the workers (never pickled); CKKS is approximate, so the
+    serial and parallel runs agree to its precision (two serial runs differ as much), not bit for bit."""
+    (a, tables), (b, _) = (run(tmp_path, w, f"thr{w}", secure_mode="ckks_threshold") for w in (1, 2))
+    assert a.final.keys() == b.final.keys() == {"east", "north", "south"}
+    for site in a.final:
+        assert abs(a.final[site]["auroc"] - b.final[site]["auroc"]) < 1e-6
+        np.testing.assert_allclose(a.hospitals[site].predict_table(tables[0]), b.hospitals[site].predict_table(tables[0]),
+                                   atol=1e-5)
+    assert not multiprocessing.active_children()
+
+
+def test_auto_does_not_fork_a_process_running_other_threads_and_a_count_warns(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine: 'auto' would fork
+    forked = []
+    stop = threading.Event()
+    host = threading.Thread(target=stop.wait, daemon=True)  # the embedding application's own thread
+    host.start()
+    try:
+        run(tmp_path, "auto", "auto", on_round=lambda r, m: forked.append(multiprocessing.active_children()))
+        assert forked and not any(forked)
+        with pytest.warns(RuntimeWarning, match=r"forks this process while it runs \d+ other Python thread"):
+            run(tmp_path, 2, "two", on_round=lambda r, m: forked.append(multiprocessing.active_children()))
+        assert any(forked)
+    finally:
+        stop.set()
+        host.join()

@@ -87,3 +87,27 @@ def test_a_killed_worker_drops_its_hospitals_without_hanging_and_is_reaped():
             t.call(_name_and_pid)
         pids = t.pids
     assert all(gone(p) for p in pids)
+
+
+class KeepsASecret(Echo):
+    """Holds a secret that refuses to be pickled (as a CKKS keyring does) and a TenSEAL context."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        import tenseal as ts
+
+        from clinograph.core.identity import Identity
+
+        self.secret = Identity.generate(name)
+        self.context = ts.context(ts.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=[60, 40, 40, 60])
+
+
+def test_a_secret_or_a_tenseal_object_stays_in_its_worker_and_its_place_names_the_fix():
+    with ProcessTransport(hospitals(a=KeepsASecret, b=Echo), workers=2) as t:
+        back = t.members()
+    assert back["a"].name == "a" and back["b"].name == "b"
+    for attr, cls in (("secret", "Identity"), ("context", "Context")):
+        withheld = getattr(back["a"], attr)
+        assert repr(withheld) == f"Withheld({cls})"
+        with pytest.raises(WorkerError, match=rf"{cls} stayed in its simulation worker.*workers = 1"):
+            withheld.sign(b"x")
