@@ -27,6 +27,9 @@ be pickled because it holds a secret (a CKKS keyring or threshold share, a journ
 defines ``__reduce__`` to raise) and TenSEAL's and SEAL's C++ objects do not travel: they stay in the worker,
 which ends with the run, and the parent's hospital holds a :class:`Withheld` in their place, which
 names the object and the fix if anything touches it (a finished run's hospitals predict without them).
+Functions and classes defined inside a function (a task's loss closure) cannot be pickled by name:
+those the hospitals hold before the fork are found by a pickling dry run and become anchors; one
+made in a worker comes back as a :class:`Withheld`.
 :meth:`ProcessTransport.close` (also on leaving a ``with`` block) stops every worker.
 """
 
@@ -38,6 +41,7 @@ import multiprocessing
 import pickle
 import signal
 import traceback
+import types
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -76,6 +80,9 @@ class Withheld:
         raise WorkerError(f"This hospital's {what} stayed in its simulation worker process (a secret key or a "
                           f"TenSEAL object is never sent between processes), so .{name} cannot be read here; "
                           "run the simulation with [simulation] workers = 1 to keep it in this process.")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__getattr__("__call__")
 
     def __repr__(self) -> str:
         return f"Withheld({object.__getattribute__(self, '_what')})"
@@ -118,6 +125,7 @@ class ProcessTransport(InProcessTransport):
             raise ConfigError("Worker processes need the 'fork' start method, which this platform lacks; "
                               "set [simulation] workers = 1.")
         self._anchors = list(anchors)
+        self._anchors += _local_objects(self.participants, self._anchors)  # before the fork: the same in every worker
         names = self.hospitals()
         count = min(workers, len(names))
         self._groups = [names[i::count] for i in range(count)]
@@ -308,7 +316,42 @@ class _Pickler(pickle.Pickler):
             return ("csprng",)
         if _stays(obj):
             return ("withheld", type(obj).__name__)
+        if _local(obj):  # made after the fork (those made before are anchors: _local_objects)
+            return ("withheld", f"{type(obj).__name__} {obj.__qualname__}")
         return None
+
+
+class _Finder(_Pickler):
+    """A pickling dry run that collects the local functions and classes it reaches."""
+
+    def __init__(self, anchors: list[Any]):
+        super().__init__(_Discard(), anchors)  # type: ignore[arg-type]
+        self.found: dict[int, Any] = {}
+
+    def persistent_id(self, obj: Any) -> Any:  # noqa: D102
+        if _local(obj) and id(obj) not in self._index:
+            self.found[id(obj)] = obj
+            return ("found",)
+        return super().persistent_id(obj)
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _local(obj: Any) -> bool:
+    """A function or class defined inside a function (a closure, a lambda): pickle cannot name it."""
+    return isinstance(obj, (types.FunctionType, type)) and "<" in getattr(obj, "__qualname__", "")
+
+
+def _local_objects(participants: Mapping[str, Any], anchors: list[Any]) -> list[Any]:
+    """The local functions and classes the hospitals reach before the fork (e.g. a task's loss closure).
+    They become anchors: a worker refers to them by index and the parent, which holds the very same
+    objects, resolves it (a closure is not changed by training)."""
+    finder = _Finder(anchors)
+    finder.dump(dict(participants))
+    return list(finder.found.values())
 
 
 class _Unpickler(pickle.Unpickler):

@@ -111,3 +111,34 @@ def test_a_secret_or_a_tenseal_object_stays_in_its_worker_and_its_place_names_th
         assert repr(withheld) == f"Withheld({cls})"
         with pytest.raises(WorkerError, match=rf"{cls} stayed in its simulation worker.*workers = 1"):
             withheld.sign(b"x")
+
+
+def _closure(scale: float):
+    def scaled(x: float) -> float:
+        return scale * x
+    return scaled
+
+
+class HoldsClosures(Echo):
+    """Holds a closure made before the fork (as a task's loss function) and makes one in its worker."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.before = _closure(2.0)
+        self.after = None
+
+    def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
+        self.after = lambda x: x + 1
+        return super().on_plan(plan)
+
+
+def test_a_closure_made_before_the_fork_comes_back_as_itself_one_made_in_a_worker_as_withheld():
+    hs = hospitals(a=HoldsClosures, b=Echo)
+    before = hs["a"].before
+    with ProcessTransport(hs, workers=2) as t:
+        t.exchange("plan", plan("ab"), round_=0)
+        back = t.members()
+    assert back["a"].before is before and back["a"].before(3.0) == 6.0
+    assert repr(back["a"].after).startswith("Withheld(function ")
+    with pytest.raises(WorkerError, match="stayed in its simulation worker"):
+        back["a"].after(1)
