@@ -162,7 +162,7 @@ def parse_envelope(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Envelo
     if magic not in (MAGIC, MAGIC_ATTACHED):
         raise ProtocolError("Malformed envelope: not a Clinograph v1 envelope (bad magic).")
     attachments: list[bytes] = []
-    try:  # each length is checked against the bytes left before its field is read
+    try:  # a field cut short fails the next read (IndexError, struct.error) or a length check
         n = data[4]
         sender, pos = data[5:5 + n], 5 + n
         n = data[pos]
