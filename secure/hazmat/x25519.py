@@ -53,19 +53,31 @@ def hkdf(secret: bytes, *, label: bytes, context: bytes, length: int = SEED_BYTE
                 info=label + b"\x00" + context).derive(secret)
 
 
-_PROBE: list[X25519PrivateKey] = []
+_P = 2**255 - 19
+#: u-coordinates (mod p) of every point of small order, on Curve25519 (order dividing 8: the
+#: cofactor) and on its twist (order dividing 4): u = 0 (order 2), 1 (order 4), p - 1 (order 4,
+#: twist) and the two of order 8 (the list libsodium's ``has_small_order`` refuses).
+LOW_ORDER_U = frozenset({0, 1, _P - 1,
+                         int.from_bytes(bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"),
+                                        "little"),
+                         int.from_bytes(bytes.fromhex("5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157"),
+                                        "little")})
 
 
 def check_public(raw: bytes) -> None:
     """Raise ValueError unless ``raw`` is a usable X25519 public key: 32 bytes, not a low-order
     point. A low-order point makes every agreement with it the all-zero secret (RFC 7748 section 6.1:
     X25519 clamps scalars to multiples of the cofactor 8), and a point of large order makes none
-    (a clamped scalar is below the prime order), so one agreement with a fixed probe key decides
-    it for every key. Used where a key is *accepted* (the masked server at stage 0), so that a
-    hospital advertising one is refused there, by name, not found out by its peers later."""
-    if not _PROBE:
-        _PROBE.append(X25519PrivateKey.generate())
-    _PROBE[0].exchange(X25519PublicKey.from_public_bytes(raw))  # ValueError: malformed or all-zero secret
+    (a clamped scalar is below the prime order). X25519 reads u little-endian with the top bit
+    masked and works mod p (RFC 7748 section 5), so the key is refused exactly when that u mod p
+    is in :data:`LOW_ORDER_U`: the same keys an agreement with any fixed key refuses (what this
+    did before, at one X25519 agreement a key; the test compares the two), without the agreement.
+    Used where a key is *accepted* (the masked server at stage 0), so that a hospital advertising
+    one is refused there, by name, not found out by its peers later."""
+    if len(raw) != 32:
+        raise ValueError(f"an X25519 public key is 32 bytes, got {len(raw)}")
+    if (int.from_bytes(raw, "little") & ((1 << 255) - 1)) % _P in LOW_ORDER_U:
+        raise ValueError("low-order X25519 public key (every agreement with it is zero)")
 
 
 def agree(sk: X25519PrivateKey, peer_public: bytes, *, label: bytes, context: bytes) -> bytes:

@@ -155,12 +155,20 @@ def to_words(parts: list[np.ndarray]) -> bytes:
     little-endian host that buffer is copied once (no per-part copy and join)."""
     base = parts[0].base
     if sys.byteorder == "little" and isinstance(base, np.ndarray) and base.dtype == np.uint8 \
-            and base.flags.c_contiguous and all(p.base is base for p in parts) \
-            and sum(p.nbytes for p in parts) == base.nbytes \
-            and [p.__array_interface__["data"][0] for p in parts] == \
-            [base.__array_interface__["data"][0] + off for off in np.cumsum([0] + [p.nbytes for p in parts[:-1]])]:
+            and base.flags.c_contiguous and all(p.base is base and p.flags.c_contiguous for p in parts) \
+            and sum(p.nbytes for p in parts) == base.nbytes and _tile(parts, base.ctypes.data):
         return base.tobytes()
     return b"".join(p.astype(p.dtype.newbyteorder("<"), copy=False).tobytes() for p in parts)
+
+
+def _tile(parts: list[np.ndarray], start: int) -> bool:
+    """Whether ``parts`` lie back to back in memory from address ``start`` (one address read a
+    part: this check was most of a small vector's ``to_words``)."""
+    for p in parts:
+        if p.ctypes.data != start:
+            return False
+        start += p.nbytes
+    return True
 
 
 def from_words(words: bytes, *, layout: Layout, params: MaskingParams, sender: str) -> list[np.ndarray]:

@@ -92,6 +92,17 @@ def test_frame_truncated_inside_an_attachment_or_with_trailing_bytes_is_refused(
         parse_envelope(data + b"\x00")
 
 
+def test_every_cut_of_a_v1_or_v2_frame_is_refused():
+    """Each length field is checked against the bytes left (parse_envelope reads by offsets)."""
+    v1, v2 = seal(update([]), ALICE), two_blobs()[1].to_bytes()
+    assert v1[:4] == MAGIC and v2[:4] == MAGIC_ATTACHED
+    for data in (v1, v2):
+        assert parse_envelope(data).to_bytes() == data
+        for cut in range(len(data)):
+            with pytest.raises(ProtocolError, match="truncated|trailing|bad magic"):
+                parse_envelope(data[:cut])
+
+
 def test_attachment_length_field_lying_is_refused():
     _, env = two_blobs()
     data = bytearray(env.to_bytes())

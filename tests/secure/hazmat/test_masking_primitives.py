@@ -114,6 +114,39 @@ def test_check_public_refuses_low_order_points_and_accepts_real_keys():
         check_public(generate_keypair()[1])  # no error
 
 
+def test_check_public_refuses_exactly_what_an_agreement_refuses():
+    """The table lookup against its definition (an X25519 agreement with a fixed key is all-zero,
+    which OpenSSL refuses): every small-order u, its non-canonical forms (u + p < 2^255) and
+    top-bit twins, the u around them, and fresh keys; the two must agree on every one."""
+    from clinograph.secure.hazmat.x25519 import LOW_ORDER_U, check_public
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+    probe = X25519PrivateKey.generate()
+
+    def by_agreement(raw: bytes) -> bool:
+        try:
+            probe.exchange(X25519PublicKey.from_public_bytes(raw))
+        except ValueError:
+            return False
+        return True
+
+    def by_table(raw: bytes) -> bool:
+        try:
+            check_public(raw)
+        except ValueError:
+            return False
+        return True
+
+    p = 2**255 - 19
+    us = {d + u for u in LOW_ORDER_U for d in range(-3, 4)} | {p + u for u in range(19)} | set(range(300))
+    raws = [(u & (2**256 - 1)).to_bytes(32, "little") for u in us if 0 <= u < 2**255]
+    raws += [(u | 1 << 255).to_bytes(32, "little") for u in us if 0 <= u < 2**255]  # X25519 ignores the top bit
+    raws += [generate_keypair()[1] for _ in range(20)]
+    refused = [r for r in raws if not by_agreement(r)]
+    assert len(refused) == 14  # 0, 1, p - 1, two of order 8, p, p + 1; each with and without the top bit
+    assert [by_table(r) for r in raws] == [by_agreement(r) for r in raws]
+
+
 @settings(max_examples=50, deadline=None)
 @given(n=st.integers(1, 10_000), bound=st.floats(1e-3, 1e6))
 def test_fixed_point_scale_never_wraps_at_the_extremes(n, bound):

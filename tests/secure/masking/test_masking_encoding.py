@@ -26,6 +26,8 @@ def test_one_buffer_words_equal_the_per_part_definition(bits):
     words = to_words(parts)
     assert words == _plain_words(parts)
     assert to_words([p.copy() for p in parts]) == words  # separate arrays take the join path
+    swapped = parts[::-1]  # views of the one buffer, not back to back in this order: the join path too
+    assert swapped[0].base is swapped[1].base and to_words(swapped) == _plain_words(swapped) != words
     back = from_words(words, layout=layout, params=params, sender="hosp01")
     assert all(np.array_equal(a, b) for a, b in zip(back, parts, strict=True))
     # eq. (1)/(2): q = rint(x * scale), two's complement, for every trained module
