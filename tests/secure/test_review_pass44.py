@@ -1,0 +1,58 @@
+"""Review pass 44 of the hospitals in worker processes (``secure/runtime/workers.py``, ``[simulation]
+workers``, ec73135): what a run reports and brings back must not depend on where the hospitals ran."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clinograph.sdk.config import SimulationConfig
+from clinograph.sdk.federation.simulate import simulate_one
+from clinograph.secure.policy import InsecureOptionWarning
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sdk_helpers import small_tables  # noqa: E402
+
+LOCAL_DP = {"enabled": True, "planned_rounds": 2, "noise_multiplier": 1.0}
+
+
+def _run(tmp_path: Path, tag: str, *, workers: int, privacy: dict | None = None, drop_at=None, **fed):
+    tables = small_tables()
+    config = SimulationConfig.model_validate({
+        "output": str(tmp_path / f"{tag}_out"), "simulation": {"workers": workers},
+        "federation": {"rounds": 2, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1, **fed},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0 if privacy else 3}, "training": {"lr": 0.01, "batch_size": 32},
+        **({"privacy": privacy} if privacy else {})})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        return simulate_one(tables, tables[0].dictionary, config, audit_dir=tmp_path / tag, drop_at=drop_at), tables
+
+
+def test_every_hospital_that_contributed_keeps_its_epsilon_in_a_round_where_another_dropped(tmp_path):
+    """Round 1 drops 'south': 'north' and 'east' still trained under local DP and spent ε in it."""
+    res, _ = _run(tmp_path, "dp_drop", workers=1, privacy=LOCAL_DP, drop_at={1: {"south": 2}})
+    assert "south" in res.dropped[1]
+    assert {n: len(e) for n, e in res.epsilons.items()} == {"east": 2, "north": 2, "south": 1}
+    assert res.epsilons["north"][1] > res.epsilons["north"][0] > 0
+    assert res.timings["local_training_seconds"][1] > 0  # the two that trained did train
+
+
+@pytest.mark.parametrize("mode", ["ckks", "ckks_threshold"])
+def test_a_ckks_run_in_worker_processes_brings_its_hospitals_back_without_their_secret_keys(tmp_path, mode):
+    """The hospitals' CKKS secret keys refuse to be pickled: the run must not be lost at its end for it.
+    The parent gets every hospital back (its model, its metrics); the secret stays in the worker."""
+    from clinograph.secure.runtime.workers import WorkerError
+
+    res, tables = _run(tmp_path, mode, workers=2, secure_mode=mode)
+    assert not multiprocessing.active_children()
+    assert sorted(res.hospitals) == ["east", "north", "south"] and len(res.rounds) == 2
+    north = next(t for t in tables if t.site == "north")
+    assert np.isfinite(res.hospitals["north"].predict_table(north)).all()
+    holder = res.hospitals["north"].client.ckks
+    secret = holder.keyring if mode == "ckks" else holder.threshold.party
+    with pytest.raises(WorkerError, match=r"stayed in its worker process.*\[simulation\] workers = 1"):
+        secret.preset  # noqa: B018 - any use of the withheld object says where it is
