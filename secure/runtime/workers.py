@@ -22,7 +22,9 @@ holds is not pickled but referred to: the objects given as ``anchors`` (the iden
 hospitals' builders, which :class:`clinograph.core.identity.Identity` refuses to pickle anyway)
 travel as their index, public identities and X25519 keys as their raw bytes, and a DP sampler's
 random stream (:class:`clinograph.secure.hazmat.discrete_noise.CsprngUniform`, whose cipher state
-cannot be read out) comes back as a fresh stream under a new random key.
+cannot be read out) comes back as a fresh stream under a new random key. A secret that refuses to
+be pickled (a CKKS keyring, a threshold key share) and SEAL's native objects never travel: the
+parent holds a stand-in that says so when used, and the secret ends with its worker.
 :meth:`ProcessTransport.close` (also on leaving a ``with`` block) stops every worker.
 """
 
@@ -264,7 +266,48 @@ class _Pickler(pickle.Pickler):
             return ("ed25519_public", obj.public_bytes_raw())
         if isinstance(obj, CsprngUniform):  # a DP sampler's stream: its cipher state cannot be read out
             return ("csprng",)
+        if _refuses_pickle(type(obj), obj):  # a secret (a CKKS keyring, a threshold key share), a SEAL object
+            return ("withheld", type(obj).__name__)
         return None
+
+
+_REFUSES: dict[type, bool] = {}
+#: the modules of TenSEAL's and SEAL's native objects (contexts, keys), which cannot be pickled
+_NATIVE = ("_sealapi_cpp", "_tenseal_cpp")
+
+
+def _refuses_pickle(cls: type, obj: Any) -> bool:
+    """True for a Clinograph class whose own ``__reduce__`` refuses (a holder of a secret key:
+    :class:`clinograph.secure.ckks.keys.CkksKeyring`, ``ThresholdParty``, ...) and for SEAL's objects."""
+    known = _REFUSES.get(cls)
+    if known is None:
+        reduce = cls.__dict__.get("__reduce__")
+        known = cls.__module__ in _NATIVE
+        if not known and reduce is not None and cls.__module__.startswith("clinograph."):
+            try:
+                reduce(obj)
+            except TypeError:
+                known = True
+        _REFUSES[cls] = known
+    return known
+
+
+class _Withheld:
+    """What this process holds in place of a hospital's secret that refuses to be pickled: the
+    secret stayed in its worker process, which ends with the run."""
+
+    def __init__(self, kind: str):
+        self._kind = kind
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise WorkerError(f"This {self._kind} holds a secret, which is never pickled: it stayed in its worker "
+                          "process and ended with the run. Run with [simulation] workers = 1 to keep the "
+                          "hospitals' secrets in this process.")
+
+    def __repr__(self) -> str:
+        return f"<{self._kind} withheld: it stayed in its worker process>"
 
 
 class _Unpickler(pickle.Unpickler):
@@ -286,4 +329,6 @@ class _Unpickler(pickle.Unpickler):
             return Ed25519PublicKey.from_public_bytes(rest[0])
         if kind == "csprng":  # a fresh one-use random key: as unpredictable as the stream it replaces
             return CsprngUniform()
+        if kind == "withheld":
+            return _Withheld(rest[0])
         raise pickle.UnpicklingError(f"unknown reference {kind!r}")
