@@ -56,3 +56,19 @@ def test_a_ckks_run_in_worker_processes_brings_its_hospitals_back_without_their_
     secret = holder.keyring if mode == "ckks" else holder.threshold.party
     with pytest.raises(WorkerError, match=r"stayed in its worker process.*\[simulation\] workers = 1"):
         secret.preset  # noqa: B018 - any use of the withheld object says where it is
+
+
+def test_a_survival_run_in_worker_processes_brings_its_hospitals_back(tmp_path):
+    """The survival trainer's hazard objective must survive the trip back (it was a closure)."""
+    pytest.importorskip("lifelines")
+    from sdk_helpers import SURVIVAL_TARGET, lung_survival
+
+    d, lung = lung_survival()
+    config = SimulationConfig.model_validate({
+        "federation": {"rounds": 1, "secure_mode": "masked", "local_epochs": 1, "min_clients": 2},
+        "model": {"hidden": 8}, "graph": {"k_similar": 0}, "selection": {"enabled": False, "candidates": []},
+        "output": str(tmp_path / "out"), "target": SURVIVAL_TARGET, "simulation": {"workers": 2}})
+    res = simulate_one(list(lung), d, config, audit_dir=tmp_path / "audit")
+    assert not multiprocessing.active_children()
+    assert sorted(res.hospitals) == sorted(t.site for t in lung)
+    assert np.isfinite(res.hospitals[lung[0].site].predict_table(lung[0])).all()
