@@ -72,3 +72,19 @@ def test_a_survival_run_in_worker_processes_brings_its_hospitals_back(tmp_path):
     assert not multiprocessing.active_children()
     assert sorted(res.hospitals) == sorted(t.site for t in lung)
     assert np.isfinite(res.hospitals[lung[0].site].predict_table(lung[0])).all()
+
+
+class _HoldsAClosure:
+    """A hospital holding something that cannot be pickled (a local function)."""
+
+    def __init__(self, name: str):
+        self.name, self.score = name, lambda x: x
+
+
+def test_hospitals_that_cannot_come_back_say_which_and_what_to_do():
+    from clinograph.secure.runtime.workers import ProcessTransport, WorkerError
+
+    with ProcessTransport({n: _HoldsAClosure(n) for n in ("a", "b")}, workers=2) as t:
+        with pytest.raises(WorkerError, match=r"cannot be brought back.*members: AttributeError \(hospitals \['a'\]\).*"
+                                              r"\[simulation\] workers = 1"):
+            t.members()
