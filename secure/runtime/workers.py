@@ -141,7 +141,12 @@ class ProcessTransport(InProcessTransport):
     def members(self) -> dict[str, Any]:
         """Every hospital as its worker holds it now, brought back into this process (by pickle,
         over the pipe to the worker it forked; see the module docstring)."""
-        replies = self._ask({w: ("members",) for w in range(len(self._groups))})
+        try:
+            replies = self._ask({w: ("members",) for w in range(len(self._groups))})
+        except WorkerError as exc:
+            raise WorkerError(f"The hospitals cannot be brought back from their worker processes ({exc}): one holds "
+                              "an object that cannot be pickled. The run itself ended and its audit is written; set "
+                              "[simulation] workers = 1 to keep the hospitals in this process.") from None
         out: dict[str, Any] = {}
         for w, group in enumerate(self._groups):
             if w not in replies:
@@ -193,7 +198,7 @@ class ProcessTransport(InProcessTransport):
                 if status == "ok":
                     replies[w] = value
                 else:
-                    errors.append(value)
+                    errors.append(f"{value} (hospitals {list(self._groups[w])})")
         if errors:
             raise WorkerError("A worker process failed at a query: " + "; ".join(errors))
         return replies
