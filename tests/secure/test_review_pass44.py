@@ -88,3 +88,20 @@ def test_hospitals_that_cannot_come_back_say_which_and_what_to_do():
         with pytest.raises(WorkerError, match=r"cannot be brought back.*members: AttributeError \(hospitals \['a'\]\).*"
                                               r"\[simulation\] workers = 1"):
             t.members()
+
+
+def test_an_agat_run_in_worker_processes_is_the_serial_run(tmp_path):
+    """AGAT's dropout drew from torch's process-wide generator, whose state each forked worker copies:
+    its hospitals' results depended on which process they ran in."""
+    tables = small_tables()
+
+    def run(workers: int):
+        config = SimulationConfig.model_validate({
+            "task": "agat", "agat": {"hidden": 16, "k_neighbours": 4, "temporal_hidden": 8},
+            "federation": {"rounds": 2, "secure_mode": "masked", "min_clients": 2, "local_epochs": 1},
+            "training": {"lr": 0.01, "batch_size": 32}, "simulation": {"workers": workers},
+            "output": str(tmp_path / f"out{workers}")})
+        return simulate_one(tables, tables[0].dictionary, config, audit_dir=tmp_path / f"audit{workers}")
+
+    serial, workers = run(1), run(2)
+    assert serial.rounds == workers.rounds and serial.final == workers.final
