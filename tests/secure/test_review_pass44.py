@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -105,3 +106,34 @@ def test_an_agat_run_in_worker_processes_is_the_serial_run(tmp_path):
 
     serial, workers = run(1), run(2)
     assert serial.rounds == workers.rounds and serial.final == workers.final
+
+
+class _DisplayStream:
+    """A stand-in for a live display's stream proxy (rich's, while `clinograph simulate` shows its
+    progress bar) whose lock its refresh thread held at the moment the workers were forked."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.lock.acquire()
+
+    def write(self, text: str) -> int:
+        if not self.lock.acquire(timeout=2):  # a forked copy of a held lock is never released
+            raise RuntimeError("the display's lock was held at the fork")
+        self.lock.release()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _say(participant) -> bool:
+    print(f"hospital {participant.name}: a warning", file=sys.stderr)
+    return True
+
+
+def test_a_worker_writes_to_its_own_stderr_not_to_a_display_stream_locked_at_the_fork(monkeypatch):
+    from clinograph.secure.runtime.workers import ProcessTransport
+
+    monkeypatch.setattr(sys, "stderr", _DisplayStream())
+    with ProcessTransport({n: _HoldsAClosure(n) for n in ("a", "b")}, workers=2) as t:
+        assert t.call(_say) == {"a": True, "b": True}
