@@ -35,6 +35,7 @@ import logging
 import multiprocessing
 import pickle
 import signal
+import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection, wait
@@ -217,6 +218,10 @@ def _serve(conn: Connection, participants: dict[str, RoundParticipant], after_fo
     """A worker: answer requests until told to stop or the parent's end of the pipe closes."""
     for other in inherited:  # the parent's ends of earlier workers' pipes: theirs alone
         other.close()
+    # The parent's sys.stdout/sys.stderr may be a display's proxy (rich's progress bar during `clinograph
+    # simulate`) whose lock another thread held at the fork, never to be released here: a worker writes
+    # (warnings, logs) to this process's own streams.
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     # Ctrl-C reaches the whole process group: the parent stops the run and then its workers
     # (close()); a worker interrupted mid-answer would only print a bare traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
