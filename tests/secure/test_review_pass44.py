@@ -137,3 +137,14 @@ def test_a_worker_writes_to_its_own_stderr_not_to_a_display_stream_locked_at_the
     monkeypatch.setattr(sys, "stderr", _DisplayStream())
     with ProcessTransport({n: _HoldsAClosure(n) for n in ("a", "b")}, workers=2) as t:
         assert t.call(_say) == {"a": True, "b": True}
+
+
+def test_auto_stays_in_process_on_macos_where_fork_is_unsafe(monkeypatch):
+    """Python's docs: on macOS 'the fork start method should be considered unsafe as it can lead to
+    crashes of the subprocess' (system libraries start threads); 'auto' must not fork there."""
+    auto = SimulationConfig.model_validate({"simulation": {"workers": "auto"}}).simulation
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert auto.worker_count(3, load=0.0) == 1
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert auto.worker_count(3, load=0.0) == 3
