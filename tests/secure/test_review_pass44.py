@@ -148,3 +148,26 @@ def test_auto_stays_in_process_on_macos_where_fork_is_unsafe(monkeypatch):
     assert auto.worker_count(3, load=0.0) == 1
     monkeypatch.setattr(sys, "platform", "linux")
     assert auto.worker_count(3, load=0.0) == 3
+
+
+class _Hangs:
+    """A hospital whose answer never comes (a deadlock in its native code, a lock copied at the fork)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
+        threading.Event().wait()  # forever
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError, reason="no reply timeout: the parent waits forever on a worker "
+                   "that hangs (Flower's transport drops such a hospital with 'no reply to ...'); proposed: "
+                   "ProcessTransport(reply_timeout=...) from a [simulation] setting, the worker terminated and its "
+                   "hospitals dropped as silent")
+def test_a_hospital_that_never_answers_is_dropped_after_the_reply_timeout():
+    from clinograph.secure.runtime.workers import ProcessTransport
+
+    with ProcessTransport({"a": _HoldsAClosure("a"), "b": _Hangs("b")}, workers=2, reply_timeout=0.5) as t:
+        answers, failed = t.exchange("plan", {"b": {"data": b"/p"}}, round_=0)
+        assert not answers and "no reply" in failed["b"]
