@@ -500,6 +500,10 @@ class SimulationSection(_Strict):
         "after another; N >= 2 = at most N forked workers (never more than hospitals); 'auto' = one per usable "
         "core not busy with other work, at most one per hospital (1 on a busy or one-core machine, and off Linux; "
         "docs/quickstart.md)"))
+    reply_timeout: float | None = Field(default=None, gt=0, description=(
+        "seconds a worker process may take to answer one message (all its hospitals' answers) before it is "
+        "stopped and its hospitals count as silent (the run then stops with a WorkerError naming them); unset: "
+        "no limit, as a serial run waits on a hospital"))
 
     @field_validator("workers")
     @classmethod

@@ -300,7 +300,8 @@ def _transport(prep: _Prepared, members: dict[str, FederationMember]) -> InProce
     if workers < 2 or (no_fork and prep.config.simulation.workers == "auto"):
         return InProcessTransport(members)
     anchors = [prep.server_id, *prep.ids.values(), *(c.build for m in members.values() for c in m.candidates.values())]
-    return ProcessTransport(members, workers=workers, after_fork=_after_fork, anchors=anchors)
+    return ProcessTransport(members, workers=workers, after_fork=_after_fork, anchors=anchors,
+                            reply_timeout=prep.config.simulation.reply_timeout)
 
 
 def _after_fork() -> None:

@@ -36,6 +36,7 @@ import multiprocessing
 import pickle
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection, wait
@@ -67,11 +68,15 @@ class ProcessTransport(InProcessTransport):
     ``after_fork()`` runs first in every worker (the SDK sets torch to one thread there: forking
     after OpenMP was used is only safe that way, and the workers share the cores). ``anchors``:
     objects this process holds that the hospitals refer to and that never change in a worker
-    (see the module docstring)."""
+    (see the module docstring). ``reply_timeout``: seconds a worker may take to answer one request
+    (an exchange: all its hospitals' answers); a worker that takes longer is stopped, and its
+    hospitals are gone as if it had died. None: no limit (as a serial run waits on a hospital)."""
 
     def __init__(self, participants: Mapping[str, RoundParticipant], *, workers: int,
-                 after_fork: Callable[[], None] | None = None, anchors: Iterable[Any] = ()):
+                 after_fork: Callable[[], None] | None = None, anchors: Iterable[Any] = (),
+                 reply_timeout: float | None = None):
         super().__init__(participants)
+        self._timeout = reply_timeout  # seconds for a worker's answer to one request; None: no limit
         if workers < 2:
             raise ConfigError(f"A process transport needs at least 2 workers, not {workers}; use the "
                               "in-process transport for one.")
@@ -188,8 +193,14 @@ class ProcessTransport(InProcessTransport):
                 self._gone(w)
         replies: dict[int, Any] = {}
         errors: list[str] = []
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
         while waiting:
-            for conn in wait(list(waiting)):
+            ready = wait(list(waiting), None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if not ready:  # the reply timeout passed: the workers still silent are stopped
+                for w in waiting.values():
+                    self._stop_silent(w)
+                break
+            for conn in ready:
                 w = waiting.pop(conn)  # type: ignore[call-overload]
                 try:
                     status, value = conn.recv()  # type: ignore[union-attr]
@@ -203,6 +214,13 @@ class ProcessTransport(InProcessTransport):
         if errors:
             raise WorkerError("A worker process failed at a query: " + "; ".join(errors))
         return replies
+
+    def _stop_silent(self, w: int) -> None:
+        proc = self._procs[w]
+        proc.terminate()
+        proc.join(STOP_SECONDS)
+        self._ended[w] = f"no reply within {self._timeout:g} s"
+        _log.warning("worker process %d (hospitals %s) stopped: %s", proc.pid, list(self._groups[w]), self._ended[w])
 
     def _gone(self, w: int) -> None:
         proc = self._procs[w]

@@ -161,13 +161,14 @@ class _Hangs:
         raise AssertionError("unreachable")
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="no reply timeout: the parent waits forever on a worker "
-                   "that hangs (Flower's transport drops such a hospital with 'no reply to ...'); proposed: "
-                   "ProcessTransport(reply_timeout=...) from a [simulation] setting, the worker terminated and its "
-                   "hospitals dropped as silent")
 def test_a_hospital_that_never_answers_is_dropped_after_the_reply_timeout():
     from clinograph.secure.runtime.workers import ProcessTransport
 
+    assert SimulationConfig.model_validate({"simulation": {"reply_timeout": 30}}).simulation.reply_timeout == 30
+    with pytest.raises(ValueError, match="reply_timeout"):
+        SimulationConfig.model_validate({"simulation": {"reply_timeout": 0}})
+
     with ProcessTransport({"a": _HoldsAClosure("a"), "b": _Hangs("b")}, workers=2, reply_timeout=0.5) as t:
         answers, failed = t.exchange("plan", {"b": {"data": b"/p"}}, round_=0)
-        assert not answers and "no reply" in failed["b"]
+        assert not answers and failed["b"] == "its worker process ended (no reply within 0.5 s)"
+    assert not multiprocessing.active_children()
