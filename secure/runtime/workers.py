@@ -12,7 +12,8 @@ random generator); the simulation's tests check that they are identical.
 
 A worker that dies (killed, a crash in native code) is seen as the end of its pipe: its
 hospitals give no answer from then on, with that reason, and the round goes on without them
-(or aborts, as audited) -- the parent never waits on a dead worker.
+(or aborts, as audited) -- the parent never waits on a dead worker. With a ``reply_timeout``, a
+worker silent that long on one request is stopped and counts as dead.
 
 Between rounds the parent reads its hospitals' state with :meth:`ProcessTransport.call` (a
 module-level function, run in the workers in parallel). At the end :meth:`ProcessTransport.members`
