@@ -18,19 +18,26 @@ def _fmt(x: float) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
 
+def _progress() -> Progress:
+    """The rounds' progress bar, redrawn at each update, with no refresh thread of its own: a
+    simulation with ``[simulation] workers = "auto"`` forks only a process without other Python
+    threads (sdk/federation/simulate.py), and a round updates the bar every second or so anyway."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, auto_refresh=False)
+
+
 def run_demo_view(*, out: Path, rounds: int, seed: int, secure_mode: str, dp: bool, scale: float = 1.0) -> None:
     """Run the demo with a progress bar and print the comparison table."""
     from clinograph.sdk.demo.run import demo_config, run_demo
     from clinograph.sdk.federation.candidates import candidate_configs
 
     k = max(1, len(candidate_configs(demo_config(rounds=rounds, seed=0, secure_mode=secure_mode))))
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+    with _progress() as progress:
         task = progress.add_task("federated rounds", total=rounds * k)  # each initialisation: up to `rounds`
 
         def on_round(r: int, metrics: dict[str, dict[str, float]]) -> None:
             mean = sum(m["auroc"] for m in metrics.values()) / len(metrics)
-            progress.update(task, advance=1, description=f"round {r + 1}/{rounds}, mean AUROC {mean:.3f}")
+            progress.update(task, advance=1, description=f"round {r + 1}/{rounds}, mean AUROC {mean:.3f}", refresh=True)
 
         result = run_demo(out_dir=out, rounds=rounds, seed=seed, secure_mode=secure_mode, dp=dp,
                           on_round=on_round, scale=scale,
@@ -125,15 +132,15 @@ def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None
     if dp_default_model(cfg):
         console.print(DP_DEFAULT_MODEL_LINE, soft_wrap=True)
     k = max(1, len(candidate_configs(cfg)))  # [selection] candidates: each runs up to `rounds` rounds
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+    with _progress() as progress:
         what = "rounds" if k == 1 else f"rounds ({k} candidate models, chosen on federated validation loss)"
         task = progress.add_task(what, total=cfg.federation.rounds * k)
         show = simulation_progress(cfg.federation.rounds,
                                    lambda line: progress.console.print(line, soft_wrap=True, markup=False,
                                                                        highlight=False),
-                                   status=lambda line: progress.update(task, description=line))
-        result = simulate_from_config(cfg, on_round=lambda r, m: progress.update(task, advance=1), on_event=show)
+                                   status=lambda line: progress.update(task, description=line, refresh=True))
+        result = simulate_from_config(cfg, on_round=lambda r, m: progress.update(task, advance=1, refresh=True),
+                                      on_event=show)
     if result.choice:
         for row in result.choice["candidates"]:
             loss = "n/a" if row["validation_loss"] is None else f"{row['validation_loss']:.4f}"

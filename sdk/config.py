@@ -498,7 +498,12 @@ class SimulationSection(_Strict):
     workers: Literal["auto"] | StrictInt = Field(default="auto", description=(
         "worker processes the simulated hospitals' work runs in, in parallel: 1 = all in this process, one "
         "after another; N >= 2 = at most N forked workers (never more than hospitals); 'auto' = one per usable "
-        "core not busy with other work, at most one per hospital (1 on a busy or one-core machine; docs/quickstart.md)"))
+        "core not busy with other work, at most one per hospital (1 on a busy or one-core machine, and off Linux; "
+        "docs/quickstart.md)"))
+    reply_timeout: float | None = Field(default=None, gt=0, description=(
+        "seconds a worker process may take to answer one message (all its hospitals' answers) before it is "
+        "stopped and its hospitals count as silent (the run then stops with a WorkerError naming them); unset: "
+        "no limit, as a serial run waits on a hospital"))
 
     @field_validator("workers")
     @classmethod
@@ -513,11 +518,16 @@ class SimulationSection(_Strict):
         'auto': the usable cores not already busy with other work -- ``load`` (default: this
         machine's 1-minute load average), less one for this process itself, rounded down -- at most
         one per hospital, at least 1. On a machine already running more than its cores (a test suite
-        on parallel workers, other jobs) another process only adds forks and switches, so it is 1."""
+        on parallel workers, other jobs) another process only adds forks and switches, so it is 1.
+        Off Linux it is 1: on macOS Python's docs call fork unsafe (system libraries start threads)."""
         if self.workers != "auto":
             return max(1, min(int(self.workers), hospitals))
         import math
         import os
+        import sys
+
+        if not sys.platform.startswith("linux"):
+            return 1
 
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         if load is None:

@@ -158,15 +158,19 @@ class AGATTask(SelectedCalibrated):
         idx = torch.as_tensor(self.split.train)
         self.model.train()
         total, batches = 0.0, 0
-        for _ in range(epochs):
-            perm = idx[torch.randperm(len(idx), generator=gen)]
-            for s in range(0, len(perm), tc.batch_size):
-                b = perm[s:s + tc.batch_size]
-                loss = bce(self.model(current, previous, edges)[b], self._labels[b])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                total, batches = total + loss.item(), batches + 1
+        # dropout draws from torch's process-wide generator: seeded here by this hospital and round alone
+        # (restored after), so a hospital trains the same whatever ran before it in this process (worker processes)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_draw_seed(self.table.site, tc.seed * 100_003 + round_))
+            for _ in range(epochs):
+                perm = idx[torch.randperm(len(idx), generator=gen)]
+                for s in range(0, len(perm), tc.batch_size):
+                    b = perm[s:s + tc.batch_size]
+                    loss = bce(self.model(current, previous, edges)[b], self._labels[b])
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    total, batches = total + loss.item(), batches + 1
         self.model.eval()
         return total / max(batches, 1)
 

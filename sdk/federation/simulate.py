@@ -313,7 +313,8 @@ def _transport(prep: _Prepared, members: dict[str, FederationMember]) -> InProce
                       "Use workers = 'auto' (serial here) or 1 in an application that runs threads.",
                       RuntimeWarning, stacklevel=3)
     anchors = [prep.server_id, *prep.ids.values(), *(c.build for m in members.values() for c in m.candidates.values())]
-    return ProcessTransport(members, workers=workers, after_fork=_after_fork, anchors=anchors)
+    return ProcessTransport(members, workers=workers, after_fork=_after_fork, anchors=anchors,
+                            reply_timeout=prep.config.simulation.reply_timeout)
 
 
 def _after_fork() -> None:
@@ -324,13 +325,15 @@ def _after_fork() -> None:
     torch.set_num_threads(1)
 
 
-def _observe(member: FederationMember, dropped: bool) -> dict[str, Any]:
-    """One hospital after a round (run where the hospital lives): its training seconds, its ε when it
-    contributed under local DP, its test metrics with its current model."""
+def _observe(member: FederationMember, dropped: frozenset[str]) -> dict[str, Any]:
+    """One hospital after a round (run where the hospital lives; ``dropped``: the round's dropped
+    hospitals): its training seconds, its ε when it contributed under local DP, its test metrics
+    with its current model."""
+    out = member.name in dropped
     epsilon = None
-    if not dropped and member.last is not None and member.last.ledger is not None:
+    if not out and member.last is not None and member.last.ledger is not None:
         epsilon = member.last.ledger.epsilon
-    return {"train_seconds": 0.0 if dropped else member.last_train_seconds, "epsilon": epsilon,
+    return {"train_seconds": 0.0 if out else member.last_train_seconds, "epsilon": epsilon,
             "metrics": member.active.task.evaluate("test")}
 
 
@@ -364,7 +367,7 @@ def _run(prep: _Prepared, side: ServerSide, transport: InProcessTransport, *, au
     def round_done(run: CandidateRun, r: int, outcome: RoundOutcome) -> None:
         res = results.setdefault(run.name, SimulationResult(audit_dir=audit_dir))
         total = time.perf_counter() - opened.get(outcome.result.round, time.perf_counter())
-        seen = transport.call(_observe, frozenset(outcome.dropped))  # type: ignore[arg-type]
+        seen = transport.call(_observe, frozenset(outcome.dropped))
         train = sum(o["train_seconds"] for o in seen.values())
         res.timings.setdefault("round_seconds", []).append(total)
         res.timings.setdefault("local_training_seconds", []).append(train)

@@ -154,12 +154,14 @@ def survival_metrics(time: np.ndarray, event: np.ndarray, risk: np.ndarray, *, h
 def hazard_objective(s: np.ndarray, e: np.ndarray):
     """The ``objective`` of :func:`clinograph.sdk.training.local.train_epochs` for the survival
     head: :func:`hazard_nll` of the batch's hazard logits against its (s, e) rows."""
+    import functools
+
     st, et = torch.as_tensor(s, dtype=torch.float32), torch.as_tensor(e, dtype=torch.float32)
+    return functools.partial(_batch_hazard_nll, st, et)  # not a closure: a trainer pickles (worker processes)
 
-    def objective(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
-        return hazard_nll(logits, st[batch].to(logits.dtype), et[batch].to(logits.dtype))
 
-    return objective
+def _batch_hazard_nll(st: torch.Tensor, et: torch.Tensor, logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    return hazard_nll(logits, st[batch].to(logits.dtype), et[batch].to(logits.dtype))
 
 
 class SurvivalTrainer:

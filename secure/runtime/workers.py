@@ -12,7 +12,8 @@ random generator); the simulation's tests check that they are identical.
 
 A worker that dies (killed, a crash in native code) is seen as the end of its pipe: its
 hospitals give no answer from then on, with that reason, and the round goes on without them
-(or aborts, as audited) -- the parent never waits on a dead worker.
+(or aborts, as audited) -- the parent never waits on a dead worker. With a ``reply_timeout``, a
+worker silent that long on one request is stopped and counts as dead.
 
 Between rounds the parent reads its hospitals' state with :meth:`ProcessTransport.call` (a
 module-level function, run in the workers in parallel). At the end :meth:`ProcessTransport.members`
@@ -40,6 +41,8 @@ import logging
 import multiprocessing
 import pickle
 import signal
+import sys
+import time
 import traceback
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -113,11 +116,15 @@ class ProcessTransport(InProcessTransport):
     ``after_fork()`` runs first in every worker (the SDK sets torch to one thread there: forking
     after OpenMP was used is only safe that way, and the workers share the cores). ``anchors``:
     objects this process holds that the hospitals refer to and that never change in a worker
-    (see the module docstring)."""
+    (see the module docstring). ``reply_timeout``: seconds a worker may take to answer one request
+    (an exchange: all its hospitals' answers); a worker that takes longer is stopped, and its
+    hospitals are gone as if it had died. None: no limit (as a serial run waits on a hospital)."""
 
     def __init__(self, participants: Mapping[str, RoundParticipant], *, workers: int,
-                 after_fork: Callable[[], None] | None = None, anchors: Iterable[Any] = ()):
+                 after_fork: Callable[[], None] | None = None, anchors: Iterable[Any] = (),
+                 reply_timeout: float | None = None):
         super().__init__(participants)
+        self._timeout = reply_timeout  # seconds for a worker's answer to one request; None: no limit
         if workers < 2:
             raise ConfigError(f"A process transport needs at least 2 workers, not {workers}; use the "
                               "in-process transport for one.")
@@ -189,7 +196,12 @@ class ProcessTransport(InProcessTransport):
     def members(self) -> dict[str, Any]:
         """Every hospital as its worker holds it now, brought back into this process (by pickle,
         over the pipe to the worker it forked; see the module docstring)."""
-        replies = self._ask({w: ("members",) for w in range(len(self._groups))})
+        try:
+            replies = self._ask({w: ("members",) for w in range(len(self._groups))})
+        except WorkerError as exc:
+            raise WorkerError(f"The hospitals cannot be brought back from their worker processes ({exc}): one holds "
+                              "an object that cannot be pickled. The run itself ended and its audit is written; set "
+                              "[simulation] workers = 1 to keep the hospitals in this process.") from None
         out: dict[str, Any] = {}
         for w, group in enumerate(self._groups):
             if w not in replies:
@@ -230,8 +242,14 @@ class ProcessTransport(InProcessTransport):
                 self._gone(w)
         replies: dict[int, Any] = {}
         errors: list[str] = []
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
         while waiting:
-            for conn in wait(list(waiting)):
+            ready = wait(list(waiting), None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if not ready:  # the reply timeout passed: the workers still silent are stopped
+                for w in waiting.values():
+                    self._stop_silent(w)
+                break
+            for conn in ready:
                 w = waiting.pop(conn)  # type: ignore[call-overload]
                 try:
                     status, value = conn.recv()  # type: ignore[union-attr]
@@ -241,10 +259,17 @@ class ProcessTransport(InProcessTransport):
                 if status == "ok":
                     replies[w] = value
                 else:
-                    errors.append(value)
+                    errors.append(f"{value} (hospitals {list(self._groups[w])})")
         if errors:
             raise WorkerError("A worker process failed at a query: " + "; ".join(errors))
         return replies
+
+    def _stop_silent(self, w: int) -> None:
+        proc = self._procs[w]
+        proc.terminate()
+        proc.join(STOP_SECONDS)
+        self._ended[w] = f"no reply within {self._timeout:g} s"
+        _log.warning("worker process %d (hospitals %s) stopped: %s", proc.pid, list(self._groups[w]), self._ended[w])
 
     def _gone(self, w: int) -> None:
         proc = self._procs[w]
@@ -260,6 +285,10 @@ def _serve(conn: Connection, participants: dict[str, RoundParticipant], after_fo
     """A worker: answer requests until told to stop or the parent's end of the pipe closes."""
     for other in inherited:  # the parent's ends of earlier workers' pipes: theirs alone
         other.close()
+    # The parent's sys.stdout/sys.stderr may be a display's proxy (rich's progress bar during `clinograph
+    # simulate`) whose lock another thread held at the fork, never to be released here: a worker writes
+    # (warnings, logs) to this process's own streams.
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     # Ctrl-C reaches the whole process group: the parent stops the run and then its workers
     # (close()); a worker interrupted mid-answer would only print a bare traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -350,7 +379,10 @@ def _local_objects(participants: Mapping[str, Any], anchors: list[Any]) -> list[
     They become anchors: a worker refers to them by index and the parent, which holds the very same
     objects, resolves it (a closure is not changed by training)."""
     finder = _Finder(anchors)
-    finder.dump(dict(participants))
+    try:
+        finder.dump(dict(participants))
+    except Exception:  # noqa: BLE001 - something no pickler carries: members() names it, if it is still there
+        pass
     return list(finder.found.values())
 
 
