@@ -36,6 +36,7 @@ made in a worker comes back as a :class:`Withheld`.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import multiprocessing
@@ -379,10 +380,8 @@ def _local_objects(participants: Mapping[str, Any], anchors: list[Any]) -> list[
     They become anchors: a worker refers to them by index and the parent, which holds the very same
     objects, resolves it (a closure is not changed by training)."""
     finder = _Finder(anchors)
-    try:
+    with contextlib.suppress(Exception):  # something no pickler carries: members() names it, if still there
         finder.dump(dict(participants))
-    except Exception:  # noqa: BLE001 - something no pickler carries: members() names it, if it is still there
-        pass
     return list(finder.found.values())
 
 
