@@ -187,6 +187,11 @@ def test_per_sample_gradients_stay_exact_with_piecewise_encoding(encoding):
     got = engine.flat(grads, len(y), torch.float64)
     want = torch.stack([torch.cat([per[i][n].reshape(-1) for n in names]) for i in range(len(y))])
     assert (got - want).abs().max().item() <= 1e-9
+    # its clipped sum (the knot-sorted product for U) against Σ_i min(1, C/‖g_i‖) g_i of the loop
+    out = engine.clipped_sum(fi, x, m, labels=y, clip_norm=0.5)
+    factor = (0.5 / (want.norm(dim=1) + 1e-6)).clamp(max=1.0)
+    assert float(factor.min()) < 1  # some patient is clipped
+    assert (out.summed - factor @ want).abs().max().item() <= 1e-9
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
