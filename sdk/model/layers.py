@@ -13,6 +13,8 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 from torch_geometric.utils import softmax as segment_softmax
 
+from .knot_sorted import KnotSortedProduct, knot_pairs
+
 
 def hat_basis(values: torch.Tensor, knots: torch.Tensor) -> torch.Tensor:
     """B_k(x): piecewise-linear interpolation weights of ``values`` on ``knots`` t_0 < ... < t_{M-1}
@@ -42,10 +44,10 @@ class KnotLinear(nn.Linear):
     (the parameter and its state_dict entry are those of the plain Linear).
 
     ``U(h)``: the Linear, every U_k h (the table path, :meth:`RelationAttention._dense_rows`).
-    ``U(h, B(x))``: Σ_k B_k(x) U_k h, one product of the knot-weighted input B(x) ⊗ h [..., M·d]
-    with [U_0 … U_{M-1}] [d, M·d] (the per-copy path; forward and backward about half the time
-    of U h followed by the basis-weighted sum). B(x) is a fixed function of the data: no gradient
-    is sent back to it. The per-patient engine reads that call as a Linear over B(x) ⊗ h whose
+    ``U(h, B(x))``: Σ_k B_k(x) U_k h (the per-copy path), on a hat basis with the positions
+    sorted by knot, one product with [U_k; U_{k+1}] a knot (:mod:`.knot_sorted`), else one product
+    of the knot-weighted input B(x) ⊗ h [..., M·d] with [U_0 … U_{M-1}] [d, M·d]. B(x) is a fixed
+    function of the data: no gradient is sent back to it. The per-patient engine reads that call as a Linear over B(x) ⊗ h whose
     ghost norm factorises, (e_t·e_s) = (h_t·h_s)(B_t·B_s)
     (:class:`clinograph.sdk.privacy.ghost.KnotWeight`). Shapes: [..., d] -> [..., M·d];
     [..., d], [..., M] -> [..., d]."""
@@ -57,8 +59,12 @@ class KnotLinear(nn.Linear):
     def forward(self, h: torch.Tensor, basis: torch.Tensor | None = None) -> torch.Tensor:
         if basis is None:
             return super().forward(h)
-        e = (basis.detach().unsqueeze(-1) * h.unsqueeze(-2)).flatten(-2)  # B(x) ⊗ h, [..., M·d]
-        return F.linear(e, self.blocks())
+        pairs = knot_pairs(basis.detach())
+        if pairs is None:  # not a hat basis: the dense product
+            e = (basis.detach().unsqueeze(-1) * h.unsqueeze(-2)).flatten(-2)  # B(x) ⊗ h, [..., M·d]
+            return F.linear(e, self.blocks())
+        out = KnotSortedProduct.apply(h.reshape(-1, h.shape[-1]), self.weight, pairs)
+        return out.view(*h.shape[:-1], out.shape[-1])
 
     def blocks(self) -> torch.Tensor:
         """[U_0 … U_{M-1}] [d_out, M·d_in]: column block k = U_k (the weight's row block k)."""

@@ -38,6 +38,8 @@ from contextvars import ContextVar
 
 import torch
 
+from ..model.knot_sorted import knot_pairs, knot_weighted, sorted_weight_grad
+
 
 class Workspace:
     """Buffers reused from one DP step to the next for the parts' large intermediates (formed
@@ -244,45 +246,16 @@ class KnotWeight(LayerPart):
         bs = self.basis if c is None else self.basis * c[:, None, None]
         return (bs.unsqueeze(-1) * self.b.unsqueeze(-2)).flatten(2)
 
-    def _pairs(self) -> tuple[torch.Tensor, list[int], torch.Tensor] | None:
-        """The positions sorted by the first of the two adjacent knots their basis is non-zero on
-        (a hat basis's form): (order [N], positions per first knot [M − 1], (B_k, B_{k+1}) in that
-        order [N, 2]); None when some basis row has another non-zero (then the dense product)."""
-        m = self.basis.shape[-1]
-        bs = self.basis.reshape(-1, m)
-        if m < 2:
-            return None
-        k = (bs != 0).to(torch.uint8).argmax(-1).clamp_(max=m - 2)  # the first non-zero knot (0 if none)
-        kk = torch.stack([k, k + 1], -1)
-        if torch.count_nonzero(bs.scatter(1, kk, 0)):
-            return None
-        order = torch.argsort(k)
-        return order, torch.bincount(k, minlength=m - 1).tolist(), bs.gather(1, kk)[order]
-
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
-        """Σ_i c_i g_i with the positions sorted by knot: U_k's block is Σ over the positions whose
-        basis is non-zero at k of B_k(x_t) (c_i b_t) h_tᵀ, one [2·d_out, n] x [n, d_in] product per first
-        knot k giving the blocks at k and k + 1 (2·N·d_in·d_out multiply-adds instead of the dense
-        M·N·d_in·d_out of B(x) ⊗ b against h; benchmarks/runtime_speed/README.md)."""
-        pairs = self._pairs()
+        """Σ_i c_i g_i; on a hat basis with the positions sorted by knot, one [2·d_out, n] x [n, d_in]
+        product per knot (:mod:`clinograph.sdk.model.knot_sorted`: 2·N·d_in·d_out multiply-adds instead
+        of the dense M·N·d_in·d_out of B(x) ⊗ b against h)."""
+        pairs = knot_pairs(self.basis)
         if pairs is None:
             kb = self._knot_backprops(c)
             return torch.mm(kb.reshape(-1, kb.shape[-1]).T, self.h.reshape(-1, self.h.shape[-1])).reshape(-1)
-        order, counts, w = pairs
-        d_in, d_out, m = self.h.shape[-1], self.b.shape[-1], self.basis.shape[-1]
-        h = self.h.reshape(-1, d_in).index_select(0, order)
-        cb = (self.b * c[:, None, None]).reshape(-1, d_out).index_select(0, order)
-        cbw = torch.cat([cb * w[:, :1], cb * w[:, 1:]], 1)  # [N, 2·d_out]: the copy's share at k and at k + 1
-        r = h.new_zeros(m - 1, 2 * d_out, d_in)
-        start = 0
-        for k, n in enumerate(counts):
-            if n:
-                torch.mm(cbw[start:start + n].T, h[start:start + n], out=r[k])
-                start += n
-        g = h.new_zeros(m, d_out, d_in)
-        g[:-1] = r[:, :d_out]
-        g[1:] += r[:, d_out:]
-        return g.reshape(-1)
+        h = self.h.reshape(-1, self.h.shape[-1]).index_select(0, pairs.order)
+        return sorted_weight_grad(pairs, h, knot_weighted(pairs, (self.b * c[:, None, None]).reshape(h.shape[0], -1))).view(-1)
 
     def per_sample(self) -> torch.Tensor:
         return torch.bmm(self._knot_backprops(None).transpose(1, 2), self.h).reshape(self.h.shape[0], -1)
