@@ -173,10 +173,11 @@ class RelationAttention(nn.Module):
         relation with weights; c_V = x_uv; (c_k, c_{k+1}) = (1 − t, t) from :func:`hat_pair`). a_src has
         no bias, so e_uv needs the tables' rows only through a_src, gathered as scalars; and
         Σ_v α_uv m_uv = C_u · S with S the stacked table rows [R, d] and C_u [R] the per-patient sum of
-        α_uv·c at the copies' rows (a [B, R] x [R, d] product; the U rows in a product of their own, so
-        U = 0 gives bit for bit the linear encoding: their a_src scalars read by a lerp at the two knots,
-        their C_u built by two scatters of [B, K], no stacked [B, K, 2] copies). A row no star holds gets a zero column of C, so
-        exactly zero gradient (Theorem 1). ``value_gated``'s G B(x) ⊙ h_f is no table row: that term
+        α_uv·c at the copies' rows (a [B, R] x [R, d] product). The U rows are stacked with W's and V's
+        (one gather, one scatter and one product a layer: the piecewise step's cost is its count of
+        tensor operations, benchmarks/runtime_speed/README.md), so U = 0 gives the linear encoding up
+        to rounding, not bit for bit (the sums run over more, zero, terms). A row no star holds gets a
+        zero column of C, so exactly zero gradient (Theorem 1). ``value_gated``'s G B(x) ⊙ h_f is no table row: that term
         stays a d-vector per copy, added on its own (again: G = 0 gives the linear encoding exactly).
         Shapes: table [F, d], h_dst [B, d], x, mask, index [B, K] -> [B, d]."""
         n_f, one = table.shape[0], torch.ones_like(index, dtype=table.dtype)
@@ -186,21 +187,20 @@ class RelationAttention(nn.Module):
         else:
             if x is None:
                 raise ValueError("valued relation needs edge values")
-            parts = [(torch.cat([self.W(table), self.V(table)]), [index, index + n_f], [one, x.to(table.dtype)])]
-        knot = None  # (U_k h_f at row f·M + k [F·M, d], each copy's first row f·M + k [B, K], t [B, K])
-        if self.U is not None and not self.value_gated and x is not None:
-            k, t = hat_pair(x, self.value_knots.to(x.dtype))
-            knot = (self.U(table).reshape(n_f * self.n_knots, -1), index * self.n_knots + k, t.to(table.dtype))
+            xs = x.to(table.dtype)
+            if self.U is not None and not self.value_gated:  # U_k h_f at row 2F + f·M + k
+                k, t = hat_pair(x, self.value_knots.to(x.dtype))
+                first, t = index * self.n_knots + k + 2 * n_f, t.to(table.dtype)
+                s = torch.cat([self.W(table), self.V(table), self.U(table).reshape(n_f * self.n_knots, -1)])
+                parts = [(s, [index, index + n_f, first, first + 1], [one, xs, 1 - t, t])]
+            else:
+                parts = [(torch.cat([self.W(table), self.V(table)]), [index, index + n_f], [one, xs])]
         gated = None
         if self.U is not None and self.value_gated and x is not None:
             gated = self.U(hat_basis(x, self.value_knots.to(x.dtype)).to(table.dtype)) * table[index]  # [B, K, d]
         rows = [torch.stack(r, -1) for _, r, _ in parts]  # [B, K, J] each
         coefs = [torch.stack(c, -1) for _, _, c in parts]
         src = sum((self.a_src(s).squeeze(-1)[r] * c).sum(-1) for (s, _, _), r, c in zip(parts, rows, coefs, strict=True))
-        if knot is not None:  # (1 − t)·a(U_k h_f) + t·a(U_{k+1} h_f): two gathers and a lerp, no [B, K, 2] stack
-            s_u, first, t = knot
-            a_u = self.a_src(s_u).squeeze(-1)
-            src = src + torch.lerp(a_u[first], a_u[first + 1], t)
         if gated is not None:
             src = src + self.a_src(gated).squeeze(-1)
         e = F.leaky_relu(self.a_dst(self.W(h_dst)) + src, self.negative_slope)  # eq. (2), [B, K]
@@ -211,9 +211,4 @@ class RelationAttention(nn.Module):
         for (s, _, _), r, c in zip(parts, rows, coefs, strict=True):
             cu = table.new_zeros(b, s.shape[0]).scatter_add(1, r.reshape(b, -1), (alpha.unsqueeze(-1) * c).reshape(b, -1))
             out = cu @ s if out is None else out + cu @ s
-        if knot is not None:  # C_u at the copies' two knot rows: two scatters of [B, K], no stacked copy
-            s_u, first, t = knot
-            at = alpha * t
-            cu = table.new_zeros(b, s_u.shape[0]).scatter_add(1, first, alpha - at).scatter_add_(1, first + 1, at)
-            out = out + cu @ s_u
         return out if gated is None else out + (alpha.unsqueeze(-1) * gated).sum(1)
