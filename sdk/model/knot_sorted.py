@@ -8,7 +8,7 @@ dense M·N·d_in·d_out of B(x) ⊗ h against [U_0 … U_{M-1}] (M = 13 knots: 6
 of one sort and a gather and a scatter of the positions' rows. The forward, the input gradient,
 the weight gradient and the engine's clipped sum (:class:`clinograph.sdk.privacy.ghost.KnotWeight`)
 all use it; a basis of any other form keeps the dense product (:func:`knot_pairs` returns None).
-Measured in benchmarks/runtime_speed/README.md ("knot-sorted").
+Measured in benchmarks/runtime_speed/README.md ("Fewer operations and knot-sorted products").
 
 Shapes: N positions, basis [N, M], h [N, d_in], weight [M·d_out, d_in] (row block k = U_k).
 """
@@ -39,7 +39,7 @@ def knot_pairs(basis: torch.Tensor) -> KnotPairs | None:
     kk = torch.stack([k, k + 1], -1)
     if torch.count_nonzero(bs.scatter(1, kk, 0)):
         return None
-    order = torch.argsort(k)
+    order = torch.argsort(k, stable=True)  # the same order, so the same sums, on every run
     return KnotPairs(order, torch.bincount(k, minlength=m - 1).tolist(), bs.gather(1, kk)[order])
 
 

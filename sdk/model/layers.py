@@ -47,8 +47,8 @@ class KnotLinear(nn.Linear):
     ``U(h, B(x))``: Σ_k B_k(x) U_k h (the per-copy path), on a hat basis with the positions
     sorted by knot, one product with [U_k; U_{k+1}] a knot (:mod:`.knot_sorted`), else one product
     of the knot-weighted input B(x) ⊗ h [..., M·d] with [U_0 … U_{M-1}] [d, M·d]. B(x) is a fixed
-    function of the data: no gradient is sent back to it. The per-patient engine reads that call as a Linear over B(x) ⊗ h whose
-    ghost norm factorises, (e_t·e_s) = (h_t·h_s)(B_t·B_s)
+    function of the data: no gradient is sent back to it. The per-patient engine reads that call
+    as a Linear over B(x) ⊗ h whose ghost norm factorises, (e_t·e_s) = (h_t·h_s)(B_t·B_s)
     (:class:`clinograph.sdk.privacy.ghost.KnotWeight`). Shapes: [..., d] -> [..., M·d];
     [..., d], [..., M] -> [..., d]."""
 
@@ -177,8 +177,9 @@ class RelationAttention(nn.Module):
         (one gather, one scatter and one product a layer: the piecewise step's cost is its count of
         tensor operations, benchmarks/runtime_speed/README.md), so U = 0 gives the linear encoding up
         to rounding, not bit for bit (the sums run over more, zero, terms). A row no star holds gets a
-        zero column of C, so exactly zero gradient (Theorem 1). ``value_gated``'s G B(x) ⊙ h_f is no table row: that term
-        stays a d-vector per copy, added on its own (again: G = 0 gives the linear encoding exactly).
+        zero column of C, so exactly zero gradient (Theorem 1). ``value_gated``'s G B(x) ⊙ h_f is no
+        table row: that term stays a d-vector per copy, added on its own (again: G = 0 gives the linear
+        encoding exactly).
         Shapes: table [F, d], h_dst [B, d], x, mask, index [B, K] -> [B, d]."""
         n_f, one = table.shape[0], torch.ones_like(index, dtype=table.dtype)
         # (table rows S, per-copy row numbers, per-copy coefficients) of each product

@@ -255,7 +255,8 @@ class KnotWeight(LayerPart):
             kb = self._knot_backprops(c)
             return torch.mm(kb.reshape(-1, kb.shape[-1]).T, self.h.reshape(-1, self.h.shape[-1])).reshape(-1)
         h = self.h.reshape(-1, self.h.shape[-1]).index_select(0, pairs.order)
-        return sorted_weight_grad(pairs, h, knot_weighted(pairs, (self.b * c[:, None, None]).reshape(h.shape[0], -1))).view(-1)
+        cb = (self.b * c[:, None, None]).reshape(h.shape[0], -1)  # c_i b_t, unsorted
+        return sorted_weight_grad(pairs, h, knot_weighted(pairs, cb)).view(-1)
 
     def per_sample(self) -> torch.Tensor:
         return torch.bmm(self._knot_backprops(None).transpose(1, 2), self.h).reshape(self.h.shape[0], -1)
