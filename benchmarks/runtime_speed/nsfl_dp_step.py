@@ -4,13 +4,15 @@ north, 2400 patients, 23 features a star): the book-keeping engine (``grad_sampl
 DP trainer's default: per-patient gradients, their clipped sum and CSPRNG noise) and Opacus' hooks
 (``"hooks"``: ``GradSampleModule`` forward + backward, ``DPOptimizer`` clip + CSPRNG noise + step). Beside
 them the non-DP indexed step (``forward_neighbourhood``, the ordinary trainer's) at ``k_similar`` 0
-and 5. DP is refused with ``similar_to`` (privacy.md), so the DP arms run at k = 0 only.
+and 5, alone (``non_dp_k*``) and as the trainer's whole step with Adam (``non_dp_adam_k*``; issue 35
+item 3's measure). DP is refused with ``similar_to`` (privacy.md), so the DP arms run at k = 0 only.
 
     python -m benchmarks.runtime_speed.nsfl_dp_step            # 30 repetitions, writes results/nsfl_dp_step.json
     python -m benchmarks.runtime_speed.nsfl_dp_step --quick    # 5 repetitions, prints
 
 Reported per arm: medians of wall time and of the thread's CPU time (``cpu_*``, ``time.thread_time``;
-on the shared machine other sessions' load inflates wall time, not CPU time). The ``part_*`` arms time
+on the shared machine other sessions' load inflates wall time more than CPU time), and the median of
+each repetition's own CPU-time ratio (``cpu_*_over_linear_paired``). The ``part_*`` arms time
 the star engine's parts alone (clipped sum, noise, assign + SGD step, an Adam step), and ``dp_floor``
 is what a DP step of each encoding would cost if only its parameter-proportional work (noise, Adam)
 exceeded the linear encoding's (issue 35 item 3).
@@ -19,6 +21,7 @@ exceeded the linear encoding's (issue 35 item 3).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -96,6 +99,12 @@ def _dp_sides(model, fi, x, m, y) -> tuple[dict, int]:
     return {"dp_star_engine": star, "dp_opacus_hooks": hooks, **parts}, clipper.dim
 
 
+def _adam_step(adam, loss_fn) -> None:
+    adam.zero_grad(set_to_none=True)
+    loss_fn().backward()
+    adam.step()
+
+
 def _floor(rows: list[dict], n_params: dict[str, int]) -> dict:
     """The DP step's floor for each encoding if everything but the parameter-proportional work were as
     cheap as the linear encoding's: linear DP step + (P_enc − P_lin) · (noise + Adam per parameter), the
@@ -137,6 +146,10 @@ def main() -> None:
         for k in (0, 5):
             mo = _model(len(d.node_ids()), enc)
             sides[(f"non_dp_k{k}", enc)] = lambda mo=mo, s=stars[k]: bce(mo.forward_neighbourhood(s, batch), y).backward()
+        for k in (0, 5):  # the plain training step as the trainer takes it: forward, backward, Adam
+            mo = _model(len(d.node_ids()), enc)
+            sides[(f"non_dp_adam_k{k}", enc)] = functools.partial(_adam_step, torch.optim.Adam(mo.parameters(), lr=0.0),
+                                                                  lambda mo=mo, s=stars[k]: bce(mo.forward_neighbourhood(s, batch), y))
         dp, n_params[enc] = _dp_sides(_model(len(d.node_ids()), enc), fi, x, m, y)
         for name, fn in dp.items():
             sides[(name, enc)] = fn
@@ -158,6 +171,11 @@ def main() -> None:
         row.update({f"{e}_over_linear": row[f"{e}_ms"] / row["linear_ms"] for e in ENCODINGS[1:]})
         row.update({f"cpu_{e}_ms": 1000 * median(cpu[(arm, e)]) for e in ENCODINGS})
         row.update({f"cpu_{e}_over_linear": row[f"cpu_{e}_ms"] / row["cpu_linear_ms"] for e in ENCODINGS[1:]})
+        # the median of each repetition's own ratio (the two sides a fraction of a repetition apart: under
+        # a load that changes from one second to the next, steadier than the ratio of the two medians)
+        row.update({f"cpu_{e}_over_linear_paired": median([c / lin for c, lin in zip(cpu[(arm, e)], cpu[(arm, "linear")],
+                                                                                        strict=True)])
+                    for e in ENCODINGS[1:]})
         rows.append(row)
         print(row, flush=True)
     emit({"benchmark": "nsfl_dp_step", "reps": reps, "dp_floor": _floor(rows, n_params),

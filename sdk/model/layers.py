@@ -13,6 +13,8 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 from torch_geometric.utils import softmax as segment_softmax
 
+from .knot_sorted import KnotSortedProduct, knot_pairs
+
 
 def hat_basis(values: torch.Tensor, knots: torch.Tensor) -> torch.Tensor:
     """B_k(x): piecewise-linear interpolation weights of ``values`` on ``knots`` t_0 < ... < t_{M-1}
@@ -30,8 +32,9 @@ def hat_pair(values: torch.Tensor, knots: torch.Tensor) -> tuple[torch.Tensor, t
     every other B_j(x) = 0 (a hat basis interpolates between two adjacent knots; beyond the outer
     knots t is 0 or 1). Shapes: [...], [M] -> [...] (int64), [...]."""
     m = knots.shape[0]
-    # k + 1 = #{j: t_j < x} (as searchsorted's left side), by one comparison: faster for M = 13 knots
-    k = ((values.detach().unsqueeze(-1) > knots).sum(-1) - 1).clamp(0, m - 2)
+    # k + 1 = #{j: t_j < x}: bucketize's left side (a binary search; at 7 900 copies and 13 knots a third
+    # of the time of comparing with every knot and summing, benchmarks/runtime_speed/README.md)
+    k = (torch.bucketize(values.detach(), knots) - 1).clamp(0, m - 2)
     lo, hi = knots[k], knots[k + 1]
     return k, ((values - lo) / (hi - lo)).clamp(0.0, 1.0)
 
@@ -41,11 +44,11 @@ class KnotLinear(nn.Linear):
     (the parameter and its state_dict entry are those of the plain Linear).
 
     ``U(h)``: the Linear, every U_k h (the table path, :meth:`RelationAttention._dense_rows`).
-    ``U(h, B(x))``: Σ_k B_k(x) U_k h, one product of the knot-weighted input B(x) ⊗ h [..., M·d]
-    with [U_0 … U_{M-1}] [d, M·d] (the per-copy path; forward and backward about half the time
-    of U h followed by the basis-weighted sum). B(x) is a fixed function of the data: no gradient
-    is sent back to it. The per-patient engine reads that call as a Linear over B(x) ⊗ h whose
-    ghost norm factorises, (e_t·e_s) = (h_t·h_s)(B_t·B_s)
+    ``U(h, B(x))``: Σ_k B_k(x) U_k h (the per-copy path), on a hat basis with the positions
+    sorted by knot, one product with [U_k; U_{k+1}] a knot (:mod:`.knot_sorted`), else one product
+    of the knot-weighted input B(x) ⊗ h [..., M·d] with [U_0 … U_{M-1}] [d, M·d]. B(x) is a fixed
+    function of the data: no gradient is sent back to it. The per-patient engine reads that call
+    as a Linear over B(x) ⊗ h whose ghost norm factorises, (e_t·e_s) = (h_t·h_s)(B_t·B_s)
     (:class:`clinograph.sdk.privacy.ghost.KnotWeight`). Shapes: [..., d] -> [..., M·d];
     [..., d], [..., M] -> [..., d]."""
 
@@ -56,8 +59,12 @@ class KnotLinear(nn.Linear):
     def forward(self, h: torch.Tensor, basis: torch.Tensor | None = None) -> torch.Tensor:
         if basis is None:
             return super().forward(h)
-        e = (basis.detach().unsqueeze(-1) * h.unsqueeze(-2)).flatten(-2)  # B(x) ⊗ h, [..., M·d]
-        return F.linear(e, self.blocks())
+        pairs = knot_pairs(basis.detach())
+        if pairs is None:  # not a hat basis: the dense product
+            e = (basis.detach().unsqueeze(-1) * h.unsqueeze(-2)).flatten(-2)  # B(x) ⊗ h, [..., M·d]
+            return F.linear(e, self.blocks())
+        out = KnotSortedProduct.apply(h.reshape(-1, h.shape[-1]), self.weight, pairs)
+        return out.view(*h.shape[:-1], out.shape[-1])
 
     def blocks(self) -> torch.Tensor:
         """[U_0 … U_{M-1}] [d_out, M·d_in]: column block k = U_k (the weight's row block k)."""
@@ -87,9 +94,9 @@ class RelationAttention(nn.Module):
     m_uv = W h_v + x_uv · V h_v + G B(x_uv) ⊙ h_v, i.e. U_k = diag(G_k): d shared curves
     g_j(x) = Σ_k G_jk B_k(x), each channel j of feature v scaled by its own state h_vj, so a
     read-out of the message is a per-feature combination of the shared curves. Parameters M·d
-    instead of M·d² and about the cost of V (a DP step: the gated form ~1.2× the linear encoding's,
-    the full form ~2.4×, bound by its M·d² parameters' per-copy products and noise;
-    benchmarks/runtime_speed/results/nsfl_dp_step_hspeed.json).
+    instead of M·d² and about the cost of V (a DP step: the gated form ~1.15× the linear encoding's,
+    the full form ~2.1×, bound by its M·d² parameters' per-copy products and noise;
+    benchmarks/runtime_speed/results/nsfl_dp_step_h35pw2.json).
     """
 
     def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2,
@@ -166,10 +173,13 @@ class RelationAttention(nn.Module):
         relation with weights; c_V = x_uv; (c_k, c_{k+1}) = (1 − t, t) from :func:`hat_pair`). a_src has
         no bias, so e_uv needs the tables' rows only through a_src, gathered as scalars; and
         Σ_v α_uv m_uv = C_u · S with S the stacked table rows [R, d] and C_u [R] the per-patient sum of
-        α_uv·c at the copies' rows (a [B, R] x [R, d] product; the U rows in a product of their own, so
-        U = 0 gives bit for bit the linear encoding). A row no star holds gets a zero column of C, so
-        exactly zero gradient (Theorem 1). ``value_gated``'s G B(x) ⊙ h_f is no table row: that term
-        stays a d-vector per copy, added on its own (again: G = 0 gives the linear encoding exactly).
+        α_uv·c at the copies' rows (a [B, R] x [R, d] product). The U rows are stacked with W's and V's
+        (one gather, one scatter and one product a layer: the piecewise step's cost is its count of
+        tensor operations, benchmarks/runtime_speed/README.md), so U = 0 gives the linear encoding up
+        to rounding, not bit for bit (the sums run over more, zero, terms). A row no star holds gets a
+        zero column of C, so exactly zero gradient (Theorem 1). ``value_gated``'s G B(x) ⊙ h_f is no
+        table row: that term stays a d-vector per copy, added on its own (again: G = 0 gives the linear
+        encoding exactly).
         Shapes: table [F, d], h_dst [B, d], x, mask, index [B, K] -> [B, d]."""
         n_f, one = table.shape[0], torch.ones_like(index, dtype=table.dtype)
         # (table rows S, per-copy row numbers, per-copy coefficients) of each product
@@ -178,12 +188,14 @@ class RelationAttention(nn.Module):
         else:
             if x is None:
                 raise ValueError("valued relation needs edge values")
-            parts = [(torch.cat([self.W(table), self.V(table)]), [index, index + n_f], [one, x.to(table.dtype)])]
-            if self.U is not None and not self.value_gated:  # U_k h_f at row f·M + k
+            xs = x.to(table.dtype)
+            if self.U is not None and not self.value_gated:  # U_k h_f at row 2F + f·M + k
                 k, t = hat_pair(x, self.value_knots.to(x.dtype))
-                first = index * self.n_knots + k
-                t = t.to(table.dtype)
-                parts.append((self.U(table).reshape(n_f * self.n_knots, -1), [first, first + 1], [1 - t, t]))
+                first, t = index * self.n_knots + k + 2 * n_f, t.to(table.dtype)
+                s = torch.cat([self.W(table), self.V(table), self.U(table).reshape(n_f * self.n_knots, -1)])
+                parts = [(s, [index, index + n_f, first, first + 1], [one, xs, 1 - t, t])]
+            else:
+                parts = [(torch.cat([self.W(table), self.V(table)]), [index, index + n_f], [one, xs])]
         gated = None
         if self.U is not None and self.value_gated and x is not None:
             gated = self.U(hat_basis(x, self.value_knots.to(x.dtype)).to(table.dtype)) * table[index]  # [B, K, d]

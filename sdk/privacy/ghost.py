@@ -38,6 +38,8 @@ from contextvars import ContextVar
 
 import torch
 
+from ..model.knot_sorted import knot_pairs, knot_weighted, sorted_weight_grad
+
 
 class Workspace:
     """Buffers reused from one DP step to the next for the parts' large intermediates (formed
@@ -245,8 +247,16 @@ class KnotWeight(LayerPart):
         return (bs.unsqueeze(-1) * self.b.unsqueeze(-2)).flatten(2)
 
     def clipped(self, c: torch.Tensor) -> torch.Tensor:
-        kb = self._knot_backprops(c)
-        return torch.mm(kb.reshape(-1, kb.shape[-1]).T, self.h.reshape(-1, self.h.shape[-1])).reshape(-1)
+        """Σ_i c_i g_i; on a hat basis with the positions sorted by knot, one [2·d_out, n] x [n, d_in]
+        product per knot (:mod:`clinograph.sdk.model.knot_sorted`: 2·N·d_in·d_out multiply-adds instead
+        of the dense M·N·d_in·d_out of B(x) ⊗ b against h)."""
+        pairs = knot_pairs(self.basis)
+        if pairs is None:
+            kb = self._knot_backprops(c)
+            return torch.mm(kb.reshape(-1, kb.shape[-1]).T, self.h.reshape(-1, self.h.shape[-1])).reshape(-1)
+        h = self.h.reshape(-1, self.h.shape[-1]).index_select(0, pairs.order)
+        cb = (self.b * c[:, None, None]).reshape(h.shape[0], -1)  # c_i b_t, unsorted
+        return sorted_weight_grad(pairs, h, knot_weighted(pairs, cb)).view(-1)
 
     def per_sample(self) -> torch.Tensor:
         return torch.bmm(self._knot_backprops(None).transpose(1, 2), self.h).reshape(self.h.shape[0], -1)

@@ -137,3 +137,34 @@ def test_table_rows_attention_equals_the_per_copy_attention_for_every_relation_k
     assert torch.count_nonzero(o_rows[2]) == 0 and o_rows.abs().max() > 0
     for a, b in zip(g_rows, g_copy, strict=True):
         torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-10)
+
+
+def test_piecewise_table_rows_equal_the_per_copy_hat_basis_at_an_alarm_sized_batch(f64):
+    """The knot rows read by two gathers, a lerp and two scatters (``_dense_rows``) against U h_f on
+    every copy with the full hat basis (``message``): 23 features, stars of 23 copies with repeats,
+    values on every knot interval, on the knots and beyond; output and every gradient."""
+    from clinograph.sdk.model.layers import RelationAttention
+
+    gen = torch.Generator().manual_seed(3)
+    rel = RelationAttention(8, valued=True, value_knots=SHAPE_KNOTS).double()
+    with torch.no_grad():
+        for p in rel.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    table = torch.randn(23, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    h_dst = torch.randn(32, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    index = torch.randint(0, 23, (32, 23), generator=gen)
+    x = 3 * torch.randn(32, 23, generator=gen, dtype=torch.float64)
+    x[0, :13] = torch.tensor(SHAPE_KNOTS, dtype=torch.float64)
+    x[1, :4] = torch.tensor([-9.0, 9.0, -4.0 - 1e-12, 4.0 + 1e-12], dtype=torch.float64)
+    mask = torch.rand(32, 23, generator=gen) < 0.9
+    params = [table, h_dst, *rel.parameters()]
+    w = torch.randn(32, 8, generator=gen, dtype=torch.float64)
+    outs = []
+    for rows in (True, False):
+        out = rel.dense(table, h_dst, x, mask, index=index) if rows else rel.dense(table[index], h_dst, x, mask)
+        outs.append((out.detach(), torch.autograd.grad((out * w).sum(), params)))
+    (o_rows, g_rows), (o_copy, g_copy) = outs
+    torch.testing.assert_close(o_rows, o_copy, atol=1e-12, rtol=0)
+    assert float(g_rows[3 + 2].abs().max()) > 0  # U's gradient is exercised (parameters: W, V, U, a_dst, a_src)
+    for a, b in zip(g_rows, g_copy, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-10)

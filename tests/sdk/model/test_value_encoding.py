@@ -88,7 +88,11 @@ def test_round_zero_equals_the_linear_encoding_and_the_default_is_unchanged(enco
     for k, v in lin.state_dict().items():  # the same draws for every other weight
         assert torch.equal(v, pw.state_dict()[k]), k
     stars = star_batch(t)
-    assert torch.equal(lin.forward_batch(stars), pw.forward_batch(stars))
+    # up to rounding: the non-DP path sums the zero U rows in the same product as W's and V's
+    torch.testing.assert_close(pw.forward_batch(stars), lin.forward_batch(stars), atol=1e-12, rtol=0)
+    # the per-copy (DP) path adds U's term on its own: bit for bit
+    fi, x, m = stars.feature_index, stars.values, stars.mask
+    assert torch.equal(lin.forward_star(fi, x, m), pw.forward_star(fi, x, m))
     # U lives in the shared GNN modules; no new module name
     ids = t.dictionary.node_ids()
     assert nsfl_modules(pw, ids).names() == nsfl_modules(lin, ids).names()
@@ -187,6 +191,11 @@ def test_per_sample_gradients_stay_exact_with_piecewise_encoding(encoding):
     got = engine.flat(grads, len(y), torch.float64)
     want = torch.stack([torch.cat([per[i][n].reshape(-1) for n in names]) for i in range(len(y))])
     assert (got - want).abs().max().item() <= 1e-9
+    # its clipped sum (the knot-sorted product for U) against Σ_i min(1, C/‖g_i‖) g_i of the loop
+    out = engine.clipped_sum(fi, x, m, labels=y, clip_norm=0.5)
+    factor = (0.5 / (want.norm(dim=1) + 1e-6)).clamp(max=1.0)
+    assert float(factor.min()) < 1  # some patient is clipped
+    assert (out.summed - factor @ want).abs().max().item() <= 1e-9
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)

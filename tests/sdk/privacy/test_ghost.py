@@ -95,10 +95,14 @@ def test_formed_part_and_a_wrong_reference_disagree():
     assert not torch.allclose(part.norm2(), wrong.pow(2).sum(1))
 
 
+@pytest.mark.parametrize("basis_kind", ["hat", "hat_on_and_beyond_knots", "any"])
 @pytest.mark.parametrize("positions", [1, 6])
-def test_knot_part_equals_the_piecewise_layers_own_per_patient_gradient(positions):
+def test_knot_part_equals_the_piecewise_layers_own_per_patient_gradient(positions, basis_kind):
     """The piecewise encoding's U (KnotLinear called on (h, B(x))): the factorised ghost norm,
-    the clipped sum and the formed gradient against each patient's own autograd gradient."""
+    the clipped sum and the formed gradient against each patient's own autograd gradient. A hat
+    basis (two adjacent non-zeros) takes the knot-sorted clipped sum, values exactly on the knots and
+    beyond them included (one non-zero, at an outer knot); any other basis the dense product."""
+    from clinograph.sdk.model.knot_sorted import knot_pairs
     from clinograph.sdk.model.layers import KnotLinear, hat_basis
     from clinograph.sdk.privacy.ghost import KnotWeight
 
@@ -108,7 +112,11 @@ def test_knot_part_equals_the_piecewise_layers_own_per_patient_gradient(position
     with torch.no_grad():
         layer.weight.copy_(torch.randn(layer.weight.shape, generator=g, dtype=torch.float64))
     h = torch.randn(B, positions, d, generator=g, dtype=torch.float64)
-    basis = hat_basis(2 * torch.rand(B, positions, generator=g, dtype=torch.float64) - 1, knots)
+    x = 2 * torch.rand(B, positions, generator=g, dtype=torch.float64) - 1
+    if basis_kind == "hat_on_and_beyond_knots":  # on every knot, below the first, above the last
+        x.view(-1)[:6] = torch.tensor([-3.0, -1.0, 0.0, 0.5, 1.0, 3.0], dtype=torch.float64)[:x.numel()]
+    basis = hat_basis(x, knots) if basis_kind != "any" else torch.rand(B, positions, len(knots), generator=g,
+                                                                      dtype=torch.float64)
     w_out = torch.randn(B, positions, d, generator=g, dtype=torch.float64)  # Σ_t w_t·out_t: patient i's loss
     ref = torch.stack([torch.autograd.grad((layer(h[i:i + 1], basis[i:i + 1]) * w_out[i:i + 1]).sum(),
                                            layer.weight)[0].reshape(-1) for i in range(B)])
@@ -116,6 +124,7 @@ def test_knot_part_equals_the_piecewise_layers_own_per_patient_gradient(position
     u = layer(h).reshape(B, positions, len(knots), d)
     torch.testing.assert_close(layer(h, basis), (basis.unsqueeze(-1) * u).sum(-2))
     part = KnotWeight(h, basis, w_out)
+    assert (knot_pairs(basis) is None) == (basis_kind == "any")  # the path meant is the path taken
     c = torch.rand(B, generator=g, dtype=torch.float64)
     torch.testing.assert_close(part.norm2(), ref.pow(2).sum(1))
     torch.testing.assert_close(part.clipped(c), c @ ref)

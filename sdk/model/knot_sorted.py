@@ -1,0 +1,108 @@
+"""Σ_k B_k(x) U_k h on a hat basis with the positions sorted by knot (the piecewise encoding's
+per-copy path and its per-patient clipped sum).
+
+A hat basis row (:func:`~.layers.hat_basis`) is non-zero at two adjacent knots k, k + 1 at most.
+Grouping the positions by k, each group needs one product with [U_k; U_{k+1}] ([2·d_out, d_in], two
+contiguous row blocks of ``KnotLinear``'s weight): 2·N·d_in·d_out multiply-adds in all instead of the
+dense M·N·d_in·d_out of B(x) ⊗ h against [U_0 … U_{M-1}] (M = 13 knots: 6.5× fewer), at the price
+of one sort and a gather and a scatter of the positions' rows. The forward, the input gradient,
+the weight gradient and the engine's clipped sum (:class:`clinograph.sdk.privacy.ghost.KnotWeight`)
+all use it; a basis of any other form keeps the dense product (:func:`knot_pairs` returns None).
+Measured in benchmarks/runtime_speed/README.md ("Fewer operations and knot-sorted products").
+
+Shapes: N positions, basis [N, M], h [N, d_in], weight [M·d_out, d_in] (row block k = U_k).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+
+class KnotPairs(NamedTuple):
+    """The positions sorted by the first of their two knots."""
+
+    order: torch.Tensor  #: [N] position numbers, by first knot k
+    counts: list[int]  #: [M − 1] positions with first knot k
+    weights: torch.Tensor  #: [N, 2] (B_k, B_{k+1}) of the sorted positions
+
+
+def knot_pairs(basis: torch.Tensor) -> KnotPairs | None:
+    """The sort of the positions of ``basis`` [..., M] by knot, or None when some row is non-zero
+    outside two adjacent knots (not a hat basis: the caller takes the dense product)."""
+    m = basis.shape[-1]
+    if m < 2:
+        return None
+    bs = basis.reshape(-1, m)
+    k = (bs != 0).to(torch.uint8).argmax(-1).clamp_(max=m - 2)  # the first non-zero knot (0 if none)
+    kk = torch.stack([k, k + 1], -1)
+    if torch.count_nonzero(bs.scatter(1, kk, 0)):
+        return None
+    order = torch.argsort(k, stable=True)  # the same order, so the same sums, on every run
+    return KnotPairs(order, torch.bincount(k, minlength=m - 1).tolist(), bs.gather(1, kk)[order])
+
+
+def knot_weighted(pairs: KnotPairs, g: torch.Tensor) -> torch.Tensor:
+    """[B_k g_t ‖ B_{k+1} g_t] of the sorted positions. Shapes: g [N, d] (unsorted) -> [N, 2·d]."""
+    gs = g.index_select(0, pairs.order)
+    w = pairs.weights.to(g.dtype)
+    return torch.cat([gs * w[:, :1], gs * w[:, 1:]], 1)
+
+
+def sorted_weight_grad(pairs: KnotPairs, hs: torch.Tensor, gw: torch.Tensor) -> torch.Tensor:
+    """Σ_t B(x_t) ⊗ g_t h_tᵀ in the weight's layout, one [2·d_out, n] x [n, d_in] product per first
+    knot. Shapes: hs [N, d_in] sorted, gw [N, 2·d_out] (:func:`knot_weighted`) -> [M·d_out, d_in]."""
+    m, d_in, d_out = len(pairs.counts) + 1, hs.shape[1], gw.shape[1] // 2
+    r = hs.new_zeros(m - 1, 2 * d_out, d_in)
+    start = 0
+    for k, n in enumerate(pairs.counts):
+        if n:
+            torch.mm(gw[start:start + n].T, hs[start:start + n], out=r[k])
+            start += n
+    out = hs.new_zeros(m, d_out, d_in)
+    out[:-1] = r[:, :d_out]
+    out[1:] += r[:, d_out:]
+    return out.view(m * d_out, d_in)
+
+
+def _per_knot(pairs: KnotPairs, rows: torch.Tensor, weight: torch.Tensor, *, transpose: bool) -> torch.Tensor:
+    """Each group's rows times [U_k; U_{k+1}] (ᵀ with ``transpose``), unsorted again."""
+    d_out = weight.shape[0] // (len(pairs.counts) + 1)
+    out = rows.new_empty(rows.shape[0], 2 * d_out if transpose else weight.shape[1])
+    start = 0
+    for k, n in enumerate(pairs.counts):
+        if n:
+            w = weight[k * d_out:(k + 2) * d_out]
+            torch.mm(rows[start:start + n], w.T if transpose else w, out=out[start:start + n])
+            start += n
+    return out
+
+
+class KnotSortedProduct(torch.autograd.Function):
+    """Σ_k B_k U_k h_t per position, forward and backward by knot groups (module docstring). No
+    gradient to the basis (a fixed function of the data). Shapes: h [N, d_in], weight
+    [M·d_out, d_in] -> [N, d_out]."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, pairs: KnotPairs) -> torch.Tensor:
+        hs = h.index_select(0, pairs.order)
+        y = _per_knot(pairs, hs, weight, transpose=True)  # [U_k h ‖ U_{k+1} h], sorted
+        d_out, w = y.shape[1] // 2, pairs.weights.to(h.dtype)
+        ys = torch.addcmul(y[:, :d_out] * w[:, :1], y[:, d_out:], w[:, 1:])
+        ctx.save_for_backward(hs, weight)
+        ctx.pairs = pairs
+        return torch.empty_like(ys).index_copy_(0, pairs.order, ys)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        hs, weight = ctx.saved_tensors
+        pairs: KnotPairs = ctx.pairs
+        gw = knot_weighted(pairs, g)
+        grad_h = grad_w = None
+        if ctx.needs_input_grad[0]:
+            gh = _per_knot(pairs, gw, weight, transpose=False)
+            grad_h = torch.empty_like(gh).index_copy_(0, pairs.order, gh)
+        if ctx.needs_input_grad[1]:
+            grad_w = sorted_weight_grad(pairs, hs, gw)
+        return grad_h, grad_w, None
