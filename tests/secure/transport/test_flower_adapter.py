@@ -10,6 +10,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -109,6 +110,51 @@ def test_the_reply_poll_waits_a_twentieth_of_the_exchange_between_its_floor_and_
     with pytest.raises(ConfigError, match=r"'reply-poll' = 0.001 s must be in \[0.01, 5\]"):
         FlowerTransport(None, nodes={}, timeouts=TIMEOUTS, poll=0.001)
 
+
+
+class _TimedGrid:
+    """Replies come ``delay[stage place]`` fake seconds after the push; counts the pulls."""
+
+    def __init__(self, now: list[float], delays: list[float]):
+        self.now, self.delays, self.pulls, self.ready = now, delays, 0, {}
+
+    def push_messages(self, messages):
+        delay = self.delays.pop(0)
+        for i, m in enumerate(messages):
+            sent = m.content.config_records["clinograph"]
+            self.ready[f"m{i}"] = (self.now[0] + delay, SimpleNamespace(
+                has_error=lambda: False, content=to_content(sent["stage"], {"data": b"ok"}, round_=sent["round"]),
+                metadata=SimpleNamespace(src_node_id=m.metadata.dst_node_id, reply_to_message_id=f"m{i}")))
+        return list(self.ready)
+
+    def pull_messages(self, ids):
+        self.pulls += 1
+        due = [i for i in ids if self.ready[i][0] <= self.now[0]]
+        return [self.ready.pop(i)[1] for i in due]
+
+
+def test_the_first_pull_of_replies_waits_for_most_of_that_stages_earliest_reply_last_time(monkeypatch):
+    """Pulls before the first reply can be there are SuperLink calls that find nothing
+    (benchmarks/flower_scale, fourth pass); each of a round's consecutive stages keeps its own time."""
+    from clinograph.secure.transport.flower import driver
+
+    now = [0.0]
+    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: now[0],
+                                                        sleep=lambda s: now.__setitem__(0, now[0] + s)))
+    grid = _TimedGrid(now, [0.29, 1.99, 0.29, 1.99, 0.29])
+    t = FlowerTransport(grid, nodes={"a": 1, "b": 2}, timeouts=TIMEOUTS)
+    pulls = []
+    for round_, stage in ((0, "plan"), (0, "stage"), (1, "plan"), (1, "stage"), (1, "stage")):
+        answers, failed = t.exchange(stage, {"a": {"x": b"1"}, "b": {"x": b"2"}}, round_=round_)
+        assert sorted(answers) == ["a", "b"] and not failed, failed
+        pulls.append(grid.pulls)
+        grid.pulls = 0
+    # the first time at once, every 0.05 s; then from 0.6 x 0.3 s (the plan) and 0.6 x 2 s: at most 1 s
+    assert pulls[0] == 7 and pulls[2] == 4 and pulls[2] < pulls[0]
+    assert pulls[3] < pulls[1] and t.first_pull(("stage", 0)) == driver.MAX_POLL_INTERVAL == 1.0
+    assert pulls[4] == 7  # the round's second "stage" is a stage of its own: not seen before, at once
+    monkeypatch.setattr(driver, "FIRST_PULL_SHARE", 0.0)  # Flower's way (and the benchmark's previous arm)
+    assert t.first_pull(("plan", 0)) == 0.0
 
 
 @pytest.mark.parametrize(("value", "message"), [(0, r"'reply-poll' = 0.0 s must be in \[0.01, 5\]"),
