@@ -17,7 +17,8 @@ The cost of a shorter idle poll is one more small HTTPS ``PullMessages`` call a 
 (:class:`SupernodeClock`, ``--supernode-poll-max``): right after the node's last message it
 waits a tenth of the node's last wait for a message, from 0.05 s (within a run of 3 hospitals the
 next one follows within a fraction of a second) to 0.2 s (20 hospitals), then a quarter of the
-time since, up to 1 s. Why not lower: each poll costs the SuperLink about 3 ms of CPU; a 0.02 s
+time since, up to 1 s; and after its reply it keeps quiet for half its shortest recent wait for a
+message (:data:`QUIET_SHARE`: the next stage comes only once every hospital replied). Why not lower: each poll costs the SuperLink about 3 ms of CPU; a 0.02 s
 floor with a 0.01 s ServerApp poll gained 0.1-0.2 s a round alone (``benchmarks/flower_scale``,
 third pass: 1.54-1.91 s against 1.73 s at 0.05 s) but on a shared 2-core machine running two
 federations at once (``make test``) the polls took the CPU from the work. It cannot be

@@ -116,16 +116,21 @@ class _TimedGrid:
     """Replies come ``delay[stage place]`` fake seconds after the push; counts the pulls."""
 
     def __init__(self, now: list[float], delays: list[float]):
-        self.now, self.delays, self.pulls, self.ready = now, delays, 0, {}
+        self.now, self.delays, self.pulls, self.ready, self.pushes = now, delays, 0, {}, 0
 
     def push_messages(self, messages):
-        delay = self.delays.pop(0)
-        for i, m in enumerate(messages):
-            sent = m.content.config_records["clinograph"]
-            self.ready[f"m{i}"] = (self.now[0] + delay, SimpleNamespace(
+        self.calls = getattr(self, "calls", 0) + 1
+        if not self.ready:  # the exchange's first push
+            self.delay = self.delays.pop(0)
+        ids = []
+        for m in messages:
+            self.pushes += 1
+            sent, mid = m.content.config_records["clinograph"], f"m{self.pushes}"
+            self.ready[mid] = (self.now[0] + self.delay, SimpleNamespace(
                 has_error=lambda: False, content=to_content(sent["stage"], {"data": b"ok"}, round_=sent["round"]),
-                metadata=SimpleNamespace(src_node_id=m.metadata.dst_node_id, reply_to_message_id=f"m{i}")))
-        return list(self.ready)
+                metadata=SimpleNamespace(src_node_id=m.metadata.dst_node_id, reply_to_message_id=mid)))
+            ids.append(mid)
+        return ids
 
     def pull_messages(self, ids):
         self.pulls += 1
@@ -133,7 +138,7 @@ class _TimedGrid:
         return [self.ready.pop(i)[1] for i in due]
 
 
-def test_the_first_pull_of_replies_waits_for_most_of_that_stages_earliest_reply_last_time(monkeypatch):
+def test_replies_are_first_pulled_at_most_of_that_stages_earliest_reply_last_time_and_each_message_pushed_alone(monkeypatch):
     """Pulls before the first reply can be there are SuperLink calls that find nothing
     (benchmarks/flower_scale, fourth pass); each of a round's consecutive stages keeps its own time."""
     from clinograph.secure.transport.flower import driver
@@ -153,6 +158,7 @@ def test_the_first_pull_of_replies_waits_for_most_of_that_stages_earliest_reply_
     assert pulls[0] == 7 and pulls[2] == 4 and pulls[2] < pulls[0]
     assert pulls[3] < pulls[1] and t.first_pull(("stage", 0)) == driver.MAX_POLL_INTERVAL == 1.0
     assert pulls[4] == 7  # the round's second "stage" is a stage of its own: not seen before, at once
+    assert grid.calls == grid.pushes == 10  # each message pushed (with its objects) on its own
     monkeypatch.setattr(driver, "FIRST_PULL_SHARE", 0.0)  # Flower's way (and the benchmark's previous arm)
     assert t.first_pull(("plan", 0)) == 0.0
 
