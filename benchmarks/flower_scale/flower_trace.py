@@ -143,7 +143,7 @@ def _patch_driver(mod: Any) -> None:
     if os.environ.get(PREVIOUS_POLLS):
         mod.POLL_FRACTION = 0.02
     if os.environ.get(PREVIOUS_CALLS):
-        mod.FIRST_PULL_SHARE, mod.PUSH_EACH = 0.0, False
+        mod.FIRST_PULL_SHARE, mod.PUSH_EACH_FROM = 0.0, 10**9
 
 
 #: Set (to anything) in a run's environment: its ServerApp greets as before each node was greeted as
@@ -183,7 +183,7 @@ PREVIOUS_POLLS = "CLINOGRAPH_FLOWER_PREVIOUS_POLLS"
 #: Set (to anything) in a run's environment: its processes make the SuperLink calls of before issue
 #: 35's fourth pass (the ``calls_previous`` arms): no quiet wait after a SuperNode's reply
 #: (``polling.QUIET_SHARE``), the ServerApp's first pull of replies at once (``driver.FIRST_PULL_SHARE``)
-#: and all of an exchange's messages pushed in one call before their objects (``driver.PUSH_EACH``).
+#: and all of an exchange's messages pushed in one call before their objects (``driver.PUSH_EACH_FROM``).
 PREVIOUS_CALLS = "CLINOGRAPH_FLOWER_PREVIOUS_CALLS"
 
 

@@ -53,15 +53,19 @@ DEFAULT_POLL_INTERVAL = 0.05
 #: that trains for minutes costs one pull a second.
 MAX_POLL_INTERVAL, POLL_FRACTION = 1.0, 0.05
 #: The first pull of replies waits this share of the stage's earliest reply in the exchange before
-#: (:class:`FlowerTransport`), at most :data:`MAX_POLL_INTERVAL`: until then every pull found nothing
+#: (:class:`FlowerTransport`), at most ``FIRST_PULL_MAX`` seconds (what a stage that became faster,
+#: e.g. another candidate model's plan, can lose): until then every pull found nothing
 #: (3 hospitals: the first reply comes 0.2-0.3 s after the push, and pulls from 0.05 s were about 5
 #: empty calls an exchange on the one SuperLink, ``benchmarks/flower_scale``, fourth pass).
-FIRST_PULL_SHARE = 0.6
-#: Push each node's message (and its objects) on its own, not all messages first and then all
-#: objects: Flower shows a message to its node as soon as it is pushed, and a node pulling it while the
-#: server still pushes the others' objects retries the missing ones (20 SuperNodes: about 100
-#: PullObject calls an exchange that found nothing, ``benchmarks/flower_scale``, fourth pass).
-PUSH_EACH = True
+FIRST_PULL_SHARE, FIRST_PULL_MAX = 0.6, 0.5
+#: From this many messages, push each node's message (and its objects) on its own, not all messages
+#: first and then all objects: Flower shows a message to its node as soon as it is pushed, and a node
+#: pulling it while the server still pushes the others' objects retries the missing ones (20
+#: SuperNodes: about 100 PullObject calls an exchange that found nothing, ``benchmarks/flower_scale``,
+#: fourth pass). Not below: at 3 hospitals it saved about one call an exchange and no time, and a
+#: ServerApp killed mid-push more often left a node pulling objects that never come until Flower
+#: stopped the dead run (about 45 s, ``tests/integration/test_flower_resume.py``).
+PUSH_EACH_FROM = 8
 #: Seconds between two looks for new SuperNodes and their hellos while greeting (:func:`greet_connected`).
 GREET_POLL = 0.25
 
@@ -87,7 +91,10 @@ def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float, po
     if not messages:
         return []
     started = time.monotonic()
-    pending = {mid for m in messages for mid in grid.push_messages([m])} if PUSH_EACH else set(grid.push_messages(messages))
+    if len(messages) >= PUSH_EACH_FROM:
+        pending = {mid for m in messages for mid in grid.push_messages([m])}
+    else:
+        pending = set(grid.push_messages(messages))
     replies: list[Message] = []
     deadline = time.monotonic() + timeout
     if pending and (early := min(first_pull, timeout) - (time.monotonic() - started)) > 0:
@@ -279,18 +286,19 @@ class FlowerTransport:
         self._earliest: dict[tuple[str, int], float] = {}
         self._last: tuple[str, int, int] = ("", -1, 0)  # the last exchange's stage, round and place
 
-    def _place(self, stage: str, round_: int) -> tuple[str, int]:
-        """``stage`` and its place among consecutive exchanges of it in ``round_`` (the secure mode's
-        stages are all ``"stage"``: the 2nd and the 3rd differ in work)."""
+    def _place(self, stage: str, round_: int, step: bytes = b"") -> tuple[str, int, bytes]:
+        """``stage``, its place among consecutive exchanges of it in ``round_`` (the secure mode's
+        stages are all ``"stage"``: the 2nd and the 3rd differ in work) and its set-up ``step``
+        (``setup/sum`` computes, ``run/start`` does not)."""
         last_stage, last_round, place = self._last
         place = place + 1 if (last_stage, last_round) == (stage, round_) else 0
         self._last = (stage, round_, place)
-        return stage, place
+        return stage, place, step
 
-    def first_pull(self, key: tuple[str, int]) -> float:
+    def first_pull(self, key: tuple[str, int, bytes]) -> float:
         """Seconds after the push of exchange ``key`` (:meth:`_place`) before its first pull of replies
         (0 the first time)."""
-        return min(FIRST_PULL_SHARE * self._earliest.get(key, 0.0), MAX_POLL_INTERVAL)
+        return min(FIRST_PULL_SHARE * self._earliest.get(key, 0.0), FIRST_PULL_MAX)
 
     def hospitals(self) -> tuple[str, ...]:
         return tuple(sorted(self.nodes))
@@ -303,7 +311,7 @@ class FlowerTransport:
         failed: dict[str, str] = {n: "not greeted on this run" for n in outgoing if n not in self.nodes}
         by_node = {self.nodes[n]: parts for n, parts in outgoing.items() if n in self.nodes}
         arrivals: dict[int, float] = {}
-        key = self._place(stage, round_)
+        key = self._place(stage, round_, next(iter(by_node.values()), {}).get("step", b""))
         answers, node_failed = exchange(self.grid, stage=stage, outgoing=by_node, round_=round_,
                                         timeout=self._timeout(stage), poll=self.poll, arrivals=arrivals,
                                         first_pull=self.first_pull(key))
