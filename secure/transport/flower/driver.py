@@ -62,9 +62,7 @@ FIRST_PULL_SHARE, FIRST_PULL_MAX = 0.6, 0.5
 #: first and then all objects: Flower shows a message to its node as soon as it is pushed, and a node
 #: pulling it while the server still pushes the others' objects retries the missing ones (20
 #: SuperNodes: about 100 PullObject calls an exchange that found nothing, ``benchmarks/flower_scale``,
-#: fourth pass). Not below: at 3 hospitals it saved about one call an exchange and no time, and a
-#: ServerApp killed mid-push more often left a node pulling objects that never come until Flower
-#: stopped the dead run (about 45 s, ``tests/integration/test_flower_resume.py``).
+#: fourth pass). Not below: at 3 hospitals it saved about one call an exchange and no time.
 PUSH_EACH_FROM = 8
 #: Seconds between two looks for new SuperNodes and their hellos while greeting (:func:`greet_connected`).
 GREET_POLL = 0.25
