@@ -32,7 +32,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "secure" / "transport"), str(ROOT / "tests" / "integration")]
 from benchmarks.flower_scale import flower_trace  # noqa: E402
-from benchmarks.flower_scale.round_time import cpu_use, trace_env  # noqa: E402
+from benchmarks.flower_scale.round_time import cpu_use, superlink_cpu_per_call, trace_env  # noqa: E402
 from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
 APP = ROOT / "examples" / "flower_deployment" / "app"
@@ -79,7 +79,9 @@ def exchange_summary(folder: Path, events: list[dict]) -> dict:
                              "median_http_calls": {k: median([x["path"]["calls"][k] for x in xs])
                                                    for k in ("server", "supernode", "clientapp")} if xs else {},
                              "median_server_calls": server_calls(folder, a, b),
-                             "idle_polls": flower_trace.idle_polls(folder, a, b)}
+                             "idle_polls": flower_trace.idle_polls(folder, a, b),
+                             "superlink_calls_per_exchange":
+                                 superlink_cpu_per_call(folder, [(a, {}), (b, {})])["calls_per_exchange"]}
     return out
 
 
@@ -90,12 +92,14 @@ class Arm(NamedTuple):
     server_first: bool = False  # flwr run, and the ServerApp up, before the SuperNodes start
     previous_polls: bool = False  # every process polls as before the third pass (flower_trace.PREVIOUS_POLLS)
     node_args: tuple[str, ...] = ()  # launcher arguments added
+    previous_calls: bool = False  # the SuperLink calls of before the fourth pass (flower_trace.PREVIOUS_CALLS)
 
 
 ARMS = {"warm": Arm(), "warm_previous": Arm("benchmarks.flower_scale.previous_launcher", {"reply-poll": 0.2}),
         "server_previous": Arm(previous_driver=True), "warm_server_first": Arm(server_first=True),
         "server_previous_first": Arm(previous_driver=True, server_first=True),
-        "polls_previous": Arm(run_values={"reply-poll": 0.05}, previous_polls=True, node_args=("--supernode-poll", "0.2"))}
+        "polls_previous": Arm(run_values={"reply-poll": 0.05}, previous_polls=True, node_args=("--supernode-poll", "0.2")),
+        "calls_previous": Arm(previous_calls=True)}
 
 
 def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0, 120.0),
@@ -109,10 +113,10 @@ def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0
     events = tmp / "events.jsonl"
     closed_so_far = lambda: [e.get("round") for e in read_events(events) if e["event"] == "round_closed"]  # noqa: E731
     server_toml = fh.write_server_files(tmp / "server", federation_id="fed-scale", mode="masked")
-    launcher, run_values, previous_driver, server_first, previous_polls, node_args = ARMS[arm]
+    launcher, run_values, previous_driver, server_first, previous_polls, node_args, previous_calls = ARMS[arm]
     result: dict = {"arm": arm, "n": n, "victim": victim, "supernode_args": list(supernode_args),
                     "load_average_at_start": list(os.getloadavg())}
-    hooked = bool(launcher or previous_driver or previous_polls)  # the previous arms need the hook
+    hooked = bool(launcher or previous_driver or previous_polls or previous_calls)  # the previous arms need the hook
     tenv = trace_env(tmp / "trace" if trace or hooked else None)
     if launcher:
         tenv[flower_trace.PREVIOUS] = "1"
@@ -120,6 +124,8 @@ def run(n: int, tmp: Path, budget: float, timeouts: tuple[float, float] = (240.0
         tenv[flower_trace.PREVIOUS_DRIVER] = "1"
     if previous_polls:
         tenv[flower_trace.PREVIOUS_POLLS] = "1"
+    if previous_calls:
+        tenv[flower_trace.PREVIOUS_CALLS] = "1"
     pythonpath = [*([tenv.pop("_TRACE_SITE")] if tenv else []), APP, ROOT / "tests" / "secure" / "transport", ROOT]
     with flower_processes(tmp, federation_id="fed-scale", hospitals=hospitals, budget=budget,
                           pythonpath=pythonpath, env=tenv) as fp:

@@ -142,6 +142,8 @@ def _patch_driver(mod: Any) -> None:
         _previous_driver(mod)
     if os.environ.get(PREVIOUS_POLLS):
         mod.POLL_FRACTION = 0.02
+    if os.environ.get(PREVIOUS_CALLS):
+        mod.FIRST_PULL_SHARE, mod.PUSH_EACH_FROM = 0.0, 10**9
 
 
 #: Set (to anything) in a run's environment: its ServerApp greets as before each node was greeted as
@@ -178,11 +180,20 @@ PREVIOUS = "CLINOGRAPH_FLOWER_PREVIOUS"
 PREVIOUS_POLLS = "CLINOGRAPH_FLOWER_PREVIOUS_POLLS"
 
 
+#: Set (to anything) in a run's environment: its processes make the SuperLink calls of before issue
+#: 35's fourth pass (the ``calls_previous`` arms): no quiet wait after a SuperNode's reply
+#: (``polling.QUIET_SHARE``), the ServerApp's first pull of replies at once (``driver.FIRST_PULL_SHARE``)
+#: and all of an exchange's messages pushed in one call before their objects (``driver.PUSH_EACH_FROM``).
+PREVIOUS_CALLS = "CLINOGRAPH_FLOWER_PREVIOUS_CALLS"
+
+
 def _patch_polling(mod: Any) -> None:
     if os.environ.get(PREVIOUS):
         mod.set_object_pull_backoff = lambda *args, **kwargs: None
     elif os.environ.get(PREVIOUS_POLLS):
         mod.set_object_pull_backoff.__kwdefaults__["initial"] = 0.05
+    if os.environ.get(PREVIOUS_CALLS):
+        mod.QUIET_SHARE = 0.0
 
 
 def idle_polls(folder: Path, lo: float, hi: float) -> dict[str, int]:

@@ -53,12 +53,15 @@ ARMS = {
     "warm_supernode_poll_0.1": ("warm", None, 0.1, None, None),           # and a SuperNode idle poll from 0.1 s
     "warm_polls_0.05": ("warm", 0.02, 0.05, None, 0.02),                  # every poll near its floor
     "polls_previous": ("warm", None, 0.2, None, 0.05),                    # the polls before the third pass
+    "calls_previous": ("warm", None, None, None, None),                   # no quiet after a reply, no late first pull
     "warm_supernode_poll_0.05": ("warm", None, 0.05, None, None),         # the idle poll's floor from 0.05 s
 }
 #: Arms whose processes poll as before the third pass of issue 35 (flower_trace.PREVIOUS_POLLS).
 PREVIOUS_POLL_ARMS = frozenset({"polls_previous"})
-DEFAULT_ARMS = ("polls_previous", "warm", "polls_previous", "warm")
-QUICK_ARMS = ("polls_previous", "warm")
+#: Arms whose processes make the SuperLink calls of before the fourth pass (flower_trace.PREVIOUS_CALLS).
+PREVIOUS_CALL_ARMS = frozenset({"calls_previous"})
+DEFAULT_ARMS = ("calls_previous", "warm", "calls_previous", "warm")
+QUICK_ARMS = ("calls_previous", "warm")
 
 
 class _Timed:
@@ -181,7 +184,7 @@ def trace_summary(folder: Path, events: list[dict]) -> dict:
 
 def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float | None, supernode_poll: float | None,
                    budget: float, more: tuple[str, ...] = (), trace: bool = True, launcher: str | None = None,
-                   reply_poll: float | None = None, previous_polls: bool = False) -> dict:
+                   reply_poll: float | None = None, previous_polls: bool = False, previous_calls: bool = False) -> dict:
     """One federation over real processes with this executor; its rounds split as above."""
     import flower_helpers as fh
     from flower_processes import events as read_events
@@ -189,11 +192,13 @@ def run_federation(tmp: Path, *, n: int, rounds: int, executor: str, poll: float
 
     hospitals = [f"h{i}" for i in range(n)]
     events_file = tmp / "events.jsonl"
-    tenv = trace_env(tmp / "trace" if trace or launcher or previous_polls else None)  # the previous arms need the hook
+    tenv = trace_env(tmp / "trace" if trace or launcher or previous_polls or previous_calls else None)  # the hook
     if launcher:
         tenv[flower_trace.PREVIOUS] = "1"
     if previous_polls:
         tenv[flower_trace.PREVIOUS_POLLS] = "1"
+    if previous_calls:
+        tenv[flower_trace.PREVIOUS_CALLS] = "1"
     env = {"PYTHONPATH": os.pathsep.join([*([tenv.pop("_TRACE_SITE")] if tenv else []),
                                           str(ROOT / "examples" / "flower_deployment" / "app"),
                                           str(ROOT / "tests" / "secure" / "transport"), str(ROOT)]), **tenv}
@@ -257,20 +262,31 @@ TO_SUPERLINK = {"serverapp": None, "supernode": ("acquire-task",)}
 
 def superlink_cpu_per_call(folder: Path, window: list[tuple[float, dict]]) -> dict:
     """The SuperLink's CPU seconds between two reads (from round 1 to the end) over the calls it
-    served in that time (the traced ones and the idle polls): its own cost of one call."""
+    served in that time (the traced ones and the idle polls): its own cost of one call. Also the
+    calls by caller and kind (``idle``: a poll that found nothing) over the ServerApp's exchanges
+    begun in that time (``calls_per_exchange``; the run's end, e.g. ``run/finish``, included)."""
     (t0, c0), (t1, c1) = window
     procs, spans = flower_trace.read_trace(folder)
-    calls = 0
+    calls, exchanges = 0, 0
+    kinds: dict[str, int] = {}
     for sp in spans:
-        name = sp["name"][len(flower_trace.IDLE):] if sp["name"].startswith(flower_trace.IDLE) else sp["name"]
-        if not name.startswith("rpc ") or not t0 <= sp["t0"] <= t1:
+        idle = sp["name"].startswith(flower_trace.IDLE)
+        name = sp["name"][len(flower_trace.IDLE):] if idle else sp["name"]
+        if not t0 <= sp["t0"] <= t1:
+            continue
+        exchanges += name == "send_and_receive"
+        if not name.startswith("rpc "):
             continue
         role = {"flwr-serverapp": "serverapp", "-m": "supernode"}.get(str(procs.get(sp["pid"], {}).get("argv0")))
         if role in TO_SUPERLINK and name[4:] not in (TO_SUPERLINK[role] or ()):
             calls += 1
+            kind = f"{role} {'idle ' if idle else ''}{name[4:]}"
+            kinds[kind] = kinds.get(kind, 0) + 1
     cpu = (c1.get("superlink") or 0.0) - (c0.get("superlink") or 0.0)
     return {"seconds": round(t1 - t0, 2), "cpu_s": round(cpu, 2), "calls": calls,
-            "cpu_ms_per_call": round(1000 * cpu / calls, 2) if calls else None}
+            "cpu_ms_per_call": round(1000 * cpu / calls, 2) if calls else None, "exchanges": exchanges,
+            "calls_per_exchange": {"all": round(calls / exchanges, 1) if exchanges else None,
+                                   **{k: round(v / exchanges, 2) for k, v in sorted(kinds.items()) if exchanges}}}
 
 
 def cold_start_seconds(reps: int = 3) -> float:
@@ -346,7 +362,8 @@ def main(argv: list[str] | None = None) -> dict:
                                           supernode_poll=supernode_poll, budget=args.budget,
                                           more=tuple(args.supernode_extra.split()), trace=not args.no_trace,
                                           launcher=launcher, reply_poll=reply_poll,
-                                          previous_polls=name in PREVIOUS_POLL_ARMS)})
+                                          previous_polls=name in PREVIOUS_POLL_ARMS,
+                                          previous_calls=name in PREVIOUS_CALL_ARMS)})
     result = {"benchmark": "flower_round_time", "quick": args.quick, "machine": machine(), "rounds": rounds,
               "flwr_clientapp_cold_start_s": cold_start_seconds(), "in_process_round_s": compute, "runs": runs,
               "load_average_at_start": load_before, "load_average_at_end": list(os.getloadavg())}

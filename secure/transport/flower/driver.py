@@ -52,6 +52,18 @@ DEFAULT_POLL_INTERVAL = 0.05
 #: of 20 hospitals, about 3 s, costs about 75 pulls: a fixed 0.05 s cost 60), and a plan stage
 #: that trains for minutes costs one pull a second.
 MAX_POLL_INTERVAL, POLL_FRACTION = 1.0, 0.05
+#: The first pull of replies waits this share of the stage's earliest reply in the exchange before
+#: (:class:`FlowerTransport`), at most ``FIRST_PULL_MAX`` seconds (what a stage that became faster,
+#: e.g. another candidate model's plan, can lose): until then every pull found nothing
+#: (3 hospitals: the first reply comes 0.2-0.3 s after the push, and pulls from 0.05 s were about 5
+#: empty calls an exchange on the one SuperLink, ``benchmarks/flower_scale``, fourth pass).
+FIRST_PULL_SHARE, FIRST_PULL_MAX = 0.6, 0.5
+#: From this many messages, push each node's message (and its objects) on its own, not all messages
+#: first and then all objects: Flower shows a message to its node as soon as it is pushed, and a node
+#: pulling it while the server still pushes the others' objects retries the missing ones (20
+#: SuperNodes: about 100 PullObject calls an exchange that found nothing, ``benchmarks/flower_scale``,
+#: fourth pass). Not below: at 3 hospitals it saved about one call an exchange and no time.
+PUSH_EACH_FROM = 8
 #: Seconds between two looks for new SuperNodes and their hellos while greeting (:func:`greet_connected`).
 GREET_POLL = 0.25
 
@@ -70,15 +82,21 @@ def check_poll(poll: float) -> float:
 
 
 def _send_and_receive(grid: Grid, messages: list[Message], *, timeout: float, poll: float,
-                      arrivals: dict[int, float] | None = None) -> list[Message]:
-    """Push ``messages``, then pull their replies (waits: :func:`poll_wait`) until all came or ``timeout``.
+                      arrivals: dict[int, float] | None = None, first_pull: float = 0.0) -> list[Message]:
+    """Push ``messages``, then pull their replies (the first ``first_pull`` seconds after the start,
+    then waits: :func:`poll_wait`) until all came or ``timeout``.
     ``arrivals``: filled with node -> seconds until its reply was pulled (to within one wait)."""
     if not messages:
         return []
     started = time.monotonic()
-    pending = set(grid.push_messages(messages))
+    if len(messages) >= PUSH_EACH_FROM:
+        pending = {mid for m in messages for mid in grid.push_messages([m])}
+    else:
+        pending = set(grid.push_messages(messages))
     replies: list[Message] = []
     deadline = time.monotonic() + timeout
+    if pending and (early := min(first_pull, timeout) - (time.monotonic() - started)) > 0:
+        time.sleep(early)
     while pending:
         got = list(grid.pull_messages(pending))
         replies.extend(got)
@@ -112,10 +130,11 @@ def _reply_parts(reply: Message, *, stage: str, round_: int) -> dict[str, bytes]
 
 
 def exchange(grid: Grid, *, stage: str, outgoing: Mapping[int, Mapping[str, bytes]], round_: int,
-             timeout: float, poll: float = DEFAULT_POLL_INTERVAL,
-             arrivals: dict[int, float] | None = None) -> tuple[dict[int, dict[str, bytes]], dict[int, str]]:
+             timeout: float, poll: float = DEFAULT_POLL_INTERVAL, arrivals: dict[int, float] | None = None,
+             first_pull: float = 0.0) -> tuple[dict[int, dict[str, bytes]], dict[int, str]]:
     """Send ``stage`` to each node and collect the replies within ``timeout`` seconds
-    (``arrivals``: filled with node -> seconds until its reply came).
+    (``arrivals``: filled with node -> seconds until its reply came; ``first_pull``: seconds before
+    the first look for replies).
 
     Returns (node -> reply parts, node -> reason it gave none, with the time actually waited).
     """
@@ -123,7 +142,7 @@ def exchange(grid: Grid, *, stage: str, outgoing: Mapping[int, Mapping[str, byte
     answers: dict[int, dict[str, bytes]] = {}
     failed: dict[int, str] = {}
     started = time.monotonic()
-    replies = _send_and_receive(grid, messages, timeout=timeout, poll=poll, arrivals=arrivals)
+    replies = _send_and_receive(grid, messages, timeout=timeout, poll=poll, arrivals=arrivals, first_pull=first_pull)
     waited = time.monotonic() - started
     for reply in replies:
         node = int(reply.metadata.src_node_id)
@@ -249,7 +268,8 @@ class FlowerTransport:
 
     ``nodes`` maps each greeted hospital to its Flower node id (from :func:`greet_nodes`, which
     checked the hello under that hospital's enrolled key). Each exchange pushes the stage and pulls
-    the replies (waits from ``poll`` up, :func:`poll_wait`) within the stage's timeout; the global model rides with the
+    the replies (waits from ``poll`` up, :func:`poll_wait`) within the stage's timeout, the first pull
+    :data:`FIRST_PULL_SHARE` of the stage's earliest reply the last time it ran; the global model rides with the
     next plan (``defers_model``), which saves one exchange -- one polling delay -- a round.
     """
 
@@ -260,6 +280,23 @@ class FlowerTransport:
         self.grid, self.nodes, self.timeouts, self.poll = grid, dict(nodes), timeouts, check_poll(poll)
         self._names = {node: name for name, node in self.nodes.items()}
         self.last_timings: dict[str, float] = {}  # name -> seconds until its reply in the last exchange
+        # (stage, its place in a run of that stage) -> seconds until its first reply, the last time it ran
+        self._earliest: dict[tuple[str, int], float] = {}
+        self._last: tuple[str, int, int] = ("", -1, 0)  # the last exchange's stage, round and place
+
+    def _place(self, stage: str, round_: int, step: bytes = b"") -> tuple[str, int, bytes]:
+        """``stage``, its place among consecutive exchanges of it in ``round_`` (the secure mode's
+        stages are all ``"stage"``: the 2nd and the 3rd differ in work) and its set-up ``step``
+        (``setup/sum`` computes, ``run/start`` does not)."""
+        last_stage, last_round, place = self._last
+        place = place + 1 if (last_stage, last_round) == (stage, round_) else 0
+        self._last = (stage, round_, place)
+        return stage, place, step
+
+    def first_pull(self, key: tuple[str, int, bytes]) -> float:
+        """Seconds after the push of exchange ``key`` (:meth:`_place`) before its first pull of replies
+        (0 the first time)."""
+        return min(FIRST_PULL_SHARE * self._earliest.get(key, 0.0), FIRST_PULL_MAX)
 
     def hospitals(self) -> tuple[str, ...]:
         return tuple(sorted(self.nodes))
@@ -272,8 +309,12 @@ class FlowerTransport:
         failed: dict[str, str] = {n: "not greeted on this run" for n in outgoing if n not in self.nodes}
         by_node = {self.nodes[n]: parts for n, parts in outgoing.items() if n in self.nodes}
         arrivals: dict[int, float] = {}
+        key = self._place(stage, round_, next(iter(by_node.values()), {}).get("step", b""))
         answers, node_failed = exchange(self.grid, stage=stage, outgoing=by_node, round_=round_,
-                                        timeout=self._timeout(stage), poll=self.poll, arrivals=arrivals)
+                                        timeout=self._timeout(stage), poll=self.poll, arrivals=arrivals,
+                                        first_pull=self.first_pull(key))
         self.last_timings = {self._names[n]: t for n, t in arrivals.items() if n in self._names}
+        if arrivals:
+            self._earliest[key] = min(arrivals.values())
         failed.update({self._names[node]: reason for node, reason in node_failed.items()})
         return {self._names[node]: parts for node, parts in answers.items()}, failed

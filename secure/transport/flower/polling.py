@@ -17,7 +17,8 @@ The cost of a shorter idle poll is one more small HTTPS ``PullMessages`` call a 
 (:class:`SupernodeClock`, ``--supernode-poll-max``): right after the node's last message it
 waits a tenth of the node's last wait for a message, from 0.05 s (within a run of 3 hospitals the
 next one follows within a fraction of a second) to 0.2 s (20 hospitals), then a quarter of the
-time since, up to 1 s. Why not lower: each poll costs the SuperLink about 3 ms of CPU; a 0.02 s
+time since, up to 1 s; and after its reply it keeps quiet for half its shortest recent wait for a
+message (:data:`QUIET_SHARE`: the next stage comes only once every hospital replied). Why not lower: each poll costs the SuperLink about 3 ms of CPU; a 0.02 s
 floor with a 0.01 s ServerApp poll gained 0.1-0.2 s a round alone (``benchmarks/flower_scale``,
 third pass: 1.54-1.91 s against 1.73 s at 0.05 s) but on a shared 2-core machine running two
 federations at once (``make test``) the polls took the CPU from the work. It cannot be
@@ -32,6 +33,7 @@ and never while it is half stored (:meth:`.superexec.SuperExecLoop.pull_started`
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import time
@@ -55,6 +57,13 @@ IDLE_GROWTH = 0.25
 #: Why not ``idle`` always: with 20 SuperNodes, whose exchanges take 2-4 s, a 0.02 s floor tripled the
 #: nodes' idle polls and the SuperLink's CPU with them (3-5 ms a call), and the round took longer.
 GAP_SHARE, FLOOR_MAX = 0.1, 0.2
+#: After sending its reply the node does not poll for :data:`QUIET_SHARE` of its shortest wait for a
+#: message over the last :data:`QUIET_MEMORY` messages (at most ``idle_max``): Flower's loop pulls at
+#: once after a reply, and that pull and the next few found nothing, because the server sends the
+#: next stage only once it has every hospital's reply (``benchmarks/flower_scale``, fourth pass). The
+#: shortest wait is the node's when it was the last to answer (the critical path), so half of it
+#: ends before the next message can be there in a steady run.
+QUIET_SHARE, QUIET_MEMORY = 0.5, 5
 #: The function of Flower 1.41's SuperNode loop that pulls a message, creates its task, then pulls the
 #: message's objects from the SuperLink (returns the run id, or None when there was none).
 PULL_AND_STORE = "_pull_and_store_message"
@@ -91,6 +100,7 @@ class SupernodeClock:
         self.floor = max(idle, FLOOR_MAX)
         self._last_message = monotonic()
         self._replied: float | None = None
+        self._gaps: collections.deque[float] = collections.deque(maxlen=QUIET_MEMORY)
 
     def message_seen(self) -> None:
         """The node pulled a message or sent a reply: poll often again."""
@@ -99,13 +109,25 @@ class SupernodeClock:
     def message_pulled(self) -> None:
         """A message was stored: the floor becomes :data:`GAP_SHARE` of the wait since the last reply."""
         if self._replied is not None:
-            self.floor = min(max(self.idle, GAP_SHARE * (self._now() - self._replied)), max(self.idle, FLOOR_MAX))
+            gap = self._now() - self._replied
+            self._gaps.append(gap)
+            self.floor = min(max(self.idle, GAP_SHARE * gap), max(self.idle, FLOOR_MAX))
         self.message_seen()
 
     def reply_sent(self) -> None:
         """The node sent its reply: the wait for the next message begins."""
         self.message_seen()
         self._replied = self._last_message
+
+    def quiet(self) -> float:
+        """Seconds the node does not poll after a reply (:data:`QUIET_SHARE`): 0 until a wait was seen."""
+        return min(QUIET_SHARE * min(self._gaps), self.idle_max) if self._gaps else 0.0
+
+    def after_reply(self) -> None:
+        """The reply was sent (:meth:`reply_sent`); wait :meth:`quiet` before Flower's loop pulls again."""
+        self.reply_sent()
+        if wait := self.quiet():
+            self._sleep(wait)
 
     def idle_wait(self) -> float:
         """Seconds the next idle poll waits."""
@@ -154,7 +176,7 @@ def set_supernode_waits(*, idle: float, reply: float, idle_max: float | None = N
         _require(target, PULL_AND_STORE, PUSH_REPLIES)
         watch_message_pulls(started=_nothing, ended=lambda stored: clock.message_pulled() if stored else None,
                             module=target)
-        _after(target, PUSH_REPLIES, clock.reply_sent)
+        _after(target, PUSH_REPLIES, clock.after_reply)
     target.time = clock  # type: ignore[attr-defined]
     return clock
 

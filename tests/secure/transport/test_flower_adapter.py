@@ -10,6 +10,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -109,6 +110,60 @@ def test_the_reply_poll_waits_a_twentieth_of_the_exchange_between_its_floor_and_
     with pytest.raises(ConfigError, match=r"'reply-poll' = 0.001 s must be in \[0.01, 5\]"):
         FlowerTransport(None, nodes={}, timeouts=TIMEOUTS, poll=0.001)
 
+
+
+class _TimedGrid:
+    """Replies come ``delay[stage place]`` fake seconds after the push; counts the pulls."""
+
+    def __init__(self, now: list[float], delays: list[float]):
+        self.now, self.delays, self.pulls, self.ready, self.pushes = now, delays, 0, {}, 0
+
+    def push_messages(self, messages):
+        self.calls = getattr(self, "calls", 0) + 1
+        if not self.ready:  # the exchange's first push
+            self.delay = self.delays.pop(0)
+        ids = []
+        for m in messages:
+            self.pushes += 1
+            sent, mid = m.content.config_records["clinograph"], f"m{self.pushes}"
+            self.ready[mid] = (self.now[0] + self.delay, SimpleNamespace(
+                has_error=lambda: False, content=to_content(sent["stage"], {"data": b"ok"}, round_=sent["round"]),
+                metadata=SimpleNamespace(src_node_id=m.metadata.dst_node_id, reply_to_message_id=mid)))
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):
+        self.pulls += 1
+        due = [i for i in ids if self.ready[i][0] <= self.now[0]]
+        return [self.ready.pop(i)[1] for i in due]
+
+
+def test_replies_are_first_pulled_at_most_of_that_stages_earliest_reply_last_time_and_many_messages_pushed_alone(monkeypatch):
+    """Pulls before the first reply can be there are SuperLink calls that find nothing
+    (benchmarks/flower_scale, fourth pass); each of a round's consecutive stages keeps its own time."""
+    from clinograph.secure.transport.flower import driver
+
+    now = [0.0]
+    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: now[0],
+                                                        sleep=lambda s: now.__setitem__(0, now[0] + s)))
+    grid = _TimedGrid(now, [0.29, 1.99, 0.29, 1.99, 0.29, 0.29])
+    t = FlowerTransport(grid, nodes={"a": 1, "b": 2}, timeouts=TIMEOUTS)
+    pulls = []
+    for round_, stage in ((0, "plan"), (0, "stage"), (1, "plan"), (1, "stage"), (1, "stage")):
+        answers, failed = t.exchange(stage, {"a": {"x": b"1"}, "b": {"x": b"2"}}, round_=round_)
+        assert sorted(answers) == ["a", "b"] and not failed, failed
+        pulls.append(grid.pulls)
+        grid.pulls = 0
+    # the first time at once, every 0.05 s; then from 0.6 x 0.3 s (the plan) and 0.6 x 2 s: at most 0.5 s
+    assert pulls[0] == 7 and pulls[2] == 4 and pulls[2] < pulls[0]
+    assert pulls[3] < pulls[1] and t.first_pull(("stage", 0, b"")) == driver.FIRST_PULL_MAX == 0.5
+    assert pulls[4] == 7  # the round's second "stage" is a stage of its own: not seen before, at once
+    assert grid.calls == 5 and grid.pushes == 10  # 2 messages: pushed together
+    monkeypatch.setattr(driver, "PUSH_EACH_FROM", 2)  # as from 8 nodes: each message (and its objects) alone
+    t.exchange("stage", {"a": {"x": b"1"}, "b": {"x": b"2"}}, round_=2)
+    assert grid.calls == 7 and grid.pushes == 12
+    monkeypatch.setattr(driver, "FIRST_PULL_SHARE", 0.0)  # Flower's way (and the benchmark's previous arm)
+    assert t.first_pull(("plan", 0, b"")) == 0.0
 
 
 @pytest.mark.parametrize(("value", "message"), [(0, r"'reply-poll' = 0.0 s must be in \[0.01, 5\]"),

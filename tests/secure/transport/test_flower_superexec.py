@@ -140,6 +140,26 @@ def test_the_idle_poll_floor_is_a_tenth_of_the_last_wait_for_a_message_between_2
     assert fixed.floor == 0.2
 
 
+def test_after_a_reply_the_node_keeps_quiet_for_half_its_shortest_recent_wait_for_a_message():
+    """Flower's loop pulls at once after a reply, and finds nothing: the server sends the next stage
+    only once every hospital replied (benchmarks/flower_scale, fourth pass)."""
+    now, slept = [0.0], []
+    clock = polling.SupernodeClock(idle=0.05, reply=0.05, idle_max=1.0, monotonic=lambda: now[0], sleep=slept.append)
+    clock.after_reply()
+    assert slept == [] and clock.quiet() == 0.0  # no wait seen yet: Flower's immediate pull
+    for gap in (0.3, 0.12, 0.4, 0.5, 0.6, 0.7):  # waits from the reply to the next message
+        now[0] += gap
+        clock.message_pulled()
+        slept.clear()
+        clock.after_reply()
+    # the shortest of the last five waits (0.12 s, once this node was the last to answer), halved
+    assert slept == [pytest.approx(0.06)]
+    for _ in range(5):  # 20 hospitals: waits of seconds; never more than idle_max
+        now[0] += 4.0
+        clock.message_pulled()
+        clock.after_reply()
+    assert clock.quiet() == 1.0
+
 def test_a_growing_idle_poll_hears_of_every_pulled_message_and_sent_reply(monkeypatch):
     module = types.ModuleType("fake_loop")
     module._pull_and_store_message = lambda found: 7 if found else None
