@@ -530,10 +530,29 @@ class SimulationSection(_Strict):
             return 1
 
         usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        quota = cpu_quota()
+        if quota is not None:  # a container's CPU limit: cores it may use, whatever the machine has
+            usable = min(usable, max(1, math.floor(quota)))
         if load is None:
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         idle = usable - math.floor(max(0.0, load - 1.0))
         return max(1, min(idle, hospitals))
+
+
+def cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """Cores this process's cgroup may use (its CFS quota ÷ period: cgroup v2 ``cpu.max``, or v1's
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), or None when there is no limit or no cgroup file."""
+    try:
+        if (root / "cpu.max").is_file():
+            quota, period = (root / "cpu.max").read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        v1 = root / "cpu"
+        if (v1 / "cpu.cfs_quota_us").is_file():
+            quota_us = int((v1 / "cpu.cfs_quota_us").read_text())
+            return None if quota_us < 0 else quota_us / int((v1 / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 class SimulationConfig(HospitalConfig):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import multiprocessing
 import pickle
 import signal
@@ -64,6 +65,20 @@ _log = logging.getLogger(__name__)
 
 #: seconds to wait for a worker to end after it was asked to, before it is terminated
 STOP_SECONDS = 5.0
+#: the time constant of Linux's 1-minute load average (an exponential mean, sampled every 5 s)
+LOAD_TAU = 60.0
+#: this process's worker sets, as (started, stopped, workers) on the monotonic clock
+_RAN: list[tuple[float, float, int]] = []
+
+
+def own_recent_load(now: float | None = None) -> float:
+    """What this process's own stopped workers still add to the 1-minute load average: n workers busy
+    for D seconds raised it by n·(1 − e^(−D/τ)), which decays as e^(−t/τ) t seconds after they stopped
+    (τ = :data:`LOAD_TAU`). ``"auto"`` subtracts it: without that, a simulation right after another
+    (the demo's DP federation after its first) read its predecessor's workers as other work."""
+    now = time.monotonic() if now is None else now
+    return sum(n * (1.0 - math.exp(-(stop - start) / LOAD_TAU)) * math.exp(-max(0.0, now - stop) / LOAD_TAU)
+               for start, stop, n in _RAN)
 
 
 class WorkerError(ClinographError):
@@ -142,6 +157,7 @@ class ProcessTransport(InProcessTransport):
         context = multiprocessing.get_context("fork")
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
+        self._started = time.monotonic()
         try:
             for group in self._groups:
                 parent, child = context.Pipe()
@@ -227,6 +243,9 @@ class ProcessTransport(InProcessTransport):
             self._ended.setdefault(w, "stopped")
         for conn in self._conns:
             conn.close()
+        if self._procs:
+            _RAN.append((self._started, time.monotonic(), len(self._procs)))
+            del _RAN[:-8]
         self._conns, self._procs = [], []
 
     def _ask(self, requests: Mapping[int, tuple]) -> dict[int, Any]:

@@ -119,3 +119,41 @@ def test_auto_does_not_fork_a_process_running_other_threads_and_a_count_warns(tm
     finally:
         stop.set()
         host.join()
+
+
+def test_auto_reads_a_containers_cpu_quota(tmp_path, monkeypatch):
+    from clinograph.sdk import config as config_module
+    from clinograph.sdk.config import cpu_quota
+
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(tmp_path) is None
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cpu_quota(tmp_path) == 1.5
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(v1) is None and cpu_quota(tmp_path / "none") is None
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("200000\n")
+    assert cpu_quota(v1) == 2.0
+    monkeypatch.setattr(config_module, "cpu_quota", lambda: 1.5)  # a 1.5-core container on a bigger machine
+    assert cfg("auto").simulation.worker_count(100, load=0.0) == 1
+
+
+def test_auto_does_not_count_this_processs_own_stopped_workers_as_other_work(monkeypatch):
+    from clinograph.secure.runtime import workers
+
+    monkeypatch.setattr(workers, "_RAN", [(0.0, 120.0, 2)])  # 2 workers busy for 2 minutes, stopped at t = 120 s
+    busy = 2 * (1 - np.exp(-2.0))
+    assert workers.own_recent_load(120.0) == pytest.approx(busy)
+    assert workers.own_recent_load(180.0) == pytest.approx(busy * np.exp(-1.0))
+    from clinograph.secure.runtime.workers import ProcessTransport
+
+    with ProcessTransport({"a": _Named("a"), "b": _Named("b")}, workers=2):  # a real worker set records itself
+        pass
+    assert workers._RAN[-1][2] == 2 and workers.own_recent_load() > 0
+
+
+class _Named:
+    def __init__(self, name):
+        self.name = name
