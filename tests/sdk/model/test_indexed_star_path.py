@@ -115,10 +115,7 @@ def test_table_rows_attention_equals_the_per_copy_attention_for_every_relation_k
     from clinograph.sdk.model.layers import RelationAttention
 
     gen = torch.Generator().manual_seed(2)
-    rel = RelationAttention(6, **RELATIONS[kind]).double()
-    with torch.no_grad():
-        for p in rel.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    rel = _randomised(RelationAttention(6, **RELATIONS[kind]).double(), gen)
     table = torch.randn(9, 6, generator=gen, dtype=torch.float64, requires_grad=True)
     h_dst = torch.randn(5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
     index = torch.randint(0, 9, (5, 7), generator=gen)
@@ -146,10 +143,7 @@ def test_piecewise_table_rows_equal_the_per_copy_hat_basis_at_an_alarm_sized_bat
     from clinograph.sdk.model.layers import RelationAttention
 
     gen = torch.Generator().manual_seed(3)
-    rel = RelationAttention(8, valued=True, value_knots=SHAPE_KNOTS).double()
-    with torch.no_grad():
-        for p in rel.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    rel = _randomised(RelationAttention(8, valued=True, value_knots=SHAPE_KNOTS).double(), gen)
     table = torch.randn(23, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     h_dst = torch.randn(32, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     index = torch.randint(0, 23, (32, 23), generator=gen)
@@ -168,3 +162,11 @@ def test_piecewise_table_rows_equal_the_per_copy_hat_basis_at_an_alarm_sized_bat
     assert float(g_rows[3 + 2].abs().max()) > 0  # U's gradient is exercised (parameters: W, V, U, a_dst, a_src)
     for a, b in zip(g_rows, g_copy, strict=True):
         torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-10)
+
+
+def _randomised(module, gen):
+    """``module`` with every parameter drawn from N(0, 1) by ``gen`` (no zero-initialised knot weight)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return module
