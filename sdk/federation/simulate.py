@@ -34,7 +34,7 @@ from clinograph.secure.runtime.liveness import Liveness
 from clinograph.secure.runtime.loop import RoundOutcome
 from clinograph.secure.runtime.models import RunModels
 from clinograph.secure.runtime.run import CandidateRun, run_federation
-from clinograph.secure.runtime.workers import ProcessTransport, own_recent_load
+from clinograph.secure.runtime.workers import ProcessTransport, own_recent_load, runnable_now
 from clinograph.secure.server import FederationServer
 
 from clinograph.core.errors import ConfigError
@@ -302,7 +302,9 @@ def _transport(prep: _Prepared, members: dict[str, FederationMember]) -> InProce
     import multiprocessing
     import threading
 
-    load = max(0.0, os.getloadavg()[0] - own_recent_load()) if hasattr(os, "getloadavg") else None
+    load = None
+    if hasattr(os, "getloadavg"):  # busy over the last minute (less our own stopped workers), or right now
+        load = max(0.0, os.getloadavg()[0] - own_recent_load(), runnable_now())
     workers = prep.config.simulation.worker_count(len(members), load=load)
     auto = prep.config.simulation.workers == "auto"
     no_fork = "fork" not in multiprocessing.get_all_start_methods()  # 'auto' stays serial there; N >= 2 is refused

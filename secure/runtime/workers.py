@@ -71,6 +71,17 @@ LOAD_TAU = 60.0
 _RAN: list[tuple[float, float, int]] = []
 
 
+def runnable_now(path: str = "/proc/loadavg") -> float:
+    """Tasks runnable on this machine at this moment, this process included (Linux: the 4th field of
+    ``/proc/loadavg``, "running/total"); 0.0 where there is no such file. The 1-minute load average
+    lags: a test suite's other workers that started seconds ago are busy now but barely in it."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return float(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def own_recent_load(now: float | None = None) -> float:
     """What this process's own stopped workers still add to the 1-minute load average: n workers busy
     for D seconds raised it by n·(1 − e^(−D/τ)), which decays as e^(−t/τ) t seconds after they stopped

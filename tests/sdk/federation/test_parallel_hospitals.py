@@ -105,7 +105,10 @@ def test_a_threshold_ckks_run_over_workers_ends_and_its_hospitals_predict_as_the
 
 
 def test_auto_does_not_fork_a_process_running_other_threads_and_a_count_warns(tmp_path, monkeypatch):
+    from clinograph.sdk.federation import simulate as simulate_module
+
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine: 'auto' would fork
+    monkeypatch.setattr(simulate_module, "runnable_now", lambda: 1.0)
     forked = []
     stop = threading.Event()
     host = threading.Thread(target=stop.wait, daemon=True)  # the embedding application's own thread
@@ -157,3 +160,12 @@ def test_auto_does_not_count_this_processs_own_stopped_workers_as_other_work(mon
 class _Named:
     def __init__(self, name):
         self.name = name
+
+
+def test_auto_counts_the_tasks_runnable_now(tmp_path):
+    from clinograph.secure.runtime.workers import runnable_now
+
+    (tmp_path / "loadavg").write_text("0.79 2.89 3.12 3/80 4066\n")
+    assert runnable_now(str(tmp_path / "loadavg")) == 3.0
+    assert runnable_now(str(tmp_path / "missing")) == 0.0
+    assert cfg("auto").simulation.worker_count(3, load=3.0) == max(1, len(os.sched_getaffinity(0)) - 2)
