@@ -515,8 +515,8 @@ class SimulationSection(_Strict):
     def worker_count(self, hospitals: int, *, load: float | None = None) -> int:
         """How many workers a run with ``hospitals`` hospitals uses (1: none, all in this process).
 
-        'auto': the usable cores not already busy with other work -- ``load`` (default: this
-        machine's 1-minute load average), less one for this process itself, rounded down -- at most
+        'auto': the usable cores not already busy with other work -- ``load`` (default:
+        :func:`clinograph.secure.runtime.workers.busy_cores`), less one for this process itself, rounded down -- at most
         one per hospital, at least 1. On a machine already running more than its cores (a test suite
         on parallel workers, other jobs) another process only adds forks and switches, so it is 1.
         Off Linux it is 1: on macOS Python's docs call fork unsafe (system libraries start threads)."""
@@ -534,7 +534,9 @@ class SimulationSection(_Strict):
         if quota is not None:  # a container's CPU limit: cores it may use, whatever the machine has
             usable = min(usable, max(1, math.floor(quota)))
         if load is None:
-            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+            from clinograph.secure.runtime.workers import busy_cores
+
+            load = busy_cores()
         idle = usable - math.floor(max(0.0, load - 1.0))
         return max(1, min(idle, hospitals))
 

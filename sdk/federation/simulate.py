@@ -19,7 +19,6 @@ list them (:func:`.build.run_models`, as ``clinograph model init`` writes them),
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +33,7 @@ from clinograph.secure.runtime.liveness import Liveness
 from clinograph.secure.runtime.loop import RoundOutcome
 from clinograph.secure.runtime.models import RunModels
 from clinograph.secure.runtime.run import CandidateRun, run_federation
-from clinograph.secure.runtime.workers import ProcessTransport, own_recent_load, runnable_now
+from clinograph.secure.runtime.workers import ProcessTransport
 from clinograph.secure.server import FederationServer
 
 from clinograph.core.errors import ConfigError
@@ -302,10 +301,7 @@ def _transport(prep: _Prepared, members: dict[str, FederationMember]) -> InProce
     import multiprocessing
     import threading
 
-    load = None
-    if hasattr(os, "getloadavg"):  # busy over the last minute (less our own stopped workers), or right now
-        load = max(0.0, os.getloadavg()[0] - own_recent_load(), runnable_now())
-    workers = prep.config.simulation.worker_count(len(members), load=load)
+    workers = prep.config.simulation.worker_count(len(members))
     auto = prep.config.simulation.workers == "auto"
     no_fork = "fork" not in multiprocessing.get_all_start_methods()  # 'auto' stays serial there; N >= 2 is refused
     threads = threading.active_count() > 1

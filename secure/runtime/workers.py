@@ -37,10 +37,12 @@ made in a worker comes back as a :class:`Withheld`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import math
 import multiprocessing
+import os
 import pickle
 import signal
 import sys
@@ -92,6 +94,14 @@ def own_recent_load(now: float | None = None) -> float:
                for start, stop, n in _RAN)
 
 
+def busy_cores() -> float:
+    """How busy this machine is, for ``[simulation] workers = "auto"``: the larger of the 1-minute
+    load average less this process's own stopped workers (:func:`own_recent_load`) and the tasks
+    runnable now (:func:`runnable_now`); both count this process itself. 0.0 where neither is known."""
+    average = max(0.0, os.getloadavg()[0] - own_recent_load()) if hasattr(os, "getloadavg") else 0.0
+    return max(average, runnable_now())
+
+
 class WorkerError(ClinographError):
     """A worker process failed at a query (not at a round's message, which is a dropout)."""
 
@@ -123,15 +133,26 @@ _NATIVE = frozenset({"tenseal", "_tenseal_cpp", "_sealapi_cpp"})
 
 
 def _stays(obj: Any) -> bool:
-    """True for an object that must not leave its worker (module docstring)."""
-    cls = type(obj)
-    return "__reduce__" in cls.__dict__ and cls.__module__.startswith("clinograph.") and _refuses(obj) \
-        or cls.__module__.split(".", 1)[0] in _NATIVE
+    """True for an object that must not leave its worker (module docstring). Decided once a class:
+    pickling calls this for every object it meets."""
+    return _class_stays(type(obj))
 
 
-def _refuses(obj: Any) -> bool:
+@functools.cache
+def _class_stays(cls: type) -> bool:
+    """A TenSEAL/SEAL native class, or a Clinograph class whose own ``__reduce__`` refuses (a secret
+    holder: it raises TypeError without reading the instance)."""
+    if cls.__module__.split(".", 1)[0] in _NATIVE:
+        return True
+    reduce = cls.__dict__.get("__reduce__")
+    if reduce is None or not cls.__module__.startswith("clinograph."):
+        return False
     try:
-        obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        probe = object.__new__(cls)  # an empty instance: never a hospital's real secret
+    except TypeError:  # a builtin-derived class: not one of ours that refuses
+        return False
+    try:
+        reduce(probe)
     except TypeError:
         return True
     return False

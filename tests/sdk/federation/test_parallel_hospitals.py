@@ -105,10 +105,10 @@ def test_a_threshold_ckks_run_over_workers_ends_and_its_hospitals_predict_as_the
 
 
 def test_auto_does_not_fork_a_process_running_other_threads_and_a_count_warns(tmp_path, monkeypatch):
-    from clinograph.sdk.federation import simulate as simulate_module
+    from clinograph.secure.runtime import workers
 
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # an idle machine: 'auto' would fork
-    monkeypatch.setattr(simulate_module, "runnable_now", lambda: 1.0)
+    monkeypatch.setattr(workers, "runnable_now", lambda: 1.0)
     forked = []
     stop = threading.Event()
     host = threading.Thread(target=stop.wait, daemon=True)  # the embedding application's own thread
