@@ -51,7 +51,7 @@ SECONDS = {  # a unit's (a module, a TOGETHER name, or a test of a SPLIT module)
     KILLED_SERVERAPP: 70,
     "tests/integration/test_flower_warm_executor.py": 80,
     "tests/examples/test_flower_loopback_guide.py": 75,
-    "tests/integration/test_flower_resume.py": 70,
+    "tests/integration/test_flower_resume.py": 30,
     "tests/integration/test_concepts_over_flower.py": 55,  # its real-process voted run: ~42 s
     "tests/secure/audit/test_report_scenarios.py": 60,
     "cli_demo": 45,

@@ -188,6 +188,13 @@ class FlowerProcesses:
         self.mark(name)
         return p
 
+    def flwr_stop(self, run_id: int) -> None:
+        """``flwr stop RUN_ID`` on the loopback SuperLink (the run's status becomes stopped at once)."""
+        out = subprocess.run([str(BIN / "flwr"), "stop", str(run_id), "loopback"], env=self.env, cwd=self.tmp,
+                             capture_output=True, text=True, timeout=max(1.0, min(60.0, self.remaining())))
+        assert out.returncode == 0, (out.stdout + out.stderr)[-2000:]
+        self.mark(f"stopped run {run_id}")
+
     def federation(self, hospitals: Sequence[str], *, node_configs: Mapping[str, Mapping[str, Any]],
                    values: Mapping[str, Any], events_file: Path) -> str:
         """A whole run, as a deployment starts it: the SuperLink (TLS, node authentication), each

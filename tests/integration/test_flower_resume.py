@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -94,6 +95,13 @@ def _reference(tmp: Path, keys, server_toml: Path) -> dict[str, np.ndarray]:
     return server.state
 
 
+def _run_id(log: Path) -> int:
+    """The Flower run id ``flwr run`` printed ("Successfully started run N")."""
+    match = re.search(r"Successfully started run (\d+)", log.read_text(errors="replace"))
+    assert match, f"no run id in {log}"
+    return int(match.group(1))
+
+
 def _journal_stages(path: Path) -> list[tuple[int, str]]:
     if not path.exists():
         return []
@@ -134,6 +142,9 @@ def test_serverapp_killed_mid_round_resumes_to_the_uninterrupted_model(tmp_path)
             os.kill(pid, signal.SIGKILL)  # the ServerApp dies mid-round
         last_before = _journal_stages(journal)[-1]
         os.killpg(first.pid, signal.SIGKILL)  # its `flwr run --stream` would wait for a run that never ends
+        # as docs/deployment.md says: stop the killed run first, or a SuperNode fetching one of its
+        # messages waits (about a minute) until the SuperLink misses the dead ServerApp's heartbeats
+        fp.flwr_stop(_run_id(fp.logs / "flwr-run-1.log"))
         fp.flwr_run(run_config, name="flwr-run-2")
         fp.wait(lambda: any(e["event"] == "finished" for e in _events(events)), what="the resumed run to finish",
                 procs=fp.named("superlink", "flwr-run-2"))
