@@ -153,9 +153,11 @@ def run_cohort(cohort: str, seeds: list[int]) -> dict:
     return _cohort_result(c, tables, seeds, per, extra)
 
 
-def run_cohort_choosing(cohort: str, seeds: list[int], settings: str = "sdk", restarts: int = 1) -> dict:
+def run_cohort_choosing(cohort: str, seeds: list[int], settings: str = "sdk", restarts: int = 1,
+                        candidates: list[dict] | None = None, elimination: str | None = None) -> dict:
     """The binary form with the per-federation model choice (module docstring, ``--choose``), at
-    the SDK's defaults (``settings="sdk"``) or the benchmark's ``NSFL_DEFAULTS``."""
+    the SDK's defaults (``settings="sdk"``) or the benchmark's ``NSFL_DEFAULTS``; ``candidates``
+    and ``elimination`` replace the ``[selection]`` defaults when given."""
     import tempfile
 
     from clinograph.sdk.federation.simulate import simulate as simulate_choosing
@@ -171,6 +173,11 @@ def run_cohort_choosing(cohort: str, seeds: list[int], settings: str = "sdk", re
         cfg = (sdk_config if settings == "sdk" else nsfl_config)(seed=seed, dictionary_id=cohort)
         if restarts > 1:  # [selection] restarts: every candidate from `restarts` initialisations
             cfg = cfg.model_copy(update={"selection": cfg.selection.model_copy(update={"restarts": restarts})})
+        # model_copy, not a dump and reload: the default candidates apply only to settings left unset
+        if candidates is not None:
+            cfg = cfg.model_copy(update={"selection": cfg.selection.model_copy(update={"candidates": tuple(candidates)})})
+        if elimination is not None:
+            cfg = cfg.model_copy(update={"selection": cfg.selection.model_copy(update={"elimination": elimination})})
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             res = simulate_choosing(tables, c.dictionary, cfg, audit_dir=Path(tmp) / "audit")
@@ -385,15 +392,26 @@ def main() -> None:
                     "(what a minimal config runs; the default) or the benchmark's NSFL_DEFAULTS")
     ap.add_argument("--restarts", type=int, default=1, help="--choose: [selection] restarts (each candidate from "
                     "this many initialisations)")
+    ap.add_argument("--plus-demo", action="store_true", help="--choose: the default candidates and the demo's "
+                    "settings as a fifth (research/demo_quality/candidates_cost.py DEMO_CANDIDATE)")
+    ap.add_argument("--elimination", choices=("none", "successive_halving"), default=None,
+                    help="--choose: [selection] elimination (none: every candidate trains in full, so "
+                    "candidate_sets.py can replay smaller sets on the same runs)")
+    ap.add_argument("--name", default=None, help="--choose: the result file's name (default real_tables_choice...)")
     a = ap.parse_args()
     if a.quick:
         a.cohorts, a.seeds = a.cohorts.split(",")[0], 1
     out = out_path(__file__, a)
     if a.choose:
         cohorts = [x for x in a.cohorts.split(",") if x]
-        out = out_path(__file__, a, name="real_tables_choice" + (f"_restarts{a.restarts}" if a.restarts > 1 else "")
+        out = out_path(__file__, a, name=(a.name or "real_tables_choice" + (f"_restarts{a.restarts}" if a.restarts > 1
+                                                                             else ""))
                        + ("_" + cohorts[0] if len(cohorts) == 1 else ""))
         from clinograph.sdk.federation.candidates import DEFAULT_BINARY_CANDIDATES
+
+        from research.demo_quality.candidates_cost import DEMO_CANDIDATE
+
+        candidates = [*DEFAULT_BINARY_CANDIDATES, DEMO_CANDIDATE] if a.plus_demo else None
 
         from research.model_quality import NSFL_DEFAULTS, sdk_config
 
@@ -401,8 +419,10 @@ def main() -> None:
                                                                        "selection", "split"})
                     if a.settings == "sdk" else NSFL_DEFAULTS)
         write(out, {"machine": machine(), "settings": a.settings, "nsfl_settings": settings,
-                          "candidates": list(DEFAULT_BINARY_CANDIDATES), "restarts": a.restarts,
-                          "cohorts": {k: run_cohort_choosing(k, list(range(a.seeds)), a.settings, a.restarts)
+                          "candidates": candidates or list(DEFAULT_BINARY_CANDIDATES), "restarts": a.restarts,
+                          "elimination": a.elimination,
+                          "cohorts": {k: run_cohort_choosing(k, list(range(a.seeds)), a.settings, a.restarts,
+                                                             candidates, a.elimination)
                                       for k in cohorts}})
         return
     if a.markdown:
