@@ -89,6 +89,10 @@ class MaskingClient(AggregationClient):
         self._masked_with: frozenset[str] = frozenset()
         self._signed_u3: tuple[str, ...] | None = None
 
+    def __reduce__(self):  # noqa: D105
+        raise TypeError("MaskingClient holds a round's key pairs, pairwise keys and self-mask seed and refuses "
+                        "to be pickled.")
+
     def first_message(self) -> bytes:
         """Stage 0: check the update (fails early if out of range), make and sign round keys.
 

@@ -21,11 +21,12 @@ brings every hospital back: pickled by the worker and read by the parent that fo
 the pipe between the two (nothing is written to or read from a file). What the parent already
 holds is not pickled but referred to: the objects given as ``anchors`` (the identities and the
 hospitals' builders, which :class:`clinograph.core.identity.Identity` refuses to pickle anyway)
-travel as their index, public identities and X25519 keys as their raw bytes, and a DP sampler's
+travel as their index, public identities and X25519 public keys as their raw bytes, and a DP sampler's
 random stream (:class:`clinograph.secure.hazmat.discrete_noise.CsprngUniform`, whose cipher state
 cannot be read out) comes back as a fresh stream under a new random key. An object that refuses to
 be pickled because it holds a secret (a CKKS keyring or threshold share, a journal key: its class
-defines ``__reduce__`` to raise) and TenSEAL's and SEAL's C++ objects do not travel: they stay in the worker,
+defines ``__reduce__`` to raise), an X25519 private key (a masking round's key pair) and TenSEAL's
+and SEAL's C++ objects do not travel: they stay in the worker,
 which ends with the run, and the parent's hospital holds a :class:`Withheld` in their place, which
 names the object and the fix if anything touches it (a finished run's hospitals predict without them).
 Functions and classes defined inside a function (a task's loss closure) cannot be pickled by name:
@@ -374,7 +375,8 @@ def _serve(conn: Connection, participants: dict[str, RoundParticipant], after_fo
 
 
 class _Pickler(pickle.Pickler):
-    """Pickles a worker's hospitals for its parent: anchors by index, keys by their raw bytes."""
+    """Pickles a worker's hospitals for its parent: anchors by index, public keys by their raw bytes,
+    secrets withheld."""
 
     def __init__(self, file: io.BytesIO, anchors: list[Any]):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -387,8 +389,8 @@ class _Pickler(pickle.Pickler):
             return ("anchor", i)
         if isinstance(obj, PublicIdentity):
             return ("public", obj.name, obj.raw)
-        if isinstance(obj, X25519PrivateKey):
-            return ("x25519", obj.private_bytes_raw())
+        if isinstance(obj, X25519PrivateKey):  # a round's masking key: never sent between processes
+            return ("withheld", "X25519PrivateKey")
         if isinstance(obj, X25519PublicKey):
             return ("x25519_public", obj.public_bytes_raw())
         if isinstance(obj, Ed25519PublicKey):
@@ -447,8 +449,6 @@ class _Unpickler(pickle.Unpickler):
             return self._anchors[rest[0]]
         if kind == "public":
             return PublicIdentity(rest[0], rest[1])
-        if kind == "x25519":
-            return X25519PrivateKey.from_private_bytes(rest[0])
         if kind == "x25519_public":
             return X25519PublicKey.from_public_bytes(rest[0])
         if kind == "ed25519_public":

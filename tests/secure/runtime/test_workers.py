@@ -8,6 +8,7 @@ import signal
 import pytest
 from clinograph.secure.runtime import InProcessTransport
 from clinograph.secure.runtime.workers import ProcessTransport, WorkerError
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from clinograph.core.errors import ProtocolError
 
@@ -100,17 +101,22 @@ class KeepsASecret(Echo):
 
         self.secret = Identity.generate(name)
         self.context = ts.context(ts.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=[60, 40, 40, 60])
+        self.round_key = X25519PrivateKey.generate()  # a masking round's key, as MaskingClient holds it
+        self.peer = self.round_key.public_key()
 
 
 def test_a_secret_or_a_tenseal_object_stays_in_its_worker_and_its_place_names_the_fix():
-    with ProcessTransport(hospitals(a=KeepsASecret, b=Echo), workers=2) as t:
+    built = hospitals(a=KeepsASecret, b=Echo)
+    with ProcessTransport(built, workers=2) as t:
         back = t.members()
     assert back["a"].name == "a" and back["b"].name == "b"
-    for attr, cls in (("secret", "Identity"), ("context", "Context")):
+    for attr, cls in (("secret", "Identity"), ("context", "Context"), ("round_key", "X25519PrivateKey")):
         withheld = getattr(back["a"], attr)
         assert repr(withheld) == f"Withheld({cls})"
         with pytest.raises(WorkerError, match=rf"{cls} stayed in its simulation worker.*workers = 1"):
             withheld.sign(b"x")
+    assert back["a"] is not built["a"] and isinstance(back["a"].peer, X25519PublicKey)  # public keys travel
+    assert back["a"].peer.public_bytes_raw() == built["a"].peer.public_bytes_raw()
 
 
 def _closure(scale: float):
@@ -142,3 +148,15 @@ def test_a_closure_made_before_the_fork_comes_back_as_itself_one_made_in_a_worke
     assert repr(back["a"].after).startswith("Withheld(function ")
     with pytest.raises(WorkerError, match="stayed in its simulation worker"):
         back["a"].after(1)
+
+
+def test_a_masked_rounds_client_refuses_to_be_pickled_so_it_stays_in_its_worker():
+    """Its pairwise keys and self-mask seed are bytes, which would otherwise travel as they are."""
+    import pickle
+
+    from clinograph.secure.masking.client import MaskingClient
+    from clinograph.secure.runtime.workers import _class_stays
+
+    with pytest.raises(TypeError, match="refuses to be pickled"):
+        pickle.dumps(object.__new__(MaskingClient))
+    assert _class_stays(MaskingClient)
