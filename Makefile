@@ -65,12 +65,13 @@ test-fast: $(STAMP)
 # The simulation-heavy tests again with every `workers = "auto"` simulation on 2 worker processes
 # (tests/force_workers.py; not test_parallel_hospitals.py, which tests "auto" itself): on a busy
 # machine "auto" mostly stays serial, so `make test` alone leaves the worker path to that one
-# module. Not part of `make test` (about 3 minutes); .ci/run runs it after.
+# module. One pytest process, no xdist: its workers run an I/O thread, and a fork copies a thread's
+# held locks. Not part of `make test` (about 5 minutes); .ci/run runs it after.
 WORKER_TESTS := tests/sdk/federation tests/sdk/privacy tests/sdk/concepts tests/sdk/fednsl tests/sdk/agat \
   tests/clinograph/test_cli.py tests/secure/audit tests/examples tests/integration/test_simulation_matches_flower.py
 test-workers: $(STAMP)
-	OMP_NUM_THREADS=1 PYTHONPATH=tests $(BIN)/python -m pytest -q -p no:cacheprovider -p force_workers -n 2 \
-	  --dist loadscope $(WORKER_TESTS) --ignore tests/sdk/federation/test_parallel_hospitals.py --basetemp=$$(mktemp -d /tmp/cgt.XXXXXX)
+	OMP_NUM_THREADS=1 PYTHONPATH=tests $(BIN)/python -m pytest -q -p no:cacheprovider -p force_workers \
+	  $(WORKER_TESTS) --ignore tests/sdk/federation/test_parallel_hospitals.py --basetemp=$$(mktemp -d /tmp/cgt.XXXXXX)
 
 # ruff, then the import contracts in pyproject.toml (see tests/test_import_contracts.py).
 lint: $(STAMP)

@@ -22,4 +22,4 @@ def _forced(self, hospitals, *, load=None):  # noqa: ANN001, ANN202 - the patche
 
 
 _config.SimulationSection.worker_count = _forced
-threading.active_count = lambda: 1  # pytest-timeout / xdist threads: fork anyway (as an explicit count does)
+threading.active_count = lambda: 1  # fork as an explicit count does (run it without xdist: Makefile)
