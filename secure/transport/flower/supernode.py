@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse our options, start the worker, hand the rest to ``flower-supernode``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # allow_abbrev=False: Flower's own --insecure must not be taken for our --insecure-transport
-    parser = argparse.ArgumentParser(prog="clinograph-supernode", add_help=True, allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="clinograph supernode", add_help=True, allow_abbrev=False,
+                                     epilog="Every other option is flower-supernode's, passed through "
+                                            "(flower-supernode --help); see examples/flower_deployment/README.md.")
     parser.add_argument("--participant-factory", default=DEFAULT_FACTORY,
                         help="'package.module:function' building the hospital (default: Clinograph's own, from "
                              "the node's data-dir files: table.csv, schema.toml, hospital.toml)")
