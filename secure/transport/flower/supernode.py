@@ -110,7 +110,9 @@ def check_transport(flower_args: Sequence[str], *, insecure_transport: bool, env
     if not insecure_transport:
         raise ConfigError("flower-supernode --insecure sends protocol messages without TLS. Remove it and pass "
                           "--root-certificates, or add --insecure-transport --environment development.")
-    require_allowed("insecure_transport", environment=environment, why="Flower messages travel without TLS")
+    require_allowed("insecure_transport", environment=environment, why="Flower messages travel without TLS",
+                    fix="Remove --insecure and pass --root-certificates, or, for a test on one machine, "
+                        "add --environment development.")
 
 
 #: Flower's flag that lets a run's app bundle pip-install packages on the hospital's node
@@ -127,10 +129,14 @@ def check_run_code(flower_args: Sequence[str], *, executor: str, environment: En
     if executor == "subprocess":
         require_allowed("insecure_fab_clientapp", environment=environment,
                         why="Flower's own executor imports the ClientApp the run's app bundle names: code chosen by "
-                            "whoever submits a run would run beside this hospital's data and keys")
+                            "whoever submits a run would run beside this hospital's data and keys",
+                        fix="Remove --executor subprocess (the default warm executor runs only this node's "
+                            "--clientapp), or, for a test, add --environment development.")
     if any(_flag_name(a) == DEPENDENCY_INSTALL_FLAG for a in flower_args):
         require_allowed("insecure_runtime_dependency_install", environment=environment,
-                        why="a run's app bundle could install and run packages on this hospital's node")
+                        why="a run's app bundle could install and run packages on this hospital's node",
+                        fix=f"Remove {DEPENDENCY_INSTALL_FLAG} and install the app's dependencies beforehand, or, "
+                            "for a test, add --environment development.")
 
 
 def executor_args(flower_args: Sequence[str], *, executor: str, poll: float | None) -> list[str]:
