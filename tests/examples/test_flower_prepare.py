@@ -8,17 +8,16 @@ from pathlib import Path
 
 from clinograph.secure.runtime import ServerConfig
 
-APP = Path(__file__).resolve().parents[2] / "examples" / "flower_deployment" / "app"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "flower_deployment" / "app"))
+from clinograph_flower_app import prepare as module  # noqa: E402
+
+
+class Models:  # the initial models are not what is checked here (and cost seconds to build)
+    def to_bytes(self) -> bytes:
+        return b"{}"
 
 
 def test_a_relative_out_gives_a_server_toml_whose_audit_dir_is_the_server_folders(tmp_path, monkeypatch):
-    sys.path.insert(0, str(APP))
-    from clinograph_flower_app import prepare as module
-
-    class Models:  # the initial models are not what is checked here (and cost seconds to build)
-        def to_bytes(self) -> bytes:
-            return b"{}"
-
     monkeypatch.setattr(module, "run_models", lambda config, dictionary: Models())
     monkeypatch.chdir(tmp_path)
     module.prepare(Path("sites"), hospitals=["h1", "h2"], patients=20, dp=False, federation_id="fed-x")
