@@ -157,7 +157,8 @@ def bench(name: Annotated[str, typer.Argument(help="A study's script: NAME or ST
                      alter_sys=True)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)  # --help: the launcher's own options (its argparse help)
 def supernode(ctx: typer.Context) -> None:
     """A hospital's Flower SuperNode with the Clinograph hospital inside it (all options are
     passed through; see examples/flower_deployment/README.md)."""

@@ -19,14 +19,13 @@ class InsecureOptionWarning(UserWarning):
     """Warned each time an ``insecure_*`` option is used."""
 
 
-def require_allowed(option: str, *, environment: Environment, why: str) -> None:
-    """Warn about insecure ``option``; raise :class:`SecurityPolicyError` in production."""
+def require_allowed(option: str, *, environment: Environment, why: str,
+                    fix: str = "Remove it from the config or use a secure mode.") -> None:
+    """Warn about insecure ``option``; raise :class:`SecurityPolicyError` in production (``fix``:
+    what to do instead, where the option is not a config key, e.g. a command-line flag)."""
     if not option.startswith("insecure_"):
         raise ValueError(f"{option!r} is not an insecure_* option")
     if environment == "production":
-        raise SecurityPolicyError(
-            f"{option!r} is refused because environment = \"production\" ({why}). "
-            "Remove it from the config or use a secure mode."
-        )
+        raise SecurityPolicyError(f"{option!r} is refused because environment = \"production\" ({why}). {fix}")
     warnings.warn(f"{option} is in use: {why}. The audit log marks this run insecure.",
                   InsecureOptionWarning, stacklevel=2)

@@ -33,6 +33,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
                      for e in exc.errors()]
             typer.secho("error: invalid settings:\n" + "\n".join(lines), err=True, fg="red")
             raise typer.Exit(2) from None
+        except BrokenPipeError:  # the reader went away (`clinograph check ... | head`): not an error of ours
+            _stdout_to_devnull()
+            raise typer.Exit(1) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
@@ -44,3 +47,17 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise typer.Exit(3) from None
 
     return wrapper
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not raise again (Python's
+    documented handling of SIGPIPE)."""
+    import sys
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no real file behind stdout (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

@@ -50,7 +50,9 @@ def init(
     typer.echo(f"  auditors          : {ks.server_pub} (the server's audit-signing public key; fingerprint "
                f"{ks.server_fingerprint} = SHA-256 of its 32 bytes)")
     typer.echo(f"                      clinograph audit verify AUDIT_DIR --trusted-key {ks.server_pub}")
-    typer.echo("Register each hospital's node-auth key: flwr supernode register hospitals/<h>/<h>.node-auth.pub <connection>")
+    typer.echo("Register each hospital's node-auth key with the SuperLink (<connection>: your flwr config's name for it):")
+    for name, d in ks.hospital_dirs.items():
+        typer.echo(f"  flwr supernode register {d / f'{name}.node-auth.pub'} <connection> --name {name}")
 
 
 if __name__ == "__main__":  # python -m clinograph.commands.keys init ...

@@ -67,6 +67,39 @@ def settled_status(flwr: str, superlink: str, run_id: int, *, wait: bool, tries:
     return status
 
 
+class ErrorHint:
+    """The stream's last error line, for the one-line reason: the ServerApp's own failure line
+    outranks Flower's, and a Flower error box (``╭─ Error ─╮``, ``│ text │``, ``╰─╯``) gives
+    its text, not its top border."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._box: list[str] | None = None
+
+    def feed(self, line: str) -> None:
+        """Read one line of the stream."""
+        s = line.strip()
+        if self._box is not None:
+            if s.startswith("│"):
+                self._box.append(s.strip("│").strip())
+                return
+            box, self._box = " ".join(" ".join(self._box).split()), None
+            if box:
+                self._take(box)
+            if s.startswith("╰"):
+                return
+        if s.startswith("╭") and "Error" in s:
+            self._box = []
+        elif "clinograph: run failed" in line:
+            self.text = s[-300:]
+        elif "Error" in line or "ERROR" in line:
+            self._take(s)
+
+    def _take(self, s: str) -> None:
+        if "clinograph:" not in self.text:
+            self.text = s[-300:]
+
+
 def _pump(stream, lines: queue.Queue) -> None:
     for line in stream:
         lines.put(line.rstrip("\n"))
@@ -102,7 +135,7 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
                               "(TOML) cannot carry here; choose a path without one.")
         offset = events_file.stat().st_size if events_file.is_file() else 0
         cmd += ["--run-config", f"events-file='{events_file}'"]
-    run_id, hint, status = None, "", None
+    run_id, hint, status = None, ErrorHint(), None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
                             errors="replace", bufsize=1)
     lines: queue.Queue = queue.Queue()
@@ -119,9 +152,7 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
             if isinstance(line, str):
                 typer.echo(line)
                 run_id = run_id if run_id is not None else run_id_from(line)
-                if "clinograph: run failed" in line or (("Error" in line or "ERROR" in line)
-                                                         and "clinograph:" not in hint):
-                    hint = line.strip()[-300:]  # the ServerApp's own failure line outranks Flower's
+                hint.feed(line)
             now = time.monotonic()
             if finished_at is not None and now - finished_at > GRACE_S:
                 break
@@ -147,9 +178,10 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
     if run_id is not None:
         status = settled_status(exe, superlink, run_id, wait=not any(e["event"] in ("finished", "failed")
                                                                       for e in events))
+    reason = hint.text
     if run_id is None and proc.returncode not in (0, None):
-        hint = hint or f"flwr run exited with {proc.returncode}"
-    outcome = decide(events=events, status=status, run_id=run_id, hint=hint)
+        reason = reason or f"flwr run exited with {proc.returncode}"
+    outcome = decide(events=events, status=status, run_id=run_id, hint=reason)
     color = "green" if outcome.code == 0 else ("yellow" if outcome.code == LOST else "red")
     typer.secho(outcome.reason, err=True, fg=color)
     raise typer.Exit(outcome.code)

@@ -156,3 +156,15 @@ def test_a_quoted_number_in_a_config_is_a_clear_error(tmp_path):
     out = cli("simulate", str(cfg))
     assert out.returncode == 2 and "Traceback" not in out.stderr + out.stdout
     assert "federation.rounds" in out.stderr and "write the value without quotes" in out.stderr, out.stderr
+
+
+def test_supernode_help_lists_the_launchers_own_options():
+    from typer.testing import CliRunner
+
+    from clinograph.cli import app
+
+    r = CliRunner().invoke(app, ["supernode", "--help"])
+    assert r.exit_code == 0, r.output
+    for option in ("--node-config", "--executor", "--supernode-poll", "--participant-factory", "--environment"):
+        assert option in r.output
+    assert "flower-supernode --help" in " ".join(r.output.split())  # where Flower's options are described

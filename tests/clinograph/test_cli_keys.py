@@ -76,3 +76,13 @@ def test_keys_init_writes_server_pub_for_auditors_and_verify_pins_it(tmp_path):
     ok = CliRunner().invoke(audit_app, ["verify", str(tmp_path / "audit"), "--trusted-key", str(k / "server.pub")])
     assert ok.exit_code == 0, ok.output
     assert "signer checked" in ok.stdout and server.public.fingerprint in ok.stdout
+
+
+def test_keys_init_prints_register_commands_whose_paths_exist(tmp_path):
+    r = _init(tmp_path)
+    assert r.exit_code == 0, r.output
+    lines = [line.split() for line in r.output.splitlines() if "flwr supernode register" in line]
+    assert len(lines) == 2  # one a hospital, the path as written from where the command ran
+    for words, h in zip(lines, ("h1", "h2"), strict=True):
+        path = words[words.index("register") + 1]
+        assert path == str(tmp_path / "keys" / "hospitals" / h / f"{h}.node-auth.pub")

@@ -178,3 +178,14 @@ def test_an_events_file_path_with_a_quote_is_a_clean_error(tmp_path):
     res = CliRunner().invoke(app, ["run", "app", "loopback", "--flwr", str(flwr), "--events-file",
                                    str(tmp_path / "it's.jsonl")])
     assert res.exit_code == 2 and "contains a single quote" in res.output
+
+
+def test_flowers_error_box_gives_the_reason_its_text_not_its_border(tmp_path):
+    flwr = tmp_path / "flwr"  # `flwr run` of an app folder without pyproject.toml, as flwr 1.41 says it
+    flwr.write_text("#!/bin/sh\nprintf '%s\\n' '╭─ Error ─────────╮' \"│ Failed to load Flower App configuration in │\" "
+                    "\"│ '/nonexistent/pyproject.toml'.             │\" '╰─────────────────╯'\nexit 1\n")
+    flwr.chmod(0o755)
+    res = CliRunner().invoke(app, ["run", "/nonexistent", "loopback", "--flwr", str(flwr)])
+    assert res.exit_code == 1, res.output
+    assert res.output.strip().splitlines()[-1] == (
+        "flwr run started no run: Failed to load Flower App configuration in '/nonexistent/pyproject.toml'.")

@@ -110,7 +110,9 @@ def check_transport(flower_args: Sequence[str], *, insecure_transport: bool, env
     if not insecure_transport:
         raise ConfigError("flower-supernode --insecure sends protocol messages without TLS. Remove it and pass "
                           "--root-certificates, or add --insecure-transport --environment development.")
-    require_allowed("insecure_transport", environment=environment, why="Flower messages travel without TLS")
+    require_allowed("insecure_transport", environment=environment, why="Flower messages travel without TLS",
+                    fix="Remove --insecure and pass --root-certificates, or, for a test on one machine, "
+                        "add --environment development.")
 
 
 #: Flower's flag that lets a run's app bundle pip-install packages on the hospital's node
@@ -127,10 +129,14 @@ def check_run_code(flower_args: Sequence[str], *, executor: str, environment: En
     if executor == "subprocess":
         require_allowed("insecure_fab_clientapp", environment=environment,
                         why="Flower's own executor imports the ClientApp the run's app bundle names: code chosen by "
-                            "whoever submits a run would run beside this hospital's data and keys")
+                            "whoever submits a run would run beside this hospital's data and keys",
+                        fix="Remove --executor subprocess (the default warm executor runs only this node's "
+                            "--clientapp), or, for a test, add --environment development.")
     if any(_flag_name(a) == DEPENDENCY_INSTALL_FLAG for a in flower_args):
         require_allowed("insecure_runtime_dependency_install", environment=environment,
-                        why="a run's app bundle could install and run packages on this hospital's node")
+                        why="a run's app bundle could install and run packages on this hospital's node",
+                        fix=f"Remove {DEPENDENCY_INSTALL_FLAG} and install the app's dependencies beforehand, or, "
+                            "for a test, add --environment development.")
 
 
 def executor_args(flower_args: Sequence[str], *, executor: str, poll: float | None) -> list[str]:
@@ -206,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse our options, start the worker, hand the rest to ``flower-supernode``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # allow_abbrev=False: Flower's own --insecure must not be taken for our --insecure-transport
-    parser = argparse.ArgumentParser(prog="clinograph-supernode", add_help=True, allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="clinograph supernode", add_help=True, allow_abbrev=False,
+                                     epilog="Every other option is flower-supernode's, passed through "
+                                            "(flower-supernode --help); see examples/flower_deployment/README.md.")
     parser.add_argument("--participant-factory", default=DEFAULT_FACTORY,
                         help="'package.module:function' building the hospital (default: Clinograph's own, from "
                              "the node's data-dir files: table.csv, schema.toml, hospital.toml)")

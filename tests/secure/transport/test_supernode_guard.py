@@ -37,3 +37,15 @@ def test_full_names_and_unrelated_options_are_not_abbreviations():
         check_transport(["--insecure"], insecure_transport=True, environment="production")
     with pytest.raises(ConfigError, match="without TLS"):
         check_transport(["--insecure=true"], insecure_transport=False, environment="development")
+
+
+@pytest.mark.parametrize(("flags", "fix"), [
+    (["--executor", "subprocess"], "Remove --executor subprocess"),
+    (["--allow-runtime-dependency-installation"], "Remove --allow-runtime-dependency-installation"),
+    (["--insecure", "--insecure-transport"], "Remove --insecure"),
+])
+def test_an_insecure_flag_refused_in_production_names_the_flag_to_drop_not_a_config_key(flags, fix, capsys):
+    assert main([*BASE, "--superlink", "127.0.0.1:1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "refused because environment = \"production\"" in err and fix in err
+    assert "--environment development" in err and "from the config" not in err

@@ -82,7 +82,8 @@ def prepare(out: Path, *, hospitals: list[str], patients: int, dp: bool, seed: i
     server = out / "server"
     server.mkdir(parents=True, exist_ok=True)
     policy = "\n[dp_policy]\nmax_epsilon = 8.0\ndelta = 1e-5\nmax_clip_norm = 1.0\n" if dp else ""
-    (server / "server.toml").write_text(SERVER.format(audit_dir=audit_dir or server / "audit",
+    # server.toml's relative paths are read from its own folder: the default is "audit" there
+    (server / "server.toml").write_text(SERVER.format(audit_dir=Path(audit_dir).resolve() if audit_dir else "audit",
                                                       federation_id=federation_id, secure_mode=secure_mode,
                                                       dp_policy=policy,
                                                       extra=f"tckks_threshold = {tckks_threshold}\n"
