@@ -42,6 +42,10 @@ class Outcome:
     reason: str
 
 
+#: what a lost run's reason adds: how to go on (docs/deployment.md, "Crash and resume")
+RESUME = ("to go on, start the same run again with the same run config (with a `journal` it resumes from "
+          "its last closed round: docs/deployment.md, 'Crash and resume')")
+
 def run_id_from(line: str) -> int | None:
     """The run id in ``flwr run``'s "Successfully started run N" line, else None."""
     m = _RUN_ID.search(line)
@@ -101,7 +105,8 @@ def decide(*, events: Sequence[Mapping[str, Any]], status: str | None, run_id: i
         last = events[-1]
         at = f"{last.get('event')}" + (f", round {last['round']}" if "round" in last else "")
         return Outcome(LOST, f"{where} lost: the ServerApp stopped with no outcome after its last progress event "
-                             f"({at}) and Flower reports finished:failed -- it was killed or died{extra}{see}")
+                             f"({at}) and Flower reports finished:failed -- it was killed or died{extra}{see}; "
+                             f"{RESUME}")
     if status == "finished:failed":
         return Outcome(FAILED, f"{where} failed (Flower: finished:failed){extra}{see}")
     if status == "finished:stopped":
@@ -121,4 +126,5 @@ def decide(*, events: Sequence[Mapping[str, Any]], status: str | None, run_id: i
                              f"not be asked (check `flwr ls --run-id {run_id}`){extra}")
     return Outcome(LOST, f"{where} lost: the log stream ended while Flower reports it {status} and no progress "
                          f"says it ended -- the ServerApp or flwr run may have been killed (check `flwr ls --run-id "
-                         f"{run_id}`; stop it with `flwr stop {run_id}`){extra}")
+                         f"{run_id}`; stop it with `flwr stop {run_id}`){extra}; if it was killed, stop it first, "
+                         f"then {RESUME}")

@@ -66,11 +66,14 @@ def test_a_serverapp_that_died_mid_run_is_lost():
     assert out.code == LOST
     assert out.reason.startswith("run 6 lost: the ServerApp stopped with no outcome after its last progress event "
                                  "(round_opened, round 2) and Flower reports finished:failed -- it was killed")
+    assert out.reason.endswith("start the same run again with the same run config (with a `journal` it resumes "
+                               "from its last closed round: docs/deployment.md, 'Crash and resume')")
 
 
 def test_a_run_with_no_outcome_is_lost():
     running = decide(events=[{"event": "round_opened", "round": 0}], status="running", run_id=4)
     assert running.code == LOST and "Flower reports it running" in running.reason and "flwr stop 4" in running.reason
+    assert "stop it first, then to go on, start the same run again" in running.reason
     unknown = decide(events=[], status=None, run_id=4)
     assert unknown.code == LOST and "could not be asked" in unknown.reason
 
