@@ -227,3 +227,26 @@ def test_an_unknown_unit_concept_with_a_source_unit_is_read_by_it_and_counted(tm
     assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["systolic_bp"]].tolist() == \
         pytest.approx([120.0] * 4, rel=1e-3)
     assert any("not in the unit table, read by their unit_source_value: 4" in n for n in ex.report.notes)
+
+
+def test_datetimes_with_a_time_zone_are_named_not_a_traceback(tmp_path):
+    def zoned(t):
+        m = t["measurement"]
+        m["measurement_datetime"] = pd.to_datetime(m["measurement_datetime"]).dt.tz_localize("Europe/Berlin")
+    with pytest.raises(SchemaError, match=r"datetimes with a time zone \(TIMESTAMPTZ\) in measurement;.*AT TIME ZONE"):
+        read_omop(_db(tmp_path, zoned), source=demo_source("west"), dictionary=D)
+
+
+def test_a_folder_of_csv_files_with_empty_columns_reads_and_a_malformed_cell_is_named(tmp_path):
+    table, schema = demo_hospitals()[3]
+    tables = omop_tables(table.iloc[:4], schema, D)  # value_as_concept_id, operator_concept_id: empty columns
+    for name, df in tables.items():
+        df.to_csv(tmp_path / f"{name}.csv", index=False)
+    from_csv = read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
+    assert from_csv.report.patients == 4 and from_csv.ingest(D).report.observations > 0
+    m = tables["measurement"].astype({"measurement_datetime": str})
+    m.loc[0, "measurement_datetime"] = "2024-02-30 10:00:00"
+    m.to_csv(tmp_path / "measurement.csv", index=False)
+    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*impossible date") as err:
+        read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
+    assert "2024-02-30" not in str(err.value)
