@@ -205,6 +205,14 @@ def test_broken_parquet_and_quoting(tmp_path):
         read_table(_csv(tmp_path, 'pid,hr,y\np1,"70,0\n'))
 
 
+@pytest.mark.parametrize("head, found", [(b"PK\x03\x04\x14\x00\x06\x00", "an Excel .xlsx workbook.*CSV UTF-8"),
+                                         (b"\x1f\x8b\x08\x00", "gzip-compressed.*gunzip"),
+                                         (b"PAR1\x15\x04", "a Parquet file.*Rename it to .parquet")])
+def test_a_workbook_archive_or_parquet_saved_as_csv_is_named(tmp_path, head, found):
+    with pytest.raises(SchemaError, match=found):
+        read_table(_csv(tmp_path, head + bytes(range(256)) * 4))
+
+
 @pytest.mark.parametrize("columns, message", [
     (pd.MultiIndex.from_tuples([("a", "pid"), ("a", "hr"), ("b", "y")]), "hierarchical \\(MultiIndex\\)"),
     ([0, 1, 2], "All 3 column labels are not text"),
