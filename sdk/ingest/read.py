@@ -173,7 +173,10 @@ def read_table(path: str | Path, *, delimiter: str | None = None, decimal: str |
             kind = "a directory" if path.is_dir() else "a device, pipe or socket"
             raise ConfigError(f"Table {path} is {kind}, not a regular file. Give the path of the exported .csv "
                               "or .parquet file.")
-        raise ConfigError(f"Table {path}: unsupported extension {suffix!r}; use .csv or .parquet.")
+        hint = {".xlsx": " (save the sheet as CSV UTF-8)", ".xls": " (save the sheet as CSV UTF-8)",
+                ".ods": " (save the sheet as CSV UTF-8)", ".gz": " (decompress it first)",
+                ".zip": " (unzip it first)"}.get(suffix, "")
+        raise ConfigError(f"Table {path}: unsupported extension {suffix!r}; use .csv or .parquet{hint}.")
     data = _read_regular(path)
     if suffix in (".parquet", ".pq"):
         try:

@@ -211,6 +211,8 @@ def test_broken_parquet_and_quoting(tmp_path):
 def test_a_workbook_archive_or_parquet_saved_as_csv_is_named(tmp_path, head, found):
     with pytest.raises(SchemaError, match=found):
         read_table(_csv(tmp_path, head + bytes(range(256)) * 4))
+    with pytest.raises(ConfigError, match=r"unsupported extension '.xlsx'; use .csv or .parquet \(save the sheet as"):
+        read_table(_csv(tmp_path, head, "t.xlsx"))
 
 
 @pytest.mark.parametrize("columns, message", [
