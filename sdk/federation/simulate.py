@@ -433,6 +433,13 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
             tables.append(ingest(read_table(h.table), schema=schema, dictionary=dictionary))
         except SchemaError as exc:
             problems.extend(f"{h.site}: {p}" for p in exc.problems)
+    timed = [t.site for t in tables if t.survival is not None]
+    if timed and config.target.kind != "survival":  # the event alone: censored patients would count as negatives
+        problems.append(f"The site schemas of {', '.join(map(repr, timed))} declare [survival] (follow-up time and "
+                        f"event), but the config's [target] kind is {config.target.kind!r}: the event would be "
+                        "trained as a 0/1 label with the follow-up time dropped, and a patient censored early "
+                        "would count as event-free. Set [target] kind = \"survival\" with breaks in the config, "
+                        "or give those schemas a label instead of [survival].")
     if problems:
         raise SchemaError(problems, title="Hospital tables cannot be ingested")
     if len(tables) < 2:
