@@ -250,3 +250,18 @@ def test_a_folder_of_csv_files_with_empty_columns_reads_and_a_malformed_cell_is_
     with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*impossible date") as err:
         read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
     assert "2024-02-30" not in str(err.value)
+
+
+@pytest.mark.parametrize("days, label", [(0, 1.0), (-5, None)])
+def test_a_death_date_on_the_index_day_is_a_death_and_one_before_it_is_an_error(tmp_path, days, label):
+    def died(t):
+        t0 = t["visit_occurrence"]["visit_start_datetime"][3]  # 03:00: a date-only death that day reads as 00:00
+        t["death"] = pd.DataFrame({"person_id": [4], "death_date": [(t0 + pd.Timedelta(days=days)).date()],
+                                   "death_datetime": [pd.NaT], "death_type_concept_id": [32817]})
+    source = demo_source("west").model_copy(update={"label": OmopLabel(death=True, window_days=30.0)})
+    if label is None:
+        with pytest.raises(SchemaError, match=r"1 person\(s\) of the cohort of site 'west' died before their index"):
+            read_omop(_db(tmp_path, died), source=source, dictionary=D)
+        return
+    t = read_omop(_db(tmp_path, died), source=source, dictionary=D).ingest(D)
+    assert t.labels.tolist() == [0, 0, 0, 1]
