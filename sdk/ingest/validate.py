@@ -264,7 +264,8 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                           converted_columns=_converted(mapped, units),
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})),
                           encoding=df.attrs.get("encoding"), labelled=labels is not None,
-                          declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)))
+                          declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
+                          absent_columns=tuple(c for c in schema.columns if c not in df.columns))
     out_labels = labels[rows].astype(np.int64) if labels is not None else np.full(len(rows), -1, np.int64)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(ids[rows]),
                         patient=_cat(pats, np.int64), node=_cat(nodes, np.int64), value=_cat(vals, np.float64),
