@@ -201,8 +201,8 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     excluded = {"outside the cohort": int((~in_cohort).sum()), "after the prediction time": int(after.sum()),
                 "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum())}
     notes = (f"events outside the cohort or after the prediction time: {int((~in_cohort).sum() + after.sum())}",
-             f"events before the lookback ({lookback_hours} h before the prediction time; excluded): "
-             f"{int(before.sum())}",
+             *([f"events before the lookback ({lookback_hours} h before the prediction time; excluded): "
+                f"{int(before.sum())}"] if lookback_hours is not None else []),
              f"codes of binary features without numeric_value, read as present: {int((presence & keep).sum())}",
              f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}",
              *([f"values read from text_value: {from_text}"] if from_text else []))

@@ -163,6 +163,7 @@ def test_text_subject_ids_that_integers_would_merge_are_refused_and_numeric_valu
     assert "007" not in str(err.value).replace("('007', '7')", "")
     plain = read_meds(shard(tmp_path / "b", subject_id=pa.array(["1", "2"]), numeric_value=pa.array([80.0, 90.0])),
                       dictionary=D, site="s", labels=None, lookback_hours=None)
+    assert not any("lookback" in n for n in plain.report.notes)  # unlabeled: there is none (was 'None h')
     assert plain.ingest(D).patient_ids == ("1", "2")
     with pytest.raises(SchemaError, match=r"numeric code without numeric_value: 2"):
         read_meds(shard(tmp_path / "c", subject_id=pa.array([1, 2], pa.int64())), dictionary=D, site="s",
