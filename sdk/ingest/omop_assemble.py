@@ -212,7 +212,8 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              f"{n_value}",
              *([f"values read from text (value_source_value / value_as_string): {from_text}"] if from_text else []),
              *([f"persons of unknown sex (gender_concept_id not 8507/8532): {unknown_sex}"] if unknown_sex else []),
-             *([f"persons without a year of birth (age missing): {unknown_age}"] if unknown_age else []),
+             *([f"persons without a usable birth date (no year of birth, or an impossible month or day; age "
+                f"missing): {unknown_age}"] if unknown_age else []),
              *([f"condition rows outside the window or periods: {n_cond_excluded}"] if conditions is not None else []),
              *unit_notes, *(label_notes if source.label is not None else []))
     return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,

@@ -126,7 +126,7 @@ def test_person_conditions_and_death(tmp_path):
         p = t["person"]
         p["gender_concept_id"] = [8507, 8532, 0, 8507]
         p["year_of_birth"] = [1950, 1980, 1990, 2000]
-        p["month_of_birth"] = [1, None, None, None]
+        p["month_of_birth"] = [1, None, 13, None]  # 13: no birth date (was counted as 'no year of birth')
         p["day_of_birth"] = [1, None, None, None]
         c = t["condition_occurrence"]
         t0 = t["visit_occurrence"]["visit_start_datetime"]
@@ -153,6 +153,7 @@ def test_person_conditions_and_death(tmp_path):
     assert t.value[t.node == idx["copd"]].tolist() == [1.0, 0.0, 0.0, 0.0]  # 900 days ago: outside the window
     assert int(((t.node == idx["sex=male"])).sum()) == 2 and int((t.node == idx["sex=female"]).sum()) == 1
     assert any("persons of unknown sex" in n and n.endswith(": 1") for n in ex.report.notes)
+    assert any("an impossible month or day; age missing): 1" in n for n in ex.report.notes)
     assert sorted(t.labels.tolist()) == [0, 0, 0, 1]
 
 
