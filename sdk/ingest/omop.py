@@ -278,7 +278,12 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
                             "SELECT on it.")
             continue
         missing = [c for c in cols if c not in have]
-        if missing:
+        if missing and len(missing) == len(cols) and len(have) <= 1:  # a file read as one column: not split
+            problems.append(f"OMOP table {table!r} has {len(have)} column(s) and none of the CDM v5.4 ones: a table "
+                            "file that is empty, binary, or a CSV whose rows could not be split (a row with more or "
+                            "fewer fields than the header, an unusual delimiter). Export it again as CSV with a "
+                            "header row.")
+        elif missing:
             problems.append(f"OMOP table {table!r} lacks column(s) {missing} (CDM v5.4 names). Export the table "
                             "with its CDM v5.4 columns.")
     if problems:

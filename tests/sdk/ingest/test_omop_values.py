@@ -251,6 +251,10 @@ def test_a_folder_of_csv_files_with_empty_columns_reads_and_a_malformed_cell_is_
     with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*impossible date") as err:
         read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
     assert "2024-02-30" not in str(err.value)
+    with open(tmp_path / "measurement.csv", "a") as fh:  # a ragged row: DuckDB reads the file as one column
+        fh.write("1,2,3\n")
+    with pytest.raises(SchemaError, match=r"'measurement' has 1 column\(s\) and none of the CDM v5.4 ones.*could not "):
+        read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
 
 
 @pytest.mark.parametrize("days, label", [(0, 1.0), (-5, None)])
