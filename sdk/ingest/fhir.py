@@ -199,6 +199,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     readings: list[tuple] = []  # plain tuples, not model objects: 10^5 live models slow the garbage collector
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
+    holders: dict[str, dict[str, str]] = {}  # patient key -> Patient resource id -> where it was read
     for where, doc in _resources(path):
         kind = doc.get("resourceType")
         if kind == "Patient":
@@ -208,6 +209,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 key = ident if patient_id == "identifier" and ident else str(p.id)
                 patients[str(p.id)] = key
                 born[key] = (p.birthDate, p.gender, where)
+                holders.setdefault(key, {}).setdefault(str(p.id), where)
         elif kind == "Observation":
             o = _validate(fm.Observation, doc, where, problems, full_observation)
             if o is not None:
@@ -215,6 +217,12 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                                   counts=counts)
         else:
             skipped[str(kind)] += 1
+    shared = [places for places in holders.values() if len(places) > 1]
+    if shared:  # two Patients read as one: their observations would be merged (ids are not shown)
+        problems.append(f"{len(shared)} patient key(s) ({'identifier' if patient_id == 'identifier' else 'id'}) are "
+                        f"shared by several Patient resources (e.g. {', '.join(list(shared[0].values())[:3])}): "
+                        "their observations would be merged into one patient. Give each Patient its own "
+                        "identifier, or read patients by patient_id = \"id\".")
     if problems:
         shown = problems[:MAX_PROBLEMS_SHOWN]
         if len(problems) > MAX_PROBLEMS_SHOWN:

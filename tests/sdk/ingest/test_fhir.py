@@ -225,3 +225,16 @@ def test_absolute_versioned_and_bundle_uuid_references_withdrawn_results_and_hug
                                                         valueQuantity={"value": 10**400, "code": "/min"})])
     with pytest.raises(SchemaError, match="h.ndjson line 2: infinite value"):
         read_fhir(huge, dictionary=D, site="s", label_code=None).ingest(D)
+
+
+def test_two_patients_sharing_an_identifier_are_refused_not_merged(tmp_path):
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    res = [{"resourceType": "Patient", "id": "a", "identifier": [{"value": "MRN-1"}]},
+           {"resourceType": "Patient", "id": "b", "identifier": [{"value": "MRN-1"}]},
+           _obs(1, "a", "8867-4", "2024-01-01T07:00:00Z", **hr), _obs(2, "b", "8867-4", "2024-01-01T07:00:00Z", **hr)]
+    path = _ndjson(tmp_path / "x.ndjson", res)
+    with pytest.raises(SchemaError, match=r"1 patient key\(s\) \(identifier\) are shared by several Patient resources "
+                                          r"\(e.g. x.ndjson line 1, x.ndjson line 2\)") as err:
+        read_fhir(path, dictionary=D, site="s", label_code=None, patient_id="identifier")
+    assert "MRN-1" not in str(err.value)
+    assert read_fhir(path, dictionary=D, site="s", label_code=None).ingest(D).n_patients == 2  # by resource id
