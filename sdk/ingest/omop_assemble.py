@@ -83,6 +83,24 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes
     return mapped.where(mapped.notna(), text)
 
 
+def _check_source_values(person: pd.DataFrame, index: pd.Series, *, site: str) -> None:
+    """SchemaError (counts, never values) unless every cohort person has its own person_source_value:
+    a shared one merged two persons into one patient, a missing one became the text 'None'."""
+    p = person.drop_duplicates("person_id")
+    p = p[p["person_id"].astype(np.int64).isin(index.index)]
+    value = p["person_source_value"]
+    blank = value.isna().to_numpy() | (value.astype(str).str.strip() == "").to_numpy()
+    absent = len(set(index.index) - set(p["person_id"].astype(np.int64)))
+    shared = int(value[~blank].astype(str).str.strip().duplicated(keep=False).sum())
+    problems = [f"{n} cohort person(s) {what}" for n, what in (
+        (int(blank.sum()), "have no person_source_value"), (absent, "have no row in the person table"),
+        (shared, "share their person_source_value with another person")) if n]
+    if problems:
+        raise SchemaError([f"OMOP site {site!r}, patient_id = \"person_source_value\": {p}. Each patient needs its "
+                           "own id: fix the person table, or set patient_id = \"person_id\" under [omop]."
+                           for p in problems], title="OMOP patient ids are not unique")
+
+
 def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -> tuple[pd.DataFrame, int, int]:  # noqa: ANN001
     """Age (years at the index date) and sex events at the index time; persons of unknown sex or
     birth year counted."""
@@ -122,6 +140,8 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     """Events, labels and counts of the queried rows (see the module docstring)."""
     cohort = cohort.dropna(subset=["person_id"]).drop_duplicates("person_id")
     index = pd.Series(pd.to_datetime(cohort["index_datetime"]).to_numpy(), index=cohort["person_id"].astype(np.int64))
+    if source.patient_id == "person_source_value":
+        _check_source_values(person, index, site=source.site)
     names = (dict(zip(person["person_id"].astype(np.int64), person["person_source_value"].astype(str), strict=True))
              if source.patient_id == "person_source_value" else {})
     key = (lambda pid: names.get(int(pid), str(int(pid)))) if names else (lambda pid: str(int(pid)))

@@ -270,3 +270,17 @@ def test_a_death_date_on_the_index_day_is_a_death_and_one_before_it_is_an_error(
         return
     t = read_omop(_db(tmp_path, died), source=source, dictionary=D).ingest(D)
     assert t.labels.tolist() == [0, 0, 0, 1]
+
+
+def test_person_source_values_that_are_shared_or_missing_are_refused_not_merged(tmp_path):
+    def shared(t):
+        p = t["person"].astype({"person_source_value": object})
+        p.loc[1, "person_source_value"] = p.loc[0, "person_source_value"]  # was: 4 persons read as 3 patients
+        p.loc[2, "person_source_value"] = None                               # was: a patient called 'None'
+        t["person"] = p
+    with pytest.raises(SchemaError) as err:
+        read_omop(_db(tmp_path, shared), source=demo_source("west"), dictionary=D)
+    assert [p.split(": ")[1].split(".")[0] for p in err.value.problems] == [
+        "1 cohort person(s) have no person_source_value",
+        "2 cohort person(s) share their person_source_value with another person"]
+    assert "west-0000" not in str(err.value)
