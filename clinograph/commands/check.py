@@ -84,10 +84,16 @@ def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str |
                          f"encoding {df.attrs['encoding']}")
         result = ingest(df, schema=site, dictionary=d)
         mapping = {cm.feature: f"column {col!r}" for col, cm in site.columns.items()}
-        if site.format == "wide" and (absent := [c for c in site.columns if c not in df.columns]):
-            lines.append(f"warning: the site schema maps {len(absent)} column(s) the table does not have: "
-                         f"{', '.join(map(repr, absent))} (their features are not observed here)")
+        if result.report.absent_columns:
+            lines.append(f"warning: {absent_columns_text(result.report.absent_columns)}")
     return lines + _summary(result, d, mapping)
+
+
+def absent_columns_text(columns: tuple[str, ...]) -> str:
+    """The warning for site-schema columns a wide table lacks (shown by check and predict)."""
+    return (f"the site schema maps {len(columns)} column(s) the table does not have: "
+            f"{', '.join(map(repr, columns))}; their features are missing for every patient. Check the export "
+            "(a renamed or dropped column), or remove them from [columns].")
 
 
 def _summary(t, d, mapping: dict[str, str]) -> list[str]:

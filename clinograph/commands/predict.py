@@ -203,6 +203,10 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
                f"released for round {exported.released_round}" if exported.released_round is not None
                else "; release NOT checked against an audit trail (no --audit, --insecure-untrusted-model)")
     typer.echo(f"{len(risks)} patients' risks written to {out} (model {model.name}, {signed}, {what}){note}")
+    if pt.report is not None and pt.report.absent_columns:
+        from .check import absent_columns_text
+
+        typer.echo(f"warning: {absent_columns_text(pt.report.absent_columns)}", err=True)
     for line in written:
         typer.echo(line)
 

@@ -420,10 +420,10 @@ def simulate_one(tables: Sequence[PatientTable], dictionary: FeatureDictionary, 
 
 def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDictionary]:
     """Ingest every hospital's table; the problems of all hospitals are reported together."""
-    from clinograph.core.errors import SchemaError
+    from clinograph.core.errors import ConfigError, SchemaError
 
     dictionary = FeatureDictionary.from_toml(config.require_dictionary())
-    tables, problems = [], []
+    tables, problems, unreadable = [], [], []
     for h in config.hospitals:
         try:
             schema = SiteSchema.from_toml(h.schema_file)
@@ -433,8 +433,19 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
             tables.append(ingest(read_table(h.table), schema=schema, dictionary=dictionary))
         except SchemaError as exc:
             problems.extend(f"{h.site}: {p}" for p in exc.problems)
+        except ConfigError as exc:  # a missing file: reported with the other hospitals' problems
+            unreadable.append(f"{h.site}: {exc}")
+    timed = [t.site for t in tables if t.survival is not None]
+    if timed and config.target.kind != "survival":  # the event alone: censored patients would count as negatives
+        problems.append(f"The site schemas of {', '.join(map(repr, timed))} declare [survival] (follow-up time and "
+                        f"event), but the config's [target] kind is {config.target.kind!r}: the event would be "
+                        "trained as a 0/1 label with the follow-up time dropped, and a patient censored early "
+                        "would count as event-free. Set [target] kind = \"survival\" with breaks in the config, "
+                        "or give those schemas a label instead of [survival].")
     if problems:
-        raise SchemaError(problems, title="Hospital tables cannot be ingested")
+        raise SchemaError(unreadable + problems, title="Hospital tables cannot be ingested")
+    if unreadable:
+        raise ConfigError(" ".join(unreadable))
     if len(tables) < 2:
         raise SchemaError([f"A federation needs at least 2 hospitals; the config lists {len(tables)}. "
                            "Add [[hospitals]] entries."], title="Too few hospitals")

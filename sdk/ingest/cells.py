@@ -252,11 +252,12 @@ def parse_cells(col: str, raw: pd.Series, feat: Feature, unit: str | None, probl
     raw = raw.reset_index(drop=True)
     present = present_mask(raw)
     key = col if key is None else key
+    before = len(problems)
     if feat.kind == FeatureKind.NUMERIC:
         out = _numeric(col, raw, present, feat, unit, problems, key)
     else:
         out = _coded(col, raw, present, feat, coding, problems, key)
-    if present.sum() == 0 or np.isnan(out).all():
+    if present.sum() == 0 or (np.isnan(out).all() and len(problems) == before):  # else its cells' problems say why
         problems.append(f"Column {col!r} ({feat.id}) has no usable value at all. Remove it from [columns] or list it "
                         "under ignore.")
     return out

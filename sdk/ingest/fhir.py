@@ -13,7 +13,9 @@ named by ``systems`` (``http://loinc.org`` -> ``LOINC``) and ``SYSTEM/CODE`` is 
 Values: ``valueQuantity`` (its UCUM ``code``, else its ``unit``, read through pint; a
 ``comparator`` makes it censored), ``valueBoolean`` (1/0) or ``valueInteger``; each
 ``component`` (a blood-pressure panel's systolic and diastolic) is read as an observation of its
-own code at the panel's time; a ``dataAbsentReason`` is counted as missing. Time: ``effectiveDateTime``, ``effectiveInstant``,
+own code at the panel's time; a ``dataAbsentReason`` is counted as missing; an Observation
+``entered-in-error`` or ``cancelled`` is excluded and counted. ``subject`` references a Patient
+relatively, absolutely, by version or by a bundle's ``urn:uuid:`` (:data:`_PATIENT_REF`). Time: ``effectiveDateTime``, ``effectiveInstant``,
 ``effectivePeriod.start`` or ``issued``, counted in hours from the patient's first mapped
 observation and binned into snapshots of ``snapshot_hours``. The label is the latest
 Observation coded ``label_code`` (boolean or 0/1 integer).
@@ -22,6 +24,7 @@ Observation coded ``label_code`` (boolean or 0/1 integer).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Literal
@@ -39,6 +42,12 @@ from .omop import OmopSex
 DEFAULT_SYSTEMS = {"http://loinc.org": "LOINC", "http://snomed.info/sct": "SNOMED",
                    "https://clinograph.org/fhir/CodeSystem/alarm": "ALARM"}
 UCUM_URL = "http://unitsofmeasure.org"
+#: Observation statuses whose value is not a result: excluded and counted
+WITHDRAWN = frozenset({"entered-in-error", "cancelled"})
+#: a reference to a Patient: relative (``Patient/1``), absolute (``https://ehr/fhir/Patient/1``),
+#: versioned (``Patient/1/_history/2``) or a bundle's ``urn:uuid:`` (Synthea: the Patient's id is the uuid)
+_PATIENT_REF = re.compile(r"(?:^|/)Patient/([A-Za-z0-9\-.]{1,64})(?:/_history/[A-Za-z0-9\-.]{1,64})?$"
+                          r"|^urn:uuid:([0-9A-Fa-f\-]{36})$")
 MAX_PROBLEMS_SHOWN = 20
 
 
@@ -134,7 +143,11 @@ def _value(x) -> tuple[float | None, str | None, str | None]:  # noqa: ANN001 - 
     q = x.valueQuantity
     if q is not None and q.value is not None:
         unit = q.code if q.code and (q.system in (None, UCUM_URL)) else q.unit
-        return float(q.value), unit, q.comparator
+        try:
+            value = float(q.value)
+        except OverflowError:  # a JSON integer beyond a float: infinite, refused by ingest() with its place
+            value = float("inf") if q.value > 0 else float("-inf")
+        return value, unit, q.comparator
     if x.valueBoolean is not None:
         return float(x.valueBoolean), None, None
     if x.valueInteger is not None:
@@ -186,6 +199,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     readings: list[tuple] = []  # plain tuples, not model objects: 10^5 live models slow the garbage collector
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
+    holders: dict[str, dict[str, str]] = {}  # patient key -> Patient resource id -> where it was read
     for where, doc in _resources(path):
         kind = doc.get("resourceType")
         if kind == "Patient":
@@ -195,6 +209,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 key = ident if patient_id == "identifier" and ident else str(p.id)
                 patients[str(p.id)] = key
                 born[key] = (p.birthDate, p.gender, where)
+                holders.setdefault(key, {}).setdefault(str(p.id), where)
         elif kind == "Observation":
             o = _validate(fm.Observation, doc, where, problems, full_observation)
             if o is not None:
@@ -202,6 +217,12 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                                   counts=counts)
         else:
             skipped[str(kind)] += 1
+    shared = [places for places in holders.values() if len(places) > 1]
+    if shared:  # two Patients read as one: their observations would be merged (ids are not shown)
+        problems.append(f"{len(shared)} patient key(s) ({'identifier' if patient_id == 'identifier' else 'id'}) are "
+                        f"shared by several Patient resources (e.g. {', '.join(list(shared[0].values())[:3])}): "
+                        "their observations would be merged into one patient. Give each Patient its own "
+                        "identifier, or read patients by patient_id = \"id\".")
     if problems:
         shown = problems[:MAX_PROBLEMS_SHOWN]
         if len(problems) > MAX_PROBLEMS_SHOWN:
@@ -220,6 +241,9 @@ def _read_observation(o, where: str, *, names, known, label_code, out: list, cou
     """The readings of one Observation (itself, or each component of a panel) as tuples
     ``(subject reference, time, SYSTEM/CODE, value, unit, comparator, where)``; those with a
     ``dataAbsentReason`` or no value are counted."""
+    if o.status in WITHDRAWN:
+        counts["withdrawn"] += 1
+        return
     ref = (o.subject.reference or "") if o.subject else ""
     when = _when(o)
     parts = [(o, _keys(o.code, names))]
@@ -244,12 +268,13 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
               snapshot_hours, units, censored, age, sex):
     rows, label_rows, orphans = [], [], 0
     for ref, when, key, value, unit, comparator, where in readings:
-        pid = patients.get(ref.removeprefix("Patient/")) if ref.startswith("Patient/") else None
+        m = _PATIENT_REF.search(ref)
+        pid = patients.get(m.group(1) or m.group(2)) if m else None
         if pid is None:
             orphans += 1
             continue
         (label_rows if key == label_code else rows).append((pid, when, key, value, unit, comparator, where))
-    no_value, absent = counts["no_value"], counts["absent"]
+    no_value, absent, withdrawn = counts["no_value"], counts["absent"], counts["withdrawn"]
     ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
     t = _times(ev["t"], ev["where"]).dt.tz_localize(None)
     mapped = ev["code"].isin(known)
@@ -268,12 +293,14 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
         ("Observation readings (a panel: each component) without a Patient read here", orphans),
         ("Observations (or components) without a numeric or boolean value", no_value),
         ("Observations (or components) with a dataAbsentReason (read as missing)", absent),
+        ("Observations entered in error or cancelled (excluded)", withdrawn),
         ("patients of a gender other than male/female (sex missing)", unknown_sex),
         ("other resources skipped", sum(skipped.values()))) if n)
     return to_long(events, labels=labels, patients=sorted(set(patients.values())), dictionary=dictionary, site=site,
                    source="FHIR R4", snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[fhir] in the source file",
-                   excluded={"without a Patient": orphans, "without a value": no_value, "dataAbsentReason": absent})
+                   excluded={"without a Patient": orphans, "without a value": no_value, "dataAbsentReason": absent,
+                             "entered in error or cancelled": withdrawn})
 
 
 def _times(values: pd.Series, where: pd.Series) -> pd.Series:

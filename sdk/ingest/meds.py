@@ -35,6 +35,7 @@ from .omop_vocab import parse_value_text
 
 def _read_shards(root: Path) -> pd.DataFrame:
     import meds
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     data = root / meds.data_subdirectory
@@ -48,6 +49,14 @@ def _read_shards(root: Path) -> pd.DataFrame:
             table = pq.read_table(shard)
         except Exception:  # pyarrow raises several unrelated types for a bad file
             problems.append(f"MEDS shard {shard.relative_to(root)} is not a readable Parquet file.")
+            continue
+        if "numeric_value" not in table.column_names:  # optional in the MEDS schema: no event has a value
+            table = table.append_column("numeric_value", pa.nulls(len(table), pa.float32()))
+        if _text_ids_that_change(table):
+            problems.append(f"MEDS shard {shard.relative_to(root)}: subject_id is text, and some ids are not plain "
+                            "integers (leading zeros, signs or spaces): read as int64, as MEDS requires, two "
+                            "patients ('007', '7') would become one. Write subject_id as int64, mapping each "
+                            "local id to one integer.")
             continue
         try:
             table = meds.DataSchema.align(table)
@@ -63,6 +72,20 @@ def _read_shards(root: Path) -> pd.DataFrame:
     if problems:
         raise SchemaError(problems, title=f"MEDS dataset {root} cannot be read")
     return pd.concat(frames, ignore_index=True)
+
+
+def _text_ids_that_change(table) -> bool:  # noqa: ANN001 - a pyarrow Table
+    """Whether a text subject_id column holds ids that reading them as integers would change."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if "subject_id" not in table.column_names:
+        return False
+    ids = table["subject_id"]
+    if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+        return False
+    plain = pc.match_substring_regex(ids, r"^(0|[1-9][0-9]{0,17})$")
+    return not pc.all(pc.or_kleene(plain, pc.is_null(ids))).as_py()
 
 
 def _schema_reason(exc: Exception) -> str:
@@ -111,7 +134,8 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     Raises:
         ConfigError: the folder or label file does not exist, or labels without lookback_hours.
         UnitError: numeric events without a unit and no declared one (every feature at once).
-        SchemaError: shards or labels do not fit the MEDS schema (all shards named at once), or a
+        SchemaError: shards or labels do not fit the MEDS schema (all shards named at once; a text
+            subject_id whose ids reading as int64 would change, such as '007', too), or a
             subject has several prediction times.
     """
     root = Path(root)
@@ -177,8 +201,8 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     excluded = {"outside the cohort": int((~in_cohort).sum()), "after the prediction time": int(after.sum()),
                 "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum())}
     notes = (f"events outside the cohort or after the prediction time: {int((~in_cohort).sum() + after.sum())}",
-             f"events before the lookback ({lookback_hours} h before the prediction time; excluded): "
-             f"{int(before.sum())}",
+             *([f"events before the lookback ({lookback_hours} h before the prediction time; excluded): "
+                f"{int(before.sum())}"] if lookback_hours is not None else []),
              f"codes of binary features without numeric_value, read as present: {int((presence & keep).sum())}",
              f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}",
              *([f"values read from text_value: {from_text}"] if from_text else []))

@@ -195,12 +195,30 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
         for table, p in files.items():
             if re.match(_IDENT, table):
                 reader = "read_parquet" if p.suffix.lower() == ".parquet" else "read_csv_auto"
-                conn.exec_driver_sql(f"CREATE VIEW {table} AS SELECT * FROM {reader}('{_quote(p)}')")  # noqa: S608 (see _SQL_NOTE)
+                source = f"{reader}('{_quote(p)}')"
+                conn.exec_driver_sql(f"CREATE VIEW {table} AS SELECT {_typed(conn, source)} FROM {source}")  # noqa: S608 (see _SQL_NOTE)
         paths = ", ".join(f"'{_quote(p)}'" for p in files.values())
         conn.exec_driver_sql(f"SET allowed_paths = [{paths}]")  # the views read these, nothing else
         for name, value in _NO_FILES.items():
             conn.exec_driver_sql(f"SET {name} = {str(value).lower()}")
     return engine
+
+
+#: CDM v5.4 column types by name, for CSV columns DuckDB reads as text: an export's column that is
+#: empty on every row (value_as_concept_id, birth_datetime) would otherwise fail every comparison.
+_CDM_TYPES = ((re.compile(r"_id$|^(year|month|day)_of_birth$"), "BIGINT"), (re.compile(r"_datetime$"), "TIMESTAMP"),
+              (re.compile(r"_date$"), "DATE"), (re.compile(r"^(value_as_number|range_low|range_high|quantity)$"), "DOUBLE"))
+
+
+def _typed(conn, source: str) -> str:  # noqa: ANN001 - a Connection
+    """The select list of a table file's view: text columns with a CDM name cast to the CDM's type."""
+    columns = conn.exec_driver_sql(f"DESCRIBE SELECT * FROM {source}").fetchall()  # noqa: S608 (see _SQL_NOTE)
+    out = []
+    for name, dtype, *_ in columns:
+        ident = '"' + str(name).replace('"', '""') + '"'
+        cast = next((t for rx, t in _CDM_TYPES if rx.search(str(name).lower())), None) if dtype == "VARCHAR" else None
+        out.append(f"CAST({ident} AS {cast}) AS {ident}" if cast else ident)
+    return ", ".join(out) or "*"
 
 
 #: Embedded DuckDB's sandbox: no file read or written but the database (and allowed_paths), no
@@ -260,7 +278,12 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
                             "SELECT on it.")
             continue
         missing = [c for c in cols if c not in have]
-        if missing:
+        if missing and len(missing) == len(cols) and len(have) <= 1:  # a file read as one column: not split
+            problems.append(f"OMOP table {table!r} has {len(have)} column(s) and none of the CDM v5.4 ones: a table "
+                            "file that is empty, binary, or a CSV whose rows could not be split (a row with more or "
+                            "fewer fields than the header, an unusual delimiter). Export it again as CSV with a "
+                            "header row.")
+        elif missing:
             problems.append(f"OMOP table {table!r} lacks column(s) {missing} (CDM v5.4 names). Export the table "
                             "with its CDM v5.4 columns.")
     if problems:
@@ -330,6 +353,12 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
             read_only(conn)
             return _read(conn, cohort_sql, params, source=source, dictionary=dictionary)
         except (sa.exc.SQLAlchemyError, duckdb.Error) as exc:  # DuckDB's own: a result it cannot hand over
+            if isinstance(getattr(exc, "orig", None) or exc, duckdb.ConversionException):
+                raise SchemaError(f"The OMOP CDM of site {source.site!r} holds a cell that is not of its column's "
+                                  "CDM type (a number with a decimal comma, an impossible date, text in a concept id"
+                                  " column; not shown: it may be patient data). Check the table files' number and "
+                                  "date formats (ISO dates, '.' decimals) and export them again.",
+                                  title="OMOP table cannot be read") from None
             raise SchemaError(f"The cohort query of site {source.site!r} failed "
                               f"({type(getattr(exc, 'orig', None) or exc).__name__}"
                               "), alone or as the cohort of a read. Check it against the CDM: one SELECT of "
@@ -425,5 +454,22 @@ def _read(conn, cohort_sql: str, params: dict, *, source: OmopSource,  # noqa: A
     periods = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, observation_period_start_date AS "  # noqa: S608 (see _SQL_NOTE)
                            "start, observation_period_end_date AS stop "
                            f"FROM {_t(source, 'observation_period')} WHERE person_id {in_cohort}", params)
+    _no_time_zones({"measurement": frames[0], "observation": frames[1], "condition_occurrence": conditions,
+                    "person": person, "the label tables": pd.concat(label_frames) if label_frames else None},
+                   site=source.site)
     return assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, source=source,
                     dictionary=dictionary)
+
+
+def _no_time_zones(frames: dict[str, pd.DataFrame | None], *, site: str) -> None:
+    """SchemaError naming every table whose datetimes came back with a time zone (TIMESTAMPTZ): the
+    CDM's are local and naive, and one offset-aware column beside naive index times cannot be placed
+    in a window without guessing the hospital's time zone."""
+    zoned = [name for name, df in frames.items() if df is not None
+             and any(isinstance(dtype, pd.DatetimeTZDtype) for dtype in df.dtypes)]
+    if zoned:
+        raise SchemaError(f"The OMOP CDM of site {site!r} holds datetimes with a time zone (TIMESTAMPTZ) in "
+                          f"{', '.join(zoned)}; CDM v5.4 datetimes are TIMESTAMP without time zone, in the "
+                          "hospital's local time, like the index times. Convert those columns (e.g. a view "
+                          "with CAST(x AT TIME ZONE 'Europe/Berlin' AS TIMESTAMP)) and read again.",
+                          title="OMOP datetimes have a time zone")

@@ -5,13 +5,18 @@ dialect); each exclusion is counted. Values: ``value_as_number``, else a text-on
 (``value_source_value`` / ``value_as_string``) that reads as a number with an optional
 comparison (``<0.5``); ``operator_concept_id`` marks censored values. Units: the row's
 ``unit_concept_id`` through :data:`.omop_vocab.UNIT_CONCEPTS` (and the source file's
-``unit_concepts``), else its ``unit_source_value``.
+``unit_concepts``), else its ``unit_source_value``. Labels: an event from the index time to the
+window's end; a date without a time on the index day counts (it reads as midnight); a death
+before the index time is refused (the person would be labelled as surviving), other label events
+before it are counted.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from clinograph.core.errors import SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.units import is_known_unit, same_unit
@@ -78,6 +83,24 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes
     return mapped.where(mapped.notna(), text)
 
 
+def _check_source_values(person: pd.DataFrame, index: pd.Series, *, site: str) -> None:
+    """SchemaError (counts, never values) unless every cohort person has its own person_source_value:
+    a shared one merged two persons into one patient, a missing one became the text 'None'."""
+    p = person.drop_duplicates("person_id")
+    p = p[p["person_id"].astype(np.int64).isin(index.index)]
+    value = p["person_source_value"]
+    blank = value.isna().to_numpy() | (value.astype(str).str.strip() == "").to_numpy()
+    absent = len(set(index.index) - set(p["person_id"].astype(np.int64)))
+    shared = int(value[~blank].astype(str).str.strip().duplicated(keep=False).sum())
+    problems = [f"{n} cohort person(s) {what}" for n, what in (
+        (int(blank.sum()), "have no person_source_value"), (absent, "have no row in the person table"),
+        (shared, "share their person_source_value with another person")) if n]
+    if problems:
+        raise SchemaError([f"OMOP site {site!r}, patient_id = \"person_source_value\": {p}. Each patient needs its "
+                           "own id: fix the person table, or set patient_id = \"person_id\" under [omop]."
+                           for p in problems], title="OMOP patient ids are not unique")
+
+
 def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -> tuple[pd.DataFrame, int, int]:  # noqa: ANN001
     """Age (years at the index date) and sex events at the index time; persons of unknown sex or
     birth year counted."""
@@ -106,6 +129,7 @@ def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -
             val = [None if v is None else float(v) for v in val]
         out.append(pd.DataFrame({"person_id": index.index, "code": f"FEATURE/{spec.sex.feature}",
                                  "value": pd.Series(val, dtype=object), "unit": None}))
+    out = [o for o in out if o["value"].notna().any()]  # an all-missing frame would only warn in concat
     ev = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["person_id", "code", "value", "unit"])
     ev = ev[ev["value"].notna().to_numpy()]
     return ev.assign(hours=0.0, where="the person table"), unknown_sex, unknown_age  # person_id identifies a patient
@@ -116,6 +140,8 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     """Events, labels and counts of the queried rows (see the module docstring)."""
     cohort = cohort.dropna(subset=["person_id"]).drop_duplicates("person_id")
     index = pd.Series(pd.to_datetime(cohort["index_datetime"]).to_numpy(), index=cohort["person_id"].astype(np.int64))
+    if source.patient_id == "person_source_value":
+        _check_source_values(person, index, site=source.site)
     names = (dict(zip(person["person_id"].astype(np.int64), person["person_source_value"].astype(str), strict=True))
              if source.patient_id == "person_source_value" else {})
     key = (lambda pid: names.get(int(pid), str(int(pid)))) if names else (lambda pid: str(int(pid)))
@@ -175,14 +201,26 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
                            ignore_index=True)
     labels = None
     if source.label is not None:
-        hits = set()
+        hits, before, dead_before = set(), set(), set()
         span = 24.0 * source.label.window_days
-        for lf in label_frames:
+        for i, lf in enumerate(label_frames):
             if len(lf):
-                h = ((pd.to_datetime(lf["t"]) - lf["person_id"].astype(np.int64).map(index))
-                     / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+                t_label, t_index = pd.to_datetime(lf["t"]), lf["person_id"].astype(np.int64).map(index)
+                h = ((t_label - t_index) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+                # a date without a time (midnight) on the index day is not before the index time
+                same_day = ((t_label == t_label.dt.normalize()) & (t_label == t_index.dt.normalize())).to_numpy()
+                h = np.where(same_day & (h < 0), 0.0, h)
                 hits |= {int(p) for p, x in zip(lf["person_id"], h, strict=True) if 0 <= x <= span}
+                early = {int(p) for p, x in zip(lf["person_id"], h, strict=True) if x < 0}
+                (dead_before if source.label.death and i == len(label_frames) - 1 else before).update(early)
         labels = pd.Series({key(p): float(int(p) in hits) for p in index.index}, dtype=float)
+        if dead_before:
+            raise SchemaError(f"{len(dead_before)} person(s) of the cohort of site {source.site!r} died before their "
+                              "index time (death table): each would be labelled as surviving. Correct the death "
+                              "dates or the index times, or leave those persons out of the cohort.",
+                              title="OMOP labels contradict the cohort")
+        label_notes = [f"persons whose only label events lie before the index time (labelled 0): "
+                       f"{len(before - hits)}"] if before - hits else []
     n_window, n_period = int((~window).sum()), int((window & ~period).sum())
     n_value = int((window & period & no_number).sum())
     excluded = {"outside the feature window": n_window, "outside the person's observation periods": n_period,
@@ -194,9 +232,10 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              f"{n_value}",
              *([f"values read from text (value_source_value / value_as_string): {from_text}"] if from_text else []),
              *([f"persons of unknown sex (gender_concept_id not 8507/8532): {unknown_sex}"] if unknown_sex else []),
-             *([f"persons without a year of birth (age missing): {unknown_age}"] if unknown_age else []),
+             *([f"persons without a usable birth date (no year of birth, or an impossible month or day; age "
+                f"missing): {unknown_age}"] if unknown_age else []),
              *([f"condition rows outside the window or periods: {n_cond_excluded}"] if conditions is not None else []),
-             *unit_notes)
+             *unit_notes, *(label_notes if source.label is not None else []))
     return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,
                    source="OMOP CDM v5.4", snapshot_hours=source.snapshot_hours, notes=notes, unmapped=unmapped,
                    units=source.units, censored=source.censored, setting="[omop] in the source file",

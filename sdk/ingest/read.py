@@ -48,8 +48,20 @@ def _read_regular(path: Path) -> bytes:
         raise ConfigError(f"Table {path} cannot be read: {exc.strerror or type(exc).__name__}.") from None
 
 
+#: file signatures of what is exported instead of a CSV, and the fix
+_NOT_TEXT = ((b"PK\x03\x04", "a ZIP archive (an Excel .xlsx workbook, or a zipped export)",
+              "Save the sheet as CSV UTF-8 (Excel: File > Save As > CSV UTF-8), or unzip it"),
+             (b"\xd0\xcf\x11\xe0", "an old Excel .xls workbook", "Save the sheet as CSV UTF-8"),
+             (b"\x1f\x8b", "a gzip-compressed file", "Decompress it (gunzip)"),
+             (b"PAR1", "a Parquet file", "Rename it to .parquet"),
+             (b"%PDF", "a PDF document", "Export the table itself as CSV"))
+
+
 def decode(data: bytes, *, name: str) -> tuple[str, str]:
     """(text, encoding) of a CSV file's bytes; see the module docstring for the rules."""
+    for magic, what, fix in _NOT_TEXT:
+        if data.startswith(magic):
+            raise SchemaError(f"Table {name} is {what}, not a CSV text file. {fix}.", title="Table cannot be decoded")
     for bom, enc in _BOMS:
         if data.startswith(bom):
             try:
@@ -161,7 +173,10 @@ def read_table(path: str | Path, *, delimiter: str | None = None, decimal: str |
             kind = "a directory" if path.is_dir() else "a device, pipe or socket"
             raise ConfigError(f"Table {path} is {kind}, not a regular file. Give the path of the exported .csv "
                               "or .parquet file.")
-        raise ConfigError(f"Table {path}: unsupported extension {suffix!r}; use .csv or .parquet.")
+        hint = {".xlsx": " (save the sheet as CSV UTF-8)", ".xls": " (save the sheet as CSV UTF-8)",
+                ".ods": " (save the sheet as CSV UTF-8)", ".gz": " (decompress it first)",
+                ".zip": " (unzip it first)"}.get(suffix, "")
+        raise ConfigError(f"Table {path}: unsupported extension {suffix!r}; use .csv or .parquet{hint}.")
     data = _read_regular(path)
     if suffix in (".parquet", ".pq"):
         try:

@@ -36,6 +36,8 @@ class IngestReport:
     labelled: bool = True
     #: cells read as missing because they are one of the site schema's [policy] missing_values
     declared_missing_cells: int = 0
+    #: wide tables: site schema [columns] absent from the table (their features are missing for every patient)
+    absent_columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, repr=False)

@@ -142,8 +142,43 @@ def _finish(problems: list[str], schema: SiteSchema) -> None:
         raise SchemaError(list(dict.fromkeys(problems)), title=f"Table for site {schema.site!r} cannot be ingested")
 
 
+def _id_cells(raw: pd.Series, col: str, problems: list[str]) -> pd.Series:
+    """Ids as the hospital writes them: whole numbers stored as floating point (a Parquet or
+    DataFrame column of integer ids with a gap) as integers ('1', not '1.0'); bytes (a Parquet
+    binary column) as UTF-8 text. Fractional floats and floats beyond 2**53 (digits already lost)
+    are problems."""
+    if pd.api.types.is_float_dtype(raw.dtype):
+        v = raw.to_numpy(dtype=float)
+        here = ~np.isnan(v)
+        bad = here & ((np.abs(np.where(here, v, 0)) >= 2.0**53) | (np.where(here, v, 0) % 1 != 0))
+        if bad.any():
+            problems.append(f"Patient id column {col!r}: {rows_text(bad)}: ids stored as floating-point numbers that "
+                            "are not whole or are beyond 2**53 (where digits are lost). Export the ids as text or "
+                            "integers.")
+            return raw
+        return pd.Series(pd.array(np.where(here, v, 0).astype(np.int64), dtype="Int64"), index=raw.index).where(here)
+    given = raw.dropna() if raw.dtype == object else raw.iloc[:0]
+    if len(given) and isinstance(given.iloc[0], bytes):  # a binary column (a mixed one is text already)
+        def text(x):  # noqa: ANN001, ANN202
+            if not isinstance(x, bytes):
+                return x
+            try:
+                return x.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        out = raw.map(text)
+        undecodable = out.isna().to_numpy() & raw.notna().to_numpy()
+        if undecodable.any():
+            problems.append(f"Patient id column {col!r}: {rows_text(undecodable)}: binary ids that are not UTF-8 "
+                            "text. Export the ids as text.")
+            return raw
+        return out
+    return raw
+
+
 def _ids(raw: pd.Series, col: str, problems: list[str]) -> np.ndarray:
     """Stripped patient ids; empty ids and ids differing only by whitespace are problems."""
+    raw = _id_cells(raw, col, problems)
     present = present_mask(raw)
     if (~present).any():
         problems.append(f"Patient id column {col!r}: {rows_text(~present)}: no id. Fill them or remove those rows.")
@@ -264,7 +299,8 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                           converted_columns=_converted(mapped, units),
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})),
                           encoding=df.attrs.get("encoding"), labelled=labels is not None,
-                          declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)))
+                          declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
+                          absent_columns=tuple(c for c in schema.columns if c not in df.columns))
     out_labels = labels[rows].astype(np.int64) if labels is not None else np.full(len(rows), -1, np.int64)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(ids[rows]),
                         patient=_cat(pats, np.int64), node=_cat(nodes, np.int64), value=_cat(vals, np.float64),

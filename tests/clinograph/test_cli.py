@@ -44,10 +44,15 @@ schema = "{data / 'north_schema.toml'}"
 site = "south"
 table = "{data / 'south.csv'}"
 schema = "{data / 'east_schema.toml'}"
+[[hospitals]]
+site = "east"
+table = "{tmp_path / 'gone.csv'}"
+schema = "{data / 'east_schema.toml'}"
 """)
     out = cli("simulate", str(cfg))
     assert out.returncode == 2, out.stderr
     assert "north: Column 'Na+' is not in the feature dictionary" in out.stderr
+    assert "east: Table " in out.stderr and "gone.csv does not exist" in out.stderr  # reported with the others
     assert "its schema" in out.stderr and "says site 'east'" in out.stderr
     assert "Traceback" not in out.stderr
 

@@ -115,3 +115,11 @@ def test_cli_predict_refuses_to_overwrite_its_input_table(tmp_path, trained):
                               "--out", str(tmp_path / "." / "new.csv"), "--trusted-key", HOSPITAL.public.b64()])
     assert res.exit_code == 2 and "is the table file: writing the risks would overwrite it" in res.output
     assert (tmp_path / "new.csv").read_bytes() == before
+
+
+def test_cli_predict_names_schema_columns_the_new_table_lacks(tmp_path, trained):
+    path, _ = trained.export(tmp_path / "model.safetensors", signer=HOSPITAL)
+    df, schema = raw_tables()[0]
+    res = _predict(tmp_path, path, df.drop(columns=[schema.label, "HR"]).head(5), schema)
+    assert res.exit_code == 0, res.output
+    assert "the site schema maps 1 column(s) the table does not have: 'HR'; their features are missing" in res.output

@@ -13,7 +13,7 @@ from clinograph.sdk.federation.split import hospital_split
 from clinograph.sdk.ingest import ingest
 from sdk_helpers import SURVIVAL_TARGET, lung_survival
 
-from clinograph.core.errors import ConfigError
+from clinograph.core.errors import ConfigError, SchemaError
 
 pytest.importorskip("lifelines")
 
@@ -90,3 +90,21 @@ def _binary():
 
     df, s = cohort_tables("lung").hospitals[0]
     return df, s
+
+
+def test_survival_schemas_under_a_binary_target_are_refused_naming_the_fix(tmp_path):
+    from clinograph.sdk.federation.simulate import load_tables
+
+    (tmp_path / "d.toml").write_text('name = "d"\nversion = 1\n[[features]]\nid = "age"\nname = "Age"\n'
+                                     'kind = "numeric"\nunit = "a"\nreference_low = 18\nreference_high = 90\n')
+    hospitals = []
+    for site in ("a", "b"):
+        (tmp_path / f"{site}.csv").write_text("pid,age,days,dead\np1,60,300,1\np2,70,20,0\n")
+        (tmp_path / f"{site}.toml").write_text(f'site = "{site}"\npatient_id = "pid"\n[columns]\nage = '
+                                               '{ feature = "age", unit = "a" }\n[survival]\ntime = "days"\nevent = "dead"\n')
+        hospitals.append({"site": site, "table": tmp_path / f"{site}.csv", "schema": tmp_path / f"{site}.toml"})
+    binary = SimulationConfig.model_validate({"dictionary": tmp_path / "d.toml", "hospitals": hospitals})
+    with pytest.raises(SchemaError, match=r"'a', 'b' declare \[survival\].*\[target\] kind is 'binary'.*kind = \"survival\""):
+        load_tables(binary)
+    tables, _ = load_tables(cfg(dictionary=tmp_path / "d.toml", hospitals=hospitals))
+    assert [t.survival.event.tolist() for t in tables] == [[1, 0], [1, 0]]

@@ -203,3 +203,38 @@ def test_hostile_json_shapes_numbers_and_dates_are_schema_errors(tmp_path, name,
     with pytest.raises(SchemaError, match=found):
         read_fhir(tmp_path / name, dictionary=extended_dictionary(), site="s", label_code=None, age="age",
                   sex=OmopSex(feature="sex", male="male", female="female"))
+
+
+def test_absolute_versioned_and_bundle_uuid_references_withdrawn_results_and_huge_numbers(tmp_path):
+    uuid = "3f1c2b9e-8a7d-4c1e-9b2a-0d4e5f6a7b8c"
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    res = [{"resourceType": "Patient", "id": "p1"}, {"resourceType": "Patient", "id": uuid},
+           {**_obs(1, "x", "8867-4", "2024-01-01T07:00:00Z", **hr), "subject": {"reference": f"urn:uuid:{uuid}"}},
+           {**_obs(2, "x", "8867-4", "2024-01-01T07:00:00Z", **hr),
+            "subject": {"reference": "https://ehr.example/fhir/Patient/p1/_history/2"}},
+           {**_obs(3, "p1", "8867-4", "2024-01-01T08:00:00Z", valueQuantity={"value": 999, "code": "/min"}),
+            "status": "entered-in-error"}]
+    bundle = tmp_path / "b.json"  # a Synthea-style transaction bundle
+    bundle.write_text(json.dumps({"resourceType": "Bundle", "type": "transaction",
+                                  "entry": [{"fullUrl": f"urn:uuid:{r['id']}", "resource": r} for r in res]}))
+    ex = read_fhir(bundle, dictionary=D, site="s", label_code=None)
+    t = ex.ingest(D)
+    assert t.n_patients == 2 and t.value.tolist() == pytest.approx([80.0, 80.0])
+    assert "Observations entered in error or cancelled (excluded): 1" in ex.report.notes
+    huge = _ndjson(tmp_path / "h.ndjson", [res[0], _obs(4, "p1", "8867-4", "2024-01-01T07:00:00Z",
+                                                        valueQuantity={"value": 10**400, "code": "/min"})])
+    with pytest.raises(SchemaError, match="h.ndjson line 2: infinite value"):
+        read_fhir(huge, dictionary=D, site="s", label_code=None).ingest(D)
+
+
+def test_two_patients_sharing_an_identifier_are_refused_not_merged(tmp_path):
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    res = [{"resourceType": "Patient", "id": "a", "identifier": [{"value": "MRN-1"}]},
+           {"resourceType": "Patient", "id": "b", "identifier": [{"value": "MRN-1"}]},
+           _obs(1, "a", "8867-4", "2024-01-01T07:00:00Z", **hr), _obs(2, "b", "8867-4", "2024-01-01T07:00:00Z", **hr)]
+    path = _ndjson(tmp_path / "x.ndjson", res)
+    with pytest.raises(SchemaError, match=r"1 patient key\(s\) \(identifier\) are shared by several Patient resources "
+                                          r"\(e.g. x.ndjson line 1, x.ndjson line 2\)") as err:
+        read_fhir(path, dictionary=D, site="s", label_code=None, patient_id="identifier")
+    assert "MRN-1" not in str(err.value)
+    assert read_fhir(path, dictionary=D, site="s", label_code=None).ingest(D).n_patients == 2  # by resource id

@@ -205,6 +205,16 @@ def test_broken_parquet_and_quoting(tmp_path):
         read_table(_csv(tmp_path, 'pid,hr,y\np1,"70,0\n'))
 
 
+@pytest.mark.parametrize("head, found", [(b"PK\x03\x04\x14\x00\x06\x00", "an Excel .xlsx workbook.*CSV UTF-8"),
+                                         (b"\x1f\x8b\x08\x00", "gzip-compressed.*gunzip"),
+                                         (b"PAR1\x15\x04", "a Parquet file.*Rename it to .parquet")])
+def test_a_workbook_archive_or_parquet_saved_as_csv_is_named(tmp_path, head, found):
+    with pytest.raises(SchemaError, match=found):
+        read_table(_csv(tmp_path, head + bytes(range(256)) * 4))
+    with pytest.raises(ConfigError, match=r"unsupported extension '.xlsx'; use .csv or .parquet \(save the sheet as"):
+        read_table(_csv(tmp_path, head, "t.xlsx"))
+
+
 @pytest.mark.parametrize("columns, message", [
     (pd.MultiIndex.from_tuples([("a", "pid"), ("a", "hr"), ("b", "y")]), "hierarchical \\(MultiIndex\\)"),
     ([0, 1, 2], "All 3 column labels are not text"),
@@ -496,3 +506,15 @@ def test_declared_missing_value_markers_are_read_as_missing_and_counted(fmt):
     assert t.report.observations == 2 and t.report.dropped_patients_missing_label == (fmt == "wide")
     with pytest.raises(ValidationError, match="empty or blank"):
         wide(policy={"missing_values": [" "]})
+
+
+def test_integer_ids_stored_as_floats_or_bytes_keep_the_hospitals_spelling(tmp_path):
+    # before: a Parquet id column of integers with a gap (float64) gave ids '1.0', a binary one "b'a'"
+    def ids(pid):
+        df = pd.DataFrame({"pid": pid, "hr": [70.0, 80.0, 90.0], "y": [0, 1, 0]})
+        df.to_parquet(tmp_path / "t.parquet")
+        return ingest(read_table(tmp_path / "t.parquet"), schema=wide(), dictionary=D).patient_ids
+    assert ids([1.0, 2.0, 3.0]) == ("1", "2", "3") and ids([b"a", b"b", b"c"]) == ("a", "b", "c")
+    for pid in ([1.5, 2.0, 3.0], [2.0**60, 2.0, 3.0]):
+        with pytest.raises(SchemaError, match=r"row 1: ids stored as floating-point numbers that are not whole or are"):
+            ids(pid)

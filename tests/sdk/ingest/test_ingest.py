@@ -78,6 +78,10 @@ def test_empty_table_and_all_missing_feature():
     df["Temp"] = np.nan
     with pytest.raises(SchemaError, match="Column 'Temp' \\(temperature\\) has no usable value at all"):
         ingest(df, schema=schema(), dictionary=D)
+    df["Temp"] = ["37 degC", None, None, None]  # refused cells: their problem, not 'no usable value' as well
+    with pytest.raises(SchemaError, match="number with a unit string") as err:
+        ingest(df, schema=schema(), dictionary=D)
+    assert [p for p in err.value.problems if "'Temp'" in p] == [next(p for p in err.value.problems if "Temp" in p)]
 
 
 def test_schema_mapping_to_unknown_feature_or_unconvertible_unit():

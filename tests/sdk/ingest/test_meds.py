@@ -149,3 +149,22 @@ def test_a_censored_text_value_needs_a_declared_policy(tmp_path):
     t = ex.ingest(D)
     assert t.value[t.node == D.node_index()["glucose"]].tolist() == [1.0]
     assert any("values read from text_value: 1" in n for n in ex.report.notes)
+
+
+def test_text_subject_ids_that_integers_would_merge_are_refused_and_numeric_value_is_optional(tmp_path):
+    def shard(root, **cols):
+        (root / "data").mkdir(parents=True)
+        pq.write_table(pa.table({"time": pa.array([T0, T0], pa.timestamp("us")),
+                                 "code": pa.array(["LOINC/8867-4//{beats}/min"] * 2), **cols}), root / "data" / "0.parquet")
+        return root
+    twins = shard(tmp_path / "a", subject_id=pa.array(["007", "7"]), numeric_value=pa.array([80.0, 90.0], pa.float32()))
+    with pytest.raises(SchemaError, match=r"subject_id is text, and some ids are not plain integers") as err:
+        read_meds(twins, dictionary=D, site="s", labels=None, lookback_hours=None)
+    assert "007" not in str(err.value).replace("('007', '7')", "")
+    plain = read_meds(shard(tmp_path / "b", subject_id=pa.array(["1", "2"]), numeric_value=pa.array([80.0, 90.0])),
+                      dictionary=D, site="s", labels=None, lookback_hours=None)
+    assert not any("lookback" in n for n in plain.report.notes)  # unlabeled: there is none (was 'None h')
+    assert plain.ingest(D).patient_ids == ("1", "2")
+    with pytest.raises(SchemaError, match=r"numeric code without numeric_value: 2"):
+        read_meds(shard(tmp_path / "c", subject_id=pa.array([1, 2], pa.int64())), dictionary=D, site="s",
+                  labels=None, lookback_hours=None).ingest(D)

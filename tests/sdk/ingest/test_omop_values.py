@@ -126,7 +126,7 @@ def test_person_conditions_and_death(tmp_path):
         p = t["person"]
         p["gender_concept_id"] = [8507, 8532, 0, 8507]
         p["year_of_birth"] = [1950, 1980, 1990, 2000]
-        p["month_of_birth"] = [1, None, None, None]
+        p["month_of_birth"] = [1, None, 13, None]  # 13: no birth date (was counted as 'no year of birth')
         p["day_of_birth"] = [1, None, None, None]
         c = t["condition_occurrence"]
         t0 = t["visit_occurrence"]["visit_start_datetime"]
@@ -153,6 +153,7 @@ def test_person_conditions_and_death(tmp_path):
     assert t.value[t.node == idx["copd"]].tolist() == [1.0, 0.0, 0.0, 0.0]  # 900 days ago: outside the window
     assert int(((t.node == idx["sex=male"])).sum()) == 2 and int((t.node == idx["sex=female"]).sum()) == 1
     assert any("persons of unknown sex" in n and n.endswith(": 1") for n in ex.report.notes)
+    assert any("an impossible month or day; age missing): 1" in n for n in ex.report.notes)
     assert sorted(t.labels.tolist()) == [0, 0, 0, 1]
 
 
@@ -227,3 +228,59 @@ def test_an_unknown_unit_concept_with_a_source_unit_is_read_by_it_and_counted(tm
     assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["systolic_bp"]].tolist() == \
         pytest.approx([120.0] * 4, rel=1e-3)
     assert any("not in the unit table, read by their unit_source_value: 4" in n for n in ex.report.notes)
+
+
+def test_datetimes_with_a_time_zone_are_named_not_a_traceback(tmp_path):
+    def zoned(t):
+        m = t["measurement"]
+        m["measurement_datetime"] = pd.to_datetime(m["measurement_datetime"]).dt.tz_localize("Europe/Berlin")
+    with pytest.raises(SchemaError, match=r"datetimes with a time zone \(TIMESTAMPTZ\) in measurement;.*AT TIME ZONE"):
+        read_omop(_db(tmp_path, zoned), source=demo_source("west"), dictionary=D)
+
+
+def test_a_folder_of_csv_files_with_empty_columns_reads_and_a_malformed_cell_is_named(tmp_path):
+    table, schema = demo_hospitals()[3]
+    tables = omop_tables(table.iloc[:4], schema, D)  # value_as_concept_id, operator_concept_id: empty columns
+    for name, df in tables.items():
+        df.to_csv(tmp_path / f"{name}.csv", index=False)
+    from_csv = read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
+    assert from_csv.report.patients == 4 and from_csv.ingest(D).report.observations > 0
+    m = tables["measurement"].astype({"measurement_datetime": str})
+    m.loc[0, "measurement_datetime"] = "2024-02-30 10:00:00"
+    m.to_csv(tmp_path / "measurement.csv", index=False)
+    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*impossible date") as err:
+        read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
+    assert "2024-02-30" not in str(err.value)
+    with open(tmp_path / "measurement.csv", "a") as fh:  # a ragged row: DuckDB reads the file as one column
+        fh.write("1,2,3\n")
+    with pytest.raises(SchemaError, match=r"'measurement' has 1 column\(s\) and none of the CDM v5.4 ones.*could not "):
+        read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
+
+
+@pytest.mark.parametrize("days, label", [(0, 1.0), (-5, None)])
+def test_a_death_date_on_the_index_day_is_a_death_and_one_before_it_is_an_error(tmp_path, days, label):
+    def died(t):
+        t0 = t["visit_occurrence"]["visit_start_datetime"][3]  # 03:00: a date-only death that day reads as 00:00
+        t["death"] = pd.DataFrame({"person_id": [4], "death_date": [(t0 + pd.Timedelta(days=days)).date()],
+                                   "death_datetime": [pd.NaT], "death_type_concept_id": [32817]})
+    source = demo_source("west").model_copy(update={"label": OmopLabel(death=True, window_days=30.0)})
+    if label is None:
+        with pytest.raises(SchemaError, match=r"1 person\(s\) of the cohort of site 'west' died before their index"):
+            read_omop(_db(tmp_path, died), source=source, dictionary=D)
+        return
+    t = read_omop(_db(tmp_path, died), source=source, dictionary=D).ingest(D)
+    assert t.labels.tolist() == [0, 0, 0, 1]
+
+
+def test_person_source_values_that_are_shared_or_missing_are_refused_not_merged(tmp_path):
+    def shared(t):
+        p = t["person"].astype({"person_source_value": object})
+        p.loc[1, "person_source_value"] = p.loc[0, "person_source_value"]  # was: 4 persons read as 3 patients
+        p.loc[2, "person_source_value"] = None                               # was: a patient called 'None'
+        t["person"] = p
+    with pytest.raises(SchemaError) as err:
+        read_omop(_db(tmp_path, shared), source=demo_source("west"), dictionary=D)
+    assert [p.split(": ")[1].split(".")[0] for p in err.value.problems] == [
+        "1 cohort person(s) have no person_source_value",
+        "2 cohort person(s) share their person_source_value with another person"]
+    assert "west-0000" not in str(err.value)
