@@ -14,7 +14,7 @@ from rich.table import Table
 console = Console(stderr=False)
 
 
-def _fmt(x: float) -> str:
+def _fmt(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
 
@@ -117,6 +117,23 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
     return show
 
 
+#: the columns of the final table: a survival target's C-index first (its AUROC and AUPRC are at the
+#: horizon, over patients whose status there is known, and can be undefined on a small test split)
+FINAL_COLUMNS = (("cindex", "C-index"), ("auroc", "AUROC"), ("auprc", "AUPRC"))
+
+
+def final_table(final: Mapping[str, Mapping[str, float]], *, title: str) -> Table:
+    """Each hospital's final test metrics: C-index (survival targets), AUROC, AUPRC."""
+    columns = [(key, name) for key, name in FINAL_COLUMNS if any(key in v for v in final.values())]
+    table = Table(title=title)
+    table.add_column("hospital")
+    for _, name in columns:
+        table.add_column(name, justify="right")
+    for site, v in final.items():
+        table.add_row(site, *(_fmt(v.get(key)) for key, _ in columns))
+    return table
+
+
 def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None = None) -> None:
     """`clinograph simulate CONFIG`: ingest every hospital, run, print per-round metrics. ``threads``:
     called once the config is valid, before the SDK is imported (the CLI sets torch's threads)."""
@@ -148,11 +165,6 @@ def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None
                           f"{row['round']}/{row['rounds_run']}", soft_wrap=True)
         console.print(f"chosen model: {result.choice['chosen']} (lowest federated validation loss; the audit "
                       "trail records every candidate)", soft_wrap=True)
-    table = Table(title=f"Final test metrics ({cfg.federation.rounds} rounds, {cfg.federation.secure_mode})")
-    table.add_column("hospital")
-    table.add_column("AUROC", justify="right")
-    table.add_column("AUPRC", justify="right")
-    for site, v in result.final.items():
-        table.add_row(site, _fmt(v["auroc"]), _fmt(v["auprc"]))
-    console.print(table)
+    console.print(final_table(result.final, title=f"Final test metrics ({cfg.federation.rounds} rounds, "
+                                                   f"{cfg.federation.secure_mode})"))
     console.print(f"audit: {result.audit_dir}")

@@ -20,3 +20,19 @@ def test_simulate_prints_stage_progress_and_the_eta():
     show("dropped", {"round": 0, "hospital": "a", "reason": "x"})  # not one of the progress lines
     assert shown == ["round 0 plan: 2 of 2 hospital(s) answered; slowest b (2.0 s)"]  # the bar's live text
     assert lines == ["round 0 closed: 2 contributor(s) (round took 20 s; ETA at most 40 s for 2 round(s) left)"]
+
+
+def test_the_final_table_shows_a_survival_targets_c_index_and_a_binary_ones_auroc():
+    from rich.console import Console
+
+    from clinograph.demo_view import final_table
+
+    def rendered(final):
+        console = Console(width=120, record=True)
+        console.print(final_table(final, title="t"))
+        return console.export_text()
+
+    survival = rendered({"a": {"cindex": 0.712, "auroc": float("nan"), "auprc": 0.4}})
+    assert "C-index" in survival and "0.712" in survival and "n/a" in survival
+    binary = rendered({"a": {"auroc": 0.8, "auprc": 0.5}})
+    assert "C-index" not in binary and "0.800" in binary and "0.500" in binary
