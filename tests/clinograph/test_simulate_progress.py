@@ -22,6 +22,20 @@ def test_simulate_prints_stage_progress_and_the_eta():
     assert lines == ["round 0 closed: 2 contributor(s) (round took 20 s; ETA at most 40 s for 2 round(s) left)"]
 
 
+def test_with_several_candidate_models_each_line_names_the_one_that_runs():
+    lines: list[str] = []
+    shown: list[str] = []
+    show = simulation_progress(3, lines.append, status=shown.append, clock=lambda: 0.0)
+    for name in ("wide", "shape"):
+        show("run_started", {"candidate": name, "index": 0, "count": 2})
+        show("round_opened", {"round": 0, "participants": ["a"]})
+        show("stage_progress", {"round": 0, "stage": "plan", "answered": 1, "asked": 1, "missing": [],
+                                "slowest": "a", "slowest_s": 1.0})
+        show("round_closed", {"round": 0, "contributors": ["a"]})
+    assert [x.split(":")[0] for x in shown] == ["wide", "shape"]
+    assert [x.split(": round 0 closed")[0] for x in lines] == ["wide", "shape"]
+
+
 def test_the_final_table_shows_a_survival_targets_c_index_and_a_binary_ones_auroc():
     from rich.console import Console
 
