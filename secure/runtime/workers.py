@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import io
 import logging
 import math
@@ -140,6 +141,13 @@ def _stays(obj: Any) -> bool:
 
 
 @functools.cache
+def _native_module(cls: type) -> bool:
+    """A TenSEAL/SEAL class (its ``__module__`` may be a descriptor on odd types: not one of those)."""
+    module = cls.__dict__.get("__module__", "") if isinstance(cls.__dict__, Mapping) else ""
+    return isinstance(module, str) and module.split(".", 1)[0] in _NATIVE
+
+
+@functools.cache
 def _class_stays(cls: type) -> bool:
     """A TenSEAL/SEAL native class, or a Clinograph class whose own ``__reduce__`` refuses (a secret
     holder: it raises TypeError without reading the instance)."""
@@ -191,13 +199,19 @@ class ProcessTransport(InProcessTransport):
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
         self._started = time.monotonic()
+        collecting = gc.isenabled()
         try:
             for group in self._groups:
                 parent, child = context.Pipe()
                 proc = context.Process(target=_serve, args=(child, {n: self.participants[n] for n in group},
-                                                            after_fork, self._anchors, list(self._conns)),
+                                                            after_fork, self._anchors, list(self._conns), collecting),
                                        daemon=True)
-                proc.start()
+                gc.disable()  # no collection in the child before it freezes what it inherited (_serve)
+                try:
+                    proc.start()
+                finally:
+                    if collecting:
+                        gc.enable()
                 child.close()
                 self._conns.append(parent)
                 self._procs.append(proc)
@@ -334,8 +348,18 @@ class ProcessTransport(InProcessTransport):
 
 
 def _serve(conn: Connection, participants: dict[str, RoundParticipant], after_fork: Callable[[], None] | None,
-           anchors: list[Any], inherited: list[Connection]) -> None:
+           anchors: list[Any], inherited: list[Connection], collecting: bool = True) -> None:
     """A worker: answer requests until told to stop or the parent's end of the pipe closes."""
+    # What the fork copied is never collected here: a TenSEAL/SEAL context's destructor joins its
+    # thread pool, whose threads a fork does not copy (seen: a segfault when a hospital's inherited
+    # CKKS objects in a reference cycle were collected in a worker). The parent forked with the
+    # collector off, so nothing was collected before this line; objects made here are collected as usual.
+    # Nor freed when a hospital drops its last reference: this worker keeps every inherited TenSEAL object.
+    _kept = ([o for o in gc.get_objects() if _native_module(type(o))]
+            if not _NATIVE.isdisjoint(sys.modules) else [])  # a local: alive until the worker returns
+    gc.freeze()
+    if collecting:
+        gc.enable()
     for other in inherited:  # the parent's ends of earlier workers' pipes: theirs alone
         other.close()
     # The parent's sys.stdout/sys.stderr may be a display's proxy (rich's progress bar during `clinograph

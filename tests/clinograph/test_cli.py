@@ -150,7 +150,8 @@ def test_simulate_shows_the_candidate_models_and_the_choice(tmp_path):
     assert all("federated validation loss" in ln for ln in lines)
     chosen = [ln for ln in out.stdout.splitlines() if ln.startswith("chosen model: ")]
     assert len(chosen) == 1 and chosen[0].split()[2] in ("wide", "wide_shape", "linear", "shape")
-    closed = [ln for ln in out.stdout.splitlines() if ln.startswith("round ") and " closed: " in ln]
+    closed = [ln for ln in out.stdout.splitlines() if ": round " in ln and " closed: " in ln]
+    assert closed[0].startswith("wide: round 0 closed: "), out.stdout  # each line names its candidate
     assert "ETA at most" in closed[0] and "for 7 round(s) left" in closed[0], out.stdout  # 2 rounds x 4 candidates
     assert closed[-1].endswith("last round)")
 

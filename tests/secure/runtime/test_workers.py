@@ -160,3 +160,48 @@ def test_a_masked_rounds_client_refuses_to_be_pickled_so_it_stays_in_its_worker(
     with pytest.raises(TypeError, match="refuses to be pickled"):
         pickle.dumps(object.__new__(MaskingClient))
     assert _class_stays(MaskingClient)
+
+
+FINALIZED: list[int] = []  # the pids in which a Cycle was finalized
+
+
+class Cycle:
+    """An object in a reference cycle whose finalizer notes where it ran (as a TenSEAL context's
+    destructor would join a thread pool the fork did not copy)."""
+
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        FINALIZED.append(os.getpid())
+
+
+class HoldsACycle(Echo):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.cycle = Cycle()
+
+
+def _drop_and_collect(participant) -> list[int]:
+    import gc
+
+    participant.cycle = None
+    gc.collect()
+    return [pid for pid in FINALIZED if pid == os.getpid()]
+
+
+def test_a_worker_never_collects_what_it_inherited():
+    """A TenSEAL context a hospital held at the fork, in a reference cycle, must not be collected in
+    the worker: its destructor would join threads the fork did not copy (seen: a segfault)."""
+    with ProcessTransport(hospitals(a=HoldsACycle, b=HoldsACycle), workers=2) as t:
+        assert t.call(_drop_and_collect) == {"a": [], "b": []}
+        assert t.call(_made_here_is_collected) == {"a": True, "b": True}  # what a worker makes is, as usual
+
+
+def _made_here_is_collected(participant) -> bool:
+    import gc
+
+    participant.fresh = Cycle()
+    participant.fresh = None
+    gc.collect()
+    return os.getpid() in FINALIZED
