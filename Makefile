@@ -70,7 +70,7 @@ test-fast: $(STAMP)
 WORKER_TESTS := tests/sdk/federation tests/sdk/privacy tests/sdk/concepts tests/sdk/fednsl tests/sdk/agat \
   tests/clinograph/test_cli.py tests/secure/audit tests/examples tests/integration/test_simulation_matches_flower.py
 test-workers: $(STAMP)
-	OMP_NUM_THREADS=1 PYTHONPATH=tests $(BIN)/python -m pytest -q -p no:cacheprovider -p force_workers \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -p tests.force_workers \
 	  $(WORKER_TESTS) --ignore tests/sdk/federation/test_parallel_hospitals.py --basetemp=$$(mktemp -d /tmp/cgt.XXXXXX)
 
 # ruff, then the import contracts in pyproject.toml (see tests/test_import_contracts.py).

@@ -2,7 +2,8 @@
 
 ``make test`` runs on a loaded 2-core machine, where ``"auto"`` mostly stays serial (other test
 workers are busy), so the worker path would go untested by most of the suite. ``make test-workers``
-runs the simulation-heavy tests again with this plugin (``-p force_workers``): whatever the load
+runs the simulation-heavy tests again with this plugin (``-p tests.force_workers``; not through
+PYTHONPATH=tests, which the CLI subprocesses would inherit: tests/clinograph would shadow the package): whatever the load
 or the threads, ``"auto"`` means 2 workers (at most one a hospital). An explicit count is kept.
 """
 
