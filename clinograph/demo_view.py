@@ -105,17 +105,18 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
     from clinograph.secure.runtime.progress import RoundClock, eta_line, stage_line
 
     timer = RoundClock(rounds=rounds) if clock is None else RoundClock(rounds=rounds, clock=clock)
-    running = {"prefix": ""}  # with several candidate models, each line names the one that runs
+    prefix = ""  # with several candidate models, each line names the one that runs
 
     def show(kind: str, data: Mapping[str, Any]) -> None:
+        nonlocal prefix
         data = timer.observe(kind, data)
         if kind == "run_started":
             several = int(data.get("count") or 1) > 1
-            running["prefix"] = f"{data.get('candidate')}: " if several and data.get("candidate") else ""
+            prefix = f"{data.get('candidate')}: " if several and data.get("candidate") else ""
         elif kind == "stage_progress":
-            status(running["prefix"] + stage_line(data))
+            status(prefix + stage_line(data))
         elif kind == "round_closed":
-            write(f"{running['prefix']}round {data.get('round')} closed: "
+            write(f"{prefix}round {data.get('round')} closed: "
                   f"{len(list(data.get('contributors') or []))} contributor(s)" + eta_line(data))
 
     return show

@@ -46,6 +46,7 @@ class Outcome:
 RESUME = ("to go on, start the same run again with the same run config (with a `journal` it resumes from "
           "its last closed round: docs/deployment.md, 'Crash and resume')")
 
+
 def run_id_from(line: str) -> int | None:
     """The run id in ``flwr run``'s "Successfully started run N" line, else None."""
     m = _RUN_ID.search(line)

@@ -150,13 +150,14 @@ def _id_cells(raw: pd.Series, col: str, problems: list[str]) -> pd.Series:
     if pd.api.types.is_float_dtype(raw.dtype):
         v = raw.to_numpy(dtype=float)
         here = ~np.isnan(v)
-        bad = here & ((np.abs(np.where(here, v, 0)) >= 2.0**53) | (np.where(here, v, 0) % 1 != 0))
+        v = np.where(here, v, 0.0)
+        bad = (np.abs(v) >= 2.0**53) | (v % 1 != 0)
         if bad.any():
             problems.append(f"Patient id column {col!r}: {rows_text(bad)}: ids stored as floating-point numbers that "
                             "are not whole or are beyond 2**53 (where digits are lost). Export the ids as text or "
                             "integers.")
             return raw
-        return pd.Series(pd.array(np.where(here, v, 0).astype(np.int64), dtype="Int64"), index=raw.index).where(here)
+        return pd.Series(pd.array(v.astype(np.int64), dtype="Int64"), index=raw.index).where(here)
     given = raw.dropna() if raw.dtype == object else raw.iloc[:0]
     if len(given) and isinstance(given.iloc[0], bytes):  # a binary column (a mixed one is text already)
         def text(x):  # noqa: ANN001, ANN202

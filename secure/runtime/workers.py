@@ -142,8 +142,8 @@ def _stays(obj: Any) -> bool:
 
 @functools.cache
 def _native_module(cls: type) -> bool:
-    """A TenSEAL/SEAL class (its ``__module__`` may be a descriptor on odd types: not one of those)."""
-    module = cls.__dict__.get("__module__", "") if isinstance(cls.__dict__, Mapping) else ""
+    """A TenSEAL/SEAL class (a metaclass's ``__module__`` may be a descriptor: not one of those)."""
+    module = cls.__dict__.get("__module__")
     return isinstance(module, str) and module.split(".", 1)[0] in _NATIVE
 
 
@@ -151,7 +151,7 @@ def _native_module(cls: type) -> bool:
 def _class_stays(cls: type) -> bool:
     """A TenSEAL/SEAL native class, or a Clinograph class whose own ``__reduce__`` refuses (a secret
     holder: it raises TypeError without reading the instance)."""
-    if cls.__module__.split(".", 1)[0] in _NATIVE:
+    if _native_module(cls):
         return True
     reduce = cls.__dict__.get("__reduce__")
     if reduce is None or not cls.__module__.startswith("clinograph."):
