@@ -78,7 +78,10 @@ def _frozen_like_dp(model) -> None:
 
 
 def _adam(model) -> torch.optim.Optimizer:
-    return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    """The trainers' optimizer (:func:`clinograph.sdk.training.optim.adam`: fused Adam), on both sides."""
+    from clinograph.sdk.training.optim import adam
+
+    return adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
 
 
 def _rows(n: int, b: int) -> torch.Tensor:

@@ -52,6 +52,7 @@ def _dp_sides(model, fi, x, m, y) -> tuple[dict, int]:
     from clinograph.sdk.privacy.noise import install_secure_noise, secure_gaussian
     from clinograph.sdk.privacy.per_patient import PerPatientClipper, star_probe
     from clinograph.sdk.privacy.trainer import star_loss, unused_star_parameters
+    from clinograph.sdk.training.optim import adam as product_adam
     from opacus.grad_sample import get_gsm_class
     from opacus.optimizers import DPOptimizer
 
@@ -71,7 +72,7 @@ def _dp_sides(model, fi, x, m, y) -> tuple[dict, int]:
     # the star step's parts, timed alone: per-patient forward/backward + norms + clipped sum; the noise
     # (∝ parameters); the assignment + SGD step; and an Adam step (the DP trainer's optimiser, ∝ parameters)
     held = clipper.clipped_sum(fi, x, m, labels=y, clip_norm=1.0).summed
-    adam = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    adam = product_adam([p for p in model.parameters() if p.requires_grad], lr=0.0)
     parts = {"part_clipped_sum": lambda: clipper.clipped_sum(fi, x, m, labels=y, clip_norm=1.0),
              "part_noise": lambda: secure_gaussian(1.0, torch.Size([clipper.dim]), torch.float64),
              "part_assign_sgd_step": lambda: (clipper.assign(held / len(y)), sgd.step()),
@@ -130,6 +131,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from clinograph.sdk.graph import star_batch
     from clinograph.sdk.training import bce
+    from clinograph.sdk.training.optim import adam as product_adam
 
     from research.demo_quality.demo_quality import demo_tables
 
@@ -148,7 +150,7 @@ def main() -> None:
             sides[(f"non_dp_k{k}", enc)] = lambda mo=mo, s=stars[k]: bce(mo.forward_neighbourhood(s, batch), y).backward()
         for k in (0, 5):  # the plain training step as the trainer takes it: forward, backward, Adam
             mo = _model(len(d.node_ids()), enc)
-            sides[(f"non_dp_adam_k{k}", enc)] = functools.partial(_adam_step, torch.optim.Adam(mo.parameters(), lr=0.0),
+            sides[(f"non_dp_adam_k{k}", enc)] = functools.partial(_adam_step, product_adam(mo.parameters(), lr=0.0),
                                                                   lambda mo=mo, s=stars[k]: bce(mo.forward_neighbourhood(s, batch), y))
         dp, n_params[enc] = _dp_sides(_model(len(d.node_ids()), enc), fi, x, m, y)
         for name, fn in dp.items():

@@ -45,6 +45,7 @@ from ..model.nsfl_modules import SELECTION_MODULE
 from ..ontology.dictionary import FeatureDictionary
 from ..training.calibration import Platt
 from ..training.local import bce
+from ..training.optim import adam
 from ..training.selection import ModelSelection, decode_validation, encode_validation, value_bound
 from ..training.trainer import TrainOutcome
 from .graph import knn_graph
@@ -153,7 +154,7 @@ class AGATTask(SelectedCalibrated):
         current, previous, edges = self._inputs()
         tc = self.config.training
         params = self.model.network_parameters(temporal=self.temporal)
-        opt = torch.optim.Adam(params, lr=tc.lr, weight_decay=tc.weight_decay)
+        opt = adam(params, lr=tc.lr, weight_decay=tc.weight_decay)
         gen = torch.Generator().manual_seed(tc.seed * 100_003 + round_)
         idx = torch.as_tensor(self.split.train)
         self.model.train()

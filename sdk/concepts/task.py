@@ -45,6 +45,7 @@ from clinograph.core.spec import ModuleKind
 from ..federation.task import TaskBase
 from ..model.modules import ModuleMap, Piece
 from ..privacy.distributed_round import ExactLocal
+from ..training.optim import adam
 from ..training.trainer import TrainOutcome
 from .distributed_training import ConceptDistributedTrainer
 from .dp_training import ConceptDPTrainer
@@ -181,7 +182,7 @@ class ConceptTask(TaskBase):
                 self._send_vote()
                 return outcome
             params = [p for p in model.parameters() if p.requires_grad]
-            opt = torch.optim.Adam(params, lr=cfg.lr)
+            opt = adam(params, lr=cfg.lr)
             model.train()
             for _ in range(epochs):
                 perm = train[torch.randperm(len(train), generator=self._gen)]

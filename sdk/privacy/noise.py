@@ -83,7 +83,7 @@ def secure_gaussian(std: float, shape: torch.Size, dtype: torch.dtype) -> torch.
     the two coordinates of one pair), summed before the one rounding to ``dtype``: in float64 for
     a float64 result, else in float32, as Opacus's secure mode sums in the parameters' dtype
     (module docstring)."""
-    n = int(np.prod(shape)) if len(shape) else 1
+    n = math.prod(shape)  # of a torch.Size: numpy's prod converts it to an array first (~3 µs)
     if std == 0 or n == 0:
         return torch.zeros(shape, dtype=dtype)
     z = _box_muller(2 * n, torch.float64 if dtype == torch.float64 else torch.float32)  # 4n normals

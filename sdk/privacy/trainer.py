@@ -47,6 +47,7 @@ from ..graph.star import star_batch
 from ..ingest.table import PatientTable
 from ..model.nsfl import NSFLModel
 from ..training.local import TrainConfig, predict
+from ..training.optim import adam
 from ..training.trainer import TrainOutcome
 from .accountant import PrivacyLedger
 from .adaptive import ADAPTIVE_DEFAULTS, AdaptiveClip
@@ -173,7 +174,7 @@ class DPTrainer:
         self.builds += 1
 
     def _optimizer(self, groups: list) -> torch.optim.Optimizer:
-        return (torch.optim.Adam(groups, lr=self.lr, weight_decay=self.config.weight_decay)
+        return (adam(groups, lr=self.lr, weight_decay=self.config.weight_decay)
                 if self.optimizer == "adam" else
                 torch.optim.SGD(groups, lr=self.lr, momentum=0.9, weight_decay=self.config.weight_decay))
 

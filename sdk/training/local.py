@@ -17,6 +17,7 @@ from torch.nn import functional as F  # noqa: N812
 from ..config import TrainConfig
 from ..graph.star import StarBatch
 from ..model.nsfl import NSFLModel
+from .optim import adam
 
 
 def bce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -40,9 +41,9 @@ def train_epochs(model: NSFLModel, *, epochs: int, train_idx: np.ndarray, config
     masks = [p for n, p in named if n.startswith("mask_logit")]
     wide = [p for n, p in named if n.startswith("linear.")]
     rest = [p for n, p in named if not n.startswith(("mask_logit", "linear."))]
-    opt = torch.optim.Adam([{"params": rest}, {"params": masks, "lr": config.lr * config.mask_lr_factor},
-                            {"params": wide, "lr": config.lr * config.wide_lr_factor}],
-                           lr=config.lr, weight_decay=config.weight_decay)
+    opt = adam([{"params": rest}, {"params": masks, "lr": config.lr * config.mask_lr_factor},
+                {"params": wide, "lr": config.lr * config.wide_lr_factor}],
+               lr=config.lr, weight_decay=config.weight_decay)
     idx = torch.as_tensor(train_idx, dtype=torch.long)
     y_all = stars.labels
     model.train()
