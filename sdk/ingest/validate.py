@@ -10,6 +10,7 @@ the unit vocabulary; other codes are counted, not shown.
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from difflib import get_close_matches
@@ -32,6 +33,7 @@ from .columns import (
     one_column_per_feature,
     resolve,
 )
+from .dialect import point_grouped_problem
 from .read import read_table
 from .rows import rows_text
 from .survival import survival_input, with_survival
@@ -94,13 +96,29 @@ def declared_missing(df: pd.DataFrame, schema: SiteSchema) -> pd.DataFrame:
     tokens = {t.strip() for t in schema.policy.missing_values}
     if not tokens or isinstance(df.columns, pd.MultiIndex):
         return df
-    hit = np.column_stack([as_text(df.iloc[:, i]).str.strip().isin(tokens).to_numpy(dtype=bool)
-                           for i in range(df.shape[1])]) if df.shape[1] else np.zeros((len(df), 0), bool)
+    numbers = [float(t) for t in tokens if _is_number(t)]  # '-999' is also -999.0 and '-999,00' (decimal comma)
+
+    def hits(raw: pd.Series) -> np.ndarray:
+        text = as_text(raw).str.strip()
+        hit = text.isin(tokens).to_numpy(dtype=bool)
+        if numbers:
+            hit |= pd.to_numeric(text, errors="coerce").isin(numbers).to_numpy(dtype=bool)
+        return hit
+
+    hit = np.column_stack([hits(df.iloc[:, i]) for i in range(df.shape[1])]) if df.shape[1] \
+        else np.zeros((len(df), 0), bool)
     if not hit.any():
         return df
     out = df.astype(object).mask(hit)
     out.attrs = {**df.attrs, "declared_missing_cells": int(df.attrs.get("declared_missing_cells", 0)) + int(hit.sum())}
     return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def schema_unit_problems(schema: SiteSchema, dictionary: FeatureDictionary) -> list[str]:
@@ -135,6 +153,15 @@ def _near_misses(df: pd.DataFrame, schema: SiteSchema, required: dict[str, str |
 def _level_nodes(index: dict[str, int], feat) -> np.ndarray:  # noqa: ANN001 - a dictionary Feature
     """The graph node of each level of a categorical feature, by level code (``<feature>=<level>``)."""
     return np.array([index[f"{feat.id}={lvl}"] for lvl in feat.levels], dtype=np.int64)
+
+
+def _point_grouped(df: pd.DataFrame, col: str) -> np.ndarray:
+    """True at the cells of ``col`` that a decimal-comma table holds like '1.150' (read_table's
+    ``attrs["point_grouped"]``: 1150 or 1.15)."""
+    out = np.zeros(len(df), dtype=bool)
+    rows = [r for r in df.attrs.get("point_grouped", {}).get(str(col), ()) if r < len(df)]
+    out[rows] = True
+    return out
 
 
 def _finish(problems: list[str], schema: SiteSchema) -> None:
@@ -274,6 +301,8 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     for col, (feat, cm) in mapped.items():
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
         parsed[col] = parse_cells(col, df[col], feat, cm.unit if cm else None, problems, coding=coding)
+        if feat.kind == FeatureKind.NUMERIC and (grouped := _point_grouped(df, col)).any():
+            problems.append(point_grouped_problem(f"Column {col!r} ({feat.id})", grouped))
     labels = _labels(df, schema, problems)
     keep = _apply_label_policy(labels, schema, problems, df.columns) if labels is not None else np.ones(len(df), bool)
     _finish(problems, schema)
@@ -405,6 +434,9 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         v = parse_cells(f"{lc.value}[{name}]", df.loc[rows, lc.value], feat, unit_here, problems, coding=coding,
                         key=name)
         parsed[rows] = v
+        if feat.kind == FeatureKind.NUMERIC and (grouped := rows & _point_grouped(df, lc.value)).any():
+            problems.append(point_grouped_problem(f"Column {lc.value}[{name}]".replace("Column ", "Column '", 1)
+                                                  + f"' ({feat.id})", grouped))
         feat_of_row[rows] = feature_pos[feat.id]
         if feat.kind == FeatureKind.CATEGORICAL:
             nodes[rows] = np.where(np.isnan(v), -1, _level_nodes(index, feat)[np.nan_to_num(v).astype(np.int64)])

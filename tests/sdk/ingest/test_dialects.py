@@ -3,7 +3,7 @@
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import ColumnMap
-from tables_helpers import CANARY, D, wide
+from tables_helpers import CANARY, D, long, wide
 
 from clinograph.core.errors import ConfigError, SchemaError
 
@@ -67,3 +67,27 @@ def test_comma_files_are_unchanged(tmp_path):
     df = read_table(_write(tmp_path, "pid,hr,y\na,\"72,5\",1\nb,80.5,0\n"))
     assert (df.attrs["delimiter"], df.attrs["decimal"]) == (",", ".")
     assert df["hr"].tolist() == ["72,5", "80.5"]
+
+
+@pytest.mark.parametrize("decimal", [None, ","])
+def test_a_point_grouped_number_in_a_decimal_comma_file_is_refused_not_read_a_thousand_times_smaller(tmp_path, decimal):
+    # before: '1.150' (German Excel's 1150 kcal) in a decimal-comma file was read as 1.15, silently,
+    # declared or detected (the detection counted it as a decimal point and chose '.')
+    text = "pid;crp;hr;y\na;1.150;72,5;1\nb;2,5;80;0\nc;1,150;60;0\n"
+    df = read_table(_write(tmp_path, text), decimal=decimal)
+    assert df.attrs["decimal"] == ","
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    assert err.value.problems == [
+        "Column 'crp' (crp): row 1: numbers with a point that reads both as a thousands separator (in a "
+        "decimal-comma file '1.234' is 1234) and as a decimal point (1.234), so they are not read. Export the "
+        "numbers without thousands separators, or write them with a decimal comma ('1234' or '1,234')."]
+    fixed = text.replace("1.150", "1150") + "d;0.125;61;1\n"  # a point not grouping digits by three: a decimal
+    ok = ingest(read_table(_write(tmp_path, fixed), decimal=","), schema=wide(), dictionary=D)
+    assert sorted(ok.value[ok.node == D.node_index()["crp"]].tolist()) == [0.125, 1.15, 2.5, 1150.0]
+
+
+def test_a_point_grouped_number_in_a_long_decimal_comma_file_is_refused(tmp_path):
+    text = "pid;t;code;v;unit;y\na;0;crp;1.150;mg/L;1\na;1;hr;72,5;/min;1\nb;0;crp;2,5;mg/L;0\n"
+    with pytest.raises(SchemaError, match=r"Column 'v\[crp\]' \(crp\): row 1: numbers with a point that reads both"):
+        ingest(read_table(_write(tmp_path, text)), schema=long(), dictionary=D)

@@ -518,3 +518,19 @@ def test_integer_ids_stored_as_floats_or_bytes_keep_the_hospitals_spelling(tmp_p
     for pid in ([1.5, 2.0, 3.0], [2.0**60, 2.0, 3.0]):
         with pytest.raises(SchemaError, match=r"row 1: ids stored as floating-point numbers that are not whole or are"):
             ids(pid)
+
+
+def test_declared_missing_numbers_match_whatever_their_number_format(tmp_path):
+    # before: missing_values = ["-999"] did not match a Parquet/DataFrame float -999.0 nor a CSV '-999,00'
+    # or '-999.0': the marker was read as a value (CRP -999 mg/L: no physical limit, silently a value)
+    df = pd.DataFrame({"pid": ["a", "b", "c"], "crp": [-999.0, 3.0, 4.0], "hr": ["-999.00", "70", " -999 "],
+                       "y": [1, 0, 1]})
+    df.to_parquet(tmp_path / "t.parquet")
+    (tmp_path / "t.csv").write_text("pid;crp;hr;y\na;-999,00;70;1\nb;3,5;-999;0\nc;4;80;1\n")
+    schema = wide(policy={"missing_values": ["-999", "n.d."]})
+    for df in (df, read_table(tmp_path / "t.parquet"), read_table(tmp_path / "t.csv")):
+        t = ingest(df, schema=schema, dictionary=D)
+        assert t.report.declared_missing_cells == 2 + (df["hr"].iloc[2] != "80")
+        assert -999.0 not in t.value.tolist() and t.report.observations == 6 - t.report.declared_missing_cells
+    assert ingest(pd.DataFrame({"pid": ["a", "b"], "crp": ["N.D.", "1"], "y": [0, 1]}),  # text: exact, as before
+                  schema=wide(policy={"missing_values": ["N.D."]}), dictionary=D).report.declared_missing_cells == 1
