@@ -432,11 +432,10 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         units_used[name] = unit_here
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
         v = parse_cells(f"{lc.value}[{name}]", df.loc[rows, lc.value], feat, unit_here, problems, coding=coding,
-                        key=name)
+                        key=name, rows=np.flatnonzero(rows))
         parsed[rows] = v
         if feat.kind == FeatureKind.NUMERIC and (grouped := rows & _point_grouped(df, lc.value)).any():
-            problems.append(point_grouped_problem(f"Column {lc.value}[{name}]".replace("Column ", "Column '", 1)
-                                                  + f"' ({feat.id})", grouped))
+            problems.append(point_grouped_problem(f"Column {f'{lc.value}[{name}]'!r} ({feat.id})", grouped))
         feat_of_row[rows] = feature_pos[feat.id]
         if feat.kind == FeatureKind.CATEGORICAL:
             nodes[rows] = np.where(np.isnan(v), -1, _level_nodes(index, feat)[np.nan_to_num(v).astype(np.int64)])

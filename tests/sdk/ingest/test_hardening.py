@@ -528,9 +528,24 @@ def test_declared_missing_numbers_match_whatever_their_number_format(tmp_path):
     df.to_parquet(tmp_path / "t.parquet")
     (tmp_path / "t.csv").write_text("pid;crp;hr;y\na;-999,00;70;1\nb;3,5;-999;0\nc;4;80;1\n")
     schema = wide(policy={"missing_values": ["-999", "n.d."]})
-    for df in (df, read_table(tmp_path / "t.parquet"), read_table(tmp_path / "t.csv")):
-        t = ingest(df, schema=schema, dictionary=D)
-        assert t.report.declared_missing_cells == 2 + (df["hr"].iloc[2] != "80")
+    for given in (df, read_table(tmp_path / "t.parquet"), read_table(tmp_path / "t.csv")):
+        t = ingest(given, schema=schema, dictionary=D)
+        assert t.report.declared_missing_cells == 2 + (given["hr"].iloc[2] != "80")
         assert -999.0 not in t.value.tolist() and t.report.observations == 6 - t.report.declared_missing_cells
     assert ingest(pd.DataFrame({"pid": ["a", "b"], "crp": ["N.D.", "1"], "y": [0, 1]}),  # text: exact, as before
                   schema=wide(policy={"missing_values": ["N.D."]}), dictionary=D).report.declared_missing_cells == 1
+
+
+def test_a_long_tables_cell_problems_name_the_tables_rows_not_the_rows_of_that_feature_code():
+    # before: rows were counted among one code's rows: 'x40' on data row 4 was "row 2", 1e9 on row 6 "row 3"
+    df = pd.DataFrame({"pid": ["a", "a", "b", "b", "c", "c", "c"], "t": [0, 0, 0, 0, 0, 0, 1],
+                       "code": ["hr", "paco2", "hr", "paco2", "hr", "paco2", "ward"],
+                       "v": ["70", "40", "80", "x40", "90", "1e9", "nowhere"], "unit": [None] * 7, "y": [1, 1, 0, 0, 1, 1, 1]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=long(), dictionary=D)
+    assert err.value.problems[:2] == [
+        "Column 'v[paco2]' (paco2): row 4: text where a number is expected. Clean these cells or leave them empty for "
+        "missing.",
+        "Column 'v[paco2]' (paco2): row 6: physically impossible value after conversion to mmHg (allowed 0 to 300). "
+        "Check the unit in the site schema or correct the values."]
+    assert err.value.problems[2].startswith("Column 'v[ward]' (ward): row 7: codes that are not levels")
