@@ -21,7 +21,7 @@ import pandas as pd
 from clinograph.core.errors import SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
-from ..ontology.schema import SiteSchema
+from ..ontology.schema import SiteSchema, coding_problems
 from ..ontology.units import EXAMPLE_UNITS, conversion, is_known_unit, normalise_unit, same_unit
 from .cells import as_text, date_cells, parse_cells, parse_labels, present_mask
 from .columns import (
@@ -299,6 +299,9 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                             "has one row a patient; use format = \"long\" for repeated measurements.")
     parsed = {}
     for col, (feat, cm) in mapped.items():
+        if cm is not None and coding_problems(col, cm, feat):  # reported with the schema's: its cells are not read
+            parsed[col] = np.full(len(df), np.nan)
+            continue
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
         parsed[col] = parse_cells(col, df[col], feat, cm.unit if cm else None, problems, coding=coding)
         if feat.kind == FeatureKind.NUMERIC and (grouped := _point_grouped(df, col)).any():
@@ -430,6 +433,9 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         rows = codes == name
         unit_here = _row_unit(df, rows, name, feat, cm, schema, problems)
         units_used[name] = unit_here
+        if cm is not None and coding_problems(name, cm, feat):  # reported with the schema's: cells not read
+            feat_of_row[rows] = feature_pos[feat.id]
+            continue
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
         v = parse_cells(f"{lc.value}[{name}]", df.loc[rows, lc.value], feat, unit_here, problems, coding=coding,
                         key=name, rows=np.flatnonzero(rows))

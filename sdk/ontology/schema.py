@@ -197,7 +197,7 @@ class SiteSchema(BaseModel):
                                 "Fix the feature name under [columns].")
                 continue
             feat = dictionary.get(cm.feature)
-            problems.extend(_coding_problems(col, cm, feat))
+            problems.extend(coding_problems(col, cm, feat))
             if cm.unit is not None and feat.kind == FeatureKind.NUMERIC:
                 try:
                     conversion(feature=feat.id, analyte=feat.analyte, source=cm.unit, target=feat.unit,
@@ -213,7 +213,7 @@ class SiteSchema(BaseModel):
             raise SchemaError(problems, title=f"Site schema {self.site!r} does not fit the dictionary")
 
 
-def _coding_problems(col: str, cm: ColumnMap, feat: Feature) -> list[str]:
+def coding_problems(col: str, cm: ColumnMap, feat: Feature) -> list[str]:
     """Everything wrong with one column's declared coding (empty if none is declared)."""
     if cm.coding is None:
         return []

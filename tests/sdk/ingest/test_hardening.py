@@ -549,3 +549,21 @@ def test_a_long_tables_cell_problems_name_the_tables_rows_not_the_rows_of_that_f
         "Column 'v[paco2]' (paco2): row 6: physically impossible value after conversion to mmHg (allowed 0 to 300). "
         "Check the unit in the site schema or correct the values."]
     assert err.value.problems[2].startswith("Column 'v[ward]' (ward): row 7: codes that are not levels")
+
+
+@pytest.mark.parametrize("fmt", ["wide", "long"])
+def test_a_column_whose_coding_is_refused_is_not_also_blamed_for_its_cells(fmt):
+    # before: coding = { "2" = 1, "1" = 2 } gave the coding's problem and, for every '1' cell, "codes not in the
+    # coding declared for this column (seen: '1')" -- but '1' is declared; its value is what is wrong
+    coding = {"2": 1, "1": 2}
+    if fmt == "wide":
+        df = pd.DataFrame({"pid": ["a", "b", "c"], "Sex": ["1", "2", "1"], "hr": [70, 80, 90], "y": [0, 1, 0]})
+        schema = wide(columns={"Sex": ColumnMap(feature="sex", coding=coding)})
+    else:
+        df = pd.DataFrame({"pid": ["a", "b", "c"], "t": [0] * 3, "code": ["Sex"] * 3, "v": ["1", "2", "1"],
+                           "unit": [None] * 3, "y": [0, 1, 0]})
+        schema = long(columns={"Sex": ColumnMap(feature="sex", coding=coding)})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=schema, dictionary=D)
+    assert err.value.problems == ["Column 'Sex' (sex, binary): coding values for ['1'] must be 0 or 1: 1 for the "
+                                  "code(s) that mean 'sex' (Sex) is true, 0 for the others."]
