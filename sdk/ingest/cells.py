@@ -150,13 +150,13 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
         if grouped.any():
             problems.append(f"{where}: {rows_text(grouped, at)}: numbers with a comma that reads both as a thousands "
                             "separator ('1,234' = 1234) and as a decimal comma (1.234), so they are not read. Export "
-                            "the numbers without thousands separators; if the commas are decimal commas, read the "
-                            "file with read_table(..., decimal=\",\").")
+                            "the numbers without thousands separators; if the commas are decimal commas, declare "
+                            "decimal = \",\" in the site schema (read_table(..., decimal=\",\"); check --decimal ,).")
         comma = bad & ~unit_like & ~grouped & decimal_comma_cells(text)
         if comma.any():
-            problems.append(f"{where}: {rows_text(comma, at)}: numbers written with a decimal comma. Read the file with "
-                            "read_table(..., decimal=\",\") (German/French Excel exports), or export it with "
-                            "decimal points.")
+            problems.append(f"{where}: {rows_text(comma, at)}: numbers written with a decimal comma. Declare decimal = "
+                            "\",\" in the site schema (read_table(..., decimal=\",\"); check --decimal ,) for "
+                            "German/French Excel exports, or export it with decimal points.")
         rest = bad & ~unit_like & ~grouped & ~comma
         for kind, mask in classify_text(text, rest):
             problems.append(f"{where}: {rows_text(mask, at)}: {TEXT_KINDS[kind]}")

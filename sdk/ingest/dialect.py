@@ -86,8 +86,9 @@ def dialect_hint(text: str, used: str) -> str:
         return ""
     d = good[0]
     locale = " (as German or French Excel writes it)" if d == ";" else ""
-    return (f" The file looks {name(d)}-separated{locale}, not {name(used)}-separated: read it with "
-            f"delimiter={d!r}, or leave the delimiter unset to detect it.")
+    return (f" The file looks {name(d)}-separated{locale}, not {name(used)}-separated: declare "
+            f"delimiter = {d!r} in the site schema (read_table(..., delimiter={d!r}); check --delimiter), or leave "
+            "the delimiter unset to detect it.")
 
 
 def detect_decimal(df: pd.DataFrame) -> str:

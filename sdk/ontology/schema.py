@@ -7,6 +7,7 @@ Loaded from TOML, e.g.::
     patient_id = "mrn"
     label = "outcome"
     ignore = ["ward"]          # dropped on purpose; counted in the ingest report
+    decimal = ","              # optional: the CSV dialect (also delimiter = ";"), else detected
 
     [columns]
     "HR" = { feature = "heart_rate", unit = "bpm" }
@@ -129,6 +130,10 @@ class SiteSchema(BaseModel):
     #: the binary label's local codes -> 1/0 (``{"dead" = 1, "alive" = 0}``), read instead of the
     #: default 0/1, true/false, yes/no, Y/N (Y: the outcome happened); None: the default
     label_codes: dict[str, Literal[0, 1]] | None = None
+    #: the CSV export's field delimiter and decimal separator, for every reader of this hospital's
+    #: table (check, simulate, a SuperNode, predict); None: detected (sdk/ingest/dialect.py)
+    delimiter: str | None = Field(default=None, pattern=r"^[^\r\n\"']$")
+    decimal: Literal[".", ","] | None = None
 
     @model_validator(mode="after")
     def _label_declared(self) -> SiteSchema:
