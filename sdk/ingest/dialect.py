@@ -128,6 +128,15 @@ def apply_decimal_comma(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def point_grouped_cells(df: pd.DataFrame, col: str) -> np.ndarray:
+    """True at the cells of ``col`` that a decimal-comma table holds like '1.150' (1150 or 1.15),
+    as :func:`apply_decimal_comma` recorded them (``df.attrs["point_grouped"]``)."""
+    out = np.zeros(len(df), dtype=bool)
+    rows = [r for r in df.attrs.get("point_grouped", {}).get(str(col), ()) if r < len(df)]
+    out[rows] = True
+    return out
+
+
 def point_grouped_problem(where: str, mask: np.ndarray) -> str:
     """The problem of the cells ``mask`` of a column of a decimal-comma table (``attrs["point_grouped"]``)."""
     return (f"{where}: {rows_text(mask)}: numbers with a point that reads both as a thousands separator (in a "

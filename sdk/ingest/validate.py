@@ -33,7 +33,7 @@ from .columns import (
     one_column_per_feature,
     resolve,
 )
-from .dialect import point_grouped_problem
+from .dialect import point_grouped_cells, point_grouped_problem
 from .read import read_table
 from .rows import rows_text
 from .survival import survival_input, with_survival
@@ -153,15 +153,6 @@ def _near_misses(df: pd.DataFrame, schema: SiteSchema, required: dict[str, str |
 def _level_nodes(index: dict[str, int], feat) -> np.ndarray:  # noqa: ANN001 - a dictionary Feature
     """The graph node of each level of a categorical feature, by level code (``<feature>=<level>``)."""
     return np.array([index[f"{feat.id}={lvl}"] for lvl in feat.levels], dtype=np.int64)
-
-
-def _point_grouped(df: pd.DataFrame, col: str) -> np.ndarray:
-    """True at the cells of ``col`` that a decimal-comma table holds like '1.150' (read_table's
-    ``attrs["point_grouped"]``: 1150 or 1.15)."""
-    out = np.zeros(len(df), dtype=bool)
-    rows = [r for r in df.attrs.get("point_grouped", {}).get(str(col), ()) if r < len(df)]
-    out[rows] = True
-    return out
 
 
 def _finish(problems: list[str], schema: SiteSchema) -> None:
@@ -304,7 +295,7 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
             continue
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
         parsed[col] = parse_cells(col, df[col], feat, cm.unit if cm else None, problems, coding=coding)
-        if feat.kind == FeatureKind.NUMERIC and (grouped := _point_grouped(df, col)).any():
+        if feat.kind == FeatureKind.NUMERIC and (grouped := point_grouped_cells(df, col)).any():
             problems.append(point_grouped_problem(f"Column {col!r} ({feat.id})", grouped))
     labels = _labels(df, schema, problems)
     keep = _apply_label_policy(labels, schema, problems, df.columns) if labels is not None else np.ones(len(df), bool)
@@ -440,7 +431,7 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         v = parse_cells(f"{lc.value}[{name}]", df.loc[rows, lc.value], feat, unit_here, problems, coding=coding,
                         key=name, rows=np.flatnonzero(rows))
         parsed[rows] = v
-        if feat.kind == FeatureKind.NUMERIC and (grouped := rows & _point_grouped(df, lc.value)).any():
+        if feat.kind == FeatureKind.NUMERIC and (grouped := rows & point_grouped_cells(df, lc.value)).any():
             problems.append(point_grouped_problem(f"Column {f'{lc.value}[{name}]'!r} ({feat.id})", grouped))
         feat_of_row[rows] = feature_pos[feat.id]
         if feat.kind == FeatureKind.CATEGORICAL:
