@@ -155,6 +155,21 @@ def _level_nodes(index: dict[str, int], feat) -> np.ndarray:  # noqa: ANN001 - a
     return np.array([index[f"{feat.id}={lvl}"] for lvl in feat.levels], dtype=np.int64)
 
 
+def _units_row(df: pd.DataFrame, mapped: dict) -> str | None:
+    """The problem of a wide table whose first data row names units (``kg``, ``mg/dL``) in every
+    numeric column it fills -- at least two -- instead of values; None if it does not."""
+    if len(df) < 2:
+        return None
+    filled = [col for col, (feat, _) in mapped.items()
+              if feat.kind == FeatureKind.NUMERIC and present_mask(df[col].iloc[:1])[0]]
+    units = [col for col in filled if is_known_unit(str(df[col].iloc[0]).strip())]
+    if len(units) < 2 or len(units) != len(filled):
+        return None
+    return (f"Row 1 holds unit names in the numeric column(s) {', '.join(map(repr, units))}, not a patient's "
+            "values: the export has a units row under the header. Delete that row, and write each column's unit "
+            "in the site schema ([columns].<column>.unit).")
+
+
 def _finish(problems: list[str], schema: SiteSchema) -> None:
     if problems:  # each problem once: a schema unit is checked up front and again for its cells
         raise SchemaError(list(dict.fromkeys(problems)), title=f"Table for site {schema.site!r} cannot be ingested")
@@ -297,6 +312,8 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
         parsed[col] = parse_cells(col, df[col], feat, cm.unit if cm else None, problems, coding=coding)
         if feat.kind == FeatureKind.NUMERIC and (grouped := point_grouped_cells(df, col)).any():
             problems.append(point_grouped_problem(f"Column {col!r} ({feat.id})", grouped))
+    if (units_row := _units_row(df, mapped)) is not None:
+        problems.insert(0, units_row)
     labels = _labels(df, schema, problems)
     keep = _apply_label_policy(labels, schema, problems, df.columns) if labels is not None else np.ones(len(df), bool)
     _finish(problems, schema)

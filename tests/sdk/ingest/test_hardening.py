@@ -567,3 +567,17 @@ def test_a_column_whose_coding_is_refused_is_not_also_blamed_for_its_cells(fmt):
         ingest(df, schema=schema, dictionary=D)
     assert err.value.problems == ["Column 'Sex' (sex, binary): coding values for ['1'] must be 0 or 1: 1 for the "
                                   "code(s) that mean 'sex' (Sex) is true, 0 for the others."]
+
+
+def test_a_units_row_under_the_header_is_named_as_such(tmp_path):
+    # before: only "row 1: no id", "row 1: text where a number is expected" per column and "row 1: no label"
+    (tmp_path / "t.csv").write_text("pid,hr,crp,y\n,bpm,mg/L,\na,70,1,1\nb,80,2,0\n")
+    with pytest.raises(SchemaError) as err:
+        ingest(read_table(tmp_path / "t.csv"), schema=wide(), dictionary=D)
+    assert ("Row 1 holds unit names in the numeric column(s) 'hr', 'crp', not a patient's values: the export has a "
+            "units row under the header. Delete that row, and write each column's unit in the site schema "
+            "([columns].<column>.unit).") in err.value.problems
+    (tmp_path / "t.csv").write_text("pid,hr,crp,y\nz,80,mg/L,1\na,70,1,1\nb,80,2,0\n")  # one stray cell: no such claim
+    with pytest.raises(SchemaError) as err:
+        ingest(read_table(tmp_path / "t.csv"), schema=wide(), dictionary=D)
+    assert not any("units row" in p for p in err.value.problems)
