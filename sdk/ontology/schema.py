@@ -74,9 +74,9 @@ class LongColumns(BaseModel):
 class MissingLabelPolicy(BaseModel):
     """What to do with patients whose label is missing: refuse (default) or drop and count.
 
-    ``missing_values``: the export's own spellings of "no value" (``["-", "?", "n.d."]``); a cell
-    that is exactly one of them (surrounding spaces aside) is read as missing, and counted in the
-    ingest report. Empty, ``NA``, ``n/a``, ``NULL`` and pandas' other spellings are always missing.
+    ``missing_values``: the export's own spellings of "no value" (``["-", "?", "n.d.", "-999"]``); a
+    cell that is exactly one of them (surrounding spaces aside; a number by value, so ``"-999"`` is
+    also -999.0 and ``-999,00``) is read as missing, in every column, and counted in the ingest report. Empty, ``NA``, ``n/a``, ``NULL`` and pandas' other spellings are always missing.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
