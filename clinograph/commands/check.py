@@ -133,7 +133,9 @@ def _summary(t, d, mapping: dict[str, str]) -> list[str]:
     if r.dropped_patients_missing_label:
         refused.append(f"patients dropped without a label: {r.dropped_patients_missing_label}")
     if r.declared_missing_cells:
-        refused.append(f"cells read as missing ([policy] missing_values): {r.declared_missing_cells}")
+        by = ", ".join(f"{c!r} {n}" for c, n in r.declared_missing_by_column.items())
+        refused.append(f"cells read as missing ([policy] missing_values): {r.declared_missing_cells}"
+                       + (f" (by column: {by})" if by else ""))
     if r.duplicate_observations_dropped:
         refused.append(f"exact duplicate observations dropped: {r.duplicate_observations_dropped}")
     return out + (["refused:", *(f"  {x}" for x in refused)] if refused else ["refused: nothing"])

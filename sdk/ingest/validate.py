@@ -92,7 +92,8 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
 
 def declared_missing(df: pd.DataFrame, schema: SiteSchema) -> pd.DataFrame:
     """``df`` with the cells that are one of ``[policy] missing_values`` set missing; how many is
-    ``attrs["declared_missing_cells"]`` (added to any earlier count)."""
+    ``attrs["declared_missing_cells"]`` (added to any earlier count), by column name in
+    ``attrs["declared_missing_by_column"]``."""
     tokens = {t.strip() for t in schema.policy.missing_values}
     if not tokens or isinstance(df.columns, pd.MultiIndex):
         return df
@@ -110,7 +111,11 @@ def declared_missing(df: pd.DataFrame, schema: SiteSchema) -> pd.DataFrame:
     if not hit.any():
         return df
     out = df.astype(object).mask(hit)
-    out.attrs = {**df.attrs, "declared_missing_cells": int(df.attrs.get("declared_missing_cells", 0)) + int(hit.sum())}
+    by_column = dict(df.attrs.get("declared_missing_by_column", {}))
+    for i in np.flatnonzero(hit.any(axis=0)):
+        by_column[str(df.columns[i])] = by_column.get(str(df.columns[i]), 0) + int(hit[:, i].sum())
+    out.attrs = {**df.attrs, "declared_missing_cells": int(df.attrs.get("declared_missing_cells", 0)) + int(hit.sum()),
+                 "declared_missing_by_column": by_column}
     return out
 
 
@@ -341,6 +346,7 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})),
                           encoding=df.attrs.get("encoding"), labelled=labels is not None,
                           declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
+                          declared_missing_by_column=dict(df.attrs.get("declared_missing_by_column", {})),
                           absent_columns=tuple(c for c in schema.columns if c not in df.columns))
     out_labels = labels[rows].astype(np.int64) if labels is not None else np.full(len(rows), -1, np.int64)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(ids[rows]),
@@ -505,6 +511,7 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})),
                           encoding=df.attrs.get("encoding"), duplicate_observations_dropped=n_dupes,
                           declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
+                          declared_missing_by_column=dict(df.attrs.get("declared_missing_by_column", {})),
                           labelled=labels_row is not None)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(uniq_ids[keep_p]),
                         patient=pat[ok], node=nodes[ok], value=values[ok], std_value=std.astype(np.float64),
