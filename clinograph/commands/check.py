@@ -59,7 +59,7 @@ def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str |
     import tomllib
 
     from clinograph.core.tomlio import read_toml_text
-    from clinograph.sdk.ingest import ingest, read_table
+    from clinograph.sdk.ingest import ingest, read_site_table
     from clinograph.sdk.ingest.sources import EhrSourceConfig, is_source_file, read_source
     from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
 
@@ -77,7 +77,7 @@ def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str |
         mapping = {f: f"codes of {f}" for f in extract.report.by_feature}
     else:
         site = SiteSchema.from_toml(schema_path)
-        df = read_table(table, delimiter=delimiter, decimal=decimal)
+        df = read_site_table(table, site, delimiter=delimiter, decimal=decimal)  # the flags win over the schema's
         lines += [f"site: {site.site} ({site.format} table)", f"rows read: {len(df)}"]
         if "delimiter" in df.attrs:
             lines.append(f"dialect: delimiter {df.attrs['delimiter']!r}, decimal {df.attrs['decimal']!r}, "
@@ -133,7 +133,9 @@ def _summary(t, d, mapping: dict[str, str]) -> list[str]:
     if r.dropped_patients_missing_label:
         refused.append(f"patients dropped without a label: {r.dropped_patients_missing_label}")
     if r.declared_missing_cells:
-        refused.append(f"cells read as missing ([policy] missing_values): {r.declared_missing_cells}")
+        by = ", ".join(f"{c!r} {n}" for c, n in r.declared_missing_by_column.items())
+        refused.append(f"cells read as missing ([policy] missing_values): {r.declared_missing_cells}"
+                       + (f" (by column: {by})" if by else ""))
     if r.duplicate_observations_dropped:
         refused.append(f"exact duplicate observations dropped: {r.duplicate_observations_dropped}")
     return out + (["refused:", *(f"  {x}" for x in refused)] if refused else ["refused: nothing"])

@@ -116,7 +116,7 @@ def _check_paths(model: Path, table: str, schema: Path, dictionary: Path, out: P
 
 
 def _read_patients(table: str, schema: Path, d, raw: dict) -> Source:  # noqa: ANN001 - a FeatureDictionary
-    from clinograph.sdk.ingest import ingest, read_table
+    from clinograph.sdk.ingest import ingest, read_site_table
     from clinograph.sdk.ingest.sources import EhrSourceConfig, is_source_file, read_source
     from clinograph.sdk.ontology import SiteSchema
 
@@ -135,7 +135,7 @@ def _read_patients(table: str, schema: Path, d, raw: dict) -> Source:  # noqa: A
         omop_id = config.omop.patient_id if config.omop is not None else "person_source_value"
         return Source(patients=extract.ingest(d), omop_id=omop_id, location=table)
     s = SiteSchema.from_toml(schema)
-    df = read_table(table)
+    df = read_site_table(table, s)
     if s.survival is not None:  # new patients: no follow-up yet; time/event columns are never features
         seen = tuple(c for c in (s.survival.time, s.survival.event) if c in df.columns)
         s = s.model_copy(update={"survival": None, "label": None, "unlabeled": True, "ignore": tuple(s.ignore) + seen})

@@ -121,7 +121,7 @@ def site_from_files(data: Path, *, config: HospitalConfig, dictionary: FeatureDi
     from clinograph.core.errors import ConfigError
 
     from ..federation.split import split_patients
-    from ..ingest import ingest, read_table
+    from ..ingest import ingest, read_site_table
     from ..ontology import SiteSchema
     from .federation import ConceptSite
     from .labels import concept_labels
@@ -130,7 +130,7 @@ def site_from_files(data: Path, *, config: HospitalConfig, dictionary: FeatureDi
     c = config.concepts
     table_path = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
     schema = SiteSchema.from_toml(data / "schema.toml")
-    df = read_table(table_path)
+    df = read_site_table(table_path, schema)
     table = ingest(df, schema=schema, dictionary=dictionary)
     labels = concept_labels(df, schema=schema, table=table, states=c.states)
     labels[c.task] = torch.from_numpy(np.asarray(table.labels, dtype=np.int64))

@@ -22,7 +22,7 @@ from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 
 from ..config import DP_DEFAULT_MODEL_LINE, HospitalConfig, dp_default_model
-from ..ingest import ingest, read_table
+from ..ingest import ingest, read_site_table
 from ..ontology import FeatureDictionary, SiteSchema
 from ..tasks import create_task
 from .build import build_hospital
@@ -66,7 +66,8 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
         return own(node_config=node_config, config=config, dictionary=dictionary, federation=federation,
                    identity=identity, data=data)
     table_path = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
-    table = ingest(read_table(table_path), schema=SiteSchema.from_toml(data / "schema.toml"), dictionary=dictionary)
+    schema = SiteSchema.from_toml(data / "schema.toml")
+    table = ingest(read_site_table(table_path, schema), schema=schema, dictionary=dictionary)
     cands = candidate_configs(config) or [Candidate(name="model", overrides={}, config=config)]
     refuse_under_dp(config, cands, where=str(data / "hospital.toml"))  # before anything runs
     state_dir = Path(str(node_config["state-dir"])) / "privacy"

@@ -40,7 +40,7 @@ from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 
 from ..config import SimulationConfig
-from ..ingest import ingest, read_table
+from ..ingest import ingest, read_site_table
 from ..ingest.table import PatientTable
 from ..ontology import FeatureDictionary, SiteSchema
 from ..outdir import output_folder
@@ -430,7 +430,7 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
             if schema.site != h.site:
                 problems.append(f"[hospitals] site {h.site!r}: its schema {h.schema_file} says site {schema.site!r}.")
                 continue
-            tables.append(ingest(read_table(h.table), schema=schema, dictionary=dictionary))
+            tables.append(ingest(read_site_table(h.table, schema), schema=schema, dictionary=dictionary))
         except SchemaError as exc:
             problems.extend(f"{h.site}: {p}" for p in exc.problems)
         except ConfigError as exc:  # a missing file: reported with the other hospitals' problems

@@ -132,7 +132,7 @@ def binary_coding_fix(key: str, feat: Feature, codes: list[str]) -> str:
 
 
 def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit: str | None,
-             problems: list[str], key: str) -> np.ndarray:
+             problems: list[str], key: str, at: np.ndarray | None) -> np.ndarray:
     where = f"Column {col!r} ({feat.id})"
     text = as_text(raw).str.strip()
     if pd.api.types.is_float_dtype(raw.dtype) or pd.api.types.is_integer_dtype(raw.dtype):
@@ -144,25 +144,25 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
     if bad.any():
         unit_like = bad & text.str.match(_UNIT_IN_CELL).to_numpy()
         if unit_like.any():
-            problems.append(f"{where}: {rows_text(unit_like)}: number with a unit string in the cell. Put the unit "
+            problems.append(f"{where}: {rows_text(unit_like, at)}: number with a unit string in the cell. Put the unit "
                             f"in the site schema ([columns].{key!r}.unit) and keep only numbers in the column.")
         grouped = bad & ~unit_like & text.str.match(_GROUPED).to_numpy(dtype=bool)
         if grouped.any():
-            problems.append(f"{where}: {rows_text(grouped)}: numbers with a comma that reads both as a thousands "
+            problems.append(f"{where}: {rows_text(grouped, at)}: numbers with a comma that reads both as a thousands "
                             "separator ('1,234' = 1234) and as a decimal comma (1.234), so they are not read. Export "
-                            "the numbers without thousands separators; if the commas are decimal commas, read the "
-                            "file with read_table(..., decimal=\",\").")
+                            "the numbers without thousands separators; if the commas are decimal commas, declare "
+                            "decimal = \",\" in the site schema (read_table(..., decimal=\",\"); check --decimal ,).")
         comma = bad & ~unit_like & ~grouped & decimal_comma_cells(text)
         if comma.any():
-            problems.append(f"{where}: {rows_text(comma)}: numbers written with a decimal comma. Read the file with "
-                            "read_table(..., decimal=\",\") (German/French Excel exports), or export it with "
-                            "decimal points.")
+            problems.append(f"{where}: {rows_text(comma, at)}: numbers written with a decimal comma. Declare decimal = "
+                            "\",\" in the site schema (read_table(..., decimal=\",\"); check --decimal ,) for "
+                            "German/French Excel exports, or export it with decimal points.")
         rest = bad & ~unit_like & ~grouped & ~comma
         for kind, mask in classify_text(text, rest):
-            problems.append(f"{where}: {rows_text(mask)}: {TEXT_KINDS[kind]}")
+            problems.append(f"{where}: {rows_text(mask, at)}: {TEXT_KINDS[kind]}")
     inf = present & np.isinf(num)
     if inf.any():
-        problems.append(f"{where}: {rows_text(inf)}: infinite value. Replace with a value or leave empty.")
+        problems.append(f"{where}: {rows_text(inf, at)}: infinite value. Replace with a value or leave empty.")
     scale, offset = 1.0, 0.0
     if unit is not None:
         try:
@@ -175,13 +175,13 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
     finite_in = present & np.isfinite(num)
     overflow = finite_in & ~np.isfinite(vals)
     if overflow.any():
-        problems.append(f"{where}: {rows_text(overflow)}: the value overflows when converted to {feat.unit}. "
+        problems.append(f"{where}: {rows_text(overflow, at)}: the value overflows when converted to {feat.unit}. "
                         "Check the unit in the site schema or correct the values.")
     ok = finite_in & np.isfinite(vals)
     huge = ok & (((vals > MAX_MAGNITUDE) & (feat.physical_max is None))
                  | ((vals < -MAX_MAGNITUDE) & (feat.physical_min is None)))
     if huge.any():
-        problems.append(f"{where}: {rows_text(huge)}: magnitude above {MAX_MAGNITUDE:g} after conversion to "
+        problems.append(f"{where}: {rows_text(huge, at)}: magnitude above {MAX_MAGNITUDE:g} after conversion to "
                         f"{feat.unit}, and the dictionary sets no physical limit on that side for {feat.id!r}. "
                         "Correct the values, or set physical_min/physical_max for the feature in the dictionary.")
         ok &= ~huge
@@ -189,13 +189,13 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
     hi = feat.physical_max if feat.physical_max is not None else np.inf
     impossible = ok & ((vals < lo) | (vals > hi))
     if impossible.any():
-        problems.append(f"{where}: {rows_text(impossible)}: physically impossible value after conversion to "
+        problems.append(f"{where}: {rows_text(impossible, at)}: physically impossible value after conversion to "
                         f"{feat.unit} (allowed {lo:g} to {hi:g}). Check the unit in the site schema or correct "
                         "the values.")
     ok &= ~impossible
     outside = ok & ~transform_domain(feat.transform, vals)
     if outside.any():
-        problems.append(f"{where}: {rows_text(outside)}: outside the domain of transform = "
+        problems.append(f"{where}: {rows_text(outside, at)}: outside the domain of transform = "
                         f"{feat.transform.value!r} declared for {feat.id!r} in the dictionary (needs values "
                         f"{TRANSFORM_DOMAIN[feat.transform]} in {feat.unit}). Correct the values or leave them empty "
                         "for missing; for labs with zeros use transform = \"log1p\".")
@@ -203,7 +203,7 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
     std = feat.standardise_array(np.where(ok, vals, np.nan))
     unstandardisable = ok & ~np.isfinite(std)
     if unstandardisable.any():
-        problems.append(f"{where}: {rows_text(unstandardisable)}: the value cannot be standardised with the "
+        problems.append(f"{where}: {rows_text(unstandardisable, at)}: the value cannot be standardised with the "
                         f"reference range of {feat.id!r} (the result is not finite). Correct the values.")
         ok &= ~unstandardisable
     out = np.full(len(raw), np.nan)
@@ -212,7 +212,7 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
 
 
 def _coded(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, coding: dict[str, float] | None,
-           problems: list[str], key: str) -> np.ndarray:
+           problems: list[str], key: str, at: np.ndarray | None) -> np.ndarray:
     where = f"Column {col!r} ({feat.id})"
     norm = as_text(raw).map(normalise_code)
     if coding is not None:
@@ -226,14 +226,14 @@ def _coded(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, coding:
     if bad.any():
         seen = _codes_seen(raw, bad)
         if coding is not None:
-            problems.append(f"{where}: {rows_text(bad)}: codes not in the coding declared for this column "
+            problems.append(f"{where}: {rows_text(bad, at)}: codes not in the coding declared for this column "
                             f"(seen: {seen}). Add them to [columns].{key!r}.coding, or leave the cells empty.")
         elif feat.kind == FeatureKind.BINARY:
-            problems.append(f"{where}: {rows_text(bad)}: codes that are not a declared binary coding (seen: {seen}); "
+            problems.append(f"{where}: {rows_text(bad, at)}: codes that are not a declared binary coding (seen: {seen}); "
                             f"without a coding only {DEFAULT_CODES_TEXT} are read. " + binary_coding_fix(
                                 key, feat, shown_codes(_code_counts(raw, present))))
         else:
-            problems.append(f"{where}: {rows_text(bad)}: codes that are not levels {list(feat.levels)} of the "
+            problems.append(f"{where}: {rows_text(bad, at)}: codes that are not levels {list(feat.levels)} of the "
                             f"dictionary (seen: {seen}). Declare a level map in the site schema, e.g. "
                             f"[columns.{key!r}] coding = {{ \"1\" = {feat.levels[0]!r} }}.")
     out = np.full(len(raw), np.nan)
@@ -243,20 +243,23 @@ def _coded(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, coding:
 
 
 def parse_cells(col: str, raw: pd.Series, feat: Feature, unit: str | None, problems: list[str], *,
-                coding: dict[str, float] | None = None, key: str | None = None) -> np.ndarray:
+                coding: dict[str, float] | None = None, key: str | None = None,
+                rows: np.ndarray | None = None) -> np.ndarray:
     """Parse one column into canonical-unit floats (NaN = missing); append problems.
 
     Binary cells become 0/1, categorical cells the level index. ``coding`` is the column's
-    declared coding (normalised code -> value); ``key`` the column's name in the site schema.
+    declared coding (normalised code -> value); ``key`` the column's name in the site schema;
+    ``rows`` the table's 0-based row of each cell when ``raw`` is some of its rows (messages name
+    table rows), None when ``raw`` is a whole column.
     """
     raw = raw.reset_index(drop=True)
     present = present_mask(raw)
     key = col if key is None else key
     before = len(problems)
     if feat.kind == FeatureKind.NUMERIC:
-        out = _numeric(col, raw, present, feat, unit, problems, key)
+        out = _numeric(col, raw, present, feat, unit, problems, key, rows)
     else:
-        out = _coded(col, raw, present, feat, coding, problems, key)
+        out = _coded(col, raw, present, feat, coding, problems, key, rows)
     if present.sum() == 0 or (np.isnan(out).all() and len(problems) == before):  # else its cells' problems say why
         problems.append(f"Column {col!r} ({feat.id}) has no usable value at all. Remove it from [columns] or list it "
                         "under ignore.")

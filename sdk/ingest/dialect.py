@@ -18,11 +18,15 @@ import re
 import numpy as np
 import pandas as pd
 
+from .rows import rows_text
+
 DELIMITERS = (",", ";", "\t", "|")
 DECIMALS = (".", ",")
 _NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
 _COMMA_NUMBER = re.compile(r"^\s*[-+]?(?:\d{1,3}(?:\.\d{3})+|\d+),\d+(?:[eE][-+]?\d+)?\s*$")
 _DOT_NUMBER = re.compile(r"^\s*[-+]?\d*\.\d+(?:[eE][-+]?\d+)?\s*$")
+#: '1.150': a decimal point, or a decimal-comma locale's thousands separator (1150)
+_DOT_GROUPED = re.compile(r"^\s*[-+]?[1-9]\d{0,2}(?:\.\d{3})+\s*$")
 _SAMPLE_LINES = 20
 
 
@@ -82,8 +86,9 @@ def dialect_hint(text: str, used: str) -> str:
         return ""
     d = good[0]
     locale = " (as German or French Excel writes it)" if d == ";" else ""
-    return (f" The file looks {name(d)}-separated{locale}, not {name(used)}-separated: read it with "
-            f"delimiter={d!r}, or leave the delimiter unset to detect it.")
+    return (f" The file looks {name(d)}-separated{locale}, not {name(used)}-separated: declare "
+            f"delimiter = {d!r} in the site schema (read_table(..., delimiter={d!r}); check --delimiter), or leave "
+            "the delimiter unset to detect it.")
 
 
 def detect_decimal(df: pd.DataFrame) -> str:
@@ -92,16 +97,27 @@ def detect_decimal(df: pd.DataFrame) -> str:
     for i in range(df.shape[1]):  # by position: labels may repeat (reported later by ingest)
         cells = df.iloc[:, i].dropna().astype(str)
         commas += int(cells.str.match(_COMMA_NUMBER).sum())
-        dots += int(cells.str.match(_DOT_NUMBER).sum())
+        dots += int((cells.str.match(_DOT_NUMBER) & ~cells.str.match(_DOT_GROUPED)).sum())  # '1.150': either
     return "," if commas and not dots else "."
 
 
 def apply_decimal_comma(df: pd.DataFrame) -> pd.DataFrame:
     """Numbers written with a decimal comma (``72,5``, ``1.234,5``) rewritten with a point.
 
-    Only cells that are wholly such a number change; codes and text stay as they are.
+    Only cells that are wholly such a number change; codes and text stay as they are. Cells
+    like ``1.150`` -- 1150 with the locale's thousands point, or 1.15 with a decimal point --
+    are left as they are and their data-row indices (0-based) recorded by column name in
+    ``attrs["point_grouped"]``, for ingestion to refuse them.
     """
     out = df.copy()
+    grouped: dict[str, tuple[int, ...]] = {}
+    for i in range(out.shape[1]):
+        cells = out.iloc[:, i]
+        hit = cells.notna().to_numpy() & cells.astype(str).str.match(_DOT_GROUPED).to_numpy(dtype=bool)
+        if hit.any():
+            key = str(out.columns[i])
+            grouped[key] = tuple(sorted({*grouped.get(key, ()), *np.flatnonzero(hit).tolist()}))
+    out.attrs["point_grouped"] = grouped
     for i in range(out.shape[1]):  # by position: labels may repeat (reported later by ingest)
         cells = out.iloc[:, i]
         text = cells.astype(str)
@@ -110,6 +126,22 @@ def apply_decimal_comma(df: pd.DataFrame) -> pd.DataFrame:
             fixed = text.str.strip().str.replace(".", "", regex=False).str.replace(",", ".", regex=False)
             out.iloc[:, i] = cells.astype(object).where(~hit, fixed)
     return out
+
+
+def point_grouped_cells(df: pd.DataFrame, col: str) -> np.ndarray:
+    """True at the cells of ``col`` that a decimal-comma table holds like '1.150' (1150 or 1.15),
+    as :func:`apply_decimal_comma` recorded them (``df.attrs["point_grouped"]``)."""
+    out = np.zeros(len(df), dtype=bool)
+    rows = [r for r in df.attrs.get("point_grouped", {}).get(str(col), ()) if r < len(df)]
+    out[rows] = True
+    return out
+
+
+def point_grouped_problem(where: str, mask: np.ndarray) -> str:
+    """The problem of the cells ``mask`` of a column of a decimal-comma table (``attrs["point_grouped"]``)."""
+    return (f"{where}: {rows_text(mask)}: numbers with a point that reads both as a thousands separator (in a "
+            "decimal-comma file '1.234' is 1234) and as a decimal point (1.234), so they are not read. Export the "
+            "numbers without thousands separators, or write them with a decimal comma ('1234' or '1,234').")
 
 
 def decimal_comma_cells(text: pd.Series) -> np.ndarray:

@@ -95,12 +95,8 @@ class EhrExtract:
         except SchemaError as exc:  # rows of the long table mean nothing to the user: name the source records
             if RECORD not in self.table:
                 raise
-            problems = []
-            for p in exc.problems:  # a value problem counts rows within its feature's rows (ingest's parse_cells)
-                feature = _VALUE_OF.match(p)
-                rows = self.table[self.table["feature"] == feature.group(1)] if feature else self.table
-                records = rows[RECORD].to_numpy(dtype=object)
-                problems.append(_ROWS.sub(lambda m, r=records: _records(m, r), p))
+            records = self.table[RECORD].to_numpy(dtype=object)  # ingest's rows are the long table's rows
+            problems = [_ROWS.sub(lambda m: _records(m, records), p) for p in exc.problems]
             raise type(exc)(problems, title=f"{self.report.source} extract of site {self.schema.site!r} cannot be "
                                             "ingested") from None
 
@@ -111,7 +107,6 @@ class EhrExtract:
 
 #: the long table's column naming each row's source record (ignored by ingest, used in its errors)
 RECORD = "source_record"
-_VALUE_OF = re.compile(r"^Column 'value\[([^\]]+)\]'")
 _ROWS = re.compile(r"\brows? (\d+(?:, \d+)*)(?: \(and (\d+) more\))?")
 
 

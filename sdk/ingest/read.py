@@ -25,6 +25,7 @@ import pandas as pd
 from clinograph.core.errors import ConfigError, SchemaError
 from clinograph.core.fileio import NotRegularFile, read_regular
 
+from ..ontology.schema import SiteSchema
 from .dialect import DECIMALS, apply_decimal_comma, detect_decimal, detect_delimiter, dialect_hint
 from .dialect import name as delimiter_name
 from .rows import rows_text
@@ -195,3 +196,11 @@ def read_table(path: str | Path, *, delimiter: str | None = None, decimal: str |
         df = apply_decimal_comma(df)
     df.attrs.update(encoding=encoding, delimiter=delim, decimal=dec)
     return df
+
+
+def read_site_table(path: str | Path, schema: SiteSchema, *, delimiter: str | None = None,
+                    decimal: str | None = None) -> pd.DataFrame:
+    """:func:`read_table` in the dialect the site schema declares (``delimiter``, ``decimal``);
+    an argument given here wins over the schema's, and what neither gives is detected."""
+    return read_table(path, delimiter=delimiter if delimiter is not None else schema.delimiter,
+                      decimal=decimal if decimal is not None else schema.decimal)

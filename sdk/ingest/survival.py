@@ -26,6 +26,7 @@ from ..ontology.codes import normalise_code
 from ..ontology.schema import SiteSchema, SurvivalColumns
 from ..ontology.units import conversion
 from .cells import as_text, present_mask
+from .dialect import point_grouped_cells, point_grouped_problem
 from .rows import rows_text
 from .table import PatientTable, SurvivalTarget
 
@@ -121,6 +122,8 @@ def survival_input(df: pd.DataFrame, *, schema: SiteSchema) -> SurvivalInput:
         problems.append(f"Event column {spec.event!r}: {rows_text(~has_e)}: no event status. Fill it (1 event, "
                         "0 censored) or set [policy] missing_label = \"drop\".")
     time = _times(df[spec.time], spec, has_t, problems)
+    if (grouped := has_t & point_grouped_cells(df, spec.time)).any():  # '1.150' in a decimal-comma file
+        problems.append(point_grouped_problem(f"Time column {spec.time!r}", grouped))
     with np.errstate(over="ignore", invalid="ignore"):
         too_long = has_t & np.isfinite(time) & ~(time * scale <= MAX_FOLLOW_UP_DAYS)  # inf after conversion too
     if too_long.any():

@@ -36,6 +36,8 @@ class IngestReport:
     labelled: bool = True
     #: cells read as missing because they are one of the site schema's [policy] missing_values
     declared_missing_cells: int = 0
+    #: the same cells by column name (a long table: its value column, or whichever column held them)
+    declared_missing_by_column: dict[str, int] = field(default_factory=dict)
     #: wide tables: site schema [columns] absent from the table (their features are missing for every patient)
     absent_columns: tuple[str, ...] = ()
 

@@ -10,6 +10,7 @@ the unit vocabulary; other codes are counted, not shown.
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from difflib import get_close_matches
@@ -20,7 +21,7 @@ import pandas as pd
 from clinograph.core.errors import SchemaError
 
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
-from ..ontology.schema import SiteSchema
+from ..ontology.schema import SiteSchema, coding_problems
 from ..ontology.units import EXAMPLE_UNITS, conversion, is_known_unit, normalise_unit, same_unit
 from .cells import as_text, date_cells, parse_cells, parse_labels, present_mask
 from .columns import (
@@ -32,6 +33,7 @@ from .columns import (
     one_column_per_feature,
     resolve,
 )
+from .dialect import point_grouped_cells, point_grouped_problem
 from .read import read_table
 from .rows import rows_text
 from .survival import survival_input, with_survival
@@ -90,17 +92,38 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
 
 def declared_missing(df: pd.DataFrame, schema: SiteSchema) -> pd.DataFrame:
     """``df`` with the cells that are one of ``[policy] missing_values`` set missing; how many is
-    ``attrs["declared_missing_cells"]`` (added to any earlier count)."""
+    ``attrs["declared_missing_cells"]`` (added to any earlier count), by column name in
+    ``attrs["declared_missing_by_column"]``."""
     tokens = {t.strip() for t in schema.policy.missing_values}
     if not tokens or isinstance(df.columns, pd.MultiIndex):
         return df
-    hit = np.column_stack([as_text(df.iloc[:, i]).str.strip().isin(tokens).to_numpy(dtype=bool)
-                           for i in range(df.shape[1])]) if df.shape[1] else np.zeros((len(df), 0), bool)
+    numbers = [float(t) for t in tokens if _is_number(t)]  # '-999' is also -999.0 and '-999,00' (decimal comma)
+
+    def hits(raw: pd.Series) -> np.ndarray:
+        text = as_text(raw).str.strip()
+        hit = text.isin(tokens).to_numpy(dtype=bool)
+        if numbers:
+            hit |= pd.to_numeric(text, errors="coerce").isin(numbers).to_numpy(dtype=bool)
+        return hit
+
+    hit = np.column_stack([hits(df.iloc[:, i]) for i in range(df.shape[1])]) if df.shape[1] \
+        else np.zeros((len(df), 0), bool)
     if not hit.any():
         return df
     out = df.astype(object).mask(hit)
-    out.attrs = {**df.attrs, "declared_missing_cells": int(df.attrs.get("declared_missing_cells", 0)) + int(hit.sum())}
+    by_column = dict(df.attrs.get("declared_missing_by_column", {}))
+    for i in np.flatnonzero(hit.any(axis=0)):
+        by_column[str(df.columns[i])] = by_column.get(str(df.columns[i]), 0) + int(hit[:, i].sum())
+    out.attrs = {**df.attrs, "declared_missing_cells": int(df.attrs.get("declared_missing_cells", 0)) + int(hit.sum()),
+                 "declared_missing_by_column": by_column}
     return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def schema_unit_problems(schema: SiteSchema, dictionary: FeatureDictionary) -> list[str]:
@@ -135,6 +158,21 @@ def _near_misses(df: pd.DataFrame, schema: SiteSchema, required: dict[str, str |
 def _level_nodes(index: dict[str, int], feat) -> np.ndarray:  # noqa: ANN001 - a dictionary Feature
     """The graph node of each level of a categorical feature, by level code (``<feature>=<level>``)."""
     return np.array([index[f"{feat.id}={lvl}"] for lvl in feat.levels], dtype=np.int64)
+
+
+def _units_row(df: pd.DataFrame, mapped: dict) -> str | None:
+    """The problem of a wide table whose first data row names units (``kg``, ``mg/dL``) in every
+    numeric column it fills -- at least two -- instead of values; None if it does not."""
+    if len(df) < 2:
+        return None
+    filled = [col for col, (feat, _) in mapped.items()
+              if feat.kind == FeatureKind.NUMERIC and present_mask(df[col].iloc[:1])[0]]
+    units = [col for col in filled if is_known_unit(str(df[col].iloc[0]).strip())]
+    if len(units) < 2 or len(units) != len(filled):
+        return None
+    return (f"Row 1 holds unit names in the numeric column(s) {', '.join(map(repr, units))}, not a patient's "
+            "values: the export has a units row under the header. Delete that row, and write each column's unit "
+            "in the site schema ([columns].<column>.unit).")
 
 
 def _finish(problems: list[str], schema: SiteSchema) -> None:
@@ -272,8 +310,15 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                             "has one row a patient; use format = \"long\" for repeated measurements.")
     parsed = {}
     for col, (feat, cm) in mapped.items():
+        if cm is not None and coding_problems(col, cm, feat):  # reported with the schema's: its cells are not read
+            parsed[col] = np.full(len(df), np.nan)
+            continue
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
         parsed[col] = parse_cells(col, df[col], feat, cm.unit if cm else None, problems, coding=coding)
+        if feat.kind == FeatureKind.NUMERIC and (grouped := point_grouped_cells(df, col)).any():
+            problems.append(point_grouped_problem(f"Column {col!r} ({feat.id})", grouped))
+    if (units_row := _units_row(df, mapped)) is not None:
+        problems.insert(0, units_row)
     labels = _labels(df, schema, problems)
     keep = _apply_label_policy(labels, schema, problems, df.columns) if labels is not None else np.ones(len(df), bool)
     _finish(problems, schema)
@@ -301,6 +346,7 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})),
                           encoding=df.attrs.get("encoding"), labelled=labels is not None,
                           declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
+                          declared_missing_by_column=dict(df.attrs.get("declared_missing_by_column", {})),
                           absent_columns=tuple(c for c in schema.columns if c not in df.columns))
     out_labels = labels[rows].astype(np.int64) if labels is not None else np.full(len(rows), -1, np.int64)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(ids[rows]),
@@ -401,10 +447,15 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         rows = codes == name
         unit_here = _row_unit(df, rows, name, feat, cm, schema, problems)
         units_used[name] = unit_here
+        if cm is not None and coding_problems(name, cm, feat):  # reported with the schema's: cells not read
+            feat_of_row[rows] = feature_pos[feat.id]
+            continue
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
         v = parse_cells(f"{lc.value}[{name}]", df.loc[rows, lc.value], feat, unit_here, problems, coding=coding,
-                        key=name)
+                        key=name, rows=np.flatnonzero(rows))
         parsed[rows] = v
+        if feat.kind == FeatureKind.NUMERIC and (grouped := rows & point_grouped_cells(df, lc.value)).any():
+            problems.append(point_grouped_problem(f"Column {f'{lc.value}[{name}]'!r} ({feat.id})", grouped))
         feat_of_row[rows] = feature_pos[feat.id]
         if feat.kind == FeatureKind.CATEGORICAL:
             nodes[rows] = np.where(np.isnan(v), -1, _level_nodes(index, feat)[np.nan_to_num(v).astype(np.int64)])
@@ -460,6 +511,7 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
                           features_present=tuple(sorted({f.id for f, _ in mapped.values()})),
                           encoding=df.attrs.get("encoding"), duplicate_observations_dropped=n_dupes,
                           declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
+                          declared_missing_by_column=dict(df.attrs.get("declared_missing_by_column", {})),
                           labelled=labels_row is not None)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(uniq_ids[keep_p]),
                         patient=pat[ok], node=nodes[ok], value=values[ok], std_value=std.astype(np.float64),

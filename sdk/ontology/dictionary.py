@@ -123,54 +123,71 @@ class Feature(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Feature:
+        problems = self._problems()  # every problem of the feature at once, in one message
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _problems(self) -> list[str]:
+        out = []
+        finite = True
         for bound in ("reference_low", "reference_high", "physical_min", "physical_max"):
             v = getattr(self, bound)
             if v is not None and not math.isfinite(v):
-                raise ValueError(f"feature {self.id!r}: {bound} is {'NaN' if math.isnan(v) else 'infinite'}; it must "
-                                 "be a finite number (leave a physical limit out if there is none)")
+                finite = False
+                out.append(f"feature {self.id!r}: {bound} is {'NaN' if math.isnan(v) else 'infinite'}; it must "
+                           "be a finite number (leave a physical limit out if there is none)")
+        ranged = False  # a reference range to check against the transform and the physical limits
         if self.kind == FeatureKind.NUMERIC:
             if self.reference_low is None or self.reference_high is None:
-                raise ValueError(f"numeric feature {self.id!r} needs reference_low and reference_high (public ranges)")
-            if not self.reference_low < self.reference_high:
-                raise ValueError(f"feature {self.id!r}: reference_low must be < reference_high")
-            bounds = np.array([self.reference_low, self.reference_high])
-            if not transform_domain(self.transform, bounds).all():
-                raise ValueError(f"feature {self.id!r}: transform = {self.transform.value!r} needs values "
-                                 f"{TRANSFORM_DOMAIN[self.transform]}, but the reference range is not; use a range "
-                                 "inside that domain (in the canonical unit) or another transform")
+                out.append(f"numeric feature {self.id!r} needs reference_low and reference_high (public ranges)")
+            elif finite and not self.reference_low < self.reference_high:
+                out.append(f"feature {self.id!r}: reference_low must be < reference_high")
+            elif finite:
+                ranged = True
+                bounds = np.array([self.reference_low, self.reference_high])
+                if not transform_domain(self.transform, bounds).all():
+                    out.append(f"feature {self.id!r}: transform = {self.transform.value!r} needs values "
+                               f"{TRANSFORM_DOMAIN[self.transform]}, but the reference range is not; use a range "
+                               "inside that domain (in the canonical unit) or another transform")
         elif self.transform != Transform.NONE or self.scale_center is not None or self.scale_half_width is not None:
-            raise ValueError(f"feature {self.id!r} is {self.kind.value}: transform and scale_center/"
-                             "scale_half_width apply to numeric features only; remove them")
+            out.append(f"feature {self.id!r} is {self.kind.value}: transform and scale_center/"
+                       "scale_half_width apply to numeric features only; remove them")
         if (self.scale_center is None) != (self.scale_half_width is None):
-            raise ValueError(f"feature {self.id!r}: set both scale_center and scale_half_width, or neither")
+            out.append(f"feature {self.id!r}: set both scale_center and scale_half_width, or neither")
         if self.kind == FeatureKind.CATEGORICAL and len(self.levels) < 2:
-            raise ValueError(f"categorical feature {self.id!r} needs at least two levels")
+            out.append(f"categorical feature {self.id!r} needs at least two levels")
         norm = [normalise_code(lvl) for lvl in self.levels]
         same = sorted({lvl for lvl, n in zip(self.levels, norm, strict=True) if norm.count(n) > 1})
         if same or any(not n for n in norm):
-            raise ValueError(f"feature {self.id!r}: levels must be non-empty and distinct ignoring case, spaces "
-                             f"and number formatting; these coincide: {same}")
-        if (self.physical_min is not None and self.physical_max is not None
-                and not self.physical_min < self.physical_max):
-            raise ValueError(f"feature {self.id!r}: physical_min must be < physical_max")
+            out.append(f"feature {self.id!r}: levels must be non-empty and distinct ignoring case, spaces "
+                       f"and number formatting; these coincide: {same}")
+        limits = True
+        if finite and (self.physical_min is not None and self.physical_max is not None
+                       and not self.physical_min < self.physical_max):
+            limits = False
+            out.append(f"feature {self.id!r}: physical_min must be < physical_max")
         if self.kind == FeatureKind.NUMERIC:
-            self._numeric_unit_and_range()
-        return self
+            out.extend(self._numeric_unit_and_range(ranged and limits))
+        return out
 
-    def _numeric_unit_and_range(self) -> None:
+    def _numeric_unit_and_range(self, ranged: bool) -> list[str]:
         """The canonical unit is one pint reads (else every schema unit fails to convert, late, at
-        each hospital), and the public reference range lies inside the physical limits."""
+        each hospital), and the public reference range lies inside the physical limits (``ranged``:
+        the range and the limits are valid on their own)."""
         from .units import EXAMPLE_UNITS, is_known_unit
 
+        out = []
         if not is_known_unit(self.unit):
-            raise ValueError(f"feature {self.id!r}: unit {self.unit!r} is not a unit pint reads; write it in UCUM "
-                             f"(e.g. {', '.join(EXAMPLE_UNITS)})")
+            out.append(f"feature {self.id!r}: unit {self.unit!r} is not a unit pint reads; write it in UCUM "
+                       f"(e.g. {', '.join(EXAMPLE_UNITS)})")
         lo, hi = self.physical_min, self.physical_max
-        if (lo is not None and self.reference_low < lo) or (hi is not None and self.reference_high > hi):
-            raise ValueError(f"feature {self.id!r}: the reference range {self.reference_low:g} to "
-                             f"{self.reference_high:g} is not inside the physical limits "
-                             f"{'-inf' if lo is None else f'{lo:g}'} to {'inf' if hi is None else f'{hi:g}'}; "
-                             "fix one of them")
+        if ranged and ((lo is not None and self.reference_low < lo) or (hi is not None and self.reference_high > hi)):
+            out.append(f"feature {self.id!r}: the reference range {self.reference_low:g} to "
+                       f"{self.reference_high:g} is not inside the physical limits "
+                       f"{'-inf' if lo is None else f'{lo:g}'} to {'inf' if hi is None else f'{hi:g}'}; "
+                       "fix one of them")
+        return out
 
     def code_keys(self) -> set[str]:
         """Codes that name this feature in exchange formats, normalised as ``SYSTEM/CODE``.

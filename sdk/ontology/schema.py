@@ -7,6 +7,7 @@ Loaded from TOML, e.g.::
     patient_id = "mrn"
     label = "outcome"
     ignore = ["ward"]          # dropped on purpose; counted in the ingest report
+    decimal = ","              # optional: the CSV dialect (also delimiter = ";"), else detected
 
     [columns]
     "HR" = { feature = "heart_rate", unit = "bpm" }
@@ -73,9 +74,9 @@ class LongColumns(BaseModel):
 class MissingLabelPolicy(BaseModel):
     """What to do with patients whose label is missing: refuse (default) or drop and count.
 
-    ``missing_values``: the export's own spellings of "no value" (``["-", "?", "n.d."]``); a cell
-    that is exactly one of them (surrounding spaces aside) is read as missing, and counted in the
-    ingest report. Empty, ``NA``, ``n/a``, ``NULL`` and pandas' other spellings are always missing.
+    ``missing_values``: the export's own spellings of "no value" (``["-", "?", "n.d.", "-999"]``); a
+    cell that is exactly one of them (surrounding spaces aside; a number by value, so ``"-999"`` is
+    also -999.0 and ``-999,00``) is read as missing, in every column, and counted in the ingest report. Empty, ``NA``, ``n/a``, ``NULL`` and pandas' other spellings are always missing.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -129,6 +130,10 @@ class SiteSchema(BaseModel):
     #: the binary label's local codes -> 1/0 (``{"dead" = 1, "alive" = 0}``), read instead of the
     #: default 0/1, true/false, yes/no, Y/N (Y: the outcome happened); None: the default
     label_codes: dict[str, Literal[0, 1]] | None = None
+    #: the CSV export's field delimiter and decimal separator, for every reader of this hospital's
+    #: table (check, simulate, a SuperNode, predict); None: detected (sdk/ingest/dialect.py)
+    delimiter: str | None = Field(default=None, pattern=r"^[^\r\n\"']$")
+    decimal: Literal[".", ","] | None = None
 
     @model_validator(mode="after")
     def _label_declared(self) -> SiteSchema:
@@ -197,7 +202,7 @@ class SiteSchema(BaseModel):
                                 "Fix the feature name under [columns].")
                 continue
             feat = dictionary.get(cm.feature)
-            problems.extend(_coding_problems(col, cm, feat))
+            problems.extend(coding_problems(col, cm, feat))
             if cm.unit is not None and feat.kind == FeatureKind.NUMERIC:
                 try:
                     conversion(feature=feat.id, analyte=feat.analyte, source=cm.unit, target=feat.unit,
@@ -213,7 +218,7 @@ class SiteSchema(BaseModel):
             raise SchemaError(problems, title=f"Site schema {self.site!r} does not fit the dictionary")
 
 
-def _coding_problems(col: str, cm: ColumnMap, feat: Feature) -> list[str]:
+def coding_problems(col: str, cm: ColumnMap, feat: Feature) -> list[str]:
     """Everything wrong with one column's declared coding (empty if none is declared)."""
     if cm.coding is None:
         return []

@@ -125,3 +125,19 @@ def test_check_prints_hostile_column_names_escaped(tmp_path):
     r = _run(_schema_file(tmp_path, schema.model_copy(update={"ignore": (hostile,)})), tmp_path / "t.csv")
     assert r.exit_code == 0, r.output
     assert "\x1b" not in r.output and "\u202e" not in r.output and "columns ignored: 'note\\x1b[2J\\u202e'" in r.output
+
+
+def test_check_names_the_columns_whose_cells_a_declared_missing_value_blanked(tmp_path):
+    # before: only the total ("cells read as missing ([policy] missing_values): 3"): a sentinel such as 99 that
+    # is also a real value somewhere (a heart rate of 99) was blanked there without the preview saying where
+    from clinograph.commands.check import preview
+
+    (tmp_path / "d.toml").write_text('name = "d"\nversion = 1\n[[features]]\nid = "heart_rate"\nname = "HR"\n'
+                                     'kind = "numeric"\nunit = "/min"\nreference_low = 60\nreference_high = 100\n'
+                                     '[[features]]\nid = "smoker"\nname = "Smoker"\nkind = "binary"\n')
+    (tmp_path / "s.toml").write_text('site = "h"\npatient_id = "pid"\nlabel = "y"\n[columns.HR]\n'
+                                     'feature = "heart_rate"\n[columns.smokes]\nfeature = "smoker"\n'
+                                     '[policy]\nmissing_values = ["99"]\n')
+    (tmp_path / "t.csv").write_text("pid,HR,smokes,y\na,99,1,0\nb,99.0,99,1\nc,70,0,0\n")
+    lines = preview(tmp_path / "s.toml", str(tmp_path / "t.csv"), dictionary=tmp_path / "d.toml")
+    assert "  cells read as missing ([policy] missing_values): 3 (by column: 'HR' 2, 'smokes' 1)" in lines

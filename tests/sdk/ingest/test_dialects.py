@@ -3,7 +3,8 @@
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import ColumnMap
-from tables_helpers import CANARY, D, wide
+from pydantic import ValidationError
+from tables_helpers import CANARY, D, long, wide
 
 from clinograph.core.errors import ConfigError, SchemaError
 
@@ -53,7 +54,8 @@ def test_decimal_commas_without_the_declaration_are_named_not_quoted(tmp_path):
     with pytest.raises(SchemaError) as err:
         ingest(df, schema=wide(), dictionary=D)
     text = str(err.value)
-    assert "row 1: numbers written with a decimal comma. Read the file with read_table(..., decimal=\",\")" in text
+    assert ("row 1: numbers written with a decimal comma. Declare decimal = \",\" in the site schema "
+            "(read_table(..., decimal=\",\"); check --decimal ,)") in text
     assert "row 3: text where a number is expected" in text
     assert CANARY not in text and "72" not in text
 
@@ -67,3 +69,44 @@ def test_comma_files_are_unchanged(tmp_path):
     df = read_table(_write(tmp_path, "pid,hr,y\na,\"72,5\",1\nb,80.5,0\n"))
     assert (df.attrs["delimiter"], df.attrs["decimal"]) == (",", ".")
     assert df["hr"].tolist() == ["72,5", "80.5"]
+
+
+@pytest.mark.parametrize("decimal", [None, ","])
+def test_a_point_grouped_number_in_a_decimal_comma_file_is_refused_not_read_a_thousand_times_smaller(tmp_path, decimal):
+    # before: '1.150' (German Excel's 1150 kcal) in a decimal-comma file was read as 1.15, silently,
+    # declared or detected (the detection counted it as a decimal point and chose '.')
+    text = "pid;crp;hr;y\na;1.150;72,5;1\nb;2,5;80;0\nc;1,150;60;0\n"
+    df = read_table(_write(tmp_path, text), decimal=decimal)
+    assert df.attrs["decimal"] == ","
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    assert err.value.problems == [
+        "Column 'crp' (crp): row 1: numbers with a point that reads both as a thousands separator (in a "
+        "decimal-comma file '1.234' is 1234) and as a decimal point (1.234), so they are not read. Export the "
+        "numbers without thousands separators, or write them with a decimal comma ('1234' or '1,234')."]
+    fixed = text.replace("1.150", "1150") + "d;0.125;61;1\n"  # a point not grouping digits by three: a decimal
+    ok = ingest(read_table(_write(tmp_path, fixed), decimal=","), schema=wide(), dictionary=D)
+    assert sorted(ok.value[ok.node == D.node_index()["crp"]].tolist()) == [0.125, 1.15, 2.5, 1150.0]
+
+
+def test_a_point_grouped_number_in_a_long_decimal_comma_file_is_refused(tmp_path):
+    text = "pid;t;code;v;unit;y\na;0;crp;1.150;mg/L;1\na;1;hr;72,5;/min;1\nb;0;crp;2,5;mg/L;0\n"
+    with pytest.raises(SchemaError, match=r"Column 'v\[crp\]' \(crp\): row 1: numbers with a point that reads both"):
+        ingest(read_table(_write(tmp_path, text)), schema=long(), dictionary=D)
+
+
+def test_the_site_schema_declares_the_exports_dialect(tmp_path):
+    # before: a dialect detection could not settle (a ';' file mixing '72,5' and '80.5') was fixable only through
+    # read_table(..., decimal=",") or check --decimal (tests/sdk/federation/test_load_tables.py: simulate)
+    from clinograph.sdk.ingest.read import read_site_table
+
+    path = _write(tmp_path, "pid;hr;y\na;72,5;1\nb;80.5;0\n")
+    german = wide(decimal=",")
+    assert read_site_table(path, german).attrs["decimal"] == ","
+    assert sorted(ingest(read_site_table(path, german), schema=german, dictionary=D).value.tolist()) == [72.5, 80.5]
+    assert read_site_table(path, german, decimal=".").attrs["decimal"] == "."  # an explicit argument wins
+    assert read_site_table(path, wide(delimiter=";", decimal=",")).attrs["delimiter"] == ";"
+    with pytest.raises(ValidationError, match="decimal"):
+        wide(decimal=";")
+    with pytest.raises(ValidationError, match="delimiter"):
+        wide(delimiter='"')

@@ -518,3 +518,66 @@ def test_integer_ids_stored_as_floats_or_bytes_keep_the_hospitals_spelling(tmp_p
     for pid in ([1.5, 2.0, 3.0], [2.0**60, 2.0, 3.0]):
         with pytest.raises(SchemaError, match=r"row 1: ids stored as floating-point numbers that are not whole or are"):
             ids(pid)
+
+
+def test_declared_missing_numbers_match_whatever_their_number_format(tmp_path):
+    # before: missing_values = ["-999"] did not match a Parquet/DataFrame float -999.0 nor a CSV '-999,00'
+    # or '-999.0': the marker was read as a value (CRP -999 mg/L: no physical limit, silently a value)
+    df = pd.DataFrame({"pid": ["a", "b", "c"], "crp": [-999.0, 3.0, 4.0], "hr": ["-999.00", "70", " -999 "],
+                       "y": [1, 0, 1]})
+    df.to_parquet(tmp_path / "t.parquet")
+    (tmp_path / "t.csv").write_text("pid;crp;hr;y\na;-999,00;70;1\nb;3,5;-999;0\nc;4;80;1\n")
+    schema = wide(policy={"missing_values": ["-999", "n.d."]})
+    for given in (df, read_table(tmp_path / "t.parquet"), read_table(tmp_path / "t.csv")):
+        t = ingest(given, schema=schema, dictionary=D)
+        assert t.report.declared_missing_cells == 2 + (given["hr"].iloc[2] != "80")
+        assert -999.0 not in t.value.tolist() and t.report.observations == 6 - t.report.declared_missing_cells
+    assert ingest(pd.DataFrame({"pid": ["a", "b"], "crp": ["N.D.", "1"], "y": [0, 1]}),  # text: exact, as before
+                  schema=wide(policy={"missing_values": ["N.D."]}), dictionary=D).report.declared_missing_cells == 1
+
+
+def test_a_long_tables_cell_problems_name_the_tables_rows_not_the_rows_of_that_feature_code():
+    # before: rows were counted among one code's rows: 'x40' on data row 4 was "row 2", 1e9 on row 6 "row 3"
+    df = pd.DataFrame({"pid": ["a", "a", "b", "b", "c", "c", "c"], "t": [0, 0, 0, 0, 0, 0, 1],
+                       "code": ["hr", "paco2", "hr", "paco2", "hr", "paco2", "ward"],
+                       "v": ["70", "40", "80", "x40", "90", "1e9", "nowhere"], "unit": [None] * 7, "y": [1, 1, 0, 0, 1, 1, 1]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=long(), dictionary=D)
+    assert err.value.problems[:2] == [
+        "Column 'v[paco2]' (paco2): row 4: text where a number is expected. Clean these cells or leave them empty for "
+        "missing.",
+        "Column 'v[paco2]' (paco2): row 6: physically impossible value after conversion to mmHg (allowed 0 to 300). "
+        "Check the unit in the site schema or correct the values."]
+    assert err.value.problems[2].startswith("Column 'v[ward]' (ward): row 7: codes that are not levels")
+
+
+@pytest.mark.parametrize("fmt", ["wide", "long"])
+def test_a_column_whose_coding_is_refused_is_not_also_blamed_for_its_cells(fmt):
+    # before: coding = { "2" = 1, "1" = 2 } gave the coding's problem and, for every '1' cell, "codes not in the
+    # coding declared for this column (seen: '1')" -- but '1' is declared; its value is what is wrong
+    coding = {"2": 1, "1": 2}
+    if fmt == "wide":
+        df = pd.DataFrame({"pid": ["a", "b", "c"], "Sex": ["1", "2", "1"], "hr": [70, 80, 90], "y": [0, 1, 0]})
+        schema = wide(columns={"Sex": ColumnMap(feature="sex", coding=coding)})
+    else:
+        df = pd.DataFrame({"pid": ["a", "b", "c"], "t": [0] * 3, "code": ["Sex"] * 3, "v": ["1", "2", "1"],
+                           "unit": [None] * 3, "y": [0, 1, 0]})
+        schema = long(columns={"Sex": ColumnMap(feature="sex", coding=coding)})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=schema, dictionary=D)
+    assert err.value.problems == ["Column 'Sex' (sex, binary): coding values for ['1'] must be 0 or 1: 1 for the "
+                                  "code(s) that mean 'sex' (Sex) is true, 0 for the others."]
+
+
+def test_a_units_row_under_the_header_is_named_as_such(tmp_path):
+    # before: only "row 1: no id", "row 1: text where a number is expected" per column and "row 1: no label"
+    (tmp_path / "t.csv").write_text("pid,hr,crp,y\n,bpm,mg/L,\na,70,1,1\nb,80,2,0\n")
+    with pytest.raises(SchemaError) as err:
+        ingest(read_table(tmp_path / "t.csv"), schema=wide(), dictionary=D)
+    assert ("Row 1 holds unit names in the numeric column(s) 'hr', 'crp', not a patient's values: the export has a "
+            "units row under the header. Delete that row, and write each column's unit in the site schema "
+            "([columns].<column>.unit).") in err.value.problems
+    (tmp_path / "t.csv").write_text("pid,hr,crp,y\nz,80,mg/L,1\na,70,1,1\nb,80,2,0\n")  # one stray cell: no such claim
+    with pytest.raises(SchemaError) as err:
+        ingest(read_table(tmp_path / "t.csv"), schema=wide(), dictionary=D)
+    assert not any("units row" in p for p in err.value.problems)

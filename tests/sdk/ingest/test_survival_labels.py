@@ -76,3 +76,13 @@ def test_survival_input_without_a_survival_section_is_a_schema_error():
     plain = SiteSchema(site="h1", patient_id="pid", label="dead")
     with pytest.raises(SchemaError, match=r"no \[survival\] section"):
         survival_input(table(), schema=plain)
+
+
+def test_a_point_grouped_follow_up_time_in_a_decimal_comma_file_is_refused(tmp_path):
+    # before: '1.150' days (German Excel's 1150) in a decimal-comma file was read as 1.15 days, silently
+    from clinograph.sdk.ingest import read_table
+
+    (tmp_path / "t.csv").write_text("pid;age;fu;dead\na;50;1.150;yes\nb;60;25,5;no\nc;70;2,5;yes\n")
+    with pytest.raises(SchemaError, match=r"Time column 'fu': row 1: numbers with a point that reads both as a "
+                                          r"thousands separator"):
+        ingest(read_table(tmp_path / "t.csv"), schema=schema(time_unit="d"), dictionary=D)

@@ -80,3 +80,14 @@ def test_a_bad_feature_is_one_problem_with_its_fix(tmp_path, kw, message):
     with pytest.raises(ConfigError) as err:
         FeatureDictionary.from_toml(_one_feature_dictionary(tmp_path, **kw))
     assert f"(1 problem(s)):\n  - features.0: {message}" in str(err.value)
+
+
+def test_every_problem_of_a_feature_is_named_at_once(tmp_path):
+    # before: a feature's first problem only (fix the range, reload, then learn that the unit is unreadable)
+    with pytest.raises(ConfigError) as err:
+        FeatureDictionary.from_toml(_one_feature_dictionary(tmp_path, unit="blorp", reference_low=80.0,
+                                                            reference_high=40.0, physical_min=5.0, physical_max=1.0))
+    text = str(err.value)
+    for problem in ("reference_low must be < reference_high", "physical_min must be < physical_max",
+                    "unit 'blorp' is not a unit pint reads"):
+        assert problem in text
