@@ -115,6 +115,10 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
             prefix = f"{data.get('candidate')}: " if several and data.get("candidate") else ""
         elif kind == "stage_progress":
             status(prefix + stage_line(data))
+        elif kind == "hospital_one_class":
+            write(f"warning: hospital {data.get('site')}: every one of its {data.get('patients')} patients has label "
+                  f"{data.get('label')}; it cannot be evaluated alone (AUROC n/a) and pulls the shared model towards "
+                  "one class. Check its label column and coding (`clinograph check`).")
         elif kind == "round_closed":
             write(f"{prefix}round {data.get('round')} closed: "
                   f"{len(list(data.get('contributors') or []))} contributor(s)" + eta_line(data))

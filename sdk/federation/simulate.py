@@ -452,6 +452,21 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
     return tables, dictionary
 
 
+def one_class_hospitals(tables: Sequence[PatientTable], config: SimulationConfig) -> list[tuple[str, int, int]]:
+    """(site, its one label, patients) of every labelled hospital of a binary target whose patients
+    all carry the same label: it cannot be evaluated alone (AUROC undefined) and pulls a shared
+    model towards that class -- most often a label column or coding gone wrong (``clinograph
+    check`` warns the same)."""
+    if config.target.kind != "binary":
+        return []
+    out = []
+    for t in tables:
+        pos, neg = int((t.labels == 1).sum()), int((t.labels == 0).sum())
+        if t.report.labelled and t.n_patients and not (pos and neg):
+            out.append((t.site, 1 if pos else 0, t.n_patients))
+    return out
+
+
 def simulate_from_config(config: SimulationConfig, *,
                          on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
                          on_event: Callable[[str, Mapping[str, Any]], None] | None = None) -> SimulationResult:
@@ -459,6 +474,9 @@ def simulate_from_config(config: SimulationConfig, *,
     With ``[selection] candidates`` (default for binary NS-FL: :data:`.candidates.DEFAULT_BINARY_CANDIDATES`)
     every candidate runs and the lowest federated validation loss is kept (:mod:`.candidates`)."""
     tables, dictionary = load_tables(config)
+    if on_event is not None:
+        for site, label, n in one_class_hospitals(tables, config):
+            on_event("hospital_one_class", {"site": site, "label": label, "patients": n})
     output_folder(config.output, what="The config's `output`")
     audit_dir = config.output / "audit"
     if audit_dir.exists() and not audit_dir.is_dir():

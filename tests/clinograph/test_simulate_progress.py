@@ -50,3 +50,12 @@ def test_the_final_table_shows_a_survival_targets_c_index_and_a_binary_ones_auro
     assert "C-index" in survival and "0.712" in survival and "n/a" in survival
     binary = rendered({"a": {"auroc": 0.8, "auprc": 0.5}})
     assert "C-index" not in binary and "0.800" in binary and "0.500" in binary
+
+
+def test_a_one_class_hospital_is_a_warning_line():
+    lines: list[str] = []
+    show = simulation_progress(3, lines.append, status=lambda _: None, clock=lambda: 0.0)
+    show("hospital_one_class", {"site": "nord", "label": 0, "patients": 63})
+    assert lines == ["warning: hospital nord: every one of its 63 patients has label 0; it cannot be evaluated alone "
+                     "(AUROC n/a) and pulls the shared model towards one class. Check its label column and coding "
+                     "(`clinograph check`)."]
