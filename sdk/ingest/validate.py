@@ -276,9 +276,15 @@ def _cat(xs: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(xs).astype(dtype) if xs else np.zeros(0, dtype)
 
 
-def _converted(mapped: dict, units: dict[str, str | None]) -> dict[str, str]:
-    return {n: f"{u} -> {f.unit}" for n, (f, _) in mapped.items()
-            if (u := units.get(n)) and not same_unit(u, f.unit)}
+def _converted(mapped: dict, units: dict[str, str | None | list[str]]) -> dict[str, str]:
+    """column or code -> "unit(s) -> canonical unit", for those not already in the feature's unit."""
+    out = {}
+    for n, (f, _) in mapped.items():
+        given = units.get(n)
+        given = [given] if isinstance(given, str) else list(given or ())
+        if any(not same_unit(u, f.unit) for u in given):
+            out[n] = f"{', '.join(given)} -> {f.unit}"
+    return out
 
 
 def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
@@ -376,12 +382,16 @@ def _long_ids_and_codes(df, schema, dictionary, problems):
     return ids, codes, mapped
 
 
-def _row_unit(df, rows, name, feat, cm, schema, problems):
-    """The unit of one feature code's rows: the schema's, else the unit column's (one known unit)."""
+def _row_units(df, rows, name, feat, cm, schema, problems) -> list[tuple[str | None, np.ndarray]]:
+    """The units of one feature code's rows, as (unit, its rows) groups over the table's rows: the
+    schema's unit for all of them, else the unit column's. A code recorded in several units (a lab
+    that changed analysers: mg/dL rows beside mmol/L ones) is one group a unit, each converted
+    through the unit library on its own (a unit that does not convert to the feature's is refused
+    by :func:`parse_cells`); spellings of one unit are one group (mg/dl == mg/dL)."""
     lc = schema.long
     unit = cm.unit if cm else None
     if lc.unit is None or lc.unit not in df.columns:
-        return unit
+        return [(unit, rows)]
     cells = df.loc[rows, lc.unit]
     present = present_mask(cells)
     text = as_text(cells).str.strip()
@@ -391,28 +401,42 @@ def _row_unit(df, rows, name, feat, cm, schema, problems):
                         f"{int(text[present & ~known].nunique())} unit string(s) are not known units (not shown: "
                         f"cell contents). Write units in UCUM, e.g. {', '.join(EXAMPLE_UNITS)}. Fix the unit cells, "
                         f"or set the unit in the site schema ([columns].{name!r}.unit).")
-        return unit
-    units = []  # distinct units, a spelling of one unit counted once (mg/dl == mg/dL, cells/mm3 == cells/uL)
-    for u in sorted({normalise_unit(u) for u in text[present]}):
-        if not any(same_unit(u, v) for v in units):
+        return [(unit, rows)]
+    units: list[str] = []  # distinct units, a spelling of one unit counted once (mg/dl == mg/dL, cells/mm3 == cells/uL)
+    of_row = np.full(len(text), -1)
+    for i, u in enumerate(normalise_unit(u) if p else None for u, p in zip(text, present, strict=True)):
+        if u is None:
+            continue
+        j = next((k for k, v in enumerate(units) if same_unit(u, v)), None)
+        if j is None:
             units.append(u)
-    if len(units) > 1:
-        problems.append(f"Feature code {name!r} ({feat.id}) is recorded in several units {units}; convert to one "
-                        "unit before ingestion.")
-        return unit
+            j = len(units) - 1
+        of_row[i] = j
     if not units:
-        return unit
-    if unit is not None and not same_unit(unit, units[0]):
-        problems.append(f"Feature code {name!r} ({feat.id}): the unit column {lc.unit!r} says {units[0]!r} but the "
-                        f"site schema says {unit!r} ([columns].{name!r}.unit). Make them agree (or remove one).")
-        return unit
+        return [(unit, rows)]
+    if unit is not None and any(not same_unit(unit, u) for u in units):
+        problems.append(f"Feature code {name!r} ({feat.id}): the unit column {lc.unit!r} says "
+                        f"{', '.join(map(repr, units))} but the site schema says {unit!r} ([columns].{name!r}.unit). "
+                        "Make them agree (or remove one).")
+        return [(unit, rows)]
+    at = np.flatnonzero(rows)
     no_unit = np.zeros(len(df), dtype=bool)
-    no_unit[np.flatnonzero(rows)] = ~present & present_mask(df.loc[rows, lc.value])
+    no_unit[at] = ~present & present_mask(df.loc[rows, lc.value])
     if no_unit.any() and unit is None:
         problems.append(f"Unit column {lc.unit!r} for feature code {name!r} ({feat.id}): {rows_text(no_unit)}: a value "
-                        f"without a unit while the other rows of this code give {units[0]!r}. Fill the unit cells, "
-                        f"or set the unit in the site schema ([columns].{name!r}.unit).")
-    return units[0]
+                        f"without a unit while the other rows of this code give {', '.join(map(repr, units))}. Fill "
+                        f"the unit cells, or set the unit in the site schema ([columns].{name!r}.unit).")
+    valued = present_mask(df.loc[rows, lc.value])
+    kept = [j for j in range(len(units)) if ((of_row == j) & valued).any()] or [0]  # a unit beside no value: none
+    groups = []
+    for j in kept:
+        mine = of_row == j
+        if j == kept[0]:
+            mine = mine | ~np.isin(of_row, kept)  # rows without a unit (no value, or named above) and unused units
+        mask = np.zeros(len(df), dtype=bool)
+        mask[at[mine]] = True
+        groups.append((units[j], mask))
+    return groups
 
 
 def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
@@ -442,18 +466,19 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
     feat_of_row = np.full(len(df), -1, dtype=np.int64)
     index = dictionary.node_index()
     feature_pos = {f.id: i for i, f in enumerate(dictionary.features)}
-    units_used: dict[str, str | None] = {}
+    units_used: dict[str, list[str]] = {}
     for name, (feat, cm) in mapped.items():
         rows = codes == name
-        unit_here = _row_unit(df, rows, name, feat, cm, schema, problems)
-        units_used[name] = unit_here
+        groups = _row_units(df, rows, name, feat, cm, schema, problems)
+        units_used[name] = [u for u, _ in groups if u is not None]
         if cm is not None and coding_problems(name, cm, feat):  # reported with the schema's: cells not read
             feat_of_row[rows] = feature_pos[feat.id]
             continue
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
-        v = parse_cells(f"{lc.value}[{name}]", df.loc[rows, lc.value], feat, unit_here, problems, coding=coding,
-                        key=name, rows=np.flatnonzero(rows))
-        parsed[rows] = v
+        for unit_here, in_unit in groups:  # each unit's rows converted on their own
+            parsed[in_unit] = parse_cells(f"{lc.value}[{name}]", df.loc[in_unit, lc.value], feat, unit_here, problems,
+                                          coding=coding, key=name, rows=np.flatnonzero(in_unit))
+        v = parsed[rows]
         if feat.kind == FeatureKind.NUMERIC and (grouped := rows & point_grouped_cells(df, lc.value)).any():
             problems.append(point_grouped_problem(f"Column {f'{lc.value}[{name}]'!r} ({feat.id})", grouped))
         feat_of_row[rows] = feature_pos[feat.id]

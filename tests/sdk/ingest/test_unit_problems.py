@@ -1,5 +1,6 @@
 """Unit problems in ingestion: each reported once; UCUM units in a long table's unit column."""
 
+import numpy as np
 import pandas as pd
 import pytest
 from clinograph.sdk.ingest import ingest
@@ -26,6 +27,11 @@ def test_ucum_unit_cells_convert_and_spellings_of_one_unit_are_one_unit():
                        "v": [40.0, 42.0, 38.0], "unit": ["mm[Hg]", "mmHg", "mm Hg"]})
     t = ingest(df, schema=long(), dictionary=D)
     assert sorted(t.value.tolist()) == [38.0, 40.0, 42.0]
-    df["unit"] = ["kPa", "mm[Hg]", "kPa"]
-    with pytest.raises(SchemaError, match=r"recorded in several units"):
+    # one code in two units (a lab that changed analysers): each row converted from its own unit
+    df["unit"], df["v"] = ["kPa", "mm[Hg]", "kPa"], [5.0, 42.0, 6.0]
+    t = ingest(df, schema=long(), dictionary=D)
+    assert sorted(np.round(t.value, 2).tolist()) == [37.5, 42.0, 45.0]
+    assert t.report.converted_columns == {"paco2": "kPa, mmHg -> mmHg"}
+    df["unit"] = ["kPa", "mg/dL", "kPa"]  # a unit of another dimension is still refused, by name
+    with pytest.raises(SchemaError, match=r"cannot convert unit 'mg/dL'"):
         ingest(df, schema=long(), dictionary=D)
