@@ -258,7 +258,7 @@ def make_timeseries_sites(*, seed: int, hospitals: tuple[TSHospital, ...] = DEFA
             feat = dictionary.get(fid)
             if fid in units:
                 scale, offset = conversion(feature=fid, analyte=feat.analyte, source=feat.unit, target=units[fid],
-                                           molar_mass=feat.molar_mass)
+                                           molar_mass=feat.molar_mass, valence=feat.valence)
                 vals = vals * scale + offset
             rate = h.missing_rate if fid in VITALS else 2.5 * h.missing_rate  # a lab panel is skipped more often
             present = rng.random(vals.shape) >= rate

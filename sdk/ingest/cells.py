@@ -167,7 +167,7 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
     if unit is not None:
         try:
             scale, offset = conversion(feature=feat.id, analyte=feat.analyte, source=unit, target=feat.unit,
-                                       molar_mass=feat.molar_mass)
+                                       molar_mass=feat.molar_mass, valence=feat.valence)
         except SchemaError as exc:
             problems.extend(f"Column {col!r}: {p}" for p in exc.problems)
     with np.errstate(over="ignore", invalid="ignore"):

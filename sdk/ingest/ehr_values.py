@@ -120,7 +120,7 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
             rows = un == text
             try:
                 scale, offset = conversion(feature=feat.id, analyte=feat.analyte, source=text, target=feat.unit,
-                                           molar_mass=feat.molar_mass)
+                                           molar_mass=feat.molar_mass, valence=feat.valence)
             except UnitError as exc:
                 problems.extend(f"{source}: {p}{records_text(ev['where'].iloc[pos[rows]])}" for p in exc.problems)
                 continue

@@ -137,7 +137,7 @@ def schema_unit_problems(schema: SiteSchema, dictionary: FeatureDictionary) -> l
             continue
         try:
             conversion(feature=feat.id, analyte=feat.analyte, source=cm.unit, target=feat.unit,
-                       molar_mass=feat.molar_mass)
+                       molar_mass=feat.molar_mass, valence=feat.valence)
         except SchemaError as exc:
             out.extend(f"Column {col!r}: {p}" for p in exc.problems)
     return out

@@ -30,8 +30,8 @@ from .codes import normalise_code
 
 FEATURE_ID = r"^[a-z][a-z0-9_]{0,63}$"
 #: fields added later hash only when they differ from their default, so old digests stay valid
-_OPTIONAL_LATER = {"omop_concept_id": None, "molar_mass": None, "transform": "none", "scale_center": None,
-                   "scale_half_width": None}
+_OPTIONAL_LATER = {"omop_concept_id": None, "molar_mass": None, "valence": None, "transform": "none",
+                   "scale_center": None, "scale_half_width": None}
 
 
 class FeatureKind(str, Enum):
@@ -113,6 +113,9 @@ class Feature(BaseModel):
     omop_concept_id: int | None = Field(default=None, gt=0)
     #: Molar mass of the analyte in g/mol: allows mass <-> molar concentrations (mg/dL <-> mmol/L).
     molar_mass: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    #: The ion's charge number (1 for Na+, K+, Cl-, HCO3-; 2 for Ca2+, Mg2+): allows equivalents <->
+    #: molar concentrations (mEq/L <-> mmol/L: 1 mmol = valence mEq). Known ions have it by analyte.
+    valence: int | None = Field(default=None, ge=1, le=8)
     #: applied to the canonical-unit value before scaling (numeric features only); the reference
     #: range stays in canonical units and is transformed with the value
     transform: Transform = Transform.NONE

@@ -206,7 +206,7 @@ class SiteSchema(BaseModel):
             if cm.unit is not None and feat.kind == FeatureKind.NUMERIC:
                 try:
                     conversion(feature=feat.id, analyte=feat.analyte, source=cm.unit, target=feat.unit,
-                               molar_mass=feat.molar_mass)
+                               molar_mass=feat.molar_mass, valence=feat.valence)
                 except SchemaError as exc:
                     problems.extend(f"Column {col!r}: {p}" for p in exc.problems)
         targets = [cm.feature for cm in self.columns.values()]

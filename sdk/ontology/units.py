@@ -50,7 +50,7 @@ _ALIASES = {
     "kpa": "kPa", "mmhg": "mmHg", "mm hg": "mmHg", "mm[hg]": "mmHg", "cmh2o": "cmH2O", "cm h2o": "cmH2O",
     "cm[h2o]": "cmH2O", "bpm": "/min", "/min": "/min", "beats/min": "/min", "1/min": "/min", "{beats}/min": "/min",
     "%": "%", "percent": "%", "fraction": "1", "1": "1", "l/min": "L/min", "ml": "mL", "ml/min": "mL/min",
-    "dyn.s/cm5": "dyn.s/cm5", "": "1",
+    "dyn.s/cm5": "dyn.s/cm5", "meq/l": "meq/L", "meq/dl": "meq/dL", "": "1",
 }
 
 #: UCUM atoms whose symbol is not pint's (the whole table of renamings; see the module docstring).
@@ -65,6 +65,10 @@ UCUM_ATOMS = {
 #: ``molar_mass`` (physical constants, not conversions; the dictionary's value wins).
 STANDARD_MOLAR_MASS = {"glucose": 180.156, "urea": 60.06, "bun": 28.014, "cholesterol": 386.65,
                        "calcium": 40.078, "creatinine": 113.12}
+#: Charge numbers of the ions labs report in equivalents (mEq/L), by analyte name: what a feature's
+#: ``valence`` defaults to (see :func:`conversion`).
+STANDARD_VALENCE = {"sodium": 1, "potassium": 1, "chloride": 1, "bicarbonate": 1, "hco3": 1, "lithium": 1,
+                    "calcium": 2, "magnesium": 2}
 
 #: Units shown in messages as examples of what is read (any pint or UCUM unit is).
 EXAMPLE_UNITS = ("/min", "%", "mmHg", "kPa", "mg/dL", "mmol/L", "umol/L", "g/L", "degC", "[degF]", "10*3/uL", "mm")
@@ -234,6 +238,15 @@ def _affine(src, tgt, molar_mass: float | None) -> tuple[float, float]:
     return _sig(one - zero), _sig(zero)
 
 
+def _as_moles(q, valence: int | None):
+    """``q`` with its equivalents counted as moles of an ion of charge ``valence`` (1 mol = z eq):
+    ``meq/L`` -> ``mmol/L`` / z. Unchanged without a valence or without equivalents."""
+    power = dict(q.dimensionality).get("[equivalent]", 0)
+    if not valence or not power:
+        return q
+    return q / registry().Quantity(valence, "eq/mol") ** power
+
+
 def _sig(x: float) -> float:
     """``x`` to 12 significant digits: pint's float round-off (1.0000000000000002) is not a conversion."""
     return float(f"{x:.12g}")
@@ -245,17 +258,21 @@ def _dim(q) -> str:
 
 
 def conversion(*, feature: str, analyte: str | None, source: str, target: str,
-               molar_mass: float | None = None) -> tuple[float, float]:
+               molar_mass: float | None = None, valence: int | None = None) -> tuple[float, float]:
     """(scale, offset) with ``target = source * scale + offset`` for ``feature``.
 
     ``molar_mass`` (g/mol, from the feature dictionary) allows mass <-> molar concentration.
     Without it, a known ``analyte``'s molar mass (:data:`STANDARD_MOLAR_MASS`) is used.
+    ``valence`` (the ion's charge number z) allows equivalents <-> moles, 1 mol = z eq (mEq/L <->
+    mmol/L); without it, a known ``analyte``'s (:data:`STANDARD_VALENCE`).
 
     Raises:
         UnitError: a unit cannot be read, or does not convert to the other (for this analyte).
     """
     if molar_mass is None and analyte is not None:
         molar_mass = STANDARD_MOLAR_MASS.get(analyte.strip().lower())
+    if valence is None and analyte is not None:
+        valence = STANDARD_VALENCE.get(analyte.strip().lower())
     head = f"Feature {feature!r}: cannot convert unit {source!r} to the dictionary's canonical unit {target!r}"
     if normalise_unit(source) == normalise_unit(target):
         return 1.0, 0.0
@@ -270,11 +287,15 @@ def conversion(*, feature: str, analyte: str | None, source: str, target: str,
         raise UnitError(f"{head}: the dictionary's unit cannot be read ({exc}). Fix `unit` of {feature!r} in the "
                         "feature dictionary.", title="Unit error") from None
     try:
-        return _affine(src, tgt, molar_mass)
+        return _affine(_as_moles(src, valence), _as_moles(tgt, valence), molar_mass)
     except ValueError:
         pass
     ratio = dict(src.dimensionality / tgt.dimensionality)  # not src / tgt: pint refuses that for degC
-    if ratio in ({"[mass]": 1, "[substance]": -1}, {"[mass]": -1, "[substance]": 1}) and molar_mass is None:
+    if ratio in ({"[equivalent]": 1, "[substance]": -1}, {"[equivalent]": -1, "[substance]": 1}) and valence is None:
+        hint = (f": one counts equivalents and the other moles. Equivalent/molar conversions need the ion's charge "
+                f"number: set `valence` for {feature!r} in the feature dictionary (1 for Na+, K+, Cl-, HCO3-; 2 for "
+                "Ca2+, Mg2+)")
+    elif ratio in ({"[mass]": 1, "[substance]": -1}, {"[mass]": -1, "[substance]": 1}) and molar_mass is None:
         what = f" ({analyte})" if analyte else ""
         hint = (f": one is a mass and the other a molar quantity{what}. Mass/molar conversions need the analyte's "
                 f"molar mass: set `molar_mass` (g/mol) for {feature!r} in the feature dictionary")

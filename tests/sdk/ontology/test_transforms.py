@@ -56,7 +56,7 @@ def test_digest_of_a_dictionary_without_transforms_is_unchanged():
     d = load_dictionary()
     dump = d.model_dump(mode="json")  # the rule before transforms existed: new fields absent
     for f in dump["features"]:
-        for key in ("omop_concept_id", "molar_mass"):
+        for key in ("omop_concept_id", "molar_mass", "valence"):
             if f.get(key) is None:
                 f.pop(key, None)
         for key in ("transform", "scale_center", "scale_half_width"):

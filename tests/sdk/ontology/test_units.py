@@ -88,6 +88,18 @@ def test_molar_mass_from_the_dictionary_wins():
     assert 90.08 * scale == pytest.approx(10.0)
 
 
+def test_equivalents_convert_to_moles_by_the_ions_valence():
+    # before: 'mEq/L' (US labs' electrolytes) was not a known unit, and 'meq/L' did not convert to mmol/L
+    assert conversion(feature="na", analyte="Sodium", source="mEq/L", target="mmol/L") == (1.0, 0.0)
+    assert conversion(feature="ca", analyte="calcium", source="mEq/L", target="mmol/L") == (0.5, 0.0)
+    assert conversion(feature="ca", analyte="calcium", source="meq/L", target="mg/dL")[0] == pytest.approx(2.0039)
+    assert conversion(feature="mg", analyte=None, source="mmol/L", target="meq/L", valence=2) == (2.0, 0.0)
+    with pytest.raises(UnitError, match=r"Feature 'x'.*counts equivalents and the other moles.*set `valence`"):
+        conversion(feature="x", analyte="glucose", source="mEq/L", target="mmol/L")
+    feat = Feature(id="k", name="K", kind="numeric", unit="mmol/L", valence=1, reference_low=3.5, reference_high=5.0)
+    assert conversion(feature=feat.id, analyte=None, source="mEq/L", target=feat.unit, valence=feat.valence)[0] == 1.0
+
+
 def test_new_dictionary_fields_do_not_change_old_digests():
     base = dict(id="hr", name="HR", kind="numeric", unit="/min", reference_low=60, reference_high=100)
     d0 = FeatureDictionary(name="d", version=1, features=(Feature(**base),))
