@@ -51,6 +51,9 @@ _ALIASES = {
     "cm[h2o]": "cmH2O", "bpm": "/min", "/min": "/min", "beats/min": "/min", "1/min": "/min", "{beats}/min": "/min",
     "%": "%", "percent": "%", "fraction": "1", "1": "1", "l/min": "L/min", "ml": "mL", "ml/min": "mL/min",
     "dyn.s/cm5": "dyn.s/cm5", "meq/l": "meq/L", "meq/dl": "meq/dL", "": "1",
+    # upper-case exports (KG, CM, KCAL) and the ordinal sign for the degree sign (ºF, a common keyboard slip)
+    "kg": "kg", "g": "g", "mg": "mg", "cm": "cm", "mm": "mm", "lb": "lb", "lbs": "lb", "kcal": "kcal", "kj": "kJ",
+    "ºf": "degF", "ºc": "degC", "y": "a",
 }
 
 #: UCUM atoms whose symbol is not pint's (the whole table of renamings; see the module docstring).

@@ -73,6 +73,10 @@ def test_unit_spellings_are_normalised():
     assert normalise_unit("MG/DL") == "mg/dL"
     assert normalise_unit("°F") == "degF"
     assert normalise_unit("µmol/L") == "umol/L"
+    # exports in capitals and the ordinal sign typed for the degree sign (before: unknown units)
+    assert [normalise_unit(u) for u in ("KG", "Kg", "CM", "KCAL", "LBS", "ºF", "ºC", "y")] == \
+        ["kg", "kg", "cm", "kcal", "lb", "degF", "degC", "a"]
+    assert conversion(feature="w", analyte=None, source="LBS", target="kg")[0] == pytest.approx(0.45359237)
 
 
 def test_mass_to_molar_needs_a_molar_mass():
