@@ -54,7 +54,9 @@ def validation_message(what: str, exc: ValidationError) -> str:
     lines = [f"{what} is invalid ({exc.error_count()} problem(s)):"]
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = "unknown key (remove it or check the spelling)" if err["type"] == "extra_forbidden" else err["msg"]
+        msg = {"extra_forbidden": "unknown key (remove it or check the spelling)",
+               "finite_number": f"expected a finite number, got {err['input']!r}; write a number "
+                                "(TOML's inf and nan are not settings)"}.get(err["type"], err["msg"])
         lines.append(f"  - {loc}: {msg.removeprefix('Value error, ')}")
     return "\n".join(lines)
 

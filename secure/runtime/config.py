@@ -54,9 +54,11 @@ class StrictSection(BaseModel):
     Pydantic's lax mode would run ``rounds = "5"`` as 5 rounds and ``enabled = 1`` as true: a
     quoted number or a 0/1 switch in a hand-written TOML is more often a mistake (a value pasted
     from a spreadsheet, a key meant for another tool) than an intent, so it is refused with the fix.
+    TOML also has ``inf`` and ``nan``: no setting means either (``max_clip_norm = inf`` would let any
+    clip through the DP policy), so every float, in lists and tables too, must be finite.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
