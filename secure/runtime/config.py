@@ -203,12 +203,6 @@ class DPPolicySection(_Strict):
             d = self.distributed()
             distributed = DistributedDP(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,
                                         sample_rate=d.sample_rate, min_honest=d.min_honest, rounds=d.rounds)
-        if self.insecure_unchecked_prv:
-            import warnings
-
-            warnings.warn("[dp_policy] insecure_unchecked_prv = true: hospitals may keep their ledgers with the PRV "
-                          "accountant, and the server cannot check their ε against the RDP bound.", UserWarning,
-                          stacklevel=2)
         return DPPolicy(required=True, max_epsilon=self.max_epsilon, delta=self.delta,
                         min_noise_multiplier=self.min_noise_multiplier, max_clip_norm=self.max_clip_norm,
                         distributed=distributed, insecure_unchecked_prv=self.insecure_unchecked_prv)
