@@ -66,16 +66,21 @@ def _public(name: str, b64: str) -> PublicIdentity:
 
 def load_federation(path: Path) -> FederationFile:
     """Parse and validate ``federation.toml``; ConfigError naming the key and the fix."""
+    from clinograph.core.tomlio import read_toml_text, validation_message
+
+    text = read_toml_text(Path(path), what="federation file")  # a regular, bounded, UTF-8 file
     try:
-        raw = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"Cannot read federation file {path}: {type(exc).__name__}: {exc}. "
+                          "Create it with `clinograph keys init`.") from None
+    except RecursionError:
+        raise ConfigError(f"Cannot read federation file {path}: arrays or tables are nested too deeply to parse. "
                           "Create it with `clinograph keys init`.") from None
     try:
         fed = FederationFile.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"Federation file {path} is invalid: {problems}.") from None
+        raise ConfigError(validation_message(f"Federation file {path}", exc)) from None
     for name in fed.hospitals:
         if not re.fullmatch(ID_PATTERN, name):
             raise ConfigError(f"Hospital name {name!r} in {path} must match {ID_PATTERN}.")

@@ -144,7 +144,7 @@ class RoundPlan(WireMessage):
     local_epochs: int = Field(ge=1, le=1000)
     dp_policy: DPPolicy | None = None
     global_state_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    options: dict[str, float | int | str | bool] = Field(default_factory=dict, max_length=1024)  # the run's options and one weight per hospital
+    options: dict[str, Finite | int | str | bool] = Field(default_factory=dict, max_length=1024)  # the run's options and one weight per hospital
 
 
 class ModuleTensor(WireMessage):

@@ -99,6 +99,12 @@ class FederationServer:
         self.mode = create_mode(secure_mode)
         if self.mode.insecure:
             require_allowed(secure_mode, environment=environment, why="the server sees every hospital's update")
+        if dp_policy is not None and dp_policy.insecure_unchecked_prv:
+            require_allowed("insecure_unchecked_prv", environment=environment,
+                            why="hospitals may keep their ledgers with the PRV accountant, and the server cannot "
+                                "check their ε against the RDP bound",
+                            fix="Remove [dp_policy] insecure_unchecked_prv and have every hospital use "
+                                "[privacy] accountant = \"rdp\".")
         if min_clients < 1 or min_clients > len(enrolled):
             raise ConfigError(f"min_clients = {min_clients} must be between 1 and the {len(enrolled)} enrolled hospitals.")
         self.federation_id = federation_id

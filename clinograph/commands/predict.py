@@ -30,7 +30,6 @@ the same risks as ``--out``. ``--schema`` may also be an EHR source file (``[omo
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -184,7 +183,7 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
     else:
         header, risks, what = ["patient_id", "risk"], [[r] for r in predict_exported(exported, pt)], \
             f"calibration {info.calibration.method}"
-    from clinograph.sdk.model.predictions import Predictions
+    from clinograph.sdk.model.predictions import Predictions, spreadsheet_safe
 
     preds = Predictions.of(description=info, patient_ids=list(pt.patient_ids), risks=risks, created=now)
     written = write_ehr(preds, source, ehr)  # all built and checked first; --out is written last
@@ -250,14 +249,3 @@ def hospital_key(value: str, *, flag: str = "--trusted-key", whose: str = "the e
     return PublicIdentity("trusted", raw)
 
 
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-_PLAIN_NUMBER = re.compile(r"^[+-]?\d+(?:\.\d+)?$")
-
-
-def spreadsheet_safe(cell: str) -> str:
-    """``cell`` with a leading ``'`` if a spreadsheet would read it as a formula (CSV injection,
-    OWASP "CSV Injection"): it starts with ``= + - @``, a tab or a carriage return and is not a
-    plain number such as ``-12``."""
-    if cell.startswith(_FORMULA_START) and not _PLAIN_NUMBER.match(cell):
-        return "'" + cell
-    return cell

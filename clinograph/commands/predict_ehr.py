@@ -88,6 +88,10 @@ def write_ehr(preds, source: Source, ehr: EhrOutputs) -> list[str]:  # noqa: ANN
         n = write_risk_assessments(ehr.fhir_out, preds, subject=subject, outcome=ehr.outcome)
         lines.append(f"{n} FHIR RiskAssessment(s) written to {ehr.fhir_out} (model sha256 {digest}…)")
     if ehr.omop_out is not None:
-        write_results_csv(ehr.omop_out, rows)
+        formulas = write_results_csv(ehr.omop_out, rows)
         lines.append(f"{len(rows)} OMOP result row(s) written to {ehr.omop_out} (model sha256 {digest}…)")
+        if formulas:
+            lines.append(f"warning: {formulas} row(s) of {ehr.omop_out} have a person_source_value starting with "
+                         "= + - @ or a tab, written as it is (the file is for a database): a spreadsheet would run "
+                         "it as a formula. Load the file into the database; do not open it in a spreadsheet.")
     return lines

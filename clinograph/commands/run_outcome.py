@@ -89,7 +89,16 @@ def flower_status(ls_json: str, *, run_id: int) -> str | None:
 def decide(*, events: Sequence[Mapping[str, Any]], status: str | None, run_id: int | None,
            hint: str = "") -> Outcome:
     """The run's outcome from its ``events``, Flower's ``status`` and its ``run_id`` (None: ``flwr
-    run`` started none). ``hint``: the stream's last error line, named when nothing better is known."""
+    run`` started none). ``hint``: the stream's last error line, named when nothing better is known.
+    The reason is one printable line (``clinograph.core.logging.printable``): it may quote a
+    hospital's refusal."""
+    from clinograph.core.logging import printable
+
+    out = _decide(events=events, status=status, run_id=run_id, hint=hint)
+    return Outcome(out.code, printable(out.reason))
+
+
+def _decide(*, events: Sequence[Mapping[str, Any]], status: str | None, run_id: int | None, hint: str) -> Outcome:
     where = f"run {run_id}"
     see = f" (see `flwr log {run_id}`)" if run_id is not None else ""
     extra = f"; last error in the log: {hint}" if hint else ""

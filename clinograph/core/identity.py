@@ -19,6 +19,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import ConfigError, IntegrityError
+from .fileio import NotRegularFile, TooLarge, read_regular
+
+#: Bound on a signing key file (an Ed25519 PEM private key is 119 bytes): nothing larger is read.
+MAX_KEY_BYTES = 64 * 1024
 
 
 class PublicIdentity:
@@ -102,12 +106,23 @@ class Identity:
 
     @classmethod
     def load(cls, name: str, path: Path) -> Identity:
-        """Load a key written by :meth:`save`."""
+        """Load a key written by :meth:`save` (a regular file of at most MAX_KEY_BYTES)."""
+        fix = "Create one with `clinograph keys init`."
         try:
-            key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+            key = serialization.load_pem_private_key(read_regular(path, limit=MAX_KEY_BYTES), password=None)
+        except NotRegularFile as exc:
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: it is {exc.kind}, not a regular "
+                              f"file. Give the path of the key file itself. {fix}") from None
+        except TooLarge:
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: it is over the limit of "
+                              f"{MAX_KEY_BYTES} bytes for a key file (an Ed25519 PEM key is about 120). {fix}") from None
+        except TypeError:  # cryptography: "Password was not given but private key is encrypted"
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: it is encrypted with a password. "
+                              "Clinograph's key files are unencrypted PEM, protected by their file mode (0600): "
+                              "write an unencrypted copy (openssl pkey -in KEY -out NEW) or make one with "
+                              "`clinograph keys init`.") from None
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: {type(exc).__name__}. "
-                              "Create one with `clinograph keys init`.") from None
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: {type(exc).__name__}. {fix}") from None
         if not isinstance(key, Ed25519PrivateKey):
             raise ConfigError(f"Key file {path} is not an Ed25519 private key.")
         return cls(name, key)

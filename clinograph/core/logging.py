@@ -67,6 +67,17 @@ class PHILogError(PrivacyError):
     """A log event carried something that may be patient data or a secret (raise mode)."""
 
 
+def printable(text: str) -> str:
+    """``text`` as one printable line: every character ``str.isprintable`` refuses (newlines,
+    ANSI escape sequences' ESC and CSI, NUL, bidi overrides such as U+202E, other control and
+    format characters) written as its Python escape (``\\n``, ``\\x1b``, ``\\u202e``). For text
+    another party wrote (a hospital's refusal reason) on its way to an operator's terminal or log,
+    where it could otherwise clear the screen, retitle the window or forge a log line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _normalise(key: str) -> tuple[str, list[str]]:
     words = [w for w in re.split(r"[^a-z0-9]+", _CAMEL.sub("_", key).lower()) if w]
     return "_".join(words), words

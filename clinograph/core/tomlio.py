@@ -51,10 +51,16 @@ def read_toml_text(path: Path, *, what: str) -> str:
 
 def validation_message(what: str, exc: ValidationError) -> str:
     """Every problem of a validation error, one line each, with the dotted key."""
+    from .logging import printable
+
+    # a key is the file's own text: printable, so no escape sequence or newline reaches a terminal
+
     lines = [f"{what} is invalid ({exc.error_count()} problem(s)):"]
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = "unknown key (remove it or check the spelling)" if err["type"] == "extra_forbidden" else err["msg"]
+        loc = printable(".".join(str(x) for x in err["loc"])) or "(top level)"
+        msg = {"extra_forbidden": "unknown key (remove it or check the spelling)",
+               "finite_number": f"expected a finite number, got {err['input']!r}; write a number "
+                                "(TOML's inf and nan are not settings)"}.get(err["type"], err["msg"])
         lines.append(f"  - {loc}: {msg.removeprefix('Value error, ')}")
     return "\n".join(lines)
 

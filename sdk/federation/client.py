@@ -27,7 +27,7 @@ from clinograph.secure.runtime.models import RunFinish, RunStart
 from clinograph.secure.runtime.participant import part
 from clinograph.secure.runtime.selection import STATUS_PART, SelectionStatus
 from clinograph.secure.state import UNKNOWN_STATE, state_digest
-from clinograph.secure.strategies import Strategy, create_strategy
+from clinograph.secure.strategies import Strategy, create_strategy, reads_sum_at_server
 from clinograph.secure.wire import open_envelope, parse_envelope, seal
 
 from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
@@ -335,6 +335,10 @@ class HospitalClient:
     def _strategy_for(self, plan: RoundPlan) -> Strategy:
         """One strategy instance for the whole run (FedOpt keeps its moments across rounds),
         built from the options the signed plan carries."""
+        if reads_sum_at_server(plan.strategy):  # its options (a rule space path) are the server's to read
+            raise ProtocolError(f"The plan asks this hospital to apply strategy {plan.strategy!r}, which reads the "
+                                "summed update on the server; a hospital never runs it (the server refuses it under "
+                                "a mode where hospitals decrypt the sum). Refused; nothing was read.")
         opts = {k.removeprefix("strategy."): v for k, v in plan.options.items() if k.startswith("strategy.")}
         key = (plan.strategy, tuple(sorted(opts.items())))
         if self._strategy is None or self._strategy[0] != key:

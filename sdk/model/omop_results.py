@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from clinograph.core.errors import ConfigError
 
-from .predictions import Predictions
+from .predictions import Predictions, spreadsheet_safe
 
 RESULT_COLUMNS = ("person_id", "person_source_value", "model_sha256", "score", "horizon", "horizon_unit",
                   "created_datetime")
@@ -65,16 +65,23 @@ def result_rows(predictions: Predictions, *, id_column: IdColumn) -> list[dict[s
     return rows
 
 
-def write_results_csv(path: str | Path, rows: list[dict[str, Any]]) -> None:
-    """Write ``rows`` (:func:`result_rows`) as CSV with the header :data:`RESULT_COLUMNS`."""
+def write_results_csv(path: str | Path, rows: list[dict[str, Any]]) -> int:
+    """Write ``rows`` (:func:`result_rows`) as CSV with the header :data:`RESULT_COLUMNS`, cells as
+    they are (the file is for loading into a database: an escaped id would no longer join). Returns
+    how many rows hold a ``person_source_value`` a spreadsheet would run as a formula
+    (:func:`.predictions.spreadsheet_safe`), for the caller to warn about."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    formulas = 0
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(RESULT_COLUMNS)
         for r in rows:
+            source = r["person_source_value"]
+            formulas += isinstance(source, str) and spreadsheet_safe(source) != source
             writer.writerow(["" if r[c] is None else r[c].isoformat(sep=" ") if c == "created_datetime" else r[c]
                              for c in RESULT_COLUMNS])
+    return formulas
 
 
 def check_table_name(name: str) -> tuple[str | None, str]:

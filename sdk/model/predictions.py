@@ -20,6 +20,17 @@ from clinograph.core.errors import ConfigError
 from .description import ModelDescription
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_PLAIN_NUMBER = re.compile(r"^[+-]?\d+(?:\.\d+)?$")
+
+
+def spreadsheet_safe(cell: str) -> str:
+    """``cell`` with a leading ``'`` if a spreadsheet would read it as a formula (CSV injection,
+    OWASP "CSV Injection"): it starts with ``= + - @``, a tab or a carriage return and is not a
+    plain number such as ``-12``. Every CSV of patient ids ``clinograph predict`` writes uses it."""
+    if cell.startswith(_FORMULA_START) and not _PLAIN_NUMBER.match(cell):
+        return "'" + cell
+    return cell
 
 
 @dataclass(frozen=True, repr=False)

@@ -320,7 +320,7 @@ def _scan_files(scan: _Scan) -> None:
         return
     for path in sorted(art.iterdir()):
         if path.name not in scan.referenced or not path.is_file():
-            scan.bad(None, f"extra file artefacts/{path.name}: no audit entry references it.")
+            scan.bad(None, f"extra file artefacts/{path.name!r}: no audit entry references it.")
 
 
 def scan_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None, allow_tail: bool = False

@@ -84,13 +84,66 @@ def dump(obj: Any) -> bytes:
         return os.pread(fd, os.fstat(fd).st_size, 0)
 
 
+_SEAL_MAGIC, _ZSTD_MAGIC = 0xA15E, 0xFD2FB528
+_COMPR_NONE, _COMPR_ZSTD = 0, 2
+
+
+def check_framing(data: bytes) -> None:
+    """Refuse bytes whose framing does not add up, before SEAL reads them: SEAL's 16-byte header
+    (magic, header size, the total size equal to ``len(data)``, compression none or zstd) and, under
+    zstd, one frame whose blocks end exactly where the data ends. SEAL 4's zstd reader aborts the
+    whole process (``std::terminate``) on some frames cut short or padded inside; SEAL checks the
+    members themselves. Raises ValueError naming what does not add up."""
+    if len(data) < 16:
+        raise ValueError(f"{len(data)} bytes are shorter than SEAL's serialisation header")
+    magic, header_size, _major, _minor, compr, _reserved, size = struct.unpack_from("<HBBBBHQ", data)
+    if magic != _SEAL_MAGIC or header_size != 16:
+        raise ValueError("the bytes are not SEAL's serialisation (magic or header size)")
+    if size != len(data):
+        raise ValueError(f"the SEAL header says {size} bytes, {len(data)} were given")
+    if compr == _COMPR_ZSTD:
+        _check_zstd_frame(memoryview(data)[16:])
+    elif compr != _COMPR_NONE:
+        raise ValueError(f"compression mode {compr} is not one Clinograph's SEAL writes (0 none, 2 zstd)")
+
+
+def _check_zstd_frame(frame: memoryview) -> None:
+    """One zstd frame (RFC 8878, 3.1.1) whose block headers walk exactly to its end."""
+    if len(frame) < 6 or struct.unpack_from("<I", frame)[0] != _ZSTD_MAGIC:
+        raise ValueError("the zstd frame does not start with zstd's magic number")
+    fhd = frame[4]
+    fcs_flag, single, reserved, checksum, dict_flag = fhd >> 6, (fhd >> 5) & 1, (fhd >> 3) & 1, (fhd >> 2) & 1, fhd & 3
+    if reserved:
+        raise ValueError("the zstd frame header sets its reserved bit")
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag] + ((1 if single else 0), 2, 4, 8)[fcs_flag]
+    while True:
+        if pos + 3 > len(frame):
+            raise ValueError("the zstd frame ends inside a block header")
+        head = int.from_bytes(frame[pos:pos + 3], "little")
+        last, kind, size = head & 1, (head >> 1) & 3, head >> 3
+        if kind == 3:
+            raise ValueError("the zstd frame holds a block of the reserved type")
+        pos += 3 + (1 if kind == 1 else size)  # RLE: one byte; raw and compressed: size bytes
+        if pos > len(frame):
+            raise ValueError("a zstd frame block runs past the end of the data")
+        if last:
+            break
+    if pos + 4 * checksum != len(frame):
+        raise ValueError(f"the zstd frame ends {len(frame) - pos - 4 * checksum} byte(s) before the data does")
+
+
+def _seal_load(obj: Any, path: str, context: seal.SEALContext | None) -> None:
+    obj.load(path) if context is None else obj.load(context, path)
+
+
 def _load(obj: Any, data: bytes, context: seal.SEALContext | None) -> None:
+    check_framing(data)
     with _scratch() as (fd, path):
         view, pos = memoryview(data), 0
         while pos < len(data):
             pos += os.pwrite(fd, view[pos:], pos)
         try:
-            obj.load(path) if context is None else obj.load(context, path)
+            _seal_load(obj, path, context)
         except (RuntimeError, ValueError) as exc:
             raise ValueError(f"SEAL refused the bytes: {exc}") from None
 

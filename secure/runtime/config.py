@@ -54,9 +54,11 @@ class StrictSection(BaseModel):
     Pydantic's lax mode would run ``rounds = "5"`` as 5 rounds and ``enabled = 1`` as true: a
     quoted number or a 0/1 switch in a hand-written TOML is more often a mistake (a value pasted
     from a spreadsheet, a key meant for another tool) than an intent, so it is refused with the fix.
+    TOML also has ``inf`` and ``nan``: no setting means either (``max_clip_norm = inf`` would let any
+    clip through the DP policy), so every float, in lists and tables too, must be finite.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -201,12 +203,6 @@ class DPPolicySection(_Strict):
             d = self.distributed()
             distributed = DistributedDP(mechanism=d.mechanism, noise_multiplier=d.noise_multiplier,
                                         sample_rate=d.sample_rate, min_honest=d.min_honest, rounds=d.rounds)
-        if self.insecure_unchecked_prv:
-            import warnings
-
-            warnings.warn("[dp_policy] insecure_unchecked_prv = true: hospitals may keep their ledgers with the PRV "
-                          "accountant, and the server cannot check their ε against the RDP bound.", UserWarning,
-                          stacklevel=2)
         return DPPolicy(required=True, max_epsilon=self.max_epsilon, delta=self.delta,
                         min_noise_multiplier=self.min_noise_multiplier, max_clip_norm=self.max_clip_norm,
                         distributed=distributed, insecure_unchecked_prv=self.insecure_unchecked_prv)

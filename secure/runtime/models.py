@@ -22,6 +22,7 @@ its signed :class:`SetupResult`: what it derived from the sum, which must agree 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -157,6 +158,28 @@ class RunModels(WireMessage):
     def to_bytes(self) -> bytes:
         """JSON bytes (what ``clinograph model init`` writes)."""
         return self.model_dump_json().encode()
+
+
+def run_models_from_file(path: str | Path) -> RunModels:
+    """:func:`run_models_from_bytes` of the file at ``path``, read as a regular file of at most
+    :data:`MAX_INITIAL_MODEL_BYTES` (a FIFO or device is refused before any read).
+
+    Raises:
+        ConfigError: unreadable, not a regular file, too large, or not such a file.
+    """
+    from clinograph.core.fileio import NotRegularFile, TooLarge, read_regular
+
+    try:
+        data = read_regular(path, limit=MAX_INITIAL_MODEL_BYTES)
+    except NotRegularFile as exc:
+        raise ConfigError(f"Cannot read the initial model {path}: it is {exc.kind}, not a regular file. Give the "
+                          "file `clinograph model init` wrote.") from None
+    except TooLarge:
+        raise ConfigError(f"Cannot read the initial model {path}: it is over the limit of {MAX_INITIAL_MODEL_BYTES} "
+                          "bytes for an initial model file. Give the file `clinograph model init` wrote.") from None
+    except OSError as exc:
+        raise ConfigError(f"Cannot read the initial model {path}: {exc.strerror or type(exc).__name__}.") from None
+    return run_models_from_bytes(data)
 
 
 def run_models_from_bytes(data: bytes) -> RunModels:

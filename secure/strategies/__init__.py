@@ -46,6 +46,12 @@ def linear_in_sums(name: str) -> bool:
     return bool(getattr(_REGISTRY.get(name), "linear_in_sums", True))
 
 
+def reads_sum_at_server(name: str) -> bool:
+    """Whether strategy ``name`` reads the summed update on the server (an M-step, an audited
+    decision): such a strategy never runs at a hospital, which must not build it from a plan."""
+    return bool(getattr(_REGISTRY.get(name), "server_reads_sum", False))
+
+
 def registered_strategies() -> list[str]:
     """Every registered strategy name."""
     return sorted(_REGISTRY)
@@ -64,4 +70,4 @@ register_strategy("agat_secure_attention", AgatSecureAttention)
 register_strategy("fednsl_rules", FedNSLRules)
 
 __all__ = ["AgatSecureAttention", "DQWeighted", "DagVoting", "FedAdam", "FedAvg", "FedNSLRules", "FedOpt", "FedProx", "FedSGD", "FedYogi", "InsecureAttention", "Strategy", "create_strategy",
-           "register_strategy", "registered_strategies"]
+           "reads_sum_at_server", "register_strategy", "registered_strategies"]

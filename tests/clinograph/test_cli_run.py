@@ -192,3 +192,12 @@ def test_flowers_error_box_gives_the_reason_its_text_not_its_border(tmp_path):
     assert res.exit_code == 1, res.output
     assert res.output.strip().splitlines()[-1] == (
         "flwr run started no run: Failed to load Flower App configuration in '/nonexistent/pyproject.toml'.")
+
+
+def test_the_outcome_line_is_one_printable_line_whatever_a_reason_holds():
+    """A run's end reason can quote a hospital's refusal: read back from the events file, its ANSI
+    escapes, newline or bidi override reached the operator's terminal in the outcome line."""
+    ended = {**ENDED, "status": "too_few_hospitals", "reason": "h1: \x1b[32mOK\x1b[0m\nrun 9 completed\u202e"}
+    for events in ([ended, FINISHED], [{"event": "failed", "reason": ended["reason"]}]):
+        out = decide(events=events, status="finished:completed", run_id=3)
+        assert out.reason.isprintable() and "h1: \\x1b[32mOK\\x1b[0m\\nrun 9 completed\\u202e" in out.reason

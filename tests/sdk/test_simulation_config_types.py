@@ -32,3 +32,18 @@ def test_a_privacy_budget_the_server_policy_could_not_hold_is_refused_at_the_con
         SimulationConfig.model_validate({"privacy": {"enabled": True, "epsilon_budget": 1000.0}})
     assert "privacy.epsilon_budget" in str(err.value)
     assert SimulationConfig.model_validate({"privacy": {"enabled": True, "epsilon_budget": 100.0}}).dp_policy()
+
+
+@pytest.mark.parametrize(("section", "key", "value"), [
+    ("privacy", "clip_norm", "inf"), ("privacy", "noise_multiplier", "inf"), ("training", "weight_decay", "inf"),
+    ("selection", "min_delta", "inf"), ("target", "breaks", "[1.0, inf]"), ("training", "lr", "nan"),
+])
+def test_inf_and_nan_in_a_config_file_are_refused_by_name(tmp_path, section, key, value):
+    """A clip norm of inf made DP's noise σ·C infinite; every float of a config is now finite."""
+    from clinograph.core.errors import ConfigError
+
+    path = tmp_path / "sim.toml"
+    path.write_text(f"[{section}]\n{key} = {value}\n")
+    with pytest.raises(ConfigError) as err:
+        SimulationConfig.from_toml(path)
+    assert f"{section}.{key}" in str(err.value) and "expected a finite number" in str(err.value)

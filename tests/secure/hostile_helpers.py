@@ -140,7 +140,7 @@ class InjectingTransport(InProcessTransport):
 
 def federation(tmp_path: Path, *, n: int = 4, mode: str = "masked", dp_policy: DPPolicy | None = None,
                strategy: str = "fedavg", hospitals: Mapping[str, dict] | None = None, inject=None, replace=None,
-               min_clients: int = 2, masked_threshold: int | None = None,
+               min_clients: int = 2, masked_threshold: int | None = None, environment: str = "development",
                ) -> tuple[FederationServer, InjectingTransport, dict[str, Hospital]]:
     """A server through the one server builder, n hospitals, an injecting in-process transport.
 
@@ -170,7 +170,8 @@ def federation(tmp_path: Path, *, n: int = 4, mode: str = "masked", dp_policy: D
     initial = InitialModel.create(task="test", dictionary_hash=DICTIONARY_HASH, spec=SPEC,
                                   state={m.name: np.zeros(m.size) for m in SPEC.shared})
     section = FederationSection(id=FEDERATION, secure_mode=mode, strategy=strategy, min_clients=min_clients,
-                                local_epochs=1, max_weight=1.0, masked_clip=1.0, masked_threshold=masked_threshold)
+                                local_epochs=1, max_weight=1.0, masked_clip=1.0, masked_threshold=masked_threshold,
+                                environment=environment)
     server = build_server(federation=section, identity=server_id, enrolled={c: identity(c).public for c in names},
                           initial=initial, audit=audit, dp_policy=dp_policy, ckks_context=ckks_context)
     parts = {c: Hospital(c, server=server_id, names=names, **dict((hospitals or {}).get(c, {}))) for c in names}

@@ -96,12 +96,28 @@ def test_a_ledger_kept_with_an_unchecked_accountant_is_refused_unless_named():
     assert check_ledger(entry, previous=None, policy=lenient)[0] == []
 
 
-def test_the_unchecked_prv_policy_warns_when_it_is_built():
+def test_the_unchecked_prv_policy_warns_when_the_server_is_built(tmp_path):
+    from clinograph.secure.policy import InsecureOptionWarning
     from clinograph.secure.runtime.config import DPPolicySection
 
-    with pytest.warns(UserWarning, match="insecure_unchecked_prv"):
-        policy = DPPolicySection(insecure_unchecked_prv=True).policy()
+    policy = DPPolicySection(insecure_unchecked_prv=True).policy()
     assert policy.insecure_unchecked_prv
+    with pytest.warns(InsecureOptionWarning, match="insecure_unchecked_prv"):
+        federation(tmp_path, dp_policy=policy, hospitals={c: {} for c in ("h0", "h1")})
+
+
+@pytest.mark.parametrize(("mode", "policy", "option"), [
+    ("masked", POLICY.model_copy(update={"insecure_unchecked_prv": True}), "insecure_unchecked_prv"),
+    ("insecure_plaintext", None, "insecure_plaintext"),
+])
+def test_an_insecure_option_is_refused_in_production(tmp_path, mode, policy, option):
+    """secure/policy.py: every insecure_* option is refused with environment = "production". The
+    plaintext mode was; [dp_policy] insecure_unchecked_prv = true was accepted (warned only)."""
+    from clinograph.core.errors import SecurityPolicyError
+
+    with pytest.raises(SecurityPolicyError, match=option):
+        federation(tmp_path, mode=mode, dp_policy=policy, environment="production",
+                   hospitals={c: {} for c in ("h0", "h1")})
 
 
 def test_the_unchecked_prv_policy_is_marked_in_the_manifest(tmp_path):

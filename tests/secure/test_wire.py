@@ -188,3 +188,26 @@ def test_a_plan_carries_a_published_weight_for_each_of_a_hundred_hospitals():
                      secure_mode="masked", strategy="dq_weighted", min_clients=2, local_epochs=1,
                      global_state_digest="b" * 64, options=options)
     assert RoundPlan.model_validate_json(plan.model_dump_json()).options["weight/h099"] == 1.0
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_server_signed_plan_with_a_non_finite_option_is_refused_by_the_hospital(bad):
+    """RoundPlan.options took NaN and inf (JSON NaN/Infinity, 1e999): a plan's fedprox.mu = NaN passed
+    the hospital's DP guard (sdk/privacy/guard.py: NaN > 0 is false) and reached the trainer."""
+    from clinograph.secure.messages import RoundPlan
+
+    from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
+
+    server = Identity.generate("server")
+    spec = ModelSpec(version=1, modules=(ModuleSpec(name="head", kind=ModuleKind.SHARED, shape=(2,)),))
+    plan = RoundPlan(federation_id="fed", round=0, participants=("h1", "h2"), spec=spec, dictionary_hash="a" * 64,
+                     secure_mode="masked", strategy="fedprox", min_clients=2, local_epochs=1,
+                     global_state_digest="b" * 64, options={"fedprox.mu": 0.5})
+    payload = plan.model_dump_json().encode().replace(b'"fedprox.mu":0.5', b'"fedprox.mu":' + bad.encode())
+    assert bad.encode() in payload
+    context, data = signed_bytes(plan.kind, payload)
+    sig = server.sign(data, context=context)
+    head = struct.pack(">B", 6) + b"server" + struct.pack(">B", len(plan.kind)) + plan.kind.encode()
+    frame = MAGIC + head + struct.pack(">I", len(payload)) + payload + sig
+    with pytest.raises(ProtocolError, match="fedprox.mu"):
+        open_envelope(parse_envelope(frame), sender=server.public, model=RoundPlan)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from clinograph.core.logging import printable
+
 from ...runtime.progress import RoundClock, eta_line, stage_line
 
 #: the ServerApp's logger (its lines go to stdout: serverapp._log_to_stdout)
@@ -48,7 +50,13 @@ def _names(names: object, nodes: Mapping[str, int]) -> str:
 
 
 def progress_line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int]) -> tuple[int, str]:
-    """The operator's one-line account of a progress event (level, text); text '' = not logged."""
+    """The operator's one-line account of a progress event (level, text); text '' = not logged.
+    One printable line (:func:`~clinograph.core.logging.printable`): reasons are hospitals' text."""
+    level, line = _line(kind, data, nodes=nodes)
+    return level, printable(line)
+
+
+def _line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int]) -> tuple[int, str]:
     r = data.get("round")
     if kind == "started":
         return logging.INFO, f"federation {data.get('federation')!r}, secure mode {data.get('secure_mode')}: started"

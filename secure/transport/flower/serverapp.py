@@ -78,7 +78,7 @@ from ...messages import RoundResult
 from ...runtime import ServerConfig
 from ...runtime.assemble import ServerSide
 from ...runtime.journal import Journal
-from ...runtime.models import RunModels, run_models_from_bytes
+from ...runtime.models import RunModels, run_models_from_file
 from ...runtime.run import FederationRun
 from ...runtime.run import run_federation as run_federation_plan
 from ...runtime.voted import run_voted
@@ -131,10 +131,7 @@ def _run_federation(grid: Grid, run_config: Mapping[str, Any], events: Events) -
     if config.initial_model is None:
         raise ConfigError("server.toml names no initial_model: write one with `clinograph model init` "
                           "(hospital install) and set initial_model = \"initial_model.json\".")
-    try:
-        models = run_models_from_bytes(Path(config.initial_model).read_bytes())
-    except OSError as exc:
-        raise ConfigError(f"Cannot read the initial model {config.initial_model}: {exc.strerror}.") from None
+    models = run_models_from_file(config.initial_model)
     rounds = _get(run_config, "rounds", int, 0) or fed.rounds
     min_nodes = _get(run_config, "min-nodes", int, len(federation.hospitals))
     wait = _get(run_config, "wait-timeout", float, 60.0)

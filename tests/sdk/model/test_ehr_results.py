@@ -100,3 +100,18 @@ def test_the_documented_formats_are_what_the_writers_write(tmp_path):
     csv_example = re.search(r"```csv\n(.*?)```", section, re.S).group(1)
     write_results_csv(tmp_path / "o.csv", result_rows(p, id_column="person_source_value"))
     assert list(csv.reader(io.StringIO((tmp_path / "o.csv").read_text()))) == list(csv.reader(io.StringIO(csv_example)))
+
+
+def test_the_omop_results_csv_counts_the_ids_a_spreadsheet_would_run(tmp_path):
+    """`--omop-out` is for a database, so ids are written as they are (an escaped id would not join),
+    but an id `=HYPERLINK(...)` or `@SUM(1)` is a live formula in a spreadsheet: the writer counts
+    those rows for the CLI to warn (it said nothing); plain numbers such as -12 are not counted."""
+    import csv
+
+    from clinograph.sdk.model.omop_results import write_results_csv
+
+    ids = ("=HYPERLINK(\"http://x\")", "@SUM(1)", "+1+cmd|' /C calc'!A0", "-12", "\tx", "p3")
+    p = _preds(ids=ids, risks=[(0.5,)] * len(ids))
+    assert write_results_csv(tmp_path / "o.csv", result_rows(p, id_column="person_source_value")) == 4
+    with (tmp_path / "o.csv").open(newline="") as fh:
+        assert tuple(r["person_source_value"] for r in csv.DictReader(fh)) == ids

@@ -127,3 +127,13 @@ def test_a_deeply_nested_line_is_a_verification_failure_not_an_internal_error(au
     with pytest.raises(IntegrityError, match="does not verify"):
         AuditTrail(audit_dir, identity=Identity.generate("server"))
 
+
+
+def test_an_extra_artefact_named_with_escapes_is_quoted_not_printed_raw(audit_dir):
+    """The artefact's file name went into the problem (and `audit verify`'s terminal) as it was: a
+    newline and a fake "VERIFIED" line, ANSI escapes. The unexpected top-level file was already quoted."""
+    name = "x\x1b]0;t\x07\nVERIFIED: all good\u202e"
+    (audit_dir / "artefacts" / name).write_bytes(b"")
+    report = verify_audit_dir(audit_dir)
+    assert not report.ok and len(report.problems) == 1
+    assert report.problems[0].isprintable() and repr(name) in report.problems[0]

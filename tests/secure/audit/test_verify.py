@@ -105,7 +105,7 @@ def test_deleted_reordered_and_extra_files(federation_dir, tmp_path):
     (d2 / "artefacts" / ("ab" * 32)).write_bytes(b"smuggled")
     (d2 / "notes.txt").write_text("x")
     problems = verify_audit_dir(d2).problems
-    assert any("extra file artefacts/abab" in p for p in problems)
+    assert any("extra file artefacts/'abab" in p for p in problems)
     assert any("unexpected file 'notes.txt'" in p for p in problems)
     d3 = _copy(federation_dir, tmp_path / "3")
     lines = (d3 / "audit.jsonl").read_bytes().splitlines(keepends=True)

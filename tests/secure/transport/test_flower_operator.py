@@ -192,3 +192,14 @@ def test_hospital_log_lines_appear_once_and_debug_is_off_by_default():
         root.setLevel(saved[1])
         logging.getLogger("flwr").propagate = saved[2]
         logging.getLogger("clinograph").setLevel(saved[3])
+
+
+@pytest.mark.parametrize("kind", ["refused", "dropped", "hospital_retired", "failed", "run_ended"])
+def test_a_hospitals_reason_cannot_write_escapes_or_fake_lines_to_the_operators_terminal(kind):
+    """A refusal's reason is the hospital's own signed text: ANSI escapes, a newline and a fake log
+    line, a bidi override or a NUL went to the ServerApp's log and `flwr run --stream` as they were."""
+    reason = "bad\x1b[2J\x1b]0;t\x07\nINFO run ended (completed)\u202egnp\x00\x9b"
+    level, line = progress_line(kind, {"round": 1, "hospital": "h1", "client": "h1", "stage": "plan",
+                                       "reason": reason}, nodes={})
+    assert line.isprintable() and "\n" not in line
+    assert "bad\\x1b[2J\\x1b]0;t\\x07\\nINFO run ended (completed)\\u202egnp\\x00\\x9b" in line
