@@ -261,6 +261,11 @@ class ReleaseSection(_Strict):
                                         "the smallest t this hospital accepts for t-of-N decryption (the server "
                                         "proposes t; the server with t - 1 colluding holders can open the sum of any "
                                         "t hospitals); unset: N-of-N only")
+    insecure_accept_plaintext: bool = Field(default=False, description="join rounds the server plans under "
+                                            "secure_mode 'insecure_plaintext', where the server sees this "
+                                            "hospital's update in the clear (off: such a plan is refused, so a "
+                                            "server cannot switch a hospital to plaintext); a simulation sets it "
+                                            "when its own secure_mode is insecure_plaintext")
 
 
 class SplitSection(_Strict):
@@ -593,7 +598,10 @@ class SimulationConfig(HospitalConfig):
             "planned_local_epochs": self.privacy.planned_local_epochs or self.federation.local_epochs,
             "state_dir": self.privacy.state_dir or self.output / "privacy_state"})
         own = {name: getattr(self, name) for name in HospitalConfig.model_fields}
-        return HospitalConfig(**{**own, "privacy": privacy, "selection": self._selection()})
+        release = self.release  # the simulation's owner chose the mode for every party
+        if self.federation.secure_mode == "insecure_plaintext":
+            release = release.model_copy(update={"insecure_accept_plaintext": True})
+        return HospitalConfig(**{**own, "privacy": privacy, "selection": self._selection(), "release": release})
 
     def _selection(self) -> SelectionSection:
         """An adaptive server optimiser (FedOpt, FedAdam, FedYogi) is not linear in the summed

@@ -192,6 +192,8 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
         raise ConfigError(f"Two concept sites share a name: {sorted({n for n in names if names.count(n) > 1})}.")
     concepts = tuple(concepts)
     release = release or ReleaseSection()
+    if federation.secure_mode == "insecure_plaintext":  # an in-process run: its caller chose the mode for every party
+        release = release.model_copy(update={"insecure_accept_plaintext": True})
     ids = {s.name: Identity.generate(s.name) for s in sites}
     publics = {n: i.public for n, i in ids.items()}
     settings = ConceptSettings(concepts=concepts, task=task, cards=dict(cards), kind=kind, encoder=encoder, z_dim=z_dim,

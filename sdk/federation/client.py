@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from clinograph.secure.aggregation import AggregationClient, LocalUpdate, Module
 from clinograph.secure.aggregation.checks import decode_modules
 from clinograph.secure.ckks.holder import CkksKeyHolder
 from clinograph.secure.messages import ClientReport, GlobalModel, RoundPlan
+from clinograph.secure.policy import InsecureOptionWarning
 from clinograph.secure.runtime.models import RunFinish, RunStart
 from clinograph.secure.runtime.participant import part
 from clinograph.secure.runtime.selection import STATUS_PART, SelectionStatus
@@ -62,6 +64,10 @@ class HospitalClient:
         self.federation_id = federation_id
         self.dictionary_hash = dictionary_hash
         self.release = release
+        if release.insecure_accept_plaintext:
+            warnings.warn("[release] insecure_accept_plaintext is set: this hospital joins rounds the server plans "
+                          "under insecure_plaintext, where the server sees its contribution in the clear "
+                          "(development only).", InsecureOptionWarning, stacklevel=2)
         self.ckks = CkksKeyHolder(identity=identity, peers=self.peers, federation_id=federation_id,
                                   tckks_threshold=release.tckks_threshold)
         self.plan: RoundPlan | None = None  # the last plan this hospital verified and trained on
@@ -313,7 +319,13 @@ class HospitalClient:
             raise ProtocolError(f"Plan's ModelSpec v{p.spec.version} differs from this hospital's model "
                                 "(task, model settings or SDK version); align the hospital config with the server's.")
         check_plan_settings(p.options, task=self.task, hospital=self.name, round_=p.round)  # weight-free settings
-        server_blind = p.global_state_digest == UNKNOWN_STATE and not create_mode(p.secure_mode).server_sees_sum
+        mode = create_mode(p.secure_mode)
+        if mode.insecure and not self.release.insecure_accept_plaintext:
+            raise ProtocolError(f"Round {p.round}: the server plans secure_mode {p.secure_mode!r}, under which it would "
+                                f"see {self.name!r}'s contribution in the clear; this hospital does not accept that. Refused. "
+                                "If the federation really runs without secure aggregation (development only), put "
+                                "insecure_accept_plaintext = true under [release] in the hospital config.")
+        server_blind = p.global_state_digest == UNKNOWN_STATE and not mode.server_sees_sum
         if not server_blind and state_digest(self._global) != p.global_state_digest:
             raise ProtocolError(f"Round {p.round}: this hospital's global model does not match the plan's "
                                 "(missed a round?). Fetch the current global model before joining.")

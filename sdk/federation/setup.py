@@ -123,6 +123,7 @@ class HospitalSetup:
         self._dp = _setup_release(table, config, identity=identity, state_dir=state_dir) if self.expected else None
         self._asked_by = _asks_shared(config, candidates)[1]
         self._quantiles = config.scaling.quantiles
+        self._accept_plaintext = config.release.insecure_accept_plaintext
         self._identity, self._server, self._peers, self._federation_id = identity, server, dict(peers), federation_id
         #: the resolved ``"shared"`` list (None until the coverage sum ran)
         self.shared: tuple[str, ...] | None = None
@@ -200,7 +201,8 @@ class HospitalSetup:
             release, entry = self._dp
             task.ledger_entry = release.ledger.release_entry(round_=msg.round, **entry)
         self.client = securesum.share_client(task, identity=self._identity, server=self._server, peers=self._peers,
-                                             dictionary_hash=msg.dictionary_hash, federation_id=msg.federation_id)
+                                             dictionary_hash=msg.dictionary_hash, federation_id=msg.federation_id,
+                                             accept_plaintext=self._accept_plaintext)
         self._sum, self._round, self._delivered = mine, msg.round, False
         return {"ok": b"1"}
 

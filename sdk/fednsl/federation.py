@@ -125,7 +125,8 @@ def run_rules_federation(*, hospitals: Mapping[str, HospitalRules], tests: Mappi
     ids = {n: Identity.generate(n) for n in tasks}
     publics = {n: i.public for n, i in ids.items()}
     # in-process hospitals, all configured by this run's operator: they accept the run's t (ckks_threshold)
-    release = ReleaseSection(tckks_threshold=getattr(federation, "tckks_threshold", None))
+    release = ReleaseSection(tckks_threshold=getattr(federation, "tckks_threshold", None),
+                             insecure_accept_plaintext=federation.secure_mode == "insecure_plaintext")
     clients = {n: HospitalClient(task=t, identity=ids[n], server=server_identity.public, peers=publics,
                                  dictionary_hash=dictionary_hash, federation_id=fed.id, release=release)
                for n, t in tasks.items()}

@@ -119,7 +119,7 @@ def test_serverapp_killed_mid_round_resumes_to_the_uninterrupted_model(tmp_path)
 
     server_toml = _write_server(tmp_path)
     journal, events = tmp_path / "audit.journal.sqlite", tmp_path / "events.jsonl"
-    pythonpath = [APP, HERE, RUNTIME_TESTS, HERE.parent]
+    pythonpath = [APP, HERE, RUNTIME_TESTS]  # not tests/: its clinograph/ test folders would shadow the package
     with flower_processes(tmp_path, federation_id=FEDERATION, hospitals=HOSPITALS, budget=TOTAL_BUDGET,
                           pythonpath=pythonpath) as fp:
         keys, link = fp.keys, fp.keys.superlink_dir

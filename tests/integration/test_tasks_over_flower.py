@@ -37,7 +37,7 @@ CASES = {  # name -> (cohort form, hospital.toml settings, server [federation] s
     "fednsl_transformer": ("binary", {"task": "fednsl", "fednsl": {"max_len": 1, "steps": 20, "draws": 32}},
                            {"secure_mode": "masked", "strategy": "fednsl_rules",
                             "server-extension": "clinograph.sdk.fednsl.federation:attach_transformer"}),
-    "agat_attention": ("binary", {"task": "agat", "agat": {"hidden": 8}},
+    "agat_attention": ("binary", {"task": "agat", "agat": {"hidden": 8}, "release": {"insecure_accept_plaintext": True}},
                        {"secure_mode": "insecure_plaintext", "strategy": "insecure_attention",
                         "environment": "development"}),
 }

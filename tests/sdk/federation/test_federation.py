@@ -85,6 +85,23 @@ def test_hospital_with_another_dictionary_refuses_the_plan(tmp_path):
     assert out.result.contributors == ("north", "south")
 
 
+def test_a_hospital_refuses_a_plaintext_plan_unless_its_config_accepts_one(tmp_path):
+    # before: a hospital followed whatever secure_mode the server's signed plan named, so a server could switch
+    # every hospital to insecure_plaintext and read each update (helper hadv2 found it)
+    from clinograph.sdk.config import ReleaseSection
+
+    tables = small_tables()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        sim = build_simulation(tables, tables[0].dictionary, cfg("insecure_plaintext"), audit_dir=tmp_path / "p")
+    assert all(h.release.insecure_accept_plaintext for h in sim.hospitals.values())  # the simulation chose it
+    sim.hospitals["east"].release = ReleaseSection()  # a deployed hospital's default
+    out = sim.run_round()
+    sim.audit.close()
+    assert "east" in out.dropped and "insecure_accept_plaintext" in out.dropped["east"]
+    assert out.result.contributors == ("north", "south")
+
+
 def test_a_hospital_dropping_mid_round_leaves_the_survivors_aggregate(tmp_path):
     res = run("masked", tmp_path, rounds=1, drop_at={0: {"south": 2}})
     assert "south" in res.dropped[0]
