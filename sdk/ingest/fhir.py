@@ -49,6 +49,8 @@ WITHDRAWN = frozenset({"entered-in-error", "cancelled"})
 _PATIENT_REF = re.compile(r"(?:^|/)Patient/([A-Za-z0-9\-.]{1,64})(?:/_history/[A-Za-z0-9\-.]{1,64})?$"
                           r"|^urn:uuid:([0-9A-Fa-f\-]{36})$")
 MAX_PROBLEMS_SHOWN = 20
+#: prefix of a subject resolved to a Patient contained in its Observation (no reference can start so)
+CONTAINED = "\x00contained:"
 
 
 def _resources(path: Path):
@@ -194,12 +196,15 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     names = {**DEFAULT_SYSTEMS, **(systems or {})}
     problems: list[str] = []
     patients: dict[str, str] = {}
-    born: dict[str, tuple[str | None, str | None, str]] = {}
     known = set(dictionary.by_code())
     readings: list[tuple] = []  # plain tuples, not model objects: 10^5 live models slow the garbage collector
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
     holders: dict[str, dict[str, str]] = {}  # patient key -> Patient resource id -> where it was read
+    records: dict[str, list[tuple[str | None, str | None, str]]] = {}  # key -> (birthDate, gender, where), all copies
+    local: list[str] = []  # Observations whose contained Patient cannot name a patient (patient_id = "id")
+    codings: dict[tuple[str, ...], list[str]] = {}  # codes of several features -> the Observations coded so
+    feature_of = {k: f.id for k, f in dictionary.by_code().items()}
     for where, doc in _resources(path):
         kind = doc.get("resourceType")
         if kind == "Patient":
@@ -208,15 +213,31 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
                 key = ident if patient_id == "identifier" and ident else str(p.id)
                 patients[str(p.id)] = key
-                born[key] = (p.birthDate, p.gender, where)
+                records.setdefault(key, []).append((p.birthDate, p.gender, where))
                 holders.setdefault(key, {}).setdefault(str(p.id), where)
         elif kind == "Observation":
             o = _validate(fm.Observation, doc, where, problems, full_observation)
             if o is not None:
-                _read_observation(o, where, names=names, known=known, label_code=label_code, out=readings,
-                                  counts=counts)
+                subject = (o.subject.reference or "") if o.subject else ""
+                if subject.startswith("#"):
+                    subject = _contained_patient(o, subject, where, patient_id=patient_id, problems=problems,
+                                                 full=full_patient, records=records, local=local) or subject
+                _read_observation(o, where, subject=subject, names=names, feature_of=feature_of,
+                                  label_code=label_code, out=readings, counts=counts, codings=codings)
         else:
             skipped[str(kind)] += 1
+    born = _one_birth_a_patient(records, holders, problems, patient_id=patient_id)
+    if local:
+        problems.append(f"{len(local)} Observation(s) reference a Patient contained in them (e.g. "
+                        f"{', '.join(local[:3])}): a contained Patient's id means nothing outside its Observation, so "
+                        "it cannot name one patient across Observations. Read patients by their identifier: "
+                        "patient_id = \"identifier\" under [fhir] (each contained Patient needs one).")
+    for codes, places in codings.items():
+        problems.append(f"{len(places)} Observation(s) (e.g. {', '.join(places[:3])}) are coded "
+                        f"{' and '.join(codes)}, codes of {'two' if len(codes) == 2 else len(codes)} different "
+                        f"dictionary features ({', '.join(repr(feature_of.get(c, 'the label')) for c in codes)}): "
+                        "which one the value measures is ambiguous. Keep one of those codings in the export, or "
+                        "move the code in the dictionary.")
     shared = [places for places in holders.values() if len(places) > 1]
     if shared:  # two Patients read as one: their observations would be merged (ids are not shown)
         problems.append(f"{len(shared)} patient key(s) ({'identifier' if patient_id == 'identifier' else 'id'}) are "
@@ -228,6 +249,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         if len(problems) > MAX_PROBLEMS_SHOWN:
             shown.append(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more resource(s) that do not validate.")
         raise SchemaError(shown, title=f"FHIR input {path} has invalid resources")
+    patients.update({CONTAINED + key: key for key in records})  # contained Patients' subjects (their keys)
     return _assemble(readings, counts, patients, born, skipped, label_code=label_code, known=known,
                      dictionary=dictionary, site=site, snapshot_hours=snapshot_hours, units=units,
                      censored=censored, age=age, sex=sex)
@@ -237,14 +259,67 @@ def _keys(code, names: dict[str, str]) -> list[str]:  # noqa: ANN001 - a Codeabl
     return [f"{names[c.system]}/{c.code}" for c in (code.coding or []) if c.system in names and c.code]
 
 
-def _read_observation(o, where: str, *, names, known, label_code, out: list, counts: Counter) -> None:  # noqa: ANN001
+def _contained_patient(o, ref: str, where: str, *, patient_id, problems, full, records, local) -> str | None:  # noqa: ANN001
+    """The subject reference of an Observation whose ``subject`` is a Patient in its ``contained``
+    (``#p1``): :data:`CONTAINED` + the patient key (its identifier; ``patient_id = "id"`` cannot
+    name a patient by a contained id: ``where`` is added to ``local``); None if no contained
+    Patient has that id (then counted as without a Patient)."""
+    from . import fhir_models as fm
+
+    doc = next((r for r in o.contained or () if r.get("resourceType") == "Patient" and f"#{r.get('id')}" == ref),
+               None)
+    if doc is None:
+        return None
+    p = _validate(fm.Patient, doc, f"{where} (contained Patient)", problems, full)
+    if p is None:
+        return None
+    ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
+    if patient_id != "identifier" or not ident:
+        local.append(where)
+        return None
+    records.setdefault(ident, []).append((p.birthDate, p.gender, where))
+    return CONTAINED + ident
+
+
+def _one_birth_a_patient(records, holders, problems, *, patient_id) -> dict:  # noqa: ANN001
+    """patient key -> (birthDate, gender, where) from every Patient copy read for it (top-level and
+    contained; the first one that gives each); copies that disagree are a problem (places only)."""
+    born, clash = {}, []
+    for key, recs in records.items():
+        births, genders = {r[0] for r in recs if r[0]}, {r[1] for r in recs if r[1]}
+        if (len(births) > 1 or len(genders) > 1) and len(holders.get(key, ())) < 2:  # shared ids: named apart
+            clash.append(", ".join(dict.fromkeys(r[2] for r in recs[:3])))
+        born[key] = (next((r[0] for r in recs if r[0]), None), next((r[1] for r in recs if r[1]), None), recs[0][2])
+    if clash:
+        problems.append(f"{len(clash)} patient(s) are described by several Patient resources (top-level or "
+                        f"contained) that disagree on gender or birthDate (e.g. {clash[0]}): they would be read as "
+                        f"one patient ({patient_id}). Fix the export: one {patient_id} a person.")
+    return born
+
+
+def _target(keys: list[str], where: str, *, feature_of, label_code, codings) -> str | None:  # noqa: ANN001
+    """The one code of ``keys`` that is read: the first coding of a dictionary feature (or the
+    label); codings of the same feature are one reading. None, with ``where`` added to
+    ``codings``, when they are codes of different features (or a feature and the label)."""
+    hits: dict[str, str] = {}
+    for k in keys:
+        t = "(label)" if k == label_code else feature_of.get(k)
+        if t is not None:
+            hits.setdefault(t, k)
+    if len(hits) > 1:
+        codings.setdefault(tuple(hits.values()), []).append(where)
+        return None
+    return next(iter(hits.values()), keys[0] if keys else "(uncoded)")
+
+
+def _read_observation(o, where: str, *, subject: str, names, feature_of, label_code, out: list,  # noqa: ANN001
+                      counts: Counter, codings: dict) -> None:
     """The readings of one Observation (itself, or each component of a panel) as tuples
     ``(subject reference, time, SYSTEM/CODE, value, unit, comparator, where)``; those with a
     ``dataAbsentReason`` or no value are counted."""
     if o.status in WITHDRAWN:
         counts["withdrawn"] += 1
         return
-    ref = (o.subject.reference or "") if o.subject else ""
     when = _when(o)
     parts = [(o, _keys(o.code, names))]
     if o.component:  # a panel (blood pressure): each component is an observation of its own code
@@ -253,7 +328,9 @@ def _read_observation(o, where: str, *, names, known, label_code, out: list, cou
         if x is o and o.component and x.valueQuantity is None and x.valueBoolean is None \
                 and x.valueInteger is None and x.dataAbsentReason is None:
             continue  # the panel's own code carries no value
-        key = next((k for k in keys if k == label_code or k in known), keys[0] if keys else "(uncoded)")
+        key = _target(keys, where, feature_of=feature_of, label_code=label_code, codings=codings)
+        if key is None:
+            continue
         if x.dataAbsentReason is not None:
             counts["absent"] += 1
             continue
@@ -261,15 +338,15 @@ def _read_observation(o, where: str, *, names, known, label_code, out: list, cou
         if value is None:
             counts["no_value"] += 1
             continue
-        out.append((ref, when, key, value, unit, None if comparator == "ad" else comparator, where))
+        out.append((subject, when, key, value, unit, None if comparator == "ad" else comparator, where))
 
 
 def _assemble(readings, counts, patients, born, skipped, *, label_code, known, dictionary, site,  # noqa: ANN001, PLR0913
               snapshot_hours, units, censored, age, sex):
     rows, label_rows, orphans = [], [], 0
     for ref, when, key, value, unit, comparator, where in readings:
-        m = _PATIENT_REF.search(ref)
-        pid = patients.get(m.group(1) or m.group(2)) if m else None
+        m = None if ref.startswith(CONTAINED) else _PATIENT_REF.search(ref)
+        pid = patients.get(ref) if ref.startswith(CONTAINED) else patients.get(m.group(1) or m.group(2)) if m else None
         if pid is None:
             orphans += 1
             continue

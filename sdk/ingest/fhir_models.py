@@ -11,12 +11,13 @@ Fields read: Patient ``id``, ``identifier[].value``, ``gender``, ``birthDate``; 
 ``id``, ``status``, ``code.coding[].system/code``, ``subject.reference``, ``effectiveDateTime``,
 ``effectiveInstant``, ``effectivePeriod.start``, ``issued``, ``valueQuantity`` (``value``,
 ``comparator``, ``unit``, ``system``, ``code``), ``valueBoolean``, ``valueInteger``,
-``dataAbsentReason``, and ``component[]`` (``code``, the same values, ``dataAbsentReason``).
+``dataAbsentReason``, ``component[]`` (``code``, the same values, ``dataAbsentReason``), and a
+Patient in ``contained[]`` that ``subject`` references (``#p1``; the Patient fields above).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -83,6 +84,9 @@ class Observation(_Valued):
     effectivePeriod: Period | None = None
     issued: str | None = Field(default=None, pattern=DATETIME)
     component: list[Component] | None = None
+    #: contained resources, as JSON objects: only a Patient that ``subject`` references (``#p1``) is
+    #: read, validated as :class:`Patient`
+    contained: list[dict[str, Any]] | None = None
 
 
 class Patient(_Element):

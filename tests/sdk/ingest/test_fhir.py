@@ -238,3 +238,59 @@ def test_two_patients_sharing_an_identifier_are_refused_not_merged(tmp_path):
         read_fhir(path, dictionary=D, site="s", label_code=None, patient_id="identifier")
     assert "MRN-1" not in str(err.value)
     assert read_fhir(path, dictionary=D, site="s", label_code=None).ingest(D).n_patients == 2  # by resource id
+
+
+def test_a_patient_contained_in_its_observation_is_resolved_by_identifier(tmp_path):
+    """A lab feed's standalone Observation carries its Patient in ``contained`` (subject ``#p1``);
+    it was counted as "without a Patient". A contained id means nothing outside its resource, so
+    the patient is its identifier -- one patient with a top-level Patient of that identifier."""
+    from clinograph.sdk.ingest.omop import OmopSex
+    from ehr_helpers import extended_dictionary
+
+    d2 = extended_dictionary()
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    mine = {"resourceType": "Patient", "id": "p1", "identifier": [{"value": "MRN-7"}], "gender": "female"}
+    res = [{"resourceType": "Patient", "id": "top", "identifier": [{"value": "MRN-1"}], "gender": "male"},
+           _obs(1, "top", "8867-4", "2024-01-01T07:00:00Z", **hr),
+           {**_obs(2, "x", "8867-4", "2024-01-01T07:00:00Z", **hr), "contained": [mine], "subject": {"reference": "#p1"}},
+           {**_obs(3, "x", "2345-7", "2024-01-01T09:00:00Z", valueQuantity={"value": 5.0, "code": "mmol/L"}),
+            "contained": [{**mine, "identifier": [{"value": "MRN-1"}], "gender": "male"}], "subject": {"reference": "#p1"}}]
+    path = _ndjson(tmp_path / "x.ndjson", res)
+    sex = OmopSex(feature="sex", male="male", female="female")
+    ex = read_fhir(path, dictionary=d2, site="s", label_code=None, patient_id="identifier", sex=sex)
+    t = ex.ingest(d2)
+    assert t.patient_ids == ("MRN-1", "MRN-7")
+    idx = d2.node_index()
+    assert sorted(t.value[t.node == idx["heart_rate"]].tolist()) == [80.0, 80.0]
+    assert t.value[(t.node == idx["glucose"])].tolist() == [5.0]
+    assert t.patient[t.node == idx["glucose"]].tolist() == [0]                  # MRN-1: the top-level Patient
+    assert t.patient[t.node == idx["sex=female"]].tolist() == [1]               # MRN-7's contained gender
+    assert not any("without a Patient" in n for n in ex.report.notes)
+    with pytest.raises(SchemaError, match=r"2 Observation\(s\) reference a Patient contained in them \(e.g. x.ndjson "
+                                          r"line 3, x.ndjson line 4\).*patient_id = \"identifier\""):
+        read_fhir(path, dictionary=d2, site="s", label_code=None)
+    clash = _ndjson(tmp_path / "c.ndjson", [*res[:3], {**res[3], "contained": [{**mine, "identifier": [{"value": "MRN-1"}]}]}])
+    with pytest.raises(SchemaError, match=r"1 patient\(s\) .* disagree on gender or birthDate \(e.g. c.ndjson line 1, "
+                                          r"c.ndjson line 4\)") as err:
+        read_fhir(clash, dictionary=d2, site="s", label_code=None, patient_id="identifier", sex=sex)
+    assert "MRN" not in str(err.value)
+
+
+def test_codings_of_one_feature_read_once_and_of_two_features_are_an_error(tmp_path):
+    """An Observation coded LOINC 8867-4 and ALARM HRBP (two dictionary features) was read silently
+    under the first coding's feature only; two codings of one feature are one reading."""
+    alarm = "https://clinograph.org/fhir/CodeSystem/alarm"
+
+    def coded(i, *codes):
+        o = _obs(i, "p1", "x", "2024-01-01T07:00:00Z", valueQuantity={"value": 80, "code": "/min"})
+        return {**o, "code": {"coding": [{"system": s, "code": c} for s, c in codes]}}
+
+    same = [{"resourceType": "Patient", "id": "p1"}, coded(1, (LOINC, "8867-4"), (alarm, "HREKG"), (LOINC, "8867-4"))]
+    ex = read_fhir(_ndjson(tmp_path / "same.ndjson", same), dictionary=D, site="s", label_code=None)
+    assert ex.report.events_mapped == 1 and ex.report.collapsed == 0
+    assert ex.ingest(D).value.tolist() == [80.0]
+    two = [*same, coded(2, (LOINC, "8867-4"), (alarm, "HRBP")), coded(3, (LOINC, "12345-6"), (alarm, "HRSAT"))]
+    with pytest.raises(SchemaError, match=r"1 Observation\(s\) \(e.g. two.ndjson line 3\) are coded LOINC/8867-4 and "
+                                          r"ALARM/HRBP, codes of two different dictionary features \('heart_rate', "
+                                          r"'heart_rate_art'\)"):
+        read_fhir(_ndjson(tmp_path / "two.ndjson", two), dictionary=D, site="s", label_code=None)
