@@ -15,7 +15,9 @@ Values: ``valueQuantity`` (its UCUM ``code``, else its ``unit``, read through pi
 ``component`` (a blood-pressure panel's systolic and diastolic) is read as an observation of its
 own code at the panel's time; a ``dataAbsentReason`` is counted as missing; an Observation
 ``entered-in-error`` or ``cancelled`` is excluded and counted. ``subject`` references a Patient
-relatively, absolutely, by version or by a bundle's ``urn:uuid:`` (:data:`_PATIENT_REF`). Time: ``effectiveDateTime``, ``effectiveInstant``,
+relatively, absolutely, by version or by a bundle's ``urn:uuid:`` (:data:`_PATIENT_REF`), or one
+in the Observation's ``contained`` (``#p1``: the patient of its identifier). Codings of two
+different dictionary features in one ``code`` are an error (which one is meant is ambiguous). Time: ``effectiveDateTime``, ``effectiveInstant``,
 ``effectivePeriod.start`` or ``issued``, counted in hours from the patient's first mapped
 observation and binned into snapshots of ``snapshot_hours``. The label is the latest
 Observation coded ``label_code`` (boolean or 0/1 integer).
