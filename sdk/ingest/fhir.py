@@ -56,7 +56,8 @@ CONTAINED = "\x00contained:"
 
 
 def _resources(path: Path):
-    """(where, dict) for every resource in a Bundle, an NDJSON file or a folder of them."""
+    """(where, dict, the entry's fullUrl or None) for every resource in a Bundle, an NDJSON file or a
+    folder of them."""
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".ndjson", ".json")) if path.is_dir() else [path]
     if not files:
         raise ConfigError(f"FHIR folder {path} holds no .ndjson or .json file.")
@@ -67,7 +68,7 @@ def _resources(path: Path):
             with open(f, "rb") as fh:  # bytes: a line that is not UTF-8 is named, not a decoder traceback
                 for n, line in enumerate(fh, 1):
                     if line.strip():
-                        yield f"{f.name} line {n}", _json(line, f"{f.name} line {n}")
+                        yield f"{f.name} line {n}", _json(line, f"{f.name} line {n}"), None
             continue
         doc = _json(f.read_bytes(), f.name)
         if doc.get("resourceType") == "Bundle":
@@ -80,9 +81,10 @@ def _resources(path: Path):
                 if not isinstance(resource, dict | None):
                     raise SchemaError(f"FHIR Bundle {f.name} entry {n} is not an object with a 'resource' object. "
                                       "Export the Bundle again.", title="FHIR input cannot be parsed")
-                yield f"{f.name} entry {n}", resource or {}
+                url = entry.get("fullUrl") if isinstance(entry, dict) else None
+                yield f"{f.name} entry {n}", resource or {}, url if isinstance(url, str) else None
         else:
-            yield f.name, doc
+            yield f.name, doc, None
 
 
 def _json(data: bytes, where: str) -> dict:
@@ -207,16 +209,23 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     local: list[str] = []  # Observations whose contained Patient cannot name a patient (patient_id = "id")
     codings: dict[tuple[str, ...], list[str]] = {}  # codes of several features -> the Observations coded so
     feature_of = {k: f.id for k, f in dictionary.by_code().items()}
-    for where, doc in _resources(path):
+    nameless: list[str] = []  # Patients without an id (nor a Bundle fullUrl naming one), read by id
+    for where, doc, url in _resources(path):
         kind = doc.get("resourceType")
         if kind == "Patient":
             p = _validate(fm.Patient, doc, where, problems, full_patient)
             if p is not None:
                 ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
-                key = ident if patient_id == "identifier" and ident else str(p.id)
-                patients[str(p.id)] = key
+                # a transaction Bundle's entry may name its Patient by fullUrl only (urn:uuid:..., no id)
+                m = _PATIENT_REF.search(url or "")
+                ids = list(dict.fromkeys(i for i in (p.id, m and (m.group(1) or m.group(2))) if i))
+                if not ids and not (patient_id == "identifier" and ident):
+                    nameless.append(where)
+                    continue
+                key = ident if patient_id == "identifier" and ident else ids[0]
+                patients.update(dict.fromkeys(ids, key))
                 records.setdefault(key, []).append((p.birthDate, p.gender, where))
-                holders.setdefault(key, {}).setdefault(str(p.id), where)
+                holders.setdefault(key, {}).setdefault(ids[0] if ids else where, where)
         elif kind == "Observation":
             o = _validate(fm.Observation, doc, where, problems, full_observation)
             if o is not None:
@@ -229,6 +238,10 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         else:
             skipped[str(kind)] += 1
     born = _one_birth_a_patient(records, holders, problems, patient_id=patient_id)
+    if nameless:
+        problems.append(f"{len(nameless)} Patient(s) have no id, and no Bundle fullUrl naming one (e.g. "
+                        f"{', '.join(nameless[:3])}): no Observation can reference them. Export the Patients with "
+                        "their ids, or read patients by identifier: patient_id = \"identifier\" under [fhir].")
     if local:
         problems.append(f"{len(local)} Observation(s) reference a Patient contained in them (e.g. "
                         f"{', '.join(local[:3])}): a contained Patient's id means nothing outside its Observation, so "

@@ -294,3 +294,25 @@ def test_codings_of_one_feature_read_once_and_of_two_features_are_an_error(tmp_p
                                           r"ALARM/HRBP, codes of two different dictionary features \('heart_rate', "
                                           r"'heart_rate_art'\)"):
         read_fhir(_ndjson(tmp_path / "two.ndjson", two), dictionary=D, site="s", label_code=None)
+
+
+def test_a_transaction_bundle_naming_patients_by_fullurl_only_is_resolved(tmp_path):
+    """A transaction Bundle (POST entries) may leave resource ids out and name each resource by its
+    entry's fullUrl (``urn:uuid:``); its Observations were all counted as "without a Patient" and
+    the Patient read as a patient called 'None'."""
+    uuid = "3f1c2b9e-8a7d-4c1e-9b2a-0d4e5f6a7b8c"
+    obs = {k: v for k, v in _obs(1, "x", "8867-4", "2024-01-01T07:00:00-05:00",
+                                 valueQuantity={"value": 80, "code": "/min"}).items() if k != "id"}
+    entries = [{"fullUrl": f"urn:uuid:{uuid}", "resource": {"resourceType": "Patient", "gender": "male"},
+                "request": {"method": "POST", "url": "Patient"}},
+               {"fullUrl": "urn:uuid:0d4e5f6a-0000-4c1e-9b2a-3f1c2b9e8a7d",
+                "resource": {**obs, "subject": {"reference": f"urn:uuid:{uuid}"}},
+                "request": {"method": "POST", "url": "Observation"}}]
+    bundle = tmp_path / "b.json"
+    bundle.write_text(json.dumps({"resourceType": "Bundle", "type": "transaction", "entry": entries}))
+    t = read_fhir(bundle, dictionary=D, site="s", label_code=None).ingest(D)
+    assert t.patient_ids == (uuid,) and t.value.tolist() == [80.0]
+    nameless = _ndjson(tmp_path / "x.ndjson", [{"resourceType": "Patient"}, {**obs, "subject": {"reference": "Patient/1"}}])
+    with pytest.raises(SchemaError, match=r"1 Patient\(s\) have no id, and no Bundle fullUrl naming one \(e.g. x.ndjson "
+                                          r"line 1\)"):
+        read_fhir(nameless, dictionary=D, site="s", label_code=None)
