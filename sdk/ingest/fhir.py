@@ -370,6 +370,8 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
     t = _times(ev["t"], ev["where"]).dt.tz_localize(None)
     mapped = ev["code"].isin(known)
+    timeless = (mapped & t.isna()).to_numpy()  # no effective[x] nor issued: no snapshot to put it in
+    ev, t, mapped = ev[~timeless], t[~timeless], mapped[~timeless]
     origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
     hours = ((t - ev["patient_id"].map(origin)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
     events = ev.assign(hours=np.where(np.isnan(hours), 0.0, hours))
@@ -379,12 +381,13 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     labels = None
     if label_code is not None:
         lab = pd.DataFrame(label_rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
-        lab = lab.assign(t=_times(lab["t"], lab["where"])).sort_values("t")
+        lab = lab.assign(t=_times(lab["t"], lab["where"])).sort_values("t", na_position="first")  # timed: latest
         labels = lab.groupby("patient_id")["value"].last().astype(float)
     notes = tuple(f"{what}: {n}" for what, n in (
         ("Observation readings (a panel: each component) without a Patient read here", orphans),
         ("Observations (or components) without a numeric or boolean value", no_value),
         ("Observations (or components) with a dataAbsentReason (read as missing)", absent),
+        ("Observations (or components) without a time: no effective[x] nor issued (excluded)", int(timeless.sum())),
         ("Observations entered in error or cancelled (excluded)", withdrawn),
         ("patients of a gender other than male/female (sex missing)", unknown_sex),
         ("other resources skipped", sum(skipped.values()))) if n)
@@ -392,6 +395,7 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
                    source="FHIR R4", snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[fhir] in the source file",
                    excluded={"without a Patient": orphans, "without a value": no_value, "dataAbsentReason": absent,
+                             "without a time": int(timeless.sum()),
                              "entered in error or cancelled": withdrawn})
 
 

@@ -316,3 +316,15 @@ def test_a_transaction_bundle_naming_patients_by_fullurl_only_is_resolved(tmp_pa
     with pytest.raises(SchemaError, match=r"1 Patient\(s\) have no id, and no Bundle fullUrl naming one \(e.g. x.ndjson "
                                           r"line 1\)"):
         read_fhir(nameless, dictionary=D, site="s", label_code=None)
+
+
+def test_an_observation_without_a_time_is_excluded_and_counted_not_put_in_the_first_snapshot(tmp_path):
+    """An Observation with no effective[x] nor issued was read at hour 0 and, as the last value of
+    that snapshot, silently replaced the patient's real first value."""
+    hr = [_obs(i, "p1", "8867-4", when, valueQuantity={"value": v, "code": "/min"})
+          for i, (when, v) in enumerate((("2024-01-01T08:00:00Z", 70), ("2024-01-03T08:00:00Z", 90), (None, 150)))]
+    del hr[2]["effectiveDateTime"]
+    ex = read_fhir(_ndjson(tmp_path / "x.ndjson", [{"resourceType": "Patient", "id": "p1"}, *hr]), dictionary=D,
+                   site="s", label_code=None)
+    assert ex.ingest(D).value.tolist() == [70.0, 90.0]
+    assert "Observations (or components) without a time: no effective[x] nor issued (excluded): 1" in ex.report.notes
