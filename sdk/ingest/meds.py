@@ -59,6 +59,7 @@ def _read_shards(root: Path) -> pd.DataFrame:
                             "patients ('007', '7') would become one. Write subject_id as int64, mapping each "
                             "local id to one integer.")
             continue
+        zoned = _zoned(table, "time")  # align() converts a zoned time to UTC, silently
         try:
             table = meds.DataSchema.align(table)
         except Exception as exc:  # the meds schema names the missing or mistyped columns
@@ -67,6 +68,7 @@ def _read_shards(root: Path) -> pd.DataFrame:
                             "timestamp[us], code string, numeric_value float32.")
             continue
         df = table.to_pandas()
+        df["_zoned"] = zoned
         df["_shard"] = str(shard.relative_to(root))
         df["_row"] = np.arange(1, len(df) + 1)
         frames.append(df)
@@ -89,6 +91,29 @@ def _text_ids_that_change(table) -> bool:  # noqa: ANN001 - a pyarrow Table
     return not pc.all(pc.or_kleene(plain, pc.is_null(ids))).as_py()
 
 
+def _zoned(table, column: str) -> bool:  # noqa: ANN001 - a pyarrow Table
+    """Whether ``column`` is a timestamp with a time zone (MEDS' is timestamp[us] without one)."""
+    import pyarrow as pa
+
+    return column in table.column_names and pa.types.is_timestamp(table[column].type) \
+        and table[column].type.tz is not None
+
+
+def _one_time_zone(shards: pd.DataFrame, labels: Path | None, labels_zoned: bool | None) -> None:
+    """SchemaError unless the shards' times (and the label file's prediction times) are all with a
+    time zone or all without: MEDS' align() converts zoned times to UTC, so a mix would shift
+    events against each other and the prediction time by the UTC offset, silently (an event an
+    hour after the prediction time read as a feature)."""
+    by_shard = shards.groupby("_shard")["_zoned"].first()
+    kinds = set(by_shard.tolist()) | ({labels_zoned} if labels_zoned is not None else set())
+    if len(kinds) > 1:
+        zoned = [str(s) for s, z in by_shard.items() if z] + ([str(labels)] if labels_zoned else [])
+        raise SchemaError(f"MEDS times mix time-zone-aware and naive timestamps (with a time zone: "
+                          f"{', '.join(zoned[:5])}): read together, one side would be shifted by its UTC offset. "
+                          "MEDS times are timestamp[us] without a time zone: write every shard and the label file "
+                          "in the same local time (or all in UTC).", title="MEDS times cannot be compared")
+
+
 def _schema_reason(exc: Exception) -> str:
     """The schema error's first line, cut: it names columns and types, not values."""
     return str(exc).splitlines()[0][:200] if str(exc) else "schema mismatch"
@@ -99,7 +124,9 @@ def _labels(path: Path) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     try:
-        table = meds.LabelSchema.align(pq.read_table(path))
+        raw = pq.read_table(path)
+        zoned = _zoned(raw, "prediction_time")
+        table = meds.LabelSchema.align(raw)
     except FileNotFoundError:
         raise ConfigError(f"MEDS label file {path} does not exist.") from None
     except Exception as exc:
@@ -107,6 +134,7 @@ def _labels(path: Path) -> pd.DataFrame:
                           "It needs subject_id, prediction_time and boolean_value.",
                           title="MEDS labels cannot be read") from None
     df = table.to_pandas()
+    df.attrs["zoned"] = zoned
     if df["boolean_value"].isna().all():
         raise SchemaError(f"MEDS label file {path} has no boolean_value set. Clinograph's tasks are binary: write "
                           "the outcome as boolean_value.", title="MEDS labels cannot be read")
@@ -177,6 +205,7 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     t = pd.to_datetime(events["time"])
     if labels is not None:
         lab = _labels(Path(labels))
+        _one_time_zone(events, Path(labels), lab.attrs["zoned"])
         repeated = lab["subject_id"].duplicated(keep=False)
         if repeated.any():
             raise SchemaError(f"MEDS label file {labels}: {int(lab.loc[repeated, 'subject_id'].nunique())} subject(s) "
@@ -186,6 +215,7 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         y = pd.Series(lab["boolean_value"].astype(float).to_numpy(), index=[str(s) for s in lab["subject_id"]])
         subjects = [str(s) for s in origin.index]
     else:  # times count from the subject's first mapped event (not MEDS_BIRTH, decades before)
+        _one_time_zone(events, None, None)
         mapped = raw.map({c: b in known for c, (b, _) in split.items()}).to_numpy(dtype=bool) & t.notna().to_numpy()
         origin = t[mapped].groupby(sid[mapped]).min()
         y, subjects = None, [str(s) for s in sorted(set(sid))]

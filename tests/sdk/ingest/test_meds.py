@@ -192,3 +192,17 @@ def test_meds_etl_codes_units_and_birth_rows(tmp_path):
     ex = read_meds(tmp_path, dictionary=d, site="s", labels=None, lookback_hours=None, units={"creatinine": "umol/L"})
     assert ex.table["time"].tolist() == [0, 2]  # snapshots from the first lab, not from birth
     assert ex.ingest(d).value.tolist() == pytest.approx([88.4017, 2.0], rel=1e-5)
+
+
+def test_shards_and_labels_mixing_zoned_and_naive_times_are_refused(tmp_path):
+    """meds' align() converts a zoned time to UTC: events written in Europe/Berlin beside naive local
+    prediction times were shifted by an hour, silently -- an event after the prediction time read
+    as a feature."""
+    berlin = pa.timestamp("us", tz="Europe/Berlin")
+    after = dt.datetime(2024, 1, 2, 11, 30, tzinfo=dt.timezone.utc)  # 12:30 in Berlin: after 12:00 local
+    _shard(tmp_path, [(1, None, "LOINC/8867-4//min-1", 80.0)], time=pa.array([after], berlin))
+    labels = _labels(tmp_path / "l.parquet", [1], T0)
+    with pytest.raises(SchemaError, match=r"MEDS times mix time-zone-aware and naive timestamps \(with a time zone: "
+                                          r"data/0.parquet\)"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=labels, lookback_hours=24.0)
+    assert read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None).report.events_mapped == 1
