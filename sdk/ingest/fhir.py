@@ -16,7 +16,8 @@ Values: ``valueQuantity`` (its UCUM ``code``, else its ``unit``, read through pi
 own code at the panel's time; a ``dataAbsentReason`` is counted as missing; an Observation
 ``entered-in-error`` or ``cancelled`` is excluded and counted. ``subject`` references a Patient
 relatively, absolutely, by version or by a bundle's ``urn:uuid:`` (:data:`_PATIENT_REF`), or one
-in the Observation's ``contained`` (``#p1``: the patient of its identifier). Codings of two
+in the Observation's ``contained`` (``#p1``: the patient of its identifier), or logically
+(``subject.identifier``: the one Patient read with that identifier). Codings of two
 different dictionary features in one ``code`` are an error (which one is meant is ambiguous). Time: ``effectiveDateTime``, ``effectiveInstant``,
 ``effectivePeriod.start`` or ``issued``, counted in hours from the patient's first mapped
 observation and binned into snapshots of ``snapshot_hours``. The label is the latest
@@ -53,6 +54,8 @@ _PATIENT_REF = re.compile(r"(?:^|/)Patient/([A-Za-z0-9\-.]{1,64})(?:/_history/[A
 MAX_PROBLEMS_SHOWN = 20
 #: prefix of a subject resolved to a Patient contained in its Observation (no reference can start so)
 CONTAINED = "\x00contained:"
+#: prefix of a logical reference (``subject.identifier``), resolved once every Patient is read
+LOGICAL = "\x00identifier:"
 
 
 def _resources(path: Path):
@@ -209,6 +212,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     local: list[str] = []  # Observations whose contained Patient cannot name a patient (patient_id = "id")
     codings: dict[tuple[str, ...], list[str]] = {}  # codes of several features -> the Observations coded so
     feature_of = {k: f.id for k, f in dictionary.by_code().items()}
+    idents: dict[tuple[str, str], set[str]] = {}  # (identifier system, value) -> keys of Patients that carry it
     nameless: list[str] = []  # Patients without an id (nor a Bundle fullUrl naming one), read by id
     for where, doc, url in _resources(path):
         kind = doc.get("resourceType")
@@ -224,12 +228,17 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                     continue
                 key = ident if patient_id == "identifier" and ident else ids[0]
                 patients.update(dict.fromkeys(ids, key))
+                for i in p.identifier or ():
+                    if i.value:
+                        idents.setdefault((i.system or "", i.value), set()).add(key)
                 records.setdefault(key, []).append((p.birthDate, p.gender, where))
                 holders.setdefault(key, {}).setdefault(ids[0] if ids else where, where)
         elif kind == "Observation":
             o = _validate(fm.Observation, doc, where, problems, full_observation)
             if o is not None:
                 subject = (o.subject.reference or "") if o.subject else ""
+                if not subject and o.subject and o.subject.identifier and o.subject.identifier.value:
+                    subject = LOGICAL + json.dumps([o.subject.identifier.system or "", o.subject.identifier.value])
                 if subject.startswith("#"):
                     subject = _contained_patient(o, subject, where, patient_id=patient_id, problems=problems,
                                                  full=full_patient, records=records, local=local) or subject
@@ -265,6 +274,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
             shown.append(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more resource(s) that do not validate.")
         raise SchemaError(shown, title=f"FHIR input {path} has invalid resources")
     patients.update({CONTAINED + key: key for key in records})  # contained Patients' subjects (their keys)
+    patients.update(_logical(readings, idents))
     return _assemble(readings, counts, patients, born, skipped, label_code=label_code, known=known,
                      dictionary=dictionary, site=site, snapshot_hours=snapshot_hours, units=units,
                      censored=censored, age=age, sex=sex)
@@ -310,6 +320,20 @@ def _one_birth_a_patient(records, holders, problems, *, patient_id) -> dict:  # 
                         f"contained) that disagree on gender or birthDate (e.g. {clash[0]}): they would be read as "
                         f"one patient ({patient_id}). Fix the export: one {patient_id} a person.")
     return born
+
+
+def _logical(readings: list[tuple], idents: dict[tuple[str, str], set[str]]) -> dict[str, str]:
+    """Logical subjects (``subject.identifier``) -> the key of the one Patient read that carries the
+    identifier (any of its identifiers; by value alone when the reference gives no system). None
+    or several: unresolved, counted as without a Patient -- never a patient made up from the value."""
+    out = {}
+    for ref in {r[0] for r in readings if r[0].startswith(LOGICAL)}:
+        system, value = json.loads(ref.removeprefix(LOGICAL))
+        keys = idents.get((system, value), set()) if system else \
+            set().union(*(k for (_, v), k in idents.items() if v == value))
+        if len(keys) == 1:
+            out[ref] = next(iter(keys))
+    return out
 
 
 def _target(keys: list[str], where: str, *, feature_of, label_code, codings) -> str | None:  # noqa: ANN001
@@ -360,8 +384,9 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
               snapshot_hours, units, censored, age, sex):
     rows, label_rows, orphans = [], [], 0
     for ref, when, key, value, unit, comparator, where in readings:
-        m = None if ref.startswith(CONTAINED) else _PATIENT_REF.search(ref)
-        pid = patients.get(ref) if ref.startswith(CONTAINED) else patients.get(m.group(1) or m.group(2)) if m else None
+        local = ref.startswith((CONTAINED, LOGICAL))
+        m = None if local else _PATIENT_REF.search(ref)
+        pid = patients.get(ref) if local else patients.get(m.group(1) or m.group(2)) if m else None
         if pid is None:
             orphans += 1
             continue

@@ -7,8 +7,8 @@ types and patterns (strict: ``"12"`` is not a number, ``"true"`` not a boolean);
 are ignored (``extra="ignore"``): never read, never kept. ``validate = "full"`` in ``[fhir]`` adds
 the full ``fhir.resources`` validation for sites that want it.
 
-Fields read: Patient ``id``, ``identifier[].value``, ``gender``, ``birthDate``; Observation
-``id``, ``status``, ``code.coding[].system/code``, ``subject.reference``, ``effectiveDateTime``,
+Fields read: Patient ``id``, ``identifier[].system/value``, ``gender``, ``birthDate``; Observation
+``id``, ``status``, ``code.coding[].system/code``, ``subject.reference`` / ``subject.identifier``, ``effectiveDateTime``,
 ``effectiveInstant``, ``effectivePeriod.start``, ``issued``, ``valueQuantity`` (``value``,
 ``comparator``, ``unit``, ``system``, ``code``), ``valueBoolean``, ``valueInteger``,
 ``dataAbsentReason``, ``component[]`` (``code``, the same values, ``dataAbsentReason``), and a
@@ -49,16 +49,18 @@ class Quantity(_Element):
     code: str | None = None
 
 
-class Reference(_Element):
-    reference: str | None = None
-
-
 class Period(_Element):
     start: str | None = Field(default=None, pattern=DATETIME)
 
 
 class Identifier(_Element):
+    system: str | None = None
     value: str | None = None
+
+
+class Reference(_Element):
+    reference: str | None = None
+    identifier: Identifier | None = None  # a logical reference (``subject.identifier``: an MRN)
 
 
 class _Valued(_Element):

@@ -328,3 +328,22 @@ def test_an_observation_without_a_time_is_excluded_and_counted_not_put_in_the_fi
                    site="s", label_code=None)
     assert ex.ingest(D).value.tolist() == [70.0, 90.0]
     assert "Observations (or components) without a time: no effective[x] nor issued (excluded): 1" in ex.report.notes
+
+
+def test_a_logical_subject_reference_resolves_to_the_patient_carrying_that_identifier(tmp_path):
+    """``subject: {identifier: {system, value}}`` (no ``reference``, as converted HL7 v2 feeds send
+    it) was counted as "without a Patient"; it names the Patient with that identifier -- any of
+    its identifiers -- and nothing else (an unknown MRN is not made into a patient)."""
+    mrn = "https://hospital.example/mrn"
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    res = [{"resourceType": "Patient", "id": "p1", "identifier": [{"system": "urn:synthea", "value": "u1"},
+                                                                  {"system": mrn, "value": "M-1"}]},
+           {**_obs(1, "x", "8867-4", "2024-01-01T07:00:00Z", **hr), "subject": {"identifier": {"system": mrn,
+                                                                                               "value": "M-1"}}},
+           {**_obs(2, "x", "8867-4", "2024-01-02T07:00:00Z", **hr), "subject": {"identifier": {"value": "M-1"}}},
+           {**_obs(3, "x", "8867-4", "2024-01-03T07:00:00Z", **hr), "subject": {"identifier": {"value": "M-2"}}}]
+    for key, found in (("id", "p1"), ("identifier", "u1")):
+        ex = read_fhir(_ndjson(tmp_path / "x.ndjson", res), dictionary=D, site="s", label_code=None, patient_id=key)
+        t = ex.ingest(D)
+        assert t.patient_ids == (found,) and t.value.tolist() == [80.0, 80.0]
+        assert "Observation readings (a panel: each component) without a Patient read here: 1" in ex.report.notes
