@@ -15,7 +15,7 @@ Values: ``valueQuantity`` (its UCUM ``code``, else its ``unit``, read through pi
 ``component`` (a blood-pressure panel's systolic and diastolic) is read as an observation of its
 own code at the panel's time; a ``dataAbsentReason`` is counted as missing; an Observation
 ``entered-in-error`` or ``cancelled`` is excluded and counted. ``subject`` references a Patient
-relatively, absolutely, by version or by a bundle's ``urn:uuid:`` (:data:`_PATIENT_REF`), or one
+relatively, absolutely, by version or by a bundle's ``urn:uuid:`` (:data:`PATIENT_REF`), or one
 in the Observation's ``contained`` (``#p1``: the patient of its identifier), or logically
 (``subject.identifier``: the one Patient read with that identifier). Codings of two
 different dictionary features in one ``code`` are an error (which one is meant is ambiguous). Time: ``effectiveDateTime``, ``effectiveInstant``,
@@ -27,7 +27,6 @@ Observation coded ``label_code`` (boolean or 0/1 integer).
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Literal
@@ -37,9 +36,18 @@ import pandas as pd
 
 from clinograph.core.errors import ConfigError, SchemaError
 
-from ..ontology.dictionary import FeatureDictionary, FeatureKind
+from ..ontology.dictionary import FeatureDictionary
 from .ehr_values import CensorPolicy, declared_features
 from .extract import EhrExtract, to_long
+from .fhir_patients import (
+    CONTAINED,
+    LOGICAL,
+    MAX_PROBLEMS_SHOWN,
+    PATIENT_REF,
+    logical_subjects,
+    one_birth_a_patient,
+    person_events,
+)
 from .omop import OmopSex
 
 DEFAULT_SYSTEMS = {"http://loinc.org": "LOINC", "http://snomed.info/sct": "SNOMED",
@@ -47,15 +55,6 @@ DEFAULT_SYSTEMS = {"http://loinc.org": "LOINC", "http://snomed.info/sct": "SNOME
 UCUM_URL = "http://unitsofmeasure.org"
 #: Observation statuses whose value is not a result: excluded and counted
 WITHDRAWN = frozenset({"entered-in-error", "cancelled"})
-#: a reference to a Patient: relative (``Patient/1``), absolute (``https://ehr/fhir/Patient/1``),
-#: versioned (``Patient/1/_history/2``) or a bundle's ``urn:uuid:`` (Synthea: the Patient's id is the uuid)
-_PATIENT_REF = re.compile(r"(?:^|/)Patient/([A-Za-z0-9\-.]{1,64})(?:/_history/[A-Za-z0-9\-.]{1,64})?$"
-                          r"|^urn:uuid:([0-9A-Fa-f\-]{36})$")
-MAX_PROBLEMS_SHOWN = 20
-#: prefix of a subject resolved to a Patient contained in its Observation (no reference can start so)
-CONTAINED = "\x00contained:"
-#: prefix of a logical reference (``subject.identifier``), resolved once every Patient is read
-LOGICAL = "\x00identifier:"
 
 
 def _resources(path: Path):
@@ -221,7 +220,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
             if p is not None:
                 ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
                 # a transaction Bundle's entry may name its Patient by fullUrl only (urn:uuid:..., no id)
-                m = _PATIENT_REF.search(url or "")
+                m = PATIENT_REF.search(url or "")
                 ids = list(dict.fromkeys(i for i in (p.id, m and (m.group(1) or m.group(2))) if i))
                 if not ids and not (patient_id == "identifier" and ident):
                     nameless.append(where)
@@ -246,7 +245,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                                   label_code=label_code, out=readings, counts=counts, codings=codings)
         else:
             skipped[str(kind)] += 1
-    born = _one_birth_a_patient(records, holders, problems, patient_id=patient_id)
+    born = one_birth_a_patient(records, holders, problems, patient_id=patient_id)
     if nameless:
         problems.append(f"{len(nameless)} Patient(s) have no id, and no Bundle fullUrl naming one (e.g. "
                         f"{', '.join(nameless[:3])}): no Observation can reference them. Export the Patients with "
@@ -274,7 +273,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
             shown.append(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more resource(s) that do not validate.")
         raise SchemaError(shown, title=f"FHIR input {path} has invalid resources")
     patients.update({CONTAINED + key: key for key in records})  # contained Patients' subjects (their keys)
-    patients.update(_logical(readings, idents))
+    patients.update(logical_subjects(readings, idents))
     return _assemble(readings, counts, patients, born, skipped, label_code=label_code, known=known,
                      dictionary=dictionary, site=site, snapshot_hours=snapshot_hours, units=units,
                      censored=censored, age=age, sex=sex)
@@ -304,36 +303,6 @@ def _contained_patient(o, ref: str, where: str, *, patient_id, problems, full, r
         return None
     records.setdefault(ident, []).append((p.birthDate, p.gender, where))
     return CONTAINED + ident
-
-
-def _one_birth_a_patient(records, holders, problems, *, patient_id) -> dict:  # noqa: ANN001
-    """patient key -> (birthDate, gender, where) from every Patient copy read for it (top-level and
-    contained; the first one that gives each); copies that disagree are a problem (places only)."""
-    born, clash = {}, []
-    for key, recs in records.items():
-        births, genders = {r[0] for r in recs if r[0]}, {r[1] for r in recs if r[1]}
-        if (len(births) > 1 or len(genders) > 1) and len(holders.get(key, ())) < 2:  # shared ids: named apart
-            clash.append(", ".join(dict.fromkeys(r[2] for r in recs[:3])))
-        born[key] = (next((r[0] for r in recs if r[0]), None), next((r[1] for r in recs if r[1]), None), recs[0][2])
-    if clash:
-        problems.append(f"{len(clash)} patient(s) are described by several Patient resources (top-level or "
-                        f"contained) that disagree on gender or birthDate (e.g. {clash[0]}): they would be read as "
-                        f"one patient ({patient_id}). Fix the export: one {patient_id} a person.")
-    return born
-
-
-def _logical(readings: list[tuple], idents: dict[tuple[str, str], set[str]]) -> dict[str, str]:
-    """Logical subjects (``subject.identifier``) -> the key of the one Patient read that carries the
-    identifier (any of its identifiers; by value alone when the reference gives no system). None
-    or several: unresolved, counted as without a Patient -- never a patient made up from the value."""
-    out = {}
-    for ref in {r[0] for r in readings if r[0].startswith(LOGICAL)}:
-        system, value = json.loads(ref.removeprefix(LOGICAL))
-        keys = idents.get((system, value), set()) if system else \
-            set().union(*(k for (_, v), k in idents.items() if v == value))
-        if len(keys) == 1:
-            out[ref] = next(iter(keys))
-    return out
 
 
 def _target(keys: list[str], where: str, *, feature_of, label_code, codings) -> str | None:  # noqa: ANN001
@@ -385,7 +354,7 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     rows, label_rows, orphans = [], [], 0
     for ref, when, key, value, unit, comparator, where in readings:
         local = ref.startswith((CONTAINED, LOGICAL))
-        m = None if local else _PATIENT_REF.search(ref)
+        m = None if local else PATIENT_REF.search(ref)
         pid = patients.get(ref) if local else patients.get(m.group(1) or m.group(2)) if m else None
         if pid is None:
             orphans += 1
@@ -400,7 +369,7 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
     hours = ((t - ev["patient_id"].map(origin)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
     events = ev.assign(hours=np.where(np.isnan(hours), 0.0, hours))
-    person, unknown_sex = _person_events(born, origin, age=age, sex=sex, dictionary=dictionary)
+    person, unknown_sex = person_events(born, origin, age=age, sex=sex, dictionary=dictionary)
     if len(person):
         events = pd.concat([events, person], ignore_index=True)
     labels = None
@@ -435,28 +404,3 @@ def _times(values: pd.Series, where: pd.Series) -> pd.Series:
                           f"(at {places}). Fix those effectiveDateTime / issued values in the export.",
                           title="FHIR times cannot be read")
     return t
-
-
-def _person_events(born, origin, *, age, sex, dictionary) -> tuple[pd.DataFrame, int]:  # noqa: ANN001
-    """Age (years at the patient's first mapped observation) and sex from Patient.birthDate/gender."""
-    rows, unknown, bad = [], 0, []
-    for pid, (birth, gender, where) in born.items():
-        if age and birth and pid in origin.index:
-            try:
-                b = pd.Timestamp(birth if len(birth) == 10 else f"{birth}-07-01" if len(birth) == 4 else f"{birth}-01")
-                rows.append((pid, f"FEATURE/{age}", (origin[pid] - b) / pd.Timedelta(days=365.25), "a", where))
-            except (ValueError, OverflowError):  # no such day, or outside a timestamp's years 1677-2262
-                bad.append(where)
-        if sex:
-            code = {"male": sex.male, "female": sex.female}.get(gender or "")
-            if code is None:
-                unknown += 1
-                continue
-            binary = dictionary.get(sex.feature).kind == FeatureKind.BINARY if sex.feature in dictionary else False
-            rows.append((pid, f"FEATURE/{sex.feature}", float(code) if binary else code, None, where))
-    if bad:
-        raise SchemaError(f"FHIR {len(bad)} Patient birthDate(s) are not a calendar date between the years 1677 and "
-                          f"2262 (at {', '.join(map(str, bad[:MAX_PROBLEMS_SHOWN]))}). Fix them in the export.",
-                          title="FHIR birth dates cannot be read")
-    out = pd.DataFrame(rows, columns=["patient_id", "code", "value", "unit", "where"]).assign(hours=0.0)
-    return out, unknown
