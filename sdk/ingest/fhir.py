@@ -27,6 +27,7 @@ Observation coded ``label_code`` (boolean or 0/1 integer).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Literal
@@ -51,8 +52,13 @@ from .fhir_patients import (
 from .omop import OmopSex
 
 DEFAULT_SYSTEMS = {"http://loinc.org": "LOINC", "http://snomed.info/sct": "SNOMED",
+                   "urn:oid:2.16.840.1.113883.6.1": "LOINC", "urn:oid:2.16.840.1.113883.6.96": "SNOMED",  # C-CDA
                    "https://clinograph.org/fhir/CodeSystem/alarm": "ALARM"}
 UCUM_URL = "http://unitsofmeasure.org"
+#: counts key prefix of a coding system URL not in ``systems`` (the reading is "(uncoded)")
+OTHER_SYSTEM = "system "
+#: a system URL is shown in the report only if it looks like one (never free text)
+_SYSTEM_URL = re.compile(r"^(https?://|urn:oid:|urn:uuid:)[A-Za-z0-9.:/_\-#]{1,100}$")
 #: Observation statuses whose value is not a result: excluded and counted
 WITHDRAWN = frozenset({"entered-in-error", "cancelled"})
 
@@ -339,6 +345,8 @@ def _read_observation(o, where: str, *, subject: str, names, feature_of, label_c
         key = _target(keys, where, feature_of=feature_of, label_code=label_code, codings=codings)
         if key is None:
             continue
+        if not keys:  # coded only in systems not named: which ones, so that `systems` can name them
+            counts.update(f"{OTHER_SYSTEM}{c.system}" for c in (x.code.coding or []) if c.system and c.code)
         if x.dataAbsentReason is not None:
             counts["absent"] += 1
             continue
@@ -385,6 +393,12 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
         ("Observations entered in error or cancelled (excluded)", withdrawn),
         ("patients of a gender other than male/female (sex missing)", unknown_sex),
         ("other resources skipped", sum(skipped.values()))) if n)
+    others = {k.removeprefix(OTHER_SYSTEM): n for k, n in counts.items() if k.startswith(OTHER_SYSTEM)}
+    if others:
+        shown = sorted(u for u in others if _SYSTEM_URL.match(u))[:5]
+        notes += (f"codings in coding systems not named in systems (read as '(uncoded)'): {sum(others.values())} in "
+                  f"{len(others)} system(s) ({', '.join(shown) or 'not shown'}); name a system with systems = "
+                  "{ \"<url>\" = \"<NAME>\" } under [fhir] if the dictionary has its codes",)
     return to_long(events, labels=labels, patients=sorted(set(patients.values())), dictionary=dictionary, site=site,
                    source="FHIR R4", snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[fhir] in the source file",

@@ -347,3 +347,18 @@ def test_a_logical_subject_reference_resolves_to_the_patient_carrying_that_ident
         t = ex.ingest(D)
         assert t.patient_ids == (found,) and t.value.tolist() == [80.0, 80.0]
         assert "Observation readings (a panel: each component) without a Patient read here: 1" in ex.report.notes
+
+
+def test_loinc_by_its_oid_maps_and_unnamed_coding_systems_are_reported(tmp_path):
+    """C-CDA-converted FHIR codes LOINC by its OID; a system Clinograph does not know was reported
+    only as '(uncoded)', without saying which system to name."""
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    oid = {**_obs(1, "p1", "8867-4", "2024-01-01T07:00:00Z", **hr),
+           "code": {"coding": [{"system": "urn:oid:2.16.840.1.113883.6.1", "code": "8867-4"}]}}
+    local = {**_obs(2, "p1", "8867-4", "2024-01-01T08:00:00Z", **hr),
+             "code": {"coding": [{"system": "https://hospital.example/labcodes", "code": "HR"}]}}
+    ex = read_fhir(_ndjson(tmp_path / "x.ndjson", [{"resourceType": "Patient", "id": "p1"}, oid, local]),
+                   dictionary=D, site="s", label_code=None)
+    assert ex.ingest(D).value.tolist() == [80.0]
+    assert ("codings in coding systems not named in systems (read as '(uncoded)'): 1 in 1 system(s) "
+            "(https://hospital.example/labcodes)") in "\n".join(ex.report.notes)
