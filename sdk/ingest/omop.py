@@ -328,7 +328,8 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
 
     Raises:
         SourceUnavailable: the database cannot be connected to.
-        ConfigError: the cohort query is not one SELECT statement (DuckDB's parser, on every database).
+        ConfigError: the cohort query is not one SELECT statement (DuckDB's parser, on every database),
+            or the dictionary has no omop_concept_id (and no ``[omop.person]``) to map rows with.
         SchemaError: tables or columns are missing, a query with the cohort fails (on PostgreSQL
             also: it tries to write in the read-only transaction), the cohort query does not return
             ``person_id`` and ``index_datetime`` (naive timestamps), or ``[omop.person]``/``[omop.conditions]`` name
@@ -341,6 +342,10 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
     from .omop_assemble import check_declared
 
     check_declared(source, dictionary)
+    if not any(f.omop_concept_id for f in dictionary.features) and source.person is None:
+        raise ConfigError(f"The dictionary {dictionary.name} gives no feature an omop_concept_id: no measurement or "
+                          f"observation row of site {source.site!r} can be mapped. Add each feature's standard "
+                          "concept id (omop_concept_id = ...) to the dictionary, or read the site another way.")
     check_cdm(engine, cdm_schema=source.cdm_schema, death=bool(source.label and source.label.death))
     if source.cohort.sql is not None:  # wrapped as a CTE below: one SELECT stays one statement
         _one_select(source.cohort.sql.strip().rstrip(";"), what=f"The cohort query of site {source.site!r}")

@@ -323,3 +323,17 @@ def test_a_cdm_stored_as_text_reads_as_the_typed_one_and_a_bad_cell_is_named(tmp
             read_omop(_text_db(tmp_path / f"{i}.duckdb", ("measurement", col, bad)), source=demo_source("west"),
                       dictionary=D)
         assert bad not in str(err.value)
+
+
+def test_a_dictionary_without_omop_concept_ids_is_named_not_an_empty_extract(tmp_path):
+    """The example dictionary has LOINC codes but no omop_concept_id: every row was read, none
+    mapped, and the error was "nothing to ingest ... check the window"."""
+    from clinograph.sdk.ontology.dictionary import FeatureDictionary
+
+    from clinograph.core.errors import ConfigError
+
+    bare = FeatureDictionary(name="bare", version=D.version,
+                             features=tuple(f.model_copy(update={"omop_concept_id": None}) for f in D.features))
+    with pytest.raises(ConfigError, match=r"dictionary bare gives no feature an omop_concept_id: no measurement or "
+                                          r"observation row of site 'west' can be mapped"):
+        read_omop(_text_db(tmp_path / "t.duckdb", text=False), source=demo_source("west"), dictionary=bare)
