@@ -15,7 +15,10 @@ Values: ``valueQuantity`` (its UCUM ``code``, else its ``unit``, read through pi
 ``component`` (a blood-pressure panel's systolic and diastolic) is read as an observation of its
 own code at the panel's time; a ``dataAbsentReason`` is counted as missing; an Observation
 ``entered-in-error`` or ``cancelled`` is excluded and counted. ``subject`` references a Patient
-relatively, absolutely, by version or by a bundle's ``urn:uuid:`` (:data:`_PATIENT_REF`). Time: ``effectiveDateTime``, ``effectiveInstant``,
+relatively, absolutely, by version or by a bundle's ``urn:uuid:`` (:data:`PATIENT_REF`), or one
+in the Observation's ``contained`` (``#p1``: the patient of its identifier), or logically
+(``subject.identifier``: the one Patient read with that identifier). Codings of two
+different dictionary features in one ``code`` are an error (which one is meant is ambiguous). Time: ``effectiveDateTime``, ``effectiveInstant``,
 ``effectivePeriod.start`` or ``issued``, counted in hours from the patient's first mapped
 observation and binned into snapshots of ``snapshot_hours``. The label is the latest
 Observation coded ``label_code`` (boolean or 0/1 integer).
@@ -34,25 +37,35 @@ import pandas as pd
 
 from clinograph.core.errors import ConfigError, SchemaError
 
-from ..ontology.dictionary import FeatureDictionary, FeatureKind
+from ..ontology.dictionary import FeatureDictionary
 from .ehr_values import CensorPolicy, declared_features
 from .extract import EhrExtract, to_long
+from .fhir_patients import (
+    CONTAINED,
+    LOGICAL,
+    MAX_PROBLEMS_SHOWN,
+    PATIENT_REF,
+    logical_subjects,
+    one_birth_a_patient,
+    person_events,
+)
 from .omop import OmopSex
 
 DEFAULT_SYSTEMS = {"http://loinc.org": "LOINC", "http://snomed.info/sct": "SNOMED",
+                   "urn:oid:2.16.840.1.113883.6.1": "LOINC", "urn:oid:2.16.840.1.113883.6.96": "SNOMED",  # C-CDA
                    "https://clinograph.org/fhir/CodeSystem/alarm": "ALARM"}
 UCUM_URL = "http://unitsofmeasure.org"
+#: counts key prefix of a coding system URL not in ``systems`` (the reading is "(uncoded)")
+OTHER_SYSTEM = "system "
+#: a system URL is shown in the report only if it looks like one (never free text)
+_SYSTEM_URL = re.compile(r"^(https?://|urn:oid:|urn:uuid:)[A-Za-z0-9.:/_\-#]{1,100}$")
 #: Observation statuses whose value is not a result: excluded and counted
 WITHDRAWN = frozenset({"entered-in-error", "cancelled"})
-#: a reference to a Patient: relative (``Patient/1``), absolute (``https://ehr/fhir/Patient/1``),
-#: versioned (``Patient/1/_history/2``) or a bundle's ``urn:uuid:`` (Synthea: the Patient's id is the uuid)
-_PATIENT_REF = re.compile(r"(?:^|/)Patient/([A-Za-z0-9\-.]{1,64})(?:/_history/[A-Za-z0-9\-.]{1,64})?$"
-                          r"|^urn:uuid:([0-9A-Fa-f\-]{36})$")
-MAX_PROBLEMS_SHOWN = 20
 
 
 def _resources(path: Path):
-    """(where, dict) for every resource in a Bundle, an NDJSON file or a folder of them."""
+    """(where, dict, the entry's fullUrl or None) for every resource in a Bundle, an NDJSON file or a
+    folder of them."""
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".ndjson", ".json")) if path.is_dir() else [path]
     if not files:
         raise ConfigError(f"FHIR folder {path} holds no .ndjson or .json file.")
@@ -63,7 +76,7 @@ def _resources(path: Path):
             with open(f, "rb") as fh:  # bytes: a line that is not UTF-8 is named, not a decoder traceback
                 for n, line in enumerate(fh, 1):
                     if line.strip():
-                        yield f"{f.name} line {n}", _json(line, f"{f.name} line {n}")
+                        yield f"{f.name} line {n}", _json(line, f"{f.name} line {n}"), None
             continue
         doc = _json(f.read_bytes(), f.name)
         if doc.get("resourceType") == "Bundle":
@@ -76,9 +89,10 @@ def _resources(path: Path):
                 if not isinstance(resource, dict | None):
                     raise SchemaError(f"FHIR Bundle {f.name} entry {n} is not an object with a 'resource' object. "
                                       "Export the Bundle again.", title="FHIR input cannot be parsed")
-                yield f"{f.name} entry {n}", resource or {}
+                url = entry.get("fullUrl") if isinstance(entry, dict) else None
+                yield f"{f.name} entry {n}", resource or {}, url if isinstance(url, str) else None
         else:
-            yield f.name, doc
+            yield f.name, doc, None
 
 
 def _json(data: bytes, where: str) -> dict:
@@ -194,29 +208,65 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     names = {**DEFAULT_SYSTEMS, **(systems or {})}
     problems: list[str] = []
     patients: dict[str, str] = {}
-    born: dict[str, tuple[str | None, str | None, str]] = {}
     known = set(dictionary.by_code())
     readings: list[tuple] = []  # plain tuples, not model objects: 10^5 live models slow the garbage collector
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
     holders: dict[str, dict[str, str]] = {}  # patient key -> Patient resource id -> where it was read
-    for where, doc in _resources(path):
+    records: dict[str, list[tuple[str | None, str | None, str]]] = {}  # key -> (birthDate, gender, where), all copies
+    local: list[str] = []  # Observations whose contained Patient cannot name a patient (patient_id = "id")
+    codings: dict[tuple[str, ...], list[str]] = {}  # codes of several features -> the Observations coded so
+    feature_of = {k: f.id for k, f in dictionary.by_code().items()}
+    idents: dict[tuple[str, str], set[str]] = {}  # (identifier system, value) -> keys of Patients that carry it
+    nameless: list[str] = []  # Patients without an id (nor a Bundle fullUrl naming one), read by id
+    for where, doc, url in _resources(path):
         kind = doc.get("resourceType")
         if kind == "Patient":
             p = _validate(fm.Patient, doc, where, problems, full_patient)
             if p is not None:
                 ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
-                key = ident if patient_id == "identifier" and ident else str(p.id)
-                patients[str(p.id)] = key
-                born[key] = (p.birthDate, p.gender, where)
-                holders.setdefault(key, {}).setdefault(str(p.id), where)
+                # a transaction Bundle's entry may name its Patient by fullUrl only (urn:uuid:..., no id)
+                m = PATIENT_REF.search(url or "")
+                ids = list(dict.fromkeys(i for i in (p.id, m and (m.group(1) or m.group(2))) if i))
+                if not ids and not (patient_id == "identifier" and ident):
+                    nameless.append(where)
+                    continue
+                key = ident if patient_id == "identifier" and ident else ids[0]
+                patients.update(dict.fromkeys(ids, key))
+                for i in p.identifier or ():
+                    if i.value:
+                        idents.setdefault((i.system or "", i.value), set()).add(key)
+                records.setdefault(key, []).append((p.birthDate, p.gender, where))
+                holders.setdefault(key, {}).setdefault(ids[0] if ids else where, where)
         elif kind == "Observation":
             o = _validate(fm.Observation, doc, where, problems, full_observation)
             if o is not None:
-                _read_observation(o, where, names=names, known=known, label_code=label_code, out=readings,
-                                  counts=counts)
+                subject = (o.subject.reference or "") if o.subject else ""
+                if not subject and o.subject and o.subject.identifier and o.subject.identifier.value:
+                    subject = LOGICAL + json.dumps([o.subject.identifier.system or "", o.subject.identifier.value])
+                if subject.startswith("#"):
+                    subject = _contained_patient(o, subject, where, patient_id=patient_id, problems=problems,
+                                                 full=full_patient, records=records, local=local) or subject
+                _read_observation(o, where, subject=subject, names=names, feature_of=feature_of,
+                                  label_code=label_code, out=readings, counts=counts, codings=codings)
         else:
             skipped[str(kind)] += 1
+    born = one_birth_a_patient(records, holders, problems, patient_id=patient_id)
+    if nameless:
+        problems.append(f"{len(nameless)} Patient(s) have no id, and no Bundle fullUrl naming one (e.g. "
+                        f"{', '.join(nameless[:3])}): no Observation can reference them. Export the Patients with "
+                        "their ids, or read patients by identifier: patient_id = \"identifier\" under [fhir].")
+    if local:
+        problems.append(f"{len(local)} Observation(s) reference a Patient contained in them (e.g. "
+                        f"{', '.join(local[:3])}): a contained Patient's id means nothing outside its Observation, so "
+                        "it cannot name one patient across Observations. Read patients by their identifier: "
+                        "patient_id = \"identifier\" under [fhir] (each contained Patient needs one).")
+    for codes, places in codings.items():
+        problems.append(f"{len(places)} Observation(s) (e.g. {', '.join(places[:3])}) are coded "
+                        f"{' and '.join(codes)}, codes of {'two' if len(codes) == 2 else len(codes)} different "
+                        f"dictionary features ({', '.join(repr(feature_of.get(c, 'the label')) for c in codes)}): "
+                        "which one the value measures is ambiguous. Keep one of those codings in the export, or "
+                        "move the code in the dictionary.")
     shared = [places for places in holders.values() if len(places) > 1]
     if shared:  # two Patients read as one: their observations would be merged (ids are not shown)
         problems.append(f"{len(shared)} patient key(s) ({'identifier' if patient_id == 'identifier' else 'id'}) are "
@@ -228,6 +278,8 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         if len(problems) > MAX_PROBLEMS_SHOWN:
             shown.append(f"... and {len(problems) - MAX_PROBLEMS_SHOWN} more resource(s) that do not validate.")
         raise SchemaError(shown, title=f"FHIR input {path} has invalid resources")
+    patients.update({CONTAINED + key: key for key in records})  # contained Patients' subjects (their keys)
+    patients.update(logical_subjects(readings, idents))
     return _assemble(readings, counts, patients, born, skipped, label_code=label_code, known=known,
                      dictionary=dictionary, site=site, snapshot_hours=snapshot_hours, units=units,
                      censored=censored, age=age, sex=sex)
@@ -237,14 +289,51 @@ def _keys(code, names: dict[str, str]) -> list[str]:  # noqa: ANN001 - a Codeabl
     return [f"{names[c.system]}/{c.code}" for c in (code.coding or []) if c.system in names and c.code]
 
 
-def _read_observation(o, where: str, *, names, known, label_code, out: list, counts: Counter) -> None:  # noqa: ANN001
+def _contained_patient(o, ref: str, where: str, *, patient_id, problems, full, records, local) -> str | None:  # noqa: ANN001
+    """The subject reference of an Observation whose ``subject`` is a Patient in its ``contained``
+    (``#p1``): :data:`CONTAINED` + the patient key (its identifier; ``patient_id = "id"`` cannot
+    name a patient by a contained id: ``where`` is added to ``local``); None if no contained
+    Patient has that id (then counted as without a Patient)."""
+    from . import fhir_models as fm
+
+    doc = next((r for r in o.contained or () if r.get("resourceType") == "Patient" and f"#{r.get('id')}" == ref),
+               None)
+    if doc is None:
+        return None
+    p = _validate(fm.Patient, doc, f"{where} (contained Patient)", problems, full)
+    if p is None:
+        return None
+    ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
+    if patient_id != "identifier" or not ident:
+        local.append(where)
+        return None
+    records.setdefault(ident, []).append((p.birthDate, p.gender, where))
+    return CONTAINED + ident
+
+
+def _target(keys: list[str], where: str, *, feature_of, label_code, codings) -> str | None:  # noqa: ANN001
+    """The one code of ``keys`` that is read: the first coding of a dictionary feature (or the
+    label); codings of the same feature are one reading. None, with ``where`` added to
+    ``codings``, when they are codes of different features (or a feature and the label)."""
+    hits: dict[str, str] = {}
+    for k in keys:
+        t = "(label)" if k == label_code else feature_of.get(k)
+        if t is not None:
+            hits.setdefault(t, k)
+    if len(hits) > 1:
+        codings.setdefault(tuple(hits.values()), []).append(where)
+        return None
+    return next(iter(hits.values()), keys[0] if keys else "(uncoded)")
+
+
+def _read_observation(o, where: str, *, subject: str, names, feature_of, label_code, out: list,  # noqa: ANN001
+                      counts: Counter, codings: dict) -> None:
     """The readings of one Observation (itself, or each component of a panel) as tuples
     ``(subject reference, time, SYSTEM/CODE, value, unit, comparator, where)``; those with a
     ``dataAbsentReason`` or no value are counted."""
     if o.status in WITHDRAWN:
         counts["withdrawn"] += 1
         return
-    ref = (o.subject.reference or "") if o.subject else ""
     when = _when(o)
     parts = [(o, _keys(o.code, names))]
     if o.component:  # a panel (blood pressure): each component is an observation of its own code
@@ -253,7 +342,11 @@ def _read_observation(o, where: str, *, names, known, label_code, out: list, cou
         if x is o and o.component and x.valueQuantity is None and x.valueBoolean is None \
                 and x.valueInteger is None and x.dataAbsentReason is None:
             continue  # the panel's own code carries no value
-        key = next((k for k in keys if k == label_code or k in known), keys[0] if keys else "(uncoded)")
+        key = _target(keys, where, feature_of=feature_of, label_code=label_code, codings=codings)
+        if key is None:
+            continue
+        if not keys:  # coded only in systems not named: which ones, so that `systems` can name them
+            counts.update(f"{OTHER_SYSTEM}{c.system}" for c in (x.code.coding or []) if c.system and c.code)
         if x.dataAbsentReason is not None:
             counts["absent"] += 1
             continue
@@ -261,15 +354,16 @@ def _read_observation(o, where: str, *, names, known, label_code, out: list, cou
         if value is None:
             counts["no_value"] += 1
             continue
-        out.append((ref, when, key, value, unit, None if comparator == "ad" else comparator, where))
+        out.append((subject, when, key, value, unit, None if comparator == "ad" else comparator, where))
 
 
 def _assemble(readings, counts, patients, born, skipped, *, label_code, known, dictionary, site,  # noqa: ANN001, PLR0913
               snapshot_hours, units, censored, age, sex):
     rows, label_rows, orphans = [], [], 0
     for ref, when, key, value, unit, comparator, where in readings:
-        m = _PATIENT_REF.search(ref)
-        pid = patients.get(m.group(1) or m.group(2)) if m else None
+        local = ref.startswith((CONTAINED, LOGICAL))
+        m = None if local else PATIENT_REF.search(ref)
+        pid = patients.get(ref) if local else patients.get(m.group(1) or m.group(2)) if m else None
         if pid is None:
             orphans += 1
             continue
@@ -278,28 +372,38 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
     t = _times(ev["t"], ev["where"]).dt.tz_localize(None)
     mapped = ev["code"].isin(known)
+    timeless = (mapped & t.isna()).to_numpy()  # no effective[x] nor issued: no snapshot to put it in
+    ev, t, mapped = ev[~timeless], t[~timeless], mapped[~timeless]
     origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
     hours = ((t - ev["patient_id"].map(origin)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
     events = ev.assign(hours=np.where(np.isnan(hours), 0.0, hours))
-    person, unknown_sex = _person_events(born, origin, age=age, sex=sex, dictionary=dictionary)
+    person, unknown_sex = person_events(born, origin, age=age, sex=sex, dictionary=dictionary)
     if len(person):
         events = pd.concat([events, person], ignore_index=True)
     labels = None
     if label_code is not None:
         lab = pd.DataFrame(label_rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
-        lab = lab.assign(t=_times(lab["t"], lab["where"])).sort_values("t")
+        lab = lab.assign(t=_times(lab["t"], lab["where"])).sort_values("t", na_position="first")  # timed: latest
         labels = lab.groupby("patient_id")["value"].last().astype(float)
     notes = tuple(f"{what}: {n}" for what, n in (
         ("Observation readings (a panel: each component) without a Patient read here", orphans),
         ("Observations (or components) without a numeric or boolean value", no_value),
         ("Observations (or components) with a dataAbsentReason (read as missing)", absent),
+        ("Observations (or components) without a time: no effective[x] nor issued (excluded)", int(timeless.sum())),
         ("Observations entered in error or cancelled (excluded)", withdrawn),
         ("patients of a gender other than male/female (sex missing)", unknown_sex),
         ("other resources skipped", sum(skipped.values()))) if n)
+    others = {k.removeprefix(OTHER_SYSTEM): n for k, n in counts.items() if k.startswith(OTHER_SYSTEM)}
+    if others:
+        shown = sorted(u for u in others if _SYSTEM_URL.match(u))[:5]
+        notes += (f"codings in coding systems not named in systems (read as '(uncoded)'): {sum(others.values())} in "
+                  f"{len(others)} system(s) ({', '.join(shown) or 'not shown'}); name a system with systems = "
+                  "{ \"<url>\" = \"<NAME>\" } under [fhir] if the dictionary has its codes",)
     return to_long(events, labels=labels, patients=sorted(set(patients.values())), dictionary=dictionary, site=site,
                    source="FHIR R4", snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[fhir] in the source file",
                    excluded={"without a Patient": orphans, "without a value": no_value, "dataAbsentReason": absent,
+                             "without a time": int(timeless.sum()),
                              "entered in error or cancelled": withdrawn})
 
 
@@ -314,28 +418,3 @@ def _times(values: pd.Series, where: pd.Series) -> pd.Series:
                           f"(at {places}). Fix those effectiveDateTime / issued values in the export.",
                           title="FHIR times cannot be read")
     return t
-
-
-def _person_events(born, origin, *, age, sex, dictionary) -> tuple[pd.DataFrame, int]:  # noqa: ANN001
-    """Age (years at the patient's first mapped observation) and sex from Patient.birthDate/gender."""
-    rows, unknown, bad = [], 0, []
-    for pid, (birth, gender, where) in born.items():
-        if age and birth and pid in origin.index:
-            try:
-                b = pd.Timestamp(birth if len(birth) == 10 else f"{birth}-07-01" if len(birth) == 4 else f"{birth}-01")
-                rows.append((pid, f"FEATURE/{age}", (origin[pid] - b) / pd.Timedelta(days=365.25), "a", where))
-            except (ValueError, OverflowError):  # no such day, or outside a timestamp's years 1677-2262
-                bad.append(where)
-        if sex:
-            code = {"male": sex.male, "female": sex.female}.get(gender or "")
-            if code is None:
-                unknown += 1
-                continue
-            binary = dictionary.get(sex.feature).kind == FeatureKind.BINARY if sex.feature in dictionary else False
-            rows.append((pid, f"FEATURE/{sex.feature}", float(code) if binary else code, None, where))
-    if bad:
-        raise SchemaError(f"FHIR {len(bad)} Patient birthDate(s) are not a calendar date between the years 1677 and "
-                          f"2262 (at {', '.join(map(str, bad[:MAX_PROBLEMS_SHOWN]))}). Fix them in the export.",
-                          title="FHIR birth dates cannot be read")
-    out = pd.DataFrame(rows, columns=["patient_id", "code", "value", "unit", "where"]).assign(hours=0.0)
-    return out, unknown

@@ -7,16 +7,17 @@ types and patterns (strict: ``"12"`` is not a number, ``"true"`` not a boolean);
 are ignored (``extra="ignore"``): never read, never kept. ``validate = "full"`` in ``[fhir]`` adds
 the full ``fhir.resources`` validation for sites that want it.
 
-Fields read: Patient ``id``, ``identifier[].value``, ``gender``, ``birthDate``; Observation
-``id``, ``status``, ``code.coding[].system/code``, ``subject.reference``, ``effectiveDateTime``,
+Fields read: Patient ``id``, ``identifier[].system/value``, ``gender``, ``birthDate``; Observation
+``id``, ``status``, ``code.coding[].system/code``, ``subject.reference`` / ``subject.identifier``, ``effectiveDateTime``,
 ``effectiveInstant``, ``effectivePeriod.start``, ``issued``, ``valueQuantity`` (``value``,
 ``comparator``, ``unit``, ``system``, ``code``), ``valueBoolean``, ``valueInteger``,
-``dataAbsentReason``, and ``component[]`` (``code``, the same values, ``dataAbsentReason``).
+``dataAbsentReason``, ``component[]`` (``code``, the same values, ``dataAbsentReason``), and a
+Patient in ``contained[]`` that ``subject`` references (``#p1``; the Patient fields above).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,16 +49,18 @@ class Quantity(_Element):
     code: str | None = None
 
 
-class Reference(_Element):
-    reference: str | None = None
-
-
 class Period(_Element):
     start: str | None = Field(default=None, pattern=DATETIME)
 
 
 class Identifier(_Element):
+    system: str | None = None
     value: str | None = None
+
+
+class Reference(_Element):
+    reference: str | None = None
+    identifier: Identifier | None = None  # a logical reference (``subject.identifier``: an MRN)
 
 
 class _Valued(_Element):
@@ -83,6 +86,9 @@ class Observation(_Valued):
     effectivePeriod: Period | None = None
     issued: str | None = Field(default=None, pattern=DATETIME)
     component: list[Component] | None = None
+    #: contained resources, as JSON objects: only a Patient that ``subject`` references (``#p1``) is
+    #: read, validated as :class:`Patient`
+    contained: list[dict[str, Any]] | None = None
 
 
 class Patient(_Element):

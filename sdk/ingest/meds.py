@@ -4,7 +4,8 @@ A MEDS dataset (Medical Event Data Standard; schema from the ``meds`` package) i
 whose ``data/`` holds Parquet shards of events ``subject_id, time, code, numeric_value``
 (``text_value`` optional, extra columns allowed). Codes are ``SYSTEM/CODE`` (``LOINC/2345-7``)
 and map through the dictionary's codes; a unit is read from an extra ``unit`` column, else from
-a last ``//``-separated part of the code (``LOINC/2345-7//mg/dL``, as MEDS ETLs write labs),
+a last ``//``-separated part of the code (``LOINC/2345-7//mg/dL``; MEDS ETLs' ``LAB//50912//mg/dL`` is
+``LAB/50912`` in mg/dL, ``//UNK`` no unit: :func:`split_code`),
 else the source file's ``units`` for the feature; a numeric event with none of these is refused
 (:mod:`.ehr_values`), never read in the dictionary's unit by assumption. A code of a *binary*
 feature without ``numeric_value`` (a diagnosis, a procedure) is read as present (1); a numeric
@@ -14,7 +15,7 @@ excluded. Labels come from a MEDS label
 file (``subject_id, prediction_time, boolean_value``): features are the events at or before the
 prediction time and at most ``lookback_hours`` before it (required with labels), binned into
 snapshots of ``snapshot_hours`` counted back from it; static events (no time) join the prediction
-time's snapshot. Without labels, times count from each subject's first event and the extract is
+time's snapshot. Without labels, times count from each subject's first mapped event (not MEDS_BIRTH); the extract is
 unlabeled.
 """
 
@@ -58,6 +59,7 @@ def _read_shards(root: Path) -> pd.DataFrame:
                             "patients ('007', '7') would become one. Write subject_id as int64, mapping each "
                             "local id to one integer.")
             continue
+        zoned = _zoned(table, "time")  # align() converts a zoned time to UTC, silently
         try:
             table = meds.DataSchema.align(table)
         except Exception as exc:  # the meds schema names the missing or mistyped columns
@@ -66,6 +68,7 @@ def _read_shards(root: Path) -> pd.DataFrame:
                             "timestamp[us], code string, numeric_value float32.")
             continue
         df = table.to_pandas()
+        df["_zoned"] = zoned
         df["_shard"] = str(shard.relative_to(root))
         df["_row"] = np.arange(1, len(df) + 1)
         frames.append(df)
@@ -88,6 +91,29 @@ def _text_ids_that_change(table) -> bool:  # noqa: ANN001 - a pyarrow Table
     return not pc.all(pc.or_kleene(plain, pc.is_null(ids))).as_py()
 
 
+def _zoned(table, column: str) -> bool:  # noqa: ANN001 - a pyarrow Table
+    """Whether ``column`` is a timestamp with a time zone (MEDS' is timestamp[us] without one)."""
+    import pyarrow as pa
+
+    return column in table.column_names and pa.types.is_timestamp(table[column].type) \
+        and table[column].type.tz is not None
+
+
+def _one_time_zone(shards: pd.DataFrame, labels: Path | None, labels_zoned: bool | None) -> None:
+    """SchemaError unless the shards' times (and the label file's prediction times) are all with a
+    time zone or all without: MEDS' align() converts zoned times to UTC, so a mix would shift
+    events against each other and the prediction time by the UTC offset, silently (an event an
+    hour after the prediction time read as a feature)."""
+    by_shard = shards.groupby("_shard")["_zoned"].first()
+    kinds = set(by_shard.tolist()) | ({labels_zoned} if labels_zoned is not None else set())
+    if len(kinds) > 1:
+        zoned = [str(s) for s, z in by_shard.items() if z] + ([str(labels)] if labels_zoned else [])
+        raise SchemaError(f"MEDS times mix time-zone-aware and naive timestamps (with a time zone: "
+                          f"{', '.join(zoned[:5])}): read together, one side would be shifted by its UTC offset. "
+                          "MEDS times are timestamp[us] without a time zone: write every shard and the label file "
+                          "in the same local time (or all in UTC).", title="MEDS times cannot be compared")
+
+
 def _schema_reason(exc: Exception) -> str:
     """The schema error's first line, cut: it names columns and types, not values."""
     return str(exc).splitlines()[0][:200] if str(exc) else "schema mismatch"
@@ -98,7 +124,9 @@ def _labels(path: Path) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     try:
-        table = meds.LabelSchema.align(pq.read_table(path))
+        raw = pq.read_table(path)
+        zoned = _zoned(raw, "prediction_time")
+        table = meds.LabelSchema.align(raw)
     except FileNotFoundError:
         raise ConfigError(f"MEDS label file {path} does not exist.") from None
     except Exception as exc:
@@ -106,17 +134,35 @@ def _labels(path: Path) -> pd.DataFrame:
                           "It needs subject_id, prediction_time and boolean_value.",
                           title="MEDS labels cannot be read") from None
     df = table.to_pandas()
+    df.attrs["zoned"] = zoned
     if df["boolean_value"].isna().all():
         raise SchemaError(f"MEDS label file {path} has no boolean_value set. Clinograph's tasks are binary: write "
                           "the outcome as boolean_value.", title="MEDS labels cannot be read")
     return df
 
 
-def split_code(code: str) -> tuple[str, str | None]:
-    """``"LOINC/2345-7//mg/dL"`` -> (``"LOINC/2345-7"``, ``"mg/dL"``); the system upper-cased."""
-    base, _, unit = code.partition("//")
+#: the last code part MEDS ETLs write for a lab without a unit (``LAB//50912//UNK``): no unit
+NO_UNIT = "UNK"
+
+
+def _system_code(base: str) -> str:
+    """``loinc/2345-7`` -> ``LOINC/2345-7``; MEDS' own ``//`` separator: ``LAB//50912`` -> ``LAB/50912``."""
     system, sep, rest = base.partition("/")
-    return (f"{system.strip().upper()}{sep}{rest.strip()}", unit.strip() or None)
+    return f"{system.strip().upper()}{sep}{rest.removeprefix('/').strip()}"
+
+
+def split_code(code: str, known: frozenset[str] | set[str] = frozenset()) -> tuple[str, str | None]:
+    """(``SYSTEM/CODE``, unit) of a MEDS code: ``"LOINC/2345-7//mg/dL"`` -> (``"LOINC/2345-7"``,
+    ``"mg/dL"``); MEDS' ``//``-separated codes as MEDS ETLs write labs, ``"LAB//50912//mg/dL"`` ->
+    (``"LAB/50912"``, ``"mg/dL"``); the system upper-cased. The whole code is the code if it is one
+    of ``known`` (the dictionary's codes), else all but a last ``//`` part, which is the unit
+    (``UNK``: none)."""
+    parts = code.split("//")
+    candidates = [(_system_code(code), None)]
+    if len(parts) > 1:
+        candidates.append((_system_code("//".join(parts[:-1])), parts[-1].strip()))
+    base, unit = next((c for c in candidates if c[0] in known), candidates[-1])
+    return base, None if unit in (None, "", NO_UNIT) else unit
 
 
 def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, labels: str | Path | None,
@@ -148,7 +194,8 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     events = _read_shards(root)
     sid = events["subject_id"].astype(np.int64)
     raw = events["code"].astype(str)
-    split = {c: split_code(c) for c in pd.unique(raw)}  # once a distinct code, not once an event
+    known = set(dictionary.by_code())
+    split = {c: split_code(c, known) for c in pd.unique(raw)}  # once a distinct code, not once an event
     code_unit = raw.map({c: u for c, (_, u) in split.items()})
     unit_col = events["unit"] if "unit" in events.columns else pd.Series([None] * len(events), index=events.index)
     given = unit_col.astype(object).where(unit_col.notna(), None)
@@ -158,6 +205,7 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     t = pd.to_datetime(events["time"])
     if labels is not None:
         lab = _labels(Path(labels))
+        _one_time_zone(events, Path(labels), lab.attrs["zoned"])
         repeated = lab["subject_id"].duplicated(keep=False)
         if repeated.any():
             raise SchemaError(f"MEDS label file {labels}: {int(lab.loc[repeated, 'subject_id'].nunique())} subject(s) "
@@ -166,13 +214,15 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         origin = pd.Series(pd.to_datetime(lab["prediction_time"]).to_numpy(), index=lab["subject_id"].astype(np.int64))
         y = pd.Series(lab["boolean_value"].astype(float).to_numpy(), index=[str(s) for s in lab["subject_id"]])
         subjects = [str(s) for s in origin.index]
-    else:
-        origin = t.groupby(sid).min()
+    else:  # times count from the subject's first mapped event (not MEDS_BIRTH, decades before)
+        _one_time_zone(events, None, None)
+        mapped = raw.map({c: b in known for c, (b, _) in split.items()}).to_numpy(dtype=bool) & t.notna().to_numpy()
+        origin = t[mapped].groupby(sid[mapped]).min()
         y, subjects = None, [str(s) for s in sorted(set(sid))]
     hours = ((t - sid.map(origin)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
     static = t.isna().to_numpy()
     hours[static] = 0.0
-    in_cohort = sid.isin(origin.index).to_numpy()
+    in_cohort = sid.isin(origin.index).to_numpy() if labels is not None else np.ones(len(sid), bool)
     keep = in_cohort & (static | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
     after = in_cohort & ~static & (hours > 0) if labels is not None else np.zeros(len(hours), bool)
     before = np.zeros(len(hours), bool)

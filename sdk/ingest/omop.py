@@ -18,6 +18,8 @@ the source file declares the feature's unit (:mod:`.ehr_values`). Censored value
 of the label's concept set starts, or (``death = true``) the person dies, within ``window_days``
 after the index time.
 
+Columns stored as text are read as their CDM type on every engine (:mod:`.omop_types`).
+
 Engines: :func:`omop_engine` opens DuckDB (embedded: a ``.duckdb`` file, or a folder of
 ``<table>.csv``/``.parquet`` files); any SQLAlchemy URL works, e.g.
 ``postgresql+psycopg://reader@db.hospital.local/cdm`` with ``cdm_schema = "cdm"``. Queries are
@@ -39,6 +41,7 @@ from clinograph.core.errors import ConfigError, SchemaError, SourceUnavailable
 from ..ontology.dictionary import FeatureDictionary
 from .ehr_values import CensorPolicy
 from .extract import EhrExtract
+from .omop_types import cdm_type, typed_relation
 
 REQUIRED = {
     "person": ("person_id", "person_source_value", "gender_concept_id", "year_of_birth", "month_of_birth",
@@ -204,19 +207,13 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
     return engine
 
 
-#: CDM v5.4 column types by name, for CSV columns DuckDB reads as text: an export's column that is
-#: empty on every row (value_as_concept_id, birth_datetime) would otherwise fail every comparison.
-_CDM_TYPES = ((re.compile(r"_id$|^(year|month|day)_of_birth$"), "BIGINT"), (re.compile(r"_datetime$"), "TIMESTAMP"),
-              (re.compile(r"_date$"), "DATE"), (re.compile(r"^(value_as_number|range_low|range_high|quantity)$"), "DOUBLE"))
-
-
 def _typed(conn, source: str) -> str:  # noqa: ANN001 - a Connection
     """The select list of a table file's view: text columns with a CDM name cast to the CDM's type."""
     columns = conn.exec_driver_sql(f"DESCRIBE SELECT * FROM {source}").fetchall()  # noqa: S608 (see _SQL_NOTE)
     out = []
     for name, dtype, *_ in columns:
         ident = '"' + str(name).replace('"', '""') + '"'
-        cast = next((t for rx, t in _CDM_TYPES if rx.search(str(name).lower())), None) if dtype == "VARCHAR" else None
+        cast = cdm_type(str(name)) if dtype == "VARCHAR" else None  # a CSV column empty on every row, ...
         out.append(f"CAST({ident} AS {cast}) AS {ident}" if cast else ident)
     return ", ".join(out) or "*"
 
@@ -290,20 +287,22 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
         raise SchemaError(problems, title="The database is not an OMOP CDM v5.4 instance Clinograph can read")
 
 
-def _t(source: OmopSource, table: str) -> str:
-    return f"{source.cdm_schema}.{table}" if source.cdm_schema else table
+def _relations(conn, source: OmopSource) -> dict[str, str]:  # noqa: ANN001 - a Connection
+    """Table -> FROM-clause item of the CDM's tables, text columns typed (:mod:`.omop_types`)."""
+    tables = {**REQUIRED, **(DEATH if source.label is not None and source.label.death else {})}
+    return {t: typed_relation(conn, table=t, schema=source.cdm_schema, columns=cols) for t, cols in tables.items()}
 
 
-def _cohort_sql(source: OmopSource) -> tuple[str, dict]:
+def _cohort_sql(source: OmopSource, rel: dict[str, str]) -> tuple[str, dict]:
     c = source.cohort
     if c.sql is not None:
         return c.sql.strip().rstrip(";"), {}
     if c.visit_concept_ids:
         return (f"SELECT person_id, MIN(COALESCE(visit_start_datetime, CAST(visit_start_date AS TIMESTAMP))) "  # noqa: S608 (see _SQL_NOTE)
-                f"AS index_datetime FROM {_t(source, 'visit_occurrence')} WHERE visit_concept_id IN :cohort_ids "
+                f"AS index_datetime FROM {rel['visit_occurrence']} v WHERE visit_concept_id IN :cohort_ids "
                 "GROUP BY person_id", {"cohort_ids": list(c.visit_concept_ids)})
     return (f"SELECT person_id, MIN(COALESCE(condition_start_datetime, CAST(condition_start_date AS TIMESTAMP))) "  # noqa: S608 (see _SQL_NOTE)
-            f"AS index_datetime FROM {_t(source, 'condition_occurrence')} WHERE condition_concept_id IN :cohort_ids "
+            f"AS index_datetime FROM {rel['condition_occurrence']} c WHERE condition_concept_id IN :cohort_ids "
             "GROUP BY person_id", {"cohort_ids": list(c.condition_concept_ids)})
 
 
@@ -329,7 +328,8 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
 
     Raises:
         SourceUnavailable: the database cannot be connected to.
-        ConfigError: the cohort query is not one SELECT statement (DuckDB's parser, on every database).
+        ConfigError: the cohort query is not one SELECT statement (DuckDB's parser, on every database),
+            or the dictionary has no omop_concept_id (and no ``[omop.person]``) to map rows with.
         SchemaError: tables or columns are missing, a query with the cohort fails (on PostgreSQL
             also: it tries to write in the read-only transaction), the cohort query does not return
             ``person_id`` and ``index_datetime`` (naive timestamps), or ``[omop.person]``/``[omop.conditions]`` name
@@ -342,22 +342,29 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
     from .omop_assemble import check_declared
 
     check_declared(source, dictionary)
+    if not any(f.omop_concept_id for f in dictionary.features) and source.person is None:
+        raise ConfigError(f"The dictionary {dictionary.name} gives no feature an omop_concept_id: no measurement or "
+                          f"observation row of site {source.site!r} can be mapped. Add each feature's standard "
+                          "concept id (omop_concept_id = ...) to the dictionary, or read the site another way.")
     check_cdm(engine, cdm_schema=source.cdm_schema, death=bool(source.label and source.label.death))
-    cohort_sql, params = _cohort_sql(source)
     if source.cohort.sql is not None:  # wrapped as a CTE below: one SELECT stays one statement
-        _one_select(cohort_sql, what=f"The cohort query of site {source.site!r}")
+        _one_select(source.cohort.sql.strip().rstrip(";"), what=f"The cohort query of site {source.site!r}")
     import duckdb
 
     with engine.connect() as conn:
         try:
             read_only(conn)
-            return _read(conn, cohort_sql, params, source=source, dictionary=dictionary)
+            rel = _relations(conn, source)
+            cohort_sql, params = _cohort_sql(source, rel)
+            return _read(conn, cohort_sql, params, rel, source=source, dictionary=dictionary)
         except (sa.exc.SQLAlchemyError, duckdb.Error) as exc:  # DuckDB's own: a result it cannot hand over
-            if isinstance(getattr(exc, "orig", None) or exc, duckdb.ConversionException):
+            if isinstance(exc, sa.exc.DataError) or isinstance(getattr(exc, "orig", None) or exc,
+                                                                 duckdb.ConversionException):  # a failed cast
                 raise SchemaError(f"The OMOP CDM of site {source.site!r} holds a cell that is not of its column's "
-                                  "CDM type (a number with a decimal comma, an impossible date, text in a concept id"
-                                  " column; not shown: it may be patient data). Check the table files' number and "
-                                  "date formats (ISO dates, '.' decimals) and export them again.",
+                                  "CDM type (a number with a decimal comma, an impossible date, a date that is not "
+                                  "ISO 8601 or carries a time-zone offset, text in a concept id column; not shown: "
+                                  "it may be patient data). Check the tables' number and date formats (ISO dates, "
+                                  "'.' decimals) and export or load them again.",
                                   title="OMOP table cannot be read") from None
             raise SchemaError(f"The cohort query of site {source.site!r} failed "
                               f"({type(getattr(exc, 'orig', None) or exc).__name__}"
@@ -389,7 +396,7 @@ def read_only(conn) -> None:  # noqa: ANN001 - an SQLAlchemy Connection, before 
         conn.exec_driver_sql("SET TRANSACTION READ ONLY")
 
 
-def _read(conn, cohort_sql: str, params: dict, *, source: OmopSource,  # noqa: ANN001 - a Connection
+def _read(conn, cohort_sql: str, params: dict, rel: dict[str, str], *, source: OmopSource,  # noqa: ANN001 - a Connection
           dictionary: FeatureDictionary) -> EhrExtract:
     from .omop_assemble import assemble
 
@@ -414,10 +421,10 @@ def _read(conn, cohort_sql: str, params: dict, *, source: OmopSource,  # noqa: A
                f"COALESCE(x.{table}_datetime, CAST(x.{table}_date AS TIMESTAMP)) AS t, "
                f"x.value_as_number AS value, x.unit_source_value AS unit_text, x.unit_concept_id AS unit_concept, "
                f"{operator} AS operator, x.value_as_concept_id AS value_concept, {text} AS value_text "
-               f"FROM {_t(source, table)} x WHERE x.person_id {in_cohort} AND x.{table}_concept_id IN :feature_ids")
+               f"FROM {rel[table]} x WHERE x.person_id {in_cohort} AND x.{table}_concept_id IN :feature_ids")
         frames.append(_query(conn, sql, {**params, **ids}))
         other = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.{table}_concept_id AS concept_id, "  # noqa: S608 (see _SQL_NOTE)
-                             f"COUNT(*) AS n FROM {_t(source, table)} x WHERE x.person_id {in_cohort} "
+                             f"COUNT(*) AS n FROM {rel[table]} x WHERE x.person_id {in_cohort} "
                              f"AND x.{table}_concept_id NOT IN :feature_ids GROUP BY x.{table}_concept_id",
                        {**params, **ids})
         for c, n in zip(other["concept_id"], other["n"], strict=True):
@@ -429,7 +436,7 @@ def _read(conn, cohort_sql: str, params: dict, *, source: OmopSource,  # noqa: A
         conditions = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
                                   "x.condition_concept_id AS concept_id, COALESCE(x.condition_start_datetime, "
                                   "CAST(x.condition_start_date AS TIMESTAMP)) AS t "
-                                  f"FROM {_t(source, 'condition_occurrence')} x WHERE x.person_id {in_cohort} "
+                                  f"FROM {rel['condition_occurrence']} x WHERE x.person_id {in_cohort} "
                                   "AND x.condition_concept_id IN :condition_ids",
                             {**params, "condition_ids": cids})
     label_frames = []
@@ -441,19 +448,19 @@ def _read(conn, cohort_sql: str, params: dict, *, source: OmopSource,  # noqa: A
                 start = "start_" if table == "condition_occurrence" else ""
                 sql = (f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
                        f"COALESCE(x.{prefix}_{start}datetime, CAST(x.{prefix}_{start}date AS TIMESTAMP)) AS t "
-                       f"FROM {_t(source, table)} x WHERE x.person_id {in_cohort} "
+                       f"FROM {rel[table]} x WHERE x.person_id {in_cohort} "
                        f"AND x.{prefix}_concept_id IN :label_ids")
                 label_frames.append(_query(conn, sql, {**params, "label_ids": list(ids)}))
         if source.label.death:
             label_frames.append(_query(conn, f"WITH cohort AS ({cohort_sql}) SELECT x.person_id, "  # noqa: S608 (see _SQL_NOTE)
                                              "COALESCE(x.death_datetime, CAST(x.death_date AS TIMESTAMP)) AS t "
-                                             f"FROM {_t(source, 'death')} x WHERE x.person_id {in_cohort}", params))
+                                             f"FROM {rel['death']} x WHERE x.person_id {in_cohort}", params))
     person = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, person_source_value, "  # noqa: S608 (see _SQL_NOTE)
                           "gender_concept_id, year_of_birth, month_of_birth, day_of_birth, birth_datetime "
-                          f"FROM {_t(source, 'person')} WHERE person_id {in_cohort}", params)
+                          f"FROM {rel['person']} x WHERE person_id {in_cohort}", params)
     periods = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, observation_period_start_date AS "  # noqa: S608 (see _SQL_NOTE)
                            "start, observation_period_end_date AS stop "
-                           f"FROM {_t(source, 'observation_period')} WHERE person_id {in_cohort}", params)
+                           f"FROM {rel['observation_period']} x WHERE person_id {in_cohort}", params)
     _no_time_zones({"measurement": frames[0], "observation": frames[1], "condition_occurrence": conditions,
                     "person": person, "the label tables": pd.concat(label_frames) if label_frames else None},
                    site=source.site)

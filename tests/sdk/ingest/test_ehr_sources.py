@@ -129,3 +129,31 @@ def test_a_hostile_cohort_query_on_postgresql_changes_nothing_and_is_a_clear_err
             read_omop(omop_engine(pg_url), source=source, dictionary=D)
         assert state() == before, sql
     engine.dispose()
+
+
+def test_a_postgresql_cdm_stored_as_text_reads_as_the_typed_one_and_a_bad_cell_is_named(pg_url):
+    """Text columns were cast for CSV folders only: on PostgreSQL a CDM loaded as TEXT failed
+    (``character varying = integer``) as "the cohort query failed", and a date such as 01/02/2024
+    would be read by the server's DateStyle."""
+    from clinograph.sdk.datasets.omop import omop_tables
+
+    from clinograph.core.errors import SchemaError
+
+    table, schema = demo_hospitals()[3]
+    engine = sa.create_engine(pg_url)
+    write_omop(engine, table.iloc[:4], schema, D, cdm_schema="cdm_typed")
+    tables = omop_tables(table.iloc[:4], schema, D)
+    with engine.begin() as conn:
+        for cdm, cell in (("cdm_text", None), ("cdm_us_date", "01/02/2024 10:00:00")):
+            conn.exec_driver_sql(f"CREATE SCHEMA {cdm}")
+            for name, df in tables.items():
+                text = df.astype(str).replace({"None": "", "nan": "", "NaT": ""})
+                if cell and name == "measurement":
+                    text.loc[0, "measurement_datetime"] = cell
+                text.to_sql(name, conn, schema=cdm, index=False, dtype=dict.fromkeys(text.columns, sa.Text))
+    typed = read_omop(omop_engine(pg_url), source=demo_source("west", cdm_schema="cdm_typed"), dictionary=D).ingest(D)
+    text = read_omop(omop_engine(pg_url), source=demo_source("west", cdm_schema="cdm_text"), dictionary=D).ingest(D)
+    assert_same(typed, text)
+    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*not ISO 8601"):
+        read_omop(omop_engine(pg_url), source=demo_source("west", cdm_schema="cdm_us_date"), dictionary=D)
+    engine.dispose()

@@ -238,3 +238,127 @@ def test_two_patients_sharing_an_identifier_are_refused_not_merged(tmp_path):
         read_fhir(path, dictionary=D, site="s", label_code=None, patient_id="identifier")
     assert "MRN-1" not in str(err.value)
     assert read_fhir(path, dictionary=D, site="s", label_code=None).ingest(D).n_patients == 2  # by resource id
+
+
+def test_a_patient_contained_in_its_observation_is_resolved_by_identifier(tmp_path):
+    """A lab feed's standalone Observation carries its Patient in ``contained`` (subject ``#p1``);
+    it was counted as "without a Patient". A contained id means nothing outside its resource, so
+    the patient is its identifier -- one patient with a top-level Patient of that identifier."""
+    from clinograph.sdk.ingest.omop import OmopSex
+    from ehr_helpers import extended_dictionary
+
+    d2 = extended_dictionary()
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    mine = {"resourceType": "Patient", "id": "p1", "identifier": [{"value": "MRN-7"}], "gender": "female"}
+    res = [{"resourceType": "Patient", "id": "top", "identifier": [{"value": "MRN-1"}], "gender": "male"},
+           _obs(1, "top", "8867-4", "2024-01-01T07:00:00Z", **hr),
+           {**_obs(2, "x", "8867-4", "2024-01-01T07:00:00Z", **hr), "contained": [mine], "subject": {"reference": "#p1"}},
+           {**_obs(3, "x", "2345-7", "2024-01-01T09:00:00Z", valueQuantity={"value": 5.0, "code": "mmol/L"}),
+            "contained": [{**mine, "identifier": [{"value": "MRN-1"}], "gender": "male"}], "subject": {"reference": "#p1"}}]
+    path = _ndjson(tmp_path / "x.ndjson", res)
+    sex = OmopSex(feature="sex", male="male", female="female")
+    ex = read_fhir(path, dictionary=d2, site="s", label_code=None, patient_id="identifier", sex=sex)
+    t = ex.ingest(d2)
+    assert t.patient_ids == ("MRN-1", "MRN-7")
+    idx = d2.node_index()
+    assert sorted(t.value[t.node == idx["heart_rate"]].tolist()) == [80.0, 80.0]
+    assert t.value[(t.node == idx["glucose"])].tolist() == [5.0]
+    assert t.patient[t.node == idx["glucose"]].tolist() == [0]                  # MRN-1: the top-level Patient
+    assert t.patient[t.node == idx["sex=female"]].tolist() == [1]               # MRN-7's contained gender
+    assert not any("without a Patient" in n for n in ex.report.notes)
+    with pytest.raises(SchemaError, match=r"2 Observation\(s\) reference a Patient contained in them \(e.g. x.ndjson "
+                                          r"line 3, x.ndjson line 4\).*patient_id = \"identifier\""):
+        read_fhir(path, dictionary=d2, site="s", label_code=None)
+    clash = _ndjson(tmp_path / "c.ndjson", [*res[:3], {**res[3], "contained": [{**mine, "identifier": [{"value": "MRN-1"}]}]}])
+    with pytest.raises(SchemaError, match=r"1 patient\(s\) .* disagree on gender or birthDate \(e.g. c.ndjson line 1, "
+                                          r"c.ndjson line 4\)") as err:
+        read_fhir(clash, dictionary=d2, site="s", label_code=None, patient_id="identifier", sex=sex)
+    assert "MRN" not in str(err.value)
+
+
+def test_codings_of_one_feature_read_once_and_of_two_features_are_an_error(tmp_path):
+    """An Observation coded LOINC 8867-4 and ALARM HRBP (two dictionary features) was read silently
+    under the first coding's feature only; two codings of one feature are one reading."""
+    alarm = "https://clinograph.org/fhir/CodeSystem/alarm"
+
+    def coded(i, *codes):
+        o = _obs(i, "p1", "x", "2024-01-01T07:00:00Z", valueQuantity={"value": 80, "code": "/min"})
+        return {**o, "code": {"coding": [{"system": s, "code": c} for s, c in codes]}}
+
+    same = [{"resourceType": "Patient", "id": "p1"}, coded(1, (LOINC, "8867-4"), (alarm, "HREKG"), (LOINC, "8867-4"))]
+    ex = read_fhir(_ndjson(tmp_path / "same.ndjson", same), dictionary=D, site="s", label_code=None)
+    assert ex.report.events_mapped == 1 and ex.report.collapsed == 0
+    assert ex.ingest(D).value.tolist() == [80.0]
+    two = [*same, coded(2, (LOINC, "8867-4"), (alarm, "HRBP")), coded(3, (LOINC, "12345-6"), (alarm, "HRSAT"))]
+    with pytest.raises(SchemaError, match=r"1 Observation\(s\) \(e.g. two.ndjson line 3\) are coded LOINC/8867-4 and "
+                                          r"ALARM/HRBP, codes of two different dictionary features \('heart_rate', "
+                                          r"'heart_rate_art'\)"):
+        read_fhir(_ndjson(tmp_path / "two.ndjson", two), dictionary=D, site="s", label_code=None)
+
+
+def test_a_transaction_bundle_naming_patients_by_fullurl_only_is_resolved(tmp_path):
+    """A transaction Bundle (POST entries) may leave resource ids out and name each resource by its
+    entry's fullUrl (``urn:uuid:``); its Observations were all counted as "without a Patient" and
+    the Patient read as a patient called 'None'."""
+    uuid = "3f1c2b9e-8a7d-4c1e-9b2a-0d4e5f6a7b8c"
+    obs = {k: v for k, v in _obs(1, "x", "8867-4", "2024-01-01T07:00:00-05:00",
+                                 valueQuantity={"value": 80, "code": "/min"}).items() if k != "id"}
+    entries = [{"fullUrl": f"urn:uuid:{uuid}", "resource": {"resourceType": "Patient", "gender": "male"},
+                "request": {"method": "POST", "url": "Patient"}},
+               {"fullUrl": "urn:uuid:0d4e5f6a-0000-4c1e-9b2a-3f1c2b9e8a7d",
+                "resource": {**obs, "subject": {"reference": f"urn:uuid:{uuid}"}},
+                "request": {"method": "POST", "url": "Observation"}}]
+    bundle = tmp_path / "b.json"
+    bundle.write_text(json.dumps({"resourceType": "Bundle", "type": "transaction", "entry": entries}))
+    t = read_fhir(bundle, dictionary=D, site="s", label_code=None).ingest(D)
+    assert t.patient_ids == (uuid,) and t.value.tolist() == [80.0]
+    nameless = _ndjson(tmp_path / "x.ndjson", [{"resourceType": "Patient"}, {**obs, "subject": {"reference": "Patient/1"}}])
+    with pytest.raises(SchemaError, match=r"1 Patient\(s\) have no id, and no Bundle fullUrl naming one \(e.g. x.ndjson "
+                                          r"line 1\)"):
+        read_fhir(nameless, dictionary=D, site="s", label_code=None)
+
+
+def test_an_observation_without_a_time_is_excluded_and_counted_not_put_in_the_first_snapshot(tmp_path):
+    """An Observation with no effective[x] nor issued was read at hour 0 and, as the last value of
+    that snapshot, silently replaced the patient's real first value."""
+    hr = [_obs(i, "p1", "8867-4", when, valueQuantity={"value": v, "code": "/min"})
+          for i, (when, v) in enumerate((("2024-01-01T08:00:00Z", 70), ("2024-01-03T08:00:00Z", 90), (None, 150)))]
+    del hr[2]["effectiveDateTime"]
+    ex = read_fhir(_ndjson(tmp_path / "x.ndjson", [{"resourceType": "Patient", "id": "p1"}, *hr]), dictionary=D,
+                   site="s", label_code=None)
+    assert ex.ingest(D).value.tolist() == [70.0, 90.0]
+    assert "Observations (or components) without a time: no effective[x] nor issued (excluded): 1" in ex.report.notes
+
+
+def test_a_logical_subject_reference_resolves_to_the_patient_carrying_that_identifier(tmp_path):
+    """``subject: {identifier: {system, value}}`` (no ``reference``, as converted HL7 v2 feeds send
+    it) was counted as "without a Patient"; it names the Patient with that identifier -- any of
+    its identifiers -- and nothing else (an unknown MRN is not made into a patient)."""
+    mrn = "https://hospital.example/mrn"
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    res = [{"resourceType": "Patient", "id": "p1", "identifier": [{"system": "urn:synthea", "value": "u1"},
+                                                                  {"system": mrn, "value": "M-1"}]},
+           {**_obs(1, "x", "8867-4", "2024-01-01T07:00:00Z", **hr), "subject": {"identifier": {"system": mrn,
+                                                                                               "value": "M-1"}}},
+           {**_obs(2, "x", "8867-4", "2024-01-02T07:00:00Z", **hr), "subject": {"identifier": {"value": "M-1"}}},
+           {**_obs(3, "x", "8867-4", "2024-01-03T07:00:00Z", **hr), "subject": {"identifier": {"value": "M-2"}}}]
+    for key, found in (("id", "p1"), ("identifier", "u1")):
+        ex = read_fhir(_ndjson(tmp_path / "x.ndjson", res), dictionary=D, site="s", label_code=None, patient_id=key)
+        t = ex.ingest(D)
+        assert t.patient_ids == (found,) and t.value.tolist() == [80.0, 80.0]
+        assert "Observation readings (a panel: each component) without a Patient read here: 1" in ex.report.notes
+
+
+def test_loinc_by_its_oid_maps_and_unnamed_coding_systems_are_reported(tmp_path):
+    """C-CDA-converted FHIR codes LOINC by its OID; a system Clinograph does not know was reported
+    only as '(uncoded)', without saying which system to name."""
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    oid = {**_obs(1, "p1", "8867-4", "2024-01-01T07:00:00Z", **hr),
+           "code": {"coding": [{"system": "urn:oid:2.16.840.1.113883.6.1", "code": "8867-4"}]}}
+    local = {**_obs(2, "p1", "8867-4", "2024-01-01T08:00:00Z", **hr),
+             "code": {"coding": [{"system": "https://hospital.example/labcodes", "code": "HR"}]}}
+    ex = read_fhir(_ndjson(tmp_path / "x.ndjson", [{"resourceType": "Patient", "id": "p1"}, oid, local]),
+                   dictionary=D, site="s", label_code=None)
+    assert ex.ingest(D).value.tolist() == [80.0]
+    assert ("codings in coding systems not named in systems (read as '(uncoded)'): 1 in 1 system(s) "
+            "(https://hospital.example/labcodes)") in "\n".join(ex.report.notes)

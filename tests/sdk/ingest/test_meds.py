@@ -168,3 +168,41 @@ def test_text_subject_ids_that_integers_would_merge_are_refused_and_numeric_valu
     with pytest.raises(SchemaError, match=r"numeric code without numeric_value: 2"):
         read_meds(shard(tmp_path / "c", subject_id=pa.array([1, 2], pa.int64())), dictionary=D, site="s",
                   labels=None, lookback_hours=None).ingest(D)
+
+
+def test_meds_etl_codes_units_and_birth_rows(tmp_path):
+    """MEDS ETLs write labs as ``LAB//50912//mg/dL`` (``//UNK``: no unit) and a MEDS_BIRTH row decades
+    before the first lab: the code was split as system 'LAB' with unit '50912//mg/dL' (never
+    mapped), and an unlabeled dataset counted time from birth (snapshot ~23 000)."""
+    from clinograph.sdk.ontology.dictionary import FeatureDictionary
+
+    creat = D.get("creatinine")
+    d = FeatureDictionary(name=D.name, version=D.version, features=tuple(
+        f.model_copy(update={"codes": {**f.codes, "lab": "50912"}}) if f is creat else f for f in D.features))
+    rows = [(1, dt.datetime(1960, 5, 4), "MEDS_BIRTH", None), (1, None, "GENDER//M", None),
+            (1, T0, "LAB//50912//mg/dL", 1.0), (1, T0 + dt.timedelta(days=2), "LAB//50912//UNK", 2.0),
+            (1, T0 + dt.timedelta(days=9), "MEDS_DEATH", None)]
+    _shard(tmp_path, rows)
+    (tmp_path / "metadata").mkdir()
+    (tmp_path / "metadata" / "dataset.json").write_text('{"dataset_name": "x", "meds_version": "0.3.3"}')
+    assert split_code("LAB//50912//mg/dL", {"LAB/50912"}) == ("LAB/50912", "mg/dL")
+    assert split_code("LAB//50912", {"LAB/50912"}) == ("LAB/50912", None)
+    with pytest.raises(UnitError, match=r"'creatinine': 1 value\(s\) carry no unit \(e.g. data/0.parquet row 4\)"):
+        read_meds(tmp_path, dictionary=d, site="s", labels=None, lookback_hours=None)
+    ex = read_meds(tmp_path, dictionary=d, site="s", labels=None, lookback_hours=None, units={"creatinine": "umol/L"})
+    assert ex.table["time"].tolist() == [0, 2]  # snapshots from the first lab, not from birth
+    assert ex.ingest(d).value.tolist() == pytest.approx([88.4017, 2.0], rel=1e-5)
+
+
+def test_shards_and_labels_mixing_zoned_and_naive_times_are_refused(tmp_path):
+    """meds' align() converts a zoned time to UTC: events written in Europe/Berlin beside naive local
+    prediction times were shifted by an hour, silently -- an event after the prediction time read
+    as a feature."""
+    berlin = pa.timestamp("us", tz="Europe/Berlin")
+    after = dt.datetime(2024, 1, 2, 11, 30, tzinfo=dt.timezone.utc)  # 12:30 in Berlin: after 12:00 local
+    _shard(tmp_path, [(1, None, "LOINC/8867-4//min-1", 80.0)], time=pa.array([after], berlin))
+    labels = _labels(tmp_path / "l.parquet", [1], T0)
+    with pytest.raises(SchemaError, match=r"MEDS times mix time-zone-aware and naive timestamps \(with a time zone: "
+                                          r"data/0.parquet\)"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=labels, lookback_hours=24.0)
+    assert read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None).report.events_mapped == 1

@@ -284,3 +284,56 @@ def test_person_source_values_that_are_shared_or_missing_are_refused_not_merged(
         "1 cohort person(s) have no person_source_value",
         "2 cohort person(s) share their person_source_value with another person"]
     assert "west-0000" not in str(err.value)
+
+
+
+def as_text(tables):
+    """The CDM tables with every column text, empty cells '' (a CSV loaded into VARCHAR columns)."""
+    return {n: df.astype(str).replace({"None": "", "nan": "", "NaT": "", "<NA>": ""}) for n, df in tables.items()}
+
+
+def _text_db(path, cell=None, text=True):
+    """A small west CDM in DuckDB with every column VARCHAR (``text``); ``cell``: (table, column,
+    text) put in row 0."""
+    import duckdb
+
+    table, schema = demo_hospitals()[3]
+    tables = omop_tables(table.iloc[:4], schema, D)
+    tables = as_text(tables) if text else tables
+    if cell:
+        tables[cell[0]].loc[0, cell[1]] = cell[2]
+    with duckdb.connect(str(path)) as con:
+        for name, df in tables.items():
+            con.register("df", df)
+            con.execute(f"CREATE TABLE {name} AS SELECT * FROM df")
+            con.unregister("df")
+    return omop_engine(path)
+
+
+def test_a_cdm_stored_as_text_reads_as_the_typed_one_and_a_bad_cell_is_named(tmp_path):
+    """Issue: text columns were cast for a folder of CSV files only; a .duckdb (or PostgreSQL) CDM
+    loaded as VARCHAR ended in "the cohort query failed" (BinderException)."""
+    typed = read_omop(_text_db(tmp_path / "typed.duckdb", text=False), source=demo_source("west"), dictionary=D)
+    typed = typed.ingest(D)
+    text = read_omop(_text_db(tmp_path / "t.duckdb"), source=demo_source("west"), dictionary=D).ingest(D)
+    assert text.n_patients == 4 and (text.value == typed.value).all() and (text.time == typed.time).all()
+    for i, bad in enumerate(("12,5", "01/02/2024 10:00:00", "2024-01-01T08:00:00+01:00")):
+        col = "value_as_number" if "," in bad else "measurement_datetime"
+        with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*not ISO 8601") as err:
+            read_omop(_text_db(tmp_path / f"{i}.duckdb", ("measurement", col, bad)), source=demo_source("west"),
+                      dictionary=D)
+        assert bad not in str(err.value)
+
+
+def test_a_dictionary_without_omop_concept_ids_is_named_not_an_empty_extract(tmp_path):
+    """The example dictionary has LOINC codes but no omop_concept_id: every row was read, none
+    mapped, and the error was "nothing to ingest ... check the window"."""
+    from clinograph.sdk.ontology.dictionary import FeatureDictionary
+
+    from clinograph.core.errors import ConfigError
+
+    bare = FeatureDictionary(name="bare", version=D.version,
+                             features=tuple(f.model_copy(update={"omop_concept_id": None}) for f in D.features))
+    with pytest.raises(ConfigError, match=r"dictionary bare gives no feature an omop_concept_id: no measurement or "
+                                          r"observation row of site 'west' can be mapped"):
+        read_omop(_text_db(tmp_path / "t.duckdb", text=False), source=demo_source("west"), dictionary=bare)
