@@ -22,7 +22,7 @@ from typing import Annotated
 
 import typer
 
-from .run_outcome import LOST, decide, flower_status, read_events, run_id_from
+from .run_outcome import LOST, decide, flower_status, read_events, run_id_from, unfinished_runs
 
 _END = object()
 GRACE_S = 15.0  # seconds the stream gets to end by itself once Flower reports the run finished
@@ -65,6 +65,64 @@ def settled_status(flwr: str, superlink: str, run_id: int, *, wait: bool, tries:
         time.sleep(pause)
         status = ask_flower(flwr, superlink, run_id)
     return status
+
+
+def app_fab_id(app_dir: str) -> str | None:
+    """``publisher/name`` of the Flower app folder ``app_dir`` (what ``flwr ls`` calls its fab-id),
+    None if it is not a readable app folder (an app id, say)."""
+    import tomllib
+
+    try:
+        with (Path(app_dir) / "pyproject.toml").open("rb") as fh:
+            doc = tomllib.load(fh)
+        return f"{doc['tool']['flwr']['app']['publisher']}/{doc['project']['name']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def previous_runs(flwr: str, superlink: str, app_dir: str) -> list[tuple[int, str]]:
+    """This app's runs the SuperLink still lists as not finished (``flwr ls --format json``);
+    empty if Flower cannot be asked (the run itself then says what is wrong)."""
+    try:
+        done = subprocess.run([flwr, "ls", superlink, "--format", "json"],  # noqa: S603
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = done.stdout
+    return unfinished_runs(out[out.find("{"):] if "{" in out else out, fab_id=app_fab_id(app_dir))
+
+
+def refuse_or_stop(previous: list[tuple[int, str]], *, flwr: str, superlink: str, stop: bool) -> None:
+    """A run of this app still going at the SuperLink -- most often one whose ServerApp was killed
+    and not stopped (``flwr stop``): the SuperLink keeps it ``running`` until it misses the dead
+    ServerApp's heartbeats (about a minute), and a SuperNode fetching one of its messages keeps
+    the new run's greeting waiting with it (docs/deployment.md, "Crash and resume"). Refused, by
+    id, unless ``stop``: then each is stopped first."""
+    from clinograph.core.errors import ConfigError
+
+    if not previous:
+        return
+    named = ", ".join(f"run {rid} ({status})" for rid, status in previous)
+    if not stop:
+        stops = "; ".join(f"`flwr stop {rid} {superlink}`" for rid, _ in previous)
+        raise ConfigError(
+            f"{named} of this app is still going at the SuperLink {superlink}; a new run would compete with it "
+            "(after a killed ServerApp, its hospitals' greetings wait about a minute for the dead run). If its "
+            f"ServerApp was killed or you mean to restart it, stop it first: {stops}, or pass --stop-previous "
+            "(docs/deployment.md, 'Crash and resume'); if it is alive, let it end.")
+    for rid, status in previous:
+        try:
+            done = subprocess.run([flwr, "stop", str(rid), superlink],  # noqa: S603
+                                  capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConfigError(f"`flwr stop {rid} {superlink}` could not run ({type(exc).__name__}); stop run "
+                              f"{rid} by hand, then start again.") from None
+        if done.returncode != 0:
+            said = " ".join((done.stdout + done.stderr).split())[-300:]
+            raise ConfigError(f"`flwr stop {rid} {superlink}` failed (exit {done.returncode}): {said}; stop run "
+                              f"{rid} by hand, then start again.")
+        typer.echo(f"stopped run {rid} ({status} at the SuperLink) before starting this one (--stop-previous)",
+                   err=True)
 
 
 class ErrorHint:
@@ -118,7 +176,11 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
         check_every: Annotated[float, typer.Option(min=1.0, help="Seconds between asking Flower for the run's "
                                                    "status while the stream runs.")] = 30.0,
         flwr: Annotated[Path | None, typer.Option(help="Path of the `flwr` command (default: the one "
-                                                  "installed with Clinograph).")] = None) -> None:
+                                                  "installed with Clinograph).")] = None,
+        stop_previous: Annotated[bool, typer.Option(
+            "--stop-previous", help="Stop this app's runs still going at the SuperLink (`flwr stop`) before "
+                                    "starting: restarting a killed run. Without it such a run is refused.")] = False,
+        ) -> None:
     """Start a federation run on a SuperLink, stream its log, and exit 0 only if it completed or
     ended as planned (1: failed or stopped; 4: lost -- no outcome), with a one-line reason."""
     from clinograph.core.errors import ConfigError
@@ -135,6 +197,7 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
                               "(TOML) cannot carry here; choose a path without one.")
         offset = events_file.stat().st_size if events_file.is_file() else 0
         cmd += ["--run-config", f"events-file='{events_file}'"]
+    refuse_or_stop(previous_runs(exe, superlink, app_dir), flwr=exe, superlink=superlink, stop=stop_previous)
     run_id, hint, status = None, ErrorHint(), None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
                             errors="replace", bufsize=1)

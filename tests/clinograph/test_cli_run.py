@@ -192,3 +192,78 @@ def test_flowers_error_box_gives_the_reason_its_text_not_its_border(tmp_path):
     assert res.exit_code == 1, res.output
     assert res.output.strip().splitlines()[-1] == (
         "flwr run started no run: Failed to load Flower App configuration in '/nonexistent/pyproject.toml'.")
+
+
+# -- a run of this app still going at the SuperLink (a killed ServerApp not stopped) -------------
+STALE_FLWR = textwrap.dedent('''
+    import json, sys
+    from pathlib import Path
+    here = Path(__file__).parent
+    args = sys.argv[1:]
+    with open(here / "calls.jsonl", "a") as fh:
+        fh.write(json.dumps(args) + "\\n")
+    if args[0] == "ls" and "--run-id" not in args:
+        stopped = (here / "stopped").exists()
+        print("Listing all runs...")
+        print(json.dumps({"success": True, "runs": [
+            {"run-id": "5", "fab-id": "clinograph/clinograph-flower-app", "status": "finished:stopped" if stopped
+             else "running"},
+            {"run-id": "6", "fab-id": "someone/another-app", "status": "running"},
+            {"run-id": "4", "fab-id": "clinograph/clinograph-flower-app", "status": "finished:completed"}]}))
+        sys.exit(0)
+    if args[0] == "stop":
+        (here / "stopped").write_text("")
+        sys.exit(0)
+    if args[0] == "ls":
+        print(json.dumps({"success": True, "runs": [{"run-id": "77", "status": "finished:completed"}]}))
+        sys.exit(0)
+    print("Successfully started run 77")
+    sys.exit(0)
+''')
+
+
+def _stale(tmp_path, *extra):
+    from clinograph.commands.run import app_fab_id
+
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "pyproject.toml").write_text('[project]\nname = "clinograph-flower-app"\n\n[tool.flwr.app]\n'
+                                            'publisher = "clinograph"\n')
+    assert app_fab_id(str(app_dir)) == "clinograph/clinograph-flower-app" and app_fab_id(str(tmp_path)) is None
+    flwr = tmp_path / "flwr"
+    flwr.write_text(f"#!{sys.executable}\n" + STALE_FLWR)
+    flwr.chmod(0o755)
+    res = CliRunner().invoke(app, ["run", str(app_dir), "loopback", "--flwr", str(flwr), *extra])
+    calls = [json.loads(x)[0] for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    return res, calls
+
+
+def test_a_run_of_this_app_still_going_is_refused_by_id_with_the_fix(tmp_path):
+    """Restarting a killed run without `flwr stop`: the new run's greetings would wait ~1 min for
+    the dead one (docs/deployment.md, 'Crash and resume'); refused before anything starts."""
+    res, calls = _stale(tmp_path)
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "run 5 (running) of this app is still going at the SuperLink loopback" in said
+    assert "`flwr stop 5 loopback`" in said and "--stop-previous" in said and "Traceback" not in said
+    assert "run 6" not in said  # another app's run is not ours to judge
+    assert calls == ["ls"]  # nothing started, nothing stopped
+
+
+def test_stop_previous_stops_it_then_starts_the_run(tmp_path):
+    res, calls = _stale(tmp_path, "--stop-previous")
+    assert res.exit_code == 0, res.output
+    assert "stopped run 5 (running at the SuperLink) before starting this one" in res.output
+    assert calls[:3] == ["ls", "stop", "run"]
+
+
+def test_unfinished_runs_reads_flowers_list():
+    from clinograph.commands.run_outcome import unfinished_runs
+
+    doc = json.dumps({"runs": [{"run-id": "9", "status": "pending", "fab-id": "a/b"},
+                               {"run-id": "3", "status": "starting", "fab-id": "a/b"},
+                               {"run-id": "2", "status": "finished:failed", "fab-id": "a/b"},
+                               {"run-id": "8", "status": "running", "fab-id": "c/d"}, {"run-id": "x", "status": "running"}]})
+    assert unfinished_runs(doc, fab_id="a/b") == [(3, "starting"), (9, "pending")]
+    assert unfinished_runs(doc) == [(3, "starting"), (8, "running"), (9, "pending")]
+    assert unfinished_runs("not json") == [] == unfinished_runs(json.dumps([1]))
