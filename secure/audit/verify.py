@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,9 +122,12 @@ def _check_artefact(scan: _Scan, entry: AuditEntry) -> bytes | None:
         scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): "
                             f"artefact file artefacts/{sha} is missing.")
         return None
-    if hashlib.sha256(data).hexdigest() != sha or len(data) != size:
-        scan.bad(entry.seq, f"entry {entry.seq}: artefact file artefacts/{sha} does not match its "
-                            f"recorded SHA-256/size ({len(data)} bytes, recorded {size}); it was changed.")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha or len(data) != size:
+        found = (f"{len(data)} bytes, recorded {size}" if len(data) != size else
+                 f"its SHA-256 is {actual[:16]}…, recorded {sha[:16]}…; same size, {size} bytes")
+        scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): artefact file "
+                            f"artefacts/{sha} does not match what the entry recorded ({found}); it was changed.")
         return None
     return data
 
@@ -245,6 +249,7 @@ def _check_lines(scan: _Scan, data: bytes) -> None:
             entry = parse_entry(line, index=index)
         except IntegrityError as exc:
             scan.bad(index, str(exc))
+            _claim_named_file(scan, line)
             prev = "?"
             continue
         if prev != "?" and entry.prev != prev:
@@ -264,6 +269,17 @@ def _check_lines(scan: _Scan, data: bytes) -> None:
             _check_kind(scan, entry)
         except Exception as exc:  # a verifier reports, it never crashes on hostile input
             scan.bad(index, f"entry {index} ({entry.kind}) could not be checked: {type(exc).__name__}.")
+
+
+def _claim_named_file(scan: _Scan, line: bytes) -> None:
+    """The file a refused line still names (``payload.sha256``) is that line's, not also an
+    "extra file": the line is already the problem reported. Names only, nothing else trusted."""
+    try:
+        sha = json.loads(line)["payload"]["sha256"]
+    except (ValueError, KeyError, TypeError, RecursionError):  # hostile lines: already reported
+        return
+    if isinstance(sha, str) and len(sha) == 64:
+        scan.referenced.add(sha)
 
 
 def _check_run(scan: _Scan, entry: AuditEntry) -> None:
