@@ -80,6 +80,24 @@ def app_fab_id(app_dir: str) -> str | None:
         return None
 
 
+#: run config keys that are paths the ServerApp opens on the SuperLink machine
+PATH_KEYS = ("server-config", "federation-file", "server-key", "journal", "events-file")
+
+
+def relative_paths(run_config: list[str]) -> list[str]:
+    """The ``--run-config`` path values (:data:`PATH_KEYS`) that are relative: the ServerApp opens
+    them from its own working directory on the SuperLink machine, not this command's. Values
+    Flower cannot parse are left to ``flwr run`` to refuse."""
+    from flwr.common.config import parse_config_args
+
+    try:
+        values = parse_config_args(list(run_config))
+    except Exception:  # noqa: BLE001 -- flwr run parses it again and says what is wrong
+        return []
+    return [f"{k}={values[k]!r}" for k in PATH_KEYS
+            if isinstance(values.get(k), str) and values[k] and not Path(values[k]).is_absolute()]
+
+
 def previous_runs(flwr: str, superlink: str, app_dir: str) -> list[tuple[int, str]]:
     """This app's runs the SuperLink still lists as not finished (``flwr ls --format json``);
     empty if Flower cannot be asked (the run itself then says what is wrong)."""
@@ -186,6 +204,11 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
     from clinograph.core.errors import ConfigError
 
     exe = _flwr(flwr)
+    relative = relative_paths(run_config or [])
+    if relative:
+        raise ConfigError(f"--run-config {', '.join(relative)}: relative path(s). The ServerApp opens them on the "
+                          "SuperLink machine from its own working directory, not this command's; give absolute "
+                          "paths (e.g. server-config='/srv/clinograph/server/server.toml').")
     cmd = [exe, "run", app_dir, superlink, "--stream"]
     for rc in run_config or []:
         cmd += ["--run-config", rc]

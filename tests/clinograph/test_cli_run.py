@@ -267,3 +267,18 @@ def test_unfinished_runs_reads_flowers_list():
     assert unfinished_runs(doc, fab_id="a/b") == [(3, "starting"), (9, "pending")]
     assert unfinished_runs(doc) == [(3, "starting"), (8, "running"), (9, "pending")]
     assert unfinished_runs("not json") == [] == unfinished_runs(json.dumps([1]))
+
+
+def test_relative_paths_in_the_run_config_are_refused_before_anything_starts(tmp_path):
+    """A path relative to the operator's folder reached the ServerApp, which opens it from its
+    own working directory on the SuperLink machine."""
+    flwr = tmp_path / "flwr"
+    flwr.write_text("#!/bin/sh\necho called >> \"$(dirname \"$0\")/called\"\nexit 0\n")
+    flwr.chmod(0o755)
+    res = CliRunner().invoke(app, ["run", "app", "loopback", "--flwr", str(flwr), "--run-config",
+                                   "server-config='server/server.toml' rounds=2 journal=''",
+                                   "--run-config", f"federation-file='{tmp_path}/federation.toml' server-key='k.pem'"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "server-config='server/server.toml', server-key='k.pem': relative path(s)" in said and "absolute" in said
+    assert not (tmp_path / "called").exists()
