@@ -199,3 +199,19 @@ def test_a_changed_artefact_of_the_same_size_is_named_with_both_hashes(federatio
         f"entry {i} (artefact {e['payload']['name']!r}): artefact file artefacts/{e['payload']['sha256']} does not "
         f"match what the entry recorded (its SHA-256 is {actual[:16]}…, recorded {e['payload']['sha256'][:16]}…; "
         f"same size, {len(blob)} bytes); it was changed."], report.problems
+
+
+def test_a_deleted_line_is_one_problem_and_one_summary_not_one_line_per_later_entry(federation_dir, tmp_path):
+    """Deleting one line shifted every later entry's sequence number, and each was its own problem
+    (40-odd lines for one deletion, the real ones pushed towards the cap)."""
+    d = _copy(federation_dir, tmp_path)
+    log = d / "audit.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:6] + lines[7:]))
+    report = verify_audit_dir(d)
+    n = len(lines) - 1
+    assert report.first_bad == 6 and len(report.problems) == 3, report.problems
+    assert report.problems[0].startswith("entry 6 carries sequence number 7;")
+    assert report.problems[1] == (f"entries 7 to {n - 1} ({n - 7}) also carry sequence numbers that are not their "
+                                  "position, after the same insertion, deletion or reordering; not checked further.")
+    assert "the signed head says" in report.problems[2]
