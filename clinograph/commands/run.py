@@ -26,6 +26,10 @@ from .run_outcome import LOST, decide, flower_status, read_events, run_id_from, 
 
 _END = object()
 GRACE_S = 15.0  # seconds the stream gets to end by itself once Flower reports the run finished
+#: a run of this app still going before a new one starts is asked about again this often, this many
+#: seconds apart, before it is refused: one that just ended (the previous `clinograph run` returned
+#: on the ServerApp's `finished` event) is marked finished by Flower a moment later
+SETTLE_TRIES, SETTLE_PAUSE = 5, 2.0
 
 
 def _flwr(explicit: Path | None) -> str:
@@ -220,7 +224,14 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
                               "(TOML) cannot carry here; choose a path without one.")
         offset = events_file.stat().st_size if events_file.is_file() else 0
         cmd += ["--run-config", f"events-file='{events_file}'"]
-    refuse_or_stop(previous_runs(exe, superlink, app_dir), flwr=exe, superlink=superlink, stop=stop_previous)
+    previous = previous_runs(exe, superlink, app_dir)
+    for _ in range(SETTLE_TRIES if previous and not stop_previous else 0):
+        time.sleep(SETTLE_PAUSE)
+        still = dict(previous_runs(exe, superlink, app_dir))
+        previous = [(rid, still[rid]) for rid, _ in previous if rid in still]
+        if not previous:
+            break
+    refuse_or_stop(previous, flwr=exe, superlink=superlink, stop=stop_previous)
     run_id, hint, status = None, ErrorHint(), None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
                             errors="replace", bufsize=1)

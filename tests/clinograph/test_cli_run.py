@@ -222,8 +222,12 @@ STALE_FLWR = textwrap.dedent('''
 ''')
 
 
-def _stale(tmp_path, *extra):
+def _stale(tmp_path, *extra, monkeypatch=None):
+    from clinograph.commands import run as run_module
     from clinograph.commands.run import app_fab_id
+
+    if monkeypatch is not None:
+        monkeypatch.setattr(run_module, "SETTLE_PAUSE", 0.0)
 
     app_dir = tmp_path / "app"
     app_dir.mkdir()
@@ -238,16 +242,17 @@ def _stale(tmp_path, *extra):
     return res, calls
 
 
-def test_a_run_of_this_app_still_going_is_refused_by_id_with_the_fix(tmp_path):
+def test_a_run_of_this_app_still_going_is_refused_by_id_with_the_fix(tmp_path, monkeypatch):
     """Restarting a killed run without `flwr stop`: the new run's greetings would wait ~1 min for
-    the dead one (docs/deployment.md, 'Crash and resume'); refused before anything starts."""
-    res, calls = _stale(tmp_path)
+    the dead one (docs/deployment.md, 'Crash and resume'); refused before anything starts, after
+    asking again (a run that just ended is marked finished a moment later)."""
+    res, calls = _stale(tmp_path, monkeypatch=monkeypatch)
     said = " ".join(res.output.split())
     assert res.exit_code == 2, res.output
     assert "run 5 (running) of this app is still going at the SuperLink loopback" in said
     assert "`flwr stop 5 loopback`" in said and "--stop-previous" in said and "Traceback" not in said
     assert "run 6" not in said  # another app's run is not ours to judge
-    assert calls == ["ls"]  # nothing started, nothing stopped
+    assert calls == ["ls"] * 6  # asked again 5 times; nothing started, nothing stopped
 
 
 def test_stop_previous_stops_it_then_starts_the_run(tmp_path):
@@ -282,3 +287,23 @@ def test_relative_paths_in_the_run_config_are_refused_before_anything_starts(tmp
     assert res.exit_code == 2, res.output
     assert "server-config='server/server.toml', server-key='k.pem': relative path(s)" in said and "absolute" in said
     assert not (tmp_path / "called").exists()
+
+
+def test_a_run_that_ends_while_asked_again_is_no_reason_to_refuse(tmp_path, monkeypatch):
+    """The previous `clinograph run` returned on the ServerApp's `finished` event; Flower marks
+    the run finished a moment later: the next run starts once it does."""
+    (tmp_path / "app").mkdir()
+    flwr = tmp_path / "flwr"  # lists run 5 running the first time it is asked, finished after
+    flwr.write_text(f"#!{sys.executable}\n" + STALE_FLWR.replace('stopped = (here / "stopped").exists()',
+                                                              'stopped = (here / "asked").exists()\n'
+                                                              '    (here / "asked").write_text("")'))
+    (tmp_path / "app" / "pyproject.toml").write_text('[project]\nname = "clinograph-flower-app"\n\n[tool.flwr.app]\n'
+                                                     'publisher = "clinograph"\n')
+    flwr.chmod(0o755)
+    from clinograph.commands import run as run_module
+
+    monkeypatch.setattr(run_module, "SETTLE_PAUSE", 0.0)
+    res = CliRunner().invoke(app, ["run", str(tmp_path / "app"), "loopback", "--flwr", str(flwr)])
+    assert res.exit_code == 0, res.output
+    calls = [json.loads(x)[0] for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert calls[:3] == ["ls", "ls", "run"]
