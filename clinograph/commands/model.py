@@ -49,8 +49,12 @@ def _init(config: Path, out: Path, *, force: bool = False) -> None:
     refuse_under_dp(cfg, candidate_configs(cfg), where=str(config))  # set-up sums are outside the DP accountant
     dictionary = load_dictionary(cfg, config)
     models = run_models(cfg, dictionary=dictionary)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(models.to_bytes())
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(models.to_bytes())
+    except OSError as exc:
+        raise ConfigError(f"Cannot write --out {out}: {exc.strerror or type(exc).__name__}. Give a path in a folder "
+                          "you can write to.") from None
     names = ", ".join(c.name for c in models.candidates)
     rule = (f"selection patience {models.selection.patience}, min_delta {models.selection.min_delta:g}"
             if models.selection else "no selection")

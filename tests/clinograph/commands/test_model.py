@@ -23,3 +23,14 @@ def test_model_init_refuses_to_overwrite_without_force(tmp_path):
     res = CliRunner().invoke(app, ["model", "init", "--config", str(config), "--out", str(out), "--force"])
     assert res.exit_code == 0, res.output
     assert out.read_bytes().startswith(b"{") and f"written to {out}" in " ".join(res.output.split())
+
+
+def test_model_init_into_a_path_it_cannot_write_is_a_clear_error(tmp_path):
+    """Was 'internal error (FileNotFoundError)', exit 3."""
+    config = tmp_path / "hospital.toml"
+    config.write_text(f'dictionary = "{DICTIONARY_PATH}"\n[privacy]\nenabled = true\nepsilon_budget = 3.0\n')
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "initial_model.json"
+    res = CliRunner().invoke(app, ["model", "init", "--config", str(config), "--out", str(out)])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"Cannot write --out {out}" in said and "internal error" not in said, said
