@@ -38,7 +38,7 @@ def _flwr(explicit: Path | None) -> str:
     if explicit is not None:
         if not explicit.is_file():
             raise ConfigError(f"--flwr {explicit} is not a file; give the path of the `flwr` command.")
-        return str(explicit)
+        return str(explicit.resolve())  # "./flwr" is "flwr" as a str: a search of PATH
     beside = Path(sys.executable).parent / "flwr"
     found = str(beside) if beside.is_file() else shutil.which("flwr")
     if found is None:
@@ -233,8 +233,12 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
             break
     refuse_or_stop(previous, flwr=exe, superlink=superlink, stop=stop_previous)
     run_id, hint, status = None, ErrorHint(), None
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
-                            errors="replace", bufsize=1)
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
+                                errors="replace", bufsize=1)
+    except OSError as exc:
+        raise ConfigError(f"Cannot start {exe}: {exc.strerror or type(exc).__name__}. Give the path of a working "
+                          "`flwr` command with --flwr.") from None
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     try:

@@ -307,3 +307,18 @@ def test_a_run_that_ends_while_asked_again_is_no_reason_to_refuse(tmp_path, monk
     assert res.exit_code == 0, res.output
     calls = [json.loads(x)[0] for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert calls[:3] == ["ls", "ls", "run"]
+
+
+def test_a_relative_flwr_path_runs_that_file(tmp_path, monkeypatch):
+    """`--flwr ./flwr` became "flwr" and was searched on PATH: 'internal error (FileNotFoundError)'."""
+    flwr = tmp_path / "flwr"
+    flwr.write_text("#!/bin/sh\nif [ \"$1\" = ls ]; then echo '{\"runs\": []}'; exit 0; fi\n"
+                    "echo 'Successfully started run 77'\n")
+    flwr.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    res = CliRunner().invoke(app, ["run", "app", "loopback", "--flwr", "./flwr"])
+    assert "internal error" not in res.output and "run 77" in res.output, res.output
+    (tmp_path / "flwr").chmod(0o644)  # a file it cannot execute: said, not an internal error
+    res = CliRunner().invoke(app, ["run", "app", "loopback", "--flwr", "./flwr"])
+    assert res.exit_code == 2 and f"Cannot start {flwr}" in " ".join(res.output.split()), res.output
