@@ -164,7 +164,13 @@ def supernode(ctx: typer.Context) -> None:
     passed through; see examples/flower_deployment/README.md)."""
     from clinograph.secure.transport.flower.supernode import main as supernode_main
 
-    raise typer.Exit(supernode_main(list(ctx.args)))
+    from .commands.supernode import check_enrolment, check_runtime_port
+
+    args = list(ctx.args)
+    if not {"-h", "--help"} & set(args):
+        guarded(check_enrolment)(args)
+        guarded(check_runtime_port)(args)
+    raise typer.Exit(guarded(supernode_main)(args))
 
 
 def _mount() -> None:

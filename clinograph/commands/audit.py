@@ -121,6 +121,9 @@ def verify(
     from clinograph.secure.audit import verify_audit_dir
 
     key = _trusted_key(trusted_key)
+    if not directory.is_dir():
+        _fail(f"FAILED: {directory} is not a directory: pass the audit directory (the one holding audit.jsonl, "
+              "head.json and artefacts/).")
     try:
         report = verify_audit_dir(directory, trusted_server_key=key, expect_head=expect_head)
     except (ClinographError, OSError) as exc:
@@ -133,8 +136,9 @@ def verify(
         lines = "\n".join(f"  - {p}" for p in report.problems)
         wrong = key is not None and any("not by the trusted server key" in p for p in report.problems)
         _fail(("WRONG KEY: the log is not signed by the trusted server key.\n" if wrong else "")
-              + f"FAILED: {directory} does not verify (first bad entry: {report.first_bad}; "
-              f"{len(report.problems)} problem(s)):\n{lines}")
+              + f"FAILED: {directory} does not verify ("
+              + (f"first bad entry: {report.first_bad}; " if report.first_bad is not None else "")
+              + f"{len(report.problems)} problem(s)):\n{lines}")
     runs = ", ".join(r or "(format 1, no id)" for r in report.runs)
     typer.echo(f"OK: {report.entries} entries verified in {directory}\n"
                f"runs: {len(report.runs)} ({runs})\n"

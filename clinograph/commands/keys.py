@@ -11,8 +11,6 @@ from typing import Annotated
 
 import typer
 
-from clinograph.core.errors import ClinographError
-
 app = typer.Typer(help="Create and inspect federation keys (CA, TLS, node authentication, signing identities).",
                   no_args_is_help=True)
 
@@ -34,14 +32,16 @@ def init(
     valid_days: Annotated[int, typer.Option("--valid-days", help="Certificate validity in days.")] = 365,
 ) -> None:
     """Create the CA, the SuperLink TLS certificate, node-auth keys, signing keys and federation.toml."""
-    from clinograph.secure.transport.flower.keyset import init_keyset
+    from clinograph.secure.transport.flower.keyset import KeySet, init_keyset
 
-    try:
-        ks = init_keyset(out, federation_id=federation_id, hospitals=hospital, superlink_hosts=host,
-                         superlink_port=port, server_name=server_name, valid_days=valid_days)
-    except ClinographError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from None
+    from .guard import guarded
+
+    def make() -> KeySet:
+        _check_names(federation_id=federation_id, server_name=server_name, hospitals=hospital)
+        return init_keyset(out, federation_id=federation_id, hospitals=hospital, superlink_hosts=host,
+                           superlink_port=port, server_name=server_name, valid_days=valid_days)
+
+    ks = guarded(make)()  # a ClinographError: its message, exit 2; anything else: no traceback, exit 3
     typer.echo(f"Wrote keys for federation {federation_id!r} to {ks.root}")
     typer.echo(f"  SuperLink machine : copy {ks.superlink_dir}/ (TLS cert+key, server signing key, ca.pem, federation.toml)")
     for name, d in ks.hospital_dirs.items():
@@ -53,6 +53,26 @@ def init(
     typer.echo("Register each hospital's node-auth key with the SuperLink (<connection>: your flwr config's name for it):")
     for name, d in ks.hospital_dirs.items():
         typer.echo(f"  flwr supernode register {d / f'{name}.node-auth.pub'} <connection> --name {name}")
+
+
+def _check_names(*, federation_id: str, server_name: str, hospitals: list[str]) -> None:
+    """Every name federation.toml must hold, checked before anything is written, all problems at
+    once (a bad federation id or server name used to fail after the CA was written)."""
+    import re
+
+    from clinograph.core.errors import ConfigError
+    from clinograph.secure.messages import ID_PATTERN
+
+    problems = [f"{flag} {value!r} must match {ID_PATTERN}" for flag, value in (("--federation-id", federation_id),
+                                                                             ("--server-name", server_name))
+                if not re.fullmatch(ID_PATTERN, value)]
+    problems += [f"hospital name {h!r} must match {ID_PATTERN}" for h in hospitals if not re.fullmatch(ID_PATTERN, h)]
+    repeated = sorted({h for h in hospitals if hospitals.count(h) > 1})
+    if repeated:
+        problems.append(f"hospital names repeat: {', '.join(repeated)} (give each --hospital once)")
+    if problems:
+        raise ConfigError("Cannot create keys: " + "; ".join(problems) + ". A name is letters, digits, '_', '.' "
+                          "and '-', starting with a letter or digit, at most 64 characters; nothing was written.")
 
 
 if __name__ == "__main__":  # python -m clinograph.commands.keys init ...

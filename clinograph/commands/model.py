@@ -24,14 +24,15 @@ app = typer.Typer(help="The federation's model files.", no_args_is_help=True)
 
 @app.command("init")
 def init(config: Annotated[Path, typer.Option("--config", help="A hospital config (hospital.toml) of the federation.")],
-         out: Annotated[Path, typer.Option("--out", help="Where to write initial_model.json.")]) -> None:
+         out: Annotated[Path, typer.Option("--out", help="Where to write initial_model.json.")],
+         force: Annotated[bool, typer.Option("--force", help="Replace --out if it exists.")] = False) -> None:
     """Write the initial model for hospitals configured like ``--config``."""
     from .guard import guarded
 
-    guarded(_init)(config, out)
+    guarded(_init)(config, out, force=force)
 
 
-def _init(config: Path, out: Path) -> None:
+def _init(config: Path, out: Path, *, force: bool = False) -> None:
     from clinograph.core.errors import ConfigError
     from clinograph.sdk.config import HospitalConfig
     from clinograph.sdk.federation.build import run_models
@@ -39,14 +40,21 @@ def _init(config: Path, out: Path) -> None:
     from clinograph.sdk.federation.node import load_dictionary
     from clinograph.sdk.federation.setup import refuse_under_dp
 
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'initial_model.json'}.")
+    if out.exists() and not force:  # the file a server.toml names: replacing it changes what a rerun trains
+        raise ConfigError(f"--out {out} already exists (an initial model a server may run from); not replaced. "
+                          "Pass --force to replace it, or give another --out path.")
     cfg = HospitalConfig.from_toml(config)
     refuse_under_dp(cfg, candidate_configs(cfg), where=str(config))  # set-up sums are outside the DP accountant
     dictionary = load_dictionary(cfg, config)
     models = run_models(cfg, dictionary=dictionary)
-    if out.exists() and out.is_dir():
-        raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'initial_model.json'}.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(models.to_bytes())
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(models.to_bytes())
+    except OSError as exc:
+        raise ConfigError(f"Cannot write --out {out}: {exc.strerror or type(exc).__name__}. Give a path in a folder "
+                          "you can write to.") from None
     names = ", ".join(c.name for c in models.candidates)
     rule = (f"selection patience {models.selection.patience}, min_delta {models.selection.min_delta:g}"
             if models.selection else "no selection")

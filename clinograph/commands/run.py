@@ -22,10 +22,14 @@ from typing import Annotated
 
 import typer
 
-from .run_outcome import LOST, decide, flower_status, read_events, run_id_from
+from .run_outcome import LOST, decide, flower_status, read_events, run_id_from, unfinished_runs
 
 _END = object()
 GRACE_S = 15.0  # seconds the stream gets to end by itself once Flower reports the run finished
+#: a run of this app still going before a new one starts is asked about again this often, this many
+#: seconds apart, before it is refused: one that just ended (the previous `clinograph run` returned
+#: on the ServerApp's `finished` event) is marked finished by Flower a moment later
+SETTLE_TRIES, SETTLE_PAUSE = 5, 2.0
 
 
 def _flwr(explicit: Path | None) -> str:
@@ -34,7 +38,7 @@ def _flwr(explicit: Path | None) -> str:
     if explicit is not None:
         if not explicit.is_file():
             raise ConfigError(f"--flwr {explicit} is not a file; give the path of the `flwr` command.")
-        return str(explicit)
+        return str(explicit.resolve())  # "./flwr" is "flwr" as a str: a search of PATH
     beside = Path(sys.executable).parent / "flwr"
     found = str(beside) if beside.is_file() else shutil.which("flwr")
     if found is None:
@@ -65,6 +69,82 @@ def settled_status(flwr: str, superlink: str, run_id: int, *, wait: bool, tries:
         time.sleep(pause)
         status = ask_flower(flwr, superlink, run_id)
     return status
+
+
+def app_fab_id(app_dir: str) -> str | None:
+    """``publisher/name`` of the Flower app folder ``app_dir`` (what ``flwr ls`` calls its fab-id),
+    None if it is not a readable app folder (an app id, say)."""
+    import tomllib
+
+    try:
+        with (Path(app_dir) / "pyproject.toml").open("rb") as fh:
+            doc = tomllib.load(fh)
+        return f"{doc['tool']['flwr']['app']['publisher']}/{doc['project']['name']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+#: run config keys that are paths the ServerApp opens on the SuperLink machine
+PATH_KEYS = ("server-config", "federation-file", "server-key", "journal", "events-file")
+
+
+def relative_paths(run_config: list[str]) -> list[str]:
+    """The ``--run-config`` path values (:data:`PATH_KEYS`) that are relative: the ServerApp opens
+    them from its own working directory on the SuperLink machine, not this command's. Values
+    Flower cannot parse are left to ``flwr run`` to refuse."""
+    from flwr.common.config import parse_config_args
+
+    try:
+        values = parse_config_args(list(run_config))
+    except Exception:  # noqa: BLE001 -- flwr run parses it again and says what is wrong
+        return []
+    return [f"{k}={values[k]!r}" for k in PATH_KEYS
+            if isinstance(values.get(k), str) and values[k] and not Path(values[k]).is_absolute()]
+
+
+def previous_runs(flwr: str, superlink: str, app_dir: str) -> list[tuple[int, str]]:
+    """This app's runs the SuperLink still lists as not finished (``flwr ls --format json``);
+    empty if Flower cannot be asked (the run itself then says what is wrong)."""
+    try:
+        done = subprocess.run([flwr, "ls", superlink, "--format", "json"],  # noqa: S603
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = done.stdout
+    return unfinished_runs(out[out.find("{"):] if "{" in out else out, fab_id=app_fab_id(app_dir))
+
+
+def refuse_or_stop(previous: list[tuple[int, str]], *, flwr: str, superlink: str, stop: bool) -> None:
+    """A run of this app still going at the SuperLink -- most often one whose ServerApp was killed
+    and not stopped (``flwr stop``): the SuperLink keeps it ``running`` until it misses the dead
+    ServerApp's heartbeats (about a minute), and a SuperNode fetching one of its messages keeps
+    the new run's greeting waiting with it (docs/deployment.md, "Crash and resume"). Refused, by
+    id, unless ``stop``: then each is stopped first."""
+    from clinograph.core.errors import ConfigError
+
+    if not previous:
+        return
+    named = ", ".join(f"run {rid} ({status})" for rid, status in previous)
+    if not stop:
+        stops = "; ".join(f"`flwr stop {rid} {superlink}`" for rid, _ in previous)
+        raise ConfigError(
+            f"{named} of this app is still going at the SuperLink {superlink}; a new run would compete with it "
+            "(after a killed ServerApp, its hospitals' greetings wait about a minute for the dead run). If its "
+            f"ServerApp was killed or you mean to restart it, stop it first: {stops}, or pass --stop-previous "
+            "(docs/deployment.md, 'Crash and resume'); if it is alive, let it end.")
+    for rid, status in previous:
+        try:
+            done = subprocess.run([flwr, "stop", str(rid), superlink],  # noqa: S603
+                                  capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ConfigError(f"`flwr stop {rid} {superlink}` could not run ({type(exc).__name__}); stop run "
+                              f"{rid} by hand, then start again.") from None
+        if done.returncode != 0:
+            said = " ".join((done.stdout + done.stderr).split())[-300:]
+            raise ConfigError(f"`flwr stop {rid} {superlink}` failed (exit {done.returncode}): {said}; stop run "
+                              f"{rid} by hand, then start again.")
+        typer.echo(f"stopped run {rid} ({status} at the SuperLink) before starting this one (--stop-previous)",
+                   err=True)
 
 
 class ErrorHint:
@@ -118,12 +198,21 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
         check_every: Annotated[float, typer.Option(min=1.0, help="Seconds between asking Flower for the run's "
                                                    "status while the stream runs.")] = 30.0,
         flwr: Annotated[Path | None, typer.Option(help="Path of the `flwr` command (default: the one "
-                                                  "installed with Clinograph).")] = None) -> None:
+                                                  "installed with Clinograph).")] = None,
+        stop_previous: Annotated[bool, typer.Option(
+            "--stop-previous", help="Stop this app's runs still going at the SuperLink (`flwr stop`) before "
+                                    "starting: restarting a killed run. Without it such a run is refused.")] = False,
+        ) -> None:
     """Start a federation run on a SuperLink, stream its log, and exit 0 only if it completed or
     ended as planned (1: failed or stopped; 4: lost -- no outcome), with a one-line reason."""
     from clinograph.core.errors import ConfigError
 
     exe = _flwr(flwr)
+    relative = relative_paths(run_config or [])
+    if relative:
+        raise ConfigError(f"--run-config {', '.join(relative)}: relative path(s). The ServerApp opens them on the "
+                          "SuperLink machine from its own working directory, not this command's; give absolute "
+                          "paths (e.g. server-config='/srv/clinograph/server/server.toml').")
     cmd = [exe, "run", app_dir, superlink, "--stream"]
     for rc in run_config or []:
         cmd += ["--run-config", rc]
@@ -135,9 +224,21 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
                               "(TOML) cannot carry here; choose a path without one.")
         offset = events_file.stat().st_size if events_file.is_file() else 0
         cmd += ["--run-config", f"events-file='{events_file}'"]
+    previous = previous_runs(exe, superlink, app_dir)
+    for _ in range(SETTLE_TRIES if previous and not stop_previous else 0):
+        time.sleep(SETTLE_PAUSE)
+        still = dict(previous_runs(exe, superlink, app_dir))
+        previous = [(rid, still[rid]) for rid, _ in previous if rid in still]
+        if not previous:
+            break
+    refuse_or_stop(previous, flwr=exe, superlink=superlink, stop=stop_previous)
     run_id, hint, status = None, ErrorHint(), None
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
-                            errors="replace", bufsize=1)
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
+                                errors="replace", bufsize=1)
+    except OSError as exc:
+        raise ConfigError(f"Cannot start {exe}: {exc.strerror or type(exc).__name__}. Give the path of a working "
+                          "`flwr` command with --flwr.") from None
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     try:

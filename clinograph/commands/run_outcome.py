@@ -86,6 +86,26 @@ def flower_status(ls_json: str, *, run_id: int) -> str | None:
     return None
 
 
+def unfinished_runs(ls_json: str, *, fab_id: str | None = None) -> list[tuple[int, str]]:
+    """The runs ``flwr ls --format json`` lists as not finished (pending, starting, running), as
+    (run id, status), oldest first; with ``fab_id`` (``publisher/name``) only that app's runs."""
+    try:
+        doc = json.loads(ls_json)
+    except ValueError:
+        return []
+    out = []
+    for run in doc.get("runs", []) if isinstance(doc, dict) else []:
+        if not isinstance(run, dict) or not isinstance(run.get("status"), str):
+            continue
+        if run["status"].startswith("finished") or (fab_id is not None and run.get("fab-id") not in (fab_id, None)):
+            continue
+        try:
+            out.append((int(run["run-id"]), run["status"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return sorted(out)
+
+
 def decide(*, events: Sequence[Mapping[str, Any]], status: str | None, run_id: int | None,
            hint: str = "") -> Outcome:
     """The run's outcome from its ``events``, Flower's ``status`` and its ``run_id`` (None: ``flwr

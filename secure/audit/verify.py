@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,9 +122,12 @@ def _check_artefact(scan: _Scan, entry: AuditEntry) -> bytes | None:
         scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): "
                             f"artefact file artefacts/{sha} is missing.")
         return None
-    if hashlib.sha256(data).hexdigest() != sha or len(data) != size:
-        scan.bad(entry.seq, f"entry {entry.seq}: artefact file artefacts/{sha} does not match its "
-                            f"recorded SHA-256/size ({len(data)} bytes, recorded {size}); it was changed.")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha or len(data) != size:
+        found = (f"{len(data)} bytes, recorded {size}" if len(data) != size else
+                 f"its SHA-256 is {actual[:16]}…, recorded {sha[:16]}…; same size, {size} bytes")
+        scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): artefact file "
+                            f"artefacts/{sha} does not match what the entry recorded ({found}); it was changed.")
         return None
     return data
 
@@ -238,15 +242,25 @@ def _check_lines(scan: _Scan, data: bytes) -> None:
     if lines[-1]:
         scan.bad(len(lines) - 1, f"{LOG} does not end with a newline: the last line is incomplete.")
     prev = "0" * 64
+    shifted: list[int] = []  # consecutive entries after the first whose sequence number is off
+    last_off: int | None = None  # the last line whose sequence number was off
     for index, line in enumerate(lines[:-1] if not lines[-1] else lines):
         if len(scan.problems) >= MAX_PROBLEMS:
-            return
+            break
         try:
             entry = parse_entry(line, index=index)
         except IntegrityError as exc:
-            scan.bad(index, str(exc))
+            if SEQ_PROBLEM in str(exc) and last_off == index - 1:
+                shifted.append(index)  # the same insertion or deletion, once more: said once, below
+            else:
+                _say_shifted(scan, shifted)
+                scan.bad(index, str(exc))
+            last_off = index if SEQ_PROBLEM in str(exc) else None
+            _claim_named_file(scan, line)
             prev = "?"
             continue
+        _say_shifted(scan, shifted)
+        last_off = None
         if prev != "?" and entry.prev != prev:
             scan.bad(index, f"entry {index} (kind {entry.kind!r}) does not link to entry {index - 1}'s hash "
                             "(an entry was changed, inserted or removed before it).")
@@ -264,6 +278,32 @@ def _check_lines(scan: _Scan, data: bytes) -> None:
             _check_kind(scan, entry)
         except Exception as exc:  # a verifier reports, it never crashes on hostile input
             scan.bad(index, f"entry {index} ({entry.kind}) could not be checked: {type(exc).__name__}.")
+    _say_shifted(scan, shifted)
+
+
+SEQ_PROBLEM = "carries sequence number"
+
+
+def _say_shifted(scan: _Scan, shifted: list[int]) -> None:
+    """One line for a run of entries whose sequence numbers are off after the first one named:
+    a deleted or inserted line shifts every later one, and one problem a line said nothing new."""
+    if shifted:
+        which = (f"entry {shifted[0]} also carries a sequence number that is not its position" if len(shifted) == 1
+                 else f"entries {shifted[0]} to {shifted[-1]} ({len(shifted)}) also carry sequence numbers that are "
+                      "not their position")
+        scan.bad(None, f"{which}, after the same insertion, deletion or reordering; not checked further.")
+        shifted.clear()
+
+
+def _claim_named_file(scan: _Scan, line: bytes) -> None:
+    """The file a refused line still names (``payload.sha256``) is that line's, not also an
+    "extra file": the line is already the problem reported. Names only, nothing else trusted."""
+    try:
+        sha = json.loads(line)["payload"]["sha256"]
+    except (ValueError, KeyError, TypeError, RecursionError):  # hostile lines: already reported
+        return
+    if isinstance(sha, str) and len(sha) == 64:
+        scan.referenced.add(sha)
 
 
 def _check_run(scan: _Scan, entry: AuditEntry) -> None:

@@ -158,3 +158,14 @@ def test_verify_a_deeply_nested_line_is_a_failed_verification_not_an_internal_er
     result = runner.invoke(app, ["verify", str(d)])
     assert result.exit_code != 0 and "Internal error" not in result.output, result.output
     assert "entry 3 nests JSON arrays or objects too deeply to parse" in result.output
+
+
+def test_a_failure_tied_to_no_entry_does_not_print_first_bad_entry_none(audit_dir, tmp_path):
+    d, _ = audit_dir
+    (d / "notes.txt").write_text("x")
+    result = runner.invoke(app, ["verify", str(d)])
+    assert result.exit_code == 1 and "first bad entry" not in result.stderr, result.stderr
+    assert f"FAILED: {d} does not verify (1 problem(s)):" in result.stderr
+    result = runner.invoke(app, ["verify", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "first bad entry" not in result.stderr
+    assert "is not a directory: pass the audit directory" in result.stderr

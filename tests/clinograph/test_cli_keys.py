@@ -86,3 +86,17 @@ def test_keys_init_prints_register_commands_whose_paths_exist(tmp_path):
     for words, h in zip(lines, ("h1", "h2"), strict=True):
         path = words[words.index("register") + 1]
         assert path == str(tmp_path / "keys" / "hospitals" / h / f"{h}.node-auth.pub")
+
+
+def test_bad_names_are_refused_at_once_before_any_key_is_written(tmp_path):
+    """A federation id or server name federation.toml cannot hold was a pydantic traceback after
+    the CA and some keys were already written (so the rerun met a non-empty --out)."""
+    out = tmp_path / "keys"
+    r = CliRunner().invoke(app, ["init", "--out", str(out), "--federation-id", "fed a", "--server-name", "the/server",
+                                 "--hospital", "h1", "--hospital", "h 2", "--hospital", "h1", "--host", "10.0.0.5"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    for part in ("--federation-id 'fed a'", "--server-name 'the/server'", "hospital name 'h 2'", "repeat: h1"):
+        assert part in said, said
+    assert not out.exists()

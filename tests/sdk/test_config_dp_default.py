@@ -60,7 +60,7 @@ def test_the_deployment_path_says_and_audits_the_dp_default_model(tmp_path: Path
     p, out = tmp_path / "hospital.toml", tmp_path / "initial_model.json"
     for extra, said in (("", True), ("[model]\ndeep = true\n", False)):
         p.write_text(f'dictionary = "{DICTIONARY_PATH}"\n[privacy]\nenabled = true\nepsilon_budget = 3.0\n{extra}')
-        res = CliRunner().invoke(app, ["model", "init", "--config", str(p), "--out", str(out)])
+        res = CliRunner().invoke(app, ["model", "init", "--config", str(p), "--out", str(out), "--force"])
         assert res.exit_code == 0, res.output
         models = run_models_from_bytes(out.read_bytes())
         assert (DP_DEFAULT_MODEL_LINE in res.output) is said

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -164,3 +165,53 @@ def test_published_envelope_with_a_bad_signature_is_reported(tmp_path):
     result = verify_audit_dir(d)
     assert not result.ok and result.first_bad == 3
     assert "published envelope 'round-0001/plan.json' carries an invalid signature by 'server'" in result.problems[0]
+
+
+def test_an_edited_artefact_entry_is_the_one_problem_its_file_not_called_extra(federation_dir, tmp_path):
+    """Editing an `artefact` entry broke its hash, and the verifier then also called the file it
+    names an "extra file no audit entry references": one tampering, two problems, the second
+    false. The file is still the edited entry's; the entry is the problem."""
+    d = _copy(federation_dir, tmp_path)
+    log = d / "audit.jsonl"
+    lines = log.read_bytes().split(b"\n")
+    i = next(n for n, x in enumerate(lines) if b'"kind":"artefact"' in x)
+    obj = json.loads(lines[i])
+    obj["payload"]["meta"] = {"note": "edited"}
+    lines[i] = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    log.write_bytes(b"\n".join(lines))
+    report = verify_audit_dir(d)
+    assert not report.ok and report.first_bad == i
+    assert report.problems == [f"entry {i} (kind 'artefact'): content does not match its hash (the entry was "
+                                "modified after it was written)."], report.problems
+
+
+def test_a_changed_artefact_of_the_same_size_is_named_with_both_hashes(federation_dir, tmp_path):
+    d = _copy(federation_dir, tmp_path)
+    entries = [json.loads(x) for x in (d / "audit.jsonl").read_text().splitlines()]
+    i, e = next((n, x) for n, x in enumerate(entries) if x["kind"] == "artefact")
+    path = d / "artefacts" / e["payload"]["sha256"]
+    blob = bytearray(path.read_bytes())
+    blob[0] ^= 1
+    path.write_bytes(bytes(blob))
+    report = verify_audit_dir(d)
+    actual = hashlib.sha256(bytes(blob)).hexdigest()
+    assert report.problems == [
+        f"entry {i} (artefact {e['payload']['name']!r}): artefact file artefacts/{e['payload']['sha256']} does not "
+        f"match what the entry recorded (its SHA-256 is {actual[:16]}…, recorded {e['payload']['sha256'][:16]}…; "
+        f"same size, {len(blob)} bytes); it was changed."], report.problems
+
+
+def test_a_deleted_line_is_one_problem_and_one_summary_not_one_line_per_later_entry(federation_dir, tmp_path):
+    """Deleting one line shifted every later entry's sequence number, and each was its own problem
+    (40-odd lines for one deletion, the real ones pushed towards the cap)."""
+    d = _copy(federation_dir, tmp_path)
+    log = d / "audit.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:6] + lines[7:]))
+    report = verify_audit_dir(d)
+    n = len(lines) - 1
+    assert report.first_bad == 6 and len(report.problems) == 3, report.problems
+    assert report.problems[0].startswith("entry 6 carries sequence number 7;")
+    assert report.problems[1] == (f"entries 7 to {n - 1} ({n - 7}) also carry sequence numbers that are not their "
+                                  "position, after the same insertion, deletion or reordering; not checked further.")
+    assert "the signed head says" in report.problems[2]

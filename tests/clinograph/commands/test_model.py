@@ -1,0 +1,36 @@
+"""`clinograph model init`: what it does to a file that is already there."""
+
+from __future__ import annotations
+
+from clinograph.sdk.datasets.alarm import DICTIONARY_PATH
+from typer.testing import CliRunner
+
+from clinograph.cli import app
+
+
+def test_model_init_refuses_to_overwrite_without_force(tmp_path):
+    """An existing initial_model.json (the one a running server's server.toml names, perhaps) is
+    not replaced silently: refused by name with the two fixes, the file untouched; `--force`
+    replaces it."""
+    config, out = tmp_path / "hospital.toml", tmp_path / "initial_model.json"
+    config.write_text(f'dictionary = "{DICTIONARY_PATH}"\n[privacy]\nenabled = true\nepsilon_budget = 3.0\n')
+    out.write_bytes(b"the model a server runs from")
+    res = CliRunner().invoke(app, ["model", "init", "--config", str(config), "--out", str(out)])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert str(out) in said and "already exists" in said and "--force" in said and "Traceback" not in said
+    assert out.read_bytes() == b"the model a server runs from"
+    res = CliRunner().invoke(app, ["model", "init", "--config", str(config), "--out", str(out), "--force"])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes().startswith(b"{") and f"written to {out}" in " ".join(res.output.split())
+
+
+def test_model_init_into_a_path_it_cannot_write_is_a_clear_error(tmp_path):
+    """Was 'internal error (FileNotFoundError)', exit 3."""
+    config = tmp_path / "hospital.toml"
+    config.write_text(f'dictionary = "{DICTIONARY_PATH}"\n[privacy]\nenabled = true\nepsilon_budget = 3.0\n')
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "initial_model.json"
+    res = CliRunner().invoke(app, ["model", "init", "--config", str(config), "--out", str(out)])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and f"Cannot write --out {out}" in said and "internal error" not in said, said
