@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from clinograph.sdk.training.optim import adam
 
 
