@@ -46,11 +46,20 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name}")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, refused when it overflows (``1e999`` reads as inf, which no
+    canonical line holds: canonical JSON has no non-finite numbers)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number out of float range")
+    return value
+
+
 def parse_canonical(line: bytes, *, what: str) -> dict[str, Any]:
     """Parse ``line`` and raise :class:`IntegrityError` unless it is canonical JSON of an object."""
     try:
         obj = json.loads(line.decode("ascii"), object_pairs_hook=_reject_duplicates,
-                         parse_constant=_reject_constant)
+                         parse_constant=_reject_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, ValueError) as exc:
         raise IntegrityError(f"{what} is not valid canonical JSON ({type(exc).__name__}: "
                              f"{str(exc)[:120]}).") from None

@@ -237,6 +237,9 @@ def flower_processes(tmp: Path, *, federation_id: str, hospitals: Sequence[str],
     """
     from clinograph.secure.transport.flower.keyset import init_keyset
 
+    shadowing = [str(p) for p in pythonpath if (Path(p) / "clinograph").is_dir() and Path(p) != APP]
+    assert not shadowing, (f"pythonpath {shadowing} holds a clinograph/ folder (tests/ does: tests/clinograph/core): "
+                           "it would shadow the package's modules in the SuperNodes, which then exit at import")
     started = time.monotonic()
     port = free_port()
     keys = init_keyset(tmp / "keys", federation_id=federation_id, hospitals=list(hospitals),

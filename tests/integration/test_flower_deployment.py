@@ -31,7 +31,6 @@ from pathlib import Path
 import pytest
 from flower_processes import APP, flower_processes
 from flower_processes import events as _events
-from lean_env import lean_server_python  # noqa: F401 -- the fixture
 
 HOSPITALS = ("h1", "h2", "h3")
 TOTAL_BUDGET = 240.0  # seconds; the test fails (and cleans up) rather than hang past this
@@ -99,7 +98,7 @@ def test_two_rounds_over_flower_tls_nodeauth_with_a_supernode_killed(tmp_path, m
             prep_errors.append(exc)
 
     victim = "h1" if mode == "ckks_threshold" else "h3"  # ckks_threshold: the first holder asked to decrypt
-    pythonpath = [APP, Path(__file__).parent, Path(__file__).parents[1]]
+    pythonpath = [APP, Path(__file__).parent]  # h3's factory is this module (lean_server_python: conftest.py)
     with flower_processes(tmp_path, federation_id="fed-loopback", hospitals=HOSPITALS, budget=TOTAL_BUDGET,
                           pythonpath=pythonpath) as fp:
         preparing = threading.Thread(target=write_sites, daemon=True)

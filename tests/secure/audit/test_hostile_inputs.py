@@ -137,3 +137,16 @@ def test_an_extra_artefact_named_with_escapes_is_quoted_not_printed_raw(audit_di
     report = verify_audit_dir(audit_dir)
     assert not report.ok and len(report.problems) == 1
     assert report.problems[0].isprintable() and repr(name) in report.problems[0]
+
+
+def test_a_number_that_overflows_to_infinity_is_refused_as_not_canonical():
+    # before: 1e999 read as inf and canonical_json raised a bare ValueError (hypothesis found it in
+    # test_consistency: one byte of a proof changed so that a number overflowed)
+    import pytest
+    from clinograph.secure.audit.canonical import parse_canonical
+
+    from clinograph.core.errors import IntegrityError
+
+    for line in (b'{"a":1e999}', b'{"a":-1E400}', b'{"a":[0.5,9e9999]}'):
+        with pytest.raises(IntegrityError, match="not valid canonical JSON"):
+            parse_canonical(line, what="entry 1")
