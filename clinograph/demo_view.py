@@ -119,6 +119,11 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
             write(f"warning: hospital {data.get('site')}: every one of its {data.get('patients')} patients has label "
                   f"{data.get('label')}; it cannot be evaluated alone (AUROC n/a) and pulls the shared model towards "
                   "one class. Check its label column and coding (`clinograph check`).")
+        elif kind == "hospital_missing_columns":
+            said = [f"{what} {', '.join(map(repr, data.get(key) or ()))}" for key, what in
+                    (("absent", "not in its table:"), ("empty", "without a value in any row:")) if data.get(key)]
+            write(f"warning: hospital {data.get('site')}: mapped column(s) {'; '.join(said)}; their features are "
+                  "missing for every patient there (`clinograph check` shows its table).")
         elif kind == "round_closed":
             write(f"{prefix}round {data.get('round')} closed: "
                   f"{len(list(data.get('contributors') or []))} contributor(s)" + eta_line(data))

@@ -86,7 +86,16 @@ def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str |
         mapping = {cm.feature: f"column {col!r}" for col, cm in site.columns.items()}
         if result.report.absent_columns:
             lines.append(f"warning: {absent_columns_text(result.report.absent_columns)}")
+        if result.report.empty_columns:
+            lines.append(f"warning: {empty_columns_text(result.report.empty_columns)}")
     return lines + _summary(result, d, mapping)
+
+
+def empty_columns_text(columns: tuple[str, ...]) -> str:
+    """The warning for mapped columns without a value in any row (shown by check and simulate)."""
+    return (f"{len(columns)} mapped column(s) hold no value in any row: {', '.join(map(repr, columns))}; their "
+            "features are missing for every patient here (not measured, or every cell a declared missing value). "
+            "If the export should have them, check it; else nothing to do (or list them under ignore).")
 
 
 def absent_columns_text(columns: tuple[str, ...]) -> str:

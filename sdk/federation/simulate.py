@@ -477,6 +477,10 @@ def simulate_from_config(config: SimulationConfig, *,
     if on_event is not None:
         for site, label, n in one_class_hospitals(tables, config):
             on_event("hospital_one_class", {"site": site, "label": label, "patients": n})
+        for t in tables:  # mapped columns a hospital lacks or never filled: features it does not have (warned)
+            if t.report is not None and (t.report.absent_columns or t.report.empty_columns):
+                on_event("hospital_missing_columns", {"site": t.site, "absent": list(t.report.absent_columns),
+                                                      "empty": list(t.report.empty_columns)})
     output_folder(config.output, what="The config's `output`")
     audit_dir = config.output / "audit"
     if audit_dir.exists() and not audit_dir.is_dir():

@@ -72,8 +72,13 @@ def hospital_split(labels: np.ndarray, *, site: str, test_fraction: float, valid
         fit_pos, val_pos = stratified_split(labels[train], test_fraction=validation_fraction, seed=base + 1)
         train, val = train[fit_pos], train[val_pos]
     if len(train) == 0 or len(test) == 0 or (validation_fraction > 0 and len(val) == 0):
+        parts = 3 if validation_fraction > 0 else 2
+        fix = ("lower [split] fractions" if len(labels) >= 2 * parts else
+               f"with so few patients, leave this hospital out of the federation (or join its patients to another "
+               f"site's table); a split needs at least {parts} patients, one a part, and a hospital of under "
+               f"{2 * parts} is mostly too small to train or test on")
         raise ConfigError(f"Hospital {site!r}: {len(labels)} patients give an empty part in the split "
-                          f"(train {len(train)}, validation {len(val)}, test {len(test)}); lower [split] fractions.")
+                          f"(train {len(train)}, validation {len(val)}, test {len(test)}); {fix}.")
     return Split(train=train, validation=val, test=test)
 
 

@@ -40,6 +40,9 @@ class IngestReport:
     declared_missing_by_column: dict[str, int] = field(default_factory=dict)
     #: wide tables: site schema [columns] absent from the table (their features are missing for every patient)
     absent_columns: tuple[str, ...] = ()
+    #: wide tables: mapped columns without a value in any row (not measured here, or every cell one of the
+    #: declared missing values): their features are missing for every patient, as for an absent column
+    empty_columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, repr=False)

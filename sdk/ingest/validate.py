@@ -314,9 +314,13 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
         if dup.any():
             problems.append(f"Patient id column {schema.patient_id!r}: {rows_text(dup)}: repeated id. A wide table "
                             "has one row a patient; use format = \"long\" for repeated measurements.")
-    parsed = {}
+    parsed, empty = {}, []
     for col, (feat, cm) in mapped.items():
         if cm is not None and coding_problems(col, cm, feat):  # reported with the schema's: its cells are not read
+            parsed[col] = np.full(len(df), np.nan)
+            continue
+        if len(df) and not present_mask(df[col]).any():  # not measured at this hospital: as an absent column
+            empty.append(col)
             parsed[col] = np.full(len(df), np.nan)
             continue
         coding = cm.normalised_coding(feat) if cm is not None and cm.coding is not None else None
@@ -353,7 +357,8 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                           encoding=df.attrs.get("encoding"), labelled=labels is not None,
                           declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
                           declared_missing_by_column=dict(df.attrs.get("declared_missing_by_column", {})),
-                          absent_columns=tuple(c for c in schema.columns if c not in df.columns))
+                          absent_columns=tuple(c for c in schema.columns if c not in df.columns),
+                          empty_columns=tuple(empty))
     out_labels = labels[rows].astype(np.int64) if labels is not None else np.full(len(rows), -1, np.int64)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(ids[rows]),
                         patient=_cat(pats, np.int64), node=_cat(nodes, np.int64), value=_cat(vals, np.float64),

@@ -117,6 +117,16 @@ def test_check_warns_about_schema_columns_the_table_lacks(tmp_path):
     assert f"warning: the site schema maps 1 column(s) the table does not have: {gone!r}" in r.output
 
 
+def test_check_warns_about_mapped_columns_without_a_value(tmp_path):
+    # before: one empty mapped column (a feature a small hospital does not measure) refused the whole table
+    table, schema = demo_hospitals()[0]
+    empty = next(iter(schema.columns))
+    table.assign(**{empty: None}).to_csv(tmp_path / "t.csv", index=False)
+    r = _run(_schema_file(tmp_path, schema), tmp_path / "t.csv")
+    assert r.exit_code == 0, r.output
+    assert f"warning: 1 mapped column(s) hold no value in any row: {empty!r}" in r.output
+
+
 def test_check_prints_hostile_column_names_escaped(tmp_path):
     # before: an ignored column's name went raw to the terminal (ANSI escapes, bidi overrides)
     table, schema = demo_hospitals()[0]

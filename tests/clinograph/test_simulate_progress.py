@@ -59,3 +59,15 @@ def test_a_one_class_hospital_is_a_warning_line():
     assert lines == ["warning: hospital nord: every one of its 63 patients has label 0; it cannot be evaluated alone "
                      "(AUROC n/a) and pulls the shared model towards one class. Check its label column and coding "
                      "(`clinograph check`)."]
+
+
+def test_a_hospitals_missing_columns_are_a_warning_line():
+    lines: list[str] = []
+    show = simulation_progress(3, lines.append, status=lambda _: None, clock=lambda: 0.0)
+    show("hospital_missing_columns", {"site": "inst33", "absent": [], "empty": ["meal.cal"]})
+    show("hospital_missing_columns", {"site": "h2", "absent": ["ECOG"], "empty": ["a", "b"]})
+    assert lines == [
+        "warning: hospital inst33: mapped column(s) without a value in any row: 'meal.cal'; their features are "
+        "missing for every patient there (`clinograph check` shows its table).",
+        "warning: hospital h2: mapped column(s) not in its table: 'ECOG'; without a value in any row: 'a', 'b'; "
+        "their features are missing for every patient there (`clinograph check` shows its table)."]

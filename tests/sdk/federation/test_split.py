@@ -42,3 +42,14 @@ def test_the_task_trains_on_split_patients():
     task = build_task(table, dictionary=table.dictionary, config=config)
     split = cg.split_patients(table, config=config)
     assert np.array_equal(np.sort(task.split.test), split.test)
+
+
+def test_a_hospital_too_small_to_split_is_told_to_leave_not_to_lower_fractions():
+    import pytest
+
+    from clinograph.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"2 patients .* leave this hospital out of the federation"):
+        hospital_split(np.array([0, 1]), site="inst33", test_fraction=0.3, validation_fraction=0.2, seed=0)
+    with pytest.raises(ConfigError, match=r"lower \[split\] fractions"):
+        hospital_split(np.array([0, 1] * 4), site="h", test_fraction=0.05, validation_fraction=0.05, seed=0)
