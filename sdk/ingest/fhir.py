@@ -171,14 +171,16 @@ def _value(x) -> tuple[float | None, str | None, str | None]:  # noqa: ANN001 - 
 
 def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, label_code: str | None,
               systems: dict[str, str] | None = None, patient_id: Literal["id", "identifier"] = "id",
-              snapshot_hours: float = 24.0, units: dict[str, str] | None = None,
+              identifier_system: str | None = None, snapshot_hours: float = 24.0, units: dict[str, str] | None = None,
               censored: CensorPolicy | None = None, age: str | None = None, sex: OmopSex | None = None,
               validate: Literal["fields_read", "full"] = "fields_read") -> EhrExtract:
     """FHIR R4 Patient and Observation resources as an :class:`EhrExtract`.
 
     ``label_code``: ``SYSTEM/CODE`` of the outcome Observation, or None for an unlabeled
     extract. ``systems``: coding-system URL -> system name, added to :data:`DEFAULT_SYSTEMS`.
-    ``patient_id``: the Patient's resource id, or its first identifier's value. ``units``:
+    ``patient_id``: the Patient's resource id, or its identifier's value: the first identifier of
+    system ``identifier_system`` (an MRN's, say: Synthea lists its own uuid first), else its first
+    identifier; a Patient without one of that system is refused by place. ``units``:
     feature id -> unit of its values that carry none; ``censored``: how ``comparator`` values are
     read (:mod:`.ehr_values`). ``age``: a numeric feature given the age in years (from
     ``birthDate``) at the patient's first mapped observation; ``sex``: the feature and codes
@@ -219,12 +221,16 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     feature_of = {k: f.id for k, f in dictionary.by_code().items()}
     idents: dict[tuple[str, str], set[str]] = {}  # (identifier system, value) -> keys of Patients that carry it
     nameless: list[str] = []  # Patients without an id (nor a Bundle fullUrl naming one), read by id
+    lacking: list[str] = []  # Patients without an identifier of identifier_system, read by identifier
     for where, doc, url in _resources(path):
         kind = doc.get("resourceType")
         if kind == "Patient":
             p = _validate(fm.Patient, doc, where, problems, full_patient)
             if p is not None:
-                ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
+                ident = _identifier(p, identifier_system)
+                if patient_id == "identifier" and identifier_system and ident is None:
+                    lacking.append(where)
+                    continue
                 # a transaction Bundle's entry may name its Patient by fullUrl only (urn:uuid:..., no id)
                 m = PATIENT_REF.search(url or "")
                 ids = list(dict.fromkeys(i for i in (p.id, m and (m.group(1) or m.group(2))) if i))
@@ -245,13 +251,18 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 if not subject and o.subject and o.subject.identifier and o.subject.identifier.value:
                     subject = LOGICAL + json.dumps([o.subject.identifier.system or "", o.subject.identifier.value])
                 if subject.startswith("#"):
-                    subject = _contained_patient(o, subject, where, patient_id=patient_id, problems=problems,
+                    subject = _contained_patient(o, subject, where, patient_id=patient_id,
+                                                 identifier_system=identifier_system, problems=problems,
                                                  full=full_patient, records=records, local=local) or subject
                 _read_observation(o, where, subject=subject, names=names, feature_of=feature_of,
                                   label_code=label_code, out=readings, counts=counts, codings=codings)
         else:
             skipped[str(kind)] += 1
     born = one_birth_a_patient(records, holders, problems, patient_id=patient_id)
+    if lacking:
+        problems.append(f"{len(lacking)} Patient(s) carry no identifier of system {identifier_system!r} (e.g. "
+                        f"{', '.join(lacking[:3])}), which [fhir] identifier_system names as the patient id: they "
+                        "cannot be named. Export that identifier for every Patient, or name another system.")
     if nameless:
         problems.append(f"{len(nameless)} Patient(s) have no id, and no Bundle fullUrl naming one (e.g. "
                         f"{', '.join(nameless[:3])}): no Observation can reference them. Export the Patients with "
@@ -289,7 +300,13 @@ def _keys(code, names: dict[str, str]) -> list[str]:  # noqa: ANN001 - a Codeabl
     return [f"{names[c.system]}/{c.code}" for c in (code.coding or []) if c.system in names and c.code]
 
 
-def _contained_patient(o, ref: str, where: str, *, patient_id, problems, full, records, local) -> str | None:  # noqa: ANN001
+def _identifier(p, system: str | None) -> str | None:  # noqa: ANN001 - a Patient model
+    """The value of ``p``'s first identifier of ``system`` (any system when None), or None."""
+    return next((i.value for i in p.identifier or () if i.value and (system is None or i.system == system)), None)
+
+
+def _contained_patient(o, ref: str, where: str, *, patient_id, identifier_system, problems, full, records,  # noqa: ANN001
+                       local) -> str | None:
     """The subject reference of an Observation whose ``subject`` is a Patient in its ``contained``
     (``#p1``): :data:`CONTAINED` + the patient key (its identifier; ``patient_id = "id"`` cannot
     name a patient by a contained id: ``where`` is added to ``local``); None if no contained
@@ -303,7 +320,7 @@ def _contained_patient(o, ref: str, where: str, *, patient_id, problems, full, r
     p = _validate(fm.Patient, doc, f"{where} (contained Patient)", problems, full)
     if p is None:
         return None
-    ident = p.identifier[0].value if p.identifier and p.identifier[0].value else None
+    ident = _identifier(p, identifier_system)
     if patient_id != "identifier" or not ident:
         local.append(where)
         return None

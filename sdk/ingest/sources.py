@@ -72,6 +72,9 @@ class FhirOptions(BaseModel):
     label_code: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.\-]+/.+$")
     systems: dict[str, str] = Field(default_factory=dict)
     patient_id: Literal["id", "identifier"] = "id"
+    #: with patient_id = "identifier": the system whose identifier names the patient (an MRN's URL);
+    #: unset: each Patient's first identifier
+    identifier_system: str | None = Field(default=None, min_length=1, max_length=2048)
     snapshot_hours: float = Field(default=24.0, gt=0, allow_inf_nan=False)
     units: dict[str, str] = Field(default_factory=dict)
     censored: CensorPolicy | None = None
@@ -139,5 +142,5 @@ def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: Fe
     if f is None:  # the source model guarantees one of [omop], [meds], [fhir]; never silently assume
         raise ConfigError("The source file has no [omop], [meds] or [fhir] section; add the one your data uses.")
     return read_fhir(location, dictionary=dictionary, site=config.site, label_code=f.label_code, systems=f.systems,
-                     patient_id=f.patient_id, snapshot_hours=f.snapshot_hours, units=f.units, censored=f.censored,
+                     patient_id=f.patient_id, identifier_system=f.identifier_system, snapshot_hours=f.snapshot_hours, units=f.units, censored=f.censored,
                      age=f.age, sex=f.sex, validate=f.validate_)

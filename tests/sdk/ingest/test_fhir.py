@@ -362,3 +362,29 @@ def test_loinc_by_its_oid_maps_and_unnamed_coding_systems_are_reported(tmp_path)
     assert ex.ingest(D).value.tolist() == [80.0]
     assert ("codings in coding systems not named in systems (read as '(uncoded)'): 1 in 1 system(s) "
             "(https://hospital.example/labcodes)") in "\n".join(ex.report.notes)
+
+
+def test_the_identifier_system_names_the_patient_and_a_patient_without_one_is_refused(tmp_path):
+    """Synthea lists each Patient's own uuid first and the MRN after it: patient_id = "identifier"
+    read the first identifier only; identifier_system picks the MRN's."""
+    from ehr_helpers import extended_dictionary
+
+    d2 = extended_dictionary()
+    mrn, uuid = "http://hospital.example/mrn", "https://github.com/synthetichealth/synthea"
+    hr = {"valueQuantity": {"value": 80, "code": "/min"}}
+    res = [{"resourceType": "Patient", "id": "a", "identifier": [{"system": uuid, "value": "u-1"},
+                                                                 {"system": mrn, "value": "MRN-1"}]},
+           {"resourceType": "Patient", "id": "b", "identifier": [{"system": uuid, "value": "u-2"},
+                                                                 {"system": mrn, "value": "MRN-2"}]},
+           _obs(1, "a", "8867-4", "2024-01-01T07:00:00Z", **hr), _obs(2, "b", "8867-4", "2024-01-01T07:00:00Z", **hr)]
+    path = _ndjson(tmp_path / "x.ndjson", res)
+    first = read_fhir(path, dictionary=d2, site="s", label_code=None, patient_id="identifier").ingest(d2)
+    assert first.patient_ids == ("u-1", "u-2")
+    by_mrn = read_fhir(path, dictionary=d2, site="s", label_code=None, patient_id="identifier",
+                       identifier_system=mrn).ingest(d2)
+    assert by_mrn.patient_ids == ("MRN-1", "MRN-2")
+    res[1]["identifier"] = res[1]["identifier"][:1]
+    with pytest.raises(SchemaError, match=r"1 Patient\(s\) carry no identifier of system .*y.ndjson line 2") as err:
+        read_fhir(_ndjson(tmp_path / "y.ndjson", res), dictionary=d2, site="s", label_code=None,
+                  patient_id="identifier", identifier_system=mrn)
+    assert "u-2" not in str(err.value)
