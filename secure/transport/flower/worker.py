@@ -44,6 +44,7 @@ from typing import Any
 from clinograph.core.errors import ClinographError, ConfigError, ProtocolError
 from clinograph.core.fileio import read_regular
 from clinograph.core.identity import Identity
+from clinograph.core.logging import printable
 
 from ...messages import ClientReport
 from ...refusals import REFUSABLE_STAGES, REFUSAL_PART, seal_refusal
@@ -55,6 +56,8 @@ from .messages import NodeHello
 #: factory(node_config=..., run_config=..., run_id=..., identity=...) -> RoundParticipant
 ParticipantFactory = Callable[..., RoundParticipant]
 REQUIRED_NODE_KEYS = ("hospital", "state-dir", "key-file")
+#: every --node-config key the SuperNode's own participant reads (a --participant-factory may read more)
+NODE_KEYS = (*REQUIRED_NODE_KEYS, "data-dir", "federation-file")
 #: the run this hospital was last greeted for (in its state directory)
 RUN_FILE, RUN_FORMAT = "flower_run.json", "clinograph-flower-run-v1"
 _log = logging.getLogger(__name__)
@@ -109,12 +112,23 @@ def socket_path(state_dir: Path, *, create: bool = False) -> Path:
     return fallback
 
 
-def check_node_config(node_config: Mapping[str, Any]) -> None:
-    """ConfigError listing every missing key of the SuperNode's --node-config."""
+def check_node_config(node_config: Mapping[str, Any]) -> list[str]:
+    """ConfigError listing every missing key of the SuperNode's --node-config; returns (and logs as a
+    warning) the keys Clinograph does not read -- a typo (``data_dir``) would otherwise go unnoticed
+    until the key it was meant to be is found missing, or never (a participant factory may read its
+    own keys, so they are not refused)."""
+    from difflib import get_close_matches
+
     missing = [k for k in REQUIRED_NODE_KEYS if not isinstance(node_config.get(k), str) or not node_config.get(k)]
     if missing:
         raise ConfigError(f"--node-config lacks {missing}. Example: --node-config \"hospital='h1' "
                           "data-dir='/srv/h1/data' state-dir='/srv/h1/state' key-file='/srv/h1/keys/h1.ed25519.pem'\".")
+    unknown = sorted(str(k) for k in node_config if k not in NODE_KEYS)
+    for key in unknown:
+        near = get_close_matches(key.replace("_", "-").lower(), NODE_KEYS, n=1, cutoff=0.6)
+        _log.warning("--node-config key '%s' is not one Clinograph reads (%s)%s", printable(key), ", ".join(NODE_KEYS),
+                     f"; did you mean {near[0]!r}?" if near else "; ignored unless a participant factory reads it")
+    return unknown
 
 
 def _epsilon(report: bytes | None) -> str:
