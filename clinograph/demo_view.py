@@ -145,7 +145,16 @@ def final_table(final: Mapping[str, Mapping[str, float]], *, title: str) -> Tabl
         table.add_column(name, justify="right")
     for site, v in final.items():
         table.add_row(site, *(_fmt(v.get(key)) for key, _ in columns))
+    if len(final) > 1:  # the mean over the hospitals where a metric is defined (n/a: a one-class test split)
+        table.add_row("mean", *(_fmt(_mean([v.get(key) for v in final.values()])) for key, _ in columns),
+                      end_section=False, style="bold")
     return table
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the defined values (not None, not NaN), None if there is none."""
+    kept = [float(x) for x in values if x is not None and not math.isnan(float(x))]
+    return sum(kept) / len(kept) if kept else None
 
 
 def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None = None) -> None:

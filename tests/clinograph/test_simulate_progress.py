@@ -49,7 +49,11 @@ def test_the_final_table_shows_a_survival_targets_c_index_and_a_binary_ones_auro
     survival = rendered({"a": {"cindex": 0.712, "auroc": float("nan"), "auprc": 0.4}})
     assert "C-index" in survival and "0.712" in survival and "n/a" in survival
     binary = rendered({"a": {"auroc": 0.8, "auprc": 0.5}})
-    assert "C-index" not in binary and "0.800" in binary and "0.500" in binary
+    assert "C-index" not in binary and "0.800" in binary and "0.500" in binary and "mean" not in binary
+    several = rendered({"a": {"auroc": 0.8, "auprc": 0.5}, "b": {"auroc": float("nan"), "auprc": 0.3},
+                        "c": {"auroc": 0.6, "auprc": 0.1}})
+    mean_row = next(line for line in several.splitlines() if "mean" in line)
+    assert "0.700" in mean_row and "0.300" in mean_row  # AUROC over a and c (b's is undefined), AUPRC over all
 
 
 def test_a_one_class_hospital_is_a_warning_line():
