@@ -170,7 +170,7 @@ def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None
     from clinograph.sdk.federation.simulate import simulate_from_config
 
     if dp_default_model(cfg):
-        console.print(DP_DEFAULT_MODEL_LINE, soft_wrap=True)
+        console.print(DP_DEFAULT_MODEL_LINE, soft_wrap=True, markup=False, highlight=False)  # its [model], [privacy]: text
     k = max(1, len(candidate_configs(cfg)))  # [selection] candidates: each runs up to `rounds` rounds
     with _progress() as progress:
         what = "rounds" if k == 1 else f"rounds ({k} candidate models, chosen on federated validation loss)"

@@ -173,7 +173,8 @@ class ScalingSection(_Strict):
 class GraphSection(_Strict):
     """[graph]: how each hospital builds its knowledge graph."""
 
-    k_similar: int = Field(default=5, ge=0, le=100, description="similar_to neighbours (must be 0 under DP)")
+    k_similar: int = Field(default=5, ge=0, le=100, description="similar_to neighbours (0 under [privacy]: its "
+                           "default there, and any other value refused)")
 
 
 class PrivacySection(_Strict):
@@ -411,6 +412,24 @@ class HospitalConfig(_Strict):
                              f"{p.sample_rate:g}: the validation patients are in every round's sum, which the "
                              "subsampled accountant does not cover. Use sample_rate = 1 (the presets of "
                              "sdk/privacy/schedule.py), or [selection] enabled = false")
+        return self
+
+    @model_validator(mode="after")
+    def _graph_under_dp(self) -> HospitalConfig:
+        """Under ``[privacy]`` a patient is one independent training example (its own star): no
+        ``similar_to`` edges. An unwritten ``[graph] k_similar`` becomes 0 there; a written one above
+        0 is refused here, once, instead of by every hospital when its training starts."""
+        g = self.graph
+        if not self.privacy.enabled or g.k_similar == 0:
+            return self
+        if "k_similar" in g.model_fields_set:
+            raise ValueError(f"[graph] k_similar = {g.k_similar} with [privacy] enabled: under patient-level DP "
+                             "every patient must be one independent training example, and similar_to edges let one "
+                             "patient change other patients' gradients. Set [graph] k_similar = 0 (or remove it: "
+                             "0 is the default under [privacy])")
+        derived = g.model_copy(update={"k_similar": 0})
+        derived.__pydantic_fields_set__.discard("k_similar")  # still derived, not the operator's choice
+        object.__setattr__(self, "graph", derived)
         return self
 
     @model_validator(mode="after")

@@ -97,7 +97,10 @@ def test_full_graph_and_similar_to_are_refused_under_dp(tables, tmp_path):
     with pytest.raises(PrivacyError, match="FedProx"):
         tr.train(NSFLModel(5), round_=0, epochs=1, plan_options={"fedprox.mu": 0.1})
     dp_on = PrivacySection(enabled=True, noise_multiplier=1.0)
-    cfg = HospitalConfig(privacy=dp_on, graph=GraphSection(k_similar=5))
+    with pytest.raises(ValueError, match=r"\[graph\] k_similar = 5 with \[privacy\] enabled"):  # refused once, up front
+        HospitalConfig(privacy=dp_on, graph=GraphSection(k_similar=5))
+    assert HospitalConfig(privacy=dp_on).graph.k_similar == 0  # unwritten: 0 under DP (was 5, refused by every hospital)
+    cfg = HospitalConfig(privacy=dp_on).model_copy(update={"graph": GraphSection(k_similar=5)})  # past the config
     with pytest.raises(PrivacyError, match="Fix: set \\[graph\\] k_similar = 0"):
         dp_trainer_factory(table=tables[0], train_idx=np.arange(10), config=cfg, site="alpha", state_dir=tmp_path, signer=SIGNER)
     with pytest.raises(PrivacyError, match="enabled = true"):
