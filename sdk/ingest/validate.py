@@ -408,15 +408,15 @@ def _row_units(df, rows, name, feat, cm, schema, problems) -> list[tuple[str | N
                         f"or set the unit in the site schema ([columns].{name!r}.unit).")
         return [(unit, rows)]
     units: list[str] = []  # distinct units, a spelling of one unit counted once (mg/dl == mg/dL, cells/mm3 == cells/uL)
-    of_row = np.full(len(text), -1)
-    for i, u in enumerate(normalise_unit(u) if p else None for u, p in zip(text, present, strict=True)):
-        if u is None:
-            continue
+    group_of: dict[str, int] = {}  # each distinct cell text -> its unit's place in `units` (one pint check a text)
+    for cell in sorted(set(text[present])):
+        u = normalise_unit(cell)
         j = next((k for k, v in enumerate(units) if same_unit(u, v)), None)
         if j is None:
             units.append(u)
             j = len(units) - 1
-        of_row[i] = j
+        group_of[cell] = j
+    of_row = np.where(present, text.map(group_of).fillna(-1).to_numpy(), -1).astype(np.int64)
     if not units:
         return [(unit, rows)]
     if unit is not None and any(not same_unit(unit, u) for u in units):
