@@ -11,10 +11,9 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from clinograph.core.errors import ConfigError
 from clinograph.core.identity import PublicIdentity
@@ -66,21 +65,9 @@ def _public(name: str, b64: str) -> PublicIdentity:
 
 def load_federation(path: Path) -> FederationFile:
     """Parse and validate ``federation.toml``; ConfigError naming the key and the fix."""
-    from clinograph.core.tomlio import read_toml_text, validation_message
+    from clinograph.core.tomlio import load_toml_model
 
-    text = read_toml_text(Path(path), what="federation file")  # a regular, bounded, UTF-8 file
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"Cannot read federation file {path}: {type(exc).__name__}: {exc}. "
-                          "Create it with `clinograph keys init`.") from None
-    except RecursionError:
-        raise ConfigError(f"Cannot read federation file {path}: arrays or tables are nested too deeply to parse. "
-                          "Create it with `clinograph keys init`.") from None
-    try:
-        fed = FederationFile.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(validation_message(f"Federation file {path}", exc)) from None
+    fed = load_toml_model(FederationFile, path, what="federation file")  # regular, bounded, UTF-8; every problem
     for name in fed.hospitals:
         if not re.fullmatch(ID_PATTERN, name):
             raise ConfigError(f"Hospital name {name!r} in {path} must match {ID_PATTERN}.")
