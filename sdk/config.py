@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection, StrictSection
-from pydantic import Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, Field, StrictInt, field_validator, model_validator
 
 from clinograph.core.tomlio import load_toml_model
 
@@ -168,6 +168,14 @@ class ScalingSection(_Strict):
     bins: int = Field(default=200, ge=10, le=5000, description="federated: public bins per feature")
     span: float = Field(default=5.0, gt=0, le=100, description="federated: bins cover the transformed reference "
                         "centre ± span reference half-widths (cut to the physical limits)")
+
+
+def _derived(part: BaseModel, key: str, value: Any) -> Any:
+    """``part`` with ``key`` set to ``value`` by a rule, not by the operator: the key stays out of
+    ``model_fields_set``, so later rules still see it as unwritten."""
+    derived = part.model_copy(update={key: value})
+    derived.__pydantic_fields_set__.discard(key)
+    return derived
 
 
 class GraphSection(_Strict):
@@ -427,18 +435,14 @@ class HospitalConfig(_Strict):
                              "every patient must be one independent training example, and similar_to edges let one "
                              "patient change other patients' gradients. Set [graph] k_similar = 0 (or remove it: "
                              "0 is the default under [privacy])")
-        derived = g.model_copy(update={"k_similar": 0})
-        derived.__pydantic_fields_set__.discard("k_similar")  # still derived, not the operator's choice
-        object.__setattr__(self, "graph", derived)
+        object.__setattr__(self, "graph", _derived(g, "k_similar", 0))
         return self
 
     @model_validator(mode="after")
     def _model_under_dp(self) -> HospitalConfig:
         """Under ``[privacy]`` the model's default is the wide path alone (:func:`dp_default_model`)."""
         if dp_default_model(self) and self.model.deep:
-            derived = self.model.model_copy(update={"deep": False})
-            derived.__pydantic_fields_set__.discard("deep")  # still derived, not the operator's choice
-            object.__setattr__(self, "model", derived)
+            object.__setattr__(self, "model", _derived(self.model, "deep", False))
         return self
 
     @model_validator(mode="after")
@@ -605,9 +609,7 @@ class SimulationConfig(HospitalConfig):
         for section, key in (("split", "seed"), ("model", "init_seed"), ("training", "seed")):
             part = getattr(self, section)
             if key not in part.model_fields_set and getattr(part, key) != seed:
-                derived = part.model_copy(update={key: seed})
-                derived.__pydantic_fields_set__.discard(key)  # still derived: a later rule may move it again
-                object.__setattr__(self, section, derived)
+                object.__setattr__(self, section, _derived(part, key, seed))  # a later rule may move it again
         return self
 
     def hospital_config(self) -> HospitalConfig:

@@ -276,15 +276,10 @@ def _cat(xs: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(xs).astype(dtype) if xs else np.zeros(0, dtype)
 
 
-def _converted(mapped: dict, units: dict[str, str | None | list[str]]) -> dict[str, str]:
-    """column or code -> "unit(s) -> canonical unit", for those not already in the feature's unit."""
-    out = {}
-    for n, (f, _) in mapped.items():
-        given = units.get(n)
-        given = [given] if isinstance(given, str) else list(given or ())
-        if any(not same_unit(u, f.unit) for u in given):
-            out[n] = f"{', '.join(given)} -> {f.unit}"
-    return out
+def _converted(mapped: dict, units: dict[str, list[str]]) -> dict[str, str]:
+    """column or code -> "its unit(s) -> canonical unit", for those not already in the feature's unit."""
+    return {n: f"{', '.join(units[n])} -> {f.unit}" for n, (f, _) in mapped.items()
+            if any(not same_unit(u, f.unit) for u in units.get(n, ()))}
 
 
 def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
@@ -348,7 +343,7 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
             val = v[ok]
         pats.append(remap[ok]), nodes.append(node), vals.append(val)
         stds.append(feat.standardise_array(val))  # vectorised: a Python loop took ~90 s for 1e6 rows
-    units = {c: (cm.unit if cm else None) for c, (_, cm) in mapped.items()}
+    units = {c: [cm.unit] if cm and cm.unit else [] for c, (_, cm) in mapped.items()}
     report = IngestReport(rows_read=len(df), patients=len(rows), observations=int(sum(len(p) for p in pats)),
                           dropped_patients_missing_label=int((~keep).sum()),
                           ignored_columns=tuple(c for c in df.columns if c in schema.ignore),
