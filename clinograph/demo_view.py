@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(stderr=False)
+
+def _width() -> int | None:
+    """rich's width: the terminal's; into a file or pipe (a log, CI) 160 columns unless ``COLUMNS``
+    says otherwise -- rich's default of 80 wrapped the comparison table's nine columns into
+    truncated names ("featu…") a cell over three lines."""
+    return None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+
+
+console = Console(stderr=False, width=_width())
 
 
 def _fmt(x: float | None) -> str:
