@@ -65,7 +65,7 @@ def demo(
                                                "federated validation loss may keep an earlier one); default 30 "
                                                "for the NS-FL demo, 10 with --concepts.")] = None,
     seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Seed of the tables, splits and models.")] = 0,
-    secure_mode: Annotated[str, typer.Option(help="masked (default), masked16, ckks, ckks_threshold (no single party holds the key) or insecure_plaintext")] = "masked",
+    secure_mode: Annotated[str, typer.Option(help="masked (default), ckks, ckks_threshold (no single party holds the key) or insecure_plaintext")] = "masked",
     dp: Annotated[bool, typer.Option("--dp/--no-dp", help="Also train with patient-level DP-SGD at every "
                                      "hospital and print each hospital's ε.")] = True,
     scale: Annotated[float, typer.Option(min=0.01, max=10.0, help="Multiply hospital sizes (smoke tests).")] = 1.0,
@@ -79,6 +79,7 @@ def demo(
 
     if out.exists():  # a file as --out is refused before torch and the SDK load (seconds); nothing is created yet
         output_folder(out, what="--out")
+    _known_secure_mode(secure_mode)
     if concepts:
         _concepts_demo(out=out, rounds=10 if rounds is None else rounds, seed=seed, secure_mode=secure_mode,
                        scale=scale)
@@ -90,6 +91,18 @@ def demo(
 
     run_demo_view(out=out, rounds=DEMO_ROUNDS if rounds is None else rounds, seed=seed, secure_mode=secure_mode,
                   dp=dp, scale=scale)
+
+
+def _known_secure_mode(name: str) -> None:
+    """Refuse an unknown ``--secure-mode`` before torch and the SDK load (they took ~7 s to say so)."""
+    from clinograph.core.errors import ConfigError
+    from clinograph.secure.aggregation import registered_modes
+
+    if name not in registered_modes():
+        ring = (" (a 16-bit masked ring is a setting of `clinograph simulate`: [federation] masked_word_bits = 16)"
+                if name.startswith("masked") else "")
+        raise ConfigError(f"--secure-mode: Unknown secure mode {name!r}. Registered: {', '.join(registered_modes())}."
+                          + ring)
 
 
 def _concepts_demo(*, out: Path, rounds: int, seed: int, secure_mode: str, scale: float) -> None:

@@ -63,6 +63,18 @@ def test_unknown_secure_mode_lists_the_registered_ones(tmp_path):
     assert "Unknown secure mode 'masekd'. Registered: ckks, ckks_threshold, insecure_plaintext, masked." in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "d" / "hospitals").exists()  # refused before any work
+    probe = ("import sys; from typer.testing import CliRunner; from clinograph.cli import app; "
+             f"r = CliRunner().invoke(app, ['demo', '--secure-mode', 'masekd', '--out', {str(tmp_path / 'e')!r}]); "
+             "print(r.exit_code, 'torch' in sys.modules)")
+    # refused before torch and the SDK load (it took ~7 s to say so)
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.split() == ["2", "False"]
+
+
+def test_masked16_is_not_a_demo_mode_and_the_refusal_names_the_setting(tmp_path):
+    out = cli("demo", "--secure-mode", "masked16", "--out", str(tmp_path / "d"))  # the README listed it
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "Unknown secure mode 'masked16'" in out.stderr and "masked_word_bits = 16" in out.stderr
+    assert "masked16" not in cli("demo", "--help").stdout
 
 
 @pytest.fixture(scope="module")
