@@ -35,17 +35,18 @@ def init(config: Annotated[Path, typer.Option("--config", help="A hospital confi
 def _init(config: Path, out: Path, *, force: bool = False) -> None:
     from clinograph.core.errors import ConfigError
     from clinograph.sdk.config import HospitalConfig
-    from clinograph.sdk.federation.build import run_models
-    from clinograph.sdk.federation.candidates import candidate_configs
-    from clinograph.sdk.federation.node import load_dictionary
-    from clinograph.sdk.federation.setup import refuse_under_dp
 
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give a file path such as {out / 'initial_model.json'}.")
     if out.exists() and not force:  # the file a server.toml names: replacing it changes what a rerun trains
         raise ConfigError(f"--out {out} already exists (an initial model a server may run from); not replaced. "
                           "Pass --force to replace it, or give another --out path.")
-    cfg = HospitalConfig.from_toml(config)
+    cfg = HospitalConfig.from_toml(config)  # a bad config is refused before torch and the SDK load (~10 s)
+    from clinograph.sdk.federation.build import run_models
+    from clinograph.sdk.federation.candidates import candidate_configs
+    from clinograph.sdk.federation.node import load_dictionary
+    from clinograph.sdk.federation.setup import refuse_under_dp
+
     refuse_under_dp(cfg, candidate_configs(cfg), where=str(config))  # set-up sums are outside the DP accountant
     dictionary = load_dictionary(cfg, config)
     models = run_models(cfg, dictionary=dictionary)

@@ -34,3 +34,17 @@ def test_model_init_into_a_path_it_cannot_write_is_a_clear_error(tmp_path):
     res = CliRunner().invoke(app, ["model", "init", "--config", str(config), "--out", str(out)])
     said = " ".join(res.output.split())
     assert res.exit_code == 2 and f"Cannot write --out {out}" in said and "internal error" not in said, said
+
+
+def test_a_bad_config_is_refused_before_torch_loads(tmp_path):
+    """A typo'd config path or key said so after ~10 s of imports (torch, PyG, the SDK)."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "hospital.toml"
+    config.write_text("[training]\nlrr = 0.1\n")
+    probe = ("import sys; from typer.testing import CliRunner; from clinograph.cli import app; "
+             f"r = CliRunner().invoke(app, ['model', 'init', '--config', {str(config)!r}, '--out', "
+             f"{str(tmp_path / 'm.json')!r}]); print(r.exit_code, 'torch' in sys.modules, 'lrr' in r.output)")
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert got.stdout.split() == ["2", "False", "True"], got.stdout + got.stderr[-2000:]
