@@ -22,7 +22,7 @@ from clinograph.core.errors import ClinographError
 
 
 def check(
-    schema: Annotated[Path, typer.Argument(help="site_schema.toml, or an EHR source file ([omop]/[meds]/[fhir]).")],
+    schema: Annotated[Path, typer.Argument(help="site_schema.toml, or an EHR source file (\\[omop]/\\[meds]/\\[fhir]).")],
     table: Annotated[str, typer.Argument(help="CSV/Parquet table, or the EHR source's location (file, folder, URL).")],
     dictionary: Annotated[Path, typer.Option("--dictionary", help="The federation's feature dictionary (TOML).")],
     delimiter: Annotated[str | None, typer.Option("--delimiter", help="CSV field delimiter (default: detected).")] = None,

@@ -46,7 +46,7 @@ def predict(
                                         "with an EHR source file as --schema, the source's location (file, folder, "
                                         "database URL).")],
     schema: Annotated[Path, typer.Option("--schema", help="The hospital's site schema (TOML), or an EHR source file "
-                                         "([omop]/[meds]/[fhir]).")],
+                                         "(\\[omop]/\\[meds]/\\[fhir]).")],
     dictionary: Annotated[Path, typer.Option("--dictionary", help="The feature dictionary (TOML) the model uses.")],
     out: Annotated[Path, typer.Option("--out", help="Where to write patient_id,risk (CSV); a survival model writes "
                                        "patient_id and one risk_<horizon> column a horizon.")],
@@ -58,7 +58,7 @@ def predict(
                                                "server released (needs --server-key; required unless "
                                                "--insecure-untrusted-model).")] = None,
     server_key: Annotated[str | None, typer.Option("--server-key", help="The server's Ed25519 public key "
-                                                   "([server] public_key in federation.toml, or server.pub: "
+                                                   "(\\[server] public_key in federation.toml, or server.pub: "
                                                    "base64, a file or PEM), for --audit.")] = None,
     insecure_untrusted_model: Annotated[bool, typer.Option(
         "--insecure-untrusted-model", help="INSECURE: load a model without the anchor not given: no --trusted-key "
@@ -68,7 +68,7 @@ def predict(
                                                   "patient here (NDJSON).")] = None,
     fhir_subject: Annotated[str | None, typer.Option("--fhir-subject", help="How RiskAssessment.subject names the "
                                                      "patient: 'reference' (Patient/<id>: the ids are FHIR Patient "
-                                                     "ids; the default for a [fhir] source read by id) or the "
+                                                     "ids; the default for a \\[fhir] source read by id) or the "
                                                      "identifier system URI of the ids (e.g. your MRN system).")] = None,
     outcome: Annotated[str | None, typer.Option("--outcome", help="The outcome's text in "
                                                 "RiskAssessment.prediction (default: names the model).")] = None,
@@ -76,7 +76,7 @@ def predict(
                                                   "(CSV; schema in docs/ehr_formats.md).")] = None,
     omop_table: Annotated[str | None, typer.Option("--omop-table", help="Also append the results rows to this table "
                                                    "(schema.table allowed; created if absent) in the OMOP database "
-                                                   "--table names (--schema an [omop] source file).")] = None,
+                                                   "--table names (--schema an \\[omop] source file).")] = None,
 ) -> None:
     """Write each patient's risk from an exported model (and, if asked, FHIR RiskAssessments and OMOP results)."""
     from .guard import guarded
