@@ -234,13 +234,6 @@ def masked_plan_options(*, n_clients: int, threshold: int, clip: float, max_weig
     return opts
 
 
-def _valid_neighbours(k: object, n: int) -> bool:
-    """k == n-1 (complete graph, including k = 1 for two participants) or an even k in [2, n-1)."""
-    if not isinstance(k, int) or isinstance(k, bool) or n < 2:
-        return False
-    return k == n - 1 or (2 <= k < n - 1 and k % 2 == 0)
-
-
 @dataclass(frozen=True)
 class MaskingParams:
     """Validated mode parameters of one round, read from a plan."""
@@ -270,10 +263,10 @@ class MaskingParams:
                               "Build the options with masked_plan_options(n_clients=, threshold=, clip=).")
         n = len(plan.participants)
         k, t = o["masked.neighbours"], o["masked.threshold"]
-        if not _valid_neighbours(k, n):
-            hint = "1 (two participants: each is the other's only neighbour)" if n == 2 else \
-                f"an even integer in [2, {n - 1}] or {n - 1} (the complete graph)"
-            raise ConfigError(f"masked.neighbours = {k!r} is invalid for {n} participants: it must be {hint}. "
+        expected = neighbour_count(n)  # the graph is fixed by n: a sparser one (a server's smaller k) would mask
+        if type(k) is not int or k != expected:  # each update with fewer neighbours, so fewer colluders reveal it
+            raise ConfigError(f"masked.neighbours = {k!r} is invalid for {n} participants: it must be {expected} "
+                              "(neighbour_count(n): the smallest even k >= log2(n), at least 2, capped at n - 1). "
                               "Build the options with masked_plan_options(n_clients=, threshold=, clip=).")
         check_threshold(threshold=t, neighbours=k)  # type: ignore[arg-type]
         vals = {key: o[key] for key in ("masked.clip", "masked.max_weight", "masked.scale", "masked.weight_scale")}
