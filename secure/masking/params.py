@@ -68,7 +68,7 @@ from typing import Literal
 
 import numpy as np
 
-from clinograph.core.errors import ConfigError
+from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.core.labels import HASH_NEIGHBOUR_GRAPH
 
 from ..hazmat.fixedpoint import scale_for, wrap_free
@@ -289,6 +289,29 @@ class MaskingParams:
         return cls(threshold=t, neighbours=k, clip=vals["masked.clip"], max_weight=vals["masked.max_weight"],  # type: ignore[arg-type]
                    scale=vals["masked.scale"], weight_scale=vals["masked.weight_scale"],  # type: ignore[arg-type]
                    clip_out_of_range=oor == "clip", word_bits=int(bits))  # type: ignore[arg-type]
+
+
+def accept_plan(plan: RoundPlan, *, release: object) -> None:
+    """A hospital's check of a masked plan before it trains: the mode's parameters
+    (:meth:`MaskingParams.from_plan`) and its own rule for the threshold -- ``release.masked_threshold``,
+    the smallest t it accepts, or (unset) the default t of :func:`masked_defaults` for the plan's
+    participant count. The server proposes t; a lower one needs fewer colluding neighbours to
+    reveal an update (module docstring), so it is the hospital's choice, as ``tckks_threshold`` is.
+
+    Raises:
+        ConfigError: the plan's masked options are invalid (names the key).
+        ProtocolError: t is below this hospital's rule (names both and the fix).
+    """
+    t = MaskingParams.from_plan(plan).threshold
+    own = getattr(release, "masked_threshold", None)
+    floor = masked_defaults(len(plan.participants)).threshold if own is None else int(own)
+    if t < floor:
+        rule = f"[release] masked_threshold = {own}" if own is not None else \
+            f"unset [release] masked_threshold: the default t = {floor} for {len(plan.participants)} participants"
+        raise ProtocolError(f"Round {plan.round}: the plan's masked.threshold t = {t} is below this hospital's rule "
+                            f"({rule}); with a lower t fewer colluding neighbours reveal its update. Refused. If the "
+                            f"federation agreed on t = {t}, put masked_threshold = {t} under [release] in the hospital "
+                            "config.")
 
 
 class NeighbourGraph(Mapping[str, frozenset[str]]):
