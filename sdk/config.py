@@ -270,6 +270,10 @@ class ReleaseSection(_Strict):
                                         "the smallest t this hospital accepts for t-of-N decryption (the server "
                                         "proposes t; the server with t - 1 colluding holders can open the sum of any "
                                         "t hospitals); unset: N-of-N only")
+    masked_threshold: int | None = Field(default=None, ge=2, le=10_000, description="secure_mode = 'masked': the "
+                                         "smallest threshold t this hospital accepts (the server proposes t; with a "
+                                         "lower t fewer colluding neighbours reveal an update); unset: the default t "
+                                         "for the round's participant count (SECURITY.md, masked_defaults)")
     insecure_accept_plaintext: bool = Field(default=False, description="join rounds the server plans under "
                                             "secure_mode 'insecure_plaintext', where the server sees this "
                                             "hospital's update in the clear (off: such a plan is refused, so a "
@@ -622,6 +626,8 @@ class SimulationConfig(HospitalConfig):
         release = self.release  # the simulation's owner chose the mode for every party
         if self.federation.secure_mode == "insecure_plaintext":
             release = release.model_copy(update={"insecure_accept_plaintext": True})
+        if self.federation.masked_threshold is not None and release.masked_threshold is None:
+            release = release.model_copy(update={"masked_threshold": self.federation.masked_threshold})
         return HospitalConfig(**{**own, "privacy": privacy, "selection": self._selection(), "release": release})
 
     def _selection(self) -> SelectionSection:

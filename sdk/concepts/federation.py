@@ -194,6 +194,8 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
     release = release or ReleaseSection()
     if federation.secure_mode == "insecure_plaintext":  # an in-process run: its caller chose the mode for every party
         release = release.model_copy(update={"insecure_accept_plaintext": True})
+    if federation.masked_threshold is not None and release.masked_threshold is None:  # its t, for every party too
+        release = release.model_copy(update={"masked_threshold": federation.masked_threshold})
     ids = {s.name: Identity.generate(s.name) for s in sites}
     publics = {n: i.public for n, i in ids.items()}
     settings = ConceptSettings(concepts=concepts, task=task, cards=dict(cards), kind=kind, encoder=encoder, z_dim=z_dim,

@@ -325,6 +325,7 @@ class HospitalClient:
                                 f"see {self.name!r}'s contribution in the clear; this hospital does not accept that. Refused. "
                                 "If the federation really runs without secure aggregation (development only), put "
                                 "insecure_accept_plaintext = true under [release] in the hospital config.")
+        mode.check_plan(p, release=self.release)  # the mode's parameters and this hospital's own rules, before training
         server_blind = p.global_state_digest == UNKNOWN_STATE and not mode.server_sees_sum
         if not server_blind and state_digest(self._global) != p.global_state_digest:
             raise ProtocolError(f"Round {p.round}: this hospital's global model does not match the plan's "

@@ -124,6 +124,7 @@ class HospitalSetup:
         self._asked_by = _asks_shared(config, candidates)[1]
         self._quantiles = config.scaling.quantiles
         self._accept_plaintext = config.release.insecure_accept_plaintext
+        self._masked_threshold = config.release.masked_threshold
         self._identity, self._server, self._peers, self._federation_id = identity, server, dict(peers), federation_id
         #: the resolved ``"shared"`` list (None until the coverage sum ran)
         self.shared: tuple[str, ...] | None = None
@@ -202,7 +203,8 @@ class HospitalSetup:
             task.ledger_entry = release.ledger.release_entry(round_=msg.round, **entry)
         self.client = securesum.share_client(task, identity=self._identity, server=self._server, peers=self._peers,
                                              dictionary_hash=msg.dictionary_hash, federation_id=msg.federation_id,
-                                             accept_plaintext=self._accept_plaintext)
+                                             accept_plaintext=self._accept_plaintext,
+                                             masked_threshold=self._masked_threshold)
         self._sum, self._round, self._delivered = mine, msg.round, False
         return {"ok": b"1"}
 

@@ -124,8 +124,9 @@ def run_rules_federation(*, hospitals: Mapping[str, HospitalRules], tests: Mappi
     tasks = {n: RulesTask(rules=h, prior=prior0, test=tests[n], seed=federation.seed) for n, h in hospitals.items()}
     ids = {n: Identity.generate(n) for n in tasks}
     publics = {n: i.public for n, i in ids.items()}
-    # in-process hospitals, all configured by this run's operator: they accept the run's t (ckks_threshold)
+    # in-process hospitals, all configured by this run's operator: they accept the run's t (ckks_threshold, masked)
     release = ReleaseSection(tckks_threshold=getattr(federation, "tckks_threshold", None),
+                             masked_threshold=getattr(federation, "masked_threshold", None),
                              insecure_accept_plaintext=federation.secure_mode == "insecure_plaintext")
     clients = {n: HospitalClient(task=t, identity=ids[n], server=server_identity.public, peers=publics,
                                  dictionary_hash=dictionary_hash, federation_id=fed.id, release=release)

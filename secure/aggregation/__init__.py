@@ -63,6 +63,16 @@ class SecureMode:
     #: describe(plan_options, entries) -> (paragraph, [(parameter, value)]): the report's account of
     #: the mode (``entries``: the run's audit payloads by kind); None: its ``<name>.*`` plan options
     describe: Callable[..., tuple[str, list[tuple[str, object]]]] | None = None
+    #: accept(plan, release=) -> None: a hospital's check, before it trains, of a signed plan
+    #: against the mode's rules and the hospital's own ``[release]`` (raises ClinographError);
+    #: None: the mode's client checks the plan when it is made
+    accept: Callable[..., None] | None = None
+
+    def check_plan(self, plan: Any, *, release: Any) -> None:
+        """Refuse, before any training, a plan this hospital's half would refuse or its own rules
+        (``release``: its ``[release]`` section) do not allow."""
+        if self.accept is not None:
+            self.accept(plan, release=release)
 
     def open_run(self, *, federation: Any, transport: Any, run_id: str, enrolled: Mapping[str, Any],
                  max_weight: float, context: object | None = None,

@@ -10,11 +10,11 @@ from __future__ import annotations
 from ..aggregation import SecureMode, register_mode
 from .client import MaskingClient
 from .describe import describe
-from .params import MaskingParams, masked_plan_options, neighbour_count
+from .params import MaskingParams, accept_plan, masked_plan_options, neighbour_count
 from .server import MaskingServer
 from .setup import prepare_masked
 
 register_mode(SecureMode("masked", MaskingServer, MaskingClient, server_sees_sum=True, prepare=prepare_masked, distributed_dp=True,
-                           describe=describe))
+                           describe=describe, accept=accept_plan))
 
 __all__ = ["MaskingClient", "MaskingParams", "MaskingServer", "masked_plan_options", "neighbour_count"]

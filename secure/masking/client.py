@@ -161,15 +161,29 @@ class MaskingClient(AggregationClient):
         return ShareKeys(**self._header(), shares=tuple(out))
 
     def _masked_input(self, msg: ForwardShares) -> MaskedInput:
+        """Stage 2: mask with every keyed neighbour whose shares the server forwarded (U2, Bonawitz
+        et al. 2017 round 2), holding the shares that open. A share that does not authenticate or
+        carries another index (its dealer, or the server, altered it; or it is for another round)
+        is not held, and this client still masks and contributes: refusing the round would let one
+        hospital keep an honest neighbour out of every round, unnamed. Its dealer's secret then
+        has one holder fewer; a secret left with fewer than t is voided by the server with the
+        dealer among the inputs (:meth:`.server.MaskingServer._secret`)."""
+        forwarded: set[str] = set()
         for es in msg.shares:
-            if es.peer not in self._peer_keys or es.peer in self._held:
+            if es.peer not in self._peer_keys or es.peer in self._held or es.peer in forwarded:
                 raise ProtocolError(f"Forwarded share from {es.peer!r}, who is not a keyed neighbour or is repeated.")
-            idx, b_share, s_share = decrypt_share(self._pair_key(es.peer), plan=self.plan, sender=es.peer,
-                                                  recipient=self._me, ciphertext=es.ciphertext)
-            if idx != holders(self._graph, es.peer).index(self._me) + 1:
-                raise ProtocolError(f"Share from {es.peer!r} carries index {idx}, not this client's index.")
+            forwarded.add(es.peer)
+            try:
+                idx, b_share, s_share = decrypt_share(self._pair_key(es.peer), plan=self.plan, sender=es.peer,
+                                                      recipient=self._me, ciphertext=es.ciphertext)
+                if idx != holders(self._graph, es.peer).index(self._me) + 1:
+                    raise ProtocolError(f"Share from {es.peer!r} carries index {idx}, not this client's index.")
+            except ProtocolError as exc:
+                log.warning("masked: round %d: %s This hospital masks with %r but holds none of its secrets.",
+                            self.plan.round, exc, es.peer)
+                continue
             self._held[es.peer] = (idx, b_share, s_share)
-        self._masked_with = frozenset(self._held) - {self._me}
+        self._masked_with = frozenset(forwarded)
         self._need(len(self._masked_with) + 1, "neighbours that shared")
         seeds = [(hkdf(self._b, label=KDF_SELF_MASK, context=round_context(self.plan, self._me)), 1)]
         for v in sorted(self._masked_with):
@@ -186,7 +200,7 @@ class MaskingClient(AggregationClient):
     def _consistency(self, msg: ConsistencyRequest) -> ConsistencySignature:
         """Stage 3: check and sign the survivor set U3 (once a round; Bonawitz et al. 2017, round 4)."""
         u3 = check_survivor_set(me=self._me, survivors=msg.survivors, participants=self.plan.participants,
-                                threshold=self.params.threshold)
+                                threshold=self.params.threshold, min_clients=self.plan.min_clients)
         self._signed_u3 = u3  # the reply's envelope signature is the consistency signature
         return ConsistencySignature(**self._header(), survivors_digest=survivors_digest(self.plan, u3))
 
@@ -203,7 +217,7 @@ class MaskingClient(AggregationClient):
         """The shares for an (already checked) unmask request: b-shares of survivors, s_sk-shares of
         the dropped. Private: only :meth:`_unmask` may call it, after the consistency check."""
         out = []
-        for owner in sorted(self._masked_with | {self._me}):
+        for owner in sorted(self._held):  # itself and the neighbours whose shares opened (_masked_input)
             idx, b_share, s_share = self._held[owner]
             if owner in survivors:
                 out.append(RevealedShare(owner=owner, secret="self_mask", index=idx, share=b_share))  # noqa: S106

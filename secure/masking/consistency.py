@@ -65,8 +65,11 @@ def survivors_digest(plan: RoundPlan, survivors: Iterable[str]) -> str:
 
 
 def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Iterable[str],
-                       threshold: int) -> tuple[str, ...]:
-    """Return U3 sorted, or raise ProtocolError unless it is a set of >= t participants containing ``me``."""
+                       threshold: int, min_clients: int = 1) -> tuple[str, ...]:
+    """Return U3 sorted, or raise ProtocolError unless it is a set of at least max(t, ``min_clients``)
+    participants containing ``me``. ``min_clients``: the signed plan's; the server closes a stage
+    below it, so only a lying server shows a smaller U3 -- whose sum, with colluders among its
+    members, would be the few updates the plan's floor was to hide."""
     u3 = tuple(survivors)
     people = set(participants)
     if len(set(u3)) != len(u3):
@@ -79,6 +82,10 @@ def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Itera
         raise ProtocolError(f"Survivor set U3 does not list {me!r} itself. Refused.")
     if len(u3) < threshold:
         raise ProtocolError(f"Survivor set U3 has {len(u3)} client(s), below the threshold {threshold}. Refused.")
+    if len(u3) < min_clients:
+        raise ProtocolError(f"Survivor set U3 has {len(u3)} client(s), below the round's floor {min_clients} "
+                            "(min_clients of the signed plan): its sum would be over fewer hospitals than the plan "
+                            "promised. Refused (malicious or broken server).")
     return tuple(sorted(u3))
 
 

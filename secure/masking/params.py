@@ -68,7 +68,7 @@ from typing import Literal
 
 import numpy as np
 
-from clinograph.core.errors import ConfigError
+from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.core.labels import HASH_NEIGHBOUR_GRAPH
 
 from ..hazmat.fixedpoint import scale_for, wrap_free
@@ -234,13 +234,6 @@ def masked_plan_options(*, n_clients: int, threshold: int, clip: float, max_weig
     return opts
 
 
-def _valid_neighbours(k: object, n: int) -> bool:
-    """k == n-1 (complete graph, including k = 1 for two participants) or an even k in [2, n-1)."""
-    if not isinstance(k, int) or isinstance(k, bool) or n < 2:
-        return False
-    return k == n - 1 or (2 <= k < n - 1 and k % 2 == 0)
-
-
 @dataclass(frozen=True)
 class MaskingParams:
     """Validated mode parameters of one round, read from a plan."""
@@ -270,10 +263,10 @@ class MaskingParams:
                               "Build the options with masked_plan_options(n_clients=, threshold=, clip=).")
         n = len(plan.participants)
         k, t = o["masked.neighbours"], o["masked.threshold"]
-        if not _valid_neighbours(k, n):
-            hint = "1 (two participants: each is the other's only neighbour)" if n == 2 else \
-                f"an even integer in [2, {n - 1}] or {n - 1} (the complete graph)"
-            raise ConfigError(f"masked.neighbours = {k!r} is invalid for {n} participants: it must be {hint}. "
+        expected = neighbour_count(n)  # the graph is fixed by n: a sparser one (a server's smaller k) would mask
+        if type(k) is not int or k != expected:  # each update with fewer neighbours, so fewer colluders reveal it
+            raise ConfigError(f"masked.neighbours = {k!r} is invalid for {n} participants: it must be {expected} "
+                              "(neighbour_count(n): the smallest even k >= log2(n), at least 2, capped at n - 1). "
                               "Build the options with masked_plan_options(n_clients=, threshold=, clip=).")
         check_threshold(threshold=t, neighbours=k)  # type: ignore[arg-type]
         vals = {key: o[key] for key in ("masked.clip", "masked.max_weight", "masked.scale", "masked.weight_scale")}
@@ -296,6 +289,29 @@ class MaskingParams:
         return cls(threshold=t, neighbours=k, clip=vals["masked.clip"], max_weight=vals["masked.max_weight"],  # type: ignore[arg-type]
                    scale=vals["masked.scale"], weight_scale=vals["masked.weight_scale"],  # type: ignore[arg-type]
                    clip_out_of_range=oor == "clip", word_bits=int(bits))  # type: ignore[arg-type]
+
+
+def accept_plan(plan: RoundPlan, *, release: object) -> None:
+    """A hospital's check of a masked plan before it trains: the mode's parameters
+    (:meth:`MaskingParams.from_plan`) and its own rule for the threshold -- ``release.masked_threshold``,
+    the smallest t it accepts, or (unset) the default t of :func:`masked_defaults` for the plan's
+    participant count. The server proposes t; a lower one needs fewer colluding neighbours to
+    reveal an update (module docstring), so it is the hospital's choice, as ``tckks_threshold`` is.
+
+    Raises:
+        ConfigError: the plan's masked options are invalid (names the key).
+        ProtocolError: t is below this hospital's rule (names both and the fix).
+    """
+    t = MaskingParams.from_plan(plan).threshold
+    own = getattr(release, "masked_threshold", None)
+    floor = masked_defaults(len(plan.participants)).threshold if own is None else int(own)
+    if t < floor:
+        rule = f"[release] masked_threshold = {own}" if own is not None else \
+            f"unset [release] masked_threshold: the default t = {floor} for {len(plan.participants)} participants"
+        raise ProtocolError(f"Round {plan.round}: the plan's masked.threshold t = {t} is below this hospital's rule "
+                            f"({rule}); with a lower t fewer colluding neighbours reveal its update. Refused. If the "
+                            f"federation agreed on t = {t}, put masked_threshold = {t} under [release] in the hospital "
+                            "config.")
 
 
 class NeighbourGraph(Mapping[str, frozenset[str]]):

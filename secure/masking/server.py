@@ -17,7 +17,9 @@ the paper (U4 subset of U3); fewer than max(t, min_clients) signers aborts the r
 Stages close when the driver calls :meth:`next_stage` (its deadline); clients that did not
 answer count as dropped. Fewer than max(t, plan.min_clients) clients at any stage, or a secret
 with fewer than t revealed shares, aborts the round: :meth:`result` raises ProtocolError and
-nothing is published.
+nothing is published. When t of a secret's holders answered but fewer than t shares of it came
+(its owner dealt shares that do not open, or a holder withheld one) or the shares do not rebuild
+it, the round is voided with the owner and the survivors as its inputs (``voided_inputs``).
 """
 
 from __future__ import annotations
@@ -288,6 +290,13 @@ class MaskingServer(AggregationServer):
         shares = self._revealed.get((owner, kind), [])
         t = self.params.threshold
         if len(shares) < t:
+            answered = [h for h in holders(self._graph, owner) if h in self._alive[4]]
+            if len(answered) >= t:  # holders that answered without a share of it: it dealt bad shares, or they lie
+                self._void_by(owner)
+                raise ProtocolError(f"Too few shares of the {kind.replace('_', ' ')} of {owner!r}: {len(shares)} of its "
+                                    f"{len(holders(self._graph, owner))} holders revealed one; {len(answered)} answered "
+                                    f"(the threshold is {t}). It dealt shares that do not open, or a holder withheld "
+                                    "one. Round voided, nothing published.")
             raise ProtocolError(f"Only {len(shares)} share(s) of {owner!r}'s {kind.replace('_', ' ')} arrived; "
                                 f"{t} are needed. Round aborted, nothing published.")
         try:

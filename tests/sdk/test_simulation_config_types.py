@@ -47,3 +47,13 @@ def test_inf_and_nan_in_a_config_file_are_refused_by_name(tmp_path, section, key
     with pytest.raises(ConfigError) as err:
         SimulationConfig.from_toml(path)
     assert f"{section}.{key}" in str(err.value) and "expected a finite number" in str(err.value)
+
+
+def test_a_simulations_hospitals_accept_the_masked_threshold_its_federation_sets():
+    """One operator configures every party of a simulation: its hospitals take [federation]
+    masked_threshold as their [release] rule (a deployed hospital's own hospital.toml decides)."""
+    fed = {"secure_mode": "masked", "masked_threshold": 3}
+    assert SimulationConfig.model_validate({"federation": fed}).hospital_config().release.masked_threshold == 3
+    assert SimulationConfig.model_validate({}).hospital_config().release.masked_threshold is None
+    own = SimulationConfig.model_validate({"federation": fed, "release": {"masked_threshold": 4}})
+    assert own.hospital_config().release.masked_threshold == 4  # a written [release] rule is kept

@@ -90,7 +90,7 @@ def test_a_bad_neighbour_count_names_the_valid_values():
         MaskingParams.from_plan(bad)
     plan5 = make_plan(5, threshold=3)
     bad5 = plan5.model_copy(update={"options": {**plan5.options, "masked.neighbours": 3}})
-    with pytest.raises(ConfigError, match=r"even integer in \[2, 4\] or 4"):
+    with pytest.raises(ConfigError, match=r"masked.neighbours = 3 is invalid for 5 participants: it must be 4 "):
         MaskingParams.from_plan(bad5)
 
 

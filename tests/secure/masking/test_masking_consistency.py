@@ -25,9 +25,9 @@ SERVER = identity("server")
 VICTIM = "hosp01"
 
 
-def to_consistency_stage(n=5, threshold=3):
+def to_consistency_stage(n=5, threshold=3, **kw):
     """A round whose masked inputs are in; the server's own U3 requests are not delivered."""
-    rnd = Round(n=n, threshold=threshold)
+    rnd = Round(n=n, threshold=threshold, **kw)
     rnd.deliver()
     rnd.deliver()
     rnd.deliver(answer=False)

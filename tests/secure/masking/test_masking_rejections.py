@@ -281,11 +281,11 @@ def test_a_relayed_low_order_pairwise_key_is_a_protocol_error_naming_the_peer():
 
     rnd = Round()
     rnd.deliver()
-    rnd.deliver()  # every client has its neighbours' keys and shares: stage 2 can be run again by hand
     victim = "hosp00"
-    cl = rnd.clients[victim]
+    forwarded = load_payload(parse_envelope(rnd.deliver()[victim]), ForwardShares)
+    cl = rnd.clients[victim]  # it has its neighbours' keys and shares: stage 2 can be run again by hand
     peer = sorted(cl._masked_with)[0]
+    cl._held = {victim: cl._held[victim]}
     cl._peer_keys[peer] = (cl._peer_keys[peer][0], bytes(32))  # as if the server had relayed a low-order s_pk
     with pytest.raises(ProtocolError, match=f"Pairwise-mask key of '{peer}' is invalid"):
-        cl._masked_input(ForwardShares(federation_id=rnd.plan.federation_id, round=rnd.plan.round,
-                                       recipient=victim, shares=()))
+        cl._masked_input(forwarded)

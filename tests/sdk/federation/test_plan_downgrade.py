@@ -1,0 +1,89 @@
+"""A server's plan that weakens the masking below what a hospital agreed to is refused before the
+hospital trains (helper hadv3's adversarial pass): a lower masked threshold t than its own rule
+(``[release] masked_threshold``, unset: the default t for the round's size), or a sparser
+neighbour graph than the protocol fixes. The refusal is a ClinographError, which the transport
+turns into the hospital's signed refusal (audited as ``hospital_refused``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from clinograph.sdk.config import ReleaseSection
+from clinograph.sdk.federation.client import HospitalClient
+from clinograph.sdk.model.modules import ModuleMap
+from clinograph.sdk.training.trainer import TrainOutcome
+from clinograph.secure.masking.params import masked_defaults, masked_plan_options
+from clinograph.secure.messages import RoundPlan
+from clinograph.secure.state import state_digest
+from clinograph.secure.wire import seal
+
+from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.identity import Identity
+from clinograph.core.spec import ModuleKind
+
+SERVER = Identity.generate("server")
+ME = Identity.generate("h00")
+
+
+class CountingTask:
+    """One shared linear module; counts the rounds it trained (a refused plan trains none)."""
+
+    name = "toy"
+
+    def __init__(self):
+        self.modules = ModuleMap()
+        self.modules.add_submodule("head", ModuleKind.SHARED, torch.nn.Linear(2, 1))
+        self.trained = 0
+
+    num_samples = 8
+
+    def train(self, *, round_, epochs, plan_options):
+        self.trained += 1
+        return TrainOutcome(loss=0.0, used_similar_to=False)
+
+    def trained_modules(self, outcome):
+        return self.modules.names(ModuleKind.SHARED)
+
+
+def _hospital(release: ReleaseSection) -> HospitalClient:
+    task = CountingTask()
+    return HospitalClient(task=task, identity=ME, server=SERVER.public, peers={}, dictionary_hash="d" * 64,
+                          federation_id="fed", release=release)
+
+
+def _plan(hospital: HospitalClient, n: int, *, threshold: int, round_: int = 0, **options) -> bytes:
+    people = ("h00", *(f"h{i:02d}" for i in range(1, n)))
+    task = hospital.task
+    plan = RoundPlan(federation_id="fed", round=round_, participants=people, spec=task.modules.spec(version=1),
+                     dictionary_hash="d" * 64, secure_mode="masked", strategy="fedavg", min_clients=2, local_epochs=1,
+                     global_state_digest=state_digest(task.modules.state(ModuleKind.SHARED)),
+                     options={**masked_plan_options(n_clients=n, threshold=threshold, clip=1.0), "weight.max": 1.0,
+                              **options})
+    return seal(plan, SERVER)
+
+
+def test_a_threshold_below_the_hospitals_rule_is_refused_before_training():
+    # before: the hospital accepted any t in ((k+1)/2, k+1], so a server could lower t from the default 4 to 3 at
+    # n = 5 (one colluding neighbour fewer reveals an update) without any hospital's consent
+    assert masked_defaults(5).threshold == 4
+    default = _hospital(ReleaseSection())
+    with pytest.raises(ProtocolError, match=r"masked.threshold t = 3 is below this hospital's rule \(unset "
+                                            r"\[release\] masked_threshold: the default t = 4 for 5 participants\)"):
+        default.on_plan(_plan(default, 5, threshold=3))
+    assert default.task.trained == 0
+    default.on_plan(_plan(default, 5, threshold=4, round_=1))  # the default itself is accepted
+    assert default.task.trained == 1
+    agreed = _hospital(ReleaseSection(masked_threshold=3))  # a hospital that agreed to t = 3
+    agreed.on_plan(_plan(agreed, 5, threshold=3))
+    assert agreed.task.trained == 1
+    strict = _hospital(ReleaseSection(masked_threshold=5))
+    with pytest.raises(ProtocolError, match=r"below this hospital's rule \(\[release\] masked_threshold = 5\)"):
+        strict.on_plan(_plan(strict, 5, threshold=4))
+    assert strict.task.trained == 0
+
+
+def test_a_sparser_neighbour_graph_is_refused_before_training():
+    hospital = _hospital(ReleaseSection(masked_threshold=2))  # even a hospital that accepts t = 2
+    with pytest.raises(ConfigError, match=r"masked.neighbours = 2 is invalid for 10 participants: it must be 4 "):
+        hospital.on_plan(_plan(hospital, 10, threshold=4, **{"masked.neighbours": 2, "masked.threshold": 2}))
+    assert hospital.task.trained == 0
