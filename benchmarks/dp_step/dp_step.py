@@ -321,6 +321,7 @@ def main() -> None:
     add_convention(ap)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     ap.add_argument("--label", default="", help="what this run measures (e.g. 'before: main 6b286bf')")
     a = ap.parse_args()
     reps = 5 if a.quick else a.reps
@@ -328,6 +329,8 @@ def main() -> None:
     cases = {}
     for b in a.batches:
         for name, build in TASKS.items():
+            if name not in a.tasks:
+                continue
             try:
                 cases[(name, b)] = build(b)
             except TypeError as e:  # the "before" run on an old main: an engine without objectives (modalities)
