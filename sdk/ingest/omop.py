@@ -461,11 +461,32 @@ def _read(conn, cohort_sql: str, params: dict, rel: dict[str, str], *, source: O
     periods = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, observation_period_start_date AS "  # noqa: S608 (see _SQL_NOTE)
                            "start, observation_period_end_date AS stop "
                            f"FROM {rel['observation_period']} x WHERE person_id {in_cohort}", params)
+    unit_vocabulary = _unit_vocabulary(conn, source, frames)
     _no_time_zones({"measurement": frames[0], "observation": frames[1], "condition_occurrence": conditions,
                     "person": person, "the label tables": pd.concat(label_frames) if label_frames else None},
                    site=source.site)
     return assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, source=source,
-                    dictionary=dictionary)
+                    dictionary=dictionary, unit_vocabulary=unit_vocabulary)
+
+
+def _unit_vocabulary(conn, source: OmopSource, frames: list[pd.DataFrame]) -> dict[int, str]:  # noqa: ANN001
+    """The UCUM codes (``concept_code``) of the rows' unit concepts in the CDM's own ``concept``
+    table (vocabulary_id 'UCUM'), when the CDM has one: the site's vocabulary, which knows every
+    unit concept its ETL wrote. Empty without a concept table."""
+    import sqlalchemy as sa
+
+    ids = sorted({int(c) for f in frames for c in pd.to_numeric(f["unit_concept"], errors="coerce").dropna()} - {0})
+    where = "table_schema = :schema" if source.cdm_schema else "table_schema = current_schema()"
+    found = conn.execute(sa.text(f"SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'concept' "  # noqa: S608 - constant
+                                 f"AND {where}"), {"schema": source.cdm_schema}).scalar()
+    if not ids or not found:
+        return {}
+    rel = typed_relation(conn, table="concept", schema=source.cdm_schema,
+                         columns=("concept_id", "concept_code", "vocabulary_id"))
+    rows = _query(conn, f"SELECT concept_id, concept_code FROM {rel} c WHERE vocabulary_id = 'UCUM' "  # noqa: S608 (see _SQL_NOTE)
+                        "AND concept_id IN :unit_ids", {"unit_ids": ids})
+    return {int(c): str(code).strip() for c, code in zip(rows["concept_id"], rows["concept_code"], strict=True)
+            if pd.notna(c) and isinstance(code, str) and code.strip()}
 
 
 def _no_time_zones(frames: dict[str, pd.DataFrame | None], *, site: str) -> None:

@@ -57,7 +57,8 @@ def _in_period(pid: pd.Series, t: pd.Series, periods: pd.DataFrame) -> np.ndarra
 
 
 def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes: list[str]) -> pd.Series:
-    """Each row's unit: its unit concept's UCUM code, else its unit_source_value."""
+    """Each row's unit: its unit concept's UCUM code (``extra``, the CDM's concept table and the
+    source file's ``unit_concepts``, before the built-in table), else its unit_source_value."""
     table = {**UNIT_CONCEPTS, **{int(k): v for k, v in extra.items()}}
     concept = pd.to_numeric(rows["unit_concept"], errors="coerce").fillna(0).astype(np.int64)
     text = _clean(rows["unit_text"])
@@ -66,7 +67,7 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes
     if (unknown & text.isna()).any():
         bad = sorted({int(c) for c in concept[unknown & text.isna()]})
         problems.append(f"OMOP measurement/observation: unit_concept_id(s) {bad[:10]} are not in Clinograph's table of "
-                        f"standard unit concepts and the rows have no unit_source_value ({int((unknown & text.isna()).sum())} "
+                        f"standard unit concepts nor UCUM concepts of the CDM's concept table, and the rows have no unit_source_value ({int((unknown & text.isna()).sum())} "
                         "row(s)). Declare them in the source file: unit_concepts = { <id> = \"<UCUM code>\" } under [omop].")
     both = mapped.notna() & text.notna()
     pairs = {(a, b) for a, b in zip(mapped[both], text[both], strict=True) if a != b}
@@ -81,6 +82,19 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes
         notes.append(f"rows whose unit_concept_id is not in the unit table, read by their unit_source_value: "
                               f"{fallback}")
     return mapped.where(mapped.notna(), text)
+
+
+def _unknown_operators(operator: pd.Series) -> list[str]:
+    """A problem naming the operator_concept_ids that are no Meas Value Operator (0 and empty are
+    none): read as exact, a censored value would silently be a measured one."""
+    ids = pd.to_numeric(operator, errors="coerce").dropna().astype(np.int64)
+    bad = ids[(ids != 0) & ~ids.isin(list(OPERATOR_CONCEPTS))]
+    if not len(bad):
+        return []
+    return [f"OMOP measurement: operator_concept_id(s) {sorted(set(bad.tolist()))[:10]} ({len(bad)} row(s)) are not "
+            f"Meas Value Operator concepts ({', '.join(f'{c} {o}' for c, o in OPERATOR_CONCEPTS.items())}); "
+            "a value with an unknown operator is not read as exact. Map the operator to its standard concept in "
+            "the ETL (0 for none)."]
 
 
 def _check_source_values(person: pd.DataFrame, index: pd.Series, *, site: str) -> None:
@@ -136,7 +150,7 @@ def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -
 
 
 def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, *, source,  # noqa: ANN001, PLR0913
-             dictionary: FeatureDictionary) -> EhrExtract:
+             dictionary: FeatureDictionary, unit_vocabulary: dict[int, str] | None = None) -> EhrExtract:
     """Events, labels and counts of the queried rows (see the module docstring)."""
     cohort = cohort.dropna(subset=["person_id"]).drop_duplicates("person_id")
     index = pd.Series(pd.to_datetime(cohort["index_datetime"]).to_numpy(), index=cohort["person_id"].astype(np.int64))
@@ -166,9 +180,11 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
             op[i] = text_op if text_op is not None else op[i]
     no_number = np.isnan(value)
     keep = window & period & ~no_number
-    problems: list[str] = []
+    problems: list[str] = _unknown_operators(rows["operator"][keep])
     unit_notes: list[str] = []
-    unit = _units(rows[keep], source.unit_concepts, problems, unit_notes)
+    unit = _units(rows[keep], {**(unit_vocabulary or {}), **source.unit_concepts}, problems, unit_notes)
+    if unit_vocabulary:
+        unit_notes.append(f"unit concepts read from the CDM's concept table (UCUM concept_code): {len(unit_vocabulary)}")
     kept = rows[keep]
     name_of = pd.Series(patients, index=index.index)  # one key() call a person, not one a row
     events = pd.DataFrame({"patient_id": kept["person_id"].astype(np.int64).map(name_of).to_numpy(),

@@ -24,9 +24,17 @@ CDM_TYPES = ((re.compile(r"_id$|^(year|month|day)_of_birth$"), "BIGINT"), (re.co
              (re.compile(r"^(value_as_number|range_low|range_high|quantity)$"), "DOUBLE PRECISION"))
 
 
+#: the CDM's text columns whose names end in ``_id`` (vocabulary tables, specimen, cost)
+TEXT_IDS = frozenset({"vocabulary_id", "domain_id", "concept_class_id", "relationship_id", "specimen_source_id",
+                      "cost_domain_id"})
+
+
 def cdm_type(column: str) -> str | None:
     """The CDM v5.4 SQL type of a column, by its name (None: text, or not one the reader types)."""
-    return next((t for rx, t in CDM_TYPES if rx.search(column.lower())), None)
+    name = column.lower()
+    if name in TEXT_IDS:
+        return None
+    return next((t for rx, t in CDM_TYPES if rx.search(name)), None)
 
 
 def cast_text(column: str, sql_type: str) -> str:

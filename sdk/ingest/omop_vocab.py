@@ -14,13 +14,23 @@ from __future__ import annotations
 
 import re
 
-#: OMOP unit concept id -> UCUM code (Athena: vocabulary_id = 'UCUM', concept_code)
+#: OMOP unit concept id -> UCUM code (Athena: vocabulary_id = 'UCUM', concept_code). Every id but
+#: 8784 and 8511 was checked against the concept names OHDSI's DataQualityDashboard lists beside
+#: its unit ids (``inst/csv/OMOP_CDMv5.*_Concept_Level.csv``: unitConceptId, unitConceptName, and
+#: the plausible unit ids of body temperature, weight and height: 9289 is the one of body
+#: temperature that is not 586323 "degree Celsius"); 8784 ("cells per microliter") and 8511
+#: ("week") agree with ETLs' use but had no name to check against here.
 UNIT_CONCEPTS: dict[int, str] = {
-    8554: "%", 8541: "/min", 8876: "mm[Hg]", 8753: "mmol/L", 8840: "mg/dL", 8749: "umol/L",
-    8713: "g/dL", 8751: "mg/L", 8837: "ug/dL", 8842: "ng/mL", 8845: "pg/mL", 8736: "nmol/L",
-    8729: "pmol/L", 8725: "ng/L", 8645: "U/L", 8923: "[IU]/L", 8763: "U/mL", 8784: "{cells}/uL",
-    8848: "10*3/uL", 8815: "10*6/uL", 8583: "fL", 8587: "mL", 8795: "mL/min", 8588: "mm",
-    8752: "mm/h", 8555: "s", 8582: "cm", 9529: "kg", 8504: "g", 8511: "wk",
+    8554: "%", 8541: "/min", 8483: "{counts}/min", 8876: "mm[Hg]", 8753: "mmol/L", 8840: "mg/dL",
+    8749: "umol/L", 8713: "g/dL", 8636: "g/L", 8751: "mg/L", 8837: "ug/dL", 8748: "ug/L", 8842: "ng/mL",
+    8859: "ug/mL", 8861: "mg/mL", 8817: "ng/dL", 8845: "pg/mL", 8820: "pg/dL", 8736: "nmol/L",
+    8729: "pmol/L", 8725: "ng/L", 9557: "meq/L", 9579: "mmol/mol", 8645: "U/L", 8923: "[IU]/L",
+    8985: "[IU]/mL", 8763: "U/mL", 44777578: "mU/L", 8784: "{cells}/uL", 8647: "/uL", 8785: "/mm3",
+    9254: "/L", 8848: "10*3/uL", 8961: "10*3/mm3", 9436: "10*3/mL", 9435: "10*3/L", 9444: "10*9/L",
+    8815: "10*6/uL", 8816: "10*6/mL", 8583: "fL", 8587: "mL", 8519: "L", 44777604: "L/L", 8795: "mL/min",
+    8698: "L/min", 8862: "mosm/kg", 9591: "mosm/L", 8723: "mg/g", 8588: "mm", 8582: "cm", 9546: "m",
+    9327: "[in_i]", 8617: "m2", 9531: "kg/m2", 8752: "mm/h", 9593: "ms", 8555: "s", 8511: "wk",
+    8576: "mg", 8504: "g", 9529: "kg", 8739: "[lb_av]", 586323: "Cel", 9289: "[degF]",
 }
 #: Meas Value Operator concepts
 OPERATOR_CONCEPTS: dict[int, str] = {4171756: "<", 4171754: "<=", 4172703: "=", 4172704: ">", 4171755: ">="}

@@ -55,7 +55,8 @@ def test_units_from_unit_concept_id_alone_and_no_unit_refused_by_record(tmp_path
     assert "feature 'glucose': 4 value(s) carry no unit (e.g. measurement_id" in text
     assert "units = { glucose = \"mmol/L\" } under [omop] in the source file" in text
     assert "systolic_bp" not in text                      # read from unit_concept_id 8876
-    assert "feature 'temperature'" in text and "feature 'airway_pressure'" in text  # all named at once
+    assert "feature 'temperature'" not in text            # 586323 (Cel), as the demo CDM writes it
+    assert "feature 'airway_pressure'" in text            # cm[H2O]: no unit concept written, all named at once
     declared = {f.id: f.unit for f in D.features if f.kind.value == "numeric"}
     ex = read_omop(engine, source=demo_source("west").model_copy(update={"units": declared}), dictionary=D)
     assert any("'glucose' without a unit, read in the declared 'mmol/L': 4" in n for n in ex.report.notes)
@@ -337,3 +338,45 @@ def test_a_dictionary_without_omop_concept_ids_is_named_not_an_empty_extract(tmp
     with pytest.raises(ConfigError, match=r"dictionary bare gives no feature an omop_concept_id: no measurement or "
                                           r"observation row of site 'west' can be mapped"):
         read_omop(_text_db(tmp_path / "t.duckdb", text=False), source=demo_source("west"), dictionary=bare)
+
+
+def test_standard_unit_concepts_of_temperature_and_unknown_operators(tmp_path):
+    """586323 (degree Celsius) and 9289 (degree Fahrenheit), as ETLs write body temperature with no
+    unit_source_value, were refused as unknown; an operator_concept_id that is no Meas Value
+    Operator was read as an exact value, silently."""
+    temp = D.get("temperature").omop_concept_id
+
+    def fahrenheit(t):
+        m = t["measurement"]
+        rows = _rows(t, temp)
+        m["unit_concept_id"] = m["unit_concept_id"].astype(object)
+        m.loc[rows, "unit_source_value"] = None
+        m.loc[rows[:2], "unit_concept_id"], m.loc[rows[:2], "value_as_number"] = 9289, 98.6
+        m.loc[rows[2:], "unit_concept_id"], m.loc[rows[2:], "value_as_number"] = 586323, 37.0
+    t = read_omop(_db(tmp_path, fahrenheit), source=demo_source("west"), dictionary=D).ingest(D)
+    assert t.value[t.node == D.node_index()["temperature"]].tolist() == pytest.approx([37.0] * 4)
+
+    def odd_operator(t):
+        m = t["measurement"]
+        m["operator_concept_id"] = m["operator_concept_id"].astype(object)
+        m.loc[_rows(t, GLUCOSE)[0], "operator_concept_id"] = 4_000_000   # no Meas Value Operator
+        m.loc[_rows(t, GLUCOSE)[1], "operator_concept_id"] = 4172703     # "=": exact
+    with pytest.raises(UnitError, match=r"operator_concept_id\(s\) \[4000000\] \(1 row\(s\)\) are not Meas Value"):
+        (tmp_path / "b").mkdir()
+        read_omop(_db(tmp_path / "b", odd_operator), source=demo_source("west"), dictionary=D)
+
+
+def test_unit_concepts_are_read_from_the_cdms_concept_table(tmp_path):
+    """A unit concept Clinograph's table lacks is read by the CDM's own concept table (UCUM)."""
+    def kpa(t):
+        m = t["measurement"]
+        rows = _rows(t, SBP)
+        m.loc[rows, "value_as_number"] = 16.0
+        m.loc[rows, "unit_concept_id"] = 9_999_999
+        m.loc[rows, "unit_source_value"] = None
+        t["concept"] = pd.DataFrame({"concept_id": ["9999999", "8876"], "concept_code": ["kPa", "mm[Hg]"],
+                                     "vocabulary_id": ["UCUM", "UCUM"], "concept_name": ["kilopascal", "mmHg"]})
+    ex = read_omop(_db(tmp_path, kpa), source=demo_source("west"), dictionary=D)
+    assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["systolic_bp"]].tolist() == \
+        pytest.approx([120.0] * 4, rel=1e-3)
+    assert any("concept table (UCUM concept_code): 2" in n for n in ex.report.notes)
