@@ -1,11 +1,13 @@
 """FHIR R4 Patient and Observation resources -> the long table :func:`ingest` takes.
 
-Input is a Bundle (one JSON file), an NDJSON file of a bulk export, or a folder of them
-(``Patient.ndjson``, ``Observation.ndjson``, ...). The fields read are validated strictly
+Input is a Bundle (one JSON file), an NDJSON file of a bulk export (gzip-compressed
+``.ndjson.gz`` too), or a folder of them (``Patient.ndjson``, ``Observation.ndjson.gz``, ...;
+its other files are counted as not read). The fields read are validated strictly
 (:mod:`.fhir_models`; ``validate="full"`` adds ``fhir.resources``' full R4B models); a resource
 that does not validate is named by file, line (or entry) and field path -- never by value --
 and all of them are reported at once. Resource types other than Patient and Observation are
-counted and skipped. ``Patient.birthDate``/``gender`` give age and sex where the source file
+counted by type and skipped. A date-only time reads at 00:00 UTC of its day (counted); a month
+or a year only is excluded (counted). ``Patient.birthDate``/``gender`` give age and sex where the source file
 names those features.
 
 An Observation's ``code.coding`` maps through the dictionary's codes: the coding system's URL is
@@ -59,19 +61,44 @@ UCUM_URL = "http://unitsofmeasure.org"
 OTHER_SYSTEM = "system "
 #: a system URL is shown in the report only if it looks like one (never free text)
 _SYSTEM_URL = re.compile(r"^(https?://|urn:oid:|urn:uuid:)[A-Za-z0-9.:/_\-#]{1,100}$")
+#: a resourceType shown in the report (a type's name, never free text)
+_RESOURCE_TYPE = re.compile(r"^[A-Z][A-Za-z]{1,63}$")
+#: the skipped counter's entry for the folder's files not read
+FILES = "(files not read)"
 #: Observation statuses whose value is not a result: excluded and counted
 WITHDRAWN = frozenset({"entered-in-error", "cancelled"})
 
 
-def _resources(path: Path):
-    """(where, dict, the entry's fullUrl or None) for every resource in a Bundle, an NDJSON file or a
-    folder of them."""
-    files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".ndjson", ".json")) if path.is_dir() else [path]
-    if not files:
-        raise ConfigError(f"FHIR folder {path} holds no .ndjson or .json file.")
+#: file names read: a Bundle or resource, NDJSON, and NDJSON compressed with gzip (bulk exports)
+READ_SUFFIXES = (".json", ".ndjson", ".ndjson.gz")
+
+
+def _is_read(f: Path) -> bool:
+    return f.name.lower().endswith(READ_SUFFIXES)
+
+
+def folder_files(path: Path) -> tuple[list[Path], int]:
+    """The files of a folder that are read (:data:`READ_SUFFIXES`), and how many others it holds
+    (counted in the report, never read silently as nothing)."""
+    if not path.is_dir():
+        return [path], 0
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    read = [p for p in files if _is_read(p)]
+    if not read:
+        raise ConfigError(f"FHIR folder {path} holds no .ndjson, .ndjson.gz or .json file ({len(files)} other "
+                          "file(s)). Give the folder of the bulk export's NDJSON files or of Bundle .json files.")
+    return read, len(files) - len(read)
+
+
+def _resources(files: list[Path]):
+    """(where, dict, the entry's fullUrl or None) for every resource in Bundles, NDJSON files
+    (gzip-compressed too) or single resources."""
     for f in files:
         if not f.is_file():
             raise ConfigError(f"FHIR input {f} does not exist. Give a Bundle .json, an .ndjson file or a folder.")
+        if f.name.lower().endswith(".gz"):
+            yield from _gzip_lines(f)
+            continue
         if f.suffix.lower() == ".ndjson":
             with open(f, "rb") as fh:  # bytes: a line that is not UTF-8 is named, not a decoder traceback
                 for n, line in enumerate(fh, 1):
@@ -93,6 +120,23 @@ def _resources(path: Path):
                 yield f"{f.name} entry {n}", resource or {}, url if isinstance(url, str) else None
         else:
             yield f.name, doc, None
+
+
+def _gzip_lines(f: Path):
+    """The resources of a gzip-compressed NDJSON file, line by line; a file that is not gzip (or
+    is cut short) is a SchemaError naming it."""
+    import gzip
+    import zlib
+
+    try:
+        with gzip.open(f, "rb") as fh:
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    yield f"{f.name} line {n}", _json(line, f"{f.name} line {n}"), None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise SchemaError(f"FHIR input {f.name} is not a complete gzip file ({type(exc).__name__}). Give the NDJSON "
+                          "file compressed with gzip, or uncompressed as .ndjson.",
+                          title="FHIR input cannot be parsed") from None
 
 
 def _json(data: bytes, where: str) -> dict:
@@ -222,7 +266,8 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     idents: dict[tuple[str, str], set[str]] = {}  # (identifier system, value) -> keys of Patients that carry it
     nameless: list[str] = []  # Patients without an id (nor a Bundle fullUrl naming one), read by id
     lacking: list[str] = []  # Patients without an identifier of identifier_system, read by identifier
-    for where, doc, url in _resources(path):
+    files, other_files = folder_files(path)
+    for where, doc, url in _resources(files):
         kind = doc.get("resourceType")
         if kind == "Patient":
             p = _validate(fm.Patient, doc, where, problems, full_patient)
@@ -291,6 +336,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         raise SchemaError(shown, title=f"FHIR input {path} has invalid resources")
     patients.update({CONTAINED + key: key for key in records})  # contained Patients' subjects (their keys)
     patients.update(logical_subjects(readings, idents))
+    skipped[FILES] = other_files
     return _assemble(readings, counts, patients, born, skipped, label_code=label_code, known=known,
                      dictionary=dictionary, site=site, snapshot_hours=snapshot_hours, units=units,
                      censored=censored, age=age, sex=sex)
@@ -389,6 +435,10 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
     t = _times(ev["t"], ev["where"]).dt.tz_localize(None)
     mapped = ev["code"].isin(known)
+    precision = ev["t"].str.len()  # R4 dateTime: YYYY, YYYY-MM, YYYY-MM-DD, or a time with its offset
+    partial = (mapped & (precision < len("YYYY-MM-DD"))).to_numpy()  # a year or month: no day to place it in
+    date_only = int((mapped & (precision == len("YYYY-MM-DD"))).sum())  # read at 00:00 UTC of that day
+    t = t.mask(pd.Series(partial, index=t.index))
     timeless = (mapped & t.isna()).to_numpy()  # no effective[x] nor issued: no snapshot to put it in
     ev, t, mapped = ev[~timeless], t[~timeless], mapped[~timeless]
     origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
@@ -406,10 +456,15 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
         ("Observation readings (a panel: each component) without a Patient read here", orphans),
         ("Observations (or components) without a numeric or boolean value", no_value),
         ("Observations (or components) with a dataAbsentReason (read as missing)", absent),
-        ("Observations (or components) without a time: no effective[x] nor issued (excluded)", int(timeless.sum())),
+        ("Observations (or components) without a time: no effective[x] nor issued (excluded)",
+         int(timeless.sum()) - int(partial.sum())),
+        ("Observations (or components) dated to a month or year only (excluded: no day to place them in)",
+         int(partial.sum())),
+        ("Observations (or components) dated to the day only, read at 00:00 UTC of that day", date_only),
         ("Observations entered in error or cancelled (excluded)", withdrawn),
         ("patients of a gender other than male/female (sex missing)", unknown_sex),
-        ("other resources skipped", sum(skipped.values()))) if n)
+        (f"other resources skipped{_kinds(skipped)}", sum(n for k, n in skipped.items() if k != FILES)),
+        ("files in the folder not read (not .json, .ndjson or .ndjson.gz)", skipped[FILES])) if n)
     others = {k.removeprefix(OTHER_SYSTEM): n for k, n in counts.items() if k.startswith(OTHER_SYSTEM)}
     if others:
         shown = sorted(u for u in others if _SYSTEM_URL.match(u))[:5]
@@ -420,8 +475,15 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
                    source="FHIR R4", snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[fhir] in the source file",
                    excluded={"without a Patient": orphans, "without a value": no_value, "dataAbsentReason": absent,
-                             "without a time": int(timeless.sum()),
+                             "without a time": int(timeless.sum()) - int(partial.sum()),
+                             "dated to a month or year only": int(partial.sum()),
                              "entered in error or cancelled": withdrawn})
+
+
+def _kinds(skipped: Counter[str]) -> str:
+    """`` (Claim 3, Encounter 2)``: the resource types skipped (those spelled as resource types)."""
+    kinds = sorted((k, n) for k, n in skipped.items() if k != FILES and n and _RESOURCE_TYPE.match(k))
+    return f" ({', '.join(f'{k} {n}' for k, n in kinds[:12])}{', ...' if len(kinds) > 12 else ''})" if kinds else ""
 
 
 def _times(values: pd.Series, where: pd.Series) -> pd.Series:

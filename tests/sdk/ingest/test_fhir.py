@@ -42,7 +42,7 @@ def test_loinc_codes_and_ucum_units_map_through_the_dictionary(tmp_path):
     assert t.value[t.node == idx["temperature"]].tolist() == pytest.approx([37.0])
     assert ex.report.unmapped_rows == 1
     assert any("without a Patient read here: 1" in n for n in ex.report.notes)
-    assert any("other resources skipped: 1" in n for n in ex.report.notes)
+    assert "other resources skipped (Encounter 1): 1" in ex.report.notes
 
 
 def test_bundle_and_ndjson_read_the_same_and_match_the_csv(tmp_path):
@@ -388,3 +388,42 @@ def test_the_identifier_system_names_the_patient_and_a_patient_without_one_is_re
         read_fhir(_ndjson(tmp_path / "y.ndjson", res), dictionary=d2, site="s", label_code=None,
                   patient_id="identifier", identifier_system=mrn)
     assert "u-2" not in str(err.value)
+
+
+def test_gzipped_bulk_files_other_files_and_resource_types_are_read_or_counted(tmp_path):
+    """A bulk export's Observation.ndjson.gz was ignored in a folder (only .ndjson/.json were read):
+    the export's observations were silently missing, or the folder 'held no file'."""
+    import gzip
+
+    folder = tmp_path / "bulk"
+    folder.mkdir()
+    hr = [_obs(i, "p1", "8867-4", f"2024-01-0{i + 1}T08:00:00Z", valueQuantity={"value": 70 + i, "code": "/min"})
+          for i in range(2)]
+    with gzip.open(folder / "Observation.ndjson.gz", "wt") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in hr))
+    _ndjson(folder / "Patient.ndjson", [{"resourceType": "Patient", "id": "p1"}])
+    _ndjson(folder / "Claim.ndjson", [{"resourceType": "Claim", "id": "c1"}, {"resourceType": "Claim", "id": "c2"}])
+    (folder / "manifest.txt").write_text("not FHIR")
+    ex = read_fhir(folder, dictionary=D, site="s", label_code=None)
+    assert ex.ingest(D).value.tolist() == [70.0, 71.0]
+    assert "other resources skipped (Claim 2): 2" in ex.report.notes
+    assert "files in the folder not read (not .json, .ndjson or .ndjson.gz): 1" in ex.report.notes
+    (folder / "Observation.ndjson.gz").write_bytes(b"\x1f\x8b\x08truncated")
+    with pytest.raises(SchemaError, match=r"Observation.ndjson.gz is not a complete gzip file"):
+        read_fhir(folder, dictionary=D, site="s", label_code=None)
+
+
+def test_dates_without_a_time_are_read_at_midnight_and_counted_and_a_month_is_excluded(tmp_path):
+    """A date-only effectiveDateTime reads at 00:00 UTC of its day (as OMOP reads a date), counted;
+    '2024-01' or '2024' was read as the 1st of the month / year, silently: now excluded and counted."""
+    res = [{"resourceType": "Patient", "id": "p1"},
+           _obs(1, "p1", "8867-4", "2024-01-02T08:00:00Z", valueQuantity={"value": 70, "code": "/min"}),
+           _obs(2, "p1", "8867-4", "2024-01-02", valueQuantity={"value": 80, "code": "/min"}),
+           _obs(3, "p1", "8867-4", "2024-01", valueQuantity={"value": 150, "code": "/min"}),
+           _obs(4, "p1", "8867-4", "2023", valueQuantity={"value": 160, "code": "/min"})]
+    ex = read_fhir(_ndjson(tmp_path / "x.ndjson", res), dictionary=D, site="s", label_code=None)
+    t = ex.ingest(D)
+    assert t.value.tolist() == [70.0]            # one snapshot: the timed 08:00 value is the day's last
+    notes = "\n".join(ex.report.notes)
+    assert "dated to the day only, read at 00:00 UTC of that day: 1" in notes
+    assert "dated to a month or year only (excluded: no day to place them in): 2" in notes
