@@ -41,7 +41,7 @@ from clinograph.core.errors import ConfigError, SchemaError, SourceUnavailable
 from ..ontology.dictionary import FeatureDictionary
 from .ehr_values import CensorPolicy
 from .extract import EhrExtract
-from .omop_types import cdm_type, typed_relation
+from .omop_types import OPTIONAL, cdm_type, typed_relation
 
 REQUIRED = {
     "person": ("person_id", "person_source_value", "gender_concept_id", "year_of_birth", "month_of_birth",
@@ -244,9 +244,10 @@ def _quote(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
-def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> None:
+def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> tuple[str, ...]:
     """The database answers, and every table and column :func:`read_omop` reads exists; all
-    problems at once. ``death``: the ``death`` table is needed too (a death label).
+    problems at once. ``death``: the ``death`` table is needed too (a death label). Returns the
+    ``*_datetime`` columns the CDM lacks (``table.column``; read as NULL: the date at 00:00).
 
     Raises:
         SourceUnavailable: the database cannot be connected to (named apart from missing tables).
@@ -263,7 +264,7 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
                                 "Check the host, port, database name and credentials (PGPASSFILE / ~/.pgpass), "
                                 "and that the server is running and accepts connections from here.") from None
     where = f"schema {cdm_schema!r}" if cdm_schema else "the default schema"
-    problems = []
+    problems, absent = [], []
     for table, cols in {**REQUIRED, **(DEATH if death else {})}.items():  # by a zero-row SELECT: every dialect
         name = f"{cdm_schema}.{table}" if cdm_schema else table
         try:
@@ -274,8 +275,10 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
                             "v5.4 export, set cdm_schema to the schema that holds the CDM, or grant the reader "
                             "SELECT on it.")
             continue
-        missing = [c for c in cols if c not in have]
-        if missing and len(missing) == len(cols) and len(have) <= 1:  # a file read as one column: not split
+        required = [c for c in cols if c not in OPTIONAL]
+        missing = [c for c in required if c not in have]
+        absent += [f"{table}.{c}" for c in cols if c not in have and c in OPTIONAL and len(have) > 1]
+        if missing and len(missing) == len(required) and len(have) <= 1:  # a file read as one column: not split
             problems.append(f"OMOP table {table!r} has {len(have)} column(s) and none of the CDM v5.4 ones: a table "
                             "file that is empty, binary, or a CSV whose rows could not be split (a row with more or "
                             "fewer fields than the header, an unusual delimiter). Export it again as CSV with a "
@@ -285,6 +288,7 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
                             "with its CDM v5.4 columns.")
     if problems:
         raise SchemaError(problems, title="The database is not an OMOP CDM v5.4 instance Clinograph can read")
+    return tuple(absent)
 
 
 def _relations(conn, source: OmopSource) -> dict[str, str]:  # noqa: ANN001 - a Connection
@@ -316,8 +320,11 @@ def _query(conn, sql: str, params: dict) -> pd.DataFrame:
     result = conn.execute(stmt, params)
     cursor = getattr(result, "cursor", None)
     if conn.dialect.name == "duckdb" and cursor is not None:  # DuckDB hands over columns, not Python rows
-        return cursor.df()
-    return pd.DataFrame(result.fetchall(), columns=list(result.keys()))
+        df = cursor.df()
+    else:
+        df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
+    # DuckDB names a result column as the table stores it: PERSON_ID in CSVs with upper-case headers
+    return df.rename(columns=str.lower)
 
 
 def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> EhrExtract:
@@ -346,7 +353,7 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
         raise ConfigError(f"The dictionary {dictionary.name} gives no feature an omop_concept_id: no measurement or "
                           f"observation row of site {source.site!r} can be mapped. Add each feature's standard "
                           "concept id (omop_concept_id = ...) to the dictionary, or read the site another way.")
-    check_cdm(engine, cdm_schema=source.cdm_schema, death=bool(source.label and source.label.death))
+    absent = check_cdm(engine, cdm_schema=source.cdm_schema, death=bool(source.label and source.label.death))
     if source.cohort.sql is not None:  # wrapped as a CTE below: one SELECT stays one statement
         _one_select(source.cohort.sql.strip().rstrip(";"), what=f"The cohort query of site {source.site!r}")
     import duckdb
@@ -356,7 +363,7 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
             read_only(conn)
             rel = _relations(conn, source)
             cohort_sql, params = _cohort_sql(source, rel)
-            return _read(conn, cohort_sql, params, rel, source=source, dictionary=dictionary)
+            return _read(conn, cohort_sql, params, rel, source=source, dictionary=dictionary, absent=absent)
         except (sa.exc.SQLAlchemyError, duckdb.Error) as exc:  # DuckDB's own: a result it cannot hand over
             if isinstance(exc, sa.exc.DataError) or isinstance(getattr(exc, "orig", None) or exc,
                                                                  duckdb.ConversionException):  # a failed cast
@@ -397,7 +404,7 @@ def read_only(conn) -> None:  # noqa: ANN001 - an SQLAlchemy Connection, before 
 
 
 def _read(conn, cohort_sql: str, params: dict, rel: dict[str, str], *, source: OmopSource,  # noqa: ANN001 - a Connection
-          dictionary: FeatureDictionary) -> EhrExtract:
+          dictionary: FeatureDictionary, absent: tuple[str, ...] = ()) -> EhrExtract:
     from .omop_assemble import assemble
 
     in_cohort = "IN (SELECT person_id FROM cohort)"
@@ -466,7 +473,7 @@ def _read(conn, cohort_sql: str, params: dict, rel: dict[str, str], *, source: O
                     "person": person, "the label tables": pd.concat(label_frames) if label_frames else None},
                    site=source.site)
     return assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, source=source,
-                    dictionary=dictionary, unit_vocabulary=unit_vocabulary)
+                    dictionary=dictionary, unit_vocabulary=unit_vocabulary, absent_columns=absent)
 
 
 def _unit_vocabulary(conn, source: OmopSource, frames: list[pd.DataFrame]) -> dict[int, str]:  # noqa: ANN001

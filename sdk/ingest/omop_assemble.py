@@ -150,7 +150,8 @@ def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -
 
 
 def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, *, source,  # noqa: ANN001, PLR0913
-             dictionary: FeatureDictionary, unit_vocabulary: dict[int, str] | None = None) -> EhrExtract:
+             dictionary: FeatureDictionary, unit_vocabulary: dict[int, str] | None = None,
+             absent_columns: tuple[str, ...] = ()) -> EhrExtract:
     """Events, labels and counts of the queried rows (see the module docstring)."""
     cohort = cohort.dropna(subset=["person_id"]).drop_duplicates("person_id")
     index = pd.Series(pd.to_datetime(cohort["index_datetime"]).to_numpy(), index=cohort["person_id"].astype(np.int64))
@@ -251,7 +252,9 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              *([f"persons without a usable birth date (no year of birth, or an impossible month or day; age "
                 f"missing): {unknown_age}"] if unknown_age else []),
              *([f"condition rows outside the window or periods: {n_cond_excluded}"] if conditions is not None else []),
-             *unit_notes, *(label_notes if source.label is not None else []))
+             *unit_notes, *(label_notes if source.label is not None else []),
+             *([f"columns the CDM lacks, times read from the date at 00:00 (CDM v5.2 and older, or a minimal ETL): "
+                f"{', '.join(absent_columns)}"] if absent_columns else []))
     return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,
                    source="OMOP CDM v5.4", snapshot_hours=source.snapshot_hours, notes=notes, unmapped=unmapped,
                    units=source.units, censored=source.censored, setting="[omop] in the source file",

@@ -380,3 +380,23 @@ def test_unit_concepts_are_read_from_the_cdms_concept_table(tmp_path):
     assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["systolic_bp"]].tolist() == \
         pytest.approx([120.0] * 4, rel=1e-3)
     assert any("concept table (UCUM concept_code): 2" in n for n in ex.report.notes)
+
+
+@pytest.mark.parametrize("datetimes", [True, False])
+def test_an_etl_csv_folder_upper_case_tab_separated_without_datetimes(tmp_path, datetimes):
+    """Eunomia / ETL-Synthea style table files: UPPER-CASE headers (DuckDB returned PERSON_ID: 'the
+    cohort query returns no column person_id'), tab-separated, vocabulary tables and tables not
+    read beside them; a CDM without *_datetime columns (v5.2, minimal ETLs) was refused as lacking
+    them -- now read from the dates at 00:00, named in the report."""
+    table, schema = demo_hospitals()[3]
+    for name, df in omop_tables(table.iloc[:4], schema, D).items():
+        df = df.drop(columns=[] if datetimes else [c for c in df.columns if c.endswith("_datetime")])
+        df.rename(columns=str.upper).to_csv(tmp_path / f"{name.upper()}.csv", sep="\t", index=False)
+    pd.DataFrame({"CONCEPT_ID": [8876], "VOCABULARY_ID": ["UCUM"], "DOMAIN_ID": ["Unit"],
+                  "CONCEPT_CODE": ["mm[Hg]"]}).to_csv(tmp_path / "CONCEPT.csv", sep="\t", index=False)
+    pd.DataFrame({"DRUG_EXPOSURE_ID": [1], "PERSON_ID": [1]}).to_csv(tmp_path / "DRUG_EXPOSURE.csv", index=False)
+    ex = read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
+    assert ex.ingest(D).n_patients == 4
+    lacks = [n for n in ex.report.notes if n.startswith("columns the CDM lacks")]
+    assert lacks == ([] if datetimes else [lacks[0]]) and ("measurement.measurement_datetime" in lacks[0]
+                                                           if lacks else True)
