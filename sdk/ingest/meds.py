@@ -31,7 +31,7 @@ from clinograph.core.errors import ConfigError, SchemaError
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from .ehr_values import CensorPolicy, declared_features
 from .extract import EhrExtract, to_long
-from .omop_vocab import parse_value_text
+from .omop_vocab import censoring_in_text, parse_value_text
 
 
 def _read_shards(root: Path) -> pd.DataFrame:
@@ -237,7 +237,9 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     value[presence] = 1.0
     numeric = (kind == FeatureKind.NUMERIC).to_numpy()
     censor = np.full(len(value), None, dtype=object)
-    from_text = 0
+    from_text = marked = substituted = 0
+    if "text_value" in events.columns:  # numeric_value 0.5 beside text_value "<0.5": censored, not exact
+        marked, substituted = censoring_in_text(np.where(numeric & keep, value, np.nan), events["text_value"], censor)
     if "text_value" in events.columns:  # "<0.5" as text_value, numeric_value empty: a censored lab
         for i in np.flatnonzero(numeric & np.isnan(value) & keep & events["text_value"].notna().to_numpy()):
             number, op = parse_value_text(events["text_value"].iat[i])
@@ -255,7 +257,11 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 f"{int(before.sum())}"] if lookback_hours is not None else []),
              f"codes of binary features without numeric_value, read as present: {int((presence & keep).sum())}",
              f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}",
-             *([f"values read from text_value: {from_text}"] if from_text else []))
+             *([f"values read from text_value: {from_text}"] if from_text else []),
+             *([f"values censored by their text_value (numeric_value beside a text_value such as '<0.5'): "
+                f"{marked}"] if marked else []),
+             *([f"values whose text_value is censored but whose numeric_value differs from its bound (an ETL's "
+                f"substitute; read as numeric_value): {substituted}"] if substituted else []))
     return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
                    snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[meds] in the source file",

@@ -22,7 +22,7 @@ from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.units import is_known_unit, same_unit
 from .ehr_values import _clean, declared_features
 from .extract import EhrExtract, to_long
-from .omop_vocab import FEMALE, MALE, OPERATOR_CONCEPTS, UNIT_CONCEPTS, parse_value_text
+from .omop_vocab import FEMALE, MALE, OPERATOR_CONCEPTS, UNIT_CONCEPTS, censoring_in_text, parse_value_text
 
 AGE_UNIT = "a"  # UCUM: year (annum)
 
@@ -172,6 +172,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     period = _in_period(rows["person_id"], t, periods)
     value = pd.to_numeric(rows["value"], errors="coerce").to_numpy(dtype=float).copy()
     op = pd.to_numeric(rows["operator"], errors="coerce").map(OPERATOR_CONCEPTS).to_numpy(dtype=object)
+    marked, substituted = censoring_in_text(value, rows["value_text"], op)  # 0.5 beside "<0.5": censored
     text_only = np.isnan(value) & rows["value_text"].notna().to_numpy()
     from_text = 0
     for i in np.flatnonzero(text_only):
@@ -248,6 +249,10 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              f"rows without a numeric value (value_as_concept_id only, or text that is no number; excluded): "
              f"{n_value}",
              *([f"values read from text (value_source_value / value_as_string): {from_text}"] if from_text else []),
+             *([f"values censored by their text (value_as_number beside a value_source_value / value_as_string "
+                f"such as '<0.5', no operator_concept_id): {marked}"] if marked else []),
+             *([f"values whose text is censored but whose value_as_number differs from its bound (an ETL's "
+                f"substitute; read as value_as_number): {substituted}"] if substituted else []),
              *([f"persons of unknown sex (gender_concept_id not 8507/8532): {unknown_sex}"] if unknown_sex else []),
              *([f"persons without a usable birth date (no year of birth, or an impossible month or day; age "
                 f"missing): {unknown_age}"] if unknown_age else []),

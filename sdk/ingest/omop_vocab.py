@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+import pandas as pd
+
 #: OMOP unit concept id -> UCUM code (Athena: vocabulary_id = 'UCUM', concept_code). Every id but
 #: 8784 and 8511 was checked against the concept names OHDSI's DataQualityDashboard lists beside
 #: its unit ids (``inst/csv/OMOP_CDMv5.*_Concept_Level.csv``: unitConceptId, unitConceptName, and
@@ -50,3 +53,24 @@ def parse_value_text(text: object) -> tuple[float | None, str | None]:
         return None, None
     op = m.group(1)
     return float(m.group(2)), (None if op in (None, "=") else op)
+
+
+def censoring_in_text(value: np.ndarray, text: pd.Series, op: np.ndarray) -> tuple[int, int]:
+    """Mark in ``op`` (in place) the rows that carry a number *and* a text value with a limit
+    (``value_as_number`` 0.5 beside ``value_source_value`` "<0.5", MEDS ``numeric_value`` beside
+    ``text_value``) but no operator: censored, not exact. Returns (rows marked, rows whose number
+    differs from the text's bound -- an ETL's substitute, kept as the number and counted)."""
+    rows = np.flatnonzero(~np.isnan(value) & text.notna().to_numpy() & pd.isna(op))
+    if len(rows):  # only text with a limit sign is parsed (MEDS ETLs copy every value to text_value)
+        lead = text.iloc[rows].astype(str).str.lstrip().str[:1]
+        rows = rows[lead.isin(("<", ">")).to_numpy()]
+    marked = substituted = 0
+    for i in rows:
+        number, text_op = parse_value_text(text.iat[i])
+        if number is None or text_op is None:
+            continue
+        if np.isclose(number, value[i]):
+            op[i], marked = text_op, marked + 1
+        else:
+            substituted += 1
+    return marked, substituted

@@ -206,3 +206,15 @@ def test_shards_and_labels_mixing_zoned_and_naive_times_are_refused(tmp_path):
                                           r"data/0.parquet\)"):
         read_meds(tmp_path, dictionary=D, site="s", labels=labels, lookback_hours=24.0)
     assert read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None).report.events_mapped == 1
+
+
+def test_a_numeric_value_beside_a_censored_text_value_is_censored_not_exact(tmp_path):
+    """MEDS ETLs copy the source's text to text_value beside the parsed numeric_value: 2.0 beside
+    '<2.0' was read as an exact 2.0, silently."""
+    _shard(tmp_path, [(1, T0, "LOINC/2345-7//mmol/L", 2.0), (1, T0, "LOINC/8867-4//{beats}/min", 70.0)],
+           text_value=pa.array(["<2.0", "70"]))
+    with pytest.raises(UnitError, match=r"feature 'glucose': 1 censored value\(s\)"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None, censored="half_bound")
+    assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["glucose"]].tolist() == [1.0]
+    assert any("censored by their text_value" in n and n.endswith(": 1") for n in ex.report.notes)

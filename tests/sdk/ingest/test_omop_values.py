@@ -400,3 +400,21 @@ def test_an_etl_csv_folder_upper_case_tab_separated_without_datetimes(tmp_path, 
     lacks = [n for n in ex.report.notes if n.startswith("columns the CDM lacks")]
     assert lacks == ([] if datetimes else [lacks[0]]) and ("measurement.measurement_datetime" in lacks[0]
                                                            if lacks else True)
+
+
+def test_a_number_beside_a_censored_text_is_censored_not_exact(tmp_path):
+    """value_as_number 3.0 beside value_source_value '<3.0' and no operator_concept_id (how many ETLs
+    write a below-detection lab) was read as an exact 3.0, silently."""
+    def both(t):
+        m = t["measurement"]
+        rows = _rows(t, GLUCOSE)
+        m.loc[rows[0], "value_as_number"], m.loc[rows[0], "value_source_value"] = 3.0, "<3.0"
+        m.loc[rows[1], "value_as_number"], m.loc[rows[1], "value_source_value"] = 1.0, "<2.0"   # a substitute
+        m.loc[rows[2], "value_as_number"], m.loc[rows[2], "value_source_value"] = 4.0, "4.0"
+    engine = _db(tmp_path, both)
+    with pytest.raises(UnitError, match=r"feature 'glucose': 1 censored value\(s\)"):
+        read_omop(engine, source=demo_source("west"), dictionary=D)
+    ex = read_omop(engine, source=demo_source("west").model_copy(update={"censored": "half_bound"}), dictionary=D)
+    assert 1.5 in ex.ingest(D).value.tolist()
+    assert any("censored by their text" in n and n.endswith(": 1") for n in ex.report.notes)
+    assert any("an ETL's substitute; read as value_as_number): 1" in n for n in ex.report.notes)
