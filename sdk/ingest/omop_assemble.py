@@ -22,7 +22,14 @@ from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.units import is_known_unit, same_unit
 from .ehr_values import _clean, declared_features
 from .extract import EhrExtract, to_long
-from .omop_vocab import FEMALE, MALE, OPERATOR_CONCEPTS, UNIT_CONCEPTS, censoring_in_text, parse_value_text
+from .omop_vocab import (
+    FEMALE,
+    MALE,
+    OPERATOR_CONCEPTS,
+    UNIT_CONCEPTS,
+    censoring_in_text,
+    parse_value_text,
+)
 
 AGE_UNIT = "a"  # UCUM: year (annum)
 
