@@ -247,6 +247,9 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
         label_notes = [f"persons whose only label events lie before the index time (labelled 0): "
                        f"{len(before - hits)}"] if before - hits else []
     n_window, n_period = int((~window).sum()), int((window & ~period).sum())
+    t_index = rows["person_id"].astype(np.int64).map(index)
+    day_only = int((keep & (t == t.dt.normalize()).to_numpy() & (t.dt.normalize() == t_index.dt.normalize()).to_numpy()
+                    & (t_index != t_index.dt.normalize()).to_numpy()).sum())
     n_value = int((window & period & no_number).sum())
     excluded = {"outside the feature window": n_window, "outside the person's observation periods": n_period,
                 "without a numeric value": n_value}
@@ -256,6 +259,9 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              f"rows without a numeric value (value_as_concept_id only, or text that is no number; excluded): "
              f"{n_value}",
              *([f"values read from text (value_source_value / value_as_string): {from_text}"] if from_text else []),
+             *([f"rows of the index day at 00:00 (a date without a time), read as before the index time though "
+                f"they may have been taken after it (set after_days, or give the ETL's times): {day_only}"]
+               if day_only else []),
              *([f"values censored by their text (value_as_number beside a value_source_value / value_as_string "
                 f"such as '<0.5', no operator_concept_id): {marked}"] if marked else []),
              *([f"values whose text is censored but whose value_as_number differs from its bound (an ETL's "

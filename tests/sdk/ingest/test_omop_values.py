@@ -418,3 +418,18 @@ def test_a_number_beside_a_censored_text_is_censored_not_exact(tmp_path):
     assert 1.5 in ex.ingest(D).value.tolist()
     assert any("censored by their text" in n and n.endswith(": 1") for n in ex.report.notes)
     assert any("an ETL's substitute; read as value_as_number): 1" in n for n in ex.report.notes)
+
+
+def test_a_date_only_row_of_the_index_day_is_counted(tmp_path):
+    """A measurement with a date and no time on the index day reads at 00:00, before an index time
+    later that day, though it may have been taken after it: counted, not silent."""
+    def dated(t):
+        m = t["measurement"]
+        row = _rows(t, GLUCOSE)[1]                      # person 2, whose index time is 01:00
+        pid = m.loc[row, "person_id"]
+        v = t["visit_occurrence"]
+        index = v.loc[v["person_id"] == pid, "visit_start_datetime"].min()
+        m.loc[row, "measurement_datetime"] = None
+        m.loc[row, "measurement_date"] = pd.Timestamp(index).date()
+    ex = read_omop(_db(tmp_path, dated), source=demo_source("west"), dictionary=D)
+    assert any(n.startswith("rows of the index day at 00:00") and n.endswith(": 1") for n in ex.report.notes)
