@@ -15,7 +15,8 @@ excluded. Labels come from a MEDS label
 file (``subject_id, prediction_time, boolean_value``): features are the events at or before the
 prediction time and at most ``lookback_hours`` before it (required with labels), binned into
 snapshots of ``snapshot_hours`` counted back from it; static events (no time) join the prediction
-time's snapshot. Without labels, times count from each subject's first mapped event (not MEDS_BIRTH); the extract is
+time's snapshot. ``metadata/codes.parquet``'s ``parent_codes`` only name, in the report, codes
+outside the dictionary whose parent is a dictionary code. Without labels, times count from each subject's first mapped event (not MEDS_BIRTH); the extract is
 unlabeled.
 """
 
@@ -262,7 +263,36 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 f"{marked}"] if marked else []),
              *([f"values whose text_value is censored but whose numeric_value differs from its bound (an ETL's "
                 f"substitute; read as numeric_value): {substituted}"] if substituted else []))
+    unmapped = {b for b, _ in split.values() if b not in known}
+    notes += _parent_hints(root, unmapped, known, dictionary)
     return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
                    snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[meds] in the source file",
                    excluded=excluded)
+
+
+def _parent_hints(root: Path, unmapped: set[str], known: set[str], dictionary: FeatureDictionary) -> tuple[str, ...]:
+    """A report line naming the codes outside the dictionary that the dataset's own
+    ``metadata/codes.parquet`` links to a dictionary code by ``parent_codes`` (``LAB//50912//mg/dL``
+    -> ``LOINC/2160-0``): never mapped by that link (a parent may be broader), but shown, with the fix."""
+    import pyarrow.parquet as pq
+
+    path = root / "metadata" / "codes.parquet"
+    if not unmapped or not path.is_file():
+        return ()
+    try:
+        codes = pq.read_table(path, columns=["code", "parent_codes"]).to_pylist()
+    except Exception:  # pyarrow raises several types; metadata is optional in MEDS
+        return ("metadata/codes.parquet has no readable code and parent_codes columns (not used)",)
+    by_code = dictionary.by_code()
+    hints = sorted({f"{base} -> {parent} ({by_code[parent].id!r})" for row in codes
+                    if isinstance(row.get("code"), str) and (base := split_code(row["code"], known)[0]) in unmapped
+                    for parent in (split_code(p, known)[0] for p in row.get("parent_codes") or () if isinstance(p, str))
+                    if parent in known})
+    if not hints:
+        return ()
+    system, _, code = hints[0].split(" -> ")[0].partition("/")
+    return (f"codes outside the dictionary whose parent_codes in metadata/codes.parquet are dictionary codes (not "
+            f"mapped by that link: a parent may be broader): {len(hints)} ({'; '.join(hints[:5])}). If a code measures "
+            f"the same, add it to the feature's codes in the dictionary (e.g. {system.lower()} = \"{code}\").",)
+
