@@ -90,39 +90,62 @@ def folder_files(path: Path) -> tuple[list[Path], int]:
     return read, len(files) - len(read)
 
 
-def _resources(files: list[Path]):
+#: a file name shown in messages: a resource type or a plain word with numbers (``Observation.ndjson``,
+#: ``Observation_002.ndjson.gz``, ``hospitalInformation1671.json``); others may name a patient
+#: (Synthea writes ``Given_Family_<uuid>.json``) and are shown by their place in the folder
+_SHOWN_NAME = re.compile(r"^[A-Za-z]{1,40}([._-]?\d{1,8})*\.(ndjson|json)(\.gz)?$")
+
+
+def shown_names(files: list[Path], *, folder: bool) -> list[str]:
+    """How each file is named in messages and the report: its name when it cannot name a patient
+    (:data:`_SHOWN_NAME`) or the user gave the file itself; else ``file 3 of 12 (by name)``."""
+    if not folder:
+        return [f.name for f in files]
+    return [f.name if _SHOWN_NAME.match(f.name) else f"file {i} of {len(files)} (by name)"
+            for i, f in enumerate(files, 1)]
+
+
+def _resources(files: list[Path], names: list[str]):
     """(where, dict, the entry's fullUrl or None) for every resource in Bundles, NDJSON files
-    (gzip-compressed too) or single resources."""
-    for f in files:
+    (gzip-compressed too; a line may hold a Bundle) or single resources."""
+    for f, name in zip(files, names, strict=True):
         if not f.is_file():
-            raise ConfigError(f"FHIR input {f} does not exist. Give a Bundle .json, an .ndjson file or a folder.")
+            raise ConfigError(f"FHIR input {name} does not exist. Give a Bundle .json, an .ndjson file or a folder.")
         if f.name.lower().endswith(".gz"):
-            yield from _gzip_lines(f)
+            yield from _gzip_lines(f, name)
             continue
         if f.suffix.lower() == ".ndjson":
             with open(f, "rb") as fh:  # bytes: a line that is not UTF-8 is named, not a decoder traceback
-                for n, line in enumerate(fh, 1):
-                    if line.strip():
-                        yield f"{f.name} line {n}", _json(line, f"{f.name} line {n}"), None
+                yield from _lines(fh, name)
             continue
-        doc = _json(f.read_bytes(), f.name)
-        if doc.get("resourceType") == "Bundle":
-            entries = doc.get("entry") or []
-            if not isinstance(entries, list):
-                raise SchemaError(f"FHIR Bundle {f.name}: 'entry' is a JSON {type(entries).__name__}, not a list of "
-                                  "entries. Export the Bundle again.", title="FHIR input cannot be parsed")
-            for n, entry in enumerate(entries, 1):
-                resource = (entry or {}).get("resource") if isinstance(entry, dict | None) else entry
-                if not isinstance(resource, dict | None):
-                    raise SchemaError(f"FHIR Bundle {f.name} entry {n} is not an object with a 'resource' object. "
-                                      "Export the Bundle again.", title="FHIR input cannot be parsed")
-                url = entry.get("fullUrl") if isinstance(entry, dict) else None
-                yield f"{f.name} entry {n}", resource or {}, url if isinstance(url, str) else None
-        else:
-            yield f.name, doc, None
+        yield from _entries(_json(f.read_bytes(), name), name)
 
 
-def _gzip_lines(f: Path):
+def _lines(fh, name: str):  # noqa: ANN001 - a binary file object
+    for n, line in enumerate(fh, 1):
+        if line.strip():
+            yield from _entries(_json(line, f"{name} line {n}"), f"{name} line {n}")
+
+
+def _entries(doc: dict, where: str):
+    """The resource ``doc``, or the resources of a Bundle (each named by its entry)."""
+    if doc.get("resourceType") != "Bundle":
+        yield where, doc, None
+        return
+    entries = doc.get("entry") or []
+    if not isinstance(entries, list):
+        raise SchemaError(f"FHIR Bundle {where}: 'entry' is a JSON {type(entries).__name__}, not a list of "
+                          "entries. Export the Bundle again.", title="FHIR input cannot be parsed")
+    for n, entry in enumerate(entries, 1):
+        resource = (entry or {}).get("resource") if isinstance(entry, dict | None) else entry
+        if not isinstance(resource, dict | None):
+            raise SchemaError(f"FHIR Bundle {where} entry {n} is not an object with a 'resource' object. "
+                              "Export the Bundle again.", title="FHIR input cannot be parsed")
+        url = entry.get("fullUrl") if isinstance(entry, dict) else None
+        yield f"{where} entry {n}", resource or {}, url if isinstance(url, str) else None
+
+
+def _gzip_lines(f: Path, name: str):
     """The resources of a gzip-compressed NDJSON file, line by line; a file that is not gzip (or
     is cut short) is a SchemaError naming it."""
     import gzip
@@ -130,11 +153,9 @@ def _gzip_lines(f: Path):
 
     try:
         with gzip.open(f, "rb") as fh:
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    yield f"{f.name} line {n}", _json(line, f"{f.name} line {n}"), None
+            yield from _lines(fh, name)
     except (OSError, EOFError, zlib.error) as exc:
-        raise SchemaError(f"FHIR input {f.name} is not a complete gzip file ({type(exc).__name__}). Give the NDJSON "
+        raise SchemaError(f"FHIR input {name} is not a complete gzip file ({type(exc).__name__}). Give the NDJSON "
                           "file compressed with gzip, or uncompressed as .ndjson.",
                           title="FHIR input cannot be parsed") from None
 
@@ -267,7 +288,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     nameless: list[str] = []  # Patients without an id (nor a Bundle fullUrl naming one), read by id
     lacking: list[str] = []  # Patients without an identifier of identifier_system, read by identifier
     files, other_files = folder_files(path)
-    for where, doc, url in _resources(files):
+    for where, doc, url in _resources(files, shown_names(files, folder=path.is_dir())):
         kind = doc.get("resourceType")
         if kind == "Patient":
             p = _validate(fm.Patient, doc, where, problems, full_patient)

@@ -427,3 +427,22 @@ def test_dates_without_a_time_are_read_at_midnight_and_counted_and_a_month_is_ex
     notes = "\n".join(ex.report.notes)
     assert "dated to the day only, read at 00:00 UTC of that day: 1" in notes
     assert "dated to a month or year only (excluded: no day to place them in): 2" in notes
+
+
+def test_file_names_that_may_name_a_patient_are_not_shown_and_ndjson_lines_may_be_bundles(tmp_path):
+    """Synthea writes a Bundle a patient named Given_Family_<uuid>.json: that name was in every
+    message and report line about its resources. A Bundle on an NDJSON line was one skipped
+    'Bundle' (its Observations silently lost)."""
+    folder = tmp_path / "fhir"
+    folder.mkdir()
+    bad = _obs(1, "p1", "8867-4", "2024-01-01T08:00:00Z", valueQuantity={"value": "70", "code": "/min"})
+    bundle = {"resourceType": "Bundle", "type": "collection",
+              "entry": [{"resource": {"resourceType": "Patient", "id": "p1"}}, {"resource": bad}]}
+    (folder / "Zqxcanary12_Doe34_2fa15bc7-8866-461a-9000-f739e425860a.json").write_text(json.dumps(bundle))
+    (folder / "hospitalInformation1671.json").write_text(json.dumps({"resourceType": "Bundle", "entry": []}))
+    with pytest.raises(SchemaError) as err:
+        read_fhir(folder, dictionary=D, site="s", label_code=None)
+    assert "file 1 of 2 (by name) entry 2" in str(err.value) and "Zqxcanary" not in str(err.value)
+    bad["valueQuantity"]["value"] = 70
+    _ndjson(tmp_path / "b.ndjson", [bundle])
+    assert read_fhir(tmp_path / "b.ndjson", dictionary=D, site="s", label_code=None).ingest(D).value.tolist() == [70.0]
