@@ -57,6 +57,8 @@ DEFAULT_SYSTEMS = {"http://loinc.org": "LOINC", "http://snomed.info/sct": "SNOME
                    "urn:oid:2.16.840.1.113883.6.1": "LOINC", "urn:oid:2.16.840.1.113883.6.96": "SNOMED",  # C-CDA
                    "https://clinograph.org/fhir/CodeSystem/alarm": "ALARM"}
 UCUM_URL = "http://unitsofmeasure.org"
+#: UCUM's system URL and OID (C-CDA conversions write the OID): valueQuantity.code is then UCUM
+UCUM_SYSTEMS = (None, UCUM_URL, "urn:oid:2.16.840.1.113883.6.8")
 #: counts key prefix of a coding system URL not in ``systems`` (the reading is "(uncoded)")
 OTHER_SYSTEM = "system "
 #: a system URL is shown in the report only if it looks like one (never free text)
@@ -221,7 +223,7 @@ def _value(x) -> tuple[float | None, str | None, str | None]:  # noqa: ANN001 - 
     """(value, unit, censoring comparator) of an Observation or one of its components."""
     q = x.valueQuantity
     if q is not None and q.value is not None:
-        unit = q.code if q.code and (q.system in (None, UCUM_URL)) else q.unit
+        unit = q.code if q.code and q.system in UCUM_SYSTEMS else q.unit
         try:
             value = float(q.value)
         except OverflowError:  # a JSON integer beyond a float: infinite, refused by ingest() with its place

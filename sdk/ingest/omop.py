@@ -189,7 +189,7 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
     if not path.is_dir():
         raise ConfigError(f"OMOP location {path} does not exist. Give a .duckdb file, a folder of OMOP table "
                           "files (person.csv, measurement.parquet, ...), or a database URL.")
-    files = {p.stem.lower(): p for p in sorted(path.iterdir()) if p.suffix.lower() in (".csv", ".parquet")}
+    files = {m.group(1).lower(): p for p in sorted(path.iterdir()) if (m := _TABLE_FILE.match(p.name))}
     if not set(files) & set(REQUIRED):
         raise ConfigError(f"OMOP folder {path} holds no table file named after an OMOP table "
                           f"({', '.join(f'{t}.csv' for t in REQUIRED)}).")
@@ -197,7 +197,7 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
     with engine.begin() as conn:
         for table, p in files.items():
             if re.match(_IDENT, table):
-                reader = "read_parquet" if p.suffix.lower() == ".parquet" else "read_csv_auto"
+                reader = "read_parquet" if p.suffix.lower() == ".parquet" else "read_csv_auto"  # .gz: by DuckDB
                 source = f"{reader}('{_quote(p)}')"
                 conn.exec_driver_sql(f"CREATE VIEW {table} AS SELECT {_typed(conn, source)} FROM {source}")  # noqa: S608 (see _SQL_NOTE)
         paths = ", ".join(f"'{_quote(p)}'" for p in files.values())
@@ -217,6 +217,9 @@ def _typed(conn, source: str) -> str:  # noqa: ANN001 - a Connection
         out.append(f"CAST({ident} AS {cast}) AS {ident}" if cast else ident)
     return ", ".join(out) or "*"
 
+
+#: a table file of a folder: ``person.csv``, ``MEASUREMENT.tsv``, ``measurement.csv.gz``, ``death.parquet``
+_TABLE_FILE = re.compile(r"^(.+?)\.(?:(?:csv|tsv|txt)(?:\.gz)?|parquet)$", re.IGNORECASE)
 
 #: Embedded DuckDB's sandbox: no file read or written but the database (and allowed_paths), no
 #: extension installed or loaded, no database attached; the cohort query cannot undo it.

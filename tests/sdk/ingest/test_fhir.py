@@ -446,3 +446,13 @@ def test_file_names_that_may_name_a_patient_are_not_shown_and_ndjson_lines_may_b
     bad["valueQuantity"]["value"] = 70
     _ndjson(tmp_path / "b.ndjson", [bundle])
     assert read_fhir(tmp_path / "b.ndjson", dictionary=D, site="s", label_code=None).ingest(D).value.tolist() == [70.0]
+
+
+def test_a_ucum_unit_by_the_ucum_oid_is_read_by_its_code(tmp_path):
+    """C-CDA conversions name UCUM by its OID: the code ('[degF]') was ignored for the display text
+    ('degrees Fahrenheit'), an unknown unit."""
+    temp = _obs(1, "p1", "8310-5", "2024-01-01T07:00:00Z", valueQuantity={
+        "value": 98.6, "unit": "degrees Fahrenheit", "system": "urn:oid:2.16.840.1.113883.6.8", "code": "[degF]"})
+    ex = read_fhir(_ndjson(tmp_path / "x.ndjson", [{"resourceType": "Patient", "id": "p1"}, temp]), dictionary=D,
+                   site="s", label_code=None)
+    assert ex.ingest(D).value.tolist() == pytest.approx([37.0])

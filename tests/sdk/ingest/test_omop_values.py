@@ -387,11 +387,14 @@ def test_an_etl_csv_folder_upper_case_tab_separated_without_datetimes(tmp_path, 
     """Eunomia / ETL-Synthea style table files: UPPER-CASE headers (DuckDB returned PERSON_ID: 'the
     cohort query returns no column person_id'), tab-separated, vocabulary tables and tables not
     read beside them; a CDM without *_datetime columns (v5.2, minimal ETLs) was refused as lacking
-    them -- now read from the dates at 00:00, named in the report."""
+    them -- now read from the dates at 00:00, named in the report. A .csv.gz table file was not
+    read ('table measurement is missing')."""
     table, schema = demo_hospitals()[3]
     for name, df in omop_tables(table.iloc[:4], schema, D).items():
         df = df.drop(columns=[] if datetimes else [c for c in df.columns if c.endswith("_datetime")])
-        df.rename(columns=str.upper).to_csv(tmp_path / f"{name.upper()}.csv", sep="\t", index=False)
+        gz = name == "measurement" and not datetimes  # a compressed table file (DuckDB reads .csv.gz)
+        df.rename(columns=str.upper).to_csv(tmp_path / f"{name.upper()}.csv{'.gz' if gz else ''}", sep="\t",
+                                            index=False)
     pd.DataFrame({"CONCEPT_ID": [8876], "VOCABULARY_ID": ["UCUM"], "DOMAIN_ID": ["Unit"],
                   "CONCEPT_CODE": ["mm[Hg]"]}).to_csv(tmp_path / "CONCEPT.csv", sep="\t", index=False)
     pd.DataFrame({"DRUG_EXPOSURE_ID": [1], "PERSON_ID": [1]}).to_csv(tmp_path / "DRUG_EXPOSURE.csv", index=False)
