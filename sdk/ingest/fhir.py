@@ -28,6 +28,7 @@ Observation coded ``label_code`` (boolean or 0/1 integer).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -92,19 +93,33 @@ def folder_files(path: Path) -> tuple[list[Path], int]:
     return read, len(files) - len(read)
 
 
-#: a file name shown in messages: a resource type or a plain word with numbers (``Observation.ndjson``,
-#: ``Observation_002.ndjson.gz``, ``hospitalInformation1671.json``); others may name a patient
-#: (Synthea writes ``Given_Family_<uuid>.json``) and are shown by their place in the folder
-_SHOWN_NAME = re.compile(r"^[A-Za-z]{1,40}([._-]?\d{1,8})*\.(ndjson|json)(\.gz)?$")
+#: a file name shown in messages: a FHIR type's name with numbers (``Observation.ndjson``,
+#: ``1.Observation.ndjson``, ``Observation_002.ndjson.gz``, ``hospitalInformation1671.json``); others
+#: may name a patient (Synthea writes ``Given_Family_<uuid>.json``) and are shown by their place
+_SHOWN_NAME = re.compile(r"^(\d{1,8}[._-])?(?P<word>[A-Za-z]{1,40})([._-]?\d{1,8})*\.(ndjson|json)(\.gz)?$")
+#: words of shown file names besides FHIR's type names (Synthea's, bulk exporters')
+_FILE_WORDS = frozenset({"bundle", "export", "output", "data", "fhir", "hospitalinformation",
+                         "practitionerinformation"})
+
+
+@functools.cache
+def _type_names() -> frozenset[str]:
+    """FHIR's resource and data type names, lower case (the modules of ``fhir.resources.R4B``)."""
+    import pkgutil
+
+    import fhir.resources.R4B as r4b
+
+    return frozenset(m.name for m in pkgutil.iter_modules(r4b.__path__)) | _FILE_WORDS
 
 
 def shown_names(files: list[Path], *, folder: bool) -> list[str]:
-    """How each file is named in messages and the report: its name when it cannot name a patient
-    (:data:`_SHOWN_NAME`) or the user gave the file itself; else ``file 3 of 12 (by name)``."""
+    """How each file is named in messages and the report: its name when it is a FHIR type's name
+    with numbers (:data:`_SHOWN_NAME`) or the user gave the file itself; else ``file 3 of 12 (by name)``."""
     if not folder:
         return [f.name for f in files]
-    return [f.name if _SHOWN_NAME.match(f.name) else f"file {i} of {len(files)} (by name)"
-            for i, f in enumerate(files, 1)]
+    shown = [(m := _SHOWN_NAME.match(f.name)) is not None and m.group("word").lower() in _type_names() for f in files]
+    return [f.name if ok else f"file {i} of {len(files)} (by name)" for i, (f, ok) in enumerate(zip(files, shown,
+                                                                                                  strict=True), 1)]
 
 
 def _resources(files: list[Path], names: list[str]):

@@ -443,6 +443,10 @@ def test_file_names_that_may_name_a_patient_are_not_shown_and_ndjson_lines_may_b
     with pytest.raises(SchemaError) as err:
         read_fhir(folder, dictionary=D, site="s", label_code=None)
     assert "file 1 of 2 (by name) entry 2" in str(err.value) and "Zqxcanary" not in str(err.value)
+    (folder / "Smith.json").write_text(json.dumps({"resourceType": "Bundle", "entry": []}))  # a word, no type
+    with pytest.raises(SchemaError) as err:
+        read_fhir(folder, dictionary=D, site="s", label_code=None)
+    assert "file 2 of 3 (by name) entry 2" in str(err.value)
     bad["valueQuantity"]["value"] = 70
     _ndjson(tmp_path / "b.ndjson", [bundle])
     assert read_fhir(tmp_path / "b.ndjson", dictionary=D, site="s", label_code=None).ingest(D).value.tolist() == [70.0]
