@@ -35,7 +35,8 @@ UNIT_CONCEPTS: dict[int, str] = {
     9327: "[in_i]", 8617: "m2", 9531: "kg/m2", 8752: "mm/h", 9593: "ms", 8555: "s", 8511: "wk",
     8576: "mg", 8504: "g", 9529: "kg", 8739: "[lb_av]", 586323: "Cel", 9289: "[degF]",
 }
-#: Meas Value Operator concepts
+#: Meas Value Operator concepts (as two independent ETLs map them -- one that maps '<' and '>' the
+#: other way round was found too, and disagrees with both)
 OPERATOR_CONCEPTS: dict[int, str] = {4171756: "<", 4171754: "<=", 4172703: "=", 4172704: ">", 4171755: ">="}
 MALE, FEMALE = 8507, 8532
 GENDER_CONCEPTS = {MALE: "male", FEMALE: "female"}
