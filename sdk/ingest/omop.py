@@ -370,8 +370,11 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
         except (sa.exc.SQLAlchemyError, duckdb.Error) as exc:  # DuckDB's own: a result it cannot hand over
             if isinstance(exc, sa.exc.DataError) or isinstance(getattr(exc, "orig", None) or exc,
                                                                  duckdb.ConversionException):  # a failed cast
+                conn.rollback()  # the failed transaction: an embedded DuckDB shares its one connection
+                cols = _uncastable_columns(engine, source)
+                where = f" (in {', '.join(cols)})" if cols else ""
                 raise SchemaError(f"The OMOP CDM of site {source.site!r} holds a cell that is not of its column's "
-                                  "CDM type (a number with a decimal comma, an impossible date, a date that is not "
+                                  f"CDM type{where} (a number with a decimal comma, an impossible date, a date that is not "
                                   "ISO 8601 or carries a time-zone offset, text in a concept id column; not shown: "
                                   "it may be patient data). Check the tables' number and date formats (ISO dates, "
                                   "'.' decimals) and export or load them again.",
@@ -381,6 +384,25 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
                               "), alone or as the cohort of a read. Check it against the CDM: one SELECT of "
                               "person_id, index_datetime that only reads (the transaction is read-only).",
                               title="Cohort query failed") from None
+
+
+def _uncastable_columns(engine, source: OmopSource) -> list[str]:  # noqa: ANN001 - an Engine
+    """``table.column`` of each CDM-typed column the reader reads whose cells do not all cast to its
+    CDM type (one query a column, each in its own read-only transaction: a failed cast ends it)."""
+    import duckdb
+    import sqlalchemy as sa
+
+    bad = []
+    for table, cols in {**REQUIRED, **(DEATH if source.label is not None and source.label.death else {})}.items():
+        for col in (c for c in cols if cdm_type(c)):
+            try:
+                with engine.connect() as conn:
+                    read_only(conn)
+                    rel = typed_relation(conn, table=table, schema=source.cdm_schema, columns=(col,))
+                    conn.execute(sa.text(f"SELECT COUNT(CAST({col} AS {cdm_type(col)})) FROM {rel} x"))  # noqa: S608 (see _SQL_NOTE)
+            except (sa.exc.SQLAlchemyError, duckdb.Error):  # DuckDB's own: a result it cannot hand over
+                bad.append(f"{table}.{col}")
+    return bad
 
 
 def _one_index_a_person(cohort: pd.DataFrame, *, site: str) -> None:

@@ -163,6 +163,7 @@ def test_a_postgresql_cdm_stored_as_text_reads_as_the_typed_one_and_a_bad_cell_i
     typed = read_omop(omop_engine(pg_url), source=demo_source("west", cdm_schema="cdm_typed"), dictionary=D).ingest(D)
     text = read_omop(omop_engine(pg_url), source=demo_source("west", cdm_schema="cdm_text"), dictionary=D).ingest(D)
     assert_same(typed, text)
-    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*not ISO 8601"):
+    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type \(in "
+                                          r"measurement.measurement_datetime\) .*not ISO 8601"):
         read_omop(omop_engine(pg_url), source=demo_source("west", cdm_schema="cdm_us_date"), dictionary=D)
     engine.dispose()

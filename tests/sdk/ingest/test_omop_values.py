@@ -249,7 +249,8 @@ def test_a_folder_of_csv_files_with_empty_columns_reads_and_a_malformed_cell_is_
     m = tables["measurement"].astype({"measurement_datetime": str})
     m.loc[0, "measurement_datetime"] = "2024-02-30 10:00:00"
     m.to_csv(tmp_path / "measurement.csv", index=False)
-    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*impossible date") as err:
+    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type \(in "
+                                          r"measurement.measurement_datetime\) .*impossible date") as err:
         read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
     assert "2024-02-30" not in str(err.value)
     with open(tmp_path / "measurement.csv", "a") as fh:  # a ragged row: DuckDB reads the file as one column
@@ -320,7 +321,8 @@ def test_a_cdm_stored_as_text_reads_as_the_typed_one_and_a_bad_cell_is_named(tmp
     assert text.n_patients == 4 and (text.value == typed.value).all() and (text.time == typed.time).all()
     for i, bad in enumerate(("12,5", "01/02/2024 10:00:00", "2024-01-01T08:00:00+01:00")):
         col = "value_as_number" if "," in bad else "measurement_datetime"
-        with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*not ISO 8601") as err:
+        with pytest.raises(SchemaError, match=rf"a cell that is not of its column's CDM type \(in measurement.{col}\) "
+                                              r".*not ISO 8601") as err:
             read_omop(_text_db(tmp_path / f"{i}.duckdb", ("measurement", col, bad)), source=demo_source("west"),
                       dictionary=D)
         assert bad not in str(err.value)
