@@ -405,6 +405,12 @@ def test_an_etl_csv_folder_upper_case_tab_separated_without_datetimes(tmp_path, 
     lacks = [n for n in ex.report.notes if n.startswith("columns the CDM lacks")]
     assert lacks == ([] if datetimes else [lacks[0]]) and ("measurement.measurement_datetime" in lacks[0]
                                                            if lacks else True)
+    if not datetimes:  # dates written 20240101: the sniffer reads a number, named by table and column
+        m = pd.read_csv(tmp_path / "MEASUREMENT.csv.gz", sep="\t")
+        m["MEASUREMENT_DATE"] = m["MEASUREMENT_DATE"].str.replace("-", "").astype(int)
+        m.to_csv(tmp_path / "MEASUREMENT.csv.gz", sep="\t", index=False)
+        with pytest.raises(SchemaError, match=r"CDM type \(in measurement.measurement_date\)"):
+            read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
 
 
 def test_a_number_beside_a_censored_text_is_censored_not_exact(tmp_path):
