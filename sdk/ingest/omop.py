@@ -177,7 +177,10 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
 
     Raises:
         ConfigError: the path does not exist or holds no OMOP table file.
+        SchemaError: a table file the reader serves cannot be read (not UTF-8, binary, damaged); files
+            of other tables (note.csv, drug_exposure.csv) are not opened.
     """
+    import duckdb
     import sqlalchemy as sa
 
     text = str(location)
@@ -193,13 +196,22 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
     if not set(files) & set(REQUIRED):
         raise ConfigError(f"OMOP folder {path} holds no table file named after an OMOP table "
                           f"({', '.join(f'{t}.csv' for t in REQUIRED)}).")
+    files = {t: p for t, p in files.items() if t in FOLDER_TABLES}  # the others are never read
     engine = sa.create_engine("duckdb:///:memory:", poolclass=sa.pool.StaticPool)
-    with engine.begin() as conn:
-        for table, p in files.items():
-            if re.match(_IDENT, table):
-                reader = "read_parquet" if p.suffix.lower() == ".parquet" else "read_csv_auto"  # .gz: by DuckDB
-                source = f"{reader}('{_quote(p)}')"
+    problems = []
+    for table, p in files.items():
+        parquet = p.suffix.lower() == ".parquet"
+        source = f"{'read_parquet' if parquet else 'read_csv_auto'}('{_quote(p)}')"  # .gz: by DuckDB
+        try:
+            with engine.begin() as conn:
                 conn.exec_driver_sql(f"CREATE VIEW {table} AS SELECT {_typed(conn, source)} FROM {source}")  # noqa: S608 (see _SQL_NOTE)
+        except (sa.exc.SQLAlchemyError, duckdb.Error) as exc:  # its message may quote a cell: only its type
+            problems.append(f"OMOP table file {p.name} cannot be read as {'Parquet' if parquet else 'CSV'} "
+                            f"({type(getattr(exc, 'orig', None) or exc).__name__}): not UTF-8 text, binary or "
+                            f"damaged. Export it again ({'Parquet' if parquet else 'CSV in UTF-8 with a header row'}).")
+    if problems:
+        raise SchemaError(problems, title=f"OMOP folder {path.name} cannot be read")
+    with engine.begin() as conn:
         paths = ", ".join(f"'{_quote(p)}'" for p in files.values())
         conn.exec_driver_sql(f"SET allowed_paths = [{paths}]")  # the views read these, nothing else
         for name, value in _NO_FILES.items():
@@ -218,8 +230,10 @@ def _typed(conn, source: str) -> str:  # noqa: ANN001 - a Connection
     return ", ".join(out) or "*"
 
 
+#: the tables a folder's files are served as (the reader's, the label's death, the vocabulary's concept)
+FOLDER_TABLES = frozenset({*REQUIRED, *DEATH, "concept"})
 #: a table file of a folder: ``person.csv``, ``MEASUREMENT.tsv``, ``measurement.csv.gz``, ``death.parquet``
-_TABLE_FILE = re.compile(r"^(.+?)\.(?:(?:csv|tsv|txt)(?:\.gz)?|parquet)$", re.IGNORECASE)
+_TABLE_FILE = re.compile(r"^(.+?)\.(?:(?:csv|tsv)(?:\.gz)?|parquet)$", re.IGNORECASE)
 
 #: Embedded DuckDB's sandbox: no file read or written but the database (and allowed_paths), no
 #: extension installed or loaded, no database attached; the cohort query cannot undo it.

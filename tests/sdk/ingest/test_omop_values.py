@@ -405,6 +405,12 @@ def test_an_etl_csv_folder_upper_case_tab_separated_without_datetimes(tmp_path, 
     lacks = [n for n in ex.report.notes if n.startswith("columns the CDM lacks")]
     assert lacks == ([] if datetimes else [lacks[0]]) and ("measurement.measurement_datetime" in lacks[0]
                                                            if lacks else True)
+    (tmp_path / "NOTE.csv").write_bytes(b"note_id;note_text\n1;\xe9t\xe9 \xff\xfe\n")  # Latin-1: not read
+    assert read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D).report.patients == 4
+    if datetimes:  # a damaged table file that is served: named, not an internal error
+        (tmp_path / "DEATH.csv").write_bytes(b"person_id;death_date\n\xff\xfe\x00\n")
+        with pytest.raises(SchemaError, match=r"OMOP table file DEATH.csv cannot be read as CSV"):
+            omop_engine(tmp_path)
     if not datetimes:  # dates written 20240101: the sniffer reads a number, named by table and column
         m = pd.read_csv(tmp_path / "MEASUREMENT.csv.gz", sep="\t")
         m["MEASUREMENT_DATE"] = m["MEASUREMENT_DATE"].str.replace("-", "").astype(int)
