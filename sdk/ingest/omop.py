@@ -393,6 +393,11 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
                                   "it may be patient data). Check the tables' number and date formats (ISO dates, "
                                   "'.' decimals) and export or load them again.",
                                   title="OMOP table cannot be read") from None
+            if isinstance(getattr(exc, "orig", None) or exc, duckdb.InvalidInputException):  # a file past its sniff
+                raise SchemaError(f"A table file of the OMOP folder of site {source.site!r} cannot be read past its "
+                                  "first rows (InvalidInputException): bytes that are not UTF-8, a row with more or "
+                                  "fewer fields than the header, or a damaged file. Export the tables again as CSV "
+                                  "in UTF-8 with a header row (or Parquet).", title="OMOP table cannot be read") from None
             raise SchemaError(f"The cohort query of site {source.site!r} failed "
                               f"({type(getattr(exc, 'orig', None) or exc).__name__}"
                               "), alone or as the cohort of a read. Check it against the CDM: one SELECT of "

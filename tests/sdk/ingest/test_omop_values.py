@@ -450,3 +450,18 @@ def test_a_date_only_row_of_the_index_day_is_counted(tmp_path):
         m.loc[row, "measurement_date"] = pd.Timestamp(index).date()
     ex = read_omop(_db(tmp_path, dated), source=demo_source("west"), dictionary=D)
     assert any(n.startswith("rows of the index day at 00:00") and n.endswith(": 1") for n in ex.report.notes)
+
+
+def test_a_table_file_damaged_past_the_sniffed_rows_is_named_not_a_cohort_query_failure(tmp_path):
+    """DuckDB sniffs a CSV's first 20 480 rows: non-UTF-8 bytes after them failed the read as 'the
+    cohort query failed (InvalidInputException) ... check it against the CDM'."""
+    table, schema = demo_hospitals()[3]
+    for name, df in omop_tables(table.iloc[:4], schema, D).items():
+        if name == "measurement":
+            df = pd.concat([df] * (21_000 // len(df) + 1), ignore_index=True)
+            df["measurement_id"] = range(1, len(df) + 1)
+        df.to_csv(tmp_path / f"{name}.csv", index=False)
+    with open(tmp_path / "measurement.csv", "ab") as fh:
+        fh.write(b"0,1,3027018,2024-01-01,2024-01-01 00:00:00,32817,1.0,\xff\xfe,hr,8541,,,\n")
+    with pytest.raises(SchemaError, match=r"OMOP folder of site 'west' cannot be read past its first rows"):
+        read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
