@@ -1,11 +1,13 @@
 """FHIR R4 Patient and Observation resources -> the long table :func:`ingest` takes.
 
-Input is a Bundle (one JSON file), an NDJSON file of a bulk export, or a folder of them
-(``Patient.ndjson``, ``Observation.ndjson``, ...). The fields read are validated strictly
+Input is a Bundle (one JSON file), an NDJSON file of a bulk export (gzip-compressed
+``.ndjson.gz`` too), or a folder of them (``Patient.ndjson``, ``Observation.ndjson.gz``, ...;
+its other files are counted as not read). The fields read are validated strictly
 (:mod:`.fhir_models`; ``validate="full"`` adds ``fhir.resources``' full R4B models); a resource
 that does not validate is named by file, line (or entry) and field path -- never by value --
 and all of them are reported at once. Resource types other than Patient and Observation are
-counted and skipped. ``Patient.birthDate``/``gender`` give age and sex where the source file
+counted by type and skipped. A date-only time reads at 00:00 UTC of its day (counted); a month
+or a year only is excluded (counted). ``Patient.birthDate``/``gender`` give age and sex where the source file
 names those features.
 
 An Observation's ``code.coding`` maps through the dictionary's codes: the coding system's URL is
@@ -26,6 +28,7 @@ Observation coded ``label_code`` (boolean or 0/1 integer).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -55,44 +58,123 @@ DEFAULT_SYSTEMS = {"http://loinc.org": "LOINC", "http://snomed.info/sct": "SNOME
                    "urn:oid:2.16.840.1.113883.6.1": "LOINC", "urn:oid:2.16.840.1.113883.6.96": "SNOMED",  # C-CDA
                    "https://clinograph.org/fhir/CodeSystem/alarm": "ALARM"}
 UCUM_URL = "http://unitsofmeasure.org"
+#: UCUM's system URL and OID (C-CDA conversions write the OID): valueQuantity.code is then UCUM
+UCUM_SYSTEMS = (None, UCUM_URL, "urn:oid:2.16.840.1.113883.6.8")
 #: counts key prefix of a coding system URL not in ``systems`` (the reading is "(uncoded)")
 OTHER_SYSTEM = "system "
 #: a system URL is shown in the report only if it looks like one (never free text)
 _SYSTEM_URL = re.compile(r"^(https?://|urn:oid:|urn:uuid:)[A-Za-z0-9.:/_\-#]{1,100}$")
+#: a resourceType shown in the report (a type's name, never free text)
+_RESOURCE_TYPE = re.compile(r"^[A-Z][A-Za-z]{1,63}$")
+#: the skipped counter's entry for the folder's files not read
+FILES = "(files not read)"
 #: Observation statuses whose value is not a result: excluded and counted
 WITHDRAWN = frozenset({"entered-in-error", "cancelled"})
 
 
-def _resources(path: Path):
-    """(where, dict, the entry's fullUrl or None) for every resource in a Bundle, an NDJSON file or a
-    folder of them."""
-    files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".ndjson", ".json")) if path.is_dir() else [path]
-    if not files:
-        raise ConfigError(f"FHIR folder {path} holds no .ndjson or .json file.")
-    for f in files:
+#: file names read: a Bundle or resource, NDJSON, and NDJSON compressed with gzip (bulk exports)
+READ_SUFFIXES = (".json", ".ndjson", ".ndjson.gz")
+
+
+def _is_read(f: Path) -> bool:
+    return f.name.lower().endswith(READ_SUFFIXES)
+
+
+def folder_files(path: Path) -> tuple[list[Path], int]:
+    """The files of a folder that are read (:data:`READ_SUFFIXES`), and how many others it holds
+    (counted in the report, never read silently as nothing)."""
+    if not path.is_dir():
+        return [path], 0
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    read = [p for p in files if _is_read(p)]
+    if not read:
+        raise ConfigError(f"FHIR folder {path} holds no .ndjson, .ndjson.gz or .json file ({len(files)} other "
+                          "file(s)). Give the folder of the bulk export's NDJSON files or of Bundle .json files.")
+    return read, len(files) - len(read)
+
+
+#: a file name shown in messages: a FHIR type's name with numbers (``Observation.ndjson``,
+#: ``1.Observation.ndjson``, ``Observation_002.ndjson.gz``, ``hospitalInformation1671.json``); others
+#: may name a patient (Synthea writes ``Given_Family_<uuid>.json``) and are shown by their place
+_SHOWN_NAME = re.compile(r"^(\d{1,8}[._-])?(?P<word>[A-Za-z]{1,40})([._-]?\d{1,8})*\.(ndjson|json)(\.gz)?$")
+#: words of shown file names besides FHIR's type names (Synthea's, bulk exporters')
+_FILE_WORDS = frozenset({"bundle", "export", "output", "data", "fhir", "hospitalinformation",
+                         "practitionerinformation"})
+
+
+@functools.cache
+def _type_names() -> frozenset[str]:
+    """FHIR's resource and data type names, lower case (the modules of ``fhir.resources.R4B``)."""
+    import pkgutil
+
+    import fhir.resources.R4B as r4b
+
+    return frozenset(m.name for m in pkgutil.iter_modules(r4b.__path__)) | _FILE_WORDS
+
+
+def shown_names(files: list[Path], *, folder: bool) -> list[str]:
+    """How each file is named in messages and the report: its name when it is a FHIR type's name
+    with numbers (:data:`_SHOWN_NAME`) or the user gave the file itself; else ``file 3 of 12 (by name)``."""
+    if not folder:
+        return [f.name for f in files]
+    shown = [(m := _SHOWN_NAME.match(f.name)) is not None and m.group("word").lower() in _type_names() for f in files]
+    return [f.name if ok else f"file {i} of {len(files)} (by name)" for i, (f, ok) in enumerate(zip(files, shown,
+                                                                                                  strict=True), 1)]
+
+
+def _resources(files: list[Path], names: list[str]):
+    """(where, dict, the entry's fullUrl or None) for every resource in Bundles, NDJSON files
+    (gzip-compressed too; a line may hold a Bundle) or single resources."""
+    for f, name in zip(files, names, strict=True):
         if not f.is_file():
-            raise ConfigError(f"FHIR input {f} does not exist. Give a Bundle .json, an .ndjson file or a folder.")
+            raise ConfigError(f"FHIR input {name} does not exist. Give a Bundle .json, an .ndjson file or a folder.")
+        if f.name.lower().endswith(".gz"):
+            yield from _gzip_lines(f, name)
+            continue
         if f.suffix.lower() == ".ndjson":
             with open(f, "rb") as fh:  # bytes: a line that is not UTF-8 is named, not a decoder traceback
-                for n, line in enumerate(fh, 1):
-                    if line.strip():
-                        yield f"{f.name} line {n}", _json(line, f"{f.name} line {n}"), None
+                yield from _lines(fh, name)
             continue
-        doc = _json(f.read_bytes(), f.name)
-        if doc.get("resourceType") == "Bundle":
-            entries = doc.get("entry") or []
-            if not isinstance(entries, list):
-                raise SchemaError(f"FHIR Bundle {f.name}: 'entry' is a JSON {type(entries).__name__}, not a list of "
-                                  "entries. Export the Bundle again.", title="FHIR input cannot be parsed")
-            for n, entry in enumerate(entries, 1):
-                resource = (entry or {}).get("resource") if isinstance(entry, dict | None) else entry
-                if not isinstance(resource, dict | None):
-                    raise SchemaError(f"FHIR Bundle {f.name} entry {n} is not an object with a 'resource' object. "
-                                      "Export the Bundle again.", title="FHIR input cannot be parsed")
-                url = entry.get("fullUrl") if isinstance(entry, dict) else None
-                yield f"{f.name} entry {n}", resource or {}, url if isinstance(url, str) else None
-        else:
-            yield f.name, doc, None
+        yield from _entries(_json(f.read_bytes(), name), name)
+
+
+def _lines(fh, name: str):  # noqa: ANN001 - a binary file object
+    for n, line in enumerate(fh, 1):
+        if line.strip():
+            yield from _entries(_json(line, f"{name} line {n}"), f"{name} line {n}")
+
+
+def _entries(doc: dict, where: str):
+    """The resource ``doc``, or the resources of a Bundle (each named by its entry)."""
+    if doc.get("resourceType") != "Bundle":
+        yield where, doc, None
+        return
+    entries = doc.get("entry") or []
+    if not isinstance(entries, list):
+        raise SchemaError(f"FHIR Bundle {where}: 'entry' is a JSON {type(entries).__name__}, not a list of "
+                          "entries. Export the Bundle again.", title="FHIR input cannot be parsed")
+    for n, entry in enumerate(entries, 1):
+        resource = (entry or {}).get("resource") if isinstance(entry, dict | None) else entry
+        if not isinstance(resource, dict | None):
+            raise SchemaError(f"FHIR Bundle {where} entry {n} is not an object with a 'resource' object. "
+                              "Export the Bundle again.", title="FHIR input cannot be parsed")
+        url = entry.get("fullUrl") if isinstance(entry, dict) else None
+        yield f"{where} entry {n}", resource or {}, url if isinstance(url, str) else None
+
+
+def _gzip_lines(f: Path, name: str):
+    """The resources of a gzip-compressed NDJSON file, line by line; a file that is not gzip (or
+    is cut short) is a SchemaError naming it."""
+    import gzip
+    import zlib
+
+    try:
+        with gzip.open(f, "rb") as fh:
+            yield from _lines(fh, name)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise SchemaError(f"FHIR input {name} is not a complete gzip file ({type(exc).__name__}). Give the NDJSON "
+                          "file compressed with gzip, or uncompressed as .ndjson.",
+                          title="FHIR input cannot be parsed") from None
 
 
 def _json(data: bytes, where: str) -> dict:
@@ -156,7 +238,7 @@ def _value(x) -> tuple[float | None, str | None, str | None]:  # noqa: ANN001 - 
     """(value, unit, censoring comparator) of an Observation or one of its components."""
     q = x.valueQuantity
     if q is not None and q.value is not None:
-        unit = q.code if q.code and (q.system in (None, UCUM_URL)) else q.unit
+        unit = q.code if q.code and q.system in UCUM_SYSTEMS else q.unit
         try:
             value = float(q.value)
         except OverflowError:  # a JSON integer beyond a float: infinite, refused by ingest() with its place
@@ -222,7 +304,8 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     idents: dict[tuple[str, str], set[str]] = {}  # (identifier system, value) -> keys of Patients that carry it
     nameless: list[str] = []  # Patients without an id (nor a Bundle fullUrl naming one), read by id
     lacking: list[str] = []  # Patients without an identifier of identifier_system, read by identifier
-    for where, doc, url in _resources(path):
+    files, other_files = folder_files(path)
+    for where, doc, url in _resources(files, shown_names(files, folder=path.is_dir())):
         kind = doc.get("resourceType")
         if kind == "Patient":
             p = _validate(fm.Patient, doc, where, problems, full_patient)
@@ -291,6 +374,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         raise SchemaError(shown, title=f"FHIR input {path} has invalid resources")
     patients.update({CONTAINED + key: key for key in records})  # contained Patients' subjects (their keys)
     patients.update(logical_subjects(readings, idents))
+    skipped[FILES] = other_files
     return _assemble(readings, counts, patients, born, skipped, label_code=label_code, known=known,
                      dictionary=dictionary, site=site, snapshot_hours=snapshot_hours, units=units,
                      censored=censored, age=age, sex=sex)
@@ -389,6 +473,10 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
     t = _times(ev["t"], ev["where"]).dt.tz_localize(None)
     mapped = ev["code"].isin(known)
+    precision = ev["t"].str.len()  # R4 dateTime: YYYY, YYYY-MM, YYYY-MM-DD, or a time with its offset
+    partial = (mapped & (precision < len("YYYY-MM-DD"))).to_numpy()  # a year or month: no day to place it in
+    date_only = int((mapped & (precision == len("YYYY-MM-DD"))).sum())  # read at 00:00 UTC of that day
+    t = t.mask(pd.Series(partial, index=t.index))
     timeless = (mapped & t.isna()).to_numpy()  # no effective[x] nor issued: no snapshot to put it in
     ev, t, mapped = ev[~timeless], t[~timeless], mapped[~timeless]
     origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
@@ -406,10 +494,15 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
         ("Observation readings (a panel: each component) without a Patient read here", orphans),
         ("Observations (or components) without a numeric or boolean value", no_value),
         ("Observations (or components) with a dataAbsentReason (read as missing)", absent),
-        ("Observations (or components) without a time: no effective[x] nor issued (excluded)", int(timeless.sum())),
+        ("Observations (or components) without a time: no effective[x] nor issued (excluded)",
+         int(timeless.sum()) - int(partial.sum())),
+        ("Observations (or components) dated to a month or year only (excluded: no day to place them in)",
+         int(partial.sum())),
+        ("Observations (or components) dated to the day only, read at 00:00 UTC of that day", date_only),
         ("Observations entered in error or cancelled (excluded)", withdrawn),
         ("patients of a gender other than male/female (sex missing)", unknown_sex),
-        ("other resources skipped", sum(skipped.values()))) if n)
+        (f"other resources skipped{_kinds(skipped)}", sum(n for k, n in skipped.items() if k != FILES)),
+        ("files in the folder not read (not .json, .ndjson or .ndjson.gz)", skipped[FILES])) if n)
     others = {k.removeprefix(OTHER_SYSTEM): n for k, n in counts.items() if k.startswith(OTHER_SYSTEM)}
     if others:
         shown = sorted(u for u in others if _SYSTEM_URL.match(u))[:5]
@@ -420,8 +513,15 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
                    source="FHIR R4", snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[fhir] in the source file",
                    excluded={"without a Patient": orphans, "without a value": no_value, "dataAbsentReason": absent,
-                             "without a time": int(timeless.sum()),
+                             "without a time": int(timeless.sum()) - int(partial.sum()),
+                             "dated to a month or year only": int(partial.sum()),
                              "entered in error or cancelled": withdrawn})
+
+
+def _kinds(skipped: Counter[str]) -> str:
+    """`` (Claim 3, Encounter 2)``: the resource types skipped (those spelled as resource types)."""
+    kinds = sorted((k, n) for k, n in skipped.items() if k != FILES and n and _RESOURCE_TYPE.match(k))
+    return f" ({', '.join(f'{k} {n}' for k, n in kinds[:12])}{', ...' if len(kinds) > 12 else ''})" if kinds else ""
 
 
 def _times(values: pd.Series, where: pd.Series) -> pd.Series:

@@ -15,7 +15,8 @@ excluded. Labels come from a MEDS label
 file (``subject_id, prediction_time, boolean_value``): features are the events at or before the
 prediction time and at most ``lookback_hours`` before it (required with labels), binned into
 snapshots of ``snapshot_hours`` counted back from it; static events (no time) join the prediction
-time's snapshot. Without labels, times count from each subject's first mapped event (not MEDS_BIRTH); the extract is
+time's snapshot. ``metadata/codes.parquet``'s ``parent_codes`` only name, in the report, codes
+outside the dictionary whose parent is a dictionary code. Without labels, times count from each subject's first mapped event (not MEDS_BIRTH); the extract is
 unlabeled.
 """
 
@@ -31,7 +32,7 @@ from clinograph.core.errors import ConfigError, SchemaError
 from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from .ehr_values import CensorPolicy, declared_features
 from .extract import EhrExtract, to_long
-from .omop_vocab import parse_value_text
+from .omop_vocab import censoring_in_text, parse_value_text
 
 
 def _read_shards(root: Path) -> pd.DataFrame:
@@ -237,7 +238,9 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     value[presence] = 1.0
     numeric = (kind == FeatureKind.NUMERIC).to_numpy()
     censor = np.full(len(value), None, dtype=object)
-    from_text = 0
+    from_text = marked = substituted = 0
+    if "text_value" in events.columns:  # numeric_value 0.5 beside text_value "<0.5": censored, not exact
+        marked, substituted = censoring_in_text(np.where(numeric & keep, value, np.nan), events["text_value"], censor)
     if "text_value" in events.columns:  # "<0.5" as text_value, numeric_value empty: a censored lab
         for i in np.flatnonzero(numeric & np.isnan(value) & keep & events["text_value"].notna().to_numpy()):
             number, op = parse_value_text(events["text_value"].iat[i])
@@ -255,8 +258,41 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 f"{int(before.sum())}"] if lookback_hours is not None else []),
              f"codes of binary features without numeric_value, read as present: {int((presence & keep).sum())}",
              f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}",
-             *([f"values read from text_value: {from_text}"] if from_text else []))
+             *([f"values read from text_value: {from_text}"] if from_text else []),
+             *([f"values censored by their text_value (numeric_value beside a text_value such as '<0.5'): "
+                f"{marked}"] if marked else []),
+             *([f"values whose text_value is censored but whose numeric_value differs from its bound (an ETL's "
+                f"substitute; read as numeric_value): {substituted}"] if substituted else []))
+    unmapped = {b for b, _ in split.values() if b not in known}
+    notes += _parent_hints(root, unmapped, known, dictionary)
     return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
                    snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[meds] in the source file",
                    excluded=excluded)
+
+
+def _parent_hints(root: Path, unmapped: set[str], known: set[str], dictionary: FeatureDictionary) -> tuple[str, ...]:
+    """A report line naming the codes outside the dictionary that the dataset's own
+    ``metadata/codes.parquet`` links to a dictionary code by ``parent_codes`` (``LAB//50912//mg/dL``
+    -> ``LOINC/2160-0``): never mapped by that link (a parent may be broader), but shown, with the fix."""
+    import pyarrow.parquet as pq
+
+    path = root / "metadata" / "codes.parquet"
+    if not unmapped or not path.is_file():
+        return ()
+    try:
+        codes = pq.read_table(path, columns=["code", "parent_codes"]).to_pylist()
+    except Exception:  # pyarrow raises several types; metadata is optional in MEDS
+        return ("metadata/codes.parquet has no readable code and parent_codes columns (not used)",)
+    by_code = dictionary.by_code()
+    hints = sorted({f"{base} -> {parent} ({by_code[parent].id!r})" for row in codes
+                    if isinstance(row.get("code"), str) and (base := split_code(row["code"], known)[0]) in unmapped
+                    for parent in (split_code(p, known)[0] for p in row.get("parent_codes") or () if isinstance(p, str))
+                    if parent in known})
+    if not hints:
+        return ()
+    system, _, code = hints[0].split(" -> ")[0].partition("/")
+    return (f"codes outside the dictionary whose parent_codes in metadata/codes.parquet are dictionary codes (not "
+            f"mapped by that link: a parent may be broader): {len(hints)} ({'; '.join(hints[:5])}). If a code measures "
+            f"the same, add it to the feature's codes in the dictionary (e.g. {system.lower()} = \"{code}\").",)
+

@@ -41,7 +41,7 @@ from clinograph.core.errors import ConfigError, SchemaError, SourceUnavailable
 from ..ontology.dictionary import FeatureDictionary
 from .ehr_values import CensorPolicy
 from .extract import EhrExtract
-from .omop_types import cdm_type, typed_relation
+from .omop_types import OPTIONAL, cdm_type, typed_relation
 
 REQUIRED = {
     "person": ("person_id", "person_source_value", "gender_concept_id", "year_of_birth", "month_of_birth",
@@ -177,7 +177,10 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
 
     Raises:
         ConfigError: the path does not exist or holds no OMOP table file.
+        SchemaError: a table file the reader serves cannot be read (not UTF-8, binary, damaged); files
+            of other tables (note.csv, drug_exposure.csv) are not opened.
     """
+    import duckdb
     import sqlalchemy as sa
 
     text = str(location)
@@ -189,17 +192,26 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
     if not path.is_dir():
         raise ConfigError(f"OMOP location {path} does not exist. Give a .duckdb file, a folder of OMOP table "
                           "files (person.csv, measurement.parquet, ...), or a database URL.")
-    files = {p.stem.lower(): p for p in sorted(path.iterdir()) if p.suffix.lower() in (".csv", ".parquet")}
+    files = {m.group(1).lower(): p for p in sorted(path.iterdir()) if (m := _TABLE_FILE.match(p.name))}
     if not set(files) & set(REQUIRED):
         raise ConfigError(f"OMOP folder {path} holds no table file named after an OMOP table "
                           f"({', '.join(f'{t}.csv' for t in REQUIRED)}).")
+    files = {t: p for t, p in files.items() if t in FOLDER_TABLES}  # the others are never read
     engine = sa.create_engine("duckdb:///:memory:", poolclass=sa.pool.StaticPool)
-    with engine.begin() as conn:
-        for table, p in files.items():
-            if re.match(_IDENT, table):
-                reader = "read_parquet" if p.suffix.lower() == ".parquet" else "read_csv_auto"
-                source = f"{reader}('{_quote(p)}')"
+    problems = []
+    for table, p in files.items():
+        parquet = p.suffix.lower() == ".parquet"
+        source = f"{'read_parquet' if parquet else 'read_csv_auto'}('{_quote(p)}')"  # .gz: by DuckDB
+        try:
+            with engine.begin() as conn:
                 conn.exec_driver_sql(f"CREATE VIEW {table} AS SELECT {_typed(conn, source)} FROM {source}")  # noqa: S608 (see _SQL_NOTE)
+        except (sa.exc.SQLAlchemyError, duckdb.Error) as exc:  # its message may quote a cell: only its type
+            problems.append(f"OMOP table file {p.name} cannot be read as {'Parquet' if parquet else 'CSV'} "
+                            f"({type(getattr(exc, 'orig', None) or exc).__name__}): not UTF-8 text, binary or "
+                            f"damaged. Export it again ({'Parquet' if parquet else 'CSV in UTF-8 with a header row'}).")
+    if problems:
+        raise SchemaError(problems, title=f"OMOP folder {path.name} cannot be read")
+    with engine.begin() as conn:
         paths = ", ".join(f"'{_quote(p)}'" for p in files.values())
         conn.exec_driver_sql(f"SET allowed_paths = [{paths}]")  # the views read these, nothing else
         for name, value in _NO_FILES.items():
@@ -217,6 +229,11 @@ def _typed(conn, source: str) -> str:  # noqa: ANN001 - a Connection
         out.append(f"CAST({ident} AS {cast}) AS {ident}" if cast else ident)
     return ", ".join(out) or "*"
 
+
+#: the tables a folder's files are served as (the reader's, the label's death, the vocabulary's concept)
+FOLDER_TABLES = frozenset({*REQUIRED, *DEATH, "concept"})
+#: a table file of a folder: ``person.csv``, ``MEASUREMENT.tsv``, ``measurement.csv.gz``, ``death.parquet``
+_TABLE_FILE = re.compile(r"^(.+?)\.(?:(?:csv|tsv)(?:\.gz)?|parquet)$", re.IGNORECASE)
 
 #: Embedded DuckDB's sandbox: no file read or written but the database (and allowed_paths), no
 #: extension installed or loaded, no database attached; the cohort query cannot undo it.
@@ -244,9 +261,10 @@ def _quote(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
-def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> None:
+def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> tuple[str, ...]:
     """The database answers, and every table and column :func:`read_omop` reads exists; all
-    problems at once. ``death``: the ``death`` table is needed too (a death label).
+    problems at once. ``death``: the ``death`` table is needed too (a death label). Returns the
+    ``*_datetime`` columns the CDM lacks (``table.column``; read as NULL: the date at 00:00).
 
     Raises:
         SourceUnavailable: the database cannot be connected to (named apart from missing tables).
@@ -263,7 +281,7 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
                                 "Check the host, port, database name and credentials (PGPASSFILE / ~/.pgpass), "
                                 "and that the server is running and accepts connections from here.") from None
     where = f"schema {cdm_schema!r}" if cdm_schema else "the default schema"
-    problems = []
+    problems, absent = [], []
     for table, cols in {**REQUIRED, **(DEATH if death else {})}.items():  # by a zero-row SELECT: every dialect
         name = f"{cdm_schema}.{table}" if cdm_schema else table
         try:
@@ -274,8 +292,10 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
                             "v5.4 export, set cdm_schema to the schema that holds the CDM, or grant the reader "
                             "SELECT on it.")
             continue
-        missing = [c for c in cols if c not in have]
-        if missing and len(missing) == len(cols) and len(have) <= 1:  # a file read as one column: not split
+        required = [c for c in cols if c not in OPTIONAL]
+        missing = [c for c in required if c not in have]
+        absent += [f"{table}.{c}" for c in cols if c not in have and c in OPTIONAL and len(have) > 1]
+        if missing and len(missing) == len(required) and len(have) <= 1:  # a file read as one column: not split
             problems.append(f"OMOP table {table!r} has {len(have)} column(s) and none of the CDM v5.4 ones: a table "
                             "file that is empty, binary, or a CSV whose rows could not be split (a row with more or "
                             "fewer fields than the header, an unusual delimiter). Export it again as CSV with a "
@@ -285,6 +305,7 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
                             "with its CDM v5.4 columns.")
     if problems:
         raise SchemaError(problems, title="The database is not an OMOP CDM v5.4 instance Clinograph can read")
+    return tuple(absent)
 
 
 def _relations(conn, source: OmopSource) -> dict[str, str]:  # noqa: ANN001 - a Connection
@@ -316,8 +337,11 @@ def _query(conn, sql: str, params: dict) -> pd.DataFrame:
     result = conn.execute(stmt, params)
     cursor = getattr(result, "cursor", None)
     if conn.dialect.name == "duckdb" and cursor is not None:  # DuckDB hands over columns, not Python rows
-        return cursor.df()
-    return pd.DataFrame(result.fetchall(), columns=list(result.keys()))
+        df = cursor.df()
+    else:
+        df = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
+    # DuckDB names a result column as the table stores it: PERSON_ID in CSVs with upper-case headers
+    return df.rename(columns=str.lower)
 
 
 def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> EhrExtract:
@@ -346,7 +370,7 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
         raise ConfigError(f"The dictionary {dictionary.name} gives no feature an omop_concept_id: no measurement or "
                           f"observation row of site {source.site!r} can be mapped. Add each feature's standard "
                           "concept id (omop_concept_id = ...) to the dictionary, or read the site another way.")
-    check_cdm(engine, cdm_schema=source.cdm_schema, death=bool(source.label and source.label.death))
+    absent = check_cdm(engine, cdm_schema=source.cdm_schema, death=bool(source.label and source.label.death))
     if source.cohort.sql is not None:  # wrapped as a CTE below: one SELECT stays one statement
         _one_select(source.cohort.sql.strip().rstrip(";"), what=f"The cohort query of site {source.site!r}")
     import duckdb
@@ -356,21 +380,48 @@ def read_omop(engine, *, source: OmopSource, dictionary: FeatureDictionary) -> E
             read_only(conn)
             rel = _relations(conn, source)
             cohort_sql, params = _cohort_sql(source, rel)
-            return _read(conn, cohort_sql, params, rel, source=source, dictionary=dictionary)
+            return _read(conn, cohort_sql, params, rel, source=source, dictionary=dictionary, absent=absent)
         except (sa.exc.SQLAlchemyError, duckdb.Error) as exc:  # DuckDB's own: a result it cannot hand over
             if isinstance(exc, sa.exc.DataError) or isinstance(getattr(exc, "orig", None) or exc,
                                                                  duckdb.ConversionException):  # a failed cast
+                conn.rollback()  # the failed transaction: an embedded DuckDB shares its one connection
+                cols = _uncastable_columns(engine, source)
+                where = f" (in {', '.join(cols)})" if cols else ""
                 raise SchemaError(f"The OMOP CDM of site {source.site!r} holds a cell that is not of its column's "
-                                  "CDM type (a number with a decimal comma, an impossible date, a date that is not "
+                                  f"CDM type{where} (a number with a decimal comma, an impossible date, a date that is not "
                                   "ISO 8601 or carries a time-zone offset, text in a concept id column; not shown: "
                                   "it may be patient data). Check the tables' number and date formats (ISO dates, "
                                   "'.' decimals) and export or load them again.",
                                   title="OMOP table cannot be read") from None
+            if isinstance(getattr(exc, "orig", None) or exc, duckdb.InvalidInputException):  # a file past its sniff
+                raise SchemaError(f"A table file of the OMOP folder of site {source.site!r} cannot be read past its "
+                                  "first rows (InvalidInputException): bytes that are not UTF-8, a row with more or "
+                                  "fewer fields than the header, or a damaged file. Export the tables again as CSV "
+                                  "in UTF-8 with a header row (or Parquet).", title="OMOP table cannot be read") from None
             raise SchemaError(f"The cohort query of site {source.site!r} failed "
                               f"({type(getattr(exc, 'orig', None) or exc).__name__}"
                               "), alone or as the cohort of a read. Check it against the CDM: one SELECT of "
                               "person_id, index_datetime that only reads (the transaction is read-only).",
                               title="Cohort query failed") from None
+
+
+def _uncastable_columns(engine, source: OmopSource) -> list[str]:  # noqa: ANN001 - an Engine
+    """``table.column`` of each CDM-typed column the reader reads whose cells do not all cast to its
+    CDM type (one query a column, each in its own read-only transaction: a failed cast ends it)."""
+    import duckdb
+    import sqlalchemy as sa
+
+    bad = []
+    for table, cols in {**REQUIRED, **(DEATH if source.label is not None and source.label.death else {})}.items():
+        for col in (c for c in cols if cdm_type(c)):
+            try:
+                with engine.connect() as conn:
+                    read_only(conn)
+                    rel = typed_relation(conn, table=table, schema=source.cdm_schema, columns=(col,))
+                    conn.execute(sa.text(f"SELECT COUNT(CAST({col} AS {cdm_type(col)})) FROM {rel} x"))  # noqa: S608 (see _SQL_NOTE)
+            except (sa.exc.SQLAlchemyError, duckdb.Error):  # DuckDB's own: a result it cannot hand over
+                bad.append(f"{table}.{col}")
+    return bad
 
 
 def _one_index_a_person(cohort: pd.DataFrame, *, site: str) -> None:
@@ -397,7 +448,7 @@ def read_only(conn) -> None:  # noqa: ANN001 - an SQLAlchemy Connection, before 
 
 
 def _read(conn, cohort_sql: str, params: dict, rel: dict[str, str], *, source: OmopSource,  # noqa: ANN001 - a Connection
-          dictionary: FeatureDictionary) -> EhrExtract:
+          dictionary: FeatureDictionary, absent: tuple[str, ...] = ()) -> EhrExtract:
     from .omop_assemble import assemble
 
     in_cohort = "IN (SELECT person_id FROM cohort)"
@@ -461,11 +512,32 @@ def _read(conn, cohort_sql: str, params: dict, rel: dict[str, str], *, source: O
     periods = _query(conn, f"WITH cohort AS ({cohort_sql}) SELECT person_id, observation_period_start_date AS "  # noqa: S608 (see _SQL_NOTE)
                            "start, observation_period_end_date AS stop "
                            f"FROM {rel['observation_period']} x WHERE person_id {in_cohort}", params)
+    unit_vocabulary = _unit_vocabulary(conn, source, frames)
     _no_time_zones({"measurement": frames[0], "observation": frames[1], "condition_occurrence": conditions,
                     "person": person, "the label tables": pd.concat(label_frames) if label_frames else None},
                    site=source.site)
     return assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, source=source,
-                    dictionary=dictionary)
+                    dictionary=dictionary, unit_vocabulary=unit_vocabulary, absent_columns=absent)
+
+
+def _unit_vocabulary(conn, source: OmopSource, frames: list[pd.DataFrame]) -> dict[int, str]:  # noqa: ANN001
+    """The UCUM codes (``concept_code``) of the rows' unit concepts in the CDM's own ``concept``
+    table (vocabulary_id 'UCUM'), when the CDM has one: the site's vocabulary, which knows every
+    unit concept its ETL wrote. Empty without a concept table."""
+    import sqlalchemy as sa
+
+    ids = sorted({int(c) for f in frames for c in pd.to_numeric(f["unit_concept"], errors="coerce").dropna()} - {0})
+    where = "table_schema = :schema" if source.cdm_schema else "table_schema = current_schema()"
+    found = conn.execute(sa.text(f"SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'concept' "  # noqa: S608 - constant
+                                 f"AND {where}"), {"schema": source.cdm_schema}).scalar()
+    if not ids or not found:
+        return {}
+    rel = typed_relation(conn, table="concept", schema=source.cdm_schema,
+                         columns=("concept_id", "concept_code", "vocabulary_id"))
+    rows = _query(conn, f"SELECT concept_id, concept_code FROM {rel} c WHERE vocabulary_id = 'UCUM' "  # noqa: S608 (see _SQL_NOTE)
+                        "AND concept_id IN :unit_ids", {"unit_ids": ids})
+    return {int(c): str(code).strip() for c, code in zip(rows["concept_id"], rows["concept_code"], strict=True)
+            if pd.notna(c) and isinstance(code, str) and code.strip()}
 
 
 def _no_time_zones(frames: dict[str, pd.DataFrame | None], *, site: str) -> None:

@@ -22,7 +22,14 @@ from ..ontology.dictionary import FeatureDictionary, FeatureKind
 from ..ontology.units import is_known_unit, same_unit
 from .ehr_values import _clean, declared_features
 from .extract import EhrExtract, to_long
-from .omop_vocab import FEMALE, MALE, OPERATOR_CONCEPTS, UNIT_CONCEPTS, parse_value_text
+from .omop_vocab import (
+    FEMALE,
+    MALE,
+    OPERATOR_CONCEPTS,
+    UNIT_CONCEPTS,
+    censoring_in_text,
+    parse_value_text,
+)
 
 AGE_UNIT = "a"  # UCUM: year (annum)
 
@@ -57,7 +64,8 @@ def _in_period(pid: pd.Series, t: pd.Series, periods: pd.DataFrame) -> np.ndarra
 
 
 def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes: list[str]) -> pd.Series:
-    """Each row's unit: its unit concept's UCUM code, else its unit_source_value."""
+    """Each row's unit: its unit concept's UCUM code (``extra``, the CDM's concept table and the
+    source file's ``unit_concepts``, before the built-in table), else its unit_source_value."""
     table = {**UNIT_CONCEPTS, **{int(k): v for k, v in extra.items()}}
     concept = pd.to_numeric(rows["unit_concept"], errors="coerce").fillna(0).astype(np.int64)
     text = _clean(rows["unit_text"])
@@ -66,7 +74,7 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes
     if (unknown & text.isna()).any():
         bad = sorted({int(c) for c in concept[unknown & text.isna()]})
         problems.append(f"OMOP measurement/observation: unit_concept_id(s) {bad[:10]} are not in Clinograph's table of "
-                        f"standard unit concepts and the rows have no unit_source_value ({int((unknown & text.isna()).sum())} "
+                        f"standard unit concepts nor UCUM concepts of the CDM's concept table, and the rows have no unit_source_value ({int((unknown & text.isna()).sum())} "
                         "row(s)). Declare them in the source file: unit_concepts = { <id> = \"<UCUM code>\" } under [omop].")
     both = mapped.notna() & text.notna()
     pairs = {(a, b) for a, b in zip(mapped[both], text[both], strict=True) if a != b}
@@ -81,6 +89,19 @@ def _units(rows: pd.DataFrame, extra: dict[int, str], problems: list[str], notes
         notes.append(f"rows whose unit_concept_id is not in the unit table, read by their unit_source_value: "
                               f"{fallback}")
     return mapped.where(mapped.notna(), text)
+
+
+def _unknown_operators(operator: pd.Series) -> list[str]:
+    """A problem naming the operator_concept_ids that are no Meas Value Operator (0 and empty are
+    none): read as exact, a censored value would silently be a measured one."""
+    ids = pd.to_numeric(operator, errors="coerce").dropna().astype(np.int64)
+    bad = ids[(ids != 0) & ~ids.isin(list(OPERATOR_CONCEPTS))]
+    if not len(bad):
+        return []
+    return [f"OMOP measurement: operator_concept_id(s) {sorted(set(bad.tolist()))[:10]} ({len(bad)} row(s)) are not "
+            f"Meas Value Operator concepts ({', '.join(f'{c} {o}' for c, o in OPERATOR_CONCEPTS.items())}); "
+            "a value with an unknown operator is not read as exact. Map the operator to its standard concept in "
+            "the ETL (0 for none)."]
 
 
 def _check_source_values(person: pd.DataFrame, index: pd.Series, *, site: str) -> None:
@@ -136,7 +157,8 @@ def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -
 
 
 def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, *, source,  # noqa: ANN001, PLR0913
-             dictionary: FeatureDictionary) -> EhrExtract:
+             dictionary: FeatureDictionary, unit_vocabulary: dict[int, str] | None = None,
+             absent_columns: tuple[str, ...] = ()) -> EhrExtract:
     """Events, labels and counts of the queried rows (see the module docstring)."""
     cohort = cohort.dropna(subset=["person_id"]).drop_duplicates("person_id")
     index = pd.Series(pd.to_datetime(cohort["index_datetime"]).to_numpy(), index=cohort["person_id"].astype(np.int64))
@@ -157,6 +179,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     period = _in_period(rows["person_id"], t, periods)
     value = pd.to_numeric(rows["value"], errors="coerce").to_numpy(dtype=float).copy()
     op = pd.to_numeric(rows["operator"], errors="coerce").map(OPERATOR_CONCEPTS).to_numpy(dtype=object)
+    marked, substituted = censoring_in_text(value, rows["value_text"], op)  # 0.5 beside "<0.5": censored
     text_only = np.isnan(value) & rows["value_text"].notna().to_numpy()
     from_text = 0
     for i in np.flatnonzero(text_only):
@@ -166,9 +189,11 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
             op[i] = text_op if text_op is not None else op[i]
     no_number = np.isnan(value)
     keep = window & period & ~no_number
-    problems: list[str] = []
+    problems: list[str] = _unknown_operators(rows["operator"][keep])
     unit_notes: list[str] = []
-    unit = _units(rows[keep], source.unit_concepts, problems, unit_notes)
+    unit = _units(rows[keep], {**(unit_vocabulary or {}), **source.unit_concepts}, problems, unit_notes)
+    if unit_vocabulary:
+        unit_notes.append(f"unit concepts read from the CDM's concept table (UCUM concept_code): {len(unit_vocabulary)}")
     kept = rows[keep]
     name_of = pd.Series(patients, index=index.index)  # one key() call a person, not one a row
     events = pd.DataFrame({"patient_id": kept["person_id"].astype(np.int64).map(name_of).to_numpy(),
@@ -222,6 +247,9 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
         label_notes = [f"persons whose only label events lie before the index time (labelled 0): "
                        f"{len(before - hits)}"] if before - hits else []
     n_window, n_period = int((~window).sum()), int((window & ~period).sum())
+    t_index = rows["person_id"].astype(np.int64).map(index)
+    day_only = int((keep & (t == t.dt.normalize()).to_numpy() & (t.dt.normalize() == t_index.dt.normalize()).to_numpy()
+                    & (t_index != t_index.dt.normalize()).to_numpy()).sum())
     n_value = int((window & period & no_number).sum())
     excluded = {"outside the feature window": n_window, "outside the person's observation periods": n_period,
                 "without a numeric value": n_value}
@@ -231,11 +259,20 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              f"rows without a numeric value (value_as_concept_id only, or text that is no number; excluded): "
              f"{n_value}",
              *([f"values read from text (value_source_value / value_as_string): {from_text}"] if from_text else []),
+             *([f"rows of the index day at 00:00 (a date without a time), read as before the index time though "
+                f"they may have been taken after it (set after_days, or give the ETL's times): {day_only}"]
+               if day_only else []),
+             *([f"values censored by their text (value_as_number beside a value_source_value / value_as_string "
+                f"such as '<0.5', no operator_concept_id): {marked}"] if marked else []),
+             *([f"values whose text is censored but whose value_as_number differs from its bound (an ETL's "
+                f"substitute; read as value_as_number): {substituted}"] if substituted else []),
              *([f"persons of unknown sex (gender_concept_id not 8507/8532): {unknown_sex}"] if unknown_sex else []),
              *([f"persons without a usable birth date (no year of birth, or an impossible month or day; age "
                 f"missing): {unknown_age}"] if unknown_age else []),
              *([f"condition rows outside the window or periods: {n_cond_excluded}"] if conditions is not None else []),
-             *unit_notes, *(label_notes if source.label is not None else []))
+             *unit_notes, *(label_notes if source.label is not None else []),
+             *([f"columns the CDM lacks, times read from the date at 00:00 (CDM v5.2 and older, or a minimal ETL): "
+                f"{', '.join(absent_columns)}"] if absent_columns else []))
     return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,
                    source="OMOP CDM v5.4", snapshot_hours=source.snapshot_hours, notes=notes, unmapped=unmapped,
                    units=source.units, censored=source.censored, setting="[omop] in the source file",

@@ -24,9 +24,17 @@ CDM_TYPES = ((re.compile(r"_id$|^(year|month|day)_of_birth$"), "BIGINT"), (re.co
              (re.compile(r"^(value_as_number|range_low|range_high|quantity)$"), "DOUBLE PRECISION"))
 
 
+#: the CDM's text columns whose names end in ``_id`` (vocabulary tables, specimen, cost)
+TEXT_IDS = frozenset({"vocabulary_id", "domain_id", "concept_class_id", "relationship_id", "specimen_source_id",
+                      "cost_domain_id"})
+
+
 def cdm_type(column: str) -> str | None:
     """The CDM v5.4 SQL type of a column, by its name (None: text, or not one the reader types)."""
-    return next((t for rx, t in CDM_TYPES if rx.search(column.lower())), None)
+    name = column.lower()
+    if name in TEXT_IDS:
+        return None
+    return next((t for rx, t in CDM_TYPES if rx.search(name)), None)
 
 
 def cast_text(column: str, sql_type: str) -> str:
@@ -38,6 +46,10 @@ def cast_text(column: str, sql_type: str) -> str:
         v = f"CASE WHEN {iso} THEN {v} ELSE 'not an ISO 8601 time without offset: ' || {v} END"
     return f"CAST({v} AS {sql_type})"
 
+
+#: columns a CDM may lack (CDM v5.2 and older, minimal ETLs): read as NULL, the date's 00:00 used
+OPTIONAL = frozenset({"measurement_datetime", "observation_datetime", "visit_start_datetime",
+                      "condition_start_datetime", "birth_datetime", "death_datetime"})
 
 #: ``information_schema.columns.data_type`` of text columns (PostgreSQL, DuckDB), lower case
 TEXT_TYPES = frozenset({"character varying", "varchar", "text", "character", "char", "bpchar", "string"})
@@ -53,8 +65,11 @@ def typed_relation(conn, *, table: str, schema: str | None, columns: tuple[str, 
     where = "table_schema = :schema" if schema else "table_schema = current_schema()"
     stored = conn.execute(sa.text("SELECT column_name, data_type FROM information_schema.columns "  # noqa: S608 - constant
                                   f"WHERE table_name = :table AND {where}"), {"table": table, "schema": schema})
-    text = {str(c).lower() for c, t in stored if str(t).lower() in TEXT_TYPES} & {c for c in columns if cdm_type(c)}
-    if not text:
+    stored = {str(c).lower(): str(t).lower() for c, t in stored}
+    text = {c for c, t in stored.items() if t in TEXT_TYPES} & {c for c in columns if cdm_type(c)}
+    absent = {c for c in columns if c not in stored and c in OPTIONAL}
+    if not text and not absent:
         return name
-    select = ", ".join(f"{cast_text(c, cdm_type(c))} AS {c}" if c in text else c for c in columns)
+    select = ", ".join(f"CAST(NULL AS TIMESTAMP) AS {c}" if c in absent else
+                       f"{cast_text(c, cdm_type(c))} AS {c}" if c in text else c for c in columns)
     return f"(SELECT {select} FROM {name})"  # noqa: S608 - names from omop.REQUIRED and a validated schema

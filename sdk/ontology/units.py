@@ -54,6 +54,11 @@ _ALIASES = {
     # upper-case exports (KG, CM, KCAL) and the ordinal sign for the degree sign (ºF, a common keyboard slip)
     "kg": "kg", "g": "g", "mg": "mg", "cm": "cm", "mm": "mm", "lb": "lb", "lbs": "lb", "kcal": "kcal", "kj": "kJ",
     "ºf": "degF", "ºc": "degC", "y": "a",
+    # cell counts as US lab systems print them (MIMIC's valueuom, OMOP unit_source_value): K = thousand,
+    # M = million there (a kelvin per microliter means nothing); x10^9/L as printed on reports
+    "k/ul": "10*3/uL", "k/mcl": "10*3/uL", "k/mm3": "10*3/uL", "m/ul": "10*6/uL", "m/mcl": "10*6/uL",
+    "x10^9/l": "10*9/L", "x10e9/l": "10*9/L", "x10^3/ul": "10*3/uL", "x10e3/ul": "10*3/uL",
+    "x10^12/l": "10*12/L", "x10e12/l": "10*12/L", "#/ul": "/uL",
 }
 
 #: UCUM atoms whose symbol is not pint's (the whole table of renamings; see the module docstring).

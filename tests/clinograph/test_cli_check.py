@@ -151,3 +151,50 @@ def test_check_names_the_columns_whose_cells_a_declared_missing_value_blanked(tm
     (tmp_path / "t.csv").write_text("pid,HR,smokes,y\na,99,1,0\nb,99.0,99,1\nc,70,0,0\n")
     lines = preview(tmp_path / "s.toml", str(tmp_path / "t.csv"), dictionary=tmp_path / "d.toml")
     assert "  cells read as missing ([policy] missing_values): 3 (by column: 'HR' 2, 'smokes' 1)" in lines
+
+
+def test_check_reads_a_synthea_style_fhir_folder(tmp_path):
+    """Synthea's FHIR R4 output as it writes it: a transaction Bundle a patient named after the
+    patient, urn:uuid references, resources of many types, a blood-pressure panel of components,
+    a date-only lab and a censored one, beside a hospitalInformation Bundle."""
+    import json
+
+    pid, ucum = "8f789d0b-3145-4cf2-8504-13159edaa747", "http://unitsofmeasure.org"
+
+    def obs(code, when, **value):
+        return {"resourceType": "Observation", "id": f"o-{code}", "status": "final",
+                "code": {"coding": [{"system": "http://loinc.org", "code": code}]},
+                "subject": {"reference": f"urn:uuid:{pid}"}, "effectiveDateTime": when, **value}
+
+    def qty(v, unit, **extra):
+        return {"valueQuantity": {"value": v, "unit": unit, "system": ucum, "code": unit, **extra}}
+
+    resources = [
+        {"resourceType": "Patient", "id": pid, "gender": "male", "birthDate": "1960-04-02"},
+        {"resourceType": "Encounter", "id": "e1", "status": "finished", "class": {"code": "AMB"}},
+        {"resourceType": "Condition", "id": "c1"}, {"resourceType": "MedicationRequest", "id": "m1"},
+        {"resourceType": "Immunization", "id": "i1"}, {"resourceType": "Claim", "id": "cl1"},
+        obs("8867-4", "2020-01-01T10:00:00-05:00", **qty(72, "/min")),
+        {**obs("85354-9", "2020-01-01T10:00:00-05:00"), "component": [
+            {"code": {"coding": [{"system": "http://loinc.org", "code": "8480-6"}]}, **qty(120, "mm[Hg]")}]},
+        obs("2345-7", "2020-01-01", **qty(90, "mg/dL")),
+        obs("2160-0", "2020-01-01T08:00:00-05:00", **qty(0.5, "mg/dL", comparator="<")),
+        obs("72166-2", "2020-01-01T10:00:00-05:00", valueCodeableConcept={"text": "Never smoker"})]
+    folder = tmp_path / "fhir"
+    folder.mkdir()
+    bundle = {"resourceType": "Bundle", "type": "transaction",
+              "entry": [{"fullUrl": f"urn:uuid:{r['id']}", "resource": r} for r in resources]}
+    (folder / f"Zqxname12_Doe34_{pid}.json").write_text(json.dumps(bundle))
+    (folder / "hospitalInformation1671.json").write_text(json.dumps(
+        {"resourceType": "Bundle", "type": "batch", "entry": [{"resource": {"resourceType": "Organization"}}]}))
+    (tmp_path / "fhir.toml").write_text(tomli_w.dumps({"site": "syn", "fhir": {"censored": "half_bound"}}))
+    r = _run(tmp_path / "fhir.toml", folder)
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "other resources skipped (Claim 1, Condition 1, Encounter 1, Immunization 1, MedicationRequest 1, " \
+           "Organization 1): 6" in out
+    assert "dated to the day only, read at 00:00 UTC of that day: 1" in out
+    assert "censored values of 'creatinine' read as half the bound below a limit: 1" in out
+    assert "without a numeric or boolean value: 1" in out
+    assert all(f in out for f in ("heart_rate ", "systolic_bp ", "glucose ", "creatinine "))
+    assert "Zqxname" not in out and pid not in out

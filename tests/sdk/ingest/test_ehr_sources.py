@@ -4,6 +4,7 @@ subject ids). The PostgreSQL server is started here, in a temporary cluster, and
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import sqlalchemy as sa
 from clinograph.sdk.datasets.ehr import LABEL_CODE, write_fhir, write_meds
@@ -52,11 +53,19 @@ def test_omop_on_a_real_postgresql_server(pg_url):
     engine = sa.create_engine(pg_url)
     for table, schema in demo_hospitals():
         write_omop(engine, table, schema, D, cdm_schema=f"cdm_{schema.site}")
+    from clinograph.sdk.ingest.omop_vocab import UNIT_CONCEPTS
+
+    first = demo_hospitals()[0][1].site  # a CDM with its vocabulary: units read from its concept table
+    pd.DataFrame({"concept_id": list(UNIT_CONCEPTS), "concept_code": list(UNIT_CONCEPTS.values()),
+                  "vocabulary_id": "UCUM", "concept_name": "unit"}).to_sql("concept", engine, schema=f"cdm_{first}",
+                                                                           index=False)
     for table, schema in demo_hospitals():
         from_csv = ingest(table, schema=schema, dictionary=D)
         for by_sql in (False, True):
             source = demo_source(schema.site, cdm_schema=f"cdm_{schema.site}", cohort_sql=by_sql)
-            assert_same(from_csv, read_omop(omop_engine(pg_url), source=source, dictionary=D).ingest(D))
+            ex = read_omop(omop_engine(pg_url), source=source, dictionary=D)
+            assert_same(from_csv, ex.ingest(D))
+            assert any("concept table" in n for n in ex.report.notes) == (schema.site == first)
     engine.dispose()
 
 
@@ -154,6 +163,7 @@ def test_a_postgresql_cdm_stored_as_text_reads_as_the_typed_one_and_a_bad_cell_i
     typed = read_omop(omop_engine(pg_url), source=demo_source("west", cdm_schema="cdm_typed"), dictionary=D).ingest(D)
     text = read_omop(omop_engine(pg_url), source=demo_source("west", cdm_schema="cdm_text"), dictionary=D).ingest(D)
     assert_same(typed, text)
-    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*not ISO 8601"):
+    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type \(in "
+                                          r"measurement.measurement_datetime\) .*not ISO 8601"):
         read_omop(omop_engine(pg_url), source=demo_source("west", cdm_schema="cdm_us_date"), dictionary=D)
     engine.dispose()

@@ -42,7 +42,7 @@ def test_loinc_codes_and_ucum_units_map_through_the_dictionary(tmp_path):
     assert t.value[t.node == idx["temperature"]].tolist() == pytest.approx([37.0])
     assert ex.report.unmapped_rows == 1
     assert any("without a Patient read here: 1" in n for n in ex.report.notes)
-    assert any("other resources skipped: 1" in n for n in ex.report.notes)
+    assert "other resources skipped (Encounter 1): 1" in ex.report.notes
 
 
 def test_bundle_and_ndjson_read_the_same_and_match_the_csv(tmp_path):
@@ -388,3 +388,75 @@ def test_the_identifier_system_names_the_patient_and_a_patient_without_one_is_re
         read_fhir(_ndjson(tmp_path / "y.ndjson", res), dictionary=d2, site="s", label_code=None,
                   patient_id="identifier", identifier_system=mrn)
     assert "u-2" not in str(err.value)
+
+
+def test_gzipped_bulk_files_other_files_and_resource_types_are_read_or_counted(tmp_path):
+    """A bulk export's Observation.ndjson.gz was ignored in a folder (only .ndjson/.json were read):
+    the export's observations were silently missing, or the folder 'held no file'."""
+    import gzip
+
+    folder = tmp_path / "bulk"
+    folder.mkdir()
+    hr = [_obs(i, "p1", "8867-4", f"2024-01-0{i + 1}T08:00:00Z", valueQuantity={"value": 70 + i, "code": "/min"})
+          for i in range(2)]
+    with gzip.open(folder / "Observation.ndjson.gz", "wt") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in hr))
+    _ndjson(folder / "Patient.ndjson", [{"resourceType": "Patient", "id": "p1"}])
+    _ndjson(folder / "Claim.ndjson", [{"resourceType": "Claim", "id": "c1"}, {"resourceType": "Claim", "id": "c2"}])
+    (folder / "manifest.txt").write_text("not FHIR")
+    ex = read_fhir(folder, dictionary=D, site="s", label_code=None)
+    assert ex.ingest(D).value.tolist() == [70.0, 71.0]
+    assert "other resources skipped (Claim 2): 2" in ex.report.notes
+    assert "files in the folder not read (not .json, .ndjson or .ndjson.gz): 1" in ex.report.notes
+    (folder / "Observation.ndjson.gz").write_bytes(b"\x1f\x8b\x08truncated")
+    with pytest.raises(SchemaError, match=r"Observation.ndjson.gz is not a complete gzip file"):
+        read_fhir(folder, dictionary=D, site="s", label_code=None)
+
+
+def test_dates_without_a_time_are_read_at_midnight_and_counted_and_a_month_is_excluded(tmp_path):
+    """A date-only effectiveDateTime reads at 00:00 UTC of its day (as OMOP reads a date), counted;
+    '2024-01' or '2024' was read as the 1st of the month / year, silently: now excluded and counted."""
+    res = [{"resourceType": "Patient", "id": "p1"},
+           _obs(1, "p1", "8867-4", "2024-01-02T08:00:00Z", valueQuantity={"value": 70, "code": "/min"}),
+           _obs(2, "p1", "8867-4", "2024-01-02", valueQuantity={"value": 80, "code": "/min"}),
+           _obs(3, "p1", "8867-4", "2024-01", valueQuantity={"value": 150, "code": "/min"}),
+           _obs(4, "p1", "8867-4", "2023", valueQuantity={"value": 160, "code": "/min"})]
+    ex = read_fhir(_ndjson(tmp_path / "x.ndjson", res), dictionary=D, site="s", label_code=None)
+    t = ex.ingest(D)
+    assert t.value.tolist() == [70.0]            # one snapshot: the timed 08:00 value is the day's last
+    notes = "\n".join(ex.report.notes)
+    assert "dated to the day only, read at 00:00 UTC of that day: 1" in notes
+    assert "dated to a month or year only (excluded: no day to place them in): 2" in notes
+
+
+def test_file_names_that_may_name_a_patient_are_not_shown_and_ndjson_lines_may_be_bundles(tmp_path):
+    """Synthea writes a Bundle a patient named Given_Family_<uuid>.json: that name was in every
+    message and report line about its resources. A Bundle on an NDJSON line was one skipped
+    'Bundle' (its Observations silently lost)."""
+    folder = tmp_path / "fhir"
+    folder.mkdir()
+    bad = _obs(1, "p1", "8867-4", "2024-01-01T08:00:00Z", valueQuantity={"value": "70", "code": "/min"})
+    bundle = {"resourceType": "Bundle", "type": "collection",
+              "entry": [{"resource": {"resourceType": "Patient", "id": "p1"}}, {"resource": bad}]}
+    (folder / "Zqxcanary12_Doe34_2fa15bc7-8866-461a-9000-f739e425860a.json").write_text(json.dumps(bundle))
+    (folder / "hospitalInformation1671.json").write_text(json.dumps({"resourceType": "Bundle", "entry": []}))
+    with pytest.raises(SchemaError) as err:
+        read_fhir(folder, dictionary=D, site="s", label_code=None)
+    assert "file 1 of 2 (by name) entry 2" in str(err.value) and "Zqxcanary" not in str(err.value)
+    (folder / "Smith.json").write_text(json.dumps({"resourceType": "Bundle", "entry": []}))  # a word, no type
+    with pytest.raises(SchemaError) as err:
+        read_fhir(folder, dictionary=D, site="s", label_code=None)
+    assert "file 2 of 3 (by name) entry 2" in str(err.value)
+    bad["valueQuantity"]["value"] = 70
+    _ndjson(tmp_path / "b.ndjson", [bundle])
+    assert read_fhir(tmp_path / "b.ndjson", dictionary=D, site="s", label_code=None).ingest(D).value.tolist() == [70.0]
+
+
+def test_a_ucum_unit_by_the_ucum_oid_is_read_by_its_code(tmp_path):
+    """C-CDA conversions name UCUM by its OID: the code ('[degF]') was ignored for the display text
+    ('degrees Fahrenheit'), an unknown unit."""
+    temp = _obs(1, "p1", "8310-5", "2024-01-01T07:00:00Z", valueQuantity={
+        "value": 98.6, "unit": "degrees Fahrenheit", "system": "urn:oid:2.16.840.1.113883.6.8", "code": "[degF]"})
+    ex = read_fhir(_ndjson(tmp_path / "x.ndjson", [{"resourceType": "Patient", "id": "p1"}, temp]), dictionary=D,
+                   site="s", label_code=None)
+    assert ex.ingest(D).value.tolist() == pytest.approx([37.0])

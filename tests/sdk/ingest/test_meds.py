@@ -206,3 +206,29 @@ def test_shards_and_labels_mixing_zoned_and_naive_times_are_refused(tmp_path):
                                           r"data/0.parquet\)"):
         read_meds(tmp_path, dictionary=D, site="s", labels=labels, lookback_hours=24.0)
     assert read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None).report.events_mapped == 1
+
+
+def test_a_numeric_value_beside_a_censored_text_value_is_censored_not_exact(tmp_path):
+    """MEDS ETLs copy the source's text to text_value beside the parsed numeric_value: 2.0 beside
+    '<2.0' was read as an exact 2.0, silently."""
+    _shard(tmp_path, [(1, T0, "LOINC/2345-7//mmol/L", 2.0), (1, T0, "LOINC/8867-4//{beats}/min", 70.0)],
+           text_value=pa.array(["<2.0", "70"]))
+    with pytest.raises(UnitError, match=r"feature 'glucose': 1 censored value\(s\)"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None, censored="half_bound")
+    assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["glucose"]].tolist() == [1.0]
+    assert any("censored by their text_value" in n and n.endswith(": 1") for n in ex.report.notes)
+
+
+def test_codes_linked_to_dictionary_codes_by_the_metadata_parent_codes_are_named(tmp_path):
+    """metadata/codes.parquet's parent_codes (LAB//50912//mg/dL -> LOINC/2160-0, as MEDS ETLs write
+    them) were never read: the code was one more 'not in the dictionary'. Now named with the fix."""
+    _shard(tmp_path, [(1, T0, "LAB//50912//mg/dL", 1.0), (1, T0, "LOINC/8867-4//{beats}/min", 70.0)])
+    (tmp_path / "metadata").mkdir()
+    pq.write_table(pa.table({"code": ["LAB//50912//mg/dL", "LAB//1//mg/dL"], "description": ["Creatinine", "x"],
+                             "parent_codes": pa.array([["LOINC/2160-0"], None], pa.list_(pa.string()))}),
+                   tmp_path / "metadata" / "codes.parquet")
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
+    hint = [n for n in ex.report.notes if "parent_codes" in n]
+    assert len(hint) == 1 and ": 1 (LAB/50912 -> LOINC/2160-0 ('creatinine'))" in hint[0]
+    assert 'lab = "50912"' in hint[0]

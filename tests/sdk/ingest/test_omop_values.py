@@ -55,7 +55,8 @@ def test_units_from_unit_concept_id_alone_and_no_unit_refused_by_record(tmp_path
     assert "feature 'glucose': 4 value(s) carry no unit (e.g. measurement_id" in text
     assert "units = { glucose = \"mmol/L\" } under [omop] in the source file" in text
     assert "systolic_bp" not in text                      # read from unit_concept_id 8876
-    assert "feature 'temperature'" in text and "feature 'airway_pressure'" in text  # all named at once
+    assert "feature 'temperature'" not in text            # 586323 (Cel), as the demo CDM writes it
+    assert "feature 'airway_pressure'" in text            # cm[H2O]: no unit concept written, all named at once
     declared = {f.id: f.unit for f in D.features if f.kind.value == "numeric"}
     ex = read_omop(engine, source=demo_source("west").model_copy(update={"units": declared}), dictionary=D)
     assert any("'glucose' without a unit, read in the declared 'mmol/L': 4" in n for n in ex.report.notes)
@@ -248,7 +249,8 @@ def test_a_folder_of_csv_files_with_empty_columns_reads_and_a_malformed_cell_is_
     m = tables["measurement"].astype({"measurement_datetime": str})
     m.loc[0, "measurement_datetime"] = "2024-02-30 10:00:00"
     m.to_csv(tmp_path / "measurement.csv", index=False)
-    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*impossible date") as err:
+    with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type \(in "
+                                          r"measurement.measurement_datetime\) .*impossible date") as err:
         read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
     assert "2024-02-30" not in str(err.value)
     with open(tmp_path / "measurement.csv", "a") as fh:  # a ragged row: DuckDB reads the file as one column
@@ -319,7 +321,8 @@ def test_a_cdm_stored_as_text_reads_as_the_typed_one_and_a_bad_cell_is_named(tmp
     assert text.n_patients == 4 and (text.value == typed.value).all() and (text.time == typed.time).all()
     for i, bad in enumerate(("12,5", "01/02/2024 10:00:00", "2024-01-01T08:00:00+01:00")):
         col = "value_as_number" if "," in bad else "measurement_datetime"
-        with pytest.raises(SchemaError, match=r"a cell that is not of its column's CDM type .*not ISO 8601") as err:
+        with pytest.raises(SchemaError, match=rf"a cell that is not of its column's CDM type \(in measurement.{col}\) "
+                                              r".*not ISO 8601") as err:
             read_omop(_text_db(tmp_path / f"{i}.duckdb", ("measurement", col, bad)), source=demo_source("west"),
                       dictionary=D)
         assert bad not in str(err.value)
@@ -337,3 +340,128 @@ def test_a_dictionary_without_omop_concept_ids_is_named_not_an_empty_extract(tmp
     with pytest.raises(ConfigError, match=r"dictionary bare gives no feature an omop_concept_id: no measurement or "
                                           r"observation row of site 'west' can be mapped"):
         read_omop(_text_db(tmp_path / "t.duckdb", text=False), source=demo_source("west"), dictionary=bare)
+
+
+def test_standard_unit_concepts_of_temperature_and_unknown_operators(tmp_path):
+    """586323 (degree Celsius) and 9289 (degree Fahrenheit), as ETLs write body temperature with no
+    unit_source_value, were refused as unknown; an operator_concept_id that is no Meas Value
+    Operator was read as an exact value, silently."""
+    temp = D.get("temperature").omop_concept_id
+
+    def fahrenheit(t):
+        m = t["measurement"]
+        rows = _rows(t, temp)
+        m["unit_concept_id"] = m["unit_concept_id"].astype(object)
+        m.loc[rows, "unit_source_value"] = None
+        m.loc[rows[:2], "unit_concept_id"], m.loc[rows[:2], "value_as_number"] = 9289, 98.6
+        m.loc[rows[2:], "unit_concept_id"], m.loc[rows[2:], "value_as_number"] = 586323, 37.0
+    t = read_omop(_db(tmp_path, fahrenheit), source=demo_source("west"), dictionary=D).ingest(D)
+    assert t.value[t.node == D.node_index()["temperature"]].tolist() == pytest.approx([37.0] * 4)
+
+    def odd_operator(t):
+        m = t["measurement"]
+        m["operator_concept_id"] = m["operator_concept_id"].astype(object)
+        m.loc[_rows(t, GLUCOSE)[0], "operator_concept_id"] = 4_000_000   # no Meas Value Operator
+        m.loc[_rows(t, GLUCOSE)[1], "operator_concept_id"] = 4172703     # "=": exact
+    with pytest.raises(UnitError, match=r"operator_concept_id\(s\) \[4000000\] \(1 row\(s\)\) are not Meas Value"):
+        (tmp_path / "b").mkdir()
+        read_omop(_db(tmp_path / "b", odd_operator), source=demo_source("west"), dictionary=D)
+
+
+def test_unit_concepts_are_read_from_the_cdms_concept_table(tmp_path):
+    """A unit concept Clinograph's table lacks is read by the CDM's own concept table (UCUM)."""
+    def kpa(t):
+        m = t["measurement"]
+        rows = _rows(t, SBP)
+        m.loc[rows, "value_as_number"] = 16.0
+        m.loc[rows, "unit_concept_id"] = 9_999_999
+        m.loc[rows, "unit_source_value"] = None
+        t["concept"] = pd.DataFrame({"concept_id": ["9999999", "8876"], "concept_code": ["kPa", "mm[Hg]"],
+                                     "vocabulary_id": ["UCUM", "UCUM"], "concept_name": ["kilopascal", "mmHg"]})
+    ex = read_omop(_db(tmp_path, kpa), source=demo_source("west"), dictionary=D)
+    assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["systolic_bp"]].tolist() == \
+        pytest.approx([120.0] * 4, rel=1e-3)
+    assert any("concept table (UCUM concept_code): 2" in n for n in ex.report.notes)
+
+
+@pytest.mark.parametrize("datetimes", [True, False])
+def test_an_etl_csv_folder_upper_case_tab_separated_without_datetimes(tmp_path, datetimes):
+    """Eunomia / ETL-Synthea style table files: UPPER-CASE headers (DuckDB returned PERSON_ID: 'the
+    cohort query returns no column person_id'), tab-separated, vocabulary tables and tables not
+    read beside them; a CDM without *_datetime columns (v5.2, minimal ETLs) was refused as lacking
+    them -- now read from the dates at 00:00, named in the report. A .csv.gz table file was not
+    read ('table measurement is missing')."""
+    table, schema = demo_hospitals()[3]
+    for name, df in omop_tables(table.iloc[:4], schema, D).items():
+        df = df.drop(columns=[] if datetimes else [c for c in df.columns if c.endswith("_datetime")])
+        gz = name == "measurement" and not datetimes  # a compressed table file (DuckDB reads .csv.gz)
+        df.rename(columns=str.upper).to_csv(tmp_path / f"{name.upper()}.csv{'.gz' if gz else ''}", sep="\t",
+                                            index=False)
+    pd.DataFrame({"CONCEPT_ID": [8876], "VOCABULARY_ID": ["UCUM"], "DOMAIN_ID": ["Unit"],
+                  "CONCEPT_CODE": ["mm[Hg]"]}).to_csv(tmp_path / "CONCEPT.csv", sep="\t", index=False)
+    pd.DataFrame({"DRUG_EXPOSURE_ID": [1], "PERSON_ID": [1]}).to_csv(tmp_path / "DRUG_EXPOSURE.csv", index=False)
+    ex = read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
+    assert ex.ingest(D).n_patients == 4
+    lacks = [n for n in ex.report.notes if n.startswith("columns the CDM lacks")]
+    assert lacks == ([] if datetimes else [lacks[0]]) and ("measurement.measurement_datetime" in lacks[0]
+                                                           if lacks else True)
+    (tmp_path / "NOTE.csv").write_bytes(b"note_id;note_text\n1;\xe9t\xe9 \xff\xfe\n")  # Latin-1: not read
+    assert read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D).report.patients == 4
+    if datetimes:  # a damaged table file that is served: named, not an internal error
+        (tmp_path / "DEATH.csv").write_bytes(b"person_id;death_date\n\xff\xfe\x00\n")
+        with pytest.raises(SchemaError, match=r"OMOP table file DEATH.csv cannot be read as CSV"):
+            omop_engine(tmp_path)
+    if not datetimes:  # dates written 20240101: the sniffer reads a number, named by table and column
+        m = pd.read_csv(tmp_path / "MEASUREMENT.csv.gz", sep="\t")
+        m["MEASUREMENT_DATE"] = m["MEASUREMENT_DATE"].str.replace("-", "").astype(int)
+        m.to_csv(tmp_path / "MEASUREMENT.csv.gz", sep="\t", index=False)
+        with pytest.raises(SchemaError, match=r"CDM type \(in measurement.measurement_date\)"):
+            read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)
+
+
+def test_a_number_beside_a_censored_text_is_censored_not_exact(tmp_path):
+    """value_as_number 3.0 beside value_source_value '<3.0' and no operator_concept_id (how many ETLs
+    write a below-detection lab) was read as an exact 3.0, silently."""
+    def both(t):
+        m = t["measurement"]
+        rows = _rows(t, GLUCOSE)
+        m.loc[rows[0], "value_as_number"], m.loc[rows[0], "value_source_value"] = 3.0, "<3.0"
+        m.loc[rows[1], "value_as_number"], m.loc[rows[1], "value_source_value"] = 1.0, "<2.0"   # a substitute
+        m.loc[rows[2], "value_as_number"], m.loc[rows[2], "value_source_value"] = 4.0, "4.0"
+    engine = _db(tmp_path, both)
+    with pytest.raises(UnitError, match=r"feature 'glucose': 1 censored value\(s\)"):
+        read_omop(engine, source=demo_source("west"), dictionary=D)
+    ex = read_omop(engine, source=demo_source("west").model_copy(update={"censored": "half_bound"}), dictionary=D)
+    assert 1.5 in ex.ingest(D).value.tolist()
+    assert any("censored by their text" in n and n.endswith(": 1") for n in ex.report.notes)
+    assert any("an ETL's substitute; read as value_as_number): 1" in n for n in ex.report.notes)
+
+
+def test_a_date_only_row_of_the_index_day_is_counted(tmp_path):
+    """A measurement with a date and no time on the index day reads at 00:00, before an index time
+    later that day, though it may have been taken after it: counted, not silent."""
+    def dated(t):
+        m = t["measurement"]
+        row = _rows(t, GLUCOSE)[1]                      # person 2, whose index time is 01:00
+        pid = m.loc[row, "person_id"]
+        v = t["visit_occurrence"]
+        index = v.loc[v["person_id"] == pid, "visit_start_datetime"].min()
+        m.loc[row, "measurement_datetime"] = None
+        m.loc[row, "measurement_date"] = pd.Timestamp(index).date()
+    ex = read_omop(_db(tmp_path, dated), source=demo_source("west"), dictionary=D)
+    assert any(n.startswith("rows of the index day at 00:00") and n.endswith(": 1") for n in ex.report.notes)
+
+
+def test_a_table_file_damaged_past_the_sniffed_rows_is_named_not_a_cohort_query_failure(tmp_path):
+    """DuckDB sniffs a CSV's first 20 480 rows: non-UTF-8 bytes after them failed the read as 'the
+    cohort query failed (InvalidInputException) ... check it against the CDM'."""
+    table, schema = demo_hospitals()[3]
+    for name, df in omop_tables(table.iloc[:4], schema, D).items():
+        if name == "measurement":
+            df = pd.concat([df] * (21_000 // len(df) + 1), ignore_index=True)
+            df["measurement_id"] = range(1, len(df) + 1)
+        df.to_csv(tmp_path / f"{name}.csv", index=False)
+    with open(tmp_path / "measurement.csv", "ab") as fh:
+        fh.write(b"0,1,3027018,2024-01-01,2024-01-01 00:00:00,32817,1.0,\xff\xfe,hr,8541,,,\n")
+    with pytest.raises(SchemaError, match=r"OMOP folder of site 'west' cannot be read past its first rows"):
+        read_omop(omop_engine(tmp_path), source=demo_source("west"), dictionary=D)

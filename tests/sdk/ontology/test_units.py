@@ -133,3 +133,11 @@ def test_offset_unit_against_another_kind_is_a_unit_error_not_a_pint_crash(src, 
     # pint refuses to divide a quantity by degC (OffsetUnitCalculusError); that used to escape as a traceback
     with pytest.raises(UnitError, match="Use a unit of the same kind"):
         conversion(feature="t", analyte=None, source=src, target=dst)
+
+
+def test_lab_count_spellings_read_as_thousands_not_kelvin():
+    """'K/uL' (MIMIC's valueuom, OMOP unit_source_value) was read by pint as kelvin per microliter:
+    a white-cell count in it was refused as a temperature per volume. K/M are thousand/million."""
+    assert same_unit("K/uL", "10*3/uL") and same_unit("M/uL", "10*6/uL") and same_unit("x10^9/L", "10*9/L")
+    assert conversion(feature="wbc", analyte=None, source="K/uL", target="10*9/L") == pytest.approx((1.0, 0.0))
+    assert conversion(feature="rbc", analyte=None, source="x10e12/L", target="10*6/uL") == pytest.approx((1.0, 0.0))
