@@ -28,6 +28,7 @@ from .columns import (
     check_labels,
     empty_name_message,
     header_is_data,
+    header_unit_problem,
     near_misses,
     no_header_message,
     one_column_per_feature,
@@ -311,6 +312,8 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                             "has one row a patient; use format = \"long\" for repeated measurements.")
     parsed, empty = {}, []
     for col, (feat, cm) in mapped.items():
+        if (named := header_unit_problem(col, feat, cm)) is not None:
+            problems.append(named)
         if cm is not None and coding_problems(col, cm, feat):  # reported with the schema's: its cells are not read
             parsed[col] = np.full(len(df), np.nan)
             continue

@@ -193,7 +193,8 @@ def parse_unit(unit: str):  # -> pint.Quantity
     try:
         q = ureg.parse_expression(expr)
     except (pint.errors.PintError, AttributeError, TypeError, SyntaxError, TokenError, IndexError,
-            AssertionError) as exc:  # pint asserts on some symbols ("☃"): a bad unit, not a bug of ours
+            AssertionError, ArithmeticError) as exc:  # pint asserts on some symbols ("☃") and divides by
+        # zero on a range ("0-5" is 0 to the power -5): a bad unit, not a bug of ours
         raise ValueError(f"unit {unit!r} is not a unit pint reads ({type(exc).__name__})") from None
     q = q if isinstance(q, ureg.Quantity) else ureg.Quantity(q)
     if not (isinstance(q.magnitude, int | float) and math.isfinite(q.magnitude) and q.magnitude > 0):
