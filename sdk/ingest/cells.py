@@ -131,6 +131,20 @@ def binary_coding_fix(key: str, feat: Feature, codes: list[str]) -> str:
             f"{feat.id}>\" = 0 }}, with the column's own codes.")
 
 
+def undecided_codes_fix(key: str, meaning: str, codes: list[str]) -> str | None:
+    """The fix for a 0/1 column (label, event) holding other codes, over *all* the column's shown
+    ``codes`` with ``?`` where the user decides -- None unless 2 to 4 of them. Codes 1/2 are R's
+    survival convention (1 censored or alive, 2 the event): there '1' is not a positive, so the
+    template asks about it too instead of showing only the codes that were refused."""
+    if not 2 <= len(codes) <= 4:
+        return None
+    template = ", ".join(f"\"{c}\" = ?" for c in sorted(codes))
+    r = (" (R's survival data use 1 = censored or alive and 2 = the event, so there \"1\" = 0)"
+         if {normalise_code(c) for c in codes} == {"1", "2"} else "")
+    return (f"Declare what each code means in the site schema: {key} = {{ {template} }}, each ? replaced by 1 if "
+            f"that code means {meaning}, else 0{r}. Clinograph does not guess: the wrong choice inverts the outcome.")
+
+
 def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit: str | None,
              problems: list[str], key: str, at: np.ndarray | None) -> np.ndarray:
     where = f"Column {col!r} ({feat.id})"
@@ -282,9 +296,10 @@ def parse_labels(raw: pd.Series, col: str, problems: list[str], *,
     if bad.any():
         seen = _codes_seen(raw, bad)
         if codes is None:
+            fix = undecided_codes_fix("label_codes", "the outcome happened", shown_codes(_code_counts(raw, present)))
             problems.append(f"Label column {col!r}: {rows_text(bad)}: not binary (expected {LABEL_CODES_TEXT}; seen: "
-                            f"{seen}). Declare the label's coding in the site schema, e.g. label_codes = "
-                            "{ \"dead\" = 1, \"alive\" = 0 }, or fix the cells.")
+                            f"{seen}). " + (fix or "Declare the label's coding in the site schema, e.g. label_codes "
+                                            "= { \"dead\" = 1, \"alive\" = 0 }, or fix the cells."))
         else:
             problems.append(f"Label column {col!r}: {rows_text(bad)}: codes not in the site schema's label_codes "
                             f"(seen: {seen}). Add them to label_codes, or fix the cells.")

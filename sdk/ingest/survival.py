@@ -22,10 +22,11 @@ import pandas as pd
 
 from clinograph.core.errors import SchemaError
 
-from ..ontology.codes import normalise_code
+from ..ontology.codes import describe_codes, normalise_code, shown_codes
 from ..ontology.schema import SiteSchema, SurvivalColumns
 from ..ontology.units import conversion
-from .cells import as_text, present_mask
+from .cells import as_text, present_mask, undecided_codes_fix
+from .columns import header_unit
 from .dialect import point_grouped_cells, point_grouped_problem
 from .rows import rows_text
 from .table import PatientTable, SurvivalTarget
@@ -53,10 +54,12 @@ def _events(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems
         if v in (0, 1):
             out[i] = v
     bad = present & np.isnan(out)
-    if bad.any():
-        shown = ", ".join(sorted({str(x) for x in text[bad].unique()})[:5])
-        problems.append(f"Event column {spec.event!r}: {rows_text(bad)}: not 0/1 (codes seen: {shown}). Code the "
-                        "event as 1 (observed) or 0 (censored), or declare event_codes under [survival].")
+    if bad.any():  # codes shown as describe_codes allows: a one-off cell may be patient text
+        seen = describe_codes(text[bad].value_counts().to_dict())
+        fix = None if spec.event_codes else undecided_codes_fix(
+            "[survival] event_codes", "the event was observed", shown_codes(text[present].value_counts().to_dict()))
+        problems.append(f"Event column {spec.event!r}: {rows_text(bad)}: not 0/1 (codes seen: {seen}). " + (
+            fix or "Code the event as 1 (observed) or 0 (censored), or declare event_codes under [survival]."))
     return out
 
 
@@ -71,6 +74,21 @@ def _times(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems:
         problems.append(f"Time column {spec.time!r}: {rows_text(neg)}: negative follow-up time. Follow-up runs from "
                         "the index date to the event or the last contact; check the dates it was computed from.")
     return t
+
+
+def _named_time_unit(spec: SurvivalColumns) -> str | None:
+    """The problem of a time column whose name gives a time unit other than days (``fu_months``)
+    while ``time_unit`` is not written (so days, the default, would be read); None otherwise."""
+    if "time_unit" in spec.model_fields_set or (unit := header_unit(spec.time)) is None:
+        return None
+    try:
+        if days_per(unit) == 1.0:
+            return None
+    except SchemaError:  # not a time unit: the name's last word is not this column's unit
+        return None
+    return (f"Time column {spec.time!r}: its name gives the unit {unit!r}, but [survival] time_unit is not written, "
+            f"so its values would be read in days (the default). Write the unit the times are in: [survival] "
+            f"time_unit = {unit!r}, or \"d\" if the name is wrong.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +131,8 @@ def survival_input(df: pd.DataFrame, *, schema: SiteSchema) -> SurvivalInput:
     except SchemaError as exc:
         raise SchemaError([f"[survival] time_unit {spec.time_unit!r}: {p}" for p in exc.problems], title=title) from None
     problems: list[str] = []
+    if (named := _named_time_unit(spec)) is not None:
+        problems.append(named)
     has_t, has_e = present_mask(df[spec.time]), present_mask(df[spec.event])
     drop = schema.policy.missing_label == "drop"
     if not drop and (~has_t).any():

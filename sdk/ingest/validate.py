@@ -61,7 +61,10 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
                           "read_table() first.", title="Table is not a DataFrame")
     df = declared_missing(df, schema)
     if schema.survival is not None:  # time-to-event label: time + event columns (sdk/ingest/survival.py)
-        prepared = survival_input(df, schema=schema)
+        try:
+            prepared = survival_input(df, schema=schema)
+        except SchemaError as exc:
+            raise _with_feature_problems(exc, df, schema, dictionary) from None
         return with_survival(ingest(prepared.frame, schema=prepared.schema, dictionary=dictionary), prepared)
     problems: list[str] = []
     try:
@@ -89,6 +92,23 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     if schema.format == "wide":
         return _ingest_wide(df, schema, dictionary, problems)
     return _ingest_long(df, schema, dictionary, problems)
+
+
+def _with_feature_problems(exc: SchemaError, df: pd.DataFrame, schema: SiteSchema,
+                           dictionary: FeatureDictionary) -> SchemaError:
+    """``exc`` (the time and event columns' problems) with the problems of the rest of the table --
+    ids, feature cells, columns -- read as an unlabelled table without the time and event columns, so a
+    survival table's problems come at once, not the label's first."""
+    spec = schema.survival
+    plain = schema.model_copy(update={"survival": None, "label": None, "unlabeled": True, "label_codes": None,
+                                      "ignore": tuple(dict.fromkeys((*schema.ignore, spec.time, spec.event)))})
+    try:
+        ingest(df.drop(columns=[c for c in (spec.time, spec.event) if c in df.columns]), schema=plain,
+               dictionary=dictionary)
+    except SchemaError as more:
+        return SchemaError(list(dict.fromkeys([*exc.problems, *more.problems])),
+                           title=f"Table for site {schema.site!r} cannot be ingested")
+    return exc
 
 
 def declared_missing(df: pd.DataFrame, schema: SiteSchema) -> pd.DataFrame:

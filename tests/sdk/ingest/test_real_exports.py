@@ -40,3 +40,67 @@ def test_a_windows_1252_export_is_decoded_as_windows_1252(tmp_path):
     assert list(df.columns) == ["pid", "Patient’s HR", "y"] and df.attrs["encoding"] == "cp1252"
     path.write_bytes(b"pid;Gr\xf6\xdfe \x81;y\na;70;1\n")  # 0x81 is not cp1252: latin-1, as before
     assert read_table(path).attrs["encoding"] == "latin-1"
+
+
+def test_a_follow_up_column_named_in_months_is_not_read_as_days_by_default():
+    # [survival] time = "fu_months" without time_unit: months were read as days (the default)
+    from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
+    from clinograph.sdk.ontology.schema import SiteSchema, SurvivalColumns
+
+    d = FeatureDictionary(name="s", version=1, features=(
+        Feature(id="age", name="Age", kind="numeric", unit="years", reference_low=40, reference_high=80),))
+    df = pd.DataFrame({"pid": ["a", "b"], "age": [50.0, 60.0], "fu_months": [3.0, 12.0], "dead": [1, 0]})
+    s = SiteSchema(site="h1", patient_id="pid", label=None, survival=SurvivalColumns(time="fu_months", event="dead"))
+    with pytest.raises(SchemaError, match=r"name gives the unit 'months'.*time_unit = 'months'"):
+        ingest(df, schema=s, dictionary=d)
+    written = SurvivalColumns(time="fu_months", event="dead", time_unit="mo")
+    assert ingest(df, schema=s.model_copy(update={"survival": written}), dictionary=d).survival.time[1] > 365
+    days = SurvivalColumns(time="fu_days", event="dead")
+    ingest(df.rename(columns={"fu_months": "fu_days"}), schema=s.model_copy(update={"survival": days}), dictionary=d)
+
+
+def test_a_label_coded_1_2_names_every_code_and_asks_for_both():
+    # R's survival convention (lifelines lung 'status': 1 censored, 2 dead): the 1s were read as
+    # positives and the message showed only '2', suggesting dead/alive
+    df = pd.DataFrame({"pid": list("abcd"), "hr": [70, 71, 72, 73], "y": ["1", "2", "2", "1"]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    (p,) = [p for p in err.value.problems if p.startswith("Label column")]
+    assert "label_codes = { \"1\" = ?, \"2\" = ? }" in p and "rows 2, 3" in p
+
+
+def test_event_codes_are_shown_only_as_codes_and_the_fix_uses_the_columns_codes():
+    from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
+    from clinograph.sdk.ontology.schema import SiteSchema, SurvivalColumns
+
+    d = FeatureDictionary(name="s", version=1, features=(
+        Feature(id="age", name="Age", kind="numeric", unit="years", reference_low=40, reference_high=80),))
+    df = pd.DataFrame({"pid": list("abcde"), "age": [50.0] * 5, "fu": [3.0] * 5,
+                       "status": ["1", "2", "2", "1", "ZQXCANARY"]})
+    s = SiteSchema(site="h1", patient_id="pid", label=None, survival=SurvivalColumns(time="fu", event="status"))
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=s, dictionary=d)
+    text = " ".join(err.value.problems)
+    assert "ZQXCANARY" not in text and "event_codes = { \"1\" = ?, \"2\" = ? }" in text
+
+
+def test_a_survival_tables_event_problem_and_its_feature_problems_come_at_once():
+    # GBSG2 at a hospital with status 1/2 and a duplicated row: the event problem stopped ingestion,
+    # the duplicate and the feature cells were reported only after it was fixed
+    from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
+    from clinograph.sdk.ontology.schema import SiteSchema, SurvivalColumns
+
+    d = FeatureDictionary(name="s", version=1, features=(
+        Feature(id="age", name="Age", kind="numeric", unit="years", reference_low=40, reference_high=80,
+                physical_min=0, physical_max=120),))
+    df = pd.DataFrame({"pid": list("abcc"), "age": ["50", "61", "700", "700"], "fu": [3.0, 4.0, 5.0, 5.0],
+                       "status": ["1", "2", "2", "2"]})
+    s = SiteSchema(site="h1", patient_id="pid", survival=SurvivalColumns(time="fu", event="status"))
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=s, dictionary=d)
+    text = "\n".join(err.value.problems)
+    assert "Event column 'status'" in text and "rows 3, 4: repeated id" in text and "physically impossible" in text
+    df["status"] = ["0", "1", "1", "1"]  # the event fixed: the same feature problems, and no event problem
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=s, dictionary=d)
+    assert not any("status" in p for p in err.value.problems) and len(err.value.problems) == 2
