@@ -156,7 +156,7 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
         num = pd.to_numeric(text.where(present, ""), errors="coerce").to_numpy(dtype=float)
     bad = present & np.isnan(num)
     if bad.any():
-        unit_like = bad & text.str.match(_UNIT_IN_CELL).to_numpy()
+        unit_like = bad & text.str.match(_UNIT_IN_CELL).to_numpy() & ~text.str.match(_DATE).to_numpy(dtype=bool)
         if unit_like.any():
             problems.append(f"{where}: {rows_text(unit_like, at)}: number with a unit string in the cell. Put the unit "
                             f"in the site schema ([columns].{key!r}.unit) and keep only numbers in the column.")

@@ -25,7 +25,7 @@ from clinograph.core.errors import SchemaError
 from ..ontology.codes import describe_codes, normalise_code, shown_codes
 from ..ontology.schema import SiteSchema, SurvivalColumns
 from ..ontology.units import conversion
-from .cells import as_text, present_mask, undecided_codes_fix
+from .cells import as_text, date_cells, present_mask, undecided_codes_fix
 from .columns import header_unit
 from .dialect import point_grouped_cells, point_grouped_problem
 from .rows import rows_text
@@ -66,9 +66,14 @@ def _events(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems
 def _times(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems: list[str]) -> np.ndarray:
     t = pd.to_numeric(raw.where(present), errors="coerce").to_numpy(dtype=float)
     bad = present & ~np.isfinite(t)
-    if bad.any():
-        problems.append(f"Time column {spec.time!r}: {rows_text(bad)}: not a number. Write the follow-up as a "
-                        f"number of {spec.time_unit!r}.")
+    dates = bad & date_cells(raw)
+    if dates.any():  # a date is not a duration; which of 03/04 is the day is not guessed either
+        problems.append(f"Time column {spec.time!r}: {rows_text(dates)}: dates, not follow-up times. Compute the "
+                        "follow-up from the index date (diagnosis, admission) to the event or the last contact, and "
+                        f"write it as a number of {spec.time_unit!r}.")
+    if (bad & ~dates).any():
+        problems.append(f"Time column {spec.time!r}: {rows_text(bad & ~dates)}: not a number. Write the follow-up "
+                        f"as a number of {spec.time_unit!r}.")
     neg = np.isfinite(t) & (t < 0)
     if neg.any():
         problems.append(f"Time column {spec.time!r}: {rows_text(neg)}: negative follow-up time. Follow-up runs from "

@@ -104,3 +104,37 @@ def test_a_survival_tables_event_problem_and_its_feature_problems_come_at_once()
     with pytest.raises(SchemaError) as err:
         ingest(df, schema=s, dictionary=d)
     assert not any("status" in p for p in err.value.problems) and len(err.value.problems) == 2
+
+
+def test_thousands_commas_in_a_semicolon_file_of_whole_numbers_are_not_taken_for_decimal_commas(tmp_path):
+    # lung's meal calories '1,175' in a ';' file without any other fractional number: the detection
+    # chose decimal commas and read 1.175 kcal, silently
+    path = tmp_path / "t.csv"
+    path.write_text("pid;hr;paco2;y\na;1,175;40;1\nb;2,250;41;0\nc;950;42;1\n")
+    df = read_table(path)
+    assert df.attrs["decimal"] == "."
+    with pytest.raises(SchemaError, match=r"Column 'hr' \(heart_rate\): rows 1, 2: numbers with a comma that reads both"):
+        ingest(df, schema=wide(), dictionary=D)
+    path.write_text("pid;hr;paco2;y\na;1,175;40,5;1\nb;2,250;41;0\n")  # a decimal comma elsewhere: the locale's
+    assert read_table(path)["hr"].tolist() == ["1.175", "2.250"]
+
+
+def test_a_date_in_a_numeric_column_is_named_a_date_not_a_unit_in_the_cell():
+    # '01/02/2020' matched 'a number followed by a unit' ('01' + '/02/2020'): the fix offered was a unit
+    df = pd.DataFrame({"pid": ["a", "b"], "y": [1, 0], "hr": ["01/02/2020", "70"], "paco2": ["5/3/2021", "41"]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    assert [p.split(": ")[2][:14] for p in err.value.problems] == ["dates or times"] * 2
+
+
+def test_dates_in_a_follow_up_column_are_named_dates_with_the_fix():
+    from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
+    from clinograph.sdk.ontology.schema import SiteSchema, SurvivalColumns
+
+    d = FeatureDictionary(name="s", version=1, features=(
+        Feature(id="age", name="Age", kind="numeric", unit="years", reference_low=40, reference_high=80),))
+    df = pd.DataFrame({"pid": list("abc"), "age": [50.0] * 3, "last_visit": ["03/04/2021", "2021-05-06", "12"],
+                       "dead": [1, 0, 1]})
+    s = SiteSchema(site="h1", patient_id="pid", survival=SurvivalColumns(time="last_visit", event="dead"))
+    with pytest.raises(SchemaError, match=r"Time column 'last_visit': rows 1, 2: dates.*follow-up from the index date"):
+        ingest(df, schema=s, dictionary=d)
