@@ -35,6 +35,7 @@ from .columns import (
     resolve,
 )
 from .dialect import point_grouped_cells, point_grouped_problem
+from .plausibility import far_from_reference
 from .read import read_table
 from .rows import rows_text
 from .survival import survival_input, with_survival
@@ -303,6 +304,12 @@ def _converted(mapped: dict, units: dict[str, list[str]]) -> dict[str, str]:
             if any(not same_unit(u, f.unit) for u in units.get(n, ()))}
 
 
+def _far(mapped: dict, parsed: dict[str, np.ndarray]) -> dict[str, str]:
+    """column or code -> why its values look like another unit (:func:`.plausibility.far_from_reference`)."""
+    out = {n: far_from_reference(f, parsed[n]) for n, (f, _) in mapped.items() if n in parsed}
+    return {n: why for n, why in out.items() if why is not None}
+
+
 def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     reserved = {schema.patient_id, schema.label, *(schema.concepts or ())}
     near = _near_misses(df, schema, {"patient_id": schema.patient_id, "label": schema.label})  # reported
@@ -376,7 +383,7 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                           declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
                           declared_missing_by_column=dict(df.attrs.get("declared_missing_by_column", {})),
                           absent_columns=tuple(c for c in schema.columns if c not in df.columns),
-                          empty_columns=tuple(empty))
+                          empty_columns=tuple(empty), far_from_reference=_far(mapped, parsed))
     out_labels = labels[rows].astype(np.int64) if labels is not None else np.full(len(rows), -1, np.int64)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(ids[rows]),
                         patient=_cat(pats, np.int64), node=_cat(nodes, np.int64), value=_cat(vals, np.float64),
@@ -560,7 +567,8 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
                           encoding=df.attrs.get("encoding"), duplicate_observations_dropped=n_dupes,
                           declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
                           declared_missing_by_column=dict(df.attrs.get("declared_missing_by_column", {})),
-                          labelled=labels_row is not None)
+                          labelled=labels_row is not None,
+                          far_from_reference=_far(mapped, {n: parsed[codes == n] for n in mapped}))
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(uniq_ids[keep_p]),
                         patient=pat[ok], node=nodes[ok], value=values[ok], std_value=std.astype(np.float64),
                         time=snap[ok].astype(np.int64), labels=labels[keep_p].astype(np.int64), report=report)

@@ -151,3 +151,13 @@ def test_check_names_the_columns_whose_cells_a_declared_missing_value_blanked(tm
     (tmp_path / "t.csv").write_text("pid,HR,smokes,y\na,99,1,0\nb,99.0,99,1\nc,70,0,0\n")
     lines = preview(tmp_path / "s.toml", str(tmp_path / "t.csv"), dictionary=tmp_path / "d.toml")
     assert "  cells read as missing ([policy] missing_values): 3 (by column: 'HR' 2, 'smokes' 1)" in lines
+
+
+def test_check_warns_about_a_column_far_from_its_reference_range(tmp_path):
+    # a heart rate written in hundreds (0.72): physically possible, so it was read without a word
+    table, schema = demo_hospitals()[0]
+    col = next(c for c, cm in schema.columns.items() if cm.feature == "heart_rate")
+    table.assign(**{col: table[col] / 100}).to_csv(tmp_path / "t.csv", index=False)
+    r = _run(_schema_file(tmp_path, schema), tmp_path / "t.csv")
+    assert r.exit_code == 0, r.output
+    assert f"warning: column {col!r}: three quarters of its values lie more than 5 times below the reference range" in r.output

@@ -138,3 +138,24 @@ def test_dates_in_a_follow_up_column_are_named_dates_with_the_fix():
     s = SiteSchema(site="h1", patient_id="pid", survival=SurvivalColumns(time="last_visit", event="dead"))
     with pytest.raises(SchemaError, match=r"Time column 'last_visit': rows 1, 2: dates.*follow-up from the index date"):
         ingest(df, schema=s, dictionary=d)
+
+
+def test_a_column_whose_values_sit_far_outside_the_reference_range_is_reported():
+    # Karnofsky written as a fraction (0.9) under a '%' feature, no unit declared: within the physical
+    # limits 0-100, so it was read as 0.9 % without a word
+    from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
+
+    d = FeatureDictionary(name="k", version=1, features=(
+        Feature(id="kps", name="Karnofsky", kind="numeric", unit="%", reference_low=50, reference_high=100,
+                physical_min=0, physical_max=100),
+        Feature(id="ecog", name="ECOG", kind="numeric", unit="1", reference_low=0, reference_high=2)))
+    df = pd.DataFrame({"pid": list("abcd"), "y": [1, 0, 1, 0], "kps": [0.9, 0.8, 0.7, 1.0], "ecog": [0, 1, 1, 2]})
+    t = ingest(df, schema=wide(), dictionary=d)
+    assert list(t.report.far_from_reference) == ["kps"] and "below" in t.report.far_from_reference["kps"]
+    df["kps"] = [90, 80, 70, 100]
+    assert ingest(df, schema=wide(), dictionary=d).report.far_from_reference == {}
+    # a long table's feature code too
+    from tables_helpers import long
+    rows = pd.DataFrame({"pid": list("abcd"), "t": [0] * 4, "y": [1, 0, 1, 0], "code": ["hr"] * 4,
+                         "v": [0.7, 0.8, 0.9, 0.75], "unit": ["/min"] * 4})
+    assert list(ingest(rows, schema=long(), dictionary=D).report.far_from_reference) == ["hr"]
