@@ -35,7 +35,7 @@ MAX_MAGNITUDE = 1e15  # for a feature the dictionary gives no physical limit
 
 
 _GROUPED = re.compile(r"^\s*[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?\s*$")  # 1,234 / 12,345,678.5
-_CENSORED = re.compile(r"^\s*(?:[<>≤≥]=?|=<|=>)\s*[-+]?\d+(?:[.,]\d+)?\s*\S*\s*$")
+_CENSORED = re.compile(r"^\s*(?:(?:[<>≤≥]=?|=<|=>)\s*[-+]?\d+(?:[.,]\d+)?\s*\S*|\d+(?:[.,]\d+)?\s*\+)\s*$")  # '90+' too
 _DATE = re.compile(r"^\s*(?:\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[./]\d{1,2}[./]\d{2,4})(?:[ T]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?"
                    r"(?:Z|[+-]\d{2}:?\d{2})?)?\s*$")
 #: spellings of "no value" that pandas does not read as missing (compared case-insensitively)
@@ -43,7 +43,8 @@ MISSING_MARKERS = frozenset({"-", "--", "---", ".", "..", "?", "??", "n.a.", "n.
                              "missing", "unknown", "unk", "not done", "none", "nil", "#value!", "#div/0!", "#ref!",
                              "#num!", "#name?"})
 TEXT_KINDS = {
-    "censored": "values beyond a detection limit (written like '<5' or '>200'), which are not numbers. Decide what "
+    "censored": "values beyond a detection limit (written like '<5' or '>200', or a top-coded age like '>89' or "
+                "'90+'), which are not numbers. Decide what "
                 "they mean for the model (the limit itself, or missing), write that number, or leave them empty.",
     "marker": "missing-value markers (like '-', '.', '?', 'n.a.' or a spreadsheet error such as '#VALUE!') that are "
               "not read as missing. Leave those cells empty (or write NA), or declare the export's markers in the site "

@@ -159,3 +159,12 @@ def test_a_column_whose_values_sit_far_outside_the_reference_range_is_reported()
     rows = pd.DataFrame({"pid": list("abcd"), "t": [0] * 4, "y": [1, 0, 1, 0], "code": ["hr"] * 4,
                          "v": [0.7, 0.8, 0.9, 0.75], "unit": ["/min"] * 4})
     assert list(ingest(rows, schema=long(), dictionary=D).report.far_from_reference) == ["hr"]
+
+
+def test_top_coded_ages_are_named_as_limits_not_as_text():
+    # HIPAA top-coding writes '90+' as often as '>89': it was 'text where a number is expected'
+    df = pd.DataFrame({"pid": list("abc"), "y": [1, 0, 1], "hr": ["90+", ">89", "70"]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    (p,) = err.value.problems
+    assert p.startswith("Column 'hr' (heart_rate): rows 1, 2: values beyond a detection limit") and "'90+'" in p
