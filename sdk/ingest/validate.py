@@ -304,6 +304,11 @@ def _converted(mapped: dict, units: dict[str, list[str]]) -> dict[str, str]:
             if any(not same_unit(u, f.unit) for u in units.get(n, ()))}
 
 
+def _as_key_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """``df``'s cells as text, by position (labels may repeat), to compare rows whatever the dtypes."""
+    return pd.DataFrame({i: as_text(df.iloc[:, i]).str.strip() for i in range(df.shape[1])})
+
+
 def _far(mapped: dict, parsed: dict[str, np.ndarray]) -> dict[str, str]:
     """column or code -> why its values look like another unit (:func:`.plausibility.far_from_reference`)."""
     out = {n: far_from_reference(f, parsed[n]) for n, (f, _) in mapped.items() if n in parsed}
@@ -334,9 +339,15 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
         else np.array([""] * len(df), dtype=object)
     if schema.patient_id in df.columns:
         dup = pd.Series(ids).duplicated(keep=False).to_numpy() & present_mask(df[schema.patient_id])
-        if dup.any():
-            problems.append(f"Patient id column {schema.patient_id!r}: {rows_text(dup)}: repeated id. A wide table "
-                            "has one row a patient; use format = \"long\" for repeated measurements.")
+        copies = np.zeros(len(df), dtype=bool)
+        if dup.any():  # every cell equal: a row exported twice
+            copies[np.flatnonzero(dup)] = _as_key_frame(df[dup]).duplicated(keep=False).to_numpy()
+        if copies.any():
+            problems.append(f"Patient id column {schema.patient_id!r}: {rows_text(copies)}: the same row more than "
+                            "once (every cell equal): the export repeated those patients. Remove the copies.")
+        if (dup & ~copies).any():
+            problems.append(f"Patient id column {schema.patient_id!r}: {rows_text(dup & ~copies)}: repeated id. A wide "
+                            "table has one row a patient; use format = \"long\" for repeated measurements.")
     parsed, empty = {}, []
     for col, (feat, cm) in mapped.items():
         if (named := header_unit_problem(col, feat, cm)) is not None:

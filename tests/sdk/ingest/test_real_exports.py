@@ -99,7 +99,7 @@ def test_a_survival_tables_event_problem_and_its_feature_problems_come_at_once()
     with pytest.raises(SchemaError) as err:
         ingest(df, schema=s, dictionary=d)
     text = "\n".join(err.value.problems)
-    assert "Event column 'status'" in text and "rows 3, 4: repeated id" in text and "physically impossible" in text
+    assert "Event column 'status'" in text and "rows 3, 4: the same row more than once" in text and "physically impossible" in text
     df["status"] = ["0", "1", "1", "1"]  # the event fixed: the same feature problems, and no event problem
     with pytest.raises(SchemaError) as err:
         ingest(df, schema=s, dictionary=d)
@@ -168,3 +168,13 @@ def test_top_coded_ages_are_named_as_limits_not_as_text():
         ingest(df, schema=wide(), dictionary=D)
     (p,) = err.value.problems
     assert p.startswith("Column 'hr' (heart_rate): rows 1, 2: values beyond a detection limit") and "'90+'" in p
+
+
+def test_a_patient_row_the_export_repeated_is_named_as_a_copy():
+    # GBSG2 with one row exported twice: 'repeated id ... use format = "long"' sent the user to the wrong fix
+    df = pd.DataFrame({"pid": list("abbcc"), "y": [1, 0, 0, 1, 0], "hr": [70, 71, 71, 72, 90]})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    text = "\n".join(err.value.problems)
+    assert "rows 2, 3: the same row more than once (every cell equal)" in text
+    assert "rows 4, 5: repeated id" in text and "rows 2, 3: repeated id" not in text
