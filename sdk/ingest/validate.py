@@ -10,6 +10,7 @@ the unit vocabulary; other codes are counted, not shown.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import unicodedata
@@ -47,6 +48,8 @@ __all__ = ["ingest", "read_table"]
 SUMMARY_IDS = frozenset({"total", "totals", "grand total", "sum", "subtotal", "mean", "average", "avg", "median",
                          "overall", "summe", "gesamt", "gesamtsumme", "mittelwert", "durchschnitt", "somme", "moyenne",
                          "totaal", "gemiddelde", "suma", "media", "promedio"})
+#: unmapped columns named one problem each (with the nearest dictionary entries); the rest in one problem
+SHOWN_UNKNOWN = 10
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SPACE = re.compile(r"[\s\x00-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]+")
 
@@ -323,13 +326,22 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     if blank := [i for i, c in enumerate(df.columns) if c in unknown and not c.strip()]:
         problems.append(empty_name_message(blank))
     unmatched = [c for c in schema.columns if c not in df.columns]  # mapped by the schema, absent from the table
-    for col in (c for c in unknown if c.strip()):
+    named = [c for c in unknown if c.strip()]
+    summary = []
+    if len(named) > SHOWN_UNKNOWN:  # one problem for the rest, with the list to paste (a 300-column export)
+        rest = named[SHOWN_UNKNOWN:]
+        summary.append(f"{len(rest)} more column(s) are not in the feature dictionary {dictionary.name} "
+                        f"v{dictionary.version} nor mapped in the site schema: {', '.join(map(repr, rest))}. Map the "
+                        "ones that are features under [columns]; to leave out all the columns named here and above, "
+                        f"write in the site schema: ignore = [{', '.join(json.dumps(c) for c in named)}]")
+    for col in named[:SHOWN_UNKNOWN]:
         renamed = get_close_matches(col.lower(), [c.lower() for c in unmatched], n=1, cutoff=0.6)
         hint = (f" The site schema maps {next(c for c in unmatched if c.lower() == renamed[0])!r}, which is not in "
                 "the table: if the column was renamed, fix its name under [columns].") if renamed else ""
         problems.append(f"Column {col!r} is not in the feature dictionary {dictionary.name} v{dictionary.version} "
                         f"(nearest: {dictionary.nearest(col)}). Map it in the site schema under [columns] or "
                         f"list it under ignore.{hint}")
+    problems.extend(summary)
     one_column_per_feature(mapped, problems)
     if not mapped and not unknown and not near:
         problems.append(f"No column of the table is a feature: every column is the patient id, the label or listed "

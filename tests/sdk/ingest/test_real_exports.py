@@ -178,3 +178,14 @@ def test_a_patient_row_the_export_repeated_is_named_as_a_copy():
     text = "\n".join(err.value.problems)
     assert "rows 2, 3: the same row more than once (every cell equal)" in text
     assert "rows 4, 5: repeated id" in text and "rows 2, 3: repeated id" not in text
+
+
+def test_many_unmapped_columns_end_in_one_problem_with_an_ignore_list_to_paste():
+    # a 300-column export against a 30-feature dictionary: 270 problems, one a column, nothing to paste
+    extra = {f"lab {i}": [1.0, 2.0] for i in range(15)}
+    df = pd.DataFrame({"pid": ["a", "b"], "y": [1, 0], "hr": [70, 80], **extra})
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    unknown = [p for p in err.value.problems if "not in the feature dictionary" in p]
+    assert len(unknown) == 11 and "5 more column(s)" in unknown[-1] and "'lab 14'" in unknown[-1]
+    assert "ignore = [" + ", ".join(f'"lab {i}"' for i in range(15)) + "]" in unknown[-1]
