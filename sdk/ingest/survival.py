@@ -64,7 +64,12 @@ def _events(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems
 
 
 def _times(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems: list[str]) -> np.ndarray:
-    t = pd.to_numeric(raw.where(present), errors="coerce").to_numpy(dtype=float)
+    if pd.api.types.is_timedelta64_dtype(raw.dtype):  # a duration (Parquet): exact, in time_unit as the rest
+        t = (raw / pd.Timedelta(days=1)).to_numpy(dtype=float, na_value=np.nan) / days_per(spec.time_unit)
+    else:
+        if pd.api.types.is_datetime64_any_dtype(raw.dtype):  # not nanoseconds since 1970: named as dates below
+            raw = as_text(raw)
+        t = pd.to_numeric(raw.where(present), errors="coerce").to_numpy(dtype=float)
     bad = present & ~np.isfinite(t)
     dates = bad & date_cells(raw)
     if dates.any():  # a date is not a duration; which of 03/04 is the day is not guessed either

@@ -189,3 +189,24 @@ def test_many_unmapped_columns_end_in_one_problem_with_an_ignore_list_to_paste()
     unknown = [p for p in err.value.problems if "not in the feature dictionary" in p]
     assert len(unknown) == 11 and "5 more column(s)" in unknown[-1] and "'lab 14'" in unknown[-1]
     assert "ignore = [" + ", ".join(f'"lab {i}"' for i in range(15)) + "]" in unknown[-1]
+
+
+def test_a_parquet_duration_is_a_follow_up_in_days_and_a_datetime_is_a_date():
+    # pandas' timedelta/datetime columns (Parquet durations and timestamps) were read as nanoseconds:
+    # 'follow-up longer than 150 years ... check time_unit', and a duration under a minute as days
+    from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
+    from clinograph.sdk.ontology.schema import SiteSchema, SurvivalColumns
+
+    d = FeatureDictionary(name="s", version=1, features=(
+        Feature(id="age", name="Age", kind="numeric", unit="years", reference_low=40, reference_high=80),))
+    df = pd.DataFrame({"pid": list("abc"), "age": [50.0] * 3, "fu": pd.to_timedelta([30, 400, None], unit="D"),
+                       "dead": [1, 0, 1]})
+    s = SiteSchema(site="h1", patient_id="pid", policy={"missing_label": "drop"},
+                   survival=SurvivalColumns(time="fu", event="dead", time_unit="wk"))
+    assert ingest(df, schema=s, dictionary=d).survival.time.tolist() == [30.0, 400.0]
+    df["fu"] = pd.to_datetime(["2021-01-01", "2021-02-01", None])
+    with pytest.raises(SchemaError, match=r"Time column 'fu': rows 1, 2: dates, not follow-up times"):
+        ingest(df, schema=s, dictionary=d)
+    df["fu"] = pd.to_timedelta([-3, 4, None], unit="D")  # a negative duration is still refused
+    with pytest.raises(SchemaError, match=r"Time column 'fu': row 1: negative follow-up time"):
+        ingest(df, schema=s, dictionary=d)
