@@ -210,3 +210,11 @@ def test_a_parquet_duration_is_a_follow_up_in_days_and_a_datetime_is_a_date():
     df["fu"] = pd.to_timedelta([-3, 4, None], unit="D")  # a negative duration is still refused
     with pytest.raises(SchemaError, match=r"Time column 'fu': row 1: negative follow-up time"):
         ingest(df, schema=s, dictionary=d)
+
+
+def test_a_multi_line_note_in_the_first_row_of_a_numeric_column_is_a_problem_not_a_crash(tmp_path):
+    # Excel's quoted newline ('see\nnote') reached the units-row check and the UCUM parser's regex did not match
+    path = tmp_path / "t.csv"
+    path.write_text('pid,hr,paco2,y\np1,"see\nnote",40,1\np2,70,41,0\n')
+    with pytest.raises(SchemaError, match=r"Column 'hr' \(heart_rate\): row 1: text where a number"):
+        ingest(read_table(path), schema=wide(), dictionary=D)

@@ -133,3 +133,10 @@ def test_offset_unit_against_another_kind_is_a_unit_error_not_a_pint_crash(src, 
     # pint refuses to divide a quantity by degC (OffsetUnitCalculusError); that used to escape as a traceback
     with pytest.raises(UnitError, match="Use a unit of the same kind"):
         conversion(feature="t", analyte=None, source=src, target=dst)
+
+
+@pytest.mark.parametrize("text", ["0-5", "see\nnote", "9**999", "x\n%"])
+def test_text_that_is_no_unit_is_not_a_unit_rather_than_a_crash(text):
+    # cells and column names reach is_known_unit (the units-row check, units named in headers): pint
+    # divided by zero on a range, the UCUM term regex did not match a line break, a huge power overflowed
+    assert not is_known_unit(text)
