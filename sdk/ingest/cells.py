@@ -35,6 +35,7 @@ MAX_MAGNITUDE = 1e15  # for a feature the dictionary gives no physical limit
 
 
 _GROUPED = re.compile(r"^\s*[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?\s*$")  # 1,234 / 12,345,678.5
+_SPACE_GROUPED = re.compile(r"^\s*[-+]?\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?:[.,]\d+)?\s*$")  # French: 1 234,5
 _CENSORED = re.compile(r"^\s*(?:(?:[<>≤≥]=?|=<|=>)\s*[-+]?\d+(?:[.,]\d+)?\s*\S*|\d+(?:[.,]\d+)?\s*\+)\s*$")  # '90+' too
 _DATE = re.compile(r"^\s*(?:\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[./]\d{1,2}[./]\d{2,4})(?:[ T]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?"
                    r"(?:Z|[+-]\d{2}:?\d{2})?)?\s*$")
@@ -167,6 +168,12 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
                             "separator ('1,234' = 1234) and as a decimal comma (1.234), so they are not read. Export "
                             "the numbers without thousands separators; if the commas are decimal commas, declare "
                             "decimal = \",\" in the site schema (read_table(..., decimal=\",\"); check --decimal ,).")
+        spaced = bad & ~unit_like & ~grouped & text.str.match(_SPACE_GROUPED).to_numpy(dtype=bool)
+        if spaced.any():
+            problems.append(f"{where}: {rows_text(spaced, at)}: numbers with spaces between digit groups (a thousands "
+                            "separator, as French Excel writes '1 234'). Export the numbers without thousands "
+                            "separators.")
+        grouped |= spaced
         comma = bad & ~unit_like & ~grouped & decimal_comma_cells(text)
         if comma.any():
             problems.append(f"{where}: {rows_text(comma, at)}: numbers written with a decimal comma. Declare decimal = "

@@ -218,3 +218,10 @@ def test_a_multi_line_note_in_the_first_row_of_a_numeric_column_is_a_problem_not
     path.write_text('pid,hr,paco2,y\np1,"see\nnote",40,1\np2,70,41,0\n')
     with pytest.raises(SchemaError, match=r"Column 'hr' \(heart_rate\): row 1: text where a number"):
         ingest(read_table(path), schema=wide(), dictionary=D)
+
+
+def test_space_grouped_thousands_are_named_with_the_fix():
+    # French Excel groups thousands with a (no-break) space: '1 175' was 'text where a number is expected'
+    df = pd.DataFrame({"pid": list("abc"), "y": [1, 0, 1], "crp": ["1\u00a0175", "2 250,5", "3"]})
+    with pytest.raises(SchemaError, match=r"rows 1, 2: numbers with spaces between digit groups"):
+        ingest(df, schema=wide(), dictionary=D)
