@@ -25,9 +25,9 @@ from clinograph.core.errors import SchemaError
 from ..ontology.codes import describe_codes, normalise_code, shown_codes
 from ..ontology.schema import SiteSchema, SurvivalColumns
 from ..ontology.units import conversion
-from .cells import as_text, date_cells, present_mask, undecided_codes_fix
+from .cells import TEXT_KINDS, as_text, classify_text, date_cells, present_mask, undecided_codes_fix
 from .columns import header_unit
-from .dialect import point_grouped_cells, point_grouped_problem
+from .dialect import decimal_comma_cells, point_grouped_cells, point_grouped_problem
 from .rows import rows_text
 from .table import PatientTable, SurvivalTarget
 
@@ -76,9 +76,14 @@ def _times(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems:
         problems.append(f"Time column {spec.time!r}: {rows_text(dates)}: dates, not follow-up times. Compute the "
                         "follow-up from the index date (diagnosis, admission) to the event or the last contact, and "
                         f"write it as a number of {spec.time_unit!r}.")
-    if (bad & ~dates).any():
-        problems.append(f"Time column {spec.time!r}: {rows_text(bad & ~dates)}: not a number. Write the follow-up "
-                        f"as a number of {spec.time_unit!r}.")
+    comma = bad & ~dates & decimal_comma_cells(as_text(raw).str.strip())
+    if comma.any():
+        problems.append(f"Time column {spec.time!r}: {rows_text(comma)}: numbers written with a decimal comma. Declare "
+                        "decimal = \",\" in the site schema for German/French Excel exports, or export them with "
+                        "decimal points.")
+    for kind, mask in classify_text(as_text(raw).str.strip(), bad & ~dates & ~comma):  # as a feature's cells
+        fix = TEXT_KINDS[kind] if kind != "text" else f"not a number. Write the follow-up as a number of {spec.time_unit!r}."
+        problems.append(f"Time column {spec.time!r}: {rows_text(mask)}: {fix}")
     neg = np.isfinite(t) & (t < 0)
     if neg.any():
         problems.append(f"Time column {spec.time!r}: {rows_text(neg)}: negative follow-up time. Follow-up runs from "

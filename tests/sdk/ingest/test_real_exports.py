@@ -225,3 +225,19 @@ def test_space_grouped_thousands_are_named_with_the_fix():
     df = pd.DataFrame({"pid": list("abc"), "y": [1, 0, 1], "crp": ["1\u00a0175", "2 250,5", "3"]})
     with pytest.raises(SchemaError, match=r"rows 1, 2: numbers with spaces between digit groups"):
         ingest(df, schema=wide(), dictionary=D)
+
+
+def test_a_follow_up_columns_text_is_named_like_a_feature_columns():
+    # '12,5', '>365' (censored at a year, written as a limit) and '?' were all 'not a number'
+    from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
+    from clinograph.sdk.ontology.schema import SiteSchema, SurvivalColumns
+
+    d = FeatureDictionary(name="s", version=1, features=(
+        Feature(id="age", name="Age", kind="numeric", unit="years", reference_low=40, reference_high=80),))
+    df = pd.DataFrame({"pid": list("abcd"), "age": [50.0] * 4, "fu": ["12,5", ">365", "?", "3"], "dead": [1, 0, 1, 1]})
+    s = SiteSchema(site="h1", patient_id="pid", survival=SurvivalColumns(time="fu", event="dead"))
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=s, dictionary=d)
+    text = "\n".join(err.value.problems)
+    assert "row 1: numbers written with a decimal comma" in text and "row 2: values beyond a detection limit" in text
+    assert "row 3: missing-value markers" in text and "not a number" not in text
