@@ -183,6 +183,20 @@ def survival_input(df: pd.DataFrame, *, schema: SiteSchema) -> SurvivalInput:
     return SurvivalInput(frame=local, schema=plain, days=days, time_column=spec.time)
 
 
+#: follow-up beyond which three quarters of a column's times look like Excel serial dates (days since
+#: 1900: 25569 is 1970-01-01) rather than durations; reported, not refused (age as the time scale, in days)
+SERIAL_DATE_DAYS = 25569.0
+
+
+def _serial_dates(days: np.ndarray) -> str | None:
+    v = days[np.isfinite(days)]
+    if len(v) < 3 or np.percentile(v, 25) < SERIAL_DATE_DAYS:
+        return None
+    return ("three quarters of its follow-up times are over 70 years: they look like Excel serial dates (days since "
+            "1900, 44927 is 2023-01-01), not durations. Compute the follow-up from the index date to the event or "
+            "the last contact")
+
+
 def with_survival(table: PatientTable, prepared: SurvivalInput) -> PatientTable:
     """``table`` (ingested from ``prepared.frame``) with :attr:`PatientTable.survival` attached.
 
@@ -198,6 +212,10 @@ def with_survival(table: PatientTable, prepared: SurvivalInput) -> PatientTable:
                            "their rows. A time-to-event label is one (time, event) a patient."], title=title)
     per = per.reindex(list(table.patient_ids))
     target = SurvivalTarget(time=per["t"].to_numpy(np.float64), event=per["e"].to_numpy().astype(np.int64))
+    far = dict(table.report.far_from_reference)
+    if (why := _serial_dates(target.time)) is not None:
+        far[prepared.time_column] = why
     report = dataclasses.replace(table.report, ignored_columns=tuple(c for c in table.report.ignored_columns
-                                                                      if c != prepared.time_column))
+                                                                      if c != prepared.time_column),
+                                 far_from_reference=far)
     return dataclasses.replace(table, survival=target, report=report)

@@ -43,7 +43,8 @@ class IngestReport:
     #: wide tables: mapped columns without a value in any row (not measured here, or every cell one of the
     #: declared missing values): their features are missing for every patient, as for an absent column
     empty_columns: tuple[str, ...] = ()
-    #: column (a long table: feature code) -> why its values look like another unit (:mod:`.plausibility`)
+    #: column (a long table: feature code) -> why its values look like another unit (:mod:`.plausibility`),
+    #: or why a [survival] time column's look like Excel serial dates (:mod:`.survival`)
     far_from_reference: dict[str, str] = field(default_factory=dict)
 
 

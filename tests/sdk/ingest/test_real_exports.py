@@ -241,3 +241,18 @@ def test_a_follow_up_columns_text_is_named_like_a_feature_columns():
     text = "\n".join(err.value.problems)
     assert "row 1: numbers written with a decimal comma" in text and "row 2: values beyond a detection limit" in text
     assert "row 3: missing-value markers" in text and "not a number" not in text
+
+
+def test_follow_up_times_that_look_like_excel_serial_dates_are_reported():
+    # a last-contact date exported as Excel's serial number (44927 = 2023-01-01) is 123 years of
+    # follow-up: under the 150-year limit, so it was read without a word
+    from clinograph.sdk.ontology.dictionary import Feature, FeatureDictionary
+    from clinograph.sdk.ontology.schema import SiteSchema, SurvivalColumns
+
+    d = FeatureDictionary(name="s", version=1, features=(
+        Feature(id="age", name="Age", kind="numeric", unit="years", reference_low=40, reference_high=80),))
+    df = pd.DataFrame({"pid": list("abcd"), "age": [50.0] * 4, "fu": [44927, 45012, 44100, 45300], "dead": [1, 0, 1, 1]})
+    s = SiteSchema(site="h1", patient_id="pid", survival=SurvivalColumns(time="fu", event="dead"))
+    report = ingest(df, schema=s, dictionary=d).report
+    assert list(report.far_from_reference) == ["fu"] and "Excel serial dates" in report.far_from_reference["fu"]
+    assert ingest(df.assign(fu=[30, 400, 12, 800]), schema=s, dictionary=d).report.far_from_reference == {}
