@@ -126,8 +126,8 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
                   "missing for every patient there (`clinograph check` shows its table).")
         elif kind == "hospital_far_from_reference":
             write(f"warning: hospital {data.get('site')}: the values of column(s) "
-                  f"{', '.join(map(repr, data.get('columns') or ()))} lie far outside their features' reference "
-                  "ranges: a unit is likely wrong (`clinograph check` names it).")
+                  f"{', '.join(map(repr, data.get('columns') or ()))} look like another unit (far outside their "
+                  "features' reference ranges) or like dates: `clinograph check` says why.")
         elif kind == "round_closed":
             write(f"{prefix}round {data.get('round')} closed: "
                   f"{len(list(data.get('contributors') or []))} contributor(s)" + eta_line(data))
