@@ -164,7 +164,7 @@ def header_unit(name: str) -> str | None:
     return unit if is_known_unit(unit) else None
 
 
-def header_unit_problem(col: str, feat: Feature, cm: ColumnMap | None) -> str | None:
+def header_unit_problem(col: str, feat: Feature, cm: ColumnMap | None, *, what: str = "Column") -> str | None:
     """The problem of a numeric column whose name gives a unit other than the feature's canonical
     unit while the site schema declares none: its values would be read in the canonical unit
     (``Weight (kg)`` read as lb). A name's unit of another dimension (``KPS Pt``: a pint) is not
@@ -181,7 +181,7 @@ def header_unit_problem(col: str, feat: Feature, cm: ColumnMap | None) -> str | 
         return None
     if (scale, offset) == (1.0, 0.0):
         return None
-    return (f"Column {col!r} ({feat.id}): its name gives the unit {unit!r}, but the site schema declares no unit "
+    return (f"{what} {col!r} ({feat.id}): its name gives the unit {unit!r}, but the site schema declares no unit "
             f"for it, so its values would be read in the dictionary's {feat.unit!r}. Declare the unit the values "
             f"are in: [columns.{col!r}] unit = {unit!r} (converted to {feat.unit!r}), or the right one if the "
             "name is wrong.")

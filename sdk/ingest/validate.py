@@ -524,6 +524,8 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         rows = codes == name
         groups = _row_units(df, rows, name, feat, cm, schema, problems)
         units_used[name] = [u for u, _ in groups if u is not None]
+        if not units_used[name] and (named := header_unit_problem(name, feat, cm, what="Feature code")) is not None:
+            problems.append(named)  # 'glucose_mmol' with no unit anywhere: read in the canonical unit otherwise
         if cm is not None and coding_problems(name, cm, feat):  # reported with the schema's: cells not read
             feat_of_row[rows] = feature_pos[feat.id]
             continue

@@ -256,3 +256,14 @@ def test_follow_up_times_that_look_like_excel_serial_dates_are_reported():
     report = ingest(df, schema=s, dictionary=d).report
     assert list(report.far_from_reference) == ["fu"] and "Excel serial dates" in report.far_from_reference["fu"]
     assert ingest(df.assign(fu=[30, 400, 12, 800]), schema=s, dictionary=d).report.far_from_reference == {}
+
+
+def test_a_long_tables_feature_code_naming_a_unit_is_not_read_as_the_canonical_unit():
+    from tables_helpers import long
+    rows = pd.DataFrame({"pid": ["a", "b"], "t": [0, 0], "y": [1, 0], "code": ["paco2_kPa"] * 2, "v": [5.3, 5.1]})
+    s = long(long={"patient": "pid", "time": "t", "feature": "code", "value": "v"},
+             columns={"paco2_kPa": ColumnMap(feature="paco2")})
+    with pytest.raises(SchemaError, match=r"Feature code 'paco2_kPa' \(paco2\): its name gives the unit 'kPa'"):
+        ingest(rows, schema=s, dictionary=D)
+    s = s.model_copy(update={"columns": {"paco2_kPa": ColumnMap(feature="paco2", unit="kPa")}})
+    assert ingest(rows, schema=s, dictionary=D).value.round(1).tolist() == [39.8, 38.3]
