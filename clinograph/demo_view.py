@@ -134,6 +134,10 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
                     (("absent", "not in its table:"), ("empty", "without a value in any row:")) if data.get(key)]
             write(f"warning: hospital {data.get('site')}: mapped column(s) {'; '.join(said)}; their features are "
                   "missing for every patient there (`clinograph check` shows its table).")
+        elif kind == "hospital_far_from_reference":
+            write(f"warning: hospital {data.get('site')}: the values of column(s) "
+                  f"{', '.join(map(repr, data.get('columns') or ()))} look like another unit (far outside their "
+                  "features' reference ranges) or like dates: `clinograph check` says why.")
         elif kind == "round_closed":
             write(f"{prefix}round {data.get('round')} closed: "
                   f"{len(list(data.get('contributors') or []))} contributor(s)" + eta_line(data))

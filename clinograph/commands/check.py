@@ -88,6 +88,7 @@ def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str |
             lines.append(f"warning: {absent_columns_text(result.report.absent_columns)}")
         if result.report.empty_columns:
             lines.append(f"warning: {empty_columns_text(result.report.empty_columns)}")
+        lines += [f"warning: column {col!r}: {why}." for col, why in result.report.far_from_reference.items()]
     return lines + _summary(result, d, mapping)
 
 

@@ -481,6 +481,8 @@ def simulate_from_config(config: SimulationConfig, *,
             if t.report is not None and (t.report.absent_columns or t.report.empty_columns):
                 on_event("hospital_missing_columns", {"site": t.site, "absent": list(t.report.absent_columns),
                                                       "empty": list(t.report.empty_columns)})
+            if t.report is not None and t.report.far_from_reference:  # a likely wrong unit (sdk/ingest/plausibility.py)
+                on_event("hospital_far_from_reference", {"site": t.site, "columns": sorted(t.report.far_from_reference)})
     output_folder(config.output, what="The config's `output`")
     audit_dir = config.output / "audit"
     if audit_dir.exists() and not audit_dir.is_dir():

@@ -35,7 +35,8 @@ MAX_MAGNITUDE = 1e15  # for a feature the dictionary gives no physical limit
 
 
 _GROUPED = re.compile(r"^\s*[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?\s*$")  # 1,234 / 12,345,678.5
-_CENSORED = re.compile(r"^\s*(?:[<>≤≥]=?|=<|=>)\s*[-+]?\d+(?:[.,]\d+)?\s*\S*\s*$")
+_SPACE_GROUPED = re.compile(r"^\s*[-+]?\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?:[.,]\d+)?\s*$")  # French: 1 234,5
+_CENSORED = re.compile(r"^\s*(?:(?:[<>≤≥]=?|=<|=>)\s*[-+]?\d+(?:[.,]\d+)?\s*\S*|\d+(?:[.,]\d+)?\s*\+)\s*$")  # '90+' too
 _DATE = re.compile(r"^\s*(?:\d{4}-\d{1,2}-\d{1,2}|\d{1,2}[./]\d{1,2}[./]\d{2,4})(?:[ T]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?"
                    r"(?:Z|[+-]\d{2}:?\d{2})?)?\s*$")
 #: spellings of "no value" that pandas does not read as missing (compared case-insensitively)
@@ -43,7 +44,8 @@ MISSING_MARKERS = frozenset({"-", "--", "---", ".", "..", "?", "??", "n.a.", "n.
                              "missing", "unknown", "unk", "not done", "none", "nil", "#value!", "#div/0!", "#ref!",
                              "#num!", "#name?"})
 TEXT_KINDS = {
-    "censored": "values beyond a detection limit (written like '<5' or '>200'), which are not numbers. Decide what "
+    "censored": "values beyond a detection limit (written like '<5' or '>200', or a top-coded age like '>89' or "
+                "'90+'), which are not numbers. Decide what "
                 "they mean for the model (the limit itself, or missing), write that number, or leave them empty.",
     "marker": "missing-value markers (like '-', '.', '?', 'n.a.' or a spreadsheet error such as '#VALUE!') that are "
               "not read as missing. Leave those cells empty (or write NA), or declare the export's markers in the site "
@@ -131,6 +133,20 @@ def binary_coding_fix(key: str, feat: Feature, codes: list[str]) -> str:
             f"{feat.id}>\" = 0 }}, with the column's own codes.")
 
 
+def undecided_codes_fix(key: str, meaning: str, codes: list[str]) -> str | None:
+    """The fix for a 0/1 column (label, event) holding other codes, over *all* the column's shown
+    ``codes`` with ``?`` where the user decides -- None unless 2 to 4 of them. Codes 1/2 are R's
+    survival convention (1 censored or alive, 2 the event): there '1' is not a positive, so the
+    template asks about it too instead of showing only the codes that were refused."""
+    if not 2 <= len(codes) <= 4:
+        return None
+    template = ", ".join(f"\"{c}\" = ?" for c in sorted(codes))
+    r = (" (R's survival data use 1 = censored or alive and 2 = the event, so there \"1\" = 0)"
+         if {normalise_code(c) for c in codes} == {"1", "2"} else "")
+    return (f"Declare what each code means in the site schema: {key} = {{ {template} }}, each ? replaced by 1 if "
+            f"that code means {meaning}, else 0{r}. Clinograph does not guess: the wrong choice inverts the outcome.")
+
+
 def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit: str | None,
              problems: list[str], key: str, at: np.ndarray | None) -> np.ndarray:
     where = f"Column {col!r} ({feat.id})"
@@ -142,7 +158,7 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
         num = pd.to_numeric(text.where(present, ""), errors="coerce").to_numpy(dtype=float)
     bad = present & np.isnan(num)
     if bad.any():
-        unit_like = bad & text.str.match(_UNIT_IN_CELL).to_numpy()
+        unit_like = bad & text.str.match(_UNIT_IN_CELL).to_numpy() & ~text.str.match(_DATE).to_numpy(dtype=bool)
         if unit_like.any():
             problems.append(f"{where}: {rows_text(unit_like, at)}: number with a unit string in the cell. Put the unit "
                             f"in the site schema ([columns].{key!r}.unit) and keep only numbers in the column.")
@@ -152,6 +168,12 @@ def _numeric(col: str, raw: pd.Series, present: np.ndarray, feat: Feature, unit:
                             "separator ('1,234' = 1234) and as a decimal comma (1.234), so they are not read. Export "
                             "the numbers without thousands separators; if the commas are decimal commas, declare "
                             "decimal = \",\" in the site schema (read_table(..., decimal=\",\"); check --decimal ,).")
+        spaced = bad & ~unit_like & ~grouped & text.str.match(_SPACE_GROUPED).to_numpy(dtype=bool)
+        if spaced.any():
+            problems.append(f"{where}: {rows_text(spaced, at)}: numbers with spaces between digit groups (a thousands "
+                            "separator, as French Excel writes '1 234'). Export the numbers without thousands "
+                            "separators.")
+        grouped |= spaced
         comma = bad & ~unit_like & ~grouped & decimal_comma_cells(text)
         if comma.any():
             problems.append(f"{where}: {rows_text(comma, at)}: numbers written with a decimal comma. Declare decimal = "
@@ -282,9 +304,10 @@ def parse_labels(raw: pd.Series, col: str, problems: list[str], *,
     if bad.any():
         seen = _codes_seen(raw, bad)
         if codes is None:
+            fix = undecided_codes_fix("label_codes", "the outcome happened", shown_codes(_code_counts(raw, present)))
             problems.append(f"Label column {col!r}: {rows_text(bad)}: not binary (expected {LABEL_CODES_TEXT}; seen: "
-                            f"{seen}). Declare the label's coding in the site schema, e.g. label_codes = "
-                            "{ \"dead\" = 1, \"alive\" = 0 }, or fix the cells.")
+                            f"{seen}). " + (fix or "Declare the label's coding in the site schema, e.g. label_codes "
+                                            "= { \"dead\" = 1, \"alive\" = 0 }, or fix the cells."))
         else:
             problems.append(f"Label column {col!r}: {rows_text(bad)}: codes not in the site schema's label_codes "
                             f"(seen: {seen}). Add them to label_codes, or fix the cells.")

@@ -7,6 +7,7 @@ having no header row.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable
 
@@ -14,8 +15,9 @@ import pandas as pd
 
 from clinograph.core.errors import SchemaError
 
-from ..ontology.dictionary import Feature, FeatureDictionary
+from ..ontology.dictionary import Feature, FeatureDictionary, FeatureKind
 from ..ontology.schema import ColumnMap, SiteSchema
+from ..ontology.units import conversion, is_known_unit
 
 
 def looks_like_data(label: object) -> bool:
@@ -146,3 +148,40 @@ def near_misses(columns: Iterable[object], declared: Iterable[str]) -> dict[str,
                         "spaces, letter case or Unicode normalisation. Rename the column in the table, or write the "
                         "name exactly as in the table in the site schema.")
     return out
+
+
+#: a unit a column name gives: in brackets at its end (``Weight (kg)``, ``Glucose [mmol/L]``) or as
+#: its last word after ``_`` or a space (``wt_lb``, ``Temp degC``)
+_HEADER_UNIT = re.compile(r"(?:[(\[]\s*([^()\[\]]+?)\s*[)\]]|[_ ]([A-Za-z°µ%][\w°µ%/.\[\]]*))\s*$")
+
+
+def header_unit(name: str) -> str | None:
+    """The unit a column name gives (``'Weight (kg)'`` -> ``'kg'``), if it reads as a unit, else None."""
+    m = _HEADER_UNIT.search(name)
+    if m is None:
+        return None
+    unit = (m.group(1) or m.group(2)).strip()
+    return unit if is_known_unit(unit) else None
+
+
+def header_unit_problem(col: str, feat: Feature, cm: ColumnMap | None, *, what: str = "Column") -> str | None:
+    """The problem of a numeric column whose name gives a unit other than the feature's canonical
+    unit while the site schema declares none: its values would be read in the canonical unit
+    (``Weight (kg)`` read as lb). A name's unit of another dimension (``KPS Pt``: a pint) is not
+    a unit of this column and is passed over; a declared unit wins over the name."""
+    if feat.kind != FeatureKind.NUMERIC or (cm is not None and cm.unit is not None):
+        return None
+    unit = header_unit(col)
+    if unit is None:
+        return None
+    try:
+        scale, offset = conversion(feature=feat.id, analyte=feat.analyte, source=unit, target=feat.unit,
+                                   molar_mass=feat.molar_mass, valence=feat.valence)
+    except SchemaError:  # another dimension: the name's last word is not this column's unit
+        return None
+    if (scale, offset) == (1.0, 0.0):
+        return None
+    return (f"{what} {col!r} ({feat.id}): its name gives the unit {unit!r}, but the site schema declares no unit "
+            f"for it, so its values would be read in the dictionary's {feat.unit!r}. Declare the unit the values "
+            f"are in: [columns.{col!r}] unit = {unit!r} (converted to {feat.unit!r}), or the right one if the "
+            "name is wrong.")

@@ -27,6 +27,8 @@ _COMMA_NUMBER = re.compile(r"^\s*[-+]?(?:\d{1,3}(?:\.\d{3})+|\d+),\d+(?:[eE][-+]
 _DOT_NUMBER = re.compile(r"^\s*[-+]?\d*\.\d+(?:[eE][-+]?\d+)?\s*$")
 #: '1.150': a decimal point, or a decimal-comma locale's thousands separator (1150)
 _DOT_GROUPED = re.compile(r"^\s*[-+]?[1-9]\d{0,2}(?:\.\d{3})+\s*$")
+#: '1,175': a decimal comma, or a thousands comma (1175)
+_COMMA_GROUPED = re.compile(r"^\s*[-+]?[1-9]\d{0,2}(?:,\d{3})+\s*$")
 _SAMPLE_LINES = 20
 
 
@@ -92,11 +94,16 @@ def dialect_hint(text: str, used: str) -> str:
 
 
 def detect_decimal(df: pd.DataFrame) -> str:
-    """``","`` if the table's numbers are written only with decimal commas, else ``"."``."""
+    """``","`` if the table's numbers are written only with decimal commas, else ``"."``.
+
+    A number like ``1,175`` (three digits after one comma) is 1175 with a thousands comma as
+    often as 1.175: alone it does not make a file decimal-comma (a ``;`` file of whole numbers
+    with ``1,175`` kcal read 1.175). Its cells are then refused as ambiguous by ingestion, unless
+    a decimal comma elsewhere (``72,5``) or the site schema's ``decimal`` settles the file."""
     commas = dots = 0
     for i in range(df.shape[1]):  # by position: labels may repeat (reported later by ingest)
         cells = df.iloc[:, i].dropna().astype(str)
-        commas += int(cells.str.match(_COMMA_NUMBER).sum())
+        commas += int((cells.str.match(_COMMA_NUMBER) & ~cells.str.match(_COMMA_GROUPED)).sum())
         dots += int((cells.str.match(_DOT_NUMBER) & ~cells.str.match(_DOT_GROUPED)).sum())  # '1.150': either
     return "," if commas and not dots else "."
 

@@ -3,6 +3,7 @@
 Whatever the file holds, the result is a DataFrame or a :class:`ClinographError`, and no error
 quotes a cell: only regular files are opened (a directory, FIFO or device is refused before any
 read); the encoding is taken from a byte-order mark (UTF-8, UTF-16, UTF-32), else UTF-8, else
+Windows-1252 (Excel on Windows: its 0x80-0x9F are ’ – € ..., control characters in latin-1), else
 latin-1 (every byte is a latin-1 character, so a stray latin-1 byte in a column you ignore is
 accepted; the encoding used is recorded in ``df.attrs["encoding"]`` and in the ingest report);
 UTF-16/32 without a byte-order mark is refused with the fix. Rows with more or fewer fields than
@@ -81,10 +82,12 @@ def decode(data: bytes, *, name: str) -> tuple[str, str]:
         raise SchemaError(f"Table {name} holds NUL bytes: it looks like UTF-16 or UTF-32 without a byte-order "
                           "mark. Export it as UTF-8 (or UTF-16 with a byte-order mark).",
                           title="Table cannot be decoded")
-    try:
-        return data.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        return data.decode("latin-1"), "latin-1"
+    for enc in ("utf-8", "cp1252"):  # Excel on Windows writes cp1252 (its 0x80-0x9F are ’ – € ...)
+        try:
+            return data.decode(enc), enc
+        except UnicodeDecodeError:
+            pass
+    return data.decode("latin-1"), "latin-1"
 
 
 _SEP_LINE = re.compile(r"\A\ufeff?sep=(.)[ \t]*\r?\n")

@@ -22,11 +22,12 @@ import pandas as pd
 
 from clinograph.core.errors import SchemaError
 
-from ..ontology.codes import normalise_code
+from ..ontology.codes import describe_codes, normalise_code, shown_codes
 from ..ontology.schema import SiteSchema, SurvivalColumns
 from ..ontology.units import conversion
-from .cells import as_text, present_mask
-from .dialect import point_grouped_cells, point_grouped_problem
+from .cells import TEXT_KINDS, as_text, classify_text, date_cells, present_mask, undecided_codes_fix
+from .columns import header_unit
+from .dialect import decimal_comma_cells, point_grouped_cells, point_grouped_problem
 from .rows import rows_text
 from .table import PatientTable, SurvivalTarget
 
@@ -53,24 +54,56 @@ def _events(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems
         if v in (0, 1):
             out[i] = v
     bad = present & np.isnan(out)
-    if bad.any():
-        shown = ", ".join(sorted({str(x) for x in text[bad].unique()})[:5])
-        problems.append(f"Event column {spec.event!r}: {rows_text(bad)}: not 0/1 (codes seen: {shown}). Code the "
-                        "event as 1 (observed) or 0 (censored), or declare event_codes under [survival].")
+    if bad.any():  # codes shown as describe_codes allows: a one-off cell may be patient text
+        seen = describe_codes(text[bad].value_counts().to_dict())
+        fix = None if spec.event_codes else undecided_codes_fix(
+            "[survival] event_codes", "the event was observed", shown_codes(text[present].value_counts().to_dict()))
+        problems.append(f"Event column {spec.event!r}: {rows_text(bad)}: not 0/1 (codes seen: {seen}). " + (
+            fix or "Code the event as 1 (observed) or 0 (censored), or declare event_codes under [survival]."))
     return out
 
 
 def _times(raw: pd.Series, spec: SurvivalColumns, present: np.ndarray, problems: list[str]) -> np.ndarray:
-    t = pd.to_numeric(raw.where(present), errors="coerce").to_numpy(dtype=float)
+    if pd.api.types.is_timedelta64_dtype(raw.dtype):  # a duration (Parquet): exact, in time_unit as the rest
+        t = (raw / pd.Timedelta(days=1)).to_numpy(dtype=float, na_value=np.nan) / days_per(spec.time_unit)
+    else:
+        if pd.api.types.is_datetime64_any_dtype(raw.dtype):  # not nanoseconds since 1970: named as dates below
+            raw = as_text(raw)
+        t = pd.to_numeric(raw.where(present), errors="coerce").to_numpy(dtype=float)
     bad = present & ~np.isfinite(t)
-    if bad.any():
-        problems.append(f"Time column {spec.time!r}: {rows_text(bad)}: not a number. Write the follow-up as a "
-                        f"number of {spec.time_unit!r}.")
+    dates = bad & date_cells(raw)
+    if dates.any():  # a date is not a duration; which of 03/04 is the day is not guessed either
+        problems.append(f"Time column {spec.time!r}: {rows_text(dates)}: dates, not follow-up times. Compute the "
+                        "follow-up from the index date (diagnosis, admission) to the event or the last contact, and "
+                        f"write it as a number of {spec.time_unit!r}.")
+    comma = bad & ~dates & decimal_comma_cells(as_text(raw).str.strip())
+    if comma.any():
+        problems.append(f"Time column {spec.time!r}: {rows_text(comma)}: numbers written with a decimal comma. Declare "
+                        "decimal = \",\" in the site schema for German/French Excel exports, or export them with "
+                        "decimal points.")
+    for kind, mask in classify_text(as_text(raw).str.strip(), bad & ~dates & ~comma):  # as a feature's cells
+        fix = TEXT_KINDS[kind] if kind != "text" else f"not a number. Write the follow-up as a number of {spec.time_unit!r}."
+        problems.append(f"Time column {spec.time!r}: {rows_text(mask)}: {fix}")
     neg = np.isfinite(t) & (t < 0)
     if neg.any():
         problems.append(f"Time column {spec.time!r}: {rows_text(neg)}: negative follow-up time. Follow-up runs from "
                         "the index date to the event or the last contact; check the dates it was computed from.")
     return t
+
+
+def _named_time_unit(spec: SurvivalColumns) -> str | None:
+    """The problem of a time column whose name gives a time unit other than days (``fu_months``)
+    while ``time_unit`` is not written (so days, the default, would be read); None otherwise."""
+    if "time_unit" in spec.model_fields_set or (unit := header_unit(spec.time)) is None:
+        return None
+    try:
+        if days_per(unit) == 1.0:
+            return None
+    except SchemaError:  # not a time unit: the name's last word is not this column's unit
+        return None
+    return (f"Time column {spec.time!r}: its name gives the unit {unit!r}, but [survival] time_unit is not written, "
+            f"so its values would be read in days (the default). Write the unit the times are in: [survival] "
+            f"time_unit = {unit!r}, or \"d\" if the name is wrong.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +146,8 @@ def survival_input(df: pd.DataFrame, *, schema: SiteSchema) -> SurvivalInput:
     except SchemaError as exc:
         raise SchemaError([f"[survival] time_unit {spec.time_unit!r}: {p}" for p in exc.problems], title=title) from None
     problems: list[str] = []
+    if (named := _named_time_unit(spec)) is not None:
+        problems.append(named)
     has_t, has_e = present_mask(df[spec.time]), present_mask(df[spec.event])
     drop = schema.policy.missing_label == "drop"
     if not drop and (~has_t).any():
@@ -148,6 +183,20 @@ def survival_input(df: pd.DataFrame, *, schema: SiteSchema) -> SurvivalInput:
     return SurvivalInput(frame=local, schema=plain, days=days, time_column=spec.time)
 
 
+#: follow-up beyond which three quarters of a column's times look like Excel serial dates (days since
+#: 1900: 25569 is 1970-01-01) rather than durations; reported, not refused (age as the time scale, in days)
+SERIAL_DATE_DAYS = 25569.0
+
+
+def _serial_dates(days: np.ndarray) -> str | None:
+    v = days[np.isfinite(days)]
+    if len(v) < 3 or np.percentile(v, 25) < SERIAL_DATE_DAYS:
+        return None
+    return ("three quarters of its follow-up times are over 70 years: they look like Excel serial dates (days since "
+            "1900, 44927 is 2023-01-01), not durations. Compute the follow-up from the index date to the event or "
+            "the last contact")
+
+
 def with_survival(table: PatientTable, prepared: SurvivalInput) -> PatientTable:
     """``table`` (ingested from ``prepared.frame``) with :attr:`PatientTable.survival` attached.
 
@@ -163,6 +212,10 @@ def with_survival(table: PatientTable, prepared: SurvivalInput) -> PatientTable:
                            "their rows. A time-to-event label is one (time, event) a patient."], title=title)
     per = per.reindex(list(table.patient_ids))
     target = SurvivalTarget(time=per["t"].to_numpy(np.float64), event=per["e"].to_numpy().astype(np.int64))
+    far = dict(table.report.far_from_reference)
+    if (why := _serial_dates(target.time)) is not None:
+        far[prepared.time_column] = why
     report = dataclasses.replace(table.report, ignored_columns=tuple(c for c in table.report.ignored_columns
-                                                                      if c != prepared.time_column))
+                                                                      if c != prepared.time_column),
+                                 far_from_reference=far)
     return dataclasses.replace(table, survival=target, report=report)

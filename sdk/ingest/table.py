@@ -18,7 +18,7 @@ class IngestReport:
     """What ingestion did: rows read, rows and columns dropped by an explicit policy, units converted.
 
     ``encoding``: how the file was decoded (``utf-8``, ``utf-16``, ``latin-1``, ``parquet``; None
-    for a DataFrame given directly). ``duplicate_observations_dropped``: long-table rows that
+    for a DataFrame given directly; ``cp1252`` for Windows Excel). ``duplicate_observations_dropped``: long-table rows that
     repeat an observation exactly (same patient, time, feature and value; conflicting repeats
     are an error). ``labelled``: False only for a schema declared ``unlabeled`` (labels are -1).
     ``declared_missing_cells``: cells that were one of the schema's ``[policy] missing_values``.
@@ -43,6 +43,9 @@ class IngestReport:
     #: wide tables: mapped columns without a value in any row (not measured here, or every cell one of the
     #: declared missing values): their features are missing for every patient, as for an absent column
     empty_columns: tuple[str, ...] = ()
+    #: column (a long table: feature code) -> why its values look like another unit (:mod:`.plausibility`),
+    #: or why a [survival] time column's look like Excel serial dates (:mod:`.survival`)
+    far_from_reference: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, repr=False)

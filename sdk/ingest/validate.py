@@ -10,6 +10,7 @@ the unit vocabulary; other codes are counted, not shown.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import unicodedata
@@ -28,12 +29,14 @@ from .columns import (
     check_labels,
     empty_name_message,
     header_is_data,
+    header_unit_problem,
     near_misses,
     no_header_message,
     one_column_per_feature,
     resolve,
 )
 from .dialect import point_grouped_cells, point_grouped_problem
+from .plausibility import far_from_reference
 from .read import read_table
 from .rows import rows_text
 from .survival import survival_input, with_survival
@@ -45,6 +48,8 @@ __all__ = ["ingest", "read_table"]
 SUMMARY_IDS = frozenset({"total", "totals", "grand total", "sum", "subtotal", "mean", "average", "avg", "median",
                          "overall", "summe", "gesamt", "gesamtsumme", "mittelwert", "durchschnitt", "somme", "moyenne",
                          "totaal", "gemiddelde", "suma", "media", "promedio"})
+#: unmapped columns named one problem each (with the nearest dictionary entries); the rest in one problem
+SHOWN_UNKNOWN = 10
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SPACE = re.compile(r"[\s\x00-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]+")
 
@@ -60,7 +65,10 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
                           "read_table() first.", title="Table is not a DataFrame")
     df = declared_missing(df, schema)
     if schema.survival is not None:  # time-to-event label: time + event columns (sdk/ingest/survival.py)
-        prepared = survival_input(df, schema=schema)
+        try:
+            prepared = survival_input(df, schema=schema)
+        except SchemaError as exc:
+            raise _with_feature_problems(exc, df, schema, dictionary) from None
         return with_survival(ingest(prepared.frame, schema=prepared.schema, dictionary=dictionary), prepared)
     problems: list[str] = []
     try:
@@ -88,6 +96,23 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     if schema.format == "wide":
         return _ingest_wide(df, schema, dictionary, problems)
     return _ingest_long(df, schema, dictionary, problems)
+
+
+def _with_feature_problems(exc: SchemaError, df: pd.DataFrame, schema: SiteSchema,
+                           dictionary: FeatureDictionary) -> SchemaError:
+    """``exc`` (the time and event columns' problems) with the problems of the rest of the table --
+    ids, feature cells, columns -- read as an unlabelled table without the time and event columns, so a
+    survival table's problems come at once, not the label's first."""
+    spec = schema.survival
+    plain = schema.model_copy(update={"survival": None, "label": None, "unlabeled": True, "label_codes": None,
+                                      "ignore": tuple(dict.fromkeys((*schema.ignore, spec.time, spec.event)))})
+    try:
+        ingest(df.drop(columns=[c for c in (spec.time, spec.event) if c in df.columns]), schema=plain,
+               dictionary=dictionary)
+    except SchemaError as more:
+        return SchemaError(list(dict.fromkeys([*exc.problems, *more.problems])),
+                           title=f"Table for site {schema.site!r} cannot be ingested")
+    return exc
 
 
 def declared_missing(df: pd.DataFrame, schema: SiteSchema) -> pd.DataFrame:
@@ -282,6 +307,17 @@ def _converted(mapped: dict, units: dict[str, list[str]]) -> dict[str, str]:
             if any(not same_unit(u, f.unit) for u in units.get(n, ()))}
 
 
+def _as_key_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """``df``'s cells as text, by position (labels may repeat), to compare rows whatever the dtypes."""
+    return pd.DataFrame({i: as_text(df.iloc[:, i]).str.strip() for i in range(df.shape[1])})
+
+
+def _far(mapped: dict, parsed: dict[str, np.ndarray]) -> dict[str, str]:
+    """column or code -> why its values look like another unit (:func:`.plausibility.far_from_reference`)."""
+    out = {n: far_from_reference(f, parsed[n]) for n, (f, _) in mapped.items() if n in parsed}
+    return {n: why for n, why in out.items() if why is not None}
+
+
 def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     reserved = {schema.patient_id, schema.label, *(schema.concepts or ())}
     near = _near_misses(df, schema, {"patient_id": schema.patient_id, "label": schema.label})  # reported
@@ -290,13 +326,22 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
     if blank := [i for i, c in enumerate(df.columns) if c in unknown and not c.strip()]:
         problems.append(empty_name_message(blank))
     unmatched = [c for c in schema.columns if c not in df.columns]  # mapped by the schema, absent from the table
-    for col in (c for c in unknown if c.strip()):
+    named = [c for c in unknown if c.strip()]
+    summary = []
+    if len(named) > SHOWN_UNKNOWN:  # one problem for the rest, with the list to paste (a 300-column export)
+        rest = named[SHOWN_UNKNOWN:]
+        summary.append(f"{len(rest)} more column(s) are not in the feature dictionary {dictionary.name} "
+                        f"v{dictionary.version} nor mapped in the site schema: {', '.join(map(repr, rest))}. Map the "
+                        "ones that are features under [columns]; to leave out all the columns named here and above, "
+                        f"write in the site schema: ignore = [{', '.join(json.dumps(c) for c in named)}]")
+    for col in named[:SHOWN_UNKNOWN]:
         renamed = get_close_matches(col.lower(), [c.lower() for c in unmatched], n=1, cutoff=0.6)
         hint = (f" The site schema maps {next(c for c in unmatched if c.lower() == renamed[0])!r}, which is not in "
                 "the table: if the column was renamed, fix its name under [columns].") if renamed else ""
         problems.append(f"Column {col!r} is not in the feature dictionary {dictionary.name} v{dictionary.version} "
                         f"(nearest: {dictionary.nearest(col)}). Map it in the site schema under [columns] or "
                         f"list it under ignore.{hint}")
+    problems.extend(summary)
     one_column_per_feature(mapped, problems)
     if not mapped and not unknown and not near:
         problems.append(f"No column of the table is a feature: every column is the patient id, the label or listed "
@@ -306,11 +351,19 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
         else np.array([""] * len(df), dtype=object)
     if schema.patient_id in df.columns:
         dup = pd.Series(ids).duplicated(keep=False).to_numpy() & present_mask(df[schema.patient_id])
-        if dup.any():
-            problems.append(f"Patient id column {schema.patient_id!r}: {rows_text(dup)}: repeated id. A wide table "
-                            "has one row a patient; use format = \"long\" for repeated measurements.")
+        copies = np.zeros(len(df), dtype=bool)
+        if dup.any():  # every cell equal: a row exported twice
+            copies[np.flatnonzero(dup)] = _as_key_frame(df[dup]).duplicated(keep=False).to_numpy()
+        if copies.any():
+            problems.append(f"Patient id column {schema.patient_id!r}: {rows_text(copies)}: the same row more than "
+                            "once (every cell equal): the export repeated those patients. Remove the copies.")
+        if (dup & ~copies).any():
+            problems.append(f"Patient id column {schema.patient_id!r}: {rows_text(dup & ~copies)}: repeated id. A wide "
+                            "table has one row a patient; use format = \"long\" for repeated measurements.")
     parsed, empty = {}, []
     for col, (feat, cm) in mapped.items():
+        if (named := header_unit_problem(col, feat, cm)) is not None:
+            problems.append(named)
         if cm is not None and coding_problems(col, cm, feat):  # reported with the schema's: its cells are not read
             parsed[col] = np.full(len(df), np.nan)
             continue
@@ -353,7 +406,7 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
                           declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
                           declared_missing_by_column=dict(df.attrs.get("declared_missing_by_column", {})),
                           absent_columns=tuple(c for c in schema.columns if c not in df.columns),
-                          empty_columns=tuple(empty))
+                          empty_columns=tuple(empty), far_from_reference=_far(mapped, parsed))
     out_labels = labels[rows].astype(np.int64) if labels is not None else np.full(len(rows), -1, np.int64)
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(ids[rows]),
                         patient=_cat(pats, np.int64), node=_cat(nodes, np.int64), value=_cat(vals, np.float64),
@@ -471,6 +524,8 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
         rows = codes == name
         groups = _row_units(df, rows, name, feat, cm, schema, problems)
         units_used[name] = [u for u, _ in groups if u is not None]
+        if not units_used[name] and (named := header_unit_problem(name, feat, cm, what="Feature code")) is not None:
+            problems.append(named)  # 'glucose_mmol' with no unit anywhere: read in the canonical unit otherwise
         if cm is not None and coding_problems(name, cm, feat):  # reported with the schema's: cells not read
             feat_of_row[rows] = feature_pos[feat.id]
             continue
@@ -537,7 +592,8 @@ def _ingest_long(df, schema, dictionary, problems) -> PatientTable:
                           encoding=df.attrs.get("encoding"), duplicate_observations_dropped=n_dupes,
                           declared_missing_cells=int(df.attrs.get("declared_missing_cells", 0)),
                           declared_missing_by_column=dict(df.attrs.get("declared_missing_by_column", {})),
-                          labelled=labels_row is not None)
+                          labelled=labels_row is not None,
+                          far_from_reference=_far(mapped, {n: parsed[codes == n] for n in mapped}))
     return PatientTable(dictionary=dictionary, site=schema.site, patient_ids=tuple(uniq_ids[keep_p]),
                         patient=pat[ok], node=nodes[ok], value=values[ok], std_value=std.astype(np.float64),
                         time=snap[ok].astype(np.int64), labels=labels[keep_p].astype(np.int64), report=report)

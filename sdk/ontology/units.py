@@ -125,7 +125,9 @@ def _term(term: str, *, whole: str) -> str:
             raise ValueError(f"unit {whole!r}: {term!r} is not a UCUM atom with an integer exponent")
     else:
         m = _ATOM_EXP.match(term)
-        atom, exp = m.group("atom"), m.group("exp") or ""  # type: ignore[union-attr]
+        if m is None:  # a line break or other character no unit has ('see\nnote' in a numeric cell)
+            raise ValueError(f"unit {whole!r}: {term!r} is not a unit term")
+        atom, exp = m.group("atom"), m.group("exp") or ""
         if not atom:
             return term
     if atom in UCUM_ATOMS:
@@ -198,10 +200,15 @@ def parse_unit(unit: str):  # -> pint.Quantity
     try:
         q = ureg.parse_expression(expr)
     except (pint.errors.PintError, AttributeError, TypeError, SyntaxError, TokenError, IndexError,
-            AssertionError) as exc:  # pint asserts on some symbols ("☃"): a bad unit, not a bug of ours
+            AssertionError, ArithmeticError) as exc:  # pint asserts on some symbols ("☃") and divides by
+        # zero on a range ("0-5" is 0 to the power -5): a bad unit, not a bug of ours
         raise ValueError(f"unit {unit!r} is not a unit pint reads ({type(exc).__name__})") from None
     q = q if isinstance(q, ureg.Quantity) else ureg.Quantity(q)
-    if not (isinstance(q.magnitude, int | float) and math.isfinite(q.magnitude) and q.magnitude > 0):
+    try:  # an integer power beyond a float ('9³⁹⁹') overflows here
+        finite = isinstance(q.magnitude, int | float) and math.isfinite(q.magnitude)
+    except OverflowError:
+        finite = False
+    if not (finite and q.magnitude > 0):
         raise ValueError(f"unit {unit!r} does not read as a positive finite multiple of a unit")
     return q
 

@@ -198,3 +198,13 @@ def test_check_reads_a_synthea_style_fhir_folder(tmp_path):
     assert "without a numeric or boolean value: 1" in out
     assert all(f in out for f in ("heart_rate ", "systolic_bp ", "glucose ", "creatinine "))
     assert "Zqxname" not in out and pid not in out
+
+
+def test_check_warns_about_a_column_far_from_its_reference_range(tmp_path):
+    # a heart rate written in hundreds (0.72): physically possible, so it was read without a word
+    table, schema = demo_hospitals()[0]
+    col = next(c for c, cm in schema.columns.items() if cm.feature == "heart_rate")
+    table.assign(**{col: table[col] / 100}).to_csv(tmp_path / "t.csv", index=False)
+    r = _run(_schema_file(tmp_path, schema), tmp_path / "t.csv")
+    assert r.exit_code == 0, r.output
+    assert f"warning: column {col!r}: three quarters of its values lie more than 5 times below the reference range" in r.output

@@ -75,3 +75,11 @@ def test_a_hospitals_missing_columns_are_a_warning_line():
         "missing for every patient there (`clinograph check` shows its table).",
         "warning: hospital h2: mapped column(s) not in its table: 'ECOG'; without a value in any row: 'a', 'b'; "
         "their features are missing for every patient there (`clinograph check` shows its table)."]
+
+
+def test_a_hospitals_columns_far_from_their_reference_ranges_are_a_warning_line():
+    lines: list[str] = []
+    show = simulation_progress(3, lines.append, status=lambda _: None, clock=lambda: 0.0)
+    show("hospital_far_from_reference", {"site": "h3", "columns": ["KPS"]})
+    assert lines == ["warning: hospital h3: the values of column(s) 'KPS' look like another unit (far outside their "
+                     "features' reference ranges) or like dates: `clinograph check` says why."]

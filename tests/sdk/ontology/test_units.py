@@ -141,3 +141,10 @@ def test_lab_count_spellings_read_as_thousands_not_kelvin():
     assert same_unit("K/uL", "10*3/uL") and same_unit("M/uL", "10*6/uL") and same_unit("x10^9/L", "10*9/L")
     assert conversion(feature="wbc", analyte=None, source="K/uL", target="10*9/L") == pytest.approx((1.0, 0.0))
     assert conversion(feature="rbc", analyte=None, source="x10e12/L", target="10*6/uL") == pytest.approx((1.0, 0.0))
+
+
+@pytest.mark.parametrize("text", ["0-5", "see\nnote", "9**999", "x\n%"])
+def test_text_that_is_no_unit_is_not_a_unit_rather_than_a_crash(text):
+    # cells and column names reach is_known_unit (the units-row check, units named in headers): pint
+    # divided by zero on a range, the UCUM term regex did not match a line break, a huge power overflowed
+    assert not is_known_unit(text)
