@@ -116,7 +116,10 @@ def _summary(t, d, mapping: dict[str, str]) -> list[str]:
         fid = node_ids[int(node)].split("=")[0]
         counts[fid] = counts.get(fid, 0) + int(n)
     out = [f"patients: {t.n_patients}, observations: {r.observations}, snapshots: {t.n_snapshots}"]
-    if r.labelled:
+    if t.survival is not None:  # labels are the events: say so in the survival task's words
+        ev = int(np.sum(t.survival.event))  # counts only: check prints no cell value (a follow-up time is one)
+        out.append(f"survival: {ev} event(s), {len(t.survival.event) - ev} censored (labels are the events)")
+    elif r.labelled:
         pos, neg = int((t.labels == 1).sum()), int((t.labels == 0).sum())
         out.append(f"labels: {pos} positive, {neg} negative")
         if t.n_patients and not (pos and neg):

@@ -208,3 +208,20 @@ def test_check_warns_about_a_column_far_from_its_reference_range(tmp_path):
     r = _run(_schema_file(tmp_path, schema), tmp_path / "t.csv")
     assert r.exit_code == 0, r.output
     assert f"warning: column {col!r}: three quarters of its values lie more than 5 times below the reference range" in r.output
+
+
+def test_check_counts_a_survival_tables_events_not_positives(tmp_path):
+    """A [survival] table's labels are its events: check said 'labels: N positive, M negative'."""
+    from clinograph.sdk.ontology.schema import SurvivalColumns
+
+    table, schema = demo_hospitals()[0]
+    n = len(table)
+    table = table.assign(fu=[30.0 + i for i in range(n)], dead=[i % 3 == 0 for i in range(n)])
+    table = table.drop(columns=[schema.label])
+    schema = schema.model_copy(update={"label": None, "survival": SurvivalColumns(time="fu", event="dead")})
+    table.to_csv(tmp_path / "t.csv", index=False)
+    r = _run(_schema_file(tmp_path, schema), tmp_path / "t.csv")
+    assert r.exit_code == 0, r.output
+    events = sum(i % 3 == 0 for i in range(n))
+    assert f"survival: {events} event(s), {n - events} censored (labels are the events)" in r.output
+    assert "positive" not in r.output
