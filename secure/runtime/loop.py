@@ -179,10 +179,12 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     # Empty bytes = "apply the aggregate you decrypted" (the server holds no plaintext model).
     model = server.global_model_bytes() if server.state is not None else b""
     survivors = [n for n in participants if n not in dropped]
-    event("round_closed", {"round": round_, "contributors": list(result.contributors), "dropped": sorted(dropped),
-                           "refused": sorted(book.refused), "epsilon": epsilon})
+    # counted (and journalled) before the event: an interrupt in an event sink (Ctrl-C) must not leave
+    # an aggregated round out of run_ended's rounds_completed
     boundary("close", {"result": result, "invited": tuple(participants), "pending": {n: model for n in survivors},
                        "final": dict(book.final)})
+    event("round_closed", {"round": round_, "contributors": list(result.contributors), "dropped": sorted(dropped),
+                           "refused": sorted(book.refused), "epsilon": epsilon})
     if transport.defers_model and not deliver:
         return RoundOutcome(result=result, dropped=dropped, pending_model={n: model for n in survivors},
                             final_refusals=book.final)
@@ -379,7 +381,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     except BaseException as exc:
         failure = exc
         if status == "completed":
-            status, reason = "failed", f"{type(exc).__name__}: {exc}"
+            status, reason = "failed", failure_reason(exc, round_=server.round)
         raise
     finally:
         _deliver_pending(server, transport, run, event)
@@ -393,6 +395,16 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         if journal is not None and failure is None:
             save(journal, server, run, stage="run_ended", open_round=None, run_ended=True)
     return outcomes
+
+
+def failure_reason(exc: BaseException, *, round_: int) -> str:
+    """``run_ended``'s reason for a run an exception ended: an operator's interrupt in words (a
+    ``KeyboardInterrupt`` carries no message), else the exception's type and its message."""
+    if isinstance(exc, KeyboardInterrupt):
+        return (f"interrupted by the operator (Ctrl-C / SIGINT) before round {round_} closed: the rounds "
+                "before it stand, nothing of that round was applied")
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _deliver_pending(server: FederationServer, transport: Transport, run: RunState, event: EventSink) -> None:
