@@ -116,7 +116,7 @@ def _check_artefact(scan: _Scan, entry: AuditEntry) -> bytes | None:
     try:
         data = read_regular_file(path, limit=MAX_ARTEFACT_BYTES)
     except IntegrityError as exc:
-        scan.bad(entry.seq, f"entry {entry.seq}: {exc}")
+        scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): {exc}")
         return None
     except OSError:
         scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): "
@@ -359,7 +359,7 @@ def _scan_files(scan: _Scan) -> None:
         scan.bad(None, f"{ARTEFACTS}/ is missing.")
         return
     for path in sorted(art.iterdir()):
-        if path.name not in scan.referenced or not path.is_file():
+        if path.name not in scan.referenced:  # a referenced one that is no regular file: its entry said so
             scan.bad(None, f"extra file artefacts/{path.name!r}: no audit entry references it.")
 
 

@@ -75,6 +75,18 @@ def test_a_fifo_in_place_of_a_file_is_reported_not_read(audit_dir, name):
     assert any("is a FIFO (named pipe), not a regular file" in p and target.name in p for p in r.problems)
 
 
+@pytest.mark.parametrize("kind", ["FIFO (named pipe)", "directory"])
+def test_a_published_artefact_replaced_by_no_regular_file_is_one_problem_naming_it(audit_dir, kind):
+    """One tampering, one problem: it also read "extra file ...: no audit entry references it" (false:
+    the entry that reported it references it), and the entry's own line named no artefact."""
+    target = next((audit_dir / "artefacts").iterdir())
+    target.unlink()
+    os.mkfifo(target) if kind.startswith("FIFO") else target.mkdir()
+    r = _verify_with_timeout(audit_dir)
+    assert not r.ok and len(r.problems) == 1, r.problems
+    assert r.problems[0].startswith("entry 1 (artefact 'round-0000/model.bin'): ") and f"is a {kind}" in r.problems[0]
+
+
 def test_dev_zero_behind_a_symlink_is_reported_not_read(audit_dir):
     (audit_dir / "audit.jsonl").unlink()
     (audit_dir / "audit.jsonl").symlink_to("/dev/zero")
