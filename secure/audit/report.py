@@ -26,7 +26,7 @@ from . import report_run
 from .html import CSP, CSS, FINGERPRINT, _facts, _table, _ts, describe_metric  # noqa: F401 -- public here too
 from .report_page import Page
 from .runs import Run, split_runs
-from .verify import VerifyReport, scan_audit_dir
+from .verify import TrustedKey, VerifyReport, scan_audit_dir
 
 
 def _verification(report: VerifyReport, *, pinned: bool) -> str:
@@ -92,11 +92,17 @@ def _runs(runs: list[Run], links: dict[int, str], directory: Path) -> str:
     return f'<section id="runs"><h2>Runs</h2>{body}</section>'
 
 
-def render_report(directory: Path, *, out: Path, trusted_server_key: bytes | None = None) -> Path:
+def render_report(directory: Path, *, out: Path, trusted_server_key: TrustedKey = None) -> Path:
     """Verify ``directory`` (against ``trusted_server_key`` if given) and write the report to
     ``out`` (a file outside the audit directory: the verifier treats any extra file there as
-    tampering). Returns ``out``."""
-    report, entries = scan_audit_dir(Path(directory), trusted_server_key=trusted_server_key)
+    tampering: refused with a ConfigError). Returns ``out``."""
+    from clinograph.core.errors import ConfigError
+
+    directory, out = Path(directory), Path(out)
+    if out.resolve().is_relative_to(directory.resolve()):
+        raise ConfigError(f"render_report: out={out} is inside the audit directory {directory}; any extra file "
+                          "there fails verification. Fix: write the report elsewhere.")
+    report, entries = scan_audit_dir(directory, trusted_server_key=trusted_server_key)
     runs = split_runs(entries)
     feds = sorted({m["federation_id"] for r in runs for m in r.kinds["manifest"]})
     fed = ", ".join(feds) or "(no manifest)"

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clinograph.core.errors import IntegrityError
+from clinograph.core.errors import ConfigError, IntegrityError
 from clinograph.core.fileio import NotRegularFile, TooLarge, read_regular
 from clinograph.core.identity import PublicIdentity
 
@@ -363,14 +363,46 @@ def _scan_files(scan: _Scan) -> None:
             scan.bad(None, f"extra file artefacts/{path.name!r}: no audit entry references it.")
 
 
-def scan_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None, allow_tail: bool = False
+#: the server key an auditor pins, as they hold it (:func:`trusted_key_bytes`)
+TrustedKey = bytes | str | PublicIdentity | None
+
+TRUSTED_KEY_FIX = ("Pass the server's Ed25519 public key: its 32 raw bytes, a PublicIdentity, or the base64 text of "
+                   "the server.pub that `clinograph keys init` wrote (Path('server.pub').read_text()).")
+
+
+def trusted_key_bytes(value: object) -> bytes | None:
+    """``trusted_server_key`` as the key's 32 raw bytes: given as bytes, a :class:`PublicIdentity` or
+    the base64 text of ``server.pub``. Anything else is a ConfigError naming what came and the fix
+    (a 3-byte value was taken as a key that merely did not match: "WRONG KEY" for a typo)."""
+    if value is None:
+        return None
+    if isinstance(value, PublicIdentity):
+        return value.raw
+    if isinstance(value, str):
+        try:
+            raw = base64.b64decode(value.strip(), validate=True)
+        except ValueError:
+            raise ConfigError(f"trusted_server_key: the text given is not base64 ({len(value)} character(s)). "
+                              f"{TRUSTED_KEY_FIX}") from None
+        what = f"base64 text decoding to {len(raw)} byte(s)"
+    elif isinstance(value, bytes | bytearray | memoryview):
+        raw, what = bytes(value), f"{len(value)} byte(s)"
+    else:
+        raise ConfigError(f"trusted_server_key: got a {type(value).__name__}. {TRUSTED_KEY_FIX}")
+    if len(raw) != 32:
+        raise ConfigError(f"trusted_server_key: got {what}, not the 32 bytes of an Ed25519 public key. "
+                          f"{TRUSTED_KEY_FIX}")
+    return raw
+
+
+def scan_audit_dir(directory: Path, *, trusted_server_key: TrustedKey = None, allow_tail: bool = False
                    ) -> tuple[VerifyReport, list[AuditEntry]]:
     """:func:`verify_audit_dir` plus the entries that parsed (for the report).
 
     ``allow_tail`` (for the writer reopening its own log only) accepts signed entries after
     the head -- what a crash between appending a line and rewriting the head leaves.
     """
-    scan = _Scan(directory=Path(directory), trusted=trusted_server_key, allow_tail=allow_tail)
+    scan = _Scan(directory=Path(directory), trusted=trusted_key_bytes(trusted_server_key), allow_tail=allow_tail)
     head_hash = None
     if not scan.directory.is_dir():
         scan.bad(None, f"{scan.directory} is not a directory.")
@@ -388,14 +420,15 @@ def scan_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None, 
     return report, scan.entries
 
 
-def verify_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None,
+def verify_audit_dir(directory: Path, *, trusted_server_key: TrustedKey = None,
                      expect_head: str | None = None) -> VerifyReport:
     """Check everything in ``directory`` (see the module docstring for what is and is not
     guaranteed). Never raises for a bad directory: every problem is listed in the report.
 
     Args:
         directory: an audit directory written by :class:`AuditTrail`.
-        trusted_server_key: the server's 32-byte Ed25519 public key, obtained out of band.
+        trusted_server_key: the server's Ed25519 public key, obtained out of band: its 32 bytes, a
+            ``PublicIdentity`` or the base64 text of ``server.pub`` (anything else: ConfigError).
             Without it the log is checked against the key it names itself.
         expect_head: an entry hash taken out of band earlier (e.g. the ``head hash`` an auditor or
             a hospital noted at the end of a run). The log must contain that entry: a directory
@@ -406,7 +439,7 @@ def verify_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None
         return report
     want = expect_head.strip().lower()
     if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
-        problem = f"--expect-head must be a 64-hex-digit entry hash, got {len(want)} character(s)."
+        problem = f"expect_head (--expect-head) must be a 64-hex-digit entry hash, got {len(want)} character(s)."
     elif any(e.hash == want for e in entries):
         return report
     else:
