@@ -128,7 +128,8 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
             write(f"warning: hospital {data.get('site')}: mapped column(s) {'; '.join(said)}; their features are "
                   "missing for every patient there (`clinograph check` shows its table).")
         elif kind == "round_closed":
-            write(f"{prefix}round {data.get('round')} closed: "
+            scoring = " (scoring round: the last model evaluated, no training)" if data.get("scoring") else ""
+            write(f"{prefix}round {data.get('round')} closed{scoring}: "
                   f"{len(list(data.get('contributors') or []))} contributor(s)" + eta_line(data))
 
     return show

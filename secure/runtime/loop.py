@@ -184,7 +184,8 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     boundary("close", {"result": result, "invited": tuple(participants), "pending": {n: model for n in survivors},
                        "final": dict(book.final)})
     event("round_closed", {"round": round_, "contributors": list(result.contributors), "dropped": sorted(dropped),
-                           "refused": sorted(book.refused), "epsilon": epsilon})
+                           "refused": sorted(book.refused), "epsilon": epsilon,
+                           "scoring": server.run_options.get("run.phase") == "score"})  # evaluates, trains nothing
     if transport.defers_model and not deliver:
         return RoundOutcome(result=result, dropped=dropped, pending_model={n: model for n in survivors},
                             final_refusals=book.final)

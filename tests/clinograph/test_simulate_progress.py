@@ -47,6 +47,8 @@ def test_a_resumed_candidate_names_itself_not_the_last_one_started():
     show("round_opened", {"round": 2, "participants": ["a"]})
     show("round_closed", {"round": 2, "contributors": ["a"]})
     assert lines and lines[-1].startswith("linear: round 2 closed")
+    show("round_closed", {"round": 4, "contributors": ["a"], "scoring": True})
+    assert lines[-1].startswith("linear: round 4 closed (scoring round: the last model evaluated, no training): ")
 
 
 def test_the_final_table_shows_a_survival_targets_c_index_and_a_binary_ones_auroc():
