@@ -278,6 +278,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     status, reason = "completed", f"all {rounds} planned round(s) ran"
     failure: BaseException | None = None
     invited: tuple[str, ...] = ()
+    scoring_now = False  # the round in progress is the evaluation-only scoring round
     if run.attribution is None:  # a paused run's search goes on when it resumes
         run.attribution = Attribution.for_server(server)
     attribution = run.attribution
@@ -289,6 +290,8 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         elif stage == "close":
             result: RoundResult = info["result"]
             run.completed += 1
+            if scoring_now:  # counted with the close it belongs to: a crash or Ctrl-C right after it must not
+                run.scored += 1  # leave the scoring round counted as a training round (rounds_completed 2 of 1)
             run.pending = dict(info["pending"])
             run.retired.update(info["final"])
             if liveness is not None:
@@ -311,7 +314,8 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         return outcome  # type: ignore[return-value]
 
     def attempt(*, scoring: bool) -> RoundOutcome | None | str:
-        nonlocal status, reason, invited
+        nonlocal status, reason, invited, scoring_now
+        scoring_now = scoring
         pool = participants or tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
         pool = tuple(n for n in pool if n not in run.retired)
         if run.retired and len(pool) < server.min_clients:
@@ -370,8 +374,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         if status == "completed" and control is not None:
             if control.wants_score() and not run.score_done:
                 outcome = one_round(scoring=True)
-                if outcome is not None:
-                    run.scored += 1
+                if outcome is not None:  # run.scored was counted at its close (on_boundary)
                     run.score_done = True
                     control.after(server, outcome)
                     if journal is not None:
