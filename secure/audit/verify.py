@@ -82,6 +82,9 @@ class VerifyReport:
     trusted: bool = False
     #: The run ids in the order the runs were opened (None for a format-1 run without one).
     runs: list[str | None] = field(default_factory=list)
+    #: True: an AuditTrail holds the log's writer lock -- a run is still writing it, and the verdict
+    #: covers the entries written so far (the head is rewritten after each one), not a finished run.
+    being_written: bool = False
 
 
 @dataclass
@@ -101,6 +104,7 @@ class _Scan:
     federation: str | None = None
     #: (federation, round) -> the inputs of an ``attribution_step`` that voided it
     voided: dict[tuple[str | None, int], frozenset[str]] = field(default_factory=dict)
+    being_written: bool = False
 
     def bad(self, seq: int | None, message: str) -> None:
         self.problems.append((seq, message))
@@ -231,7 +235,28 @@ def _scan_log(scan: _Scan) -> int:
         scan.bad(None, f"{LOG} is missing or unreadable in {scan.directory}.")
         return 0
     _check_lines(scan, data)
+    scan.being_written = _writer_holds(scan.directory / LOG)
     return data.count(b"\n")
+
+
+def _writer_holds(path: Path) -> bool:
+    """Whether an :class:`AuditTrail` holds ``path``'s exclusive lock (a shared one is refused)."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing releases a shared lock taken here
+    return False
 
 
 def _check_lines(scan: _Scan, data: bytes) -> None:
@@ -416,7 +441,7 @@ def scan_audit_dir(directory: Path, *, trusted_server_key: TrustedKey = None, al
         first_bad=min(seqs) if seqs else None, head_hash=head_hash,
         server_key_fingerprint=scan.key.fingerprint if scan.key else None,
         trusted=scan.trusted is not None and scan.key is not None and scan.key.raw == scan.trusted,
-        runs=list(scan.runs))
+        runs=list(scan.runs), being_written=scan.being_written)
     return report, scan.entries
 
 

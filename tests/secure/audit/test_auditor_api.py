@@ -58,3 +58,21 @@ def test_the_public_render_report_checks_the_signer_with_the_pinned_key(signed, 
     d, server = signed
     html = cg.render_report(d, out=tmp_path / "r.html", trusted_server_key=server.public).read_text()
     assert 'id="signer-trusted"' in html and 'id="signer-unchecked"' not in html
+
+
+def test_a_log_still_being_written_verifies_so_far_and_says_so(tmp_path):
+    """An auditor verifying a live run got a plain "OK: N entries verified", as for a finished one."""
+    from typer.testing import CliRunner
+
+    from clinograph.cli import app
+
+    d = tmp_path / "audit"
+    trail = AuditTrail(d, identity=Identity.generate("server"))
+    trail.record("note", {"x": 1})
+    live = verify_audit_dir(d)
+    assert live.ok and live.being_written
+    out = CliRunner().invoke(app, ["audit", "verify", str(d)]).output
+    assert "note: a run is still writing this log (its writer holds the lock): the verdict covers the 2 entries" in out
+    trail.close()
+    assert not verify_audit_dir(d).being_written
+    assert "still writing" not in CliRunner().invoke(app, ["audit", "verify", str(d)]).output
