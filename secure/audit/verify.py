@@ -383,9 +383,13 @@ def _scan_files(scan: _Scan) -> None:
     if not art.is_dir():
         scan.bad(None, f"{ARTEFACTS}/ is missing.")
         return
-    for path in sorted(art.iterdir()):
-        if path.name not in scan.referenced:  # a referenced one that is no regular file: its entry said so
-            scan.bad(None, f"extra file artefacts/{path.name!r}: no audit entry references it.")
+    unread = [p for p in sorted(art.iterdir()) if p.name not in scan.referenced]
+    if unread and not scan.entries:  # no log to reference them: one problem, not one "extra file" a file
+        scan.bad(None, f"{len(unread)} file(s) in {ARTEFACTS}/ not checked: no readable entry of {LOG} references "
+                       "them (the log's own problem is above).")
+        return
+    for path in unread:  # a referenced one that is no regular file: its entry said so
+        scan.bad(None, f"extra file artefacts/{path.name!r}: no audit entry references it.")
 
 
 #: the server key an auditor pins, as they hold it (:func:`trusted_key_bytes`)

@@ -162,3 +162,18 @@ def test_a_number_that_overflows_to_infinity_is_refused_as_not_canonical():
     for line in (b'{"a":1e999}', b'{"a":-1E400}', b'{"a":[0.5,9e9999]}'):
         with pytest.raises(IntegrityError, match="not valid canonical JSON"):
             parse_canonical(line, what="entry 1")
+
+
+@pytest.mark.parametrize("log", ["missing", "empty"])
+def test_without_a_readable_log_the_artefacts_are_one_problem_not_one_a_file(tmp_path, log):
+    """A run's directory without its audit.jsonl listed every artefact as an "extra file" (44 lines
+    after the one that matters, for a 4-candidate simulate run)."""
+    d = tmp_path / "audit"
+    with AuditTrail(d, identity=Identity.generate("server")) as trail:
+        for r in range(3):
+            trail.publish(f"round-{r:04d}/model.bin", bytes([r]), kind="global_model")
+    (d / "audit.jsonl").unlink() if log == "missing" else (d / "audit.jsonl").write_bytes(b"")
+    r = verify_audit_dir(d)
+    assert not r.ok and len(r.problems) == 2, r.problems  # the log, and the artefacts once
+    assert r.problems[-1] == ("3 file(s) in artefacts/ not checked: no readable entry of audit.jsonl references "
+                              "them (the log's own problem is above).")
