@@ -44,3 +44,11 @@ def test_split_and_simulate_want_ingested_tables():
         split_patients(TABLE, config=HospitalConfig())
     with pytest.raises(ConfigError, match=r"simulate needs each hospital's ingested table .* got DataFrame"):
         simulate([TABLE], load_dictionary(), SimulationConfig(), audit_dir="unused")
+
+
+@pytest.mark.parametrize("name", [5, "north/../server", "St Mary's", ""])
+def test_an_identity_name_that_no_federation_can_enrol_is_refused_at_once(name):
+    """Identity.generate(5) or a name with '/' or a space was accepted, to fail (or write odd file
+    names) later; it must be a site name as federation.toml and the site schema spell it."""
+    with pytest.raises(ConfigError, match=r"Identity name .* must match .* a hospital's site name or the server's"):
+        Identity.generate(name)
