@@ -124,9 +124,13 @@ def _concepts_demo(*, out: Path, rounds: int, seed: int, secure_mode: str, scale
 def simulate(config: Annotated[Path, typer.Argument(help="Simulation config (TOML).")]) -> None:
     """Run a simulated federation from a TOML config (hospital tables + site schemas)."""
     _needs_hospital("simulate")
-    from .demo_view import run_simulation_view
+    from .demo_view import Interrupted, run_simulation_view
 
-    run_simulation_view(config, threads=_threads)
+    try:
+        run_simulation_view(config, threads=_threads)
+    except Interrupted as exc:
+        typer.secho(f"error: {exc}", err=True, fg="red")
+        raise typer.Exit(130) from None
 
 
 BENCH_MISSING = ("research/ (the studies and their scripts) ships with the source repository, not the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -123,6 +124,8 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
         if kind == "run_started":
             several = int(data.get("count") or 1) > 1
             prefix = f"{data.get('candidate')}: " if several and data.get("candidate") else ""
+        elif kind == "run_resumed" and data.get("candidate"):  # a paused candidate goes on (early elimination)
+            prefix = f"{data.get('candidate')}: "
         elif kind == "stage_progress":
             status(prefix + stage_line(data))
         elif kind == "hospital_one_class":
@@ -139,7 +142,8 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
                   f"{', '.join(map(repr, data.get('columns') or ()))} look like another unit (far outside their "
                   "features' reference ranges) or like dates: `clinograph check` says why.")
         elif kind == "round_closed":
-            write(f"{prefix}round {data.get('round')} closed: "
+            scoring = " (scoring round: the last model evaluated, no training)" if data.get("scoring") else ""
+            write(f"{prefix}round {data.get('round')} closed{scoring}: "
                   f"{len(list(data.get('contributors') or []))} contributor(s)" + eta_line(data))
 
     return show
@@ -171,6 +175,34 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
+class Interrupted(Exception):
+    """`clinograph simulate` stopped by the operator (Ctrl-C): the account to print (exit 130)."""
+
+
+def interrupted_account(audit_dir: Path) -> str:
+    """What an interrupted simulation leaves: whether its audit directory verifies and how its last run
+    ended, in words (names and counts only)."""
+    from clinograph.secure.audit import verify_audit_dir
+
+    head = "interrupted by the operator (Ctrl-C): the simulation stopped before it finished; no model was chosen"
+    if not (audit_dir / "audit.jsonl").is_file():
+        return f"{head}. Nothing was written to {audit_dir}."
+    report = verify_audit_dir(audit_dir)
+    if not report.ok:
+        return (f"{head}. The audit directory {audit_dir} does NOT verify ({len(report.problems)} problem(s); "
+                f"first: {report.problems[0]}); `clinograph audit verify {audit_dir}` lists them.")
+    last = json.loads((audit_dir / "audit.jsonl").read_text(encoding="utf-8").splitlines()[-1])
+    payload = last.get("payload") or {}
+    if last.get("kind") == "run_ended":
+        how = (f"its last run ended {payload.get('status')} after {payload.get('rounds_completed')} of "
+               f"{payload.get('rounds_planned')} training round(s): {payload.get('reason')}")
+    else:
+        how = f"its last entry is `{last.get('kind')}` (the interrupt came between two runs)"
+    return (f"{head}. The audit directory {audit_dir} is closed and verifies ({report.entries} entries); {how}. "
+            f"To run again, move {audit_dir} away or choose another `output` (a simulation writes into an empty "
+            "audit directory only).")
+
+
 def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None = None) -> None:
     """`clinograph simulate CONFIG`: ingest every hospital, run, print per-round metrics. ``threads``:
     called once the config is valid, before the SDK is imported (the CLI sets torch's threads)."""
@@ -193,8 +225,12 @@ def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None
                                    lambda line: progress.console.print(line, soft_wrap=True, markup=False,
                                                                        highlight=False),
                                    status=lambda line: progress.update(task, description=line, refresh=True))
-        result = simulate_from_config(cfg, on_round=lambda r, m: progress.update(task, advance=1, refresh=True),
-                                      on_event=show)
+        try:
+            result = simulate_from_config(cfg, on_round=lambda r, m: progress.update(task, advance=1, refresh=True),
+                                          on_event=show)
+        except KeyboardInterrupt:
+            progress.stop()
+            raise Interrupted(interrupted_account(cfg.output / "audit")) from None
     if result.choice:
         for row in result.choice["candidates"]:
             loss = "n/a" if row["validation_loss"] is None else f"{row['validation_loss']:.4f}"

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from clinograph.core.identity import NAME_PATTERN
 from clinograph.core.spec import MODULE_NAME_PATTERN, ModelSpec
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -30,7 +31,7 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 MAX_REPORT_BYTES = 2 * 1024 * 1024
 #: Feature relevance, as audited, stays well inside the audit's 1 MiB payload limit.
 MAX_RELEVANCE_CHARS = 512 * 1024
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+ID_PATTERN = NAME_PATTERN  # names and ids: one pattern (clinograph.core.identity)
 
 #: A finite float: NaN and infinity are refused at the boundary (JSON ``NaN``/``Infinity`` too).
 Finite = Annotated[float, Field(allow_inf_nan=False)]

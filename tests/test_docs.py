@@ -248,7 +248,8 @@ def _dotted(node: ast.expr) -> str | None:
 
 
 def _calls(snippet: Snippet) -> list[tuple[str, list[str]]]:
-    """Calls of Clinograph names with keyword arguments: ``(dotted name, [keywords])``."""
+    """Calls of Clinograph names with keyword arguments: ``(dotted name, [keywords])``; a call that
+    also passes ``**mapping`` lists ``"**"`` among them."""
     try:
         tree = ast.parse(snippet.text)
     except SyntaxError:
@@ -266,7 +267,7 @@ def _calls(snippet: Snippet) -> list[tuple[str, list[str]]]:
             head, _, tail = dotted.partition(".")
             full = dotted if head == "clinograph" else (local[head] + (f".{tail}" if tail else "")
                                                         if head in local else None)
-            kws = [k.arg for k in node.keywords if k.arg]
+            kws = [k.arg or "**" for k in node.keywords]
             if full and kws:
                 out.append((full, kws))
     return out
@@ -289,11 +290,18 @@ def check_keywords(doc: Doc, rel: str) -> list[str]:
                 continue
             if any(p.kind is p.VAR_KEYWORD for p in params.values()):
                 continue
-            bad = [k for k in kws if k not in params]
+            bad = [k for k in kws if k not in params and k != "**"]
             if bad:
                 problems.append(f"{rel}:{s.line}: call `{name}({', '.join(k + '=' for k in bad)}...)`: no "
                                 f"parameter {', '.join(bad)} (it takes: {', '.join(params) or 'none'}) -- show "
                                 "today's signature")
+            # a fenced block is code to copy: a required keyword-only argument it leaves out is a TypeError
+            # (inline prose may abbreviate a call)
+            missing = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+                       and n not in kws]
+            if s.lang in PYTHON and missing and "**" not in kws:
+                problems.append(f"{rel}:{s.line}: call `{name}(...)` leaves out its required argument(s) "
+                                f"{', '.join(m + '=' for m in missing)} -- copied as shown it raises TypeError")
     return problems
 
 
@@ -612,6 +620,8 @@ def test_the_docs_test_catches_what_is_gone(tmp_path: Path) -> None:
         "`HospitalClient(evaluate=f)`; set `[release] no_such_setting = 1`. Read `DQWeighted.no_such_member`\n"
         "and `secure.strategies.dq.NoSuchThing`.\n\n"
         "```python\nfrom clinograph.sdk.config import HospitalConfig, NoSuchConfig\n```\n\n"
+        "```python\nfrom clinograph.sdk.ingest.meds import read_meds\nread_meds('m', dictionary=d, site='s', "
+        "labels=None)\n```\n\n"
         "```bash\nclinograph audit verify runs/x --no-such-flag\n```\n\n"
         "```toml\n[federation]\nrounds = 3\nno_such_key = 1\n[privacy]\nenabled = true\n```\n\n"
         "```toml\n[split]\ntest_fraction = 1.5\n[federation]\nstrategy = \"fedprox\"\n"
@@ -626,7 +636,7 @@ def test_the_docs_test_catches_what_is_gone(tmp_path: Path) -> None:
                 "sdk/federation/no_such_file.py", "secure/strategies/gone.py", "test_no_such_test",
                 "frobnicate", "--no-such-flag", "federation.no_such_key", "evaluate=", "release.no_such_setting",
                 "no_such_member", "clinograph.secure.strategies.dq.NoSuchThing",
-                "[split] test_fraction", "no_such_option", "research/no_such_study.py"]
+                "[split] test_fraction", "no_such_option", "research/no_such_study.py", "lookback_hours="]
     for what in expected:
         assert any(what in p for p in problems), f"{what!r} not reported in:\n" + "\n".join(problems)
     assert len(problems) == len(expected), "\n".join(problems)

@@ -144,7 +144,10 @@ def verify(
                f"runs: {len(report.runs)} ({runs})\n"
                f"head hash: {report.head_hash}\nserver key fingerprint: {report.server_key_fingerprint} "
                f"(SHA-256 of the 32-byte Ed25519 public key)\n{_trust_line(report, key)}"
-               + ("" if key else "\n(server key not pinned: pass --trusted-key to check who wrote the log)"))
+               + ("" if key else "\n(server key not pinned: pass --trusted-key to check who wrote the log)")
+               + (f"\nnote: a run is still writing this log (its writer holds the lock): the verdict covers the "
+                  f"{report.entries} entries written so far; verify again when the run has ended."
+                  if report.being_written else ""))
 
 
 @app.command()

@@ -36,8 +36,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except BrokenPipeError:  # the reader went away (`clinograph check ... | head`): not an error of ours
             _stdout_to_devnull()
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
+        except KeyboardInterrupt:  # commands that write something say what they left (clinograph simulate)
+            typer.echo("interrupted by the operator (Ctrl-C) before the command finished; nothing more was done",
+                       err=True)
             raise typer.Exit(130) from None
         except Exception as exc:
             if os.environ.get("CLINOGRAPH_DEBUG") == "1":

@@ -23,6 +23,8 @@ from .fileio import NotRegularFile, TooLarge, read_regular
 
 #: Bound on a signing key file (an Ed25519 PEM private key is 119 bytes): nothing larger is read.
 MAX_KEY_BYTES = 64 * 1024
+#: a signing identity's name: a hospital's site name or the server's (secure.messages.ID_PATTERN)
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 
 
 class PublicIdentity:
@@ -68,6 +70,11 @@ class Identity:
     __slots__ = ("name", "_key", "public")
 
     def __init__(self, name: str, key: Ed25519PrivateKey):
+        import re
+
+        if not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+            raise ConfigError(f"Identity name {name!r} must match {NAME_PATTERN} (letters, digits, '_', '.', '-'; at "
+                              "most 64): a hospital's site name or the server's name, as federation.toml spells it.")
         self.name = name
         self._key = key
         raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)

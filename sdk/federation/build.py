@@ -59,6 +59,8 @@ def build_hospital(table: pd.DataFrame | PatientTable, *, dictionary: FeatureDic
             global model: :mod:`.anchor`); required under DP unless ``[privacy] state_dir`` is set.
         task: an already built task (e.g. a concept model); default: built from ``config``.
     """
+    _check_arguments(table, dictionary=dictionary, config=config, identity=identity, server=server, peers=peers,
+                     federation_id=federation_id)
     if isinstance(table, PatientTable):
         pt = table
     else:
@@ -72,6 +74,36 @@ def build_hospital(table: pd.DataFrame | PatientTable, *, dictionary: FeatureDic
     return HospitalClient(task=task, identity=identity, server=server, peers=peers,
                           dictionary_hash=dictionary.digest(), federation_id=federation_id, release=config.release,
                           state_dir=state_dir)
+
+
+def _check_arguments(table: object, *, dictionary: object, config: object, identity: object, server: object,
+                     peers: object, federation_id: object) -> None:
+    """Each of build_hospital's arguments is what it needs, else a ConfigError naming it, what came and
+    the fix (an AttributeError deep inside, or a hospital holding the server's private key, before)."""
+    import re
+
+    from clinograph.secure.messages import ID_PATTERN
+
+    wants = (("table", table, (pd.DataFrame, PatientTable), "your table (cg.read_table(...)) or cg.ingest(...)'s"),
+             ("dictionary", dictionary, FeatureDictionary, "cg.FeatureDictionary.from_toml(...)"),
+             ("config", config, HospitalConfig, "cg.HospitalConfig.from_toml('hospital.toml')"),
+             ("identity", identity, Identity, "your hospital's key: cg.Identity.load(name, path to <name>.ed25519.pem)"))
+    for name, value, kind, fix in wants:
+        if not isinstance(value, kind):
+            raise ConfigError(f"build_hospital: {name} is a {type(value).__name__}; pass {fix}.")
+    if isinstance(server, Identity):
+        raise ConfigError("build_hospital: server is the server's private Identity; a hospital holds only the server's "
+                          "public key: pass federation.server_public() (load_federation('federation.toml')).")
+    if not isinstance(server, PublicIdentity):
+        raise ConfigError(f"build_hospital: server is a {type(server).__name__}; pass the server's PublicIdentity "
+                          "(load_federation('federation.toml').server_public()).")
+    if not isinstance(peers, Mapping) or not all(isinstance(k, str) and isinstance(v, PublicIdentity)
+                                                 for k, v in peers.items()):
+        raise ConfigError("build_hospital: peers must map each enrolled hospital's name to its PublicIdentity "
+                          "(load_federation('federation.toml').enrolled()).")
+    if not isinstance(federation_id, str) or not re.match(ID_PATTERN, federation_id):
+        raise ConfigError(f"build_hospital: federation_id {federation_id!r} must match {ID_PATTERN} (letters, digits, "
+                          "'_', '.', '-'; at most 64): the federation_id of federation.toml.")
 
 
 def initial_model_for(config: HospitalConfig, *, dictionary: FeatureDictionary) -> InitialModel:

@@ -130,6 +130,10 @@ def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     for, exactly as ``clinograph model init`` writes them); refusals before anything runs."""
     from ..tasks import create_task
 
+    wrong = sorted({type(t).__name__ for t in tables if not isinstance(t, PatientTable)})
+    if wrong:
+        raise ConfigError(f"simulate needs each hospital's ingested table (cg.ingest(...)'s PatientTable), got "
+                          f"{', '.join(wrong)}; or run the config's own tables with cg.simulate_from_config(config).")
     if create_task(config.task).participant is not None:  # concepts: a voted run, hospitals built from files
         raise ConfigError(f"task = {config.task!r} builds each hospital from its own files (concepts: its concept "
                           "columns and its own DAG proposal); simulate() builds hospitals from tables under one shared "

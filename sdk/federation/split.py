@@ -97,8 +97,13 @@ def split_patients(table: PatientTable, *, config: HospitalConfig) -> Split:
         ``[split] validation_fraction = 0``.
 
     Raises:
-        ConfigError: a part would be empty.
+        ConfigError: a part would be empty, or ``table`` is not an ingested PatientTable.
     """
+    from ..ingest.table import PatientTable
+
+    if not isinstance(table, PatientTable):
+        raise ConfigError(f"split_patients needs the hospital's ingested table (cg.ingest(...)'s PatientTable: its site "
+                          f"and labels decide the split), got a {type(table).__name__}.")
     s = config.split
     return hospital_split(table.labels, site=table.site, test_fraction=s.test_fraction,
                           validation_fraction=s.validation_fraction, seed=s.seed)

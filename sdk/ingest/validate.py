@@ -63,6 +63,12 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     if not isinstance(df, pd.DataFrame):
         raise SchemaError(f"ingest() needs a pandas DataFrame, got {type(df).__name__}. Read the file with "
                           "read_table() first.", title="Table is not a DataFrame")
+    for name, value, kind, fix in (("schema", schema, SiteSchema, "cg.SiteSchema.from_toml('site.toml')"),
+                                   ("dictionary", dictionary, FeatureDictionary,
+                                    "cg.FeatureDictionary.from_toml('dictionary.toml')")):
+        if not isinstance(value, kind):
+            raise SchemaError(f"ingest() needs {name}= a {kind.__name__}, got {type(value).__name__}. Pass {fix}.",
+                              title=f"The {name} argument is not a {kind.__name__}")
     df = declared_missing(df, schema)
     if schema.survival is not None:  # time-to-event label: time + event columns (sdk/ingest/survival.py)
         try:

@@ -83,20 +83,22 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
     sidecar = path.with_name(path.name + ".json")
     if (audit_dir is None) != (server is None):
         raise ConfigError(f"Model {path}: checking its release needs both the federation's audit directory and the "
-                          "server's public key (--audit and --server-key). Fix: give both, or neither.")
+                          "server's public key (audit_dir= and server=; CLI: --audit and --server-key). Fix: give both, or neither.")
     missing = [what for what, absent in (("the signature of its description", trusted is None),
                                          ("the release in an audit trail", audit_dir is None)) if absent]
     if trusted is None and not insecure_untrusted_model:
         raise ConfigError(f"Model {path}: no trusted key to check its description's signature. Fix: pass the "
-                          "exporting hospital's public key (its public_key in federation.toml) as --trusted-key, or "
-                          "--insecure-untrusted-model to load a model nobody vouches for.")
+                          "exporting hospital's public key (its public_key in federation.toml) as trusted= (CLI: --trusted-key), "
+                          "or insecure_untrusted_model=True (--insecure-untrusted-model) to load a model nobody "
+                          "vouches for.")
     if audit_dir is None and not insecure_untrusted_model:
         raise ConfigError(f"Model {path}: no audit trail to check it against: only the federation's verified audit "
                           "trail shows that its shared weights and model settings are what the server released. Fix: "
-                          "pass the federation's audit directory as --audit and the server's public key as "
-                          "--server-key; a federation whose server never holds the global model (ckks, distributed "
-                          "DP) publishes none: load its exports with --insecure-untrusted-model (the hospital's "
-                          "signature is still checked with --trusted-key).")
+                          "pass the federation's audit directory as audit_dir= and the server's public key as server= "
+                          "(CLI: --audit and --server-key); a federation whose server never holds the global model "
+                          "(ckks, distributed DP) publishes none: load its exports with insecure_untrusted_model=True "
+                          "(--insecure-untrusted-model; the hospital's signature is still checked with trusted=, "
+                          "--trusted-key).")
     if insecure_untrusted_model:
         require_allowed("insecure_untrusted_model", environment=environment,
                         why=f"model {path.name} is loaded without checking {' or '.join(missing) or 'nothing'}")

@@ -12,14 +12,16 @@ from pathlib import Path
 
 from .entry import AuditEntry
 from .trail import AuditTrail
-from .verify import VerifyReport, verify_audit_dir
+from .verify import TrustedKey, VerifyReport, verify_audit_dir
 
 
-def render_report(directory: Path, *, out: Path) -> Path:
-    """Render the audit report (see :mod:`clinograph.secure.audit.report`); imports matplotlib lazily."""
+def render_report(directory: Path, *, out: Path, trusted_server_key: TrustedKey = None) -> Path:
+    """Render the audit report (see :mod:`clinograph.secure.audit.report`), the signer checked
+    against ``trusted_server_key`` if given (as :func:`verify_audit_dir` takes it); imports
+    matplotlib lazily."""
     from .report import render_report as _render
 
-    return _render(directory, out=out)
+    return _render(directory, out=out, trusted_server_key=trusted_server_key)
 
 
 __all__ = ["AuditEntry", "AuditTrail", "VerifyReport", "render_report", "verify_audit_dir"]

@@ -109,7 +109,8 @@ def to_plain(value: Any, *, path: str = "payload", depth: int = 0) -> Any:
         return int(value)
     if isinstance(value, float):  # includes numpy.float64, a float subclass
         if not math.isfinite(value):
-            raise ValueError(f"{path}: non-finite float {value!r} cannot be audited.")
+            raise ValueError(f"{path}: non-finite float {value!r} cannot be audited; record None (null) for a "
+                             "value that is not defined.")
         return float(value)
     if isinstance(value, Mapping) and not hasattr(value, "shape"):
         out = {}

@@ -26,7 +26,7 @@ from . import report_run
 from .html import CSP, CSS, FINGERPRINT, _facts, _table, _ts, describe_metric  # noqa: F401 -- public here too
 from .report_page import Page
 from .runs import Run, split_runs
-from .verify import VerifyReport, scan_audit_dir
+from .verify import TrustedKey, VerifyReport, scan_audit_dir
 
 
 def _verification(report: VerifyReport, *, pinned: bool) -> str:
@@ -65,13 +65,23 @@ def _released(rel: dict[str, Any] | None) -> str:
     return f"no plaintext model; encrypted aggregate {sealed[:16]}" if sealed else "no plaintext model"
 
 
-def _runs(runs: list[Run], links: dict[int, str]) -> str:
+def _round_span(run: Run, directory: Path) -> str:
+    """``0-4``, with the evaluation-only scoring round named (its signed plan's ``run.phase`` is
+    ``score``): it is a round of the protocol, not one of the run's training rounds."""
+    rounds = run.rounds()
+    if not rounds:
+        return "none"
+    span = f"{rounds[0]}-{rounds[-1]}" if len(rounds) > 1 else str(rounds[0])
+    scoring = [r for r, o in sorted(report_run.plan_options(run, directory).items()) if o.get("run.phase") == "score"]
+    return span + "".join(f" (round {r}: scoring the last model, no training)" for r in scoring)
+
+
+def _runs(runs: list[Run], links: dict[int, str], directory: Path) -> str:
     rows = []
     for run in runs:
         end, rel = run.ended, run.release
-        rounds = run.rounds()
         rows.append([run.index, run.run_id or "(format 1)", _ts(run.opened), ", ".join(run.secure_modes()) or "-",
-                     f"{rounds[0]}-{rounds[-1]}" if rounds else "none", links.get(run.index, "-"),
+                     _round_span(run, directory), links.get(run.index, "-"),
                      f"{end['status']}: {end['reason']}" if end else "not recorded", _released(rel)])
     body = ("<p>Each opening of the audit trail is a run with its own id; runs are shown separately below, the "
             "latest last. A run that resumes after a server restart, or extends an ended federation, continues "
@@ -82,11 +92,17 @@ def _runs(runs: list[Run], links: dict[int, str]) -> str:
     return f'<section id="runs"><h2>Runs</h2>{body}</section>'
 
 
-def render_report(directory: Path, *, out: Path, trusted_server_key: bytes | None = None) -> Path:
+def render_report(directory: Path, *, out: Path, trusted_server_key: TrustedKey = None) -> Path:
     """Verify ``directory`` (against ``trusted_server_key`` if given) and write the report to
     ``out`` (a file outside the audit directory: the verifier treats any extra file there as
-    tampering). Returns ``out``."""
-    report, entries = scan_audit_dir(Path(directory), trusted_server_key=trusted_server_key)
+    tampering: refused with a ConfigError). Returns ``out``."""
+    from clinograph.core.errors import ConfigError
+
+    directory, out = Path(directory), Path(out)
+    if out.resolve().is_relative_to(directory.resolve()):
+        raise ConfigError(f"render_report: out={out} is inside the audit directory {directory}; any extra file "
+                          "there fails verification. Fix: write the report elsewhere.")
+    report, entries = scan_audit_dir(directory, trusted_server_key=trusted_server_key)
     runs = split_runs(entries)
     feds = sorted({m["federation_id"] for r in runs for m in r.kinds["manifest"]})
     fed = ", ".join(feds) or "(no manifest)"
@@ -98,7 +114,7 @@ def render_report(directory: Path, *, out: Path, trusted_server_key: bytes | Non
             f"<title>Clinograph audit report: {escape(fed)}</title><style>{CSS}</style></head><body><main>"
             f"<h1>Clinograph audit report: {escape(fed)}</h1><p>{report.entries} entries in {len(runs)} run(s) in "
             f"<code>{escape(str(directory))}</code></p>{_verification(report, pinned=trusted_server_key is not None)}"
-            f"{_runs(runs, links)}{articles}</main></body></html>")
+            f"{_runs(runs, links, directory)}{articles}</main></body></html>")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html, encoding="utf-8")

@@ -256,8 +256,10 @@ def selection(run: Run, runs: list[Run]) -> str:
     for s in run.kinds["model_selected"]:
         why = (f"stopped early: no improvement for {s['patience']} round(s)" if s["stopped_early"]
                else "all planned rounds ran")
-        html += _p(f"Kept round {s['round']}: the lowest federated validation loss ({s['validation_loss']:.4g}) of "
-                   f"{s['rounds_evaluated']} round(s) evaluated; {why}.")
+        trained = s["rounds_evaluated"] - 1  # the initial model is scored too (round 0, before any training)
+        html += _p(f"Kept round {s['round']}: the global model after {s['round']} training round(s), with the lowest "
+                   f"federated validation loss ({s['validation_loss']:.4g}) of the {s['rounds_evaluated']} models "
+                   f"scored (the initial model and the model after each of {trained} training round(s)); {why}.")
         if s.get("disagreeing"):
             html += _p("Hospitals whose signed status disagreed with the majority (the majority's value was used): "
                        + ", ".join(f"{n} (round {r})" for n, r in sorted(s["disagreeing"].items())) + ".", cls="warn")

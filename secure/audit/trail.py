@@ -93,6 +93,15 @@ def _facts(entry: AuditEntry) -> EntryFacts:
                       fed if isinstance(fed, str) else None)
 
 
+
+def _plain(payload: Mapping[str, Any], *, what: str) -> dict[str, Any]:
+    """:func:`.canonical.plain_payload`, its refusal (TypeError, ValueError: the PHI guard, a
+    non-finite float, a payload over 1 MiB) as a ConfigError naming the entry and the path."""
+    try:
+        return plain_payload(payload)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
 class AuditTrail:
     """Append-only signed audit log plus content-addressed artefact store (see module doc).
 
@@ -103,10 +112,14 @@ class AuditTrail:
 
     Raises:
         IntegrityError: an existing log does not verify, or another process holds the lock.
-        ConfigError: ``directory`` holds files that are not an audit log.
+        ConfigError: ``directory`` holds files that are not an audit log, or ``identity`` is no
+            Identity (a PublicIdentity cannot sign).
     """
 
     def __init__(self, directory: Path, *, identity: Identity, clock: Callable[[], float] = _time.time):
+        if not isinstance(identity, Identity):
+            raise ConfigError(f"AuditTrail needs identity= the server's signing Identity (Identity.load(name, path) "
+                              f"or Identity.generate(name)), got {type(identity).__name__}.")
         self._dir = Path(directory)
         self._identity = identity
         self._clock = clock
@@ -197,15 +210,15 @@ class AuditTrail:
         objects are refused: the PHI guard) and fit ``kind``'s schema in kinds.py, if any.
 
         Raises:
-            TypeError / ValueError: the payload is not plain JSON data (names the path).
-            ConfigError: bad or reserved kind, or the payload does not fit the kind's schema.
+            ConfigError: bad or reserved kind, a payload that is not plain JSON data (names the
+                path and the fix), or one that does not fit the kind's schema.
         """
         if not isinstance(kind, str) or not KIND.match(kind):
             raise ConfigError(f"Audit kind {kind!r} must match {KIND.pattern}.")
         if kind in RESERVED:
             raise ConfigError(f"Audit kind {kind!r} is written by the trail itself; use publish() "
                               "for artefacts and store_envelope() for signed messages.")
-        plain = plain_payload(payload)
+        plain = _plain(payload, what=f"Audit entry {kind!r}")
         problem = check_payload(kind, plain)
         if problem:
             raise ConfigError(f"Audit entry {kind!r}: {problem}.")
@@ -230,7 +243,7 @@ class AuditTrail:
             raise ConfigError(f"Artefact name {name!r} must match {ARTEFACT_NAME.pattern} without '..'.")
         if not isinstance(kind, str) or not KIND.match(kind):
             raise ConfigError(f"Artefact kind {kind!r} must match {KIND.pattern}.")
-        plain_meta = plain_payload(dict(meta or {}))
+        plain_meta = _plain(dict(meta or {}), what=f"Artefact {name!r} meta")
         with self._lock:
             sha = self._store(data)
             self._append("artefact", {"name": name, "kind": kind, "sha256": sha, "size": len(data),

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clinograph.core.errors import IntegrityError
+from clinograph.core.errors import ConfigError, IntegrityError
 from clinograph.core.fileio import NotRegularFile, TooLarge, read_regular
 from clinograph.core.identity import PublicIdentity
 
@@ -82,6 +82,9 @@ class VerifyReport:
     trusted: bool = False
     #: The run ids in the order the runs were opened (None for a format-1 run without one).
     runs: list[str | None] = field(default_factory=list)
+    #: True: an AuditTrail holds the log's writer lock -- a run is still writing it, and the verdict
+    #: covers the entries written so far (the head is rewritten after each one), not a finished run.
+    being_written: bool = False
 
 
 @dataclass
@@ -101,6 +104,7 @@ class _Scan:
     federation: str | None = None
     #: (federation, round) -> the inputs of an ``attribution_step`` that voided it
     voided: dict[tuple[str | None, int], frozenset[str]] = field(default_factory=dict)
+    being_written: bool = False
 
     def bad(self, seq: int | None, message: str) -> None:
         self.problems.append((seq, message))
@@ -116,7 +120,7 @@ def _check_artefact(scan: _Scan, entry: AuditEntry) -> bytes | None:
     try:
         data = read_regular_file(path, limit=MAX_ARTEFACT_BYTES)
     except IntegrityError as exc:
-        scan.bad(entry.seq, f"entry {entry.seq}: {exc}")
+        scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): {exc}")
         return None
     except OSError:
         scan.bad(entry.seq, f"entry {entry.seq} ({entry.kind} {p.get('name') or p.get('sender')!r}): "
@@ -231,7 +235,28 @@ def _scan_log(scan: _Scan) -> int:
         scan.bad(None, f"{LOG} is missing or unreadable in {scan.directory}.")
         return 0
     _check_lines(scan, data)
+    scan.being_written = _writer_holds(scan.directory / LOG)
     return data.count(b"\n")
+
+
+def _writer_holds(path: Path) -> bool:
+    """Whether an :class:`AuditTrail` holds ``path``'s exclusive lock (a shared one is refused)."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing releases a shared lock taken here
+    return False
 
 
 def _check_lines(scan: _Scan, data: bytes) -> None:
@@ -358,19 +383,55 @@ def _scan_files(scan: _Scan) -> None:
     if not art.is_dir():
         scan.bad(None, f"{ARTEFACTS}/ is missing.")
         return
-    for path in sorted(art.iterdir()):
-        if path.name not in scan.referenced or not path.is_file():
-            scan.bad(None, f"extra file artefacts/{path.name!r}: no audit entry references it.")
+    unread = [p for p in sorted(art.iterdir()) if p.name not in scan.referenced]
+    if unread and not scan.entries:  # no log to reference them: one problem, not one "extra file" a file
+        scan.bad(None, f"{len(unread)} file(s) in {ARTEFACTS}/ not checked: no readable entry of {LOG} references "
+                       "them (the log's own problem is above).")
+        return
+    for path in unread:  # a referenced one that is no regular file: its entry said so
+        scan.bad(None, f"extra file artefacts/{path.name!r}: no audit entry references it.")
 
 
-def scan_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None, allow_tail: bool = False
+#: the server key an auditor pins, as they hold it (:func:`trusted_key_bytes`)
+TrustedKey = bytes | str | PublicIdentity | None
+
+TRUSTED_KEY_FIX = ("Pass the server's Ed25519 public key: its 32 raw bytes, a PublicIdentity, or the base64 text of "
+                   "the server.pub that `clinograph keys init` wrote (Path('server.pub').read_text()).")
+
+
+def trusted_key_bytes(value: object) -> bytes | None:
+    """``trusted_server_key`` as the key's 32 raw bytes: given as bytes, a :class:`PublicIdentity` or
+    the base64 text of ``server.pub``. Anything else is a ConfigError naming what came and the fix
+    (a 3-byte value was taken as a key that merely did not match: "WRONG KEY" for a typo)."""
+    if value is None:
+        return None
+    if isinstance(value, PublicIdentity):
+        return value.raw
+    if isinstance(value, str):
+        try:
+            raw = base64.b64decode(value.strip(), validate=True)
+        except ValueError:
+            raise ConfigError(f"trusted_server_key: the text given is not base64 ({len(value)} character(s)). "
+                              f"{TRUSTED_KEY_FIX}") from None
+        what = f"base64 text decoding to {len(raw)} byte(s)"
+    elif isinstance(value, bytes | bytearray | memoryview):
+        raw, what = bytes(value), f"{len(value)} byte(s)"
+    else:
+        raise ConfigError(f"trusted_server_key: got a {type(value).__name__}. {TRUSTED_KEY_FIX}")
+    if len(raw) != 32:
+        raise ConfigError(f"trusted_server_key: got {what}, not the 32 bytes of an Ed25519 public key. "
+                          f"{TRUSTED_KEY_FIX}")
+    return raw
+
+
+def scan_audit_dir(directory: Path, *, trusted_server_key: TrustedKey = None, allow_tail: bool = False
                    ) -> tuple[VerifyReport, list[AuditEntry]]:
     """:func:`verify_audit_dir` plus the entries that parsed (for the report).
 
     ``allow_tail`` (for the writer reopening its own log only) accepts signed entries after
     the head -- what a crash between appending a line and rewriting the head leaves.
     """
-    scan = _Scan(directory=Path(directory), trusted=trusted_server_key, allow_tail=allow_tail)
+    scan = _Scan(directory=Path(directory), trusted=trusted_key_bytes(trusted_server_key), allow_tail=allow_tail)
     head_hash = None
     if not scan.directory.is_dir():
         scan.bad(None, f"{scan.directory} is not a directory.")
@@ -384,18 +445,19 @@ def scan_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None, 
         first_bad=min(seqs) if seqs else None, head_hash=head_hash,
         server_key_fingerprint=scan.key.fingerprint if scan.key else None,
         trusted=scan.trusted is not None and scan.key is not None and scan.key.raw == scan.trusted,
-        runs=list(scan.runs))
+        runs=list(scan.runs), being_written=scan.being_written)
     return report, scan.entries
 
 
-def verify_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None,
+def verify_audit_dir(directory: Path, *, trusted_server_key: TrustedKey = None,
                      expect_head: str | None = None) -> VerifyReport:
     """Check everything in ``directory`` (see the module docstring for what is and is not
     guaranteed). Never raises for a bad directory: every problem is listed in the report.
 
     Args:
         directory: an audit directory written by :class:`AuditTrail`.
-        trusted_server_key: the server's 32-byte Ed25519 public key, obtained out of band.
+        trusted_server_key: the server's Ed25519 public key, obtained out of band: its 32 bytes, a
+            ``PublicIdentity`` or the base64 text of ``server.pub`` (anything else: ConfigError).
             Without it the log is checked against the key it names itself.
         expect_head: an entry hash taken out of band earlier (e.g. the ``head hash`` an auditor or
             a hospital noted at the end of a run). The log must contain that entry: a directory
@@ -406,7 +468,7 @@ def verify_audit_dir(directory: Path, *, trusted_server_key: bytes | None = None
         return report
     want = expect_head.strip().lower()
     if len(want) != 64 or any(c not in "0123456789abcdef" for c in want):
-        problem = f"--expect-head must be a 64-hex-digit entry hash, got {len(want)} character(s)."
+        problem = f"expect_head (--expect-head) must be a 64-hex-digit entry hash, got {len(want)} character(s)."
     elif any(e.hash == want for e in entries):
         return report
     else:

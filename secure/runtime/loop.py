@@ -179,10 +179,13 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     # Empty bytes = "apply the aggregate you decrypted" (the server holds no plaintext model).
     model = server.global_model_bytes() if server.state is not None else b""
     survivors = [n for n in participants if n not in dropped]
-    event("round_closed", {"round": round_, "contributors": list(result.contributors), "dropped": sorted(dropped),
-                           "refused": sorted(book.refused), "epsilon": epsilon})
+    # counted (and journalled) before the event: an interrupt in an event sink (Ctrl-C) must not leave
+    # an aggregated round out of run_ended's rounds_completed
     boundary("close", {"result": result, "invited": tuple(participants), "pending": {n: model for n in survivors},
                        "final": dict(book.final)})
+    event("round_closed", {"round": round_, "contributors": list(result.contributors), "dropped": sorted(dropped),
+                           "refused": sorted(book.refused), "epsilon": epsilon,
+                           "scoring": server.run_options.get("run.phase") == "score"})  # evaluates, trains nothing
     if transport.defers_model and not deliver:
         return RoundOutcome(result=result, dropped=dropped, pending_model={n: model for n in survivors},
                             final_refusals=book.final)
@@ -275,6 +278,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     status, reason = "completed", f"all {rounds} planned round(s) ran"
     failure: BaseException | None = None
     invited: tuple[str, ...] = ()
+    scoring_now = False  # the round in progress is the evaluation-only scoring round
     if run.attribution is None:  # a paused run's search goes on when it resumes
         run.attribution = Attribution.for_server(server)
     attribution = run.attribution
@@ -286,6 +290,8 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         elif stage == "close":
             result: RoundResult = info["result"]
             run.completed += 1
+            if scoring_now:  # counted with the close it belongs to: a crash or Ctrl-C right after it must not
+                run.scored += 1  # leave the scoring round counted as a training round (rounds_completed 2 of 1)
             run.pending = dict(info["pending"])
             run.retired.update(info["final"])
             if liveness is not None:
@@ -308,7 +314,8 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         return outcome  # type: ignore[return-value]
 
     def attempt(*, scoring: bool) -> RoundOutcome | None | str:
-        nonlocal status, reason, invited
+        nonlocal status, reason, invited, scoring_now
+        scoring_now = scoring
         pool = participants or tuple(sorted(set(transport.hospitals()) & set(server.enrolled)))
         pool = tuple(n for n in pool if n not in run.retired)
         if run.retired and len(pool) < server.min_clients:
@@ -367,8 +374,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         if status == "completed" and control is not None:
             if control.wants_score() and not run.score_done:
                 outcome = one_round(scoring=True)
-                if outcome is not None:
-                    run.scored += 1
+                if outcome is not None:  # run.scored was counted at its close (on_boundary)
                     run.score_done = True
                     control.after(server, outcome)
                     if journal is not None:
@@ -379,7 +385,7 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
     except BaseException as exc:
         failure = exc
         if status == "completed":
-            status, reason = "failed", f"{type(exc).__name__}: {exc}"
+            status, reason = "failed", failure_reason(exc, round_=server.round)
         raise
     finally:
         _deliver_pending(server, transport, run, event)
@@ -393,6 +399,16 @@ def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
         if journal is not None and failure is None:
             save(journal, server, run, stage="run_ended", open_round=None, run_ended=True)
     return outcomes
+
+
+def failure_reason(exc: BaseException, *, round_: int) -> str:
+    """``run_ended``'s reason for a run an exception ended: an operator's interrupt in words (a
+    ``KeyboardInterrupt`` carries no message), else the exception's type and its message."""
+    if isinstance(exc, KeyboardInterrupt):
+        return (f"interrupted by the operator (Ctrl-C / SIGINT) before round {round_} closed: the rounds "
+                "before it stand, nothing of that round was applied")
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _deliver_pending(server: FederationServer, transport: Transport, run: RunState, event: EventSink) -> None:

@@ -173,7 +173,8 @@ def resume(journal: Journal, server: FederationServer, run: RunState, *, event: 
         event("round_aborted", {"round": b.open_round, "reason": reason})
         server.round = b.open_round + 1  # the number is spent: hospitals refuse a second plan for it
         save(journal, server, run, stage="aborted", open_round=None)
-    event("resumed", {"round": server.round, "rounds_completed": run.completed, "stage": b.stage})
+    # training rounds, as run_ended and run_extended count them (run.completed also counts a scoring round)
+    event("resumed", {"round": server.round, "rounds_completed": run.trained, "stage": b.stage})
     return b
 
 

@@ -36,6 +36,21 @@ def test_with_several_candidate_models_each_line_names_the_one_that_runs():
     assert [x.split(": round 0 closed")[0] for x in lines] == ["wide", "shape"]
 
 
+def test_a_resumed_candidate_names_itself_not_the_last_one_started():
+    """Early elimination: every candidate starts, then a kept one resumes -- its rounds carry its name
+    (they said "shape:" for linear's rounds 2..4, the last candidate started)."""
+    lines: list[str] = []
+    show = simulation_progress(4, lines.append, status=lambda line: None, clock=lambda: 0.0)
+    for i, name in enumerate(("linear", "shape")):
+        show("run_started", {"candidate": name, "index": i, "count": 2})
+    show("run_resumed", {"candidate": "linear", "rung": 1, "next_round": 2, "rounds_completed": 2})
+    show("round_opened", {"round": 2, "participants": ["a"]})
+    show("round_closed", {"round": 2, "contributors": ["a"]})
+    assert lines and lines[-1].startswith("linear: round 2 closed")
+    show("round_closed", {"round": 4, "contributors": ["a"], "scoring": True})
+    assert lines[-1].startswith("linear: round 4 closed (scoring round: the last model evaluated, no training): ")
+
+
 def test_the_final_table_shows_a_survival_targets_c_index_and_a_binary_ones_auroc():
     from rich.console import Console
 

@@ -23,7 +23,7 @@ from clinograph.secure.wire import (
     signed_bytes,
 )
 
-from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.core.identity import Identity
 
 ALICE = Identity.generate("alice")
@@ -170,8 +170,12 @@ def test_open_signed_is_open_envelope_for_a_relayed_payload_and_signature():
 def test_seal_refuses_a_sender_name_no_envelope_may_carry(name):
     msg = MaskedInput(federation_id="fed", round=1, client="hosp-a", spec_digest="0" * 64,
                       dictionary_hash="d" * 64, words=b"\x00" * 8)
+    with pytest.raises(ConfigError, match="Identity name"):  # refused where an identity is made, first
+        Identity.generate(name)
+    ident = Identity.generate("hosp-a")
+    ident.name = name  # one made around that check: seal still refuses it
     with pytest.raises(ProtocolError, match="invalid sender or kind"):
-        seal(msg, Identity.generate(name))
+        seal(msg, ident)
 
 
 def test_a_plan_carries_a_published_weight_for_each_of_a_hundred_hospitals():

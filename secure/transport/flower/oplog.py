@@ -78,7 +78,8 @@ def _line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int]) -> tu
     if kind == "round_closed":
         eps = dict(data.get("epsilon") or {})
         eps_text = ", ".join(f"{n} {v['epsilon']:.3g}/{v['budget']:g}" for n, v in sorted(eps.items()))
-        return logging.INFO, (f"round {r} closed: contributors {_names(data.get('contributors'), nodes)}; dropped "
+        scoring = " (scoring round: the last model evaluated, no training)" if data.get("scoring") else ""
+        return logging.INFO, (f"round {r} closed{scoring}: contributors {_names(data.get('contributors'), nodes)}; dropped "
                               f"{_names(data.get('dropped'), nodes)}; refused {_names(data.get('refused'), nodes)}"
                               + (f"; ε/budget {eps_text}" if eps_text else "") + eta_line(data))
     if kind == "stage_progress":

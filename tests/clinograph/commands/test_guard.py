@@ -30,3 +30,15 @@ def test_an_unexpected_error_is_still_an_internal_error_without_a_traceback(caps
         fails()
     err = capsys.readouterr().err
     assert ended.value.exit_code == 3 and "internal error (RuntimeError)" in err and "cell value" not in err
+
+
+def test_ctrl_c_outside_a_run_says_the_operator_interrupted_with_exit_130(capsys):
+    """It said only "interrupted" (e.g. Ctrl-C while `clinograph simulate` read the tables)."""
+    @guarded
+    def reads_tables() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(typer.Exit) as ended:
+        reads_tables()
+    assert ended.value.exit_code == 130
+    assert capsys.readouterr().err.startswith("interrupted by the operator (Ctrl-C) before the command finished")

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 from clinograph.sdk.config import SimulationConfig
-from clinograph.sdk.federation.simulate import simulate_one
+from clinograph.sdk.federation.simulate import simulate, simulate_one
 from clinograph.sdk.training.metrics import log_loss
 from clinograph.sdk.training.selection import decode_validation, encode_validation
 from clinograph.secure.policy import InsecureOptionWarning
@@ -21,10 +21,13 @@ def cfg(mode="masked", rounds=4, patience=5, **model):
         "selection": {"patience": patience}})
 
 
-def run(tmp_path, mode="masked", **kw):
+def run(tmp_path, mode="masked", on_event=None, **kw):
     tables = small_tables()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureOptionWarning)
+        if on_event is not None:  # simulate_one with the run's progress events
+            return simulate(tables, tables[0].dictionary, cfg(mode, **kw), audit_dir=tmp_path / mode, choose=False,
+                            on_event=on_event)
         return simulate_one(tables, tables[0].dictionary, cfg(mode, **kw), audit_dir=tmp_path / mode)
 
 
@@ -45,10 +48,13 @@ def test_default_split_holds_a_validation_part():
 
 
 def test_selected_model_is_the_best_on_federated_validation_and_audited(tmp_path):
-    res = run(tmp_path, rounds=4)
+    closed = []
+    res = run(tmp_path, rounds=4, on_event=lambda kind, data: kind == "round_closed" and closed.append(data))
     sel = res.selection
     # rounds 0..4 scored: the initial model, after each round, and the final one
     assert sel["rounds_evaluated"] == [0, 1, 2, 3, 4]
+    # round 4 only scores the last model: its progress line says so (it read as a fifth of 4 rounds)
+    assert [(e["round"], e["scoring"]) for e in closed] == [(0, False), (1, False), (2, False), (3, False), (4, True)]
     assert sel["validation_loss"] == min(sel["validation_losses"])
     assert sel["validation_loss"] <= sel["validation_losses"][1]  # never worse than round 1
     entries = [json.loads(line) for line in (tmp_path / "masked" / "audit.jsonl").read_text().splitlines()]

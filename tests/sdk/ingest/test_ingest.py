@@ -142,3 +142,14 @@ def test_site_schema_from_toml_names_unknown_keys(tmp_path):
     p.write_text('site = "h1"\npatient_ids = "mrn"\n')
     with pytest.raises(ConfigError, match="patient_ids"):
         SiteSchema.from_toml(p)
+
+
+def test_ingest_with_its_arguments_swapped_names_them():
+    """ingest(df, schema=dictionary, dictionary=schema): an AttributeError ('no attribute policy') before."""
+    d, schema = load_dictionary(), SiteSchema(site="x", patient_id="p", label="y")
+    df = pd.DataFrame({"p": ["a"], "y": [0]})
+    with pytest.raises(SchemaError, match=r"ingest\(\) needs schema= a SiteSchema, got FeatureDictionary\. Pass "
+                                          r"cg\.SiteSchema\.from_toml\('site\.toml'\)"):
+        ingest(df, schema=d, dictionary=d)
+    with pytest.raises(SchemaError, match=r"needs dictionary= a FeatureDictionary, got SiteSchema"):
+        ingest(df, schema=schema, dictionary=schema)

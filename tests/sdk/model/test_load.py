@@ -194,7 +194,8 @@ def test_a_signed_model_without_an_audit_trail_is_refused_unless_insecure(tmp_pa
     the federation's server released."""
     path, _ = export(tmp_path)
     with pytest.raises(ConfigError, match=r"no audit trail to check it against: .* Fix: pass the federation's audit "
-                                          r"directory as --audit and the server's public key as --server-key"):
+                                          r"directory as audit_dir= and the server's public key as server= \(CLI: "
+                                          r"--audit and --server-key\)"):  # the Python caller's names first
         load_exported(path, trusted=NORTH.public)
     with pytest.warns(InsecureOptionWarning, match="loaded without checking the release in an audit trail"):
         loaded = load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)

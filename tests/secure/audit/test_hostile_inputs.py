@@ -75,6 +75,18 @@ def test_a_fifo_in_place_of_a_file_is_reported_not_read(audit_dir, name):
     assert any("is a FIFO (named pipe), not a regular file" in p and target.name in p for p in r.problems)
 
 
+@pytest.mark.parametrize("kind", ["FIFO (named pipe)", "directory"])
+def test_a_published_artefact_replaced_by_no_regular_file_is_one_problem_naming_it(audit_dir, kind):
+    """One tampering, one problem: it also read "extra file ...: no audit entry references it" (false:
+    the entry that reported it references it), and the entry's own line named no artefact."""
+    target = next((audit_dir / "artefacts").iterdir())
+    target.unlink()
+    os.mkfifo(target) if kind.startswith("FIFO") else target.mkdir()
+    r = _verify_with_timeout(audit_dir)
+    assert not r.ok and len(r.problems) == 1, r.problems
+    assert r.problems[0].startswith("entry 1 (artefact 'round-0000/model.bin'): ") and f"is a {kind}" in r.problems[0]
+
+
 def test_dev_zero_behind_a_symlink_is_reported_not_read(audit_dir):
     (audit_dir / "audit.jsonl").unlink()
     (audit_dir / "audit.jsonl").symlink_to("/dev/zero")
@@ -150,3 +162,18 @@ def test_a_number_that_overflows_to_infinity_is_refused_as_not_canonical():
     for line in (b'{"a":1e999}', b'{"a":-1E400}', b'{"a":[0.5,9e9999]}'):
         with pytest.raises(IntegrityError, match="not valid canonical JSON"):
             parse_canonical(line, what="entry 1")
+
+
+@pytest.mark.parametrize("log", ["missing", "empty"])
+def test_without_a_readable_log_the_artefacts_are_one_problem_not_one_a_file(tmp_path, log):
+    """A run's directory without its audit.jsonl listed every artefact as an "extra file" (44 lines
+    after the one that matters, for a 4-candidate simulate run)."""
+    d = tmp_path / "audit"
+    with AuditTrail(d, identity=Identity.generate("server")) as trail:
+        for r in range(3):
+            trail.publish(f"round-{r:04d}/model.bin", bytes([r]), kind="global_model")
+    (d / "audit.jsonl").unlink() if log == "missing" else (d / "audit.jsonl").write_bytes(b"")
+    r = verify_audit_dir(d)
+    assert not r.ok and len(r.problems) == 2, r.problems  # the log, and the artefacts once
+    assert r.problems[-1] == ("3 file(s) in artefacts/ not checked: no readable entry of audit.jsonl references "
+                              "them (the log's own problem is above).")

@@ -26,8 +26,9 @@ def test_model_selection_names_the_kept_round_and_the_chosen_candidate(tmp_path)
     html = render_report(d, out=tmp_path / "r.html").read_text()
     section = html[html.index('<section id="selection">'):]
     section = section[:section.index("</section>")]
-    assert "Kept round 3: the lowest federated validation loss (0.4321) of 5 round(s) evaluated; stopped early: " \
-           "no improvement for 2 round(s)." in section
+    assert ("Kept round 3: the global model after 3 training round(s), with the lowest federated validation loss "
+            "(0.4321) of the 5 models scored (the initial model and the model after each of 4 training round(s)); "
+            "stopped early: no improvement for 2 round(s).") in section
     assert "hosp-b (round 2)" in section
     assert "Chosen candidate: wide. Rule: lowest validation loss (minimum improvement 0.01)." in section
     assert '<th scope="row">wide (chosen)</th><td>{&quot;hidden&quot;: 64}</td><td>0.4321</td><td>3</td>' in section
@@ -73,3 +74,37 @@ def test_a_voided_round_and_the_hospital_it_named_are_in_the_report(tmp_path):
     faults = faults[:faults.index("</section>")]
     assert "voided by what went into it" in faults and "h2 was named by it and retired" in faults
     assert "out of the run: retired at round" in html and "the only hospital whose input was in every one" in html
+
+
+def test_the_runs_table_names_the_scoring_round_of_a_one_round_run(tmp_path):
+    """rounds = 1 with model selection: round 0 trains, round 1 only scores the last model (its signed
+    plan's ``run.phase`` is ``score``). The table said ``0-1`` beside "1 of 1 planned" (an apparent off-by-one)."""
+    import hashlib
+
+    from clinograph.secure.messages import RoundPlan
+    from clinograph.secure.wire import seal
+
+    from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
+
+    server = Identity.generate("server")
+    spec = ModelSpec(version=1, modules=(ModuleSpec(name="gnn/w", shape=(4,), kind=ModuleKind.SHARED),))
+    d = tmp_path / "a"
+    with AuditTrail(d, identity=server) as trail:
+        for r, phase in ((0, "train"), (1, "score")):
+            plan = seal(RoundPlan(federation_id="fed", round=r, participants=("a", "b"), spec=spec,
+                                  dictionary_hash="0" * 64, secure_mode="masked", strategy="fedsgd", min_clients=2,
+                                  local_epochs=1, global_state_digest="0" * 64, options={"run.phase": phase}), server)
+            trail.record("round_plan", {"round": r, "participants": ["a", "b"], "secure_mode": "masked",
+                                        "plan_sha256": hashlib.sha256(plan).hexdigest(), "strategy": "fedsgd",
+                                        "weights": {}, "spec_version": 1})
+            trail.publish(f"round-{r:04d}/plan.json", plan, kind="round_plan")
+        trail.record("model_selected", {"round": 1, "validation_loss": 0.46, "rounds_evaluated": 2, "patience": 5,
+                                        "stopped_early": False, "losses": [0.69, 0.46]})
+        trail.record("run_ended", {"status": "completed", "reason": "all 1 planned round(s) ran",
+                                   "rounds_completed": 1, "rounds_planned": 1})
+    html = render_report(d, out=tmp_path / "r.html").read_text()
+    runs = html[html.index('<section id="runs">'):]
+    assert "<td>0-1 (round 1: scoring the last model, no training)</td>" in runs[:runs.index("</section>")]
+    assert ("Kept round 1: the global model after 1 training round(s), with the lowest federated validation loss "
+            "(0.46) of the 2 models scored (the initial model and the model after each of 1 training round(s)); "
+            "all planned rounds ran.") in html

@@ -275,7 +275,9 @@ def test_model_selection_names_the_chosen_candidate_and_its_released_model(candi
     assert (f"It was trained in run {index + 1}, which released model SHA-256 {releases[index]['model_sha256']}: "
             "the federation's released model.") in text
     kept = browser.find_element("id", f"run{index + 1}-selection").text
-    assert f"Kept round {selected[index]['round']}: the lowest federated validation loss" in kept
+    assert (f"Kept round {selected[index]['round']}: the global model after {selected[index]['round']} training "
+            "round(s), with the lowest federated validation loss") in kept
+    assert "0-1 (round 1: scoring the last model, no training)" in browser.find_element("id", "runs").text
     assert "Round numbers restart in every run" not in browser.find_element("id", "runs").text
     found = violations(browser)
     assert not found, describe(found)

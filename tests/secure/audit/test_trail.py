@@ -64,10 +64,12 @@ def test_publish_writes_content_addressed_file_and_entry(tmp_path):
 ])
 def test_record_refuses_non_json_payloads(tmp_path, bad, match):
     with AuditTrail(tmp_path / "a", identity=Identity.generate("server")) as trail:
-        with pytest.raises(TypeError, match=match):
+        with pytest.raises(ConfigError, match=r"^Audit entry 'note': " + match):  # the one exception tree
             trail.record("note", bad)
-        with pytest.raises(ValueError, match="non-finite"):
+        with pytest.raises(ConfigError, match=r"payload\.x: non-finite float nan cannot be audited; record None"):
             trail.record("note", {"x": float("nan")})
+        with pytest.raises(ConfigError, match=r"^Artefact 'm' meta: payload\.raw: a bytes"):
+            trail.publish("m", b"x", kind="note", meta={"raw": b"\x00"})
         assert trail.head.seq == 0  # nothing was written
 
 
@@ -194,3 +196,11 @@ def test_opening_records_the_software_an_auditor_needs_to_recompute(federation_d
     software = _lines(federation_dir.directory)[0]["payload"]["software"]
     assert software["numpy"] == np.__version__
     assert software["python"].count(".") == 2
+
+
+def test_a_trail_without_a_signing_identity_is_a_config_error(tmp_path):
+    """AuditTrail(d, identity=None) or a PublicIdentity: AttributeError ('no attribute name') before."""
+    for wrong in (None, Identity.generate("server").public):
+        with pytest.raises(ConfigError, match=r"AuditTrail needs identity= the server's signing Identity"):
+            AuditTrail(tmp_path / "a", identity=wrong)
+    assert not (tmp_path / "a").exists()  # nothing created

@@ -99,3 +99,56 @@ def test_a_file_that_is_not_a_journal_is_refused(tmp_path):
     (tmp_path / "j.sqlite").write_bytes(b"not a database at all" * 100)
     with pytest.raises(ConfigError, match="is not a Clinograph journal"):
         Journal(tmp_path / "j.sqlite")
+
+
+class _ScoreOnce:
+    """The smallest run control (:class:`clinograph.secure.runtime.loop.RunControl`): one
+    evaluation-only scoring round after the training rounds, as every run with selection has."""
+
+    deliver = False
+
+    def begin(self, *, first_round: int) -> None:
+        pass
+
+    def options(self, *, scoring: bool) -> dict:
+        return {"run.phase": "score" if scoring else "train"}
+
+    def after(self, server, outcome) -> bool:
+        return False
+
+    def wants_score(self) -> bool:
+        return True
+
+    def finish(self, server, transport, *, stopped: bool) -> None:
+        pass
+
+    def to_dict(self) -> dict:
+        return {}
+
+    def load(self, data) -> None:
+        pass
+
+
+def test_a_restart_after_the_scoring_round_counts_training_rounds_only(tmp_path):
+    """rounds = 1 runs round 0 (training) and round 1 (scoring). A restart after round 1 closed said
+    "resumed ...: 2 round(s) completed" -- 2 of 1 -- counting the scoring round as a training round."""
+    server, transport, _ = federation(tmp_path)
+    journal = Journal(tmp_path / "j.sqlite", on_saved=_crash_at("close", 2))  # round 1, the scoring round, closed
+    with pytest.raises(Crash):
+        run_rounds(server, transport, rounds=1, journal=journal, control=_ScoreOnce())
+    server.audit.close()
+    journal.close()
+    server2, transport2, _ = federation(tmp_path)
+    events: list[tuple[str, dict]] = []
+    run_rounds(server2, transport2, rounds=1, journal=Journal(tmp_path / "j.sqlite"), control=_ScoreOnce(),
+               on_event=lambda k, d: events.append((k, dict(d))))
+    server2.audit.close()
+    resumed = [d for k, d in events if k == "resumed"]
+    assert [d["rounds_completed"] for d in resumed] == [1]
+    ended = [e["payload"] for e in audit_entries(tmp_path) if e["kind"] == "run_ended"]
+    # the crashed run's own end (written on its way down) and the resumed run's: 1 of 1 both times, and
+    # the resumed run re-scores the last model (round 2) instead of counting a second training round
+    assert [(e["status"], e["rounds_completed"], e["rounds_planned"]) for e in ended] == [
+        ("failed", 1, 1), ("completed", 1, 1)]
+    plans = [e["payload"]["round"] for e in audit_entries(tmp_path) if e["kind"] == "round_plan"]
+    assert plans == [0, 1, 2]

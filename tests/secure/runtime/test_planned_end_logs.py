@@ -89,3 +89,13 @@ def test_a_deferred_end_carries_the_closed_rounds_number():
     server = SimpleNamespace(history=[closed], round=2)  # the server has moved on to round 2
     _deliver_pending(server, transport, RunState(pending={"h1": b"model"}), lambda kind, data: None)
     assert transport.sent == ("end", 1)
+
+
+def test_the_scoring_round_is_named_in_the_operators_log():
+    """rounds = 1 with model selection runs rounds 0 and 1: the second only scores the last model."""
+    from clinograph.secure.transport.flower.oplog import progress_line
+
+    _, text = progress_line("round_closed", {"round": 1, "contributors": ["a"], "scoring": True}, nodes={})
+    assert text.startswith("round 1 closed (scoring round: the last model evaluated, no training): contributors")
+    _, text = progress_line("round_closed", {"round": 0, "contributors": ["a"], "scoring": False}, nodes={})
+    assert text.startswith("round 0 closed: contributors")
