@@ -33,7 +33,12 @@ def test_ctrl_c_says_the_operator_interrupted_and_whether_the_audit_verifies(tmp
                    '[federation]\nrounds = 3\n[simulation]\nworkers = 1\n'
                    + "".join(f'[[hospitals]]\nsite = "{s}"\ntable = "{data / (s + ".csv")}"\n'
                              f'schema = "{data / (s + "_schema.toml")}"\n' for s in ("north", "south")))
-    r = CliRunner().invoke(app, ["simulate", str(cfg)])
+    # Python's own SIGINT handler, as in a terminal (a pytest-xdist worker ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        r = CliRunner().invoke(app, ["simulate", str(cfg)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert r.exit_code == 130, r.output
     assert "Traceback" not in r.output and "KeyboardInterrupt" not in r.output
     assert "interrupted by the operator (Ctrl-C)" in r.output
