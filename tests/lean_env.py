@@ -17,7 +17,8 @@ that the venv always runs the working tree's code; only the dependencies are fro
 venv is rebuilt from scratch (not upgraded) whenever pyproject.toml or setup.py change, as
 recorded in its stamp file. Building it takes one to two minutes the first time (pip's cache
 makes later rebuilds faster); reusing it takes a second. A file lock lets concurrent test
-sessions share it. ``make lean`` (and so ``make test``) builds it by running this file.
+sessions share it. ``make lean`` builds it by running this file; ``make test`` leaves it to the first test
+that needs it (the other workers go on meanwhile).
 """
 
 from __future__ import annotations
