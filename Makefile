@@ -6,12 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast test-workers setup lint lean bench clean browser postgres axe
 
+# torch first, pinned, with pip (pip.conf finds the CPU wheel on this machine's disk): a looser spec
+# would fetch a multi-GB CUDA build. The rest with uv, which keeps that torch (it satisfies every
+# range) and resolves in ~3 s where pip took ~25 s of CPU (it parses every index page's links).
+# No bytecode compiled up front (pip --no-compile; uv's default): Python compiles what is imported.
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	# torch first, pinned: a looser spec would fetch a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[all,test]'
+	$(BIN)/pip install -q --no-compile torch==2.13.0 'uv>=0.5,<1'
+	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[all,test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -53,9 +55,8 @@ lean: $(STAMP)
 # directory, and a socket path has at most 100 characters (/tmp/pytest-of-<user>/pytest-<n>/
 # popen-gw<k>/<test>/sites/h1/state/... is longer under xdist).
 XDIST := -n 3 --dist loadscope
-# .venv-server (the lean install, ~25 s) is not a prerequisite: the first test that needs it builds it
-# under a file lock (tests/lean_env.py) while the other workers run tests; built first, it added its
-# 25 s to the wall time.
+# .venv-server (the lean install, a few seconds with uv) is not a prerequisite: the first test that
+# needs it builds it under a file lock (tests/lean_env.py) while the other workers run tests.
 test: $(STAMP) browser postgres $(AXE)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) --durations=25 \
 	  --basetemp=$$(mktemp -d /tmp/cgt.XXXXXX)
