@@ -9,7 +9,11 @@ STAMP := $(VENV)/.installed
 # torch first, pinned, with pip (pip.conf finds the CPU wheel on this machine's disk): a looser spec
 # would fetch a multi-GB CUDA build. The rest with uv, which keeps that torch (it satisfies every
 # range) and resolves in ~3 s where pip took ~25 s of CPU (it parses every index page's links).
-# No bytecode compiled up front (pip --no-compile; uv's default): Python compiles what is imported.
+# No bytecode compiled up front (pip --no-compile; uv's default: compiling all ~18 000 files took
+# ~20 s); Python compiles what is imported and writes it once, which is why the targets below
+# must not inherit PYTHONDONTWRITEBYTECODE (set in some shells and CI images: every process of the
+# suite would then compile torch again, ~1 s each).
+unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --no-compile torch==2.13.0 'uv>=0.5,<1'
