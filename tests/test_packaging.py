@@ -108,7 +108,10 @@ def test_server_install_covers_what_the_server_and_the_cli_import():
 
 def test_makefile_installs_torch_pinned_before_the_extras():
     make = (ROOT / "Makefile").read_text()
-    torch_at = make.index("pip install -q torch==2.13.0")
+    torch_at = make.index("pip install -q --no-compile torch==2.13.0")
     extras_at = min(make.find(s) for s in ("'.[all,test]'", "'.[hospital,test]'") if s in make)
     assert torch_at < extras_at
+    # uv installs the extras: it must keep that torch (no --upgrade, no --reinstall of it)
+    extras_line = make[make.rfind("\n", 0, extras_at):make.find("\n", extras_at)]
+    assert "uv pip install" in extras_line and "--upgrade" not in extras_line and "--reinstall" not in extras_line
     assert re.search(r"^lean: ", make, re.M) and "test-fast:" in make and '-m "not slow"' in make
