@@ -21,6 +21,11 @@ server then lost (a crash, an aborted round) has that round on record and refuse
 the same number again, across its own restarts too. The kept plan is the server's signed
 statement; an operator can hand it to ``audit verify`` as an out-of-band head.
 
+The anchor also keeps a copy of each refusal the hospital signs of a plan that passed this
+check (:meth:`HospitalAnchor.note_refusal`), and a later plan must prove that the server logged
+it (its ``hospital_refused`` entry, or that of a later refusal naming it as missing, among the
+proof's entries): otherwise :class:`RefusalOmitted` (SECURITY.md, "Audited artefacts").
+
 Guarantees: a server rolled back behind any hospital's last plan is refused by that hospital
 with a reason naming both heads. Does not guarantee: detection of a rollback no hospital has
 seen past (roll back before any plan was sent after the copy), or anything if the hospital's
@@ -40,6 +45,7 @@ import numpy as np
 from clinograph.secure.audit.consistency import PROOF, PROOF_FROM, check_extension
 from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.journal import decode_state, encode_state
+from clinograph.secure.wire import parse_envelope
 
 from clinograph.core.errors import IntegrityError, ProtocolError
 from clinograph.core.fileio import atomic_write, read_regular
@@ -55,6 +61,15 @@ MAX_BLOB_BYTES = 2 * 2**30
 
 class RollbackDetected(ProtocolError):
     """The server presents an older history than this hospital has seen (rolled back or forked)."""
+
+
+class RefusalOmitted(ProtocolError):
+    """The server's audit log, as a later plan proves it, lacks this hospital's signed refusal.
+    ``owed``: the digests of the refusals missing (the refusal of this plan discloses them)."""
+
+    def __init__(self, message: str, owed: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.owed = owed
 
 
 @dataclass(frozen=True)
@@ -126,9 +141,10 @@ class HospitalAnchor:
                     f"Plan for round {plan.round} of federation {plan.federation_id!r} presents audit entry {seq} "
                     f"({(head or '')[:12]}…), but this hospital already saw {seen}: the server's audit trail was "
                     f"rolled back to an earlier copy (or forked). {fix}")
+            entries = []
             if seq > last.audit_seq:
                 try:
-                    check_extension(anchored_seq=last.audit_seq, anchored_head=str(last.audit_head), seq=seq,
+                    entries = check_extension(anchored_seq=last.audit_seq, anchored_head=str(last.audit_head), seq=seq,
                                     head=str(head), proof=plan.options.get(PROOF),
                                     proof_from=plan.options.get(PROOF_FROM), server=self.server)
                 except IntegrityError as exc:
@@ -136,12 +152,67 @@ class HospitalAnchor:
                         f"Plan for round {plan.round} of federation {plan.federation_id!r} presents audit entry {seq} "
                         f"({(head or '')[:12]}…), but does not prove it extends {seen}: {exc}. The server's audit "
                         f"trail forked from the one this hospital saw (or the plan is malformed). {fix}") from None
+            self._check_refusals_logged(plan, entries)
+
+    def _refusals(self, federation_id: str) -> list[dict]:
+        rec = self._records.get(_key(federation_id, self.server), {})
+        kept = rec.get("refusals", [])
+        if not isinstance(kept, list) or not all(
+                isinstance(r, dict) and type(r.get("round")) is int and isinstance(r.get("digest"), str)
+                and len(r["digest"]) == 64 and isinstance(r.get("discloses", []), list)
+                and all(isinstance(d, str) for d in r.get("discloses", [])) for r in kept):
+            raise IntegrityError(f"Audit anchor {self.path} holds malformed refusal records; it was altered. Restore "
+                                 "it from the hospital's backup.")
+        return kept
+
+    def _check_refusals_logged(self, plan: RoundPlan, entries: list) -> None:
+        """RefusalOmitted unless every refusal this hospital signed for a plan of an earlier round
+        (:meth:`note_refusal`) is in the audit proof ``entries`` (the entries after the anchored
+        head, which every such refusal follows): its own ``hospital_refused`` entry, or the entry
+        of a later refusal of this hospital that named it as omitted (a server that lost an entry
+        honestly -- a crash, a refusal that came after the stage timed out -- is followed again
+        once the log holds the hospital's signed statement that the entry is missing)."""
+        logged = {e.payload.get("refusal_sha256") for e in entries if e.kind == "hospital_refused"}
+        kept = self._refusals(plan.federation_id)
+        disclosed = {d for r in kept if r["digest"] in logged for d in r.get("discloses", [])}
+        owed = [r for r in kept if r.get("logged_at") is None and r["round"] < plan.round
+                and r["digest"] not in logged and r["digest"] not in disclosed]
+        if owed:
+            rounds = ", ".join(str(r["round"]) for r in owed)
+            digests = ", ".join(f"{r['digest'][:16]}…" for r in owed)
+            raise RefusalOmitted(
+                f"Plan for round {plan.round} of federation {plan.federation_id!r}: the server's audit log, as this "
+                f"plan proves it, does not hold the refusal(s) this hospital signed of the plan of round(s) {rounds} "
+                f"(refusal digest(s) {digests}): the server left them out. Refused; nothing was trained. This "
+                f"refusal names them, so a server that lost them in a crash is followed again once it logs this "
+                f"one; this hospital keeps its refusals in {self.path.name} for the federation's auditor.",
+                owed=tuple(r["digest"] for r in owed))
+
+    def note_refusal(self, federation_id: str, round_: int, refusal: bytes, *, discloses: tuple[str, ...] = ()) -> None:
+        """Keep a copy of the signed refusal (an envelope) this hospital sent for the plan of
+        ``round_`` -- a plan that verified and extended the anchored history -- so that a later plan
+        must prove the server logged it (:meth:`check`); ``discloses``: the digests of earlier
+        refusals it names as left out (:class:`RefusalOmitted`). Nothing is kept before a plan of
+        the federation was anchored (there is no history to prove it in)."""
+        key = _key(federation_id, self.server)
+        if key not in self._records:
+            return
+        digest = parse_envelope(refusal).digest()
+        kept = [r for r in self._refusals(federation_id) if r["digest"] != digest]
+        kept.append({"round": int(round_), "digest": digest, "logged_at": None, "discloses": list(discloses),
+                     "envelope": base64.b64encode(refusal).decode("ascii")})
+        self._records[key]["refusals"] = kept
+        atomic_write(self.path, json.dumps({"format": FORMAT, "anchors": self._records}, indent=1,
+                                          sort_keys=True).encode())
 
     def keep(self, plan: RoundPlan, plan_bytes: bytes) -> None:
         """Anchor ``plan`` (call after :meth:`check`, before training); atomic and durable."""
         seq, head = _head(plan)
         key = _key(plan.federation_id, self.server)
         old = self._records.get(key, {})
+        if old.get("refusals"):  # every one of an earlier round is in the log up to this plan's head (check)
+            old = {**old, "refusals": [r if r.get("logged_at") is not None or r["round"] >= plan.round
+                                       else {**r, "logged_at": seq} for r in self._refusals(plan.federation_id)]}
         self._records[key] = {"round": plan.round, "audit_seq": seq, "audit_head": head,
                               "plan": base64.b64encode(plan_bytes).decode("ascii"),
                               **{k: v for k, v in old.items() if k not in ("round", "audit_seq", "audit_head", "plan")}}

@@ -39,7 +39,7 @@ from clinograph.core.spec import ModuleKind
 from ..config import ReleaseSection
 from ..model.settings import check_plan_settings
 from ..training.trainer import TrainOutcome
-from .anchor import HospitalAnchor
+from .anchor import HospitalAnchor, RefusalOmitted
 from .task import Task
 
 
@@ -71,6 +71,9 @@ class HospitalClient:
         self.ckks = CkksKeyHolder(identity=identity, peers=self.peers, federation_id=federation_id,
                                   tckks_threshold=release.tckks_threshold)
         self.plan: RoundPlan | None = None  # the last plan this hospital verified and trained on
+        # the plan being answered once it extends the anchored history: (federation, round, its digest,
+        # the digests of earlier refusals its refusal would name as left out of the log)
+        self._checked_plan: tuple[str, int, str, tuple[str, ...]] | None = None
         self.last: TrainOutcome | None = None
         self.last_train_seconds = 0.0
         self._mode_client: AggregationClient | None = None
@@ -99,9 +102,16 @@ class HospitalClient:
         return self.ckks.on_setup(step, parts)
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
-        p = open_envelope(parse_envelope(plan), sender=self.server, model=RoundPlan)
+        self._checked_plan = None
+        envelope = parse_envelope(plan)
+        p = open_envelope(envelope, sender=self.server, model=RoundPlan)
         if self.anchor is not None:
-            self.anchor.check(p)  # a rolled-back server (older audit head) is refused first, by name
+            try:
+                self.anchor.check(p)  # a rolled-back server (older audit head) is refused first, by name
+            except RefusalOmitted as exc:  # the plan extends the history; its refusal names the missing ones
+                self._checked_plan = (p.federation_id, p.round, envelope.digest(), exc.owed)
+                raise
+            self._checked_plan = (p.federation_id, p.round, envelope.digest(), ())
         self._check_fresh(p)
         self._check_plan(p)
         self._trained[p.federation_id] = p.round  # before training: a failed round is not retried either
@@ -128,6 +138,17 @@ class HospitalClient:
         out = (seal(report, self.identity), self._mode_client.first_message())
         self.outgoing.extend(out)
         return out
+
+    def on_refused(self, stage: str, parts: Mapping[str, bytes], refusal: bytes) -> None:
+        """The transport sealed this hospital's refusal of ``parts``. A refused plan that extended
+        the anchored history (it passed :meth:`HospitalAnchor.check`) is kept in the anchor, and a
+        later plan must prove the server logged it (SECURITY.md, "Audited artefacts")."""
+        if stage != "plan" or self.anchor is None or self._checked_plan is None:
+            return
+        federation_id, round_, digest, owed = self._checked_plan
+        data = parts.get("data")
+        if data is not None and parse_envelope(data).digest() == digest:
+            self.anchor.note_refusal(federation_id, round_, refusal, discloses=owed)
 
     def on_stage(self, data: bytes) -> bytes | None:
         if self._mode_client is None:

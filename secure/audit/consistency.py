@@ -21,7 +21,7 @@ from __future__ import annotations
 from clinograph.core.errors import IntegrityError
 from clinograph.core.identity import PublicIdentity
 
-from .entry import check_entry_signature, parse_entry
+from .entry import AuditEntry, check_entry_signature, parse_entry
 
 PROOF = "audit.proof"
 PROOF_FROM = "audit.proof_from"
@@ -30,10 +30,10 @@ MAX_PROOF_BYTES = 64 * 2**20
 
 
 def check_extension(*, anchored_seq: int, anchored_head: str, seq: int, head: str, proof: object,
-                    proof_from: object, server: PublicIdentity) -> None:
+                    proof_from: object, server: PublicIdentity) -> list[AuditEntry]:
     """Raise :class:`IntegrityError` unless ``proof`` links entry ``anchored_seq`` (hash
     ``anchored_head``) to entry ``seq`` (hash ``head``), ``seq > anchored_seq``, through entries
-    signed by ``server``."""
+    signed by ``server``; return those entries (``anchored_seq + 1`` .. ``seq``), checked."""
     if not isinstance(proof, str) or isinstance(proof_from, bool) or not isinstance(proof_from, int):
         raise IntegrityError("the plan carries no proof that its audit head extends the anchored one")
     if len(proof) > MAX_PROOF_BYTES:
@@ -44,7 +44,7 @@ def check_extension(*, anchored_seq: int, anchored_head: str, seq: int, head: st
     if len(lines) != seq - proof_from:
         raise IntegrityError(f"its audit proof holds {len(lines)} entries, not the {seq - proof_from} from entry "
                              f"{proof_from + 1} to {seq}")
-    prev = anchored_head
+    prev, checked = anchored_head, []
     for index, line in enumerate(lines, start=proof_from + 1):
         if index <= anchored_seq:
             continue
@@ -54,5 +54,7 @@ def check_extension(*, anchored_seq: int, anchored_head: str, seq: int, head: st
             raise IntegrityError(f"audit entry {index} of its proof does not follow entry {index - 1} "
                                  f"({prev[:12]}…) that this hospital holds")
         prev = entry.hash
+        checked.append(entry)
     if prev != head:
         raise IntegrityError(f"its audit proof ends at {prev[:12]}…, not at the head {head[:12]}… it presents")
+    return checked

@@ -24,7 +24,9 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from clinograph.core.errors import ProtocolError
+from clinograph.core.identity import Identity
 
+from ..refusals import seal_refusal
 from .selection import STATUS_PART
 
 STAGES = ("hello", "plan", "stage", "end", "setup")
@@ -74,3 +76,16 @@ def dispatch(participant: RoundParticipant, stage: str, parts: Mapping[str, byte
         step = part(parts, "step", stage).decode("ascii", errors="replace")
         return participant.on_setup(step, {k: v for k, v in parts.items() if k != "step"})
     raise ProtocolError(f"Unknown stage {stage!r}; expected one of {', '.join(STAGES)}.")
+
+
+def refuse(participant: object, identity: Identity, *, round_: int, stage: str, parts: Mapping[str, bytes],
+           exc: BaseException) -> bytes:
+    """The hospital's signed refusal of ``parts`` at ``stage`` (:func:`~clinograph.secure.refusals.seal_refusal`),
+    handed first to the participant's optional ``on_refused(stage, parts, refusal)``: the SDK's
+    hospital keeps a copy of a refused plan's refusal and checks that the server logged it
+    (:meth:`clinograph.sdk.federation.anchor.HospitalAnchor.check`). Both transports call this."""
+    sealed = seal_refusal(identity, round_=round_, stage=stage, parts=parts, exc=exc)
+    keep = getattr(participant, "on_refused", None)
+    if callable(keep):
+        keep(stage, parts, sealed)
+    return sealed

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 from clinograph.core.errors import ClinographError, ConfigError
 from clinograph.core.identity import Identity
 
-from ..refusals import REFUSABLE_STAGES, REFUSAL_PART, seal_refusal
-from .participant import RoundParticipant, dispatch
+from ..refusals import REFUSABLE_STAGES, REFUSAL_PART
+from .participant import RoundParticipant, dispatch, refuse
 
 Parts = dict[str, bytes]
 #: How a transport words "this hospital gave no answer at all" (the start of its reason, after the
@@ -151,7 +151,7 @@ def answer(participant: RoundParticipant, name: str, stage: str, parts: Mapping[
     except ClinographError as exc:
         identity = getattr(participant, "identity", None)
         if stage in REFUSABLE_STAGES and isinstance(identity, Identity):
-            return {REFUSAL_PART: seal_refusal(identity, round_=round_, stage=stage, parts=parts, exc=exc)}, None, None
+            return {REFUSAL_PART: refuse(participant, identity, round_=round_, stage=stage, parts=parts, exc=exc)}, None, None
         return None, f"refused the {stage!r} message: {type(exc).__name__}: {exc}", None
     except Exception as exc:  # noqa: BLE001 - a hospital's own bug must not leave the round open
         # Its class only: the message of a foreign exception may carry the hospital's data. Where it

@@ -47,8 +47,8 @@ from clinograph.core.identity import Identity
 from clinograph.core.logging import printable
 
 from ...messages import ClientReport
-from ...refusals import REFUSABLE_STAGES, REFUSAL_PART, seal_refusal
-from ...runtime.participant import RoundParticipant, dispatch, part
+from ...refusals import REFUSABLE_STAGES, REFUSAL_PART
+from ...runtime.participant import RoundParticipant, dispatch, part, refuse
 from ...wire import parse_envelope, seal
 from .ipc import MAX_SOCKET_PATH, SOCKET_NAME, peer_uid, recv_frame, send_frame
 from .messages import NodeHello
@@ -187,8 +187,8 @@ class HospitalWorker:
                 if stage not in REFUSABLE_STAGES:
                     raise
                 _log.warning("round %d: refused the %s message: %s: %s", round_, stage, type(exc).__name__, exc)
-                return {REFUSAL_PART: seal_refusal(self.identity, round_=round_, stage=str(stage), parts=parts,
-                                                   exc=exc)}
+                return {REFUSAL_PART: refuse(participant, self.identity, round_=round_, stage=str(stage),
+                                             parts=parts, exc=exc)}
             self._log_progress(str(stage), round_, parts, out, closing=closing)
             return out
 
