@@ -175,6 +175,12 @@ class FederationMember(ActiveClient):
     def on_stage(self, data: bytes) -> bytes | None:
         return self._round_client().on_stage(data)
 
+    def on_refused(self, stage: str, parts: Mapping[str, bytes], refusal: bytes) -> None:
+        """The refusal the transport sealed goes to the client whose plan it refused (its anchor keeps it)."""
+        keep = getattr(self._round_client(), "on_refused", None)
+        if callable(keep):
+            keep(stage, parts, refusal)
+
     def on_round_end(self, global_model: bytes | None) -> bytes | None:
         if self.setup is not None and self.setup.client is not None:
             return self.setup.on_round_end(global_model)

@@ -16,6 +16,7 @@ import pytest
 from clinograph.sdk.config import ReleaseSection
 from clinograph.sdk.federation.anchor import FILENAME
 from clinograph.sdk.federation.client import HospitalClient
+from clinograph.sdk.federation.member import FederationMember, MemberCandidate
 from clinograph.secure.audit import AuditTrail
 from clinograph.secure.masking.params import masked_plan_options
 from clinograph.secure.messages import RoundPlan
@@ -30,9 +31,17 @@ from clinograph.core.spec import ModuleKind
 N = 5  # participants: the default masked threshold is 4; a plan with t = 3 is refused (test_plan_downgrade)
 
 
-def _hospital(state_dir) -> HospitalClient:
-    return HospitalClient(task=CountingTask(), identity=ME, server=SERVER.public, peers={}, dictionary_hash="d" * 64,
-                          federation_id="fed", release=ReleaseSection(), state_dir=state_dir)
+def _hospital(state_dir, *, member: bool = False) -> HospitalClient | FederationMember:
+    """The SDK's hospital: one client, or the participant of a run of candidate models around it."""
+    def build(federation_id: str, rounds: int | None) -> HospitalClient:
+        return HospitalClient(task=CountingTask(), identity=ME, server=SERVER.public, peers={},
+                              dictionary_hash="d" * 64, federation_id=federation_id, release=ReleaseSection(),
+                              state_dir=state_dir)
+
+    if not member:
+        return build("fed", None)
+    return FederationMember(identity=ME, server=SERVER.public, federation_id="fed",
+                            candidates=[MemberCandidate(name="model", overrides="{}", build=build)])
 
 
 def _plan(hospital: HospitalClient, trail: AuditTrail, round_: int, *, threshold: int = 4,
@@ -59,10 +68,11 @@ def _refusal(parts: dict[str, bytes]) -> HospitalRefusal:
     return open_envelope(parse_envelope(parts[REFUSAL_PART]), sender=ME.public, model=HospitalRefusal)
 
 
-def test_a_later_plan_must_prove_the_server_logged_the_hospitals_refusal(tmp_path):
+@pytest.mark.parametrize("member", [False, True], ids=["client", "member"])
+def test_a_later_plan_must_prove_the_server_logged_the_hospitals_refusal(tmp_path, member):
     trail = AuditTrail(tmp_path / "audit", identity=SERVER)
     trail.record("test_event", {"round": 0})
-    hospital = _hospital(tmp_path / "h00")
+    hospital = _hospital(tmp_path / "h00", member=member)
     assert REFUSAL_PART not in _send(hospital, _plan(hospital, trail, 0), 0)  # round 0 trained, its plan anchored
     anchored = trail.head.seq
 
