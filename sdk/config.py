@@ -274,11 +274,34 @@ class ReleaseSection(_Strict):
                                          "smallest threshold t this hospital accepts (the server proposes t; with a "
                                          "lower t fewer colluding neighbours reveal an update); unset: the default t "
                                          "for the round's participant count (SECURITY.md, masked_defaults)")
+    secure_modes: tuple[str, ...] = Field(default=("masked",), min_length=1, description="the secure modes this "
+                                          "hospital joins rounds under: each releases something else (masked: the "
+                                          "server learns the sum, the server with t - 1 colluding neighbours an "
+                                          "update; ckks: never the sum, but every hospital holds the one secret "
+                                          "key, so the server with ONE colluding hospital decrypts every update; "
+                                          "ckks_threshold: the decrypted sum, t - 1 colluding key holders), so a "
+                                          "plan under any other is refused and a server cannot switch a hospital's "
+                                          "mode; default: masked only; a simulation sets its own mode "
+                                          "(insecure_plaintext is insecure_accept_plaintext's)")
     insecure_accept_plaintext: bool = Field(default=False, description="join rounds the server plans under "
                                             "secure_mode 'insecure_plaintext', where the server sees this "
                                             "hospital's update in the clear (off: such a plan is refused, so a "
                                             "server cannot switch a hospital to plaintext); a simulation sets it "
                                             "when its own secure_mode is insecure_plaintext")
+
+
+    @field_validator("secure_modes")
+    @classmethod
+    def _known_secure_modes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from clinograph.secure.aggregation import create_mode, registered_modes
+
+        for name in v:
+            if name not in registered_modes():
+                raise ValueError(f"Unknown secure mode {name!r}. Registered: {', '.join(registered_modes())}.")
+            if create_mode(name).insecure:
+                raise ValueError(f"{name!r} is not a secure mode: a hospital joins rounds under it only with "
+                                 "insecure_accept_plaintext = true (development only).")
+        return tuple(dict.fromkeys(v))
 
 
 class SplitSection(_Strict):
@@ -626,6 +649,8 @@ class SimulationConfig(HospitalConfig):
         release = self.release  # the simulation's owner chose the mode for every party
         if self.federation.secure_mode == "insecure_plaintext":
             release = release.model_copy(update={"insecure_accept_plaintext": True})
+        elif self.federation.secure_mode not in release.secure_modes:
+            release = release.model_copy(update={"secure_modes": (*release.secure_modes, self.federation.secure_mode)})
         if self.federation.masked_threshold is not None and release.masked_threshold is None:
             release = release.model_copy(update={"masked_threshold": self.federation.masked_threshold})
         return HospitalConfig(**{**own, "privacy": privacy, "selection": self._selection(), "release": release})

@@ -194,6 +194,8 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
     release = release or ReleaseSection()
     if federation.secure_mode == "insecure_plaintext":  # an in-process run: its caller chose the mode for every party
         release = release.model_copy(update={"insecure_accept_plaintext": True})
+    elif federation.secure_mode not in release.secure_modes:
+        release = release.model_copy(update={"secure_modes": (*release.secure_modes, federation.secure_mode)})
     if federation.masked_threshold is not None and release.masked_threshold is None:  # its t, for every party too
         release = release.model_copy(update={"masked_threshold": federation.masked_threshold})
     ids = {s.name: Identity.generate(s.name) for s in sites}

@@ -346,6 +346,13 @@ class HospitalClient:
                                 f"see {self.name!r}'s contribution in the clear; this hospital does not accept that. Refused. "
                                 "If the federation really runs without secure aggregation (development only), put "
                                 "insecure_accept_plaintext = true under [release] in the hospital config.")
+        if not mode.insecure and p.secure_mode not in self.release.secure_modes:
+            raise ProtocolError(
+                f"Round {p.round}: the server plans secure_mode {p.secure_mode!r}; this hospital joins rounds only "
+                f"under {', '.join(repr(m) for m in self.release.secure_modes)} ([release] secure_modes), each of "
+                f"which releases something else. Refused; nothing was trained. If the federation really runs under "
+                f"{p.secure_mode!r}, add it to [release] secure_modes in the hospital config (docs/deployment.md "
+                f"says what each mode lets the server, and colluding hospitals, learn).")
         mode.check_plan(p, release=self.release)  # the mode's parameters and this hospital's own rules, before training
         server_blind = p.global_state_digest == UNKNOWN_STATE and not mode.server_sees_sum
         if not server_blind and state_digest(self._global) != p.global_state_digest:

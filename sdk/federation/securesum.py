@@ -108,11 +108,13 @@ class SecureSumTask(TaskBase):
 
 def share_client(task: SecureSumTask, *, identity: Identity, server: PublicIdentity,
                  peers: Mapping[str, PublicIdentity], dictionary_hash: str, federation_id: str,
-                 accept_plaintext: bool = False, masked_threshold: int | None = None) -> HospitalClient:
+                 accept_plaintext: bool = False, masked_threshold: int | None = None,
+                 secure_modes: tuple[str, ...] = ("masked",)) -> HospitalClient:
     """The client that answers a set-up sum's round with ``task`` (nothing released but the share;
     ``accept_plaintext``, ``masked_threshold``: the hospital's [release] insecure_accept_plaintext and
-    masked_threshold)."""
+    masked_threshold; ``secure_modes``: masked, the one secure mode of a set-up sum, whatever the
+    modes the hospital trains under -- its own config asked for the sums)."""
     return HospitalClient(task=task, identity=identity, server=server, peers=peers, dictionary_hash=dictionary_hash,
                           federation_id=federation_id,
                           release=ReleaseSection(insecure_accept_plaintext=accept_plaintext,
-                                                 masked_threshold=masked_threshold))
+                                                 masked_threshold=masked_threshold, secure_modes=secure_modes))

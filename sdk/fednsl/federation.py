@@ -127,7 +127,9 @@ def run_rules_federation(*, hospitals: Mapping[str, HospitalRules], tests: Mappi
     # in-process hospitals, all configured by this run's operator: they accept the run's t (ckks_threshold, masked)
     release = ReleaseSection(tckks_threshold=getattr(federation, "tckks_threshold", None),
                              masked_threshold=getattr(federation, "masked_threshold", None),
-                             insecure_accept_plaintext=federation.secure_mode == "insecure_plaintext")
+                             insecure_accept_plaintext=federation.secure_mode == "insecure_plaintext",
+                             **({} if federation.secure_mode == "insecure_plaintext" else
+                                {"secure_modes": (federation.secure_mode,)}))
     clients = {n: HospitalClient(task=t, identity=ids[n], server=server_identity.public, peers=publics,
                                  dictionary_hash=dictionary_hash, federation_id=fed.id, release=release)
                for n, t in tasks.items()}

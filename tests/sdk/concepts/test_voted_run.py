@@ -31,12 +31,13 @@ SETTINGS = ConceptSettings(concepts=CONCEPTS, task="y", cards=CARDS, kind="cgm",
                            z_dim=8, seed=3, hp=ConceptHParams(hidden=8, emb=4), training=ConceptTraining(batch_size=32))
 
 
-def _federation(settings_for=lambda name: SETTINGS):
+def _federation(settings_for=lambda name: SETTINGS, mode: str = "masked"):
     server = Identity.generate("server")
     ids = {n: Identity.generate(n) for n in sorted(PROPOSALS)}
     publics = {n: i.public for n, i in ids.items()}
+    release = ReleaseSection(secure_modes=(mode,))  # the hospitals joined a federation under this mode
     members = {n: concept_member(_site(n, k), settings_for(n), identity=ids[n], server=server.public, peers=publics,
-                                 federation_id=FED.id, dictionary_hash=DICT_HASH, release=ReleaseSection())
+                                 federation_id=FED.id, dictionary_hash=DICT_HASH, release=release)
                for k, n in enumerate(sorted(PROPOSALS))}
     return server, publics, members
 
@@ -54,7 +55,7 @@ def _kinds(tmp_path) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["masked", "ckks_threshold"])  # ckks_threshold: docs/matrix.md's concepts row
 def test_an_honest_voted_run_derives_one_model_and_trains_it(tmp_path, mode):
-    server, publics, members = _federation()
+    server, publics, members = _federation(mode=mode)
     run = _run(tmp_path, server, publics, members, fed=FED.model_copy(update={"secure_mode": mode}))
     kinds = _kinds(tmp_path)
     assert kinds.count("dag_outcome") == 1 and kinds.count("model_derived") == 1 and kinds.count("aggregate") == 2

@@ -51,11 +51,12 @@ def _hospital(release: ReleaseSection) -> HospitalClient:
                           federation_id="fed", release=release)
 
 
-def _plan(hospital: HospitalClient, n: int, *, threshold: int, round_: int = 0, **options) -> bytes:
+def _plan(hospital: HospitalClient, n: int, *, threshold: int, round_: int = 0, secure_mode: str = "masked",
+          **options) -> bytes:
     people = ("h00", *(f"h{i:02d}" for i in range(1, n)))
     task = hospital.task
     plan = RoundPlan(federation_id="fed", round=round_, participants=people, spec=task.modules.spec(version=1),
-                     dictionary_hash="d" * 64, secure_mode="masked", strategy="fedavg", min_clients=2, local_epochs=1,
+                     dictionary_hash="d" * 64, secure_mode=secure_mode, strategy="fedavg", min_clients=2, local_epochs=1,
                      global_state_digest=state_digest(task.modules.state(ModuleKind.SHARED)),
                      options={**masked_plan_options(n_clients=n, threshold=threshold, clip=1.0), "weight.max": 1.0,
                               **options})
@@ -87,3 +88,31 @@ def test_a_sparser_neighbour_graph_is_refused_before_training():
     with pytest.raises(ConfigError, match=r"masked.neighbours = 2 is invalid for 10 participants: it must be 4 "):
         hospital.on_plan(_plan(hospital, 10, threshold=4, **{"masked.neighbours": 2, "masked.threshold": 2}))
     assert hospital.task.trained == 0
+
+
+def test_a_plan_under_a_secure_mode_the_hospital_did_not_list_is_refused_before_training():
+    """hadv3 found it: a hospital accepted any non-plaintext mode, so a server could switch a masked federation
+    to single-key ckks (where the server with one colluding hospital decrypts every update) without consent."""
+    for mode in ("ckks", "ckks_threshold"):
+        default = _hospital(ReleaseSection())
+        with pytest.raises(ProtocolError, match=rf"the server plans secure_mode '{mode}'; this hospital joins rounds "
+                                                r"only under 'masked' \(\[release\] secure_modes\)"):
+            default.on_plan(_plan(default, 5, threshold=4, secure_mode=mode))
+        assert default.task.trained == 0
+    both = _hospital(ReleaseSection(secure_modes=("masked", "ckks")))
+    both.on_plan(_plan(both, 5, threshold=4))
+    assert both.task.trained == 1
+    with pytest.raises(ProtocolError, match=r"only under 'masked', 'ckks' \("):
+        both.on_plan(_plan(both, 5, threshold=4, round_=1, secure_mode="ckks_threshold"))
+    assert both.task.trained == 1
+
+
+@pytest.mark.parametrize(("modes", "message"), [
+    (("masked", "insecure_plaintext"), "not a secure mode: .* insecure_accept_plaintext = true"),
+    (("masked", "ckks2"), r"Unknown secure mode 'ckks2'\. Registered: "),
+    ((), "at least 1 item")])
+def test_secure_modes_lists_registered_secure_modes_only(modes, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        ReleaseSection(secure_modes=modes)

@@ -69,6 +69,8 @@ def prepare(out: Path, *, hospitals: list[str], patients: int, dp: bool, seed: i
     specs = tuple(replace(DEFAULT_HOSPITALS[i % len(DEFAULT_HOSPITALS)], site=name, n_patients=patients)
                   for i, name in enumerate(hospitals))
     hospital_toml = HOSPITAL.format(dp="true" if dp else "false", k_similar=0 if dp else 5)
+    # the mode every hospital agreed to join (unset: masked only; a plan under any other is refused)
+    hospital_toml += f'secure_modes = ["{secure_mode}"]\n'
     if tckks_threshold:  # every hospital agrees to t-of-N (each holds this rule; unset: N-of-N only)
         hospital_toml += f"tckks_threshold = {tckks_threshold}        # ckks_threshold: the smallest t accepted\n"
     out.mkdir(parents=True, exist_ok=True)
