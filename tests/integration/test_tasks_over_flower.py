@@ -29,7 +29,7 @@ CASES = {  # name -> (cohort form, hospital.toml settings, server [federation] s
     "survival": ("survival", {"target": SURVIVAL}, {"secure_mode": "masked", "strategy": "fedsgd"}),
     "temporal": ("binary", {"model": {"hidden": 8, "temporal": "attention"}}, {"secure_mode": "masked",
                                                                               "strategy": "fedavg"}),
-    "static_ckks": ("binary", {}, {"secure_mode": "ckks", "strategy": "fedavg"}),
+    "static_ckks": ("binary", {"release": {"secure_modes": ["ckks"]}}, {"secure_mode": "ckks", "strategy": "fedavg"}),
     # FedNSL (task = "fednsl"): the rule space written by `model init`'s hook, pinned in server.toml
     "fednsl": ("binary", {"task": "fednsl", "fednsl": {"max_len": 2, "steps": 20, "draws": 32}},
                {"secure_mode": "masked", "strategy": "fednsl_rules"}),

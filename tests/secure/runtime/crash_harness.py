@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     publics = {n: ids[n].public for n in HOSPITALS}
     hospitals = {n: HospitalClient(task=LineTask(n, work / "state" / n, budget=args.budget), identity=ids[n], server=ids["server"].public,
                                    peers=publics, dictionary_hash=DICTIONARY_HASH, federation_id=FEDERATION,
-                                   release=ReleaseSection(), state_dir=work / "state" / n)
+                                   release=ReleaseSection(secure_modes=(args.mode,)), state_dir=work / "state" / n)
                  for n in HOSPITALS}
     transport = InProcessTransport(hospitals)
     section = FederationSection(id=FEDERATION, secure_mode=args.mode, strategy="fedavg", min_clients=3,
