@@ -283,6 +283,12 @@ class ReleaseSection(_Strict):
                                           "plan under any other is refused and a server cannot switch a hospital's "
                                           "mode; default: masked only; a simulation sets its own mode "
                                           "(insecure_plaintext is insecure_accept_plaintext's)")
+    max_weight_share: float = Field(default=0.9, gt=0, le=1, description="a plan that fixes the aggregation "
+                                    "weights (weight/<hospital>, dq_weighted) is refused when this hospital's weight "
+                                    "would be more than this share of the weights of the smallest round the server may "
+                                    "aggregate (min_clients survivors, the others the lightest): a sum whose other "
+                                    "weights are negligible is this hospital's update; default: at least 10 % of the "
+                                    "sum from others; 1: no limit")
     insecure_accept_plaintext: bool = Field(default=False, description="join rounds the server plans under "
                                             "secure_mode 'insecure_plaintext', where the server sees this "
                                             "hospital's update in the clear (off: such a plan is refused, so a "

@@ -354,10 +354,30 @@ class HospitalClient:
                 f"{p.secure_mode!r}, add it to [release] secure_modes in the hospital config (docs/deployment.md "
                 f"says what each mode lets the server, and colluding hospitals, learn).")
         mode.check_plan(p, release=self.release)  # the mode's parameters and this hospital's own rules, before training
+        self._check_weights(p)
         server_blind = p.global_state_digest == UNKNOWN_STATE and not mode.server_sees_sum
         if not server_blind and state_digest(self._global) != p.global_state_digest:
             raise ProtocolError(f"Round {p.round}: this hospital's global model does not match the plan's "
                                 "(missed a round?). Fetch the current global model before joining.")
+
+    def _check_weights(self, p: RoundPlan) -> None:
+        """Refuse published weights that make the sum this hospital's update (``[release] max_weight_share``):
+        the worst case is the smallest round the server may close, min_clients survivors, the others the lightest."""
+        own = p.options.get(f"weight/{self.name}")
+        if own is None or self.release.max_weight_share >= 1:
+            return
+        others = sorted(float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 else 0.0
+                        for c in p.participants if c != self.name for w in [p.options.get(f"weight/{c}", 0.0)])
+        lightest = sum(others[:max(p.min_clients - 1, 1)])
+        share = float(own) / (float(own) + lightest) if float(own) > 0 else 0.0
+        if share > self.release.max_weight_share + 1e-9:  # equal weights of n: exactly 1/2 at min_clients = 2
+            raise ProtocolError(
+                f"Round {p.round}: the plan fixes this hospital's weight at {float(own):.3g} and the lightest other "
+                f"weights at {lightest:.3g} in all, so in a round of {max(p.min_clients, 2)} hospitals its update would "
+                f"be {share:.1%} of the sum the server learns (this hospital's rule: at most "
+                f"{self.release.max_weight_share:.0%}, [release] max_weight_share). Refused; nothing was trained. "
+                "If the federation's weighting (dq_weighted) really must give it that share, raise [release] "
+                "max_weight_share in the hospital config (1: no limit).")
 
     def _weight(self, p: RoundPlan) -> float:
         fixed = p.options.get(f"weight/{self.name}")

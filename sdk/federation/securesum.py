@@ -55,6 +55,8 @@ class SecureSumTask(TaskBase):
             raise ValueError("a secure-sum vector holds finite, non-negative counts")
         #: under local DP: the signed report entry of the release this share is (sdk/privacy/counts.py)
         self.ledger_entry = None
+        #: the round this share was sent for (None: not yet); it is sent once (:meth:`refuse_again`)
+        self.sent_round: int | None = None
         self._param = nn.Parameter(torch.zeros(self._vector.size + 1, dtype=torch.float64), requires_grad=False)
         self.modules = ModuleMap()
         self.modules.add(module, ModuleKind.SHARED, [Piece(self._param)])
@@ -66,9 +68,20 @@ class SecureSumTask(TaskBase):
     def num_samples(self) -> int:
         return 1  # the weight: the same at every hospital, so it reveals nothing
 
+    def refuse_again(self, round_: int) -> None:
+        """ProtocolError once this share was sent: a second sum of the same vector over other
+        hospitals would give this hospital's vector by difference (Σ over {a, b, c} − Σ over {b, c})."""
+        if self.sent_round is not None:
+            raise ProtocolError(f"This hospital already sent its share of the set-up sum {self.name!r} (round "
+                                f"{self.sent_round}); the server asks for it again (round {round_}). A second sum over "
+                                "other hospitals would reveal this hospital's vector by difference. Refused; nothing "
+                                "was sent. A set-up sum runs once a run: start a new run if the sum failed.")
+
     def train(self, *, round_: int, epochs: int, plan_options: Mapping[str, float | int | str | bool]) -> TrainOutcome:
         from ..training.selection import value_bound
 
+        self.refuse_again(round_)
+        self.sent_round = round_
         c = value_bound(plan_options) / self.cap
         vec = np.concatenate([np.minimum(self._vector, self.cap), [1.0]]) * c
         with torch.no_grad():

@@ -172,6 +172,8 @@ class HospitalSetup:
 
     def _announce(self, data: bytes) -> dict[str, bytes]:
         msg = open_envelope(parse_envelope(data), sender=self._server, model=SetupAnnounce)
+        if self.client is not None:  # a new announcement of the pending sum: a new share only if none was sent
+            self.client.task.refuse_again(msg.round)  # type: ignore[attr-defined]
         step = len(self.done)
         if msg.federation_id != self._federation_id:
             raise ProtocolError(f"setup/sum for federation {msg.federation_id!r}; this hospital is in "

@@ -116,3 +116,20 @@ def test_secure_modes_lists_registered_secure_modes_only(modes, message):
 
     with pytest.raises(ValidationError, match=message):
         ReleaseSection(secure_modes=modes)
+
+
+def test_published_weights_that_make_the_sum_one_hospitals_update_are_refused():
+    """Before, a plan could fix weight/h00 = 1 and every other weight at 1e-12: the masked sum the server
+    learns was then h00's update, without any colluding hospital (found by probing HospitalClient)."""
+    isolating = {"weight/h00": 1.0, **{f"weight/h{i:02d}": 1e-12 for i in range(1, 5)}}
+    default = _hospital(ReleaseSection())
+    with pytest.raises(ProtocolError, match=r"its update would be 100\.0% of the sum the server learns \(this "
+                                            r"hospital's rule: at most 90%, \[release\] max_weight_share\)"):
+        default.on_plan(_plan(default, 5, threshold=4, **isolating))
+    assert default.task.trained == 0
+    equal = {f"weight/h{i:02d}": 0.2 for i in range(5)}  # dq_weighted's first round: equal weights
+    default.on_plan(_plan(default, 5, threshold=4, round_=1, **equal))
+    assert default.task.trained == 1
+    agreed = _hospital(ReleaseSection(max_weight_share=1.0))
+    agreed.on_plan(_plan(agreed, 5, threshold=4, **isolating))
+    assert agreed.task.trained == 1

@@ -251,3 +251,37 @@ def test_make_hospital_and_model_init_refuse_set_up_sums_under_distributed_dp(tm
     assert not [r for r in caplog.records if r.name == "clinograph.sdk.federation.node"]  # no [privacy]: not said
     assert member.setup is not None and member.setup.missing == ["scaling_histogram", "feature_coverage"]
     assert np.isclose(member.setup.expected[1].cap, 1.0)
+
+
+def _share_plan(setup, server, round_, people):
+    from clinograph.secure.masking.params import masked_plan_options
+    from clinograph.secure.messages import RoundPlan
+
+    modules = setup.client.task.modules
+    plan = RoundPlan(federation_id="fed", round=round_, participants=people, spec=modules.spec(version=1),
+                     dictionary_hash=setup.dictionary.digest(), secure_mode="masked", strategy="fedsgd",
+                     min_clients=2, local_epochs=1, global_state_digest=state_digest(setup.client._global),
+                     options={**masked_plan_options(n_clients=len(people), threshold=len(people), clip=1.0),
+                              "weight.max": 1.0})
+    return seal(plan, server)
+
+
+def test_a_hospital_sends_its_share_of_a_set_up_sum_once():
+    """A second sum of the same histogram over other hospitals would give one hospital's histogram by
+    difference (sum over {a, b, c} minus sum over {b, c}): before, a share's client answered every plan
+    the server sent for it, and a new announcement of the pending sum built a new share."""
+    tables = small_tables()
+    server, me = Identity.generate("server"), Identity.generate(tables[0].site)
+    setup = _setup(HospitalConfig.model_validate({"scaling": {"source": "federated"}}), tables, server, me)
+    announce = {"data": seal(SetupAnnounce(federation_id="fed", sum=setup.expected[0], index=0, count=1, round=0,
+                                           dictionary_hash=tables[0].dictionary.digest(), secure_mode="masked"),
+                             server)}
+    setup.on_setup("setup/sum", announce)
+    others = tuple(t.site for t in tables[1:])
+    setup.client.on_plan(_share_plan(setup, server, 0, (me.name, *others)))  # the one share
+    with pytest.raises(ProtocolError, match=r"already sent its share of the set-up sum 'scaling_histogram' "
+                                             r"\(round 0\).*by difference.*Refused; nothing was sent"):
+        setup.client.on_plan(_share_plan(setup, server, 1, (me.name, others[0])))
+    with pytest.raises(ProtocolError, match=r"already sent its share of the set-up sum 'scaling_histogram'"):
+        setup.on_setup("setup/sum", announce)
+    assert len(setup.client.outgoing) == 2  # the first plan's report and share only
