@@ -58,6 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
 ROUNDS = 3
+#: [model] deep on every arm (--deep false: the DP default model, the wide path alone)
+DEEP = True
 ARMS = ("plain", "local", "plain_full_batch", "distributed", "distributed_per_row")
 #: the arm only concepts run: distributed DP with each patient's row rounded (what a concept hospital past
 #: distributed_sum.SUM_MAX_ROWS patients does, and every concept hospital did before issue 30's fix)
@@ -79,7 +81,7 @@ def _config(task: str, arm: str, work: Path, n_max: int):
     from clinograph.sdk.datasets import timeseries as ts
 
     # deep written: the same model on every arm (under [privacy] an unwritten deep is the wide path alone)
-    model: dict = {"hidden": 16, "init_seed": 0, "deep": True}
+    model: dict = {"hidden": 16, "init_seed": 0, "deep": DEEP}
     extra: dict = {}
     if task == "temporal":
         model |= {"temporal": "attention", "temporal_window": 4}
@@ -189,12 +191,36 @@ def _round_seconds(task: str, arm: str, fed) -> list[float]:
     return [float(s) for s in res.timings["round_seconds"][1:]]  # the first round warms caches
 
 
+def _compute_the_gnn() -> None:
+    """Main before session 48 with deep = false: the star path runs the GNN (its output gated to zero)
+    and DP trains every parameter on it (nothing skipped: the GNN's all-zero per-patient gradients are
+    formed and noised). Prediction (forward_neighbourhood) skipped the GNN then too, as now."""
+    from clinograph.sdk.model import nsfl
+    from clinograph.sdk.privacy import distributed, trainer
+
+    def forward_star(self, feature_index, values, mask):
+        return (self._head(self.embed_star(feature_index, values, mask))
+                + self.linear_star(feature_index, self._clip(values), mask))
+
+    nsfl.NSFLModel.forward_star = forward_star
+    trainer.skipped_star_parameters = distributed.skipped_star_parameters = lambda model: []
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_convention(ap, quick_help="1 repetition, hospitals at 0.2x")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tasks", nargs="*", default=["static", "temporal", "survival", "modalities", "concepts"])
+    ap.add_argument("--deep", choices=("true", "false"), default="true",
+                    help="[model] deep on every arm (false: the DP default model; static and survival only)")
+    ap.add_argument("--gnn-computed", action="store_true",
+                    help="with --deep false: the star path computes the GNN gated to zero and DP trains it "
+                         "(main before session 48), to time the change")
     args = ap.parse_args(argv)
+    global DEEP
+    DEEP = args.deep == "true"
+    if args.gnn_computed:
+        _compute_the_gnn()
     torch.set_num_threads(1)
     reps = 1 if args.quick else args.reps
     feds = _federations(args.quick)
@@ -229,7 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
             rows[task]["patients"] = [len(t.patient_ids) for t in feds[task][0]]
     result = {"benchmark": "dp_round", "machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),
               "rounds_per_run": ROUNDS, "repetitions": reps, "quick": args.quick,
-              "seconds_total": time.perf_counter() - t0, "tasks": rows}
+              "seconds_total": time.perf_counter() - t0, "deep": DEEP, "gnn_computed": args.gnn_computed,
+              "tasks": rows}
     emit(result, out=out_path(__file__, args))
     return result
 
