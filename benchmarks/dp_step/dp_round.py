@@ -40,6 +40,7 @@ between two rounds' ends; an arm the runtime refuses is recorded with its reason
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -64,6 +65,8 @@ ARMS = ("plain", "local", "plain_full_batch", "distributed", "distributed_per_ro
 #: the arm only concepts run: distributed DP with each patient's row rounded (what a concept hospital past
 #: distributed_sum.SUM_MAX_ROWS patients does, and every concept hospital did before issue 30's fix)
 PER_ROW = "distributed_per_row"
+#: --gnn-computed: the DP arms again with the GNN computed (deep = false as before session 48)
+GNN_ARMS = ("local_gnn", "distributed_gnn")
 
 
 def _privacy(arm: str, state: Path) -> dict:
@@ -191,8 +194,9 @@ def _round_seconds(task: str, arm: str, fed) -> list[float]:
     return [float(s) for s in res.timings["round_seconds"][1:]]  # the first round warms caches
 
 
-def _compute_the_gnn() -> None:
-    """Main before session 48 with deep = false: the star path runs the GNN (its output gated to zero)
+@contextlib.contextmanager
+def _gnn_computed():
+    """Meanwhile, main before session 48 with deep = false: the star path runs the GNN (its output gated to zero)
     and DP trains every parameter on it (nothing skipped: the GNN's all-zero per-patient gradients are
     formed and noised). Prediction (forward_neighbourhood) skipped the GNN then too, as now."""
     from clinograph.sdk.model import nsfl
@@ -202,8 +206,14 @@ def _compute_the_gnn() -> None:
         return (self._head(self.embed_star(feature_index, values, mask))
                 + self.linear_star(feature_index, self._clip(values), mask))
 
+    saved = nsfl.NSFLModel.forward_star, trainer.skipped_star_parameters
     nsfl.NSFLModel.forward_star = forward_star
     trainer.skipped_star_parameters = distributed.skipped_star_parameters = lambda model: []
+    try:
+        yield
+    finally:
+        nsfl.NSFLModel.forward_star = saved[0]
+        trainer.skipped_star_parameters = distributed.skipped_star_parameters = saved[1]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -214,32 +224,32 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--deep", choices=("true", "false"), default="true",
                     help="[model] deep on every arm (false: the DP default model; static and survival only)")
     ap.add_argument("--gnn-computed", action="store_true",
-                    help="with --deep false: the star path computes the GNN gated to zero and DP trains it "
-                         "(main before session 48), to time the change")
+                    help="with --deep false: also the DP arms as main before session 48 (the star path computes "
+                         "the GNN gated to zero and DP trains it), interleaved, as arms local_gnn, distributed_gnn")
     args = ap.parse_args(argv)
     global DEEP
     DEEP = args.deep == "true"
-    if args.gnn_computed:
-        _compute_the_gnn()
+    arms = ARMS + (GNN_ARMS if args.gnn_computed else ())
     torch.set_num_threads(1)
     reps = 1 if args.quick else args.reps
     feds = _federations(args.quick)
     load_before = os.getloadavg()
-    seconds: dict[str, dict[str, list[float]]] = {t: {a: [] for a in ARMS} for t in args.tasks}
+    seconds: dict[str, dict[str, list[float]]] = {t: {a: [] for a in arms} for t in args.tasks}
     refused: dict[str, dict[str, str]] = {t: {} for t in args.tasks}
     t0 = time.perf_counter()
     for _ in range(reps):
         for task in args.tasks:
-            for arm in ARMS:  # interleaved: every arm sees the same load drift
+            for arm in arms:  # interleaved: every arm sees the same load drift
                 if arm in refused[task] or (arm == PER_ROW and task != "concepts"):
                     continue
                 try:
-                    seconds[task][arm] += _round_seconds(task, arm, feds[task])
+                    with _gnn_computed() if arm in GNN_ARMS else contextlib.nullcontext():
+                        seconds[task][arm] += _round_seconds(task, arm.removesuffix("_gnn"), feds[task])
                 except (ConfigError, ProtocolError) as err:  # a cell the runtime refuses (docs/privacy.md, "The DP matrix")
                     refused[task][arm] = str(err)[:300]
     rows = {}
     for task in args.tasks:
-        med = {a: median(seconds[task][a]) for a in ARMS if seconds[task][a]}
+        med = {a: median(seconds[task][a]) for a in arms if seconds[task][a]}
 
         def ratio(a: str, b: str, med: dict = med) -> float | None:
             return med[a] / med[b] if a in med and b in med else None
