@@ -40,6 +40,7 @@ between two rounds' ends; an arm the runtime refuses is recorded with its reason
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -58,10 +59,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 
 ROUNDS = 3
+#: [model] deep on every arm (--deep false: the DP default model, the wide path alone)
+DEEP = True
 ARMS = ("plain", "local", "plain_full_batch", "distributed", "distributed_per_row")
 #: the arm only concepts run: distributed DP with each patient's row rounded (what a concept hospital past
 #: distributed_sum.SUM_MAX_ROWS patients does, and every concept hospital did before issue 30's fix)
 PER_ROW = "distributed_per_row"
+#: --gnn-computed: the DP arms again with the GNN computed (deep = false as before session 48)
+GNN_ARMS = ("local_gnn", "distributed_gnn")
 
 
 def _privacy(arm: str, state: Path) -> dict:
@@ -79,7 +84,7 @@ def _config(task: str, arm: str, work: Path, n_max: int):
     from clinograph.sdk.datasets import timeseries as ts
 
     # deep written: the same model on every arm (under [privacy] an unwritten deep is the wide path alone)
-    model: dict = {"hidden": 16, "init_seed": 0, "deep": True}
+    model: dict = {"hidden": 16, "init_seed": 0, "deep": DEEP}
     extra: dict = {}
     if task == "temporal":
         model |= {"temporal": "attention", "temporal_window": 4}
@@ -189,31 +194,62 @@ def _round_seconds(task: str, arm: str, fed) -> list[float]:
     return [float(s) for s in res.timings["round_seconds"][1:]]  # the first round warms caches
 
 
+@contextlib.contextmanager
+def _gnn_computed():
+    """Meanwhile, main before session 48 with deep = false: the star path runs the GNN (its output gated to zero)
+    and DP trains every parameter on it (nothing skipped: the GNN's all-zero per-patient gradients are
+    formed and noised). Prediction (forward_neighbourhood) skipped the GNN then too, as now."""
+    from clinograph.sdk.model import nsfl
+    from clinograph.sdk.privacy import distributed, trainer
+
+    def forward_star(self, feature_index, values, mask):
+        return (self._head(self.embed_star(feature_index, values, mask))
+                + self.linear_star(feature_index, self._clip(values), mask))
+
+    saved = nsfl.NSFLModel.forward_star, trainer.skipped_star_parameters
+    nsfl.NSFLModel.forward_star = forward_star
+    trainer.skipped_star_parameters = distributed.skipped_star_parameters = lambda model: []
+    try:
+        yield
+    finally:
+        nsfl.NSFLModel.forward_star = saved[0]
+        trainer.skipped_star_parameters = distributed.skipped_star_parameters = saved[1]
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_convention(ap, quick_help="1 repetition, hospitals at 0.2x")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tasks", nargs="*", default=["static", "temporal", "survival", "modalities", "concepts"])
+    ap.add_argument("--deep", choices=("true", "false"), default="true",
+                    help="[model] deep on every arm (false: the DP default model; static and survival only)")
+    ap.add_argument("--gnn-computed", action="store_true",
+                    help="with --deep false: also the DP arms as main before session 48 (the star path computes "
+                         "the GNN gated to zero and DP trains it), interleaved, as arms local_gnn, distributed_gnn")
     args = ap.parse_args(argv)
+    global DEEP
+    DEEP = args.deep == "true"
+    arms = ARMS + (GNN_ARMS if args.gnn_computed else ())
     torch.set_num_threads(1)
     reps = 1 if args.quick else args.reps
     feds = _federations(args.quick)
     load_before = os.getloadavg()
-    seconds: dict[str, dict[str, list[float]]] = {t: {a: [] for a in ARMS} for t in args.tasks}
+    seconds: dict[str, dict[str, list[float]]] = {t: {a: [] for a in arms} for t in args.tasks}
     refused: dict[str, dict[str, str]] = {t: {} for t in args.tasks}
     t0 = time.perf_counter()
     for _ in range(reps):
         for task in args.tasks:
-            for arm in ARMS:  # interleaved: every arm sees the same load drift
+            for arm in arms:  # interleaved: every arm sees the same load drift
                 if arm in refused[task] or (arm == PER_ROW and task != "concepts"):
                     continue
                 try:
-                    seconds[task][arm] += _round_seconds(task, arm, feds[task])
+                    with _gnn_computed() if arm in GNN_ARMS else contextlib.nullcontext():
+                        seconds[task][arm] += _round_seconds(task, arm.removesuffix("_gnn"), feds[task])
                 except (ConfigError, ProtocolError) as err:  # a cell the runtime refuses (docs/privacy.md, "The DP matrix")
                     refused[task][arm] = str(err)[:300]
     rows = {}
     for task in args.tasks:
-        med = {a: median(seconds[task][a]) for a in ARMS if seconds[task][a]}
+        med = {a: median(seconds[task][a]) for a in arms if seconds[task][a]}
 
         def ratio(a: str, b: str, med: dict = med) -> float | None:
             return med[a] / med[b] if a in med and b in med else None
@@ -229,7 +265,8 @@ def main(argv: list[str] | None = None) -> dict:
             rows[task]["patients"] = [len(t.patient_ids) for t in feds[task][0]]
     result = {"benchmark": "dp_round", "machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),
               "rounds_per_run": ROUNDS, "repetitions": reps, "quick": args.quick,
-              "seconds_total": time.perf_counter() - t0, "tasks": rows}
+              "seconds_total": time.perf_counter() - t0, "deep": DEEP, "gnn_computed": args.gnn_computed,
+              "tasks": rows}
     emit(result, out=out_path(__file__, args))
     return result
 

@@ -69,10 +69,13 @@ WARM = 2
 
 
 def _frozen_like_dp(model) -> None:
-    """Freeze what the DP trainer freezes (parameters the star path never reaches)."""
-    from clinograph.sdk.privacy.trainer import unused_star_parameters
+    """Freeze what the DP trainer freezes (parameters the star path never reaches; with deep = false
+    the GNN the star path skips, on a main that has :func:`skipped_star_parameters`)."""
+    from clinograph.sdk.privacy import trainer
 
-    frozen = set(unused_star_parameters(model))
+    frozen = set(trainer.unused_star_parameters(model))
+    if hasattr(trainer, "skipped_star_parameters"):
+        frozen |= set(trainer.skipped_star_parameters(model))
     for n, p in model.named_parameters():
         p.requires_grad_(n not in frozen)
 
@@ -96,11 +99,12 @@ def _noise64(std, shape, dtype):  # noqa: ARG001 - the noise as drawn before the
     return secure_gaussian(std, shape, torch.float64)
 
 
-def _star_sides(model, inputs, labels, loss_mean, engine, b) -> dict:
+def _star_sides(model, inputs, labels, loss_mean, engine, b, *, freeze: bool = True) -> dict:
     """Plain and DP steps for a star-path model (static, temporal, survival)."""
     from clinograph.sdk.privacy import per_patient
 
-    _frozen_like_dp(model)
+    if freeze:
+        _frozen_like_dp(model)
     plain_model = copy.deepcopy(model)
     plain_opt, dp_opt = _adam(plain_model), _adam(model)
     row_shape = tuple(inputs[0].shape[1:])
@@ -155,6 +159,40 @@ def nsfl_static(b: int) -> dict:
     model = NSFLModel(len(d.node_ids()), NSFLConfig())
     return {**_star_sides(model, inputs, s.labels[idx].float(), star_loss, PerPatientClipper, b),
             "data": "ALARM demo, hospital north, stars [B, K]", "row_shape": list(inputs[0].shape[1:])}
+
+
+def nsfl_wide(b: int, *, skip: bool = True) -> dict:
+    """The DP default model (``[model] deep = false``: the wide path alone) on nsfl_static's batch.
+    ``skip = False``: the GNN computed and gated to zero, every parameter trained -- what main did
+    before session 48 (same forward, same engine), so before and after run in one process."""
+    from clinograph.sdk.graph import star_batch
+    from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
+    from clinograph.sdk.privacy.per_patient import PerPatientClipper
+    from clinograph.sdk.privacy.trainer import star_loss, unused_star_parameters
+
+    from research.demo_quality.demo_quality import demo_tables
+
+    d, tables = demo_tables(0, 1.0)
+    table = next(t for t in tables if t.site == "north")
+    s = star_batch(table, k_similar=0)
+    idx = _rows(len(s.labels), b)
+    inputs = (s.feature_index[idx], s.values[idx], s.mask[idx])
+    model = NSFLModel(len(d.node_ids()), NSFLConfig(deep=False))
+    if not skip:
+        model.skip_gnn = False
+        frozen = set(unused_star_parameters(model))
+        for n, p in model.named_parameters():
+            p.requires_grad_(n not in frozen)
+        sides = _star_sides(model, inputs, s.labels[idx].float(), star_loss, PerPatientClipper, b, freeze=False)
+    else:
+        sides = _star_sides(model, inputs, s.labels[idx].float(), star_loss, PerPatientClipper, b)
+    return {**sides, "data": "ALARM demo, hospital north, stars [B, K]; deep = false"
+            + ("" if skip else " computing the GNN (before session 48)"), "row_shape": list(inputs[0].shape[1:])}
+
+
+def nsfl_wide_gnn(b: int) -> dict:
+    """:func:`nsfl_wide` as before session 48 (the GNN computed and gated to zero)."""
+    return nsfl_wide(b, skip=False)
 
 
 def nsfl_temporal(b: int) -> dict:
@@ -292,7 +330,7 @@ def modalities(b: int) -> dict:
                     f"waveform [B, {int(inputs[3].shape[1])}] ({int(inputs[4].sum())} of {b} have it)"}
 
 
-TASKS = {"nsfl_static": nsfl_static, "nsfl_temporal": nsfl_temporal, "survival": survival, "concepts": concepts,
+TASKS = {"nsfl_static": nsfl_static, "nsfl_wide": nsfl_wide, "nsfl_wide_gnn": nsfl_wide_gnn, "nsfl_temporal": nsfl_temporal, "survival": survival, "concepts": concepts,
          "modalities": modalities}
 
 

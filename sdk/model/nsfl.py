@@ -44,6 +44,9 @@ Two forward paths on the same parameters: :meth:`forward_graph` (HeteroData, wit
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from torch_geometric.data import HeteroData
@@ -88,6 +91,9 @@ class NSFLModel(nn.Module):
         # alone (non-persistent: the state_dict, the module map and Theorem 1 are unchanged; the GNN's
         # weights get exactly zero gradient, per sample too, through the same nn.Linear Opacus hooks)
         self.register_buffer("deep_gate", torch.tensor(1.0 if cfg.deep else 0.0), persistent=False)
+        #: deep = false: no path computes the GNN (its term is exactly 0), so a DP step forms no per-patient
+        #: gradient for it; :meth:`computing_gnn` turns it back on for the structural probe only
+        self.skip_gnn: bool = not cfg.deep
         self.value_clip = float(cfg.value_clip)
         #: wide & deep: [a_f, c_f (, w_f1..w_fM)] per dictionary feature (zero-initialised: the GNN alone at round 0)
         shape = cfg.linear_path and cfg.linear_shape
@@ -110,6 +116,26 @@ class NSFLModel(nn.Module):
         """The deep logit W_head (g · h_p) + b, g = 1 (exactly the GNN's logit) or 0 with
         ``[model] deep = false`` (the bias alone). Shapes: [B, d] -> [B]."""
         return self.head(h_p * self.deep_gate.to(h_p.dtype)).squeeze(-1)
+
+    def _wide_only(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The logit with ``[model] deep = false``: the head on g · h_p = 0 (its bias; exactly what
+        :meth:`_head` gives on the GNN's output with g = 0) plus the wide term, the GNN not computed.
+        The head is called as a module (not its bias read directly) so the per-patient engine sees
+        the bias through its ``nn.Linear`` rule. Shapes: [B, K] x3 -> [B]."""
+        zero = torch.zeros(feature_index.shape[0], self.config.hidden, dtype=self.head.weight.dtype)
+        return self._head(zero) + self.linear_star(feature_index, self._clip(values), mask)
+
+    @contextmanager
+    def computing_gnn(self) -> Iterator[None]:
+        """Meanwhile the star path computes the GNN even with deep = false (its output is unchanged:
+        g = 0): the *structural* star path, which decides the released coordinates
+        (:func:`~clinograph.sdk.privacy.trainer.unused_star_parameters`) -- the same with deep on or off,
+        so the model spec's dimension and the server's noise test do not depend on it."""
+        saved, self.skip_gnn = self.skip_gnn, False
+        try:
+            yield
+        finally:
+            self.skip_gnn = saved
 
     def _clip(self, values: torch.Tensor) -> torch.Tensor:
         return values.clamp(-self.value_clip, self.value_clip)
@@ -210,7 +236,10 @@ class NSFLModel(nn.Module):
         return torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(h_f1, h_p1, values, mask))
 
     def forward_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Logits from padded stars, no ``similar_to`` (the DP path). Shapes: [B, K] x3 -> [B]."""
+        """Logits from padded stars, no ``similar_to`` (the DP path). Shapes: [B, K] x3 -> [B].
+        With ``[model] deep = false`` the GNN is not computed (:meth:`_wide_only`; same logits)."""
+        if self.skip_gnn:
+            return self._wide_only(feature_index, values, mask)
         return (self._head(self.embed_star(feature_index, values, mask))
                 + self.linear_star(feature_index, self._clip(values), mask))
 
@@ -219,10 +248,8 @@ class NSFLModel(nn.Module):
         ``similar_to`` neighbours' stars only (the 2-hop receptive field). Shapes: [b] -> [b].
         With ``[model] deep = false`` the GNN is not computed at all (its term is 0 on every path;
         non-DP training and prediction come here, so the wide-only candidates cost the wide path)."""
-        if not self.config.deep:
-            fi, x, m = stars.feature_index[batch], stars.values[batch], stars.mask[batch]
-            zero = torch.zeros(len(batch), self.config.hidden, dtype=self.head.weight.dtype)
-            return self._head(zero) + self.linear_star(fi, self._clip(x), m)
+        if self.skip_gnn:
+            return self._wide_only(stars.feature_index[batch], stars.values[batch], stars.mask[batch])
         fi, x, m = stars.feature_index[batch], stars.values[batch], stars.mask[batch]
         xc = self._clip(x)
         if stars.neighbours is None and type(self).forward_star is not NSFLModel.forward_star:

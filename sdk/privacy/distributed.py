@@ -56,7 +56,7 @@ from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
 from .ledger_file import SignedLedgerFile
 from .per_patient import PerPatientClipper, star_probe
-from .trainer import unused_star_parameters
+from .trainer import skipped_star_parameters, unused_star_parameters
 
 FORMAT = "clinograph/distributed-ledger/v1"
 FILENAME = "distributed_ledger.json"
@@ -65,13 +65,23 @@ FILENAME = "distributed_ledger.json"
 # -- which coordinates a round releases ---------------------------------------------------------
 @dataclass(frozen=True)
 class Columns:
-    """The released coordinates: shared modules the star path trains, in spec order, as
+    """The released coordinates: shared modules on the (structural) star path, in spec order, as
     (module, param, row) pieces. The same at every hospital (found from the model's structure
-    with a synthetic probe, never from data), so every hospital adds noise to every coordinate."""
+    with a synthetic probe, never from data), so every hospital adds noise to every coordinate.
+
+    ``frozen``: names of column parameters with no per-patient gradient -- with ``[model] deep =
+    false`` the GNN the star path skips (:func:`~.trainer.skipped_star_parameters`). Their columns
+    stay in the sum as zeros *with the hospital's noise share*, like every coordinate: the released
+    update and the dimension d the server's noise test counts (from the model spec, never from a
+    hospital) are those of deep = true, and the zero-signal coordinates are what gives the test its
+    power on the small wide-only model (79 trained coordinates alone let the signal hide an absent
+    share; SECURITY.md). A dedicated "noise probe" block would do the same with new spec entries
+    and a protocol change; these coordinates already exist and are already noised."""
 
     modules: tuple[str, ...]
     pieces: tuple[tuple[str, torch.nn.Parameter, int | None], ...]
     sizes: tuple[int, ...]
+    frozen: frozenset[str] = frozenset()
 
     @property
     def dim(self) -> int:
@@ -80,7 +90,10 @@ class Columns:
     @classmethod
     def of(cls, model: NSFLModel, modules: ModuleMap, shared: Sequence[str]) -> Columns:
         unused = set(unused_star_parameters(model))
-        trainable = {id(p) for n, p in model.named_parameters() if p.requires_grad and n not in unused}
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n not in unused]
+        trainable = {id(p) for _, p in named}
+        skipped = set(skipped_star_parameters(model))  # deep = false: the GNN (and what it never reaches)
+        frozen = frozenset(n for n, _ in model.named_parameters() if n in skipped | unused) if skipped else frozenset()
         names, pieces, sizes = [], [], []
         for name in shared:
             ps = modules.pieces(name)
@@ -90,7 +103,12 @@ class Columns:
             for pc in ps:
                 pieces.append((name, pc.param, pc.row))
                 sizes.append(pc.numel)
-        return cls(tuple(names), tuple(pieces), tuple(sizes))
+        return cls(tuple(names), tuple(pieces), tuple(sizes), frozen)
+
+    def trained(self, model: NSFLModel) -> set[int]:
+        """ids of the column parameters the per-patient engine covers (the columns minus ``frozen``)."""
+        frozen = {id(p) for n, p in model.named_parameters() if n in self.frozen}
+        return {id(p) for _, p, _ in self.pieces if id(p) not in frozen}
 
     def split(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """A flat [dim] vector -> module name -> vector (module vectors are their pieces concatenated)."""
@@ -120,7 +138,7 @@ class _only_columns:  # noqa: N801 - a context manager
     """Parameters outside ``columns`` (off the star path, or personal) frozen meanwhile."""
 
     def __init__(self, model: NSFLModel, columns: Columns):
-        self.model, self.wanted = model, {id(p) for _, p, _ in columns.pieces}
+        self.model, self.wanted = model, columns.trained(model)
 
     def __enter__(self) -> None:
         self.saved = {n: p.requires_grad for n, p in self.model.named_parameters()}

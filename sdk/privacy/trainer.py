@@ -29,6 +29,7 @@ The outcome carries the signed-report :class:`LedgerEntry` (σ, q, steps, C, acc
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from pathlib import Path
@@ -71,11 +72,36 @@ def poisson_indices(n: int, sample_rate: float, source: CsprngUniform) -> torch.
 def unused_star_parameters(model: NSFLModel) -> list[str]:
     """Parameters the star path never touches (``similar_to`` attention, the uniform layer-1
     ``has_feature`` attention): frozen under DP (a parameter the batch never reaches would get noise
-    alone). Found by a probe on a synthetic star (no patient data)."""
+    alone). Found by a probe on a synthetic star (no patient data), on the *structural* star path
+    (the GNN computed, :meth:`~clinograph.sdk.model.nsfl.NSFLModel.computing_gnn`): the same set with
+    ``[model] deep`` on or off, so the released coordinates (the distributed step's columns) and the
+    server's noise test keep their dimension; :func:`skipped_star_parameters` are the ones deep =
+    false does not compute."""
+    return _ungraded(model, structural=True)
+
+
+def skipped_star_parameters(model: NSFLModel) -> list[str]:
+    """Parameters on the structural star path that ``[model] deep = false`` does not compute: the GNN
+    (no path runs it) and the head's weight (it reads g · h_p = 0, so its gradient is exactly zero).
+    Under DP they are frozen -- not in the per-patient gradient, so a step costs the wide path alone --
+    yet stay released: their delta is 0 (local DP: they do not move; distributed DP: zero columns of
+    the sum that still get the hospital's noise share, so d and the server's noise test are unchanged).
+    Empty with deep = true."""
+    if not getattr(model, "skip_gnn", False):
+        return []
+    unused = set(_ungraded(model, structural=True))
+    off = set(_ungraded(model, structural=False)) | {"head.weight"}
+    return [n for n, p in model.named_parameters() if p.requires_grad and n in off and n not in unused]
+
+
+def _ungraded(model: NSFLModel, *, structural: bool) -> list[str]:
+    """Trainable parameters a synthetic star's backward gives no gradient (``structural``: the GNN computed)."""
     k = model.n_features
     fi = torch.arange(k).unsqueeze(0)
     model.zero_grad(set_to_none=True)
-    model.forward_star(fi, torch.ones(1, k), torch.ones(1, k, dtype=torch.bool)).sum().backward()
+    computing = model.computing_gnn() if structural and hasattr(model, "computing_gnn") else contextlib.nullcontext()
+    with computing:
+        model.forward_star(fi, torch.ones(1, k), torch.ones(1, k, dtype=torch.bool)).sum().backward()
     unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     model.zero_grad(set_to_none=True)
     return unused
@@ -155,7 +181,9 @@ class DPTrainer:
     # -- built once per run ---------------------------------------------------------------------
     def _build(self, model: NSFLModel) -> None:
         """The per-patient engine and the optimizer, for ``model``."""
-        self._frozen_names = set(unused_star_parameters(model))
+        # off the star path, and (deep = false) the GNN the star path skips: no per-patient gradient,
+        # delta 0 (skipped_star_parameters)
+        self._frozen_names = set(unused_star_parameters(model)) | set(skipped_star_parameters(model))
         frozen = self._freeze(model)
         try:
             trainable = [p for p in model.parameters() if p.requires_grad]

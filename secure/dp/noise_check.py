@@ -30,7 +30,10 @@ the aggregate (the model spec's sizes), K the hospitals whose masked inputs are 
 protocol's survivors), and μ/h the policy's share variance at the plan's published ``masked.scale``;
 nothing a hospital declares about its share (its dimension, scale or variance) enters the test,
 so no declaration can blind it (a share declared over one coordinate would make d = 1, where no
-aggregate can fail). Each module's count slot must say K (:func:`coverage_problem`): every
+aggregate can fail). A model that trains only part of its released modules (``[model] deep =
+false``: the wide path; the GNN frozen) still releases, and noises, every module of its spec --
+zero-signal coordinates, where the test is strongest -- so d does not shrink with what is trained.
+Each module's count slot must say K (:func:`coverage_problem`): every
 contributor adds its share to every released coordinate -- a module with fewer shares than the
 promise's h would be released under-noised -- and the count slots are the one part of the sum
 a hospital writes freely (one that skips its noise and zeroes its count would otherwise lower
