@@ -96,13 +96,13 @@ def demo(
 def _known_secure_mode(name: str) -> None:
     """Refuse an unknown ``--secure-mode`` before torch and the SDK load (they took ~7 s to say so)."""
     from clinograph.core.errors import ConfigError
-    from clinograph.secure.aggregation import registered_modes
+    from clinograph.secure.aggregation import unknown_mode
 
-    if name not in registered_modes():
+    why = unknown_mode(name)
+    if why is not None:
         ring = (" (a 16-bit masked ring is a setting of `clinograph simulate`: [federation] masked_word_bits = 16)"
                 if name.startswith("masked") else "")
-        raise ConfigError(f"--secure-mode: Unknown secure mode {name!r}. Registered: {', '.join(registered_modes())}."
-                          + ring)
+        raise ConfigError(f"--secure-mode: {why}{ring}")
 
 
 def _concepts_demo(*, out: Path, rounds: int, seed: int, secure_mode: str, scale: float) -> None:

@@ -299,11 +299,12 @@ class ReleaseSection(_Strict):
     @field_validator("secure_modes")
     @classmethod
     def _known_secure_modes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from clinograph.secure.aggregation import create_mode, registered_modes
+        from clinograph.secure.aggregation import create_mode, unknown_mode
 
         for name in v:
-            if name not in registered_modes():
-                raise ValueError(f"Unknown secure mode {name!r}. Registered: {', '.join(registered_modes())}.")
+            why = unknown_mode(name)
+            if why is not None:
+                raise ValueError(why)
             if create_mode(name).insecure:
                 raise ValueError(f"{name!r} is not a secure mode: a hospital joins rounds under it only with "
                                  "insecure_accept_plaintext = true (development only).")

@@ -104,17 +104,23 @@ def register_mode(mode: SecureMode) -> None:
 
 def create_mode(name: str) -> SecureMode:
     """The mode registered as ``name``; a miss lists the options."""
-    _load_builtin()
-    try:
-        return _MODES[name]
-    except KeyError:
-        raise RegistryError(f"Unknown secure mode {name!r}. Registered: {', '.join(sorted(_MODES))}.") from None
+    why = unknown_mode(name)
+    if why is not None:
+        raise RegistryError(why)
+    return _MODES[name]
 
 
 def registered_modes() -> list[str]:
     """Names of every registered mode."""
     _load_builtin()
     return sorted(_MODES)
+
+
+def unknown_mode(name: str) -> str | None:
+    """None if ``name`` is a registered mode, else the sentence that says so (every config and the
+    CLI refuse an unknown mode with it)."""
+    modes = registered_modes()
+    return None if name in modes else f"Unknown secure mode {name!r}. Registered: {', '.join(modes)}."
 
 
 def _load_builtin() -> None:
@@ -133,4 +139,4 @@ def _load_builtin() -> None:
 register_mode(SecureMode("insecure_plaintext", PlaintextServer, PlaintextClient, server_sees_sum=True, insecure=True))
 
 __all__ = ["AggregateVoided", "AggregationClient", "AggregationServer", "LocalUpdate", "ModeRun", "ModuleSums", "SecureMode",
-           "create_mode", "register_mode", "registered_modes"]
+           "create_mode", "register_mode", "registered_modes", "unknown_mode"]

@@ -118,10 +118,11 @@ class FederationSection(_Strict):
     @field_validator("secure_mode")
     @classmethod
     def _known_mode(cls, v: str) -> str:
-        from ..aggregation import registered_modes
+        from ..aggregation import unknown_mode
 
-        if v not in registered_modes():
-            raise ValueError(f"Unknown secure mode {v!r}. Registered: {', '.join(registered_modes())}.")
+        why = unknown_mode(v)
+        if why is not None:
+            raise ValueError(why)
         return v
 
     @field_validator("strategy")
