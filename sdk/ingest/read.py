@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+import os
 import re
 from pathlib import Path
 
@@ -160,6 +161,14 @@ def read_table(path: str | Path, *, delimiter: str | None = None, decimal: str |
             unknown delimiter or decimal separator.
         SchemaError: the file cannot be decoded or parsed (no cell is quoted).
     """
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
+        raise ConfigError(f"read_table: expected the path as a file name (str or pathlib.Path), got "
+                          f"{type(path).__name__}; e.g. read_table('site_a.csv'). A table already in memory goes to "
+                          "ingest() as a DataFrame.")
+    for name, value in (("delimiter", delimiter), ("decimal", decimal)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"read_table: expected {name} as one character (a str), got {type(value).__name__} "
+                              "(or leave it unset to detect it).")
     path = Path(path)
     bad = []
     if delimiter is not None and (len(delimiter) != 1 or delimiter in "\r\n\"'"):

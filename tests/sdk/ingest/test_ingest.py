@@ -1,5 +1,7 @@
 """Bad input gets a clear error naming column/rows and the fix -- every problem at once, no cell values."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -153,3 +155,15 @@ def test_ingest_with_its_arguments_swapped_names_them():
         ingest(df, schema=d, dictionary=d)
     with pytest.raises(SchemaError, match=r"needs dictionary= a FeatureDictionary, got SiteSchema"):
         ingest(df, schema=schema, dictionary=schema)
+
+
+@pytest.mark.parametrize(("args", "kwargs", "message"), [
+    ((None,), {}, "expected the path as a file name (str or pathlib.Path), got NoneType"),
+    ((5,), {}, "got int"),
+    ((b"site.csv",), {}, "got bytes"),
+    (("site.csv",), {"delimiter": 1}, "expected delimiter as one character (a str), got int"),
+    (("site.csv",), {"decimal": b","}, "expected decimal as one character (a str), got bytes")])
+def test_read_table_names_a_wrong_argument_type(args, kwargs, message):
+    """A TypeError from pathlib (or len() of an int) before: outside the one exception tree."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        read_table(*args, **kwargs)
