@@ -366,6 +366,9 @@ class HospitalClient:
         own = p.options.get(f"weight/{self.name}")
         if own is None or self.release.max_weight_share >= 1:
             return
+        if isinstance(own, bool) or not isinstance(own, (int, float)) or not own >= 0:
+            raise ProtocolError(f"Round {p.round}: the plan's weight/{self.name} is not a non-negative number. "
+                                "Refused; nothing was trained.")
         others = sorted(float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 else 0.0
                         for c in p.participants if c != self.name for w in [p.options.get(f"weight/{c}", 0.0)])
         lightest = sum(others[:max(p.min_clients - 1, 1)])

@@ -133,3 +133,6 @@ def test_published_weights_that_make_the_sum_one_hospitals_update_are_refused():
     agreed = _hospital(ReleaseSection(max_weight_share=1.0))
     agreed.on_plan(_plan(agreed, 5, threshold=4, **isolating))
     assert agreed.task.trained == 1
+    for bad in ("1.0", True, -1.0):  # a ValueError from float() before: not a signed refusal
+        with pytest.raises(ProtocolError, match="weight/h00 is not a non-negative number"):
+            default.on_plan(_plan(default, 5, threshold=4, round_=2, **{**equal, "weight/h00": bad}))
