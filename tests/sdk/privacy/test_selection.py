@@ -94,13 +94,15 @@ def test_a_non_finite_loss_counts_as_the_clip_not_as_infinity():
 
 def test_the_release_noise_has_the_accounted_scale(tmp_path):
     """σ_s·B is the standard deviation the ledger's RDP assumes; a release with less noise would
-    be under-accounted. 400 releases: the sample std is within 12% of σ_s·B (χ² bound, ~1e-4 fail)."""
+    be under-accounted. 400 releases (each a signed ledger write: ~3 s): the sample std is within 18 %
+    of σ_s·B -- its relative sd is 1/√800 = 3.5 %, so 5 sd (a false failure ~1e-6; 12 % was 3.4 sd,
+    ~7e-4 a run) -- and still far inside any mis-scaling (σ without B is off by 100 %)."""
     ledger = PrivacyLedger(tmp_path, site="alpha", budget_epsilon=1e9, delta=DELTA, signer=SIGNER)
     release = PrivateValidation(ledger, noise_multiplier=3.0, clip=0.5)
     losses = np.full(20, 0.2)
     draws = np.array([release.release(losses, round_=r) for r in range(400)])
     assert abs(draws.mean() - 4.0) < 5 * 1.5 / np.sqrt(400)
-    assert draws.std() == pytest.approx(1.5, rel=0.12)
+    assert draws.std() == pytest.approx(1.5, rel=0.18)
     assert sum(c for _, c, _ in ledger.releases) == 400
 
 

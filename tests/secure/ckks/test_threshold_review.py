@@ -131,4 +131,7 @@ def test_rlwe_errors_have_the_distribution_of_seals_own_errors():
     ours = T.rlwe_errors(96, ring=ring, limbs=1)[:, 0, :]
     ours = _signed(ours, q0)
     theirs = np.concatenate(seal_errors)
-    assert abs(theirs.var() - ours.var()) < 0.09
+    # each variance ~10.5 over 786 432 draws, sd 0.017; their difference sd 0.024: 0.12 is 5 sd (0.09 was
+    # 3.8, a false failure ~1.5e-4 a run); the rounded normal this replaced (10.32) is 0.18 away: caught
+    # with probability > 0.99
+    assert abs(theirs.var() - ours.var()) < 0.12
