@@ -156,7 +156,8 @@ class FederationServer:
         unknown = sorted(set(participants) - set(self.enrolled))
         if unknown:
             raise ConfigError(f"Participants {unknown} are not enrolled. Enrolled: {sorted(self.enrolled)}.")
-        weights = self.strategy.client_weights(round_=self.round, participants=participants)
+        weights = self.strategy.client_weights(round_=self.round, participants=participants,
+                                              min_clients=self.min_clients)
         options: dict[str, float | int | str | bool] = {**self._plan_options(tuple(sorted(participants))),
                                                         **self.strategy.plan_options()}
         options.update({f"strategy.{k}": v for k, v in self.strategy.constructor_options().items()})

@@ -32,8 +32,9 @@ class Strategy(ABC):
         so that hospitals can apply the same rule themselves when the server is blind (ckks)."""
         return {}
 
-    def client_weights(self, *, round_: int, participants: tuple[str, ...]) -> dict[str, float]:
-        """Per-client aggregation weights fixed before upload (empty: each uses its sample count)."""
+    def client_weights(self, *, round_: int, participants: tuple[str, ...], min_clients: int = 2) -> dict[str, float]:
+        """Per-client aggregation weights fixed before upload (empty: each uses its sample count);
+        ``min_clients``: the smallest round the server may close with them (the plan's)."""
         return {}
 
     def plan_options(self) -> dict[str, float | int | str | bool]:

@@ -40,6 +40,10 @@ class DQSettings(BaseModel):
     perf_threshold: float = Field(default=0.05, ge=0, le=1, description="|ΔPerf| above which α adapts (eq. 5)")
     floor: float = Field(default=1e-3, ge=0, lt=1, description="smallest smoothed DQ used as a weight, so no "
                          "hospital's weight is exactly 0 and an all-zero round falls back to uniform")
+    max_share: float = Field(default=0.9, gt=0, le=1, description="the largest share of a sum one hospital's "
+                             "update may be, in the smallest round the server may close (min_clients "
+                             "survivors, the others the lightest): the hospitals' default [release] "
+                             "max_weight_share, which refuses a plan above it; 1: no cap")
     perf_key: str = "perf"
     missing_key: str = "missing_rate"
 
@@ -70,6 +74,10 @@ class DQWeighted(FedAvg):
     - :meth:`client_weights` normalises the smoothed DQs of the round's participants to sum
       to 1 (NORMALIZE in Alg. 2). Round 0 and rounds where nobody has a DQ: uniform. A
       participant with no DQ yet (late joiner, never released) gets the mean of the known ones.
+      Not in the paper: the light weights are raised (:func:`share_floor`) so that no hospital's
+      update is more than ``max_share`` of a sum the server may open -- else that hospital
+      refuses the plan (``[release] max_weight_share``, default 0.9) and a federation with one
+      weak hospital (F1 = 0: DQ at the floor) loses its best one every round.
     - :meth:`apply` is FedAvg on the weighted sums. K_personal of Alg. 2 never reaches the
       server: personal modules (``ModuleKind.PERSONAL``) are not in any hospital's upload, and
       the server's per-module division by Σw renormalises over each module's contributors.
@@ -123,7 +131,7 @@ class DQWeighted(FedAvg):
                              "smoothed": dict(self.smoothed), "alpha": dict(self.alpha)})
 
     # -- weights fixed before upload ---------------------------------------------------------
-    def client_weights(self, *, round_: int, participants: tuple[str, ...]) -> dict[str, float]:
+    def client_weights(self, *, round_: int, participants: tuple[str, ...], min_clients: int = 2) -> dict[str, float]:
         if not participants:
             return {}
         known = [self.smoothed[c] for c in participants if c in self.smoothed]
@@ -135,10 +143,26 @@ class DQWeighted(FedAvg):
         total = sum(raw.values())
         if not total > 0:
             raw, total = {c: 1.0 for c in participants}, float(len(participants))
+        lowest = share_floor(max(raw.values()), max_share=self.settings.max_share, min_clients=min_clients)
+        if lowest > min(raw.values()):
+            raw = {c: max(v, lowest) for c, v in raw.items()}
+            total = sum(raw.values())
         weights = {c: raw[c] / total for c in sorted(participants)}
         self.weights_used[round_] = weights
         self.history.append({"round": round_, "kind": "weights", "weights": dict(weights)})
         return weights
+
+
+def share_floor(heaviest: float, *, max_share: float, min_clients: int) -> float:
+    """The smallest weight that keeps ``heaviest``'s share of a sum at most ``max_share`` in a round
+    of ``min_clients`` whose other k = max(min_clients - 1, 1) members all weigh it: the share
+    w / (w + k·f) <= s holds for f >= w (1 - s) / (s k) -- the rule each hospital checks of the plan
+    (``HospitalClient._check_weights``), with a margin of 1e-6 for rounding. At most ``heaviest``:
+    equal weights give 1 / (k + 1), which no weighting can lower."""
+    if max_share >= 1 or heaviest <= 0:
+        return 0.0
+    k = max(min_clients - 1, 1)
+    return min(heaviest, heaviest * (1.0 - max_share) / (max_share * k) * (1.0 + 1e-6))
 
 
 def _read(m: Mapping[str, float], perf_key: str, missing_key: str) -> tuple[str, float, float]:

@@ -121,3 +121,56 @@ def test_bad_options_name_the_key_and_list_the_known_ones():
         create_strategy("dq_weighted", alpha=0.95)  # above the paper's cap
     with pytest.raises(ConfigError, match="betta1"):
         create_strategy("dq_weighted", betta1=1.0)
+
+
+def _hospital_accepts(weights: dict[str, float], *, min_clients: int, max_share: float = 0.9) -> dict[str, str]:
+    """Run each participant's own check of the plan's published weights (HospitalClient._check_weights,
+    the [release] max_weight_share rule); return the refusals."""
+    from types import SimpleNamespace
+
+    from clinograph.sdk.config import ReleaseSection
+    from clinograph.sdk.federation.client import HospitalClient
+
+    from clinograph.core.errors import ProtocolError
+
+    plan = SimpleNamespace(round=3, min_clients=min_clients, participants=tuple(weights),
+                           options={f"weight/{c}": w for c, w in weights.items()})
+    refused = {}
+    for c in weights:
+        try:
+            HospitalClient._check_weights(SimpleNamespace(name=c, release=ReleaseSection(max_weight_share=max_share)),
+                                          plan)
+        except ProtocolError as exc:
+            refused[c] = str(exc)
+    return refused
+
+
+def test_a_hospital_at_the_dq_floor_does_not_make_the_best_one_refuse():
+    """A weak hospital (F1 = 0: DQ at the floor, 1e-3) beside one at 0.8: the plain PFGL weights
+    make the strong one 99.9 % of a two-hospital sum, which its own rule refuses (it then left every
+    round: seen on examples/data with strategy dq_weighted). The light weight is raised to 1/9 of
+    the heaviest, which keeps the order and each hospital's share of any sum the server may open <= 0.9."""
+    s = DQWeighted()
+    s.observe(round_=0, metrics={"a": {"perf": 0.8, "missing_rate": 0.0}, "b": {"perf": 0.0, "missing_rate": 0.0},
+                                 "c": {"perf": 0.5, "missing_rate": 0.0}})
+    plain = DQWeighted(max_share=1.0)
+    plain.observe(round_=0, metrics={"a": {"perf": 0.8, "missing_rate": 0.0}, "b": {"perf": 0.0, "missing_rate": 0.0},
+                                     "c": {"perf": 0.5, "missing_rate": 0.0}})
+    assert set(_hospital_accepts(plain.client_weights(round_=1, participants=("a", "b", "c")), min_clients=2)) == {"a", "c"}
+    w = s.client_weights(round_=1, participants=("a", "b", "c"), min_clients=2)
+    assert _hospital_accepts(w, min_clients=2) == {}
+    assert w["a"] / w["b"] == pytest.approx(9.0, rel=1e-5) and w["a"] / w["c"] == pytest.approx(0.8 / 0.5)
+    assert w["a"] > w["c"] > w["b"] and math.isclose(sum(w.values()), 1.0, rel_tol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=2, max_size=8),
+       st.integers(1, 4), st.sampled_from([0.6, 0.75, 0.9]))
+def test_published_dq_weights_pass_every_hospitals_share_rule(metrics, min_clients, max_share):
+    min_clients = min(min_clients, len(metrics))
+    s = DQWeighted(max_share=max_share)
+    s.observe(round_=0, metrics={c: {"perf": p, "missing_rate": m} for c, (p, m) in metrics.items()})
+    w = s.client_weights(round_=1, participants=tuple(sorted(metrics)), min_clients=min_clients)
+    k = max(min_clients - 1, 1)
+    if max_share >= 1 / (k + 1):  # below it even equal weights exceed the rule: nothing can pass
+        assert _hospital_accepts(w, min_clients=min_clients, max_share=max_share) == {}
