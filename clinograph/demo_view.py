@@ -112,11 +112,14 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
                         clock: Callable[[], float] | None = None) -> Callable[[str, Mapping[str, Any]], None]:
     """The progress events ``clinograph simulate`` shows (:mod:`clinograph.secure.runtime.progress`):
     each stage's answers and slowest hospital as the live ``status`` (the progress bar's text: one
-    line, replaced at every stage), each closed round with its seconds and the ETA ``write``-n."""
+    line, replaced at every stage), each closed round with its seconds and the ETA ``write``-n, and a
+    hospital's signed refusal with its reason the first time that hospital refuses (later rounds name
+    it on their line; the audit log holds every one)."""
     from clinograph.secure.runtime.progress import RoundClock, eta_line, stage_line
 
     timer = RoundClock(rounds=rounds) if clock is None else RoundClock(rounds=rounds, clock=clock)
     prefix = ""  # with several candidate models, each line names the one that runs
+    told: set[str] = set()  # hospitals whose refusal reason was shown
 
     def show(kind: str, data: Mapping[str, Any]) -> None:
         nonlocal prefix
@@ -141,10 +144,16 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
             write(f"warning: hospital {data.get('site')}: the values of column(s) "
                   f"{', '.join(map(repr, data.get('columns') or ()))} look like another unit (far outside their "
                   "features' reference ranges) or like dates: `clinograph check` says why.")
+        elif kind == "refused" and data.get("hospital") not in told:
+            told.add(str(data.get("hospital")))
+            write(f"warning: {prefix}round {data.get('round')}: hospital {data.get('hospital')} refused "
+                  f"(at {data.get('stage')}; signed, in the audit log as hospital_refused): {data.get('reason')}")
         elif kind == "round_closed":
             scoring = " (scoring round: the last model evaluated, no training)" if data.get("scoring") else ""
+            refused = ", ".join(map(str, data.get("refused") or ()))
             write(f"{prefix}round {data.get('round')} closed{scoring}: "
-                  f"{len(list(data.get('contributors') or []))} contributor(s)" + eta_line(data))
+                  f"{len(list(data.get('contributors') or []))} contributor(s)"
+                  + (f"; refused: {refused}" if refused else "") + eta_line(data))
 
     return show
 

@@ -98,3 +98,17 @@ def test_a_hospitals_columns_far_from_their_reference_ranges_are_a_warning_line(
     show("hospital_far_from_reference", {"site": "h3", "columns": ["KPS"]})
     assert lines == ["warning: hospital h3: the values of column(s) 'KPS' look like another unit (far outside their "
                      "features' reference ranges) or like dates: `clinograph check` says why."]
+
+
+def test_a_hospital_refusal_is_shown_once_with_its_reason_and_named_on_each_round_line():
+    """A refusal used to show only as one contributor fewer ("2 contributor(s)"): a dq_weighted run
+    lost its best hospital every round and `clinograph simulate` said nothing of it."""
+    lines: list[str] = []
+    show = simulation_progress(3, lines.append, status=lambda _: None, clock=lambda: 0.0)
+    for r in (1, 2):
+        show("refused", {"round": r, "hospital": "north", "stage": "plan", "reason": f"Round {r}: weight too high"})
+        show("round_closed", {"round": r, "contributors": ["east", "south"], "refused": ["north"]})
+    assert lines[0] == ("warning: round 1: hospital north refused (at plan; signed, in the audit log as "
+                        "hospital_refused): Round 1: weight too high")
+    assert [x.split(" (round took")[0] for x in lines[1:]] == ["round 1 closed: 2 contributor(s); refused: north",
+                                                                "round 2 closed: 2 contributor(s); refused: north"]
