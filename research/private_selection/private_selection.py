@@ -262,11 +262,19 @@ def run_seed(cohort: str, seed: int, *, epsilons: tuple[float, ...], distributed
 
 def measure_round_costs(cohorts: str, costs: dict, measure, *, save) -> None:  # noqa: ANN001
     """``costs[cohort] = measure(cohort, tables, dictionary, rounds=8, work=...)`` for each of the
-    comma-separated ``cohorts`` (a temporary work folder each), printed and ``save()``d after each."""
+    comma-separated ``cohorts`` (a temporary work folder each), printed and ``save()``d after each;
+    each with its own load average before and after and its UTC time (the file's ``machine`` block
+    describes the run that wrote the cohorts' results, not necessarily this one)."""
+    import datetime
+    import os
+
     for cohort in cohorts.split(","):
         c, tables = load_cohort(cohort)
+        load_before = os.getloadavg()
         with tempfile.TemporaryDirectory() as tmp:
             costs[cohort] = measure(cohort, tables, c.dictionary, rounds=8, work=Path(tmp))
+        costs[cohort] |= {"load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
+                          "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         print(cohort, json.dumps(costs[cohort]["median_seconds"]), flush=True)
         save()
 
