@@ -100,7 +100,29 @@ def run_cell(task: str, mode: str, tables: Sequence[Any], task_factory: Callable
                      audit_dir=Path(tmp) / "audit", choose=False, task_factory=task_factory)
         except ConfigError as exc:
             return f"refused: {exc}"
-        return "runs" if verify_audit_dir(Path(tmp) / "audit").ok else "audit does not verify"
+        if not verify_audit_dir(Path(tmp) / "audit").ok:
+            return "audit does not verify"
+        left = _left_out(Path(tmp) / "audit")
+        return "runs" if not left else f"runs without {left}"
+
+
+def _left_out(audit: Path) -> str:
+    """The hospitals a round of the audit trail did not count (refused, dropped, rejected), with the
+    first reason each: a cell whose round completed without some of its hospitals does not run as
+    configured (a strategy's weights that one hospital refuses, say)."""
+    import json
+
+    out: dict[str, str] = {}
+    for line in (audit / "audit.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("kind") != "round_participation":
+            continue
+        p = entry["payload"]
+        for what in ("refused", "dropped", "rejected"):
+            for name, why in sorted((p.get(what) or {}).items()):
+                reason = why.get("reason") if isinstance(why, dict) else why
+                out.setdefault(name, f"{what}: {str(reason)[:200]}")
+    return "; ".join(f"{n} ({why})" for n, why in sorted(out.items()))
 
 
 def matrix(tables_for: Callable[[str], Sequence[Any]],

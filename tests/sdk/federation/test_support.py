@@ -52,3 +52,21 @@ def test_the_matrix_in_the_docs_is_what_the_code_does():
     assert "never sees the sum" in fednsl_ckks["in_process"] and fednsl_ckks["flower"] == fednsl_ckks["in_process"]
     doc = (ROOT / "docs" / "matrix.md").read_text()
     assert render(rows) in doc, "docs/matrix.md is stale: regenerate it (docs/matrix.md says how)"
+
+
+def test_a_cell_whose_round_left_a_hospital_out_is_not_reported_as_runs(tmp_path):
+    """A round that completes without one of its hospitals (refused, dropped, rejected) is not the
+    configured federation running: the matrix says who was left out and why (a dq_weighted plan that
+    its best hospital refused every round completed, and showed as "runs")."""
+    import json
+
+    from clinograph.sdk.federation.support import _left_out
+
+    rows = [{"kind": "round_participation", "payload": {"round": 0, "refused": {}, "dropped": {}, "rejected": {}}},
+            {"kind": "round_participation", "payload": {"round": 1, "dropped": {"east": "timed out at stage 2"},
+                                                         "refused": {"north": {"stage": "plan", "reason": "weight"}},
+                                                         "rejected": {}}}]
+    (tmp_path / "audit.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert _left_out(tmp_path) == "east (dropped: timed out at stage 2); north (refused: weight)"
+    (tmp_path / "audit.jsonl").write_text(json.dumps(rows[0]))
+    assert _left_out(tmp_path) == ""
