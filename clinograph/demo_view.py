@@ -119,7 +119,7 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
 
     timer = RoundClock(rounds=rounds) if clock is None else RoundClock(rounds=rounds, clock=clock)
     prefix = ""  # with several candidate models, each line names the one that runs
-    told: set[str] = set()  # hospitals whose refusal reason was shown
+    told: set[tuple[str, str]] = set()  # (refused | dropped, hospital) whose reason was shown
 
     def show(kind: str, data: Mapping[str, Any]) -> None:
         nonlocal prefix
@@ -144,16 +144,24 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
             write(f"warning: hospital {data.get('site')}: the values of column(s) "
                   f"{', '.join(map(repr, data.get('columns') or ()))} look like another unit (far outside their "
                   "features' reference ranges) or like dates: `clinograph check` says why.")
-        elif kind == "refused" and data.get("hospital") not in told:
-            told.add(str(data.get("hospital")))
+        elif kind == "refused" and ("refused", str(data.get("hospital"))) not in told:
+            told.add(("refused", str(data.get("hospital"))))
             write(f"warning: {prefix}round {data.get('round')}: hospital {data.get('hospital')} refused "
                   f"(at {data.get('stage')}; signed, in the audit log as hospital_refused): {data.get('reason')}")
+        elif kind == "dropped" and ("dropped", str(data.get("hospital"))) not in told:
+            told.add(("dropped", str(data.get("hospital"))))
+            write(f"warning: {prefix}round {data.get('round')}: hospital {data.get('hospital')} dropped out of the "
+                  f"round: {data.get('reason')}")
+        elif kind == "round_aborted":
+            write(f"warning: {prefix}round {data.get('round')} aborted, nothing of it applied: {data.get('reason')}")
+        elif kind == "hospital_retired":
+            write(f"warning: {prefix}hospital {data.get('client')} retired from the run: {data.get('reason')}")
         elif kind == "round_closed":
             scoring = " (scoring round: the last model evaluated, no training)" if data.get("scoring") else ""
-            refused = ", ".join(map(str, data.get("refused") or ()))
+            left = "".join(f"; {what}: {', '.join(map(str, data.get(what) or ()))}"
+                           for what in ("refused", "dropped") if data.get(what))
             write(f"{prefix}round {data.get('round')} closed{scoring}: "
-                  f"{len(list(data.get('contributors') or []))} contributor(s)"
-                  + (f"; refused: {refused}" if refused else "") + eta_line(data))
+                  f"{len(list(data.get('contributors') or []))} contributor(s){left}" + eta_line(data))
 
     return show
 

@@ -17,7 +17,6 @@ def test_simulate_prints_stage_progress_and_the_eta():
                             "slowest": "b", "slowest_s": 2.0})
     now[0] = 20.0
     show("round_closed", {"round": 0, "contributors": ["a", "b"]})
-    show("dropped", {"round": 0, "hospital": "a", "reason": "x"})  # not one of the progress lines
     assert shown == ["round 0 plan: 2 of 2 hospital(s) answered; slowest b (2.0 s)"]  # the bar's live text
     assert lines == ["round 0 closed: 2 contributor(s) (round took 20 s; ETA at most 40 s for 2 round(s) left)"]
 
@@ -112,3 +111,17 @@ def test_a_hospital_refusal_is_shown_once_with_its_reason_and_named_on_each_roun
                         "hospital_refused): Round 1: weight too high")
     assert [x.split(" (round took")[0] for x in lines[1:]] == ["round 1 closed: 2 contributor(s); refused: north",
                                                                 "round 2 closed: 2 contributor(s); refused: north"]
+
+
+def test_a_dropped_hospital_an_aborted_round_and_a_retired_hospital_are_shown():
+    lines: list[str] = []
+    show = simulation_progress(3, lines.append, status=lambda _: None, clock=lambda: 0.0)
+    show("dropped", {"round": 0, "hospital": "a", "reason": "no answer at stage 2 within 30 s"})
+    show("round_closed", {"round": 0, "contributors": ["b", "c"], "dropped": ["a"]})
+    show("dropped", {"round": 1, "hospital": "a", "reason": "no answer at stage 2 within 30 s"})  # said once
+    show("round_aborted", {"round": 1, "reason": "the masked sum did not open"})
+    show("hospital_retired", {"round": 3, "client": "c", "reason": "its input voided rounds 1, 2"})
+    assert lines[0] == "warning: round 0: hospital a dropped out of the round: no answer at stage 2 within 30 s"
+    assert lines[1].split(" (round took")[0] == "round 0 closed: 2 contributor(s); dropped: a"
+    assert lines[2:] == ["warning: round 1 aborted, nothing of it applied: the masked sum did not open",
+                         "warning: hospital c retired from the run: its input voided rounds 1, 2"]
