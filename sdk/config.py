@@ -185,8 +185,18 @@ class GraphSection(_Strict):
                            "default there, and any other value refused)")
 
 
+#: [privacy] settings that say nothing of whether DP was wanted: a simulation fills them in for every
+#: hospital (:meth:`SimulationConfig.hospital_config`), DP or not
+_FILLED_FOR_EVERY_HOSPITAL = frozenset({"state_dir", "planned_rounds", "planned_local_epochs"})
+
+
 class PrivacySection(_Strict):
-    """[privacy]: patient-level DP-SGD at this hospital; off means the run has no DP guarantee."""
+    """[privacy]: patient-level DP-SGD at this hospital; off means the run has no DP guarantee.
+
+    The switch is ``mode`` -- ``"none"``, ``"local"`` or ``"distributed"`` -- or ``enabled``: a
+    section with ``mode = "local" | "distributed"`` and no ``enabled`` is on, ``mode = "none"`` is
+    off, and one that sets DP settings (an ε budget, σ, ...) with neither is refused rather than
+    run without DP (:meth:`_the_switch`)."""
 
     enabled: bool = False
     epsilon_budget: float = Field(default=10.0, gt=0, le=100, description="a budget above 100 promises nothing; the server's [dp_policy] max_epsilon has the same bound")
@@ -229,15 +239,36 @@ class PrivacySection(_Strict):
     planned_setup_releases: int | None = Field(default=None, ge=0, le=16, description="set-up releases σ is "
                                                "calibrated for; None: derived from [scaling] and [model] features")
     # -- distributed DP (additive; docs/privacy.md "Distributed DP") -------------------------------
-    mode: Literal["local", "distributed"] = Field(default="local", description="local: this hospital adds the "
+    mode: Literal["none", "local", "distributed"] = Field(default="local", description="none: no DP (as enabled = "
+                                                  "false); local: this hospital adds the "
                                                   "whole noise (DP-SGD alone); distributed: one DP-SGD step a "
                                                   "round over all hospitals, each adding a Skellam share inside "
-                                                  "the masked sum (needs secure_mode = 'masked')")
+                                                  "the masked sum (needs secure_mode = 'masked'); local or "
+                                                  "distributed without `enabled` turns DP on")
     mechanism: Literal["skellam"] = Field(default="skellam", description="distributed only")
     sample_rate: float | None = Field(default=None, gt=0, le=1, description="distributed only: the federation's "
                                       "Poisson rate q (the same at every hospital)")
     min_honest: int | None = Field(default=None, ge=2, description="distributed only: h, the honest surviving "
                                    "hospitals the guarantee relies on; this hospital adds μ/h")
+
+    @model_validator(mode="after")
+    def _the_switch(self) -> PrivacySection:
+        """``mode`` is a switch as ``enabled`` is (issue 30: ``[privacy] mode = none | local | distributed``):
+        before, ``mode = "distributed"`` without ``enabled = true`` ran with no DP at all, and said
+        nothing. A contradiction, or DP settings with no switch, is refused with the fix."""
+        given = self.model_fields_set
+        if self.mode == "none" and self.enabled:
+            raise ValueError("[privacy] enabled = true but mode = 'none'. Say one thing: mode = 'local' or "
+                             "'distributed' for DP, or mode = 'none' (and no enabled) for none.")
+        if "mode" in given and "enabled" not in given and self.mode != "none":
+            object.__setattr__(self, "enabled", True)  # frozen model: set once, while validating
+            self.model_fields_set.add("enabled")
+        elif "mode" not in given and "enabled" not in given and given - _FILLED_FOR_EVERY_HOSPITAL:
+            raise ValueError(f"[privacy] sets {', '.join(sorted(given - _FILLED_FOR_EVERY_HOSPITAL))} but neither mode nor "
+                             "enabled, so the run would have no DP. Add mode = 'local' (each hospital adds its own "
+                             "noise) or mode = 'distributed' (shares inside the masked sum) -- or mode = 'none' to "
+                             "run without DP on purpose.")
+        return self
 
     @field_validator("grad_sample_mode", mode="before")
     @classmethod

@@ -57,3 +57,25 @@ def test_a_simulations_hospitals_accept_the_masked_threshold_its_federation_sets
     assert SimulationConfig.model_validate({}).hospital_config().release.masked_threshold is None
     own = SimulationConfig.model_validate({"federation": fed, "release": {"masked_threshold": 4}})
     assert own.hospital_config().release.masked_threshold == 4  # a written [release] rule is kept
+
+
+@pytest.mark.parametrize(("section", "enabled", "mode"), [
+    ({"mode": "distributed"}, True, "distributed"), ({"mode": "local", "epsilon_budget": 3.0}, True, "local"),
+    ({"mode": "none"}, False, "none"), ({"enabled": True}, True, "local"), ({}, False, "local"),
+    ({"state_dir": "state"}, False, "local"), ({"enabled": False, "mode": "distributed"}, False, "distributed")])
+def test_privacy_mode_is_the_switch(section, enabled, mode):
+    """`[privacy] mode = "distributed"` without `enabled = true` ran a federation with no DP, silently."""
+    p = SimulationConfig.model_validate({"privacy": section}).privacy
+    assert (p.enabled, p.mode) == (enabled, mode)
+
+
+@pytest.mark.parametrize(("section", "said"), [
+    ({"epsilon_budget": 3.0, "noise_multiplier": 1.1}, "sets epsilon_budget, noise_multiplier but neither mode nor enabled"),
+    ({"mode": "none", "enabled": True}, "enabled = true but mode = 'none'")])
+def test_dp_settings_without_a_switch_or_a_contradiction_are_refused(tmp_path, section, said):
+    from clinograph.core.errors import ConfigError
+
+    path = tmp_path / "sim.toml"
+    path.write_text("[privacy]\n" + "".join(f"{k} = {v!r}\n".replace("True", "true") for k, v in section.items()))
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
+        SimulationConfig.from_toml(path)
