@@ -255,6 +255,29 @@ def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None
                           f"{row['round']}/{row['rounds_run']}", soft_wrap=True)
         console.print(f"chosen model: {result.choice['chosen']} (lowest federated validation loss; the audit "
                       "trail records every candidate)", soft_wrap=True)
+    dp = f", {cfg.privacy.mode} DP" if cfg.privacy.enabled else ", no DP"
     console.print(final_table(result.final, title=f"Final test metrics ({cfg.federation.rounds} rounds, "
-                                                   f"{cfg.federation.secure_mode})"))
+                                                   f"{cfg.federation.secure_mode}{dp})"))
+    for line in privacy_lines(result.audit_dir / "audit.jsonl") if result.audit_dir is not None else ():
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     console.print(f"audit: {result.audit_dir}")
+
+
+def privacy_lines(audit_log: Path) -> list[str]:
+    """What each hospital's privacy ledger says at the end of a run, from its last ``ledger`` entry in
+    the audit log (each hospital's one ledger: every candidate's rounds, selection and set-up releases
+    included): ε spent of its budget at δ, and under distributed DP also ε of its own share alone."""
+    last: dict[str, dict[str, Any]] = {}
+    if audit_log.is_file():
+        for line in audit_log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("kind") == "ledger":
+                last[entry["payload"]["client"]] = entry["payload"]
+    out = []
+    for site, p in sorted(last.items()):
+        share = p.get("share") if isinstance(p.get("share"), dict) else None
+        extra = (f" while at least {share['min_honest']} hospitals add their noise share, "
+                 f"{share['epsilon_alone']:.3f} on its own share alone" if share else "")
+        out.append(f"privacy: {site}: ε = {p['epsilon']:.3f} (δ = {p['delta']:g}) after round {p['round']}{extra}; "
+                   f"budget {p.get('budget_epsilon', 'n/a')} (its ledger, in the audit log)")
+    return out

@@ -475,6 +475,18 @@ class HospitalConfig(_Strict):
     dictionary: Path | None = Field(default=None, description="feature dictionary TOML (required)")
 
     @model_validator(mode="after")
+    def _no_quality_metrics_under_distributed_dp(self) -> HospitalConfig:
+        """The NS-FL task refuses to release quality metrics under distributed DP (outside its
+        accountant); said here, at configuration, and not by every hospital at round 0's plan."""
+        if self.privacy.enabled and self.privacy.mode == "distributed" and self.release.metrics == "quality":
+            raise ValueError("[release] metrics = 'quality' with [privacy] mode = 'distributed': the metrics would "
+                             "leave outside the distributed-DP accountant, so they are not released (and dq_weighted, "
+                             "which reads them, cannot run: distributed DP needs fedsgd). Remove [release] metrics, "
+                             "or use [privacy] mode = 'local' (the metrics are then a release outside its ledger, "
+                             "docs/strategies.md).")
+        return self
+
+    @model_validator(mode="after")
     def _private_selection_supported(self) -> HospitalConfig:
         """Private model choice under distributed DP puts the validation patients' clipped losses
         into every round's noisy sum (sdk/privacy/distributed_trainer.py): they are in every round, so the
@@ -660,6 +672,22 @@ class SimulationConfig(HospitalConfig):
     output: Path = Field(default=Path("runs/simulation"), description="the run's folder; in a TOML file a "
                          "relative path is taken from the config file's folder, like `dictionary` and the "
                          "hospitals' paths")
+
+    @model_validator(mode="after")
+    def _one_step_a_round(self) -> SimulationConfig:
+        """Distributed DP trains one DP-SGD step a round (NS-FL eq. 6), which every hospital checks of
+        the plan: an unwritten ``[federation] local_epochs`` (default 2) becomes 1 under ``[privacy] mode
+        = "distributed"``; a written one above 1 is refused here, before anything is written (before,
+        every hospital refused round 0's plan and the run aborted with an audit directory left behind)."""
+        fed = self.federation
+        if not (self.privacy.enabled and self.privacy.mode == "distributed") or fed.local_epochs == 1:
+            return self
+        if "local_epochs" in fed.model_fields_set:
+            raise ValueError(f"[federation] local_epochs = {fed.local_epochs} with [privacy] mode = 'distributed': a "
+                             "distributed-DP round is one DP-SGD step (NS-FL eq. 6), which every hospital checks of "
+                             "the plan. Set local_epochs = 1 (or remove it: 1 is the default under distributed DP).")
+        object.__setattr__(self, "federation", _derived(fed, "local_epochs", 1))
+        return self
 
     @model_validator(mode="after")
     def _one_seed(self) -> SimulationConfig:

@@ -31,6 +31,39 @@ def distributed_policy(config: SimulationConfig) -> DPPolicySection:
                            rounds=distributed_rounds(config))  # the whole choice with private selection
 
 
+def with_public_parameters(config: SimulationConfig, *, n_hospitals: int, dim: int) -> SimulationConfig:
+    """A distributed-DP simulation's public mechanism parameters, filled in where ``[privacy]`` leaves
+    them out (one operator configures every party of a simulation; a deployment writes them in every
+    hospital.toml and the server.toml, docs/privacy.md): ``sample_rate`` q = 1 (full-batch rounds, the
+    presets' q: no subsampling bound), and ``noise_multiplier`` σ calibrated to ``target_epsilon`` (else
+    ``epsilon_budget``) over the rounds the promise covers (:func:`.candidates.distributed_rounds`), as
+    the server checks it (:func:`clinograph.sdk.privacy.calibration.distributed_noise_multiplier`). The
+    ledger entries and the server's audited policy carry the σ used. ``min_honest`` h is the trust
+    assumption and is not filled in: refused with the fix (before, the refusal named [dp_policy], a
+    section a simulation config does not use for these)."""
+    p = config.privacy
+    if not (p.enabled and p.mode == "distributed"):
+        return config
+    if p.min_honest is None:
+        raise ConfigError("[privacy] mode = 'distributed' needs min_honest (h): the number of honest hospitals, "
+                          "surviving each round, that the guarantee relies on -- each adds 1/h of the noise. Set "
+                          f"[privacy] min_honest = 2 (the demo's; at most the masked threshold t, and at most the "
+                          f"{n_hospitals} hospitals).")
+    update: dict[str, float] = {}
+    if p.sample_rate is None:
+        update["sample_rate"] = 1.0
+    if p.noise_multiplier is None:
+        from ..privacy.calibration import distributed_noise_multiplier
+
+        resolved = config.model_copy(update={"privacy": p.model_copy(update=update)})
+        update["noise_multiplier"] = distributed_noise_multiplier(
+            resolved, dim=dim, n_hospitals=n_hospitals, target_epsilon=p.target_epsilon or p.epsilon_budget,
+            rounds=distributed_rounds(resolved))
+    if not update:
+        return config
+    return config.model_copy(update={"privacy": p.model_copy(update=update)})
+
+
 def check_simulation(config: SimulationConfig, tables: Sequence[PatientTable], *, dim: int) -> float:
     """The configuration-time check of the federation's policy (:func:`check_configuration`);
     returns the promised ε. What build_server should run (hook: see docs/privacy.md)."""

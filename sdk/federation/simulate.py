@@ -149,6 +149,11 @@ def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
         raise ConfigError(f"Two hospitals share a site name: {sorted(n for n in names if names.count(n) > 1)}.")
     server_id = server_identity or Identity.generate("server")
     ids = {t.site: Identity.generate(t.site) for t in tables}
+    if config.privacy.enabled and config.privacy.mode == "distributed":  # σ and q, if left out (one operator)
+        from .dp_policy import with_public_parameters
+
+        spec = run_models(config.hospital_config(), dictionary=dictionary, candidates=[]).candidates[0].initial.spec
+        config = with_public_parameters(config, n_hospitals=len(tables), dim=sum(m.size for m in spec.shared))
     cands = candidate_configs(config) if choose else []
     if config.scaling.source == "federated" and config.privacy.enabled and config.privacy.mode == "distributed":
         raise ConfigError("[scaling] source = 'federated' under [privacy] mode = 'distributed': the histograms are "

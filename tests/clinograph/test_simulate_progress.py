@@ -125,3 +125,25 @@ def test_a_dropped_hospital_an_aborted_round_and_a_retired_hospital_are_shown():
     assert lines[1].split(" (round took")[0] == "round 0 closed: 2 contributor(s); dropped: a"
     assert lines[2:] == ["warning: round 1 aborted, nothing of it applied: the masked sum did not open",
                          "warning: hospital c retired from the run: its input voided rounds 1, 2"]
+
+
+def test_simulate_prints_each_hospitals_epsilon_from_its_last_ledger_entry(tmp_path):
+    """A DP simulation printed its AUROC table and nothing of the privacy spent."""
+    import json
+
+    from clinograph.demo_view import privacy_lines
+
+    def ledger(client, round_, eps, share=None):
+        return {"kind": "ledger", "payload": {"client": client, "round": round_, "epsilon": eps, "delta": 1e-5,
+                                              "budget_epsilon": 8.0, "share": share}}
+
+    rows = [ledger("b", 0, 1.0), ledger("a", 0, 1.5), {"kind": "aggregate", "payload": {}}, ledger("b", 1, 2.25),
+            ledger("c", 1, 3.0, {"epsilon_alone": 40.5, "min_honest": 2})]
+    log = tmp_path / "audit.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in rows))
+    assert [x.split(" (its ledger")[0] for x in privacy_lines(log)] == [
+        "privacy: a: ε = 1.500 (δ = 1e-05) after round 0; budget 8.0",
+        "privacy: b: ε = 2.250 (δ = 1e-05) after round 1; budget 8.0",
+        "privacy: c: ε = 3.000 (δ = 1e-05) after round 1 while at least 2 hospitals add their noise share, 40.500 on "
+        "its own share alone; budget 8.0"]
+    assert privacy_lines(tmp_path / "absent.jsonl") == []
