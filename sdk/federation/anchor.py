@@ -22,7 +22,8 @@ the same number again, across its own restarts too. The kept plan is the server'
 statement; an operator can hand it to ``audit verify`` as an out-of-band head.
 
 The anchor also keeps a copy of each refusal the hospital signs of a plan that passed this
-check (:meth:`HospitalAnchor.note_refusal`), and a later plan must prove that the server logged
+check, or of a stage or round-end message of the round it anchored
+(:meth:`HospitalAnchor.note_refusal`), and a later plan must prove that the server logged
 it (its ``hospital_refused`` entry, or that of a later refusal naming it as missing, among the
 proof's entries): otherwise :class:`RefusalOmitted` (SECURITY.md, "Audited artefacts").
 

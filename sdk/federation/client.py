@@ -141,9 +141,16 @@ class HospitalClient:
 
     def on_refused(self, stage: str, parts: Mapping[str, bytes], refusal: bytes) -> None:
         """The transport sealed this hospital's refusal of ``parts``. A refused plan that extended
-        the anchored history (it passed :meth:`HospitalAnchor.check`) is kept in the anchor, and a
-        later plan must prove the server logged it (SECURITY.md, "Audited artefacts")."""
-        if stage != "plan" or self.anchor is None or self._checked_plan is None:
+        the anchored history (it passed :meth:`HospitalAnchor.check`), or a refused stage or round-end
+        message of the round whose plan this hospital anchored, is kept in the anchor, and a later
+        plan must prove the server logged it (SECURITY.md, "Audited artefacts")."""
+        if self.anchor is None:
+            return
+        if stage in ("stage", "end"):
+            if self.plan is not None:  # the message belongs to the round of the last plan this hospital took
+                self.anchor.note_refusal(self.plan.federation_id, self.plan.round, refusal)
+            return
+        if stage != "plan" or self._checked_plan is None:
             return
         federation_id, round_, digest, owed = self._checked_plan
         data = parts.get("data")

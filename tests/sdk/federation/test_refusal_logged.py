@@ -160,3 +160,27 @@ def test_altered_refusal_records_are_an_integrity_error(tmp_path, records):
     reply = _send(_hospital(tmp_path / "h00"), _plan(hospital, trail, 1, proof_from=anchored), 1)
     assert _refusal(reply).error == "IntegrityError" and "malformed refusal records" in _refusal(reply).reason
     trail.close()
+
+
+@pytest.mark.parametrize("stage", ["stage", "end"])
+def test_a_refused_stage_or_round_end_message_must_be_logged_too(tmp_path, stage):
+    """Before, only refusals of plans were kept: a server could send a bad stage (or round-end)
+    message, drop the hospital's signed refusal of it from the log, and go on with a log that
+    verifies."""
+    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
+    trail.record("test_event", {"round": 0})
+    hospital = _hospital(tmp_path / "h00")
+    _send(hospital, _plan(hospital, trail, 0), 0)
+    anchored = trail.head.seq
+    bad = seal(RoundPlan.model_construct(), SERVER) if stage == "end" else b"not an envelope"
+    parts, why, _ = answer(hospital, hospital.name, stage, {"data" if stage == "stage" else "model": bad}, round_=0)
+    assert parts is not None and REFUSAL_PART in parts, why
+    trail.record("test_event", {"round": 0, "note": "no hospital_refused entry"})
+    omitted = _send(hospital, _plan(hospital, trail, 1, proof_from=anchored), 1)
+    assert _refusal(omitted).error == "RefusalOmitted" and "of the plan of round(s) 0" in _refusal(omitted).reason
+    assert hospital.task.trained == 1
+    _log(trail, parts)  # both refusals in the log (an honest server logs every refusal it receives)
+    _log(trail, omitted)
+    assert REFUSAL_PART not in _send(hospital, _plan(hospital, trail, 2, proof_from=anchored), 2)
+    assert hospital.task.trained == 2
+    trail.close()
