@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.dp_policy import check_simulation, with_public_parameters
-from pydantic import ValidationError
 from sdk_helpers import small_tables
 
 from clinograph.core.errors import ConfigError
@@ -41,11 +40,11 @@ def test_written_parameters_are_kept_and_h_is_required():
 def test_local_epochs_is_one_under_distributed_dp_and_a_written_two_is_refused():
     assert _config().federation.local_epochs == 1
     assert SimulationConfig.model_validate({}).federation.local_epochs == 2
-    with pytest.raises(ValidationError, match="local_epochs = 2 with .privacy. mode = 'distributed'"):
+    with pytest.raises(ValueError, match="local_epochs = 2 with .privacy. mode = 'distributed'"):
         SimulationConfig.model_validate({"federation": {"local_epochs": 2}, "privacy": {"mode": "distributed"}})
 
 
 def test_quality_metrics_under_distributed_dp_are_refused_at_configuration():
-    with pytest.raises(ValidationError, match="metrics = 'quality' with .privacy. mode = 'distributed'"):
+    with pytest.raises(ValueError, match="metrics = 'quality' with .privacy. mode = 'distributed'"):
         SimulationConfig.model_validate({"privacy": {"mode": "distributed"}, "release": {"metrics": "quality"}})
     assert SimulationConfig.model_validate({"privacy": {"mode": "local"}, "release": {"metrics": "quality"}})
