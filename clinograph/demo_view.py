@@ -276,8 +276,9 @@ def privacy_lines(audit_log: Path) -> list[str]:
     out = []
     for site, p in sorted(last.items()):
         share = p.get("share") if isinstance(p.get("share"), dict) else None
-        extra = (f" while at least {share['min_honest']} hospitals add their noise share, "
-                 f"{share['epsilon_alone']:.3f} on its own share alone" if share else "")
+        extra = (f" while at least {share['min_honest']} hospitals add their share and survive; ε = "
+                 f"{share['epsilon_alone']:.3f} if the others' noise were absent (its own share alone)"
+                 if share else "")
         out.append(f"privacy: {site}: ε = {p['epsilon']:.3f} (δ = {p['delta']:g}) after round {p['round']}{extra}; "
                    f"budget {p.get('budget_epsilon', 'n/a')} (its ledger, in the audit log)")
     return out
