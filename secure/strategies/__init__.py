@@ -37,7 +37,21 @@ def create_strategy(name: str, **options: object) -> Strategy:
     try:
         return factory(**options)
     except TypeError as exc:
-        raise RegistryError(f"Bad options for aggregator {name!r}: {exc}.") from None
+        raise RegistryError(f"Bad options for aggregator {name!r} ([federation] strategy_options): {exc}. "
+                            f"{_accepted(factory)}") from None
+
+
+def _accepted(factory: Callable[..., Strategy]) -> str:
+    """The keyword options ``factory`` takes, as a sentence (from its signature; a factory taking
+    ``**options`` validates them itself and says so)."""
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return ""
+    named = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"]
+    return f"It takes: {', '.join(named)}." if named else "It takes no options."
 
 
 def linear_in_sums(name: str) -> bool:

@@ -80,3 +80,15 @@ def test_every_strategy_is_registered_and_a_miss_lists_them():
     needs_files = {"fednsl_rules"}  # built from a pinned rule-space file: tests/sdk/fednsl covers it
     for name in sorted(set(registered_strategies()) - needs_files):
         assert create_strategy(name, **required.get(name, {})).name == name  # constructible by name
+
+
+@pytest.mark.parametrize(("name", "options", "takes"), [("fedprox", {"lr": 3}, "It takes: mu."),
+                                                       ("fedavg", {"mu": 0.1}, "It takes no options.")])
+def test_an_option_a_strategy_does_not_take_is_refused_with_the_ones_it_does(name, options, takes):
+    from clinograph.secure.strategies import create_strategy
+
+    from clinograph.core.errors import RegistryError
+
+    with pytest.raises(RegistryError, match=rf"Bad options for aggregator '{name}' \(\[federation\] strategy_options\)"
+                                            rf".*{takes}"):
+        create_strategy(name, **options)
