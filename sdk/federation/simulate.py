@@ -36,6 +36,7 @@ from clinograph.secure.runtime.run import CandidateRun, run_federation
 from clinograph.secure.runtime.workers import ProcessTransport
 from clinograph.secure.server import FederationServer
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 
@@ -237,6 +238,7 @@ def _output(c: Candidate, base: SimulationConfig) -> SimulationConfig:
     return cfg.model_copy(update={"output": Path(base.output) / "candidates" / c.name})
 
 
+@checked_arguments
 def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
                      audit_dir: Path, server_identity: Identity | None = None) -> SimulatedFederation:
     """One model (``config``'s own; candidates ignored) ready for rounds driven by the caller:
@@ -261,6 +263,7 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
                                dictionary=setups[0].dictionary if setups else prep.dictionary)
 
 
+@checked_arguments
 def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
              audit_dir: Path, on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
              drop_at: Mapping[int, Mapping[str, int]] | None = None, choose: bool = True,
@@ -471,6 +474,7 @@ def one_class_hospitals(tables: Sequence[PatientTable], config: SimulationConfig
     return out
 
 
+@checked_arguments
 def simulate_from_config(config: SimulationConfig, *,
                          on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
                          on_event: Callable[[str, Mapping[str, Any]], None] | None = None) -> SimulationResult:

@@ -33,6 +33,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.configmodel import ConfigModel
 from clinograph.core.errors import ConfigError
 
@@ -107,6 +108,7 @@ class EhrSourceConfig(ConfigModel):
         return next(k for k in ("omop", "meds", "fhir") if getattr(self, k) is not None)
 
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> EhrSourceConfig:
         """Load a source file; errors name the file and the key."""
         from ..tomlio import load_toml_model

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ConfigDict, Field, model_validator
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.configmodel import ConfigModel
 
 from .codes import normalise_code
@@ -330,6 +331,7 @@ class FeatureDictionary(ConfigModel):
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> FeatureDictionary:
         """Load ``[[features]]`` tables from TOML; errors name the file and the key."""
         from ..tomlio import load_toml_model

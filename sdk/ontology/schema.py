@@ -30,6 +30,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.configmodel import ConfigModel
 from clinograph.core.errors import SchemaError
 
@@ -187,6 +188,7 @@ class SiteSchema(ConfigModel):
         return self
 
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> SiteSchema:
         """Load a schema; errors name the file and the key."""
         from ..tomlio import load_toml_model

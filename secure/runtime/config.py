@@ -27,6 +27,7 @@ from typing import Literal, Union, get_args, get_origin
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.configmodel import ConfigModel
 
 from ..messages import ID_PATTERN, DPPolicy
@@ -220,6 +221,7 @@ class ServerConfig(_Strict):
     audit_dir: Path = Path("audit")
 
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> ServerConfig:
         """Load a config; relative paths are taken from the config's folder."""
         from clinograph.core.tomlio import load_toml_model
