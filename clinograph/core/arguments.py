@@ -4,8 +4,8 @@
 argument whose annotation is a plain type: a class (``SimulationConfig``), a union of classes
 with or without ``None``, a path (``Path`` or ``str | Path``: a ``str`` or any ``os.PathLike``,
 never ``bytes``), ``Sequence[...]``/``Mapping[...]``/``tuple[...]`` (the container only; the
-function checks the items). Other annotations (callables, protocols, literals, numbers, names
-only imported for type checking) are left to the function. A wrong type is a
+function checks the items). Other annotations (callables, protocols, literals, numbers, numpy
+arrays -- array-likes are coerced --, names only imported for type checking) are left to the function. A wrong type is a
 :class:`~clinograph.core.errors.ConfigError` naming the function, the argument, the type received
 and the type expected -- where pathlib, ``len()`` or an attribute lookup deep inside raised a
 ``TypeError``/``AttributeError`` outside the one exception tree before.
@@ -45,9 +45,17 @@ def _member(tp: Any) -> tuple[tuple[type, ...], str] | None:
     if origin in _CONTAINERS:
         return (origin,), _CONTAINERS[origin]
     if (not isinstance(tp, type) or origin is not None or tp in _UNCHECKED or getattr(tp, "_is_protocol", False)
-            or tp in _CONTAINERS):
+            or tp in _CONTAINERS or tp.__module__.partition(".")[0] == "numpy"):  # arrays: array-likes are coerced
         return None
     return (tp,), f"{'a str' if tp is str else tp.__name__}"
+
+
+def _a(value: object) -> str:
+    """``None``, ``an int``, ``a dict``: the type received, for the message (never the value)."""
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def _check_of(annotation: Any) -> _Check:
@@ -103,7 +111,7 @@ def checked_arguments(fn: F) -> F:
                 continue
             owner = bound.arguments.get("cls")  # a classmethod: the class it was called on
             where = f"{owner.__name__}.{fn.__name__}" if isinstance(owner, type) else label
-            raise ConfigError(f"{where}: {name} is a {type(value).__name__}; expected {check[1]}.")
+            raise ConfigError(f"{where}: {name} is {_a(value)}; expected {check[1]}.")
         return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
