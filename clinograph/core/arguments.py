@@ -90,8 +90,12 @@ def _checks(fn: Callable[..., Any]) -> dict[str, tuple[tuple[type, ...], str]]:
     return out
 
 
-def checked_arguments(fn: F) -> F:
-    """Decorate a public function: a wrong argument type is a ConfigError naming it (see the module)."""
+def checked_arguments(fn: F | None = None, *, unchecked: tuple[str, ...] = ()) -> Any:
+    """Decorate a public function: a wrong argument type is a ConfigError naming it (see the module).
+    ``@checked_arguments(unchecked=("key",))``: ``key`` is left to the function, whose own check
+    names the fix (``trusted_server_key``: the forms a server key may take)."""
+    if fn is None:
+        return functools.partial(checked_arguments, unchecked=unchecked)
     signature = inspect.signature(fn)
     label = fn.__qualname__.rsplit("<locals>.", 1)[-1]
     checks: dict[str, tuple[tuple[type, ...], str]] | None = None
@@ -100,7 +104,7 @@ def checked_arguments(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nonlocal checks
         if checks is None:
-            checks = _checks(fn)
+            checks = {k: v for k, v in _checks(fn).items() if k not in unchecked}
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:  # a missing or unknown argument: Python's own message says which

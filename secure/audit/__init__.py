@@ -17,7 +17,7 @@ from .trail import AuditTrail
 from .verify import TrustedKey, VerifyReport, verify_audit_dir
 
 
-@checked_arguments
+@checked_arguments(unchecked=("trusted_server_key",))  # trusted_key_bytes names its forms
 def render_report(directory: Path, *, out: Path, trusted_server_key: TrustedKey = None) -> Path:
     """Render the audit report (see :mod:`clinograph.secure.audit.report`), the signer checked
     against ``trusted_server_key`` if given (as :func:`verify_audit_dir` takes it); imports

@@ -450,7 +450,7 @@ def scan_audit_dir(directory: Path, *, trusted_server_key: TrustedKey = None, al
     return report, scan.entries
 
 
-@checked_arguments
+@checked_arguments(unchecked=("trusted_server_key",))  # trusted_key_bytes names its forms
 def verify_audit_dir(directory: Path, *, trusted_server_key: TrustedKey = None,
                      expect_head: str | None = None) -> VerifyReport:
     """Check everything in ``directory`` (see the module docstring for what is and is not
