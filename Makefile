@@ -83,7 +83,7 @@ test-workers: $(STAMP)
 
 # ruff, then the import contracts in pyproject.toml (see tests/test_import_contracts.py).
 lint: $(STAMP)
-	$(BIN)/ruff check clinograph sdk secure research benchmarks tests
+	$(BIN)/ruff check clinograph sdk secure research benchmarks tests examples
 	$(BIN)/python tests/test_import_contracts.py
 
 # Every study script under research/ with --quick (minutes each; JSON to research/<study>/results/

@@ -5,8 +5,14 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from clinograph.sdk.datasets.alarm import (
+    BLOOD_GAS,
+    DICTIONARY_PATH,
+    HospitalSpec,
+    make_hospital_tables,
+)
+
 import clinograph as cg
-from clinograph.sdk.datasets.alarm import BLOOD_GAS, DICTIONARY_PATH, HospitalSpec, make_hospital_tables
 
 
 def main(rounds: int) -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-import clinograph as cg
 from clinograph.sdk.federation.task_base import SplitEvaluation
 from clinograph.sdk.model.modules import ModuleMap, Piece
 from clinograph.sdk.training.trainer import TrainOutcome
+
+import clinograph as cg
 from clinograph.core.spec import ModuleKind
 
 HERE = Path(__file__).parent

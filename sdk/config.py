@@ -20,6 +20,7 @@ from typing import Any, Literal
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection, StrictSection
 from pydantic import BaseModel, Field, StrictInt, field_validator, model_validator
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.tomlio import load_toml_model
 
 
@@ -558,6 +559,7 @@ class HospitalConfig(_Strict):
                     and create_task(self.task).validation)
 
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> HospitalConfig:
         """Load a config; relative paths are taken from the config's folder."""
         return load_toml_model(cls, path, what="hospital config", prepare=_relative("dictionary"))
@@ -752,6 +754,7 @@ class SimulationConfig(HospitalConfig):
         return Path(self.dictionary)
 
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> SimulationConfig:  # type: ignore[override]
         """Load a config; relative paths are taken from the config's folder."""
         return load_toml_model(cls, path, what="config", prepare=_relative("dictionary", "output", hospitals=True))

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.errors import RegistryError
 
 #: build(table, *, dictionary, config, split, state_dir, identity) -> Task
@@ -55,6 +56,7 @@ class TaskEntry:
 _TASKS: dict[str, TaskEntry] = {}
 
 
+@checked_arguments
 def register_task(name: str, *, build: TaskBuild, modules: TaskModules, validation: bool = True,
                   strategy: TaskStrategy | None = None, run_models: Callable[..., Any] | None = None,
                   participant: Callable[..., Any] | None = None) -> TaskEntry:

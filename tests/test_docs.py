@@ -563,7 +563,7 @@ def _bad_values(data: dict, roots: list, *, skip: set[str]) -> list[str]:
     from clinograph.secure.strategies import create_strategy
     from pydantic import ValidationError
 
-    from clinograph.core.errors import ClinographError
+    from clinograph.core.errors import ClinographError, ConfigValidationError
 
     out = []
     for key, value in data.items():
@@ -573,7 +573,7 @@ def _bad_values(data: dict, roots: list, *, skip: set[str]) -> list[str]:
             continue
         try:
             validated = section.model_validate(value)
-        except ValidationError as exc:
+        except (ValidationError, ConfigValidationError) as exc:
             out += [f"[{key}] {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
             continue
         if key == "federation" and "strategy_options" in value:

@@ -19,6 +19,29 @@ class ConfigError(ClinographError):
     production). Raised when a config is loaded or a component is built from it."""
 
 
+class ConfigValidationError(ConfigError, ValueError):
+    """A configuration model built in code (``HospitalConfig(...)``, ``SiteSchema.model_validate(d)``,
+    any :class:`~clinograph.core.configmodel.ConfigModel`) has invalid values.
+
+    The message lists every problem with its key, as a TOML file's would. Also a ``ValueError``
+    (as pydantic's ``ValidationError`` is), so ``except ValueError`` keeps working; ``errors()``
+    and ``error_count()`` give pydantic's structured errors (whose ``input`` may hold the values
+    given: do not log them).
+    """
+
+    def __init__(self, message: str, errors: list[dict[str, object]]):
+        super().__init__(message)
+        self._errors = list(errors)
+
+    def errors(self) -> list[dict[str, object]]:
+        """Pydantic's errors, one dict per problem (``loc``, ``msg``, ``type``, ``input``, ...)."""
+        return list(self._errors)
+
+    def error_count(self) -> int:
+        """How many problems :meth:`errors` lists."""
+        return len(self._errors)
+
+
 class SchemaError(ClinographError):
     """A hospital table, site schema or feature dictionary does not fit the contract.
 
@@ -72,6 +95,7 @@ class RegistryError(ConfigError):
 __all__ = [
     "ClinographError",
     "ConfigError",
+    "ConfigValidationError",
     "IntegrityError",
     "PrivacyBudgetExceeded",
     "PrivacyError",

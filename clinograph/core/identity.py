@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from .arguments import checked_arguments
 from .errors import ConfigError, IntegrityError
 from .fileio import NotRegularFile, TooLarge, read_regular
 
@@ -112,6 +113,7 @@ class Identity:
             fh.write(pem)
 
     @classmethod
+    @checked_arguments
     def load(cls, name: str, path: Path) -> Identity:
         """Load a key written by :meth:`save` (a regular file of at most MAX_KEY_BYTES)."""
         fix = "Create one with `clinograph keys init`."

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import ConfigError
+from .errors import ConfigError, ConfigValidationError
 from .fileio import NotRegularFile, TooLarge, read_regular
 
 M = TypeVar("M", bound=BaseModel)
@@ -49,7 +49,7 @@ def read_toml_text(path: Path, *, what: str) -> str:
                           "latin-1 file: iconv -f latin1 -t utf-8).") from None
 
 
-def validation_message(what: str, exc: ValidationError) -> str:
+def validation_message(what: str, exc: ValidationError | ConfigValidationError) -> str:
     """Every problem of a validation error, one line each, with the dotted key."""
     from .logging import printable
 
@@ -85,7 +85,7 @@ def load_toml_model(model: type[M], path: str | Path, *, what: str,
         prepare(data, path)
     try:
         return model.model_validate(data)
-    except ValidationError as exc:
+    except (ValidationError, ConfigValidationError) as exc:  # the latter: a ConfigModel's
         raise ConfigError(validation_message(f"{what.capitalize()} {path}", exc)) from None
     except RecursionError:
         raise ConfigError(f"{what.capitalize()} {path} is nested too deeply to validate; check the file.") from None

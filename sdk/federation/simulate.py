@@ -36,6 +36,7 @@ from clinograph.secure.runtime.run import CandidateRun, run_federation
 from clinograph.secure.runtime.workers import ProcessTransport
 from clinograph.secure.server import FederationServer
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 
@@ -48,6 +49,7 @@ from .build import build_hospital, run_models
 from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
 from .member import FederationMember, MemberCandidate, canonical, with_horizon
+from .refused import set_aside_refused_run
 from .setup import HospitalSetup
 
 
@@ -242,6 +244,7 @@ def _output(c: Candidate, base: SimulationConfig) -> SimulationConfig:
     return cfg.model_copy(update={"output": Path(base.output) / "candidates" / c.name})
 
 
+@checked_arguments
 def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
                      audit_dir: Path, server_identity: Identity | None = None) -> SimulatedFederation:
     """One model (``config``'s own; candidates ignored) ready for rounds driven by the caller:
@@ -266,6 +269,7 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
                                dictionary=setups[0].dictionary if setups else prep.dictionary)
 
 
+@checked_arguments
 def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
              audit_dir: Path, on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
              drop_at: Mapping[int, Mapping[str, int]] | None = None, choose: bool = True,
@@ -476,10 +480,13 @@ def one_class_hospitals(tables: Sequence[PatientTable], config: SimulationConfig
     return out
 
 
+@checked_arguments
 def simulate_from_config(config: SimulationConfig, *,
                          on_round: Callable[[int, dict[str, dict[str, float]]], None] | None = None,
                          on_event: Callable[[str, Mapping[str, Any]], None] | None = None) -> SimulationResult:
     """Ingest, build, run; the audit directory is ``<output>/audit`` (refused if it holds a run).
+    A run every hospital refused before round 1 raises a ProtocolError after moving its audit log to
+    ``<output>/audit-refused-<time>`` (:mod:`.refused`), so the same call runs again.
     With ``[selection] candidates`` (default for binary NS-FL: :data:`.candidates.DEFAULT_BINARY_CANDIDATES`)
     every candidate runs and the lowest federated validation loss is kept (:mod:`.candidates`)."""
     tables, dictionary = load_tables(config)
@@ -498,4 +505,8 @@ def simulate_from_config(config: SimulationConfig, *,
         raise ConfigError(f"Output {audit_dir} exists and is not a folder; choose another `output`.")
     if audit_dir.exists() and any(audit_dir.iterdir()):
         raise ConfigError(f"Audit directory {audit_dir} already holds a run; choose another `output` or move it.")
-    return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round, on_event=on_event)
+    result = simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round, on_event=on_event)
+    refused = set_aside_refused_run(audit_dir)  # refused before round 1: audit kept aside, the rerun free
+    if refused is not None:
+        raise refused
+    return result

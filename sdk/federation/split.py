@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def split_seed(site: str, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"clinograph/split/{site}/{seed}".encode()).digest()[:8], "big") >> 1
 
 
+@checked_arguments
 def hospital_split(labels: np.ndarray, *, site: str, test_fraction: float, validation_fraction: float,
                    seed: int) -> Split:
     """The split of hospital ``site`` (see the module docstring).
@@ -82,6 +84,7 @@ def hospital_split(labels: np.ndarray, *, site: str, test_fraction: float, valid
     return Split(train=train, validation=val, test=test)
 
 
+@checked_arguments
 def split_patients(table: PatientTable, *, config: HospitalConfig) -> Split:
     """The train / validation / test split the federation uses for ``table``'s hospital: the same
     call :func:`clinograph.sdk.federation.build.build_task` makes, so a baseline scored on

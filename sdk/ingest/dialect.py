@@ -29,6 +29,12 @@ _DOT_NUMBER = re.compile(r"^\s*[-+]?\d*\.\d+(?:[eE][-+]?\d+)?\s*$")
 _DOT_GROUPED = re.compile(r"^\s*[-+]?[1-9]\d{0,2}(?:\.\d{3})+\s*$")
 #: '1,175': a decimal comma, or a thousands comma (1175)
 _COMMA_GROUPED = re.compile(r"^\s*[-+]?[1-9]\d{0,2}(?:,\d{3})+\s*$")
+#: thousands separators that cannot be the decimal one, by the file's decimal separator: both in the
+#: usual order ('1,234.5' in a decimal-point file; '1.234,5' is :data:`_COMMA_NUMBER`), or two groups
+#: or more ('1,234,567', '1.234.567': a number has one decimal separator). '1,175' and '1.150' stay
+#: ambiguous (refused by ingestion, with the fix)
+_THOUSANDS = {".": re.compile(r"^\s*[-+]?[1-9]\d{0,2}(?:(?:,\d{3})+\.\d+|(?:,\d{3}){2,})\s*$"),
+              ",": re.compile(r"^\s*[-+]?[1-9]\d{0,2}(?:\.\d{3}){2,}\s*$")}
 _SAMPLE_LINES = 20
 
 
@@ -104,7 +110,9 @@ def detect_decimal(df: pd.DataFrame) -> str:
     for i in range(df.shape[1]):  # by position: labels may repeat (reported later by ingest)
         cells = df.iloc[:, i].dropna().astype(str)
         commas += int((cells.str.match(_COMMA_NUMBER) & ~cells.str.match(_COMMA_GROUPED)).sum())
+        commas += int(cells.str.match(_THOUSANDS[","]).sum())  # '1.234.567': points group, so commas are decimal
         dots += int((cells.str.match(_DOT_NUMBER) & ~cells.str.match(_DOT_GROUPED)).sum())  # '1.150': either
+        dots += int(cells.str.match(_THOUSANDS["."]).sum())  # '1,234.5', '1,234,567'
     return "," if commas and not dots else "."
 
 
@@ -114,9 +122,10 @@ def apply_decimal_comma(df: pd.DataFrame) -> pd.DataFrame:
     Only cells that are wholly such a number change; codes and text stay as they are. Cells
     like ``1.150`` -- 1150 with the locale's thousands point, or 1.15 with a decimal point --
     are left as they are and their data-row indices (0-based) recorded by column name in
-    ``attrs["point_grouped"]``, for ingestion to refuse them.
+    ``attrs["point_grouped"]``, for ingestion to refuse them. Several point groups (``1.234.567``)
+    cannot hold a decimal point: :func:`apply_thousands` reads them.
     """
-    out = df.copy()
+    out = apply_thousands(df, ",")
     grouped: dict[str, tuple[int, ...]] = {}
     for i in range(out.shape[1]):
         cells = out.iloc[:, i]
@@ -132,6 +141,23 @@ def apply_decimal_comma(df: pd.DataFrame) -> pd.DataFrame:
         if hit.any():
             fixed = text.str.strip().str.replace(".", "", regex=False).str.replace(",", ".", regex=False)
             out.iloc[:, i] = cells.astype(object).where(~hit, fixed)
+    return out
+
+
+def apply_thousands(df: pd.DataFrame, decimal: str) -> pd.DataFrame:
+    """Numbers whose thousands separators cannot be the decimal one (:data:`_THOUSANDS`: ``1,234.5``
+    and ``1,234,567`` when ``decimal`` is ``"."``; ``1.234.567`` when it is ``","``) without them.
+
+    Only cells that are wholly such a number change; a copy is returned.
+    """
+    out = df.copy()
+    pattern, separator = _THOUSANDS[decimal], "," if decimal == "." else "."
+    for i in range(out.shape[1]):  # by position: labels may repeat (reported later by ingest)
+        cells = out.iloc[:, i]
+        text = cells.astype(str)
+        hit = cells.notna().to_numpy() & text.str.match(pattern).to_numpy(dtype=bool)
+        if hit.any():
+            out.iloc[:, i] = cells.astype(object).where(~hit, text.str.strip().str.replace(separator, "", regex=False))
     return out
 
 

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from clinograph.core.configmodel import ConfigModel
 from clinograph.core.errors import ConfigError, SchemaError, SourceUnavailable
 
 from ..ontology.dictionary import FeatureDictionary
@@ -67,7 +68,7 @@ _IDENT = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 _SQL_NOTE = None
 
 
-class OmopCohort(BaseModel):
+class OmopCohort(ConfigModel):
     """Who is in the cohort and when each person's index time is: ``sql`` or a concept set."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -86,7 +87,7 @@ class OmopCohort(BaseModel):
         return self
 
 
-class OmopLabel(BaseModel):
+class OmopLabel(ConfigModel):
     """The label: 1 if a condition or observation of these concepts starts, or (``death``) the
     person dies (``death.death_date``), within ``window_days`` after the index time."""
 
@@ -104,7 +105,7 @@ class OmopLabel(BaseModel):
         return self
 
 
-class OmopSex(BaseModel):
+class OmopSex(ConfigModel):
     """Sex from ``person.gender_concept_id`` (8507 male, 8532 female; others missing, counted): the
     dictionary feature and the level code (categorical) or 1/0 (binary) each one is written as."""
 
@@ -115,7 +116,7 @@ class OmopSex(BaseModel):
     female: str = Field(min_length=1, max_length=64)
 
 
-class OmopPerson(BaseModel):
+class OmopPerson(ConfigModel):
     """``[omop.person]``: features read from ``person``. ``age``: a numeric feature, given the age
     in years at the index date (``birth_datetime``, else ``year_of_birth``/``month_of_birth``/
     ``day_of_birth``, a missing month or day taken as July / the 1st); ``sex``: :class:`OmopSex`."""
@@ -126,7 +127,7 @@ class OmopPerson(BaseModel):
     sex: OmopSex | None = None
 
 
-class OmopConditions(BaseModel):
+class OmopConditions(ConfigModel):
     """``[omop.conditions]``: binary dictionary features (by their ``omop_concept_id``) read from
     ``condition_occurrence``: 1 if a condition of the concept starts from ``lookback_days`` before
     the index time to ``after_days`` after it, else 0 (OMOP records what was diagnosed)."""
@@ -137,7 +138,7 @@ class OmopConditions(BaseModel):
     lookback_days: float = Field(ge=0, allow_inf_nan=False)
 
 
-class OmopOptions(BaseModel):
+class OmopOptions(ConfigModel):
     """``[omop]`` of a source file: how one hospital's OMOP CDM becomes a long table (strict:
     unknown keys are errors). ``units``: feature id -> the unit of its rows that carry none;
     ``unit_concepts``: unit concept ids -> UCUM, added to :data:`.omop_vocab.UNIT_CONCEPTS`;

@@ -28,7 +28,14 @@ from clinograph.core.errors import ConfigError, SchemaError
 from clinograph.core.fileio import NotRegularFile, read_regular
 
 from ..ontology.schema import SiteSchema
-from .dialect import DECIMALS, apply_decimal_comma, detect_decimal, detect_delimiter, dialect_hint
+from .dialect import (
+    DECIMALS,
+    apply_decimal_comma,
+    apply_thousands,
+    detect_decimal,
+    detect_delimiter,
+    dialect_hint,
+)
 from .dialect import name as delimiter_name
 from .rows import rows_text
 
@@ -204,8 +211,7 @@ def read_table(path: str | Path, *, delimiter: str | None = None, decimal: str |
     delim = delimiter or declared or ("\t" if suffix == ".tsv" else None) or detect_delimiter(text)
     df = parse_csv(text, name=str(path), delimiter=delim)
     dec = decimal or ("." if delim == "," else detect_decimal(df))
-    if dec == ",":
-        df = apply_decimal_comma(df)
+    df = apply_decimal_comma(df) if dec == "," else apply_thousands(df, ".")
     df.attrs.update(encoding=encoding, delimiter=delim, decimal=dec)
     return df
 

@@ -31,8 +31,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from clinograph.core.arguments import checked_arguments
+from clinograph.core.configmodel import ConfigModel
 from clinograph.core.errors import ConfigError
 
 from ..ontology.dictionary import FeatureDictionary
@@ -43,7 +45,7 @@ from .omop import OmopOptions, OmopSex, OmopSource
 SITE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 
 
-class MedsOptions(BaseModel):
+class MedsOptions(ConfigModel):
     """``[meds]``: the label file (None: unlabeled), the time binning, how far back features are read
     (required with labels: no default turns a years-old event into a snapshot) and the units of
     features whose events carry none."""
@@ -64,7 +66,7 @@ class MedsOptions(BaseModel):
         return self
 
 
-class FhirOptions(BaseModel):
+class FhirOptions(ConfigModel):
     """``[fhir]``: the label's code (None: unlabeled), extra coding systems, patient ids."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -83,7 +85,7 @@ class FhirOptions(BaseModel):
     validate_: Literal["fields_read", "full"] = Field(default="fields_read", alias="validate")
 
 
-class EhrSourceConfig(BaseModel):
+class EhrSourceConfig(ConfigModel):
     """A source file (see the module docstring). Strict: unknown keys are errors that name them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -106,6 +108,7 @@ class EhrSourceConfig(BaseModel):
         return next(k for k in ("omop", "meds", "fhir") if getattr(self, k) is not None)
 
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> EhrSourceConfig:
         """Load a source file; errors name the file and the key."""
         from ..tomlio import load_toml_model

@@ -29,7 +29,7 @@ from clinograph.secure.messages import ID_PATTERN
 from clinograph.secure.runtime.config import StrictSection
 from pydantic import Field, ValidationError, model_validator
 
-from clinograph.core.errors import IntegrityError
+from clinograph.core.errors import ConfigValidationError, IntegrityError
 from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.core.labels import SIG_MODEL_DESCRIPTION
 
@@ -148,7 +148,7 @@ def open_description(data: bytes, *, source: Path, trusted: PublicIdentity | Non
     again = "Re-export the model with NSFLTask.export (safetensors weights + signed description)."
     try:
         env = SignedDescription.model_validate_json(data)
-    except ValidationError as exc:
+    except (ValidationError, ConfigValidationError) as exc:  # the latter: a ConfigModel's
         raise IntegrityError(f"Model description {source} is not a signed model description "
                              f"({ENVELOPE}): {_problems(exc)}. {again}") from None
     if trusted is not None:
@@ -166,12 +166,12 @@ def open_description(data: bytes, *, source: Path, trusted: PublicIdentity | Non
                 "hospital exported, and pass that hospital's public key as --trusted-key.") from None
     try:
         return ModelDescription.model_validate_json(env.description)
-    except ValidationError as exc:
+    except (ValidationError, ConfigValidationError) as exc:  # the latter: a ConfigModel's
         raise IntegrityError(f"Model description {source} is signed but not a valid {', '.join(FORMATS)} "
                              f"description: {_problems(exc)}. {again}") from None
 
 
-def _problems(exc: ValidationError) -> str:
+def _problems(exc: ValidationError | ConfigValidationError) -> str:
     """Every location and message of a validation error (never the input values), then their
     count, so a description missing several keys is mended in one pass."""
     errors = exc.errors()

@@ -24,7 +24,10 @@ from enum import Enum
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from clinograph.core.arguments import checked_arguments
+from clinograph.core.configmodel import ConfigModel
 
 from .codes import normalise_code
 
@@ -90,7 +93,7 @@ def apply_transform(transform: Transform, values: np.ndarray) -> np.ndarray:
     return out
 
 
-class Feature(BaseModel):
+class Feature(ConfigModel):
     """One canonical clinical feature."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -233,7 +236,7 @@ class Feature(BaseModel):
         return [self.id]
 
 
-class FeatureDictionary(BaseModel):
+class FeatureDictionary(ConfigModel):
     """Versioned, hashed list of canonical features; the order fixes the node indices."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -328,6 +331,7 @@ class FeatureDictionary(BaseModel):
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> FeatureDictionary:
         """Load ``[[features]]`` tables from TOML; errors name the file and the key."""
         from ..tomlio import load_toml_model

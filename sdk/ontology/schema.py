@@ -28,8 +28,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from clinograph.core.arguments import checked_arguments
+from clinograph.core.configmodel import ConfigModel
 from clinograph.core.errors import SchemaError
 
 from .codes import normalise_code
@@ -37,7 +39,7 @@ from .dictionary import Feature, FeatureDictionary, FeatureKind
 from .units import conversion
 
 
-class ColumnMap(BaseModel):
+class ColumnMap(ConfigModel):
     """Where one local column goes: a dictionary feature, in a local unit."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -59,7 +61,7 @@ class ColumnMap(BaseModel):
         return out  # entries check_against refuses are left out
 
 
-class LongColumns(BaseModel):
+class LongColumns(ConfigModel):
     """Column names of a long (OMOP-measurement-like) table."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -71,7 +73,7 @@ class LongColumns(BaseModel):
     unit: str | None = None
 
 
-class MissingLabelPolicy(BaseModel):
+class MissingLabelPolicy(ConfigModel):
     """What to do with patients whose label is missing: refuse (default) or drop and count.
 
     ``missing_values``: the export's own spellings of "no value" (``["-", "?", "n.d.", "-999"]``); a
@@ -91,7 +93,7 @@ class MissingLabelPolicy(BaseModel):
         return self
 
 
-class SurvivalColumns(BaseModel):
+class SurvivalColumns(ConfigModel):
     """A time-to-event label (``[survival]`` of a site schema): follow-up time and event columns.
 
     ``time`` is the follow-up (to the event, or to the last contact when censored) in
@@ -108,7 +110,7 @@ class SurvivalColumns(BaseModel):
     event_codes: dict[str, int] | None = None
 
 
-class SiteSchema(BaseModel):
+class SiteSchema(ConfigModel):
     """A hospital's column mapping. Strict: an unknown key is an error that names it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -186,6 +188,7 @@ class SiteSchema(BaseModel):
         return self
 
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> SiteSchema:
         """Load a schema; errors name the file and the key."""
         from ..tomlio import load_toml_model

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clinograph.core.arguments import checked_arguments
+
 from .entry import AuditEntry
 from .trail import AuditTrail
 from .verify import TrustedKey, VerifyReport, verify_audit_dir
 
 
+@checked_arguments(unchecked=("trusted_server_key",))  # trusted_key_bytes names its forms
 def render_report(directory: Path, *, out: Path, trusted_server_key: TrustedKey = None) -> Path:
     """Render the audit report (see :mod:`clinograph.secure.audit.report`), the signer checked
     against ``trusted_server_key`` if given (as :func:`verify_audit_dir` takes it); imports

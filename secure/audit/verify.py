@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.errors import ConfigError, IntegrityError
 from clinograph.core.fileio import NotRegularFile, TooLarge, read_regular
 from clinograph.core.identity import PublicIdentity
@@ -449,6 +450,7 @@ def scan_audit_dir(directory: Path, *, trusted_server_key: TrustedKey = None, al
     return report, scan.entries
 
 
+@checked_arguments(unchecked=("trusted_server_key",))  # trusted_key_bytes names its forms
 def verify_audit_dir(directory: Path, *, trusted_server_key: TrustedKey = None,
                      expect_head: str | None = None) -> VerifyReport:
     """Check everything in ``directory`` (see the module docstring for what is and is not

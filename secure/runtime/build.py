@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.codec import decode_array
 from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
@@ -148,6 +149,7 @@ def masked_options(federation: FederationSection, *, n: int, max_weight: float) 
     return options(federation, n=n, max_weight=max_weight)
 
 
+@checked_arguments
 def build_server(*, federation: FederationSection, identity: Identity, enrolled: Mapping[str, PublicIdentity],
                  initial: InitialModel, audit: AuditSink, dp_policy: DPPolicy | None,
                  ckks_context: object | None = None, mode_run: ModeRun | None = None) -> FederationServer:

@@ -25,7 +25,10 @@ from pathlib import Path
 from types import UnionType
 from typing import Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from clinograph.core.arguments import checked_arguments
+from clinograph.core.configmodel import ConfigModel
 
 from ..messages import ID_PATTERN, DPPolicy
 
@@ -48,7 +51,7 @@ def _scalar_kind(annotation: object) -> type | None:
     return None
 
 
-class StrictSection(BaseModel):
+class StrictSection(ConfigModel):
     """A config section: frozen, unknown keys refused, and numbers and switches typed as such.
 
     Pydantic's lax mode would run ``rounds = "5"`` as 5 rounds and ``enabled = 1`` as true: a
@@ -218,6 +221,7 @@ class ServerConfig(_Strict):
     audit_dir: Path = Path("audit")
 
     @classmethod
+    @checked_arguments
     def from_toml(cls, path: str | Path) -> ServerConfig:
         """Load a config; relative paths are taken from the config's folder."""
         from clinograph.core.tomlio import load_toml_model

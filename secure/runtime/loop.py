@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from clinograph.core.arguments import checked_arguments
 from clinograph.core.errors import ConfigError, ProtocolError
 
 from ..messages import RoundResult
@@ -117,6 +118,7 @@ def relay_stages(next_stage: Callable[[], Mapping[str, bytes] | None], receive: 
         stage += 1
 
 
+@checked_arguments
 def run_round(server: FederationServer, transport: Transport, *, participants: tuple[str, ...] | None = None,
               pending_model: Mapping[str, bytes] | None = None, on_event: EventSink | None = None,
               on_boundary: BoundarySink | None = None, deliver: bool = False) -> RoundOutcome:
@@ -233,6 +235,7 @@ class RunControl(Protocol):
         """Restore from :meth:`to_dict`."""
 
 
+@checked_arguments
 def run_rounds(server: FederationServer, transport: Transport, *, rounds: int,
                participants: tuple[str, ...] | None = None,
                on_round: Callable[[int, RoundOutcome], None] | None = None,

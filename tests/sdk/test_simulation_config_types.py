@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from clinograph.sdk.config import SimulationConfig
-from pydantic import ValidationError
+
+from clinograph.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(("section", "key", "value", "message"), [
@@ -14,7 +15,7 @@ from pydantic import ValidationError
     ("privacy", "enabled", "yes", "expected true or false, got the text 'yes'"),
 ])
 def test_quoted_numbers_and_numeric_switches_are_refused_by_name(section, key, value, message):
-    with pytest.raises(ValidationError) as err:
+    with pytest.raises(ConfigError) as err:
         SimulationConfig.model_validate({section: {key: value}})
     assert f"{section}.{key}" in str(err.value) and message in str(err.value)
 
@@ -28,7 +29,7 @@ def test_typed_values_still_pass_and_ints_serve_floats():
 def test_a_privacy_budget_the_server_policy_could_not_hold_is_refused_at_the_config():
     """[privacy] epsilon_budget has the bound of the server's [dp_policy] max_epsilon (100): a larger
     budget was accepted here and then failed inside the run, building the server's policy."""
-    with pytest.raises(ValidationError) as err:
+    with pytest.raises(ConfigError) as err:
         SimulationConfig.model_validate({"privacy": {"enabled": True, "epsilon_budget": 1000.0}})
     assert "privacy.epsilon_budget" in str(err.value)
     assert SimulationConfig.model_validate({"privacy": {"enabled": True, "epsilon_budget": 100.0}}).dp_policy()

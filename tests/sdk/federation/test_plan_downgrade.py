@@ -112,9 +112,9 @@ def test_a_plan_under_a_secure_mode_the_hospital_did_not_list_is_refused_before_
     (("masked", "ckks2"), r"Unknown secure mode 'ckks2'\. Registered: "),
     ((), "at least 1 item")])
 def test_secure_modes_lists_registered_secure_modes_only(modes, message):
-    from pydantic import ValidationError
+    from clinograph.core.errors import ConfigError
 
-    with pytest.raises(ValidationError, match=message):
+    with pytest.raises(ConfigError, match=message):
         ReleaseSection(secure_modes=modes)
 
 

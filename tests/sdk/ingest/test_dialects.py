@@ -3,7 +3,6 @@
 import pytest
 from clinograph.sdk.ingest import ingest, read_table
 from clinograph.sdk.ontology import ColumnMap
-from pydantic import ValidationError
 from tables_helpers import CANARY, D, long, wide
 
 from clinograph.core.errors import ConfigError, SchemaError
@@ -106,7 +105,37 @@ def test_the_site_schema_declares_the_exports_dialect(tmp_path):
     assert sorted(ingest(read_site_table(path, german), schema=german, dictionary=D).value.tolist()) == [72.5, 80.5]
     assert read_site_table(path, german, decimal=".").attrs["decimal"] == "."  # an explicit argument wins
     assert read_site_table(path, wide(delimiter=";", decimal=",")).attrs["delimiter"] == ";"
-    with pytest.raises(ValidationError, match="decimal"):
+    with pytest.raises(ConfigError, match="decimal"):
         wide(decimal=";")
-    with pytest.raises(ValidationError, match="delimiter"):
+    with pytest.raises(ConfigError, match="delimiter"):
         wide(delimiter='"')
+
+
+@pytest.mark.parametrize(("text", "decimal", "read"), [
+    ("pid;hr;y\na;1,234.5;1\nb;80.5;0\n", ".", ["1234.5", "80.5"]),  # both separators, the point last
+    ("pid;hr;y\na;1,234.5;1\nb;80;0\n", ".", ["1234.5", "80"]),  # the one fractional number settles the file
+    ("pid;hr;y\na;-1,234,567;1\nb;80;0\n", ".", ["-1234567", "80"]),  # two comma groups: not a decimal comma
+    ("pid;hr;y\na;1.234,5;1\nb;80,5;0\n", ",", ["1234.5", "80.5"]),  # the decimal-comma locale's own form
+    ("pid;hr;y\na;1.234.567;1\nb;80,5;0\n", ",", ["1234567", "80.5"]),  # two point groups: not a decimal point
+    ("pid,hr,y\na,\"12,345.25\",1\n", ".", ["12345.25"]),  # quoted in a comma-separated file
+])
+def test_thousands_separators_that_cannot_be_decimal_are_read(tmp_path, text, decimal, read):
+    """'1,234.5' was refused as 'a comma that reads both as a thousands separator and as a decimal
+    comma', though a decimal point after it makes the comma a thousands separator."""
+    df = read_table(_write(tmp_path, text))
+    assert df.attrs["decimal"] == decimal and df["hr"].tolist() == read
+
+
+@pytest.mark.parametrize(("text", "message", "decimal"), [
+    ("pid;hr;y\na;1,175;1\nb;80;0\n", "row 1: numbers with a comma that reads both", None),  # 1175 or 1.175
+    ("pid;hr;y\na;1,175;1\nb;80.5;0\n", "row 1: numbers with a comma that reads both", None),  # even in a decimal-point file
+    ("pid;hr;y\na;1,175;1\nb;80;0\n", "row 1: numbers with a comma that reads both", "."),  # and with "." declared
+    ("pid;hr;y\na;1.150;1\nb;80,5;0\n", "row 1: numbers with a point that reads both", None),  # 1150 or 1.15
+    ("pid;hr;y\na;1,234.5;1\nb;80,5;0\n", "row 2: numbers written with a decimal comma", None),  # one of each: '.'
+    ("pid;hr;y\na;1,234.5;1\nb;80,5;0\n", "row 1: numbers with a comma that reads both", ","),  # order wrong for ','
+    ("pid;hr;y\na;1.234,5;1\nb;80.5;0\nc;81.5;0\n", "row 1: numbers written with a decimal comma", None),  # for '.'
+    ("pid;hr;y\na;1,23,456.5;1\nb;80.5;0\n", "row 1: text where a number is expected", None),  # not 3-digit groups
+])
+def test_thousands_separators_that_could_be_decimal_are_still_refused(tmp_path, text, message, decimal):
+    with pytest.raises(SchemaError, match=message):
+        ingest(read_table(_write(tmp_path, text), decimal=decimal), schema=wide(), dictionary=D)

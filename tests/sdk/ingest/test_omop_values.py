@@ -218,16 +218,26 @@ def test_unit_text_that_is_no_unit_is_not_shown_and_disagreements_are_named(tmp_
     assert "ZQXCANARY" not in text
 
 
+def _sbp_in_kpa_under_an_unknown_unit_concept(t, *, unit_source_value):
+    """The systolic BP rows as 16 kPa (120 mmHg) under unit concept 9 999 999, which Clinograph's unit
+    table lacks, with ``unit_source_value`` beside it."""
+    m = t["measurement"]
+    rows = _rows(t, SBP)
+    m.loc[rows, "value_as_number"] = 16.0
+    m.loc[rows, "unit_concept_id"] = 9_999_999
+    m.loc[rows, "unit_source_value"] = unit_source_value
+
+
+def _systolic_bp(extract):
+    table = extract.ingest(D)
+    return table.value[table.node == D.node_index()["systolic_bp"]].tolist()
+
+
 def test_an_unknown_unit_concept_with_a_source_unit_is_read_by_it_and_counted(tmp_path):
     def local(t):
-        m = t["measurement"]
-        rows = _rows(t, SBP)
-        m.loc[rows, "value_as_number"] = 16.0
-        m.loc[rows, "unit_concept_id"] = 9_999_999
-        m.loc[rows, "unit_source_value"] = "kPa"
+        _sbp_in_kpa_under_an_unknown_unit_concept(t, unit_source_value="kPa")
     ex = read_omop(_db(tmp_path, local), source=demo_source("west"), dictionary=D)
-    assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["systolic_bp"]].tolist() == \
-        pytest.approx([120.0] * 4, rel=1e-3)
+    assert _systolic_bp(ex) == pytest.approx([120.0] * 4, rel=1e-3)
     assert any("not in the unit table, read by their unit_source_value: 4" in n for n in ex.report.notes)
 
 
@@ -371,16 +381,11 @@ def test_standard_unit_concepts_of_temperature_and_unknown_operators(tmp_path):
 def test_unit_concepts_are_read_from_the_cdms_concept_table(tmp_path):
     """A unit concept Clinograph's table lacks is read by the CDM's own concept table (UCUM)."""
     def kpa(t):
-        m = t["measurement"]
-        rows = _rows(t, SBP)
-        m.loc[rows, "value_as_number"] = 16.0
-        m.loc[rows, "unit_concept_id"] = 9_999_999
-        m.loc[rows, "unit_source_value"] = None
+        _sbp_in_kpa_under_an_unknown_unit_concept(t, unit_source_value=None)
         t["concept"] = pd.DataFrame({"concept_id": ["9999999", "8876"], "concept_code": ["kPa", "mm[Hg]"],
                                      "vocabulary_id": ["UCUM", "UCUM"], "concept_name": ["kilopascal", "mmHg"]})
     ex = read_omop(_db(tmp_path, kpa), source=demo_source("west"), dictionary=D)
-    assert ex.ingest(D).value[ex.ingest(D).node == D.node_index()["systolic_bp"]].tolist() == \
-        pytest.approx([120.0] * 4, rel=1e-3)
+    assert _systolic_bp(ex) == pytest.approx([120.0] * 4, rel=1e-3)
     assert any("concept table (UCUM concept_code): 2" in n for n in ex.report.notes)
 
 

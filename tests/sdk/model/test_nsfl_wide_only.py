@@ -8,8 +8,9 @@ import torch
 from clinograph.sdk.graph import build_graph, star_batch
 from clinograph.sdk.model import NSFLConfig, NSFLModel
 from clinograph.sdk.training import bce
-from pydantic import ValidationError
 from sdk_helpers import small_tables
+
+from clinograph.core.errors import ConfigError
 
 
 def _model(t, *, deep, shape=False):
@@ -62,9 +63,9 @@ def test_per_sample_gradients_of_the_gnn_are_zero_under_opacus_hooks():
 
 
 def test_deep_off_needs_the_static_wide_path():
-    with pytest.raises(ValidationError, match="deep = false"):
+    with pytest.raises(ConfigError, match="deep = false"):
         NSFLConfig(deep=False, linear_path=False)
-    with pytest.raises(ValidationError, match="deep = false"):
+    with pytest.raises(ConfigError, match="deep = false"):
         NSFLConfig(deep=False, temporal="attention")
     assert NSFLConfig(deep=False).deep is False and NSFLConfig().deep is True
 

@@ -1,7 +1,6 @@
 import pytest
 from clinograph.sdk.datasets.alarm import load_dictionary
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind
-from pydantic import ValidationError
 
 from clinograph.core.errors import ConfigError
 
@@ -37,7 +36,7 @@ def test_categorical_features_expand_to_level_nodes():
 
 
 def test_numeric_feature_without_reference_range_is_refused():
-    with pytest.raises(ValidationError, match="reference_low and reference_high"):
+    with pytest.raises(ConfigError, match="reference_low and reference_high"):
         Feature(id="na", name="Sodium", kind=FeatureKind.NUMERIC)
 
 

@@ -78,9 +78,9 @@ def test_missing_file_bad_syntax_and_oversize(tmp_path, monkeypatch):
 ])
 def test_site_schema_refuses_a_column_with_two_roles_all_at_once(extra, expected):
     # before: the first role silently won (an ignored patient id column was still the id, ...)
-    from pydantic import ValidationError
+    from clinograph.core.errors import ConfigError
 
-    with pytest.raises(ValidationError) as err:
+    with pytest.raises(ConfigError) as err:
         SiteSchema(**{"site": "h1", "patient_id": "pid", "label": "y", **extra})
     for text in expected:
         assert text in str(err.value)

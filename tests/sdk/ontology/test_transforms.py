@@ -9,9 +9,8 @@ from clinograph.sdk.datasets.alarm import load_dictionary
 from clinograph.sdk.ingest import ingest
 from clinograph.sdk.ontology import Feature, FeatureDictionary, FeatureKind, SiteSchema
 from clinograph.sdk.ontology.dictionary import Transform
-from pydantic import ValidationError
 
-from clinograph.core.errors import SchemaError
+from clinograph.core.errors import ConfigError, SchemaError
 
 
 def _dictionary() -> FeatureDictionary:
@@ -38,14 +37,14 @@ def test_log_transform_maps_the_transformed_reference_range_to_unit_interval():
 def test_scale_statistics_replace_the_reference_range_when_set():
     f = _dictionary().get("crp").model_copy(update={"scale_center": 0.0, "scale_half_width": 2.0})
     assert f.standardise(math.e ** 2) == pytest.approx(1.0)
-    with pytest.raises(ValidationError, match="both scale_center and scale_half_width"):
+    with pytest.raises(ConfigError, match="both scale_center and scale_half_width"):
         Feature(id="x", name="X", kind=FeatureKind.NUMERIC, reference_low=1, reference_high=2, scale_center=1.0)
 
 
 def test_transform_needs_a_reference_range_inside_its_domain():
-    with pytest.raises(ValidationError, match="transform = 'log' needs values > 0"):
+    with pytest.raises(ConfigError, match="transform = 'log' needs values > 0"):
         Feature(id="crp", name="CRP", kind=FeatureKind.NUMERIC, reference_low=0, reference_high=5, transform="log")
-    with pytest.raises(ValidationError, match="numeric features only"):
+    with pytest.raises(ConfigError, match="numeric features only"):
         Feature(id="sex", name="Sex", kind=FeatureKind.BINARY, transform="log")
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from clinograph.secure.runtime.config import FederationSection
-from pydantic import ValidationError
+
+from clinograph.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -13,7 +14,7 @@ from pydantic import ValidationError
     (True, "expected an integer, got true"),
 ])
 def test_a_quoted_or_boolean_round_count_is_refused_by_name(value, message):
-    with pytest.raises(ValidationError) as err:
+    with pytest.raises(ConfigError) as err:
         FederationSection.model_validate({"rounds": value})
     assert "rounds" in str(err.value) and message in str(err.value)
 
@@ -25,7 +26,7 @@ def test_typed_values_pass():
 
 def test_a_threshold_outside_threshold_ckks_is_refused_by_name():
     """tckks_threshold only means something under secure_mode = "ckks_threshold": elsewhere it was silently ignored."""
-    with pytest.raises(ValidationError) as err:
+    with pytest.raises(ConfigError) as err:
         FederationSection.model_validate({"secure_mode": "masked", "tckks_threshold": 2})
     assert "tckks_threshold" in str(err.value) and "ckks_threshold" in str(err.value)
     assert FederationSection.model_validate({"secure_mode": "ckks_threshold", "tckks_threshold": 2}).tckks_threshold == 2

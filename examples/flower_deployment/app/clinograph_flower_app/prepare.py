@@ -18,8 +18,13 @@ from pathlib import Path
 
 import tomli_w
 from clinograph.sdk.config import HospitalConfig
+from clinograph.sdk.datasets.alarm import (
+    DEFAULT_HOSPITALS,
+    DICTIONARY_PATH,
+    load_dictionary,
+    make_hospital_tables,
+)
 from clinograph.sdk.federation.build import run_models
-from clinograph.sdk.datasets.alarm import DEFAULT_HOSPITALS, DICTIONARY_PATH, load_dictionary, make_hospital_tables
 
 HOSPITAL = """\
 # This hospital's own choices (clinograph.sdk.config.HospitalConfig).
