@@ -184,7 +184,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     window = (hours >= -24.0 * source.lookback_days) & (hours <= 24.0 * source.after_days)
     period = _in_period(rows["person_id"], t, periods)
     value = pd.to_numeric(rows["value"], errors="coerce").to_numpy(dtype=float).copy()
-    op = pd.to_numeric(rows["operator"], errors="coerce").map(OPERATOR_CONCEPTS).to_numpy(dtype=object)
+    op = pd.to_numeric(rows["operator"], errors="coerce").map(OPERATOR_CONCEPTS).to_numpy(dtype=object, copy=True)
     marked, substituted = censoring_in_text(value, rows["value_text"], op)  # 0.5 beside "<0.5": censored
     text_only = np.isnan(value) & rows["value_text"].notna().to_numpy()
     from_text = 0
