@@ -480,7 +480,8 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     timeless = (mapped & t.isna()).to_numpy()  # no effective[x] nor issued: no snapshot to put it in
     ev, t, mapped = ev[~timeless], t[~timeless], mapped[~timeless]
     origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
-    hours = ((t - ev["patient_id"].map(origin)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+    # reindex, not map: pandas 3 cannot map through an empty Series of times (no Observation read)
+    hours = ((t - origin.reindex(ev["patient_id"]).to_numpy()) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
     events = ev.assign(hours=np.where(np.isnan(hours), 0.0, hours))
     person, unknown_sex = person_events(born, origin, age=age, sex=sex, dictionary=dictionary)
     if len(person):
@@ -528,10 +529,13 @@ def _times(values: pd.Series, where: pd.Series) -> pd.Series:
     """ISO 8601 times as UTC timestamps; a SchemaError naming the places (never the values) of
     those outside what a timestamp holds (years 1677-2262) or not ISO 8601."""
     t = pd.to_datetime(values, utc=True, format="ISO8601", errors="coerce")
-    bad = t.isna() & values.notna()
+    # pandas 3 parses at the resolution the text needs (years 0001-9999 fit): the years a nanosecond
+    # timestamp holds are checked here, so that pandas 2 and 3 refuse the same times
+    outside = t.notna() & ((t < pd.Timestamp.min.tz_localize("UTC")) | (t > pd.Timestamp.max.tz_localize("UTC")))
+    bad = (t.isna() | outside) & values.notna()
     if bad.any():
         places = ", ".join(where[bad].astype(str).head(MAX_PROBLEMS_SHOWN))
         raise SchemaError(f"FHIR {int(bad.sum())} time(s) are not ISO 8601 times between the years 1677 and 2262 "
                           f"(at {places}). Fix those effectiveDateTime / issued values in the export.",
                           title="FHIR times cannot be read")
-    return t
+    return t.dt.as_unit("ns")

@@ -220,7 +220,9 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         mapped = raw.map({c: b in known for c, (b, _) in split.items()}).to_numpy(dtype=bool) & t.notna().to_numpy()
         origin = t[mapped].groupby(sid[mapped]).min()
         y, subjects = None, [str(s) for s in sorted(set(sid))]
-    hours = ((t - sid.map(origin)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+    # copy: written below, and pandas 3 (copy-on-write) hands out a read-only view
+    # reindex, not map: pandas 3 cannot map through an empty Series of times (no event mapped)
+    hours = ((t - origin.reindex(sid).to_numpy()) / pd.Timedelta(hours=1)).to_numpy(dtype=float, copy=True)
     static = t.isna().to_numpy()
     hours[static] = 0.0
     in_cohort = sid.isin(origin.index).to_numpy() if labels is not None else np.ones(len(sid), bool)

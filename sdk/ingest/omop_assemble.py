@@ -156,6 +156,12 @@ def _person_events(person: pd.DataFrame, index: pd.Series, source, dictionary) -
     return ev.assign(hours=0.0, where="the person table"), unknown_sex, unknown_age  # person_id identifies a patient
 
 
+def _index_time(person_id: pd.Series, index: pd.Series) -> pd.Series:
+    """Each row's index time (NaT outside the cohort), aligned with ``person_id``. Not ``map``:
+    pandas 3 cannot map through an empty Series of times (an empty cohort raised TypeError)."""
+    return pd.Series(index.reindex(person_id.astype(np.int64)).to_numpy(), index=person_id.index)
+
+
 def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, *, source,  # noqa: ANN001, PLR0913
              dictionary: FeatureDictionary, unit_vocabulary: dict[int, str] | None = None,
              absent_columns: tuple[str, ...] = ()) -> EhrExtract:
@@ -174,11 +180,11 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
             .astype({c: object for c in ("unit_text", "value_text")}) for f in frames if len(f)]  # one dtype a column
     rows = pd.concat(live, ignore_index=True) if live else pd.DataFrame(columns=cols)
     t = pd.to_datetime(rows["t"])
-    hours = ((t - rows["person_id"].astype(np.int64).map(index)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+    hours = ((t - _index_time(rows["person_id"], index)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
     window = (hours >= -24.0 * source.lookback_days) & (hours <= 24.0 * source.after_days)
     period = _in_period(rows["person_id"], t, periods)
     value = pd.to_numeric(rows["value"], errors="coerce").to_numpy(dtype=float).copy()
-    op = pd.to_numeric(rows["operator"], errors="coerce").map(OPERATOR_CONCEPTS).to_numpy(dtype=object)
+    op = pd.to_numeric(rows["operator"], errors="coerce").map(OPERATOR_CONCEPTS).to_numpy(dtype=object, copy=True)
     marked, substituted = censoring_in_text(value, rows["value_text"], op)  # 0.5 beside "<0.5": censored
     text_only = np.isnan(value) & rows["value_text"].notna().to_numpy()
     from_text = 0
@@ -210,7 +216,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     n_cond_excluded = 0
     if conditions is not None:
         ct = pd.to_datetime(conditions["t"])
-        ch = ((ct - conditions["person_id"].astype(np.int64).map(index)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+        ch = ((ct - _index_time(conditions["person_id"], index)) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
         cw = (ch >= -24.0 * source.conditions.lookback_days) & (ch <= 24.0 * source.after_days)
         cp = _in_period(conditions["person_id"], ct, periods)
         n_cond_excluded = int((~(cw & cp)).sum())
@@ -230,7 +236,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
         span = 24.0 * source.label.window_days
         for i, lf in enumerate(label_frames):
             if len(lf):
-                t_label, t_index = pd.to_datetime(lf["t"]), lf["person_id"].astype(np.int64).map(index)
+                t_label, t_index = pd.to_datetime(lf["t"]), _index_time(lf["person_id"], index)
                 h = ((t_label - t_index) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
                 # a date without a time (midnight) on the index day is not before the index time
                 same_day = ((t_label == t_label.dt.normalize()) & (t_label == t_index.dt.normalize())).to_numpy()
@@ -247,7 +253,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
         label_notes = [f"persons whose only label events lie before the index time (labelled 0): "
                        f"{len(before - hits)}"] if before - hits else []
     n_window, n_period = int((~window).sum()), int((window & ~period).sum())
-    t_index = rows["person_id"].astype(np.int64).map(index)
+    t_index = _index_time(rows["person_id"], index)
     day_only = int((keep & (t == t.dt.normalize()).to_numpy() & (t.dt.normalize() == t_index.dt.normalize()).to_numpy()
                     & (t_index != t_index.dt.normalize()).to_numpy()).sum())
     n_value = int((window & period & no_number).sum())

@@ -134,7 +134,7 @@ def declared_missing(df: pd.DataFrame, schema: SiteSchema) -> pd.DataFrame:
         text = as_text(raw).str.strip()
         hit = text.isin(tokens).to_numpy(dtype=bool)
         if numbers:
-            hit |= pd.to_numeric(text, errors="coerce").isin(numbers).to_numpy(dtype=bool)
+            hit = hit | pd.to_numeric(text, errors="coerce").isin(numbers).to_numpy(dtype=bool)  # not |=: read-only
         return hit
 
     hit = np.column_stack([hits(df.iloc[:, i]) for i in range(df.shape[1])]) if df.shape[1] \

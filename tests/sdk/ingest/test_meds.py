@@ -62,6 +62,15 @@ def test_a_unit_column_wins_and_unlabeled_datasets(tmp_path):
     assert t.value.tolist() == pytest.approx([37.0], rel=1e-4) and t.labels.tolist() == [-1]
 
 
+def test_an_unlabeled_dataset_without_a_dictionary_code_is_a_schema_error(tmp_path):
+    """Under pandas 3 the hours were mapped through an empty Series of times: TypeError (Cannot
+    cast DatetimeArray to dtype float64) instead of the error naming what was read."""
+    _shard(tmp_path, [(1, T0, "ICD10/J98", None), (2, None, "FOO/1", 1.0)])
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
+    with pytest.raises(SchemaError, match=r"holds no event to ingest .*rows read: 2, mapped to the dictionary: 0"):
+        ex.ingest(D)
+
+
 def test_shards_that_do_not_fit_the_schema_are_all_named(tmp_path):
     (tmp_path / "data").mkdir()
     pq.write_table(pa.table({"subject_id": pa.array([1]), "code": pa.array(["x"])}), tmp_path / "data" / "a.parquet")

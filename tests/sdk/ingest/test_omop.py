@@ -134,6 +134,16 @@ def test_a_cohort_result_duckdb_cannot_hand_over_is_named_not_a_traceback(north_
         read_omop(omop_engine(north_db), source=bad, dictionary=D)
 
 
+def test_a_cohort_query_returning_no_row_is_a_schema_error(north_db):
+    """Under pandas 3 the index times were mapped through an empty Series of times: TypeError
+    (Cannot cast DatetimeArray to dtype float64) instead of the error naming what was read."""
+    sql = "SELECT person_id, visit_start_datetime AS index_datetime FROM visit_occurrence WHERE person_id < 0"
+    empty = demo_source("north").model_copy(update={"cohort": OmopCohort(sql=sql)})
+    extract = read_omop(omop_engine(north_db), source=empty, dictionary=D)
+    with pytest.raises(SchemaError, match=r"holds no event to ingest \(0 patient\(s\) in the cohort; rows read: 0"):
+        extract.ingest(D)
+
+
 @pytest.mark.parametrize(("extra", "found"), [
     ("SELECT NULL, NULL", r"returns \d+ row\(s\) without a person_id or an index_datetime"),
     ("SELECT person_id, visit_start_datetime + INTERVAL 1 DAY FROM visit_occurrence",
