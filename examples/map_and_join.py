@@ -5,20 +5,15 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from clinograph.sdk.datasets.alarm import (
-    BLOOD_GAS,
-    DICTIONARY_PATH,
-    HospitalSpec,
-    make_hospital_tables,
-)
+from clinograph.sdk.datasets import alarm  # synthetic hospital exports (the ALARM network)
 
 import clinograph as cg
 
 
 def main(rounds: int) -> None:
-    dictionary = cg.FeatureDictionary.from_toml(DICTIONARY_PATH)  # the federation's shared ontology
-    exports = make_hospital_tables(seed=7, hospitals=(HospitalSpec("mine", 400), HospitalSpec("st_anne", 500),
-                                                      HospitalSpec("riverside", 300, lacks=BLOOD_GAS)))
+    dictionary = cg.FeatureDictionary.from_toml(alarm.DICTIONARY_PATH)  # the federation's shared ontology
+    exports = alarm.make_hospital_tables(seed=7, hospitals=(alarm.HospitalSpec("mine", 400),
+        alarm.HospitalSpec("st_anne", 500), alarm.HospitalSpec("riverside", 300, lacks=alarm.BLOOD_GAS)))
     df, _ = exports[0]  # my EHR export, in my own column names and units:
     df = df.rename(columns={"heart_rate": "Pulse", "glucose": "Glucose (mg/dL)"})
     df["Glucose (mg/dL)"] *= 18.0156

@@ -152,8 +152,10 @@ def test_simulate_refuses_the_concepts_task_with_its_reason(tmp_path):
     config = SimulationConfig.model_validate({"task": "concepts", "output": str(tmp_path / "o"),
                                               "concepts": {"concepts": ["a", "y"], "task": "y",
                                                            "states": {"a": ["0", "1"]}}})
-    with pytest.raises(ConfigError, match="run_concept_federation"):
-        simulate([], None, config, audit_dir=tmp_path / "audit")  # type: ignore[arg-type]
+    from clinograph.sdk.datasets.alarm import load_dictionary
+
+    with pytest.raises(ConfigError, match="run_concept_federation"):  # arguments of the right types (checked first)
+        simulate([], load_dictionary(), config, audit_dir=tmp_path / "audit")
 
 
 def test_an_unusable_concepts_section_lists_every_problem():
