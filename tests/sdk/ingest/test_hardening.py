@@ -181,6 +181,20 @@ def test_header_only_file_is_an_empty_table(tmp_path):
         ingest(read_table(_csv(tmp_path, "pid,hr,y\n")), schema=wide(), dictionary=D)
 
 
+def test_a_table_without_columns_is_named_empty_not_a_missing_header(tmp_path):
+    """An empty Parquet file or a DataFrame without columns was 'seems to have no header row ... 0 of
+    its 0 fields look like numbers' (found by the Parquet dtype fuzzer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({}), tmp_path / "t.parquet")
+    with pytest.raises(SchemaError, match=r"Table .*t\.parquet has no columns"):
+        read_table(tmp_path / "t.parquet")
+    with pytest.raises(SchemaError, match=r"The table for site 'h1' has no columns") as err:
+        ingest(pd.DataFrame(), schema=wide(), dictionary=D)
+    assert "seems to have no header row" not in str(err.value)
+
+
 def test_directory_and_fifo_are_refused_before_opening(tmp_path):
     (tmp_path / "dir.csv").mkdir()
     with pytest.raises(ConfigError, match="is a directory, not a regular file"):
