@@ -93,7 +93,8 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     if len(df.columns) == 0:  # not 'no header row ... 0 of its 0 fields look like numbers'
         raise SchemaError([f"The table for site {schema.site!r} has no columns. Export the data again, with a header "
                            "row naming each column."], title="Table is empty")
-    if header_is_data(df.columns, required=required, known=known):
+    parquet = df.attrs.get("encoding") == "parquet"  # column names of their own: no header row to lose
+    if not parquet and header_is_data(df.columns, required=required, known=known):
         problems.append(no_header_message([str(c) for c in df.columns], required))
         _finish(problems, schema)
     if len(df) == 0:

@@ -195,6 +195,17 @@ def test_a_table_without_columns_is_named_empty_not_a_missing_header(tmp_path):
     assert "seems to have no header row" not in str(err.value)
 
 
+def test_a_parquet_table_without_the_schemas_columns_names_them_not_a_missing_header_row(tmp_path):
+    """Parquet has no header row to lose: a file of other columns was 'seems to have no header row'
+    (the CSV heuristic); now the missing patient-id and label columns are named."""
+    pd.DataFrame({"a": ["1"], "b": ["2"]}).to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(SchemaError) as err:
+        ingest(read_table(tmp_path / "t.parquet"), schema=wide(), dictionary=D)
+    text = str(err.value)
+    assert "no header row" not in text
+    assert "The label column 'y' is missing" in text and "'pid'" in text
+
+
 def test_directory_and_fifo_are_refused_before_opening(tmp_path):
     (tmp_path / "dir.csv").mkdir()
     with pytest.raises(ConfigError, match="is a directory, not a regular file"):
