@@ -224,7 +224,7 @@ def _id_cells(raw: pd.Series, col: str, problems: list[str]) -> pd.Series:
         v = raw.to_numpy(dtype=float)
         here = ~np.isnan(v)
         v = np.where(here, v, 0.0)
-        bad = (np.abs(v) >= 2.0**53) | (v % 1 != 0)
+        bad = (np.abs(v) >= 2.0**53) | (np.isfinite(v) & (np.mod(v, 1, where=np.isfinite(v), out=np.zeros_like(v)) != 0))
         if bad.any():
             problems.append(f"Patient id column {col!r}: {rows_text(bad)}: ids stored as floating-point numbers that "
                             "are not whole or are beyond 2**53 (where digits are lost). Export the ids as text or "

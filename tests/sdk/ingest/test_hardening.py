@@ -607,3 +607,15 @@ def test_a_units_row_under_the_header_is_named_as_such(tmp_path):
     with pytest.raises(SchemaError) as err:
         ingest(read_table(tmp_path / "t.csv"), schema=wide(), dictionary=D)
     assert not any("units row" in p for p in err.value.problems)
+
+
+def test_an_infinite_float_patient_id_is_named_without_a_numpy_warning():
+    """inf % 1 warned 'invalid value encountered in remainder' (a stray line on the CLI's stderr, an
+    exception under -W error) before the id was named."""
+    import warnings
+
+    df = pd.DataFrame({"pid": [1.0, np.inf, 3.0], "y": ["0", "1", "0"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(SchemaError, match=r"Patient id column 'pid': row 2: ids stored as floating-point"):
+            ingest(df, schema=wide(), dictionary=D)
