@@ -250,6 +250,7 @@ def test_a_label_file_with_an_empty_subject_id_or_without_boolean_value_is_a_sch
     with pytest.raises(SchemaError) as err:  # IntCastingNaNError before
         read_meds(tmp_path, dictionary=D, site="s", labels=tmp_path / "l.parquet", lookback_hours=24.0)
     assert "l.parquet: subject_id is empty in 1 row(s) (rows: 2)" in str(err.value)
+    assert "l.parquet: prediction_time is empty in 1 row(s) (rows: 2)" in str(err.value)  # NaT: no window
     pq.write_table(pa.table({"subject_id": pa.array([1], pa.int64()),
                              "prediction_time": pa.array([T0], pa.timestamp("us")),
                              "integer_value": pa.array([1], pa.int64())}), tmp_path / "l.parquet")
