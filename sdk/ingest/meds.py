@@ -69,6 +69,10 @@ def _read_shards(root: Path) -> pd.DataFrame:
                             "timestamp[us], code string, numeric_value float32.")
             continue
         df = table.to_pandas()
+        empty = _empty_cells(df, ("subject_id", "code"), f"MEDS shard {shard.relative_to(root)}")
+        if empty:
+            problems.extend(empty)
+            continue
         df["_zoned"] = zoned
         df["_shard"] = str(shard.relative_to(root))
         df["_row"] = np.arange(1, len(df) + 1)
@@ -115,6 +119,21 @@ def _one_time_zone(shards: pd.DataFrame, labels: Path | None, labels_zoned: bool
                           "in the same local time (or all in UTC).", title="MEDS times cannot be compared")
 
 
+def _empty_cells(df: pd.DataFrame, columns: tuple[str, ...], where: str) -> list[str]:
+    """One problem a required column with empty cells, naming the rows (1-based, the first 5).
+
+    meds' ``align()`` checks nulls before it casts, so a text or double ``subject_id`` with a null
+    passes it (and then broke ``astype(int64)``)."""
+    out = []
+    for col in columns:
+        rows = np.flatnonzero(df[col].isna().to_numpy()) + 1 if col in df.columns else np.array([], int)
+        if len(rows):
+            shown = ", ".join(str(r) for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
+            out.append(f"{where}: {col} is empty in {len(rows)} row(s) (rows: {shown}). MEDS requires it in "
+                       "every row: fill it, or drop those rows in the export.")
+    return out
+
+
 def _schema_reason(exc: Exception) -> str:
     """The schema error's first line, cut: it names columns and types, not values."""
     return str(exc).splitlines()[0][:200] if str(exc) else "schema mismatch"
@@ -136,7 +155,10 @@ def _labels(path: Path) -> pd.DataFrame:
                           title="MEDS labels cannot be read") from None
     df = table.to_pandas()
     df.attrs["zoned"] = zoned
-    if df["boolean_value"].isna().all():
+    empty = _empty_cells(df, ("subject_id", "prediction_time"), f"MEDS label file {path}")
+    if empty:
+        raise SchemaError(empty, title="MEDS labels cannot be read")
+    if "boolean_value" not in df.columns or df["boolean_value"].isna().all():
         raise SchemaError(f"MEDS label file {path} has no boolean_value set. Clinograph's tasks are binary: write "
                           "the outcome as boolean_value.", title="MEDS labels cannot be read")
     return df

@@ -204,6 +204,9 @@ def read_table(path: str | Path, *, delimiter: str | None = None, decimal: str |
         except Exception:  # pyarrow raises several unrelated types for a bad file
             raise SchemaError(f"Table {path} is not a readable Parquet file. Export it again, or use .csv.",
                               title="Table cannot be parsed") from None
+        if len(df.columns) == 0:
+            raise SchemaError(f"Table {path} has no columns (a Parquet file written from an empty table). Export "
+                              "the data again, with its columns.", title="Table is empty")
         df.attrs["encoding"] = "parquet"
         return df
     text, encoding = decode(data, name=str(path))

@@ -90,7 +90,11 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     if schema.format == "wide":
         known |= {str(c) for c in df.columns if isinstance(c, str) and dictionary.resolve(c) is not None}
     check_labels(df, site=schema.site, required=required, known=known)
-    if header_is_data(df.columns, required=required, known=known):
+    if len(df.columns) == 0:  # not 'no header row ... 0 of its 0 fields look like numbers'
+        raise SchemaError([f"The table for site {schema.site!r} has no columns. Export the data again, with a header "
+                           "row naming each column."], title="Table is empty")
+    parquet = df.attrs.get("encoding") == "parquet"  # column names of their own: no header row to lose
+    if not parquet and header_is_data(df.columns, required=required, known=known):
         problems.append(no_header_message([str(c) for c in df.columns], required))
         _finish(problems, schema)
     if len(df) == 0:
@@ -220,7 +224,7 @@ def _id_cells(raw: pd.Series, col: str, problems: list[str]) -> pd.Series:
         v = raw.to_numpy(dtype=float)
         here = ~np.isnan(v)
         v = np.where(here, v, 0.0)
-        bad = (np.abs(v) >= 2.0**53) | (v % 1 != 0)
+        bad = (np.abs(v) >= 2.0**53) | (np.isfinite(v) & (np.mod(v, 1, where=np.isfinite(v), out=np.zeros_like(v)) != 0))
         if bad.any():
             problems.append(f"Patient id column {col!r}: {rows_text(bad)}: ids stored as floating-point numbers that "
                             "are not whole or are beyond 2**53 (where digits are lost). Export the ids as text or "

@@ -180,6 +180,31 @@ def test_header_only_file_is_an_empty_table(tmp_path):
         ingest(read_table(_csv(tmp_path, "pid,hr,y\n")), schema=wide(), dictionary=D)
 
 
+def test_a_table_without_columns_is_named_empty_not_a_missing_header(tmp_path):
+    """An empty Parquet file or a DataFrame without columns was 'seems to have no header row ... 0 of
+    its 0 fields look like numbers' (found by the Parquet dtype fuzzer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({}), tmp_path / "t.parquet")
+    with pytest.raises(SchemaError, match=r"Table .*t\.parquet has no columns"):
+        read_table(tmp_path / "t.parquet")
+    with pytest.raises(SchemaError, match=r"The table for site 'h1' has no columns") as err:
+        ingest(pd.DataFrame(), schema=wide(), dictionary=D)
+    assert "seems to have no header row" not in str(err.value)
+
+
+def test_a_parquet_table_without_the_schemas_columns_names_them_not_a_missing_header_row(tmp_path):
+    """Parquet has no header row to lose: a file of other columns was 'seems to have no header row'
+    (the CSV heuristic); now the missing patient-id and label columns are named."""
+    pd.DataFrame({"a": ["1"], "b": ["2"]}).to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(SchemaError) as err:
+        ingest(read_table(tmp_path / "t.parquet"), schema=wide(), dictionary=D)
+    text = str(err.value)
+    assert "no header row" not in text
+    assert "The label column 'y' is missing" in text and "'pid'" in text
+
+
 def test_directory_and_fifo_are_refused_before_opening(tmp_path):
     (tmp_path / "dir.csv").mkdir()
     with pytest.raises(ConfigError, match="is a directory, not a regular file"):
@@ -581,3 +606,15 @@ def test_a_units_row_under_the_header_is_named_as_such(tmp_path):
     with pytest.raises(SchemaError) as err:
         ingest(read_table(tmp_path / "t.csv"), schema=wide(), dictionary=D)
     assert not any("units row" in p for p in err.value.problems)
+
+
+def test_an_infinite_float_patient_id_is_named_without_a_numpy_warning():
+    """inf % 1 warned 'invalid value encountered in remainder' (a stray line on the CLI's stderr, an
+    exception under -W error) before the id was named."""
+    import warnings
+
+    df = pd.DataFrame({"pid": [1.0, np.inf, 3.0], "y": ["0", "1", "0"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(SchemaError, match=r"Patient id column 'pid': row 2: ids stored as floating-point"):
+            ingest(df, schema=wide(), dictionary=D)

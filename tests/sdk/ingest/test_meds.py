@@ -241,3 +241,27 @@ def test_codes_linked_to_dictionary_codes_by_the_metadata_parent_codes_are_named
     hint = [n for n in ex.report.notes if "parent_codes" in n]
     assert len(hint) == 1 and ": 1 (LAB/50912 -> LOINC/2160-0 ('creatinine'))" in hint[0]
     assert 'lab = "50912"' in hint[0]
+
+
+def test_empty_subject_ids_that_the_schema_cast_lets_through_are_named_by_shard_and_row(tmp_path):
+    # a text or double subject_id with a null passes meds' align() (it checks nulls before casting)
+    # and escaped as pandas' IntCastingNaNError from astype(int64)
+    _shard(tmp_path, [(1, T0, "LOINC/8867-4", 70.0)] * 3, subject_id=pa.array(["1", None, "2"]))
+    with pytest.raises(SchemaError, match=r"data/0.parquet: subject_id is empty in 1 row\(s\) \(rows: 2\)"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=None, lookback_hours=None)
+
+
+def test_a_label_file_with_an_empty_subject_id_or_without_boolean_value_is_a_schema_error(tmp_path):
+    _shard(tmp_path, [(1, T0, "LOINC/8867-4", 70.0)])
+    pq.write_table(pa.table({"subject_id": pa.array([1.0, None]),
+                             "prediction_time": pa.array([T0, None], pa.timestamp("us")),
+                             "boolean_value": pa.array([True, False])}), tmp_path / "l.parquet")
+    with pytest.raises(SchemaError) as err:  # IntCastingNaNError before
+        read_meds(tmp_path, dictionary=D, site="s", labels=tmp_path / "l.parquet", lookback_hours=24.0)
+    assert "l.parquet: subject_id is empty in 1 row(s) (rows: 2)" in str(err.value)
+    assert "l.parquet: prediction_time is empty in 1 row(s) (rows: 2)" in str(err.value)  # NaT: no window
+    pq.write_table(pa.table({"subject_id": pa.array([1], pa.int64()),
+                             "prediction_time": pa.array([T0], pa.timestamp("us")),
+                             "integer_value": pa.array([1], pa.int64())}), tmp_path / "l.parquet")
+    with pytest.raises(SchemaError, match="has no boolean_value"):  # KeyError before
+        read_meds(tmp_path, dictionary=D, site="s", labels=tmp_path / "l.parquet", lookback_hours=24.0)
