@@ -44,7 +44,7 @@ _NAMES = {
     "AuditTrail": "clinograph.secure.audit", "verify_audit_dir": "clinograph.secure.audit",
     "render_report": "clinograph.secure.audit",
     **{name: "clinograph.core.errors" for name in (
-        "ClinographError", "ConfigError", "SchemaError", "UnitError", "SourceUnavailable", "PrivacyError",
+        "ClinographError", "ConfigError", "ConfigValidationError", "SchemaError", "UnitError", "SourceUnavailable", "PrivacyError",
         "PrivacyBudgetExceeded", "ProtocolError", "IntegrityError", "SecurityPolicyError", "RegistryError")},
 }
 
