@@ -169,6 +169,11 @@ def report(
     if out.resolve().is_relative_to(directory.resolve()):
         _fail(f"--out {out} is inside the audit directory; write the report elsewhere (any extra file "
               "there fails verification).")
+    if out.is_dir():
+        _fail(f"--out {out} is a folder; give a file path such as {out / 'report.html'}.")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        _fail(f"--out {out}: {blocker} is a file, not a folder; give a path in a folder, such as report.html.")
     try:
         path = render_report(directory, out=out, trusted_server_key=key)
         checked = verify_audit_dir(directory, trusted_server_key=key)
