@@ -96,6 +96,9 @@ def _trust_line(report: object, key: bytes | None) -> str:
     fp = getattr(report, "server_key_fingerprint", None)
     if key is not None and getattr(report, "trusted", False):
         return f"signer checked: the log is signed by the trusted server key (fingerprint {fp})"
+    if key is not None:
+        return (f"signer check FAILED: the log is not signed by the --trusted-key given (it names key "
+                f"{fp or 'none'}); check that --trusted-key is this federation's server.pub")
     return (f"signer NOT checked: no --trusted-key given, so 'verified' means the log is self-consistent under "
             f"the key it names itself (fingerprint {fp}), not that the expected server wrote it")
 

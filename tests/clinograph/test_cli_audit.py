@@ -123,6 +123,9 @@ def test_report_says_whether_the_signer_was_checked(audit_dir, tmp_path):
     key.write_text(Identity.generate("x").public.b64() + "\n")
     wrong = runner.invoke(app, ["report", str(d), "--out", str(out), "--trusted-key", str(key)])
     assert wrong.exit_code == 1 and 'id="signer-wrong"' in out.read_text()
+    # the terminal said "signer NOT checked: no --trusted-key given" while one was given and did not match
+    assert "signer check FAILED: the log is not signed by the --trusted-key given" in wrong.stdout
+    assert "no --trusted-key given" not in wrong.stdout
 
 
 def test_expect_head_detects_a_directory_rolled_back_to_an_earlier_valid_state(tmp_path):
