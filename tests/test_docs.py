@@ -646,3 +646,38 @@ def test_the_docs_test_catches_what_is_gone(tmp_path: Path) -> None:
 @pytest.mark.parametrize("token", ["runs/demo/report.html", "OUT/audit", "https://flower.ai/docs", "a/<b>.py"])
 def test_paths_outside_the_repository_are_not_cited_files(token: str) -> None:
     assert _as_path(token, REPO / "docs") is None
+
+
+DEPLOYMENT_DOCS = ("docs/deployment.md", "examples/flower_deployment/README.md")
+SETS_MODE = re.compile(r'secure_mode = \\?"(\w+)\\?"')
+
+
+def opt_in_gaps(text: str, rel: str) -> list[str]:
+    """Paragraphs (or list items) of a deployment doc that run a federation under a secure mode a
+    hospital joins only if its hospital.toml lists it, without saying so (`[release] secure_modes`)."""
+    from clinograph.sdk.config import ReleaseSection
+    from clinograph.secure.aggregation import create_mode, unknown_mode
+
+    default = set(ReleaseSection().secure_modes)
+    found, line = [], 1
+    for block in re.split(r"\n(?=\s*\n|\* )", text):
+        for mode in dict.fromkeys(SETS_MODE.findall(block)):
+            if (mode not in default and unknown_mode(mode) is None and not create_mode(mode).insecure
+                    and "secure_modes" not in block):
+                found.append(f"{rel}:{line + block[: block.find(mode)].count(chr(10))}: secure_mode = {mode!r} "
+                             f"without `[release] secure_modes` -- every hospital.toml must list {mode!r} to join")
+        line += block.count("\n") + 1
+    return found
+
+
+def test_deployment_docs_say_that_every_hospital_lists_a_non_default_secure_mode() -> None:
+    """[release] secure_modes (default ["masked"]) made a ckks deployment that followed the example's
+    "set secure_mode = "ckks" in server.toml" a federation every hospital refused."""
+    problems = [p for rel in DEPLOYMENT_DOCS for p in opt_in_gaps((REPO / rel).read_text(encoding="utf-8"), rel)]
+    assert not problems, "\n".join(problems)
+    bogus = ('intro\n\n* `ckks` works: set `secure_mode = "ckks"` in server.toml.\n* masked: `secure_mode = '
+             '"masked"` is the default.\n\nWith `secure_mode = "ckks_threshold"`, add `secure_modes = '
+             '["ckks_threshold"]` to each hospital.toml.\n')
+    assert opt_in_gaps(bogus, "bogus.md") == [
+        "bogus.md:3: secure_mode = 'ckks' without `[release] secure_modes` -- every hospital.toml must list 'ckks' "
+        "to join"]

@@ -96,6 +96,9 @@ def _trust_line(report: object, key: bytes | None) -> str:
     fp = getattr(report, "server_key_fingerprint", None)
     if key is not None and getattr(report, "trusted", False):
         return f"signer checked: the log is signed by the trusted server key (fingerprint {fp})"
+    if key is not None:
+        return (f"signer check FAILED: the log is not signed by the --trusted-key given (it names key "
+                f"{fp or 'none'}); check that --trusted-key is this federation's server.pub")
     return (f"signer NOT checked: no --trusted-key given, so 'verified' means the log is self-consistent under "
             f"the key it names itself (fingerprint {fp}), not that the expected server wrote it")
 
@@ -169,6 +172,11 @@ def report(
     if out.resolve().is_relative_to(directory.resolve()):
         _fail(f"--out {out} is inside the audit directory; write the report elsewhere (any extra file "
               "there fails verification).")
+    if out.is_dir():
+        _fail(f"--out {out} is a folder; give a file path such as {out / 'report.html'}.")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        _fail(f"--out {out}: {blocker} is a file, not a folder; give a path in a folder, such as report.html.")
     try:
         path = render_report(directory, out=out, trusted_server_key=key)
         checked = verify_audit_dir(directory, trusted_server_key=key)

@@ -67,12 +67,13 @@ def _check_names(*, federation_id: str, server_name: str, hospitals: list[str]) 
                                                                              ("--server-name", server_name))
                 if not re.fullmatch(ID_PATTERN, value)]
     problems += [f"hospital name {h!r} must match {ID_PATTERN}" for h in hospitals if not re.fullmatch(ID_PATTERN, h)]
+    rule = ". A name is letters, digits, '_', '.' and '-', starting with a letter or digit, at most 64 characters" \
+        if problems else ""
     repeated = sorted({h for h in hospitals if hospitals.count(h) > 1})
     if repeated:
         problems.append(f"hospital names repeat: {', '.join(repeated)} (give each --hospital once)")
     if problems:
-        raise ConfigError("Cannot create keys: " + "; ".join(problems) + ". A name is letters, digits, '_', '.' "
-                          "and '-', starting with a letter or digit, at most 64 characters; nothing was written.")
+        raise ConfigError("Cannot create keys: " + "; ".join(problems) + rule + "; nothing was written.")
 
 
 if __name__ == "__main__":  # python -m clinograph.commands.keys init ...

@@ -130,10 +130,22 @@ class Identity:
                               "Clinograph's key files are unencrypted PEM, protected by their file mode (0600): "
                               "write an unencrypted copy (openssl pkey -in KEY -out NEW) or make one with "
                               "`clinograph keys init`.") from None
-        except (OSError, ValueError) as exc:
+        except FileNotFoundError:
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: the file does not exist. Check the "
+                              f"path ({name}.ed25519.pem, next to federation.toml from `clinograph keys init`).") from None
+        except PermissionError:
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: permission denied (the key is mode "
+                              "0600). Run as the user that owns it.") from None
+        except OSError as exc:
             raise ConfigError(f"Cannot load signing key for {name!r} from {path}: {type(exc).__name__}. {fix}") from None
+        except ValueError:
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: it is not a PEM private key "
+                              f"(a *.node-auth file is Flower's node-auth key, not the signing key). Give "
+                              f"{name}.ed25519.pem from `clinograph keys init`.") from None
         if not isinstance(key, Ed25519PrivateKey):
-            raise ConfigError(f"Key file {path} is not an Ed25519 private key.")
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: it is a private key of another "
+                              f"kind, not Ed25519 (a TLS key such as server.key is not the signing key). Give "
+                              f"{name}.ed25519.pem from `clinograph keys init`.")
         return cls(name, key)
 
     def __repr__(self) -> str:

@@ -86,6 +86,12 @@ def load_toml_model(model: type[M], path: str | Path, *, what: str,
     try:
         return model.model_validate(data)
     except (ValidationError, ConfigValidationError) as exc:  # the latter: a ConfigModel's
-        raise ConfigError(validation_message(f"{what.capitalize()} {path}", exc)) from None
+        unknown = {e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden" and len(e["loc"]) == 1}
+        hint = ""
+        if data and unknown == set(data):  # nothing in it is a key of this kind of file: another kind of file
+            keys = ", ".join(sorted(f.alias or n for n, f in model.model_fields.items()))
+            hint = (f"\n  None of its top-level keys is one a {what} has ({keys}): is this the right file "
+                    "(a feature dictionary, site schema, hospital.toml and server.toml are not interchangeable)?")
+        raise ConfigError(validation_message(f"{what.capitalize()} {path}", exc) + hint) from None
     except RecursionError:
         raise ConfigError(f"{what.capitalize()} {path} is nested too deeply to validate; check the file.") from None

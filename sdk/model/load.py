@@ -109,6 +109,12 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
                              "models only as safetensors weights with a signed description, and never runs a "
                              "model file. Fix: re-export it with NSFLTask.export (writes model.safetensors + "
                              "model.safetensors.json).")
+    if not _is_safetensors(data) and not sidecar.exists():  # a description or a CSV given as the weights
+        looks = "JSON (a model description or a server's initial model)" if data.lstrip()[:1] in (b"{", b"[") else \
+            "not a safetensors file"
+        raise ConfigError(f"Model {path} is {looks}, not the weights of an export. Fix: pass the .safetensors "
+                          "file NSFLTask.export wrote (model.safetensors; its description model.safetensors.json "
+                          "must sit next to it).")
     description = open_description(_read(sidecar, limit=MAX_DESCRIPTION_BYTES, what="description"), source=sidecar,
                                    trusted=trusted)
     digest = hashlib.sha256(data).hexdigest()
@@ -130,12 +136,17 @@ def load_exported(path: str | Path, *, trusted: PublicIdentity | None, insecure_
     return ExportedModel(module=module, description=description, path=path, released_round=released)
 
 
+def _is_safetensors(data: bytes) -> bool:
+    """The safetensors layout: an 8-byte little-endian header length, then that many bytes of JSON header."""
+    n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    return 0 < n <= len(data) - 8 and data[8:9] == b"{"
+
+
 def code_kind(data: bytes) -> str | None:
     """What ``data`` is if it is a format that runs code when loaded (TorchScript or ``torch.save``
     zip, pickle), else None. A safetensors file (8-byte little-endian header length, then a JSON
     header) is never one, whatever its first byte."""
-    n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
-    if 0 < n <= len(data) - 8 and data[8:9] == b"{":
+    if _is_safetensors(data):
         return None
     return next((kind for magic, kind in _CODE_MAGIC.items() if data.startswith(magic)), None)
 

@@ -123,6 +123,9 @@ def test_report_says_whether_the_signer_was_checked(audit_dir, tmp_path):
     key.write_text(Identity.generate("x").public.b64() + "\n")
     wrong = runner.invoke(app, ["report", str(d), "--out", str(out), "--trusted-key", str(key)])
     assert wrong.exit_code == 1 and 'id="signer-wrong"' in out.read_text()
+    # the terminal said "signer NOT checked: no --trusted-key given" while one was given and did not match
+    assert "signer check FAILED: the log is not signed by the --trusted-key given" in wrong.stdout
+    assert "no --trusted-key given" not in wrong.stdout
 
 
 def test_expect_head_detects_a_directory_rolled_back_to_an_earlier_valid_state(tmp_path):
@@ -169,3 +172,14 @@ def test_a_failure_tied_to_no_entry_does_not_print_first_bad_entry_none(audit_di
     result = runner.invoke(app, ["verify", str(tmp_path / "missing")])
     assert result.exit_code == 1 and "first bad entry" not in result.stderr
     assert "is not a directory: pass the audit directory" in result.stderr
+
+
+def test_report_out_that_is_a_folder_or_under_a_file_is_named_with_the_fix(audit_dir, tmp_path):
+    """`--out runs/` was 'Cannot render the report for ...: [Errno 21] Is a directory' with no fix."""
+    d, _ = audit_dir
+    (tmp_path / "export.csv").write_text("x\n")
+    folder = runner.invoke(app, ["report", str(d), "--out", str(tmp_path)])
+    assert folder.exit_code == 1 and f"is a folder; give a file path such as {tmp_path / 'report.html'}" in \
+        " ".join(folder.stderr.split()), folder.stderr
+    under = runner.invoke(app, ["report", str(d), "--out", str(tmp_path / "export.csv" / "r.html")])
+    assert under.exit_code == 1 and "export.csv is a file, not a folder" in " ".join(under.stderr.split()), under.stderr

@@ -100,3 +100,25 @@ def test_bad_names_are_refused_at_once_before_any_key_is_written(tmp_path):
     for part in ("--federation-id 'fed a'", "--server-name 'the/server'", "hospital name 'h 2'", "repeat: h1"):
         assert part in said, said
     assert not out.exists()
+
+
+def test_an_out_that_is_a_file_is_refused_by_name_not_a_traceback(tmp_path):
+    """`--out export.csv` (or a folder under a file) was `internal error (NotADirectoryError)`."""
+    (tmp_path / "export.csv").write_text("a,b\n")
+    for out in (tmp_path / "export.csv", tmp_path / "export.csv" / "keys"):
+        r = CliRunner().invoke(app, ["init", "--out", str(out), "--federation-id", "f", "--hospital", "h1",
+                                     "--host", "127.0.0.1"])
+        said = " ".join(r.output.split())
+        assert r.exit_code == 2, r.output
+        assert "export.csv is a file, not a directory" in said and "new or empty directory" in said, said
+    assert (tmp_path / "export.csv").read_text() == "a,b\n"
+
+
+def test_a_repeated_hospital_alone_is_not_told_the_naming_rule(tmp_path):
+    """`--hospital north --hospital north` was answered with the naming rule too (letters, digits, ...),
+    which the names already met."""
+    r = CliRunner().invoke(app, ["init", "--out", str(tmp_path / "k"), "--federation-id", "f", "--hospital", "north",
+                                 "--hospital", "north", "--host", "127.0.0.1"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "hospital names repeat: north (give each --hospital once)" in said, said
+    assert "A name is letters" not in said and "nothing was written" in said, said

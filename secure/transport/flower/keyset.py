@@ -80,6 +80,10 @@ def init_keyset(out: Path, *, federation_id: str, hospitals: Sequence[str], supe
     if problems:
         raise ConfigError("Cannot create keys: " + "; ".join(problems) + ".")
     out = Path(out)
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"Cannot create keys in {out}: {existing} is a file, not a directory. "
+                          "Give --out a new or empty directory; nothing was written.")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty; refusing to mix new keys with old ones. Choose an empty directory.")
     ca = create_ca(common_name=f"{federation_id} CA", valid_days=valid_days)

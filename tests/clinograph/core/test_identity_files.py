@@ -37,3 +37,25 @@ def test_a_fifo_or_a_huge_file_is_refused_before_it_is_read(tmp_path, kind):
         Identity.load("h1", path)
     assert str(path) in str(err.value)
     assert ("a FIFO" if kind == "fifo" else "over the limit of 65536 bytes") in str(err.value)
+
+
+@pytest.mark.parametrize("given", ["missing", "node_auth", "tls"])
+def test_the_wrong_key_file_is_named_with_the_right_one(tmp_path, given):
+    """A missing file and an OpenSSH node-auth key (its neighbour in keys/hospitals/NAME/) were
+    'FileNotFoundError' / 'ValueError. Create one with `clinograph keys init`' -- a new key is not
+    the fix; a TLS key (ECDSA) was 'not an Ed25519 private key' with no fix."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    path = tmp_path / "h1.key"
+    if given == "node_auth":
+        path.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    elif given == "tls":
+        path.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    with pytest.raises(ConfigError) as err:
+        Identity.load("h1", path)
+    said = str(err.value)
+    want = {"missing": "the file does not exist", "node_auth": "node-auth key, not the signing key",
+            "tls": "not Ed25519"}[given]
+    assert str(path) in said and want in said and "h1.ed25519.pem" in said, said

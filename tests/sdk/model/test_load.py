@@ -324,3 +324,21 @@ def test_a_description_naming_huge_dimensions_allocates_nothing_before_it_is_ref
     path, _ = export(tmp_path, name="honest.safetensors")
     load_exported(path, trusted=NORTH.public, insecure_untrusted_model=True)
     assert devices == ["meta", "meta", "cpu"]  # an honest export: shapes first, then the real model
+
+
+@pytest.mark.parametrize("given", ["description", "csv"])
+def test_a_file_that_is_not_safetensors_weights_is_named_with_the_fix(tmp_path, given):
+    """`--model model.safetensors.json` (or a server's initial_model.json, or a CSV) was refused as
+    'description model.safetensors.json.json is missing': the fix it gave, copying both files, was
+    already done."""
+    path, sidecar = export(tmp_path)
+    wrong = sidecar if given == "description" else tmp_path / "risks.csv"
+    if given == "csv":
+        wrong.write_text("patient_id,risk\n1,0.5\n")
+    looks = r"JSON \(a model description or a server's initial model\)" if given == "description" else \
+        "not a safetensors file"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureOptionWarning)
+        with pytest.raises(ConfigError, match=rf"is {looks}, not the weights of an export\. Fix: pass the "
+                                              r"\.safetensors file NSFLTask\.export wrote"):
+            load_exported(wrong, trusted=NORTH.public, insecure_untrusted_model=True)
