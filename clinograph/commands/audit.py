@@ -99,6 +99,8 @@ def _trust_line(report: object, key: bytes | None) -> str:
     if key is not None:
         return (f"signer check FAILED: the log is not signed by the --trusted-key given (it names key "
                 f"{fp or 'none'}); check that --trusted-key is this federation's server.pub")
+    if fp is None:  # nothing signed could be read (not an audit directory, or an empty or altered log)
+        return "signer NOT checked: the log names no server key (no signed entry could be read)"
     return (f"signer NOT checked: no --trusted-key given, so 'verified' means the log is self-consistent under "
             f"the key it names itself (fingerprint {fp}), not that the expected server wrote it")
 

@@ -183,3 +183,12 @@ def test_report_out_that_is_a_folder_or_under_a_file_is_named_with_the_fix(audit
         " ".join(folder.stderr.split()), folder.stderr
     under = runner.invoke(app, ["report", str(d), "--out", str(tmp_path / "export.csv" / "r.html")])
     assert under.exit_code == 1 and "export.csv is a file, not a folder" in " ".join(under.stderr.split()), under.stderr
+
+
+def test_a_report_of_a_folder_with_no_signed_entry_does_not_print_fingerprint_none(tmp_path):
+    """hops4 (left): a folder that is not an audit directory printed '(fingerprint None)' in the
+    trust line, as if a key had been named."""
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "r.html"
+    got = runner.invoke(app, ["report", str(tmp_path / "empty"), "--out", str(out)])
+    assert "signer NOT checked: the log names no server key" in got.stdout and "None" not in got.stdout
