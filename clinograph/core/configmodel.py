@@ -40,14 +40,16 @@ class ConfigModel(BaseModel):
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Self:  # noqa: D102 (pydantic's)
-        try:
-            return super().model_validate(obj, **kwargs)
-        except ValidationError as exc:
-            raise config_validation_error(cls.__name__, exc) from None
+        return _translated(cls, super().model_validate, obj, **kwargs)
 
     @classmethod
     def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Self:  # noqa: D102 (pydantic's)
-        try:
-            return super().model_validate_json(json_data, **kwargs)
-        except ValidationError as exc:
-            raise config_validation_error(cls.__name__, exc) from None
+        return _translated(cls, super().model_validate_json, json_data, **kwargs)
+
+
+def _translated(cls: type, validate: Any, data: Any, **kwargs: Any) -> Any:
+    """``validate(data, **kwargs)`` (pydantic's own), its ValidationError as the tree's error."""
+    try:
+        return validate(data, **kwargs)
+    except ValidationError as exc:
+        raise config_validation_error(cls.__name__, exc) from None
