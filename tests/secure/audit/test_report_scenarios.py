@@ -1,7 +1,7 @@
 """The auditor's six questions, answered from the rendered page after real runs (headless Chromium).
 
 Each scenario is a real federation (``tests/secure/runtime/crash_harness.py``: four hospitals,
-the server through ``build_server``, a journal, real DP ledgers), run in a forked process so a
+the server through ``build_server``, a journal, real DP ledgers), run in a child process so a
 crash can be a real SIGKILL: a clean masked run, a crash and resume, a budget refusal that ends
 the run, a CKKS run and an extension of an ended run; and ``simulate()`` (the one federation run
 the Flower ServerApp also drives) of the four default candidate models, for model selection. The report of each is rendered in headless
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import shutil
 import signal
 import sys
@@ -42,14 +41,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser,
 
 
 def _run(work: Path, *args: str) -> int:
-    """One harness run in a forked process; its exit code (-SIGKILL when it killed itself)."""
-    proc = multiprocessing.get_context("fork").Process(target=crash_harness.main, args=([str(work), *args],))
-    proc.start()
-    proc.join(300)
-    if proc.exitcode is None:
-        proc.kill()
-        raise AssertionError(f"harness run {args} did not finish within 300 s")
-    return int(proc.exitcode)
+    """One harness run in a child process (:func:`crash_harness.run_in_child`); its exit code."""
+    return crash_harness.run_in_child(work, *args)
 
 
 def _payloads(work: Path, kind: str) -> list[dict]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -46,7 +47,9 @@ FEDERATION = "fed-crash"
 DICTIONARY_HASH = "c" * 64
 SIGMA, RATE = 1.0, 0.1
 
-LEDGER_SIGNER = Identity.generate("ledger")  # signs the harness hospitals' privacy ledgers
+#: Signs the ledgers of LineTasks made without a signer (in-process callers); :func:`main` signs with
+#: WORKDIR/keys/ledger.pem instead, so that a run in a fresh process resumes a ledger an earlier one signed.
+LEDGER_SIGNER = Identity.generate("ledger")
 
 
 class LineTask:
@@ -55,7 +58,7 @@ class LineTask:
 
     name = "toy"
 
-    def __init__(self, site: str, state_dir: Path, *, budget: float = 1e6):
+    def __init__(self, site: str, state_dir: Path, *, budget: float = 1e6, signer: Identity | None = None):
         torch.set_num_threads(1)
         self.model = torch.nn.Linear(4, 1)
         with torch.no_grad():
@@ -68,7 +71,8 @@ class LineTask:
         self.x = torch.tensor(x, dtype=torch.float32)
         self.y = torch.tensor(x @ np.array([0.5, -0.3, 0.2, 0.1]) + 0.05 * rng.normal(size=32),
                               dtype=torch.float32).reshape(-1, 1)
-        self.ledger = PrivacyLedger(state_dir, site=site, budget_epsilon=budget, delta=1e-5, signer=LEDGER_SIGNER)
+        self.ledger = PrivacyLedger(state_dir, site=site, budget_epsilon=budget, delta=1e-5,
+                                    signer=signer or LEDGER_SIGNER)
 
     @property
     def num_samples(self) -> int:
@@ -107,7 +111,7 @@ def identities(work: Path) -> dict[str, Identity]:
     keys = work / "keys"
     keys.mkdir(parents=True, exist_ok=True)
     out = {}
-    for name in ("server", *HOSPITALS):
+    for name in ("server", "ledger", *HOSPITALS):
         path = keys / f"{name}.pem"
         if not path.exists():
             Identity.generate(name).save(path)
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     work: Path = args.work
     ids = identities(work)
     publics = {n: ids[n].public for n in HOSPITALS}
-    hospitals = {n: HospitalClient(task=LineTask(n, work / "state" / n, budget=args.budget), identity=ids[n], server=ids["server"].public,
+    hospitals = {n: HospitalClient(task=LineTask(n, work / "state" / n, budget=args.budget,
+                                                                  signer=ids["ledger"]), identity=ids[n], server=ids["server"].public,
                                    peers=publics, dictionary_hash=DICTIONARY_HASH, federation_id=FEDERATION,
                                    release=ReleaseSection(secure_modes=(args.mode,)), state_dir=work / "state" / n)
                  for n in HOSPITALS}
@@ -178,6 +183,27 @@ def main(argv: list[str] | None = None) -> None:
         "history": [r.round for r in server.history],
     }
     (work / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+
+
+def run_in_child(work: Path, *args: str, timeout: float = 300) -> int:
+    """:func:`main` on ``[work, *args]`` in a child process; its exit code (-SIGKILL when the run
+    killed itself at its ``--kill`` boundary).
+
+    The child is forked from a ``forkserver`` (a fresh interpreter that has imported this module
+    and nothing else has run in), not from the caller: a pytest-xdist worker has threads, and a
+    child forked from a threaded process that has used torch's thread pool can crash before it
+    runs a line (seen: SIGSEGV, about one fresh-clone suite in five). The forkserver starts once
+    per process, so each run costs a fork, not an interpreter start."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # no effect if this process's forkserver already runs
+    proc = ctx.Process(target=main, args=([str(work), *args],))
+    proc.start()
+    proc.join(timeout)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+        raise AssertionError(f"harness run {list(args)} did not finish within {timeout:.0f} s")
+    return int(proc.exitcode)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A server SIGKILLed at every stage boundary resumes from its journal to the uninterrupted model.
 
-Each run is a real forked process (``crash_harness.main``) that kills itself with SIGKILL right
+Each run is a real child process (``crash_harness.run_in_child``) that kills itself with SIGKILL right
 after the named journal boundary (the harness's explicit ``--kill`` hook); the next run resumes
 from the journal, the audit trail and the hospitals' state directories in the same folder.
 Masked mode is exact, so the final model must equal an uninterrupted run's bit for bit; CKKS
@@ -12,7 +12,6 @@ every hospital's DP ledger hold exactly the rounds it trained for (aborted ones 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import signal
 import subprocess
 import sys
@@ -30,14 +29,8 @@ MASKED_KILLS = ("open", "plan", "stage 1", "stage 2", "stage 3", "stage 4", "clo
 
 
 def _run(work: Path, *args: str) -> int:
-    """One harness run in a forked process; its exit code (-SIGKILL when it killed itself)."""
-    proc = multiprocessing.get_context("fork").Process(target=crash_harness.main, args=([str(work), *args],))
-    proc.start()
-    proc.join(300)
-    if proc.exitcode is None:
-        proc.kill()
-        raise AssertionError(f"harness run {args} did not finish within 300 s")
-    return int(proc.exitcode)
+    """One harness run in a child process (:func:`crash_harness.run_in_child`); its exit code."""
+    return crash_harness.run_in_child(work, *args)
 
 
 def _entries(work: Path) -> list[dict]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,11 +27,7 @@ import crash_harness  # noqa: E402
 def test_budget_exhaustion_is_a_planned_end_without_an_error_line(tmp_path):
     from clinograph.secure.transport.flower.oplog import progress_line
 
-    proc = multiprocessing.get_context("fork").Process(
-        target=crash_harness.main, args=([str(tmp_path), "--rounds", "4", "--budget", "2.5", "--events"],))
-    proc.start()
-    proc.join(300)
-    assert proc.exitcode == 0
+    assert crash_harness.run_in_child(tmp_path, "--rounds", "4", "--budget", "2.5", "--events") == 0
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     aborted = [e for e in events if e["event"] == "round_aborted"]
     assert len(aborted) == 1 and aborted[0]["planned_end"] is True
