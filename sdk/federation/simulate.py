@@ -37,7 +37,7 @@ from clinograph.secure.runtime.workers import ProcessTransport
 from clinograph.secure.server import FederationServer
 
 from clinograph.core.arguments import checked_arguments
-from clinograph.core.errors import ConfigError
+from clinograph.core.errors import ConfigError, ProtocolError
 from clinograph.core.identity import Identity
 
 from ..config import SimulationConfig
@@ -49,7 +49,7 @@ from .build import build_hospital, run_models
 from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
 from .member import FederationMember, MemberCandidate, canonical, with_horizon
-from .refused import set_aside_refused_run
+from .refused import refusal, set_aside_refused_run
 from .setup import HospitalSetup
 
 
@@ -286,6 +286,8 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     on (in every candidate's run). ``task_factory(table, hospital_config)``: each hospital's task
     when it is not built from the config alone (e.g. a modality task over the hospital's signals).
     ``on_event(kind, data)``: every progress event of the run (names, counts, seconds -- no data).
+    A run every hospital refused before round 1 raises a ProtocolError naming their refusals and
+    the audit log that holds them (no metrics: they would be the untrained model's).
     """
     prep = _prepare(tables, dictionary, config, server_identity=None, choose=choose)
     prep.task_factory = task_factory
@@ -296,6 +298,9 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
         for r, silent in (drop_at or {}).items():
             transport.drop_at(r, silent)
         result = _run(prep, side, transport, audit_dir=Path(audit_dir), on_round=on_round, on_event=on_event)
+        refused = None if result.rounds else refusal(Path(audit_dir))
+        if refused is not None:  # every hospital refused before round 1: the metrics would be the untrained model's
+            raise refused
         if isinstance(transport, ProcessTransport):
             members = transport.members()
         result.hospitals = members
@@ -505,8 +510,10 @@ def simulate_from_config(config: SimulationConfig, *,
         raise ConfigError(f"Output {audit_dir} exists and is not a folder; choose another `output`.")
     if audit_dir.exists() and any(audit_dir.iterdir()):
         raise ConfigError(f"Audit directory {audit_dir} already holds a run; choose another `output` or move it.")
-    result = simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round, on_event=on_event)
-    refused = set_aside_refused_run(audit_dir)  # refused before round 1: audit kept aside, the rerun free
-    if refused is not None:
-        raise refused
-    return result
+    try:
+        return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round, on_event=on_event)
+    except ProtocolError:
+        aside = set_aside_refused_run(audit_dir)  # refused before round 1: audit kept aside, the rerun free
+        if aside is None:
+            raise
+        raise aside from None
