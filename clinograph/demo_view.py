@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -208,8 +207,10 @@ def interrupted_account(audit_dir: Path) -> str:
     if not report.ok:
         return (f"{head}. The audit directory {audit_dir} does NOT verify ({len(report.problems)} problem(s); "
                 f"first: {report.problems[0]}); `clinograph audit verify {audit_dir}` lists them.")
-    last = json.loads((audit_dir / "audit.jsonl").read_text(encoding="utf-8").splitlines()[-1])
-    payload = last.get("payload") or {}
+    from clinograph.secure.audit.read import entries
+
+    last = entries(audit_dir)[-1]
+    payload = last["payload"]
     if last.get("kind") == "run_ended":
         how = (f"its last run ended {payload.get('status')} after {payload.get('rounds_completed')} of "
                f"{payload.get('rounds_planned')} training round(s): {payload.get('reason')}")
@@ -258,21 +259,18 @@ def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None
     dp = f", {cfg.privacy.mode} DP" if cfg.privacy.enabled else ", no DP"
     console.print(final_table(result.final, title=f"Final test metrics ({cfg.federation.rounds} rounds, "
                                                    f"{cfg.federation.secure_mode}{dp})"))
-    for line in privacy_lines(result.audit_dir / "audit.jsonl") if result.audit_dir is not None else ():
+    for line in privacy_lines(result.audit_dir) if result.audit_dir is not None else ():
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     console.print(f"audit: {result.audit_dir}")
 
 
-def privacy_lines(audit_log: Path) -> list[str]:
+def privacy_lines(audit_dir: Path) -> list[str]:
     """What each hospital's privacy ledger says at the end of a run, from its last ``ledger`` entry in
     the audit log (each hospital's one ledger: every candidate's rounds, selection and set-up releases
     included): ε spent of its budget at δ, and under distributed DP also ε of its own share alone."""
-    last: dict[str, dict[str, Any]] = {}
-    if audit_log.is_file():
-        for line in audit_log.read_text().splitlines():
-            entry = json.loads(line)
-            if entry.get("kind") == "ledger":
-                last[entry["payload"]["client"]] = entry["payload"]
+    from clinograph.secure.audit.read import payloads
+
+    last: dict[str, dict[str, Any]] = {p["client"]: p for p in payloads(audit_dir, "ledger")}
     out = []
     for site, p in sorted(last.items()):
         share = p.get("share") if isinstance(p.get("share"), dict) else None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from clinograph.secure.audit.read import payloads
 
 from ..config import SimulationConfig
 from ..datasets.alarm import DICTIONARY_PATH, load_dictionary, make_hospital_tables
@@ -149,10 +150,8 @@ def dp_guarantees(audit_dir: Path) -> dict[str, dict[str, float | int | str]]:
     """Each hospital's latest distributed-DP guarantee from its ledger entries in ``audit_dir``:
     the federation's ε (while at least h hospitals add their share) and ε of its own share alone."""
     out: dict[str, dict[str, float | int | str]] = {}
-    for line in (audit_dir / "audit.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        p = entry["payload"]
-        if entry["kind"] == "ledger" and isinstance(p.get("share"), dict):
+    for p in payloads(audit_dir, "ledger"):
+        if isinstance(p.get("share"), dict):
             out[p["client"]] = {"round": p["round"], "epsilon": p["epsilon"], "delta": p["delta"],
                                 "epsilon_alone": p["share"]["epsilon_alone"], "min_honest": p["share"]["min_honest"],
                                 "mechanism": p["share"]["mechanism"]}
@@ -257,11 +256,7 @@ def run_demo(*, out_dir: Path, rounds: int = DEMO_ROUNDS, seed: int = 0, secure_
     alone = standalone(tables, splits, epochs=epochs, hidden=32, config=config.training, seed=seed)
     fedavg, aligned = fedavg_aligned(tables, splits, rounds=rounds, local_epochs=config.federation.local_epochs,
                                      hidden=32, config=config.training, seed=seed)
-    relevance = {}
-    for line in (audit_dir / "audit.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if entry["kind"] == "feature_relevance":
-            relevance[entry["payload"]["client"]] = entry["payload"]["features"]
+    relevance = {p["client"]: p["features"] for p in payloads(audit_dir, "feature_relevance")}
     from .baselines import reference_baselines as baselines
 
     methods = {"clinograph_nsfl": sim.final, "standalone": alone, "fedavg_aligned": fedavg,

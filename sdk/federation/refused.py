@@ -10,11 +10,10 @@ moved to ``<output>/audit-refused-<UTC time>``, where ``clinograph audit verify`
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from clinograph.core.errors import ProtocolError
+from clinograph.core.errors import IntegrityError, ProtocolError
 
 #: entries a run refused before round 1 writes; any other kind (an aggregate, a release, a set-up sum,
 #: metrics, a model choice) means something was released, and the audit directory stays where it is
@@ -29,13 +28,13 @@ def _refused_before_release(audit_dir: Path) -> tuple[list[dict], int] | None:
     """The run's refusal entries and its entry count if the log at ``audit_dir`` verifies and shows
     runs that all ended with no round completed and nothing released; else None."""
     from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.audit.read import entries as read_entries
 
-    log = audit_dir / "audit.jsonl"
-    if not log.is_file():
-        return None
     try:
-        entries = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, ValueError):  # not this run's readable log: left where it is
+        entries = read_entries(audit_dir)
+    except (OSError, ValueError, IntegrityError):  # not this run's readable log: left where it is
+        return None
+    if not entries:
         return None
     for e in entries:
         kind, payload = e.get("kind"), e.get("payload") or {}

@@ -110,14 +110,10 @@ def _left_out(audit: Path) -> str:
     """The hospitals a round of the audit trail did not count (refused, dropped, rejected), with the
     first reason each: a cell whose round completed without some of its hospitals does not run as
     configured (a strategy's weights that one hospital refuses, say)."""
-    import json
+    from clinograph.secure.audit.read import payloads
 
     out: dict[str, str] = {}
-    for line in (audit / "audit.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if entry.get("kind") != "round_participation":
-            continue
-        p = entry["payload"]
+    for p in payloads(audit, "round_participation"):
         for what in ("refused", "dropped", "rejected"):
             for name, why in sorted((p.get(what) or {}).items()):
                 reason = why.get("reason") if isinstance(why, dict) else why

@@ -141,9 +141,9 @@ def test_simulate_prints_each_hospitals_epsilon_from_its_last_ledger_entry(tmp_p
             ledger("c", 1, 3.0, {"epsilon_alone": 40.5, "min_honest": 2})]
     log = tmp_path / "audit.jsonl"
     log.write_text("\n".join(json.dumps(r) for r in rows))
-    assert [x.split(" (its ledger")[0] for x in privacy_lines(log)] == [
+    assert [x.split(" (its ledger")[0] for x in privacy_lines(tmp_path)] == [
         "privacy: a: ε = 1.500 (δ = 1e-05) after round 0; budget 8.0",
         "privacy: b: ε = 2.250 (δ = 1e-05) after round 1; budget 8.0",
         "privacy: c: ε = 3.000 (δ = 1e-05) after round 1 while at least 2 hospitals add their share and survive; "
         "ε = 40.500 if the others' noise were absent (its own share alone); budget 8.0"]
-    assert privacy_lines(tmp_path / "absent.jsonl") == []
+    assert privacy_lines(tmp_path / "absent") == []
