@@ -28,6 +28,7 @@ the payload does not reference is refused when the payload is parsed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
@@ -65,7 +66,8 @@ class Envelope(WireMessage):
     @property
     def size(self) -> int:
         """Payload plus attachment bytes (what size limits apply to)."""
-        return len(self.payload) + sum(len(a) for a in self.attachments)
+        attachments = self.attachments
+        return len(self.payload) + sum(map(len, attachments)) if attachments else len(self.payload)
 
     def attachment_hashes(self) -> tuple[bytes, ...]:
         """SHA-256 of each attachment, computed once over the bytes held (a copy with other
@@ -212,12 +214,18 @@ def load_payload(envelope: Envelope, model: type[M]) -> M:
     return _load(envelope.kind, envelope.payload, envelope.attachments, model)
 
 
+@functools.cache
+def kind_of(model: type[WireMessage]) -> str:
+    """The envelope kind of ``model``: its ``kind`` field's default (looked up once a model)."""
+    return model.model_fields["kind"].default
+
+
 def _load(kind: str, payload: bytes, attachments: tuple[bytes, ...], model: type[M]) -> M:
     context: dict = {ATTACHMENTS: attachments}
     msg = model.model_validate_json(payload, context=context)
-    used = context.get("used", set())
-    if len(used) != len(attachments):
-        raise ProtocolError(f"Malformed {kind[:64]!r} envelope: {len(attachments) - len(used)} of "
+    used = len(context["used"]) if "used" in context else 0
+    if used != len(attachments):
+        raise ProtocolError(f"Malformed {kind[:64]!r} envelope: {len(attachments) - used} of "
                             f"{len(attachments)} attachment(s) are not referenced by its payload.")
     return msg
 
@@ -225,7 +233,7 @@ def _load(kind: str, payload: bytes, attachments: tuple[bytes, ...], model: type
 def open_envelope(envelope: Envelope, *, sender: PublicIdentity, model: type[M]) -> M:
     """Verify ``envelope`` was signed by ``sender`` and parse it as ``model``."""
     verify_envelope(envelope, sender=sender)
-    expected = model.model_fields["kind"].default
+    expected = kind_of(model)
     if envelope.kind != expected:
         raise ProtocolError(f"Wrong stage: expected a {expected!r} message, got {envelope.kind!r}.")
     return _checked_payload(envelope.kind, envelope.payload, envelope.attachments, model)
@@ -240,7 +248,7 @@ def open_signed(payload: bytes, signature: bytes, *, sender: PublicIdentity, mod
         ProtocolError: the signature is not 64 bytes, or the payload does not parse as ``model``.
         IntegrityError: ``sender`` did not sign ``model``'s kind and this payload.
     """
-    kind = model.model_fields["kind"].default
+    kind = kind_of(model)
     if len(signature) != SIGNATURE_BYTES:
         raise ProtocolError(f"Malformed {kind!r} message of {sender.name!r}: a signature of {len(signature)} bytes.")
     context, data = signed_bytes(kind, payload)

@@ -218,8 +218,11 @@ def test_several_seeds_in_one_pass_equal_one_call_per_seed(chunk):
     from clinograph.secure.hazmat.masking_prg import add_masks
 
     seeds = [(bytes([i]) * 32, sign) for i, sign in ((1, 1), (2, -1), (3, 1))]
+    # three or more parts in a chunk: the keystreams are summed first, per run of one word width
+    # (the two uint16 parts of the fourth layout are one run); the reverse call starts with a minus
     for layout in ([(np.uint32, 700), (np.uint32, 300), (np.uint16, 42), (np.uint32, 9)], [(np.uint32, 1)],
-                   [(np.uint16, 1001), (np.uint32, 9)]):
+                   [(np.uint16, 1001), (np.uint32, 9)], [(np.uint16, 1000), (np.uint16, 500), (np.uint32, 9)],
+                   [(np.uint32, 250)] * 4 + [(np.uint32, 8)]):
         got = [np.arange(n, dtype=dt) for dt, n in layout]
         want = [a.copy() for a in got]
         add_masks(got, seeds, chunk_bytes=chunk)
