@@ -134,6 +134,13 @@ def signed_bytes(kind: str, payload: bytes, hashes: tuple[bytes, ...] | None = N
                                            struct.pack(">H", len(hashes)), *hashes))
 
 
+@functools.lru_cache(maxsize=1024)
+def _valid_sender(name: str) -> bool:
+    """Whether ``name`` matches the envelope's sender pattern (a sealing identity's name: the
+    same few a process, so checked once each)."""
+    return _ID.fullmatch(name) is not None
+
+
 def seal(message: WireMessage, identity: Identity) -> bytes:
     """Serialise ``message`` (Blob fields as attachments), sign it as ``identity`` and return
     the envelope's bytes."""
@@ -144,9 +151,9 @@ def seal(message: WireMessage, identity: Identity) -> bytes:
     payload = message.model_dump_json(context={ATTACHMENTS: blobs}).encode()
     if len(blobs) > MAX_ATTACHMENTS:
         raise ProtocolError(f"{kind!r} message has {len(blobs)} blobs; an envelope carries at most {MAX_ATTACHMENTS}.")
-    if not _ID.fullmatch(identity.name) or len(kind) > 64:  # what Envelope would refuse, without building one
+    if not _valid_sender(identity.name) or len(kind) > 64:  # what Envelope would refuse, without building one
         raise ProtocolError(f"Cannot seal a {kind[:64]!r} message as {identity.name[:64]!r}: invalid sender or kind.")
-    context, data = signed_bytes(kind, payload, tuple(hashlib.sha256(b).digest() for b in blobs))
+    context, data = signed_bytes(kind, payload, tuple(hashlib.sha256(b).digest() for b in blobs) if blobs else None)
     sig = identity.sign(data, context=context)
     return _frame(identity.name, kind, payload, tuple(blobs), sig)
 

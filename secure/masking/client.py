@@ -31,7 +31,6 @@ from .messages import (
     AdvertiseKeys,
     ConsistencyRequest,
     ConsistencySignature,
-    EncryptedShare,
     ForwardShares,
     KeyDirectory,
     MaskedInput,
@@ -156,8 +155,8 @@ class MaskingClient(AggregationClient):
                 self._held[h] = (idx, b_share, s_share)
             elif h in self._peer_keys:
                 key = self._pair_key(h)
-                out.append(EncryptedShare(peer=h, ciphertext=encrypt_share(
-                    key, plan=self.plan, sender=self._me, recipient=h, index=idx, b_share=b_share, s_share=s_share)))
+                out.append({"peer": h, "ciphertext": encrypt_share(  # an EncryptedShare, validated by ShareKeys
+                    key, plan=self.plan, sender=self._me, recipient=h, index=idx, b_share=b_share, s_share=s_share)})
         return ShareKeys(**self._header(), shares=tuple(out))
 
     def _masked_input(self, msg: ForwardShares) -> MaskedInput:
