@@ -28,6 +28,7 @@ the payload does not reference is refused when the payload is parsed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
@@ -65,7 +66,8 @@ class Envelope(WireMessage):
     @property
     def size(self) -> int:
         """Payload plus attachment bytes (what size limits apply to)."""
-        return len(self.payload) + sum(len(a) for a in self.attachments)
+        attachments = self.attachments
+        return len(self.payload) + sum(map(len, attachments)) if attachments else len(self.payload)
 
     def attachment_hashes(self) -> tuple[bytes, ...]:
         """SHA-256 of each attachment, computed once over the bytes held (a copy with other
@@ -132,6 +134,13 @@ def signed_bytes(kind: str, payload: bytes, hashes: tuple[bytes, ...] | None = N
                                            struct.pack(">H", len(hashes)), *hashes))
 
 
+@functools.lru_cache(maxsize=1024)
+def _valid_sender(name: str) -> bool:
+    """Whether ``name`` matches the envelope's sender pattern (a sealing identity's name: the
+    same few a process, so checked once each)."""
+    return _ID.fullmatch(name) is not None
+
+
 def seal(message: WireMessage, identity: Identity) -> bytes:
     """Serialise ``message`` (Blob fields as attachments), sign it as ``identity`` and return
     the envelope's bytes."""
@@ -142,9 +151,9 @@ def seal(message: WireMessage, identity: Identity) -> bytes:
     payload = message.model_dump_json(context={ATTACHMENTS: blobs}).encode()
     if len(blobs) > MAX_ATTACHMENTS:
         raise ProtocolError(f"{kind!r} message has {len(blobs)} blobs; an envelope carries at most {MAX_ATTACHMENTS}.")
-    if not _ID.fullmatch(identity.name) or len(kind) > 64:  # what Envelope would refuse, without building one
+    if not _valid_sender(identity.name) or len(kind) > 64:  # what Envelope would refuse, without building one
         raise ProtocolError(f"Cannot seal a {kind[:64]!r} message as {identity.name[:64]!r}: invalid sender or kind.")
-    context, data = signed_bytes(kind, payload, tuple(hashlib.sha256(b).digest() for b in blobs))
+    context, data = signed_bytes(kind, payload, tuple(hashlib.sha256(b).digest() for b in blobs) if blobs else None)
     sig = identity.sign(data, context=context)
     return _frame(identity.name, kind, payload, tuple(blobs), sig)
 
@@ -212,12 +221,18 @@ def load_payload(envelope: Envelope, model: type[M]) -> M:
     return _load(envelope.kind, envelope.payload, envelope.attachments, model)
 
 
+@functools.cache
+def kind_of(model: type[WireMessage]) -> str:
+    """The envelope kind of ``model``: its ``kind`` field's default (looked up once a model)."""
+    return model.model_fields["kind"].default
+
+
 def _load(kind: str, payload: bytes, attachments: tuple[bytes, ...], model: type[M]) -> M:
     context: dict = {ATTACHMENTS: attachments}
     msg = model.model_validate_json(payload, context=context)
-    used = context.get("used", set())
-    if len(used) != len(attachments):
-        raise ProtocolError(f"Malformed {kind[:64]!r} envelope: {len(attachments) - len(used)} of "
+    used = len(context["used"]) if "used" in context else 0
+    if used != len(attachments):
+        raise ProtocolError(f"Malformed {kind[:64]!r} envelope: {len(attachments) - used} of "
                             f"{len(attachments)} attachment(s) are not referenced by its payload.")
     return msg
 
@@ -225,7 +240,7 @@ def _load(kind: str, payload: bytes, attachments: tuple[bytes, ...], model: type
 def open_envelope(envelope: Envelope, *, sender: PublicIdentity, model: type[M]) -> M:
     """Verify ``envelope`` was signed by ``sender`` and parse it as ``model``."""
     verify_envelope(envelope, sender=sender)
-    expected = model.model_fields["kind"].default
+    expected = kind_of(model)
     if envelope.kind != expected:
         raise ProtocolError(f"Wrong stage: expected a {expected!r} message, got {envelope.kind!r}.")
     return _checked_payload(envelope.kind, envelope.payload, envelope.attachments, model)
@@ -240,7 +255,7 @@ def open_signed(payload: bytes, signature: bytes, *, sender: PublicIdentity, mod
         ProtocolError: the signature is not 64 bytes, or the payload does not parse as ``model``.
         IntegrityError: ``sender`` did not sign ``model``'s kind and this payload.
     """
-    kind = model.model_fields["kind"].default
+    kind = kind_of(model)
     if len(signature) != SIGNATURE_BYTES:
         raise ProtocolError(f"Malformed {kind!r} message of {sender.name!r}: a signature of {len(signature)} bytes.")
     context, data = signed_bytes(kind, payload)

@@ -18,7 +18,7 @@ from clinograph.core.identity import PublicIdentity
 from clinograph.core.spec import ModuleKind
 
 from ..messages import ModuleTensor, RoundPlan, WireMessage
-from ..wire import Envelope, load_payload, verify_envelope
+from ..wire import Envelope, kind_of, load_payload, verify_envelope
 
 M = TypeVar("M", bound=WireMessage)
 
@@ -107,7 +107,7 @@ def authenticate(plan: RoundPlan, envelope: Envelope, *, peers: Mapping[str, Pub
         verify_envelope(envelope, sender=key)
     except IntegrityError as exc:
         raise Unattributed("bad_signature", str(exc)) from None
-    expected = model.model_fields["kind"].default
+    expected = kind_of(model)
     if envelope.kind != expected:
         raise Unattributed("wrong_stage", f"Wrong stage: expected a {expected!r} message, got {envelope.kind[:64]!r}.")
     if envelope.digest() in seen:

@@ -31,7 +31,6 @@ from .messages import (
     AdvertiseKeys,
     ConsistencyRequest,
     ConsistencySignature,
-    EncryptedShare,
     ForwardShares,
     KeyDirectory,
     MaskedInput,
@@ -88,6 +87,7 @@ class MaskingClient(AggregationClient):
         self._held: dict[str, tuple[int, bytes, bytes]] = {}
         self._masked_with: frozenset[str] = frozenset()
         self._signed_u3: tuple[str, ...] | None = None
+        self._signed_digest: str | None = None  # survivors_digest of _signed_u3
 
     def __reduce__(self):  # noqa: D105
         raise TypeError("MaskingClient holds a round's key pairs, pairwise keys and self-mask seed and refuses "
@@ -156,8 +156,8 @@ class MaskingClient(AggregationClient):
                 self._held[h] = (idx, b_share, s_share)
             elif h in self._peer_keys:
                 key = self._pair_key(h)
-                out.append(EncryptedShare(peer=h, ciphertext=encrypt_share(
-                    key, plan=self.plan, sender=self._me, recipient=h, index=idx, b_share=b_share, s_share=s_share)))
+                out.append({"peer": h, "ciphertext": encrypt_share(  # an EncryptedShare, validated by ShareKeys
+                    key, plan=self.plan, sender=self._me, recipient=h, index=idx, b_share=b_share, s_share=s_share)})
         return ShareKeys(**self._header(), shares=tuple(out))
 
     def _masked_input(self, msg: ForwardShares) -> MaskedInput:
@@ -202,7 +202,8 @@ class MaskingClient(AggregationClient):
         u3 = check_survivor_set(me=self._me, survivors=msg.survivors, participants=self.plan.participants,
                                 threshold=self.params.threshold, min_clients=self.plan.min_clients)
         self._signed_u3 = u3  # the reply's envelope signature is the consistency signature
-        return ConsistencySignature(**self._header(), survivors_digest=survivors_digest(self.plan, u3))
+        self._signed_digest = survivors_digest(self.plan, u3)
+        return ConsistencySignature(**self._header(), survivors_digest=self._signed_digest)
 
     def _unmask(self, msg: UnmaskRequest) -> UnmaskResponse:
         check_unmask_request(me=self._me, survivors=msg.survivors, dropped=msg.dropped,
@@ -210,7 +211,8 @@ class MaskingClient(AggregationClient):
         if self._signed_u3 is None:  # unreachable through handle(): stage 4 follows stage 3
             raise ProtocolError("No survivor set was signed this round. Refused.")
         check_signatures(plan=self.plan, signed=self._signed_u3, survivors=msg.survivors,
-                         signatures=msg.signatures, peers=self.peers, threshold=self.params.threshold)
+                         signatures=msg.signatures, peers=self.peers, threshold=self.params.threshold,
+                         digest=self._signed_digest)
         return UnmaskResponse(**self._header(), shares=self._reveal(set(msg.survivors), set(msg.dropped)))
 
     def _reveal(self, survivors: set[str], dropped: set[str]) -> tuple[RevealedShare, ...]:

@@ -91,7 +91,7 @@ def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Itera
 
 def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Iterable[str],
                      signatures: Iterable[SurvivorSignature], peers: Mapping[str, PublicIdentity],
-                     threshold: int) -> None:
+                     threshold: int, digest: str | None = None) -> None:
     """Refuse an unmask request whose U3 is not the one this client signed, or is not vouched for
     by at least ``threshold`` valid signatures from distinct members of U3 (Bonawitz et al. 2017,
     round 5 check). Every listed signature must name a distinct member of U3; signatures are
@@ -100,13 +100,15 @@ def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Ite
     first ``threshold`` valid ones are not verified: they add nothing to the check, and
     verifying all |U3| of them made the check the costliest part of a small round.
 
+    ``digest``: :func:`survivors_digest` of ``signed``, if the caller kept it when it signed.
+
     Raises:
         ProtocolError: naming what was wrong (never a key or signature bytes).
     """
     if tuple(sorted(survivors)) != signed:
         raise ProtocolError("Unmask request's survivor set differs from the survivor set U3 this client signed at "
                             "the consistency check. Refused (the server shows clients different views).")
-    digest, spec_digest, seen = survivors_digest(plan, signed), plan.spec.digest(), set()
+    digest, spec_digest, seen = digest or survivors_digest(plan, signed), plan.spec.digest(), set()
     members = set(signed)
     for s in signatures:
         if s.client in seen:

@@ -43,7 +43,6 @@ from .messages import (
     AdvertiseKeys,
     ConsistencyRequest,
     ConsistencySignature,
-    EncryptedShare,
     ForwardShares,
     KeyDirectory,
     MaskedInput,
@@ -104,7 +103,7 @@ class MaskingServer(AggregationServer):
         self._alive: list[set[str]] = []  # U1..U5 of the paper: who completed stage 0..4
         self._rejected: dict[str, str] = {}
         self._keys: dict[str, AdvertiseKeys] = {}
-        self._outbox: dict[str, list[EncryptedShare]] = {}
+        self._outbox: dict[str, list[dict]] = {}  # EncryptedShare fields, by recipient
         self._sum: list[np.ndarray] | None = None
         self._vouched: dict[str, PeerKeys] = {}  # AdvertiseKeys envelopes (payload, signature), to relay
         self._signatures: dict[str, SurvivorSignature] = {}  # ConsistencySignature envelopes, likewise
@@ -114,6 +113,8 @@ class MaskingServer(AggregationServer):
         self._abort: str | None = None
         self._spec_digest = self.plan.spec.digest()
         self._u3_digest: str | None = None  # survivors_digest of U3, once U3 is known (stage 3)
+        self._max_bytes = (64 * 1024 + 1024 * len(self.plan.participants),  # max_message_bytes: other stages,
+                           word_bytes(self._layout, self.params) + 4096)  # and the masked input's
 
     @property
     def expected(self) -> frozenset[str]:
@@ -128,9 +129,7 @@ class MaskingServer(AggregationServer):
     def max_message_bytes(self) -> int:
         """Largest envelope accepted at the current stage (a masked vector is one raw attachment
         of its word bytes, plus a small JSON header)."""
-        if self._stage == 2:
-            return word_bytes(self._layout, self.params) + 4096
-        return 64 * 1024 + 1024 * len(self.plan.participants)
+        return self._max_bytes[self._stage == 2]
 
     def receive_bytes(self, sender: str, data: bytes) -> None:
         """Parse raw bytes that arrived on ``sender``'s authenticated channel, then :meth:`receive`.
@@ -206,8 +205,8 @@ class MaskingServer(AggregationServer):
             if sorted(peers) != sorted(keyed):
                 raise ProtocolError(f"{sender!r} sent shares for {len(peers)} peer(s); expected exactly one for "
                                     f"each of its {len(keyed)} neighbour(s) with keys.")
-            for s in msg.shares:
-                self._outbox.setdefault(s.peer, []).append(EncryptedShare(peer=sender, ciphertext=s.ciphertext))
+            for s in msg.shares:  # ForwardShares validates each (strictly) when it is built: no model a share here
+                self._outbox.setdefault(s.peer, []).append({"peer": sender, "ciphertext": s.ciphertext})
         elif isinstance(msg, MaskedInput):
             parts = split_modules(from_words(msg.words, layout=self._layout, params=self.params, sender=sender),
                                   layout=self._layout)  # kept per module: decode_sum frees each in turn
@@ -259,7 +258,7 @@ class MaskingServer(AggregationServer):
                 out[u] = KeyDirectory(federation_id=p.federation_id, round=p.round, recipient=u, keys=keys)
         elif closing == 1:
             for u in alive:
-                fwd = tuple(s for s in self._outbox.get(u, ()) if s.peer in alive)
+                fwd = tuple(s for s in self._outbox.get(u, ()) if s["peer"] in alive)
                 out[u] = ForwardShares(federation_id=p.federation_id, round=p.round, recipient=u, shares=fwd)
             self._outbox.clear()
         elif closing == 2:

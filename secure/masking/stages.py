@@ -34,7 +34,7 @@ from ..hazmat import fixedpoint
 from ..hazmat.shamir import SHARE_BYTES
 from ..hazmat.x25519 import encode_context, hkdf
 from ..messages import ID_PATTERN, RoundPlan, WireMessage
-from ..wire import SIGNATURE_BYTES, open_signed
+from ..wire import SIGNATURE_BYTES, kind_of, open_signed
 from .messages import MASKING_VERSION as MASKING_VERSION  # re-exported: it lives with the messages
 from .params import MaskingParams
 
@@ -338,7 +338,7 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
         ProtocolError: the payload does not parse, or names another client, federation, round,
             ModelSpec or dictionary.
     """
-    kind = model.model_fields["kind"].default
+    kind = kind_of(model)
     if len(signature) != SIGNATURE_BYTES or not _ID.fullmatch(client):  # what an Envelope of them would refuse
         raise ProtocolError(f"Relayed {kind!r} message of {client[:64]!r} is malformed.")
     try:

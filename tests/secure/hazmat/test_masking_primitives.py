@@ -218,8 +218,11 @@ def test_several_seeds_in_one_pass_equal_one_call_per_seed(chunk):
     from clinograph.secure.hazmat.masking_prg import add_masks
 
     seeds = [(bytes([i]) * 32, sign) for i, sign in ((1, 1), (2, -1), (3, 1))]
+    # three or more parts in a chunk: the keystreams are summed first, per run of one word width
+    # (the two uint16 parts of the fourth layout are one run); the reverse call starts with a minus
     for layout in ([(np.uint32, 700), (np.uint32, 300), (np.uint16, 42), (np.uint32, 9)], [(np.uint32, 1)],
-                   [(np.uint16, 1001), (np.uint32, 9)]):
+                   [(np.uint16, 1001), (np.uint32, 9)], [(np.uint16, 1000), (np.uint16, 500), (np.uint32, 9)],
+                   [(np.uint32, 250)] * 4 + [(np.uint32, 8)]):
         got = [np.arange(n, dtype=dt) for dt, n in layout]
         want = [a.copy() for a in got]
         add_masks(got, seeds, chunk_bytes=chunk)
@@ -235,3 +238,26 @@ def test_several_seeds_in_one_pass_equal_one_call_per_seed(chunk):
     with pytest.raises(ValueError, match="seed must be 32 bytes"):
         add_masks(got, [(bytes(32), 1), (b"short", 1)])
     assert all(np.array_equal(g, np.arange(n, dtype=dt)) for g, (dt, n) in zip(got, layout, strict=True))  # untouched
+
+
+def test_shamir_coefficients_are_randbelow_rejection_sampling_on_one_urandom_draw(monkeypatch):
+    """A split's random coefficients: 257-bit candidates (33 bytes, top 257 bits), each kept iff
+    below PRIME and drawn again otherwise (secrets.randbelow's method), read from one os.urandom
+    call for all of them and from a further call only when too many were refused."""
+    from clinograph.secure.hazmat import shamir
+    from clinograph.secure.hazmat.shamir import PRIME, SHARE_BYTES
+
+    def cand(v: int) -> bytes:  # the 33 bytes whose top 257 bits read as v
+        return (v << 7).to_bytes(SHARE_BYTES, "big")
+
+    pools = [cand(2**257 - 1) + cand(PRIME) + cand(PRIME - 1) + cand(5), cand(PRIME + 1) + cand(PRIME), cand(0) + cand(7)]
+    asked = []
+
+    def urandom(n):
+        asked.append(n)
+        return pools.pop(0)
+
+    monkeypatch.setattr(shamir.os, "urandom", urandom)
+    assert shamir._field_elements(2) == [PRIME - 1, 5]  # 2^257 - 1 and PRIME refused
+    assert asked == [4 * SHARE_BYTES]
+    assert shamir._field_elements(1) == [0] and asked[1:] == [2 * SHARE_BYTES, 2 * SHARE_BYTES]  # both refused: redrawn
