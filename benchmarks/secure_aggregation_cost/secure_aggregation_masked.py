@@ -342,14 +342,17 @@ def party_seconds(ours: _Ours, mode: str, ops: Counter | None = None, first: int
     return out
 
 
-def party_floor(ours: _Ours, units: dict, plain: dict) -> dict:
+def party_floor(ours: _Ours, units: dict, plain: dict, *, sized: bool = True) -> dict:
     """The floor of each party, as :func:`floor` is the round's: a party's measured plaintext
     seconds plus the unit cost of the operations the masked round makes it do beyond the
     plaintext round's (operations counted per party, :func:`party_seconds` with ``ops``).
 
     ``plain``: median plaintext seconds per party (``server`` and every client). Returns the
     floor seconds per party and the operations behind them (server and the first client; the
-    clients' counts differ only by how many neighbours the graph gives each)."""
+    clients' counts differ only by how many neighbours the graph gives each). ``sized=False``:
+    every signature priced at the unit's message size (:data:`SIZED_UNITS` left out)."""
+    if not sized:
+        units = {k: v for k, v in units.items() if k not in SIZED_UNITS}
     counted = {}
     for mode in ("insecure_plaintext", "masked"):
         with counting() as n:
@@ -387,13 +390,13 @@ def counting(*, timed: bool = False):
     n: Counter = Counter()
     saved = []
 
-    def wrap(owner, name, key, size=None):
+    def wrap(owner, name, key, size=None, *, time_it=True):
         orig = getattr(owner, name)
         saved.append((owner, name, orig))
 
         def counted(*a, **k):
             n[key] += size(*a, **k) if size else 1
-            if not timed:
+            if not timed or not time_it:
                 return orig(*a, **k)
             c0 = time.thread_time()
             try:
@@ -410,6 +413,11 @@ def counting(*, timed: bool = False):
 
     wrap(Identity, "sign", "ed25519_sign")
     wrap(PublicIdentity, "verify", "ed25519_verify")
+    # the bytes each signs or verifies beyond the unit's message (SIZED_UNITS; negative for a shorter one)
+    wrap(Identity, "sign", "ed25519_sign_msg_bytes", lambda _me, data, **_: len(data) - UNIT_MESSAGE_BYTES,
+         time_it=False)
+    wrap(PublicIdentity, "verify", "ed25519_verify_msg_bytes",
+         lambda _pub, _sig, data, **_: len(data) - UNIT_MESSAGE_BYTES, time_it=False)
     for mod in (masking_client, masking_server):
         wrap(mod, "agree", "x25519_agree")
         if hasattr(mod, "add_mask_parts"):  # one seed a call (and the code before add_masks)
@@ -441,12 +449,23 @@ def counting(*, timed: bool = False):
             setattr(owner, name, orig)
 
 
+#: The message an Ed25519 sign or verify unit cost is measured on (about one small JSON payload).
+UNIT_MESSAGE_BYTES = 300
+#: Units of the message bytes signed or verified beyond :data:`UNIT_MESSAGE_BYTES` (seconds a byte,
+#: the marginal cost: Ed25519 hashes the message, SHA-512, twice to sign and once to verify). With
+#: them the floor prices each signature at the size of what it signs (a server signs 2-3 kB key
+#: directories); without them (``fixed_size`` in the JSON) every signature is priced at 300 bytes.
+SIZED_UNITS = ("ed25519_sign_msg_bytes", "ed25519_verify_msg_bytes")
+
+
 def unit_costs(reps: int = 200, clock=time.perf_counter) -> dict:
     """Seconds per operation counted by :func:`counting`, measured here (median of batches) on
     ``clock`` (wall time, or ``time.thread_time`` for CPU seconds)."""
     me = Identity.generate("unit")
-    msg = os.urandom(300)  # about one JSON payload
+    msg = os.urandom(UNIT_MESSAGE_BYTES)
     sig = me.sign(msg, context=b"bench")
+    long = os.urandom(UNIT_MESSAGE_BYTES + 8000)
+    long_sig = me.sign(long, context=b"bench")
     sk, _ = x25519.generate_keypair()
     _, pk = x25519.generate_keypair()
     big = np.zeros(1 << 20, dtype=np.uint32)  # 4 MB, as at P = 1e6
@@ -461,9 +480,14 @@ def unit_costs(reps: int = 200, clock=time.perf_counter) -> dict:
             batches.append((clock() - t0) / n)
         return statistics.median(batches)
 
+    sign = per_op(lambda: me.sign(msg, context=b"bench"), reps)
+    verify = per_op(lambda: me.public.verify(sig, msg, context=b"bench"), reps)
     return {
-        "ed25519_sign": per_op(lambda: me.sign(msg, context=b"bench"), reps),
-        "ed25519_verify": per_op(lambda: me.public.verify(sig, msg, context=b"bench"), reps),
+        "ed25519_sign": sign,
+        "ed25519_verify": verify,
+        "ed25519_sign_msg_bytes": max(per_op(lambda: me.sign(long, context=b"bench"), reps) - sign, 0.0) / 8000,
+        "ed25519_verify_msg_bytes": max(per_op(lambda: me.public.verify(long_sig, long, context=b"bench"), reps)
+                                        - verify, 0.0) / 8000,
         "x25519_keygen": per_op(x25519.generate_keypair, reps),
         "x25519_agree": per_op(lambda: x25519.agree(sk, pk, label=b"bench", context=b""), reps),
         "prg_bytes": per_op(lambda: add_mask_parts([big], b"\x01" * 32, sign=1), 5) / big.nbytes,
@@ -509,7 +533,9 @@ def per_party_floor(ours: _Ours, parties: dict[str, list[dict]], wall_units: dic
         med = {s: {party: statistics.median(pick(r, party) for r in rows) for party in ["server", *ours.names]}
                for s, rows in parties.items()}
         pf = party_floor(ours, units, med["insecure_plaintext"])
+        fixed = party_floor(ours, units, med["insecure_plaintext"], sized=False)["seconds"]
         over = {party: med["masked"][party] / pf["seconds"][party] for party in med["masked"]}
+        over_fixed = {party: med["masked"][party] / fixed[party] for party in med["masked"]}
         clients = {c: over[c] for c in ours.names}
         worst = max(clients, key=clients.get)
         out[clock] = {
@@ -524,6 +550,11 @@ def per_party_floor(ours: _Ours, parties: dict[str, list[dict]], wall_units: dic
                                         "client_first": statistics.median(pick(r, r["first"]) / pf["seconds"][r["first"]]
                                                                           for r in parties["masked"])},
             "client_worst_name": worst,  # a different hospital from run to run: the worst of n is noise
+            # the same against a floor pricing every signature at UNIT_MESSAGE_BYTES (the earlier passes' floor)
+            "ratio_masked_over_floor_fixed_size": {
+                "server": over_fixed["server"],
+                "client_median": statistics.median(over_fixed[c] for c in ours.names),
+                "client_worst": max(over_fixed[c] for c in ours.names)},
         }
     out["operations"] = pf["operations"]
     return out
@@ -647,10 +678,13 @@ def main(argv: list[str] | None = None) -> dict:
         cases.append(row)
         m, pp = row["seconds_per_round_median"], row["per_party_ratio_masked_over_plaintext"]
         pf = row["per_party_floor"]["cpu"]["ratio_masked_over_floor"]
+        pfx = row["per_party_floor"]["cpu"]["ratio_masked_over_floor_fixed_size"]
         print(f"n={n} P={p}: " + ", ".join(f"{s} {v:.3f} s" for s, v in m.items())
               + f"; masked/plaintext {row['ratio_masked_over_plaintext']:.2f} (floor {row['floor']['ratio_floor']:.2f}; "
               f"server {pp['server']:.2f}, slowest client {pp['client_max']:.2f}); per party / its floor (CPU): "
-              f"server {pf['server']:.2f}, clients median {pf['client_median']:.2f}, worst {pf['client_worst']:.2f}",
+              f"server {pf['server']:.2f}, clients median {pf['client_median']:.2f}, worst {pf['client_worst']:.2f}; "
+              f"signatures priced at {UNIT_MESSAGE_BYTES} B: server {pfx['server']:.2f}, clients median "
+              f"{pfx['client_median']:.2f}",
               file=sys.stderr)
     result = {"benchmark": "secure_aggregation_masked", "quick": args.quick, "reps": args.reps,
               "machine": machine(("pydantic", "pycryptodome")), "mask_prg": MASK_PRG,
