@@ -62,12 +62,39 @@ PRELOAD = ("flwr.supernode.runtime.run_clientapp", "clinograph.secure.transport.
 _log = logging.getLogger(__name__)
 
 
+class _NoBlankLines(logging.Filter):
+    """Drops an INFO record with no text: what Flower's ``flwr_exit`` logs when a ClientApp ends
+    cleanly (exit code 0, no message)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and isinstance(record.msg, str) and not record.msg.strip())
+
+
+def quiet_clientapp_logging() -> None:
+    """In the forked ClientApp: no blank line at its exit (one a message in the hospital's log:
+    15 a round of 3 hospitals' masked exchanges, between the SuperNode's lines) and Flower's colours
+    only on a terminal (a SuperNode's log file held ``\\x1b[92mINFO \\x1b[0m:``)."""
+    import sys
+
+    from flwr.common.logger import update_console_handler
+
+    flwr_logger = logging.getLogger("flwr")
+    if not any(isinstance(f, _NoBlankLines) for f in flwr_logger.filters):
+        flwr_logger.addFilter(_NoBlankLines())
+    try:
+        terminal = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    update_console_handler(colored=terminal)
+
+
 def run_task(spec: ExecutionSpec, clientapp: str = CLINOGRAPH_CLIENTAPP) -> None:
     """In the forked child: what ``flwr-clientapp`` does with the arguments SubprocessExecutor gives it,
     running only the ClientApp ``clientapp`` whatever the run's FAB names (:mod:`.clientapp_pin`)."""
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
 
+    quiet_clientapp_logging()
     pin_clientapp(clientapp)
 
     run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token, insecure=spec.insecure,

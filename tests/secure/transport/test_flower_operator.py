@@ -194,6 +194,51 @@ def test_hospital_log_lines_appear_once_and_debug_is_off_by_default():
         logging.getLogger("clinograph").setLevel(saved[3])
 
 
+def test_flowers_five_lines_a_message_are_left_out_of_a_hospitals_log_unless_debug():
+    """A loopback run of the deployment guide left 1 108 lines in a hospital's log, 52 of them
+    Clinograph's: Flower logs '', '[RUN r, ROUND x]', 'Receiving: ... (ID: ...)', 'Received
+    successfully' and the same for sending, at INFO, for every message."""
+    flwr_logger = logging.getLogger("flwr")
+    saved = (list(logging.getLogger().handlers), logging.getLogger().level,
+             flwr_logger.propagate, list(flwr_logger.filters), logging.getLogger("clinograph").level)
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    flwr_logger.addHandler(keep)
+    try:
+        for level, expected in (("info", ["SuperNode ID: 7", "Connection lost"]),
+                                ("debug", ["SuperNode ID: 7", "", "[RUN 1, ROUND round-0]", "Receiving: q message "
+                                           "(ID: ab)", "Received successfully", "Sent successfully",
+                                           "Connection lost"])):
+            seen.clear()
+            configure_hospital_logging(level, stream=io.StringIO())
+            flwr_logger.info("SuperNode ID: %s", 7)
+            flwr_logger.info("")
+            flwr_logger.info("[RUN %s, ROUND %s]", 1, "round-0")
+            flwr_logger.info("Receiving: %s message (ID: %s)", "q", "ab")
+            flwr_logger.info("Received successfully")
+            flwr_logger.info("Sent successfully")
+            flwr_logger.warning("Connection lost")
+            assert seen == expected, level
+            from flwr.common.logger import console_handler
+
+            assert console_handler.colored is False  # stderr is not a terminal here: no escape codes in a log file
+    finally:
+        flwr_logger.removeHandler(keep)
+        flwr_logger.filters[:] = saved[3]
+        logging.getLogger().handlers[:] = saved[0]
+        logging.getLogger().setLevel(saved[1])
+        flwr_logger.propagate = saved[2]
+        logging.getLogger("clinograph").setLevel(saved[4])
+        from flwr.common.logger import update_console_handler
+
+        update_console_handler(level="INFO", timestamps=False, colored=True)
+
+
 @pytest.mark.parametrize("kind", ["refused", "dropped", "hospital_retired", "failed", "run_ended"])
 def test_a_hospitals_reason_cannot_write_escapes_or_fake_lines_to_the_operators_terminal(kind):
     """A refusal's reason is the hospital's own signed text: ANSI escapes, a newline and a fake log

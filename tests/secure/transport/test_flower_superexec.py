@@ -333,3 +333,38 @@ def test_a_clientapp_that_died_running_is_answered_at_once_and_only_then(monkeyp
                     5: types.SimpleNamespace(is_alive=lambda: True, exitcode=None, close=lambda: None)}
     ex.reconcile()
     assert expired == [4] and list(ex._children) == [5]  # a clean exit (it replied) is not expired
+
+
+def test_a_forked_clientapp_logs_no_blank_line_at_its_exit_and_no_colours_off_a_terminal():
+    """Flower's `flwr_exit` logs an empty INFO line when a ClientApp ends cleanly: one blank,
+    coloured line a message in the hospital's log (seen on a loopback run of the deployment guide,
+    traced to flwr/supercore/exit/exit.py); the text of every other record, and an empty ERROR, stay."""
+    import logging
+
+    from clinograph.secure.transport.flower.superexec import quiet_clientapp_logging
+    from flwr.common.logger import console_handler
+
+    flwr_logger = logging.getLogger("flwr")
+    saved_filters, saved_colored = list(flwr_logger.filters), console_handler.colored
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.levelno, record.getMessage()))
+
+    keep = Keep()
+    flwr_logger.addHandler(keep)
+    try:
+        quiet_clientapp_logging()
+        quiet_clientapp_logging()  # idempotent: one filter
+        flwr_logger.info("")
+        flwr_logger.info("  ")
+        flwr_logger.info("ClientApp raised")
+        flwr_logger.error("")
+        assert seen == [(logging.INFO, "ClientApp raised"), (logging.ERROR, "")]
+        assert console_handler.colored is False  # stderr is captured here, not a terminal
+        assert len(flwr_logger.filters) == len(saved_filters) + 1
+    finally:
+        flwr_logger.removeHandler(keep)
+        flwr_logger.filters[:] = saved_filters
+        console_handler.colored = saved_colored
