@@ -723,3 +723,42 @@ def test_every_run_config_key_the_docs_and_the_serverapp_use_is_declared_by_the_
     assert run_config_gaps('x\n`--run-config\n  "rounds=3 audit-dir=\'/a\'"`', "bogus.md", declared) == [
         "bogus.md:2: --run-config key 'audit-dir' is not declared in examples/flower_deployment/app/pyproject.toml "
         "[tool.flwr.app.config] -- declare it there or fix the doc"]
+
+
+#: names a quickstart block leaves to the reader on purpose (said in the block: "your own ...")
+READERS_OWN = {"my_baseline"}
+
+
+def unbound_names(source: str) -> list[str]:
+    """Names a Python block loads that nothing in it binds (import, assignment, def, argument) and
+    that are not builtins: a NameError for an integrator who pastes the block."""
+    import builtins
+
+    tree = ast.parse(source)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                   and n.id not in bound})
+
+
+def test_the_quickstarts_python_blocks_bind_every_name_they_use() -> None:
+    """Section 7's block ingested a CSV with `schema=schema`, a name it never set: pasted as the
+    page invites, it stopped at a NameError (session 50's run of every quickstart block)."""
+    problems = []
+    for rel in ("docs/quickstart.md", "README.md"):
+        for s in parse(REPO / rel).snippets:
+            if s.lang in PYTHON:
+                missing = [n for n in unbound_names(s.text) if n not in READERS_OWN]
+                if missing:
+                    problems.append(f"{rel}:{s.line}: the block uses {missing} without defining or importing them")
+    assert not problems, "\n".join(problems)
+    assert unbound_names("import clinograph as cg\nt = cg.ingest(x, schema=schema)\ndef f(a):\n    return a\n") == [
+        "schema", "x"]
