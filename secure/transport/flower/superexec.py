@@ -88,6 +88,24 @@ def quiet_clientapp_logging() -> None:
     update_console_handler(colored=terminal)
 
 
+def await_listening(address: str, *, stop: threading.Event, limit: float = 60.0, every: float = 0.05) -> bool:
+    """Wait until ``host:port`` accepts a TCP connection (True), ``stop`` is set or ``limit`` seconds
+    passed (False; the caller's first call then says what is wrong)."""
+    import socket
+    import time
+
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    deadline = time.monotonic() + limit
+    while not stop.is_set() and time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return True
+        except (OSError, ValueError):
+            stop.wait(every)
+    return False
+
+
 def run_task(spec: ExecutionSpec, clientapp: str = CLINOGRAPH_CLIENTAPP) -> None:
     """In the forked child: what ``flwr-clientapp`` does with the arguments SubprocessExecutor gives it,
     running only the ClientApp ``clientapp`` whatever the run's FAB names (:mod:`.clientapp_pin`)."""
@@ -275,6 +293,9 @@ class SuperExecLoop:
         from flwr.proto.runtime_pb2 import AcquireTaskRequest
 
         client, plugin = self._runtime, self._plugin
+        # the loop starts before Flower's SuperNode serves its Runtime API: its first poll met a closed
+        # port and Flower's retry logged "Connection attempt failed" at every node's start
+        await_listening(self.api.address, stop=self._stop)
         try:
             while not self._stop.is_set():
                 if not self.may_poll():

@@ -368,3 +368,31 @@ def test_a_forked_clientapp_logs_no_blank_line_at_its_exit_and_no_colours_off_a_
         flwr_logger.removeHandler(keep)
         flwr_logger.filters[:] = saved_filters
         console_handler.colored = saved_colored
+
+
+def test_the_superexec_loop_waits_for_the_runtime_api_to_listen_before_its_first_poll():
+    """Every SuperNode start logged Flower's 'Connection attempt failed, retrying': our SuperExec
+    polled the node's Runtime API before Flower's SuperNode served it."""
+    import socket
+    import threading
+    import time
+
+    from clinograph.secure.transport.flower.superexec import await_listening
+
+    stop = threading.Event()
+    with socket.socket() as probe:  # a free port, closed again: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    assert await_listening(f"127.0.0.1:{port}", stop=stop, limit=0.2) is False
+    assert 0.15 < time.monotonic() - started < 2.0
+    server = socket.socket()
+    try:
+        timer = threading.Timer(0.1, lambda: (server.bind(("127.0.0.1", port)), server.listen()))
+        timer.start()
+        assert await_listening(f"127.0.0.1:{port}", stop=stop, limit=5.0) is True  # once it listens
+        timer.join()
+    finally:
+        server.close()
+    stop.set()
+    assert await_listening(f"127.0.0.1:{port}", stop=stop, limit=5.0) is False  # stopped: no wait
