@@ -45,6 +45,7 @@ from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, Subpr
 
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP, pin_clientapp
 from .crash_report import expire_task
+from .logfilters import NoBlankLines, install, is_terminal
 
 #: Seconds between two task polls of the Runtime API when no task was waiting (Flower's too). A
 #: poll is one small local HTTP call; a message the SuperNode stores does not wait for it (the
@@ -62,30 +63,16 @@ PRELOAD = ("flwr.supernode.runtime.run_clientapp", "clinograph.secure.transport.
 _log = logging.getLogger(__name__)
 
 
-class _NoBlankLines(logging.Filter):
-    """Drops an INFO record with no text: what Flower's ``flwr_exit`` logs when a ClientApp ends
-    cleanly (exit code 0, no message)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.INFO and isinstance(record.msg, str) and not record.msg.strip())
-
-
 def quiet_clientapp_logging() -> None:
     """In the forked ClientApp: no blank line at its exit (one a message in the hospital's log:
     15 a round of 3 hospitals' masked exchanges, between the SuperNode's lines) and Flower's colours
-    only on a terminal (a SuperNode's log file held ``\\x1b[92mINFO \\x1b[0m:``)."""
+    only on a terminal (a SuperNode's log file held ``\\x1b[92mINFO \\x1b[0m:``): :mod:`.logfilters`."""
     import sys
 
     from flwr.common.logger import update_console_handler
 
-    flwr_logger = logging.getLogger("flwr")
-    if not any(isinstance(f, _NoBlankLines) for f in flwr_logger.filters):
-        flwr_logger.addFilter(_NoBlankLines())
-    try:
-        terminal = sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        terminal = False
-    update_console_handler(colored=terminal)
+    install(NoBlankLines)
+    update_console_handler(colored=is_terminal(sys.stderr))
 
 
 def await_listening(address: str, *, stop: threading.Event, limit: float = 60.0, every: float = 0.05) -> bool:

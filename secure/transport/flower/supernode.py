@@ -47,6 +47,7 @@ from ...policy import Environment, require_allowed
 from . import check_flower_version
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP
 from .crash_report import capture_node_state
+from .logfilters import NoPerMessageLines, install, is_terminal
 from .polling import (
     DEFAULT_IDLE_POLL,
     DEFAULT_IDLE_POLL_MAX,
@@ -191,20 +192,6 @@ def start_superexec(flower_args: Sequence[str], *, poll: float | None,
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-#: Flower 1.41's SuperNode lines for every message it receives and sends (``start_client_internal``):
-#: five INFO lines a message, about 95 % of a hospital's log (1 108 lines for a 4-candidate run of
-#: 3 hospitals, 52 of them Clinograph's); shown with ``--log-level debug``
-FLOWER_MESSAGE_LINES = frozenset({"", "[RUN %s, ROUND %s]", "[RUN %s]", "Receiving: %s message (ID: %s)",
-                                  "Received successfully", "Sending: %s message (ID: %s)", "Sent successfully"})
-
-
-class _NoPerMessageLines(logging.Filter):
-    """Drops Flower's per-message INFO lines (:data:`FLOWER_MESSAGE_LINES`); nothing else."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.INFO and record.msg in FLOWER_MESSAGE_LINES)
-
-
 def configure_hospital_logging(level: str = "info", *, stream: object | None = None) -> None:
     """Each line once, DEBUG off unless asked, Flower's per-message lines only with debug: see the
     module docstring."""
@@ -219,23 +206,16 @@ def configure_hospital_logging(level: str = "info", *, stream: object | None = N
     logging.getLogger("clinograph").setLevel(level.upper())
     flwr_logger = logging.getLogger("flwr")
     flwr_logger.propagate = False  # Flower prints through its own console handler
-    for old in [f for f in flwr_logger.filters if isinstance(f, _NoPerMessageLines)]:
+    for old in [f for f in flwr_logger.filters if isinstance(f, NoPerMessageLines)]:
         flwr_logger.removeFilter(old)
     if not debug:
-        flwr_logger.addFilter(_NoPerMessageLines())
+        install(NoPerMessageLines, flwr_logger)  # Flower's five lines a message (logfilters.py)
     from flwr.common.logger import update_console_handler
 
     # colours only on a terminal: a SuperNode's log file (systemd, nohup) held "\x1b[92mINFO \x1b[0m:"
-    update_console_handler(colored=False if debug else _is_terminal(sys.stderr))
+    update_console_handler(colored=False if debug else is_terminal(sys.stderr))
     if debug:
         update_console_handler(level="DEBUG", timestamps=True)
-
-
-def _is_terminal(stream: object) -> bool:
-    try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
-    except (AttributeError, ValueError):  # no isatty, or closed
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

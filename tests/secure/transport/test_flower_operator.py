@@ -248,3 +248,27 @@ def test_a_hospitals_reason_cannot_write_escapes_or_fake_lines_to_the_operators_
                                        "reason": reason}, nodes={})
     assert line.isprintable() and "\n" not in line
     assert "bad\\x1b[2J\\x1b]0;t\\x07\\nINFO run ended (completed)\\u202egnp\\x00\\x9b" in line
+
+
+def test_the_serverapps_stream_does_not_end_with_flowers_blank_exit_line():
+    """Every `clinograph run` stream ended with 'INFO :      ' (flwr-serverapp's flwr_exit logs an
+    empty INFO line when the ServerApp ends cleanly)."""
+    from clinograph.secure.transport.flower import serverapp
+
+    flwr_logger = logging.getLogger("flwr")
+    saved, seen = list(flwr_logger.filters), []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    flwr_logger.addHandler(keep)
+    try:
+        serverapp._log_to_stdout()
+        flwr_logger.info("")
+        flwr_logger.info("Run finished")
+        assert seen == ["Run finished"]
+    finally:
+        flwr_logger.removeHandler(keep)
+        flwr_logger.filters[:] = saved
