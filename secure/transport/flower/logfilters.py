@@ -48,3 +48,20 @@ def is_terminal(stream: object) -> bool:
         return bool(stream.isatty())  # type: ignore[attr-defined]
     except (AttributeError, ValueError):  # no isatty, or closed
         return False
+
+
+class NoTracebackOfOurErrors(logging.Filter):
+    """Keeps Flower's line for an exception the ServerApp raised, without the traceback when the
+    exception is a :class:`~clinograph.core.errors.ClinographError`: its message, already logged on
+    the ServerApp's ``run failed`` line, says what and the fix; the traceback (about 25 lines through
+    Flower's and our frames) only buried it in ``clinograph run``'s stream. Any other exception keeps
+    its traceback (a defect to report)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from clinograph.core.errors import ClinographError
+
+        if record.exc_info and isinstance(record.exc_info[1], ClinographError):
+            kind = type(record.exc_info[1]).__name__
+            record.msg, record.args = f"{record.getMessage()}: {kind}, named on the 'run failed' line above", ()
+            record.exc_info, record.exc_text = None, None
+        return True

@@ -269,6 +269,26 @@ def test_the_serverapps_stream_does_not_end_with_flowers_blank_exit_line():
         flwr_logger.info("")
         flwr_logger.info("Run finished")
         assert seen == ["Run finished"]
+        # a ClinographError the ServerApp raised: Flower's line, without the ~25-line traceback that
+        # followed our own 'run failed' line in the stream; any other exception keeps its traceback
+        records = []
+
+        class Records(logging.Handler):
+            def emit(self, record):
+                records.append(record)
+
+        rec = Records()
+        flwr_logger.addHandler(rec)
+        for exc in (ConfigError("Cannot read server config /x.toml"), ZeroDivisionError("division by zero")):
+            try:
+                raise exc
+            except Exception as caught:  # noqa: BLE001
+                flwr_logger.error("%s raised an exception", "ServerApp", exc_info=caught)
+        flwr_logger.removeHandler(rec)
+        ours, other = records
+        assert ours.exc_info is None and ours.getMessage() == (
+            "ServerApp raised an exception: ConfigError, named on the 'run failed' line above")
+        assert other.exc_info is not None and other.getMessage() == "ServerApp raised an exception"
     finally:
         flwr_logger.removeHandler(keep)
         flwr_logger.filters[:] = saved
