@@ -269,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         node_config = parse_config_args([ours.node_config])
         check_node_config(node_config)
         rest = executor_args(rest, executor=ours.executor, poll=ours.superexec_poll)
-        worker = HospitalWorker(node_config=node_config, factory=load_factory(ours.participant_factory))
+        factory = load_factory(ours.participant_factory)
+        preflight = getattr(factory, "preflight", None)  # the default factory's check of the data-dir files
+        if callable(preflight):
+            preflight(node_config)
+        worker = HospitalWorker(node_config=node_config, factory=factory)
         worker.start()
     except ClinographError as exc:
         print(f"error: {exc}", file=sys.stderr)
