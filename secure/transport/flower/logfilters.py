@@ -61,7 +61,20 @@ class NoTracebackOfOurErrors(logging.Filter):
         from clinograph.core.errors import ClinographError
 
         if record.exc_info and isinstance(record.exc_info[1], ClinographError):
-            kind = type(record.exc_info[1]).__name__
-            record.msg, record.args = f"{record.getMessage()}: {kind}, named on the 'run failed' line above", ()
+            record.msg, record.args = f"{record.getMessage()}: {self.said(record.exc_info[1])}", ()
             record.exc_info, record.exc_text = None, None
         return True
+
+    def said(self, exc: BaseException) -> str:
+        return f"{type(exc).__name__}, named on the 'run failed' line above"
+
+
+class OurErrorsOnOneLine(NoTracebackOfOurErrors):
+    """The same in a forked ClientApp, where nothing else logs the error: the line names it in full
+    (a hospital's refusal: ``ClientApp raised an exception: ProtocolError: Hospital 'h3' refused the
+    'hello' message: ConfigError: ...``), without Flower's traceback."""
+
+    def said(self, exc: BaseException) -> str:
+        from clinograph.core.logging import printable
+
+        return printable(f"{type(exc).__name__}: {exc}")

@@ -45,7 +45,7 @@ from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, Subpr
 
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP, pin_clientapp
 from .crash_report import expire_task
-from .logfilters import NoBlankLines, install, is_terminal
+from .logfilters import NoBlankLines, OurErrorsOnOneLine, install, is_terminal
 
 #: Seconds between two task polls of the Runtime API when no task was waiting (Flower's too). A
 #: poll is one small local HTTP call; a message the SuperNode stores does not wait for it (the
@@ -72,6 +72,7 @@ def quiet_clientapp_logging() -> None:
     from flwr.common.logger import update_console_handler
 
     install(NoBlankLines)
+    install(OurErrorsOnOneLine)  # a hospital's refusal: one line, not Flower's traceback through the relay
     update_console_handler(colored=is_terminal(sys.stderr))
 
 

@@ -346,11 +346,12 @@ def test_a_forked_clientapp_logs_no_blank_line_at_its_exit_and_no_colours_off_a_
 
     flwr_logger = logging.getLogger("flwr")
     saved_filters, saved_colored = list(flwr_logger.filters), console_handler.colored
-    seen = []
+    seen, tracebacks = [], []
 
     class Keep(logging.Handler):
         def emit(self, record):
             seen.append((record.levelno, record.getMessage()))
+            tracebacks.append(record.exc_info)
 
     keep = Keep()
     flwr_logger.addHandler(keep)
@@ -363,7 +364,18 @@ def test_a_forked_clientapp_logs_no_blank_line_at_its_exit_and_no_colours_off_a_
         flwr_logger.error("")
         assert seen == [(logging.INFO, "ClientApp raised"), (logging.ERROR, "")]
         assert console_handler.colored is False  # stderr is captured here, not a terminal
-        assert len(flwr_logger.filters) == len(saved_filters) + 1
+        assert len(flwr_logger.filters) == len(saved_filters) + 2
+        # a hospital's refusal raised in the ClientApp: one line naming it, not Flower's traceback
+        from clinograph.core.errors import ProtocolError
+
+        seen.clear()
+        try:
+            raise ProtocolError("Hospital 'h3' refused the 'hello' message: ConfigError: no hospital.toml")
+        except ProtocolError as exc:
+            flwr_logger.error("ClientApp raised an exception", exc_info=exc)
+        assert seen == [(logging.ERROR, "ClientApp raised an exception: ProtocolError: Hospital 'h3' refused the "
+                                        "'hello' message: ConfigError: no hospital.toml")]
+        assert tracebacks[-1] is None
     finally:
         flwr_logger.removeHandler(keep)
         flwr_logger.filters[:] = saved_filters
