@@ -292,3 +292,12 @@ def test_the_serverapps_stream_does_not_end_with_flowers_blank_exit_line():
     finally:
         flwr_logger.removeHandler(keep)
         flwr_logger.filters[:] = saved
+
+
+
+def test_the_finished_line_says_which_model_and_that_its_rounds_are_this_runs():
+    """The guide's run ended 'run ended (completed) after 10 of 10 round(s)' then 'finished: 2
+    round(s)' (the kept candidate's rounds in this extension, its scoring round included), and
+    `clinograph run` said 'completed: 10 of 10': three counts, two unexplained."""
+    assert progress_line("finished", {"rounds": 2, "candidate": "model"}, nodes={}) == (
+        logging.INFO, "finished: model 'model' kept; 2 round(s) of it ran in this run")
