@@ -38,7 +38,7 @@ class NoPerMessageLines(logging.Filter):
 def install(kind: type[logging.Filter], logger: logging.Logger | None = None) -> None:
     """Put one filter of ``kind`` on ``logger`` (Flower's, by default); a second call adds none."""
     logger = logger or logging.getLogger("flwr")
-    if not any(isinstance(f, kind) for f in logger.filters):
+    if not any(type(f) is kind for f in logger.filters):
         logger.addFilter(kind())
 
 

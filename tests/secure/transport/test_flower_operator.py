@@ -201,6 +201,7 @@ def test_flowers_five_lines_a_message_are_left_out_of_a_hospitals_log_unless_deb
     flwr_logger = logging.getLogger("flwr")
     saved = (list(logging.getLogger().handlers), logging.getLogger().level,
              flwr_logger.propagate, list(flwr_logger.filters), logging.getLogger("clinograph").level)
+    flwr_logger.filters.clear()  # what other tests of this process installed is not under test here
     seen: list[str] = []
 
     class Keep(logging.Handler):
@@ -257,6 +258,7 @@ def test_the_serverapps_stream_does_not_end_with_flowers_blank_exit_line():
 
     flwr_logger = logging.getLogger("flwr")
     saved, seen = list(flwr_logger.filters), []
+    flwr_logger.filters.clear()  # what other tests of this process installed is not under test here
 
     class Keep(logging.Handler):
         def emit(self, record):
