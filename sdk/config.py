@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection, StrictSection
 from pydantic import BaseModel, Field, StrictInt, field_validator, model_validator
@@ -457,6 +457,13 @@ class TargetSection(_Strict):
 class HospitalConfig(_Strict):
     """``hospital.toml``: one hospital's own choices."""
 
+    #: top-level keys of another file, and what to do instead (added to the "unknown key" error)
+    OTHER_FILES_KEYS: ClassVar[dict[str, str]] = {
+        "dp_policy": "[dp_policy] is server.toml's section (the federation's DP policy, which the server checks); "
+                     "this hospital's own DP settings are [privacy] (docs/privacy.md)",
+        "federation": "[federation] is server.toml's section (or a simulation config's); a hospital.toml holds "
+                      "only the hospital's own choices"}
+
     task: str = Field(default="nsfl", max_length=64, description="a registered task (clinograph.register_task; "
                       "built in: nsfl, agat, fednsl, concepts)")
     model: NSFLConfig = Field(default_factory=NSFLConfig)
@@ -667,6 +674,10 @@ def cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
 class SimulationConfig(HospitalConfig):
     """A whole simulated federation: the server's [federation], the tables, and every hospital's
     settings (the fields of :class:`HospitalConfig`, shared by all simulated hospitals)."""
+
+    OTHER_FILES_KEYS: ClassVar[dict[str, str]] = {
+        "dp_policy": "[dp_policy] is server.toml's section; a simulation has one config for every party and its "
+                     "server checks the hospitals' own [privacy] settings: leave [dp_policy] out (docs/privacy.md)"}
 
     federation: FederationSection = Field(default_factory=FederationSection)
     simulation: SimulationSection = Field(default_factory=SimulationSection)

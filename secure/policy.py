@@ -20,12 +20,14 @@ class InsecureOptionWarning(UserWarning):
 
 
 def require_allowed(option: str, *, environment: Environment, why: str,
-                    fix: str = "Remove it from the config or use a secure mode.") -> None:
+                    fix: str = "Remove it from the config or use a secure mode.", audited: bool = True) -> None:
     """Warn about insecure ``option``; raise :class:`SecurityPolicyError` in production (``fix``:
-    what to do instead, where the option is not a config key, e.g. a command-line flag)."""
+    what to do instead, where the option is not a config key, e.g. a command-line flag;
+    ``audited``: whether an audit log records the run, as it does a federation's -- not a model
+    loaded for prediction)."""
     if not option.startswith("insecure_"):
         raise ValueError(f"{option!r} is not an insecure_* option")
     if environment == "production":
         raise SecurityPolicyError(f"{option!r} is refused because environment = \"production\" ({why}). {fix}")
-    warnings.warn(f"{option} is in use: {why}. The audit log marks this run insecure.",
-                  InsecureOptionWarning, stacklevel=2)
+    marked = " The audit log marks this run insecure." if audited else ""
+    warnings.warn(f"{option} is in use: {why}.{marked}", InsecureOptionWarning, stacklevel=2)

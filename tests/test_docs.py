@@ -681,3 +681,84 @@ def test_deployment_docs_say_that_every_hospital_lists_a_non_default_secure_mode
     assert opt_in_gaps(bogus, "bogus.md") == [
         "bogus.md:3: secure_mode = 'ckks' without `[release] secure_modes` -- every hospital.toml must list 'ckks' "
         "to join"]
+
+
+APP_DIR = REPO / "examples" / "flower_deployment" / "app"
+RUN_CONFIG = re.compile(r"--run-config\s*\\?\s*\"([^\"]*)\"")  # inline code may wrap the quoted value
+READS_RUN_CONFIG = re.compile(r"run_config(?:, |\.get\()\"([a-z][a-z-]*)\"")
+
+
+def run_config_gaps(text: str, rel: str, declared: list[str]) -> list[str]:
+    """`--run-config "k=v ..."` of a doc (or an app's comments) naming a key the app does not
+    declare: Flower 1.41 refuses such a run as 'Invalid run configuration.', naming no key."""
+    from flwr.common.config import parse_config_args
+
+    found = []
+    for m in RUN_CONFIG.finditer(text):
+        keys = parse_config_args([" ".join(m.group(1).split())])
+        found += [f"{rel}:{text[: m.start()].count(chr(10)) + 1}: --run-config key {k!r} is not declared in "
+                  "examples/flower_deployment/app/pyproject.toml [tool.flwr.app.config] -- declare it there or "
+                  "fix the doc" for k in keys if k not in declared]
+    return found
+
+
+def test_every_run_config_key_the_docs_and_the_serverapp_use_is_declared_by_the_app() -> None:
+    """docs/fednsl.md and docs/deployment.md passed `--run-config "server-extension=..."`, which the
+    ServerApp reads but the app did not declare, and the app's own comment `audit-dir=...`, which
+    nothing reads: Flower refused both runs with 'Invalid run configuration.' (found following the
+    docs on a loopback SuperLink, session 50)."""
+    from clinograph.commands.run import app_config_keys
+
+    declared = app_config_keys(str(APP_DIR))
+    assert declared and "server-config" in declared
+    read = {k for f in (REPO / "secure" / "transport" / "flower").glob("*.py")
+            for k in READS_RUN_CONFIG.findall(f.read_text(encoding="utf-8"))}
+    assert {"server-config", "server-extension", "relay-timeout"} <= read  # the pattern still finds them
+    problems = [f"secure/transport/flower reads run config {k!r}, which the app does not declare -- a run "
+                "that sets it is refused by Flower" for k in sorted(read - set(declared))]
+    for path in [*(REPO / p for p in DEPLOYMENT_DOCS), REPO / "docs" / "fednsl.md", APP_DIR / "pyproject.toml",
+                 REPO / "README.md"]:
+        problems += run_config_gaps(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)), declared)
+    assert not problems, "\n".join(problems)
+    assert run_config_gaps('x\n`--run-config\n  "rounds=3 audit-dir=\'/a\'"`', "bogus.md", declared) == [
+        "bogus.md:2: --run-config key 'audit-dir' is not declared in examples/flower_deployment/app/pyproject.toml "
+        "[tool.flwr.app.config] -- declare it there or fix the doc"]
+
+
+#: names a quickstart block leaves to the reader on purpose (said in the block: "your own ...")
+READERS_OWN = {"my_baseline"}
+
+
+def unbound_names(source: str) -> list[str]:
+    """Names a Python block loads that nothing in it binds (import, assignment, def, argument) and
+    that are not builtins: a NameError for an integrator who pastes the block."""
+    import builtins
+
+    tree = ast.parse(source)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                   and n.id not in bound})
+
+
+def test_the_quickstarts_python_blocks_bind_every_name_they_use() -> None:
+    """Section 7's block ingested a CSV with `schema=schema`, a name it never set: pasted as the
+    page invites, it stopped at a NameError (session 50's run of every quickstart block)."""
+    problems = []
+    for rel in ("docs/quickstart.md", "README.md"):
+        for s in parse(REPO / rel).snippets:
+            if s.lang in PYTHON:
+                missing = [n for n in unbound_names(s.text) if n not in READERS_OWN]
+                if missing:
+                    problems.append(f"{rel}:{s.line}: the block uses {missing} without defining or importing them")
+    assert not problems, "\n".join(problems)
+    assert unbound_names("import clinograph as cg\nt = cg.ingest(x, schema=schema)\ndef f(a):\n    return a\n") == [
+        "schema", "x"]

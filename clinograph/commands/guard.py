@@ -6,14 +6,26 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
 
+def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   line: str | None = None, *, _default: Callable[..., str] = warnings.formatwarning) -> str:
+    """Clinograph's own warnings (an insecure option in use, ...) as one line, ``warning: text``, not
+    Python's ``path/to/module.py:103: InsecureOptionWarning: text`` followed by the source line.
+    Other libraries' warnings keep Python's format (where they come from is then the point)."""
+    if category.__module__.split(".")[0] == "clinograph":
+        return "warning: " + " ".join(str(message).split()) + "\n"
+    return _default(message, category, filename, lineno, line)
+
+
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Map errors to messages and exit codes: 2 = bad input/config, 3 = internal error."""
+    """Map errors to messages and exit codes: 2 = bad input/config, 3 = internal error; Clinograph's
+    warnings are shown as one line each (:func:`format_warning`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -21,6 +33,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
         from clinograph.core.errors import ClinographError
 
+        saved, warnings.formatwarning = warnings.formatwarning, format_warning
         try:
             return fn(*args, **kwargs)
         except typer.Exit:
@@ -46,6 +59,8 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             typer.secho(f"internal error ({type(exc).__name__}); rerun with CLINOGRAPH_DEBUG=1 and report it.",
                         err=True, fg="red")
             raise typer.Exit(3) from None
+        finally:
+            warnings.formatwarning = saved
 
     return wrapper
 

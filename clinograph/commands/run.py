@@ -84,6 +84,57 @@ def app_fab_id(app_dir: str) -> str | None:
         return None
 
 
+def app_config_keys(app_dir: str) -> list[str] | None:
+    """The run config keys the Flower app folder ``app_dir`` declares (``[tool.flwr.app.config]``,
+    nested tables as ``a.b``), None if it is not a readable app folder (an app id, say)."""
+    import tomllib
+
+    try:
+        with (Path(app_dir) / "pyproject.toml").open("rb") as fh:
+            table = tomllib.load(fh)["tool"]["flwr"]["app"].get("config", {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+    def flat(t: dict, prefix: str = "") -> list[str]:
+        return [k for key, v in t.items()
+                for k in (flat(v, f"{prefix}{key}.") if isinstance(v, dict) else [f"{prefix}{key}"])]
+
+    return flat(table) if isinstance(table, dict) else None
+
+
+def unknown_keys(run_config: list[str], app_dir: str) -> list[str]:
+    """The ``--run-config`` keys the app does not declare: Flower refuses such a run with only
+    "Invalid run configuration." (flwr 1.41), naming no key. Empty when the app folder cannot be
+    read or Flower cannot parse the values (``flwr run`` then says what is wrong)."""
+    from flwr.common.config import parse_config_args
+
+    declared = app_config_keys(app_dir)
+    if declared is None:
+        return []
+    try:
+        values = parse_config_args(list(run_config))
+    except Exception:  # noqa: BLE001 -- flwr run parses it again and says what is wrong
+        return []
+    return [k for k in values if k not in declared]
+
+
+def refuse_unknown_keys(unknown: list[str], app_dir: str) -> None:
+    """A ConfigError naming each unknown key, its nearest declared key, and where keys are declared."""
+    import difflib
+
+    from clinograph.core.errors import ConfigError
+
+    if not unknown:
+        return
+    declared = app_config_keys(app_dir) or []
+    named = "; ".join(f"{k!r}" + (f" (did you mean {near[0]!r}?)" if (near := difflib.get_close_matches(
+        k, declared, n=1)) else "") for k in unknown)
+    raise ConfigError(f"--run-config {named}: not a run config key of the app {app_dir} (Flower would refuse the "
+                      f"run as 'Invalid run configuration.'). Its keys ([tool.flwr.app.config] of "
+                      f"{Path(app_dir) / 'pyproject.toml'}): {', '.join(declared)}. Settings of server.toml "
+                      "(audit_dir, secure_mode, strategy ...) go in that file, passed as server-config.")
+
+
 #: run config keys that are paths the ServerApp opens on the SuperLink machine
 PATH_KEYS = ("server-config", "federation-file", "server-key", "journal", "events-file")
 
@@ -150,30 +201,40 @@ def refuse_or_stop(previous: list[tuple[int, str]], *, flwr: str, superlink: str
 class ErrorHint:
     """The stream's last error line, for the one-line reason: the ServerApp's own failure line
     outranks Flower's, and a Flower error box (``╭─ Error ─╮``, ``│ text │``, ``╰─╯``) gives
-    its text, not its top border."""
+    its text, not its top border. The box itself is not shown (:meth:`feed` says so): its text
+    is the reason's, or is shown once as one line before it (``boxes``)."""
 
     def __init__(self) -> None:
         self.text = ""
+        self.boxes: list[str] = []  # each Flower error box's text, one line each
         self._box: list[str] | None = None
 
-    def feed(self, line: str) -> None:
-        """Read one line of the stream."""
+    def feed(self, line: str) -> bool:
+        """Read one line of the stream; False for a line of a Flower error box (not to be shown)."""
         s = line.strip()
         if self._box is not None:
             if s.startswith("│"):
                 self._box.append(s.strip("│").strip())
-                return
+                return False
             box, self._box = " ".join(" ".join(self._box).split()), None
             if box:
+                self.boxes.append(box)
                 self._take(box)
             if s.startswith("╰"):
-                return
+                return False
         if s.startswith("╭") and "Error" in s:
             self._box = []
-        elif "clinograph: run failed" in line:
+            return False
+        if "clinograph: run failed" in line:
             self.text = s[-300:]
         elif "Error" in line or "ERROR" in line:
             self._take(s)
+        return True
+
+    def close(self) -> None:
+        """The stream ended: a box it left open still counts."""
+        if self._box is not None:
+            self.feed("╰")
 
     def _take(self, s: str) -> None:
         if "clinograph:" not in self.text:
@@ -213,6 +274,7 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
         raise ConfigError(f"--run-config {', '.join(relative)}: relative path(s). The ServerApp opens them on the "
                           "SuperLink machine from its own working directory, not this command's; give absolute "
                           "paths (e.g. server-config='/srv/clinograph/server/server.toml').")
+    refuse_unknown_keys(unknown_keys(run_config or [], app_dir), app_dir)
     cmd = [exe, "run", app_dir, superlink, "--stream"]
     for rc in run_config or []:
         cmd += ["--run-config", rc]
@@ -251,9 +313,9 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
             if line is _END:
                 break
             if isinstance(line, str):
-                typer.echo(line)
+                if hint.feed(line):
+                    typer.echo(line)
                 run_id = run_id if run_id is not None else run_id_from(line)
-                hint.feed(line)
             now = time.monotonic()
             if finished_at is not None and now - finished_at > GRACE_S:
                 break
@@ -275,6 +337,7 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    hint.close()
     events = read_events(events_file, offset=offset) if events_file is not None else []
     if run_id is not None:
         status = settled_status(exe, superlink, run_id, wait=not any(e["event"] in ("finished", "failed")
@@ -283,6 +346,9 @@ def run(app_dir: Annotated[str, typer.Argument(metavar="APP", help="The Flower a
     if run_id is None and proc.returncode not in (0, None):
         reason = reason or f"flwr run exited with {proc.returncode}"
     outcome = decide(events=events, status=status, run_id=run_id, hint=reason)
+    for box in hint.boxes:  # Flower's error boxes, not shown in the stream: one line each, unless the reason says it
+        if " ".join(box.split()) not in " ".join(outcome.reason.split()):
+            typer.echo(f"flwr: {box}", err=True)
     color = "green" if outcome.code == 0 else ("yellow" if outcome.code == LOST else "red")
     typer.secho(outcome.reason, err=True, fg=color)
     raise typer.Exit(outcome.code)

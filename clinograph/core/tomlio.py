@@ -87,10 +87,11 @@ def load_toml_model(model: type[M], path: str | Path, *, what: str,
         return model.model_validate(data)
     except (ValidationError, ConfigValidationError) as exc:  # the latter: a ConfigModel's
         unknown = {e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden" and len(e["loc"]) == 1}
-        hint = ""
+        other_files = getattr(model, "OTHER_FILES_KEYS", {})  # a section of another kind of file: say whose
+        hint = "".join(f"\n  {other_files[k]}." for k in sorted(unknown, key=str) if k in other_files)
         if data and unknown == set(data):  # nothing in it is a key of this kind of file: another kind of file
             keys = ", ".join(sorted(f.alias or n for n, f in model.model_fields.items()))
-            hint = (f"\n  None of its top-level keys is one a {what} has ({keys}): is this the right file "
+            hint += (f"\n  None of its top-level keys is one a {what} has ({keys}): is this the right file "
                     "(a feature dictionary, site schema, hospital.toml and server.toml are not interchangeable)?")
         raise ConfigError(validation_message(f"{what.capitalize()} {path}", exc) + hint) from None
     except RecursionError:

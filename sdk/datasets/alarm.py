@@ -73,11 +73,11 @@ def load_dictionary() -> FeatureDictionary:
 
 def sample_alarm(n: int, *, seed: int) -> pd.DataFrame:
     """``n`` forward samples of ALARM (state strings), reproducible for a seed."""
-    from pgmpy.sampling import BayesianModelSampling
-    from pgmpy.utils import get_example_model
-
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # pgmpy's FutureWarnings at import (estimators.StructureScore) and use
+        from pgmpy.sampling import BayesianModelSampling
+        from pgmpy.utils import get_example_model
+
         model = get_example_model("alarm")
         return BayesianModelSampling(model).forward_sample(size=n, seed=seed, show_progress=False)
 

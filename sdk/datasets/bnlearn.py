@@ -16,6 +16,7 @@ Public API:
 from __future__ import annotations
 
 import gzip
+import warnings
 from functools import lru_cache
 from importlib import resources
 
@@ -57,7 +58,9 @@ def load_network(name: str):
     Raises:
         ConfigError: the name is not one of the five networks.
     """
-    from pgmpy.readwrite import BIFReader
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # pgmpy's own deprecations at import
+        from pgmpy.readwrite import BIFReader
 
     key = _check_name(name)
     path = resources.files("pgmpy.utils") / "example_models" / f"{key}.bif.gz"

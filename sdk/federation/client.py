@@ -365,7 +365,10 @@ class HospitalClient:
         server_blind = p.global_state_digest == UNKNOWN_STATE and not mode.server_sees_sum
         if not server_blind and state_digest(self._global) != p.global_state_digest:
             raise ProtocolError(f"Round {p.round}: this hospital's global model does not match the plan's "
-                                "(missed a round?). Fetch the current global model before joining.")
+                                "(missed a round?). Refused; nothing was trained. A hospital that missed a round "
+                                "cannot rejoin this federation's rounds: the server sends each round's model only "
+                                "to that round's survivors, and there is no other way to fetch it "
+                                "(examples/flower_deployment/README.md, 'Known limits').")
 
     def _check_weights(self, p: RoundPlan) -> None:
         """Refuse published weights that make the sum this hospital's update (``[release] max_weight_share``):

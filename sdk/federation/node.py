@@ -42,6 +42,43 @@ def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
     return FeatureDictionary.from_toml(config.dictionary)
 
 
+def check_data_dir(node_config: Mapping[str, Any]) -> None:
+    """At the SuperNode's start, before Flower connects: the files :func:`make_hospital` reads are
+    there and their settings valid -- ``hospital.toml`` (and the dictionary it names),
+    ``schema.toml``, ``table.csv`` or ``table.parquet``. Before, a missing or bad file was found
+    only at a run's first message: the hospital refused the server's hello with a traceback in its
+    log, and the run went on without it. The table's rows are checked when a run starts.
+
+    Raises:
+        ConfigError: every problem at once, each naming its file and the fix.
+    """
+    data = Path(str(node_config.get("data-dir", "")))
+    if not data.is_dir():
+        raise ConfigError(f"--node-config data-dir {data} is not a directory: give the folder holding this hospital's "
+                          "table.csv, schema.toml and hospital.toml (examples/flower_deployment/README.md, step 5).")
+    problems: list[str] = []
+    try:
+        config = HospitalConfig.from_toml(data / "hospital.toml")
+        load_dictionary(config, data / "hospital.toml")
+    except ConfigError as exc:
+        problems.append(str(exc))
+    else:
+        if create_task(config.task).participant is not None:  # its own files: not ours to check
+            if problems:
+                raise ConfigError("\n".join(problems))
+            return
+    try:
+        SiteSchema.from_toml(data / "schema.toml")
+    except ConfigError as exc:
+        problems.append(str(exc))
+    if not any((data / f).is_file() for f in ("table.csv", "table.parquet")):
+        problems.append(f"{data} holds no table.csv (or table.parquet): put this hospital's export there, in its own "
+                        "column names and units (schema.toml maps them).")
+    if problems:
+        raise ConfigError(f"The SuperNode's data-dir {data} cannot build the hospital ({len(problems)} problem(s)):\n"
+                          + "\n".join("  - " + p.replace("\n", "\n    ") for p in problems))
+
+
 def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, Any], run_id: int,
                   identity: Identity) -> Any:
     """The hospital over this node's data, keys and settings, for a whole federation run: the
@@ -90,3 +127,6 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
                                                             fid, with_horizon(cfg, rounds)))
                                         for c in cands], setup=setup,
                             position=Path(str(node_config["state-dir"])) / "member_position.json", run_key=str(run_id))
+
+
+make_hospital.preflight = check_data_dir  # type: ignore[attr-defined]  # the launcher calls it at start

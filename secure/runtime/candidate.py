@@ -192,7 +192,9 @@ def open_candidate(cand: CandidateModel, *, index: int, count: int, side: Any, t
     server, narrowed = side.open_run(cand, run_id=rid, transport=Restricted(transport, [n for n in transport.hospitals() if n not in refused]), on_event=event)
     _record_refused(server, refused)
     control = SelectedRun(candidate=cand.name, rounds=rounds, rule=rule, on_event=event)
-    event("run_started", {"candidate": cand.name, "run_id": rid, "index": index, "count": count})
+    # scoring: the run ends with the evaluation-only scoring round (a selection rule), for the ETA
+    event("run_started", {"candidate": cand.name, "run_id": rid, "index": index, "count": count,
+                          "scoring": rule is not None})
     return CandidateRun(name=cand.name, overrides=cand.overrides, run_id=rid, outcomes=[], control=control,
                         refused=refused, server=server, transport=narrowed,
                         state=RunState(liveness=liveness() if liveness is not None else None, control=control))

@@ -40,27 +40,36 @@ def duration_text(seconds: float) -> str:
 
 class RoundClock:
     """Times the rounds from the progress events and adds ``seconds`` and ``eta_s`` to each
-    ``round_closed`` (:meth:`observe`). ``rounds``: training rounds per candidate model;
+    ``round_closed`` (:meth:`observe`). ``rounds``: training rounds per candidate model; a run whose
+    ``run_started`` says ``scoring`` ends with one more, the evaluation-only scoring round, which
+    is counted too (it was not: "last round" was printed before it, and the ETA left it out);
     ``clock`` is injectable for tests (default :func:`time.monotonic`)."""
 
     def __init__(self, *, rounds: int, clock: Callable[[], float] = time.monotonic):
         self.rounds, self.clock = rounds, clock
         self.seconds: list[float] = []  # every closed round's duration, over all candidates
         self._opened: dict[int, float] = {}
-        self._closed_in_run = 0
+        self._trained_in_run = 0  # training rounds closed in this candidate's run
+        self._scoring = 0  # 1: each run ends with a scoring round
+        self._scored = False  # this run's scoring round closed
         self._runs_after = 0  # candidate runs still to come after this one
 
     def rounds_left(self) -> int:
-        return max(self.rounds - self._closed_in_run, 0) + self.rounds * self._runs_after
+        this_run = max(self.rounds - self._trained_in_run, 0) + (self._scoring and not self._scored)
+        return this_run + (self.rounds + self._scoring) * self._runs_after
 
     def observe(self, kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
         """The event's data, with ``seconds`` (the round's) and ``eta_s`` added to a ``round_closed``."""
         out = dict(data)
         if kind == "run_started":
-            self._closed_in_run = 0
+            self._trained_in_run, self._scored = 0, False
+            self._scoring = int(bool(data.get("scoring", False)))
             self._runs_after = max(int(data.get("count", 1)) - int(data.get("index", 0)) - 1, 0)
-        elif kind in ("resumed", "run_resumed"):  # after a restart or a pause: the rounds before it count as done
-            self._closed_in_run = int(data.get("rounds_completed", 0))
+        elif kind in ("resumed", "run_resumed", "run_extended"):
+            # after a restart, a pause or an ended run: its training rounds count as done; an extension
+            # scores again at its end
+            self._trained_in_run = int(data.get("rounds_completed", 0))
+            self._scored = self._scored and kind != "run_extended"
         elif kind == "round_opened":
             self._opened[int(data.get("round", -1))] = self.clock()
         elif kind == "round_closed":
@@ -68,7 +77,10 @@ class RoundClock:
             if start is not None:
                 self.seconds.append(self.clock() - start)
                 out["seconds"] = round(self.seconds[-1], 3)
-            self._closed_in_run += 1
+            if data.get("scoring"):
+                self._scored = True
+            else:
+                self._trained_in_run += 1
             eta = eta_seconds(self.seconds, rounds_left=self.rounds_left())
             if eta is not None:
                 out["eta_s"] = round(eta, 1)

@@ -164,8 +164,12 @@ def test_simulate_shows_the_candidate_models_and_the_choice(tmp_path):
     assert len(chosen) == 1 and chosen[0].split()[2] in ("wide", "wide_shape", "linear", "shape")
     closed = [ln for ln in out.stdout.splitlines() if ": round " in ln and " closed: " in ln]
     assert closed[0].startswith("wide: round 0 closed: "), out.stdout  # each line names its candidate
-    assert "ETA at most" in closed[0] and "for 7 round(s) left" in closed[0], out.stdout  # 2 rounds x 4 candidates
-    assert closed[-1].endswith("last round)")
+    # (2 rounds + the scoring round) x 4 candidates, one closed
+    assert "ETA at most" in closed[0] and "for 11 round(s) left" in closed[0], out.stdout
+    # the last training round is followed by its scoring round, which is the last
+    assert closed[-1].endswith("for 1 round(s) left)")
+    every = [ln for ln in out.stdout.splitlines() if ": round " in ln and " closed" in ln]
+    assert "scoring round" in every[-1] and every[-1].endswith("last round)")
 
 
 def test_a_quoted_number_in_a_config_is_a_clear_error(tmp_path):

@@ -192,6 +192,19 @@ def test_flowers_error_box_gives_the_reason_its_text_not_its_border(tmp_path):
     assert res.exit_code == 1, res.output
     assert res.output.strip().splitlines()[-1] == (
         "flwr run started no run: Failed to load Flower App configuration in '/nonexistent/pyproject.toml'.")
+    # the operator sees one error, not Flower's box and then the same text again
+    assert "╭" not in res.output and "│" not in res.output and res.output.count("Failed to load") == 1
+
+
+def test_a_flower_error_box_the_reason_does_not_quote_is_shown_once_as_one_line(tmp_path):
+    """A run that started, then a Flower error box, then the ServerApp's own failure: the reason is
+    the ServerApp's, so the box's text is shown once, as one line, before it."""
+    res = _command(tmp_path, status="finished:failed", events=[{"event": "failed", "reason": "ConfigError: x"}],
+                   lines=("╭─ Error ───╮", "│ Connection to the  │", "│ SuperLink lost. │", "╰───────────╯"))
+    assert res.exit_code == 1, res.output
+    lines = res.output.strip().splitlines()
+    assert lines[-2:] == ["flwr: Connection to the SuperLink lost.", "run 77 failed: ConfigError: x (see `flwr log 77`)"]
+    assert "╭" not in res.output and "│" not in res.output
 
 
 def test_the_outcome_line_is_one_printable_line_whatever_a_reason_holds():

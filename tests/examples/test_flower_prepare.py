@@ -3,7 +3,9 @@ runs it (step 5: `python -m clinograph_flower_app.prepare --out DIR ...`, DIR re
 
 from __future__ import annotations
 
+import re
 import sys
+import tomllib
 from pathlib import Path
 
 from clinograph.secure.runtime import ServerConfig
@@ -24,3 +26,12 @@ def test_a_relative_out_gives_a_server_toml_whose_audit_dir_is_the_server_folder
     config = ServerConfig.from_toml("sites/server/server.toml")  # relative paths: from the file's folder
     assert config.audit_dir.resolve() == tmp_path / "sites" / "server" / "audit"
     assert config.initial_model.resolve() == tmp_path / "sites" / "server" / "initial_model.json"
+    # Step 7 of the guide verified `/srv/clinograph/audit`, while this server.toml, in step 6's
+    # `server-config` folder `/srv/clinograph/server/`, writes the trail to `.../server/audit`: an
+    # operator typing step 7 got 'not a directory'. The guide's audit commands name this folder.
+    readme = (Path(__file__).resolve().parents[2] / "examples" / "flower_deployment" / "README.md").read_text()
+    server_config = Path(re.search(r"server-config='(/[^']+)'", readme).group(1))
+    audited = {Path(a) for a in re.findall(r"clinograph audit (?:verify|report) (\S+)", readme)}
+    audit_dir = tomllib.loads(Path("sites/server/server.toml").read_text())["audit_dir"]  # as written: relative
+    assert audited == {server_config.parent / audit_dir}, (audited, server_config)
+

@@ -10,6 +10,7 @@ parse counts as dropped at that stage -- the secure mode's dropout recovery does
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -116,10 +117,22 @@ def _message(node: int, stage: str, parts: Mapping[str, bytes], *, round_: int, 
                    group_id=f"round-{round_}", ttl=timeout + 30.0)
 
 
+#: how Flower 1.41 words a ClientApp's exception in its error reply (``run_clientapp``)
+_FLOWER_EXCEPTION = re.compile(r"<class '(?:[\w.]*\.)?(\w+)'>:<'(.*)'>", re.S)
+
+
+def error_reason(reason: str) -> str:
+    """A Flower error reply's reason as the operator reads it: ``<class 'clinograph.core.errors.
+    ProtocolError'>:<'Hospital 'h3' refused ...'>`` becomes ``ProtocolError: Hospital 'h3' refused ...``;
+    any other reason is kept as it is."""
+    m = _FLOWER_EXCEPTION.fullmatch(reason.strip())
+    return f"{m.group(1)}: {m.group(2)}" if m else reason
+
+
 def _reply_parts(reply: Message, *, stage: str, round_: int) -> dict[str, bytes]:
     """The parts of a node's reply to ``stage`` of ``round_``; ProtocolError naming why there are none."""
     if reply.has_error():
-        raise ProtocolError(f"error reply at {stage!r}: {reply.error.reason[:500]}")
+        raise ProtocolError(f"error reply at {stage!r}: {error_reason(reply.error.reason)[:500]}")
     try:
         _, reply_round, parts = from_content(reply.content, expected_stage=stage)
         if reply_round != round_:

@@ -128,8 +128,9 @@ def _line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int]) -> tu
     if kind == "model_derived":
         return logging.INFO, (f"round {r}: every hospital derived the same model from the voted DAG "
                               f"({_names(data.get('hospitals'), nodes)})")
-    if kind == "finished":
-        return logging.INFO, f"finished: {data.get('rounds')} round(s)"
+    if kind == "finished":  # rounds: the kept candidate's rounds in this ServerApp run, a scoring round included
+        kept = f"model {data.get('candidate')!r} kept; " if data.get("candidate") else ""
+        return logging.INFO, f"finished: {kept}{data.get('rounds')} round(s) of it ran in this run"
     if kind == "failed":
         return logging.ERROR, f"run failed: {data.get('reason')}"
     return logging.DEBUG, f"{kind}: {dict(data)}"

@@ -84,6 +84,7 @@ from ...runtime.run import run_federation as run_federation_plan
 from ...runtime.voted import run_voted
 from . import check_flower_version
 from .driver import DEFAULT_POLL_INTERVAL, FlowerTransport, Timeouts, check_poll, greet_connected
+from .logfilters import NoBlankLines, NoTracebackOfOurErrors, install
 from .oplog import Events
 from .polling import set_object_pull_backoff
 from .worker import load_factory
@@ -220,6 +221,8 @@ def _log_to_stdout() -> None:
         _log.addHandler(handler)
     _log.setLevel(logging.INFO)
     _log.propagate = False
+    install(NoBlankLines)  # flwr-serverapp's clean exit logs a blank INFO line: the stream's last line was empty
+    install(NoTracebackOfOurErrors)  # our error's message is the 'run failed' line; Flower added its traceback
 
 
 @app.main()

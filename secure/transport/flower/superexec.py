@@ -45,6 +45,7 @@ from flwr.supercore.superexec.executor import ExecutionSpec, LaunchResult, Subpr
 
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP, pin_clientapp
 from .crash_report import expire_task
+from .logfilters import NoBlankLines, OurErrorsOnOneLine, install, is_terminal
 
 #: Seconds between two task polls of the Runtime API when no task was waiting (Flower's too). A
 #: poll is one small local HTTP call; a message the SuperNode stores does not wait for it (the
@@ -62,12 +63,44 @@ PRELOAD = ("flwr.supernode.runtime.run_clientapp", "clinograph.secure.transport.
 _log = logging.getLogger(__name__)
 
 
+def quiet_clientapp_logging() -> None:
+    """In the forked ClientApp: no blank line at its exit (one a message in the hospital's log:
+    15 a round of 3 hospitals' masked exchanges, between the SuperNode's lines) and Flower's colours
+    only on a terminal (a SuperNode's log file held ``\\x1b[92mINFO \\x1b[0m:``): :mod:`.logfilters`."""
+    import sys
+
+    from flwr.common.logger import update_console_handler
+
+    install(NoBlankLines)
+    install(OurErrorsOnOneLine)  # a hospital's refusal: one line, not Flower's traceback through the relay
+    update_console_handler(colored=is_terminal(sys.stderr))
+
+
+def await_listening(address: str, *, stop: threading.Event, limit: float = 60.0, every: float = 0.05) -> bool:
+    """Wait until ``host:port`` accepts a TCP connection (True), ``stop`` is set or ``limit`` seconds
+    passed (False; the caller's first call then says what is wrong)."""
+    import socket
+    import time
+
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    deadline = time.monotonic() + limit
+    while not stop.is_set() and time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return True
+        except (OSError, ValueError):
+            stop.wait(every)
+    return False
+
+
 def run_task(spec: ExecutionSpec, clientapp: str = CLINOGRAPH_CLIENTAPP) -> None:
     """In the forked child: what ``flwr-clientapp`` does with the arguments SubprocessExecutor gives it,
     running only the ClientApp ``clientapp`` whatever the run's FAB names (:mod:`.clientapp_pin`)."""
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
 
+    quiet_clientapp_logging()
     pin_clientapp(clientapp)
 
     run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token, insecure=spec.insecure,
@@ -248,6 +281,9 @@ class SuperExecLoop:
         from flwr.proto.runtime_pb2 import AcquireTaskRequest
 
         client, plugin = self._runtime, self._plugin
+        # the loop starts before Flower's SuperNode serves its Runtime API: its first poll met a closed
+        # port and Flower's retry logged "Connection attempt failed" at every node's start
+        await_listening(self.api.address, stop=self._stop)
         try:
             while not self._stop.is_set():
                 if not self.may_poll():

@@ -24,7 +24,8 @@ the operator's view is in docs/deployment.md.
 Logging (:func:`configure_hospital_logging`): one handler on the root logger; Clinograph's
 loggers at ``INFO`` (``--log-level``), other libraries at ``WARNING`` (httpx would log every
 3-second poll), everything at ``DEBUG`` with ``--log-level debug``; Flower's own logger kept
-to its console handler. Without
+to its console handler, without its five INFO lines a message (``Receiving: ...``, ``Sent
+successfully``: shown with ``--log-level debug``). Without
 this every Flower line was printed twice and ~60 DEBUG lines a minute appeared on an idle
 node: importing Opacus (the hospital's DP training) calls ``logging.basicConfig`` on the
 root logger, which Flower's ``flwr`` logger (level DEBUG) propagates to. A root handler set up
@@ -46,6 +47,7 @@ from ...policy import Environment, require_allowed
 from . import check_flower_version
 from .clientapp_pin import CLINOGRAPH_CLIENTAPP
 from .crash_report import capture_node_state
+from .logfilters import NoPerMessageLines, install, is_terminal
 from .polling import (
     DEFAULT_IDLE_POLL,
     DEFAULT_IDLE_POLL_MAX,
@@ -191,7 +193,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def configure_hospital_logging(level: str = "info", *, stream: object | None = None) -> None:
-    """Each line once, DEBUG off unless asked: see the module docstring."""
+    """Each line once, DEBUG off unless asked, Flower's per-message lines only with debug: see the
+    module docstring."""
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -201,11 +204,18 @@ def configure_hospital_logging(level: str = "info", *, stream: object | None = N
     debug = level.lower() == "debug"
     root.setLevel(logging.DEBUG if debug else logging.WARNING)  # httpx/alembic INFO lines: polling noise
     logging.getLogger("clinograph").setLevel(level.upper())
-    logging.getLogger("flwr").propagate = False  # Flower prints through its own console handler
-    if debug:
-        from flwr.common.logger import update_console_handler
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.propagate = False  # Flower prints through its own console handler
+    for old in [f for f in flwr_logger.filters if isinstance(f, NoPerMessageLines)]:
+        flwr_logger.removeFilter(old)
+    if not debug:
+        install(NoPerMessageLines, flwr_logger)  # Flower's five lines a message (logfilters.py)
+    from flwr.common.logger import update_console_handler
 
-        update_console_handler(level="DEBUG", timestamps=True, colored=False)
+    # colours only on a terminal: a SuperNode's log file (systemd, nohup) held "\x1b[92mINFO \x1b[0m:"
+    update_console_handler(colored=False if debug else is_terminal(sys.stderr))
+    if debug:
+        update_console_handler(level="DEBUG", timestamps=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         node_config = parse_config_args([ours.node_config])
         check_node_config(node_config)
         rest = executor_args(rest, executor=ours.executor, poll=ours.superexec_poll)
-        worker = HospitalWorker(node_config=node_config, factory=load_factory(ours.participant_factory))
+        factory = load_factory(ours.participant_factory)
+        preflight = getattr(factory, "preflight", None)  # the default factory's check of the data-dir files
+        if callable(preflight):
+            preflight(node_config)
+        worker = HospitalWorker(node_config=node_config, factory=factory)
         worker.start()
     except ClinographError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -139,3 +139,26 @@ def test_a_relative_flwr_path_runs_that_file(tmp_path, monkeypatch):
     (tmp_path / "flwr").chmod(0o644)  # a file it cannot execute: said, not an internal error
     res = CliRunner().invoke(app, ["run", "app", "loopback", "--flwr", "./flwr"])
     assert res.exit_code == 2 and f"Cannot start {flwr}" in " ".join(res.output.split()), res.output
+
+
+def test_a_run_config_key_the_app_does_not_declare_is_refused_by_name(tmp_path):
+    """`--run-config "audit-dir='/srv/...'"` (named by the app's own pyproject comment): Flower 1.41
+    refused the run with only "Invalid run configuration.", naming no key."""
+    flwr = tmp_path / "flwr"
+    flwr.write_text("#!/bin/sh\necho called >> \"$(dirname \"$0\")/called\"\nexit 0\n")
+    flwr.chmod(0o755)
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "pyproject.toml").write_text('[project]\nname = "a"\n[tool.flwr.app]\npublisher = "p"\n'
+                                            '[tool.flwr.app.config]\nrounds = 0\njournal = ""\n'
+                                            '[tool.flwr.app.config.nested]\nx = 1\n')
+    res = CliRunner().invoke(app, ["run", str(app_dir), "loopback", "--flwr", str(flwr), "--run-config",
+                                   "rounds=3 jurnal='/srv/j.sqlite' nested.x=2 audit-dir='/srv/audit'"])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "--run-config 'jurnal' (did you mean 'journal'?); 'audit-dir': not a run config key" in said
+    assert "Its keys ([tool.flwr.app.config] of" in said and "rounds, journal, nested.x" in said
+    assert not (tmp_path / "called").exists()
+    res = CliRunner().invoke(app, ["run", str(app_dir), "loopback", "--flwr", str(flwr), "--run-config",
+                                   "rounds=3 nested.x=2"])
+    assert (tmp_path / "called").exists(), res.output  # declared keys pass

@@ -136,3 +136,19 @@ def test_published_weights_that_make_the_sum_one_hospitals_update_are_refused():
     for bad in ("1.0", True, -1.0):  # a ValueError from float() before: not a signed refusal
         with pytest.raises(ProtocolError, match="weight/h00 is not a non-negative number"):
             default.on_plan(_plan(default, 5, threshold=4, round_=2, **{**equal, "weight/h00": bad}))
+
+
+
+def test_a_hospital_behind_the_plans_global_model_is_told_it_cannot_rejoin_not_to_fetch_it():
+    """A hospital that missed rounds refused every later plan with 'Fetch the current global model
+    before joining.' -- a fix nothing offers (seen on the loopback federation of the deployment
+    guide, session 50): the error now says so and points at the known limit."""
+    hospital = _hospital(ReleaseSection())
+    plan = _plan(hospital, 3, threshold=2)  # names the model the hospital was built with ...
+    hospital._global = {k: v + 1.0 for k, v in hospital._global.items()}  # ... it holds another (missed a round)
+    with pytest.raises(ProtocolError) as refused:
+        hospital.on_plan(plan)
+    said = str(refused.value)
+    assert "does not match the plan's (missed a round?)" in said and "Fetch the current global model" not in said
+    assert "cannot rejoin" in said and "'Known limits'" in said
+    assert hospital.task.trained == 0

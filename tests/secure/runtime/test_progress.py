@@ -90,3 +90,29 @@ def test_a_transport_without_timings_still_counts():
     seen = []
     stage_progress(lambda k, d: seen.append(d), object(), round_=0, stage="stage 2", asked={"a": 1}, answers={"a": 1})
     assert seen == [{"round": 0, "stage": "stage 2", "answered": 1, "asked": 1, "missing": []}]
+
+
+def test_the_scoring_round_of_each_run_is_counted_and_the_last_round_is_the_last():
+    """The deployment guide's run (4 candidates, 2 rounds each, each run ending with its scoring
+    round) printed 'round 1 closed (...; last round)' and then closed round 2, the scoring round;
+    the first ETA was for 7 rounds where 11 were left."""
+    clock = _Clock()
+    rc = RoundClock(rounds=2, clock=clock)
+    lefts = []
+    for index in range(2):
+        rc.observe("run_started", {"candidate": f"c{index}", "index": index, "count": 2, "scoring": True})
+        for r, scoring in ((0, False), (1, False), (2, True)):
+            rc.observe("round_opened", {"round": r})
+            clock.now += 4
+            out = rc.observe("round_closed", {"round": r, "scoring": scoring})
+            lefts.append(out["rounds_left"])
+    assert lefts == [5, 4, 3, 2, 1, 0]
+    assert eta_line({"seconds": 4.0, "eta_s": 4.0, "rounds_left": 1}).endswith("for 1 round(s) left)")
+    assert eta_line({"seconds": 4.0, "eta_s": 0.0, "rounds_left": 0}) == " (round took 4 s; last round)"
+    # an extension of an ended run (rounds 2 -> 3): one training round and its own scoring round
+    rc = RoundClock(rounds=3, clock=clock)
+    rc.observe("run_started", {"candidate": "model", "index": 0, "count": 1, "scoring": True})
+    rc.observe("run_extended", {"rounds_completed": 2, "rounds_planned": 3, "next_round": 3})
+    assert rc.rounds_left() == 2
+    rc.observe("round_opened", {"round": 3})
+    assert rc.observe("round_closed", {"round": 3, "scoring": False})["rounds_left"] == 1

@@ -468,3 +468,17 @@ def test_a_node_cannot_greet_as_another_hospital(deployment, tmp_path):
         workers[0]._hello = original
     assert nodes == {"h2": 102, "h3": 103}
     assert "signed by 'h1'" in refused[101]
+
+
+def test_a_clientapps_exception_is_read_as_its_type_and_message():
+    """The guide's run with a hospital whose data-dir lacked hospital.toml logged, at the server,
+    "refused: error reply at 'hello': <class 'clinograph.core.errors.ProtocolError'>:<'Hospital 'h3'
+    refused the 'hello' message: ...'>" -- Flower's wording of the ClientApp's exception."""
+    from clinograph.secure.transport.flower.driver import error_reason
+
+    assert error_reason("<class 'clinograph.core.errors.ProtocolError'>:<'Hospital 'h3' refused the 'hello' "
+                        "message: ConfigError: Cannot read hospital config /d/hospital.toml'>") == (
+        "ProtocolError: Hospital 'h3' refused the 'hello' message: ConfigError: Cannot read hospital config "
+        "/d/hospital.toml")
+    assert error_reason("<class 'ZeroDivisionError'>:<'division by zero'>") == "ZeroDivisionError: division by zero"
+    assert error_reason("ClientApp stopped responding.") == "ClientApp stopped responding."

@@ -194,6 +194,52 @@ def test_hospital_log_lines_appear_once_and_debug_is_off_by_default():
         logging.getLogger("clinograph").setLevel(saved[3])
 
 
+def test_flowers_five_lines_a_message_are_left_out_of_a_hospitals_log_unless_debug():
+    """A loopback run of the deployment guide left 1 108 lines in a hospital's log, 52 of them
+    Clinograph's: Flower logs '', '[RUN r, ROUND x]', 'Receiving: ... (ID: ...)', 'Received
+    successfully' and the same for sending, at INFO, for every message."""
+    flwr_logger = logging.getLogger("flwr")
+    saved = (list(logging.getLogger().handlers), logging.getLogger().level,
+             flwr_logger.propagate, list(flwr_logger.filters), logging.getLogger("clinograph").level)
+    flwr_logger.filters.clear()  # what other tests of this process installed is not under test here
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    flwr_logger.addHandler(keep)
+    try:
+        for level, expected in (("info", ["SuperNode ID: 7", "Connection lost"]),
+                                ("debug", ["SuperNode ID: 7", "", "[RUN 1, ROUND round-0]", "Receiving: q message "
+                                           "(ID: ab)", "Received successfully", "Sent successfully",
+                                           "Connection lost"])):
+            seen.clear()
+            configure_hospital_logging(level, stream=io.StringIO())
+            flwr_logger.info("SuperNode ID: %s", 7)
+            flwr_logger.info("")
+            flwr_logger.info("[RUN %s, ROUND %s]", 1, "round-0")
+            flwr_logger.info("Receiving: %s message (ID: %s)", "q", "ab")
+            flwr_logger.info("Received successfully")
+            flwr_logger.info("Sent successfully")
+            flwr_logger.warning("Connection lost")
+            assert seen == expected, level
+            from flwr.common.logger import console_handler
+
+            assert console_handler.colored is False  # stderr is not a terminal here: no escape codes in a log file
+    finally:
+        flwr_logger.removeHandler(keep)
+        flwr_logger.filters[:] = saved[3]
+        logging.getLogger().handlers[:] = saved[0]
+        logging.getLogger().setLevel(saved[1])
+        flwr_logger.propagate = saved[2]
+        logging.getLogger("clinograph").setLevel(saved[4])
+        from flwr.common.logger import update_console_handler
+
+        update_console_handler(level="INFO", timestamps=False, colored=True)
+
+
 @pytest.mark.parametrize("kind", ["refused", "dropped", "hospital_retired", "failed", "run_ended"])
 def test_a_hospitals_reason_cannot_write_escapes_or_fake_lines_to_the_operators_terminal(kind):
     """A refusal's reason is the hospital's own signed text: ANSI escapes, a newline and a fake log
@@ -203,3 +249,57 @@ def test_a_hospitals_reason_cannot_write_escapes_or_fake_lines_to_the_operators_
                                        "reason": reason}, nodes={})
     assert line.isprintable() and "\n" not in line
     assert "bad\\x1b[2J\\x1b]0;t\\x07\\nINFO run ended (completed)\\u202egnp\\x00\\x9b" in line
+
+
+def test_the_serverapps_stream_does_not_end_with_flowers_blank_exit_line():
+    """Every `clinograph run` stream ended with 'INFO :      ' (flwr-serverapp's flwr_exit logs an
+    empty INFO line when the ServerApp ends cleanly)."""
+    from clinograph.secure.transport.flower import serverapp
+
+    flwr_logger = logging.getLogger("flwr")
+    saved, seen = list(flwr_logger.filters), []
+    flwr_logger.filters.clear()  # what other tests of this process installed is not under test here
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    flwr_logger.addHandler(keep)
+    try:
+        serverapp._log_to_stdout()
+        flwr_logger.info("")
+        flwr_logger.info("Run finished")
+        assert seen == ["Run finished"]
+        # a ClinographError the ServerApp raised: Flower's line, without the ~25-line traceback that
+        # followed our own 'run failed' line in the stream; any other exception keeps its traceback
+        records = []
+
+        class Records(logging.Handler):
+            def emit(self, record):
+                records.append(record)
+
+        rec = Records()
+        flwr_logger.addHandler(rec)
+        for exc in (ConfigError("Cannot read server config /x.toml"), ZeroDivisionError("division by zero")):
+            try:
+                raise exc
+            except Exception as caught:  # noqa: BLE001
+                flwr_logger.error("%s raised an exception", "ServerApp", exc_info=caught)
+        flwr_logger.removeHandler(rec)
+        ours, other = records
+        assert ours.exc_info is None and ours.getMessage() == (
+            "ServerApp raised an exception: ConfigError, named on the 'run failed' line above")
+        assert other.exc_info is not None and other.getMessage() == "ServerApp raised an exception"
+    finally:
+        flwr_logger.removeHandler(keep)
+        flwr_logger.filters[:] = saved
+
+
+
+def test_the_finished_line_says_which_model_and_that_its_rounds_are_this_runs():
+    """The guide's run ended 'run ended (completed) after 10 of 10 round(s)' then 'finished: 2
+    round(s)' (the kept candidate's rounds in this extension, its scoring round included), and
+    `clinograph run` said 'completed: 10 of 10': three counts, two unexplained."""
+    assert progress_line("finished", {"rounds": 2, "candidate": "model"}, nodes={}) == (
+        logging.INFO, "finished: model 'model' kept; 2 round(s) of it ran in this run")

@@ -333,3 +333,79 @@ def test_a_clientapp_that_died_running_is_answered_at_once_and_only_then(monkeyp
                     5: types.SimpleNamespace(is_alive=lambda: True, exitcode=None, close=lambda: None)}
     ex.reconcile()
     assert expired == [4] and list(ex._children) == [5]  # a clean exit (it replied) is not expired
+
+
+def test_a_forked_clientapp_logs_no_blank_line_at_its_exit_and_no_colours_off_a_terminal():
+    """Flower's `flwr_exit` logs an empty INFO line when a ClientApp ends cleanly: one blank,
+    coloured line a message in the hospital's log (seen on a loopback run of the deployment guide,
+    traced to flwr/supercore/exit/exit.py); the text of every other record, and an empty ERROR, stay."""
+    import logging
+
+    from clinograph.secure.transport.flower.superexec import quiet_clientapp_logging
+    from flwr.common.logger import console_handler
+
+    flwr_logger = logging.getLogger("flwr")
+    saved_filters, saved_colored = list(flwr_logger.filters), console_handler.colored
+    flwr_logger.filters.clear()  # what other tests of this process installed is not under test here
+    seen, tracebacks = [], []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append((record.levelno, record.getMessage()))
+            tracebacks.append(record.exc_info)
+
+    keep = Keep()
+    flwr_logger.addHandler(keep)
+    try:
+        quiet_clientapp_logging()
+        quiet_clientapp_logging()  # idempotent: one filter
+        flwr_logger.info("")
+        flwr_logger.info("  ")
+        flwr_logger.info("ClientApp raised")
+        flwr_logger.error("")
+        assert seen == [(logging.INFO, "ClientApp raised"), (logging.ERROR, "")]
+        assert console_handler.colored is False  # stderr is captured here, not a terminal
+        assert len(flwr_logger.filters) == 2
+        # a hospital's refusal raised in the ClientApp: one line naming it, not Flower's traceback
+        from clinograph.core.errors import ProtocolError
+
+        seen.clear()
+        try:
+            raise ProtocolError("Hospital 'h3' refused the 'hello' message: ConfigError: no hospital.toml")
+        except ProtocolError as exc:
+            flwr_logger.error("ClientApp raised an exception", exc_info=exc)
+        assert seen == [(logging.ERROR, "ClientApp raised an exception: ProtocolError: Hospital 'h3' refused the "
+                                        "'hello' message: ConfigError: no hospital.toml")]
+        assert tracebacks[-1] is None
+    finally:
+        flwr_logger.removeHandler(keep)
+        flwr_logger.filters[:] = saved_filters
+        console_handler.colored = saved_colored
+
+
+def test_the_superexec_loop_waits_for_the_runtime_api_to_listen_before_its_first_poll():
+    """Every SuperNode start logged Flower's 'Connection attempt failed, retrying': our SuperExec
+    polled the node's Runtime API before Flower's SuperNode served it."""
+    import socket
+    import threading
+    import time
+
+    from clinograph.secure.transport.flower.superexec import await_listening
+
+    stop = threading.Event()
+    with socket.socket() as probe:  # a free port, closed again: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    assert await_listening(f"127.0.0.1:{port}", stop=stop, limit=0.2) is False
+    assert 0.15 < time.monotonic() - started < 2.0
+    server = socket.socket()
+    try:
+        timer = threading.Timer(0.1, lambda: (server.bind(("127.0.0.1", port)), server.listen()))
+        timer.start()
+        assert await_listening(f"127.0.0.1:{port}", stop=stop, limit=5.0) is True  # once it listens
+        timer.join()
+    finally:
+        server.close()
+    stop.set()
+    assert await_listening(f"127.0.0.1:{port}", stop=stop, limit=5.0) is False  # stopped: no wait

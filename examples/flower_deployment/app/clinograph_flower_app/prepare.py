@@ -113,6 +113,11 @@ def main() -> None:
     a = p.parse_args()
     prepare(a.out, hospitals=a.hospital, patients=a.patients, dp=a.dp, seed=a.seed, federation_id=a.federation_id,
             secure_mode=a.secure_mode)
+    for name in a.hospital:
+        print(f"hospital {name}: {a.out / name / 'data'}/ (table.csv, schema.toml, hospital.toml, dictionary.toml) "
+              f"-> its machine, the SuperNode's data-dir (e.g. /srv/{name}/data)")
+    print(f"server: {a.out / 'server'}/ (server.toml, initial_model.json) -> the SuperLink machine, "
+          "e.g. /srv/clinograph/server (its audit_dir 'audit' is read from that folder)")
 
 
 if __name__ == "__main__":
