@@ -83,6 +83,7 @@ class HospitalClient:
         self.finished = False  # run/finish ran: the task holds the kept, calibrated model
         self._run_first: int | None = None  # the run.first_round of the run this hospital follows
         self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
+        self._loaded_round: int | None = None  # GlobalModel.round of the last global model on_round_end loaded
         self.anchor = HospitalAnchor(state_dir, server=server) if state_dir is not None else None
         self.model_path = (Path(state_dir) / "models" / f"{federation_id}.safetensors"
                            if state_dir is not None and getattr(task, "exportable", False) else None)
@@ -184,10 +185,14 @@ class HospitalClient:
         if global_model is not None:
             msg = open_envelope(parse_envelope(global_model), sender=self.server, model=GlobalModel)
             new = {n: v.astype(np.float64) for n, v in decode_modules(plan, msg.modules, sender="server").items()}
+            again = state_digest(new) == state_digest(self._global)
+            if again and (msg.round <= plan.round or msg.round == self._loaded_round):
+                return None  # a model this hospital already loaded, delivered again (a restarted server, a catch-up)
+            if msg.round > plan.round + 1 and msg.federation_id == plan.federation_id:
+                return self._catch_up(msg.round, new)
             if msg.round != plan.round + 1:
-                if msg.round <= plan.round and state_digest(new) == state_digest(self._global):
-                    return None  # a model this hospital already loaded, delivered again by a restarted server
                 raise ProtocolError("Global model is not the one following this hospital's last round.")
+            self._loaded_round = msg.round
         else:
             sums = self.decrypted_result()
             if sums is None:
@@ -267,6 +272,23 @@ class HospitalClient:
         if predict is None:
             raise ConfigError(f"Task {self.task.name!r} cannot score new patients (no predict_table); use task = 'nsfl'.")
         return predict(table)
+
+    def _catch_up(self, model_round: int, new: dict[str, np.ndarray]) -> None:
+        """Load the federation's current global model after rounds this hospital missed (dropped,
+        suspended, restarted): the server sends it with the next plan it invites the hospital to
+        (:func:`clinograph.secure.runtime.loop.run_round`). Only the model is loaded -- the task's
+        after-round step (personal fine-tuning, the selection statistic) belongs to rounds the hospital
+        took part in. It is bound to the federation by that plan: :meth:`on_plan` refuses a plan whose
+        ``global_state_digest`` is not this model's, as for any round's model."""
+        self._global = new
+        self._loaded_round = model_round
+        self.task.modules.load(new)
+        fid = self.plan.federation_id
+        if hasattr(self.task, "global_origin"):  # the published model it holds: that of round model_round - 1
+            self.task.global_origin = (fid, model_round - 1)
+        if self.anchor is not None:
+            self.anchor.keep_model(fid, new)
+        return None
 
     # -- helpers -----------------------------------------------------------------------------
     def _resume(self, federation_id: str) -> None:
@@ -365,10 +387,9 @@ class HospitalClient:
         server_blind = p.global_state_digest == UNKNOWN_STATE and not mode.server_sees_sum
         if not server_blind and state_digest(self._global) != p.global_state_digest:
             raise ProtocolError(f"Round {p.round}: this hospital's global model does not match the plan's "
-                                "(missed a round?). Refused; nothing was trained. A hospital that missed a round "
-                                "cannot rejoin this federation's rounds: the server sends each round's model only "
-                                "to that round's survivors, and there is no other way to fetch it "
-                                "(examples/flower_deployment/README.md, 'Known limits').")
+                                "(missed a round?). Refused; nothing was trained. A server sends the current model "
+                                "with the plan to a hospital that missed rounds; this plan came without it (a "
+                                "server whose mode holds no plaintext model cannot: ckks), or with another model.")
 
     def _check_weights(self, p: RoundPlan) -> None:
         """Refuse published weights that make the sum this hospital's update (``[release] max_weight_share``):

@@ -143,6 +143,11 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     dropped: dict[str, str] = {}
     book = RoundBook(server=server, round=round_, invited=tuple(participants), event=event, legacy=dropped)
     carried = dict(pending_model or {})
+    behind = _behind(server, participants, carried)
+    if behind:  # hospitals that missed rounds get the current model with the plan, which binds it (its digest)
+        model_now = server.global_model_bytes()
+        carried.update({n: model_now for n in behind})
+        event("model_caught_up", {"round": round_, "hospitals": list(behind)})
     outgoing = {n: {"data": plan, **({"model": carried[n]} if n in carried else {})} for n in participants}
     answers, failed = transport.exchange("plan", outgoing, round_=round_)
     stage_progress(event, transport, round_=round_, stage="plan", asked=outgoing, answers=answers)
@@ -203,6 +208,19 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
         event("end_not_delivered", {"round": round_, "hospital": name, "reason": reason})
     boundary("end", {})
     return RoundOutcome(result=result, dropped=dropped, final_refusals=book.final, statuses=statuses)
+
+
+def _behind(server: FederationServer, participants: tuple[str, ...], carried: Mapping[str, bytes]) -> tuple[str, ...]:
+    """The invited hospitals that may not hold the current global model: not among the last closed
+    round's contributors (who were sent it) and not owed it with this plan already. They were dropped,
+    suspended or restarted since; a hospital that has it ignores the copy (``on_round_end``). None
+    before a round has closed (every hospital starts from the initial model) or when the server holds
+    no plaintext model (ckks: the hospitals decrypt each round's aggregate; one that missed a round
+    cannot rejoin)."""
+    if not server.history or server.state is None:
+        return ()
+    sent = set(server.history[-1].contributors)
+    return tuple(n for n in participants if n not in sent and n not in carried)
 
 
 class RunControl(Protocol):

@@ -97,6 +97,9 @@ def _line(kind: str, data: Mapping[str, Any], *, nodes: Mapping[str, int]) -> tu
     if kind == "end_not_delivered":
         return logging.WARNING, (f"round {r}: global model not delivered to {_who(data.get('hospital'), nodes)}: "
                                  f"{data.get('reason')}")
+    if kind == "model_caught_up":
+        return logging.INFO, (f"round {r}: the current global model sent with the plan to "
+                              f"{_names(data.get('hospitals'), nodes)} (missed the last round)")
     if kind in ("hospital_suspended", "hospital_rejoined"):
         return logging.WARNING, f"round {r}: {_who(data.get('hospital'), nodes)} {kind.split('_')[1]}"
     if kind == "resumed":

@@ -202,3 +202,22 @@ def test_a_hospital_scores_new_patients_locally(tmp_path):
     sim.audit.close()
     risks = sim.hospitals["north"].predict_table(tables[0])
     assert risks.shape == (tables[0].n_patients,) and np.all((risks >= 0) & (risks <= 1)) and np.std(risks) > 0
+
+
+def test_a_hospital_that_missed_a_round_gets_the_model_with_the_next_plan_and_contributes_again(tmp_path):
+    """A hospital that dropped in round 0 never received round 0's model, and refused every later
+    plan ('does not match the plan's (missed a round?)') -- seen over Flower in session 50. The
+    server now sends it the current model with the plan; it loads it and takes part again."""
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.audit.read import payloads
+
+    res = run("masked", tmp_path, rounds=3, drop_at={0: {"south": 2}})
+    assert "south" in res.dropped[0]
+    audit = tmp_path / "masked"
+    contributors = [tuple(p["contributors"]) for p in payloads(audit, "aggregate")]
+    assert "south" not in contributors[0] and all("south" in c for c in contributors[1:3]), contributors
+    assert not payloads(audit, "hospital_refused")
+    assert verify_audit_dir(audit).ok
+    globals_ = {name: m.client._global for name, m in res.hospitals.items()}
+    for name, state in globals_.items():  # every hospital ends on the same global model
+        assert all(np.array_equal(state[k], globals_["north"][k]) for k in state), name

@@ -139,10 +139,11 @@ def test_published_weights_that_make_the_sum_one_hospitals_update_are_refused():
 
 
 
-def test_a_hospital_behind_the_plans_global_model_is_told_it_cannot_rejoin_not_to_fetch_it():
-    """A hospital that missed rounds refused every later plan with 'Fetch the current global model
-    before joining.' -- a fix nothing offers (seen on the loopback federation of the deployment
-    guide, session 50): the error now says so and points at the known limit."""
+def test_a_plan_without_the_model_a_hospital_lacks_is_refused_naming_the_catch_up():
+    """A plan whose model the hospital does not hold (it missed rounds and the plan came without the
+    current model: a ckks server, or another model) is refused before training; the error no longer
+    says 'Fetch the current global model before joining' (nothing offers that): it names the catch-up
+    the server makes (tests/sdk/federation/test_federation.py, the hospital that missed a round)."""
     hospital = _hospital(ReleaseSection())
     plan = _plan(hospital, 3, threshold=2)  # names the model the hospital was built with ...
     hospital._global = {k: v + 1.0 for k, v in hospital._global.items()}  # ... it holds another (missed a round)
@@ -150,5 +151,5 @@ def test_a_hospital_behind_the_plans_global_model_is_told_it_cannot_rejoin_not_t
         hospital.on_plan(plan)
     said = str(refused.value)
     assert "does not match the plan's (missed a round?)" in said and "Fetch the current global model" not in said
-    assert "cannot rejoin" in said and "'Known limits'" in said
+    assert "sends the current model with the plan to a hospital that missed rounds" in said
     assert hospital.task.trained == 0
