@@ -81,8 +81,11 @@ def test_the_warm_executor_runs_clientapps_and_reports_one_that_raises_or_dies(t
     with flower_processes(tmp_path, federation_id="fed-warm", hospitals=["h1"], budget=240.0,
                           pythonpath=[]) as fp:
         fp.superlink(node_auth=False)
+        # the node runs only the ClientApp it names; that stand-in never asks the node's worker for a
+        # participant, so the factory is any callable without the default factory's data-dir preflight
+        # (which refuses a node started without a hospital's files, as it should)
         node = fp.supernode("h1", node_config={"state-dir": tmp_path / "s"}, node_auth=False, environment=None,
-                            extra=("--clientapp", "stand_in:client"))  # the node runs only the ClientApp it names
+                            factory="builtins:dict", extra=("--clientapp", "stand_in:client"))
         fp.flwr_run({"out-file": out}, app=app)
         fp.wait(lambda: len(read()) == 4, what="the four replies", procs=fp.named("superlink", "supernode-h1"))
         log = fp.log_tail("supernode-h1", 20000)
