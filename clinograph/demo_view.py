@@ -153,6 +153,9 @@ def simulation_progress(rounds: int, write: Callable[[str], object], *, status: 
                   f"round: {data.get('reason')}")
         elif kind == "round_aborted":
             write(f"warning: {prefix}round {data.get('round')} aborted, nothing of it applied: {data.get('reason')}")
+        elif kind == "model_caught_up":
+            write(f"{prefix}round {data.get('round')}: the current global model sent with the plan to "
+                  f"{', '.join(map(str, data.get('hospitals') or ()))} (missed the last round)")
         elif kind == "hospital_retired":
             write(f"warning: {prefix}hospital {data.get('client')} retired from the run: {data.get('reason')}")
         elif kind == "round_closed":

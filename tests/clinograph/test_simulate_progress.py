@@ -120,10 +120,12 @@ def test_a_dropped_hospital_an_aborted_round_and_a_retired_hospital_are_shown():
     show("round_closed", {"round": 0, "contributors": ["b", "c"], "dropped": ["a"]})
     show("dropped", {"round": 1, "hospital": "a", "reason": "no answer at stage 2 within 30 s"})  # said once
     show("round_aborted", {"round": 1, "reason": "the masked sum did not open"})
+    show("model_caught_up", {"round": 2, "hospitals": ["a"]})
     show("hospital_retired", {"round": 3, "client": "c", "reason": "its input voided rounds 1, 2"})
     assert lines[0] == "warning: round 0: hospital a dropped out of the round: no answer at stage 2 within 30 s"
     assert lines[1].split(" (round took")[0] == "round 0 closed: 2 contributor(s); dropped: a"
     assert lines[2:] == ["warning: round 1 aborted, nothing of it applied: the masked sum did not open",
+                         "round 2: the current global model sent with the plan to a (missed the last round)",
                          "warning: hospital c retired from the run: its input voided rounds 1, 2"]
 
 

@@ -94,3 +94,11 @@ def test_the_scoring_round_is_named_in_the_operators_log():
     assert text.startswith("round 1 closed (scoring round: the last model evaluated, no training): contributors")
     _, text = progress_line("round_closed", {"round": 0, "contributors": ["a"], "scoring": False}, nodes={})
     assert text.startswith("round 0 closed: contributors")
+
+
+def test_a_catch_up_is_an_info_line_naming_the_hospitals():
+    from clinograph.secure.transport.flower.oplog import progress_line
+
+    level, text = progress_line("model_caught_up", {"round": 5, "hospitals": ["h2", "h3"]}, nodes={"h2": 7})
+    assert level == logging.INFO and text.startswith("round 5: the current global model sent with the plan to ")
+    assert "h3" in text and "missed the last round" in text
