@@ -359,11 +359,15 @@ class FederationServer:
         self.round += 1
         return result
 
-    def global_model_bytes(self) -> bytes:
-        """The signed global model (shared modules) -- what hospitals load next round."""
+    def global_model_bytes(self, *, as_published: bool = False) -> bytes:
+        """The signed global model (shared modules) -- what hospitals load next round.
+        ``as_published``: numbered as when the last closed round published it (round + 1 of that
+        round; voided rounds since then advanced :attr:`round`, not the model), for a hospital that
+        missed it (:func:`clinograph.secure.runtime.loop.run_round`)."""
         if self.state is None:
             raise ProtocolError(f"In {self.mode.name!r} mode the server holds no plaintext model.")
-        msg = GlobalModel(federation_id=self.federation_id, round=self.round, spec=self.spec,
+        number = self.history[-1].round + 1 if as_published and self.history else self.round
+        msg = GlobalModel(federation_id=self.federation_id, round=number, spec=self.spec,
                           modules=encode_modules(self.state, "<f8"))
         return seal(msg, self.identity)
 

@@ -145,7 +145,7 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     carried = dict(pending_model or {})
     behind = _behind(server, participants, carried)
     if behind:  # hospitals that missed rounds get the current model with the plan, which binds it (its digest)
-        model_now = server.global_model_bytes()
+        model_now = server.global_model_bytes(as_published=True)
         carried.update({n: model_now for n in behind})
         event("model_caught_up", {"round": round_, "hospitals": list(behind)})
     outgoing = {n: {"data": plan, **({"model": carried[n]} if n in carried else {})} for n in participants}
