@@ -778,7 +778,8 @@ def _relative(*keys: str, hospitals: bool = False):
             if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
                 data[key] = str(base / data[key])
         if hospitals:
-            for h in data.get("hospitals", []):
+            entries = data.get("hospitals")  # anything but an array of tables is the model's to refuse, by key
+            for h in entries if isinstance(entries, list) else ():
                 for key in ("table", "schema"):
                     if isinstance(h, dict) and isinstance(h.get(key), str) and not Path(h[key]).is_absolute():
                         h[key] = str(base / h[key])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,13 +92,19 @@ def create_ca(*, common_name: str, valid_days: int) -> IssuedKey:
     return IssuedKey(cert, key)
 
 
+#: a DNS name: dot-separated labels of letters, digits, '-' (and '_', which private networks use), at
+#: most 63 characters each, not starting or ending with '-'; an optional leading '*.' wildcard
+_DNS_NAME = re.compile(r"(\*\.)?[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                       r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")
+
+
 def _san(hostnames: Sequence[str]) -> list[x509.GeneralName]:
     names: list[x509.GeneralName] = []
     for host in hostnames:
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
-            if not host or any(c.isspace() for c in host):
+            if not _DNS_NAME.fullmatch(host) or len(host) > 253:  # '', 'a"b', a space: only labels and dots
                 raise ConfigError(f"Host name {host!r} is not a DNS name or an IP address. "
                                   "Pass names like 'superlink.example.org' or '10.0.0.5'.") from None
             names.append(x509.DNSName(host))
@@ -109,14 +116,17 @@ def issue_server_certificate(*, ca: IssuedKey, hostnames: Sequence[str], valid_d
     if not hostnames:
         raise ConfigError("The SuperLink certificate needs at least one host name or IP address "
                           "(the address hospitals connect to), e.g. --host 10.0.0.5.")
+    san = _san(hostnames)  # every name checked before any is used (an empty one was a ValueError below)
     key = ec.generate_private_key(CURVE())
     now = _now()
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostnames[0])])
+    # the CN is informative (TLS checks the SAN) and at most 64 characters; a longer DNS name is in the SAN only
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostnames[0] if len(hostnames[0]) <= 64
+                                            else "superlink")])
     ca_ski = ca.certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca.certificate.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=valid_days))
-            .add_extension(x509.SubjectAlternativeName(_san(hostnames)), critical=False)
+            .add_extension(x509.SubjectAlternativeName(san), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
                                          data_encipherment=False, key_agreement=True, key_cert_sign=False,

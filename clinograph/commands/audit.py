@@ -47,6 +47,9 @@ def _key_from_text(text: str, *, source: str) -> bytes:
 
 
 def _key_from_pem(data: bytes, *, source: str) -> bytes:
+    if data.count(b"-----BEGIN") > 1:  # only the first was read: which key is trusted must not be a guess
+        _usage(f"{source} holds {data.count(b'-----BEGIN')} PEM blocks; a trusted key file holds one public key. "
+               "Pass server.pub from `clinograph keys init`.")
     if b"PRIVATE KEY" in data.split(b"\n", 1)[0]:
         _usage(f"{source} is a PEM *private* key. Never hand a private key to a verifier: pass the public key "
                "server.pub that `clinograph keys init` wrote.")
@@ -67,7 +70,13 @@ def _trusted_key(value: str | None) -> bytes | None:
     the wrong format (PEM private key, not base64, wrong length) and a bad inline value."""
     if value is None:
         return None
+    if not value.strip():  # Path("") is the working directory: it was 'is not a regular file'
+        _usage("the value is empty. Pass the path of server.pub (written by `clinograph keys init`) or the key "
+               "itself as base64.")
     path = Path(value)
+    if path.is_symlink() and not path.exists():  # it was read as an inline key: 'is not base64'
+        _usage(f"{value} is a symbolic link that leads to no file (dangling, or a loop of links). Pass the path "
+               "of server.pub itself.")
     if path.is_file():
         with path.open("rb") as fh:
             data = fh.read(65536)

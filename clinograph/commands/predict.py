@@ -223,9 +223,20 @@ def hospital_key(value: str, *, flag: str = "--trusted-key", whose: str = "the e
     fix = f"Pass {whose} public key (federation.toml's {where}), as base64 or a file holding it."
     path = Path(value)
     text = value
+    if not value.strip() or (path.exists() and not path.is_file()) or (path.is_symlink() and not path.exists()):
+        # '' (the working directory), a folder, a FIFO, /dev/zero or a link to nothing was read as an inline key
+        what = ("empty" if not value.strip() else "a symbolic link to no file" if not path.exists()
+                else "a directory" if path.is_dir() else "not a regular file")
+        raise ConfigError(f"{flag} {value!r} is {what}. {fix}")
     if path.is_file():
         with path.open("rb") as fh:  # a key file is small: never more than this is read
             data = fh.read(65536)
+        if b"PRIVATE KEY" in data.lstrip().split(b"\n", 1)[0]:
+            raise ConfigError(f"{flag} file {value} is a PEM *private* key: never hand a private key to a reader of "
+                              f"the model. {fix}")
+        if data.count(b"-----BEGIN") > 1:  # only the first would be read: which key is trusted is no guess
+            raise ConfigError(f"{flag} file {value} holds {data.count(b'-----BEGIN')} PEM blocks; a key file holds "
+                              f"one public key. {fix}")
         if data.lstrip().startswith(b"-----BEGIN PUBLIC KEY"):
             from cryptography.hazmat.primitives import serialization
             from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey

@@ -12,9 +12,10 @@ so a nested section does not call it), so every problem of a whole config is lis
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any, Self
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, field_validator
 
 from .errors import ConfigValidationError
 from .tomlio import validation_message
@@ -37,6 +38,16 @@ class ConfigModel(BaseModel):
     # pydantic calls a custom __init__ for every nested model and cannot then gather their
     # errors into one; this one only translates the error, so pydantic may treat it as its own
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul_in_paths(cls, value: Any) -> Any:
+        """A path with a NUL character names no file (the OS refuses it: open() and mkdir() raised
+        ValueError, an internal error at the CLI): refused here, by key, like any other bad value."""
+        if isinstance(value, PurePath) and "\x00" in str(value):
+            raise ValueError("a path cannot contain a NUL character (\\u0000 in the TOML string); "
+                             "write the file's or folder's path without it")
+        return value
 
     @classmethod
     def model_validate(cls, obj: Any, **kwargs: Any) -> Self:  # noqa: D102 (pydantic's)

@@ -137,7 +137,8 @@ class Identity:
             raise ConfigError(f"Cannot load signing key for {name!r} from {path}: permission denied (the key is mode "
                               "0600). Run as the user that owns it.") from None
         except OSError as exc:
-            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: {type(exc).__name__}. {fix}") from None
+            raise ConfigError(f"Cannot load signing key for {name!r} from {path}: "  # ELOOP said only 'OSError'
+                              f"{exc.strerror or type(exc).__name__}. {fix}") from None
         except ValueError:
             raise ConfigError(f"Cannot load signing key for {name!r} from {path}: it is not a PEM private key "
                               f"(a *.node-auth file is Flower's node-auth key, not the signing key). Give "

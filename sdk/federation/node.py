@@ -39,7 +39,13 @@ def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
     if config.dictionary is None:
         raise ConfigError(f"{where} names no feature dictionary: set `dictionary = \"dictionary.toml\"` "
                           "(the same file at every hospital of the federation).")
-    return FeatureDictionary.from_toml(config.dictionary)
+    dictionary = FeatureDictionary.from_toml(config.dictionary)
+    if isinstance(config.model.features, tuple):
+        # an id the dictionary lacks is named here, not at round 0's training (model init said nothing)
+        from .coverage import check_features
+
+        check_features(config.model.features, dictionary)
+    return dictionary
 
 
 def check_data_dir(node_config: Mapping[str, Any]) -> None:

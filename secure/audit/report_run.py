@@ -166,13 +166,15 @@ def plan_options(run: Run, directory: Path) -> dict[int, dict[str, Any]]:
     from clinograph.core.errors import ClinographError
 
     from ..wire import parse_envelope
+    from .verify import ARTEFACTS, MAX_ARTEFACT_BYTES, read_regular_file
 
     out: dict[int, dict[str, Any]] = {}
     for a in run.kinds["artefact"]:
         if a["kind"] != "round_plan":
             continue
-        try:
-            body = json.loads(parse_envelope((directory / "artefacts" / a["sha256"]).read_bytes()).payload)
+        try:  # only a regular file, bounded: a FIFO in its place hung the report, /dev/zero filled memory
+            data = read_regular_file(directory / ARTEFACTS / a["sha256"], limit=MAX_ARTEFACT_BYTES)
+            body = json.loads(parse_envelope(data).payload)
         except (OSError, ValueError, ClinographError):  # a broken artefact is the verifier's finding
             body = None
         if isinstance(body, dict) and isinstance(body.get("round"), int) and isinstance(body.get("options"), dict):

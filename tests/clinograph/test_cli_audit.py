@@ -192,3 +192,24 @@ def test_a_report_of_a_folder_with_no_signed_entry_does_not_print_fingerprint_no
     out = tmp_path / "r.html"
     got = runner.invoke(app, ["report", str(tmp_path / "empty"), "--out", str(out)])
     assert "signer NOT checked: the log names no server key" in got.stdout and "None" not in got.stdout
+
+
+def test_an_empty_a_dangling_or_a_doubled_trusted_key_says_what_it_is(audit_dir, tmp_path):
+    """Found by fuzzing --trusted-key: "" said ' is not a regular file' (Path('') is the working
+    directory), a symlink loop was read as an inline key ('the value given is not base64'), and a
+    PEM file with two public keys silently trusted the first."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    d, _ = audit_dir
+    empty = runner.invoke(app, ["verify", str(d), "--trusted-key", ""])
+    assert empty.exit_code == 2 and "the value is empty" in empty.stderr
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    loop = runner.invoke(app, ["verify", str(d), "--trusted-key", str(tmp_path / "loop1")])
+    assert loop.exit_code == 2 and "symbolic link that leads to no file" in loop.stderr
+    pems = b"".join(Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo) for _ in range(2))
+    (tmp_path / "two.pem").write_bytes(pems)
+    two = runner.invoke(app, ["verify", str(d), "--trusted-key", str(tmp_path / "two.pem")])
+    assert two.exit_code == 2 and "holds 2 PEM blocks" in two.stderr

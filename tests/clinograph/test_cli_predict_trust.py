@@ -6,6 +6,8 @@ probabilities are an error and no output, and --insecure-untrusted-model warns."
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
 
 import pandas as pd
@@ -219,3 +221,29 @@ def test_audit_refuses_the_released_weights_under_other_model_settings(tmp_path,
         warnings.simplefilter("ignore", InsecureOptionWarning)
         res = predict(tmp_path, forged, "--insecure-untrusted-model")  # the same file, unchecked, does score
     assert res.exit_code == 0 and "release NOT checked" in res.output, res.output
+
+
+def test_a_trusted_key_that_is_no_public_key_file_says_what_it_is(tmp_path):
+    """Found by fuzzing `clinograph predict --trusted-key`: a folder, a FIFO, a symlink loop and ''
+    were read as an inline key ('value is not the base64 ...'), a PEM private key was 'not the
+    base64', and a file of two PEM public keys silently trusted the first."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from clinograph.commands.predict import hospital_key
+    from clinograph.core.errors import ConfigError
+
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    os.mkfifo(tmp_path / "fifo")
+    key = Ed25519PrivateKey.generate()
+    (tmp_path / "priv.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "two.pem").write_bytes(pub + pub)
+    for value, said in ((str(tmp_path), "is a directory"), (str(tmp_path / "fifo"), "is not a regular file"),
+                        (str(tmp_path / "loop1"), "is a symbolic link to no file"), ("", "is empty"),
+                        (str(tmp_path / "priv.pem"), "is a PEM *private* key"),
+                        (str(tmp_path / "two.pem"), "holds 2 PEM blocks")):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            hospital_key(value)

@@ -59,3 +59,30 @@ def test_output_is_relative_to_the_config_file_like_the_other_paths(tmp_path, mo
 
 def test_the_default_output_is_unchanged_in_code():
     assert SimulationConfig.model_validate({}).output == Path("runs/simulation")
+
+
+@pytest.mark.parametrize("value", ["1.5", '"data/north.csv"', "{ site = \"north\" }", "true"])
+def test_hospitals_that_is_no_array_of_tables_is_refused_by_key(tmp_path, value):
+    """Found by fuzzing the loaders: ``hospitals = 1.5`` reached the relative-path step, which iterated
+    it (TypeError: 'float' object is not iterable, an internal error at the CLI)."""
+    from clinograph.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        SimulationConfig.from_toml(_write(tmp_path, f"hospitals = {value}\n"))
+    assert "hospitals" in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('dictionary = "d\\u0000.toml"\n', "dictionary"),
+    ('output = "runs/a\\u0000b"\n', "output"),
+    ('[[hospitals]]\nsite = "n"\ntable = "n\\u0000.csv"\nschema = "n.toml"\n', "hospitals.0.table"),
+    ('[privacy]\nstate_dir = "s\\u0000"\n', "privacy.state_dir"),
+])
+def test_a_path_with_a_nul_character_is_refused_by_key(tmp_path, text, key):
+    """A NUL in a path string reached open()/mkdir(): ValueError 'embedded null byte', an internal
+    error at the CLI (`clinograph simulate`, found by fuzzing the config's paths)."""
+    from clinograph.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        SimulationConfig.from_toml(_write(tmp_path, text))
+    assert f"{key}: a path cannot contain a NUL character" in str(err.value)

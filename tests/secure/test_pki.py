@@ -130,3 +130,20 @@ def test_private_files_are_0600_and_never_overwritten(tmp_path):
 
 def test_reprs_redact_private_keys(server):
     assert "redacted" in repr(server) and "BEGIN" not in repr(server)
+
+
+@pytest.mark.parametrize("host", ["", 'a"b', "-bad", "a..b", "a b", "host/path"])
+def test_a_host_that_is_no_dns_name_is_refused_by_name(ca, host):
+    """Found by fuzzing `clinograph keys init --host`: '' ended in 'internal error (ValueError)' (an
+    empty common name), 'a"b' was written into the certificate's SAN."""
+    with pytest.raises(ConfigError, match="is not a DNS name or an IP address"):
+        issue_server_certificate(ca=ca, hostnames=[host], valid_days=3)
+
+
+def test_a_dns_name_longer_than_a_common_name_is_in_the_san():
+    """A valid DNS name of more than 64 characters (the CN's limit) was a ValueError from cryptography."""
+    long = "a" * 63 + "." + "b" * 63 + ".example.org"
+    cert = issue_server_certificate(ca=create_ca(common_name="test CA", valid_days=3), hostnames=[long, "*.example.org"],
+                                    valid_days=3).certificate
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert names == [long, "*.example.org"]

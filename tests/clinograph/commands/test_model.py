@@ -48,3 +48,16 @@ def test_a_bad_config_is_refused_before_torch_loads(tmp_path):
              f"{str(tmp_path / 'm.json')!r}]); print(r.exit_code, 'torch' in sys.modules, 'lrr' in r.output)")
     got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert got.stdout.split() == ["2", "False", "True"], got.stdout + got.stderr[-2000:]
+
+
+def test_model_init_names_a_model_feature_the_dictionary_lacks(tmp_path):
+    """`[model] features = ["nope"]` was written into an initial model without a word (exit 0); every
+    hospital then refused it at its first training. The hospital's loader now names the id
+    (sdk/federation/node.py load_dictionary, shared with the SuperNode). Found by a config mutator."""
+    config, out = tmp_path / "hospital.toml", tmp_path / "initial_model.json"
+    config.write_text(f'dictionary = "{DICTIONARY_PATH}"\n[model]\nfeatures = ["heart_rate", "nope"]\n')
+    res = CliRunner().invoke(app, ["model", "init", "--config", str(config), "--out", str(out)])
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "[model] features names 1 id(s)" in said and "'nope'" in said and "Traceback" not in said
+    assert not out.exists()

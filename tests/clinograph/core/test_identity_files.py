@@ -59,3 +59,11 @@ def test_the_wrong_key_file_is_named_with_the_right_one(tmp_path, given):
     want = {"missing": "the file does not exist", "node_auth": "node-auth key, not the signing key",
             "tls": "not Ed25519"}[given]
     assert str(path) in said and want in said and "h1.ed25519.pem" in said, said
+
+
+def test_a_symlink_loop_says_why_it_cannot_be_read(tmp_path):
+    """A loop of symbolic links in place of the key said only 'OSError' (found by fuzzing key files)."""
+    (tmp_path / "a.ed25519.pem").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a.ed25519.pem")
+    with pytest.raises(ConfigError, match="Too many levels of symbolic links"):
+        Identity.load("a", tmp_path / "a.ed25519.pem")

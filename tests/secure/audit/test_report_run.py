@@ -108,3 +108,44 @@ def test_the_runs_table_names_the_scoring_round_of_a_one_round_run(tmp_path):
     assert ("Kept round 1: the global model after 1 training round(s), with the lowest federated validation loss "
             "(0.46) of the 2 models scored (the initial model and the model after each of 1 training round(s)); "
             "all planned rounds ran.") in html
+
+
+def test_a_fifo_in_place_of_a_round_plan_artefact_is_a_finding_not_a_hang(tmp_path):
+    """`clinograph audit report` on a folder whose round-plan artefact was replaced by a FIFO blocked
+    for ever in open() (the verifier refuses it; the report's secure-mode section read it with
+    read_bytes). Found by fuzzing audit folders through the CLI. Now: the report is written and the
+    verifier's finding names the file."""
+    import os
+    import signal
+
+    from clinograph.secure.messages import RoundPlan
+    from clinograph.secure.wire import seal
+
+    from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
+
+    server = Identity.generate("server")
+    spec = ModelSpec(version=1, modules=(ModuleSpec(name="gnn/w", shape=(4,), kind=ModuleKind.SHARED),))
+    d = tmp_path / "a"
+    with AuditTrail(d, identity=server) as trail:
+        plan = seal(RoundPlan(federation_id="fed", round=0, participants=("a", "b"), spec=spec,
+                              dictionary_hash="0" * 64, secure_mode="masked", strategy="fedsgd", min_clients=2,
+                              local_epochs=1, global_state_digest="0" * 64, options={}), server)
+        trail.publish("round-0000/plan.json", plan, kind="round_plan")
+    (artefact,) = (d / "artefacts").iterdir()
+    artefact.unlink()
+    os.mkfifo(artefact)
+
+    class Hung(Exception):  # not an OSError, which the report's reader catches
+        pass
+
+    def hung(*_):
+        raise Hung("render_report blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        html = render_report(d, out=tmp_path / "r.html").read_text()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert "not a regular file" in html
