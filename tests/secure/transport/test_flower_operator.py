@@ -61,6 +61,19 @@ def _entries(d):
     return [json.loads(x) for x in (d / "audit.jsonl").read_text().splitlines()]
 
 
+
+def _kept_messages(logger: logging.Logger) -> tuple[logging.Handler, list[str]]:
+    """A handler added to ``logger`` that keeps every record's message (remove it when done)."""
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    logger.addHandler(keep)
+    return keep, seen
+
 def test_a_hospital_refusal_travels_signed_and_the_operator_sees_names_nodes_and_epsilon(tmp_path, caplog):
     from clinograph.sdk.config import DP_DEFAULT_MODEL_LINE
     from clinograph.secure.runtime.build import ResolvedDefault
@@ -202,14 +215,7 @@ def test_flowers_five_lines_a_message_are_left_out_of_a_hospitals_log_unless_deb
     saved = (list(logging.getLogger().handlers), logging.getLogger().level,
              flwr_logger.propagate, list(flwr_logger.filters), logging.getLogger("clinograph").level)
     flwr_logger.filters.clear()  # what other tests of this process installed is not under test here
-    seen: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            seen.append(record.getMessage())
-
-    keep = Keep()
-    flwr_logger.addHandler(keep)
+    keep, seen = _kept_messages(flwr_logger)
     try:
         for level, expected in (("info", ["SuperNode ID: 7", "Connection lost"]),
                                 ("debug", ["SuperNode ID: 7", "", "[RUN 1, ROUND round-0]", "Receiving: q message "
@@ -257,15 +263,9 @@ def test_the_serverapps_stream_does_not_end_with_flowers_blank_exit_line():
     from clinograph.secure.transport.flower import serverapp
 
     flwr_logger = logging.getLogger("flwr")
-    saved, seen = list(flwr_logger.filters), []
+    saved = list(flwr_logger.filters)
     flwr_logger.filters.clear()  # what other tests of this process installed is not under test here
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            seen.append(record.getMessage())
-
-    keep = Keep()
-    flwr_logger.addHandler(keep)
+    keep, seen = _kept_messages(flwr_logger)
     try:
         serverapp._log_to_stdout()
         flwr_logger.info("")
