@@ -73,9 +73,13 @@ def test_randomised_rounding_is_unbiased(values, key):
     x = np.repeat(np.asarray(values)[None, :], 4000, axis=0)
     r = randomised_round(x, source=CsprngUniform(_key=key))
     assert np.all((r == np.floor(x)) | (r == np.floor(x) + 1))
+    from scipy.stats import binomtest
+
     frac = x[0] - np.floor(x[0])
-    # mean of 4000 Bernoulli(frac): within 6 standard errors of frac
-    assert np.all(np.abs(r.mean(0) - x[0]) <= 6 * np.sqrt(frac * (1 - frac) / 4000) + 1e-9)
+    ups = (r - np.floor(x)).sum(0).astype(int)
+    # each column's rounding-ups are Binomial(4000, frac): the exact two-sided tail, not 6 standard errors
+    # (for frac = 1e-6 one up in 4000 -- probability 0.4 % -- is 16 standard errors off: a false failure)
+    assert all(binomtest(int(k), 4000, float(f)).pvalue >= 1e-9 for k, f in zip(ups, frac, strict=True)), (ups, frac)
 
 
 def test_skellam_shares_have_the_declared_variance():
