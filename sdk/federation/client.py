@@ -185,8 +185,8 @@ class HospitalClient:
         if global_model is not None:
             msg = open_envelope(parse_envelope(global_model), sender=self.server, model=GlobalModel)
             new = {n: v.astype(np.float64) for n, v in decode_modules(plan, msg.modules, sender="server").items()}
-            again = state_digest(new) == state_digest(self._global)
-            if again and (msg.round <= plan.round or msg.round == self._loaded_round):
+            if ((msg.round <= plan.round or msg.round == self._loaded_round)  # digests only for a possible copy
+                    and state_digest(new) == state_digest(self._global)):
                 return None  # a model this hospital already loaded, delivered again (a restarted server, a catch-up)
             if msg.round > plan.round + 1 and msg.federation_id == plan.federation_id:
                 return self._catch_up(msg.round, new)
@@ -288,7 +288,6 @@ class HospitalClient:
             self.task.global_origin = (fid, model_round - 1)
         if self.anchor is not None:
             self.anchor.keep_model(fid, new)
-        return None
 
     # -- helpers -----------------------------------------------------------------------------
     def _resume(self, federation_id: str) -> None:

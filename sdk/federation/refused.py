@@ -47,19 +47,25 @@ def _refused_before_release(audit_dir: Path) -> tuple[list[dict], int] | None:
     return [e["payload"] for e in entries if e.get("kind") in ("hospital_refused", "run_ended")], len(entries)
 
 
-def refusal(audit_dir: Path) -> ProtocolError | None:
+class RunRefused(ProtocolError):
+    """A run every hospital refused before round 1 (see the module): the refusal, and what
+    :func:`set_aside_refused_run` needs to move the log without reading it again."""
+
+    def __init__(self, message: str, *, payloads: list[dict], count: int):
+        super().__init__(message)
+        self.payloads, self.count = payloads, count
+
+
+def refusal(audit_dir: Path) -> RunRefused | None:
     """The error to raise if the run logged at ``audit_dir`` was refused before round 1 with nothing
     released (its log left where it is); else None."""
     found = _refused_before_release(Path(audit_dir))
     return None if found is None else _error(*found, kept=Path(audit_dir), moved_from=None)
 
 
-def set_aside_refused_run(audit_dir: Path) -> ProtocolError | None:
-    """If the run logged at ``audit_dir`` was refused before round 1 with nothing released, move its
-    audit directory aside (see the module) and return the refusal to raise; else None (left as is)."""
-    found = _refused_before_release(Path(audit_dir))
-    if found is None:
-        return None
+def set_aside_refused_run(audit_dir: Path, refused: RunRefused) -> RunRefused:
+    """Move the audit directory of the run ``refused`` (:func:`refusal`'s, read and verified there)
+    aside (see the module) and return the refusal to raise, naming where it went."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     kept = audit_dir.with_name(f"audit-refused-{stamp}")
     n = 1
@@ -67,17 +73,18 @@ def set_aside_refused_run(audit_dir: Path) -> ProtocolError | None:
         n += 1
         kept = audit_dir.with_name(f"audit-refused-{stamp}-{n}")
     audit_dir.rename(kept)
-    return _error(*found, kept=kept, moved_from=audit_dir)
+    return _error(refused.payloads, refused.count, kept=kept, moved_from=audit_dir)
 
 
-def _error(payloads: list[dict], count: int, *, kept: Path, moved_from: Path | None) -> ProtocolError:
+def _error(payloads: list[dict], count: int, *, kept: Path, moved_from: Path | None) -> RunRefused:
     ended = next((p for p in reversed(payloads) if "rounds_completed" in p), {})
     why = str(ended.get("reason") or "").rstrip(". ")  # the run's end names each hospital's refusal
     if not why:
         why = "; ".join(f"{p['client']}: {p['reason']}" for p in payloads if "client" in p and "reason" in p)
     then = (f"{moved_from} is free: fix the cause and run the same command again." if moved_from is not None else
             "Fix the cause and run again with another audit directory (a run is refused where one is logged).")
-    return ProtocolError(
+    return RunRefused(
         f"The run was refused before round 1: {why or 'no hospital took part'}. No round closed and nothing was "
         f"released. Its audit log ({count} entries: the plan and the hospitals' signed refusals, which they "
-        f"anchored) is kept in {kept}; `clinograph audit verify {kept}` checks it. {then}")
+        f"anchored) is kept in {kept}; `clinograph audit verify {kept}` checks it. {then}", payloads=payloads,
+        count=count)

@@ -37,7 +37,7 @@ from clinograph.secure.runtime.workers import ProcessTransport
 from clinograph.secure.server import FederationServer
 
 from clinograph.core.arguments import checked_arguments
-from clinograph.core.errors import ConfigError, ProtocolError
+from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 
 from ..config import SimulationConfig
@@ -49,7 +49,7 @@ from .build import build_hospital, run_models
 from .candidates import Candidate, candidate_configs
 from .client import HospitalClient
 from .member import FederationMember, MemberCandidate, canonical, with_horizon
-from .refused import refusal, set_aside_refused_run
+from .refused import RunRefused, refusal, set_aside_refused_run
 from .setup import HospitalSetup
 
 
@@ -512,8 +512,5 @@ def simulate_from_config(config: SimulationConfig, *,
         raise ConfigError(f"Audit directory {audit_dir} already holds a run; choose another `output` or move it.")
     try:
         return simulate(tables, dictionary, config, audit_dir=audit_dir, on_round=on_round, on_event=on_event)
-    except ProtocolError:
-        aside = set_aside_refused_run(audit_dir)  # refused before round 1: audit kept aside, the rerun free
-        if aside is None:
-            raise
-        raise aside from None
+    except RunRefused as refused:  # refused before round 1: audit kept aside, the rerun free
+        raise set_aside_refused_run(audit_dir, refused) from None
