@@ -30,13 +30,17 @@ inside one process). Both sides train the same parameters (those the DP trainer 
 path's, ``similar_to`` frozen), start from the same weights, and are timed interleaved within every
 repetition in a random order, each side as a block of 1 + ``WARM`` consecutive steps, as training
 takes them. The block's first step (after another side or task: its model's memory out of cache) is
-reported apart (``cpu_cold_*``); the others are the steady state the main figures use. Why: a step
+reported apart (``cpu_cold_*``); the other ``WARM`` = 16 are timed together and their mean is one sample
+of the steady state the main figures use (16: the engine draws its noise 16 steps ahead,
+:class:`~clinograph.sdk.privacy.noise.NoiseRows`, so every 16 consecutive DP steps pay exactly one draw;
+timing steps one by one, a median would hide the draw). Why blocks: a step
 right after a step of the same model runs from cache, one after another model's does not, and with
 one step a side the order alone moved a ratio by up to 0.1 (a fixed order favoured whichever DP
 variant followed the other). Reported: medians,
 ``ratio`` = DP median / plain median, ``per_rep_ratio_median`` (the median of the ratios inside each
-repetition, robust to load drift), ``noise_ms`` / ``noise64_ms``, the CSPRNG noise draw alone in the
-parameters' dtype / in float64; the same from the thread's CPU time (``cpu_*``, ``time.thread_time``),
+repetition, robust to load drift), ``noise_ms`` / ``noise64_ms``, one CSPRNG noise draw of the
+trained parameters alone in the parameters' dtype / in float64, ``noise_rows_ms`` a step's share of the
+engine's draws ahead (:class:`~clinograph.sdk.privacy.noise.NoiseRows`); the same from the thread's CPU time (``cpu_*``, ``time.thread_time``),
 which other processes' load on the shared machine inflates less than wall time (a step waits for a
 core). Torch single-threaded. Asserts nothing.
 """
@@ -64,8 +68,9 @@ from research._common import add_convention, emit, machine, median, out_path  # 
 #: federation's (B = 1024 at hospital north: 2400 patients, 1344 training, q = 1/2: 672); and a small
 #: hospital of the lifelines tables under the default B (15-63 training patients: 32)
 BATCHES = (64, 672, 32)
-#: steps timed a block after its first (cold) one
-WARM = 2
+#: steps timed together after a block's first (cold) one: a multiple of the steps whose noise the engine
+#: draws at once (:data:`clinograph.sdk.privacy.noise.NOISE_STEPS`), so every block pays its share of one draw
+WARM = 16
 
 
 def _frozen_like_dp(model) -> None:
@@ -141,6 +146,14 @@ def _noise_draw(dim: int, dtype: torch.dtype):
     from clinograph.sdk.privacy.noise import secure_gaussian
 
     return lambda: secure_gaussian(1.0, torch.Size([dim]), dtype)
+
+
+def _noise_rows(dim: int, dtype: torch.dtype):
+    try:
+        from clinograph.sdk.privacy.noise import NoiseRows
+    except ImportError:  # a main before the noise was drawn ahead: one draw a step
+        return _noise_draw(dim, dtype)
+    return NoiseRows(dim, dtype).next
 
 
 def nsfl_static(b: int) -> dict:
@@ -345,7 +358,7 @@ def _row(name: str, b: int, case: dict, times: dict, cpu: dict, cold: dict) -> d
             "plain_ms": ms(times, "plain"), "dp_ms": ms(times, "dp"), "ratio": ratio(times, "dp"),
             "noise_ms": ms(times, "noise"),
             "cpu_plain_ms": ms(cpu, "plain"), "cpu_dp_ms": ms(cpu, "dp"), "cpu_ratio": ratio(cpu, "dp"),
-            "cpu_noise_ms": ms(cpu, "noise"),
+            "cpu_noise_ms": ms(cpu, "noise"), "cpu_noise_rows_ms": ms(cpu, "noise_rows"),
             "cpu_dp_noise64_ms": ms(cpu, "dp_noise64"), "cpu_ratio_noise64": ratio(cpu, "dp_noise64"),
             "cpu_noise64_ms": ms(cpu, "noise64"),
             "cpu_cold_plain_ms": ms(cold, "plain"), "cpu_cold_dp_ms": ms(cold, "dp"),
@@ -376,7 +389,8 @@ def main() -> None:
     for case in cases.values():  # the noise alone (σC for every trained parameter): a floor of the DP step
         case["noise"] = _noise_draw(case["trainable_parameters"], case["dtype"])
         case["noise64"] = _noise_draw(case["trainable_parameters"], torch.float64)
-    sides = ("plain", "dp", "dp_noise64", "noise", "noise64")
+        case["noise_rows"] = _noise_rows(case["trainable_parameters"], case["dtype"])
+    sides = ("plain", "dp", "dp_noise64", "noise", "noise64", "noise_rows")
     for case in cases.values():  # warm-up
         for _ in range(3):
             for side in sides:
@@ -389,15 +403,14 @@ def main() -> None:
     for _ in range(reps):  # interleaved: both sides of every task see the same load
         for key, case in cases.items():
             for side in (sides[j] for j in shuffle.permutation(len(sides))):
-                for step in range(1 + WARM):  # a block of consecutive steps, as training takes them
-                    c0, t0 = time.thread_time(), time.perf_counter()
+                c0 = time.thread_time()  # a block of consecutive steps, as training takes them: the first (cold)
+                case[side]()
+                cold[(*key, side)].append(time.thread_time() - c0)
+                c0, t0 = time.thread_time(), time.perf_counter()  # then WARM steps timed together (their mean)
+                for _ in range(WARM):
                     case[side]()
-                    wall, used = time.perf_counter() - t0, time.thread_time() - c0
-                    if step == 0:
-                        cold[(*key, side)].append(used)
-                    else:
-                        times[(*key, side)].append(wall)
-                        cpu[(*key, side)].append(used)
+                times[(*key, side)].append((time.perf_counter() - t0) / WARM)
+                cpu[(*key, side)].append((time.thread_time() - c0) / WARM)
     rows = []
     for (name, b), case in cases.items():
         rows.append(_row(name, b, case, times, cpu, cold))

@@ -38,7 +38,6 @@ from ..config import PrivacySection
 from ..privacy.accountant import PrivacyLedger
 from ..privacy.calibration import poisson_plan
 from ..privacy.guard import refuse_coupled_plan
-from ..privacy.noise import secure_gaussian
 from ..privacy.trainer import ledger_and_sigma, poisson_indices
 from ..training.trainer import TrainOutcome
 from .distributed_training import ConceptDistributedTrainer, concept_distributed_trainer
@@ -64,7 +63,8 @@ class ConceptDPTrainer:
         self.sampler = CsprngUniform()
         self.accountant = ledger.make_accountant()
         self.last_empty_batches = 0
-        self._noise: Callable[[float, torch.Size, torch.dtype], torch.Tensor] = secure_gaussian  # tests swap it
+        #: None: the engine's CSPRNG noise (drawn several steps ahead, :class:`~..privacy.noise.NoiseRows`); tests swap it
+        self._noise: Callable[[float, torch.Size, torch.dtype], torch.Tensor] | None = None
         self._optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.Adam  # tests swap in plain SGD
 
     def __repr__(self) -> str:

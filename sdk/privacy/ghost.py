@@ -60,15 +60,16 @@ class Workspace:
         """An uninitialised tensor of ``shape``, valid until the next :meth:`rewind`."""
         i = self._next
         self._next += 1
+        inference = torch.is_inference_mode_enabled()  # an inference tensor cannot be written outside that mode
         if i < len(self._views):
             last, view = self._views[i]
-            if last == shape and view.dtype == dtype:
+            if last == shape and view.dtype == dtype and view.is_inference() == inference:
                 return view
         n = math.prod(shape)
         if i == len(self._bufs):
             self._bufs.append(torch.empty(n, dtype=dtype))
             self._views.append(((), self._bufs[i]))
-        elif self._bufs[i].numel() < n or self._bufs[i].dtype != dtype:
+        elif self._bufs[i].numel() < n or self._bufs[i].dtype != dtype or self._bufs[i].is_inference() != inference:
             self._bufs[i] = torch.empty(n, dtype=dtype)
         view = self._bufs[i][:n].view(shape)
         self._views[i] = (shape, view)

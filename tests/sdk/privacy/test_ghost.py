@@ -129,3 +129,19 @@ def test_knot_part_equals_the_piecewise_layers_own_per_patient_gradient(position
     torch.testing.assert_close(part.norm2(), ref.pow(2).sum(1))
     torch.testing.assert_close(part.clipped(c), c @ ref)
     torch.testing.assert_close(part.per_sample(), ref)
+
+
+def test_a_workspace_buffer_taken_in_inference_mode_is_not_handed_out_for_writing_outside_it():
+    from clinograph.sdk.privacy.ghost import Workspace
+
+    ws = Workspace()
+    with torch.inference_mode():
+        inside = ws.take((4, 3), torch.float32)
+        inside.zero_()
+    ws.rewind()
+    outside = ws.take((4, 3), torch.float32)  # a step computed outside inference mode
+    assert not outside.is_inference()
+    outside.zero_()  # raised "Inplace update to inference tensor outside InferenceMode" when reused
+    ws.rewind()
+    with torch.inference_mode():
+        assert ws.take((4, 3), torch.float32).is_inference()

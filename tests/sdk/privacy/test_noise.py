@@ -38,3 +38,41 @@ def test_half_precision_noise_is_summed_in_float32_and_rounded_once():
     z = noise.secure_gaussian(1.0, torch.Size([3, 50_000]), torch.bfloat16)
     assert z.dtype == torch.bfloat16 and z.shape == (3, 50_000)
     assert abs(float(z.double().std()) - 1.0) < 0.02
+
+
+def _counting_draws(monkeypatch) -> list[torch.Size]:
+    """Record the shape of every secure_gaussian draw NoiseRows makes (the real draw still runs)."""
+    shapes: list[torch.Size] = []
+    real = noise.secure_gaussian
+
+    def draw(std, shape, dtype):
+        shapes.append(shape)
+        return real(std, shape, dtype)
+
+    monkeypatch.setattr(noise, "secure_gaussian", draw)
+    return shapes
+
+
+def test_noise_rows_hand_out_each_row_of_one_draw_once_then_draw_again(monkeypatch):
+    shapes = _counting_draws(monkeypatch)
+    rows = noise.NoiseRows(40, torch.float32)
+    assert rows.steps == noise.NOISE_STEPS
+    got = [rows.next().clone() for _ in range(rows.steps + 3)]
+    assert shapes == [torch.Size([rows.steps, 40])] * 2  # one draw for 16 steps, the next on the 17th
+    flat = torch.stack(got)
+    assert flat.shape == (rows.steps + 3, 40) and flat.dtype == torch.float32
+    assert len({tuple(r.tolist()) for r in got}) == len(got)  # no row twice
+    x = flat.double().numpy().ravel()
+    assert abs(x.mean()) < 0.15 and abs(x.std() - 1.0) < 0.1  # N(0, 1): 760 values, ~5 s.e. bounds
+    assert noise.NoiseRows(noise.NOISE_VALUES, torch.float32).steps == 1  # a large model draws a step at a time
+
+
+def test_noise_rows_drawn_before_a_fork_are_dropped_in_the_child(monkeypatch):
+    shapes = _counting_draws(monkeypatch)
+    rows = noise.NoiseRows(8, torch.float32)
+    first = rows.next()
+    assert len(shapes) == 1
+    monkeypatch.setattr(noise.os, "getpid", lambda: -1)  # what the child of a fork sees: another pid
+    child = rows.next()
+    assert len(shapes) == 2  # the child drew its own block instead of the parent's 15 rows left
+    assert not torch.equal(first, child)

@@ -238,3 +238,21 @@ def test_engine_on_the_modality_model_with_its_waveform_convolutions_equals_a_pe
     factor = (0.1 / (per.norm(dim=1) + 1e-6)).clamp(max=1.0)
     got = engine.clipped_sum(fi, x, m, sig, has, labels=y, clip_norm=0.1).summed
     assert (got - factor @ per).abs().max().item() <= 1e-9
+
+
+def test_dp_sgd_step_adds_sigma_c_times_the_engines_next_noise_row_over_the_expected_batch(monkeypatch):
+    from clinograph.sdk.privacy import noise as noise_mod
+    from clinograph.sdk.privacy.per_patient import dp_sgd_step
+
+    torch.manual_seed(0)
+    model = NSFLModel(6, NSFLConfig(hidden=4, deep=False))
+    fi, x, m = star_probe(6, patients=5)
+    y = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0])
+    clipper = PerPatientClipper(model)
+    row = torch.arange(clipper.dim, dtype=torch.float32) / clipper.dim  # a known "noise" row
+    monkeypatch.setattr(noise_mod.NoiseRows, "next", lambda self: row)
+    want = clipper.clipped_sum(fi, x, m, labels=y, clip_norm=0.5).summed
+    dp_sgd_step(clipper, torch.optim.SGD(clipper.params, lr=0.0), (fi, x, m), labels=y, noise_multiplier=3.0,
+                clip_norm=0.5, expected_batch=4.0)
+    got = torch.cat([p.grad.reshape(-1) for p in clipper.params])
+    torch.testing.assert_close(got, (want + 1.5 * row) / 4.0)
