@@ -118,7 +118,9 @@ def _conv1d_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]
         a = a.to(g.dtype)
         if dilation == 1:  # the padded signal's windows as a strided view, copied once into [B, L_out, C_in·k]
             padded = F.pad(a, (pad, pad)) if pad else a
-            patches = padded.unfold(2, k, stride).permute(0, 2, 1, 3).reshape(b, -1, a.shape[1] * k)
+            # contiguous: with one input channel the reshape is still a view of overlapping windows, which
+            # the products below read 4x slower than the copy costs (conv1 of the waveform encoder: 140 -> 31 µs)
+            patches = padded.unfold(2, k, stride).permute(0, 2, 1, 3).reshape(b, -1, a.shape[1] * k).contiguous()
         else:
             patches = F.unfold(a.unsqueeze(2), kernel_size=(1, k), dilation=(1, dilation), padding=(0, pad),
                                stride=(1, stride)).transpose(1, 2)
@@ -127,7 +129,10 @@ def _conv1d_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]
     if mod.weight.requires_grad:
         out[id(mod.weight)] = LinearWeight(pos)
     if mod.bias is not None and mod.bias.requires_grad:
-        out[id(mod.bias)] = Formed(sum(g3.sum(1) for _, g3 in pos))
+        g_sum = pos[0][1].sum(1)
+        for _, g3 in pos[1:]:
+            g_sum.add_(g3.sum(1))
+        out[id(mod.bias)] = Formed(g_sum)
     return out
 
 
