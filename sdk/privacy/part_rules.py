@@ -51,7 +51,7 @@ def _linear_parts(mod: nn.Module, calls: list[tuple[torch.Tensor, torch.Tensor]]
         a = a if a.dtype == g.dtype else a.to(g.dtype)
         w_part = out[id(weight)] = LinearWeight([], flat2d=(a, g)) if w_wanted else None
         if b_wanted:  # g_i(bias) = b_i, squared once for both
-            out[id(bias)] = Formed(g, norm2_of=w_part.out_norms2 if w_part is not None else None)
+            out[id(bias)] = Formed(g, norm2_of=w_part.out_norms2 if w_part is not None else None, bias_of=w_part)
         return out
     pos = [positions(a if a.dtype == g.dtype else a.to(g.dtype), g, b) for a, g in calls]
     if w_wanted:

@@ -41,7 +41,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from clinograph.core.errors import PrivacyError
 
-from .ghost import LayerPart, Workspace, workspace
+from .ghost import Formed, LayerPart, LinearWeight, OnePositionLayers, Workspace, workspace
 from .noise import NoiseRows
 from .part_rules import PART_RULES, register_part_rule, rule_of
 
@@ -127,6 +127,7 @@ class PerPatientClipper:
         self._grad: torch.Tensor | None = None  # the noised gradient the parameters' .grad view (assign)
         self._grad_views: list[torch.Tensor] = []
         self._noise: NoiseRows | None = None  # the DP-SGD steps' noise, drawn several steps ahead
+        self._indicators: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # OnePositionLayers
         if probe is not None:
             self.self_check(*probe, labels=probe_labels)
 
@@ -212,20 +213,47 @@ class PerPatientClipper:
         with workspace(self._workspace):  # the parts formed for this sum only: buffers reused step to step
             parts, loss = self._parts(inputs, labels, inference=True)
             with torch.inference_mode():
+                one = self._one_position(parts, dtype) if n_groups == 1 else None
+                rest = [part for i, part in parts.items() if one is None or i not in one[1]]
                 if n_groups == 1:
-                    norm2 = (torch.stack([part.norm2() for part in parts.values()]).sum(0) if parts
-                             else torch.zeros(b, dtype=dtype)).unsqueeze(0)
+                    norm2 = [part.norm2() for part in rest] + ([one[0].norm2()] if one is not None else [])
+                    norm2 = (torch.stack(norm2).sum(0) if norm2 else torch.zeros(b, dtype=dtype)).unsqueeze(0)
                 else:
                     norm2 = torch.zeros((n_groups, b), dtype=dtype)
                     for i, part in parts.items():
                         norm2[group_of[i]] += part.norm2()
                 factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
                 rows = list(factor.unbind(0))  # each group's c [B], indexed once
-                pieces = [parts[i].clipped(rows[group_of[i]]) if i in parts else torch.zeros(n, dtype=dtype)
-                          for i, (_, n) in enumerate(self._slices)]
+                done: dict[int, torch.Tensor] = {}
+                if one is not None:
+                    for (w_i, b_i), (w_sum, b_sum) in zip(one[2], one[0].clipped(rows[0]), strict=True):
+                        done[w_i] = w_sum
+                        if b_i is not None:
+                            done[b_i] = b_sum
+                pieces = [done[i] if i in done else parts[i].clipped(rows[group_of[i]]) if i in parts
+                          else torch.zeros(n, dtype=dtype) for i, (_, n) in enumerate(self._slices)]
         with torch.no_grad():  # outside inference mode: what leaves the engine is an ordinary tensor
             summed = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
             return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
+
+    def _one_position(self, parts: dict[int, LayerPart], dtype: torch.dtype) -> tuple[
+            OnePositionLayers, set[int], list[tuple[int, int | None]]] | None:
+        """The step's one-position Linear weights (and their biases) as one :class:`~.ghost.OnePositionLayers`,
+        the parameter indices it covers and its layers' (weight, bias) indices; None below two layers."""
+        layers: list[tuple[LinearWeight, Formed | None]] = []
+        pairs: list[tuple[int, int | None]] = []
+        biases = {id(part.bias_of): (i, part) for i, part in parts.items()
+                  if isinstance(part, Formed) and part.bias_of is not None}
+        for i, part in parts.items():
+            if isinstance(part, LinearWeight) and part.flat2d is not None and part.flat2d[0].dtype == dtype \
+                    and part.flat2d[1].dtype == dtype:
+                j, bias = biases.get(id(part), (None, None))
+                layers.append((part, bias))
+                pairs.append((i, j))
+        if len(layers) < 2:
+            return None
+        covered = {i for i, _ in pairs} | {j for _, j in pairs if j is not None}
+        return OnePositionLayers(layers, self._indicators), covered, pairs
 
     def _groups(self, groups: Sequence[Collection[nn.Parameter]] | None) -> tuple[list[int], int]:
         if groups is None:

@@ -1,5 +1,7 @@
-"""The engine's Conv1d rule (sdk/privacy/part_rules.py): per-patient gradients equal a per-patient
-loop for strided, padded and dilated convolutions (the windowed-view and the unfold paths)."""
+"""The engine's part rules (sdk/privacy/part_rules.py): per-patient gradients equal a per-patient
+loop for strided, padded and dilated convolutions (the windowed-view and the unfold paths) and for every
+Linear call form, whose one-position layers' norms and clipped sums the engine takes together
+(``OnePositionLayers``: a layer with and one without a bias)."""
 
 from __future__ import annotations
 
