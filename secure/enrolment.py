@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clinograph.core.errors import ConfigError
+from clinograph.core.errors import ConfigError, IntegrityError
 from clinograph.core.identity import PublicIdentity
 
 from .messages import ID_PATTERN
@@ -58,9 +58,13 @@ class FederationFile(_Strict):
 
 def _public(name: str, b64: str) -> PublicIdentity:
     try:
-        return PublicIdentity(name, base64.b64decode(b64, validate=True))
+        raw = base64.b64decode(b64, validate=True)
     except (binascii.Error, ValueError):
         raise ConfigError(f"Public key of {name!r} in the federation file is not base64.") from None
+    try:
+        return PublicIdentity(name, raw)
+    except IntegrityError as e:  # wrong length, or a small-order point
+        raise ConfigError(f"{e} (in the federation file)") from None
 
 
 def load_federation(path: Path) -> FederationFile:

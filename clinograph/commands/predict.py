@@ -217,7 +217,6 @@ def hospital_key(value: str, *, flag: str = "--trusted-key", whose: str = "the e
     import binascii
 
     from clinograph.core.errors import ConfigError
-    from clinograph.core.identity import PublicIdentity
 
     where = "[server] public_key, or server.pub" if flag == "--server-key" else "[hospitals.<name>] public_key"
     fix = f"Pass {whose} public key (federation.toml's {where}), as base64 or a file holding it."
@@ -247,8 +246,8 @@ def hospital_key(value: str, *, flag: str = "--trusted-key", whose: str = "the e
                 pem = None
             if not isinstance(pem, Ed25519PublicKey):
                 raise ConfigError(f"{flag} {value} is not an Ed25519 public key. {fix}")
-            return PublicIdentity("trusted", pem.public_bytes(serialization.Encoding.Raw,
-                                                              serialization.PublicFormat.Raw))
+            return _trusted(flag, value, pem.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw),
+                            fix)
         text = data.decode("ascii", errors="replace")
     try:
         raw = base64.b64decode(text.strip(), validate=True)
@@ -257,6 +256,17 @@ def hospital_key(value: str, *, flag: str = "--trusted-key", whose: str = "the e
     if len(raw) != 32:
         raise ConfigError(f"{flag} {'file ' + value if path.is_file() else 'value'} is not the base64 of a "
                           f"32-byte Ed25519 public key (nor a PEM public key). {fix}")
-    return PublicIdentity("trusted", raw)
+    return _trusted(flag, value, raw, fix)
+
+
+def _trusted(flag: str, value: str, raw: bytes, fix: str):  # noqa: ANN202 - a PublicIdentity, imported lazily
+    """The trusted key, or a ConfigError naming the flag (a small-order point verifies forged signatures)."""
+    from clinograph.core.errors import ConfigError, IntegrityError
+    from clinograph.core.identity import PublicIdentity
+
+    try:
+        return PublicIdentity("trusted", raw)
+    except IntegrityError as e:
+        raise ConfigError(f"{flag} {value!r}: {e} {fix}") from None
 
 

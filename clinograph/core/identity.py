@@ -16,6 +16,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .arguments import checked_arguments
@@ -28,6 +29,32 @@ MAX_KEY_BYTES = 64 * 1024
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 
 
+#: the field prime of Curve25519 / edwards25519
+_P = 2 ** 255 - 19
+#: any fixed X25519 scalar does (it is clamped to a multiple of 8 below the group order L times 8)
+_PROBE = X25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
+
+
+def small_order(raw: bytes) -> bool:
+    """True when the 32-byte Ed25519 public key ``raw`` encodes a point whose order divides 8
+    (the identity, the all-zero key, ...). Such a key verifies forged signatures: with the
+    identity, R = the identity and S = 0 sign every message under OpenSSL's verification
+    (tests/clinograph/core/test_identity.py shows it). Checked without a point table: the
+    birational map u = (1 + y)/(1 − y) (RFC 7748 sec. 4.1) takes the point to Curve25519, and an
+    X25519 exchange, whose clamped scalar is a multiple of 8 and not of the group order, gives the
+    all-zero output (which ``cryptography`` refuses) exactly for a point of order dividing 8; y is
+    reduced mod p first, so non-canonical encodings are caught too."""
+    y = (int.from_bytes(raw, "little") & ((1 << 255) - 1)) % _P
+    if y == 1:  # the identity (x = 0, y = 1): 1 - y has no inverse
+        return True
+    u = (1 + y) * pow(1 - y, _P - 2, _P) % _P
+    try:
+        _PROBE.exchange(X25519PublicKey.from_public_bytes(u.to_bytes(32, "little")))
+    except ValueError:  # "Error computing shared key": the all-zero output of a small-order point
+        return True
+    return False
+
+
 class PublicIdentity:
     """A verifying key with the name it is enrolled under."""
 
@@ -36,6 +63,9 @@ class PublicIdentity:
     def __init__(self, name: str, raw: bytes):
         if len(raw) != 32:
             raise IntegrityError(f"Public key of {name!r} must be 32 bytes (Ed25519), got {len(raw)}.")
+        if small_order(raw):
+            raise IntegrityError(f"Public key of {name!r} is a small-order Ed25519 point (e.g. all zeros), which "
+                                 "would verify forged signatures. Use the key `clinograph keys init` wrote for it.")
         self.name = name
         self._raw = raw
         self._key = Ed25519PublicKey.from_public_bytes(raw)

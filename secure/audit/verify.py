@@ -36,7 +36,7 @@ from typing import Any
 from clinograph.core.arguments import checked_arguments
 from clinograph.core.errors import ConfigError, IntegrityError
 from clinograph.core.fileio import NotRegularFile, TooLarge, read_regular
-from clinograph.core.identity import PublicIdentity
+from clinograph.core.identity import PublicIdentity, small_order
 
 from ..messages import MAX_MESSAGE_BYTES
 from ..wire import MAGIC
@@ -216,8 +216,9 @@ def _server_key(scan: _Scan, first: AuditEntry) -> PublicIdentity | None:
         return None
     try:
         key = PublicIdentity(str(server.get("name", "server")), base64.b64decode(server["public_key"]))
-    except (ValueError, IntegrityError):
-        scan.bad(0, "entry 0: the server key is not a valid Ed25519 public key.")
+    except (ValueError, IntegrityError) as e:
+        why = " (a small-order point, which verifies forged signatures)" if "small-order" in str(e) else ""
+        scan.bad(0, f"entry 0: the server key is not a valid Ed25519 public key{why}.")
         return None
     if scan.trusted is not None and key.raw != scan.trusted:
         scan.bad(0, f"the log is signed by key {key.fingerprint[:16]}, not by the trusted server key "
@@ -422,6 +423,9 @@ def trusted_key_bytes(value: object) -> bytes | None:
     if len(raw) != 32:
         raise ConfigError(f"trusted_server_key: got {what}, not the 32 bytes of an Ed25519 public key. "
                           f"{TRUSTED_KEY_FIX}")
+    if small_order(raw):  # it would "verify" a forged log: every signature under it can be forged
+        raise ConfigError("trusted_server_key: got a small-order Ed25519 point (e.g. all zeros), which verifies "
+                          f"forged signatures. {TRUSTED_KEY_FIX}")
     return raw
 
 

@@ -6,6 +6,7 @@ probabilities are an error and no output, and --insecure-untrusted-model warns."
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import warnings
@@ -244,6 +245,7 @@ def test_a_trusted_key_that_is_no_public_key_file_says_what_it_is(tmp_path):
     for value, said in ((str(tmp_path), "is a directory"), (str(tmp_path / "fifo"), "is not a regular file"),
                         (str(tmp_path / "loop1"), "is a symbolic link to no file"), ("", "is empty"),
                         (str(tmp_path / "priv.pem"), "is a PEM *private* key"),
-                        (str(tmp_path / "two.pem"), "holds 2 PEM blocks")):
+                        (str(tmp_path / "two.pem"), "holds 2 PEM blocks"),
+                        (base64.b64encode(bytes(32)).decode(), "small-order")):  # all zeros: forgeable signatures
         with pytest.raises(ConfigError, match=re.escape(said)):
             hospital_key(value)

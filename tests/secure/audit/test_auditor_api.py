@@ -33,6 +33,7 @@ def test_the_trusted_key_as_server_pub_holds_it_or_as_a_public_identity_is_check
     ("not base64!", "the text given is not base64"),  # was TypeError: Strings must be encoded before hashing
     (base64.b64encode(b"x" * 16).decode(), "got base64 text decoding to 16 byte(s)"),
     (42, "got a int"),
+    (bytes(32), "got a small-order Ed25519 point"),  # all zeros: a key under which signatures can be forged
 ])
 def test_a_key_that_is_no_ed25519_public_key_is_a_config_error_with_the_fix(signed, key, said):
     d, _ = signed
