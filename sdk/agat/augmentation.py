@@ -45,9 +45,12 @@ class AlignmentAugmentation(nn.Module):
         #: row f = (μ_f, log σ_f); starts at N(0, 1), the reference range's centre and scale
         self.gaussian = nn.Parameter(torch.zeros(n_features, 2, dtype=torch.float64), requires_grad=False)
 
-    def forward(self, values: torch.Tensor, observed: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Eq. (4): observed cells as they are, the others drawn from eq. (3) as μ_f + σ_f·z."""
-        mu, log_sigma = self.gaussian[:, 0], self.gaussian[:, 1]
+    def forward(self, values: torch.Tensor, observed: torch.Tensor, z: torch.Tensor,
+                gaussian: torch.Tensor | None = None) -> torch.Tensor:
+        """Eq. (4): observed cells as they are, the others drawn from eq. (3) as μ_f + σ_f·z.
+        ``gaussian``: the [n, 2] rows (μ_f, log σ_f) to draw from instead of the module's own."""
+        g = self.gaussian if gaussian is None else gaussian
+        mu, log_sigma = g[:, 0], g[:, 1]
         drawn = mu + torch.exp(log_sigma) * z.to(mu.dtype)
         return torch.where(observed, values.to(mu.dtype), drawn).float()
 

@@ -116,6 +116,28 @@ def test_a_hospital_estimates_only_the_gaussians_of_features_it_observes():
         assert changed == (nid in east.observed), nid
 
 
+def test_a_hospitals_missing_cells_come_from_its_own_gaussian_in_evaluation_as_in_training():
+    # eq. (3): client k draws from its own N(mu_(k), sigma2_(k)). The global model it evaluates (a
+    # selected round's) carries the federation's Gaussians; the cells east lacks *within* a feature it
+    # observes must still be drawn from east's own estimate, as in training, so that the kNN graph
+    # and the inputs at evaluation are the ones it trained on.
+    east = task_for(small_tables()[2])
+    values, observed = east._steps[-1]
+    east.model.augmentation.estimate(values, observed, east.split.train)  # what local training loads (eq. 3)
+    trained = east._inputs()[0].clone()
+    with torch.no_grad():  # a global model whose Gaussians are not east's (other hospitals' estimates)
+        east.model.augmentation.gaussian[:, 0] += 3.0
+    evaluated = east._inputs()[0]
+    ids = east.table.dictionary.node_ids()
+    own = np.array([nid in east.observed for nid in ids])
+    missing_own = torch.as_tensor(~observed & own[None, :])
+    assert missing_own.any() and (~own).any()
+    assert torch.equal(evaluated[missing_own], trained[missing_own])
+    assert torch.equal(evaluated[torch.as_tensor(observed)], trained[torch.as_tensor(observed)])
+    # the features east lacks are drawn from the loaded (global) Gaussians
+    assert evaluated[:, ~own].numpy() == pytest.approx(trained[:, ~own].numpy() + 3.0, abs=1e-5)
+
+
 # -- module-wise --------------------------------------------------------------------------------
 def test_a_hospital_without_a_feature_sends_nothing_for_its_augmentation_module(tmp_path):
     tables = small_tables()
