@@ -48,6 +48,7 @@ from ..training.local import bce
 from ..training.optim import adam
 from ..training.selection import ModelSelection, decode_validation, encode_validation, value_bound
 from ..training.trainer import TrainOutcome
+from .augmentation import level_groups, one_hot_levels
 from .graph import knn_graph
 from .model import AGATModel, agat_modules
 
@@ -78,8 +79,9 @@ class AGATTask(SelectedCalibrated):
         self.temporal = table.n_snapshots > 1
         clip = config.agat.value_clip
         self._steps = []  # (values, observed) of the last step and, for long tables, the one before
+        groups = level_groups(dictionary)
         for snap in ([table.n_snapshots - 2, table.n_snapshots - 1] if self.temporal else [None]):
-            v, o = table.dense(snapshot=snap)
+            v, o = one_hot_levels(*table.dense(snapshot=snap), groups)
             self._steps.append((np.clip(np.nan_to_num(v), -clip, clip), o))
         gen = torch.Generator().manual_seed(_draw_seed(table.site, config.training.seed))
         self._z = torch.randn(table.n_patients, n, generator=gen, dtype=torch.float64)

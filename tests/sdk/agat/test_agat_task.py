@@ -138,6 +138,32 @@ def test_a_hospitals_missing_cells_come_from_its_own_gaussian_in_evaluation_as_i
     assert evaluated[:, ~own].numpy() == pytest.approx(trained[:, ~own].numpy() + 3.0, abs=1e-5)
 
 
+def test_a_categorical_features_unrecorded_levels_are_absent_not_drawn():
+    # gbsg2's tumour grade: each patient has one level node recorded (value 1). The other levels are
+    # absent (0), not missing: drawn from the levels' Gaussians (all observed values 1, so mu = 1)
+    # every patient carried every level and the grade carried nothing.
+    pytest.importorskip("lifelines")
+    from clinograph.sdk.datasets.real_tables import cohort_tables
+    from clinograph.sdk.ingest import ingest
+
+    c = cohort_tables("gbsg2")
+    df, schema = c.hospitals[-1]
+    table = ingest(df, schema=schema, dictionary=c.dictionary)
+    task = task_for(table)
+    ids = c.dictionary.node_ids()
+    grade = [i for i, nid in enumerate(ids) if nid.startswith("tumour_grade=")]
+    _, observed = table.dense()
+    recorded = observed[:, grade].any(axis=1)
+    assert len(grade) == 3 and recorded.any()
+    x = task._inputs()[0].numpy()[recorded][:, grade]
+    assert np.array_equal(np.sort(x, axis=1), np.tile([0.0, 0.0, 1.0], (len(x), 1)))  # exactly one level, others 0
+    g = task.model.augmentation.gaussian.detach().clone()
+    task.model.augmentation.estimate(*task._steps[-1], task.split.train)
+    mu = task.model.augmentation.gaussian.detach()[grade, 0].numpy()
+    assert mu.sum() == pytest.approx(1.0) and (mu < 1).all()  # the levels' frequencies, not 1 each
+    assert not torch.equal(g, task.model.augmentation.gaussian.detach())
+
+
 # -- module-wise --------------------------------------------------------------------------------
 def test_a_hospital_without_a_feature_sends_nothing_for_its_augmentation_module(tmp_path):
     tables = small_tables()
