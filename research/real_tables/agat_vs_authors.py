@@ -14,7 +14,8 @@ Arms:
 
 - ``agat_plaintext``: Clinograph's AGAT (``task = "agat"``), ``insecure_attention`` (FedAtt
   layer-wise at the server) under ``insecure_plaintext``; ``agat_secure``: the same with
-  ``agat_secure_attention`` under ``masked``. The paper's appendix C training (Adam lr 0.001,
+  ``agat_secure_attention`` under ``masked``; ``agat_fedsgd``: the same network with plain
+  sample-weighted averaging (``fedsgd``, masked), which isolates the attention. The paper's appendix C training (Adam lr 0.001,
   batch 64, 2 local epochs), ``--rounds`` rounds (the paper: 300), round kept by federated
   validation loss, Platt on validation.
 - ``authors``: the authors' code (github.com/AnshThakur/FL4HeterogenousEHRs, MIT licence, the
@@ -62,7 +63,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 from research._common import add_convention, machine, out_path, summarise_arms, write  # noqa: E402
 
-OURS = ("agat_plaintext", "agat_secure")
+OURS = ("agat_plaintext", "agat_secure", "agat_fedsgd")
 #: the authors' input width (main_graph.ipynb; utilsGHomo.prediction_binaryT pads to 100 whatever in_dim is)
 AUTHORS_IN_DIM = 100
 REFERENCES = ("lr_standalone", "lr_pooled")
@@ -73,11 +74,12 @@ def agat_config(*, arm: str, seed: int, rounds: int):
     from clinograph.sdk.config import SimulationConfig
 
     plain = arm == "agat_plaintext"
+    strategy = {"agat_plaintext": "insecure_attention", "agat_secure": "agat_secure_attention"}.get(arm, "fedsgd")
     return SimulationConfig.model_validate({
         "task": "agat",
         "federation": {"id": f"agat-{arm}-{seed}", "seed": seed, "rounds": rounds, "local_epochs": 2,
                        "secure_mode": "insecure_plaintext" if plain else "masked",
-                       "strategy": "insecure_attention" if plain else "agat_secure_attention",
+                       "strategy": strategy,
                        "strategy_options": {"server_lr": 1.0}},
         "agat": {"hidden": 128, "heads": 1, "dropout": 0.25, "k_neighbours": 5},
         "training": {"lr": 0.001, "batch_size": 64, "seed": seed},
