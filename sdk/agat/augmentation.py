@@ -18,6 +18,9 @@ units, and it is a *shared module* ``augmentation/<f>``:
 The draws are reparameterised, S = μ + σ·z with z fixed per hospital (seeded), so a patient's
 augmented vector changes only when the Gaussian does, and the kNN graph over it is stable
 within a round. The layer has no gradient: μ and σ are estimated, never trained.
+
+A categorical feature's levels are one-hot (:func:`one_hot_levels`): a recorded level makes the
+others 0, so only a patient with the whole feature unrecorded draws its levels.
 """
 
 from __future__ import annotations
@@ -25,6 +28,34 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
+
+from ..ontology.dictionary import FeatureDictionary, FeatureKind
+
+
+def level_groups(dictionary: FeatureDictionary) -> list[np.ndarray]:
+    """The node columns of every categorical feature (one group a feature, its levels in order)."""
+    index = dictionary.node_index()
+    return [np.array([index[nid] for nid in f.node_ids()], dtype=np.int64)
+            for f in dictionary.features if f.kind == FeatureKind.CATEGORICAL]
+
+
+def one_hot_levels(values: np.ndarray, observed: np.ndarray, groups: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A categorical feature's level nodes are one-hot: a patient with one level recorded has the
+    other levels *absent* (0, observed), not missing. Only a patient with no level of the feature
+    recorded keeps its levels missing (drawn by eq. 3). Without this the absent levels would be
+    drawn from the levels' Gaussians, whose observed values are all 1 (μ = 1, σ at its floor):
+    every patient would carry every level and the feature would carry nothing.
+
+    Shapes:
+        values, observed: [N, n] (values NaN where missing) -> the same, completed
+    """
+    v, o = values.copy(), observed.copy()
+    for g in groups:
+        recorded = observed[:, g].any(axis=1, keepdims=True)
+        v[:, g] = np.where(recorded & ~observed[:, g], 0.0, values[:, g])
+        o[:, g] = observed[:, g] | recorded
+    return v, o
+
 
 #: smallest σ an estimate may take (a constant feature would otherwise give log σ = −inf)
 MIN_SIGMA = 1e-2
@@ -45,9 +76,12 @@ class AlignmentAugmentation(nn.Module):
         #: row f = (μ_f, log σ_f); starts at N(0, 1), the reference range's centre and scale
         self.gaussian = nn.Parameter(torch.zeros(n_features, 2, dtype=torch.float64), requires_grad=False)
 
-    def forward(self, values: torch.Tensor, observed: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Eq. (4): observed cells as they are, the others drawn from eq. (3) as μ_f + σ_f·z."""
-        mu, log_sigma = self.gaussian[:, 0], self.gaussian[:, 1]
+    def forward(self, values: torch.Tensor, observed: torch.Tensor, z: torch.Tensor,
+                gaussian: torch.Tensor | None = None) -> torch.Tensor:
+        """Eq. (4): observed cells as they are, the others drawn from eq. (3) as μ_f + σ_f·z.
+        ``gaussian``: the [n, 2] rows (μ_f, log σ_f) to draw from instead of the module's own."""
+        g = self.gaussian if gaussian is None else gaussian
+        mu, log_sigma = g[:, 0], g[:, 1]
         drawn = mu + torch.exp(log_sigma) * z.to(mu.dtype)
         return torch.where(observed, values.to(mu.dtype), drawn).float()
 

@@ -48,6 +48,7 @@ from ..training.local import bce
 from ..training.optim import adam
 from ..training.selection import ModelSelection, decode_validation, encode_validation, value_bound
 from ..training.trainer import TrainOutcome
+from .augmentation import level_groups, one_hot_levels
 from .graph import knn_graph
 from .model import AGATModel, agat_modules
 
@@ -78,14 +79,20 @@ class AGATTask(SelectedCalibrated):
         self.temporal = table.n_snapshots > 1
         clip = config.agat.value_clip
         self._steps = []  # (values, observed) of the last step and, for long tables, the one before
+        groups = level_groups(dictionary)
         for snap in ([table.n_snapshots - 2, table.n_snapshots - 1] if self.temporal else [None]):
-            v, o = table.dense(snapshot=snap)
+            v, o = one_hot_levels(*table.dense(snapshot=snap), groups)
             self._steps.append((np.clip(np.nan_to_num(v), -clip, clip), o))
         gen = torch.Generator().manual_seed(_draw_seed(table.site, config.training.seed))
         self._z = torch.randn(table.n_patients, n, generator=gen, dtype=torch.float64)
         values, observed = self._steps[-1]
         est = AGATModel(n, config.agat).augmentation
-        self.observed = {self._node_ids[f] for f in est.estimate(values, observed, split.train)}
+        own = est.estimate(values, observed, split.train)
+        self.observed = {self._node_ids[f] for f in own}
+        #: this hospital's own Gaussians (eq. 3's N(μ_(k), σ²_(k))) of the features it observes: its
+        #: missing cells of those features are drawn from them in training *and* in evaluation
+        self._own_rows = torch.as_tensor(own, dtype=torch.long)
+        self._own_gaussian = est.gaussian.detach()[self._own_rows].clone()
         self._labels = torch.tensor(table.labels, dtype=torch.float32)
         self._graph_key: bytes | None = None
         self._graph: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
@@ -106,12 +113,16 @@ class AGATTask(SelectedCalibrated):
 
     # -- inputs --------------------------------------------------------------------------------
     def _inputs(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """(current, previous or None, edge_index) with the Gaussians now loaded (cached per value)."""
-        key = self.model.augmentation.gaussian.detach().numpy().tobytes()
+        """(current, previous or None, edge_index) with the Gaussians now loaded (cached per value):
+        the global ones for the features this hospital lacks, its own for those it observes
+        (whatever global model is loaded -- a selected round's, the last round's)."""
+        gaussian = self.model.augmentation.gaussian.detach().clone()
+        gaussian[self._own_rows] = self._own_gaussian
+        key = gaussian.numpy().tobytes()
         if self._graph is None or key != self._graph_key:
             aug = self.model.augmentation
             with torch.no_grad():
-                xs = [aug(torch.as_tensor(v), torch.as_tensor(o), self._z) for v, o in self._steps]
+                xs = [aug(torch.as_tensor(v), torch.as_tensor(o), self._z, gaussian) for v, o in self._steps]
             current, previous = xs[-1], (xs[0] if self.temporal else None)
             self._graph = (current, previous, knn_graph(current, k=self.config.agat.k_neighbours))
             self._graph_key = key

@@ -116,6 +116,54 @@ def test_a_hospital_estimates_only_the_gaussians_of_features_it_observes():
         assert changed == (nid in east.observed), nid
 
 
+def test_a_hospitals_missing_cells_come_from_its_own_gaussian_in_evaluation_as_in_training():
+    # eq. (3): client k draws from its own N(mu_(k), sigma2_(k)). The global model it evaluates (a
+    # selected round's) carries the federation's Gaussians; the cells east lacks *within* a feature it
+    # observes must still be drawn from east's own estimate, as in training, so that the kNN graph
+    # and the inputs at evaluation are the ones it trained on.
+    east = task_for(small_tables()[2])
+    values, observed = east._steps[-1]
+    east.model.augmentation.estimate(values, observed, east.split.train)  # what local training loads (eq. 3)
+    trained = east._inputs()[0].clone()
+    with torch.no_grad():  # a global model whose Gaussians are not east's (other hospitals' estimates)
+        east.model.augmentation.gaussian[:, 0] += 3.0
+    evaluated = east._inputs()[0]
+    ids = east.table.dictionary.node_ids()
+    own = np.array([nid in east.observed for nid in ids])
+    missing_own = torch.as_tensor(~observed & own[None, :])
+    assert missing_own.any() and (~own).any()
+    assert torch.equal(evaluated[missing_own], trained[missing_own])
+    assert torch.equal(evaluated[torch.as_tensor(observed)], trained[torch.as_tensor(observed)])
+    # the features east lacks are drawn from the loaded (global) Gaussians
+    assert evaluated[:, ~own].numpy() == pytest.approx(trained[:, ~own].numpy() + 3.0, abs=1e-5)
+
+
+def test_a_categorical_features_unrecorded_levels_are_absent_not_drawn():
+    # gbsg2's tumour grade: each patient has one level node recorded (value 1). The other levels are
+    # absent (0), not missing: drawn from the levels' Gaussians (all observed values 1, so mu = 1)
+    # every patient carried every level and the grade carried nothing.
+    pytest.importorskip("lifelines")
+    from clinograph.sdk.datasets.real_tables import cohort_tables
+    from clinograph.sdk.ingest import ingest
+
+    c = cohort_tables("gbsg2")
+    df, schema = c.hospitals[-1]
+    table = ingest(df, schema=schema, dictionary=c.dictionary)
+    task = task_for(table)
+    ids = c.dictionary.node_ids()
+    grade = [i for i, nid in enumerate(ids) if nid.startswith("tumour_grade=")]
+    _, observed = table.dense()
+    recorded = observed[:, grade].any(axis=1)
+    assert len(grade) == 3 and recorded.any()
+    x = task._inputs()[0].numpy()[recorded][:, grade]
+    assert np.array_equal(np.sort(x, axis=1), np.tile([0.0, 0.0, 1.0], (len(x), 1)))  # exactly one level, others 0
+    g = task.model.augmentation.gaussian.detach().clone()
+    task.model.augmentation.estimate(*task._steps[-1], task.split.train)
+    mu = task.model.augmentation.gaussian.detach()[grade, 0].numpy()
+    assert mu.sum() == pytest.approx(1.0) and (mu < 1).all()  # the levels' frequencies, not 1 each
+    assert not torch.equal(g, task.model.augmentation.gaussian.detach())
+
+
 # -- module-wise --------------------------------------------------------------------------------
 def test_a_hospital_without_a_feature_sends_nothing_for_its_augmentation_module(tmp_path):
     tables = small_tables()
