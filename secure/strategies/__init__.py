@@ -34,11 +34,39 @@ def create_strategy(name: str, **options: object) -> Strategy:
         factory = _REGISTRY[name]
     except KeyError:
         raise RegistryError(f"Unknown aggregator {name!r}. Registered: {', '.join(sorted(_REGISTRY))}.") from None
+    _check_option_types(name, factory, options)
     try:
         return factory(**options)
     except TypeError as exc:
         raise RegistryError(f"Bad options for aggregator {name!r} ([federation] strategy_options): {exc}. "
                             f"{_accepted(factory)}") from None
+
+
+def _check_option_types(name: str, factory: Callable[..., Strategy], options: dict[str, object]) -> None:
+    """Every option whose parameter is annotated ``float``, ``int``, ``bool`` or ``str`` has that type
+    (an int is a float; a bool is neither a number nor a string), else one RegistryError naming every
+    such option, what came and what is expected (a string for a number raised Python's own "'>' not
+    supported between instances of 'str' and 'int'", or a ValueError from ``float()``)."""
+    import inspect
+    import typing
+
+    init = factory.__init__ if inspect.isclass(factory) else factory
+    try:
+        hints = typing.get_type_hints(init)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: the factory checks its own options
+        return
+    kinds = {float: (int, float), int: (int,), bool: (bool,), str: (str,)}
+    problems = []
+    for key, value in options.items():
+        want = hints.get(key)
+        if want not in kinds:
+            continue
+        if not isinstance(value, kinds[want]) or (want is not bool and isinstance(value, bool)):
+            problems.append(f"{key} = {value!r} ({type(value).__name__}), expected {want.__name__}")
+    if problems:
+        raise RegistryError(f"Bad options for aggregator {name!r} ([federation] strategy_options): "
+                            f"{'; '.join(problems)}. Write numbers and true/false without quotes in the TOML "
+                            "(strategy_options = {server_lr = 0.5}, not \"0.5\").")
 
 
 def _accepted(factory: Callable[..., Strategy]) -> str:

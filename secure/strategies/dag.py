@@ -42,7 +42,14 @@ from .base import Strategy
 from .fedavg import FedAvg, FedSGD
 
 
-def _concept_list(concepts: str) -> tuple[str, ...]:
+def _concept_list(concepts: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The concept list from a comma-separated string or a TOML array of strings (an array was read as
+    its Python repr before: ``["a", "b"]`` became the names "['a'" and "'b']")."""
+    if isinstance(concepts, list | tuple) and all(isinstance(c, str) for c in concepts):
+        concepts = ",".join(concepts)
+    if not isinstance(concepts, str):
+        raise ConfigError(f"dag_voting: concepts must be a comma-separated string or an array of strings, got a "
+                          f"{type(concepts).__name__}. Set [federation.strategy_options] concepts = \"c1,c2,...,task\".")
     names = tuple(c.strip() for c in concepts.split(",") if c.strip())
     problems = []
     if len(names) < 2:
@@ -60,8 +67,8 @@ class DagVoting(Strategy):
     """Module-wise inner strategy for the parameters + DAG voting on :data:`VOTE_MODULE`.
 
     Args:
-        concepts: the federation's global concept list, task included, comma-separated (the
-            order every hospital encodes its vote in; a plan option, public).
+        concepts: the federation's global concept list, task included, comma-separated or an
+            array of strings (the order every hospital encodes its vote in; a plan option, public).
         task: the task node (always given a parent when active), or ``""`` for none.
         seed: public seed of the tie-break (decisions are deterministic per seed and round).
         inner: ``fedavg`` (default) or ``fedsgd`` for every module but the vote.
@@ -71,9 +78,9 @@ class DagVoting(Strategy):
     name = "dag_voting"
     server_reads_sum = True  # the M-step / the DAG decision reads the sum
 
-    def __init__(self, concepts: str, task: str = "", seed: int = 0, inner: str = "fedavg",
+    def __init__(self, concepts: str | list[str], task: str = "", seed: int = 0, inner: str = "fedavg",
                  server_lr: float = 1.0):
-        self.concepts = _concept_list(str(concepts))
+        self.concepts = _concept_list(concepts)
         self.task = str(task) or None
         if self.task is not None and self.task not in self.concepts:
             raise ConfigError(f"dag_voting: task {self.task!r} is not in the concept list; add it to `concepts`.")

@@ -80,3 +80,15 @@ def test_bad_options_are_refused_with_the_fix():
     s = create_strategy("dag_voting", concepts="a,b,y")
     with pytest.raises(ConfigError, match="needs the module"):
         s.apply({"head/task": np.ones(2)}, _sums({"h": np.zeros(vote_length(3))}))
+
+
+def test_the_concept_list_may_be_a_toml_array_and_is_read_as_names_not_as_its_repr():
+    """concepts = ["a", "b"] was str()-ed: the names "['a'" and "'b']"."""
+    from clinograph.secure.strategies.dag import DagVoting
+
+    from clinograph.core.errors import ConfigError
+
+    assert DagVoting(concepts=["smoker", "cancer"]).concepts == ("smoker", "cancer")
+    assert DagVoting(concepts="smoker, cancer").concepts == ("smoker", "cancer")
+    with pytest.raises(ConfigError, match="array of strings"):
+        DagVoting(concepts=["smoker", 3])

@@ -92,3 +92,20 @@ def test_an_option_a_strategy_does_not_take_is_refused_with_the_ones_it_does(nam
     with pytest.raises(RegistryError, match=rf"Bad options for aggregator '{name}' \(\[federation\] strategy_options\)"
                                             rf".*{takes}"):
         create_strategy(name, **options)
+
+
+def test_options_of_the_wrong_type_are_all_named_with_what_is_expected():
+    """A quoted number reached the strategy: FedOpt compared it (Python's "'>' not supported between
+    instances of 'str' and 'int'"), FedProx's float() raised a bare ValueError; a bool passed as 1.0."""
+    from clinograph.secure.strategies import create_strategy
+
+    from clinograph.core.errors import RegistryError
+
+    with pytest.raises(RegistryError) as err:
+        create_strategy("fedadam", server_lr="0.5", beta1=True, tau=1e-3)
+    said = str(err.value)
+    assert "server_lr = '0.5' (str), expected float" in said and "beta1 = True (bool), expected float" in said
+    assert "not supported" not in said and "tau" not in said
+    with pytest.raises(RegistryError, match=r"mu = 'x' \(str\), expected float"):
+        create_strategy("fedprox", mu="x")
+    assert create_strategy("fedprox", mu=1).mu == 1.0  # an int is a number
