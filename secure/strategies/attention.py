@@ -60,8 +60,10 @@ ATTENTION_OPTION = "attention.rule"
 MAX_LOGIT_OPTION = "attention.max_logit"
 #: the default cap: e^8 ≈ 2981, inside the default weight bound (10 000)
 DEFAULT_MAX_LOGIT = 8.0
-#: modules whose mean must stay linear in the sums (model selection's Σ loss / Σ n)
-DEFAULT_PLAIN_PREFIXES = "metric/"
+#: modules that take the plain weighted mean, not FedAtt: model selection's ``metric/`` (Σ loss / Σ n must
+#: stay linear in the sums) and AGAT's per-feature Gaussians ``augmentation/`` (moment estimates, not
+#: gradients: FedAtt made the hospital whose estimate lies farthest from the global one weigh most)
+DEFAULT_PLAIN_PREFIXES = "metric/,augmentation/"
 #: why ``insecure_attention`` needs the plaintext mode (in every refusal)
 WHY_PLAINTEXT = ("FedAtt's server-side attention (Ji et al. 2019) scores each hospital's individual update, "
                  "and only insecure_plaintext shows the server individual updates")
@@ -139,8 +141,8 @@ class InsecureAttention(Strategy):
 
     Per module m and its contributors K_m: Δ_k^m = (w_k Δ_k^m) / w_k, s_k^m = ||Δ_k^m||,
     β^m = softmax(s^m), θ^m ← θ^m − η Σ_k β_k^m Δ_k^m. Modules under ``plain_prefixes``
-    (model selection's ``metric/``) take the ordinary weighted mean Σ w Δ / Σ w instead, which
-    keeps them linear in the sums.
+    (model selection's ``metric/``, AGAT's Gaussians ``augmentation/``) take the ordinary weighted
+    mean Σ w Δ / Σ w instead, which keeps them linear in the sums.
 
     The individual updates come from :meth:`offer_update` (fed by :class:`PlaintextUpdateTap`);
     :meth:`apply` checks they add up to the sums the server aggregated and refuses otherwise.

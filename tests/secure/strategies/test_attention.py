@@ -64,19 +64,26 @@ def test_insecure_attention_without_individual_updates_refuses_naming_the_option
 
 
 def test_insecure_attention_is_fedatt_layer_wise():
-    """β_k^m = softmax_k ||Δ_k^m|| per module, θ ← θ − η Σ β Δ; metric/ stays the weighted mean."""
+    """β_k^m = softmax_k ||Δ_k^m|| per module, θ ← θ − η Σ β Δ; metric/ and AGAT's Gaussians
+    (augmentation/, moment estimates: FedAtt weighted them by their distance from the global one)
+    stay the weighted mean."""
     s = quiet_insecure(server_lr=0.5)
-    deltas = {"x": {"a": np.array([1.0, 0.0]), "b": np.array([0.2]), "metric/validation": np.array([1.0, 2.0])},
-              "y": {"a": np.array([0.0, 3.0]), "metric/validation": np.array([3.0, 4.0])}}
+    deltas = {"x": {"a": np.array([1.0, 0.0]), "b": np.array([0.2]), "metric/validation": np.array([1.0, 2.0]),
+                    "augmentation/f": np.array([0.1, -2.0])},
+              "y": {"a": np.array([0.0, 3.0]), "metric/validation": np.array([3.0, 4.0]),
+                    "augmentation/f": np.array([0.3, 0.5])}}
     w = {"x": 10.0, "y": 30.0}
     for c in deltas:
         s.offer_update(round_=0, client=c, weight=w[c], modules={k: w[c] * v for k, v in deltas[c].items()})
+    names = ("a", "b", "metric/validation", "augmentation/f")
     sums = ModuleSums(
-        sums={m: sum(w[c] * deltas[c][m] for c in deltas if m in deltas[c]) for m in ("a", "b", "metric/validation")},
-        weights={"a": 40.0, "b": 10.0, "metric/validation": 40.0},
-        counts={"a": 2, "b": 1, "metric/validation": 2}, contributors=("x", "y"))
-    state = {"a": np.zeros(2), "b": np.zeros(1), "metric/validation": np.zeros(2), "c": np.ones(3)}
+        sums={m: sum(w[c] * deltas[c][m] for c in deltas if m in deltas[c]) for m in names},
+        weights={"a": 40.0, "b": 10.0, "metric/validation": 40.0, "augmentation/f": 40.0},
+        counts={"a": 2, "b": 1, "metric/validation": 2, "augmentation/f": 2}, contributors=("x", "y"))
+    state = {"a": np.zeros(2), "b": np.zeros(1), "metric/validation": np.zeros(2), "augmentation/f": np.zeros(2),
+             "c": np.ones(3)}
     out = s.apply(state, sums)
+    assert out["augmentation/f"] == pytest.approx(-0.5 * (10 * np.array([0.1, -2.0]) + 30 * np.array([0.3, 0.5])) / 40)
     bx, by = math.exp(1.0) / (math.exp(1.0) + math.exp(3.0)), math.exp(3.0) / (math.exp(1.0) + math.exp(3.0))
     assert out["a"] == pytest.approx(-0.5 * (bx * deltas["x"]["a"] + by * deltas["y"]["a"]))
     assert out["b"] == pytest.approx(-0.5 * deltas["x"]["b"])  # one contributor: β = 1
