@@ -6,8 +6,6 @@ problems on stderr and exit 1; they never end in a traceback.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from pathlib import Path
 from typing import Annotated
 
@@ -25,80 +23,22 @@ app = typer.Typer(name="audit", help="Verify audit logs and render audit reports
 KEY_HELP = ("The server's Ed25519 public key, obtained out of band: the file server.pub that `clinograph keys "
             "init` wrote (one line of base64), a PEM public key file, or the base64 itself. Without it the log "
             "is only checked against the key it names itself (self-consistent, not proven to be the server's).")
-_PATHLIKE = (".pub", ".pem", ".txt", ".key", ".b64")
-
-
-def _usage(message: str) -> None:
-    typer.echo(f"--trusted-key: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def _key_from_text(text: str, *, source: str) -> bytes:
-    """32 raw bytes from base64 text, or a usage error naming what was found."""
-    try:
-        raw = base64.b64decode(text.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        _usage(f"{source} is not base64 (nor a PEM file). Expected one line of base64 of the server's Ed25519 "
-               "public key (32 bytes), as in server.pub from `clinograph keys init`.")
-    if len(raw) != 32:
-        _usage(f"{source} decodes to {len(raw)} byte(s); an Ed25519 public key is 32 bytes. Pass server.pub "
-               "from `clinograph keys init`.")
-    return raw
-
-
-def _key_from_pem(data: bytes, *, source: str) -> bytes:
-    if data.count(b"-----BEGIN") > 1:  # only the first was read: which key is trusted must not be a guess
-        _usage(f"{source} holds {data.count(b'-----BEGIN')} PEM blocks; a trusted key file holds one public key. "
-               "Pass server.pub from `clinograph keys init`.")
-    if b"PRIVATE KEY" in data.split(b"\n", 1)[0]:
-        _usage(f"{source} is a PEM *private* key. Never hand a private key to a verifier: pass the public key "
-               "server.pub that `clinograph keys init` wrote.")
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    try:
-        key = serialization.load_pem_public_key(data)
-    except ValueError:
-        _usage(f"{source} is a PEM file but not a public key. Pass server.pub from `clinograph keys init`.")
-    if not isinstance(key, Ed25519PublicKey):
-        _usage(f"{source} holds a {type(key).__name__.lstrip('_')}, not an Ed25519 public key.")
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+KEY_FIX = "Pass server.pub (written by `clinograph keys init` next to federation.toml) or the key itself as base64."
 
 
 def _trusted_key(value: str | None) -> bytes | None:
-    """The trusted key's 32 bytes; distinct usage errors (exit 2) for a missing file, a file in
-    the wrong format (PEM private key, not base64, wrong length) and a bad inline value."""
+    """The trusted key's 32 bytes (:func:`clinograph.core.keyarg.read_public_key`); a usage error
+    (exit 2) saying what the value is when it is no Ed25519 public key."""
     if value is None:
         return None
-    if not value.strip():  # Path("") is the working directory: it was 'is not a regular file'
-        _usage("the value is empty. Pass the path of server.pub (written by `clinograph keys init`) or the key "
-               "itself as base64.")
-    path = Path(value)
-    if path.is_symlink() and not path.exists():  # it was read as an inline key: 'is not base64'
-        _usage(f"{value} is a symbolic link that leads to no file (dangling, or a loop of links). Pass the path "
-               "of server.pub itself.")
-    if path.is_file():
-        with path.open("rb") as fh:
-            data = fh.read(65536)
-        if data.lstrip().startswith(b"-----BEGIN"):
-            return _key_from_pem(data.lstrip(), source=f"file {value}")
-        try:
-            text = data.decode("ascii")
-        except UnicodeDecodeError:
-            _usage(f"file {value} is binary, not base64 text. Pass server.pub from `clinograph keys init`.")
-        return _key_from_text(text, source=f"file {value}")
-    if path.exists():
-        _usage(f"{value} is not a regular file.")
-    try:  # base64 may contain '/', so a 32-byte key given inline wins over a path-like look
-        inline = base64.b64decode(value.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        inline = b""
-    if len(inline) == 32:
-        return inline
-    if "/" in value or value.endswith(_PATHLIKE):
-        _usage(f"no such file: {value}. Pass the path of server.pub (written by `clinograph keys init` next to "
-               "federation.toml) or the key itself as base64.")
-    return _key_from_text(value, source="the value given")
+    from clinograph.core.errors import ConfigError
+    from clinograph.core.keyarg import read_public_key
+
+    try:
+        return read_public_key(value, flag="--trusted-key", fix=KEY_FIX)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
 
 
 def _trust_line(report: object, key: bytes | None) -> str:

@@ -211,62 +211,12 @@ def _predict(model: Path, table: str, schema: Path, dictionary: Path, out: Path,
 
 
 def hospital_key(value: str, *, flag: str = "--trusted-key", whose: str = "the exporting hospital's"):  # noqa: ANN201
-    """The public key given as ``flag`` (a PublicIdentity, imported lazily: the CLI starts without
-    the SDK): base64 of 32 bytes, inline or in a file, or a PEM public key."""
-    import base64
-    import binascii
-
-    from clinograph.core.errors import ConfigError
+    """The public key given as ``flag`` as a PublicIdentity (imported lazily: the CLI starts without
+    the SDK), read by :func:`clinograph.core.keyarg.read_public_key`: base64 of 32 bytes, inline or
+    in a file, or a PEM public key; anything else a ConfigError saying what it is."""
+    from clinograph.core.identity import PublicIdentity
+    from clinograph.core.keyarg import read_public_key
 
     where = "[server] public_key, or server.pub" if flag == "--server-key" else "[hospitals.<name>] public_key"
-    fix = f"Pass {whose} public key (federation.toml's {where}), as base64 or a file holding it."
-    path = Path(value)
-    text = value
-    if not value.strip() or (path.exists() and not path.is_file()) or (path.is_symlink() and not path.exists()):
-        # '' (the working directory), a folder, a FIFO, /dev/zero or a link to nothing was read as an inline key
-        what = ("empty" if not value.strip() else "a symbolic link to no file" if not path.exists()
-                else "a directory" if path.is_dir() else "not a regular file")
-        raise ConfigError(f"{flag} {value!r} is {what}. {fix}")
-    if path.is_file():
-        with path.open("rb") as fh:  # a key file is small: never more than this is read
-            data = fh.read(65536)
-        if b"PRIVATE KEY" in data.lstrip().split(b"\n", 1)[0]:
-            raise ConfigError(f"{flag} file {value} is a PEM *private* key: never hand a private key to a reader of "
-                              f"the model. {fix}")
-        if data.count(b"-----BEGIN") > 1:  # only the first would be read: which key is trusted is no guess
-            raise ConfigError(f"{flag} file {value} holds {data.count(b'-----BEGIN')} PEM blocks; a key file holds "
-                              f"one public key. {fix}")
-        if data.lstrip().startswith(b"-----BEGIN PUBLIC KEY"):
-            from cryptography.hazmat.primitives import serialization
-            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-            try:
-                pem = serialization.load_pem_public_key(data.lstrip())
-            except ValueError:
-                pem = None
-            if not isinstance(pem, Ed25519PublicKey):
-                raise ConfigError(f"{flag} {value} is not an Ed25519 public key. {fix}")
-            return _trusted(flag, value, pem.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw),
-                            fix)
-        text = data.decode("ascii", errors="replace")
-    try:
-        raw = base64.b64decode(text.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 32:
-        raise ConfigError(f"{flag} {'file ' + value if path.is_file() else 'value'} is not the base64 of a "
-                          f"32-byte Ed25519 public key (nor a PEM public key). {fix}")
-    return _trusted(flag, value, raw, fix)
-
-
-def _trusted(flag: str, value: str, raw: bytes, fix: str):  # noqa: ANN202 - a PublicIdentity, imported lazily
-    """The trusted key, or a ConfigError naming the flag (a small-order point verifies forged signatures)."""
-    from clinograph.core.errors import ConfigError, IntegrityError
-    from clinograph.core.identity import PublicIdentity
-
-    try:
-        return PublicIdentity("trusted", raw)
-    except IntegrityError as e:
-        raise ConfigError(f"{flag} {value!r}: {e} {fix}") from None
-
-
+    fix = f"Pass {whose} public key: the base64 in federation.toml's {where}, or a file holding it."
+    return PublicIdentity("trusted", read_public_key(value, flag=flag, fix=fix))

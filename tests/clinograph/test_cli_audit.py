@@ -207,7 +207,7 @@ def test_an_empty_a_dangling_or_a_doubled_trusted_key_says_what_it_is(audit_dir,
     (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
     (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
     loop = runner.invoke(app, ["verify", str(d), "--trusted-key", str(tmp_path / "loop1")])
-    assert loop.exit_code == 2 and "symbolic link that leads to no file" in loop.stderr
+    assert loop.exit_code == 2 and "symbolic link to no file" in loop.stderr
     pems = b"".join(Ed25519PrivateKey.generate().public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo) for _ in range(2))
     (tmp_path / "two.pem").write_bytes(pems)

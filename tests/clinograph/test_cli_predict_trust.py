@@ -82,7 +82,7 @@ def test_a_flipped_byte_or_another_key_or_no_key_is_exit_2(tmp_path):
     res = predict(tmp_path, path, "--trusted-key", Identity.generate("north").public.b64(), "--insecure-untrusted-model")
     assert res.exit_code == 2 and "signature does not verify under the trusted key" in res.output
     res = predict(tmp_path, path, "--trusted-key", "not-a-key", "--insecure-untrusted-model")
-    assert res.exit_code == 2 and "--trusted-key value is not the base64 of a 32-byte Ed25519" in res.output
+    assert res.exit_code == 2 and "--trusted-key: the value given is not base64" in res.output
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x10
     path.write_bytes(bytes(data))
