@@ -39,6 +39,7 @@ from ..privacy.accountant import PrivacyLedger
 from ..privacy.calibration import poisson_plan
 from ..privacy.guard import refuse_coupled_plan
 from ..privacy.trainer import ledger_and_sigma, poisson_indices
+from ..training.optim import adam
 from ..training.trainer import TrainOutcome
 from .distributed_training import ConceptDistributedTrainer, concept_distributed_trainer
 from .dp import dp_sgd_step, trainable_names
@@ -65,7 +66,8 @@ class ConceptDPTrainer:
         self.last_empty_batches = 0
         #: None: the engine's CSPRNG noise (drawn several steps ahead, :class:`~..privacy.noise.NoiseRows`); tests swap it
         self._noise: Callable[[float, torch.Size, torch.dtype], torch.Tensor] | None = None
-        self._optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.Adam  # tests swap in plain SGD
+        #: the trainers' Adam (fused where the parameters allow, as the non-DP concept task's); tests swap in SGD
+        self._optimizer: Callable[..., torch.optim.Optimizer] = adam
 
     def __repr__(self) -> str:
         return (f"ConceptDPTrainer(site={self.ledger.site!r}, sigma={self.noise_multiplier:g}, "
