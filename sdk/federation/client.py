@@ -84,6 +84,7 @@ class HospitalClient:
         self._run_first: int | None = None  # the run.first_round of the run this hospital follows
         self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
         self._loaded_round: int | None = None  # GlobalModel.round of the last global model on_round_end loaded
+        self._applied: tuple[str, int] | None = None  # (federation, round) of the last decrypted aggregate applied
         self.anchor = HospitalAnchor(state_dir, server=server) if state_dir is not None else None
         self.model_path = (Path(state_dir) / "models" / f"{federation_id}.safetensors"
                            if state_dir is not None and getattr(task, "exportable", False) else None)
@@ -183,6 +184,11 @@ class HospitalClient:
         if plan is None:
             raise ProtocolError("End of a round this hospital did not take part in.")
         if global_model is not None:
+            if not create_mode(plan.secure_mode).server_sees_sum:  # ckks: the hospitals decrypt, the server holds no model
+                raise ProtocolError(f"Round {plan.round} ran under secure_mode {plan.secure_mode!r}, where this hospital "
+                                    "applies the aggregate it decrypted and the server holds no model; the server sent "
+                                    "a model of its own (at the round's end or as a catch-up). Refused; nothing was "
+                                    "loaded.")
             msg = open_envelope(parse_envelope(global_model), sender=self.server, model=GlobalModel)
             new = {n: v.astype(np.float64) for n, v in decode_modules(plan, msg.modules, sender="server").items()}
             if ((msg.round <= plan.round or msg.round == self._loaded_round)  # digests only for a possible copy
@@ -194,10 +200,13 @@ class HospitalClient:
                 raise ProtocolError("Global model is not the one following this hospital's last round.")
             self._loaded_round = msg.round
         else:
+            if self._applied == (plan.federation_id, plan.round):
+                return None  # applied once already: a round end delivered again (a restarted server, a replay)
             sums = self.decrypted_result()
             if sums is None:
                 raise ProtocolError("No global model and no decrypted aggregate at the end of the round.")
             new = self._strategy_for(plan).apply(self._global, sums)
+            self._applied = (plan.federation_id, plan.round)
         self._global = new
         self.task.modules.load(self._global)
         if hasattr(self.task, "global_origin"):  # an export names the published global model it holds

@@ -1,0 +1,36 @@
+"""A malicious server's round ends and catch-ups (helper hadv5's adversarial pass): the server drives the
+in-process transport itself, with messages it signs; the hospitals run unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+from clinograph.sdk.federation.simulate import build_simulation
+from clinograph.secure.aggregation.checks import encode_modules
+from clinograph.secure.messages import GlobalModel
+from clinograph.secure.state import state_digest
+from clinograph.secure.wire import seal
+from sdk_helpers import small_tables
+from test_federation import cfg
+
+
+def test_a_ckks_hospital_applies_its_decrypted_aggregate_once_and_loads_no_model_of_the_servers(tmp_path):
+    """Under ckks the hospitals decrypt the aggregate and the server holds no model (SECURITY.md). Before, a
+    server that replayed the empty round end made one hospital apply the round's aggregate a second time, and a
+    plaintext model it signed was loaded (at a round end or as a 'catch-up'); ckks plans carry no model digest,
+    so nothing later noticed -- the next round ran with every hospital on another model."""
+    tables = small_tables()
+    sim = build_simulation(tables, tables[0].dictionary, cfg("ckks", rounds=2), audit_dir=tmp_path / "a")
+    assert sim.run_round().result.contributors == ("east", "north", "south")
+    held = {n: state_digest(h._global) for n, h in sim.hospitals.items()}
+    assert len(set(held.values())) == 1
+    answers, failed = sim.transport.exchange("end", {"north": {"model": b""}}, round_=0)  # the round end, replayed
+    assert answers == {"north": {}} and not failed
+    fake = {k: np.full_like(v, 0.5) for k, v in sim.hospitals["south"]._global.items()}
+    for number in (1, 7):  # the model following round 0, and a 'catch-up' to a later round
+        model = GlobalModel(federation_id=sim.server.federation_id, round=number, spec=sim.server.spec,
+                            modules=encode_modules(fake, "<f8"))
+        answers, _ = sim.transport.exchange("end", {"south": {"model": seal(model, sim.server.identity)}}, round_=0)
+        assert set(answers["south"]) == {"refusal"}
+        assert b"the server holds no model" in answers["south"]["refusal"]
+    assert {n: state_digest(h._global) for n, h in sim.hospitals.items()} == held
+    sim.audit.close()
