@@ -190,11 +190,14 @@ class HospitalClient:
                                     "a model of its own (at the round's end or as a catch-up). Refused; nothing was "
                                     "loaded.")
             msg = open_envelope(parse_envelope(global_model), sender=self.server, model=GlobalModel)
+            if msg.federation_id != plan.federation_id:  # a model of another federation the server signed, replayed
+                raise ProtocolError(f"Global model of federation {msg.federation_id!r} sent to this hospital's round "
+                                    f"{plan.round} of federation {plan.federation_id!r}. Refused; nothing was loaded.")
             new = {n: v.astype(np.float64) for n, v in decode_modules(plan, msg.modules, sender="server").items()}
             if ((msg.round <= plan.round or msg.round == self._loaded_round)  # digests only for a possible copy
                     and state_digest(new) == state_digest(self._global)):
                 return None  # a model this hospital already loaded, delivered again (a restarted server, a catch-up)
-            if msg.round > plan.round + 1 and msg.federation_id == plan.federation_id:
+            if msg.round > plan.round + 1:
                 return self._catch_up(msg.round, new)
             if msg.round != plan.round + 1:
                 raise ProtocolError("Global model is not the one following this hospital's last round.")

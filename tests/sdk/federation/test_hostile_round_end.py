@@ -34,3 +34,31 @@ def test_a_ckks_hospital_applies_its_decrypted_aggregate_once_and_loads_no_model
         assert b"the server holds no model" in answers["south"]["refusal"]
     assert {n: state_digest(h._global) for n, h in sim.hospitals.items()} == held
     sim.audit.close()
+
+
+def test_a_global_model_of_another_federation_is_refused():
+    """Before, a server-signed model of another federation (another candidate's run, another study under the same
+    server key) numbered as the next round's was loaded -- and, under ckks or before the next plan, kept and
+    exported as this federation's. Found replaying one federation's round end into another's."""
+    import pytest
+    from clinograph.sdk.config import ReleaseSection
+    from test_plan_downgrade import SERVER, _hospital, _plan
+
+    from clinograph.core.errors import ProtocolError
+
+    hospital = _hospital(ReleaseSection())
+    hospital.task.after_round = lambda: None  # the test task trains nothing after a round
+    hospital.on_plan(_plan(hospital, 3, threshold=2))
+    before = state_digest(hospital._global)
+    other = {k: v + 1.0 for k, v in hospital._global.items()}
+    for federation, number in (("other", 1), ("other", 5)):  # the next round's model; a 'catch-up'
+        model = GlobalModel(federation_id=federation, round=number, spec=hospital.task.modules.spec(version=1),
+                            modules=encode_modules(other, "<f8"))
+        with pytest.raises(ProtocolError, match="Global model of federation 'other' sent to this hospital's round 0 "
+                                                "of federation 'fed'"):
+            hospital.on_round_end(seal(model, SERVER))
+    assert state_digest(hospital._global) == before
+    model = GlobalModel(federation_id="fed", round=1, spec=hospital.task.modules.spec(version=1),
+                        modules=encode_modules(other, "<f8"))
+    hospital.on_round_end(seal(model, SERVER))  # this federation's model loads
+    assert state_digest(hospital._global) == state_digest(other)
