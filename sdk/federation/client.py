@@ -84,6 +84,8 @@ class HospitalClient:
         self._run_first: int | None = None  # the run.first_round of the run this hospital follows
         self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
         self._loaded_round: int | None = None  # GlobalModel.round of the last global model on_round_end loaded
+        #: a catch-up model loaded but not yet vouched for by a plan: what to put back if the plan is refused
+        self._caught_up: tuple[dict[str, np.ndarray], int | None, object] | None = None
         self._applied: tuple[str, int] | None = None  # (federation, round) of the last decrypted aggregate applied
         self.anchor = HospitalAnchor(state_dir, server=server) if state_dir is not None else None
         self.model_path = (Path(state_dir) / "models" / f"{federation_id}.safetensors"
@@ -105,6 +107,17 @@ class HospitalClient:
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
         self._checked_plan = None
+        try:
+            p = self._verify_plan(plan)
+        except BaseException:
+            self._settle_catch_up(accepted=False)
+            raise
+        self._settle_catch_up(accepted=True)
+        return self._train(plan, p)
+
+    def _verify_plan(self, plan: bytes) -> RoundPlan:
+        """The plan, opened and checked: the anchor (rollback, logged refusals), freshness, and
+        :meth:`_check_plan` (the model digest among them). Raises the refusal."""
         envelope = parse_envelope(plan)
         p = open_envelope(envelope, sender=self.server, model=RoundPlan)
         if self.anchor is not None:
@@ -116,6 +129,10 @@ class HospitalClient:
             self._checked_plan = (p.federation_id, p.round, envelope.digest(), ())
         self._check_fresh(p)
         self._check_plan(p)
+        return p
+
+    def _train(self, plan: bytes, p: RoundPlan) -> tuple[bytes, bytes]:
+        """Train for the verified plan ``p`` and answer it (report, the secure mode's first message)."""
         self._trained[p.federation_id] = p.round  # before training: a failed round is not retried either
         if self.anchor is not None:
             self.anchor.keep(p, plan)  # write-ahead: survives this hospital's restart
@@ -291,15 +308,32 @@ class HospitalClient:
         (:func:`clinograph.secure.runtime.loop.run_round`). Only the model is loaded -- the task's
         after-round step (personal fine-tuning, the selection statistic) belongs to rounds the hospital
         took part in. It is bound to the federation by that plan: :meth:`on_plan` refuses a plan whose
-        ``global_state_digest`` is not this model's, as for any round's model."""
+        ``global_state_digest`` is not this model's, as for any round's model, and then puts back the
+        model the hospital held (:meth:`_settle_catch_up`); it is kept in the anchor only once a plan
+        that names it passed every check."""
+        if self._caught_up is None:  # a second copy before the plan: the first one's predecessor stays the one to restore
+            self._caught_up = (self._global, self._loaded_round, getattr(self.task, "global_origin", None))
         self._global = new
         self._loaded_round = model_round
         self.task.modules.load(new)
-        fid = self.plan.federation_id
         if hasattr(self.task, "global_origin"):  # the published model it holds: that of round model_round - 1
-            self.task.global_origin = (fid, model_round - 1)
-        if self.anchor is not None:
-            self.anchor.keep_model(fid, new)
+            self.task.global_origin = (self.plan.federation_id, model_round - 1)
+
+    def _settle_catch_up(self, accepted: bool) -> None:
+        """After the checks of the plan that followed a catch-up (:meth:`_catch_up`): keep the model in
+        the anchor if the plan names it (``accepted``), else put back the model this hospital held -- a
+        model no plan vouched for (another digest, a rolled-back or forked server's) is not kept."""
+        staged, self._caught_up = self._caught_up, None
+        if staged is None:
+            return
+        if accepted:
+            if self.anchor is not None:
+                self.anchor.keep_model(self.plan.federation_id, self._global)
+            return
+        self._global, self._loaded_round, origin = staged
+        self.task.modules.load(self._global)
+        if hasattr(self.task, "global_origin"):
+            self.task.global_origin = origin
 
     # -- helpers -----------------------------------------------------------------------------
     def _resume(self, federation_id: str) -> None:

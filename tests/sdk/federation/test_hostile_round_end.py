@@ -62,3 +62,46 @@ def test_a_global_model_of_another_federation_is_refused():
                         modules=encode_modules(other, "<f8"))
     hospital.on_round_end(seal(model, SERVER))  # this federation's model loads
     assert state_digest(hospital._global) == state_digest(other)
+
+
+def test_a_catch_up_model_whose_plan_is_refused_is_not_kept(tmp_path):
+    """A catch-up model rides with a plan and is loaded before the plan is checked. Before, a plan refused (its
+    model digest not this model's; a rolled-back server's) left the hospital on the model no plan vouched for,
+    kept in its anchor across restarts; now the hospital puts back the model it held, and keeps a catch-up only
+    once a plan naming it passed every check."""
+    from clinograph.sdk.config import ReleaseSection
+    from clinograph.sdk.federation.client import HospitalClient
+    from clinograph.secure.masking.params import masked_plan_options
+    from clinograph.secure.messages import RoundPlan
+    from clinograph.secure.refusals import REFUSAL_PART
+    from clinograph.secure.runtime.transport import answer
+    from test_plan_downgrade import ME, SERVER, CountingTask
+
+    task = CountingTask()
+    task.after_round = lambda: None
+    hospital = HospitalClient(task=task, identity=ME, server=SERVER.public, peers={}, dictionary_hash="d" * 64,
+                              federation_id="fed", release=ReleaseSection(), state_dir=tmp_path / "h00")
+    spec = task.modules.spec(version=1)
+
+    def plan(round_: int, state) -> bytes:
+        return seal(RoundPlan(federation_id="fed", round=round_, participants=("h00", "h01", "h02"), spec=spec,
+                              dictionary_hash="d" * 64, secure_mode="masked", strategy="fedavg", min_clients=2,
+                              local_epochs=1, global_state_digest=state_digest(state),
+                              options={**masked_plan_options(n_clients=3, threshold=2, clip=1.0), "weight.max": 1.0}),
+                    SERVER)
+
+    def model(round_: int, state) -> bytes:
+        return seal(GlobalModel(federation_id="fed", round=round_, spec=spec, modules=encode_modules(state, "<f8")),
+                    SERVER)
+
+    held = dict(hospital._global)
+    assert REFUSAL_PART not in answer(hospital, "h00", "plan", {"data": plan(0, held)}, round_=0)[0]
+    caught = {k: v + 0.25 for k, v in held.items()}
+    other = {k: v - 0.25 for k, v in held.items()}
+    parts, _, _ = answer(hospital, "h00", "plan", {"data": plan(3, other), "model": model(3, caught)}, round_=3)
+    assert REFUSAL_PART in parts  # the plan names another model: refused ...
+    assert state_digest(hospital._global) == state_digest(held)  # ... and the catch-up is not kept
+    assert hospital.anchor.model("fed", names=list(held)) is None  # nothing loaded at a round end yet
+    parts, _, _ = answer(hospital, "h00", "plan", {"data": plan(4, caught), "model": model(3, caught)}, round_=4)
+    assert REFUSAL_PART not in parts and task.trained == 2  # a plan naming it: trained on it, and it is kept
+    assert state_digest(hospital.anchor.model("fed", names=list(held))) == state_digest(caught)
