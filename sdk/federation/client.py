@@ -128,6 +128,10 @@ class HospitalClient:
                 raise
             self._checked_plan = (p.federation_id, p.round, envelope.digest(), ())
         self._check_fresh(p)
+        if self._loaded_round is not None and self._loaded_round > p.round:
+            raise ProtocolError(f"Plan for round {p.round}: the global model this hospital was sent is numbered as "
+                                f"published after round {self._loaded_round - 1}, which is not before this plan's "
+                                "round (a model of a round that has not closed). Refused; nothing was trained.")
         self._check_plan(p)
         return p
 

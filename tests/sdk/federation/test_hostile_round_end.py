@@ -102,6 +102,9 @@ def test_a_catch_up_model_whose_plan_is_refused_is_not_kept(tmp_path):
     assert REFUSAL_PART in parts  # the plan names another model: refused ...
     assert state_digest(hospital._global) == state_digest(held)  # ... and the catch-up is not kept
     assert hospital.anchor.model("fed", names=list(held)) is None  # nothing loaded at a round end yet
+    parts, _, _ = answer(hospital, "h00", "plan", {"data": plan(4, caught), "model": model(9, caught)}, round_=4)
+    assert REFUSAL_PART in parts  # a model numbered after the plan's round: of a round that has not closed
+    assert state_digest(hospital._global) == state_digest(held)
     parts, _, _ = answer(hospital, "h00", "plan", {"data": plan(4, caught), "model": model(3, caught)}, round_=4)
     assert REFUSAL_PART not in parts and task.trained == 2  # a plan naming it: trained on it, and it is kept
     assert state_digest(hospital.anchor.model("fed", names=list(held))) == state_digest(caught)
