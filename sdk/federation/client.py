@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from clinograph.secure.aggregation import AggregationClient, LocalUpdate, ModuleSums, create_mode
@@ -112,7 +113,6 @@ class HospitalClient:
         except BaseException:
             self._settle_catch_up(accepted=False)
             raise
-        self._settle_catch_up(accepted=True)
         return self._train(plan, p)
 
     def _verify_plan(self, plan: bytes) -> RoundPlan:
@@ -128,6 +128,10 @@ class HospitalClient:
                 raise
             self._checked_plan = (p.federation_id, p.round, envelope.digest(), ())
         self._check_fresh(p)
+        if self._caught_up is not None and not create_mode(p.secure_mode).server_sees_sum:
+            raise ProtocolError(f"Plan for round {p.round} under secure_mode {p.secure_mode!r}, where the server holds "
+                                "no model, came with a model of the server's to load. Refused; nothing was trained "
+                                "or loaded.")
         if self._loaded_round is not None and self._loaded_round > p.round:
             raise ProtocolError(f"Plan for round {p.round}: the global model this hospital was sent is numbered as "
                                 f"published after round {self._loaded_round - 1}, which is not before this plan's "
@@ -140,6 +144,7 @@ class HospitalClient:
         self._trained[p.federation_id] = p.round  # before training: a failed round is not retried either
         if self.anchor is not None:
             self.anchor.keep(p, plan)  # write-ahead: survives this hospital's restart
+        self._settle_catch_up(accepted=True, federation_id=p.federation_id)
         self.plan = p
         modules = self.task.modules
         modules.load(self._global)
@@ -203,7 +208,9 @@ class HospitalClient:
         (the federated validation loss it decoded from the model) when its task selects models."""
         plan = self.plan
         if plan is None:
-            raise ProtocolError("End of a round this hospital did not take part in.")
+            if global_model is None:
+                raise ProtocolError("End of a round this hospital did not take part in.")
+            return self._first_catch_up(global_model)  # it missed every round so far (or restarted without state)
         if global_model is not None:
             if not create_mode(plan.secure_mode).server_sees_sum:  # ckks: the hospitals decrypt, the server holds no model
                 raise ProtocolError(f"Round {plan.round} ran under secure_mode {plan.secure_mode!r}, where this hospital "
@@ -219,7 +226,7 @@ class HospitalClient:
                     and state_digest(new) == state_digest(self._global)):
                 return None  # a model this hospital already loaded, delivered again (a restarted server, a catch-up)
             if msg.round > plan.round + 1:
-                return self._catch_up(msg.round, new)
+                return self._catch_up(msg.round, new, plan.federation_id)
             if msg.round != plan.round + 1:
                 raise ProtocolError("Global model is not the one following this hospital's last round.")
             self._loaded_round = msg.round
@@ -306,7 +313,25 @@ class HospitalClient:
             raise ConfigError(f"Task {self.task.name!r} cannot score new patients (no predict_table); use task = 'nsfl'.")
         return predict(table)
 
-    def _catch_up(self, model_round: int, new: dict[str, np.ndarray]) -> None:
+    def _first_catch_up(self, global_model: bytes) -> None:
+        """The current global model sent to a hospital that has taken no plan of this federation yet (it
+        missed the first rounds, or restarted without a state directory): decoded against this hospital's
+        own model spec, loaded as a catch-up (:meth:`_catch_up`) that the plan riding with it must name."""
+        msg = open_envelope(parse_envelope(global_model), sender=self.server, model=GlobalModel)
+        if msg.federation_id != self.federation_id:
+            raise ProtocolError(f"Global model of federation {msg.federation_id!r} sent to this hospital of federation "
+                                f"{self.federation_id!r}. Refused; nothing was loaded.")
+        local = self.task.modules.spec(version=msg.spec.version)
+        if local.digest() != msg.spec.digest():
+            raise ProtocolError(f"Global model's ModelSpec v{msg.spec.version} differs from this hospital's model "
+                                "(task, model settings or SDK version). Refused; nothing was loaded.")
+        new = {n: v.astype(np.float64) for n, v in
+               decode_modules(SimpleNamespace(spec=local), msg.modules, sender="server").items()}  # type: ignore[arg-type]
+        if state_digest(new) == state_digest(self._global):
+            return None  # the model it starts from (the initial one)
+        return self._catch_up(msg.round, new, msg.federation_id)
+
+    def _catch_up(self, model_round: int, new: dict[str, np.ndarray], federation_id: str) -> None:
         """Load the federation's current global model after rounds this hospital missed (dropped,
         suspended, restarted): the server sends it with the next plan it invites the hospital to
         (:func:`clinograph.secure.runtime.loop.run_round`). Only the model is loaded -- the task's
@@ -321,9 +346,9 @@ class HospitalClient:
         self._loaded_round = model_round
         self.task.modules.load(new)
         if hasattr(self.task, "global_origin"):  # the published model it holds: that of round model_round - 1
-            self.task.global_origin = (self.plan.federation_id, model_round - 1)
+            self.task.global_origin = (federation_id, model_round - 1)
 
-    def _settle_catch_up(self, accepted: bool) -> None:
+    def _settle_catch_up(self, accepted: bool, federation_id: str = "") -> None:
         """After the checks of the plan that followed a catch-up (:meth:`_catch_up`): keep the model in
         the anchor if the plan names it (``accepted``), else put back the model this hospital held -- a
         model no plan vouched for (another digest, a rolled-back or forked server's) is not kept."""
@@ -332,7 +357,7 @@ class HospitalClient:
             return
         if accepted:
             if self.anchor is not None:
-                self.anchor.keep_model(self.plan.federation_id, self._global)
+                self.anchor.keep_model(federation_id, self._global)  # the plan just anchored names it
             return
         self._global, self._loaded_round, origin = staged
         self.task.modules.load(self._global)

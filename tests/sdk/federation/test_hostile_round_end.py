@@ -108,3 +108,24 @@ def test_a_catch_up_model_whose_plan_is_refused_is_not_kept(tmp_path):
     parts, _, _ = answer(hospital, "h00", "plan", {"data": plan(4, caught), "model": model(3, caught)}, round_=4)
     assert REFUSAL_PART not in parts and task.trained == 2  # a plan naming it: trained on it, and it is kept
     assert state_digest(hospital.anchor.model("fed", names=list(held))) == state_digest(caught)
+
+
+def test_a_first_catch_up_is_refused_with_a_ckks_plan():
+    """A hospital that took no plan yet loads a catch-up before it sees the plan's mode; a ckks plan (no model
+    digest: the server holds no model) would have trained on whatever model the server sent with it."""
+    import pytest
+    from clinograph.sdk.config import ReleaseSection
+    from test_plan_downgrade import SERVER, _hospital, _plan
+
+    from clinograph.core.errors import ProtocolError
+
+    hospital = _hospital(ReleaseSection(secure_modes=("masked", "ckks")))
+    held = state_digest(hospital._global)
+    other = {k: v + 1.0 for k, v in hospital._global.items()}
+    model = GlobalModel(federation_id="fed", round=2, spec=hospital.task.modules.spec(version=1),
+                        modules=encode_modules(other, "<f8"))
+    assert hospital.on_round_end(seal(model, SERVER)) is None and state_digest(hospital._global) != held
+    with pytest.raises(ProtocolError, match="under secure_mode 'ckks', where the server holds no model, came with a "
+                                            "model of the server's"):
+        hospital.on_plan(_plan(hospital, 3, threshold=2, round_=2, secure_mode="ckks"))
+    assert state_digest(hospital._global) == held and hospital.task.trained == 0
