@@ -35,7 +35,7 @@ from clinograph.secure.wire import open_envelope, parse_envelope, seal
 
 from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
-from clinograph.core.spec import ModuleKind
+from clinograph.core.spec import ModelSpec, ModuleKind
 
 from ..config import ReleaseSection
 from ..model.settings import check_plan_settings
@@ -221,7 +221,7 @@ class HospitalClient:
             if msg.federation_id != plan.federation_id:  # a model of another federation the server signed, replayed
                 raise ProtocolError(f"Global model of federation {msg.federation_id!r} sent to this hospital's round "
                                     f"{plan.round} of federation {plan.federation_id!r}. Refused; nothing was loaded.")
-            new = {n: v.astype(np.float64) for n, v in decode_modules(plan, msg.modules, sender="server").items()}
+            new = _global_modules(plan.spec, msg)
             if ((msg.round <= plan.round or msg.round == self._loaded_round)  # digests only for a possible copy
                     and state_digest(new) == state_digest(self._global)):
                 return None  # a model this hospital already loaded, delivered again (a restarted server, a catch-up)
@@ -325,8 +325,7 @@ class HospitalClient:
         if local.digest() != msg.spec.digest():
             raise ProtocolError(f"Global model's ModelSpec v{msg.spec.version} differs from this hospital's model "
                                 "(task, model settings or SDK version). Refused; nothing was loaded.")
-        new = {n: v.astype(np.float64) for n, v in
-               decode_modules(SimpleNamespace(spec=local), msg.modules, sender="server").items()}  # type: ignore[arg-type]
+        new = _global_modules(local, msg)
         if state_digest(new) == state_digest(self._global):
             return None  # the model it starts from (the initial one)
         return self._catch_up(msg.round, new, msg.federation_id)
@@ -523,3 +522,17 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
     if length > len(data) - 8 or length > 100_000_000:
         raise ValueError("header length")
     return dict(json.loads(data[8:8 + length]).get("__metadata__") or {})
+
+
+def _global_modules(spec: ModelSpec, msg: GlobalModel) -> dict[str, np.ndarray]:
+    """The shared modules of a global model, decoded against ``spec``: every shared module of it, each
+    once and of its size (a model lacking one would leave that module out of this hospital's global
+    model, and its next round's delta of it would fail)."""
+    new = {n: v.astype(np.float64) for n, v in
+           decode_modules(SimpleNamespace(spec=spec), msg.modules, sender="server").items()}  # type: ignore[arg-type]
+    missing = sorted(m.name for m in spec.shared if m.name not in new)
+    if missing:
+        raise ProtocolError(f"Global model of round {msg.round} lacks {len(missing)} shared module(s) of the model "
+                            f"spec ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}). Refused; nothing "
+                            "was loaded.")
+    return new

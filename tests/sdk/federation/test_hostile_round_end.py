@@ -129,3 +129,28 @@ def test_a_first_catch_up_is_refused_with_a_ckks_plan():
                                             "model of the server's"):
         hospital.on_plan(_plan(hospital, 3, threshold=2, round_=2, secure_mode="ckks"))
     assert state_digest(hospital._global) == held and hospital.task.trained == 0
+
+
+def test_a_global_model_lacking_a_shared_module_is_refused():
+    """Before, a model with a subset of the shared modules replaced the hospital's global model by that subset;
+    a plan naming its digest would then fail after training, on the delta of a module the global model lacks
+    (read from the code, not run here)."""
+    import torch
+    from clinograph.sdk.config import ReleaseSection
+    from clinograph.secure.refusals import REFUSAL_PART
+    from clinograph.secure.runtime.transport import answer
+    from test_plan_downgrade import SERVER, _hospital, _plan
+
+    from clinograph.core.spec import ModuleKind
+
+    hospital = _hospital(ReleaseSection())
+    hospital.task.after_round = lambda: None
+    hospital.task.modules.add_submodule("extra", ModuleKind.SHARED, torch.nn.Linear(2, 1))
+    hospital._global = hospital.task.modules.state(ModuleKind.SHARED)
+    assert REFUSAL_PART not in answer(hospital, "h00", "plan", {"data": _plan(hospital, 3, threshold=2)}, round_=0)[0]
+    part = {k: v for k, v in hospital._global.items() if k == "head"}
+    model = GlobalModel(federation_id="fed", round=1, spec=hospital.task.modules.spec(version=1),
+                        modules=encode_modules(part, "<f8"))
+    parts, _, _ = answer(hospital, "h00", "end", {"model": seal(model, SERVER)}, round_=0)
+    assert REFUSAL_PART in parts and b"lacks 1 shared module(s) of the model spec (extra)" in parts[REFUSAL_PART]
+    assert set(hospital._global) == {"head", "extra"}
