@@ -239,3 +239,10 @@ def test_a_hospital_that_never_saw_a_plan_catches_up_too(tmp_path):
     sim.audit.close()
     assert out.result.contributors == ("east", "north", "south") and not out.dropped
     assert len({state_digest(h._global) for h in sim.hospitals.values()}) == 1
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.audit.read import payloads
+
+    first = payloads(tmp_path / "m", "aggregate")[0]  # the audit says who was sent which model (hadv5)
+    assert payloads(tmp_path / "m", "model_caught_up") == [
+        {"round": 1, "hospitals": ["south"], "global_state_digest": first["global_state_digest"]}]
+    assert verify_audit_dir(tmp_path / "m").ok
