@@ -48,7 +48,7 @@ from clinograph.secure.messages import RoundPlan
 from clinograph.secure.runtime.journal import decode_state, encode_state
 from clinograph.secure.wire import parse_envelope
 
-from clinograph.core.errors import IntegrityError, ProtocolError
+from clinograph.core.errors import ClinographError, IntegrityError, ProtocolError
 from clinograph.core.fileio import atomic_write, read_regular
 from clinograph.core.identity import PublicIdentity
 
@@ -172,9 +172,12 @@ class HospitalAnchor:
         head, which every such refusal follows): its own ``hospital_refused`` entry, or the entry
         of a later refusal of this hospital that named it as omitted (a server that lost an entry
         honestly -- a crash, a refusal that came after the stage timed out -- is followed again
-        once the log holds the hospital's signed statement that the entry is missing)."""
-        logged = {e.payload.get("refusal_sha256") for e in entries if e.kind == "hospital_refused"}
+        once the log holds the hospital's signed statement that the entry is missing). An entry counts
+        only with the envelope it names stored before it (an ``envelope`` entry of that digest from this
+        hospital) and naming this hospital: an entry that names the digest alone leaves the refusal's
+        words out of the log."""
         kept = self._refusals(plan.federation_id)
+        logged = _logged_refusals(entries, kept)
         disclosed = {d for r in kept if r["digest"] in logged for d in r.get("discloses", [])}
         owed = [r for r in kept if r.get("logged_at") is None and r["round"] < plan.round
                 and r["digest"] not in logged and r["digest"] not in disclosed]
@@ -264,3 +267,28 @@ class HospitalAnchor:
 
     def __repr__(self) -> str:
         return f"HospitalAnchor(path={str(self.path)!r}, federations={len(self._records)})"
+
+
+def _logged_refusals(entries: list, kept: list[dict]) -> set[str]:
+    """The digests of this hospital's kept refusals that ``entries`` log in full: a ``hospital_refused``
+    entry naming the digest and this hospital (the kept envelope's sender), after an ``envelope`` entry
+    that stored that envelope (kind ``hospital_refusal``, that digest, that sender)."""
+    me = {r["digest"]: _sender(r) for r in kept}
+    stored: set[str] = set()
+    logged: set[str] = set()
+    for e in entries:
+        p = e.payload
+        if e.kind == "envelope" and p.get("kind") == "hospital_refusal" and me.get(p.get("digest")) == p.get("sender"):
+            stored.add(p["digest"])
+        elif e.kind == "hospital_refused" and p.get("refusal_sha256") in stored and p.get("signed") is True \
+                and p.get("client") == me.get(p["refusal_sha256"]):
+            logged.add(p["refusal_sha256"])
+    return logged
+
+
+def _sender(record: dict) -> str | None:
+    """The hospital that signed a kept refusal (None: a record without its envelope -- never logged)."""
+    try:
+        return parse_envelope(base64.b64decode(record["envelope"], validate=True)).sender
+    except (KeyError, TypeError, ValueError, ClinographError):
+        return None

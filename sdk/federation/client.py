@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from clinograph.secure.aggregation import AggregationClient, LocalUpdate, ModuleSums, create_mode
@@ -34,7 +35,7 @@ from clinograph.secure.wire import open_envelope, parse_envelope, seal
 
 from clinograph.core.errors import ConfigError, IntegrityError, ProtocolError
 from clinograph.core.identity import Identity, PublicIdentity
-from clinograph.core.spec import ModuleKind
+from clinograph.core.spec import ModelSpec, ModuleKind
 
 from ..config import ReleaseSection
 from ..model.settings import check_plan_settings
@@ -84,6 +85,9 @@ class HospitalClient:
         self._run_first: int | None = None  # the run.first_round of the run this hospital follows
         self._trained: dict[str, int] = {}  # federation id -> last round this hospital trained for
         self._loaded_round: int | None = None  # GlobalModel.round of the last global model on_round_end loaded
+        #: a catch-up model loaded but not yet vouched for by a plan: what to put back if the plan is refused
+        self._caught_up: tuple[dict[str, np.ndarray], int | None, object] | None = None
+        self._applied: tuple[str, int] | None = None  # (federation, round) of the last decrypted aggregate applied
         self.anchor = HospitalAnchor(state_dir, server=server) if state_dir is not None else None
         self.model_path = (Path(state_dir) / "models" / f"{federation_id}.safetensors"
                            if state_dir is not None and getattr(task, "exportable", False) else None)
@@ -104,6 +108,16 @@ class HospitalClient:
 
     def on_plan(self, plan: bytes) -> tuple[bytes, bytes]:
         self._checked_plan = None
+        try:
+            p = self._verify_plan(plan)
+        except BaseException:
+            self._settle_catch_up(accepted=False)
+            raise
+        return self._train(plan, p)
+
+    def _verify_plan(self, plan: bytes) -> RoundPlan:
+        """The plan, opened and checked: the anchor (rollback, logged refusals), freshness, and
+        :meth:`_check_plan` (the model digest among them). Raises the refusal."""
         envelope = parse_envelope(plan)
         p = open_envelope(envelope, sender=self.server, model=RoundPlan)
         if self.anchor is not None:
@@ -114,10 +128,23 @@ class HospitalClient:
                 raise
             self._checked_plan = (p.federation_id, p.round, envelope.digest(), ())
         self._check_fresh(p)
+        if self._caught_up is not None and not create_mode(p.secure_mode).server_sees_sum:
+            raise ProtocolError(f"Plan for round {p.round} under secure_mode {p.secure_mode!r}, where the server holds "
+                                "no model, came with a model of the server's to load. Refused; nothing was trained "
+                                "or loaded.")
+        if self._loaded_round is not None and self._loaded_round > p.round:
+            raise ProtocolError(f"Plan for round {p.round}: the global model this hospital was sent is numbered as "
+                                f"published after round {self._loaded_round - 1}, which is not before this plan's "
+                                "round (a model of a round that has not closed). Refused; nothing was trained.")
         self._check_plan(p)
+        return p
+
+    def _train(self, plan: bytes, p: RoundPlan) -> tuple[bytes, bytes]:
+        """Train for the verified plan ``p`` and answer it (report, the secure mode's first message)."""
         self._trained[p.federation_id] = p.round  # before training: a failed round is not retried either
         if self.anchor is not None:
             self.anchor.keep(p, plan)  # write-ahead: survives this hospital's restart
+        self._settle_catch_up(accepted=True, federation_id=p.federation_id)
         self.plan = p
         modules = self.task.modules
         modules.load(self._global)
@@ -181,23 +208,36 @@ class HospitalClient:
         (the federated validation loss it decoded from the model) when its task selects models."""
         plan = self.plan
         if plan is None:
-            raise ProtocolError("End of a round this hospital did not take part in.")
+            if global_model is None:
+                raise ProtocolError("End of a round this hospital did not take part in.")
+            return self._first_catch_up(global_model)  # it missed every round so far (or restarted without state)
         if global_model is not None:
+            if not create_mode(plan.secure_mode).server_sees_sum:  # ckks: the hospitals decrypt, the server holds no model
+                raise ProtocolError(f"Round {plan.round} ran under secure_mode {plan.secure_mode!r}, where this hospital "
+                                    "applies the aggregate it decrypted and the server holds no model; the server sent "
+                                    "a model of its own (at the round's end or as a catch-up). Refused; nothing was "
+                                    "loaded.")
             msg = open_envelope(parse_envelope(global_model), sender=self.server, model=GlobalModel)
-            new = {n: v.astype(np.float64) for n, v in decode_modules(plan, msg.modules, sender="server").items()}
+            if msg.federation_id != plan.federation_id:  # a model of another federation the server signed, replayed
+                raise ProtocolError(f"Global model of federation {msg.federation_id!r} sent to this hospital's round "
+                                    f"{plan.round} of federation {plan.federation_id!r}. Refused; nothing was loaded.")
+            new = _global_modules(plan.spec, msg)
             if ((msg.round <= plan.round or msg.round == self._loaded_round)  # digests only for a possible copy
                     and state_digest(new) == state_digest(self._global)):
                 return None  # a model this hospital already loaded, delivered again (a restarted server, a catch-up)
-            if msg.round > plan.round + 1 and msg.federation_id == plan.federation_id:
-                return self._catch_up(msg.round, new)
+            if msg.round > plan.round + 1:
+                return self._catch_up(msg.round, new, plan.federation_id)
             if msg.round != plan.round + 1:
                 raise ProtocolError("Global model is not the one following this hospital's last round.")
             self._loaded_round = msg.round
         else:
+            if self._applied == (plan.federation_id, plan.round):
+                return None  # applied once already: a round end delivered again (a restarted server, a replay)
             sums = self.decrypted_result()
             if sums is None:
                 raise ProtocolError("No global model and no decrypted aggregate at the end of the round.")
             new = self._strategy_for(plan).apply(self._global, sums)
+            self._applied = (plan.federation_id, plan.round)
         self._global = new
         self.task.modules.load(self._global)
         if hasattr(self.task, "global_origin"):  # an export names the published global model it holds
@@ -273,21 +313,55 @@ class HospitalClient:
             raise ConfigError(f"Task {self.task.name!r} cannot score new patients (no predict_table); use task = 'nsfl'.")
         return predict(table)
 
-    def _catch_up(self, model_round: int, new: dict[str, np.ndarray]) -> None:
+    def _first_catch_up(self, global_model: bytes) -> None:
+        """The current global model sent to a hospital that has taken no plan of this federation yet (it
+        missed the first rounds, or restarted without a state directory): decoded against this hospital's
+        own model spec, loaded as a catch-up (:meth:`_catch_up`) that the plan riding with it must name."""
+        msg = open_envelope(parse_envelope(global_model), sender=self.server, model=GlobalModel)
+        if msg.federation_id != self.federation_id:
+            raise ProtocolError(f"Global model of federation {msg.federation_id!r} sent to this hospital of federation "
+                                f"{self.federation_id!r}. Refused; nothing was loaded.")
+        local = self.task.modules.spec(version=msg.spec.version)
+        if local.digest() != msg.spec.digest():
+            raise ProtocolError(f"Global model's ModelSpec v{msg.spec.version} differs from this hospital's model "
+                                "(task, model settings or SDK version). Refused; nothing was loaded.")
+        new = _global_modules(local, msg)
+        if state_digest(new) == state_digest(self._global):
+            return None  # the model it starts from (the initial one)
+        return self._catch_up(msg.round, new, msg.federation_id)
+
+    def _catch_up(self, model_round: int, new: dict[str, np.ndarray], federation_id: str) -> None:
         """Load the federation's current global model after rounds this hospital missed (dropped,
         suspended, restarted): the server sends it with the next plan it invites the hospital to
         (:func:`clinograph.secure.runtime.loop.run_round`). Only the model is loaded -- the task's
         after-round step (personal fine-tuning, the selection statistic) belongs to rounds the hospital
         took part in. It is bound to the federation by that plan: :meth:`on_plan` refuses a plan whose
-        ``global_state_digest`` is not this model's, as for any round's model."""
+        ``global_state_digest`` is not this model's, as for any round's model, and then puts back the
+        model the hospital held (:meth:`_settle_catch_up`); it is kept in the anchor only once a plan
+        that names it passed every check."""
+        if self._caught_up is None:  # a second copy before the plan: the first one's predecessor stays the one to restore
+            self._caught_up = (self._global, self._loaded_round, getattr(self.task, "global_origin", None))
         self._global = new
         self._loaded_round = model_round
         self.task.modules.load(new)
-        fid = self.plan.federation_id
         if hasattr(self.task, "global_origin"):  # the published model it holds: that of round model_round - 1
-            self.task.global_origin = (fid, model_round - 1)
-        if self.anchor is not None:
-            self.anchor.keep_model(fid, new)
+            self.task.global_origin = (federation_id, model_round - 1)
+
+    def _settle_catch_up(self, accepted: bool, federation_id: str = "") -> None:
+        """After the checks of the plan that followed a catch-up (:meth:`_catch_up`): keep the model in
+        the anchor if the plan names it (``accepted``), else put back the model this hospital held -- a
+        model no plan vouched for (another digest, a rolled-back or forked server's) is not kept."""
+        staged, self._caught_up = self._caught_up, None
+        if staged is None:
+            return
+        if accepted:
+            if self.anchor is not None:
+                self.anchor.keep_model(federation_id, self._global)  # the plan just anchored names it
+            return
+        self._global, self._loaded_round, origin = staged
+        self.task.modules.load(self._global)
+        if hasattr(self.task, "global_origin"):
+            self.task.global_origin = origin
 
     # -- helpers -----------------------------------------------------------------------------
     def _resume(self, federation_id: str) -> None:
@@ -448,3 +522,17 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
     if length > len(data) - 8 or length > 100_000_000:
         raise ValueError("header length")
     return dict(json.loads(data[8:8 + length]).get("__metadata__") or {})
+
+
+def _global_modules(spec: ModelSpec, msg: GlobalModel) -> dict[str, np.ndarray]:
+    """The shared modules of a global model, decoded against ``spec``: every shared module of it, each
+    once and of its size (a model lacking one would leave that module out of this hospital's global
+    model, and its next round's delta of it would fail)."""
+    new = {n: v.astype(np.float64) for n, v in
+           decode_modules(SimpleNamespace(spec=spec), msg.modules, sender="server").items()}  # type: ignore[arg-type]
+    missing = sorted(m.name for m in spec.shared if m.name not in new)
+    if missing:
+        raise ProtocolError(f"Global model of round {msg.round} lacks {len(missing)} shared module(s) of the model "
+                            f"spec ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}). Refused; nothing "
+                            "was loaded.")
+    return new

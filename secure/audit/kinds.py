@@ -134,6 +134,15 @@ class HospitalRejoined(Payload):
     hospital: Name
 
 
+class ModelCaughtUp(Payload):
+    """``model_caught_up``: the current global model (its state digest, the one the round's plan names)
+    went with the plan of ``round`` to ``hospitals``, which had missed rounds (the round loop's catch-up)."""
+
+    round: int = Field(ge=0)
+    hospitals: list[Name] = Field(min_length=1)
+    global_state_digest: Hex64
+
+
 class NoiseCheck(Payload):
     """``noise_check``: the server's one-sided test that a distributed-DP aggregate carries the
     noise its contributors declared (:mod:`clinograph.secure.dp.noise_check`); a failure voids
@@ -621,7 +630,7 @@ KINDS: dict[str, type[Payload]] = {
     "candidates_eliminated": CandidatesEliminated, "run_paused": RunPaused, "run_resumed": RunResumed,
     "round_participation": RoundParticipation, "hospital_refused": HospitalRefused,
     "run_ended": RunEnded, "release": Release, "ckks_key_holders": CkksKeyHolders,
-    "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined,
+    "hospital_suspended": HospitalSuspended, "hospital_rejoined": HospitalRejoined, "model_caught_up": ModelCaughtUp,
     "attribution_step": AttributionStep, "hospital_retired": HospitalRetired,
     "audit_open": AuditOpen, "audit_reopen": AuditOpen, "artefact": Artefact, "envelope": EnvelopeRef,
 }

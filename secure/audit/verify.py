@@ -33,13 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from clinograph.core.arguments import checked_arguments
-from clinograph.core.errors import ConfigError, IntegrityError
+from clinograph.core.errors import ClinographError, ConfigError, IntegrityError
 from clinograph.core.fileio import NotRegularFile, TooLarge, read_regular
 from clinograph.core.identity import PublicIdentity, small_order
 
 from ..messages import MAX_MESSAGE_BYTES
-from ..wire import MAGIC
+from ..refusals import HospitalRefusal
+from ..wire import MAGIC, load_payload
 from .entry import AuditEntry, check_entry_signature, check_head, parse_entry
 from .envelopes import keys_from, parse_stored, signature_status
 from .kinds import check_payload
@@ -106,6 +109,8 @@ class _Scan:
     #: (federation, round) -> the inputs of an ``attribution_step`` that voided it
     voided: dict[tuple[str | None, int], frozenset[str]] = field(default_factory=dict)
     being_written: bool = False
+    #: digest -> the signed hospital refusal an ``envelope`` entry stored (for ``hospital_refused``)
+    refusals: dict[str, HospitalRefusal] = field(default_factory=dict)
 
     def bad(self, seq: int | None, message: str) -> None:
         self.problems.append((seq, message))
@@ -162,6 +167,8 @@ def _check_kind(scan: _Scan, entry: AuditEntry) -> None:
         scan.voided[(scan.federation, p["round"])] = frozenset(p["hospitals"])
     elif entry.kind == "hospital_retired":
         _check_retirement(scan, entry)
+    elif entry.kind == "hospital_refused" and p["signed"]:
+        _check_refused(scan, entry)
     if entry.kind == "artefact":
         data = _check_artefact(scan, entry)
         if data is not None and data.startswith(MAGIC):
@@ -181,6 +188,33 @@ def _check_kind(scan: _Scan, entry: AuditEntry) -> None:
         if status != p["signature"]:
             scan.bad(entry.seq, f"entry {entry.seq}: envelope from {env.sender!r} checks as {status!r}, "
                                 f"but the log recorded {p['signature']!r}.")
+        elif status == "valid" and env.kind == "hospital_refusal":
+            try:
+                scan.refusals[env.digest()] = load_payload(env, HospitalRefusal)
+            except (ValidationError, ClinographError):
+                pass  # not a refusal this verifier can read: a hospital_refused entry naming it is reported
+
+
+def _check_refused(scan: _Scan, entry: AuditEntry) -> None:
+    """A signed ``hospital_refused`` entry says what the hospital's own signed refusal says: it follows
+    the ``envelope`` entry that stored that refusal (valid signature, from the hospital it names) and
+    carries its round, finality and words (cut as the round loop cuts them). Before, an entry naming a
+    digest alone verified -- a server could put words of its own, or another hospital's name, in the log."""
+    p = entry.payload
+    refusal = scan.refusals.get(p.get("refusal_sha256") or "")
+    where = f"entry {entry.seq} (hospital_refused, {p.get('client')!r})"
+    if refusal is None:
+        scan.bad(entry.seq, f"{where} is marked signed, but no stored, validly signed hospital refusal with its "
+                            "refusal_sha256 precedes it: the log does not hold the refusal it reports.")
+        return
+    text = f"{refusal.error}: {refusal.reason}"
+    words = p["reason"] == text or (p["reason"].endswith("…") and text.startswith(p["reason"][:-1]))
+    wrong = [what for what, same in (("client", refusal.hospital == p.get("client")),
+                                     ("round", refusal.round == p.get("round")),
+                                     ("final", refusal.final == p["final"]), ("reason", words)) if not same]
+    if wrong:
+        scan.bad(entry.seq, f"{where}: its {', '.join(wrong)} differ from the signed refusal it names: the entry "
+                            "does not report what the hospital signed.")
 
 
 def _check_retirement(scan: _Scan, entry: AuditEntry) -> None:

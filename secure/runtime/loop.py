@@ -32,6 +32,7 @@ from clinograph.core.errors import ConfigError, ProtocolError
 
 from ..messages import RoundResult
 from ..server import FederationServer
+from ..state import state_digest
 from .attribution import Attribution, aggregate_refusals
 from .journal import Journal
 from .liveness import Liveness
@@ -147,6 +148,8 @@ def run_round(server: FederationServer, transport: Transport, *, participants: t
     if behind:  # hospitals that missed rounds get the current model with the plan, which binds it (its digest)
         model_now = server.global_model_bytes(as_published=True)
         carried.update({n: model_now for n in behind})
+        server.audit.record("model_caught_up", {"round": round_, "hospitals": list(behind),  # who loads what, audited
+                                                "global_state_digest": state_digest(server.state)})
         event("model_caught_up", {"round": round_, "hospitals": list(behind)})
     outgoing = {n: {"data": plan, **({"model": carried[n]} if n in carried else {})} for n in participants}
     answers, failed = transport.exchange("plan", outgoing, round_=round_)

@@ -221,3 +221,28 @@ def test_a_hospital_that_missed_a_round_gets_the_model_with_the_next_plan_and_co
     globals_ = {name: m.client._global for name, m in res.hospitals.items()}
     for name, state in globals_.items():  # every hospital ends on the same global model
         assert all(np.array_equal(state[k], globals_["north"][k]) for k in state), name
+
+
+def test_a_hospital_that_never_saw_a_plan_catches_up_too(tmp_path):
+    """A hospital silent from round 0's plan on (it took no plan of the federation) refused the catch-up sent
+    with round 1's plan ('End of a round this hospital did not take part in') and so every later plan, for good
+    (helper hadv5 found it). It now loads the model (decoded against its own model spec) and contributes."""
+    from clinograph.secure.runtime.loop import run_round
+    from clinograph.secure.state import state_digest
+
+    tables = small_tables()
+    sim = build_simulation(tables, tables[0].dictionary, cfg("masked"), audit_dir=tmp_path / "m")
+    getattr(sim.transport, "inner", sim.transport).drop_at(0, {"south": 0})
+    assert "south" in run_round(sim.server, sim.transport).dropped
+    assert sim.hospitals["south"].plan is None
+    out = run_round(sim.server, sim.transport)
+    sim.audit.close()
+    assert out.result.contributors == ("east", "north", "south") and not out.dropped
+    assert len({state_digest(h._global) for h in sim.hospitals.values()}) == 1
+    from clinograph.secure.audit import verify_audit_dir
+    from clinograph.secure.audit.read import payloads
+
+    first = payloads(tmp_path / "m", "aggregate")[0]  # the audit says who was sent which model (hadv5)
+    assert payloads(tmp_path / "m", "model_caught_up") == [
+        {"round": 1, "hospitals": ["south"], "global_state_digest": first["global_state_digest"]}]
+    assert verify_audit_dir(tmp_path / "m").ok

@@ -184,3 +184,27 @@ def test_a_refused_stage_or_round_end_message_must_be_logged_too(tmp_path, stage
     assert REFUSAL_PART not in _send(hospital, _plan(hospital, trail, 2, proof_from=anchored), 2)
     assert hospital.task.trained == 2
     trail.close()
+
+
+@pytest.mark.parametrize("forged", ["digest only", "another client", "unsigned"])
+def test_an_entry_that_names_the_refusals_digest_without_logging_the_refusal_does_not_settle_it(tmp_path, forged):
+    """hadv5: before, any ``hospital_refused`` entry naming the refusal's digest settled it -- a server could write
+    one with words of its own ('network timeout'), under another hospital's name, and never store the signed
+    envelope; the hospital followed it and `audit verify` passed. The entry must now follow the stored envelope
+    and name this hospital."""
+    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
+    trail.record("test_event", {"round": 0})
+    hospital = _hospital(tmp_path / "h00")
+    _send(hospital, _plan(hospital, trail, 0), 0)
+    anchored = trail.head.seq
+    refused = _send(hospital, _plan(hospital, trail, 1, threshold=3, proof_from=anchored), 1)
+    digest = parse_envelope(refused[REFUSAL_PART]).digest()
+    if forged != "digest only":
+        trail.store_envelope(refused[REFUSAL_PART], kind="hospital_refusal", sender="h00")
+    trail.record("hospital_refused", {"round": 1, "stage": "plan", "client": "h01" if forged == "another client" else
+                                      "h00", "reason": "network timeout", "signed": forged != "unsigned",
+                                      "final": False, "refusal_sha256": digest})
+    omitted = _send(hospital, _plan(hospital, trail, 2, proof_from=anchored), 2)
+    assert _refusal(omitted).error == "RefusalOmitted" and digest[:16] in _refusal(omitted).reason
+    assert hospital.task.trained == 1
+    trail.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from clinograph.secure.audit import AuditTrail, verify_audit_dir
 from clinograph.secure.messages import ClientReport
-from clinograph.secure.wire import seal
+from clinograph.secure.wire import parse_envelope, seal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -215,3 +215,30 @@ def test_a_deleted_line_is_one_problem_and_one_summary_not_one_line_per_later_en
     assert report.problems[1] == (f"entries 7 to {n - 1} ({n - 7}) also carry sequence numbers that are not their "
                                   "position, after the same insertion, deletion or reordering; not checked further.")
     assert "the signed head says" in report.problems[2]
+
+
+@pytest.mark.parametrize("forged", [None, "no envelope", "words", "client", "final", "round"])
+def test_a_signed_hospital_refused_entry_must_report_the_refusal_it_names(tmp_path, forged):
+    """hadv5: before, a ``hospital_refused`` entry marked signed verified with any refusal_sha256 -- a server could
+    log its own words (or another hospital's name, or 'final') for a refusal it never stored."""
+    from clinograph.secure.refusals import HospitalRefusal
+
+    server, a, b = Identity.generate("server"), Identity.generate("hosp-a"), Identity.generate("hosp-b")
+    refusal = seal(HospitalRefusal(hospital="hosp-a", round=1, stage="plan", error="ProtocolError",
+                                   reason="masked.threshold t = 3 is below this hospital's rule", final=False), a)
+    entry = {"round": 1, "stage": "plan", "client": "hosp-a", "reason": "ProtocolError: masked.threshold t = 3 is "
+             "below this hospital's rule", "signed": True, "final": False}
+    entry.update({"words": {"reason": "ProtocolError: network timeout"}, "client": {"client": "hosp-b"},
+                  "final": {"final": True}, "round": {"round": 2}}.get(forged or "", {}))
+    with AuditTrail(tmp_path / "a", identity=server) as trail:
+        trail.record("manifest", manifest(server, {"hosp-a": a, "hosp-b": b}))
+        digest = (trail.store_envelope(refusal, kind="hospital_refusal", sender="hosp-a") if forged != "no envelope"
+                  else parse_envelope(refusal).digest())
+        trail.record("hospital_refused", {**entry, "refusal_sha256": digest})
+    report = verify_audit_dir(tmp_path / "a", trusted_server_key=server.public.raw)
+    if forged is None:
+        assert report.ok, report.problems
+    elif forged == "no envelope":
+        assert not report.ok and "no stored, validly signed hospital refusal" in report.problems[0]
+    else:
+        assert not report.ok and f"its {forged if forged != 'words' else 'reason'} differ" in report.problems[0]
