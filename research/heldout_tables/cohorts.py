@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import tomli_w
 
-COHORTS = ("breast_cancer", "lymph_node", "stanford_heart")
+COHORTS = ("breast_cancer", "lymph_node", "stanford_heart", "child")
 
 
 @dataclass
@@ -438,10 +438,123 @@ def stanford_heart(form: str = "binary") -> Cohort:
     )
 
 
+# --------------------------------------------------------------------------------------------
+# CHILD (Spiegelhalter & Cowell 1992): newborns referred for suspected congenital heart disease.
+# NOT a real table: 520 patients sampled (fixed seed) from the expert-elicited clinical Bayesian
+# network pgmpy ships (utils/example_models/child.bif.gz) -- the one categorical-rich clinical
+# source installed. Label: transposition of the great arteries (Disease = TGA) from what the
+# referring hospital reports; 4 hospitals by the infant's age band.
+_CHILD_LEVELS = {
+    "age_band": ("0-3_days", "4-10_days", "11-30_days"),
+    "lower_body_o2": (
+        "lt5",
+        "5-12",
+        "12+",
+    ),  # the network's "<5": a level names model rows, so "lt5"
+    "ruq_o2": ("lt5", "5-12", "12+"),
+    "xray": ("Normal", "Oligaemic", "Plethoric", "Grd_Glass", "Asy_Patchy"),  # "Asy/Patchy"
+}
+#: what the hospitals' exports hold (the network's states) -> the dictionary's levels
+_O2_CODING = {"<5": "lt5", "5-12": "5-12", "12+": "12+"}
+_XRAY_CODING = {
+    "Normal": "Normal",
+    "Oligaemic": "Oligaemic",
+    "Plethoric": "Plethoric",
+    "Grd_Glass": "Grd_Glass",
+    "Asy/Patchy": "Asy_Patchy",
+}
+_CHILD_BINARY = {
+    "birth_asphyxia": "BirthAsphyxia",
+    "sick": "Sick",
+    "lvh_report": "LVHreport",
+    "grunting_report": "GruntingReport",
+}
+
+
+def child() -> Cohort:
+    import gzip
+    import warnings
+    from importlib import resources
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pgmpy.readwrite import BIFReader
+        from pgmpy.sampling import BayesianModelSampling
+
+        path = resources.files("pgmpy.utils") / "example_models" / "child.bif.gz"
+        model = BIFReader(string=gzip.decompress(path.read_bytes()).decode("utf-8")).get_model()
+        df = BayesianModelSampling(model).forward_sample(size=520, seed=51_004, show_progress=False)
+    y = (df["Disease"] == "TGA").to_numpy(int)
+    age = df["Age"].map({"0-3_days": 0.0, "4-10_days": 1.0, "11-30_days": 2.0}).to_numpy(float)
+    site = _cut(
+        age, (0.1, 0.2, 0.3, 0.4), seed=51_005
+    )  # older infants: referred on to larger centres
+    features = [
+        {"id": f, "name": f"{c} (reported)", "kind": "binary"} for f, c in _CHILD_BINARY.items()
+    ]
+    features.append({"id": "co2_high", "name": "CO2 report 7.5 kPa or more", "kind": "binary"})
+    features += [
+        {"id": f, "name": f.replace("_", " "), "kind": "categorical", "levels": list(lv)}
+        for f, lv in _CHILD_LEVELS.items()
+    ]
+    dictionary = {"name": "heldout-child", "version": 1, "features": features}
+    names = ("ch_clinic", "ch_district", "ch_regional", "ch_cardiac")
+    hospitals = []
+    for k, name in enumerate(names):
+        part, yk = df[site == k].reset_index(drop=True), y[site == k]
+        out = pd.DataFrame({"baby": [f"{name}-{i:03d}" for i in range(len(part))]})
+        columns: dict[str, dict] = {}
+        for fid, col in _CHILD_BINARY.items():  # yes/no, but Y/N (declared) at the clinic
+            if name == "ch_clinic":
+                out[col] = part[col].map({"yes": "Y", "no": "N"})
+                columns[col] = {"feature": fid, "coding": {"Y": 1, "N": 0}}
+            else:
+                out[fid] = part[col].to_numpy()
+        out["CO2Report"] = part["CO2Report"].to_numpy()
+        columns["CO2Report"] = {"feature": "co2_high", "coding": {">=7.5": 1, "<7.5": 0}}
+        out["Age"] = part["Age"].to_numpy()
+        columns["Age"] = {"feature": "age_band"}
+        for fid, col in (("lower_body_o2", "LowerBodyO2"), ("ruq_o2", "RUQO2")):
+            if name == "ch_district":  # O2 bands coded 1/2/3
+                out[col] = part[col].map({"<5": 1, "5-12": 2, "12+": 3})
+                columns[col] = {"feature": fid, "coding": {"1": "lt5", "2": "5-12", "3": "12+"}}
+            else:
+                out[col] = part[col].to_numpy()
+                columns[col] = {"feature": fid, "coding": _O2_CODING}
+        if name == "ch_cardiac":  # its own X-ray codes
+            codes = {
+                "Normal": "NORM",
+                "Oligaemic": "OLIG",
+                "Plethoric": "PLETH",
+                "Grd_Glass": "GGO",
+                "Asy/Patchy": "PATCHY",
+            }
+            out["cxr"] = part["XrayReport"].map(codes)
+            columns["cxr"] = {
+                "feature": "xray",
+                "coding": {v: _XRAY_CODING[k] for k, v in codes.items()},
+            }
+        elif name != "ch_regional":  # the regional referral letters carry no X-ray report
+            out["XrayReport"] = part["XrayReport"].to_numpy()
+            columns["XrayReport"] = {"feature": "xray", "coding": _XRAY_CODING}
+        out["diagnosis"] = np.where(yk == 1, "TGA", "other")
+        schema = {
+            "site": name,
+            "patient_id": "baby",
+            "label": "diagnosis",
+            "label_codes": {"TGA": 1, "other": 0},
+            "columns": columns,
+        }
+        hospitals.append(Hospital(name, out, schema))
+    task = "transposition of the great arteries (sampled from the CHILD network, not real patients)"
+    return Cohort("child", task, dictionary, hospitals, len(df), int(y.sum()), 0)
+
+
 BUILDERS = {
     "breast_cancer": breast_cancer,
     "lymph_node": lymph_node,
     "stanford_heart": stanford_heart,
+    "child": child,
 }
 
 

@@ -12,7 +12,7 @@ used to decide). Validation loss is the criterion; note the comparison favours "
 
 Inputs: ``research/real_tables/results/heldout_elim_{successive_halving,none}_<cohort>.json``
 (``real_tables --choose --seeds 5 --elimination ... --name heldout_elim_...``) for the five
-earlier tables, and ``results/heldout_tables.json`` (``--diagnose``) for the three held-out ones.
+earlier tables, and ``results/heldout_tables*.json`` (``--diagnose``) for the held-out ones.
 
     python -m research.heldout_tables.elimination_check
 
@@ -95,8 +95,9 @@ def main() -> None:
     add_convention(ap, quick_help="the same (it only reads result files)")
     a = ap.parse_args()
     tables = {c: r for c in OLD if (r := old_table(c)) is not None}
-    held = HERE / "results" / "heldout_tables.json"
-    if held.exists():
+    for held in sorted((HERE / "results").glob("heldout_tables*.json")):
+        if held.stem.endswith("_quick"):
+            continue
         for c, res in json.loads(held.read_text())["cohorts"].items():
             if res["nsfl_run"].get("elimination_none"):
                 tables[c] = heldout_table(res)
