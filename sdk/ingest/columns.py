@@ -32,8 +32,11 @@ def looks_like_data(label: object) -> bool:
     return True
 
 
-def check_labels(df: pd.DataFrame, *, site: str, required: dict[str, str | None], known: set[str]) -> None:
-    """Refuse MultiIndex, non-text and repeated column labels (all problems at once)."""
+def check_labels(df: pd.DataFrame, *, site: str, required: dict[str, str | None], known: set[str],
+                 ignore_blank: bool = False) -> None:
+    """Refuse MultiIndex, non-text and repeated column labels (all problems at once).
+    ``ignore_blank``: the site schema ignores columns without a name (``ignore = [""]``), so empty
+    header cells -- one or several, e.g. trailing delimiters -- are no problem here."""
     cols = df.columns
     title = f"Table for site {site!r} has unusable column labels"
     if isinstance(cols, pd.MultiIndex):
@@ -54,7 +57,8 @@ def check_labels(df: pd.DataFrame, *, site: str, required: dict[str, str | None]
     repeated = [str(c) for c, n in counts.items() if n > 1]
     blank = [i for i, c in enumerate(cols) if isinstance(c, str) and not c.strip()]
     if len(blank) > 1 and len(blank) < len(cols):  # several unnamed columns, not a header-less file
-        problems.append(empty_name_message(blank))
+        if not ignore_blank:
+            problems.append(empty_name_message(blank))
         repeated = [c for c in repeated if c.strip()]
     if repeated:
         if any(looks_like_data(c) for c in repeated) or header_is_data(cols, required=required, known=known):
@@ -72,7 +76,8 @@ def empty_name_message(positions: list[int]) -> str:
     shown = ", ".join(str(i + 1) for i in positions[:10]) + (", ..." if len(positions) > 10 else "")
     return (f"{len(positions)} column(s) have no name: the header cell at position(s) {shown} is empty (often an "
             "index column a spreadsheet or pandas wrote, or a trailing delimiter). Name them and map them under "
-            "[columns], or delete them from the export.")
+            "[columns], delete them from the export, or leave them out with ignore = [\"\"] in the site schema "
+            "(counted like every ignored column).")
 
 
 def header_is_data(columns: Iterable[str], *, required: dict[str, str | None], known: set[str]) -> bool:

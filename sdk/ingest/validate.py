@@ -89,7 +89,7 @@ def ingest(df: pd.DataFrame, *, schema: SiteSchema, dictionary: FeatureDictionar
     known = {c for c in required.values() if c} | set(schema.columns) | set(schema.ignore)
     if schema.format == "wide":
         known |= {str(c) for c in df.columns if isinstance(c, str) and dictionary.resolve(c) is not None}
-    check_labels(df, site=schema.site, required=required, known=known)
+    check_labels(df, site=schema.site, required=required, known=known, ignore_blank="" in schema.ignore)
     if len(df.columns) == 0:  # not 'no header row ... 0 of its 0 fields look like numbers'
         raise SchemaError([f"The table for site {schema.site!r} has no columns. Export the data again, with a header "
                            "row naming each column."], title="Table is empty")

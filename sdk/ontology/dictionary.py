@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from difflib import get_close_matches
 from enum import Enum
 from pathlib import Path
@@ -32,9 +33,21 @@ from clinograph.core.configmodel import ConfigModel
 from .codes import normalise_code
 
 FEATURE_ID = r"^[a-z][a-z0-9_]{0,63}$"
+#: a categorical level names its model rows (``feature_embedding/<id>=<level>``, a module name:
+#: clinograph.core.spec.MODULE_NAME_PATTERN), so it is letters, digits and ``_ . + -``
+LEVEL = re.compile(r"^[A-Za-z0-9_.+\-]{1,64}$")
+_LEVEL_WORDS = (("<=", "le"), (">=", "ge"), ("<", "lt"), (">", "gt"), ("%", "pct"))
+
 #: fields added later hash only when they differ from their default, so old digests stay valid
 _OPTIONAL_LATER = {"omop_concept_id": None, "molar_mass": None, "valence": None, "transform": "none",
                    "scale_center": None, "scale_half_width": None}
+
+
+def _level_name(level: str) -> str:
+    """A suggestion for a level :data:`LEVEL` refuses: ``<5`` -> ``lt5``, ``Asy/Patchy`` -> ``Asy_Patchy``."""
+    for sign, word in _LEVEL_WORDS:
+        level = level.replace(sign, word)
+    return re.sub(r"[^A-Za-z0-9_.+\-]+", "_", level).strip("_")[:64] or "level"
 
 
 class FeatureKind(str, Enum):
@@ -163,6 +176,11 @@ class Feature(ConfigModel):
             out.append(f"feature {self.id!r}: set both scale_center and scale_half_width, or neither")
         if self.kind == FeatureKind.CATEGORICAL and len(self.levels) < 2:
             out.append(f"categorical feature {self.id!r} needs at least two levels")
+        if bad := [lvl for lvl in self.levels if lvl and not LEVEL.match(lvl)]:
+            out.append(f"feature {self.id!r}: levels {bad} hold characters other than letters, digits and _ . + - "
+                       "(or are longer than 64): a level names the model's rows for it. Rename them in the "
+                       f"dictionary, e.g. {[_level_name(lvl) for lvl in bad]}, and map each hospital's own codes "
+                       "onto them with a coding in its site schema (coding = { \"<code>\" = \"<level>\" })")
         norm = [normalise_code(lvl) for lvl in self.levels]
         same = sorted({lvl for lvl, n in zip(self.levels, norm, strict=True) if norm.count(n) > 1})
         if same or any(not n for n in norm):

@@ -440,7 +440,17 @@ def test_columns_without_a_name_are_reported_as_such(tmp_path):
             ingest(read_table(p), schema=wide(), dictionary=D)
         assert err.value.problems[0].endswith(f"the header cell at position(s) {positions} is empty (often an index "
                                               "column a spreadsheet or pandas wrote, or a trailing delimiter). Name "
-                                              "them and map them under [columns], or delete them from the export.")
+                                              "them and map them under [columns], delete them from the export, or "
+                                              "leave them out with ignore = [\"\"] in the site schema (counted like "
+                                              "every ignored column).")
+
+
+def test_columns_without_a_name_can_be_ignored_in_the_site_schema(tmp_path):
+    # the UCI/Kaggle breast-cancer CSV ends every line with a comma: one (or, after a second export
+    # step, two) empty trailing columns. Before: refused, and ignore = [""] was not enough for two
+    for text, count in (("pid,hr,y,\na,70,0,\nb,80,1,\n", 1), ("pid,hr,y,,\na,70,0,,\nb,80,1,,\n", 2)):
+        t = ingest(read_table(_csv(tmp_path, text)), schema=wide(ignore=("",)), dictionary=D)
+        assert t.n_patients == 2 and t.report.ignored_columns == ("",) * count
 
 
 def test_a_stray_nul_byte_is_not_called_utf16(tmp_path):

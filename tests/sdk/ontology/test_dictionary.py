@@ -90,3 +90,18 @@ def test_every_problem_of_a_feature_is_named_at_once(tmp_path):
     for problem in ("reference_low must be < reference_high", "physical_min must be < physical_max",
                     "unit 'blorp' is not a unit pint reads"):
         assert problem in text
+
+
+def test_levels_that_cannot_name_a_model_row_are_refused_with_a_name_that_can():
+    # CHILD's oxygen bands '<5', '5-12', '12+' and X-ray 'Asy/Patchy': before, the dictionary loaded
+    # and `clinograph check` passed, then the federation failed building the model ("invalid
+    # settings: name: String should match pattern ..."), naming neither the feature nor the level
+    from clinograph.core.spec import ModuleKind, ModuleSpec
+
+    with pytest.raises(ConfigError) as err:
+        Feature(id="o2", name="O2 band", kind=FeatureKind.CATEGORICAL, levels=("<5", "5-12", "12+", "Asy/Patchy"))
+    text = str(err.value)
+    assert "feature 'o2': levels ['<5', 'Asy/Patchy']" in text and "'lt5', 'Asy_Patchy'" in text
+    ok = Feature(id="o2", name="O2 band", kind=FeatureKind.CATEGORICAL, levels=("lt5", "5-12", "12+", "I.a", "x_y"))
+    for nid in ok.node_ids():  # every accepted level names its embedding row
+        ModuleSpec(name=f"feature_embedding/{nid}", shape=(1,), kind=ModuleKind.SHARED)
