@@ -57,7 +57,8 @@ from .threshold import (
     ThresholdParty,
     ThresholdPreset,
 )
-from .threshold_reshare import Resharer, collect_share_keys
+from .threshold_messages import ReshareKey
+from .threshold_reshare import Resharer, check_reshare_key, collect_share_keys
 
 if TYPE_CHECKING:  # only the annotation needs the runtime's transport
     from ..runtime.transport import Transport
@@ -211,6 +212,8 @@ def run_threshold_keygen(transport: Transport, *, federation_id: str, participan
                                          model=KeyGenShare)
             signed[f"share/{name}"] = parts["share"]
             if threshold is not None:
+                kx = open_envelope(parse_envelope(parts["kx"]), sender=enrolled[name], model=ReshareKey)
+                check_reshare_key(kx)  # a holder whose key no peer can wrap to is no holder (not everyone's failure)
                 signed[f"kx/{name}"] = parts["kx"]
         except (ClinographError, KeyError):
             shares.pop(name, None)
