@@ -214,6 +214,8 @@ def test_t_of_n_keygen_needs_t_holders(net):
 class _LowOrderKx(_Peer):
     """A holder that advertises the all-zero X25519 point (u = 0: every agreement with it is zero)."""
 
+    change = {"x25519": bytes(32)}
+
     def __init__(self, identity: Identity, server: Identity, peers):
         super().__init__(identity, server, peers)
         self.identity = identity
@@ -224,9 +226,15 @@ class _LowOrderKx(_Peer):
         out = self.holder.on_setup(step, parts)
         if step == "tckks/keygen":
             r = self.holder._resharer
-            r.key = r.key.model_copy(update={"x25519": bytes(32)})
+            r.key = r.key.model_copy(update=self.change)
             out["kx"] = seal(r.key, self.identity)
         return out
+
+
+class _OtherT(_LowOrderKx):
+    """A holder whose signed re-share key is for another t than the one asked."""
+
+    change = {"threshold": 3}
 
 
 def test_t_of_n_a_holder_with_a_low_order_reshare_key_is_left_out_and_named_by_its_peers():
@@ -248,3 +256,14 @@ def test_t_of_n_a_holder_with_a_low_order_reshare_key_is_left_out_and_named_by_i
                                            enrolled=enrolled, preset=PRESET, min_holders=2, distribute=True,
                                            threshold=2)
     assert holders == ("h0", "h1") and public.threshold == 2
+
+
+def test_t_of_n_a_holder_whose_reshare_key_names_another_t_is_left_out_at_key_generation():
+    """Before, the server relayed it and every peer refused it, so set-up failed for all holders."""
+    server = Identity.generate("server")
+    ids = {f"h{i}": Identity.generate(f"h{i}") for i in range(3)}
+    enrolled = {n: i.public for n, i in ids.items()}
+    hospitals = {n: (_OtherT if n == "h2" else _Peer)(i, server, enrolled) for n, i in ids.items()}
+    _, holders = run_threshold_keygen(InProcessTransport(hospitals), federation_id=FED, participants=tuple(ids),
+                                      enrolled=enrolled, preset=PRESET, min_holders=2, distribute=True, threshold=2)
+    assert holders == ("h0", "h1")
