@@ -166,7 +166,8 @@ def test_keyring_saves_with_0600_and_loads(dealer, tmp_path):
         CkksKeyring.load(bad, federation_id=FED)
 
 
-@pytest.mark.parametrize("low", [bytes(32), (1).to_bytes(32, "little"), (2**255 - 19).to_bytes(32, "little")])
+@pytest.mark.parametrize("low", [bytes(32), (1).to_bytes(32, "little"), (2**255 - 19).to_bytes(32, "little")],
+                         ids=["u=0", "u=1", "u=p"])
 def test_a_low_order_x25519_key_never_wraps_or_unwraps_a_key(dealer, low):
     """The X25519 twin of the small-order Ed25519 keys (commit 77fa23b): a request naming a low-order
     point (u = 0, 1, or p: 0 again) would make the wrapping key HKDF(0...0), which anyone can derive.
