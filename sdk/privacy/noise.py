@@ -24,8 +24,9 @@ The local-DP engine takes its noise through :class:`NoiseRows` (several steps' r
 :func:`install_secure_noise` replaces ``add_noise`` on one Opacus ``DPOptimizer`` instance
 (flat clipping); :class:`~clinograph.sdk.privacy.DPTrainer` calls :func:`secure_gaussian`
 directly in its default engine. :func:`os_seeded_generator` gives a torch generator seeded from
-``os.urandom`` (Mersenne Twister: OS-seeded, **not** cryptographically secure), used only for
-Opacus's adaptive clipping's noise; Poisson sampling uses the ChaCha20 ``CsprngUniform``
+``os.urandom`` (Mersenne Twister: OS-seeded, **not** cryptographically secure), used by no
+engine any more (adaptive clipping's noise is :func:`secure_gaussian` too), only by a research
+benchmark of Opacus's own engine; Poisson sampling uses the ChaCha20 ``CsprngUniform``
 (docs/privacy.md says so).
 """
 

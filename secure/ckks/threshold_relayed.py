@@ -38,6 +38,7 @@ recovery is to run :func:`run_threshold_keygen` again without it and redo the ro
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -57,7 +58,8 @@ from .threshold import (
     ThresholdParty,
     ThresholdPreset,
 )
-from .threshold_reshare import Resharer, collect_share_keys
+from .threshold_messages import ReshareKey
+from .threshold_reshare import Resharer, check_reshare_key, collect_share_keys
 
 if TYPE_CHECKING:  # only the annotation needs the runtime's transport
     from ..runtime.transport import Transport
@@ -211,6 +213,13 @@ def run_threshold_keygen(transport: Transport, *, federation_id: str, participan
                                          model=KeyGenShare)
             signed[f"share/{name}"] = parts["share"]
             if threshold is not None:
+                # a re-share key every peer would refuse makes its holder no holder, not everyone's failure:
+                # signed by it, for this federation, key seed and t, and not a low-order point
+                kx = open_envelope(parse_envelope(parts["kx"]), sender=enrolled[name], model=ReshareKey)
+                if (kx.party, kx.federation_id, kx.seed_sha256, kx.threshold) != (
+                        name, federation_id, hashlib.sha256(seed).hexdigest(), threshold):
+                    raise ProtocolError(f"The re-share key of {name!r} is for another party, federation, key or t.")
+                check_reshare_key(kx)
                 signed[f"kx/{name}"] = parts["kx"]
         except (ClinographError, KeyError):
             shares.pop(name, None)

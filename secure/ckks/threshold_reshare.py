@@ -35,6 +35,7 @@ from clinograph.core.labels import KDF_THRESHOLD_CKKS_PAIR_SEED, KDF_THRESHOLD_C
 
 from ..hazmat.ckks_context import pack_fields
 from ..hazmat.ckks_keywrap import shared_key, unwrap, wrap, x25519_public_bytes
+from ..hazmat.x25519 import check_public
 from ..wire import open_envelope, parse_envelope, seal
 from .threshold import CollectivePublicKey, ThresholdParty
 from .threshold_messages import ReshareDeal, ReshareKey, ThresholdKeyShare
@@ -43,6 +44,18 @@ from .threshold_messages import ReshareDeal, ReshareKey, ThresholdKeyShare
 def _context(*, federation_id: str, dealer: str, recipient: str, index: int, threshold: int, digest: str) -> bytes:
     return pack_fields([federation_id.encode(), dealer.encode(), recipient.encode(), str(index).encode(),
                         str(threshold).encode(), digest.encode()])
+
+
+def check_reshare_key(msg: ReshareKey) -> None:
+    """ProtocolError naming the holder unless its re-share X25519 key is usable: 32 bytes, not a
+    low-order point (every agreement with one is the all-zero secret, which ``cryptography``
+    refuses at the first wrap, so the holder's peers failed with a bare ValueError that blamed
+    them all, not it)."""
+    try:
+        check_public(msg.x25519)
+    except ValueError:
+        raise ProtocolError(f"The re-share X25519 key of {msg.party!r} is a low-order point (every key agreement with "
+                            "it is zero): refused; it cannot hold a t-of-N key share.") from None
 
 
 class Resharer:
@@ -73,6 +86,7 @@ class Resharer:
             if (msg.party, msg.federation_id, msg.seed_sha256, msg.threshold) != (
                     name, public.federation_id, self.key.seed_sha256, self.threshold):
                 raise ProtocolError(f"The re-share key of {name!r} is for another party, federation, key or t.")
+            check_reshare_key(msg)
             opened[name] = msg
         out = {}
         for index, (name, poly) in enumerate(self.party.deal(threshold=self.threshold, holders=holders).items(), 1):

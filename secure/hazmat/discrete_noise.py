@@ -35,21 +35,36 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 _TWO53 = 2.0 ** -53
 
 
+def _chacha20(key: bytes):
+    return Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+
+
 class CsprngUniform:
-    """A stream of uniforms in [0, 1) (53 bits each) from ChaCha20 under a one-use random key."""
+    """A stream of uniforms in [0, 1) (53 bits each) from ChaCha20 under a one-use random key.
+
+    Fork-safe: a process that did not make the stream (a fork of the one that did) rekeys it from
+    ``os.urandom`` before its first draw, so parent and child never draw the same bytes (a fork
+    copies the cipher state: both would otherwise add the same noise and flip the same coins)."""
 
     def __init__(self, *, _key: bytes | None = None):
         key = os.urandom(32) if _key is None else _key
         if len(key) != 32:
             raise ValueError("key must be 32 bytes")
-        self._enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+        self._enc = _chacha20(key)
+        self._pid = os.getpid()
         self._zeros = b""
+
+    def _stream(self):
+        """The keystream's cipher, rekeyed once in a forked process (see the class)."""
+        if self._pid != os.getpid():
+            self._enc, self._pid = _chacha20(os.urandom(32)), os.getpid()
+        return self._enc
 
     def raw(self, n: int) -> bytes:
         """The next ``n`` bytes of the keystream."""
         if n < 0:
             raise ValueError("n must be >= 0")
-        return self._enc.update(bytes(n))
+        return self._stream().update(bytes(n))
 
     def raw_into(self, out: np.ndarray) -> np.ndarray:
         """``out`` (a C-contiguous uint8 array) filled with the next ``out.size`` bytes of the
@@ -59,14 +74,14 @@ class CsprngUniform:
         if len(self._zeros) < out.size:
             self._zeros = bytes(out.size)
         if out.size:
-            self._enc.update_into(memoryview(self._zeros)[:out.size], out.reshape(-1))
+            self._stream().update_into(memoryview(self._zeros)[:out.size], out.reshape(-1))
         return out
 
     def uniform(self, n: int) -> np.ndarray:
         """``n`` float64 uniforms in [0, 1)."""
         if n < 0:
             raise ValueError("n must be >= 0")
-        words = np.frombuffer(self._enc.update(bytes(8 * n)), dtype="<u8") >> np.uint64(11)
+        words = np.frombuffer(self._stream().update(bytes(8 * n)), dtype="<u8") >> np.uint64(11)
         return words.astype(np.float64) * _TWO53
 
 

@@ -193,12 +193,12 @@ def uniform_smudging_many(*, count: int, bits: int, ring: Ring, context: seal.SE
     offset = np.array([(1 << bits) % p for p in ring.primes[:limbs]], dtype=_U64).reshape(-1, 1)
     polys = []
     for _ in range(count):
-        lo = np.frombuffer(src._enc.update(bytes(8 * n)), dtype="<u8").astype(_U64)
+        lo = np.frombuffer(src.raw(8 * n), dtype="<u8").astype(_U64)
         if extra <= 0:
             lo = lo >> _U64(64 - bits - 1)
             hi = np.zeros(n, dtype=_U64)
         else:
-            hi = np.frombuffer(src._enc.update(bytes(8 * n)), dtype="<u8").astype(_U64) >> _U64(64 - extra)
+            hi = np.frombuffer(src.raw(8 * n), dtype="<u8").astype(_U64) >> _U64(64 - extra)
         v = addmod(mulmod(np.broadcast_to(hi, (limbs, n)) % q, np.broadcast_to(two64, (limbs, n)), q),
                    np.broadcast_to(lo, (limbs, n)) % q, q)  # v = hi*2^64 + lo mod q_j, uniform on [0, 2^(bits+1))
         polys.append(submod(v, np.broadcast_to(offset, (limbs, n)), q))  # v - 2^bits

@@ -1,6 +1,7 @@
 """X25519 key agreement and HKDF-SHA256 seed derivation (raw primitives, hazmat).
 
-Only :mod:`clinograph.secure.masking` imports this. Every derivation takes a purpose label
+Only :mod:`clinograph.secure.masking` imports this (and threshold CKKS's re-share, for
+:func:`check_public` alone). Every derivation takes a purpose label
 from :mod:`.labels` and a context that binds it to a federation, round and ordered pair, so a
 seed for one purpose, round or pair never equals a seed for another.
 """

@@ -164,3 +164,19 @@ def test_keyring_saves_with_0600_and_loads(dealer, tmp_path):
     bad.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(ConfigError, match="Cannot load the CKKS keyring"):
         CkksKeyring.load(bad, federation_id=FED)
+
+
+@pytest.mark.parametrize("low", [bytes(32), (1).to_bytes(32, "little"), (2**255 - 19).to_bytes(32, "little")],
+                         ids=["u=0", "u=1", "u=p"])
+def test_a_low_order_x25519_key_never_wraps_or_unwraps_a_key(dealer, low):
+    """The X25519 twin of the small-order Ed25519 keys (commit 77fa23b): a request naming a low-order
+    point (u = 0, 1, or p: 0 again) would make the wrapping key HKDF(0...0), which anyone can derive.
+    The dealer refuses it by name; a package whose ephemeral key is such a point does not open."""
+    from clinograph.secure.ckks.messages import CkksKeyRequest
+
+    request = seal(CkksKeyRequest(federation_id=FED, requester="bob", x25519_public=low), BOB)
+    with pytest.raises(ProtocolError, match="CKKS key request from 'bob'.*low order"):
+        dealer.wrap_for(request=request, requester=BOB.public)
+    rk, pkg = _package(dealer)
+    with pytest.raises(IntegrityError, match="does not open for 'bob'.*low order"):
+        CkksKeyring.unwrap(package=_reseal(pkg, ALICE, ephemeral_public=low), recipient_key=rk, dealer=ALICE.public)

@@ -207,3 +207,63 @@ def test_t_of_n_keygen_needs_t_holders(net):
     parts = {"federation": FED.encode(), "preset": PRESET.value.encode(), "seed": bytes(32), "threshold": b"1"}
     with pytest.raises(ProtocolError, match="every holder would hold the whole key"):  # 1-of-N: no threshold at all
         hospitals["h0"].holder.on_setup("tckks/keygen", parts)
+
+
+# -- a re-share X25519 key of low order (the class of the small-order Ed25519 keys of commit 77fa23b) -------
+
+class _LowOrderKx(_Peer):
+    """A holder that advertises the all-zero X25519 point (u = 0: every agreement with it is zero)."""
+
+    change = {"x25519": bytes(32)}
+
+    def __init__(self, identity: Identity, server: Identity, peers):
+        super().__init__(identity, server, peers)
+        self.identity = identity
+
+    def on_setup(self, step, parts):
+        from clinograph.secure.wire import seal
+
+        out = self.holder.on_setup(step, parts)
+        if step == "tckks/keygen":
+            r = self.holder._resharer
+            r.key = r.key.model_copy(update=self.change)
+            out["kx"] = seal(r.key, self.identity)
+        return out
+
+
+class _OtherT(_LowOrderKx):
+    """A holder whose signed re-share key is for another t than the one asked."""
+
+    change = {"threshold": 3}
+
+
+def test_t_of_n_a_holder_with_a_low_order_reshare_key_is_left_out_and_named_by_its_peers():
+    """Before: the server relayed it, every honest holder's first wrap to it raised a bare ValueError
+    and the server blamed them all ("h0, h1, h2 did not confirm ... not a Clinograph error")."""
+    server = Identity.generate("server")
+    ids = {f"h{i}": Identity.generate(f"h{i}") for i in range(3)}
+    enrolled = {n: i.public for n, i in ids.items()}
+    hospitals = {n: (_LowOrderKx if n == "h2" else _Peer)(i, server, enrolled) for n, i in ids.items()}
+    step = {"federation": FED.encode(), "preset": PRESET.value.encode(), "seed": bytes(range(32)), "threshold": b"2"}
+    answers = {n: h.on_setup("tckks/keygen", dict(step)) for n, h in hospitals.items()}
+    relayed = {"seed": step["seed"], **{f"share/{n}": a["share"] for n, a in answers.items()},
+               **{f"kx/{n}": a["kx"] for n, a in answers.items()}}
+    for honest in ("h0", "h1"):  # a server that relays the key anyway: each holder refuses it, naming h2
+        with pytest.raises(ProtocolError, match="re-share X25519 key of 'h2' is a low-order point"):
+            hospitals[honest].on_setup("tckks/public", dict(relayed))
+    # an honest server leaves h2 out at key generation; the two others hold a 2-of-2 key
+    public, holders = run_threshold_keygen(InProcessTransport(hospitals), federation_id=FED, participants=tuple(ids),
+                                           enrolled=enrolled, preset=PRESET, min_holders=2, distribute=True,
+                                           threshold=2)
+    assert holders == ("h0", "h1") and public.threshold == 2
+
+
+def test_t_of_n_a_holder_whose_reshare_key_names_another_t_is_left_out_at_key_generation():
+    """Before, the server relayed it and every peer refused it, so set-up failed for all holders."""
+    server = Identity.generate("server")
+    ids = {f"h{i}": Identity.generate(f"h{i}") for i in range(3)}
+    enrolled = {n: i.public for n, i in ids.items()}
+    hospitals = {n: (_OtherT if n == "h2" else _Peer)(i, server, enrolled) for n, i in ids.items()}
+    _, holders = run_threshold_keygen(InProcessTransport(hospitals), federation_id=FED, participants=tuple(ids),
+                                      enrolled=enrolled, preset=PRESET, min_holders=2, distribute=True, threshold=2)
+    assert holders == ("h0", "h1")

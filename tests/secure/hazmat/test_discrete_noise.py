@@ -97,3 +97,32 @@ def test_rounded_row_sums_refuse_a_non_finite_value(bad):
     x[1, 3] = bad
     with pytest.raises(ValueError, match="finite"):
         RoundedRowSums(2, 5)(x, source=CsprngUniform(_key=bytes(32)))
+
+
+def test_a_forked_process_draws_other_bytes_than_its_parent():
+    """A fork copies the ChaCha20 state: before, parent and child drew the same bytes from one stream
+    (the same DP noise, the same Poisson coins). Now the child rekeys from os.urandom; the parent's
+    stream goes on as if there had been no fork."""
+    import os
+
+    key = bytes(range(32))
+    src = CsprngUniform(_key=key)
+    src.raw(8)  # a stream in use before the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: draw from the inherited stream, report, leave without running pytest's exit code
+        try:
+            os.write(write, src.raw(32) + src.uniform(2).tobytes())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = b""
+    while chunk := os.read(read, 64):
+        child += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    parent = src.raw(32) + src.uniform(2).tobytes()
+    expected = CsprngUniform(_key=key)
+    expected.raw(8)
+    assert parent == expected.raw(32) + expected.uniform(2).tobytes()  # the parent is not rekeyed
+    assert len(child) == len(parent) == 48 and child != parent
