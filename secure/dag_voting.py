@@ -166,7 +166,7 @@ class DagOutcome(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     kind: Literal["dag_outcome"] = "dag_outcome"
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     concepts: tuple[str, ...]
     task: str | None
     active: tuple[bool, ...]

@@ -135,7 +135,7 @@ class RoundPlan(WireMessage):
 
     kind: Literal["round_plan"] = "round_plan"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     participants: tuple[str, ...] = Field(min_length=1, max_length=10_000)
     spec: ModelSpec
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -202,7 +202,7 @@ class ClientUpdate(WireMessage):
 
     kind: Literal["client_update"] = "client_update"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -217,7 +217,7 @@ class GlobalModel(WireMessage):
 
     kind: Literal["global_model"] = "global_model"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     spec: ModelSpec
     modules: tuple[ModuleTensor, ...]
 
@@ -227,7 +227,7 @@ class RoundResult(WireMessage):
 
     kind: Literal["round_result"] = "round_result"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     contributors: tuple[str, ...]
     rejected: dict[str, str] = Field(default_factory=dict)
     module_coverage: dict[str, int] = Field(default_factory=dict)
@@ -249,7 +249,7 @@ class ClientReport(WireMessage):
 
     kind: Literal["client_report"] = "client_report"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     client: str = Field(pattern=ID_PATTERN)
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     ledger: LedgerEntry | None = None

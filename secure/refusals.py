@@ -43,7 +43,7 @@ class HospitalRefusal(WireMessage):
 
     kind: Literal["hospital_refusal"] = "hospital_refusal"
     hospital: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     stage: Literal["plan", "stage", "end"]
     refused_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     error: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")

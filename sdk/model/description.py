@@ -79,7 +79,7 @@ class ReleaseBinding(StrictSection):
     by its signature alone (:mod:`.release` checks it against a verified audit trail)."""
 
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     personal_modules: tuple[str, ...] = Field(max_length=10_000,
                                               description="[personal] modules: exact names or prefixes ending in /")
 

@@ -71,7 +71,7 @@ class CkksUpdate(WireMessage):
 
     kind: Literal["ckks_update"] = "ckks_update"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=HEX64)
     dictionary_hash: str = Field(pattern=HEX64)
@@ -86,7 +86,7 @@ class CkksAggregate(WireMessage):
 
     kind: Literal["ckks_aggregate"] = "ckks_aggregate"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     spec_digest: str = Field(pattern=HEX64)
     context_digest: str = Field(pattern=HEX64)
     contributors: tuple[Annotated[str, Field(pattern=ID_PATTERN)], ...] = Field(min_length=1, max_length=10_000)

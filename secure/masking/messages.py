@@ -43,7 +43,7 @@ class ClientHeader(WireMessage):
     """Fields every client message repeats (checked with aggregation.checks.check_header)."""
 
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=HEX64)
     dictionary_hash: str = Field(pattern=HEX64)
@@ -53,7 +53,7 @@ class ServerHeader(WireMessage):
     """Fields every server message carries."""
 
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     recipient: str = Field(pattern=ID_PATTERN)
 
 

@@ -103,7 +103,7 @@ class Boundary(BaseModel):
     #: open, plan, stage <k>, close, aborted, end, run_ended
     stage: str = Field(max_length=32)
     #: the server's next round number
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     #: the round open at this boundary (None: between rounds)
     open_round: int | None = None
     #: sha256 of the global state blob (None: the server holds no plaintext model)

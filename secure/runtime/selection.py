@@ -57,7 +57,7 @@ class SelectionStatus(WireMessage):
 
     kind: Literal["selection_status"] = "selection_status"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0)
+    round: int = Field(ge=0, lt=2**31)
     client: str = Field(pattern=ID_PATTERN)
     scored: int | None = Field(default=None, ge=0)
     loss: Finite | None = None

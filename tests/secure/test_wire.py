@@ -215,3 +215,25 @@ def test_a_server_signed_plan_with_a_non_finite_option_is_refused_by_the_hospita
     frame = MAGIC + head + struct.pack(">I", len(payload)) + payload + sig
     with pytest.raises(ProtocolError, match="fedprox.mu"):
         open_envelope(parse_envelope(frame), sender=server.public, model=RoundPlan)
+
+
+def test_a_server_signed_plan_numbering_a_round_past_2_31_is_refused_by_the_hospital():
+    """hcrypto: a plan for round 2**64 passed validation (round: ge=0 only) and the hospital's
+    length-prefixed context encoding (8 bytes a number) raised OverflowError, a foreign exception."""
+    from clinograph.secure.messages import RoundPlan
+
+    from clinograph.core.spec import ModelSpec, ModuleKind, ModuleSpec
+
+    server = Identity.generate("server")
+    spec = ModelSpec(version=1, modules=(ModuleSpec(name="head", kind=ModuleKind.SHARED, shape=(2,)),))
+    plan = RoundPlan(federation_id="fed", round=7, participants=("h1", "h2"), spec=spec, dictionary_hash="a" * 64,
+                     secure_mode="masked", strategy="fedavg", min_clients=2, local_epochs=1,
+                     global_state_digest="b" * 64)
+    payload = plan.model_dump_json().encode().replace(b'"round":7', b'"round":' + str(2 ** 64).encode())
+    assert str(2 ** 64).encode() in payload
+    context, data = signed_bytes(plan.kind, payload)
+    sig = server.sign(data, context=context)
+    head = struct.pack(">B", 6) + b"server" + struct.pack(">B", len(plan.kind)) + plan.kind.encode()
+    frame = MAGIC + head + struct.pack(">I", len(payload)) + payload + sig
+    with pytest.raises(ProtocolError, match="round"):
+        open_envelope(parse_envelope(frame), sender=server.public, model=RoundPlan)
