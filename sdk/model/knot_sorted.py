@@ -80,9 +80,9 @@ def _per_knot(pairs: KnotPairs, rows: torch.Tensor, weight: torch.Tensor, *, tra
 
 
 class KnotSortedProduct(torch.autograd.Function):
-    """Σ_k B_k U_k h_t per position, forward and backward by knot groups (module docstring). No
-    gradient to the basis (a fixed function of the data). Shapes: h [N, d_in], weight
-    [M·d_out, d_in] -> [N, d_out]."""
+    """Σ_k B_k U_k h_t per position, forward and the input gradient by knot groups (module docstring).
+    No gradient to the weight here (:func:`knot_product` sends it on a branch of its own) nor to the
+    basis (a fixed function of the data). Shapes: h [N, d_in], weight [M·d_out, d_in] -> [N, d_out]."""
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, pairs: KnotPairs) -> torch.Tensor:
@@ -90,19 +90,45 @@ class KnotSortedProduct(torch.autograd.Function):
         y = _per_knot(pairs, hs, weight, transpose=True)  # [U_k h ‖ U_{k+1} h], sorted
         d_out, w = y.shape[1] // 2, pairs.weights.to(h.dtype)
         ys = torch.addcmul(y[:, :d_out] * w[:, :1], y[:, d_out:], w[:, 1:])
-        ctx.save_for_backward(hs, weight)
+        ctx.save_for_backward(weight)
         ctx.pairs = pairs
         return torch.empty_like(ys).index_copy_(0, pairs.order, ys)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
-        hs, weight = ctx.saved_tensors
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        (weight,) = ctx.saved_tensors
         pairs: KnotPairs = ctx.pairs
-        gw = knot_weighted(pairs, g)
-        grad_h = grad_w = None
-        if ctx.needs_input_grad[0]:
-            gh = _per_knot(pairs, gw, weight, transpose=False)
-            grad_h = torch.empty_like(gh).index_copy_(0, pairs.order, gh)
-        if ctx.needs_input_grad[1]:
-            grad_w = sorted_weight_grad(pairs, hs, gw)
-        return grad_h, grad_w, None
+        gh = _per_knot(pairs, knot_weighted(pairs, g), weight, transpose=False)
+        return torch.empty_like(gh).index_copy_(0, pairs.order, gh), None, None
+
+
+class KnotWeightBranch(torch.autograd.Function):
+    """The weight's gradient of :class:`KnotSortedProduct` as a node of its own: its output is zero
+    (stride 0) and is added to the product's, so autograd runs this backward only when the weight's
+    gradient is wanted. The per-patient engine's ``autograd.grad`` to the layers' outputs does not
+    want it (it forms its own from the recorded call), so its backward no longer pays M − 1 products
+    a call for a gradient it drops. Shapes: weight [M·d_out, d_in], h [N, d_in] -> [N, d_out] (zeros)."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, h: torch.Tensor, pairs: KnotPairs) -> torch.Tensor:
+        ctx.save_for_backward(h)
+        ctx.pairs = pairs
+        return weight.new_zeros(()).expand(h.shape[0], weight.shape[0] // (len(pairs.counts) + 1))
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (h,) = ctx.saved_tensors
+        pairs: KnotPairs = ctx.pairs
+        return sorted_weight_grad(pairs, h.index_select(0, pairs.order), knot_weighted(pairs, g)), None, None
+
+
+def knot_product(h: torch.Tensor, weight: torch.Tensor, pairs: KnotPairs) -> torch.Tensor:
+    """Σ_k B_k U_k h_t (:class:`KnotSortedProduct`), with the weight's gradient on its own branch
+    (:class:`KnotWeightBranch`) when the weight takes one: the same values (plus an exact zero) and
+    the same gradients. Shapes: h [N, d_in], weight [M·d_out, d_in] -> [N, d_out]."""
+    out = KnotSortedProduct.apply(h, weight.detach(), pairs)
+    if weight.requires_grad and torch.is_grad_enabled():
+        out = out + KnotWeightBranch.apply(weight, h.detach(), pairs)
+    return out
