@@ -112,9 +112,9 @@ class RelationAttention(nn.Module):
     m_uv = W h_v + x_uv · V h_v + G B(x_uv) ⊙ h_v, i.e. U_k = diag(G_k): d shared curves
     g_j(x) = Σ_k G_jk B_k(x), each channel j of feature v scaled by its own state h_vj, so a
     read-out of the message is a per-feature combination of the shared curves. Parameters M·d
-    instead of M·d² and about the cost of V (a DP step: the gated form ~1.15× the linear encoding's,
-    the full form ~2.1×, bound by its M·d² parameters' per-copy products and noise;
-    benchmarks/runtime_speed/results/nsfl_dp_step_h35pw2.json).
+    instead of M·d² and about the cost of V (a DP step: the gated form ~1.2× the linear encoding's,
+    the full form ~1.9×, bound by its M·d² parameters' per-copy products and noise;
+    benchmarks/runtime_speed/results/nsfl_dp_step_s51.json).
     """
 
     def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2,
