@@ -69,10 +69,18 @@ def test_the_weight_gradient_is_computed_only_when_asked_for(f64, monkeypatch):
     assert runs == []  # the input gradient alone: no weight gradient formed
     torch.testing.assert_close(g_h, torch.autograd.grad((_dense(layer, h, basis) * w).sum(), [h])[0],
                                atol=1e-12, rtol=0)
-    (got * w).sum().backward()
-    assert runs == [1]
-    want = torch.autograd.grad((_dense(layer, h, basis) * w).sum(), [layer.weight])[0]
-    torch.testing.assert_close(layer.weight.grad, want, atol=1e-12, rtol=0)
+    weighted = []
+    real_weighted = ks.knot_weighted
+    monkeypatch.setattr(ks, "knot_weighted", lambda *a: weighted.append(1) or real_weighted(*a))
+    for upstream in (w, -3 * w.flip(0)):  # twice on one graph: each backward with its own output gradient
+        layer.weight.grad = h0.grad = None
+        (got * upstream).sum().backward(retain_graph=True)
+        dense = (_dense(layer, h, basis) * upstream).sum()
+        want = torch.autograd.grad(dense, [layer.weight, h0], retain_graph=True)
+        torch.testing.assert_close(layer.weight.grad, want[0], atol=1e-12, rtol=0)
+        torch.testing.assert_close(h0.grad, want[1], atol=1e-12, rtol=0)
+    assert runs == [1, 1]
+    assert weighted == [1, 1]  # B(x) ⊗ g formed once a backward, for the input's and the weight's gradient
 
 
 def test_the_forwards_knot_sort_is_reused_only_for_the_same_unchanged_basis(f64):
