@@ -26,6 +26,7 @@ class KnotPairs(NamedTuple):
     order: torch.Tensor  #: [N] position numbers, by first knot k
     counts: list[int]  #: [M − 1] positions with first knot k
     weights: torch.Tensor  #: [N, 2] (B_k, B_{k+1}) of the sorted positions
+    inverse: torch.Tensor  #: [N] each position's place in ``order`` (unsorting is then a gather: ~4× an index_copy_)
 
 
 def knot_pairs(basis: torch.Tensor) -> KnotPairs | None:
@@ -40,7 +41,9 @@ def knot_pairs(basis: torch.Tensor) -> KnotPairs | None:
     if torch.count_nonzero(bs.scatter(1, kk, 0)):
         return None
     order = torch.argsort(k, stable=True)  # the same order, so the same sums, on every run
-    return KnotPairs(order, torch.bincount(k, minlength=m - 1).tolist(), bs.gather(1, kk)[order])
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.shape[0], device=order.device))
+    return KnotPairs(order, torch.bincount(k, minlength=m - 1).tolist(), bs.gather(1, kk).index_select(0, order),
+                     inverse)
 
 
 def knot_weighted(pairs: KnotPairs, g: torch.Tensor) -> torch.Tensor:
@@ -79,30 +82,80 @@ def _per_knot(pairs: KnotPairs, rows: torch.Tensor, weight: torch.Tensor, *, tra
     return out
 
 
+class _Weighted:
+    """[B_k g ‖ B_{k+1} g] of one output gradient, formed once for the product's and the weight branch's
+    backward (:func:`knot_product`: both run on ``.backward()``, which hands them the same gradient)."""
+
+    __slots__ = ("g", "gw")
+
+    def __init__(self) -> None:
+        self.g: torch.Tensor | None = None
+        self.gw: torch.Tensor | None = None
+
+    def of(self, pairs: KnotPairs, g: torch.Tensor) -> torch.Tensor:
+        if self.g is g and self.gw is not None:  # the other backward formed it: taken, and let go
+            gw, self.g, self.gw = self.gw, None, None
+            return gw
+        gw = knot_weighted(pairs, g)
+        self.g, self.gw = g, gw
+        return gw
+
+
 class KnotSortedProduct(torch.autograd.Function):
-    """Σ_k B_k U_k h_t per position, forward and backward by knot groups (module docstring). No
-    gradient to the basis (a fixed function of the data). Shapes: h [N, d_in], weight
-    [M·d_out, d_in] -> [N, d_out]."""
+    """Σ_k B_k U_k h_t per position, forward and the input gradient by knot groups (module docstring).
+    No gradient to the weight here (:func:`knot_product` sends it on a branch of its own) nor to the
+    basis (a fixed function of the data). Shapes: h [N, d_in], weight [M·d_out, d_in] -> [N, d_out]."""
 
     @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, pairs: KnotPairs) -> torch.Tensor:
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, pairs: KnotPairs,
+                weighted: _Weighted | None = None) -> torch.Tensor:
         hs = h.index_select(0, pairs.order)
         y = _per_knot(pairs, hs, weight, transpose=True)  # [U_k h ‖ U_{k+1} h], sorted
         d_out, w = y.shape[1] // 2, pairs.weights.to(h.dtype)
         ys = torch.addcmul(y[:, :d_out] * w[:, :1], y[:, d_out:], w[:, 1:])
-        ctx.save_for_backward(hs, weight)
-        ctx.pairs = pairs
-        return torch.empty_like(ys).index_copy_(0, pairs.order, ys)
+        ctx.save_for_backward(weight)
+        ctx.pairs, ctx.weighted = pairs, weighted
+        return ys.index_select(0, pairs.inverse)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
-        hs, weight = ctx.saved_tensors
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        (weight,) = ctx.saved_tensors
         pairs: KnotPairs = ctx.pairs
-        gw = knot_weighted(pairs, g)
-        grad_h = grad_w = None
-        if ctx.needs_input_grad[0]:
-            gh = _per_knot(pairs, gw, weight, transpose=False)
-            grad_h = torch.empty_like(gh).index_copy_(0, pairs.order, gh)
-        if ctx.needs_input_grad[1]:
-            grad_w = sorted_weight_grad(pairs, hs, gw)
-        return grad_h, grad_w, None
+        gw = ctx.weighted.of(pairs, g) if ctx.weighted is not None else knot_weighted(pairs, g)
+        gh = _per_knot(pairs, gw, weight, transpose=False)
+        return gh.index_select(0, pairs.inverse), None, None, None
+
+
+class KnotWeightBranch(torch.autograd.Function):
+    """The weight's gradient of :class:`KnotSortedProduct` as a node of its own: its output is zero
+    (stride 0) and is added to the product's, so autograd runs this backward only when the weight's
+    gradient is wanted. The per-patient engine's ``autograd.grad`` to the layers' outputs does not
+    want it (it forms its own from the recorded call), so its backward no longer pays M − 1 products
+    a call for a gradient it drops. Shapes: weight [M·d_out, d_in], h [N, d_in] -> [N, d_out] (zeros)."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, h: torch.Tensor, pairs: KnotPairs,
+                weighted: _Weighted | None = None) -> torch.Tensor:
+        ctx.save_for_backward(h)
+        ctx.pairs, ctx.weighted = pairs, weighted
+        return weight.new_zeros(()).expand(h.shape[0], weight.shape[0] // (len(pairs.counts) + 1))
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        (h,) = ctx.saved_tensors
+        pairs: KnotPairs = ctx.pairs
+        gw = ctx.weighted.of(pairs, g) if ctx.weighted is not None else knot_weighted(pairs, g)
+        return sorted_weight_grad(pairs, h.index_select(0, pairs.order), gw), None, None, None
+
+
+def knot_product(h: torch.Tensor, weight: torch.Tensor, pairs: KnotPairs) -> torch.Tensor:
+    """Σ_k B_k U_k h_t (:class:`KnotSortedProduct`), with the weight's gradient on its own branch
+    (:class:`KnotWeightBranch`) when the weight takes one: the same values (plus an exact zero) and
+    the same gradients. Shapes: h [N, d_in], weight [M·d_out, d_in] -> [N, d_out]."""
+    if not (weight.requires_grad and torch.is_grad_enabled()):
+        return KnotSortedProduct.apply(h, weight.detach(), pairs)
+    weighted = _Weighted()
+    out = KnotSortedProduct.apply(h, weight.detach(), pairs, weighted)
+    return out + KnotWeightBranch.apply(weight, h.detach(), pairs, weighted)

@@ -8,12 +8,14 @@ one more Linear, ``KnotLinear``.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 from torch_geometric.utils import softmax as segment_softmax
 
-from .knot_sorted import KnotSortedProduct, knot_pairs
+from .knot_sorted import KnotPairs, knot_pairs, knot_product
 
 
 def hat_basis(values: torch.Tensor, knots: torch.Tensor) -> torch.Tensor:
@@ -55,16 +57,32 @@ class KnotLinear(nn.Linear):
     def __init__(self, hidden: int, n_knots: int):
         super().__init__(hidden, n_knots * hidden, bias=False)
         self.n_knots = n_knots
+        #: the last per-copy call's basis (a weak reference), its version and its knot sort, for
+        #: :meth:`pairs_of` (the engine's clipped sum reuses the forward's sort)
+        self._sorted: tuple[weakref.ref, int, KnotPairs | None] | None = None
 
     def forward(self, h: torch.Tensor, basis: torch.Tensor | None = None) -> torch.Tensor:
         if basis is None:
             return super().forward(h)
         pairs = knot_pairs(basis.detach())
+        # the instance dict directly (Module.__setattr__ costs ~1 µs); an inference tensor has no version
+        self.__dict__["_sorted"] = None if basis.is_inference() else (weakref.ref(basis), basis._version, pairs)
         if pairs is None:  # not a hat basis: the dense product
             e = (basis.detach().unsqueeze(-1) * h.unsqueeze(-2)).flatten(-2)  # B(x) ⊗ h, [..., M·d]
             return F.linear(e, self.blocks())
-        out = KnotSortedProduct.apply(h.reshape(-1, h.shape[-1]), self.weight, pairs)
+        out = knot_product(h.reshape(-1, h.shape[-1]), self.weight, pairs)
         return out.view(*h.shape[:-1], out.shape[-1])
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_sorted": None}  # a weak reference neither pickles nor is state
+
+    def pairs_of(self, basis: torch.Tensor) -> KnotPairs | None:
+        """:func:`~.knot_sorted.knot_pairs` of ``basis``: the last forward's when ``basis`` is the very
+        tensor that call took and unchanged since (its version), else computed again."""
+        last = self._sorted
+        if last is not None and last[0]() is basis and not basis.is_inference() and basis._version == last[1]:
+            return last[2]
+        return knot_pairs(basis.detach())
 
     def blocks(self) -> torch.Tensor:
         """[U_0 … U_{M-1}] [d_out, M·d_in]: column block k = U_k (the weight's row block k)."""
@@ -94,9 +112,9 @@ class RelationAttention(nn.Module):
     m_uv = W h_v + x_uv · V h_v + G B(x_uv) ⊙ h_v, i.e. U_k = diag(G_k): d shared curves
     g_j(x) = Σ_k G_jk B_k(x), each channel j of feature v scaled by its own state h_vj, so a
     read-out of the message is a per-feature combination of the shared curves. Parameters M·d
-    instead of M·d² and about the cost of V (a DP step: the gated form ~1.15× the linear encoding's,
-    the full form ~2.1×, bound by its M·d² parameters' per-copy products and noise;
-    benchmarks/runtime_speed/results/nsfl_dp_step_h35pw2.json).
+    instead of M·d² and about the cost of V (a DP step: the gated form ~1.2× the linear encoding's,
+    the full form ~1.9×, bound by its M·d² parameters' per-copy products and noise;
+    benchmarks/runtime_speed/results/nsfl_dp_step_s51.json).
     """
 
     def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2,

@@ -38,7 +38,7 @@ from contextvars import ContextVar
 
 import torch
 
-from ..model.knot_sorted import knot_pairs, knot_weighted, sorted_weight_grad
+from ..model.knot_sorted import KnotPairs, knot_pairs, knot_weighted, sorted_weight_grad
 
 
 class Workspace:
@@ -287,8 +287,11 @@ class KnotWeight(LayerPart):
     g_i[k·d_out + o, j] = Σ_t B_k(x_t) b_t[o] h_t[j]. Shapes: h [B, T, d_in], basis [B, T, M],
     b [B, T, d_out]."""
 
-    def __init__(self, h: torch.Tensor, basis: torch.Tensor, b: torch.Tensor):
+    def __init__(self, h: torch.Tensor, basis: torch.Tensor, b: torch.Tensor, pairs: KnotPairs | None | bool = False):
         self.h, self.basis, self.b = h, basis, b
+        #: the positions' knot sort (:func:`~clinograph.sdk.model.knot_sorted.knot_pairs` of ``basis``, None:
+        #: not a hat basis), given when the layer's forward already sorted them; False: not given
+        self.pairs = pairs
 
     def norm2(self) -> torch.Tensor:
         h, bs, b = self.h, self.basis, self.b
@@ -306,7 +309,7 @@ class KnotWeight(LayerPart):
         """Σ_i c_i g_i; on a hat basis with the positions sorted by knot, one [2·d_out, n] x [n, d_in]
         product per knot (:mod:`clinograph.sdk.model.knot_sorted`: 2·N·d_in·d_out multiply-adds instead
         of the dense M·N·d_in·d_out of B(x) ⊗ b against h)."""
-        pairs = knot_pairs(self.basis)
+        pairs = knot_pairs(self.basis) if self.pairs is False else self.pairs
         if pairs is None:
             kb = self._knot_backprops(c)
             return torch.mm(kb.reshape(-1, kb.shape[-1]).T, self.h.reshape(-1, self.h.shape[-1])).reshape(-1)

@@ -82,8 +82,11 @@ def _knot_parts(mod: nn.Module, calls: list[tuple[Any, torch.Tensor]], b: int) -
         h.append(a.to(out.dtype).reshape(b, -1, a.shape[-1]))
         g.append(out.reshape(b, -1, out.shape[-1]))
         bs.append(basis.to(out.dtype).reshape(b, -1, basis.shape[-1]))
-    cat = (lambda xs: xs[0]) if len(calls) == 1 else (lambda xs: torch.cat(xs, 1))
-    return {id(mod.weight): KnotWeight(cat(h), cat(bs), cat(g))}
+    if len(calls) == 1:  # the forward's knot sort, when its basis reached the rule as it was (same dtype)
+        (_, basis), out = calls[0]
+        pairs = mod.pairs_of(basis) if basis.dtype == out.dtype else False
+        return {id(mod.weight): KnotWeight(h[0], bs[0], g[0], pairs)}
+    return {id(mod.weight): KnotWeight(torch.cat(h, 1), torch.cat(bs, 1), torch.cat(g, 1))}
 
 
 def _knot_sample(layer: KnotLinear, activations: list[torch.Tensor], backprops: torch.Tensor) -> dict:

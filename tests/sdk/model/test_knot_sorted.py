@@ -45,3 +45,65 @@ def test_a_basis_not_of_the_hat_form_takes_the_dense_product(f64):
     layer = KnotLinear(4, 5).double()
     h = torch.randn(3, 4, dtype=torch.float64)
     torch.testing.assert_close(layer(h, basis), _dense(layer, h, basis), atol=1e-12, rtol=0)
+
+
+def test_the_weight_gradient_is_computed_only_when_asked_for(f64, monkeypatch):
+    """The per-patient engine asks autograd for the layers' output gradients only: the knot-sorted
+    weight gradient (M − 1 products a call) is not computed then; .backward() still gets it exactly."""
+    import clinograph.sdk.model.knot_sorted as ks
+
+    runs = []
+    real = ks.sorted_weight_grad
+    monkeypatch.setattr(ks, "sorted_weight_grad", lambda *a: runs.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(5)
+    knots = torch.tensor(SHAPE_KNOTS, dtype=torch.float64)
+    layer = KnotLinear(3, len(knots)).double()
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen, dtype=torch.float64))
+    basis = hat_basis(torch.randn(4, 5, generator=gen, dtype=torch.float64), knots)
+    h0 = torch.randn(4, 5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    h = 2 * h0  # not a leaf: like the engine's recorded inputs
+    w = torch.randn(4, 5, 3, generator=gen, dtype=torch.float64)
+    got = layer(h, basis)
+    (g_h,) = torch.autograd.grad((got * w).sum(), [h], retain_graph=True)
+    assert runs == []  # the input gradient alone: no weight gradient formed
+    torch.testing.assert_close(g_h, torch.autograd.grad((_dense(layer, h, basis) * w).sum(), [h])[0],
+                               atol=1e-12, rtol=0)
+    weighted = []
+    real_weighted = ks.knot_weighted
+    monkeypatch.setattr(ks, "knot_weighted", lambda *a: weighted.append(1) or real_weighted(*a))
+    for upstream in (w, -3 * w.flip(0)):  # twice on one graph: each backward with its own output gradient
+        layer.weight.grad = h0.grad = None
+        (got * upstream).sum().backward(retain_graph=True)
+        dense = (_dense(layer, h, basis) * upstream).sum()
+        want = torch.autograd.grad(dense, [layer.weight, h0], retain_graph=True)
+        torch.testing.assert_close(layer.weight.grad, want[0], atol=1e-12, rtol=0)
+        torch.testing.assert_close(h0.grad, want[1], atol=1e-12, rtol=0)
+    assert runs == [1, 1]
+    assert weighted == [1, 1]  # B(x) ⊗ g formed once a backward, for the input's and the weight's gradient
+
+
+def test_the_forwards_knot_sort_is_reused_only_for_the_same_unchanged_basis(f64):
+    """KnotLinear.pairs_of (what the engine's clipped sum takes): the forward's sort for the tensor
+    that forward took; any other tensor, or the same one changed in place since, is sorted again."""
+    knots = torch.tensor(SHAPE_KNOTS, dtype=torch.float64)
+    layer = KnotLinear(3, len(knots)).double()
+    x = torch.linspace(-5, 5, 12, dtype=torch.float64).reshape(3, 4)
+    b1, b2 = hat_basis(x, knots), hat_basis(x.flip(1), knots)
+    h = torch.randn(3, 4, 3, dtype=torch.float64)
+    layer(h, b1)
+    shared = layer.pairs_of(b1)
+    assert shared is layer._sorted[2] and shared is not None
+    layer(h, b2)  # a later call: b1's sort is no longer the one kept
+    for basis in (b1, b1.clone()):
+        got = layer.pairs_of(basis)
+        want = knot_pairs(basis)
+        assert got is not layer._sorted[2]
+        assert torch.equal(got.order, want.order) and got.counts == want.counts
+    layer(h, b1)
+    b1[0] = b1[0].flip(0)  # changed in place after the forward
+    got, want = layer.pairs_of(b1), knot_pairs(b1)
+    assert torch.equal(got.order, want.order) and torch.equal(got.weights, want.weights)
+    with torch.inference_mode():  # an inference tensor has no version: nothing kept
+        layer(h, hat_basis(x, knots))
+    assert layer._sorted is None

@@ -71,3 +71,52 @@ def test_linear_rule_gives_each_patients_gradient_and_clipped_sum_in_every_call_
     out = engine.clipped_sum(x, s, labels=y, clip_norm=0.5)
     torch.testing.assert_close(out.norms, per.norm(dim=1))
     torch.testing.assert_close(out.summed, c @ per)
+
+
+class _Knots(nn.Module):
+    """A KnotLinear on (h, B(x)) after an input layer, once or twice a forward (the engine takes the
+    forward's knot sort for one call, sorts again for joined calls)."""
+
+    def __init__(self, calls: int):
+        super().__init__()
+        from clinograph.sdk.model.layers import KnotLinear
+        from clinograph.sdk.model.nsfl import SHAPE_KNOTS
+
+        self.calls, self.knots = calls, torch.tensor(SHAPE_KNOTS, dtype=torch.float64)
+        self.inp, self.U = nn.Linear(2, 3), KnotLinear(3, len(SHAPE_KNOTS))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:  # z [B, T, 3]: two input features, a value
+        from clinograph.sdk.model.layers import hat_basis
+
+        h = self.inp(z[..., :2])
+        out = self.U(h, hat_basis(4 * z[..., 2], self.knots)).sum((1, 2))
+        if self.calls == 2:
+            out = out + self.U(h.flip(1), hat_basis(-4 * z[..., 2], self.knots)).sum((1, 2))
+        return out
+
+
+@pytest.mark.parametrize("calls", [1, 2])
+def test_knot_rule_with_the_forwards_sort_gives_each_patients_gradient_and_clipped_sum(calls):
+    torch.manual_seed(1)
+    model = _Knots(calls).double()
+    with torch.no_grad():
+        model.U.weight.normal_()
+    z = torch.randn(5, 6, 3, dtype=torch.float64)
+    z[0, :, 2] = torch.linspace(-2, 2, 6)  # across every knot and beyond the outer ones
+    y = torch.randn(5, dtype=torch.float64)
+    engine = PerPatientClipper(model, objective=_objective)
+    per = []
+    for i in range(5):
+        model.zero_grad(set_to_none=True)
+        _objective(model, (z[i:i + 1],), y[i:i + 1]).backward()
+        per.append(torch.cat([p.grad.reshape(-1) for p in engine.params]))
+    want = torch.stack(per)
+    grads, _ = engine.per_sample(z, labels=y)
+    torch.testing.assert_close(engine.flat(grads, 5, torch.float64), want)
+    out = engine.clipped_sum(z, labels=y, clip_norm=1.0)
+    factor = (1.0 / (want.norm(dim=1) + 1e-6)).clamp(max=1.0)
+    assert float(factor.min()) < 1
+    torch.testing.assert_close(out.summed, factor @ want)
+    parts, _ = engine._parts((z,), y)
+    (knot,) = [p for p in parts.values() if hasattr(p, "pairs")]
+    assert (knot.pairs is model.U._sorted[2]) == (calls == 1)  # the forward's sort, for one call
