@@ -41,7 +41,15 @@ from torch.nn import functional as F  # noqa: N812
 
 from clinograph.core.errors import PrivacyError
 
-from .ghost import Formed, LayerPart, LinearWeight, OnePositionLayers, Workspace, workspace
+from .ghost import (
+    ONE_POSITION_LIMIT,
+    Formed,
+    LayerPart,
+    LinearWeight,
+    OnePositionLayers,
+    Workspace,
+    workspace,
+)
 from .noise import NoiseRows
 from .part_rules import PART_RULES, register_part_rule, rule_of
 
@@ -239,7 +247,8 @@ class PerPatientClipper:
     def _one_position(self, parts: dict[int, LayerPart], dtype: torch.dtype) -> tuple[
             OnePositionLayers, set[int], list[tuple[int, int | None]]] | None:
         """The step's one-position Linear weights (and their biases) as one :class:`~.ghost.OnePositionLayers`,
-        the parameter indices it covers and its layers' (weight, bias) indices; None below two layers."""
+        the parameter indices it covers and its layers' (weight, bias) indices; None below two layers or
+        above :data:`~.ghost.ONE_POSITION_LIMIT` elements."""
         layers: list[tuple[LinearWeight, Formed | None]] = []
         pairs: list[tuple[int, int | None]] = []
         biases = {id(part.bias_of): (i, part) for i, part in parts.items()
@@ -250,8 +259,8 @@ class PerPatientClipper:
                 j, bias = biases.get(id(part), (None, None))
                 layers.append((part, bias))
                 pairs.append((i, j))
-        if len(layers) < 2:
-            return None
+        if len(layers) < 2 or sum(w.flat2d[0].numel() + w.flat2d[1].numel() for w, _ in layers) > ONE_POSITION_LIMIT:
+            return None  # (a copy of every a and b costs more than the operations it saves: ghost.ONE_POSITION_LIMIT)
         covered = {i for i, _ in pairs} | {j for _, j in pairs if j is not None}
         return OnePositionLayers(layers, self._indicators), covered, pairs
 
