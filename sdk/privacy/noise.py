@@ -52,13 +52,33 @@ def csprng_uniform(n: int) -> np.ndarray:
     return out
 
 
-def _uniform32(n: int) -> torch.Tensor:
+class Scratch32:
+    """Buffers of one float32 draw of ``values`` noise values (4 normals each), kept for the next
+    draw of the same size (:class:`NoiseRows`): allocated afresh, a draw's ~13·values·4 bytes of
+    temporaries came from new pages every time (glibc maps large blocks and unmaps them when freed):
+    106-172 page faults a step at 9-15 k parameters, which doubled the noise's cost."""
+
+    def __init__(self, values: int):
+        n = 4 * int(values)  # uniforms = normals: 2 a Box-Muller pair, 2 pairs a value
+        self.values = int(values)
+        self.words = torch.empty(n, dtype=torch.int32)
+        self.zeros = memoryview(bytes(4 * n))  # the plaintext ChaCha20 encrypts into the keystream
+        self.uniforms = torch.empty(n, dtype=torch.float32)
+        self.normals = torch.empty(n, dtype=torch.float32)
+        self.out = torch.empty(int(values), dtype=torch.float32)
+
+
+def _uniform32(n: int, scratch: Scratch32 | None = None) -> torch.Tensor:
     """``n`` float32 uniforms in (0, 1]: 30 bits of ChaCha20 keyed by ``os.urandom(32)`` each,
-    (w + 1)·2^-30 rounded once (the keystream written straight into an int32 tensor)."""
-    words = torch.empty(n, dtype=torch.int32)
+    (w + 1)·2^-30 rounded once (the keystream written straight into an int32 tensor; into
+    ``scratch``'s buffers when given)."""
+    words = torch.empty(n, dtype=torch.int32) if scratch is None else scratch.words[:n]
     enc = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
-    enc.update_into(bytes(4 * n), words.numpy().view(np.uint8))
-    return words.bitwise_and_(0x3FFFFFFF).add_(1).float().mul_(2.0 ** -30)  # w + 1 <= 2^30: exact in int32
+    enc.update_into(bytes(4 * n) if scratch is None else scratch.zeros[:4 * n], words.numpy().view(np.uint8))
+    words.bitwise_and_(0x3FFFFFFF).add_(1)  # w + 1 <= 2^30: exact in int32
+    if scratch is None:
+        return words.float().mul_(2.0 ** -30)
+    return torch.mul(words, 2.0 ** -30, out=scratch.uniforms[:n])  # the same one rounding, to float32
 
 
 def csprng_normal(n: int) -> np.ndarray:
@@ -66,14 +86,15 @@ def csprng_normal(n: int) -> np.ndarray:
     return _box_muller((n + 1) // 2)[:n].numpy()
 
 
-def _box_muller(m: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def _box_muller(m: int, dtype: torch.dtype = torch.float64, scratch: Scratch32 | None = None) -> torch.Tensor:
     """2m standard normals, [r cos θ (m) | r sin θ (m)], r = √(−2 ln u₁), θ = 2π u₂, in place on one
     CSPRNG draw (torch's vectorised log/cos/sin: half numpy's time). ``dtype`` float64: 53-bit
-    uniforms, float64 math; float32: :func:`_uniform32`, float32 math (module docstring)."""
-    u = torch.from_numpy(csprng_uniform(2 * m)) if dtype == torch.float64 else _uniform32(2 * m)
+    uniforms, float64 math; float32: :func:`_uniform32`, float32 math (module docstring), in
+    ``scratch``'s buffers when given."""
+    u = torch.from_numpy(csprng_uniform(2 * m)) if dtype == torch.float64 else _uniform32(2 * m, scratch)
     r = u[:m].log_().mul_(-2.0).sqrt_()
     theta = u[m:].mul_(2.0 * math.pi)
-    z = torch.empty(2 * m, dtype=u.dtype)
+    z = torch.empty(2 * m, dtype=u.dtype) if scratch is None else scratch.normals[:2 * m]
     torch.cos(theta, out=z[:m]).mul_(r)
     torch.sin(theta, out=z[m:]).mul_(r)
     return z
@@ -93,11 +114,21 @@ def secure_gaussian(std: float, shape: torch.Size, dtype: torch.dtype) -> torch.
     return total.mul_(std / 2.0).to(dtype).reshape(shape)
 
 
+def standard_gaussian32_into(scratch: Scratch32) -> torch.Tensor:
+    """:func:`secure_gaussian` (std 1, float32) of ``scratch.values`` values, computed in ``scratch``'s
+    buffers (no allocation; the same operations in the same order, a fresh key): ``scratch.out``."""
+    n = scratch.values
+    z = _box_muller(2 * n, torch.float32, scratch)
+    torch.add(z[:n], z[n:2 * n], out=scratch.out).add_(z[2 * n:3 * n]).add_(z[3 * n:])
+    return scratch.out.mul_(0.5)
+
+
 #: :class:`NoiseRows` draws at most this many steps' noise at once (the draw's fixed cost -- a key, a
 #: cipher, ~20 tensor operations and their cold code after a training step, 35-80 µs -- shared by them)
 NOISE_STEPS = 16
-#: ... and at most this many values at once (16 MB of float32): a larger model draws fewer steps ahead
-NOISE_VALUES = 1 << 22
+#: ... and at most this many values at once (the draw's buffers, ~13 x 4 bytes a value, are kept: 3.4 MB
+#: at most): a larger model draws fewer steps ahead, down to one
+NOISE_VALUES = 1 << 16
 
 
 class NoiseRows:
@@ -109,23 +140,27 @@ class NoiseRows:
     of n); it shares the draw's fixed cost among k steps, which at the SDK's model sizes (47-15 000
     trained parameters) is 15-60 % of the noise. A row is never handed out twice; the rows left are
     dropped when the process is not the one that drew them (a fork: parent and child would otherwise
-    add the same noise) or the dtype changes. Not for use by several threads at once (one per
-    trainer, as the engine it belongs to)."""
+    add the same noise) or the dtype changes. A float32 draw runs in buffers kept from one draw to
+    the next (:class:`Scratch32`: the same values as :func:`secure_gaussian`, without its fresh
+    pages). Not for use by several threads at once (one per trainer, as the engine it belongs to)."""
 
     def __init__(self, n: int, dtype: torch.dtype):
         self.n, self.dtype = int(n), dtype
         self.steps = max(1, min(NOISE_STEPS, NOISE_VALUES // max(self.n, 1)))
         self._rows: list[torch.Tensor] = []
         self._pid = os.getpid()
+        #: float32 (every model here): the draw's buffers, kept (:class:`Scratch32`)
+        self._scratch = Scratch32(self.steps * self.n) if dtype == torch.float32 and self.n else None
 
     def next(self) -> torch.Tensor:
-        """The next unused row [n] (a view of the block drawn last; valid until the row after the
-        block's last is asked for)."""
+        """The next unused row [n] (a view of the block drawn last, overwritten by the next draw: valid
+        until the row after the block's last is asked for)."""
         if self._pid != os.getpid():
             self._rows, self._pid = [], os.getpid()
         if not self._rows:
-            block = secure_gaussian(1.0, torch.Size([self.steps, self.n]), self.dtype)
-            self._rows = list(block.unbind(0))
+            block = (standard_gaussian32_into(self._scratch) if self._scratch is not None
+                     else secure_gaussian(1.0, torch.Size([self.steps * self.n]), self.dtype))
+            self._rows = list(block.view(self.steps, self.n).unbind(0))
             self._rows.reverse()  # pop() from the end hands them out in drawing order
         return self._rows.pop()
 

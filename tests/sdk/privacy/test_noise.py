@@ -40,25 +40,39 @@ def test_half_precision_noise_is_summed_in_float32_and_rounded_once():
     assert abs(float(z.double().std()) - 1.0) < 0.02
 
 
-def _counting_draws(monkeypatch) -> list[torch.Size]:
-    """Record the shape of every secure_gaussian draw NoiseRows makes (the real draw still runs)."""
-    shapes: list[torch.Size] = []
-    real = noise.secure_gaussian
+def _counting_draws(monkeypatch) -> list[int]:
+    """Record the number of values of every draw NoiseRows makes (float32: into its kept buffers;
+    the real draw still runs)."""
+    sizes: list[int] = []
+    real = noise.standard_gaussian32_into
 
-    def draw(std, shape, dtype):
-        shapes.append(shape)
-        return real(std, shape, dtype)
+    def draw(scratch):
+        sizes.append(scratch.values)
+        return real(scratch)
 
-    monkeypatch.setattr(noise, "secure_gaussian", draw)
-    return shapes
+    monkeypatch.setattr(noise, "standard_gaussian32_into", draw)
+    return sizes
+
+
+def test_the_buffered_float32_draw_is_secure_gaussian_value_for_value(monkeypatch):
+    """NoiseRows draws into kept buffers (fresh ones each draw came as 106-172 page faults a step);
+    the values must be exactly the allocating draw's for the same ChaCha20 key and nonce."""
+    monkeypatch.setattr(noise.os, "urandom", lambda n: bytes(range(7, 7 + n)))  # a known key and nonce
+    want = noise.secure_gaussian(1.0, torch.Size([1000]), torch.float32)
+    scratch = noise.Scratch32(1000)
+    scratch.normals.fill_(float("nan"))  # what the last draw left must not matter
+    got = noise.standard_gaussian32_into(scratch)
+    assert torch.equal(got, want)
+    again = noise.standard_gaussian32_into(scratch)  # the same buffers, the same key: the same values
+    assert torch.equal(again, want) and again.data_ptr() == got.data_ptr()
 
 
 def test_noise_rows_hand_out_each_row_of_one_draw_once_then_draw_again(monkeypatch):
-    shapes = _counting_draws(monkeypatch)
+    sizes = _counting_draws(monkeypatch)
     rows = noise.NoiseRows(40, torch.float32)
     assert rows.steps == noise.NOISE_STEPS
     got = [rows.next().clone() for _ in range(rows.steps + 3)]
-    assert shapes == [torch.Size([rows.steps, 40])] * 2  # one draw for 16 steps, the next on the 17th
+    assert sizes == [rows.steps * 40] * 2  # one draw for 16 steps, the next on the 17th
     flat = torch.stack(got)
     assert flat.shape == (rows.steps + 3, 40) and flat.dtype == torch.float32
     assert len({tuple(r.tolist()) for r in got}) == len(got)  # no row twice
@@ -68,11 +82,11 @@ def test_noise_rows_hand_out_each_row_of_one_draw_once_then_draw_again(monkeypat
 
 
 def test_noise_rows_drawn_before_a_fork_are_dropped_in_the_child(monkeypatch):
-    shapes = _counting_draws(monkeypatch)
+    sizes = _counting_draws(monkeypatch)
     rows = noise.NoiseRows(8, torch.float32)
-    first = rows.next()
-    assert len(shapes) == 1
+    first = rows.next().clone()
+    assert len(sizes) == 1
     monkeypatch.setattr(noise.os, "getpid", lambda: -1)  # what the child of a fork sees: another pid
     child = rows.next()
-    assert len(shapes) == 2  # the child drew its own block instead of the parent's 15 rows left
+    assert len(sizes) == 2  # the child drew its own block instead of the parent's 15 rows left
     assert not torch.equal(first, child)
