@@ -321,10 +321,7 @@ class HospitalClient:
         if msg.federation_id != self.federation_id:
             raise ProtocolError(f"Global model of federation {msg.federation_id!r} sent to this hospital of federation "
                                 f"{self.federation_id!r}. Refused; nothing was loaded.")
-        local = self.task.modules.spec(version=msg.spec.version)
-        if local.digest() != msg.spec.digest():
-            raise ProtocolError(f"Global model's ModelSpec v{msg.spec.version} differs from this hospital's model "
-                                "(task, model settings or SDK version). Refused; nothing was loaded.")
+        local = self._local_spec(msg.spec, "Global model's", "Refused; nothing was loaded.")
         new = _global_modules(local, msg)
         if state_digest(new) == state_digest(self._global):
             return None  # the model it starts from (the initial one)
@@ -431,16 +428,21 @@ class HospitalClient:
                                 f"already trained for round {last} (a replayed or old plan). Nothing was trained; "
                                 "the next plan must be for a later round.")
 
+    def _local_spec(self, spec: ModelSpec, whose: str, then: str) -> ModelSpec:
+        """This hospital's own ModelSpec at ``spec``'s version, or a ProtocolError when they differ."""
+        local = self.task.modules.spec(version=spec.version)
+        if local.digest() != spec.digest():
+            raise ProtocolError(f"{whose} ModelSpec v{spec.version} differs from this hospital's model "
+                                f"(task, model settings or SDK version). {then}")
+        return local
+
     def _check_plan(self, p: RoundPlan) -> None:
         if self.name not in p.participants:
             raise ProtocolError(f"Plan for round {p.round} does not list {self.name!r}.")
         if p.dictionary_hash != self.dictionary_hash:
             raise ProtocolError(f"Plan uses feature dictionary {p.dictionary_hash[:12]}…, this hospital has "
                                 f"{self.dictionary_hash[:12]}…. Both must use the same dictionary file.")
-        local_spec = self.task.modules.spec(version=p.spec.version)
-        if local_spec.digest() != p.spec.digest():
-            raise ProtocolError(f"Plan's ModelSpec v{p.spec.version} differs from this hospital's model "
-                                "(task, model settings or SDK version); align the hospital config with the server's.")
+        self._local_spec(p.spec, "Plan's", "Align the hospital config with the server's.")
         check_plan_settings(p.options, task=self.task, hospital=self.name, round_=p.round)  # weight-free settings
         mode = create_mode(p.secure_mode)
         if mode.insecure and not self.release.insecure_accept_plaintext:

@@ -149,8 +149,8 @@ class NoiseRows:
         self.steps = max(1, min(NOISE_STEPS, NOISE_VALUES // max(self.n, 1)))
         self._rows: list[torch.Tensor] = []
         self._pid = os.getpid()
-        #: float32 (every model here): the draw's buffers, kept (:class:`Scratch32`)
-        self._scratch = Scratch32(self.steps * self.n) if dtype == torch.float32 and self.n else None
+        #: float32 (every model here): the draw's buffers, kept (:class:`Scratch32`), made at the first draw
+        self._scratch: Scratch32 | None = None
 
     def next(self) -> torch.Tensor:
         """The next unused row [n] (a view of the block drawn last, overwritten by the next draw: valid
@@ -158,11 +158,22 @@ class NoiseRows:
         if self._pid != os.getpid():
             self._rows, self._pid = [], os.getpid()
         if not self._rows:
+            if self._scratch is None and self.dtype == torch.float32 and self.n:
+                self._scratch = Scratch32(self.steps * self.n)
             block = (standard_gaussian32_into(self._scratch) if self._scratch is not None
                      else secure_gaussian(1.0, torch.Size([self.steps * self.n]), self.dtype))
             self._rows = list(block.view(self.steps, self.n).unbind(0))
             self._rows.reverse()  # pop() from the end hands them out in drawing order
         return self._rows.pop()
+
+    def __getstate__(self) -> dict:
+        """Pickled (a hospital brought back from a worker process) without its rows or buffers: noise
+        drawn in one process is never added in another."""
+        return {"n": self.n, "dtype": self.dtype, "steps": self.steps}
+
+    def __setstate__(self, state: dict) -> None:
+        self.n, self.dtype, self.steps = state["n"], state["dtype"], state["steps"]
+        self._rows, self._pid, self._scratch = [], os.getpid(), None
 
     def __repr__(self) -> str:
         return f"NoiseRows(n={self.n}, dtype={self.dtype}, steps={self.steps})"

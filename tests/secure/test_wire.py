@@ -194,6 +194,17 @@ def test_a_plan_carries_a_published_weight_for_each_of_a_hundred_hospitals():
     assert RoundPlan.model_validate_json(plan.model_dump_json()).options["weight/h099"] == 1.0
 
 
+def _signed_plan_frame(server: Identity, plan, old: bytes, new: bytes) -> bytes:
+    """A v1 frame of ``plan`` whose JSON has ``old`` replaced by ``new``, validly signed by ``server``
+    (what a server that means it would send: the pydantic model itself refuses to build it)."""
+    payload = plan.model_dump_json().encode().replace(old, new)
+    assert new in payload
+    context, data = signed_bytes(plan.kind, payload)
+    sig = server.sign(data, context=context)
+    head = struct.pack(">B", 6) + b"server" + struct.pack(">B", len(plan.kind)) + plan.kind.encode()
+    return MAGIC + head + struct.pack(">I", len(payload)) + payload + sig
+
+
 @pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
 def test_a_server_signed_plan_with_a_non_finite_option_is_refused_by_the_hospital(bad):
     """RoundPlan.options took NaN and inf (JSON NaN/Infinity, 1e999): a plan's fedprox.mu = NaN passed
@@ -207,12 +218,7 @@ def test_a_server_signed_plan_with_a_non_finite_option_is_refused_by_the_hospita
     plan = RoundPlan(federation_id="fed", round=0, participants=("h1", "h2"), spec=spec, dictionary_hash="a" * 64,
                      secure_mode="masked", strategy="fedprox", min_clients=2, local_epochs=1,
                      global_state_digest="b" * 64, options={"fedprox.mu": 0.5})
-    payload = plan.model_dump_json().encode().replace(b'"fedprox.mu":0.5', b'"fedprox.mu":' + bad.encode())
-    assert bad.encode() in payload
-    context, data = signed_bytes(plan.kind, payload)
-    sig = server.sign(data, context=context)
-    head = struct.pack(">B", 6) + b"server" + struct.pack(">B", len(plan.kind)) + plan.kind.encode()
-    frame = MAGIC + head + struct.pack(">I", len(payload)) + payload + sig
+    frame = _signed_plan_frame(server, plan, b'"fedprox.mu":0.5', b'"fedprox.mu":' + bad.encode())
     with pytest.raises(ProtocolError, match="fedprox.mu"):
         open_envelope(parse_envelope(frame), sender=server.public, model=RoundPlan)
 
@@ -229,11 +235,6 @@ def test_a_server_signed_plan_numbering_a_round_past_2_31_is_refused_by_the_hosp
     plan = RoundPlan(federation_id="fed", round=7, participants=("h1", "h2"), spec=spec, dictionary_hash="a" * 64,
                      secure_mode="masked", strategy="fedavg", min_clients=2, local_epochs=1,
                      global_state_digest="b" * 64)
-    payload = plan.model_dump_json().encode().replace(b'"round":7', b'"round":' + str(2 ** 64).encode())
-    assert str(2 ** 64).encode() in payload
-    context, data = signed_bytes(plan.kind, payload)
-    sig = server.sign(data, context=context)
-    head = struct.pack(">B", 6) + b"server" + struct.pack(">B", len(plan.kind)) + plan.kind.encode()
-    frame = MAGIC + head + struct.pack(">I", len(payload)) + payload + sig
+    frame = _signed_plan_frame(server, plan, b'"round":7', b'"round":' + str(2 ** 64).encode())
     with pytest.raises(ProtocolError, match="round"):
         open_envelope(parse_envelope(frame), sender=server.public, model=RoundPlan)

@@ -90,3 +90,18 @@ def test_noise_rows_drawn_before_a_fork_are_dropped_in_the_child(monkeypatch):
     child = rows.next()
     assert len(sizes) == 2  # the child drew its own block instead of the parent's 15 rows left
     assert not torch.equal(first, child)
+
+
+def test_noise_rows_travel_to_another_process_without_their_rows():
+    """A hospital brought back from a worker process is pickled: NoiseRows held a memoryview (not
+    picklable: test_parallel_hospitals' local-DP run failed), and rows drawn in one process must never
+    be added in another."""
+    import pickle
+
+    rows = noise.NoiseRows(8, torch.float32)
+    used = rows.next().clone()
+    left = [r.clone() for r in reversed(rows._rows)]  # the 15 rows this process would hand out next
+    back = pickle.loads(pickle.dumps(rows))
+    fresh = back.next()
+    assert back.n == 8 and back.steps == rows.steps and fresh.shape == (8,)
+    assert not any(torch.equal(fresh, r) for r in [used, *left])
