@@ -103,3 +103,15 @@ def test_selection_is_off_under_every_adaptive_server_optimiser(strategy):
     from clinograph.secure.strategies import linear_in_sums
 
     assert not linear_in_sums(strategy) and linear_in_sums("fedavg") and linear_in_sums("dq_weighted")
+
+
+def test_the_decoded_loss_carries_six_significant_digits_not_a_ckks_decryptions_low_bits():
+    """Under ckks every hospital decodes the loss from a CKKS decryption and reports it to the server,
+    which knows the ciphertext: the full float64 handed it the decryption error's bits (a function of
+    the secret key). Perturbations at that error's size (1e-13 relative) no longer reach the report."""
+    before = np.array([0.0, 0.0])
+    after = -np.array([1.0, 3.0])  # L = 1/3
+    assert decode_validation(before=before, after=after) == 0.333333
+    rng = np.random.default_rng(0)
+    seen = {decode_validation(before=before, after=after * (1 + 1e-13 * rng.standard_normal(2))) for _ in range(200)}
+    assert seen == {0.333333}
