@@ -348,6 +348,9 @@ def _ingest_wide(df, schema, dictionary, problems) -> PatientTable:
         renamed = get_close_matches(col.lower(), [c.lower() for c in unmatched], n=1, cutoff=0.6)
         hint = (f" The site schema maps {next(c for c in unmatched if c.lower() == renamed[0])!r}, which is not in "
                 "the table: if the column was renamed, fix its name under [columns].") if renamed else ""
+        if re.fullmatch(r"Unnamed: \d+(\.\d+)?", col):  # pandas' name for an empty header cell
+            hint += (" It is pandas' name for a column whose header cell is empty (a trailing delimiter on every "
+                     "line, or an index column): drop it (e.g. df.drop(columns=[...])) or list it under ignore.")
         problems.append(f"Column {col!r} is not in the feature dictionary {dictionary.name} v{dictionary.version} "
                         f"(nearest: {dictionary.nearest(col)}). Map it in the site schema under [columns] or "
                         f"list it under ignore.{hint}")

@@ -453,6 +453,17 @@ def test_columns_without_a_name_can_be_ignored_in_the_site_schema(tmp_path):
         assert t.n_patients == 2 and t.report.ignored_columns == ("",) * count
 
 
+def test_pandas_name_for_an_empty_header_cell_is_explained_with_the_fix(tmp_path):
+    # an integrator who reads the trailing-comma CSV with pd.read_csv and passes the DataFrame got only
+    # "Column 'Unnamed: 3' is not in the feature dictionary": the column is pandas' placeholder
+    df = pd.read_csv(_csv(tmp_path, "pid,hr,y,\na,70,0,\nb,80,1,\n"))
+    assert "Unnamed: 3" in df.columns
+    with pytest.raises(SchemaError) as err:
+        ingest(df, schema=wide(), dictionary=D)
+    assert "Column 'Unnamed: 3'" in err.value.problems[0] and "header cell is empty" in err.value.problems[0]
+    assert ingest(df.drop(columns=["Unnamed: 3"]), schema=wide(), dictionary=D).n_patients == 2
+
+
 def test_a_stray_nul_byte_is_not_called_utf16(tmp_path):
     # before: "looks like UTF-16 or UTF-32 without a byte-order mark" for a damaged UTF-8 file
     p = _csv(tmp_path, b"pid,hr,y\na,70,0\nb,8\x000,1\n")
