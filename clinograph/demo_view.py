@@ -230,7 +230,9 @@ def run_simulation_view(config_path: Path, *, threads: Callable[[], None] | None
     from clinograph.sdk.config import DP_DEFAULT_MODEL_LINE, SimulationConfig, dp_default_model
 
     cfg = SimulationConfig.from_toml(config_path)  # a bad config is refused before torch and the SDK load (seconds)
-    cfg.require_dictionary()
+    from clinograph.sdk.ontology import FeatureDictionary  # ~0.1 s, no torch
+
+    FeatureDictionary.from_toml(cfg.require_dictionary())  # a bad dictionary too: before the progress bar
     if threads is not None:
         threads()
     from clinograph.sdk.federation.candidates import candidate_configs

@@ -137,6 +137,26 @@ schema = "{data / 'north_schema.toml'}"
     assert out.returncode == 2 and "names no feature dictionary" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_a_bad_dictionary_is_refused_before_the_progress_bar(tmp_path):
+    """hreal3: the progress bar was drawn, then the dictionary's error printed under it."""
+    data = ROOT / "examples" / "data"
+    bad = tmp_path / "dictionary.toml"
+    bad.write_text((data / "dictionary.toml").read_text() + "\n[[features]]\nid = 'broken'\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"""
+dictionary = "{bad}"
+[federation]
+rounds = 1
+[[hospitals]]
+site = "north"
+table = "{data / 'north.csv'}"
+schema = "{data / 'north_schema.toml'}"
+""")
+    out = cli("simulate", str(cfg))
+    assert out.returncode == 2 and "is invalid" in out.stderr and "features.23" in out.stderr and "Traceback" not in out.stderr
+    assert "rounds" not in out.stdout and "━" not in out.stdout + out.stderr  # no progress bar was drawn
+
+
 def test_an_output_path_that_is_a_file_and_a_20_digit_seed_are_clear_errors(tmp_path):
     afile = tmp_path / "not-a-folder"
     afile.write_text("x")
