@@ -122,10 +122,11 @@ def test_demo_is_seeded(demo_dp, tmp_path):
         assert mb["methods"][key] == m["methods"][key]
 
 
-def test_a_config_without_a_dictionary_is_refused_not_defaulted(tmp_path):
+def _north_only(tmp_path, head: str = "") -> Path:
+    """A one-round simulation config of the demo's north hospital, ``head`` written first."""
     data = ROOT / "examples" / "data"
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f"""
+    cfg.write_text(f"""{head}
 [federation]
 rounds = 1
 [[hospitals]]
@@ -133,26 +134,19 @@ site = "north"
 table = "{data / 'north.csv'}"
 schema = "{data / 'north_schema.toml'}"
 """)
-    out = cli("simulate", str(cfg))
+    return cfg
+
+
+def test_a_config_without_a_dictionary_is_refused_not_defaulted(tmp_path):
+    out = cli("simulate", str(_north_only(tmp_path)))
     assert out.returncode == 2 and "names no feature dictionary" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_bad_dictionary_is_refused_before_the_progress_bar(tmp_path):
     """hreal3: the progress bar was drawn, then the dictionary's error printed under it."""
-    data = ROOT / "examples" / "data"
     bad = tmp_path / "dictionary.toml"
-    bad.write_text((data / "dictionary.toml").read_text() + "\n[[features]]\nid = 'broken'\n")
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(f"""
-dictionary = "{bad}"
-[federation]
-rounds = 1
-[[hospitals]]
-site = "north"
-table = "{data / 'north.csv'}"
-schema = "{data / 'north_schema.toml'}"
-""")
-    out = cli("simulate", str(cfg))
+    bad.write_text((ROOT / "examples" / "data" / "dictionary.toml").read_text() + "\n[[features]]\nid = 'broken'\n")
+    out = cli("simulate", str(_north_only(tmp_path, f'dictionary = "{bad}"')))
     assert out.returncode == 2 and "is invalid" in out.stderr and "features.23" in out.stderr and "Traceback" not in out.stderr
     assert "rounds" not in out.stdout and "━" not in out.stdout + out.stderr  # no progress bar was drawn
 

@@ -107,13 +107,18 @@ def test_a_later_plan_must_prove_the_server_logged_the_hospitals_refusal(tmp_pat
     trail.close()
 
 
-def test_a_refusal_the_server_logged_settles_it(tmp_path):
+def _refused_in_round_1(tmp_path):
+    """A trail, a hospital that took round 0, the anchor it holds, and its refusal of round 1's plan."""
     trail = AuditTrail(tmp_path / "audit", identity=SERVER)
     trail.record("test_event", {"round": 0})
     hospital = _hospital(tmp_path / "h00")
     _send(hospital, _plan(hospital, trail, 0), 0)
     anchored = trail.head.seq
-    refused = _send(hospital, _plan(hospital, trail, 1, threshold=3, proof_from=anchored), 1)
+    return trail, hospital, anchored, _send(hospital, _plan(hospital, trail, 1, threshold=3, proof_from=anchored), 1)
+
+
+def test_a_refusal_the_server_logged_settles_it(tmp_path):
+    trail, hospital, anchored, refused = _refused_in_round_1(tmp_path)
     _log(trail, refused)  # as the round loop writes it (secure/runtime/participation.py)
     assert REFUSAL_PART not in _send(hospital, _plan(hospital, trail, 2, proof_from=anchored), 2)
     assert hospital.task.trained == 2
@@ -192,12 +197,7 @@ def test_an_entry_that_names_the_refusals_digest_without_logging_the_refusal_doe
     one with words of its own ('network timeout'), under another hospital's name, and never store the signed
     envelope; the hospital followed it and `audit verify` passed. The entry must now follow the stored envelope
     and name this hospital."""
-    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
-    trail.record("test_event", {"round": 0})
-    hospital = _hospital(tmp_path / "h00")
-    _send(hospital, _plan(hospital, trail, 0), 0)
-    anchored = trail.head.seq
-    refused = _send(hospital, _plan(hospital, trail, 1, threshold=3, proof_from=anchored), 1)
+    trail, hospital, anchored, refused = _refused_in_round_1(tmp_path)
     digest = parse_envelope(refused[REFUSAL_PART]).digest()
     if forged != "digest only":
         trail.store_envelope(refused[REFUSAL_PART], kind="hospital_refusal", sender="h00")
