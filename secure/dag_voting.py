@@ -32,9 +32,10 @@ from collections.abc import Collection, Sequence
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from clinograph.core.errors import ProtocolError, SchemaError
+from clinograph.core.fields import RoundNumber
 from clinograph.core.spec import ModuleKind, ModuleSpec
 
 from .public_random import public_index
@@ -166,7 +167,7 @@ class DagOutcome(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     kind: Literal["dag_outcome"] = "dag_outcome"
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     concepts: tuple[str, ...]
     task: str | None
     active: tuple[bool, ...]

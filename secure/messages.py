@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from clinograph.core.fields import RoundNumber
 from clinograph.core.identity import NAME_PATTERN
 from clinograph.core.spec import MODULE_NAME_PATTERN, ModelSpec
 
@@ -135,7 +136,7 @@ class RoundPlan(WireMessage):
 
     kind: Literal["round_plan"] = "round_plan"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     participants: tuple[str, ...] = Field(min_length=1, max_length=10_000)
     spec: ModelSpec
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -176,7 +177,7 @@ class LedgerEntry(WireMessage):
     of the selection releases alone and of the set-up releases alone (None: not reported),
     ``epsilon`` being everything composed."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     noise_multiplier: float = Field(ge=0, allow_inf_nan=False)
     sample_rate: float = Field(gt=0, le=1, allow_inf_nan=False)
     steps: int = Field(ge=0, lt=2**40)
@@ -202,7 +203,7 @@ class ClientUpdate(WireMessage):
 
     kind: Literal["client_update"] = "client_update"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -217,7 +218,7 @@ class GlobalModel(WireMessage):
 
     kind: Literal["global_model"] = "global_model"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     spec: ModelSpec
     modules: tuple[ModuleTensor, ...]
 
@@ -227,7 +228,7 @@ class RoundResult(WireMessage):
 
     kind: Literal["round_result"] = "round_result"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     contributors: tuple[str, ...]
     rejected: dict[str, str] = Field(default_factory=dict)
     module_coverage: dict[str, int] = Field(default_factory=dict)
@@ -249,7 +250,7 @@ class ClientReport(WireMessage):
 
     kind: Literal["client_report"] = "client_report"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: str = Field(pattern=ID_PATTERN)
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     ledger: LedgerEntry | None = None

@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import Field
 
 from clinograph.core.errors import ClinographError, PrivacyBudgetExceeded, ProtocolError
+from clinograph.core.fields import RoundNumber
 from clinograph.core.identity import Identity, PublicIdentity
 
 from .messages import ID_PATTERN, WireMessage
@@ -43,7 +44,7 @@ class HospitalRefusal(WireMessage):
 
     kind: Literal["hospital_refusal"] = "hospital_refusal"
     hospital: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     stage: Literal["plan", "stage", "end"]
     refused_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     error: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")

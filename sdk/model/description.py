@@ -30,6 +30,7 @@ from clinograph.secure.runtime.config import StrictSection
 from pydantic import Field, ValidationError, model_validator
 
 from clinograph.core.errors import ConfigValidationError, IntegrityError
+from clinograph.core.fields import RoundNumber
 from clinograph.core.identity import Identity, PublicIdentity
 from clinograph.core.labels import SIG_MODEL_DESCRIPTION
 
@@ -79,7 +80,7 @@ class ReleaseBinding(StrictSection):
     by its signature alone (:mod:`.release` checks it against a verified audit trail)."""
 
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     personal_modules: tuple[str, ...] = Field(max_length=10_000,
                                               description="[personal] modules: exact names or prefixes ending in /")
 

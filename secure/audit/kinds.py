@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from clinograph.core.fields import RoundNumber
+
 Hex64 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 Key32 = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]{43}=$")]  # 32 bytes, standard base64
@@ -76,7 +78,7 @@ class Manifest(Payload):
 class RoundPlanEntry(Payload):
     """``round_plan``: the plan of one round (the signed plan itself is published as an artefact)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     participants: list[str]
     plan_sha256: Hex64
     secure_mode: Name
@@ -89,7 +91,7 @@ class UpdateAccepted(Payload):
     """``update_accepted``: a hospital's update (report) was let in; ``report_sha256`` is the
     digest of its stored, signed envelope (``Envelope.digest()``)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: Name
     report_sha256: Hex64
 
@@ -97,7 +99,7 @@ class UpdateAccepted(Payload):
 class UpdateRejected(Payload):
     """``update_rejected``: a hospital's message was refused; ``reason`` says why (no data)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: Name
     reason: str = Field(max_length=4000)
 
@@ -111,7 +113,7 @@ class UnattributedRefusals(Payload):
     ``suppressed`` counts, per authenticated sender, refusals beyond the per-sender cap of
     ``update_rejected`` entries a round (``clinograph.secure.server.MAX_REJECTIONS_PER_SENDER``)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     total: int = Field(ge=0)
     counts: dict[Annotated[str, Field(max_length=32)], Annotated[int, Field(ge=0)]] = Field(max_length=32)
     suppressed: dict[Name, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
@@ -121,7 +123,7 @@ class HospitalSuspended(Payload):
     """``hospital_suspended``: a hospital missed ``missed_rounds`` consecutive rounds and is no longer
     invited, except once every ``retry_every`` rounds (secure/runtime/liveness.py)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     hospital: Name
     missed_rounds: int = Field(ge=1)
     retry_every: int = Field(ge=1)
@@ -130,7 +132,7 @@ class HospitalSuspended(Payload):
 class HospitalRejoined(Payload):
     """``hospital_rejoined``: a suspended hospital contributed again and is invited to every round."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     hospital: Name
 
 
@@ -138,7 +140,7 @@ class ModelCaughtUp(Payload):
     """``model_caught_up``: the current global model (its state digest, the one the round's plan names)
     went with the plan of ``round`` to ``hospitals``, which had missed rounds (the round loop's catch-up)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     hospitals: list[Name] = Field(min_length=1)
     global_state_digest: Hex64
 
@@ -148,7 +150,7 @@ class NoiseCheck(Payload):
     noise its contributors declared (:mod:`clinograph.secure.dp.noise_check`); a failure voids
     the round (followed by ``round_aborted``)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     passed: bool
     energy_ratio: float = Field(ge=0)
     threshold_ratio: float
@@ -161,14 +163,14 @@ class NoiseCheck(Payload):
 class RoundAborted(Payload):
     """``round_aborted``: the round could not be aggregated (e.g. fewer survivors than t)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     reason: str = Field(max_length=4000)
 
 
 class Aggregate(Payload):
     """``aggregate``: who contributed, how many contributors each module had, the new state."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     contributors: list[str]
     module_coverage: dict[str, int]
     global_state_digest: Hex64
@@ -204,7 +206,7 @@ class Ledger(Payload):
     """``ledger``: one hospital's privacy accounting for one round (cumulative epsilon)."""
 
     client: Name
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     epsilon: float = Field(ge=0)
     delta: float = Field(gt=0, lt=1)
     budget_epsilon: float = Field(gt=0)
@@ -224,7 +226,7 @@ class Ledger(Payload):
 class Metrics(Payload):
     """``metrics``: the metrics hospitals chose to release, per client, for one round."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     per_client: dict[str, dict[str, float]]
 
 
@@ -244,7 +246,7 @@ class DagOutcome(Payload):
     ``observers``: n x n; ``support``: 1 x n). The report labels edges with ``strength``."""
 
     kind: Literal["dag_outcome"] | None = None
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     concepts: list[str]
     task: str | None = None
     active: list[bool] | None = None
@@ -294,7 +296,7 @@ class Rules(Payload):
     rules per head. Only aggregates: the mixture of the posteriors and the pooled support are
     sums over the contributing hospitals (masked mode), never one hospital's."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     generator: Name
     rule_space_sha256: Hex64
     n_bodies: int = Field(ge=1)
@@ -307,7 +309,7 @@ class ModelSelected(Payload):
     federated validation loss (sum over hospitals of loss x validation count, summed by the
     secure mode; no hospital's own figure appears here), and why the run stopped."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     validation_loss: float
     rounds_evaluated: int = Field(ge=1)
     patience: int = Field(ge=0)
@@ -328,7 +330,7 @@ class RunExtended(Payload):
     run: int = Field(ge=2)
     rounds_completed: int = Field(ge=0)
     rounds_planned: int = Field(ge=1)
-    next_round: int = Field(ge=0, lt=2**31)
+    next_round: RoundNumber
 
 
 class CandidateRow(Payload):
@@ -384,7 +386,7 @@ class RunPaused(Payload):
     (``run_resumed``) or was eliminated (``candidates_eliminated``). No release: not a model."""
 
     rung: int = Field(ge=0)
-    next_round: int = Field(ge=0, lt=2**31)
+    next_round: RoundNumber
     rounds_completed: int = Field(ge=0)
     rounds_planned: int = Field(ge=1)
 
@@ -396,7 +398,7 @@ class RunResumed(Payload):
 
     rung: int = Field(ge=1)
     previous_run_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    next_round: int = Field(ge=0, lt=2**31)
+    next_round: RoundNumber
     rounds_completed: int = Field(ge=0)
 
 
@@ -428,7 +430,7 @@ class ModelDerived(Payload):
     (the ``dag_outcome`` of that round), the derived initial model's digest and spec digest, and
     the hospitals that derived exactly this model (all that answered)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     dag_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     initial_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -467,7 +469,7 @@ class RoundParticipation(Payload):
     mode its update stays in the sum); ``refused``: the hospital said no itself;
     ``rejected``: the server refused its message (``update_rejected`` has every entry)."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     secure_mode: Name
     outcome: Literal["aggregated", "aborted"]
     invited: list[Name]
@@ -506,7 +508,7 @@ class AttributionStep(Payload):
     after this round (the proof); ``candidates`` and ``vouched``: what steers the next test;
     ``end``: ``named`` (followed by ``hospital_retired``) or ``inconclusive``."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     opened_by: int = Field(ge=0)
     test: int = Field(ge=0)
     outcome: Literal["voided", "aggregated"]
@@ -522,7 +524,7 @@ class HospitalRetired(Payload):
     """``hospital_retired``: a hospital named as the one whose input voided the ``evidence``
     rounds (it is the only hospital whose input was in every one) is out of the run."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: Name
     reason: Reason
     evidence: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
@@ -547,7 +549,7 @@ class Release(Payload):
     all zeros and ``ciphertext_sha256`` -- the SHA-256 of the sealed encrypted aggregate of the
     released round, the same bytes every contributor received -- identifies the release."""
 
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     secure_mode: Name
     global_state_digest: Hex64
     model_sha256: Hex64 | None

@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from clinograph.core.fields import RoundNumber
+
 from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
 
 HEX64 = r"^[0-9a-f]{64}$"
@@ -71,7 +73,7 @@ class CkksUpdate(WireMessage):
 
     kind: Literal["ckks_update"] = "ckks_update"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=HEX64)
     dictionary_hash: str = Field(pattern=HEX64)
@@ -86,7 +88,7 @@ class CkksAggregate(WireMessage):
 
     kind: Literal["ckks_aggregate"] = "ckks_aggregate"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     spec_digest: str = Field(pattern=HEX64)
     context_digest: str = Field(pattern=HEX64)
     contributors: tuple[Annotated[str, Field(pattern=ID_PATTERN)], ...] = Field(min_length=1, max_length=10_000)

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from clinograph.core.fields import RoundNumber
 from clinograph.core.labels import (
     HASH_THRESHOLD_CKKS_COMMITMENTS,
     HASH_THRESHOLD_CKKS_REQUEST,
@@ -44,7 +45,7 @@ class DecryptionRequest(WireMessage):
 
     kind: Literal["threshold_ckks_decryption_request"] = "threshold_ckks_decryption_request"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     c1: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
     #: t-of-N: the key holders whose shares are combined (their Lagrange coefficients are for this
     #: set); empty: N-of-N, every holder
@@ -67,7 +68,7 @@ class DecryptionShare(WireMessage):
 
     kind: Literal["threshold_ckks_decryption_share"] = "threshold_ckks_decryption_share"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     party: str = Field(pattern=ID_PATTERN)
     request_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     shares: tuple[Poly, ...] = Field(min_length=1, max_length=100_000)
@@ -84,7 +85,7 @@ class _Contribution(WireMessage):
     collective key."""
 
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -112,7 +113,7 @@ class ThresholdCommitments(WireMessage):
 
     kind: Literal["threshold_ckks_commitments"] = "threshold_ckks_commitments"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     commits: tuple[SignedCommit, ...] = Field(min_length=1, max_length=10_000)
 
 
@@ -140,7 +141,7 @@ class ThresholdDecrypt(WireMessage):
 
     kind: Literal["threshold_ckks_decrypt"] = "threshold_ckks_decrypt"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     commitments_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     ciphertexts: int = Field(ge=1, le=MAX_UPDATE_CIPHERTEXTS)
     canary_seed: bytes = Field(min_length=32, max_length=32)

@@ -24,6 +24,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from clinograph.core.fields import RoundNumber
+
 from ..hazmat.shamir import SHARE_BYTES
 from ..messages import BLOB_CODEC, ID_PATTERN, WireMessage
 
@@ -43,7 +45,7 @@ class ClientHeader(WireMessage):
     """Fields every client message repeats (checked with aggregation.checks.check_header)."""
 
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=HEX64)
     dictionary_hash: str = Field(pattern=HEX64)
@@ -53,7 +55,7 @@ class ServerHeader(WireMessage):
     """Fields every server message carries."""
 
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     recipient: str = Field(pattern=ID_PATTERN)
 
 

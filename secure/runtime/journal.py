@@ -63,6 +63,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from clinograph.core.errors import ConfigError, IntegrityError
+from clinograph.core.fields import RoundNumber
 from clinograph.core.identity import Identity
 from clinograph.core.labels import KDF_JOURNAL_MAC
 
@@ -103,7 +104,7 @@ class Boundary(BaseModel):
     #: open, plan, stage <k>, close, aborted, end, run_ended
     stage: str = Field(max_length=32)
     #: the server's next round number
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     #: the round open at this boundary (None: between rounds)
     open_round: int | None = None
     #: sha256 of the global state blob (None: the server holds no plaintext model)

@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 
 from clinograph.core.errors import ConfigError
+from clinograph.core.fields import RoundNumber
 from clinograph.core.spec import MODULE_NAME_PATTERN
 
 from ..messages import ID_PATTERN, WireMessage
@@ -235,7 +236,7 @@ class RunFinish(WireMessage):
 
     kind: Literal["run_finish"] = "run_finish"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
 
 
 def run_id(federation_id: str, candidate: str, *, count: int) -> str:
@@ -254,7 +255,7 @@ class SetupAnnounce(WireMessage):
     sum: SetupSum
     index: int = Field(ge=0, lt=MAX_SETUP_SUMS)
     count: int = Field(ge=1, le=MAX_SETUP_SUMS)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     dictionary_hash: str = Field(pattern=HEX64)
     secure_mode: str = Field(max_length=40)
 
@@ -267,7 +268,7 @@ class SetupClose(WireMessage):
     kind: Literal["setup_close"] = "setup_close"
     federation_id: str = Field(pattern=ID_PATTERN)
     name: str = Field(pattern=SETUP_NAME_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     contributors: int = Field(ge=1)
 
 
@@ -282,7 +283,7 @@ class SetupResult(WireMessage):
     kind: Literal["setup_result"] = "setup_result"
     federation_id: str = Field(pattern=ID_PATTERN)
     name: str = Field(pattern=SETUP_NAME_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: str = Field(max_length=200)
     outcome: str = Field(max_length=1_000_000)
     dictionary_hash: str | None = Field(default=None, pattern=HEX64)
@@ -296,7 +297,7 @@ class DeriveRequest(WireMessage):
 
     kind: Literal["derive_request"] = "derive_request"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
 
 
 class DerivedModel(WireMessage):
@@ -307,6 +308,6 @@ class DerivedModel(WireMessage):
     kind: Literal["derived_model"] = "derived_model"
     federation_id: str = Field(pattern=ID_PATTERN)
     client: str = Field(max_length=200)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     dag: str = Field(max_length=1_000_000)
     initial_sha256: str = Field(pattern=HEX64)

@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from clinograph.core.errors import ClinographError
+from clinograph.core.fields import RoundNumber
 from clinograph.core.identity import PublicIdentity
 
 from ..messages import ID_PATTERN, Finite, WireMessage
@@ -57,7 +58,7 @@ class SelectionStatus(WireMessage):
 
     kind: Literal["selection_status"] = "selection_status"
     federation_id: str = Field(pattern=ID_PATTERN)
-    round: int = Field(ge=0, lt=2**31)
+    round: RoundNumber
     client: str = Field(pattern=ID_PATTERN)
     scored: int | None = Field(default=None, ge=0)
     loss: Finite | None = None
