@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "secure" / "transport"), str(ROOT / "tests" / "integration")]
+sys.path.append(str(ROOT / "tests"))  # listen_port (last: tests/clinograph must not shadow the package)
 from benchmarks.flower_scale import flower_trace  # noqa: E402
 from benchmarks.flower_scale.round_time import cpu_use, superlink_cpu_per_call, trace_env  # noqa: E402
 from research._common import add_convention, emit, machine, median, out_path  # noqa: E402

@@ -40,6 +40,7 @@ from tempfile import TemporaryDirectory
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "secure" / "transport"), str(ROOT / "tests" / "integration")]
+sys.path.append(str(ROOT / "tests"))  # listen_port (last: tests/clinograph must not shadow the package)
 from benchmarks.flower_scale import flower_trace  # noqa: E402
 from research._common import add_convention, emit, machine, median, out_path  # noqa: E402
 

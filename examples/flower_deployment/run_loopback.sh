@@ -31,7 +31,19 @@ cleanup() {
   if [[ $KEEP == 0 ]]; then rm -rf "$WORK"; else echo "kept $WORK"; fi
 }
 trap cleanup EXIT
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# A free port below the kernel's ephemeral range: a port-0 pick could be taken by another program's
+# outgoing connection before the SuperLink or SuperNode binds it ("address already in use").
+free_port() { "$PY" -c '
+import random, socket
+top = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for port in random.sample(range(20000, top), 200):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    print(port)
+    break'; }
 wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   local limit=$1 what=$2; shift 2
   for ((i = 0; i < limit * 2; i++)); do "$@" && return 0; sleep 0.5; done

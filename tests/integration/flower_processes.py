@@ -31,12 +31,6 @@ APP = ROOT / "examples" / "flower_deployment" / "app"
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -138,7 +132,13 @@ class FlowerProcesses:
              procs: Iterable[tuple[str, subprocess.Popen]] | None = None, timeout: float | None = None) -> None:
         """:func:`wait` within the budget, keeping ``spare`` seconds for the clean-up."""
         limit = max(1.0, self.remaining() - spare) if timeout is None else min(timeout, max(1.0, self.remaining()))
-        wait(cond, timeout=limit, what=what, procs=self.procs if procs is None else procs)
+        try:
+            wait(cond, timeout=limit, what=what, procs=self.procs if procs is None else procs)
+        except AssertionError as exc:  # the log of every process that has exited: why it did
+            dead = [n for n, p in self.procs if p.poll() is not None]
+            tails = "".join(f"\n--- {n}.log (exit {p.returncode}), last lines ---\n{self.log_tail(n, 3000)}"
+                            for n, p in self.procs if n in dead)
+            raise AssertionError(f"{exc}{tails}") from None
 
     def superlink(self, *, node_auth: bool = True, bin_dir: Path = BIN,
                   env: Mapping[str, str] | None = None) -> subprocess.Popen:
@@ -170,6 +170,10 @@ class FlowerProcesses:
                   ) -> subprocess.Popen:
         """Start ``hospital``'s SuperNode (our launcher, or the module ``launcher``) with ``key-file``
         and ``federation-file`` added."""
+        # not port 0 (tests/listen_port.py); imported here: a SuperNode imports this module through a
+        # test's participant factory, without tests/ on its path
+        from listen_port import reserve_port
+
         d = self.keys.hospital_dirs[hospital]
         config = {"hospital": hospital, **node_config, "key-file": d / f"{hospital}.ed25519.pem",
                   "federation-file": d / "federation.toml"}
@@ -179,7 +183,7 @@ class FlowerProcesses:
             *(["--environment", environment] if environment else []), "--node-config", run_config(config),
             "--superlink", f"127.0.0.1:{self.port}", "--root-certificates", str(d / "ca.pem"),
             *(["--auth-supernode-private-key", str(d / f"{hospital}.node-auth")] if node_auth else []),
-            "--port", str(free_port()), "--max-retries", "10", "--max-wait-time", "120", *extra])
+            "--port", str(reserve_port()), "--max-retries", "10", "--max-wait-time", "120", *extra])
 
     def flwr_run(self, values: Mapping[str, Any], *, name: str = "flwr-run", app: Path = APP) -> subprocess.Popen:
         """``flwr run`` of ``app`` on the loopback SuperLink with this run config, streaming its log."""
@@ -240,8 +244,10 @@ def flower_processes(tmp: Path, *, federation_id: str, hospitals: Sequence[str],
     shadowing = [str(p) for p in pythonpath if (Path(p) / "clinograph").is_dir() and Path(p) != APP]
     assert not shadowing, (f"pythonpath {shadowing} holds a clinograph/ folder (tests/ does: tests/clinograph/core): "
                            "it would shadow the package's modules in the SuperNodes, which then exit at import")
+    from listen_port import reserve_port
+
     started = time.monotonic()
-    port = free_port()
+    port = reserve_port()
     keys = init_keyset(tmp / "keys", federation_id=federation_id, hospitals=list(hospitals),
                        superlink_hosts=["127.0.0.1", "localhost"], superlink_port=port)
     flwr_home = tmp / "flwr"

@@ -12,22 +12,17 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from listen_port import reserve_port  # not port 0: see tests/listen_port.py
 
 
 def pg_bin() -> Path | None:
     """The newest installed PostgreSQL server bin/ folder, or None."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
     return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -42,7 +37,7 @@ def postgres_server(user: str = "clinograph"):
         nobody = pwd.getpwnam("nobody")
         os.chown(root, nobody.pw_uid, nobody.pw_gid)
         run_as = {"user": nobody.pw_uid, "group": nobody.pw_gid}
-    data, port = root / "data", _free_port()
+    data, port = root / "data", reserve_port()
     env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
 
     def run(*args):

@@ -393,9 +393,9 @@ def test_the_superexec_loop_waits_for_the_runtime_api_to_listen_before_its_first
     from clinograph.secure.transport.flower.superexec import await_listening
 
     stop = threading.Event()
-    with socket.socket() as probe:  # a free port, closed again: nothing listens there
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from listen_port import reserve_port
+
+    port = reserve_port()  # free, and nothing listens there
     started = time.monotonic()
     assert await_listening(f"127.0.0.1:{port}", stop=stop, limit=0.2) is False
     assert 0.15 < time.monotonic() - started < 2.0
