@@ -181,12 +181,11 @@ def supernode(ctx: typer.Context) -> None:
     passed through; see examples/flower_deployment/README.md)."""
     from clinograph.secure.transport.flower.supernode import main as supernode_main
 
-    from .commands.supernode import check_enrolment, check_runtime_port
+    from .commands.supernode import check_enrolment
 
     args = list(ctx.args)
     if not {"-h", "--help"} & set(args):
-        guarded(check_enrolment)(args)
-        guarded(check_runtime_port)(args)
+        guarded(check_enrolment)(args)  # the launcher checks its Runtime API port
     raise typer.Exit(guarded(supernode_main)(args))
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -189,6 +190,33 @@ def start_superexec(flower_args: Sequence[str], *, poll: float | None,
     return loop
 
 
+def check_runtime_port(args: Sequence[str]) -> None:
+    """ConfigError if the SuperNode's Runtime API address (``--host``/``--port``, Flower's
+    defaults otherwise) cannot be bound here; a malformed value is left to Flower to refuse."""
+    from flwr.supercore.constant import SUPERNODE_UVICORN_DEFAULT_PORT, UVICORN_DEFAULT_HOST
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--host", default=UVICORN_DEFAULT_HOST)
+    parser.add_argument("--port", default=str(SUPERNODE_UVICORN_DEFAULT_PORT))
+    ours, _ = parser.parse_known_args(list(args))
+    try:
+        port = int(ours.port)
+    except ValueError:
+        return
+    family = socket.AF_INET6 if ":" in ours.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+        try:
+            probe.bind((ours.host, port))
+        except OSError as exc:
+            default = " (Flower's default)" if port == SUPERNODE_UVICORN_DEFAULT_PORT else ""
+            raise ConfigError(
+                f"The SuperNode's local Runtime API address {ours.host}:{port}{default} cannot be used: "
+                f"{exc.strerror or exc}. Another SuperNode (or another program) on this machine holds it: give "
+                "this SuperNode a free port of its own with --port N (every SuperNode on one machine needs "
+                "its own).") from None
+
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -266,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
         check_transport(rest, insecure_transport=ours.insecure_transport, environment=ours.environment)
         check_run_code(rest, executor=ours.executor, environment=ours.environment)
+        check_runtime_port(rest)  # before the worker starts: Flower's bind error was a traceback after it
         node_config = parse_config_args([ours.node_config])
         check_node_config(node_config)
         rest = executor_args(rest, executor=ours.executor, poll=ours.superexec_poll)

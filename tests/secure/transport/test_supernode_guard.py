@@ -49,3 +49,21 @@ def test_an_insecure_flag_refused_in_production_names_the_flag_to_drop_not_a_con
     err = capsys.readouterr().err
     assert "refused because environment = \"production\"" in err and fix in err
     assert "--environment development" in err and "from the config" not in err
+
+
+def test_the_launcher_refuses_a_taken_runtime_port_before_the_worker_starts(tmp_path, capsys):
+    """`python -m clinograph.secure.transport.flower.supernode` (the deployment guide's hospital command)
+    with a --port another program holds: Flower's bind error and a RuntimeError traceback, after the
+    hospital's worker had started (only `clinograph supernode` checked the port)."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        code = main(["--participant-factory", "nowhere:make", "--node-config",
+                     f"hospital='h1' state-dir='{tmp_path / 'state'}'", "--superlink", "127.0.0.1:1",
+                     "--port", str(port)])
+    said = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and f"127.0.0.1:{port} cannot be used" in said and "--port N" in said, said
+    assert not (tmp_path / "state").exists()  # refused before the worker made its state directory
