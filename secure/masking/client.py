@@ -257,4 +257,5 @@ class MaskingClient(AggregationClient):
     def _header(self) -> dict:
         p = self.plan
         return {"federation_id": p.federation_id, "round": p.round, "client": self._me,
-                "spec_digest": self._spec_digest, "dictionary_hash": p.dictionary_hash}
+                "spec_digest": self._spec_digest, "dictionary_hash": p.dictionary_hash,
+                "global_state_digest": p.global_state_digest}

@@ -415,3 +415,24 @@ def test_t_of_n_a_replacement_holder_answers_only_the_same_sum(fed2):
     for reordered in (("north", "east"), ("south", "east"), ("east", "east", "south")):  # fresh smudging, same λ
         with pytest.raises(IntegrityError, match="'east' refuses .* present set is not sorted and distinct"):
             clients["east"].handle(seal(msg.model_copy(update={"present": reordered}), SERVER))
+
+
+def test_no_hospital_encrypts_for_a_set_whose_members_start_from_different_models(fed):
+    """A server that sent south a model of its own making (south's plan names it) and relays the commitments
+    (it skips its own check of them): every hospital refuses to encrypt, naming why. Before, the commitments
+    named no model and the three encrypted for the set -- south's update, trained on the server's model, in
+    the sum. An honest server refuses south's commitment itself."""
+    plan = _plan(fed, round_=4)
+    other = plan.model_copy(update={"global_state_digest": "1" * 64})
+    clients, _ = _clients(fed, plan)
+    clients["south"] = _clients(fed, other)[0]["south"]
+    commits = {n: c.first_message() for n, c in clients.items()}
+    data = _relay([commits[n] for n in NAMES])
+    for n in NAMES:
+        why = "east" if n == "south" else "south"  # south refuses the first of the others it meets
+        with pytest.raises(IntegrityError, match=f"Hospital '{n}' refuses to encrypt its update: the commitment "
+                                                 f"signed by '{why}' starts from another global model"):
+            clients[n].handle(data)
+    server = fed.run.server(plan=plan, peers=fed.enrolled, identity=SERVER)
+    with pytest.raises(ProtocolError, match="starts from another global model"):
+        server.receive(parse_envelope(commits["south"]))

@@ -48,6 +48,7 @@ def vouch(plan, client, u3, *, kind=None):
     directly (a colluder's, or a forgery harness); ``kind``: sign it as another message kind."""
     msg = ConsistencySignature(federation_id=plan.federation_id, round=plan.round, client=client,
                                spec_digest=plan.spec.digest(), dictionary_hash=plan.dictionary_hash,
+                               global_state_digest=plan.global_state_digest,
                                survivors_digest=survivors_digest(plan, u3))
     env = parse_envelope(seal(msg, identity(client)))
     sig = env.signature if kind is None else identity(client).sign(kind.encode() + b"\x00" + env.payload,
