@@ -8,8 +8,8 @@ server names nothing to decrypt. Every hospital
 1. at stage ``reveal``, checks the relayed commitment set (:func:`checked_commitments`): each
    commitment validly signed by an enrolled hospital, for this federation, round, model version,
    dictionary, collective key and starting global model (the plan's ``global_state_digest``: a
-   hospital the server sent another model is in no set with this one), one per hospital, each a participant of the plan and a key holder,
-   its own among them unchanged, and at least ``floor`` of them -- the larger of
+   hospital the server sent another model is in no set with this one), one per hospital, each a
+   participant of the plan and a key holder, its own among them unchanged, and at least ``floor`` of them -- the larger of
    ``plan.min_clients`` and the floor the holder fixed at key generation (never below 2), so a plan
    that lowers ``min_clients`` to 1 opens nothing. Only then does it encrypt, once a round, with
    the set's common polynomials (:func:`.threshold_sum.round_polys`);

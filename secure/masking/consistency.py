@@ -16,11 +16,12 @@ envelope signature is the consistency signature. It is the same guarantee: the e
 signature covers ``SIG_MESSAGE || 0x00 || kind || 0x00 || payload`` (``secure/wire.py``), the
 kind ``masked_consistency_signature`` is signed by a client only at stage 3, once a round,
 and the payload is parsed strictly and must name the signer, this federation and round (and
-ModelSpec, dictionary and -- masked/3 -- the global model the round starts from) and the SHA-256 digest of the domain-separated (federation, round,
-sorted U3) (:func:`~.stages.open_relayed`). So a valid relayed signature exists only if that
-client signed that U3 for this federation and round -- the statement the separate signature
-made -- under Ed25519's unforgeability plus SHA-256's collision resistance (the digest; Ed25519
-itself hashes with SHA-512). Kinds never contain 0x00, so no other message a client signs can
+ModelSpec, dictionary and -- masked/3 -- the global model the round starts from) and the
+SHA-256 digest of the domain-separated (federation, round, sorted U3)
+(:func:`~.stages.open_relayed`). So a valid relayed signature exists only if that client signed
+that U3 for this federation and round -- the statement the separate signature made -- under
+Ed25519's unforgeability plus SHA-256's collision resistance (the digest; Ed25519 itself hashes
+with SHA-512). Kinds never contain 0x00, so no other message a client signs can
 be read as one of these. The same argument makes the :class:`~.messages.AdvertiseKeys`
 envelope the key signature of round 0 (its payload names the client, round and both keys).
 Saved: one signature per client and one verification per client at the server, twice a round.

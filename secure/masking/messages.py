@@ -15,8 +15,8 @@ see :mod:`clinograph.secure.masking.consistency` for what it does and does not g
 
 Every client message carries the plan's federation, round, ModelSpec digest, dictionary
 hash and the digest of the global model the round starts from (``global_state_digest``, since
-``masked/3``); every server message names its recipient. Sizes are bounded per field, and the server
-additionally bounds whole envelopes per stage (``MaskingServer.max_message_bytes``).
+``masked/3``); every server message names its recipient. Sizes are bounded per field, and the
+server additionally bounds whole envelopes per stage (``MaskingServer.max_message_bytes``).
 """
 
 from __future__ import annotations

@@ -361,7 +361,7 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
                             f"{msg.global_state_digest[:12]}…) than this hospital's plan for round {plan.round} "  # type: ignore[attr-defined]
                             f"({plan.global_state_digest[:12]}…): the server sent hospitals different models for "
                             "one round. Refused; nothing of this round is revealed (report the server: its signed "
-                            "plan and key directory are the evidence).")
+                            "plan and the signed message relaying this one are the evidence).")
     return msg
 
 
