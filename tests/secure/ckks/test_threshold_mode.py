@@ -436,3 +436,27 @@ def test_no_hospital_encrypts_for_a_set_whose_members_start_from_different_model
     server = fed.run.server(plan=plan, peers=fed.enrolled, identity=SERVER)
     with pytest.raises(ProtocolError, match="starts from another global model"):
         server.receive(parse_envelope(commits["south"]))
+
+
+def test_a_commitment_of_an_older_release_is_refused_naming_the_missing_model_digest(fed):
+    """What is signed changed (session 52): a commitment without ``global_state_digest`` (an older hospital) is
+    refused by the server as malformed, naming the field, and by a hospital it is relayed to, naming the release."""
+    import json
+
+    from clinograph.secure.wire import Envelope
+
+    from clinograph.core.labels import SIG_MESSAGE
+
+    plan = _plan(fed, round_=5)
+    clients, _ = _clients(fed, plan)
+    commits = {n: c.first_message() for n, c in clients.items()}
+    env = parse_envelope(commits["south"])
+    payload = json.dumps({k: v for k, v in json.loads(env.payload).items() if k != "global_state_digest"}).encode()
+    old = Envelope(sender="south", kind=env.kind, payload=payload,
+                   signature=fed.ids["south"].sign(env.kind.encode() + b"\x00" + payload, context=SIG_MESSAGE))
+    server = fed.run.server(plan=plan, peers=fed.enrolled, identity=SERVER)
+    with pytest.raises(ProtocolError, match="Malformed 'threshold_ckks_commit' payload signed by 'south'.*"
+                                            "global_state_digest: Field required"):
+        server.receive(parse_envelope(old.to_bytes()))
+    with pytest.raises(IntegrityError, match="of 'south'\\) is not a threshold CKKS commitment of this release"):
+        clients["east"].handle(_relay([commits["east"], commits["north"], old.to_bytes()]))
