@@ -268,8 +268,17 @@ def _checked_payload(kind: str, payload: bytes, attachments: tuple[bytes, ...], 
     try:
         msg = _load(kind, payload, attachments, model)
     except ValidationError as exc:
+        first = first_error(exc)
         raise ProtocolError(f"Malformed {kind!r} payload: {exc.error_count()} error(s), first: "
-                            f"{exc.errors()[0]['loc']} {exc.errors()[0]['msg']}.") from None
+                            f"{first['loc']} {first['msg']}.") from None
     if getattr(msg, "kind", None) != kind:
         raise ProtocolError("Envelope kind and payload kind differ.")
     return msg
+
+
+def first_error(exc: ValidationError) -> dict:
+    """The error to report of a payload that does not parse: one about its protocol ``version``
+    field if there is one (a peer of another protocol version gets every other field wrong too,
+    and the version is what says why), else the first."""
+    errors = exc.errors()
+    return next((e for e in errors if tuple(e["loc"][:1]) == ("version",)), errors[0])

@@ -272,13 +272,17 @@ class HospitalAnchor:
 def _logged_refusals(entries: list, kept: list[dict]) -> set[str]:
     """The digests of this hospital's kept refusals that ``entries`` log in full: a ``hospital_refused``
     entry naming the digest and this hospital (the kept envelope's sender), after an ``envelope`` entry
-    that stored that envelope (kind ``hospital_refusal``, that digest, that sender)."""
+    that stored that envelope (kind ``hospital_refusal``, that digest, that sender) with its signature
+    recorded as valid under this hospital's enrolled key -- what ``clinograph audit verify`` requires of
+    it (an ``invalid`` or ``unknown_sender`` copy is not the hospital's word in the log: an auditor
+    reads it as a forgery, and the verifier reports the ``hospital_refused`` entry that names it)."""
     me = {r["digest"]: _sender(r) for r in kept}
     stored: set[str] = set()
     logged: set[str] = set()
     for e in entries:
         p = e.payload
-        if e.kind == "envelope" and p.get("kind") == "hospital_refusal" and me.get(p.get("digest")) == p.get("sender"):
+        if e.kind == "envelope" and p.get("kind") == "hospital_refusal" and me.get(p.get("digest")) == p.get("sender") \
+                and p.get("signature") == "valid":
             stored.add(p["digest"])
         elif e.kind == "hospital_refused" and p.get("refusal_sha256") in stored and p.get("signed") is True \
                 and p.get("client") == me.get(p["refusal_sha256"]):

@@ -18,14 +18,16 @@ from clinograph.core.identity import PublicIdentity
 from clinograph.core.spec import ModuleKind
 
 from ..messages import ModuleTensor, RoundPlan, WireMessage
-from ..wire import Envelope, kind_of, load_payload, verify_envelope
+from ..wire import Envelope, first_error, kind_of, load_payload, verify_envelope
 
 M = TypeVar("M", bound=WireMessage)
 
 
 def check_header(plan: RoundPlan, *, sender: str, federation_id: str, round_: int,
-                 spec_digest: str | None = None, dictionary_hash: str | None = None) -> None:
-    """Refuse a message from another federation, round, model version or dictionary."""
+                 spec_digest: str | None = None, dictionary_hash: str | None = None,
+                 global_state_digest: str | None = None) -> None:
+    """Refuse a message from another federation, round, model version, dictionary or (when the
+    message names one) starting global model."""
     if sender not in plan.participants:
         raise ProtocolError(f"{sender!r} is not a participant of round {plan.round}.")
     if federation_id != plan.federation_id:
@@ -38,6 +40,10 @@ def check_header(plan: RoundPlan, *, sender: str, federation_id: str, round_: in
     if dictionary_hash is not None and dictionary_hash != plan.dictionary_hash:
         raise ProtocolError(f"Wrong feature dictionary: message has {dictionary_hash[:12]}…, the federation "
                             f"uses {plan.dictionary_hash[:12]}…. Update the hospital's dictionary.")
+    if global_state_digest is not None and global_state_digest != plan.global_state_digest:
+        raise ProtocolError(f"Message starts from another global model (digest {global_state_digest[:12]}…) than "
+                            f"round {plan.round}'s plan ({plan.global_state_digest[:12]}…): the hospital holds another "
+                            "model than the one this round's plan names. Refused for this round.")
 
 
 def decode_modules(plan: RoundPlan, modules: Sequence[ModuleTensor], *, sender: str) -> dict[str, np.ndarray]:
@@ -116,7 +122,7 @@ def authenticate(plan: RoundPlan, envelope: Envelope, *, peers: Mapping[str, Pub
     try:
         msg = load_payload(envelope, model)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = first_error(exc)
         loc = ".".join(str(p)[:64] for p in first["loc"])
         raise ProtocolError(f"Malformed {expected!r} payload signed by {sender!r}: {exc.error_count()} error(s), "
                             f"first: {loc}: {first['msg'][:200]}.") from None

@@ -7,8 +7,9 @@ server names nothing to decrypt. Every hospital
 
 1. at stage ``reveal``, checks the relayed commitment set (:func:`checked_commitments`): each
    commitment validly signed by an enrolled hospital, for this federation, round, model version,
-   dictionary and collective key, one per hospital, each a participant of the plan and a key holder,
-   its own among them unchanged, and at least ``floor`` of them -- the larger of
+   dictionary, collective key and starting global model (the plan's ``global_state_digest``: a
+   hospital the server sent another model is in no set with this one), one per hospital, each a
+   participant of the plan and a key holder, its own among them unchanged, and at least ``floor`` of them -- the larger of
    ``plan.min_clients`` and the floor the holder fixed at key generation (never below 2), so a plan
    that lowers ``min_clients`` to 1 opens nothing. Only then does it encrypt, once a round, with
    the set's common polynomials (:func:`.threshold_sum.round_polys`);
@@ -77,13 +78,18 @@ def checked_commitments(msg: ThresholdCommitments, *, plan: RoundPlan, peers: Ma
         except IntegrityError:
             raise refuse(f"commitment {i} is not validly signed by the hospital it names.") from None
         except (ClinographError, ValidationError):
-            raise refuse(f"commitment {i} is not a threshold CKKS commitment.") from None
+            raise refuse(f"commitment {i} (of {env.sender[:64]!r}) is not a threshold CKKS commitment of this "
+                         "release (a field missing or unknown: a hospital on another Clinograph release).") from None
         if (c.client != env.sender or c.federation_id != plan.federation_id or c.round != plan.round
                 or c.spec_digest != plan.spec.digest() or c.dictionary_hash != plan.dictionary_hash
                 or c.public_key_digest != public.digest or env.sender not in plan.participants
                 or env.sender not in public.holders):
             raise refuse(f"the commitment signed by {env.sender!r} is not its commitment for round {plan.round} of "
                          f"{plan.federation_id!r} under this collective key (or it holds no key share).")
+        if c.global_state_digest != plan.global_state_digest:
+            raise refuse(f"the commitment signed by {env.sender!r} starts from another global model (digest "
+                         f"{c.global_state_digest[:12]}…) than this hospital's plan ({plan.global_state_digest[:12]}…): "
+                         "the server sent hospitals different models for one round.")
         if env.sender in out:
             raise refuse(f"{env.sender!r} is counted twice.")
         out[env.sender] = c

@@ -81,8 +81,9 @@ Part = Annotated[bytes, Field(min_length=1, max_length=160_000), *BLOB_CODEC]
 
 
 class _Contribution(WireMessage):
-    """What a hospital's commitment and its upload name: its round, model version, dictionary and
-    collective key."""
+    """What a hospital's commitment and its upload name: its round, model version, dictionary,
+    collective key and the global model the round starts from (the plan's
+    ``global_state_digest``, which the hospital checked against the model it holds)."""
 
     federation_id: str = Field(pattern=ID_PATTERN)
     round: RoundNumber
@@ -90,6 +91,7 @@ class _Contribution(WireMessage):
     spec_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    global_state_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
 class ThresholdCommit(_Contribution):

@@ -200,7 +200,8 @@ class MaskingClient(AggregationClient):
     def _consistency(self, msg: ConsistencyRequest) -> ConsistencySignature:
         """Stage 3: check and sign the survivor set U3 (once a round; Bonawitz et al. 2017, round 4)."""
         u3 = check_survivor_set(me=self._me, survivors=msg.survivors, participants=self.plan.participants,
-                                threshold=self.params.threshold, min_clients=self.plan.min_clients)
+                                threshold=self.params.threshold, min_clients=self.plan.min_clients,
+                                neighbours=self._graph[self._me], masked_with=self._masked_with)
         self._signed_u3 = u3  # the reply's envelope signature is the consistency signature
         self._signed_digest = survivors_digest(self.plan, u3)
         return ConsistencySignature(**self._header(), survivors_digest=self._signed_digest)
@@ -257,4 +258,5 @@ class MaskingClient(AggregationClient):
     def _header(self) -> dict:
         p = self.plan
         return {"federation_id": p.federation_id, "round": p.round, "client": self._me,
-                "spec_digest": self._spec_digest, "dictionary_hash": p.dictionary_hash}
+                "spec_digest": self._spec_digest, "dictionary_hash": p.dictionary_hash,
+                "global_state_digest": p.global_state_digest}

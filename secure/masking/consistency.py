@@ -16,11 +16,12 @@ envelope signature is the consistency signature. It is the same guarantee: the e
 signature covers ``SIG_MESSAGE || 0x00 || kind || 0x00 || payload`` (``secure/wire.py``), the
 kind ``masked_consistency_signature`` is signed by a client only at stage 3, once a round,
 and the payload is parsed strictly and must name the signer, this federation and round (and
-ModelSpec and dictionary) and the SHA-256 digest of the domain-separated (federation, round,
-sorted U3) (:func:`~.stages.open_relayed`). So a valid relayed signature exists only if that
-client signed that U3 for this federation and round -- the statement the separate signature
-made -- under Ed25519's unforgeability plus SHA-256's collision resistance (the digest; Ed25519
-itself hashes with SHA-512). Kinds never contain 0x00, so no other message a client signs can
+ModelSpec, dictionary and -- masked/3 -- the global model the round starts from) and the
+SHA-256 digest of the domain-separated (federation, round, sorted U3)
+(:func:`~.stages.open_relayed`). So a valid relayed signature exists only if that client signed
+that U3 for this federation and round -- the statement the separate signature made -- under
+Ed25519's unforgeability plus SHA-256's collision resistance (the digest; Ed25519 itself hashes
+with SHA-512). Kinds never contain 0x00, so no other message a client signs can
 be read as one of these. The same argument makes the :class:`~.messages.AdvertiseKeys`
 envelope the key signature of round 0 (its payload names the client, round and both keys).
 Saved: one signature per client and one verification per client at the server, twice a round.
@@ -65,11 +66,22 @@ def survivors_digest(plan: RoundPlan, survivors: Iterable[str]) -> str:
 
 
 def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Iterable[str],
-                       threshold: int, min_clients: int = 1) -> tuple[str, ...]:
+                       threshold: int, min_clients: int = 1, neighbours: Iterable[str] = (),
+                       masked_with: Iterable[str] = ()) -> tuple[str, ...]:
     """Return U3 sorted, or raise ProtocolError unless it is a set of at least max(t, ``min_clients``)
-    participants containing ``me``. ``min_clients``: the signed plan's; the server closes a stage
-    below it, so only a lying server shows a smaller U3 -- whose sum, with colluders among its
-    members, would be the few updates the plan's floor was to hide."""
+    participants containing ``me`` that lists none of ``me``'s ``neighbours`` outside ``masked_with``.
+    ``min_clients``: the signed plan's; the server closes a stage below it, so only a lying server
+    shows a smaller U3 -- whose sum, with colluders among its members, would be the few updates the
+    plan's floor was to hide.
+
+    ``masked_with``: the neighbours whose shares the server forwarded to ``me`` (U2 among them:
+    Bonawitz et al. 2017 require U3 within U2). An honest server forwards every share a U2 member
+    dealt, and the dealer must deal one to each keyed neighbour, so a neighbour in U3 is always one
+    ``me`` masked with. Before (session 52), a lying server met the floor by listing in U3
+    hospitals that never masked with the group it unmasks (they "dropped" at stage 1 for it): three
+    hospitals revealed their self-mask shares under a plan whose ``min_clients`` was 4. The check
+    sees neighbours only: in a sparse (SecAgg+) graph a U3 can still be padded with hospitals that
+    are no signer's neighbour (SECURITY.md)."""
     u3 = tuple(survivors)
     people = set(participants)
     if len(set(u3)) != len(u3):
@@ -80,6 +92,12 @@ def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Itera
                             "round plan. Refused.")
     if me not in u3:
         raise ProtocolError(f"Survivor set U3 does not list {me!r} itself. Refused.")
+    absent = sorted((set(u3) & set(neighbours)) - set(masked_with) - {me})
+    if absent:
+        raise ProtocolError(f"Survivor set U3 lists {len(absent)} neighbour(s) of {me!r} whose shares never reached "
+                            f"it ({', '.join(repr(a) for a in absent[:3])}{', ...' if len(absent) > 3 else ''}): their "
+                            "masked inputs cannot be in the sum it helps open, so U3 overstates who is in it (the "
+                            "plan's min_clients floor met on paper). Refused (malicious or broken server).")
     if len(u3) < threshold:
         raise ProtocolError(f"Survivor set U3 has {len(u3)} client(s), below the threshold {threshold}. Refused.")
     if len(u3) < min_clients:

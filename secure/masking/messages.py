@@ -13,16 +13,17 @@ Stage 4  server -> client  :class:`UnmaskRequest`     who survived, who dropped,
 Stage 3 is the consistency check of Bonawitz et al. 2017 (round 4, "ConsistencyCheck"):
 see :mod:`clinograph.secure.masking.consistency` for what it does and does not guarantee.
 
-Every client message carries the plan's federation, round, ModelSpec digest and dictionary
-hash; every server message names its recipient. Sizes are bounded per field, and the server
-additionally bounds whole envelopes per stage (``MaskingServer.max_message_bytes``).
+Every client message carries the plan's federation, round, ModelSpec digest, dictionary
+hash and the digest of the global model the round starts from (``global_state_digest``, since
+``masked/3``); every server message names its recipient. Sizes are bounded per field, and the
+server additionally bounds whole envelopes per stage (``MaskingServer.max_message_bytes``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from clinograph.core.fields import RoundNumber
 
@@ -34,11 +35,13 @@ MAX_PEERS = 10_000
 MAX_WORDS = 64 * 1024 * 1024
 #: Largest relayed client payload (an AdvertiseKeys or ConsistencySignature header is ~0.5 kB).
 MAX_VOUCHED_PAYLOAD = 2048
-#: Masking protocol version, carried (and so signed) in every AdvertiseKeys: ``masked/2``
-#: masks with AES-256-CTR (:data:`~clinograph.secure.hazmat.masking_prg.MASK_PRG`) and lets
-#: envelope signatures serve as key and consistency signatures; ``masked/1`` (no version
-#: field) used ChaCha20 and separate inner signatures. Each refuses the other's messages.
-MASKING_VERSION = "masked/2:aes256-ctr"
+#: Masking protocol version, carried (and so signed) in every AdvertiseKeys: ``masked/3`` adds
+#: the digest of the round's starting global model to every client message (so to the key and
+#: consistency signatures its peers check); ``masked/2`` masks with AES-256-CTR
+#: (:data:`~clinograph.secure.hazmat.masking_prg.MASK_PRG`) and lets envelope signatures serve as
+#: key and consistency signatures; ``masked/1`` (no version field) used ChaCha20 and separate
+#: inner signatures. Each refuses the others' messages, naming both versions.
+MASKING_VERSION = "masked/3:aes256-ctr"
 
 
 class ClientHeader(WireMessage):
@@ -49,6 +52,8 @@ class ClientHeader(WireMessage):
     client: str = Field(pattern=ID_PATTERN)
     spec_digest: str = Field(pattern=HEX64)
     dictionary_hash: str = Field(pattern=HEX64)
+    #: the plan's ``global_state_digest``: the model this hospital checked its plan against (masked/3)
+    global_state_digest: str = Field(pattern=HEX64)
 
 
 class ServerHeader(WireMessage):
@@ -66,9 +71,19 @@ class AdvertiseKeys(ClientHeader):
     payload and signature unchanged (:class:`PeerKeys`) and each peer verifies them itself."""
 
     kind: Literal["masked_advertise_keys"] = "masked_advertise_keys"
-    version: Literal["masked/2:aes256-ctr"]
+    version: Literal["masked/3:aes256-ctr"]
     c_pk: bytes = Field(min_length=32, max_length=32)
     s_pk: bytes = Field(min_length=32, max_length=32)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _same_version(cls, got: Any) -> Any:
+        """Name the peer's protocol (reported before any other field error: a ``masked/2`` peer's
+        advertisement also lacks ``global_state_digest``, which alone would not say why)."""
+        if got != MASKING_VERSION:
+            raise ValueError(f"masking protocol {str(got)[:24]!r}, this side runs {MASKING_VERSION!r} (it binds the "
+                             "starting model): upgrade the older side")
+        return got
 
 
 class PeerKeys(WireMessage):

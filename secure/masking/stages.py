@@ -325,8 +325,10 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
     """Open a client message the server relayed as received (``payload`` and ``signature`` of the
     client's own envelope): the signature is verified over those exact bytes under the
     envelope's context and the message's kind, the payload is parsed strictly as ``model`` and
-    must name ``client``, this federation and round, and the plan's ModelSpec and dictionary
-    (``spec_digest``: ``plan.spec.digest()`` if the caller already has it).
+    must name ``client``, this federation and round, the plan's ModelSpec and dictionary
+    (``spec_digest``: ``plan.spec.digest()`` if the caller already has it) and the global model
+    the plan starts from (``global_state_digest``, masked/3: a peer sent another model cannot
+    share a round with this hospital).
 
     This is what makes an envelope signature serve as the protocol's key signature
     (:class:`~.messages.AdvertiseKeys`, Bonawitz et al. 2017 round 0) and consistency signature
@@ -336,7 +338,7 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
     Raises:
         IntegrityError: the signature does not verify (forged, altered, another kind or key).
         ProtocolError: the payload does not parse, or names another client, federation, round,
-            ModelSpec or dictionary.
+            ModelSpec, dictionary or starting global model.
     """
     kind = kind_of(model)
     if len(signature) != SIGNATURE_BYTES or not _ID.fullmatch(client):  # what an Envelope of them would refuse
@@ -354,6 +356,12 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
     if got != (client, plan.federation_id, plan.round, spec_digest or plan.spec.digest(), plan.dictionary_hash):
         raise ProtocolError(f"Relayed {kind!r} message of {client!r} is for another client, federation, round, "
                             "ModelSpec or dictionary. Refused (replayed or misrouted by the server).")
+    if msg.global_state_digest != plan.global_state_digest:  # type: ignore[attr-defined]
+        raise ProtocolError(f"Relayed {kind!r} message of {client!r} starts from another global model (digest "
+                            f"{msg.global_state_digest[:12]}…) than this hospital's plan for round {plan.round} "  # type: ignore[attr-defined]
+                            f"({plan.global_state_digest[:12]}…): the server sent hospitals different models for "
+                            "one round. Refused; nothing of this round is revealed (report the server: its signed "
+                            "plan and the signed message relaying this one are the evidence).")
     return msg
 
 

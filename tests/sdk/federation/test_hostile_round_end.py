@@ -154,3 +154,48 @@ def test_a_global_model_lacking_a_shared_module_is_refused():
     parts, _, _ = answer(hospital, "h00", "end", {"model": seal(model, SERVER)}, round_=0)
     assert REFUSAL_PART in parts and b"lacks 1 shared module(s) of the model spec (extra)" in parts[REFUSAL_PART]
     assert set(hospital._global) == {"head", "extra"}
+
+
+def test_a_hospital_sent_a_model_of_the_servers_making_cannot_complete_a_masked_round(tmp_path, monkeypatch):
+    """SECURITY.md, "Each hospital trusts the server for the global model it is sent": a server sends south a
+    model of its own making with a plan naming it (south checks the plan against that model: it passes) and
+    the others the honest plan, and skips its own check of the hospitals' messages. Before (masked/2) the key
+    agreement bound federation, round, spec and dictionary only: the round completed with south's update,
+    trained on the server's model, in the sum (seen). Now every masked message names the plan's model, each
+    hospital refuses its neighbours' keys naming another, signed and audited, and nothing is summed."""
+    import pytest
+    from clinograph.secure.audit.read import payloads
+    from clinograph.secure.masking import server as masking_server
+    from clinograph.secure.messages import RoundPlan
+    from clinograph.secure.runtime.loop import RoundAborted
+    from clinograph.secure.wire import load_payload, parse_envelope
+
+    real = masking_server.check_header
+    monkeypatch.setattr(masking_server, "check_header",
+                        lambda plan, **kw: real(plan, **{k: v for k, v in kw.items() if k != "global_state_digest"}))
+    tables = small_tables()
+    sim = build_simulation(tables, tables[0].dictionary, cfg("masked", rounds=1), audit_dir=tmp_path / "a")
+    server = sim.server
+    fake = {k: np.full_like(v, 0.01) for k, v in sim.hospitals["south"]._global.items()}
+    honest_exchange = sim.transport.exchange
+
+    def hostile(stage, outgoing, *, round_):
+        if stage == "plan":
+            plan = load_payload(parse_envelope(outgoing["south"]["data"]), RoundPlan)
+            own = plan.model_copy(update={"global_state_digest": state_digest(fake)})
+            model = GlobalModel(federation_id=server.federation_id, round=round_, spec=server.spec,
+                                modules=encode_modules(fake, "<f8"))
+            outgoing = {**outgoing, "south": {"data": seal(own, server.identity),
+                                              "model": seal(model, server.identity)}}
+        return honest_exchange(stage, outgoing, round_=round_)
+
+    monkeypatch.setattr(sim.transport, "exchange", hostile)
+    with pytest.raises(RoundAborted):
+        sim.run_round()
+    assert state_digest(sim.hospitals["south"]._global) == state_digest(fake)  # it trained on the server's model
+    sim.audit.close()
+    refused = {p["client"]: p for p in payloads(tmp_path / "a", "hospital_refused")}
+    assert set(refused) == {"east", "north", "south"}
+    assert all(p["signed"] and p["stage"] == "stage 1" and "starts from another global model" in p["reason"]
+               and "sent hospitals different models" in p["reason"] for p in refused.values()), refused
+    assert not payloads(tmp_path / "a", "aggregate")  # nothing summed, nothing published

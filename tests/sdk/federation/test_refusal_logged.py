@@ -31,6 +31,19 @@ from clinograph.core.spec import ModuleKind
 N = 5  # participants: the default masked threshold is 4; a plan with t = 3 is refused (test_plan_downgrade)
 
 
+def _trail(tmp_path, *, enrol: bool = True) -> AuditTrail:
+    """The server's audit trail; ``enrol``: its manifest names this hospital's key (as a run's does), so the
+    refusal envelopes it stores are recorded as validly signed."""
+    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
+    if enrol:
+        trail.record("manifest", {"federation_id": "fed", "server": {"name": SERVER.name,
+                                                                      "public_key": SERVER.public.b64()},
+                                  "hospitals": {ME.name: ME.public.b64()}, "dictionary_hash": "d" * 64,
+                                  "secure_mode": "masked", "strategy": "fedavg", "dp_policy": None,
+                                  "spec_digest": "0" * 64, "insecure_options": [], "environment": "development"})
+    return trail
+
+
 def _hospital(state_dir, *, member: bool = False) -> HospitalClient | FederationMember:
     """The SDK's hospital: one client, or the participant of a run of candidate models around it."""
     def build(federation_id: str, rounds: int | None) -> HospitalClient:
@@ -70,7 +83,7 @@ def _refusal(parts: dict[str, bytes]) -> HospitalRefusal:
 
 @pytest.mark.parametrize("member", [False, True], ids=["client", "member"])
 def test_a_later_plan_must_prove_the_server_logged_the_hospitals_refusal(tmp_path, member):
-    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
+    trail = _trail(tmp_path)
     trail.record("test_event", {"round": 0})
     hospital = _hospital(tmp_path / "h00", member=member)
     assert REFUSAL_PART not in _send(hospital, _plan(hospital, trail, 0), 0)  # round 0 trained, its plan anchored
@@ -107,9 +120,9 @@ def test_a_later_plan_must_prove_the_server_logged_the_hospitals_refusal(tmp_pat
     trail.close()
 
 
-def _refused_in_round_1(tmp_path):
+def _refused_in_round_1(tmp_path, *, enrol: bool = True):
     """A trail, a hospital that took round 0, the anchor it holds, and its refusal of round 1's plan."""
-    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
+    trail = _trail(tmp_path, enrol=enrol)
     trail.record("test_event", {"round": 0})
     hospital = _hospital(tmp_path / "h00")
     _send(hospital, _plan(hospital, trail, 0), 0)
@@ -134,7 +147,7 @@ def _log(trail: AuditTrail, reply: dict[str, bytes]) -> None:
 def test_a_refusal_of_a_plan_that_did_not_extend_the_anchored_history_is_not_held_against_later_plans(tmp_path):
     """A plan from a rolled-back or forked server is refused by the anchor itself; its refusal goes
     to that server's log, not the one the hospital follows, so it is not kept as owed."""
-    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
+    trail = _trail(tmp_path)
     trail.record("test_event", {"round": 0})
     hospital = _hospital(tmp_path / "h00")
     _send(hospital, _plan(hospital, trail, 0), 0)
@@ -151,7 +164,7 @@ def test_a_refusal_of_a_plan_that_did_not_extend_the_anchored_history_is_not_hel
 @pytest.mark.parametrize("records", ['"x"', '[{"round": "1", "digest": "ab"}]',
                                      '[{"round": 1, "digest": "' + "a" * 64 + '", "discloses": [1]}]'])
 def test_altered_refusal_records_are_an_integrity_error(tmp_path, records):
-    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
+    trail = _trail(tmp_path)
     trail.record("test_event", {"round": 0})
     hospital = _hospital(tmp_path / "h00")
     _send(hospital, _plan(hospital, trail, 0), 0)
@@ -172,7 +185,7 @@ def test_a_refused_stage_or_round_end_message_must_be_logged_too(tmp_path, stage
     """Before, only refusals of plans were kept: a server could send a bad stage (or round-end)
     message, drop the hospital's signed refusal of it from the log, and go on with a log that
     verifies."""
-    trail = AuditTrail(tmp_path / "audit", identity=SERVER)
+    trail = _trail(tmp_path)
     trail.record("test_event", {"round": 0})
     hospital = _hospital(tmp_path / "h00")
     _send(hospital, _plan(hospital, trail, 0), 0)
@@ -206,5 +219,31 @@ def test_an_entry_that_names_the_refusals_digest_without_logging_the_refusal_doe
                                       "final": False, "refusal_sha256": digest})
     omitted = _send(hospital, _plan(hospital, trail, 2, proof_from=anchored), 2)
     assert _refusal(omitted).error == "RefusalOmitted" and digest[:16] in _refusal(omitted).reason
+    assert hospital.task.trained == 1
+    trail.close()
+
+
+@pytest.mark.parametrize("stored", ["invalid signature", "hospital not enrolled"])
+def test_a_refusal_stored_without_a_valid_signature_does_not_settle_it(tmp_path, stored):
+    """hadv5's leftover: the hospital took an ``envelope`` entry of its refusal's digest as the refusal logged,
+    whatever signature status the entry recorded. A server could store a copy with a broken signature (the
+    digest is the payload's, so it is the same) or log it under a manifest without the hospital's key: the log
+    then holds, as far as an auditor can tell, a forgery in the hospital's name (``clinograph audit verify``
+    reports the ``hospital_refused`` entry naming it), yet the hospital followed the server. Now the copy must
+    be recorded ``valid``, as the verifier requires. Seen failing before the fix (both cases trained)."""
+    from clinograph.secure.audit.read import payloads
+    from clinograph.secure.wire import Envelope
+
+    trail, hospital, anchored, refused = _refused_in_round_1(tmp_path, enrol=stored == "invalid signature")
+    if stored == "invalid signature":
+        env = parse_envelope(refused[REFUSAL_PART])
+        refused = {REFUSAL_PART: Envelope(sender=env.sender, kind=env.kind, payload=env.payload,
+                                          signature=bytes([env.signature[0] ^ 1]) + env.signature[1:]).to_bytes()}
+    _log(trail, refused)
+    trail.checkpoint()
+    status = payloads(tmp_path / "audit", "envelope")[-1]["signature"]
+    assert status == ("invalid" if stored == "invalid signature" else "unknown_sender")
+    omitted = _send(hospital, _plan(hospital, trail, 2, proof_from=anchored), 2)
+    assert _refusal(omitted).error == "RefusalOmitted" and "of the plan of round(s) 1" in _refusal(omitted).reason
     assert hospital.task.trained == 1
     trail.close()

@@ -415,3 +415,48 @@ def test_t_of_n_a_replacement_holder_answers_only_the_same_sum(fed2):
     for reordered in (("north", "east"), ("south", "east"), ("east", "east", "south")):  # fresh smudging, same λ
         with pytest.raises(IntegrityError, match="'east' refuses .* present set is not sorted and distinct"):
             clients["east"].handle(seal(msg.model_copy(update={"present": reordered}), SERVER))
+
+
+def test_no_hospital_encrypts_for_a_set_whose_members_start_from_different_models(fed):
+    """A server that sent south a model of its own making (south's plan names it) and relays the commitments
+    (it skips its own check of them): every hospital refuses to encrypt, naming why. Before, the commitments
+    named no model and the three encrypted for the set -- south's update, trained on the server's model, in
+    the sum. An honest server refuses south's commitment itself."""
+    plan = _plan(fed, round_=4)
+    other = plan.model_copy(update={"global_state_digest": "1" * 64})
+    clients, _ = _clients(fed, plan)
+    clients["south"] = _clients(fed, other)[0]["south"]
+    commits = {n: c.first_message() for n, c in clients.items()}
+    data = _relay([commits[n] for n in NAMES])
+    for n in NAMES:
+        why = "east" if n == "south" else "south"  # south refuses the first of the others it meets
+        with pytest.raises(IntegrityError, match=f"Hospital '{n}' refuses to encrypt its update: the commitment "
+                                                 f"signed by '{why}' starts from another global model"):
+            clients[n].handle(data)
+    server = fed.run.server(plan=plan, peers=fed.enrolled, identity=SERVER)
+    with pytest.raises(ProtocolError, match="starts from another global model"):
+        server.receive(parse_envelope(commits["south"]))
+
+
+def test_a_commitment_of_an_older_release_is_refused_naming_the_missing_model_digest(fed):
+    """What is signed changed (session 52): a commitment without ``global_state_digest`` (an older hospital) is
+    refused by the server as malformed, naming the field, and by a hospital it is relayed to, naming the release."""
+    import json
+
+    from clinograph.secure.wire import Envelope
+
+    from clinograph.core.labels import SIG_MESSAGE
+
+    plan = _plan(fed, round_=5)
+    clients, _ = _clients(fed, plan)
+    commits = {n: c.first_message() for n, c in clients.items()}
+    env = parse_envelope(commits["south"])
+    payload = json.dumps({k: v for k, v in json.loads(env.payload).items() if k != "global_state_digest"}).encode()
+    old = Envelope(sender="south", kind=env.kind, payload=payload,
+                   signature=fed.ids["south"].sign(env.kind.encode() + b"\x00" + payload, context=SIG_MESSAGE))
+    server = fed.run.server(plan=plan, peers=fed.enrolled, identity=SERVER)
+    with pytest.raises(ProtocolError, match="Malformed 'threshold_ckks_commit' payload signed by 'south'.*"
+                                            "global_state_digest: Field required"):
+        server.receive(parse_envelope(old.to_bytes()))
+    with pytest.raises(IntegrityError, match="of 'south'\\) is not a threshold CKKS commitment of this release"):
+        clients["east"].handle(_relay([commits["east"], commits["north"], old.to_bytes()]))

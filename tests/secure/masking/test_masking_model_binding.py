@@ -1,0 +1,87 @@
+"""A masked round binds the global model it starts from (masked/3): the plan's
+``global_state_digest`` travels, signed, in every client message, and each hospital checks the
+relayed key advertisements and consistency signatures of its peers against its own plan's.
+
+Before (masked/2) the key agreement and consistency check bound federation, round, ModelSpec and
+dictionary only, so a server could send one hospital a plan naming a model of its own making (the
+hospital checks the plan against the model it was sent, nothing more) and the round completed with
+that hospital's update, trained on the server's model, in the sum (SECURITY.md, "Each hospital
+trusts the server for the global model it is sent"). Seen failing before the fix: the round below
+completed with all five contributors."""
+
+from __future__ import annotations
+
+import pytest
+from clinograph.secure.masking import server as masking_server
+from clinograph.secure.masking.messages import AdvertiseKeys, KeyDirectory
+from clinograph.secure.wire import load_payload, parse_envelope, seal
+from test_masking_rejections import SERVER, Round, assert_completed_without
+
+from clinograph.core.errors import IntegrityError, ProtocolError
+
+OTHER = "1" * 64  # the digest of the model the server made for one hospital
+
+
+def _other_model(rnd: Round) -> dict:
+    return {"hosp02": rnd.plan.model_copy(update={"global_state_digest": OTHER})}
+
+
+def test_a_hospital_sent_another_model_cannot_complete_a_round_with_the_others(monkeypatch):
+    """A hostile server (it skips its own header check) gives hosp02 a plan whose model digest differs and
+    relays every message: each hospital refuses at the key directory, naming the reason; nothing is summed."""
+    real = masking_server.check_header
+
+    def lenient(plan, **kw):  # the server's own check of the starting model, left out
+        kw.pop("global_state_digest", None)
+        return real(plan, **kw)
+
+    monkeypatch.setattr(masking_server, "check_header", lenient)
+    rnd = Round(n=5, threshold=3)  # 5 participants: the complete graph, hosp02 is everyone's neighbour
+    rnd = Round(n=5, threshold=3, client_plans=_other_model(rnd))
+    for c, data in rnd.outgoing.items():
+        rnd.server.receive_bytes(c, data)
+    assert rnd.server.rejected() == {}  # the hostile server lets hosp02's advertisement through
+    refusals = {}
+    for c, data in rnd.server.next_stage().items():
+        with pytest.raises((ProtocolError, IntegrityError)) as exc:
+            rnd.clients[c].handle(data)
+        refusals[c] = str(exc.value)
+    assert set(refusals) == set(rnd.plan.participants)
+    for c, why in refusals.items():
+        peer = "'hosp00'" if c == "hosp02" else "'hosp02'"  # hosp02 refuses its first neighbour; the others hosp02
+        assert f"Relayed 'masked_advertise_keys' message of {peer} starts from another global model" in why, why
+        assert "sent hospitals different models" in why
+    rnd.server.next_stage()  # nobody shared keys: the stage closes below the threshold
+    with pytest.raises(ProtocolError, match="abort|below"):
+        rnd.server.result()
+
+
+def test_an_honest_server_refuses_an_advertisement_naming_another_model_and_completes_without_it():
+    rnd = Round(n=5, threshold=3)
+    rnd = Round(n=5, threshold=3, client_plans=_other_model(rnd))
+    res = rnd.finish()
+    assert "starts from another global model" in rnd.server.rejected()["hosp02"]
+    assert_completed_without(rnd, res, "hosp02")
+
+
+def test_every_client_message_names_the_plans_model():
+    rnd = Round(n=5, threshold=3)
+    advertised = {c: load_payload(parse_envelope(d), AdvertiseKeys) for c, d in rnd.outgoing.items()}
+    assert {a.global_state_digest for a in advertised.values()} == {rnd.plan.global_state_digest}
+    res = rnd.finish()
+    assert set(res.contributors) == set(rnd.plan.participants)
+
+
+def test_a_relayed_advertisement_for_another_model_is_refused_even_among_matching_ones():
+    """The relayed payload is the peer's own signed bytes: a server cannot rewrite the digest in it (the
+    signature breaks), so a directory mixing models is refused at the first mismatching key."""
+    rnd = Round(n=5, threshold=3)
+    other = Round(n=5, threshold=3, client_plans=_other_model(rnd))
+    for c, data in rnd.outgoing.items():
+        rnd.server.receive_bytes(c, data)
+    directory = load_payload(parse_envelope(rnd.server.next_stage()["hosp00"]), KeyDirectory)
+    swapped = parse_envelope(other.outgoing["hosp02"])
+    keys = tuple(k.model_copy(update={"payload": swapped.payload, "signature": swapped.signature})
+                 if k.client == "hosp02" else k for k in directory.keys)
+    with pytest.raises(ProtocolError, match="starts from another global model"):
+        rnd.clients["hosp00"].handle(seal(directory.model_copy(update={"keys": keys}), SERVER))
