@@ -174,6 +174,30 @@ def nsfl_static(b: int) -> dict:
             "data": "ALARM demo, hospital north, stars [B, K]", "row_shape": list(inputs[0].shape[1:])}
 
 
+def nsfl_piecewise(b: int) -> dict:
+    """:func:`nsfl_static` with ``[model] value_encoding = "piecewise"`` (issue 35 item 3 on the deployed
+    DP step: its ``dp`` against ``nsfl_static``'s in one run, ``--tasks nsfl_static nsfl_piecewise``)."""
+    from clinograph.sdk.graph import star_batch
+    from clinograph.sdk.model.nsfl import NSFLConfig, NSFLModel
+    from clinograph.sdk.privacy.per_patient import PerPatientClipper
+    from clinograph.sdk.privacy.trainer import star_loss
+
+    from research.demo_quality.demo_quality import demo_tables
+
+    d, tables = demo_tables(0, 1.0)
+    table = next(t for t in tables if t.site == "north")
+    s = star_batch(table, k_similar=0)
+    idx = _rows(len(s.labels), b)
+    inputs = (s.feature_index[idx], s.values[idx], s.mask[idx])
+    model = NSFLModel(len(d.node_ids()), NSFLConfig(value_encoding="piecewise"))
+    with torch.no_grad():  # U starts at zero (the linear encoding exactly); trained weights are not zero
+        model.l1_of_patient.U.weight.normal_(0, 0.1)
+        model.l2_of_patient.U.weight.normal_(0, 0.1)
+    return {**_star_sides(model, inputs, s.labels[idx].float(), star_loss, PerPatientClipper, b),
+            "data": "ALARM demo, hospital north, stars [B, K]; value_encoding = piecewise",
+            "row_shape": list(inputs[0].shape[1:])}
+
+
 def nsfl_wide(b: int, *, skip: bool = True) -> dict:
     """The DP default model (``[model] deep = false``: the wide path alone) on nsfl_static's batch.
     ``skip = False``: the GNN computed and gated to zero, every parameter trained -- what main did
@@ -343,7 +367,7 @@ def modalities(b: int) -> dict:
                     f"waveform [B, {int(inputs[3].shape[1])}] ({int(inputs[4].sum())} of {b} have it)"}
 
 
-TASKS = {"nsfl_static": nsfl_static, "nsfl_wide": nsfl_wide, "nsfl_wide_gnn": nsfl_wide_gnn, "nsfl_temporal": nsfl_temporal, "survival": survival, "concepts": concepts,
+TASKS = {"nsfl_static": nsfl_static, "nsfl_piecewise": nsfl_piecewise, "nsfl_wide": nsfl_wide, "nsfl_wide_gnn": nsfl_wide_gnn, "nsfl_temporal": nsfl_temporal, "survival": survival, "concepts": concepts,
          "modalities": modalities}
 
 
