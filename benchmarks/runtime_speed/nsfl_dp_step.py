@@ -16,6 +16,11 @@ each repetition's own CPU-time ratio (``cpu_*_over_linear_paired``). The ``part_
 the star engine's parts alone (clipped sum, noise, assign + SGD step, an Adam step), and ``dp_floor``
 is what a DP step of each encoding would cost if only its parameter-proportional work (noise, Adam)
 exceeded the linear encoding's (issue 35 item 3).
+
+Since session 51 the DP arms here are not the deployed step (they draw float64 noise every step and step
+with SGD; the DP trainer draws float32 noise 16 steps ahead and steps with fused Adam), so ``dp_floor``
+overprices the noise: ``benchmarks/dp_step/dp_step.py --tasks nsfl_static nsfl_piecewise`` times the
+deployed step (README, "Session 52").
 """
 
 from __future__ import annotations
