@@ -113,8 +113,8 @@ class RelationAttention(nn.Module):
     g_j(x) = Σ_k G_jk B_k(x), each channel j of feature v scaled by its own state h_vj, so a
     read-out of the message is a per-feature combination of the shared curves. Parameters M·d
     instead of M·d² and about the cost of V (a DP step: the gated form ~1.2× the linear encoding's,
-    the full form ~1.9×, bound by its M·d² parameters' per-copy products and noise;
-    benchmarks/runtime_speed/results/nsfl_dp_step_s51.json).
+    the full form ~2.2× on the deployed step, bound by U's per-copy products on the star path the
+    per-patient engine runs: benchmarks/runtime_speed/README.md, "Session 52").
     """
 
     def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2,
