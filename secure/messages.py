@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,6 +19,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     SerializationInfo,
     ValidationInfo,
     WrapSerializer,
@@ -147,6 +150,20 @@ class RoundPlan(WireMessage):
     dp_policy: DPPolicy | None = None
     global_state_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     options: dict[str, Finite | int | str | bool] = Field(default_factory=dict, max_length=1024)  # the run's options and one weight per hospital
+    _digest: tuple[int, str] | None = PrivateAttr(default=None)  # (id of the plan that computed it, digest)
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the plan's canonical JSON (sorted keys, a domain tag), memoised. Every
+        masked and ``ckks_threshold`` client message of the round names it (``plan_digest``) and each
+        hospital checks its peers' against its own: one plan is sealed for every participant of a
+        round, so hospitals sent different plans -- another participant list, ``min_clients``,
+        weight, option or model -- cannot complete the round together. The memo names the object that
+        computed it: ``model_copy`` copies private attributes, and a copy with other fields must not
+        inherit its original's digest."""
+        if self._digest is None or self._digest[0] != id(self):
+            body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+            self._digest = (id(self), hashlib.sha256(b"clinograph/round-plan/1\x00" + body.encode()).hexdigest())
+        return self._digest[1]
 
 
 class ModuleTensor(WireMessage):

@@ -25,9 +25,9 @@ M = TypeVar("M", bound=WireMessage)
 
 def check_header(plan: RoundPlan, *, sender: str, federation_id: str, round_: int,
                  spec_digest: str | None = None, dictionary_hash: str | None = None,
-                 global_state_digest: str | None = None) -> None:
+                 global_state_digest: str | None = None, plan_digest: str | None = None) -> None:
     """Refuse a message from another federation, round, model version, dictionary or (when the
-    message names one) starting global model."""
+    message names them) starting global model or plan."""
     if sender not in plan.participants:
         raise ProtocolError(f"{sender!r} is not a participant of round {plan.round}.")
     if federation_id != plan.federation_id:
@@ -44,6 +44,10 @@ def check_header(plan: RoundPlan, *, sender: str, federation_id: str, round_: in
         raise ProtocolError(f"Message starts from another global model (digest {global_state_digest[:12]}…) than "
                             f"round {plan.round}'s plan ({plan.global_state_digest[:12]}…): the hospital holds another "
                             "model than the one this round's plan names. Refused for this round.")
+    if plan_digest is not None and plan_digest != plan.digest():
+        raise ProtocolError(f"Message names another plan (digest {plan_digest[:12]}…) than round {plan.round}'s "
+                            f"({plan.digest()[:12]}…): the hospital holds a plan the server did not send for this "
+                            "round. Refused for this round.")
 
 
 def decode_modules(plan: RoundPlan, modules: Sequence[ModuleTensor], *, sender: str) -> dict[str, np.ndarray]:

@@ -90,6 +90,10 @@ def checked_commitments(msg: ThresholdCommitments, *, plan: RoundPlan, peers: Ma
             raise refuse(f"the commitment signed by {env.sender!r} starts from another global model (digest "
                          f"{c.global_state_digest[:12]}…) than this hospital's plan ({plan.global_state_digest[:12]}…): "
                          "the server sent hospitals different models for one round.")
+        if c.plan_digest != plan.digest():
+            raise refuse(f"the commitment signed by {env.sender!r} answers another plan (digest {c.plan_digest[:12]}…) "
+                         f"than this hospital's ({plan.digest()[:12]}…): the server sent hospitals different plans for "
+                         "one round (participants, min_clients, weights or options).")
         if env.sender in out:
             raise refuse(f"{env.sender!r} is counted twice.")
         out[env.sender] = c

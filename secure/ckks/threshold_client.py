@@ -95,7 +95,8 @@ class ThresholdClient(AggregationClient):
     def _header(self) -> dict[str, Any]:
         return dict(federation_id=self.plan.federation_id, round=self.plan.round, client=self.identity.name,
                     spec_digest=self.plan.spec.digest(), dictionary_hash=self.plan.dictionary_hash,
-                    public_key_digest=self._public.digest, global_state_digest=self.plan.global_state_digest)
+                    public_key_digest=self._public.digest, global_state_digest=self.plan.global_state_digest,
+                    plan_digest=self.plan.digest())
 
     def handle(self, data: bytes) -> bytes | None:
         """Stage ``reveal``: this hospital's upload, once it checked the commitment set. Stage

@@ -92,6 +92,7 @@ class _Contribution(WireMessage):
     dictionary_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     public_key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     global_state_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    plan_digest: str = Field(pattern=r"^[0-9a-f]{64}$")  # RoundPlan.digest(): every field of the plan
 
 
 class ThresholdCommit(_Contribution):

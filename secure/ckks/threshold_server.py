@@ -125,7 +125,7 @@ class ThresholdServer(AggregationServer):
     def _check_commit(self, sender: str, msg: ThresholdCommit) -> None:
         check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,
                      spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash,
-                     global_state_digest=msg.global_state_digest)
+                     global_state_digest=msg.global_state_digest, plan_digest=msg.plan_digest)
         if msg.client != sender or msg.public_key_digest != self.public.digest:
             raise ProtocolError(f"Commitment from {sender!r} names another client or collective key.")
         if sender not in self.public.holders:
@@ -136,7 +136,7 @@ class ThresholdServer(AggregationServer):
         """The rounded c0 digits of ``sender``'s upload, checked against its commitment."""
         check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,
                      spec_digest=msg.spec_digest, dictionary_hash=msg.dictionary_hash,
-                     global_state_digest=msg.global_state_digest)
+                     global_state_digest=msg.global_state_digest, plan_digest=msg.plan_digest)
         if msg.client != sender or msg.public_key_digest != self.public.digest:
             raise ProtocolError(f"Update from {sender!r} names another client or collective key.")
         if msg.commitments_sha256 != self._commit_digest:

@@ -259,4 +259,4 @@ class MaskingClient(AggregationClient):
         p = self.plan
         return {"federation_id": p.federation_id, "round": p.round, "client": self._me,
                 "spec_digest": self._spec_digest, "dictionary_hash": p.dictionary_hash,
-                "global_state_digest": p.global_state_digest}
+                "global_state_digest": p.global_state_digest, "plan_digest": p.digest()}

@@ -16,7 +16,7 @@ envelope signature is the consistency signature. It is the same guarantee: the e
 signature covers ``SIG_MESSAGE || 0x00 || kind || 0x00 || payload`` (``secure/wire.py``), the
 kind ``masked_consistency_signature`` is signed by a client only at stage 3, once a round,
 and the payload is parsed strictly and must name the signer, this federation and round (and
-ModelSpec, dictionary and -- masked/3 -- the global model the round starts from) and the
+ModelSpec, dictionary and -- masked/3 -- the global model the round starts from and the plan) and the
 SHA-256 digest of the domain-separated (federation, round, sorted U3)
 (:func:`~.stages.open_relayed`). So a valid relayed signature exists only if that client signed
 that U3 for this federation and round -- the statement the separate signature made -- under

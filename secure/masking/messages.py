@@ -14,8 +14,8 @@ Stage 3 is the consistency check of Bonawitz et al. 2017 (round 4, "ConsistencyC
 see :mod:`clinograph.secure.masking.consistency` for what it does and does not guarantee.
 
 Every client message carries the plan's federation, round, ModelSpec digest, dictionary
-hash and the digest of the global model the round starts from (``global_state_digest``, since
-``masked/3``); every server message names its recipient. Sizes are bounded per field, and the
+hash, the digest of the global model the round starts from (``global_state_digest``) and the
+digest of the whole plan (``plan_digest``), both since ``masked/3``; every server message names its recipient. Sizes are bounded per field, and the
 server additionally bounds whole envelopes per stage (``MaskingServer.max_message_bytes``).
 """
 
@@ -54,6 +54,8 @@ class ClientHeader(WireMessage):
     dictionary_hash: str = Field(pattern=HEX64)
     #: the plan's ``global_state_digest``: the model this hospital checked its plan against (masked/3)
     global_state_digest: str = Field(pattern=HEX64)
+    #: :meth:`RoundPlan.digest` of the plan this hospital answers: every field of it (masked/3)
+    plan_digest: str = Field(pattern=HEX64)
 
 
 class ServerHeader(WireMessage):

@@ -172,7 +172,8 @@ class MaskingServer(AggregationServer):
             check_header(self.plan, sender=sender, federation_id=msg.federation_id, round_=msg.round,  # type: ignore[attr-defined]
                          spec_digest=None if spec_digest == self._spec_digest else spec_digest,  # known good: not rehashed
                          dictionary_hash=msg.dictionary_hash,  # type: ignore[attr-defined]
-                         global_state_digest=msg.global_state_digest)  # type: ignore[attr-defined]
+                         global_state_digest=msg.global_state_digest,  # type: ignore[attr-defined]
+                         plan_digest=msg.plan_digest)  # type: ignore[attr-defined]
             if msg.client != sender:  # type: ignore[attr-defined]
                 raise ProtocolError(f"Message names client {msg.client!r} but was sent by {sender!r}.")  # type: ignore[attr-defined]
             self._accept(sender, msg, envelope)

@@ -326,9 +326,10 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
     client's own envelope): the signature is verified over those exact bytes under the
     envelope's context and the message's kind, the payload is parsed strictly as ``model`` and
     must name ``client``, this federation and round, the plan's ModelSpec and dictionary
-    (``spec_digest``: ``plan.spec.digest()`` if the caller already has it) and the global model
-    the plan starts from (``global_state_digest``, masked/3: a peer sent another model cannot
-    share a round with this hospital).
+    (``spec_digest``: ``plan.spec.digest()`` if the caller already has it), the global model
+    the plan starts from (``global_state_digest``) and the plan itself (``plan_digest``,
+    :meth:`RoundPlan.digest`): masked/3, a peer sent another model or plan cannot share a round
+    with this hospital.
 
     This is what makes an envelope signature serve as the protocol's key signature
     (:class:`~.messages.AdvertiseKeys`, Bonawitz et al. 2017 round 0) and consistency signature
@@ -338,7 +339,7 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
     Raises:
         IntegrityError: the signature does not verify (forged, altered, another kind or key).
         ProtocolError: the payload does not parse, or names another client, federation, round,
-            ModelSpec, dictionary or starting global model.
+            ModelSpec, dictionary, starting global model or plan.
     """
     kind = kind_of(model)
     if len(signature) != SIGNATURE_BYTES or not _ID.fullmatch(client):  # what an Envelope of them would refuse
@@ -362,6 +363,12 @@ def open_relayed(plan: RoundPlan, *, client: str, payload: bytes, signature: byt
                             f"({plan.global_state_digest[:12]}…): the server sent hospitals different models for "
                             "one round. Refused; nothing of this round is revealed (report the server: its signed "
                             "plan and the signed message relaying this one are the evidence).")
+    if msg.plan_digest != plan.digest():  # type: ignore[attr-defined]
+        raise ProtocolError(f"Relayed {kind!r} message of {client!r} answers another plan (digest "
+                            f"{msg.plan_digest[:12]}…) than this hospital's for round {plan.round} "  # type: ignore[attr-defined]
+                            f"({plan.digest()[:12]}…): the server sent hospitals different plans for one round "
+                            "(participants, min_clients, weights or options). Refused; nothing of this round is "
+                            "revealed (report the server: its signed plans are the evidence).")
     return msg
 
 

@@ -29,7 +29,7 @@ from clinograph.core.identity import Identity
 ALICE = Identity.generate("alice")
 MALLORY = Identity.generate("mallory")
 HDR = {"federation_id": "fed", "round": 3, "client": "alice", "spec_digest": "a" * 64, "dictionary_hash": "b" * 64}
-MASKED_HDR = {**HDR, "global_state_digest": "e" * 64}  # masked/3: the round's starting model too
+MASKED_HDR = {**HDR, "global_state_digest": "e" * 64, "plan_digest": "f" * 64}  # masked/3: the starting model and plan too
 
 
 def update(values: list[np.ndarray]) -> ClientUpdate:
@@ -51,9 +51,9 @@ def test_blobs_travel_raw_and_round_trip():
     words = np.arange(1000, dtype="<u4").tobytes()
     data = seal(MaskedInput(**MASKED_HDR, words=words), ALICE)
     assert data[:4] == MAGIC_ATTACHED
-    assert len(data) < len(words) + 500  # raw bytes plus a small header (~450 B): no base64 (+1333 B here)
+    assert len(data) < len(words) + 600  # raw bytes plus a small header (~530 B): no base64 (+1333 B here)
     env = parse_envelope(data)
-    assert env.attachments == (words,) and b"attachment" in env.payload and len(env.payload) < 400
+    assert env.attachments == (words,) and b"attachment" in env.payload and len(env.payload) < 500
     assert open_envelope(env, sender=ALICE.public, model=MaskedInput).words == words
     msg, env2 = two_blobs()
     assert len(env2.attachments) == 2 and open_envelope(env2, sender=ALICE.public, model=ClientUpdate) == msg
@@ -170,7 +170,8 @@ def test_open_signed_is_open_envelope_for_a_relayed_payload_and_signature():
 @pytest.mark.parametrize("name", ["bad name", "-leading-dash", "x" * 65, "new\nline"])
 def test_seal_refuses_a_sender_name_no_envelope_may_carry(name):
     msg = MaskedInput(federation_id="fed", round=1, client="hosp-a", spec_digest="0" * 64,
-                      dictionary_hash="d" * 64, global_state_digest="0" * 64, words=b"\x00" * 8)
+                      dictionary_hash="d" * 64, global_state_digest="0" * 64, plan_digest="0" * 64,
+                      words=b"\x00" * 8)
     with pytest.raises(ConfigError, match="Identity name"):  # refused where an identity is made, first
         Identity.generate(name)
     ident = Identity.generate("hosp-a")

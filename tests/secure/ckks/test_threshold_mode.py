@@ -460,3 +460,21 @@ def test_a_commitment_of_an_older_release_is_refused_naming_the_missing_model_di
         server.receive(parse_envelope(old.to_bytes()))
     with pytest.raises(IntegrityError, match="of 'south'\\) is not a threshold CKKS commitment of this release"):
         clients["east"].handle(_relay([commits["east"], commits["north"], old.to_bytes()]))
+
+
+def test_no_hospital_encrypts_for_a_set_whose_members_answer_different_plans(fed):
+    """The same for a plan that differs in anything but the model (here its local epochs): the commitments
+    name the plan's digest too (``RoundPlan.digest``)."""
+    plan = _plan(fed, round_=6)
+    other = plan.model_copy(update={"local_epochs": plan.local_epochs + 1})
+    clients, _ = _clients(fed, plan)
+    clients["south"] = _clients(fed, other)[0]["south"]
+    commits = {n: c.first_message() for n, c in clients.items()}
+    data = _relay([commits[n] for n in NAMES])
+    for n in NAMES:
+        with pytest.raises(IntegrityError, match=f"Hospital '{n}' refuses to encrypt its update: the commitment "
+                                                 "signed by '.*' answers another plan"):
+            clients[n].handle(data)
+    server = fed.run.server(plan=plan, peers=fed.enrolled, identity=SERVER)
+    with pytest.raises(ProtocolError, match="names another plan"):
+        server.receive(parse_envelope(commits["south"]))

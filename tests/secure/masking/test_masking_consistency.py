@@ -48,7 +48,7 @@ def vouch(plan, client, u3, *, kind=None):
     directly (a colluder's, or a forgery harness); ``kind``: sign it as another message kind."""
     msg = ConsistencySignature(federation_id=plan.federation_id, round=plan.round, client=client,
                                spec_digest=plan.spec.digest(), dictionary_hash=plan.dictionary_hash,
-                               global_state_digest=plan.global_state_digest,
+                               global_state_digest=plan.global_state_digest, plan_digest=plan.digest(),
                                survivors_digest=survivors_digest(plan, u3))
     env = parse_envelope(seal(msg, identity(client)))
     sig = env.signature if kind is None else identity(client).sign(kind.encode() + b"\x00" + env.payload,
@@ -248,11 +248,16 @@ def test_documented_limit_a_split_view_with_2t_minus_k_plus_1_colluders_still_un
                                rnd.updates[VICTIM].modules[first.name], atol=1e-7)
 
 
-def test_a_survivor_set_padded_with_hospitals_outside_the_sum_is_refused():
+def test_a_survivor_set_padded_with_hospitals_outside_the_sum_is_refused(monkeypatch):
     """Bonawitz et al. 2017: U3 lies within U2. Before (session 52), a lying server that let hosp03 and hosp04
     'drop' at stage 1 for the others, then listed hosp03 in U3, met a plan's min_clients = 4 with three masked
     inputs: all three signed and revealed their self-mask shares (seen), so the server learnt a sum of three
     updates where the plan promised at least four. A neighbour in U3 must be one the client masked with."""
+    from clinograph.secure.masking import server as masking_server
+
+    real = masking_server.check_header  # the lying server keeps books other than the plan it signed: it skips
+    monkeypatch.setattr(masking_server, "check_header",  # its own check of the hospitals' plan digest
+                        lambda plan, **kw: real(plan, **{k: v for k, v in kw.items() if k != "plan_digest"}))
     books = Round(n=5, threshold=3, min_clients=3)  # the lying server's own floor: 3 suffice
     promised = books.plan.model_copy(update={"min_clients": 4})  # what every hospital's signed plan says
     rnd = Round(n=5, threshold=3, min_clients=3, client_plans=dict.fromkeys(books.plan.participants, promised))

@@ -31,8 +31,9 @@ def test_a_hospital_sent_another_model_cannot_complete_a_round_with_the_others(m
     relays every message: each hospital refuses at the key directory, naming the reason; nothing is summed."""
     real = masking_server.check_header
 
-    def lenient(plan, **kw):  # the server's own check of the starting model, left out
+    def lenient(plan, **kw):  # the server's own check of the starting model and plan, left out
         kw.pop("global_state_digest", None)
+        kw.pop("plan_digest", None)
         return real(plan, **kw)
 
     monkeypatch.setattr(masking_server, "check_header", lenient)
@@ -85,3 +86,53 @@ def test_a_relayed_advertisement_for_another_model_is_refused_even_among_matchin
                  if k.client == "hosp02" else k for k in directory.keys)
     with pytest.raises(ProtocolError, match="starts from another global model"):
         rnd.clients["hosp00"].handle(seal(directory.model_copy(update={"keys": keys}), SERVER))
+
+
+def test_a_hospital_sent_another_plan_for_the_same_model_cannot_complete_a_round_with_the_others(monkeypatch):
+    """The same with a plan that differs in anything else (here its local epochs; as well its participants,
+    min_clients, weights or options): every masked message also names the plan's digest (``RoundPlan.digest``),
+    so each hospital refuses the keys of a peer that answers another plan. Before (this session's first
+    masked/3, the model digest alone) such a round completed."""
+    real = masking_server.check_header
+
+    def lenient(plan, **kw):  # the hostile server skips its own checks of the model and plan
+        kw.pop("global_state_digest", None)
+        kw.pop("plan_digest", None)
+        return real(plan, **kw)
+
+    monkeypatch.setattr(masking_server, "check_header", lenient)
+    rnd = Round(n=5, threshold=3)
+    other = {"hosp02": rnd.plan.model_copy(update={"local_epochs": rnd.plan.local_epochs + 1})}
+    rnd = Round(n=5, threshold=3, client_plans=other)
+    for c, data in rnd.outgoing.items():
+        rnd.server.receive_bytes(c, data)
+    refusals = {}
+    for c, data in rnd.server.next_stage().items():
+        with pytest.raises(ProtocolError) as exc:
+            rnd.clients[c].handle(data)
+        refusals[c] = str(exc.value)
+    assert set(refusals) == set(rnd.plan.participants)
+    assert all("answers another plan" in why and "different plans for one round" in why for why in refusals.values())
+
+
+def test_an_honest_server_refuses_a_message_answering_another_plan():
+    rnd = Round(n=5, threshold=3)
+    other = {"hosp02": rnd.plan.model_copy(update={"local_epochs": rnd.plan.local_epochs + 1})}
+    rnd = Round(n=5, threshold=3, client_plans=other)
+    res = rnd.finish()
+    assert "names another plan" in rnd.server.rejected()["hosp02"]
+    assert_completed_without(rnd, res, "hosp02")
+
+
+def test_the_plan_digest_is_the_same_for_the_sealed_and_the_received_plan_and_never_inherited_by_a_copy():
+    """Every hospital computes it from the plan it parsed, the server from the one it built: they must agree
+    (or no masked round completes); a copy with another field must not keep its original's memo
+    (pydantic's model_copy copies private attributes)."""
+    from clinograph.secure.messages import RoundPlan
+
+    rnd = Round(n=5, threshold=3)
+    received = load_payload(parse_envelope(seal(rnd.plan, SERVER)), RoundPlan)
+    assert received.digest() == rnd.plan.digest() and len(rnd.plan.digest()) == 64
+    changed = rnd.plan.model_copy(update={"min_clients": rnd.plan.min_clients + 1})
+    assert changed.digest() != rnd.plan.digest()
+    assert rnd.plan.model_copy().digest() == rnd.plan.digest()

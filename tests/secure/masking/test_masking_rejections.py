@@ -203,7 +203,7 @@ def test_message_from_a_non_participant_is_refused():
     with pytest.raises(Unattributed, match="not enrolled"):
         rnd.server.receive_bytes("stranger", seal(MaskedInput(
             federation_id="fed-test", round=7, client="stranger", spec_digest="0" * 64, dictionary_hash="d" * 64,
-            global_state_digest="0" * 64, words=b""), stranger))
+            global_state_digest="0" * 64, plan_digest="0" * 64, words=b""), stranger))
     assert "stranger" not in rnd.server.rejected()
 
 
