@@ -271,17 +271,23 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
             if number is not None:
                 value[i], censor[i], from_text = number, op, from_text + 1
     no_value = numeric & np.isnan(value) & keep
-    keep &= ~no_value
+    # a categorical feature's event without numeric_value (smoking status as text_value): its level is not
+    # read (as OMOP's value_as_concept_id and FHIR's valueCodeableConcept are not): counted and excluded
+    no_level = (kind == FeatureKind.CATEGORICAL).to_numpy() & np.isnan(value) & keep
+    keep &= ~(no_value | no_level)
     where = events["_shard"].astype(str) + " row " + events["_row"].astype(str)
     frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": codes.to_numpy(),
                           "value": value, "unit": unit, "censor": censor, "where": where.to_numpy()})[keep]
     excluded = {"outside the cohort": int((~in_cohort).sum()), "after the prediction time": int(after.sum()),
-                "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum())}
+                "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum()),
+                "categorical code without numeric_value": int(no_level.sum())}
     notes = (f"events outside the cohort or after the prediction time: {int((~in_cohort).sum() + after.sum())}",
              *([f"events before the lookback ({lookback_hours} h before the prediction time; excluded): "
                 f"{int(before.sum())}"] if lookback_hours is not None else []),
              f"codes of binary features without numeric_value, read as present: {int((presence & keep).sum())}",
              f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}",
+             *([f"events of categorical features without numeric_value (their level is not read; excluded): "
+                f"{int(no_level.sum())}"] if no_level.any() else []),
              *([f"values read from text_value: {from_text}"] if from_text else []),
              *([f"values censored by their text_value (numeric_value beside a text_value such as '<0.5'): "
                 f"{marked}"] if marked else []),
