@@ -599,7 +599,9 @@ def dp_default_model(config: HospitalConfig) -> bool:
 
 class HospitalEntry(_Strict):
     """[[hospitals]]: one site's table and schema, for a federation run in one process (deployed
-    hospitals are SuperNodes with their own data folders)."""
+    hospitals are SuperNodes with their own data folders). ``schema`` may be an EHR source file
+    (``[omop]``, ``[meds]``, ``[fhir]``); ``table`` is then the source's location (a CDM folder or
+    .duckdb file, a MEDS root, a FHIR export), read as ``clinograph check`` reads it."""
 
     site: str
     table: Path

@@ -41,6 +41,7 @@ from ..ontology.dictionary import FeatureDictionary
 from .ehr_values import CensorPolicy
 from .extract import EhrExtract
 from .omop import OmopOptions, OmopSex, OmopSource
+from .table import PatientTable
 
 SITE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 
@@ -119,6 +120,39 @@ class EhrSourceConfig(ConfigModel):
 def is_source_file(data: dict) -> bool:
     """True if a parsed TOML document is a source file rather than a site schema."""
     return any(k in data for k in ("omop", "meds", "fhir"))
+
+
+def load_site_source(path: Path):  # noqa: ANN201 - a SiteSchema or an EhrSourceConfig
+    """A hospital's site schema, or its EHR source file (``[omop]``, ``[meds]`` or ``[fhir]``): both name
+    the site (``.site``); :func:`ingest_site` reads the hospital's table or source with it.
+
+    Raises:
+        ConfigError: the file cannot be read or does not validate (naming it and the key).
+    """
+    import tomllib
+
+    from clinograph.core.tomlio import read_toml_text
+
+    from ..ontology.schema import SiteSchema
+
+    try:
+        raw = tomllib.loads(read_toml_text(Path(path), what="schema"))
+    except tomllib.TOMLDecodeError:
+        raw = {}  # the loader below reports the syntax error with its line
+    return EhrSourceConfig.from_toml(path) if is_source_file(raw) else SiteSchema.from_toml(path)
+
+
+def ingest_site(location: str | Path, source, *, dictionary: FeatureDictionary,  # noqa: ANN001 - see load_site_source
+                base: Path) -> PatientTable:
+    """The hospital's PatientTable: its table read as its site schema says, or -- ``source`` an EHR
+    source file -- the source at ``location`` (a CDM folder or .duckdb file, a MEDS root, a FHIR export)
+    read and ingested, as ``clinograph check`` reads it. ``base``: the source file's folder."""
+    if isinstance(source, EhrSourceConfig):
+        return read_source(source, location, dictionary=dictionary, base=base).ingest(dictionary)
+    from .read import read_site_table
+    from .validate import ingest
+
+    return ingest(read_site_table(location, source), schema=source, dictionary=dictionary)
 
 
 def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: FeatureDictionary,

@@ -289,6 +289,25 @@ def write_meds(root: str | Path, cohort: Cohort) -> Path:
     return root / "labels.parquet"
 
 
+def write_dictionary(path: str | Path) -> Path:
+    """:data:`DICTIONARY` as a dictionary TOML file."""
+    import tomli_w
+
+    features = [f.model_dump(mode="json", exclude_none=True, exclude_defaults=True) | {"id": f.id, "kind": f.kind.value}
+                for f in DICTIONARY.features]
+    Path(path).write_text(tomli_w.dumps({"name": DICTIONARY.name, "version": DICTIONARY.version,
+                                         "features": features}))
+    return Path(path)
+
+
+def write_source_file(path: str | Path, kind: str, site: str) -> Path:
+    """A source file (``site`` and the ``[omop]``, ``[meds]`` or ``[fhir]`` of :func:`source_files`)."""
+    import tomli_w
+
+    Path(path).write_text(tomli_w.dumps({"site": site, kind: source_files()[kind]}))
+    return Path(path)
+
+
 def source_files() -> dict[str, dict]:
     """The three source-file sections (``[omop]``, ``[meds]``, ``[fhir]``) reading the exports alike."""
     units, censored = {"heart_rate": "/min"}, "half_bound"
