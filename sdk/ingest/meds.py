@@ -190,7 +190,8 @@ def split_code(code: str, known: frozenset[str] | set[str] = frozenset()) -> tup
 
 def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, labels: str | Path | None,
               lookback_hours: float | None, snapshot_hours: float = 24.0,
-              units: dict[str, str] | None = None, censored: CensorPolicy | None = None) -> EhrExtract:
+              units: dict[str, str] | None = None, censored: CensorPolicy | None = None,
+              age: str | None = None, sex=None) -> EhrExtract:  # noqa: ANN001 - a sources.MedsSex
     """A MEDS dataset as an :class:`EhrExtract` (long table + schema + report).
 
     ``labels``: a MEDS label Parquet file (one prediction time per subject), or None for an
@@ -198,7 +199,10 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     (required with labels; None only for an unlabeled extract, which reads every event).
     ``units``: feature id -> unit of its events that carry none. ``censored``: how a
     ``text_value`` such as ``<0.5`` (``numeric_value`` empty) is read (:mod:`.ehr_values`).
-    Patient ids are the subject ids, as text.
+    Patient ids are the subject ids, as text. ``age``: a numeric feature given the years from the
+    subject's ``MEDS_BIRTH`` to the prediction time (unlabeled: to the first mapped event), as OMOP's
+    age at the index date; ``sex``: the feature, its level codes and the MEDS codes of male and
+    female (``GENDER//M``, ``GENDER//F``); both read at the prediction time's snapshot.
 
     Raises:
         ConfigError: the folder or label file does not exist, or labels without lookback_hours.
@@ -212,7 +216,7 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         raise ConfigError("MEDS with labels needs lookback_hours: how far before the prediction time events are read "
                           "as features (a years-old event is not a snapshot of today). Set lookback_hours under "
                           "[meds] in the source file.")
-    declared_features(section="[meds]", person_section="[meds]", age=None, sex=None, conditions=(),
+    declared_features(section="[meds]", person_section="[meds]", age=age, sex=sex, conditions=(),
                       units=dict(units or {}), dictionary=dictionary)
     events = _read_shards(root)
     sid = events["subject_id"].astype(np.int64)
@@ -276,8 +280,12 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     no_level = (kind == FeatureKind.CATEGORICAL).to_numpy() & np.isnan(value) & keep
     keep &= ~(no_value | no_level)
     where = events["_shard"].astype(str) + " row " + events["_row"].astype(str)
+    person, person_notes = _person(raw, sid, t, origin, where, in_cohort, keep, age=age, sex=sex,
+                                   binary=sex is not None and dictionary.get(sex.feature).kind == FeatureKind.BINARY)
     frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": codes.to_numpy(),
                           "value": value, "unit": unit, "censor": censor, "where": where.to_numpy()})[keep]
+    if len(person):
+        frame = pd.concat([frame, person], ignore_index=True)
     excluded = {"outside the cohort": int((~in_cohort).sum()), "after the prediction time": int(after.sum()),
                 "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum()),
                 "categorical code without numeric_value": int(no_level.sum())}
@@ -294,11 +302,50 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
              *([f"values whose text_value is censored but whose numeric_value differs from its bound (an ETL's "
                 f"substitute; read as numeric_value): {substituted}"] if substituted else []))
     unmapped = {b for b, _ in split.values() if b not in known}
-    notes += _parent_hints(root, unmapped, known, dictionary)
+    notes += person_notes + _parent_hints(root, unmapped, known, dictionary)
     return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
                    snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[meds] in the source file",
                    excluded=excluded)
+
+
+def _person(raw: pd.Series, sid: pd.Series, t: pd.Series, origin: pd.Series, where: pd.Series, in_cohort: np.ndarray,
+            keep: np.ndarray, *, age: str | None, sex, binary: bool) -> tuple[pd.DataFrame, tuple[str, ...]]:  # noqa: ANN001
+    """Age (years from MEDS_BIRTH to each subject's time 0) and sex (its male/female codes) as events at
+    hour 0; the sex codes' rows are cleared from ``keep`` (in place: they are read, not unmapped codes).
+    A subject with several birth times or both sex codes gets none (counted)."""
+    import meds
+
+    frames, notes = [], []
+    if age:
+        born = in_cohort & (raw == meds.birth_code).to_numpy() & t.notna().to_numpy()
+        births = t[born].groupby(sid[born].to_numpy())
+        several = births.nunique() > 1
+        first = births.min()[~several]
+        first = first[first.index.isin(origin.index)]
+        years = ((origin.reindex(first.index) - first) / pd.Timedelta(days=365.25)).to_numpy(dtype=float)
+        place = where[born].groupby(sid[born].to_numpy()).first().reindex(first.index)
+        frames.append(pd.DataFrame({"patient_id": first.index.astype(str), "code": f"FEATURE/{age}", "value": years,
+                                    "unit": "a", "where": place.to_numpy()}))
+        notes.append(f"subjects in the cohort without one {meds.birth_code} time (age missing): "
+                     f"{int(len(origin) - len(first))}")
+    if sex is not None:
+        codes = {sex.male_code: sex.male, sex.female_code: sex.female}
+        rows = in_cohort & raw.isin(list(codes)).to_numpy()
+        keep &= ~rows
+        level = raw[rows].map(codes)
+        by_subject = level.groupby(sid[rows].to_numpy())
+        one = by_subject.nunique() == 1
+        value = by_subject.first()[one]
+        value = value[value.index.isin(origin.index)]
+        place = where[rows].groupby(sid[rows].to_numpy()).first().reindex(value.index)
+        frames.append(pd.DataFrame({"patient_id": value.index.astype(str), "code": f"FEATURE/{sex.feature}",
+                                    "value": (value.astype(float) if binary else value).to_numpy(dtype=object), "unit": None, "where": place.to_numpy()}))
+        notes.append(f"subjects in the cohort without one of {sex.male_code!r} / {sex.female_code!r} (sex missing): "
+                     f"{int(len(origin) - len(value))}")
+    frames = [f for f in frames if len(f)]
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return (out.assign(hours=0.0, censor=None) if len(out) else out), tuple(notes)
 
 
 def _parent_hints(root: Path, unmapped: set[str], known: set[str], dictionary: FeatureDictionary) -> tuple[str, ...]:

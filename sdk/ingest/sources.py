@@ -46,6 +46,14 @@ from .table import PatientTable
 SITE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 
 
+class MedsSex(OmopSex):
+    """``[meds] sex``: the feature and the level codes male/female are written as (:class:`.omop.OmopSex`),
+    and the MEDS codes that say so (MEDS has no standard one; MIMIC-IV's ETL writes ``GENDER//M``)."""
+
+    male_code: str = Field(default="GENDER//M", min_length=1, max_length=200)
+    female_code: str = Field(default="GENDER//F", min_length=1, max_length=200)
+
+
 class MedsOptions(ConfigModel):
     """``[meds]``: the label file (None: unlabeled), the time binning, how far back features are read
     (required with labels: no default turns a years-old event into a snapshot) and the units of
@@ -58,6 +66,9 @@ class MedsOptions(ConfigModel):
     lookback_hours: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     units: dict[str, str] = Field(default_factory=dict)
     censored: CensorPolicy | None = None
+    #: a numeric feature: years from MEDS_BIRTH to the prediction time (unlabeled: the first mapped event)
+    age: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    sex: MedsSex | None = None
 
     @model_validator(mode="after")
     def _lookback(self) -> MedsOptions:
@@ -172,7 +183,8 @@ def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: Fe
         labels = None if config.meds.labels is None else (base or Path(".")) / config.meds.labels
         return read_meds(location, dictionary=dictionary, site=config.site, labels=labels,
                          snapshot_hours=config.meds.snapshot_hours, lookback_hours=config.meds.lookback_hours,
-                         units=config.meds.units, censored=config.meds.censored)
+                         units=config.meds.units, censored=config.meds.censored, age=config.meds.age,
+                         sex=config.meds.sex)
     from .fhir import read_fhir
 
     f = config.fhir

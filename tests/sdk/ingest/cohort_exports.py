@@ -317,7 +317,7 @@ def source_files() -> dict[str, dict]:
                  "lookback_days": LOOKBACK_DAYS, "units": units, "censored": censored,
                  "person": {"age": "age", "sex": {"feature": "sex", "male": "male", "female": "female"}}},
         "meds": {"labels": "labels.parquet", "lookback_hours": 24.0 * LOOKBACK_DAYS, "units": units,
-                 "censored": censored},
+                 "censored": censored, "age": "age", "sex": {"feature": "sex", "male": "male", "female": "female"}},
         "fhir": {"label_code": f"LOCAL/{OUTCOME[0]}", "systems": {LOCAL_SYSTEM: "LOCAL"}, "units": units,
                  "censored": censored, "age": "age", "sex": {"feature": "sex", "male": "male", "female": "female"}},
     }
