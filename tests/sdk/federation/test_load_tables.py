@@ -72,3 +72,34 @@ def test_hospitals_given_by_omop_fhir_and_meds_source_files_are_read_as_check_re
     config = SimulationConfig.model_validate({"dictionary": tmp_path / "d.toml", "hospitals": hospitals})
     with pytest.raises(SchemaError, match=r"site 'west': its schema .*meds.toml says site 'east'"):
         load_tables(config)
+
+
+def test_an_omop_hospital_given_by_a_database_url_is_read_from_that_database(tmp_path):
+    # before: [[hospitals]] table was a Path: "duckdb:////abs/cdm.duckdb" (or postgresql+psycopg://...) folded to
+    # "duckdb:/abs/cdm.duckdb", joined to the config's folder, and refused as an OMOP location that does not exist
+    import duckdb
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
+    from cohort_exports import (
+        example_cohort,
+        write_dictionary,
+        write_meds,
+        write_omop,
+        write_source_file,
+    )
+
+    cohort = example_cohort()
+    folder = write_omop(tmp_path / "omop", cohort)
+    with duckdb.connect(str(tmp_path / "cdm.duckdb")) as con:
+        for f in folder.iterdir():
+            con.execute(f"CREATE TABLE {f.stem} AS SELECT * FROM read_csv_auto('{f}')")  # noqa: S608 - test files
+    write_meds(tmp_path / "meds", cohort)
+    write_dictionary(tmp_path / "d.toml")
+    write_source_file(tmp_path / "omop.toml", "omop", "north")
+    write_source_file(tmp_path / "meds" / "meds.toml", "meds", "east")
+    (tmp_path / "sim.toml").write_text(
+        'dictionary = "d.toml"\n'
+        f'[[hospitals]]\nsite = "north"\ntable = "duckdb:///{tmp_path / "cdm.duckdb"}"\nschema = "omop.toml"\n'
+        '[[hospitals]]\nsite = "east"\ntable = "meds"\nschema = "meds/meds.toml"\n')
+    tables, _ = load_tables(SimulationConfig.from_toml(tmp_path / "sim.toml"))
+    assert [(t.site, t.n_patients) for t in tables] == [("north", 4), ("east", 4)]
