@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Literal
@@ -455,7 +456,9 @@ def _read_observation(o, where: str, *, subject: str, names, feature_of, label_c
         if value is None:
             counts["no_value"] += 1
             continue
-        out.append((subject, when, key, value, unit, None if comparator == "ad" else comparator, where))
+        # one string object a distinct subject, code and unit (not one a reading): 10^6 readings share them
+        out.append((sys.intern(subject), when, sys.intern(key), value, sys.intern(unit) if isinstance(unit, str)
+                    else unit, None if comparator == "ad" else comparator, where))
 
 
 def _assemble(readings, counts, patients, born, skipped, *, label_code, known, dictionary, site,  # noqa: ANN001, PLR0913
