@@ -280,9 +280,10 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     no_level = (kind == FeatureKind.CATEGORICAL).to_numpy() & np.isnan(value) & keep
     keep &= ~(no_value | no_level)
     where = events["_shard"].astype(str) + " row " + events["_row"].astype(str)
-    person, person_notes = _person(raw, sid, t, origin, where, in_cohort, keep, age=age, sex=sex,
+    name_of = {s: str(s) for s in pd.unique(sid)}  # one string a subject, not one an event (10^6 events)
+    person, person_notes = _person(raw, sid, t, origin, where, in_cohort, keep, age=age, sex=sex, name_of=name_of,
                                    binary=sex is not None and dictionary.get(sex.feature).kind == FeatureKind.BINARY)
-    frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": codes.to_numpy(),
+    frame = pd.DataFrame({"patient_id": sid.map(name_of).to_numpy(dtype=object), "hours": hours, "code": codes.to_numpy(),
                           "value": value, "unit": unit, "censor": censor, "where": where.to_numpy()})[keep]
     if len(person):
         frame = pd.concat([frame, person], ignore_index=True)
@@ -310,7 +311,8 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
 
 
 def _person(raw: pd.Series, sid: pd.Series, t: pd.Series, origin: pd.Series, where: pd.Series, in_cohort: np.ndarray,
-            keep: np.ndarray, *, age: str | None, sex, binary: bool) -> tuple[pd.DataFrame, tuple[str, ...]]:  # noqa: ANN001
+            keep: np.ndarray, *, age: str | None, sex, binary: bool,  # noqa: ANN001 - a sources.MedsSex
+            name_of: dict) -> tuple[pd.DataFrame, tuple[str, ...]]:
     """Age (years from MEDS_BIRTH to each subject's time 0) and sex (its male/female codes) as events at
     hour 0; the sex codes' rows are cleared from ``keep`` (in place: they are read, not unmapped codes).
     A subject with several birth times or both sex codes gets none (counted)."""
@@ -325,7 +327,7 @@ def _person(raw: pd.Series, sid: pd.Series, t: pd.Series, origin: pd.Series, whe
         first = first[first.index.isin(origin.index)]
         years = ((origin.reindex(first.index) - first) / pd.Timedelta(days=365.25)).to_numpy(dtype=float)
         place = where[born].groupby(sid[born].to_numpy()).first().reindex(first.index)
-        frames.append(pd.DataFrame({"patient_id": first.index.astype(str), "code": f"FEATURE/{age}", "value": years,
+        frames.append(pd.DataFrame({"patient_id": first.index.map(name_of), "code": f"FEATURE/{age}", "value": years,
                                     "unit": "a", "where": place.to_numpy()}))
         notes.append(f"subjects in the cohort without one {meds.birth_code} time (age missing): "
                      f"{int(len(origin) - len(first))}")
@@ -339,7 +341,7 @@ def _person(raw: pd.Series, sid: pd.Series, t: pd.Series, origin: pd.Series, whe
         value = by_subject.first()[one]
         value = value[value.index.isin(origin.index)]
         place = where[rows].groupby(sid[rows].to_numpy()).first().reindex(value.index)
-        frames.append(pd.DataFrame({"patient_id": value.index.astype(str), "code": f"FEATURE/{sex.feature}",
+        frames.append(pd.DataFrame({"patient_id": value.index.map(name_of), "code": f"FEATURE/{sex.feature}",
                                     "value": (value.astype(float) if binary else value).to_numpy(dtype=object), "unit": None, "where": place.to_numpy()}))
         notes.append(f"subjects in the cohort without one of {sex.male_code!r} / {sex.female_code!r} (sex missing): "
                      f"{int(len(origin) - len(value))}")

