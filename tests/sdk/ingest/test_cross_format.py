@@ -166,3 +166,23 @@ def test_events_share_one_string_a_code_and_a_patient(tmp_path, monkeypatch, kin
     read_all(tmp_path, example_cohort())
     values = seen[0][column].to_numpy(dtype=object)
     assert len({id(v) for v in values}) == len(set(values)) < len(values)
+
+
+def test_a_condition_is_present_or_absent_in_omop_and_only_present_or_missing_in_meds(tmp_path):
+    # the documented difference: OMOP's [omop.conditions] reads 1 in its own lookback, else 0; MEDS reads a binary
+    # code as 1 inside lookback_hours, else missing (no absence); FHIR skips Condition resources
+    from clinograph.sdk.ingest.meds import read_meds
+    from clinograph.sdk.ingest.omop import OmopSource, omop_engine, read_omop
+    from cohort_exports import source_files, write_meds, write_omop
+
+    cohort = example_cohort()  # patient 1: COPD diagnosed 100 h before the index time
+    write_omop(tmp_path / "omop", cohort)
+    spec = {**source_files()["omop"], "conditions": {"features": ["copd"], "lookback_days": 365.0}}
+    omop = read_omop(omop_engine(tmp_path / "omop"), source=OmopSource(site="h", **spec), dictionary=DICTIONARY)
+    labels = write_meds(tmp_path / "meds", cohort)
+    meds = {hours: read_meds(tmp_path / "meds", dictionary=DICTIONARY, site="h", labels=labels, lookback_hours=hours,
+                             units={"heart_rate": "/min"}, censored="half_bound") for hours in (48.0, 24.0 * 365)}
+    copd = {k: dict(zip(t.table.loc[t.table["feature"] == "copd", "patient_id"],
+                        t.table.loc[t.table["feature"] == "copd", "value"], strict=True))
+            for k, t in (("omop", omop), ("meds48", meds[48.0]), ("meds365", meds[24.0 * 365]))}
+    assert copd == {"omop": {"1": 1.0, "2": 0.0, "3": 0.0, "4": 0.0}, "meds48": {}, "meds365": {"1": 1.0}}
