@@ -78,6 +78,17 @@ class MedsOptions(ConfigModel):
         return self
 
 
+class FhirIndex(ConfigModel):
+    """``[fhir] index``: time 0 is the start of the patient's first Encounter of these classes (``class.code``,
+    e.g. ``IMP`` inpatient, ``EMER``), as OMOP's visit cohort; features are the Observations from
+    ``lookback_hours`` before it up to it (later ones: excluded, counted); patients without one: not read."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    encounter_classes: tuple[str, ...] = Field(min_length=1)
+    lookback_hours: float = Field(gt=0, allow_inf_nan=False)
+
+
 class FhirOptions(ConfigModel):
     """``[fhir]``: the label's code (None: unlabeled), extra coding systems, patient ids."""
 
@@ -95,6 +106,7 @@ class FhirOptions(ConfigModel):
     sex: OmopSex | None = None
     age: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
     validate_: Literal["fields_read", "full"] = Field(default="fields_read", alias="validate")
+    index: FhirIndex | None = None
 
 
 class EhrSourceConfig(ConfigModel):
@@ -192,4 +204,4 @@ def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: Fe
         raise ConfigError("The source file has no [omop], [meds] or [fhir] section; add the one your data uses.")
     return read_fhir(location, dictionary=dictionary, site=config.site, label_code=f.label_code, systems=f.systems,
                      patient_id=f.patient_id, identifier_system=f.identifier_system, snapshot_hours=f.snapshot_hours, units=f.units, censored=f.censored,
-                     age=f.age, sex=f.sex, validate=f.validate_)
+                     age=f.age, sex=f.sex, validate=f.validate_, index=f.index)

@@ -38,10 +38,11 @@ def read_all(tmp: Path, cohort: Cohort, *, fhir_form: str = "bundles") -> dict:
     src = source_files()
     src["omop"] = {**src["omop"], "patient_id": "person_source_value"}
     src["fhir"] = {**src["fhir"], "patient_id": "identifier", "identifier_system": "http://hospital.example/mrn"}
+    src["fhir_index"] = {**src["fhir"], "index": {"encounter_classes": ["IMP"], "lookback_hours": 24 * LOOKBACK_DAYS}}
     out = {}
-    for kind in ("omop", "fhir", "meds"):
-        config = EhrSourceConfig.model_validate({"site": "h", kind: src[kind]})
-        ex = read_source(config, tmp / kind, dictionary=DICTIONARY, base=tmp / "meds")
+    for kind in ("omop", "fhir", "meds", "fhir_index"):
+        config = EhrSourceConfig.model_validate({"site": "h", kind[:4]: src[kind]})
+        ex = read_source(config, tmp / kind[:4], dictionary=DICTIONARY, base=tmp / "meds")
         out[kind] = (ex.ingest(DICTIONARY), ex.report)
     return out
 
@@ -64,12 +65,15 @@ def labs(r: dict) -> dict:
 def check(tables: dict, cohort: Cohort) -> None:
     """The agreements and the documented differences, for any cohort of :mod:`cohort_exports`' shape."""
     (o_rows, o_lab), (f_rows, f_lab), (m_rows, m_lab) = (rows(tables[k][0]) for k in ("omop", "fhir", "meds"))
-    # OMOP and MEDS both count from the index (= prediction) time: the same rows, snapshots, ages, sexes, labels
-    assert o_rows.keys() == m_rows.keys() and o_lab == m_lab
-    for key, seq in o_rows.items():
-        assert [t for t, _ in seq] == [t for t, _ in m_rows[key]], key
-        np.testing.assert_allclose([v for _, v in seq], [v for _, v in m_rows[key]], rtol=1e-6)  # MEDS: float32
-    # FHIR (no prediction time: every Observation is read) agrees on each lab's last value, labels, sex and
+    # OMOP, MEDS and FHIR with [fhir] index (time 0: the index Encounter) count from the index (= prediction)
+    # time: the same rows, snapshots, ages, sexes and labels
+    i_rows, i_lab = rows(tables["fhir_index"][0])
+    for other_rows, other_lab, rtol in ((m_rows, m_lab, 1e-6), (i_rows, i_lab, 1e-12)):  # MEDS: float32
+        assert o_rows.keys() == other_rows.keys() and o_lab == other_lab
+        for key, seq in o_rows.items():
+            assert [t for t, _ in seq] == [t for t, _ in other_rows[key]], key
+            np.testing.assert_allclose([v for _, v in seq], [v for _, v in other_rows[key]], rtol=rtol)
+    # FHIR without an index (no prediction time: every Observation is read) agrees on each lab's last value, labels, sex and
     # age, save the values after the prediction time, which FHIR reads and the others exclude
     late = {(f"p{p.pid}", e.feature) for p in cohort.patients for e in p.events if e.hours > 0}
     expect_f = {k for k in labs(o_rows)} | late
