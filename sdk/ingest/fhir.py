@@ -285,8 +285,9 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     declared_features(section="[fhir]", person_section="[fhir]", age=age, sex=sex, conditions=(),
                       units=dict(units or {}), dictionary=dictionary)
 
-    full_patient = full_observation = None
+    full_patient = full_observation = full_encounter = None
     if validate == "full":
+        from fhir.resources.R4B.encounter import Encounter as full_encounter
         from fhir.resources.R4B.observation import Observation as full_observation
         from fhir.resources.R4B.patient import Patient as full_patient
 
@@ -345,7 +346,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 _read_observation(o, where, subject=subject, names=names, feature_of=feature_of,
                                   label_code=label_code, out=readings, counts=counts, codings=codings)
         elif kind == "Encounter" and index is not None:
-            e = _validate(fm.Encounter, doc, where, problems)
+            e = _validate(fm.Encounter, doc, where, problems, full_encounter)
             if e is not None and e.class_ is not None and e.class_.code in index.encounter_classes \
                     and e.period is not None and e.period.start and e.subject is not None and e.subject.reference:
                 encounters.append((e.subject.reference, e.period.start, where))

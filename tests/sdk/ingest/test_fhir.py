@@ -512,3 +512,8 @@ def test_an_index_encounter_is_time_zero_and_closes_the_window(tmp_path):
     assert t.patient_ids == ("a",) and sorted(t.value.tolist()) == [70.0, pytest.approx(73.83, abs=0.01)]
     assert ex.report.excluded["after the index time"] == 1 and ex.report.excluded["before the lookback"] == 1
     assert ex.report.excluded["patients without an index Encounter"] == 1
+    lines[3] = {k: v for k, v in lines[3].items() if k != "status"}  # the index Encounter: R4 requires a status
+    (tmp_path / "x.ndjson").write_text("\n".join(json.dumps(r) for r in lines))
+    with pytest.raises(SchemaError, match=r"Encounter at x.ndjson line 4 does not validate \(fields: .*status"):
+        read_fhir(tmp_path / "x.ndjson", dictionary=d, site="s", label_code=None, validate="full",
+                  index=FhirIndex(encounter_classes=("IMP",), lookback_hours=24.0))
