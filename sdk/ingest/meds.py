@@ -252,11 +252,14 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     static = t.isna().to_numpy()
     hours[static] = 0.0
     in_cohort = sid.isin(origin.index).to_numpy() if labels is not None else np.ones(len(sid), bool)
-    keep = in_cohort & (static | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
-    after = in_cohort & ~static & (hours > 0) if labels is not None else np.zeros(len(hours), bool)
+    # the window is the features': codes outside the dictionary (MEDS_BIRTH, ...) are counted as such, whenever
+    is_mapped = raw.map({c: b in known for c, (b, _) in split.items()}).to_numpy(dtype=bool)
+    timed = is_mapped & ~static
+    keep = in_cohort & (~timed | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
+    after = in_cohort & timed & (hours > 0) if labels is not None else np.zeros(len(hours), bool)
     before = np.zeros(len(hours), bool)
     if lookback_hours is not None and labels is not None:
-        before = in_cohort & ~static & (hours < -lookback_hours)
+        before = in_cohort & timed & (hours < -lookback_hours)
         keep &= ~before
     codes = raw.map({c: b for c, (b, _) in split.items()}).astype(object).reset_index(drop=True)
     value = events["numeric_value"].astype(float).to_numpy().copy()
@@ -321,6 +324,7 @@ def _person(raw: pd.Series, sid: pd.Series, t: pd.Series, origin: pd.Series, whe
     frames, notes = [], []
     if age:
         born = in_cohort & (raw == meds.birth_code).to_numpy() & t.notna().to_numpy()
+        keep &= ~born  # read as the age, not counted as a code outside the dictionary
         births = t[born].groupby(sid[born].to_numpy())
         several = births.nunique() > 1
         first = births.min()[~several]
