@@ -253,9 +253,10 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     hours[static] = 0.0
     in_cohort = sid.isin(origin.index).to_numpy() if labels is not None else np.ones(len(sid), bool)
     # the window is the features': codes outside the dictionary (MEDS_BIRTH, ...) are counted as such, whenever
+    # they are, and never copied on (most of a MEDS dataset's events are such codes)
     is_mapped = raw.map({c: b in known for c, (b, _) in split.items()}).to_numpy(dtype=bool)
     timed = is_mapped & ~static
-    keep = in_cohort & (~timed | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
+    keep = in_cohort & is_mapped & (static | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
     after = in_cohort & timed & (hours > 0) if labels is not None else np.zeros(len(hours), bool)
     before = np.zeros(len(hours), bool)
     if lookback_hours is not None and labels is not None:
@@ -284,7 +285,9 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     keep &= ~(no_value | no_level)
     where = events["_shard"].astype(str) + " row " + events["_row"].astype(str)
     name_of = {s: str(s) for s in pd.unique(sid)}  # one string a subject, not one an event (10^6 events)
-    person, person_notes = _person(raw, sid, t, origin, where, in_cohort, keep, age=age, sex=sex, name_of=name_of,
+    read_by_person = np.zeros(len(keep), bool)  # MEDS_BIRTH and sex codes read as age and sex
+    person, person_notes = _person(raw, sid, t, origin, where, in_cohort, read_by_person, age=age, sex=sex,
+                                   name_of=name_of,
                                    binary=sex is not None and dictionary.get(sex.feature).kind == FeatureKind.BINARY)
     frame = pd.DataFrame({"patient_id": sid.map(name_of).to_numpy(dtype=object), "hours": hours, "code": codes.to_numpy(),
                           "value": value, "unit": unit, "censor": censor, "where": where.to_numpy()})[keep]
@@ -307,24 +310,25 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                 f"substitute; read as numeric_value): {substituted}"] if substituted else []))
     unmapped = {b for b, _ in split.values() if b not in known}
     notes += person_notes + _parent_hints(root, unmapped, known, dictionary)
+    outside = pd.Series(codes.to_numpy()[in_cohort & ~is_mapped & ~read_by_person]).value_counts()
     return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
                    snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[meds] in the source file",
-                   excluded=excluded)
+                   excluded=excluded, unmapped={str(c): int(n) for c, n in outside.items()})
 
 
 def _person(raw: pd.Series, sid: pd.Series, t: pd.Series, origin: pd.Series, where: pd.Series, in_cohort: np.ndarray,
-            keep: np.ndarray, *, age: str | None, sex, binary: bool,  # noqa: ANN001 - a sources.MedsSex
+            read: np.ndarray, *, age: str | None, sex, binary: bool,  # noqa: ANN001 - a sources.MedsSex
             name_of: dict) -> tuple[pd.DataFrame, tuple[str, ...]]:
     """Age (years from MEDS_BIRTH to each subject's time 0) and sex (its male/female codes) as events at
-    hour 0; the sex codes' rows are cleared from ``keep`` (in place: they are read, not unmapped codes).
+    hour 0; the rows read (MEDS_BIRTH, the sex codes) are marked in ``read`` (in place: not unmapped codes).
     A subject with several birth times or both sex codes gets none (counted)."""
     import meds
 
     frames, notes = [], []
     if age:
         born = in_cohort & (raw == meds.birth_code).to_numpy() & t.notna().to_numpy()
-        keep &= ~born  # read as the age, not counted as a code outside the dictionary
+        read |= born  # read as the age, not counted as a code outside the dictionary
         births = t[born].groupby(sid[born].to_numpy())
         several = births.nunique() > 1
         first = births.min()[~several]
@@ -338,7 +342,7 @@ def _person(raw: pd.Series, sid: pd.Series, t: pd.Series, origin: pd.Series, whe
     if sex is not None:
         codes = {sex.male_code: sex.male, sex.female_code: sex.female}
         rows = in_cohort & raw.isin(list(codes)).to_numpy()
-        keep &= ~rows
+        read |= rows
         level = raw[rows].map(codes)
         by_subject = level.groupby(sid[rows].to_numpy())
         one = by_subject.nunique() == 1
