@@ -190,3 +190,18 @@ def test_a_condition_is_present_or_absent_in_omop_and_only_present_or_missing_in
                         t.table.loc[t.table["feature"] == "copd", "value"], strict=True))
             for k, t in (("omop", omop), ("meds48", meds[48.0]), ("meds365", meds[24.0 * 365]))}
     assert copd == {"omop": {"1": 1.0, "2": 0.0, "3": 0.0, "4": 0.0}, "meds48": {}, "meds365": {"1": 1.0}}
+
+
+def test_a_fhir_patient_without_a_label_observation_is_dropped_and_counted(tmp_path):
+    # before: the whole extract was refused with a fix a source file cannot take ('set [policy] missing_label =
+    # "drop"': source files have no [policy]). OMOP labels every cohort person (no outcome: 0); a MEDS subject
+    # outside the label file is outside the cohort, and a label row without boolean_value breaks the MEDS schema
+    cohort = example_cohort()
+    write_fhir(tmp_path / "fhir", cohort, form="ndjson")
+    obs = tmp_path / "fhir" / "Observation.ndjson"
+    obs.write_text("".join(line for line in obs.open() if not ('"OUTCOME"' in line and '"Patient/00000001-' in line)))
+    ex = read_source(EhrSourceConfig.model_validate({"site": "h", "fhir": source_files()["fhir"]}), tmp_path / "fhir",
+                     dictionary=DICTIONARY)
+    t = ex.ingest(DICTIONARY)
+    assert (t.n_patients, t.report.dropped_patients_missing_label) == (3, 1)
+    assert "patients without a label (outcome unknown: dropped): 1" in ex.report.lines()
