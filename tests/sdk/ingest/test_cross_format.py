@@ -9,6 +9,7 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from clinograph.sdk.ingest.sources import EhrSourceConfig, read_source
 from cohort_exports import (
@@ -171,6 +172,8 @@ def test_events_share_one_string_a_code_and_a_patient(tmp_path, monkeypatch, kin
     real = module.to_long
     monkeypatch.setattr(module, "to_long", lambda events, **kw: seen.append(events) or real(events, **kw))
     read_all(tmp_path, example_cohort(), kinds=(kind,))
+    if not pd.api.types.is_object_dtype(seen[0][column]):  # pandas 3 keeps text in its own (Arrow) buffers
+        pytest.skip("this pandas stores the column's text itself, not as Python string objects")
     values = seen[0][column].to_numpy(dtype=object)
     assert len({id(v) for v in values}) == len(set(values)) < len(values)
 
