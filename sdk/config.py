@@ -15,10 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from clinograph.secure.runtime.config import DPPolicySection, FederationSection, StrictSection
-from pydantic import BaseModel, Field, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from clinograph.core.arguments import checked_arguments
 from clinograph.core.tomlio import load_toml_model
@@ -597,12 +604,20 @@ def dp_default_model(config: HospitalConfig) -> bool:
                 and not m.modalities and config.selection.enabled is not True)
 
 
+#: a database URL (``postgresql+psycopg://reader@db/cdm``, ``duckdb:///cdm.duckdb``): not a path (a Path would
+#: fold its ``//`` and the config would join it to its folder)
+DatabaseUrl = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9+.\-]*://[^\x00\s]+$")]
+
+
 class HospitalEntry(_Strict):
     """[[hospitals]]: one site's table and schema, for a federation run in one process (deployed
-    hospitals are SuperNodes with their own data folders)."""
+    hospitals are SuperNodes with their own data folders). ``schema`` may be an EHR source file
+    (``[omop]``, ``[meds]``, ``[fhir]``); ``table`` is then the source's location (a CDM folder or
+    .duckdb file, a MEDS root, a FHIR export), read as ``clinograph check`` reads it."""
 
     site: str
-    table: Path
+    #: a file or folder, or (an EHR source file's OMOP CDM) a database URL, kept as written
+    table: DatabaseUrl | Path
     schema_file: Path = Field(alias="schema")
 
 
@@ -781,7 +796,8 @@ def _relative(*keys: str, hospitals: bool = False):
             entries = data.get("hospitals")  # anything but an array of tables is the model's to refuse, by key
             for h in entries if isinstance(entries, list) else ():
                 for key in ("table", "schema"):
-                    if isinstance(h, dict) and isinstance(h.get(key), str) and not Path(h[key]).is_absolute():
+                    if isinstance(h, dict) and isinstance(h.get(key), str) and not Path(h[key]).is_absolute() \
+                            and "://" not in h[key]:  # a database URL (an OMOP CDM's) is no path
                         h[key] = str(base / h[key])
 
     return prepare

@@ -41,9 +41,9 @@ from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 
 from ..config import SimulationConfig
-from ..ingest import ingest, read_site_table
+from ..ingest.sources import ingest_site, load_site_source
 from ..ingest.table import PatientTable
-from ..ontology import FeatureDictionary, SiteSchema
+from ..ontology import FeatureDictionary
 from ..outdir import output_folder
 from .build import build_hospital, run_models
 from .candidates import Candidate, candidate_configs
@@ -444,11 +444,11 @@ def load_tables(config: SimulationConfig) -> tuple[list[PatientTable], FeatureDi
     tables, problems, unreadable = [], [], []
     for h in config.hospitals:
         try:
-            schema = SiteSchema.from_toml(h.schema_file)
+            schema = load_site_source(h.schema_file)  # a site schema, or an EHR source file ([omop], [meds], [fhir])
             if schema.site != h.site:
                 problems.append(f"[hospitals] site {h.site!r}: its schema {h.schema_file} says site {schema.site!r}.")
                 continue
-            tables.append(ingest(read_site_table(h.table, schema), schema=schema, dictionary=dictionary))
+            tables.append(ingest_site(h.table, schema, dictionary=dictionary, base=Path(h.schema_file).parent))
         except SchemaError as exc:
             problems.extend(f"{h.site}: {p}" for p in exc.problems)
         except ConfigError as exc:  # a missing file: reported with the other hospitals' problems

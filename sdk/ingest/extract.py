@@ -21,7 +21,7 @@ from clinograph.core.errors import SchemaError
 
 from ..ontology.codes import describe_codes
 from ..ontology.dictionary import FeatureDictionary
-from ..ontology.schema import LongColumns, SiteSchema
+from ..ontology.schema import LongColumns, MissingLabelPolicy, SiteSchema
 from .ehr_values import CensorPolicy, resolve_values
 from .table import PatientTable
 
@@ -64,7 +64,7 @@ class ExtractReport:
         if self.collapsed:
             out.append(f"repeated within a snapshot (last kept): {self.collapsed}")
         if self.patients_without_label:
-            out.append(f"patients without a label: {self.patients_without_label}")
+            out.append(f"patients without a label (outcome unknown: dropped): {self.patients_without_label}")
         if self.patients_without_events:
             out.append(f"patients without any mapped event (absent from the table): {self.patients_without_events}")
         return out + list(self.notes)
@@ -118,9 +118,13 @@ def _records(m: re.Match, records: np.ndarray) -> str:
 
 
 def long_schema(site: str, *, labelled: bool) -> SiteSchema:
-    """The site schema of an extract: features are already dictionary ids."""
+    """The site schema of an extract: features are already dictionary ids. A patient without a label
+    (a FHIR Patient without a label Observation, a MEDS label row without boolean_value) is dropped
+    and counted -- a source file has no [policy] to declare it, and its outcome is unknown, as a MEDS
+    subject's outside the label file is."""
     if labelled:
-        return SiteSchema(site=site, format="long", label="label", long=LONG_COLUMNS, ignore=(RECORD,))
+        return SiteSchema(site=site, format="long", label="label", long=LONG_COLUMNS, ignore=(RECORD,),
+                          policy=MissingLabelPolicy(missing_label="drop"))
     return SiteSchema(site=site, format="long", label=None, unlabeled=True, long=LONG_COLUMNS, ignore=(RECORD,))
 
 

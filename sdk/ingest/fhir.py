@@ -22,7 +22,8 @@ in the Observation's ``contained`` (``#p1``: the patient of its identifier), or 
 (``subject.identifier``: the one Patient read with that identifier). Codings of two
 different dictionary features in one ``code`` are an error (which one is meant is ambiguous). Time: ``effectiveDateTime``, ``effectiveInstant``,
 ``effectivePeriod.start`` or ``issued``, counted in hours from the patient's first mapped
-observation and binned into snapshots of ``snapshot_hours``. The label is the latest
+observation (with ``index``: from the start of the patient's first Encounter of its classes, the
+Observations of its lookback only) and binned into snapshots of ``snapshot_hours``. The label is the latest
 Observation coded ``label_code`` (boolean or 0/1 integer).
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Literal
@@ -255,7 +257,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
               systems: dict[str, str] | None = None, patient_id: Literal["id", "identifier"] = "id",
               identifier_system: str | None = None, snapshot_hours: float = 24.0, units: dict[str, str] | None = None,
               censored: CensorPolicy | None = None, age: str | None = None, sex: OmopSex | None = None,
-              validate: Literal["fields_read", "full"] = "fields_read") -> EhrExtract:
+              validate: Literal["fields_read", "full"] = "fields_read", index=None) -> EhrExtract:  # noqa: ANN001
     """FHIR R4 Patient and Observation resources as an :class:`EhrExtract`.
 
     ``label_code``: ``SYSTEM/CODE`` of the outcome Observation, or None for an unlabeled
@@ -268,7 +270,9 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     ``birthDate``) at the patient's first mapped observation; ``sex``: the feature and codes
     ``Patient.gender`` male/female are written as (other genders: missing, counted).
     ``validate``: the fields read (:mod:`.fhir_models`, default) or every resource in full with
-    ``fhir.resources`` as well.
+    ``fhir.resources`` as well. ``index`` (a :class:`.sources.FhirIndex`): time 0 is the start of each
+    patient's first Encounter of its classes, features the Observations from its ``lookback_hours``
+    before it up to it; None: time 0 is each patient's first mapped Observation, every one read.
 
     Raises:
         ConfigError: the input does not exist.
@@ -281,8 +285,9 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     declared_features(section="[fhir]", person_section="[fhir]", age=age, sex=sex, conditions=(),
                       units=dict(units or {}), dictionary=dictionary)
 
-    full_patient = full_observation = None
+    full_patient = full_observation = full_encounter = None
     if validate == "full":
+        from fhir.resources.R4B.encounter import Encounter as full_encounter
         from fhir.resources.R4B.observation import Observation as full_observation
         from fhir.resources.R4B.patient import Patient as full_patient
 
@@ -304,6 +309,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     idents: dict[tuple[str, str], set[str]] = {}  # (identifier system, value) -> keys of Patients that carry it
     nameless: list[str] = []  # Patients without an id (nor a Bundle fullUrl naming one), read by id
     lacking: list[str] = []  # Patients without an identifier of identifier_system, read by identifier
+    encounters: list[tuple[str, str, str]] = []  # [fhir] index: (subject reference, period.start, where)
     files, other_files = folder_files(path)
     for where, doc, url in _resources(files, shown_names(files, folder=path.is_dir())):
         kind = doc.get("resourceType")
@@ -339,6 +345,11 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                                                  full=full_patient, records=records, local=local) or subject
                 _read_observation(o, where, subject=subject, names=names, feature_of=feature_of,
                                   label_code=label_code, out=readings, counts=counts, codings=codings)
+        elif kind == "Encounter" and index is not None:
+            e = _validate(fm.Encounter, doc, where, problems, full_encounter)
+            if e is not None and e.class_ is not None and e.class_.code in index.encounter_classes \
+                    and e.period is not None and e.period.start and e.subject is not None and e.subject.reference:
+                encounters.append((e.subject.reference, e.period.start, where))
         else:
             skipped[str(kind)] += 1
     born = one_birth_a_patient(records, holders, problems, patient_id=patient_id)
@@ -377,7 +388,7 @@ def read_fhir(path: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     skipped[FILES] = other_files
     return _assemble(readings, counts, patients, born, skipped, label_code=label_code, known=known,
                      dictionary=dictionary, site=site, snapshot_hours=snapshot_hours, units=units,
-                     censored=censored, age=age, sex=sex)
+                     censored=censored, age=age, sex=sex, index=index, encounters=encounters)
 
 
 def _keys(code, names: dict[str, str]) -> list[str]:  # noqa: ANN001 - a CodeableConcept
@@ -455,16 +466,22 @@ def _read_observation(o, where: str, *, subject: str, names, feature_of, label_c
         if value is None:
             counts["no_value"] += 1
             continue
-        out.append((subject, when, key, value, unit, None if comparator == "ad" else comparator, where))
+        # one string object a distinct subject, code and unit (not one a reading): 10^6 readings share them
+        out.append((sys.intern(subject), when, sys.intern(key), value, sys.intern(unit) if isinstance(unit, str)
+                    else unit, None if comparator == "ad" else comparator, where))
 
 
 def _assemble(readings, counts, patients, born, skipped, *, label_code, known, dictionary, site,  # noqa: ANN001, PLR0913
-              snapshot_hours, units, censored, age, sex):
+              snapshot_hours, units, censored, age, sex, index=None, encounters=()):
     rows, label_rows, orphans = [], [], 0
-    for ref, when, key, value, unit, comparator, where in readings:
+
+    def patient_of(ref: str) -> str | None:
         local = ref.startswith((CONTAINED, LOGICAL))
         m = None if local else PATIENT_REF.search(ref)
-        pid = patients.get(ref) if local else patients.get(m.group(1) or m.group(2)) if m else None
+        return patients.get(ref) if local else patients.get(m.group(1) or m.group(2)) if m else None
+
+    for ref, when, key, value, unit, comparator, where in readings:
+        pid = patient_of(ref)
         if pid is None:
             orphans += 1
             continue
@@ -479,11 +496,32 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
     t = t.mask(pd.Series(partial, index=t.index))
     timeless = (mapped & t.isna()).to_numpy()  # no effective[x] nor issued: no snapshot to put it in
     ev, t, mapped = ev[~timeless], t[~timeless], mapped[~timeless]
-    origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
+    index_notes: tuple[str, ...] = ()
+    outside: dict[str, int] = {}
+    if index is None:
+        origin = t[mapped].groupby(ev.loc[mapped, "patient_id"]).min()
+    else:  # time 0: each patient's first Encounter of the index classes (as OMOP's first visit)
+        enc = pd.DataFrame([(patient_of(r), when, where) for r, when, where in encounters],
+                           columns=["patient_id", "t", "where"]).dropna(subset=["patient_id"])
+        origin = _times(enc["t"], enc["where"]).dt.tz_localize(None).groupby(enc["patient_id"].to_numpy()).min()
     # reindex, not map: pandas 3 cannot map through an empty Series of times (no Observation read)
     hours = ((t - origin.reindex(ev["patient_id"]).to_numpy()) / pd.Timedelta(hours=1)).to_numpy(dtype=float)
+    if index is not None:  # the window: lookback_hours before time 0 up to it; patients without an index: none
+        no_index = np.isnan(hours)
+        after, before = ~no_index & (hours > 0), ~no_index & (hours < -index.lookback_hours)
+        keep = ~(no_index | after | before)
+        ev, hours = ev[keep], hours[keep]
+        outside = {"patients without an index Encounter": int(len(set(patients.values())) - len(origin)),
+                   "after the index time": int(after.sum()), "before the lookback": int(before.sum())}
+        index_notes = (f"Observations after the index time (the first Encounter of class "
+                       f"{', '.join(index.encounter_classes)}; excluded): {int(after.sum())}",
+                       f"Observations more than {index.lookback_hours:g} h before the index time (excluded): "
+                       f"{int(before.sum())}",
+                       f"patients without an index Encounter (not read): {outside['patients without an index Encounter']}")
     events = ev.assign(hours=np.where(np.isnan(hours), 0.0, hours))
     person, unknown_sex = person_events(born, origin, age=age, sex=sex, dictionary=dictionary)
+    if index is not None and len(person):  # outside the cohort: no index Encounter
+        person = person[person["patient_id"].isin(origin.index)]
     if len(person):
         events = pd.concat([events, person], ignore_index=True)
     labels = None
@@ -491,6 +529,8 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
         lab = pd.DataFrame(label_rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
         lab = lab.assign(t=_times(lab["t"], lab["where"])).sort_values("t", na_position="first")  # timed: latest
         labels = lab.groupby("patient_id")["value"].last().astype(float)
+        if index is not None:  # patients without an index time are outside the cohort
+            labels = labels[labels.index.isin(origin.index)]
     notes = tuple(f"{what}: {n}" for what, n in (
         ("Observation readings (a panel: each component) without a Patient read here", orphans),
         ("Observations (or components) without a numeric or boolean value", no_value),
@@ -510,13 +550,15 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
         notes += (f"codings in coding systems not named in systems (read as '(uncoded)'): {sum(others.values())} in "
                   f"{len(others)} system(s) ({', '.join(shown) or 'not shown'}); name a system with systems = "
                   "{ \"<url>\" = \"<NAME>\" } under [fhir] if the dictionary has its codes",)
-    return to_long(events, labels=labels, patients=sorted(set(patients.values())), dictionary=dictionary, site=site,
+    notes += index_notes
+    cohort = sorted(set(patients.values()) if index is None else set(origin.index) & set(patients.values()))
+    return to_long(events, labels=labels, patients=cohort, dictionary=dictionary, site=site,
                    source="FHIR R4", snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[fhir] in the source file",
                    excluded={"without a Patient": orphans, "without a value": no_value, "dataAbsentReason": absent,
                              "without a time": int(timeless.sum()) - int(partial.sum()),
                              "dated to a month or year only": int(partial.sum()),
-                             "entered in error or cancelled": withdrawn})
+                             "entered in error or cancelled": withdrawn, **outside})
 
 
 def _kinds(skipped: Counter[str]) -> str:

@@ -12,7 +12,8 @@ Fields read: Patient ``id``, ``identifier[].system/value``, ``gender``, ``birthD
 ``effectiveInstant``, ``effectivePeriod.start``, ``issued``, ``valueQuantity`` (``value``,
 ``comparator``, ``unit``, ``system``, ``code``), ``valueBoolean``, ``valueInteger``,
 ``dataAbsentReason``, ``component[]`` (``code``, the same values, ``dataAbsentReason``), and a
-Patient in ``contained[]`` that ``subject`` references (``#p1``; the Patient fields above).
+Patient in ``contained[]`` that ``subject`` references (``#p1``; the Patient fields above); with
+``[fhir] index``, Encounter ``class.code``, ``subject`` and ``period.start``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,17 @@ class Observation(_Valued):
     #: contained resources, as JSON objects: only a Patient that ``subject`` references (``#p1``) is
     #: read, validated as :class:`Patient`
     contained: list[dict[str, Any]] | None = None
+
+
+class Encounter(_Element):
+    """Read only with ``[fhir] index``: its ``class`` code, ``subject`` and ``period.start`` (time 0)."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", populate_by_name=True)
+
+    resourceType: Literal["Encounter"]
+    class_: Coding | None = Field(default=None, alias="class")
+    subject: Reference | None = None
+    period: Period | None = None
 
 
 class Patient(_Element):

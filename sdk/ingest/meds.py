@@ -190,7 +190,8 @@ def split_code(code: str, known: frozenset[str] | set[str] = frozenset()) -> tup
 
 def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, labels: str | Path | None,
               lookback_hours: float | None, snapshot_hours: float = 24.0,
-              units: dict[str, str] | None = None, censored: CensorPolicy | None = None) -> EhrExtract:
+              units: dict[str, str] | None = None, censored: CensorPolicy | None = None,
+              age: str | None = None, sex=None) -> EhrExtract:  # noqa: ANN001 - a sources.MedsSex
     """A MEDS dataset as an :class:`EhrExtract` (long table + schema + report).
 
     ``labels``: a MEDS label Parquet file (one prediction time per subject), or None for an
@@ -198,7 +199,10 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     (required with labels; None only for an unlabeled extract, which reads every event).
     ``units``: feature id -> unit of its events that carry none. ``censored``: how a
     ``text_value`` such as ``<0.5`` (``numeric_value`` empty) is read (:mod:`.ehr_values`).
-    Patient ids are the subject ids, as text.
+    Patient ids are the subject ids, as text. ``age``: a numeric feature given the years from the
+    subject's ``MEDS_BIRTH`` to the prediction time (unlabeled: to the first mapped event), as OMOP's
+    age at the index date; ``sex``: the feature, its level codes and the MEDS codes of male and
+    female (``GENDER//M``, ``GENDER//F``); both read at the prediction time's snapshot.
 
     Raises:
         ConfigError: the folder or label file does not exist, or labels without lookback_hours.
@@ -212,7 +216,7 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
         raise ConfigError("MEDS with labels needs lookback_hours: how far before the prediction time events are read "
                           "as features (a years-old event is not a snapshot of today). Set lookback_hours under "
                           "[meds] in the source file.")
-    declared_features(section="[meds]", person_section="[meds]", age=None, sex=None, conditions=(),
+    declared_features(section="[meds]", person_section="[meds]", age=age, sex=sex, conditions=(),
                       units=dict(units or {}), dictionary=dictionary)
     events = _read_shards(root)
     sid = events["subject_id"].astype(np.int64)
@@ -248,11 +252,15 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     static = t.isna().to_numpy()
     hours[static] = 0.0
     in_cohort = sid.isin(origin.index).to_numpy() if labels is not None else np.ones(len(sid), bool)
-    keep = in_cohort & (static | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
-    after = in_cohort & ~static & (hours > 0) if labels is not None else np.zeros(len(hours), bool)
+    # the window is the features': codes outside the dictionary (MEDS_BIRTH, ...) are counted as such, whenever
+    # they are, and never copied on (most of a MEDS dataset's events are such codes)
+    is_mapped = raw.map({c: b in known for c, (b, _) in split.items()}).to_numpy(dtype=bool)
+    timed = is_mapped & ~static
+    keep = in_cohort & is_mapped & (static | (hours <= 0 if labels is not None else np.ones(len(hours), bool)))
+    after = in_cohort & timed & (hours > 0) if labels is not None else np.zeros(len(hours), bool)
     before = np.zeros(len(hours), bool)
     if lookback_hours is not None and labels is not None:
-        before = in_cohort & ~static & (hours < -lookback_hours)
+        before = in_cohort & timed & (hours < -lookback_hours)
         keep &= ~before
     codes = raw.map({c: b for c, (b, _) in split.items()}).astype(object).reset_index(drop=True)
     value = events["numeric_value"].astype(float).to_numpy().copy()
@@ -271,28 +279,83 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
             if number is not None:
                 value[i], censor[i], from_text = number, op, from_text + 1
     no_value = numeric & np.isnan(value) & keep
-    keep &= ~no_value
+    # a categorical feature's event without numeric_value (smoking status as text_value): its level is not
+    # read (as OMOP's value_as_concept_id and FHIR's valueCodeableConcept are not): counted and excluded
+    no_level = (kind == FeatureKind.CATEGORICAL).to_numpy() & np.isnan(value) & keep
+    keep &= ~(no_value | no_level)
     where = events["_shard"].astype(str) + " row " + events["_row"].astype(str)
-    frame = pd.DataFrame({"patient_id": sid.astype(str).to_numpy(), "hours": hours, "code": codes.to_numpy(),
+    name_of = {s: str(s) for s in pd.unique(sid)}  # one string a subject, not one an event (10^6 events)
+    read_by_person = np.zeros(len(keep), bool)  # MEDS_BIRTH and sex codes read as age and sex
+    person, person_notes = _person(raw, sid, t, origin, where, in_cohort, read_by_person, age=age, sex=sex,
+                                   name_of=name_of,
+                                   binary=sex is not None and dictionary.get(sex.feature).kind == FeatureKind.BINARY)
+    frame = pd.DataFrame({"patient_id": sid.map(name_of).to_numpy(dtype=object), "hours": hours, "code": codes.to_numpy(),
                           "value": value, "unit": unit, "censor": censor, "where": where.to_numpy()})[keep]
+    if len(person):
+        frame = pd.concat([frame, person], ignore_index=True)
     excluded = {"outside the cohort": int((~in_cohort).sum()), "after the prediction time": int(after.sum()),
-                "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum())}
+                "before the lookback": int(before.sum()), "numeric code without numeric_value": int(no_value.sum()),
+                "categorical code without numeric_value": int(no_level.sum())}
     notes = (f"events outside the cohort or after the prediction time: {int((~in_cohort).sum() + after.sum())}",
              *([f"events before the lookback ({lookback_hours} h before the prediction time; excluded): "
                 f"{int(before.sum())}"] if lookback_hours is not None else []),
              f"codes of binary features without numeric_value, read as present: {int((presence & keep).sum())}",
              f"events of numeric features without numeric_value (excluded): {int(no_value.sum())}",
+             *([f"events of categorical features without numeric_value (their level is not read; excluded): "
+                f"{int(no_level.sum())}"] if no_level.any() else []),
              *([f"values read from text_value: {from_text}"] if from_text else []),
              *([f"values censored by their text_value (numeric_value beside a text_value such as '<0.5'): "
                 f"{marked}"] if marked else []),
              *([f"values whose text_value is censored but whose numeric_value differs from its bound (an ETL's "
                 f"substitute; read as numeric_value): {substituted}"] if substituted else []))
     unmapped = {b for b, _ in split.values() if b not in known}
-    notes += _parent_hints(root, unmapped, known, dictionary)
+    notes += person_notes + _parent_hints(root, unmapped, known, dictionary)
+    outside = pd.Series(codes.to_numpy()[in_cohort & ~is_mapped & ~read_by_person]).value_counts()
     return to_long(frame, labels=y, patients=subjects, dictionary=dictionary, site=site, source="MEDS",
                    snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[meds] in the source file",
-                   excluded=excluded)
+                   excluded=excluded, unmapped={str(c): int(n) for c, n in outside.items()})
+
+
+def _person(raw: pd.Series, sid: pd.Series, t: pd.Series, origin: pd.Series, where: pd.Series, in_cohort: np.ndarray,
+            read: np.ndarray, *, age: str | None, sex, binary: bool,  # noqa: ANN001 - a sources.MedsSex
+            name_of: dict) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """Age (years from MEDS_BIRTH to each subject's time 0) and sex (its male/female codes) as events at
+    hour 0; the rows read (MEDS_BIRTH, the sex codes) are marked in ``read`` (in place: not unmapped codes).
+    A subject with several birth times or both sex codes gets none (counted)."""
+    import meds
+
+    frames, notes = [], []
+    if age:
+        born = in_cohort & (raw == meds.birth_code).to_numpy() & t.notna().to_numpy()
+        read |= born  # read as the age, not counted as a code outside the dictionary
+        births = t[born].groupby(sid[born].to_numpy())
+        several = births.nunique() > 1
+        first = births.min()[~several]
+        first = first[first.index.isin(origin.index)]
+        years = ((origin.reindex(first.index) - first) / pd.Timedelta(days=365.25)).to_numpy(dtype=float)
+        place = where[born].groupby(sid[born].to_numpy()).first().reindex(first.index)
+        frames.append(pd.DataFrame({"patient_id": first.index.map(name_of), "code": f"FEATURE/{age}", "value": years,
+                                    "unit": "a", "where": place.to_numpy()}))
+        notes.append(f"subjects in the cohort without one {meds.birth_code} time (age missing): "
+                     f"{int(len(origin) - len(first))}")
+    if sex is not None:
+        codes = {sex.male_code: sex.male, sex.female_code: sex.female}
+        rows = in_cohort & raw.isin(list(codes)).to_numpy()
+        read |= rows
+        level = raw[rows].map(codes)
+        by_subject = level.groupby(sid[rows].to_numpy())
+        one = by_subject.nunique() == 1
+        value = by_subject.first()[one]
+        value = value[value.index.isin(origin.index)]
+        place = where[rows].groupby(sid[rows].to_numpy()).first().reindex(value.index)
+        frames.append(pd.DataFrame({"patient_id": value.index.map(name_of), "code": f"FEATURE/{sex.feature}",
+                                    "value": (value.astype(float) if binary else value).to_numpy(dtype=object), "unit": None, "where": place.to_numpy()}))
+        notes.append(f"subjects in the cohort without one of {sex.male_code!r} / {sex.female_code!r} (sex missing): "
+                     f"{int(len(origin) - len(value))}")
+    frames = [f for f in frames if len(f)]
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return (out.assign(hours=0.0, censor=None) if len(out) else out), tuple(notes)
 
 
 def _parent_hints(root: Path, unmapped: set[str], known: set[str], dictionary: FeatureDictionary) -> tuple[str, ...]:

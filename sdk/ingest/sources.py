@@ -41,8 +41,17 @@ from ..ontology.dictionary import FeatureDictionary
 from .ehr_values import CensorPolicy
 from .extract import EhrExtract
 from .omop import OmopOptions, OmopSex, OmopSource
+from .table import PatientTable
 
 SITE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+
+
+class MedsSex(OmopSex):
+    """``[meds] sex``: the feature and the level codes male/female are written as (:class:`.omop.OmopSex`),
+    and the MEDS codes that say so (MEDS has no standard one; MIMIC-IV's ETL writes ``GENDER//M``)."""
+
+    male_code: str = Field(default="GENDER//M", min_length=1, max_length=200)
+    female_code: str = Field(default="GENDER//F", min_length=1, max_length=200)
 
 
 class MedsOptions(ConfigModel):
@@ -57,6 +66,9 @@ class MedsOptions(ConfigModel):
     lookback_hours: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     units: dict[str, str] = Field(default_factory=dict)
     censored: CensorPolicy | None = None
+    #: a numeric feature: years from MEDS_BIRTH to the prediction time (unlabeled: the first mapped event)
+    age: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    sex: MedsSex | None = None
 
     @model_validator(mode="after")
     def _lookback(self) -> MedsOptions:
@@ -64,6 +76,17 @@ class MedsOptions(ConfigModel):
             raise ValueError("with labels, declare lookback_hours: how far before the prediction time events are "
                              "read as features (e.g. lookback_hours = 24.0)")
         return self
+
+
+class FhirIndex(ConfigModel):
+    """``[fhir] index``: time 0 is the start of the patient's first Encounter of these classes (``class.code``,
+    e.g. ``IMP`` inpatient, ``EMER``), as OMOP's visit cohort; features are the Observations from
+    ``lookback_hours`` before it up to it (later ones: excluded, counted); patients without one: not read."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    encounter_classes: tuple[str, ...] = Field(min_length=1)
+    lookback_hours: float = Field(gt=0, allow_inf_nan=False)
 
 
 class FhirOptions(ConfigModel):
@@ -83,6 +106,7 @@ class FhirOptions(ConfigModel):
     sex: OmopSex | None = None
     age: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_]{0,63}$")
     validate_: Literal["fields_read", "full"] = Field(default="fields_read", alias="validate")
+    index: FhirIndex | None = None
 
 
 class EhrSourceConfig(ConfigModel):
@@ -121,6 +145,39 @@ def is_source_file(data: dict) -> bool:
     return any(k in data for k in ("omop", "meds", "fhir"))
 
 
+def load_site_source(path: Path):  # noqa: ANN201 - a SiteSchema or an EhrSourceConfig
+    """A hospital's site schema, or its EHR source file (``[omop]``, ``[meds]`` or ``[fhir]``): both name
+    the site (``.site``); :func:`ingest_site` reads the hospital's table or source with it.
+
+    Raises:
+        ConfigError: the file cannot be read or does not validate (naming it and the key).
+    """
+    import tomllib
+
+    from clinograph.core.tomlio import read_toml_text
+
+    from ..ontology.schema import SiteSchema
+
+    try:
+        raw = tomllib.loads(read_toml_text(Path(path), what="schema"))
+    except tomllib.TOMLDecodeError:
+        raw = {}  # the loader below reports the syntax error with its line
+    return EhrSourceConfig.from_toml(path) if is_source_file(raw) else SiteSchema.from_toml(path)
+
+
+def ingest_site(location: str | Path, source, *, dictionary: FeatureDictionary,  # noqa: ANN001 - see load_site_source
+                base: Path) -> PatientTable:
+    """The hospital's PatientTable: its table read as its site schema says, or -- ``source`` an EHR
+    source file -- the source at ``location`` (a CDM folder or .duckdb file, a MEDS root, a FHIR export)
+    read and ingested, as ``clinograph check`` reads it. ``base``: the source file's folder."""
+    if isinstance(source, EhrSourceConfig):
+        return read_source(source, location, dictionary=dictionary, base=base).ingest(dictionary)
+    from .read import read_site_table
+    from .validate import ingest
+
+    return ingest(read_site_table(location, source), schema=source, dictionary=dictionary)
+
+
 def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: FeatureDictionary,
                 base: Path | None = None, engine=None) -> EhrExtract:  # noqa: ANN001 - a sqlalchemy.Engine
     """Read ``location`` as ``config`` says. ``base``: the folder relative paths are taken from.
@@ -138,7 +195,8 @@ def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: Fe
         labels = None if config.meds.labels is None else (base or Path(".")) / config.meds.labels
         return read_meds(location, dictionary=dictionary, site=config.site, labels=labels,
                          snapshot_hours=config.meds.snapshot_hours, lookback_hours=config.meds.lookback_hours,
-                         units=config.meds.units, censored=config.meds.censored)
+                         units=config.meds.units, censored=config.meds.censored, age=config.meds.age,
+                         sex=config.meds.sex)
     from .fhir import read_fhir
 
     f = config.fhir
@@ -146,4 +204,4 @@ def read_source(config: EhrSourceConfig, location: str | Path, *, dictionary: Fe
         raise ConfigError("The source file has no [omop], [meds] or [fhir] section; add the one your data uses.")
     return read_fhir(location, dictionary=dictionary, site=config.site, label_code=f.label_code, systems=f.systems,
                      patient_id=f.patient_id, identifier_system=f.identifier_system, snapshot_hours=f.snapshot_hours, units=f.units, censored=f.censored,
-                     age=f.age, sex=f.sex, validate=f.validate_)
+                     age=f.age, sex=f.sex, validate=f.validate_, index=f.index)

@@ -1,4 +1,7 @@
-"""simulate's load_tables: each hospital's table read as its site schema says."""
+"""simulate's load_tables: each hospital's table read as its site schema (or EHR source file) says."""
+
+import sys
+from pathlib import Path
 
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import load_tables
@@ -34,3 +37,69 @@ def test_a_hospital_whose_patients_all_have_one_label_is_named(tmp_path):
         {"site": s, "table": tmp_path / f"{s}.csv", "schema": tmp_path / f"{s}.toml"} for s in rows]})
     tables, _ = load_tables(config)
     assert one_class_hospitals(tables, config) == [("h2", 0, 3), ("h3", 1, 1)]
+
+
+def test_hospitals_given_by_omop_fhir_and_meds_source_files_are_read_as_check_reads_them(tmp_path):
+    # before: `clinograph simulate` read every [[hospitals]] schema as a site schema: an EHR source file was
+    # refused as "omop: unknown key", so a federation of OMOP, FHIR and MEDS hospitals could not run
+    import pytest
+
+    from clinograph.core.errors import SchemaError
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
+    from cohort_exports import (
+        example_cohort,
+        write_dictionary,
+        write_fhir,
+        write_meds,
+        write_omop,
+        write_source_file,
+    )
+
+    cohort = example_cohort()
+    write_omop(tmp_path / "omop", cohort)
+    write_fhir(tmp_path / "fhir", cohort, form="ndjson")
+    write_meds(tmp_path / "meds", cohort)
+    hospitals = [{"site": site, "table": tmp_path / kind, "schema": write_source_file(where / f"{kind}.toml", kind, site)}
+                 for site, kind, where in (("north", "omop", tmp_path), ("south", "fhir", tmp_path),
+                                           ("east", "meds", tmp_path / "meds"))]  # MEDS labels: beside its file
+    config = SimulationConfig.model_validate({"dictionary": write_dictionary(tmp_path / "d.toml"),
+                                              "hospitals": hospitals})
+    tables, _ = load_tables(config)
+    assert [(t.site, t.n_patients) for t in tables] == [("north", 4), ("south", 4), ("east", 4)]
+    # every hospital has the features the others have (labs, age, sex; none reads the smoking status)
+    assert {t.report.features_present for t in tables} == {("age", "creatinine", "glucose", "heart_rate", "sex")}
+    hospitals[2]["site"] = "west"  # a source file naming another site is named, as a site schema is
+    config = SimulationConfig.model_validate({"dictionary": tmp_path / "d.toml", "hospitals": hospitals})
+    with pytest.raises(SchemaError, match=r"site 'west': its schema .*meds.toml says site 'east'"):
+        load_tables(config)
+
+
+def test_an_omop_hospital_given_by_a_database_url_is_read_from_that_database(tmp_path):
+    # before: [[hospitals]] table was a Path: "duckdb:////abs/cdm.duckdb" (or postgresql+psycopg://...) folded to
+    # "duckdb:/abs/cdm.duckdb", joined to the config's folder, and refused as an OMOP location that does not exist
+    import duckdb
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
+    from cohort_exports import (
+        example_cohort,
+        write_dictionary,
+        write_meds,
+        write_omop,
+        write_source_file,
+    )
+
+    cohort = example_cohort()
+    folder = write_omop(tmp_path / "omop", cohort)
+    with duckdb.connect(str(tmp_path / "cdm.duckdb")) as con:
+        for f in folder.iterdir():
+            con.execute(f"CREATE TABLE {f.stem} AS SELECT * FROM read_csv_auto('{f}')")  # noqa: S608 - test files
+    write_meds(tmp_path / "meds", cohort)
+    write_dictionary(tmp_path / "d.toml")
+    write_source_file(tmp_path / "omop.toml", "omop", "north")
+    write_source_file(tmp_path / "meds" / "meds.toml", "meds", "east")
+    (tmp_path / "sim.toml").write_text(
+        'dictionary = "d.toml"\n'
+        f'[[hospitals]]\nsite = "north"\ntable = "duckdb:///{tmp_path / "cdm.duckdb"}"\nschema = "omop.toml"\n'
+        '[[hospitals]]\nsite = "east"\ntable = "meds"\nschema = "meds/meds.toml"\n')
+    tables, _ = load_tables(SimulationConfig.from_toml(tmp_path / "sim.toml"))
+    assert [(t.site, t.n_patients) for t in tables] == [("north", 4), ("east", 4)]

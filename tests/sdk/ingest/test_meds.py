@@ -265,3 +265,41 @@ def test_a_label_file_with_an_empty_subject_id_or_without_boolean_value_is_a_sch
                              "integer_value": pa.array([1], pa.int64())}), tmp_path / "l.parquet")
     with pytest.raises(SchemaError, match="has no boolean_value"):  # KeyError before
         read_meds(tmp_path, dictionary=D, site="s", labels=tmp_path / "l.parquet", lookback_hours=24.0)
+
+
+def test_age_from_meds_birth_and_sex_from_its_codes_as_omop_reads_them(tmp_path):
+    # before: [meds] had no age nor sex: a MEDS hospital lacked the features its OMOP and FHIR peers read
+    from clinograph.sdk.ingest.sources import MedsSex
+    from ehr_helpers import extended_dictionary
+
+    d = extended_dictionary()
+    born = dt.datetime(1950, 1, 2, 12)
+    rows = [(1, born, "MEDS_BIRTH", None), (1, None, "GENDER//F", None), (1, T0, "LOINC/8867-4//{beats}/min", 80.0),
+            (2, born, "MEDS_BIRTH", None), (2, born.replace(year=1951), "MEDS_BIRTH", None),  # two births: no age
+            (2, None, "GENDER//M", None), (2, None, "GENDER//F", None),                       # both sexes: no sex
+            (2, T0, "LOINC/8867-4//{beats}/min", 70.0)]
+    _shard(tmp_path, rows)
+    sex = MedsSex(feature="sex", male="male", female="female")
+    ex = read_meds(tmp_path, dictionary=d, site="s", labels=_labels(tmp_path / "l.parquet", [1, 2], T0),
+                   lookback_hours=24.0, age="age", sex=sex)
+    t = ex.ingest(d)
+    node = {i: n for n, i in d.node_index().items()}
+    got = {(t.patient_ids[p], node[int(n)]): v for p, n, v in zip(t.patient, t.node, t.value, strict=True)}
+    assert got[("1", "age")] == pytest.approx(74.0, abs=0.01) and got[("1", "sex=female")] == 1.0
+    assert {k[1] for k in got if k[0] == "2"} == {"heart_rate"}
+    assert "without one MEDS_BIRTH time (age missing): 1" in " ".join(ex.report.notes)
+    assert "(sex missing): 1" in " ".join(ex.report.notes) and ex.report.unmapped_rows == 0  # sex codes read
+
+
+def test_the_window_counts_features_only_and_codes_outside_the_dictionary_are_counted_as_such(tmp_path):
+    # before: MEDS_BIRTH (decades before) and an outcome code after the prediction time were counted as events
+    # "before the lookback" / "after the prediction time" -- 200 of a 200-patient dataset's, none a feature
+    rows = [(1, dt.datetime(1950, 1, 1), "MEDS_BIRTH", None), (1, T0 + dt.timedelta(hours=5), "LOCAL/OUTCOME", None),
+            (1, T0 - dt.timedelta(hours=100), "LOINC/8867-4//{beats}/min", 60.0),   # a feature, before the lookback
+            (1, T0 + dt.timedelta(hours=1), "LOINC/8867-4//{beats}/min", 150.0),    # a feature, after
+            (1, T0, "LOINC/8867-4//{beats}/min", 70.0)]
+    _shard(tmp_path, rows)
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=_labels(tmp_path / "l.parquet", [1], T0),
+                   lookback_hours=24.0)
+    assert ex.report.excluded["before the lookback"] == 1 and ex.report.excluded["after the prediction time"] == 1
+    assert ex.report.unmapped_rows == 2  # MEDS_BIRTH and LOCAL/OUTCOME: codes outside the dictionary
