@@ -41,12 +41,14 @@ from torch.nn import functional as F  # noqa: N812
 
 from clinograph.core.errors import PrivacyError
 
+from . import ghost
 from .ghost import (
     ONE_POSITION_LIMIT,
     Formed,
     LayerPart,
     LinearWeight,
     OnePositionLayers,
+    SmallParts,
     Workspace,
     workspace,
 )
@@ -222,9 +224,12 @@ class PerPatientClipper:
             parts, loss = self._parts(inputs, labels, inference=True)
             with torch.inference_mode():
                 one = self._one_position(parts, dtype) if n_groups == 1 else None
-                rest = [part for i, part in parts.items() if one is None or i not in one[1]]
+                small = self._small(parts, one[1] if one is not None else (), dtype) if n_groups == 1 else None
+                taken = (one[1] if one is not None else set()) | (set(small[1]) if small is not None else set())
+                rest = [part for i, part in parts.items() if i not in taken]
                 if n_groups == 1:
-                    norm2 = [part.norm2() for part in rest] + ([one[0].norm2()] if one is not None else [])
+                    norm2 = [part.norm2() for part in rest] + ([one[0].norm2()] if one is not None else []) \
+                        + ([small[0].norm2()] if small is not None else [])
                     norm2 = (torch.stack(norm2).sum(0) if norm2 else torch.zeros(b, dtype=dtype)).unsqueeze(0)
                 else:
                     norm2 = torch.zeros((n_groups, b), dtype=dtype)
@@ -238,6 +243,8 @@ class PerPatientClipper:
                         done[w_i] = w_sum
                         if b_i is not None:
                             done[b_i] = b_sum
+                if small is not None:
+                    done.update(zip(small[1], small[0].clipped(rows[0]), strict=True))
                 pieces = [done[i] if i in done else parts[i].clipped(rows[group_of[i]]) if i in parts
                           else torch.zeros(n, dtype=dtype) for i, (_, n) in enumerate(self._slices)]
         with torch.no_grad():  # outside inference mode: what leaves the engine is an ordinary tensor
@@ -263,6 +270,21 @@ class PerPatientClipper:
             return None  # (a copy of every a and b costs more than the operations it saves: ghost.ONE_POSITION_LIMIT)
         covered = {i for i, _ in pairs} | {j for _, j in pairs if j is not None}
         return OnePositionLayers(layers, self._indicators), covered, pairs
+
+    def _small(self, parts: dict[int, LayerPart], taken: Collection[int], dtype: torch.dtype) -> tuple[
+            SmallParts, list[int]] | None:
+        """The step's formed parts of at most :data:`~.ghost.SMALL_PART` elements a patient (not already in
+        the one-position layers) as one :class:`~.ghost.SmallParts` and their parameter indices; None
+        below two such parts."""
+        picked: list[tuple[int, torch.Tensor]] = []
+        for i, part in parts.items():
+            if i not in taken:
+                g = part.formed_rows()
+                if g is not None and g.shape[1] <= ghost.SMALL_PART and g.dtype == dtype:
+                    picked.append((i, g))
+        if len(picked) < 2:
+            return None
+        return SmallParts([g for _, g in picked]), [i for i, _ in picked]
 
     def _groups(self, groups: Sequence[Collection[nn.Parameter]] | None) -> tuple[list[int], int]:
         if groups is None:
