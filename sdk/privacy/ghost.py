@@ -272,31 +272,32 @@ class OnePositionLayers:
 
     @staticmethod
     def _indicators(key: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The layers' 0/1 indicators over the concatenated inputs [L, Σd_in] and outputs [L, Σd_out]
+        (layer-major: the product with the transposed squares, [L, Σd]·[Σd, B], is a third faster here
+        than [B, Σd]·[Σd, L] -- a GEMM with 12 output columns -- 11 against 17 µs at the concept model's
+        462 input columns), and which layers have a bias [L, 1]."""
         dtype = key[0][3]
-        ia = torch.zeros((sum(k[0] for k in key), len(key)), dtype=dtype)
-        ib = torch.zeros((sum(k[1] for k in key), len(key)), dtype=dtype)
+        ia = torch.zeros((len(key), sum(k[0] for k in key)), dtype=dtype)
+        ib = torch.zeros((len(key), sum(k[1] for k in key)), dtype=dtype)
         at_a = at_b = 0
         for j, (d_in, d_out, _, _) in enumerate(key):
-            ia[at_a:at_a + d_in, j] = 1.0
-            ib[at_b:at_b + d_out, j] = 1.0
+            ia[j, at_a:at_a + d_in] = 1.0
+            ib[j, at_b:at_b + d_out] = 1.0
             at_a, at_b = at_a + d_in, at_b + d_out
-        return ia, ib, torch.tensor([1.0 if k[2] else 0.0 for k in key], dtype=dtype)
+        return ia, ib, torch.tensor([[1.0] if k[2] else [0.0] for k in key], dtype=dtype)
 
     def norm2(self) -> torch.Tensor:
         """Σ over the layers of ‖g_i(W)‖² + ‖g_i(bias)‖². Shapes: -> [B]."""
-        sa = torch.cat(self._a, 1).square_() @ self._ia  # [B, L]: ‖a_i‖² a layer
-        sb = self._b.square() @ self._ib
-        return torch.linalg.vecdot(sa.add_(self._has_bias), sb)
+        sa = torch.mm(self._ia, torch.cat(self._a, 1).square_().T)  # [L, B]: ‖a_i‖² a layer
+        sb = torch.mm(self._ib, self._b.square().T)
+        return torch.linalg.vecdot(sa.add_(self._has_bias), sb, dim=0)
 
     def clipped(self, c: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(Σ_i c_i g_i(W) flat, Σ_i c_i g_i(bias) or None) a layer, in :attr:`layers` order."""
         cb = self._b * c[:, None]
-        cb_t, bias_sums = cb.T, cb.sum(0)
-        out, at = [], 0
-        for (_, bias), a, d in zip(self.layers, self._a, self._d_out, strict=True):
-            out.append((torch.mm(cb_t[at:at + d], a).view(-1), bias_sums[at:at + d] if bias is not None else None))
-            at += d
-        return out
+        rows, bias_sums = torch.split(cb.T, self._d_out), torch.split(cb.sum(0), self._d_out)  # views, one op each
+        return [(torch.mm(cb_t, a).view(-1), b_sum if bias is not None else None)
+                for (_, bias), a, cb_t, b_sum in zip(self.layers, self._a, rows, bias_sums, strict=True)]
 
 
 #: :class:`SmallParts` takes a formed part while its g_i has at most this many elements a patient: its

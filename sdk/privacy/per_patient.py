@@ -227,16 +227,21 @@ class PerPatientClipper:
                 small = self._small(parts, one[1] if one is not None else (), dtype) if n_groups == 1 else None
                 taken = (one[1] if one is not None else set()) | (set(small[1]) if small is not None else set())
                 rest = [part for i, part in parts.items() if i not in taken]
-                if n_groups == 1:
-                    norm2 = [part.norm2() for part in rest] + ([one[0].norm2()] if one is not None else []) \
+                if n_groups == 1:  # one group: ‖g_i‖ computed once, for the factor and the result
+                    sqs = [part.norm2() for part in rest] + ([one[0].norm2()] if one is not None else []) \
                         + ([small[0].norm2()] if small is not None else [])
-                    norm2 = (torch.stack(norm2).sum(0) if norm2 else torch.zeros(b, dtype=dtype)).unsqueeze(0)
+                    total = sqs[0] if len(sqs) == 1 else torch.add(sqs[0], sqs[1]) if sqs else None
+                    for sq in sqs[2:]:  # into the fresh sum only: a part's norm2 may be a tensor it keeps
+                        total.add_(sq)
+                    norms = total.sqrt() if total is not None else torch.zeros(b, dtype=dtype)
+                    rows = [torch.div(clip_norm, norms + 1e-6).clamp_(max=1.0)]
                 else:
                     norm2 = torch.zeros((n_groups, b), dtype=dtype)
                     for i, part in parts.items():
                         norm2[group_of[i]] += part.norm2()
-                factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
-                rows = list(factor.unbind(0))  # each group's c [B], indexed once
+                    norms = norm2.sum(0).sqrt()
+                    factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
+                    rows = list(factor.unbind(0))  # each group's c [B], indexed once
                 done: dict[int, torch.Tensor] = {}
                 if one is not None:
                     for (w_i, b_i), (w_sum, b_sum) in zip(one[2], one[0].clipped(rows[0]), strict=True):
@@ -249,7 +254,7 @@ class PerPatientClipper:
                           else torch.zeros(n, dtype=dtype) for i, (_, n) in enumerate(self._slices)]
         with torch.no_grad():  # outside inference mode: what leaves the engine is an ordinary tensor
             summed = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
-            return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
+            return ClippedSum(summed, norms, loss)
 
     def _one_position(self, parts: dict[int, LayerPart], dtype: torch.dtype) -> tuple[
             OnePositionLayers, set[int], list[tuple[int, int | None]]] | None:
