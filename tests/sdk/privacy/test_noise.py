@@ -105,3 +105,26 @@ def test_noise_rows_travel_to_another_process_without_their_rows():
     fresh = back.next()
     assert back.n == 8 and back.steps == rows.steps and fresh.shape == (8,)
     assert not any(torch.equal(fresh, r) for r in [used, *left])
+
+
+def test_each_draw_has_its_own_key_taken_after_the_last_and_a_forked_child_takes_none_of_the_parents(monkeypatch):
+    """NoiseRows keys its next draw right after a draw (Scratch32.next_cipher: made while the cipher's code is
+    hot). Each draw still uses one fresh os.urandom key and nonce, never one twice; a forked child drops the
+    parent's buffers with the key prepared in them (parent and child would otherwise draw the same noise)."""
+    keys: list[bytes] = []
+    real = noise.os.urandom
+
+    def urandom(n):
+        keys.append(real(n))
+        return keys[-1]
+
+    monkeypatch.setattr(noise.os, "urandom", urandom)
+    rows = noise.NoiseRows(8, torch.float32)
+    for _ in range(2 * rows.steps):  # two draws
+        rows.next()
+    assert len(keys) == 6 and len(set(keys)) == 6  # key, nonce: the two draws' and the third's, prepared
+    prepared = rows._scratch.next_cipher
+    assert prepared is not None
+    monkeypatch.setattr(noise.os, "getpid", lambda: -1)  # what the child of a fork sees
+    rows.next()
+    assert rows._scratch.next_cipher is not prepared and len(keys) == 10  # the child keyed its own draw
