@@ -56,29 +56,40 @@ class Scratch32:
     """Buffers of one float32 draw of ``values`` noise values (4 normals each), kept for the next
     draw of the same size (:class:`NoiseRows`): allocated afresh, a draw's ~13·values·4 bytes of
     temporaries came from new pages every time (glibc maps large blocks and unmaps them when freed):
-    106-172 page faults a step at 9-15 k parameters, which doubled the noise's cost."""
+    106-172 page faults a step at 9-15 k parameters, which doubled the noise's cost. The draw runs in
+    place in the keystream's own words (uniforms, then r and θ, then the normals) and the result
+    (:func:`standard_gaussian32_into`), 20 bytes a value; the plaintext ChaCha20 encrypts is a 64 KiB block
+    of zeros used in turn (the keystream is the same as one call's)."""
 
     def __init__(self, values: int):
         n = 4 * int(values)  # uniforms = normals: 2 a Box-Muller pair, 2 pairs a value
         self.values = int(values)
         self.words = torch.empty(n, dtype=torch.int32)
-        self.zeros = memoryview(bytes(4 * n))  # the plaintext ChaCha20 encrypts into the keystream
-        self.uniforms = torch.empty(n, dtype=torch.float32)
-        self.normals = torch.empty(n, dtype=torch.float32)
+        self.word_bytes = self.words.numpy().view(np.uint8)  # made once: ~2.5 µs, ~17 µs cold after a training step
+        self.zeros = memoryview(bytes(min(4 * n, ZERO_BLOCK)))  # the plaintext ChaCha20 encrypts into the keystream
         self.out = torch.empty(int(values), dtype=torch.float32)
+        #: the next draw's ChaCha20 encryptor under a fresh ``os.urandom`` key, made right after a draw (its
+        #: code still hot: ~8 µs, against 50-60 µs made cold at the start of a draw that follows training steps);
+        #: dropped with these buffers in a forked child (:class:`NoiseRows`), never pickled
+        self.next_cipher = None
 
 
-def _uniform32(n: int, scratch: Scratch32 | None = None) -> torch.Tensor:
+#: the plaintext block :class:`Scratch32` encrypts in turn (bytes)
+ZERO_BLOCK = 1 << 16
+
+
+def _cipher():  # noqa: ANN202 - a cryptography CipherContext
+    """A ChaCha20 keystream under a fresh ``os.urandom`` key and nonce (one a draw)."""
+    return Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
+
+
+def _uniform32(n: int) -> torch.Tensor:
     """``n`` float32 uniforms in (0, 1]: 30 bits of ChaCha20 keyed by ``os.urandom(32)`` each,
-    (w + 1)·2^-30 rounded once (the keystream written straight into an int32 tensor; into
-    ``scratch``'s buffers when given)."""
-    words = torch.empty(n, dtype=torch.int32) if scratch is None else scratch.words[:n]
-    enc = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
-    enc.update_into(bytes(4 * n) if scratch is None else scratch.zeros[:4 * n], words.numpy().view(np.uint8))
+    (w + 1)·2^-30 rounded once (the keystream written straight into an int32 tensor)."""
+    words = torch.empty(n, dtype=torch.int32)
+    _cipher().update_into(bytes(4 * n), words.numpy().view(np.uint8))
     words.bitwise_and_(0x3FFFFFFF).add_(1)  # w + 1 <= 2^30: exact in int32
-    if scratch is None:
-        return words.float().mul_(2.0 ** -30)
-    return torch.mul(words, 2.0 ** -30, out=scratch.uniforms[:n])  # the same one rounding, to float32
+    return words.float().mul_(2.0 ** -30)
 
 
 def csprng_normal(n: int) -> np.ndarray:
@@ -86,15 +97,14 @@ def csprng_normal(n: int) -> np.ndarray:
     return _box_muller((n + 1) // 2)[:n].numpy()
 
 
-def _box_muller(m: int, dtype: torch.dtype = torch.float64, scratch: Scratch32 | None = None) -> torch.Tensor:
+def _box_muller(m: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """2m standard normals, [r cos θ (m) | r sin θ (m)], r = √(−2 ln u₁), θ = 2π u₂, in place on one
     CSPRNG draw (torch's vectorised log/cos/sin: half numpy's time). ``dtype`` float64: 53-bit
-    uniforms, float64 math; float32: :func:`_uniform32`, float32 math (module docstring), in
-    ``scratch``'s buffers when given."""
-    u = torch.from_numpy(csprng_uniform(2 * m)) if dtype == torch.float64 else _uniform32(2 * m, scratch)
+    uniforms, float64 math; float32: :func:`_uniform32`, float32 math (module docstring)."""
+    u = torch.from_numpy(csprng_uniform(2 * m)) if dtype == torch.float64 else _uniform32(2 * m)
     r = u[:m].log_().mul_(-2.0).sqrt_()
     theta = u[m:].mul_(2.0 * math.pi)
-    z = torch.empty(2 * m, dtype=u.dtype) if scratch is None else scratch.normals[:2 * m]
+    z = torch.empty(2 * m, dtype=u.dtype)
     torch.cos(theta, out=z[:m]).mul_(r)
     torch.sin(theta, out=z[m:]).mul_(r)
     return z
@@ -116,19 +126,39 @@ def secure_gaussian(std: float, shape: torch.Size, dtype: torch.dtype) -> torch.
 
 def standard_gaussian32_into(scratch: Scratch32) -> torch.Tensor:
     """:func:`secure_gaussian` (std 1, float32) of ``scratch.values`` values, computed in ``scratch``'s
-    buffers (no allocation; the same operations in the same order, a fresh key): ``scratch.out``."""
-    n = scratch.values
-    z = _box_muller(2 * n, torch.float32, scratch)
-    torch.add(z[:n], z[n:2 * n], out=scratch.out).add_(z[2 * n:3 * n]).add_(z[3 * n:])
-    return scratch.out.mul_(0.5)
+    buffers (no allocation; the same values, operation for operation, for the same key and nonce, a
+    fresh key a draw): ``scratch.out``. In place in the keystream's words: their uniforms (a float32 view
+    of the same memory: each element converted where it is), r and θ, then per half of the pairs
+    sin θ into the result buffer, r cos θ into θ's place and r sin θ into r's, and the four-sum into the
+    result (1.2 MB a 59 k-value draw, was 4.4 MB: twice the steps a draw for the same memory)."""
+    v, w = scratch.values, scratch.words
+    n, m = 4 * v, 2 * v
+    enc = scratch.next_cipher if scratch.next_cipher is not None else _cipher()
+    block, data = len(scratch.zeros), scratch.word_bytes
+    for at in range(0, 4 * n, block):  # the same keystream as one call
+        end = min(4 * n, at + block)
+        enc.update_into(scratch.zeros[:end - at], data[at:end])
+    scratch.next_cipher = _cipher()  # one key a draw, as before: the next one's taken now
+    w.bitwise_and_(0x3FFFFFFF).add_(1)  # w + 1 <= 2^30: exact in int32
+    u = w.view(torch.float32)
+    u.copy_(w).mul_(2.0 ** -30)  # the same one rounding as _uniform32, then an exact power of two
+    r = u[:m].log_().mul_(-2.0).sqrt_()
+    theta = u[m:].mul_(2.0 * math.pi)
+    t = scratch.out
+    for h in (slice(0, v), slice(v, m)):
+        torch.sin(theta[h], out=t)
+        theta[h].cos_().mul_(r[h])  # z[h] = r cos θ
+        torch.mul(t, r[h], out=r[h])  # z[m + h] = r sin θ
+    torch.add(theta[:v], theta[v:], out=t).add_(r[:v]).add_(r[v:])  # z[:v] + z[v:2v] + z[2v:3v] + z[3v:]
+    return t.mul_(0.5)
 
 
 #: :class:`NoiseRows` draws at most this many steps' noise at once (the draw's fixed cost -- a key, a
 #: cipher, ~20 tensor operations and their cold code after a training step, 35-80 µs -- shared by them)
 NOISE_STEPS = 16
-#: ... and at most this many values at once (the draw's buffers, ~13 x 4 bytes a value, are kept: 3.4 MB
-#: at most): a larger model draws fewer steps ahead, down to one
-NOISE_VALUES = 1 << 16
+#: ... and at most this many values at once (the draw's buffers, 20 bytes a value, are kept: 2.7 MB at most;
+#: 2^16 values with 52 bytes a value before session 52): a larger model draws fewer steps ahead, down to one
+NOISE_VALUES = 1 << 17
 
 
 class NoiseRows:
@@ -155,8 +185,8 @@ class NoiseRows:
     def next(self) -> torch.Tensor:
         """The next unused row [n] (a view of the block drawn last, overwritten by the next draw: valid
         until the row after the block's last is asked for)."""
-        if self._pid != os.getpid():
-            self._rows, self._pid = [], os.getpid()
+        if self._pid != os.getpid():  # a forked child: nothing drawn or keyed in the parent is used
+            self._rows, self._pid, self._scratch = [], os.getpid(), None
         if not self._rows:
             if self._scratch is None and self.dtype == torch.float32 and self.n:
                 self._scratch = Scratch32(self.steps * self.n)

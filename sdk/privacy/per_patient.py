@@ -41,12 +41,14 @@ from torch.nn import functional as F  # noqa: N812
 
 from clinograph.core.errors import PrivacyError
 
+from . import ghost
 from .ghost import (
     ONE_POSITION_LIMIT,
     Formed,
     LayerPart,
     LinearWeight,
     OnePositionLayers,
+    SmallParts,
     Workspace,
     workspace,
 )
@@ -221,48 +223,82 @@ class PerPatientClipper:
         with workspace(self._workspace):  # the parts formed for this sum only: buffers reused step to step
             parts, loss = self._parts(inputs, labels, inference=True)
             with torch.inference_mode():
-                one = self._one_position(parts, dtype) if n_groups == 1 else None
-                rest = [part for i, part in parts.items() if one is None or i not in one[1]]
-                if n_groups == 1:
-                    norm2 = [part.norm2() for part in rest] + ([one[0].norm2()] if one is not None else [])
-                    norm2 = (torch.stack(norm2).sum(0) if norm2 else torch.zeros(b, dtype=dtype)).unsqueeze(0)
+                one, small, rest = self._together(parts, dtype) if n_groups == 1 else (None, None, parts)
+                if n_groups == 1:  # one group: ‖g_i‖ computed once, for the factor and the result
+                    sqs = [part.norm2() for part in rest.values()] + ([one[0].norm2()] if one is not None else []) \
+                        + ([small[0].norm2()] if small is not None else [])
+                    total = sqs[0] if len(sqs) == 1 else torch.add(sqs[0], sqs[1]) if sqs else None
+                    for sq in sqs[2:]:  # into the fresh sum only: a part's norm2 may be a tensor it keeps
+                        total.add_(sq)
+                    norms = total.sqrt() if total is not None else torch.zeros(b, dtype=dtype)
+                    rows = [torch.div(clip_norm, norms + 1e-6).clamp_(max=1.0)]
                 else:
                     norm2 = torch.zeros((n_groups, b), dtype=dtype)
                     for i, part in parts.items():
                         norm2[group_of[i]] += part.norm2()
-                factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
-                rows = list(factor.unbind(0))  # each group's c [B], indexed once
+                    norms = norm2.sum(0).sqrt()
+                    factor = ((clip_norm / n_groups ** 0.5) / (norm2.sqrt() + 1e-6)).clamp(max=1.0)
+                    rows = list(factor.unbind(0))  # each group's c [B], indexed once
                 done: dict[int, torch.Tensor] = {}
                 if one is not None:
                     for (w_i, b_i), (w_sum, b_sum) in zip(one[2], one[0].clipped(rows[0]), strict=True):
                         done[w_i] = w_sum
                         if b_i is not None:
                             done[b_i] = b_sum
+                if small is not None:
+                    done.update(zip(small[1], small[0].clipped(rows[0]), strict=True))
                 pieces = [done[i] if i in done else parts[i].clipped(rows[group_of[i]]) if i in parts
                           else torch.zeros(n, dtype=dtype) for i, (_, n) in enumerate(self._slices)]
         with torch.no_grad():  # outside inference mode: what leaves the engine is an ordinary tensor
             summed = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype)
-            return ClippedSum(summed, norm2.sum(0).sqrt(), loss)
+            return ClippedSum(summed, norms, loss)
 
-    def _one_position(self, parts: dict[int, LayerPart], dtype: torch.dtype) -> tuple[
-            OnePositionLayers, set[int], list[tuple[int, int | None]]] | None:
-        """The step's one-position Linear weights (and their biases) as one :class:`~.ghost.OnePositionLayers`,
-        the parameter indices it covers and its layers' (weight, bias) indices; None below two layers or
-        above :data:`~.ghost.ONE_POSITION_LIMIT` elements."""
-        layers: list[tuple[LinearWeight, Formed | None]] = []
-        pairs: list[tuple[int, int | None]] = []
-        biases = {id(part.bias_of): (i, part) for i, part in parts.items()
-                  if isinstance(part, Formed) and part.bias_of is not None}
+    def _together(self, parts: dict[int, LayerPart], dtype: torch.dtype) -> tuple[
+            tuple[OnePositionLayers, set[int], list[tuple[int, int | None]]] | None,
+            tuple[SmallParts, list[int]] | None, dict[int, LayerPart]]:
+        """The step's parts sorted in one pass (the engine's cost at small batches is its count of
+        operations, Python's included): the one-position Linear weights and their biases as one
+        :class:`~.ghost.OnePositionLayers` (with the parameter indices it covers and its layers'
+        (weight, bias) indices; None below two layers or above :data:`~.ghost.ONE_POSITION_LIMIT`
+        elements), the other formed parts of at most :data:`~.ghost.SMALL_PART` elements a patient as
+        one :class:`~.ghost.SmallParts` (with their indices; None below two), and the rest by index."""
+        weights: list[tuple[int, LinearWeight]] = []
+        biases: dict[int, tuple[int, Formed]] = {}  # id(its weight's part) -> (index, bias part)
+        small: list[tuple[int, torch.Tensor]] = []
+        rest: dict[int, LayerPart] = {}
+        limit = ghost.SMALL_PART
         for i, part in parts.items():
-            if isinstance(part, LinearWeight) and part.flat2d is not None and part.flat2d[0].dtype == dtype \
+            kind = type(part)
+            if kind is LinearWeight and part.flat2d is not None and part.flat2d[0].dtype == dtype \
                     and part.flat2d[1].dtype == dtype:
-                j, bias = biases.get(id(part), (None, None))
-                layers.append((part, bias))
+                weights.append((i, part))
+                continue
+            if kind is Formed and part.bias_of is not None:
+                biases[id(part.bias_of)] = (i, part)
+                continue
+            g = part.formed_rows()
+            if g is not None and g.shape[1] <= limit and g.dtype == dtype:
+                small.append((i, g))
+            else:
+                rest[i] = part
+        one = None
+        if len(weights) >= 2 and \
+                sum(w.flat2d[0].numel() + w.flat2d[1].numel() for _, w in weights) <= ONE_POSITION_LIMIT:
+            layers: list[tuple[LinearWeight, Formed | None]] = []
+            pairs: list[tuple[int, int | None]] = []
+            for i, w in weights:
+                j, bias = biases.pop(id(w), (None, None))
+                layers.append((w, bias))
                 pairs.append((i, j))
-        if len(layers) < 2 or sum(w.flat2d[0].numel() + w.flat2d[1].numel() for w, _ in layers) > ONE_POSITION_LIMIT:
-            return None  # (a copy of every a and b costs more than the operations it saves: ghost.ONE_POSITION_LIMIT)
-        covered = {i for i, _ in pairs} | {j for _, j in pairs if j is not None}
-        return OnePositionLayers(layers, self._indicators), covered, pairs
+            covered = {i for i, _ in pairs} | {j for _, j in pairs if j is not None}
+            one = (OnePositionLayers(layers, self._indicators), covered, pairs)
+        else:  # (a copy of every a and b costs more than the operations it saves: ghost.ONE_POSITION_LIMIT)
+            rest.update(weights)
+        rest.update(biases.values())  # biases of weights outside OnePositionLayers: their norm is shared
+        if len(small) < 2:
+            rest.update(small and [(small[0][0], parts[small[0][0]])])
+            return one, None, rest
+        return one, (SmallParts([g for _, g in small]), [i for i, _ in small]), rest
 
     def _groups(self, groups: Sequence[Collection[nn.Parameter]] | None) -> tuple[list[int], int]:
         if groups is None:

@@ -4,6 +4,7 @@ distribution, and the dtype the four-sum ends in. (The float64 path: test_traine
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from clinograph.sdk.privacy import noise
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -54,13 +55,16 @@ def _counting_draws(monkeypatch) -> list[int]:
     return sizes
 
 
-def test_the_buffered_float32_draw_is_secure_gaussian_value_for_value(monkeypatch):
-    """NoiseRows draws into kept buffers (fresh ones each draw came as 106-172 page faults a step);
-    the values must be exactly the allocating draw's for the same ChaCha20 key and nonce."""
+@pytest.mark.parametrize("values", [1000, 5000], ids=["one-plaintext-block", "three-plaintext-blocks"])
+def test_the_buffered_float32_draw_is_secure_gaussian_value_for_value(monkeypatch, values):
+    """NoiseRows draws into kept buffers (fresh ones each draw came as 106-172 page faults a step), in
+    place in the keystream's words, encrypting a 64 KiB zero block in turn; the values must be exactly
+    the allocating draw's for the same ChaCha20 key and nonce."""
     monkeypatch.setattr(noise.os, "urandom", lambda n: bytes(range(7, 7 + n)))  # a known key and nonce
-    want = noise.secure_gaussian(1.0, torch.Size([1000]), torch.float32)
-    scratch = noise.Scratch32(1000)
-    scratch.normals.fill_(float("nan"))  # what the last draw left must not matter
+    want = noise.secure_gaussian(1.0, torch.Size([values]), torch.float32)
+    scratch = noise.Scratch32(values)
+    scratch.out.fill_(float("nan"))  # what the last draw left must not matter
+    scratch.words.fill_(-1)
     got = noise.standard_gaussian32_into(scratch)
     assert torch.equal(got, want)
     again = noise.standard_gaussian32_into(scratch)  # the same buffers, the same key: the same values
@@ -105,3 +109,26 @@ def test_noise_rows_travel_to_another_process_without_their_rows():
     fresh = back.next()
     assert back.n == 8 and back.steps == rows.steps and fresh.shape == (8,)
     assert not any(torch.equal(fresh, r) for r in [used, *left])
+
+
+def test_each_draw_has_its_own_key_taken_after_the_last_and_a_forked_child_takes_none_of_the_parents(monkeypatch):
+    """NoiseRows keys its next draw right after a draw (Scratch32.next_cipher: made while the cipher's code is
+    hot). Each draw still uses one fresh os.urandom key and nonce, never one twice; a forked child drops the
+    parent's buffers with the key prepared in them (parent and child would otherwise draw the same noise)."""
+    keys: list[bytes] = []
+    real = noise.os.urandom
+
+    def urandom(n):
+        keys.append(real(n))
+        return keys[-1]
+
+    monkeypatch.setattr(noise.os, "urandom", urandom)
+    rows = noise.NoiseRows(8, torch.float32)
+    for _ in range(2 * rows.steps):  # two draws
+        rows.next()
+    assert len(keys) == 6 and len(set(keys)) == 6  # key, nonce: the two draws' and the third's, prepared
+    prepared = rows._scratch.next_cipher
+    assert prepared is not None
+    monkeypatch.setattr(noise.os, "getpid", lambda: -1)  # what the child of a fork sees
+    rows.next()
+    assert rows._scratch.next_cipher is not prepared and len(keys) == 10  # the child keyed its own draw

@@ -120,3 +120,34 @@ def test_knot_rule_with_the_forwards_sort_gives_each_patients_gradient_and_clipp
     parts, _ = engine._parts((z,), y)
     (knot,) = [p for p in parts.values() if hasattr(p, "pairs")]
     assert (knot.pairs is model.U._sorted[2]) == (calls == 1)  # the forward's sort, for one call
+
+
+@pytest.mark.parametrize("small_part", [64, 0], ids=["small-parts-together", "each-on-its-own"])
+def test_small_formed_parts_taken_together_give_the_loops_norms_and_clipped_sum(monkeypatch, small_part):
+    """The formed parts of at most ghost.SMALL_PART elements a patient (here the [B, 6, 3] layer's weight
+    and bias, the twice-called layer's, the bias of a frozen weight and of the [B, 1, d] call) take their norms and clipped sums as one concatenation
+    (ghost.SmallParts); the one-position layers as one OnePositionLayers; both against the loop, and the
+    same with the small parts one by one."""
+    from clinograph.sdk.privacy import ghost
+
+    monkeypatch.setattr(ghost, "SMALL_PART", small_part)
+    torch.manual_seed(2)
+    model = _Mixed().double()
+    x, s = torch.randn(6, 3, dtype=torch.float64), torch.randn(6, 6, 3, dtype=torch.float64)
+    y = torch.randn(6, dtype=torch.float64)
+    engine = PerPatientClipper(model, objective=lambda m, inp, lab: (m(*inp) * lab).sum())
+    grads, _ = engine.per_sample(x, s, labels=y)
+    per = engine.flat(grads, 6, torch.float64)
+    parts, _ = engine._parts((x, s), y, inference=True)
+    one, small, rest = engine._together(parts, torch.float64)
+    index = {id(p): i for i, p in enumerate(engine.params)}
+    want_small = {index[id(p)] for p in (model.seq.weight, model.seq.bias, model.twice.weight, model.twice.bias,
+                                         model.frozen_w.bias, model.one_pos.bias)}
+    assert (set(small[1]) == want_small) if small_part else small is None
+    assert one is not None and {index[id(model.a.weight)], index[id(model.a.bias)]} <= one[1]
+    assert set(rest) | one[1] | (set(small[1]) if small else set()) == set(parts)  # every part once
+    for clip in (0.3, 100.0):  # clipped and not
+        c = (clip / (per.norm(dim=1) + 1e-6)).clamp(max=1.0)
+        out = engine.clipped_sum(x, s, labels=y, clip_norm=clip)
+        torch.testing.assert_close(out.norms, per.norm(dim=1))
+        torch.testing.assert_close(out.summed, c @ per)
