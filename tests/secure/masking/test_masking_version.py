@@ -74,25 +74,24 @@ def test_a_masked_2_hospital_is_refused_by_name_and_the_round_completes_without_
         assert rel_err(res.sums[name], v) < 1e-6
 
 
-def test_a_client_refuses_a_relayed_masked_1_advertisement():
-    rnd = Round()
+def _directory_relaying_an_older_advertisement(rnd: Round, older) -> bytes:
+    """hosp00's key directory with its first neighbour's advertisement replaced by ``older(advertisement)``
+    (that neighbour's own signed bytes of an older protocol), sealed by the server."""
     for c, data in rnd.outgoing.items():
         rnd.server.receive_bytes(c, data)
     directory = load_payload(parse_envelope(rnd.server.next_stage()["hosp00"]), KeyDirectory)
-    old = parse_envelope(as_masked_1(rnd.outgoing[directory.keys[0].client]))
+    old = parse_envelope(older(rnd.outgoing[directory.keys[0].client]))
     relayed = directory.keys[0].model_copy(update={"payload": old.payload, "signature": old.signature})
-    bad = directory.model_copy(update={"keys": (relayed, *directory.keys[1:])})
+    return seal(directory.model_copy(update={"keys": (relayed, *directory.keys[1:])}), SERVER)
+
+
+def test_a_client_refuses_a_relayed_masked_1_advertisement():
+    rnd = Round()
     with pytest.raises(ProtocolError, match="Malformed 'masked_advertise_keys' payload"):
-        rnd.clients["hosp00"].handle(seal(bad, SERVER))
+        rnd.clients["hosp00"].handle(_directory_relaying_an_older_advertisement(rnd, as_masked_1))
 
 
 def test_a_client_refuses_a_relayed_masked_2_advertisement_naming_the_version():
     rnd = Round()
-    for c, data in rnd.outgoing.items():
-        rnd.server.receive_bytes(c, data)
-    directory = load_payload(parse_envelope(rnd.server.next_stage()["hosp00"]), KeyDirectory)
-    old = parse_envelope(as_masked_2(rnd.outgoing[directory.keys[0].client]))
-    relayed = directory.keys[0].model_copy(update={"payload": old.payload, "signature": old.signature})
-    bad = directory.model_copy(update={"keys": (relayed, *directory.keys[1:])})
     with pytest.raises(ProtocolError, match="masking protocol 'masked/2:aes256-ctr', this side runs 'masked/3"):
-        rnd.clients["hosp00"].handle(seal(bad, SERVER))
+        rnd.clients["hosp00"].handle(_directory_relaying_an_older_advertisement(rnd, as_masked_2))
