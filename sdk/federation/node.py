@@ -7,6 +7,13 @@ key-file='/srv/h1/keys/h1.ed25519.pem' federation-file='/srv/h1/keys/federation.
 ``schema.toml`` (its SiteSchema) and ``hospital.toml`` (its :class:`~clinograph.sdk.config.HospitalConfig`:
 model, training, privacy, release; ``dictionary`` relative to that file). The DP ledger lives
 in ``state-dir``. A deployment writes these files; it copies no code.
+
+A hospital whose data is an EHR export reads it where it is: ``schema.toml`` is then its EHR
+source file (``[omop]``, ``[meds]`` or ``[fhir]``, as ``clinograph check`` and ``clinograph
+simulate`` read it: docs/ehr_formats.md) and the source is ``data-dir/source`` (an OMOP CSV
+folder, a MEDS root, a FHIR export folder or file), ``data-dir/source.duckdb`` (an OMOP CDM in
+DuckDB), or the database URL written in ``data-dir/source.url`` (an OMOP CDM in PostgreSQL: a
+file, so that its credentials are not in the SuperNode's command line).
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
 
 from ..config import DP_DEFAULT_MODEL_LINE, HospitalConfig, dp_default_model
-from ..ingest import ingest, read_site_table
-from ..ontology import FeatureDictionary, SiteSchema
+from ..ingest.sources import EhrSourceConfig, ingest_site, load_site_source
+from ..ontology import FeatureDictionary
 from ..tasks import create_task
 from .build import build_hospital
 from .candidates import Candidate, candidate_configs
@@ -46,6 +53,40 @@ def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
 
         check_features(config.model.features, dictionary)
     return dictionary
+
+
+#: where an EHR source file's data is, in the data-dir (module docstring)
+SOURCE_NAMES = ("source.url", "source", "source.duckdb")
+
+
+def source_location(data: Path) -> str | Path | None:
+    """The data-dir's EHR source: the URL in ``source.url`` (one line), else ``source`` or
+    ``source.duckdb`` if present, else None.
+
+    Raises:
+        ConfigError: ``source.url`` is empty, not one line, or not a URL.
+    """
+    url = data / "source.url"
+    if url.is_file():
+        from clinograph.core.fileio import read_regular
+
+        text = read_regular(url, limit=4096).decode("utf-8", errors="replace").strip()
+        if not text or "\n" in text or "://" not in text:
+            raise ConfigError(f"{url} must hold one database URL on one line (e.g. postgresql+psycopg://reader@db/cdm); "
+                              "it holds something else. Write the OMOP CDM's URL there, or remove the file and put the "
+                              f"export at {data / 'source'}.")
+        return text
+    return next((data / n for n in SOURCE_NAMES[1:] if (data / n).exists()), None)
+
+
+def _no_source(data: Path, kind: str) -> str:
+    return (f"{data / 'schema.toml'} is an EHR source file ([{kind}]) but {data} holds no source: put the export at "
+            f"{data / 'source'} (an OMOP CSV folder, a MEDS root, a FHIR export), an OMOP DuckDB file at "
+            f"{data / 'source.duckdb'}, or a database URL in {data / 'source.url'}.")
+
+
+def _source_kind(source: EhrSourceConfig) -> str:
+    return next(k for k in ("omop", "meds", "fhir") if getattr(source, k) is not None)
 
 
 def check_data_dir(node_config: Mapping[str, Any]) -> None:
@@ -73,13 +114,21 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
             if problems:
                 raise ConfigError("\n".join(problems))
             return
+    schema = None
     try:
-        SiteSchema.from_toml(data / "schema.toml")
+        schema = load_site_source(data / "schema.toml")
     except ConfigError as exc:
         problems.append(str(exc))
-    if not any((data / f).is_file() for f in ("table.csv", "table.parquet")):
+    if isinstance(schema, EhrSourceConfig):
+        try:
+            if source_location(data) is None:
+                problems.append(_no_source(data, _source_kind(schema)))
+        except ConfigError as exc:
+            problems.append(str(exc))
+    elif not any((data / f).is_file() for f in ("table.csv", "table.parquet")):
         problems.append(f"{data} holds no table.csv (or table.parquet): put this hospital's export there, in its own "
-                        "column names and units (schema.toml maps them).")
+                        "column names and units (schema.toml maps them), or an EHR export at "
+                        f"{data / 'source'} with its EHR source file as schema.toml.")
     if problems:
         raise ConfigError(f"The SuperNode's data-dir {data} cannot build the hospital ({len(problems)} problem(s)):\n"
                           + "\n".join("  - " + p.replace("\n", "\n    ") for p in problems))
@@ -108,9 +157,14 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     if own is not None:  # a task whose hospital is not a FederationMember (concepts: a voted run)
         return own(node_config=node_config, config=config, dictionary=dictionary, federation=federation,
                    identity=identity, data=data)
-    table_path = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
-    schema = SiteSchema.from_toml(data / "schema.toml")
-    table = ingest(read_site_table(table_path, schema), schema=schema, dictionary=dictionary)
+    schema = load_site_source(data / "schema.toml")
+    if isinstance(schema, EhrSourceConfig):  # an EHR export read where it is (module docstring)
+        location = source_location(data)
+        if location is None:
+            raise ConfigError(_no_source(data, _source_kind(schema)))
+    else:
+        location = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
+    table = ingest_site(location, schema, dictionary=dictionary, base=data)
     cands = candidate_configs(config) or [Candidate(name="model", overrides={}, config=config)]
     refuse_under_dp(config, cands, where=str(data / "hospital.toml"))  # before anything runs
     state_dir = Path(str(node_config["state-dir"])) / "privacy"
