@@ -186,7 +186,17 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
 
     text = str(location)
     if "://" in text:
-        return sa.create_engine(text)
+        try:
+            return sa.create_engine(text)
+        except sa.exc.ArgumentError as exc:  # an unknown scheme or driver (NoSuchModuleError), an unparsable URL
+            try:  # named without its password; a URL that does not parse is not echoed at all
+                shown = sa.engine.make_url(text).render_as_string(hide_password=True)
+            except sa.exc.ArgumentError:
+                shown = "(not a URL SQLAlchemy can parse)"
+            raise ConfigError(f"OMOP location {shown} is no database this installation can open "
+                              f"({type(exc).__name__}): give a PostgreSQL URL (postgresql+psycopg://user@host/cdm), "
+                              "duckdb:///path/cdm.duckdb, or the path of a .duckdb file or a folder of OMOP table "
+                              "files.") from None
     path = Path(text)
     if path.is_file():
         return sa.create_engine(f"duckdb:///{path}", connect_args={"read_only": True, "config": dict(_NO_FILES)})

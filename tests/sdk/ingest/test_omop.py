@@ -189,3 +189,11 @@ def test_source_configuration_is_strict():
         OmopSource.model_validate({"site": "a", "cohort": {"visit_concept_ids": [1]}, "label": None, "typo": 1})
     with pytest.raises(ConfigError, match="does not exist"):
         omop_engine("/nonexistent/omop")
+
+
+@pytest.mark.parametrize("url", ["http://cdm.example.org/cdm", "postgres+nodriver://reader:s3cret@db/cdm", "foo://"])
+def test_a_database_url_this_installation_cannot_open_is_a_config_error_without_its_password(url):
+    """Before: `clinograph check omop.toml http://x/y` ended in "internal error (NoSuchModuleError)"."""
+    with pytest.raises(ConfigError, match="is no database this installation can open") as caught:
+        omop_engine(url)
+    assert "s3cret" not in str(caught.value) and "postgresql+psycopg://" in str(caught.value)
