@@ -79,14 +79,22 @@ def source_location(data: Path) -> str | Path | None:
     return next((data / n for n in SOURCE_NAMES[1:] if (data / n).exists()), None)
 
 
-def _no_source(data: Path, kind: str) -> str:
-    return (f"{data / 'schema.toml'} is an EHR source file ([{kind}]) but {data} holds no source: put the export at "
-            f"{data / 'source'} (an OMOP CSV folder, a MEDS root, a FHIR export), an OMOP DuckDB file at "
-            f"{data / 'source.duckdb'}, or a database URL in {data / 'source.url'}.")
+def ehr_location(data: Path, source: EhrSourceConfig) -> str | Path:
+    """Where ``source`` (the data-dir's EHR source file) reads from (:func:`source_location`).
 
-
-def _source_kind(source: EhrSourceConfig) -> str:
-    return next(k for k in ("omop", "meds", "fhir") if getattr(source, k) is not None)
+    Raises:
+        ConfigError: no source in the data-dir, or a database URL for a MEDS or FHIR source (files only).
+    """
+    kind = next(k for k in ("omop", "meds", "fhir") if getattr(source, k) is not None)
+    location = source_location(data)
+    if location is None:
+        raise ConfigError(f"{data / 'schema.toml'} is an EHR source file ([{kind}]) but {data} holds no source: put "
+                          f"the export at {data / 'source'} (an OMOP CSV folder, a MEDS root, a FHIR export), an OMOP "
+                          f"DuckDB file at {data / 'source.duckdb'}, or a database URL in {data / 'source.url'}.")
+    if isinstance(location, str) and kind != "omop":
+        raise ConfigError(f"{data / 'source.url'} names a database, but schema.toml is a [{kind}] source, which reads "
+                          f"files: put the export at {data / 'source'} and remove source.url.")
+    return location
 
 
 def check_data_dir(node_config: Mapping[str, Any]) -> None:
@@ -121,8 +129,7 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
         problems.append(str(exc))
     if isinstance(schema, EhrSourceConfig):
         try:
-            if source_location(data) is None:
-                problems.append(_no_source(data, _source_kind(schema)))
+            ehr_location(data, schema)
         except ConfigError as exc:
             problems.append(str(exc))
     elif not any((data / f).is_file() for f in ("table.csv", "table.parquet")):
@@ -159,9 +166,7 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
                    identity=identity, data=data)
     schema = load_site_source(data / "schema.toml")
     if isinstance(schema, EhrSourceConfig):  # an EHR export read where it is (module docstring)
-        location = source_location(data)
-        if location is None:
-            raise ConfigError(_no_source(data, _source_kind(schema)))
+        location = ehr_location(data, schema)
     else:
         location = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
     table = ingest_site(location, schema, dictionary=dictionary, base=data)

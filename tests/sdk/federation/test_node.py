@@ -45,7 +45,13 @@ def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp
     from clinograph.core.identity import Identity
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
-    from cohort_exports import example_cohort, write_dictionary, write_meds, write_omop, write_source_file
+    from cohort_exports import (
+        example_cohort,
+        write_dictionary,
+        write_meds,
+        write_omop,
+        write_source_file,
+    )
 
     data = tmp_path / "data"
     data.mkdir()
@@ -73,6 +79,10 @@ def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp
     shutil.rmtree(data / "source")  # the same hospital as a MEDS dataset
     write_meds(data / "source", cohort)
     write_source_file(data / "schema.toml", "meds", "north")
+    (data / "source.url").write_text("postgresql+psycopg://reader@db/cdm\n")
+    with pytest.raises(ConfigError, match=r"source.url names a database, but schema.toml is a \[meds\] source"):
+        check_data_dir({"data-dir": str(data)})
+    (data / "source.url").unlink()
     shutil.move(data / "source" / "labels.parquet", data / "labels.parquet")  # [meds] labels: beside its file
     member = make_hospital(node_config=node, run_config={}, run_id=2, identity=me)
     assert member.setup.table.n_patients == 4
