@@ -56,6 +56,20 @@ def run_cli(args: list[str], cwd: Path) -> dict:
     }
 
 
+def _defaults_run(cohort, folder: Path, seed: int, run: dict):  # noqa: ANN001, ANN202 - a Cohort; (config, result)
+    """One run of the SDK defaults on ``cohort``'s files for ``seed``: its time, whether its audit
+    directory verifies and the candidate chosen are appended to ``run``."""
+    import clinograph as cg
+
+    config = cg.SimulationConfig.from_toml(write_cohort(cohort, folder, seed=seed))
+    t0 = time.perf_counter()
+    res = cg.simulate_from_config(config)
+    run["seconds"].append(round(time.perf_counter() - t0, 2))
+    run["audit_verified"].append(bool(cg.verify_audit_dir(res.audit_dir).ok))
+    run["chosen"].append(res.choice.get("chosen"))
+    return config, res
+
+
 def run_cohort(name: str, seeds: list[int], folder: Path, diagnose: bool) -> dict:
     from clinograph.sdk.demo.baselines import reference_baselines
     from clinograph.sdk.federation.simulate import load_tables
@@ -83,13 +97,8 @@ def run_cohort(name: str, seeds: list[int], folder: Path, diagnose: bool) -> dic
         "elimination_none": [],
     }
     for seed in seeds:
-        config = cg.SimulationConfig.from_toml(write_cohort(cohort, folder, seed=seed))
-        t0 = time.perf_counter()
-        res = cg.simulate_from_config(config)
-        run["seconds"].append(round(time.perf_counter() - t0, 2))
-        run["audit_verified"].append(bool(cg.verify_audit_dir(res.audit_dir).ok))
+        config, res = _defaults_run(cohort, folder, seed, run)
         per.setdefault("sdk_default_federated", []).append(res.final)
-        run["chosen"].append(res.choice.get("chosen"))
         run["candidates"].append(res.choice.get("candidates"))
         run["candidate_test_auroc"].append(
             {k: _mean(v) for k, v in res.metrics_by_candidate.items()}
@@ -160,12 +169,7 @@ def run_survival(seeds: list[int], folder: Path) -> dict:
     per: dict[str, list[dict]] = {}
     run: dict[str, list] = {"seconds": [], "audit_verified": [], "chosen": []}
     for seed in seeds:
-        config = cg.SimulationConfig.from_toml(write_cohort(cohort, folder, seed=seed))
-        t0 = time.perf_counter()
-        res = cg.simulate_from_config(config)
-        run["seconds"].append(round(time.perf_counter() - t0, 2))
-        run["audit_verified"].append(bool(cg.verify_audit_dir(res.audit_dir).ok))
-        run["chosen"].append(res.choice.get("chosen"))
+        config, res = _defaults_run(cohort, folder, seed, run)
         per.setdefault("sdk_default_survival_federated", []).append(res.final)
         tables, _ = load_tables(config)
         splits = [cg.split_patients(t, config=config) for t in tables]
