@@ -201,7 +201,8 @@ class MaskingClient(AggregationClient):
         """Stage 3: check and sign the survivor set U3 (once a round; Bonawitz et al. 2017, round 4)."""
         u3 = check_survivor_set(me=self._me, survivors=msg.survivors, participants=self.plan.participants,
                                 threshold=self.params.threshold, min_clients=self.plan.min_clients,
-                                neighbours=self._graph[self._me], masked_with=self._masked_with)
+                                neighbours=self._graph[self._me], masked_with=self._masked_with,
+                                graph=self._graph)
         self._signed_u3 = u3  # the reply's envelope signature is the consistency signature
         self._signed_digest = survivors_digest(self.plan, u3)
         return ConsistencySignature(**self._header(), survivors_digest=self._signed_digest)

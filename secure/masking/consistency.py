@@ -36,7 +36,9 @@ confirmed (too few signatures) reveals nothing.
 Does not guarantee: a collusion bound of t against a lying server. Each side of a split view
 can form its own quorum of t signers, so the bound on colluding share holders of one client
 stays c >= 2t - (k+1), as with the double-listing refusal alone (for a complete graph,
-n = k+1, the two bounds coincide; for a sparse SecAgg+ graph, 2t - n is weaker). See
+n = k+1, the two bounds coincide; for a sparse SecAgg+ graph, 2t - n is weaker). What each
+side's sum covers is still floored: a signer's group in U3 (:func:`check_survivor_set`) has at
+least max(t, min_clients) members, so no quorum of a split view opens a smaller sum. See
 :mod:`clinograph.secure.masking.params` for the bounds that hold.
 """
 
@@ -51,6 +53,7 @@ from clinograph.core.labels import SIG_MASKED_CONSISTENCY
 
 from ..messages import RoundPlan
 from .messages import ConsistencySignature, SurvivorSignature
+from .params import NeighbourGraph
 from .stages import open_relayed, round_context
 
 
@@ -67,7 +70,7 @@ def survivors_digest(plan: RoundPlan, survivors: Iterable[str]) -> str:
 
 def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Iterable[str],
                        threshold: int, min_clients: int = 1, neighbours: Iterable[str] = (),
-                       masked_with: Iterable[str] = ()) -> tuple[str, ...]:
+                       masked_with: Iterable[str] = (), graph: NeighbourGraph | None = None) -> tuple[str, ...]:
     """Return U3 sorted, or raise ProtocolError unless it is a set of at least max(t, ``min_clients``)
     participants containing ``me`` that lists none of ``me``'s ``neighbours`` outside ``masked_with``.
     ``min_clients``: the signed plan's; the server closes a stage below it, so only a lying server
@@ -80,8 +83,15 @@ def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Itera
     ``me`` masked with. Before (session 52), a lying server met the floor by listing in U3
     hospitals that never masked with the group it unmasks (they "dropped" at stage 1 for it): three
     hospitals revealed their self-mask shares under a plan whose ``min_clients`` was 4. The check
-    sees neighbours only: in a sparse (SecAgg+) graph a U3 can still be padded with hospitals that
-    are no signer's neighbour (SECURITY.md)."""
+    sees neighbours only; hence also:
+
+    ``graph``: the round's public neighbour graph. ``me``'s group in U3 (:meth:`.params.NeighbourGraph.
+    component`: the members joined to it by neighbour edges within U3) must have at least max(t,
+    ``min_clients``) members: a group with no edge to the rest of U3 is a sum the server can open on
+    its own. Before (session 53), in a sparse graph (n = 8, k = 4, t = 3, ``min_clients`` = 4) a server
+    that kept the inputs of three mutual neighbours and of one hospital neighbouring none of them met
+    the floor "on paper": all four signed and revealed their shares, and the server could open the sum
+    of the three (the fourth's self-mask has no holder left in U3). In a complete graph U3 is one group."""
     u3 = tuple(survivors)
     people = set(participants)
     if len(set(u3)) != len(u3):
@@ -104,6 +114,15 @@ def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Itera
         raise ProtocolError(f"Survivor set U3 has {len(u3)} client(s), below the round's floor {min_clients} "
                             "(min_clients of the signed plan): its sum would be over fewer hospitals than the plan "
                             "promised. Refused (malicious or broken server).")
+    if graph is not None:
+        group, floor = graph.component(me, u3), max(threshold, min_clients)
+        if len(group) < floor:
+            raise ProtocolError(
+                f"Survivor set U3 has {len(u3)} client(s), but only {len(group)} of them (this client included) are "
+                f"joined to {me!r} by masking neighbours; the others share no pairwise mask with that group, so its "
+                f"sum could be opened on its own -- a sum over fewer than {floor} hospitals (max of the threshold and "
+                "min_clients of the signed plan). Refused (malicious or broken server, or dropouts that cut the "
+                "neighbour graph).")
     return tuple(sorted(u3))
 
 

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -343,11 +343,42 @@ class NeighbourGraph(Mapping[str, frozenset[str]]):
             got = self._holders[owner] = tuple(sorted(self[owner] | {owner}))
         return got
 
+    def component(self, me: str, members: Iterable[str]) -> frozenset[str]:
+        """The members joined to ``me`` by a path of graph edges within ``members`` (``me`` included).
+
+        Why it matters: two members of U3 that are neighbours masked with each other (an honest
+        signer checks it, :func:`~.consistency.check_survivor_set`), so their pairwise mask cancels
+        only when both inputs are in one sum, and no honest hospital reveals the pairwise key of a
+        survivor. A set of survivors with no edge to the rest of U3 is thus a sum the server can open
+        on its own: in a sparse graph U3 can split into such groups, each a sum over fewer hospitals
+        than U3 counts. Breadth-first, O(|members| k)."""
+        inside = set(members)
+        seen, todo = {me}, [me]
+        while todo:
+            for v in self[todo.pop()]:
+                if v in inside and v not in seen:
+                    seen.add(v)
+                    todo.append(v)
+        return frozenset(seen)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._people)
 
     def __len__(self) -> int:
         return len(self._people)
+
+
+def smallest_group(graph: NeighbourGraph, members: Iterable[str]) -> frozenset[str]:
+    """The smallest of the groups (:meth:`NeighbourGraph.component`) ``members`` fall into; each
+    member's group found once. Empty for no members."""
+    inside, seen, small = set(members), set(), frozenset()
+    for u in sorted(inside):
+        if u not in seen:
+            group = graph.component(u, inside)
+            seen |= group
+            if not small or len(group) < len(small):
+                small = group
+    return small
 
 
 def neighbour_graph(plan: RoundPlan, k: int) -> NeighbourGraph:

@@ -52,7 +52,7 @@ from .messages import (
     UnmaskRequest,
     UnmaskResponse,
 )
-from .params import MaskingParams, neighbour_graph
+from .params import MaskingParams, neighbour_graph, smallest_group
 from .stages import (
     STAGES,
     Layout,
@@ -265,6 +265,12 @@ class MaskingServer(AggregationServer):
             self._outbox.clear()
         elif closing == 2:
             u3 = tuple(sorted(alive))
+            small = smallest_group(self._graph, alive)
+            if len(small) < need:  # each hospital of that group would refuse to sign (check_survivor_set)
+                return self._stop(f"The {len(alive)} clients with masked inputs fall apart into groups that share no "
+                                  f"pairwise mask; the smallest has {len(small)} (the round needs {need}: max of "
+                                  "masked.threshold and min_clients), so its sum could be opened on its own. Round "
+                                  "aborted, nothing published (too many dropouts for this neighbour graph).")
             for u in alive:
                 out[u] = ConsistencyRequest(federation_id=p.federation_id, round=p.round, recipient=u, survivors=u3)
         elif closing == 3:

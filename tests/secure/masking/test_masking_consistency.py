@@ -269,3 +269,68 @@ def test_a_survivor_set_padded_with_hospitals_outside_the_sum_is_refused(monkeyp
                                                 r"it \('hosp03'\)"):
             show(rnd, c, ("hosp00", "hosp01", "hosp02", "hosp03"))
         assert_stopped(rnd, c)
+
+
+def _cut_off_round():
+    """n = 8, k = 4, t = 3, min_clients = 4: the circulant graph's hospitals o_0 ... o_7 in its order.
+    o_0 neighbours none of o_3, o_4, o_5 (they neighbour one another). Everyone keys and shares, but the
+    (lying) server forwards o_3, o_4, o_5 only one another's shares -- so they mask within their group --
+    and o_0 all its neighbours'; only o_0, o_3, o_4, o_5 send masked inputs (the rest 'drop'). U3 =
+    {o_0, o_3, o_4, o_5} meets the floor by count but falls into two groups sharing no pairwise mask, of
+    1 and 3. Returns the round at its consistency stage, o_0 and the group."""
+    from clinograph.secure.masking.messages import ForwardShares
+    from clinograph.secure.masking.params import neighbour_graph
+
+    rnd = Round(n=8, threshold=3, min_clients=4)
+    order = list(neighbour_graph(rnd.plan, 4))
+    lone, group = order[0], order[3:6]
+    assert not rnd.server._graph[lone] & set(group)  # the graph as the docstring says
+    rnd.deliver()
+    for c, data in rnd.deliver(answer=False).items():
+        fwd = load_payload(parse_envelope(data), ForwardShares)
+        if c in group:
+            fwd = fwd.model_copy(update={"shares": tuple(s for s in fwd.shares if s.peer in group)})
+        rnd.outgoing[c] = rnd.clients[c].handle(seal(fwd, SERVER))
+    rnd.deliver(tamper=lambda c, data: [data] if c in (lone, *group) else [], answer=False)
+    return rnd, lone, group
+
+
+def test_a_survivor_set_that_falls_apart_into_groups_below_the_floor_is_refused():
+    """Before (session 53): all four signed U3 and revealed their shares -- the self-mask shares of
+    o_3, o_4, o_5 (each has its two group neighbours and itself as holders: t = 3) and the pairwise-key
+    shares of their dropped neighbours -- so a server could open the sum of those three alone under a
+    plan promising at least four (seen: the scratch check decoded o_3 + o_4 + o_5's update sum), and
+    the honest server, unable to open o_0 (its self-mask's holders all dropped), stopped only after
+    that. Now each refuses to sign: its group in U3 is below max(t, min_clients)."""
+    rnd, lone, group = _cut_off_round()
+    u3 = (lone, *group)
+    for c, size in ((lone, 1), *((g, 3) for g in group)):
+        with pytest.raises(ProtocolError, match=rf"only {size} of them \(this client included\) are joined to "
+                                                rf"'{c}' by masking neighbours.*fewer than 4 hospitals"):
+            show(rnd, c, u3)
+        assert_stopped(rnd, c)
+
+
+def test_the_honest_server_aborts_a_round_whose_survivors_fall_apart():
+    """The honest server, which keeps the same books, sends no consistency request and says why."""
+    rnd, _, _ = _cut_off_round()
+    assert rnd.server.stage == "done"
+    with pytest.raises(ProtocolError, match=r"fall apart into groups that share no pairwise mask; the smallest has 1 "
+                                            r"\(the round needs 4"):
+        rnd.server.result()
+
+
+def test_survivors_of_a_sparse_graph_that_stay_joined_still_give_the_sum():
+    """The same graph with o_1 and o_2 dropped instead: the six left are one group (a circulant graph
+    C_8(1, 2) without two adjacent hospitals stays connected), and the round opens their exact sum."""
+    from clinograph.secure.masking.params import neighbour_graph
+
+    rnd = Round(n=8, threshold=3, min_clients=4)
+    order = list(neighbour_graph(rnd.plan, 4))
+    rnd.deliver()
+    rnd.deliver()
+    keep = set(order) - {order[1], order[2]}
+    result = rnd.finish(tamper_at=2, tamper=lambda c, data: [data] if c in keep else [])
+    assert set(result.contributors) == keep
+    for name, v in expected_sums(rnd.updates, keep).items():
+        assert rel_err(result.sums[name], v) < 1e-6
