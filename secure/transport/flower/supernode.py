@@ -190,6 +190,10 @@ def start_superexec(flower_args: Sequence[str], *, poll: float | None,
     return loop
 
 
+#: flower-supernode's RuntimeError when its Runtime API server did not start (Flower 1.2x-1.4x)
+RUNTIME_API_FAILED = "SuperNode Runtime HTTP API failed to start."
+
+
 def check_runtime_port(args: Sequence[str]) -> None:
     """ConfigError if the SuperNode's Runtime API address (``--host``/``--port``, Flower's
     defaults otherwise) cannot be bound here; a malformed value is left to Flower to refuse."""
@@ -322,6 +326,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         flower_supernode()
+    except RuntimeError as exc:
+        if str(exc) != RUNTIME_API_FAILED:
+            raise
+        # check_runtime_port passed moments ago: another program took the port since (uvicorn's line
+        # above names the address), or the address is one uvicorn cannot serve
+        print("error: The SuperNode's local Runtime API did not start (the line above says why; most often its "
+              "port was taken by another program after this launcher checked it). Give this SuperNode a free "
+              "port of its own with --port N and start it again.", file=sys.stderr)
+        return 2
     finally:
         if superexec is not None:
             superexec.stop()
