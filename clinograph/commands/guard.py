@@ -12,15 +12,7 @@ from typing import Any
 
 import typer
 
-
-def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                   line: str | None = None, *, _default: Callable[..., str] = warnings.formatwarning) -> str:
-    """Clinograph's own warnings (an insecure option in use, ...) as one line, ``warning: text``, not
-    Python's ``path/to/module.py:103: InsecureOptionWarning: text`` followed by the source line.
-    Other libraries' warnings keep Python's format (where they come from is then the point)."""
-    if category.__module__.split(".")[0] == "clinograph":
-        return "warning: " + " ".join(str(message).split()) + "\n"
-    return _default(message, category, filename, lineno, line)
+from clinograph.core.logging import format_warning
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:

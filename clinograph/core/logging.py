@@ -33,7 +33,8 @@ from __future__ import annotations
 import logging as _stdlib_logging
 import re
 import sys
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any, Literal
 
 import structlog
@@ -251,3 +252,14 @@ def get_logger(name: str) -> Any:
     if not structlog.is_configured():
         configure_logging()
     return structlog.get_logger(name)
+
+
+def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   line: str | None = None, *, _default: Callable[..., str] = warnings.formatwarning) -> str:
+    """Clinograph's own warnings (an insecure option in use, ...) as one line, ``warning: text``, not
+    Python's ``path/to/module.py:103: InsecureOptionWarning: text`` followed by the source line.
+    Other libraries' warnings keep Python's format (where they come from is then the point). Set as
+    ``warnings.formatwarning`` by every command's guard and by the SuperNode launcher."""
+    if category.__module__.split(".")[0] == "clinograph":
+        return "warning: " + " ".join(str(message).split()) + "\n"
+    return _default(message, category, filename, lineno, line)

@@ -39,10 +39,12 @@ import logging
 import os
 import socket
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from clinograph.core.errors import ClinographError, ConfigError
+from clinograph.core.logging import format_warning
 
 from ...policy import Environment, require_allowed
 from . import check_flower_version
@@ -251,7 +253,16 @@ def configure_hospital_logging(level: str = "info", *, stream: object | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse our options, start the worker, hand the rest to ``flower-supernode``."""
+    """Parse our options, start the worker, hand the rest to ``flower-supernode``; Clinograph's
+    warnings shown as one line each, as every clinograph command shows them (put back after)."""
+    saved, warnings.formatwarning = warnings.formatwarning, format_warning
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = saved
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # allow_abbrev=False: Flower's own --insecure must not be taken for our --insecure-transport
     parser = argparse.ArgumentParser(prog="clinograph supernode", add_help=True, allow_abbrev=False,

@@ -77,6 +77,8 @@ def test_a_runtime_port_taken_after_the_check_ends_in_one_line_not_a_traceback(t
     flower-supernode, whose RuntimeError ended the hospital command in a traceback. The check is
     skipped here (it stands for the moment between check and bind); Flower's real bind fails."""
     import socket
+    import sys
+    import warnings
 
     from clinograph.secure.transport.flower import supernode
 
@@ -84,7 +86,13 @@ def test_a_runtime_port_taken_after_the_check_ends_in_one_line_not_a_traceback(t
 
     monkeypatch.setattr(supernode, "check_runtime_port", lambda args: None)
     Identity.generate("h1").save(tmp_path / "h1.pem")
-    with socket.socket() as held:
+
+    def show(message, category, filename, lineno, file=None, line=None):  # Python's default, not pytest's record
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    with socket.socket() as held, warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
         held.bind(("127.0.0.1", 0))
         held.listen(1)
         port = held.getsockname()[1]
@@ -95,3 +103,6 @@ def test_a_runtime_port_taken_after_the_check_ends_in_one_line_not_a_traceback(t
                                "--environment", "development", "--port", str(port)])
     said = " ".join(capsys.readouterr().err.split())
     assert code == 2 and "Runtime API did not start" in said and "--port N" in said, said
+    # the insecure options' warnings as every clinograph command shows them: one line, no file:line, no source
+    assert "warning: insecure_transport is in use" in said and "InsecureOptionWarning" not in said, said
+    assert warnings.formatwarning.__module__ == "warnings"  # put back after
