@@ -168,13 +168,16 @@ class RelationAttention(nn.Module):
         return out.index_add(0, dst, alpha.unsqueeze(-1) * m)
 
     def dense(self, h_src: torch.Tensor, h_dst: torch.Tensor, x: torch.Tensor | None,
-              mask: torch.Tensor, *, index: torch.Tensor | None = None) -> torch.Tensor:
+              mask: torch.Tensor, *, index: torch.Tensor | None = None,
+              knot_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Same on padded stars. Shapes: h_src [B, K, d], h_dst [B, d], x, mask [B, K] -> [B, d].
         With ``index`` [B, K], ``h_src`` is a table [F, d] and the sources are ``h_src[index]``
         (:meth:`_dense_rows`: every linear map once per table row, a star's feature copies share their
-        dictionary feature's state; the non-DP star path's saving. Opacus' hooks need the per-copy form)."""
+        dictionary feature's state; the non-DP star path's saving. Opacus' hooks need the per-copy form).
+        ``knot_rows``: :meth:`knot_rows` of ``(x, index, F)`` when the caller has it (the model keeps
+        its stars' once: the values and the knots do not change from step to step)."""
         if index is not None:
-            return self._dense_rows(h_src, h_dst, x, mask, index)
+            return self._dense_rows(h_src, h_dst, x, mask, index, knot_rows)
         m = self.message(h_src, x)
         e = self.logits(h_dst.unsqueeze(1).expand(-1, m.shape[1], -1), m)
         e = e.masked_fill(~mask, -1e9)  # finite: a star with no feature must not give NaN gradients
@@ -182,8 +185,15 @@ class RelationAttention(nn.Module):
         alpha = torch.where(mask, alpha, torch.zeros_like(alpha))  # rows with no feature -> all zero
         return (alpha.unsqueeze(-1) * m).sum(1)
 
+    def knot_rows(self, x: torch.Tensor, index: torch.Tensor, n_f: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each copy's U row in :meth:`_dense_rows`' stacked table (of its first knot k: 2F + f·M + k) and its
+        interpolation weight t (B_k = 1 − t, B_{k+1} = t; :func:`hat_pair`) -- a function of the value,
+        the feature and the fixed knots only. Shapes: x, index [...] -> [...] (int64), [...]."""
+        k, t = hat_pair(x, self.value_knots.to(x.dtype))
+        return index * self.n_knots + k + 2 * n_f, t
+
     def _dense_rows(self, table: torch.Tensor, h_dst: torch.Tensor, x: torch.Tensor | None, mask: torch.Tensor,
-                    index: torch.Tensor) -> torch.Tensor:
+                    index: torch.Tensor, knot_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """:meth:`dense` with ``index`` (the non-DP star path), exactly, without a d-vector per copy.
 
         Every message is a combination of rows of per-feature tables: m_uv = c_W·(W h_f) + c_V·(V h_f)
@@ -208,8 +218,8 @@ class RelationAttention(nn.Module):
                 raise ValueError("valued relation needs edge values")
             xs = x.to(table.dtype)
             if self.U is not None and not self.value_gated:  # U_k h_f at row 2F + f·M + k
-                k, t = hat_pair(x, self.value_knots.to(x.dtype))
-                first, t = index * self.n_knots + k + 2 * n_f, t.to(table.dtype)
+                first, t = self.knot_rows(x, index, n_f) if knot_rows is None else knot_rows
+                t = t.to(table.dtype)
                 s = torch.cat([self.W(table), self.V(table), self.U(table).reshape(n_f * self.n_knots, -1)])
                 parts = [(s, [index, index + n_f, first, first + 1], [one, xs, 1 - t, t])]
             else:

@@ -170,3 +170,35 @@ def _randomised(module, gen):
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
     return module
+
+
+def test_kept_knot_rows_follow_the_stars_values(f64):
+    """``_knot_rows`` keeps every star's U rows and weights between steps: reused while the stars' tensors
+    are the same and unchanged, searched again after an in-place change of the values (their version)
+    or for other stars, and not carried by a copy or a pickle of the model. Each time the logits are
+    the per-copy path's on the current values."""
+    import copy
+    import pickle
+
+    t = small_tables()[1]
+    m = perturbed(t, "piecewise")
+    stars = star_batch(t, k_similar=0)
+    stars = dataclasses.replace(stars, values=stars.values.double())
+    idx = torch.arange(len(stars))
+
+    def check():
+        ref = m.forward_star(stars.feature_index, stars.values, stars.mask)
+        torch.testing.assert_close(m.forward_neighbourhood(stars, idx), ref, atol=1e-10, rtol=0)
+
+    check()
+    kept = m._rows_cache.last[3]
+    check()
+    assert m._rows_cache.last[3] is kept  # the same stars: the rows are reused
+    with torch.no_grad():
+        stars.values.mul_(-1.7).add_(0.4)  # in place: every value moves to another knot interval
+    check()
+    assert m._rows_cache.last[3] is not kept
+    stars = dataclasses.replace(stars, values=stars.values.flip(0))  # other stars
+    check()
+    for clone in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert clone._rows_cache.last is None
