@@ -118,10 +118,13 @@ class RelationAttention(nn.Module):
     """
 
     def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2,
-                 value_knots: tuple[float, ...] = (), value_gated: bool = False):
+                 value_knots: tuple[float, ...] = (), value_gated: bool = False,
+                 value_range: float | None = None):
         super().__init__()
         if value_knots and not valued:
             raise ValueError("value_knots needs a valued relation")
+        if value_range is not None and not value_range > 0:
+            raise ValueError(f"value_range must be > 0 (the values' bound), got {value_range}")
         self.W = nn.Linear(hidden, hidden, bias=False)
         self.V = nn.Linear(hidden, hidden, bias=False) if valued else None
         self.n_knots = len(value_knots)
@@ -132,6 +135,18 @@ class RelationAttention(nn.Module):
             self.U = nn.Linear(self.n_knots, hidden, bias=False) if self.value_gated else KnotLinear(hidden, self.n_knots)
         # non-persistent: public constants, not state (the state_dict holds only U's weight)
         self.register_buffer("value_knots", torch.tensor(value_knots, dtype=torch.float32), persistent=False)
+        #: the values' bound c (|x| <= c: the model clips them), or None. With it and the full piecewise
+        #: encoding the table path folds W and V into the knot rows (:meth:`_dense_rows`): the knots
+        #: extended to ±c where c lies beyond the outer ones (U flat there: the first and last U_k again)
+        self.value_range = None if value_range is None or not value_knots or value_gated else float(value_range)
+        ext, pick = list(value_knots), list(range(len(value_knots)))
+        if self.value_range is not None:
+            if -self.value_range < ext[0]:
+                ext, pick = [-self.value_range, *ext], [0, *pick]
+            if self.value_range > ext[-1]:
+                ext, pick = [*ext, self.value_range], [*pick, pick[-1]]
+        self.register_buffer("folded_knots", torch.tensor(ext, dtype=torch.float32), persistent=False)
+        self.register_buffer("folded_pick", torch.tensor(pick, dtype=torch.long), persistent=False)
         self.a_dst = nn.Linear(hidden, 1, bias=False)
         self.a_src = nn.Linear(hidden, 1, bias=False)
         self.negative_slope = negative_slope
@@ -186,11 +201,31 @@ class RelationAttention(nn.Module):
         return (alpha.unsqueeze(-1) * m).sum(1)
 
     def knot_rows(self, x: torch.Tensor, index: torch.Tensor, n_f: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each copy's U row in :meth:`_dense_rows`' stacked table (of its first knot k: 2F + f·M + k) and its
+        """Each copy's knot row in :meth:`_dense_rows`' stacked table (of its first knot k) and its
         interpolation weight t (B_k = 1 − t, B_{k+1} = t; :func:`hat_pair`) -- a function of the value,
-        the feature and the fixed knots only. Shapes: x, index [...] -> [...] (int64), [...]."""
+        the feature and the fixed knots only: row f·M' + k on the folded rows (``value_range``: M' knots
+        with the extension; t in float64), else row 2F + f·M + k (after the W and V rows). Shapes: x,
+        index [...] -> [...] (int64), [...]."""
+        if self.value_range is not None:
+            if x.numel() and float(x.detach().abs().max()) > self.value_range:
+                raise ValueError(f"values beyond value_range ±{self.value_range}: the folded knot rows hold "
+                                 "only values within it (clip them first, as NSFLModel does)")
+            # t in float64: (1 − t)·T_k + t·T_{k+1} stands for x in the V channel, so t is rounded once,
+            # to the caller's dtype, not first to the values' (float32 values in a float64 model)
+            k, t = hat_pair(x.double(), self.folded_knots.double())
+            return index * self.folded_knots.shape[0] + k, t
         k, t = hat_pair(x, self.value_knots.to(x.dtype))
         return index * self.n_knots + k + 2 * n_f, t
+
+    def folded_weight(self) -> torch.Tensor:
+        """The folded knot maps A_j = W + T_j·V + U_j on the extended knots T (``value_range``; U_j the
+        first or last U_k beyond the outer knots), stacked [M'·d, d]. On a hat basis (weights 1 − t and t
+        summing to 1, and interpolating x exactly on [T_0, T_{M'-1}] ∋ every clipped value):
+        W h + x·V h + Σ_k B_k(x) U_k h = (1 − t)·A_k h + t·A_{k+1} h, the whole message from two rows."""
+        d = self.W.in_features
+        u = self.U.weight.view(self.n_knots, -1, d).index_select(0, self.folded_pick)
+        tk = self.folded_knots.to(u.dtype).view(-1, 1, 1)
+        return torch.addcmul(u + self.W.weight, tk, self.V.weight).reshape(-1, d)
 
     def _dense_rows(self, table: torch.Tensor, h_dst: torch.Tensor, x: torch.Tensor | None, mask: torch.Tensor,
                     index: torch.Tensor, knot_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -209,21 +244,27 @@ class RelationAttention(nn.Module):
         table row: that term stays a d-vector per copy, added on its own (again: G = 0 gives the linear
         encoding exactly).
         Shapes: table [F, d], h_dst [B, d], x, mask, index [B, K] -> [B, d]."""
-        n_f, one = table.shape[0], torch.ones_like(index, dtype=table.dtype)
+        n_f = table.shape[0]
         # (table rows S, per-copy row numbers, per-copy coefficients) of each product
         if self.V is None:
-            parts = [(self.W(table), [index], [one if x is None else x.to(table.dtype)])]
+            one = torch.ones_like(index, dtype=table.dtype) if x is None else x.to(table.dtype)
+            parts = [(self.W(table), [index], [one])]
         else:
             if x is None:
                 raise ValueError("valued relation needs edge values")
             xs = x.to(table.dtype)
-            if self.U is not None and not self.value_gated:  # U_k h_f at row 2F + f·M + k
+            if self.value_range is not None:  # the folded knot rows A_k h_f at row f·M' + k: two a copy
+                first, t = self.knot_rows(x, index, n_f) if knot_rows is None else knot_rows
+                t = t.to(table.dtype)
+                s = F.linear(table, self.folded_weight()).reshape(-1, table.shape[1])
+                parts = [(s, [first, first + 1], [1 - t, t])]
+            elif self.U is not None and not self.value_gated:  # U_k h_f at row 2F + f·M + k
                 first, t = self.knot_rows(x, index, n_f) if knot_rows is None else knot_rows
                 t = t.to(table.dtype)
                 s = torch.cat([self.W(table), self.V(table), self.U(table).reshape(n_f * self.n_knots, -1)])
-                parts = [(s, [index, index + n_f, first, first + 1], [one, xs, 1 - t, t])]
+                parts = [(s, [index, index + n_f, first, first + 1], [torch.ones_like(xs), xs, 1 - t, t])]
             else:
-                parts = [(torch.cat([self.W(table), self.V(table)]), [index, index + n_f], [one, xs])]
+                parts = [(torch.cat([self.W(table), self.V(table)]), [index, index + n_f], [torch.ones_like(xs), xs])]
         gated = None
         if self.U is not None and self.value_gated and x is not None:
             gated = self.U(hat_basis(x, self.value_knots.to(x.dtype)).to(table.dtype)) * table[index]  # [B, K, d]

@@ -93,12 +93,15 @@ class NSFLModel(nn.Module):
         s = cfg.negative_slope
         vk = SHAPE_KNOTS if cfg.value_encoding in ("piecewise", "piecewise_gated") else ()
         vg = cfg.value_encoding == "piecewise_gated"
-        self.l1_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg)
+        vr = float(cfg.value_clip)  # the values' bound: the table path folds W and V into the knot rows
+        self.l1_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg,
+                                               value_range=vr)
         self.l1_has_feature = RelationAttention(d, valued=False, negative_slope=s)
         self.l1_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l1_self_patient = nn.Linear(d, d)
         self.l1_self_feature = nn.Linear(d, d)
-        self.l2_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg)
+        self.l2_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg,
+                                               value_range=vr)
         self.l2_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l2_self_patient = nn.Linear(d, d)
         self.head = nn.Linear(d, 1)
@@ -302,11 +305,13 @@ class NSFLModel(nn.Module):
             return None
         v, fi = stars.values, stars.feature_index
         keep = not (v.requires_grad or v.is_inference() or fi.is_inference() or torch.is_inference_mode_enabled())
-        key = (v._version, fi._version, v.dtype) if keep else None
+        dtype = self.embedding.weight.dtype  # the table's: the weights t are rounded to it once, here
+        key = (v._version, fi._version, v.dtype, dtype) if keep else None
         last = self._rows_cache.last
         if keep and last is not None and last[0]() is v and last[1]() is fi and last[2] == key:
             return last[3]
-        rows = ra.knot_rows(self._clip(v), fi, self.embedding.num_embeddings)
+        first, t = ra.knot_rows(self._clip(v), fi, self.embedding.num_embeddings)
+        rows = (first, t.to(dtype))
         self._rows_cache.last = (weakref.ref(v), weakref.ref(fi), key, rows) if keep else None
         return rows
 
