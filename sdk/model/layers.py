@@ -41,6 +41,11 @@ def hat_pair(values: torch.Tensor, knots: torch.Tensor) -> tuple[torch.Tensor, t
     return k, ((values - lo) / (hi - lo)).clamp(0.0, 1.0)
 
 
+#: the last per-copy KnotLinear call's (weak reference to its basis, its version, its knot sort): the two
+#: ``of_patient`` layers of a star forward take the same basis (:meth:`NSFLModel.embed_star`), sorted once
+_LAST_SORT: list[tuple[weakref.ref, int, KnotPairs | None] | None] = [None]
+
+
 class KnotLinear(nn.Linear):
     """U of the piecewise value encoding: ``nn.Linear(d, M·d)`` whose row block k holds U_k [d, d]
     (the parameter and its state_dict entry are those of the plain Linear).
@@ -64,9 +69,14 @@ class KnotLinear(nn.Linear):
     def forward(self, h: torch.Tensor, basis: torch.Tensor | None = None) -> torch.Tensor:
         if basis is None:
             return super().forward(h)
-        pairs = knot_pairs(basis.detach())
+        last = _LAST_SORT[0]  # another KnotLinear's sort of this very basis (both layers take one basis)
+        if last is not None and last[0]() is basis and not basis.is_inference() and basis._version == last[1]:
+            pairs = last[2]
+        else:
+            pairs = knot_pairs(basis.detach())
         # the instance dict directly (Module.__setattr__ costs ~1 µs); an inference tensor has no version
         self.__dict__["_sorted"] = None if basis.is_inference() else (weakref.ref(basis), basis._version, pairs)
+        _LAST_SORT[0] = self._sorted
         if pairs is None:  # not a hat basis: the dense product
             e = (basis.detach().unsqueeze(-1) * h.unsqueeze(-2)).flatten(-2)  # B(x) ⊗ h, [..., M·d]
             return F.linear(e, self.blocks())
@@ -139,20 +149,26 @@ class RelationAttention(nn.Module):
         #: encoding the table path folds W and V into the knot rows (:meth:`_dense_rows`): the knots
         #: extended to ±c where c lies beyond the outer ones (U flat there: the first and last U_k again)
         self.value_range = None if value_range is None or not value_knots or value_gated else float(value_range)
-        ext, pick = list(value_knots), list(range(len(value_knots)))
+        ext = list(value_knots)
+        #: (below, above): whether the knots are extended to −c, to +c
+        self._extended = (False, False)
         if self.value_range is not None:
-            if -self.value_range < ext[0]:
-                ext, pick = [-self.value_range, *ext], [0, *pick]
-            if self.value_range > ext[-1]:
-                ext, pick = [*ext, self.value_range], [*pick, pick[-1]]
+            self._extended = (-self.value_range < ext[0], self.value_range > ext[-1])
+            ext = [-self.value_range] * self._extended[0] + ext + [self.value_range] * self._extended[1]
         self.register_buffer("folded_knots", torch.tensor(ext, dtype=torch.float32), persistent=False)
-        self.register_buffer("folded_pick", torch.tensor(pick, dtype=torch.long), persistent=False)
         self.a_dst = nn.Linear(hidden, 1, bias=False)
         self.a_src = nn.Linear(hidden, 1, bias=False)
         self.negative_slope = negative_slope
 
-    def message(self, h_src: torch.Tensor, x: torch.Tensor | None) -> torch.Tensor:
-        """m_uv; ``x`` broadcasts over the hidden dimension."""
+    def value_basis(self, x: torch.Tensor) -> torch.Tensor | None:
+        """B(x) [..., M] of the full piecewise encoding (:func:`hat_basis` on the knots), else None."""
+        if self.U is None or self.value_gated:
+            return None
+        return hat_basis(x, self.value_knots.to(x.dtype))
+
+    def message(self, h_src: torch.Tensor, x: torch.Tensor | None, basis: torch.Tensor | None = None) -> torch.Tensor:
+        """m_uv; ``x`` broadcasts over the hidden dimension. ``basis``: :meth:`value_basis` of ``x`` when
+        the caller has it (one basis, and one knot sort, for both layers of a star forward)."""
         m = self.W(h_src)
         if self.V is not None:
             if x is None:
@@ -161,7 +177,7 @@ class RelationAttention(nn.Module):
             if self.U is not None and self.value_gated:
                 m = m + self.U(hat_basis(x, self.value_knots.to(x.dtype)).to(h_src.dtype)) * h_src
             elif self.U is not None:  # Σ_k B_k(x) U_k h_v: one KnotLinear call on (h, B(x))
-                b = hat_basis(x, self.value_knots.to(x.dtype)).to(h_src.dtype)  # [..., M]
+                b = (self.value_basis(x) if basis is None else basis).to(h_src.dtype)  # [..., M]
                 m = m + self.U(h_src, b)
         elif x is not None:
             m = x.unsqueeze(-1) * m
@@ -184,16 +200,18 @@ class RelationAttention(nn.Module):
 
     def dense(self, h_src: torch.Tensor, h_dst: torch.Tensor, x: torch.Tensor | None,
               mask: torch.Tensor, *, index: torch.Tensor | None = None,
-              knot_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+              knot_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+              basis: torch.Tensor | None = None) -> torch.Tensor:
         """Same on padded stars. Shapes: h_src [B, K, d], h_dst [B, d], x, mask [B, K] -> [B, d].
         With ``index`` [B, K], ``h_src`` is a table [F, d] and the sources are ``h_src[index]``
         (:meth:`_dense_rows`: every linear map once per table row, a star's feature copies share their
         dictionary feature's state; the non-DP star path's saving. Opacus' hooks need the per-copy form).
         ``knot_rows``: :meth:`knot_rows` of ``(x, index, F)`` when the caller has it (the model keeps
-        its stars' once: the values and the knots do not change from step to step)."""
+        its stars' once: the values and the knots do not change from step to step); ``basis``:
+        :meth:`value_basis` of ``x`` for the per-copy path (:meth:`message`)."""
         if index is not None:
             return self._dense_rows(h_src, h_dst, x, mask, index, knot_rows)
-        m = self.message(h_src, x)
+        m = self.message(h_src, x, basis)
         e = self.logits(h_dst.unsqueeze(1).expand(-1, m.shape[1], -1), m)
         e = e.masked_fill(~mask, -1e9)  # finite: a star with no feature must not give NaN gradients
         alpha = torch.softmax(e, dim=1)
@@ -223,7 +241,10 @@ class RelationAttention(nn.Module):
         summing to 1, and interpolating x exactly on [T_0, T_{M'-1}] ∋ every clipped value):
         W h + x·V h + Σ_k B_k(x) U_k h = (1 − t)·A_k h + t·A_{k+1} h, the whole message from two rows."""
         d = self.W.in_features
-        u = self.U.weight.view(self.n_knots, -1, d).index_select(0, self.folded_pick)
+        u = self.U.weight.view(self.n_knots, -1, d)
+        below, above = self._extended
+        if below or above:  # U_0 again at −c, U_{M-1} again at +c (a cat: its backward is two slices' sum)
+            u = torch.cat([u[:1]] * below + [u] + [u[-1:]] * above)
         tk = self.folded_knots.to(u.dtype).view(-1, 1, 1)
         return torch.addcmul(u + self.W.weight, tk, self.V.weight).reshape(-1, d)
 

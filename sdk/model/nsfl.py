@@ -216,14 +216,16 @@ class NSFLModel(nn.Module):
         return self.l1_similar_to.dense(h_nb, h_p0, nb_weight, nb_mask)
 
     def _layer1(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                nb_weight: torch.Tensor | None = None, nb_mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h_p^(1) [B, d], h_f^(1) of the star's feature copies [B, K, d])."""
+                nb_weight: torch.Tensor | None = None, nb_mask: torch.Tensor | None = None,
+                basis: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h_p^(1) [B, d], h_f^(1) of the star's feature copies [B, K, d]). ``basis``: B(x) of the clipped
+        values when the caller has it (:meth:`embed_star`)."""
         b = feature_index.shape[0]
         values = self._clip(values)
         h_p0 = self.epsilon.expand(b, -1)
         h_f0 = self.feature_init(feature_index)
-        agg = self.l1_of_patient.dense(h_f0, h_p0, values, mask) + self._sim1(h_p0, nb_weight, nb_mask)
+        agg = (self.l1_of_patient.dense(h_f0, h_p0, values, mask, basis=basis)
+               + self._sim1(h_p0, nb_weight, nb_mask))
         h_p1 = torch.relu(self.l1_self_patient(h_p0) + agg)
         # Each feature copy has one patient neighbour here; on the full graph all of a feature's
         # patients send the identical message W ε, so attention is uniform and the aggregate is W ε.
@@ -252,9 +254,11 @@ class NSFLModel(nn.Module):
     def embed_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The patient embedding h_p^(2) from padded stars, no ``similar_to`` -- what the F-CMs
         concept modules take as their encoder output. Shapes: [B, K] x3 -> [B, d]."""
-        h_p1, h_f1 = self._layer1(feature_index, values, mask)
         values = self._clip(values)
-        return torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(h_f1, h_p1, values, mask))
+        # one basis for both layers (the same knots and values), so one knot sort (KnotLinear)
+        basis = self.l1_of_patient.value_basis(values)
+        h_p1, h_f1 = self._layer1(feature_index, values, mask, basis=basis)
+        return torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(h_f1, h_p1, values, mask, basis=basis))
 
     def forward_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits from padded stars, no ``similar_to`` (the DP path). Shapes: [B, K] x3 -> [B].
