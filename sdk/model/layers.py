@@ -156,6 +156,13 @@ class RelationAttention(nn.Module):
             self._extended = (-self.value_range < ext[0], self.value_range > ext[-1])
             ext = [-self.value_range] * self._extended[0] + ext + [self.value_range] * self._extended[1]
         self.register_buffer("folded_knots", torch.tensor(ext, dtype=torch.float32), persistent=False)
+        # A_j = Σ_i fold[j, i]·[W; V; U_0 … U_{M-1}]_i: row j = [1, T_j, e_k] with U_k the knot's own (the first
+        # or last one on an extension knot) -- the fold as one small product (its backward one more)
+        fold = torch.zeros(len(ext), 2 + self.n_knots)
+        for j, tj in enumerate(ext):
+            fold[j, 0], fold[j, 1] = 1.0, tj
+            fold[j, 2 + min(max(j - self._extended[0], 0), self.n_knots - 1)] = 1.0
+        self.register_buffer("fold_matrix", fold, persistent=False)
         self.a_dst = nn.Linear(hidden, 1, bias=False)
         self.a_src = nn.Linear(hidden, 1, bias=False)
         self.negative_slope = negative_slope
@@ -240,13 +247,9 @@ class RelationAttention(nn.Module):
         first or last U_k beyond the outer knots), stacked [M'·d, d]. On a hat basis (weights 1 − t and t
         summing to 1, and interpolating x exactly on [T_0, T_{M'-1}] ∋ every clipped value):
         W h + x·V h + Σ_k B_k(x) U_k h = (1 − t)·A_k h + t·A_{k+1} h, the whole message from two rows."""
-        d = self.W.in_features
-        u = self.U.weight.view(self.n_knots, -1, d)
-        below, above = self._extended
-        if below or above:  # U_0 again at −c, U_{M-1} again at +c (a cat: its backward is two slices' sum)
-            u = torch.cat([u[:1]] * below + [u] + [u[-1:]] * above)
-        tk = self.folded_knots.to(u.dtype).view(-1, 1, 1)
-        return torch.addcmul(u + self.W.weight, tk, self.V.weight).reshape(-1, d)
+        d, w = self.W.in_features, self.W.weight
+        stacked = torch.cat([w.view(1, -1), self.V.weight.view(1, -1), self.U.weight.view(self.n_knots, -1)])
+        return (self.fold_matrix.to(w.dtype) @ stacked).view(-1, d)
 
     def _dense_rows(self, table: torch.Tensor, h_dst: torch.Tensor, x: torch.Tensor | None, mask: torch.Tensor,
                     index: torch.Tensor, knot_rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
