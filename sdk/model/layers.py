@@ -123,8 +123,8 @@ class RelationAttention(nn.Module):
     g_j(x) = Σ_k G_jk B_k(x), each channel j of feature v scaled by its own state h_vj, so a
     read-out of the message is a per-feature combination of the shared curves. Parameters M·d
     instead of M·d² and about the cost of V (a DP step: the gated form ~1.2× the linear encoding's,
-    the full form ~2.2× on the deployed step, bound by U's per-copy products on the star path the
-    per-patient engine runs: benchmarks/runtime_speed/README.md, "Session 52").
+    the full form ~1.9-2.0× on the deployed step, bound by U's per-copy products on the star path the
+    per-patient engine runs: benchmarks/runtime_speed/README.md, "Session 53").
     """
 
     def __init__(self, hidden: int, *, valued: bool, negative_slope: float = 0.2,
@@ -260,11 +260,13 @@ class RelationAttention(nn.Module):
         relation with weights; c_V = x_uv; (c_k, c_{k+1}) = (1 − t, t) from :func:`hat_pair`). a_src has
         no bias, so e_uv needs the tables' rows only through a_src, gathered as scalars; and
         Σ_v α_uv m_uv = C_u · S with S the stacked table rows [R, d] and C_u [R] the per-patient sum of
-        α_uv·c at the copies' rows (a [B, R] x [R, d] product). The U rows are stacked with W's and V's
-        (one gather, one scatter and one product a layer: the piecewise step's cost is its count of
-        tensor operations, benchmarks/runtime_speed/README.md), so U = 0 gives the linear encoding up
-        to rounding, not bit for bit (the sums run over more, zero, terms). A row no star holds gets a
-        zero column of C, so exactly zero gradient (Theorem 1). ``value_gated``'s G B(x) ⊙ h_f is no
+        α_uv·c at the copies' rows (a [B, R] x [R, d] product). With ``value_range`` (NSFLModel: the
+        values' clip) W and V are folded into the knot rows, m_uv = (1 − t)·A_k h_f + t·A_{k+1} h_f
+        (:meth:`folded_weight`): two rows a copy, as many as the linear encoding's, and one table product;
+        without it the U rows are stacked with W's and V's (four a copy). Either way U = 0 gives the
+        linear encoding up to rounding, not bit for bit (benchmarks/runtime_speed/README.md, "Session
+        53"). ``knot_rows``: :meth:`knot_rows` of (x, index, F), given by a caller that keeps it. A row
+        no star holds gets a zero column of C, so exactly zero gradient (Theorem 1). ``value_gated``'s G B(x) ⊙ h_f is no
         table row: that term stays a d-vector per copy, added on its own (again: G = 0 gives the linear
         encoding exactly).
         Shapes: table [F, d], h_dst [B, d], x, mask, index [B, K] -> [B, d]."""
