@@ -44,6 +44,7 @@ Two forward paths on the same parameters: :meth:`forward_graph` (HeteroData, wit
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -55,6 +56,20 @@ from ..config import NSFLConfig
 from ..graph.build import OF_PATIENT, SIMILAR_TO
 from ..graph.star import StarBatch
 from .layers import RelationAttention, hat_basis
+
+
+class _RowsCache:
+    """:meth:`NSFLModel._knot_rows`' last result; a copy or a pickle of the model starts empty (a weak
+    reference neither pickles nor is state)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: tuple | None = None
+
+    def __reduce__(self) -> tuple:
+        return (_RowsCache, ())
+
 
 #: knots of the shape functions, in standardised units (reference range = [-1, 1]); public, fixed
 SHAPE_KNOTS: tuple[float, ...] = (-4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
@@ -78,12 +93,15 @@ class NSFLModel(nn.Module):
         s = cfg.negative_slope
         vk = SHAPE_KNOTS if cfg.value_encoding in ("piecewise", "piecewise_gated") else ()
         vg = cfg.value_encoding == "piecewise_gated"
-        self.l1_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg)
+        vr = float(cfg.value_clip)  # the values' bound: the table path folds W and V into the knot rows
+        self.l1_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg,
+                                               value_range=vr)
         self.l1_has_feature = RelationAttention(d, valued=False, negative_slope=s)
         self.l1_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l1_self_patient = nn.Linear(d, d)
         self.l1_self_feature = nn.Linear(d, d)
-        self.l2_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg)
+        self.l2_of_patient = RelationAttention(d, valued=True, negative_slope=s, value_knots=vk, value_gated=vg,
+                                               value_range=vr)
         self.l2_similar_to = RelationAttention(d, valued=False, negative_slope=s)
         self.l2_self_patient = nn.Linear(d, d)
         self.head = nn.Linear(d, 1)
@@ -101,6 +119,8 @@ class NSFLModel(nn.Module):
         # non-persistent: the state_dict (and so every saved model and module map) is unchanged
         self.register_buffer("knots", torch.tensor(self.shape_knots, dtype=torch.float32), persistent=False)
         self.linear = nn.Embedding(n_features, 2 + len(self.shape_knots)) if cfg.linear_path else None
+        #: :meth:`_knot_rows`' last stars and their rows (not state: empty in a copy or a pickle)
+        self._rows_cache = _RowsCache()
         for name, p in sorted(self.named_parameters()):  # deterministic: every hospital starts alike
             if name.startswith("linear.") or name.endswith("_of_patient.U.weight"):
                 nn.init.zeros_(p)  # zero: every other weight is drawn exactly as without them
@@ -196,14 +216,16 @@ class NSFLModel(nn.Module):
         return self.l1_similar_to.dense(h_nb, h_p0, nb_weight, nb_mask)
 
     def _layer1(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                nb_weight: torch.Tensor | None = None, nb_mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h_p^(1) [B, d], h_f^(1) of the star's feature copies [B, K, d])."""
+                nb_weight: torch.Tensor | None = None, nb_mask: torch.Tensor | None = None,
+                basis: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h_p^(1) [B, d], h_f^(1) of the star's feature copies [B, K, d]). ``basis``: B(x) of the clipped
+        values when the caller has it (:meth:`embed_star`)."""
         b = feature_index.shape[0]
         values = self._clip(values)
         h_p0 = self.epsilon.expand(b, -1)
         h_f0 = self.feature_init(feature_index)
-        agg = self.l1_of_patient.dense(h_f0, h_p0, values, mask) + self._sim1(h_p0, nb_weight, nb_mask)
+        agg = (self.l1_of_patient.dense(h_f0, h_p0, values, mask, basis=basis)
+               + self._sim1(h_p0, nb_weight, nb_mask))
         h_p1 = torch.relu(self.l1_self_patient(h_p0) + agg)
         # Each feature copy has one patient neighbour here; on the full graph all of a feature's
         # patients send the identical message W ε, so attention is uniform and the aggregate is W ε.
@@ -211,7 +233,8 @@ class NSFLModel(nn.Module):
         return h_p1, h_f1
 
     def _layer1_indexed(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                        nb_weight: torch.Tensor | None = None, nb_mask: torch.Tensor | None = None
+                        nb_weight: torch.Tensor | None = None, nb_mask: torch.Tensor | None = None,
+                        knot_rows: tuple[torch.Tensor, torch.Tensor] | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`_layer1` with the feature copies' states as one table: (h_p^(1) [B, d], h_f^(1)
         per dictionary feature [F, d]; a copy's state is ``table[feature_index]``). Exact: h_f^(0)
@@ -222,7 +245,7 @@ class NSFLModel(nn.Module):
         values = self._clip(values)
         h_p0 = self.epsilon.expand(b, -1)
         t0 = self.feature_init(torch.arange(self.embedding.num_embeddings, device=feature_index.device))
-        agg = (self.l1_of_patient.dense(t0, h_p0, values, mask, index=feature_index)
+        agg = (self.l1_of_patient.dense(t0, h_p0, values, mask, index=feature_index, knot_rows=knot_rows)
                + self._sim1(h_p0, nb_weight, nb_mask))
         h_p1 = torch.relu(self.l1_self_patient(h_p0) + agg)
         t1 = torch.relu(self.l1_self_feature(t0) + self.l1_has_feature.W(self.epsilon))
@@ -231,9 +254,11 @@ class NSFLModel(nn.Module):
     def embed_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The patient embedding h_p^(2) from padded stars, no ``similar_to`` -- what the F-CMs
         concept modules take as their encoder output. Shapes: [B, K] x3 -> [B, d]."""
-        h_p1, h_f1 = self._layer1(feature_index, values, mask)
         values = self._clip(values)
-        return torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(h_f1, h_p1, values, mask))
+        # one basis for both layers (the same knots and values), so one knot sort (KnotLinear)
+        basis = self.l1_of_patient.value_basis(values)
+        h_p1, h_f1 = self._layer1(feature_index, values, mask, basis=basis)
+        return torch.relu(self.l2_self_patient(h_p1) + self.l2_of_patient.dense(h_f1, h_p1, values, mask, basis=basis))
 
     def forward_star(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits from padded stars, no ``similar_to`` (the DP path). Shapes: [B, K] x3 -> [B].
@@ -254,19 +279,45 @@ class NSFLModel(nn.Module):
         xc = self._clip(x)
         if stars.neighbours is None and type(self).forward_star is not NSFLModel.forward_star:
             return self.forward_star(fi, x, m)  # a subclass's star path (temporal, modalities, survival)
+        rows = self._knot_rows(stars)  # both layers' U rows and weights, every star's, kept (None: no U)
         if stars.neighbours is None:  # forward_star, feature states as a table (_layer1_indexed)
-            h_p1, t1 = self._layer1_indexed(fi, x, m)
-            agg = self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi)
+            kb = None if rows is None else (rows[0][batch], rows[1][batch])
+            h_p1, t1 = self._layer1_indexed(fi, x, m, knot_rows=kb)
+            agg = self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi, knot_rows=kb)
         else:  # the batch's and its similar_to neighbours' layer-1 states, then layer 2 for the batch
             nb, nw, nm = stars.neighbours[batch], stars.neighbour_weight[batch], stars.neighbour_mask[batch]
             need, inverse = torch.unique(torch.cat([batch, nb.reshape(-1)]), return_inverse=True)
             h_need, t1 = self._layer1_indexed(stars.feature_index[need], stars.values[need], stars.mask[need],
-                                              stars.neighbour_weight[need], stars.neighbour_mask[need])
+                                              stars.neighbour_weight[need], stars.neighbour_mask[need],
+                                              knot_rows=None if rows is None else (rows[0][need], rows[1][need]))
             h_p1 = h_need[inverse[: len(batch)]]
-            agg = (self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi)
+            kb = None if rows is None else (rows[0][batch], rows[1][batch])
+            agg = (self.l2_of_patient.dense(t1, h_p1, xc, m, index=fi, knot_rows=kb)
                    + self.l2_similar_to.dense(h_need[inverse[len(batch):].reshape(nb.shape)], h_p1, nw, nm))
         h_p2 = torch.relu(self.l2_self_patient(h_p1) + agg)
         return self._head(h_p2) + self.linear_star(fi, xc, m)
+
+    def _knot_rows(self, stars: StarBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`RelationAttention.knot_rows` of every star's clipped values (both ``of_patient`` layers
+        have the same knots and row layout), or None without the full piecewise encoding. Kept between
+        calls while the stars' value and feature tensors are the same, unchanged tensors (weak references
+        and versions, as :class:`~.layers.KnotLinear` keeps its sort): a training step then gathers its
+        batch's rows instead of searching the knots again (benchmarks/runtime_speed/README.md, "Session
+        53"). Not kept for inference tensors or values that take a gradient. Shapes: -> [n, K] each."""
+        ra = self.l1_of_patient
+        if ra.U is None or ra.value_gated:
+            return None
+        v, fi = stars.values, stars.feature_index
+        keep = not (v.requires_grad or v.is_inference() or fi.is_inference() or torch.is_inference_mode_enabled())
+        dtype = self.embedding.weight.dtype  # the table's: the weights t are rounded to it once, here
+        key = (v._version, fi._version, v.dtype, dtype) if keep else None
+        last = self._rows_cache.last
+        if keep and last is not None and last[0]() is v and last[1]() is fi and last[2] == key:
+            return last[3]
+        first, t = ra.knot_rows(self._clip(v), fi, self.embedding.num_embeddings)
+        rows = (first, t.to(dtype))
+        self._rows_cache.last = (weakref.ref(v), weakref.ref(fi), key, rows) if keep else None
+        return rows
 
     def forward(self, feature_index: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The star path (what Opacus wraps)."""

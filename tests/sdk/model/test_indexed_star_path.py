@@ -103,6 +103,7 @@ def test_theorem1_a_feature_no_star_holds_gets_no_gradient_on_the_indexed_path(f
 
 
 RELATIONS = {"valued_linear": {"valued": True}, "valued_piecewise": {"valued": True, "value_knots": SHAPE_KNOTS},
+             "valued_piecewise_folded": {"valued": True, "value_knots": SHAPE_KNOTS, "value_range": 7.0},
              "valued_gated": {"valued": True, "value_knots": SHAPE_KNOTS, "value_gated": True},
              "weighted": {"valued": False}, "unweighted": {"valued": False}}
 
@@ -122,6 +123,9 @@ def test_table_rows_attention_equals_the_per_copy_attention_for_every_relation_k
     x = torch.cat([torch.tensor(SHAPE_KNOTS[:7], dtype=torch.float64).unsqueeze(0),
                    6 * torch.randn(4, 7, generator=gen, dtype=torch.float64)])
     x = None if kind == "unweighted" else x
+    if "value_range" in RELATIONS[kind]:  # the folded rows hold values within ±value_range (the model clips)
+        x = x.clamp(-7.0, 7.0)
+        assert float(x.abs().max()) == 7.0 and int((x.abs() > 4).sum()) >= 3  # on the bound and beyond the knots
     mask = torch.rand(5, 7, generator=gen) < 0.7
     mask[2] = False
     params = [table, h_dst, *rel.parameters()]
@@ -136,20 +140,26 @@ def test_table_rows_attention_equals_the_per_copy_attention_for_every_relation_k
         torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-10)
 
 
-def test_piecewise_table_rows_equal_the_per_copy_hat_basis_at_an_alarm_sized_batch(f64):
+@pytest.mark.parametrize("value_range", [None, 9.0, 2.5])
+def test_piecewise_table_rows_equal_the_per_copy_hat_basis_at_an_alarm_sized_batch(f64, value_range):
     """The knot rows read by two gathers, a lerp and two scatters (``_dense_rows``) against U h_f on
     every copy with the full hat basis (``message``): 23 features, stars of 23 copies with repeats,
-    values on every knot interval, on the knots and beyond; output and every gradient."""
+    values on every knot interval, on the knots and beyond; output and every gradient. With
+    ``value_range`` W and V are folded into the knot rows (extended to ±9 beyond the outer knots; at
+    2.5, inside them, not extended), the values clipped to it as the model clips them."""
     from clinograph.sdk.model.layers import RelationAttention
 
     gen = torch.Generator().manual_seed(3)
-    rel = _randomised(RelationAttention(8, valued=True, value_knots=SHAPE_KNOTS).double(), gen)
+    rel = _randomised(RelationAttention(8, valued=True, value_knots=SHAPE_KNOTS, value_range=value_range).double(), gen)
     table = torch.randn(23, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     h_dst = torch.randn(32, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     index = torch.randint(0, 23, (32, 23), generator=gen)
     x = 3 * torch.randn(32, 23, generator=gen, dtype=torch.float64)
     x[0, :13] = torch.tensor(SHAPE_KNOTS, dtype=torch.float64)
     x[1, :4] = torch.tensor([-9.0, 9.0, -4.0 - 1e-12, 4.0 + 1e-12], dtype=torch.float64)
+    if value_range is not None:
+        x = x.clamp(-value_range, value_range)
+        assert rel.folded_knots.shape[0] == (15 if value_range > 4 else 13)
     mask = torch.rand(32, 23, generator=gen) < 0.9
     params = [table, h_dst, *rel.parameters()]
     w = torch.randn(32, 8, generator=gen, dtype=torch.float64)
@@ -170,3 +180,49 @@ def _randomised(module, gen):
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
     return module
+
+
+def test_kept_knot_rows_follow_the_stars_values(f64):
+    """``_knot_rows`` keeps every star's U rows and weights between steps: reused while the stars' tensors
+    are the same and unchanged, searched again after an in-place change of the values (their version)
+    or for other stars, and not carried by a copy or a pickle of the model. Each time the logits are
+    the per-copy path's on the current values."""
+    import copy
+    import pickle
+
+    t = small_tables()[1]
+    m = perturbed(t, "piecewise")
+    stars = star_batch(t, k_similar=0)
+    stars = dataclasses.replace(stars, values=stars.values.double())
+    idx = torch.arange(len(stars))
+
+    def check():
+        ref = m.forward_star(stars.feature_index, stars.values, stars.mask)
+        torch.testing.assert_close(m.forward_neighbourhood(stars, idx), ref, atol=1e-10, rtol=0)
+
+    check()
+    kept = m._rows_cache.last[3]
+    check()
+    assert m._rows_cache.last[3] is kept  # the same stars: the rows are reused
+    with torch.no_grad():
+        stars.values.mul_(-1.7).add_(0.4)  # in place: every value moves to another knot interval
+    check()
+    assert m._rows_cache.last[3] is not kept
+    stars = dataclasses.replace(stars, values=stars.values.flip(0))  # other stars
+    check()
+    for clone in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert clone._rows_cache.last is None
+
+
+def test_folded_knot_rows_refuse_values_beyond_their_range():
+    """The folded rows hold the value channel only within ±value_range: a value beyond it is refused
+    with the fix, not silently read as the bound."""
+    from clinograph.sdk.model.layers import RelationAttention
+
+    rel = RelationAttention(4, valued=True, value_knots=SHAPE_KNOTS, value_range=5.0)
+    x = torch.tensor([[0.5, -5.0, 5.0], [5.25, 0.0, 1.0]])
+    with pytest.raises(ValueError, match="beyond value_range ±5.0.*clip them first"):
+        rel.dense(torch.randn(3, 4), torch.randn(2, 4), x, torch.ones(2, 3, dtype=torch.bool),
+                  index=torch.tensor([[0, 1, 2], [2, 1, 0]]))
+    with pytest.raises(ValueError, match="value_range must be > 0"):
+        RelationAttention(4, valued=True, value_knots=SHAPE_KNOTS, value_range=0.0)

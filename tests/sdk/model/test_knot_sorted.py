@@ -107,3 +107,44 @@ def test_the_forwards_knot_sort_is_reused_only_for_the_same_unchanged_basis(f64)
     with torch.inference_mode():  # an inference tensor has no version: nothing kept
         layer(h, hat_basis(x, knots))
     assert layer._sorted is None
+
+
+def test_two_layers_on_one_basis_sort_it_once_and_a_changed_basis_again(f64):
+    """A star forward hands both layers' KnotLinear the same B(x) (NSFLModel.embed_star): the second
+    call takes the first's sort; after an in-place change of the basis it sorts again, and either way
+    each output is the dense product's."""
+    knots = torch.tensor(SHAPE_KNOTS, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(4)
+    l1, l2 = KnotLinear(3, len(knots)).double(), KnotLinear(3, len(knots)).double()
+    for layer in (l1, l2):
+        torch.nn.init.normal_(layer.weight, generator=gen)
+    basis = hat_basis(torch.linspace(-6, 6, 20, dtype=torch.float64).reshape(4, 5), knots)
+    h = torch.randn(4, 5, 3, generator=gen, dtype=torch.float64)
+    for layer in (l1, l2):
+        torch.testing.assert_close(layer(h, basis), _dense(layer, h, basis), atol=1e-12, rtol=0)
+    assert l2._sorted[2] is l1._sorted[2]  # one sort for both
+    basis[1] = basis[1].flip(-1)  # changed in place: the kept sort is stale
+    torch.testing.assert_close(l2(h, basis), _dense(l2, h, basis), atol=1e-12, rtol=0)
+    assert l2._sorted[2] is not l1._sorted[2]
+
+
+def test_a_star_forward_sorts_its_basis_once_with_the_same_logits(f64):
+    """NSFLModel.embed_star: one basis and one knot sort for both of_patient layers; the logits are
+    those of each layer computing its own basis (bit for bit)."""
+    from clinograph.sdk.model import NSFLConfig, NSFLModel
+
+    gen = torch.Generator().manual_seed(6)
+    m = NSFLModel(7, NSFLConfig(hidden=4, value_encoding="piecewise")).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    fi = torch.randint(0, 7, (5, 6), generator=gen)
+    x = 3 * torch.randn(5, 6, generator=gen, dtype=torch.float64)
+    mask = torch.rand(5, 6, generator=gen) < 0.8
+    z = m.forward_star(fi, x, mask)
+    assert m.l2_of_patient.U._sorted[2] is m.l1_of_patient.U._sorted[2]
+    h_p1, h_f1 = m._layer1(fi, x, mask)  # each layer its own basis (no basis given)
+    xc = m._clip(x)
+    h_p2 = torch.relu(m.l2_self_patient(h_p1) + m.l2_of_patient.dense(h_f1, h_p1, xc, mask))
+    assert m.l2_of_patient.U._sorted[2] is not m.l1_of_patient.U._sorted[2]
+    assert torch.equal(z, m._head(h_p2) + m.linear_star(fi, xc, mask))
