@@ -188,7 +188,8 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
     if "://" in text:
         try:
             return sa.create_engine(text)
-        except sa.exc.ArgumentError as exc:  # an unknown scheme or driver (NoSuchModuleError), an unparsable URL
+        except (sa.exc.ArgumentError, ImportError) as exc:  # an unknown scheme or driver (NoSuchModuleError), an
+            # unparsable URL, a dialect SQLAlchemy knows whose driver is not installed (mysql://: no MySQLdb)
             try:  # named without its password; a URL that does not parse is not echoed at all
                 shown = sa.engine.make_url(text).render_as_string(hide_password=True)
             except sa.exc.ArgumentError:

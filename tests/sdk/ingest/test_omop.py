@@ -191,9 +191,12 @@ def test_source_configuration_is_strict():
         omop_engine("/nonexistent/omop")
 
 
-@pytest.mark.parametrize("url", ["http://cdm.example.org/cdm", "postgres+nodriver://reader:s3cret@db/cdm", "foo://"])
+@pytest.mark.parametrize("url", ["http://cdm.example.org/cdm", "postgres+nodriver://reader:s3cret@db/cdm", "foo://",
+                                 "mysql://reader:s3cret@db/cdm"])
 def test_a_database_url_this_installation_cannot_open_is_a_config_error_without_its_password(url):
-    """Before: `clinograph check omop.toml http://x/y` ended in "internal error (NoSuchModuleError)"."""
+    """Before: `clinograph check omop.toml http://x/y` ended in "internal error (NoSuchModuleError)"; mysql://
+    (a dialect SQLAlchemy knows, its driver not installed here) in "internal error (ModuleNotFoundError)", and a
+    SuperNode whose source.url named it refused the run's hello with a traceback in its log."""
     with pytest.raises(ConfigError, match="is no database this installation can open") as caught:
         omop_engine(url)
     assert "s3cret" not in str(caught.value) and "postgresql+psycopg://" in str(caught.value)
