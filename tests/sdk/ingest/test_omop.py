@@ -14,10 +14,17 @@ from clinograph.sdk.datasets.omop import (
     write_omop,
 )
 from clinograph.sdk.ingest import ingest
-from clinograph.sdk.ingest.omop import OmopCohort, OmopLabel, OmopSource, omop_engine, read_omop
+from clinograph.sdk.ingest.omop import (
+    OmopCohort,
+    OmopLabel,
+    OmopSource,
+    check_cdm,
+    omop_engine,
+    read_omop,
+)
 from ehr_helpers import D, assert_same, demo_hospitals
 
-from clinograph.core.errors import ConfigError, SchemaError
+from clinograph.core.errors import ConfigError, SchemaError, SourceUnavailable
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +207,14 @@ def test_a_database_url_this_installation_cannot_open_is_a_config_error_without_
     with pytest.raises(ConfigError, match="is no database this installation can open") as caught:
         omop_engine(url)
     assert "s3cret" not in str(caught.value) and "postgresql+psycopg://" in str(caught.value)
+
+
+def test_a_file_that_is_no_duckdb_database_is_named_as_such_not_as_a_connection_to_check(tmp_path):
+    """Before: a SuperNode's data-dir/source.duckdb (or a `clinograph check` location) that is no DuckDB file said
+    "Cannot connect to the OMOP database duckdb:///... Check the host, port, database name and credentials
+    (PGPASSFILE / ~/.pgpass)" -- a fix for a database server, not for a file."""
+    (tmp_path / "cdm.duckdb").write_text("person_id,year_of_birth\n1,1950\n")
+    with pytest.raises(SourceUnavailable, match=r"cdm.duckdb cannot be opened as a DuckDB database \(IOException\): "
+                                                r"it is no DuckDB file") as caught:
+        check_cdm(omop_engine(tmp_path / "cdm.duckdb"))
+    assert "PGPASSFILE" not in str(caught.value)
