@@ -25,10 +25,11 @@ from typing import Any
 
 from clinograph.secure.enrolment import load_federation
 
-from clinograph.core.errors import ConfigError
+from clinograph.core.errors import ConfigError, SchemaError
 from clinograph.core.identity import Identity
 
 from ..config import DP_DEFAULT_MODEL_LINE, HospitalConfig, dp_default_model
+from ..ingest.source_probe import probe_source
 from ..ingest.sources import EhrSourceConfig, ingest_site, load_site_source
 from ..ontology import FeatureDictionary
 from ..tasks import create_task
@@ -64,9 +65,13 @@ def source_location(data: Path) -> str | Path | None:
     ``source.duckdb`` if present, else None.
 
     Raises:
-        ConfigError: ``source.url`` is empty, not one line, or not a URL.
+        ConfigError: ``source.url`` is empty, not one line, or not a URL; more than one of the three.
     """
     url = data / "source.url"
+    present = [n for n in SOURCE_NAMES if (data / n).exists()]
+    if len(present) > 1:  # one would be read and the other ignored, silently
+        raise ConfigError(f"{data} holds {len(present)} EHR sources ({', '.join(present)}); the SuperNode reads one. "
+                          f"Keep the one this hospital reads and move the other(s) out of the data-dir.")
     if url.is_file():
         from clinograph.core.fileio import read_regular
 
@@ -85,15 +90,19 @@ def ehr_location(data: Path, source: EhrSourceConfig) -> str | Path:
     Raises:
         ConfigError: no source in the data-dir, or a database URL for a MEDS or FHIR source (files only).
     """
-    kind = next(k for k in ("omop", "meds", "fhir") if getattr(source, k) is not None)
-    location = source_location(data)
-    if location is None:
-        raise ConfigError(f"{data / 'schema.toml'} is an EHR source file ([{kind}]) but {data} holds no source: put "
-                          f"the export at {data / 'source'} (an OMOP CSV folder, a MEDS root, a FHIR export), an OMOP "
-                          f"DuckDB file at {data / 'source.duckdb'}, or a database URL in {data / 'source.url'}.")
-    if isinstance(location, str) and kind != "omop":
+    kind = source.kind
+    if kind != "omop" and (data / "source.url").is_file():
         raise ConfigError(f"{data / 'source.url'} names a database, but schema.toml is a [{kind}] source, which reads "
                           f"files: put the export at {data / 'source'} and remove source.url.")
+    location = source_location(data)
+    if location is None:
+        put = {"omop": f"the OMOP CDM at {data / 'source'} (a folder of its table files), a DuckDB file at "
+                       f"{data / 'source.duckdb'}, or its database URL in {data / 'source.url'}",
+               "meds": f"the MEDS dataset's root (holding data/) at {data / 'source'}",
+               "fhir": f"the FHIR export (a folder of Bundle .json or bulk .ndjson files, or one file) at "
+                       f"{data / 'source'}"}[kind]
+        raise ConfigError(f"{data / 'schema.toml'} is an EHR source file ([{kind}]) but {data} holds no source: put "
+                          f"{put}.")
     return location
 
 
@@ -102,7 +111,10 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
     there and their settings valid -- ``hospital.toml`` (and the dictionary it names),
     ``schema.toml``, ``table.csv`` or ``table.parquet``. Before, a missing or bad file was found
     only at a run's first message: the hospital refused the server's hello with a traceback in its
-    log, and the run went on without it. The table's rows are checked when a run starts.
+    log, and the run went on without it. An EHR source is opened as its reader will open it
+    (:func:`~clinograph.sdk.ingest.source_probe.probe_source`: the database connected to, the CDM's
+    tables and columns, a MEDS root's shards and label file, a FHIR export's files; a format other
+    than schema.toml's section named). The rows are read when a run starts.
 
     Raises:
         ConfigError: every problem at once, each naming its file and the fix.
@@ -128,10 +140,14 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
     except ConfigError as exc:
         problems.append(str(exc))
     if isinstance(schema, EhrSourceConfig):
-        try:
-            ehr_location(data, schema)
-        except ConfigError as exc:
+        try:  # opened as the reader will, no row read: a database, password or format that fails, found now
+            location = ehr_location(data, schema)
+            probe_source(schema, location, base=data,
+                         where=str(data / "source.url") if isinstance(location, str) else None)
+        except (ConfigError, SchemaError) as exc:
             problems.append(str(exc))
+    elif schema is None and any((data / n).exists() for n in SOURCE_NAMES):
+        pass  # an EHR export whose schema.toml failed: named above, not a missing table
     elif not any((data / f).is_file() for f in ("table.csv", "table.parquet")):
         problems.append(f"{data} holds no table.csv (or table.parquet): put this hospital's export there, in its own "
                         "column names and units (schema.toml maps them), or an EHR export at "

@@ -59,7 +59,7 @@ def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp
     (data / "hospital.toml").write_text(tomli_w.dumps({"dictionary": "d.toml", "model": {"features": "shared"}}))
     write_source_file(data / "schema.toml", "omop", "north")
     with pytest.raises(ConfigError, match=r"schema.toml is an EHR source file \(\[omop\]\) but .* holds no source: put "
-                                          r"the export at .*source"):
+                                          r"the OMOP CDM at .*source \(a folder of its table files\)"):
         check_data_dir({"data-dir": str(data)})
     (data / "source.url").write_text("not a url\n")
     with pytest.raises(ConfigError, match="source.url must hold one database URL"):
@@ -86,3 +86,47 @@ def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp
     shutil.move(data / "source" / "labels.parquet", data / "labels.parquet")  # [meds] labels: beside its file
     member = make_hospital(node_config=node, run_config={}, run_id=2, identity=me)
     assert member.setup.table.n_patients == 4
+
+
+def test_an_ehr_source_that_cannot_be_opened_is_refused_at_start_not_at_the_runs_hello(tmp_path):
+    """Before: the SuperNode's start checked only that data-dir/source (or source.url) existed. A database that
+    refused the connection, or an export of another format than schema.toml's section, was found at the next
+    run's hello: the hospital refused it, and `clinograph run` failed 'Only 0 hospital(s) proved they serve an
+    enrolled hospital ... Check the SuperNodes' logs and key files'. Now the source is opened at start, as the
+    reader will open it, reading no row; a source.url's password is never shown."""
+    import sys
+    from pathlib import Path
+
+    import tomli_w
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
+    from cohort_exports import example_cohort, write_dictionary, write_omop, write_source_file
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_dictionary(data / "d.toml")
+    (data / "hospital.toml").write_text(tomli_w.dumps({"dictionary": "d.toml"}))
+    write_omop(data / "source", example_cohort())
+    write_source_file(data / "schema.toml", "meds", "north")  # a MEDS source file over an OMOP folder
+    with pytest.raises(ConfigError, match=r"(?s)1 problem.*MEDS dataset .*source has no Parquet shards under data/.*"
+                                          r"source looks like an OMOP CDM .*but the source file is \[meds\]: write the "
+                                          r"source file's \[omop\] section"):
+        check_data_dir({"data-dir": str(data)})
+    write_source_file(data / "schema.toml", "omop", "north")
+    (data / "source.url").write_text("postgresql+psycopg://reader:TopS3cret@127.0.0.1:1/cdm\n")
+    with pytest.raises(ConfigError, match=r"holds 2 EHR sources \(source.url, source\); the SuperNode reads one"):
+        check_data_dir({"data-dir": str(data)})  # one of them was ignored, silently
+    shutil.rmtree(data / "source")
+    with pytest.raises(ConfigError, match=r"Cannot connect to the OMOP database postgresql\+psycopg://reader:\*\*\*@"
+                                          r"127.0.0.1:1/cdm") as caught:
+        check_data_dir({"data-dir": str(data)})  # nothing listens on port 1: refused at once
+    assert "TopS3cret" not in str(caught.value)
+    (data / "source.url").unlink()
+    write_omop(data / "source", example_cohort())
+    (data / "source" / "measurement.csv").unlink()
+    with pytest.raises(ConfigError, match=r"OMOP table 'measurement' is missing"):
+        check_data_dir({"data-dir": str(data)})
+    (data / "schema.toml").write_text((data / "schema.toml").read_text() + "typo = 1\n")
+    with pytest.raises(ConfigError) as caught:
+        check_data_dir({"data-dir": str(data)})
+    assert "typo: unknown key" in str(caught.value) and "table.csv" not in str(caught.value)  # not 'no table.csv'

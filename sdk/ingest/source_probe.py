@@ -1,0 +1,104 @@
+"""Open an EHR source without reading its rows: what a SuperNode checks at its start.
+
+A hospital's SuperNode reads its export when a run starts (:func:`.sources.ingest_site`). A source
+that cannot be read at all -- a database that refuses the connection or the password, a folder of
+another format than the source file's section, a MEDS dataset without shards or label file -- was
+found only then: the hospital refused the server's hello, and the operator learnt it from a failed
+run. :func:`probe_source` finds these at the SuperNode's start, by opening the source as the reader
+will (the OMOP CDM's tables and columns by zero-row queries, a MEDS root's shards and label file, a
+FHIR export's files), reading no patient row. :func:`looks_like` names the format a location's
+layout suggests, so that a source file of one format over an export of another says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clinograph.core.errors import ClinographError, ConfigError, SchemaError
+
+from .sources import EhrSourceConfig
+
+#: how each format's export is named in messages
+FORMATS = {"omop": "an OMOP CDM (a folder of table files, a .duckdb file or a database URL)",
+           "meds": "a MEDS dataset (a root holding data/*.parquet)",
+           "fhir": "a FHIR export (Bundle .json or bulk .ndjson files)"}
+
+
+def looks_like(location: str | Path) -> str | None:
+    """``"omop"``, ``"meds"`` or ``"fhir"``: the format ``location``'s layout suggests (file names
+    only, nothing opened); None when it suggests none."""
+    from .fhir import READ_SUFFIXES
+    from .omop import _TABLE_FILE, REQUIRED
+
+    text = str(location)
+    if "://" in text:
+        return "omop"
+    path = Path(text)
+    if path.is_file():
+        name = path.name.lower()
+        return "omop" if name.endswith(".duckdb") else "fhir" if name.endswith(READ_SUFFIXES) else None
+    if not path.is_dir():
+        return None
+    files = [p for p in path.iterdir() if p.is_file()]
+    if any((m := _TABLE_FILE.match(p.name)) and m.group(1).lower() in REQUIRED for p in files):
+        return "omop"
+    if (path / "data").is_dir() and next((path / "data").rglob("*.parquet"), None) is not None:
+        return "meds"
+    if any(p.name.lower().endswith(READ_SUFFIXES) for p in files):
+        return "fhir"
+    return None
+
+
+def probe_source(config: EhrSourceConfig, location: str | Path, *, base: Path | None = None,
+                 where: str | None = None) -> None:
+    """Open ``location`` as ``config``'s section reads it, reading no patient row. ``base``: the
+    folder the source file's relative paths (MEDS ``labels``) are taken from; ``where``: how the
+    location is named in a message (default: itself; a URL is never shown with its password).
+
+    Raises:
+        SourceUnavailable: the OMOP database cannot be connected to.
+        ConfigError: the location does not exist or holds no file of the section's format -- with
+            the format its layout suggests when that is another one, and the fix.
+        SchemaError: the OMOP CDM lacks tables or columns the reader reads (all named).
+    """
+    kind = config.kind
+    try:
+        _open(config, location, base=base)
+    except ClinographError as exc:
+        other = looks_like(location)
+        if other is None or other == kind or not isinstance(exc, ConfigError | SchemaError):
+            raise
+        shown = where or str(location)
+        raise ConfigError(f"{exc} -- {shown} looks like {FORMATS[other]}, but the source file is [{kind}]: write "
+                          f"the source file's [{other}] section for it (docs/ehr_formats.md, 'Every source-file "
+                          f"key'), or put {FORMATS[kind]} there.") from None
+
+
+def _open(config: EhrSourceConfig, location: str | Path, *, base: Path | None) -> None:
+    if config.omop is not None:
+        from .omop import check_cdm, omop_engine
+
+        engine = omop_engine(location)
+        try:
+            check_cdm(engine, cdm_schema=config.omop.cdm_schema,
+                      death=bool(config.omop.label and config.omop.label.death))
+        finally:
+            engine.dispose()
+        return
+    if config.meds is not None:
+        from .meds import shard_paths
+
+        shard_paths(Path(location))
+        if config.meds.labels is not None:
+            labels = (base or Path(".")) / config.meds.labels
+            if not labels.is_file():
+                raise ConfigError(f"MEDS label file {labels} does not exist ([meds] labels = "
+                                  f"{str(config.meds.labels)!r}, relative to the source file's folder). Put the "
+                                  "label file there, or set labels to where it is.")
+        return
+    from .fhir import folder_files
+
+    path = Path(location)
+    if not path.exists():
+        raise ConfigError(f"FHIR input {path} does not exist. Give a Bundle .json, an .ndjson file or a folder.")
+    folder_files(path)
