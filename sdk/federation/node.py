@@ -29,7 +29,7 @@ from clinograph.core.errors import ConfigError, SchemaError
 from clinograph.core.identity import Identity
 
 from ..config import DP_DEFAULT_MODEL_LINE, HospitalConfig, dp_default_model
-from ..ingest.source_probe import probe_source
+from ..ingest.source_probe import probe_source, read_url_file
 from ..ingest.sources import EhrSourceConfig, ingest_site, load_site_source
 from ..ontology import FeatureDictionary
 from ..tasks import create_task
@@ -73,14 +73,10 @@ def source_location(data: Path) -> str | Path | None:
         raise ConfigError(f"{data} holds {len(present)} EHR sources ({', '.join(present)}); the SuperNode reads one. "
                           f"Keep the one this hospital reads and move the other(s) out of the data-dir.")
     if url.is_file():
-        from clinograph.core.fileio import read_regular
-
-        text = read_regular(url, limit=4096).decode("utf-8", errors="replace").strip()
-        if not text or "\n" in text or "://" not in text:
-            raise ConfigError(f"{url} must hold one database URL on one line (e.g. postgresql+psycopg://reader@db/cdm); "
-                              "it holds something else. Write the OMOP CDM's URL there, or remove the file and put the "
-                              f"export at {data / 'source'}.")
-        return text
+        try:
+            return read_url_file(url)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} Or remove the file and put the export at {data / 'source'}.") from None
     return next((data / n for n in SOURCE_NAMES[1:] if (data / n).exists()), None)
 
 

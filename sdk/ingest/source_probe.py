@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clinograph.core.errors import ClinographError, ConfigError, SchemaError
+from clinograph.core.errors import ConfigError, SchemaError
 
 from .sources import EhrSourceConfig
 
@@ -61,17 +61,41 @@ def probe_source(config: EhrSourceConfig, location: str | Path, *, base: Path | 
             the format its layout suggests when that is another one, and the fix.
         SchemaError: the OMOP CDM lacks tables or columns the reader reads (all named).
     """
-    kind = config.kind
     try:
         _open(config, location, base=base)
-    except ClinographError as exc:
-        other = looks_like(location)
-        if other is None or other == kind or not isinstance(exc, ConfigError | SchemaError):
+    except (ConfigError, SchemaError) as exc:
+        hint = format_hint(config, location, where=where)
+        if not hint:
             raise
-        shown = where or str(location)
-        raise ConfigError(f"{exc} -- {shown} looks like {FORMATS[other]}, but the source file is [{kind}]: write "
-                          f"the source file's [{other}] section for it (docs/ehr_formats.md, 'Every source-file "
-                          f"key'), or put {FORMATS[kind]} there.") from None
+        raise ConfigError(f"{exc}{hint}") from None
+
+
+def format_hint(config: EhrSourceConfig, location: str | Path, *, where: str | None = None) -> str:
+    """``" -- LOCATION looks like <format>, but the source file is [<kind>]: <fix>"`` when ``location``'s
+    layout suggests another format than ``config``'s section (:func:`looks_like`), else ``""``: added
+    to a reader's error, which names only what its own format lacks."""
+    kind, other = config.kind, looks_like(location)
+    if other is None or other == kind:
+        return ""
+    return (f" -- {where or location} looks like {FORMATS[other]}, but the source file is [{kind}]: write the "
+            f"source file's [{other}] section for it (docs/ehr_formats.md, 'Every source-file key'), or put "
+            f"{FORMATS[kind]} there.")
+
+
+def read_url_file(path: Path) -> str:
+    """The database URL a ``source.url`` file holds (one line; a file, so that its credentials are
+    on no command line).
+
+    Raises:
+        ConfigError: the file is empty, more than one line, or not a URL (its text is not shown).
+    """
+    from clinograph.core.fileio import read_regular
+
+    text = read_regular(path, limit=4096).decode("utf-8", errors="replace").strip()
+    if not text or "\n" in text or "://" not in text:
+        raise ConfigError(f"{path} must hold one database URL on one line (e.g. postgresql+psycopg://reader@db/cdm); "
+                          "it holds something else. Write the OMOP CDM's URL there.")
+    return text
 
 
 def _open(config: EhrSourceConfig, location: str | Path, *, base: Path | None) -> None:
