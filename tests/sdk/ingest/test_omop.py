@@ -147,8 +147,9 @@ def test_a_cohort_query_returning_no_row_is_a_schema_error(north_db):
     sql = "SELECT person_id, visit_start_datetime AS index_datetime FROM visit_occurrence WHERE person_id < 0"
     empty = demo_source("north").model_copy(update={"cohort": OmopCohort(sql=sql)})
     extract = read_omop(omop_engine(north_db), source=empty, dictionary=D)
-    with pytest.raises(SchemaError, match=r"holds no event to ingest \(0 patient\(s\) in the cohort; rows read: 0"):
-        extract.ingest(D)
+    with pytest.raises(SchemaError, match=r"holds no event to ingest \(0 patient\(s\) in the cohort; rows read: 0"
+                                          r".*\)\. The cohort selects no patient: check \[omop\] cohort"):
+        extract.ingest(D)  # the fix names the cohort, not 'the window, the cohort and the codes' (session 53)
 
 
 @pytest.mark.parametrize(("extra", "found"), [
