@@ -86,15 +86,31 @@ def read_url_file(path: Path) -> str:
     """The database URL a ``source.url`` file holds (one line; a file, so that its credentials are
     on no command line).
 
+    A URL with a password is read only from a file its owner alone may read (mode 0600), as libpq
+    reads ``~/.pgpass``: a data-dir's files are often readable by every local user.
+
     Raises:
-        ConfigError: the file is empty, more than one line, or not a URL (its text is not shown).
+        ConfigError: the file is empty, more than one line, or not a URL (its text is not shown), or
+            it holds a password and group or others may read it.
     """
+    import os
+    from urllib.parse import urlsplit
+
     from clinograph.core.fileio import read_regular
 
     text = read_regular(path, limit=4096).decode("utf-8", errors="replace").strip()
     if not text or "\n" in text or "://" not in text:
         raise ConfigError(f"{path} must hold one database URL on one line (e.g. postgresql+psycopg://reader@db/cdm); "
                           "it holds something else. Write the OMOP CDM's URL there.")
+    try:
+        password = urlsplit(text).password
+    except ValueError:  # an unparsable URL: the engine names it (without echoing it)
+        password = None
+    mode = os.stat(path).st_mode & 0o777
+    if password and mode & 0o077:
+        raise ConfigError(f"{path} holds a database password and group or others may read it (mode {mode:04o}): "
+                          f"chmod 600 {path}, or remove the password from the URL and keep it in ~/.pgpass or "
+                          "PGPASSFILE (mode 0600), which the PostgreSQL driver reads.")
     return text
 
 

@@ -236,6 +236,7 @@ def test_check_reads_a_data_dirs_source_url_and_names_an_export_of_another_forma
         "cohort": {"visit_concept_ids": [ICU_VISIT]},
         "label": {"condition_concept_ids": [SHUNT_CONDITION], "window_days": 2.0}}}))
     (tmp_path / "source.url").write_text("postgresql+psycopg://reader:TopS3cret@127.0.0.1:1/cdm\n")
+    (tmp_path / "source.url").chmod(0o600)  # a password: its owner's alone (tests/sdk/federation/test_node.py)
     r = _run(tmp_path / "omop.toml", tmp_path / "source.url")
     assert r.exit_code == 2
     assert "refused: Cannot connect to the OMOP database postgresql+psycopg://reader:***@127.0.0.1:1/cdm" in r.output

@@ -117,6 +117,12 @@ def test_an_ehr_source_that_cannot_be_opened_is_refused_at_start_not_at_the_runs
     with pytest.raises(ConfigError, match=r"holds 2 EHR sources \(source.url, source\); the SuperNode reads one"):
         check_data_dir({"data-dir": str(data)})  # one of them was ignored, silently
     shutil.rmtree(data / "source")
+    (data / "source.url").chmod(0o644)
+    with pytest.raises(ConfigError, match=r"source.url holds a database password and group or others may read it "
+                                          r"\(mode 0644\): chmod 600 .*source.url, or remove the password") as caught:
+        check_data_dir({"data-dir": str(data)})  # as libpq reads ~/.pgpass
+    assert "TopS3cret" not in str(caught.value)
+    (data / "source.url").chmod(0o600)
     with pytest.raises(ConfigError, match=r"Cannot connect to the OMOP database postgresql\+psycopg://reader:\*\*\*@"
                                           r"127.0.0.1:1/cdm") as caught:
         check_data_dir({"data-dir": str(data)})  # nothing listens on port 1: refused at once
