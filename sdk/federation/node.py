@@ -11,8 +11,9 @@ in ``state-dir``. A deployment writes these files; it copies no code.
 A hospital whose data is an EHR export reads it where it is: ``schema.toml`` is then its EHR
 source file (``[omop]``, ``[meds]`` or ``[fhir]``, as ``clinograph check`` and ``clinograph
 simulate`` read it: docs/ehr_formats.md) and the source is ``data-dir/source`` (an OMOP CSV
-folder, a MEDS root, a FHIR export folder or file), ``data-dir/source.duckdb`` (an OMOP CDM in
-DuckDB), or the database URL written in ``data-dir/source.url`` (an OMOP CDM in PostgreSQL: a
+folder, a MEDS root, a FHIR export folder), one FHIR file named by its format
+(``source.json``: a Bundle; ``source.ndjson``, ``source.ndjson.gz``: bulk NDJSON),
+``data-dir/source.duckdb`` (an OMOP CDM in DuckDB), or the database URL written in ``data-dir/source.url`` (an OMOP CDM in PostgreSQL: a
 file, so that its credentials are not in the SuperNode's command line).
 """
 
@@ -57,15 +58,15 @@ def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
 
 
 #: where an EHR source file's data is, in the data-dir (module docstring)
-SOURCE_NAMES = ("source.url", "source", "source.duckdb")
+SOURCE_NAMES = ("source.url", "source", "source.duckdb", "source.json", "source.ndjson", "source.ndjson.gz")
 
 
 def source_location(data: Path) -> str | Path | None:
-    """The data-dir's EHR source: the URL in ``source.url`` (one line), else ``source`` or
-    ``source.duckdb`` if present, else None.
+    """The data-dir's EHR source: the URL in ``source.url`` (one line), else the one of
+    :data:`SOURCE_NAMES` present, else None.
 
     Raises:
-        ConfigError: ``source.url`` is empty, not one line, or not a URL; more than one of the three.
+        ConfigError: ``source.url`` is empty, not one line, or not a URL; more than one source.
     """
     url = data / "source.url"
     present = [n for n in SOURCE_NAMES if (data / n).exists()]
@@ -95,10 +96,15 @@ def ehr_location(data: Path, source: EhrSourceConfig) -> str | Path:
         put = {"omop": f"the OMOP CDM at {data / 'source'} (a folder of its table files), a DuckDB file at "
                        f"{data / 'source.duckdb'}, or its database URL in {data / 'source.url'}",
                "meds": f"the MEDS dataset's root (holding data/) at {data / 'source'}",
-               "fhir": f"the FHIR export (a folder of Bundle .json or bulk .ndjson files, or one file) at "
-                       f"{data / 'source'}"}[kind]
+               "fhir": f"the FHIR export (a folder of Bundle .json or bulk .ndjson files) at {data / 'source'}, "
+                       f"or its one file as {data / 'source.json'} (a Bundle) or source.ndjson(.gz)"}[kind]
         raise ConfigError(f"{data / 'schema.toml'} is an EHR source file ([{kind}]) but {data} holds no source: put "
                           f"{put}.")
+    if kind == "fhir" and isinstance(location, Path) and location.name == "source" and location.is_file():
+        # read by its name's suffix: without one, an NDJSON export was parsed as one JSON document
+        raise ConfigError(f"{location} is one file; a FHIR file is read by its format's suffix: rename it "
+                          f"{data / 'source.json'} (a Bundle or one resource) or source.ndjson / source.ndjson.gz "
+                          "(bulk NDJSON), or put the export's folder at source.")
     return location
 
 

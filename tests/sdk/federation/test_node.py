@@ -136,3 +136,39 @@ def test_an_ehr_source_that_cannot_be_opened_is_refused_at_start_not_at_the_runs
     with pytest.raises(ConfigError) as caught:
         check_data_dir({"data-dir": str(data)})
     assert "typo: unknown key" in str(caught.value) and "table.csv" not in str(caught.value)  # not 'no table.csv'
+
+
+def test_a_fhir_export_in_one_file_is_read_by_its_suffix(tmp_path):
+    """Before: one bulk NDJSON file at data-dir/source (the docs: 'a FHIR export folder or file') passed the start
+    check and was parsed as one JSON document at the run's hello: 'FHIR input source is not valid JSON ... Export
+    it again'. Now the file is named by its format (source.json, source.ndjson, source.ndjson.gz)."""
+    import sys
+    from pathlib import Path
+
+    import tomli_w
+    from clinograph.secure.transport.flower.keyset import init_keyset
+
+    from clinograph.core.identity import Identity
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
+    from cohort_exports import example_cohort, write_dictionary, write_fhir, write_source_file
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_dictionary(data / "d.toml")
+    (data / "hospital.toml").write_text(tomli_w.dumps({"dictionary": "d.toml", "model": {"features": "shared"}}))
+    write_source_file(data / "schema.toml", "fhir", "north")
+    export = write_fhir(tmp_path / "bulk", example_cohort(), form="ndjson")
+    (data / "source").write_text("".join(f.read_text() for f in sorted(export.glob("*.ndjson"))))
+    with pytest.raises(ConfigError, match=r"source is one file; a FHIR file is read by its format's suffix: rename it "
+                                          r".*source.json \(a Bundle or one resource\) or source.ndjson"):
+        check_data_dir({"data-dir": str(data)})
+    (data / "source").rename(data / "source.ndjson")
+    check_data_dir({"data-dir": str(data)})
+    keys = init_keyset(tmp_path / "keys", federation_id="fed", hospitals=["north", "south"],
+                       superlink_hosts=["127.0.0.1"], superlink_port=19099)
+    node = {"data-dir": str(data), "state-dir": str(tmp_path / "s"),
+            "federation-file": str(keys.hospital_dirs["north"] / "federation.toml")}
+    me = Identity.load("north", keys.hospital_dirs["north"] / "north.ed25519.pem")
+    member = make_hospital(node_config=node, run_config={}, run_id=1, identity=me)
+    assert member.setup.table.n_patients == 4
