@@ -30,7 +30,7 @@ from clinograph.core.errors import ConfigError, SchemaError
 from clinograph.core.identity import Identity
 
 from ..config import DP_DEFAULT_MODEL_LINE, HospitalConfig, dp_default_model
-from ..ingest.source_probe import probe_source, read_url_file
+from ..ingest.source_probe import check_declared_features, probe_source, read_url_file
 from ..ingest.sources import EhrSourceConfig, ingest_site, load_site_source
 from ..ontology import FeatureDictionary
 from ..tasks import create_task
@@ -126,9 +126,10 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
         raise ConfigError(f"--node-config data-dir {data} is not a directory: give the folder holding this hospital's "
                           "table.csv, schema.toml and hospital.toml (examples/flower_deployment/README.md, step 5).")
     problems: list[str] = []
+    dictionary = None
     try:
         config = HospitalConfig.from_toml(data / "hospital.toml")
-        load_dictionary(config, data / "hospital.toml")
+        dictionary = load_dictionary(config, data / "hospital.toml")
     except ConfigError as exc:
         problems.append(str(exc))
     else:
@@ -142,6 +143,11 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
     except ConfigError as exc:
         problems.append(str(exc))
     if isinstance(schema, EhrSourceConfig):
+        if dictionary is not None:
+            try:  # the features it names (age, sex, units, ...), as the reader checks them before any row
+                check_declared_features(schema, dictionary)
+            except SchemaError as exc:
+                problems.append(f"{data / 'schema.toml'}: {exc}")
         try:  # opened as the reader will, no row read: a database, password or format that fails, found now
             location = ehr_location(data, schema)
             probe_source(schema, location, base=data,

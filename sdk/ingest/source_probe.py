@@ -16,6 +16,7 @@ from pathlib import Path
 
 from clinograph.core.errors import ConfigError, SchemaError
 
+from ..ontology.dictionary import FeatureDictionary
 from .sources import EhrSourceConfig
 
 #: how each format's export is named in messages
@@ -54,6 +55,7 @@ def probe_source(config: EhrSourceConfig, location: str | Path, *, base: Path | 
     """Open ``location`` as ``config``'s section reads it, reading no patient row. ``base``: the
     folder the source file's relative paths (MEDS ``labels``) are taken from; ``where``: how the
     location is named in a message (default: itself; a URL is never shown with its password).
+    :func:`check_declared_features` checks the source file against the dictionary.
 
     Raises:
         SourceUnavailable: the OMOP database cannot be connected to.
@@ -68,6 +70,26 @@ def probe_source(config: EhrSourceConfig, location: str | Path, *, base: Path | 
         if not hint:
             raise
         raise ConfigError(f"{exc}{hint}") from None
+
+
+def check_declared_features(config: EhrSourceConfig, dictionary: FeatureDictionary) -> None:
+    """The features ``config`` names are ``dictionary``'s, of the right kind (what each reader checks
+    before it reads a row).
+
+    Raises:
+        SchemaError: every bad declaration at once.
+    """
+    if config.omop is not None:
+        from .omop_assemble import check_declared
+
+        check_declared(config.omop, dictionary)
+        return
+    from .ehr_values import declared_features
+
+    section = config.meds if config.meds is not None else config.fhir
+    name = f"[{config.kind}]"
+    declared_features(section=name, person_section=name, age=section.age, sex=section.sex, conditions=(),
+                      units=dict(section.units or {}), dictionary=dictionary)
 
 
 def format_hint(config: EhrSourceConfig, location: str | Path, *, where: str | None = None) -> str:

@@ -136,6 +136,12 @@ def test_an_ehr_source_that_cannot_be_opened_is_refused_at_start_not_at_the_runs
     with pytest.raises(ConfigError) as caught:
         check_data_dir({"data-dir": str(data)})
     assert "typo: unknown key" in str(caught.value) and "table.csv" not in str(caught.value)  # not 'no table.csv'
+    write_source_file(data / "schema.toml", "omop", "north")  # names a feature the dictionary lacks: at start too
+    (data / "schema.toml").write_text((data / "schema.toml").read_text().replace('age = "age"', 'age = "agee"'))
+    with pytest.raises(ConfigError, match=r"(?s)2 problem\(s\).*schema.toml: The \[omop\] section does not fit the "
+                                          r"dictionary.*'agee' is not a feature of the dictionary cohort.*"
+                                          r"OMOP table 'measurement' is missing"):
+        check_data_dir({"data-dir": str(data)})  # every problem at once
 
 
 def test_a_fhir_export_in_one_file_is_read_by_its_suffix(tmp_path):
