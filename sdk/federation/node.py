@@ -194,6 +194,10 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     else:
         location = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
     table = ingest_site(location, schema, dictionary=dictionary, base=data)
+    shown = data / "source.url" if isinstance(location, str) else location  # a URL may carry a password
+    _log.info("read %d patient(s) from %s (%d feature(s) observed)", table.n_patients,
+              f"the {schema.kind.upper()} export at {shown}" if isinstance(schema, EhrSourceConfig) else shown,
+              len(table.report.features_present))
     cands = candidate_configs(config) or [Candidate(name="model", overrides={}, config=config)]
     refuse_under_dp(config, cands, where=str(data / "hospital.toml"))  # before anything runs
     state_dir = Path(str(node_config["state-dir"])) / "privacy"

@@ -31,7 +31,7 @@ def test_the_data_dir_is_checked_at_start_every_problem_at_once(tmp_path):
     check_data_dir({"data-dir": str(tmp_path)})  # all there: the rows are read when a run starts
 
 
-def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp_path):
+def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp_path, caplog):
     """Before: the SuperNode read only table.csv + schema.toml, so a hospital whose data is an OMOP CDM, a
     MEDS dataset or a FHIR export could take part in a simulation (`clinograph simulate` reads source files)
     but not in a deployment. Now schema.toml may be its EHR source file, and the source is data-dir/source,
@@ -73,8 +73,11 @@ def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp
     node = {"data-dir": str(data), "state-dir": str(tmp_path / "s"),
             "federation-file": str(keys.hospital_dirs["north"] / "federation.toml")}
     me = Identity.load("north", keys.hospital_dirs["north"] / "north.ed25519.pem")
+    caplog.set_level("INFO", logger="clinograph.sdk.federation.node")
     member = make_hospital(node_config=node, run_config={}, run_id=1, identity=me)
     assert member.setup.table.n_patients == 4  # the OMOP folder's cohort, ingested as `clinograph check` does
+    # the hospital's log says what it read (session 53: nothing, until a round's answer)
+    assert f"read 4 patient(s) from the OMOP export at {data / 'source'} (5 feature(s) observed)" in caplog.messages
     assert set(member.setup.table.report.features_present) == {"age", "creatinine", "glucose", "heart_rate", "sex"}
     shutil.rmtree(data / "source")  # the same hospital as a MEDS dataset
     write_meds(data / "source", cohort)
