@@ -58,8 +58,10 @@ def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str |
     """
     import tomllib
 
+    from clinograph.core.errors import ConfigError, SchemaError
     from clinograph.core.tomlio import read_toml_text
     from clinograph.sdk.ingest import ingest, read_site_table
+    from clinograph.sdk.ingest.source_probe import format_hint, read_url_file
     from clinograph.sdk.ingest.sources import EhrSourceConfig, is_source_file, read_source
     from clinograph.sdk.ontology import FeatureDictionary, SiteSchema
 
@@ -71,7 +73,16 @@ def preview(schema_path: Path, table: str, *, dictionary: Path, delimiter: str |
     lines = [f"dictionary: {d.name} v{d.version} ({len(d.features)} features)"]
     if is_source_file(raw):
         config = EhrSourceConfig.from_toml(schema_path)
-        extract = read_source(config, table, dictionary=d, base=schema_path.parent)
+        where = None
+        if table.endswith(".url") and Path(table).is_file():  # a SuperNode data-dir's source.url: its URL
+            where, table = table, read_url_file(Path(table))
+        try:
+            extract = read_source(config, table, dictionary=d, base=schema_path.parent)
+        except (ConfigError, SchemaError) as exc:
+            hint = format_hint(config, table, where=where)
+            if not hint:
+                raise
+            raise ConfigError(f"{exc}{hint}") from None
         lines += [f"site: {config.site} ({config.kind})", *extract.report.lines()]
         result = extract.ingest(d)
         mapping = {f: f"codes of {f}" for f in extract.report.by_feature}

@@ -11,8 +11,9 @@ in ``state-dir``. A deployment writes these files; it copies no code.
 A hospital whose data is an EHR export reads it where it is: ``schema.toml`` is then its EHR
 source file (``[omop]``, ``[meds]`` or ``[fhir]``, as ``clinograph check`` and ``clinograph
 simulate`` read it: docs/ehr_formats.md) and the source is ``data-dir/source`` (an OMOP CSV
-folder, a MEDS root, a FHIR export folder or file), ``data-dir/source.duckdb`` (an OMOP CDM in
-DuckDB), or the database URL written in ``data-dir/source.url`` (an OMOP CDM in PostgreSQL: a
+folder, a MEDS root, a FHIR export folder), one FHIR file named by its format
+(``source.json``: a Bundle; ``source.ndjson``, ``source.ndjson.gz``: bulk NDJSON),
+``data-dir/source.duckdb`` (an OMOP CDM in DuckDB), or the database URL written in ``data-dir/source.url`` (an OMOP CDM in PostgreSQL: a
 file, so that its credentials are not in the SuperNode's command line).
 """
 
@@ -25,10 +26,11 @@ from typing import Any
 
 from clinograph.secure.enrolment import load_federation
 
-from clinograph.core.errors import ConfigError
+from clinograph.core.errors import ConfigError, SchemaError
 from clinograph.core.identity import Identity
 
 from ..config import DP_DEFAULT_MODEL_LINE, HospitalConfig, dp_default_model
+from ..ingest.source_probe import check_declared_features, probe_source, read_url_file
 from ..ingest.sources import EhrSourceConfig, ingest_site, load_site_source
 from ..ontology import FeatureDictionary
 from ..tasks import create_task
@@ -56,26 +58,26 @@ def load_dictionary(config: HospitalConfig, where: Path) -> FeatureDictionary:
 
 
 #: where an EHR source file's data is, in the data-dir (module docstring)
-SOURCE_NAMES = ("source.url", "source", "source.duckdb")
+SOURCE_NAMES = ("source.url", "source", "source.duckdb", "source.json", "source.ndjson", "source.ndjson.gz")
 
 
 def source_location(data: Path) -> str | Path | None:
-    """The data-dir's EHR source: the URL in ``source.url`` (one line), else ``source`` or
-    ``source.duckdb`` if present, else None.
+    """The data-dir's EHR source: the URL in ``source.url`` (one line), else the one of
+    :data:`SOURCE_NAMES` present, else None.
 
     Raises:
-        ConfigError: ``source.url`` is empty, not one line, or not a URL.
+        ConfigError: ``source.url`` is empty, not one line, or not a URL; more than one source.
     """
     url = data / "source.url"
+    present = [n for n in SOURCE_NAMES if (data / n).exists()]
+    if len(present) > 1:  # one would be read and the other ignored, silently
+        raise ConfigError(f"{data} holds {len(present)} EHR sources ({', '.join(present)}); the SuperNode reads one. "
+                          f"Keep the one this hospital reads and move the other(s) out of the data-dir.")
     if url.is_file():
-        from clinograph.core.fileio import read_regular
-
-        text = read_regular(url, limit=4096).decode("utf-8", errors="replace").strip()
-        if not text or "\n" in text or "://" not in text:
-            raise ConfigError(f"{url} must hold one database URL on one line (e.g. postgresql+psycopg://reader@db/cdm); "
-                              "it holds something else. Write the OMOP CDM's URL there, or remove the file and put the "
-                              f"export at {data / 'source'}.")
-        return text
+        try:
+            return read_url_file(url)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} Or remove the file and put the export at {data / 'source'}.") from None
     return next((data / n for n in SOURCE_NAMES[1:] if (data / n).exists()), None)
 
 
@@ -85,15 +87,24 @@ def ehr_location(data: Path, source: EhrSourceConfig) -> str | Path:
     Raises:
         ConfigError: no source in the data-dir, or a database URL for a MEDS or FHIR source (files only).
     """
-    kind = next(k for k in ("omop", "meds", "fhir") if getattr(source, k) is not None)
-    location = source_location(data)
-    if location is None:
-        raise ConfigError(f"{data / 'schema.toml'} is an EHR source file ([{kind}]) but {data} holds no source: put "
-                          f"the export at {data / 'source'} (an OMOP CSV folder, a MEDS root, a FHIR export), an OMOP "
-                          f"DuckDB file at {data / 'source.duckdb'}, or a database URL in {data / 'source.url'}.")
-    if isinstance(location, str) and kind != "omop":
+    kind = source.kind
+    if kind != "omop" and (data / "source.url").is_file():
         raise ConfigError(f"{data / 'source.url'} names a database, but schema.toml is a [{kind}] source, which reads "
                           f"files: put the export at {data / 'source'} and remove source.url.")
+    location = source_location(data)
+    if location is None:
+        put = {"omop": f"the OMOP CDM at {data / 'source'} (a folder of its table files), a DuckDB file at "
+                       f"{data / 'source.duckdb'}, or its database URL in {data / 'source.url'}",
+               "meds": f"the MEDS dataset's root (holding data/) at {data / 'source'}",
+               "fhir": f"the FHIR export (a folder of Bundle .json or bulk .ndjson files) at {data / 'source'}, "
+                       f"or its one file as {data / 'source.json'} (a Bundle) or source.ndjson(.gz)"}[kind]
+        raise ConfigError(f"{data / 'schema.toml'} is an EHR source file ([{kind}]) but {data} holds no source: put "
+                          f"{put}.")
+    if kind == "fhir" and isinstance(location, Path) and location.name == "source" and location.is_file():
+        # read by its name's suffix: without one, an NDJSON export was parsed as one JSON document
+        raise ConfigError(f"{location} is one file; a FHIR file is read by its format's suffix: rename it "
+                          f"{data / 'source.json'} (a Bundle or one resource) or source.ndjson / source.ndjson.gz "
+                          "(bulk NDJSON), or put the export's folder at source.")
     return location
 
 
@@ -102,7 +113,10 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
     there and their settings valid -- ``hospital.toml`` (and the dictionary it names),
     ``schema.toml``, ``table.csv`` or ``table.parquet``. Before, a missing or bad file was found
     only at a run's first message: the hospital refused the server's hello with a traceback in its
-    log, and the run went on without it. The table's rows are checked when a run starts.
+    log, and the run went on without it. An EHR source is opened as its reader will open it
+    (:func:`~clinograph.sdk.ingest.source_probe.probe_source`: the database connected to, the CDM's
+    tables and columns, a MEDS root's shards and label file, a FHIR export's files; a format other
+    than schema.toml's section named). The rows are read when a run starts.
 
     Raises:
         ConfigError: every problem at once, each naming its file and the fix.
@@ -112,9 +126,10 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
         raise ConfigError(f"--node-config data-dir {data} is not a directory: give the folder holding this hospital's "
                           "table.csv, schema.toml and hospital.toml (examples/flower_deployment/README.md, step 5).")
     problems: list[str] = []
+    dictionary = None
     try:
         config = HospitalConfig.from_toml(data / "hospital.toml")
-        load_dictionary(config, data / "hospital.toml")
+        dictionary = load_dictionary(config, data / "hospital.toml")
     except ConfigError as exc:
         problems.append(str(exc))
     else:
@@ -128,10 +143,19 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
     except ConfigError as exc:
         problems.append(str(exc))
     if isinstance(schema, EhrSourceConfig):
-        try:
-            ehr_location(data, schema)
-        except ConfigError as exc:
+        if dictionary is not None:
+            try:  # the features it names (age, sex, units, ...), as the reader checks them before any row
+                check_declared_features(schema, dictionary)
+            except SchemaError as exc:
+                problems.append(f"{data / 'schema.toml'}: {exc}")
+        try:  # opened as the reader will, no row read: a database, password or format that fails, found now
+            location = ehr_location(data, schema)
+            probe_source(schema, location, base=data,
+                         where=str(data / "source.url") if isinstance(location, str) else None)
+        except (ConfigError, SchemaError) as exc:
             problems.append(str(exc))
+    elif schema is None and any((data / n).exists() for n in SOURCE_NAMES):
+        pass  # an EHR export whose schema.toml failed: named above, not a missing table
     elif not any((data / f).is_file() for f in ("table.csv", "table.parquet")):
         problems.append(f"{data} holds no table.csv (or table.parquet): put this hospital's export there, in its own "
                         "column names and units (schema.toml maps them), or an EHR export at "
@@ -170,6 +194,10 @@ def make_hospital(*, node_config: Mapping[str, Any], run_config: Mapping[str, An
     else:
         location = next((data / f for f in ("table.csv", "table.parquet") if (data / f).exists()), data / "table.csv")
     table = ingest_site(location, schema, dictionary=dictionary, base=data)
+    shown = data / "source.url" if isinstance(location, str) else location  # a URL may carry a password
+    _log.info("read %d patient(s) from %s (%d feature(s) observed)", table.n_patients,
+              f"the {schema.kind.upper()} export at {shown}" if isinstance(schema, EhrSourceConfig) else shown,
+              len(table.report.features_present))
     cands = candidate_configs(config) or [Candidate(name="model", overrides={}, config=config)]
     refuse_under_dp(config, cands, where=str(data / "hospital.toml"))  # before anything runs
     state_dir = Path(str(node_config["state-dir"])) / "privacy"

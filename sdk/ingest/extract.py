@@ -87,8 +87,7 @@ class EhrExtract:
             counts = ", ".join([f"rows read: {r.events_read}", f"mapped to the dictionary: {r.events_mapped}",
                                 *(f"{why}: {n}" for why, n in r.excluded.items())])
             raise SchemaError(f"The {r.source} extract of site {self.schema.site!r} holds no event to ingest "
-                              f"({r.patients} patient(s) in the cohort; {counts}). Check the window around the "
-                              "index time (lookback/after), the cohort, and the dictionary's codes.",
+                              f"({r.patients} patient(s) in the cohort; {counts}). {_empty_fix(r)}",
                               title="Nothing to ingest")
         try:
             return ingest(self.table, schema=self.schema, dictionary=dictionary)
@@ -108,6 +107,33 @@ class EhrExtract:
 #: the long table's column naming each row's source record (ignored by ingest, used in its errors)
 RECORD = "source_record"
 _ROWS = re.compile(r"\brows? (\d+(?:, \d+)*)(?: \(and (\d+) more\))?")
+
+
+#: what selects a source's cohort, by its report's source name's first word
+_COHORT = {"OMOP": "[omop] cohort (its visit or condition concept ids, or its sql) against the CDM's "
+                   "visit_occurrence / condition_occurrence",
+           "FHIR": "[fhir] index if set (its encounter_classes against the export's Encounter class codes), and "
+                   "that the export holds Patient resources",
+           "MEDS": "[meds] labels (the label file's subject ids against the dataset's)"}
+_WINDOW = "the window around the index time (the source file's lookback/after settings)"
+
+
+def _empty_fix(r: ExtractReport) -> str:
+    """The fix for an extract with no event, by where the events were lost: no patient in the
+    cohort, the rows excluded (most for which reason), or none read or mapped."""
+    cohort = _COHORT.get(r.source.split()[0], "the source file's cohort")
+    if r.patients == 0:
+        return f"The cohort selects no patient: check {cohort}."
+    excluded = {why: n for why, n in r.excluded.items() if n}
+    if excluded:
+        why, n = max(excluded.items(), key=lambda kv: kv[1])
+        what = cohort if "cohort" in why else _WINDOW if any(
+            w in why for w in ("window", "lookback", "after", "before")) else "what the counts above name"
+        return f"Most rows were excluded as '{why}' ({n}): check {what}."
+    if r.events_read == 0:
+        return f"No row of the cohort's {r.patients} patient(s) was read: check {cohort}, and the export."
+    return ("No row maps to a dictionary feature: check the dictionary's codes (omop_concept_id, codes) against the "
+            "export's, and the source file's systems (FHIR).")
 
 
 def _records(m: re.Match, records: np.ndarray) -> str:

@@ -35,16 +35,28 @@ from .extract import EhrExtract, to_long
 from .omop_vocab import censoring_in_text, parse_value_text
 
 
-def _read_shards(root: Path) -> pd.DataFrame:
+def shard_paths(root: Path) -> list[Path]:
+    """The dataset's Parquet shards (``data/**/*.parquet``), in order.
+
+    Raises:
+        ConfigError: there is none (not a MEDS root).
+    """
     import meds
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     data = root / meds.data_subdirectory
     shards = sorted(data.rglob("*.parquet")) if data.is_dir() else []
     if not shards:
         raise ConfigError(f"MEDS dataset {root} has no Parquet shards under {meds.data_subdirectory}/. Give the "
                           "dataset's root folder (the one holding data/ and metadata/).")
+    return shards
+
+
+def _read_shards(root: Path) -> pd.DataFrame:
+    import meds
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = shard_paths(root)
     frames, problems = [], []
     for shard in shards:
         try:

@@ -188,7 +188,8 @@ def omop_engine(location: str | Path):  # -> sqlalchemy.Engine
     if "://" in text:
         try:
             return sa.create_engine(text)
-        except sa.exc.ArgumentError as exc:  # an unknown scheme or driver (NoSuchModuleError), an unparsable URL
+        except (sa.exc.ArgumentError, ImportError) as exc:  # an unknown scheme or driver (NoSuchModuleError), an
+            # unparsable URL, a dialect SQLAlchemy knows whose driver is not installed (mysql://: no MySQLdb)
             try:  # named without its password; a URL that does not parse is not echoed at all
                 shown = sa.engine.make_url(text).render_as_string(hide_password=True)
             except sa.exc.ArgumentError:
@@ -288,6 +289,11 @@ def check_cdm(engine, *, cdm_schema: str | None = None, death: bool = False) -> 
             conn.exec_driver_sql("SELECT 1")
     except sa.exc.SQLAlchemyError as exc:
         url = engine.url.render_as_string(hide_password=True)
+        if engine.url.get_backend_name() == "duckdb" and engine.url.database not in (None, "", ":memory:"):
+            raise SourceUnavailable(f"OMOP location {engine.url.database} cannot be opened as a DuckDB database "
+                                    f"({type(exc.orig or exc).__name__}): it is no DuckDB file, a damaged one, or one "
+                                    "another DuckDB version wrote. Give a .duckdb file this DuckDB reads, a folder of "
+                                    "OMOP table files (person.csv, measurement.parquet, ...), or a database URL.") from None
         raise SourceUnavailable(f"Cannot connect to the OMOP database {url} ({type(exc.orig or exc).__name__}). "
                                 "Check the host, port, database name and credentials (PGPASSFILE / ~/.pgpass), "
                                 "and that the server is running and accepts connections from here.") from None

@@ -204,3 +204,5 @@ def test_supernode_help_lists_the_launchers_own_options():
     for option in ("--node-config", "--executor", "--supernode-poll", "--participant-factory", "--environment"):
         assert option in r.output
     assert "flower-supernode --help" in " ".join(r.output.split())  # where Flower's options are described
+    said = " ".join(r.output.split())  # the data-dir an EHR hospital's SuperNode reads (session 53: only table.csv)
+    assert "source, source.duckdb or the URL in source.url" in said and "data-dir='/srv/h1/data'" in said

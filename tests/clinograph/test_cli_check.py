@@ -225,3 +225,27 @@ def test_check_counts_a_survival_tables_events_not_positives(tmp_path):
     events = sum(i % 3 == 0 for i in range(n))
     assert f"survival: {events} event(s), {n - events} censored (labels are the events)" in r.output
     assert "positive" not in r.output
+
+
+def test_check_reads_a_data_dirs_source_url_and_names_an_export_of_another_format(tmp_path):
+    """A SuperNode's data-dir keeps an OMOP database URL in source.url (credentials off the command line).
+    Before: `clinograph check schema.toml source.url` opened the file as a DuckDB database ("Cannot connect to the
+    OMOP database duckdb:///source.url ... check the host, port, ... PGPASSFILE"). And a source file of one format
+    over an export of another said only what its own format lacked."""
+    (tmp_path / "omop.toml").write_text(tomli_w.dumps({"site": "west", "omop": {
+        "cohort": {"visit_concept_ids": [ICU_VISIT]},
+        "label": {"condition_concept_ids": [SHUNT_CONDITION], "window_days": 2.0}}}))
+    (tmp_path / "source.url").write_text("postgresql+psycopg://reader:TopS3cret@127.0.0.1:1/cdm\n")
+    (tmp_path / "source.url").chmod(0o600)  # a password: its owner's alone (tests/sdk/federation/test_node.py)
+    r = _run(tmp_path / "omop.toml", tmp_path / "source.url")
+    assert r.exit_code == 2
+    assert "refused: Cannot connect to the OMOP database postgresql+psycopg://reader:***@127.0.0.1:1/cdm" in r.output
+    assert "TopS3cret" not in r.output
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "person.csv").write_text("person_id\n")
+    (tmp_path / "fhir.toml").write_text(tomli_w.dumps({"site": "west", "fhir": {"label_code": LABEL_CODE}}))
+    r = _run(tmp_path / "fhir.toml", tmp_path / "export")
+    assert r.exit_code == 2
+    assert "holds no .ndjson, .ndjson.gz or .json file" in r.output
+    assert "export looks like an OMOP CDM" in r.output and "the source file is [fhir]: write the source file's [omop]" \
+        in " ".join(r.output.split())

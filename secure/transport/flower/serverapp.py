@@ -61,6 +61,7 @@ planned end: logged as a warning, audited (``too_few_hospitals``), not an error.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -194,9 +195,7 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
         audit.record("hospital_refused", {"stage": "hello", "node": int(node), "reason": reason[:4000],
                                           "signed": False, "final": False})
     if len(nodes) < min(fed.min_clients, len(enrolled)):
-        raise ProtocolError(f"Only {len(nodes)} hospital(s) proved they serve an enrolled hospital within "
-                            f"{timeouts.hello:g} s ({connected} node(s) connected); the federation needs "
-                            f"{fed.min_clients}. Check the SuperNodes' logs and key files.")
+        raise too_few_hellos(nodes, refused, connected=connected, timeout=timeouts.hello, needed=fed.min_clients)
     transport = FlowerTransport(grid, nodes=nodes, timeouts=timeouts,
                                 poll=poll)
     extension = _get(run_config, "server-extension", str, "")
@@ -209,6 +208,27 @@ def _run(grid: Grid, *, audit: AuditTrail, config: ServerConfig, federation: Any
                          journal=journal).training
     return run_federation_plan(models, side=side, transport=transport, rounds=rounds, on_event=events,
                                journal=journal)
+
+
+def too_few_hellos(nodes: Mapping[str, int], refused: Mapping[int, str], *, connected: int, timeout: float,
+                   needed: int) -> ProtocolError:
+    """The run's failure when fewer hospitals than the federation needs answered the hello: with the
+    reasons of the nodes that refused it (a hospital whose data cannot be read says so in its refusal),
+    which ``clinograph run`` prints as the run's last line -- not only "check the logs"."""
+    head = (f"Only {len(nodes)} hospital(s) proved they serve an enrolled hospital within {timeout:g} s "
+            f"({connected} node(s) connected); the federation needs {needed}.")
+    if not refused:
+        return ProtocolError(f"{head} Check the SuperNodes' logs and key files.")
+
+    def one_line(reason: str) -> str:  # the hospital's own words: Flower's wrapping and escaped newlines off
+        body = reason.removeprefix("error reply at 'hello': ")
+        wrapped = re.fullmatch(r"(?s)\w+:\s*<'(.*)'>", body)  # ProtocolError:<'...'>, as error_reason leaves
+        body = (wrapped.group(1) if wrapped else body).removeprefix("ProtocolError: ")
+        return " ".join(body.replace("\\n", " ").split())[:400]
+
+    reasons = "; ".join(f"node {node}: {one_line(r)}" for node, r in sorted(refused.items()))
+    return ProtocolError(f"{head} {len(refused)} node(s) refused the hello -- {reasons}. Fix what each names (its "
+                         "SuperNode's log says it too; the audit log keeps each as hospital_refused), then run again.")
 
 
 def _log_to_stdout() -> None:

@@ -270,10 +270,15 @@ def _main(argv: list[str] | None) -> int:
                                             "(flower-supernode --help); see examples/flower_deployment/README.md.")
     parser.add_argument("--participant-factory", default=DEFAULT_FACTORY,
                         help="'package.module:function' building the hospital (default: Clinograph's own, from "
-                             "the node's data-dir files: table.csv, schema.toml, hospital.toml)")
+                             "the node's data-dir files: hospital.toml, schema.toml and table.csv -- or, for an EHR "
+                             "export, schema.toml its [omop]/[meds]/[fhir] source file and the export at source, "
+                             "source.duckdb or the URL in source.url; docs/ehr_formats.md)")
     parser.add_argument("--insecure-transport", action="store_true", help="allow flower-supernode --insecure")
     parser.add_argument("--environment", choices=["development", "production"], default="production")
-    parser.add_argument("--node-config", required=True)
+    parser.add_argument("--node-config", required=True,
+                        help="\"hospital='h1' data-dir='/srv/h1/data' state-dir='/srv/h1/state' "
+                             "key-file='/srv/h1/keys/h1.ed25519.pem' federation-file='/srv/h1/keys/federation.toml'\" "
+                             "(examples/flower_deployment/README.md, step 5)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning"], default="info",
                         help="the hospital's log level (default info; debug also turns on Flower's DEBUG lines)")
     parser.add_argument("--executor", choices=list(EXECUTORS), default="warm",

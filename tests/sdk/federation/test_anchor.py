@@ -172,3 +172,25 @@ def test_a_later_head_must_extend_the_anchored_one_and_a_fork_is_refused(tmp_pat
         anchor.check(plan.model_copy(update={"options": tampered}))
     fork.close()
     trail.close()
+
+
+def test_the_deployment_guides_command_prints_the_latest_anchored_head(tmp_path, capsys):
+    """docs/deployment.md said an auditor takes `audit_head` out of a hospital's audit_anchor.json for `audit verify
+    --expect-head`; the file holds one anchor a federation id (each candidate model's run is one) under `anchors`,
+    and where it lives was not said. The guide's command, run on a hospital's file: the latest head."""
+    import re
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "deployment.md").read_text()
+    code = re.search(r'python3 -c "(import json,sys;[^"]*)" /srv/h1/state/privacy/audit_anchor.json', text).group(1)
+    anchor = HospitalAnchor(tmp_path / "privacy", server=SERVER.public)  # make_hospital's state_dir: state-dir/privacy
+    older, data = _plan(3, 40, head="a")
+    anchor.keep(older, data)
+    later = older.model_copy(update={"federation_id": "fed-shape", "options": {"audit.seq": 55, "audit.head": "b" * 64}})
+    anchor.keep(later, seal(later, SERVER))
+    argv = sys.argv
+    sys.argv = ["-c", str(tmp_path / "privacy" / "audit_anchor.json")]
+    try:
+        exec(code, {})  # noqa: S102 -- the guide's own command, on a file this test wrote
+    finally:
+        sys.argv = argv
+    assert capsys.readouterr().out.strip() == "b" * 64

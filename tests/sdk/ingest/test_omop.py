@@ -14,10 +14,17 @@ from clinograph.sdk.datasets.omop import (
     write_omop,
 )
 from clinograph.sdk.ingest import ingest
-from clinograph.sdk.ingest.omop import OmopCohort, OmopLabel, OmopSource, omop_engine, read_omop
+from clinograph.sdk.ingest.omop import (
+    OmopCohort,
+    OmopLabel,
+    OmopSource,
+    check_cdm,
+    omop_engine,
+    read_omop,
+)
 from ehr_helpers import D, assert_same, demo_hospitals
 
-from clinograph.core.errors import ConfigError, SchemaError
+from clinograph.core.errors import ConfigError, SchemaError, SourceUnavailable
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +147,9 @@ def test_a_cohort_query_returning_no_row_is_a_schema_error(north_db):
     sql = "SELECT person_id, visit_start_datetime AS index_datetime FROM visit_occurrence WHERE person_id < 0"
     empty = demo_source("north").model_copy(update={"cohort": OmopCohort(sql=sql)})
     extract = read_omop(omop_engine(north_db), source=empty, dictionary=D)
-    with pytest.raises(SchemaError, match=r"holds no event to ingest \(0 patient\(s\) in the cohort; rows read: 0"):
-        extract.ingest(D)
+    with pytest.raises(SchemaError, match=r"holds no event to ingest \(0 patient\(s\) in the cohort; rows read: 0"
+                                          r".*\)\. The cohort selects no patient: check \[omop\] cohort"):
+        extract.ingest(D)  # the fix names the cohort, not 'the window, the cohort and the codes' (session 53)
 
 
 @pytest.mark.parametrize(("extra", "found"), [
@@ -191,9 +199,23 @@ def test_source_configuration_is_strict():
         omop_engine("/nonexistent/omop")
 
 
-@pytest.mark.parametrize("url", ["http://cdm.example.org/cdm", "postgres+nodriver://reader:s3cret@db/cdm", "foo://"])
+@pytest.mark.parametrize("url", ["http://cdm.example.org/cdm", "postgres+nodriver://reader:s3cret@db/cdm", "foo://",
+                                 "mysql://reader:s3cret@db/cdm"])
 def test_a_database_url_this_installation_cannot_open_is_a_config_error_without_its_password(url):
-    """Before: `clinograph check omop.toml http://x/y` ended in "internal error (NoSuchModuleError)"."""
+    """Before: `clinograph check omop.toml http://x/y` ended in "internal error (NoSuchModuleError)"; mysql://
+    (a dialect SQLAlchemy knows, its driver not installed here) in "internal error (ModuleNotFoundError)", and a
+    SuperNode whose source.url named it refused the run's hello with a traceback in its log."""
     with pytest.raises(ConfigError, match="is no database this installation can open") as caught:
         omop_engine(url)
     assert "s3cret" not in str(caught.value) and "postgresql+psycopg://" in str(caught.value)
+
+
+def test_a_file_that_is_no_duckdb_database_is_named_as_such_not_as_a_connection_to_check(tmp_path):
+    """Before: a SuperNode's data-dir/source.duckdb (or a `clinograph check` location) that is no DuckDB file said
+    "Cannot connect to the OMOP database duckdb:///... Check the host, port, database name and credentials
+    (PGPASSFILE / ~/.pgpass)" -- a fix for a database server, not for a file."""
+    (tmp_path / "cdm.duckdb").write_text("person_id,year_of_birth\n1,1950\n")
+    with pytest.raises(SourceUnavailable, match=r"cdm.duckdb cannot be opened as a DuckDB database \(IOException\): "
+                                                r"it is no DuckDB file") as caught:
+        check_cdm(omop_engine(tmp_path / "cdm.duckdb"))
+    assert "PGPASSFILE" not in str(caught.value)

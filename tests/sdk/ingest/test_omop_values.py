@@ -185,7 +185,9 @@ def test_an_empty_window_prints_the_readers_counts(tmp_path):
                                                                 "visit_occurrence"})})
     ex = read_omop(_db(tmp_path), source=source, dictionary=D)
     with pytest.raises(SchemaError, match=r"holds no event to ingest \(4 patient\(s\) in the cohort; rows read: \d+, "
-                                          r"mapped to the dictionary: 0, outside the feature window: \d+") as err:
+                                          r"mapped to the dictionary: 0, outside the feature window: \d+.*Most rows "
+                                          r"were excluded as 'outside the feature window' \(\d+\): check the window"
+                                          ) as err:
         ex.ingest(D)
     assert "is empty (0 rows)" not in str(err.value)
 

@@ -303,3 +303,30 @@ def test_the_finished_line_says_which_model_and_that_its_rounds_are_this_runs():
     `clinograph run` said 'completed: 10 of 10': three counts, two unexplained."""
     assert progress_line("finished", {"rounds": 2, "candidate": "model"}, nodes={}) == (
         logging.INFO, "finished: model 'model' kept; 2 round(s) of it ran in this run")
+
+
+def test_when_too_few_hospitals_answer_the_hello_the_runs_failure_names_each_refusal(tmp_path):
+    """Before: two hospitals whose data could not be read (a database refusing the connection) refused the hello,
+    and the run's failure -- the last line `clinograph run` prints -- said only 'Only 1 hospital(s) proved they
+    serve an enrolled hospital ...; Check the SuperNodes' logs and key files' (the keys were fine)."""
+    from clinograph.core.errors import SourceUnavailable
+
+    workers, grid, run_config = _deploy(tmp_path)
+
+    def unreadable(**_):
+        raise SourceUnavailable("Cannot connect to the OMOP database postgresql+psycopg://reader:***@db/cdm "
+                                "(OperationalError).\n  Check the host.")
+    for w in workers[:2]:
+        w.factory = unreadable
+    try:
+        with pytest.raises(ProtocolError) as caught:
+            run_federation(grid, run_config)
+    finally:
+        for w in workers:
+            w.stop()
+    said = str(caught.value)
+    assert said.startswith("Only 1 hospital(s) proved they serve an enrolled hospital")
+    assert ("2 node(s) refused the hello -- node 101: Hospital 'h1' refused the 'hello' message: SourceUnavailable: "
+            "Cannot connect to the OMOP database postgresql+psycopg://reader:***@db/cdm (OperationalError). Check "
+            "the host.; node 102: Hospital 'h2'") in said
+    assert "key files" not in said and "\n" not in said and "\\n" not in said
