@@ -94,7 +94,8 @@ def distributed_dp_config(cohort: str, seed: int, *, epsilon: float, tables, dic
                           over: dict | None = None, selection: bool = False):
     """Distributed DP at ``epsilon`` (masked, q = 1, full-batch FedSGD at ``server_lr``, per-patient
     clip ``clip``, ``rounds`` rounds, h = ``min_honest``; the masked threshold raised to h when
-    above 2), the SDK default federation for ``seed`` with ``over`` (model overrides) merged in,
+    above 2), the SDK default federation for ``seed`` with ``over`` (model overrides; a
+    ``selection`` table keeps its other keys) merged in,
     σ calibrated to ``epsilon`` over :func:`distributed_rounds` as ``clinograph demo`` calibrates
     it (:func:`distributed_noise_multiplier`). ``selection``: ``[selection] enabled`` -- private
     selection (kept round and early stopping by the federated validation loss released in the
@@ -108,11 +109,11 @@ def distributed_dp_config(cohort: str, seed: int, *, epsilon: float, tables, dic
     fed = {"rounds": rounds, "server_lr": server_lr, "local_epochs": 1, "strategy": "fedsgd"}
     if min_honest > 2:  # a round with fewer survivors than h would release a sum short of h noise shares
         fed["masked_threshold"] = min_honest
-    data = merge_sections(base.model_dump(mode="python", by_alias=True, exclude_unset=True), (over or {}) | {
+    data = merge_sections(base.model_dump(mode="python", by_alias=True, exclude_unset=True), merge_sections(over or {}, {
         "federation": fed, "graph": {"k_similar": 0}, "selection": {"enabled": selection},
         "privacy": {"enabled": True, "mode": "distributed", "epsilon_budget": epsilon, "delta": DELTA,
                     "noise_multiplier": 1.0, "clip_norm": clip, "sample_rate": 1.0,
-                    "min_honest": min_honest, "state_dir": str(work / "state")}})
+                    "min_honest": min_honest, "state_dir": str(work / "state")}}))
     cfg = type(base).model_validate(data)
     spec = initial_model_for(cfg.hospital_config(), dictionary=dictionary).spec
     sigma = distributed_noise_multiplier(cfg, dim=sum(m.size for m in spec.shared), n_hospitals=len(tables),

@@ -54,10 +54,28 @@ EPSILON_ORDER = (3.0, 1.0, 8.0)
 SEEDS = 5
 
 
-def arm_config(cohort: str, seed: int, *, epsilon: float, selection: bool, tables, dictionary, work: Path):  # noqa: ANN001
+#: diagnostic arms at ε = 3 (``--variant``), each with selection on and the same schedule, run after
+#: the main arms and reported apart (not candidates for a choice: test is read):
+#: name -> (config overrides in place of the wide path's, whether the candidates run)
+VARIANTS: dict[str, tuple[dict, bool]] = {
+    # the kept round by the released loss, no early stopping (patience = the rounds): which of
+    # the two uses of the loss costs
+    "wide_r25_sel_nostop": ({"model": {"deep": False}, "selection": {"patience": 25}}, False),
+    # what `[selection] enabled = true` gives when `[model] deep` is left out (the README's TOML
+    # says it may be): dp_default_model no longer applies, so the SDK's four default candidates
+    # (the GNN in two) are chosen among by the released loss (successive halving)
+    "default_sel": ({}, True),
+}
+
+
+def arm_config(cohort: str, seed: int, *, epsilon: float, selection: bool, tables, dictionary, work: Path,  # noqa: ANN001
+               variant: str | None = None):
     """``wide_r25`` (:data:`.validation_choice.GRID`) at ``epsilon``, with ``[selection] enabled``
-    set to ``selection`` (σ calibrated over the rounds the promise covers)."""
+    set to ``selection`` (σ calibrated over the rounds the promise covers); ``variant``: a
+    :data:`VARIANTS` entry's overrides in place of the wide path's."""
     (rounds, clip, lr), over = GRID[OFF]
+    if variant is not None:
+        over = VARIANTS[variant][0]
     return distributed_dp_config(cohort, seed, epsilon=epsilon, tables=tables, dictionary=dictionary, work=work,
                                  rounds=rounds, clip=clip, server_lr=lr, over=over, selection=selection)
 
@@ -78,20 +96,22 @@ def epsilon_parts(ledger: dict, *, rounds_run: int) -> dict:
             "ledger_entries": entries}
 
 
-def run_one(cohort: str, seed: int, *, epsilon: float, selection: bool, tables, dictionary) -> dict:  # noqa: ANN001
+def run_one(cohort: str, seed: int, *, epsilon: float, selection: bool, tables, dictionary,  # noqa: ANN001
+            variant: str | None = None) -> dict:
     from clinograph.sdk.federation.candidates import distributed_rounds
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = arm_config(cohort, seed, epsilon=epsilon, selection=selection, tables=tables, dictionary=dictionary,
-                         work=Path(tmp))
-        run = run_arm(tables, dictionary, cfg, choose=False)
+                         work=Path(tmp), variant=variant)
+        run = run_arm(tables, dictionary, cfg, choose=variant is not None and VARIANTS[variant][1])
     out = stored(run) | {"noise_multiplier": cfg.privacy.noise_multiplier, "rounds": cfg.federation.rounds,
                          "accounted_rounds": distributed_rounds(cfg), "selection": selection,
                          "min_honest": cfg.privacy.min_honest, "hospitals": len(tables)}
     out["epsilon_parts"] = epsilon_parts(run["ledger"], rounds_run=run["rounds_run"])
-    name = ARM if selection else OFF
+    name = variant or (ARM if selection else OFF)
     print(f"{cohort} seed {seed} ε {epsilon:g} {name}: test AUROC {out['auroc']:.3f}, rounds run {out['rounds_run']}, "
-          f"kept {out['selected_round']}, ε {out['epsilon_parts']['epsilon_composed']:.3f}, {out['seconds']:.1f} s",
+          f"kept {out['selected_round']}{'' if out['chosen'] is None else ' of ' + out['chosen']}, "
+          f"ε {out['epsilon_parts']['epsilon_composed']:.3f}, {out['seconds']:.1f} s",
           flush=True)
     return out
 
@@ -140,16 +160,20 @@ def _ms(xs: list[float]) -> tuple[float, float]:
 
 
 def released_loss_noise(run: dict, n_val: int) -> dict:
-    """The std the noisy sum puts on the released mean loss, predicted to first order --
-    σ·√2·√(K/h)/Σ n_val (the numerator's noise: σ·C·√(K/h) over the sum of a = C/√2 a patient;
-    the denominator's noise adds about as much again, relative, times the loss) -- against what
-    the run released: the std of its released losses over rounds 1.. (the model changes little
-    between rounds next to this noise) and a robust version (IQR / 1.349) against heavy tails."""
+    """The std the noisy sum puts on the released mean loss (B = 1), predicted to first order, and
+    what the run released. The loss is the ratio of two noisy sums, (a·Σ ℓ̃ + e₁) / (a·n + e₂)
+    with a = C/√2 and e₁, e₂ ~ N(0, s²), s = σ·C·√(K/h) (each of the K hospitals adds 1/h of the
+    variance): std ≈ s·√(1 + ℓ²)/(a·n) = σ·√2·√(K/h)·√(1 + ℓ²)/Σ n_val, ℓ the loss (here the median
+    of the released ones, clipped to [0, 1]); ``predicted_std_numerator`` leaves the denominator's
+    noise out (ℓ = 0). Measured: the std of the run's released losses over rounds 1.. (the model
+    changes little between rounds next to this noise) and a robust version (IQR / 1.349)."""
     losses = [x for x in run.get("validation_losses", [])[1:] if x is not None and math.isfinite(x)]
     k, h = run["hospitals"], run["min_honest"]
-    pred = run["noise_multiplier"] * math.sqrt(2.0) * math.sqrt(k / h) / n_val
+    first = run["noise_multiplier"] * math.sqrt(2.0) * math.sqrt(k / h) / n_val
+    ell = float(np.clip(np.median(losses), 0.0, 1.0)) if losses else 0.0
     q1, q3 = (np.percentile(losses, [25, 75]) if len(losses) > 1 else (np.nan, np.nan))
-    return {"predicted_std": pred, "measured_std": float(np.std(losses)) if len(losses) > 1 else None,
+    return {"predicted_std_numerator": first, "predicted_std": first * math.sqrt(1.0 + ell**2),
+            "measured_std": float(np.std(losses)) if len(losses) > 1 else None,
             "measured_robust_std": float((q3 - q1) / 1.349) if len(losses) > 1 else None}
 
 
@@ -192,7 +216,8 @@ def summarise(payload: dict, study: dict, choice: dict) -> dict:
                                                 OFF: median([x for r in off for x in r["round_seconds"]])},
                        "validation_patients": cell[0]["validation_patients"],
                        "released_loss_std": {k: float(np.nanmean([n[k] for n in noise if n[k] is not None]))
-                                             for k in ("predicted_std", "measured_std", "measured_robust_std")}}
+                                             for k in ("predicted_std_numerator", "predicted_std", "measured_std",
+                                                       "measured_robust_std")}}
         done = [c for c in FIVE if c in rows]
         mean = {k: float(np.mean([rows[c][k][0] for c in done])) for k in (ARM, f"{OFF}_rerun", f"{OFF}_stored")}
         mean |= {k: float(np.mean([rows[c]["references"][k][0] for c in done])) for k in ref}
@@ -250,6 +275,25 @@ def markdown(payload: dict, study: dict, choice: dict) -> str:
                 f"{r['round_seconds_median'][OFF]:.3f} | {r['validation_patients']} | {ls['predicted_std']:.2f} / "
                 f"{ls['measured_std']:.2f} / {ls['measured_robust_std']:.2f} |")
         lines.append("")
+    for name, by_eps in payload.get("variants", {}).items():
+        for e, by_cohort in by_eps.items():
+            cols = [c for c in FIVE if c in by_cohort]
+            cells = {c: [by_cohort[c][k] for k in sorted(by_cohort[c], key=int)] for c in cols}
+            ms = {c: _ms([r["auroc"] for r in cells[c]]) for c in cols}
+            on = {c: summ[e]["per_table"][c][ARM][0] for c in cols} if e in summ else {}
+            lines += [f"**{name}, ε = {e}** (diagnostic; seeds {'/'.join(str(len(cells[c])) for c in cols)})", "",
+                      "| | " + " | ".join(cols) + " | **mean** |", "|---|" + "---|" * (len(cols) + 1),
+                      f"| {name} | " + " | ".join(f"{ms[c][0]:.3f} ± {ms[c][1]:.3f}" for c in cols)
+                      + f" | **{np.mean([ms[c][0] for c in cols]):.3f}** |"]
+            if on:
+                lines.append(f"| {ARM} (same seeds? {'yes' if all(len(cells[c]) == len(summ[e]['per_table'][c]['seeds']) for c in cols) else 'no'}) | "
+                             + " | ".join(f"{on[c]:.3f}" for c in cols) + f" | **{np.mean(list(on.values())):.3f}** |")
+            lines += ["| rounds run | " + " | ".join(",".join(str(r["rounds_run"]) for r in cells[c]) for c in cols) + " | |",
+                      "| kept round | " + " | ".join(",".join(str(r["selected_round"]) for r in cells[c]) for c in cols) + " | |",
+                      "| chosen | " + " | ".join(",".join(str(r["chosen"]) for r in cells[c]) for c in cols) + " | |",
+                      "| σ | " + " | ".join(f"{cells[c][0]['noise_multiplier']:.2f}" for c in cols) + " | |",
+                      "| ε composed | " + " | ".join(f"{np.mean([r['epsilon_parts']['epsilon_composed'] for r in cells[c]]):.3f}" for c in cols) + " | |",
+                      "| seconds | " + " | ".join(f"{np.mean([r['seconds'] for r in cells[c]]):.1f}" for c in cols) + " | |", ""]
     return "\n".join(lines)
 
 
@@ -261,6 +305,8 @@ def main() -> None:
     add_convention(ap, quick_help="lung, seed 0, ε = 3")
     ap.add_argument("--check-splits", default="", metavar="TABLE:SEED", help="re-run a stored cell and compare")
     ap.add_argument("--markdown", action="store_true", help="print the README's tables of the result file and exit")
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default=None,
+                    help="run a diagnostic arm (selection on) instead, ε = 3 unless --epsilons is given")
     a = ap.parse_args()
     out = out_path(__file__, a)
     res = out.parent
@@ -278,9 +324,21 @@ def main() -> None:
         print(json.dumps(payload["split_check"], indent=1), flush=True)
         write(out, payload)
         return
-    runs = payload.setdefault("runs", {})
     cohorts = [x for x in a.cohorts.split(",") if x]
     loaded = {c: load_cohort(c) for c in cohorts}
+    if a.variant:
+        store = payload.setdefault("variants", {}).setdefault(a.variant, {})
+        for e in (float(x) for x in (a.epsilons if a.epsilons != ap.get_default("epsilons") else "3").split(",")):
+            for cohort in cohorts:
+                c, tables = loaded[cohort]
+                cells = store.setdefault(f"{e:g}", {}).setdefault(cohort, {})
+                for seed in range(a.seeds):
+                    if str(seed) not in cells:
+                        cells[str(seed)] = run_one(cohort, seed, epsilon=e, selection=True, tables=tables,
+                                                   dictionary=c.dictionary, variant=a.variant)
+                        write(out, payload)
+        return
+    runs = payload.setdefault("runs", {})
     for e in (float(x) for x in a.epsilons.split(",")):
         for cohort in cohorts:
             c, tables = loaded[cohort]
