@@ -188,6 +188,8 @@ def summarise(payload: dict, study: dict, choice: dict) -> dict:
     for e, by_cohort in payload.get("runs", {}).items():
         rows: dict = {}
         for c, cells in by_cohort.items():
+            if c not in FIVE:  # a held-out table (--cohorts rossi): no stored study arms to set beside it
+                continue
             seeds = sorted(int(s) for s in cells)
             cell = [cells[str(s)] for s in seeds]
             sel, off = [x[ARM] for x in cell], [x[OFF] for x in cell]
@@ -219,6 +221,8 @@ def summarise(payload: dict, study: dict, choice: dict) -> dict:
                                              for k in ("predicted_std_numerator", "predicted_std", "measured_std",
                                                        "measured_robust_std")}}
         done = [c for c in FIVE if c in rows]
+        if not done:
+            continue
         mean = {k: float(np.mean([rows[c][k][0] for c in done])) for k in (ARM, f"{OFF}_rerun", f"{OFF}_stored")}
         mean |= {k: float(np.mean([rows[c]["references"][k][0] for c in done])) for k in ref}
         # the sd over seeds of the five-table mean (seeds every table ran)
