@@ -22,6 +22,8 @@ nothing reads test but the tables. Asserts nothing.
 
     python -m research.private_selection.production_selection                 # ε = 3, 1, 8; five tables; seeds 0-4
     python -m research.private_selection.production_selection --check-splits gbsg2:0   # a stored cell, re-run
+    python -m research.private_selection.production_selection --variant wide_r25_sel_nostop   # diagnostics (VARIANTS)
+    python -m research.private_selection.production_selection --cohorts rossi --epsilons 3 --out production_selection_rossi
     python -m research.private_selection.production_selection --markdown
     python -m research.private_selection.production_selection --quick         # lung, seed 0, ε = 3
 """
