@@ -91,12 +91,15 @@ def sdk_dp_config(cohort: str, seed: int, *, epsilon: float | None, selection: b
 
 def distributed_dp_config(cohort: str, seed: int, *, epsilon: float, tables, dictionary, work: Path,  # noqa: ANN001
                           rounds: int, clip: float, server_lr: float, min_honest: int = 2,
-                          over: dict | None = None):
+                          over: dict | None = None, selection: bool = False):
     """Distributed DP at ``epsilon`` (masked, q = 1, full-batch FedSGD at ``server_lr``, per-patient
     clip ``clip``, ``rounds`` rounds, h = ``min_honest``; the masked threshold raised to h when
-    above 2), the SDK default federation for ``seed`` with ``over`` (model overrides) merged in,
-    selection off, σ calibrated to ``epsilon`` over :func:`distributed_rounds` as ``clinograph
-    demo`` calibrates it (:func:`distributed_noise_multiplier`)."""
+    above 2), the SDK default federation for ``seed`` with ``over`` (model overrides; a
+    ``selection`` table keeps its other keys) merged in,
+    σ calibrated to ``epsilon`` over :func:`distributed_rounds` as ``clinograph demo`` calibrates
+    it (:func:`distributed_noise_multiplier`). ``selection``: ``[selection] enabled`` -- private
+    selection (kept round and early stopping by the federated validation loss released in the
+    same noisy sum; :func:`distributed_rounds` then also counts the scoring round(s))."""
     from clinograph.sdk.config import merge_sections
     from clinograph.sdk.federation.build import initial_model_for
     from clinograph.sdk.federation.candidates import distributed_rounds
@@ -106,11 +109,11 @@ def distributed_dp_config(cohort: str, seed: int, *, epsilon: float, tables, dic
     fed = {"rounds": rounds, "server_lr": server_lr, "local_epochs": 1, "strategy": "fedsgd"}
     if min_honest > 2:  # a round with fewer survivors than h would release a sum short of h noise shares
         fed["masked_threshold"] = min_honest
-    data = merge_sections(base.model_dump(mode="python", by_alias=True, exclude_unset=True), (over or {}) | {
-        "federation": fed, "graph": {"k_similar": 0}, "selection": {"enabled": False},
+    data = merge_sections(base.model_dump(mode="python", by_alias=True, exclude_unset=True), merge_sections(over or {}, {
+        "federation": fed, "graph": {"k_similar": 0}, "selection": {"enabled": selection},
         "privacy": {"enabled": True, "mode": "distributed", "epsilon_budget": epsilon, "delta": DELTA,
                     "noise_multiplier": 1.0, "clip_norm": clip, "sample_rate": 1.0,
-                    "min_honest": min_honest, "state_dir": str(work / "state")}})
+                    "min_honest": min_honest, "state_dir": str(work / "state")}}))
     cfg = type(base).model_validate(data)
     spec = initial_model_for(cfg.hospital_config(), dictionary=dictionary).spec
     sigma = distributed_noise_multiplier(cfg, dim=sum(m.size for m in spec.shared), n_hospitals=len(tables),
@@ -134,7 +137,9 @@ def distributed_config(cohort: str, seed: int, *, epsilon: float, tables, dictio
 
 def ledger_parts(audit_dir: Path) -> dict[str, dict]:
     """Each hospital's last accepted ledger entry in the audit trail: ε composed, ε of training and
-    of the selection releases alone, σ, and the releases' σ_s and count over the run."""
+    of the selection releases alone, σ, and the releases' σ_s and count over the run; and the ε
+    after each of its entries, by round (``epsilon_by_round``: under distributed DP one entry a
+    round, the scoring round that ends a run with selection included)."""
     out: dict[str, dict] = {}
     for line in (audit_dir / "audit.jsonl").read_text().splitlines():
         e = json.loads(line)
@@ -147,7 +152,8 @@ def ledger_parts(audit_dir: Path) -> dict[str, dict]:
                             "epsilon_selection": p.get("epsilon_selection"),
                             "noise_multiplier": p.get("noise_multiplier"), "entries": prev.get("entries", 0) + 1,
                             "release_count": prev["release_count"] + sum(int(r["count"]) for r in rel),
-                            "sigma_s": next((float(r["noise_multiplier"]) for r in rel), prev["sigma_s"])}
+                            "sigma_s": next((float(r["noise_multiplier"]) for r in rel), prev["sigma_s"]),
+                            "epsilon_by_round": [*prev.get("epsilon_by_round", []), [p.get("round"), p.get("epsilon")]]}
     return out
 
 
