@@ -227,9 +227,9 @@ class PerPatientClipper:
                 if n_groups == 1:  # one group: ‖g_i‖ computed once, for the factor and the result
                     sqs = [part.norm2() for part in rest.values()] + ([one[0].norm2()] if one is not None else []) \
                         + ([small[0].norm2()] if small is not None else [])
-                    total = sqs[0] if len(sqs) == 1 else torch.add(sqs[0], sqs[1]) if sqs else None
-                    for sq in sqs[2:]:  # into the fresh sum only: a part's norm2 may be a tensor it keeps
-                        total.add_(sq)
+                    # a fresh sum (a part's norm2 may be a tensor it keeps): two operations, not one a part
+                    total = None if not sqs else sqs[0] if len(sqs) == 1 else torch.add(sqs[0], sqs[1]) \
+                        if len(sqs) == 2 else torch.stack(sqs).sum(0)
                     norms = total.sqrt() if total is not None else torch.zeros(b, dtype=dtype)
                     rows = [torch.div(clip_norm, norms + 1e-6).clamp_(max=1.0)]
                 else:

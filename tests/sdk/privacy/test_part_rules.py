@@ -15,13 +15,16 @@ def _objective(model, inputs, labels):
     return (model(inputs[0]) * labels).sum()
 
 
-@pytest.mark.parametrize(("stride", "padding", "dilation"), [(2, 3, 1), (1, 0, 1), (2, 2, 2)],
-                         ids=["strided-padded", "plain", "dilated"])
-def test_conv1d_per_patient_gradients_equal_a_per_patient_loop(stride, padding, dilation):
+@pytest.mark.parametrize(("channels", "stride", "padding", "dilation"),
+                         [(2, 2, 3, 1), (1, 2, 3, 1), (2, 1, 0, 1), (2, 2, 2, 2)],
+                         ids=["strided-padded", "one-channel", "plain", "dilated"])
+def test_conv1d_per_patient_gradients_equal_a_per_patient_loop(channels, stride, padding, dilation):
+    """Both conv paths: the windowed view (copied as [B, C_in·k, L_out], read transposed; with one input
+    channel its reshape alone is still a view) and the unfold of a dilated one."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv1d(2, 3, 5, stride=stride, padding=padding, dilation=dilation), nn.Flatten(),
-                          nn.LazyLinear(1)).double()
-    x = torch.randn(4, 2, 17, dtype=torch.float64)
+    model = nn.Sequential(nn.Conv1d(channels, 3, 5, stride=stride, padding=padding, dilation=dilation),
+                          nn.Flatten(), nn.LazyLinear(1)).double()
+    x = torch.randn(4, channels, 17, dtype=torch.float64)
     model(x)  # materialise the lazy layer
     y = torch.randn(4, 1, dtype=torch.float64)
     engine = PerPatientClipper(model, objective=_objective)
