@@ -56,7 +56,7 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
                    censored: CensorPolicy | None, setting: str,
                    problems: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """``ev`` (mapped events with ``feature``, ``value``, ``unit``, ``where``, ``censor``) with numeric
-    values in canonical units; and report lines. ``setting``: where the user declares ``units`` and
+    values in canonical units (written into ``ev``, returned); and report lines. ``setting``: where the user declares ``units`` and
     ``censored`` (``"[omop] in the source file"``), for messages; ``problems``: the reader's own.
 
     Raises:
@@ -139,8 +139,8 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
     else:  # level codes (sex) next to numbers: keep the codes, the numbers converted
         out_value = ev["value"].to_numpy(dtype=object).copy()
         out_value[numeric_rows] = value[numeric_rows]
-    out = ev.assign(value=out_value, unit=unit_out)
-    return out, notes
+    ev["value"], ev["unit"] = out_value, unit_out  # in place: ev is the caller's own copy
+    return ev, notes
 
 
 def declared_features(*, section: str, person_section: str, age: str | None, sex, conditions: tuple[str, ...],  # noqa: ANN001

@@ -152,36 +152,44 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
     counted = dict(unmapped or {})
     by_code = {k: f.id for k, f in dictionary.by_code().items()}
     cols = [*EVENT_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in events.columns)]
-    ev = events.loc[:, cols].reset_index(drop=True)
-    if "where" not in ev:
-        ev["where"] = None
     ids = {f.id for f in dictionary.features}
-    direct = {c: c.removeprefix("FEATURE/") for c in pd.unique(ev["code"].dropna())
+    direct = {c: c.removeprefix("FEATURE/") for c in pd.unique(events["code"].dropna())
               if isinstance(c, str) and c.startswith("FEATURE/") and c.removeprefix("FEATURE/") in ids}
-    feature = ev["code"].map({**by_code, **direct})
-    refused = feature.isna().to_numpy()
-    counts = ev.loc[refused, "code"].astype(str).value_counts().to_dict()
+    feature = events["code"].map({**by_code, **direct}).to_numpy(dtype=object)
+    refused = pd.isna(feature)
+    counts = events.loc[refused, "code"].astype(str).value_counts().to_dict()
     for code, n in counted.items():
         counts[code] = counts.get(code, 0) + n
-    ev = ev.assign(feature=feature)[~refused]
+    # one copy of the mapped rows (the columns written below are this copy's, not the reader's)
+    ev = events.loc[~refused, cols].reset_index(drop=True)
+    ev["feature"] = feature[~refused]
+    del feature
+    if "where" not in ev:
+        ev["where"] = None
     ev, value_notes = resolve_values(ev, dictionary=dictionary, source=source, units=dict(units or {}),
                                      censored=censored, setting=setting, problems=problems)
     hours = pd.to_numeric(ev["hours"], errors="coerce").fillna(0.0).to_numpy(dtype=float)
-    ev = ev.assign(time=np.floor(hours / snapshot_hours).astype(np.int64), _h=hours)
-    ev = ev.sort_values(["patient_id", "time", "feature", "_h"], kind="stable")
-    last = ~ev.duplicated(["patient_id", "time", "feature"], keep="last")
+    # the order and the last value a snapshot from the key columns only; the other columns taken once, at the end
+    keys = pd.DataFrame({"patient_id": ev["patient_id"].to_numpy(), "time": np.floor(hours / snapshot_hours)
+                         .astype(np.int64), "feature": ev["feature"].to_numpy(), "_h": hours})
+    keys = keys.sort_values(["patient_id", "time", "feature", "_h"], kind="stable")
+    last = ~keys.duplicated(["patient_id", "time", "feature"], keep="last").to_numpy()
     collapsed = int((~last).sum())
-    ev = ev[last.to_numpy()]
-    out = pd.DataFrame({"patient_id": ev["patient_id"].astype(str).to_numpy(), "time": ev["time"].to_numpy(),
-                        "feature": ev["feature"].to_numpy(), "value": ev["value"].to_numpy(),
-                        "unit": ev["unit"].to_numpy(), RECORD: ev["where"].to_numpy()})
+    pick = keys.index.to_numpy()[last]
+    time = keys["time"].to_numpy()[last]
+    del keys, hours
+    out = pd.DataFrame({"patient_id": ev["patient_id"].take(pick).astype(str).to_numpy(), "time": time,
+                        "feature": ev["feature"].to_numpy()[pick], "value": ev["value"].to_numpy()[pick],
+                        "unit": ev["unit"].to_numpy()[pick], RECORD: ev["where"].to_numpy()[pick]})
+    n_mapped = len(ev)
+    del ev
     if labels is not None:
         out["label"] = out["patient_id"].map(labels).to_numpy()
     everyone = pd.Index(patients, dtype=object)
     has_events = everyone.isin(out["patient_id"].unique())
     report = ExtractReport(
         source=source, patients=len(patients), events_read=len(events) + sum(counted.values()),
-        events_mapped=int((~refused).sum()),
+        events_mapped=n_mapped,
         by_feature={str(k): int(v) for k, v in out["feature"].value_counts().sort_index().items()},
         unmapped_rows=int(sum(counts.values())),
         unmapped_codes=describe_codes({str(k): int(v) for k, v in counts.items()}),

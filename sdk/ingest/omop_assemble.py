@@ -176,9 +176,14 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     patients = [key(p) for p in index.index]
     cols = ["source_table", "record_id", "person_id", "concept_id", "t", "value", "unit_text", "unit_concept",
             "operator", "value_concept", "value_text"]
-    live = [f.astype({c: float for c in ("unit_concept", "operator", "value_concept")})
-            .astype({c: object for c in ("unit_text", "value_text")}) for f in frames if len(f)]  # one dtype a column
-    rows = pd.concat(live, ignore_index=True) if live else pd.DataFrame(columns=cols)
+    live = [f for f in frames if len(f)]
+    for f in live:  # one dtype a column; column by column (astype of the frame copied every column, twice)
+        for c in ("unit_concept", "operator", "value_concept"):
+            f[c] = f[c].astype(float)
+        for c in ("unit_text", "value_text"):
+            f[c] = f[c].astype(object)
+    rows = (pd.concat(live, ignore_index=True) if len(live) > 1 else live[0].reset_index(drop=True)) if live \
+        else pd.DataFrame(columns=cols)
     del live
     frames.clear()  # consumed: the queried rows live on in `rows` only (not three copies of 10^6 rows)
     t = pd.to_datetime(rows["t"])
@@ -283,6 +288,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              *unit_notes, *(label_notes if source.label is not None else []),
              *([f"columns the CDM lacks, times read from the date at 00:00 (CDM v5.2 and older, or a minimal ETL): "
                 f"{', '.join(absent_columns)}"] if absent_columns else []))
+    del rows, kept, t, t_index, hours, window, period, value, op, keep, unit  # not needed by to_long: freed first
     return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,
                    source="OMOP CDM v5.4", snapshot_hours=source.snapshot_hours, notes=notes, unmapped=unmapped,
                    units=source.units, censored=source.censored, setting="[omop] in the source file",
