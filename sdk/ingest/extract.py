@@ -22,14 +22,15 @@ from clinograph.core.errors import SchemaError
 from ..ontology.codes import describe_codes
 from ..ontology.dictionary import FeatureDictionary
 from ..ontology.schema import LongColumns, MissingLabelPolicy, SiteSchema
-from .ehr_values import CensorPolicy, resolve_values
+from .ehr_values import CensorPolicy, records_at, resolve_values
 from .table import PatientTable
 
 LONG_COLUMNS = LongColumns(patient="patient_id", time="time", feature="feature", value="value", unit="unit")
 EVENT_COLUMNS = ("patient_id", "hours", "code", "value", "unit")
-#: optional event columns: ``where`` (the source record: ``measurement_id 17``, ``x.ndjson line 4``),
+#: optional event columns: ``where`` (the source record: ``measurement_id 17``, ``x.ndjson line 4``) or, made
+#: text only for the rows kept, ``where_prefix`` + ``where_row`` (``"measurement_id "``, 17: :func:`records_at`),
 #: ``censor`` (``<``, ``<=``, ``>``, ``>=`` or None)
-OPTIONAL_COLUMNS = ("where", "censor")
+OPTIONAL_COLUMNS = ("where", "where_prefix", "where_row", "censor")
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
     ev = events.loc[~refused, cols].reset_index(drop=True)
     ev["feature"] = feature[~refused]
     del feature
-    if "where" not in ev:
+    if "where" not in ev and "where_prefix" not in ev:
         ev["where"] = None
     ev, value_notes = resolve_values(ev, dictionary=dictionary, source=source, units=dict(units or {}),
                                      censored=censored, setting=setting, problems=problems)
@@ -180,7 +181,7 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
     del keys, hours
     out = pd.DataFrame({"patient_id": ev["patient_id"].take(pick).astype(str).to_numpy(), "time": time,
                         "feature": ev["feature"].to_numpy()[pick], "value": ev["value"].to_numpy()[pick],
-                        "unit": ev["unit"].to_numpy()[pick], RECORD: ev["where"].to_numpy()[pick]})
+                        "unit": ev["unit"].to_numpy()[pick], RECORD: records_at(ev, pick).to_numpy()})
     n_mapped = len(ev)
     del ev
     if labels is not None:

@@ -503,10 +503,12 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
     person, person_notes = _person(raw, sid, events["time"], origin, where, in_cohort, read_by_person, age=age,
                                    sex=sex, name_of=name_of,
                                    binary=sex is not None and dictionary.get(sex.feature).kind == FeatureKind.BINARY)
+    prefix = np.asarray([f"{s} row " for s in scan.shards], dtype=object)  # records made text when kept
     frame = pd.DataFrame({"patient_id": sid[keep].map(name_of).to_numpy(dtype=object), "hours": hours[keep],
                           "code": codes[keep], "value": value[keep], "unit": unit[keep], "censor": censor[keep],
-                          "where": where(keep)})
+                          "where_prefix": prefix[shard_of[keep]], "where_row": row_of[keep]})
     if len(person):
+        person = person.rename(columns={"where": "where_prefix"}).assign(where_row=np.int64(-1))
         frame = pd.concat([frame, person], ignore_index=True)
     n_after, n_before = scan.after + int(after.sum()), scan.before + int(before.sum())
     excluded = {"outside the cohort": scan.outside, "after the prediction time": n_after,

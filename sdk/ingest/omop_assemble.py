@@ -162,6 +162,16 @@ def _index_time(person_id: pd.Series, index: pd.Series) -> pd.Series:
     return pd.Series(index.reindex(person_id.astype(np.int64)).to_numpy(), index=person_id.index)
 
 
+def _records(kept: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The rows' source records (``measurement_id 17``): an integer id kept as a number beside its table's
+    prefix, made text only for the rows kept (:func:`.extract.records_at`); any other id as text."""
+    if kept["record_id"].dtype.kind in "iu":
+        prefix = {t: f"{t}_id " for t in pd.unique(kept["source_table"])}  # one string a table
+        return {"where_prefix": kept["source_table"].map(prefix).to_numpy(dtype=object),
+                "where_row": kept["record_id"].to_numpy(dtype=np.int64)}
+    return {"where": (kept["source_table"].astype(str) + "_id " + kept["record_id"].astype(str)).to_numpy()}
+
+
 def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, *, source,  # noqa: ANN001, PLR0913
              dictionary: FeatureDictionary, unit_vocabulary: dict[int, str] | None = None,
              absent_columns: tuple[str, ...] = ()) -> EhrExtract:
@@ -216,7 +226,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
                            "code": concept.map(code_of).to_numpy(dtype=object),
                            "value": value[keep],
                            "unit": unit.to_numpy(), "censor": op[keep],
-                           "where": (kept["source_table"].astype(str) + "_id " + kept["record_id"].astype(str)).to_numpy()})
+                           **_records(kept)})
     extra = []
     unknown_sex = unknown_age = 0
     if source.person is not None:
