@@ -49,8 +49,10 @@ def records_at(ev: pd.DataFrame, idx: np.ndarray) -> pd.Series:
     """The source records of rows ``idx`` (positions) of ``ev``: its ``where`` column, or its ``where_prefix``
     and ``where_row`` (``"data/0.parquet row "``, 12; a row < 0: the prefix alone) -- a reader's references
     kept as a shared string and a number a row, made text only for the rows shown in a message or kept."""
-    if "where" in ev.columns:
+    if "where_prefix" not in ev.columns:
         return ev["where"].iloc[idx]
+    if "where" in ev.columns or ev["where_row"].dtype.kind not in "iu":
+        raise ValueError("events give their records as where, or as where_prefix + an integer where_row, not both")
     prefix, row = ev["where_prefix"].to_numpy()[idx], ev["where_row"].to_numpy()[idx]
     return pd.Series([p if r < 0 else f"{p}{r}" for p, r in zip(prefix, row, strict=True)], dtype=object)
 

@@ -247,8 +247,10 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
                                        "value": [float((int(p), cid) in present) for p in index.index],
                                        "unit": None, "where": "condition_occurrence"}))
     if extra:
-        events = pd.concat([events, *[e.drop(columns=["person_id"], errors="ignore") for e in extra]],
-                           ignore_index=True)
+        extra = [e.drop(columns=["person_id"], errors="ignore") for e in extra]
+        if "where_prefix" in events.columns:  # their records are text already: the prefix alone (row -1)
+            extra = [e.rename(columns={"where": "where_prefix"}).assign(where_row=np.int64(-1)) for e in extra]
+        events = pd.concat([events, *extra], ignore_index=True)
     labels = None
     if source.label is not None:
         hits, before, dead_before = set(), set(), set()
