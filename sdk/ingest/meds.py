@@ -54,7 +54,7 @@ class _Scan:
 
 
 #: rows of a shard read at once: memory is bounded by the kept events plus one batch of one shard
-BATCH_ROWS = 1 << 20
+BATCH_ROWS = 1 << 18
 #: events dropped in pyarrow as before the lookback are at least this much further back (microseconds);
 #: nearer ones are left to pandas, whose float hours decide as when every event was read in pandas
 _MARGIN_US = 1_000_000
