@@ -134,7 +134,8 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
             unmapped: dict[str, int] | None = None, units: dict[str, str] | None = None,
             censored: CensorPolicy | None = None, setting: str = "the source file",
             excluded: dict[str, int] | None = None, problems: list[str] | None = None) -> EhrExtract:
-    """Map ``events`` (columns :data:`EVENT_COLUMNS`) onto the dictionary and build the extract.
+    """Map ``events`` (columns :data:`EVENT_COLUMNS`) onto the dictionary and build the extract. ``events`` is
+    consumed: when every row maps, its columns are overwritten in place (the readers pass their own frame).
 
     ``labels``: patient id -> 1/0 (NaN: no label); None for an unlabeled extract.
     ``patients``: every patient of the cohort (those without events are counted).
@@ -161,10 +162,14 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
     counts = events.loc[refused, "code"].astype(str).value_counts().to_dict()
     for code, n in counted.items():
         counts[code] = counts.get(code, 0) + n
-    # one copy of the mapped rows (the columns written below are this copy's, not the reader's)
-    ev = events.loc[~refused, cols].reset_index(drop=True)
-    ev["feature"] = feature[~refused]
-    del feature
+    n_events = len(events)
+    if not refused.any() and events.index.equals(pd.RangeIndex(n_events)):
+        ev = events  # every row mapped (MEDS keeps only those): the reader's frame, consumed, not copied
+        ev["feature"] = feature
+    else:  # one copy of the mapped rows
+        ev = events.loc[~refused, cols].reset_index(drop=True)
+        ev["feature"] = feature[~refused]
+    del feature, events
     if "where" not in ev and "where_prefix" not in ev:
         ev["where"] = None
     ev, value_notes = resolve_values(ev, dictionary=dictionary, source=source, units=dict(units or {}),
@@ -189,7 +194,7 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
     everyone = pd.Index(patients, dtype=object)
     has_events = everyone.isin(out["patient_id"].unique())
     report = ExtractReport(
-        source=source, patients=len(patients), events_read=len(events) + sum(counted.values()),
+        source=source, patients=len(patients), events_read=n_events + sum(counted.values()),
         events_mapped=n_mapped,
         by_feature={str(k): int(v) for k, v in out["feature"].value_counts().sort_index().items()},
         unmapped_rows=int(sum(counts.values())),

@@ -504,12 +504,14 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                                    sex=sex, name_of=name_of,
                                    binary=sex is not None and dictionary.get(sex.feature).kind == FeatureKind.BINARY)
     prefix = np.asarray([f"{s} row " for s in scan.shards], dtype=object)  # records made text when kept
-    frame = pd.DataFrame({"patient_id": sid[keep].map(name_of).to_numpy(dtype=object), "hours": hours[keep],
-                          "code": codes[keep], "value": value[keep], "unit": unit[keep], "censor": censor[keep],
-                          "where_prefix": prefix[shard_of[keep]], "where_row": row_of[keep]})
-    if len(person):
+    columns = {"patient_id": sid[keep].map(name_of).to_numpy(dtype=object), "hours": hours[keep],
+               "code": codes[keep], "value": value[keep], "unit": unit[keep], "censor": censor[keep],
+               "where_prefix": prefix[shard_of[keep]], "where_row": row_of[keep]}
+    if len(person):  # appended column by column (a concat of frames copied every kept event once more)
         person = person.rename(columns={"where": "where_prefix"}).assign(where_row=np.int64(-1))
-        frame = pd.concat([frame, person], ignore_index=True)
+        columns = {c: _appended(a, person[c].to_numpy()) for c, a in columns.items()}
+    frame = pd.DataFrame(columns)
+    del columns
     n_after, n_before = scan.after + int(after.sum()), scan.before + int(before.sum())
     excluded = {"outside the cohort": scan.outside, "after the prediction time": n_after,
                 "before the lookback": n_before, "numeric code without numeric_value": int(no_value.sum()),
@@ -536,6 +538,13 @@ def read_meds(root: str | Path, *, dictionary: FeatureDictionary, site: str, lab
                    snapshot_hours=snapshot_hours, notes=notes, units=units, censored=censored,
                    setting="[meds] in the source file",
                    excluded=excluded, unmapped={str(c): int(n) for c, n in outside.items()})
+
+
+def _appended(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a`` then ``b``, in ``a``'s dtype when ``b`` fits it (as pd.concat would: float values stay float)."""
+    if a.dtype != object and b.dtype == object:
+        return np.concatenate([a.astype(object), b])
+    return np.concatenate([a, b.astype(a.dtype)]) if a.dtype != object else np.concatenate([a, b.astype(object)])
 
 
 def _person(raw: pd.Series, sid: pd.Series, t: pd.Series, origin: pd.Series, where, in_cohort: np.ndarray,  # noqa: ANN001
