@@ -93,47 +93,61 @@ def _read_shards(root: Path, *, known: set[str], person: set[str], cohort: pd.Da
     for k, (shard, name) in enumerate(zip(shards, scan.shards, strict=True)):
         try:
             file = pq.ParquetFile(shard)
-            columns = [c for c in _COLUMNS if c in file.schema_arrow.names]
-            if _text_ids_that_change_in(file):
-                problems.append(_text_ids_problem(name))
-                continue
-            batches = iter(file.iter_batches(batch_size=BATCH_ROWS, columns=columns))
         except Exception:  # pyarrow raises several unrelated types for a bad file
             problems.append(f"MEDS shard {name} is not a readable Parquet file.")
             continue
-        mine, empty, start, problem = [], {}, 0, None
-        while problem is None:
-            try:
-                batch = next(batches, None)
-            except Exception:  # a bad page after good ones
-                problem = f"MEDS shard {name} is not a readable Parquet file."
-                break
-            if batch is None:
-                if start == 0:  # no row: the schema is still checked, on none
-                    problem = _checked(file.schema_arrow.empty_table().select(columns), name)[1]
-                break
-            table, problem = _checked(batch, name)
-            if problem is not None:
-                break
-            _count_empty(table, start, empty)
-            if len(table):
-                scan.zoned[name] = _zoned(batch, "time")
-            if not problems and not empty and not (labelled and cohort is None):
-                mine.append(_keep(table, k, start, scan, known, person, window))
-                if cohort is None:
-                    subjects.append(np.unique(table["subject_id"].to_numpy()))
-            start += len(table)
-        if problem is not None:
-            problems.append(problem)
-            continue
-        problems.extend(_empty_problems(empty, f"MEDS shard {name}"))
-        kept.extend(mine)
+        with file:
+            read = not (labelled and cohort is None)  # a bad label file: the shards are only checked
+            mine, problem = _scan_shard(file, k, name, scan, known, person, window,
+                                        subjects if cohort is None else None, keep=read and not problems)
+        if problem:
+            problems.extend(problem)
+        else:
+            kept.extend(mine)
     if problems:
         raise SchemaError(problems, title=f"MEDS dataset {root} cannot be read")
     scan.events = _to_pandas(kept)
     if cohort is None:
         scan.subjects = np.unique(np.concatenate(subjects)) if subjects else np.array([], np.int64)
     return scan
+
+
+def _scan_shard(file, k: int, name: str, scan: _Scan, known: set[str], person: set[str], window,  # noqa: ANN001, PLR0913
+                subjects: list | None, *, keep: bool) -> tuple[list, list[str]]:
+    """One shard, batch by batch: (its kept rows as pyarrow tables, its problems). Its rows are kept (and
+    counted in ``scan``) only while ``keep`` and no problem is seen; ``subjects``: where to add its subject ids."""
+    unreadable = [f"MEDS shard {name} is not a readable Parquet file."]
+    try:
+        columns = [c for c in _COLUMNS if c in file.schema_arrow.names]
+        if _text_ids_that_change_in(file):
+            return [], [_text_ids_problem(name)]
+        batches = iter(file.iter_batches(batch_size=BATCH_ROWS, columns=columns))
+    except Exception:  # pyarrow raises several unrelated types for a bad file
+        return [], unreadable
+    mine, empty, start = [], {}, 0
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception:  # a bad page after good ones
+            return [], unreadable
+        if batch is None:
+            if start == 0:  # no row: the schema is still checked, on none
+                problem = _checked(file.schema_arrow.empty_table().select(columns), name)[1]
+                if problem:
+                    return [], [problem]
+            break
+        table, problem = _checked(batch, name)
+        if problem is not None:
+            return [], [problem]
+        _count_empty(table, start, empty)
+        if len(table):
+            scan.zoned[name] = _zoned(batch, "time")
+        if keep and not empty:
+            mine.append(_keep(table, k, start, scan, known, person, window))
+            if subjects is not None:
+                subjects.append(np.unique(table["subject_id"].to_numpy()))
+        start += len(table)
+    return mine, _empty_problems(empty, f"MEDS shard {name}")
 
 
 def _text_ids_problem(name: str) -> str:
