@@ -15,7 +15,10 @@ excluded. Labels come from a MEDS label
 file (``subject_id, prediction_time, boolean_value``): features are the events at or before the
 prediction time and at most ``lookback_hours`` before it (required with labels), binned into
 snapshots of ``snapshot_hours`` counted back from it; static events (no time) join the prediction
-time's snapshot. ``metadata/codes.parquet``'s ``parent_codes`` only name, in the report, codes
+time's snapshot. Shards are read in batches of :data:`BATCH_ROWS` rows, only the columns used; the events
+not read (codes outside the dictionary, subjects outside the label file, dictionary events outside the
+window) are counted in pyarrow and never become pandas rows: memory follows the events kept, not the
+dataset. ``metadata/codes.parquet``'s ``parent_codes`` only name, in the report, codes
 outside the dictionary whose parent is a dictionary code. Without labels, times count from each subject's first mapped event (not MEDS_BIRTH); the extract is
 unlabeled.
 """
