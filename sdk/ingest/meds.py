@@ -39,6 +39,22 @@ from .extract import EhrExtract, to_long
 from .omop_vocab import censoring_in_text, parse_value_text
 
 
+def shard_paths(root: Path) -> list[Path]:
+    """The dataset's Parquet shards (``data/**/*.parquet``), in order.
+
+    Raises:
+        ConfigError: there is none (not a MEDS root).
+    """
+    import meds
+
+    data = root / meds.data_subdirectory
+    shards = sorted(data.rglob("*.parquet")) if data.is_dir() else []
+    if not shards:
+        raise ConfigError(f"MEDS dataset {root} has no Parquet shards under {meds.data_subdirectory}/. Give the "
+                          "dataset's root folder (the one holding data/ and metadata/).")
+    return shards
+
+
 @dataclass
 class _Scan:
     """What one pass over the shards keeps (the rows :func:`read_meds` reads, as pandas) and counts (the rows
@@ -74,14 +90,9 @@ def _read_shards(root: Path, *, known: set[str], person: set[str], cohort: pd.Da
     nothing is kept, the shards' problems are still collected); dictionary events outside the window are
     dropped and counted. Every other row is counted (by code, or as outside the cohort), never kept.
     """
-    import meds
     import pyarrow.parquet as pq
 
-    data = root / meds.data_subdirectory
-    shards = sorted(data.rglob("*.parquet")) if data.is_dir() else []
-    if not shards:
-        raise ConfigError(f"MEDS dataset {root} has no Parquet shards under {meds.data_subdirectory}/. Give the "
-                          "dataset's root folder (the one holding data/ and metadata/).")
+    shards = shard_paths(root)
     scan = _Scan(events=pd.DataFrame(), shards=[str(s.relative_to(root)) for s in shards])
     window = None
     if cohort is not None:
