@@ -397,3 +397,16 @@ def test_problems_in_a_later_batch_of_a_shard_name_the_shard_rows(tmp_path, monk
     with pytest.raises(SchemaError, match=r"data/0.parquet: subject_id is empty in 7 row\(s\) \(rows: 9, 10, 11, 12, 13, "
                                           r"\.\.\.\)"):
         read_meds(tmp_path, dictionary=D, site="s", labels=tmp_path / "bad.parquet", lookback_hours=24.0)
+
+
+def test_the_lookback_edge_is_decided_as_before_the_shards_were_filtered(tmp_path):
+    """Events more than lookback_hours + 1 s before the prediction time are dropped in pyarrow; nearer ones are
+    left to pandas: an event exactly lookback_hours before is read, one 0.5 s or 2 s further back is not."""
+    hr = "LOINC/8867-4//{beats}/min"
+    edge = T0 - dt.timedelta(hours=24)
+    _shard(tmp_path, [(1, edge, hr, 60.0), (1, edge - dt.timedelta(milliseconds=500), hr, 61.0),
+                      (1, edge - dt.timedelta(seconds=2), hr, 62.0), (1, T0 + dt.timedelta(microseconds=1), hr, 63.0)])
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=_labels(tmp_path / "l.parquet", [1], T0),
+                   lookback_hours=24.0)
+    assert ex.report.excluded["before the lookback"] == 2 and ex.report.excluded["after the prediction time"] == 1
+    assert ex.table["value"].tolist() == [60.0] and ex.table["source_record"].tolist() == ["data/0.parquet row 1"]
