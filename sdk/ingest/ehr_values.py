@@ -45,6 +45,18 @@ def records_text(where: pd.Series) -> str:
     return f" (e.g. {', '.join(refs)}{f' and {more} more' if more > 0 else ''})"
 
 
+def records_at(ev: pd.DataFrame, idx: np.ndarray) -> pd.Series:
+    """The source records of rows ``idx`` (positions) of ``ev``: its ``where`` column, or its ``where_prefix``
+    and ``where_row`` (``"data/0.parquet row "``, 12; a row < 0: the prefix alone) -- a reader's references
+    kept as a shared string and a number a row, made text only for the rows shown in a message or kept."""
+    if "where_prefix" not in ev.columns:
+        return ev["where"].iloc[idx]
+    if "where" in ev.columns or ev["where_row"].dtype.kind not in "iu":
+        raise ValueError("events give their records as where, or as where_prefix + an integer where_row, not both")
+    prefix, row = ev["where_prefix"].to_numpy()[idx], ev["where_row"].to_numpy()[idx]
+    return pd.Series([p if r < 0 else f"{p}{r}" for p, r in zip(prefix, row, strict=True)], dtype=object)
+
+
 def _clean(units: pd.Series) -> pd.Series:
     """Unit cells as stripped text, None where empty or missing (vectorised)."""
     cells = units.astype(object).where(units.notna(), None)
@@ -55,8 +67,8 @@ def _clean(units: pd.Series) -> pd.Series:
 def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: str, units: dict[str, str],
                    censored: CensorPolicy | None, setting: str,
                    problems: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """``ev`` (mapped events with ``feature``, ``value``, ``unit``, ``where``, ``censor``) with numeric
-    values in canonical units; and report lines. ``setting``: where the user declares ``units`` and
+    """``ev`` (mapped events with ``feature``, ``value``, ``unit``, ``where`` (:func:`records_at`), ``censor``) with numeric
+    values in canonical units (written into ``ev``, returned); and report lines. ``setting``: where the user declares ``units`` and
     ``censored`` (``"[omop] in the source file"``), for messages; ``problems``: the reader's own.
 
     Raises:
@@ -91,7 +103,7 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
             else:
                 problems.append(
                     f"{source}: feature {fid!r}: {int(no_unit.sum())} value(s) carry no unit"
-                    f"{records_text(ev['where'].iloc[pos[no_unit]])}. Clinograph does not assume the dictionary's "
+                    f"{records_text(records_at(ev, pos[no_unit]))}. Clinograph does not assume the dictionary's "
                     f"unit ({feat.unit!r}). Give the unit in the source, or declare it: units = {{ {fid} = "
                     f"\"{feat.unit}\" }} under {setting}.")
                 continue
@@ -100,7 +112,7 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
             if censored in (None, "refuse"):
                 problems.append(
                     f"{source}: feature {fid!r}: {int(cens.sum())} censored value(s) (<, <=, >, >= a limit)"
-                    f"{records_text(ev['where'].iloc[pos[cens]])}. Declare how to read them: censored = \"bound\" "
+                    f"{records_text(records_at(ev, pos[cens]))}. Declare how to read them: censored = \"bound\" "
                     f"or \"half_bound\" under {setting} (or remove those rows).")
                 continue
             below = cens & censor.iloc[pos].isin(("<", "<=")).to_numpy()
@@ -114,7 +126,7 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
         if unknown:  # unit text that is no unit may be anything a cell holds: counted, not shown
             rows = np.isin(un, unknown)
             problems.append(f"{source}: feature {fid!r}: {len(unknown)} unit string(s) are not known units (not "
-                            f"shown: cell contents){records_text(ev['where'].iloc[pos[rows]])}. Write units in "
+                            f"shown: cell contents){records_text(records_at(ev, pos[rows]))}. Write units in "
                             f"UCUM (e.g. {', '.join(EXAMPLE_UNITS[:5])}), or map the unit in the source.")
         for text in sorted(set(spelled.values()) - set(unknown)):
             rows = un == text
@@ -122,7 +134,7 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
                 scale, offset = conversion(feature=feat.id, analyte=feat.analyte, source=text, target=feat.unit,
                                            molar_mass=feat.molar_mass, valence=feat.valence)
             except UnitError as exc:
-                problems.extend(f"{source}: {p}{records_text(ev['where'].iloc[pos[rows]])}" for p in exc.problems)
+                problems.extend(f"{source}: {p}{records_text(records_at(ev, pos[rows]))}" for p in exc.problems)
                 continue
             value[pos[rows]] = value[pos[rows]] * scale + offset
             if (scale, offset) != (1.0, 0.0):
@@ -139,8 +151,8 @@ def resolve_values(ev: pd.DataFrame, *, dictionary: FeatureDictionary, source: s
     else:  # level codes (sex) next to numbers: keep the codes, the numbers converted
         out_value = ev["value"].to_numpy(dtype=object).copy()
         out_value[numeric_rows] = value[numeric_rows]
-    out = ev.assign(value=out_value, unit=unit_out)
-    return out, notes
+    ev["value"], ev["unit"] = out_value, unit_out  # in place: ev is the caller's own copy
+    return ev, notes
 
 
 def declared_features(*, section: str, person_section: str, age: str | None, sex, conditions: tuple[str, ...],  # noqa: ANN001

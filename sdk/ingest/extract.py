@@ -22,14 +22,15 @@ from clinograph.core.errors import SchemaError
 from ..ontology.codes import describe_codes
 from ..ontology.dictionary import FeatureDictionary
 from ..ontology.schema import LongColumns, MissingLabelPolicy, SiteSchema
-from .ehr_values import CensorPolicy, resolve_values
+from .ehr_values import CensorPolicy, records_at, resolve_values
 from .table import PatientTable
 
 LONG_COLUMNS = LongColumns(patient="patient_id", time="time", feature="feature", value="value", unit="unit")
 EVENT_COLUMNS = ("patient_id", "hours", "code", "value", "unit")
-#: optional event columns: ``where`` (the source record: ``measurement_id 17``, ``x.ndjson line 4``),
+#: optional event columns: ``where`` (the source record: ``measurement_id 17``, ``x.ndjson line 4``) or, made
+#: text only for the rows kept, ``where_prefix`` + ``where_row`` (``"measurement_id "``, 17: :func:`records_at`),
 #: ``censor`` (``<``, ``<=``, ``>``, ``>=`` or None)
-OPTIONAL_COLUMNS = ("where", "censor")
+OPTIONAL_COLUMNS = ("where", "where_prefix", "where_row", "censor")
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
             unmapped: dict[str, int] | None = None, units: dict[str, str] | None = None,
             censored: CensorPolicy | None = None, setting: str = "the source file",
             excluded: dict[str, int] | None = None, problems: list[str] | None = None) -> EhrExtract:
-    """Map ``events`` (columns :data:`EVENT_COLUMNS`) onto the dictionary and build the extract.
+    """Map ``events`` (columns :data:`EVENT_COLUMNS`) onto the dictionary and build the extract. ``events`` is
+    consumed: when every row maps, its columns are overwritten in place (the readers pass their own frame).
 
     ``labels``: patient id -> 1/0 (NaN: no label); None for an unlabeled extract.
     ``patients``: every patient of the cohort (those without events are counted).
@@ -178,36 +180,48 @@ def to_long(events: pd.DataFrame, *, labels: pd.Series | None, patients: list[st
     counted = dict(unmapped or {})
     by_code = {k: f.id for k, f in dictionary.by_code().items()}
     cols = [*EVENT_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in events.columns)]
-    ev = events.loc[:, cols].reset_index(drop=True)
-    if "where" not in ev:
-        ev["where"] = None
     ids = {f.id for f in dictionary.features}
-    direct = {c: c.removeprefix("FEATURE/") for c in pd.unique(ev["code"].dropna())
+    direct = {c: c.removeprefix("FEATURE/") for c in pd.unique(events["code"].dropna())
               if isinstance(c, str) and c.startswith("FEATURE/") and c.removeprefix("FEATURE/") in ids}
-    feature = ev["code"].map({**by_code, **direct})
-    refused = feature.isna().to_numpy()
-    counts = ev.loc[refused, "code"].astype(str).value_counts().to_dict()
+    feature = events["code"].map({**by_code, **direct}).to_numpy(dtype=object)
+    refused = pd.isna(feature)
+    counts = events.loc[refused, "code"].astype(str).value_counts().to_dict()
     for code, n in counted.items():
         counts[code] = counts.get(code, 0) + n
-    ev = ev.assign(feature=feature)[~refused]
+    n_events = len(events)
+    if not refused.any() and events.index.equals(pd.RangeIndex(n_events)):
+        ev = events  # every row mapped (MEDS keeps only those): the reader's frame, consumed, not copied
+        ev["feature"] = feature
+    else:  # one copy of the mapped rows
+        ev = events.loc[~refused, cols].reset_index(drop=True)
+        ev["feature"] = feature[~refused]
+    del feature, events
+    if "where" not in ev and "where_prefix" not in ev:
+        ev["where"] = None
     ev, value_notes = resolve_values(ev, dictionary=dictionary, source=source, units=dict(units or {}),
                                      censored=censored, setting=setting, problems=problems)
     hours = pd.to_numeric(ev["hours"], errors="coerce").fillna(0.0).to_numpy(dtype=float)
-    ev = ev.assign(time=np.floor(hours / snapshot_hours).astype(np.int64), _h=hours)
-    ev = ev.sort_values(["patient_id", "time", "feature", "_h"], kind="stable")
-    last = ~ev.duplicated(["patient_id", "time", "feature"], keep="last")
+    # the order and the last value a snapshot from the key columns only; the other columns taken once, at the end
+    keys = pd.DataFrame({"patient_id": ev["patient_id"].to_numpy(), "time": np.floor(hours / snapshot_hours)
+                         .astype(np.int64), "feature": ev["feature"].to_numpy(), "_h": hours})
+    keys = keys.sort_values(["patient_id", "time", "feature", "_h"], kind="stable")
+    last = ~keys.duplicated(["patient_id", "time", "feature"], keep="last").to_numpy()
     collapsed = int((~last).sum())
-    ev = ev[last.to_numpy()]
-    out = pd.DataFrame({"patient_id": ev["patient_id"].astype(str).to_numpy(), "time": ev["time"].to_numpy(),
-                        "feature": ev["feature"].to_numpy(), "value": ev["value"].to_numpy(),
-                        "unit": ev["unit"].to_numpy(), RECORD: ev["where"].to_numpy()})
+    pick = keys.index.to_numpy()[last]
+    time = keys["time"].to_numpy()[last]
+    del keys, hours
+    out = pd.DataFrame({"patient_id": ev["patient_id"].take(pick).astype(str).to_numpy(), "time": time,
+                        "feature": ev["feature"].to_numpy()[pick], "value": ev["value"].to_numpy()[pick],
+                        "unit": ev["unit"].to_numpy()[pick], RECORD: records_at(ev, pick).to_numpy()})
+    n_mapped = len(ev)
+    del ev
     if labels is not None:
         out["label"] = out["patient_id"].map(labels).to_numpy()
     everyone = pd.Index(patients, dtype=object)
     has_events = everyone.isin(out["patient_id"].unique())
     report = ExtractReport(
-        source=source, patients=len(patients), events_read=len(events) + sum(counted.values()),
-        events_mapped=int((~refused).sum()),
+        source=source, patients=len(patients), events_read=n_events + sum(counted.values()),
+        events_mapped=n_mapped,
         by_feature={str(k): int(v) for k, v in out["feature"].value_counts().sort_index().items()},
         unmapped_rows=int(sum(counts.values())),
         unmapped_codes=describe_codes({str(k): int(v) for k, v in counts.items()}),

@@ -488,6 +488,8 @@ def _assemble(readings, counts, patients, born, skipped, *, label_code, known, d
         (label_rows if key == label_code else rows).append((pid, when, key, value, unit, comparator, where))
     no_value, absent, withdrawn = counts["no_value"], counts["absent"], counts["withdrawn"]
     ev = pd.DataFrame(rows, columns=["patient_id", "t", "code", "value", "unit", "censor", "where"])
+    del rows
+    readings.clear()  # consumed (read_fhir's list): its tuples are not kept alive beside the frame through to_long
     t = _times(ev["t"], ev["where"]).dt.tz_localize(None)
     mapped = ev["code"].isin(known)
     precision = ev["t"].str.len()  # R4 dateTime: YYYY, YYYY-MM, YYYY-MM-DD, or a time with its offset

@@ -162,6 +162,16 @@ def _index_time(person_id: pd.Series, index: pd.Series) -> pd.Series:
     return pd.Series(index.reindex(person_id.astype(np.int64)).to_numpy(), index=person_id.index)
 
 
+def _records(kept: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The rows' source records (``measurement_id 17``): an integer id kept as a number beside its table's
+    prefix, made text only for the rows kept (:func:`.extract.records_at`); any other id as text."""
+    if kept["record_id"].dtype.kind in "iu":
+        prefix = {t: f"{t}_id " for t in pd.unique(kept["source_table"])}  # one string a table
+        return {"where_prefix": kept["source_table"].map(prefix).to_numpy(dtype=object),
+                "where_row": kept["record_id"].to_numpy(dtype=np.int64)}
+    return {"where": (kept["source_table"].astype(str) + "_id " + kept["record_id"].astype(str)).to_numpy()}
+
+
 def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped, *, source,  # noqa: ANN001, PLR0913
              dictionary: FeatureDictionary, unit_vocabulary: dict[int, str] | None = None,
              absent_columns: tuple[str, ...] = ()) -> EhrExtract:
@@ -176,9 +186,14 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
     patients = [key(p) for p in index.index]
     cols = ["source_table", "record_id", "person_id", "concept_id", "t", "value", "unit_text", "unit_concept",
             "operator", "value_concept", "value_text"]
-    live = [f.astype({c: float for c in ("unit_concept", "operator", "value_concept")})
-            .astype({c: object for c in ("unit_text", "value_text")}) for f in frames if len(f)]  # one dtype a column
-    rows = pd.concat(live, ignore_index=True) if live else pd.DataFrame(columns=cols)
+    live = [f for f in frames if len(f)]
+    for f in live:  # one dtype a column; column by column (astype of the frame copied every column, twice)
+        for c in ("unit_concept", "operator", "value_concept"):
+            f[c] = f[c].astype(float)
+        for c in ("unit_text", "value_text"):
+            f[c] = f[c].astype(object)
+    rows = (pd.concat(live, ignore_index=True) if len(live) > 1 else live[0].reset_index(drop=True)) if live \
+        else pd.DataFrame(columns=cols)
     del live
     frames.clear()  # consumed: the queried rows live on in `rows` only (not three copies of 10^6 rows)
     t = pd.to_datetime(rows["t"])
@@ -211,7 +226,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
                            "code": concept.map(code_of).to_numpy(dtype=object),
                            "value": value[keep],
                            "unit": unit.to_numpy(), "censor": op[keep],
-                           "where": (kept["source_table"].astype(str) + "_id " + kept["record_id"].astype(str)).to_numpy()})
+                           **_records(kept)})
     extra = []
     unknown_sex = unknown_age = 0
     if source.person is not None:
@@ -232,8 +247,10 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
                                        "value": [float((int(p), cid) in present) for p in index.index],
                                        "unit": None, "where": "condition_occurrence"}))
     if extra:
-        events = pd.concat([events, *[e.drop(columns=["person_id"], errors="ignore") for e in extra]],
-                           ignore_index=True)
+        extra = [e.drop(columns=["person_id"], errors="ignore") for e in extra]
+        if "where_prefix" in events.columns:  # their records are text already: the prefix alone (row -1)
+            extra = [e.rename(columns={"where": "where_prefix"}).assign(where_row=np.int64(-1)) for e in extra]
+        events = pd.concat([events, *extra], ignore_index=True)
     labels = None
     if source.label is not None:
         hits, before, dead_before = set(), set(), set()
@@ -283,6 +300,7 @@ def assemble(cohort, frames, conditions, label_frames, person, periods, unmapped
              *unit_notes, *(label_notes if source.label is not None else []),
              *([f"columns the CDM lacks, times read from the date at 00:00 (CDM v5.2 and older, or a minimal ETL): "
                 f"{', '.join(absent_columns)}"] if absent_columns else []))
+    del rows, kept, t, t_index, hours, window, period, value, op, keep, unit  # not needed by to_long: freed first
     return to_long(events, labels=labels, patients=patients, dictionary=dictionary, site=source.site,
                    source="OMOP CDM v5.4", snapshot_hours=source.snapshot_hours, notes=notes, unmapped=unmapped,
                    units=source.units, censored=source.censored, setting="[omop] in the source file",

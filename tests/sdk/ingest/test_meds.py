@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -304,3 +305,109 @@ def test_the_window_counts_features_only_and_codes_outside_the_dictionary_are_co
                    lookback_hours=24.0)
     assert ex.report.excluded["before the lookback"] == 1 and ex.report.excluded["after the prediction time"] == 1
     assert ex.report.unmapped_rows == 2  # MEDS_BIRTH and LOCAL/OUTCOME: codes outside the dictionary
+
+
+def _cohort_source(root):
+    """The cohort of cohort_exports read as test_cross_format reads it (age, sex, declared units, censoring)."""
+    from clinograph.sdk.ingest.sources import EhrSourceConfig
+    from cohort_exports import source_files
+
+    return EhrSourceConfig.model_validate({"site": "h", "meds": source_files()["meds"]})
+
+
+def test_events_the_reader_never_reads_are_counted_not_kept_and_change_nothing_else(tmp_path, monkeypatch):
+    """Session 53: the shards are filtered in pyarrow (codes outside the dictionary, subjects outside the label
+    file, dictionary events surely outside the window), batch by batch. The cohort with such events added (in its
+    own shard after its rows, and in another shard; batches of 5 rows) gives the same table -- source records
+    included -- and the same report, but for the added events' counts, known by construction. A filter that
+    compared raw codes with the dictionary's (dropping LOINC/2345-7//mg/dL) lost the glucose rows."""
+    import meds
+    from clinograph.sdk.ingest import meds as meds_reader
+    from clinograph.sdk.ingest.sources import read_source
+    from clinograph.sdk.ontology.codes import describe_codes
+    from cohort_exports import DICTIONARY, LOOKBACK_DAYS, example_cohort, write_meds
+
+    monkeypatch.setattr(meds_reader, "BATCH_ROWS", 5)
+    cohort = example_cohort()
+
+    def read(root):
+        ex = read_source(_cohort_source(root), root, dictionary=DICTIONARY, base=root)
+        return ex.table, ex.report
+
+    write_meds(tmp_path / "clean", cohort)
+    clean, clean_report = read(tmp_path / "clean")
+    outcomes = sum(p.outcome for p in cohort.patients)
+    assert clean_report.unmapped_codes == describe_codes({"LOCAL/OUTCOME": outcomes})
+
+    write_meds(tmp_path / "noisy", cohort)
+    shard = tmp_path / "noisy" / "data" / "train" / "0.parquet"
+    rows, codes = [], {}
+    for p in cohort.patients:  # in the cohort: codes outside the dictionary (some with a //unit), timed or static
+        for i, code in enumerate(("LAB//50912//mg/dL", "LAB//50912//UNK", "ICD10/I10", "MEDS_DEATH")):
+            rows.append((p.pid, p.index - dt.timedelta(hours=i), code, 1.0 if i < 2 else None))
+            rows.append((p.pid, None, code, None))
+            base = meds_reader.split_code(code)[0]
+            codes[base] = codes.get(base, 0) + 2
+    lookback = 24.0 * LOOKBACK_DAYS
+    after = [(p.pid, p.index + dt.timedelta(hours=3), "LOINC/2345-7//mg/dL", 99.0) for p in cohort.patients]
+    before = [(p.pid, p.index - dt.timedelta(hours=lookback + 5), "LOINC/2345-7//mg/dL", 99.0) for p in cohort.patients]
+    strangers = [(900 + k, T0, code, 5.0) for k in range(6)  # subjects outside the label file: nothing read
+                 for code in ("LOINC/2345-7//mg/dL", "LOINC/8867-4", "LAB//1//mg/dL", meds.birth_code, "GENDER//F")]
+    table = pq.read_table(shard)
+    extra = pa.table({"subject_id": pa.array([r[0] for r in rows + after], pa.int64()),
+                      "time": pa.array([r[1] for r in rows + after], pa.timestamp("us")),
+                      "code": pa.array([r[2] for r in rows + after], pa.string()),
+                      "numeric_value": pa.array([r[3] for r in rows + after], pa.float32()),
+                      "text_value": pa.array([None] * len(rows + after), pa.large_string())})
+    pq.write_table(pa.concat_tables([table, extra.cast(table.schema)]), shard)  # the cohort's rows keep their numbers
+    more = before + strangers
+    pq.write_table(pa.table({"subject_id": pa.array([r[0] for r in more], pa.int64()),
+                             "time": pa.array([r[1] for r in more], pa.timestamp("us")),
+                             "code": pa.array([r[2] for r in more], pa.string()),
+                             "numeric_value": pa.array([r[3] for r in more], pa.float32())}),
+                   tmp_path / "noisy" / "data" / "train" / "1.parquet")
+    noisy, report = read(tmp_path / "noisy")
+
+    pd.testing.assert_frame_equal(noisy, clean)
+    n = len(rows)
+    assert (report.events_read, report.unmapped_rows) == (clean_report.events_read + n, clean_report.unmapped_rows + n)
+    assert report.unmapped_codes == describe_codes({"LOCAL/OUTCOME": outcomes, **codes})
+    want = dict(clean_report.excluded)
+    want["outside the cohort"] += len(strangers)
+    want["after the prediction time"] += len(after)
+    want["before the lookback"] += len(before)
+    assert report.excluded == want
+    assert report.notes[0] == f"events outside the cohort or after the prediction time: " \
+                              f"{want['outside the cohort'] + want['after the prediction time']}"
+    assert report.notes[1].endswith(f"excluded): {want['before the lookback']}")
+    assert report.notes[2:] == clean_report.notes[2:]
+    same = ("source", "patients", "events_mapped", "by_feature", "collapsed", "patients_without_label",
+            "patients_without_events")
+    assert {k: getattr(report, k) for k in same} == {k: getattr(clean_report, k) for k in same}
+
+
+def test_problems_in_a_later_batch_of_a_shard_name_the_shard_rows(tmp_path, monkeypatch):
+    """Shards are read in batches: empty (text) subject ids in the third and fourth batches are named by their
+    rows in the shard, and a bad label file is reported after the shards' problems, as when shards were read
+    whole."""
+    from clinograph.sdk.ingest import meds as meds_reader
+
+    monkeypatch.setattr(meds_reader, "BATCH_ROWS", 4)
+    _shard(tmp_path, [(1, T0, "LOINC/8867-4//{beats}/min", 70.0)] * 15, subject_id=pa.array(["1"] * 8 + [None] * 7))
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(SchemaError, match=r"data/0.parquet: subject_id is empty in 7 row\(s\) \(rows: 9, 10, 11, 12, 13, "
+                                          r"\.\.\.\)"):
+        read_meds(tmp_path, dictionary=D, site="s", labels=tmp_path / "bad.parquet", lookback_hours=24.0)
+
+
+def test_the_lookback_edge_is_decided_as_before_the_shards_were_filtered(tmp_path):
+    """Events more than lookback_hours + 1 s before the prediction time are dropped in pyarrow; nearer ones are
+    left to pandas: an event exactly lookback_hours before is read, one 0.5 s or 2 s further back is not."""
+    hr = "LOINC/8867-4//{beats}/min"
+    edge = T0 - dt.timedelta(hours=24)
+    _shard(tmp_path, [(1, edge, hr, 60.0), (1, edge - dt.timedelta(milliseconds=500), hr, 61.0),
+                      (1, edge - dt.timedelta(seconds=2), hr, 62.0), (1, T0 + dt.timedelta(microseconds=1), hr, 63.0)])
+    ex = read_meds(tmp_path, dictionary=D, site="s", labels=_labels(tmp_path / "l.parquet", [1], T0),
+                   lookback_hours=24.0)
+    assert ex.report.excluded["before the lookback"] == 2 and ex.report.excluded["after the prediction time"] == 1
+    assert ex.table["value"].tolist() == [60.0] and ex.table["source_record"].tolist() == ["data/0.parquet row 1"]

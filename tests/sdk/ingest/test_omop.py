@@ -219,3 +219,20 @@ def test_a_file_that_is_no_duckdb_database_is_named_as_such_not_as_a_connection_
                                                 r"it is no DuckDB file") as caught:
         check_cdm(omop_engine(tmp_path / "cdm.duckdb"))
     assert "PGPASSFILE" not in str(caught.value)
+
+
+def test_source_records_name_each_kept_row_beside_age_and_sex_rows(tmp_path):
+    """Session 53 keeps OMOP's records as a prefix and the row id, made text for the kept rows only: with the
+    person's age and sex rows concatenated after them, the measurement rows' records were lost (NaN)."""
+    from clinograph.sdk.ingest.sources import EhrSourceConfig, read_source
+    from cohort_exports import DICTIONARY, example_cohort, omop_tables, source_files
+    from cohort_exports import write_omop as write_cohort
+
+    write_cohort(tmp_path / "omop", example_cohort())
+    config = EhrSourceConfig.model_validate({"site": "h", "omop": source_files()["omop"]})
+    table = read_source(config, tmp_path / "omop", dictionary=DICTIONARY).table
+    ids = {f"measurement_id {i}" for i in omop_tables(example_cohort())["measurement"]["measurement_id"]}
+    labs = table[table["feature"].isin(["glucose", "creatinine", "heart_rate"])]
+    assert len(labs) and set(labs["source_record"]) <= ids
+    assert table.loc[table["feature"] == "smoking", "source_record"].str.fullmatch(r"observation_id \d+").all()
+    assert (table.loc[table["feature"] == "age", "source_record"] == "the person table").all()
