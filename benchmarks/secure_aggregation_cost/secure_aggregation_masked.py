@@ -269,7 +269,7 @@ def vector_upload_bytes(ours: _Ours, mode: str) -> dict:
         size = word_bytes(Layout.of(plan), MaskingParams.from_plan(plan))
         env = seal(MaskedInput(federation_id=plan.federation_id, round=plan.round, client=c,
                                spec_digest=plan.spec.digest(), dictionary_hash=plan.dictionary_hash,
-                               global_state_digest=plan.global_state_digest,
+                               global_state_digest=plan.global_state_digest, plan_digest=plan.digest(),
                                words=bytes(size)), ours.ids[c])
     p = sum(m.size for m in plan.spec.shared)
     fl = flower_message_bytes(env)
