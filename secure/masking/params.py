@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -379,6 +379,46 @@ def smallest_group(graph: NeighbourGraph, members: Iterable[str]) -> frozenset[s
             if not small or len(group) < len(small):
                 small = group
     return small
+
+
+def confirmed_group(graph: NeighbourGraph, me: str, members: Iterable[str], confirmed: Callable[[str], bool],
+                    floor: int, verify: Callable[[str], None] | None = None) -> tuple[frozenset[str], tuple[str, ...]]:
+    """``me``'s group in ``members`` joined through *confirmed* members only: it starts as ``me`` and its
+    neighbours in ``members``; a confirmed member of the group (it signed U3, so it masked with each
+    of its neighbours in U3: :func:`~.consistency.check_survivor_set`) adds its own neighbours. Greedy
+    and deterministic, so the server and every hospital walk the same path: each step goes through the
+    confirmed member that adds the most (ties: the smallest name), until the group has ``floor``
+    members or no confirmed member adds any. ``verify``: called on each member gone through (a hospital
+    verifies that signature then, and raises if it is bad). Returns the group and the members gone
+    through, in order: the consistency signatures a hospital needs to walk it (about floor / (k/2)
+    on a circulant graph, not n).
+
+    Why (session 53, after :meth:`NeighbourGraph.component`): an edge of the graph is a pairwise mask
+    only if both ends masked with each other, and a hospital checks its own ends only. A member that
+    did not sign U3 may not have masked with a neighbour (the server withheld that neighbour's
+    shares from it), so the sum on its side of that edge opens without the other side: at n = 10
+    (k = 4, t = 3, min_clients = 7) a server kept such a hospital in a U3 of seven that was one group
+    by the graph and opened the sum of four. Any sum the server can open holds a revealing signer
+    whose neighbours in U3 are all in it (a signer's mask with each of them is in its input), so it
+    holds that signer's confirmed group."""
+    inside = set(members)
+    seen = {me} | (graph[me] & inside)
+    done, through = {me}, []
+    while len(seen) < floor:
+        best, gain = None, 0
+        for v in sorted(seen - done):
+            if confirmed(v):
+                g = len((graph[v] & inside) - seen)
+                if g > gain:
+                    best, gain = v, g
+        if best is None:
+            break
+        if verify is not None:
+            verify(best)
+        done.add(best)
+        through.append(best)
+        seen |= graph[best] & inside
+    return frozenset(seen), tuple(through)
 
 
 def neighbour_graph(plan: RoundPlan, k: int) -> NeighbourGraph:

@@ -5,8 +5,10 @@ arrive (memory O(P), never n vectors), then removes the survivors' self-masks an
 clients' pairwise masks from t-of-(k+1) Shamir shares. Between the masked input and the
 unmasking it runs the consistency check of Bonawitz et al. 2017 (round 4): it sends every
 survivor the survivor set U3, verifies and collects their Ed25519 signatures on it, and
-forwards t of them (all it has verified, so any t serve) with the unmask request
-(:mod:`.consistency`): a hospital checks t, so the request stays O(t) bytes, not O(n). A client silent or refused at
+forwards t of them (all it has verified, so any t serve) with the unmask request, and those
+of the signers the recipient's confirmed group goes through (:func:`.params.confirmed_group`;
+a recipient whose group is below max(t, min_clients) would refuse, so the round aborts):
+O(t + min_clients / k) bytes, not O(n) (:mod:`.consistency`). A client silent or refused at
 the consistency check is dropped from the rest of the round (it gets no unmask request), but
 its masked input is already in the sum and is unmasked through its self-mask shares, as in
 the paper (U4 subset of U3); fewer than max(t, min_clients) signers aborts the round.
@@ -52,7 +54,7 @@ from .messages import (
     UnmaskRequest,
     UnmaskResponse,
 )
-from .params import MaskingParams, neighbour_graph, smallest_group
+from .params import MaskingParams, confirmed_group, neighbour_graph, smallest_group
 from .stages import (
     STAGES,
     Layout,
@@ -276,8 +278,16 @@ class MaskingServer(AggregationServer):
         elif closing == 3:
             survivors = tuple(sorted(self._alive[2]))
             dropped = tuple(sorted(self._alive[1] - self._alive[2]))
-            sigs = tuple(self._signatures[c] for c in sorted(alive)[:self.params.threshold])  # t: what a client checks (consistency.py)
-            for u in alive:
+            quorum = sorted(alive)[:self.params.threshold]  # t: what a client checks (consistency.py)
+            for u in alive:  # and the signers its confirmed group goes through (check_confirmed_group)
+                group, through = confirmed_group(self._graph, u, survivors, alive.__contains__, need)
+                if len(group) < need:  # u would refuse the request (a signer's input masks with all its group)
+                    return self._stop(f"Only {len(group)} of the survivors are joined to {u!r} through hospitals that "
+                                      f"confirmed the survivor set (the round needs {need}: max of masked.threshold "
+                                      "and min_clients); the others may not have masked with their neighbours, so "
+                                      "that sum could be opened on its own. Round aborted, nothing published (too "
+                                      "many hospitals left at the consistency check for this neighbour graph).")
+                sigs = tuple(self._signatures[c] for c in sorted(set(quorum) | set(through)))
                 out[u] = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient=u,
                                        survivors=survivors, dropped=dropped, signatures=sigs)
         else:

@@ -334,3 +334,68 @@ def test_survivors_of_a_sparse_graph_that_stay_joined_still_give_the_sum():
     assert set(result.contributors) == keep
     for name, v in expected_sums(rnd.updates, keep).items():
         assert rel_err(result.sums[name], v) < 1e-6
+
+
+def _half_edge_round():
+    """n = 10, k = 4, t = 3, min_clients = 7: hospitals o_0 ... o_9 in the circulant graph's order. Everyone
+    keys and shares; o_1, o_2, o_6 then 'drop' (their masked inputs are not kept). The (lying) server
+    forwards x = o_7 every share but its neighbour y = o_5's, so x does not mask with y. U3 = {o_0, o_3,
+    o_4, o_5, o_7, o_8, o_9} is one group of seven by the graph's edges (only x-y joins {o_0, o_7, o_8,
+    o_9} to {o_3, o_4, o_5}), so every hospital but x signs it; x refuses (y is in U3), which the server
+    does not need. Returns the round at its unmask stage, the signatures on U3, U3, the dropped and the
+    four-hospital side S."""
+    from clinograph.secure.masking.messages import ForwardShares
+    from clinograph.secure.masking.params import neighbour_graph
+
+    rnd = Round(n=10, threshold=3, min_clients=7)
+    o = list(neighbour_graph(rnd.plan, 4))
+    u3, dropped, side = [o[i] for i in (0, 3, 4, 5, 7, 8, 9)], [o[1], o[2], o[6]], {o[0], o[7], o[8], o[9]}
+    x, y = o[7], o[5]
+    rnd.deliver()
+    for c, data in rnd.deliver(answer=False).items():
+        fwd = load_payload(parse_envelope(data), ForwardShares)
+        if c == x:
+            fwd = fwd.model_copy(update={"shares": tuple(s for s in fwd.shares if s.peer != y)})
+        rnd.outgoing[c] = rnd.clients[c].handle(seal(fwd, SERVER))
+    rnd.deliver(tamper=lambda c, data: [data] if c in u3 else [], answer=False)
+    with pytest.raises(ProtocolError, match="whose shares never reached it"):
+        show(rnd, x, u3)
+    sigs = [show(rnd, c, u3) for c in u3 if c != x]
+    return rnd, sigs, u3, dropped, side
+
+
+def test_a_hospital_kept_from_masking_with_a_neighbour_does_not_let_its_side_of_u3_be_opened():
+    """Before (session 53, after the group check): the six signers checked their group by the graph's
+    edges (seven), revealed their self-mask shares of all seven and the pairwise-key shares of o_1, o_2,
+    o_6, and the server decoded the sum of S = {o_0, o_7, o_8, o_9} alone (x's input has no mask with y;
+    seen: relative error 8e-8 against the plaintext sum of the four) under min_clients = 7, no colluder.
+    Now a hospital counts its group through hospitals whose signatures on U3 the request carries: x did
+    not sign, so each signer's group is S or {o_3, o_4, o_5, o_7} (four) -- every signer refuses, even
+    with all six signatures forwarded."""
+    rnd, sigs, u3, dropped, side = _half_edge_round()
+    for c in sorted(s.client for s in sigs):
+        with pytest.raises(ProtocolError, match=r"only 4 member\(s\) of U3 \(this client included\) are joined to "
+                                                r".* through hospitals that confirmed U3.*fewer than 7 hospitals"):
+            unmask(rnd, c, u3, sigs, dropped=dropped)
+    assert side < set(u3)
+
+
+
+def test_the_honest_server_aborts_when_a_signers_confirmed_group_is_below_the_floor():
+    """n = 10, k = 4, t = 3, min_clients = 5: o_0, o_1, o_5 drop before their masked inputs and o_6 does not
+    sign U3, the one hospital joining {o_7, o_8, o_9} to {o_2, o_3, o_4} through confirmed hospitals.
+    Six signers, every secret with t holders among them: before, the round completed; but each signer
+    now refuses (its confirmed group is four, below five), so the honest server sends no unmask request
+    and says why."""
+    from clinograph.secure.masking.params import neighbour_graph
+
+    rnd = Round(n=10, threshold=3, min_clients=5)
+    o = list(neighbour_graph(rnd.plan, 4))
+    rnd.deliver()
+    rnd.deliver()
+    rnd.deliver(tamper=lambda c, data: [] if c in (o[0], o[1], o[5]) else [data])
+    rnd.deliver(tamper=lambda c, data: [] if c == o[6] else [data])
+    assert rnd.server.stage == "done"
+    with pytest.raises(ProtocolError, match=r"Only 4 of the survivors are joined to .* through hospitals that "
+                                            r"confirmed the survivor set \(the round needs 5"):
+        rnd.server.result()
