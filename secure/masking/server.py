@@ -247,6 +247,8 @@ class MaskingServer(AggregationServer):
         if self._stage >= _DONE:
             return None
         alive = set(self._accepted)
+        if self._stage < 2:
+            alive = self._prune(alive)
         self._alive.append(alive)
         self._accepted, self._waiting = set(), set()
         need = max(self.params.threshold, self.plan.min_clients)
@@ -298,6 +300,20 @@ class MaskingServer(AggregationServer):
             return None
         self._waiting = set(out)
         return {u: seal(m, self.identity) for u, m in out.items()}
+
+    def _prune(self, alive: set[str]) -> set[str]:
+        """``alive`` without the hospitals that would stop at the next stage (:meth:`.client.MaskingClient._need`):
+        fewer than t - 1 of their neighbours left (at stage 0: with keys; at stage 1: that shared), so their
+        secrets could never be rebuilt. Each is treated as having dropped now -- its message not used, no
+        message sent to it -- which may leave a neighbour short in turn (repeated until none is). Before
+        (session 53), the honest server sent them the stage's message and each refused it, an alarm for
+        nothing (n = 8, two neighbouring hospitals silent from the start: four refusals)."""
+        t, alive = self.params.threshold, set(alive)
+        short = {u for u in alive if len(self._graph[u] & alive) + 1 < t}
+        while short:
+            alive -= short
+            short = {u for u in alive if len(self._graph[u] & alive) + 1 < t}
+        return alive
 
     def _stop(self, reason: str) -> None:
         self._abort, self._stage, self._sum = reason, _DONE, None
