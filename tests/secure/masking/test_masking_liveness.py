@@ -6,10 +6,16 @@ refusing what the honest server sent."""
 
 from __future__ import annotations
 
+from clinograph.secure.masking import MaskingClient, MaskingServer
+from clinograph.secure.masking.params import (
+    MaskingParams,
+    confirmed_group,
+    masked_defaults,
+    neighbour_graph,
+    smallest_group,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from clinograph.secure.masking import MaskingClient, MaskingServer
-from clinograph.secure.masking.params import MaskingParams, confirmed_group, masked_defaults, neighbour_graph, smallest_group
 from masking_helpers import expected_sums, identities, identity, make_plan, make_updates, rel_err
 
 from clinograph.core.errors import IntegrityError, ProtocolError
