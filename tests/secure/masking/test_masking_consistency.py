@@ -399,3 +399,45 @@ def test_the_honest_server_aborts_when_a_signers_confirmed_group_is_below_the_fl
     with pytest.raises(ProtocolError, match=r"Only 4 of the survivors are joined to .* through hospitals that "
                                             r"confirmed the survivor set \(the round needs 5"):
         rnd.server.result()
+
+
+def test_documented_limit_colluders_that_cut_u3_open_the_sum_of_one_side():
+    """SecAgg+ on a sparse graph (Bell et al. 2020 need the honest survivors to stay joined once the
+    colluders are taken out): n = 10 (k = 4, t = 4, the default), min_clients = 8. o_4 and o_9 drop
+    before their masked inputs (or a lying server ignores them), and o_0, o_3 collude: they are then
+    the only links between {o_1, o_2} and the other five. Every check passes (U3 is one group of
+    eight, confirmed through the colluders' own signatures) and the round completes; but with the
+    colluders' pairwise-key secrets the server opens o_1 + o_2 alone -- a sum of two honest updates,
+    not of min_clients - 2 = 6. SECURITY.md ("Who decides k and t") states it."""
+    from clinograph.secure.masking.messages import MaskedInput
+    from clinograph.secure.masking.params import neighbour_graph
+    from clinograph.secure.masking.stages import from_words, split_modules
+
+    from clinograph.secure.hazmat.x25519 import private_bytes
+
+    rnd = Round(n=10, threshold=4, min_clients=8)
+    o = list(neighbour_graph(rnd.plan, 4))
+    colluders, side = {o[0], o[3]}, {o[1], o[2]}
+    for _ in range(2):
+        rnd.deliver()
+    masked = {c: d for c, d in rnd.outgoing.items() if c not in (o[4], o[9])}
+    rnd.deliver(tamper=lambda c, data: [data] if c in masked else [])
+    rnd.deliver()
+    srv = rnd.server
+    assert len(rnd.outgoing) == 8  # every hospital of U3 signed and revealed: no check refused
+    for c, data in rnd.outgoing.items():  # the unmask answers, as the honest server takes them
+        srv.receive_bytes(c, data)
+    total = None
+    for c in side:
+        words = load_payload(parse_envelope(masked[c]), MaskedInput).words
+        parts = split_modules(from_words(words, layout=srv._layout, params=srv.params, sender=c), layout=srv._layout)
+        total = parts if total is None else [a + b for a, b in zip(total, parts, strict=True)]
+    own = srv._secret  # the colluders hand over their pairwise-key secrets
+    srv._secret = lambda v, kind: private_bytes(rnd.clients[v]._s_sk) if v in colluders else own(v, kind)
+    srv._sum, srv._alive[1], srv._alive[2] = total, side | colluders | {o[4], o[9]}, side
+    srv._alive.append(set(rnd.outgoing))
+    srv._unmask()
+    res = srv.result()
+    assert set(res.contributors) == side and rnd.plan.min_clients == 8
+    for name, v in expected_sums(rnd.updates, side).items():
+        assert rel_err(res.sums[name], v) < 1e-6
