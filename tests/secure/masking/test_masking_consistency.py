@@ -409,11 +409,10 @@ def test_documented_limit_colluders_that_cut_u3_open_the_sum_of_one_side():
     eight, confirmed through the colluders' own signatures) and the round completes; but with the
     colluders' pairwise-key secrets the server opens o_1 + o_2 alone -- a sum of two honest updates,
     not of min_clients - 2 = 6. SECURITY.md ("Who decides k and t") states it."""
+    from clinograph.secure.hazmat.x25519 import private_bytes
     from clinograph.secure.masking.messages import MaskedInput
     from clinograph.secure.masking.params import neighbour_graph
     from clinograph.secure.masking.stages import from_words, split_modules
-
-    from clinograph.secure.hazmat.x25519 import private_bytes
 
     rnd = Round(n=10, threshold=4, min_clients=8)
     o = list(neighbour_graph(rnd.plan, 4))
