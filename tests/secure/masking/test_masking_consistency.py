@@ -381,6 +381,18 @@ def test_a_hospital_kept_from_masking_with_a_neighbour_does_not_let_its_side_of_
 
 
 
+def test_a_forged_signature_the_confirmed_walk_goes_through_is_refused():
+    """The server lists, after t valid signatures (which check_signatures verifies), one for x made of
+    another signer's payload and signature: the walk would go through x and reach seven; the hospital
+    verifies x's signature when it gets there and refuses the request."""
+    rnd, sigs, u3, dropped, side = _half_edge_round()
+    x = next(c for c in u3 if c in side and c not in {s.client for s in sigs})
+    forged = sigs[0].model_copy(update={"client": x})
+    me = sorted(side - {x})[0]
+    with pytest.raises(ProtocolError, match=rf"Consistency signature of '{x}' does not verify"):
+        unmask(rnd, me, u3, [*sigs, forged], dropped=dropped)
+
+
 def test_the_honest_server_aborts_when_a_signers_confirmed_group_is_below_the_floor():
     """n = 10, k = 4, t = 3, min_clients = 5: o_0, o_1, o_5 drop before their masked inputs and o_6 does not
     sign U3, the one hospital joining {o_7, o_8, o_9} to {o_2, o_3, o_4} through confirmed hospitals.
