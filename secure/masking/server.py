@@ -246,14 +246,16 @@ class MaskingServer(AggregationServer):
     def next_stage(self) -> dict[str, bytes] | None:
         if self._stage >= _DONE:
             return None
-        alive = set(self._accepted)
-        if self._stage < 2:
-            alive = self._prune(alive)
+        answered = set(self._accepted)
+        alive = self._prune(answered) if self._stage < 2 else answered
         self._alive.append(alive)
         self._accepted, self._waiting = set(), set()
         need = max(self.params.threshold, self.plan.min_clients)
         if len(alive) < need:
-            return self._stop(f"Only {len(alive)} client(s) completed stage '{self.stage}'; the round needs "
+            short = (f", and {len(answered) - len(alive)} of them were left with fewer than t - 1 = "
+                     f"{self.params.threshold - 1} neighbours (their secrets could not be rebuilt)"
+                     if len(alive) < len(answered) else "")
+            return self._stop(f"Only {len(answered)} client(s) completed stage '{self.stage}'{short}; the round needs "
                               f"{need} (max of masked.threshold and min_clients). Round aborted, nothing published.")
         closing, self._stage = self._stage, self._stage + 1
         p = self.plan
