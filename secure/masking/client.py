@@ -7,7 +7,8 @@ dropped: the client reveals nothing when the server lists a neighbour both as su
 as dropped, or when the unmask request's survivor set U3 is not the one it signed at the
 consistency check and vouched for by >= t valid signatures from distinct members of U3
 (:mod:`.consistency`); each client reveals at most once a round. The bound against a lying
-server is then fewer than 2t - (k+1) colluding holders (see :mod:`.params`). Does not guarantee: correctness against malicious clients (a
+server is then fewer than 2t - (k+1) colluding holders for t = k (the default) or a complete graph;
+below t = k on a sparse graph a split view needs no colluder (see :mod:`.params`). Does not guarantee: correctness against malicious clients (a
 client can send garbage or bad shares and spoil the sum; it cannot learn others' updates),
 or privacy of *which* clients took part (the server sees who sent messages).
 """

@@ -38,9 +38,12 @@ Does not guarantee: a collusion bound of t against a lying server. Each side of 
 can form its own quorum of t signers, so the bound on colluding share holders of one client
 stays c >= 2t - (k+1), as with the double-listing refusal alone (for a complete graph,
 n = k+1, the two bounds coincide; for a sparse SecAgg+ graph, 2t - n is weaker). What each
-side's sum covers is still floored: a signer's group in U3 (:func:`check_survivor_set`) has at
-least max(t, min_clients) members, so no quorum of a split view opens a smaller sum. See
-:mod:`clinograph.secure.masking.params` for the bounds that hold.
+side's sum covers is floored within its own view: a signer's group in U3 (:func:`check_survivor_set`)
+and its group walked through confirming signers (:func:`check_confirmed_group`) have at least
+max(t, min_clients) members. Across views it is not: below t = k on a sparse graph, one view's
+self-mask seeds and another's pairwise-key secrets of the same neighbours open one update with no
+colluder (n = 10, k = 4, t = 3, demonstrated), and colluders that cut U3 open one side's sum
+(SECURITY.md). See :mod:`clinograph.secure.masking.params` for the bounds that hold.
 """
 
 from __future__ import annotations

@@ -51,7 +51,13 @@ u's update**. Hence:
   participants signed both (collude); and u's update stays hidden exactly while
   c < min(2t - (k+1), k). The consistency check does **not** raise this to t: the colluders
   sign both views, so each side of a split view gathers its own t signatures (a test
-  demonstrates it for n = 5, t = 3, c = 1).
+  demonstrates it for n = 5, t = 3, c = 1). **Only for t = k (the default) or a complete
+  graph** (session 53): below it, on a sparse graph, two views signed by disjoint honest
+  quorums (2t - n <= 0: no colluder needed) can give u's self-mask seed in one view and the
+  pairwise-key secrets of all u's neighbours, "dropped" in the other, in the other -- u's update
+  alone with c = 0 (n = 10, k = 4, t = 3, a test demonstrates it). With t = k that route is
+  closed: u's seed needs all its neighbours in one view, a neighbour's secret all that
+  neighbour's other neighbours in the other, and in the circulant graph they share some.
 - Liveness: a round completes iff no client loses more than k+1-t of its k+1 holders
   (itself included) to dropouts; t = k+1 tolerates no dropout at all.
 
