@@ -454,22 +454,16 @@ def test_documented_limit_colluders_that_cut_u3_open_the_sum_of_one_side():
         assert rel_err(res.sums[name], v) < 1e-6
 
 
-def test_documented_limit_below_the_default_t_a_split_view_exposes_one_update_without_colluders():
-    """n = 10 (k = 4) with t = 3, below the default t = k (a hospital accepts it only if its config says
-    so), min_clients = 3, no colluder. Everyone sends its masked input; the server then shows two
-    disjoint sets of signers two survivor sets: in view A (o_1, o_4, o_5, o_8, o_9 sign) the victim
-    o_6 and its neighbours o_4, o_5, o_8 survive and o_7 dropped; in view B (o_0, o_2, o_3, o_6, o_7
-    sign) o_4, o_5, o_8 dropped. Every check of every signer passes in its own view. View A gives
-    o_6's self-mask seed (from o_4, o_5, o_8) and o_7's pairwise-key secret; view B the pairwise-key
-    secrets of o_4, o_5, o_8 -- all of o_6's pairwise masks: its update alone. With t = k the route
-    is closed (o_6's self-mask needs every neighbour in one view, a neighbour's key all of that
-    neighbour's other neighbours in the other, and in the circulant graph they share some).
-    SECURITY.md ("Active server that lies about who dropped") states it."""
+def _split_view_update(rnd, views, victim, colluders=()):
+    """Play a lying server from the consistency stage on: each (U3, honest signers) view is shown to its
+    signers and vouched for by every colluder, and each signer gets an unmask request for its own view
+    (U3, everyone else dropped, all the view's signatures). Then decode ``victim``'s update alone from
+    the revealed shares, the colluders' own share holdings and pairwise-key secrets, and its masked
+    input. Returns the decoded ModuleSums."""
     from clinograph.secure.hazmat.masking_prg import add_masks
     from clinograph.secure.hazmat.shamir import combine_shares
     from clinograph.secure.hazmat.x25519 import agree, hkdf, private_from_bytes
     from clinograph.secure.masking.messages import MaskedInput
-    from clinograph.secure.masking.params import neighbour_graph
     from clinograph.secure.masking.stages import (
         decode_sum,
         from_words,
@@ -481,33 +475,72 @@ def test_documented_limit_below_the_default_t_a_split_view_exposes_one_update_wi
 
     from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
 
-    rnd = Round(n=10, threshold=3, min_clients=3)
-    o = list(neighbour_graph(rnd.plan, 4))
-    views = (([o[i] for i in (0, 1, 3, 4, 5, 6, 8, 9)], [o[i] for i in (1, 4, 5, 8, 9)]),
-             ([o[i] for i in (0, 1, 2, 3, 6, 7, 9)], [o[i] for i in (0, 2, 3, 6, 7)]))
-    victim = o[6]
     rnd.deliver()
     rnd.deliver()
     masked = dict(rnd.outgoing)
     rnd.deliver(answer=False)  # every masked input is in; the server's own U3 requests are not delivered
-    shares = {}
+    shares: dict[tuple[str, str], set] = {}
+    for c in colluders:  # a colluder hands over every share it holds
+        for owner, (idx, b_share, s_share) in rnd.clients[c]._held.items():
+            shares.setdefault((owner, "self_mask"), set()).add((idx, b_share))
+            shares.setdefault((owner, "pairwise_key"), set()).add((idx, s_share))
     for u3, signers in views:
-        sigs = [show(rnd, c, u3) for c in signers]
+        sigs = [show(rnd, c, u3) for c in signers] + [vouch(rnd.plan, c, u3) for c in colluders]
         dropped = sorted(set(rnd.plan.participants) - set(u3))
         for c in signers:
             for r in load_payload(parse_envelope(unmask(rnd, c, u3, sigs, dropped=dropped)), UnmaskResponse).shares:
-                shares.setdefault((r.owner, r.secret), []).append((r.index, r.share))
-    srv, t = rnd.server, 3
-    b = combine_shares(shares[(victim, "self_mask")][:t])
+                shares.setdefault((r.owner, r.secret), set()).add((r.index, r.share))
+    srv, t = rnd.server, rnd.server.params.threshold
+    b = combine_shares(sorted(shares[(victim, "self_mask")])[:t])
     seeds = [(hkdf(b, label=KDF_SELF_MASK, context=round_context(rnd.plan, victim)), -1)]
     for v in sorted(srv._graph[victim]):
-        sk = private_from_bytes(combine_shares(shares[(v, "pairwise_key")][:t]))
+        sk = rnd.clients[v]._s_sk if v in colluders else private_from_bytes(
+            combine_shares(sorted(shares[(v, "pairwise_key")])[:t]))
         seeds.append((agree(sk, srv._keys[victim].s_pk, label=KDF_PAIRWISE_MASK,
                             context=pair_context(rnd.plan, victim, v)), -pairwise_sign(victim, v)))
     words = load_payload(parse_envelope(masked[victim]), MaskedInput).words
     y = [p.copy() for p in split_modules(from_words(words, layout=srv._layout, params=srv.params, sender=victim),
                                          layout=srv._layout)]
     add_masks(y, seeds)
-    alone = decode_sum(y, layout=srv._layout, params=srv.params, contributors=(victim,), consume=True)
-    for name, v in expected_sums(rnd.updates, [victim]).items():
+    return decode_sum(y, layout=srv._layout, params=srv.params, contributors=(victim,), consume=True)
+
+
+def test_documented_limit_below_the_default_t_a_split_view_exposes_one_update_without_colluders():
+    """n = 10 (k = 4) with t = 3, below the default t = k (a hospital accepts it only if its config says
+    so), min_clients = 3, no colluder. Everyone sends its masked input; the server then shows two
+    disjoint sets of signers two survivor sets: in view A (o_1, o_4, o_5, o_8, o_9 sign) the victim
+    o_6 and its neighbours o_4, o_5, o_8 survive and o_7 dropped; in view B (o_0, o_2, o_3, o_6, o_7
+    sign) o_4, o_5, o_8 dropped. Every check of every signer passes in its own view. View A gives
+    o_6's self-mask seed (from o_4, o_5, o_8) and o_7's pairwise-key secret; view B the pairwise-key
+    secrets of o_4, o_5, o_8 -- all of o_6's pairwise masks: its update alone. With t = k the route
+    is closed (o_6's self-mask needs every neighbour in one view, a neighbour's key all of that
+    neighbour's other neighbours in the other, and in the circulant graph they share some).
+    SECURITY.md ("Active server that lies about who dropped") states it."""
+    from clinograph.secure.masking.params import neighbour_graph
+
+
+    rnd = Round(n=10, threshold=3, min_clients=3)
+    o = list(neighbour_graph(rnd.plan, 4))
+    views = (([o[i] for i in (0, 1, 3, 4, 5, 6, 8, 9)], [o[i] for i in (1, 4, 5, 8, 9)]),
+             ([o[i] for i in (0, 1, 2, 3, 6, 7, 9)], [o[i] for i in (0, 2, 3, 6, 7)]))
+    alone = _split_view_update(rnd, views, o[6])
+    for name, v in expected_sums(rnd.updates, [o[6]]).items():
+        assert rel_err(alone.sums[name], v) < 1e-6
+
+
+def test_documented_limit_at_the_default_t_two_colluding_neighbours_and_a_split_view_expose_one_update():
+    """n = 10 with the default k = t = 4, min_clients = 4: SECURITY.md's table said a lying server needs
+    three colluding neighbours of o_8 (min(2t - (k+1), k)); two suffice, o_6 and o_9, with two views.
+    View A: U3 = {o_1, o_2, o_3, o_5, o_6, o_8, o_9}, the honest o_1, o_2, o_3, o_5, o_8 sign, o_0 and
+    o_7 dropped -- their pairwise-key secrets (holders o_8, o_9, o_1, o_2 and o_5, o_6, o_8, o_9). View
+    B: U3 = everyone but o_2, the honest o_0, o_4, o_7 sign -- o_8's self-mask seed from o_0, o_7 and
+    the colluders. With the colluders' own pairwise secrets, all four masks of o_8 come off."""
+    from clinograph.secure.masking.params import neighbour_graph
+
+    rnd = Round(n=10, threshold=4, min_clients=4)
+    o = list(neighbour_graph(rnd.plan, 4))
+    views = (([o[i] for i in (1, 2, 3, 5, 6, 8, 9)], [o[i] for i in (1, 2, 3, 5, 8)]),
+             ([o[i] for i in (0, 1, 3, 4, 5, 6, 7, 8, 9)], [o[i] for i in (0, 4, 7)]))
+    alone = _split_view_update(rnd, views, o[8], colluders=(o[6], o[9]))
+    for name, v in expected_sums(rnd.updates, [o[8]]).items():
         assert rel_err(alone.sums[name], v) < 1e-6
