@@ -7,7 +7,8 @@ dropped: the client reveals nothing when the server lists a neighbour both as su
 as dropped, or when the unmask request's survivor set U3 is not the one it signed at the
 consistency check and vouched for by >= t valid signatures from distinct members of U3
 (:mod:`.consistency`); each client reveals at most once a round. The bound against a lying
-server is then fewer than 2t - (k+1) colluding holders (see :mod:`.params`). Does not guarantee: correctness against malicious clients (a
+server is then fewer than 2t - (k+1) colluding holders for t = k (the default) or a complete graph;
+below t = k on a sparse graph a split view needs no colluder (see :mod:`.params`). Does not guarantee: correctness against malicious clients (a
 client can send garbage or bad shares and spoil the sum; it cannot learn others' updates),
 or privacy of *which* clients took part (the server sees who sent messages).
 """
@@ -26,7 +27,12 @@ from ..hazmat.shamir import split_secret
 from ..hazmat.x25519 import agree, generate_keypair, hkdf, private_bytes
 from ..messages import WireMessage
 from ..wire import open_envelope, parse_envelope, seal
-from .consistency import check_signatures, check_survivor_set, survivors_digest
+from .consistency import (
+    check_confirmed_group,
+    check_signatures,
+    check_survivor_set,
+    survivors_digest,
+)
 from .messages import (
     AdvertiseKeys,
     ConsistencyRequest,
@@ -212,9 +218,12 @@ class MaskingClient(AggregationClient):
                              masked_with=self._masked_with, threshold=self.params.threshold)
         if self._signed_u3 is None:  # unreachable through handle(): stage 4 follows stage 3
             raise ProtocolError("No survivor set was signed this round. Refused.")
-        check_signatures(plan=self.plan, signed=self._signed_u3, survivors=msg.survivors,
-                         signatures=msg.signatures, peers=self.peers, threshold=self.params.threshold,
-                         digest=self._signed_digest)
+        verified = check_signatures(plan=self.plan, signed=self._signed_u3, survivors=msg.survivors,
+                                    signatures=msg.signatures, peers=self.peers, threshold=self.params.threshold,
+                                    digest=self._signed_digest)
+        check_confirmed_group(plan=self.plan, me=self._me, signed=self._signed_u3, signatures=msg.signatures,
+                              peers=self.peers, graph=self._graph, digest=self._signed_digest, verified=verified,
+                              floor=max(self.params.threshold, self.plan.min_clients))
         return UnmaskResponse(**self._header(), shares=self._reveal(set(msg.survivors), set(msg.dropped)))
 
     def _reveal(self, survivors: set[str], dropped: set[str]) -> tuple[RevealedShare, ...]:

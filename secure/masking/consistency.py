@@ -5,7 +5,8 @@ client checks U3 (:func:`check_survivor_set`), answers with a :class:`~.messages
 naming ``survivors_digest(federation, round, sorted U3)`` in its signed envelope, and
 remembers the U3 it signed; it signs at most one U3 per round. With the unmask request the
 server forwards, for t signers, that envelope's payload bytes and signature as received (t is
-what the check needs; forwarding all |U3| made every request O(n) bytes);
+what the check needs; forwarding all |U3| made every request O(n) bytes), and for the signers
+that recipient's confirmed group goes through (:func:`check_confirmed_group`);
 before revealing any share a client requires (:func:`check_signatures`) the request's
 survivors to be exactly the U3 it signed and at least t valid signatures on that U3 from
 distinct members of U3 -- any forged, foreign, repeated or out-of-U3 signature is refused.
@@ -37,9 +38,12 @@ Does not guarantee: a collusion bound of t against a lying server. Each side of 
 can form its own quorum of t signers, so the bound on colluding share holders of one client
 stays c >= 2t - (k+1), as with the double-listing refusal alone (for a complete graph,
 n = k+1, the two bounds coincide; for a sparse SecAgg+ graph, 2t - n is weaker). What each
-side's sum covers is still floored: a signer's group in U3 (:func:`check_survivor_set`) has at
-least max(t, min_clients) members, so no quorum of a split view opens a smaller sum. See
-:mod:`clinograph.secure.masking.params` for the bounds that hold.
+side's sum covers is floored within its own view: a signer's group in U3 (:func:`check_survivor_set`)
+and its group walked through confirming signers (:func:`check_confirmed_group`) have at least
+max(t, min_clients) members. Across views it is not: below t = k on a sparse graph, one view's
+self-mask seeds and another's pairwise-key secrets of the same neighbours open one update with no
+colluder (n = 10, k = 4, t = 3, demonstrated), and colluders that cut U3 open one side's sum
+(SECURITY.md). See :mod:`clinograph.secure.masking.params` for the bounds that hold.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from clinograph.core.labels import SIG_MASKED_CONSISTENCY
 
 from ..messages import RoundPlan
 from .messages import ConsistencySignature, SurvivorSignature
-from .params import NeighbourGraph
+from .params import NeighbourGraph, confirmed_group
 from .stages import open_relayed, round_context
 
 
@@ -128,7 +132,7 @@ def check_survivor_set(*, me: str, survivors: Iterable[str], participants: Itera
 
 def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Iterable[str],
                      signatures: Iterable[SurvivorSignature], peers: Mapping[str, PublicIdentity],
-                     threshold: int, digest: str | None = None) -> None:
+                     threshold: int, digest: str | None = None) -> frozenset[str]:
     """Refuse an unmask request whose U3 is not the one this client signed, or is not vouched for
     by at least ``threshold`` valid signatures from distinct members of U3 (Bonawitz et al. 2017,
     round 5 check). Every listed signature must name a distinct member of U3; signatures are
@@ -139,6 +143,8 @@ def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Ite
 
     ``digest``: :func:`survivors_digest` of ``signed``, if the caller kept it when it signed.
 
+    Returns the clients whose signatures it verified (:func:`check_confirmed_group` does not redo them).
+
     Raises:
         ProtocolError: naming what was wrong (never a key or signature bytes).
     """
@@ -146,7 +152,7 @@ def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Ite
         raise ProtocolError("Unmask request's survivor set differs from the survivor set U3 this client signed at "
                             "the consistency check. Refused (the server shows clients different views).")
     digest, spec_digest, seen = digest or survivors_digest(plan, signed), plan.spec.digest(), set()
-    members = set(signed)
+    members, verified = set(signed), set()
     for s in signatures:
         if s.client in seen:
             raise ProtocolError(f"Consistency signatures list {s.client!r} twice. Refused.")
@@ -163,7 +169,52 @@ def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Ite
             if not ok:
                 raise ProtocolError(f"Consistency signature of {s.client!r} does not verify on this federation, "
                                     "round and survivor set U3. Refused (forged or for another view).")
+            verified.add(s.client)
         seen.add(s.client)
     if len(seen) < threshold:
         raise ProtocolError(f"Only {len(seen)} valid consistency signature(s) on U3; the threshold is {threshold}. "
                             "Refused: too few clients confirmed this survivor set.")
+    return frozenset(verified)
+
+
+def check_confirmed_group(*, plan: RoundPlan, me: str, signed: tuple[str, ...],
+                          signatures: Iterable[SurvivorSignature], peers: Mapping[str, PublicIdentity],
+                          graph: NeighbourGraph, floor: int, digest: str | None = None,
+                          verified: frozenset[str] = frozenset()) -> None:
+    """Refuse an unmask request unless ``me``'s group in U3 joined through hospitals whose consistency
+    signatures on U3 the request carries (:func:`.params.confirmed_group`) has at least ``floor``
+    (max(t, min_clients)) members. Run after :func:`check_signatures` (which checked that every listed
+    signature names a distinct member of U3). A signature is verified only when the walk goes through
+    its signer (``verified``: those :func:`check_signatures` verified already); one that does not
+    verify is refused, as there.
+
+    Why: the stage-3 check (:func:`check_survivor_set`) counts ``me``'s group by the graph's edges,
+    but only a hospital that signed U3 checked that it masked with each of its neighbours in U3. A
+    lying server kept in U3 a hospital it had not forwarded one neighbour's shares to (so it did not
+    mask with that neighbour; it refused to sign, which the server did not need) and opened the sum
+    on its side of that edge: four hospitals at n = 10, k = 4, t = 3, under min_clients = 7, no
+    colluder (session 53, reproduced)."""
+    digest, spec_digest = digest or survivors_digest(plan, signed), plan.spec.digest()
+    listed = {s.client: s for s in signatures}
+
+    def verify(client: str) -> None:
+        if client in verified:
+            return
+        s = listed[client]
+        try:
+            ok = open_relayed(plan, client=client, payload=s.payload, signature=s.signature, key=peers[client],
+                              model=ConsistencySignature, spec_digest=spec_digest).survivors_digest == digest
+        except (IntegrityError, ProtocolError):
+            ok = False
+        if not ok:
+            raise ProtocolError(f"Consistency signature of {client!r} does not verify on this federation, round and "
+                                "survivor set U3. Refused (forged or for another view).")
+
+    group, _ = confirmed_group(graph, me, signed, listed.__contains__, floor, verify)
+    if len(group) < floor:
+        raise ProtocolError(
+            f"Unmask request: only {len(group)} member(s) of U3 (this client included) are joined to {me!r} through "
+            f"hospitals that confirmed U3 (their consistency signatures in the request); a hospital that did not "
+            f"confirm it may not have masked with its neighbours, so a sum over fewer than {floor} hospitals (max of "
+            "the threshold and min_clients of the signed plan) could be opened. Refused (malicious or broken "
+            "server, or too few confirmations for the neighbour graph).")

@@ -51,7 +51,15 @@ u's update**. Hence:
   participants signed both (collude); and u's update stays hidden exactly while
   c < min(2t - (k+1), k). The consistency check does **not** raise this to t: the colluders
   sign both views, so each side of a split view gathers its own t signatures (a test
-  demonstrates it for n = 5, t = 3, c = 1).
+  demonstrates it for n = 5, t = 3, c = 1). **Only on a complete graph** (session 53): on a
+  sparse graph at t = k, k - 2 colluding neighbours of u suffice (u's seed from one view, the
+  pairwise-key secrets of its two non-adjacent honest neighbours, shown as dropped, from the
+  other; demonstrated at n = 10, k = 4); and below t = k: below it, on a sparse graph, two views signed by disjoint honest
+  quorums (2t - n <= 0: no colluder needed) can give u's self-mask seed in one view and the
+  pairwise-key secrets of all u's neighbours, "dropped" in the other, in the other -- u's update
+  alone with c = 0 (n = 10, k = 4, t = 3, a test demonstrates it). With t = k and no colluder
+  that route is closed: u's seed needs all its neighbours in one view, a neighbour's secret all
+  that neighbour's other neighbours in the other, and in the circulant graph they share some.
 - Liveness: a round completes iff no client loses more than k+1-t of its k+1 holders
   (itself included) to dropouts; t = k+1 tolerates no dropout at all.
 
@@ -62,7 +70,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -123,8 +131,12 @@ def masked_defaults(n_clients: int) -> MaskedDefaults:
     configuration. So the default is **the largest t that still tolerates one dropout**:
     t = k (for k >= 2). Any larger t aborts on one crash; any smaller t gives up collusion
     resistance for dropout tolerance that was not asked for. It yields k+1-t = 1 tolerated
-    dropout and ``max_colluders`` = min(2t-(k+1), k) - 1 = k - 2 against a lying server
-    (k - 1 against an honest-but-curious one). For the 4-hospital demo (a 4-cycle, k = 2,
+    dropout and ``max_colluders`` = min(2t-(k+1), k) - 1 = k - 2 against a lying server on the
+    complete graph (n <= 5), **k - 3 on a sparse graph** (session 53: k - 2 colluding neighbours
+    and two survivor-set views expose a hospital whose two honest neighbours are not adjacent --
+    its self-mask seed from one view, their pairwise-key secrets from the other; demonstrated at
+    n = 10, k = 4 with 2; none found with k - 3 by random search at n = 10 and 20 -- a search,
+    not a proof), and k - 1 against an honest-but-curious one. For the 4-hospital demo (a 4-cycle, k = 2,
     t = 2) that is 0 against a lying server and 1 against an honest-but-curious one; a
     federation that needs more should have more hospitals (k grows as log2 n) -- it is not
     reached by raising t on the 4-cycle without losing all dropout tolerance.
@@ -156,6 +168,8 @@ def masked_defaults(n_clients: int) -> MaskedDefaults:
                     "hospital learns both. No dropout is tolerated: a round with one survivor aborts."))
     t = k
     lying = min(2 * t - (k + 1), k) - 1
+    if k < n_clients - 1:  # sparse graph: a split view takes two non-adjacent honest neighbours' keys (params docstring)
+        lying = max(0, lying - 1)
     curious = min(t, k) - 1
     return MaskedDefaults(
         neighbours=k, threshold=t, tolerated_dropouts=k + 1 - t, max_colluders=lying,
@@ -379,6 +393,46 @@ def smallest_group(graph: NeighbourGraph, members: Iterable[str]) -> frozenset[s
             if not small or len(group) < len(small):
                 small = group
     return small
+
+
+def confirmed_group(graph: NeighbourGraph, me: str, members: Iterable[str], confirmed: Callable[[str], bool],
+                    floor: int, verify: Callable[[str], None] | None = None) -> tuple[frozenset[str], tuple[str, ...]]:
+    """``me``'s group in ``members`` joined through *confirmed* members only: it starts as ``me`` and its
+    neighbours in ``members``; a confirmed member of the group (it signed U3, so it masked with each
+    of its neighbours in U3: :func:`~.consistency.check_survivor_set`) adds its own neighbours. Greedy
+    and deterministic, so the server and every hospital walk the same path: each step goes through the
+    confirmed member that adds the most (ties: the smallest name), until the group has ``floor``
+    members or no confirmed member adds any. ``verify``: called on each member gone through (a hospital
+    verifies that signature then, and raises if it is bad). Returns the group and the members gone
+    through, in order: the consistency signatures a hospital needs to walk it (about floor / (k/2)
+    on a circulant graph, not n).
+
+    Why (session 53, after :meth:`NeighbourGraph.component`): an edge of the graph is a pairwise mask
+    only if both ends masked with each other, and a hospital checks its own ends only. A member that
+    did not sign U3 may not have masked with a neighbour (the server withheld that neighbour's
+    shares from it), so the sum on its side of that edge opens without the other side: at n = 10
+    (k = 4, t = 3, min_clients = 7) a server kept such a hospital in a U3 of seven that was one group
+    by the graph and opened the sum of four. Any sum the server can open holds a revealing signer
+    whose neighbours in U3 are all in it (a signer's mask with each of them is in its input), so it
+    holds that signer's confirmed group."""
+    inside = set(members)
+    seen = {me} | (graph[me] & inside)
+    done, through = {me}, []
+    while len(seen) < floor:
+        best, gain = None, 0
+        for v in sorted(seen - done):
+            if confirmed(v):
+                g = len((graph[v] & inside) - seen)
+                if g > gain:
+                    best, gain = v, g
+        if best is None:
+            break
+        if verify is not None:
+            verify(best)
+        done.add(best)
+        through.append(best)
+        seen |= graph[best] & inside
+    return frozenset(seen), tuple(through)
 
 
 def neighbour_graph(plan: RoundPlan, k: int) -> NeighbourGraph:

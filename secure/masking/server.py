@@ -5,8 +5,10 @@ arrive (memory O(P), never n vectors), then removes the survivors' self-masks an
 clients' pairwise masks from t-of-(k+1) Shamir shares. Between the masked input and the
 unmasking it runs the consistency check of Bonawitz et al. 2017 (round 4): it sends every
 survivor the survivor set U3, verifies and collects their Ed25519 signatures on it, and
-forwards t of them (all it has verified, so any t serve) with the unmask request
-(:mod:`.consistency`): a hospital checks t, so the request stays O(t) bytes, not O(n). A client silent or refused at
+forwards t of them (all it has verified, so any t serve) with the unmask request, and those
+of the signers the recipient's confirmed group goes through (:func:`.params.confirmed_group`;
+a recipient whose group is below max(t, min_clients) would refuse, so the round aborts):
+O(t + min_clients / k) bytes, not O(n) (:mod:`.consistency`). A client silent or refused at
 the consistency check is dropped from the rest of the round (it gets no unmask request), but
 its masked input is already in the sum and is unmasked through its self-mask shares, as in
 the paper (U4 subset of U3); fewer than max(t, min_clients) signers aborts the round.
@@ -52,7 +54,7 @@ from .messages import (
     UnmaskRequest,
     UnmaskResponse,
 )
-from .params import MaskingParams, neighbour_graph, smallest_group
+from .params import MaskingParams, confirmed_group, neighbour_graph, smallest_group
 from .stages import (
     STAGES,
     Layout,
@@ -244,12 +246,16 @@ class MaskingServer(AggregationServer):
     def next_stage(self) -> dict[str, bytes] | None:
         if self._stage >= _DONE:
             return None
-        alive = set(self._accepted)
+        answered = set(self._accepted)
+        alive = self._prune(answered) if self._stage < 2 else answered
         self._alive.append(alive)
         self._accepted, self._waiting = set(), set()
         need = max(self.params.threshold, self.plan.min_clients)
         if len(alive) < need:
-            return self._stop(f"Only {len(alive)} client(s) completed stage '{self.stage}'; the round needs "
+            short = (f", and {len(answered) - len(alive)} of them were left with fewer than t - 1 = "
+                     f"{self.params.threshold - 1} neighbours (their secrets could not be rebuilt)"
+                     if len(alive) < len(answered) else "")
+            return self._stop(f"Only {len(answered)} client(s) completed stage '{self.stage}'{short}; the round needs "
                               f"{need} (max of masked.threshold and min_clients). Round aborted, nothing published.")
         closing, self._stage = self._stage, self._stage + 1
         p = self.plan
@@ -276,8 +282,16 @@ class MaskingServer(AggregationServer):
         elif closing == 3:
             survivors = tuple(sorted(self._alive[2]))
             dropped = tuple(sorted(self._alive[1] - self._alive[2]))
-            sigs = tuple(self._signatures[c] for c in sorted(alive)[:self.params.threshold])  # t: what a client checks (consistency.py)
-            for u in alive:
+            quorum = sorted(alive)[:self.params.threshold]  # t: what a client checks (consistency.py)
+            for u in alive:  # and the signers its confirmed group goes through (check_confirmed_group)
+                group, through = confirmed_group(self._graph, u, survivors, alive.__contains__, need)
+                if len(group) < need:  # u would refuse the request (a signer's input masks with all its group)
+                    return self._stop(f"Only {len(group)} of the survivors are joined to {u!r} through hospitals that "
+                                      f"confirmed the survivor set (the round needs {need}: max of masked.threshold "
+                                      "and min_clients); the others may not have masked with their neighbours, so "
+                                      "that sum could be opened on its own. Round aborted, nothing published (too "
+                                      "many hospitals left at the consistency check for this neighbour graph).")
+                sigs = tuple(self._signatures[c] for c in sorted(set(quorum) | set(through)))
                 out[u] = UnmaskRequest(federation_id=p.federation_id, round=p.round, recipient=u,
                                        survivors=survivors, dropped=dropped, signatures=sigs)
         else:
@@ -288,6 +302,20 @@ class MaskingServer(AggregationServer):
             return None
         self._waiting = set(out)
         return {u: seal(m, self.identity) for u, m in out.items()}
+
+    def _prune(self, alive: set[str]) -> set[str]:
+        """``alive`` without the hospitals that would stop at the next stage (:meth:`.client.MaskingClient._need`):
+        fewer than t - 1 of their neighbours left (at stage 0: with keys; at stage 1: that shared), so their
+        secrets could never be rebuilt. Each is treated as having dropped now -- its message not used, no
+        message sent to it -- which may leave a neighbour short in turn (repeated until none is). Before
+        (session 53), the honest server sent them the stage's message and each refused it, an alarm for
+        nothing (n = 8, two neighbouring hospitals silent from the start: four refusals)."""
+        t, alive = self.params.threshold, set(alive)
+        short = {u for u in alive if len(self._graph[u] & alive) + 1 < t}
+        while short:
+            alive -= short
+            short = {u for u in alive if len(self._graph[u] & alive) + 1 < t}
+        return alive
 
     def _stop(self, reason: str) -> None:
         self._abort, self._stage, self._sum = reason, _DONE, None

@@ -334,3 +334,213 @@ def test_survivors_of_a_sparse_graph_that_stay_joined_still_give_the_sum():
     assert set(result.contributors) == keep
     for name, v in expected_sums(rnd.updates, keep).items():
         assert rel_err(result.sums[name], v) < 1e-6
+
+
+def _half_edge_round():
+    """n = 10, k = 4, t = 3, min_clients = 7: hospitals o_0 ... o_9 in the circulant graph's order. Everyone
+    keys and shares; o_1, o_2, o_6 then 'drop' (their masked inputs are not kept). The (lying) server
+    forwards x = o_7 every share but its neighbour y = o_5's, so x does not mask with y. U3 = {o_0, o_3,
+    o_4, o_5, o_7, o_8, o_9} is one group of seven by the graph's edges (only x-y joins {o_0, o_7, o_8,
+    o_9} to {o_3, o_4, o_5}), so every hospital but x signs it; x refuses (y is in U3), which the server
+    does not need. Returns the round at its unmask stage, the signatures on U3, U3, the dropped and the
+    four-hospital side S."""
+    from clinograph.secure.masking.messages import ForwardShares
+    from clinograph.secure.masking.params import neighbour_graph
+
+    rnd = Round(n=10, threshold=3, min_clients=7)
+    o = list(neighbour_graph(rnd.plan, 4))
+    u3, dropped, side = [o[i] for i in (0, 3, 4, 5, 7, 8, 9)], [o[1], o[2], o[6]], {o[0], o[7], o[8], o[9]}
+    x, y = o[7], o[5]
+    rnd.deliver()
+    for c, data in rnd.deliver(answer=False).items():
+        fwd = load_payload(parse_envelope(data), ForwardShares)
+        if c == x:
+            fwd = fwd.model_copy(update={"shares": tuple(s for s in fwd.shares if s.peer != y)})
+        rnd.outgoing[c] = rnd.clients[c].handle(seal(fwd, SERVER))
+    rnd.deliver(tamper=lambda c, data: [data] if c in u3 else [], answer=False)
+    with pytest.raises(ProtocolError, match="whose shares never reached it"):
+        show(rnd, x, u3)
+    sigs = [show(rnd, c, u3) for c in u3 if c != x]
+    return rnd, sigs, u3, dropped, side
+
+
+def test_a_hospital_kept_from_masking_with_a_neighbour_does_not_let_its_side_of_u3_be_opened():
+    """Before (session 53, after the group check): the six signers checked their group by the graph's
+    edges (seven), revealed their self-mask shares of all seven and the pairwise-key shares of o_1, o_2,
+    o_6, and the server decoded the sum of S = {o_0, o_7, o_8, o_9} alone (x's input has no mask with y;
+    seen: relative error 8e-8 against the plaintext sum of the four) under min_clients = 7, no colluder.
+    Now a hospital counts its group through hospitals whose signatures on U3 the request carries: x did
+    not sign, so each signer's group is S or {o_3, o_4, o_5, o_7} (four) -- every signer refuses, even
+    with all six signatures forwarded."""
+    rnd, sigs, u3, dropped, side = _half_edge_round()
+    for c in sorted(s.client for s in sigs):
+        with pytest.raises(ProtocolError, match=r"only 4 member\(s\) of U3 \(this client included\) are joined to "
+                                                r".* through hospitals that confirmed U3.*fewer than 7 hospitals"):
+            unmask(rnd, c, u3, sigs, dropped=dropped)
+    assert side < set(u3)
+
+
+
+def test_a_forged_signature_the_confirmed_walk_goes_through_is_refused():
+    """The server lists, after t valid signatures (which check_signatures verifies), one for x made of
+    another signer's payload and signature: the walk would go through x and reach seven; the hospital
+    verifies x's signature when it gets there and refuses the request."""
+    rnd, sigs, u3, dropped, side = _half_edge_round()
+    x = next(c for c in u3 if c in side and c not in {s.client for s in sigs})
+    forged = sigs[0].model_copy(update={"client": x})
+    me = sorted(side - {x})[0]
+    with pytest.raises(ProtocolError, match=rf"Consistency signature of '{x}' does not verify"):
+        unmask(rnd, me, u3, [*sigs, forged], dropped=dropped)
+
+
+def test_the_honest_server_aborts_when_a_signers_confirmed_group_is_below_the_floor():
+    """n = 10, k = 4, t = 3, min_clients = 5: o_0, o_1, o_5 drop before their masked inputs and o_6 does not
+    sign U3, the one hospital joining {o_7, o_8, o_9} to {o_2, o_3, o_4} through confirmed hospitals.
+    Six signers, every secret with t holders among them: before, the round completed; but each signer
+    now refuses (its confirmed group is four, below five), so the honest server sends no unmask request
+    and says why."""
+    from clinograph.secure.masking.params import neighbour_graph
+
+    rnd = Round(n=10, threshold=3, min_clients=5)
+    o = list(neighbour_graph(rnd.plan, 4))
+    rnd.deliver()
+    rnd.deliver()
+    rnd.deliver(tamper=lambda c, data: [] if c in (o[0], o[1], o[5]) else [data])
+    rnd.deliver(tamper=lambda c, data: [] if c == o[6] else [data])
+    assert rnd.server.stage == "done"
+    with pytest.raises(ProtocolError, match=r"Only 4 of the survivors are joined to .* through hospitals that "
+                                            r"confirmed the survivor set \(the round needs 5"):
+        rnd.server.result()
+
+
+def test_documented_limit_colluders_that_cut_u3_open_the_sum_of_one_side():
+    """SecAgg+ on a sparse graph (Bell et al. 2020 need the honest survivors to stay joined once the
+    colluders are taken out): n = 10 (k = 4, t = 4, the default), min_clients = 8. o_4 and o_9 drop
+    before their masked inputs (or a lying server ignores them), and o_0, o_3 collude: they are then
+    the only links between {o_1, o_2} and the other five. Every check passes (U3 is one group of
+    eight, confirmed through the colluders' own signatures) and the round completes; but with the
+    colluders' pairwise-key secrets the server opens o_1 + o_2 alone -- a sum of two honest updates,
+    not of min_clients - 2 = 6. SECURITY.md ("Who decides k and t") states it."""
+    from clinograph.secure.hazmat.x25519 import private_bytes
+    from clinograph.secure.masking.messages import MaskedInput
+    from clinograph.secure.masking.params import neighbour_graph
+    from clinograph.secure.masking.stages import from_words, split_modules
+
+    rnd = Round(n=10, threshold=4, min_clients=8)
+    o = list(neighbour_graph(rnd.plan, 4))
+    colluders, side = {o[0], o[3]}, {o[1], o[2]}
+    for _ in range(2):
+        rnd.deliver()
+    masked = {c: d for c, d in rnd.outgoing.items() if c not in (o[4], o[9])}
+    rnd.deliver(tamper=lambda c, data: [data] if c in masked else [])
+    rnd.deliver()
+    srv = rnd.server
+    assert len(rnd.outgoing) == 8  # every hospital of U3 signed and revealed: no check refused
+    for c, data in rnd.outgoing.items():  # the unmask answers, as the honest server takes them
+        srv.receive_bytes(c, data)
+    total = None
+    for c in side:
+        words = load_payload(parse_envelope(masked[c]), MaskedInput).words
+        parts = split_modules(from_words(words, layout=srv._layout, params=srv.params, sender=c), layout=srv._layout)
+        total = parts if total is None else [a + b for a, b in zip(total, parts, strict=True)]
+    own = srv._secret  # the colluders hand over their pairwise-key secrets
+    srv._secret = lambda v, kind: private_bytes(rnd.clients[v]._s_sk) if v in colluders else own(v, kind)
+    srv._sum, srv._alive[1], srv._alive[2] = total, side | colluders | {o[4], o[9]}, side
+    srv._alive.append(set(rnd.outgoing))
+    srv._unmask()
+    res = srv.result()
+    assert set(res.contributors) == side and rnd.plan.min_clients == 8
+    for name, v in expected_sums(rnd.updates, side).items():
+        assert rel_err(res.sums[name], v) < 1e-6
+
+
+def _split_view_update(rnd, views, victim, colluders=()):
+    """Play a lying server from the consistency stage on: each (U3, honest signers) view is shown to its
+    signers and vouched for by every colluder, and each signer gets an unmask request for its own view
+    (U3, everyone else dropped, all the view's signatures). Then decode ``victim``'s update alone from
+    the revealed shares, the colluders' own share holdings and pairwise-key secrets, and its masked
+    input. Returns the decoded ModuleSums."""
+    from clinograph.secure.hazmat.masking_prg import add_masks
+    from clinograph.secure.hazmat.shamir import combine_shares
+    from clinograph.secure.hazmat.x25519 import agree, hkdf, private_from_bytes
+    from clinograph.secure.masking.messages import MaskedInput
+    from clinograph.secure.masking.stages import (
+        decode_sum,
+        from_words,
+        pair_context,
+        pairwise_sign,
+        round_context,
+        split_modules,
+    )
+
+    from clinograph.core.labels import KDF_PAIRWISE_MASK, KDF_SELF_MASK
+
+    rnd.deliver()
+    rnd.deliver()
+    masked = dict(rnd.outgoing)
+    rnd.deliver(answer=False)  # every masked input is in; the server's own U3 requests are not delivered
+    shares: dict[tuple[str, str], set] = {}
+    for c in colluders:  # a colluder hands over every share it holds
+        for owner, (idx, b_share, s_share) in rnd.clients[c]._held.items():
+            shares.setdefault((owner, "self_mask"), set()).add((idx, b_share))
+            shares.setdefault((owner, "pairwise_key"), set()).add((idx, s_share))
+    for u3, signers in views:
+        sigs = [show(rnd, c, u3) for c in signers] + [vouch(rnd.plan, c, u3) for c in colluders]
+        dropped = sorted(set(rnd.plan.participants) - set(u3))
+        for c in signers:
+            for r in load_payload(parse_envelope(unmask(rnd, c, u3, sigs, dropped=dropped)), UnmaskResponse).shares:
+                shares.setdefault((r.owner, r.secret), set()).add((r.index, r.share))
+    srv, t = rnd.server, rnd.server.params.threshold
+    b = combine_shares(sorted(shares[(victim, "self_mask")])[:t])
+    seeds = [(hkdf(b, label=KDF_SELF_MASK, context=round_context(rnd.plan, victim)), -1)]
+    for v in sorted(srv._graph[victim]):
+        sk = rnd.clients[v]._s_sk if v in colluders else private_from_bytes(
+            combine_shares(sorted(shares[(v, "pairwise_key")])[:t]))
+        seeds.append((agree(sk, srv._keys[victim].s_pk, label=KDF_PAIRWISE_MASK,
+                            context=pair_context(rnd.plan, victim, v)), -pairwise_sign(victim, v)))
+    words = load_payload(parse_envelope(masked[victim]), MaskedInput).words
+    y = [p.copy() for p in split_modules(from_words(words, layout=srv._layout, params=srv.params, sender=victim),
+                                         layout=srv._layout)]
+    add_masks(y, seeds)
+    return decode_sum(y, layout=srv._layout, params=srv.params, contributors=(victim,), consume=True)
+
+
+def test_documented_limit_below_the_default_t_a_split_view_exposes_one_update_without_colluders():
+    """n = 10 (k = 4) with t = 3, below the default t = k (a hospital accepts it only if its config says
+    so), min_clients = 3, no colluder. Everyone sends its masked input; the server then shows two
+    disjoint sets of signers two survivor sets: in view A (o_1, o_4, o_5, o_8, o_9 sign) the victim
+    o_6 and its neighbours o_4, o_5, o_8 survive and o_7 dropped; in view B (o_0, o_2, o_3, o_6, o_7
+    sign) o_4, o_5, o_8 dropped. Every check of every signer passes in its own view. View A gives
+    o_6's self-mask seed (from o_4, o_5, o_8) and o_7's pairwise-key secret; view B the pairwise-key
+    secrets of o_4, o_5, o_8 -- all of o_6's pairwise masks: its update alone. With t = k the route
+    is closed (o_6's self-mask needs every neighbour in one view, a neighbour's key all of that
+    neighbour's other neighbours in the other, and in the circulant graph they share some).
+    SECURITY.md ("Active server that lies about who dropped") states it."""
+    from clinograph.secure.masking.params import neighbour_graph
+
+
+    rnd = Round(n=10, threshold=3, min_clients=3)
+    o = list(neighbour_graph(rnd.plan, 4))
+    views = (([o[i] for i in (0, 1, 3, 4, 5, 6, 8, 9)], [o[i] for i in (1, 4, 5, 8, 9)]),
+             ([o[i] for i in (0, 1, 2, 3, 6, 7, 9)], [o[i] for i in (0, 2, 3, 6, 7)]))
+    alone = _split_view_update(rnd, views, o[6])
+    for name, v in expected_sums(rnd.updates, [o[6]]).items():
+        assert rel_err(alone.sums[name], v) < 1e-6
+
+
+def test_documented_limit_at_the_default_t_two_colluding_neighbours_and_a_split_view_expose_one_update():
+    """n = 10 with the default k = t = 4, min_clients = 4: SECURITY.md's table said a lying server needs
+    three colluding neighbours of o_8 (min(2t - (k+1), k)); two suffice, o_6 and o_9, with two views.
+    View A: U3 = {o_1, o_2, o_3, o_5, o_6, o_8, o_9}, the honest o_1, o_2, o_3, o_5, o_8 sign, o_0 and
+    o_7 dropped -- their pairwise-key secrets (holders o_8, o_9, o_1, o_2 and o_5, o_6, o_8, o_9). View
+    B: U3 = everyone but o_2, the honest o_0, o_4, o_7 sign -- o_8's self-mask seed from o_0, o_7 and
+    the colluders. With the colluders' own pairwise secrets, all four masks of o_8 come off."""
+    from clinograph.secure.masking.params import neighbour_graph
+
+    rnd = Round(n=10, threshold=4, min_clients=4)
+    o = list(neighbour_graph(rnd.plan, 4))
+    views = (([o[i] for i in (1, 2, 3, 5, 6, 8, 9)], [o[i] for i in (1, 2, 3, 5, 8)]),
+             ([o[i] for i in (0, 1, 3, 4, 5, 6, 7, 8, 9)], [o[i] for i in (0, 4, 7)]))
+    alone = _split_view_update(rnd, views, o[8], colluders=(o[6], o[9]))
+    for name, v in expected_sums(rnd.updates, [o[8]]).items():
+        assert rel_err(alone.sums[name], v) < 1e-6

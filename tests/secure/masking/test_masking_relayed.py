@@ -70,7 +70,7 @@ class Hundred:
         return msgs
 
 
-def test_a_hospital_at_n_100_verifies_k_key_and_t_consistency_signatures_not_n(monkeypatch):
+def test_a_hospital_at_n_100_verifies_k_key_and_few_consistency_signatures_not_n(monkeypatch):
     rnd = Hundred(monkeypatch)
     requests = None
     for stage in range(5):
@@ -78,15 +78,16 @@ def test_a_hospital_at_n_100_verifies_k_key_and_t_consistency_signatures_not_n(m
         if stage == 3:
             requests = msgs
     assert sorted(rnd.server.result().contributors) == sorted(rnd.plan.participants)
-    # what travels: t consistency signatures in every unmask request, not |U3| = 100
-    for data in requests.values():
-        assert len(load_payload(parse_envelope(data), UnmaskRequest).signatures) == rnd.t
+    # what travels: t consistency signatures in every unmask request and those of the hospitals its
+    # confirmed group goes through (min_clients = 50 members, about 4 more a signer: 16..19), not |U3| = 100
+    carried = {c: len(load_payload(parse_envelope(data), UnmaskRequest).signatures) for c, data in requests.items()}
+    assert rnd.t < min(carried.values()) and max(carried.values()) <= rnd.t + N // 2 // (rnd.k // 2)
     for c in rnd.plan.participants:
         got = rnd.verified[c]
         assert got.pop("server") == 4  # the server's four messages
         relayed = sum(got.values())
-        assert relayed == rnd.k + rnd.t  # its k neighbours' key signatures, t consistency signatures
-        assert relayed < N // 5  # O(log n), not O(n)
+        assert relayed == rnd.k + carried[c]  # its k neighbours' key signatures, the consistency signatures
+        assert relayed < N // 3  # O(log n + min_clients / k), not O(n)
     assert sum(rnd.verified["server"].values()) == 5 * N  # the server checks every hospital's every message
 
 
