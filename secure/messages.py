@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -160,10 +161,17 @@ class RoundPlan(WireMessage):
         weight, option or model -- cannot complete the round together. The memo names the object that
         computed it: ``model_copy`` copies private attributes, and a copy with other fields must not
         inherit its original's digest."""
-        if self._digest is None or self._digest[0] != id(self):
+        if self._digest is None or self._digest[0] != id(self):  # (model_copy also drops it: below)
             body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
             self._digest = (id(self), hashlib.sha256(b"clinograph/round-plan/1\x00" + body.encode()).hexdigest())
         return self._digest[1]
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> RoundPlan:
+        """pydantic's copy without the digest memo: a copy of a copy could otherwise take its memo from
+        an original since freed, whose id the new object may reuse."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._digest = None
+        return copy
 
 
 class ModuleTensor(WireMessage):

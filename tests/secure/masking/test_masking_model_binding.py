@@ -136,3 +136,26 @@ def test_the_plan_digest_is_the_same_for_the_sealed_and_the_received_plan_and_ne
     changed = rnd.plan.model_copy(update={"min_clients": rnd.plan.min_clients + 1})
     assert changed.digest() != rnd.plan.digest()
     assert rnd.plan.model_copy().digest() == rnd.plan.digest()
+
+
+def test_a_copy_of_a_copy_takes_no_memo_from_a_freed_original():
+    """The memo named the object that computed it (id). A copy made without computing its own digest carried
+    its original's memo; a copy of that copy, made after the original was freed, could be given the freed
+    original's id -- and its digest. model_copy now drops the memo (seen failing without: the id reused)."""
+    import gc
+
+    from clinograph.secure.messages import RoundPlan
+
+    base = Round(n=5, threshold=3).plan
+    for _ in range(50):  # CPython reuses a freed object's memory for the next of its size: try until it does
+        original = base.model_copy(update={"round": base.round + 1})
+        original.digest()
+        middle = original.model_copy()  # computes nothing
+        address = id(original)
+        del original
+        gc.collect()
+        last = middle.model_copy(update={"min_clients": base.min_clients + 2})
+        if id(last) == address:
+            break
+    want = RoundPlan.model_validate(last.model_dump()).digest()
+    assert last.digest() == want
