@@ -12,7 +12,7 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Mapping
+import weakref
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -151,7 +151,7 @@ class RoundPlan(WireMessage):
     dp_policy: DPPolicy | None = None
     global_state_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
     options: dict[str, Finite | int | str | bool] = Field(default_factory=dict, max_length=1024)  # the run's options and one weight per hospital
-    _digest: tuple[int, str] | None = PrivateAttr(default=None)  # (id of the plan that computed it, digest)
+    _digest: tuple[weakref.ref, str] | None = PrivateAttr(default=None)  # (the plan that computed it, digest)
 
     def digest(self) -> str:
         """SHA-256 (hex) of the plan's canonical JSON (sorted keys, a domain tag), memoised. Every
@@ -160,18 +160,14 @@ class RoundPlan(WireMessage):
         round, so hospitals sent different plans -- another participant list, ``min_clients``,
         weight, option or model -- cannot complete the round together. The memo names the object that
         computed it: ``model_copy`` copies private attributes, and a copy with other fields must not
-        inherit its original's digest."""
-        if self._digest is None or self._digest[0] != id(self):  # (model_copy also drops it: below)
+        inherit its original's digest -- by a weak reference, not its id: CPython gives a freed object's id
+        to the next object of its size, and a copy (``copy``, ``deepcopy``, a copy of a copy) made after
+        its original was freed took the original's memo (tests/secure/masking/test_masking_model_binding.py)."""
+        if self._digest is None or self._digest[0]() is not self:
             body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-            self._digest = (id(self), hashlib.sha256(b"clinograph/round-plan/1\x00" + body.encode()).hexdigest())
+            self._digest = (weakref.ref(self), hashlib.sha256(b"clinograph/round-plan/1\x00" + body.encode()).hexdigest())
         return self._digest[1]
 
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> RoundPlan:
-        """pydantic's copy without the digest memo: a copy of a copy could otherwise take its memo from
-        an original since freed, whose id the new object may reuse."""
-        copy = super().model_copy(update=update, deep=deep)
-        copy._digest = None
-        return copy
 
 
 class ModuleTensor(WireMessage):
