@@ -168,6 +168,15 @@ class RoundPlan(WireMessage):
             self._digest = (weakref.ref(self), hashlib.sha256(b"clinograph/round-plan/1\x00" + body.encode()).hexdigest())
         return self._digest[1]
 
+    def __getstate__(self) -> dict[Any, Any]:
+        """pydantic's pickled state without the memo (a weak reference does not pickle; the copy
+        computes its own): plans travel to worker processes."""
+        state = super().__getstate__()
+        private = state.get("__pydantic_private__")
+        if private and private.get("_digest") is not None:
+            state = {**state, "__pydantic_private__": {**private, "_digest": None}}
+        return state
+
 
 
 class ModuleTensor(WireMessage):

@@ -163,3 +163,6 @@ def test_a_copy_of_a_copy_takes_no_memo_from_a_freed_original():
     assert any(reused for _, reused, _, _ in seen)  # the case the test is about did occur
     for how, _, digest, fields in seen:
         assert digest == RoundPlan.model_validate(fields).digest(), how
+    import pickle  # plans travel to worker processes: the memo (a weak reference) is not pickled, the copy computes
+
+    assert pickle.loads(pickle.dumps(base)).digest() == base.digest()
