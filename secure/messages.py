@@ -163,10 +163,13 @@ class RoundPlan(WireMessage):
         inherit its original's digest -- by a weak reference, not its id: CPython gives a freed object's id
         to the next object of its size, and a copy (``copy``, ``deepcopy``, a copy of a copy) made after
         its original was freed took the original's memo (tests/secure/masking/test_masking_model_binding.py)."""
-        if self._digest is None or self._digest[0]() is not self:
+        private = self.__pydantic_private__  # the dict itself: ``self._digest`` costs ~1.4 µs a read here
+        memo = private.get("_digest")
+        if memo is None or memo[0]() is not self:
             body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-            self._digest = (weakref.ref(self), hashlib.sha256(b"clinograph/round-plan/1\x00" + body.encode()).hexdigest())
-        return self._digest[1]
+            memo = private["_digest"] = (weakref.ref(self),
+                                         hashlib.sha256(b"clinograph/round-plan/1\x00" + body.encode()).hexdigest())
+        return memo[1]
 
     def __getstate__(self) -> dict[Any, Any]:
         """pydantic's pickled state without the memo (a weak reference does not pickle; the copy

@@ -365,15 +365,29 @@ class NeighbourGraph(Mapping[str, frozenset[str]]):
         only when both inputs are in one sum, and no honest hospital reveals the pairwise key of a
         survivor. A set of survivors with no edge to the rest of U3 is thus a sum the server can open
         on its own: in a sparse graph U3 can split into such groups, each a sum over fewer hospitals
-        than U3 counts. Breadth-first, O(|members| k)."""
-        inside = set(members)
-        seen, todo = {me}, [me]
-        while todo:
-            for v in self[todo.pop()]:
-                if v in inside and v not in seen:
-                    seen.add(v)
-                    todo.append(v)
-        return frozenset(seen)
+        than U3 counts.
+
+        On the circulant graph C_n(1..k/2) two members consecutive in the graph's order (cyclically)
+        are neighbours when at most k/2 apart, and any two members at most k/2 apart are joined
+        through the members between them: the groups are the runs of members between gaps wider
+        than k/2. So: sort the members' positions, cut at those gaps -- O(|members| log |members|)
+        integer steps, no neighbour set built (a breadth-first search built all n of them, about
+        0.1 ms a hospital at n = 100); the same sets as the search (tested against it)."""
+        inside = set(members) | {me}
+        n = len(self._people)
+        if self._k >= n - 1:  # the complete graph: one group
+            return frozenset(inside)
+        at, half = self._at, self._k // 2
+        pos = sorted(at[c] for c in inside)  # KeyError for a stranger, as self[c]
+        m = len(pos)
+        cuts = [i for i in range(m) if (pos[(i + 1) % m] - pos[i]) % n > half]  # a gap after pos[i]
+        if len(cuts) <= 1:  # one run around the cycle (one gap: a path)
+            return frozenset(inside)
+        mine = pos.index(at[me])
+        start = max((c for c in cuts if c < mine), default=cuts[-1] - m) + 1  # the run after the last cut before me
+        end = min((c for c in cuts if c >= mine), default=cuts[0] + m)  # ... to the first cut at or after me
+        people = self._people
+        return frozenset(people[pos[i % m]] for i in range(start, end + 1))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._people)
