@@ -160,21 +160,26 @@ def check_signatures(*, plan: RoundPlan, signed: tuple[str, ...], survivors: Ite
             raise ProtocolError(f"Consistency signature from {s.client!r}, who is not in the survivor set U3 "
                                 "(or not enrolled). Refused.")
         if len(seen) < threshold:
-            try:
-                vouched = open_relayed(plan, client=s.client, payload=s.payload, signature=s.signature,
-                                       key=peers[s.client], model=ConsistencySignature, spec_digest=spec_digest)
-                ok = vouched.survivors_digest == digest
-            except (IntegrityError, ProtocolError):
-                ok = False
-            if not ok:
-                raise ProtocolError(f"Consistency signature of {s.client!r} does not verify on this federation, "
-                                    "round and survivor set U3. Refused (forged or for another view).")
+            _verify(plan, s, peers[s.client], digest=digest, spec_digest=spec_digest)
             verified.add(s.client)
         seen.add(s.client)
     if len(seen) < threshold:
         raise ProtocolError(f"Only {len(seen)} valid consistency signature(s) on U3; the threshold is {threshold}. "
                             "Refused: too few clients confirmed this survivor set.")
     return frozenset(verified)
+
+
+def _verify(plan: RoundPlan, s: SurvivorSignature, key: PublicIdentity, *, digest: str, spec_digest: str) -> None:
+    """ProtocolError unless ``s`` is its client's consistency signature on the U3 of ``digest`` for this
+    federation and round (:func:`.stages.open_relayed`); never shows key or signature bytes."""
+    try:
+        ok = open_relayed(plan, client=s.client, payload=s.payload, signature=s.signature, key=key,
+                          model=ConsistencySignature, spec_digest=spec_digest).survivors_digest == digest
+    except (IntegrityError, ProtocolError):
+        ok = False
+    if not ok:
+        raise ProtocolError(f"Consistency signature of {s.client!r} does not verify on this federation, round and "
+                            "survivor set U3. Refused (forged or for another view).")
 
 
 def check_confirmed_group(*, plan: RoundPlan, me: str, signed: tuple[str, ...],
@@ -198,17 +203,8 @@ def check_confirmed_group(*, plan: RoundPlan, me: str, signed: tuple[str, ...],
     listed = {s.client: s for s in signatures}
 
     def verify(client: str) -> None:
-        if client in verified:
-            return
-        s = listed[client]
-        try:
-            ok = open_relayed(plan, client=client, payload=s.payload, signature=s.signature, key=peers[client],
-                              model=ConsistencySignature, spec_digest=spec_digest).survivors_digest == digest
-        except (IntegrityError, ProtocolError):
-            ok = False
-        if not ok:
-            raise ProtocolError(f"Consistency signature of {client!r} does not verify on this federation, round and "
-                                "survivor set U3. Refused (forged or for another view).")
+        if client not in verified:
+            _verify(plan, listed[client], peers[client], digest=digest, spec_digest=spec_digest)
 
     group, _ = confirmed_group(graph, me, signed, listed.__contains__, floor, verify)
     if len(group) < floor:
