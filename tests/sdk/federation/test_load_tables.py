@@ -1,7 +1,5 @@
 """simulate's load_tables: each hospital's table read as its site schema (or EHR source file) says."""
 
-import sys
-from pathlib import Path
 
 from clinograph.sdk.config import SimulationConfig
 from clinograph.sdk.federation.simulate import load_tables
@@ -43,9 +41,6 @@ def test_hospitals_given_by_omop_fhir_and_meds_source_files_are_read_as_check_re
     # before: `clinograph simulate` read every [[hospitals]] schema as a site schema: an EHR source file was
     # refused as "omop: unknown key", so a federation of OMOP, FHIR and MEDS hospitals could not run
     import pytest
-
-    from clinograph.core.errors import SchemaError
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
     from cohort_exports import (
         example_cohort,
         write_dictionary,
@@ -54,6 +49,8 @@ def test_hospitals_given_by_omop_fhir_and_meds_source_files_are_read_as_check_re
         write_omop,
         write_source_file,
     )
+
+    from clinograph.core.errors import SchemaError
 
     cohort = example_cohort()
     write_omop(tmp_path / "omop", cohort)
@@ -78,8 +75,6 @@ def test_an_omop_hospital_given_by_a_database_url_is_read_from_that_database(tmp
     # before: [[hospitals]] table was a Path: "duckdb:////abs/cdm.duckdb" (or postgresql+psycopg://...) folded to
     # "duckdb:/abs/cdm.duckdb", joined to the config's folder, and refused as an OMOP location that does not exist
     import duckdb
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
     from cohort_exports import (
         example_cohort,
         write_dictionary,

@@ -11,6 +11,19 @@ from clinograph.sdk.federation.node import check_data_dir, make_hospital
 from clinograph.core.errors import ConfigError
 
 
+def _north(tmp_path, data):
+    """(node config, identity) of hospital north of a two-hospital keyset, its data-dir ``data``."""
+    from clinograph.secure.transport.flower.keyset import init_keyset
+
+    from clinograph.core.identity import Identity
+
+    keys = init_keyset(tmp_path / "keys", federation_id="fed", hospitals=["north", "south"],
+                       superlink_hosts=["127.0.0.1"], superlink_port=19099)
+    node = {"data-dir": str(data), "state-dir": str(tmp_path / "s"),
+            "federation-file": str(keys.hospital_dirs["north"] / "federation.toml")}
+    return node, Identity.load("north", keys.hospital_dirs["north"] / "north.ed25519.pem")
+
+
 def test_the_data_dir_is_checked_at_start_every_problem_at_once(tmp_path):
     """A SuperNode started on a data-dir without its files came up, connected, and refused the
     server's hello of the next run with a traceback in its log; the run went on without it."""
@@ -36,15 +49,8 @@ def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp
     MEDS dataset or a FHIR export could take part in a simulation (`clinograph simulate` reads source files)
     but not in a deployment. Now schema.toml may be its EHR source file, and the source is data-dir/source,
     source.duckdb, or the database URL in source.url."""
-    import sys
-    from pathlib import Path
 
     import tomli_w
-    from clinograph.secure.transport.flower.keyset import init_keyset
-
-    from clinograph.core.identity import Identity
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
     from cohort_exports import (
         example_cohort,
         write_dictionary,
@@ -52,6 +58,7 @@ def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp
         write_omop,
         write_source_file,
     )
+
 
     data = tmp_path / "data"
     data.mkdir()
@@ -68,11 +75,7 @@ def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp
     cohort = example_cohort()
     write_omop(data / "source", cohort)
     check_data_dir({"data-dir": str(data)})
-    keys = init_keyset(tmp_path / "keys", federation_id="fed", hospitals=["north", "south"],
-                       superlink_hosts=["127.0.0.1"], superlink_port=19099)
-    node = {"data-dir": str(data), "state-dir": str(tmp_path / "s"),
-            "federation-file": str(keys.hospital_dirs["north"] / "federation.toml")}
-    me = Identity.load("north", keys.hospital_dirs["north"] / "north.ed25519.pem")
+    node, me = _north(tmp_path, data)
     caplog.set_level("INFO", logger="clinograph.sdk.federation.node")
     member = make_hospital(node_config=node, run_config={}, run_id=1, identity=me)
     assert member.setup.table.n_patients == 4  # the OMOP folder's cohort, ingested as `clinograph check` does
@@ -97,12 +100,8 @@ def test_an_ehr_source_that_cannot_be_opened_is_refused_at_start_not_at_the_runs
     run's hello: the hospital refused it, and `clinograph run` failed 'Only 0 hospital(s) proved they serve an
     enrolled hospital ... Check the SuperNodes' logs and key files'. Now the source is opened at start, as the
     reader will open it, reading no row; a source.url's password is never shown."""
-    import sys
-    from pathlib import Path
 
     import tomli_w
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
     from cohort_exports import example_cohort, write_dictionary, write_omop, write_source_file
 
     data = tmp_path / "data"
@@ -151,16 +150,10 @@ def test_a_fhir_export_in_one_file_is_read_by_its_suffix(tmp_path):
     """Before: one bulk NDJSON file at data-dir/source (the docs: 'a FHIR export folder or file') passed the start
     check and was parsed as one JSON document at the run's hello: 'FHIR input source is not valid JSON ... Export
     it again'. Now the file is named by its format (source.json, source.ndjson, source.ndjson.gz)."""
-    import sys
-    from pathlib import Path
 
     import tomli_w
-    from clinograph.secure.transport.flower.keyset import init_keyset
-
-    from clinograph.core.identity import Identity
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ingest"))
     from cohort_exports import example_cohort, write_dictionary, write_fhir, write_source_file
+
 
     data = tmp_path / "data"
     data.mkdir()
@@ -174,10 +167,6 @@ def test_a_fhir_export_in_one_file_is_read_by_its_suffix(tmp_path):
         check_data_dir({"data-dir": str(data)})
     (data / "source").rename(data / "source.ndjson")
     check_data_dir({"data-dir": str(data)})
-    keys = init_keyset(tmp_path / "keys", federation_id="fed", hospitals=["north", "south"],
-                       superlink_hosts=["127.0.0.1"], superlink_port=19099)
-    node = {"data-dir": str(data), "state-dir": str(tmp_path / "s"),
-            "federation-file": str(keys.hospital_dirs["north"] / "federation.toml")}
-    me = Identity.load("north", keys.hospital_dirs["north"] / "north.ed25519.pem")
+    node, me = _north(tmp_path, data)
     member = make_hospital(node_config=node, run_config={}, run_id=1, identity=me)
     assert member.setup.table.n_patients == 4
