@@ -162,6 +162,26 @@ class HospitalWorker:
         self._inode: int | None = None
         self._thread: threading.Thread | None = None
 
+    def redact(self, text: str) -> str:
+        """``text`` with this node's own paths (``--node-config`` data-dir, state-dir, key-file,
+        federation-file; as given and resolved) written as ``<data-dir>`` etc.: a refusal goes to the
+        server, its audit log and the published report, which need what went wrong, not where this
+        hospital keeps its files. The hospital's own log keeps the whole message."""
+        found: list[tuple[str, str]] = []
+        for key in ("data-dir", "state-dir", "key-file", "federation-file"):
+            value = self.node_config.get(key)
+            if not isinstance(value, str) or not value.strip("/"):
+                continue
+            forms = {value.rstrip("/")}
+            try:
+                forms.add(str(Path(value).resolve()))
+            except (OSError, RuntimeError):
+                pass
+            found += [(form, f"<{key}>") for form in forms if len(form) > 1]
+        for form, name in sorted(found, key=lambda f: -len(f[0])):  # the longest first: nested directories
+            text = text.replace(form, name)
+        return text
+
     # -- the protocol ------------------------------------------------------------------
     def handle(self, header: Mapping[str, Any], parts: Mapping[str, bytes]) -> dict[str, bytes]:
         """Answer one stage. Raises ClinographError on refusal."""
@@ -318,7 +338,10 @@ class HospitalWorker:
                     out = self.handle(header, parts)
                     send_frame(conn, {"ok": True}, out)
                 except ClinographError as exc:
-                    send_frame(conn, {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, {})
+                    reason = f"{type(exc).__name__}: {exc}"
+                    if stage := header.get("stage"):
+                        _log.warning("refused the %s message: %s", printable(str(stage)), reason)
+                    send_frame(conn, {"ok": False, "error": self.redact(reason)}, {})
                 except Exception as exc:  # noqa: BLE001 -- reported by class only: no data in errors
                     _log.error("hospital worker: %s at\n%s", type(exc).__name__,
                                "".join(traceback.format_tb(exc.__traceback__)))
