@@ -142,6 +142,11 @@ def check_data_dir(node_config: Mapping[str, Any]) -> None:
         schema = load_site_source(data / "schema.toml")
     except ConfigError as exc:
         problems.append(str(exc))
+    hospital = node_config.get("hospital")
+    if schema is not None and isinstance(hospital, str) and schema.site != hospital:  # build_hospital's check, now
+        problems.append(f"{data / 'schema.toml'} names site {schema.site!r}, but this SuperNode serves hospital "
+                        f"{hospital!r} (--node-config hospital, its key's name): a hospital reads only its own "
+                        f"data -- write site = {hospital!r} there, or give this node the data-dir of {schema.site!r}.")
     if isinstance(schema, EhrSourceConfig):
         if dictionary is not None:
             try:  # the features it names (age, sex, units, ...), as the reader checks them before any row

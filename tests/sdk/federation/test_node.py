@@ -42,6 +42,10 @@ def test_the_data_dir_is_checked_at_start_every_problem_at_once(tmp_path):
     (tmp_path / "schema.toml").write_text('site = "h1"\nformat = "wide"\npatient_id = "id"\nlabel = "y"\n')
     (tmp_path / "table.csv").write_text("id,y\n1,0\n")
     check_data_dir({"data-dir": str(tmp_path)})  # all there: the rows are read when a run starts
+    check_data_dir({"data-dir": str(tmp_path), "hospital": "h1"})
+    with pytest.raises(ConfigError, match=r"schema.toml names site 'h1', but this SuperNode serves hospital 'h2' "
+                                          r"\(--node-config hospital, its key's name\).*write site = 'h2' there"):
+        check_data_dir({"data-dir": str(tmp_path), "hospital": "h2"})  # was found only at a run's hello
 
 
 def test_a_hospital_whose_data_is_an_ehr_export_is_built_from_it_where_it_is(tmp_path, caplog):
