@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "sdk" / "ingest"))
+from benchmarks.runtime_speed.checkout_child import extract_digest, use_checkout, vm_mib  # noqa: E402
 from research._common import emit, machine  # noqa: E402
 
 KINDS = ("omop", "meds", "fhir")
@@ -47,41 +48,21 @@ def cohort(patients: int, labs: int):  # noqa: ANN201 - a cohort_exports.Cohort
     return Cohort(patients=tuple(out))
 
 
-def _digest(ex) -> str:  # noqa: ANN001 - an EhrExtract: the table and report, to compare two checkouts
-    import hashlib
-
-    import pandas as pd
-
-    h = hashlib.sha256(pd.util.hash_pandas_object(ex.table.astype(str), index=False).to_numpy().tobytes())
-    h.update(repr(ex.report).encode())
-    return h.hexdigest()[:16]
-
-
-def _vm(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024.0
-    return float("nan")
-
 
 def child(kind: str, folder: Path, code: Path) -> None:
-    import importlib
-
-    finder = importlib.import_module("__editable___clinograph_0_1_0_finder")
-    finder.MAPPING.update({"clinograph": str(code / "clinograph"), "clinograph.sdk": str(code / "sdk"),
-                           "clinograph.secure": str(code / "secure")})
+    use_checkout(code)
     from clinograph.sdk.ingest.sources import EhrSourceConfig, read_source
     from cohort_exports import DICTIONARY, source_files
 
     config = EhrSourceConfig.model_validate({"site": "h", kind: source_files()[kind]})
-    base = _vm("VmRSS")
+    base = vm_mib("VmRSS")
     r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     ex = read_source(config, folder / kind, dictionary=DICTIONARY, base=folder / "meds")
     r1 = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"peak_rss_mib": _vm("VmHWM"), "rss_before_read_mib": base,
+    print(json.dumps({"peak_rss_mib": vm_mib("VmHWM"), "rss_before_read_mib": base,
                       "cpu_seconds": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
                       "wall_seconds": time.perf_counter() - w0, "table_rows": len(ex.table),
-                      "events_read": ex.report.events_read, "digest": _digest(ex)}))
+                      "events_read": ex.report.events_read, "digest": extract_digest(ex)}))
 
 
 def main() -> None:

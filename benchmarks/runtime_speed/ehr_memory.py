@@ -18,7 +18,6 @@ and a digest of the extract (table + report) so two checkouts can be compared fo
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import resource
@@ -33,6 +32,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from benchmarks.runtime_speed.checkout_child import extract_digest, use_checkout, vm_mib  # noqa: E402
 from benchmarks.runtime_speed.ehr_readers import (  # noqa: E402
     FEATURES,
     ICU,
@@ -81,27 +81,10 @@ def write_meds_export(root: Path, n_events: int, *, unmapped: float, shards: int
     return root / "labels.parquet"
 
 
-def _digest(ex) -> str:  # noqa: ANN001 - an EhrExtract
-    h = hashlib.sha256(pd.util.hash_pandas_object(ex.table.astype(str), index=False).to_numpy().tobytes())
-    h.update(repr(ex.report).encode())
-    return h.hexdigest()[:16]
-
-
-def _vm(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024.0  # MiB
-    return float("nan")
-
 
 def child(args: argparse.Namespace) -> None:
     """Read one source in this (fresh) process; print one JSON line."""
-    import importlib
-
-    finder = importlib.import_module("__editable___clinograph_0_1_0_finder")
-    code = Path(args.code).resolve()
-    finder.MAPPING.update({"clinograph": str(code / "clinograph"), "clinograph.sdk": str(code / "sdk"),
-                           "clinograph.secure": str(code / "secure")})
+    use_checkout(Path(args.code))
     from clinograph.sdk.datasets.alarm import load_dictionary
     from clinograph.sdk.ingest.fhir import read_fhir
     from clinograph.sdk.ingest.meds import read_meds
@@ -109,7 +92,7 @@ def child(args: argparse.Namespace) -> None:
 
     d = load_dictionary()
     src = Path(args.child)
-    base = _vm("VmRSS")
+    base = vm_mib("VmRSS")
     r0, c0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     if args.reader == "meds":
         ex = read_meds(src, dictionary=d, site="bench", labels=src / "labels.parquet", lookback_hours=24.0 * 7)
@@ -120,10 +103,10 @@ def child(args: argparse.Namespace) -> None:
     else:
         ex = read_fhir(src, dictionary=d, site="bench", label_code=None)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"peak_rss_mib": _vm("VmHWM"), "rss_before_read_mib": base,
+    print(json.dumps({"peak_rss_mib": vm_mib("VmHWM"), "rss_before_read_mib": base,
                       "cpu_seconds": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
                       "wall_seconds": time.perf_counter() - c0, "table_rows": len(ex.table),
-                      "events_read": ex.report.events_read, "digest": _digest(ex)}))
+                      "events_read": ex.report.events_read, "digest": extract_digest(ex)}))
 
 
 def _run(code: str, reader: str, path: Path) -> dict:
