@@ -38,6 +38,10 @@ VARIANTS = {
     # the defaults' four candidates and a fifth with the demo's model and training settings (what the demo's
     # settings have that the defaults do not; [selection] stays the defaults': patience 5, one initialisation)
     "defaults_plus_demo_halving": ("defaults_plus_demo", "successive_halving"),
+    # session 54: the defaults' four candidates, each from 3 initialisations (what the demo's settings have
+    # that the defaults do not, besides its model: restarts), halving over all 12
+    "defaults_restarts3_halving": ("defaults_restarts3", "successive_halving"),
+    "defaults_plus_demo_restarts3_halving": ("defaults_plus_demo_restarts3", "successive_halving"),
 }
 #: the demo's [model] and [training] settings as a candidate (sdk/demo/run.py demo_config)
 DEMO_CANDIDATE = {"name": "demo", "model": {"hidden": 32, "linear_shape": True, "value_encoding": "piecewise"},
@@ -64,9 +68,11 @@ def config_for(variant: str, *, rounds: int, seed: int):
 
     base, elimination = VARIANTS[variant]
     cfg = defaults_config(rounds=rounds, seed=seed) if base.startswith("defaults") else demo_settings(seed, {}, rounds)
-    if base == "defaults_plus_demo":
+    if base.startswith("defaults_plus_demo"):
         cfg = cfg.model_copy(update={"selection": cfg.selection.model_copy(update={
             "candidates": (*DEFAULT_BINARY_CANDIDATES, DEMO_CANDIDATE)})})
+    if base.endswith("_restarts3"):
+        cfg = cfg.model_copy(update={"selection": cfg.selection.model_copy(update={"restarts": 3})})
     # model_copy, not a dump and reload: the default candidates apply only to settings left unset
     return cfg.model_copy(update={"selection": cfg.selection.model_copy(update={"elimination": elimination})})
 
