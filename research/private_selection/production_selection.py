@@ -26,6 +26,15 @@ nothing reads test but the tables. Asserts nothing.
     python -m research.private_selection.production_selection --cohorts rossi --epsilons 3 --out production_selection_rossi
     python -m research.private_selection.production_selection --markdown
     python -m research.private_selection.production_selection --quick         # lung, seed 0, ε = 3
+
+Session 54: ``--arm wide_r25_selz --out production_selection_z`` runs the same two arms under the
+noise-aware selection rule (secure/runtime/selection.py: a released loss is worse only beyond
+z = 2 of its known noise std; the kept round is the latest not worse). The configuration is
+``wide_r25_sel``'s unchanged (the rule is the SDK's now); only the name the runs are stored under
+differs, so session 53's runs (the rule of old) stay in results/production_selection.json.
+
+    python -m research.private_selection.production_selection --arm wide_r25_selz --out production_selection_z
+    python -m research.private_selection.production_selection --arm wide_r25_selz --out production_selection_z --markdown
 """
 
 from __future__ import annotations
