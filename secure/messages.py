@@ -24,6 +24,7 @@ from pydantic import (
     SerializationInfo,
     ValidationInfo,
     WrapSerializer,
+    model_serializer,
     model_validator,
 )
 
@@ -246,6 +247,21 @@ class ClientUpdate(WireMessage):
     ledger: LedgerEntry | None = None
 
 
+#: the shared module the federated validation loss rides in (clinograph.sdk.model.nsfl_modules)
+VALIDATION_MODULE = "metric/validation"
+
+
+class ValidationAggregate(WireMessage):
+    """Under distributed DP, with the global model of a round that summed ``metric/validation``:
+    that module's Σ w and contributor count in the round's aggregate. A hospital needs both to
+    read the released sums (Σ n_val) back from the module's move and the number of noise shares
+    in them, i.e. the noise on the released validation loss
+    (:func:`clinograph.secure.runtime.selection.released_loss_noise`)."""
+
+    weight: float = Field(gt=0, allow_inf_nan=False)
+    contributors: int = Field(ge=1, le=1_000_000)
+
+
 class GlobalModel(WireMessage):
     """Server -> hospitals: the global shared modules after a round."""
 
@@ -254,6 +270,15 @@ class GlobalModel(WireMessage):
     round: RoundNumber
     spec: ModelSpec
     modules: tuple[ModuleTensor, ...]
+    #: distributed DP with selection only (None otherwise: the message is then byte for byte as before)
+    validation: ValidationAggregate | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_validation(self, handler):  # noqa: ANN001, ANN202 - pydantic's serializer protocol
+        data = handler(self)
+        if isinstance(data, dict) and data.get("validation") is None:
+            data.pop("validation", None)
+        return data
 
 
 class RoundResult(WireMessage):

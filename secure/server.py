@@ -28,12 +28,14 @@ from .dp_checks import LedgerTrack, Published, check_ledger, distributed_policy,
 from .messages import (
     MAX_MESSAGE_BYTES,
     MAX_REPORT_BYTES,
+    VALIDATION_MODULE,
     ClientReport,
     DPPolicy,
     GlobalModel,
     LedgerEntry,
     RoundPlan,
     RoundResult,
+    ValidationAggregate,
 )
 from .policy import Environment, require_allowed
 from .state import UNKNOWN_STATE, State, check_state, state_digest
@@ -120,6 +122,9 @@ class FederationServer:
         self.audit = audit
         self.environment = environment
         self._plan_options = plan_options or (lambda participants: {})
+        #: under distributed DP: the last closed round's aggregate of ``metric/validation`` (for the
+        #: hospitals' read of the released loss's noise; None otherwise and after a restore)
+        self._validation: ValidationAggregate | None = None
         #: the run's public options for the next plan (``run.phase``, ``selection.*``: set by the
         #: run's control, :class:`clinograph.secure.runtime.loop.RunControl`)
         self.run_options: dict[str, float | int | str | bool] = {}
@@ -334,6 +339,7 @@ class FederationServer:
                                     "where the server does not see the sum.")
             self.state = self.strategy.apply(self.state, sums)
             contributors, coverage = sums.contributors, dict(sums.counts)
+            self._validation = _validation_aggregate(sums) if self._distributed_dp() else None
         else:
             self.state = None
             contributors, coverage = tuple(sorted(rnd.reports)), {}
@@ -368,8 +374,11 @@ class FederationServer:
             raise ProtocolError(f"In {self.mode.name!r} mode the server holds no plaintext model.")
         number = self.history[-1].round + 1 if as_published and self.history else self.round
         msg = GlobalModel(federation_id=self.federation_id, round=number, spec=self.spec,
-                          modules=encode_modules(self.state, "<f8"))
+                          modules=encode_modules(self.state, "<f8"), validation=self._validation)
         return seal(msg, self.identity)
+
+    def _distributed_dp(self) -> bool:
+        return self.dp_policy is not None and self.dp_policy.distributed is not None
 
     # -- crash journal (clinograph.secure.runtime.journal) ------------------------------
     def ledger_view(self) -> dict[str, dict[str, Any]]:
@@ -566,3 +575,10 @@ def _ring_scale(plan: RoundPlan) -> float | None:
     which distributed-DP shares are declared and the aggregate's noise is tested."""
     scale = plan.options.get("masked.scale")
     return float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None
+
+
+def _validation_aggregate(sums: ModuleSums) -> ValidationAggregate | None:
+    """``metric/validation``'s Σ w and contributor count in ``sums`` (None: not summed this round)."""
+    weight = float(sums.weights.get(VALIDATION_MODULE, 0.0))
+    count = int(sums.counts.get(VALIDATION_MODULE, 0))
+    return ValidationAggregate(weight=weight, contributors=count) if weight > 0 and count > 0 else None

@@ -175,6 +175,7 @@ def run_arm(tables, dictionary, cfg, *, choose: bool) -> dict:  # noqa: ANN001
             "candidates": [{k: r.get(k) for k in ("name", "validation_loss", "round", "rounds_run")}
                            for r in res.choice.get("candidates", [])],
             "selected_round": sel.get("round"), "validation_losses": sel.get("validation_losses", []),
+            "validation_noises": sel.get("validation_noises", []),
             "ledger": ledger}
 
 

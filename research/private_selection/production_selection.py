@@ -26,6 +26,15 @@ nothing reads test but the tables. Asserts nothing.
     python -m research.private_selection.production_selection --cohorts rossi --epsilons 3 --out production_selection_rossi
     python -m research.private_selection.production_selection --markdown
     python -m research.private_selection.production_selection --quick         # lung, seed 0, ε = 3
+
+Session 54: ``--arm wide_r25_selz --out production_selection_z`` runs the same two arms under the
+noise-aware selection rule (secure/runtime/selection.py: a released loss is worse only beyond
+z = 2 of its known noise std; the kept round is the latest not worse). The configuration is
+``wide_r25_sel``'s unchanged (the rule is the SDK's now); only the name the runs are stored under
+differs, so session 53's runs (the rule of old) stay in results/production_selection.json.
+
+    python -m research.private_selection.production_selection --arm wide_r25_selz --out production_selection_z
+    python -m research.private_selection.production_selection --arm wide_r25_selz --out production_selection_z --markdown
 """
 
 from __future__ import annotations
@@ -52,6 +61,10 @@ from research.private_selection.private_selection import (  # noqa: E402
 from research.private_selection.validation_choice import FIVE, GRID  # noqa: E402
 
 ARM, OFF = "wide_r25_sel", "wide_r25"
+#: session 54: the same configuration as ARM under the noise-aware selection rule
+#: (secure/runtime/selection.py, ``selection_step``; no config changes: the rule is the SDK's now),
+#: run with ``--arm wide_r25_selz --out production_selection_z`` so session 53's stored runs stay apart
+NOISE_AWARE = "wide_r25_selz"
 EPSILON_ORDER = (3.0, 1.0, 8.0)
 SEEDS = 5
 
@@ -313,6 +326,7 @@ def markdown(payload: dict, study: dict, choice: dict) -> str:
 
 
 def main() -> None:
+    global ARM  # noqa: PLW0603 - the arm's name in the result file and its tables
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cohorts", default=",".join(FIVE))
     ap.add_argument("--seeds", type=int, default=SEEDS)
@@ -320,9 +334,12 @@ def main() -> None:
     add_convention(ap, quick_help="lung, seed 0, ε = 3")
     ap.add_argument("--check-splits", default="", metavar="TABLE:SEED", help="re-run a stored cell and compare")
     ap.add_argument("--markdown", action="store_true", help="print the README's tables of the result file and exit")
+    ap.add_argument("--arm", choices=(ARM, NOISE_AWARE), default=ARM,
+                    help="the name the selection-on runs are stored under (wide_r25_selz: session 54's rule)")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default=None,
                     help="run a diagnostic arm (selection on) instead, ε = 3 unless --epsilons is given")
     a = ap.parse_args()
+    ARM = a.arm
     out = out_path(__file__, a)
     res = out.parent
     study = json.loads((res / "private_selection.json").read_text())

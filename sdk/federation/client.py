@@ -239,6 +239,8 @@ class HospitalClient:
             new = self._strategy_for(plan).apply(self._global, sums)
             self._applied = (plan.federation_id, plan.round)
         self._global = new
+        if hasattr(self.task, "validation_aggregate"):  # distributed DP: to read the released loss's noise
+            self.task.validation_aggregate = msg.validation if global_model is not None else None
         self.task.modules.load(self._global)
         if hasattr(self.task, "global_origin"):  # an export names the published global model it holds
             self.task.global_origin = (plan.federation_id, plan.round)
@@ -253,9 +255,10 @@ class HospitalClient:
         if selection is None:
             return None
         new_loss = len(selection.losses) > seen
+        noise = selection.noises[-1] if new_loss and selection.noises else 0.0
         status = SelectionStatus(federation_id=plan.federation_id, round=plan.round, client=self.name,
                                  scored=selection.rounds[-1] if new_loss else None,
-                                 loss=selection.losses[-1] if new_loss else None)
+                                 loss=selection.losses[-1] if new_loss else None, noise=noise or None)
         return seal(status, self.identity)
 
     def _follow_run(self, p: RoundPlan) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from clinograph.secure.runtime.selection import released_loss_noise
 
 from clinograph.core.errors import ConfigError
 from clinograph.core.identity import Identity
@@ -131,6 +132,10 @@ class NSFLTask(NSFLPrediction):
         if self.selection is not None and self.privacy_mode == "local":
             self.private_validation = _private_validation(self.trainer, config, n_train=len(split.train))
         self._metric_before: np.ndarray | None = None
+        #: under distributed DP: the round's aggregate of metric/validation, set by the hospital's client
+        #: from the global model (None: unknown, the noise is then read as 0) and the plan's server lr
+        self.validation_aggregate = None
+        self._server_lr = 1.0
         #: set by the driver for a last round that only scores the current global model
         self.evaluate_only = False
         #: the hospital's Platt scaling (personal), fitted by :meth:`finish`
@@ -177,6 +182,7 @@ class NSFLTask(NSFLPrediction):
 
     def train(self, *, round_: int, epochs: int, plan_options: Mapping[str, float | int | str | bool]) -> TrainOutcome:
         self._metric_before = None
+        self._server_lr = float(plan_options.get("strategy.server_lr", 1.0))
         if self.privacy_mode == "distributed":  # the plan and the budget checked before anything is scored
             self.trainer.begin_round(round_=round_, epochs=epochs, plan_options=plan_options)  # type: ignore[attr-defined]
             rows = self._score_global(plan_options, round_=round_)
@@ -250,10 +256,13 @@ class NSFLTask(NSFLPrediction):
 
     def after_round(self) -> None:
         if self.selection is not None and self._metric_before is not None:
-            loss = decode_validation(before=self._metric_before, after=self.modules.get(SELECTION_MODULE))
+            after = self.modules.get(SELECTION_MODULE)
+            loss = decode_validation(before=self._metric_before, after=after)
+            noise = 0.0
             if loss is not None and self.privacy_mode == "distributed":  # Σ a·ℓ̃ / Σ a: mean clipped loss / B
                 loss *= self.config.privacy.selection_loss_clip
-            self.selection.observe(loss)
+                noise = self._released_noise(loss, after=after)
+            self.selection.observe(loss, noise)
             self._metric_before = None
         if self.evaluate_only:
             return
@@ -262,6 +271,20 @@ class NSFLTask(NSFLPrediction):
             fine_tune_personal(self.model, self.modules, stars=self.trainer.stars, train_idx=self.split.train,  # type: ignore[attr-defined]
                                epochs=epochs, config=self.config.training, round_=self._rounds_done)
         self._rounds_done += 1
+
+    def _released_noise(self, loss: float, *, after: np.ndarray) -> float:
+        """The noise std of the released validation loss under distributed DP (0: the round's
+        aggregate unknown), from public values and the released sums only: Σ n_val read back from the
+        count coordinate's move (× Σ w / η, ÷ a = C/√2), the round's contributors, the federation's σ and h."""
+        agg = self.validation_aggregate
+        if agg is None:
+            return 0.0
+        policy = self.trainer.policy  # type: ignore[attr-defined]
+        moved = float(np.asarray(self._metric_before, dtype=np.float64)[1] - np.asarray(after, dtype=np.float64)[1])
+        count = moved * agg.weight / self._server_lr / (policy.clip_norm / np.sqrt(2.0))
+        return released_loss_noise(mean=loss, count=count, noise_multiplier=policy.noise_multiplier,
+                                   contributors=agg.contributors, min_honest=policy.min_honest,
+                                   loss_clip=self.config.privacy.selection_loss_clip)
 
     def _predict_raw(self) -> np.ndarray:
         if self.survival_target is not None:  # risk 1 − S(t) at the horizon

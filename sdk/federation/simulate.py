@@ -409,6 +409,7 @@ def _run(prep: _Prepared, side: ServerSide, transport: InProcessTransport, *, au
             return
         res.selection = {"round": t.best_round, "validation_loss": t.best_loss, "rounds_evaluated": list(t.rounds),
                          "validation_losses": list(t.losses), "stopped_early": bool(run.control.stopped),
+                         **({"validation_noises": list(t.noises)} if any(t.noises) else {}),
                          "patience": t.rule.patience,
                          "calibration": {n: d["calibration"] for n, d in done.items()},
                          "uncalibrated": {n: d["uncalibrated"] for n, d in done.items()}}

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from clinograph.secure.runtime.selection import selection_step
 
 #: a hospital's mean validation loss is capped here before encoding, so a diverged model cannot
 #: push its update out of the masked mode's fixed-point range
@@ -82,15 +83,21 @@ class ModelSelection:
     shared and personal modules) and the early-stopping counter.
 
     ``losses[i]`` is the federated validation loss of the global model after ``rounds[i]``
-    completed rounds (0: the initial model).
+    completed rounds (0: the initial model), ``noises[i]`` its noise std under distributed DP (0
+    without DP). The rule is the server's (:func:`clinograph.secure.runtime.selection.selection_step`):
+    ``best_*`` is the kept round, the latest not worse than ``low_loss`` (the lowest released loss,
+    of noise ``low_noise``) beyond their noise; without DP, the lowest loss.
     """
 
     patience: int
     min_delta: float
     rounds: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    noises: list[float] = field(default_factory=list)
     best_round: int | None = None
     best_loss: float = float("inf")
+    low_loss: float = float("inf")
+    low_noise: float = 0.0
     best_state: dict[str, torch.Tensor] | None = None
     #: where the best model's shared modules came from (the driver's tag: federation id and round)
     best_tag: tuple[str, int] | None = None
@@ -102,8 +109,8 @@ class ModelSelection:
         federation id and round whose published global model its shared modules hold."""
         self._candidate = (round_, {k: v.detach().clone() for k, v in state.items()}, tag)
 
-    def observe(self, loss: float | None) -> None:
-        """The federated validation loss of the last offered model."""
+    def observe(self, loss: float | None, noise: float = 0.0) -> None:
+        """The federated validation loss of the last offered model and its noise std (0: no DP)."""
         if self._candidate is None or loss is None or not np.isfinite(loss):
             self._candidate = None
             return
@@ -111,7 +118,12 @@ class ModelSelection:
         self._candidate = None
         self.rounds.append(round_)
         self.losses.append(float(loss))
-        if loss < self.best_loss - self.min_delta or self.best_state is None:
+        self.noises.append(float(noise))
+        low = None if self.best_state is None else (self.low_loss, self.low_noise)
+        keep, new_low = selection_step(loss=float(loss), noise=float(noise), low=low, min_delta=self.min_delta)
+        if new_low:
+            self.low_loss, self.low_noise = float(loss), float(noise)
+        if keep:
             self.best_round, self.best_loss, self.best_state, self.best_tag = round_, float(loss), state, tag
             self._bad = 0
         else:
@@ -119,14 +131,17 @@ class ModelSelection:
 
     @property
     def should_stop(self) -> bool:
-        """Early stopping: ``patience`` evaluated rounds in a row without improvement."""
+        """Early stopping: ``patience`` evaluated rounds in a row that were worse."""
         return self.patience > 0 and self._bad >= self.patience
 
     def record(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """Everything this record holds, for a restart: ``(meta, tensors)`` (the best and the
         offered models' states under ``best/`` and ``offered/``)."""
-        meta: dict[str, Any] = {"rounds": list(self.rounds), "losses": list(self.losses), "best_round": self.best_round,
+        meta: dict[str, Any] = {"rounds": list(self.rounds), "losses": list(self.losses), "noises": list(self.noises),
+                                "best_round": self.best_round,
                                 "best_loss": None if math.isinf(self.best_loss) else self.best_loss, "bad": self._bad,
+                                "low_loss": None if math.isinf(self.low_loss) else self.low_loss,
+                                "low_noise": self.low_noise,
                                 "best_tag": None if self.best_tag is None else list(self.best_tag),
                                 "offered": None if self._candidate is None else self._candidate[0],
                                 "offered_tag": None if self._candidate is None or self._candidate[2] is None
@@ -142,6 +157,10 @@ class ModelSelection:
         self.losses = [float(x) for x in meta["losses"]]
         self.best_round = None if meta["best_round"] is None else int(meta["best_round"])
         self.best_loss = math.inf if meta["best_loss"] is None else float(meta["best_loss"])
+        self.noises = [float(x) for x in meta.get("noises", [0.0] * len(self.losses))]
+        low = meta.get("low_loss", meta["best_loss"])  # a record from before the noise-aware rule: the kept round's
+        self.low_loss = math.inf if low is None else float(low)
+        self.low_noise = float(meta.get("low_noise", 0.0))
         self._bad = int(meta["bad"])
         best = {k[5:]: v for k, v in tensors.items() if k.startswith("best/")}
         self.best_state = best or None

@@ -315,6 +315,9 @@ class ModelSelected(Payload):
     patience: int = Field(ge=0)
     stopped_early: bool
     losses: list[float]
+    #: under distributed DP: each loss's noise std, which the noise-aware rule compared them by
+    #: (secure/runtime/selection.py, ``selection_step``; absent without DP, where it is 0)
+    noises: list[Annotated[float, Field(ge=0)]] | None = None
     #: hospitals whose signed status disagreed with the majority (name -> the round it reported
     #: or kept; -1: kept none) -- the majority's value was used (secure/runtime/selection.py)
     disagreeing: dict[Name, int] = Field(default_factory=dict, max_length=10_000)

@@ -117,6 +117,7 @@ class SelectedRun:
         server.audit.record("model_selected", {
             "round": int(t.best_round), "validation_loss": float(t.best_loss), "rounds_evaluated": len(t.rounds),
             "patience": int(t.rule.patience), "stopped_early": bool(stopped), "losses": [float(x) for x in t.losses],
+            **({"noises": [float(x) for x in t.noises]} if any(t.noises) else {}),  # distributed DP only
             **({"disagreeing": dict(sorted(disagreeing.items()))} if disagreeing else {})})
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,7 +12,9 @@ from clinograph.sdk.federation.build import initial_model_for
 from clinograph.sdk.federation.candidates import distributed_rounds
 from clinograph.sdk.federation.simulate import simulate
 from clinograph.sdk.privacy.calibration import distributed_noise_multiplier
-from clinograph.sdk.privacy.distributed import validation_rows
+from clinograph.sdk.privacy.distributed import noisy_integer_sum, validation_rows
+from clinograph.secure.dp import DistributedPolicy
+from clinograph.secure.runtime.selection import released_loss_noise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +29,25 @@ def test_a_validation_patients_row_is_within_the_clip_and_the_ratio_is_the_mean_
         assert np.linalg.norm(rows, axis=1).max() <= c * (1 + 1e-12)
         expected = np.mean(np.clip(losses, 0, clip)) / clip
         assert rows[:, 0].sum() / rows[:, 1].sum() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_the_released_loss_noise_is_the_spread_of_the_decoded_loss():
+    """released_loss_noise against 300 draws of the federation's noisy sum of validation rows
+    (three hospitals' Skellam shares at h = 2), decoded as the ratio the hospitals read."""
+    policy = DistributedPolicy(mechanism="skellam", noise_multiplier=2.0, clip_norm=1.0, sample_rate=1.0,
+                               min_honest=2, rounds=1, max_epsilon=10.0, delta=1e-5)
+    rng = np.random.default_rng(0)
+    losses = [rng.uniform(0.0, 1.5, n) for n in (40, 60, 50)]
+    rows = [validation_rows(x, loss_clip=1.0, clip_norm=1.0) for x in losses]
+    scale = 2.0**12
+    draws = []
+    for _ in range(300):
+        z = sum(noisy_integer_sum(r, scale=scale, share_variance=policy.share_variance(scale))[0] for r in rows) / scale
+        draws.append(z[0] / z[1])
+    mean = float(np.mean(np.clip(np.concatenate(losses), 0.0, 1.0)))
+    predicted = released_loss_noise(mean=mean, count=150.0, noise_multiplier=2.0, contributors=3, min_honest=2)
+    assert float(np.std(draws)) == pytest.approx(predicted, rel=0.15)  # std of 300 draws: ±4 % (1 s.e.)
+    assert float(np.mean(draws)) == pytest.approx(mean, abs=3 * predicted / np.sqrt(300))
 
 
 def _config(tmp_path, *, candidates=None, sigma=1.0, budget=20.0) -> SimulationConfig:
@@ -49,7 +70,7 @@ def test_a_distributed_dp_run_keeps_its_round_on_the_noisy_validation_sum_within
                                          rounds=distributed_rounds(cfg))
     assert distributed_rounds(cfg) == 3 + 2
     cfg = _config(tmp_path, candidates=[], sigma=sigma, budget=8.0)
-    simulate(tables, dictionary, cfg, audit_dir=tmp_path / "audit")
+    res = simulate(tables, dictionary, cfg, audit_dir=tmp_path / "audit")
     entries = [json.loads(x) for x in (tmp_path / "audit" / "audit.jsonl").read_text().splitlines()]
     kinds = [e["kind"] for e in entries]
     assert "hospital_refused" not in kinds and "update_rejected" not in kinds and "round_aborted" not in kinds
@@ -57,6 +78,15 @@ def test_a_distributed_dp_run_keeps_its_round_on_the_noisy_validation_sum_within
     assert len(checks) == 4  # three training rounds and the scoring round, each passed (a failure voids)
     selected = next(e["payload"] for e in entries if e["kind"] == "model_selected")
     assert selected["rounds_evaluated"] == 4 and 0 <= selected["round"] <= 3
+    # each hospital read the released loss's noise back from the module's move (Σ w, η, a) and the
+    # round's contributors, and all signed the same: the formula at the true Σ n_val up to the
+    # released count's own noise (σ·√2·√(K/h)/Σ n_val ≈ 8 % a round here; 4 % over the four rounds)
+    assert "disagreeing" not in selected and len(selected["noises"]) == 4
+    n_val = sum(len(h.client.task.split.validation) for h in res.hospitals.values())
+    ratios = [noise / released_loss_noise(mean=loss, count=n_val, noise_multiplier=sigma, contributors=len(tables),
+                                          min_honest=2)
+              for loss, noise in zip(selected["losses"], selected["noises"], strict=True)]
+    assert 0.85 < float(np.exp(np.mean(np.log(ratios)))) < 1.18  # a factor √2 (a = C/√2) or K (Σ w) off fails
     ledgers = [e["payload"] for e in entries if e["kind"] == "ledger"]
     assert max(p["epsilon"] for p in ledgers) <= 8.0
 
