@@ -1,0 +1,141 @@
+"""A hospital's clipped sum x = Σ_p min(1, C'/‖g_p‖)·g_p in float64 from the per-patient engine's
+parts, without forming each patient's gradient row (concept models under distributed DP).
+
+:func:`~.distributed_sum.clipped_sum` reads a [B, d] matrix of per-patient rows: forming and
+reading it was most of a concept round (1 680 × 14 869 at the concept demo's largest hospital).
+:func:`parts_clipped_sum` takes what the engine's one forward and one ``autograd.grad`` already
+hold (:meth:`~.per_patient.PerPatientClipper.parts`): for a one-position Linear weight the layer's
+input a_p and output gradient b_p (g_p = b_p a_pᵀ, never formed), for every other parameter its
+formed rows r_p (a bias's b_p, the concept scores' few-position weights). All in float64:
+
+- ‖g_p‖² = Σ_weights ‖a_p‖²·‖b_p‖² + Σ_rows ‖r_p‖² (ghost norms: Goodfellow 2015; Li et al. 2022),
+- f_p = C'/‖g_p‖ if ‖g_p‖ > C' else 1,
+- x = Σ_weights (f∘b)ᵀa + Σ_rows f·r (one product a weight; Bu et al. 2023's book-keeping).
+
+**The reference vectors.** g_p is the REAL vector b_p a_pᵀ (exact product of the engine's float32
+a_p, b_p) on the weights and the float32 rows r_p as formed: each a function of patient p's row
+and the model only, which is all the sensitivity argument needs (docs/privacy.md, "Rounding the
+hospital's sum"). The norm and the sum are computed by different code from the SAME a_p, b_p,
+r_p, so both are compared with the same g_p.
+
+**The error bound** (Higham 2002: a sum of n terms in any order, FMA or not, puts each term through
+at most n roundings (1 + δ), |δ| <= u = 2⁻⁵³; γ_k = k·u/(1 − k·u); eq. 3.5: |fl(Σ x_i y_i) − Σ x_i y_i|
+<= γ_n·Σ|x_i y_i|):
+
+1. *Norms.* Every term of ‖g_p‖² (a_j²·b_o², r_k²) is nonnegative and passes through at most
+   d_in + d_out + K + 1 <= 2·d + 3 roundings (square, the sums over d_in and d_out, the product,
+   the sum over the K <= d parts; d_in + d_out <= d_in·d_out + 1 <= d + 1), so the computed square
+   is ‖g_p‖²·(1 + θ), |θ| <= γ_{2d+4}: a RELATIVE bound, because no term can cancel another. With the
+   square root's and the division's roundings, f_p·‖g_p‖ <= C'·(1 + u)/((1 − u)·√(1 − γ_{2d+4}))
+   <= C'·(1 + γ_{2d+8}) whether the clip binds or not (a zero gradient: f_p = 1, nothing added).
+   This is why the path needs the parts in float32 (or narrower) lifted to float64: a float32
+   value's square, and a product of two, are exact in float64 and stay far inside its normal range
+   (squares >= 2⁻²⁹⁸), so nothing underflows -- a float64 a_p could square to 0 and make the
+   norm, hence the clip, vanish. The parts' dtypes are checked (:data:`NARROW`); otherwise None.
+2. *Sum.* Entry (o, j) of a weight's sum is Σ_p fl(f_p·b_po)·a_pj: |error| <= γ_{B+1}·Σ_p f_p·|g_p,oj|;
+   a row part's f·r: <= γ_B·Σ_p f_p·|r_pk|. So ‖x̂ − x‖₂ <= γ_{B+1}·Σ_p f_p‖g_p‖ <= γ_{N+1}·N·C'·(1 + γ_{2d+8})
+   for B <= N = :data:`~.distributed_sum.SUM_MAX_ROWS`, with x = Σ_p f_p g_p at the computed f_p. The
+   products f_p·b·a stay normal for C' in :data:`CLIP_RANGE` (f_p >= C'·2⁻²⁶⁶ with float32 inputs:
+   >= C'·2⁻⁵⁶⁴), so no underflow term; nothing overflows (every product < 2²⁵⁶, B <= 2¹⁷).
+3. *Scaling and release* (:func:`~.distributed_sum.noised_clipped_sum`, unchanged): as for the rows'
+   sum, ‖y − y'‖₂ <= s·C'·(1 + γ_{2d+8})·(1 + 3(N+1)·γ_{N+1}) for neighbouring batches, y = fl(s·x̂);
+   clipping at C' = C·(1 − η), η = 2·(γ_{2d+8} + 3(N+1)·γ_{N+1}) (:func:`parts_sum_clip`) makes it
+   <= C·s. The rows' η (:func:`~.distributed_sum.sum_clip`) has γ_{d+4} in place of γ_{2d+8}: at the concept demo's
+   d = 14 869, η = 1.14441e-5 for both (the norm's share is 1.6e-12 before, 3.3e-12 now; the sums'
+   6(N+1)·γ_{N+1} = 1.14441e-5 dominates).
+
+Assumed, as by the rows' path before it (not new here): patient p's computed a_p, b_p and r_p do
+not depend on the other patients of the batch (the engine's batched float32 forward and backward
+give each row the same values whatever rows surround it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clinograph.core.errors import PrivacyError
+
+from .distributed_sum import NOT_FINITE, SUM_MAX_ROWS, gamma
+from .ghost import LinearWeight
+from .per_patient import PerPatientClipper
+
+#: the parts' dtypes the bound covers: lifted to float64 exactly, with squares and products far from
+#: float64's underflow and overflow (module docstring, step 1)
+NARROW = frozenset({torch.float32, torch.float16, torch.bfloat16})
+
+#: the clips C' for which no product f_p·b·a of the sum underflows (module docstring, step 2)
+CLIP_RANGE = (2.0 ** -400, 2.0 ** 400)
+
+
+def parts_sum_clip(clip: float, dim: int) -> float:
+    """C' = C·(1 − η), η = 2·(γ_{2d+8} + 3·(N+1)·γ_{N+1}), N = :data:`SUM_MAX_ROWS`: clipped at C', the
+    float64 sum of :func:`parts_clipped_sum`, scaled by s, moves by at most C·s in L2 when one patient
+    is added or removed (module docstring). η ≈ 1.14e-5."""
+    a = gamma(2 * int(dim) + 8)
+    b = 3.0 * (SUM_MAX_ROWS + 1) * gamma(SUM_MAX_ROWS + 1)
+    return float(clip) * (1.0 - 2.0 * (a + b))
+
+
+def _sq(rows: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vecdot(rows, rows)
+
+
+def parts_clipped_sum(engine: PerPatientClipper, *inputs: object, labels: object,
+                      clip: float) -> torch.Tensor | None:
+    """Σ_p min(1, clip/‖g_p‖)·g_p over the engine's parameters (flat, :attr:`PerPatientClipper.params`
+    order, zeros where the batch never reached a parameter), float64 [P], computed from the engine's
+    parts (module docstring); None when the bound does not cover this step (a part not in
+    :data:`NARROW`, or ``clip`` outside :data:`CLIP_RANGE`): form the rows instead.
+
+    Raises:
+        PrivacyError: more than :data:`SUM_MAX_ROWS` patients, or a patient's gradient is not finite.
+    """
+    b = int(inputs[0].shape[0])  # type: ignore[attr-defined]
+    if not CLIP_RANGE[0] <= float(clip) <= CLIP_RANGE[1]:
+        return None
+    if b > SUM_MAX_ROWS:
+        raise PrivacyError(f"A clipped sum over {b} patients exceeds the {SUM_MAX_ROWS} its float64 error bound "
+                           "covers; round each patient's row (noised_sum).")
+    out = torch.zeros(engine.dim, dtype=torch.float64)
+    if b == 0:
+        return out
+    parts = engine.parts(*inputs, labels=labels)
+    with torch.inference_mode():
+        weights: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        rows: list[tuple[int, torch.Tensor]] = []
+        for i, part in sorted(parts.items()):
+            if type(part) is LinearWeight and part.flat2d is not None:
+                a, g = part.flat2d
+                if a.dtype not in NARROW or g.dtype not in NARROW:
+                    return None
+                weights.append((i, a.double(), g.double()))
+            else:
+                r = part.per_sample()
+                if r.dtype not in NARROW:
+                    return None
+                rows.append((i, r.reshape(b, -1).double()))
+        n2 = torch.zeros(b, dtype=torch.float64)
+        for _, a, g in weights:
+            n2.add_(_sq(a) * _sq(g))
+        flat = torch.cat([r for _, r in rows], 1) if rows else None
+        if flat is not None:
+            n2.add_(_sq(flat))
+        if not bool(torch.isfinite(n2).all()):
+            raise PrivacyError(NOT_FINITE)
+        norms = n2.sqrt()
+        f = torch.where(norms > clip, clip / norms, torch.ones_like(norms))
+        start = [0]
+        for size in engine.sizes:
+            start.append(start[-1] + size)
+        for i, a, g in weights:
+            out[start[i]:start[i + 1]] = torch.mm((g * f[:, None]).T, a).view(-1)
+        if flat is not None:
+            at = 0
+            summed = f @ flat
+            for i, r in rows:
+                width = int(r.shape[1])
+                out[start[i]:start[i + 1]] = summed[at:at + width]
+                at += width
+    if not bool(torch.isfinite(out).all()):
+        raise PrivacyError(NOT_FINITE)
+    return out
