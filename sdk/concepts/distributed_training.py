@@ -12,16 +12,23 @@ DP (:func:`.dp.concept_clipper`). Each round, at hospital k:
 2. Each sampled patient's gradient of its own F-CMs eq. (2) loss (:func:`.dp.row_losses`), over
    **every coordinate of the derived model** in spec order: the modules it trains (the encoder,
    its supervised concepts, the task head if it has task labels; section 4.2.3) carry the
-   gradient, every other module zeros. The whole row is clipped (to C', step 3); its width must
-   be the spec's shared size (checked, nothing sent otherwise).
-3. The clipped rows summed in float64 (clip C' = C·(1 − η), η ≈ 1e-5 covering the sum's float
-   errors), scaled by the ring scale s and rounded randomly **once**
-   (:func:`~clinograph.sdk.privacy.distributed_sum.noised_rounded_sum`: d coins, not one per
+   gradient, every other module zeros. The whole gradient is clipped (to C', step 3; not formed
+   as a row); its width must be the spec's shared size (checked, nothing sent otherwise).
+3. The clipped sum formed in float64 from the engine's parts, without per-patient rows
+   (:func:`concept_sum`, :mod:`~clinograph.sdk.privacy.parts_sum`: ghost norms ‖a_p‖²‖b_p‖² of the
+   one-position Linear weights plus the formed rows' norms, clip factors f_p, one (f∘b)ᵀa product
+   a weight; clip C' = C·(1 − η), η ≈ 1.14e-5 covering the norms' and the sum's float errors),
+   scaled by the ring scale s and rounded randomly **once**
+   (:func:`~clinograph.sdk.privacy.distributed_sum.noised_clipped_sum`: d coins, not one per
    patient and coordinate; the same sensitivity Δ2 <= C·s + √d, so the same accountant -- docs/
-   privacy.md, "Rounding the hospital's sum"; past 2^17 training patients each row is rounded),
-   and the Skellam share Sk(μ/h), μ = (σ·C·s)², added to **every** coordinate -- the zeros
-   included, so the server's noise test and its every-module rule hold whatever a hospital
-   supervises.
+   privacy.md, "Rounding the hospital's sum"), and the Skellam share Sk(μ/h), μ = (σ·C·s)², added
+   to **every** coordinate -- the zeros included, so the server's noise test and its every-module
+   rule hold whatever a hospital supervises. Where the parts' bound does not apply (parts not
+   float32, a clip outside its range, a trained parameter not released once whole) the clipped
+   rows are formed and summed (:func:`concept_rows`,
+   :func:`~clinograph.sdk.privacy.distributed_sum.noised_rounded_sum`, the same bound with the
+   rows' η); past 2^17 training patients each row is clipped at C and rounded
+   (:func:`~clinograph.sdk.privacy.distributed.noised_sum`).
 4. The client sends z/s as its weighted update with weight w = q·n (its expected batch) for every
    module; the masked mode sums the z exactly and FedSGD applies θ ← θ − η·Σ_k z_k/(s·Σ_k q·n_k)
    to every module.

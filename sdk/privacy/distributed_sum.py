@@ -19,6 +19,10 @@ C' = C·(1 − η), η covering the float64 errors of the norms, the clip factor
 :data:`SUM_MAX_ROWS` rows and the scaling (Higham 2002, eq. 3.5: |fl(Σ a_i) − Σ a_i| <= γ_n·Σ|a_i|
 for a sum of n products in any order, γ_n = n·u/(1 − n·u), u = 2^-53).
 
+:func:`noised_clipped_sum` rounds and shares a clipped sum computed elsewhere within the same
+kind of bound: concept models form theirs from the per-patient engine's parts without any row
+(:func:`~.parts_sum.parts_clipped_sum`, its own η: :func:`~.parts_sum.parts_sum_clip`).
+
 A hospital with more training patients than :data:`SUM_MAX_ROWS` rounds each row
 (:func:`~.distributed.noised_sum`, the same bound (S)); the choice depends on the training-set
 size, public already as the FedSGD weight q·n.

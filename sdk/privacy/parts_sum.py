@@ -34,19 +34,24 @@ at most n roundings (1 + δ), |δ| <= u = 2⁻⁵³; γ_k = k·u/(1 − k·u); e
    norm, hence the clip, vanish. The parts' dtypes are checked (:data:`NARROW`); otherwise None.
 2. *Sum.* Entry (o, j) of a weight's sum is Σ_p fl(f_p·b_po)·a_pj: |error| <= γ_{B+1}·Σ_p f_p·|g_p,oj|;
    a row part's f·r: <= γ_B·Σ_p f_p·|r_pk|. So ‖x̂ − x‖₂ <= γ_{B+1}·Σ_p f_p‖g_p‖ <= γ_{N+1}·N·C'·(1 + γ_{2d+8})
-   for B <= N = :data:`~.distributed_sum.SUM_MAX_ROWS`, with x = Σ_p f_p g_p at the computed f_p. The
-   products f_p·b·a stay normal for C' in :data:`CLIP_RANGE` (f_p >= C'·2⁻²⁶⁶ with float32 inputs:
-   >= C'·2⁻⁵⁶⁴), so no underflow term; nothing overflows (every product < 2²⁵⁶, B <= 2¹⁷).
+   for B <= N = :data:`~.distributed_sum.SUM_MAX_ROWS`, with x = Σ_p f_p g_p at the computed f_p. No
+   underflow term: with float32 inputs (nonzero magnitudes in [2⁻¹⁴⁹, 2¹²⁸)) and d < 2³⁰, ‖g_p‖ < 2²⁸⁷,
+   so f_p >= C'·2⁻²⁸⁷ and a nonzero product f_p·b·a >= C'·2⁻⁵⁸⁵, normal for C' in :data:`CLIP_RANGE`;
+   nothing overflows (|b·a| < 2²⁵⁶, B <= 2¹⁷). d is the released dimension, at least the engine's
+   P (the caller releases each trained parameter once, whole).
 3. *Scaling and release* (:func:`~.distributed_sum.noised_clipped_sum`, unchanged): as for the rows'
    sum, ‖y − y'‖₂ <= s·C'·(1 + γ_{2d+8})·(1 + 3(N+1)·γ_{N+1}) for neighbouring batches, y = fl(s·x̂);
    clipping at C' = C·(1 − η), η = 2·(γ_{2d+8} + 3(N+1)·γ_{N+1}) (:func:`parts_sum_clip`) makes it
-   <= C·s. The rows' η (:func:`~.distributed_sum.sum_clip`) has γ_{d+4} in place of γ_{2d+8}: at the concept demo's
-   d = 14 869, η = 1.14441e-5 for both (the norm's share is 1.6e-12 before, 3.3e-12 now; the sums'
-   6(N+1)·γ_{N+1} = 1.14441e-5 dominates).
+   <= C·s. The rows' η (:func:`~.distributed_sum.sum_clip`) has γ_{d+4} in place of γ_{2d+8}. At the concept
+   demo's d = 14 869: η = 1.1444270e-5 before (rows), 1.1444273e-5 now (parts); the norms' share
+   2·γ is 3.3e-12 before, 6.6e-12 now, the sums' 6(N+1)·γ_{N+1} = 1.1444266e-5 dominates both.
 
 Assumed, as by the rows' path before it (not new here): patient p's computed a_p, b_p and r_p do
 not depend on the other patients of the batch (the engine's batched float32 forward and backward
-give each row the same values whatever rows surround it).
+give each row the same values whatever rows surround it), so a neighbouring batch changes one g_p
+only. BLAS does not promise it; checked on this machine's torch CPU build at the concept demo's
+largest hospital (1 680 patients, a C-GM model): removing any of five patients left every other
+patient's parts bit for bit the same.
 """
 
 from __future__ import annotations
@@ -85,13 +90,13 @@ def parts_clipped_sum(engine: PerPatientClipper, *inputs: object, labels: object
     """Σ_p min(1, clip/‖g_p‖)·g_p over the engine's parameters (flat, :attr:`PerPatientClipper.params`
     order, zeros where the batch never reached a parameter), float64 [P], computed from the engine's
     parts (module docstring); None when the bound does not cover this step (a part not in
-    :data:`NARROW`, or ``clip`` outside :data:`CLIP_RANGE`): form the rows instead.
+    :data:`NARROW`, ``clip`` outside :data:`CLIP_RANGE`, 2³⁰ parameters or more): form the rows instead.
 
     Raises:
         PrivacyError: more than :data:`SUM_MAX_ROWS` patients, or a patient's gradient is not finite.
     """
     b = int(inputs[0].shape[0])  # type: ignore[attr-defined]
-    if not CLIP_RANGE[0] <= float(clip) <= CLIP_RANGE[1]:
+    if not CLIP_RANGE[0] <= float(clip) <= CLIP_RANGE[1] or engine.dim >= 1 << 30:
         return None
     if b > SUM_MAX_ROWS:
         raise PrivacyError(f"A clipped sum over {b} patients exceeds the {SUM_MAX_ROWS} its float64 error bound "

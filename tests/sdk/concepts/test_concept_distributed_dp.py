@@ -59,10 +59,16 @@ def test_contribution_is_the_clipped_per_patient_sum_over_every_module_plus_the_
     """The Skellam share set to zero (its own test is below), q = 1: z/s equals Σ_i clip_C'(∇ℓ_i)
     over the whole model, ℓ_i eq. (2) for patient i by a per-patient loop, C' = parts_sum_clip(C, d),
     within ONE randomised rounding of the hospital's sum (< 1 a coordinate; rounding each patient's
-    row would be off by ~sqrt(n)/2); the module it does not train (concept c) is sent, zero."""
+    row would be off by ~sqrt(n)/2); the module it does not train (concept c) is sent, zero. The sum
+    comes from the engine's parts (sdk/privacy/parts_sum.py): no per-patient row is formed."""
+    import clinograph.sdk.concepts.distributed_training as dt
     import clinograph.sdk.privacy.distributed_sum as distributed_sum
     import clinograph.sdk.privacy.parts_sum as parts_sum
 
+    def no_rows(*args, **kwargs):
+        raise AssertionError("the float32 model's sum comes from the engine's parts, without rows")
+
+    monkeypatch.setattr(dt, "concept_rows", no_rows)
     monkeypatch.setattr(distributed_sum, "skellam_noise", lambda variance, n, source=None: np.zeros(n, dtype=np.int64))
     task, x, labels, split = _task(tmp_path)
     ref = copy.deepcopy(task.model)
