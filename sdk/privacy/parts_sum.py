@@ -22,9 +22,11 @@ r_p, so both are compared with the same g_p.
 at most n roundings (1 + δ), |δ| <= u = 2⁻⁵³; γ_k = k·u/(1 − k·u); eq. 3.5: |fl(Σ x_i y_i) − Σ x_i y_i|
 <= γ_n·Σ|x_i y_i|):
 
-1. *Norms.* Every term of ‖g_p‖² (a_j²·b_o², r_k²) is nonnegative and passes through at most
-   d_in + d_out + K + 1 <= 2·d + 3 roundings (square, the sums over d_in and d_out, the product,
-   the sum over the K <= d parts; d_in + d_out <= d_in·d_out + 1 <= d + 1), so the computed square
+1. *Norms.* ‖g_p‖² = Σ_weights (‖a_p‖² + [bias])·‖b_p‖² + Σ_rows ‖r_p‖² (a one-position layer's bias
+   gradient is its b_p: squared once, summed from the same f∘b). Every term (a_j²·b_o², b_o², r_k²)
+   is nonnegative and passes through at most d_in + d_out + K + 2 <= 2·d + 3 roundings (the squares,
+   the sums over d_in and d_out, a bias's + 1, the product, the sum over the K <= d parts;
+   d_in + d_out <= d_in·d_out + 1 <= d + 1), so the computed square
    is ‖g_p‖²·(1 + θ), |θ| <= γ_{2d+4}: a RELATIVE bound, because no term can cancel another. With the
    square root's and the division's roundings, f_p·‖g_p‖ <= C'·(1 + u)/((1 − u)·√(1 − γ_{2d+4}))
    <= C'·(1 + γ_{2d+8}) whether the clip binds or not (a zero gradient: f_p = 1, nothing added).
@@ -61,7 +63,7 @@ import torch
 from clinograph.core.errors import PrivacyError
 
 from .distributed_sum import NOT_FINITE, SUM_MAX_ROWS, gamma
-from .ghost import LinearWeight
+from .ghost import Formed, LinearWeight
 from .per_patient import PerPatientClipper
 
 #: the parts' dtypes the bound covers: lifted to float64 exactly, with squares and products far from
@@ -106,23 +108,36 @@ def parts_clipped_sum(engine: PerPatientClipper, *inputs: object, labels: object
         return out
     parts = engine.parts(*inputs, labels=labels)
     with torch.inference_mode():
-        weights: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        # one-position weights (with their bias: g_p(bias) = b_p, the same tensor) and formed rows
+        biases = {id(part.bias_of): i for i, part in parts.items()
+                  if type(part) is Formed and part.bias_of is not None and part.bias_of.flat2d is not None
+                  and part.g is part.bias_of.flat2d[1]}
+        lifted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(float32 tensor) -> (float64, ‖row‖²)
+
+        def lift(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if id(t) not in lifted:  # a layer input read by several layers is lifted and squared once
+                t64 = t.reshape(b, -1).double()
+                lifted[id(t)] = (t64, _sq(t64))
+            return lifted[id(t)]
+
+        weights: list[tuple[int, int | None, torch.Tensor, torch.Tensor]] = []
         rows: list[tuple[int, torch.Tensor]] = []
+        taken = set(biases.values())
         for i, part in sorted(parts.items()):
             if type(part) is LinearWeight and part.flat2d is not None:
-                a, g = part.flat2d
-                if a.dtype not in NARROW or g.dtype not in NARROW:
+                if any(t.dtype not in NARROW for t in part.flat2d):
                     return None
-                weights.append((i, a.double(), g.double()))
-            else:
+                weights.append((i, biases.get(id(part)), *part.flat2d))
+            elif i not in taken:
                 r = part.per_sample()
                 if r.dtype not in NARROW:
                     return None
-                rows.append((i, r.reshape(b, -1).double()))
+                rows.append((i, r))
         n2 = torch.zeros(b, dtype=torch.float64)
-        for _, a, g in weights:
-            n2.add_(_sq(a) * _sq(g))
-        flat = torch.cat([r for _, r in rows], 1) if rows else None
+        for _, j, a, g in weights:  # ‖a‖²·‖b‖², + ‖b‖² for the bias: (‖a‖² + 1)·‖b‖²
+            sa, sg = lift(a)[1], lift(g)[1]
+            n2.add_((sa + 1.0 if j is not None else sa) * sg)
+        flat = torch.cat([r.reshape(b, -1).double() for _, r in rows], 1) if rows else None
         if flat is not None:
             n2.add_(_sq(flat))
         if not bool(torch.isfinite(n2).all()):
@@ -132,15 +147,17 @@ def parts_clipped_sum(engine: PerPatientClipper, *inputs: object, labels: object
         start = [0]
         for size in engine.sizes:
             start.append(start[-1] + size)
-        for i, a, g in weights:
-            out[start[i]:start[i + 1]] = torch.mm((g * f[:, None]).T, a).view(-1)
+        for i, j, a, g in weights:
+            fg = lift(g)[0] * f[:, None]  # fl(f_p·b_po), shared by the weight's and the bias's sums
+            out[start[i]:start[i + 1]] = torch.mm(fg.T, lift(a)[0]).view(-1)
+            if j is not None:
+                out[start[j]:start[j + 1]] = fg.sum(0)
         if flat is not None:
             at = 0
             summed = f @ flat
-            for i, r in rows:
-                width = int(r.shape[1])
-                out[start[i]:start[i + 1]] = summed[at:at + width]
-                at += width
+            for i, _ in rows:
+                out[start[i]:start[i + 1]] = summed[at:at + engine.sizes[i]]
+                at += engine.sizes[i]
     if not bool(torch.isfinite(out).all()):
         raise PrivacyError(NOT_FINITE)
     return out
