@@ -5,12 +5,19 @@ parts, without forming each patient's gradient row (concept models under distrib
 reading it was most of a concept round (1 680 × 14 869 at the concept demo's largest hospital).
 :func:`parts_clipped_sum` takes what the engine's one forward and one ``autograd.grad`` already
 hold (:meth:`~.per_patient.PerPatientClipper.parts`): for a one-position Linear weight the layer's
-input a_p and output gradient b_p (g_p = b_p a_pᵀ, never formed), for every other parameter its
-formed rows r_p (a bias's b_p, the concept scores' few-position weights). All in float64:
+input a_p and output gradient b_p (g_p = b_p a_pᵀ, never formed; its bias's g_p is b_p itself), for
+every other parameter its formed rows r_p (the concept scores' few-position weights and their
+biases). All in float64:
 
-- ‖g_p‖² = Σ_weights ‖a_p‖²·‖b_p‖² + Σ_rows ‖r_p‖² (ghost norms: Goodfellow 2015; Li et al. 2022),
+- ‖g_p‖² = Σ_weights (‖a_p‖² + [bias])·‖b_p‖² + Σ_rows ‖r_p‖² (ghost norms: Goodfellow 2015; Li et
+  al. 2022),
 - f_p = C'/‖g_p‖ if ‖g_p‖ > C' else 1,
-- x = Σ_weights (f∘b)ᵀa + Σ_rows f·r (one product a weight; Bu et al. 2023's book-keeping).
+- x = Σ_weights (f∘b)ᵀa (and Σ_p f_p b_p for the bias) + Σ_rows f·r (one product a weight; Bu et al.
+  2023's book-keeping).
+
+Not a second backward of Σ_p f_p·ℓ_p (which would give the same x in exact arithmetic): its output
+gradients would be recomputed with f_p inside, so their rounding would not be bounded relative to
+the g_p the norms were taken of; here the norms and the sum read the same tensors.
 
 **The reference vectors.** g_p is the REAL vector b_p a_pᵀ (exact product of the engine's float32
 a_p, b_p) on the weights and the float32 rows r_p as formed: each a function of patient p's row
