@@ -60,7 +60,8 @@ not depend on the other patients of the batch (the engine's batched float32 forw
 give each row the same values whatever rows surround it), so a neighbouring batch changes one g_p
 only. BLAS does not promise it; checked on this machine's torch CPU build at the concept demo's
 largest hospital (1 680 patients, a C-GM model): removing any of five patients left every other
-patient's parts bit for bit the same.
+patient's parts bit for bit the same; a test keeps checking it at 257 patients
+(tests/sdk/privacy/test_parts_sum.py).
 """
 
 from __future__ import annotations

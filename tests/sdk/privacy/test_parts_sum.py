@@ -153,3 +153,23 @@ def test_what_the_bound_does_not_cover_is_handed_back_and_a_non_finite_gradient_
     x[2, 3] = float("nan")
     with pytest.raises(PrivacyError, match="not finite"):
         parts_clipped_sum(engine, x, labels=y, clip=1.0)
+
+
+def test_a_patients_parts_do_not_depend_on_the_other_patients_of_the_batch():
+    """The bound's assumption (module docstring): removing a patient leaves every other patient's parts
+    (layer inputs, output gradients, formed rows) bit for bit the same -- else a neighbouring batch
+    would move every g_p, not one. A concept model at an odd batch (BLAS blocks of rows cut
+    differently at 257 and 256), several patients removed."""
+    model = _concept_model("cgm", 5)
+    gen = torch.Generator().manual_seed(5)
+    n = 257
+    x = torch.randn(n, 5, generator=gen)
+    labels = {"a": torch.randint(0, 2, (n,), generator=gen), "b": torch.randint(0, 3, (n,), generator=gen),
+              "y": torch.randint(0, 2, (n,), generator=gen)}
+    y = ConceptLabels(labels, frozenset(CARDS), True, "y", 0.8)
+    engine = concept_clipper(model, trainable_names(model), like=x)
+    whole = _reference_rows(engine, x, {}, labels=y)
+    for q in (0, 100, n - 1):
+        keep = torch.arange(n) != q
+        fewer = ConceptLabels({v: t[keep] for v, t in labels.items()}, y.supervised, True, "y", 0.8)
+        assert np.array_equal(_reference_rows(engine, x[keep], {}, labels=fewer), whole[keep.numpy()])
