@@ -17,7 +17,7 @@ DP (:func:`.dp.concept_clipper`). Each round, at hospital k:
 3. The clipped sum formed in float64 from the engine's parts, without per-patient rows
    (:func:`concept_sum`, :mod:`~clinograph.sdk.privacy.parts_sum`: ghost norms ‖a_p‖²‖b_p‖² of the
    one-position Linear weights plus the formed rows' norms, clip factors f_p, one (f∘b)ᵀa product
-   a weight; clip C' = C·(1 − η), η ≈ 1.14e-5 covering the norms' and the sum's float errors),
+   a weight; clip C' = C·(1 − η), η ≈ 1.3e-5 covering the norms' and the sum's float errors),
    scaled by the ring scale s and rounded randomly **once**
    (:func:`~clinograph.sdk.privacy.distributed_sum.noised_clipped_sum`: d coins, not one per
    patient and coordinate; the same sensitivity Δ2 <= C·s + √d, so the same accountant -- docs/

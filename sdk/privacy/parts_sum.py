@@ -48,12 +48,20 @@ at most n roundings (1 + δ), |δ| <= u = 2⁻⁵³; γ_k = k·u/(1 − k·u); e
    so f_p >= C'·2⁻²⁸⁷ and a nonzero product f_p·b·a >= C'·2⁻⁵⁸⁵, normal for C' in :data:`CLIP_RANGE`;
    nothing overflows (|b·a| < 2²⁵⁶, B <= 2¹⁷). d is the released dimension, at least the engine's
    P (the caller releases each trained parameter once, whole).
-3. *Scaling and release* (:func:`~.distributed_sum.noised_clipped_sum`, unchanged): as for the rows'
-   sum, ‖y − y'‖₂ <= s·C'·(1 + γ_{2d+8})·(1 + 3(N+1)·γ_{N+1}) for neighbouring batches, y = fl(s·x̂);
-   clipping at C' = C·(1 − η), η = 2·(γ_{2d+8} + 3(N+1)·γ_{N+1}) (:func:`parts_sum_clip`) makes it
-   <= C·s. The rows' η (:func:`~.distributed_sum.sum_clip`) has γ_{d+4} in place of γ_{2d+8}. At the concept
-   demo's d = 14 869: η = 1.1444270e-5 before (rows), 1.1444273e-5 now (parts); the norms' share
-   2·γ is 3.3e-12 before, 6.6e-12 now, the sums' 6(N+1)·γ_{N+1} = 1.1444266e-5 dominates both.
+3. *The other patients' factors.* The batches D and D' = D + {q} compute every common patient's
+   norm anew, and nothing promises the same rounding (a reduction may be ordered by batch size):
+   f_p and f'_p may differ. Both norms are within the relative bound of step 1, φ(n) = min(1, C'/n)
+   is nonincreasing with φ(n)/φ(n') <= n'/n, so |f_p − f'_p|·‖g_p‖ <= 2·γ_{2d+8}·C': at most
+   2N·γ_{2d+8}·C' over the batch.
+4. *Scaling and release* (:func:`~.distributed_sum.noised_clipped_sum`, unchanged): as for the rows'
+   sum, ‖y − y'‖₂ <= s·C'·(1 + γ_{2d+8})·(1 + 3(N+1)·γ_{N+1} + 2N·γ_{2d+8}) for neighbouring batches,
+   y = fl(s·x̂); clipping at C' = C·(1 − η), η = 2·((2N+1)·γ_{2d+8} + 3(N+1)·γ_{N+1})
+   (:func:`parts_sum_clip`) makes it <= C·s, with the factor-2 margin the coins' own rounding uses
+   (docs/privacy.md). The rows' η (:func:`~.distributed_sum.sum_clip`) is 2·(γ_{d+4} + 3(N+1)·γ_{N+1}):
+   it has no step 3 (it assumes, rather than bounds, a patient's norm computed the same in both
+   batches). At the concept demo's d = 14 869: η = 1.1444270e-5 before (rows), 1.3175718e-5 now
+   (parts): the sums' 6(N+1)·γ_{N+1} = 1.1444266e-5, step 3's 4N·γ_{2d+8} = 1.73e-6, the norms'
+   2·γ_{2d+8} = 6.6e-12 (3.3e-12 before). The clip shrinks by 1.3e-5 instead of 1.1e-5.
 
 Assumed, as by the rows' path before it (not new here): patient p's computed a_p, b_p and r_p do
 not depend on the other patients of the batch (the engine's batched float32 forward and backward
@@ -83,10 +91,10 @@ CLIP_RANGE = (2.0 ** -400, 2.0 ** 400)
 
 
 def parts_sum_clip(clip: float, dim: int) -> float:
-    """C' = C·(1 − η), η = 2·(γ_{2d+8} + 3·(N+1)·γ_{N+1}), N = :data:`SUM_MAX_ROWS`: clipped at C', the
-    float64 sum of :func:`parts_clipped_sum`, scaled by s, moves by at most C·s in L2 when one patient
-    is added or removed (module docstring). η ≈ 1.14e-5."""
-    a = gamma(2 * int(dim) + 8)
+    """C' = C·(1 − η), η = 2·((2N+1)·γ_{2d+8} + 3·(N+1)·γ_{N+1}), N = :data:`SUM_MAX_ROWS`: clipped at C',
+    the float64 sum of :func:`parts_clipped_sum`, scaled by s, moves by at most C·s in L2 when one
+    patient is added or removed (module docstring). η ≈ 1.32e-5 at d = 14 869."""
+    a = (2 * SUM_MAX_ROWS + 1) * gamma(2 * int(dim) + 8)
     b = 3.0 * (SUM_MAX_ROWS + 1) * gamma(SUM_MAX_ROWS + 1)
     return float(clip) * (1.0 - 2.0 * (a + b))
 
