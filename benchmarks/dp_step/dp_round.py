@@ -23,11 +23,16 @@ requires differ):
   in the masked sum, the server's noise checks; NS-FL rounds each patient's row, concepts the
   hospital's clipped sum once, :mod:`clinograph.sdk.privacy.distributed_sum`);
 - ``distributed_per_row`` (concepts only): the same with each patient's row rounded (what a
-  concept hospital past ``SUM_MAX_ROWS`` patients does; every one did before).
+  concept hospital past ``SUM_MAX_ROWS`` patients does; every one did before);
+- ``distributed_rows`` (concepts only): the hospital's sum rounded once but formed from per-patient
+  rows (what every concept hospital did before the sum from the engine's parts,
+  :mod:`clinograph.sdk.privacy.parts_sum`).
 
 Ratios: ``local / plain`` and ``distributed / plain_full_batch`` (the same work with and without
 DP), and ``distributed / plain`` (against the default non-DP round); for concepts also
-``distributed_per_row`` over both. The goal is ≤ 2.
+``distributed_per_row`` and ``distributed_rows`` over both. The goal is ≤ 2. ``--clock cpu`` times
+the concept rounds by this process's CPU seconds (every hospital and the server run in it), which
+other processes' load does not stretch (fsync waits are left out).
 
 Tasks (the DP matrix's rows; tests/sdk/privacy/test_dp_matrix.py): ``static`` (ALARM demo
 hospitals), ``temporal`` (the first three time-series hospitals, attention window 4), ``survival``
@@ -61,10 +66,20 @@ from research._common import add_convention, emit, machine, median, out_path  # 
 ROUNDS = 3
 #: [model] deep on every arm (--deep false: the DP default model, the wide path alone)
 DEEP = True
-ARMS = ("plain", "local", "plain_full_batch", "distributed", "distributed_per_row")
+ARMS = ("plain", "local", "plain_full_batch", "distributed", "distributed_rows", "distributed_per_row")
 #: the arm only concepts run: distributed DP with each patient's row rounded (what a concept hospital past
 #: distributed_sum.SUM_MAX_ROWS patients does, and every concept hospital did before issue 30's fix)
 PER_ROW = "distributed_per_row"
+#: the other arm only concepts run: the hospital's clipped sum from formed per-patient rows (concept_rows, then
+#: distributed_sum.noised_rounded_sum), what a concept hospital did before the sum from the engine's parts
+#: (sdk/privacy/parts_sum.py, session 54) and does where that path does not apply
+ROWS = "distributed_rows"
+CONCEPT_ONLY = (PER_ROW, ROWS)
+#: --clock: how a concept round is timed (wall: time.perf_counter; cpu: time.process_time, this process's CPU
+#: seconds -- every hospital and the server run in it -- which other processes' load does not stretch; fsync
+#: waits and other sleeps are left out)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCK = "wall"
 #: --gnn-computed: the DP arms again with the GNN computed (deep = false as before session 48)
 GNN_ARMS = ("local_gnn", "distributed_gnn")
 
@@ -76,7 +91,7 @@ def _privacy(arm: str, state: Path) -> dict:
               "state_dir": str(state)}
     if arm == "local":
         return {**common, "batch_size": 64}
-    return {**common, "mode": "distributed", "sample_rate": 1.0, "min_honest": 2}  # distributed, distributed_per_row
+    return {**common, "mode": "distributed", "sample_rate": 1.0, "min_honest": 2}  # distributed, distributed_rows, distributed_per_row
 
 
 def _config(task: str, arm: str, work: Path, n_max: int):
@@ -153,26 +168,29 @@ def _concept_round_seconds(arm: str, quick: bool) -> list[float]:
     from clinograph.core.identity import Identity
 
     sites, cards, digest = hospital_sites(seed=0, scale=0.2 if quick else 1.0)
-    full = arm in ("plain_full_batch", "distributed", PER_ROW)
+    full = arm in ("plain_full_batch", "distributed", *CONCEPT_ONLY)
     n_max = max(len(s.split.train) for s in sites)
     fed = FederationSection(id="dp-round", rounds=ROUNDS, secure_mode="masked", local_epochs=1, seed=0,
                             strategy="fedsgd" if full else "fedavg", min_clients=len(sites))
     ends: list[float] = []
-    once = distributed_training.SUM_MAX_ROWS
+    once, parts = distributed_training.SUM_MAX_ROWS, distributed_training.concept_sum
+    clock = CLOCKS[CLOCK]
     with tempfile.TemporaryDirectory(prefix="dpr") as tmp:
         server = Identity.generate("server")
         audit = AuditTrail(Path(tmp) / "audit", identity=server)
         try:
             distributed_training.SUM_MAX_ROWS = 0 if arm == PER_ROW else once
+            if arm == ROWS:  # no sum from the parts: the rows are formed (concept_sum's None)
+                distributed_training.concept_sum = lambda *args, **kwargs: None
             run_concept_federation(sites=sites, concepts=CONCEPTS, task=TASK, cards=cards, kind="cgm",
                                    encoder=lambda: MLPEncoder(int(sites[0].inputs.shape[1]), 32, (64,)), z_dim=32,
                                    federation=fed, audit=audit, server_identity=server, dictionary_hash=digest,
                                    hp=ConceptHParams(hidden=32, emb=8),
                                    training=ConceptTraining(batch_size=n_max if full else 64, lr=3e-3, seed=0),
                                    privacy=PrivacySection(**_privacy(arm, Path(tmp) / "state")),
-                                   on_round=lambda *_: ends.append(time.perf_counter()))
+                                   on_round=lambda *_: ends.append(clock()))
         finally:
-            distributed_training.SUM_MAX_ROWS = once
+            distributed_training.SUM_MAX_ROWS, distributed_training.concept_sum = once, parts
             audit.close()
     return [b - a for a, b in zip(ends, ends[1:], strict=False)]  # from one round's end to the next's
 
@@ -226,9 +244,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gnn-computed", action="store_true",
                     help="with --deep false: also the DP arms as main before session 48 (the star path computes "
                          "the GNN gated to zero and DP trains it), interleaved, as arms local_gnn, distributed_gnn")
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                    help="how a concept round is timed: wall seconds, or this process's CPU seconds (cpu: not "
+                         "stretched by other processes' load; the other tasks are timed by simulate(), wall)")
     args = ap.parse_args(argv)
-    global DEEP
+    global DEEP, CLOCK
     DEEP = args.deep == "true"
+    CLOCK = args.clock
     arms = ARMS + (GNN_ARMS if args.gnn_computed else ())
     torch.set_num_threads(1)
     reps = 1 if args.quick else args.reps
@@ -240,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(reps):
         for task in args.tasks:
             for arm in arms:  # interleaved: every arm sees the same load drift
-                if arm in refused[task] or (arm == PER_ROW and task != "concepts"):
+                if arm in refused[task] or (arm in CONCEPT_ONLY and task != "concepts"):
                     continue
                 try:
                     with _gnn_computed() if arm in GNN_ARMS else contextlib.nullcontext():
@@ -261,6 +283,9 @@ def main(argv: list[str] | None = None) -> dict:
         if task == "concepts":
             rows[task]["ratio_per_row_over_full_batch"] = ratio(PER_ROW, "plain_full_batch")
             rows[task]["ratio_per_row_over_plain"] = ratio(PER_ROW, "plain")
+            rows[task]["ratio_rows_over_full_batch"] = ratio(ROWS, "plain_full_batch")
+            rows[task]["ratio_rows_over_plain"] = ratio(ROWS, "plain")
+            rows[task]["clock"] = CLOCK
         if task != "concepts":
             rows[task]["patients"] = [len(t.patient_ids) for t in feds[task][0]]
     result = {"benchmark": "dp_round", "machine": machine(), "load_before": load_before, "load_after": os.getloadavg(),

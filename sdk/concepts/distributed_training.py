@@ -12,16 +12,23 @@ DP (:func:`.dp.concept_clipper`). Each round, at hospital k:
 2. Each sampled patient's gradient of its own F-CMs eq. (2) loss (:func:`.dp.row_losses`), over
    **every coordinate of the derived model** in spec order: the modules it trains (the encoder,
    its supervised concepts, the task head if it has task labels; section 4.2.3) carry the
-   gradient, every other module zeros. The whole row is clipped (to C', step 3); its width must
-   be the spec's shared size (checked, nothing sent otherwise).
-3. The clipped rows summed in float64 (clip C' = C·(1 − η), η ≈ 1e-5 covering the sum's float
-   errors), scaled by the ring scale s and rounded randomly **once**
-   (:func:`~clinograph.sdk.privacy.distributed_sum.noised_rounded_sum`: d coins, not one per
+   gradient, every other module zeros. The whole gradient is clipped (to C', step 3; not formed
+   as a row); its width must be the spec's shared size (checked, nothing sent otherwise).
+3. The clipped sum formed in float64 from the engine's parts, without per-patient rows
+   (:func:`concept_sum`, :mod:`~clinograph.sdk.privacy.parts_sum`: ghost norms ‖a_p‖²‖b_p‖² of the
+   one-position Linear weights plus the formed rows' norms, clip factors f_p, one (f∘b)ᵀa product
+   a weight; clip C' = C·(1 − η), η ≈ 1.3e-5 covering the norms' and the sum's float errors),
+   scaled by the ring scale s and rounded randomly **once**
+   (:func:`~clinograph.sdk.privacy.distributed_sum.noised_clipped_sum`: d coins, not one per
    patient and coordinate; the same sensitivity Δ2 <= C·s + √d, so the same accountant -- docs/
-   privacy.md, "Rounding the hospital's sum"; past 2^17 training patients each row is rounded),
-   and the Skellam share Sk(μ/h), μ = (σ·C·s)², added to **every** coordinate -- the zeros
-   included, so the server's noise test and its every-module rule hold whatever a hospital
-   supervises.
+   privacy.md, "Rounding the hospital's sum"), and the Skellam share Sk(μ/h), μ = (σ·C·s)², added
+   to **every** coordinate -- the zeros included, so the server's noise test and its every-module
+   rule hold whatever a hospital supervises. Where the parts' bound does not apply (parts not
+   float32, a clip outside its range, a trained parameter not released once whole) the clipped
+   rows are formed and summed (:func:`concept_rows`,
+   :func:`~clinograph.sdk.privacy.distributed_sum.noised_rounded_sum`, the same bound with the
+   rows' η); past 2^17 training patients each row is clipped at C and rounded
+   (:func:`~clinograph.sdk.privacy.distributed.noised_sum`).
 4. The client sends z/s as its weighted update with weight w = q·n (its expected batch) for every
    module; the masked mode sums the z exactly and FedSGD applies θ ← θ − η·Σ_k z_k/(s·Σ_k q·n_k)
    to every module.
@@ -48,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from clinograph.secure.dp import CsprngUniform, DistributedPolicy
 
@@ -64,7 +72,8 @@ from ..privacy.distributed_round import (
     open_round,
     privacy_policy,
 )
-from ..privacy.distributed_sum import SUM_MAX_ROWS, noised_rounded_sum
+from ..privacy.distributed_sum import SUM_MAX_ROWS, noised_clipped_sum, noised_rounded_sum
+from ..privacy.parts_sum import parts_clipped_sum, parts_sum_clip
 from ..training.trainer import TrainOutcome
 from .dp import ConceptLabels, concept_clipper, trainable_names
 
@@ -93,6 +102,37 @@ def concept_rows(model: torch.nn.Module, modules: ModuleMap, x: torch.Tensor, la
         g = grads[i] if i is not None else None  # None: frozen, its columns stay zero
         blocks.append((width, None if g is None else (g.detach() if row is None else g.detach()[:, row])))
     return PatientRows(blocks, n=b, clip=clip)
+
+
+def concept_sum(model: torch.nn.Module, modules: ModuleMap, x: torch.Tensor, labels: Mapping[str, torch.Tensor],
+                interventions: Mapping[str, torch.Tensor], *, supervised: set[str], has_task: bool, task: str,
+                gamma: float, clip: float) -> np.ndarray | None:
+    """Σ_p min(1, clip/‖g_p‖)·g_p over every released coordinate, in spec order (zeros on parameters
+    the hospital does not train), float64 [d], without per-patient rows: the engine's parts summed
+    by :func:`~clinograph.sdk.privacy.parts_sum.parts_clipped_sum` (its float64 bound: clip at
+    :func:`~clinograph.sdk.privacy.parts_sum.parts_sum_clip`). None when that path does not apply
+    (the parts' dtypes or the clip outside its bound, or a trained parameter not released exactly
+    once, whole: its norm would not be the released row's): :func:`concept_rows` then.
+
+    Raises:
+        PrivacyError: a patient's gradient is not finite, or more than ``SUM_MAX_ROWS`` patients."""
+    b = int(x.shape[0])
+    pieces = [(pc.param, pc.row) for name in modules.names(ModuleKind.SHARED) for pc in modules.pieces(name)]
+    if b == 0:
+        return np.zeros(sum(int(p.numel()) if row is None else int(p[row].numel()) for p, row in pieces))
+    engine = concept_clipper(model, trainable_names(model), like=x)  # type: ignore[arg-type]
+    index = {id(p): i for i, p in enumerate(engine.params)}
+    released = [index[id(p)] for p, row in pieces if id(p) in index and row is None]
+    if sorted(released) != list(range(len(engine.params))) or any(row is not None for p, row in pieces
+                                                                  if id(p) in index):
+        return None
+    summed = parts_clipped_sum(engine, x, dict(interventions), clip=clip, labels=ConceptLabels(
+        dict(labels), frozenset(supervised), bool(has_task), task, float(gamma)))
+    if summed is None:
+        return None
+    by_param = torch.split(summed, engine.sizes)
+    return torch.cat([by_param[index[id(p)]] if id(p) in index else torch.zeros(int(p.numel()), dtype=torch.float64)
+                      for p, _ in pieces]).numpy()
 
 
 class ConceptDistributedTrainer:
@@ -148,19 +188,23 @@ class ConceptDistributedTrainer:
         lab = {v: y[idx] for v, y in labels.items()}
         model.train()
         once = n <= SUM_MAX_ROWS  # round the hospital's clipped sum once (distributed_sum), else each row
-        try:
-            rows = concept_rows(model, modules, batch(idx), lab, interventions(lab),  # type: ignore[arg-type]
-                                supervised=supervised, has_task=has_task, task=task, gamma=gamma,
-                                clip=None if once else self.policy.clip_norm)
+        args = (model, modules, batch(idx), lab, interventions(lab))
+        kw = {"supervised": supervised, "has_task": has_task, "task": task, "gamma": gamma}
+        try:  # the sum from the engine's parts (parts_sum), else from per-patient rows
+            summed = concept_sum(*args, **kw, clip=parts_sum_clip(self.policy.clip_norm, dim)) if once else None
+            rows = None if summed is not None else concept_rows(  # type: ignore[arg-type]
+                *args, **kw, clip=None if once else self.policy.clip_norm)
         finally:
             for p in model.parameters():
                 p.grad = None
-        if rows.shape[1] != dim:  # z would be cut into the modules at the wrong places
-            raise PrivacyError(f"Hospital {site!r}: its per-patient rows have {rows.shape[1]} coordinates but the "
+        width = int(summed.shape[0]) if summed is not None else int(rows.shape[1])  # type: ignore[union-attr]
+        if width != dim:  # z would be cut into the modules at the wrong places
+            raise PrivacyError(f"Hospital {site!r}: its per-patient gradients have {width} coordinates but the "
                                f"model spec's shared modules have {dim}; nothing is sent this round. The model "
                                "and its module map disagree: build both from the derived model (this is a bug).")
-        step = (noised_rounded_sum if once else noised_sum)(rows, policy=self.policy, scale=scale,
-                                                            batch=int(idx.numel()), source=self.sampler)
+        kw_step = {"policy": self.policy, "scale": scale, "batch": int(idx.numel()), "source": self.sampler}
+        step = noised_clipped_sum(summed, **kw_step) if summed is not None \
+            else (noised_rounded_sum if once else noised_sum)(rows, **kw_step)
         check_in_ring(step.z, scale=scale, bound=bound, site=site)
         parts, at = {}, 0
         for m in shared:

@@ -19,6 +19,10 @@ C' = C·(1 − η), η covering the float64 errors of the norms, the clip factor
 :data:`SUM_MAX_ROWS` rows and the scaling (Higham 2002, eq. 3.5: |fl(Σ a_i) − Σ a_i| <= γ_n·Σ|a_i|
 for a sum of n products in any order, γ_n = n·u/(1 − n·u), u = 2^-53).
 
+:func:`noised_clipped_sum` rounds and shares a clipped sum computed elsewhere within the same
+kind of bound: concept models form theirs from the per-patient engine's parts without any row
+(:func:`~.parts_sum.parts_clipped_sum`, its own η: :func:`~.parts_sum.parts_sum_clip`).
+
 A hospital with more training patients than :data:`SUM_MAX_ROWS` rounds each row
 (:func:`~.distributed.noised_sum`, the same bound (S)); the choice depends on the training-set
 size, public already as the FedSGD weight q·n.
@@ -42,11 +46,12 @@ SUM_MAX_ROWS = 1 << 17
 #: machine) at 256 KiB / 512 KiB / 1 MiB / 2 MiB / 4 MiB blocks
 SUM_CHUNK_BYTES = 1 << 20
 
-_NOT_FINITE = ("A patient's row of the distributed step is not finite (NaN or inf gradient); its contribution "
+NOT_FINITE = ("A patient's row of the distributed step is not finite (NaN or inf gradient); its contribution "
                "would be unbounded. Nothing is sent.")
 
 
-def _gamma(k: int) -> float:
+def gamma(k: int) -> float:
+    """Higham's γ_k = k·u/(1 − k·u), u = 2⁻⁵³ (float64's unit roundoff)."""
     u = 2.0 ** -53
     return k * u / (1.0 - k * u)
 
@@ -55,8 +60,8 @@ def sum_clip(clip: float, dim: int) -> float:
     """C' = C·(1 − η) with η = 2·(γ_{d+4} + 3·(N+1)·γ_{N+1}), N = :data:`SUM_MAX_ROWS`: clipped at C',
     the float64 sum of at most N rows (:func:`clipped_sum`), scaled by s, moves by at most C·s in
     L2 when one row is added or removed (module docstring; docs/privacy.md). η ≈ 1.1e-5."""
-    a = _gamma(int(dim) + 4)
-    b = 3.0 * (SUM_MAX_ROWS + 1) * _gamma(SUM_MAX_ROWS + 1)
+    a = gamma(int(dim) + 4)
+    b = 3.0 * (SUM_MAX_ROWS + 1) * gamma(SUM_MAX_ROWS + 1)
     return float(clip) * (1.0 - 2.0 * (a + b))
 
 
@@ -84,7 +89,7 @@ def clipped_sum(rows, *, clip: float) -> np.ndarray:
             part[...] = rows[lo:hi]
         norms = np.sqrt(np.einsum("ij,ij->i", part, part))
         if not np.isfinite(norms).all():
-            raise PrivacyError(_NOT_FINITE)
+            raise PrivacyError(NOT_FINITE)
         total += np.minimum(1.0, clip / np.maximum(norms, 1e-300)) @ part
     return total
 
@@ -94,12 +99,24 @@ def noised_rounded_sum(rows, *, policy: DistributedPolicy, scale: float, batch: 
     """z = round(s·Σ_p clip_{C'}(g_p)) + Sk(μ/h) over ``rows`` (unclipped; B may be 0), the sum
     rounded once, randomly, and the share on every coordinate; declared and checked as
     :func:`~.distributed.noised_sum` does (same policy, same accountant: module docstring)."""
-    src = source or CsprngUniform()
     dim = int(rows.shape[1])
-    x = clipped_sum(rows, clip=sum_clip(policy.clip_norm, dim)) * scale
+    return noised_clipped_sum(clipped_sum(rows, clip=sum_clip(policy.clip_norm, dim)), policy=policy, scale=scale,
+                              batch=batch, source=source)
+
+
+def noised_clipped_sum(x: np.ndarray, *, policy: DistributedPolicy, scale: float, batch: int,
+                       source: CsprngUniform | None = None) -> DPStep:
+    """z = round(s·x) + Sk(μ/h) for a hospital's float64 clipped sum ``x`` [d] computed within the
+    bound of its clip (:func:`clipped_sum` at :func:`sum_clip`, or
+    :func:`~.parts_sum.parts_clipped_sum` at :func:`~.parts_sum.parts_sum_clip`): rounded once,
+    randomly, then the share on every coordinate; declared and checked as
+    :func:`~.distributed.noised_sum` does."""
+    src = source or CsprngUniform()
+    dim = int(x.shape[0])
+    x = np.asarray(x, dtype=np.float64) * scale
     try:
         signal = RoundedRowSums(1, dim)(x.reshape(1, dim), source=src)
     except ValueError:
-        raise PrivacyError(_NOT_FINITE) from None
+        raise PrivacyError(NOT_FINITE) from None
     z = signal + skellam_noise(policy.share_variance(scale), dim, source=src)
     return declared_step(z, policy=policy, scale=scale, batch=batch)

@@ -201,6 +201,12 @@ class PerPatientClipper:
             return [parts[i].per_sample().reshape(b, *p.shape) if i in parts else None
                     for i, p in enumerate(self.params)], loss
 
+    def parts(self, *inputs: Any, labels: Any) -> dict[int, LayerPart]:
+        """Each reached parameter's :class:`~.ghost.LayerPart` by its index in :attr:`params` (one
+        forward, one ``autograd.grad``; built in ``torch.inference_mode``: read them there), for a
+        caller computing its own norms and sums (:func:`~.parts_sum.parts_clipped_sum`)."""
+        return self._parts(inputs, labels, inference=True)[0]
+
     def flat(self, grads: Sequence[torch.Tensor | None], b: int, dtype: torch.dtype) -> torch.Tensor:
         """The per-patient gradients as one [B, P] matrix (zeros where a parameter was not reached)."""
         cols = [g.reshape(b, -1) if g is not None else torch.zeros((b, n), dtype=dtype)

@@ -57,17 +57,24 @@ def _sent(task) -> dict[str, np.ndarray]:
 
 def test_contribution_is_the_clipped_per_patient_sum_over_every_module_plus_the_share(tmp_path, monkeypatch):
     """The Skellam share set to zero (its own test is below), q = 1: z/s equals Σ_i clip_C'(∇ℓ_i)
-    over the whole model, ℓ_i eq. (2) for patient i by a per-patient loop, C' = sum_clip(C, d),
+    over the whole model, ℓ_i eq. (2) for patient i by a per-patient loop, C' = parts_sum_clip(C, d),
     within ONE randomised rounding of the hospital's sum (< 1 a coordinate; rounding each patient's
-    row would be off by ~sqrt(n)/2); the module it does not train (concept c) is sent, zero."""
+    row would be off by ~sqrt(n)/2); the module it does not train (concept c) is sent, zero. The sum
+    comes from the engine's parts (sdk/privacy/parts_sum.py): no per-patient row is formed."""
+    import clinograph.sdk.concepts.distributed_training as dt
     import clinograph.sdk.privacy.distributed_sum as distributed_sum
+    import clinograph.sdk.privacy.parts_sum as parts_sum
 
+    def no_rows(*args, **kwargs):
+        raise AssertionError("the float32 model's sum comes from the engine's parts, without rows")
+
+    monkeypatch.setattr(dt, "concept_rows", no_rows)
     monkeypatch.setattr(distributed_sum, "skellam_noise", lambda variance, n, source=None: np.zeros(n, dtype=np.int64))
     task, x, labels, split = _task(tmp_path)
     ref = copy.deepcopy(task.model)
     task.modules.load(task.modules.state(ModuleKind.SHARED))
     dim = sum(m.size for m in task.modules.spec().shared)
-    clip, n = distributed_sum.sum_clip(1.0, dim), len(split.train)
+    clip, n = parts_sum.parts_sum_clip(1.0, dim), len(split.train)
     out = task.train(round_=0, epochs=1, plan_options=PLAN)
     assert out.ledger is not None and out.ledger.share is not None and out.ledger.steps == 1
     assert task.num_samples == n and task.privacy.last_batch == n  # q = 1: everyone, weight q·n
@@ -181,25 +188,32 @@ def test_the_policy_is_checked_against_the_derived_models_dimension_before_train
     assert not (tmp_path / "state" / "h0" / "distributed_ledger.json").exists()
 
 
+@pytest.mark.parametrize("path", ["parts", "rows"])
 @pytest.mark.parametrize("change", ["drop", "add"])
 def test_rows_whose_width_is_not_the_specs_shared_size_are_refused_before_anything_is_drawn(tmp_path, monkeypatch,
-                                                                                             change):
-    """z is cut into the spec's shared modules by their sizes: rows one piece short (or one longer)
-    would shift every module after it. Refused, nothing committed to the ledger."""
+                                                                                             change, path):
+    """z is cut into the spec's shared modules by their sizes: a clipped sum (from the engine's parts)
+    or rows one piece short (or one longer) would shift every module after it. Refused, nothing
+    committed to the ledger."""
     import clinograph.sdk.concepts.distributed_training as dt
     from clinograph.sdk.privacy.distributed import PatientRows
 
-    real = dt.concept_rows
+    real_rows, real_sum = dt.concept_rows, dt.concept_sum
 
-    def off(*args, **kwargs):
-        rows = real(*args, **kwargs)
+    def off_rows(*args, **kwargs):
+        rows = real_rows(*args, **kwargs)
         blocks = rows.blocks[:-1] if change == "drop" else [*rows.blocks, (3, None)]
         return PatientRows(blocks, n=rows.n, clip=rows.clip)
 
-    monkeypatch.setattr(dt, "concept_rows", off)
+    def off_sum(*args, **kwargs):
+        x = real_sum(*args, **kwargs)
+        return x[:-1] if change == "drop" else np.concatenate([x, np.zeros(3)])
+
+    monkeypatch.setattr(dt, "concept_rows", off_rows)
+    monkeypatch.setattr(dt, "concept_sum", off_sum if path == "parts" else lambda *a, **k: None)
     task, *_ = _task(tmp_path)
     task.modules.load(task.modules.state(ModuleKind.SHARED))
-    with pytest.raises(PrivacyError, match=r"rows have \d+ coordinates but the model spec's shared modules have"):
+    with pytest.raises(PrivacyError, match=r"gradients have \d+ coordinates but the model spec's shared modules have"):
         task.train(round_=0, epochs=1, plan_options=PLAN)
     assert not (tmp_path / "distributed_ledger.json").exists()
 

@@ -1,0 +1,177 @@
+"""A hospital's clipped sum from the engine's parts (sdk/privacy/parts_sum.py): equal to clipping each
+patient's gradient in a loop (float64, to the float64 bound's order), the shrunk clip keeping one
+patient's move of s·x within C·s, and the cases its bound does not cover handed back (None) or refused."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from clinograph.sdk.concepts.dp import ConceptLabels, concept_clipper, trainable_names
+from clinograph.sdk.concepts.encoders import MLPEncoder
+from clinograph.sdk.concepts.graph import ConceptGraph
+from clinograph.sdk.concepts.model import ConceptModel
+from clinograph.sdk.concepts.modules import ConceptHParams
+from clinograph.sdk.privacy.ghost import LinearWeight
+from clinograph.sdk.privacy.parts_sum import parts_clipped_sum, parts_sum_clip
+from clinograph.sdk.privacy.per_patient import PerPatientClipper
+from torch import nn
+
+from clinograph.core.errors import PrivacyError
+
+CARDS = {"a": 2, "b": 3, "y": 2}
+
+
+def _concept_model(kind: str, seed: int) -> ConceptModel:
+    torch.manual_seed(seed)
+    if kind in ("c2bm", "cgm"):
+        g = ConceptGraph.from_edges(nodes=["a", "b", "y"], edges=[("a", "b"), ("b", "y"), ("a", "y")], task="y",
+                                    cards=CARDS)
+    else:
+        g = ConceptGraph.bipartite(concepts=["a", "b"], task="y", cards=CARDS, with_task=True)
+    return ConceptModel(kind=kind, encoder=MLPEncoder(5, 8, (16,)), graph=g, z_dim=8,
+                        hp=ConceptHParams(hidden=8, emb=4))  # float32, as the runtime trains it
+
+
+def _concept_batch(seed: int, b: int = 9):
+    """Patients of inputs scaled by e^-6 .. e^6 (gradient norms apart by 2-20×) and one (the last)
+    with every label missing: a zero gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, 5, generator=gen) * torch.exp(torch.linspace(-6, 6, b))[:, None]
+    labels = {"a": torch.randint(0, 2, (b,), generator=gen), "b": torch.randint(0, 3, (b,), generator=gen),
+              "y": torch.randint(0, 2, (b,), generator=gen)}
+    for y in labels.values():
+        y[-1] = -1
+    return x, ConceptLabels(labels, frozenset(CARDS), True, "y", 0.8)
+
+
+def _reference_rows(engine: PerPatientClipper, *inputs, labels) -> np.ndarray:
+    """Each patient's reference gradient [B, P] (the module docstring's g_p): a one-position weight's
+    b_p a_pᵀ as an exact float64 outer product of the engine's float32 a_p, b_p, every other part's
+    rows as the engine formed them."""
+    b = int(inputs[0].shape[0])
+    cols = []
+    parts = engine.parts(*inputs, labels=labels)
+    with torch.inference_mode():
+        for i, size in enumerate(engine.sizes):
+            part = parts.get(i)
+            if part is None:
+                cols.append(np.zeros((b, size)))
+            elif type(part) is LinearWeight and part.flat2d is not None:
+                a, g = (t.double().numpy() for t in part.flat2d)
+                cols.append((g[:, :, None] * a[:, None, :]).reshape(b, -1))  # exact: 24-bit × 24-bit mantissas
+            else:
+                cols.append(part.per_sample().double().reshape(b, -1).numpy())
+    return np.concatenate(cols, 1)
+
+
+def _loop_clipped_sum(rows: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
+    """Σ_p min(1, clip/‖g_p‖)·g_p one patient at a time, each coordinate summed exactly (fsum); and Σ_p
+    |min(1, ·)·g_p| (the scale of the sum's float64 error)."""
+    clipped = []
+    for g in rows:
+        norm = math.sqrt(math.fsum(float(v) * float(v) for v in g))
+        clipped.append(g * (min(1.0, clip / norm) if norm > 0 else 1.0))
+    clipped = np.array(clipped)
+    return np.array([math.fsum(col) for col in clipped.T]), np.abs(clipped).sum(0)
+
+
+@pytest.mark.parametrize(("kind", "seed"), [("c2bm", 0), ("cbm", 1), ("cem", 2), ("cgm", 3)])
+def test_the_parts_sum_equals_clipping_each_patients_gradient_in_a_loop(kind, seed):
+    """Tight: |parts sum − loop| <= 1e-13·Σ_p|f_p g_p| a coordinate (the bound allows γ_{B+1} ≈ 1e-15
+    of it), at a clip below every patient, above every one and in between; a clip factor off by 1e-9
+    relative is outside it wherever the clip binds (negative control)."""
+    model = _concept_model(kind, seed)
+    x, labels = _concept_batch(seed)
+    engine = concept_clipper(model, trainable_names(model), like=x)
+    rows = _reference_rows(engine, x, {}, labels=labels)
+    norms = np.linalg.norm(rows, axis=1)
+    assert norms[-1] == 0 and norms.max() > 2 * norms[norms > 0].min()
+    # every patient far above the clip, far below it, and a mix (the median: some clipped, some not)
+    for clip in (norms[norms > 0].min() / 100, float(np.median(norms[:-1])), norms.max() * 100):
+        want, scale = _loop_clipped_sum(rows, clip)
+        got = parts_clipped_sum(engine, x, {}, labels=labels, clip=clip)
+        assert got is not None and got.dtype == torch.float64
+        assert np.all(np.abs(got.numpy() - want) <= 1e-13 * scale + 1e-300)
+        off = parts_clipped_sum(engine, x, {}, labels=labels, clip=clip * (1 + 1e-9))  # a wrong clip factor
+        assert not np.all(np.abs(off.numpy() - want) <= 1e-13 * scale + 1e-300) or clip > norms.max()
+
+
+class _Tiny(nn.Module):
+    """A one-position Linear with a bias, and a Linear over 3 positions a patient (formed rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.pos = nn.Linear(8, 6), nn.Linear(6, 1), nn.Linear(4, 2)
+
+    def forward(self, x):
+        p = self.pos(x[:, 8:].reshape(-1, 3, 4)).sum((1, 2))
+        return self.l2(torch.tanh(self.l1(x[:, :8]))).squeeze(-1) + p
+
+
+def _tiny_objective(model, inputs, labels):
+    return ((model(inputs[0]) - labels) ** 2).sum()
+
+
+def test_the_shrunk_clip_keeps_one_patients_move_of_the_scaled_parts_sum_within_c_s():
+    """Removing one patient moves s·x by at most C·s at C' = parts_sum_clip(C, d) (30 draws of 200
+    patients whose gradients span five orders of magnitude); at C itself the float errors push it past
+    C·s: the shrink is needed, and enough. At the concept demo's d, η is the rows' η plus the bound on
+    the other patients' factors (4N·γ_{2d+8}, module docstring step 3)."""
+    torch.manual_seed(0)
+    model = _Tiny()
+    engine = PerPatientClipper(model, objective=_tiny_objective)
+    gen = torch.Generator().manual_seed(4)
+    scale, past = 16384.0, []
+    for _ in range(30):
+        x = torch.randn(200, 20, generator=gen) * torch.exp(torch.empty(200, 1).uniform_(-3, 8, generator=gen))
+        y = torch.randn(200, generator=gen)
+        q = int(torch.randint(0, 200, (1,), generator=gen))
+        keep = torch.arange(200) != q
+        for clip in (1.0, parts_sum_clip(1.0, engine.dim)):
+            move = np.linalg.norm(parts_clipped_sum(engine, x, labels=y, clip=clip).numpy() * scale
+                                  - parts_clipped_sum(engine, x[keep], labels=y[keep], clip=clip).numpy() * scale)
+            past.append((clip, move > scale))
+    assert any(beyond for clip, beyond in past if clip == 1.0)
+    assert not any(beyond for clip, beyond in past if clip < 1.0)
+    from clinograph.sdk.privacy.distributed_sum import sum_clip
+
+    assert 0 < 1 - parts_sum_clip(1.0, 14869) < 2e-5
+    extra = 4 * 2 ** 17 * (2 * 14869 + 8) * 2.0 ** -53  # 4N·γ_{2d+8}, γ_k ≈ k·u
+    assert (1 - parts_sum_clip(1.0, 14869)) - (1 - sum_clip(1.0, 14869)) == pytest.approx(extra, rel=1e-5)
+
+
+def test_what_the_bound_does_not_cover_is_handed_back_and_a_non_finite_gradient_refused():
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 20), torch.randn(5)
+    wide = _Tiny().double()  # float64 parts: a square could underflow to 0 (module docstring, step 1)
+    assert parts_clipped_sum(PerPatientClipper(wide, objective=_tiny_objective), x.double(), labels=y.double(),
+                             clip=1.0) is None
+    engine = PerPatientClipper(_Tiny(), objective=_tiny_objective)
+    assert parts_clipped_sum(engine, x, labels=y, clip=1e-200) is None  # a product could underflow
+    assert parts_clipped_sum(engine, x[:0], labels=y[:0], clip=1.0).abs().max() == 0
+    x[2, 3] = float("nan")
+    with pytest.raises(PrivacyError, match="not finite"):
+        parts_clipped_sum(engine, x, labels=y, clip=1.0)
+
+
+def test_a_patients_parts_do_not_depend_on_the_other_patients_of_the_batch():
+    """The bound's assumption (module docstring): removing a patient leaves every other patient's parts
+    (layer inputs, output gradients, formed rows) bit for bit the same -- else a neighbouring batch
+    would move every g_p, not one. A concept model at an odd batch (BLAS blocks of rows cut
+    differently at 257 and 256), several patients removed."""
+    model = _concept_model("cgm", 5)
+    gen = torch.Generator().manual_seed(5)
+    n = 257
+    x = torch.randn(n, 5, generator=gen)
+    labels = {"a": torch.randint(0, 2, (n,), generator=gen), "b": torch.randint(0, 3, (n,), generator=gen),
+              "y": torch.randint(0, 2, (n,), generator=gen)}
+    y = ConceptLabels(labels, frozenset(CARDS), True, "y", 0.8)
+    engine = concept_clipper(model, trainable_names(model), like=x)
+    whole = _reference_rows(engine, x, {}, labels=y)
+    for q in (0, 100, n - 1):
+        keep = torch.arange(n) != q
+        fewer = ConceptLabels({v: t[keep] for v, t in labels.items()}, y.supervised, True, "y", 0.8)
+        assert np.array_equal(_reference_rows(engine, x[keep], {}, labels=fewer), whole[keep.numpy()])
