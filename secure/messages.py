@@ -89,6 +89,16 @@ BLOB_CODEC = (WrapSerializer(_blob_out), BeforeValidator(_blob_in))
 Blob = Annotated[bytes, *BLOB_CODEC]
 
 
+def omit_none(data: Any, *keys: str) -> Any:
+    """A message's serialised fields without ``keys`` whose value is None: a field added to a message
+    leaves it byte for byte what it was while the field is unset (for a wrap ``model_serializer``)."""
+    if isinstance(data, dict):
+        for key in keys:
+            if key in data and data[key] is None:
+                del data[key]
+    return data
+
+
 class WireMessage(BaseModel):
     """Base of every message: frozen, strict, no extra keys, bytes as base64 in JSON."""
 
@@ -275,10 +285,7 @@ class GlobalModel(WireMessage):
 
     @model_serializer(mode="wrap")
     def _without_unset_validation(self, handler):  # noqa: ANN001, ANN202 - pydantic's serializer protocol
-        data = handler(self)
-        if isinstance(data, dict) and data.get("validation") is None:
-            data.pop("validation", None)
-        return data
+        return omit_none(handler(self), "validation")
 
 
 class RoundResult(WireMessage):

@@ -51,3 +51,26 @@ def timeseries_sites(hospitals, *, seed: int):
     from clinograph.sdk.datasets.timeseries import ingested_sites
 
     return ingested_sites(hospitals, seed=seed)
+
+
+#: the concept-variable cardinalities of :func:`tiny_concept_model`
+CONCEPT_CARDS = {"a": 2, "b": 3, "y": 2}
+
+
+def tiny_concept_model(kind: str, *, seed: int = 0):
+    """A float32 concept model of ``kind`` (cbm, c2bm, cgm, ...) over concepts a, b and task y (a DAG
+    a -> b -> y, a -> y for c2bm / cgm; bipartite otherwise), an MLP encoder of 5 inputs; weights from
+    ``torch.manual_seed(seed)``, as the concept DP tests build theirs."""
+    import torch
+    from clinograph.sdk.concepts.encoders import MLPEncoder
+    from clinograph.sdk.concepts.graph import ConceptGraph
+    from clinograph.sdk.concepts.model import ConceptModel
+    from clinograph.sdk.concepts.modules import ConceptHParams
+
+    torch.manual_seed(seed)
+    if kind in ("c2bm", "cgm"):
+        g = ConceptGraph.from_edges(nodes=["a", "b", "y"], edges=[("a", "b"), ("b", "y"), ("a", "y")], task="y",
+                                    cards=CONCEPT_CARDS)
+    else:
+        g = ConceptGraph.bipartite(concepts=["a", "b"], task="y", cards=CONCEPT_CARDS, with_task=True)
+    return ConceptModel(kind=kind, encoder=MLPEncoder(5, 8, (16,)), graph=g, z_dim=8, hp=ConceptHParams(hidden=8, emb=4))

@@ -51,7 +51,7 @@ from clinograph.core.errors import ClinographError
 from clinograph.core.fields import RoundNumber
 from clinograph.core.identity import PublicIdentity
 
-from ..messages import ID_PATTERN, Finite, WireMessage
+from ..messages import ID_PATTERN, Finite, WireMessage, omit_none
 from ..wire import open_envelope, parse_envelope
 
 #: the part of a hospital's answer to ``end`` that carries its status
@@ -131,10 +131,7 @@ class SelectionStatus(WireMessage):
     @model_serializer(mode="wrap")
     def _without_unset_noise(self, handler):  # noqa: ANN001, ANN202 - pydantic's serializer protocol
         """Without DP the message is byte for byte what it was before ``noise`` existed."""
-        data = handler(self)
-        if isinstance(data, dict) and data.get("noise") is None:
-            data.pop("noise", None)
-        return data
+        return omit_none(handler(self), "noise")
 
 
 def read_statuses(raw: Mapping[str, bytes], *, peers: Mapping[str, PublicIdentity], federation_id: str,

@@ -10,24 +10,15 @@ from clinograph.sdk.concepts.dp import (
     dp_sgd_step,
     trainable_names,
 )
-from clinograph.sdk.concepts.encoders import MLPEncoder
-from clinograph.sdk.concepts.graph import ConceptGraph
 from clinograph.sdk.concepts.model import ConceptModel, fcm_loss
-from clinograph.sdk.concepts.modules import ConceptHParams
+from sdk_helpers import CONCEPT_CARDS, tiny_concept_model
 
-CARDS = {"a": 2, "b": 3, "y": 2}
+CARDS = CONCEPT_CARDS
 SUPERVISED = {"a", "b", "y"}
 
 
 def model_of(kind: str) -> ConceptModel:
-    torch.manual_seed(0)
-    if kind in ("c2bm", "cgm"):
-        g = ConceptGraph.from_edges(nodes=["a", "b", "y"], edges=[("a", "b"), ("b", "y"), ("a", "y")], task="y",
-                                    cards=CARDS)
-    else:
-        g = ConceptGraph.bipartite(concepts=["a", "b"], task="y", cards=CARDS, with_task=True)
-    return ConceptModel(kind=kind, encoder=MLPEncoder(5, 8, (16,)), graph=g, z_dim=8,
-                        hp=ConceptHParams(hidden=8, emb=4)).double()
+    return tiny_concept_model(kind).double()
 
 
 def batch(b: int = 6):

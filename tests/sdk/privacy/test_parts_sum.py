@@ -10,29 +10,20 @@ import numpy as np
 import pytest
 import torch
 from clinograph.sdk.concepts.dp import ConceptLabels, concept_clipper, trainable_names
-from clinograph.sdk.concepts.encoders import MLPEncoder
-from clinograph.sdk.concepts.graph import ConceptGraph
 from clinograph.sdk.concepts.model import ConceptModel
-from clinograph.sdk.concepts.modules import ConceptHParams
 from clinograph.sdk.privacy.ghost import LinearWeight
 from clinograph.sdk.privacy.parts_sum import parts_clipped_sum, parts_sum_clip
 from clinograph.sdk.privacy.per_patient import PerPatientClipper
+from sdk_helpers import CONCEPT_CARDS, tiny_concept_model
 from torch import nn
 
 from clinograph.core.errors import PrivacyError
 
-CARDS = {"a": 2, "b": 3, "y": 2}
+CARDS = CONCEPT_CARDS
 
 
 def _concept_model(kind: str, seed: int) -> ConceptModel:
-    torch.manual_seed(seed)
-    if kind in ("c2bm", "cgm"):
-        g = ConceptGraph.from_edges(nodes=["a", "b", "y"], edges=[("a", "b"), ("b", "y"), ("a", "y")], task="y",
-                                    cards=CARDS)
-    else:
-        g = ConceptGraph.bipartite(concepts=["a", "b"], task="y", cards=CARDS, with_task=True)
-    return ConceptModel(kind=kind, encoder=MLPEncoder(5, 8, (16,)), graph=g, z_dim=8,
-                        hp=ConceptHParams(hidden=8, emb=4))  # float32, as the runtime trains it
+    return tiny_concept_model(kind, seed=seed)  # float32, as the runtime trains it
 
 
 def _concept_batch(seed: int, b: int = 9):
