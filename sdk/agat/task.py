@@ -43,6 +43,7 @@ from ..federation.task_base import SelectedCalibrated
 from ..ingest.table import PatientTable
 from ..model.nsfl_modules import SELECTION_MODULE
 from ..ontology.dictionary import FeatureDictionary
+from ..seeding import torch_seeded
 from ..training.calibration import Platt
 from ..training.local import bce
 from ..training.optim import adam
@@ -72,8 +73,8 @@ class AGATTask(SelectedCalibrated):
         self.table, self.config, self.split = table, config, split
         self._node_ids = dictionary.node_ids()
         n = len(self._node_ids)
-        torch.manual_seed(config.model.init_seed)  # identical initial weights at every hospital
-        self.model = AGATModel(n, config.agat)
+        with torch_seeded(config.model.init_seed):  # identical initial weights at every hospital
+            self.model = AGATModel(n, config.agat)
         self.modules = agat_modules(self.model, self._node_ids, personal=config.personal.modules,
                                     selection=config.model.selection_module)
         self.temporal = table.n_snapshots > 1
@@ -172,8 +173,7 @@ class AGATTask(SelectedCalibrated):
         total, batches = 0.0, 0
         # dropout draws from torch's process-wide generator: seeded here by this hospital and round alone
         # (restored after), so a hospital trains the same whatever ran before it in this process (worker processes)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_draw_seed(self.table.site, tc.seed * 100_003 + round_))
+        with torch_seeded(_draw_seed(self.table.site, tc.seed * 100_003 + round_)):
             for _ in range(epochs):
                 perm = idx[torch.randperm(len(idx), generator=gen)]
                 for s in range(0, len(perm), tc.batch_size):
