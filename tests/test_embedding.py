@@ -3,14 +3,15 @@ documented calls -- read and ingest a table (and a bad one), simulate a federati
 audit directory, render its report, the federation's split -- leave the process's global state
 as they found it: torch's, numpy's and Python's random generators, torch's threads, dtype and
 flags, logging, warnings filters, the environment, the working folder, structlog, threads,
-signal handlers, sys.path, matplotlib's backend. Two simulations in one process, one after the
-other or in two threads, give what each gives alone.
+signal handlers, sys.path, atexit, matplotlib's backend, the temporary folder. Two simulations
+in one process, one after the other or in two threads, give what each gives alone.
 
 Third-party packages that Clinograph loads lazily change some of that *at their own import*
-(scikit-learn sets KMP_* variables; scipy.special, urllib3, requests and sympy add warnings filters; torch's inductor
-sets TORCHINDUCTOR_CACHE_DIR): theirs, not Clinograph's calls', so they are imported before the
-snapshot. Opacus's import-time ``logging.basicConfig`` is guarded by Clinograph
-(tests/sdk/privacy/test_opacus_import.py).
+(scikit-learn sets KMP_* variables; scipy.special, urllib3, requests, sympy and PyG add warnings
+filters; torch's inductor sets TORCHINDUCTOR_CACHE_DIR): theirs, not Clinograph's calls', so
+they are imported before the snapshot. Opacus's import-time ``logging.basicConfig`` is guarded
+by Clinograph (tests/sdk/privacy/test_opacus_import.py); the report figures' import-time
+backend switch is gone (tests/secure/audit/test_plots_backend.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -34,7 +36,7 @@ import clinograph as cg
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "data"
 SITES = ("north", "south", "east")
 #: third-party imports whose import-time effects are theirs (see the module docstring)
-THIRD_PARTY = ("sklearn", "scipy.special", "urllib3", "requests", "sympy", "torch._inductor.config")
+THIRD_PARTY = ("sklearn", "scipy.special", "urllib3", "requests", "sympy", "torch._inductor.config", "torch_geometric")
 
 
 def _host_state() -> dict[str, object]:
@@ -116,6 +118,9 @@ def test_the_documented_calls_leave_the_host_process_as_they_found_it(dictionary
     import matplotlib
 
     monkeypatch.chdir(tmp_path)
+    temp = tmp_path / "temp"  # the process's temporary folder, private to this test: what is left in it
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     torch.manual_seed(20260)  # the host's own choices, none of them Clinograph's
     np.random.seed(7)
     random.seed(3)
@@ -139,6 +144,7 @@ def test_the_documented_calls_leave_the_host_process_as_they_found_it(dictionary
         changed += [f"audit, report, split: {c}" for c in _changed(before, _host_state())]
         assert not changed, "\n".join(changed)
         assert atexit._ncallbacks() == atexits
+        assert sorted(p.name for p in temp.iterdir()) == []
     finally:
         matplotlib.use(previous_backend)
 
