@@ -17,6 +17,7 @@ runs on another thread can still take a number from inside it; Clinograph's own 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,16 @@ import numpy as np
 
 #: One for both generators: a block may hold the other (re-entrant: a seeded block may call another).
 _LOCK = threading.RLock()
+
+
+def _new_lock_in_child() -> None:
+    """A forked child (``[simulation] workers``) starts with a free lock: one held by another of the
+    parent's threads at the fork would stay held in the child, which has no such thread to release it."""
+    global _LOCK
+    _LOCK = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 @contextmanager
