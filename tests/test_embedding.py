@@ -1,10 +1,11 @@
 """Clinograph embedded in a host's process (docs/quickstart.md, "Embedding Clinograph"): the
 documented calls -- read and ingest a table (and a bad one), simulate a federation, verify its
-audit directory, render its report, the federation's split -- leave the process's global state
-as they found it: torch's, numpy's and Python's random generators, torch's threads, dtype and
-flags, logging, warnings filters, the environment, the working folder, structlog, threads,
-signal handlers, sys.path, atexit, matplotlib's backend, the temporary folder. Two simulations
-in one process, one after the other or in two threads, give what each gives alone.
+audit directory, render its report, the federation's split, predict, export and load a model --
+leave the process's global state as they found it: torch's, numpy's and Python's random
+generators, torch's threads, dtype and flags, logging, warnings filters, the environment, the
+working folder, structlog, threads, signal handlers, sys.path, atexit, matplotlib's backend, the
+temporary folder. Two simulations in one process, one after the other or in two threads, give
+what each gives alone.
 
 Third-party packages that Clinograph loads lazily change some of that *at their own import*
 (scikit-learn sets KMP_* variables; scipy.special, urllib3, requests, sympy and PyG add warnings
@@ -116,6 +117,8 @@ def dictionary() -> cg.FeatureDictionary:
 
 def test_the_documented_calls_leave_the_host_process_as_they_found_it(dictionary, tmp_path, monkeypatch):
     import matplotlib
+    from clinograph.sdk.model.load import load_exported
+    from clinograph.secure.policy import InsecureOptionWarning
 
     monkeypatch.chdir(tmp_path)
     temp = tmp_path / "temp"  # the process's temporary folder, private to this test: what is left in it
@@ -142,6 +145,13 @@ def test_the_documented_calls_leave_the_host_process_as_they_found_it(dictionary
         cg.render_report(result.audit_dir, out=tmp_path / "report.html")
         cg.split_patients(tables[0], config=config)
         changed += [f"audit, report, split: {c}" for c in _changed(before, _host_state())]
+        task = result.hospitals["north"].active.task  # section 8: predict, export, load the export
+        task.predict_table(tables[0])
+        signer = cg.Identity.generate("north")
+        task.export(tmp_path / "model.safetensors", signer=signer)
+        with pytest.warns(InsecureOptionWarning):
+            load_exported(tmp_path / "model.safetensors", trusted=signer.public, insecure_untrusted_model=True)
+        changed += [f"predict, export, load: {c}" for c in _changed(before, _host_state())]
         assert not changed, "\n".join(changed)
         assert atexit._ncallbacks() == atexits
         assert sorted(p.name for p in temp.iterdir()) == []

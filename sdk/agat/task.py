@@ -87,7 +87,8 @@ class AGATTask(SelectedCalibrated):
         gen = torch.Generator().manual_seed(_draw_seed(table.site, config.training.seed))
         self._z = torch.randn(table.n_patients, n, generator=gen, dtype=torch.float64)
         values, observed = self._steps[-1]
-        est = AGATModel(n, config.agat).augmentation
+        with torch_seeded(config.model.init_seed):  # the estimator alone is kept; the caller's generator put back
+            est = AGATModel(n, config.agat).augmentation
         own = est.estimate(values, observed, split.train)
         self.observed = {self._node_ids[f] for f in own}
         #: this hospital's own Gaussians (eq. 3's N(μ_(k), σ²_(k))) of the features it observes: its
