@@ -120,9 +120,10 @@ def test_the_documented_calls_leave_the_host_process_as_they_found_it(dictionary
     from clinograph.sdk.model.load import load_exported
     from clinograph.secure.policy import InsecureOptionWarning
 
-    monkeypatch.chdir(tmp_path)
-    temp = tmp_path / "temp"  # the process's temporary folder, private to this test: what is left in it
+    cwd, temp = tmp_path / "cwd", tmp_path / "temp"  # the host's working and temporary folders: what is left in them
+    cwd.mkdir()
     temp.mkdir()
+    monkeypatch.chdir(cwd)
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     torch.manual_seed(20260)  # the host's own choices, none of them Clinograph's
     np.random.seed(7)
@@ -139,10 +140,10 @@ def test_the_documented_calls_leave_the_host_process_as_they_found_it(dictionary
             cg.ingest(cg.read_table(EXAMPLES / "north.csv").head(20).assign(Sodium=140.0),
                       schema=cg.SiteSchema.from_toml(EXAMPLES / "north_schema.toml"), dictionary=dictionary)
         config = _config()
-        result = _simulate(tables, dictionary, config, tmp_path / "audit")
+        result = _simulate(tables, dictionary, config, tmp_path / "run" / "audit")
         changed += [f"simulate: {c}" for c in _changed(before, _host_state())]
         assert cg.verify_audit_dir(result.audit_dir).ok
-        cg.render_report(result.audit_dir, out=tmp_path / "report.html")
+        cg.render_report(result.audit_dir, out=tmp_path / "run" / "report.html")
         cg.split_patients(tables[0], config=config)
         changed += [f"audit, report, split: {c}" for c in _changed(before, _host_state())]
         task = result.hospitals["north"].active.task  # section 8: predict, export, load the export
@@ -155,18 +156,20 @@ def test_the_documented_calls_leave_the_host_process_as_they_found_it(dictionary
         assert not changed, "\n".join(changed)
         assert atexit._ncallbacks() == atexits
         assert sorted(p.name for p in temp.iterdir()) == []
+        assert sorted(p.name for p in cwd.iterdir()) == []  # the run's files beside its audit directory
+        assert {p.name for p in (tmp_path / "run").iterdir()} >= {"audit", "privacy_state"}
     finally:
         matplotlib.use(previous_backend)
 
 
 def test_two_simulations_in_one_process_give_what_each_gives_alone(dictionary, tmp_path):
     tables = _tables(dictionary, rows=40)
-    first = _outcome(_simulate(tables, dictionary, _config(), tmp_path / "a1"))
-    _simulate(tables, dictionary, _config(seed=5), tmp_path / "b")
+    first = _outcome(_simulate(tables, dictionary, _config(), tmp_path / "a1" / "audit"))
+    _simulate(tables, dictionary, _config(seed=5), tmp_path / "b" / "audit")
     torch.manual_seed(99)  # and a host drawing from, and reseeding, the global generators in between
     np.random.seed(99)
     torch.rand(7)
-    again = _outcome(_simulate(tables, dictionary, _config(), tmp_path / "a2"))
+    again = _outcome(_simulate(tables, dictionary, _config(), tmp_path / "a2" / "audit"))
     assert _same(first, again)
 
     out: dict[int, tuple] = {}
@@ -174,7 +177,7 @@ def test_two_simulations_in_one_process_give_what_each_gives_alone(dictionary, t
 
     def run(seed: int) -> None:
         try:
-            out[seed] = _outcome(_simulate(tables, dictionary, _config(seed=seed), tmp_path / f"t{seed}"))
+            out[seed] = _outcome(_simulate(tables, dictionary, _config(seed=seed), tmp_path / f"t{seed}" / "audit"))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread below
             errors.append(exc)
 
