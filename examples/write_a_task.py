@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from clinograph.sdk.federation.task_base import SplitEvaluation
 from clinograph.sdk.model.modules import ModuleMap, Piece
+from clinograph.sdk.seeding import torch_seeded
 from clinograph.sdk.training.trainer import TrainOutcome
 
 import clinograph as cg
@@ -25,10 +26,12 @@ HERE = Path(__file__).parent
 
 
 def logistic_modules(config, *, dictionary) -> ModuleMap:
-    """One shared module per parameter, seeded: every hospital and the server start from the same."""
-    torch.manual_seed(config.model.init_seed)
-    weights = torch.nn.Parameter(torch.zeros(len(dictionary.node_ids()), dtype=torch.float64))
-    bias = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    """One shared module per parameter, from the config alone: every hospital and the server start from the same.
+    Built inside ``torch_seeded(init_seed)``: an initialisation that draws (``nn.Linear``) draws the same numbers
+    everywhere, and the host process's own torch generator is put back after (zeros draw nothing here)."""
+    with torch_seeded(config.model.init_seed):
+        weights = torch.nn.Parameter(torch.zeros(len(dictionary.node_ids()), dtype=torch.float64))
+        bias = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
     modules = ModuleMap()
     modules.add("logistic/weights", ModuleKind.SHARED, [Piece(weights)])
     modules.add("logistic/bias", ModuleKind.SHARED, [Piece(bias)])

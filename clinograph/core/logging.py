@@ -231,27 +231,53 @@ def configure_logging(*, level: str = "info", json: bool = True, stream: IO[str]
         _stdlib_logging.setLogRecordFactory(_guarded_record_factory)
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            _add_logger_name,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            guard,
-            renderer,
-        ],
+        processors=_processors(guard, renderer),
         wrapper_class=structlog.make_filtering_bound_logger(levels[level]),
         logger_factory=lambda *args: _NamedWriteLogger(stream or sys.stderr, str(args[0]) if args else "clinograph"),
         cache_logger_on_first_use=False,
     )
 
 
+def _processors(guard: PHIGuard, renderer: Any) -> list[Any]:
+    """The processor chain of :func:`configure_logging`: the guard last before rendering."""
+    return [structlog.contextvars.merge_contextvars, _add_logger_name, structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True), structlog.processors.format_exc_info,
+            guard, renderer]
+
+
+class _GuardedLogger:
+    """What :func:`get_logger` returns: each call goes to ``structlog.get_logger(name)`` once
+    structlog is configured (by :func:`configure_logging` or by the host application), and until
+    then to a logger built for this call alone with :func:`configure_logging`'s defaults (JSON
+    lines to stderr at ``info``, the PHI guard) -- structlog's process-wide configuration is left
+    to the process's owner."""
+
+    def __init__(self, name: str, context: Mapping[str, Any] | None = None):
+        self._name, self._context = name, dict(context or {})
+
+    def _target(self) -> Any:
+        if structlog.is_configured():
+            logger = structlog.get_logger(self._name)
+        else:
+            logger = structlog.wrap_logger(
+                _NamedWriteLogger(sys.stderr, self._name),
+                processors=_processors(PHIGuard(on_violation="redact"), structlog.processors.JSONRenderer()),
+                wrapper_class=structlog.make_filtering_bound_logger(_stdlib_logging.INFO))
+        return logger.bind(**self._context) if self._context else logger
+
+    def bind(self, **values: Any) -> _GuardedLogger:
+        return _GuardedLogger(self._name, {**self._context, **values})
+
+    def __getattr__(self, method: str) -> Any:  # debug, info, warning, error, exception, msg, ...
+        return getattr(self._target(), method)
+
+
 def get_logger(name: str) -> Any:
-    """A structlog logger bound to ``name``. Configures the guarded defaults if nothing has
-    configured structlog yet, so no Clinograph event is ever logged unguarded by default."""
-    if not structlog.is_configured():
-        configure_logging()
-    return structlog.get_logger(name)
+    """A structlog logger bound to ``name``. Until something configures structlog, its events go
+    through the guarded defaults (no Clinograph event is logged unguarded by default) without
+    configuring structlog for the whole process: a host application embedding Clinograph keeps
+    its own structlog setup, made before or after."""
+    return _GuardedLogger(name)
 
 
 def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

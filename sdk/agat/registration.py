@@ -24,14 +24,13 @@ def _build_agat(table: PatientTable, *, dictionary: FeatureDictionary, config: H
 
 
 def _agat_modules(config: HospitalConfig, *, dictionary: FeatureDictionary) -> ModuleMap:
-    import torch
-
+    from ..seeding import torch_seeded
     from .model import AGATModel, agat_modules
 
     node_ids = dictionary.node_ids()
-    torch.manual_seed(config.model.init_seed)
-    return agat_modules(AGATModel(len(node_ids), config.agat), node_ids, personal=config.personal.modules,
-                        selection=config.model.selection_module)
+    with torch_seeded(config.model.init_seed):
+        model = AGATModel(len(node_ids), config.agat)
+    return agat_modules(model, node_ids, personal=config.personal.modules, selection=config.model.selection_module)
 
 
 

@@ -43,6 +43,7 @@ from ..federation.task_base import SelectedCalibrated
 from ..ingest.table import PatientTable
 from ..model.nsfl_modules import SELECTION_MODULE
 from ..ontology.dictionary import FeatureDictionary
+from ..seeding import torch_seeded
 from ..training.calibration import Platt
 from ..training.local import bce
 from ..training.optim import adam
@@ -72,8 +73,8 @@ class AGATTask(SelectedCalibrated):
         self.table, self.config, self.split = table, config, split
         self._node_ids = dictionary.node_ids()
         n = len(self._node_ids)
-        torch.manual_seed(config.model.init_seed)  # identical initial weights at every hospital
-        self.model = AGATModel(n, config.agat)
+        with torch_seeded(config.model.init_seed):  # identical initial weights at every hospital
+            self.model = AGATModel(n, config.agat)
         self.modules = agat_modules(self.model, self._node_ids, personal=config.personal.modules,
                                     selection=config.model.selection_module)
         self.temporal = table.n_snapshots > 1
@@ -86,7 +87,8 @@ class AGATTask(SelectedCalibrated):
         gen = torch.Generator().manual_seed(_draw_seed(table.site, config.training.seed))
         self._z = torch.randn(table.n_patients, n, generator=gen, dtype=torch.float64)
         values, observed = self._steps[-1]
-        est = AGATModel(n, config.agat).augmentation
+        with torch_seeded(config.model.init_seed):  # the estimator alone is kept; the caller's generator put back
+            est = AGATModel(n, config.agat).augmentation
         own = est.estimate(values, observed, split.train)
         self.observed = {self._node_ids[f] for f in own}
         #: this hospital's own Gaussians (eq. 3's N(μ_(k), σ²_(k))) of the features it observes: its
@@ -172,8 +174,7 @@ class AGATTask(SelectedCalibrated):
         total, batches = 0.0, 0
         # dropout draws from torch's process-wide generator: seeded here by this hospital and round alone
         # (restored after), so a hospital trains the same whatever ran before it in this process (worker processes)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_draw_seed(self.table.site, tc.seed * 100_003 + round_))
+        with torch_seeded(_draw_seed(self.table.site, tc.seed * 100_003 + round_)):
             for _ in range(epochs):
                 perm = idx[torch.randperm(len(idx), generator=gen)]
                 for s in range(0, len(perm), tc.batch_size):

@@ -45,6 +45,7 @@ from clinograph.core.spec import ModuleKind
 
 from ..config import PrivacySection, ReleaseSection
 from ..federation.client import HospitalClient
+from ..seeding import torch_seeded
 from .dp_training import concept_dp_trainer
 from .graph import ConceptGraph
 from .member import ConceptMember
@@ -99,7 +100,7 @@ def graph_from_outcome(outcome: DagOutcome, *, kind: str, cards: Mapping[str, in
 @dataclass(frozen=True)
 class ConceptSettings:
     """What every hospital of a concept federation shares: the vote's concepts and task node, the
-    states per node, the model (``encoder()`` is called after ``torch.manual_seed(seed)``, so every
+    states per node, the model (``encoder()`` is called with torch's generator seeded with ``seed``, so every
     hospital derives the same initial weights), local training and DP."""
 
     concepts: tuple[str, ...]
@@ -127,9 +128,9 @@ def concept_member(site: ConceptSite, settings: ConceptSettings, *, identity: Id
                               state_dir=where)
 
     def build(outcome: DagOutcome) -> HospitalClient:
-        torch.manual_seed(settings.seed)  # identical initial weights at every hospital
-        model = ConceptModel(kind=settings.kind, encoder=settings.encoder(), z_dim=settings.z_dim, hp=settings.hp,
-                             graph=graph_from_outcome(outcome, kind=settings.kind, cards=settings.cards))
+        with torch_seeded(settings.seed):  # identical initial weights at every hospital
+            model = ConceptModel(kind=settings.kind, encoder=settings.encoder(), z_dim=settings.z_dim, hp=settings.hp,
+                                 graph=graph_from_outcome(outcome, kind=settings.kind, cards=settings.cards))
         trainer = None
         if settings.privacy is not None:
             if ledger_dir is None:
@@ -169,8 +170,8 @@ def run_concept_federation(*, sites: Sequence[ConceptSite], concepts: Sequence[s
     dimension when it builds the training run, every share at its published scale and the
     aggregate's noise each round. The vote is not covered by the accountant.
 
-    ``encoder()`` builds the encoder (called once per hospital after ``torch.manual_seed
-    (federation.seed)``, so every hospital starts from the same weights).
+    ``encoder()`` builds the encoder (called once per hospital with torch's generator seeded
+    with ``federation.seed``, so every hospital starts from the same weights).
 
     Raises:
         ConfigError: ``ckks`` (the audited DAG needs a server that sees the tally), an unknown

@@ -16,6 +16,7 @@ from torch import nn
 
 from clinograph.core.errors import ConfigError
 
+from ..seeding import torch_seeded
 from .encoders import MLPEncoder
 
 
@@ -57,9 +58,9 @@ def train_centralised(x_train: torch.Tensor, y_train: torch.Tensor, x_val: torch
             raise ConfigError(f"OpaqNN {nm} data: {len(x)} inputs and {len(y)} labels; need the same, non-zero count.")
         if bool((y < 0).any()) or bool((y >= card).any()):
             raise ConfigError(f"OpaqNN {nm} labels must lie in [0, {card}); fix the state encoding.")
-    torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    net = opaque_network(x_train.shape[1], card)
+    with torch_seeded(seed):  # the initial weights (no layer of OpaqNN draws after them)
+        net = opaque_network(x_train.shape[1], card)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     best_loss, best_epoch, best_state, bad = float("inf"), -1, None, 0
     for epoch in range(max_epochs):

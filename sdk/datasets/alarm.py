@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..ontology.dictionary import FeatureDictionary
 from ..ontology.schema import ColumnMap, SiteSchema
+from ..seeding import numpy_seeded
 
 DICTIONARY_PATH = Path(__file__).with_name("alarm_dictionary.toml")
 BLOOD_GAS = ("sao2", "svo2", "paco2")
@@ -79,7 +80,8 @@ def sample_alarm(n: int, *, seed: int) -> pd.DataFrame:
         from pgmpy.utils import get_example_model
 
         model = get_example_model("alarm")
-        return BayesianModelSampling(model).forward_sample(size=n, seed=seed, show_progress=False)
+        with numpy_seeded():  # forward_sample(seed=) calls np.random.seed: the host's state is put back
+            return BayesianModelSampling(model).forward_sample(size=n, seed=seed, show_progress=False)
 
 
 def render_patients(states: pd.DataFrame, *, seed: int) -> pd.DataFrame:

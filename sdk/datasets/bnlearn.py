@@ -25,6 +25,8 @@ import pandas as pd
 
 from clinograph.core.errors import ConfigError
 
+from ..seeding import torch_seeded
+
 #: The five networks of F-CMs Table 2 and the task variable appendix B.1 uses for each.
 TASKS: dict[str, str] = {"asia": "dysp", "sachs": "Akt", "alarm": "BP",
                          "insurance": "PropCost", "hailfinder": "R5Fcst"}
@@ -160,10 +162,10 @@ def autoencode(codes: np.ndarray, cards: list[int], *, latent_dim: int, seed: in
 
     onehot = np.concatenate([np.eye(c, dtype=np.float32)[codes[:, j]] for j, c in enumerate(cards)], axis=1)
     gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
     d_in, hidden = onehot.shape[1], max(2 * latent_dim, 64)
-    enc = nn.Sequential(nn.Linear(d_in, hidden), nn.LeakyReLU(), nn.Linear(hidden, latent_dim))
-    dec = nn.Sequential(nn.Linear(latent_dim, hidden), nn.LeakyReLU(), nn.Linear(hidden, d_in))
+    with torch_seeded(seed):  # the initial weights; the host's generator is put back after
+        enc = nn.Sequential(nn.Linear(d_in, hidden), nn.LeakyReLU(), nn.Linear(hidden, latent_dim))
+        dec = nn.Sequential(nn.Linear(latent_dim, hidden), nn.LeakyReLU(), nn.Linear(hidden, d_in))
     opt = torch.optim.Adam([*enc.parameters(), *dec.parameters()], lr=3e-3)
     data = torch.from_numpy(onehot)
     for _ in range(epochs):

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..ingest.table import PatientTable
+from ..seeding import torch_seeded
 from ..training.local import TrainConfig, bce
 from ..training.metrics import binary_metrics
 
@@ -29,8 +30,8 @@ def mlp_inputs(table: PatientTable, nodes: np.ndarray) -> torch.Tensor:
 
 def make_mlp(n_in: int, hidden: int, seed: int) -> nn.Module:
     """Two hidden layers, ReLU."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+    with torch_seeded(seed):
+        return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
 
 def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, idx: np.ndarray, *, epochs: int,

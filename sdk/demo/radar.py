@@ -10,14 +10,14 @@ import numpy as np
 
 def feature_relevance_radar(relevance: Mapping[str, Mapping[str, float]], out: Path) -> Path:
     """One polygon per site over the union of features; a feature a site lacks is drawn at 0."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # no pyplot, no matplotlib.use: a host process's backend and figures stay its own
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     features = sorted({f for r in relevance.values() for f in r})
     angles = np.linspace(0, 2 * np.pi, len(features), endpoint=False).tolist()
-    fig = plt.figure(figsize=(8, 8))
+    fig = Figure(figsize=(8, 8))
+    FigureCanvasAgg(fig)
     ax = fig.add_subplot(111, polar=True)
     for site, r in sorted(relevance.items()):
         vals = [r.get(f, 0.0) for f in features]
@@ -30,5 +30,4 @@ def feature_relevance_radar(relevance: Mapping[str, Mapping[str, float]], out: P
     ax.legend(loc="upper right", bbox_to_anchor=(1.25, 1.1))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)
     return out

@@ -40,6 +40,7 @@ from ..model.modules import ModuleMap
 from ..model.nsfl import NSFLModel
 from ..model.nsfl_modules import SELECTION_MODULE
 from ..ontology.dictionary import FeatureDictionary
+from ..seeding import torch_seeded
 from ..training.calibration import Platt
 from ..training.personal import fine_tune_personal, personal_module_map
 from ..training.quality import quality_evaluator
@@ -315,11 +316,11 @@ def nsfl_task_model(config: HospitalConfig, node_ids: Sequence[str]) -> tuple[NS
     from ..model.modalities import ModalityNSFL, add_modality_modules
     from ..model.temporal import add_temporal_modules, temporal_task_model
 
-    torch.manual_seed(config.model.init_seed)
     n = len(node_ids)
-    model = temporal_task_model(n, config) if config.model.temporal != "none" else nsfl_model(n, config)
-    if config.model.modalities:  # modality nodes (sdk/model/modalities.py)
-        model = ModalityNSFL(n, config.model, modalities=tuple(config.model.modalities))
+    with torch_seeded(config.model.init_seed):  # the host's global generator is put back after
+        model = temporal_task_model(n, config) if config.model.temporal != "none" else nsfl_model(n, config)
+        if config.model.modalities:  # modality nodes (sdk/model/modalities.py)
+            model = ModalityNSFL(n, config.model, modalities=tuple(config.model.modalities))
     modules = personal_module_map(model, node_ids, personal=config.personal.modules)
     return model, add_modality_modules(add_temporal_modules(modules, model, node_ids), model)
 

@@ -126,11 +126,26 @@ class _Prepared:
     task_factory: Callable[[PatientTable, Any], Any] | None = None
 
 
+def _beside_audit(config: SimulationConfig, audit_dir: Path) -> SimulationConfig:
+    """``config`` with ``output`` = the audit directory's folder when the config names none (a config
+    built in code: ``output`` not in ``model_fields_set``). The run's files -- each hospital's state
+    (anchor, checkpoints, ledger, kept model), the task strategy's public files, the candidates' --
+    then go beside the audit directory the caller chose, not into ``runs/simulation`` under the
+    process's working folder, where every later run in that folder found them (and a DP run refused
+    the ledger another run's identity had signed). ``simulate_from_config``'s audit directory is
+    ``<output>/audit``: the same folder."""
+    if "output" in config.model_fields_set:
+        return config
+    return config.model_copy(update={"output": Path(audit_dir).absolute().parent})
+
+
 def _prepare(tables: Sequence[PatientTable], dictionary: FeatureDictionary, config: SimulationConfig, *,
-             server_identity: Identity | None, choose: bool) -> _Prepared:
+             server_identity: Identity | None, choose: bool, audit_dir: Path) -> _Prepared:
     """Identities, the candidates and the run's models (with the set-up sums the config asks
     for, exactly as ``clinograph model init`` writes them); refusals before anything runs."""
     from ..tasks import create_task
+
+    config = _beside_audit(config, audit_dir)
 
     wrong = sorted({type(t).__name__ for t in tables if not isinstance(t, PatientTable)})
     if wrong:
@@ -253,7 +268,7 @@ def build_simulation(tables: Sequence[PatientTable], dictionary: FeatureDictiona
     ceremony included) and its audit trail."""
     from clinograph.secure.runtime.setup import run_setup
 
-    prep = _prepare(tables, dictionary, config, server_identity=server_identity, choose=False)
+    prep = _prepare(tables, dictionary, config, server_identity=server_identity, choose=False, audit_dir=audit_dir)
     side = _server_side(prep, audit_dir=audit_dir)
     members = _members(prep)
     models = run_setup(prep.models, side=side, transport=InProcessTransport(members), event=lambda kind, data: None)
@@ -287,9 +302,11 @@ def simulate(tables: Sequence[PatientTable], dictionary: FeatureDictionary, conf
     when it is not built from the config alone (e.g. a modality task over the hospital's signals).
     ``on_event(kind, data)``: every progress event of the run (names, counts, seconds -- no data).
     A run every hospital refused before round 1 raises a ProtocolError naming their refusals and
-    the audit log that holds them (no metrics: they would be the untrained model's).
+    the audit log that holds them (no metrics: they would be the untrained model's). The run's
+    other files (each hospital's state, ledger and kept model; the candidates') go in ``config.output``,
+    or, for a config that names none, in ``audit_dir``'s folder (:func:`_beside_audit`).
     """
-    prep = _prepare(tables, dictionary, config, server_identity=None, choose=choose)
+    prep = _prepare(tables, dictionary, config, server_identity=None, choose=choose, audit_dir=audit_dir)
     prep.task_factory = task_factory
     side = _server_side(prep, audit_dir=audit_dir)
     members = _members(prep)

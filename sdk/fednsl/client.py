@@ -79,8 +79,7 @@ class HospitalRules:
             cand = sample_candidates(prior[h], draws=self.settings.draws, seed=seed * 1_000_003 + round_ * 101 + h)
             bodies = [self.space.bodies[j] for j in cand]
             values = self.graph.body_values(bodies, graph_search=graph_search, rows=rows)
-            fit = fit_head(values, y, np.log(prior[h, cand] + 1e-300), candidates=cand,
-                           settings=self.settings.scorer, seed=seed + round_)
+            fit = fit_head(values, y, np.log(prior[h, cand] + 1e-300), candidates=cand, settings=self.settings.scorer)
             self.fits[head] = fit
             out[h, cand] = fit.posterior
         return out

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..seeding import torch_seeded
 from .rules import RuleSpace
 
 PAD, EOS = 0, 1
@@ -77,8 +78,8 @@ class RuleGenerator:
         self._pred_tok = {p: 2 + len(space.heads) + i for i, p in enumerate(space.predicates)}
         width = max(len(b) for b in space.bodies)
         self.max_len = width + 2
-        torch.manual_seed(seed)
-        self.model = _Decoder(2 + len(space.heads) + len(space.predicates), self.max_len, preset)
+        with torch_seeded(seed):
+            self.model = _Decoder(2 + len(space.heads) + len(space.predicates), self.max_len, preset)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=preset.lr)
         self._bodies = torch.tensor([[self._pred_tok[p] for p in b] + [EOS] + [PAD] * (width - len(b))
                                      for b in space.bodies], dtype=torch.long)

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..seeding import torch_seeded
+
 MEANS = np.array([[20.0, 20.0], [10.0, 10.0], [2.0, 2.0]])
 COVS = np.array([[[0.5, 0.1], [0.1, 0.5]], [[0.5, 0.2], [0.2, 0.5]], [[0.5, -0.3], [-0.3, 0.5]]])
 INPUT_SCALE = 10.0  # public constant: inputs enter the networks as x / 10
@@ -70,8 +72,8 @@ def make_clients(seed: int, *, per_class: int = 200, relabelled: int = 150,
 
 def mlp(seed: int) -> nn.Module:
     """A.6's classifier: 2 inputs, 64 hidden units, 3 outputs (softmax in the loss)."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 3))
+    with torch_seeded(seed):
+        return nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 3))
 
 
 def tensor(x: np.ndarray) -> torch.Tensor:

@@ -115,10 +115,10 @@ def _kl(pi: torch.Tensor, log_prior: torch.Tensor, direction: str) -> torch.Tens
 
 
 def fit_head(values: np.ndarray, y: np.ndarray, log_prior: np.ndarray, *, candidates: np.ndarray,
-             settings: ScorerSettings, seed: int = 0) -> HeadPosterior:
+             settings: ScorerSettings) -> HeadPosterior:
     """The E-step for one head (module docstring). ``log_prior`` is over the candidates and
-    need not be normalised; it is renormalised here."""
-    torch.manual_seed(seed)
+    need not be normalised; it is renormalised here. It draws nothing: w starts at 0, the scale
+    and bias at fixed values, and Adam is deterministic."""
     F = torch.as_tensor(np.asarray(values), dtype=torch.float64)
     yy = torch.as_tensor(2.0 * np.asarray(y, dtype=np.float64) - 1.0)
     lp = torch.as_tensor(np.asarray(log_prior, dtype=np.float64))

@@ -8,8 +8,6 @@ one more Linear, ``KnotLinear``.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
@@ -41,9 +39,21 @@ def hat_pair(values: torch.Tensor, knots: torch.Tensor) -> tuple[torch.Tensor, t
     return k, ((values - lo) / (hi - lo)).clamp(0.0, 1.0)
 
 
-#: the last per-copy KnotLinear call's (weak reference to its basis, its version, its knot sort): the two
-#: ``of_patient`` layers of a star forward take the same basis (:meth:`NSFLModel.embed_star`), sorted once
-_LAST_SORT: list[tuple[weakref.ref, int, KnotPairs | None] | None] = [None]
+#: the attribute a per-copy KnotLinear call leaves on its basis tensor: (the basis's version then, its knot
+#: sort). The two ``of_patient`` layers of a star forward take the same basis (:meth:`NSFLModel.embed_star`),
+#: sorted once; the sort -- the batch's values as knot weights, patient data -- lives exactly as long as the
+#: basis, never in a module global or on the model (two models in two threads never see each other's)
+KNOT_SORT_ATTR = "_clinograph_knot_sort"
+
+
+def _kept_sort(basis: torch.Tensor) -> tuple[bool, KnotPairs | None]:
+    """(found, the sort a call left on ``basis``) if ``basis`` is unchanged since (its version)."""
+    if basis.is_inference():  # an inference tensor has no version: nothing kept on it
+        return False, None
+    kept = basis.__dict__.get(KNOT_SORT_ATTR)
+    if kept is not None and kept[0] == basis._version:
+        return True, kept[1]
+    return False, None
 
 
 class KnotLinear(nn.Linear):
@@ -62,37 +72,29 @@ class KnotLinear(nn.Linear):
     def __init__(self, hidden: int, n_knots: int):
         super().__init__(hidden, n_knots * hidden, bias=False)
         self.n_knots = n_knots
-        #: the last per-copy call's basis (a weak reference), its version and its knot sort, for
-        #: :meth:`pairs_of` (the engine's clipped sum reuses the forward's sort)
-        self._sorted: tuple[weakref.ref, int, KnotPairs | None] | None = None
 
     def forward(self, h: torch.Tensor, basis: torch.Tensor | None = None) -> torch.Tensor:
         if basis is None:
             return super().forward(h)
-        last = _LAST_SORT[0]  # another KnotLinear's sort of this very basis (both layers take one basis)
-        if last is not None and last[0]() is basis and not basis.is_inference() and basis._version == last[1]:
-            pairs = last[2]
-        else:
-            pairs = knot_pairs(basis.detach())
-        # the instance dict directly (Module.__setattr__ costs ~1 µs); an inference tensor has no version
-        self.__dict__["_sorted"] = None if basis.is_inference() else (weakref.ref(basis), basis._version, pairs)
-        _LAST_SORT[0] = self._sorted
+        pairs = self.pairs_of(basis)  # another KnotLinear's sort of this very basis (both layers take one basis)
         if pairs is None:  # not a hat basis: the dense product
             e = (basis.detach().unsqueeze(-1) * h.unsqueeze(-2)).flatten(-2)  # B(x) ⊗ h, [..., M·d]
             return F.linear(e, self.blocks())
         out = knot_product(h.reshape(-1, h.shape[-1]), self.weight, pairs)
         return out.view(*h.shape[:-1], out.shape[-1])
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_sorted": None}  # a weak reference neither pickles nor is state
-
-    def pairs_of(self, basis: torch.Tensor) -> KnotPairs | None:
-        """:func:`~.knot_sorted.knot_pairs` of ``basis``: the last forward's when ``basis`` is the very
-        tensor that call took and unchanged since (its version), else computed again."""
-        last = self._sorted
-        if last is not None and last[0]() is basis and not basis.is_inference() and basis._version == last[1]:
-            return last[2]
-        return knot_pairs(basis.detach())
+    @staticmethod
+    def pairs_of(basis: torch.Tensor) -> KnotPairs | None:
+        """:func:`~.knot_sorted.knot_pairs` of ``basis``: the one an earlier call left on this very
+        tensor when it is unchanged since (its version), else sorted now and left on it
+        (:data:`KNOT_SORT_ATTR`: it goes when the basis goes)."""
+        found, pairs = _kept_sort(basis)
+        if found:
+            return pairs
+        pairs = knot_pairs(basis.detach())
+        if not basis.is_inference():
+            basis.__dict__[KNOT_SORT_ATTR] = (basis._version, pairs)
+        return pairs
 
     def blocks(self) -> torch.Tensor:
         """[U_0 … U_{M-1}] [d_out, M·d_in]: column block k = U_k (the weight's row block k)."""

@@ -27,6 +27,7 @@ from clinograph.core.fileio import read_regular
 from clinograph.core.identity import PublicIdentity
 
 from ..ingest.table import PatientTable
+from ..seeding import torch_seeded
 from .description import MAX_DESCRIPTION_BYTES, SURVIVAL_FORMAT, ModelDescription, open_description
 from .export import StarRisk, StarSurvival, _check_dictionary, star_inputs
 from .heads import SurvivalNSFLModel
@@ -184,7 +185,8 @@ def _build(d: ModelDescription, data: bytes, path: Path) -> nn.Module:
         raise IntegrityError(f"Model {path}: the weights do not fit the architecture its description gives "
                              f"({len(wrong)} tensor(s) missing, extra or of the wrong shape or type, e.g. {wrong[0]!r}). "
                              "Re-export the model with NSFLTask.export.")
-    model = architecture()  # as large as the weights read, no larger
+    with torch_seeded(0):  # its initial draws are overwritten below; the caller's generator is put back
+        model = architecture()  # as large as the weights read, no larger
     model.load_state_dict(tensors, strict=True)
     model.eval()
     keep = torch.tensor([f in set(d.features_used) for f in d.features], dtype=torch.bool)

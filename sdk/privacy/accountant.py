@@ -75,6 +75,9 @@ def _rdp_per_step(noise_multiplier: float, sample_rate: float) -> tuple[float, .
     once per process: ε of any history over known (σ, q) is then a sum, not a recomputation
     (the expensive part of a round's budget check). Same numbers as Opacus's RDPAccountant,
     whose ``compute_rdp(q, σ, T, α)`` is this vector times T."""
+    from .opacus_import import import_opacus
+
+    import_opacus()  # Opacus's import-time logging.basicConfig: not on the host's root logger
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis.rdp import compute_rdp
 
@@ -90,6 +93,10 @@ def rdp_epsilon(history: History, delta: float) -> float:
 def rdp_spent(history: History, delta: float) -> tuple[float, float, float]:
     """(ε, the order α that gives it, the RDP of ``history`` at that α) under the RDP accountant."""
     import numpy as np
+
+    from .opacus_import import import_opacus
+
+    import_opacus()  # Opacus's import-time logging.basicConfig: not on the host's root logger
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis.rdp import get_privacy_spent
 
@@ -237,6 +244,9 @@ class PrivacyLedger:
     # -- accounting ---------------------------------------------------------------------------
     def make_accountant(self, history: History | None = None):  # noqa: ANN201 - an opacus IAccountant
         """An Opacus accountant with ``history`` (default: this hospital's) restored."""
+        from .opacus_import import import_opacus
+
+        import_opacus()  # Opacus's import-time logging.basicConfig: not on the host's root logger
         from opacus.accountants import create_accountant
 
         acc = create_accountant(self.accountant)

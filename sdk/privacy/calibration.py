@@ -29,6 +29,9 @@ def calibrate_noise_multiplier(*, target_epsilon: float, delta: float, sample_ra
     Raises:
         PrivacyError: the target cannot be met (Opacus gives up below its σ search range).
     """
+    from .opacus_import import import_opacus
+
+    import_opacus()  # Opacus's import-time logging.basicConfig: not on the host's root logger
     from opacus.accountants.utils import get_noise_multiplier
 
     try:

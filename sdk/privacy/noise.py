@@ -212,6 +212,9 @@ class NoiseRows:
 def _add_secure_noise(self) -> None:  # noqa: ANN001 - bound to an Opacus DPOptimizer
     """Drop-in for ``DPOptimizer.add_noise`` (same contract: p.grad = summed_grad + noise), with
     one CSPRNG draw for all parameters of the step."""
+    from .opacus_import import import_opacus
+
+    import_opacus()  # Opacus's import-time logging.basicConfig: not on the host's root logger
     from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
     std = self.noise_multiplier * self.max_grad_norm
@@ -227,6 +230,9 @@ def _add_secure_noise(self) -> None:  # noqa: ANN001 - bound to an Opacus DPOpti
 
 def install_secure_noise(optimizer: object) -> None:
     """Make one flat-clipping Opacus ``DPOptimizer`` draw its noise from :func:`secure_gaussian`."""
+    from .opacus_import import import_opacus
+
+    import_opacus()  # Opacus's import-time logging.basicConfig: not on the host's root logger
     from opacus.optimizers import DPOptimizer
     from opacus.optimizers.adaclipoptimizer import AdaClipDPOptimizer
 

@@ -103,6 +103,9 @@ def _knot_sample(layer: KnotLinear, activations: list[torch.Tensor], backprops: 
 def register_opacus_samplers() -> None:
     """Teach Opacus's hooks mode the :class:`KnotLinear` per-sample gradient (for comparisons and
     tests; the engine does not use Opacus). Imports Opacus (seconds), hence not done at import."""
+    from .opacus_import import import_opacus
+
+    import_opacus()  # Opacus's import-time logging.basicConfig: not on the host's root logger
     from opacus.grad_sample.utils import register_grad_sampler
 
     register_grad_sampler(KnotLinear)(_knot_sample)

@@ -1,5 +1,8 @@
 """The report's figures: matplotlib (Agg) drawn to PNG and returned as base64 strings.
 
+Figures are ``matplotlib.figure.Figure`` objects drawn on their own Agg canvas: no pyplot, no
+``matplotlib.use``, so a host process's backend and open figures are left as they are.
+
 Each function takes already-extracted, plain data (see report.py) and returns the PNG as
 base64 text for a ``data:image/png`` URI, so the page needs nothing but itself. The report
 puts a text version (a table) of every figure beside it; the figures are for seeing trends.
@@ -24,11 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 MAX_MODULES = 60
 _RC = {"text.usetex": False}
@@ -61,12 +63,16 @@ def _literal_text(fn: Callable[..., str]) -> Callable[..., str]:
     return wrapper
 
 
-def _png(fig: Any) -> str:
+def _figure(figsize: tuple[float, float]) -> Figure:
+    """A figure on its own Agg canvas (pyplot's figure manager never sees it)."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig: Figure) -> str:
     buf = io.BytesIO()
-    try:
-        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -86,7 +92,8 @@ PARTICIPATION = [("contributed", "#009E73", ""), ("rejected by the server", "#D5
 @_literal_text
 def participation(rounds: list[int], counts: dict[str, list[int]]) -> str:
     """Stacked bars per round, one block per category of :data:`PARTICIPATION` (whole hospitals)."""
-    fig, ax = plt.subplots(figsize=(7, 3))
+    fig = _figure((7, 3))
+    ax = fig.subplots()
     bottom = [0] * len(rounds)
     for label, color, hatch in PARTICIPATION:
         values = counts.get(label, [0] * len(rounds))
@@ -106,8 +113,9 @@ def coverage(rounds: list[int], modules: list[str], counts: list[list[int]]) -> 
     """Heatmap: contributors per module (rows) per round (columns), a discrete colour per count,
     each cell labelled with its count."""
     top = max([max(row) for row in counts if row] + [1])
-    fig, ax = plt.subplots(figsize=(7, max(2.0, 0.22 * len(modules) + 1)))
-    cmap = ListedColormap(plt.get_cmap("viridis", top + 1)(range(top + 1)))
+    fig = _figure((7, max(2.0, 0.22 * len(modules) + 1)))
+    ax = fig.subplots()
+    cmap = ListedColormap(matplotlib.colormaps["viridis"].resampled(top + 1)(range(top + 1)))
     norm = BoundaryNorm([v - 0.5 for v in range(top + 2)], cmap.N)
     im = ax.imshow(counts, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
     ax.set_xticks(range(len(rounds)), [str(r) for r in rounds])
@@ -126,7 +134,8 @@ def coverage(rounds: list[int], modules: list[str], counts: list[list[int]]) -> 
 @_literal_text
 def privacy(series: dict[str, tuple[list[int], list[float], float]]) -> str:
     """Cumulative ε per hospital over rounds; budgets as grey dashed lines labelled in text."""
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig = _figure((7, 3.2))
+    ax = fig.subplots()
     budgets: dict[float, list[str]] = {}
     for i, (client, (rounds, eps, budget)) in enumerate(sorted(series.items())):
         ax.plot(rounds, eps, label=literal(client), **style(i))
@@ -147,7 +156,8 @@ def privacy(series: dict[str, tuple[list[int], list[float], float]]) -> str:
 @_literal_text
 def metrics(metric: str, series: dict[str, tuple[list[int], list[float]]], *, ylabel: str | None = None) -> str:
     """One metric per hospital over rounds."""
-    fig, ax = plt.subplots(figsize=(7, 3))
+    fig = _figure((7, 3))
+    ax = fig.subplots()
     for i, (client, (rounds, values)) in enumerate(sorted(series.items())):
         ax.plot(rounds, values, label=literal(client), **style(i))
     _round_axis(ax, sorted({r for rounds, _ in series.values() for r in rounds}))
@@ -160,7 +170,8 @@ def metrics(metric: str, series: dict[str, tuple[list[int], list[float]]], *, yl
 def dag(concepts: list[str], adjacency: list[list[int]], tallies: list[list[float]]) -> str:
     """The adopted DAG (concepts on a circle, adopted edges as arrows labelled with votes)."""
     n = len(concepts)
-    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    fig = _figure((4.5, 4.5))
+    ax = fig.subplots()
     pos = [(math.cos(2 * math.pi * i / max(n, 1)), math.sin(2 * math.pi * i / max(n, 1))) for i in range(n)]
     for i in range(n):
         for j in range(n):
@@ -186,7 +197,7 @@ def radar(per_client: dict[str, dict[str, float]]) -> str:
     feature names, which sit outside the circle."""
     features = sorted({f for feats in per_client.values() for f in feats})
     angles = [2 * math.pi * i / len(features) for i in range(len(features))]
-    fig = plt.figure(figsize=(6, 6))
+    fig = _figure((6, 6))
     ax = fig.add_subplot(projection="polar")
     for i, (client, feats) in enumerate(sorted(per_client.items())):
         top = max((abs(v) for v in feats.values()), default=0.0) or 1.0

@@ -276,3 +276,23 @@ def test_canary_in_ehr_shaped_events_stays_out_of_guarded_logs():
     out = stream.getvalue().encode()
     assert canary.scan(c, blobs={"log": out}) == []
     assert b"omop person" in out and b"9201" in out
+
+
+def test_get_logger_guards_its_events_without_configuring_structlog_for_the_process(capsys):
+    """A host embedding Clinograph keeps structlog's process-wide configuration: get_logger once
+    configured it on first use (JSON to stderr for the host's own structlog events too)."""
+    structlog.reset_defaults()
+    log = get_logger("embedded")
+    log.bind(round=2).info("event", patient_id="P-000123", n=3)
+    assert not structlog.is_configured()
+    line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert line["patient_id"] == "<redacted: a field named 'patient_id'>"
+    assert (line["event"], line["n"], line["round"], line["logger"]) == ("event", 3, 2, "embedded")
+    stream = io.StringIO()  # the host configures structlog later: Clinograph's events follow it
+    structlog.configure(processors=[structlog.processors.JSONRenderer()],
+                        logger_factory=structlog.PrintLoggerFactory(stream))
+    try:
+        log.info("after")
+        assert json.loads(stream.getvalue()) == {"event": "after"}
+    finally:
+        structlog.reset_defaults()

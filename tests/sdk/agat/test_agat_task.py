@@ -89,6 +89,17 @@ def test_the_task_graph_over_augmented_patients_has_k_real_neighbours():
         assert len(set(edges[0][edges[1] == i].tolist())) >= AGAT["k_neighbours"]
 
 
+def test_building_and_training_a_task_leaves_the_callers_torch_generator_as_it_was():
+    """Its initial weights, its own estimator and its dropout draw inside seeded blocks: a host
+    process's next torch.rand is the one it would have drawn (the estimator once drew from it)."""
+    torch.manual_seed(31)
+    want = torch.rand(3)
+    torch.manual_seed(31)
+    task = task_for(small_tables()[2])
+    task._train_local(round_=1, epochs=1)
+    assert torch.equal(torch.rand(3), want)
+
+
 # -- augmentation (eqs. 3-4) --------------------------------------------------------------------
 def test_augmentation_keeps_observed_cells_and_draws_the_rest_from_the_gaussian():
     aug = AlignmentAugmentation(3)

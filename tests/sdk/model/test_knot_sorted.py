@@ -1,10 +1,22 @@
 """The piecewise encoding's per-copy product by knot groups (sdk/model/knot_sorted.py) is the dense
 product of B(x) ⊗ h with [U_0 … U_{M-1}]: output, input gradient and weight gradient, float64."""
 
+import gc
+import weakref
+
 import torch
 from clinograph.sdk.model.knot_sorted import knot_pairs
-from clinograph.sdk.model.layers import KnotLinear, hat_basis
+from clinograph.sdk.model.layers import KNOT_SORT_ATTR, KnotLinear, hat_basis
 from clinograph.sdk.model.nsfl import SHAPE_KNOTS
+
+
+def _count_sorts(monkeypatch) -> list[int]:
+    """A list that grows by one at every knot sort a KnotLinear makes."""
+    import clinograph.sdk.model.layers as layers
+
+    sorts, real = [], layers.knot_pairs
+    monkeypatch.setattr(layers, "knot_pairs", lambda b: sorts.append(1) or real(b))
+    return sorts
 
 
 def _dense(layer: KnotLinear, h: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -85,7 +97,8 @@ def test_the_weight_gradient_is_computed_only_when_asked_for(f64, monkeypatch):
 
 def test_the_forwards_knot_sort_is_reused_only_for_the_same_unchanged_basis(f64):
     """KnotLinear.pairs_of (what the engine's clipped sum takes): the forward's sort for the tensor
-    that forward took; any other tensor, or the same one changed in place since, is sorted again."""
+    that forward took, while it is unchanged; another tensor, or the same one changed in place
+    since, is sorted again."""
     knots = torch.tensor(SHAPE_KNOTS, dtype=torch.float64)
     layer = KnotLinear(3, len(knots)).double()
     x = torch.linspace(-5, 5, 12, dtype=torch.float64).reshape(3, 4)
@@ -93,23 +106,40 @@ def test_the_forwards_knot_sort_is_reused_only_for_the_same_unchanged_basis(f64)
     h = torch.randn(3, 4, 3, dtype=torch.float64)
     layer(h, b1)
     shared = layer.pairs_of(b1)
-    assert shared is layer._sorted[2] and shared is not None
-    layer(h, b2)  # a later call: b1's sort is no longer the one kept
-    for basis in (b1, b1.clone()):
-        got = layer.pairs_of(basis)
-        want = knot_pairs(basis)
-        assert got is not layer._sorted[2]
-        assert torch.equal(got.order, want.order) and got.counts == want.counts
-    layer(h, b1)
+    assert shared is b1.__dict__[KNOT_SORT_ATTR][1] and shared is not None
+    layer(h, b2)  # a later call on another basis: b1's sort stays b1's
+    assert layer.pairs_of(b1) is shared
+    clone = b1.clone()
+    got, want = layer.pairs_of(clone), knot_pairs(clone)
+    assert got is not shared
+    assert torch.equal(got.order, want.order) and got.counts == want.counts
     b1[0] = b1[0].flip(0)  # changed in place after the forward
     got, want = layer.pairs_of(b1), knot_pairs(b1)
+    assert got is not shared
     assert torch.equal(got.order, want.order) and torch.equal(got.weights, want.weights)
     with torch.inference_mode():  # an inference tensor has no version: nothing kept
-        layer(h, hat_basis(x, knots))
-    assert layer._sorted is None
+        bi = hat_basis(x, knots)
+        layer(h, bi)
+    assert KNOT_SORT_ATTR not in bi.__dict__
 
 
-def test_two_layers_on_one_basis_sort_it_once_and_a_changed_basis_again(f64):
+def test_a_knot_sort_lives_no_longer_than_its_basis(f64):
+    """The sort holds a batch's values as knot weights (patient data): once the basis and the output
+    built on it are gone, nothing keeps it -- no module global, nothing on the layer. (A module-level
+    one-slot cache kept the last batch's sort until the next call, after training had ended.)"""
+    knots = torch.tensor(SHAPE_KNOTS, dtype=torch.float64)
+    layer = KnotLinear(3, len(knots)).double()
+    basis = hat_basis(torch.linspace(-5, 5, 12, dtype=torch.float64).reshape(3, 4), knots)
+    out = layer(torch.randn(3, 4, 3, dtype=torch.float64), basis)
+    out.sum().backward()
+    sort = weakref.ref(layer.pairs_of(basis).weights)
+    assert sort() is not None
+    del basis, out
+    gc.collect()
+    assert sort() is None
+
+
+def test_two_layers_on_one_basis_sort_it_once_and_a_changed_basis_again(f64, monkeypatch):
     """A star forward hands both layers' KnotLinear the same B(x) (NSFLModel.embed_star): the second
     call takes the first's sort; after an in-place change of the basis it sorts again, and either way
     each output is the dense product's."""
@@ -120,15 +150,16 @@ def test_two_layers_on_one_basis_sort_it_once_and_a_changed_basis_again(f64):
         torch.nn.init.normal_(layer.weight, generator=gen)
     basis = hat_basis(torch.linspace(-6, 6, 20, dtype=torch.float64).reshape(4, 5), knots)
     h = torch.randn(4, 5, 3, generator=gen, dtype=torch.float64)
+    sorts = _count_sorts(monkeypatch)
     for layer in (l1, l2):
         torch.testing.assert_close(layer(h, basis), _dense(layer, h, basis), atol=1e-12, rtol=0)
-    assert l2._sorted[2] is l1._sorted[2]  # one sort for both
+    assert len(sorts) == 1  # one sort for both
     basis[1] = basis[1].flip(-1)  # changed in place: the kept sort is stale
     torch.testing.assert_close(l2(h, basis), _dense(l2, h, basis), atol=1e-12, rtol=0)
-    assert l2._sorted[2] is not l1._sorted[2]
+    assert len(sorts) == 2
 
 
-def test_a_star_forward_sorts_its_basis_once_with_the_same_logits(f64):
+def test_a_star_forward_sorts_its_basis_once_with_the_same_logits(f64, monkeypatch):
     """NSFLModel.embed_star: one basis and one knot sort for both of_patient layers; the logits are
     those of each layer computing its own basis (bit for bit)."""
     from clinograph.sdk.model import NSFLConfig, NSFLModel
@@ -141,10 +172,11 @@ def test_a_star_forward_sorts_its_basis_once_with_the_same_logits(f64):
     fi = torch.randint(0, 7, (5, 6), generator=gen)
     x = 3 * torch.randn(5, 6, generator=gen, dtype=torch.float64)
     mask = torch.rand(5, 6, generator=gen) < 0.8
+    sorts = _count_sorts(monkeypatch)
     z = m.forward_star(fi, x, mask)
-    assert m.l2_of_patient.U._sorted[2] is m.l1_of_patient.U._sorted[2]
+    assert len(sorts) == 1  # both layers' U on one sort
     h_p1, h_f1 = m._layer1(fi, x, mask)  # each layer its own basis (no basis given)
     xc = m._clip(x)
     h_p2 = torch.relu(m.l2_self_patient(h_p1) + m.l2_of_patient.dense(h_f1, h_p1, xc, mask))
-    assert m.l2_of_patient.U._sorted[2] is not m.l1_of_patient.U._sorted[2]
+    assert len(sorts) == 3
     assert torch.equal(z, m._head(h_p2) + m.linear_star(fi, xc, mask))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from clinograph.sdk.model.knot_sorted import KnotPairs
 from clinograph.sdk.privacy.per_patient import PerPatientClipper
 from torch import nn
 
@@ -99,7 +100,7 @@ class _Knots(nn.Module):
 
 
 @pytest.mark.parametrize("calls", [1, 2])
-def test_knot_rule_with_the_forwards_sort_gives_each_patients_gradient_and_clipped_sum(calls):
+def test_knot_rule_with_the_forwards_sort_gives_each_patients_gradient_and_clipped_sum(calls, monkeypatch):
     torch.manual_seed(1)
     model = _Knots(calls).double()
     with torch.no_grad():
@@ -120,9 +121,14 @@ def test_knot_rule_with_the_forwards_sort_gives_each_patients_gradient_and_clipp
     factor = (1.0 / (want.norm(dim=1) + 1e-6)).clamp(max=1.0)
     assert float(factor.min()) < 1
     torch.testing.assert_close(out.summed, factor @ want)
+    import clinograph.sdk.model.layers as layers
+
+    sorts, real = [], layers.knot_pairs
+    monkeypatch.setattr(layers, "knot_pairs", lambda b: sorts.append(1) or real(b))
     parts, _ = engine._parts((z,), y)
     (knot,) = [p for p in parts.values() if hasattr(p, "pairs")]
-    assert (knot.pairs is model.U._sorted[2]) == (calls == 1)  # the forward's sort, for one call
+    assert isinstance(knot.pairs, KnotPairs) == (calls == 1)  # the forward's sort, for one call
+    assert len(sorts) == calls  # the forward's calls sorted; the rule sorted nothing again
 
 
 @pytest.mark.parametrize("small_part", [64, 0], ids=["small-parts-together", "each-on-its-own"])
