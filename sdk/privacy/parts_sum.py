@@ -124,9 +124,11 @@ def parts_clipped_sum(engine: PerPatientClipper, *inputs: object, labels: object
         return out
     parts = engine.parts(*inputs, labels=labels)
     with torch.inference_mode():
-        # one-position weights (with their bias: g_p(bias) = b_p, the same tensor) and formed rows
+        # one-position weights (with their bias: g_p(bias) = b_p, the same tensor) and formed rows; a
+        # bias whose weight is not among the parts (a weight the engine does not train) is a row
+        ones = {id(part) for part in parts.values() if type(part) is LinearWeight and part.flat2d is not None}
         biases = {id(part.bias_of): i for i, part in parts.items()
-                  if type(part) is Formed and part.bias_of is not None and part.bias_of.flat2d is not None
+                  if type(part) is Formed and part.bias_of is not None and id(part.bias_of) in ones
                   and part.g is part.bias_of.flat2d[1]}
         lifted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(float32 tensor) -> (float64, ‖row‖²)
 

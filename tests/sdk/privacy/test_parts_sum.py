@@ -175,3 +175,22 @@ def test_a_patients_parts_do_not_depend_on_the_other_patients_of_the_batch():
         keep = torch.arange(n) != q
         fewer = ConceptLabels({v: t[keep] for v, t in labels.items()}, y.supervised, True, "y", 0.8)
         assert np.array_equal(_reference_rows(engine, x[keep], {}, labels=fewer), whole[keep.numpy()])
+
+
+def test_a_bias_whose_weight_the_engine_does_not_train_is_summed_as_its_own_row():
+    """A one-position layer's bias is summed with its weight (one ‖b_p‖², one f∘b) only when that
+    weight is among the engine's parts. A weight the engine does not train (frozen when the engine
+    was built, trainable since) leaves its bias a row of its own: before, the bias was taken for
+    its weight's and dropped -- zeros in the sum and nothing in the norm, silently."""
+    torch.manual_seed(0)
+    model = _Tiny()
+    model.l1.weight.requires_grad_(False)
+    engine = PerPatientClipper(model, objective=_tiny_objective)
+    model.l1.weight.requires_grad_(True)  # the rule now forms l1's weight part; the engine drops it
+    x, y = torch.randn(7, 20), torch.randn(7)
+    rows = _reference_rows(engine, x, labels=y)
+    assert np.abs(rows[:, :6]).min() > 0  # l1.bias (the engine's first parameter) has a gradient
+    for clip in (float(np.median(np.linalg.norm(rows, axis=1))), 1e6):
+        want, scale = _loop_clipped_sum(rows, clip)
+        got = parts_clipped_sum(engine, x, labels=y, clip=clip).numpy()
+        assert np.all(np.abs(got - want) <= 1e-13 * scale + 1e-300)
