@@ -118,8 +118,8 @@ def _tiny_objective(model, inputs, labels):
 def test_the_shrunk_clip_keeps_one_patients_move_of_the_scaled_parts_sum_within_c_s():
     """Removing one patient moves s·x by at most C·s at C' = parts_sum_clip(C, d) (30 draws of 200
     patients whose gradients span five orders of magnitude); at C itself the float errors push it past
-    C·s: the shrink is needed, and enough. At the concept demo's d, η is the rows' η plus the bound on
-    the other patients' factors (4N·γ_{2d+8}, module docstring step 3)."""
+    C·s: the shrink is needed, and enough. At the concept demo's d, η is the rows' η with the norms'
+    2d + 8 roundings in place of d + 4 (2·(2N+1)·(γ_{2d+8} − γ_{d+4}) more, module docstring step 4)."""
     torch.manual_seed(0)
     model = _Tiny()
     engine = PerPatientClipper(model, objective=_tiny_objective)
@@ -139,7 +139,7 @@ def test_the_shrunk_clip_keeps_one_patients_move_of_the_scaled_parts_sum_within_
     from clinograph.sdk.privacy.distributed_sum import sum_clip
 
     assert 0 < 1 - parts_sum_clip(1.0, 14869) < 2e-5
-    extra = 4 * 2 ** 17 * (2 * 14869 + 8) * 2.0 ** -53  # 4N·γ_{2d+8}, γ_k ≈ k·u
+    extra = 2 * (2 * 2 ** 17 + 1) * (14869 + 4) * 2.0 ** -53  # 2(2N+1)·(γ_{2d+8} − γ_{d+4}), γ_k ≈ k·u
     assert (1 - parts_sum_clip(1.0, 14869)) - (1 - sum_clip(1.0, 14869)) == pytest.approx(extra, rel=1e-5)
 
 
