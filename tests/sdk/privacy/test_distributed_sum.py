@@ -66,9 +66,10 @@ def test_the_shrunk_clip_keeps_one_patients_move_of_the_float64_sum_within_c_s()
 
 @pytest.mark.parametrize("dim", [1, 14869, 10**6, 2**29])
 def test_the_rows_clip_covers_the_other_patients_norms_rounded_anew_in_each_batch(dim):
-    """The neighbouring batches compute every other patient's norm anew, and np.einsum's row reduction
-    depends on where the row sits in the block (the same row at positions 0-7 of a block gave two
-    different norms on this machine, d = 14 869): each f_p·‖g_p‖ may then differ by 2·γ_{d+4}·C'. The
+    """The neighbouring batches compute every other patient's norm anew, and np.einsum reduces a block
+    of one row another way than a block of several (at d = 14 869, 8 rows a block, the last patient of
+    9 and the same patient of 8 got two different norms on this machine): each f_p·‖g_p‖ may then
+    differ by 2·γ_{d+4}·C'. The
     move is at most s·C'·((1 + γ_{d+4})·(1 + 3(N+1)·γ_{N+1}) + 2N·γ_{d+4}) (the module docstring's terms
     and that one, as parts_sum's step 3); sum_clip's η must keep it <= C·s at every d. The η of old
     (2·(γ_{d+4} + 3(N+1)·γ_{N+1}), which assumed the norms equal) fails from d ≈ 196 000."""
