@@ -70,7 +70,11 @@ give each row the same values whatever rows surround it), so a neighbouring batc
 only. BLAS does not promise it; checked on this machine's torch CPU build at the concept demo's
 largest hospital (1 680 patients, a C-GM model): removing any of five patients left every other
 patient's parts bit for bit the same; a test keeps checking it at 257 patients
-(tests/sdk/privacy/test_parts_sum.py).
+(tests/sdk/privacy/test_parts_sum.py). It does NOT hold at the smallest batches (session 54's
+review, one thread, C-GM model): going from 2-5 patients to one fewer changed a common patient's
+reference g_p by up to 1.4e-7 of its norm (torch's float32 kernels differ with the batch's size
+there; from 5 to 700 patients no change was seen). That adds at most 4·1.4e-7·C' = 5.6e-7·C' to a
+move, inside η's factor-2 margin (>= 5.7e-6·C'), but it is measured, not bounded.
 """
 
 from __future__ import annotations
