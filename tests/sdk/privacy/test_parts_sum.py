@@ -194,3 +194,39 @@ def test_a_bias_whose_weight_the_engine_does_not_train_is_summed_as_its_own_row(
         want, scale = _loop_clipped_sum(rows, clip)
         got = parts_clipped_sum(engine, x, labels=y, clip=clip).numpy()
         assert np.all(np.abs(got - want) <= 1e-13 * scale + 1e-300)
+
+
+class _Mixed(nn.Module):
+    """Parts of every kind the path reads: a one-position Linear with its bias, a Linear whose input is
+    broadcast over positions (stride 0: one position after the engine sums its output gradients), a
+    three-position Linear (formed rows) and an embedding (formed rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.one, self.wide = nn.Linear(4, 3), nn.Linear(3, 2)
+        self.spread, self.pos, self.emb = nn.Linear(3, 2), nn.Linear(4, 2), nn.Embedding(5, 3)
+
+    def forward(self, x):
+        spread = self.spread(x[:, :3, None].expand(-1, 3, 4).transpose(1, 2)).sum((1, 2))
+        pos = self.pos(x[:, 4:16].reshape(-1, 3, 4)).sum((1, 2))
+        emb = self.emb(x[:, 16].abs().long() % 5).sum(1)
+        return self.wide(torch.tanh(self.one(x[:, :4]))).sum(1) + spread + pos + emb
+
+
+@pytest.mark.parametrize(("b", "size"), [(1, 1.0), (6, 1.0), (6, 1e18)])
+def test_every_kind_of_part_at_one_patient_and_at_gradients_past_float32s_squares(b, size):
+    """The parts sum against the loop (fsum) with one patient, and with inputs of 1e18 (gradient entries
+    near 1e36: their squares overflow float32, not the float64 the norms are taken in); inputs of 1e30
+    overflow the float32 forward itself and are refused, not summed."""
+    torch.manual_seed(1)
+    engine = PerPatientClipper(_Mixed(), objective=_tiny_objective)
+    gen = torch.Generator().manual_seed(b)
+    x, y = torch.randn(b, 17, generator=gen) * size, torch.randn(b, generator=gen)
+    rows = _reference_rows(engine, x, labels=y)
+    assert np.isfinite(rows).all() and (size == 1.0 or np.abs(rows).max() > 1e30)
+    for clip in (float(np.linalg.norm(rows, axis=1).min()) / 3, 1e100):  # all clipped; none
+        want, scale = _loop_clipped_sum(rows, clip)
+        got = parts_clipped_sum(engine, x, labels=y, clip=clip).numpy()
+        assert np.all(np.abs(got - want) <= 1e-13 * scale + 1e-300)
+    with pytest.raises(PrivacyError, match="not finite"):
+        parts_clipped_sum(engine, x * 1e12 if size > 1 else x * 1e30, labels=y, clip=1.0)
