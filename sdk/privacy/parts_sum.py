@@ -59,9 +59,10 @@ at most n roundings (1 + δ), |δ| <= u = 2⁻⁵³; γ_k = k·u/(1 − k·u); e
    (:func:`parts_sum_clip`) makes it <= C·s, with the factor-2 margin the coins' own rounding uses
    (docs/privacy.md). The rows' η (:func:`~.distributed_sum.sum_clip`) is 2·((2N+1)·γ_{d+4} +
    3(N+1)·γ_{N+1}): the same steps over d + 4 roundings a norm (it had no step 3 until session 54's
-   review: it assumed a patient's norm computed the same in both batches, which ``np.einsum`` does not
-   give: a block of one row is reduced another way than a block of several). At the concept demo's d = 14 869: η = 1.1444270e-5 for the rows before, 1.2309992e-5
-   now, 1.3175718e-5 for the parts: the sums' 6(N+1)·γ_{N+1} = 1.1444266e-5, step 3's 4N·γ_{2d+8} =
+   review: it assumed a patient's norm computed the same in both batches, which ``np.einsum`` does
+   not give: a block of one row is reduced another way than a block of several). At the concept
+   demo's d = 14 869: η = 1.1444270e-5 for the rows before, 1.2309992e-5 now, 1.3175718e-5 for the
+   parts: the sums' 6(N+1)·γ_{N+1} = 1.1444266e-5, step 3's 4N·γ_{2d+8} =
    1.73e-6 (rows: 4N·γ_{d+4} = 8.7e-7), the norms' 2·γ_{2d+8} = 6.6e-12. The clip shrinks by 1.3e-5.
 
 Assumed, as by the rows' path before it (not new here): patient p's computed a_p, b_p and r_p do
