@@ -229,6 +229,11 @@ class HospitalClient:
                 return self._catch_up(msg.round, new, plan.federation_id)
             if msg.round != plan.round + 1:
                 raise ProtocolError("Global model is not the one following this hospital's last round.")
+            if msg.validation is not None and msg.validation.contributors > len(plan.participants):
+                # the noise the selection rule reads grows with √contributors (released_loss_noise)
+                raise ProtocolError(f"Global model of round {plan.round}: its metric/validation aggregate names "
+                                    f"{msg.validation.contributors} contributors, but the round's signed plan has "
+                                    f"{len(plan.participants)} participants. Refused; nothing was loaded.")
             self._loaded_round = msg.round
         else:
             if self._applied == (plan.federation_id, plan.round):

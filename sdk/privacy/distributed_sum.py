@@ -57,10 +57,16 @@ def gamma(k: int) -> float:
 
 
 def sum_clip(clip: float, dim: int) -> float:
-    """C' = C·(1 − η) with η = 2·(γ_{d+4} + 3·(N+1)·γ_{N+1}), N = :data:`SUM_MAX_ROWS`: clipped at C',
-    the float64 sum of at most N rows (:func:`clipped_sum`), scaled by s, moves by at most C·s in
-    L2 when one row is added or removed (module docstring; docs/privacy.md). η ≈ 1.1e-5."""
-    a = gamma(int(dim) + 4)
+    """C' = C·(1 − η) with η = 2·((2N+1)·γ_{d+4} + 3·(N+1)·γ_{N+1}), N = :data:`SUM_MAX_ROWS`: clipped
+    at C', the float64 sum of at most N rows (:func:`clipped_sum`), scaled by s, moves by at most C·s
+    in L2 when one row is added or removed (module docstring; docs/privacy.md). η ≈ 1.2e-5 at
+    d = 14 869. The 2N·γ_{d+4}: the two batches compute every other patient's norm anew, and
+    nothing makes it round the same -- ``np.einsum`` reduces a block of one row another way than a
+    block of several: at d = 14 869 (8 rows a block) the last patient of 9, alone in its block, and
+    the same patient of 8 (the first removed), in a full block, got two different norms here -- so
+    each other patient's f_p·‖g_p‖ may differ by 2·γ_{d+4}·C' between them (as for the parts:
+    :mod:`.parts_sum`, step 3). Without it the factor-2 margin covered that only below d ≈ 196 000."""
+    a = (2 * SUM_MAX_ROWS + 1) * gamma(int(dim) + 4)
     b = 3.0 * (SUM_MAX_ROWS + 1) * gamma(SUM_MAX_ROWS + 1)
     return float(clip) * (1.0 - 2.0 * (a + b))
 

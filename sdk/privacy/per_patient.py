@@ -119,9 +119,20 @@ class PerPatientClipper:
         wanted = {id(p) for p in self.params}
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.leaves: list[nn.Module] = []
+        owner: dict[int, str] = {}  # a trainable parameter's leaf
         for name, mod in model.named_modules():
-            if not any(id(p) in wanted for p in mod.parameters(recurse=False)):
+            own = [p for p in mod.parameters(recurse=False) if id(p) in wanted]
+            if not own:
                 continue
+            for p in own:  # one part a parameter (_parts): a second leaf's calls would replace the first's
+                if id(p) in owner:
+                    raise PrivacyError(f"Per-patient gradients: a trainable parameter is shared by modules "
+                                       f"{owner[id(p)] or 'the model'!r} and {name or 'the model'!r} (tied "
+                                       "weights); the engine takes each parameter's per-patient gradient from "
+                                       "one module, so the other's share would be left out of the norm and the "
+                                       "clip would bound nothing. Give each module its own parameter, call one "
+                                       "module twice instead, or freeze the shared parameter.")
+                owner[id(p)] = name
             if rule_of(mod) is None:
                 raise PrivacyError(f"Per-patient gradients: trainable parameters of {name or 'the model'!r} "
                                    f"({type(mod).__name__}) are on a module the engine has no rule for "

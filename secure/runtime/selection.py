@@ -12,7 +12,8 @@ What the server learns: the federated validation loss of each round's global mod
 a round, in every secure mode (also under ``ckks``, where it learns no other function of the
 sum). It never sees one hospital's own figure. Hospitals that decode another value than the
 majority are named in the ``model_selected`` entry (``disagreeing``), and the majority's value
-is used: a single hospital cannot steer the choice.
+is used: a single hospital cannot steer the choice where there is a majority. A tie (two hospitals
+that disagree) goes to the lower round, loss, then noise: there a lying hospital is named but wins.
 
 **The noise-aware rule** (:func:`selection_step`, applied by :class:`SelectionTracker` here and by
 every hospital's ``ModelSelection``). Under distributed DP the released loss L_r carries a noise of

@@ -200,3 +200,33 @@ def test_a_hospital_sent_a_model_of_the_servers_making_cannot_complete_a_masked_
     assert all(p["signed"] and p["stage"] == "stage 1" and "starts from another global model" in p["reason"]
                and "sent hospitals different models" in p["reason"] for p in refused.values()), refused
     assert not payloads(tmp_path / "a", "aggregate")  # nothing summed, nothing published
+
+
+def test_a_validation_aggregate_naming_more_contributors_than_the_round_had_is_refused():
+    """GlobalModel.validation (distributed DP with selection) carries the round's Σ w and contributor count of
+    metric/validation, from which each hospital reads the noise on the released loss (its std grows with
+    √contributors: a larger count makes every round look within noise, so none is worse and no run stops).
+    Before, a count above the plan's participants was taken as sent; now the model is refused (helper hrev9)."""
+    import pytest
+    from clinograph.sdk.config import ReleaseSection
+    from clinograph.secure.messages import ValidationAggregate
+    from test_plan_downgrade import SERVER, _hospital, _plan
+
+    from clinograph.core.errors import ProtocolError
+
+    hospital = _hospital(ReleaseSection())
+    hospital.task.after_round = lambda: None  # the test task trains nothing after a round
+    hospital.on_plan(_plan(hospital, 3, threshold=2))
+    before = state_digest(hospital._global)
+    other = {k: v + 1.0 for k, v in hospital._global.items()}
+
+    def model(contributors: int) -> bytes:
+        return seal(GlobalModel(federation_id="fed", round=1, spec=hospital.task.modules.spec(version=1),
+                                modules=encode_modules(other, "<f8"),
+                                validation=ValidationAggregate(weight=250.0, contributors=contributors)), SERVER)
+
+    with pytest.raises(ProtocolError, match="names 4 contributors, but the round's signed plan has 3 participants"):
+        hospital.on_round_end(model(4))
+    assert state_digest(hospital._global) == before
+    hospital.on_round_end(model(3))  # as many as the plan's participants: loaded
+    assert state_digest(hospital._global) == state_digest(other)

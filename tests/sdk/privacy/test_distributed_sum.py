@@ -64,6 +64,21 @@ def test_the_shrunk_clip_keeps_one_patients_move_of_the_float64_sum_within_c_s()
     assert 0 < 1 - sum_clip(1.0, 14869) < 2e-5  # about 0.2 ring units a clipped patient at s = 2^14
 
 
+@pytest.mark.parametrize("dim", [1, 14869, 10**6, 2**29])
+def test_the_rows_clip_covers_the_other_patients_norms_rounded_anew_in_each_batch(dim):
+    """The neighbouring batches compute every other patient's norm anew, and np.einsum reduces a block
+    of one row another way than a block of several (at d = 14 869, 8 rows a block, the last patient of
+    9 and the same patient of 8 got two different norms on this machine): each f_p·‖g_p‖ may then
+    differ by 2·γ_{d+4}·C'. The
+    move is at most s·C'·((1 + γ_{d+4})·(1 + 3(N+1)·γ_{N+1}) + 2N·γ_{d+4}) (the module docstring's terms
+    and that one, as parts_sum's step 3); sum_clip's η must keep it <= C·s at every d. The η of old
+    (2·(γ_{d+4} + 3(N+1)·γ_{N+1}), which assumed the norms equal) fails from d ≈ 196 000."""
+    n, g = distributed_sum.SUM_MAX_ROWS, distributed_sum.gamma
+    shrunk = sum_clip(1.0, dim)
+    move = shrunk * ((1 + g(dim + 4)) * (1 + 3 * (n + 1) * g(n + 1)) + 2 * n * g(dim + 4))
+    assert move <= 1.0
+
+
 def test_the_clipped_sum_reads_patient_rows_as_the_whole_matrix(monkeypatch):
     monkeypatch.setattr(distributed_sum, "SUM_CHUNK_BYTES", 8 * 9 * 4)  # blocks of 4 rows over 10
     gen = torch.Generator().manual_seed(2)

@@ -109,8 +109,8 @@ def _tiny_objective(model, inputs, labels):
 def test_the_shrunk_clip_keeps_one_patients_move_of_the_scaled_parts_sum_within_c_s():
     """Removing one patient moves s·x by at most C·s at C' = parts_sum_clip(C, d) (30 draws of 200
     patients whose gradients span five orders of magnitude); at C itself the float errors push it past
-    C·s: the shrink is needed, and enough. At the concept demo's d, η is the rows' η plus the bound on
-    the other patients' factors (4N·γ_{2d+8}, module docstring step 3)."""
+    C·s: the shrink is needed, and enough. At the concept demo's d, η is the rows' η with the norms'
+    2d + 8 roundings in place of d + 4 (2·(2N+1)·(γ_{2d+8} − γ_{d+4}) more, module docstring step 4)."""
     torch.manual_seed(0)
     model = _Tiny()
     engine = PerPatientClipper(model, objective=_tiny_objective)
@@ -130,7 +130,7 @@ def test_the_shrunk_clip_keeps_one_patients_move_of_the_scaled_parts_sum_within_
     from clinograph.sdk.privacy.distributed_sum import sum_clip
 
     assert 0 < 1 - parts_sum_clip(1.0, 14869) < 2e-5
-    extra = 4 * 2 ** 17 * (2 * 14869 + 8) * 2.0 ** -53  # 4N·γ_{2d+8}, γ_k ≈ k·u
+    extra = 2 * (2 * 2 ** 17 + 1) * (14869 + 4) * 2.0 ** -53  # 2(2N+1)·(γ_{2d+8} − γ_{d+4}), γ_k ≈ k·u
     assert (1 - parts_sum_clip(1.0, 14869)) - (1 - sum_clip(1.0, 14869)) == pytest.approx(extra, rel=1e-5)
 
 
@@ -166,3 +166,58 @@ def test_a_patients_parts_do_not_depend_on_the_other_patients_of_the_batch():
         keep = torch.arange(n) != q
         fewer = ConceptLabels({v: t[keep] for v, t in labels.items()}, y.supervised, True, "y", 0.8)
         assert np.array_equal(_reference_rows(engine, x[keep], {}, labels=fewer), whole[keep.numpy()])
+
+
+def test_a_bias_whose_weight_the_engine_does_not_train_is_summed_as_its_own_row():
+    """A one-position layer's bias is summed with its weight (one ‖b_p‖², one f∘b) only when that
+    weight is among the engine's parts. A weight the engine does not train (frozen when the engine
+    was built, trainable since) leaves its bias a row of its own: before, the bias was taken for
+    its weight's and dropped -- zeros in the sum and nothing in the norm, silently."""
+    torch.manual_seed(0)
+    model = _Tiny()
+    model.l1.weight.requires_grad_(False)
+    engine = PerPatientClipper(model, objective=_tiny_objective)
+    model.l1.weight.requires_grad_(True)  # the rule now forms l1's weight part; the engine drops it
+    x, y = torch.randn(7, 20), torch.randn(7)
+    rows = _reference_rows(engine, x, labels=y)
+    assert np.abs(rows[:, :6]).min() > 0  # l1.bias (the engine's first parameter) has a gradient
+    for clip in (float(np.median(np.linalg.norm(rows, axis=1))), 1e6):
+        want, scale = _loop_clipped_sum(rows, clip)
+        got = parts_clipped_sum(engine, x, labels=y, clip=clip).numpy()
+        assert np.all(np.abs(got - want) <= 1e-13 * scale + 1e-300)
+
+
+class _Mixed(nn.Module):
+    """Parts of every kind the path reads: a one-position Linear with its bias, a Linear whose input is
+    broadcast over positions (stride 0: one position after the engine sums its output gradients), a
+    three-position Linear (formed rows) and an embedding (formed rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.one, self.wide = nn.Linear(4, 3), nn.Linear(3, 2)
+        self.spread, self.pos, self.emb = nn.Linear(3, 2), nn.Linear(4, 2), nn.Embedding(5, 3)
+
+    def forward(self, x):
+        spread = self.spread(x[:, :3, None].expand(-1, 3, 4).transpose(1, 2)).sum((1, 2))
+        pos = self.pos(x[:, 4:16].reshape(-1, 3, 4)).sum((1, 2))
+        emb = self.emb(x[:, 16].abs().long() % 5).sum(1)
+        return self.wide(torch.tanh(self.one(x[:, :4]))).sum(1) + spread + pos + emb
+
+
+@pytest.mark.parametrize(("b", "size"), [(1, 1.0), (6, 1.0), (6, 1e18)])
+def test_every_kind_of_part_at_one_patient_and_at_gradients_past_float32s_squares(b, size):
+    """The parts sum against the loop (fsum) with one patient, and with inputs of 1e18 (gradient entries
+    near 1e36: their squares overflow float32, not the float64 the norms are taken in); inputs of 1e30
+    overflow the float32 forward itself and are refused, not summed."""
+    torch.manual_seed(1)
+    engine = PerPatientClipper(_Mixed(), objective=_tiny_objective)
+    gen = torch.Generator().manual_seed(b)
+    x, y = torch.randn(b, 17, generator=gen) * size, torch.randn(b, generator=gen)
+    rows = _reference_rows(engine, x, labels=y)
+    assert np.isfinite(rows).all() and (size == 1.0 or np.abs(rows).max() > 1e30)
+    for clip in (float(np.linalg.norm(rows, axis=1).min()) / 3, 1e100):  # all clipped; none
+        want, scale = _loop_clipped_sum(rows, clip)
+        got = parts_clipped_sum(engine, x, labels=y, clip=clip).numpy()
+        assert np.all(np.abs(got - want) <= 1e-13 * scale + 1e-300)
+    with pytest.raises(PrivacyError, match="not finite"):
+        parts_clipped_sum(engine, x * 1e12 if size > 1 else x * 1e30, labels=y, clip=1.0)

@@ -256,3 +256,38 @@ def test_dp_sgd_step_adds_sigma_c_times_the_engines_next_noise_row_over_the_expe
                 clip_norm=0.5, expected_batch=4.0)
     got = torch.cat([p.grad.reshape(-1) for p in clipper.params])
     torch.testing.assert_close(got, (want + 1.5 * row) / 4.0)
+
+
+class _Tied(torch.nn.Module):
+    """Two Linear layers holding one weight parameter (tied), and a Linear called twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.twice = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+        self.second.weight = self.first.weight
+
+    def forward(self, x):
+        return self.twice(torch.tanh(self.second(torch.tanh(self.first(x))))).squeeze(-1) + self.twice(x).squeeze(-1)
+
+
+def _squared_error(model, inputs, labels):
+    return ((model(inputs[0]) - labels) ** 2).sum()
+
+
+def test_a_parameter_tied_across_two_modules_is_refused_without_a_probe():
+    """The engine keeps one part a parameter: a weight two Linear modules share would get one
+    module's per-patient gradient only (the other's share left out of the norm and the clipped
+    sum: 0.28 off on this model through parts_sum before the check), so it is refused at
+    construction, probe or not. One module called twice stays supported."""
+    torch.manual_seed(0)
+    model = _Tied()
+    with pytest.raises(PrivacyError, match="shared by modules 'first' and 'second'"):
+        PerPatientClipper(model, objective=_squared_error)
+    model.second.weight = torch.nn.Parameter(model.first.weight.detach().clone())  # untied: accepted
+    x, y = torch.randn(6, 4), torch.randn(6)
+    engine = PerPatientClipper(model, objective=_squared_error, probe=(x,), probe_labels=y)
+    grads, _ = engine.per_sample(x, labels=y)
+    model.zero_grad()
+    _squared_error(model, (x[2:3],), y[2:3]).backward()
+    twice = [id(p) for p in engine.params].index(id(model.twice.weight))
+    assert torch.allclose(grads[twice][2], model.twice.weight.grad, atol=1e-6)
