@@ -215,6 +215,7 @@ def test_flowers_five_lines_a_message_are_left_out_of_a_hospitals_log_unless_deb
     saved = (list(logging.getLogger().handlers), logging.getLogger().level,
              flwr_logger.propagate, list(flwr_logger.filters), logging.getLogger("clinograph").level)
     flwr_logger.filters.clear()  # what other tests of this process installed is not under test here
+    flwr_level, _ = flwr_logger.level, flwr_logger.setLevel(logging.DEBUG)  # Flower's own, set at its import
     keep, seen = _kept_messages(flwr_logger)
     try:
         for level, expected in (("info", ["SuperNode ID: 7", "Connection lost"]),
@@ -236,6 +237,7 @@ def test_flowers_five_lines_a_message_are_left_out_of_a_hospitals_log_unless_deb
             assert console_handler.colored is False  # stderr is not a terminal here: no escape codes in a log file
     finally:
         flwr_logger.removeHandler(keep)
+        flwr_logger.setLevel(flwr_level)
         flwr_logger.filters[:] = saved[3]
         logging.getLogger().handlers[:] = saved[0]
         logging.getLogger().setLevel(saved[1])
@@ -265,6 +267,7 @@ def test_the_serverapps_stream_does_not_end_with_flowers_blank_exit_line():
     flwr_logger = logging.getLogger("flwr")
     saved = list(flwr_logger.filters)
     flwr_logger.filters.clear()  # what other tests of this process installed is not under test here
+    flwr_level, _ = flwr_logger.level, flwr_logger.setLevel(logging.DEBUG)  # Flower's own, set at its import
     keep, seen = _kept_messages(flwr_logger)
     try:
         serverapp._log_to_stdout()
@@ -293,6 +296,7 @@ def test_the_serverapps_stream_does_not_end_with_flowers_blank_exit_line():
         assert other.exc_info is not None and other.getMessage() == "ServerApp raised an exception"
     finally:
         flwr_logger.removeHandler(keep)
+        flwr_logger.setLevel(flwr_level)
         flwr_logger.filters[:] = saved
 
 
