@@ -10,7 +10,7 @@ from clinograph.secure.masking import (
     masked_plan_options,
     neighbour_count,
 )
-from clinograph.secure.masking.params import neighbour_graph
+from clinograph.secure.masking.params import confirmed_group, neighbour_graph, smallest_group
 from clinograph.secure.transport import run_aggregation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -80,17 +80,32 @@ def test_one_dropout_at_each_stage_gives_exactly_the_survivors_sum(stage):
 
 def _protocol_model(plan, k, t, drop):
     """Set-level model of the round (Bell et al. 2020; Bonawitz et al. 2017 with the consistency
-    check): U1..U5, client self-checks, the >= t signers of U3, and whether every needed secret
-    has t share holders among the clients that answer the unmask request. Returns (completes, U3)."""
+    check): U1..U5 as the honest server keeps them -- after stages 0 and 1 without the hospitals left
+    with fewer than t - 1 neighbours (repeated: ``MaskingServer._prune``); U3 aborted if it falls
+    apart into a group below max(t, min_clients) (``smallest_group``); each signer's group walked
+    through signers (``confirmed_group``) -- and whether every needed secret has t share holders
+    among the clients that answer the unmask request. Returns (completes, U3)."""
     g = neighbour_graph(plan, k)
     need = max(t, plan.min_clients)
     answers = lambda c, s: drop.get(c, 99) > s  # noqa: E731
-    u1 = {c for c in plan.participants if answers(c, 0)}
-    u2 = {c for c in u1 if answers(c, 1) and len(g[c] & u1) + 1 >= t}
-    u3 = {c for c in u2 if answers(c, 2) and len(g[c] & u2) + 1 >= t}
+
+    def prune(alive):
+        short = {u for u in alive if len(g[u] & alive) + 1 < t}
+        while short:
+            alive = alive - short
+            short = {u for u in alive if len(g[u] & alive) + 1 < t}
+        return alive
+
+    u1 = prune({c for c in plan.participants if answers(c, 0)})
+    u2 = prune({c for c in u1 if answers(c, 1)})
+    u3 = {c for c in u2 if answers(c, 2)}
+    if min(len(u1), len(u2), len(u3)) < need or len(smallest_group(g, u3)) < need:
+        return False, u3
     u4 = {c for c in u3 if answers(c, 3)}  # signed U3 at the consistency check
-    u5 = {c for c in u4 if answers(c, 4)}  # revealed shares (each saw >= t signatures: |U4| >= need >= t)
-    if min(len(u1), len(u2), len(u3), len(u4), len(u5)) < need:
+    if len(u4) < need or any(len(confirmed_group(g, u, u3, u4.__contains__, need)[0]) < need for u in u4):
+        return False, u3
+    u5 = {c for c in u4 if answers(c, 4)}  # revealed shares
+    if len(u5) < need:
         return False, u3
     return all(len((g[v] | {v}) & u5) >= t for v in u2), u3
 
@@ -116,6 +131,21 @@ def test_masks_cancel_for_any_surviving_set_at_or_above_threshold(data):
     else:
         with pytest.raises(ProtocolError, match="aborted"):
             run(plan, updates, drop)
+
+
+def test_a_hospital_left_short_after_sharing_is_pruned_and_the_round_completes_without_it():
+    """The case the model missed before it pruned as the server does (found by the property test in
+    CI): n = 7, t = 3, two hospitals silent, a third gone after its keys -- hosp03 keeps one
+    neighbour that shared, so the honest server drops it before forwarding shares (nobody masks
+    with it) and the others' sum opens."""
+    plan = make_plan(7, threshold=3, min_clients=1)
+    drop = {"hosp00": 0, "hosp01": 0, "hosp02": 1}
+    assert _protocol_model(plan, neighbour_count(7), 3, drop) == (True, {"hosp04", "hosp05", "hosp06"})
+    updates = make_updates(plan, seed=0)
+    res, _ = run(plan, updates, drop)
+    assert res.contributors == ("hosp04", "hosp05", "hosp06")
+    for name, v in expected_sums(updates, res.contributors).items():
+        assert rel_err(res.sums[name], v) < 1e-6
 
 
 def test_complete_graph_completes_whenever_t_clients_survive():
