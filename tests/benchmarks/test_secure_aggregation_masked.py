@@ -3,13 +3,19 @@ field to every masked client message and the benchmark, which builds one, crashe
 unnoticed (no test ran it). Its smallest case, one repetition: ~2 s."""
 
 import json
+import logging
 
 from benchmarks.secure_aggregation_cost.secure_aggregation_masked import main
 
 
 def test_the_smallest_case_runs_and_its_masked_sum_is_the_plaintext_one(tmp_path):
     out = tmp_path / "masked.json"
-    main(["--no-flower", "--quick", "--case", "4:1000", "--reps", "1", "--party-reps", "1", "--out", str(out)])
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level  # the script quiets Flower's logger for its process; put back for this one
+    try:
+        main(["--no-flower", "--quick", "--case", "4:1000", "--reps", "1", "--party-reps", "1", "--out", str(out)])
+    finally:
+        flwr_logger.setLevel(level)
     case = json.loads(out.read_text())["cases"][0]
     assert (case["n"], case["P"]) == (4, 1000)
     ratio = case["per_party_floor"]["cpu"]["ratio_masked_over_floor"]
